@@ -1,0 +1,2 @@
+/* analysis.c - placeholder. */
+#include "fmoe/error.h"

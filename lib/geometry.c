@@ -1,0 +1,2 @@
+/* geometry.c - placeholder; implemented by the geometry work. */
+#include "fmoe/geometry.h"

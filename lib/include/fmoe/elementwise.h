@@ -1,0 +1,23 @@
+/*
+ * fmoe/elementwise.h - element-wise math written once, as plain C that the CPU backend
+ * compiles and the CUDA kernels include (STYLE.md rule 11), so CPU tests check the GPU
+ * arithmetic. FMOE_HD marks functions for both host and device under nvcc.
+ */
+#ifndef FMOE_ELEMENTWISE_H
+#define FMOE_ELEMENTWISE_H
+
+#include <math.h>
+
+#if defined(__CUDACC__)
+#define FMOE_HD __host__ __device__
+#else
+#define FMOE_HD
+#endif
+
+/* SiLU (swish): x * sigmoid(x). */
+static inline FMOE_HD float fmoe_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* SwiGLU expert activation: silu(gate) * up. */
+static inline FMOE_HD float fmoe_swiglu(float gate, float up) { return fmoe_silu(gate) * up; }
+
+#endif

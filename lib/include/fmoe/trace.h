@@ -1,0 +1,158 @@
+/*
+ * fmoe/trace.h - the trace file (HDF5, format "fmoe-trace", version 1; DESIGN.md §4).
+ *
+ * Implemented in trace/ (the only code that includes <hdf5.h>); this header is plain C.
+ *
+ * Writing: open a writer with a header, append requests one by one (each append extends
+ * the datasets and flushes, so the file on disk always holds every finished request),
+ * then close. The writer works on "<path>.partial" and renames it to <path> on close;
+ * abort removes it. A killed writer leaves "<path>.partial", a valid trace of every
+ * request appended before the kill.
+ *
+ * Reading: open validates format, version, attributes and every dataset's shape, and
+ * reads the small per-request tables. Token data is read in ranges with bounds checks
+ * (expert ids < J, probabilities finite). Every error names the file and the dataset.
+ */
+#ifndef FMOE_TRACE_H
+#define FMOE_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FMOE_TRACE_FORMAT "fmoe-trace"
+#define FMOE_TRACE_VERSION 1
+
+typedef enum fmoe_probs_kind {
+    FMOE_PROBS_NONE = 0, /* no /tokens/probs: probabilities unknown */
+    FMOE_PROBS_TOPK = 1, /* only the chosen experts' weights are known; others stored as 0 */
+    FMOE_PROBS_FULL = 2, /* the full gate distribution over J experts */
+} fmoe_probs_kind;
+
+typedef enum fmoe_compression {
+    FMOE_COMPRESSION_ZSTD = 0, /* HDF5 filter 32015, level in cd_values[0] */
+    FMOE_COMPRESSION_DEFLATE = 1,
+    FMOE_COMPRESSION_NONE = 2,
+} fmoe_compression;
+
+enum { FMOE_PHASE_PREFILL = 0, FMOE_PHASE_DECODE = 1 };
+
+/* Root attributes of a trace. Strings are NUL-terminated and truncated to fit. */
+typedef struct fmoe_trace_header {
+    char model_name[256];
+    char model_fingerprint[65]; /* sha256 hex of the canonical config.json, or "" */
+    int32_t num_layers;         /* L */
+    int32_t num_experts;        /* J */
+    int32_t top_k;              /* K */
+    int32_t hidden_size;        /* h (0 if unknown) */
+    int32_t shared_experts;
+    int64_t expert_bytes;       /* one routed expert at `dtype` */
+    char dtype[16];
+    char dataset[256];
+    char created[32];           /* ISO 8601 UTC; the writer fills it when empty */
+    char fmoe_version[32];      /* the writer fills it when empty */
+    char recorded_on[128];      /* "cpu", "cuda:H100", "import:jsonl", ... */
+    fmoe_probs_kind probs_kind;
+    int32_t probs_half;         /* 1: /tokens/probs stored as IEEE float16, else float32 */
+    int32_t semantic_dim;       /* columns of /tokens/semantic; 0: absent */
+    char semantic_kind[32];     /* "embedding" (the embedding layer's output) | "projection" */
+    int32_t speculative_depth;  /* S of /tokens/speculative; 0: absent */
+    const char *config_json;    /* /model/config_json; writer borrows it, NULL or "" = none */
+} fmoe_trace_header;
+
+/* One request's data for the writer; all arrays borrowed for the call. T = prompt + output. */
+typedef struct fmoe_trace_request {
+    int64_t id;
+    double arrival_s;
+    int32_t prompt_tokens;
+    int32_t output_tokens;
+    const int32_t *token_id;    /* [T] (-1 where unknown) */
+    const uint8_t *phase;       /* [T] FMOE_PHASE_*; prefill tokens first */
+    const uint16_t *experts;    /* [T][L][K] chosen experts, in gate order */
+    const float *probs;         /* [T][L][J] gate probabilities; NULL iff probs_kind NONE */
+    const float *semantic;      /* [T][semantic_dim]; NULL iff semantic_dim == 0 */
+    const float *speculative;   /* [T][L][S][J]; NULL iff speculative_depth == 0 */
+} fmoe_trace_request;
+
+typedef struct fmoe_trace_write_options {
+    fmoe_compression compression;
+    int level;            /* zstd 1..19 (default 3), deflate 1..9 (default 4); 0 = default */
+    int64_t chunk_tokens; /* rows per chunk along T; 0 = automatic */
+} fmoe_trace_write_options;
+
+typedef struct fmoe_trace_writer fmoe_trace_writer;
+
+/* Creates "<path>.partial" and writes the header. `opts` may be NULL (zstd, defaults).
+ * @return 0 or a negative code (bad header values: FMOE_EINVAL naming the field). */
+int fmoe_trace_writer_open(fmoe_trace_writer **out, const char *path,
+                           const fmoe_trace_header *header,
+                           const fmoe_trace_write_options *opts);
+
+/* Appends one request and flushes. Validates expert ids < J and array presence. */
+int fmoe_trace_writer_append_request(fmoe_trace_writer *w, const fmoe_trace_request *req);
+
+/* Finishes the file and renames it into place; frees `w` whatever the outcome. */
+int fmoe_trace_writer_close(fmoe_trace_writer *w);
+
+/* Removes the partial file and frees `w`. NULL is a no-op. */
+void fmoe_trace_writer_abort(fmoe_trace_writer *w);
+
+/* Per-request table, read at open. */
+typedef struct fmoe_trace_request_info {
+    int64_t id;
+    double arrival_s;
+    int32_t prompt_tokens;
+    int32_t output_tokens;
+    int64_t token_begin;  /* first token row in /tokens */
+    int64_t token_count;  /* rows owned: token_offset[r+1] - token_offset[r] */
+} fmoe_trace_request_info;
+
+/* One forward pass: a prefill holds all of a request's consecutive prefill tokens; each
+ * decode token is its own iteration (DESIGN.md §7.1). */
+typedef struct fmoe_trace_iteration {
+    int64_t request;      /* index into the request table */
+    int32_t phase;        /* FMOE_PHASE_* */
+    int32_t num_tokens;
+    int64_t token_begin;
+} fmoe_trace_iteration;
+
+/* Destination buffers for fmoe_trace_reader_read_tokens; NULL members are skipped. */
+typedef struct fmoe_trace_token_buffers {
+    int32_t *token_id;    /* [n] */
+    uint8_t *phase;       /* [n] */
+    uint16_t *experts;    /* [n][L][K] */
+    float *probs;         /* [n][L][J] (converted to float32); error if probs_kind NONE */
+    float *semantic;      /* [n][semantic_dim]; error if absent */
+    float *speculative;   /* [n][L][S][J]; error if absent */
+} fmoe_trace_token_buffers;
+
+typedef struct fmoe_trace_reader fmoe_trace_reader;
+
+int fmoe_trace_reader_open(fmoe_trace_reader **out, const char *path);
+void fmoe_trace_reader_close(fmoe_trace_reader *r); /* NULL is a no-op */
+
+const fmoe_trace_header *fmoe_trace_reader_header(const fmoe_trace_reader *r);
+int64_t fmoe_trace_reader_num_requests(const fmoe_trace_reader *r);
+int64_t fmoe_trace_reader_num_tokens(const fmoe_trace_reader *r);
+/* [num_requests] entries, owned by the reader. */
+const fmoe_trace_request_info *fmoe_trace_reader_requests(const fmoe_trace_reader *r);
+/* [num_iterations] entries in replay order, owned by the reader. */
+const fmoe_trace_iteration *fmoe_trace_reader_iterations(const fmoe_trace_reader *r,
+                                                         int64_t *num_iterations);
+
+/* Reads tokens [t0, t0 + n) into the buffers, bounds-checked. */
+int fmoe_trace_reader_read_tokens(fmoe_trace_reader *r, int64_t t0, int64_t n,
+                                  const fmoe_trace_token_buffers *buf);
+
+/* Names: "zstd", "deflate", "none". @return 0 or FMOE_EINVAL. */
+int fmoe_compression_parse(const char *name, fmoe_compression *out);
+const char *fmoe_probs_kind_name(fmoe_probs_kind k); /* "none" | "topk" | "full" */
+
+/* Registers fmoe's zstd filter (id 32015) with the HDF5 library in this process.
+ * Idempotent; the reader and writer call it themselves. */
+int fmoe_hdf5_register_zstd(void);
+
+/* Reads the root "format" attribute of any HDF5 file ("fmoe-trace", "fmoe-store", ...)
+ * into out[cap]. @return 0, FMOE_EIO (not HDF5 / unreadable), FMOE_ENOTFOUND (no attr). */
+int fmoe_hdf5_read_format(const char *path, char *out, size_t cap);
+
+#endif
