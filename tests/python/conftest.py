@@ -1,0 +1,77 @@
+"""Shared fixtures for fmoe's Python cross-check tests.
+
+The tests run the built `fmoe` binary and check its files with independent readers
+(h5py, hdf5plugin, h5dump). FMOE_BUILD_DIR names the meson build directory (default:
+<repo>/build). Tests that read ../shared/data skip when it is absent (a user's clone).
+"""
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _build_dir():
+    return pathlib.Path(os.environ.get("FMOE_BUILD_DIR", REPO / "build")).resolve()
+
+
+@pytest.fixture(scope="session")
+def build_dir():
+    d = _build_dir()
+    if not (d / "build.ninja").exists():
+        pytest.fail(f"no meson build at {d}: set FMOE_BUILD_DIR")
+    return d
+
+
+@pytest.fixture(scope="session")
+def fmoe_bin(build_dir):
+    exe = build_dir / "cmd" / "fmoe"
+    if not exe.exists():
+        pytest.fail(f"{exe} not built")
+    return exe
+
+
+@pytest.fixture(scope="session")
+def plugin_dir(build_dir):
+    """Folder holding our libh5zstd.so, for HDF5_PLUGIN_PATH."""
+    d = build_dir / "trace"
+    if not (d / "libh5zstd.so").exists():
+        pytest.fail(f"{d}/libh5zstd.so not built")
+    return d
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir():
+    return REPO / "tests" / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    d = REPO.parent / "shared" / "data"
+    if not d.is_dir():
+        pytest.skip("../shared/data is not present (only in the development checkout)")
+    return d
+
+
+def run_fmoe(fmoe_bin, *args, check=True, env=None, cwd=None):
+    """Runs fmoe; returns CompletedProcess with text stdout/stderr."""
+    p = subprocess.run([str(fmoe_bin), *map(str, args)], capture_output=True, text=True,
+                       env=env, cwd=cwd, timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"fmoe {' '.join(map(str, args))} exited {p.returncode}:\n"
+                             f"{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="session")
+def fmoe(fmoe_bin):
+    def call(*args, **kw):
+        return run_fmoe(fmoe_bin, *args, **kw)
+    return call
+
+
+def have_h5dump():
+    return shutil.which("h5dump") is not None
