@@ -1,3 +1,112 @@
+/*
+ * main.c - the one `fmoe` binary: a git-style command table (STYLE.md rule 17).
+ * Each command is `int cmd_<name>(int argc, char **argv)` in its own file; its return
+ * value is the exit status (0 success, 1 runtime failure, 2 usage error).
+ */
 #include <stdio.h>
+#include <string.h>
+
+#include "cmd_common.h"
 #include "fmoe/cuda.h"
-int main(void) { printf("%s\n", fmoe_cuda_describe()); return 0; }
+#include "fmoe_config.h"
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv); /* NULL: not yet available */
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"record", NULL, "real inference over prompts -> HDF5 trace"},
+    {"build-store", NULL, "traces -> deduplicated expert-map store"},
+    {"simulate", cmd_simulate, "trace + store + hardware profile -> metrics per policy"},
+    {"serve", NULL, "the same policies live (CUDA or CPU), OpenAI-compatible HTTP"},
+    {"calibrate", NULL, "measure this machine's link and compute into a hardware profile"},
+    {"generate", NULL, "one prompt through a model, no server"},
+    {"trace", cmd_trace, "work with traces: import routing logs recorded elsewhere"},
+    {"inspect", cmd_inspect, "summarise any fmoe file (trace, ...)"},
+    {"demo", cmd_demo, "run the pipeline on the bundled sample data"},
+    {"version", NULL, "print version and build information"},
+    {"help", NULL, "show help for fmoe or for a command"},
+};
+#define NUM_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void print_version(FILE *out) {
+    fprintf(out, "fmoe %s\n", FMOE_VERSION);
+    fprintf(out, "cuda: %s\n", fmoe_cuda_describe());
+    fprintf(out, "hdf5 zstd plugin: %s\n", cmd_plugin_dir());
+}
+
+static void print_usage(FILE *out) {
+    fprintf(out,
+            "usage: fmoe <command> [options]\n"
+            "\n"
+            "Fine-grained expert offloading for Mixture-of-Experts LLM serving.\n"
+            "\n"
+            "commands:\n");
+    for (size_t i = 0; i < NUM_COMMANDS; i++) {
+        const command *c = &commands[i];
+        int unavailable = c->run == NULL && strcmp(c->name, "version") != 0 &&
+                          strcmp(c->name, "help") != 0;
+        fprintf(out, "  %-12s %s%s\n", c->name, c->summary,
+                unavailable ? " (not yet available)" : "");
+    }
+    fprintf(out,
+            "\n"
+            "options:\n"
+            "  -h, --help     show this help\n"
+            "  --version      print version and build information\n"
+            "\n"
+            "Run 'fmoe <command> --help' for a command's options.\n");
+}
+
+static const command *find_command(const char *name) {
+    for (size_t i = 0; i < NUM_COMMANDS; i++)
+        if (strcmp(commands[i].name, name) == 0) return &commands[i];
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        print_usage(stderr);
+        return CMD_EXIT_USAGE;
+    }
+    const char *name = argv[1];
+    if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0) {
+        print_usage(stdout);
+        return CMD_EXIT_OK;
+    }
+    if (strcmp(name, "--version") == 0 || strcmp(name, "version") == 0) {
+        print_version(stdout);
+        return CMD_EXIT_OK;
+    }
+    if (strcmp(name, "help") == 0) {
+        if (argc < 3) {
+            print_usage(stdout);
+            return CMD_EXIT_OK;
+        }
+        const command *c = find_command(argv[2]);
+        if (!c) {
+            fprintf(stderr, "fmoe help: unknown command '%s' (see 'fmoe --help')\n", argv[2]);
+            return CMD_EXIT_USAGE;
+        }
+        if (!c->run) {
+            printf("fmoe %s: %s (not yet available)\n", c->name, c->summary);
+            return CMD_EXIT_OK;
+        }
+        char *help_argv[] = {(char *)c->name, "--help", NULL};
+        return c->run(2, help_argv);
+    }
+    const command *c = find_command(name);
+    if (!c) {
+        fprintf(stderr, "fmoe: unknown command '%s' (see 'fmoe --help')\n", name);
+        return CMD_EXIT_USAGE;
+    }
+    if (!c->run) {
+        fprintf(stderr, "fmoe %s: not yet available in fmoe %s (%s)\n", c->name, FMOE_VERSION,
+                c->summary);
+        return CMD_EXIT_FAILURE;
+    }
+    cmd_install_log_sink(0);
+    return c->run(argc - 1, argv + 1);
+}

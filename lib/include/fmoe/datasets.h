@@ -27,9 +27,16 @@ typedef struct fmoe_prompt_set {
     char **ids;      /* [count] dataset ids ("" where the dataset has none) */
     char **prompts;  /* [count] the first user turn, UTF-8 */
     fmoe_prompt_format format; /* the format actually read */
+    int64_t skipped; /* records without a user turn, or with an empty one, left out */
 } fmoe_prompt_set;
 
-/* @return 0 or an error naming the file and the line/record. */
+/* Reads a prompt dataset. sharegpt: the first "human" (or "user") turn of each record;
+ * lmsys: the first "user" turn; jsonl: "prompt" (and "id" when present); text: each
+ * non-blank line. The JSON formats accept a JSON list or JSON Lines. Records without a
+ * user turn are counted in `skipped`. Prompts must be valid UTF-8.
+ * @return 0, FMOE_EIO, FMOE_EFORMAT naming the file and the line (JSON Lines, text) or
+ *         "record N" (the 0-based index in a JSON list), FMOE_ENOMEM. *out owned by the
+ *         caller (fmoe_prompt_set_free). */
 int fmoe_prompts_load(const char *path, fmoe_prompt_format format, fmoe_prompt_set **out);
 void fmoe_prompt_set_free(fmoe_prompt_set *s); /* NULL is a no-op */
 int fmoe_prompt_format_parse(const char *name, fmoe_prompt_format *out);
@@ -45,6 +52,9 @@ typedef struct fmoe_arrivals {
     int32_t *generated_tokens;  /* [count] */
 } fmoe_arrivals;
 
+/* Timestamps "YYYY-MM-DD HH:MM:SS[.fraction]" (no zone), rows in time order; arrival_s
+ * keeps the sub-second digits (computed from integer seconds and nanoseconds).
+ * @return 0, FMOE_EIO, FMOE_EFORMAT naming the file and line, FMOE_ENOMEM. */
 int fmoe_arrivals_load_azure(const char *path, fmoe_arrivals **out);
 void fmoe_arrivals_free(fmoe_arrivals *a);
 
@@ -57,10 +67,12 @@ typedef struct fmoe_import_options {
     int drop_incomplete;       /* drop tokens missing layers instead of failing */
     fmoe_trace_write_options write;
     fmoe_progress progress;
+    int64_t expert_bytes;      /* > 0: bytes of one routed expert, overriding the geometry's
+                                  (for geometries given by hand); 0: from the geometry */
 } fmoe_import_options;
 
 typedef struct fmoe_import_report {
-    int64_t lines;            /* input records read */
+    int64_t lines;            /* input records read (JSONL lines, CSV rows of all files) */
     int64_t requests;
     int64_t tokens;           /* tokens written */
     int64_t dropped_tokens;   /* incomplete tokens dropped (--drop-incomplete) */
@@ -68,7 +80,17 @@ typedef struct fmoe_import_report {
 } fmoe_import_report;
 
 /* DESIGN.md §4.1 JSON Lines: one object per (request, token, layer). Writes `out_path`
- * atomically (nothing is left behind on failure). */
+ * atomically (nothing is left behind on failure). Also: blank lines and lines holding
+ * {"type": "meta", ...} are skipped (converters record provenance there); unknown keys
+ * are ignored; request ids keep their JSON type (7 != "7") and are stored as given when
+ * all are integers, else as their 0-based order of first appearance; token positions may
+ * have gaps; a request whose tokens were all dropped is left out.
+ * @return 0, or (detail: file and line, or file, request and token):
+ *   FMOE_EFORMAT malformed JSON or record, duplicate layer, prefill after decode;
+ *   FMOE_ERANGE expert/layer/token out of range; FMOE_EMISMATCH probs kinds mixed, a
+ *   token's lines disagreeing on phase or token_id; FMOE_EINCOMPLETE a token lacking
+ *   layers (without drop_incomplete); FMOE_EIO, FMOE_ENOMEM, or the writer's errors.
+ * `report` (may be NULL) is filled as far as the import got. */
 int fmoe_import_jsonl(const char *in_path, const fmoe_import_options *opts,
                       const char *out_path, fmoe_import_report *report);
 
@@ -76,7 +98,12 @@ int fmoe_import_jsonl(const char *in_path, const fmoe_import_options *opts,
  * `layer_id,token_id,expert_0..expert_{J-1}`, row i = token i in every file (the
  * FLAME-MoE layout). The chosen experts are the K largest non-zero entries of each row.
  * `tokens_per_request` > 0 splits the token stream into requests of that many prefill
- * tokens (the FLAME samples are 32 sequences x 64 tokens); 0 = one request. */
+ * tokens (the FLAME samples are 32 sequences x 64 tokens); 0 = one request. num_files
+ * must equal the geometry's L. Rows need exactly K non-zero entries (ordered by
+ * decreasing probability, ties by expert id); token_id must agree across the files row
+ * by row (it is a position, not a vocabulary id: the trace's token_id is -1).
+ * @return 0, FMOE_EINVAL (file count), FMOE_EFORMAT / FMOE_ERANGE / FMOE_EMISMATCH naming
+ *         the file and line, FMOE_EIO, FMOE_ENOMEM, or the writer's errors. */
 int fmoe_import_dense_csv(const char *const *layer_files, int num_files,
                           int64_t tokens_per_request, const fmoe_import_options *opts,
                           const char *out_path, fmoe_import_report *report);

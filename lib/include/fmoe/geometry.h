@@ -56,11 +56,12 @@ typedef struct fmoe_model_geometry {
     int32_t hidden_size;          /* h */
     int32_t moe_intermediate_size;    /* routed expert FFN width */
     int32_t shared_intermediate_size; /* total width of the shared expert(s) (0 if none) */
-    int32_t intermediate_size;        /* dense FFN width (dense layers) */
+    int32_t intermediate_size;        /* dense FFN width (dense layers); 0 for families
+                                         without dense FFNs (Mixtral, OLMoE, Phi-MoE, gpt-oss) */
     int32_t vocab_size;
     int32_t num_attention_heads;
     int32_t num_key_value_heads;
-    int32_t head_dim;
+    int32_t head_dim;             /* MLA (DeepSeek V2/V3): qk_nope + qk_rope head dims */
     int64_t max_position_embeddings;
     double rope_theta;
     double rms_norm_eps;
@@ -73,26 +74,58 @@ typedef struct fmoe_model_geometry {
     int32_t expert_has_bias;      /* 1: expert projections carry biases (gpt-oss) */
     int32_t tie_word_embeddings;
     fmoe_dtype dtype;             /* the checkpoint's torch_dtype (bf16 when absent) */
+    /* Fields below were added after the first version; new ones go at the end. */
+    fmoe_dtype expert_dtype;      /* how the checkpoint stores routed expert weights:
+                                     mxfp4 or f8_e4m3 from quantization_config, else dtype */
+    char quant_method[32];        /* quantization_config.quant_method ("" when none) */
+    char topk_method[32];         /* expert selection: "greedy" (plain top-k),
+                                     "group_limited_greedy", "noaux_tc" (DeepSeek V2/V3),
+                                     "sparsemixer" (Phi-3.5-MoE) */
+    /* Multi-head latent attention (DeepSeek V2/V3); all 0 for other families. */
+    int32_t q_lora_rank;          /* 0: full-rank q_proj (V2-Lite) */
+    int32_t kv_lora_rank;
+    int32_t qk_nope_head_dim;
+    int32_t qk_rope_head_dim;
+    int32_t v_head_dim;
 } fmoe_model_geometry;
 
 /*
  * Parses config.json text (`len` bytes, need not be NUL-terminated) into `out`.
+ * Which decoder layers are MoE, the defaults of absent keys and the router semantics
+ * follow each family's transformers configuration/modeling code (lib/geometry.c says
+ * where it departs). `out` is written only on success. Safe to call from several threads
+ * (the one shared write is cJSON's global last-error pointer, which fmoe never reads).
  * @return 0, FMOE_EFORMAT (malformed JSON, missing or wrong-typed field: detail names it),
- *         FMOE_EUNSUPPORTED (unknown model_type: detail lists the supported ones).
+ *         FMOE_EUNSUPPORTED (unknown model_type: detail lists the supported ones; or a
+ *         dense model without routed experts), FMOE_ERANGE (a value out of range, e.g.
+ *         top-k > experts or more than FMOE_MAX_LAYERS layers), FMOE_ENOMEM.
  */
 int fmoe_geometry_parse(const char *json, size_t len, fmoe_model_geometry *out);
 
-/* Reads and parses a config.json file; errors name the path. */
+/* Reads and parses a config.json file; errors name the path.
+ * @return as fmoe_geometry_parse, or FMOE_EIO when the file cannot be read. */
 int fmoe_geometry_load(const char *path, fmoe_model_geometry *out);
 
-/* A geometry given by hand: L MoE layers, J experts, top-k K, hidden size h (may be 0). */
+/* A geometry given by hand: L MoE layers, J experts, top-k K, hidden size h (may be 0).
+ * Every layer is MoE, the router is softmax, dtype bf16; sizes not given are 0, so
+ * expert bytes are 0 until the caller sets moe_intermediate_size. @return 0 or FMOE_EINVAL. */
 int fmoe_geometry_generic(int32_t layers, int32_t experts, int32_t top_k, int32_t hidden,
                           fmoe_model_geometry *out);
 
-/* Bytes of one routed expert's weights stored as `dtype` (biases included where present). */
+/*
+ * Bytes of one routed expert's weights stored as `dtype` (biases included where present).
+ * Counted: gate, up and down projections, 3·h·I values, plus gpt-oss's biases (2I + h).
+ * f32/f16/bf16: every value at that width. f8_e4m3: weights 1 byte, biases bf16, block
+ * scales not counted. mxfp4: per row of each projection, blocks of 32 values along the
+ * input dimension at 17 bytes each (16 bytes of 4-bit values + one 8-bit scale, i.e. 4.25
+ * bits/value when the width is a multiple of 32); biases bf16. Router and shared experts
+ * are not part of a routed expert.
+ * @return bytes (>= 0), or FMOE_EINVAL for a NULL geometry or an unknown dtype.
+ */
 int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtype);
 
-/* Parameters of one routed expert (weights and biases). */
+/* Parameters of one routed expert (weights and biases): 3·h·I (+ 2I + h with biases).
+ * @return the count, or FMOE_EINVAL for NULL. */
 int64_t fmoe_geometry_expert_params(const fmoe_model_geometry *g);
 
 /* Comma-separated list of the supported model_type values. */
@@ -102,13 +135,20 @@ const char *fmoe_geometry_supported_types(void);
  * ("float32", "bfloat16", ...). @return 0 or FMOE_EINVAL. */
 const char *fmoe_dtype_name(fmoe_dtype d);
 int fmoe_dtype_parse(const char *name, fmoe_dtype *out);
-/* Storage size in bits per parameter (mxfp4: 4.25 rounded per block, reported as 4). */
+/* Storage size in bits per parameter; mxfp4 is 4.25 (4-bit values plus one 8-bit scale
+ * per block of 32). 0 for an unknown dtype. */
 double fmoe_dtype_bits(fmoe_dtype d);
 
 /*
  * The model fingerprint of DESIGN.md §4: sha256 (hex) of the canonical config.json, i.e.
  * the parsed JSON printed with object keys sorted (recursively) and no whitespace, so
- * that formatting and key order do not change it.
+ * that formatting and key order do not change it. Canonical form, exactly: the value
+ * parsed by cJSON; every object's members stably sorted by key in byte order (strcmp;
+ * duplicate keys keep their input order); printed by cJSON_PrintUnformatted (numbers as
+ * %d when integral and within int range, else %1.15g when that reads back as the same
+ * double, else %1.17g; strings with cJSON's escapes, UTF-8 passed through). Any JSON
+ * value is accepted, not only objects. A test pins the digest of a fixture so that the
+ * form cannot drift. @return 0, FMOE_EFORMAT (malformed JSON), FMOE_ENOMEM.
  */
 int fmoe_config_fingerprint(const char *json, size_t len, char hex[65]);
 

@@ -4,8 +4,8 @@
  * Implemented in trace/ (the only code that includes <hdf5.h>); this header is plain C.
  *
  * Writing: open a writer with a header, append requests one by one (each append extends
- * the datasets and flushes, so the file on disk always holds every finished request),
- * then close. The writer works on "<path>.partial" and renames it to <path> on close;
+ * the datasets and, by default, flushes, so the file on disk always holds every finished
+ * request; see flush_requests), then close. The writer works on "<path>.partial" and renames it to <path> on close;
  * abort removes it. A killed writer leaves "<path>.partial", a valid trace of every
  * request appended before the kill.
  *
@@ -77,6 +77,11 @@ typedef struct fmoe_trace_write_options {
     fmoe_compression compression;
     int level;            /* zstd 1..19 (default 3), deflate 1..9 (default 4); 0 = default */
     int64_t chunk_tokens; /* rows per chunk along T; 0 = automatic */
+    /* Flush the file after every `flush_requests` appended requests; 0 means 1, so a
+     * killed writer (fmoe record) loses at most the request in progress. Each flush
+     * recompresses the partly filled chunks, so importers, which leave nothing behind on
+     * failure anyway, pass INT32_MAX and get one flush at close. */
+    int32_t flush_requests;
 } fmoe_trace_write_options;
 
 typedef struct fmoe_trace_writer fmoe_trace_writer;

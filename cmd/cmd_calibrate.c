@@ -1,0 +1,556 @@
+/*
+ * cmd_calibrate.c - `fmoe calibrate`: measure this machine into a hardware profile that
+ * `fmoe simulate --profile` reads (DESIGN.md §7; format in fmoe/hardware.h).
+ *
+ * defaults -> parse -> model shapes -> measure -> fit -> report (stderr) -> profile JSON
+ * (-o FILE, written to a temporary name and renamed; or stdout).
+ *
+ * Measured: copies across sizes RAM->RAM (memcpy) and file->RAM (pread with the page cache
+ * dropped: a model file larger than RAM), and on a CUDA machine pinned host->device
+ * cudaMemcpyAsync; compute at the model's shapes: an expert (three GEMMs, SwiGLU), a layer's
+ * non-expert GEMMs (attention projections, router, shared experts) and attention over a
+ * context, with OpenBLAS (float32) and, on a CUDA machine, cuBLAS (bf16, fp32 accumulate).
+ * Fitted by least squares (relative error): copy = alpha + bytes / beta, expert = base +
+ * per_token * n, layer = base + per_token * n + per_token_context * n * c; every fit's
+ * error is reported and stored in the profile's "calibration" record with the points.
+ *
+ * The profile's link is host->device with a CUDA device, else file->RAM (--link chooses);
+ * its compute is the GPU's with a device, else the CPU's; "host" is always the CPU (the
+ * lane `simulate --miss cpu` uses).
+ */
+#include <cblas.h>
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cmd_common.h"
+#include "fmoe/cuda.h"
+#include "fmoe/error.h"
+#include "fmoe/geometry.h"
+#include "fmoe/hardware.h"
+#include "fmoe_config.h"
+
+int cmd_calibrate(int argc, char **argv);
+
+static const char *const CMD = "calibrate";
+
+#define MAXPTS 16
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: fmoe calibrate [-o profile.json] [options]\n"
+            "\n"
+            "Measure this machine's copy bandwidth and latency and its compute at a model's\n"
+            "expert and attention shapes, fit the simulator's cost model to them and write a\n"
+            "hardware profile for 'fmoe simulate --profile'. Takes under 20 s by default.\n"
+            "\n"
+            "options:\n"
+            "  -o, --output FILE      write the profile to FILE (default: stdout)\n"
+            "  --model-config FILE    measure at this model's shapes (HF config.json; default:\n"
+            "                         Mixtral-8x7B's: hidden 4096, expert 14336, 32 heads, 8 KV)\n"
+            "  --name NAME            the profile's name (default: calibrated-<hostname>)\n"
+            "  --link auto|h2d|file|ram  which copy is the profile's link (default auto:\n"
+            "                         host->device with a CUDA device, else file->RAM)\n"
+            "  --file-dir DIR         where the file->RAM test writes its scratch file (default\n"
+            "                         $TMPDIR or /tmp): use the disk your models live on\n"
+            "  --threads N            OpenBLAS threads (default: OpenBLAS's, all cores)\n"
+            "  --quick                small shapes and sizes, one second (for tests)\n"
+            "  --quiet                no report on stderr\n"
+            "  -h, --help             show this help\n"
+            "\n"
+            "The report gives each fit as alpha/beta or base/per-token with its error (root\n"
+            "mean square and largest relative error over the measured points): a large error\n"
+            "means the linear model the simulator uses does not describe this machine well\n"
+            "over that range.\n");
+}
+
+typedef struct options {
+    const char *output, *model_config, *name, *file_dir;
+    const char *link; /* auto|h2d|file|ram */
+    int threads, quick, quiet;
+} options;
+
+typedef struct shapes {
+    int32_t hidden, ffn, heads, kv_heads, head_dim, experts, shared_ffn;
+    char model[192];
+} shapes;
+
+/* A measured series and its fit. */
+typedef struct series {
+    const char *what;
+    int32_t n;
+    double x[MAXPTS], x2[MAXPTS], y[MAXPTS];
+    fmoe_linear_fit fit;
+    int ok;
+} series;
+
+/* ------------------------------------------------------------------ parsing */
+
+static int parse_options(int argc, char **argv, options *o) {
+    enum { O_MODEL = 256, O_NAME, O_LINK, O_FILEDIR, O_THREADS, O_QUICK, O_QUIET };
+    static const struct option longopts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"model-config", required_argument, NULL, O_MODEL},
+        {"name", required_argument, NULL, O_NAME},
+        {"link", required_argument, NULL, O_LINK},
+        {"file-dir", required_argument, NULL, O_FILEDIR},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"quick", no_argument, NULL, O_QUICK},
+        {"quiet", no_argument, NULL, O_QUIET},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    opterr = 0;
+    int c, rc = 0;
+    while (rc == 0 && (c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'o': o->output = optarg; break;
+        case O_MODEL: o->model_config = optarg; break;
+        case O_NAME: o->name = optarg; break;
+        case O_LINK:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "h2d") && strcmp(optarg, "file") &&
+                strcmp(optarg, "ram"))
+                return cmd_usage_error(CMD, "--link must be auto, h2d, file or ram, got '%s'",
+                                       optarg);
+            o->link = optarg;
+            break;
+        case O_FILEDIR: o->file_dir = optarg; break;
+        case O_THREADS: {
+            int32_t t = 0;
+            rc = cmd_parse_i32(CMD, "--threads", optarg, 1, 1024, &t);
+            o->threads = t;
+            break;
+        }
+        case O_QUICK: o->quick = 1; break;
+        case O_QUIET: o->quiet = 1; break;
+        case 'h': usage(stdout); return -1;
+        default:
+            if (optopt == 'o' || optopt >= O_MODEL)
+                return cmd_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
+            return cmd_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (rc) return rc;
+    if (optind < argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (!o->link) o->link = "auto";
+    if (!o->file_dir) o->file_dir = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR")
+                                                                             : "/tmp";
+    return 0;
+}
+
+static int load_shapes(const options *o, shapes *s) {
+    *s = (shapes){.hidden = 4096, .ffn = 14336, .heads = 32, .kv_heads = 8, .head_dim = 128,
+                  .experts = 8, .shared_ffn = 0};
+    snprintf(s->model, sizeof s->model, "Mixtral-8x7B shapes (default)");
+    if (o->model_config) {
+        fmoe_model_geometry g;
+        int rc = fmoe_geometry_load(o->model_config, &g);
+        if (rc < 0) return rc;
+        s->hidden = g.hidden_size;
+        s->ffn = g.moe_intermediate_size;
+        s->heads = g.num_attention_heads > 0 ? g.num_attention_heads : 1;
+        s->kv_heads = g.num_key_value_heads > 0 ? g.num_key_value_heads : s->heads;
+        s->head_dim = g.head_dim > 0 ? g.head_dim : s->hidden / s->heads;
+        s->experts = g.num_experts;
+        s->shared_ffn = g.shared_intermediate_size;
+        snprintf(s->model, sizeof s->model, "%s (%.60s)", g.model_type, o->model_config);
+        if (s->heads % s->kv_heads) s->kv_heads = s->heads;
+    }
+    if (o->quick) { /* an eighth of the widths, so it runs in a blink */
+        s->hidden = s->hidden / 8 > 64 ? s->hidden / 8 : 64;
+        s->ffn = s->ffn / 8 > 64 ? s->ffn / 8 : 64;
+        s->shared_ffn /= 8;
+        s->heads = s->heads / 8 > 0 ? s->heads / 8 : 1;
+        s->kv_heads = s->kv_heads / 8 > 0 ? s->kv_heads / 8 : 1;
+        if (s->heads % s->kv_heads) s->kv_heads = s->heads;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ measuring */
+
+static void fit_series(series *s) {
+    s->ok = s->n >= 2 && fmoe_calibrate_fit(s->x, s->y, s->n, &s->fit) == 0;
+    fmoe_error_clear();
+}
+
+/* The non-expert matrices of a layer: q, k, v, o, router, shared expert (3). */
+static int32_t layer_mats(const shapes *s, int32_t *rows, int32_t *cols) {
+    const int32_t q = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim, h = s->hidden;
+    int32_t m = 0;
+    rows[m] = q, cols[m++] = h;
+    rows[m] = kv, cols[m++] = h;
+    rows[m] = kv, cols[m++] = h;
+    rows[m] = h, cols[m++] = q;
+    rows[m] = s->experts > 0 ? s->experts : 1, cols[m++] = h;
+    if (s->shared_ffn > 0) {
+        rows[m] = s->shared_ffn, cols[m++] = h;
+        rows[m] = s->shared_ffn, cols[m++] = h;
+        rows[m] = h, cols[m++] = s->shared_ffn;
+    }
+    return m;
+}
+
+static double chain_flops(const int32_t *rows, const int32_t *cols, int32_t m) {
+    double f = 0;
+    for (int32_t i = 0; i < m; i++) f += 2.0 * rows[i] * cols[i];
+    return f;
+}
+
+typedef struct measurements {
+    series ram, file, h2d;
+    fmoe_file_cache file_cache;
+    series expert_cpu, layer_cpu, attn_cpu, expert_gpu, layer_gpu, attn_gpu;
+    double cpu_peak_flops, gpu_peak_flops, gpu_membw;
+    int have_gpu;
+} measurements;
+
+static int measure(const options *o, const shapes *sh, measurements *m) {
+    /* RAM: expert-sized copies (below 256 KiB they run in the CPU caches, which experts
+     * never do); file: from 64 KiB, where the device's latency still shows. */
+    static const int64_t sizes_full[] = {65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20,
+                                         256 << 20};
+    static const int64_t sizes_quick[] = {4096, 65536, 1 << 20};
+    static const int32_t tok_full[] = {1, 4, 16, 64}, tok_quick[] = {1, 4, 16};
+    static const int32_t at_tok_full[] = {1, 1, 16, 64}, at_ctx_full[] = {512, 2048, 2048, 2048};
+    static const int32_t at_tok_quick[] = {1, 4, 8}, at_ctx_quick[] = {64, 256, 256};
+    const int64_t *sizes = o->quick ? sizes_quick : sizes_full;
+    const int32_t ns = o->quick ? 3 : 7;
+    const int32_t *tok = o->quick ? tok_quick : tok_full, nt = o->quick ? 3 : 4;
+    const int32_t *atok = o->quick ? at_tok_quick : at_tok_full;
+    const int32_t *actx = o->quick ? at_ctx_quick : at_ctx_full, na = o->quick ? 3 : 4;
+    const int32_t reps = o->quick ? 2 : 3;
+    double sec[MAXPTS];
+    int rc;
+
+    /* copies */
+    const int32_t r0 = o->quick ? 0 : 1; /* RAM from 256 KiB */
+    m->ram = (series){.what = "copy RAM->RAM", .n = ns - r0};
+    FMOE_FORWARD_IF_ERROR(fmoe_calibrate_copy_ram(sizes + r0, ns - r0, reps, sec));
+    for (int32_t i = 0; i < ns - r0; i++) m->ram.x[i] = (double)sizes[r0 + i], m->ram.y[i] = sec[i];
+    fit_series(&m->ram);
+    const int32_t nf = o->quick ? 3 : 6; /* file: 64 KiB .. 64 MiB (quick: 4 KiB .. 1 MiB) */
+    const int64_t *fsizes = sizes;
+    m->file = (series){.what = "copy file->RAM", .n = nf};
+    rc = fmoe_calibrate_copy_file(o->file_dir, fsizes, nf, reps, sec, &m->file_cache);
+    if (rc < 0) return rc;
+    for (int32_t i = 0; i < nf; i++) m->file.x[i] = (double)fsizes[i], m->file.y[i] = sec[i];
+    fit_series(&m->file);
+    m->have_gpu = fmoe_cuda_device_count() > 0;
+    if (m->have_gpu) {
+        static const int64_t gsizes[] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20};
+        m->h2d = (series){.what = "copy host->device", .n = o->quick ? 4 : 6};
+        FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_h2d(gsizes, m->h2d.n, reps, sec));
+        for (int32_t i = 0; i < m->h2d.n; i++) m->h2d.x[i] = (double)gsizes[i], m->h2d.y[i] = sec[i];
+        fit_series(&m->h2d);
+        FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_d2d(o->quick ? 16 << 20 : 256 << 20, reps,
+                                                      &m->gpu_membw));
+    }
+
+    /* compute: expert, layer, attention */
+    const int32_t erows[3] = {sh->ffn, sh->ffn, sh->hidden}, ecols[3] = {sh->hidden, sh->hidden,
+                                                                          sh->ffn};
+    int32_t lrows[8], lcols[8];
+    const int32_t lm = layer_mats(sh, lrows, lcols);
+    const double eflops = chain_flops(erows, ecols, 3);
+    m->expert_cpu = (series){.what = "expert (OpenBLAS fp32)", .n = nt};
+    FMOE_FORWARD_IF_ERROR(fmoe_calibrate_gemms_cpu(erows, ecols, 3, tok, nt, reps, sec));
+    for (int32_t i = 0; i < nt; i++) {
+        m->expert_cpu.x[i] = tok[i], m->expert_cpu.y[i] = sec[i];
+        const double f = eflops * tok[i] / sec[i];
+        if (f > m->cpu_peak_flops) m->cpu_peak_flops = f;
+    }
+    fit_series(&m->expert_cpu);
+    m->layer_cpu = (series){.what = "layer GEMMs (OpenBLAS fp32)", .n = nt};
+    FMOE_FORWARD_IF_ERROR(fmoe_calibrate_gemms_cpu(lrows, lcols, lm, tok, nt, reps, sec));
+    for (int32_t i = 0; i < nt; i++) m->layer_cpu.x[i] = tok[i], m->layer_cpu.y[i] = sec[i];
+    fit_series(&m->layer_cpu);
+    m->attn_cpu = (series){.what = "attention (OpenBLAS fp32)", .n = na};
+    FMOE_FORWARD_IF_ERROR(fmoe_calibrate_attention_cpu(sh->heads, sh->kv_heads, sh->head_dim,
+                                                       atok, actx, na, reps, sec));
+    for (int32_t i = 0; i < na; i++) {
+        m->attn_cpu.x[i] = (double)atok[i] * actx[i];
+        m->attn_cpu.x2[i] = actx[i];
+        m->attn_cpu.y[i] = sec[i];
+    }
+    fit_series(&m->attn_cpu);
+    if (m->have_gpu) {
+        m->expert_gpu = (series){.what = "expert (cuBLAS bf16)", .n = nt};
+        FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_gemms(erows, ecols, 3, tok, nt, reps, sec));
+        for (int32_t i = 0; i < nt; i++) {
+            m->expert_gpu.x[i] = tok[i], m->expert_gpu.y[i] = sec[i];
+            const double f = eflops * tok[i] / sec[i];
+            if (f > m->gpu_peak_flops) m->gpu_peak_flops = f;
+        }
+        fit_series(&m->expert_gpu);
+        m->layer_gpu = (series){.what = "layer GEMMs (cuBLAS bf16)", .n = nt};
+        FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_gemms(lrows, lcols, lm, tok, nt, reps, sec));
+        for (int32_t i = 0; i < nt; i++) m->layer_gpu.x[i] = tok[i], m->layer_gpu.y[i] = sec[i];
+        fit_series(&m->layer_gpu);
+        m->attn_gpu = (series){.what = "attention (cuBLAS bf16)", .n = na};
+        FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_attention(sh->heads, sh->kv_heads,
+                                                            sh->head_dim, atok, actx, na, reps,
+                                                            sec));
+        for (int32_t i = 0; i < na; i++) {
+            m->attn_gpu.x[i] = (double)atok[i] * actx[i];
+            m->attn_gpu.x2[i] = actx[i];
+            m->attn_gpu.y[i] = sec[i];
+        }
+        fit_series(&m->attn_gpu);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ profile */
+
+static double nonneg(double v) { return v > 0 ? v : 0; }
+
+/* layer(n, c) = layer GEMMs + attention: base and per_token from the GEMMs (plus the
+ * attention's intercept), per_token_context from the attention's slope. */
+static fmoe_linear_cost layer_cost(const series *gemms, const series *attn) {
+    fmoe_linear_cost c = {0};
+    if (!gemms->ok) return c;
+    c.present = 1;
+    c.base_s = nonneg(gemms->fit.a + (attn->ok ? nonneg(attn->fit.a) : 0));
+    c.per_token_s = nonneg(gemms->fit.b);
+    c.per_token_context_s = attn->ok ? nonneg(attn->fit.b) : 0;
+    return c;
+}
+
+static fmoe_linear_cost expert_cost(const series *s) {
+    fmoe_linear_cost c = {0};
+    if (!s->ok) return c;
+    c.present = 1;
+    c.base_s = nonneg(s->fit.a);
+    c.per_token_s = nonneg(s->fit.b);
+    return c;
+}
+
+static const char *cache_name(fmoe_file_cache c) {
+    return c == FMOE_FILE_CACHE_DROPPED ? "dropped" : c == FMOE_FILE_CACHE_TMPFS ? "tmpfs" : "warm";
+}
+
+static cJSON *series_json(const series *s, const char *xname) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "what", s->what);
+    if (s->ok) {
+        cJSON_AddNumberToObject(o, "intercept_s", s->fit.a);
+        cJSON_AddNumberToObject(o, "slope_s", s->fit.b);
+        cJSON_AddNumberToObject(o, "fit_rms_rel_error", s->fit.rms_rel);
+        cJSON_AddNumberToObject(o, "fit_max_rel_error", s->fit.max_rel);
+    }
+    cJSON *pts = cJSON_AddArrayToObject(o, "points");
+    for (int32_t i = 0; i < s->n; i++) {
+        cJSON *p = cJSON_CreateObject();
+        cJSON_AddNumberToObject(p, xname, s->x[i]);
+        if (s->x2[i] > 0) cJSON_AddNumberToObject(p, "context", s->x2[i]);
+        cJSON_AddNumberToObject(p, "seconds", s->y[i]);
+        cJSON_AddItemToArray(pts, p);
+    }
+    return o;
+}
+
+static void add_link(cJSON *links, const char *key, const series *s) {
+    if (!s->n) return;
+    cJSON *o = series_json(s, "bytes");
+    if (s->ok) {
+        cJSON_AddNumberToObject(o, "alpha_s", nonneg(s->fit.a));
+        cJSON_AddNumberToObject(o, "beta_bytes_per_s", s->fit.b > 0 ? 1.0 / s->fit.b : 0);
+    }
+    cJSON_AddItemToObject(links, key, o);
+}
+
+/* Builds the profile and its JSON (with the "calibration" record). */
+static int build_profile(const options *o, const shapes *sh, const measurements *m,
+                         const char **link_used, char **json) {
+    fmoe_hardware_profile p;
+    memset(&p, 0, sizeof p);
+    char host[128] = "this-machine";
+    gethostname(host, sizeof host - 1);
+    snprintf(p.name, sizeof p.name, "%s", o->name ? o->name : "");
+    if (!o->name) snprintf(p.name, sizeof p.name, "calibrated-%.48s", host);
+    const char *link = o->link;
+    if (strcmp(link, "auto") == 0) link = m->have_gpu ? "h2d" : "file";
+    if (strcmp(link, "h2d") == 0 && !m->have_gpu)
+        return fmoe_error_set(FMOE_EUNSUPPORTED,
+                              "--link h2d needs a CUDA device (%s)", fmoe_cuda_describe());
+    const series *ls = strcmp(link, "h2d") == 0 ? &m->h2d : strcmp(link, "ram") == 0 ? &m->ram
+                                                                                       : &m->file;
+    FMOE_RETURN_ERROR_IF(!ls->ok || !(ls->fit.b > 0), FMOE_EINTERNAL,
+                         "%s: the measurements do not fit alpha + bytes / beta", ls->what);
+    *link_used = link;
+    p.alpha_s = nonneg(ls->fit.a);
+    p.beta_bytes_per_s = 1.0 / ls->fit.b;
+    const double cpu_bw = m->ram.ok && m->ram.fit.b > 0 ? 2.0 / m->ram.fit.b : 0;
+    if (m->have_gpu) {
+        p.peak_flops = m->gpu_peak_flops;
+        p.memory_bandwidth_bytes_per_s = m->gpu_membw;
+        p.attention = layer_cost(&m->layer_gpu, &m->attn_gpu);
+        p.expert = expert_cost(&m->expert_gpu);
+    } else {
+        p.peak_flops = m->cpu_peak_flops;
+        p.memory_bandwidth_bytes_per_s = cpu_bw;
+        p.attention = layer_cost(&m->layer_cpu, &m->attn_cpu);
+        p.expert = expert_cost(&m->expert_cpu);
+    }
+    p.host_expert = expert_cost(&m->expert_cpu);
+    p.host_peak_flops = m->cpu_peak_flops;
+    p.host_memory_bandwidth_bytes_per_s = cpu_bw;
+    snprintf(p.source, sizeof p.source,
+             "fmoe calibrate on %.60s: link %s; compute %s at %.90s; host OpenBLAS fp32",
+             host, link, m->have_gpu ? "cuBLAS bf16" : "OpenBLAS fp32", sh->model);
+
+    char *text = NULL;
+    FMOE_FORWARD_IF_ERROR(fmoe_hardware_to_json(&p, &text));
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) return fmoe_error_set(FMOE_ENOMEM, "profile JSON");
+    cJSON *cal = cJSON_AddObjectToObject(root, "calibration");
+    cJSON_AddStringToObject(cal, "fmoe_version", FMOE_VERSION);
+    cJSON_AddStringToObject(cal, "host", host);
+    cJSON_AddNumberToObject(cal, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
+    cJSON_AddNumberToObject(cal, "openblas_threads", openblas_get_num_threads());
+    cJSON_AddStringToObject(cal, "cuda", fmoe_cuda_describe());
+    cJSON_AddStringToObject(cal, "link_used", link);
+    cJSON_AddBoolToObject(cal, "quick", o->quick);
+    cJSON *model = cJSON_AddObjectToObject(cal, "model");
+    cJSON_AddStringToObject(model, "shapes_of", sh->model);
+    cJSON_AddNumberToObject(model, "hidden_size", sh->hidden);
+    cJSON_AddNumberToObject(model, "expert_intermediate_size", sh->ffn);
+    cJSON_AddNumberToObject(model, "attention_heads", sh->heads);
+    cJSON_AddNumberToObject(model, "kv_heads", sh->kv_heads);
+    cJSON_AddNumberToObject(model, "head_dim", sh->head_dim);
+    cJSON_AddNumberToObject(model, "shared_intermediate_size", sh->shared_ffn);
+    cJSON *links = cJSON_AddObjectToObject(cal, "links");
+    add_link(links, "ram", &m->ram);
+    add_link(links, "file", &m->file);
+    cJSON *fl = cJSON_GetObjectItemCaseSensitive(links, "file");
+    if (fl) {
+        cJSON_AddStringToObject(fl, "page_cache", cache_name(m->file_cache));
+        cJSON_AddStringToObject(fl, "dir", o->file_dir);
+    }
+    add_link(links, "h2d", &m->h2d);
+    cJSON *comp = cJSON_AddObjectToObject(cal, "compute");
+    cJSON_AddItemToObject(comp, "expert_cpu", series_json(&m->expert_cpu, "tokens"));
+    cJSON_AddItemToObject(comp, "layer_gemms_cpu", series_json(&m->layer_cpu, "tokens"));
+    cJSON_AddItemToObject(comp, "attention_cpu", series_json(&m->attn_cpu, "tokens_x_context"));
+    if (m->have_gpu) {
+        cJSON_AddItemToObject(comp, "expert_gpu", series_json(&m->expert_gpu, "tokens"));
+        cJSON_AddItemToObject(comp, "layer_gemms_gpu", series_json(&m->layer_gpu, "tokens"));
+        cJSON_AddItemToObject(comp, "attention_gpu",
+                              series_json(&m->attn_gpu, "tokens_x_context"));
+    }
+    *json = cJSON_Print(root);
+    cJSON_Delete(root);
+    return *json ? 0 : fmoe_error_set(FMOE_ENOMEM, "profile JSON");
+}
+
+/* ------------------------------------------------------------------ report */
+
+static const char *human_s(double s, char *buf, size_t cap) {
+    if (s < 1e-3) snprintf(buf, cap, "%.2f us", s * 1e6);
+    else if (s < 1) snprintf(buf, cap, "%.3f ms", s * 1e3);
+    else snprintf(buf, cap, "%.3f s", s);
+    return buf;
+}
+
+static void report_link(const series *s, const char *note) {
+    char a[32];
+    if (!s->n) return;
+    if (!s->ok) {
+        fprintf(stderr, "  %-28s (no fit)\n", s->what);
+        return;
+    }
+    fprintf(stderr, "  %-28s alpha %10s  beta %7.2f GB/s  fit error rms %4.1f%% max %5.1f%%%s\n",
+            s->what, human_s(nonneg(s->fit.a), a, sizeof a), 1e-9 / s->fit.b,
+            100 * s->fit.rms_rel, 100 * s->fit.max_rel, note);
+}
+
+static void report_compute(const series *s, const char *xlabel) {
+    char a[32], b[32];
+    if (!s->n) return;
+    if (!s->ok) {
+        fprintf(stderr, "  %-28s (no fit)\n", s->what);
+        return;
+    }
+    fprintf(stderr, "  %-28s base %10s  per %-8s %10s  fit error rms %4.1f%% max %5.1f%%\n",
+            s->what, human_s(nonneg(s->fit.a), a, sizeof a), xlabel,
+            human_s(nonneg(s->fit.b), b, sizeof b), 100 * s->fit.rms_rel, 100 * s->fit.max_rel);
+}
+
+static void report(const options *o, const shapes *sh, const measurements *m, const char *link) {
+    char note[128];
+    fprintf(stderr, "fmoe calibrate: %ld cpus, OpenBLAS %d threads; CUDA: %s\n",
+            sysconf(_SC_NPROCESSORS_ONLN), openblas_get_num_threads(), fmoe_cuda_describe());
+    fprintf(stderr, "shapes: %s: hidden %d, expert %d, %d heads (%d KV) of %d%s\n", sh->model,
+            sh->hidden, sh->ffn, sh->heads, sh->kv_heads, sh->head_dim,
+            o->quick ? " (--quick: an eighth)" : "");
+    report_link(&m->ram, "");
+    snprintf(note, sizeof note, " (%s, page cache %s)", o->file_dir, cache_name(m->file_cache));
+    report_link(&m->file, note);
+    report_link(&m->h2d, " (pinned)");
+    report_compute(&m->expert_cpu, "token");
+    report_compute(&m->layer_cpu, "token");
+    report_compute(&m->attn_cpu, "tok*ctx");
+    report_compute(&m->expert_gpu, "token");
+    report_compute(&m->layer_gpu, "token");
+    report_compute(&m->attn_gpu, "tok*ctx");
+    fprintf(stderr, "profile: link = %s; compute = %s; host = OpenBLAS\n", link,
+            m->have_gpu ? "cuBLAS" : "OpenBLAS");
+}
+
+/* ------------------------------------------------------------------ main */
+
+static int write_atomic(const char *path, const char *text) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.partial", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return cmd_failf(CMD, "%s: cannot write", tmp);
+    int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        remove(tmp);
+        return cmd_failf(CMD, "%s: write error", path);
+    }
+    return 0;
+}
+
+int cmd_calibrate(int argc, char **argv) {
+    options o;
+    memset(&o, 0, sizeof o);
+    int rc = parse_options(argc, argv, &o);
+    if (rc != 0) return rc < 0 ? CMD_EXIT_OK : rc;
+    shapes sh;
+    rc = load_shapes(&o, &sh);
+    if (rc < 0) return cmd_fail(CMD, rc);
+    if (o.threads > 0) openblas_set_num_threads(o.threads);
+    if (strcmp(o.link, "h2d") == 0 && fmoe_cuda_device_count() == 0)
+        return cmd_failf(CMD, "--link h2d needs a CUDA device (%s)", fmoe_cuda_describe());
+    measurements m;
+    memset(&m, 0, sizeof m);
+    const double t0 = cmd_now();
+    rc = measure(&o, &sh, &m);
+    if (rc < 0) return cmd_fail(CMD, rc);
+    const char *link = NULL;
+    char *json = NULL;
+    rc = build_profile(&o, &sh, &m, &link, &json);
+    if (rc < 0) return cmd_fail(CMD, rc);
+    if (!o.quiet) {
+        report(&o, &sh, &m, link);
+        fprintf(stderr, "measured in %.1f s\n", cmd_now() - t0);
+    }
+    int exit_code = CMD_EXIT_OK;
+    if (o.output) {
+        exit_code = write_atomic(o.output, json);
+        if (!exit_code && !o.quiet) fprintf(stderr, "wrote %s\n", o.output);
+    } else {
+        puts(json);
+    }
+    free(json);
+    return exit_code;
+}

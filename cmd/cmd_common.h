@@ -1,0 +1,72 @@
+/*
+ * cmd_common.h - what every `fmoe` subcommand shares: error and usage reporting with the
+ * exit-code contract (0 success, 1 runtime failure, 2 usage error), number parsing for
+ * options, the progress bar, and the log sink. cmd/ is the only place that prints or exits.
+ */
+#ifndef FMOE_CMD_COMMON_H
+#define FMOE_CMD_COMMON_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "fmoe/progress.h"
+
+enum { CMD_EXIT_OK = 0, CMD_EXIT_FAILURE = 1, CMD_EXIT_USAGE = 2 };
+
+/* Prints "fmoe <cmd>: <detail of the last fmoe error>" (or the code's message) and
+ * returns CMD_EXIT_FAILURE. */
+int cmd_fail(const char *cmd, int code);
+
+/* Prints "fmoe <cmd>: <message>" and returns CMD_EXIT_FAILURE. */
+int cmd_failf(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prints "fmoe <cmd>: <message> (see 'fmoe <cmd> --help')" and returns CMD_EXIT_USAGE. */
+int cmd_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Parse an option value; on failure print a usage error naming `option`. @return 0 or 2. */
+int cmd_parse_i64(const char *cmd, const char *option, const char *text, int64_t min,
+                  int64_t max, int64_t *out);
+int cmd_parse_i32(const char *cmd, const char *option, const char *text, int32_t min,
+                  int32_t max, int32_t *out);
+int cmd_parse_f64(const char *cmd, const char *option, const char *text, double min,
+                  double max, double *out);
+
+/* A progress bar on stderr, drawn only when stderr is a terminal and not quiet. */
+typedef struct cmd_progress_bar {
+    const char *label;
+    int enabled;
+    double started;      /* monotonic seconds */
+    double last_draw;
+    int drawn;
+} cmd_progress_bar;
+
+void cmd_progress_bar_init(cmd_progress_bar *bar, const char *label, int quiet);
+/* The fmoe_progress to hand to libraries. */
+fmoe_progress cmd_progress_bar_callback(cmd_progress_bar *bar);
+/* Clears the bar line (call before printing results). */
+void cmd_progress_bar_done(cmd_progress_bar *bar);
+
+/* Installs a log sink printing "fmoe: warning: ..." lines on stderr (info when verbose). */
+void cmd_install_log_sink(int verbose);
+
+/* Monotonic clock in seconds. */
+double cmd_now(void);
+
+/* Directory holding libh5zstd.so for HDF5_PLUGIN_PATH: the build tree's trace/ when fmoe
+ * runs from its build directory, else the installed plugin directory. */
+const char *cmd_plugin_dir(void);
+
+/* Directory of the bundled sample data (datasets/samples): next to the source tree when run
+ * from a build directory, else the installed data directory. NULL when not found. */
+const char *cmd_samples_dir(void);
+
+/* Formats n bytes as "1.23 GiB" into buf. */
+const char *cmd_format_bytes(double n, char *buf, size_t cap);
+
+/* Subcommand entry points (argv[0] is the command name). */
+int cmd_inspect(int argc, char **argv);
+int cmd_trace(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+int cmd_simulate(int argc, char **argv);
+
+#endif

@@ -1,0 +1,298 @@
+/*
+ * cmd_inspect.c - `fmoe inspect FILE [--json]`: summarise any fmoe file.
+ *
+ * For a trace: model and geometry, requests, tokens by phase, probabilities kind,
+ * per-layer expert popularity, and the predictability analysis of papers/fmoe.txt §2.4
+ * (Fig. 3b/3c): mean Shannon entropy per layer of expert activations at request level
+ * (coarse) versus iteration level (fine).
+ */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd_common.h"
+#include "fmoe/analysis.h"
+#include "fmoe/error.h"
+#include "fmoe/trace.h"
+
+#define AGGREGATED_ITERATIONS 64
+
+static const char *const CMD = "inspect";
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: fmoe inspect FILE [--json]\n"
+            "       fmoe inspect --plugin-path\n"
+            "\n"
+            "Summarise an fmoe file. For a trace: model, geometry, requests, tokens by phase,\n"
+            "probabilities kind, per-layer expert popularity, and the predictability analysis\n"
+            "of the fMoE paper (§2.4, Fig. 3): mean Shannon entropy per layer of expert\n"
+            "activations aggregated per request (coarse) versus per iteration (fine).\n"
+            "\n"
+            "options:\n"
+            "  --json          print one JSON document instead of text\n"
+            "  --plugin-path   print the folder holding libh5zstd.so (for HDF5_PLUGIN_PATH)\n"
+            "  --quiet         no progress bar\n"
+            "  -h, --help      show this help\n");
+}
+
+typedef struct layer_popularity {
+    int32_t top_expert;
+    double top_share;     /* share of the layer's activations taken by its top expert */
+    double topk_share;    /* share taken by its K most used experts */
+    int32_t unused;       /* experts never chosen */
+    double entropy_bits;  /* entropy of the whole-trace popularity */
+} layer_popularity;
+
+static int cmp_desc_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
+}
+
+static void layer_popularity_compute(const fmoe_routing_stats *s, int32_t l, int64_t *scratch,
+                                     layer_popularity *out) {
+    const int32_t J = s->num_experts;
+    const int64_t *c = s->expert_counts + (size_t)l * J;
+    int64_t total = 0;
+    memset(out, 0, sizeof *out);
+    for (int32_t j = 0; j < J; j++) {
+        total += c[j];
+        if (c[j] > c[out->top_expert]) out->top_expert = j;
+        if (c[j] == 0) out->unused++;
+        scratch[j] = c[j];
+    }
+    qsort(scratch, (size_t)J, sizeof *scratch, cmp_desc_i64);
+    int64_t topk = 0;
+    for (int32_t k = 0; k < s->top_k && k < J; k++) topk += scratch[k];
+    out->top_share = total ? (double)c[out->top_expert] / (double)total : 0.0;
+    out->topk_share = total ? (double)topk / (double)total : 0.0;
+    out->entropy_bits = fmoe_entropy_bits(c, J);
+}
+
+static int compute_stats(fmoe_trace_reader *r, int quiet, fmoe_routing_stats **out) {
+    const fmoe_trace_header *h = fmoe_trace_reader_header(r);
+    const int32_t L = h->num_layers, K = h->top_k;
+    int64_t nreq = fmoe_trace_reader_num_requests(r), nit = 0;
+    const fmoe_trace_request_info *req = fmoe_trace_reader_requests(r);
+    const fmoe_trace_iteration *it = fmoe_trace_reader_iterations(r, &nit);
+    int64_t max_tokens = 1;
+    for (int64_t i = 0; i < nreq; i++)
+        if (req[i].token_count > max_tokens) max_tokens = req[i].token_count;
+    uint16_t *experts = malloc((size_t)max_tokens * (size_t)L * (size_t)K * sizeof *experts);
+    if (!experts) return fmoe_error_set(FMOE_ENOMEM, "%lld tokens of experts", (long long)max_tokens);
+    int rc = fmoe_routing_stats_init(out, L, h->num_experts, K, AGGREGATED_ITERATIONS);
+    if (rc < 0) {
+        free(experts);
+        return rc;
+    }
+    cmd_progress_bar bar;
+    cmd_progress_bar_init(&bar, "inspect", quiet);
+    fmoe_progress progress = cmd_progress_bar_callback(&bar);
+    int64_t k = 0; /* next iteration */
+    for (int64_t q = 0; q < nreq && rc == 0; q++) {
+        fmoe_trace_token_buffers buf = {.experts = experts};
+        rc = fmoe_trace_reader_read_tokens(r, req[q].token_begin, req[q].token_count, &buf);
+        if (rc < 0) break;
+        fmoe_routing_stats_begin_request(*out);
+        for (; k < nit && it[k].request == q; k++) {
+            int64_t first = it[k].token_begin - req[q].token_begin;
+            fmoe_routing_stats_add_iteration(*out, it[k].phase, it[k].num_tokens,
+                                             experts + (size_t)first * L * K);
+        }
+        fmoe_routing_stats_end_request(*out);
+        fmoe_progress_report(&progress, q + 1, nreq, "requests");
+    }
+    cmd_progress_bar_done(&bar);
+    free(experts);
+    if (rc < 0) {
+        fmoe_routing_stats_free(*out);
+        *out = NULL;
+        return rc;
+    }
+    fmoe_routing_stats_finish(*out);
+    return 0;
+}
+
+static double mean(const double *v, int32_t n) {
+    double s = 0;
+    for (int32_t i = 0; i < n; i++) s += v[i];
+    return n ? s / n : 0.0;
+}
+
+static void print_trace_text(const char *path, fmoe_trace_reader *r, const fmoe_routing_stats *s) {
+    const fmoe_trace_header *h = fmoe_trace_reader_header(r);
+    char size[32];
+    int64_t nit = 0;
+    fmoe_trace_reader_iterations(r, &nit);
+    printf("%s: fmoe trace, version %d\n", path, FMOE_TRACE_VERSION);
+    printf("  model        %s\n", h->model_name[0] ? h->model_name : "(unnamed)");
+    printf("  fingerprint  %s\n", h->model_fingerprint[0] ? h->model_fingerprint : "(none)");
+    printf("  geometry     %d MoE layers, %d experts, top-%d, hidden %d, %d shared\n",
+           h->num_layers, h->num_experts, h->top_k, h->hidden_size, h->shared_experts);
+    printf("  expert size  %s (%s), all routed experts %s\n",
+           cmd_format_bytes((double)h->expert_bytes, size, sizeof size), h->dtype,
+           cmd_format_bytes((double)h->expert_bytes * h->num_layers * h->num_experts,
+                            (char[32]){0}, 32));
+    printf("  probs        %s%s\n", fmoe_probs_kind_name(h->probs_kind),
+           h->probs_kind == FMOE_PROBS_NONE ? "" : (h->probs_half ? " (float16)" : " (float32)"));
+    printf("  semantic     %s\n", h->semantic_dim ? h->semantic_kind : "none");
+    printf("  speculative  %s\n", h->speculative_depth ? "yes" : "none");
+    printf("  dataset      %s\n", h->dataset[0] ? h->dataset : "(unknown)");
+    printf("  recorded on  %s, %s, fmoe %s\n", h->recorded_on, h->created, h->fmoe_version);
+    printf("  requests     %lld\n", (long long)fmoe_trace_reader_num_requests(r));
+    printf("  tokens       %lld (prefill %lld, decode %lld) in %lld iterations\n",
+           (long long)fmoe_trace_reader_num_tokens(r), (long long)s->prefill_tokens,
+           (long long)s->decode_tokens, (long long)nit);
+    printf("\nexpert popularity per layer (uniform routing: top-1 share %.3f, top-%d share %.3f, "
+           "entropy %.2f bits)\n",
+           1.0 / h->num_experts, h->top_k, (double)h->top_k / h->num_experts,
+           log2((double)h->num_experts));
+    printf("  layer  top expert  top-1 share  top-%d share  unused  entropy\n", h->top_k);
+    int64_t *scratch = malloc((size_t)h->num_experts * sizeof *scratch);
+    for (int32_t l = 0; scratch && l < h->num_layers; l++) {
+        layer_popularity p;
+        layer_popularity_compute(s, l, scratch, &p);
+        printf("  %5d  %10d  %11.3f  %11.3f  %6d  %7.2f\n", l, p.top_expert, p.top_share,
+               p.topk_share, p.unused, p.entropy_bits);
+    }
+    free(scratch);
+    printf("\npredictability (fMoE §2.4, Fig. 3b): mean entropy of expert activations, bits\n");
+    printf("  layer  coarse (per request)  fine (per iteration)\n");
+    for (int32_t l = 0; l < h->num_layers; l++)
+        printf("  %5d  %20.3f  %20.3f\n", l, s->coarse_entropy[l], s->fine_entropy[l]);
+    printf("  mean   %20.3f  %20.3f\n", mean(s->coarse_entropy, h->num_layers),
+           mean(s->fine_entropy, h->num_layers));
+    if (s->aggregated_len > 1) {
+        printf("\nentropy as iterations aggregate (Fig. 3c), mean over layers and requests:\n ");
+        int32_t shown = 0;
+        for (int32_t i = 0; i < s->aggregated_len; i++) {
+            if (i < 8 || (i + 1) % 8 == 0 || i == s->aggregated_len - 1) {
+                printf(" %d:%.2f", i + 1, s->aggregated_entropy[i]);
+                shown++;
+            }
+        }
+        printf("\n");
+    }
+}
+
+static cJSON *json_f64_array(const double *v, int32_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static void print_trace_json(const char *path, fmoe_trace_reader *r, const fmoe_routing_stats *s) {
+    const fmoe_trace_header *h = fmoe_trace_reader_header(r);
+    int64_t nit = 0;
+    fmoe_trace_reader_iterations(r, &nit);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "file", path);
+    cJSON_AddStringToObject(root, "format", FMOE_TRACE_FORMAT);
+    cJSON_AddNumberToObject(root, "version", FMOE_TRACE_VERSION);
+    cJSON_AddStringToObject(root, "model_name", h->model_name);
+    cJSON_AddStringToObject(root, "model_fingerprint", h->model_fingerprint);
+    cJSON_AddNumberToObject(root, "num_layers", h->num_layers);
+    cJSON_AddNumberToObject(root, "num_experts", h->num_experts);
+    cJSON_AddNumberToObject(root, "top_k", h->top_k);
+    cJSON_AddNumberToObject(root, "hidden_size", h->hidden_size);
+    cJSON_AddNumberToObject(root, "shared_experts", h->shared_experts);
+    cJSON_AddNumberToObject(root, "expert_bytes", (double)h->expert_bytes);
+    cJSON_AddStringToObject(root, "dtype", h->dtype);
+    cJSON_AddStringToObject(root, "dataset", h->dataset);
+    cJSON_AddStringToObject(root, "created", h->created);
+    cJSON_AddStringToObject(root, "fmoe_version", h->fmoe_version);
+    cJSON_AddStringToObject(root, "recorded_on", h->recorded_on);
+    cJSON_AddStringToObject(root, "probs_kind", fmoe_probs_kind_name(h->probs_kind));
+    cJSON_AddNumberToObject(root, "semantic_dim", h->semantic_dim);
+    cJSON_AddNumberToObject(root, "speculative_depth", h->speculative_depth);
+    cJSON_AddNumberToObject(root, "requests", (double)fmoe_trace_reader_num_requests(r));
+    cJSON_AddNumberToObject(root, "tokens", (double)fmoe_trace_reader_num_tokens(r));
+    cJSON_AddNumberToObject(root, "prefill_tokens", (double)s->prefill_tokens);
+    cJSON_AddNumberToObject(root, "decode_tokens", (double)s->decode_tokens);
+    cJSON_AddNumberToObject(root, "iterations", (double)nit);
+    cJSON *layers = cJSON_AddArrayToObject(root, "layers");
+    int64_t *scratch = malloc((size_t)h->num_experts * sizeof *scratch);
+    for (int32_t l = 0; scratch && l < h->num_layers; l++) {
+        layer_popularity p;
+        layer_popularity_compute(s, l, scratch, &p);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "layer", l);
+        cJSON *counts = cJSON_AddArrayToObject(o, "expert_counts");
+        for (int32_t j = 0; j < h->num_experts; j++)
+            cJSON_AddItemToArray(counts, cJSON_CreateNumber(
+                                             (double)s->expert_counts[(size_t)l * h->num_experts + j]));
+        cJSON_AddNumberToObject(o, "top_expert", p.top_expert);
+        cJSON_AddNumberToObject(o, "top_share", p.top_share);
+        cJSON_AddNumberToObject(o, "topk_share", p.topk_share);
+        cJSON_AddNumberToObject(o, "unused_experts", p.unused);
+        cJSON_AddNumberToObject(o, "popularity_entropy_bits", p.entropy_bits);
+        cJSON_AddNumberToObject(o, "coarse_entropy_bits", s->coarse_entropy[l]);
+        cJSON_AddNumberToObject(o, "fine_entropy_bits", s->fine_entropy[l]);
+        cJSON_AddItemToArray(layers, o);
+    }
+    free(scratch);
+    cJSON *pred = cJSON_AddObjectToObject(root, "predictability");
+    cJSON_AddNumberToObject(pred, "coarse_entropy_bits_mean", mean(s->coarse_entropy, h->num_layers));
+    cJSON_AddNumberToObject(pred, "fine_entropy_bits_mean", mean(s->fine_entropy, h->num_layers));
+    cJSON_AddItemToObject(pred, "entropy_by_aggregated_iterations",
+                          json_f64_array(s->aggregated_entropy, s->aggregated_len));
+    char *text = cJSON_Print(root);
+    if (text) puts(text);
+    free(text);
+    cJSON_Delete(root);
+}
+
+static int inspect_trace(const char *path, int json, int quiet) {
+    fmoe_trace_reader *r = NULL;
+    fmoe_routing_stats *s = NULL;
+    int rc = fmoe_trace_reader_open(&r, path);
+    if (rc == 0) rc = compute_stats(r, quiet, &s);
+    if (rc < 0) {
+        fmoe_trace_reader_close(r);
+        return cmd_fail(CMD, rc);
+    }
+    if (json)
+        print_trace_json(path, r, s);
+    else
+        print_trace_text(path, r, s);
+    fmoe_routing_stats_free(s);
+    fmoe_trace_reader_close(r);
+    return CMD_EXIT_OK;
+}
+
+int cmd_inspect(int argc, char **argv) {
+    int json = 0, quiet = 0, plugin_path = 0;
+    static const struct option options[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"plugin-path", no_argument, NULL, 'p'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "hq", options, NULL)) != -1) {
+        switch (c) {
+        case 'j': json = 1; break;
+        case 'q': quiet = 1; break;
+        case 'p': plugin_path = 1; break;
+        case 'h': usage(stdout); return CMD_EXIT_OK;
+        default: return cmd_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (plugin_path) {
+        printf("%s\n", cmd_plugin_dir());
+        return CMD_EXIT_OK;
+    }
+    if (optind != argc - 1) return cmd_usage_error(CMD, "expected exactly one FILE");
+    const char *path = argv[optind];
+    char format[64];
+    int rc = fmoe_hdf5_read_format(path, format, sizeof format);
+    if (rc < 0) return cmd_fail(CMD, rc);
+    if (strcmp(format, FMOE_TRACE_FORMAT) == 0) return inspect_trace(path, json, quiet);
+    return cmd_failf(CMD, "%s: unsupported fmoe file format \"%s\" (supported: %s)", path, format,
+                     FMOE_TRACE_FORMAT);
+}

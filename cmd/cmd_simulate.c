@@ -1,0 +1,680 @@
+/*
+ * cmd_simulate.c - `fmoe simulate`: replay a trace through expert-cache policies on a
+ * hardware model and report hits, bytes moved, stall time and latency (DESIGN.md §7).
+ *
+ * defaults -> parse -> validate -> read the trace once (with the gate data the chosen
+ * policies need) -> sweep (policies x cache sizes x prefetch distances, in parallel
+ * threads) -> print a table (best first), JSON or CSV.
+ */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd_common.h"
+#include "simulate_store.h" /* [fmoe hook, issue 4] */
+#include "fmoe/datasets.h"
+#include "fmoe/error.h"
+#include "fmoe/geometry.h"
+#include "fmoe/hardware.h"
+#include "fmoe/policy.h"
+#include "fmoe/sim.h"
+#include "fmoe/trace.h"
+
+int cmd_simulate(int argc, char **argv);
+
+static const char *const CMD = "simulate";
+
+#define MAX_LIST 64
+#define DEFAULT_HARDWARE "rtx3090-pcie4"
+
+static void usage(FILE *out) {
+    const fmoe_policy_ops *const *all = NULL;
+    size_t n = fmoe_policy_registry(&all);
+    fprintf(out,
+            "usage: fmoe simulate --trace T.h5 --cache-experts N[,N...] [options]\n"
+            "       fmoe simulate --trace T.h5 --cache-gb X[,X...] [options]\n"
+            "\n"
+            "Replay a trace through expert-cache policies on a model of the hardware and\n"
+            "report hit rate, bytes moved, stall time, TTFT, TPOT and end-to-end latency.\n"
+            "Lists (comma-separated) sweep every combination, in parallel threads.\n"
+            "\n"
+            "options:\n"
+            "  --trace FILE             trace to replay (fmoe record / fmoe trace import)\n"
+            "  --policy P[,P...]        policies (default lru)\n"
+            "  --cache-experts N[,...]  fast-tier slots, in routed experts (>= 1)\n"
+            "  --cache-gb X[,...]       fast-tier size in GiB instead (slots = X GiB / expert)\n"
+            "  --prefetch-distance D[,...]  layers ahead for prefetching policies (default 0:\n"
+            "                           each policy's own default, shown in the d column)\n"
+            "  --miss load|cpu|auto     on a miss: load the expert (default), compute it on the\n"
+            "                           host CPU uncached (llama.cpp style), or whichever ends\n"
+            "                           first (Fiddler); cpu/auto need host figures (calibrate)\n"
+            "  --arrivals FILE|trace    replay requests at arrival times, FCFS: an Azure LLM\n"
+            "                           inference CSV, or 'trace' for the trace's own times\n"
+            "  --arrivals-start N       first CSV row to use (default 0)\n"
+            "  --arrivals-speedup X     divide inter-arrival times by X (default 1)\n"
+            "  --eamc-capacity N        moe-infinity's EAM collection size (default 1000)\n");
+    cmd_sim_store_usage(out); /* [fmoe hook, issue 4] */
+    fprintf(out,
+            "  --model-config FILE      config.json (default: the one stored in the trace)\n"
+            "  --profile FILE           hardware profile JSON (fmoe calibrate)\n"
+            "  --hardware NAME          built-in profile (default " DEFAULT_HARDWARE ")\n"
+            "  --json                   print one JSON document\n"
+            "  --csv FILE               also write one CSV row per configuration ('-': stdout)\n"
+            "  --threads N              sweep threads (default: one per core)\n"
+            "  --quiet                  no progress bar\n"
+            "  -h, --help               show this help\n"
+            "\n"
+            "policies:\n");
+    for (size_t i = 0; i < n; i++) fprintf(out, "  %-18s %s\n", all[i]->name, all[i]->summary);
+    fprintf(out,
+            "\n"
+            "hardware presets: %s\n"
+            "\n"
+            "The table lists one configuration per row, best (lowest mean end-to-end latency)\n"
+            "first. hit%%: accesses whose expert was resident when its compute started (an\n"
+            "access is one distinct expert of one layer of one iteration); late: prefetches\n"
+            "still in flight then; stall: time the compute stream waited for weights (or for\n"
+            "the host lane); goodpred: accesses served by a prefetch that was right and in\n"
+            "time, over those not already cached; latencies are per request.\n",
+            fmoe_hardware_preset_names());
+}
+
+/* ------------------------------------------------------------------ option lists */
+
+typedef struct options {
+    const char *trace;
+    char *policies[MAX_LIST];
+    int n_policies;
+    int32_t caches[MAX_LIST];
+    int n_caches;
+    double cache_gb[MAX_LIST];
+    int n_cache_gb;
+    int32_t distances[MAX_LIST];
+    int n_distances;
+    const char *model_config;
+    const char *profile;
+    const char *hardware;
+    const char *csv;
+    int json;
+    int threads;
+    int quiet;
+    char *policy_buf;
+    int32_t miss_mode;
+    const char *arrivals;
+    int64_t arrivals_start;
+    double arrivals_speedup;
+    int32_t eamc_capacity;
+    cmd_sim_store store; /* [fmoe hook, issue 4] --store, --store-mode, --holdout, ... */
+} options;
+
+/* Splits `text` at commas into at most MAX_LIST non-empty items (in place). */
+static int split(char *text, const char *option, char **items, int *n) {
+    *n = 0;
+    for (char *tok = strtok(text, ","); tok; tok = strtok(NULL, ",")) {
+        if (*n == MAX_LIST)
+            return cmd_usage_error(CMD, "%s: at most %d values", option, MAX_LIST);
+        items[(*n)++] = tok;
+    }
+    if (*n == 0) return cmd_usage_error(CMD, "%s expects a value", option);
+    return 0;
+}
+
+static int parse_i32_list(const char *text, const char *option, int32_t min, int32_t *out,
+                          int *n) {
+    char *buf = strdup(text), *items[MAX_LIST];
+    if (!buf) return cmd_failf(CMD, "out of memory");
+    int rc = split(buf, option, items, n);
+    for (int i = 0; rc == 0 && i < *n; i++)
+        rc = cmd_parse_i32(CMD, option, items[i], min, INT32_MAX, &out[i]);
+    free(buf);
+    return rc;
+}
+
+static int parse_f64_list(const char *text, const char *option, double *out, int *n) {
+    char *buf = strdup(text), *items[MAX_LIST];
+    if (!buf) return cmd_failf(CMD, "out of memory");
+    int rc = split(buf, option, items, n);
+    for (int i = 0; rc == 0 && i < *n; i++)
+        rc = cmd_parse_f64(CMD, option, items[i], 0, 1e9, &out[i]);
+    free(buf);
+    return rc;
+}
+
+static int parse_options(int argc, char **argv, options *o) {
+    enum { O_TRACE = 256, O_POLICY, O_CACHE, O_CACHE_GB, O_DIST, O_MODEL, O_PROFILE, O_HW,
+           O_JSON, O_CSV, O_THREADS, O_QUIET, O_MISS, O_ARRIVALS, O_ARR_START, O_ARR_SPEEDUP,
+           O_EAMC, O_STORE, O_STORE_MODE, O_HOLDOUT, O_STORE_CAP, O_MATCH_DELAY };
+    static const struct option longopts[] = {
+        {"trace", required_argument, NULL, O_TRACE},
+        {"policy", required_argument, NULL, O_POLICY},
+        {"cache-experts", required_argument, NULL, O_CACHE},
+        {"cache-gb", required_argument, NULL, O_CACHE_GB},
+        {"prefetch-distance", required_argument, NULL, O_DIST},
+        {"model-config", required_argument, NULL, O_MODEL},
+        {"profile", required_argument, NULL, O_PROFILE},
+        {"hardware", required_argument, NULL, O_HW},
+        {"json", no_argument, NULL, O_JSON},
+        {"csv", required_argument, NULL, O_CSV},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"quiet", no_argument, NULL, O_QUIET},
+        {"miss", required_argument, NULL, O_MISS},
+        {"arrivals", required_argument, NULL, O_ARRIVALS},
+        {"arrivals-start", required_argument, NULL, O_ARR_START},
+        {"arrivals-speedup", required_argument, NULL, O_ARR_SPEEDUP},
+        {"eamc-capacity", required_argument, NULL, O_EAMC},
+        /* [fmoe hook, issue 4] */
+        {"store", required_argument, NULL, O_STORE},
+        {"store-mode", required_argument, NULL, O_STORE_MODE},
+        {"holdout", no_argument, NULL, O_HOLDOUT},
+        {"store-capacity", required_argument, NULL, O_STORE_CAP},
+        {"match-delay", required_argument, NULL, O_MATCH_DELAY},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    opterr = 0;
+    int c, rc = 0;
+    int32_t threads = 0;
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case O_TRACE: o->trace = optarg; break;
+        case O_POLICY:
+            free(o->policy_buf);
+            o->policy_buf = strdup(optarg);
+            if (!o->policy_buf) return cmd_failf(CMD, "out of memory");
+            rc = split(o->policy_buf, "--policy", o->policies, &o->n_policies);
+            break;
+        case O_CACHE: rc = parse_i32_list(optarg, "--cache-experts", 1, o->caches, &o->n_caches); break;
+        case O_CACHE_GB: rc = parse_f64_list(optarg, "--cache-gb", o->cache_gb, &o->n_cache_gb); break;
+        case O_DIST: rc = parse_i32_list(optarg, "--prefetch-distance", 0, o->distances, &o->n_distances); break;
+        case O_MODEL: o->model_config = optarg; break;
+        case O_PROFILE: o->profile = optarg; break;
+        case O_HW: o->hardware = optarg; break;
+        case O_JSON: o->json = 1; break;
+        case O_CSV: o->csv = optarg; break;
+        case O_THREADS:
+            rc = cmd_parse_i32(CMD, "--threads", optarg, 1, 4096, &threads);
+            o->threads = threads;
+            break;
+        case O_QUIET: o->quiet = 1; break;
+        case O_MISS:
+            if (strcmp(optarg, "load") == 0) o->miss_mode = FMOE_SIM_MISS_LOAD;
+            else if (strcmp(optarg, "cpu") == 0) o->miss_mode = FMOE_SIM_MISS_CPU;
+            else if (strcmp(optarg, "auto") == 0) o->miss_mode = FMOE_SIM_MISS_AUTO;
+            else rc = cmd_usage_error(CMD, "--miss must be load, cpu or auto, got '%s'", optarg);
+            break;
+        case O_ARRIVALS: o->arrivals = optarg; break;
+        case O_ARR_START:
+            rc = cmd_parse_i64(CMD, "--arrivals-start", optarg, 0, INT64_MAX, &o->arrivals_start);
+            break;
+        case O_ARR_SPEEDUP:
+            rc = cmd_parse_f64(CMD, "--arrivals-speedup", optarg, 1e-9, 1e9, &o->arrivals_speedup);
+            break;
+        case O_EAMC:
+            rc = cmd_parse_i32(CMD, "--eamc-capacity", optarg, 1, 10000000, &o->eamc_capacity);
+            break;
+        /* [fmoe hook, issue 4] */
+        case O_STORE: rc = cmd_sim_store_option(CMD, &o->store, "store", optarg); break;
+        case O_STORE_MODE: rc = cmd_sim_store_option(CMD, &o->store, "store-mode", optarg); break;
+        case O_HOLDOUT: rc = cmd_sim_store_option(CMD, &o->store, "holdout", NULL); break;
+        case O_STORE_CAP: rc = cmd_sim_store_option(CMD, &o->store, "store-capacity", optarg); break;
+        case O_MATCH_DELAY: rc = cmd_sim_store_option(CMD, &o->store, "match-delay", optarg); break;
+        case 'h': usage(stdout); return -1;
+        case '?':
+        default:
+            if (optopt >= O_TRACE)
+                return cmd_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
+            return cmd_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (rc) return rc;
+    if (optind < argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (!o->trace) return cmd_usage_error(CMD, "--trace is required");
+    if (!o->n_caches && !o->n_cache_gb)
+        return cmd_usage_error(CMD, "give the cache size: --cache-experts N or --cache-gb X");
+    if (o->n_caches && o->n_cache_gb)
+        return cmd_usage_error(CMD, "--cache-experts and --cache-gb are alternatives; give one");
+    if (o->profile && o->hardware)
+        return cmd_usage_error(CMD, "--profile and --hardware are alternatives; give one");
+    if (!o->n_policies) {
+        o->policies[0] = "lru";
+        o->n_policies = 1;
+    }
+    for (int i = 0; i < o->n_policies; i++)
+        if (!fmoe_policy_find(o->policies[i]))
+            return cmd_usage_error(CMD, "unknown policy '%s' (valid: %s)", o->policies[i],
+                                   fmoe_policy_names());
+    if (!o->n_distances) {
+        o->distances[0] = 0;
+        o->n_distances = 1;
+    }
+    if ((o->arrivals_start || o->arrivals_speedup > 0) && !o->arrivals)
+        return cmd_usage_error(CMD, "--arrivals-start and --arrivals-speedup need --arrivals");
+    if (o->arrivals_speedup <= 0) o->arrivals_speedup = 1;
+    return cmd_sim_store_validate(CMD, &o->store, o->policies, o->n_policies); /* [fmoe hook] */
+}
+
+/* The gate data the chosen policies need; fails (one line) when the trace lacks it, notes
+ * top-k-only probabilities. */
+static int gate_needs(const options *o, const fmoe_trace_header *h, uint32_t *want) {
+    *want = 0;
+    const fmoe_policy_config have = {.probs_kind = h->probs_kind,
+                                     .speculative_depth = h->speculative_depth};
+    for (int i = 0; i < o->n_policies; i++) {
+        const fmoe_policy_ops *ops = fmoe_policy_find(o->policies[i]);
+        if (fmoe_policy_check_inputs(ops, &have) < 0) {
+            fmoe_error_prefix("%s", o->trace);
+            return cmd_fail(CMD, FMOE_EUNSUPPORTED);
+        }
+        if (ops->flags & FMOE_POLICY_NEEDS_PROBS) {
+            *want |= FMOE_SIM_WANT_PROBS;
+            if (h->probs_kind == FMOE_PROBS_TOPK && !o->quiet)
+                fprintf(stderr,
+                        "fmoe %s: note: %s holds top-k probabilities only; policy %s sees 0 "
+                        "for the experts not chosen\n",
+                        CMD, o->trace, ops->name);
+        }
+        if (ops->flags & FMOE_POLICY_NEEDS_SPECULATIVE) *want |= FMOE_SIM_WANT_SPECULATIVE;
+    }
+    return 0;
+}
+
+/* Arrival times per request of the workload (malloc'd into *out). */
+static int load_arrivals(const options *o, const fmoe_sim_workload *w, double **out) {
+    *out = NULL;
+    const int64_t R = w->num_requests;
+    double *t = malloc((size_t)(R ? R : 1) * sizeof *t);
+    if (!t) return cmd_failf(CMD, "out of memory");
+    if (strcmp(o->arrivals, "trace") == 0) {
+        for (int64_t i = 0; i < R; i++) t[i] = w->requests[i].arrival_s / o->arrivals_speedup;
+        *out = t;
+        return 0;
+    }
+    fmoe_arrivals *a = NULL;
+    int rc = fmoe_arrivals_load_azure(o->arrivals, &a);
+    if (rc < 0) {
+        free(t);
+        return cmd_fail(CMD, rc);
+    }
+    if (o->arrivals_start > a->count || a->count - o->arrivals_start < R) {
+        int ex = cmd_failf(CMD,
+                           "%s: %lld arrivals from row %lld, but the trace has %lld requests "
+                           "(use --arrivals-start)",
+                           o->arrivals, (long long)(o->arrivals_start < a->count
+                                                        ? a->count - o->arrivals_start
+                                                        : 0),
+                           (long long)o->arrivals_start, (long long)R);
+        fmoe_arrivals_free(a);
+        free(t);
+        return ex;
+    }
+    const double t0 = R ? a->arrival_s[o->arrivals_start] : 0;
+    for (int64_t i = 0; i < R; i++)
+        t[i] = (a->arrival_s[o->arrivals_start + i] - t0) / o->arrivals_speedup;
+    fmoe_arrivals_free(a);
+    *out = t;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ model and hardware */
+
+static int load_costs(const options *o, fmoe_trace_reader *r, fmoe_sim_costs *costs,
+                      int64_t *expert_bytes, fmoe_hardware_profile *hw) {
+    const fmoe_trace_header *h = fmoe_trace_reader_header(r);
+    fmoe_model_geometry g;
+    int have_g = 0, rc;
+    if (o->model_config) {
+        rc = fmoe_geometry_load(o->model_config, &g);
+        if (rc < 0) return rc;
+        have_g = 1;
+    } else if (h->config_json && h->config_json[0]) {
+        /* A stored config that does not parse (e.g. an unsupported family) is not fatal:
+         * the header's sizes still give a rough roofline. */
+        have_g = fmoe_geometry_parse(h->config_json, strlen(h->config_json), &g) == 0;
+        fmoe_error_clear();
+    }
+    if (have_g && (g.num_moe_layers != h->num_layers || g.num_experts != h->num_experts ||
+                   g.top_k != h->top_k))
+        return fmoe_error_set(FMOE_EMISMATCH,
+                              "%s: model has %d MoE layers, %d experts, top-%d; the trace has "
+                              "%d, %d, top-%d",
+                              o->model_config ? o->model_config : "the trace's config.json",
+                              g.num_moe_layers, g.num_experts, g.top_k, h->num_layers,
+                              h->num_experts, h->top_k);
+    *expert_bytes = h->expert_bytes;
+    if (*expert_bytes <= 0 && have_g) *expert_bytes = fmoe_geometry_expert_bytes(&g, g.expert_dtype);
+    if (*expert_bytes <= 0)
+        return fmoe_error_set(FMOE_EINVAL,
+                              "%s: the trace does not say how large an expert is; pass "
+                              "--model-config config.json",
+                              o->trace);
+    if (o->profile) {
+        rc = fmoe_hardware_load(o->profile, hw);
+    } else {
+        rc = fmoe_hardware_preset(o->hardware ? o->hardware : DEFAULT_HARDWARE, hw);
+    }
+    if (rc < 0) return rc;
+    fmoe_dtype dt;
+    double bits = fmoe_dtype_parse(h->dtype, &dt) == 0 ? fmoe_dtype_bits(dt) : 16;
+    fmoe_error_clear();
+    rc = fmoe_sim_costs_init(costs, hw, have_g ? &g : NULL, *expert_bytes, h->hidden_size, bits);
+    if (rc < 0 && o->profile) fmoe_error_prefix("%s", o->profile);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ output */
+
+static double hit_rate(const fmoe_sim_result *r) {
+    return r->accesses ? (double)r->hits / (double)r->accesses : 0.0;
+}
+
+static const char *miss_name(int32_t m) {
+    return m == FMOE_SIM_MISS_CPU ? "cpu" : m == FMOE_SIM_MISS_AUTO ? "auto" : "load";
+}
+
+/* A ratio that may be undefined (NAN): null in JSON. */
+static void add_ratio(cJSON *o, const char *key, double v) {
+    if (isnan(v)) cJSON_AddNullToObject(o, key);
+    else cJSON_AddNumberToObject(o, key, v);
+}
+
+static double layer_ratio(int64_t num, int64_t den) {
+    return den > 0 ? (double)num / (double)den : NAN;
+}
+
+static cJSON *summary_json(const fmoe_sim_summary *s) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "mean", s->mean);
+    cJSON_AddNumberToObject(o, "p50", s->p50);
+    cJSON_AddNumberToObject(o, "p90", s->p90);
+    cJSON_AddNumberToObject(o, "p99", s->p99);
+    return o;
+}
+
+static int print_json(const options *o, const fmoe_hardware_profile *hw, int64_t expert_bytes,
+                      const fmoe_sim_workload *w, const fmoe_sim_result *res, size_t n) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "trace", o->trace);
+    cJSON_AddStringToObject(root, "hardware", hw->name);
+    cJSON_AddNumberToObject(root, "expert_bytes", (double)expert_bytes);
+    cJSON_AddNumberToObject(root, "requests", (double)w->num_requests);
+    cJSON_AddNumberToObject(root, "iterations", (double)w->num_iterations);
+    cJSON_AddNumberToObject(root, "accesses", (double)w->num_accesses);
+    if (o->arrivals) cJSON_AddStringToObject(root, "arrivals", o->arrivals);
+    cJSON *arr = cJSON_AddArrayToObject(root, "results");
+    for (size_t i = 0; i < n; i++) {
+        const fmoe_sim_result *r = &res[i];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "policy", r->policy);
+        cJSON_AddNumberToObject(x, "cache_experts", r->cache_experts);
+        cJSON_AddNumberToObject(x, "cache_bytes", (double)r->cache_experts * (double)expert_bytes);
+        cJSON_AddNumberToObject(x, "prefetch_distance", r->prefetch_distance);
+        cJSON_AddNumberToObject(x, "accesses", (double)r->accesses);
+        cJSON_AddNumberToObject(x, "hits", (double)r->hits);
+        cJSON_AddNumberToObject(x, "late_hits", (double)r->late_hits);
+        cJSON_AddNumberToObject(x, "misses", (double)r->misses);
+        cJSON_AddNumberToObject(x, "hit_rate", hit_rate(r));
+        cJSON_AddNumberToObject(x, "prefetches", (double)r->prefetches);
+        cJSON_AddNumberToObject(x, "prefetch_hits", (double)r->prefetch_hits);
+        cJSON_AddNumberToObject(x, "bypassed", (double)r->bypassed);
+        cJSON_AddNumberToObject(x, "bytes_loaded", (double)r->bytes_loaded);
+        cJSON_AddNumberToObject(x, "wasted_prefetch_bytes", (double)r->wasted_prefetch_bytes);
+        add_ratio(x, "prefetch_precision", r->prefetch_precision);
+        add_ratio(x, "prefetch_recall", r->prefetch_recall);
+        add_ratio(x, "goodpred", r->goodpred);
+        cJSON_AddStringToObject(x, "miss", miss_name(r->miss_mode));
+        cJSON_AddNumberToObject(x, "host_misses", (double)r->host_misses);
+        cJSON_AddNumberToObject(x, "host_busy_s", r->host_busy_s);
+        cJSON_AddNumberToObject(x, "stall_s", r->stall_s);
+        cJSON_AddNumberToObject(x, "total_s", r->total_s);
+        cJSON_AddItemToObject(x, "ttft_s", summary_json(&r->ttft_s));
+        cJSON_AddItemToObject(x, "tpot_s", summary_json(&r->tpot_s));
+        cJSON_AddItemToObject(x, "e2e_s", summary_json(&r->e2e_s));
+        cJSON_AddItemToObject(x, "queue_s", summary_json(&r->queue_s));
+        cJSON *pl = cJSON_AddArrayToObject(x, "per_layer");
+        for (int32_t l = 0; l < r->num_layers; l++) {
+            const fmoe_sim_layer_stats *s = &r->per_layer[l];
+            cJSON *y = cJSON_CreateObject();
+            cJSON_AddNumberToObject(y, "layer", l);
+            cJSON_AddNumberToObject(y, "accesses", (double)s->accesses);
+            cJSON_AddNumberToObject(y, "hits", (double)s->hits);
+            cJSON_AddNumberToObject(y, "late_hits", (double)s->late_hits);
+            cJSON_AddNumberToObject(y, "misses", (double)s->misses);
+            cJSON_AddNumberToObject(y, "hit_rate",
+                                    s->accesses ? (double)s->hits / (double)s->accesses : 0.0);
+            cJSON_AddNumberToObject(y, "bytes_loaded", (double)s->bytes_loaded);
+            cJSON_AddNumberToObject(y, "prefetches", (double)s->prefetches);
+            cJSON_AddNumberToObject(y, "prefetch_hits", (double)s->prefetch_hits);
+            cJSON_AddNumberToObject(y, "wasted_prefetch_bytes", (double)s->wasted_prefetch_bytes);
+            const int64_t used = s->prefetch_hits + s->late_hits;
+            add_ratio(y, "prefetch_precision", layer_ratio(used, s->prefetches));
+            add_ratio(y, "prefetch_recall", layer_ratio(used, used + s->misses));
+            add_ratio(y, "goodpred", layer_ratio(s->prefetch_hits, used + s->misses));
+            cJSON_AddNumberToObject(y, "host_misses", (double)s->host_misses);
+            cJSON_AddNumberToObject(y, "stall_s", s->stall_s);
+            cJSON_AddItemToArray(pl, y);
+        }
+        cJSON_AddItemToArray(arr, x);
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return cmd_failf(CMD, "out of memory");
+    puts(text);
+    free(text);
+    return 0;
+}
+
+static int write_csv(const char *path, const fmoe_sim_result *res, size_t n) {
+    FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
+    if (!f) return cmd_failf(CMD, "%s: cannot write", path);
+    fprintf(f, "policy,cache_experts,prefetch_distance,accesses,hits,late_hits,misses,hit_rate,"
+               "bytes_loaded,wasted_prefetch_bytes,stall_s,total_s,ttft_mean_s,ttft_p50_s,"
+               "ttft_p90_s,ttft_p99_s,tpot_mean_s,tpot_p50_s,tpot_p90_s,tpot_p99_s,e2e_mean_s,"
+               "e2e_p50_s,e2e_p90_s,e2e_p99_s,prefetches,prefetch_hits,prefetch_precision,"
+               "prefetch_recall,goodpred,miss,host_misses,host_busy_s,queue_mean_s,queue_p50_s,"
+               "queue_p90_s,queue_p99_s\n");
+    for (size_t i = 0; i < n; i++) {
+        const fmoe_sim_result *r = &res[i];
+        fprintf(f, "%s,%d,%d,%lld,%lld,%lld,%lld,%.6f,%lld,%lld,%.9g,%.9g", r->policy,
+                r->cache_experts, r->prefetch_distance, (long long)r->accesses,
+                (long long)r->hits, (long long)r->late_hits, (long long)r->misses, hit_rate(r),
+                (long long)r->bytes_loaded, (long long)r->wasted_prefetch_bytes, r->stall_s,
+                r->total_s);
+        const fmoe_sim_summary *s[3] = {&r->ttft_s, &r->tpot_s, &r->e2e_s};
+        for (int k = 0; k < 3; k++)
+            fprintf(f, ",%.9g,%.9g,%.9g,%.9g", s[k]->mean, s[k]->p50, s[k]->p90, s[k]->p99);
+        fprintf(f, ",%lld,%lld", (long long)r->prefetches, (long long)r->prefetch_hits);
+        const double q[3] = {r->prefetch_precision, r->prefetch_recall, r->goodpred};
+        for (int k = 0; k < 3; k++) {
+            if (isnan(q[k])) fputs(",", f);
+            else fprintf(f, ",%.6f", q[k]);
+        }
+        fprintf(f, ",%s,%lld,%.9g,%.9g,%.9g,%.9g,%.9g\n", miss_name(r->miss_mode),
+                (long long)r->host_misses, r->host_busy_s, r->queue_s.mean, r->queue_s.p50,
+                r->queue_s.p90, r->queue_s.p99);
+    }
+    int bad = ferror(f);
+    if (f != stdout) bad |= fclose(f) != 0;
+    if (bad) return cmd_failf(CMD, "%s: write error", path);
+    return 0;
+}
+
+static const fmoe_sim_result *sort_base;
+static int cmp_best(const void *a, const void *b) {
+    const fmoe_sim_result *x = &sort_base[*(const size_t *)a], *y = &sort_base[*(const size_t *)b];
+    if (x->e2e_s.mean != y->e2e_s.mean) return x->e2e_s.mean < y->e2e_s.mean ? -1 : 1;
+    if (x->hits != y->hits) return x->hits > y->hits ? -1 : 1;
+    return (*(const size_t *)a > *(const size_t *)b) - (*(const size_t *)a < *(const size_t *)b);
+}
+
+/* "  12.3%" or "      -" for an undefined ratio. */
+static const char *pct(double v, char *buf, size_t cap) {
+    if (isnan(v)) snprintf(buf, cap, "%7s", "-");
+    else snprintf(buf, cap, "%6.1f%%", 100.0 * v);
+    return buf;
+}
+
+static void print_table(const options *o, const fmoe_hardware_profile *hw, int64_t expert_bytes,
+                        const fmoe_sim_workload *w, const fmoe_sim_result *res, size_t n,
+                        size_t *order) {
+    char eb[32], cb[32], lb[32], wb[32], gp[16];
+    printf("%s: %lld requests, %lld iterations, %lld expert accesses; expert %s; hardware %s",
+           o->trace, (long long)w->num_requests, (long long)w->num_iterations,
+           (long long)w->num_accesses, cmd_format_bytes((double)expert_bytes, eb, sizeof eb),
+           hw->name);
+    if (o->miss_mode != FMOE_SIM_MISS_LOAD) printf("; misses: %s", miss_name(o->miss_mode));
+    if (o->arrivals) printf("; arrivals: %s (FCFS)", o->arrivals);
+    printf("\n\n");
+    for (size_t i = 0; i < n; i++) order[i] = i;
+    sort_base = res;
+    qsort(order, n, sizeof *order, cmp_best);
+    printf("%-17s %6s %10s %2s %7s %9s %9s %10s %10s %8s %9s %9s %9s %9s", "policy", "cache",
+           "(bytes)", "d", "hit%", "late", "misses", "loaded", "wasted", "goodpred", "stall s",
+           "TTFT p50", "TPOT p50", "e2e p99");
+    if (o->arrivals) printf(" %9s", "queue p99");
+    if (o->miss_mode != FMOE_SIM_MISS_LOAD) printf(" %9s", "on host");
+    printf("\n");
+    for (size_t k = 0; k < n; k++) {
+        const fmoe_sim_result *r = &res[order[k]];
+        printf("%-17s %6d %10s %2d %6.2f%% %9lld %9lld %10s %10s %8s %9.3f %7.2fms %7.2fms "
+               "%8.3fs",
+               r->policy, r->cache_experts,
+               cmd_format_bytes((double)r->cache_experts * (double)expert_bytes, cb, sizeof cb),
+               r->prefetch_distance, 100.0 * hit_rate(r), (long long)r->late_hits,
+               (long long)r->misses, cmd_format_bytes((double)r->bytes_loaded, lb, sizeof lb),
+               cmd_format_bytes((double)r->wasted_prefetch_bytes, wb, sizeof wb),
+               pct(r->prefetches ? r->goodpred : NAN, gp, sizeof gp), r->stall_s, 1e3 * r->ttft_s.p50,
+               1e3 * r->tpot_s.p50, r->e2e_s.p99);
+        if (o->arrivals) printf(" %8.3fs", r->queue_s.p99);
+        if (o->miss_mode != FMOE_SIM_MISS_LOAD) printf(" %9lld", (long long)r->host_misses);
+        printf("\n");
+    }
+}
+
+/* ------------------------------------------------------------------ main */
+
+int cmd_simulate(int argc, char **argv) {
+    options o;
+    memset(&o, 0, sizeof o);
+    cmd_sim_store_init(&o.store); /* [fmoe hook, issue 4] */
+    int rc = parse_options(argc, argv, &o);
+    if (rc != 0) {
+        free(o.policy_buf);
+        return rc < 0 ? CMD_EXIT_OK : rc;
+    }
+    fmoe_trace_reader *reader = NULL;
+    fmoe_sim_workload w;
+    memset(&w, 0, sizeof w);
+    fmoe_sim_config *cells = NULL;
+    fmoe_sim_result *res = NULL;
+    size_t *order = NULL, n = 0;
+    fmoe_sim_costs costs;
+    fmoe_hardware_profile hw;
+    int64_t expert_bytes = 0;
+    int exit_code = CMD_EXIT_OK;
+    double *arrivals = NULL;
+    uint32_t want = 0;
+
+    rc = fmoe_trace_reader_open(&reader, o.trace);
+    if (rc < 0) goto fail;
+    exit_code = gate_needs(&o, fmoe_trace_reader_header(reader), &want);
+    if (exit_code) goto done;
+    exit_code = cmd_sim_store_prepare(CMD, &o.store, o.policies, o.n_policies, o.trace, reader,
+                                      &want, o.quiet); /* [fmoe hook, issue 4] */
+    if (exit_code) goto done;
+    rc = load_costs(&o, reader, &costs, &expert_bytes, &hw);
+    if (rc < 0) goto fail;
+    cmd_sim_store_costs(&o.store, &costs); /* [fmoe hook, issue 4] --match-delay */
+    if (o.miss_mode != FMOE_SIM_MISS_LOAD && !fmoe_sim_costs_have_host(&costs)) {
+        exit_code = cmd_failf(CMD,
+                              "%s: --miss %s needs host compute figures (host.expert_s, or "
+                              "host.peak_flops and host.memory_bandwidth_bytes_per_s); measure "
+                              "them with 'fmoe calibrate' and pass --profile",
+                              o.profile ? o.profile : hw.name, miss_name(o.miss_mode));
+        goto done;
+    }
+    /* Cache sizes in slots. */
+    int32_t caches[MAX_LIST];
+    int n_caches = o.n_caches;
+    memcpy(caches, o.caches, sizeof caches);
+    for (int i = 0; i < o.n_cache_gb; i++) {
+        const double slots = floor(o.cache_gb[i] * 1073741824.0 / (double)expert_bytes);
+        if (slots < 1) {
+            char b[32];
+            exit_code = cmd_usage_error(CMD, "--cache-gb %g holds no expert (one is %s)",
+                                        o.cache_gb[i],
+                                        cmd_format_bytes((double)expert_bytes, b, sizeof b));
+            goto done;
+        }
+        caches[n_caches++] = slots > INT32_MAX ? INT32_MAX : (int32_t)slots;
+    }
+    {
+        cmd_progress_bar bar;
+        cmd_progress_bar_init(&bar, "reading trace", o.quiet);
+        fmoe_progress p = cmd_progress_bar_callback(&bar);
+        rc = fmoe_sim_workload_read_filtered(&w, reader, want, o.store.keep, &p); /* [fmoe hook] */
+        cmd_progress_bar_done(&bar);
+        if (rc < 0) {
+            if (!strstr(fmoe_error_detail(), o.trace)) fmoe_error_prefix("%s", o.trace);
+            goto fail;
+        }
+    }
+    fmoe_trace_reader_close(reader);
+    reader = NULL;
+    if (o.arrivals) {
+        exit_code = load_arrivals(&o, &w, &arrivals);
+        if (exit_code) goto done;
+    }
+
+    n = (size_t)o.n_policies * (size_t)n_caches * (size_t)o.n_distances;
+    cells = calloc(n, sizeof *cells);
+    res = calloc(n, sizeof *res);
+    order = calloc(n, sizeof *order);
+    if (!cells || !res || !order) {
+        exit_code = cmd_failf(CMD, "out of memory");
+        goto done;
+    }
+    size_t k = 0;
+    for (int p = 0; p < o.n_policies; p++)
+        for (int c = 0; c < n_caches; c++)
+            for (int d = 0; d < o.n_distances; d++)
+                cells[k++] = (fmoe_sim_config){.policy = o.policies[p], .cache_experts = caches[c],
+                                               .prefetch_distance = o.distances[d],
+                                               .costs = &costs, .miss_mode = o.miss_mode,
+                                               .arrival_s = arrivals,
+                                               .store_capacity = o.eamc_capacity};
+    for (size_t i = 0; i < n; i++) cmd_sim_store_apply(&o.store, &cells[i]); /* [fmoe hook] */
+    {
+        cmd_progress_bar bar;
+        cmd_progress_bar_init(&bar, "simulating", o.quiet);
+        fmoe_progress p = cmd_progress_bar_callback(&bar);
+        rc = fmoe_sim_sweep(&w, cells, n, o.threads, res, &p);
+        cmd_progress_bar_done(&bar);
+        if (rc < 0) goto fail;
+    }
+    if (o.csv) {
+        exit_code = write_csv(o.csv, res, n);
+        if (exit_code) goto done;
+    }
+    if (o.json)
+        exit_code = print_json(&o, &hw, expert_bytes, &w, res, n);
+    else if (!o.csv || strcmp(o.csv, "-") != 0)
+        print_table(&o, &hw, expert_bytes, &w, res, n, order);
+    goto done;
+fail:
+    exit_code = cmd_fail(CMD, rc);
+done:
+    if (res)
+        for (size_t i = 0; i < n; i++) fmoe_sim_result_free(&res[i]);
+    free(res);
+    free(cells);
+    free(order);
+    free(arrivals);
+    fmoe_sim_workload_free(&w);
+    fmoe_trace_reader_close(reader);
+    free(o.policy_buf);
+    cmd_sim_store_free(&o.store); /* [fmoe hook, issue 4] */
+    return exit_code;
+}

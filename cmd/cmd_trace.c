@@ -1,0 +1,397 @@
+/*
+ * cmd_trace.c - `fmoe trace <subcommand>`: work with traces. Today: `fmoe trace import`,
+ * which turns routing logs recorded elsewhere into fmoe traces (DESIGN.md §4.1): the
+ * JSON Lines interchange format, or the dense per-layer CSV of the FLAME-MoE traces.
+ *
+ * defaults -> parse -> validate -> geometry -> import (library) -> summary.
+ */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd_common.h"
+#include "fmoe/datasets.h"
+#include "fmoe/error.h"
+#include "fmoe/geometry.h"
+#include "fmoe/trace.h"
+
+static const char *const CMD = "trace";
+static const char *const CMD_IMPORT = "trace import";
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: fmoe trace <subcommand> [options]\n"
+            "\n"
+            "subcommands:\n"
+            "  import   routing logs recorded elsewhere (JSON Lines, dense CSV) -> fmoe trace\n"
+            "\n"
+            "Run 'fmoe trace import --help' for its options.\n");
+}
+
+static void usage_import(FILE *out) {
+    fprintf(out,
+            "usage: fmoe trace import [--format jsonl|dense-csv]\n"
+            "                         (--model-config CONFIG.json | --layers L --experts J --top-k K)\n"
+            "                         [options] IN... -o OUT.h5\n"
+            "\n"
+            "Turns routing logs recorded elsewhere into an fmoe trace (HDF5).\n"
+            "\n"
+            "Formats:\n"
+            "  jsonl      one JSON object per (request, token, layer), lines in any order:\n"
+            "               {\"request\": 7, \"token\": 0, \"phase\": \"decode\", \"layer\": 3,\n"
+            "                \"experts\": [5, 1], \"probs\": [0.71, 0.29], \"token_id\": 1234}\n"
+            "             request: integer or string; token: position in the request (prompt\n"
+            "             tokens first); phase: prefill|decode (default decode); layer: 0-based\n"
+            "             MoE layer; experts: the K chosen experts in gate order; probs: K values\n"
+            "             (the chosen experts' weights), J values (the full distribution) or\n"
+            "             absent; token_id optional. Requests keep the order of their first\n"
+            "             line, tokens are ordered by position. Lines {\"type\": \"meta\"} are\n"
+            "             skipped. Exactly one IN file.\n"
+            "  dense-csv  one CSV per MoE layer, in layer order (the FLAME-MoE traces): header\n"
+            "             layer_id,token_id,expert_0..expert_{J-1}; row i = token i in every\n"
+            "             file, with exactly K non-zero probabilities (the chosen experts,\n"
+            "             ordered by decreasing probability). One IN file per MoE layer.\n"
+            "\n"
+            "options:\n"
+            "  --format F            jsonl or dense-csv (default: from the IN extensions,\n"
+            "                        .jsonl/.json -> jsonl, .csv -> dense-csv)\n"
+            "  --model-config FILE   the model's HF config.json: geometry (L, J, K, h, shared\n"
+            "                        experts, expert bytes), stored in the trace and\n"
+            "                        fingerprinted\n"
+            "  --layers L            MoE layers, instead of --model-config (with --experts\n"
+            "  --experts J           and --top-k; all three are needed)\n"
+            "  --top-k K             experts chosen per token\n"
+            "  --expert-bytes N      bytes of one routed expert, with --layers/--experts/\n"
+            "                        --top-k (default 0: unknown; the simulator then needs\n"
+            "                        --model-config); a config.json gives its own\n"
+            "  --hidden-size H       hidden size recorded with --layers/--experts/--top-k\n"
+            "                        (default 0: unknown)\n"
+            "  --drop-incomplete     jsonl: drop tokens that lack some layers and report how\n"
+            "                        many (default: such a token is an error)\n"
+            "  --tokens-per-request N\n"
+            "                        dense-csv: split the token rows into requests of N\n"
+            "                        prefill tokens (default 0: one request)\n"
+            "  --compression C       zstd, deflate or none (default zstd)\n"
+            "  --model-name S        model name stored in the trace (default: the config's\n"
+            "                        _name_or_path, else its folder name; none without a config)\n"
+            "  -o, --output FILE     the trace to write (required); written as FILE.partial\n"
+            "                        and renamed when complete, so a failure leaves nothing\n"
+            "  --json                print the summary as JSON\n"
+            "  --quiet               no progress bar\n"
+            "  -h, --help            show this help\n"
+            "\n"
+            "examples:\n"
+            "  fmoe trace import --layers 2 --experts 8 --top-k 2 routes.jsonl -o routes.h5\n"
+            "  fmoe trace import --format dense-csv --layers 8 --experts 64 --top-k 6 \\\n"
+            "      --tokens-per-request 64 layer0{2..9}.csv -o flame.h5\n");
+}
+
+typedef enum import_format { FORMAT_AUTO, FORMAT_JSONL, FORMAT_DENSE_CSV } import_format;
+
+static const char *format_name(import_format f) {
+    return f == FORMAT_JSONL ? "jsonl" : f == FORMAT_DENSE_CSV ? "dense-csv" : "auto";
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static import_format format_from_name(const char *path) {
+    if (ends_with(path, ".jsonl") || ends_with(path, ".json")) return FORMAT_JSONL;
+    if (ends_with(path, ".csv")) return FORMAT_DENSE_CSV;
+    return FORMAT_AUTO;
+}
+
+/* Reads a whole text file (config.json). */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n < cap - 1) break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* Default model name: config.json's "_name_or_path", else the config's folder name. */
+static void default_model_name(const char *config_path, const char *config_json, char *out,
+                               size_t cap) {
+    out[0] = '\0';
+    cJSON *root = cJSON_Parse(config_json);
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, "_name_or_path");
+    if (cJSON_IsString(n) && n->valuestring[0]) snprintf(out, cap, "%s", n->valuestring);
+    cJSON_Delete(root);
+    if (out[0]) return;
+    const char *slash = strrchr(config_path, '/');
+    if (!slash || slash == config_path) return;
+    const char *s = slash;
+    while (s > config_path && s[-1] != '/') s--;
+    if (slash - s > 0 && !(slash - s == 1 && *s == '.'))
+        snprintf(out, cap, "%.*s", (int)(slash - s), s);
+}
+
+static int print_json(const char *out_path, import_format fmt, char **inputs, int ninputs,
+                      const fmoe_model_geometry *g, const char *model_name,
+                      const fmoe_import_report *rep) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return -1;
+    cJSON_AddStringToObject(o, "output", out_path);
+    cJSON_AddStringToObject(o, "format", format_name(fmt));
+    cJSON *in = cJSON_AddArrayToObject(o, "inputs");
+    for (int i = 0; i < ninputs; i++) cJSON_AddItemToArray(in, cJSON_CreateString(inputs[i]));
+    cJSON_AddStringToObject(o, "model_name", model_name);
+    cJSON_AddNumberToObject(o, "num_layers", g->num_moe_layers);
+    cJSON_AddNumberToObject(o, "num_experts", g->num_experts);
+    cJSON_AddNumberToObject(o, "top_k", g->top_k);
+    cJSON_AddNumberToObject(o, "records", (double)rep->lines);
+    cJSON_AddNumberToObject(o, "requests", (double)rep->requests);
+    cJSON_AddNumberToObject(o, "tokens", (double)rep->tokens);
+    cJSON_AddNumberToObject(o, "dropped_tokens", (double)rep->dropped_tokens);
+    cJSON_AddStringToObject(o, "probs_kind", fmoe_probs_kind_name(rep->probs_kind));
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return -1;
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}
+
+static int cmd_trace_import(int argc, char **argv) {
+    /* defaults */
+    import_format fmt = FORMAT_AUTO;
+    const char *config_path = NULL, *out_path = NULL, *model_name = NULL;
+    int32_t layers = 0, experts = 0, top_k = 0, hidden = 0;
+    int have_layers = 0, have_experts = 0, have_top_k = 0, have_hidden = 0;
+    int drop_incomplete = 0, json = 0, quiet = 0, have_tpr = 0;
+    int64_t tokens_per_request = 0, expert_bytes = 0;
+    fmoe_compression compression = FMOE_COMPRESSION_ZSTD;
+
+    enum {
+        OPT_FORMAT = 256, OPT_CONFIG, OPT_LAYERS, OPT_EXPERTS, OPT_TOPK, OPT_HIDDEN,
+        OPT_DROP, OPT_TPR, OPT_COMPRESSION, OPT_NAME, OPT_JSON, OPT_QUIET, OPT_EXPERT_BYTES,
+    };
+    static const struct option options[] = {
+        {"format", required_argument, NULL, OPT_FORMAT},
+        {"model-config", required_argument, NULL, OPT_CONFIG},
+        {"layers", required_argument, NULL, OPT_LAYERS},
+        {"experts", required_argument, NULL, OPT_EXPERTS},
+        {"top-k", required_argument, NULL, OPT_TOPK},
+        {"hidden-size", required_argument, NULL, OPT_HIDDEN},
+        {"expert-bytes", required_argument, NULL, OPT_EXPERT_BYTES},
+        {"drop-incomplete", no_argument, NULL, OPT_DROP},
+        {"tokens-per-request", required_argument, NULL, OPT_TPR},
+        {"compression", required_argument, NULL, OPT_COMPRESSION},
+        {"model-name", required_argument, NULL, OPT_NAME},
+        {"output", required_argument, NULL, 'o'},
+        {"json", no_argument, NULL, OPT_JSON},
+        {"quiet", no_argument, NULL, OPT_QUIET},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+
+    /* parse */
+    optind = 1;
+    opterr = 0;
+    int c, rc;
+    while ((c = getopt_long(argc, argv, ":ho:", options, NULL)) != -1) {
+        switch (c) {
+        case OPT_FORMAT:
+            if (strcmp(optarg, "jsonl") == 0)
+                fmt = FORMAT_JSONL;
+            else if (strcmp(optarg, "dense-csv") == 0)
+                fmt = FORMAT_DENSE_CSV;
+            else
+                return cmd_usage_error(CMD_IMPORT, "--format must be jsonl or dense-csv, got '%s'",
+                                       optarg);
+            break;
+        case OPT_CONFIG: config_path = optarg; break;
+        case OPT_LAYERS:
+            if ((rc = cmd_parse_i32(CMD_IMPORT, "--layers", optarg, 1, FMOE_MAX_LAYERS, &layers)))
+                return rc;
+            have_layers = 1;
+            break;
+        case OPT_EXPERTS:
+            if ((rc = cmd_parse_i32(CMD_IMPORT, "--experts", optarg, 1, 65536, &experts)))
+                return rc;
+            have_experts = 1;
+            break;
+        case OPT_TOPK:
+            if ((rc = cmd_parse_i32(CMD_IMPORT, "--top-k", optarg, 1, 65536, &top_k))) return rc;
+            have_top_k = 1;
+            break;
+        case OPT_HIDDEN:
+            if ((rc = cmd_parse_i32(CMD_IMPORT, "--hidden-size", optarg, 0, INT32_MAX, &hidden)))
+                return rc;
+            have_hidden = 1;
+            break;
+        case OPT_EXPERT_BYTES:
+            if ((rc = cmd_parse_i64(CMD_IMPORT, "--expert-bytes", optarg, 0, INT64_MAX,
+                                    &expert_bytes)))
+                return rc;
+            break;
+        case OPT_DROP: drop_incomplete = 1; break;
+        case OPT_TPR:
+            if ((rc = cmd_parse_i64(CMD_IMPORT, "--tokens-per-request", optarg, 0, INT32_MAX,
+                                    &tokens_per_request)))
+                return rc;
+            have_tpr = 1;
+            break;
+        case OPT_COMPRESSION:
+            if (fmoe_compression_parse(optarg, &compression) < 0)
+                return cmd_usage_error(CMD_IMPORT,
+                                       "--compression must be zstd, deflate or none, got '%s'",
+                                       optarg);
+            break;
+        case OPT_NAME: model_name = optarg; break;
+        case 'o': out_path = optarg; break;
+        case OPT_JSON: json = 1; break;
+        case OPT_QUIET: quiet = 1; break;
+        case 'h': usage_import(stdout); return CMD_EXIT_OK;
+        case ':': return cmd_usage_error(CMD_IMPORT, "%s needs a value", argv[optind - 1]);
+        default: return cmd_usage_error(CMD_IMPORT, "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    char **inputs = argv + optind;
+    int ninputs = argc - optind;
+
+    /* validate */
+    if (ninputs < 1) return cmd_usage_error(CMD_IMPORT, "no input file");
+    if (!out_path) return cmd_usage_error(CMD_IMPORT, "no output file (-o OUT.h5)");
+    if (fmt == FORMAT_AUTO) {
+        fmt = format_from_name(inputs[0]);
+        for (int i = 1; i < ninputs; i++)
+            if (format_from_name(inputs[i]) != fmt) fmt = FORMAT_AUTO;
+        if (fmt == FORMAT_AUTO)
+            return cmd_usage_error(CMD_IMPORT, "cannot tell the format from the file names: "
+                                               "give --format jsonl or --format dense-csv");
+    }
+    int by_hand = have_layers || have_experts || have_top_k;
+    if (config_path && by_hand)
+        return cmd_usage_error(CMD_IMPORT,
+                               "give either --model-config or --layers/--experts/--top-k, not both");
+    if (!config_path && !(have_layers && have_experts && have_top_k))
+        return cmd_usage_error(CMD_IMPORT, "the model geometry is needed: --model-config "
+                                           "CONFIG.json, or all of --layers, --experts, --top-k");
+    if (config_path && expert_bytes > 0)
+        return cmd_usage_error(CMD_IMPORT, "--expert-bytes goes with --layers/--experts/--top-k "
+                                           "(the config gives its own)");
+    if (config_path && have_hidden)
+        return cmd_usage_error(CMD_IMPORT, "--hidden-size goes with --layers/--experts/--top-k "
+                                           "(the config gives its own)");
+    if (by_hand && top_k > experts)
+        return cmd_usage_error(CMD_IMPORT, "--top-k %d exceeds --experts %d", (int)top_k,
+                               (int)experts);
+    if (fmt == FORMAT_JSONL && ninputs != 1)
+        return cmd_usage_error(CMD_IMPORT, "--format jsonl takes one input file, got %d", ninputs);
+    if (fmt == FORMAT_JSONL && have_tpr)
+        return cmd_usage_error(CMD_IMPORT, "--tokens-per-request applies to --format dense-csv");
+    if (fmt == FORMAT_DENSE_CSV && drop_incomplete)
+        return cmd_usage_error(CMD_IMPORT, "--drop-incomplete applies to --format jsonl");
+
+    /* geometry */
+    fmoe_model_geometry geometry;
+    char *config_json = NULL;
+    char name_buf[256] = "";
+    if (config_path) {
+        config_json = read_text(config_path);
+        if (!config_json) return cmd_failf(CMD_IMPORT, "%s: cannot read", config_path);
+        rc = fmoe_geometry_parse(config_json, strlen(config_json), &geometry);
+        if (rc < 0) {
+            fmoe_error_prefix("%s", config_path);
+            free(config_json);
+            return cmd_fail(CMD_IMPORT, rc);
+        }
+        if (!model_name) default_model_name(config_path, config_json, name_buf, sizeof name_buf);
+    } else {
+        rc = fmoe_geometry_generic(layers, experts, top_k, hidden, &geometry);
+        if (rc < 0) return cmd_fail(CMD_IMPORT, rc);
+    }
+    if (model_name) snprintf(name_buf, sizeof name_buf, "%s", model_name);
+    if (fmt == FORMAT_DENSE_CSV && ninputs != geometry.num_moe_layers) {
+        free(config_json);
+        return cmd_usage_error(CMD_IMPORT,
+                               "--format dense-csv takes one file per MoE layer: %d given, the "
+                               "model has L = %d",
+                               ninputs, (int)geometry.num_moe_layers);
+    }
+
+    /* run */
+    cmd_progress_bar bar;
+    cmd_progress_bar_init(&bar, "import", quiet);
+    fmoe_import_options opts = {
+        .geometry = &geometry,
+        .config_json = config_json,
+        .model_name = name_buf,
+        .drop_incomplete = drop_incomplete,
+        .expert_bytes = expert_bytes,
+        .write = {.compression = compression},
+        .progress = cmd_progress_bar_callback(&bar),
+    };
+    fmoe_import_report rep;
+    if (fmt == FORMAT_JSONL)
+        rc = fmoe_import_jsonl(inputs[0], &opts, out_path, &rep);
+    else
+        rc = fmoe_import_dense_csv((const char *const *)inputs, ninputs, tokens_per_request,
+                                   &opts, out_path, &rep);
+    cmd_progress_bar_done(&bar);
+    free(config_json);
+    if (rc < 0) return cmd_fail(CMD_IMPORT, rc);
+
+    /* summary */
+    if (json) {
+        if (print_json(out_path, fmt, inputs, ninputs, &geometry, name_buf, &rep) < 0)
+            return cmd_failf(CMD_IMPORT, "out of memory");
+        return CMD_EXIT_OK;
+    }
+    if (fmt == FORMAT_JSONL)
+        printf("Imported %lld routing record%s from %s into %lld request%s and %lld token%s "
+               "(%lld incomplete token%s dropped)",
+               (long long)rep.lines, rep.lines == 1 ? "" : "s", inputs[0],
+               (long long)rep.requests, rep.requests == 1 ? "" : "s", (long long)rep.tokens,
+               rep.tokens == 1 ? "" : "s", (long long)rep.dropped_tokens,
+               rep.dropped_tokens == 1 ? "" : "s");
+    else
+        printf("Imported %lld rows of %d layer file%s (%s%s%s) into %lld request%s and %lld "
+               "prefill token%s",
+               (long long)rep.lines, ninputs, ninputs == 1 ? "" : "s", inputs[0],
+               ninputs > 1 ? " .. " : "", ninputs > 1 ? inputs[ninputs - 1] : "",
+               (long long)rep.requests, rep.requests == 1 ? "" : "s", (long long)rep.tokens,
+               rep.tokens == 1 ? "" : "s");
+    printf("; L = %d layers, J = %d experts, top-%d; probabilities: %s. Wrote %s.\n",
+           (int)geometry.num_moe_layers, (int)geometry.num_experts, (int)geometry.top_k,
+           fmoe_probs_kind_name(rep.probs_kind), out_path);
+    return CMD_EXIT_OK;
+}
+
+int cmd_trace(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return CMD_EXIT_USAGE;
+    }
+    const char *sub = argv[1];
+    if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0) {
+        usage(stdout);
+        return CMD_EXIT_OK;
+    }
+    if (strcmp(sub, "import") == 0) return cmd_trace_import(argc - 1, argv + 1);
+    return cmd_usage_error(CMD, "unknown subcommand '%s'", sub);
+}

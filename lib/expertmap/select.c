@@ -1,0 +1,74 @@
+/*
+ * select.c - similarity-aware expert selection (fmoe/expertmap.h; POLICIES.md A.3; fMoE
+ * §4.3, Eq. 6-8).
+ *
+ * delta = clip(1 - score, 0, 1). Experts are taken in decreasing probability until their
+ * sum reaches delta, and never fewer than K. Two readings are pinned down here:
+ *   - "reaches" is Eq. 7's >= (the smallest such set), not the reference code's count of
+ *     cumulative sums <= delta, which can stop one expert short of the mass;
+ *   - delta is a share of the row's total, sum(p). A full softmax row sums to 1, so this
+ *     is exactly the paper's rule; a row that holds only the top-k weights of a trace
+ *     without full distributions (sums of 0.2 are common) would otherwise never reach
+ *     delta and every expert, even those of probability 0, would be prefetched.
+ * Experts of probability 0 are never taken for the mass, only to reach K.
+ *
+ * Cost: a heap over the J indexes, built in O(J), popped once per chosen expert: O(J + m
+ * log J) for m chosen, allocation-free (the heap lives in the output array).
+ */
+#include "fmoe/expertmap.h"
+
+/* a ranks before b: higher probability, then lower index */
+static int before(const float *p, int32_t a, int32_t b) {
+    return p[a] > p[b] || (p[a] == p[b] && a < b);
+}
+
+static void sift_down(const float *p, int32_t *h, int32_t n, int32_t i) {
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && before(p, h[c + 1], h[c])) c++;
+        if (!before(p, h[c], h[i])) return;
+        const int32_t t = h[c];
+        h[c] = h[i];
+        h[i] = t;
+        i = c;
+    }
+}
+
+int32_t fmoe_expertmap_select(const float *p, int32_t J, double score, int32_t k_min,
+                              int32_t *out) {
+    if (J <= 0) return 0;
+    if (k_min > J) k_min = J;
+    double total = 0;
+    for (int32_t j = 0; j < J; j++) {
+        out[j] = j;
+        if (p[j] > 0) total += p[j];
+    }
+    const double threshold = fmoe_expertmap_delta(score) * total * (1.0 - 1e-6);
+    /* Max-heap in out[0..n); chosen experts collect at the end, out[J - m .. J). */
+    int32_t n = J;
+    for (int32_t i = J / 2 - 1; i >= 0; i--) sift_down(p, out, n, i);
+    int32_t m = 0;
+    double acc = 0;
+    while (n > 0) {
+        const int32_t top = out[0];
+        const int need_k = m < k_min;
+        const int need_mass = acc < threshold && p[top] > 0;
+        if (!need_k && !need_mass) break;
+        out[0] = out[n - 1];
+        out[n - 1] = top;
+        n--;
+        sift_down(p, out, n, 0);
+        acc += p[top] > 0 ? p[top] : 0;
+        m++;
+    }
+    /* chosen are out[J-m..J) in reverse pick order: move them to the front, best first */
+    for (int32_t i = 0; i < m; i++) {
+        const int32_t a = i, b = J - 1 - i;
+        if (a >= b) break;
+        const int32_t t = out[a];
+        out[a] = out[b];
+        out[b] = t;
+    }
+    return m;
+}

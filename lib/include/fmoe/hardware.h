@@ -1,0 +1,139 @@
+/*
+ * fmoe/hardware.h - hardware profiles: the link and compute figures the simulator's cost
+ * model needs (DESIGN.md §7). Implemented in sim/hardware.c.
+ *
+ * A profile is JSON (written by `fmoe calibrate`, or by hand):
+ *
+ *     {
+ *       "format": "fmoe-hardware", "version": 1,
+ *       "name": "my-box",
+ *       "source": "where the figures come from",
+ *       "link":    {"alpha_s": 1.0e-5, "beta_bytes_per_s": 2.4e10},
+ *       "device":  {"peak_flops": 7.1e13, "memory_bandwidth_bytes_per_s": 9.36e11,
+ *                   "launch_s": 5e-6},
+ *       "compute": {"attention_s": {"base": 1e-4, "per_token": 1e-6, "per_token_context": 0},
+ *                   "expert_s":    {"base": 2e-4, "per_token": 5e-7}},
+ *       "host":    {"expert_s": {"base": 3e-3, "per_token": 2e-4},
+ *                   "peak_flops": 1.5e12, "memory_bandwidth_bytes_per_s": 1e11}
+ *     }
+ *
+ * "link" is required: a copy of b bytes takes alpha_s + b / beta_bytes_per_s.
+ * "compute" holds measured linear models, per MoE layer (attention, gate, shared experts:
+ * everything but the routed experts) and per routed expert, for n tokens at context c:
+ *     layer  = base + per_token * n + per_token_context * n * c
+ *     expert = base + per_token * n
+ * Either part may be absent; what is absent falls back to a roofline from "device"
+ * (max(FLOPs / peak_flops, bytes / memory_bandwidth) + launch_s), so "device" is required
+ * unless both compute parts are given. "host" is optional: the CPU that computes missed
+ * experts under `--miss cpu` (measured host.expert_s, else a roofline from its peak_flops
+ * and memory bandwidth). Other fields (e.g. calibrate's "calibration" record) are ignored.
+ * Errors name the file and the missing field.
+ */
+#ifndef FMOE_HARDWARE_H
+#define FMOE_HARDWARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FMOE_HARDWARE_FORMAT "fmoe-hardware"
+#define FMOE_HARDWARE_VERSION 1
+
+typedef struct fmoe_linear_cost {
+    int32_t present;            /* 0: use the roofline */
+    double base_s;
+    double per_token_s;
+    double per_token_context_s; /* attention only */
+} fmoe_linear_cost;
+
+typedef struct fmoe_hardware_profile {
+    char name[64];
+    char source[512];
+    double alpha_s;                   /* per-copy latency, seconds */
+    double beta_bytes_per_s;          /* host-to-device copy bandwidth */
+    double peak_flops;                /* dense FLOP/s at the model dtype; 0 = unknown */
+    double memory_bandwidth_bytes_per_s; /* device memory; 0 = unknown */
+    double launch_s;                  /* fixed cost per kernel group (roofline only) */
+    fmoe_linear_cost attention;       /* per MoE layer, all but routed experts */
+    fmoe_linear_cost expert;          /* per routed expert */
+    fmoe_linear_cost host_expert;     /* per routed expert computed on the host CPU */
+    double host_peak_flops;           /* host roofline; 0 = unknown */
+    double host_memory_bandwidth_bytes_per_s;
+    /* [fmoe hook, issue 4] "matcher": {"match_s": x}: the fMoE matcher's time per match on
+     * this machine (optional, 0 = free); see fmoe_sim_costs.match_delay_s. */
+    double match_s;
+} fmoe_hardware_profile;
+
+/* Fills `out` with a built-in preset. Names: fmoe_hardware_preset_names().
+ * @return 0 or FMOE_ENOTFOUND (detail lists the presets). */
+int fmoe_hardware_preset(const char *name, fmoe_hardware_profile *out);
+
+/* "rtx3090-pcie4, a5000-pcie4, ..." */
+const char *fmoe_hardware_preset_names(void);
+
+/* Parses profile JSON (`len` bytes); `origin` names it in errors (a path or "<string>").
+ * @return 0, FMOE_EFORMAT (malformed, missing or wrong-typed field), FMOE_ERANGE (a value
+ * that must be positive is not). */
+int fmoe_hardware_parse(const char *json, size_t len, const char *origin,
+                        fmoe_hardware_profile *out);
+
+/* Reads and parses a profile file. @return as parse, or FMOE_EIO. */
+int fmoe_hardware_load(const char *path, fmoe_hardware_profile *out);
+
+/* Writes the profile as JSON into a malloc'd string (*out; caller frees).
+ * @return 0 or FMOE_ENOMEM. */
+int fmoe_hardware_to_json(const fmoe_hardware_profile *p, char **out);
+
+/* ---------------------------------------------------------------- calibration
+ *
+ * The measurements behind `fmoe calibrate` (implemented in sim/calibrate.c; the CUDA ones
+ * are in fmoe/cuda.h). Each times one operation per size and reports the median of at
+ * least `reps` runs (more while a point has taken under 20 ms in total, up to 1000), in
+ * seconds. They read the clock and allocate what they time (never in a simulation);
+ * not thread-safe with each other (OpenBLAS runs its own threads).
+ */
+
+/* y = a + b·x fitted by least squares weighted by 1/y² (relative error, so 4 KB copies
+ * count as much as 64 MB ones), with the fit's relative errors |fit - y| / y. */
+typedef struct fmoe_linear_fit {
+    double a, b;        /* intercept, slope */
+    double rms_rel;     /* root mean square relative error */
+    double max_rel;     /* largest relative error */
+    int32_t n;          /* points */
+} fmoe_linear_fit;
+
+/* @return 0, FMOE_EINVAL (fewer than 2 points, a y <= 0, all x equal). */
+int fmoe_calibrate_fit(const double *x, const double *y, int32_t n, fmoe_linear_fit *out);
+
+/* memcpy between two RAM buffers, for each of sizes[n] bytes. */
+int fmoe_calibrate_copy_ram(const int64_t *sizes, int32_t n, int32_t reps, double *seconds);
+
+/* Where a file read's bytes came from. */
+typedef enum fmoe_file_cache {
+    FMOE_FILE_CACHE_DROPPED = 0, /* the page cache was dropped before each read: the device */
+    FMOE_FILE_CACHE_TMPFS = 1,   /* the directory is in RAM (tmpfs): reads are RAM copies */
+    FMOE_FILE_CACHE_WARM = 2,    /* dropping failed: reads may come from the page cache */
+} fmoe_file_cache;
+
+/* pread of sizes[n] bytes from a scratch file written in `dir` (removed afterwards),
+ * dropping the file's page cache before every read (posix_fadvise DONTNEED after
+ * fdatasync) so that the device is measured. *cache says what was achieved.
+ * @return 0, FMOE_EIO (cannot write or read the scratch file: detail names it). */
+int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, int32_t reps,
+                             double *seconds, fmoe_file_cache *cache);
+
+/* A chain of float32 matrix products on the CPU (OpenBLAS): for each token count t,
+ * Y_i[t x rows[i]] = X[t x cols[i]] * W_i^T for i in [0, mats), timed as one (sgemv when
+ * t = 1). An expert (SwiGLU) is {f x h, f x h, h x f}; a layer's attention projections
+ * are {q x h, kv x h, kv x h, h x q}. Weights are allocated once, filled with small
+ * values. @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
+int fmoe_calibrate_gemms_cpu(const int32_t *rows, const int32_t *cols, int32_t mats,
+                             const int32_t *tokens, int32_t n, int32_t reps, double *seconds);
+
+/* Attention over a context on the CPU: for each i, tokens[i] query rows against
+ * contexts[i] cached keys and values, `heads` heads of head_dim (grouped onto kv_heads):
+ * scores, softmax and weighted sum (float32, OpenBLAS). @return 0, FMOE_EINVAL, ENOMEM. */
+int fmoe_calibrate_attention_cpu(int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                 const int32_t *tokens, const int32_t *contexts, int32_t n,
+                                 int32_t reps, double *seconds);
+
+#endif

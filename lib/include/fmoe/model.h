@@ -1,0 +1,141 @@
+/*
+ * fmoe/model.h - a HuggingFace MoE checkpoint loaded for inference, and the run state of
+ * one sequence (a session) that the forward pass works in.
+ *
+ *     fmoe_model *m;
+ *     fmoe_model_load("Qwen3-30B-A3B", NULL, &m);           // config.json + safetensors
+ *     fmoe_session_options so = fmoe_session_defaults();
+ *     so.max_context = 4096;
+ *     fmoe_session *s;
+ *     fmoe_session_init(m, &so, &s);                         // every buffer allocated here
+ *     fmoe_session_forward(s, prompt, n, NULL, logits);      // prefill: logits of the last
+ *     fmoe_session_forward(s, &next, 1, &trace, logits);     // decode, with routing trace
+ *     fmoe_session_free(s); fmoe_model_free(m);
+ *
+ * Families: Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE, OLMoE, DeepSeek-MoE V1, each
+ * following its transformers (or, for DeepSeek V1, its authors') modeling code. Phi-3.5-MoE,
+ * DeepSeek-V2/V3 (MLA), gpt-oss and Llama-4 are refused as not yet supported.
+ *
+ * Weights: the safetensors files stay memory-mapped; matrices are used in place in their
+ * stored dtype (F32, BF16 or F16: the CPU backend converts BF16/F16 rows as it multiplies),
+ * never copied. Only small vectors (norm weights, biases) are converted to f32 at load,
+ * and a matrix whose bytes are misaligned for its dtype is copied once.
+ *
+ * Threads: a model is immutable after load and may be shared by sessions on any threads;
+ * a session is used by one thread at a time.
+ */
+#ifndef FMOE_MODEL_H
+#define FMOE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fmoe/geometry.h"
+
+typedef struct fmoe_model fmoe_model;
+typedef struct fmoe_session fmoe_session;
+
+/* ---------------------------------------------------------------------------------- */
+/* Loading                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+/*
+ * Loads the model in directory `dir`: config.json (geometry and architecture), then
+ * model.safetensors or model.safetensors.index.json + shards. Every tensor the family
+ * needs must be present with the expected shape and a supported dtype.
+ * `options` is reserved and may be NULL.
+ * @return 0 and *out, or FMOE_EIO, FMOE_EFORMAT (bad config.json or safetensors),
+ *         FMOE_ENOTFOUND ("<file>: missing tensor model.layers.3.mlp.gate.weight"),
+ *         FMOE_EMISMATCH (a tensor of the wrong shape), FMOE_EUNSUPPORTED (a family,
+ *         activation, rope type or dtype that the forward pass does not implement, named),
+ *         FMOE_ENOMEM. The detail is one line naming the file and the tensor.
+ */
+int fmoe_model_load(const char *dir, const void *options, fmoe_model **out);
+
+/* Unmaps and frees; NULL is a no-op. Sessions of the model must be freed first. */
+void fmoe_model_free(fmoe_model *m);
+
+/* The parsed geometry (L, J, K, sizes, router semantics). Valid until free. */
+const fmoe_model_geometry *fmoe_model_get_geometry(const fmoe_model *m);
+
+/* config.json verbatim, NUL-terminated (for trace headers and fingerprints). */
+const char *fmoe_model_config_json(const fmoe_model *m);
+
+/* Bytes of tensor data in the checkpoint's files. */
+int64_t fmoe_model_weight_bytes(const fmoe_model *m);
+
+/* One line describing the model: family, layers, experts, dtype, rope. Static per model. */
+const char *fmoe_model_describe(const fmoe_model *m);
+
+/* ---------------------------------------------------------------------------------- */
+/* Sessions: run state and the forward pass                                           */
+/* ---------------------------------------------------------------------------------- */
+
+/*
+ * Called after the router of each MoE layer has chosen experts for the tokens of a
+ * forward call and before any expert runs: where a live executor makes sure the chosen
+ * experts are resident. `experts` is [n][K], in gate order. Must not call back into the
+ * session.
+ */
+typedef void (*fmoe_route_fn)(void *ctx, int32_t moe_layer, int32_t n, const int32_t *experts);
+
+typedef struct fmoe_session_options {
+    int32_t max_context;       /* KV cache positions (default: min(4096, model's maximum)) */
+    int32_t max_batch;         /* tokens per internal chunk of a forward call (default 64) */
+    int32_t threads;           /* CPU threads for BLAS and our kernels (0: all cores) */
+    int32_t all_logits;        /* 1: forward writes logits of every token, [n][V] */
+    int32_t speculative_depth; /* S for fmoe_forward_trace.speculative (0: none) */
+    fmoe_route_fn on_route;    /* optional */
+    void *route_ctx;
+} fmoe_session_options;
+
+/* Defaults as documented above. */
+fmoe_session_options fmoe_session_defaults(void);
+
+/*
+ * What a forward call reports about routing, for the tracer. The caller owns every array
+ * and sizes it for the call's n tokens; NULL fields are skipped. L = MoE layers, J routed
+ * experts, K top-k, h hidden size, S = the session's speculative_depth.
+ */
+typedef struct fmoe_forward_trace {
+    uint16_t *experts;     /* [n][L][K] chosen experts, in gate order (descending weight) */
+    float *weights;        /* [n][L][K] their combine weights (after renormalisation) */
+    float *probs;          /* [n][L][J] the full gate distribution: softmax of the router
+                              logits (sigmoid scores for sigmoid routers) */
+    float *semantic;       /* [n][h] the semantic embedding: the embedding layer's output */
+    float *speculative;    /* [n][L][S][J] gate of MoE layer l+s applied to layer l's gate
+                              input (s = 1..S); rows past the last layer are 0 */
+    float *hidden;         /* [n][L][h] gate inputs: the normalised hidden state the router
+                              of layer l sees */
+    double *layer_seconds; /* [num_hidden_layers] wall seconds per decoder layer, added to */
+} fmoe_forward_trace;
+
+/*
+ * Allocates all run state of one sequence: KV cache for max_context positions, activation
+ * buffers for max_batch tokens, RoPE tables, thread pool. Nothing is allocated after this.
+ * @return 0 and *out, FMOE_EINVAL (bad options), FMOE_ENOMEM.
+ */
+int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
+                      fmoe_session **out);
+
+/* Frees; NULL is a no-op. */
+void fmoe_session_free(fmoe_session *s);
+
+/* Forgets the sequence (position 0, empty cache). */
+void fmoe_session_reset(fmoe_session *s);
+
+/* Tokens in the KV cache: the position the next token gets. */
+int32_t fmoe_session_position(const fmoe_session *s);
+
+/*
+ * Runs tokens[0..n) at positions position..position+n-1 (chunks of max_batch), appending
+ * to the KV cache. `logits` (may be NULL: the lm head is skipped) receives [n][V] floats
+ * with all_logits, else [V] for the last token. `trace` may be NULL.
+ * @return 0, FMOE_EINVAL (n < 1, a token id outside [0, V)), FMOE_ERANGE (the sequence
+ *         would exceed max_context: "prompt of 5000 tokens exceeds the context of 4096").
+ *         On error nothing was computed and the position is unchanged.
+ */
+int fmoe_session_forward(fmoe_session *s, const int32_t *tokens, int32_t n,
+                         const fmoe_forward_trace *trace, float *logits);
+
+#endif

@@ -1,0 +1,243 @@
+/*
+ * fmoe/policy.h - the expert-offloading policy interface (DESIGN.md §6).
+ *
+ * A policy sees events and answers with decisions; the executor (sim/ or runtime/) owns
+ * time, memory and transfers. Policies never know which executor runs them.
+ *
+ *   events in      on_request_start, on_iteration_start, on_gate, on_access, on_layer_done,
+ *                  choose_victim, on_iteration_end, on_request_end
+ *   decisions out  through the executor's sink: prefetch(l, j, priority), cancel(l, j),
+ *                  pin(l, j) / unpin(l, j), compute_on_host(l, j)
+ *
+ * A policy is a table of function pointers (fmoe_policy_ops) plus an opaque state made by
+ * `init`. Every callback but init/free/choose_victim may be NULL (nothing to do). Policies
+ * are pure (STYLE.md rule 12): no I/O, no clock (the executor passes the time in
+ * env->now_s), no CUDA, no allocation after init. The same events therefore give the same
+ * decisions in both executors.
+ *
+ * The access model is DESIGN.md §7.1: at each layer the executor touches each distinct
+ * expert chosen by any token of the iteration once, in order of first appearance; each
+ * touch is one access, reported by on_access after the executor resolved it (a miss has
+ * already been loaded, choosing its victim through choose_victim). `on_access` is an
+ * addition to the list of §6: policies with future knowledge (belady) need the position.
+ *
+ * Usage:
+ *     fmoe_policy p;
+ *     fmoe_policy_config cfg = {.num_layers = L, .num_experts = J, .top_k = K, .capacity = N};
+ *     if (fmoe_policy_init(&p, "lru", &cfg) < 0) ...;   // detail lists the valid names
+ *     ... executor calls p.ops->on_gate(p.state, &env, &gate) etc. ...
+ *     fmoe_policy_free(&p);
+ */
+#ifndef FMOE_POLICY_H
+#define FMOE_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fmoe/cache.h"
+
+/* Where the executor receives decisions. ctx is the executor's; each call applies at
+ * env->now_s of the event being handled. Layer and expert are (l, j), not expert ids. */
+typedef struct fmoe_policy_sink {
+    void *ctx;
+    /* Start loading expert (l, j) unless cached or in flight; higher priority goes first
+     * among queued prefetches (demand loads always go before prefetches).
+     * @return 0 issued or already cached, 1 dropped (no slot could be freed), < 0 error. */
+    int (*prefetch)(void *ctx, int32_t layer, int32_t expert, double priority);
+    /* Drop a queued prefetch of (l, j) that has not started; a started one completes. */
+    void (*cancel)(void *ctx, int32_t layer, int32_t expert);
+    /* Keep a cached expert from eviction / release it. Unpinning what is not pinned by the
+     * policy is ignored. */
+    void (*pin)(void *ctx, int32_t layer, int32_t expert);
+    void (*unpin)(void *ctx, int32_t layer, int32_t expert);
+    /* For the next miss of (l, j) in this layer: compute it on the host instead of loading
+     * it (executors without a host lane load it). */
+    void (*compute_on_host)(void *ctx, int32_t layer, int32_t expert);
+} fmoe_policy_sink;
+
+/* Passed with every event. */
+typedef struct fmoe_policy_env {
+    double now_s;                  /* executor time of the event, seconds */
+    const fmoe_cache_view *cache;  /* the cache as it is now */
+    const fmoe_policy_sink *sink;
+} fmoe_policy_env;
+
+enum {
+    FMOE_POLICY_NEEDS_FUTURE = 1u << 0,      /* reads cfg->future (simulate only) */
+    FMOE_POLICY_NEEDS_PROBS = 1u << 1,       /* needs gate probabilities in on_gate */
+    FMOE_POLICY_NEEDS_SPECULATIVE = 1u << 2, /* needs /tokens/speculative */
+    FMOE_POLICY_PREFETCHES = 1u << 3,        /* issues prefetches */
+    /* [fmoe hook, issue 4] its prefetches come from a matcher that runs beside inference
+     * (fMoE §4.3): the executor issues them the modelled match delay after the event that
+     * made them (sim: fmoe_sim_costs.match_delay_s), so the matcher costs time only when
+     * that makes a prefetch late. */
+    FMOE_POLICY_MATCHER = 1u << 4,
+};
+
+/* [fmoe hook, issue 4] How the fmoe policies use an expert-map store (fmoe/expertmap.h). */
+typedef enum fmoe_store_mode {
+    FMOE_STORE_OFFLINE = 0,        /* the given store, frozen (fMoE §6.1-§6.2) */
+    FMOE_STORE_ONLINE = 1,         /* start empty, add each finished token's map (§6.3) */
+    FMOE_STORE_OFFLINE_UPDATE = 2, /* the given store, updated as in online mode */
+} fmoe_store_mode;
+
+struct fmoe_expertmap;
+
+typedef struct fmoe_policy_config {
+    int32_t num_layers;        /* L */
+    int32_t num_experts;       /* J */
+    int32_t top_k;             /* K */
+    int32_t capacity;          /* N expert slots */
+    int32_t prefetch_distance; /* d (policies that prefetch), >= 0 */
+    /* The whole access sequence, in replay order, as expert ids l*J+j: for policies with
+     * FMOE_POLICY_NEEDS_FUTURE. Borrowed for the policy's lifetime. Position p of
+     * on_access indexes it. */
+    const uint32_t *future;
+    int64_t future_len;
+    /* The sequence's layer groups, for policies with FMOE_POLICY_NEEDS_FUTURE: group g is
+     * one (iteration, layer) of the replay, holding future_layer_accesses[g] consecutive
+     * accesses of `future` (g in [0, future_groups)). Borrowed like `future`. */
+    const uint16_t *future_layer_accesses;
+    int64_t future_groups;
+    int32_t probs_kind;        /* what on_gate's probs hold: FMOE_PROBS_* of fmoe/trace.h */
+    int32_t speculative_depth; /* S of on_gate's speculative rows; 0: none */
+    int32_t store_capacity;    /* entries of a policy's history store (moe-infinity's EAMC);
+                                  0 = the policy's default */
+    /* [fmoe hook, issue 4] The fmoe policies' expert-map store: borrowed, read-only (a mode
+     * that updates it works on the policy's own copy); NULL in online mode. */
+    const struct fmoe_expertmap *expert_store;
+    int32_t store_mode;        /* fmoe_store_mode */
+    int32_t semantic_dim;      /* h of the iteration events' semantic rows; 0: none */
+    int32_t variant;           /* which of ops->variants to run, 0-based */
+} fmoe_policy_config;
+
+typedef struct fmoe_request_event {
+    int64_t index;          /* position in replay order */
+    int64_t id;             /* the trace's request id */
+    int32_t prompt_tokens;
+    int32_t output_tokens;
+    const float *semantic;  /* [prompt_tokens][semantic_dim] or NULL */
+    int32_t semantic_dim;
+} fmoe_request_event;
+
+typedef struct fmoe_iteration_event {
+    int64_t request;        /* replay index of the request */
+    int32_t phase;          /* 0 prefill, 1 decode */
+    int32_t num_tokens;     /* n */
+    int64_t context;        /* tokens of the request seen up to and including this one */
+    const float *semantic;  /* [n][semantic_dim] or NULL */
+    int32_t semantic_dim;
+    int64_t group;          /* layer group of its layer 0 (cfg->future_layer_accesses); -1 live */
+    int64_t position;       /* its first access in cfg->future; -1 live */
+} fmoe_iteration_event;
+
+typedef struct fmoe_gate_event {
+    int32_t layer;          /* l */
+    int32_t num_tokens;     /* n */
+    const uint16_t *chosen; /* token t's K experts at chosen[t * chosen_stride + k] */
+    int64_t chosen_stride;
+    const float *probs;     /* token t's J probabilities at probs[t * probs_stride]; NULL
+                               when the trace has none */
+    int64_t probs_stride;
+    const int32_t *distinct; /* [num_distinct] expert indexes j, the layer's access order */
+    int32_t num_distinct;
+    int32_t phase;          /* 0 prefill, 1 decode */
+    int32_t probs_kind;     /* FMOE_PROBS_*: full, topk (only chosen experts non-zero), none */
+    /* Speculative gate rows: token t's prediction of layer l+1+s (s in [0, depth)) is the J
+     * values at speculative[t * speculative_stride + s * J] (the gate of layer l+1+s applied
+     * to layer l's hidden state, DESIGN.md §4). NULL when the trace has none. */
+    const float *speculative;
+    int64_t speculative_stride;
+    int32_t speculative_depth;
+    int64_t group;          /* this (iteration, layer) group (cfg->future_layer_accesses); -1 live */
+    int64_t position;       /* the layer's first access in cfg->future; -1 live */
+} fmoe_gate_event;
+
+typedef enum fmoe_access_result {
+    FMOE_ACCESS_MISS = 0,
+    FMOE_ACCESS_HIT = 1,       /* resident when its compute started */
+    FMOE_ACCESS_LATE_HIT = 2,  /* a prefetch in flight when its compute started */
+} fmoe_access_result;
+
+typedef struct fmoe_access_event {
+    int32_t layer;
+    int32_t expert;         /* j */
+    int32_t tokens;         /* tokens of the iteration routed to it */
+    int32_t slot;           /* where it is now, -1 when computed without caching */
+    int64_t position;       /* index in the access sequence (cfg->future) */
+    fmoe_access_result result;
+} fmoe_access_event;
+
+typedef struct fmoe_policy_ops {
+    const char *name;       /* the --policy name */
+    const char *summary;    /* one line for help texts */
+    uint32_t flags;         /* FMOE_POLICY_* */
+    /* Allocates all state. @return 0 or a negative code with a detail. */
+    int (*init)(void **state, const fmoe_policy_config *cfg);
+    void (*free)(void *state);
+    void (*on_request_start)(void *state, const fmoe_policy_env *env,
+                             const fmoe_request_event *ev);
+    void (*on_iteration_start)(void *state, const fmoe_policy_env *env,
+                               const fmoe_iteration_event *ev);
+    void (*on_gate)(void *state, const fmoe_policy_env *env, const fmoe_gate_event *ev);
+    void (*on_access)(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev);
+    void (*on_layer_done)(void *state, const fmoe_policy_env *env, int32_t layer);
+    /* Which slot to empty so that expert id `incoming` can be loaded. Called only when the
+     * cache is full; must return an evictable slot (fmoe_cache_evictable), or -1 when it
+     * wants none evicted (the executor then computes the expert without caching it). */
+    int32_t (*choose_victim)(void *state, const fmoe_policy_env *env, int32_t incoming);
+    void (*on_iteration_end)(void *state, const fmoe_policy_env *env,
+                             const fmoe_iteration_event *ev);
+    void (*on_request_end)(void *state, const fmoe_policy_env *env,
+                           const fmoe_request_event *ev);
+    /* The prefetch distance a run uses when it asks for 0: 0 (the policy does not
+     * prefetch by distance), d > 0, or -1 for "every later layer of the iteration" (L). */
+    int32_t default_distance;
+    /* Bounds only (oracle): the number of alternative schedules the policy can run
+     * (cfg->variant); the simulator runs each and reports the one with the least stall.
+     * 0 or 1: one. */
+    int32_t variants;
+} fmoe_policy_ops;
+
+/* A policy instance: its table and its state. Plain struct, caller-allocated. */
+typedef struct fmoe_policy {
+    const fmoe_policy_ops *ops;
+    void *state;
+} fmoe_policy;
+
+/* The built-in policies, in a stable order. @return the count; *out the table. */
+size_t fmoe_policy_registry(const fmoe_policy_ops *const **out);
+
+/* @return the policy named `name`, or NULL. */
+const fmoe_policy_ops *fmoe_policy_find(const char *name);
+
+/* Comma-separated names of the built-in policies ("ondemand, lru, lfu, belady, ..."). */
+const char *fmoe_policy_names(void);
+
+/* Makes an instance of the built-in policy `name` (or of `ops` when given via
+ * fmoe_policy_init_ops). @return 0, FMOE_ENOTFOUND (unknown name; the detail lists the
+ * valid ones), FMOE_EINVAL (bad config, e.g. NEEDS_FUTURE without cfg->future), or what the
+ * policy's init returns. */
+int fmoe_policy_init(fmoe_policy *p, const char *name, const fmoe_policy_config *cfg);
+int fmoe_policy_init_ops(fmoe_policy *p, const fmoe_policy_ops *ops,
+                         const fmoe_policy_config *cfg);
+
+/* Frees the state; p->ops stays. NULL state is a no-op. */
+void fmoe_policy_free(fmoe_policy *p);
+
+/* The evictable slot with the smallest last-access tick (ties: lowest slot), or -1. */
+int32_t fmoe_policy_victim_lru(const fmoe_cache_view *v);
+
+/* Checks that the trace described by cfg (probs_kind, speculative_depth) gives `ops` what
+ * its flags say it needs. @return 0, or FMOE_EUNSUPPORTED with a one-line detail ("policy
+ * mixtral-offload needs speculative gate rows (/tokens/speculative); the trace has none").
+ * fmoe_policy_init_ops calls it. */
+int fmoe_policy_check_inputs(const fmoe_policy_ops *ops, const fmoe_policy_config *cfg);
+
+/* Next-use table shared by the offline policies (belady, oracle): next[p] = the position
+ * of the next access to the same expert after p, or UINT32_MAX; first[e] = the first
+ * access to expert e, or UINT32_MAX. Arrays of future_len and L*J entries, caller-owned.
+ * @return 0, FMOE_ERANGE (>= 2^32 - 1 accesses) or FMOE_EINVAL (an id >= L*J). */
+int fmoe__policy_next_use(const fmoe_policy_config *cfg, uint32_t *next, uint32_t *first);
+
+#endif

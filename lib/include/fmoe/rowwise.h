@@ -1,0 +1,112 @@
+/*
+ * fmoe/rowwise.h - the per-row math of the forward pass (RMSNorm, rotary embedding,
+ * softmax, top-k routing), written once as plain C that the CPU backend compiles and CUDA
+ * kernels can include (STYLE.md rule 11). A CUDA kernel runs one of these per row (or per
+ * head); CPU tests check them against straightforward references, so they pin down the
+ * arithmetic every backend must reproduce.
+ *
+ * Conventions follow transformers' modeling code: RMSNorm computes in float32 and scales
+ * after normalising; RoPE rotates halves (x[i] with x[i + D/2], "rotate_half"), not
+ * interleaved pairs; softmax subtracts the maximum.
+ */
+#ifndef FMOE_ROWWISE_H
+#define FMOE_ROWWISE_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "fmoe/elementwise.h"
+
+/* y[i] = w[i] * x[i] / sqrt(mean(x^2) + eps), i < n. y may alias x. The sum of squares
+ * is accumulated in double, so the result does not depend on the summation order. */
+static inline FMOE_HD void fmoe_rmsnorm_row(float *y, const float *x, const float *w,
+                                            int32_t n, float eps) {
+    double ss = 0.0;
+    for (int32_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int32_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * inv);
+}
+
+/*
+ * Rotates one head in place: x[D] with cos/sin [D/2] of its position (the table for
+ * frequency i serves dims i and i + D/2):
+ *   x'[i]       = x[i] * c[i] - x[i + D/2] * s[i]
+ *   x'[i + D/2] = x[i + D/2] * c[i] + x[i] * s[i]
+ */
+static inline FMOE_HD void fmoe_rope_head(float *x, const float *c, const float *s,
+                                          int32_t head_dim) {
+    const int32_t half = head_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * c[i] - b * s[i];
+        x[i + half] = b * c[i] + a * s[i];
+    }
+}
+
+/* y = softmax(x) over n values; y may alias x. -inf entries get 0; an all -inf row gets
+ * all 0 (a fully masked row). */
+static inline FMOE_HD void fmoe_softmax_row(float *y, const float *x, int32_t n) {
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    if (mx == -INFINITY) {
+        for (int32_t i = 0; i < n; i++) y[i] = 0.0f;
+        return;
+    }
+    float sum = 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        y[i] = expf(x[i] - mx);
+        sum += y[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int32_t i = 0; i < n; i++) y[i] *= inv;
+}
+
+/* Logistic sigmoid. */
+static inline FMOE_HD float fmoe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/*
+ * The k largest of p[0..n) in descending order into idx[k] and val[k] (k <= n); among
+ * equal values the lower index comes first, and NaN never wins over a number. O(n·k²)
+ * comparisons, meant for the router's small n and k.
+ */
+static inline FMOE_HD void fmoe_topk_row(const float *p, int32_t n, int32_t k, int32_t *idx,
+                                         float *val) {
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t i = 0; i < n; i++) {
+            int taken = 0;
+            for (int32_t t = 0; t < j; t++) taken |= idx[t] == i;
+            if (taken) continue;
+            if (best < 0 || p[i] > p[best] || (p[best] != p[best] && p[i] == p[i])) best = i;
+        }
+        idx[j] = best;
+        val[j] = p[best];
+    }
+}
+
+/*
+ * The router of one token: probs[J] = softmax(logits) (or sigmoid(logits) for sigmoid
+ * scoring), then the top k into idx/weight, renormalised to sum 1 when `norm` (the
+ * denominator gets `norm_eps`, which DeepSeek's code adds and the others do not), then
+ * times `scale` (routed_scaling_factor).
+ */
+static inline FMOE_HD void fmoe_route_row(const float *logits, int32_t J, int32_t K,
+                                          int sigmoid, int norm, float norm_eps, float scale,
+                                          float *probs, int32_t *idx, float *weight) {
+    if (sigmoid) {
+        for (int32_t j = 0; j < J; j++) probs[j] = fmoe_sigmoid(logits[j]);
+    } else {
+        fmoe_softmax_row(probs, logits, J);
+    }
+    fmoe_topk_row(probs, J, K, idx, weight);
+    if (norm) {
+        float sum = 0.0f;
+        for (int32_t k = 0; k < K; k++) sum += weight[k];
+        sum += norm_eps;
+        for (int32_t k = 0; k < K; k++) weight[k] /= sum;
+    }
+    if (scale != 1.0f)
+        for (int32_t k = 0; k < K; k++) weight[k] *= scale;
+}
+
+#endif

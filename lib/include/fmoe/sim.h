@@ -1,0 +1,276 @@
+/*
+ * fmoe/sim.h - the discrete-event simulator (DESIGN.md §7). Implemented in sim/.
+ *
+ *   workload  a trace compiled into the §7.1 access sequence (read once, shared read-only
+ *             by every cell of a sweep)
+ *   costs     the cost model: transfer = alpha + bytes/beta; per-layer and per-expert
+ *             compute from a hardware profile and the model geometry
+ *   run       one (policy, cache size, prefetch distance) cell -> fmoe_sim_result
+ *   sweep     many cells over threads, results in the order given
+ *
+ * Timing model (one request at a time, batch 1; DESIGN.md §7):
+ *   - One compute stream. Each MoE layer of an iteration first spends layer(n, c) (attention,
+ *     gate, shared experts), then computes each accessed expert in §7.1 order, each taking
+ *     expert(tokens routed to it). The next layer starts when the last expert finished.
+ *   - One copy engine, non-preemptive, demand loads ahead of queued prefetches (prefetches
+ *     by priority, then FIFO). The demand loads of a layer are issued when its gate is known
+ *     (end of layer(n, c)), in access order; a load into a slot whose previous expert is
+ *     still computing waits until that compute ends (the expert is pinned while it computes).
+ *   - An access computes when the stream reaches it and its weights are there; the wait is
+ *     stall time. A miss alone on an idle engine therefore stalls alpha + bytes/beta.
+ *   - Requests run back to back from t = 0; TTFT = end of the prefill iteration - request
+ *     start; TPOT = (e2e - TTFT) / decode iterations; e2e = last iteration end - start.
+ *     With arrival times (fmoe_sim_config.arrival_s) requests are served first come first
+ *     served, one at a time: a request starts at max(arrival, end of the previous one);
+ *     queue = start - arrival; TTFT and e2e are then measured from the arrival.
+ *   - Host-compute lane (fmoe_sim_config.miss_mode, Fiddler / llama.cpp style): a miss may
+ *     be computed on the CPU instead of loaded. The host lane runs one expert at a time
+ *     from the gate on; the layer ends when both the compute stream and the host lane are
+ *     done, and waiting for the host counts as stall. Host-computed experts are not cached.
+ */
+#ifndef FMOE_SIM_H
+#define FMOE_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fmoe/geometry.h"
+#include "fmoe/hardware.h"
+#include "fmoe/policy.h"
+#include "fmoe/progress.h"
+#include "fmoe/trace.h"
+
+/* ---------------------------------------------------------------- workload */
+
+typedef struct fmoe_sim_request {
+    int64_t id;
+    double arrival_s;
+    int32_t prompt_tokens;
+    int32_t output_tokens;
+    int64_t first_iteration;  /* into iterations[] */
+    int64_t num_iterations;
+} fmoe_sim_request;
+
+typedef struct fmoe_sim_iteration {
+    int64_t request;          /* index into requests[] */
+    int32_t phase;            /* 0 prefill, 1 decode */
+    int32_t num_tokens;       /* n */
+    int64_t context;          /* the request's tokens up to and including this iteration */
+    int64_t token_begin;      /* into experts[] rows */
+    int64_t access_begin;     /* into access_*[]; the iteration's layers follow in order */
+} fmoe_sim_iteration;
+
+typedef struct fmoe_sim_workload {
+    int32_t num_layers;       /* L */
+    int32_t num_experts;      /* J */
+    int32_t top_k;            /* K */
+    int64_t expert_bytes;     /* bytes of one routed expert */
+    int64_t num_requests;
+    fmoe_sim_request *requests;     /* [R] */
+    int64_t num_iterations;
+    fmoe_sim_iteration *iterations; /* [I] */
+    int64_t num_tokens;
+    uint16_t *experts;        /* [T][L][K] chosen experts, gate order */
+    int64_t num_accesses;     /* A */
+    uint32_t *access_expert;  /* [A] expert ids l*J+j in §7.1 order */
+    uint32_t *access_tokens;  /* [A] tokens of the iteration routed to that expert */
+    uint16_t *layer_accesses; /* [I][L] accesses of iteration i at layer l */
+    /* build-time capacities and scratch */
+    int64_t cap_requests, cap_iterations, cap_tokens, cap_accesses;
+    uint64_t *stamp;          /* [J] */
+    uint32_t *count;          /* [J] */
+    int32_t *order;           /* [J] */
+    uint64_t stamp_now;
+    /* Gate data, kept only when asked for (fmoe_sim_workload_keep_gates): */
+    int32_t probs_kind;       /* FMOE_PROBS_* of probs[]; NONE: not kept */
+    float *probs;             /* [T][L][J] gate probabilities, or NULL */
+    int32_t speculative_depth; /* S; 0: not kept */
+    float *speculative;       /* [T][L][S][J] speculative gate rows, or NULL */
+    /* [fmoe hook, issue 4] semantic embeddings, kept with FMOE_SIM_WANT_SEMANTIC */
+    int32_t semantic_dim;     /* h; 0: not kept */
+    float *semantic;          /* [T][h] or NULL */
+} fmoe_sim_workload;
+
+/* What fmoe_sim_workload_read_ex loads beyond routing. */
+enum {
+    FMOE_SIM_WANT_PROBS = 1u << 0,       /* /tokens/probs, when the trace has them */
+    FMOE_SIM_WANT_SPECULATIVE = 1u << 1, /* /tokens/speculative, when the trace has them */
+    FMOE_SIM_WANT_SEMANTIC = 1u << 2,    /* [fmoe hook] /tokens/semantic, when the trace has them */
+};
+
+/* Starts an empty workload. @return 0, FMOE_EINVAL (bad geometry), FMOE_ENOMEM. */
+int fmoe_sim_workload_init(fmoe_sim_workload *w, int32_t num_layers, int32_t num_experts,
+                           int32_t top_k, int64_t expert_bytes);
+
+/* Appends one request of n tokens: phase[n] (FMOE_PHASE_*; each maximal run of prefill
+ * tokens is one iteration, each decode token one), experts[n][L][K]. Arrays borrowed for
+ * the call. @return 0, FMOE_EFORMAT (expert id >= J; detail names request and token),
+ * FMOE_ENOMEM. */
+int fmoe_sim_workload_add_request(fmoe_sim_workload *w, int64_t id, double arrival_s,
+                                  int32_t prompt_tokens, int32_t output_tokens, int64_t n,
+                                  const uint8_t *phase, const uint16_t *experts);
+
+/* Makes the workload keep gate data for the requests added after it: probabilities of
+ * kind `probs_kind` (FMOE_PROBS_NONE: none) and `speculative_depth` speculative rows per
+ * token and layer (0: none). Call before the first request.
+ * @return 0 or FMOE_EINVAL (requests already added, bad kind or depth). */
+int fmoe_sim_workload_keep_gates(fmoe_sim_workload *w, int32_t probs_kind,
+                                 int32_t speculative_depth);
+
+/* fmoe_sim_workload_add_request with gate data: probs[n][L][J] (required iff the workload
+ * keeps probabilities), speculative[n][L][S][J] (required iff it keeps S > 0 rows). */
+int fmoe_sim_workload_add_request_gates(fmoe_sim_workload *w, int64_t id, double arrival_s,
+                                        int32_t prompt_tokens, int32_t output_tokens, int64_t n,
+                                        const uint8_t *phase, const uint16_t *experts,
+                                        const float *probs, const float *speculative);
+
+/* Reads every request of an open trace (fmoe/trace.h) into `w` (initialised here from the
+ * trace's header). Progress counts requests. @return 0 or the reader's error (detail names
+ * the file). */
+int fmoe_sim_workload_read(fmoe_sim_workload *w, fmoe_trace_reader *r,
+                           const fmoe_progress *progress);
+
+/* As fmoe_sim_workload_read, also loading the gate data in `want` (FMOE_SIM_WANT_*) that
+ * the trace has; what it lacks is not kept (the policy that needs it then refuses). */
+int fmoe_sim_workload_read_ex(fmoe_sim_workload *w, fmoe_trace_reader *r, uint32_t want,
+                              const fmoe_progress *progress);
+
+/* [fmoe hook, issue 4] As fmoe_sim_workload_read_ex, reading only the requests r (trace
+ * order) with keep[r] != 0; keep NULL reads all (fmoe simulate --holdout). */
+int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, uint32_t want,
+                                    const uint8_t *keep, const fmoe_progress *progress);
+
+/* Opens `path`, reads it as above, closes it. */
+int fmoe_sim_workload_load_trace(fmoe_sim_workload *w, const char *path,
+                                 const fmoe_progress *progress);
+
+void fmoe_sim_workload_free(fmoe_sim_workload *w); /* zeroed struct or NULL: no-op */
+
+/* ---------------------------------------------------------------- cost model */
+
+typedef struct fmoe_sim_costs {
+    double alpha_s;
+    double beta_bytes_per_s;
+    int64_t expert_bytes;
+    fmoe_linear_cost layer;   /* measured; else roofline below */
+    fmoe_linear_cost expert;
+    /* roofline */
+    double peak_flops, mem_bw, launch_s;
+    double layer_weight_params;   /* attention + router + shared experts, per layer */
+    double layer_flops_per_token; /* 2 * layer_weight_params */
+    double attn_flops_per_token_ctx; /* 4 * heads * head_dim */
+    double kv_bytes_per_ctx;      /* KV cache read per context token */
+    double bytes_per_param;
+    double expert_params;
+    /* host lane (--miss cpu): measured, else a roofline from the host figures */
+    fmoe_linear_cost host_expert;
+    double host_peak_flops, host_mem_bw;
+    /* [fmoe hook, issue 4] the matcher's time per match (FMOE_POLICY_MATCHER policies): their
+     * prefetches are issued this long after the event that made them. 0: free. */
+    double match_delay_s;
+} fmoe_sim_costs;
+
+/* Builds the cost model from a profile and the model. `g` may be NULL: then hidden_size
+ * (may be 0) and expert_bytes at `dtype_bits` bits per parameter give a rough roofline.
+ * @return 0, FMOE_EINVAL (no expert bytes; a profile without compute figures and without a
+ * roofline). */
+int fmoe_sim_costs_init(fmoe_sim_costs *c, const fmoe_hardware_profile *hw,
+                        const fmoe_model_geometry *g, int64_t expert_bytes, int32_t hidden_size,
+                        double dtype_bits);
+
+double fmoe_sim_transfer_s(const fmoe_sim_costs *c, int64_t bytes);
+double fmoe_sim_layer_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context);
+double fmoe_sim_expert_s(const fmoe_sim_costs *c, int32_t tokens);
+
+/* @return 1 when the profile gave host compute figures (measured host.expert_s, or
+ * host.peak_flops and host.memory_bandwidth_bytes_per_s). */
+int fmoe_sim_costs_have_host(const fmoe_sim_costs *c);
+/* One routed expert computed on the host for `tokens` tokens (needs have_host). */
+double fmoe_sim_host_expert_s(const fmoe_sim_costs *c, int32_t tokens);
+
+/* ---------------------------------------------------------------- runs */
+
+/* What happens on a miss (an access whose expert is neither resident nor in flight). */
+typedef enum fmoe_sim_miss_mode {
+    FMOE_SIM_MISS_LOAD = 0, /* demand-load it into the cache (the default) */
+    FMOE_SIM_MISS_CPU = 1,  /* compute it on the host lane, uncached (llama.cpp style) */
+    FMOE_SIM_MISS_AUTO = 2, /* whichever finishes first, estimated at the gate (Fiddler) */
+} fmoe_sim_miss_mode;
+
+typedef struct fmoe_sim_config {
+    const char *policy;              /* built-in name, or NULL with `ops` */
+    const fmoe_policy_ops *ops;      /* overrides `policy` (tests, plug-ins) */
+    int32_t cache_experts;           /* N >= 1 */
+    int32_t prefetch_distance;       /* d; 0 = the policy's default (ops->default_distance) */
+    const fmoe_sim_costs *costs;
+    int32_t miss_mode;               /* fmoe_sim_miss_mode; CPU and AUTO need host costs */
+    /* [num_requests] arrival times in seconds, replay order, for FCFS queueing; NULL: each
+     * request starts when the previous one ends. Borrowed. */
+    const double *arrival_s;
+    int32_t store_capacity;          /* the policy's history store (0: its default) */
+    /* [fmoe hook, issue 4] the fmoe policies' expert-map store (borrowed, read-only; NULL
+     * in online mode) and how they use it (fmoe_store_mode of fmoe/policy.h). */
+    const struct fmoe_expertmap *expert_store;
+    int32_t store_mode;
+} fmoe_sim_config;
+
+typedef struct fmoe_sim_layer_stats {
+    int64_t accesses, hits, late_hits, misses;
+    int64_t bytes_loaded;
+    double stall_s;
+    int64_t prefetches;       /* prefetch transfers started for experts of this layer */
+    int64_t prefetch_hits;    /* hits on a prefetched expert (first access after the load) */
+    int64_t wasted_prefetch_bytes;
+    int64_t host_misses;      /* misses computed on the host lane */
+} fmoe_sim_layer_stats;
+
+typedef struct fmoe_sim_summary {
+    double mean, p50, p90, p99;
+} fmoe_sim_summary;
+
+typedef struct fmoe_sim_result {
+    char policy[32];
+    int32_t cache_experts;
+    int32_t prefetch_distance;
+    int64_t accesses;
+    int64_t hits;           /* resident when compute started (prefetch hits included) */
+    int64_t late_hits;      /* prefetch still in flight when compute started */
+    int64_t misses;         /* demand loads */
+    int64_t bypassed;       /* misses computed without caching (no evictable slot) */
+    int64_t prefetches;     /* prefetch transfers started */
+    int64_t prefetch_hits;  /* hits on an expert brought by a prefetch */
+    int64_t bytes_loaded;   /* every byte that crossed the link */
+    int64_t wasted_prefetch_bytes; /* prefetched, then evicted or left unused */
+    double stall_s;         /* compute stream waiting for weights (or host results) */
+    double total_s;         /* end of the last request */
+    fmoe_sim_summary ttft_s, tpot_s, e2e_s;
+    int32_t num_layers;
+    fmoe_sim_layer_stats *per_layer; /* [L], owned */
+    /* Prefetch quality; NAN where undefined (no prefetch, or nothing to fetch):
+     *   precision = used prefetches / prefetch transfers, used = prefetch hits + late hits
+     *   recall    = used / (used + misses): the share of needed loads the prefetcher made
+     *   goodpred  = prefetch hits / (used + misses): correct AND in time, ProMoE's
+     *               GOODPRED = ACCURACY x FETCHRATE (POLICIES.md B §2.2) over the run */
+    double prefetch_precision, prefetch_recall, goodpred;
+    int64_t host_misses;    /* misses computed on the host lane */
+    double host_busy_s;     /* host lane busy time */
+    fmoe_sim_summary queue_s; /* FCFS queueing delay per request (0 without arrivals) */
+    int32_t miss_mode;
+    int32_t variant;        /* the policy variant reported (ops->variants > 1: least stall) */
+} fmoe_sim_result;
+
+/* Runs one cell (a policy with several variants, the oracle, runs each and reports the
+ * one with the least stall). `out` is owned by the caller, free with fmoe_sim_result_free.
+ * @return 0, FMOE_ENOTFOUND (unknown policy; detail lists the valid ones), FMOE_EINVAL
+ * (capacity < 1, ...), FMOE_EINTERNAL (a policy broke the contract), FMOE_ENOMEM. */
+int fmoe_sim_run(const fmoe_sim_workload *w, const fmoe_sim_config *cfg, fmoe_sim_result *out);
+
+void fmoe_sim_result_free(fmoe_sim_result *r);
+
+/* Runs cells[0..n) on `threads` threads (<= 0: one per core), results in the same order.
+ * Progress counts finished cells. On error, the first failing cell's code is returned and
+ * every result is freed. */
+int fmoe_sim_sweep(const fmoe_sim_workload *w, const fmoe_sim_config *cells, size_t n,
+                   int threads, fmoe_sim_result *results, const fmoe_progress *progress);
+
+#endif

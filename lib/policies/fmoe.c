@@ -1,0 +1,598 @@
+/*
+ * fmoe.c - fMoE, fine-grained expert offloading (papers/fmoe.txt §4; POLICIES.md A.1-A.6),
+ * and the ablations of its §6.5 as policy variants.
+ *
+ * Data. An expert-map store (fmoe/expertmap.h): per stored token its gate probabilities at
+ * every layer and its semantic embedding. Offline mode matches against a store built by
+ * `fmoe build-store` and frozen; offline-update also adds to it; online mode starts empty
+ * (capacity cfg->store_capacity, default 1000) and adds every finished token's map, with
+ * the store's deduplication once full (§4.4).
+ *
+ * Matching (§4.2). At the start of an iteration, semantic search: each token's embedding
+ * against the store's; the best entry's rows 0..d-1 plan the first d layers. Without
+ * embeddings (imported traces rarely have them) those layers fall back to the store's most
+ * popular experts per layer. After layer l's gate, trajectory search: the rows observed so
+ * far in this iteration against the same rows of every stored map (incremental, O(C·J)
+ * per layer: fmoe_matcher); the best entry's row l + d plans layer l + d. A prefill
+ * iteration tracks up to MAX_QUERIES of its tokens (evenly spaced) as separate queries and
+ * plans the union of their selections; a decode iteration is one token, one query.
+ *
+ * Selection and priority (§4.3, §4.5). For a matched row P and its similarity score,
+ * delta = clip(1 - score, 0, 1) and the experts taken, best first, are the fewest whose
+ * probability reaches delta (as a share of the row's total; see lib/expertmap/select.c),
+ * never fewer than K. Each is prefetched with priority p / (l - l_now). The popularity
+ * fallback takes the experts a batch of n tokens is expected to touch,
+ * sum_j 1 - (1 - pi_j)^(n K) (at least K), by popularity pi.
+ *
+ * Cache (§4.5). Evict the resident expert with the lowest p · freq: p its probability in
+ * the current maps (the observed row for layers this iteration has passed, the matched
+ * map's row for the layers ahead; floor 1e-6; a top-k-only row gives its unknown mass to
+ * the other experts equally), freq its cache visits so far plus one (visits counted over
+ * the run, not only since the expert was last loaded: §4.5 keeps experts that are visited
+ * often, and a count reset at each eviction forgets exactly those; the +1 keeps a
+ * just-prefetched expert from being worth zero). No recency term; ties go to the least
+ * recently accessed.
+ *
+ * On a miss (§4.5) fMoE pauses prefetching and loads the missed expert first: when a gate
+ * routes to an expert that is neither resident nor on its way, the prefetches planned at
+ * that gate are held back until the layer is done (the executor already puts demand loads
+ * ahead of queued prefetches), then issued.
+ *
+ * Where the paper is silent, fmoe decides (documented, not tuned):
+ *   - a prefetch never evicts an expert worth more (p · freq) than the incoming one is
+ *     (p · 1); it is dropped instead, so a speculative load cannot push out a better
+ *     resident; demand loads evict as above;
+ *   - the experts the current layer routes to are not evicted until the layer is done,
+ *     unless nothing else can be;
+ *   - at most max(K, N / (d + 1)) experts are prefetched per target layer, so that the d
+ *     layers in flight and the current one fit in N slots.
+ *
+ * Variants (§6.5, POLICIES.md A.6): fmoe (semantic + trajectory + delta, p·freq), fmoe-map-t
+ * (trajectory only, the first d layers from popularity; K experts per query), fmoe-map-ts
+ * (trajectory + semantic; K per query), fmoe-hitcount (request-level expert hit counts:
+ * the current request's counts at layer l + d, MoE-Infinity's coarse EAM signal, with the
+ * same cache), fmoe-lru and fmoe-lfu (fmoe's prefetching, LRU / LFU eviction).
+ *
+ * The matcher runs beside inference (§4.3): its prefetches carry FMOE_POLICY_MATCHER, and
+ * the executor issues them after the modelled match delay.
+ *
+ * Cost per layer: O(C·J) for the trajectory step (one sgemv; one sgemm for a prefill's
+ * queries), O(J log J) per query for the selection, O(N) per victim. Memory: the store
+ * (its own copy in the updating modes), MAX_QUERIES·(C + L·J + h) floats. No allocation
+ * after init.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/expertmap.h"
+#include "fmoe/policy.h"
+
+#define MAX_QUERIES 64
+#define DEFAULT_STORE 1000
+#define DEFAULT_DISTANCE 3
+
+typedef enum { EVICT_PFREQ, EVICT_LRU, EVICT_LFU } evict_rule;
+typedef enum { PREDICT_MAPS, PREDICT_HITCOUNT } predict_rule;
+
+typedef struct variant {
+    const char *name;
+    int semantic;         /* semantic search for the first d layers */
+    int delta;            /* similarity-aware delta; else K experts per query */
+    predict_rule predict;
+    evict_rule evict;
+} variant;
+
+typedef struct deferred {
+    int32_t layer, expert;
+    double priority, p;
+} deferred;
+
+typedef struct fm_state {
+    variant v;
+    int32_t L, J, K, N, d, h; /* h: embedding size matched (0: semantic search off) */
+    size_t LJ;
+    int32_t mode;
+    const fmoe_expertmap *store; /* matched; == own in the updating modes */
+    fmoe_expertmap *own;
+    fmoe_matcher *m;
+    int32_t budget;           /* most experts prefetched per target layer */
+    /* the current iteration */
+    int active;
+    int32_t next_layer;
+    int32_t n_tokens, nq, stride; /* tokens, queries tracked, token stride between queries */
+    int have_sem;
+    float *rows;              /* [Q][L][J] observed gate rows of the queries */
+    float *sem;               /* [Q][h] their embeddings */
+    int32_t *best;            /* [Q] best entry of the last search */
+    float *score;             /* [Q] its similarity */
+    float *cur_p;             /* [L][J] p of each expert for eviction */
+    int32_t cur_layer;
+    uint8_t *protect;         /* [J] routed at cur_layer, kept until the layer is done */
+    /* planning scratch */
+    double *pri;              /* [J] priority per expert of the target layer, < 0: not planned */
+    double *pp;               /* [J] its probability */
+    float *share;             /* [J] */
+    int32_t *sel;             /* [J] */
+    int32_t *order;           /* [J] */
+    /* pause on a miss: plans held back until the layer is done */
+    int paused;
+    deferred *held;           /* [L*J] */
+    int32_t n_held;
+    /* a prefetch in progress (for choose_victim) */
+    int prefetching;
+    double incoming_keep;
+    /* request-level hit counts (fmoe-hitcount) */
+    uint32_t *req_counts;     /* [L][J] */
+} fm_state;
+
+/* ------------------------------------------------------------------ init / free */
+
+static void fm_free(void *state) {
+    fm_state *S = state;
+    if (!S) return;
+    fmoe_matcher_free(S->m);
+    fmoe_expertmap_free(S->own);
+    free(S->rows);
+    free(S->sem);
+    free(S->best);
+    free(S->score);
+    free(S->cur_p);
+    free(S->protect);
+    free(S->pri);
+    free(S->pp);
+    free(S->share);
+    free(S->sel);
+    free(S->order);
+    free(S->held);
+    free(S->req_counts);
+    free(S);
+}
+
+static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const variant *v) {
+    *state = NULL;
+    const fmoe_expertmap *given = cfg->expert_store;
+    const int32_t mode = cfg->store_mode;
+    FMOE_RETURN_ERROR_IF(mode < FMOE_STORE_OFFLINE || mode > FMOE_STORE_OFFLINE_UPDATE,
+                         FMOE_EINVAL, "policy %s: bad store mode %d", v->name, mode);
+    FMOE_RETURN_ERROR_IF(mode != FMOE_STORE_ONLINE && !given, FMOE_EINVAL,
+                         "policy %s needs an expert-map store: give one (fmoe build-store; "
+                         "simulate --store STORE.h5) or use store mode online",
+                         v->name);
+    FMOE_RETURN_ERROR_IF(cfg->prefetch_distance < 1 || cfg->prefetch_distance >= cfg->num_layers,
+                         FMOE_EINVAL,
+                         "policy %s: prefetch distance %d, expected 1..%d (less than the %d "
+                         "MoE layers)",
+                         v->name, cfg->prefetch_distance, cfg->num_layers - 1, cfg->num_layers);
+    if (given && mode != FMOE_STORE_ONLINE) {
+        const fmoe_expertmap_config *sc = fmoe_expertmap_config_of(given);
+        FMOE_RETURN_ERROR_IF(sc->num_layers != cfg->num_layers ||
+                                 sc->num_experts != cfg->num_experts || sc->top_k != cfg->top_k,
+                             FMOE_EMISMATCH,
+                             "policy %s: the store holds maps of %d layers x %d experts, top-%d; "
+                             "the trace has %d x %d, top-%d",
+                             v->name, sc->num_layers, sc->num_experts, sc->top_k,
+                             cfg->num_layers, cfg->num_experts, cfg->top_k);
+    }
+    FMOE_RETURN_ERROR_IF(cfg->store_capacity < 0, FMOE_EINVAL,
+                         "policy %s: store capacity %d, expected >= 1 (0: default %d)", v->name,
+                         cfg->store_capacity, DEFAULT_STORE);
+    fm_state *S = calloc(1, sizeof *S);
+    if (!S) return fmoe_error_set(FMOE_ENOMEM, "policy %s", v->name);
+    S->v = *v;
+    S->L = cfg->num_layers;
+    S->J = cfg->num_experts;
+    S->K = cfg->top_k;
+    S->N = cfg->capacity;
+    S->d = cfg->prefetch_distance;
+    S->LJ = (size_t)S->L * (size_t)S->J;
+    S->mode = mode;
+    S->cur_layer = -1;
+    const int32_t per_layer = S->N / (S->d + 1);
+    S->budget = per_layer > S->K ? per_layer : S->K;
+    int rc = 0;
+    if (mode == FMOE_STORE_ONLINE) {
+        const fmoe_expertmap_config sc = {
+            .capacity = cfg->store_capacity > 0 ? cfg->store_capacity : DEFAULT_STORE,
+            .num_layers = S->L, .num_experts = S->J, .top_k = S->K,
+            .semantic_dim = cfg->semantic_dim > 0 ? cfg->semantic_dim : 0,
+            .prefetch_distance = S->d};
+        rc = fmoe_expertmap_init(&S->own, &sc);
+    } else if (mode == FMOE_STORE_OFFLINE_UPDATE) {
+        rc = fmoe_expertmap_clone(&S->own, given);
+    }
+    if (rc < 0) {
+        fm_free(S);
+        fmoe_error_prefix("policy %s", v->name);
+        return rc;
+    }
+    S->store = S->own ? S->own : given;
+    const int32_t sh = fmoe_expertmap_config_of(S->store)->semantic_dim;
+    S->h = sh > 0 && sh == cfg->semantic_dim ? sh : 0;
+    const size_t Q = MAX_QUERIES, J = (size_t)S->J;
+    S->rows = calloc(Q * S->LJ, sizeof *S->rows);
+    S->sem = S->h ? calloc(Q * (size_t)S->h, sizeof *S->sem) : NULL;
+    S->best = calloc(Q, sizeof *S->best);
+    S->score = calloc(Q, sizeof *S->score);
+    S->cur_p = calloc(S->LJ, sizeof *S->cur_p);
+    S->protect = calloc(J, 1);
+    S->pri = calloc(J, sizeof *S->pri);
+    S->pp = calloc(J, sizeof *S->pp);
+    S->share = calloc(J, sizeof *S->share);
+    S->sel = calloc(J, sizeof *S->sel);
+    S->order = calloc(J, sizeof *S->order);
+    S->held = calloc(S->LJ, sizeof *S->held);
+    S->req_counts = calloc(S->LJ, sizeof *S->req_counts);
+    if (!S->rows || (S->h && !S->sem) || !S->best || !S->score || !S->cur_p || !S->protect ||
+        !S->pri || !S->pp || !S->share || !S->sel || !S->order || !S->held || !S->req_counts) {
+        fm_free(S);
+        return fmoe_error_set(FMOE_ENOMEM, "policy %s state", v->name);
+    }
+    if ((rc = fmoe_matcher_init(&S->m, S->store, MAX_QUERIES)) < 0) {
+        fm_free(S);
+        return rc;
+    }
+    *state = S;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ planning */
+
+static void plan_clear(fm_state *S) {
+    for (int32_t j = 0; j < S->J; j++) S->pri[j] = -1;
+}
+
+/* Adds the experts selected from row p (similarity `score`) for target layer tl. */
+static void plan_row(fm_state *S, const float *p, double score, int32_t tl, int32_t l_now) {
+    const int32_t m = fmoe_expertmap_select(p, S->J, S->v.delta ? score : 1.0, S->K, S->sel);
+    for (int32_t i = 0; i < m; i++) {
+        const int32_t j = S->sel[i];
+        const double pr = fmoe_expertmap_prefetch_priority(p[j], tl, l_now);
+        if (pr > S->pri[j]) {
+            S->pri[j] = pr;
+            S->pp[j] = p[j];
+        }
+    }
+}
+
+/* Plans target layer tl from counts c[J] (popularity of the store, or the request's hit
+ * counts) for an iteration of n tokens: the experts n tokens are expected to touch. */
+static void plan_counts(fm_state *S, const uint32_t *c, int32_t tl, int32_t l_now, int32_t n) {
+    double total = 0;
+    for (int32_t j = 0; j < S->J; j++) total += c[j];
+    if (total <= 0) return;
+    double expect = 0;
+    const double picks = (double)n * S->K;
+    for (int32_t j = 0; j < S->J; j++) expect += 1.0 - pow(1.0 - c[j] / total, picks);
+    int32_t m = (int32_t)llround(expect);
+    if (m < S->K) m = S->K;
+    if (m > S->J) m = S->J;
+    /* the m largest counts, ties to the lower index */
+    float *share = S->share;
+    for (int32_t j = 0; j < S->J; j++) share[j] = (float)(c[j] / total);
+    const int32_t got = fmoe_expertmap_select(share, S->J, 1.0, m, S->sel);
+    for (int32_t i = 0; i < got; i++) {
+        const int32_t j = S->sel[i];
+        const double p = c[j] / total;
+        const double pr = fmoe_expertmap_prefetch_priority(p, tl, l_now);
+        if (pr > S->pri[j]) {
+            S->pri[j] = pr;
+            S->pp[j] = p;
+        }
+    }
+}
+
+static double keep_value(const fm_state *S, const fmoe_cache_view *v, int32_t s) {
+    const int32_t e = v->slot_expert[s];
+    return fmoe_expertmap_keep_value(S->cur_p[e], (double)v->expert_accesses[e] + 1.0);
+}
+
+static void issue(fm_state *S, const fmoe_policy_env *env, int32_t l, int32_t j, double pri,
+                  double p) {
+    if (S->paused) {
+        if (S->n_held < (int32_t)S->LJ) S->held[S->n_held++] = (deferred){l, j, pri, p};
+        return;
+    }
+    S->prefetching = 1;
+    S->incoming_keep = fmoe_expertmap_keep_value(p, 1.0);
+    env->sink->prefetch(env->sink->ctx, l, j, pri);
+    S->prefetching = 0;
+}
+
+/* Issues the planned experts of target layer tl, best first, at most budget of them. */
+static void plan_issue(fm_state *S, const fmoe_policy_env *env, int32_t tl) {
+    int32_t n = 0;
+    for (int32_t j = 0; j < S->J; j++)
+        if (S->pri[j] >= 0) S->order[n++] = j;
+    /* insertion sort by priority, descending (n is small: a plan of a few experts) */
+    for (int32_t a = 1; a < n; a++) {
+        const int32_t x = S->order[a];
+        int32_t b = a;
+        while (b > 0 && S->pri[S->order[b - 1]] < S->pri[x]) {
+            S->order[b] = S->order[b - 1];
+            b--;
+        }
+        S->order[b] = x;
+    }
+    if (n > S->budget) n = S->budget;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t j = S->order[i];
+        issue(S, env, tl, j, S->pri[j], S->pp[j]);
+    }
+}
+
+/* A row that holds only the top-k weights (a trace without full distributions) says
+ * nothing of the other experts; for eviction they share the unknown mass 1 - sum equally
+ * (the maximum-entropy completion) instead of counting as impossible. A full row (sum 1)
+ * is unchanged. */
+static void complete_row(float *row, int32_t J) {
+    double sum = 0;
+    int32_t zeros = 0;
+    for (int32_t j = 0; j < J; j++) {
+        sum += row[j];
+        zeros += row[j] <= 0;
+    }
+    if (zeros == 0 || sum >= 1.0 - 1e-3) return;
+    const float fill = (float)((1.0 - sum) / zeros);
+    for (int32_t j = 0; j < J; j++)
+        if (row[j] <= 0) row[j] = fill;
+}
+
+/* cur_p rows from layer `from` on: the highest probability over the queries' best maps. */
+static void set_cur_p_from_maps(fm_state *S, int32_t from, int32_t to) {
+    const float *maps = fmoe_expertmap_maps(S->store);
+    int any = 0;
+    for (int32_t q = 0; q < S->nq; q++) any |= S->best[q] >= 0;
+    if (!any) return;
+    for (int32_t l = from; l < to; l++) {
+        float *row = S->cur_p + (size_t)l * S->J;
+        memset(row, 0, (size_t)S->J * sizeof *row);
+        for (int32_t q = 0; q < S->nq; q++) {
+            if (S->best[q] < 0) continue;
+            const float *src = maps + (size_t)S->best[q] * S->LJ + (size_t)l * S->J;
+            for (int32_t j = 0; j < S->J; j++)
+                if (src[j] > row[j]) row[j] = src[j];
+        }
+        complete_row(row, S->J);
+    }
+}
+
+/* ------------------------------------------------------------------ events */
+
+static void fm_on_request_start(void *state, const fmoe_policy_env *env,
+                                const fmoe_request_event *ev) {
+    (void)env;
+    (void)ev;
+    fm_state *S = state;
+    memset(S->req_counts, 0, S->LJ * sizeof *S->req_counts);
+}
+
+static void begin_iteration(fm_state *S, int32_t n, const float *sem, int32_t sem_dim) {
+    S->active = 1;
+    S->next_layer = 0;
+    S->n_tokens = n > 0 ? n : 1;
+    S->stride = (S->n_tokens + MAX_QUERIES - 1) / MAX_QUERIES;
+    S->nq = (S->n_tokens + S->stride - 1) / S->stride;
+    S->have_sem = S->h > 0 && sem && sem_dim == S->h;
+    if (S->have_sem)
+        for (int32_t q = 0; q < S->nq; q++)
+            memcpy(S->sem + (size_t)q * S->h, sem + (size_t)q * S->stride * S->h,
+                   (size_t)S->h * sizeof *S->sem);
+    for (int32_t q = 0; q < S->nq; q++) S->best[q] = -1;
+    fmoe_matcher_trajectory_begin(S->m, S->nq);
+}
+
+static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
+                                  const fmoe_iteration_event *ev) {
+    fm_state *S = state;
+    begin_iteration(S, ev->num_tokens, ev->semantic, ev->semantic_dim);
+    const uint32_t *pop = fmoe_expertmap_popularity(S->store);
+    const int32_t first = S->d < S->L ? S->d : S->L;
+    if (S->v.predict == PREDICT_MAPS && S->v.semantic && S->have_sem &&
+        fmoe_expertmap_size(S->store) > 0) {
+        fmoe_matcher_semantic(S->m, S->nq, S->sem, S->h, S->best, S->score);
+        const float *maps = fmoe_expertmap_maps(S->store);
+        for (int32_t tl = 0; tl < first; tl++) {
+            plan_clear(S);
+            for (int32_t q = 0; q < S->nq; q++)
+                if (S->best[q] >= 0)
+                    plan_row(S, maps + (size_t)S->best[q] * S->LJ + (size_t)tl * S->J,
+                             S->score[q], tl, -1);
+            plan_issue(S, env, tl);
+        }
+        set_cur_p_from_maps(S, 0, first);
+        return;
+    }
+    /* no embeddings (or a variant without semantic search): the first d layers from the
+     * request's own counts (hitcount, once it has some) or the store's popularity */
+    for (int32_t tl = 0; tl < first; tl++) {
+        plan_clear(S);
+        const uint32_t *rc = S->req_counts + (size_t)tl * S->J;
+        int have = 0;
+        for (int32_t j = 0; S->v.predict == PREDICT_HITCOUNT && j < S->J; j++) have |= rc[j] > 0;
+        plan_counts(S, have ? rc : pop + (size_t)tl * S->J, tl, -1, S->n_tokens);
+        plan_issue(S, env, tl);
+    }
+}
+
+static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_event *ev) {
+    fm_state *S = state;
+    const int32_t l = ev->layer, J = S->J;
+    if (!S->active || l != S->next_layer) {
+        if (l != 0) return; /* out of step: wait for the next iteration */
+        begin_iteration(S, ev->num_tokens, NULL, 0);
+    }
+    S->next_layer = l + 1;
+    S->cur_layer = l;
+    /* protect this layer's experts; pause prefetching when one of them is a miss */
+    memset(S->protect, 0, (size_t)J);
+    for (int32_t i = 0; i < ev->num_distinct; i++) {
+        const int32_t j = ev->distinct[i];
+        S->protect[j] = 1;
+        if (fmoe_cache_lookup(env->cache, l * J + j) < 0) S->paused = 1;
+    }
+    /* the observed row of each query (its gate probabilities; the chosen experts at 1/K
+     * when the trace has none), and p of this layer for eviction */
+    float *cp = S->cur_p + (size_t)l * J;
+    memset(cp, 0, (size_t)J * sizeof *cp);
+    for (int32_t q = 0; q < S->nq; q++) {
+        const int64_t t = (int64_t)q * S->stride < ev->num_tokens ? (int64_t)q * S->stride : 0;
+        float *row = S->rows + (size_t)q * S->LJ + (size_t)l * J;
+        if (ev->probs) {
+            memcpy(row, ev->probs + t * ev->probs_stride, (size_t)J * sizeof *row);
+        } else {
+            memset(row, 0, (size_t)J * sizeof *row);
+            for (int32_t k = 0; k < S->K; k++)
+                row[ev->chosen[t * ev->chosen_stride + k]] = 1.0f / (float)S->K;
+        }
+        for (int32_t j = 0; j < J; j++)
+            if (row[j] > cp[j]) cp[j] = row[j];
+    }
+    complete_row(cp, J);
+    for (int32_t t = 0; t < ev->num_tokens; t++)
+        for (int32_t k = 0; k < S->K; k++) {
+            uint32_t *c = &S->req_counts[(size_t)l * J + ev->chosen[t * ev->chosen_stride + k]];
+            if (*c != UINT32_MAX) (*c)++;
+        }
+    const int32_t tl = l + S->d;
+    if (S->v.predict == PREDICT_HITCOUNT) {
+        if (tl < S->L) {
+            plan_clear(S);
+            const uint32_t *rc = S->req_counts + (size_t)tl * J;
+            int have = 0;
+            for (int32_t j = 0; j < J; j++) have |= rc[j] > 0;
+            plan_counts(S, have ? rc : fmoe_expertmap_popularity(S->store) + (size_t)tl * J, tl, l,
+                        S->n_tokens);
+            plan_issue(S, env, tl);
+        }
+        return;
+    }
+    fmoe_matcher_trajectory_add(S->m, l, S->rows + (size_t)l * J, (int64_t)S->LJ, S->best,
+                                S->score);
+    if (tl < S->L) {
+        plan_clear(S);
+        const float *maps = fmoe_expertmap_maps(S->store);
+        int any = 0;
+        for (int32_t q = 0; q < S->nq; q++) {
+            if (S->best[q] < 0) continue;
+            any = 1;
+            plan_row(S, maps + (size_t)S->best[q] * S->LJ + (size_t)tl * J, S->score[q], tl, l);
+        }
+        if (!any)
+            plan_counts(S, fmoe_expertmap_popularity(S->store) + (size_t)tl * J, tl, l,
+                        S->n_tokens);
+        plan_issue(S, env, tl);
+    }
+    set_cur_p_from_maps(S, l + 1, S->L);
+}
+
+static void fm_on_layer_done(void *state, const fmoe_policy_env *env, int32_t layer) {
+    fm_state *S = state;
+    (void)layer;
+    memset(S->protect, 0, (size_t)S->J);
+    S->cur_layer = -1;
+    if (!S->paused) return;
+    S->paused = 0; /* the misses are loaded: resume */
+    for (int32_t i = 0; i < S->n_held; i++)
+        issue(S, env, S->held[i].layer, S->held[i].expert, S->held[i].priority, S->held[i].p);
+    S->n_held = 0;
+}
+
+static void fm_on_iteration_end(void *state, const fmoe_policy_env *env,
+                                const fmoe_iteration_event *ev) {
+    (void)env;
+    (void)ev;
+    fm_state *S = state;
+    if (S->active && S->own && S->next_layer == S->L) {
+        if (S->v.predict == PREDICT_MAPS)
+            for (int32_t q = 0; q < S->nq; q++) fmoe_expertmap_hit(S->own, S->best[q]);
+        fmoe_expertmap_add(S->own, S->nq, S->have_sem ? S->sem : NULL, S->h, S->rows,
+                           (int64_t)S->LJ, NULL, NULL);
+    }
+    S->active = 0;
+}
+
+static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
+    (void)incoming;
+    fm_state *S = state;
+    const fmoe_cache_view *v = env->cache;
+    int32_t best = -1, fallback = -1;
+    double bk = 0, fk = 0;
+    uint64_t bt = 0, ft = 0;
+    for (int32_t s = 0; s < v->capacity; s++) {
+        if (!fmoe_cache_evictable(v, s)) continue;
+        const int32_t e = v->slot_expert[s];
+        double k;
+        switch (S->v.evict) {
+        case EVICT_LRU: k = (double)v->slot_last_access[s]; break;
+        case EVICT_LFU: k = (double)v->slot_accesses[s]; break;
+        default: k = keep_value(S, v, s); break;
+        }
+        const uint64_t t = v->slot_last_access[s];
+        const int prot = e / S->J == S->cur_layer && S->protect[e % S->J];
+        int32_t *b = prot ? &fallback : &best;
+        double *bv = prot ? &fk : &bk;
+        uint64_t *btk = prot ? &ft : &bt;
+        if (*b < 0 || k < *bv || (k == *bv && t < *btk)) {
+            *b = s;
+            *bv = k;
+            *btk = t;
+        }
+    }
+    if (best < 0) {
+        best = fallback;
+        bk = fk;
+    }
+    /* a prefetch does not evict an expert worth more than it is */
+    if (S->prefetching && best >= 0 && S->v.evict == EVICT_PFREQ && bk > S->incoming_keep) return -1;
+    if (S->prefetching && best >= 0 && best == fallback) return -1;
+    return best;
+}
+
+/* ------------------------------------------------------------------ the variants */
+
+#define FMOE_VARIANT(ident, vname, sem, dlt, pred, ev)                                            \
+    static const variant variant_##ident = {vname, sem, dlt, pred, ev};                           \
+    static int init_##ident(void **state, const fmoe_policy_config *cfg) {                        \
+        return fm_init_variant(state, cfg, &variant_##ident);                                     \
+    }
+
+FMOE_VARIANT(fmoe, "fmoe", 1, 1, PREDICT_MAPS, EVICT_PFREQ)
+FMOE_VARIANT(fmoe_map_t, "fmoe-map-t", 0, 0, PREDICT_MAPS, EVICT_PFREQ)
+FMOE_VARIANT(fmoe_map_ts, "fmoe-map-ts", 1, 0, PREDICT_MAPS, EVICT_PFREQ)
+FMOE_VARIANT(fmoe_hitcount, "fmoe-hitcount", 0, 0, PREDICT_HITCOUNT, EVICT_PFREQ)
+FMOE_VARIANT(fmoe_lru, "fmoe-lru", 1, 1, PREDICT_MAPS, EVICT_LRU)
+FMOE_VARIANT(fmoe_lfu, "fmoe-lfu", 1, 1, PREDICT_MAPS, EVICT_LFU)
+
+#define FMOE_OPS(ident, vname, summary_text, flag_bits)                                           \
+    const fmoe_policy_ops fmoe_policy_##ident = {                                                 \
+        /* .name          = */ vname,                                                             \
+        /* .summary       = */ summary_text,                                                      \
+        /* .flags         = */ flag_bits,                                                         \
+        /* .init          = */ init_##ident,                                                      \
+        /* .free          = */ fm_free,                                                           \
+        /* .on_request_start   = */ fm_on_request_start,                                          \
+        /* .on_iteration_start = */ fm_on_iteration_start,                                        \
+        /* .on_gate       = */ fm_on_gate,                                                        \
+        /* .on_access     = */ NULL,                                                              \
+        /* .on_layer_done = */ fm_on_layer_done,                                                  \
+        /* .choose_victim = */ fm_choose_victim,                                                  \
+        /* .on_iteration_end   = */ fm_on_iteration_end,                                          \
+        /* .on_request_end     = */ NULL,                                                         \
+        /* .default_distance   = */ DEFAULT_DISTANCE,                                             \
+        /* .variants      = */ 0,                                                                 \
+    };
+
+#define MAPS_FLAGS (FMOE_POLICY_PREFETCHES | FMOE_POLICY_NEEDS_PROBS | FMOE_POLICY_MATCHER)
+
+FMOE_OPS(fmoe, "fmoe", "fMoE: semantic + trajectory map matching, delta prefetch, p*freq eviction",
+         MAPS_FLAGS)
+FMOE_OPS(fmoe_map_t, "fmoe-map-t", "fMoE ablation: trajectory search only, K experts per map",
+         MAPS_FLAGS)
+FMOE_OPS(fmoe_map_ts, "fmoe-map-ts", "fMoE ablation: trajectory + semantic search, K experts per map",
+         MAPS_FLAGS)
+FMOE_OPS(fmoe_hitcount, "fmoe-hitcount", "fMoE ablation: request-level expert hit counts",
+         FMOE_POLICY_PREFETCHES)
+FMOE_OPS(fmoe_lru, "fmoe-lru", "fMoE prefetching with LRU eviction", MAPS_FLAGS)
+FMOE_OPS(fmoe_lfu, "fmoe-lfu", "fMoE prefetching with LFU eviction", MAPS_FLAGS)

@@ -1,0 +1,417 @@
+/*
+ * cpu_backend.c - the CPU backend: OpenBLAS for f32 matrices, our own kernels for bf16 and
+ * f16 weights read in place from the mmapped checkpoint, and a thread pool for both.
+ *
+ * Design. One pool of threads does all parallel work; OpenBLAS runs single-threaded inside
+ * it (openblas_set_num_threads(1)), each worker multiplying its own slice of the weight's
+ * rows. Two thread systems spinning on two cores would fight; one does not.
+ *
+ * Matrix products y[n][rows] = x[n][cols] · Wᵀ, by the weight's dtype and n:
+ *   f32, n = 1      cblas_sgemv per slice of rows
+ *   f32, n > 1      cblas_sgemm per slice of rows
+ *   bf16/f16, n <= SMALL_N
+ *                   convert-and-dot: each row is read once (2 bytes per value, half the
+ *                   memory traffic of f32), widened in registers (AVX2/F16C when the CPU
+ *                   has them) and dotted with the n inputs
+ *   bf16/f16, n > SMALL_N
+ *                   rows are widened in blocks of block_rows into the worker's scratch and
+ *                   multiplied with cblas_sgemm: the conversion is O(rows·cols) against
+ *                   O(n·rows·cols) of arithmetic
+ * Keeping weights in bf16 rather than widening them at load halves resident memory and
+ * decode-time memory traffic; what it costs in prefill is measured in the report.
+ *
+ * Attention: one task per (query token, head); scores for the visible keys are computed
+ * into the worker's scratch row [max_context], softmaxed, and used to sum the values.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../model/model_impl.h"
+#include "fmoe/error.h"
+#include "fmoe/half.h"
+#include "fmoe/rowwise.h"
+#include "threadpool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#else
+#define HAVE_X86 0
+#endif
+
+#define SMALL_N 4
+/* Below this many multiply-adds a product runs on the calling thread alone. */
+#define PARALLEL_MIN_WORK (1 << 16)
+
+typedef struct cpu_ctx {
+    fmoe__pool *pool;
+    int32_t threads;
+    int64_t max_cols;
+    int32_t max_context;
+    int32_t block_rows;   /* rows widened per block in the bf16/f16 GEMM path */
+    float **scratch;      /* [threads][block_rows * max_cols] */
+    float **scores;       /* [threads][max_context] */
+    int simd;             /* AVX2 + FMA + F16C available */
+} cpu_ctx;
+
+/* ---------------------------------------------------------------------------------- */
+/* Kernels                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+static float dot_f32_plain(const float *a, const float *b, int64_t n) {
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+static float dot_bf16_plain(const uint16_t *w, const float *x, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += fmoe_bf16_to_float(w[i]) * x[i];
+    return s;
+}
+
+static float dot_f16_plain(const uint16_t *w, const float *x, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += fmoe_half_to_float(w[i]) * x[i];
+    return s;
+}
+
+static void widen_plain(const uint16_t *w, fmoe_st_dtype dt, float *y, int64_t n) {
+    if (dt == FMOE_ST_BF16)
+        for (int64_t i = 0; i < n; i++) y[i] = fmoe_bf16_to_float(w[i]);
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = fmoe_half_to_float(w[i]);
+}
+
+#if HAVE_X86
+#define SIMD __attribute__((target("avx2,fma,f16c")))
+
+SIMD static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+    return _mm_cvtss_f32(lo);
+}
+
+SIMD static inline __m256 load_bf16(const uint16_t *p) {
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+SIMD static inline __m256 load_f16(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+SIMD static float dot_f32_simd(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    float s = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* dot(w, x) with w widened in registers; four accumulators hide the FMA latency. */
+SIMD static float dot_u16_simd(const uint16_t *w, int bf, const float *x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    if (bf) {
+        for (; i + 32 <= n; i += 32) {
+            a0 = _mm256_fmadd_ps(load_bf16(w + i), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(load_bf16(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+            a2 = _mm256_fmadd_ps(load_bf16(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+            a3 = _mm256_fmadd_ps(load_bf16(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+        }
+        for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load_bf16(w + i), _mm256_loadu_ps(x + i), a0);
+    } else {
+        for (; i + 32 <= n; i += 32) {
+            a0 = _mm256_fmadd_ps(load_f16(w + i), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(load_f16(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+            a2 = _mm256_fmadd_ps(load_f16(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+            a3 = _mm256_fmadd_ps(load_f16(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+        }
+        for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load_f16(w + i), _mm256_loadu_ps(x + i), a0);
+    }
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) s += (bf ? fmoe_bf16_to_float(w[i]) : fmoe_half_to_float(w[i])) * x[i];
+    return s;
+}
+
+/* y[t·ystride] = dot(w, x + t·ld) for t < nx; the row stays in L1 between inputs. */
+SIMD static void dots_u16_simd(const uint16_t *w, fmoe_st_dtype dt, const float *x, int64_t ld,
+                               int32_t nx, int64_t n, float *y, int64_t ystride) {
+    for (int32_t t = 0; t < nx; t++)
+        y[t * ystride] = dot_u16_simd(w, dt == FMOE_ST_BF16, x + t * ld, n);
+}
+
+/* y += a·x */
+SIMD static void axpy_simd(float *y, float a, const float *x, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+SIMD static void widen_simd(const uint16_t *w, fmoe_st_dtype dt, float *y, int64_t n) {
+    int64_t i = 0;
+    if (dt == FMOE_ST_BF16)
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_bf16(w + i));
+    else
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_f16(w + i));
+    widen_plain(w + i, dt, y + i, n - i);
+}
+#endif
+
+static float dot_f32(const cpu_ctx *c, const float *a, const float *b, int64_t n) {
+#if HAVE_X86
+    if (c->simd) return dot_f32_simd(a, b, n);
+#endif
+    (void)c;
+    return dot_f32_plain(a, b, n);
+}
+
+static void dots_u16(const cpu_ctx *c, const uint16_t *w, fmoe_st_dtype dt, const float *x,
+                     int64_t ld, int32_t nx, int64_t n, float *y, int64_t ystride) {
+#if HAVE_X86
+    if (c->simd) {
+        dots_u16_simd(w, dt, x, ld, nx, n, y, ystride);
+        return;
+    }
+#endif
+    for (int32_t t = 0; t < nx; t++)
+        y[t * ystride] = dt == FMOE_ST_BF16 ? dot_bf16_plain(w, x + t * ld, n)
+                                            : dot_f16_plain(w, x + t * ld, n);
+}
+
+static void axpy(const cpu_ctx *c, float *y, float a, const float *x, int64_t n) {
+#if HAVE_X86
+    if (c->simd) {
+        axpy_simd(y, a, x, n);
+        return;
+    }
+#endif
+    (void)c;
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void widen(const cpu_ctx *c, const uint16_t *w, fmoe_st_dtype dt, float *y, int64_t n) {
+#if HAVE_X86
+    if (c->simd) {
+        widen_simd(w, dt, y, n);
+        return;
+    }
+#endif
+    widen_plain(w, dt, y, n);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Matrix products                                                                    */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct matmul_job {
+    cpu_ctx *c;
+    const fmoe__mat *w;
+    const float *x;
+    float *y;
+    int32_t n;
+    int32_t ntasks;
+    int64_t chunk; /* rows per task */
+} matmul_job;
+
+static void matmul_task(void *arg, int32_t task, int32_t worker) {
+    matmul_job *j = arg;
+    const fmoe__mat *w = j->w;
+    const int64_t rows = w->rows, cols = w->cols;
+    const int64_t r0 = (int64_t)task * j->chunk;
+    const int64_t r1 = r0 + j->chunk < rows ? r0 + j->chunk : rows;
+    if (r0 >= r1) return;
+    const int32_t n = j->n;
+    if (w->dtype == FMOE_ST_F32) {
+        const float *W = (const float *)w->data + r0 * cols;
+        if (n == 1)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)(r1 - r0), (int)cols, 1.0f, W,
+                        (int)cols, j->x, 1, 0.0f, j->y + r0, 1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)(r1 - r0), (int)cols,
+                        1.0f, j->x, (int)cols, W, (int)cols, 0.0f, j->y + r0, (int)rows);
+        return;
+    }
+    const uint16_t *W = (const uint16_t *)w->data;
+    if (n <= SMALL_N) {
+        for (int64_t r = r0; r < r1; r++)
+            dots_u16(j->c, W + r * cols, w->dtype, j->x, cols, n, cols, j->y + r, rows);
+        return;
+    }
+    float *buf = j->c->scratch[worker];
+    for (int64_t b0 = r0; b0 < r1; b0 += j->c->block_rows) {
+        const int64_t nb = b0 + j->c->block_rows < r1 ? j->c->block_rows : r1 - b0;
+        widen(j->c, W + b0 * cols, w->dtype, buf, nb * cols);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)nb, (int)cols, 1.0f, j->x,
+                    (int)cols, buf, (int)cols, 0.0f, j->y + b0, (int)rows);
+    }
+}
+
+static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n, float *y) {
+    cpu_ctx *c = ctx;
+    matmul_job j = {.c = c, .w = w, .x = x, .y = y, .n = n};
+    const double work = (double)w->rows * (double)w->cols * (double)n;
+    int32_t tasks = work < PARALLEL_MIN_WORK ? 1 : c->threads;
+    if (tasks > w->rows) tasks = (int32_t)w->rows;
+    if (tasks < 1) tasks = 1;
+    /* Slices in multiples of 16 rows keep each worker's output stores apart. */
+    int64_t chunk = (w->rows + tasks - 1) / tasks;
+    chunk = (chunk + 15) / 16 * 16;
+    j.chunk = chunk;
+    j.ntasks = (int32_t)((w->rows + chunk - 1) / chunk);
+    fmoe__pool_run(c->pool, matmul_task, &j, j.ntasks);
+}
+
+static void cpu_get_row(void *ctx, const fmoe__mat *w, int64_t row, float *y) {
+    const cpu_ctx *c = ctx;
+    if (w->dtype == FMOE_ST_F32)
+        memcpy(y, (const float *)w->data + row * w->cols, (size_t)w->cols * sizeof *y);
+    else
+        widen(c, (const uint16_t *)w->data + row * w->cols, w->dtype, y, w->cols);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Attention                                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct attn_job {
+    cpu_ctx *c;
+    const fmoe__attn_args *a;
+} attn_job;
+
+static void attn_task(void *arg, int32_t task, int32_t worker) {
+    attn_job *j = arg;
+    const fmoe__attn_args *a = j->a;
+    const int32_t t = task / a->n_heads, hq = task % a->n_heads;
+    const int32_t group = a->n_heads / a->n_kv_heads, hk = hq / group;
+    const int32_t D = a->head_dim;
+    const int64_t kv_stride = (int64_t)a->n_kv_heads * D;
+    const int32_t pos = a->pos0 + t;
+    int32_t lo = 0;
+    if (a->window > 0 && pos - a->window + 1 > 0) lo = pos - a->window + 1;
+    const float *q = a->q + (int64_t)t * a->n_heads * D + (int64_t)hq * D;
+    float *sc = j->c->scores[worker];
+    const int32_t m = pos - lo + 1;
+    for (int32_t p = 0; p < m; p++)
+        sc[p] = dot_f32(j->c, q, a->k_cache + (int64_t)(lo + p) * kv_stride + (int64_t)hk * D, D) *
+                a->scale;
+    fmoe_softmax_row(sc, sc, m);
+    float *out = a->out + (int64_t)t * a->n_heads * D + (int64_t)hq * D;
+    memset(out, 0, (size_t)D * sizeof *out);
+    for (int32_t p = 0; p < m; p++)
+        axpy(j->c, out, sc[p], a->v_cache + (int64_t)(lo + p) * kv_stride + (int64_t)hk * D, D);
+}
+
+static void cpu_attention(void *ctx, const fmoe__attn_args *a) {
+    cpu_ctx *c = ctx;
+    attn_job j = {c, a};
+    const int32_t tasks = a->n * a->n_heads;
+    const double work = (double)tasks * (double)(a->pos0 + a->n) * a->head_dim;
+    if (work < PARALLEL_MIN_WORK) {
+        for (int32_t t = 0; t < tasks; t++) attn_task(&j, t, 0);
+        return;
+    }
+    fmoe__pool_run(c->pool, attn_task, &j, tasks);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Lifetime                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+static void cpu_free(void *ctx) {
+    cpu_ctx *c = ctx;
+    if (!c) return;
+    fmoe__pool_free(c->pool);
+    for (int32_t i = 0; i < c->threads; i++) {
+        if (c->scratch) free(c->scratch[i]);
+        if (c->scores) free(c->scores[i]);
+    }
+    free(c->scratch);
+    free(c->scores);
+    free(c);
+}
+
+static int cpu_init(const fmoe__backend_limits *lim, void **out) {
+    cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    int32_t threads = lim->threads;
+    if (threads <= 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = nc > 0 ? (int32_t)nc : 1;
+    }
+    if (threads > 256) threads = 256;
+    c->threads = threads;
+    c->max_cols = lim->max_cols;
+    c->max_context = lim->max_context;
+    /* ~1 MiB of widened rows per block, at least 16 rows. */
+    int64_t br = (256 * 1024) / (lim->max_cols > 0 ? lim->max_cols : 1);
+    c->block_rows = (int32_t)(br < 16 ? 16 : br > 1024 ? 1024 : br);
+#if HAVE_X86
+    __builtin_cpu_init();
+    c->simd = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+              __builtin_cpu_supports("f16c");
+#endif
+    c->scratch = calloc((size_t)threads, sizeof *c->scratch);
+    c->scores = calloc((size_t)threads, sizeof *c->scores);
+    if (!c->scratch || !c->scores) goto oom;
+    for (int32_t i = 0; i < threads; i++) {
+        c->scratch[i] = aligned_alloc(64, (size_t)((c->block_rows * lim->max_cols * 4 + 63) / 64 * 64));
+        c->scores[i] = aligned_alloc(64, (size_t)((lim->max_context * 4 + 63) / 64 * 64));
+        if (!c->scratch[i] || !c->scores[i]) goto oom;
+    }
+    int rc = fmoe__pool_init(threads, &c->pool);
+    if (rc < 0) {
+        cpu_free(c);
+        return rc;
+    }
+    openblas_set_num_threads(1);
+    *out = c;
+    return 0;
+oom:
+    cpu_free(c);
+    return fmoe_error_set(FMOE_ENOMEM, "out of memory for CPU scratch");
+}
+
+static void *cpu_alloc(void *ctx, int64_t bytes) {
+    (void)ctx;
+    const size_t size = bytes > 64 ? (size_t)((bytes + 63) / 64 * 64) : 64;
+    void *p = aligned_alloc(64, size);
+    if (p) memset(p, 0, size);
+    return p;
+}
+
+static void cpu_release(void *ctx, void *p) {
+    (void)ctx;
+    free(p);
+}
+
+const fmoe__backend_ops fmoe__cpu_backend = {
+    /* .name      = */ "cpu",
+    /* .init      = */ cpu_init,
+    /* .free      = */ cpu_free,
+    /* .alloc     = */ cpu_alloc,
+    /* .release   = */ cpu_release,
+    /* .matmul    = */ cpu_matmul,
+    /* .attention = */ cpu_attention,
+    /* .get_row   = */ cpu_get_row,
+};

@@ -1,0 +1,339 @@
+/*
+ * config.c - the architecture details of config.json that the forward pass needs and
+ * lib/geometry.c does not parse: attention biases, q/k norms, sliding windows, the rope
+ * and its scaling. Each family's defaults are its transformers configuration's (DeepSeek
+ * V1: the authors' configuration_deepseek.py).
+ *
+ * Rope scaling: transformers >= 4.56 writes "rope_parameters" (with rope_theta inside),
+ * older versions and most published checkpoints "rope_scaling"; "rope_type" or the older
+ * "type" names the kind. Implemented: default, linear, dynamic (NTK), yarn and llama3 —
+ * every kind these families' published configs use (all of them: none) and the ones
+ * their users add for long context. Others (longrope, ...) are refused by name.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "model_impl.h"
+
+static const cJSON *get(const cJSON *obj, const char *key) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return it && !cJSON_IsNull(it) ? it : NULL;
+}
+
+static int get_bool(const cJSON *obj, const char *key, int def, int32_t *out) {
+    const cJSON *it = get(obj, key);
+    if (!it) {
+        *out = def;
+        return 0;
+    }
+    FMOE_RETURN_ERROR_IF(!cJSON_IsBool(it), FMOE_EFORMAT, "%s must be a boolean", key);
+    *out = cJSON_IsTrue(it);
+    return 0;
+}
+
+static int get_num(const cJSON *obj, const char *prefix, const char *key, double def,
+                   double *out) {
+    const cJSON *it = get(obj, key);
+    if (!it) {
+        *out = def;
+        return 0;
+    }
+    FMOE_RETURN_ERROR_IF(!cJSON_IsNumber(it) || !isfinite(it->valuedouble), FMOE_EFORMAT,
+                         "%s%s must be a number", prefix, key);
+    *out = it->valuedouble;
+    return 0;
+}
+
+/* A window in tokens: a positive integer, or absent/null for none. */
+static int get_window(const cJSON *obj, int32_t *out) {
+    const cJSON *it = get(obj, "sliding_window");
+    *out = 0;
+    if (!it) return 0;
+    FMOE_RETURN_ERROR_IF(!cJSON_IsNumber(it) || it->valuedouble < 0 ||
+                             it->valuedouble != floor(it->valuedouble) ||
+                             it->valuedouble > 2147483647.0,
+                         FMOE_EFORMAT, "sliding_window must be a non-negative integer");
+    *out = (int32_t)it->valuedouble;
+    return 0;
+}
+
+static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rope *r) {
+    memset(r, 0, sizeof *r);
+    r->type = FMOE__ROPE_DEFAULT;
+    r->theta = g->rope_theta;
+    r->factor = 1.0;
+    r->max_position = g->max_position_embeddings;
+    r->attention_factor = 1.0;
+    r->truncate = 1;
+
+    double prf;
+    FMOE_FORWARD_IF_ERROR(get_num(root, "", "partial_rotary_factor", 1.0, &prf));
+    FMOE_RETURN_ERROR_IF(prf != 1.0, FMOE_EUNSUPPORTED,
+                         "partial_rotary_factor = %g is not supported (only 1)", prf);
+
+    const char *prefix = "rope_parameters.";
+    const cJSON *rp = get(root, "rope_parameters");
+    if (!rp) {
+        rp = get(root, "rope_scaling");
+        prefix = "rope_scaling.";
+    }
+    if (!rp) return 0;
+    FMOE_RETURN_ERROR_IF(!cJSON_IsObject(rp), FMOE_EFORMAT, "%.*s must be an object",
+                         (int)strlen(prefix) - 1, prefix);
+    for (const cJSON *c = rp->child; c; c = c->next)
+        FMOE_RETURN_ERROR_IF(cJSON_IsObject(c), FMOE_EUNSUPPORTED,
+                             "%s%s: rope parameters per layer type are not supported", prefix,
+                             c->string);
+    const cJSON *t = get(rp, "rope_type");
+    if (!t) t = get(rp, "type");
+    const char *type = "default";
+    if (t) {
+        FMOE_RETURN_ERROR_IF(!cJSON_IsString(t), FMOE_EFORMAT, "%srope_type must be a string",
+                             prefix);
+        type = t->valuestring;
+    }
+    FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "rope_theta", r->theta, &r->theta));
+    FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "partial_rotary_factor", 1.0, &prf));
+    FMOE_RETURN_ERROR_IF(prf != 1.0, FMOE_EUNSUPPORTED,
+                         "%spartial_rotary_factor = %g is not supported (only 1)", prefix, prf);
+    double omp_root;
+    FMOE_FORWARD_IF_ERROR(get_num(root, "", "original_max_position_embeddings",
+                                  (double)g->max_position_embeddings, &omp_root));
+    double omp;
+    FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "original_max_position_embeddings", omp_root, &omp));
+    r->original_max_position = (int64_t)omp;
+
+    if (strcmp(type, "default") == 0) {
+        r->type = FMOE__ROPE_DEFAULT;
+    } else if (strcmp(type, "linear") == 0 || strcmp(type, "dynamic") == 0) {
+        r->type = type[0] == 'l' ? FMOE__ROPE_LINEAR : FMOE__ROPE_DYNAMIC;
+        FMOE_RETURN_ERROR_IF(!get(rp, "factor"), FMOE_EFORMAT, "%sfactor is missing", prefix);
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "factor", 1.0, &r->factor));
+    } else if (strcmp(type, "yarn") == 0) {
+        r->type = FMOE__ROPE_YARN;
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "factor",
+                                      (double)r->max_position / (double)r->original_max_position,
+                                      &r->factor));
+        double af, ms, msa;
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "attention_factor", NAN, &af));
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "mscale", 0.0, &ms));
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "mscale_all_dim", 0.0, &msa));
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "beta_fast", 32.0, &r->beta_fast));
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "beta_slow", 1.0, &r->beta_slow));
+        if (r->beta_fast == 0) r->beta_fast = 32.0; /* `or 32` in transformers */
+        if (r->beta_slow == 0) r->beta_slow = 1.0;
+        int32_t trunc;
+        FMOE_FORWARD_IF_ERROR(get_bool(rp, "truncate", 1, &trunc));
+        r->truncate = trunc;
+#define MSCALE(s, m) ((s) <= 1.0 ? 1.0 : 0.1 * (m) * log(s) + 1.0)
+        if (!isnan(af))
+            r->attention_factor = af;
+        else if (ms != 0.0 && msa != 0.0)
+            r->attention_factor = MSCALE(r->factor, ms) / MSCALE(r->factor, msa);
+        else
+            r->attention_factor = MSCALE(r->factor, 1.0);
+#undef MSCALE
+    } else if (strcmp(type, "llama3") == 0) {
+        r->type = FMOE__ROPE_LLAMA3;
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "factor", 8.0, &r->factor));
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "low_freq_factor", 1.0, &r->low_freq_factor));
+        FMOE_FORWARD_IF_ERROR(
+            get_num(rp, prefix, "high_freq_factor", 4.0, &r->high_freq_factor));
+        FMOE_RETURN_ERROR_IF(r->high_freq_factor == r->low_freq_factor, FMOE_EFORMAT,
+                             "%shigh_freq_factor equals low_freq_factor", prefix);
+    } else {
+        return fmoe_error_set(FMOE_EUNSUPPORTED,
+                              "%srope_type \"%.32s\" is not supported (supported: default, "
+                              "linear, dynamic, yarn, llama3)",
+                              prefix, type);
+    }
+    FMOE_RETURN_ERROR_IF(r->type != FMOE__ROPE_DEFAULT && !(r->factor > 0), FMOE_EFORMAT,
+                         "%sfactor must be positive", prefix);
+    FMOE_RETURN_ERROR_IF(r->type == FMOE__ROPE_DYNAMIC && g->head_dim <= 2, FMOE_EFORMAT,
+                         "dynamic rope needs head_dim > 2");
+    return 0;
+}
+
+static const char *rope_name(fmoe__rope_type t) {
+    switch (t) {
+    case FMOE__ROPE_DEFAULT: return "default";
+    case FMOE__ROPE_LINEAR: return "linear";
+    case FMOE__ROPE_DYNAMIC: return "dynamic";
+    case FMOE__ROPE_YARN: return "yarn";
+    case FMOE__ROPE_LLAMA3: return "llama3";
+    }
+    return "?";
+}
+
+int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
+                     fmoe__arch *out) {
+    memset(out, 0, sizeof *out);
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return fmoe_error_set(FMOE_EFORMAT, "malformed JSON");
+    }
+    int rc = 0;
+    const int32_t n = g->num_hidden_layers;
+    out->sliding_window = calloc((size_t)n, sizeof *out->sliding_window);
+    if (!out->sliding_window) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        goto done;
+    }
+
+    const cJSON *act = get(root, "hidden_act");
+    if (!act) act = get(root, "hidden_activation");
+    if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "silu") != 0 &&
+                                         strcmp(act->valuestring, "swish") != 0))) {
+        rc = fmoe_error_set(FMOE_EUNSUPPORTED,
+                            "hidden_act \"%.32s\" is not supported (experts are SwiGLU: silu)",
+                            cJSON_IsString(act) ? act->valuestring : "?");
+        goto done;
+    }
+
+    int32_t bias = 0, window = 0, use_sliding = 0;
+    switch (g->family) {
+    case FMOE_FAMILY_MIXTRAL:
+        /* modeling_mixtral: no biases; sliding_window (null in the published configs)
+         * applies to every layer. */
+        if ((rc = get_window(root, &window)) < 0) goto done;
+        for (int32_t i = 0; i < n; i++) out->sliding_window[i] = window;
+        break;
+    case FMOE_FAMILY_QWEN2_MOE: {
+        /* modeling_qwen2_moe: q/k/v biases per qkv_bias (default true), none on o; a
+         * sliding window only with use_sliding_window, on the layers layer_types marks
+         * (default: odd-numbered (i + 1) layers below max_window_layers). */
+        if ((rc = get_bool(root, "qkv_bias", 1, &out->attn_bias_qkv)) < 0) goto done;
+        if ((rc = get_bool(root, "use_sliding_window", 0, &use_sliding)) < 0) goto done;
+        if ((rc = get_window(root, &window)) < 0) goto done;
+        out->shared_gate = g->num_shared_experts > 0;
+        if (use_sliding && window > 0) {
+            const cJSON *lt = get(root, "layer_types");
+            double mwl;
+            if ((rc = get_num(root, "", "max_window_layers", 28, &mwl)) < 0) goto done;
+            for (int32_t i = 0; i < n; i++) {
+                int sliding = (i + 1) % 2 && i < mwl;
+                if (cJSON_IsArray(lt) && i < cJSON_GetArraySize(lt)) {
+                    const cJSON *it = cJSON_GetArrayItem(lt, i);
+                    sliding = cJSON_IsString(it) && strcmp(it->valuestring, "sliding_attention") == 0;
+                }
+                out->sliding_window[i] = sliding ? window : 0;
+            }
+        }
+        break;
+    }
+    case FMOE_FAMILY_QWEN3_MOE:
+        /* modeling_qwen3_moe: attention_bias on q/k/v/o (default false); RMSNorm per head
+         * on q and k; sliding_window on every layer iff use_sliding_window. */
+        if ((rc = get_bool(root, "attention_bias", 0, &bias)) < 0) goto done;
+        out->attn_bias_qkv = out->attn_bias_o = bias;
+        out->qk_norm = FMOE__QK_NORM_HEAD;
+        if ((rc = get_bool(root, "use_sliding_window", 0, &use_sliding)) < 0) goto done;
+        if ((rc = get_window(root, &window)) < 0) goto done;
+        for (int32_t i = 0; i < n; i++) out->sliding_window[i] = use_sliding ? window : 0;
+        break;
+    case FMOE_FAMILY_OLMOE: {
+        /* modeling_olmoe: attention_bias on q/k/v/o; RMSNorm over the whole q and k
+         * projections, then clamp of q, k, v to clip_qkv when set. */
+        if ((rc = get_bool(root, "attention_bias", 0, &bias)) < 0) goto done;
+        out->attn_bias_qkv = out->attn_bias_o = bias;
+        out->qk_norm = FMOE__QK_NORM_FULL;
+        double clip;
+        if ((rc = get_num(root, "", "clip_qkv", 0.0, &clip)) < 0) goto done;
+        if (clip < 0) {
+            rc = fmoe_error_set(FMOE_EFORMAT, "clip_qkv must be positive");
+            goto done;
+        }
+        out->clip_qkv = (float)clip;
+        break;
+    }
+    case FMOE_FAMILY_DEEPSEEK_V1:
+        /* modeling_deepseek.py (V1): Llama attention with attention_bias on q/k/v/o; the
+         * gate renormalises with a 1e-20 guard. */
+        if ((rc = get_bool(root, "attention_bias", 0, &bias)) < 0) goto done;
+        out->attn_bias_qkv = out->attn_bias_o = bias;
+        out->route_norm_eps = 1e-20f;
+        break;
+    default:
+        rc = fmoe_error_set(FMOE_EUNSUPPORTED, "model_type \"%s\" is not yet supported",
+                            g->model_type);
+        goto done;
+    }
+    if ((rc = parse_rope(root, g, &out->rope)) < 0) goto done;
+    if (out->rope.type == FMOE__ROPE_DEFAULT)
+        snprintf(out->rope_desc, sizeof out->rope_desc, "rope theta %g", out->rope.theta);
+    else
+        snprintf(out->rope_desc, sizeof out->rope_desc, "rope theta %g, %s x%g",
+                 out->rope.theta, rope_name(out->rope.type), out->rope.factor);
+done:
+    cJSON_Delete(root);
+    if (rc < 0) fmoe__arch_free(out);
+    return rc;
+}
+
+void fmoe__arch_free(fmoe__arch *a) {
+    if (!a) return;
+    free(a->sliding_window);
+    a->sliding_window = NULL;
+}
+
+void fmoe__rope_inv_freq(const fmoe__rope *r, int32_t head_dim, int64_t seq_len,
+                         float *inv_freq, float *scale) {
+    const int32_t half = head_dim / 2;
+    const double dim = head_dim;
+    double base = r->theta;
+    *scale = 1.0f;
+    if (r->type == FMOE__ROPE_DYNAMIC && seq_len > r->max_position) {
+        const double f = r->factor;
+        base = r->theta *
+               pow(f * (double)seq_len / (double)r->max_position - (f - 1.0), dim / (dim - 2.0));
+    }
+    for (int32_t i = 0; i < half; i++) {
+        const double pos_freq = pow(base, (double)(2 * i) / dim);
+        double inv = 1.0 / pos_freq;
+        switch (r->type) {
+        case FMOE__ROPE_DEFAULT:
+        case FMOE__ROPE_DYNAMIC: break;
+        case FMOE__ROPE_LINEAR: inv /= r->factor; break;
+        case FMOE__ROPE_YARN: {
+            /* transformers' _compute_yarn_parameters. */
+            const double two_pi = 2.0 * M_PI, omp = (double)r->original_max_position;
+            double low = dim * log(omp / (r->beta_fast * two_pi)) / (2.0 * log(r->theta));
+            double high = dim * log(omp / (r->beta_slow * two_pi)) / (2.0 * log(r->theta));
+            if (r->truncate) {
+                low = floor(low);
+                high = ceil(high);
+            }
+            if (low < 0) low = 0;
+            if (high > dim - 1) high = dim - 1;
+            if (low == high) high += 0.001;
+            double ramp = ((double)i - low) / (high - low);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            const double extrapolation = 1.0 - ramp;
+            inv = (1.0 / (r->factor * pos_freq)) * (1.0 - extrapolation) +
+                  (1.0 / pos_freq) * extrapolation;
+            *scale = (float)r->attention_factor;
+            break;
+        }
+        case FMOE__ROPE_LLAMA3: {
+            /* transformers' _compute_llama3_parameters. */
+            const double old = (double)r->original_max_position;
+            const double low_wl = old / r->low_freq_factor, high_wl = old / r->high_freq_factor;
+            const double wl = 2.0 * M_PI / inv;
+            if (wl > low_wl) {
+                inv = inv / r->factor;
+            } else if (wl >= high_wl) {
+                const double smooth = (old / wl - r->low_freq_factor) /
+                                      (r->high_freq_factor - r->low_freq_factor);
+                inv = (1.0 - smooth) * inv / r->factor + smooth * inv;
+            }
+            break;
+        }
+        }
+        inv_freq[i] = (float)inv;
+    }
+}

@@ -1,0 +1,434 @@
+/*
+ * forward.c - the decoder forward pass over a session's run state.
+ *
+ * Read top to bottom, one forward call of n tokens at positions pos0.. is:
+ *
+ *   x = embed(tokens)                                     semantic embedding (traced)
+ *   for each decoder layer:
+ *     xn = rmsnorm(x)
+ *     q, k, v = xn·Wqᵀ (+b), xn·Wkᵀ (+b), xn·Wvᵀ (+b)
+ *     q, k = qk-norm (Qwen3: per head; OLMoE: whole projection), clamp (OLMoE clip_qkv)
+ *     q, k = rope(q, k); k, v -> KV cache
+ *     x += attention(q, cache)·Woᵀ (+b)
+ *     xn = rmsnorm(x)                                     gate input (traced)
+ *     dense layer: x += mlp(xn)
+ *     MoE layer:   probs = softmax(xn·Wrᵀ); top-k; renormalise per family   (traced)
+ *                  x += Σ_k w_k · expert_k(xn)  [+ shared(xn), Qwen2: · sigmoid(xn·w)]
+ *   logits = rmsnorm(x)·W_lmᵀ
+ *
+ * Prefill groups the chunk's tokens by expert, so each chosen expert runs once as a
+ * matrix product over its tokens; a decode step is the same code with n = 1.
+ * Every buffer is allocated in fmoe_session_init; fmoe_session_forward allocates nothing.
+ * Compute goes through the backend table (model_impl.h); only the CPU backend exists.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fmoe/error.h"
+#include "fmoe/rowwise.h"
+#include "model_impl.h"
+
+struct fmoe_session {
+    const fmoe_model *m;
+    fmoe_session_options opt;
+    const fmoe__backend_ops *be;
+    void *bctx;
+    int32_t pos;            /* tokens in the cache */
+    int32_t imax;           /* widest MLP (routed, shared or dense) */
+    /* activations, [B] = max_batch rows */
+    float *x;               /* [B][h] residual stream */
+    float *xn;              /* [B][h] normalised */
+    float *q;               /* [B][Hq·D] */
+    float *k;               /* [B][Hkv·D] */
+    float *v;               /* [B][Hkv·D] */
+    float *att;             /* [B][Hq·D] attention output */
+    float *acc;             /* [B][h] block output */
+    float *rlogits;         /* [B][J] router logits */
+    float *probs;           /* [B][J] gate probabilities */
+    int32_t *topk;          /* [B][K] chosen experts */
+    float *topw;            /* [B][K] their weights */
+    float *spec;            /* [B][J] speculative router logits */
+    int32_t *count;         /* [J] tokens routed to each expert in this chunk */
+    int32_t *slots;         /* [J][B·K] (token·K + k) routed to each expert */
+    float *xg;              /* [B][h] one expert's gathered inputs (a token picks an
+                               expert at most once, so at most B rows) */
+    float *g;               /* [B][imax] gate projections */
+    float *u;               /* [B][imax] up projections */
+    float *yg;              /* [B][h] expert (or shared expert) outputs */
+    float *sg;              /* [B] shared-expert gate logits */
+    float *inv_freq;        /* [D/2] */
+    float *cos;             /* [B][D/2] */
+    float *sin;             /* [B][D/2] */
+    float rope_scale;
+    int64_t rope_seq_len;   /* the sequence length inv_freq was computed for */
+    int64_t call_seq_len;   /* position + n of the current forward call */
+    /* KV cache */
+    float *k_cache;         /* [layers][max_context][Hkv·D] */
+    float *v_cache;         /* [layers][max_context][Hkv·D] */
+};
+
+fmoe_session_options fmoe_session_defaults(void) {
+    fmoe_session_options o;
+    memset(&o, 0, sizeof o);
+    o.max_context = 0;
+    o.max_batch = 64;
+    return o;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Init                                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+void fmoe_session_free(fmoe_session *s) {
+    if (!s) return;
+    if (s->be && s->bctx) {
+        float **bufs[] = {&s->x,    &s->xn,   &s->q,       &s->k,       &s->v,   &s->att,
+                          &s->acc,  &s->rlogits, &s->probs, &s->topw,  &s->spec, &s->xg,
+                          &s->g,    &s->u,    &s->yg,      &s->sg,      &s->inv_freq,
+                          &s->cos,  &s->sin,  &s->k_cache, &s->v_cache};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            s->be->release(s->bctx, *bufs[i]);
+        s->be->release(s->bctx, s->topk);
+        s->be->release(s->bctx, s->count);
+        s->be->release(s->bctx, s->slots);
+        s->be->free(s->bctx);
+    }
+    free(s);
+}
+
+int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
+                      fmoe_session **out) {
+    if (!m || !out) return fmoe_error_set(FMOE_EINVAL, "model or output is NULL");
+    *out = NULL;
+    const fmoe_model_geometry *g = &m->geo;
+    fmoe_session_options o = options ? *options : fmoe_session_defaults();
+    if (o.max_context <= 0)
+        o.max_context = g->max_position_embeddings < 4096 ? (int32_t)g->max_position_embeddings
+                                                          : 4096;
+    if (o.max_batch <= 0) o.max_batch = 64;
+    FMOE_RETURN_ERROR_IF(o.max_context > (1 << 24), FMOE_EINVAL,
+                         "max_context %d is too large", o.max_context);
+    FMOE_RETURN_ERROR_IF(o.max_batch > (1 << 16), FMOE_EINVAL, "max_batch %d is too large",
+                         o.max_batch);
+    FMOE_RETURN_ERROR_IF(o.speculative_depth < 0 || o.speculative_depth > g->num_moe_layers,
+                         FMOE_EINVAL, "speculative depth %d is outside [0, %d]",
+                         o.speculative_depth, g->num_moe_layers);
+    if (o.max_batch > o.max_context) o.max_batch = o.max_context;
+
+    fmoe_session *s = calloc(1, sizeof *s);
+    if (!s) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    s->m = m;
+    s->opt = o;
+    s->be = &fmoe__cpu_backend;
+
+    const int64_t B = o.max_batch, h = g->hidden_size, J = g->num_experts, K = g->top_k;
+    const int64_t D = g->head_dim, qd = (int64_t)g->num_attention_heads * D;
+    const int64_t kd = (int64_t)g->num_key_value_heads * D;
+    int64_t imax = g->moe_intermediate_size;
+    if (g->shared_intermediate_size > imax) imax = g->shared_intermediate_size;
+    if (g->intermediate_size > imax) imax = g->intermediate_size;
+    s->imax = (int32_t)imax;
+    int64_t max_cols = h > qd ? h : qd;
+    if (imax > max_cols) max_cols = imax;
+
+    fmoe__backend_limits lim = {o.threads, max_cols, o.max_batch, o.max_context};
+    int rc = s->be->init(&lim, &s->bctx);
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
+    const int64_t kv = (int64_t)g->num_hidden_layers * o.max_context * kd;
+    struct {
+        void **p;
+        int64_t bytes;
+    } plan[] = {
+        {(void **)&s->x, B * h * 4},          {(void **)&s->xn, B * h * 4},
+        {(void **)&s->q, B * qd * 4},         {(void **)&s->k, B * kd * 4},
+        {(void **)&s->v, B * kd * 4},         {(void **)&s->att, B * qd * 4},
+        {(void **)&s->acc, B * h * 4},        {(void **)&s->rlogits, B * J * 4},
+        {(void **)&s->probs, B * J * 4},      {(void **)&s->topk, B * K * 4},
+        {(void **)&s->topw, B * K * 4},       {(void **)&s->spec, B * J * 4},
+        {(void **)&s->count, J * 4},          {(void **)&s->slots, J * B * K * 4},
+        {(void **)&s->xg, B * h * 4},         {(void **)&s->g, B * imax * 4},
+        {(void **)&s->u, B * imax * 4},       {(void **)&s->yg, B * h * 4},
+        {(void **)&s->sg, B * 4},             {(void **)&s->inv_freq, D / 2 * 4},
+        {(void **)&s->cos, B * (D / 2) * 4},  {(void **)&s->sin, B * (D / 2) * 4},
+        {(void **)&s->k_cache, kv * 4},       {(void **)&s->v_cache, kv * 4},
+    };
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
+        *plan[i].p = s->be->alloc(s->bctx, plan[i].bytes);
+        if (!*plan[i].p) {
+            fmoe_session_free(s);
+            return fmoe_error_set(FMOE_ENOMEM,
+                                  "out of memory for the run state (KV cache of %d positions: "
+                                  "%.1f MiB)",
+                                  o.max_context, (double)kv * 8 / (1 << 20));
+        }
+    }
+    fmoe__rope_inv_freq(&m->arch.rope, g->head_dim, 0, s->inv_freq, &s->rope_scale);
+    s->rope_seq_len = 0;
+    *out = s;
+    return 0;
+}
+
+void fmoe_session_reset(fmoe_session *s) {
+    if (s) s->pos = 0;
+}
+
+int32_t fmoe_session_position(const fmoe_session *s) { return s ? s->pos : 0; }
+
+/* ---------------------------------------------------------------------------------- */
+/* Blocks                                                                             */
+/* ---------------------------------------------------------------------------------- */
+
+/* y[n][h] = mlp(x[n][h]) through the session's g/u scratch. */
+static void run_mlp(fmoe_session *s, const fmoe__mlp *w, const float *x, int32_t n, float *y) {
+    const int64_t I = w->gate.rows;
+    s->be->matmul(s->bctx, &w->gate, x, n, s->g);
+    s->be->matmul(s->bctx, &w->up, x, n, s->u);
+    for (int64_t i = 0; i < (int64_t)n * I; i++) s->g[i] = fmoe_swiglu(s->g[i], s->u[i]);
+    s->be->matmul(s->bctx, &w->down, s->g, n, y);
+}
+
+static void add_bias(float *y, const float *b, int32_t n, int64_t d) {
+    if (!b) return;
+    for (int32_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < d; i++) y[t * d + i] += b[i];
+}
+
+static void clamp_all(float *y, int64_t count, float c) {
+    for (int64_t i = 0; i < count; i++) y[i] = y[i] < -c ? -c : y[i] > c ? c : y[i];
+}
+
+/* Attention block of decoder layer li for n tokens; adds its output to s->x. */
+static void attention_block(fmoe_session *s, int32_t li, int32_t n, int32_t pos0) {
+    const fmoe_model *m = s->m;
+    const fmoe_model_geometry *g = &m->geo;
+    const fmoe__layer *L = &m->layers[li];
+    const int32_t h = g->hidden_size, D = g->head_dim, Hq = g->num_attention_heads;
+    const int32_t Hk = g->num_key_value_heads, half = D / 2;
+    const int64_t qd = (int64_t)Hq * D, kd = (int64_t)Hk * D;
+    const float eps = (float)g->rms_norm_eps;
+
+    for (int32_t t = 0; t < n; t++)
+        fmoe_rmsnorm_row(s->xn + (int64_t)t * h, s->x + (int64_t)t * h, L->attn_norm, h, eps);
+    s->be->matmul(s->bctx, &L->wq, s->xn, n, s->q);
+    s->be->matmul(s->bctx, &L->wk, s->xn, n, s->k);
+    s->be->matmul(s->bctx, &L->wv, s->xn, n, s->v);
+    add_bias(s->q, L->bq, n, qd);
+    add_bias(s->k, L->bk, n, kd);
+    add_bias(s->v, L->bv, n, kd);
+    if (m->arch.qk_norm == FMOE__QK_NORM_HEAD) {
+        for (int64_t r = 0; r < (int64_t)n * Hq; r++)
+            fmoe_rmsnorm_row(s->q + r * D, s->q + r * D, L->q_norm, D, eps);
+        for (int64_t r = 0; r < (int64_t)n * Hk; r++)
+            fmoe_rmsnorm_row(s->k + r * D, s->k + r * D, L->k_norm, D, eps);
+    } else if (m->arch.qk_norm == FMOE__QK_NORM_FULL) {
+        for (int32_t t = 0; t < n; t++) {
+            fmoe_rmsnorm_row(s->q + t * qd, s->q + t * qd, L->q_norm, (int32_t)qd, eps);
+            fmoe_rmsnorm_row(s->k + t * kd, s->k + t * kd, L->k_norm, (int32_t)kd, eps);
+        }
+    }
+    if (m->arch.clip_qkv > 0) {
+        clamp_all(s->q, n * qd, m->arch.clip_qkv);
+        clamp_all(s->k, n * kd, m->arch.clip_qkv);
+        clamp_all(s->v, n * kd, m->arch.clip_qkv);
+    }
+    for (int32_t t = 0; t < n; t++) {
+        const float *c = s->cos + (int64_t)t * half, *sn = s->sin + (int64_t)t * half;
+        for (int32_t hh = 0; hh < Hq; hh++) fmoe_rope_head(s->q + t * qd + hh * D, c, sn, D);
+        for (int32_t hh = 0; hh < Hk; hh++) fmoe_rope_head(s->k + t * kd + hh * D, c, sn, D);
+    }
+    float *kc = s->k_cache + (int64_t)li * s->opt.max_context * kd;
+    float *vc = s->v_cache + (int64_t)li * s->opt.max_context * kd;
+    memcpy(kc + (int64_t)pos0 * kd, s->k, (size_t)(n * kd) * sizeof(float));
+    memcpy(vc + (int64_t)pos0 * kd, s->v, (size_t)(n * kd) * sizeof(float));
+
+    fmoe__attn_args a = {
+        .q = s->q, .k_cache = kc, .v_cache = vc, .out = s->att, .n = n, .pos0 = pos0,
+        .n_heads = Hq, .n_kv_heads = Hk, .head_dim = D, .window = m->arch.sliding_window[li],
+        .scale = 1.0f / sqrtf((float)D),
+    };
+    s->be->attention(s->bctx, &a);
+    s->be->matmul(s->bctx, &L->wo, s->att, n, s->acc);
+    add_bias(s->acc, L->bo, n, h);
+    for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
+}
+
+/* MoE block: routes the n tokens of s->xn, runs their experts, adds to s->x.
+ * `t0` is the index of the chunk's first token in the caller's trace arrays. */
+static void moe_block(fmoe_session *s, const fmoe__layer *L, int32_t n, int32_t t0,
+                      const fmoe_forward_trace *tr) {
+    const fmoe_model *m = s->m;
+    const fmoe_model_geometry *g = &m->geo;
+    const int32_t h = g->hidden_size, J = g->num_experts, K = g->top_k;
+    const int32_t Lm = g->num_moe_layers, l = L->moe_index, S = s->opt.speculative_depth;
+
+    s->be->matmul(s->bctx, &L->router, s->xn, n, s->rlogits);
+    for (int32_t t = 0; t < n; t++)
+        fmoe_route_row(s->rlogits + (int64_t)t * J, J, K, g->scoring == FMOE_ROUTER_SIGMOID,
+                       g->norm_topk_prob, m->arch.route_norm_eps,
+                       (float)g->routed_scaling_factor, s->probs + (int64_t)t * J,
+                       s->topk + (int64_t)t * K, s->topw + (int64_t)t * K);
+
+    if (tr) {
+        for (int32_t t = 0; t < n; t++) {
+            const int64_t row = (int64_t)(t0 + t) * Lm + l;
+            if (tr->experts)
+                for (int32_t k = 0; k < K; k++)
+                    tr->experts[row * K + k] = (uint16_t)s->topk[t * K + k];
+            if (tr->weights)
+                memcpy(tr->weights + row * K, s->topw + t * K, (size_t)K * sizeof(float));
+            if (tr->probs)
+                memcpy(tr->probs + row * J, s->probs + (int64_t)t * J, (size_t)J * sizeof(float));
+            if (tr->hidden)
+                memcpy(tr->hidden + row * h, s->xn + (int64_t)t * h, (size_t)h * sizeof(float));
+        }
+        if (tr->speculative && S > 0) {
+            for (int32_t sd = 1; sd <= S; sd++) {
+                const int have = l + sd < Lm;
+                if (have)
+                    s->be->matmul(s->bctx, &m->layers[g->moe_layer_index[l + sd]].router, s->xn,
+                                  n, s->spec);
+                for (int32_t t = 0; t < n; t++) {
+                    float *dst = tr->speculative +
+                                 (((int64_t)(t0 + t) * Lm + l) * S + (sd - 1)) * J;
+                    if (!have) {
+                        memset(dst, 0, (size_t)J * sizeof(float));
+                    } else if (g->scoring == FMOE_ROUTER_SIGMOID) {
+                        for (int32_t j = 0; j < J; j++)
+                            dst[j] = fmoe_sigmoid(s->spec[(int64_t)t * J + j]);
+                    } else {
+                        fmoe_softmax_row(dst, s->spec + (int64_t)t * J, J);
+                    }
+                }
+            }
+        }
+    }
+    if (s->opt.on_route) s->opt.on_route(s->opt.route_ctx, l, n, s->topk);
+
+    /* Group (token, k) slots by expert; run each chosen expert once over its tokens. */
+    memset(s->count, 0, (size_t)J * sizeof *s->count);
+    const int64_t cap = (int64_t)s->opt.max_batch * K;
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t k = 0; k < K; k++) {
+            const int32_t e = s->topk[t * K + k];
+            s->slots[(int64_t)e * cap + s->count[e]++] = t * K + k;
+        }
+    memset(s->acc, 0, (size_t)n * h * sizeof(float));
+    for (int32_t e = 0; e < J; e++) {
+        const int32_t c = s->count[e];
+        if (c == 0) continue;
+        const int32_t *sl = s->slots + (int64_t)e * cap;
+        for (int32_t r = 0; r < c; r++)
+            memcpy(s->xg + (int64_t)r * h, s->xn + (int64_t)(sl[r] / K) * h,
+                   (size_t)h * sizeof(float));
+        run_mlp(s, &L->experts[e], s->xg, c, s->yg);
+        for (int32_t r = 0; r < c; r++) {
+            const float w = s->topw[sl[r]];
+            float *dst = s->acc + (int64_t)(sl[r] / K) * h;
+            const float *src = s->yg + (int64_t)r * h;
+            for (int32_t i = 0; i < h; i++) dst[i] += w * src[i];
+        }
+    }
+    if (L->has_shared) {
+        run_mlp(s, &L->shared, s->xn, n, s->yg);
+        if (m->arch.shared_gate) {
+            s->be->matmul(s->bctx, &L->shared_gate, s->xn, n, s->sg);
+            for (int32_t t = 0; t < n; t++) {
+                const float gt = fmoe_sigmoid(s->sg[t]);
+                for (int32_t i = 0; i < h; i++)
+                    s->acc[(int64_t)t * h + i] += gt * s->yg[(int64_t)t * h + i];
+            }
+        } else {
+            for (int64_t i = 0; i < (int64_t)n * h; i++) s->acc[i] += s->yg[i];
+        }
+    }
+    for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
+}
+
+/* One chunk of at most max_batch tokens. */
+static void forward_chunk(fmoe_session *s, const int32_t *tokens, int32_t n, int32_t t0,
+                          const fmoe_forward_trace *tr, float *logits, int last_chunk) {
+    const fmoe_model *m = s->m;
+    const fmoe_model_geometry *g = &m->geo;
+    const int32_t h = g->hidden_size, half = g->head_dim / 2;
+    const int32_t pos0 = s->pos;
+
+    for (int32_t t = 0; t < n; t++)
+        s->be->get_row(s->bctx, &m->embed, tokens[t], s->x + (int64_t)t * h);
+    if (tr && tr->semantic)
+        memcpy(tr->semantic + (int64_t)t0 * h, s->x, (size_t)n * h * sizeof(float));
+
+    /* RoPE tables for this chunk's positions. Dynamic NTK depends on the length of the
+     * whole call, as transformers computes it from the call's largest position. */
+    const int64_t seq_len = s->call_seq_len;
+    if (m->arch.rope.type == FMOE__ROPE_DYNAMIC && seq_len != s->rope_seq_len) {
+        fmoe__rope_inv_freq(&m->arch.rope, g->head_dim, seq_len, s->inv_freq, &s->rope_scale);
+        s->rope_seq_len = seq_len;
+    }
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t i = 0; i < half; i++) {
+            const float f = (float)(pos0 + t) * s->inv_freq[i];
+            s->cos[(int64_t)t * half + i] = cosf(f) * s->rope_scale;
+            s->sin[(int64_t)t * half + i] = sinf(f) * s->rope_scale;
+        }
+
+    for (int32_t li = 0; li < g->num_hidden_layers; li++) {
+        const double start = tr && tr->layer_seconds ? now_seconds() : 0;
+        const fmoe__layer *L = &m->layers[li];
+        attention_block(s, li, n, pos0);
+        for (int32_t t = 0; t < n; t++)
+            fmoe_rmsnorm_row(s->xn + (int64_t)t * h, s->x + (int64_t)t * h, L->ffn_norm, h,
+                             (float)g->rms_norm_eps);
+        if (L->moe_index >= 0) {
+            moe_block(s, L, n, t0, tr);
+        } else {
+            run_mlp(s, &L->shared, s->xn, n, s->acc);
+            for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
+        }
+        if (tr && tr->layer_seconds) tr->layer_seconds[li] += now_seconds() - start;
+    }
+    s->pos += n;
+
+    if (!logits) return;
+    const int64_t V = g->vocab_size;
+    if (s->opt.all_logits) {
+        for (int32_t t = 0; t < n; t++)
+            fmoe_rmsnorm_row(s->xn + (int64_t)t * h, s->x + (int64_t)t * h, m->final_norm, h,
+                             (float)g->rms_norm_eps);
+        s->be->matmul(s->bctx, &m->lm_head, s->xn, n, logits + (int64_t)t0 * V);
+    } else if (last_chunk) {
+        fmoe_rmsnorm_row(s->xn, s->x + (int64_t)(n - 1) * h, m->final_norm, h,
+                         (float)g->rms_norm_eps);
+        s->be->matmul(s->bctx, &m->lm_head, s->xn, 1, logits);
+    }
+}
+
+int fmoe_session_forward(fmoe_session *s, const int32_t *tokens, int32_t n,
+                         const fmoe_forward_trace *trace, float *logits) {
+    if (!s || (!tokens && n > 0)) return fmoe_error_set(FMOE_EINVAL, "session or tokens is NULL");
+    FMOE_RETURN_ERROR_IF(n < 1, FMOE_EINVAL, "no tokens to run (n = %d)", n);
+    const int32_t V = s->m->geo.vocab_size;
+    for (int32_t t = 0; t < n; t++)
+        FMOE_RETURN_ERROR_IF(tokens[t] < 0 || tokens[t] >= V, FMOE_EINVAL,
+                             "token %d at index %d is outside the vocabulary [0, %d)",
+                             tokens[t], t, V);
+    FMOE_RETURN_ERROR_IF((int64_t)s->pos + n > s->opt.max_context, FMOE_ERANGE,
+                         "%d tokens after %d in the cache exceed the context of %d positions",
+                         n, s->pos, s->opt.max_context);
+    s->call_seq_len = (int64_t)s->pos + n;
+    for (int32_t t0 = 0; t0 < n; t0 += s->opt.max_batch) {
+        const int32_t c = n - t0 < s->opt.max_batch ? n - t0 : s->opt.max_batch;
+        forward_chunk(s, tokens + t0, c, t0, trace, logits, t0 + c == n);
+    }
+    return 0;
+}

@@ -1,0 +1,417 @@
+/*
+ * load.c - binds a checkpoint's tensors to the model of its family.
+ *
+ * Tensor names follow each family's published checkpoints (the layout transformers'
+ * save_pretrained writes, which reverts its in-memory fusions):
+ *
+ *   all          model.embed_tokens.weight [V,h], model.norm.weight [h],
+ *                lm_head.weight [V,h] (absent when tie_word_embeddings),
+ *                model.layers.i.{input_layernorm,post_attention_layernorm}.weight [h],
+ *                model.layers.i.self_attn.{q,k,v,o}_proj.weight (+ .bias per family)
+ *   qwen3_moe    self_attn.{q,k}_norm.weight [D]
+ *   olmoe        self_attn.q_norm.weight [Hq·D], self_attn.k_norm.weight [Hkv·D]
+ *   mixtral      block_sparse_moe.gate.weight [J,h],
+ *                block_sparse_moe.experts.e.{w1 (gate), w3 (up)} [I,h], w2 (down) [h,I]
+ *   qwen2_moe,   mlp.gate.weight [J,h], mlp.experts.e.{gate,up}_proj.weight [I,h],
+ *   qwen3_moe,   mlp.experts.e.down_proj.weight [h,I]
+ *   olmoe,
+ *   deepseek
+ *   qwen2_moe    mlp.shared_expert.{gate,up,down}_proj.weight, mlp.shared_expert_gate.weight [1,h]
+ *   deepseek     mlp.shared_experts.{gate,up,down}_proj.weight (width n_shared·I)
+ *   dense layers mlp.{gate,up,down}_proj.weight (qwen mlp_only / sparse-step layers,
+ *                deepseek's first_k_dense_replace layers)
+ *
+ * transformers >= 5 keeps experts fused in memory (mlp.experts.gate_up_proj [J,2I,h] and
+ * mlp.experts.down_proj [J,h,I]); a checkpoint saved in that layout is read too: expert
+ * e's gate is rows [0, I) of gate_up_proj[e], its up rows [I, 2I).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/half.h"
+#include "model_impl.h"
+
+#define NAME_CAP 256
+
+static int keep_owned(fmoe_model *m, void *p) {
+    if (m->num_owned == m->cap_owned) {
+        int32_t cap = m->cap_owned ? m->cap_owned * 2 : 64;
+        void **no = realloc(m->owned, (size_t)cap * sizeof *no);
+        if (!no) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        m->owned = no;
+        m->cap_owned = cap;
+    }
+    m->owned[m->num_owned++] = p;
+    return 0;
+}
+
+/* A tensor of the given shape; the name is formatted. */
+static int get_tensor(fmoe_model *m, int32_t ndim, const int64_t *shape,
+                      const fmoe_st_tensor **out, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int get_tensor(fmoe_model *m, int32_t ndim, const int64_t *shape,
+                      const fmoe_st_tensor **out, const char *fmt, ...) {
+    char name[NAME_CAP];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return fmoe_safetensors_get(m->st, name, ndim, shape, out);
+}
+
+static int has_tensor(fmoe_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int has_tensor(fmoe_model *m, const char *fmt, ...) {
+    char name[NAME_CAP];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return fmoe_safetensors_find(m->st, name) != NULL;
+}
+
+/* Converts a 1-D tensor of n values to an owned f32 array. */
+static int to_f32(fmoe_model *m, const fmoe_st_tensor *t, const float **out) {
+    float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
+    if (!v || keep_owned(m, v) < 0) {
+        free(v);
+        return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    }
+    const uint8_t *p = t->data;
+    for (int64_t i = 0; i < t->numel; i++) {
+        if (t->dtype == FMOE_ST_F32) {
+            memcpy(&v[i], p + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            v[i] = t->dtype == FMOE_ST_F16 ? fmoe_half_to_float(h) : fmoe_bf16_to_float(h);
+        }
+    }
+    *out = v;
+    return 0;
+}
+
+/* A vector [n] converted to f32. */
+static int vec(fmoe_model *m, int64_t n, const float **out, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int vec(fmoe_model *m, int64_t n, const float **out, const char *fmt, ...) {
+    char name[NAME_CAP];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const fmoe_st_tensor *t;
+    FMOE_FORWARD_IF_ERROR(fmoe_safetensors_get(m->st, name, 1, &n, &t));
+    return to_f32(m, t, out);
+}
+
+/* A view of `rows` x `cols` values starting `offset` elements into tensor t; copied to
+ * an aligned owned buffer when the mapped bytes are misaligned for the dtype. */
+static int view(fmoe_model *m, const fmoe_st_tensor *t, int64_t offset, int64_t rows,
+                int64_t cols, fmoe__mat *out) {
+    const int64_t es = fmoe_st_dtype_size(t->dtype);
+    const uint8_t *p = (const uint8_t *)t->data + offset * es;
+    out->dtype = t->dtype;
+    out->rows = rows;
+    out->cols = cols;
+    if (((uintptr_t)p % (uintptr_t)es) != 0) {
+        void *copy = aligned_alloc(64, (size_t)((rows * cols * es + 63) / 64 * 64));
+        if (!copy || keep_owned(m, copy) < 0) {
+            free(copy);
+            return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        }
+        memcpy(copy, p, (size_t)(rows * cols * es));
+        p = copy;
+    }
+    out->data = p;
+    return 0;
+}
+
+/* A matrix [rows][cols]. */
+static int mat(fmoe_model *m, int64_t rows, int64_t cols, fmoe__mat *out, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int mat(fmoe_model *m, int64_t rows, int64_t cols, fmoe__mat *out, const char *fmt, ...) {
+    char name[NAME_CAP];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const int64_t shape[2] = {rows, cols};
+    const fmoe_st_tensor *t;
+    FMOE_FORWARD_IF_ERROR(fmoe_safetensors_get(m->st, name, 2, shape, &t));
+    return view(m, t, 0, rows, cols, out);
+}
+
+/* A SwiGLU MLP `prefix`.{gate,up,down}_proj.weight of width I. */
+static int mlp(fmoe_model *m, const char *prefix, int64_t I, fmoe__mlp *out) {
+    const int64_t h = m->geo.hidden_size;
+    FMOE_FORWARD_IF_ERROR(mat(m, I, h, &out->gate, "%s.gate_proj.weight", prefix));
+    FMOE_FORWARD_IF_ERROR(mat(m, I, h, &out->up, "%s.up_proj.weight", prefix));
+    FMOE_FORWARD_IF_ERROR(mat(m, h, I, &out->down, "%s.down_proj.weight", prefix));
+    return 0;
+}
+
+/* The routed experts of decoder layer i, in either layout. */
+static int experts(fmoe_model *m, int32_t i, const char *moe, fmoe__mlp *ex) {
+    const int64_t h = m->geo.hidden_size, I = m->geo.moe_intermediate_size;
+    const int32_t J = m->geo.num_experts;
+    const int mixtral = m->geo.family == FMOE_FAMILY_MIXTRAL;
+    if (has_tensor(m, "model.layers.%d.%s.experts.gate_up_proj", i, moe) ||
+        (mixtral && has_tensor(m, "model.layers.%d.mlp.experts.gate_up_proj", i))) {
+        const char *blk = has_tensor(m, "model.layers.%d.%s.experts.gate_up_proj", i, moe)
+                              ? moe
+                              : "mlp";
+        const fmoe_st_tensor *gu, *dn;
+        const int64_t gs[3] = {J, 2 * I, h}, ds[3] = {J, h, I};
+        FMOE_FORWARD_IF_ERROR(
+            get_tensor(m, 3, gs, &gu, "model.layers.%d.%s.experts.gate_up_proj", i, blk));
+        FMOE_FORWARD_IF_ERROR(
+            get_tensor(m, 3, ds, &dn, "model.layers.%d.%s.experts.down_proj", i, blk));
+        for (int32_t e = 0; e < J; e++) {
+            FMOE_FORWARD_IF_ERROR(view(m, gu, (int64_t)e * 2 * I * h, I, h, &ex[e].gate));
+            FMOE_FORWARD_IF_ERROR(view(m, gu, (int64_t)e * 2 * I * h + I * h, I, h, &ex[e].up));
+            FMOE_FORWARD_IF_ERROR(view(m, dn, (int64_t)e * h * I, h, I, &ex[e].down));
+        }
+        return 0;
+    }
+    for (int32_t e = 0; e < J; e++) {
+        if (mixtral) {
+            FMOE_FORWARD_IF_ERROR(
+                mat(m, I, h, &ex[e].gate, "model.layers.%d.%s.experts.%d.w1.weight", i, moe, e));
+            FMOE_FORWARD_IF_ERROR(
+                mat(m, I, h, &ex[e].up, "model.layers.%d.%s.experts.%d.w3.weight", i, moe, e));
+            FMOE_FORWARD_IF_ERROR(
+                mat(m, h, I, &ex[e].down, "model.layers.%d.%s.experts.%d.w2.weight", i, moe, e));
+        } else {
+            char prefix[NAME_CAP];
+            snprintf(prefix, sizeof prefix, "model.layers.%d.%s.experts.%d", i, moe, e);
+            FMOE_FORWARD_IF_ERROR(mlp(m, prefix, I, &ex[e]));
+        }
+    }
+    return 0;
+}
+
+static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
+    const fmoe_model_geometry *g = &m->geo;
+    const fmoe__arch *a = &m->arch;
+    fmoe__layer *L = &m->layers[i];
+    const int64_t h = g->hidden_size, D = g->head_dim;
+    const int64_t qd = (int64_t)g->num_attention_heads * D, kd = (int64_t)g->num_key_value_heads * D;
+
+    FMOE_FORWARD_IF_ERROR(vec(m, h, &L->attn_norm, "model.layers.%d.input_layernorm.weight", i));
+    FMOE_FORWARD_IF_ERROR(
+        vec(m, h, &L->ffn_norm, "model.layers.%d.post_attention_layernorm.weight", i));
+    FMOE_FORWARD_IF_ERROR(mat(m, qd, h, &L->wq, "model.layers.%d.self_attn.q_proj.weight", i));
+    FMOE_FORWARD_IF_ERROR(mat(m, kd, h, &L->wk, "model.layers.%d.self_attn.k_proj.weight", i));
+    FMOE_FORWARD_IF_ERROR(mat(m, kd, h, &L->wv, "model.layers.%d.self_attn.v_proj.weight", i));
+    FMOE_FORWARD_IF_ERROR(mat(m, h, qd, &L->wo, "model.layers.%d.self_attn.o_proj.weight", i));
+    if (a->attn_bias_qkv) {
+        FMOE_FORWARD_IF_ERROR(vec(m, qd, &L->bq, "model.layers.%d.self_attn.q_proj.bias", i));
+        FMOE_FORWARD_IF_ERROR(vec(m, kd, &L->bk, "model.layers.%d.self_attn.k_proj.bias", i));
+        FMOE_FORWARD_IF_ERROR(vec(m, kd, &L->bv, "model.layers.%d.self_attn.v_proj.bias", i));
+    }
+    if (a->attn_bias_o)
+        FMOE_FORWARD_IF_ERROR(vec(m, h, &L->bo, "model.layers.%d.self_attn.o_proj.bias", i));
+    if (a->qk_norm == FMOE__QK_NORM_HEAD) {
+        FMOE_FORWARD_IF_ERROR(vec(m, D, &L->q_norm, "model.layers.%d.self_attn.q_norm.weight", i));
+        FMOE_FORWARD_IF_ERROR(vec(m, D, &L->k_norm, "model.layers.%d.self_attn.k_norm.weight", i));
+    } else if (a->qk_norm == FMOE__QK_NORM_FULL) {
+        FMOE_FORWARD_IF_ERROR(
+            vec(m, qd, &L->q_norm, "model.layers.%d.self_attn.q_norm.weight", i));
+        FMOE_FORWARD_IF_ERROR(
+            vec(m, kd, &L->k_norm, "model.layers.%d.self_attn.k_norm.weight", i));
+    }
+
+    L->moe_index = moe_index;
+    if (moe_index < 0) {
+        char prefix[NAME_CAP];
+        snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", i);
+        FMOE_RETURN_ERROR_IF(g->intermediate_size <= 0, FMOE_EFORMAT,
+                             "layer %d is dense but intermediate_size is 0", i);
+        return mlp(m, prefix, g->intermediate_size, &L->shared);
+    }
+
+    const char *moe = g->family == FMOE_FAMILY_MIXTRAL ? "block_sparse_moe" : "mlp";
+    /* transformers >= 5 may save Mixtral's block as "mlp" */
+    if (g->family == FMOE_FAMILY_MIXTRAL &&
+        !has_tensor(m, "model.layers.%d.block_sparse_moe.gate.weight", i) &&
+        has_tensor(m, "model.layers.%d.mlp.gate.weight", i))
+        moe = "mlp";
+    FMOE_FORWARD_IF_ERROR(
+        mat(m, g->num_experts, h, &L->router, "model.layers.%d.%s.gate.weight", i, moe));
+    L->experts = m->expert_pool + (int64_t)moe_index * g->num_experts;
+    FMOE_FORWARD_IF_ERROR(experts(m, i, moe, L->experts));
+
+    if (g->num_shared_experts > 0 && g->shared_intermediate_size > 0) {
+        char prefix[NAME_CAP];
+        L->has_shared = 1;
+        if (g->family == FMOE_FAMILY_QWEN2_MOE) {
+            snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.shared_expert", i);
+            FMOE_FORWARD_IF_ERROR(mlp(m, prefix, g->shared_intermediate_size, &L->shared));
+            FMOE_FORWARD_IF_ERROR(
+                mat(m, 1, h, &L->shared_gate, "model.layers.%d.mlp.shared_expert_gate.weight", i));
+        } else {
+            snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.shared_experts", i);
+            FMOE_FORWARD_IF_ERROR(mlp(m, prefix, g->shared_intermediate_size, &L->shared));
+        }
+    }
+    return 0;
+}
+
+/* Reads config.json into a NUL-terminated string. */
+static int read_config(const char *path, char **out, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return fmoe_error_set(FMOE_EIO, "%s: %s", path, strerror(errno));
+    size_t cap = 16384, n = 0;
+    char *buf = malloc(cap);
+    int rc = 0;
+    while (buf) {
+        if (n + 1 >= cap) {
+            if (cap >= (64u << 20)) {
+                rc = fmoe_error_set(FMOE_EFORMAT, "%s: too large for a config.json", path);
+                break;
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    if (!buf) rc = fmoe_error_set(FMOE_ENOMEM, "out of memory reading %s", path);
+    if (rc == 0 && ferror(f)) rc = fmoe_error_set(FMOE_EIO, "%s: read error", path);
+    fclose(f);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+void fmoe_model_free(fmoe_model *m) {
+    if (!m) return;
+    for (int32_t i = 0; i < m->num_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    free(m->expert_pool);
+    fmoe__arch_free(&m->arch);
+    fmoe_safetensors_close(m->st);
+    free(m->config_json);
+    free(m->dir);
+    free(m);
+}
+
+int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
+    (void)options;
+    if (!dir || !out) return fmoe_error_set(FMOE_EINVAL, "model directory or output is NULL");
+    *out = NULL;
+    fmoe_model *m = calloc(1, sizeof *m);
+    if (!m) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    int rc;
+    char *path = NULL;
+    size_t plen = strlen(dir) + 32, json_len = 0;
+    if (!(path = malloc(plen)) || !(m->dir = strdup(dir))) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        goto fail;
+    }
+
+    /* Config first: an unsupported family fails before any weight is touched. */
+    snprintf(path, plen, "%s/config.json", dir);
+    if ((rc = read_config(path, &m->config_json, &json_len)) < 0) goto fail;
+    if ((rc = fmoe_geometry_parse(m->config_json, json_len, &m->geo)) < 0) {
+        fmoe_error_prefix("%s", path);
+        goto fail;
+    }
+    const fmoe_model_geometry *g = &m->geo;
+    switch (g->family) {
+    case FMOE_FAMILY_MIXTRAL:
+    case FMOE_FAMILY_QWEN2_MOE:
+    case FMOE_FAMILY_QWEN3_MOE:
+    case FMOE_FAMILY_OLMOE:
+    case FMOE_FAMILY_DEEPSEEK_V1: break;
+    default: {
+        const char *what = g->family == FMOE_FAMILY_PHIMOE        ? "Phi-3.5-MoE"
+                           : g->family == FMOE_FAMILY_DEEPSEEK_V2 ? "DeepSeek-V2 (MLA)"
+                           : g->family == FMOE_FAMILY_DEEPSEEK_V3 ? "DeepSeek-V3 (MLA)"
+                           : g->family == FMOE_FAMILY_GPT_OSS     ? "gpt-oss"
+                           : g->family == FMOE_FAMILY_LLAMA4      ? "Llama-4"
+                                                                  : "this family";
+        rc = fmoe_error_set(FMOE_EUNSUPPORTED,
+                            "%s: model_type \"%s\" (%s) is not yet supported by the forward "
+                            "pass (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek)",
+                            path, g->model_type, what);
+        goto fail;
+    }
+    }
+    if ((rc = fmoe__arch_parse(m->config_json, json_len, g, &m->arch)) < 0) {
+        fmoe_error_prefix("%s", path);
+        goto fail;
+    }
+    if (g->head_dim % 2 != 0 || g->num_attention_heads % g->num_key_value_heads != 0 ||
+        g->scoring != FMOE_ROUTER_SOFTMAX || g->n_group > 1) {
+        rc = fmoe_error_set(FMOE_EUNSUPPORTED,
+                            "%s: head_dim %d, %d heads over %d kv heads, %s router: not "
+                            "supported (even head_dim, whole kv groups, softmax routing)",
+                            path, g->head_dim, g->num_attention_heads, g->num_key_value_heads,
+                            g->scoring == FMOE_ROUTER_SOFTMAX ? "softmax" : "sigmoid");
+        goto fail;
+    }
+
+    if ((rc = fmoe_safetensors_open(dir, &m->st)) < 0) goto fail;
+
+    const int64_t V = g->vocab_size, h = g->hidden_size;
+    m->layers = calloc((size_t)g->num_hidden_layers, sizeof *m->layers);
+    m->expert_pool =
+        calloc((size_t)g->num_moe_layers * (size_t)g->num_experts, sizeof *m->expert_pool);
+    if (!m->layers || !m->expert_pool) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = mat(m, V, h, &m->embed, "model.embed_tokens.weight")) < 0) goto fail;
+    if ((rc = vec(m, h, &m->final_norm, "model.norm.weight")) < 0) goto fail;
+    if (g->tie_word_embeddings) /* as transformers ties them, whatever the file holds */
+        m->lm_head = m->embed;
+    else if ((rc = mat(m, V, h, &m->lm_head, "lm_head.weight")) < 0)
+        goto fail;
+
+    int32_t l = 0;
+    for (int32_t i = 0; i < g->num_hidden_layers; i++) {
+        int32_t moe_index = -1;
+        if (l < g->num_moe_layers && g->moe_layer_index[l] == i) moe_index = l++;
+        if ((rc = bind_layer(m, i, moe_index)) < 0) goto fail;
+    }
+
+    const char *dt = fmoe_st_dtype_name(m->layers[0].wq.dtype);
+    snprintf(m->describe, sizeof m->describe,
+             "%s: %d layers (%d MoE), %d experts top-%d%s, hidden %d, %s, %s", g->model_type,
+             g->num_hidden_layers, g->num_moe_layers, g->num_experts, g->top_k,
+             g->num_shared_experts ? " + shared" : "", g->hidden_size, dt, m->arch.rope_desc);
+    free(path);
+    *out = m;
+    return 0;
+fail:
+    free(path);
+    fmoe_model_free(m);
+    return rc;
+}
+
+const fmoe_model_geometry *fmoe_model_get_geometry(const fmoe_model *m) {
+    return m ? &m->geo : NULL;
+}
+
+const char *fmoe_model_config_json(const fmoe_model *m) { return m ? m->config_json : NULL; }
+
+int64_t fmoe_model_weight_bytes(const fmoe_model *m) {
+    return m ? fmoe_safetensors_data_bytes(m->st) : 0;
+}
+
+const char *fmoe_model_describe(const fmoe_model *m) { return m ? m->describe : ""; }

@@ -1,0 +1,331 @@
+/*
+ * calibrate.c - the CPU measurements behind `fmoe calibrate` and the fit that turns them
+ * into a hardware profile (fmoe/hardware.h; the CUDA measurements are runtime/cuda/
+ * cuda_calibrate.cu).
+ *
+ * Every measurement times one operation at a time with CLOCK_MONOTONIC and keeps the
+ * median of its runs: at least `reps`, more while the point has taken under MIN_POINT_S
+ * in total (small copies take microseconds; one run would be noise), at most MAX_REPS.
+ * Buffers are touched before timing so that page faults are not measured.
+ *
+ * The file test measures what an expert load from a model file costs when the model does
+ * not fit in RAM: a scratch file is written and synced, and before every read the page
+ * cache of the file is dropped (posix_fadvise DONTNEED works for unprivileged users on
+ * clean pages), so each pread goes to the device. On tmpfs nothing can be dropped and the
+ * caller is told so.
+ */
+#include <cblas.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fmoe/error.h"
+#include "fmoe/hardware.h"
+
+#define MIN_POINT_S 0.02
+#define MAX_REPS 1000
+#define TMPFS_MAGIC_ 0x01021994
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int32_t n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ------------------------------------------------------------------ fit */
+
+int fmoe_calibrate_fit(const double *x, const double *y, int32_t n, fmoe_linear_fit *out) {
+    memset(out, 0, sizeof *out);
+    FMOE_RETURN_ERROR_IF(n < 2, FMOE_EINVAL, "fit: %d points, need at least 2", n);
+    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (int32_t i = 0; i < n; i++) {
+        FMOE_RETURN_ERROR_IF(!(y[i] > 0) || !isfinite(x[i]), FMOE_EINVAL,
+                             "fit: point %d is (%g, %g)", i, x[i], y[i]);
+        const double w = 1.0 / (y[i] * y[i]);
+        sw += w;
+        sx += w * x[i];
+        sy += w * y[i];
+        sxx += w * x[i] * x[i];
+        sxy += w * x[i] * y[i];
+    }
+    const double det = sw * sxx - sx * sx;
+    FMOE_RETURN_ERROR_IF(!(fabs(det) > 1e-300 * sw * sxx), FMOE_EINVAL,
+                         "fit: all %d points have the same x", n);
+    out->b = (sw * sxy - sx * sy) / det;
+    out->a = (sy - out->b * sx) / sw;
+    out->n = n;
+    double se = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const double r = fabs(out->a + out->b * x[i] - y[i]) / y[i];
+        se += r * r;
+        if (r > out->max_rel) out->max_rel = r;
+    }
+    out->rms_rel = sqrt(se / n);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ copies */
+
+int fmoe_calibrate_copy_ram(const int64_t *sizes, int32_t n, int32_t reps, double *seconds) {
+    int64_t max = 0;
+    for (int32_t i = 0; i < n; i++) {
+        FMOE_RETURN_ERROR_IF(sizes[i] < 1, FMOE_EINVAL, "copy size %lld", (long long)sizes[i]);
+        if (sizes[i] > max) max = sizes[i];
+    }
+    if (reps < 1) reps = 1;
+    char *src = malloc((size_t)max), *dst = malloc((size_t)max);
+    double *t = malloc(MAX_REPS * sizeof *t);
+    if (!src || !dst || !t) {
+        free(src);
+        free(dst);
+        free(t);
+        return fmoe_error_set(FMOE_ENOMEM, "copy buffers of %lld bytes", (long long)max);
+    }
+    memset(src, 1, (size_t)max);
+    memset(dst, 2, (size_t)max);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t k = 0;
+        double total = 0;
+        while (k < MAX_REPS && (k < reps || total < MIN_POINT_S)) {
+            const double t0 = now_s();
+            memcpy(dst, src, (size_t)sizes[i]);
+            t[k] = now_s() - t0;
+            total += t[k++];
+            src[k % max] ^= dst[(k * 7) % max]; /* keep the copies observable */
+        }
+        seconds[i] = median(t, k);
+    }
+    free(src);
+    free(dst);
+    free(t);
+    return 0;
+}
+
+int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, int32_t reps,
+                             double *seconds, fmoe_file_cache *cache) {
+    int64_t max = 0;
+    for (int32_t i = 0; i < n; i++) {
+        FMOE_RETURN_ERROR_IF(sizes[i] < 1, FMOE_EINVAL, "read size %lld", (long long)sizes[i]);
+        if (sizes[i] > max) max = sizes[i];
+    }
+    if (reps < 1) reps = 1;
+    /* Each timed read gets its own region, so a read never benefits from the one before
+     * (read-ahead included): the file holds `slots` regions of the largest size. */
+    const int32_t slots = reps + 1;
+    const int64_t file_bytes = max * slots;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/fmoe-calibrate-%ld.tmp", dir && dir[0] ? dir : "/tmp",
+             (long)getpid());
+    const int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0)
+        return fmoe_error_set(FMOE_EIO, "%s: cannot create the scratch file: %s", path,
+                              strerror(errno));
+    unlink(path); /* gone when closed, even if we are killed */
+    int rc = 0;
+    const size_t chunk = (size_t)(4 << 20);
+    char *buf = malloc(chunk > (size_t)max ? chunk : (size_t)max);
+    double *t = malloc((size_t)reps * sizeof *t);
+    if (!buf || !t) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "read buffer of %lld bytes", (long long)max);
+        goto done;
+    }
+    for (size_t i = 0; i < chunk; i++) buf[i] = (char)(i * 131 + 7);
+    for (int64_t off = 0; off < file_bytes; off += (int64_t)chunk) {
+        const size_t len = (size_t)(file_bytes - off < (int64_t)chunk ? file_bytes - off : (int64_t)chunk);
+        if (pwrite(fd, buf, len, off) != (ssize_t)len) {
+            rc = fmoe_error_set(FMOE_EIO, "%s: writing %lld bytes of scratch data: %s", path,
+                                (long long)file_bytes, strerror(errno));
+            goto done;
+        }
+    }
+    if (fdatasync(fd) != 0) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: fdatasync: %s", path, strerror(errno));
+        goto done;
+    }
+    struct statfs sf;
+    const int tmpfs = fstatfs(fd, &sf) == 0 && (unsigned long)sf.f_type == TMPFS_MAGIC_;
+    int dropped = !tmpfs;
+    for (int32_t i = 0; i < n; i++) {
+        for (int32_t k = 0; k < reps; k++) {
+            if (!tmpfs && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) dropped = 0;
+            const int64_t off = (int64_t)k * max;
+            const double t0 = now_s();
+            int64_t got = 0;
+            while (got < sizes[i]) {
+                const ssize_t r = pread(fd, buf + got, (size_t)(sizes[i] - got), off + got);
+                if (r <= 0) {
+                    rc = fmoe_error_set(FMOE_EIO, "%s: reading %lld bytes at %lld: %s", path,
+                                        (long long)sizes[i], (long long)off,
+                                        r < 0 ? strerror(errno) : "end of file");
+                    goto done;
+                }
+                got += r;
+            }
+            t[k] = now_s() - t0;
+        }
+        seconds[i] = median(t, reps);
+    }
+    *cache = tmpfs ? FMOE_FILE_CACHE_TMPFS : dropped ? FMOE_FILE_CACHE_DROPPED
+                                                     : FMOE_FILE_CACHE_WARM;
+done:
+    close(fd);
+    free(buf);
+    free(t);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ compute */
+
+static void fill(float *p, size_t n, float scale) {
+    uint32_t s = 2463534242u;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        p[i] = scale * ((float)(s & 0xffff) / 65536.0f - 0.5f);
+    }
+}
+
+int fmoe_calibrate_gemms_cpu(const int32_t *rows, const int32_t *cols, int32_t mats,
+                             const int32_t *tokens, int32_t n, int32_t reps, double *seconds) {
+    FMOE_RETURN_ERROR_IF(mats < 1 || n < 1, FMOE_EINVAL, "gemm timing: %d matrices, %d points",
+                         mats, n);
+    size_t wsize = 0, in_max = 0, out_max = 0;
+    int32_t tmax = 0;
+    for (int32_t i = 0; i < mats; i++) {
+        FMOE_RETURN_ERROR_IF(rows[i] < 1 || cols[i] < 1, FMOE_EINVAL,
+                             "gemm timing: matrix %d is %d x %d", i, rows[i], cols[i]);
+        wsize += (size_t)rows[i] * (size_t)cols[i];
+        if ((size_t)cols[i] > in_max) in_max = (size_t)cols[i];
+        if ((size_t)rows[i] > out_max) out_max = (size_t)rows[i];
+    }
+    for (int32_t i = 0; i < n; i++) {
+        FMOE_RETURN_ERROR_IF(tokens[i] < 1, FMOE_EINVAL, "gemm timing: %d tokens", tokens[i]);
+        if (tokens[i] > tmax) tmax = tokens[i];
+    }
+    if (reps < 1) reps = 1;
+    float *w = malloc(wsize * sizeof *w);
+    float *x = malloc((size_t)tmax * in_max * sizeof *x);
+    float *y = malloc((size_t)tmax * out_max * sizeof *y);
+    double *t = malloc(MAX_REPS * sizeof *t);
+    if (!w || !x || !y || !t) {
+        free(w);
+        free(x);
+        free(y);
+        free(t);
+        return fmoe_error_set(FMOE_ENOMEM, "gemm timing: %zu weights", wsize);
+    }
+    fill(w, wsize, 0.02f);
+    fill(x, (size_t)tmax * in_max, 1.0f);
+    memset(y, 0, (size_t)tmax * out_max * sizeof *y);
+    for (int32_t p = 0; p < n; p++) {
+        const int32_t m = tokens[p];
+        int32_t k = 0;
+        double total = 0;
+        while (k < MAX_REPS && (k < reps || total < MIN_POINT_S)) {
+            const double t0 = now_s();
+            const float *wi = w;
+            for (int32_t i = 0; i < mats; i++) {
+                if (m == 1)
+                    cblas_sgemv(CblasRowMajor, CblasNoTrans, rows[i], cols[i], 1.0f, wi, cols[i],
+                                x, 1, 0.0f, y, 1);
+                else
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, rows[i], cols[i],
+                                1.0f, x, cols[i], wi, cols[i], 0.0f, y, rows[i]);
+                wi += (size_t)rows[i] * (size_t)cols[i];
+            }
+            t[k] = now_s() - t0;
+            total += t[k++];
+        }
+        seconds[p] = median(t, k);
+    }
+    free(w);
+    free(x);
+    free(y);
+    free(t);
+    return 0;
+}
+
+int fmoe_calibrate_attention_cpu(int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                 const int32_t *tokens, const int32_t *contexts, int32_t n,
+                                 int32_t reps, double *seconds) {
+    FMOE_RETURN_ERROR_IF(heads < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 1 || n < 1,
+                         FMOE_EINVAL, "attention timing: %d heads, %d kv heads, dim %d", heads,
+                         kv_heads, head_dim);
+    int32_t tmax = 0, cmax = 0;
+    for (int32_t i = 0; i < n; i++) {
+        FMOE_RETURN_ERROR_IF(tokens[i] < 1 || contexts[i] < tokens[i], FMOE_EINVAL,
+                             "attention timing: %d tokens at context %d", tokens[i],
+                             contexts[i]);
+        if (tokens[i] > tmax) tmax = tokens[i];
+        if (contexts[i] > cmax) cmax = contexts[i];
+    }
+    if (reps < 1) reps = 1;
+    const size_t hd = (size_t)head_dim;
+    float *q = malloc((size_t)tmax * heads * hd * sizeof *q);
+    float *kc = malloc((size_t)cmax * kv_heads * hd * sizeof *kc);
+    float *vc = malloc((size_t)cmax * kv_heads * hd * sizeof *vc);
+    float *s = malloc((size_t)tmax * cmax * sizeof *s);
+    float *o = malloc((size_t)tmax * heads * hd * sizeof *o);
+    double *t = malloc(MAX_REPS * sizeof *t);
+    int rc = 0;
+    if (!q || !kc || !vc || !s || !o || !t) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "attention timing at context %d", cmax);
+        goto done;
+    }
+    fill(q, (size_t)tmax * heads * hd, 1.0f);
+    fill(kc, (size_t)cmax * kv_heads * hd, 1.0f);
+    fill(vc, (size_t)cmax * kv_heads * hd, 1.0f);
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    const int32_t group = heads / kv_heads;
+    for (int32_t p = 0; p < n; p++) {
+        const int32_t m = tokens[p], c = contexts[p];
+        int32_t k = 0;
+        double total = 0;
+        while (k < MAX_REPS && (k < reps || total < MIN_POINT_S)) {
+            const double t0 = now_s();
+            for (int32_t h = 0; h < heads; h++) {
+                const float *qh = q + (size_t)h * hd, *kh = kc + (size_t)(h / group) * hd;
+                const float *vh = vc + (size_t)(h / group) * hd;
+                /* scores[m x c] = q_h[m x hd] * k_h[c x hd]^T (rows strided by heads) */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, c, head_dim, scale, qh,
+                            heads * head_dim, kh, kv_heads * head_dim, 0.0f, s, c);
+                for (int32_t r = 0; r < m; r++) {
+                    float *row = s + (size_t)r * c, mx = row[0], sum = 0;
+                    for (int32_t j = 1; j < c; j++) mx = row[j] > mx ? row[j] : mx;
+                    for (int32_t j = 0; j < c; j++) sum += row[j] = expf(row[j] - mx);
+                    for (int32_t j = 0; j < c; j++) row[j] /= sum;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, head_dim, c, 1.0f, s, c,
+                            vh, kv_heads * head_dim, 0.0f, o + (size_t)h * hd, heads * head_dim);
+            }
+            t[k] = now_s() - t0;
+            total += t[k++];
+        }
+        seconds[p] = median(t, k);
+    }
+done:
+    free(q);
+    free(kc);
+    free(vc);
+    free(s);
+    free(o);
+    free(t);
+    return rc;
+}

@@ -1,0 +1,101 @@
+/*
+ * costs.c - the simulator's cost model (fmoe/sim.h, DESIGN.md §7).
+ *
+ * Transfer: alpha + bytes / beta per copy.
+ * Compute, per MoE layer (everything but the routed experts: attention projections, the
+ * attention itself over the context, router, shared experts) and per routed expert: a
+ * measured linear model from the profile when present, else a roofline,
+ *     time = max(FLOPs / peak_flops, bytes / memory_bandwidth) + launch_s,
+ * with FLOPs = 2 · params · tokens (+ 4 · heads · head_dim · tokens · context for attention)
+ * and bytes = the weights read once (+ the KV cache read for attention). The roofline
+ * ignores causal masking (full n × context scores) and MLA's low-rank projections; it is a
+ * bound, not a prediction — calibrate for predictions.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/sim.h"
+
+int fmoe_sim_costs_init(fmoe_sim_costs *c, const fmoe_hardware_profile *hw,
+                        const fmoe_model_geometry *g, int64_t expert_bytes, int32_t hidden_size,
+                        double dtype_bits) {
+    memset(c, 0, sizeof *c);
+    FMOE_RETURN_ERROR_IF(expert_bytes <= 0, FMOE_EINVAL,
+                         "expert size unknown (the trace has no expert_bytes; pass "
+                         "--model-config)");
+    FMOE_RETURN_ERROR_IF(!(hw->beta_bytes_per_s > 0) || hw->alpha_s < 0, FMOE_EINVAL,
+                         "hardware %s: link needs alpha_s >= 0 and beta_bytes_per_s > 0",
+                         hw->name);
+    c->alpha_s = hw->alpha_s;
+    c->beta_bytes_per_s = hw->beta_bytes_per_s;
+    c->expert_bytes = expert_bytes;
+    c->layer = hw->attention;
+    c->expert = hw->expert;
+    c->peak_flops = hw->peak_flops;
+    c->mem_bw = hw->memory_bandwidth_bytes_per_s;
+    c->launch_s = hw->launch_s;
+    c->host_expert = hw->host_expert;
+    c->host_peak_flops = hw->host_peak_flops;
+    c->host_mem_bw = hw->host_memory_bandwidth_bytes_per_s;
+    c->match_delay_s = hw->match_s; /* [fmoe hook, issue 4] */
+    FMOE_RETURN_ERROR_IF((!c->layer.present || !c->expert.present) &&
+                             !(c->peak_flops > 0 && c->mem_bw > 0),
+                         FMOE_EINVAL,
+                         "hardware %s: no compute timings and no roofline (device.peak_flops, "
+                         "device.memory_bandwidth_bytes_per_s)",
+                         hw->name);
+    if (g) {
+        const double h = g->hidden_size, H = g->num_attention_heads > 0 ? g->num_attention_heads : 1;
+        const double hd = g->head_dim > 0 ? g->head_dim : h / H;
+        const double kv = g->num_key_value_heads > 0 ? g->num_key_value_heads : H;
+        const double attn = h * H * hd + 2 * h * kv * hd + H * hd * h;
+        const double router = h * g->num_experts;
+        const double shared = 3.0 * h * g->shared_intermediate_size;
+        const double bits = fmoe_dtype_bits(g->dtype);
+        c->bytes_per_param = (bits > 0 ? bits : 16) / 8;
+        c->layer_weight_params = attn + router + shared;
+        c->attn_flops_per_token_ctx = 4 * H * hd;
+        c->kv_bytes_per_ctx = 2 * kv * hd * c->bytes_per_param;
+        const int64_t ep = fmoe_geometry_expert_params(g);
+        c->expert_params = ep > 0 ? (double)ep : 0;
+    } else {
+        const double h = hidden_size > 0 ? hidden_size : 0;
+        c->bytes_per_param = (dtype_bits > 0 ? dtype_bits : 16) / 8;
+        c->layer_weight_params = 4 * h * h;
+        c->attn_flops_per_token_ctx = 4 * h;
+        c->kv_bytes_per_ctx = 2 * h * c->bytes_per_param;
+    }
+    if (c->expert_params <= 0) c->expert_params = (double)expert_bytes / c->bytes_per_param;
+    c->layer_flops_per_token = 2 * c->layer_weight_params;
+    return 0;
+}
+
+double fmoe_sim_transfer_s(const fmoe_sim_costs *c, int64_t bytes) {
+    return c->alpha_s + (double)bytes / c->beta_bytes_per_s;
+}
+
+double fmoe_sim_layer_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context) {
+    const double n = tokens, ctx = (double)context;
+    if (c->layer.present)
+        return c->layer.base_s + c->layer.per_token_s * n + c->layer.per_token_context_s * n * ctx;
+    const double flops = c->layer_flops_per_token * n + c->attn_flops_per_token_ctx * n * ctx;
+    const double bytes = c->layer_weight_params * c->bytes_per_param + c->kv_bytes_per_ctx * ctx;
+    return fmax(flops / c->peak_flops, bytes / c->mem_bw) + c->launch_s;
+}
+
+double fmoe_sim_expert_s(const fmoe_sim_costs *c, int32_t tokens) {
+    if (c->expert.present) return c->expert.base_s + c->expert.per_token_s * tokens;
+    const double flops = 2 * c->expert_params * tokens;
+    return fmax(flops / c->peak_flops, (double)c->expert_bytes / c->mem_bw) + c->launch_s;
+}
+
+int fmoe_sim_costs_have_host(const fmoe_sim_costs *c) {
+    return c->host_expert.present || (c->host_peak_flops > 0 && c->host_mem_bw > 0);
+}
+
+double fmoe_sim_host_expert_s(const fmoe_sim_costs *c, int32_t tokens) {
+    if (c->host_expert.present) return c->host_expert.base_s + c->host_expert.per_token_s * tokens;
+    const double flops = 2 * c->expert_params * tokens;
+    return fmax(flops / c->host_peak_flops, (double)c->expert_bytes / c->host_mem_bw);
+}

@@ -1,0 +1,632 @@
+/*
+ * executor.c - the discrete-event executor for one (policy, cache, distance) cell
+ * (fmoe/sim.h; DESIGN.md §7, access model §7.1).
+ *
+ * Hit/miss decisions follow the access sequence in logical order, exactly as §7.1 states
+ * them: each access is resolved (hit, late hit, or miss with a victim chosen now) before
+ * the next one, so for policies without prefetch the counts depend only on the sequence and
+ * the capacity. Time runs alongside: every slot remembers when its expert's last compute
+ * ends (the expert is pinned while it computes), and a load into that slot cannot start
+ * earlier. The copy engine is simulated lazily: queued prefetches start, in priority order,
+ * whenever the engine would be idle before the next demand load is issued; a transfer once
+ * started is never preempted.
+ *
+ * A miss may instead go to the host lane (config miss_mode, or the policy's
+ * compute_on_host): the expert is computed on the CPU from the gate on, one at a time, and
+ * not cached; the layer ends when the compute stream and the host lane are both done.
+ * With arrival times, requests are served first come first served (queueing, DESIGN.md §7).
+ *
+ * Everything is allocated in run_init; the event loop allocates nothing (STYLE.md rule 8).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/sim.h"
+
+enum {
+    FLAG_PREFETCHED = 1, /* brought by a prefetch, not accessed since */
+    FLAG_QUEUED = 2,     /* LOADING, its transfer not started */
+    FLAG_POLICY_PIN = 4, /* pinned by the policy */
+};
+
+typedef struct pending {
+    int32_t slot;
+    double priority;
+    uint64_t seq;
+    double issued;
+} pending;
+
+typedef struct sim_state {
+    const fmoe_sim_workload *w;
+    const fmoe_sim_costs *costs;
+    fmoe_cache *cache;
+    const fmoe_cache_view *view;
+    fmoe_policy policy;
+    fmoe_policy_sink sink;
+    fmoe_policy_env env;
+    int32_t N, L, J, K;
+    double xfer_s;            /* one expert's transfer */
+    double expert1_s;         /* one expert's compute for one token (the decode case) */
+    double *slot_free_at;     /* [N] end of the occupant's last compute */
+    double *slot_ready_at;    /* [N] end of a started transfer */
+    uint8_t *slot_flags;      /* [N] FLAG_* */
+    pending *queue;           /* [N] queued prefetches */
+    int32_t queue_len;
+    int32_t *inflight;        /* [N] LOADING slots whose transfer started */
+    int32_t inflight_len;
+    int32_t *distinct;        /* [J] scratch for gate events */
+    uint64_t seq;
+    double engine_free;       /* copy engine idle from */
+    double prefetch_delay;    /* [fmoe hook, issue 4] match delay of FMOE_POLICY_MATCHER policies */
+    double compute_free;      /* compute stream idle from */
+    double *ttft, *tpot, *e2e, *qdelay; /* [R] per request */
+    int64_t n_tpot;
+    uint8_t *host_next;       /* [L*J] the policy asked to compute the next miss on the host */
+    int have_host;            /* the cost model has host figures */
+    double host_free;         /* host lane idle from */
+    fmoe_sim_result *r;
+    int error;
+} sim_state;
+
+/* ------------------------------------------------------------------ copy engine */
+
+static void count_transfer(sim_state *S, int32_t e) {
+    S->r->bytes_loaded += S->w->expert_bytes;
+    S->r->per_layer[e / S->J].bytes_loaded += S->w->expert_bytes;
+}
+
+static void count_prefetch(sim_state *S, int32_t e) {
+    S->r->prefetches++;
+    S->r->per_layer[e / S->J].prefetches++;
+    count_transfer(S, e);
+}
+
+static void count_wasted(sim_state *S, int32_t e) {
+    S->r->wasted_prefetch_bytes += S->w->expert_bytes;
+    S->r->per_layer[e / S->J].wasted_prefetch_bytes += S->w->expert_bytes;
+}
+
+static void queue_remove(sim_state *S, int32_t i) {
+    S->queue[i] = S->queue[--S->queue_len];
+}
+
+static int32_t queue_find(const sim_state *S, int32_t slot) {
+    for (int32_t i = 0; i < S->queue_len; i++)
+        if (S->queue[i].slot == slot) return i;
+    return -1;
+}
+
+/* Starts the queued prefetches that the engine would start before time t, then completes
+ * the transfers that end by t. */
+static void engine_advance(sim_state *S, double t) {
+    while (S->queue_len > 0) {
+        int32_t b = 0;
+        for (int32_t i = 1; i < S->queue_len; i++) {
+            const pending *p = &S->queue[i], *q = &S->queue[b];
+            if (p->priority > q->priority || (p->priority == q->priority && p->seq < q->seq)) b = i;
+        }
+        const int32_t s = S->queue[b].slot;
+        const double start = fmax(fmax(S->engine_free, S->queue[b].issued), S->slot_free_at[s]);
+        if (start > t) break;
+        queue_remove(S, b);
+        S->engine_free = start + S->xfer_s;
+        S->slot_ready_at[s] = S->engine_free;
+        S->slot_flags[s] &= (uint8_t)~FLAG_QUEUED;
+        S->inflight[S->inflight_len++] = s;
+        count_prefetch(S, S->view->slot_expert[s]);
+    }
+    for (int32_t i = 0; i < S->inflight_len;) {
+        const int32_t s = S->inflight[i];
+        if (S->slot_ready_at[s] <= t) {
+            fmoe_cache_mark_resident(S->cache, s);
+            S->inflight[i] = S->inflight[--S->inflight_len];
+        } else {
+            i++;
+        }
+    }
+}
+
+static void inflight_remove(sim_state *S, int32_t s) {
+    for (int32_t i = 0; i < S->inflight_len; i++)
+        if (S->inflight[i] == s) {
+            S->inflight[i] = S->inflight[--S->inflight_len];
+            return;
+        }
+}
+
+/* Empties slot s for a new expert, accounting for a prefetch that was never used. */
+static void evict_slot(sim_state *S, int32_t s) {
+    if (S->slot_flags[s] & FLAG_PREFETCHED) count_wasted(S, S->view->slot_expert[s]);
+    S->slot_flags[s] = 0;
+    fmoe_cache_evict(S->cache, s);
+}
+
+/* A free slot, or the policy's victim (evicted), or -1 (nothing evictable / policy says
+ * none). Sets S->error when the policy breaks the contract. */
+static int32_t make_room(sim_state *S, int32_t incoming) {
+    int32_t s = fmoe_cache_free_slot(S->cache);
+    if (s >= 0) return s;
+    s = S->policy.ops->choose_victim(S->policy.state, &S->env, incoming);
+    if (s < 0) return -1;
+    if (s >= S->N || !fmoe_cache_evictable(S->view, s)) {
+        S->error = fmoe_error_set(FMOE_EINTERNAL,
+                                  "policy %s chose slot %d, which is not an evictable slot",
+                                  S->policy.ops->name, s);
+        return -1;
+    }
+    evict_slot(S, s);
+    return s;
+}
+
+/* ------------------------------------------------------------------ the policy's sink */
+
+static int32_t expert_id(const sim_state *S, int32_t l, int32_t j) {
+    if (l < 0 || l >= S->L || j < 0 || j >= S->J) return -1;
+    return l * S->J + j;
+}
+
+static int sink_prefetch(void *ctx, int32_t l, int32_t j, double priority) {
+    sim_state *S = ctx;
+    const int32_t e = expert_id(S, l, j);
+    if (e < 0)
+        return S->error = fmoe_error_set(FMOE_EINTERNAL, "policy %s prefetched (%d, %d)",
+                                         S->policy.ops->name, l, j);
+    if (fmoe_cache_lookup(S->view, e) >= 0) return 0;
+    if (S->inflight_len || S->queue_len) engine_advance(S, S->env.now_s);
+    const int32_t s = make_room(S, e);
+    if (s < 0) return S->error ? S->error : 1;
+    fmoe_cache_insert(S->cache, s, e, FMOE_SLOT_LOADING);
+    S->slot_flags[s] = FLAG_PREFETCHED | FLAG_QUEUED;
+    S->queue[S->queue_len++] = (pending){s, priority, S->seq++, S->env.now_s + S->prefetch_delay};
+    return 0;
+}
+
+static void sink_cancel(void *ctx, int32_t l, int32_t j) {
+    sim_state *S = ctx;
+    const int32_t e = expert_id(S, l, j);
+    const int32_t s = e < 0 ? -1 : fmoe_cache_lookup(S->view, e);
+    if (s < 0 || !(S->slot_flags[s] & FLAG_QUEUED)) return;
+    queue_remove(S, queue_find(S, s));
+    if (S->slot_flags[s] & FLAG_POLICY_PIN) fmoe_cache_unpin(S->cache, s);
+    S->slot_flags[s] = 0;
+    fmoe_cache_evict(S->cache, s);
+}
+
+static void sink_pin(void *ctx, int32_t l, int32_t j) {
+    sim_state *S = ctx;
+    const int32_t e = expert_id(S, l, j);
+    const int32_t s = e < 0 ? -1 : fmoe_cache_lookup(S->view, e);
+    if (s < 0 || (S->slot_flags[s] & FLAG_POLICY_PIN)) return;
+    fmoe_cache_pin(S->cache, s);
+    S->slot_flags[s] |= FLAG_POLICY_PIN;
+}
+
+static void sink_unpin(void *ctx, int32_t l, int32_t j) {
+    sim_state *S = ctx;
+    const int32_t e = expert_id(S, l, j);
+    const int32_t s = e < 0 ? -1 : fmoe_cache_lookup(S->view, e);
+    if (s < 0 || !(S->slot_flags[s] & FLAG_POLICY_PIN)) return;
+    fmoe_cache_unpin(S->cache, s);
+    S->slot_flags[s] &= (uint8_t)~FLAG_POLICY_PIN;
+}
+
+static void sink_compute_on_host(void *ctx, int32_t l, int32_t j) {
+    sim_state *S = ctx;
+    const int32_t e = expert_id(S, l, j);
+    if (e >= 0 && S->have_host) S->host_next[e] = 1; /* without a host lane: loaded */
+}
+
+/* ------------------------------------------------------------------ init / free */
+
+static void run_free(sim_state *S) {
+    fmoe_policy_free(&S->policy);
+    fmoe_cache_free(S->cache);
+    free(S->slot_free_at);
+    free(S->slot_ready_at);
+    free(S->slot_flags);
+    free(S->queue);
+    free(S->inflight);
+    free(S->distinct);
+    free(S->ttft);
+    free(S->tpot);
+    free(S->e2e);
+    free(S->qdelay);
+    free(S->host_next);
+}
+
+static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_config *cfg,
+                    int32_t variant, fmoe_sim_result *r) {
+    memset(S, 0, sizeof *S);
+    S->w = w;
+    S->costs = cfg->costs;
+    S->r = r;
+    S->N = cfg->cache_experts;
+    S->L = w->num_layers;
+    S->J = w->num_experts;
+    S->K = w->top_k;
+    FMOE_RETURN_ERROR_IF(!cfg->costs, FMOE_EINVAL, "simulate: no cost model");
+    FMOE_RETURN_ERROR_IF(cfg->cache_experts < 1, FMOE_EINVAL,
+                         "cache must hold at least 1 expert, got %d", cfg->cache_experts);
+    FMOE_RETURN_ERROR_IF(cfg->prefetch_distance < 0, FMOE_EINVAL,
+                         "prefetch distance must be >= 0, got %d", cfg->prefetch_distance);
+    FMOE_RETURN_ERROR_IF(cfg->miss_mode < FMOE_SIM_MISS_LOAD || cfg->miss_mode > FMOE_SIM_MISS_AUTO,
+                         FMOE_EINVAL, "simulate: bad miss mode %d", cfg->miss_mode);
+    S->have_host = fmoe_sim_costs_have_host(cfg->costs);
+    FMOE_RETURN_ERROR_IF(cfg->miss_mode != FMOE_SIM_MISS_LOAD && !S->have_host, FMOE_EINVAL,
+                         "--miss %s needs host compute figures in the hardware profile "
+                         "(host.expert_s, or host.peak_flops and "
+                         "host.memory_bandwidth_bytes_per_s; fmoe calibrate measures them)",
+                         cfg->miss_mode == FMOE_SIM_MISS_CPU ? "cpu" : "auto");
+    const fmoe_policy_ops *ops = cfg->ops ? cfg->ops : fmoe_policy_find(cfg->policy);
+    if (!ops)
+        return fmoe_error_set(FMOE_ENOTFOUND, "unknown policy '%s' (valid: %s)",
+                              cfg->policy ? cfg->policy : "", fmoe_policy_names());
+    int32_t d = cfg->prefetch_distance;
+    if (d == 0) d = ops->default_distance < 0 ? S->L : ops->default_distance;
+    FMOE_FORWARD_IF_ERROR(fmoe_cache_init(&S->cache, S->L, S->J, S->N));
+    S->view = fmoe_cache_view_of(S->cache);
+    const size_t n = (size_t)S->N, R = (size_t)(w->num_requests ? w->num_requests : 1);
+    S->slot_free_at = calloc(n, sizeof *S->slot_free_at);
+    S->slot_ready_at = calloc(n, sizeof *S->slot_ready_at);
+    S->slot_flags = calloc(n, 1);
+    S->queue = calloc(n, sizeof *S->queue);
+    S->inflight = calloc(n, sizeof *S->inflight);
+    S->distinct = calloc((size_t)S->J, sizeof *S->distinct);
+    S->ttft = calloc(R, sizeof(double));
+    S->tpot = calloc(R, sizeof(double));
+    S->e2e = calloc(R, sizeof(double));
+    S->qdelay = calloc(R, sizeof(double));
+    S->host_next = calloc((size_t)S->L * (size_t)S->J, 1);
+    r->per_layer = calloc((size_t)S->L, sizeof *r->per_layer);
+    if (!S->slot_free_at || !S->slot_ready_at || !S->slot_flags || !S->queue || !S->inflight ||
+        !S->distinct || !S->ttft || !S->tpot || !S->e2e || !S->qdelay || !S->host_next || !r->per_layer)
+        return fmoe_error_set(FMOE_ENOMEM, "simulator state for %d slots", S->N);
+    r->num_layers = S->L;
+    r->cache_experts = S->N;
+    r->prefetch_distance = d;
+    r->miss_mode = cfg->miss_mode;
+    r->variant = variant;
+
+    fmoe_policy_config pc = {
+        .num_layers = S->L,
+        .num_experts = S->J,
+        .top_k = S->K,
+        .capacity = S->N,
+        .prefetch_distance = d,
+        .future = w->access_expert ? w->access_expert : (const uint32_t *)S->distinct,
+        .future_len = w->num_accesses,
+        .future_layer_accesses = w->layer_accesses ? w->layer_accesses : (const uint16_t *)S->distinct,
+        .future_groups = w->num_iterations * S->L,
+        .probs_kind = w->probs_kind,
+        .speculative_depth = w->speculative_depth,
+        .store_capacity = cfg->store_capacity,
+        .variant = variant,
+        /* [fmoe hook, issue 4] */
+        .expert_store = cfg->expert_store,
+        .store_mode = cfg->store_mode,
+        .semantic_dim = w->semantic_dim,
+    };
+    int rc = fmoe_policy_init_ops(&S->policy, ops, &pc);
+    if (rc < 0) return rc;
+    snprintf(r->policy, sizeof r->policy, "%s", S->policy.ops->name);
+    S->sink = (fmoe_policy_sink){
+        .ctx = S,
+        .prefetch = sink_prefetch,
+        .cancel = sink_cancel,
+        .pin = sink_pin,
+        .unpin = sink_unpin,
+        .compute_on_host = sink_compute_on_host,
+    };
+    S->env = (fmoe_policy_env){.now_s = 0, .cache = S->view, .sink = &S->sink};
+    S->xfer_s = fmoe_sim_transfer_s(S->costs, w->expert_bytes);
+    if (ops->flags & FMOE_POLICY_MATCHER) S->prefetch_delay = S->costs->match_delay_s; /* [fmoe hook] */
+    S->expert1_s = fmoe_sim_expert_s(S->costs, 1);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the event loop */
+
+/* Decides where a miss of expert e (tokens routed to it) is computed: 1 on the host lane.
+ * AUTO compares the estimated end of a demand load plus GPU compute with the end of a
+ * host computation, both from the gate (Fiddler's rule). */
+static int miss_on_host(sim_state *S, int32_t e, int32_t tokens, double t_gate) {
+    if (!S->have_host) return 0;
+    if (S->host_next[e]) return 1;
+    switch (S->r->miss_mode) {
+    case FMOE_SIM_MISS_CPU: return 1;
+    case FMOE_SIM_MISS_AUTO: {
+        const double gpu_ready = fmax(t_gate, S->engine_free) + S->xfer_s;
+        const double gpu_end = fmax(gpu_ready, S->compute_free) + fmoe_sim_expert_s(S->costs, tokens);
+        const double host_end = fmax(t_gate, S->host_free) + fmoe_sim_host_expert_s(S->costs, tokens);
+        return host_end < gpu_end;
+    }
+    default: return 0;
+    }
+}
+
+static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, int32_t l,
+                      int64_t a0, int32_t na) {
+    const fmoe_sim_workload *w = S->w;
+    const fmoe_policy_ops *ops = S->policy.ops;
+    fmoe_sim_layer_stats *ls = &S->r->per_layer[l];
+    const int32_t L = S->L, J = S->J, K = S->K;
+
+    S->compute_free += fmoe_sim_layer_s(S->costs, it->num_tokens, it->context);
+    const double t_gate = S->compute_free;
+    if (S->queue_len || S->inflight_len) engine_advance(S, t_gate);
+    S->env.now_s = t_gate;
+    if (ops->on_gate) {
+        for (int32_t q = 0; q < na; q++) S->distinct[q] = (int32_t)(w->access_expert[a0 + q] % J);
+        const size_t row = (size_t)it->token_begin * L + (size_t)l;
+        const int32_t Sd = w->speculative_depth;
+        const fmoe_gate_event ev = {
+            .layer = l,
+            .num_tokens = it->num_tokens,
+            .chosen = w->experts + row * K,
+            .chosen_stride = (int64_t)L * K,
+            .probs = w->probs ? w->probs + row * J : NULL,
+            .probs_stride = w->probs ? (int64_t)L * J : 0,
+            .distinct = S->distinct,
+            .num_distinct = na,
+            .phase = it->phase,
+            .probs_kind = w->probs ? w->probs_kind : 0,
+            .speculative = w->speculative ? w->speculative + row * (size_t)Sd * J : NULL,
+            .speculative_stride = (int64_t)L * Sd * J,
+            .speculative_depth = w->speculative ? Sd : 0,
+            .group = ii * L + l,
+            .position = a0,
+        };
+        ops->on_gate(S->policy.state, &S->env, &ev);
+        if (S->error) return;
+    }
+    double host_end = 0; /* when the last host-computed expert of this layer is done */
+    for (int32_t q = 0; q < na; q++) {
+        const int64_t a = a0 + q;
+        const int32_t e = (int32_t)w->access_expert[a];
+        const int32_t tokens = (int32_t)w->access_tokens[a];
+        int32_t s = fmoe_cache_lookup(S->view, e);
+        double ready = 0;
+        int on_host = 0;
+        fmoe_access_result result;
+        if (s >= 0 && S->view->slot_state[s] == FMOE_SLOT_RESIDENT) {
+            result = FMOE_ACCESS_HIT;
+            if (S->slot_flags[s] & FLAG_PREFETCHED) {
+                S->r->prefetch_hits++;
+                ls->prefetch_hits++;
+            }
+        } else if (s >= 0) { /* a prefetch not finished: queued or in flight */
+            if (S->slot_flags[s] & FLAG_QUEUED) { /* promote it to a demand load */
+                queue_remove(S, queue_find(S, s));
+                const double start = fmax(fmax(t_gate, S->engine_free), S->slot_free_at[s]);
+                S->engine_free = start + S->xfer_s;
+                S->slot_ready_at[s] = S->engine_free;
+                S->slot_flags[s] &= (uint8_t)~FLAG_QUEUED;
+                count_prefetch(S, e);
+            } else {
+                inflight_remove(S, s);
+            }
+            ready = S->slot_ready_at[s];
+            fmoe_cache_mark_resident(S->cache, s);
+            if (ready <= S->compute_free) {
+                result = FMOE_ACCESS_HIT;
+                S->r->prefetch_hits++;
+                ls->prefetch_hits++;
+            } else {
+                result = FMOE_ACCESS_LATE_HIT;
+            }
+        } else if (miss_on_host(S, e, tokens, t_gate)) {
+            result = FMOE_ACCESS_MISS;
+            on_host = 1;
+            const double hs = fmoe_sim_host_expert_s(S->costs, tokens);
+            const double start = fmax(t_gate, S->host_free);
+            S->host_free = start + hs;
+            S->r->host_busy_s += hs;
+            host_end = S->host_free;
+            ls->host_misses++;
+            S->host_next[e] = 0;
+        } else {
+            result = FMOE_ACCESS_MISS;
+            s = make_room(S, e);
+            if (S->error) return;
+            double start = fmax(t_gate, S->engine_free);
+            if (s >= 0) {
+                start = fmax(start, S->slot_free_at[s]);
+                fmoe_cache_insert(S->cache, s, e, FMOE_SLOT_RESIDENT);
+            } else {
+                S->r->bypassed++;
+            }
+            ready = S->engine_free = start + S->xfer_s;
+            count_transfer(S, e);
+        }
+        if (s >= 0) S->slot_flags[s] &= (uint8_t)~FLAG_PREFETCHED;
+        switch (result) {
+        case FMOE_ACCESS_HIT: ls->hits++; break;
+        case FMOE_ACCESS_LATE_HIT: ls->late_hits++; break;
+        default: ls->misses++; break;
+        }
+        if (!on_host) {
+            if (ready > S->compute_free) {
+                ls->stall_s += ready - S->compute_free;
+                S->compute_free = ready;
+            }
+            S->compute_free += tokens == 1 ? S->expert1_s : fmoe_sim_expert_s(S->costs, tokens);
+        }
+        if (s >= 0) {
+            S->slot_free_at[s] = S->compute_free;
+            fmoe_cache_touch(S->cache, s);
+        } else {
+            fmoe_cache_touch_uncached(S->cache, e);
+        }
+        if (ops->on_access) {
+            const fmoe_access_event ev = {.layer = l, .expert = e % J, .tokens = tokens,
+                                          .slot = s, .position = a, .result = result};
+            ops->on_access(S->policy.state, &S->env, &ev);
+            if (S->error) return;
+        }
+    }
+    if (host_end > S->compute_free) { /* the layer's output needs the host's experts too */
+        ls->stall_s += host_end - S->compute_free;
+        S->compute_free = host_end;
+    }
+    ls->accesses += na;
+    if (ops->on_layer_done) {
+        S->env.now_s = S->compute_free;
+        ops->on_layer_done(S->policy.state, &S->env, l);
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Mean and percentiles with linear interpolation between order statistics (numpy's
+ * default). Sorts v. */
+static fmoe_sim_summary summarise(double *v, int64_t n) {
+    fmoe_sim_summary s = {0, 0, 0, 0};
+    if (n <= 0) return s;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += v[i];
+    s.mean = sum / (double)n;
+    const double qs[3] = {0.5, 0.9, 0.99};
+    double *out[3] = {&s.p50, &s.p90, &s.p99};
+    for (int i = 0; i < 3; i++) {
+        const double pos = qs[i] * (double)(n - 1);
+        const int64_t lo = (int64_t)floor(pos);
+        const int64_t hi = lo + 1 < n ? lo + 1 : lo;
+        *out[i] = v[lo] + (v[hi] - v[lo]) * (pos - (double)lo);
+    }
+    return s;
+}
+
+static void run_all(sim_state *S, const double *arrival_s) {
+    const fmoe_sim_workload *w = S->w;
+    const fmoe_policy_ops *ops = S->policy.ops;
+    const int32_t L = S->L;
+    for (int64_t rq = 0; rq < w->num_requests && !S->error; rq++) {
+        const fmoe_sim_request *req = &w->requests[rq];
+        /* FCFS: a request waits for the one before it; the stream idles until an arrival. */
+        double arrival = S->compute_free;
+        if (arrival_s) {
+            arrival = arrival_s[rq];
+            if (arrival > S->compute_free) S->compute_free = arrival;
+        }
+        const double start = S->compute_free;
+        S->qdelay[rq] = start - arrival;
+        const fmoe_request_event rev = {.index = rq, .id = req->id,
+                                        .prompt_tokens = req->prompt_tokens,
+                                        .output_tokens = req->output_tokens};
+        S->env.now_s = start;
+        if (ops->on_request_start) ops->on_request_start(S->policy.state, &S->env, &rev);
+        for (int64_t i = 0; i < req->num_iterations && !S->error; i++) {
+            const int64_t ii = req->first_iteration + i;
+            const fmoe_sim_iteration *it = &w->iterations[ii];
+            const fmoe_iteration_event iev = {.request = rq, .phase = it->phase,
+                                              .num_tokens = it->num_tokens,
+                                              .context = it->context, .group = ii * L,
+                                              .position = it->access_begin,
+                                              /* [fmoe hook, issue 4] */
+                                              .semantic = w->semantic ? w->semantic +
+                                                  (size_t)it->token_begin * w->semantic_dim : NULL,
+                                              .semantic_dim = w->semantic ? w->semantic_dim : 0};
+            S->env.now_s = S->compute_free;
+            if (ops->on_iteration_start) ops->on_iteration_start(S->policy.state, &S->env, &iev);
+            const uint16_t *la = w->layer_accesses + (size_t)ii * L;
+            int64_t a = it->access_begin;
+            for (int32_t l = 0; l < L && !S->error; l++) {
+                run_layer(S, it, ii, l, a, la[l]);
+                a += la[l];
+            }
+            S->env.now_s = S->compute_free;
+            if (ops->on_iteration_end) ops->on_iteration_end(S->policy.state, &S->env, &iev);
+            if (i == 0) S->ttft[rq] = S->compute_free - arrival;
+        }
+        S->e2e[rq] = S->compute_free - arrival;
+        if (req->num_iterations > 1)
+            S->tpot[S->n_tpot++] = (S->e2e[rq] - S->ttft[rq]) / (double)(req->num_iterations - 1);
+        S->env.now_s = S->compute_free;
+        if (ops->on_request_end) ops->on_request_end(S->policy.state, &S->env, &rev);
+    }
+}
+
+static double ratio(int64_t num, int64_t den) {
+    return den > 0 ? (double)num / (double)den : NAN;
+}
+
+static int run_variant(const fmoe_sim_workload *w, const fmoe_sim_config *cfg, int32_t variant,
+                       fmoe_sim_result *out) {
+    memset(out, 0, sizeof *out);
+    sim_state S;
+    int rc = 0;
+    if (cfg->arrival_s)
+        for (int64_t q = 0; q < w->num_requests && rc == 0; q++)
+            if (!(cfg->arrival_s[q] >= 0) || !isfinite(cfg->arrival_s[q]))
+                rc = fmoe_error_set(FMOE_EINVAL, "arrival time of request %lld is %g",
+                                    (long long)q, cfg->arrival_s[q]);
+    if (rc == 0) rc = run_init(&S, w, cfg, variant, out);
+    else memset(&S, 0, sizeof S);
+    if (rc == 0) {
+        run_all(&S, cfg->arrival_s);
+        rc = S.error;
+    }
+    if (rc == 0) {
+        fmoe_sim_result *r = out;
+        for (int32_t s = 0; s < S.N; s++)
+            if ((S.slot_flags[s] & FLAG_PREFETCHED) && !(S.slot_flags[s] & FLAG_QUEUED))
+                count_wasted(&S, S.view->slot_expert[s]);
+        for (int32_t l = 0; l < S.L; l++) {
+            const fmoe_sim_layer_stats *ls = &r->per_layer[l];
+            r->accesses += ls->accesses;
+            r->hits += ls->hits;
+            r->late_hits += ls->late_hits;
+            r->misses += ls->misses;
+            r->stall_s += ls->stall_s;
+            r->host_misses += ls->host_misses;
+        }
+        const int64_t used = r->prefetch_hits + r->late_hits;
+        r->prefetch_precision = ratio(used, r->prefetches);
+        r->prefetch_recall = ratio(used, used + r->misses);
+        r->goodpred = ratio(r->prefetch_hits, used + r->misses);
+        r->total_s = S.compute_free;
+        r->ttft_s = summarise(S.ttft, w->num_requests);
+        r->e2e_s = summarise(S.e2e, w->num_requests);
+        r->tpot_s = summarise(S.tpot, S.n_tpot);
+        r->queue_s = summarise(S.qdelay, w->num_requests);
+    }
+    run_free(&S);
+    if (rc < 0) fmoe_sim_result_free(out);
+    return rc;
+}
+
+int fmoe_sim_run(const fmoe_sim_workload *w, const fmoe_sim_config *cfg, fmoe_sim_result *out) {
+    const fmoe_policy_ops *ops = cfg->ops ? cfg->ops : fmoe_policy_find(cfg->policy);
+    const int32_t nv = ops && ops->variants > 1 ? ops->variants : 1;
+    int rc = run_variant(w, cfg, 0, out);
+    for (int32_t v = 1; v < nv && rc == 0; v++) {
+        fmoe_sim_result other;
+        rc = run_variant(w, cfg, v, &other);
+        if (rc < 0) {
+            fmoe_sim_result_free(out);
+            break;
+        }
+        const int better = other.stall_s < out->stall_s ||
+                           (other.stall_s == out->stall_s && other.e2e_s.mean < out->e2e_s.mean);
+        if (better) {
+            fmoe_sim_result_free(out);
+            *out = other;
+        } else {
+            fmoe_sim_result_free(&other);
+        }
+    }
+    return rc;
+}
+
+void fmoe_sim_result_free(fmoe_sim_result *r) {
+    if (!r) return;
+    free(r->per_layer);
+    r->per_layer = NULL;
+}

@@ -1,0 +1,312 @@
+/*
+ * test_kernels - the forward pass's row math (fmoe/rowwise.h), rope frequencies and the
+ * CPU backend's matrix products and attention, each against a straightforward reference
+ * computed in double.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../runtime/cpu/threadpool.h"
+#include "fmoe/error.h"
+#include "fmoe/half.h"
+#include "fmoe/rowwise.h"
+#include "harness.h"
+#include "model_impl.h"
+
+static uint64_t lcg = 12345;
+static float frand(void) { /* uniform in [-1, 1) */
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((lcg >> 40) * 0x1.0p-24) * 2.0f - 1.0f;
+}
+
+TEST(rmsnorm_matches_reference) {
+    for (int n = 1; n <= 300; n += 37) {
+        float x[300], w[300], y[300];
+        for (int i = 0; i < n; i++) x[i] = 3 * frand(), w[i] = 1 + frand() / 2;
+        fmoe_rmsnorm_row(y, x, w, n, 1e-6f);
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        const double inv = 1 / sqrt(ss / n + 1e-6);
+        for (int i = 0; i < n; i++) ASSERT_NEAR(y[i], w[i] * x[i] * inv, 1e-5);
+        fmoe_rmsnorm_row(x, x, w, n, 1e-6f); /* in place */
+        for (int i = 0; i < n; i++) ASSERT_NEAR(x[i], y[i], 0);
+    }
+}
+
+TEST(rope_rotates_halves) {
+    const int D = 16, half = D / 2;
+    float x[16], ref[16], c[8], s[8];
+    const double pos = 7;
+    for (int i = 0; i < D; i++) x[i] = ref[i] = frand();
+    for (int i = 0; i < half; i++) {
+        const double inv = 1 / pow(10000.0, 2.0 * i / D);
+        c[i] = (float)cos(pos * inv);
+        s[i] = (float)sin(pos * inv);
+    }
+    fmoe_rope_head(x, c, s, D);
+    /* q·cos + rotate_half(q)·sin, rotate_half(q) = [-q2, q1] */
+    for (int i = 0; i < D; i++) {
+        const double rot = i < half ? -ref[i + half] : ref[i - half];
+        ASSERT_NEAR(x[i], ref[i] * c[i % half] + rot * s[i % half], 1e-6);
+    }
+    /* A rotation keeps the norm. */
+    double n0 = 0, n1 = 0;
+    for (int i = 0; i < D; i++) n0 += ref[i] * ref[i], n1 += x[i] * x[i];
+    ASSERT_NEAR(n0, n1, 1e-5);
+}
+
+TEST(softmax_matches_reference) {
+    float x[10] = {1, 2, 3, -1, 0.5f, 80, 79, -INFINITY, 4, 2}, y[10];
+    fmoe_softmax_row(y, x, 10);
+    double mx = 80, sum = 0;
+    for (int i = 0; i < 10; i++) sum += isinf(x[i]) ? 0 : exp(x[i] - mx);
+    for (int i = 0; i < 10; i++)
+        ASSERT_NEAR(y[i], isinf(x[i]) ? 0 : exp(x[i] - mx) / sum, 1e-7);
+    float z[3] = {-INFINITY, -INFINITY, -INFINITY};
+    fmoe_softmax_row(z, z, 3);
+    ASSERT_TRUE(z[0] == 0 && z[1] == 0 && z[2] == 0);
+}
+
+TEST(topk_descending_lowest_index_on_ties) {
+    const float p[8] = {0.1f, 0.3f, 0.05f, 0.3f, 0.2f, NAN, 0.0f, 0.05f};
+    int32_t idx[5];
+    float val[5];
+    fmoe_topk_row(p, 8, 5, idx, val);
+    const int32_t want[5] = {1, 3, 4, 0, 2};
+    for (int k = 0; k < 5; k++) ASSERT_EQ(idx[k], want[k]);
+    /* Against a sort on random rows. */
+    for (int trial = 0; trial < 200; trial++) {
+        float q[64];
+        int32_t id[8], order[64];
+        float v[8];
+        const int n = 8 + trial % 57, k = 1 + trial % 8;
+        for (int i = 0; i < n; i++) q[i] = frand(), order[i] = i;
+        fmoe_topk_row(q, n, k, id, v);
+        for (int i = 0; i < n; i++) /* selection sort, descending */
+            for (int j = i + 1; j < n; j++)
+                if (q[order[j]] > q[order[i]]) {
+                    int32_t t = order[i];
+                    order[i] = order[j];
+                    order[j] = t;
+                }
+        for (int j = 0; j < k; j++) ASSERT_EQ(id[j], order[j]);
+    }
+}
+
+TEST(route_renormalises_per_family) {
+    const float logits[4] = {2.0f, 0.5f, 1.0f, -1.0f};
+    float probs[4], w[2];
+    int32_t idx[2];
+    fmoe_route_row(logits, 4, 2, 0, 0, 0.0f, 1.0f, probs, idx, w);
+    double s = 0;
+    for (int j = 0; j < 4; j++) s += exp(logits[j]);
+    ASSERT_EQ(idx[0], 0);
+    ASSERT_EQ(idx[1], 2);
+    ASSERT_NEAR(w[0], exp(2.0) / s, 1e-6); /* not renormalised (qwen/olmoe default) */
+    ASSERT_NEAR(probs[3], exp(-1.0) / s, 1e-6);
+    fmoe_route_row(logits, 4, 2, 0, 1, 0.0f, 1.0f, probs, idx, w);
+    ASSERT_NEAR(w[0], exp(2.0) / (exp(2.0) + exp(1.0)), 1e-6); /* mixtral: softmax of top-k */
+    ASSERT_NEAR(w[0] + w[1], 1.0, 1e-6);
+    fmoe_route_row(logits, 4, 2, 1, 0, 0.0f, 2.5f, probs, idx, w);
+    ASSERT_NEAR(probs[1], 1 / (1 + exp(-0.5)), 1e-6); /* sigmoid scores */
+    ASSERT_NEAR(w[0], 2.5 / (1 + exp(-2.0)), 1e-5);
+}
+
+TEST(rope_frequencies_per_scaling_type) {
+    fmoe__rope r = {.type = FMOE__ROPE_DEFAULT, .theta = 10000, .factor = 1,
+                    .max_position = 100, .original_max_position = 100, .attention_factor = 1,
+                    .truncate = 1};
+    float inv[64], scale;
+    fmoe__rope_inv_freq(&r, 8, 0, inv, &scale);
+    ASSERT_NEAR(inv[0], 1.0, 1e-7);
+    ASSERT_NEAR(inv[1], 0.1, 1e-7);
+    ASSERT_NEAR(inv[3], 0.001, 1e-9);
+    ASSERT_NEAR(scale, 1.0, 0);
+
+    r.type = FMOE__ROPE_LINEAR;
+    r.factor = 4;
+    fmoe__rope_inv_freq(&r, 8, 0, inv, &scale);
+    ASSERT_NEAR(inv[1], 0.025, 1e-8);
+
+    r.type = FMOE__ROPE_DYNAMIC;
+    r.factor = 2;
+    fmoe__rope_inv_freq(&r, 8, 100, inv, &scale); /* within max_position: unchanged */
+    ASSERT_NEAR(inv[1], 0.1, 1e-7);
+    fmoe__rope_inv_freq(&r, 8, 150, inv, &scale);
+    const double base = 10000 * pow(2.0 * 150 / 100 - 1, 8.0 / 6.0);
+    ASSERT_NEAR(inv[1], 1 / pow(base, 2.0 / 8), 1e-7);
+
+    /* yarn, as transformers computes it for D = 8, theta 1e4, factor 4, original 16:
+     * correction range [0, 2] after truncation; dims below 0 extrapolate, above 2
+     * interpolate. */
+    r.type = FMOE__ROPE_YARN;
+    r.factor = 4;
+    r.original_max_position = 16;
+    r.beta_fast = 32;
+    r.beta_slow = 1;
+    r.attention_factor = 0.1 * log(4.0) + 1;
+    fmoe__rope_inv_freq(&r, 8, 0, inv, &scale);
+    const double two_pi = 2 * M_PI;
+    double lo = floor(8 * log(16 / (32 * two_pi)) / (2 * log(1e4)));
+    double hi = ceil(8 * log(16 / (1 * two_pi)) / (2 * log(1e4)));
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > 7 ? 7 : hi;
+    for (int i = 0; i < 4; i++) {
+        double ramp = (i - lo) / (hi - lo);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        const double pf = pow(1e4, 2.0 * i / 8);
+        ASSERT_NEAR(inv[i], (1 / (4 * pf)) * ramp + (1 / pf) * (1 - ramp), 1e-7);
+    }
+    ASSERT_NEAR(scale, 0.1 * log(4.0) + 1, 1e-6);
+
+    /* llama3: long wavelengths divided by factor, short ones kept. */
+    r.type = FMOE__ROPE_LLAMA3;
+    r.theta = 500000;
+    r.factor = 8;
+    r.low_freq_factor = 1;
+    r.high_freq_factor = 4;
+    r.original_max_position = 8192;
+    fmoe__rope_inv_freq(&r, 128, 0, inv, &scale); /* only the first 4 checked */
+    ASSERT_NEAR(inv[0], 1.0, 1e-7);               /* wavelength 2π: high frequency */
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* CPU backend                                                                           */
+/* ------------------------------------------------------------------------------------- */
+
+static void fill_mat(fmoe__mat *w, fmoe_st_dtype dt, int64_t rows, int64_t cols, void *buf,
+                     double *ref) {
+    w->dtype = dt;
+    w->rows = rows;
+    w->cols = cols;
+    w->data = buf;
+    for (int64_t i = 0; i < rows * cols; i++) {
+        const float v = frand();
+        if (dt == FMOE_ST_F32) {
+            ((float *)buf)[i] = v;
+            ref[i] = v;
+        } else if (dt == FMOE_ST_BF16) {
+            ((uint16_t *)buf)[i] = fmoe_float_to_bf16(v);
+            ref[i] = fmoe_bf16_to_float(((uint16_t *)buf)[i]);
+        } else {
+            ((uint16_t *)buf)[i] = fmoe_float_to_half(v);
+            ref[i] = fmoe_half_to_float(((uint16_t *)buf)[i]);
+        }
+    }
+}
+
+TEST(cpu_matmul_all_dtypes_and_paths) {
+    const fmoe__backend_ops *be = &fmoe__cpu_backend;
+    const fmoe_st_dtype dts[3] = {FMOE_ST_F32, FMOE_ST_BF16, FMOE_ST_F16};
+    const int32_t ns[5] = {1, 2, 4, 5, 70};
+    const int64_t shapes[3][2] = {{7, 5}, {300, 129}, {1030, 64}};
+    for (int threads = 1; threads <= 2; threads++) {
+        fmoe__backend_limits lim = {threads, 256, 70, 16};
+        void *ctx;
+        ASSERT_OK(be->init(&lim, &ctx));
+        for (int d = 0; d < 3; d++)
+            for (int s = 0; s < 3; s++)
+                for (int ni = 0; ni < 5; ni++) {
+                    const int64_t R = shapes[s][0], C = shapes[s][1];
+                    const int32_t n = ns[ni];
+                    void *buf = malloc((size_t)(R * C * 4));
+                    double *ref = malloc((size_t)(R * C) * sizeof *ref);
+                    float *x = malloc((size_t)(n * C) * sizeof *x);
+                    float *y = malloc((size_t)(n * R) * sizeof *y);
+                    fmoe__mat w;
+                    fill_mat(&w, dts[d], R, C, buf, ref);
+                    for (int64_t i = 0; i < n * C; i++) x[i] = frand();
+                    be->matmul(ctx, &w, x, n, y);
+                    double worst = 0;
+                    for (int32_t t = 0; t < n; t++)
+                        for (int64_t r = 0; r < R; r++) {
+                            double acc = 0;
+                            for (int64_t c = 0; c < C; c++) acc += ref[r * C + c] * x[t * C + c];
+                            worst = fmax(worst, fabs(acc - y[t * R + r]));
+                        }
+                    free(buf);
+                    free(ref);
+                    free(x);
+                    free(y);
+                    if (worst > 1e-4)
+                        HARNESS_FAIL("dtype %d, %lldx%lld, n %d, threads %d: error %g", d,
+                                     (long long)R, (long long)C, n, threads, worst);
+                }
+        float row[64];
+        uint16_t b[64];
+        for (int i = 0; i < 64; i++) b[i] = fmoe_float_to_bf16((float)i - 7.5f);
+        fmoe__mat e = {b, FMOE_ST_BF16, 1, 64};
+        be->get_row(ctx, &e, 0, row);
+        for (int i = 0; i < 64; i++) ASSERT_NEAR(row[i], i - 7.5, 0);
+        be->free(ctx);
+    }
+}
+
+TEST(cpu_attention_gqa_causal_and_window) {
+    const fmoe__backend_ops *be = &fmoe__cpu_backend;
+    const int32_t Hq = 4, Hk = 2, D = 8, ctxlen = 40, n = 6, pos0 = 30;
+    fmoe__backend_limits lim = {2, 64, 8, ctxlen};
+    void *ctx;
+    ASSERT_OK(be->init(&lim, &ctx));
+    float *kc = malloc(sizeof(float) * ctxlen * Hk * D), *vc = malloc(sizeof(float) * ctxlen * Hk * D);
+    float q[6 * 4 * 8], out[6 * 4 * 8];
+    for (int i = 0; i < ctxlen * Hk * D; i++) kc[i] = frand(), vc[i] = frand();
+    for (int i = 0; i < n * Hq * D; i++) q[i] = frand();
+    for (int window = 0; window <= 5; window += 5) {
+        fmoe__attn_args a = {q, kc, vc, out, n, pos0, Hq, Hk, D, window, 1.0f / sqrtf((float)D)};
+        be->attention(ctx, &a);
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < Hq; h++) {
+                const int hk = h / (Hq / Hk), pos = pos0 + t;
+                const int lo = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+                double sc[64], mx = -1e30, sum = 0;
+                for (int p = lo; p <= pos; p++) {
+                    double d = 0;
+                    for (int i = 0; i < D; i++)
+                        d += q[(t * Hq + h) * D + i] * kc[(p * Hk + hk) * D + i];
+                    sc[p] = d / sqrt(D);
+                    mx = fmax(mx, sc[p]);
+                }
+                for (int p = lo; p <= pos; p++) sum += exp(sc[p] - mx);
+                for (int i = 0; i < D; i++) {
+                    double o = 0;
+                    for (int p = lo; p <= pos; p++)
+                        o += exp(sc[p] - mx) / sum * vc[(p * Hk + hk) * D + i];
+                    ASSERT_NEAR(out[(t * Hq + h) * D + i], o, 1e-5);
+                }
+            }
+    }
+    free(kc);
+    free(vc);
+    be->free(ctx);
+}
+
+static void count_task(void *ctx, int32_t task, int32_t worker) {
+    (void)worker;
+    atomic_int *hits = ctx;
+    atomic_fetch_add(&hits[task], 1);
+}
+
+TEST(threadpool_runs_every_task_once) {
+    for (int threads = 1; threads <= 4; threads++) {
+        fmoe__pool *p;
+        ASSERT_OK(fmoe__pool_init(threads, &p));
+        ASSERT_EQ(fmoe__pool_threads(p), threads);
+        static atomic_int hits[1000];
+        for (int round = 0; round < 200; round++) {
+            const int n = 1 + (round * 37) % 1000;
+            for (int i = 0; i < n; i++) atomic_store(&hits[i], 0);
+            fmoe__pool_run(p, count_task, hits, n);
+            for (int i = 0; i < n; i++)
+                if (atomic_load(&hits[i]) != 1)
+                    HARNESS_FAIL("threads %d round %d: task %d ran %d times", threads, round,
+                                 i, atomic_load(&hits[i]));
+        }
+        fmoe__pool_free(p);
+    }
+    fmoe__pool_free(NULL);
+}
+
+int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }

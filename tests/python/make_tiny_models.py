@@ -1,0 +1,336 @@
+"""Tiny random MoE checkpoints and their reference outputs, for test_forward.py.
+
+Each model is a few hundred KB, written at test time (never committed) into a directory
+with the checkpoint (config.json + safetensors, as the family publishes it) and
+reference.npz:
+
+    tokens      int64 [n]         the prompt
+    logits      float32 [n, V]    logits of every prompt position (one prefill call)
+    experts     int64 [T, L, K]   router top-k of every token run: the prompt, then each
+                                  generated token fed back (T = n + G - 1), descending
+    generated   int64 [G]         the greedy continuation
+
+Families in transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) are built and run by
+transformers' own classes: the checkpoint is written by save_pretrained(safe_serialization
+=True), the reference comes from the model's forward pass with a KV cache, token by token,
+exactly as generate() decodes (and generate()'s own greedy output is checked to agree).
+DeepSeek-MoE V1 exists only as remote code, so its checkpoint is written here with numpy in
+the authors' layout and its reference is a plain numpy forward pass (deepseek_forward)
+written from their modeling_deepseek.py.
+
+Weights are drawn wider than transformers' init (std 0.2 instead of 0.02; norm weights and
+biases perturbed) so that routers and logits are decisive: near-ties would make top-k and
+argmax comparisons a test of rounding rather than of the implementation.
+
+    python make_tiny_models.py OUTDIR [NAME ...]     # all models when no NAME is given
+"""
+import json
+import os
+import struct
+import sys
+import zlib
+
+import numpy as np
+
+PROMPT_LEN = 12
+GENERATE = 32
+VOCAB = 320
+
+# name -> (family, config overrides, dtype, save options)
+HF_MODELS = {
+    "mixtral": ("mixtral", {}, "float32", {}),
+    "mixtral_bf16": ("mixtral", {}, "bfloat16", {}),
+    "mixtral_dynamic": ("mixtral", {"max_position_embeddings": 24, "head_dim": 16,
+                                    "rope_parameters": {"rope_type": "dynamic", "factor": 2.0,
+                                                        "rope_theta": 10000.0}},
+                        "float32", {}),
+    "qwen2_moe": ("qwen2_moe", {"mlp_only_layers": [1]}, "float32", {}),
+    "qwen3_moe": ("qwen3_moe", {"norm_topk_prob": True, "head_dim": 32},
+                  "float32", {"max_shard_size": "200KB"}),
+    "qwen3_moe_yarn": ("qwen3_moe", {"norm_topk_prob": True,
+                                     "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                                         "original_max_position_embeddings": 16,
+                                                         "rope_theta": 10000.0}},
+                       "float32", {}),
+    "olmoe": ("olmoe", {"clip_qkv": 4.0}, "float32", {}),
+    "olmoe_f16": ("olmoe", {}, "float16", {}),
+}
+ALL = list(HF_MODELS) + ["deepseek"]
+
+
+def base_config(family):
+    c = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+             initializer_range=0.2, tie_word_embeddings=False, num_experts_per_tok=2)
+    if family == "mixtral":
+        c.update(intermediate_size=48, num_local_experts=8)
+    elif family == "qwen2_moe":
+        c.update(intermediate_size=80, moe_intermediate_size=32, num_experts=8,
+                 shared_expert_intermediate_size=40)
+    elif family == "qwen3_moe":
+        c.update(intermediate_size=80, moe_intermediate_size=32, num_experts=8)
+    elif family == "olmoe":
+        c.update(intermediate_size=48, num_experts=8)
+    return c
+
+
+def _perturb(model, torch):
+    """Norm weights and biases away from their 1/0 init, so loading them is tested."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype))
+
+
+def make_hf(name, outdir):
+    import torch
+    import transformers
+
+    family, overrides, dtype, save_opts = HF_MODELS[name]
+    cls, cfg_cls = {
+        "mixtral": (transformers.MixtralForCausalLM, transformers.MixtralConfig),
+        "qwen2_moe": (transformers.Qwen2MoeForCausalLM, transformers.Qwen2MoeConfig),
+        "qwen3_moe": (transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig),
+        "olmoe": (transformers.OlmoeForCausalLM, transformers.OlmoeConfig),
+    }[family]
+    cfg = base_config(family)
+    cfg.update(overrides)
+    config = cfg_cls(**cfg)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = cls(config).to(torch.float32).eval()
+    _perturb(model, torch)
+    os.makedirs(outdir, exist_ok=True)
+    model.to(getattr(torch, dtype)).save_pretrained(outdir, safe_serialization=True, **save_opts)
+    if family == "qwen3_moe":
+        # transformers 5 writes the expert count as num_local_experts (an attribute_map
+        # alias); published Qwen3-MoE configs say num_experts. Keep both, as a checkpoint
+        # re-saved by transformers 5 from a published one does.
+        path = os.path.join(outdir, "config.json")
+        with open(path) as f:
+            c = json.load(f)
+        c.setdefault("num_experts", c.get("num_local_experts"))
+        with open(path, "w") as f:
+            json.dump(c, f, indent=2)
+    # The reference is computed in float32 by transformers from the saved checkpoint, so a
+    # bf16/f16 model is compared on exactly the values it stores (casting the live model
+    # would also round its rope buffers).
+    model = cls.from_pretrained(outdir, dtype=torch.float32).eval()
+    model.config._attn_implementation = "eager"
+
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    tokens = rng.integers(0, VOCAB, size=PROMPT_LEN)
+    ref = hf_reference(model, tokens, torch)
+    np.savez(os.path.join(outdir, "reference.npz"), **ref)
+    return ref
+
+
+def _topk(router_logits, k):
+    p = np.asarray(router_logits, dtype=np.float32)
+    p = np.exp(p - p.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.argsort(-p, axis=-1, kind="stable")[..., :k]
+
+
+def hf_reference(model, tokens, torch):
+    k = model.config.num_experts_per_tok
+    experts = []
+    with torch.no_grad():
+        ids = torch.tensor(tokens[None, :], dtype=torch.long)
+        out = model(input_ids=ids, use_cache=True, output_router_logits=True)
+        logits = out.logits[0].float().numpy()
+        experts += list(np.stack([_topk(r.float().numpy(), k) for r in out.router_logits], 1))
+        past = out.past_key_values
+        nxt = int(torch.argmax(out.logits[0, -1]))
+        generated = []
+        for i in range(GENERATE):
+            generated.append(nxt)
+            if i == GENERATE - 1:
+                break
+            out = model(input_ids=torch.tensor([[nxt]]), past_key_values=past, use_cache=True,
+                        output_router_logits=True)
+            experts += list(np.stack([_topk(r.float().numpy(), k) for r in out.router_logits], 1))
+            past = out.past_key_values
+            nxt = int(torch.argmax(out.logits[0, -1]))
+        # generate() must agree with the loop above.
+        gen = model.generate(ids, max_new_tokens=GENERATE, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+        assert gen[0, len(tokens):].tolist() == generated, "generate() disagrees"
+    return dict(tokens=np.asarray(tokens, dtype=np.int64), logits=logits.astype(np.float32),
+                experts=np.asarray(experts, dtype=np.int64),
+                generated=np.asarray(generated, dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------------------
+# DeepSeek-MoE V1: checkpoint written with numpy, reference in numpy
+# ---------------------------------------------------------------------------------------
+
+DEEPSEEK_CONFIG = {
+    "architectures": ["DeepseekForCausalLM"], "model_type": "deepseek",
+    "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96,
+    "moe_intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "n_shared_experts": 2, "n_routed_experts": 8,
+    "num_experts_per_tok": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "norm_topk_prob": True, "scoring_func": "softmax", "rms_norm_eps": 1e-6,
+    "rope_theta": 10000, "rope_scaling": None, "max_position_embeddings": 256,
+    "tie_word_embeddings": False, "torch_dtype": "float32", "hidden_act": "silu",
+    "attention_bias": False, "aux_loss_alpha": 0.001, "seq_aux": True,
+}
+
+
+def save_safetensors(path, tensors):
+    """Writes a safetensors file (float32 / bfloat16-as-uint16) without the package."""
+    header, offset, blobs = {}, 0, []
+    for name, (arr, dtype) in tensors.items():
+        b = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(b)]}
+        offset += len(b)
+        blobs.append(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def deepseek_weights(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    h, V, D = cfg["hidden_size"], cfg["vocab_size"], cfg["hidden_size"] // cfg["num_attention_heads"]
+    I, Im, J = cfg["intermediate_size"], cfg["moe_intermediate_size"], cfg["n_routed_experts"]
+    Is = Im * cfg["n_shared_experts"]
+
+    def w(*shape):
+        return (0.2 * rng.standard_normal(shape)).astype(np.float32)
+
+    def norm(n):
+        return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(V, h), "model.norm.weight": norm(h),
+         "lm_head.weight": w(V, h)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm(h)
+        t[p + "post_attention_layernorm.weight"] = norm(h)
+        for n in "qkvo":
+            t[p + f"self_attn.{n}_proj.weight"] = w(h, h)
+        moe = i >= cfg["first_k_dense_replace"] and i % cfg["moe_layer_freq"] == 0
+        if not moe:
+            t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"] = w(I, h), w(I, h)
+            t[p + "mlp.down_proj.weight"] = w(h, I)
+            continue
+        t[p + "mlp.gate.weight"] = w(J, h)
+        for e in range(J):
+            q = p + f"mlp.experts.{e}."
+            t[q + "gate_proj.weight"], t[q + "up_proj.weight"] = w(Im, h), w(Im, h)
+            t[q + "down_proj.weight"] = w(h, Im)
+        q = p + "mlp.shared_experts."
+        t[q + "gate_proj.weight"], t[q + "up_proj.weight"] = w(Is, h), w(Is, h)
+        t[q + "down_proj.weight"] = w(h, Is)
+    return t
+
+
+def _rms(x, w, eps):
+    x = x.astype(np.float64)
+    return w * (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps))
+
+
+def _silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def deepseek_forward(cfg, t, tokens):
+    """modeling_deepseek.py (V1) in numpy, float64, no cache: logits [n, V] and the top-k
+    experts [n, L, K] of every token."""
+    h, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    D, eps, K = h // H, cfg["rms_norm_eps"], cfg["num_experts_per_tok"]
+    n = len(tokens)
+    x = t["model.embed_tokens.weight"][tokens].astype(np.float64)
+    inv = 1.0 / (cfg["rope_theta"] ** (np.arange(0, D, 2) / D))
+    ang = np.arange(n)[:, None] * inv[None, :]
+    cos, sin = np.cos(np.concatenate([ang, ang], 1)), np.sin(np.concatenate([ang, ang], 1))
+
+    def rope(v):  # [n, H, D]
+        rot = np.concatenate([-v[..., D // 2:], v[..., :D // 2]], -1)
+        return v * cos[:, None, :] + rot * sin[:, None, :]
+
+    def mlp(p, v):
+        return (_silu(v @ t[p + "gate_proj.weight"].T) * (v @ t[p + "up_proj.weight"].T)) \
+            @ t[p + "down_proj.weight"].T
+
+    routes = []
+    mask = np.triu(np.full((n, n), -np.inf), 1)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        xn = _rms(x, t[p + "input_layernorm.weight"], eps)
+        q = rope((xn @ t[p + "self_attn.q_proj.weight"].T).reshape(n, H, D))
+        k = rope((xn @ t[p + "self_attn.k_proj.weight"].T).reshape(n, H, D))
+        v = (xn @ t[p + "self_attn.v_proj.weight"].T).reshape(n, H, D)
+        s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(D) + mask
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        a = np.einsum("hqk,khd->qhd", s, v).reshape(n, h)
+        x = x + a @ t[p + "self_attn.o_proj.weight"].T
+        xn = _rms(x, t[p + "post_attention_layernorm.weight"], eps)
+        if p + "mlp.gate.weight" not in t:
+            x = x + mlp(p + "mlp.", xn)
+            continue
+        logits = xn @ t[p + "mlp.gate.weight"].T
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        idx = np.argsort(-probs, -1, kind="stable")[:, :K]
+        wts = np.take_along_axis(probs, idx, -1)
+        if K > 1 and cfg["norm_topk_prob"]:
+            wts = wts / (wts.sum(-1, keepdims=True) + 1e-20)
+        routes.append(idx)
+        y = np.zeros_like(xn)
+        for tok in range(n):
+            for j in range(K):
+                y[tok] += wts[tok, j] * mlp(p + f"mlp.experts.{idx[tok, j]}.", xn[tok:tok + 1])[0]
+        x = x + y + mlp(p + "mlp.shared_experts.", xn)
+    x = _rms(x, t["model.norm.weight"], eps)
+    return x @ t["lm_head.weight"].T, np.stack(routes, 1)
+
+
+def make_deepseek(outdir):
+    cfg = DEEPSEEK_CONFIG
+    t = deepseek_weights(cfg)
+    os.makedirs(outdir, exist_ok=True)
+    with open(os.path.join(outdir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    save_safetensors(os.path.join(outdir, "model.safetensors"),
+                     {k: (v, "F32") for k, v in t.items()})
+    t64 = {k: v.astype(np.float64) for k, v in t.items()}
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, VOCAB, size=PROMPT_LEN)
+    logits, _ = deepseek_forward(cfg, t64, tokens)
+    seq = list(tokens)
+    generated = []
+    for i in range(GENERATE):
+        lg, _ = deepseek_forward(cfg, t64, np.asarray(seq))
+        nxt = int(np.argmax(lg[-1]))
+        generated.append(nxt)
+        seq.append(nxt)
+    _, experts = deepseek_forward(cfg, t64, np.asarray(seq[:-1]))
+    ref = dict(tokens=np.asarray(tokens, dtype=np.int64), logits=logits.astype(np.float32),
+               experts=experts.astype(np.int64), generated=np.asarray(generated, dtype=np.int64))
+    np.savez(os.path.join(outdir, "reference.npz"), **ref)
+    return ref
+
+
+def make(name, outdir):
+    if name == "deepseek":
+        return make_deepseek(outdir)
+    return make_hf(name, outdir)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    for name in sys.argv[2:] or ALL:
+        make(name, os.path.join(out, name))
+        print("wrote", os.path.join(out, name))

@@ -1,0 +1,97 @@
+"""`fmoe calibrate`: the profile it writes is valid JSON that `fmoe simulate --profile`
+accepts (with the host lane for --miss cpu), carries the fit errors and raw points, and bad
+input gets one-line errors. Runs `fmoe calibrate` when the binary registers it, else the
+same command built on its own (tests/sim/fmoe_calibrate_cli).
+"""
+import json
+import random
+import subprocess
+
+import pytest
+
+from test_simulate_reference import random_requests, write_trace
+
+
+@pytest.fixture(scope="module")
+def calibrate(build_dir, fmoe_bin):
+    p = subprocess.run([str(fmoe_bin), "calibrate", "--help"], capture_output=True, text=True)
+    if p.returncode == 0 and p.stdout.startswith("usage: fmoe calibrate"):
+        cmd = [str(fmoe_bin), "calibrate"]
+    else:
+        cli = build_dir / "tests" / "sim" / "fmoe_calibrate_cli"
+        if not cli.exists():
+            pytest.fail(f"neither 'fmoe calibrate' nor {cli} is built")
+        cmd = [str(cli)]
+
+    def run(*args, check=True):
+        r = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True,
+                           timeout=120)
+        if check and r.returncode != 0:
+            raise AssertionError(f"calibrate {args} exited {r.returncode}: {r.stderr}")
+        return r
+    return run
+
+
+def test_quick_profile_is_accepted_by_simulate(calibrate, fmoe, tmp_path):
+    prof = tmp_path / "p.json"
+    r = calibrate("--quick", "-o", prof, "--file-dir", tmp_path, "--name", "box")
+    assert "fit error rms" in r.stderr and "wrote" in r.stderr
+    assert not (tmp_path / "p.json.partial").exists()
+    p = json.loads(prof.read_text())
+    assert p["format"] == "fmoe-hardware" and p["version"] == 1 and p["name"] == "box"
+    assert p["link"]["alpha_s"] >= 0 and p["link"]["beta_bytes_per_s"] > 0
+    for part in ("attention_s", "expert_s"):
+        assert p["compute"][part]["base"] >= 0 and p["compute"][part]["per_token"] >= 0
+    assert p["host"]["expert_s"]["per_token"] >= 0
+    cal = p["calibration"]
+    assert cal["quick"] is True
+    assert cal["link_used"] in ("file", "h2d")
+    for link in ("ram", "file"):
+        L = cal["links"][link]
+        assert len(L["points"]) >= 3
+        assert all(pt["seconds"] > 0 for pt in L["points"])
+        assert L["fit_rms_rel_error"] >= 0 and L["fit_max_rel_error"] >= L["fit_rms_rel_error"]
+    assert cal["links"]["file"]["page_cache"] in ("dropped", "tmpfs", "warm")
+    if cal["link_used"] == "file":
+        assert p["link"]["beta_bytes_per_s"] == pytest.approx(
+            cal["links"]["file"]["beta_bytes_per_s"])
+    assert len(cal["compute"]["expert_cpu"]["points"]) >= 3
+    # The simulator takes it, with the host lane too.
+    trace = tmp_path / "t.h5"
+    write_trace(trace, random_requests(random.Random(4), 3, 2, 8, 2), 2, 8, 2)
+    for miss in ("load", "cpu"):
+        out = fmoe("simulate", "--trace", trace, "--cache-experts", "4", "--profile", prof,
+                   "--miss", miss, "--json", "--quiet").stdout
+        res = json.loads(out)
+        assert res["hardware"] == "box"
+        assert res["results"][0]["e2e_s"]["mean"] > 0
+
+
+def test_stdout_and_model_config(calibrate, fixtures_dir, tmp_path):
+    configs = sorted((fixtures_dir / "configs").rglob("config.json"))
+    cfg = next((c for c in configs if "qwen1.5" in str(c).lower()), None)
+    args = ["--quick", "--quiet", "--file-dir", tmp_path]
+    if cfg:
+        args += ["--model-config", cfg]
+    r = calibrate(*args)
+    assert r.stderr == ""
+    p = json.loads(r.stdout)
+    if cfg:  # Qwen1.5-MoE: hidden 2048, expert 1408, shared 5632, at an eighth (--quick)
+        m = p["calibration"]["model"]
+        assert m["shapes_of"].startswith("qwen2_moe")
+        assert (m["hidden_size"], m["expert_intermediate_size"]) == (256, 176)
+        assert m["shared_intermediate_size"] == 704
+
+
+def test_bad_input(calibrate, tmp_path):
+    r = calibrate("--link", "pcie", check=False)
+    assert r.returncode == 2 and "--link must be auto, h2d, file or ram" in r.stderr
+    r = calibrate("--quick", "--file-dir", tmp_path / "missing", check=False)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "missing" in r.stderr and "scratch file" in r.stderr
+    r = calibrate("--quick", "--model-config", tmp_path / "none.json", check=False)
+    assert r.returncode == 1 and "none.json" in r.stderr
+    r = calibrate("--bogus", check=False)
+    assert r.returncode == 2 and "unknown option '--bogus'" in r.stderr
+    r = calibrate("--help")
+    assert r.stdout.startswith("usage: fmoe calibrate")

@@ -1,0 +1,149 @@
+"""The `fmoe` command line: help, version, exit codes, demo and inspect.
+
+`fmoe inspect --json` statistics are recomputed here independently from the trace with
+h5py (+ hdf5plugin for zstd), following papers/fmoe.txt §2.4: entropy of expert
+activation counts per layer, aggregated per request (coarse) or per iteration (fine).
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+
+MISSION = ["record", "build-store", "simulate", "serve"]
+# The mission commands that have not landed yet; each must say so.
+UNAVAILABLE = ["record", "build-store", "serve"]
+
+
+def test_help_lists_every_command(fmoe):
+    out = fmoe("--help").stdout
+    for name in MISSION + ["inspect", "trace", "demo"]:
+        assert f"\n  {name} " in out, name
+    for name in UNAVAILABLE:
+        line = next(l for l in out.splitlines() if l.startswith(f"  {name} "))
+        assert "not yet available" in line
+
+
+def test_version(fmoe):
+    out = fmoe("--version").stdout
+    assert out.startswith("fmoe ")
+    assert "cuda:" in out
+
+
+def test_no_arguments_is_usage_error(fmoe):
+    p = fmoe(check=False)
+    assert p.returncode == 2
+    assert "usage: fmoe" in p.stderr
+
+
+def test_unknown_command_exits_2(fmoe):
+    p = fmoe("frobnicate", check=False)
+    assert p.returncode == 2
+    assert p.stderr.strip() == "fmoe: unknown command 'frobnicate' (see 'fmoe --help')"
+
+
+@pytest.mark.parametrize("name", UNAVAILABLE)
+def test_unavailable_commands_say_so(fmoe, name):
+    p = fmoe(name, check=False)
+    assert p.returncode == 1
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert "not yet available" in p.stderr
+
+
+@pytest.mark.parametrize("name", ["inspect", "trace", "demo", "simulate"])
+def test_command_help(fmoe, name):
+    out = fmoe(name, "--help").stdout
+    assert out.startswith(f"usage: fmoe {name}")
+    assert "--help" in out
+    assert fmoe("help", name).stdout == out
+
+
+def test_unknown_option_exits_2(fmoe):
+    p = fmoe("inspect", "--no-such-option", "x.h5", check=False)
+    assert p.returncode == 2
+    assert p.stderr.startswith("fmoe inspect: ")
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_inspect_missing_file_is_one_line(fmoe, tmp_path):
+    p = fmoe("inspect", tmp_path / "missing.h5", check=False)
+    assert p.returncode == 1
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert "missing.h5" in p.stderr
+
+
+def test_inspect_not_hdf5(fmoe, tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello\n")
+    p = fmoe("inspect", bad, check=False)
+    assert p.returncode == 1
+    assert "notes.txt" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_plugin_path_holds_the_plugin(fmoe, plugin_dir):
+    out = fmoe("inspect", "--plugin-path").stdout.strip()
+    assert out == str(plugin_dir)
+
+
+@pytest.fixture(scope="module")
+def demo_trace(fmoe, tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo")
+    out = fmoe("demo", "--output-dir", d, "--quiet").stdout
+    assert "flame-moe-290m.h5" in out
+    assert "predictability" in out
+    return d / "flame-moe-290m.h5"
+
+
+def entropy_bits(counts):
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    p = counts[counts > 0] / total
+    return float(-(p * np.log2(p)).sum())
+
+
+def test_demo_and_inspect_json_match_independent_analysis(fmoe, demo_trace):
+    import h5py
+    import hdf5plugin  # noqa: F401  (registers the ecosystem's zstd filter)
+
+    report = json.loads(fmoe("inspect", demo_trace, "--json", "--quiet").stdout)
+    with h5py.File(demo_trace, "r") as f:
+        experts = f["tokens/experts"][...]
+        phase = f["tokens/phase"][...]
+        offsets = f["requests/token_offset"][...]
+        L = int(f.attrs["num_layers"])
+        J = int(f.attrs["num_experts"])
+    assert report["num_layers"] == L == 8
+    assert report["num_experts"] == J == 64
+    assert report["top_k"] == 6
+    assert report["requests"] == len(offsets) - 1 == 8
+    assert report["tokens"] == experts.shape[0] == 512
+    assert report["prefill_tokens"] == int((phase == 0).sum())
+
+    coarse = np.zeros(L)
+    fine = np.zeros(L)
+    iterations = 0
+    for r in range(len(offsets) - 1):
+        tok = experts[offsets[r]:offsets[r + 1]]
+        ph = phase[offsets[r]:offsets[r + 1]]
+        # iterations: the run of prefill tokens, then one per decode token
+        its = []
+        n_pre = int((ph == 0).sum())
+        if n_pre:
+            its.append(tok[:n_pre])
+        its += [tok[i:i + 1] for i in range(n_pre, len(tok))]
+        iterations += len(its)
+        for l in range(L):
+            coarse[l] += entropy_bits(np.bincount(tok[:, l, :].ravel(), minlength=J))
+            for it in its:
+                fine[l] += entropy_bits(np.bincount(it[:, l, :].ravel(), minlength=J))
+    coarse /= len(offsets) - 1
+    fine /= iterations
+    assert report["iterations"] == iterations
+    for l, layer in enumerate(report["layers"]):
+        counts = np.bincount(experts[:, l, :].ravel(), minlength=J)
+        assert layer["expert_counts"] == counts.tolist()
+        assert layer["top_expert"] == int(np.argmax(counts))
+        assert math.isclose(layer["coarse_entropy_bits"], coarse[l], rel_tol=1e-9)
+        assert math.isclose(layer["fine_entropy_bits"], fine[l], rel_tol=1e-9)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole test suite, from a clean clone: installs dependencies, builds fmoe twice
+# (build-asan: ASan+UBSan for the C unit tests; build: the normal build that the Python
+# cross-checks drive, since h5py cannot load an ASan-instrumented HDF5 plugin), runs the
+# meson suites, then the Python cross-checks against independent readers (h5py,
+# hdf5plugin, h5dump).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+[ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+
+bash tests/install-deps.sh
+
+# Python packages for the cross-checks, in a project-local virtualenv.
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import h5py, hdf5plugin, numpy, pytest' 2>/dev/null; then
+  /usr/bin/python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+fi
+
+jobs=$(nproc)
+[ -f build-asan/build.ninja ] || meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false
+meson compile -C build-asan -j "$jobs"
+meson test -C build-asan --print-errorlogs --num-processes "$jobs"
+
+[ -f build/build.ninja ] || meson setup build
+meson compile -C build -j "$jobs"
+
+FMOE_BUILD_DIR="$root/build" .venv/bin/python -m pytest -q tests/python

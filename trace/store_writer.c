@@ -1,0 +1,270 @@
+/*
+ * store_writer.c - writes expert-map store files (DESIGN.md §5; contract in fmoe/store.h).
+ *
+ * Same conventions as the trace writer: "<path>.partial" first, renamed when complete;
+ * chunked datasets compressed with zstd by default (deflate or none on request); the
+ * earliest HDF5 file format, so that stock h5py and h5dump read it. A store is written in
+ * one go (it is at most C·(h + L·J) floats), so there is no append protocol.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fmoe/error.h"
+#include "fmoe/expertmap.h"
+#include "fmoe/store.h"
+#include "fmoe_config.h"
+#include "hdf5_util.h"
+#include "store_impl.h"
+
+/* Writes a 1-D dataset of n variable-length UTF-8 strings (n may be 0). */
+int fmoe__h5_write_str_array(hid_t file, const char *path, const char *name,
+                             const char *const *values, hsize_t n) {
+    int rc = 0;
+    hid_t type = fmoe__h5_utf8_type();
+    hid_t space = H5Screate_simple(1, &n, NULL);
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    hid_t d = -1;
+    if (type < 0 || space < 0 || lcpl < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0)
+        goto h5fail;
+    d = H5Dcreate2(file, name, type, space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    if (d < 0) goto h5fail;
+    if (n > 0 && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) < 0) goto h5fail;
+    goto done;
+h5fail:;
+    char msg[256];
+    rc = fmoe_error_set(FMOE_EIO, "%s: %s: cannot write: %s", path, name,
+                        fmoe__h5_errmsg(msg, sizeof msg));
+done:
+    if (d >= 0) H5Dclose(d);
+    if (lcpl >= 0) H5Pclose(lcpl);
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    return rc;
+}
+
+static int attr_write_f64(hid_t loc, const char *path, const char *name, double value) {
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t a = space < 0 ? -1 : H5Acreate2(loc, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    int ok = a >= 0 && H5Awrite(a, H5T_NATIVE_DOUBLE, &value) >= 0;
+    if (a >= 0) H5Aclose(a);
+    if (space >= 0) H5Sclose(space);
+    if (!ok) {
+        char msg[256];
+        return fmoe_error_set(FMOE_EIO, "%s: cannot write attribute '%s': %s", path, name,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    }
+    return 0;
+}
+
+/* A whole numeric dataset of `rank` dims (dims[0] rows), chunked and compressed. */
+static int write_rows(hid_t file, const char *path, const char *name, hid_t file_type,
+                      hid_t mem_type, int rank, const hsize_t *dims, const void *data,
+                      const fmoe_trace_write_options *opts) {
+    hid_t d = fmoe__h5_dataset_create_rows(file, path, name, file_type, rank, dims, opts);
+    if (d < 0) return (int)d;
+    int rc = fmoe__h5_dataset_append_rows(d, path, name, mem_type, dims[0], data);
+    H5Dclose(d);
+    return rc;
+}
+
+static int check_file(const char *path, const fmoe_store_file *f) {
+    FMOE_RETURN_ERROR_IF(!f->store, FMOE_EINVAL, "%s: no store to write", path);
+    FMOE_RETURN_ERROR_IF(f->probs_kind != FMOE_PROBS_FULL && f->probs_kind != FMOE_PROBS_TOPK,
+                         FMOE_EINVAL, "%s: probs_kind %d, expected full or topk", path,
+                         (int)f->probs_kind);
+    FMOE_RETURN_ERROR_IF(!(f->split > 0 && f->split <= 1), FMOE_EINVAL,
+                         "%s: split %g, expected a share in (0, 1]", path, f->split);
+    FMOE_RETURN_ERROR_IF(f->num_sources < 0 || (f->num_sources > 0 && !f->sources), FMOE_EINVAL,
+                         "%s: %d sources", path, f->num_sources);
+    FMOE_RETURN_ERROR_IF(f->num_used < 0 || f->num_held_out < 0 || f->tokens_used < 0,
+                         FMOE_EINVAL, "%s: negative counts", path);
+    FMOE_RETURN_ERROR_IF((f->num_used && (!f->used_source || !f->used_id)) ||
+                             (f->num_held_out && (!f->held_out_source || !f->held_out_id)),
+                         FMOE_EINVAL, "%s: request lists missing", path);
+    for (int64_t i = 0; i < f->num_used; i++)
+        FMOE_RETURN_ERROR_IF(f->used_source[i] < 0 || f->used_source[i] >= f->num_sources,
+                             FMOE_EINVAL, "%s: used request %lld names source %d of %d", path,
+                             (long long)i, f->used_source[i], f->num_sources);
+    for (int64_t i = 0; i < f->num_held_out; i++)
+        FMOE_RETURN_ERROR_IF(f->held_out_source[i] < 0 || f->held_out_source[i] >= f->num_sources,
+                             FMOE_EINVAL, "%s: held-out request %lld names source %d of %d",
+                             path, (long long)i, f->held_out_source[i], f->num_sources);
+    return 0;
+}
+
+static int write_all(hid_t file, const char *p, const fmoe_store_file *f,
+                     const fmoe_trace_write_options *opts) {
+    const fmoe_expertmap_config *c = fmoe_expertmap_config_of(f->store);
+    const int32_t E = fmoe_expertmap_size(f->store);
+    char created[32], version[32];
+    snprintf(created, sizeof created, "%s", f->created);
+    snprintf(version, sizeof version, "%s", f->fmoe_version[0] ? f->fmoe_version : FMOE_VERSION);
+    if (!created[0]) {
+        time_t now = time(NULL);
+        struct tm tm;
+        if (gmtime_r(&now, &tm)) strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    }
+    /* source_traces: the paths, one per line */
+    size_t len = 1;
+    for (int32_t s = 0; s < f->num_sources; s++) len += strlen(f->sources[s].path) + 1;
+    char *joined = calloc(len, 1);
+    const char **strs = calloc((size_t)(f->num_sources ? f->num_sources : 1), sizeof *strs);
+    int64_t *nreq = calloc((size_t)(f->num_sources ? f->num_sources : 1), sizeof *nreq);
+    int rc = 0;
+    if (!joined || !strs || !nreq) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", p);
+        goto done;
+    }
+    for (int32_t s = 0; s < f->num_sources; s++) {
+        if (s) strcat(joined, "\n");
+        strcat(joined, f->sources[s].path);
+    }
+    const struct {
+        const char *name, *value;
+    } sattrs[] = {
+        {"format", FMOE_STORE_FORMAT},
+        {"model_name", f->model_name},
+        {"model_fingerprint", f->model_fingerprint},
+        {"probs_kind", fmoe_probs_kind_name(f->probs_kind)},
+        {"semantic_kind", c->semantic_dim > 0 ? f->semantic_kind : ""},
+        {"source_traces", joined},
+        {"created", created},
+        {"fmoe_version", version},
+    };
+    const struct {
+        const char *name;
+        hid_t type;
+        int64_t value;
+    } iattrs[] = {
+        {"version", H5T_STD_I32LE, FMOE_STORE_VERSION},
+        {"capacity", H5T_STD_I32LE, c->capacity},
+        {"size", H5T_STD_I32LE, E},
+        {"num_layers", H5T_STD_I32LE, c->num_layers},
+        {"num_experts", H5T_STD_I32LE, c->num_experts},
+        {"top_k", H5T_STD_I32LE, c->top_k},
+        {"semantic_dim", H5T_STD_I32LE, c->semantic_dim},
+        {"prefetch_distance", H5T_STD_I32LE, c->prefetch_distance},
+        {"requests_used", H5T_STD_I64LE, f->num_used},
+        {"requests_held_out", H5T_STD_I64LE, f->num_held_out},
+        {"tokens_used", H5T_STD_I64LE, f->tokens_used},
+    };
+    for (size_t i = 0; i < sizeof sattrs / sizeof sattrs[0]; i++)
+        if ((rc = fmoe__h5_attr_write_str(file, p, sattrs[i].name, sattrs[i].value)) < 0) goto done;
+    for (size_t i = 0; i < sizeof iattrs / sizeof iattrs[0]; i++) {
+        if ((rc = fmoe__h5_attr_write_int(file, p, iattrs[i].name, iattrs[i].type,
+                                          iattrs[i].value)) < 0)
+            goto done;
+    }
+    if ((rc = attr_write_f64(file, p, "split", f->split)) < 0) goto done;
+    {
+        /* the seed is a full uint64; fmoe__h5_attr_write_int takes int64 values */
+        hid_t space = H5Screate(H5S_SCALAR);
+        hid_t a = space < 0 ? -1
+                            : H5Acreate2(file, "split_seed", H5T_STD_U64LE, space, H5P_DEFAULT,
+                                         H5P_DEFAULT);
+        const int ok = a >= 0 && H5Awrite(a, H5T_NATIVE_UINT64, &f->split_seed) >= 0;
+        if (a >= 0) H5Aclose(a);
+        if (space >= 0) H5Sclose(space);
+        if (!ok) {
+            char msg[256];
+            rc = fmoe_error_set(FMOE_EIO, "%s: cannot write attribute 'split_seed': %s", p,
+                                fmoe__h5_errmsg(msg, sizeof msg));
+            goto done;
+        }
+    }
+
+    const hsize_t dm[3] = {(hsize_t)E, (hsize_t)c->num_layers, (hsize_t)c->num_experts};
+    if ((rc = write_rows(file, p, "/maps", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 3, dm,
+                         fmoe_expertmap_maps(f->store), opts)) < 0)
+        goto done;
+    if (c->semantic_dim > 0) {
+        const hsize_t ds[2] = {(hsize_t)E, (hsize_t)c->semantic_dim};
+        if ((rc = write_rows(file, p, "/semantic", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2, ds,
+                             fmoe_expertmap_semantic(f->store), opts)) < 0)
+            goto done;
+    }
+    const hsize_t dh[1] = {(hsize_t)E};
+    if ((rc = write_rows(file, p, "/hits", H5T_STD_U32LE, H5T_NATIVE_UINT32, 1, dh,
+                         fmoe_expertmap_hits(f->store), opts)) < 0)
+        goto done;
+
+    const hsize_t ns = (hsize_t)f->num_sources;
+    const struct {
+        const char *name;
+        size_t off;
+    } sfields[] = {
+        {"/sources/path", offsetof(fmoe_store_source, path)},
+        {"/sources/created", offsetof(fmoe_store_source, created)},
+        {"/sources/dataset", offsetof(fmoe_store_source, dataset)},
+    };
+    for (size_t k = 0; k < sizeof sfields / sizeof sfields[0]; k++) {
+        for (int32_t s = 0; s < f->num_sources; s++)
+            strs[s] = (const char *)&f->sources[s] + sfields[k].off;
+        if ((rc = fmoe__h5_write_str_array(file, p, sfields[k].name, strs, ns)) < 0) goto done;
+    }
+    for (int32_t s = 0; s < f->num_sources; s++) nreq[s] = f->sources[s].num_requests;
+    const hsize_t dn[1] = {ns}, du[1] = {(hsize_t)f->num_used}, dhh[1] = {(hsize_t)f->num_held_out};
+    if ((rc = write_rows(file, p, "/sources/num_requests", H5T_STD_I64LE, H5T_NATIVE_INT64, 1,
+                         dn, nreq, opts)) < 0 ||
+        (rc = write_rows(file, p, "/requests/used_source", H5T_STD_I32LE, H5T_NATIVE_INT32, 1,
+                         du, f->used_source, opts)) < 0 ||
+        (rc = write_rows(file, p, "/requests/used_id", H5T_STD_I64LE, H5T_NATIVE_INT64, 1, du,
+                         f->used_id, opts)) < 0 ||
+        (rc = write_rows(file, p, "/requests/held_out_source", H5T_STD_I32LE, H5T_NATIVE_INT32,
+                         1, dhh, f->held_out_source, opts)) < 0 ||
+        (rc = write_rows(file, p, "/requests/held_out_id", H5T_STD_I64LE, H5T_NATIVE_INT64, 1,
+                         dhh, f->held_out_id, opts)) < 0)
+        goto done;
+done:
+    free(joined);
+    free(strs);
+    free(nreq);
+    return rc;
+}
+
+static int store_write(const char *path, const fmoe_store_file *f,
+                       const fmoe_trace_write_options *opts) {
+    FMOE_RETURN_ERROR_IF(!path || !path[0] || !f, FMOE_EINVAL, "fmoe_store_write: NULL argument");
+    static const fmoe_trace_write_options default_opts = {.compression = FMOE_COMPRESSION_ZSTD};
+    if (!opts) opts = &default_opts;
+    FMOE_FORWARD_IF_ERROR(check_file(path, f));
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
+    const size_t n = strlen(path);
+    char *partial = malloc(n + sizeof ".partial");
+    if (!partial) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+    memcpy(partial, path, n);
+    memcpy(partial + n, ".partial", sizeof ".partial");
+    int rc = 0;
+    char msg[256];
+    hid_t file = H5Fcreate(partial, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (file < 0) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", partial,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+        free(partial);
+        return rc;
+    }
+    rc = write_all(file, partial, f, opts);
+    if (H5Fclose(file) < 0 && rc == 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", partial,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+    if (rc == 0 && rename(partial, path) != 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot rename to %s: %s", partial, path,
+                            strerror(errno));
+    if (rc < 0) unlink(partial);
+    free(partial);
+    return rc;
+}
+
+int fmoe_store_write(const char *path, const fmoe_store_file *f,
+                     const fmoe_trace_write_options *opts) {
+    fmoe__h5_lock();
+    int rc = store_write(path, f, opts);
+    fmoe__h5_unlock();
+    return rc;
+}

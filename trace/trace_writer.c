@@ -1,0 +1,523 @@
+/*
+ * trace_writer.c - writes fmoe traces (DESIGN.md §4; contract in fmoe/trace.h).
+ *
+ * The writer works on "<path>.partial". Every dataset is chunked and extendible along its
+ * first dimension; an append validates the whole request first (so a refused request
+ * changes nothing), then extends and writes the token datasets, the request tables, and
+ * last /requests/token_offset, and flushes. A process killed between appends therefore
+ * leaves a .partial holding every finished request, which the reader opens as is.
+ *
+ * The file uses HDF5's default (earliest) format on purpose: newer superblocks record
+ * "open for writing" in the file, and a killed writer would leave a file that nothing
+ * opens without `h5clear`.
+ *
+ * What a kill costs: between appends, nothing (the file on disk is exactly the state of
+ * the last flush). During an append, HDF5 may already have written part of the next state
+ * (an evicted chunk, a B-tree node) and may reuse space the flushed state still points
+ * to, so a kill inside that window (milliseconds per request) can leave a .partial that
+ * does not open, fails a check, or in the worst case holds a chunk overwritten by another.
+ * Closing that window needs HDF5's SWMR mode, which needs the 1.10 file format and brings
+ * the h5clear problem above.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fmoe/error.h"
+#include "fmoe/half.h"
+#include "fmoe/trace.h"
+#include "fmoe_config.h"
+#include "hdf5_util.h"
+#include "trace_impl.h"
+
+/* Datasets in the order an append writes them (token_offset last: it commits). */
+enum {
+    DS_TOKEN_ID,
+    DS_PHASE,
+    DS_EXPERTS,
+    DS_PROBS,
+    DS_SEMANTIC,
+    DS_SPECULATIVE,
+    DS_REQ_ID,
+    DS_REQ_ARRIVAL,
+    DS_REQ_PROMPT,
+    DS_REQ_OUTPUT,
+    DS_REQ_OFFSET,
+    DS_COUNT
+};
+
+static const char *const ds_names[DS_COUNT] = {
+    "/tokens/token_id",
+    "/tokens/phase",
+    "/tokens/experts",
+    "/tokens/probs",
+    "/tokens/semantic",
+    "/tokens/speculative",
+    "/requests/id",
+    "/requests/arrival_s",
+    "/requests/prompt_tokens",
+    "/requests/output_tokens",
+    "/requests/token_offset",
+};
+
+struct fmoe_trace_writer {
+    char *path; /* final name */
+    char *partial; /* path + ".partial", the file being written */
+    fmoe_trace_header header; /* copy; config_json is NULL (borrowed only during open) */
+    fmoe_trace_write_options opts;
+    hid_t file;
+    hid_t half; /* IEEE binary16 type, or -1 when storing float32 */
+    hid_t ds[DS_COUNT]; /* -1 for datasets this trace does not have */
+    int64_t num_requests;
+    int64_t num_tokens; /* T so far = last token_offset */
+    int broken; /* an HDF5 write failed mid-append: refuse further appends */
+    int32_t unflushed; /* requests appended since the last flush */
+    uint16_t *scratch; /* float32 -> binary16 staging, [scratch_cap] */
+    size_t scratch_cap;
+};
+
+static void writer_close_handles(fmoe_trace_writer *w) {
+    for (int i = 0; i < DS_COUNT; i++) {
+        if (w->ds[i] >= 0) H5Dclose(w->ds[i]);
+        w->ds[i] = -1;
+    }
+    if (w->half >= 0) H5Tclose(w->half);
+    w->half = -1;
+}
+
+static void writer_free(fmoe_trace_writer *w) {
+    if (!w) return;
+    free(w->scratch);
+    free(w->partial);
+    free(w->path);
+    free(w);
+}
+
+static int check_options(const char *path, const fmoe_trace_write_options *o) {
+    switch (o->compression) {
+    case FMOE_COMPRESSION_ZSTD:
+        FMOE_RETURN_ERROR_IF(o->level < 0 || o->level > 19, FMOE_EINVAL,
+                             "%s: zstd level %d, expected 1..19 (0 = default 3)", path, o->level);
+        break;
+    case FMOE_COMPRESSION_DEFLATE:
+        FMOE_RETURN_ERROR_IF(o->level < 0 || o->level > 9, FMOE_EINVAL,
+                             "%s: deflate level %d, expected 1..9 (0 = default 4)", path, o->level);
+        break;
+    case FMOE_COMPRESSION_NONE: break;
+    default:
+        return fmoe_error_set(FMOE_EINVAL, "%s: unknown compression %d", path, (int)o->compression);
+    }
+    FMOE_RETURN_ERROR_IF(o->chunk_tokens < 0, FMOE_EINVAL,
+                         "%s: chunk_tokens %lld, expected >= 0 (0 = automatic)", path,
+                         (long long)o->chunk_tokens);
+    return 0;
+}
+
+static void fill_defaults(fmoe_trace_header *h) {
+    if (!h->created[0]) {
+        time_t now = time(NULL);
+        struct tm tm;
+        if (gmtime_r(&now, &tm)) strftime(h->created, sizeof h->created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    }
+    if (!h->fmoe_version[0]) snprintf(h->fmoe_version, sizeof h->fmoe_version, "%s", FMOE_VERSION);
+    if (h->semantic_dim > 0 && !h->semantic_kind[0])
+        snprintf(h->semantic_kind, sizeof h->semantic_kind, "embedding");
+}
+
+static int write_root_attributes(fmoe_trace_writer *w) {
+    const fmoe_trace_header *h = &w->header;
+    hid_t f = w->file;
+    const char *p = w->partial;
+    const struct {
+        const char *name;
+        const char *value;
+    } strs[] = {
+        {"format", FMOE_TRACE_FORMAT},
+        {"model_name", h->model_name},
+        {"model_fingerprint", h->model_fingerprint},
+        {"dtype", h->dtype},
+        {"dataset", h->dataset},
+        {"created", h->created},
+        {"fmoe_version", h->fmoe_version},
+        {"recorded_on", h->recorded_on},
+        {"probs_kind", fmoe_probs_kind_name(h->probs_kind)},
+        {"semantic_kind", h->semantic_kind},
+    };
+    const struct {
+        const char *name;
+        int64_t value;
+    } ints[] = {
+        {"version", FMOE_TRACE_VERSION},   {"num_layers", h->num_layers},
+        {"num_experts", h->num_experts},   {"top_k", h->top_k},
+        {"hidden_size", h->hidden_size},   {"shared_experts", h->shared_experts},
+        {"semantic_dim", h->semantic_dim}, {"speculative_depth", h->speculative_depth},
+    };
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+        FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(f, p, strs[i].name, strs[i].value));
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        FMOE_FORWARD_IF_ERROR(
+            fmoe__h5_attr_write_int(f, p, ints[i].name, H5T_STD_I32LE, ints[i].value));
+    return fmoe__h5_attr_write_int(f, p, "expert_bytes", H5T_STD_I64LE, h->expert_bytes);
+}
+
+static int create_datasets(fmoe_trace_writer *w) {
+    const fmoe_trace_header *h = &w->header;
+    const hsize_t L = (hsize_t)h->num_layers, J = (hsize_t)h->num_experts, K = (hsize_t)h->top_k,
+                  S = (hsize_t)h->speculative_depth, H = (hsize_t)h->semantic_dim;
+    hid_t gate_type = w->half >= 0 ? w->half : H5T_IEEE_F32LE;
+    const struct {
+        int id;
+        int present;
+        hid_t type;
+        int rank;
+        hsize_t dims[4];
+    } specs[] = {
+        {DS_TOKEN_ID, 1, H5T_STD_I32LE, 1, {0}},
+        {DS_PHASE, 1, H5T_STD_U8LE, 1, {0}},
+        {DS_EXPERTS, 1, H5T_STD_U16LE, 3, {0, L, K}},
+        {DS_PROBS, h->probs_kind != FMOE_PROBS_NONE, gate_type, 3, {0, L, J}},
+        {DS_SEMANTIC, H > 0, H5T_IEEE_F32LE, 2, {0, H}},
+        {DS_SPECULATIVE, S > 0, gate_type, 4, {0, L, S, J}},
+        {DS_REQ_ID, 1, H5T_STD_I64LE, 1, {0}},
+        {DS_REQ_ARRIVAL, 1, H5T_IEEE_F64LE, 1, {0}},
+        {DS_REQ_PROMPT, 1, H5T_STD_I32LE, 1, {0}},
+        {DS_REQ_OUTPUT, 1, H5T_STD_I32LE, 1, {0}},
+        {DS_REQ_OFFSET, 1, H5T_STD_I64LE, 1, {0}},
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        if (!specs[i].present) continue;
+        /* chunk_tokens sizes the token datasets; the request tables keep automatic chunks
+         * (their rows are requests, not tokens). */
+        fmoe_trace_write_options o = w->opts;
+        if (specs[i].id >= DS_REQ_ID) o.chunk_tokens = 0;
+        hid_t d = fmoe__h5_dataset_create_rows(w->file, w->partial, ds_names[specs[i].id],
+                                               specs[i].type, specs[i].rank, specs[i].dims, &o);
+        if (d < 0) return (int)d;
+        w->ds[specs[i].id] = d;
+    }
+    const int64_t zero = 0;
+    return fmoe__h5_dataset_append_rows(w->ds[DS_REQ_OFFSET], w->partial, ds_names[DS_REQ_OFFSET],
+                                        H5T_NATIVE_INT64, 1, &zero);
+}
+
+static int flush(fmoe_trace_writer *w) {
+    if (H5Fflush(w->file, H5F_SCOPE_LOCAL) < 0) {
+        char msg[256];
+        return fmoe_error_set(FMOE_EIO, "%s: cannot flush: %s", w->partial,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    }
+    return 0;
+}
+
+static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_trace_header *header,
+                       const fmoe_trace_write_options *opts) {
+    if (!out || !path || !path[0] || !header)
+        return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_writer_open: NULL argument");
+    *out = NULL;
+    static const fmoe_trace_write_options default_opts = {.compression = FMOE_COMPRESSION_ZSTD};
+    if (!opts) opts = &default_opts;
+    FMOE_FORWARD_IF_ERROR(check_options(path, opts));
+    FMOE_FORWARD_IF_ERROR(fmoe__trace_header_check(header, path, FMOE_EINVAL, 0));
+    const char *config = header->config_json ? header->config_json : "";
+    FMOE_RETURN_ERROR_IF(!fmoe__utf8_valid(config, strlen(config)), FMOE_EINVAL,
+                         "%s: header.config_json is not valid UTF-8", path);
+    if (header->semantic_dim > 0 && header->semantic_kind[0]) {
+        FMOE_RETURN_ERROR_IF(strcmp(header->semantic_kind, "embedding") != 0 &&
+                                 strcmp(header->semantic_kind, "projection") != 0,
+                             FMOE_EINVAL,
+                             "%s: header.semantic_kind = '%s', expected embedding or "
+                             "projection",
+                             path, header->semantic_kind);
+    }
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
+
+    fmoe_trace_writer *w = calloc(1, sizeof *w);
+    if (!w) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+    w->file = -1;
+    w->half = -1;
+    for (int i = 0; i < DS_COUNT; i++) w->ds[i] = -1;
+    w->header = *header;
+    w->header.config_json = NULL;
+    w->opts = *opts;
+    fill_defaults(&w->header);
+    int rc = 0;
+    size_t n = strlen(path);
+    w->path = strdup(path);
+    w->partial = malloc(n + sizeof ".partial");
+    if (!w->path || !w->partial) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    memcpy(w->partial, path, n);
+    memcpy(w->partial + n, ".partial", sizeof ".partial");
+
+    if (w->header.probs_half) {
+        w->half = fmoe__h5_half_type();
+        if (w->half < 0) {
+            rc = fmoe_error_set(FMOE_EINTERNAL, "%s: cannot build the float16 type", path);
+            goto fail;
+        }
+    }
+    w->file = H5Fcreate(w->partial, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (w->file < 0) {
+        char msg[256];
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", w->partial,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+        goto fail;
+    }
+    if ((rc = write_root_attributes(w)) < 0) goto fail;
+    if ((rc = fmoe__h5_dataset_write_str(w->file, w->partial, "/model/config_json", config)) < 0)
+        goto fail;
+    if ((rc = create_datasets(w)) < 0) goto fail;
+    if ((rc = flush(w)) < 0) goto fail;
+    *out = w;
+    return 0;
+
+fail:
+    writer_close_handles(w);
+    if (w->file >= 0) {
+        H5Fclose(w->file);
+        unlink(w->partial);
+    }
+    writer_free(w);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Append
+ * ------------------------------------------------------------------------------------- */
+
+static int prob_ok(float p) {
+    return isfinite(p) && p >= -FMOE_TRACE_PROB_TOL && p <= 1.0f + FMOE_TRACE_PROB_TOL;
+}
+
+/* Checks everything about one request before anything is written. */
+static int check_request(const fmoe_trace_writer *w, const fmoe_trace_request *q, int64_t T) {
+    const fmoe_trace_header *h = &w->header;
+    const char *p = w->path;
+    const long long id = (long long)q->id;
+    const int64_t L = h->num_layers, J = h->num_experts, K = h->top_k, S = h->speculative_depth,
+                  H = h->semantic_dim;
+    FMOE_RETURN_ERROR_IF(q->prompt_tokens < 0 || q->output_tokens < 0, FMOE_EINVAL,
+                         "%s: request %lld: prompt_tokens %d / output_tokens %d, expected >= 0", p,
+                         id, q->prompt_tokens, q->output_tokens);
+    FMOE_RETURN_ERROR_IF(!isfinite(q->arrival_s) || q->arrival_s < 0, FMOE_EINVAL,
+                         "%s: request %lld: arrival_s %g, expected a finite time >= 0", p, id,
+                         q->arrival_s);
+    /* Sizes of the largest per-request arrays must fit in memory arithmetic. */
+    int64_t big = 0;
+    FMOE_RETURN_ERROR_IF(
+        __builtin_mul_overflow(T, L * (S > 0 ? S : 1) * J, &big) || big > INT64_MAX / 4,
+        FMOE_EINVAL, "%s: request %lld: %lld tokens is too large", p, id, (long long)T);
+    if (T == 0) return 0;
+
+#define REQUIRE(cond, field, why)                                                                  \
+    FMOE_RETURN_ERROR_IF(!(cond), FMOE_EINVAL, "%s: request %lld: %s %s", p, id, field, why)
+    REQUIRE(q->token_id, "token_id", "is NULL");
+    REQUIRE(q->phase, "phase", "is NULL");
+    REQUIRE(q->experts, "experts", "is NULL");
+    if (h->probs_kind == FMOE_PROBS_NONE)
+        REQUIRE(!q->probs, "probs", "is given but header.probs_kind is none");
+    else
+        REQUIRE(q->probs, "probs", "is NULL but header.probs_kind is not none");
+    if (H == 0)
+        REQUIRE(!q->semantic, "semantic", "is given but header.semantic_dim is 0");
+    else
+        REQUIRE(q->semantic, "semantic", "is NULL but header.semantic_dim > 0");
+    if (S == 0)
+        REQUIRE(!q->speculative, "speculative", "is given but header.speculative_depth is 0");
+    else
+        REQUIRE(q->speculative, "speculative", "is NULL but header.speculative_depth > 0");
+#undef REQUIRE
+
+    for (int64_t t = 0; t < T; t++) {
+        const uint8_t want = t < q->prompt_tokens ? FMOE_PHASE_PREFILL : FMOE_PHASE_DECODE;
+        FMOE_RETURN_ERROR_IF(q->phase[t] != want, FMOE_EINVAL,
+                             "%s: request %lld: phase[%lld] = %u, expected %u (%s: the first "
+                             "prompt_tokens = %d tokens are prefill)",
+                             p, id, (long long)t, q->phase[t], want, want ? "decode" : "prefill",
+                             q->prompt_tokens);
+        FMOE_RETURN_ERROR_IF(q->token_id[t] < -1, FMOE_EINVAL,
+                             "%s: request %lld: token_id[%lld] = %d, expected >= -1", p, id,
+                             (long long)t, q->token_id[t]);
+        for (int64_t l = 0; l < L; l++) {
+            const uint16_t *row = q->experts + (t * L + l) * K;
+            for (int64_t k = 0; k < K; k++)
+                FMOE_RETURN_ERROR_IF(row[k] >= J, FMOE_EINVAL,
+                                     "%s: request %lld: experts[%lld][%lld][%lld] = %u, "
+                                     "expected < num_experts (%lld)",
+                                     p, id, (long long)t, (long long)l, (long long)k, row[k],
+                                     (long long)J);
+            FMOE_RETURN_ERROR_IF(!fmoe__experts_distinct(row, (int32_t)K), FMOE_EINVAL,
+                                 "%s: request %lld: experts[%lld][%lld] repeats an expert, "
+                                 "expected %lld distinct ids",
+                                 p, id, (long long)t, (long long)l, (long long)K);
+        }
+    }
+    if (q->probs) {
+        for (int64_t i = 0; i < T * L * J; i++)
+            FMOE_RETURN_ERROR_IF(!prob_ok(q->probs[i]), FMOE_EINVAL,
+                                 "%s: request %lld: probs[%lld][%lld][%lld] = %g, expected a "
+                                 "probability in [0, 1]",
+                                 p, id, (long long)(i / (L * J)), (long long)(i / J % L),
+                                 (long long)(i % J), q->probs[i]);
+    }
+    if (q->semantic) {
+        for (int64_t i = 0; i < T * H; i++)
+            FMOE_RETURN_ERROR_IF(!isfinite(q->semantic[i]), FMOE_EINVAL,
+                                 "%s: request %lld: semantic[%lld][%lld] = %g, expected finite", p,
+                                 id, (long long)(i / H), (long long)(i % H), q->semantic[i]);
+    }
+    if (q->speculative) {
+        for (int64_t i = 0; i < T * L * S * J; i++)
+            FMOE_RETURN_ERROR_IF(!prob_ok(q->speculative[i]), FMOE_EINVAL,
+                                 "%s: request %lld: speculative[%lld][%lld][%lld][%lld] = %g, "
+                                 "expected a probability in [0, 1]",
+                                 p, id, (long long)(i / (L * S * J)), (long long)(i / (S * J) % L),
+                                 (long long)(i / J % S), (long long)(i % J), q->speculative[i]);
+    }
+    return 0;
+}
+
+/* Returns the data to write for a gate array of n floats: the array itself, or (half
+ * storage) its binary16 conversion in the scratch buffer; NULL when out of memory. */
+static const void *gate_data(fmoe_trace_writer *w, const float *src, size_t n) {
+    if (w->half < 0) return src;
+    if (n > w->scratch_cap) {
+        uint16_t *s = realloc(w->scratch, n * sizeof *s);
+        if (!s) return NULL;
+        w->scratch = s;
+        w->scratch_cap = n;
+    }
+    for (size_t i = 0; i < n; i++) w->scratch[i] = fmoe_float_to_half(src[i]);
+    return w->scratch;
+}
+
+static int append_gate(fmoe_trace_writer *w, int ds, const float *src, size_t per_token,
+                       int64_t T) {
+    const void *data = gate_data(w, src, (size_t)T * per_token);
+    if (!data)
+        return fmoe_error_set(FMOE_ENOMEM, "%s: %s: out of memory", w->partial, ds_names[ds]);
+    return fmoe__h5_dataset_append_rows(w->ds[ds], w->partial, ds_names[ds],
+                                        w->half >= 0 ? w->half : H5T_NATIVE_FLOAT, (hsize_t)T,
+                                        data);
+}
+
+static int append_rows(fmoe_trace_writer *w, int ds, hid_t mem, int64_t n, const void *data) {
+    return fmoe__h5_dataset_append_rows(w->ds[ds], w->partial, ds_names[ds], mem, (hsize_t)n, data);
+}
+
+static int writer_append(fmoe_trace_writer *w, const fmoe_trace_request *req) {
+    if (!w || !req)
+        return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_writer_append_request: NULL argument");
+    FMOE_RETURN_ERROR_IF(w->broken, FMOE_EIO,
+                         "%s: an earlier append failed; the writer accepts no more requests",
+                         w->partial);
+    const int64_t T = (int64_t)req->prompt_tokens + req->output_tokens;
+    FMOE_FORWARD_IF_ERROR(check_request(w, req, T));
+
+    const fmoe_trace_header *h = &w->header;
+    const size_t L = (size_t)h->num_layers, J = (size_t)h->num_experts;
+    const size_t S = (size_t)h->speculative_depth;
+    const int64_t end = w->num_tokens + T;
+    int rc = 0;
+    if (T > 0) {
+        if ((rc = append_rows(w, DS_TOKEN_ID, H5T_NATIVE_INT32, T, req->token_id)) < 0 ||
+            (rc = append_rows(w, DS_PHASE, H5T_NATIVE_UINT8, T, req->phase)) < 0 ||
+            (rc = append_rows(w, DS_EXPERTS, H5T_NATIVE_UINT16, T, req->experts)) < 0)
+            goto fail;
+        if (req->probs && (rc = append_gate(w, DS_PROBS, req->probs, L * J, T)) < 0) goto fail;
+        if (req->semantic &&
+            (rc = append_rows(w, DS_SEMANTIC, H5T_NATIVE_FLOAT, T, req->semantic)) < 0)
+            goto fail;
+        if (req->speculative &&
+            (rc = append_gate(w, DS_SPECULATIVE, req->speculative, L * S * J, T)) < 0)
+            goto fail;
+    }
+    if ((rc = append_rows(w, DS_REQ_ID, H5T_NATIVE_INT64, 1, &req->id)) < 0 ||
+        (rc = append_rows(w, DS_REQ_ARRIVAL, H5T_NATIVE_DOUBLE, 1, &req->arrival_s)) < 0 ||
+        (rc = append_rows(w, DS_REQ_PROMPT, H5T_NATIVE_INT32, 1, &req->prompt_tokens)) < 0 ||
+        (rc = append_rows(w, DS_REQ_OUTPUT, H5T_NATIVE_INT32, 1, &req->output_tokens)) < 0 ||
+        (rc = append_rows(w, DS_REQ_OFFSET, H5T_NATIVE_INT64, 1, &end)) < 0)
+        goto fail;
+    if (++w->unflushed >= (w->opts.flush_requests > 0 ? w->opts.flush_requests : 1)) {
+        if ((rc = flush(w)) < 0) goto fail;
+        w->unflushed = 0;
+    }
+    w->num_tokens = end;
+    w->num_requests++;
+    return 0;
+
+fail:
+    /* Some datasets may have grown and others not; the file on disk still ends at the
+     * last flush, but this writer can no longer extend it consistently. */
+    w->broken = 1;
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Close and abort
+ * ------------------------------------------------------------------------------------- */
+
+static int writer_close(fmoe_trace_writer *w) {
+    if (!w) return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_writer_close: NULL writer");
+    int rc = 0;
+    char msg[256];
+    writer_close_handles(w);
+    if (H5Fclose(w->file) < 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", w->partial,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+    else if (w->broken)
+        /* Keep the .partial: it holds every request appended before the failure. */
+        rc = fmoe_error_set(FMOE_EIO, "%s: not renamed to %s because an append failed", w->partial,
+                            w->path);
+    else if (rename(w->partial, w->path) != 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot rename to %s: %s", w->partial, w->path,
+                            strerror(errno));
+    writer_free(w);
+    return rc;
+}
+
+static void writer_abort(fmoe_trace_writer *w) {
+    if (!w) return;
+    writer_close_handles(w);
+    H5Fclose(w->file);
+    unlink(w->partial);
+    writer_free(w);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Public entry points: each holds the HDF5 lock (hdf5_util.h) for its whole call
+ * ------------------------------------------------------------------------------------- */
+
+int fmoe_trace_writer_open(fmoe_trace_writer **out, const char *path,
+                           const fmoe_trace_header *header, const fmoe_trace_write_options *opts) {
+    fmoe__h5_lock();
+    int rc = writer_open(out, path, header, opts);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+int fmoe_trace_writer_append_request(fmoe_trace_writer *w, const fmoe_trace_request *req) {
+    fmoe__h5_lock();
+    int rc = writer_append(w, req);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+int fmoe_trace_writer_close(fmoe_trace_writer *w) {
+    fmoe__h5_lock();
+    int rc = writer_close(w);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+void fmoe_trace_writer_abort(fmoe_trace_writer *w) {
+    fmoe__h5_lock();
+    writer_abort(w);
+    fmoe__h5_unlock();
+}
