@@ -386,7 +386,11 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     *link_used = link;
     p.alpha_s = nonneg(ls->fit.a);
     p.beta_bytes_per_s = 1.0 / ls->fit.b;
-    const double cpu_bw = m->ram.ok && m->ram.fit.b > 0 ? 2.0 / m->ram.fit.b : 0;
+    /* Memory bandwidth: the largest copy's rate, bytes read plus written (the smaller
+     * copies partly run in the CPU caches). */
+    const int32_t last = m->ram.n - 1;
+    const double cpu_bw = last >= 0 && m->ram.y[last] > 0 ? 2.0 * m->ram.x[last] / m->ram.y[last]
+                                                          : 0;
     if (m->have_gpu) {
         p.peak_flops = m->gpu_peak_flops;
         p.memory_bandwidth_bytes_per_s = m->gpu_membw;

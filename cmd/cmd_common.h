@@ -68,5 +68,6 @@ int cmd_inspect(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
 
 #endif

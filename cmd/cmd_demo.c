@@ -37,7 +37,7 @@ static void usage(FILE *out) {
             "Runs fmoe on the bundled sample data: imports the FLAME-MoE-290M routing\n"
             "sample (8 MoE layers, 64 experts, top-6, 512 tokens) into an fmoe trace,\n"
             "prints its summary (fmoe inspect), and replays it through the simulator\n"
-            "with on-demand loading, LRU, LFU and Belady's optimum at 10%, 25% and 50%\n"
+            "with on-demand loading, LRU, LFU and Belady's optimum at 10%%, 25%% and 50%%\n"
             "of the experts in the fast tier (fmoe simulate).\n"
             "\n"
             "options:\n"

@@ -433,6 +433,22 @@ static int print_json(const options *o, const fmoe_hardware_profile *hw, int64_t
         cJSON_AddItemToObject(x, "tpot_s", summary_json(&r->tpot_s));
         cJSON_AddItemToObject(x, "e2e_s", summary_json(&r->e2e_s));
         cJSON_AddItemToObject(x, "queue_s", summary_json(&r->queue_s));
+        cJSON *pp = cJSON_AddObjectToObject(x, "per_phase");
+        for (int ph = 0; ph < 2; ph++) {
+            const fmoe_sim_layer_stats *s = &r->per_phase[ph];
+            cJSON *y = cJSON_AddObjectToObject(pp, ph ? "decode" : "prefill");
+            cJSON_AddNumberToObject(y, "accesses", (double)s->accesses);
+            cJSON_AddNumberToObject(y, "hits", (double)s->hits);
+            cJSON_AddNumberToObject(y, "late_hits", (double)s->late_hits);
+            cJSON_AddNumberToObject(y, "misses", (double)s->misses);
+            cJSON_AddNumberToObject(y, "hit_rate",
+                                    s->accesses ? (double)s->hits / (double)s->accesses : 0.0);
+            cJSON_AddNumberToObject(y, "bytes_loaded", (double)s->bytes_loaded);
+            cJSON_AddNumberToObject(y, "prefetches", (double)s->prefetches);
+            cJSON_AddNumberToObject(y, "prefetch_hits", (double)s->prefetch_hits);
+            cJSON_AddNumberToObject(y, "host_misses", (double)s->host_misses);
+            cJSON_AddNumberToObject(y, "stall_s", s->stall_s);
+        }
         cJSON *pl = cJSON_AddArrayToObject(x, "per_layer");
         for (int32_t l = 0; l < r->num_layers; l++) {
             const fmoe_sim_layer_stats *s = &r->per_layer[l];
@@ -636,15 +652,18 @@ int cmd_simulate(int argc, char **argv) {
         exit_code = cmd_failf(CMD, "out of memory");
         goto done;
     }
+    /* A policy that does not prefetch runs once per cache size, whatever the distances. */
     size_t k = 0;
     for (int p = 0; p < o.n_policies; p++)
         for (int c = 0; c < n_caches; c++)
             for (int d = 0; d < o.n_distances; d++)
-                cells[k++] = (fmoe_sim_config){.policy = o.policies[p], .cache_experts = caches[c],
-                                               .prefetch_distance = o.distances[d],
-                                               .costs = &costs, .miss_mode = o.miss_mode,
-                                               .arrival_s = arrivals,
-                                               .store_capacity = o.eamc_capacity};
+                if (d == 0 || (fmoe_policy_find(o.policies[p])->flags & FMOE_POLICY_PREFETCHES))
+                    cells[k++] = (fmoe_sim_config){
+                        .policy = o.policies[p], .cache_experts = caches[c],
+                        .prefetch_distance = o.distances[d], .costs = &costs,
+                        .miss_mode = o.miss_mode, .arrival_s = arrivals,
+                        .store_capacity = o.eamc_capacity};
+    n = k;
     for (size_t i = 0; i < n; i++) cmd_sim_store_apply(&o.store, &cells[i]); /* [fmoe hook] */
     {
         cmd_progress_bar bar;

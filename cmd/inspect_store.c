@@ -7,8 +7,9 @@
  * tokens used), and how well it covers the space of maps: the distribution of each
  * entry's nearest-neighbour similarity (by map, by embedding, and by the RDY score the
  * deduplication uses), the experts the entries favour per layer, and the hit counters.
- * Nearest neighbours are computed for at most SAMPLE entries (evenly spaced) against the
- * whole store; the output says when it sampled.
+ * Nearest neighbours are computed for at most SAMPLE entries (evenly spaced; fewer for very
+ * large stores, about 1e10 multiply-adds in all) against the whole store; the output says
+ * when it sampled.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -94,7 +95,10 @@ int cmd_inspect_store(const char *path, int json) {
     if (rc < 0) return cmd_fail(CMD, rc);
     const fmoe_expertmap_config *c = fmoe_expertmap_config_of(f->store);
     const int32_t E = fmoe_expertmap_size(f->store), L = c->num_layers, J = c->num_experts;
-    const int32_t n = E < SAMPLE ? E : SAMPLE;
+    /* at most SAMPLE entries, and about 1e10 multiply-adds (seconds, not minutes) */
+    const double per = (double)(E > 0 ? E : 1) * ((double)L * J + c->semantic_dim);
+    int32_t n = E < SAMPLE ? E : SAMPLE;
+    if ((double)n * per > 1e10) n = (int32_t)(1e10 / per) < 64 ? (E < 64 ? E : 64) : (int32_t)(1e10 / per);
     int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
     float *nm = malloc((size_t)(n ? n : 1) * sizeof *nm), *ns = malloc((size_t)(n ? n : 1) * sizeof *ns),
           *nr = malloc((size_t)(n ? n : 1) * sizeof *nr);

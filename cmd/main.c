@@ -21,7 +21,7 @@ static const command commands[] = {
     {"build-store", NULL, "traces -> deduplicated expert-map store"},
     {"simulate", cmd_simulate, "trace + store + hardware profile -> metrics per policy"},
     {"serve", NULL, "the same policies live (CUDA or CPU), OpenAI-compatible HTTP"},
-    {"calibrate", NULL, "measure this machine's link and compute into a hardware profile"},
+    {"calibrate", cmd_calibrate, "measure this machine's link and compute into a hardware profile"},
     {"generate", NULL, "one prompt through a model, no server"},
     {"trace", cmd_trace, "work with traces: import routing logs recorded elsewhere"},
     {"inspect", cmd_inspect, "summarise any fmoe file (trace, ...)"},

@@ -472,6 +472,10 @@ static int parse_family(const family_spec *fs, const reader *r, const cJSON *roo
     if (fs->family == FMOE_FAMILY_GPT_OSS && !lookup(r, fs->experts_key) &&
         lookup(r, "num_experts")) /* transformers' attribute_map alias */
         FMOE_FORWARD_IF_ERROR(read_i32(r, "num_experts", 1, 0, 0, MAX_EXPERTS, &g->num_experts));
+    else if (fs->family == FMOE_FAMILY_QWEN3_MOE && !lookup(r, fs->experts_key) &&
+             lookup(r, "num_local_experts")) /* transformers 5 saves Qwen3-MoE this way */
+        FMOE_FORWARD_IF_ERROR(
+            read_i32(r, "num_local_experts", 1, 0, 0, MAX_EXPERTS, &g->num_experts));
     else
         FMOE_FORWARD_IF_ERROR(
             read_i32(r, fs->experts_key, 1, 0, 0, MAX_EXPERTS, &g->num_experts));

@@ -286,7 +286,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
         return fmoe_error_set(FMOE_ENOMEM, "simulator state for %d slots", S->N);
     r->num_layers = S->L;
     r->cache_experts = S->N;
-    r->prefetch_distance = d;
+    r->prefetch_distance = (ops->flags & FMOE_POLICY_PREFETCHES) ? d : 0;
     r->miss_mode = cfg->miss_mode;
     r->variant = variant;
 
@@ -352,6 +352,7 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
     const fmoe_sim_workload *w = S->w;
     const fmoe_policy_ops *ops = S->policy.ops;
     fmoe_sim_layer_stats *ls = &S->r->per_layer[l];
+    const fmoe_sim_layer_stats before = *ls;
     const int32_t L = S->L, J = S->J, K = S->K;
 
     S->compute_free += fmoe_sim_layer_s(S->costs, it->num_tokens, it->context);
@@ -472,6 +473,16 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
         S->compute_free = host_end;
     }
     ls->accesses += na;
+    fmoe_sim_layer_stats *ph = &S->r->per_phase[it->phase ? 1 : 0];
+    ph->accesses += ls->accesses - before.accesses;
+    ph->hits += ls->hits - before.hits;
+    ph->late_hits += ls->late_hits - before.late_hits;
+    ph->misses += ls->misses - before.misses;
+    ph->bytes_loaded += ls->bytes_loaded - before.bytes_loaded;
+    ph->stall_s += ls->stall_s - before.stall_s;
+    ph->prefetches += ls->prefetches - before.prefetches;
+    ph->prefetch_hits += ls->prefetch_hits - before.prefetch_hits;
+    ph->host_misses += ls->host_misses - before.host_misses;
     if (ops->on_layer_done) {
         S->env.now_s = S->compute_free;
         ops->on_layer_done(S->policy.state, &S->env, l);

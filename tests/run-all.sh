@@ -12,15 +12,22 @@ root=$(pwd)
 bash tests/install-deps.sh
 
 # Python packages for the cross-checks, in a project-local virtualenv.
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import h5py, hdf5plugin, numpy, pytest' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import h5py, hdf5plugin, numpy, pytest, tokenizers, sentencepiece' 2>/dev/null; then
   /usr/bin/python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+fi
+# torch + transformers for the forward-pass cross-checks against HF's own modeling code.
+# PyPI's torch brings its CUDA libraries (there is no CPU-only torch on PyPI):
+# about 45-70 s and 5.8 GB on the 2-core CI machine.
+if ! .venv/bin/python -c 'import torch, transformers, safetensors, tokenizers, sentencepiece' 2>/dev/null; then
+  .venv/bin/pip install -q --disable-pip-version-check --no-cache-dir \
+    -r tests/python/requirements.txt -r tests/python/requirements-torch.txt
 fi
 
 jobs=$(nproc)
 [ -f build-asan/build.ninja ] || meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false
 meson compile -C build-asan -j "$jobs"
-meson test -C build-asan --print-errorlogs --num-processes "$jobs"
+meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 5
 
 [ -f build/build.ninja ] || meson setup build
 meson compile -C build -j "$jobs"

@@ -73,6 +73,29 @@ static int write_rows(hid_t file, const char *path, const char *name, hid_t file
     return rc;
 }
 
+/* /maps [E][L][J]: the store keeps its maps layer-major, so entries are gathered a block at
+ * a time (bounded memory) and appended. */
+static int write_maps(hid_t file, const char *path, const fmoe_expertmap *st,
+                      const fmoe_trace_write_options *opts) {
+    const fmoe_expertmap_config *c = fmoe_expertmap_config_of(st);
+    const int32_t E = fmoe_expertmap_size(st);
+    const size_t LJ = (size_t)c->num_layers * (size_t)c->num_experts;
+    const hsize_t dims[3] = {0, (hsize_t)c->num_layers, (hsize_t)c->num_experts};
+    hid_t d = fmoe__h5_dataset_create_rows(file, path, "/maps", H5T_IEEE_F32LE, 3, dims, opts);
+    if (d < 0) return (int)d;
+    const int32_t B = 1024;
+    float *buf = malloc((size_t)(E < B ? (E ? E : 1) : B) * LJ * sizeof *buf);
+    int rc = buf ? 0 : fmoe_error_set(FMOE_ENOMEM, "%s: /maps: out of memory", path);
+    for (int32_t y0 = 0; rc == 0 && y0 < E; y0 += B) {
+        const int32_t n = E - y0 < B ? E - y0 : B;
+        for (int32_t i = 0; i < n; i++) fmoe_expertmap_copy_map(st, y0 + i, buf + (size_t)i * LJ);
+        rc = fmoe__h5_dataset_append_rows(d, path, "/maps", H5T_NATIVE_FLOAT, (hsize_t)n, buf);
+    }
+    free(buf);
+    H5Dclose(d);
+    return rc;
+}
+
 static int check_file(const char *path, const fmoe_store_file *f) {
     FMOE_RETURN_ERROR_IF(!f->store, FMOE_EINVAL, "%s: no store to write", path);
     FMOE_RETURN_ERROR_IF(f->probs_kind != FMOE_PROBS_FULL && f->probs_kind != FMOE_PROBS_TOPK,
@@ -179,10 +202,7 @@ static int write_all(hid_t file, const char *p, const fmoe_store_file *f,
         }
     }
 
-    const hsize_t dm[3] = {(hsize_t)E, (hsize_t)c->num_layers, (hsize_t)c->num_experts};
-    if ((rc = write_rows(file, p, "/maps", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 3, dm,
-                         fmoe_expertmap_maps(f->store), opts)) < 0)
-        goto done;
+    if ((rc = write_maps(file, p, f->store, opts)) < 0) goto done;
     if (c->semantic_dim > 0) {
         const hsize_t ds[2] = {(hsize_t)E, (hsize_t)c->semantic_dim};
         if ((rc = write_rows(file, p, "/semantic", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2, ds,

@@ -42,6 +42,9 @@ enum {
     DS_PROBS,
     DS_SEMANTIC,
     DS_SPECULATIVE,
+    DS_HIDDEN,
+    DS_LAYER_S,
+    DS_ITERATION_S,
     DS_REQ_ID,
     DS_REQ_ARRIVAL,
     DS_REQ_PROMPT,
@@ -57,6 +60,9 @@ static const char *const ds_names[DS_COUNT] = {
     "/tokens/probs",
     "/tokens/semantic",
     "/tokens/speculative",
+    "/tokens/hidden",
+    "/timing/layer_s",
+    "/timing/iteration_s",
     "/requests/id",
     "/requests/arrival_s",
     "/requests/prompt_tokens",
@@ -71,6 +77,7 @@ struct fmoe_trace_writer {
     fmoe_trace_write_options opts;
     hid_t file;
     hid_t half; /* IEEE binary16 type, or -1 when storing float32 */
+    hid_t hidden_half; /* binary16 type for /tokens/hidden, or -1 when absent */
     hid_t ds[DS_COUNT]; /* -1 for datasets this trace does not have */
     int64_t num_requests;
     int64_t num_tokens; /* T so far = last token_offset */
@@ -87,6 +94,8 @@ static void writer_close_handles(fmoe_trace_writer *w) {
     }
     if (w->half >= 0) H5Tclose(w->half);
     w->half = -1;
+    if (w->hidden_half >= 0) H5Tclose(w->hidden_half);
+    w->hidden_half = -1;
 }
 
 static void writer_free(fmoe_trace_writer *w) {
@@ -155,6 +164,7 @@ static int write_root_attributes(fmoe_trace_writer *w) {
         {"num_experts", h->num_experts},   {"top_k", h->top_k},
         {"hidden_size", h->hidden_size},   {"shared_experts", h->shared_experts},
         {"semantic_dim", h->semantic_dim}, {"speculative_depth", h->speculative_depth},
+        {"hidden_dim", h->hidden_dim},     {"timing_layers", h->timing_layers},
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(f, p, strs[i].name, strs[i].value));
@@ -167,7 +177,8 @@ static int write_root_attributes(fmoe_trace_writer *w) {
 static int create_datasets(fmoe_trace_writer *w) {
     const fmoe_trace_header *h = &w->header;
     const hsize_t L = (hsize_t)h->num_layers, J = (hsize_t)h->num_experts, K = (hsize_t)h->top_k,
-                  S = (hsize_t)h->speculative_depth, H = (hsize_t)h->semantic_dim;
+                  S = (hsize_t)h->speculative_depth, H = (hsize_t)h->semantic_dim,
+                  Hh = (hsize_t)h->hidden_dim, Lt = (hsize_t)h->timing_layers;
     hid_t gate_type = w->half >= 0 ? w->half : H5T_IEEE_F32LE;
     const struct {
         int id;
@@ -182,6 +193,9 @@ static int create_datasets(fmoe_trace_writer *w) {
         {DS_PROBS, h->probs_kind != FMOE_PROBS_NONE, gate_type, 3, {0, L, J}},
         {DS_SEMANTIC, H > 0, H5T_IEEE_F32LE, 2, {0, H}},
         {DS_SPECULATIVE, S > 0, gate_type, 4, {0, L, S, J}},
+        {DS_HIDDEN, Hh > 0, w->hidden_half, 3, {0, L, Hh}},
+        {DS_LAYER_S, Lt > 0, H5T_IEEE_F32LE, 2, {0, Lt}},
+        {DS_ITERATION_S, Lt > 0, H5T_IEEE_F32LE, 1, {0}},
         {DS_REQ_ID, 1, H5T_STD_I64LE, 1, {0}},
         {DS_REQ_ARRIVAL, 1, H5T_IEEE_F64LE, 1, {0}},
         {DS_REQ_PROMPT, 1, H5T_STD_I32LE, 1, {0}},
@@ -193,7 +207,7 @@ static int create_datasets(fmoe_trace_writer *w) {
         /* chunk_tokens sizes the token datasets; the request tables keep automatic chunks
          * (their rows are requests, not tokens). */
         fmoe_trace_write_options o = w->opts;
-        if (specs[i].id >= DS_REQ_ID) o.chunk_tokens = 0;
+        if (specs[i].id >= DS_LAYER_S) o.chunk_tokens = 0;
         hid_t d = fmoe__h5_dataset_create_rows(w->file, w->partial, ds_names[specs[i].id],
                                                specs[i].type, specs[i].rank, specs[i].dims, &o);
         if (d < 0) return (int)d;
@@ -233,12 +247,19 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
                              "projection",
                              path, header->semantic_kind);
     }
+    FMOE_RETURN_ERROR_IF(header->hidden_dim < 0 || header->hidden_dim > FMOE_TRACE_MAX_SEMANTIC,
+                         FMOE_EINVAL, "%s: header.hidden_dim = %d, expected 0..%d", path,
+                         header->hidden_dim, FMOE_TRACE_MAX_SEMANTIC);
+    FMOE_RETURN_ERROR_IF(header->timing_layers < 0 || header->timing_layers > FMOE_TRACE_MAX_LAYERS,
+                         FMOE_EINVAL, "%s: header.timing_layers = %d, expected 0..%d", path,
+                         header->timing_layers, FMOE_TRACE_MAX_LAYERS);
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
 
     fmoe_trace_writer *w = calloc(1, sizeof *w);
     if (!w) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
     w->file = -1;
     w->half = -1;
+    w->hidden_half = -1;
     for (int i = 0; i < DS_COUNT; i++) w->ds[i] = -1;
     w->header = *header;
     w->header.config_json = NULL;
@@ -258,6 +279,13 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
     if (w->header.probs_half) {
         w->half = fmoe__h5_half_type();
         if (w->half < 0) {
+            rc = fmoe_error_set(FMOE_EINTERNAL, "%s: cannot build the float16 type", path);
+            goto fail;
+        }
+    }
+    if (w->header.hidden_dim > 0) {
+        w->hidden_half = fmoe__h5_half_type();
+        if (w->hidden_half < 0) {
             rc = fmoe_error_set(FMOE_EINTERNAL, "%s: cannot build the float16 type", path);
             goto fail;
         }
@@ -313,6 +341,28 @@ static int check_request(const fmoe_trace_writer *w, const fmoe_trace_request *q
     FMOE_RETURN_ERROR_IF(
         __builtin_mul_overflow(T, L * (S > 0 ? S : 1) * J, &big) || big > INT64_MAX / 4,
         FMOE_EINVAL, "%s: request %lld: %lld tokens is too large", p, id, (long long)T);
+    if (h->timing_layers > 0) {
+        const int64_t I = (q->prompt_tokens > 0) + (int64_t)q->output_tokens;
+        FMOE_RETURN_ERROR_IF(I > 0 && (!q->layer_s || !q->iteration_s), FMOE_EINVAL,
+                             "%s: request %lld: layer_s and iteration_s are required "
+                             "(header.timing_layers > 0)",
+                             p, id);
+        for (int64_t i = 0; i < I * h->timing_layers; i++)
+            FMOE_RETURN_ERROR_IF(!isfinite(q->layer_s[i]) || q->layer_s[i] < 0, FMOE_EINVAL,
+                                 "%s: request %lld: layer_s[%lld][%lld] = %g, expected seconds "
+                                 ">= 0",
+                                 p, id, (long long)(i / h->timing_layers),
+                                 (long long)(i % h->timing_layers), q->layer_s[i]);
+        for (int64_t i = 0; i < I; i++)
+            FMOE_RETURN_ERROR_IF(!isfinite(q->iteration_s[i]) || q->iteration_s[i] < 0,
+                                 FMOE_EINVAL,
+                                 "%s: request %lld: iteration_s[%lld] = %g, expected seconds >= 0",
+                                 p, id, (long long)i, q->iteration_s[i]);
+    } else {
+        FMOE_RETURN_ERROR_IF(q->layer_s || q->iteration_s, FMOE_EINVAL,
+                             "%s: request %lld: timings given but header.timing_layers is 0", p,
+                             id);
+    }
     if (T == 0) return 0;
 
 #define REQUIRE(cond, field, why)                                                                  \
@@ -332,6 +382,10 @@ static int check_request(const fmoe_trace_writer *w, const fmoe_trace_request *q
         REQUIRE(!q->speculative, "speculative", "is given but header.speculative_depth is 0");
     else
         REQUIRE(q->speculative, "speculative", "is NULL but header.speculative_depth > 0");
+    if (h->hidden_dim == 0)
+        REQUIRE(!q->hidden, "hidden", "is given but header.hidden_dim is 0");
+    else
+        REQUIRE(q->hidden, "hidden", "is NULL but header.hidden_dim > 0");
 #undef REQUIRE
 
     for (int64_t t = 0; t < T; t++) {
@@ -372,6 +426,15 @@ static int check_request(const fmoe_trace_writer *w, const fmoe_trace_request *q
                                  "%s: request %lld: semantic[%lld][%lld] = %g, expected finite", p,
                                  id, (long long)(i / H), (long long)(i % H), q->semantic[i]);
     }
+    if (q->hidden) {
+        const int64_t Hh = h->hidden_dim;
+        for (int64_t i = 0; i < T * L * Hh; i++)
+            FMOE_RETURN_ERROR_IF(!isfinite(q->hidden[i]), FMOE_EINVAL,
+                                 "%s: request %lld: hidden[%lld][%lld][%lld] = %g, expected "
+                                 "finite",
+                                 p, id, (long long)(i / (L * Hh)), (long long)(i / Hh % L),
+                                 (long long)(i % Hh), q->hidden[i]);
+    }
     if (q->speculative) {
         for (int64_t i = 0; i < T * L * S * J; i++)
             FMOE_RETURN_ERROR_IF(!prob_ok(q->speculative[i]), FMOE_EINVAL,
@@ -385,8 +448,7 @@ static int check_request(const fmoe_trace_writer *w, const fmoe_trace_request *q
 
 /* Returns the data to write for a gate array of n floats: the array itself, or (half
  * storage) its binary16 conversion in the scratch buffer; NULL when out of memory. */
-static const void *gate_data(fmoe_trace_writer *w, const float *src, size_t n) {
-    if (w->half < 0) return src;
+static const void *half_data(fmoe_trace_writer *w, const float *src, size_t n) {
     if (n > w->scratch_cap) {
         uint16_t *s = realloc(w->scratch, n * sizeof *s);
         if (!s) return NULL;
@@ -395,6 +457,10 @@ static const void *gate_data(fmoe_trace_writer *w, const float *src, size_t n) {
     }
     for (size_t i = 0; i < n; i++) w->scratch[i] = fmoe_float_to_half(src[i]);
     return w->scratch;
+}
+
+static const void *gate_data(fmoe_trace_writer *w, const float *src, size_t n) {
+    return w->half < 0 ? (const void *)src : half_data(w, src, n);
 }
 
 static int append_gate(fmoe_trace_writer *w, int ds, const float *src, size_t per_token,
@@ -437,7 +503,21 @@ static int writer_append(fmoe_trace_writer *w, const fmoe_trace_request *req) {
         if (req->speculative &&
             (rc = append_gate(w, DS_SPECULATIVE, req->speculative, L * S * J, T)) < 0)
             goto fail;
+        if (req->hidden) {
+            const void *data = half_data(w, req->hidden, (size_t)T * L * (size_t)h->hidden_dim);
+            if (!data) {
+                rc = fmoe_error_set(FMOE_ENOMEM, "%s: %s: out of memory", w->partial,
+                                    ds_names[DS_HIDDEN]);
+                goto fail;
+            }
+            if ((rc = append_rows(w, DS_HIDDEN, w->hidden_half, T, data)) < 0) goto fail;
+        }
     }
+    const int64_t iters = (req->prompt_tokens > 0) + (int64_t)req->output_tokens;
+    if (h->timing_layers > 0 && iters > 0 &&
+        ((rc = append_rows(w, DS_LAYER_S, H5T_NATIVE_FLOAT, iters, req->layer_s)) < 0 ||
+         (rc = append_rows(w, DS_ITERATION_S, H5T_NATIVE_FLOAT, iters, req->iteration_s)) < 0))
+        goto fail;
     if ((rc = append_rows(w, DS_REQ_ID, H5T_NATIVE_INT64, 1, &req->id)) < 0 ||
         (rc = append_rows(w, DS_REQ_ARRIVAL, H5T_NATIVE_DOUBLE, 1, &req->arrival_s)) < 0 ||
         (rc = append_rows(w, DS_REQ_PROMPT, H5T_NATIVE_INT32, 1, &req->prompt_tokens)) < 0 ||

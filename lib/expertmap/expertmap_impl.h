@@ -12,7 +12,7 @@ struct fmoe_expertmap {
     fmoe_expertmap_config cfg; /* max_batch resolved */
     int32_t size;              /* live entries, rows [0, size) */
     uint64_t version;          /* bumped by every modification but hits */
-    float *maps;               /* [C][L][J] gate probabilities */
+    float *maps;               /* [L][C][J] gate probabilities, layer-major */
     float *sem;                /* [C][h] embeddings; NULL when h == 0 */
     uint32_t *hits;            /* [C] best-match counts */
     float *sem_norm;           /* [C] ||sem_y|| */
@@ -25,6 +25,8 @@ struct fmoe_expertmap {
     float *xnorm_sem;          /* [max_batch] norms of a batch's new entries */
     float *xnorm_map;          /* [max_batch] */
     int32_t *placed;           /* [max_batch] entries replaced within the current batch */
+    int32_t *occupant;         /* [max_batch] the batch entry now in placed[i] */
+    float *pair;               /* [2][max_batch][max_batch] RDY among a batch's entries */
 };
 
 /* The K largest of row[0..J) into top[K], largest first, ties to the lower index. */

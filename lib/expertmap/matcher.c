@@ -131,11 +131,12 @@ int32_t fmoe_matcher_trajectory_layers(const fmoe_matcher *m) { return m->layers
 /* Recomputes the running dot products from the kept prefixes (the store changed). */
 static void rebuild(fmoe_matcher *m) {
     const fmoe_expertmap *s = m->store;
-    const int32_t C = s->cfg.capacity, LJ = s->cfg.num_layers * s->cfg.num_experts;
-    const int32_t k = m->layers * s->cfg.num_experts;
-    if (m->nq > 0 && s->size > 0 && k > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m->nq, s->size, k, 1.0f, m->prefix,
-                    LJ, s->maps, LJ, 0.0f, m->dots, C);
+    const int32_t C = s->cfg.capacity, J = s->cfg.num_experts, LJ = s->cfg.num_layers * J;
+    if (m->nq > 0 && s->size > 0)
+        for (int32_t l = 0; l < m->layers; l++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m->nq, s->size, J, 1.0f,
+                        m->prefix + (size_t)l * J, LJ, s->maps + (size_t)l * C * J, J,
+                        l ? 1.0f : 0.0f, m->dots, C);
     m->version = s->version;
 }
 
@@ -159,21 +160,21 @@ int fmoe_matcher_trajectory_add(fmoe_matcher *m, int32_t layer, const float *row
     }
     m->layers++;
     if (size > 0 && n > 0) {
-        const float *ml = s->maps + (size_t)layer * J;
+        const float *ml = s->maps + (size_t)layer * C * J; /* [size][J], contiguous */
         if (layer == 0) {
             /* first row: write instead of accumulate, no need to clear the sums */
             if (n == 1)
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, size, J, 1.0f, ml, L * J, rows, 1, 0.0f,
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, size, J, 1.0f, ml, J, rows, 1, 0.0f,
                             m->dots, 1);
             else
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, size, J, 1.0f, rows,
-                            (int)stride, ml, L * J, 0.0f, m->dots, C);
+                            (int)stride, ml, J, 0.0f, m->dots, C);
         } else if (n == 1) {
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, size, J, 1.0f, ml, L * J, rows, 1, 1.0f,
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, size, J, 1.0f, ml, J, rows, 1, 1.0f,
                         m->dots, 1);
         } else {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, size, J, 1.0f, rows,
-                        (int)stride, ml, L * J, 1.0f, m->dots, C);
+                        (int)stride, ml, J, 1.0f, m->dots, C);
         }
     }
     const float *rn = s->prefix_rnorm + (size_t)layer * C;
@@ -182,10 +183,19 @@ int fmoe_matcher_trajectory_add(fmoe_matcher *m, int32_t layer, const float *row
         const float rq = n2 > 0 ? (float)(1.0 / sqrt(n2)) : 0.0f;
         const float *dq = m->dots + (size_t)q * C;
         float *sc = m->scores + (size_t)q * C;
-        for (int32_t y = 0; y < size; y++) sc[y] = dq[y] * rn[y] * rq;
-        const int32_t b = argmax(sc, size);
+        /* one pass: score and running argmax (ties to the lowest index) */
+        int32_t b = size > 0 ? 0 : -1;
+        float bv = size > 0 ? dq[0] * rn[0] * rq : 0.0f;
+        for (int32_t y = 0; y < size; y++) {
+            const float v = dq[y] * rn[y] * rq;
+            sc[y] = v;
+            if (v > bv) {
+                bv = v;
+                b = y;
+            }
+        }
         if (best) best[q] = b;
-        if (score) score[q] = b >= 0 ? sc[b] : 0.0f;
+        if (score) score[q] = b >= 0 ? bv : 0.0f;
     }
     return 0;
 }
@@ -196,17 +206,19 @@ const float *fmoe_matcher_scores(const fmoe_matcher *m, int32_t q) {
 
 int32_t fmoe_matcher_trajectory_naive(const fmoe_expertmap *s, const float *prefix,
                                       int32_t layers, float *scores) {
-    const size_t J = (size_t)s->cfg.num_experts, LJ = (size_t)s->cfg.num_layers * J;
+    const size_t J = (size_t)s->cfg.num_experts;
     const size_t k = (size_t)layers * J;
     double qq = 0;
     for (size_t i = 0; i < k; i++) qq += (double)prefix[i] * prefix[i];
     int32_t best = -1;
     for (int32_t y = 0; y < s->size; y++) {
-        const float *map = s->maps + (size_t)y * LJ;
         double ab = 0, bb = 0;
-        for (size_t i = 0; i < k; i++) {
-            ab += (double)prefix[i] * map[i];
-            bb += (double)map[i] * map[i];
+        for (int32_t l = 0; l < layers; l++) {
+            const float *row = fmoe_expertmap_row(s, y, l), *q = prefix + (size_t)l * J;
+            for (size_t j = 0; j < J; j++) {
+                ab += (double)q[j] * row[j];
+                bb += (double)row[j] * row[j];
+            }
         }
         scores[y] = qq > 0 && bb > 0 ? (float)(ab / sqrt(qq * bb)) : 0.0f;
         if (best < 0 || scores[y] > scores[best]) best = y;

@@ -41,11 +41,14 @@ int fmoe_expertmap_nearest(const fmoe_expertmap *s, const int32_t *ids, int32_t 
     for (int32_t i0 = 0; i0 < n; i0 += BLOCK) {
         const int32_t nb = n - i0 < BLOCK ? n - i0 : BLOCK;
         for (int32_t k = 0; k < nb; k++) {
-            memcpy(qm + (size_t)k * LJ, s->maps + (size_t)ids[i0 + k] * LJ, (size_t)LJ * sizeof *qm);
+            fmoe_expertmap_copy_map(s, ids[i0 + k], qm + (size_t)k * LJ);
             if (h) memcpy(qs + (size_t)k * h, s->sem + (size_t)ids[i0 + k] * h, (size_t)h * sizeof *qs);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, E, LJ, 1.0f, qm, LJ, s->maps, LJ,
-                    0.0f, gm, E);
+        const int32_t J = s->cfg.num_experts, C = s->cfg.capacity;
+        for (int32_t l = 0; l < L; l++) /* layer-major store: sum the layers' products */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, E, J, 1.0f,
+                        qm + (size_t)l * J, LJ, s->maps + (size_t)l * C * J, J,
+                        l ? 1.0f : 0.0f, gm, E);
         if (h)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, E, h, 1.0f, qs, h, s->sem, h,
                         0.0f, gs, E);

@@ -2,7 +2,9 @@
  * store.c - the in-memory expert-map store and its deduplication (fmoe/expertmap.h;
  * POLICIES.md A.1, A.5; fMoE §4.4).
  *
- * Layout: one allocation per array, all made at init. Besides the data (maps, sem, hits)
+ * Layout: one allocation per array, all made at init. Maps are stored layer-major,
+ * [L][C][J], so that the matcher's step at layer l reads one contiguous C x J block.
+ * Besides the data (maps, sem, hits)
  * the store keeps what every search needs and would otherwise recompute per query:
  *   sem_norm[C], map_norm[C]   Euclidean norms of each entry's embedding and whole map
  *   prefix_rnorm[L][C]         1 / norm of rows 0..l of each map (0 for a zero prefix),
@@ -13,11 +15,12 @@
  *
  * Deduplication of a batch of n new entries against a full store: two sgemm calls give the
  * n × C dot products of embeddings and of whole maps; norms turn them into cosines and
- * the fixed weights d/L and (L-d)/L into RDY. Entries are then placed in order; because an
- * entry placed earlier in the batch changed a column, that column (at most n of them) is
- * rescored exactly for the later entries. The outcome is therefore the same as adding the
- * entries one at a time, which is the rule as the paper states it. Cost per new entry:
- * O(C·(h + L·J)) flops in sgemm plus O(C) for the argmax.
+ * the fixed weights d/L and (L-d)/L into RDY. Entries are then placed in order; an entry
+ * placed earlier in the batch changed a column, and for the later entries that column's
+ * RDY is their RDY with the batch entry now in it, which two more small sgemms (the batch
+ * against itself) give. The outcome is therefore the same as adding the entries one at a
+ * time, which is the rule as the paper states it. Cost per new entry: O((C + n)·(h + L·J))
+ * flops in sgemm plus O(C) for the argmax.
  */
 #include <cblas.h>
 #include <math.h>
@@ -31,6 +34,20 @@
 #define DEFAULT_MAX_BATCH 256
 
 static float rnorm_of(double n2) { return n2 > 0 ? (float)(1.0 / sqrt(n2)) : 0.0f; }
+
+/* Row l of entry y: maps are layer-major, [L][C][J]. */
+static inline float *row_of(const fmoe_expertmap *s, int32_t y, int32_t l) {
+    return s->maps + ((size_t)l * (size_t)s->cfg.capacity + (size_t)y) * (size_t)s->cfg.num_experts;
+}
+
+const float *fmoe_expertmap_row(const fmoe_expertmap *s, int32_t y, int32_t l) {
+    return row_of(s, y, l);
+}
+
+void fmoe_expertmap_copy_map(const fmoe_expertmap *s, int32_t y, float *out) {
+    const int32_t L = s->cfg.num_layers, J = s->cfg.num_experts;
+    for (int32_t l = 0; l < L; l++) memcpy(out + (size_t)l * J, row_of(s, y, l), (size_t)J * sizeof *out);
+}
 
 /* The K largest of row[0..J) (ties to the lower index) into top[K]; K <= J. */
 void fmoe__expertmap_topk(const float *row, int32_t J, int32_t K, int32_t *top) {
@@ -47,10 +64,10 @@ void fmoe__expertmap_topk(const float *row, int32_t J, int32_t K, int32_t *top) 
     }
 }
 
-static void pop_update(fmoe_expertmap *s, const float *map, int sign) {
+static void pop_update(fmoe_expertmap *s, int32_t y, int sign) {
     const int32_t L = s->cfg.num_layers, J = s->cfg.num_experts, K = s->cfg.top_k;
     for (int32_t l = 0; l < L; l++) {
-        fmoe__expertmap_topk(map + (size_t)l * J, J, K, s->topk);
+        fmoe__expertmap_topk(row_of(s, y, l), J, K, s->topk);
         for (int32_t k = 0; k < K; k++) {
             uint32_t *c = &s->pop[(size_t)l * J + s->topk[k]];
             *c = sign > 0 ? *c + 1 : *c - 1;
@@ -62,10 +79,10 @@ static void pop_update(fmoe_expertmap *s, const float *map, int sign) {
 static void refresh_entry(fmoe_expertmap *s, int32_t y) {
     const int32_t L = s->cfg.num_layers, J = s->cfg.num_experts, h = s->cfg.semantic_dim;
     const size_t C = (size_t)s->cfg.capacity;
-    const float *map = s->maps + (size_t)y * L * J;
     double acc = 0;
     for (int32_t l = 0; l < L; l++) {
-        for (int32_t j = 0; j < J; j++) acc += (double)map[(size_t)l * J + j] * map[(size_t)l * J + j];
+        const float *row = row_of(s, y, l);
+        for (int32_t j = 0; j < J; j++) acc += (double)row[j] * row[j];
         s->prefix_rnorm[(size_t)l * C + y] = rnorm_of(acc);
     }
     s->map_norm[y] = (float)sqrt(acc);
@@ -81,11 +98,11 @@ static void refresh_entry(fmoe_expertmap *s, int32_t y) {
  * a live entry being replaced. */
 static void write_entry(fmoe_expertmap *s, int32_t y, int had_old, const float *sem,
                         const float *map, uint32_t hits) {
-    const size_t LJ = (size_t)s->cfg.num_layers * s->cfg.num_experts;
+    const int32_t L = s->cfg.num_layers, J = s->cfg.num_experts;
     const int32_t h = s->cfg.semantic_dim;
-    float *dst = s->maps + (size_t)y * LJ;
-    if (had_old) pop_update(s, dst, -1);
-    memcpy(dst, map, LJ * sizeof *dst);
+    if (had_old) pop_update(s, y, -1);
+    for (int32_t l = 0; l < L; l++)
+        memcpy(row_of(s, y, l), map + (size_t)l * J, (size_t)J * sizeof *map);
     if (h > 0) {
         if (sem)
             memcpy(s->sem + (size_t)y * h, sem, (size_t)h * sizeof *s->sem);
@@ -93,7 +110,7 @@ static void write_entry(fmoe_expertmap *s, int32_t y, int had_old, const float *
             memset(s->sem + (size_t)y * h, 0, (size_t)h * sizeof *s->sem);
     }
     s->hits[y] = hits;
-    pop_update(s, dst, +1);
+    pop_update(s, y, +1);
     refresh_entry(s, y);
     s->version++;
 }
@@ -148,9 +165,11 @@ int fmoe_expertmap_init(fmoe_expertmap **out, const fmoe_expertmap_config *cfg) 
     s->xnorm_sem = malloc(B * sizeof *s->xnorm_sem);
     s->xnorm_map = malloc(B * sizeof *s->xnorm_map);
     s->placed = malloc(B * sizeof *s->placed);
+    s->occupant = malloc(B * sizeof *s->occupant);
+    s->pair = malloc(2 * B * B * sizeof *s->pair);
     if (!s->maps || (h && !s->sem) || !s->hits || !s->sem_norm || !s->map_norm ||
         !s->prefix_rnorm || !s->pop || !s->topk || !s->rdy || (h && !s->tmp) || !s->xnorm_sem ||
-        !s->xnorm_map || !s->placed) {
+        !s->xnorm_map || !s->placed || !s->occupant || !s->pair) {
         fmoe_expertmap_free(s);
         return fmoe_error_set(FMOE_ENOMEM, "expert-map store of %zu entries (%zu MiB)", C,
                               (C * (LJ + h) * 4) >> 20);
@@ -165,7 +184,7 @@ int fmoe_expertmap_clone(fmoe_expertmap **out, const fmoe_expertmap *src) {
     const size_t C = (size_t)src->cfg.capacity, L = (size_t)src->cfg.num_layers,
                  LJ = L * (size_t)src->cfg.num_experts, h = (size_t)src->cfg.semantic_dim;
     const size_t n = (size_t)src->size;
-    memcpy(s->maps, src->maps, n * LJ * sizeof *s->maps);
+    memcpy(s->maps, src->maps, C * LJ * sizeof *s->maps); /* layer-major: copy all rows */
     if (h) memcpy(s->sem, src->sem, n * h * sizeof *s->sem);
     memcpy(s->hits, src->hits, C * sizeof *s->hits);
     memcpy(s->sem_norm, src->sem_norm, C * sizeof *s->sem_norm);
@@ -192,6 +211,8 @@ void fmoe_expertmap_free(fmoe_expertmap *s) {
     free(s->xnorm_sem);
     free(s->xnorm_map);
     free(s->placed);
+    free(s->occupant);
+    free(s->pair);
     free(s);
 }
 
@@ -254,26 +275,17 @@ static double cos_d(const float *a, const float *b, size_t n) {
 double fmoe_expertmap_redundancy(const fmoe_expertmap *s, const float *sem, const float *map,
                                  int32_t y) {
     const int32_t L = s->cfg.num_layers, d = s->cfg.prefetch_distance, h = s->cfg.semantic_dim;
-    const size_t LJ = (size_t)L * s->cfg.num_experts;
+    const size_t J = (size_t)s->cfg.num_experts;
     const double cs = (h > 0 && sem) ? cos_d(sem, s->sem + (size_t)y * h, (size_t)h) : 0.0;
-    const double cm = cos_d(map, s->maps + (size_t)y * LJ, LJ);
+    double ab = 0, aa = 0, bb = 0;
+    for (int32_t l = 0; l < L; l++) {
+        const float *a = map + (size_t)l * J, *b = row_of(s, y, l);
+        ab += dot_d(a, b, J);
+        aa += dot_d(a, a, J);
+        bb += dot_d(b, b, J);
+    }
+    const double cm = aa > 0 && bb > 0 ? ab / sqrt(aa * bb) : 0.0;
     return (double)d / L * cs + (double)(L - d) / L * cm;
-}
-
-/* RDY of new entry (xs, xm) with norms (ns, nm) against entry y, in float as the batched
- * path computes it, for columns changed within the batch. */
-static float rdy_one(const fmoe_expertmap *s, const float *xs, float ns, const float *xm, float nm,
-                     int32_t y) {
-    const int32_t L = s->cfg.num_layers, d = s->cfg.prefetch_distance, h = s->cfg.semantic_dim;
-    const size_t LJ = (size_t)L * s->cfg.num_experts;
-    float r = 0;
-    if (h > 0 && xs && ns > 0 && s->sem_norm[y] > 0)
-        r += (float)d / (float)L *
-             (float)(dot_d(xs, s->sem + (size_t)y * h, (size_t)h) / ((double)ns * s->sem_norm[y]));
-    if (nm > 0 && s->map_norm[y] > 0)
-        r += (float)(L - d) / (float)L *
-             (float)(dot_d(xm, s->maps + (size_t)y * LJ, LJ) / ((double)nm * s->map_norm[y]));
-    return r;
 }
 
 /* Places entries [0, n) of a batch into a full store. */
@@ -294,9 +306,12 @@ static void dedup_batch(fmoe_expertmap *s, int32_t n, const float *sem, int64_t 
             s->xnorm_sem[x] = (float)sqrt(dot_d(xs, xs, (size_t)h));
         }
     }
-    /* rdy = X_map · M^T, scaled; tmp = X_sem · S^T, scaled and added. */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, LJ, 1.0f, maps, (int)map_stride,
-                s->maps, LJ, 0.0f, s->rdy, C);
+    /* rdy = X_map · M^T (summed layer by layer: the store is layer-major), scaled;
+     * tmp = X_sem · S^T, scaled and added. */
+    const int32_t J = s->cfg.num_experts;
+    for (int32_t l = 0; l < L; l++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, J, 1.0f, maps + (size_t)l * J,
+                    (int)map_stride, s->maps + (size_t)l * C * J, J, l ? 1.0f : 0.0f, s->rdy, C);
     if (use_sem)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, h, 1.0f, sem, (int)sem_stride,
                     s->sem, h, 0.0f, s->tmp, C);
@@ -312,20 +327,39 @@ static void dedup_batch(fmoe_expertmap *s, int32_t n, const float *sem, int64_t 
             row[y] = r;
         }
     }
+    /* RDY among the batch's own entries (pair[x][x'], one more pair of small sgemms): once
+     * x' has replaced entry y, RDY(x, y) for a later x is RDY(x, x'). */
+    float *pair = s->pair, *pair_sem = s->pair + (size_t)n * n;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, LJ, 1.0f, maps, (int)map_stride,
+                maps, (int)map_stride, 0.0f, pair, n);
+    if (use_sem)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, h, 1.0f, sem, (int)sem_stride,
+                    sem, (int)sem_stride, 0.0f, pair_sem, n);
+    for (int32_t x = 0; x < n; x++)
+        for (int32_t x2 = 0; x2 < n; x2++) {
+            const float nm = s->xnorm_map[x] * s->xnorm_map[x2];
+            float r = nm > 0 ? wm * pair[(size_t)x * n + x2] / nm : 0.0f;
+            if (use_sem) {
+                const float ns = s->xnorm_sem[x] * s->xnorm_sem[x2];
+                if (ns > 0) r += ws * pair_sem[(size_t)x * n + x2] / ns;
+            }
+            pair[(size_t)x * n + x2] = r;
+        }
     int32_t nplaced = 0;
     for (int32_t x = 0; x < n; x++) {
         float *row = s->rdy + (size_t)x * C;
         const float *xs = use_sem ? sem + (size_t)x * sem_stride : NULL;
         const float *xm = maps + (size_t)x * map_stride;
         for (int32_t i = 0; i < nplaced; i++)
-            row[s->placed[i]] = rdy_one(s, xs, s->xnorm_sem[x], xm, s->xnorm_map[x], s->placed[i]);
+            row[s->placed[i]] = pair[(size_t)x * n + s->occupant[i]];
         int32_t best = 0;
         for (int32_t y = 1; y < C; y++)
             if (row[y] > row[best]) best = y;
         write_entry(s, best, 1, xs, xm, 0);
-        int seen = 0;
-        for (int32_t i = 0; i < nplaced && !seen; i++) seen = s->placed[i] == best;
-        if (!seen) s->placed[nplaced++] = best;
+        int32_t i = 0;
+        while (i < nplaced && s->placed[i] != best) i++;
+        if (i == nplaced) s->placed[nplaced++] = best;
+        s->occupant[i] = x;
         if (slots) slots[x] = best;
         if (replaced) replaced[x] = best;
     }

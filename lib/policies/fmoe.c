@@ -341,7 +341,6 @@ static void complete_row(float *row, int32_t J) {
 
 /* cur_p rows from layer `from` on: the highest probability over the queries' best maps. */
 static void set_cur_p_from_maps(fm_state *S, int32_t from, int32_t to) {
-    const float *maps = fmoe_expertmap_maps(S->store);
     int any = 0;
     for (int32_t q = 0; q < S->nq; q++) any |= S->best[q] >= 0;
     if (!any) return;
@@ -350,7 +349,7 @@ static void set_cur_p_from_maps(fm_state *S, int32_t from, int32_t to) {
         memset(row, 0, (size_t)S->J * sizeof *row);
         for (int32_t q = 0; q < S->nq; q++) {
             if (S->best[q] < 0) continue;
-            const float *src = maps + (size_t)S->best[q] * S->LJ + (size_t)l * S->J;
+            const float *src = fmoe_expertmap_row(S->store, S->best[q], l);
             for (int32_t j = 0; j < S->J; j++)
                 if (src[j] > row[j]) row[j] = src[j];
         }
@@ -392,13 +391,11 @@ static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
     if (S->v.predict == PREDICT_MAPS && S->v.semantic && S->have_sem &&
         fmoe_expertmap_size(S->store) > 0) {
         fmoe_matcher_semantic(S->m, S->nq, S->sem, S->h, S->best, S->score);
-        const float *maps = fmoe_expertmap_maps(S->store);
         for (int32_t tl = 0; tl < first; tl++) {
             plan_clear(S);
             for (int32_t q = 0; q < S->nq; q++)
                 if (S->best[q] >= 0)
-                    plan_row(S, maps + (size_t)S->best[q] * S->LJ + (size_t)tl * S->J,
-                             S->score[q], tl, -1);
+                    plan_row(S, fmoe_expertmap_row(S->store, S->best[q], tl), S->score[q], tl, -1);
             plan_issue(S, env, tl);
         }
         set_cur_p_from_maps(S, 0, first);
@@ -472,12 +469,11 @@ static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
                                 S->score);
     if (tl < S->L) {
         plan_clear(S);
-        const float *maps = fmoe_expertmap_maps(S->store);
         int any = 0;
         for (int32_t q = 0; q < S->nq; q++) {
             if (S->best[q] < 0) continue;
             any = 1;
-            plan_row(S, maps + (size_t)S->best[q] * S->LJ + (size_t)tl * J, S->score[q], tl, l);
+            plan_row(S, fmoe_expertmap_row(S->store, S->best[q], tl), S->score[q], tl, l);
         }
         if (!any)
             plan_counts(S, fmoe_expertmap_popularity(S->store) + (size_t)tl * J, tl, l,

@@ -54,16 +54,17 @@ static int32_t least_stale_choose_victim(void *state, const fmoe_policy_env *env
     (void)incoming;
     const least_stale_state *st = state;
     const fmoe_cache_view *v = env->cache;
-    int32_t best = -1, best_fresh = 1;
-    uint64_t best_loaded = UINT64_MAX;
+    /* One key per slot, (fresh, load tick), compared as one integer: stale first, then the
+     * first loaded (ticks stay below 2^63). */
+    int32_t best = -1;
+    uint64_t best_key = UINT64_MAX;
     for (int32_t s = 0; s < v->capacity; s++) {
         if (!fmoe_cache_evictable(v, s)) continue;
-        const int fresh = v->slot_last_access[s] >= st->pass_start;
-        const uint64_t loaded = v->slot_loaded_at[s];
-        if (best < 0 || fresh < best_fresh || (fresh == best_fresh && loaded < best_loaded)) {
+        const uint64_t key = ((uint64_t)(v->slot_last_access[s] >= st->pass_start) << 63) |
+                             v->slot_loaded_at[s];
+        if (key < best_key) {
+            best_key = key;
             best = s;
-            best_fresh = fresh;
-            best_loaded = loaded;
         }
     }
     return best;

@@ -65,6 +65,7 @@ typedef struct eamc {
     double *norm;   /* [C] Euclidean norms */
     double *dot;    /* [C] dot product with the current iEAM */
     int32_t size;
+    uint64_t gen;   /* bumped by every insert */
 } eamc;
 
 typedef struct plan_item {
@@ -82,6 +83,10 @@ typedef struct mi_state {
     int ream_used[2];
     int32_t use;            /* collection matched this iteration, -1 none */
     int32_t match;          /* entry of coll[use] matched at the last gate, -1 none */
+    float *mrow;            /* [L*J] the matched entry, gathered row-major */
+    int32_t mrow_use, mrow_match; /* what mrow holds (-1: nothing) */
+    uint64_t mrow_gen;
+    double *mscale;         /* [L] (1 - l/L) / ntoken(l) of the matched entry; 0: no data */
     int32_t *count;         /* [J] scratch: tokens per expert at this gate */
     uint8_t *pending;       /* [L*J] routed at the current layer, not yet accessed */
     uint8_t *in_plan;       /* [L*J] in the current prefetch plan */
@@ -105,6 +110,8 @@ static void mi_free(void *state) {
         free(m->ream[c]);
     }
     free(m->ieam);
+    free(m->mrow);
+    free(m->mscale);
     free(m->count);
     free(m->pending);
     free(m->in_plan);
@@ -126,6 +133,7 @@ static int mi_init(void **state, const fmoe_policy_config *cfg) {
     m->distance = cfg->prefetch_distance;
     m->LJ = (size_t)m->L * (size_t)m->J;
     m->use = m->match = -1;
+    m->mrow_use = m->mrow_match = -1;
     int ok = 1;
     for (int c = 0; c < 2; c++) {
         m->coll[c].cells = calloc((size_t)m->C * m->LJ, sizeof(float));
@@ -137,12 +145,14 @@ static int mi_init(void **state, const fmoe_policy_config *cfg) {
               m->ream[c];
     }
     m->ieam = calloc(m->LJ, sizeof(float));
+    m->mrow = calloc(m->LJ, sizeof(float));
+    m->mscale = calloc((size_t)m->L, sizeof(double));
     m->count = calloc((size_t)m->J, sizeof *m->count);
     m->pending = calloc(m->LJ, 1);
     m->in_plan = calloc(m->LJ, 1);
     m->plan = calloc(m->LJ, sizeof *m->plan);
     m->prev = calloc(m->LJ, sizeof *m->prev);
-    if (!ok || !m->ieam || !m->count || !m->pending || !m->in_plan || !m->plan || !m->prev) {
+    if (!ok || !m->ieam || !m->mrow || !m->mscale || !m->count || !m->pending || !m->in_plan || !m->plan || !m->prev) {
         mi_free(m);
         return fmoe_error_set(FMOE_ENOMEM, "moe-infinity: EAMC of %d entries of %d x %d",
                               cfg->store_capacity > 0 ? cfg->store_capacity : DEFAULT_EAMC,
@@ -191,6 +201,7 @@ static void eamc_insert(mi_state *m, eamc *c, const float *ream) {
         c->rowsum[at * (size_t)m->L + l] = (float)sum;
     }
     c->norm[at] = n;
+    c->gen++;
 }
 
 static void mi_on_request_start(void *state, const fmoe_policy_env *env,
@@ -231,11 +242,8 @@ static void mi_on_iteration_start(void *state, const fmoe_policy_env *env,
 static double priority(const mi_state *m, int32_t e, double eps) {
     const int32_t l = e / m->J;
     const double loc = 1.0 - (double)l / (double)m->L;
-    if (m->match < 0) return loc / (double)m->J;
-    const eamc *co = &m->coll[m->use];
-    const double ntoken = co->rowsum[(size_t)m->match * m->L + l];
-    if (ntoken <= 0) return loc / (double)m->J;
-    return ((double)co->cells[(size_t)e * m->C + m->match] + eps) * loc / ntoken;
+    if (m->match < 0 || m->mscale[l] <= 0) return loc / (double)m->J;
+    return ((double)m->mrow[e] + eps) * m->mscale[l];
 }
 
 static int cmp_plan(const void *a, const void *b) {
@@ -281,6 +289,19 @@ static void mi_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
             }
         }
     }
+    /* Gather the match once: Algorithm 1 and the plan read it many times per gate. */
+    if (m->match >= 0 && (m->match != m->mrow_match || m->use != m->mrow_use ||
+                          m->coll[m->use].gen != m->mrow_gen)) {
+        const eamc *co = &m->coll[m->use];
+        m->mrow_match = m->match;
+        m->mrow_use = m->use;
+        m->mrow_gen = co->gen;
+        for (size_t e = 0; e < m->LJ; e++) m->mrow[e] = co->cells[e * m->C + m->match];
+        for (int32_t i = 0; i < m->L; i++) {
+            const double nt = co->rowsum[(size_t)m->match * m->L + i];
+            m->mscale[i] = nt > 0 ? (1.0 - (double)i / (double)m->L) / nt : 0;
+        }
+    }
     /* Plan: pEAM of the next d layers, best first. */
     for (int32_t i = 0; i < m->plan_len; i++) {
         m->in_plan[m->plan[i].e] = 0;
@@ -295,7 +316,7 @@ static void mi_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
             if (sum <= 0) continue;
             const double w = 1.0 - (double)(i - l) / (double)m->L;
             for (int32_t j = 0; j < J; j++) {
-                const float v = co->cells[((size_t)i * J + j) * m->C + m->match];
+                const float v = m->mrow[(size_t)i * J + j];
                 if (v > 0) {
                     m->plan[m->plan_len++] = (plan_item){w * (double)v / sum, i * J + j};
                     m->in_plan[i * J + j] = 1;
@@ -307,11 +328,18 @@ static void mi_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
     for (int32_t i = 0; i < m->prev_len; i++)
         if (!m->in_plan[m->prev[i]])
             env->sink->cancel(env->sink->ctx, m->prev[i] / J, m->prev[i] % J);
+    /* Within a layer the plan is in decreasing p and a refused prefetch leaves the cache
+     * as it was (an accepted one only raises the lowest p left), so after one refusal the
+     * layer's later items would be refused too: skip them. */
     m->prefetching = 1;
+    int32_t refused_layer = -1;
     for (int32_t i = 0; i < m->plan_len; i++) {
         const int32_t e = m->plan[i].e;
+        if (e / J == refused_layer && m->distance == 1) break;
+        if (e / J == refused_layer) continue;
         m->incoming_p = priority(m, e, 0);
-        env->sink->prefetch(env->sink->ctx, e / J, e % J, m->plan[i].value);
+        if (env->sink->prefetch(env->sink->ctx, e / J, e % J, m->plan[i].value) == 1)
+            refused_layer = e / J;
     }
     m->prefetching = 0;
 }

@@ -458,7 +458,8 @@ static int32_t oracle_choose_victim(void *state, const fmoe_policy_env *env, int
 
 const fmoe_policy_ops fmoe_policy_oracle = {
     /* .name          = */ "oracle",
-    /* .summary       = */ "perfect knowledge of the next d layers: MIN's loads, started early",
+    /* .summary       = */ "perfect knowledge of the next d layers: the bound (best of two "
+                            "schedules)",
     /* .flags         = */ FMOE_POLICY_NEEDS_FUTURE | FMOE_POLICY_PREFETCHES,
     /* .init          = */ oracle_init,
     /* .free          = */ oracle_free,

@@ -302,9 +302,8 @@ int fmoe__tok_build_pieces(fmoe_tokenizer *tok) {
         const char *s = tok->strings + e->str_off;
         size_t n = e->str_len;
         tmp.len = 0;
-        if (e->added) {
-            rc = fmoe__tok_buf_append(&tmp, s, n);
-        } else if (bytelevel) {
+        /* added tokens too: tokenizers' decode sends them through the decoder as well */
+        if (bytelevel) {
             rc = bytelevel_bytes(s, n, &tmp);
         } else if (fallback && fallback_byte(s, n) >= 0) {
             char c = (char)fallback_byte(s, n);

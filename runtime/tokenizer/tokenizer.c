@@ -130,6 +130,8 @@ static int fail(const load_ctx *c, int code, const char *field, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    for (char *p = msg; *p; p++) /* strings quoted from the file stay on one line */
+        if ((unsigned char)*p < 0x20) *p = ' ';
     return fmoe_error_set(code, "%s: %s: %s", c->file, field, msg);
 }
 
@@ -227,6 +229,14 @@ static int read_file(const char *path, char **data, size_t *len, int optional) {
 }
 
 static int parse_json(const char *path, const char *data, size_t len, cJSON **out) {
+    /* JSON text is UTF-8 (RFC 8259); cJSON would pass invalid bytes into token strings */
+    const unsigned char *u = (const unsigned char *)data;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        size_t k = u[i] < 0x80 ? 1 : fmoe__utf8_decode(u + i, len - i, &cp);
+        if (!k) return fmoe_error_set(FMOE_EFORMAT, "%s: not valid UTF-8 at byte %zu", path, i);
+        i += k;
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(data, len, &end, 0);
     if (!root) {
@@ -1208,17 +1218,17 @@ void fmoe_tokenizer_free(fmoe_tokenizer *tok) {
     free(tok->match_raw.order);
     free(tok->match_norm.order);
     pcre2_code_free(tok->word_re);
-    for (int i = 0; i < tok->n_norm; i++) {
+    /* all slots: a step that failed half-way holds resources without being counted */
+    for (int i = 0; i < TOK_MAX_STEPS; i++) {
         free(tok->norm[i].a);
         free(tok->norm[i].b);
         pcre2_code_free(tok->norm[i].re);
-    }
-    for (int i = 0; i < tok->n_pre; i++)
         if (tok->pre[i].re != tok->gpt2_re) pcre2_code_free(tok->pre[i].re);
+    }
     pcre2_code_free(tok->gpt2_re);
     free(tok->post_prefix);
     free(tok->post_suffix);
-    for (int i = 0; i < tok->n_dec; i++) {
+    for (int i = 0; i < TOK_MAX_STEPS; i++) {
         free(tok->dec[i].a);
         free(tok->dec[i].b);
     }

@@ -78,12 +78,12 @@ static inline const char *ss_verify(const fmoe_store_file *f) {
         c->top_k != SS_K || c->semantic_dim != SS_H || c->prefetch_distance != SS_D)
         return "geometry";
     if (fmoe_expertmap_size(f->store) != SS_E) return "size";
-    const float *maps = fmoe_expertmap_maps(f->store), *sem = fmoe_expertmap_semantic(f->store);
+    const float *sem = fmoe_expertmap_semantic(f->store);
     const uint32_t *hits = fmoe_expertmap_hits(f->store);
     for (int e = 0; e < SS_E; e++) {
         for (int l = 0; l < SS_L; l++)
             for (int j = 0; j < SS_J; j++)
-                if (maps[(e * SS_L + l) * SS_J + j] != ss_map(e, l, j)) return "maps";
+                if (fmoe_expertmap_row(f->store, e, l)[j] != ss_map(e, l, j)) return "maps";
         for (int i = 0; i < SS_H; i++)
             if (sem[e * SS_H + i] != ss_sem(e, i)) return "semantic";
         if (hits[e] != (uint32_t)(10 * e)) return "hits";

@@ -142,6 +142,11 @@ def test_simulate_holdout_replays_only_the_held_out_requests(fmoe, need_build_st
                         "fmoe-lfu", "lru"}
     assert res["fmoe"]["prefetches"] > 0 and res["lru"]["prefetches"] == 0
     assert all(r["accesses"] == res["lru"]["accesses"] for r in res.values())
+    # offline-update learns on top of the built store
+    p = fmoe("simulate", "--trace", trace, "--store", store, "--holdout", "--store-mode",
+             "offline-update", "--policy", "fmoe", "--cache-experts", 12, "--prefetch-distance",
+             2, "--json", "--quiet")
+    assert json.loads(p.stdout)["results"][0]["prefetches"] > 0
     # online mode needs no store
     p = fmoe("simulate", "--trace", trace, "--policy", "fmoe", "--store-mode", "online",
              "--cache-experts", 12, "--prefetch-distance", 2, "--json", "--quiet")

@@ -78,14 +78,16 @@ def test_oracle_and_moe_infinity_metrics(fmoe, tmp_path):
     reqs = random_requests(rng, 10, L, J, K)
     trace = tmp_path / "t.h5"
     write_trace(trace, reqs, L, J, K)
-    res = {(r["policy"], r["prefetch_distance"]): r for r in run_json(
-        fmoe, "--trace", trace, "--policy", "oracle,moe-infinity,belady,lru",
-        "--cache-experts", 12, "--prefetch-distance", "1,2")["results"]}
+    out = run_json(fmoe, "--trace", trace, "--policy", "oracle,moe-infinity,belady,lru",
+                   "--cache-experts", 12, "--prefetch-distance", "1,2")["results"]
+    # Policies that do not prefetch run once (d reported as 0), the others per distance.
+    assert len(out) == 6
+    res = {(r["policy"], r["prefetch_distance"]): r for r in out}
     for d in (1, 2):
         o = res[("oracle", d)]
         assert o["wasted_prefetch_bytes"] == 0 and o["prefetch_precision"] == 1
-        for other in ("moe-infinity", "belady", "lru"):
-            assert o["stall_s"] <= res[(other, d)]["stall_s"] + 1e-12
+        for other in (("moe-infinity", d), ("belady", 0), ("lru", 0)):
+            assert o["stall_s"] <= res[other]["stall_s"] + 1e-12
         mi = res[("moe-infinity", d)]
         used = mi["hits"] + mi["late_hits"]
         assert 0 <= mi["goodpred"] <= mi["prefetch_recall"] <= 1
@@ -93,6 +95,10 @@ def test_oracle_and_moe_infinity_metrics(fmoe, tmp_path):
         assert sum(x["wasted_prefetch_bytes"] for x in mi["per_layer"]) == \
             mi["wasted_prefetch_bytes"]
         assert used <= mi["accesses"]
+        ph = mi["per_phase"]
+        assert ph["prefill"]["accesses"] + ph["decode"]["accesses"] == mi["accesses"]
+        assert ph["prefill"]["hits"] + ph["decode"]["hits"] == mi["hits"]
+        assert ph["prefill"]["stall_s"] + ph["decode"]["stall_s"] == pytest.approx(mi["stall_s"])
 
 
 def write_profile(path, host=True):

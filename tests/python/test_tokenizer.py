@@ -248,6 +248,20 @@ def test_round_trip(fmoe_bin, tok_dirs, name):
     compare_ids(f"{name} round trip", texts, back, expect)
 
 
+def test_nfc_every_mark_and_decomposition(fmoe_bin, tok_dirs):
+    """Qwen3's NFC on every code point with a combining class or a decomposition (Python's
+    Unicode data), behind a mark of class 232 and after a base letter: our tables must be
+    those of tokenizers (Unicode 9.0), neither older nor newer."""
+    d = _tok(tok_dirs, "qwen3")
+    hf = hf_tokenizer(d / "tokenizer.json")
+    cps = [cp for cp in range(0xA0, 0x30000) if not 0xD800 <= cp <= 0xDFFF and
+           (unicodedata.combining(chr(cp)) or unicodedata.decomposition(chr(cp)))]
+    texts = ["a\u0315" + chr(cp) for cp in cps] + ["e" + chr(cp) + "\u0301" for cp in cps]
+    theirs = [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
+    ours = [r["ids"] for r in fmoe_batch(fmoe_bin, d, texts, "--no-special")]
+    compare_ids("qwen3 NFC", texts, ours, theirs)
+
+
 def test_mixtral_matches_sentencepiece(fmoe_bin, tok_dirs):
     spm = pytest.importorskip("sentencepiece")
     d = _tok(tok_dirs, "mixtral-8x7b-instruct")

@@ -158,7 +158,7 @@ static inline int sample_append(fmoe_trace_writer *w, int count) {
 static inline int sample_write(const char *path, fmoe_compression c, int probs_half,
                                int64_t chunk_tokens) {
     fmoe_trace_header h = sample_header(probs_half);
-    fmoe_trace_write_options o = {c, 0, chunk_tokens};
+    fmoe_trace_write_options o = {.compression = c, .chunk_tokens = chunk_tokens};
     fmoe_trace_writer *w = NULL;
     int rc = fmoe_trace_writer_open(&w, path, &h, &o);
     if (rc < 0) return rc;

@@ -225,7 +225,7 @@ TEST(minimal_trace_and_empty_requests) {
     h.probs_kind = FMOE_PROBS_NONE;
     fmoe_trace_writer *w = NULL;
     ASSERT_OK(fmoe_trace_writer_open(&w, path, &h,
-                                     &(fmoe_trace_write_options){FMOE_COMPRESSION_DEFLATE, 9, 0}));
+                                     &(fmoe_trace_write_options){.compression = FMOE_COMPRESSION_DEFLATE, .level = 9, .chunk_tokens = 0}));
     fmoe_trace_request empty = {.id = -5, .arrival_s = 2.0};
     ASSERT_OK(fmoe_trace_writer_append_request(w, &empty));
     int32_t tok[2] = {-1, 7};
@@ -428,17 +428,17 @@ TEST(writer_open_errors) {
     ASSERT_TRUE(w == NULL);
     const char *path = tmp_path("badopts.h5");
     ASSERT_EQ(fmoe_trace_writer_open(&w, path, &h,
-                                     &(fmoe_trace_write_options){FMOE_COMPRESSION_ZSTD, 25, 0}),
+                                     &(fmoe_trace_write_options){.compression = FMOE_COMPRESSION_ZSTD, .level = 25, .chunk_tokens = 0}),
               FMOE_EINVAL);
     ASSERT_CONTAINS(fmoe_error_detail(), "zstd level");
     ASSERT_EQ(fmoe_trace_writer_open(&w, path, &h,
-                                     &(fmoe_trace_write_options){FMOE_COMPRESSION_DEFLATE, 10, 0}),
+                                     &(fmoe_trace_write_options){.compression = FMOE_COMPRESSION_DEFLATE, .level = 10, .chunk_tokens = 0}),
               FMOE_EINVAL);
     ASSERT_EQ(fmoe_trace_writer_open(&w, path, &h,
-                                     &(fmoe_trace_write_options){(fmoe_compression)7, 0, 0}),
+                                     &(fmoe_trace_write_options){.compression = (fmoe_compression)7, .level = 0, .chunk_tokens = 0}),
               FMOE_EINVAL);
     ASSERT_EQ(fmoe_trace_writer_open(&w, path, &h,
-                                     &(fmoe_trace_write_options){FMOE_COMPRESSION_NONE, 0, -1}),
+                                     &(fmoe_trace_write_options){.compression = FMOE_COMPRESSION_NONE, .level = 0, .chunk_tokens = -1}),
               FMOE_EINVAL);
     ASSERT_TRUE(!file_exists(partial_of(path)));
 }

@@ -71,11 +71,15 @@ const fmoe_expertmap_config *fmoe_expertmap_config_of(const fmoe_expertmap *s);
 /* Entries held now (<= capacity). */
 int32_t fmoe_expertmap_size(const fmoe_expertmap *s);
 
-/* Borrowed views of the data, valid until the store is freed; rows [0, size) are live.
- *   maps      [C][L][J] float32 gate probabilities
+/* Borrowed views of the data, valid until the store is freed; entries [0, size) are live.
+ *   maps      [L][C][J] float32 gate probabilities, layer-major: row l of entry y is the J
+ *             floats at maps[(l * C + y) * J] (fmoe_expertmap_row)
  *   semantic  [C][h] float32 embeddings; NULL when h == 0
  *   hits      [C] how often each entry was the best match (fmoe_expertmap_hit) */
 const float *fmoe_expertmap_maps(const fmoe_expertmap *s);
+/* Row l of entry y (J floats), and entry y's whole map copied to out[L][J]. */
+const float *fmoe_expertmap_row(const fmoe_expertmap *s, int32_t y, int32_t l);
+void fmoe_expertmap_copy_map(const fmoe_expertmap *s, int32_t y, float *out);
 const float *fmoe_expertmap_semantic(const fmoe_expertmap *s);
 const uint32_t *fmoe_expertmap_hits(const fmoe_expertmap *s);
 

@@ -257,6 +257,7 @@ typedef struct fmoe_sim_result {
     fmoe_sim_summary queue_s; /* FCFS queueing delay per request (0 without arrivals) */
     int32_t miss_mode;
     int32_t variant;        /* the policy variant reported (ops->variants > 1: least stall) */
+    fmoe_sim_layer_stats per_phase[2]; /* [0] prefill, [1] decode iterations, all layers */
 } fmoe_sim_result;
 
 /* Runs one cell (a policy with several variants, the oracle, runs each and reports the

@@ -26,9 +26,14 @@
  * load with FMOE_EUNSUPPORTED and a detail naming the file, the field and the type.
  *
  * The ids are those of HuggingFace `tokenizers` (tests/python/test_tokenizer.py checks them
- * on the real Mixtral, Qwen3 and gpt-oss files). Regexes run through PCRE2 in UTF + UCP
- * mode; `\s`, `\S`, `\w`, `\W` and `\d` in a pattern are rewritten to the Unicode classes
- * Oniguruma (which `tokenizers` uses) gives them.
+ * on the real Mixtral, Qwen3 and gpt-oss files), including its quirks: added-token ids are
+ * assigned as tokenizers assigns them on load, a normalized added token's string is its
+ * normalized content ("▁[INST]"), NFC uses Unicode 9.0 data as tokenizers does. Regexes
+ * run through PCRE2 in UTF + UCP mode; `\s`, `\S`, `\w` and `\W` in a pattern are
+ * rewritten to the classes Oniguruma (the engine of `tokenizers`) gives them. Known
+ * difference: PCRE2 10.42 knows Unicode 14, so letters and digits assigned since (Unicode
+ * 15/16 scripts) split differently in pre-tokenizer regexes. runtime/tokenizer/README.md
+ * has the details.
  *
  * Invalid UTF-8 in the input (HuggingFace cannot receive it) is handled as follows: each
  * maximal invalid byte sequence becomes a piece of its own that skips normalisation and
@@ -94,7 +99,8 @@ int fmoe_tokenizer_decode(const fmoe_tokenizer *tok, const int32_t *ids, size_t 
 
 /*
  * The bytes one token contributes to the text, for streaming output: byte-level tokens
- * mapped back to bytes, `▁` as a space, <0xXX> as the byte, added tokens as their content.
+ * mapped back to bytes, `▁` as a space, <0xXX> as the byte (added tokens go through the
+ * same mapping, as in decode: "<|im_start|>" stays itself).
  * A piece may be part of a UTF-8 sequence; the decoder's stripping of the first leading
  * space (SentencePiece-style) is not applied. *piece is owned by the tokenizer and not
  * NUL-terminated.
@@ -119,8 +125,8 @@ int32_t fmoe_tokenizer_vocab_size(const fmoe_tokenizer *tok);
 /* BOS and EOS ids, -1 when the tokenizer has none. Taken from tokenizer_config.json
  * (bos_token, eos_token) when present; otherwise BOS is the special token the
  * post-processor puts before the text, and EOS the first of </s>, <|endoftext|>,
- * <|end_of_text|>, <|im_end|> that exists. (A model's generation_config.json may list
- * more stop tokens; that is the model loader's business.) */
+ * <|end_of_text|>, <|im_end|> that is an added token (else in the vocabulary). A model's
+ * generation_config.json may list more stop tokens; that is the model loader's business. */
 int32_t fmoe_tokenizer_bos_id(const fmoe_tokenizer *tok);
 int32_t fmoe_tokenizer_eos_id(const fmoe_tokenizer *tok);
 

@@ -57,6 +57,11 @@ typedef struct fmoe_trace_header {
     char semantic_kind[32];     /* "embedding" (the embedding layer's output) | "projection" */
     int32_t speculative_depth;  /* S of /tokens/speculative; 0: absent */
     const char *config_json;    /* /model/config_json; writer borrows it, NULL or "" = none */
+    /* Added later (new fields go at the end; files without them read as 0). */
+    int32_t hidden_dim;         /* h of /tokens/hidden float16 [T][L][h] (gate inputs, for
+                                   training predictors); 0: absent */
+    int32_t timing_layers;      /* columns of /timing/layer_s (the decoder layers, dense ones
+                                   included); 0: no /timing group */
 } fmoe_trace_header;
 
 /* One request's data for the writer; all arrays borrowed for the call. T = prompt + output. */
@@ -71,6 +76,16 @@ typedef struct fmoe_trace_request {
     const float *probs;         /* [T][L][J] gate probabilities; NULL iff probs_kind NONE */
     const float *semantic;      /* [T][semantic_dim]; NULL iff semantic_dim == 0 */
     const float *speculative;   /* [T][L][S][J]; NULL iff speculative_depth == 0 */
+    /* Added later; zero-initialised callers write neither. */
+    const float *hidden;        /* [T][L][hidden_dim], stored as float16; NULL iff
+                                   hidden_dim == 0 */
+    /* Measured times of the request's iterations, in replay order (the prefill, when
+     * prompt_tokens > 0, then each decode token): I = (prompt_tokens > 0) + output_tokens
+     * rows, appended to /timing/layer_s [I][timing_layers] (wall seconds per decoder
+     * layer) and /timing/iteration_s [I] (wall seconds of the whole forward pass).
+     * Both NULL iff timing_layers == 0. */
+    const float *layer_s;
+    const float *iteration_s;
 } fmoe_trace_request;
 
 typedef struct fmoe_trace_write_options {

@@ -1,0 +1,397 @@
+/*
+ * cmd_generate.c - `fmoe generate`: one prompt through a model on the CPU, no server.
+ *
+ * Defaults → parse → validate → load (model, tokenizer, generation_config.json) → encode
+ * (optionally through the chat template) → prefill → decode, streaming text as it is
+ * produced → tokens/s. The text is streamed by decoding the whole generated sequence
+ * after each token and printing what is new (as transformers' TextStreamer does), holding
+ * back a trailing incomplete UTF-8 sequence, so the printed text is exactly
+ * decode(generated ids).
+ *
+ * Sampling: temperature 0 is greedy. Without --temperature/--top-p/--top-k the model's
+ * generation_config.json decides (do_sample false, or absent: greedy; else its
+ * temperature/top_p/top_k), as transformers' generate() does.
+ */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd_common.h"
+#include "fmoe/error.h"
+#include "fmoe/model.h"
+#include "fmoe/sampler.h"
+#include "fmoe/tokenizer.h"
+#include "paths.h"
+
+static const char *const CMD = "generate";
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: fmoe generate [--model DIR] --prompt TEXT [options]\n"
+            "\n"
+            "Run one prompt through a HuggingFace MoE checkpoint on the CPU and stream the\n"
+            "continuation to stdout; prefill and decode tokens/s follow on stderr.\n"
+            "\n"
+            "options:\n"
+            "  --model DIR           model directory (default: the bundled fmoe-tiny)\n"
+            "  --prompt TEXT         the prompt (required)\n"
+            "  --max-new-tokens N    tokens to generate at most (default 128)\n"
+            "  --temperature T       0 = greedy (default: the model's generation_config.json,\n"
+            "                        greedy when it does not sample)\n"
+            "  --top-p P             nucleus sampling (default 1 = off)\n"
+            "  --top-k K             keep the K most likely tokens (default 0 = off)\n"
+            "  --seed S              random seed for sampling (default 0)\n"
+            "  --chat                wrap the prompt in the model's chat template as a user\n"
+            "                        message, with the assistant's turn opened\n"
+            "  --system TEXT         with --chat: a system message first\n"
+            "  --chat-template NAME  with --chat: mixtral, chatml, qwen3 or olmoe instead of\n"
+            "                        the template detected from tokenizer_config.json\n"
+            "  --ignore-eos          do not stop at end-of-sequence tokens\n"
+            "  --threads N           CPU threads (default: all cores)\n"
+            "  --dump-logits F.npy   write the logits of every generated token, float32\n"
+            "                        [generated, vocab], as a NumPy .npy file\n"
+            "  --json                print one JSON object (ids, text, timings) instead of\n"
+            "                        streaming\n"
+            "  -h, --help            show this help\n");
+}
+
+/* ---------------------------------------------------------------------------------------
+ * .npy output: a v1.0 header of fixed length (rewritten with the final row count at the
+ * end), then the rows as they are produced.
+ * ------------------------------------------------------------------------------------- */
+
+#define NPY_HEADER_BYTES 128
+
+static int npy_write_header(FILE *f, int64_t rows, int64_t cols) {
+    char dict[NPY_HEADER_BYTES];
+    int n = snprintf(dict, sizeof dict,
+                     "{'descr': '<f4', 'fortran_order': False, 'shape': (%lld, %lld), }",
+                     (long long)rows, (long long)cols);
+    const int body = NPY_HEADER_BYTES - 10; /* magic 6, version 2, header length 2 */
+    if (n < 0 || n >= body) return -1;
+    memset(dict + n, ' ', (size_t)(body - n - 1));
+    dict[body - 1] = '\n';
+    const unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                                   (unsigned char)(body & 0xff), (unsigned char)(body >> 8)};
+    if (fseek(f, 0, SEEK_SET) != 0) return -1;
+    if (fwrite(pre, 1, sizeof pre, f) != sizeof pre) return -1;
+    if (fwrite(dict, 1, (size_t)body, f) != (size_t)body) return -1;
+    return fseek(f, 0, SEEK_END);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Streaming
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct streamer {
+    const fmoe_tokenizer *tok;
+    FILE *out;      /* NULL: decode only at the end */
+    size_t printed; /* bytes of the decoded text already written */
+} streamer;
+
+/* Length of s[0..n) without a trailing U+FFFD (EF BF BD) that stands for an incomplete
+ * UTF-8 sequence still being generated. */
+static size_t stable_prefix(const char *s, size_t n) {
+    while (n >= 3 && (unsigned char)s[n - 3] == 0xEF && (unsigned char)s[n - 2] == 0xBF &&
+           (unsigned char)s[n - 1] == 0xBD)
+        n -= 3;
+    return n;
+}
+
+static int streamer_push(streamer *st, const int32_t *ids, size_t n, int final) {
+    if (!st->out) return 0;
+    char *text = NULL;
+    size_t len = 0;
+    FMOE_FORWARD_IF_ERROR(fmoe_tokenizer_decode(st->tok, ids, n, 1, &text, &len));
+    size_t upto = final ? len : stable_prefix(text, len);
+    if (upto > st->printed) {
+        fwrite(text + st->printed, 1, upto - st->printed, st->out);
+        fflush(st->out);
+        st->printed = upto;
+    }
+    free(text);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * JSON output
+ * ------------------------------------------------------------------------------------- */
+
+static void json_string(FILE *f, const char *s, size_t n) {
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        switch (c) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (c < 0x20) fprintf(f, "\\u%04x", c);
+            else fputc(c, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static void json_ids(FILE *f, const int32_t *ids, size_t n) {
+    fputc('[', f);
+    for (size_t i = 0; i < n; i++) fprintf(f, i ? ",%d" : "%d", ids[i]);
+    fputc(']', f);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The command
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct generate_args {
+    const char *model, *prompt, *system, *chat_template, *dump_logits;
+    int32_t max_new_tokens, top_k, threads;
+    double temperature, top_p;
+    int64_t seed;
+    int chat, json, ignore_eos;
+    int set_temperature, set_top_p, set_top_k;
+} generate_args;
+
+static int parse_args(int argc, char **argv, generate_args *a) {
+    enum { O_MODEL = 256, O_PROMPT, O_MAX_NEW, O_TEMP, O_TOP_P, O_TOP_K, O_SEED, O_CHAT,
+           O_SYSTEM, O_TEMPLATE, O_THREADS, O_DUMP, O_JSON, O_IGNORE_EOS };
+    static const struct option options[] = {
+        {"model", required_argument, NULL, O_MODEL},
+        {"prompt", required_argument, NULL, O_PROMPT},
+        {"max-new-tokens", required_argument, NULL, O_MAX_NEW},
+        {"temperature", required_argument, NULL, O_TEMP},
+        {"top-p", required_argument, NULL, O_TOP_P},
+        {"top-k", required_argument, NULL, O_TOP_K},
+        {"seed", required_argument, NULL, O_SEED},
+        {"chat", no_argument, NULL, O_CHAT},
+        {"system", required_argument, NULL, O_SYSTEM},
+        {"chat-template", required_argument, NULL, O_TEMPLATE},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"dump-logits", required_argument, NULL, O_DUMP},
+        {"json", no_argument, NULL, O_JSON},
+        {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    opterr = 0;
+    int c, rc = 0;
+    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: a->model = optarg; break;
+        case O_PROMPT: a->prompt = optarg; break;
+        case O_MAX_NEW:
+            rc = cmd_parse_i32(CMD, "--max-new-tokens", optarg, 0, 1 << 24, &a->max_new_tokens);
+            break;
+        case O_TEMP:
+            rc = cmd_parse_f64(CMD, "--temperature", optarg, 0.0, 100.0, &a->temperature);
+            a->set_temperature = 1;
+            break;
+        case O_TOP_P:
+            rc = cmd_parse_f64(CMD, "--top-p", optarg, 1e-6, 1.0, &a->top_p);
+            a->set_top_p = 1;
+            break;
+        case O_TOP_K:
+            rc = cmd_parse_i32(CMD, "--top-k", optarg, 0, INT32_MAX, &a->top_k);
+            a->set_top_k = 1;
+            break;
+        case O_SEED: rc = cmd_parse_i64(CMD, "--seed", optarg, 0, INT64_MAX, &a->seed); break;
+        case O_CHAT: a->chat = 1; break;
+        case O_SYSTEM: a->system = optarg; break;
+        case O_TEMPLATE: a->chat_template = optarg; break;
+        case O_THREADS: rc = cmd_parse_i32(CMD, "--threads", optarg, 0, 4096, &a->threads); break;
+        case O_DUMP: a->dump_logits = optarg; break;
+        case O_JSON: a->json = 1; break;
+        case O_IGNORE_EOS: a->ignore_eos = 1; break;
+        case 'h': usage(stdout); return -1;
+        default:
+            return cmd_usage_error(CMD, "unknown option or missing value: '%s'",
+                                   argv[optind - 1]);
+        }
+        if (rc) return rc;
+    }
+    if (optind < argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (!a->prompt) return cmd_usage_error(CMD, "--prompt TEXT is required");
+    if ((a->system || a->chat_template) && !a->chat)
+        return cmd_usage_error(CMD, "--system and --chat-template need --chat");
+    return 0;
+}
+
+int cmd_generate(int argc, char **argv) {
+    generate_args a = {.max_new_tokens = 128, .top_p = 1.0};
+    int prc = parse_args(argc, argv, &a);
+    if (prc < 0) return CMD_EXIT_OK; /* --help */
+    if (prc > 0) return prc;
+    const char *dir = cmd_model_dir_or_default(CMD, a.model);
+    if (!dir) return CMD_EXIT_FAILURE;
+
+    int rc = CMD_EXIT_FAILURE, err = 0;
+    fmoe_model *m = NULL;
+    fmoe_session *s = NULL;
+    fmoe_tokenizer *tok = NULL;
+    fmoe_sampler *smp = NULL;
+    int32_t *prompt = NULL, *gen = NULL;
+    float *logits = NULL;
+    char *chat_text = NULL, *text = NULL;
+    FILE *npy = NULL;
+    size_t n_prompt = 0, text_len = 0;
+
+    if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
+    if ((err = fmoe_tokenizer_load(dir, &tok)) < 0) goto fail;
+    cmd_generation_config gc;
+    if ((err = cmd_generation_config_load(dir, &gc)) < 0) goto fail;
+    cmd_generation_config_add_stop(&gc, fmoe_tokenizer_eos_id(tok));
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
+    const int32_t V = g->vocab_size;
+
+    /* Encode. */
+    const char *ptext = a.prompt;
+    size_t plen = strlen(a.prompt);
+    if (a.chat) {
+        fmoe_chat_message msgs[2];
+        size_t nm = 0;
+        if (a.system) msgs[nm++] = (fmoe_chat_message){"system", a.system};
+        msgs[nm++] = (fmoe_chat_message){"user", a.prompt};
+        fmoe_chat_options co = {.template_name = a.chat_template, .add_generation_prompt = 1};
+        if ((err = fmoe_tokenizer_apply_chat_template(tok, msgs, nm, &co, &chat_text, &plen)) < 0)
+            goto fail;
+        ptext = chat_text;
+    }
+    if ((err = fmoe_tokenizer_encode_alloc(tok, ptext, plen, !a.chat, &prompt, &n_prompt)) < 0)
+        goto fail;
+    if (n_prompt == 0) {
+        rc = cmd_failf(CMD, "the prompt encodes to no tokens");
+        goto done;
+    }
+    const int64_t ctx = g->max_position_embeddings > 0 ? g->max_position_embeddings : 4096;
+    if ((int64_t)n_prompt > ctx) {
+        rc = cmd_failf(CMD, "prompt of %zu tokens exceeds the context of %lld tokens of %s",
+                       n_prompt, (long long)ctx, dir);
+        goto done;
+    }
+    int64_t room = ctx - (int64_t)n_prompt;
+    int32_t max_new = a.max_new_tokens;
+    if (max_new > room) max_new = (int32_t)room; /* the last token is never fed back */
+    if (max_new < 0) max_new = 0;
+
+    /* Sampling: explicit options win, else generation_config.json. */
+    fmoe_sampler_params sp = {0.0f, 0, 1.0f, (uint64_t)a.seed};
+    if (gc.do_sample) {
+        sp.temperature = gc.temperature;
+        sp.top_p = gc.top_p;
+        sp.top_k = gc.top_k;
+    }
+    if (a.set_temperature) sp.temperature = (float)a.temperature;
+    if (a.set_top_p) sp.top_p = (float)a.top_p;
+    if (a.set_top_k) sp.top_k = a.top_k;
+
+    fmoe_session_options so = fmoe_session_defaults();
+    int64_t need = (int64_t)n_prompt + (max_new > 0 ? max_new - 1 : 0);
+    so.max_context = (int32_t)(need > 0 ? need : 1);
+    so.threads = a.threads;
+    if ((err = fmoe_session_init(m, &so, &s)) < 0) goto fail;
+    if ((err = fmoe_sampler_init(&sp, V, &smp)) < 0) goto fail;
+    logits = malloc((size_t)V * sizeof *logits);
+    gen = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *gen);
+    if (!logits || !gen) {
+        err = fmoe_error_set(FMOE_ENOMEM, "out of memory for %d logits", V);
+        goto fail;
+    }
+    if (a.dump_logits) {
+        if (!(npy = fopen(a.dump_logits, "wb+")) || npy_write_header(npy, 0, V) < 0) {
+            rc = cmd_failf(CMD, "%s: cannot write", a.dump_logits);
+            goto done;
+        }
+    }
+
+    streamer st = {.tok = tok, .out = a.json ? NULL : stdout};
+    const char *finish = "length";
+    int32_t n_gen = 0;
+    double t0 = cmd_now(), t_prefill = 0, t_decode = 0;
+    if (max_new > 0) {
+        if ((err = fmoe_session_forward(s, prompt, (int32_t)n_prompt, NULL, logits)) < 0)
+            goto fail;
+        t_prefill = cmd_now() - t0;
+        double t1 = cmd_now();
+        for (;;) {
+            if (npy && fwrite(logits, sizeof *logits, (size_t)V, npy) != (size_t)V) {
+                rc = cmd_failf(CMD, "%s: cannot write", a.dump_logits);
+                goto done;
+            }
+            int32_t next = fmoe_sampler_sample(smp, logits);
+            gen[n_gen++] = next;
+            if (!a.ignore_eos && cmd_generation_config_is_stop(&gc, next)) {
+                finish = "stop";
+                break;
+            }
+            if ((err = streamer_push(&st, gen, (size_t)n_gen, 0)) < 0) goto fail;
+            if (n_gen >= max_new) break;
+            if ((err = fmoe_session_forward(s, &next, 1, NULL, logits)) < 0) goto fail;
+        }
+        t_decode = cmd_now() - t1;
+    }
+    if ((err = streamer_push(&st, gen, (size_t)n_gen, 1)) < 0) goto fail;
+    if (npy) {
+        if (npy_write_header(npy, n_gen, V) < 0 || fclose(npy) != 0) {
+            npy = NULL;
+            rc = cmd_failf(CMD, "%s: cannot write", a.dump_logits);
+            goto done;
+        }
+        npy = NULL;
+    }
+    /* Decode steps: each generated token after the first is one forward of one token. */
+    const int32_t steps = n_gen > 1 ? n_gen - 1 : 0;
+    const double prefill_tps = t_prefill > 0 ? (double)n_prompt / t_prefill : 0.0;
+    const double decode_tps = t_decode > 0 && steps > 0 ? steps / t_decode : 0.0;
+    if (a.json) {
+        size_t keep = (size_t)n_gen;
+        if (!strcmp(finish, "stop")) keep--; /* the stop token is not text */
+        if ((err = fmoe_tokenizer_decode(tok, gen, keep, 1, &text, &text_len)) < 0) goto fail;
+        printf("{\"model\": ");
+        json_string(stdout, dir, strlen(dir));
+        printf(", \"describe\": ");
+        json_string(stdout, fmoe_model_describe(m), strlen(fmoe_model_describe(m)));
+        printf(", \"prompt\": ");
+        json_string(stdout, ptext, plen);
+        printf(", \"prompt_ids\": ");
+        json_ids(stdout, prompt, n_prompt);
+        printf(", \"generated_ids\": ");
+        json_ids(stdout, gen, (size_t)n_gen);
+        printf(", \"text\": ");
+        json_string(stdout, text, text_len);
+        printf(", \"finish_reason\": \"%s\", \"temperature\": %g, \"top_p\": %g, \"top_k\": %d, "
+               "\"seed\": %lld, \"prefill_tokens\": %zu, \"prefill_s\": %.6f, "
+               "\"prefill_tok_s\": %.2f, \"decode_steps\": %d, \"decode_s\": %.6f, "
+               "\"decode_tok_s\": %.2f}\n",
+               finish, sp.temperature, sp.top_p, sp.top_k, (long long)a.seed, n_prompt,
+               t_prefill, prefill_tps, steps, t_decode, decode_tps);
+    } else {
+        printf("\n");
+        fflush(stdout);
+        fprintf(stderr,
+                "fmoe generate: prefill %zu tokens in %.3f s (%.1f tokens/s), decode %d tokens "
+                "in %.3f s (%.1f tokens/s), stop: %s\n",
+                n_prompt, t_prefill, prefill_tps, steps, t_decode, decode_tps, finish);
+    }
+    rc = CMD_EXIT_OK;
+    goto done;
+fail:
+    rc = cmd_fail(CMD, err);
+done:
+    if (npy) {
+        fclose(npy);
+        remove(a.dump_logits);
+    }
+    free(text);
+    free(chat_text);
+    free(prompt);
+    free(gen);
+    free(logits);
+    fmoe_sampler_free(smp);
+    fmoe_session_free(s);
+    fmoe_tokenizer_free(tok);
+    fmoe_model_free(m);
+    return rc;
+}

@@ -1,0 +1,511 @@
+/*
+ * cmd_record.c - `fmoe record`: real inference over a prompt dataset -> trace (DESIGN.md §4).
+ *
+ * Defaults → parse → validate → load (prompts, arrivals, model, tokenizer) → open the trace
+ * writer (on TRACE.h5.partial) → per request: encode, prefill, decode token by token with
+ * the routing tracer on, append the request (the writer flushes, so a killed recorder
+ * leaves a .partial holding every finished request) → close (rename into place).
+ *
+ * What one request records, T = prompt + output tokens, one row per token that ran through
+ * the model: the prompt tokens (phase prefill, one forward pass), then each generated token
+ * fed back (phase decode, one forward pass each). The last generated token is fed too
+ * (its lm head is skipped), so every output token has its routing; a stop token (EOS)
+ * ends the request and is not fed. Per row and MoE layer: the chosen experts, the full
+ * gate distribution (float16 unless --probs-f32), the semantic embedding (the embedding
+ * layer's output), the speculative gates of layers l+1..l+S applied to layer l's gate
+ * input (--speculative S), the gate inputs themselves (--hidden, float16), and per
+ * iteration the measured wall seconds of each decoder layer and of the whole pass
+ * (/timing).
+ *
+ * Prompts that do not fit the context with room for one generated token are skipped and
+ * counted (a summary line says how many). Each request's sampler is seeded with
+ * seed + dataset index, so a request's tokens do not depend on which others ran.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd_common.h"
+#include "fmoe/datasets.h"
+#include "fmoe/error.h"
+#include "fmoe/geometry.h"
+#include "fmoe/model.h"
+#include "fmoe/sampler.h"
+#include "fmoe/tokenizer.h"
+#include "fmoe/trace.h"
+#include "paths.h"
+
+static const char *const CMD = "record";
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: fmoe record [--model DIR] --dataset FILE -o TRACE.h5 [options]\n"
+            "\n"
+            "Run real inference over the prompts of a dataset and write the routing trace\n"
+            "(DESIGN.md §4): per token and MoE layer the chosen experts and the full gate\n"
+            "distribution, the semantic embedding, optional speculative gates and gate\n"
+            "inputs, and the measured per-layer compute times. The file is written as\n"
+            "TRACE.h5.partial and flushed after every request; it is renamed when complete.\n"
+            "\n"
+            "options:\n"
+            "  --model DIR             model directory (default: the bundled fmoe-tiny)\n"
+            "  --dataset FILE          prompts (required)\n"
+            "  --dataset-format F      auto (default), sharegpt, lmsys, jsonl or text\n"
+            "  -o, --output TRACE.h5   the trace to write (required)\n"
+            "  --max-requests N        record at most N requests (default: all prompts)\n"
+            "  --max-new-tokens M      tokens generated per request at most (default 64)\n"
+            "  --arrivals FILE         Azure LLM inference CSV: request r arrives at row r's\n"
+            "                          time (default: all arrive at 0)\n"
+            "  --speculative S         also record the gates of layers l+1..l+S applied to\n"
+            "                          layer l's gate input (default 0)\n"
+            "  --hidden                also record the gate inputs, float16 [T][L][h]\n"
+            "  --chat                  wrap each prompt in the model's chat template\n"
+            "  --chat-template NAME    with --chat: mixtral, chatml, qwen3 or olmoe\n"
+            "  --temperature T         0 = greedy (default 0)\n"
+            "  --top-p P, --top-k K    sampling filters (default off)\n"
+            "  --seed S                request r samples with seed S + r (default 0)\n"
+            "  --ignore-eos            generate M tokens whatever the model says\n"
+            "  --threads N             CPU threads (default: all cores)\n"
+            "  --compression C         zstd (default), deflate or none\n"
+            "  --probs-f32             store gate probabilities as float32 (default float16)\n"
+            "  --no-timing             leave out /timing\n"
+            "  --model-name NAME       the trace's model_name (default: the directory name)\n"
+            "  -q, --quiet             no progress bar or summary\n"
+            "  -h, --help              show this help\n");
+}
+
+typedef struct record_args {
+    const char *model, *dataset, *output, *arrivals, *chat_template, *model_name;
+    fmoe_prompt_format format;
+    fmoe_compression compression;
+    int64_t max_requests, seed;
+    int32_t max_new_tokens, speculative, threads, top_k;
+    double temperature, top_p;
+    int hidden, chat, ignore_eos, quiet, probs_f32, no_timing;
+} record_args;
+
+static int parse_args(int argc, char **argv, record_args *a) {
+    enum { O_MODEL = 256, O_DATASET, O_FORMAT, O_MAX_REQ, O_MAX_NEW, O_ARRIVALS, O_SPEC,
+           O_HIDDEN, O_CHAT, O_TEMPLATE, O_TEMP, O_TOP_P, O_TOP_K, O_SEED, O_IGNORE_EOS,
+           O_THREADS, O_COMPRESSION, O_PROBS_F32, O_NO_TIMING, O_MODEL_NAME };
+    static const struct option options[] = {
+        {"model", required_argument, NULL, O_MODEL},
+        {"dataset", required_argument, NULL, O_DATASET},
+        {"dataset-format", required_argument, NULL, O_FORMAT},
+        {"output", required_argument, NULL, 'o'},
+        {"max-requests", required_argument, NULL, O_MAX_REQ},
+        {"max-new-tokens", required_argument, NULL, O_MAX_NEW},
+        {"arrivals", required_argument, NULL, O_ARRIVALS},
+        {"speculative", required_argument, NULL, O_SPEC},
+        {"hidden", no_argument, NULL, O_HIDDEN},
+        {"chat", no_argument, NULL, O_CHAT},
+        {"chat-template", required_argument, NULL, O_TEMPLATE},
+        {"temperature", required_argument, NULL, O_TEMP},
+        {"top-p", required_argument, NULL, O_TOP_P},
+        {"top-k", required_argument, NULL, O_TOP_K},
+        {"seed", required_argument, NULL, O_SEED},
+        {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"compression", required_argument, NULL, O_COMPRESSION},
+        {"probs-f32", no_argument, NULL, O_PROBS_F32},
+        {"no-timing", no_argument, NULL, O_NO_TIMING},
+        {"model-name", required_argument, NULL, O_MODEL_NAME},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    opterr = 0;
+    int c, rc = 0;
+    while ((c = getopt_long(argc, argv, "o:qh", options, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: a->model = optarg; break;
+        case O_DATASET: a->dataset = optarg; break;
+        case O_FORMAT:
+            if (fmoe_prompt_format_parse(optarg, &a->format) < 0)
+                return cmd_usage_error(CMD,
+                                       "--dataset-format: unknown format '%s' (auto, sharegpt, "
+                                       "lmsys, jsonl, text)",
+                                       optarg);
+            break;
+        case 'o': a->output = optarg; break;
+        case O_MAX_REQ:
+            rc = cmd_parse_i64(CMD, "--max-requests", optarg, 1, INT64_MAX, &a->max_requests);
+            break;
+        case O_MAX_NEW:
+            rc = cmd_parse_i32(CMD, "--max-new-tokens", optarg, 0, 1 << 24, &a->max_new_tokens);
+            break;
+        case O_ARRIVALS: a->arrivals = optarg; break;
+        case O_SPEC: rc = cmd_parse_i32(CMD, "--speculative", optarg, 0, 1024, &a->speculative); break;
+        case O_HIDDEN: a->hidden = 1; break;
+        case O_CHAT: a->chat = 1; break;
+        case O_TEMPLATE: a->chat_template = optarg; break;
+        case O_TEMP: rc = cmd_parse_f64(CMD, "--temperature", optarg, 0.0, 100.0, &a->temperature); break;
+        case O_TOP_P: rc = cmd_parse_f64(CMD, "--top-p", optarg, 1e-6, 1.0, &a->top_p); break;
+        case O_TOP_K: rc = cmd_parse_i32(CMD, "--top-k", optarg, 0, INT32_MAX, &a->top_k); break;
+        case O_SEED: rc = cmd_parse_i64(CMD, "--seed", optarg, 0, INT64_MAX / 2, &a->seed); break;
+        case O_IGNORE_EOS: a->ignore_eos = 1; break;
+        case O_THREADS: rc = cmd_parse_i32(CMD, "--threads", optarg, 0, 4096, &a->threads); break;
+        case O_COMPRESSION:
+            if (fmoe_compression_parse(optarg, &a->compression) < 0)
+                return cmd_usage_error(CMD, "--compression: unknown '%s' (zstd, deflate, none)",
+                                       optarg);
+            break;
+        case O_PROBS_F32: a->probs_f32 = 1; break;
+        case O_NO_TIMING: a->no_timing = 1; break;
+        case O_MODEL_NAME: a->model_name = optarg; break;
+        case 'q': a->quiet = 1; break;
+        case 'h': usage(stdout); return -1;
+        default:
+            return cmd_usage_error(CMD, "unknown option or missing value: '%s'", argv[optind - 1]);
+        }
+        if (rc) return rc;
+    }
+    if (optind < argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (!a->dataset) return cmd_usage_error(CMD, "--dataset FILE is required");
+    if (!a->output) return cmd_usage_error(CMD, "-o TRACE.h5 is required");
+    if (a->chat_template && !a->chat) return cmd_usage_error(CMD, "--chat-template needs --chat");
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Per-request buffers, grown to the largest request (T rows) seen so far.
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct request_buffers {
+    int64_t cap;         /* rows */
+    int32_t *token_id;   /* [T] */
+    uint8_t *phase;      /* [T] */
+    uint16_t *experts;   /* [T][L][K] */
+    float *probs;        /* [T][L][J] */
+    float *semantic;     /* [T][h] */
+    float *speculative;  /* [T][L][S][J] or NULL */
+    float *hidden;       /* [T][L][h] or NULL */
+    float *layer_s;      /* [I][Lh] (I <= T + 1) or NULL */
+    float *iteration_s;  /* [I] or NULL */
+    double *layer_acc;   /* [Lh] the forward pass adds to it */
+} request_buffers;
+
+typedef struct dims {
+    int64_t L, J, K, h, S, Lh;
+    int hidden, timing;
+} dims;
+
+static int grow(void **p, int64_t n, size_t elem) {
+    void *q = realloc(*p, (size_t)(n > 0 ? n : 1) * elem);
+    if (!q) return -1;
+    *p = q;
+    return 0;
+}
+
+static int buffers_reserve(request_buffers *b, const dims *d, int64_t T) {
+    if (T <= b->cap) return 0;
+    int bad = 0;
+    bad |= grow((void **)&b->token_id, T, sizeof(int32_t));
+    bad |= grow((void **)&b->phase, T, 1);
+    bad |= grow((void **)&b->experts, T * d->L * d->K, sizeof(uint16_t));
+    bad |= grow((void **)&b->probs, T * d->L * d->J, sizeof(float));
+    bad |= grow((void **)&b->semantic, T * d->h, sizeof(float));
+    if (d->S) bad |= grow((void **)&b->speculative, T * d->L * d->S * d->J, sizeof(float));
+    if (d->hidden) bad |= grow((void **)&b->hidden, T * d->L * d->h, sizeof(float));
+    if (d->timing) {
+        bad |= grow((void **)&b->layer_s, (T + 1) * d->Lh, sizeof(float));
+        bad |= grow((void **)&b->iteration_s, T + 1, sizeof(float));
+    }
+    if (bad) return fmoe_error_set(FMOE_ENOMEM, "out of memory for a request of %lld tokens",
+                                   (long long)T);
+    b->cap = T;
+    return 0;
+}
+
+static void buffers_free(request_buffers *b) {
+    free(b->token_id);
+    free(b->phase);
+    free(b->experts);
+    free(b->probs);
+    free(b->semantic);
+    free(b->speculative);
+    free(b->hidden);
+    free(b->layer_s);
+    free(b->iteration_s);
+    free(b->layer_acc);
+}
+
+/* The tracer for rows [t0, t0 + n). */
+static fmoe_forward_trace trace_at(const request_buffers *b, const dims *d, int64_t t0) {
+    fmoe_forward_trace tr = {
+        .experts = b->experts + t0 * d->L * d->K,
+        .probs = b->probs + t0 * d->L * d->J,
+        .semantic = b->semantic + t0 * d->h,
+        .speculative = d->S ? b->speculative + t0 * d->L * d->S * d->J : NULL,
+        .hidden = d->hidden ? b->hidden + t0 * d->L * d->h : NULL,
+        .layer_seconds = d->timing ? b->layer_acc : NULL,
+    };
+    return tr;
+}
+
+/* Runs tokens [t0, t0+n) of the request as one iteration, recording its timing as
+ * iteration `it`. */
+static int run_iteration(fmoe_session *s, request_buffers *b, const dims *d, int64_t t0,
+                         int32_t n, int64_t it, float *logits) {
+    if (d->timing) memset(b->layer_acc, 0, (size_t)d->Lh * sizeof *b->layer_acc);
+    fmoe_forward_trace tr = trace_at(b, d, t0);
+    double t = cmd_now();
+    FMOE_FORWARD_IF_ERROR(fmoe_session_forward(s, b->token_id + t0, n, &tr, logits));
+    if (d->timing) {
+        b->iteration_s[it] = (float)(cmd_now() - t);
+        for (int64_t l = 0; l < d->Lh; l++) b->layer_s[it * d->Lh + l] = (float)b->layer_acc[l];
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The command
+ * ------------------------------------------------------------------------------------- */
+
+static const char *base_name(const char *dir, char *buf, size_t cap) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t s = n;
+    while (s > 0 && dir[s - 1] != '/') s--;
+    snprintf(buf, cap, "%.*s", (int)(n - s), dir + s);
+    return buf;
+}
+
+int cmd_record(int argc, char **argv) {
+    record_args a = {.max_new_tokens = 64, .top_p = 1.0, .compression = FMOE_COMPRESSION_ZSTD};
+    int prc = parse_args(argc, argv, &a);
+    if (prc < 0) return CMD_EXIT_OK;
+    if (prc > 0) return prc;
+    const char *dir = cmd_model_dir_or_default(CMD, a.model);
+    if (!dir) return CMD_EXIT_FAILURE;
+
+    int rc = CMD_EXIT_FAILURE, err = 0;
+    fmoe_prompt_set *prompts = NULL;
+    fmoe_arrivals *arrivals = NULL;
+    fmoe_model *m = NULL;
+    fmoe_session *s = NULL;
+    fmoe_tokenizer *tok = NULL;
+    fmoe_sampler *smp = NULL;
+    fmoe_trace_writer *w = NULL;
+    float *logits = NULL;
+    int32_t *ids = NULL;
+    char *chat_text = NULL;
+    request_buffers b = {0};
+
+    if ((err = fmoe_prompts_load(a.dataset, a.format, &prompts)) < 0) goto fail;
+    if (prompts->count == 0) {
+        rc = cmd_failf(CMD, "%s: no prompts", a.dataset);
+        goto done;
+    }
+    const int64_t wanted = a.max_requests > 0 && a.max_requests < prompts->count
+                               ? a.max_requests
+                               : prompts->count;
+    if (a.arrivals) {
+        if ((err = fmoe_arrivals_load_azure(a.arrivals, &arrivals)) < 0) goto fail;
+        if (arrivals->count < wanted) {
+            rc = cmd_failf(CMD, "%s: %lld arrivals for %lld requests; pass --max-requests %lld "
+                           "or a longer arrival trace",
+                           a.arrivals, (long long)arrivals->count, (long long)wanted,
+                           (long long)arrivals->count);
+            goto done;
+        }
+    }
+    if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
+    if ((err = fmoe_tokenizer_load(dir, &tok)) < 0) goto fail;
+    cmd_generation_config gc;
+    if ((err = cmd_generation_config_load(dir, &gc)) < 0) goto fail;
+    cmd_generation_config_add_stop(&gc, fmoe_tokenizer_eos_id(tok));
+
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
+    dims d = {.L = g->num_moe_layers, .J = g->num_experts, .K = g->top_k, .h = g->hidden_size,
+              .S = a.speculative, .Lh = g->num_hidden_layers, .hidden = a.hidden,
+              .timing = !a.no_timing};
+    if (d.S > d.L - 1) {
+        rc = cmd_usage_error(CMD, "--speculative %d: the model has %lld MoE layers, so at most %lld",
+                             a.speculative, (long long)d.L, (long long)(d.L - 1));
+        goto done;
+    }
+    const int64_t ctx = g->max_position_embeddings > 0 ? g->max_position_embeddings : 4096;
+    const int64_t ctx_cap = ctx < (1 << 20) ? ctx : (1 << 20);
+
+    fmoe_session_options so = fmoe_session_defaults();
+    so.max_context = (int32_t)ctx_cap;
+    so.threads = a.threads;
+    so.speculative_depth = a.speculative;
+    if ((err = fmoe_session_init(m, &so, &s)) < 0) goto fail;
+    logits = malloc((size_t)g->vocab_size * sizeof *logits);
+    b.layer_acc = calloc((size_t)d.Lh, sizeof *b.layer_acc);
+    if (!logits || !b.layer_acc) {
+        err = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        goto fail;
+    }
+
+    /* Trace header. */
+    fmoe_trace_header h;
+    memset(&h, 0, sizeof h);
+    const char *config = fmoe_model_config_json(m);
+    if (a.model_name)
+        snprintf(h.model_name, sizeof h.model_name, "%s", a.model_name);
+    else
+        base_name(dir, h.model_name, sizeof h.model_name);
+    if ((err = fmoe_config_fingerprint(config, strlen(config), h.model_fingerprint)) < 0)
+        goto fail;
+    h.num_layers = (int32_t)d.L;
+    h.num_experts = (int32_t)d.J;
+    h.top_k = (int32_t)d.K;
+    h.hidden_size = (int32_t)d.h;
+    h.shared_experts = g->num_shared_experts;
+    h.expert_bytes = fmoe_geometry_expert_bytes(g, g->expert_dtype);
+    if (h.expert_bytes < 0) h.expert_bytes = 0;
+    snprintf(h.dtype, sizeof h.dtype, "%s", fmoe_dtype_name(g->expert_dtype));
+    base_name(a.dataset, h.dataset, sizeof h.dataset);
+    snprintf(h.recorded_on, sizeof h.recorded_on, "cpu");
+    h.probs_kind = FMOE_PROBS_FULL;
+    h.probs_half = !a.probs_f32;
+    h.semantic_dim = (int32_t)d.h;
+    snprintf(h.semantic_kind, sizeof h.semantic_kind, "embedding");
+    h.speculative_depth = a.speculative;
+    h.config_json = config;
+    h.hidden_dim = a.hidden ? (int32_t)d.h : 0;
+    h.timing_layers = d.timing ? (int32_t)d.Lh : 0;
+    fmoe_trace_write_options wo = {.compression = a.compression};
+    if ((err = fmoe_trace_writer_open(&w, a.output, &h, &wo)) < 0) goto fail;
+
+    /* Requests. */
+    cmd_progress_bar bar;
+    char label[96];
+    snprintf(label, sizeof label, "record");
+    cmd_progress_bar_init(&bar, label, a.quiet);
+    fmoe_progress progress = cmd_progress_bar_callback(&bar);
+    int64_t recorded = 0, too_long = 0, total_tokens = 0, prefill_tokens = 0, decode_tokens = 0;
+    double prefill_s = 0, decode_s = 0, started = cmd_now();
+    for (int64_t p = 0; p < prompts->count && recorded < wanted; p++) {
+        const char *text = prompts->prompts[p];
+        size_t len = strlen(text);
+        if (a.chat) {
+            free(chat_text);
+            chat_text = NULL;
+            fmoe_chat_message msg = {"user", text};
+            fmoe_chat_options co = {.template_name = a.chat_template, .add_generation_prompt = 1};
+            if ((err = fmoe_tokenizer_apply_chat_template(tok, &msg, 1, &co, &chat_text, &len)) < 0)
+                goto fail;
+            text = chat_text;
+        }
+        free(ids);
+        ids = NULL;
+        size_t n = 0;
+        if ((err = fmoe_tokenizer_encode_alloc(tok, text, len, !a.chat, &ids, &n)) < 0) goto fail;
+        if (n == 0) continue;
+        if ((int64_t)n + 1 > ctx_cap) { /* no room for one generated token */
+            too_long++;
+            continue;
+        }
+        int64_t max_new = a.max_new_tokens;
+        if ((int64_t)n + max_new > ctx_cap) max_new = ctx_cap - (int64_t)n;
+        if ((err = buffers_reserve(&b, &d, (int64_t)n + max_new)) < 0) goto fail;
+        memcpy(b.token_id, ids, n * sizeof *ids);
+        memset(b.phase, FMOE_PHASE_PREFILL, n);
+
+        fmoe_sampler_free(smp);
+        smp = NULL;
+        fmoe_sampler_params sp = {(float)a.temperature, a.top_k, (float)a.top_p,
+                                  (uint64_t)(a.seed + p)};
+        if ((err = fmoe_sampler_init(&sp, g->vocab_size, &smp)) < 0) goto fail;
+        fmoe_session_reset(s);
+
+        /* Prefill: one iteration. Without generation the lm head is skipped. */
+        double t0 = cmd_now();
+        if ((err = run_iteration(s, &b, &d, 0, (int32_t)n, 0, max_new > 0 ? logits : NULL)) < 0)
+            goto fail;
+        prefill_s += cmd_now() - t0;
+        t0 = cmd_now();
+        int64_t out = 0;
+        while (out < max_new) {
+            int32_t next = fmoe_sampler_sample(smp, logits);
+            if (!a.ignore_eos && cmd_generation_config_is_stop(&gc, next)) break;
+            const int64_t t = (int64_t)n + out;
+            b.token_id[t] = next;
+            b.phase[t] = FMOE_PHASE_DECODE;
+            out++;
+            /* The last token is fed for its routing only: no lm head. */
+            if ((err = run_iteration(s, &b, &d, t, 1, out, out < max_new ? logits : NULL)) < 0)
+                goto fail;
+        }
+        decode_s += cmd_now() - t0;
+
+        fmoe_trace_request q = {
+            .id = p,
+            .arrival_s = arrivals ? arrivals->arrival_s[recorded] : 0.0,
+            .prompt_tokens = (int32_t)n,
+            .output_tokens = (int32_t)out,
+            .token_id = b.token_id,
+            .phase = b.phase,
+            .experts = b.experts,
+            .probs = b.probs,
+            .semantic = b.semantic,
+            .speculative = d.S ? b.speculative : NULL,
+            .hidden = d.hidden ? b.hidden : NULL,
+            .layer_s = d.timing ? b.layer_s : NULL,
+            .iteration_s = d.timing ? b.iteration_s : NULL,
+        };
+        if ((err = fmoe_trace_writer_append_request(w, &q)) < 0) goto fail;
+        recorded++;
+        prefill_tokens += (int64_t)n;
+        decode_tokens += out;
+        total_tokens += (int64_t)n + out;
+        double el = cmd_now() - started;
+        snprintf(label, sizeof label, "record (%.0f tokens/s)", el > 0 ? total_tokens / el : 0.0);
+        fmoe_progress_report(&progress, recorded, wanted, "requests");
+    }
+    cmd_progress_bar_done(&bar);
+    if (recorded == 0) {
+        fmoe_trace_writer_abort(w);
+        w = NULL;
+        rc = cmd_failf(CMD, "%s: no prompt fits the context of %lld tokens of %s", a.dataset,
+                       (long long)ctx_cap, dir);
+        goto done;
+    }
+    err = fmoe_trace_writer_close(w);
+    w = NULL;
+    if (err < 0) goto fail;
+    if (!a.quiet) {
+        fprintf(stderr,
+                "fmoe record: %s: %lld requests, %lld tokens (prefill %lld at %.1f tokens/s, "
+                "decode %lld at %.1f tokens/s)",
+                a.output, (long long)recorded, (long long)total_tokens, (long long)prefill_tokens,
+                prefill_s > 0 ? prefill_tokens / prefill_s : 0.0, (long long)decode_tokens,
+                decode_s > 0 ? decode_tokens / decode_s : 0.0);
+        if (too_long)
+            fprintf(stderr, "; skipped %lld prompts longer than the context (%lld tokens)",
+                    (long long)too_long, (long long)ctx_cap);
+        fprintf(stderr, "\n");
+    }
+    rc = CMD_EXIT_OK;
+    goto done;
+fail:
+    rc = cmd_fail(CMD, err);
+done:
+    if (w) {
+        /* A failed run keeps TRACE.h5.partial, as a killed one does: it holds every request
+         * recorded before the error. The writer only knows close (rename into place) and
+         * abort (remove), so close and move the file back. */
+        char partial[4096];
+        snprintf(partial, sizeof partial, "%s.partial", a.output);
+        if (fmoe_trace_writer_close(w) == 0 && rename(a.output, partial) == 0)
+            fprintf(stderr, "fmoe record: the requests recorded before the error are in %s\n",
+                    partial);
+    }
+    buffers_free(&b);
+    free(ids);
+    free(chat_text);
+    free(logits);
+    fmoe_sampler_free(smp);
+    fmoe_session_free(s);
+    fmoe_tokenizer_free(tok);
+    fmoe_model_free(m);
+    fmoe_arrivals_free(arrivals);
+    fmoe_prompt_set_free(prompts);
+    return rc;
+}

@@ -1,0 +1,132 @@
+/*
+ * paths.c - the bundled default model and generation_config.json (see paths.h).
+ */
+#include "paths.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cmd_common.h"
+#include "fmoe/error.h"
+#include "fmoe_config.h"
+
+#define BUNDLED_MODEL "fmoe-tiny"
+
+static int holds_config(const char *dir) {
+    char probe[PATH_MAX + 32];
+    struct stat st;
+    snprintf(probe, sizeof probe, "%s/config.json", dir);
+    return stat(probe, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int exe_dir(char *buf, size_t cap) {
+    ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+    if (n <= 0) return -1;
+    buf[n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (!slash) return -1;
+    *slash = '\0';
+    return 0;
+}
+
+const char *cmd_bundled_model_dir(void) {
+    static char dir[PATH_MAX];
+    char exe[PATH_MAX], probe[PATH_MAX + 64];
+    const char *env = getenv("FMOE_BUNDLED_MODEL");
+    if (env && env[0]) return holds_config(env) ? env : NULL;
+    if (exe_dir(exe, sizeof exe) == 0) {
+        snprintf(probe, sizeof probe, "%s/../datasets/" BUNDLED_MODEL, exe); /* build tree */
+        if (holds_config(probe) && realpath(probe, dir)) return dir;
+    }
+    snprintf(probe, sizeof probe, "%s/datasets/" BUNDLED_MODEL, FMOE_SOURCE_DIR);
+    if (holds_config(probe) && realpath(probe, dir)) return dir;
+    snprintf(probe, sizeof probe, "%s", FMOE_DATA_DIR "/" BUNDLED_MODEL);
+    if (holds_config(probe) && realpath(probe, dir)) return dir;
+    return NULL;
+}
+
+const char *cmd_model_dir_or_default(const char *cmd, const char *given) {
+    if (given) return given;
+    const char *dir = cmd_bundled_model_dir();
+    if (!dir)
+        cmd_failf(cmd,
+                  "no --model given and the bundled model " BUNDLED_MODEL
+                  " was not found (looked in $FMOE_BUNDLED_MODEL, the build tree, %s/datasets "
+                  "and %s)",
+                  FMOE_SOURCE_DIR, FMOE_DATA_DIR);
+    return dir;
+}
+
+void cmd_generation_config_add_stop(cmd_generation_config *gc, int32_t id) {
+    if (id < 0 || cmd_generation_config_is_stop(gc, id) || gc->num_stop >= CMD_MAX_STOP_TOKENS)
+        return;
+    gc->stop[gc->num_stop++] = id;
+}
+
+int cmd_generation_config_is_stop(const cmd_generation_config *gc, int32_t id) {
+    for (int32_t i = 0; i < gc->num_stop; i++)
+        if (gc->stop[i] == id) return 1;
+    return 0;
+}
+
+int cmd_generation_config_load(const char *dir, cmd_generation_config *out) {
+    memset(out, 0, sizeof *out);
+    out->temperature = 1.0f;
+    out->top_p = 1.0f;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0; /* optional */
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            if (cap > (1u << 24)) break; /* a generation config is a few hundred bytes */
+            char *t = realloc(text, cap);
+            if (!t) {
+                free(text);
+                fclose(f);
+                return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+            }
+            text = t;
+        }
+        size_t n = fread(text + len, 1, 4096, f);
+        len += n;
+        if (n < 4096) break;
+    }
+    fclose(f);
+    if (!text) return 0;
+    text[len] = '\0';
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return fmoe_error_set(FMOE_EFORMAT, "%s: not a JSON object", path);
+    }
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id");
+    if (cJSON_IsNumber(eos)) {
+        cmd_generation_config_add_stop(out, (int32_t)eos->valuedouble);
+    } else if (cJSON_IsArray(eos)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, eos) if (cJSON_IsNumber(e))
+            cmd_generation_config_add_stop(out, (int32_t)e->valuedouble);
+    }
+    const cJSON *v;
+    if (cJSON_IsBool(v = cJSON_GetObjectItemCaseSensitive(j, "do_sample")))
+        out->do_sample = cJSON_IsTrue(v);
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "temperature")) &&
+        v->valuedouble >= 0)
+        out->temperature = (float)v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "top_p")) && v->valuedouble > 0)
+        out->top_p = (float)v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "top_k")) && v->valuedouble >= 0)
+        out->top_k = (int32_t)v->valuedouble;
+    cJSON_Delete(j);
+    return 0;
+}

@@ -1,0 +1,46 @@
+/*
+ * paths.h - the bundled default model (datasets/fmoe-tiny) and what `fmoe generate` and
+ * `fmoe record` share about a model directory: finding it, its stop tokens, and the
+ * sampling defaults of its generation_config.json.
+ */
+#ifndef FMOE_CMD_PATHS_H
+#define FMOE_CMD_PATHS_H
+
+#include <stdint.h>
+
+#include "fmoe/sampler.h"
+
+/* Directory of the bundled model fmoe-tiny: $FMOE_BUNDLED_MODEL when set, else the build
+ * tree (<build>/datasets/fmoe-tiny), the source tree, then the installed data directory
+ * (<datadir>/fmoe/fmoe-tiny); a candidate counts when it holds config.json. NULL when not
+ * found. The string is static. */
+const char *cmd_bundled_model_dir(void);
+
+/* `given` when not NULL; else the bundled model, or NULL after printing
+ * "fmoe <cmd>: no --model given and the bundled model fmoe-tiny was not found ...". */
+const char *cmd_model_dir_or_default(const char *cmd, const char *given);
+
+#define CMD_MAX_STOP_TOKENS 16
+
+/* What a model directory's generation_config.json says (absent file or keys: defaults). */
+typedef struct cmd_generation_config {
+    int32_t stop[CMD_MAX_STOP_TOKENS]; /* eos_token_id (int or list) */
+    int32_t num_stop;
+    int32_t do_sample;                 /* 0 when absent */
+    float temperature;                 /* 1.0 when absent */
+    float top_p;                       /* 1.0 when absent */
+    int32_t top_k;                     /* 0 when absent (HF's default 50 applies only with
+                                          do_sample; we follow the file) */
+} cmd_generation_config;
+
+/* Reads DIR/generation_config.json when present. @return 0, or FMOE_EFORMAT for a file
+ * that is not valid JSON (detail names it). */
+int cmd_generation_config_load(const char *dir, cmd_generation_config *out);
+
+/* Adds `id` (>= 0) to the stop list unless present. */
+void cmd_generation_config_add_stop(cmd_generation_config *gc, int32_t id);
+
+/* 1 when `id` is a stop token. */
+int cmd_generation_config_is_stop(const cmd_generation_config *gc, int32_t id);
+
+#endif

@@ -1,0 +1,132 @@
+/*
+ * cuda_loader.c - the fmoe/cuda.h entry points on the host side. They load the CUDA
+ * backend, libfmoe-cuda.so, with dlopen on first use (see cuda_module.h for why it is
+ * not linked in) and forward to its table. In a build without CUDA, or where the module
+ * cannot be loaded (no CUDA runtime or driver on this machine), they say so.
+ *
+ * Where the module is looked for, in order: $FMOE_CUDA_MODULE; next to the build tree's
+ * fmoe binary (<build>/runtime/libfmoe-cuda.so); the installed <libdir>/fmoe/.
+ */
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_module.h"
+#include "fmoe/cuda.h"
+#include "fmoe/error.h"
+#include "fmoe_config.h"
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static const fmoe_cuda_module_api *module;
+static char load_error[512];
+
+static void *open_candidate(const char *path) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *why = dlerror();
+        /* keep the first informative reason (a missing file is the least informative) */
+        if (!load_error[0] || strstr(load_error, "No such file"))
+            snprintf(load_error, sizeof load_error, "%.500s", why ? why : path);
+    }
+    return h;
+}
+
+static void load_module(void) {
+#if FMOE_HAVE_CUDA
+    char candidates[3][PATH_MAX];
+    int n = 0;
+    const char *env = getenv("FMOE_CUDA_MODULE");
+    if (env && *env) snprintf(candidates[n++], PATH_MAX, "%s", env);
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(candidates[n++], PATH_MAX, "%.3800s/../runtime/libfmoe-cuda.so", exe);
+        }
+    }
+    snprintf(candidates[n++], PATH_MAX, "%s/libfmoe-cuda.so", FMOE_CUDA_MODULE_DIR);
+    for (int i = 0; i < n && !module; i++) {
+        if (i > 0 && access(candidates[i], F_OK) != 0) continue;
+        void *h = open_candidate(candidates[i]);
+        if (!h) continue;
+        fmoe_cuda_module_api_fn get = (fmoe_cuda_module_api_fn)dlsym(h, FMOE_CUDA_MODULE_SYMBOL);
+        const fmoe_cuda_module_api *api = get ? get() : NULL;
+        if (!api || api->abi != FMOE_CUDA_MODULE_ABI) {
+            snprintf(load_error, sizeof load_error, "%.400s: not an fmoe CUDA module of ABI %d",
+                     candidates[i], FMOE_CUDA_MODULE_ABI);
+            dlclose(h);
+            continue;
+        }
+        module = api; /* the handle stays open for the life of the process */
+    }
+    if (!module && !load_error[0])
+        snprintf(load_error, sizeof load_error, "libfmoe-cuda.so not found (set FMOE_CUDA_MODULE)");
+#else
+    snprintf(load_error, sizeof load_error, "fmoe was built without CUDA");
+#endif
+}
+
+static const fmoe_cuda_module_api *get_module(void) {
+    pthread_once(&load_once, load_module);
+    return module;
+}
+
+static int unavailable(void) {
+    return fmoe_error_set(FMOE_EUNSUPPORTED, "CUDA backend unavailable: %s", load_error);
+}
+
+/* Re-raises the module's error detail in this thread. */
+static int forward(int rc) {
+    if (rc < 0) fmoe_error_set(rc, "%s", module->error_detail());
+    return rc;
+}
+
+int fmoe_cuda_compiled(void) { return FMOE_HAVE_CUDA; }
+
+int fmoe_cuda_device_count(void) { return get_module() ? module->device_count() : 0; }
+
+const char *fmoe_cuda_describe(void) {
+    static char text[640];
+    if (!FMOE_HAVE_CUDA) return "not compiled (built without CUDA)";
+    if (!get_module()) {
+        snprintf(text, sizeof text, "compiled, not loadable here (%s)", load_error);
+        return text;
+    }
+    return module->describe();
+}
+
+int fmoe_cuda_selftest(int n) {
+    if (!get_module()) return unavailable();
+    return forward(module->selftest(n));
+}
+
+int fmoe_cuda_calibrate_h2d(const int64_t *sizes, int32_t n, int32_t reps, double *seconds) {
+    if (!get_module()) return unavailable();
+    return forward(module->calibrate_h2d(sizes, n, reps, seconds));
+}
+
+int fmoe_cuda_calibrate_d2d(int64_t bytes, int32_t reps, double *bytes_per_s) {
+    if (!get_module()) return unavailable();
+    return forward(module->calibrate_d2d(bytes, reps, bytes_per_s));
+}
+
+int fmoe_cuda_calibrate_gemms(const int32_t *rows, const int32_t *cols, int32_t mats,
+                              const int32_t *tokens, int32_t n, int32_t reps, double *seconds) {
+    if (!get_module()) return unavailable();
+    return forward(module->calibrate_gemms(rows, cols, mats, tokens, n, reps, seconds));
+}
+
+int fmoe_cuda_calibrate_attention(int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                  const int32_t *tokens, const int32_t *contexts, int32_t n,
+                                  int32_t reps, double *seconds) {
+    if (!get_module()) return unavailable();
+    return forward(
+        module->calibrate_attention(heads, kv_heads, head_dim, tokens, contexts, n, reps, seconds));
+}
