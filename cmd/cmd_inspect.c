@@ -26,10 +26,14 @@ static void usage(FILE *out) {
             "usage: fmoe inspect FILE [--json]\n"
             "       fmoe inspect --plugin-path\n"
             "\n"
-            "Summarise an fmoe file. For a trace: model, geometry, requests, tokens by phase,\n"
-            "probabilities kind, per-layer expert popularity, and the predictability analysis\n"
+            "Summarise an fmoe file: a trace (fmoe record, fmoe trace import) or an\n"
+            "expert-map store (fmoe build-store). For a trace: model, geometry, requests,\n"
+            "tokens by phase, probabilities kind, per-layer expert popularity, and the\n"
+            "predictability analysis\n"
             "of the fMoE paper (§2.4, Fig. 3): mean Shannon entropy per layer of expert\n"
             "activations aggregated per request (coarse) versus per iteration (fine).\n"
+            "For a store: capacity, fill, source traces, split, and the distribution of\n"
+            "nearest-neighbour similarity between entries.\n"
             "\n"
             "options:\n"
             "  --json          print one JSON document instead of text\n"
@@ -293,6 +297,7 @@ int cmd_inspect(int argc, char **argv) {
     int rc = fmoe_hdf5_read_format(path, format, sizeof format);
     if (rc < 0) return cmd_fail(CMD, rc);
     if (strcmp(format, FMOE_TRACE_FORMAT) == 0) return inspect_trace(path, json, quiet);
-    return cmd_failf(CMD, "%s: unsupported fmoe file format \"%s\" (supported: %s)", path, format,
-                     FMOE_TRACE_FORMAT);
+    if (strcmp(format, "fmoe-store") == 0) return cmd_inspect_store(path, json);
+    return cmd_failf(CMD, "%s: unsupported fmoe file format \"%s\" (supported: %s, fmoe-store)",
+                     path, format, FMOE_TRACE_FORMAT);
 }

@@ -18,13 +18,13 @@ typedef struct command {
 
 static const command commands[] = {
     {"record", NULL, "real inference over prompts -> HDF5 trace"},
-    {"build-store", NULL, "traces -> deduplicated expert-map store"},
+    {"build-store", cmd_build_store, "traces -> deduplicated expert-map store"},
     {"simulate", cmd_simulate, "trace + store + hardware profile -> metrics per policy"},
     {"serve", NULL, "the same policies live (CUDA or CPU), OpenAI-compatible HTTP"},
     {"calibrate", cmd_calibrate, "measure this machine's link and compute into a hardware profile"},
     {"generate", NULL, "one prompt through a model, no server"},
     {"trace", cmd_trace, "work with traces: import routing logs recorded elsewhere"},
-    {"inspect", cmd_inspect, "summarise any fmoe file (trace, ...)"},
+    {"inspect", cmd_inspect, "summarise any fmoe file (trace, expert-map store)"},
     {"demo", cmd_demo, "run the pipeline on the bundled sample data"},
     {"version", NULL, "print version and build information"},
     {"help", NULL, "show help for fmoe or for a command"},

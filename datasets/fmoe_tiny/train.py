@@ -296,10 +296,11 @@ def main():
     ap.add_argument("--report", default=os.path.join(os.path.dirname(__file__), "last_run.json"))
     a = ap.parse_args()
 
+    # Idle OpenMP threads sleep instead of spinning (set before torch loads OpenMP).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     import transformers
 
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     random.seed(a.seed)

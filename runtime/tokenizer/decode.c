@@ -173,48 +173,36 @@ static int dec_step(const tok_dec_step *st, str_list *in, str_list *out) {
                                                st->a_len, st->b, st->b_len, out));
         return 0;
     case TOK_DEC_BYTEFALLBACK: {
-        size_t i = 0;
-        while (i < in->n) {
+        /* a run of <0xXX> tokens becomes its bytes when they are valid UTF-8, else one
+         * U+FFFD per token */
+        tok_buf run = {0};
+        int rc = 0;
+        for (size_t i = 0; i < in->n && rc == 0;) {
             if (fallback_byte(in->buf.p + in->off[i], in->len[i]) < 0) {
-                FMOE_FORWARD_IF_ERROR(list_push(out, in->buf.p + in->off[i], in->len[i]));
+                rc = list_push(out, in->buf.p + in->off[i], in->len[i]);
                 i++;
                 continue;
             }
-            size_t j = i;
-            char bytes[256];
-            tok_buf run = {0};
-            while (j < in->n) {
-                int b = fallback_byte(in->buf.p + in->off[j], in->len[j]);
-                if (b < 0) break;
-                bytes[0] = (char)b;
-                if (fmoe__tok_buf_append(&run, bytes, 1) < 0) {
-                    fmoe__tok_buf_free(&run);
-                    return OOM();
-                }
-                j++;
+            run.len = 0;
+            int b;
+            for (; i < in->n && (b = fallback_byte(in->buf.p + in->off[i], in->len[i])) >= 0; i++) {
+                char c = (char)b;
+                if ((rc = fmoe__tok_buf_append(&run, &c, 1)) < 0) break;
             }
+            if (rc < 0) break;
             int valid = 1;
-            for (size_t k = 0; k < run.len;) {
+            for (size_t k = 0; k < run.len && valid;) {
                 uint32_t cp;
                 size_t m = fmoe__utf8_decode((const unsigned char *)run.p + k, run.len - k, &cp);
-                if (!m) {
-                    valid = 0;
-                    break;
-                }
+                valid = m > 0;
                 k += m;
             }
-            int rc = 0;
-            if (valid) {
-                rc = list_push(out, run.p, run.len);
-            } else {
-                for (size_t k = 0; k < run.len && rc == 0; k++)
-                    rc = list_push(out, "\xEF\xBF\xBD", 3);
-            }
-            fmoe__tok_buf_free(&run);
-            FMOE_FORWARD_IF_ERROR(rc);
-            i = j;
+            if (valid) rc = list_push(out, run.p, run.len);
+            else
+                for (size_t k = 0; k < run.len && rc == 0; k++) rc = list_push(out, "\xEF\xBF\xBD", 3);
         }
-        return 0;
+        fmoe__tok_buf_free(&run);
+        return rc;
     }
     case TOK_DEC_FUSE:
         FMOE_FORWARD_IF_ERROR(list_open(out));

@@ -161,7 +161,7 @@ static int get_bool(const load_ctx *c, const cJSON *obj, const char *key, const 
     return 0;
 }
 
-/* Required (or optional when out_present != NULL) string field. */
+/* A string field, required or optional (absent or null: *out = NULL). */
 static int get_str(const load_ctx *c, const cJSON *obj, const char *key, const char *where,
                    const char **out, int required) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, key);
@@ -1011,6 +1011,38 @@ static int parse_model(load_ctx *c, const cJSON *root, int32_t *max_id, const cJ
     return 0;
 }
 
+/* Added-token ids as HuggingFace assigns them when it loads the file: a content already
+ * known (an earlier added token, or the vocabulary) keeps that id, the others are numbered
+ * from the vocabulary size on. The ids written in the file are only compared with this
+ * (tokenizers warns about a difference too). Fills added_map; raises *max_id. */
+static int assign_added_ids(load_ctx *c, const uint32_t *aoff, int32_t *max_id) {
+    fmoe_tokenizer *tok = c->tok;
+    size_t vocab_count = tok->vocab.count;
+    int32_t max_added = -1;
+    for (size_t i = 0; i < tok->n_added; i++) {
+        tok_added *a = &tok->added[i];
+        int32_t id = fmoe__tok_strmap_get(&tok->added_map, a->content, a->len);
+        if (id < 0) id = fmoe__tok_strmap_get(&tok->vocab, a->content, a->len);
+        if (id < 0)
+            id = max_added < 0 ? (int32_t)vocab_count
+                 : ((size_t)max_added >= vocab_count || vocab_count == 0) ? max_added + 1
+                                                                          : (int32_t)vocab_count;
+        if (id >= TOK_MAX_ID)
+            return fail(c, FMOE_EFORMAT, "added_tokens", "too many tokens (id %d)", id);
+        if (id != a->id)
+            fmoe_log(FMOE_LOG_WARN,
+                     "%s: added token \"%.60s\" has id %d in the file but %d as HuggingFace "
+                     "tokenizers assigns it; using %d",
+                     tok->path, a->content, a->id, id, id);
+        a->id = id;
+        if (id > max_added) max_added = id;
+        if (id > *max_id) *max_id = id;
+        FMOE_FORWARD_IF_ERROR(
+            fmoe__tok_strmap_put(&tok->added_map, tok->strings + aoff[i], a->len, id));
+    }
+    return 0;
+}
+
 static int resolve_paths(const char *path, char **json_path, char **dir) {
     struct stat st;
     if (stat(path, &st) != 0)
@@ -1103,35 +1135,7 @@ int fmoe_tokenizer_load(const char *path, fmoe_tokenizer **out) {
         if ((rc = fmoe__tok_strmap_put(&tok->vocab, tok->strings + voff[vi], strlen(e->string),
                                        (int32_t)e->valuedouble)) < 0)
             goto fail;
-    /* Added-token ids as HuggingFace assigns them when it loads the file: a content already
-     * in the vocabulary keeps that id, the others are numbered from the vocabulary size on.
-     * The ids written in the file are only checked against this (tokenizers warns too). */
-    {
-        size_t vocab_count = tok->vocab.count;
-        int32_t max_added = -1;
-        for (size_t i = 0; i < tok->n_added; i++) {
-            tok_added *a = &tok->added[i];
-            int32_t id = fmoe__tok_strmap_get(&tok->added_map, a->content, a->len);
-            if (id < 0) id = fmoe__tok_strmap_get(&tok->vocab, a->content, a->len);
-            if (id < 0)
-                id = max_added < 0 ? (int32_t)vocab_count
-                     : ((size_t)max_added >= vocab_count || vocab_count == 0) ? max_added + 1
-                                                                              : (int32_t)vocab_count;
-            if (id >= TOK_MAX_ID) {
-                rc = fail(&c, FMOE_EFORMAT, "added_tokens", "too many tokens (id %d)", id);
-                goto fail;
-            }
-            if (id != a->id)
-                fmoe_log(FMOE_LOG_WARN, "%s: added token \"%.60s\" has id %d in the file but %d "
-                         "as HuggingFace tokenizers assigns it; using %d",
-                         tok->path, a->content, a->id, id, id);
-            a->id = id;
-            if (id > max_added) max_added = id;
-            if (id > max_id) max_id = id;
-            if ((rc = fmoe__tok_strmap_put(&tok->added_map, tok->strings + aoff[i], a->len, id)) < 0)
-                goto fail;
-        }
-    }
+    if ((rc = assign_added_ids(&c, aoff, &max_id)) < 0) goto fail;
     tok->n_ids = max_id + 1;
     tok->entries = malloc((size_t)(tok->n_ids ? tok->n_ids : 1) * sizeof *tok->entries);
     if (!tok->entries) {

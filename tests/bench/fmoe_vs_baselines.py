@@ -160,8 +160,7 @@ def main():
                 return f"{r['hit_rate'] * 100:.1f}% / {prec}"
             emit(f"| {int(s * 100)}% | " + " | ".join(cell(p) for p in ABLATIONS) + " |")
         emit()
-        emit(f"({held['accesses']} expert accesses in the held-out requests; notes from "
-             f"simulate: {' '.join(l.split(': ', 1)[-1] for l in notes.strip().splitlines())})")
+        emit(f"({held['accesses']} expert accesses in the held-out requests.)")
         emit()
         (a.work / (trace.stem + "-results.json")).write_text(json.dumps(
             {f"{p}@{c}": r for (p, c), r in {**res, **{(k[0] + '*', k[1]): v for k, v in abl.items()}}.items()},

@@ -12,7 +12,7 @@ import pytest
 
 MISSION = ["record", "build-store", "simulate", "serve"]
 # The mission commands that have not landed yet; each must say so.
-UNAVAILABLE = ["record", "build-store", "serve"]
+UNAVAILABLE = ["record", "serve"]
 
 
 def test_help_lists_every_command(fmoe):
@@ -147,3 +147,83 @@ def test_demo_and_inspect_json_match_independent_analysis(fmoe, demo_trace):
         assert layer["top_expert"] == int(np.argmax(counts))
         assert math.isclose(layer["coarse_entropy_bits"], coarse[l], rel_tol=1e-9)
         assert math.isclose(layer["fine_entropy_bits"], fine[l], rel_tol=1e-9)
+
+
+# ---- bad input: one line on stderr naming the file and what is wrong, exit 1 -------------
+
+def one_line_error(p, cmd):
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert p.stdout == ""
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"fmoe {cmd}: "), p.stderr
+
+
+def test_inspect_truncated_trace(fmoe, demo_trace, tmp_path):
+    data = demo_trace.read_bytes()
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(data[: len(data) // 2])
+    p = fmoe("inspect", cut, check=False)
+    one_line_error(p, "inspect")
+    assert "cut.h5" in p.stderr
+
+
+def copy_with(h5py, src, dst, edit):
+    """Copies a trace with h5py and applies edit(f) to the copy."""
+    import hdf5plugin  # noqa: F401
+    with h5py.File(src, "r") as fin, h5py.File(dst, "w") as fout:
+        for k, v in fin.attrs.items():
+            fout.attrs[k] = v
+        for name in fin:
+            fin.copy(name, fout)
+        edit(fout)
+
+
+def test_inspect_wrong_format_attribute(fmoe, demo_trace, tmp_path):
+    import h5py
+    bad = tmp_path / "wrongformat.h5"
+    copy_with(h5py, demo_trace, bad, lambda f: f.attrs.__setitem__("format", "not-fmoe"))
+    p = fmoe("inspect", bad, check=False)
+    one_line_error(p, "inspect")
+    assert "wrongformat.h5" in p.stderr and "not-fmoe" in p.stderr
+
+
+def test_inspect_wrong_shape(fmoe, demo_trace, tmp_path):
+    import h5py
+
+    def edit(f):
+        experts = f["tokens/experts"][...]
+        del f["tokens/experts"]
+        f["tokens/experts"] = experts[:, :, :5]  # K = 6 in the attributes
+
+    bad = tmp_path / "wrongshape.h5"
+    copy_with(h5py, demo_trace, bad, edit)
+    p = fmoe("inspect", bad, check=False)
+    one_line_error(p, "inspect")
+    assert "wrongshape.h5" in p.stderr and "/tokens/experts" in p.stderr
+
+
+def test_inspect_expert_out_of_range(fmoe, demo_trace, tmp_path):
+    import h5py
+
+    def edit(f):
+        experts = f["tokens/experts"][...]
+        experts[3, 2, 1] = 64  # J = 64
+        del f["tokens/experts"]
+        f["tokens/experts"] = experts
+
+    bad = tmp_path / "range.h5"
+    copy_with(h5py, demo_trace, bad, edit)
+    p = fmoe("inspect", bad, check=False)
+    one_line_error(p, "inspect")
+    assert "range.h5" in p.stderr and "64" in p.stderr
+
+
+def test_import_unknown_model_type(fmoe, fixtures_dir, tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "frobnicator", "num_hidden_layers": 2}')
+    out = tmp_path / "out.h5"
+    p = fmoe("trace", "import", "--model-config", cfg,
+             fixtures_dir / "datasets" / "routing_small.jsonl", "-o", out, check=False)
+    one_line_error(p, "trace import")
+    assert "frobnicator" in p.stderr and "mixtral" in p.stderr and "qwen3_moe" in p.stderr
+    assert not out.exists() and not (tmp_path / "out.h5.partial").exists()

@@ -321,6 +321,27 @@ def test_info_and_cli(fmoe, tok_dirs):
     assert p.returncode == 2
 
 
+BUNDLED = sorted(p.parent for p in (REPO / "datasets").glob("*/tokenizer.json"))
+
+
+@pytest.mark.parametrize("d", BUNDLED, ids=[p.name for p in BUNDLED])
+def test_bundled_tokenizer_matches_hf(fmoe_bin, d):
+    """Tokenizers shipped with fmoe (datasets/<model>/, e.g. the default fmoe-tiny)."""
+    texts = corpus()
+    hf = hf_tokenizer(d / "tokenizer.json")
+    for add_special in (False, True):
+        theirs = [e.ids for e in hf.encode_batch(texts, add_special_tokens=add_special)]
+        ours = [r["ids"] for r in fmoe_batch(fmoe_bin, d, texts,
+                                             *([] if add_special else ["--no-special"]))]
+        compare_ids(f"{d.name} add_special={add_special}", texts, ours, theirs)
+    ids = [e.ids for e in hf.encode_batch(texts, add_special_tokens=True)]
+    for skip in (False, True):
+        theirs = hf.decode_batch(ids, skip_special_tokens=skip)
+        ours = [r["text"] for r in fmoe_batch(fmoe_bin, d, ids,
+                                              *(["--skip-special"] if skip else []))]
+        compare_ids(f"{d.name} decode skip_special={skip}", ids, ours, theirs)
+
+
 # ---------------------------------------------------------------------------------------
 # variants: configurations the real files do not use, built from them
 # ---------------------------------------------------------------------------------------

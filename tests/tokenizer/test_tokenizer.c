@@ -337,6 +337,9 @@ TEST(errors_malformed_json) {
     ASSERT_TRUE(load_fails("[1, 2]", FMOE_EFORMAT, "top level", NULL));
     ASSERT_TRUE(load_fails("{}", FMOE_EFORMAT, "model", NULL));
     ASSERT_TRUE(load_fails("", FMOE_EFORMAT, "invalid JSON", NULL));
+    ASSERT_TRUE(load_fails("{\"model\": \"\xC3\x28\"}", FMOE_EFORMAT, "not valid UTF-8 at byte 11", NULL));
+    /* a string quoted from the file cannot break the one-line message */
+    ASSERT_TRUE(load_fails("{\"model\": {\"type\": \"Uni\ngram\"}}", FMOE_EUNSUPPORTED, "\"Uni gram\"", NULL));
 }
 
 TEST(errors_bad_fields) {
