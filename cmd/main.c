@@ -23,6 +23,7 @@ static const command commands[] = {
     {"serve", NULL, "the same policies live (CUDA or CPU), OpenAI-compatible HTTP"},
     {"calibrate", cmd_calibrate, "measure this machine's link and compute into a hardware profile"},
     {"generate", NULL, "one prompt through a model, no server"},
+    {"tokenize", cmd_tokenize, "text -> token ids (and back) with a tokenizer.json"},
     {"trace", cmd_trace, "work with traces: import routing logs recorded elsewhere"},
     {"inspect", cmd_inspect, "summarise any fmoe file (trace, expert-map store)"},
     {"demo", cmd_demo, "run the pipeline on the bundled sample data"},

@@ -77,7 +77,7 @@ static void one_input(const uint8_t *data, size_t size) {
         return;
     }
     static const char *const texts[] = {"hello world", " <s>x</s> ", "\xC3\xA9\xF0\x9F\x98\x80",
-                                        "a\xFF" "b", "", "1234 abc'll  \n\n"};
+                                        ("a\xFF" "b"), "", "1234 abc'll  \n\n"};
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
         exercise(tok, texts[i], strlen(texts[i]));
     fmoe_tokenizer_free(tok);
