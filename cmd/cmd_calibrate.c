@@ -10,6 +10,9 @@
  * cudaMemcpyAsync; compute at the model's shapes: an expert (three GEMMs, SwiGLU), a layer's
  * non-expert GEMMs (attention projections, router, shared experts) and attention over a
  * context, with OpenBLAS (float32) and, on a CUDA machine, cuBLAS (bf16, fp32 accumulate).
+ * And the fMoE matcher (one thread): the trajectory search of a decode token over a
+ * 1000-entry store of the model's MoE layers x experts, per layer: matcher.match_s, the
+ * delay `simulate` gives the fmoe policies' prefetches.
  * Fitted by least squares (relative error): copy = alpha + bytes / beta, expert = base +
  * per_token * n, layer = base + per_token * n + per_token_context * n * c; every fit's
  * error is reported and stored in the profile's "calibration" record with the points.
@@ -39,14 +42,17 @@ int cmd_calibrate(int argc, char **argv);
 static const char *const CMD = "calibrate";
 
 #define MAXPTS 16
+#define MATCHER_STORE 1000 /* entries of the store the matcher is timed on (fMoE §6.6) */
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: fmoe calibrate [-o profile.json] [options]\n"
             "\n"
             "Measure this machine's copy bandwidth and latency and its compute at a model's\n"
-            "expert and attention shapes, fit the simulator's cost model to them and write a\n"
-            "hardware profile for 'fmoe simulate --profile'. Takes under 20 s by default.\n"
+            "expert and attention shapes, and the fMoE matcher's time per match at its\n"
+            "MoE layers x experts (1000-entry store, one thread); fit the simulator's cost\n"
+            "model to them and write a hardware profile for 'fmoe simulate --profile'.\n"
+            "Takes under 20 s by default.\n"
             "\n"
             "options:\n"
             "  -o, --output FILE      write the profile to FILE (default: stdout)\n"
@@ -76,6 +82,7 @@ typedef struct options {
 
 typedef struct shapes {
     int32_t hidden, ffn, heads, kv_heads, head_dim, experts, shared_ffn;
+    int32_t layers, top_k; /* MoE layers and experts per token: the matcher's maps */
     char model[192];
 } shapes;
 
@@ -145,7 +152,7 @@ static int parse_options(int argc, char **argv, options *o) {
 
 static int load_shapes(const options *o, shapes *s) {
     *s = (shapes){.hidden = 4096, .ffn = 14336, .heads = 32, .kv_heads = 8, .head_dim = 128,
-                  .experts = 8, .shared_ffn = 0};
+                  .experts = 8, .shared_ffn = 0, .layers = 32, .top_k = 2};
     snprintf(s->model, sizeof s->model, "Mixtral-8x7B shapes (default)");
     if (o->model_config) {
         fmoe_model_geometry g;
@@ -158,6 +165,8 @@ static int load_shapes(const options *o, shapes *s) {
         s->head_dim = g.head_dim > 0 ? g.head_dim : s->hidden / s->heads;
         s->experts = g.num_experts;
         s->shared_ffn = g.shared_intermediate_size;
+        s->layers = g.num_moe_layers > 0 ? g.num_moe_layers : 1;
+        s->top_k = g.top_k;
         snprintf(s->model, sizeof s->model, "%s (%.60s)", g.model_type, o->model_config);
         if (s->heads % s->kv_heads) s->kv_heads = s->heads;
     }
@@ -207,6 +216,7 @@ typedef struct measurements {
     fmoe_file_cache file_cache;
     series expert_cpu, layer_cpu, attn_cpu, expert_gpu, layer_gpu, attn_gpu;
     double cpu_peak_flops, gpu_peak_flops, gpu_membw;
+    double match_s, token_match_s; /* the fMoE matcher: one layer's match, a whole token */
     int have_gpu;
 } measurements;
 
@@ -279,6 +289,13 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
         m->attn_cpu.y[i] = sec[i];
     }
     fit_series(&m->attn_cpu);
+    /* the fMoE matcher: one CPU thread, whatever --threads says (it runs beside inference) */
+    const int blas_threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    rc = fmoe_calibrate_matcher(sh->layers, sh->experts, sh->top_k, MATCHER_STORE, reps,
+                                &m->match_s, &m->token_match_s);
+    openblas_set_num_threads(blas_threads);
+    if (rc < 0) return rc;
     if (m->have_gpu) {
         m->expert_gpu = (series){.what = "expert (cuBLAS bf16)", .n = nt};
         FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_gemms(erows, ecols, 3, tok, nt, reps, sec));
@@ -405,6 +422,7 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     p.host_expert = expert_cost(&m->expert_cpu);
     p.host_peak_flops = m->cpu_peak_flops;
     p.host_memory_bandwidth_bytes_per_s = cpu_bw;
+    p.match_s = m->match_s;
     snprintf(p.source, sizeof p.source,
              "fmoe calibrate on %.60s: link %s; compute %s at %.90s; host OpenBLAS fp32",
              host, link, m->have_gpu ? "cuBLAS bf16" : "OpenBLAS fp32", sh->model);
@@ -430,6 +448,12 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON_AddNumberToObject(model, "kv_heads", sh->kv_heads);
     cJSON_AddNumberToObject(model, "head_dim", sh->head_dim);
     cJSON_AddNumberToObject(model, "shared_intermediate_size", sh->shared_ffn);
+    cJSON *mat = cJSON_AddObjectToObject(cal, "matcher");
+    cJSON_AddNumberToObject(mat, "store_entries", MATCHER_STORE);
+    cJSON_AddNumberToObject(mat, "layers", sh->layers);
+    cJSON_AddNumberToObject(mat, "experts", sh->experts);
+    cJSON_AddNumberToObject(mat, "match_s", m->match_s);
+    cJSON_AddNumberToObject(mat, "token_s", m->token_match_s);
     cJSON *links = cJSON_AddObjectToObject(cal, "links");
     add_link(links, "ram", &m->ram);
     add_link(links, "file", &m->file);
@@ -504,6 +528,11 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
     report_compute(&m->expert_gpu, "token");
     report_compute(&m->layer_gpu, "token");
     report_compute(&m->attn_gpu, "tok*ctx");
+    char a[32], b[32];
+    fprintf(stderr, "  %-28s %10s per match (one layer), %s per token (%d layers x %d experts, "
+                    "%d entries, 1 thread)\n",
+            "fMoE matcher", human_s(m->match_s, a, sizeof a),
+            human_s(m->token_match_s, b, sizeof b), sh->layers, sh->experts, MATCHER_STORE);
     fprintf(stderr, "profile: link = %s; compute = %s; host = OpenBLAS\n", link,
             m->have_gpu ? "cuBLAS" : "OpenBLAS");
 }

@@ -71,6 +71,8 @@ int cmd_simulate(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_build_store(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_record(int argc, char **argv);
 /* `fmoe inspect` of an expert-map store (cmd/inspect_store.c). */
 int cmd_inspect_store(const char *path, int json);
 

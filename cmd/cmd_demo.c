@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "cmd_common.h"
+#include "paths.h"
 #include "fmoe/datasets.h"
 #include "fmoe/error.h"
 #include "fmoe/geometry.h"
@@ -38,7 +39,10 @@ static void usage(FILE *out) {
             "sample (8 MoE layers, 64 experts, top-6, 512 tokens) into an fmoe trace,\n"
             "prints its summary (fmoe inspect), and replays it through the simulator\n"
             "with on-demand loading, LRU, LFU and Belady's optimum at 10%%, 25%% and 50%%\n"
-            "of the experts in the fast tier (fmoe simulate).\n"
+            "of the experts in the fast tier (fmoe simulate). Then runs the whole\n"
+            "pipeline on the bundled model fmoe-tiny: fmoe record (real CPU inference\n"
+            "over 48 bundled prompts), fmoe build-store (from 70%% of the requests) and\n"
+            "fmoe simulate of the fmoe policy against the baselines on the other 30%%.\n"
             "\n"
             "options:\n"
             "  --output-dir DIR  where to write demo files (default: a new folder under\n"
@@ -46,6 +50,49 @@ static void usage(FILE *out) {
             "  --json            print the summary as JSON\n"
             "  --quiet           no progress bar\n"
             "  -h, --help        show this help\n");
+}
+
+/* Prints the command line, then runs it in-process. */
+static int run_step(int (*fn)(int, char **), int argc, char **argv) {
+    printf("\n$ fmoe");
+    for (int i = 0; i < argc; i++) printf(" %s", argv[i]);
+    printf("\n");
+    fflush(stdout);
+    int rc = fn(argc, argv);
+    fflush(stdout);
+    return rc;
+}
+
+/* Part 2: record -> build-store -> simulate on the bundled model (no download). 48
+ * prompts, 24 new tokens each, with one layer of speculative gates so that
+ * mixtral-offload can run; 12 of the 48 layers' experts (25%) fit the fast tier. */
+static int demo_fmoe_tiny(const char *dir, const char *samples) {
+    const char *model = cmd_bundled_model_dir();
+    if (!model)
+        return cmd_failf(CMD, "the bundled model fmoe-tiny was not found (set "
+                              "FMOE_BUNDLED_MODEL to the datasets/fmoe-tiny folder)");
+    char prompts[PATH_MAX], trace[PATH_MAX + 32], store[PATH_MAX + 32];
+    snprintf(prompts, sizeof prompts, "%.4000s/prompts_100.txt", samples);
+    snprintf(trace, sizeof trace, "%s/fmoe-tiny.h5", dir);
+    snprintf(store, sizeof store, "%s/fmoe-tiny-store.h5", dir);
+    printf("\n--- the whole pipeline on the bundled model fmoe-tiny (%s) ---\n", model);
+
+    char *record_argv[] = {"record", "--model", (char *)model, "--dataset", prompts,
+                           "--max-requests", "48", "--max-new-tokens", "24", "--ignore-eos",
+                           "--speculative", "1", "-o", trace, "--quiet", NULL};
+    int rc = run_step(cmd_record, 15, record_argv);
+    if (rc != 0) return rc;
+    char *build_argv[] = {"build-store", "--trace", trace, "--capacity", "1000",
+                          "--prefetch-distance", "1", "--split", "0.7", "--seed", "0",
+                          "-o", store, "--quiet", NULL};
+    rc = run_step(cmd_build_store, 14, build_argv);
+    if (rc != 0) return rc;
+    char *simulate_argv[] = {"simulate", "--trace", trace, "--store", store, "--holdout",
+                             "--policy",
+                             "fmoe,lru,lfu,moe-infinity,mixtral-offload,oracle,belady",
+                             "--cache-experts", "12", "--prefetch-distance", "1",
+                             "--hardware", "rtx3090-pcie4", "--quiet", NULL};
+    return run_step(cmd_simulate, 15, simulate_argv);
 }
 
 int cmd_demo(int argc, char **argv) {
@@ -131,7 +178,10 @@ int cmd_demo(int argc, char **argv) {
            trace_path);
     fflush(stdout);
     rc = cmd_simulate(10, simulate_argv);
+    if (rc != 0) return rc;
+    rc = demo_fmoe_tiny(dir, samples);
     if (rc == 0)
-        printf("\nnext: fmoe inspect %s --json, fmoe simulate --help\n", trace_path);
+        printf("\nnext: fmoe inspect %s --json, fmoe simulate --help, fmoe generate --help\n",
+               trace_path);
     return rc;
 }

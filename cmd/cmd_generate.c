@@ -271,10 +271,10 @@ int cmd_generate(int argc, char **argv) {
                        n_prompt, (long long)ctx, dir);
         goto done;
     }
-    int64_t room = ctx - (int64_t)n_prompt;
+    /* The last generated token is never fed back, so a full context still yields one. */
+    int64_t room = ctx - (int64_t)n_prompt + 1;
     int32_t max_new = a.max_new_tokens;
-    if (max_new > room) max_new = (int32_t)room; /* the last token is never fed back */
-    if (max_new < 0) max_new = 0;
+    if (max_new > room) max_new = (int32_t)room;
 
     /* Sampling: explicit options win, else generation_config.json. */
     fmoe_sampler_params sp = {0.0f, 0, 1.0f, (uint64_t)a.seed};

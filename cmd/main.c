@@ -17,12 +17,12 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"record", NULL, "real inference over prompts -> HDF5 trace"},
+    {"record", cmd_record, "real inference over prompts -> HDF5 trace"},
     {"build-store", cmd_build_store, "traces -> deduplicated expert-map store"},
     {"simulate", cmd_simulate, "trace + store + hardware profile -> metrics per policy"},
     {"serve", NULL, "the same policies live (CUDA or CPU), OpenAI-compatible HTTP"},
     {"calibrate", cmd_calibrate, "measure this machine's link and compute into a hardware profile"},
-    {"generate", NULL, "one prompt through a model, no server"},
+    {"generate", cmd_generate, "one prompt through a model, no server"},
     {"tokenize", cmd_tokenize, "text -> token ids (and back) with a tokenizer.json"},
     {"trace", cmd_trace, "work with traces: import routing logs recorded elsewhere"},
     {"inspect", cmd_inspect, "summarise any fmoe file (trace, expert-map store)"},

@@ -18,7 +18,7 @@
 #define BUNDLED_MODEL "fmoe-tiny"
 
 static int holds_config(const char *dir) {
-    char probe[PATH_MAX + 32];
+    char probe[2 * PATH_MAX];
     struct stat st;
     snprintf(probe, sizeof probe, "%s/config.json", dir);
     return stat(probe, &st) == 0 && S_ISREG(st.st_mode);

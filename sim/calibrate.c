@@ -8,6 +8,9 @@
  * in total (small copies take microseconds; one run would be noise), at most MAX_REPS.
  * Buffers are touched before timing so that page faults are not measured.
  *
+ * The matcher test times the fMoE trajectory search (fmoe/expertmap.h) the way the fmoe
+ * policy runs it: a full store, one query stepping through every layer.
+ *
  * The file test measures what an expert load from a model file costs when the model does
  * not fit in RAM: a scratch file is written and synced, and before every read the page
  * cache of the file is dropped (posix_fadvise DONTNEED works for unprivileged users on
@@ -26,6 +29,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/expertmap.h"
 #include "fmoe/hardware.h"
 
 #define MIN_POINT_S 0.02
@@ -326,6 +330,79 @@ done:
     free(vc);
     free(s);
     free(o);
+    free(t);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ matcher */
+
+int fmoe_calibrate_matcher(int32_t layers, int32_t experts, int32_t top_k, int32_t capacity,
+                           int32_t reps, double *match_s, double *search_s) {
+    FMOE_RETURN_ERROR_IF(layers < 1 || experts < 1 || capacity < 1, FMOE_EINVAL,
+                         "matcher timing: %d layers x %d experts, %d entries", layers, experts,
+                         capacity);
+    if (top_k < 1 || top_k > experts) top_k = experts < 2 ? experts : 2;
+    if (reps < 1) reps = 1;
+    const fmoe_expertmap_config cfg = {.capacity = capacity, .num_layers = layers,
+                                       .num_experts = experts, .top_k = top_k,
+                                       .prefetch_distance = layers > 3 ? 3 : layers - 1};
+    enum { QUERIES = 16 };
+    const size_t LJ = (size_t)layers * (size_t)experts;
+    fmoe_expertmap *s = NULL;
+    fmoe_matcher *m = NULL;
+    float *map = malloc((QUERIES + 1) * LJ * sizeof *map);
+    double *t = malloc(MAX_REPS * sizeof *t);
+    int rc = 0;
+    if (!map || !t) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "matcher timing over %d entries", capacity);
+        goto done;
+    }
+    if ((rc = fmoe_expertmap_init(&s, &cfg)) < 0 || (rc = fmoe_matcher_init(&m, s, 1)) < 0)
+        goto done;
+    /* A full store of softmax-like rows (sharpened, so that entries differ), and queries
+     * of the same kind: the search does the same work whatever the values are. */
+    uint32_t x = 2463534242u;
+    for (int32_t y = 0; y < capacity + QUERIES; y++) {
+        float *row = y < capacity ? map : map + (size_t)(y - capacity + 1) * LJ;
+        for (size_t r = 0; r < (size_t)layers; r++) {
+            float *p = row + r * (size_t)experts;
+            double sum = 0;
+            for (int32_t j = 0; j < experts; j++) {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                const float v = (float)(x & 0xffff) / 65536.0f;
+                p[j] = v * v * v * v + 1e-6f;
+                sum += p[j];
+            }
+            for (int32_t j = 0; j < experts; j++) p[j] = (float)(p[j] / sum);
+        }
+        if (y < capacity && (rc = fmoe_expertmap_set(s, y, NULL, map, 0)) < 0) goto done;
+    }
+    /* One trajectory (a decode token through every layer) per run: the step of each
+     * layer is one match. Warm the caches first: the store is what every match reads. */
+    int32_t best = 0;
+    float score = 0;
+    int32_t k = 0;
+    double total = 0;
+    for (int32_t warm = -1; k < MAX_REPS && (k < reps || total < MIN_POINT_S); warm = 0) {
+        const float *q = map + (size_t)(1 + (k % QUERIES)) * LJ;
+        const double t0 = now_s();
+        fmoe_matcher_trajectory_begin(m, 1);
+        for (int32_t l = 0; l < layers; l++)
+            fmoe_matcher_trajectory_add(m, l, q + (size_t)l * experts, experts, &best, &score);
+        const double dt = now_s() - t0;
+        if (warm < 0) continue;
+        t[k] = dt;
+        total += t[k++];
+    }
+    const double per_token = median(t, k);
+    if (search_s) *search_s = per_token;
+    if (match_s) *match_s = per_token / layers;
+done:
+    fmoe_matcher_free(m);
+    fmoe_expertmap_free(s);
+    free(map);
     free(t);
     return rc;
 }

@@ -5,16 +5,50 @@
  * Semantic search: scores = Q · S^T (one sgemm for n queries, sgemv for one) scaled by the
  * query norms and the store's precomputed entry norms; argmax per query.
  *
- * Trajectory search, incremental: the cosine of an observed prefix (rows 0..l of this
- * iteration's map) with the same rows of stored map y is
- *     dot_l[y] / (||q_0..l|| · ||map_y rows 0..l||).
- * Both factors grow by one row per layer: dot_l[y] = dot_{l-1}[y] + q_l · map_y[l] (one
- * sgemv over the C stored rows of layer l, or one sgemm for a batch of queries), the
- * query's squared norm by ||q_l||^2, and the store keeps 1 / ||map_y rows 0..l|| for every
- * l. So each layer costs O(C·J) (plus O(C) for the argmax), never O(C·l·J). The observed
- * rows are kept too, so that a store modified between two layers of a trajectory (by the
- * same thread: the store is not locked) is caught up with one sgemm over the prefix.
+ * Trajectory search, incremental. The cosine of an observed prefix q (rows 0..l of this
+ * iteration's map) with the same rows of stored map y is d_l[y] / sqrt(n_l[y] · |q|^2),
+ * where d_l[y] is the dot product of the two prefixes and n_l[y] the squared norm of y's.
+ * Both grow by one row per layer, and one pass over layer l's block of the store updates
+ * both: d_l = d_{l-1} + q_l · map_y[l], n_l = n_{l-1} + |map_y[l]|^2. So each layer costs
+ * O(C·J) (for n queries O(n·C·J) + O(C·J) for the norms, which they share), never
+ * O(C·l·J), and the store keeps no per-layer norms (they would add 1/J to its size).
+ *
+ * The step is a hand-written loop, not sgemv: with the store's tiles (expertmap_impl.h:
+ * 16 entries side by side per expert) every entry's sums are plain lane-wise
+ * multiply-adds in GNU C vectors, where sgemv on [C][J] rows of J = 8 spends its time in
+ * call overhead and horizontal sums (12 GFLOP/s against 41 for the same flops in long
+ * rows, measured: README "Matcher and store benchmarks"). The step is built three times,
+ * for AVX-512, AVX2 and the baseline (matcher_step.h, chosen once per matcher from the
+ * CPU), never contracted to FMA, so every build on every CPU gives the same bits, and
+ * those bits are the definition (fmoe_matcher_trajectory_reference):
+ *     per layer, in float: s = 0; s = s + m_j·r_j for j = 0..J-1;  d = d + s
+ *                          t = 0; t = t + m_j·m_j for j = 0..J-1;  n = n + t
+ *     key[y] = n > 0 ? (d·|d|) / n : 0   (float: the square of the cosine, signed, times
+ *                                         the query's squared norm, which all share)
+ *     best   = the first y of the largest key; score = d / sqrt(n·|q|^2) in double.
+ * The key is one division per entry, no square root, and a total order, so the argmax is
+ * kept lane by lane (each lane sees its entries in increasing order, ties to the first)
+ * and the lanes' winner, the largest key then the lowest entry, is the sequential
+ * argmax. (Against the cosine in exact arithmetic, two entries can swap only when their
+ * cosines agree to about 1e-7: the previous sgemv-based search had the same, BLAS-kernel
+ * dependent, ambiguity.)
+ *
+ * A prefill's queries share the norms and each tile of the store is read once for all
+ * of them (it stays in L1 while they pass over it).
+ *
+ * The observed rows are kept, so that a store modified between two layers of a
+ * trajectory (by the same thread: the store is not locked) is caught up by replaying the
+ * prefix through the same step (same bits as if the store had been so from the start).
  */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__STRICT_ANSI__)
+/* GNU C mode contracts a*b + c to FMA where the target has it (-ffp-contract=fast):
+ * that would make the AVX2 clone differ from the baseline in the last bit. */
+#pragma GCC optimize("fp-contract=off")
+#endif
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -24,14 +58,39 @@
 #include "fmoe/error.h"
 #include "fmoe/expertmap.h"
 
+#define W FMOE__EXPERTMAP_TILE
+
+/* Per query, the argmax over the entries so far, lane by lane: lane (g, i) holds the best
+ * key (and its entry) among the entries y = i (mod W) of the tiles the step gave to group
+ * g, seen in increasing order, ties to the first; -1: none beat -inf yet. */
+#define LANE_GROUPS 4
+typedef struct lane_best {
+    _Alignas(64) float key[LANE_GROUPS][W];
+    _Alignas(64) int32_t arg[LANE_GROUPS][W];
+} lane_best;
+
+typedef void (*step_fn)(const float *blk, int32_t tiles, int32_t J, int32_t size, int first,
+                        int32_t n, const float *rows, int64_t stride, float *dots,
+                        int64_t ldd, float *n2, lane_best *lanes, int32_t *best);
+static step_fn pick_step(void);
+
+enum { SCORES_NONE, SCORES_READY, SCORES_TRAJECTORY }; /* READY: scores[] hold them */
+
 struct fmoe_matcher {
     const fmoe_expertmap *store;
     int32_t max_queries;
     int32_t nq;          /* trajectories started */
     int32_t layers;      /* rows observed per trajectory */
+    int32_t cpad;        /* the store's tiles · W */
     uint64_t version;    /* store version the running sums belong to */
-    float *dots;         /* [max_queries][C] running dot products */
-    float *scores;       /* [max_queries][C] scores of the last call */
+    int reference;       /* fmoe__matcher_set_reference: the scalar definition instead */
+    int scores_kind;     /* what fmoe_matcher_scores returns */
+    float *dots;         /* [max_queries][cpad] running dot products d[y] */
+    float *n2;           /* [cpad] running squared norms n[y] of the entries' prefixes */
+    lane_best *lanes;    /* [max_queries] argmax state of the current step */
+    int32_t *win;        /* [max_queries] its result */
+    step_fn step;        /* the step for this CPU */
+    float *scores;       /* [max_queries][C] scores of the last call (made on demand) */
     double *qnorm2;      /* [max_queries] squared norm of each observed prefix */
     float *prefix;       /* [max_queries][L][J] observed rows */
 };
@@ -42,16 +101,22 @@ int fmoe_matcher_init(fmoe_matcher **out, const fmoe_expertmap *store, int32_t m
                          "matcher: max_queries %d, expected >= 1", max_queries);
     *out = NULL;
     const size_t C = (size_t)store->cfg.capacity, Q = (size_t)max_queries;
+    const size_t P = (size_t)store->tiles * W;
     const size_t LJ = (size_t)store->cfg.num_layers * store->cfg.num_experts;
     fmoe_matcher *m = calloc(1, sizeof *m);
     if (!m) return fmoe_error_set(FMOE_ENOMEM, "matcher");
     m->store = store;
     m->max_queries = max_queries;
-    m->dots = malloc(Q * C * sizeof *m->dots);
-    m->scores = malloc(Q * C * sizeof *m->scores);
+    m->cpad = (int32_t)P;
+    m->step = pick_step();
+    m->dots = calloc(Q * P, sizeof *m->dots);
+    m->n2 = calloc(P, sizeof *m->n2);
+    m->lanes = aligned_alloc(64, Q * sizeof *m->lanes); /* 64-byte aligned members */
+    m->win = calloc(Q, sizeof *m->win);
+    m->scores = calloc(Q * C, sizeof *m->scores);
     m->qnorm2 = calloc(Q, sizeof *m->qnorm2);
-    m->prefix = malloc(Q * LJ * sizeof *m->prefix);
-    if (!m->dots || !m->scores || !m->qnorm2 || !m->prefix) {
+    m->prefix = calloc(Q * LJ, sizeof *m->prefix);
+    if (!m->dots || !m->n2 || !m->lanes || !m->win || !m->scores || !m->qnorm2 || !m->prefix) {
         fmoe_matcher_free(m);
         return fmoe_error_set(FMOE_ENOMEM, "matcher for %d queries over %zu entries",
                               max_queries, C);
@@ -63,11 +128,16 @@ int fmoe_matcher_init(fmoe_matcher **out, const fmoe_expertmap *store, int32_t m
 void fmoe_matcher_free(fmoe_matcher *m) {
     if (!m) return;
     free(m->dots);
+    free(m->n2);
+    free(m->lanes);
+    free(m->win);
     free(m->scores);
     free(m->qnorm2);
     free(m->prefix);
     free(m);
 }
+
+void fmoe__matcher_set_reference(fmoe_matcher *m, int on) { m->reference = on != 0; }
 
 /* argmax of v[0..n), ties to the lowest index; -1 when n == 0. */
 static int32_t argmax(const float *v, int32_t n) {
@@ -83,6 +153,7 @@ int fmoe_matcher_semantic(fmoe_matcher *m, int32_t n, const float *sem, int64_t 
     const int32_t h = s->cfg.semantic_dim, C = s->cfg.capacity, size = s->size;
     FMOE_RETURN_ERROR_IF(n < 0 || n > m->max_queries, FMOE_EINVAL,
                          "matcher: %d semantic queries, expected 0..%d", n, m->max_queries);
+    m->scores_kind = SCORES_READY;
     if (h == 0 || size == 0 || !sem) {
         for (int32_t q = 0; q < n; q++) {
             if (best) best[q] = -1;
@@ -122,35 +193,157 @@ int fmoe_matcher_trajectory_begin(fmoe_matcher *m, int32_t n) {
     m->nq = n;
     m->layers = 0;
     m->version = m->store->version;
+    m->scores_kind = SCORES_NONE;
     memset(m->qnorm2, 0, (size_t)n * sizeof *m->qnorm2);
     return 0;
 }
 
 int32_t fmoe_matcher_trajectory_layers(const fmoe_matcher *m) { return m->layers; }
 
-/* Recomputes the running dot products from the kept prefixes (the store changed). */
+/* ------------------------------------------------------------------ the step */
+
+/* The cosine of a prefix pair from its running sums (0 for a zero vector). */
+static float score_of(float d, float n, double qn2) {
+    return n > 0 && qn2 > 0 ? (float)((double)d / sqrt((double)n * qn2)) : 0.0f;
+}
+
+/* The key the argmax ranks entries by (see the top of the file). */
+static inline float key_of(float d, float n) {
+    const float t = d * fabsf(d);
+    return n > 0 ? t / n : 0.0f;
+}
+
+/* The step, instantiated per vector width (matcher_step.h). */
+#if defined(__GNUC__)
+#define STEP_NAME step_v1
+#define STEP_ATTR
+#define STEP_VL 4
+#include "matcher_step.h"
+#undef STEP_NAME
+#undef STEP_ATTR
+#undef STEP_VL
+#if defined(__x86_64__)
+#define FMOE_STEP_X86 1
+/* AVX2 without FMA, and AVX-512 (F, VL, BW, DQ) without FMA: nothing to contract into. */
+#define STEP_NAME step_avx2
+#define STEP_ATTR __attribute__((target("avx2")))
+#define STEP_VL 8
+#include "matcher_step.h"
+#undef STEP_NAME
+#undef STEP_ATTR
+#undef STEP_VL
+#define STEP_NAME step_avx512
+#define STEP_ATTR __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
+#define STEP_VL 16
+#include "matcher_step.h"
+#undef STEP_NAME
+#undef STEP_ATTR
+#undef STEP_VL
+#endif
+#else
+/* The same, one entry at a time (compilers without GNU C vectors): a sequential argmax. */
+static void step_v1(const float *blk, int32_t tiles, int32_t J, int32_t size, int first,
+                    int32_t n, const float *rows, int64_t stride, float *dots, int64_t ldd,
+                    float *n2, lane_best *lanes, int32_t *best) {
+    for (int32_t q = 0; lanes && q < n; q++) {
+        lanes[q].key[0][0] = -INFINITY;
+        lanes[q].arg[0][0] = -1;
+    }
+    for (int32_t t = 0; t < tiles; t++) {
+        const float *b = blk + (size_t)t * J * W;
+        float *nt = n2 + (size_t)t * W;
+        for (int i = 0; i < W; i++) {
+            float sq = 0.0f;
+            for (int32_t j = 0; j < J; j++) {
+                const float v = b[(size_t)j * W + i], p = v * v;
+                sq = sq + p;
+            }
+            nt[i] = (first ? 0.0f : nt[i]) + sq;
+        }
+        for (int32_t q = 0; q < n; q++) {
+            const float *r = rows + (size_t)q * stride;
+            float *d = dots + (size_t)q * ldd + (size_t)t * W;
+            for (int i = 0; i < W; i++) {
+                float acc = 0.0f;
+                for (int32_t j = 0; j < J; j++) {
+                    const float p = b[(size_t)j * W + i] * r[j];
+                    acc = acc + p;
+                }
+                d[i] = (first ? 0.0f : d[i]) + acc;
+                const int32_t y = t * W + i;
+                if (!lanes || y >= size) continue;
+                const float k = key_of(d[i], nt[i]);
+                if (k > lanes[q].key[0][0]) {
+                    lanes[q].key[0][0] = k;
+                    lanes[q].arg[0][0] = y;
+                }
+            }
+        }
+    }
+    for (int32_t q = 0; lanes && q < n; q++)
+        best[q] = lanes[q].arg[0][0] >= 0 ? lanes[q].arg[0][0] : size > 0 ? 0 : -1;
+}
+#endif
+
+/* The step of a level (0 baseline, 1 AVX2, 2 AVX-512), NULL when this CPU or build has
+ * none; the widest one when level < 0. */
+static step_fn step_of_level(int level) {
+#if defined(FMOE_STEP_X86)
+    __builtin_cpu_init();
+    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+    const int avx2 = __builtin_cpu_supports("avx2");
+    if (level < 0) level = avx512 ? 2 : avx2 ? 1 : 0;
+    if (level == 2) return avx512 ? step_avx512 : NULL;
+    if (level == 1) return avx2 ? step_avx2 : NULL;
+#else
+    if (level < 0) level = 0;
+#endif
+    return level == 0 ? step_v1 : NULL;
+}
+
+static step_fn pick_step(void) { return step_of_level(-1); }
+
+int fmoe__matcher_force_level(fmoe_matcher *m, int level) {
+    const step_fn f = step_of_level(level);
+    if (!f) return -1;
+    m->step = f;
+    return 0;
+}
+
+void fmoe__expertmap_map_dots(const fmoe_expertmap *s, const float *X, int32_t n, int64_t ldx,
+                              float *out, int64_t ldo) {
+    const int32_t J = s->cfg.num_experts, L = s->cfg.num_layers;
+    if (n <= 0 || s->size <= 0) return;
+    const step_fn step = pick_step();
+    const int32_t tiles = (s->size + W - 1) / W;
+    for (int32_t l = 0; l < L; l++)
+        step(s->maps + (size_t)l * s->tiles * J * W, tiles, J, s->size, l == 0, n,
+             X + (size_t)l * J, ldx, out, ldo, NULL, NULL, NULL);
+}
+
+/* Recomputes the running sums from the kept prefixes (the store changed). */
 static void rebuild(fmoe_matcher *m) {
     const fmoe_expertmap *s = m->store;
-    const int32_t C = s->cfg.capacity, J = s->cfg.num_experts, LJ = s->cfg.num_layers * J;
-    if (m->nq > 0 && s->size > 0)
-        for (int32_t l = 0; l < m->layers; l++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m->nq, s->size, J, 1.0f,
-                        m->prefix + (size_t)l * J, LJ, s->maps + (size_t)l * C * J, J,
-                        l ? 1.0f : 0.0f, m->dots, C);
+    const int32_t J = s->cfg.num_experts, LJ = s->cfg.num_layers * J;
+    const int32_t tiles = (s->size + W - 1) / W;
+    for (int32_t l = 0; l < m->layers; l++)
+        m->step(s->maps + (size_t)l * s->tiles * J * W, tiles, J, s->size, l == 0, m->nq,
+                m->prefix + (size_t)l * J, LJ, m->dots, m->cpad, m->n2, NULL, NULL);
     m->version = s->version;
 }
 
 int fmoe_matcher_trajectory_add(fmoe_matcher *m, int32_t layer, const float *rows,
                                 int64_t stride, int32_t *best, float *score) {
     const fmoe_expertmap *s = m->store;
-    const int32_t C = s->cfg.capacity, L = s->cfg.num_layers, J = s->cfg.num_experts;
+    const int32_t L = s->cfg.num_layers, J = s->cfg.num_experts;
     const int32_t size = s->size, n = m->nq;
     FMOE_RETURN_ERROR_IF(layer != m->layers || layer >= L, FMOE_EINVAL,
                          "matcher: layer %d added, expected layer %d", layer, m->layers);
     FMOE_RETURN_ERROR_IF(n > 0 && (!rows || stride < J), FMOE_EINVAL,
                          "matcher: rows %p, stride %lld (J = %d)", (const void *)rows,
                          (long long)stride, J);
-    if (m->version != s->version) rebuild(m);
+    if (!m->reference && m->version != s->version) rebuild(m);
     for (int32_t q = 0; q < n; q++) {
         const float *r = rows + (size_t)q * stride;
         memcpy(m->prefix + ((size_t)q * L + layer) * J, r, (size_t)J * sizeof *r);
@@ -159,49 +352,95 @@ int fmoe_matcher_trajectory_add(fmoe_matcher *m, int32_t layer, const float *row
         m->qnorm2[q] += n2;
     }
     m->layers++;
-    if (size > 0 && n > 0) {
-        const float *ml = s->maps + (size_t)layer * C * J; /* [size][J], contiguous */
-        if (layer == 0) {
-            /* first row: write instead of accumulate, no need to clear the sums */
-            if (n == 1)
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, size, J, 1.0f, ml, J, rows, 1, 0.0f,
-                            m->dots, 1);
-            else
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, size, J, 1.0f, rows,
-                            (int)stride, ml, J, 0.0f, m->dots, C);
-        } else if (n == 1) {
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, size, J, 1.0f, ml, J, rows, 1, 1.0f,
-                        m->dots, 1);
-        } else {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, size, J, 1.0f, rows,
-                        (int)stride, ml, J, 1.0f, m->dots, C);
+    m->scores_kind = SCORES_TRAJECTORY;
+    if (m->reference) {
+        for (int32_t q = 0; q < n; q++) {
+            float sc = 0;
+            const int32_t b = fmoe_matcher_trajectory_reference(
+                s, m->prefix + (size_t)q * L * J, m->layers, &sc,
+                m->scores + (size_t)q * s->cfg.capacity);
+            if (best) best[q] = b;
+            if (score) score[q] = sc;
         }
+        m->scores_kind = SCORES_READY;
+        m->version = s->version;
+        return 0;
     }
-    const float *rn = s->prefix_rnorm + (size_t)layer * C;
+    if (size > 0 && n > 0)
+        m->step(s->maps + (size_t)layer * s->tiles * J * W, (size + W - 1) / W, J, size,
+                layer == 0, n, rows, stride, m->dots, m->cpad, m->n2, m->lanes, m->win);
     for (int32_t q = 0; q < n; q++) {
-        const double n2 = m->qnorm2[q];
-        const float rq = n2 > 0 ? (float)(1.0 / sqrt(n2)) : 0.0f;
-        const float *dq = m->dots + (size_t)q * C;
-        float *sc = m->scores + (size_t)q * C;
-        /* one pass: score and running argmax (ties to the lowest index) */
-        int32_t b = size > 0 ? 0 : -1;
-        float bv = size > 0 ? dq[0] * rn[0] * rq : 0.0f;
-        for (int32_t y = 0; y < size; y++) {
-            const float v = dq[y] * rn[y] * rq;
-            sc[y] = v;
-            if (v > bv) {
-                bv = v;
-                b = y;
-            }
-        }
+        const int32_t b = size > 0 ? m->win[q] : -1;
         if (best) best[q] = b;
-        if (score) score[q] = b >= 0 ? bv : 0.0f;
+        if (score)
+            score[q] = b >= 0 ? score_of(m->dots[(size_t)q * m->cpad + b], m->n2[b], m->qnorm2[q])
+                              : 0.0f;
     }
     return 0;
 }
 
-const float *fmoe_matcher_scores(const fmoe_matcher *m, int32_t q) {
-    return q >= 0 && q < m->max_queries ? m->scores + (size_t)q * m->store->cfg.capacity : NULL;
+const float *fmoe_matcher_scores(fmoe_matcher *m, int32_t q) {
+    if (q < 0 || q >= m->max_queries) return NULL;
+    float *sc = m->scores + (size_t)q * m->store->cfg.capacity;
+    if (m->scores_kind == SCORES_TRAJECTORY) {
+        const float *d = m->dots + (size_t)q * m->cpad;
+        for (int32_t y = 0; y < m->store->size; y++) sc[y] = score_of(d[y], m->n2[y], m->qnorm2[q]);
+    }
+    return sc;
+}
+
+/* ------------------------------------------------------------------ references */
+
+/* The running sums of entry y over the first `layers` rows, the scalar way. */
+static void reference_sums(const fmoe_expertmap *s, int32_t y, const float *prefix,
+                           int32_t layers, float *d_out, float *n_out) {
+    const int32_t J = s->cfg.num_experts;
+    float d = 0.0f, n = 0.0f;
+    for (int32_t l = 0; l < layers; l++) {
+        const float *row = s->maps + fmoe__expertmap_at(s, y, l, 0);
+        const float *r = prefix + (size_t)l * J;
+        float acc = 0.0f, sq = 0.0f;
+        for (int32_t j = 0; j < J; j++) {
+            const float v = row[(size_t)j * W];
+            const float p = v * r[j], p2 = v * v;
+            acc = acc + p;
+            sq = sq + p2;
+        }
+        d = d + acc;
+        n = n + sq;
+    }
+    *d_out = d;
+    *n_out = n;
+}
+
+int32_t fmoe_matcher_trajectory_reference(const fmoe_expertmap *s, const float *prefix,
+                                          int32_t layers, float *best_score, float *scores) {
+    const int32_t J = s->cfg.num_experts;
+    double qn2 = 0;
+    for (int32_t l = 0; l < layers; l++) {
+        double n2 = 0;
+        for (int32_t j = 0; j < J; j++) n2 += (double)prefix[l * J + j] * prefix[l * J + j];
+        qn2 += n2;
+    }
+    int32_t best = -1;
+    float bkey = -INFINITY;
+    for (int32_t y = 0; y < s->size; y++) {
+        float d, n;
+        reference_sums(s, y, prefix, layers, &d, &n);
+        const float k = key_of(d, n);
+        if (scores) scores[y] = score_of(d, n, qn2);
+        if (k > bkey) {
+            best = y;
+            bkey = k;
+        }
+    }
+    if (best < 0 && s->size > 0) best = 0; /* no key beat -inf */
+    if (best_score) {
+        float d = 0, n = 0;
+        if (best >= 0) reference_sums(s, best, prefix, layers, &d, &n);
+        *best_score = best >= 0 ? score_of(d, n, qn2) : 0.0f;
+    }
+    return best;
 }
 
 int32_t fmoe_matcher_trajectory_naive(const fmoe_expertmap *s, const float *prefix,
@@ -214,10 +453,11 @@ int32_t fmoe_matcher_trajectory_naive(const fmoe_expertmap *s, const float *pref
     for (int32_t y = 0; y < s->size; y++) {
         double ab = 0, bb = 0;
         for (int32_t l = 0; l < layers; l++) {
-            const float *row = fmoe_expertmap_row(s, y, l), *q = prefix + (size_t)l * J;
+            const float *row = s->maps + fmoe__expertmap_at(s, y, l, 0);
+            const float *q = prefix + (size_t)l * J;
             for (size_t j = 0; j < J; j++) {
-                ab += (double)q[j] * row[j];
-                bb += (double)row[j] * row[j];
+                ab += (double)q[j] * row[j * W];
+                bb += (double)row[j * W] * row[j * W];
             }
         }
         scores[y] = qq > 0 && bb > 0 ? (float)(ab / sqrt(qq * bb)) : 0.0f;

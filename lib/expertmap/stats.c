@@ -5,8 +5,9 @@
  * paper's sphere-covering view, fMoE §4.4); low nearest-neighbour similarity means the
  * entries are spread out.
  *
- * Blocks of up to BLOCK queries: gather their rows, one sgemm against the whole store for
- * maps (and one for embeddings), scale by norms, take the maximum off the diagonal.
+ * Blocks of up to BLOCK queries: gather their rows, dot them with the whole store's maps
+ * (fmoe__expertmap_map_dots) and embeddings (sgemm), scale by norms, take the maximum off
+ * the diagonal.
  */
 #include <cblas.h>
 #include <stdlib.h>
@@ -28,7 +29,8 @@ int fmoe_expertmap_nearest(const fmoe_expertmap *s, const int32_t *ids, int32_t 
     const size_t B = BLOCK;
     float *qm = malloc(B * (size_t)LJ * sizeof *qm);
     float *qs = h ? malloc(B * (size_t)h * sizeof *qs) : NULL;
-    float *gm = malloc(B * (size_t)(E ? E : 1) * sizeof *gm);
+    const size_t P = (size_t)s->tiles * FMOE__EXPERTMAP_TILE; /* gm's rows: whole tiles */
+    float *gm = malloc(B * P * sizeof *gm);
     float *gs = h ? malloc(B * (size_t)(E ? E : 1) * sizeof *gs) : NULL;
     if (!qm || !gm || (h && (!qs || !gs))) {
         free(qm);
@@ -44,11 +46,7 @@ int fmoe_expertmap_nearest(const fmoe_expertmap *s, const int32_t *ids, int32_t 
             fmoe_expertmap_copy_map(s, ids[i0 + k], qm + (size_t)k * LJ);
             if (h) memcpy(qs + (size_t)k * h, s->sem + (size_t)ids[i0 + k] * h, (size_t)h * sizeof *qs);
         }
-        const int32_t J = s->cfg.num_experts, C = s->cfg.capacity;
-        for (int32_t l = 0; l < L; l++) /* layer-major store: sum the layers' products */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, E, J, 1.0f,
-                        qm + (size_t)l * J, LJ, s->maps + (size_t)l * C * J, J,
-                        l ? 1.0f : 0.0f, gm, E);
+        fmoe__expertmap_map_dots(s, qm, nb, LJ, gm, (int64_t)P);
         if (h)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, E, h, 1.0f, qs, h, s->sem, h,
                         0.0f, gs, E);
@@ -59,7 +57,7 @@ int fmoe_expertmap_nearest(const fmoe_expertmap *s, const int32_t *ids, int32_t 
             for (int32_t y = 0; y < E; y++) {
                 if (y == x) continue;
                 const float nm = s->map_norm[x] * s->map_norm[y];
-                const float cm = nm > 0 ? gm[(size_t)k * E + y] / nm : 0.0f;
+                const float cm = nm > 0 ? gm[(size_t)k * P + y] / nm : 0.0f;
                 float cs = 0;
                 if (h) {
                     const float ns = s->sem_norm[x] * s->sem_norm[y];

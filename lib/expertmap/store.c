@@ -2,25 +2,32 @@
  * store.c - the in-memory expert-map store and its deduplication (fmoe/expertmap.h;
  * POLICIES.md A.1, A.5; fMoE §4.4).
  *
- * Layout: one allocation per array, all made at init. Maps are stored layer-major,
- * [L][C][J], so that the matcher's step at layer l reads one contiguous C x J block.
- * Besides the data (maps, sem, hits)
- * the store keeps what every search needs and would otherwise recompute per query:
+ * Layout: three allocations, all made at init: the maps, the embeddings, and one block
+ * for everything else. Maps are stored layer-major in tiles of 16 entries,
+ * [L][C/16][J][16] (expertmap_impl.h), so that the matcher's step at layer l reads one
+ * contiguous block and computes 16 entries' dot products lane by lane. Besides the data
+ * (maps, sem, hits) the store keeps, per entry, only what the deduplication and the
+ * semantic search need and would otherwise recompute per query:
  *   sem_norm[C], map_norm[C]   Euclidean norms of each entry's embedding and whole map
- *   prefix_rnorm[L][C]         1 / norm of rows 0..l of each map (0 for a zero prefix),
- *                              layer-major so that the matcher's argmax scans one
- *                              contiguous row per layer
  *   pop[L][J]                  how many live entries have (l, j) among row l's top K
- * Each is updated in O(L·J + h) when an entry changes.
+ * Each is updated in O(L·J + h) when an entry changes. The prefix norms the trajectory
+ * search needs (rows 0..l of every map, for every l) are not kept: [L][C] floats would be
+ * 1/J of the maps (12.5% for Mixtral's J = 8); the matcher accumulates them in the same
+ * pass that reads the rows (see matcher.c). The whole store is C·(h + L·J) floats of data
+ * (the maps padded to whole tiles) plus 3·C + max_batch·C·(1 or 2) + max_batch² + L·J
+ * of norms, counters and scratch; the default max_batch keeps the scratch near 2% of
+ * the data.
  *
- * Deduplication of a batch of n new entries against a full store: two sgemm calls give the
- * n × C dot products of embeddings and of whole maps; norms turn them into cosines and
+ * Deduplication of a batch of n new entries against a full store: the n × C dot products
+ * of embeddings (one sgemm) and of whole maps (the matcher's kernel); norms turn them into cosines and
  * the fixed weights d/L and (L-d)/L into RDY. Entries are then placed in order; an entry
  * placed earlier in the batch changed a column, and for the later entries that column's
  * RDY is their RDY with the batch entry now in it, which two more small sgemms (the batch
  * against itself) give. The outcome is therefore the same as adding the entries one at a
- * time, which is the rule as the paper states it. Cost per new entry: O((C + n)·(h + L·J))
- * flops in sgemm plus O(C) for the argmax.
+ * time, which is the rule as the paper states it (to float rounding: the products with
+ * the store are summed layer by layer by the matcher's kernel, fmoe__expertmap_map_dots,
+ * those within the batch by one sgemm over whole maps). Cost per new entry:
+ * O((C + n)·(h + L·J)) flops plus O(C) for the argmax.
  */
 #include <cblas.h>
 #include <math.h>
@@ -32,21 +39,38 @@
 #include "fmoe/expertmap.h"
 
 #define DEFAULT_MAX_BATCH 256
+#define W FMOE__EXPERTMAP_TILE
 
-static float rnorm_of(double n2) { return n2 > 0 ? (float)(1.0 / sqrt(n2)) : 0.0f; }
-
-/* Row l of entry y: maps are layer-major, [L][C][J]. */
-static inline float *row_of(const fmoe_expertmap *s, int32_t y, int32_t l) {
-    return s->maps + ((size_t)l * (size_t)s->cfg.capacity + (size_t)y) * (size_t)s->cfg.num_experts;
+void fmoe__expertmap_gather(const fmoe_expertmap *s, int32_t l, int32_t y0, int32_t n,
+                            float *out) {
+    const int32_t J = s->cfg.num_experts;
+    for (int32_t i = 0; i < n; i++) {
+        const float *src = s->maps + fmoe__expertmap_at(s, y0 + i, l, 0);
+        for (int32_t j = 0; j < J; j++) out[(size_t)i * J + j] = src[(size_t)j * W];
+    }
 }
 
-const float *fmoe_expertmap_row(const fmoe_expertmap *s, int32_t y, int32_t l) {
-    return row_of(s, y, l);
+/* Row l of entry y <- row[0..J). */
+static void scatter_row(fmoe_expertmap *s, int32_t y, int32_t l, const float *row) {
+    float *dst = s->maps + fmoe__expertmap_at(s, y, l, 0);
+    for (int32_t j = 0; j < s->cfg.num_experts; j++) dst[(size_t)j * W] = row[j];
+}
+
+void fmoe_expertmap_get_row(const fmoe_expertmap *s, int32_t y, int32_t l, float *out) {
+    fmoe__expertmap_gather(s, l, y, 1, out);
+}
+
+void fmoe_expertmap_get_rows(const fmoe_expertmap *s, int32_t y, int32_t l0, int32_t l1,
+                             float *out) {
+    const int32_t J = s->cfg.num_experts;
+    const size_t layer = (size_t)s->tiles * J * W; /* floats from one layer to the next */
+    const float *src = s->maps + fmoe__expertmap_at(s, y, l0, 0);
+    for (int32_t l = l0; l < l1; l++, src += layer, out += J)
+        for (int32_t j = 0; j < J; j++) out[j] = src[(size_t)j * W];
 }
 
 void fmoe_expertmap_copy_map(const fmoe_expertmap *s, int32_t y, float *out) {
-    const int32_t L = s->cfg.num_layers, J = s->cfg.num_experts;
-    for (int32_t l = 0; l < L; l++) memcpy(out + (size_t)l * J, row_of(s, y, l), (size_t)J * sizeof *out);
+    fmoe_expertmap_get_rows(s, y, 0, s->cfg.num_layers, out);
 }
 
 /* The K largest of row[0..J) (ties to the lower index) into top[K]; K <= J. */
@@ -64,10 +88,12 @@ void fmoe__expertmap_topk(const float *row, int32_t J, int32_t K, int32_t *top) 
     }
 }
 
+/* Adds (sign > 0) or removes entry y's top-K experts to or from the popularity counts. */
 static void pop_update(fmoe_expertmap *s, int32_t y, int sign) {
     const int32_t L = s->cfg.num_layers, J = s->cfg.num_experts, K = s->cfg.top_k;
     for (int32_t l = 0; l < L; l++) {
-        fmoe__expertmap_topk(row_of(s, y, l), J, K, s->topk);
+        fmoe__expertmap_gather(s, l, y, 1, s->row);
+        fmoe__expertmap_topk(s->row, J, K, s->topk);
         for (int32_t k = 0; k < K; k++) {
             uint32_t *c = &s->pop[(size_t)l * J + s->topk[k]];
             *c = sign > 0 ? *c + 1 : *c - 1;
@@ -75,16 +101,12 @@ static void pop_update(fmoe_expertmap *s, int32_t y, int sign) {
     }
 }
 
-/* Recomputes the derived data of entry y from its sem and map. */
-static void refresh_entry(fmoe_expertmap *s, int32_t y) {
-    const int32_t L = s->cfg.num_layers, J = s->cfg.num_experts, h = s->cfg.semantic_dim;
-    const size_t C = (size_t)s->cfg.capacity;
+/* Recomputes the derived data of entry y from its sem and map[L][J] (as given). */
+static void refresh_entry(fmoe_expertmap *s, int32_t y, const float *map) {
+    const int32_t h = s->cfg.semantic_dim;
+    const size_t LJ = (size_t)s->cfg.num_layers * (size_t)s->cfg.num_experts;
     double acc = 0;
-    for (int32_t l = 0; l < L; l++) {
-        const float *row = row_of(s, y, l);
-        for (int32_t j = 0; j < J; j++) acc += (double)row[j] * row[j];
-        s->prefix_rnorm[(size_t)l * C + y] = rnorm_of(acc);
-    }
+    for (size_t i = 0; i < LJ; i++) acc += (double)map[i] * map[i];
     s->map_norm[y] = (float)sqrt(acc);
     double sn = 0;
     if (h > 0) {
@@ -101,8 +123,7 @@ static void write_entry(fmoe_expertmap *s, int32_t y, int had_old, const float *
     const int32_t L = s->cfg.num_layers, J = s->cfg.num_experts;
     const int32_t h = s->cfg.semantic_dim;
     if (had_old) pop_update(s, y, -1);
-    for (int32_t l = 0; l < L; l++)
-        memcpy(row_of(s, y, l), map + (size_t)l * J, (size_t)J * sizeof *map);
+    for (int32_t l = 0; l < L; l++) scatter_row(s, y, l, map + (size_t)l * J);
     if (h > 0) {
         if (sem)
             memcpy(s->sem + (size_t)y * h, sem, (size_t)h * sizeof *s->sem);
@@ -111,7 +132,7 @@ static void write_entry(fmoe_expertmap *s, int32_t y, int had_old, const float *
     }
     s->hits[y] = hits;
     pop_update(s, y, +1);
-    refresh_entry(s, y);
+    refresh_entry(s, y, map);
     s->version++;
 }
 
@@ -152,28 +173,51 @@ int fmoe_expertmap_init(fmoe_expertmap **out, const fmoe_expertmap_config *cfg) 
         s->cfg.max_batch = b < 1 ? 1 : b > DEFAULT_MAX_BATCH ? DEFAULT_MAX_BATCH : (int32_t)b;
     }
     const size_t B = (size_t)s->cfg.max_batch;
-    s->maps = malloc(C * LJ * sizeof *s->maps);
+    s->tiles = (int32_t)((C + W - 1) / W);
+    /* zeroed: the lanes past the last entry of a tile are read (and ignored) by the matcher */
+    s->maps = calloc((size_t)s->tiles * W * LJ, sizeof *s->maps);
     s->sem = h ? malloc(C * h * sizeof *s->sem) : NULL;
-    s->hits = calloc(C, sizeof *s->hits);
-    s->sem_norm = calloc(C, sizeof *s->sem_norm);
-    s->map_norm = calloc(C, sizeof *s->map_norm);
-    s->prefix_rnorm = calloc(L * C, sizeof *s->prefix_rnorm);
-    s->pop = calloc(LJ, sizeof *s->pop);
-    s->topk = malloc((size_t)cfg->top_k * sizeof *s->topk);
-    s->rdy = malloc(B * C * sizeof *s->rdy);
-    s->tmp = h ? malloc(B * C * sizeof *s->tmp) : NULL;
-    s->xnorm_sem = malloc(B * sizeof *s->xnorm_sem);
-    s->xnorm_map = malloc(B * sizeof *s->xnorm_map);
-    s->placed = malloc(B * sizeof *s->placed);
-    s->occupant = malloc(B * sizeof *s->occupant);
-    s->pair = malloc(2 * B * B * sizeof *s->pair);
-    if (!s->maps || (h && !s->sem) || !s->hits || !s->sem_norm || !s->map_norm ||
-        !s->prefix_rnorm || !s->pop || !s->topk || !s->rdy || (h && !s->tmp) || !s->xnorm_sem ||
-        !s->xnorm_map || !s->placed || !s->occupant || !s->pair) {
+    /* Everything else in one zeroed block (counters, norms, scratch): one allocation
+     * instead of fifteen, so the store's size is its arrays, not allocator overhead. */
+    const size_t P = (size_t)s->tiles * W;
+    size_t off = 0;
+#define CARVE(field, count)                                                                       \
+    const size_t field##_off = off;                                                               \
+    off += ((count) * sizeof *s->field + 63) & ~(size_t)63;
+    CARVE(hits, C)
+    CARVE(sem_norm, C)
+    CARVE(map_norm, C)
+    CARVE(pop, LJ)
+    CARVE(topk, (size_t)cfg->top_k)
+    CARVE(row, J)
+    CARVE(rdy, B * P)
+    CARVE(tmp, h ? B * C : 0)
+    CARVE(xnorm_sem, B)
+    CARVE(xnorm_map, B)
+    CARVE(placed, B)
+    CARVE(occupant, B)
+    CARVE(pair, 2 * B * B)
+#undef CARVE
+    s->work = calloc(1, off);
+    if (!s->maps || (h && !s->sem) || !s->work) {
         fmoe_expertmap_free(s);
         return fmoe_error_set(FMOE_ENOMEM, "expert-map store of %zu entries (%zu MiB)", C,
                               (C * (LJ + h) * 4) >> 20);
     }
+    char *w = s->work;
+    s->hits = (void *)(w + hits_off);
+    s->sem_norm = (void *)(w + sem_norm_off);
+    s->map_norm = (void *)(w + map_norm_off);
+    s->pop = (void *)(w + pop_off);
+    s->topk = (void *)(w + topk_off);
+    s->row = (void *)(w + row_off);
+    s->rdy = (void *)(w + rdy_off);
+    s->tmp = h ? (void *)(w + tmp_off) : NULL;
+    s->xnorm_sem = (void *)(w + xnorm_sem_off);
+    s->xnorm_map = (void *)(w + xnorm_map_off);
+    s->placed = (void *)(w + placed_off);
+    s->occupant = (void *)(w + occupant_off);
+    s->pair = (void *)(w + pair_off);
     *out = s;
     return 0;
 }
@@ -184,12 +228,12 @@ int fmoe_expertmap_clone(fmoe_expertmap **out, const fmoe_expertmap *src) {
     const size_t C = (size_t)src->cfg.capacity, L = (size_t)src->cfg.num_layers,
                  LJ = L * (size_t)src->cfg.num_experts, h = (size_t)src->cfg.semantic_dim;
     const size_t n = (size_t)src->size;
-    memcpy(s->maps, src->maps, C * LJ * sizeof *s->maps); /* layer-major: copy all rows */
+    /* tiled, layer-major: copy every tile (the unused lanes are zero in both) */
+    memcpy(s->maps, src->maps, (size_t)src->tiles * W * LJ * sizeof *s->maps);
     if (h) memcpy(s->sem, src->sem, n * h * sizeof *s->sem);
     memcpy(s->hits, src->hits, C * sizeof *s->hits);
     memcpy(s->sem_norm, src->sem_norm, C * sizeof *s->sem_norm);
     memcpy(s->map_norm, src->map_norm, C * sizeof *s->map_norm);
-    memcpy(s->prefix_rnorm, src->prefix_rnorm, L * C * sizeof *s->prefix_rnorm);
     memcpy(s->pop, src->pop, LJ * sizeof *s->pop);
     s->size = src->size;
     s->version = src->version;
@@ -200,25 +244,12 @@ void fmoe_expertmap_free(fmoe_expertmap *s) {
     if (!s) return;
     free(s->maps);
     free(s->sem);
-    free(s->hits);
-    free(s->sem_norm);
-    free(s->map_norm);
-    free(s->prefix_rnorm);
-    free(s->pop);
-    free(s->topk);
-    free(s->rdy);
-    free(s->tmp);
-    free(s->xnorm_sem);
-    free(s->xnorm_map);
-    free(s->placed);
-    free(s->occupant);
-    free(s->pair);
+    free(s->work);
     free(s);
 }
 
 const fmoe_expertmap_config *fmoe_expertmap_config_of(const fmoe_expertmap *s) { return &s->cfg; }
 int32_t fmoe_expertmap_size(const fmoe_expertmap *s) { return s->size; }
-const float *fmoe_expertmap_maps(const fmoe_expertmap *s) { return s->maps; }
 const float *fmoe_expertmap_semantic(const fmoe_expertmap *s) { return s->sem; }
 const uint32_t *fmoe_expertmap_hits(const fmoe_expertmap *s) { return s->hits; }
 const uint32_t *fmoe_expertmap_popularity(const fmoe_expertmap *s) { return s->pop; }
@@ -279,10 +310,12 @@ double fmoe_expertmap_redundancy(const fmoe_expertmap *s, const float *sem, cons
     const double cs = (h > 0 && sem) ? cos_d(sem, s->sem + (size_t)y * h, (size_t)h) : 0.0;
     double ab = 0, aa = 0, bb = 0;
     for (int32_t l = 0; l < L; l++) {
-        const float *a = map + (size_t)l * J, *b = row_of(s, y, l);
-        ab += dot_d(a, b, J);
+        const float *a = map + (size_t)l * J, *b = s->maps + fmoe__expertmap_at(s, y, l, 0);
+        for (size_t j = 0; j < J; j++) {
+            ab += (double)a[j] * b[j * W];
+            bb += (double)b[j * W] * b[j * W];
+        }
         aa += dot_d(a, a, J);
-        bb += dot_d(b, b, J);
     }
     const double cm = aa > 0 && bb > 0 ? ab / sqrt(aa * bb) : 0.0;
     return (double)d / L * cs + (double)(L - d) / L * cm;
@@ -308,15 +341,13 @@ static void dedup_batch(fmoe_expertmap *s, int32_t n, const float *sem, int64_t 
     }
     /* rdy = X_map · M^T (summed layer by layer: the store is layer-major), scaled;
      * tmp = X_sem · S^T, scaled and added. */
-    const int32_t J = s->cfg.num_experts;
-    for (int32_t l = 0; l < L; l++)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, J, 1.0f, maps + (size_t)l * J,
-                    (int)map_stride, s->maps + (size_t)l * C * J, J, l ? 1.0f : 0.0f, s->rdy, C);
+    const int64_t P = (int64_t)s->tiles * W; /* rdy's row length: whole tiles */
+    fmoe__expertmap_map_dots(s, maps, n, map_stride, s->rdy, P);
     if (use_sem)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, C, h, 1.0f, sem, (int)sem_stride,
                     s->sem, h, 0.0f, s->tmp, C);
     for (int32_t x = 0; x < n; x++) {
-        float *row = s->rdy + (size_t)x * C;
+        float *row = s->rdy + (size_t)x * P;
         const float *trow = use_sem ? s->tmp + (size_t)x * C : NULL;
         const float xm = s->xnorm_map[x], xs = s->xnorm_sem[x];
         const float fm = xm > 0 ? wm / xm : 0.0f, fs = xs > 0 ? ws / xs : 0.0f;
@@ -347,7 +378,7 @@ static void dedup_batch(fmoe_expertmap *s, int32_t n, const float *sem, int64_t 
         }
     int32_t nplaced = 0;
     for (int32_t x = 0; x < n; x++) {
-        float *row = s->rdy + (size_t)x * C;
+        float *row = s->rdy + (size_t)x * P;
         const float *xs = use_sem ? sem + (size_t)x * sem_stride : NULL;
         const float *xm = maps + (size_t)x * map_stride;
         for (int32_t i = 0; i < nplaced; i++)

@@ -56,10 +56,27 @@
  * The matcher runs beside inference (§4.3): its prefetches carry FMOE_POLICY_MATCHER, and
  * the executor issues them after the modelled match delay.
  *
- * Cost per layer: O(C·J) for the trajectory step (one sgemv; one sgemm for a prefill's
- * queries), O(J log J) per query for the selection, O(N) per victim. Memory: the store
- * (its own copy in the updating modes), MAX_QUERIES·(C + L·J + h) floats. No allocation
- * after init.
+ * Cost per layer: O(C·J) for the trajectory step (fmoe_matcher: one vectorised pass over
+ * the layer's block of the store, a prefill's queries together), O(J·m) per query for
+ * the selection of m experts, O(N) per victim. Memory: the store (its own copy in the
+ * updating modes), and the matcher's 2·MAX_QUERIES·C + C floats of running sums and
+ * scores plus MAX_QUERIES·(L·J + h) of observed rows. No allocation after init.
+ *
+ * Speed without changing a decision (tests/expertmap/test_fmoe_equivalence.c runs every
+ * variant against its fmoe__policy_<v>_reference twin, which takes none of these, and
+ * compares every prefetch and victim):
+ *   - cur_p's rows for the layers ahead are a function of the best entries and the
+ *     store's contents: when neither changed since they were last made, they stay
+ *     (set_cur_p_from_maps);
+ *   - the trajectory search after the last layer plans nothing and sets no cur_p row:
+ *     skipped, unless the store is this policy's own (its best entries count as hits);
+ *   - the victim scan for p·freq has the rule's switch and the layer's division out of
+ *     its loop, and a prefetch first only looks for an expert it may evict: most find
+ *     none, and then the argmin is not needed (choose_victim_pfreq);
+ *   - the request-level expert counts are kept only by fmoe-hitcount, which reads them.
+ * The search after each of the layers L-d..L-2 plans nothing either, but it refreshes
+ * cur_p for the layers after it, which eviction reads: skipping it would change
+ * decisions, so it runs.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -82,6 +99,7 @@ typedef struct variant {
     int delta;            /* similarity-aware delta; else K experts per query */
     predict_rule predict;
     evict_rule evict;
+    int reference;        /* differential tests: no shortcuts, the matcher's scalar path */
 } variant;
 
 typedef struct deferred {
@@ -108,6 +126,13 @@ typedef struct fm_state {
     int32_t *best;            /* [Q] best entry of the last search */
     float *score;             /* [Q] its similarity */
     float *cur_p;             /* [L][J] p of each expert for eviction */
+    /* what rows [cp_from, L) of cur_p were last computed from (set_cur_p_from_maps) */
+    int cp_valid;
+    int32_t cp_from, cp_nq;
+    uint64_t cp_version;      /* the store's version then */
+    int32_t *cp_best;         /* [Q] the queries' best entries then */
+    float *rowbuf;            /* [J] a stored row, gathered */
+    float *mapbuf;            /* [L][J] a stored map's rows, gathered */
     int32_t cur_layer;
     uint8_t *protect;         /* [J] routed at cur_layer, kept until the layer is done */
     /* planning scratch */
@@ -139,6 +164,9 @@ static void fm_free(void *state) {
     free(S->best);
     free(S->score);
     free(S->cur_p);
+    free(S->cp_best);
+    free(S->rowbuf);
+    free(S->mapbuf);
     free(S->protect);
     free(S->pri);
     free(S->pp);
@@ -216,6 +244,9 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
     S->best = calloc(Q, sizeof *S->best);
     S->score = calloc(Q, sizeof *S->score);
     S->cur_p = calloc(S->LJ, sizeof *S->cur_p);
+    S->cp_best = calloc(Q, sizeof *S->cp_best);
+    S->rowbuf = calloc(J, sizeof *S->rowbuf);
+    S->mapbuf = calloc(S->LJ, sizeof *S->mapbuf);
     S->protect = calloc(J, 1);
     S->pri = calloc(J, sizeof *S->pri);
     S->pp = calloc(J, sizeof *S->pp);
@@ -224,7 +255,8 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
     S->order = calloc(J, sizeof *S->order);
     S->held = calloc(S->LJ, sizeof *S->held);
     S->req_counts = calloc(S->LJ, sizeof *S->req_counts);
-    if (!S->rows || (S->h && !S->sem) || !S->best || !S->score || !S->cur_p || !S->protect ||
+    if (!S->rows || (S->h && !S->sem) || !S->best || !S->score || !S->cur_p || !S->cp_best ||
+        !S->rowbuf || !S->mapbuf || !S->protect ||
         !S->pri || !S->pp || !S->share || !S->sel || !S->order || !S->held || !S->req_counts) {
         fm_free(S);
         return fmoe_error_set(FMOE_ENOMEM, "policy %s state", v->name);
@@ -233,6 +265,7 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
         fm_free(S);
         return rc;
     }
+    fmoe__matcher_set_reference(S->m, v->reference);
     *state = S;
     return 0;
 }
@@ -243,8 +276,11 @@ static void plan_clear(fm_state *S) {
     for (int32_t j = 0; j < S->J; j++) S->pri[j] = -1;
 }
 
-/* Adds the experts selected from row p (similarity `score`) for target layer tl. */
-static void plan_row(fm_state *S, const float *p, double score, int32_t tl, int32_t l_now) {
+/* Adds the experts selected from row tl of entry y (similarity `score`) for target layer
+ * tl. */
+static void plan_row(fm_state *S, int32_t y, double score, int32_t tl, int32_t l_now) {
+    const float *p = S->rowbuf;
+    fmoe_expertmap_get_row(S->store, y, tl, S->rowbuf);
     const int32_t m = fmoe_expertmap_select(p, S->J, S->v.delta ? score : 1.0, S->K, S->sel);
     for (int32_t i = 0; i < m; i++) {
         const int32_t j = S->sel[i];
@@ -339,21 +375,57 @@ static void complete_row(float *row, int32_t J) {
         if (row[j] <= 0) row[j] = fill;
 }
 
-/* cur_p rows from layer `from` on: the highest probability over the queries' best maps. */
+/* Row l of cur_p is about to be overwritten by something else than the maps. */
+static void cur_p_overwrite(fm_state *S, int32_t l) {
+    if (S->cp_from <= l) S->cp_from = l + 1;
+}
+
+/* cur_p rows [from, to): the highest probability over the queries' best maps. The rows
+ * are a function of (the best entries, the store's contents) only, so when rows
+ * [from, L) were last made from the same entries of the same store version and nothing
+ * else wrote them since, they are left as they are (the trajectory's best entries often
+ * stay the same from one layer to the next). */
 static void set_cur_p_from_maps(fm_state *S, int32_t from, int32_t to) {
     int any = 0;
     for (int32_t q = 0; q < S->nq; q++) any |= S->best[q] >= 0;
     if (!any) return;
-    for (int32_t l = from; l < to; l++) {
-        float *row = S->cur_p + (size_t)l * S->J;
-        memset(row, 0, (size_t)S->J * sizeof *row);
+    const uint64_t version = fmoe_expertmap_version(S->store);
+    if (!S->v.reference && to == S->L && S->cp_valid && S->cp_from <= from &&
+        S->cp_nq == S->nq && S->cp_version == version &&
+        memcmp(S->cp_best, S->best, (size_t)S->nq * sizeof *S->best) == 0)
+        return;
+    const size_t J = (size_t)S->J;
+    float *rows = S->cur_p + (size_t)from * J;
+    const size_t n = (size_t)(to - from) * J;
+    if (S->v.reference) {
+        for (int32_t l = from; l < to; l++) {
+            float *row = S->cur_p + (size_t)l * J;
+            memset(row, 0, J * sizeof *row);
+            for (int32_t q = 0; q < S->nq; q++) {
+                if (S->best[q] < 0) continue;
+                fmoe_expertmap_get_row(S->store, S->best[q], l, S->rowbuf);
+                for (size_t j = 0; j < J; j++)
+                    if (S->rowbuf[j] > row[j]) row[j] = S->rowbuf[j];
+            }
+        }
+    } else { /* the same maxima (the maps hold no NaN), query by query */
+        memset(rows, 0, n * sizeof *rows);
         for (int32_t q = 0; q < S->nq; q++) {
             if (S->best[q] < 0) continue;
-            const float *src = fmoe_expertmap_row(S->store, S->best[q], l);
-            for (int32_t j = 0; j < S->J; j++)
-                if (src[j] > row[j]) row[j] = src[j];
+            fmoe_expertmap_get_rows(S->store, S->best[q], from, to, S->mapbuf);
+            for (size_t i = 0; i < n; i++)
+                if (S->mapbuf[i] > rows[i]) rows[i] = S->mapbuf[i];
         }
-        complete_row(row, S->J);
+    }
+    for (int32_t l = from; l < to; l++) complete_row(S->cur_p + (size_t)l * J, S->J);
+    if (to == S->L) {
+        S->cp_valid = 1;
+        S->cp_from = from;
+        S->cp_nq = S->nq;
+        S->cp_version = version;
+        memcpy(S->cp_best, S->best, (size_t)S->nq * sizeof *S->best);
+    } else {
+        for (int32_t l = from; l < to; l++) cur_p_overwrite(S, l);
     }
 }
 
@@ -395,7 +467,7 @@ static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
             plan_clear(S);
             for (int32_t q = 0; q < S->nq; q++)
                 if (S->best[q] >= 0)
-                    plan_row(S, fmoe_expertmap_row(S->store, S->best[q], tl), S->score[q], tl, -1);
+                    plan_row(S, S->best[q], S->score[q], tl, -1);
             plan_issue(S, env, tl);
         }
         set_cur_p_from_maps(S, 0, first);
@@ -432,6 +504,7 @@ static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
     /* the observed row of each query (its gate probabilities; the chosen experts at 1/K
      * when the trace has none), and p of this layer for eviction */
     float *cp = S->cur_p + (size_t)l * J;
+    cur_p_overwrite(S, l);
     memset(cp, 0, (size_t)J * sizeof *cp);
     for (int32_t q = 0; q < S->nq; q++) {
         const int64_t t = (int64_t)q * S->stride < ev->num_tokens ? (int64_t)q * S->stride : 0;
@@ -447,7 +520,9 @@ static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
             if (row[j] > cp[j]) cp[j] = row[j];
     }
     complete_row(cp, J);
-    for (int32_t t = 0; t < ev->num_tokens; t++)
+    /* request-level counts: only fmoe-hitcount reads them */
+    for (int32_t t = 0; (S->v.predict == PREDICT_HITCOUNT || S->v.reference) && t < ev->num_tokens;
+         t++)
         for (int32_t k = 0; k < S->K; k++) {
             uint32_t *c = &S->req_counts[(size_t)l * J + ev->chosen[t * ev->chosen_stride + k]];
             if (*c != UINT32_MAX) (*c)++;
@@ -465,15 +540,18 @@ static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
         }
         return;
     }
-    fmoe_matcher_trajectory_add(S->m, l, S->rows + (size_t)l * J, (int64_t)S->LJ, S->best,
-                                S->score);
+    /* The search after the last layer plans nothing and updates no cur_p row; its best
+     * entries only count as hits of a store this policy updates. */
+    if (l < S->L - 1 || S->own || S->v.reference)
+        fmoe_matcher_trajectory_add(S->m, l, S->rows + (size_t)l * J, (int64_t)S->LJ, S->best,
+                                    S->score);
     if (tl < S->L) {
         plan_clear(S);
         int any = 0;
         for (int32_t q = 0; q < S->nq; q++) {
             if (S->best[q] < 0) continue;
             any = 1;
-            plan_row(S, fmoe_expertmap_row(S->store, S->best[q], tl), S->score[q], tl, l);
+            plan_row(S, S->best[q], S->score[q], tl, l);
         }
         if (!any)
             plan_counts(S, fmoe_expertmap_popularity(S->store) + (size_t)tl * J, tl, l,
@@ -509,10 +587,8 @@ static void fm_on_iteration_end(void *state, const fmoe_policy_env *env,
     S->active = 0;
 }
 
-static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
-    (void)incoming;
-    fm_state *S = state;
-    const fmoe_cache_view *v = env->cache;
+/* The straightforward scan (every rule; the reference variants use it). */
+static int32_t choose_victim_plain(fm_state *S, const fmoe_cache_view *v) {
     int32_t best = -1, fallback = -1;
     double bk = 0, fk = 0;
     uint64_t bt = 0, ft = 0;
@@ -546,12 +622,79 @@ static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env, int32_t
     return best;
 }
 
+/* The same scan for p·freq eviction, the hot one: no division to find an expert's layer,
+ * the rule's switch out of the loop. Same comparisons in the same order, same result. */
+static int32_t choose_victim_pfreq(fm_state *S, const fmoe_cache_view *v) {
+    const int32_t J = S->J, lo = S->cur_layer * J; /* cur_layer -1: nothing protected */
+    const float *cur_p = S->cur_p;
+    const uint8_t *protect = S->protect;
+    if (S->prefetching) {
+        /* A prefetch evicts only an unprotected expert worth at most what it brings (see
+         * below): most find none, and that needs no argmin, only a look for one. */
+        const double thr = S->incoming_keep;
+        int found = 0;
+        for (int32_t s = 0; s < v->capacity && !found; s++) {
+            const int32_t e = v->slot_expert[s];
+            const int ok = v->slot_state[s] == FMOE_SLOT_RESIDENT && v->slot_pins[s] == 0 &&
+                           !((uint32_t)(e - lo) < (uint32_t)J && protect[e - lo]);
+            found = ok && fmoe_expertmap_keep_value(
+                              cur_p[e], (double)(int64_t)v->expert_accesses[e] + 1.0) <= thr;
+        }
+        if (!found) return -1;
+    }
+    int32_t best = -1, fallback = -1;
+    double bk = 0, fk = 0;
+    uint64_t bt = 0, ft = 0;
+    for (int32_t s = 0; s < v->capacity; s++) {
+        if (v->slot_state[s] != FMOE_SLOT_RESIDENT || v->slot_pins[s] != 0) continue;
+        const int32_t e = v->slot_expert[s];
+        /* (counts stay far below 2^63: the signed conversion is the same value, and one
+         * instruction where the unsigned one is a branchy sequence on x86-64) */
+        const double k =
+            fmoe_expertmap_keep_value(cur_p[e], (double)(int64_t)v->expert_accesses[e] + 1.0);
+        const uint64_t t = v->slot_last_access[s];
+        if ((uint32_t)(e - lo) < (uint32_t)J && protect[e - lo]) {
+            if (fallback < 0 || k < fk || (k == fk && t < ft)) {
+                fallback = s;
+                fk = k;
+                ft = t;
+            }
+        } else if (best < 0 || k < bk || (k == bk && t < bt)) {
+            best = s;
+            bk = k;
+            bt = t;
+        }
+    }
+    if (best < 0) {
+        best = fallback;
+        bk = fk;
+    }
+    if (S->prefetching && best >= 0 && bk > S->incoming_keep) return -1;
+    if (S->prefetching && best >= 0 && best == fallback) return -1;
+    return best;
+}
+
+static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
+    (void)incoming;
+    fm_state *S = state;
+    if (S->v.evict == EVICT_PFREQ && !S->v.reference) return choose_victim_pfreq(S, env->cache);
+    return choose_victim_plain(S, env->cache);
+}
+
 /* ------------------------------------------------------------------ the variants */
 
+/* Each variant comes twice: the policy, and fmoe__policy_<ident>_reference for the
+ * differential tests (tests/expertmap/test_fmoe_equivalence.c): the same decisions made
+ * the slow way, with the matcher's scalar reference path and without this file's
+ * shortcuts (cached cur_p rows, no search after the last layer). Not in the registry. */
 #define FMOE_VARIANT(ident, vname, sem, dlt, pred, ev)                                            \
-    static const variant variant_##ident = {vname, sem, dlt, pred, ev};                           \
+    static const variant variant_##ident = {vname, sem, dlt, pred, ev, 0};                        \
+    static const variant variant_##ident##_reference = {vname, sem, dlt, pred, ev, 1};            \
     static int init_##ident(void **state, const fmoe_policy_config *cfg) {                        \
         return fm_init_variant(state, cfg, &variant_##ident);                                     \
+    }                                                                                             \
+    static int init_##ident##_reference(void **state, const fmoe_policy_config *cfg) {            \
+        return fm_init_variant(state, cfg, &variant_##ident##_reference);                         \
     }
 
 FMOE_VARIANT(fmoe, "fmoe", 1, 1, PREDICT_MAPS, EVICT_PFREQ)
@@ -561,12 +704,12 @@ FMOE_VARIANT(fmoe_hitcount, "fmoe-hitcount", 0, 0, PREDICT_HITCOUNT, EVICT_PFREQ
 FMOE_VARIANT(fmoe_lru, "fmoe-lru", 1, 1, PREDICT_MAPS, EVICT_LRU)
 FMOE_VARIANT(fmoe_lfu, "fmoe-lfu", 1, 1, PREDICT_MAPS, EVICT_LFU)
 
-#define FMOE_OPS(ident, vname, summary_text, flag_bits)                                           \
-    const fmoe_policy_ops fmoe_policy_##ident = {                                                 \
+#define FMOE_OPS_TABLE(symbol, init_fn, vname, summary_text, flag_bits)                           \
+    const fmoe_policy_ops symbol = {                                                              \
         /* .name          = */ vname,                                                             \
         /* .summary       = */ summary_text,                                                      \
         /* .flags         = */ flag_bits,                                                         \
-        /* .init          = */ init_##ident,                                                      \
+        /* .init          = */ init_fn,                                                           \
         /* .free          = */ fm_free,                                                           \
         /* .on_request_start   = */ fm_on_request_start,                                          \
         /* .on_iteration_start = */ fm_on_iteration_start,                                        \
@@ -579,6 +722,12 @@ FMOE_VARIANT(fmoe_lfu, "fmoe-lfu", 1, 1, PREDICT_MAPS, EVICT_LFU)
         /* .default_distance   = */ DEFAULT_DISTANCE,                                             \
         /* .variants      = */ 0,                                                                 \
     };
+
+#define FMOE_OPS(ident, vname, summary_text, flag_bits)                                           \
+    FMOE_OPS_TABLE(fmoe_policy_##ident, init_##ident, vname, summary_text, flag_bits)             \
+    extern const fmoe_policy_ops fmoe__policy_##ident##_reference;                                \
+    FMOE_OPS_TABLE(fmoe__policy_##ident##_reference, init_##ident##_reference, vname,             \
+                   summary_text, flag_bits)
 
 #define MAPS_FLAGS (FMOE_POLICY_PREFETCHES | FMOE_POLICY_NEEDS_PROBS | FMOE_POLICY_MATCHER)
 

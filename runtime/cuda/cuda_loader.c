@@ -24,6 +24,7 @@ static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static const fmoe_cuda_module_api *module;
 static char load_error[512];
 
+#if FMOE_HAVE_CUDA
 static void *open_candidate(const char *path) {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
@@ -34,6 +35,7 @@ static void *open_candidate(const char *path) {
     }
     return h;
 }
+#endif
 
 static void load_module(void) {
 #if FMOE_HAVE_CUDA

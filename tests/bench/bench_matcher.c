@@ -9,6 +9,7 @@
  *     bench_matcher build  L J h C N     build-store: N tokens deduplicated into a full store
  *                                        of C entries (batches of 256): tokens/s
  *     bench_matcher memory L J h C       resident size of a filled store vs C·(h + L·J)·4
+ *     bench_matcher sgemv M N            OpenBLAS sgemv [M][N] x [N]: GFLOP/s of this core
  *
  * Each prints one JSON object. Data are random softmax rows (sharpened) and Gaussian-ish
  * embeddings from a fixed seed; times are CLOCK_MONOTONIC and, for the per-core figure,
@@ -19,6 +20,11 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+#include <cblas.h>
 
 #include "fmoe/error.h"
 #include "fmoe/expertmap.h"
@@ -80,14 +86,17 @@ static int filled(fmoe_expertmap **s, int32_t L, int32_t J, int32_t h, int32_t C
     return 0;
 }
 
+/* Anonymous resident memory (RssAnon of /proc/self/status), KiB: the heap and anonymous
+ * mappings, where the store lives. (The whole resident size also counts pages of the
+ * program's code the kernel maps in 64 KiB at a time on first use: noise at 1 MB.) */
 static long rss_kib(void) {
-    FILE *f = fopen("/proc/self/statm", "r");
-    long pages = 0, res = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
-        fclose(f);
-    }
-    return res * (sysconf(_SC_PAGESIZE) / 1024);
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "RssAnon: %ld", &kib) == 1) break;
+    if (f) fclose(f);
+    return kib;
 }
 
 static int bench_traj(int32_t L, int32_t J, int32_t C, int32_t B) {
@@ -193,12 +202,32 @@ static int bench_memory(int32_t L, int32_t J, int32_t h, int32_t C) {
     float *xm = malloc((size_t)B * L * J * sizeof *xm), *xe = h ? malloc((size_t)B * h * sizeof *xe) : NULL;
     rows(xm, (int64_t)B * L, J);
     if (h) vecs(xe, (int64_t)B * h);
+    /* OpenBLAS allocates its packing buffers at the first sgemm (per thread, shared by the
+     * whole process, not part of any store): make them resident before measuring. */
+    {
+        float *wa = malloc((size_t)B * L * J * sizeof *wa), *wc = malloc((size_t)B * B * sizeof *wc);
+        rows(wa, (int64_t)B * L, J);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, B, L * J, 1.0f, wa, L * J, wa,
+                    L * J, 0.0f, wc, B);
+        if (h) {
+            float *we = malloc((size_t)B * h * sizeof *we);
+            vecs(we, (int64_t)B * h);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, B, h, 1.0f, we, h, we, h, 0.0f,
+                        wc, B);
+            free(we);
+        }
+        free(wa);
+        free(wc);
+    }
     const long before = rss_kib();
     fmoe_expertmap *s = NULL;
     /* fill it (filled() frees its row buffers, which glibc returns to the system: they are
      * mmap-sized), then deduplicate one batch so that the scratch is resident too */
     if (filled(&s, L, J, h, C) < 0) return die("store");
     if (fmoe_expertmap_add(s, B, xe, h, xm, (int64_t)L * J, NULL, NULL) < 0) return die("add");
+#ifdef __GLIBC__
+    malloc_trim(0); /* the bench's own freed buffers, kept in glibc's heap, are not the store */
+#endif
     const long after = rss_kib();
     free(xm);
     free(xe);
@@ -211,7 +240,33 @@ static int bench_memory(int32_t L, int32_t J, int32_t h, int32_t C) {
     return 0;
 }
 
+/* OpenBLAS sgemv on this core: y = A x for A [M][N] row-major, the shape of the whole-map
+ * dot products of one query against M stored maps of N = L·J values (the least work any
+ * trajectory search per token can do with BLAS). GFLOP/s = 2·M·N per call. */
+static int bench_sgemv(int32_t M, int32_t N) {
+    float *a = malloc((size_t)M * N * sizeof *a), *x = malloc((size_t)N * sizeof *x),
+          *y = malloc((size_t)M * sizeof *y);
+    vecs(a, (int64_t)M * N);
+    vecs(x, N);
+    double t0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID), t = 0;
+    int64_t calls = 0;
+    while (t < 1.0 || calls < 4) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, M, N, 1.0f, a, N, x, 1, 0.0f, y, 1);
+        calls++;
+        t = now(CLOCK_MONOTONIC) - t0;
+    }
+    const double cpu = now(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    printf("{\"bench\": \"sgemv\", \"M\": %d, \"N\": %d, \"calls\": %lld, \"cpu_s\": %.4f, "
+           "\"calls_per_cpu_s\": %.1f, \"gflops_per_cpu_s\": %.2f}\n",
+           M, N, (long long)calls, cpu, calls / cpu, 2.0 * M * N * calls / cpu / 1e9);
+    free(a);
+    free(x);
+    free(y);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "sgemv") == 0) return bench_sgemv(atoi(argv[2]), atoi(argv[3]));
     if (argc >= 5 && strcmp(argv[1], "traj") == 0)
         return bench_traj(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), argc > 5 ? atoi(argv[5]) : 1);
     if (argc >= 4 && strcmp(argv[1], "sem") == 0)
@@ -221,6 +276,6 @@ int main(int argc, char **argv) {
     if (argc == 6 && strcmp(argv[1], "memory") == 0)
         return bench_memory(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     fprintf(stderr, "usage: bench_matcher traj L J C [B] | sem h C [B] | build L J h C N | "
-                    "memory L J h C\n");
+                    "memory L J h C | sgemv M N\n");
     return 2;
 }

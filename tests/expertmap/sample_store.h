@@ -81,9 +81,12 @@ static inline const char *ss_verify(const fmoe_store_file *f) {
     const float *sem = fmoe_expertmap_semantic(f->store);
     const uint32_t *hits = fmoe_expertmap_hits(f->store);
     for (int e = 0; e < SS_E; e++) {
-        for (int l = 0; l < SS_L; l++)
+        for (int l = 0; l < SS_L; l++) {
+            float row[SS_J];
+            fmoe_expertmap_get_row(f->store, e, l, row);
             for (int j = 0; j < SS_J; j++)
-                if (fmoe_expertmap_row(f->store, e, l)[j] != ss_map(e, l, j)) return "maps";
+                if (row[j] != ss_map(e, l, j)) return "maps";
+        }
         for (int i = 0; i < SS_H; i++)
             if (sem[e * SS_H + i] != ss_sem(e, i)) return "semantic";
         if (hits[e] != (uint32_t)(10 * e)) return "hits";

@@ -140,8 +140,12 @@ TEST(dedup_batch_equals_one_at_a_time) {
         }
     }
     for (int i = 0; i < N; i++) ASSERT_EQ(sa[i], sb[i]);
-    ASSERT_TRUE(memcmp(fmoe_expertmap_maps(a), fmoe_expertmap_maps(b),
-                       sizeof(float) * C * L * J) == 0);
+    for (int y = 0; y < C; y++) {
+        float ma[6 * 8], mb[6 * 8];
+        fmoe_expertmap_copy_map(a, y, ma);
+        fmoe_expertmap_copy_map(b, y, mb);
+        ASSERT_TRUE(memcmp(ma, mb, sizeof ma) == 0);
+    }
     free(maps);
     free(sem);
     fmoe_expertmap_free(a);
@@ -219,6 +223,50 @@ TEST(select_topk_only_rows_use_their_own_mass) {
     ASSERT_EQ(fmoe_expertmap_select(p, 64, 0.0, 5, out), 5);
     ASSERT_EQ(out[3], 0);
     ASSERT_EQ(out[4], 1);
+}
+
+/* The rule of fmoe_expertmap_select written the plain way: sort by (p desc, index asc),
+ * take while fewer than k_min or the mass is short of delta · total. */
+static int32_t select_by_sort(const float *p, int32_t J, double score, int32_t k_min,
+                              int32_t *out) {
+    for (int32_t j = 0; j < J; j++) out[j] = j;
+    for (int32_t a = 1; a < J; a++) /* insertion sort, stable on the index */
+        for (int32_t b = a; b > 0 && p[out[b]] > p[out[b - 1]]; b--) {
+            const int32_t t = out[b];
+            out[b] = out[b - 1];
+            out[b - 1] = t;
+        }
+    double total = 0, acc = 0;
+    for (int32_t j = 0; j < J; j++) total += p[j] > 0 ? p[j] : 0;
+    const double thr = fmoe_expertmap_delta(score) * total * (1.0 - 1e-6);
+    int32_t m = 0;
+    while (m < J && (m < (k_min < J ? k_min : J) || (acc < thr && p[out[m]] > 0)))
+        acc += p[out[m++]];
+    return m;
+}
+
+TEST(select_small_and_heap_paths_agree_with_the_rule) {
+    /* rows of up to 32 experts take the repeated-maximum path, larger ones the heap:
+     * both must give the plain rule's experts in its order, ties included */
+    static const int32_t sizes[] = {1, 2, 3, 8, 16, 31, 32, 33, 60, 128};
+    float p[128];
+    int32_t a[128], b[128];
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int32_t J = sizes[si];
+        for (int trial = 0; trial < 300; trial++) {
+            for (int32_t j = 0; j < J; j++) {
+                const float v = frand();
+                /* coarse values make ties; some zeros (top-k-only rows) */
+                p[j] = trial % 3 == 0 ? (float)(int)(v * 4) / 8.0f : v * v * v;
+            }
+            const double score = frand() * 1.2 - 0.1;
+            const int32_t k = 1 + (int32_t)(frand() * 4);
+            const int32_t m = fmoe_expertmap_select(p, J, score, k, a);
+            const int32_t r = select_by_sort(p, J, score, k, b);
+            ASSERT_EQ(m, r);
+            for (int32_t i = 0; i < m; i++) ASSERT_EQ(a[i], b[i]);
+        }
+    }
 }
 
 TEST(priorities) {

@@ -41,7 +41,9 @@ TEST(store_round_trip_all_compressions) {
             ASSERT_OK(fmoe_matcher_trajectory_add(m, l, row, SS_J, &best, &score));
         }
         ASSERT_NEAR(score, 1.0, 1e-6);
-        ASSERT_EQ(fmoe_expertmap_row(g->store, best, 1)[1], ss_map(3, 1, 1));
+        float got[SS_J];
+        fmoe_expertmap_get_row(g->store, best, 1, got);
+        ASSERT_EQ(got[1], ss_map(3, 1, 1));
         fmoe_matcher_free(m);
         fmoe_store_file_free(g);
         unlink(path);

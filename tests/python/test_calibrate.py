@@ -1,5 +1,6 @@
 """`fmoe calibrate`: the profile it writes is valid JSON that `fmoe simulate --profile`
-accepts (with the host lane for --miss cpu), carries the fit errors and raw points, and bad
+accepts (with the host lane for --miss cpu), carries the fit errors and raw points and the
+fMoE matcher's time per match (which simulate gives the fmoe policies' prefetches), and bad
 input gets one-line errors. Runs `fmoe calibrate` when the binary registers it, else the
 same command built on its own (tests/sim/fmoe_calibrate_cli).
 """
@@ -9,6 +10,7 @@ import subprocess
 
 import pytest
 
+from test_build_store import synthetic_trace
 from test_simulate_reference import random_requests, write_trace
 
 
@@ -81,6 +83,47 @@ def test_stdout_and_model_config(calibrate, fixtures_dir, tmp_path):
         assert m["shapes_of"].startswith("qwen2_moe")
         assert (m["hidden_size"], m["expert_intermediate_size"]) == (256, 176)
         assert m["shared_intermediate_size"] == 704
+        # the matcher is timed at the model's own maps (24 MoE layers x 60 experts), in full
+        mt = p["calibration"]["matcher"]
+        assert (mt["layers"], mt["experts"], mt["store_entries"]) == (24, 60, 1000)
+    assert p["matcher"]["match_s"] > 0
+
+
+def test_matcher_time_is_measured_and_simulate_uses_it(calibrate, fmoe, tmp_path):
+    prof = tmp_path / "p.json"
+    calibrate("--quick", "--quiet", "-o", prof, "--file-dir", tmp_path)
+    p = json.loads(prof.read_text())
+    match_s = p["matcher"]["match_s"]
+    mt = p["calibration"]["matcher"]
+    # default geometry: Mixtral-like maps (32 MoE layers x 8 experts), 1000 entries
+    assert (mt["layers"], mt["experts"], mt["store_entries"]) == (32, 8, 1000)
+    assert mt["match_s"] == match_s
+    # one layer's search over 1000 maps: well above a nanosecond, well below a millisecond
+    assert 1e-9 < match_s < 1e-3
+    assert mt["token_s"] == pytest.approx(32 * match_s, rel=1e-6)
+
+    # simulate takes the profile's match_s as the fmoe policies' match delay: the same run
+    # as a profile without the field plus --match-delay match_s, bit for bit
+    trace = synthetic_trace(fmoe, tmp_path, requests=12, layers=6, experts=8)
+    bare = dict(p)
+    del bare["matcher"]
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    slow = dict(p, matcher={"match_s": 1.0})  # every prefetch a second late
+    (tmp_path / "slow.json").write_text(json.dumps(slow))
+
+    def sim(profile, *extra):
+        out = fmoe("simulate", "--trace", trace, "--cache-experts", "12", "--policy", "fmoe",
+                   "--prefetch-distance", "2", "--profile", profile, "--json", "--quiet",
+                   *extra).stdout
+        return json.loads(out)["results"][0]
+
+    with_field = sim(prof)
+    assert with_field == sim(tmp_path / "bare.json", "--match-delay", repr(match_s))
+    without = sim(tmp_path / "bare.json")
+    late = sim(tmp_path / "slow.json")
+    # the field is read: a second's delay makes every prefetch come too late to be a hit
+    assert without["prefetch_hits"] > 0 and late["prefetch_hits"] < without["prefetch_hits"]
+    assert late["e2e_s"]["mean"] >= without["e2e_s"]["mean"]
 
 
 def test_bad_input(calibrate, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 MISSION = ["record", "build-store", "simulate", "serve"]
 # The mission commands that have not landed yet; each must say so.
-UNAVAILABLE = ["record", "serve"]
+UNAVAILABLE = ["serve"]
 
 
 def test_help_lists_every_command(fmoe):
@@ -92,6 +92,12 @@ def demo_trace(fmoe, tmp_path_factory):
     out = fmoe("demo", "--output-dir", d, "--quiet").stdout
     assert "flame-moe-290m.h5" in out
     assert "predictability" in out
+    # part 2: record -> build-store -> simulate on the bundled model, every policy listed
+    for f in ("fmoe-tiny.h5", "fmoe-tiny-store.h5"):
+        assert (d / f).exists(), f
+    table = out[out.index("$ fmoe simulate --trace " + str(d / "fmoe-tiny.h5")):]
+    for policy in ("fmoe", "lru", "lfu", "moe-infinity", "mixtral-offload", "oracle", "belady"):
+        assert any(line.startswith(policy + " ") for line in table.splitlines()), policy
     return d / "flame-moe-290m.h5"
 
 

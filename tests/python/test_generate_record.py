@@ -4,17 +4,19 @@
   greedy continuation of the same prompt ids on the same checkpoint (and fmoe's prompt ids
   equal HF `tokenizers`' on its tokenizer.json); streamed text, --json, --dump-logits and
   --chat agree with each other.
-- record: 100 prompts (tests/fixtures/prompts_100.txt, and 100 ShareGPT prompts when
-  ../shared/data exists) give a trace that h5py reads with the shapes of DESIGN.md §4, that
-  `fmoe inspect` and `fmoe simulate` consume, whose experts and gate probabilities equal
-  transformers' router on the recorded token sequences, and whose arrival times come from
-  an Azure CSV. A recorder killed with SIGKILL leaves a readable TRACE.h5.partial.
+- record: 100 prompts (datasets/samples/prompts_100.txt, and 100 ShareGPT prompts when
+  ../shared/data exists) give a trace that h5py reads with the shapes of DESIGN.md §4
+  (timings included), that `fmoe inspect`, `fmoe build-store` and `fmoe simulate`
+  consume, whose experts, gate probabilities, semantic embeddings and gate inputs equal
+  transformers' on the recorded token sequences, and whose arrival times come from an
+  Azure CSV. A recorder killed with SIGKILL leaves a readable TRACE.h5.partial.
 - bad input: a prompt longer than the context, a missing model directory, an unsupported
   family: one line on stderr, exit status 1.
 
-Sizes are small (a few new tokens per request) so the file runs in about a minute on two
-cores. torch + transformers come from tests/python/requirements-torch.txt; without them
-the cross-checks against transformers skip.
+Sizes are small (a few new tokens per request), so the file runs in well under a minute
+on two cores (8 s plain, 17 s under ASan). torch + transformers come from
+tests/python/requirements-torch.txt; without them the cross-checks against transformers
+skip.
 """
 import json
 import os
@@ -28,8 +30,9 @@ import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# FMOE_TEST_TINY: run the same checks on another checkpoint of the fmoe-tiny layout.
 TINY = pathlib.Path(os.environ.get("FMOE_TEST_TINY", REPO / "datasets" / "fmoe-tiny"))
-PROMPTS = REPO / "tests" / "fixtures" / "prompts_100.txt"
+PROMPTS = REPO / "datasets" / "samples" / "prompts_100.txt"
 
 h5py = pytest.importorskip("h5py")
 import hdf5plugin  # noqa: F401,E402  (registers the zstd filter with h5py)
@@ -283,7 +286,7 @@ def test_record_matches_transformers_router(trace100, hf_model):
                 np.testing.assert_allclose(hid[:, l], seen[l], atol=0.02, rtol=0.01)
 
 
-def test_record_trace_feeds_inspect_and_simulate(fmoe, trace100):
+def test_record_trace_feeds_inspect_build_store_and_simulate(fmoe, trace100, tmp_path):
     path = trace100[0]
     p = fmoe("inspect", path, "--json")
     j = json.loads(p.stdout)
@@ -292,6 +295,11 @@ def test_record_trace_feeds_inspect_and_simulate(fmoe, trace100):
     assert "coarse" in p.stdout and "100" in p.stdout
     p = fmoe("simulate", "--trace", path, "--policy", "lru,belady", "--cache-experts", "8")
     assert "lru" in p.stdout and "belady" in p.stdout
+    store = tmp_path / "store.h5"
+    fmoe("build-store", "--trace", path, "-o", store, "--capacity", "256")
+    p = fmoe("simulate", "--trace", path, "--store", store, "--policy", "fmoe",
+             "--cache-experts", "8")
+    assert "fmoe" in p.stdout
 
 
 def test_record_sharegpt_100(fmoe, shared_data, tmp_path):

@@ -179,7 +179,8 @@ TEST(half_precision_rounding) {
         for (int j = 0; j < SAMPLE_J; j++)
             pr[l * SAMPLE_J + j] = 1.0f / (3.0f + (float)j + (float)l);
     }
-    fmoe_trace_request q = {1, 0, 1, 0, tok, ph, ex, pr, NULL, NULL};
+    fmoe_trace_request q = {.id = 1, .prompt_tokens = 1, .token_id = tok, .phase = ph,
+                            .experts = ex, .probs = pr};
     ASSERT_OK(fmoe_trace_writer_append_request(w, &q));
     ASSERT_OK(fmoe_trace_writer_close(w));
     fmoe_trace_reader *r = NULL;
@@ -316,7 +317,8 @@ TEST(large_rows_split_chunks) {
             }
     int32_t tok[2] = {1, 2};
     uint8_t ph[2] = {0, 1};
-    fmoe_trace_request q = {1, 0, 1, 1, tok, ph, ex, probs, NULL, spec};
+    fmoe_trace_request q = {.id = 1, .prompt_tokens = 1, .output_tokens = 1, .token_id = tok,
+                            .phase = ph, .experts = ex, .probs = probs, .speculative = spec};
     fmoe_trace_writer *w = NULL;
     int rc = fmoe_trace_writer_open(&w, path, &h, NULL);
     if (rc == 0) rc = fmoe_trace_writer_append_request(w, &q);

@@ -1,32 +1,37 @@
 /*
  * fmoe/expertmap.h - the expert-map store and the matcher of fMoE (POLICIES.md A.1-A.5,
- * papers/fmoe.txt §4.1-§4.5). Implemented in lib/expertmap/ with OpenBLAS; no HDF5 (the
- * file format is fmoe/store.h).
+ * papers/fmoe.txt §4.1-§4.5). Implemented in lib/expertmap/ with OpenBLAS and
+ * hand-vectorised kernels; no HDF5 (the file format is fmoe/store.h).
  *
  * An expert map is one token's gate probabilities at every MoE layer, P[0..L-1][0..J-1];
  * the store keeps up to C of them with the token's semantic embedding (length h, the
  * output of the model's embedding layer) and a hit counter.
  *
- *   store    fmoe_expertmap: maps [C][L][J], sem [C][h], hits [C]. While it holds fewer
- *            than C entries, new ones are appended; once full, a new entry x replaces the
- *            stored entry y with the highest redundancy
+ *   store    fmoe_expertmap: maps [C][L][J] (held in an internal tiled layout: read them
+ *            with fmoe_expertmap_get_row / _get_rows / _copy_map), sem [C][h], hits [C].
+ *            While it holds fewer than C entries, new ones are appended; once full, a new
+ *            entry x replaces the stored entry y with the highest redundancy
  *                RDY(x, y) = (d/L)·cos(sem_x, sem_y) + ((L-d)/L)·cos(map_x, map_y)
  *            (fMoE §4.4; cos over the whole flattened L·J map). A batch of new entries is
- *            scored with two sgemm calls; within a batch the result equals adding the
- *            entries one by one (columns replaced earlier in the batch are rescored).
+ *            scored at once (the matcher's kernel for the maps, sgemm for embeddings);
+ *            within a batch the result equals adding the entries one by one (columns
+ *            replaced earlier in the batch are rescored), to float rounding.
  *   matcher  fmoe_matcher: semantic search (argmax cos(sem_new, sem_y), for the first d
  *            layers) and trajectory search (argmax cos of the observed prefix of this
  *            iteration's map against the same rows of every stored map, for the later
  *            layers). The trajectory search is incremental: per query it keeps one running
- *            dot product per stored map and the running norm of the query, and each layer
- *            adds one row: O(C·J) per layer (one sgemv, or one sgemm for a batch of queries
- *            at the same layer), not O(C·l·J).
+ *            dot product per stored map (and, shared by the queries, the running norm of
+ *            each stored prefix), and each layer adds one row: O(C·J) per layer and query
+ *            in one vectorised pass over the layer's block of the store, not O(C·l·J).
+ *            Its arithmetic is pinned down bit for bit (fmoe_matcher_trajectory_reference),
+ *            so that results do not depend on the CPU or the BLAS.
  *   selection  fmoe_expertmap_select: delta = clip(1 - score, 0, 1); the smallest set of
  *            experts, by decreasing probability, whose summed probability reaches delta
  *            (as a share of the row's total), never fewer than K (fMoE Eq. 6-8).
  *
  * Cosine similarity of a zero vector with anything is 0. Ties in an argmax go to the
- * lowest entry index.
+ * lowest entry index (for the trajectory search: of the key it ranks by, see
+ * fmoe_matcher_trajectory_add).
  *
  * Thread safety: a store may be read by any number of matchers and threads at once while
  * nobody modifies it; fmoe_expertmap_add / _set / _clear need exclusive access. A matcher
@@ -54,8 +59,9 @@ typedef struct fmoe_expertmap_config {
 typedef struct fmoe_expertmap fmoe_expertmap;
 
 /* Creates an empty store; allocates everything it will ever need: C·(h + L·J) floats of
- * data, C·(L + 3) of norms and counters, L·J popularity counts, and max_batch·C floats of
- * scratch (twice when h > 0).
+ * data (C rounded up to a multiple of 16 for the maps), 3·C of norms and counters, L·J
+ * popularity counts, and max_batch·(C + max_batch) floats of scratch (C twice when
+ * h > 0).
  * @return 0, FMOE_EINVAL (detail names the bad field: capacity 0, d >= L, ...), FMOE_ENOMEM. */
 int fmoe_expertmap_init(fmoe_expertmap **out, const fmoe_expertmap_config *cfg);
 
@@ -71,15 +77,16 @@ const fmoe_expertmap_config *fmoe_expertmap_config_of(const fmoe_expertmap *s);
 /* Entries held now (<= capacity). */
 int32_t fmoe_expertmap_size(const fmoe_expertmap *s);
 
+/* Entry y's row l copied to out[J], its rows [l0, l1) to out[l1 - l0][J], and its whole
+ * map to out[L][J]. (The maps are stored in an internal tiled layout, so there is no
+ * borrowed view of them.) */
+void fmoe_expertmap_get_row(const fmoe_expertmap *s, int32_t y, int32_t l, float *out);
+void fmoe_expertmap_get_rows(const fmoe_expertmap *s, int32_t y, int32_t l0, int32_t l1,
+                             float *out);
+void fmoe_expertmap_copy_map(const fmoe_expertmap *s, int32_t y, float *out);
 /* Borrowed views of the data, valid until the store is freed; entries [0, size) are live.
- *   maps      [L][C][J] float32 gate probabilities, layer-major: row l of entry y is the J
- *             floats at maps[(l * C + y) * J] (fmoe_expertmap_row)
  *   semantic  [C][h] float32 embeddings; NULL when h == 0
  *   hits      [C] how often each entry was the best match (fmoe_expertmap_hit) */
-const float *fmoe_expertmap_maps(const fmoe_expertmap *s);
-/* Row l of entry y (J floats), and entry y's whole map copied to out[L][J]. */
-const float *fmoe_expertmap_row(const fmoe_expertmap *s, int32_t y, int32_t l);
-void fmoe_expertmap_copy_map(const fmoe_expertmap *s, int32_t y, float *out);
 const float *fmoe_expertmap_semantic(const fmoe_expertmap *s);
 const uint32_t *fmoe_expertmap_hits(const fmoe_expertmap *s);
 
@@ -164,7 +171,8 @@ typedef struct fmoe_matcher fmoe_matcher;
 
 /* A matcher over `store` for up to max_queries queries at once (the tokens of one
  * iteration, or of a batch of requests stepping through layers together). Allocates
- * max_queries · C floats of running dot products plus per-query state.
+ * 2 · max_queries · C floats (running dot products, scores), C of running norms, and
+ * max_queries · L · J of observed rows.
  * @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
 int fmoe_matcher_init(fmoe_matcher **out, const fmoe_expertmap *store, int32_t max_queries);
 void fmoe_matcher_free(fmoe_matcher *m); /* NULL: no-op */
@@ -185,8 +193,10 @@ int fmoe_matcher_trajectory_begin(fmoe_matcher *m, int32_t n);
  * Adds the observed row of layer `layer` for every started query: rows[q * stride + 0..J).
  * Layers must come in order 0, 1, 2, ... (the next after the last added). Then
  * best[q] = argmax_y cos(prefix_q, prefix of map y), score[q] its value (best = -1 when
- * the store is empty). If the store changed since begin (fmoe_expertmap_version), the
- * running sums are rebuilt from the kept prefixes first (O(C·l·J), once).
+ * the store is empty), exactly as fmoe_matcher_trajectory_reference computes them: the
+ * argmax ranks entries by a float key monotone in the cosine, ties to the lower index.
+ * If the store changed since begin (fmoe_expertmap_version), the running sums are
+ * rebuilt from the kept prefixes first (O(C·l·J), once).
  * best and score may be NULL (update only). @return 0 or FMOE_EINVAL (layer out of order).
  */
 int fmoe_matcher_trajectory_add(fmoe_matcher *m, int32_t layer, const float *rows,
@@ -196,13 +206,33 @@ int fmoe_matcher_trajectory_add(fmoe_matcher *m, int32_t layer, const float *row
 int32_t fmoe_matcher_trajectory_layers(const fmoe_matcher *m);
 
 /* The scores of query q against every stored entry after the last semantic or trajectory
- * call ([size] floats, borrowed until the next call); NULL when q is out of range. */
-const float *fmoe_matcher_scores(const fmoe_matcher *m, int32_t q);
+ * call ([size] floats, borrowed until the next call; trajectory scores are made by this
+ * call, O(C)); NULL when q is out of range. */
+const float *fmoe_matcher_scores(fmoe_matcher *m, int32_t q);
 
-/* Reference implementation (tests, benchmarks): the trajectory scores of one prefix
- * prefix[0..(layers)·J) against every entry, recomputed from scratch with double
- * accumulation into scores[size]. @return the best entry, or -1. */
+/* The definition the incremental trajectory search must equal bit for bit (tests): one
+ * prefix prefix[0..layers·J) against every entry, recomputed from scratch in scalar code
+ * with the same float operations in the same order. scores[size] (may be NULL) receives
+ * every entry's score, *best_score (may be NULL) the best one's. @return the best entry,
+ * or -1. O(C·layers·J). */
+int32_t fmoe_matcher_trajectory_reference(const fmoe_expertmap *store, const float *prefix,
+                                          int32_t layers, float *best_score, float *scores);
+
+/* Reference implementation of the mathematics (tests, benchmarks): the trajectory scores
+ * of one prefix against every entry, recomputed from scratch with double accumulation into
+ * scores[size]. Equals the matcher to float rounding (not bit for bit). @return the best
+ * entry, or -1. */
 int32_t fmoe_matcher_trajectory_naive(const fmoe_expertmap *store, const float *prefix,
                                       int32_t layers, float *scores);
+
+/* For differential tests of a policy: makes the matcher compute every trajectory step
+ * with fmoe_matcher_trajectory_reference (slow: O(C·l·J) per layer) instead of the
+ * incremental pass. The results are the same bits. */
+void fmoe__matcher_set_reference(fmoe_matcher *m, int on);
+
+/* For tests: runs the trajectory step built for x86-64 level `level` (0: the baseline
+ * build, 4 lanes; 1: AVX2, 8 lanes; 2: AVX-512, 16 lanes; -1: the widest this CPU runs,
+ * the default). @return 0, or -1 when this CPU or build has no such step. */
+int fmoe__matcher_force_level(fmoe_matcher *m, int level);
 
 #endif

@@ -136,4 +136,13 @@ int fmoe_calibrate_attention_cpu(int32_t heads, int32_t kv_heads, int32_t head_d
                                  const int32_t *tokens, const int32_t *contexts, int32_t n,
                                  int32_t reps, double *seconds);
 
+/* The fMoE matcher (fmoe/expertmap.h) on this CPU: a full store of `capacity` random maps
+ * of layers x experts, one query at a time stepping through every layer (the trajectory
+ * search of a decode token), at least `reps` trajectories (more while under 20 ms). The
+ * median trajectory's time per layer goes to *match_s (one match: the profile's
+ * matcher.match_s), the whole trajectory's to *search_s (either may be NULL).
+ * @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
+int fmoe_calibrate_matcher(int32_t layers, int32_t experts, int32_t top_k, int32_t capacity,
+                           int32_t reps, double *match_s, double *search_s);
+
 #endif
