@@ -142,7 +142,19 @@ static void print_trace_text(const char *path, fmoe_trace_reader *r, const fmoe_
     printf("  probs        %s%s\n", fmoe_probs_kind_name(h->probs_kind),
            h->probs_kind == FMOE_PROBS_NONE ? "" : (h->probs_half ? " (float16)" : " (float32)"));
     printf("  semantic     %s\n", h->semantic_dim ? h->semantic_kind : "none");
-    printf("  speculative  %s\n", h->speculative_depth ? "yes" : "none");
+    if (h->speculative_depth)
+        printf("  speculative  gates of layers l+1..l+%d\n", h->speculative_depth);
+    else
+        printf("  speculative  none\n");
+    if (h->hidden_dim)
+        printf("  hidden       gate inputs, float16, %d wide\n", h->hidden_dim);
+    else
+        printf("  hidden       none\n");
+    if (h->timing_layers)
+        printf("  timing       measured seconds per layer (%d decoder layers) and iteration\n",
+               h->timing_layers);
+    else
+        printf("  timing       none\n");
     printf("  dataset      %s\n", h->dataset[0] ? h->dataset : "(unknown)");
     printf("  recorded on  %s, %s, fmoe %s\n", h->recorded_on, h->created, h->fmoe_version);
     printf("  requests     %lld\n", (long long)fmoe_trace_reader_num_requests(r));
@@ -211,6 +223,8 @@ static void print_trace_json(const char *path, fmoe_trace_reader *r, const fmoe_
     cJSON_AddStringToObject(root, "probs_kind", fmoe_probs_kind_name(h->probs_kind));
     cJSON_AddNumberToObject(root, "semantic_dim", h->semantic_dim);
     cJSON_AddNumberToObject(root, "speculative_depth", h->speculative_depth);
+    cJSON_AddNumberToObject(root, "hidden_dim", h->hidden_dim);
+    cJSON_AddNumberToObject(root, "timing_layers", h->timing_layers);
     cJSON_AddNumberToObject(root, "requests", (double)fmoe_trace_reader_num_requests(r));
     cJSON_AddNumberToObject(root, "tokens", (double)fmoe_trace_reader_num_tokens(r));
     cJSON_AddNumberToObject(root, "prefill_tokens", (double)s->prefill_tokens);

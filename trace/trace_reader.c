@@ -143,6 +143,24 @@ static int read_int_attr(fmoe_trace_reader *r, const char *name, int64_t lo, int
     return 0;
 }
 
+/* An attribute added after version 1 was first written: absent means 0. */
+static int read_optional_i32_attr(fmoe_trace_reader *r, const char *name, int64_t hi,
+                                  int32_t *out) {
+    int64_t v = 0;
+    int rc = fmoe__h5_attr_read_int(r->file, r->path, "/", name, &v);
+    if (rc == FMOE_ENOTFOUND) {
+        fmoe_error_clear();
+        *out = 0;
+        return 0;
+    }
+    if (rc < 0) return rc;
+    FMOE_RETURN_ERROR_IF(v < 0 || v > hi, FMOE_EFORMAT,
+                         "%s: /: attribute %s = %lld, expected 0..%lld", r->path, name,
+                         (long long)v, (long long)hi);
+    *out = (int32_t)v;
+    return 0;
+}
+
 static int read_i32_attr(fmoe_trace_reader *r, const char *name, int32_t *out) {
     int64_t v = 0;
     FMOE_FORWARD_IF_ERROR(read_int_attr(r, name, INT32_MIN, INT32_MAX, &v));
@@ -202,6 +220,11 @@ static int read_header(fmoe_trace_reader *r) {
     FMOE_FORWARD_IF_ERROR(
         read_str_attr(r, "semantic_kind", h->semantic_kind, sizeof h->semantic_kind));
     FMOE_FORWARD_IF_ERROR(read_i32_attr(r, "speculative_depth", &h->speculative_depth));
+    /* Optional parts written by fmoe record (/tokens/hidden, /timing). */
+    FMOE_FORWARD_IF_ERROR(
+        read_optional_i32_attr(r, "hidden_dim", FMOE_TRACE_MAX_SEMANTIC, &h->hidden_dim));
+    FMOE_FORWARD_IF_ERROR(
+        read_optional_i32_attr(r, "timing_layers", FMOE_TRACE_MAX_LAYERS, &h->timing_layers));
     h->probs_half = 0; /* set from /tokens/probs' type below */
     return fmoe__trace_header_check(h, p, FMOE_EFORMAT, 1);
 }
@@ -466,6 +489,36 @@ static int open_file(fmoe_trace_reader *r) {
     return 0;
 }
 
+/* Checks the shapes of the optional datasets fmoe record writes (not read by the replay):
+ * /tokens/hidden [T,L,hidden_dim] and /timing/{layer_s [I,timing_layers], iteration_s [I]},
+ * I = the iterations in replay order. Present exactly when the header says so. */
+static int check_optional(fmoe_trace_reader *r, const char *name, int present, int rank,
+                          const int64_t *want) {
+    int ex = fmoe__h5_exists(r->file, name);
+    if (ex < 0) return fmoe_error_set(FMOE_EFORMAT, "%s: %s: cannot look up", r->path, name);
+    if (!present) {
+        FMOE_RETURN_ERROR_IF(ex > 0, FMOE_EFORMAT,
+                             "%s: %s exists, expected none (the header says it is absent)", r->path,
+                             name);
+        return 0;
+    }
+    FMOE_RETURN_ERROR_IF(ex == 0, FMOE_EFORMAT, "%s: %s is missing", r->path, name);
+    hid_t d = open_checked(r, name, H5T_FLOAT, 0, 0, rank, want, NULL);
+    if (d < 0) return (int)d;
+    H5Dclose(d);
+    return 0;
+}
+
+static int check_optional_datasets(fmoe_trace_reader *r) {
+    const fmoe_trace_header *h = &r->header;
+    const int64_t hidden[3] = {r->num_tokens, h->num_layers, h->hidden_dim};
+    const int64_t layer_s[2] = {r->num_iterations, h->timing_layers};
+    const int64_t iteration_s[1] = {r->num_iterations};
+    FMOE_FORWARD_IF_ERROR(check_optional(r, "/tokens/hidden", h->hidden_dim > 0, 3, hidden));
+    FMOE_FORWARD_IF_ERROR(check_optional(r, "/timing/layer_s", h->timing_layers > 0, 2, layer_s));
+    return check_optional(r, "/timing/iteration_s", h->timing_layers > 0, 1, iteration_s);
+}
+
 static int reader_open(fmoe_trace_reader **out, const char *path) {
     if (!out || !path) return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_reader_open: NULL argument");
     *out = NULL;
@@ -489,7 +542,7 @@ static int reader_open(fmoe_trace_reader **out, const char *path) {
     }
     r->header.config_json = r->config_json;
     if ((rc = open_datasets(r)) < 0 || (rc = read_requests(r)) < 0 ||
-        (rc = build_iterations(r)) < 0)
+        (rc = build_iterations(r)) < 0 || (rc = check_optional_datasets(r)) < 0)
         goto fail;
     r->half = fmoe__h5_half_type();
     if (r->half < 0) {

@@ -233,3 +233,41 @@ def test_import_unknown_model_type(fmoe, fixtures_dir, tmp_path):
     one_line_error(p, "trace import")
     assert "frobnicator" in p.stderr and "mixtral" in p.stderr and "qwen3_moe" in p.stderr
     assert not out.exists() and not (tmp_path / "out.h5.partial").exists()
+
+
+@pytest.fixture(scope="module")
+def recorded_trace(fmoe, tmp_path_factory):
+    """A small trace of real inference with every optional part (hidden, timing)."""
+    d = tmp_path_factory.mktemp("rec")
+    out = d / "rec.h5"
+    prompts = d / "p.txt"
+    prompts.write_text("The list type\nA dictionary maps\n")
+    fmoe("record", "--dataset", prompts, "--max-new-tokens", "3", "--ignore-eos",
+         "--hidden", "--speculative", "1", "-o", out, "-q")
+    return out
+
+
+def test_inspect_shows_optional_parts(fmoe, recorded_trace):
+    import h5py
+    import hdf5plugin  # noqa: F401
+    report = json.loads(fmoe("inspect", recorded_trace, "--json", "--quiet").stdout)
+    with h5py.File(recorded_trace, "r") as f:
+        assert report["hidden_dim"] == f["tokens/hidden"].shape[2] == f.attrs["hidden_dim"]
+        assert report["timing_layers"] == f["timing/layer_s"].shape[1]
+        assert f["timing/iteration_s"].shape[0] == report["iterations"]
+        assert report["speculative_depth"] == f["tokens/speculative"].shape[2] == 1
+
+
+def test_inspect_wrong_timing_shape(fmoe, recorded_trace, tmp_path):
+    import h5py
+
+    def edit(f):
+        it = f["timing/iteration_s"][...]
+        del f["timing/iteration_s"]
+        f["timing/iteration_s"] = it[:-1]  # one row short of the iterations
+
+    bad = tmp_path / "timing.h5"
+    copy_with(h5py, recorded_trace, bad, edit)
+    p = fmoe("inspect", bad, check=False)
+    one_line_error(p, "inspect")
+    assert "timing.h5" in p.stderr and "/timing/iteration_s" in p.stderr
