@@ -665,3 +665,29 @@ done:
     if (dcpl >= 0) H5Pclose(dcpl);
     return rc;
 }
+
+int fmoe__h5_check_format(hid_t file, const char *path, const char *what,
+                          const char *expected_format, int expected_version,
+                          const char *hint_format, const char *hint) {
+    char format[64];
+    int rc = fmoe__h5_attr_read_str(file, path, "/", "format", format, sizeof format);
+    if (rc == FMOE_ENOTFOUND)
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: /: no 'format' attribute, expected format = '%s' (not an "
+                              "fmoe %s)",
+                              path, expected_format, what);
+    if (rc < 0) return rc;
+    FMOE_RETURN_ERROR_IF(strcmp(format, expected_format) != 0, FMOE_EFORMAT,
+                         "%s: /: attribute format = '%s', expected '%s'%s", path, format,
+                         expected_format,
+                         hint_format && hint && strcmp(format, hint_format) == 0 ? hint : "");
+    int64_t version = 0;
+    rc = fmoe__h5_attr_read_int(file, path, "/", "version", &version);
+    if (rc == FMOE_ENOTFOUND) rc = FMOE_EFORMAT;
+    if (rc < 0) return rc;
+    FMOE_RETURN_ERROR_IF(version != expected_version, FMOE_EUNSUPPORTED,
+                         "%s: /: attribute version = %lld, expected %d%s", path,
+                         (long long)version, expected_version,
+                         version > expected_version ? " (written by a newer fmoe?)" : "");
+    return 0;
+}

@@ -117,4 +117,12 @@ int fmoe__h5_check_stored(hid_t d, const char *path, const char *name);
  * not; < 0 on error. */
 int fmoe__h5_exists(hid_t file, const char *name);
 
+/* Checks the root attributes `format` == expected_format and `version` == expected_version
+ * of an fmoe file. `hint` (may be NULL) is appended when the format is `hint_format`, e.g.
+ * to tell a user who passed a trace where a store was expected what to do. Errors:
+ * FMOE_EFORMAT (missing or other format), FMOE_EUNSUPPORTED (other version). */
+int fmoe__h5_check_format(hid_t file, const char *path, const char *what,
+                          const char *expected_format, int expected_version,
+                          const char *hint_format, const char *hint);
+
 #endif

@@ -240,28 +240,9 @@ done:
 
 static int read_file(reader *r, int32_t max_batch, fmoe_store_file *f) {
     const char *p = r->path;
-    char format[64];
-    int rc = fmoe__h5_attr_read_str(r->file, p, "/", "format", format, sizeof format);
-    if (rc == FMOE_ENOTFOUND)
-        return fmoe_error_set(FMOE_EFORMAT,
-                              "%s: /: no 'format' attribute, expected format = '%s' (not an fmoe "
-                              "store)",
-                              p, FMOE_STORE_FORMAT);
-    if (rc < 0) return rc;
-    FMOE_RETURN_ERROR_IF(strcmp(format, FMOE_STORE_FORMAT) != 0, FMOE_EFORMAT,
-                         "%s: /: attribute format = '%s', expected '%s'%s", p, format,
-                         FMOE_STORE_FORMAT,
-                         strcmp(format, FMOE_TRACE_FORMAT) == 0
-                             ? " (this is a trace: build a store from it with fmoe build-store)"
-                             : "");
-    int64_t version = 0;
-    rc = fmoe__h5_attr_read_int(r->file, p, "/", "version", &version);
-    if (rc == FMOE_ENOTFOUND) rc = FMOE_EFORMAT;
-    if (rc < 0) return rc;
-    FMOE_RETURN_ERROR_IF(version != FMOE_STORE_VERSION, FMOE_EUNSUPPORTED,
-                         "%s: /: attribute version = %lld, expected %d%s", p, (long long)version,
-                         FMOE_STORE_VERSION,
-                         version > FMOE_STORE_VERSION ? " (written by a newer fmoe?)" : "");
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_check_format(
+        r->file, p, "store", FMOE_STORE_FORMAT, FMOE_STORE_VERSION, FMOE_TRACE_FORMAT,
+        " (this is a trace: build a store from it with fmoe build-store)"));
     int64_t C, E, L, J, K, h, d, U, H, T;
     FMOE_FORWARD_IF_ERROR(int_attr(r, "capacity", 1, INT32_MAX, &C));
     FMOE_FORWARD_IF_ERROR(int_attr(r, "size", 0, C, &E));
@@ -299,7 +280,7 @@ static int read_file(reader *r, int32_t max_batch, fmoe_store_file *f) {
                                        .num_experts = (int32_t)J, .top_k = (int32_t)K,
                                        .semantic_dim = (int32_t)h,
                                        .prefetch_distance = (int32_t)d, .max_batch = max_batch};
-    rc = fmoe_expertmap_init(&f->store, &cfg);
+    int rc = fmoe_expertmap_init(&f->store, &cfg);
     if (rc < 0) {
         fmoe_error_prefix("%s", p);
         return rc;

@@ -176,25 +176,9 @@ static int read_str_attr(fmoe_trace_reader *r, const char *name, char *out, size
 static int read_header(fmoe_trace_reader *r) {
     fmoe_trace_header *h = &r->header;
     const char *p = r->path;
-    char format[64];
-    int rc = fmoe__h5_attr_read_str(r->file, p, "/", "format", format, sizeof format);
-    if (rc == FMOE_ENOTFOUND)
-        return fmoe_error_set(FMOE_EFORMAT,
-                              "%s: /: no 'format' attribute, expected format = '%s' (not an "
-                              "fmoe trace)",
-                              p, FMOE_TRACE_FORMAT);
-    if (rc < 0) return rc;
-    FMOE_RETURN_ERROR_IF(strcmp(format, FMOE_TRACE_FORMAT) != 0, FMOE_EFORMAT,
-                         "%s: /: attribute format = '%s', expected '%s'", p, format,
-                         FMOE_TRACE_FORMAT);
-    int64_t version = 0;
-    rc = fmoe__h5_attr_read_int(r->file, p, "/", "version", &version);
-    if (rc == FMOE_ENOTFOUND) rc = FMOE_EFORMAT;
-    if (rc < 0) return rc;
-    FMOE_RETURN_ERROR_IF(version != FMOE_TRACE_VERSION, FMOE_EUNSUPPORTED,
-                         "%s: /: attribute version = %lld, expected %d%s", p, (long long)version,
-                         FMOE_TRACE_VERSION,
-                         version > FMOE_TRACE_VERSION ? " (written by a newer fmoe?)" : "");
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_check_format(r->file, p, "trace", FMOE_TRACE_FORMAT,
+                                                FMOE_TRACE_VERSION, "fmoe-store",
+                                                " (this is an expert-map store, not a trace)"));
 
     FMOE_FORWARD_IF_ERROR(read_str_attr(r, "model_name", h->model_name, sizeof h->model_name));
     FMOE_FORWARD_IF_ERROR(

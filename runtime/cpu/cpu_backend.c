@@ -176,6 +176,79 @@ SIMD static void widen_simd(const uint16_t *w, fmoe_st_dtype dt, float *y, int64
         for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_f16(w + i));
     widen_plain(w + i, dt, y + i, n - i);
 }
+
+/*
+ * AVX-512 GEMM straight from bf16 weights: y[t][r] = Σ_k x[t][k]·W[r][k], no widened copy
+ * of W and no BLAS packing. A 512-bit load holds 32 bf16 values; as 32-bit lanes, the
+ * even-indexed value sits in the low half and the odd one in the high half, so
+ * `lane << 16` is W[2i] as a float and `lane & 0xffff0000` is W[2i+1] — two instructions
+ * for 32 widened values, no shuffles. x is packed once per call to match (pack_x_eo:
+ * per 32 columns, the 16 even ones then the 16 odd ones). A tile is R <= 4 rows by
+ * T <= 4 tokens in 16 accumulators; the weight rows stay in L1 while the tokens stream
+ * from L2. Summation order differs from a plain dot product only by the lane split.
+ */
+#define SIMD512 __attribute__((target("avx512f")))
+
+SIMD512 static void pack_x_eo(const float *x, int32_t n, int64_t cols, float *xp) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t k = 0; k < cols; k += 32) {
+            const __m512 a = _mm512_loadu_ps(x + t * cols + k);
+            const __m512 b = _mm512_loadu_ps(x + t * cols + k + 16);
+            _mm512_storeu_ps(xp + t * cols + k, _mm512_permutex2var_ps(a, ev, b));
+            _mm512_storeu_ps(xp + t * cols + k + 16, _mm512_permutex2var_ps(a, od, b));
+        }
+}
+
+SIMD512 static inline __attribute__((always_inline)) void
+tile_bf16_512(const uint16_t *W, int64_t cols, const float *xp, int64_t ldy, float *y, int R,
+              int T) {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < cols; k += 32) {
+        __m512 we[4], wo[4];
+        for (int r = 0; r < R; r++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(W + r * cols + k));
+            we[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            wo[r] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+        }
+        for (int t = 0; t < T; t++) {
+            const __m512 xe = _mm512_loadu_ps(xp + t * cols + k);
+            const __m512 xo = _mm512_loadu_ps(xp + t * cols + k + 16);
+            for (int r = 0; r < R; r++) {
+                acc[r][t] = _mm512_fmadd_ps(we[r], xe, acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(wo[r], xo, acc[r][t]);
+            }
+        }
+    }
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < R; r++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* Rows [r0, r1) of y[n][ldy] for bf16 W[rows][cols] (cols % 32 == 0), xp packed. */
+SIMD512 static void gemm_bf16_512(const uint16_t *W, int64_t cols, const float *xp, int32_t n,
+                                  float *y, int64_t ldy, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int R = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const uint16_t *w = W + r * cols;
+        int32_t t = 0;
+        if (R == 4) {
+            for (; t + 4 <= n; t += 4) tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, 4, 4);
+            switch (n - t) {
+            case 3: tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, 4, 3); break;
+            case 2: tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, 4, 2); break;
+            case 1: tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, 4, 1); break;
+            default: break;
+            }
+        } else {
+            for (; t < n; t++) tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, R > 0 ? 1 : 0, 1),
+                               (void)0;
+        }
+    }
+}
 #endif
 
 static float dot_f32(const cpu_ctx *c, const float *a, const float *b, int64_t n) {
