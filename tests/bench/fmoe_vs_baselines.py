@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fmoe against the baselines on the shared real routing traces (issue 4): hit rate and
+"""fmoe against the baselines on real routing traces (issue 4): hit rate and
 TPOT (TTFT for prefill-only traces) across expert-cache sizes from 10% to 90% of all routed
 experts, with the paper's 7:3 split (the store is built from 70% of the requests, every
 policy is evaluated on the other 30%) and prefetch distance d = 3.
@@ -19,9 +19,19 @@ Traces (imported here; the raw data stays in ../shared/data, it is not ours to c
     parameters, 4.35 MB in bf16.
 Neither trace has semantic embeddings, so fmoe's first d layers come from the store's
 expert popularity (the output says so), and neither has speculative gate rows, so
-mixtral-offload cannot run. The matcher's delay per match is measured on this machine by
-tests/expertmap/bench_matcher (a trajectory step over the 1000-entry store) and passed as
---match-delay.
+mixtral-offload cannot run. Two more traces are recorded here with `fmoe record` from
+the bundled trained model fmoe-tiny (6 MoE layers x 8 experts, top-2; real CPU inference
+with semantic embeddings, full gate distributions and --speculative 1 gate rows), greedy,
+at most 64 new tokens per request:
+  - the bundled datasets/samples/prompts_100.txt (100 prompts);
+  - when DATA/sharegpt-ml-energy exists, the first 300 prompts of
+    ShareGPT_V3_filtered_500.json (local data, not committed).
+On these, fmoe-map-ts (trajectory + semantic search, K experts per map) joins the
+ablations, and mixtral-offload runs at its own prefetch distance (layer l+1, the
+speculative rows' reach; its design) while every other policy uses d = 3. The recorded
+traces are kept in --work and reused; delete them to record again. The matcher's delay
+per match is measured on this machine by tests/expertmap/bench_matcher (a trajectory step
+over the 1000-entry store) and passed as --match-delay.
 
 Nothing here is tuned: d = 3, C = 1000 and the split seed 0 are the paper's and the
 defaults, fixed before the first run.
@@ -34,8 +44,9 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-POLICIES = ["fmoe", "fmoe-online", "lru", "lfu", "moe-infinity", "ondemand", "oracle", "belady"]
-ABLATIONS = ["fmoe", "fmoe-map-t", "fmoe-hitcount", "fmoe-lru", "fmoe-lfu"]
+POLICIES = ["fmoe", "fmoe-online", "lru", "lfu", "moe-infinity", "mixtral-offload", "ondemand",
+            "oracle", "belady"]
+ABLATIONS = ["fmoe", "fmoe-map-t", "fmoe-map-ts", "fmoe-hitcount", "fmoe-lru", "fmoe-lfu"]
 SHARES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 
 
@@ -65,8 +76,31 @@ def import_traces(fmoe, data, work):
            "--top-k", 6, "--tokens-per-request", 64, "--expert-bytes", 4350000,
            "--model-name", "FLAME-MoE-290M", *[flame_dir / f"layer{l:02d}.csv" for l in range(2, 10)],
            "-o", ftrace, "--quiet")
-    return [("Qwen1.5-MoE-A2.7B, vLLM, GSM8K (5 of 24 layers)", qtrace, 5, 60, 4, "TPOT"),
-            ("FLAME-MoE-290M, pretraining text, prefill only", ftrace, 8, 64, 6, "TTFT")]
+    # (title, trace, L, J, K, latency, has speculative rows, has semantic embeddings)
+    return [("Qwen1.5-MoE-A2.7B, vLLM, GSM8K (5 of 24 layers)", qtrace, 5, 60, 4, "TPOT",
+             False, False),
+            ("FLAME-MoE-290M, pretraining text, prefill only", ftrace, 8, 64, 6, "TTFT",
+             False, False)]
+
+
+def record_traces(fmoe, data, work):
+    """Traces recorded here from the bundled trained model fmoe-tiny (real CPU inference)."""
+    out = []
+    tiny = work / "tiny-prompts100.h5"
+    if not tiny.exists():
+        sh(fmoe, "record", "--dataset", REPO / "datasets" / "samples" / "prompts_100.txt",
+           "--max-new-tokens", 64, "--speculative", 1, "--temperature", 0, "-o", tiny, "-q")
+    out.append(("fmoe-tiny (bundled, trained), fmoe record, prompts_100.txt, greedy, "
+                "<= 64 new tokens", tiny, 6, 8, 2, "TPOT", True, True))
+    sharegpt = data / "sharegpt-ml-energy" / "ShareGPT_V3_filtered_500.json"
+    if sharegpt.exists():
+        sg = work / "tiny-sharegpt300.h5"
+        if not sg.exists():
+            sh(fmoe, "record", "--dataset", sharegpt, "--max-requests", 300,
+               "--max-new-tokens", 64, "--speculative", 1, "--temperature", 0, "-o", sg, "-q")
+        out.append(("fmoe-tiny (bundled, trained), fmoe record, 300 ShareGPT prompts, greedy, "
+                    "<= 64 new tokens", sg, 6, 8, 2, "TPOT", True, True))
+    return out
 
 
 def match_delay(build, L, J):
@@ -77,10 +111,11 @@ def match_delay(build, L, J):
     return 1.0 / (r["tokens_per_cpu_s"] * L)
 
 
-def simulate(fmoe, trace, store, policies, caches, extra, mode=None):
+def simulate(fmoe, trace, store, policies, caches, extra, mode=None, d=3):
+    """d = 0: each policy's own prefetch distance."""
     args = [fmoe, "simulate", "--trace", trace, "--store", store, "--holdout", "--policy",
             ",".join(policies), "--cache-experts", ",".join(map(str, caches)),
-            "--prefetch-distance", 3, "--json", "--quiet", *extra]
+            "--prefetch-distance", d, "--json", "--quiet", *extra]
     if mode:
         args += ["--store-mode", mode]
     p = sh(*args)
@@ -97,6 +132,8 @@ def main():
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/fmoe-vs-baselines"))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/readme-fmoe.md"))
     ap.add_argument("--hardware", default="rtx3090-pcie4")
+    ap.add_argument("--skip-imported", action="store_true",
+                    help="only the traces recorded from fmoe-tiny")
     a = ap.parse_args()
     fmoe = a.build / "cmd" / "fmoe"
     a.work.mkdir(parents=True, exist_ok=True)
@@ -106,7 +143,11 @@ def main():
         print(s, flush=True)
         lines.append(s)
 
-    for title, trace, L, J, K, lat in import_traces(fmoe, a.data, a.work):
+    traces = [] if a.skip_imported else import_traces(fmoe, a.data, a.work)
+    traces += record_traces(fmoe, a.data, a.work)
+    for title, trace, L, J, K, lat, spec, sem in traces:
+        policies = [p for p in POLICIES if spec or p != "mixtral-offload"]
+        ablations = [p for p in ABLATIONS if sem or p != "fmoe-map-ts"]
         store = a.work / (trace.stem + "-store.h5")
         built = sh(fmoe, "build-store", "--trace", trace, "--capacity", 1000,
                    "--prefetch-distance", 3, "--split", 0.7, "--seed", 0, "-o", store,
@@ -114,51 +155,59 @@ def main():
         delay = match_delay(a.build, L, J)
         caches = [max(1, round(s * L * J)) for s in SHARES]
         extra = ["--hardware", a.hardware, "--match-delay", f"{delay:.3e}"]
-        res, notes = simulate(fmoe, trace, store, [p for p in POLICIES if p != "fmoe-online"],
+        res, notes = simulate(fmoe, trace, store,
+                              [p for p in policies if p not in ("fmoe-online", "mixtral-offload")],
                               caches, extra)
+        if spec:
+            mo, _ = simulate(fmoe, trace, store, ["mixtral-offload"], caches, extra, d=0)
+            res.update(mo)
         online, _ = simulate(fmoe, trace, store, ["fmoe"], caches, extra, mode="online")
         for k, v in online.items():
             res[("fmoe-online", k[1])] = v
-        abl, _ = simulate(fmoe, trace, store, ABLATIONS, caches, extra)
+        abl, _ = simulate(fmoe, trace, store, ablations, caches, extra)
         held = next(iter(res.values()))
         emit(f"#### {title}")
         emit()
         emit(f"L = {L} MoE layers x J = {J} experts, top-{K}; d = 3; store: 1000 entries from "
              f"70% of the requests (seed 0), evaluated on the held-out 30%; hardware "
-             f"{a.hardware}; matcher {delay * 1e6:.1f} us per match (measured).")
+             f"{a.hardware}; matcher {delay * 1e6:.1f} us per match (measured)."
+             + (" mixtral-offload prefetches layer l+1 from the speculative gate rows "
+                "(its own d = 1)." if spec else ""))
         emit()
-        head = "| cache (% of experts) | " + " | ".join(POLICIES) + " |"
+        head = "| cache (% of experts) | " + " | ".join(policies) + " |"
         emit("Hit rate (accesses whose expert was resident when its compute started):")
         emit()
         emit(head)
-        emit("|---" * (len(POLICIES) + 1) + "|")
+        emit("|---" * (len(policies) + 1) + "|")
         for s, c in zip(SHARES, caches):
-            row = [f"{res[(p, c)]['hit_rate'] * 100:.1f}%" for p in POLICIES]
-            best = max(res[(p, c)]["hit_rate"] for p in POLICIES if p not in ("oracle", "belady"))
+            row = [f"{res[(p, c)]['hit_rate'] * 100:.1f}%" for p in policies]
+            best = max(res[(p, c)]["hit_rate"] for p in policies if p not in ("oracle", "belady"))
             row = [f"**{x}**" if res[(p, c)]["hit_rate"] == best and p not in ("oracle", "belady")
-                   else x for x, p in zip(row, POLICIES)]
+                   else x for x, p in zip(row, policies)]
             emit(f"| {int(s * 100)}% ({c}) | " + " | ".join(row) + " |")
         emit()
         key = "tpot_s" if lat == "TPOT" else "ttft_s"
         emit(f"{lat} p50, ms:")
         emit()
         emit(head)
-        emit("|---" * (len(POLICIES) + 1) + "|")
+        emit("|---" * (len(policies) + 1) + "|")
+        # three decimals where the whole table is under a millisecond (fmoe-tiny)
+        nd = 3 if max(res[(p, c)][key]["p50"] for p in policies for c in caches) < 1e-3 else 2
         for s, c in zip(SHARES, caches):
-            row = [f"{res[(p, c)][key]['p50'] * 1e3:.2f}" for p in POLICIES]
+            row = [f"{res[(p, c)][key]['p50'] * 1e3:.{nd}f}" for p in policies]
             emit(f"| {int(s * 100)}% ({c}) | " + " | ".join(row) + " |")
         emit()
         emit("fmoe ablations (hit rate / prefetch precision):")
         emit()
-        emit("| cache | " + " | ".join(ABLATIONS) + " |")
-        emit("|---" * (len(ABLATIONS) + 1) + "|")
+        emit("| cache | " + " | ".join(ablations) + " |")
+        emit("|---" * (len(ablations) + 1) + "|")
         for s, c in zip(SHARES, caches):
             def cell(p):
                 r = abl[(p, c)]
                 prec = r.get("prefetch_precision")
                 prec = "-" if prec is None or prec != prec else f"{prec * 100:.0f}%"
                 return f"{r['hit_rate'] * 100:.1f}% / {prec}"
-            emit(f"| {int(s * 100)}% | " + " | ".join(cell(p) for p in ABLATIONS) + " |")
+            emit(f"| {int(s * 100)}% | " + " | ".join(cell(p) for p in ablations) + " |")
         emit()
         emit(f"({held['accesses']} expert accesses in the held-out requests.)")
         emit()
