@@ -13,10 +13,17 @@
  *                   convert-and-dot: each row is read once (2 bytes per value, half the
  *                   memory traffic of f32), widened in registers (AVX2/F16C when the CPU
  *                   has them) and dotted with the n inputs
- *   bf16/f16, n > SMALL_N
+ *   bf16, n > SMALL_N, AVX-512F CPU, cols >= 32
+ *                   gemm_bf16_512: 4x4 register tiles read the bf16 rows in place and
+ *                   widen them in registers (two instructions per 32 values); x is packed
+ *                   once per call. Prefill's main path (experts, attention projections).
+ *   bf16/f16, n > SMALL_N otherwise (and with FMOE_NO_AVX512 set in the environment)
  *                   rows are widened in blocks of block_rows into the worker's scratch and
  *                   multiplied with cblas_sgemm: the conversion is O(rows·cols) against
- *                   O(n·rows·cols) of arithmetic
+ *                   O(n·rows·cols) of arithmetic, but with the 16-64 tokens an expert gets
+ *                   in prefill, widening plus OpenBLAS's own packing of the widened block
+ *                   cost about 30% of the time, and OpenBLAS 0.3.21 runs its AVX2 kernel
+ *                   on AVX-512 parts; gemm_bf16_512 was 2x faster on the 1B bench model
  * Keeping weights in bf16 rather than widening them at load halves resident memory and
  * decode-time memory traffic; what it costs in prefill is measured in the report.
  *
@@ -51,10 +58,13 @@ typedef struct cpu_ctx {
     int32_t threads;
     int64_t max_cols;
     int32_t max_context;
+    int32_t max_batch;
     int32_t block_rows;   /* rows widened per block in the bf16/f16 GEMM path */
     float **scratch;      /* [threads][block_rows * max_cols] */
     float **scores;       /* [threads][max_context] */
+    float *xpack;         /* [max_batch][max_cols] x packed for the AVX-512 bf16 GEMM */
     int simd;             /* AVX2 + FMA + F16C available */
+    int simd512;          /* AVX-512F available */
 } cpu_ctx;
 
 /* ---------------------------------------------------------------------------------- */
@@ -183,7 +193,8 @@ SIMD static void widen_simd(const uint16_t *w, fmoe_st_dtype dt, float *y, int64
  * even-indexed value sits in the low half and the odd one in the high half, so
  * `lane << 16` is W[2i] as a float and `lane & 0xffff0000` is W[2i+1] — two instructions
  * for 32 widened values, no shuffles. x is packed once per call to match (pack_x_eo:
- * per 32 columns, the 16 even ones then the 16 odd ones). A tile is R <= 4 rows by
+ * per 32 columns, the 16 even ones then the 16 odd ones; the last cols % 32 columns stay
+ * in order and are summed in scalar code). A tile is R <= 4 rows by
  * T <= 4 tokens in 16 accumulators; the weight rows stay in L1 while the tokens stream
  * from L2. Summation order differs from a plain dot product only by the lane split.
  */
@@ -192,13 +203,16 @@ SIMD static void widen_simd(const uint16_t *w, fmoe_st_dtype dt, float *y, int64
 SIMD512 static void pack_x_eo(const float *x, int32_t n, int64_t cols, float *xp) {
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t k = 0; k < cols; k += 32) {
+    const int64_t c32 = cols / 32 * 32;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t k = 0; k < c32; k += 32) {
             const __m512 a = _mm512_loadu_ps(x + t * cols + k);
             const __m512 b = _mm512_loadu_ps(x + t * cols + k + 16);
             _mm512_storeu_ps(xp + t * cols + k, _mm512_permutex2var_ps(a, ev, b));
             _mm512_storeu_ps(xp + t * cols + k + 16, _mm512_permutex2var_ps(a, od, b));
         }
+        memcpy(xp + t * cols + c32, x + t * cols + c32, (size_t)(cols - c32) * sizeof *xp);
+    }
 }
 
 SIMD512 static inline __attribute__((always_inline)) void
@@ -206,29 +220,42 @@ tile_bf16_512(const uint16_t *W, int64_t cols, const float *xp, int64_t ldy, flo
               int T) {
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     __m512 acc[4][4];
+    _Pragma("GCC unroll 4")
     for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4")
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < cols; k += 32) {
+    const int64_t c32 = cols / 32 * 32;
+    for (int64_t k = 0; k < c32; k += 32) {
         __m512 we[4], wo[4];
+        _Pragma("GCC unroll 4")
         for (int r = 0; r < R; r++) {
             const __m512i v = _mm512_loadu_si512((const void *)(W + r * cols + k));
             we[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
             wo[r] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
         }
+        _Pragma("GCC unroll 4")
         for (int t = 0; t < T; t++) {
             const __m512 xe = _mm512_loadu_ps(xp + t * cols + k);
             const __m512 xo = _mm512_loadu_ps(xp + t * cols + k + 16);
+            _Pragma("GCC unroll 4")
             for (int r = 0; r < R; r++) {
                 acc[r][t] = _mm512_fmadd_ps(we[r], xe, acc[r][t]);
                 acc[r][t] = _mm512_fmadd_ps(wo[r], xo, acc[r][t]);
             }
         }
     }
+    _Pragma("GCC unroll 4")
     for (int t = 0; t < T; t++)
-        for (int r = 0; r < R; r++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < R; r++) {
+            float sum = _mm512_reduce_add_ps(acc[r][t]);
+            for (int64_t k = c32; k < cols; k++) /* the last cols % 32, packed as they were */
+                sum += fmoe_bf16_to_float(W[r * cols + k]) * xp[t * cols + k];
+            y[t * ldy + r] = sum;
+        }
 }
 
-/* Rows [r0, r1) of y[n][ldy] for bf16 W[rows][cols] (cols % 32 == 0), xp packed. */
+/* Rows [r0, r1) of y[n][ldy] for bf16 W[rows][cols], x packed into xp by pack_x_eo. */
 SIMD512 static void gemm_bf16_512(const uint16_t *W, int64_t cols, const float *xp, int32_t n,
                                   float *y, int64_t ldy, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r += 4) {
@@ -236,16 +263,24 @@ SIMD512 static void gemm_bf16_512(const uint16_t *W, int64_t cols, const float *
         const uint16_t *w = W + r * cols;
         int32_t t = 0;
         if (R == 4) {
-            for (; t + 4 <= n; t += 4) tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, 4, 4);
+            for (; t + 4 <= n; t += 4)
+                tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, 4, 4);
+            const float *x = xp + t * cols;
+            float *yt = y + t * ldy + r;
             switch (n - t) {
-            case 3: tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, 4, 3); break;
-            case 2: tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, 4, 2); break;
-            case 1: tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, 4, 1); break;
+            case 3: tile_bf16_512(w, cols, x, ldy, yt, 4, 3); break;
+            case 2: tile_bf16_512(w, cols, x, ldy, yt, 4, 2); break;
+            case 1: tile_bf16_512(w, cols, x, ldy, yt, 4, 1); break;
             default: break;
             }
-        } else {
-            for (; t < n; t++) tile_bf16_512(w, cols, xp + t * cols, ldy, y + t * ldy + r, R > 0 ? 1 : 0, 1),
-                               (void)0;
+        } else { /* the last 1-3 rows of the slice, one at a time */
+            for (int rr = 0; rr < R; rr++) {
+                const uint16_t *wr = w + rr * cols;
+                float *yr = y + r + rr;
+                for (t = 0; t + 4 <= n; t += 4)
+                    tile_bf16_512(wr, cols, xp + t * cols, ldy, yr + t * ldy, 1, 4);
+                for (; t < n; t++) tile_bf16_512(wr, cols, xp + t * cols, ldy, yr + t * ldy, 1, 1);
+            }
         }
     }
 }
@@ -305,6 +340,7 @@ typedef struct matmul_job {
     int32_t n;
     int32_t ntasks;
     int64_t chunk; /* rows per task */
+    int packed;    /* bf16 through gemm_bf16_512, x packed in c->xpack */
 } matmul_job;
 
 static void matmul_task(void *arg, int32_t task, int32_t worker) {
@@ -326,6 +362,12 @@ static void matmul_task(void *arg, int32_t task, int32_t worker) {
         return;
     }
     const uint16_t *W = (const uint16_t *)w->data;
+#if HAVE_X86
+    if (j->packed) {
+        gemm_bf16_512(W, cols, j->c->xpack, n, j->y, rows, r0, r1);
+        return;
+    }
+#endif
     if (n <= SMALL_N) {
         for (int64_t r = r0; r < r1; r++)
             dots_u16(j->c, W + r * cols, w->dtype, j->x, cols, n, cols, j->y + r, rows);
@@ -352,6 +394,13 @@ static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n,
     chunk = (chunk + 15) / 16 * 16;
     j.chunk = chunk;
     j.ntasks = (int32_t)((w->rows + chunk - 1) / chunk);
+#if HAVE_X86
+    if (c->simd512 && c->xpack && w->dtype == FMOE_ST_BF16 && n > SMALL_N && w->cols >= 32 &&
+        n <= c->max_batch && w->cols <= c->max_cols) {
+        pack_x_eo(x, n, w->cols, c->xpack);
+        j.packed = 1;
+    }
+#endif
     fmoe__pool_run(c->pool, matmul_task, &j, j.ntasks);
 }
 
@@ -421,6 +470,7 @@ static void cpu_free(void *ctx) {
     }
     free(c->scratch);
     free(c->scores);
+    free(c->xpack);
     free(c);
 }
 
@@ -436,6 +486,7 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
     c->threads = threads;
     c->max_cols = lim->max_cols;
     c->max_context = lim->max_context;
+    c->max_batch = lim->max_batch;
     /* ~1 MiB of widened rows per block, at least 16 rows. */
     int64_t br = (256 * 1024) / (lim->max_cols > 0 ? lim->max_cols : 1);
     c->block_rows = (int32_t)(br < 16 ? 16 : br > 1024 ? 1024 : br);
@@ -443,6 +494,12 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
     __builtin_cpu_init();
     c->simd = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
               __builtin_cpu_supports("f16c");
+    c->simd512 = __builtin_cpu_supports("avx512f") && getenv("FMOE_NO_AVX512") == NULL;
+    if (c->simd512 && lim->max_batch > 0 && lim->max_cols > 0) {
+        const int64_t bytes = (int64_t)lim->max_batch * lim->max_cols * 4;
+        c->xpack = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+        if (!c->xpack) goto oom;
+    }
 #endif
     c->scratch = calloc((size_t)threads, sizeof *c->scratch);
     c->scores = calloc((size_t)threads, sizeof *c->scores);

@@ -19,7 +19,8 @@
 #                    cmake --build .../build --target llama-bench -j2
 #
 # What is measured: fmoe through tests/model/forward_driver --bench (prefill: one forward
-# call over P prompt tokens; decode: G-1 single-token steps after it), llama.cpp through
+# call over P prompt tokens, logits of the last one only, as llama-bench computes them;
+# decode: G-1 single-token steps after it), llama.cpp through
 # llama-bench (pp P: prefill of P tokens; tg G: G single-token steps from an empty
 # context). Both use the same thread count, one discarded warm-up run (the weights are
 # paged in from disk on first use), and the best of R runs, as the machine is shared:

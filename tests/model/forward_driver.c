@@ -12,7 +12,8 @@
  * each generated token fed back) the chosen experts [T][L][K], their weights and the full
  * gate probabilities [T][L][J].
  * --stepwise feeds the prompt one token at a time (exercises the KV cache).
- * --bench prints one JSON line with prefill and decode tokens/s.
+ * --bench prints one JSON line with prefill and decode tokens/s. Without --logits it asks
+ * for the last prompt token's logits only, as llama-bench's prompt test does.
  * Exit status 0, or 1 with the error detail on stderr.
  */
 #include <stdio.h>
@@ -114,7 +115,7 @@ int main(int argc, char **argv) {
     if (fmoe_model_load(dir, NULL, &m) < 0) goto fail;
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
     const int64_t V = g->vocab_size, L = g->num_moe_layers, J = g->num_experts, K = g->top_k;
-    so.all_logits = 1;
+    so.all_logits = !(bench && !logits_path);
     if (so.max_context <= 0) so.max_context = n + (generate > 0 ? generate : 0);
     so.speculative_depth = spec;
     if (fmoe_session_init(m, &so, &s) < 0) goto fail;
@@ -147,7 +148,8 @@ int main(int argc, char **argv) {
         if (fmoe_session_forward(s, prompt, n, &tr, logits) < 0) goto fail;
     }
     double t1 = now();
-    memcpy(last, logits + (n - 1) * V, (size_t)V * sizeof *last);
+    memcpy(last, logits + (so.all_logits || stepwise ? (int64_t)(n - 1) * V : 0),
+           (size_t)V * sizeof *last);
 
     /* Generation: each token but the last is fed back. */
     int32_t fed = 0;

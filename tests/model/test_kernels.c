@@ -201,13 +201,18 @@ TEST(cpu_matmul_all_dtypes_and_paths) {
     const fmoe__backend_ops *be = &fmoe__cpu_backend;
     const fmoe_st_dtype dts[3] = {FMOE_ST_F32, FMOE_ST_BF16, FMOE_ST_F16};
     const int32_t ns[5] = {1, 2, 4, 5, 70};
-    const int64_t shapes[3][2] = {{7, 5}, {300, 129}, {1030, 64}};
-    for (int threads = 1; threads <= 2; threads++) {
+    /* cols >= 32 takes the AVX-512 bf16 GEMM where the CPU has it (rows and tokens with
+     * tails of 1-3 past its 4x4 tiles, columns past a multiple of 32); FMOE_NO_AVX512
+     * forces the AVX2/sgemm path. */
+    const int64_t shapes[5][2] = {{7, 5}, {300, 129}, {1030, 64}, {37, 256}, {6, 176}};
+    for (int pass = 0; pass < 4; pass++) {
+        const int threads = 1 + pass % 2;
+        if (pass >= 2) setenv("FMOE_NO_AVX512", "1", 1);
         fmoe__backend_limits lim = {threads, 256, 70, 16};
         void *ctx;
         ASSERT_OK(be->init(&lim, &ctx));
         for (int d = 0; d < 3; d++)
-            for (int s = 0; s < 3; s++)
+            for (int s = 0; s < 5; s++)
                 for (int ni = 0; ni < 5; ni++) {
                     const int64_t R = shapes[s][0], C = shapes[s][1];
                     const int32_t n = ns[ni];
@@ -242,6 +247,7 @@ TEST(cpu_matmul_all_dtypes_and_paths) {
         for (int i = 0; i < 64; i++) ASSERT_NEAR(row[i], i - 7.5, 0);
         be->free(ctx);
     }
+    unsetenv("FMOE_NO_AVX512");
 }
 
 TEST(cpu_attention_gqa_causal_and_window) {
