@@ -472,26 +472,40 @@ static int compile_or_fail(load_ctx *c, const char *where, const char *pattern, 
     return 0;
 }
 
-static int parse_normalizer(load_ctx *c, const cJSON *n, const char *where, int depth) {
-    fmoe_tokenizer *tok = c->tok;
+/* A step parser: normalizer, pre-tokenizer, post-processor or decoder. */
+typedef int (*step_parser)(load_ctx *c, const cJSON *n, const char *where, int depth);
+
+/*
+ * What the four step kinds of tokenizer.json share: null means none; otherwise an object
+ * with a "type", where type "Sequence" lists more steps of the same kind under `list_key`
+ * (parsed here with `parse`). @return 1 with *type set when the caller parses one step,
+ * 0 when there is nothing more to do (null, or a whole Sequence), or an error.
+ */
+static int step_type(load_ctx *c, const cJSON *n, const char *where, int depth,
+                     const char *list_key, step_parser parse, const char **type) {
     if (!n || cJSON_IsNull(n)) return 0;
     if (!cJSON_IsObject(n))
         return fail(c, FMOE_EFORMAT, where, "expected an object, not %s", json_kind(n));
     if (depth > 8) return fail(c, FMOE_EFORMAT, where, "Sequence nested too deeply");
-    const char *type;
-    FMOE_FORWARD_IF_ERROR(get_str(c, n, "type", where, &type, 1));
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
-        if (!cJSON_IsArray(arr))
-            return fail(c, FMOE_EFORMAT, where, "\"normalizers\" must be an array");
-        int i = 0;
-        for (const cJSON *e = arr->child; e; e = e->next, i++) {
-            char w[160];
-            snprintf(w, sizeof w, "%s.normalizers[%d]", where, i);
-            FMOE_FORWARD_IF_ERROR(parse_normalizer(c, e, w, depth + 1));
-        }
-        return 0;
+    FMOE_FORWARD_IF_ERROR(get_str(c, n, "type", where, type, 1));
+    if (strcmp(*type, "Sequence") != 0) return 1;
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, list_key);
+    if (!cJSON_IsArray(arr))
+        return fail(c, FMOE_EFORMAT, where, "\"%s\" must be an array", list_key);
+    int i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        char w[160];
+        snprintf(w, sizeof w, "%s.%s[%d]", where, list_key, i);
+        FMOE_FORWARD_IF_ERROR(parse(c, e, w, depth + 1));
     }
+    return 0;
+}
+
+static int parse_normalizer(load_ctx *c, const cJSON *n, const char *where, int depth) {
+    fmoe_tokenizer *tok = c->tok;
+    const char *type;
+    int rc = step_type(c, n, where, depth, "normalizers", parse_normalizer, &type);
+    if (rc <= 0) return rc;
     if (tok->n_norm == TOK_MAX_STEPS)
         return fail(c, FMOE_EUNSUPPORTED, where, "more than %d normalizer steps", TOK_MAX_STEPS);
     tok_norm_step *s = &tok->norm[tok->n_norm];
@@ -590,24 +604,9 @@ static int parse_replacement(load_ctx *c, const cJSON *n, const char *where, cha
 
 static int parse_pre_tokenizer(load_ctx *c, const cJSON *n, const char *where, int depth) {
     fmoe_tokenizer *tok = c->tok;
-    if (!n || cJSON_IsNull(n)) return 0;
-    if (!cJSON_IsObject(n))
-        return fail(c, FMOE_EFORMAT, where, "expected an object, not %s", json_kind(n));
-    if (depth > 8) return fail(c, FMOE_EFORMAT, where, "Sequence nested too deeply");
     const char *type;
-    FMOE_FORWARD_IF_ERROR(get_str(c, n, "type", where, &type, 1));
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, "pretokenizers");
-        if (!cJSON_IsArray(arr))
-            return fail(c, FMOE_EFORMAT, where, "\"pretokenizers\" must be an array");
-        int i = 0;
-        for (const cJSON *e = arr->child; e; e = e->next, i++) {
-            char w[160];
-            snprintf(w, sizeof w, "%s.pretokenizers[%d]", where, i);
-            FMOE_FORWARD_IF_ERROR(parse_pre_tokenizer(c, e, w, depth + 1));
-        }
-        return 0;
-    }
+    int rc = step_type(c, n, where, depth, "pretokenizers", parse_pre_tokenizer, &type);
+    if (rc <= 0) return rc;
     if (tok->byte_level)
         return fail(c, FMOE_EUNSUPPORTED, where,
                     "pre-tokenizer \"%s\" after ByteLevel is not supported", type);
@@ -746,24 +745,9 @@ static int parse_pair_token(load_ctx *c, const cJSON *n, const char *key, const 
 
 static int parse_post_processor(load_ctx *c, const cJSON *n, const char *where, int depth) {
     fmoe_tokenizer *tok = c->tok;
-    if (!n || cJSON_IsNull(n)) return 0;
-    if (!cJSON_IsObject(n))
-        return fail(c, FMOE_EFORMAT, where, "expected an object, not %s", json_kind(n));
-    if (depth > 8) return fail(c, FMOE_EFORMAT, where, "Sequence nested too deeply");
     const char *type;
-    FMOE_FORWARD_IF_ERROR(get_str(c, n, "type", where, &type, 1));
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, "processors");
-        if (!cJSON_IsArray(arr))
-            return fail(c, FMOE_EFORMAT, where, "\"processors\" must be an array");
-        int i = 0;
-        for (const cJSON *e = arr->child; e; e = e->next, i++) {
-            char w[160];
-            snprintf(w, sizeof w, "%s.processors[%d]", where, i);
-            FMOE_FORWARD_IF_ERROR(parse_post_processor(c, e, w, depth + 1));
-        }
-        return 0;
-    }
+    int rc = step_type(c, n, where, depth, "processors", parse_post_processor, &type);
+    if (rc <= 0) return rc;
     if (strcmp(type, "ByteLevel") == 0) return 0; /* only trims offsets */
     if (strcmp(type, "TemplateProcessing") == 0) return parse_template(c, n, where);
     if (strcmp(type, "RobertaProcessing") == 0 || strcmp(type, "BertProcessing") == 0) {
@@ -783,25 +767,10 @@ static int parse_post_processor(load_ctx *c, const cJSON *n, const char *where, 
 
 static int parse_decoder(load_ctx *c, const cJSON *n, const char *where, int depth) {
     fmoe_tokenizer *tok = c->tok;
-    if (!n || cJSON_IsNull(n)) return 0;
-    if (!cJSON_IsObject(n))
-        return fail(c, FMOE_EFORMAT, where, "expected an object, not %s", json_kind(n));
-    if (depth > 8) return fail(c, FMOE_EFORMAT, where, "Sequence nested too deeply");
-    tok->has_decoder = 1;
     const char *type;
-    FMOE_FORWARD_IF_ERROR(get_str(c, n, "type", where, &type, 1));
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, "decoders");
-        if (!cJSON_IsArray(arr))
-            return fail(c, FMOE_EFORMAT, where, "\"decoders\" must be an array");
-        int i = 0;
-        for (const cJSON *e = arr->child; e; e = e->next, i++) {
-            char w[160];
-            snprintf(w, sizeof w, "%s.decoders[%d]", where, i);
-            FMOE_FORWARD_IF_ERROR(parse_decoder(c, e, w, depth + 1));
-        }
-        return 0;
-    }
+    int rc = step_type(c, n, where, depth, "decoders", parse_decoder, &type);
+    if (rc <= 0) return rc;
+    tok->has_decoder = 1;
     if (tok->n_dec == TOK_MAX_STEPS)
         return fail(c, FMOE_EUNSUPPORTED, where, "more than %d decoder steps", TOK_MAX_STEPS);
     tok_dec_step *s = &tok->dec[tok->n_dec];
