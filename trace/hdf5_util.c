@@ -143,43 +143,37 @@ const char *fmoe__h5_type_name(hid_t type, char *buf, size_t cap) {
  * Attributes and string datasets
  * ------------------------------------------------------------------------------------- */
 
-int fmoe__h5_attr_write_str(hid_t loc, const char *path, const char *name, const char *value) {
-    int rc = 0;
-    hid_t type = fmoe__h5_utf8_type();
+/* One scalar attribute: value points at one element of mem_type, stored as file_type. */
+static int attr_write_scalar(hid_t loc, const char *path, const char *name, hid_t file_type,
+                             hid_t mem_type, const void *value) {
     hid_t space = H5Screate(H5S_SCALAR);
-    hid_t a = -1;
-    if (type < 0 || space < 0) goto h5fail;
-    a = H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0 || H5Awrite(a, type, &value) < 0) goto h5fail;
-    goto done;
-h5fail:;
-    char msg[256];
-    rc = fmoe_error_set(FMOE_EIO, "%s: cannot write attribute '%s': %s", path, name,
-                        fmoe__h5_errmsg(msg, sizeof msg));
-done:
+    hid_t a = space < 0 ? -1 : H5Acreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
+    int ok = a >= 0 && H5Awrite(a, mem_type, value) >= 0;
     if (a >= 0) H5Aclose(a);
     if (space >= 0) H5Sclose(space);
-    if (type >= 0) H5Tclose(type);
+    if (!ok) {
+        char msg[256];
+        return fmoe_error_set(FMOE_EIO, "%s: cannot write attribute '%s': %s", path, name,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    }
+    return 0;
+}
+
+int fmoe__h5_attr_write_str(hid_t loc, const char *path, const char *name, const char *value) {
+    hid_t type = fmoe__h5_utf8_type();
+    if (type < 0) return attr_write_scalar(loc, path, name, -1, -1, NULL);
+    int rc = attr_write_scalar(loc, path, name, type, type, &value);
+    H5Tclose(type);
     return rc;
 }
 
 int fmoe__h5_attr_write_int(hid_t loc, const char *path, const char *name, hid_t file_type,
                             int64_t value) {
-    int rc = 0;
-    hid_t space = H5Screate(H5S_SCALAR);
-    hid_t a = -1;
-    if (space < 0) goto h5fail;
-    a = H5Acreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0 || H5Awrite(a, H5T_NATIVE_INT64, &value) < 0) goto h5fail;
-    goto done;
-h5fail:;
-    char msg[256];
-    rc = fmoe_error_set(FMOE_EIO, "%s: cannot write attribute '%s': %s", path, name,
-                        fmoe__h5_errmsg(msg, sizeof msg));
-done:
-    if (a >= 0) H5Aclose(a);
-    if (space >= 0) H5Sclose(space);
-    return rc;
+    return attr_write_scalar(loc, path, name, file_type, H5T_NATIVE_INT64, &value);
+}
+
+int fmoe__h5_attr_write_f64(hid_t loc, const char *path, const char *name, double value) {
+    return attr_write_scalar(loc, path, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value);
 }
 
 /* Copies src[n] into out[cap] NUL-terminated, cutting at a UTF-8 character boundary. */
@@ -335,15 +329,19 @@ static hid_t lcpl_intermediate(void) {
     return lcpl;
 }
 
-int fmoe__h5_dataset_write_str(hid_t file, const char *path, const char *name, const char *value) {
+/* A dataset of variable-length UTF-8 strings over `space` (scalar or 1-D), written from
+ * `values` (n_values pointers; nothing is written when 0). Intermediate groups are made. */
+static int write_str_dataset(hid_t file, const char *path, const char *name, hid_t space,
+                             const char *const *values, hsize_t n_values) {
     int rc = 0;
     hid_t type = fmoe__h5_utf8_type();
-    hid_t space = H5Screate(H5S_SCALAR);
     hid_t lcpl = lcpl_intermediate();
     hid_t d = -1;
     if (type < 0 || space < 0 || lcpl < 0) goto h5fail;
     d = H5Dcreate2(file, name, type, space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
-    if (d < 0 || H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, &value) < 0) goto h5fail;
+    if (d < 0) goto h5fail;
+    if (n_values > 0 && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) < 0)
+        goto h5fail;
     goto done;
 h5fail:;
     char msg[256];
@@ -352,8 +350,22 @@ h5fail:;
 done:
     if (d >= 0) H5Dclose(d);
     if (lcpl >= 0) H5Pclose(lcpl);
-    if (space >= 0) H5Sclose(space);
     if (type >= 0) H5Tclose(type);
+    return rc;
+}
+
+int fmoe__h5_dataset_write_str(hid_t file, const char *path, const char *name, const char *value) {
+    hid_t space = H5Screate(H5S_SCALAR);
+    int rc = write_str_dataset(file, path, name, space, &value, 1);
+    if (space >= 0) H5Sclose(space);
+    return rc;
+}
+
+int fmoe__h5_write_str_array(hid_t file, const char *path, const char *name,
+                             const char *const *values, hsize_t n) {
+    hid_t space = H5Screate_simple(1, &n, NULL);
+    int rc = write_str_dataset(file, path, name, space, values, n);
+    if (space >= 0) H5Sclose(space);
     return rc;
 }
 

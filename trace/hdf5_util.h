@@ -55,6 +55,7 @@ const char *fmoe__h5_type_name(hid_t type, char *buf, size_t cap);
 
 /* Scalar attributes on `loc`. Strings are written as variable-length UTF-8. */
 int fmoe__h5_attr_write_str(hid_t loc, const char *path, const char *name, const char *value);
+int fmoe__h5_attr_write_f64(hid_t loc, const char *path, const char *name, double value);
 int fmoe__h5_attr_write_int(hid_t loc, const char *path, const char *name, hid_t file_type,
                             int64_t value);
 
@@ -69,6 +70,9 @@ int fmoe__h5_attr_read_int(hid_t loc, const char *path, const char *obj, const c
 
 /* Writes a scalar variable-length UTF-8 string dataset `name` (e.g. "/model/config_json"). */
 int fmoe__h5_dataset_write_str(hid_t file, const char *path, const char *name, const char *value);
+/* A 1-D dataset of n variable-length UTF-8 strings (n may be 0). */
+int fmoe__h5_write_str_array(hid_t file, const char *path, const char *name,
+                             const char *const *values, hsize_t n);
 /* Reads a scalar string dataset into a malloc'ed NUL-terminated copy (*out, caller frees).
  * Variable and fixed length both work. */
 int fmoe__h5_dataset_read_str(hid_t file, const char *path, const char *name, char **out);

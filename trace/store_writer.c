@@ -22,46 +22,6 @@
 #include "hdf5_util.h"
 #include "store_impl.h"
 
-/* Writes a 1-D dataset of n variable-length UTF-8 strings (n may be 0). */
-int fmoe__h5_write_str_array(hid_t file, const char *path, const char *name,
-                             const char *const *values, hsize_t n) {
-    int rc = 0;
-    hid_t type = fmoe__h5_utf8_type();
-    hid_t space = H5Screate_simple(1, &n, NULL);
-    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
-    hid_t d = -1;
-    if (type < 0 || space < 0 || lcpl < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0)
-        goto h5fail;
-    d = H5Dcreate2(file, name, type, space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
-    if (d < 0) goto h5fail;
-    if (n > 0 && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) < 0) goto h5fail;
-    goto done;
-h5fail:;
-    char msg[256];
-    rc = fmoe_error_set(FMOE_EIO, "%s: %s: cannot write: %s", path, name,
-                        fmoe__h5_errmsg(msg, sizeof msg));
-done:
-    if (d >= 0) H5Dclose(d);
-    if (lcpl >= 0) H5Pclose(lcpl);
-    if (space >= 0) H5Sclose(space);
-    if (type >= 0) H5Tclose(type);
-    return rc;
-}
-
-static int attr_write_f64(hid_t loc, const char *path, const char *name, double value) {
-    hid_t space = H5Screate(H5S_SCALAR);
-    hid_t a = space < 0 ? -1 : H5Acreate2(loc, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT);
-    int ok = a >= 0 && H5Awrite(a, H5T_NATIVE_DOUBLE, &value) >= 0;
-    if (a >= 0) H5Aclose(a);
-    if (space >= 0) H5Sclose(space);
-    if (!ok) {
-        char msg[256];
-        return fmoe_error_set(FMOE_EIO, "%s: cannot write attribute '%s': %s", path, name,
-                              fmoe__h5_errmsg(msg, sizeof msg));
-    }
-    return 0;
-}
-
 /* A whole numeric dataset of `rank` dims (dims[0] rows), chunked and compressed. */
 static int write_rows(hid_t file, const char *path, const char *name, hid_t file_type,
                       hid_t mem_type, int rank, const hsize_t *dims, const void *data,
@@ -184,7 +144,7 @@ static int write_all(hid_t file, const char *p, const fmoe_store_file *f,
                                           iattrs[i].value)) < 0)
             goto done;
     }
-    if ((rc = attr_write_f64(file, p, "split", f->split)) < 0) goto done;
+    if ((rc = fmoe__h5_attr_write_f64(file, p, "split", f->split)) < 0) goto done;
     {
         /* the seed is a full uint64; fmoe__h5_attr_write_int takes int64 values */
         hid_t space = H5Screate(H5S_SCALAR);

@@ -48,6 +48,40 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Error helpers for code that returns a status rather than jumping to a label (lambdas).
+static int cuda_status(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 0;
+    return fmoe_error_set(FMOE_EINTERNAL, "%s: %s", what, cudaGetErrorString(e));
+}
+
+static int blas_status(cublasStatus_t st, const char *what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return 0;
+    return fmoe_error_set(FMOE_EINTERNAL, "%s: cuBLAS status %d", what, (int)st);
+}
+
+// Times op() between two events on `stream`, repeating until it has run `reps` times and
+// MIN_POINT_MS in all (at most MAX_REPS runs); *seconds = the median run. op returns 0 or
+// a negative fmoe code with its detail set. t[MAX_REPS] is scratch.
+template <class Op>
+static int time_median(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1, int reps,
+                       double *t, Op op, double *seconds) {
+    int rc = 0, k = 0;
+    double total = 0;
+    while (k < MAX_REPS && (k < reps || total < MIN_POINT_MS)) {
+        float ms = 0;
+        CAL_CUDA(cudaEventRecord(e0, stream));
+        if ((rc = op()) < 0) goto done;
+        CAL_CUDA(cudaEventRecord(e1, stream));
+        CAL_CUDA(cudaEventSynchronize(e1));
+        CAL_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        t[k++] = ms * 1e-3;
+        total += ms;
+    }
+    *seconds = median(t, k);
+done:
+    return rc;
+}
+
 static int need_device(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
@@ -79,19 +113,12 @@ extern "C" int fmoe_cuda_calibrate_h2d(const int64_t *sizes, int32_t n, int32_t 
     CAL_CUDA(cudaMemcpyAsync(dev, host, (size_t)max, cudaMemcpyHostToDevice, stream)); // warm
     CAL_CUDA(cudaStreamSynchronize(stream));
     for (int32_t i = 0; i < n; i++) {
-        int k = 0;
-        double total = 0;
-        while (k < MAX_REPS && (k < reps || total < MIN_POINT_MS)) {
-            float ms = 0;
-            CAL_CUDA(cudaEventRecord(e0, stream));
-            CAL_CUDA(cudaMemcpyAsync(dev, host, (size_t)sizes[i], cudaMemcpyHostToDevice, stream));
-            CAL_CUDA(cudaEventRecord(e1, stream));
-            CAL_CUDA(cudaEventSynchronize(e1));
-            CAL_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-            t[k++] = ms * 1e-3;
-            total += ms;
-        }
-        seconds[i] = median(t, k);
+        const size_t bytes = (size_t)sizes[i];
+        auto copy = [&]() {
+            return cuda_status(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream),
+                               "cudaMemcpyAsync host to device");
+        };
+        if ((rc = time_median(stream, e0, e1, reps, t, copy, &seconds[i])) < 0) goto done;
     }
 done:
     if (e0) cudaEventDestroy(e0);
@@ -111,25 +138,21 @@ extern "C" int fmoe_cuda_calibrate_d2d(int64_t bytes, int32_t reps, double *byte
     void *a = NULL, *b = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
     double *t = (double *)malloc(MAX_REPS * sizeof *t);
-    int k = 0;
-    double total = 0;
     if (!t) return fmoe_error_set(FMOE_ENOMEM, "timing buffer");
     CAL_CUDA(cudaMalloc(&a, (size_t)bytes));
     CAL_CUDA(cudaMalloc(&b, (size_t)bytes));
     CAL_CUDA(cudaMemset(a, 1, (size_t)bytes));
     CAL_CUDA(cudaEventCreate(&e0));
     CAL_CUDA(cudaEventCreate(&e1));
-    while (k < MAX_REPS && (k < reps || total < MIN_POINT_MS)) {
-        float ms = 0;
-        CAL_CUDA(cudaEventRecord(e0, 0));
-        CAL_CUDA(cudaMemcpyAsync(b, a, (size_t)bytes, cudaMemcpyDeviceToDevice, 0));
-        CAL_CUDA(cudaEventRecord(e1, 0));
-        CAL_CUDA(cudaEventSynchronize(e1));
-        CAL_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-        t[k++] = ms * 1e-3;
-        total += ms;
+    {
+        double sec = 0;
+        auto copy = [&]() {
+            return cuda_status(cudaMemcpyAsync(b, a, (size_t)bytes, cudaMemcpyDeviceToDevice, 0),
+                               "cudaMemcpyAsync device to device");
+        };
+        if ((rc = time_median(0, e0, e1, reps, t, copy, &sec)) < 0) goto done;
+        *bytes_per_s = 2.0 * (double)bytes / sec;
     }
-    *bytes_per_s = 2.0 * (double)bytes / median(t, k);
 done:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
@@ -184,28 +207,18 @@ extern "C" int fmoe_cuda_calibrate_gemms(const int32_t *rows, const int32_t *col
     CAL_CUDA(cudaEventCreate(&e1));
     CAL_BLAS(cublasCreate(&h));
     for (int32_t p = 0; p < n; p++) {
-        int k = 0;
-        double total = 0;
-        const __nv_bfloat16 *wi = w;
-        for (int32_t i = 0; i < mats; i++) { // warm-up: picks the algorithms
-            CAL_BLAS(gemm_xwt(h, tokens[p], rows[i], cols[i], x, wi, y));
-            wi += (size_t)rows[i] * (size_t)cols[i];
-        }
-        while (k < MAX_REPS && (k < reps || total < MIN_POINT_MS)) {
-            float ms = 0;
-            CAL_CUDA(cudaEventRecord(e0, 0));
-            wi = w;
+        auto chain = [&]() {
+            const __nv_bfloat16 *wi = w;
             for (int32_t i = 0; i < mats; i++) {
-                CAL_BLAS(gemm_xwt(h, tokens[p], rows[i], cols[i], x, wi, y));
+                int st = blas_status(gemm_xwt(h, tokens[p], rows[i], cols[i], x, wi, y),
+                                     "cublasGemmEx");
+                if (st < 0) return st;
                 wi += (size_t)rows[i] * (size_t)cols[i];
             }
-            CAL_CUDA(cudaEventRecord(e1, 0));
-            CAL_CUDA(cudaEventSynchronize(e1));
-            CAL_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-            t[k++] = ms * 1e-3;
-            total += ms;
-        }
-        seconds[p] = median(t, k);
+            return 0;
+        };
+        if ((rc = chain()) < 0) goto done; // warm-up: picks the algorithms
+        if ((rc = time_median(0, e0, e1, reps, t, chain, &seconds[p])) < 0) goto done;
     }
 done:
     if (h) cublasDestroy(h);
@@ -283,34 +296,30 @@ extern "C" int fmoe_cuda_calibrate_attention(int32_t heads, int32_t kv_heads, in
     for (int32_t p = 0; p < n; p++) {
         const int M = group * tokens[p], c = contexts[p];
         const float one = 1.0f, zero = 0.0f, scale = 1.0f;
-        int k = 0;
-        double total = 0;
-        for (int pass = 0; k < MAX_REPS && (pass == 0 || k < reps || total < MIN_POINT_MS);
-             pass++) {
-            float ms = 0;
-            CAL_CUDA(cudaEventRecord(e0, 0));
+        auto attention = [&]() {
             // scores (M x c) = Q (M x hd) K^T, per KV head: column-major S^T = op_T(K) Q^T
-            CAL_BLAS(cublasGemmStridedBatchedEx(
-                h, CUBLAS_OP_T, CUBLAS_OP_N, c, M, head_dim, &scale, kc, CUDA_R_16BF, head_dim,
-                (long long)cmax * head_dim, q, CUDA_R_16BF, head_dim, (long long)M * head_dim,
-                &zero, s, CUDA_R_16BF, c, (long long)M * c, kv_heads, CUBLAS_COMPUTE_32F,
-                CUBLAS_GEMM_DEFAULT));
+            int st = blas_status(
+                cublasGemmStridedBatchedEx(
+                    h, CUBLAS_OP_T, CUBLAS_OP_N, c, M, head_dim, &scale, kc, CUDA_R_16BF,
+                    head_dim, (long long)cmax * head_dim, q, CUDA_R_16BF, head_dim,
+                    (long long)M * head_dim, &zero, s, CUDA_R_16BF, c, (long long)M * c, kv_heads,
+                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "scores");
+            if (st < 0) return st;
             softmax_rows<<<(unsigned)(G * M), 256>>>(s, c);
-            CAL_CUDA(cudaGetLastError());
+            if ((st = cuda_status(cudaGetLastError(), "softmax_rows")) < 0) return st;
             // out (M x hd) = P (M x c) V (c x hd): column-major O^T = V^T P^T
-            CAL_BLAS(cublasGemmStridedBatchedEx(
-                h, CUBLAS_OP_N, CUBLAS_OP_N, head_dim, M, c, &one, vc, CUDA_R_16BF, head_dim,
-                (long long)cmax * head_dim, s, CUDA_R_16BF, c, (long long)M * c, &zero, o,
-                CUDA_R_16BF, head_dim, (long long)M * head_dim, kv_heads, CUBLAS_COMPUTE_32F,
-                CUBLAS_GEMM_DEFAULT));
-            CAL_CUDA(cudaEventRecord(e1, 0));
-            CAL_CUDA(cudaEventSynchronize(e1));
-            CAL_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-            if (pass == 0) continue; // warm-up
-            t[k++] = ms * 1e-3;
-            total += ms;
-        }
-        seconds[p] = median(t, k);
+            return blas_status(
+                cublasGemmStridedBatchedEx(
+                    h, CUBLAS_OP_N, CUBLAS_OP_N, head_dim, M, c, &one, vc, CUDA_R_16BF, head_dim,
+                    (long long)cmax * head_dim, s, CUDA_R_16BF, c, (long long)M * c, &zero, o,
+                    CUDA_R_16BF, head_dim, (long long)M * head_dim, kv_heads, CUBLAS_COMPUTE_32F,
+                    CUBLAS_GEMM_DEFAULT),
+                "attention output");
+        };
+        if ((rc = attention()) < 0) goto done; // warm-up
+        CAL_CUDA(cudaDeviceSynchronize());
+        if ((rc = time_median(0, e0, e1, reps, t, attention, &seconds[p])) < 0) goto done;
     }
 done:
     if (h) cublasDestroy(h);
