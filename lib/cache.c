@@ -98,6 +98,7 @@ void fmoe_cache_reset(fmoe_cache *c) {
     }
     c->view.used = 0;
     c->view.tick = 0;
+    c->view.version++;
 }
 
 const fmoe_cache_view *fmoe_cache_view_of(const fmoe_cache *c) { return &c->view; }
@@ -132,6 +133,7 @@ int fmoe_cache_insert(fmoe_cache *c, int32_t s, int32_t e, fmoe_slot_state state
     c->slot_loaded_at[s] = c->view.tick;
     c->expert_slot[e] = s;
     c->view.used++;
+    c->view.version++;
     return 0;
 }
 
@@ -144,6 +146,7 @@ int fmoe_cache_evict(fmoe_cache *c, int32_t s) {
     c->slot_state[s] = FMOE_SLOT_FREE;
     c->free_stack[c->free_top++] = s;
     c->view.used--;
+    c->view.version++;
     return 0;
 }
 
@@ -151,6 +154,7 @@ int fmoe_cache_mark_resident(fmoe_cache *c, int32_t s) {
     FMOE_RETURN_ERROR_IF(bad_slot(c, s) || c->slot_state[s] != FMOE_SLOT_LOADING, FMOE_EINVAL,
                          "cache: slot %d is not loading", s);
     c->slot_state[s] = FMOE_SLOT_RESIDENT;
+    c->view.version++;
     return 0;
 }
 
@@ -161,12 +165,14 @@ void fmoe_cache_touch(fmoe_cache *c, int32_t s) {
     c->slot_accesses[s]++;
     c->expert_last_access[e] = t;
     c->expert_accesses[e]++;
+    c->view.version++;
 }
 
 void fmoe_cache_touch_uncached(fmoe_cache *c, int32_t e) {
     const uint64_t t = ++c->view.tick;
     c->expert_last_access[e] = t;
     c->expert_accesses[e]++;
+    c->view.version++;
 }
 
 int fmoe_cache_pin(fmoe_cache *c, int32_t s) {
@@ -174,6 +180,7 @@ int fmoe_cache_pin(fmoe_cache *c, int32_t s) {
                          "cache pin: slot %d is not occupied", s);
     FMOE_RETURN_ERROR_IF(c->slot_pins[s] == UINT16_MAX, FMOE_ERANGE, "cache pin: slot %d", s);
     c->slot_pins[s]++;
+    c->view.version++;
     return 0;
 }
 
@@ -181,5 +188,6 @@ int fmoe_cache_unpin(fmoe_cache *c, int32_t s) {
     FMOE_RETURN_ERROR_IF(bad_slot(c, s) || c->slot_pins[s] == 0, FMOE_EINVAL,
                          "cache unpin: slot %d is not pinned", s);
     c->slot_pins[s]--;
+    c->view.version++;
     return 0;
 }

@@ -536,6 +536,12 @@ static void run_all(sim_state *S, const double *arrival_s) {
         for (int64_t i = 0; i < req->num_iterations && !S->error; i++) {
             const int64_t ii = req->first_iteration + i;
             const fmoe_sim_iteration *it = &w->iterations[ii];
+            /* the one-token iterations that follow, with their tokens' rows in order */
+            int32_t ahead = 0;
+            while (it->num_tokens == 1 && ahead < FMOE_POLICY_MAX_AHEAD &&
+                   i + ahead < req->num_iterations &&
+                   it[ahead].num_tokens == 1 && it[ahead].token_begin == it->token_begin + ahead)
+                ahead++;
             const fmoe_iteration_event iev = {.request = rq, .phase = it->phase,
                                               .num_tokens = it->num_tokens,
                                               .context = it->context, .group = ii * L,
@@ -543,7 +549,12 @@ static void run_all(sim_state *S, const double *arrival_s) {
                                               /* [fmoe hook, issue 4] */
                                               .semantic = w->semantic ? w->semantic +
                                                   (size_t)it->token_begin * w->semantic_dim : NULL,
-                                              .semantic_dim = w->semantic ? w->semantic_dim : 0};
+                                              .semantic_dim = w->semantic ? w->semantic_dim : 0,
+                                              .ahead = ahead,
+                                              .ahead_probs = ahead && w->probs ? w->probs +
+                                                  (size_t)it->token_begin * L * S->J : NULL,
+                                              .ahead_chosen = ahead ? w->experts +
+                                                  (size_t)it->token_begin * L * S->K : NULL};
             S->env.now_s = S->compute_free;
             if (ops->on_iteration_start) ops->on_iteration_start(S->policy.state, &S->env, &iev);
             const uint16_t *la = w->layer_accesses + (size_t)ii * L;

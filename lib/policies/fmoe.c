@@ -60,7 +60,8 @@
  * the layer's block of the store, a prefill's queries together), O(J·m) per query for
  * the selection of m experts, O(N) per victim. Memory: the store (its own copy in the
  * updating modes), and the matcher's 2·MAX_QUERIES·C + C floats of running sums and
- * scores plus MAX_QUERIES·(L·J + h) of observed rows. No allocation after init.
+ * scores plus MAX_QUERIES·(L·J + h) of observed rows, and MAX_QUERIES·2·L for
+ * the searches made ahead. No allocation after init.
  *
  * Speed without changing a decision (tests/expertmap/test_fmoe_equivalence.c runs every
  * variant against its fmoe__policy_<v>_reference twin, which takes none of these, and
@@ -70,9 +71,12 @@
  *     (set_cur_p_from_maps);
  *   - the trajectory search after the last layer plans nothing and sets no cur_p row:
  *     skipped, unless the store is this policy's own (its best entries count as hits);
- *   - the victim scan for p·freq has the rule's switch and the layer's division out of
- *     its loop, and a prefetch first only looks for an expert it may evict: most find
- *     none, and then the argmin is not needed (choose_victim_pfreq);
+ *   - the victim choice for p·freq computes every slot's value, then the minima, with no
+ *     data-dependent branch, and keeps its smallest value while neither the cache nor
+ *     cur_p / protect changed (a prefetch that may evict nothing is then answered at
+ *     once; choose_victim_pfreq);
+ *   - with a frozen store, the trajectory searches of the decode tokens the simulator
+ *     announces (ev->ahead) are made ahead in batches (memo_prepare);
  *   - the request-level expert counts are kept only by fmoe-hitcount, which reads them.
  * The search after each of the layers L-d..L-2 plans nothing either, but it refreshes
  * cur_p for the layers after it, which eviction reads: skipping it would change
@@ -150,6 +154,19 @@ typedef struct fm_state {
     double incoming_keep;
     /* request-level hit counts (fmoe-hitcount) */
     uint32_t *req_counts;     /* [L][J] */
+    double *victim_keys;      /* [2][N] choose_victim_pfreq's scratch */
+    /* what cur_p and protect were made from changes with every event: gen counts them, and
+     * choose_victim_pfreq keeps its smallest unprotected value while neither they nor the
+     * cache (its version) changed */
+    uint64_t gen, vm_gen, vm_cache;
+    int vm_valid;
+    double vm_min_free;
+    /* trajectory searches of one-token iterations made ahead, in a batch (memo_prepare) */
+    int32_t memo_n, memo_next;   /* tokens in the batch, the next one to take */
+    int32_t memo_cur;            /* the current iteration's token; -1: searches live */
+    const float *memo_probs;     /* where the batch's tokens' rows were (ev->ahead_probs) */
+    int32_t *memo_best;          /* [L][MAX_QUERIES] */
+    float *memo_score;           /* [L][MAX_QUERIES] */
 } fm_state;
 
 /* ------------------------------------------------------------------ init / free */
@@ -175,6 +192,9 @@ static void fm_free(void *state) {
     free(S->order);
     free(S->held);
     free(S->req_counts);
+    free(S->memo_best);
+    free(S->memo_score);
+    free(S->victim_keys);
     free(S);
 }
 
@@ -255,7 +275,11 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
     S->order = calloc(J, sizeof *S->order);
     S->held = calloc(S->LJ, sizeof *S->held);
     S->req_counts = calloc(S->LJ, sizeof *S->req_counts);
-    if (!S->rows || (S->h && !S->sem) || !S->best || !S->score || !S->cur_p || !S->cp_best ||
+    S->memo_best = calloc((size_t)S->L * Q, sizeof *S->memo_best);
+    S->memo_score = calloc((size_t)S->L * Q, sizeof *S->memo_score);
+    S->victim_keys = calloc(2 * (size_t)(S->N > 0 ? S->N : 1), sizeof *S->victim_keys);
+    S->memo_cur = -1;
+    if (!S->victim_keys || !S->memo_best || !S->memo_score || !S->rows || (S->h && !S->sem) || !S->best || !S->score || !S->cur_p || !S->cp_best ||
         !S->rowbuf || !S->mapbuf || !S->protect ||
         !S->pri || !S->pp || !S->share || !S->sel || !S->order || !S->held || !S->req_counts) {
         fm_free(S);
@@ -394,6 +418,7 @@ static void set_cur_p_from_maps(fm_state *S, int32_t from, int32_t to) {
         S->cp_nq == S->nq && S->cp_version == version &&
         memcmp(S->cp_best, S->best, (size_t)S->nq * sizeof *S->best) == 0)
         return;
+    S->gen++;
     const size_t J = (size_t)S->J;
     float *rows = S->cur_p + (size_t)from * J;
     const size_t n = (size_t)(to - from) * J;
@@ -436,6 +461,7 @@ static void fm_on_request_start(void *state, const fmoe_policy_env *env,
     (void)env;
     (void)ev;
     fm_state *S = state;
+    S->gen++;
     memset(S->req_counts, 0, S->LJ * sizeof *S->req_counts);
 }
 
@@ -454,9 +480,67 @@ static void begin_iteration(fm_state *S, int32_t n, const float *sem, int32_t se
     fmoe_matcher_trajectory_begin(S->m, S->nq);
 }
 
+/* The observed row of a token at one layer when the trace has no probabilities: its K
+ * chosen experts at 1/K each. */
+static void row_from_chosen(float *row, int32_t J, int32_t K, const uint16_t *chosen) {
+    memset(row, 0, (size_t)J * sizeof *row);
+    for (int32_t k = 0; k < K; k++) row[chosen[k]] = 1.0f / (float)K;
+}
+
+/* Searches made ahead. With a frozen store (offline mode) the trajectory search of a
+ * one-token iteration at layer l is a function of the store and of that token's rows
+ * 0..l only, so in the simulator, which knows the rows to come (ev->ahead), the searches
+ * of up to MAX_QUERIES consecutive decode tokens run in one batch: each layer's block of
+ * the store is then read once for all of them, where one token at a time the step is
+ * bound by that read (README "Matcher and store benchmarks": 78 K against 118 K
+ * token-iterations/s for 16 at once). The step does the same arithmetic for each query
+ * whatever their number, so the results are the very values the live searches would
+ * give (tests/expertmap/test_fmoe_equivalence.c compares every decision with the
+ * reference twin, which searches live); on_gate checks that each gate shows the rows the
+ * batch used and searches live otherwise. */
+static void memo_prepare(fm_state *S, const fmoe_iteration_event *ev) {
+    S->memo_cur = -1;
+    if (S->own || S->v.reference || S->v.predict != PREDICT_MAPS || ev->num_tokens != 1 ||
+        ev->ahead < 1 || !ev->ahead_probs || S->L < 2 || fmoe_expertmap_size(S->store) == 0)
+        return;
+    const size_t LJ = S->LJ;
+    if (S->memo_next < S->memo_n && ev->ahead_probs == S->memo_probs + S->memo_next * LJ) {
+        S->memo_cur = S->memo_next++;
+        return;
+    }
+    const int32_t n = ev->ahead < MAX_QUERIES ? ev->ahead : MAX_QUERIES;
+    const float *rows = ev->ahead_probs;
+    /* the search after the last layer is not made with a frozen store (fm_on_gate) */
+    fmoe_matcher_trajectory_begin(S->m, n);
+    for (int32_t l = 0; l < S->L - 1; l++)
+        fmoe_matcher_trajectory_add(S->m, l, rows + (size_t)l * S->J, (int64_t)LJ,
+                                    S->memo_best + (size_t)l * MAX_QUERIES,
+                                    S->memo_score + (size_t)l * MAX_QUERIES);
+    S->memo_n = n;
+    S->memo_next = 1;
+    S->memo_cur = 0;
+    S->memo_probs = ev->ahead_probs;
+}
+
+/* Whether gate ev shows the rows memo_prepare used for the current token; if not, the
+ * batch is dropped and the searches of the layers before l are made live. */
+static void memo_check(fm_state *S, const fmoe_gate_event *ev) {
+    const int32_t l = ev->layer;
+    const size_t a = (size_t)S->memo_cur, J = (size_t)S->J, L = (size_t)S->L;
+    if (ev->num_tokens == 1 && ev->probs == S->memo_probs + (a * L + (size_t)l) * J) return;
+    S->memo_cur = -1;
+    S->memo_n = 0;
+    fmoe_matcher_trajectory_begin(S->m, S->nq);
+    for (int32_t p = 0; p < l; p++)
+        fmoe_matcher_trajectory_add(S->m, p, S->rows + (size_t)p * J, (int64_t)S->LJ, S->best,
+                                    S->score);
+}
+
 static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
                                   const fmoe_iteration_event *ev) {
     fm_state *S = state;
+    S->gen++;
+    memo_prepare(S, ev);
     begin_iteration(S, ev->num_tokens, ev->semantic, ev->semantic_dim);
     const uint32_t *pop = fmoe_expertmap_popularity(S->store);
     const int32_t first = S->d < S->L ? S->d : S->L;
@@ -488,8 +572,10 @@ static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
 static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_event *ev) {
     fm_state *S = state;
     const int32_t l = ev->layer, J = S->J;
+    S->gen++;
     if (!S->active || l != S->next_layer) {
         if (l != 0) return; /* out of step: wait for the next iteration */
+        S->memo_cur = -1;
         begin_iteration(S, ev->num_tokens, NULL, 0);
     }
     S->next_layer = l + 1;
@@ -509,13 +595,10 @@ static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
     for (int32_t q = 0; q < S->nq; q++) {
         const int64_t t = (int64_t)q * S->stride < ev->num_tokens ? (int64_t)q * S->stride : 0;
         float *row = S->rows + (size_t)q * S->LJ + (size_t)l * J;
-        if (ev->probs) {
+        if (ev->probs)
             memcpy(row, ev->probs + t * ev->probs_stride, (size_t)J * sizeof *row);
-        } else {
-            memset(row, 0, (size_t)J * sizeof *row);
-            for (int32_t k = 0; k < S->K; k++)
-                row[ev->chosen[t * ev->chosen_stride + k]] = 1.0f / (float)S->K;
-        }
+        else
+            row_from_chosen(row, J, S->K, ev->chosen + t * ev->chosen_stride);
         for (int32_t j = 0; j < J; j++)
             if (row[j] > cp[j]) cp[j] = row[j];
     }
@@ -542,9 +625,14 @@ static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
     }
     /* The search after the last layer plans nothing and updates no cur_p row; its best
      * entries only count as hits of a store this policy updates. */
-    if (l < S->L - 1 || S->own || S->v.reference)
+    if (S->memo_cur >= 0) memo_check(S, ev);
+    if (S->memo_cur >= 0 && l < S->L - 1) { /* made ahead (memo_prepare) */
+        S->best[0] = S->memo_best[(size_t)l * MAX_QUERIES + (size_t)S->memo_cur];
+        S->score[0] = S->memo_score[(size_t)l * MAX_QUERIES + (size_t)S->memo_cur];
+    } else if (l < S->L - 1 || S->own || S->v.reference) {
         fmoe_matcher_trajectory_add(S->m, l, S->rows + (size_t)l * J, (int64_t)S->LJ, S->best,
                                     S->score);
+    }
     if (tl < S->L) {
         plan_clear(S);
         int any = 0;
@@ -564,6 +652,7 @@ static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
 static void fm_on_layer_done(void *state, const fmoe_policy_env *env, int32_t layer) {
     fm_state *S = state;
     (void)layer;
+    S->gen++;
     memset(S->protect, 0, (size_t)S->J);
     S->cur_layer = -1;
     if (!S->paused) return;
@@ -578,6 +667,7 @@ static void fm_on_iteration_end(void *state, const fmoe_policy_env *env,
     (void)env;
     (void)ev;
     fm_state *S = state;
+    S->gen++;
     if (S->active && S->own && S->next_layer == S->L) {
         if (S->v.predict == PREDICT_MAPS)
             for (int32_t q = 0; q < S->nq; q++) fmoe_expertmap_hit(S->own, S->best[q]);
@@ -622,56 +712,68 @@ static int32_t choose_victim_plain(fm_state *S, const fmoe_cache_view *v) {
     return best;
 }
 
-/* The same scan for p·freq eviction, the hot one: no division to find an expert's layer,
- * the rule's switch out of the loop. Same comparisons in the same order, same result. */
+/* The smallest of v[0..n) (no NaN), four independent chains: a minimum is exact in any
+ * order. */
+static double min_of(const double *v, int32_t n) {
+    double m[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
+    int32_t s = 0;
+    for (; s + 4 <= n; s += 4)
+        for (int i = 0; i < 4; i++) m[i] = v[s + i] < m[i] ? v[s + i] : m[i];
+    for (; s < n; s++) m[0] = v[s] < m[0] ? v[s] : m[0];
+    const double a = m[0] < m[1] ? m[0] : m[1], b = m[2] < m[3] ? m[2] : m[3];
+    return a < b ? a : b;
+}
+
+/* The first slot of the smallest (key, last access) among keys[0..n) equal to min. */
+static int32_t first_of_min(const double *keys, double min, const uint64_t *last, int32_t n) {
+    uint64_t bt = UINT64_MAX;
+    for (int32_t s = 0; s < n; s++)
+        if (keys[s] == min && last[s] < bt) bt = last[s];
+    for (int32_t s = 0; s < n; s++)
+        if (keys[s] == min && last[s] == bt) return s;
+    return -1;
+}
+
+/* The same choice for p·freq eviction, the hot one, without the scan's branches (their
+ * outcomes are data, and mispredicted half the time): every slot's keep value first, +inf
+ * for a slot that may not be evicted (and separately for the protected ones), then the
+ * minima, then the first slot holding the smallest (value, last access): the scan's
+ * argmin, ties to the earliest slot, exactly. */
 static int32_t choose_victim_pfreq(fm_state *S, const fmoe_cache_view *v) {
-    const int32_t J = S->J, lo = S->cur_layer * J; /* cur_layer -1: nothing protected */
+    const int32_t J = S->J, lo = S->cur_layer * J, n = v->capacity; /* cur_layer -1: none */
     const float *cur_p = S->cur_p;
     const uint8_t *protect = S->protect;
-    if (S->prefetching) {
-        /* A prefetch evicts only an unprotected expert worth at most what it brings (see
-         * below): most find none, and that needs no argmin, only a look for one. */
-        const double thr = S->incoming_keep;
-        int found = 0;
-        for (int32_t s = 0; s < v->capacity && !found; s++) {
-            const int32_t e = v->slot_expert[s];
-            const int ok = v->slot_state[s] == FMOE_SLOT_RESIDENT && v->slot_pins[s] == 0 &&
-                           !((uint32_t)(e - lo) < (uint32_t)J && protect[e - lo]);
-            found = ok && fmoe_expertmap_keep_value(
-                              cur_p[e], (double)(int64_t)v->expert_accesses[e] + 1.0) <= thr;
-        }
-        if (!found) return -1;
-    }
-    int32_t best = -1, fallback = -1;
-    double bk = 0, fk = 0;
-    uint64_t bt = 0, ft = 0;
-    for (int32_t s = 0; s < v->capacity; s++) {
-        if (v->slot_state[s] != FMOE_SLOT_RESIDENT || v->slot_pins[s] != 0) continue;
+    /* a prefetch finds no victim far more often than not (680 of 367 K tries in the
+     * throughput benchmark), and tries come in runs with nothing changed in between */
+    const int same = S->vm_valid && S->vm_gen == S->gen && S->vm_cache == v->version;
+    if (S->prefetching && same && !(S->vm_min_free <= S->incoming_keep)) return -1;
+    double *free_keys = S->victim_keys, *prot_keys = S->victim_keys + n;
+    for (int32_t s = 0; s < n; s++) {
         const int32_t e = v->slot_expert[s];
+        const int ok = v->slot_state[s] == FMOE_SLOT_RESIDENT && v->slot_pins[s] == 0;
+        const int32_t x = ok ? e : 0; /* a free slot holds -1 */
+        const int in_layer = (uint32_t)(x - lo) < (uint32_t)J;
+        const int prot = in_layer && protect[in_layer ? x - lo : 0];
         /* (counts stay far below 2^63: the signed conversion is the same value, and one
          * instruction where the unsigned one is a branchy sequence on x86-64) */
         const double k =
-            fmoe_expertmap_keep_value(cur_p[e], (double)(int64_t)v->expert_accesses[e] + 1.0);
-        const uint64_t t = v->slot_last_access[s];
-        if ((uint32_t)(e - lo) < (uint32_t)J && protect[e - lo]) {
-            if (fallback < 0 || k < fk || (k == fk && t < ft)) {
-                fallback = s;
-                fk = k;
-                ft = t;
-            }
-        } else if (best < 0 || k < bk || (k == bk && t < bt)) {
-            best = s;
-            bk = k;
-            bt = t;
-        }
+            fmoe_expertmap_keep_value(cur_p[x], (double)(int64_t)v->expert_accesses[x] + 1.0);
+        free_keys[s] = ok && !prot ? k : INFINITY;
+        prot_keys[s] = ok && prot ? k : INFINITY;
     }
-    if (best < 0) {
-        best = fallback;
-        bk = fk;
-    }
-    if (S->prefetching && best >= 0 && bk > S->incoming_keep) return -1;
-    if (S->prefetching && best >= 0 && best == fallback) return -1;
-    return best;
+    const double min_free = min_of(free_keys, n), min_prot = min_of(prot_keys, n);
+    S->vm_valid = 1;
+    S->vm_gen = S->gen;
+    S->vm_cache = v->version;
+    S->vm_min_free = min_free;
+    /* a prefetch evicts only an unprotected expert worth at most what it brings */
+    if (S->prefetching)
+        return min_free <= S->incoming_keep
+                   ? first_of_min(free_keys, min_free, v->slot_last_access, n)
+                   : -1;
+    if (min_free < INFINITY) return first_of_min(free_keys, min_free, v->slot_last_access, n);
+    if (min_prot < INFINITY) return first_of_min(prot_keys, min_prot, v->slot_last_access, n);
+    return -1;
 }
 
 static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {

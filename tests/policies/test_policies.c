@@ -124,6 +124,41 @@ TEST(cache_fills_slots_in_order_and_reuses_freed) {
     fmoe_cache_free(c);
 }
 
+TEST(cache_version_changes_with_every_change) {
+    fmoe_cache *c = NULL;
+    ASSERT_OK(fmoe_cache_init(&c, 1, 8, 2));
+    const fmoe_cache_view *v = fmoe_cache_view_of(c);
+    uint64_t last = v->version;
+#define CHANGED()                                                                                \
+    do {                                                                                         \
+        ASSERT_TRUE(v->version != last);                                                         \
+        last = v->version;                                                                       \
+    } while (0)
+    ASSERT_OK(fmoe_cache_insert(c, 0, 3, FMOE_SLOT_LOADING));
+    CHANGED();
+    ASSERT_OK(fmoe_cache_mark_resident(c, 0));
+    CHANGED();
+    fmoe_cache_touch(c, 0);
+    CHANGED();
+    fmoe_cache_touch_uncached(c, 5);
+    CHANGED();
+    ASSERT_OK(fmoe_cache_pin(c, 0));
+    CHANGED();
+    ASSERT_OK(fmoe_cache_unpin(c, 0));
+    CHANGED();
+    ASSERT_OK(fmoe_cache_evict(c, 0));
+    CHANGED();
+    fmoe_cache_reset(c);
+    CHANGED();
+    /* failed calls and lookups change nothing */
+    ASSERT_EQ(fmoe_cache_evict(c, 1), FMOE_EINVAL);
+    ASSERT_EQ(fmoe_cache_lookup(v, 3), -1);
+    ASSERT_EQ(fmoe_cache_free_slot(c), 0);
+    ASSERT_EQ(v->version, last);
+#undef CHANGED
+    fmoe_cache_free(c);
+}
+
 /* ------------------------------------------------------------------ registry */
 
 TEST(registry_names_and_unknown) {

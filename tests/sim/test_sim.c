@@ -615,6 +615,78 @@ TEST(gate_probabilities_and_speculative_rows_reach_the_policy) {
     fmoe_sim_workload_free(&w);
 }
 
+/* The rows an iteration event announces (ahead) are those its gates, and the gates of
+ * the request's next one-token iterations, then show. */
+typedef struct ahead_probe {
+    int ok, decode_seen, iteration;   /* iteration: the request's decode iteration index */
+    int32_t ahead, L, J, K;
+    const float *probs;               /* the first decode iteration's announcement */
+    const uint16_t *chosen;
+    int32_t expect_ahead[2];          /* per request: its decode iterations */
+} ahead_probe;
+static ahead_probe g_ahead;
+static void ah_iteration(void *s, const fmoe_policy_env *env, const fmoe_iteration_event *ev) {
+    (void)s;
+    (void)env;
+    ahead_probe *P = &g_ahead;
+    if (ev->num_tokens != 1) { /* the prefill: nothing announced */
+        if (ev->ahead != 0 || ev->ahead_probs || ev->ahead_chosen) P->ok = 0;
+        P->iteration = -1;
+        return;
+    }
+    P->decode_seen++;
+    P->iteration++;
+    const int32_t left = P->expect_ahead[ev->request] - P->iteration;
+    const int32_t want = left < FMOE_POLICY_MAX_AHEAD ? left : FMOE_POLICY_MAX_AHEAD;
+    if (ev->ahead != want || !ev->ahead_probs || !ev->ahead_chosen) P->ok = 0;
+    if (P->iteration == 0) {
+        P->ahead = ev->ahead;
+        P->probs = ev->ahead_probs;
+        P->chosen = ev->ahead_chosen;
+    }
+}
+static void ah_gate(void *s, const fmoe_policy_env *env, const fmoe_gate_event *ev) {
+    (void)s;
+    (void)env;
+    ahead_probe *P = &g_ahead;
+    if (P->iteration < 0 || P->iteration >= P->ahead) return;
+    const size_t a = (size_t)P->iteration, l = (size_t)ev->layer;
+    if (ev->probs != P->probs + (a * P->L + l) * P->J) P->ok = 0;
+    if (ev->chosen != P->chosen + (a * P->L + l) * P->K) P->ok = 0;
+}
+static const fmoe_policy_ops ahead_probe_ops = {
+    .name = "test-ahead", .flags = FMOE_POLICY_NEEDS_PROBS, .init = pf_init,
+    .on_iteration_start = ah_iteration, .on_gate = ah_gate, .choose_victim = pf_victim,
+};
+
+TEST(iteration_events_announce_the_decode_rows_to_come) {
+    enum { L = 3, J = 4, K = 1, P = 4, D0 = 70, D1 = 5, T = P + D0 };
+    fmoe_sim_workload w;
+    ASSERT_OK(fmoe_sim_workload_init(&w, L, J, K, 1000));
+    ASSERT_OK(fmoe_sim_workload_keep_gates(&w, FMOE_PROBS_FULL, 0));
+    static float probs[T * L * J];
+    static uint16_t ex[T * L];
+    uint8_t phase[T];
+    for (int t = 0; t < T; t++) {
+        phase[t] = t < P ? FMOE_PHASE_PREFILL : FMOE_PHASE_DECODE;
+        for (int l = 0; l < L; l++) {
+            ex[t * L + l] = (uint16_t)((t + l) % J);
+            for (int j = 0; j < J; j++) probs[(t * L + l) * J + j] = j == ex[t * L + l] ? 1.0f : 0.0f;
+        }
+    }
+    ASSERT_OK(fmoe_sim_workload_add_request_gates(&w, 0, 0, P, D0, P + D0, phase, ex, probs, NULL));
+    ASSERT_OK(fmoe_sim_workload_add_request_gates(&w, 1, 0, P, D1, P + D1, phase, ex, probs, NULL));
+    g_ahead = (ahead_probe){.ok = 1, .L = L, .J = J, .K = K, .expect_ahead = {D0, D1}};
+    fmoe_sim_costs k = costs_of(0, 1e9, 1000, 1e-4, 1e-4);
+    const fmoe_sim_config cfg = {.ops = &ahead_probe_ops, .cache_experts = 2, .costs = &k};
+    fmoe_sim_result r;
+    ASSERT_OK(fmoe_sim_run(&w, &cfg, &r));
+    ASSERT_TRUE(g_ahead.ok);
+    ASSERT_EQ(g_ahead.decode_seen, D0 + D1);
+    fmoe_sim_result_free(&r);
+    fmoe_sim_workload_free(&w);
+}
+
 /* ------------------------------------------------------------------ properties */
 
 /* Random workload with speculative rows that are right with probability 1/2. */

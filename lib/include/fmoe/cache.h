@@ -33,6 +33,8 @@ typedef struct fmoe_cache_view {
     int32_t capacity;               /* N slots */
     int32_t used;                   /* slots not free */
     uint64_t tick;                  /* accesses touched so far */
+    uint64_t version;               /* bumped by every change to the cache (a policy may keep
+                                       what it computed from the view while it is the same) */
     const int32_t *slot_expert;     /* [N] expert id l*J+j, -1 when free */
     const uint8_t *slot_state;      /* [N] fmoe_slot_state */
     const uint16_t *slot_pins;      /* [N] pin count; pinned slots are never victims */

@@ -129,7 +129,20 @@ typedef struct fmoe_iteration_event {
     int32_t semantic_dim;
     int64_t group;          /* layer group of its layer 0 (cfg->future_layer_accesses); -1 live */
     int64_t position;       /* its first access in cfg->future; -1 live */
+    /* Simulate only (live: 0 and NULL). For a one-token iteration, the gate rows the replay
+     * holds for it and for the request's next one-token iterations: `ahead` tokens (this
+     * one first; at most FMOE_POLICY_MAX_AHEAD), token a's rows at ahead_probs[a · L·J +
+     * l·J] (NULL when on_gate's probs are) and its chosen experts at ahead_chosen[a · L·K +
+     * l·K], the very arrays on_gate will point into. Only for computing now, in a batch,
+     * what the policy would compute at those gates anyway: its decisions must not depend
+     * on them (fmoe batches the trajectory searches of a frozen store with them). */
+    int32_t ahead;
+    const float *ahead_probs;
+    const uint16_t *ahead_chosen;
 } fmoe_iteration_event;
+
+/* The most tokens an iteration event's `ahead` covers. */
+#define FMOE_POLICY_MAX_AHEAD 64
 
 typedef struct fmoe_gate_event {
     int32_t layer;          /* l */
