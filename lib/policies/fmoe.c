@@ -712,16 +712,23 @@ static int32_t choose_victim_plain(fm_state *S, const fmoe_cache_view *v) {
     return best;
 }
 
-/* The smallest of v[0..n) (no NaN), four independent chains: a minimum is exact in any
- * order. */
-static double min_of(const double *v, int32_t n) {
-    double m[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
-    int32_t s = 0;
-    for (; s + 4 <= n; s += 4)
-        for (int i = 0; i < 4; i++) m[i] = v[s + i] < m[i] ? v[s + i] : m[i];
-    for (; s < n; s++) m[0] = v[s] < m[0] ? v[s] : m[0];
-    const double a = m[0] < m[1] ? m[0] : m[1], b = m[2] < m[3] ? m[2] : m[3];
-    return a < b ? a : b;
+/* Slot s's keep value into free_keys[s] (an evictable unprotected expert) or
+ * prot_keys[s] (an evictable protected one), +inf in the other and for a slot that may not
+ * be evicted. */
+static inline void slot_keys(const fm_state *S, const fmoe_cache_view *v, int32_t s,
+                             int32_t lo, const float *cur_p, const uint8_t *protect,
+                             double *free_keys, double *prot_keys) {
+    const int32_t e = v->slot_expert[s];
+    const int ok = v->slot_state[s] == FMOE_SLOT_RESIDENT && v->slot_pins[s] == 0;
+    const int32_t x = ok ? e : 0; /* a free slot holds -1 */
+    const int in_layer = (uint32_t)(x - lo) < (uint32_t)S->J;
+    const int prot = in_layer && protect[in_layer ? x - lo : 0];
+    /* (counts stay far below 2^63: the signed conversion is the same value, and one
+     * instruction where the unsigned one is a branchy sequence on x86-64) */
+    const double k =
+        fmoe_expertmap_keep_value(cur_p[x], (double)(int64_t)v->expert_accesses[x] + 1.0);
+    free_keys[s] = ok && !prot ? k : INFINITY;
+    prot_keys[s] = ok && prot ? k : INFINITY;
 }
 
 /* The first slot of the smallest (key, last access) among keys[0..n) equal to min. */
@@ -748,30 +755,35 @@ static int32_t choose_victim_pfreq(fm_state *S, const fmoe_cache_view *v) {
     const int same = S->vm_valid && S->vm_gen == S->gen && S->vm_cache == v->version;
     if (S->prefetching && same && !(S->vm_min_free <= S->incoming_keep)) return -1;
     double *free_keys = S->victim_keys, *prot_keys = S->victim_keys + n;
-    for (int32_t s = 0; s < n; s++) {
-        const int32_t e = v->slot_expert[s];
-        const int ok = v->slot_state[s] == FMOE_SLOT_RESIDENT && v->slot_pins[s] == 0;
-        const int32_t x = ok ? e : 0; /* a free slot holds -1 */
-        const int in_layer = (uint32_t)(x - lo) < (uint32_t)J;
-        const int prot = in_layer && protect[in_layer ? x - lo : 0];
-        /* (counts stay far below 2^63: the signed conversion is the same value, and one
-         * instruction where the unsigned one is a branchy sequence on x86-64) */
-        const double k =
-            fmoe_expertmap_keep_value(cur_p[x], (double)(int64_t)v->expert_accesses[x] + 1.0);
-        free_keys[s] = ok && !prot ? k : INFINITY;
-        prot_keys[s] = ok && prot ? k : INFINITY;
+    /* four slots a step, each with its own running minimum (exact in any order), so that
+     * the minima are four independent chains */
+    double min_free[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
+    int32_t s = 0;
+    for (; s + 4 <= n; s += 4)
+        for (int i = 0; i < 4; i++) {
+            slot_keys(S, v, s + i, lo, cur_p, protect, free_keys, prot_keys);
+            min_free[i] = free_keys[s + i] < min_free[i] ? free_keys[s + i] : min_free[i];
+        }
+    for (; s < n; s++) {
+        slot_keys(S, v, s, lo, cur_p, protect, free_keys, prot_keys);
+        min_free[0] = free_keys[s] < min_free[0] ? free_keys[s] : min_free[0];
     }
-    const double min_free = min_of(free_keys, n), min_prot = min_of(prot_keys, n);
+    const double mf01 = min_free[0] < min_free[1] ? min_free[0] : min_free[1];
+    const double mf23 = min_free[2] < min_free[3] ? min_free[2] : min_free[3];
+    const double min_free_all = mf01 < mf23 ? mf01 : mf23;
     S->vm_valid = 1;
     S->vm_gen = S->gen;
     S->vm_cache = v->version;
-    S->vm_min_free = min_free;
+    S->vm_min_free = min_free_all;
     /* a prefetch evicts only an unprotected expert worth at most what it brings */
     if (S->prefetching)
-        return min_free <= S->incoming_keep
-                   ? first_of_min(free_keys, min_free, v->slot_last_access, n)
+        return min_free_all <= S->incoming_keep
+                   ? first_of_min(free_keys, min_free_all, v->slot_last_access, n)
                    : -1;
-    if (min_free < INFINITY) return first_of_min(free_keys, min_free, v->slot_last_access, n);
+    if (min_free_all < INFINITY)
+        return first_of_min(free_keys, min_free_all, v->slot_last_access, n);
+    double min_prot = INFINITY; /* only the protected experts are left */
+    for (int32_t i = 0; i < n; i++) min_prot = prot_keys[i] < min_prot ? prot_keys[i] : min_prot;
     if (min_prot < INFINITY) return first_of_min(prot_keys, min_prot, v->slot_last_access, n);
     return -1;
 }
