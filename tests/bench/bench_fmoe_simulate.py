@@ -4,6 +4,7 @@ token-iterations/s per core with a 1K-entry store), on a synthetic Mixtral-like 
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/bench_fmoe_simulate.py \\
         --build BUILD [--build OTHER_BUILD ...] [--repeat 5] [--hidden 0] [--markdown OUT.md]
+        [--python]
 
 For each build (e.g. before and after a change):
 
@@ -19,7 +20,10 @@ counts n), 16 "topics" the store can learn; the store holds 1000 entries dedupli
 100 other requests; cache 64 of the 256 experts, d = 3, offline mode. Rates are the best
 and the median of --repeat runs, per CPU second (the machine may be shared). The hit and
 prefetch counts of every build are printed next to each other: identical decisions give
-identical counts.
+identical counts. With --python, the Python/NumPy reference (tests/python/reference_fmoe.py)
+replays the same files under a linear hardware profile next to `fmoe simulate` with that
+profile: the counts must be identical, and the ratio of the rates is DESIGN.md §9's
+"at least 100x a straightforward implementation".
 """
 import argparse
 import json
@@ -30,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -62,6 +67,48 @@ def run_command(build, trace, store, repeat, tokens):
     return rates, res
 
 
+PROFILE = {"format": "fmoe-hardware", "version": 1, "name": "bench-linear",
+           "link": {"alpha_s": 1e-5, "beta_bytes_per_s": 2.5e10},
+           "compute": {"attention_s": {"base": 5e-5, "per_token": 1e-6,
+                                       "per_token_context": 1e-9},
+                       "expert_s": {"base": 3e-5, "per_token": 1e-6}}}
+
+
+def against_python(build, trace, store, tmp, repeat):
+    """`fmoe simulate` and the Python reference on the same files and linear profile."""
+    sys.path.insert(0, str(REPO / "tests" / "python"))
+    import reference_fmoe as ref
+    prof = pathlib.Path(tmp) / "profile.json"
+    prof.write_text(json.dumps(PROFILE))
+    exe = pathlib.Path(build) / "cmd" / "fmoe"
+    rates, res = [], None
+    for _ in range(repeat):
+        c0 = child_cpu()
+        p = subprocess.run([str(exe), "simulate", "--trace", str(trace), "--store", str(store),
+                            "--policy", "fmoe", "--cache-experts", "64", "--prefetch-distance",
+                            "3", "--profile", str(prof), "--match-delay", "0", "--threads", "1",
+                            "--json", "--quiet"], capture_output=True, text=True, check=True)
+        res = json.loads(p.stdout)["results"][0]
+        rates.append(child_cpu() - c0)
+    t = ref.read_trace(trace)
+    maps = ref.read_store_maps(store)
+    tokens = t["offset"][-1]
+    c0 = time.process_time()
+    want = ref.replay(t, maps, 64, 3, ref.costs_from_profile(PROFILE, t["expert_bytes"]))
+    py_s = time.process_time() - c0
+    fm = tokens / min(rates)
+    py = tokens / py_s
+    same = all(res[k] == want[k] for k in want)
+    lines = ["| on the same trace, linear profile | token-iterations / CPU s | hits | late hits "
+             "| misses | prefetches |", "|---|---:|---:|---:|---:|---:|"]
+    for name, rate, r in (("`fmoe simulate` (best of %d)" % repeat, fm, res),
+                          ("Python/NumPy reference (one run)", py, want)):
+        lines.append(f"| {name} | {rate:,.0f} | {r['hits']:,} | {r['late_hits']:,} | "
+                     f"{r['misses']:,} | {r['prefetches']:,} |")
+    lines += ["", f"ratio {fm / py:,.0f}x; counts identical: {'yes' if same else 'NO'}"]
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", action="append", required=True,
@@ -71,10 +118,16 @@ def main():
                     help="semantic embedding size of the trace and store (default 0: none)")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--python", action="store_true",
+                    help="also replay the trace through the straightforward Python/NumPy "
+                         "reference (tests/python/reference_fmoe.py, one run: about a "
+                         "minute) and compare its counts and speed with `fmoe simulate` "
+                         "under the same linear hardware profile (DESIGN.md §9: >= 100x)")
     a = ap.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     extra = ["--hidden", str(a.hidden), "--requests", str(a.requests)]
     rows = []
+    python_text = ""
     with tempfile.TemporaryDirectory() as tmp:
         trace, store = pathlib.Path(tmp) / "t.h5", pathlib.Path(tmp) / "s.h5"
         for i, build in enumerate(a.build):
@@ -84,6 +137,8 @@ def main():
             cmd, res = run_command(build, trace, store, a.repeat, tokens)
             rows.append((build, max(inproc), statistics.median(inproc), max(cmd),
                          statistics.median(cmd), runs[0], res))
+        if a.python:
+            python_text = against_python(a.build[0], trace, store, tmp, a.repeat)
     out = [f"machine: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}; "
            f"{rows[0][5]['tokens']} token-iterations, L=32 J=8 h={a.hidden}, 1000-entry store,"
            f" cache 64, d=3, offline; per CPU second, best / median of {a.repeat}",
@@ -98,6 +153,8 @@ def main():
     out.append("")
     out.append("hits and prefetches: in-process (command); the command's cost model takes the "
                "trace's own geometry, so its times differ, not its decisions")
+    if a.python:
+        out += ["", python_text]
     text = "\n".join(out)
     print(text)
     if a.markdown:

@@ -1,0 +1,477 @@
+"""A straightforward reference for `fmoe simulate --policy fmoe` with a frozen store
+(offline mode, no semantic embeddings), independent of the C code: the executor of
+DESIGN.md §7 (access model §7.1, one copy engine, demand loads before queued prefetches,
+a prefetch may start only after the matcher's delay) and the fMoE policy of
+POLICIES.md A.2-A.5 with the choices lib/policies/fmoe.c documents where the paper is
+silent (budget per target layer, protection of the current layer, a prefetch never
+evicts an expert worth more than itself, pause on a miss).
+
+Written from those documents, one access at a time in plain Python; the trajectory
+search uses NumPy float32 arithmetic in the order the matcher defines (fmoe/expertmap.h:
+per layer s = 0; s = s + m_j * r_j for j in order; d = d + s; the same for the norms;
+key = d * |d| / n; the first entry of the largest key), so that the chosen maps are the
+same bits. Everything else (priorities, probabilities for eviction, time) is double, as
+in the C code, and in the same order of operations, so the counts must be identical.
+
+    replay(trace, maps, capacity, distance, costs, match_delay=0.0, delta=True)
+        trace  dict from read_trace(path)
+        maps   float32 [E, L, J] (the store's /maps)
+        costs  dict: alpha, beta, expert_bytes, layer (base, per_token, per_token_context),
+               expert (base, per_token)
+        -> dict of hits, late_hits, misses, prefetches, prefetch_hits
+
+`python3 reference_fmoe.py TRACE STORE PROFILE N D [MATCH_DELAY]` replays one cell and
+prints the counts and token-iterations per second (tests/bench/bench_fmoe_simulate.py
+--python uses it as the "straightforward NumPy" baseline of DESIGN.md §9).
+"""
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+INF = float("inf")
+MAX_QUERIES = 64
+
+
+def _h5py():
+    """h5py, with the zstd filter (id 32015) that fmoe writes by default registered."""
+    import h5py
+    import hdf5plugin  # noqa: F401  (registers zstd)
+    return h5py
+
+
+def read_trace(path):
+    h5py = _h5py()
+    with h5py.File(path, "r") as f:
+        a = f.attrs
+        t = {
+            "L": int(a["num_layers"]), "J": int(a["num_experts"]), "K": int(a["top_k"]),
+            "expert_bytes": int(a["expert_bytes"]),
+            "prompt": np.asarray(f["requests/prompt_tokens"]).astype(int).tolist(),
+            "output": np.asarray(f["requests/output_tokens"]).astype(int).tolist(),
+            "offset": np.asarray(f["requests/token_offset"]).astype(int).tolist(),
+            "experts": np.asarray(f["tokens/experts"]).astype(int),
+            "probs": np.asarray(f["tokens/probs"]).astype(np.float32),
+        }
+    return t
+
+
+def read_store_maps(path):
+    h5py = _h5py()
+    with h5py.File(path, "r") as f:
+        return np.asarray(f["maps"], dtype=np.float32)
+
+
+def iterations(t):
+    """(first token, tokens, context) per iteration, per request: the prompt is one
+    iteration, each output token one more (DESIGN.md §7.1)."""
+    out = []
+    for r, p in enumerate(t["prompt"]):
+        t0 = t["offset"][r]
+        n = t["offset"][r + 1] - t0
+        its = [(t0, min(p, n), min(p, n))] if p > 0 else []
+        for i in range(p, n):
+            its.append((t0 + i, 1, i + 1))
+        out.append(its)
+    return out
+
+
+def select(p, score, k_min):
+    """The fewest experts, most likely first (ties: lower index), whose probability
+    reaches delta = clip(1 - score) of the row's positive mass; at least k_min."""
+    J = len(p)
+    k_min = min(k_min, J)
+    total = 0.0
+    for j in range(J):
+        if p[j] > 0:
+            total += float(p[j])
+    delta = min(max(1.0 - score, 0.0), 1.0)
+    threshold = delta * total * (1.0 - 1e-6)
+    order = sorted(range(J), key=lambda j: (-float(p[j]), j))
+    chosen, acc = [], 0.0
+    for j in order:
+        if not (len(chosen) < k_min or (acc < threshold and p[j] > 0)):
+            break
+        chosen.append(j)
+        acc += float(p[j]) if p[j] > 0 else 0.0
+    return chosen
+
+
+def complete_row(row):
+    """A row with zeros and less than all of the mass gives the rest to its zeros."""
+    s = 0.0
+    zeros = 0
+    for v in row:
+        s += float(v)
+        zeros += v <= 0
+    if zeros == 0 or s >= 1.0 - 1e-3:
+        return row
+    fill = np.float32((1.0 - s) / zeros)
+    return np.where(row <= 0, fill, row).astype(np.float32)
+
+
+def popularity(maps, K):
+    E, L, J = maps.shape
+    pop = np.zeros((L, J), dtype=np.int64)
+    for y in range(E):
+        for l in range(L):
+            order = sorted(range(J), key=lambda j: (-float(maps[y, l, j]), j))
+            for j in order[:K]:
+                pop[l, j] += 1
+    return pop
+
+
+class Matcher:
+    """Trajectory search, incremental, in the matcher's float32 arithmetic."""
+
+    def __init__(self, maps):
+        self.maps = maps
+
+    def begin(self, nq):
+        E = self.maps.shape[0]
+        self.d = np.zeros((nq, E), dtype=np.float32)
+        self.n = np.zeros(E, dtype=np.float32)
+        self.qn2 = [0.0] * nq
+        self.first = True
+
+    def add(self, l, rows):
+        m = self.maps[:, l, :]
+        J = m.shape[1]
+        t = np.zeros(m.shape[0], dtype=np.float32)
+        for j in range(J):
+            t = t + m[:, j] * m[:, j]
+        self.n = t if self.first else self.n + t
+        best, score = [], []
+        for q, r in enumerate(rows):
+            s = np.zeros(m.shape[0], dtype=np.float32)
+            for j in range(J):
+                s = s + m[:, j] * r[j]
+            self.d[q] = s if self.first else self.d[q] + s
+            n2 = 0.0
+            for j in range(J):
+                n2 += float(r[j]) * float(r[j])
+            self.qn2[q] += n2
+            d = self.d[q]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                key = np.where(self.n > 0, (d * np.abs(d)) / self.n, np.float32(0))
+            b = int(np.argmax(key)) if len(key) else -1
+            best.append(b)
+            if b >= 0 and self.n[b] > 0 and self.qn2[q] > 0:
+                score.append(float(np.float32(float(d[b]) / math.sqrt(float(self.n[b]) * self.qn2[q]))))
+            else:
+                score.append(0.0)
+        self.first = False
+        return best, score
+
+
+def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True):
+    L, J, K = t["L"], t["J"], t["K"]
+    experts, probs = t["experts"], t["probs"]
+    E = maps.shape[0]
+    pop = popularity(maps, K)
+    alpha, beta, eb = costs["alpha"], costs["beta"], costs["expert_bytes"]
+    xfer = alpha + eb / beta
+
+    def layer_s(n, ctx):
+        c = costs["layer"]
+        return c["base"] + c["per_token"] * n + c.get("per_token_context", 0.0) * n * ctx
+
+    def expert_s(n):
+        c = costs["expert"]
+        return c["base"] + c["per_token"] * n
+
+    # ---- cache: slots, the free stack (slot 0 on top first), counts
+    slot_expert = [-1] * N
+    slot_state = [0] * N             # 0 free, 1 loading, 2 resident
+    slot_last = [0] * N
+    expert_slot = [-1] * (L * J)
+    expert_acc = [0] * (L * J)
+    free_stack = [N - 1 - s for s in range(N)]
+    tick = [0]
+    # ---- executor
+    st = {"compute_free": 0.0, "engine_free": 0.0, "seq": 0, "now": 0.0}
+    slot_free_at = [0.0] * N
+    slot_ready_at = [0.0] * N
+    prefetched = [False] * N
+    queued = [False] * N
+    queue = []                       # [slot, priority, seq, issued]
+    inflight = []
+    res = {"hits": 0, "late_hits": 0, "misses": 0, "prefetches": 0, "prefetch_hits": 0}
+    # ---- policy
+    P = {"cur_p": np.zeros((L, J), dtype=np.float32), "protect": [False] * J,
+         "cur_layer": -1, "paused": False, "held": [], "prefetching": False,
+         "incoming": 0.0}
+    budget = max(K, N // (dist + 1))
+    matcher = Matcher(maps)
+
+    def insert(s, e, state):
+        free_stack.remove(s)
+        slot_expert[s], slot_state[s] = e, state
+        slot_last[s] = tick[0]
+        expert_slot[e] = s
+
+    def evict(s):
+        expert_slot[slot_expert[s]] = -1
+        slot_expert[s], slot_state[s] = -1, 0
+        free_stack.append(s)
+
+    def touch(s):
+        tick[0] += 1
+        slot_last[s] = tick[0]
+        expert_acc[slot_expert[s]] += 1
+
+    def keep(p, freq):
+        return (p if p > 1e-6 else 1e-6) * freq
+
+    def victim():
+        """Lowest p * freq (ties: least recently accessed, then lowest slot) among the
+        resident experts, the current layer's routed ones only when nothing else is left;
+        a prefetch takes only an unprotected one worth at most what it brings."""
+        best, fallback = None, None
+        for s in range(N):
+            if slot_state[s] != 2:
+                continue
+            e = slot_expert[s]
+            k = keep(float(P["cur_p"][e // J, e % J]), float(expert_acc[e]) + 1.0)
+            prot = e // J == P["cur_layer"] and P["protect"][e % J]
+            cand = (k, slot_last[s], s)
+            if prot:
+                fallback = cand if fallback is None or cand < fallback else fallback
+            else:
+                best = cand if best is None or cand < best else best
+        if P["prefetching"]:
+            return best[2] if best is not None and best[0] <= P["incoming"] else -1
+        if best is not None:
+            return best[2]
+        return fallback[2] if fallback is not None else -1
+
+    def make_room():
+        if free_stack:
+            return free_stack[-1]
+        s = victim()
+        if s < 0:
+            return -1
+        evict(s)
+        prefetched[s] = False
+        queued[s] = False
+        return s
+
+    def engine_advance(tt):
+        while queue:
+            b = 0
+            for i in range(1, len(queue)):
+                if queue[i][1] > queue[b][1] or (queue[i][1] == queue[b][1] and queue[i][2] < queue[b][2]):
+                    b = i
+            s = queue[b][0]
+            start = max(max(st["engine_free"], queue[b][3]), slot_free_at[s])
+            if start > tt:
+                break
+            queue.pop(b)
+            st["engine_free"] = start + xfer
+            slot_ready_at[s] = st["engine_free"]
+            queued[s] = False
+            inflight.append(s)
+            res["prefetches"] += 1
+        for s in list(inflight):
+            if slot_ready_at[s] <= tt:
+                slot_state[s] = 2
+                inflight.remove(s)
+
+    def prefetch(l, j, pri):
+        e = l * J + j
+        if expert_slot[e] >= 0:
+            return
+        if inflight or queue:
+            engine_advance(st["now"])
+        s = make_room()
+        if s < 0:
+            return
+        insert(s, e, 1)
+        prefetched[s] = queued[s] = True
+        queue.append([s, pri, st["seq"], st["now"] + match_delay])
+        st["seq"] += 1
+
+    def issue(l, j, pri, p):
+        if P["paused"]:
+            P["held"].append((l, j, pri, p))
+            return
+        P["prefetching"] = True
+        P["incoming"] = keep(p, 1.0)
+        prefetch(l, j, pri)
+        P["prefetching"] = False
+
+    def plan_add(plan, j, p, tl, l_now):
+        pr = p / (tl - l_now) if tl > l_now else p
+        if pr > plan[j][0]:
+            plan[j] = (pr, p)
+
+    def plan_issue(plan, tl):
+        order = [j for j in range(J) if plan[j][0] >= 0]
+        order.sort(key=lambda j: -plan[j][0])  # stable: ties keep the lower index first
+        for j in order[:budget]:
+            issue(tl, j, plan[j][0], plan[j][1])
+
+    def plan_popular(plan, tl, l_now, n):
+        c = pop[tl]
+        total = float(sum(int(x) for x in c))
+        if total <= 0:
+            return
+        expect = 0.0
+        for j in range(J):
+            expect += 1.0 - math.pow(1.0 - int(c[j]) / total, float(n * K))
+        m = int(math.floor(expect + 0.5))
+        m = min(max(m, K), J)
+        share = np.array([np.float32(int(c[j]) / total) for j in range(J)], dtype=np.float32)
+        for j in select(share, 1.0, m):
+            plan_add(plan, j, int(c[j]) / total, tl, l_now)
+
+    # ---- the replay
+    for its in iterations(t):
+        for (t0, n, ctx) in its:
+            stride = (n + MAX_QUERIES - 1) // MAX_QUERIES
+            nq = (n + stride - 1) // stride
+            qtok = [t0 + q * stride for q in range(nq)]
+            best = [-1] * nq
+            score = [0.0] * nq
+            matcher.begin(nq)
+            st["now"] = st["compute_free"]
+            for tl in range(min(dist, L)):  # no embeddings: the store's popular experts
+                plan = [(-1.0, 0.0)] * J
+                plan_popular(plan, tl, -1, n)
+                plan_issue(plan, tl)
+            for l in range(L):
+                st["compute_free"] += layer_s(n, ctx)
+                t_gate = st["compute_free"]
+                if queue or inflight:
+                    engine_advance(t_gate)
+                st["now"] = t_gate
+                # the layer's accesses: distinct experts in order of first appearance
+                dist_e, count = [], {}
+                for tok in range(t0, t0 + n):
+                    for k in range(K):
+                        j = int(experts[tok, l, k])
+                        if j not in count:
+                            dist_e.append(j)
+                            count[j] = 0
+                        count[j] += 1
+                # --- the gate (the policy)
+                P["cur_layer"] = l
+                P["protect"] = [False] * J
+                for j in dist_e:
+                    P["protect"][j] = True
+                    if expert_slot[l * J + j] < 0:
+                        P["paused"] = True
+                rows = [probs[tok, l] for tok in qtok]
+                row = np.zeros(J, dtype=np.float32)
+                for r in rows:
+                    row = np.maximum(row, r)
+                P["cur_p"][l] = complete_row(row)
+                if l < L - 1 and E > 0:
+                    best, score = matcher.add(l, rows)
+                tl = l + dist
+                if tl < L:
+                    plan = [(-1.0, 0.0)] * J
+                    anyb = False
+                    for q in range(nq):
+                        if best[q] < 0:
+                            continue
+                        anyb = True
+                        prow = maps[best[q], tl]
+                        for j in select(prow, score[q] if delta else 1.0, K):
+                            plan_add(plan, j, float(prow[j]), tl, l)
+                    if not anyb:
+                        plan_popular(plan, tl, l, n)
+                    plan_issue(plan, tl)
+                if any(b >= 0 for b in best):
+                    for ll in range(l + 1, L):
+                        row = np.zeros(J, dtype=np.float32)
+                        for b in best:
+                            if b >= 0:
+                                row = np.maximum(row, maps[b, ll])
+                        P["cur_p"][ll] = complete_row(row)
+                # --- the accesses
+                for j in dist_e:
+                    e = l * J + j
+                    tokens = count[j]
+                    s = expert_slot[e]
+                    if s >= 0 and slot_state[s] == 2:
+                        kind = "hit"
+                        ready = 0.0
+                        if prefetched[s]:
+                            res["prefetch_hits"] += 1
+                    elif s >= 0:
+                        if queued[s]:
+                            queue[:] = [x for x in queue if x[0] != s]
+                            start = max(max(t_gate, st["engine_free"]), slot_free_at[s])
+                            st["engine_free"] = start + xfer
+                            slot_ready_at[s] = st["engine_free"]
+                            queued[s] = False
+                            res["prefetches"] += 1
+                        else:
+                            inflight.remove(s)
+                        ready = slot_ready_at[s]
+                        slot_state[s] = 2
+                        if ready <= st["compute_free"]:
+                            kind = "hit"
+                            res["prefetch_hits"] += 1
+                        else:
+                            kind = "late"
+                    else:
+                        kind = "miss"
+                        s = make_room()
+                        start = max(t_gate, st["engine_free"])
+                        if s >= 0:
+                            start = max(start, slot_free_at[s])
+                            insert(s, e, 2)
+                        ready = st["engine_free"] = start + xfer
+                    if s >= 0:
+                        prefetched[s] = False
+                    res[{"hit": "hits", "late": "late_hits", "miss": "misses"}[kind]] += 1
+                    if ready > st["compute_free"]:
+                        st["compute_free"] = ready
+                    st["compute_free"] += expert_s(tokens)
+                    if s >= 0:
+                        slot_free_at[s] = st["compute_free"]
+                        touch(s)
+                    else:
+                        tick[0] += 1
+                        expert_acc[e] += 1
+                # --- the layer is done
+                st["now"] = st["compute_free"]
+                P["protect"] = [False] * J
+                P["cur_layer"] = -1
+                if P["paused"]:
+                    P["paused"] = False
+                    held, P["held"] = P["held"], []
+                    for h in held:
+                        issue(*h)
+    return res
+
+
+def costs_from_profile(profile, expert_bytes):
+    c = profile["compute"]
+    return {"alpha": profile["link"]["alpha_s"], "beta": profile["link"]["beta_bytes_per_s"],
+            "expert_bytes": expert_bytes,
+            "layer": {"base": c["attention_s"]["base"], "per_token": c["attention_s"]["per_token"],
+                      "per_token_context": c["attention_s"].get("per_token_context", 0.0)},
+            "expert": {"base": c["expert_s"]["base"], "per_token": c["expert_s"]["per_token"]}}
+
+
+def main(argv):
+    trace, store, profile, N, d = argv[1], argv[2], argv[3], int(argv[4]), int(argv[5])
+    delay = float(argv[6]) if len(argv) > 6 else 0.0
+    t = read_trace(trace)
+    maps = read_store_maps(store)
+    costs = costs_from_profile(json.load(open(profile)), t["expert_bytes"])
+    tokens = t["offset"][-1]
+    c0 = time.process_time()
+    r = replay(t, maps, N, d, costs, delay)
+    cpu = time.process_time() - c0
+    r["token_iterations_per_cpu_s"] = tokens / cpu
+    print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
