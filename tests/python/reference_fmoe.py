@@ -18,6 +18,8 @@ in the C code, and in the same order of operations, so the counts must be identi
         maps   float32 [E, L, J] (the store's /maps)
         costs  dict: alpha, beta, expert_bytes, layer (base, per_token, per_token_context),
                expert (base, per_token)
+        delta  similarity-aware selection (fmoe); False: K experts per map (fmoe-map-t)
+        eviction  "pfreq" (fmoe), "lru" (fmoe-lru) or "lfu" (fmoe-lfu)
         -> dict of hits, late_hits, misses, prefetches, prefetch_hits
 
 `python3 reference_fmoe.py TRACE STORE PROFILE N D [MATCH_DELAY]` replays one cell and
@@ -166,7 +168,7 @@ class Matcher:
         return best, score
 
 
-def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True):
+def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq"):
     L, J, K = t["L"], t["J"], t["K"]
     experts, probs = t["experts"], t["probs"]
     E = maps.shape[0]
@@ -186,6 +188,7 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True):
     slot_expert = [-1] * N
     slot_state = [0] * N             # 0 free, 1 loading, 2 resident
     slot_last = [0] * N
+    slot_acc = [0] * N               # accesses since loaded
     expert_slot = [-1] * (L * J)
     expert_acc = [0] * (L * J)
     free_stack = [N - 1 - s for s in range(N)]
@@ -210,6 +213,7 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True):
         free_stack.remove(s)
         slot_expert[s], slot_state[s] = e, state
         slot_last[s] = tick[0]
+        slot_acc[s] = 0
         expert_slot[e] = s
 
     def evict(s):
@@ -220,21 +224,28 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True):
     def touch(s):
         tick[0] += 1
         slot_last[s] = tick[0]
+        slot_acc[s] += 1
         expert_acc[slot_expert[s]] += 1
 
     def keep(p, freq):
         return (p if p > 1e-6 else 1e-6) * freq
 
     def victim():
-        """Lowest p * freq (ties: least recently accessed, then lowest slot) among the
-        resident experts, the current layer's routed ones only when nothing else is left;
-        a prefetch takes only an unprotected one worth at most what it brings."""
+        """Lowest p * freq (fmoe-lru: last access; fmoe-lfu: accesses since loaded; ties:
+        least recently accessed, then lowest slot) among the resident experts, the current
+        layer's routed ones only when nothing else is left; a prefetch takes only an
+        unprotected one, and for p * freq only one worth at most what it brings."""
         best, fallback = None, None
         for s in range(N):
             if slot_state[s] != 2:
                 continue
             e = slot_expert[s]
-            k = keep(float(P["cur_p"][e // J, e % J]), float(expert_acc[e]) + 1.0)
+            if eviction == "lru":
+                k = float(slot_last[s])
+            elif eviction == "lfu":
+                k = float(slot_acc[s])
+            else:
+                k = keep(float(P["cur_p"][e // J, e % J]), float(expert_acc[e]) + 1.0)
             prot = e // J == P["cur_layer"] and P["protect"][e % J]
             cand = (k, slot_last[s], s)
             if prot:
@@ -242,7 +253,9 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True):
             else:
                 best = cand if best is None or cand < best else best
         if P["prefetching"]:
-            return best[2] if best is not None and best[0] <= P["incoming"] else -1
+            if best is None or (eviction == "pfreq" and best[0] > P["incoming"]):
+                return -1
+            return best[2]
         if best is not None:
             return best[2]
         return fallback[2] if fallback is not None else -1

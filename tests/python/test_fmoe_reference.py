@@ -2,8 +2,9 @@
 (reference_fmoe.py): the executor with prefetch timing and the fMoE policy with a frozen
 store, on random topic-structured traces written with h5py. Hits, late hits, misses,
 prefetches and prefetch hits must be identical at several cache sizes, prefetch
-distances and matcher delays, for fmoe (similarity-aware delta) and fmoe-map-t (K experts
-per map; without embeddings the two differ only in delta).
+distances and matcher delays, for fmoe (similarity-aware delta), fmoe-map-t (K experts
+per map; without embeddings the two differ only in delta), fmoe-lru and fmoe-lfu (fmoe's
+prefetching with LRU / LFU eviction).
 """
 import json
 import random
@@ -20,6 +21,10 @@ PROFILE = {"format": "fmoe-hardware", "version": 1, "name": "test-box",
            "compute": {"attention_s": {"base": 3e-5, "per_token": 1e-6,
                                        "per_token_context": 1e-8},
                        "expert_s": {"base": 2e-5, "per_token": 5e-7}}}
+
+
+VARIANTS = [("fmoe", True, "pfreq"), ("fmoe-map-t", False, "pfreq"),
+            ("fmoe-lru", True, "lru"), ("fmoe-lfu", True, "lfu")]
 
 
 def topic_trace(path, rng, R, L, J, K, topk_only=False, topics=4):
@@ -70,17 +75,17 @@ def test_fmoe_hits_equal_the_reference(fmoe, tmp_path, seed, L, J, K, topk):
         for delay in (0.0, 1e-4):
             caches = [L * J // 8, L * J // 3, L * J // 2]
             out = fmoe("simulate", "--trace", trace, "--store", store, "--policy",
-                       "fmoe,fmoe-map-t", "--cache-experts", ",".join(map(str, caches)),
+                       ",".join(p for p, _, _ in VARIANTS), "--cache-experts", ",".join(map(str, caches)),
                        "--prefetch-distance", str(d), "--profile", prof, "--match-delay",
                        repr(delay), "--json", "--quiet")
             got = {(r["policy"], r["cache_experts"]): r
                    for r in json.loads(out.stdout)["results"]}
             for N in caches:
-                for policy, delta in (("fmoe", True), ("fmoe-map-t", False)):
-                    want = replay(t, maps, N, d, costs, delay, delta=delta)
+                for policy, delta, evict in VARIANTS:
+                    want = replay(t, maps, N, d, costs, delay, delta=delta, eviction=evict)
                     r = got[(policy, N)]
                     have = {k: r[k] for k in want}
                     assert have == want, (policy, N, d, delay)
                     assert want["prefetches"] > 0
                     compared += 1
-    assert compared == 24
+    assert compared == 12 * len(VARIANTS)
