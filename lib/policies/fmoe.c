@@ -279,9 +279,10 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
     S->memo_score = calloc((size_t)S->L * Q, sizeof *S->memo_score);
     S->victim_keys = calloc(2 * (size_t)(S->N > 0 ? S->N : 1), sizeof *S->victim_keys);
     S->memo_cur = -1;
-    if (!S->victim_keys || !S->memo_best || !S->memo_score || !S->rows || (S->h && !S->sem) || !S->best || !S->score || !S->cur_p || !S->cp_best ||
-        !S->rowbuf || !S->mapbuf || !S->protect ||
-        !S->pri || !S->pp || !S->share || !S->sel || !S->order || !S->held || !S->req_counts) {
+    if (!S->rows || (S->h && !S->sem) || !S->best || !S->score || !S->cur_p || !S->cp_best ||
+        !S->rowbuf || !S->mapbuf || !S->protect || !S->pri || !S->pp || !S->share || !S->sel ||
+        !S->order || !S->held || !S->req_counts || !S->memo_best || !S->memo_score ||
+        !S->victim_keys) {
         fm_free(S);
         return fmoe_error_set(FMOE_ENOMEM, "policy %s state", v->name);
     }

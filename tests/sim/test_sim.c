@@ -671,7 +671,8 @@ TEST(iteration_events_announce_the_decode_rows_to_come) {
         phase[t] = t < P ? FMOE_PHASE_PREFILL : FMOE_PHASE_DECODE;
         for (int l = 0; l < L; l++) {
             ex[t * L + l] = (uint16_t)((t + l) % J);
-            for (int j = 0; j < J; j++) probs[(t * L + l) * J + j] = j == ex[t * L + l] ? 1.0f : 0.0f;
+            for (int j = 0; j < J; j++)
+                probs[(t * L + l) * J + j] = j == ex[t * L + l] ? 1.0f : 0.0f;
         }
     }
     ASSERT_OK(fmoe_sim_workload_add_request_gates(&w, 0, 0, P, D0, P + D0, phase, ex, probs, NULL));
