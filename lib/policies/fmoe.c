@@ -746,7 +746,7 @@ static int32_t first_of_min(const double *keys, double min, const uint64_t *last
  * outcomes are data, so the predictor misses them): every slot's keep value first, +inf
  * for a slot that may not be evicted (and separately for the protected ones), then the
  * minima, then the first slot holding the smallest (value, last access): the scan's
- * argmin, ties to the earliest slot, exactly (1.3x on the benchmark's victim time). */
+ * argmin, ties to the earliest slot, exactly. */
 static int32_t choose_victim_pfreq(fm_state *S, const fmoe_cache_view *v) {
     const int32_t J = S->J, lo = S->cur_layer * J, n = v->capacity; /* cur_layer -1: none */
     const float *cur_p = S->cur_p;
