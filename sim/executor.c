@@ -554,7 +554,10 @@ static void run_all(sim_state *S, const double *arrival_s) {
                                               .ahead_probs = ahead && w->probs ? w->probs +
                                                   (size_t)it->token_begin * L * S->J : NULL,
                                               .ahead_chosen = ahead ? w->experts +
-                                                  (size_t)it->token_begin * L * S->K : NULL};
+                                                  (size_t)it->token_begin * L * S->K : NULL,
+                                              .ahead_semantic = ahead && w->semantic ?
+                                                  w->semantic + (size_t)it->token_begin *
+                                                  w->semantic_dim : NULL};
             S->env.now_s = S->compute_free;
             if (ops->on_iteration_start) ops->on_iteration_start(S->policy.state, &S->env, &iev);
             const uint16_t *la = w->layer_accesses + (size_t)ii * L;

@@ -2,8 +2,16 @@
  * matcher.c - semantic and trajectory search over an expert-map store (fmoe/expertmap.h;
  * POLICIES.md A.2; fMoE §4.2, Eq. 4 and 5).
  *
- * Semantic search: scores = Q · S^T (one sgemm for n queries, sgemv for one) scaled by the
- * query norms and the store's precomputed entry norms; argmax per query.
+ * Semantic search: the dot products of the queries with every stored embedding, scaled by
+ * the query norms and the store's precomputed entry norms; argmax per query. The dot
+ * products are a hand-written pass too (semantic_step.h), not BLAS, so that their bits
+ * are the same on every CPU and for any number of queries at once (a BLAS's sgemv and
+ * sgemm, and its kernels for different CPUs, sum in different orders):
+ *     in float: s_i = 0 for i < 16; s_i = s_i + x_k·e_k for k = i, i + 16, i + 32, ...
+ *     (k < h) in turn; then s_i = s_i + s_{i+w} for w = 8, 4, 2, 1 (i < w); dot = s_0.
+ * One query reads the whole store (C·h floats) per search and is bound by that read;
+ * several at once (the simulator's searches made ahead, a prefill's tokens) read each
+ * embedding once for four of them.
  *
  * Trajectory search, incremental. The cosine of an observed prefix q (rows 0..l of this
  * iteration's map) with the same rows of stored map y is d_l[y] / sqrt(n_l[y] · |q|^2),
@@ -49,7 +57,6 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +66,10 @@
 #include "fmoe/expertmap.h"
 
 #define W FMOE__EXPERTMAP_TILE
+#define SEM_LANES 16 /* the semantic dot product's running sums (see the top) */
+
+typedef void (*sem_fn)(const float *E, int64_t lde, int32_t size, int32_t h, const float *X,
+                       int64_t ldx, int32_t n, float *out, int64_t ldo, float *tails);
 
 /* Per query, the argmax over the entries so far, lane by lane: lane (g, i) holds the best
  * key (and its entry) among the entries y = i (mod W) of the tiles the step gave to group
@@ -73,6 +84,7 @@ typedef void (*step_fn)(const float *blk, int32_t tiles, int32_t J, int32_t size
                         int32_t n, const float *rows, int64_t stride, float *dots,
                         int64_t ldd, float *n2, lane_best *lanes, int32_t *best);
 static step_fn pick_step(void);
+static sem_fn pick_sem(void);
 
 enum { SCORES_NONE, SCORES_READY, SCORES_TRAJECTORY }; /* READY: scores[] hold them */
 
@@ -90,6 +102,8 @@ struct fmoe_matcher {
     lane_best *lanes;    /* [max_queries] argmax state of the current step */
     int32_t *win;        /* [max_queries] its result */
     step_fn step;        /* the step for this CPU */
+    sem_fn sem;          /* the semantic dot products for this CPU */
+    float *tails;        /* [max_queries + 8][SEM_LANES] their scratch */
     float *scores;       /* [max_queries][C] scores of the last call (made on demand) */
     double *qnorm2;      /* [max_queries] squared norm of each observed prefix */
     float *prefix;       /* [max_queries][L][J] observed rows */
@@ -109,6 +123,8 @@ int fmoe_matcher_init(fmoe_matcher **out, const fmoe_expertmap *store, int32_t m
     m->max_queries = max_queries;
     m->cpad = (int32_t)P;
     m->step = pick_step();
+    m->sem = pick_sem();
+    m->tails = calloc((Q + 8) * SEM_LANES, sizeof *m->tails);
     m->dots = calloc(Q * P, sizeof *m->dots);
     m->n2 = calloc(P, sizeof *m->n2);
     m->lanes = aligned_alloc(64, Q * sizeof *m->lanes); /* 64-byte aligned members */
@@ -116,7 +132,8 @@ int fmoe_matcher_init(fmoe_matcher **out, const fmoe_expertmap *store, int32_t m
     m->scores = calloc(Q * C, sizeof *m->scores);
     m->qnorm2 = calloc(Q, sizeof *m->qnorm2);
     m->prefix = calloc(Q * LJ, sizeof *m->prefix);
-    if (!m->dots || !m->n2 || !m->lanes || !m->win || !m->scores || !m->qnorm2 || !m->prefix) {
+    if (!m->dots || !m->n2 || !m->lanes || !m->win || !m->scores || !m->qnorm2 || !m->prefix ||
+        !m->tails) {
         fmoe_matcher_free(m);
         return fmoe_error_set(FMOE_ENOMEM, "matcher for %d queries over %zu entries",
                               max_queries, C);
@@ -134,6 +151,7 @@ void fmoe_matcher_free(fmoe_matcher *m) {
     free(m->scores);
     free(m->qnorm2);
     free(m->prefix);
+    free(m->tails);
     free(m);
 }
 
@@ -164,12 +182,7 @@ int fmoe_matcher_semantic(fmoe_matcher *m, int32_t n, const float *sem, int64_t 
     }
     FMOE_RETURN_ERROR_IF(stride < h, FMOE_EINVAL, "matcher: semantic stride %lld < h = %d",
                          (long long)stride, h);
-    if (n == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, size, h, 1.0f, s->sem, h, sem, 1, 0.0f,
-                    m->scores, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, size, h, 1.0f, sem, (int)stride,
-                    s->sem, h, 0.0f, m->scores, C);
+    m->sem(s->sem, h, size, h, sem, stride, n, m->scores, C, m->tails);
     for (int32_t q = 0; q < n; q++) {
         const float *x = sem + (size_t)q * stride;
         double n2 = 0;
@@ -212,6 +225,78 @@ static inline float key_of(float d, float n) {
     const float t = d * fabsf(d);
     return n > 0 ? t / n : 0.0f;
 }
+
+/* The last stage of a semantic dot product: the 16 sums folded 8, 4, 2, 1 apart. */
+static inline float sem_fold(const float *t) {
+    float a[SEM_LANES];
+    memcpy(a, t, sizeof a);
+    for (int w = SEM_LANES / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) a[i] = a[i] + a[i + w];
+    return a[0];
+}
+
+float fmoe__matcher_semantic_dot(const float *x, const float *e, int32_t h) {
+    float t[SEM_LANES] = {0};
+    for (int32_t k = 0; k < h; k++) {
+        const float p = x[k] * e[k];
+        t[k % SEM_LANES] = t[k % SEM_LANES] + p;
+    }
+    return sem_fold(t);
+}
+
+/* The semantic dot products, instantiated per vector width (semantic_step.h). */
+#if defined(__GNUC__)
+#if defined(__clang__)
+#define SEM_UNROLL _Pragma("unroll")
+#else
+#define SEM_UNROLL _Pragma("GCC unroll 16")
+#endif
+#define SEM_NAME sem_v1
+#define SEM_ATTR
+#define SEM_VL 4
+#define SEM_QB 1
+#define SEM_EB 4
+#include "semantic_step.h"
+#undef SEM_NAME
+#undef SEM_ATTR
+#undef SEM_VL
+#undef SEM_QB
+#undef SEM_EB
+#if defined(__x86_64__)
+#define SEM_NAME sem_avx2
+#define SEM_ATTR __attribute__((target("avx2")))
+#define SEM_VL 8
+#define SEM_QB 2
+#define SEM_EB 2
+#include "semantic_step.h"
+#undef SEM_NAME
+#undef SEM_ATTR
+#undef SEM_VL
+#undef SEM_QB
+#undef SEM_EB
+#define SEM_NAME sem_avx512
+#define SEM_ATTR __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
+#define SEM_VL 16
+#define SEM_QB 4
+#define SEM_EB 4
+#include "semantic_step.h"
+#undef SEM_NAME
+#undef SEM_ATTR
+#undef SEM_VL
+#undef SEM_QB
+#undef SEM_EB
+#endif
+#else
+/* The same, one product at a time (compilers without GNU C vectors). */
+static void sem_v1(const float *E, int64_t lde, int32_t size, int32_t h, const float *X,
+                   int64_t ldx, int32_t n, float *out, int64_t ldo, float *tails) {
+    (void)tails;
+    for (int32_t q = 0; q < n; q++)
+        for (int32_t y = 0; y < size; y++)
+            out[(size_t)q * ldo + y] =
+                fmoe__matcher_semantic_dot(X + (size_t)q * ldx, E + (size_t)y * lde, h);
+}
+#endif
 
 /* The step, instantiated per vector width (matcher_step.h). */
 #if defined(__GNUC__)
@@ -304,10 +389,24 @@ static step_fn step_of_level(int level) {
 
 static step_fn pick_step(void) { return step_of_level(-1); }
 
+/* The semantic pass of the same level. */
+static sem_fn sem_of_level(int level) {
+    const step_fn f = step_of_level(level);
+    if (!f) return NULL;
+#if defined(FMOE_STEP_X86)
+    if (f == step_avx512) return sem_avx512;
+    if (f == step_avx2) return sem_avx2;
+#endif
+    return sem_v1;
+}
+
+static sem_fn pick_sem(void) { return sem_of_level(-1); }
+
 int fmoe__matcher_force_level(fmoe_matcher *m, int level) {
     const step_fn f = step_of_level(level);
     if (!f) return -1;
     m->step = f;
+    m->sem = sem_of_level(level);
     return 0;
 }
 

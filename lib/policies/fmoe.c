@@ -167,6 +167,9 @@ typedef struct fm_state {
     const float *memo_probs;     /* where the batch's tokens' rows were (ev->ahead_probs) */
     int32_t *memo_best;          /* [L][MAX_QUERIES] */
     float *memo_score;           /* [L][MAX_QUERIES] */
+    const float *memo_sem;       /* the batch's embeddings (ev->ahead_semantic); NULL: none */
+    int32_t memo_sem_best[MAX_QUERIES];
+    float memo_sem_score[MAX_QUERIES];
 } fm_state;
 
 /* ------------------------------------------------------------------ init / free */
@@ -511,6 +514,13 @@ static void memo_prepare(fm_state *S, const fmoe_iteration_event *ev) {
     }
     const int32_t n = ev->ahead < MAX_QUERIES ? ev->ahead : MAX_QUERIES;
     const float *rows = ev->ahead_probs;
+    /* the semantic searches too (the same bits for n queries as for one: matcher.c) */
+    S->memo_sem = NULL;
+    if (S->v.semantic && S->h > 0 && ev->ahead_semantic && ev->semantic_dim == S->h) {
+        fmoe_matcher_semantic(S->m, n, ev->ahead_semantic, S->h, S->memo_sem_best,
+                              S->memo_sem_score);
+        S->memo_sem = ev->ahead_semantic;
+    }
     /* the search after the last layer is not made with a frozen store (fm_on_gate) */
     fmoe_matcher_trajectory_begin(S->m, n);
     for (int32_t l = 0; l < S->L - 1; l++)
@@ -547,7 +557,13 @@ static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
     const int32_t first = S->d < S->L ? S->d : S->L;
     if (S->v.predict == PREDICT_MAPS && S->v.semantic && S->have_sem &&
         fmoe_expertmap_size(S->store) > 0) {
-        fmoe_matcher_semantic(S->m, S->nq, S->sem, S->h, S->best, S->score);
+        if (S->memo_cur >= 0 && S->memo_sem &&
+            ev->semantic == S->memo_sem + (size_t)S->memo_cur * (size_t)S->h) {
+            S->best[0] = S->memo_sem_best[S->memo_cur]; /* made ahead (memo_prepare) */
+            S->score[0] = S->memo_sem_score[S->memo_cur];
+        } else {
+            fmoe_matcher_semantic(S->m, S->nq, S->sem, S->h, S->best, S->score);
+        }
         for (int32_t tl = 0; tl < first; tl++) {
             plan_clear(S);
             for (int32_t q = 0; q < S->nq; q++)

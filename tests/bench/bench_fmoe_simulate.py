@@ -94,7 +94,8 @@ def against_python(build, trace, store, tmp, repeat):
     maps = ref.read_store_maps(store)
     tokens = t["offset"][-1]
     c0 = time.process_time()
-    want = ref.replay(t, maps, 64, 3, ref.costs_from_profile(PROFILE, t["expert_bytes"]))
+    want = ref.replay(t, maps, 64, 3, ref.costs_from_profile(PROFILE, t["expert_bytes"]),
+                      store_sem=ref.read_store_semantic(store))
     py_s = time.process_time() - c0
     fm = tokens / min(rates)
     py = tokens / py_s

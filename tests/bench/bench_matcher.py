@@ -18,7 +18,8 @@ h = 2048) and store size C (1K, 10K, 50K):
               prefix norms precomputed, [L][C], where the C matcher accumulates them in
               the same pass to keep the store small), so the ratio isolates the
               language and the kernel, not the algorithm.
-  semantic    one query against C embeddings (sgemv / matrix-vector product).
+  semantic    one query against C embeddings: the matcher's semantic pass (fixed-order dot
+              products, matcher.c) against NumPy's S @ q.
   build       build-store: new tokens deduplicated into a full store (RDY argmax and
               replacement). C: batches of 256 (products with the store by the matcher's
               kernel, within the batch by sgemm); NumPy: token by token.

@@ -136,6 +136,85 @@ TEST(matcher_step_equals_reference_bit_for_bit) {
                 }
 }
 
+/* The semantic search at SIMD level `level` for n queries at once: every entry's score
+ * must be the scalar definition's (fmoe__matcher_semantic_dot, scaled as the matcher
+ * scales), bit for bit, and the same as one query at a time. */
+static void check_semantic(int h, int fill, int n, int level, int *harness_failed) {
+    const fmoe_expertmap_config cfg = {.capacity = fill + 3, .num_layers = 2, .num_experts = 4,
+                                       .top_k = 1, .semantic_dim = h, .prefetch_distance = 1};
+    fmoe_expertmap *s = NULL;
+    fmoe_matcher *m = NULL, *one = NULL;
+    ASSERT_OK(fmoe_expertmap_init(&s, &cfg));
+    float *sem = malloc(sizeof(float) * (size_t)(fill + n) * h);
+    for (size_t i = 0; i < (size_t)(fill + n) * h; i++) sem[i] = (float)(urand() * 2 - 1);
+    if (fill > 3) memcpy(sem + 3 * (size_t)h, sem + (size_t)h, sizeof(float) * h); /* a tie */
+    float map[8];
+    random_rows(map, 2, 4, 1);
+    for (int y = 0; y < fill; y++) ASSERT_OK(fmoe_expertmap_set(s, y, sem + (size_t)y * h, map, 0));
+    ASSERT_OK(fmoe_matcher_init(&m, s, n));
+    ASSERT_OK(fmoe_matcher_init(&one, s, 1));
+    if (fmoe__matcher_force_level(m, level) != 0) {
+        fmoe_matcher_free(m);
+        fmoe_matcher_free(one);
+        fmoe_expertmap_free(s);
+        free(sem);
+        return;
+    }
+    const float *x = sem + (size_t)fill * h;
+    int32_t best[16], b1;
+    float score[16], s1;
+    ASSERT_OK(fmoe_matcher_semantic(m, n, x, h, best, score));
+    float *batch = malloc(sizeof(float) * (size_t)n * (fill + 1));
+    for (int q = 0; q < n; q++)
+        memcpy(batch + (size_t)q * (fill + 1), fmoe_matcher_scores(m, q), sizeof(float) * fill);
+    for (int q = 0; q < n; q++) {
+        const float *xq = x + (size_t)q * h;
+        double n2 = 0;
+        for (int i = 0; i < h; i++) n2 += (double)xq[i] * xq[i];
+        const float rq = n2 > 0 ? (float)(1.0 / sqrt(n2)) : 0.0f;
+        int32_t want_best = fill > 0 ? 0 : -1;
+        float want_score = 0;
+        for (int y = 0; y < fill; y++) {
+            const float *e = sem + (size_t)y * h;
+            double en = 0;
+            for (int i = 0; i < h; i++) en += (double)e[i] * e[i];
+            const float ny = (float)sqrt(en);
+            const float want = ny > 0 ? fmoe__matcher_semantic_dot(xq, e, h) * rq / ny : 0.0f;
+            const float got = batch[(size_t)q * (fill + 1) + y];
+            if (!same_bits(got, want))
+                HARNESS_FAIL("semantic h=%d fill=%d n=%d level %d: query %d entry %d %.9g, "
+                             "definition %.9g",
+                             h, fill, n, level, q, y, got, want);
+            if (y == 0 || want > want_score) { /* the first of the largest */
+                want_best = y;
+                want_score = want;
+            }
+        }
+        ASSERT_EQ(best[q], want_best);
+        ASSERT_TRUE(same_bits(score[q], fill > 0 ? want_score : 0.0f));
+        /* one query at a time (the decode path) gives the same bits */
+        ASSERT_OK(fmoe_matcher_semantic(one, 1, xq, h, &b1, &s1));
+        ASSERT_EQ(b1, best[q]);
+        ASSERT_TRUE(same_bits(s1, score[q]));
+    }
+    free(batch);
+    free(sem);
+    fmoe_matcher_free(m);
+    fmoe_matcher_free(one);
+    fmoe_expertmap_free(s);
+}
+
+TEST(semantic_search_equals_the_definition_bit_for_bit) {
+    static const int geo[][2] = {/* h, fill */ {64, 37}, {37, 20}, {4096, 9}, {16, 5},
+                                 {5, 6},        {100, 1}, {48, 0}};
+    for (size_t g = 0; g < sizeof geo / sizeof geo[0]; g++)
+        for (int level = 0; level <= 2; level++)
+            for (int n = 1; n <= 9; n += 4) {
+                check_semantic(geo[g][0], geo[g][1], n, level, harness_failed);
+                if (*harness_failed) return;
+            }
+}
+
 /* ------------------------------------------------------------------ policy */
 
 /* A decision: a prefetch (kind 'P': layer, expert, priority bits) or a victim ('V':

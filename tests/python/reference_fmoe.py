@@ -1,16 +1,17 @@
 """A straightforward reference for `fmoe simulate --policy fmoe` with a frozen store
-(offline mode, no semantic embeddings), independent of the C code: the executor of
+(offline mode), independent of the C code: the executor of
 DESIGN.md §7 (access model §7.1, one copy engine, demand loads before queued prefetches,
 a prefetch may start only after the matcher's delay) and the fMoE policy of
 POLICIES.md A.2-A.5 with the choices lib/policies/fmoe.c documents where the paper is
 silent (budget per target layer, protection of the current layer, a prefetch never
 evicts an expert worth more than itself, pause on a miss).
 
-Written from those documents, one access at a time in plain Python; the trajectory
-search uses NumPy float32 arithmetic in the order the matcher defines (fmoe/expertmap.h:
-per layer s = 0; s = s + m_j * r_j for j in order; d = d + s; the same for the norms;
-key = d * |d| / n; the first entry of the largest key), so that the chosen maps are the
-same bits. Everything else (priorities, probabilities for eviction, time) is double, as
+Written from those documents, one access at a time in plain Python; the searches use
+NumPy float32 arithmetic in the orders the matcher defines (lib/expertmap/matcher.c):
+trajectory, per layer s = 0; s = s + m_j * r_j for j in order; d = d + s; the same for
+the norms; key = d * |d| / n; the first entry of the largest key; semantic, 16 running
+sums over the elements i, i + 16, ... folded 8, 4, 2, 1 apart, scaled by the float norms
+of the query and the entry; so that the chosen maps are the same bits. Everything else (priorities, probabilities for eviction, time) is double, as
 in the C code, and in the same order of operations, so the counts must be identical.
 
     replay(trace, maps, capacity, distance, costs, match_delay=0.0, delta=True)
@@ -18,7 +19,9 @@ in the C code, and in the same order of operations, so the counts must be identi
         maps   float32 [E, L, J] (the store's /maps)
         costs  dict: alpha, beta, expert_bytes, layer (base, per_token, per_token_context),
                expert (base, per_token)
-        delta  similarity-aware selection (fmoe); False: K experts per map (fmoe-map-t)
+        delta  similarity-aware selection (fmoe); False: K experts per map (fmoe-map-t/ts)
+        semantic  semantic search for the first d layers when the trace and the store
+               have embeddings (fmoe, fmoe-map-ts, fmoe-lru, fmoe-lfu; not fmoe-map-t)
         eviction  "pfreq" (fmoe), "lru" (fmoe-lru) or "lfu" (fmoe-lfu)
         -> dict of hits, late_hits, misses, prefetches, prefetch_hits
 
@@ -56,6 +59,8 @@ def read_trace(path):
             "offset": np.asarray(f["requests/token_offset"]).astype(int).tolist(),
             "experts": np.asarray(f["tokens/experts"]).astype(int),
             "probs": np.asarray(f["tokens/probs"]).astype(np.float32),
+            "semantic": (np.asarray(f["tokens/semantic"]).astype(np.float32)
+                         if "tokens/semantic" in f else None),
         }
     return t
 
@@ -64,6 +69,43 @@ def read_store_maps(path):
     h5py = _h5py()
     with h5py.File(path, "r") as f:
         return np.asarray(f["maps"], dtype=np.float32)
+
+
+def read_store_semantic(path):
+    """The store's embeddings [E, h], or None."""
+    h5py = _h5py()
+    with h5py.File(path, "r") as f:
+        return np.asarray(f["semantic"], dtype=np.float32) if "semantic" in f else None
+
+
+def semantic_search(x, sem):
+    """(best entry, score) of query x against the embeddings sem [E, h]."""
+    E, h = sem.shape
+    H = (h + 15) // 16 * 16
+    ep = np.zeros((E, H), dtype=np.float32)
+    ep[:, :h] = sem
+    xp = np.zeros(H, dtype=np.float32)
+    xp[:h] = x
+    acc = np.zeros((E, 16), dtype=np.float32)
+    for k in range(0, H, 16):
+        acc = acc + ep[:, k:k + 16] * xp[k:k + 16]
+    for w in (8, 4, 2, 1):
+        acc[:, :w] = acc[:, :w] + acc[:, w:2 * w]
+    dot = acc[:, 0]
+    n2 = 0.0
+    for v in x:
+        n2 += float(v) * float(v)
+    rq = np.float32(1.0 / math.sqrt(n2)) if n2 > 0 else np.float32(0)
+    best, best_score = -1, np.float32(0)
+    for y in range(E):
+        en = 0.0
+        for v in sem[y]:
+            en += float(v) * float(v)
+        ny = np.float32(math.sqrt(en))
+        sc = np.float32(np.float32(dot[y] * rq) / ny) if ny > 0 else np.float32(0)
+        if best < 0 or sc > best_score:
+            best, best_score = y, sc
+    return best, float(best_score)
 
 
 def iterations(t):
@@ -168,7 +210,8 @@ class Matcher:
         return best, score
 
 
-def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq"):
+def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq",
+           semantic=True, store_sem=None):
     L, J, K = t["L"], t["J"], t["K"]
     experts, probs = t["experts"], t["probs"]
     E = maps.shape[0]
@@ -350,10 +393,27 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
             score = [0.0] * nq
             matcher.begin(nq)
             st["now"] = st["compute_free"]
-            for tl in range(min(dist, L)):  # no embeddings: the store's popular experts
-                plan = [(-1.0, 0.0)] * J
-                plan_popular(plan, tl, -1, n)
-                plan_issue(plan, tl)
+            if semantic and store_sem is not None and t["semantic"] is not None and E > 0:
+                # the first d layers from the semantically closest maps
+                for q in range(nq):
+                    best[q], score[q] = semantic_search(t["semantic"][qtok[q]], store_sem)
+                for tl in range(min(dist, L)):
+                    plan = [(-1.0, 0.0)] * J
+                    for q in range(nq):
+                        prow = maps[best[q], tl]
+                        for j in select(prow, score[q] if delta else 1.0, K):
+                            plan_add(plan, j, float(prow[j]), tl, -1)
+                    plan_issue(plan, tl)
+                for ll in range(min(dist, L)):
+                    row = np.zeros(J, dtype=np.float32)
+                    for b in best:
+                        row = np.maximum(row, maps[b, ll])
+                    P["cur_p"][ll] = complete_row(row)
+            else:
+                for tl in range(min(dist, L)):  # no embeddings: the store's popular experts
+                    plan = [(-1.0, 0.0)] * J
+                    plan_popular(plan, tl, -1, n)
+                    plan_issue(plan, tl)
             for l in range(L):
                 st["compute_free"] += layer_s(n, ctx)
                 t_gate = st["compute_free"]
@@ -480,7 +540,7 @@ def main(argv):
     costs = costs_from_profile(json.load(open(profile)), t["expert_bytes"])
     tokens = t["offset"][-1]
     c0 = time.process_time()
-    r = replay(t, maps, N, d, costs, delay)
+    r = replay(t, maps, N, d, costs, delay, store_sem=read_store_semantic(store))
     cpu = time.process_time() - c0
     r["token_iterations_per_cpu_s"] = tokens / cpu
     print(json.dumps(r))

@@ -2,9 +2,10 @@
 (reference_fmoe.py): the executor with prefetch timing and the fMoE policy with a frozen
 store, on random topic-structured traces written with h5py. Hits, late hits, misses,
 prefetches and prefetch hits must be identical at several cache sizes, prefetch
-distances and matcher delays, for fmoe (similarity-aware delta), fmoe-map-t (K experts
-per map; without embeddings the two differ only in delta), fmoe-lru and fmoe-lfu (fmoe's
-prefetching with LRU / LFU eviction).
+distances and matcher delays, with and without semantic embeddings, for fmoe
+(similarity-aware delta), fmoe-map-t (trajectory only, K experts per map), fmoe-map-ts
+(and semantic search), fmoe-lru and fmoe-lfu (fmoe's prefetching with LRU / LFU
+eviction).
 """
 import json
 import random
@@ -13,7 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
-from reference_fmoe import costs_from_profile, read_store_maps, read_trace, replay
+from reference_fmoe import (costs_from_profile, read_store_maps, read_store_semantic,
+                            read_trace, replay)
 from test_simulate_reference import write_trace
 
 PROFILE = {"format": "fmoe-hardware", "version": 1, "name": "test-box",
@@ -23,17 +25,21 @@ PROFILE = {"format": "fmoe-hardware", "version": 1, "name": "test-box",
                        "expert_s": {"base": 2e-5, "per_token": 5e-7}}}
 
 
-VARIANTS = [("fmoe", True, "pfreq"), ("fmoe-map-t", False, "pfreq"),
-            ("fmoe-lru", True, "lru"), ("fmoe-lfu", True, "lfu")]
+# (policy, delta, eviction, semantic search)
+VARIANTS = [("fmoe", True, "pfreq", True), ("fmoe-map-t", False, "pfreq", False),
+            ("fmoe-map-ts", False, "pfreq", True), ("fmoe-lru", True, "lru", True),
+            ("fmoe-lfu", True, "lfu", True)]
 
 
-def topic_trace(path, rng, R, L, J, K, topk_only=False, topics=4):
+def topic_trace(path, rng, R, L, J, K, topk_only=False, h=0, topics=4):
     """R requests (prompt 1-10, 0-24 decode tokens), each about one of `topics` routing
     patterns: full gate distributions (softmax of a topic's logits plus noise), the top K
-    chosen; with topk_only the chosen experts' weights only, the rest 0."""
+    chosen; with topk_only the chosen experts' weights only, the rest 0; with h > 0,
+    semantic embeddings (the topic's direction plus noise)."""
     nrng = np.random.default_rng(rng.randrange(1 << 30))
     logits = nrng.normal(0, 2.0, size=(topics, L, J))
-    reqs, probs = [], []
+    dirs = nrng.normal(0, 1.0, size=(topics, max(h, 1)))
+    reqs, probs, sems = [], [], []
     for _ in range(R):
         P, D = rng.randint(1, 10), rng.randint(0, 24)
         tp = rng.randrange(topics)
@@ -48,19 +54,25 @@ def topic_trace(path, rng, R, L, J, K, topk_only=False, topics=4):
             p = keep
         reqs.append((P, ex.tolist()))
         probs.append(p)
+        sems.append((dirs[tp][None] + nrng.normal(0, 0.8, size=(P + D, max(h, 1))))
+                    .astype(np.float32))
     write_trace(path, reqs, L, J, K, expert_bytes=1 << 20)
     with h5py.File(path, "r+") as f:
         f.attrs["probs_kind"] = "topk" if topk_only else "full"
         f.create_dataset("tokens/probs", data=np.concatenate(probs))
+        if h:
+            f.attrs["semantic_dim"] = np.int32(h)
+            f.attrs["semantic_kind"] = "test"
+            f.create_dataset("tokens/semantic", data=np.concatenate(sems))
 
 
-@pytest.mark.parametrize("seed,L,J,K,topk", [(1, 6, 8, 2, False), (2, 5, 16, 2, False),
-                                              (3, 4, 12, 3, True)])
-def test_fmoe_hits_equal_the_reference(fmoe, tmp_path, seed, L, J, K, topk):
+@pytest.mark.parametrize("seed,L,J,K,topk,h", [(1, 6, 8, 2, False, 0), (2, 5, 16, 2, False, 37),
+                                                (3, 4, 12, 3, True, 0), (4, 6, 8, 2, True, 64)])
+def test_fmoe_hits_equal_the_reference(fmoe, tmp_path, seed, L, J, K, topk, h):
     rng = random.Random(seed)
     store_trace, trace = tmp_path / "s.h5", tmp_path / "t.h5"
-    topic_trace(store_trace, rng, 30, L, J, K, topk)
-    topic_trace(trace, rng, 12, L, J, K, topk)
+    topic_trace(store_trace, rng, 30, L, J, K, topk, h)
+    topic_trace(trace, rng, 12, L, J, K, topk, h)
     prof = tmp_path / "p.json"
     prof.write_text(json.dumps(PROFILE))
     t = read_trace(trace)
@@ -71,18 +83,21 @@ def test_fmoe_hits_equal_the_reference(fmoe, tmp_path, seed, L, J, K, topk):
         fmoe("build-store", "--trace", store_trace, "--capacity", "40",
              "--prefetch-distance", str(d), "-o", store, "--quiet")
         maps = read_store_maps(store)
+        sem = read_store_semantic(store)
         assert maps.shape[1:] == (L, J) and maps.shape[0] == 40
+        assert (sem is None) == (h == 0)
         for delay in (0.0, 1e-4):
             caches = [L * J // 8, L * J // 3, L * J // 2]
             out = fmoe("simulate", "--trace", trace, "--store", store, "--policy",
-                       ",".join(p for p, _, _ in VARIANTS), "--cache-experts", ",".join(map(str, caches)),
+                       ",".join(v[0] for v in VARIANTS), "--cache-experts", ",".join(map(str, caches)),
                        "--prefetch-distance", str(d), "--profile", prof, "--match-delay",
                        repr(delay), "--json", "--quiet")
             got = {(r["policy"], r["cache_experts"]): r
                    for r in json.loads(out.stdout)["results"]}
             for N in caches:
-                for policy, delta, evict in VARIANTS:
-                    want = replay(t, maps, N, d, costs, delay, delta=delta, eviction=evict)
+                for policy, delta, evict, semantic in VARIANTS:
+                    want = replay(t, maps, N, d, costs, delay, delta=delta, eviction=evict,
+                                  semantic=semantic, store_sem=sem)
                     r = got[(policy, N)]
                     have = {k: r[k] for k in want}
                     assert have == want, (policy, N, d, delay)

@@ -622,6 +622,8 @@ typedef struct ahead_probe {
     int32_t ahead, L, J, K;
     const float *probs;               /* the first decode iteration's announcement */
     const uint16_t *chosen;
+    const float *sem;
+    int32_t h;
     int32_t expect_ahead[2];          /* per request: its decode iterations */
 } ahead_probe;
 static ahead_probe g_ahead;
@@ -639,11 +641,15 @@ static void ah_iteration(void *s, const fmoe_policy_env *env, const fmoe_iterati
     const int32_t left = P->expect_ahead[ev->request] - P->iteration;
     const int32_t want = left < FMOE_POLICY_MAX_AHEAD ? left : FMOE_POLICY_MAX_AHEAD;
     if (ev->ahead != want || !ev->ahead_probs || !ev->ahead_chosen) P->ok = 0;
+    if (!ev->ahead_semantic || ev->semantic_dim != P->h) P->ok = 0;
     if (P->iteration == 0) {
         P->ahead = ev->ahead;
         P->probs = ev->ahead_probs;
         P->chosen = ev->ahead_chosen;
+        P->sem = ev->ahead_semantic;
     }
+    if (P->iteration < P->ahead && ev->semantic != P->sem + (size_t)P->iteration * P->h)
+        P->ok = 0;
 }
 static void ah_gate(void *s, const fmoe_policy_env *env, const fmoe_gate_event *ev) {
     (void)s;
@@ -677,7 +683,11 @@ TEST(iteration_events_announce_the_decode_rows_to_come) {
     }
     ASSERT_OK(fmoe_sim_workload_add_request_gates(&w, 0, 0, P, D0, P + D0, phase, ex, probs, NULL));
     ASSERT_OK(fmoe_sim_workload_add_request_gates(&w, 1, 0, P, D1, P + D1, phase, ex, probs, NULL));
-    g_ahead = (ahead_probe){.ok = 1, .L = L, .J = J, .K = K, .expect_ahead = {D0, D1}};
+    enum { H = 3 }; /* embeddings, as fmoe_sim_workload_read_ex keeps them */
+    w.semantic_dim = H;
+    w.semantic = calloc((size_t)w.num_tokens * H, sizeof *w.semantic);
+    ASSERT_TRUE(w.semantic != NULL);
+    g_ahead = (ahead_probe){.ok = 1, .L = L, .J = J, .K = K, .h = H, .expect_ahead = {D0, D1}};
     fmoe_sim_costs k = costs_of(0, 1e9, 1000, 1e-4, 1e-4);
     const fmoe_sim_config cfg = {.ops = &ahead_probe_ops, .cache_experts = 2, .costs = &k};
     fmoe_sim_result r;

@@ -132,13 +132,15 @@ typedef struct fmoe_iteration_event {
     /* Simulate only (live: 0 and NULL). For a one-token iteration, the gate rows the replay
      * holds for it and for the request's next one-token iterations: `ahead` tokens (this
      * one first; at most FMOE_POLICY_MAX_AHEAD), token a's rows at ahead_probs[a · L·J +
-     * l·J] (NULL when on_gate's probs are) and its chosen experts at ahead_chosen[a · L·K +
-     * l·K], the very arrays on_gate will point into. Only for computing now, in a batch,
+     * l·J] (NULL when on_gate's probs are), its chosen experts at ahead_chosen[a · L·K +
+     * l·K] and its embedding at ahead_semantic[a · semantic_dim] (NULL when `semantic` is),
+     * the very arrays the events will point into. Only for computing now, in a batch,
      * what the policy would compute at those gates anyway: its decisions must not depend
      * on them (fmoe batches the trajectory searches of a frozen store with them). */
     int32_t ahead;
     const float *ahead_probs;
     const uint16_t *ahead_chosen;
+    const float *ahead_semantic;
 } fmoe_iteration_event;
 
 /* The most tokens an iteration event's `ahead` covers. */
