@@ -135,8 +135,8 @@ typedef struct fmoe_iteration_event {
      * l·J] (NULL when on_gate's probs are), its chosen experts at ahead_chosen[a · L·K +
      * l·K] and its embedding at ahead_semantic[a · semantic_dim] (NULL when `semantic` is),
      * the very arrays the events will point into. Only for computing now, in a batch,
-     * what the policy would compute at those gates anyway: its decisions must not depend
-     * on them (fmoe batches the trajectory searches of a frozen store with them). */
+     * what the policy would compute at those events anyway: its decisions must not depend
+     * on them (fmoe batches the semantic and trajectory searches of a frozen store). */
     int32_t ahead;
     const float *ahead_probs;
     const uint16_t *ahead_chosen;
