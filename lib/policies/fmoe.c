@@ -750,12 +750,10 @@ static inline void slot_keys(const fm_state *S, const fmoe_cache_view *v, int32_
 
 /* The first slot of the smallest (key, last access) among keys[0..n) equal to min. */
 static int32_t first_of_min(const double *keys, double min, const uint64_t *last, int32_t n) {
-    uint64_t bt = UINT64_MAX;
+    int32_t best = -1;
     for (int32_t s = 0; s < n; s++)
-        if (keys[s] == min && last[s] < bt) bt = last[s];
-    for (int32_t s = 0; s < n; s++)
-        if (keys[s] == min && last[s] == bt) return s;
-    return -1;
+        if (keys[s] == min && (best < 0 || last[s] < last[best])) best = s;
+    return best;
 }
 
 /* The same choice for p·freq eviction, the hot one, without the scan's branches (their
