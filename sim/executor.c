@@ -533,15 +533,21 @@ static void run_all(sim_state *S, const double *arrival_s) {
                                         .output_tokens = req->output_tokens};
         S->env.now_s = start;
         if (ops->on_request_start) ops->on_request_start(S->policy.state, &S->env, &rev);
+        int64_t run_end = 0; /* the run of one-token iterations [.., run_end) holding i */
         for (int64_t i = 0; i < req->num_iterations && !S->error; i++) {
             const int64_t ii = req->first_iteration + i;
             const fmoe_sim_iteration *it = &w->iterations[ii];
-            /* the one-token iterations that follow, with their tokens' rows in order */
-            int32_t ahead = 0;
-            while (it->num_tokens == 1 && ahead < FMOE_POLICY_MAX_AHEAD &&
-                   i + ahead < req->num_iterations &&
-                   it[ahead].num_tokens == 1 && it[ahead].token_begin == it->token_begin + ahead)
-                ahead++;
+            /* the one-token iterations that follow, with their tokens' rows in order (each
+             * run found once) */
+            if (it->num_tokens == 1 && i >= run_end)
+                for (run_end = i + 1; run_end < req->num_iterations &&
+                                      it[run_end - i].num_tokens == 1 &&
+                                      it[run_end - i].token_begin == it->token_begin + run_end - i;
+                     run_end++) {
+                }
+            const int64_t left = it->num_tokens == 1 ? run_end - i : 0;
+            const int32_t ahead = (int32_t)(left < FMOE_POLICY_MAX_AHEAD ? left
+                                                                        : FMOE_POLICY_MAX_AHEAD);
             const fmoe_iteration_event iev = {.request = rq, .phase = it->phase,
                                               .num_tokens = it->num_tokens,
                                               .context = it->context, .group = ii * L,

@@ -257,11 +257,6 @@ float fmoe__matcher_semantic_dot(const float *x, const float *e, int32_t h) {
 #define SEM_QB 1
 #define SEM_EB 4
 #include "semantic_step.h"
-#undef SEM_NAME
-#undef SEM_ATTR
-#undef SEM_VL
-#undef SEM_QB
-#undef SEM_EB
 #if defined(__x86_64__)
 #define SEM_NAME sem_avx2
 #define SEM_ATTR __attribute__((target("avx2")))
@@ -269,22 +264,12 @@ float fmoe__matcher_semantic_dot(const float *x, const float *e, int32_t h) {
 #define SEM_QB 2
 #define SEM_EB 2
 #include "semantic_step.h"
-#undef SEM_NAME
-#undef SEM_ATTR
-#undef SEM_VL
-#undef SEM_QB
-#undef SEM_EB
 #define SEM_NAME sem_avx512
 #define SEM_ATTR __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
 #define SEM_VL 16
 #define SEM_QB 4
 #define SEM_EB 4
 #include "semantic_step.h"
-#undef SEM_NAME
-#undef SEM_ATTR
-#undef SEM_VL
-#undef SEM_QB
-#undef SEM_EB
 #endif
 #else
 /* The same, one product at a time (compilers without GNU C vectors). */

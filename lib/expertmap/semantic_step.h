@@ -5,6 +5,8 @@
  *     SEM_NAME   the function's name
  *     SEM_ATTR   its attributes (a target("...") for the wider x86-64 levels, or nothing)
  *     SEM_VL     lanes per GNU C vector: 16, 8 or 4
+ *     SEM_QB, SEM_EB  queries x entries computed together (registers: see below)
+ * (this file undefines them at its end).
  *
  * out[q · ldo + y] = x_q · e_y for the n queries x_q (at X + q · ldx) and the entries
  * e_y (at E + y · lde), y < size, each computed in the one order matcher.c defines
@@ -25,6 +27,13 @@ typedef float SFV __attribute__((vector_size(SEM_VL * 4)));
 typedef float SFVU __attribute__((vector_size(SEM_VL * 4), aligned(4), may_alias));
 #define SLD(p) ((SFV)(*(const SFVU *)(const void *)(p)))
 #define SST(p, v) (*(SFVU *)(void *)(p) = (SFVU)(v))
+
+/* Row src's last partial chunk (rest floats after full chunks) into dst, zero-padded. */
+static inline void SEM_CAT(SEM_NAME, _pad)(float *dst, const float *src, int32_t full,
+                                           int32_t rest) {
+    memset(dst, 0, SEM_LANES * sizeof *dst);
+    memcpy(dst, src + (size_t)full * SEM_LANES, (size_t)rest * sizeof *dst);
+}
 
 /* QB queries x EB entries, all their sums in registers. ex/xq: the entries' / queries'
  * rows; et/xt: their zero-padded last partial chunks; dst[q][e]: where each result goes. */
@@ -79,11 +88,8 @@ static void SEM_NAME(const float *E, int64_t lde, int32_t size, int32_t h, const
     const int32_t full = h / SEM_LANES, rest = h % SEM_LANES;
     /* tails: [n + SEM_EB][SEM_LANES] zero-padded last chunks, the queries' first */
     float *qt = tails, *etl = tails + (size_t)n * SEM_LANES;
-    for (int32_t q = 0; q < n && rest; q++) {
-        memset(qt + (size_t)q * SEM_LANES, 0, SEM_LANES * sizeof *qt);
-        memcpy(qt + (size_t)q * SEM_LANES, X + (size_t)q * ldx + (size_t)full * SEM_LANES,
-               (size_t)rest * sizeof *qt);
-    }
+    for (int32_t q = 0; q < n && rest; q++)
+        SEM_CAT(SEM_NAME, _pad)(qt + (size_t)q * SEM_LANES, X + (size_t)q * ldx, full, rest);
     /* entries outer (each block of SEM_EB is read once), queries inner */
     for (int32_t y0 = 0; y0 < size;) {
         const int eb = size - y0 >= SEM_EB ? SEM_EB : 1;
@@ -91,11 +97,7 @@ static void SEM_NAME(const float *E, int64_t lde, int32_t size, int32_t h, const
         for (int b = 0; b < eb; b++) {
             ex[b] = E + (size_t)(y0 + b) * lde;
             et[b] = etl + (size_t)b * SEM_LANES;
-            if (rest) {
-                memset(etl + (size_t)b * SEM_LANES, 0, SEM_LANES * sizeof *etl);
-                memcpy(etl + (size_t)b * SEM_LANES, ex[b] + (size_t)full * SEM_LANES,
-                       (size_t)rest * sizeof *etl);
-            }
+            if (rest) SEM_CAT(SEM_NAME, _pad)(etl + (size_t)b * SEM_LANES, ex[b], full, rest);
         }
         for (int32_t q0 = 0; q0 < n;) {
             const int qb = n - q0 >= SEM_QB ? SEM_QB : 1;
@@ -126,3 +128,9 @@ static void SEM_NAME(const float *E, int64_t lde, int32_t size, int32_t h, const
 #undef SEM_BLOCK
 #undef SEM_CAT
 #undef SEM_CAT2
+/* the parameters too: the next instance defines its own */
+#undef SEM_NAME
+#undef SEM_ATTR
+#undef SEM_VL
+#undef SEM_QB
+#undef SEM_EB
