@@ -25,216 +25,90 @@
 
 #include "fmoe/error.h"
 #include "fmoe/sim.h"
-
-enum {
-    FLAG_PREFETCHED = 1, /* brought by a prefetch, not accessed since */
-    FLAG_QUEUED = 2,     /* LOADING, its transfer not started */
-    FLAG_POLICY_PIN = 4, /* pinned by the policy */
-};
-
-typedef struct pending {
-    int32_t slot;
-    double priority;
-    uint64_t seq;
-    double issued;
-} pending;
+#include "fmoe/slots.h"
 
 typedef struct sim_state {
     const fmoe_sim_workload *w;
     const fmoe_sim_costs *costs;
-    fmoe_cache *cache;
+    fmoe_slots *slots;        /* the slot-and-transfer protocol (fmoe/slots.h) */
     const fmoe_cache_view *view;
     fmoe_policy policy;
-    fmoe_policy_sink sink;
-    fmoe_policy_env env;
+    fmoe_policy_env *env;     /* the slots' environment, passed with every event */
     int32_t N, L, J, K;
-    double xfer_s;            /* one expert's transfer */
+    int32_t chunks;           /* pieces per prefetch transfer */
+    double xfer_s;            /* one expert's transfer in one copy (demand loads) */
+    double chunk_s;           /* one piece of a prefetch transfer */
     double expert1_s;         /* one expert's compute for one token (the decode case) */
     double *slot_free_at;     /* [N] end of the occupant's last compute */
-    double *slot_ready_at;    /* [N] end of a started transfer */
-    uint8_t *slot_flags;      /* [N] FLAG_* */
-    pending *queue;           /* [N] queued prefetches */
-    int32_t queue_len;
-    int32_t *inflight;        /* [N] LOADING slots whose transfer started */
-    int32_t inflight_len;
+    int32_t cur_slot;         /* slot of the prefetch piece on the copy engine, -1 none */
+    double cur_end;           /* when that piece lands */
     int32_t *distinct;        /* [J] scratch for gate events */
-    uint64_t seq;
     double engine_free;       /* copy engine idle from */
-    double prefetch_delay;    /* [fmoe hook, issue 4] match delay of FMOE_POLICY_MATCHER policies */
     double compute_free;      /* compute stream idle from */
     double *ttft, *tpot, *e2e, *qdelay; /* [R] per request */
     int64_t n_tpot;
-    uint8_t *host_next;       /* [L*J] the policy asked to compute the next miss on the host */
     int have_host;            /* the cost model has host figures */
     double host_free;         /* host lane idle from */
     fmoe_sim_result *r;
+    void (*decision)(void *ctx, const fmoe_decision *d); /* the decision log, or NULL */
+    void *decision_ctx;
     int error;
 } sim_state;
 
 /* ------------------------------------------------------------------ copy engine */
 
-static void count_transfer(sim_state *S, int32_t e) {
-    S->r->bytes_loaded += S->w->expert_bytes;
-    S->r->per_layer[e / S->J].bytes_loaded += S->w->expert_bytes;
-}
-
-static void count_prefetch(sim_state *S, int32_t e) {
-    S->r->prefetches++;
-    S->r->per_layer[e / S->J].prefetches++;
-    count_transfer(S, e);
-}
-
-static void count_wasted(sim_state *S, int32_t e) {
-    S->r->wasted_prefetch_bytes += S->w->expert_bytes;
-    S->r->per_layer[e / S->J].wasted_prefetch_bytes += S->w->expert_bytes;
-}
-
-static void queue_remove(sim_state *S, int32_t i) {
-    S->queue[i] = S->queue[--S->queue_len];
-}
-
-static int32_t queue_find(const sim_state *S, int32_t slot) {
-    for (int32_t i = 0; i < S->queue_len; i++)
-        if (S->queue[i].slot == slot) return i;
-    return -1;
-}
-
-/* Starts the queued prefetches that the engine would start before time t, then completes
- * the transfers that end by t. */
+/* Runs the modelled copy engine up to time t: lands the prefetch piece in flight if it
+ * ends by t, then starts the next pieces (the slots' order: a started transfer first, else
+ * the best queued one) that the engine would start by t. A piece waits for its slot's
+ * previous occupant to finish computing. Demand loads are placed by run_layer directly
+ * (they go ahead of every prefetch piece not yet started). */
 static void engine_advance(sim_state *S, double t) {
-    while (S->queue_len > 0) {
-        int32_t b = 0;
-        for (int32_t i = 1; i < S->queue_len; i++) {
-            const pending *p = &S->queue[i], *q = &S->queue[b];
-            if (p->priority > q->priority || (p->priority == q->priority && p->seq < q->seq)) b = i;
+    for (;;) {
+        if (S->cur_slot >= 0) {
+            if (S->cur_end > t) return;
+            fmoe_slots_chunk_done(S->slots, S->cur_slot);
+            S->cur_slot = -1;
         }
-        const int32_t s = S->queue[b].slot;
-        const double start = fmax(fmax(S->engine_free, S->queue[b].issued), S->slot_free_at[s]);
-        if (start > t) break;
-        queue_remove(S, b);
-        S->engine_free = start + S->xfer_s;
-        S->slot_ready_at[s] = S->engine_free;
-        S->slot_flags[s] &= (uint8_t)~FLAG_QUEUED;
-        S->inflight[S->inflight_len++] = s;
-        count_prefetch(S, S->view->slot_expert[s]);
-    }
-    for (int32_t i = 0; i < S->inflight_len;) {
-        const int32_t s = S->inflight[i];
-        if (S->slot_ready_at[s] <= t) {
-            fmoe_cache_mark_resident(S->cache, s);
-            S->inflight[i] = S->inflight[--S->inflight_len];
-        } else {
-            i++;
-        }
+        double eligible;
+        const int32_t s = fmoe_slots_next_prefetch(S->slots, &eligible, NULL);
+        if (s < 0) return;
+        const double start = fmax(fmax(S->engine_free, eligible), S->slot_free_at[s]);
+        if (start > t) return;
+        fmoe_slots_chunk_start(S->slots, s);
+        S->cur_slot = s;
+        S->cur_end = S->engine_free = start + S->chunk_s;
     }
 }
 
-static void inflight_remove(sim_state *S, int32_t s) {
-    for (int32_t i = 0; i < S->inflight_len; i++)
-        if (S->inflight[i] == s) {
-            S->inflight[i] = S->inflight[--S->inflight_len];
-            return;
-        }
-}
-
-/* Empties slot s for a new expert, accounting for a prefetch that was never used. */
-static void evict_slot(sim_state *S, int32_t s) {
-    if (S->slot_flags[s] & FLAG_PREFETCHED) count_wasted(S, S->view->slot_expert[s]);
-    S->slot_flags[s] = 0;
-    fmoe_cache_evict(S->cache, s);
-}
-
-/* A free slot, or the policy's victim (evicted), or -1 (nothing evictable / policy says
- * none). Sets S->error when the policy breaks the contract. */
-static int32_t make_room(sim_state *S, int32_t incoming) {
-    int32_t s = fmoe_cache_free_slot(S->cache);
-    if (s >= 0) return s;
-    s = S->policy.ops->choose_victim(S->policy.state, &S->env, incoming);
-    if (s < 0) return -1;
-    if (s >= S->N || !fmoe_cache_evictable(S->view, s)) {
-        S->error = fmoe_error_set(FMOE_EINTERNAL,
-                                  "policy %s chose slot %d, which is not an evictable slot",
-                                  S->policy.ops->name, s);
-        return -1;
-    }
-    evict_slot(S, s);
-    return s;
-}
-
-/* ------------------------------------------------------------------ the policy's sink */
-
-static int32_t expert_id(const sim_state *S, int32_t l, int32_t j) {
-    if (l < 0 || l >= S->L || j < 0 || j >= S->J) return -1;
-    return l * S->J + j;
-}
-
-static int sink_prefetch(void *ctx, int32_t l, int32_t j, double priority) {
+static void hook_decision(void *ctx, const fmoe_decision *d) {
     sim_state *S = ctx;
-    const int32_t e = expert_id(S, l, j);
-    if (e < 0)
-        return S->error = fmoe_error_set(FMOE_EINTERNAL, "policy %s prefetched (%d, %d)",
-                                         S->policy.ops->name, l, j);
-    if (fmoe_cache_lookup(S->view, e) >= 0) return 0;
-    if (S->inflight_len || S->queue_len) engine_advance(S, S->env.now_s);
-    const int32_t s = make_room(S, e);
-    if (s < 0) return S->error ? S->error : 1;
-    fmoe_cache_insert(S->cache, s, e, FMOE_SLOT_LOADING);
-    S->slot_flags[s] = FLAG_PREFETCHED | FLAG_QUEUED;
-    S->queue[S->queue_len++] = (pending){s, priority, S->seq++, S->env.now_s + S->prefetch_delay};
-    return 0;
+    S->decision(S->decision_ctx, d);
 }
 
-static void sink_cancel(void *ctx, int32_t l, int32_t j) {
+static void hook_sync(void *ctx, double now) {
     sim_state *S = ctx;
-    const int32_t e = expert_id(S, l, j);
-    const int32_t s = e < 0 ? -1 : fmoe_cache_lookup(S->view, e);
-    if (s < 0 || !(S->slot_flags[s] & FLAG_QUEUED)) return;
-    queue_remove(S, queue_find(S, s));
-    if (S->slot_flags[s] & FLAG_POLICY_PIN) fmoe_cache_unpin(S->cache, s);
-    S->slot_flags[s] = 0;
-    fmoe_cache_evict(S->cache, s);
+    if (S->cur_slot >= 0 || fmoe_slots_pending(S->slots)) engine_advance(S, now);
 }
 
-static void sink_pin(void *ctx, int32_t l, int32_t j) {
-    sim_state *S = ctx;
-    const int32_t e = expert_id(S, l, j);
-    const int32_t s = e < 0 ? -1 : fmoe_cache_lookup(S->view, e);
-    if (s < 0 || (S->slot_flags[s] & FLAG_POLICY_PIN)) return;
-    fmoe_cache_pin(S->cache, s);
-    S->slot_flags[s] |= FLAG_POLICY_PIN;
-}
-
-static void sink_unpin(void *ctx, int32_t l, int32_t j) {
-    sim_state *S = ctx;
-    const int32_t e = expert_id(S, l, j);
-    const int32_t s = e < 0 ? -1 : fmoe_cache_lookup(S->view, e);
-    if (s < 0 || !(S->slot_flags[s] & FLAG_POLICY_PIN)) return;
-    fmoe_cache_unpin(S->cache, s);
-    S->slot_flags[s] &= (uint8_t)~FLAG_POLICY_PIN;
-}
-
-static void sink_compute_on_host(void *ctx, int32_t l, int32_t j) {
-    sim_state *S = ctx;
-    const int32_t e = expert_id(S, l, j);
-    if (e >= 0 && S->have_host) S->host_next[e] = 1; /* without a host lane: loaded */
+/* When `pieces` of slot s's transfer, loaded as a demand from `t`, land: a whole expert is
+ * one copy; the rest of a started prefetch is its remaining pieces. */
+static double demand_ready(sim_state *S, int32_t s, int32_t pieces, double t) {
+    const double start = fmax(fmax(t, S->engine_free), s >= 0 ? S->slot_free_at[s] : 0);
+    S->engine_free = start + (pieces >= S->chunks ? S->xfer_s : pieces * S->chunk_s);
+    return S->engine_free;
 }
 
 /* ------------------------------------------------------------------ init / free */
 
 static void run_free(sim_state *S) {
+    fmoe_slots_free(S->slots);
     fmoe_policy_free(&S->policy);
-    fmoe_cache_free(S->cache);
     free(S->slot_free_at);
-    free(S->slot_ready_at);
-    free(S->slot_flags);
-    free(S->queue);
-    free(S->inflight);
     free(S->distinct);
     free(S->ttft);
     free(S->tpot);
     free(S->e2e);
     free(S->qdelay);
-    free(S->host_next);
 }
 
 static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_config *cfg,
@@ -247,6 +121,8 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     S->L = w->num_layers;
     S->J = w->num_experts;
     S->K = w->top_k;
+    S->cur_slot = -1;
+    S->chunks = cfg->copy_chunks > 0 ? cfg->copy_chunks : 1;
     FMOE_RETURN_ERROR_IF(!cfg->costs, FMOE_EINVAL, "simulate: no cost model");
     FMOE_RETURN_ERROR_IF(cfg->cache_experts < 1, FMOE_EINVAL,
                          "cache must hold at least 1 expert, got %d", cfg->cache_experts);
@@ -254,6 +130,8 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
                          "prefetch distance must be >= 0, got %d", cfg->prefetch_distance);
     FMOE_RETURN_ERROR_IF(cfg->miss_mode < FMOE_SIM_MISS_LOAD || cfg->miss_mode > FMOE_SIM_MISS_AUTO,
                          FMOE_EINVAL, "simulate: bad miss mode %d", cfg->miss_mode);
+    FMOE_RETURN_ERROR_IF(cfg->copy_chunks < 0 || cfg->copy_chunks > 1024, FMOE_EINVAL,
+                         "--copy-chunks must be in [1, 1024], got %d", cfg->copy_chunks);
     S->have_host = fmoe_sim_costs_have_host(cfg->costs);
     FMOE_RETURN_ERROR_IF(cfg->miss_mode != FMOE_SIM_MISS_LOAD && !S->have_host, FMOE_EINVAL,
                          "--miss %s needs host compute figures in the hardware profile "
@@ -266,23 +144,16 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
                               cfg->policy ? cfg->policy : "", fmoe_policy_names());
     int32_t d = cfg->prefetch_distance;
     if (d == 0) d = ops->default_distance < 0 ? S->L : ops->default_distance;
-    FMOE_FORWARD_IF_ERROR(fmoe_cache_init(&S->cache, S->L, S->J, S->N));
-    S->view = fmoe_cache_view_of(S->cache);
     const size_t n = (size_t)S->N, R = (size_t)(w->num_requests ? w->num_requests : 1);
     S->slot_free_at = calloc(n, sizeof *S->slot_free_at);
-    S->slot_ready_at = calloc(n, sizeof *S->slot_ready_at);
-    S->slot_flags = calloc(n, 1);
-    S->queue = calloc(n, sizeof *S->queue);
-    S->inflight = calloc(n, sizeof *S->inflight);
     S->distinct = calloc((size_t)S->J, sizeof *S->distinct);
     S->ttft = calloc(R, sizeof(double));
     S->tpot = calloc(R, sizeof(double));
     S->e2e = calloc(R, sizeof(double));
     S->qdelay = calloc(R, sizeof(double));
-    S->host_next = calloc((size_t)S->L * (size_t)S->J, 1);
     r->per_layer = calloc((size_t)S->L, sizeof *r->per_layer);
-    if (!S->slot_free_at || !S->slot_ready_at || !S->slot_flags || !S->queue || !S->inflight ||
-        !S->distinct || !S->ttft || !S->tpot || !S->e2e || !S->qdelay || !S->host_next || !r->per_layer)
+    if (!S->slot_free_at || !S->distinct || !S->ttft || !S->tpot || !S->e2e || !S->qdelay ||
+        !r->per_layer)
         return fmoe_error_set(FMOE_ENOMEM, "simulator state for %d slots", S->N);
     r->num_layers = S->L;
     r->cache_experts = S->N;
@@ -304,7 +175,6 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
         .speculative_depth = w->speculative_depth,
         .store_capacity = cfg->store_capacity,
         .variant = variant,
-        /* [fmoe hook, issue 4] */
         .expert_store = cfg->expert_store,
         .store_mode = cfg->store_mode,
         .semantic_dim = w->semantic_dim,
@@ -312,17 +182,27 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     int rc = fmoe_policy_init_ops(&S->policy, ops, &pc);
     if (rc < 0) return rc;
     snprintf(r->policy, sizeof r->policy, "%s", S->policy.ops->name);
-    S->sink = (fmoe_policy_sink){
-        .ctx = S,
-        .prefetch = sink_prefetch,
-        .cancel = sink_cancel,
-        .pin = sink_pin,
-        .unpin = sink_unpin,
-        .compute_on_host = sink_compute_on_host,
+    S->decision = cfg->decision;
+    S->decision_ctx = cfg->decision_ctx;
+    const fmoe_slots_config sc = {
+        .num_layers = S->L,
+        .num_experts = S->J,
+        .capacity = S->N,
+        .chunks = S->chunks,
+        .expert_bytes = w->expert_bytes,
+        /* FMOE_POLICY_MATCHER: the prefetches come the match delay after their event */
+        .prefetch_delay_s = (ops->flags & FMOE_POLICY_MATCHER) ? S->costs->match_delay_s : 0,
+        .policy = &S->policy,
+        .hooks = {.ctx = S, .sync = hook_sync, .queued = NULL,
+                  .decision = cfg->decision ? hook_decision : NULL},
     };
-    S->env = (fmoe_policy_env){.now_s = 0, .cache = S->view, .sink = &S->sink};
+    FMOE_FORWARD_IF_ERROR(fmoe_slots_init(&S->slots, &sc));
+    S->view = fmoe_slots_view(S->slots);
+    S->env = fmoe_slots_env(S->slots);
     S->xfer_s = fmoe_sim_transfer_s(S->costs, w->expert_bytes);
-    if (ops->flags & FMOE_POLICY_MATCHER) S->prefetch_delay = S->costs->match_delay_s; /* [fmoe hook] */
+    S->chunk_s = S->chunks == 1 ? S->xfer_s
+                                : fmoe_sim_transfer_s(S->costs, (w->expert_bytes + S->chunks - 1) /
+                                                                    S->chunks);
     S->expert1_s = fmoe_sim_expert_s(S->costs, 1);
     return 0;
 }
@@ -334,7 +214,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
  * host computation, both from the gate (Fiddler's rule). */
 static int miss_on_host(sim_state *S, int32_t e, int32_t tokens, double t_gate) {
     if (!S->have_host) return 0;
-    if (S->host_next[e]) return 1;
+    if (fmoe_slots_take_host(S->slots, e)) return 1;
     switch (S->r->miss_mode) {
     case FMOE_SIM_MISS_CPU: return 1;
     case FMOE_SIM_MISS_AUTO: {
@@ -347,18 +227,33 @@ static int miss_on_host(sim_state *S, int32_t e, int32_t tokens, double t_gate) 
     }
 }
 
+static void add_stats(fmoe_sim_layer_stats *to, const fmoe_sim_layer_stats *a,
+                      const fmoe_sim_layer_stats *b, const fmoe_slots_layer_stats *ma,
+                      const fmoe_slots_layer_stats *mb) {
+    to->accesses += a->accesses - b->accesses;
+    to->hits += a->hits - b->hits;
+    to->late_hits += a->late_hits - b->late_hits;
+    to->misses += a->misses - b->misses;
+    to->stall_s += a->stall_s - b->stall_s;
+    to->prefetch_hits += a->prefetch_hits - b->prefetch_hits;
+    to->host_misses += a->host_misses - b->host_misses;
+    to->bytes_loaded += ma->bytes_loaded - mb->bytes_loaded;
+    to->prefetches += ma->prefetches - mb->prefetches;
+}
+
 static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, int32_t l,
                       int64_t a0, int32_t na) {
     const fmoe_sim_workload *w = S->w;
     const fmoe_policy_ops *ops = S->policy.ops;
     fmoe_sim_layer_stats *ls = &S->r->per_layer[l];
     const fmoe_sim_layer_stats before = *ls;
+    const fmoe_slots_layer_stats m_before = fmoe_slots_stats(S->slots)[l];
     const int32_t L = S->L, J = S->J, K = S->K;
 
     S->compute_free += fmoe_sim_layer_s(S->costs, it->num_tokens, it->context);
     const double t_gate = S->compute_free;
-    if (S->queue_len || S->inflight_len) engine_advance(S, t_gate);
-    S->env.now_s = t_gate;
+    hook_sync(S, t_gate);
+    S->env->now_s = t_gate;
     if (ops->on_gate) {
         for (int32_t q = 0; q < na; q++) S->distinct[q] = (int32_t)(w->access_expert[a0 + q] % J);
         const size_t row = (size_t)it->token_begin * L + (size_t)l;
@@ -380,37 +275,34 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
             .group = ii * L + l,
             .position = a0,
         };
-        ops->on_gate(S->policy.state, &S->env, &ev);
-        if (S->error) return;
+        ops->on_gate(S->policy.state, S->env, &ev);
+        if ((S->error = fmoe_slots_error(S->slots))) return;
     }
     double host_end = 0; /* when the last host-computed expert of this layer is done */
     for (int32_t q = 0; q < na; q++) {
         const int64_t a = a0 + q;
         const int32_t e = (int32_t)w->access_expert[a];
         const int32_t tokens = (int32_t)w->access_tokens[a];
-        int32_t s = fmoe_cache_lookup(S->view, e);
+        const fmoe_slot_access found = fmoe_slots_access(S->slots, e);
+        int32_t s = found.slot;
         double ready = 0;
         int on_host = 0;
         fmoe_access_result result;
-        if (s >= 0 && S->view->slot_state[s] == FMOE_SLOT_RESIDENT) {
+        if (found.found == FMOE_FIND_RESIDENT) {
             result = FMOE_ACCESS_HIT;
-            if (S->slot_flags[s] & FLAG_PREFETCHED) {
+            if (found.prefetched) {
                 S->r->prefetch_hits++;
                 ls->prefetch_hits++;
             }
-        } else if (s >= 0) { /* a prefetch not finished: queued or in flight */
-            if (S->slot_flags[s] & FLAG_QUEUED) { /* promote it to a demand load */
-                queue_remove(S, queue_find(S, s));
-                const double start = fmax(fmax(t_gate, S->engine_free), S->slot_free_at[s]);
-                S->engine_free = start + S->xfer_s;
-                S->slot_ready_at[s] = S->engine_free;
-                S->slot_flags[s] &= (uint8_t)~FLAG_QUEUED;
-                count_prefetch(S, e);
+        } else if (found.found != FMOE_FIND_ABSENT) { /* a prefetch not finished */
+            if (found.found == FMOE_FIND_STARTED && S->cur_slot == s) {
+                /* its piece on the engine lands first; the rest follows as a demand load */
+                ready = found.chunks_left > 1 ? demand_ready(S, -1, found.chunks_left - 1, t_gate)
+                                              : S->cur_end;
+                S->cur_slot = -1;
             } else {
-                inflight_remove(S, s);
+                ready = demand_ready(S, s, found.chunks_left, t_gate);
             }
-            ready = S->slot_ready_at[s];
-            fmoe_cache_mark_resident(S->cache, s);
             if (ready <= S->compute_free) {
                 result = FMOE_ACCESS_HIT;
                 S->r->prefetch_hits++;
@@ -427,22 +319,12 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
             S->r->host_busy_s += hs;
             host_end = S->host_free;
             ls->host_misses++;
-            S->host_next[e] = 0;
         } else {
             result = FMOE_ACCESS_MISS;
-            s = make_room(S, e);
-            if (S->error) return;
-            double start = fmax(t_gate, S->engine_free);
-            if (s >= 0) {
-                start = fmax(start, S->slot_free_at[s]);
-                fmoe_cache_insert(S->cache, s, e, FMOE_SLOT_RESIDENT);
-            } else {
-                S->r->bypassed++;
-            }
-            ready = S->engine_free = start + S->xfer_s;
-            count_transfer(S, e);
+            s = fmoe_slots_demand(S->slots, e);
+            if ((S->error = fmoe_slots_error(S->slots))) return;
+            ready = demand_ready(S, s, S->chunks, t_gate);
         }
-        if (s >= 0) S->slot_flags[s] &= (uint8_t)~FLAG_PREFETCHED;
         switch (result) {
         case FMOE_ACCESS_HIT: ls->hits++; break;
         case FMOE_ACCESS_LATE_HIT: ls->late_hits++; break;
@@ -455,17 +337,13 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
             }
             S->compute_free += tokens == 1 ? S->expert1_s : fmoe_sim_expert_s(S->costs, tokens);
         }
-        if (s >= 0) {
-            S->slot_free_at[s] = S->compute_free;
-            fmoe_cache_touch(S->cache, s);
-        } else {
-            fmoe_cache_touch_uncached(S->cache, e);
-        }
+        if (s >= 0) S->slot_free_at[s] = S->compute_free;
+        fmoe_slots_touch(S->slots, e, s, result, on_host, on_host ? S->host_free : S->compute_free);
         if (ops->on_access) {
             const fmoe_access_event ev = {.layer = l, .expert = e % J, .tokens = tokens,
                                           .slot = s, .position = a, .result = result};
-            ops->on_access(S->policy.state, &S->env, &ev);
-            if (S->error) return;
+            ops->on_access(S->policy.state, S->env, &ev);
+            if ((S->error = fmoe_slots_error(S->slots))) return;
         }
     }
     if (host_end > S->compute_free) { /* the layer's output needs the host's experts too */
@@ -473,19 +351,11 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
         S->compute_free = host_end;
     }
     ls->accesses += na;
-    fmoe_sim_layer_stats *ph = &S->r->per_phase[it->phase ? 1 : 0];
-    ph->accesses += ls->accesses - before.accesses;
-    ph->hits += ls->hits - before.hits;
-    ph->late_hits += ls->late_hits - before.late_hits;
-    ph->misses += ls->misses - before.misses;
-    ph->bytes_loaded += ls->bytes_loaded - before.bytes_loaded;
-    ph->stall_s += ls->stall_s - before.stall_s;
-    ph->prefetches += ls->prefetches - before.prefetches;
-    ph->prefetch_hits += ls->prefetch_hits - before.prefetch_hits;
-    ph->host_misses += ls->host_misses - before.host_misses;
+    add_stats(&S->r->per_phase[it->phase ? 1 : 0], ls, &before, &fmoe_slots_stats(S->slots)[l],
+              &m_before);
     if (ops->on_layer_done) {
-        S->env.now_s = S->compute_free;
-        ops->on_layer_done(S->policy.state, &S->env, l);
+        S->env->now_s = S->compute_free;
+        ops->on_layer_done(S->policy.state, S->env, l);
     }
 }
 
@@ -531,8 +401,8 @@ static void run_all(sim_state *S, const double *arrival_s) {
         const fmoe_request_event rev = {.index = rq, .id = req->id,
                                         .prompt_tokens = req->prompt_tokens,
                                         .output_tokens = req->output_tokens};
-        S->env.now_s = start;
-        if (ops->on_request_start) ops->on_request_start(S->policy.state, &S->env, &rev);
+        S->env->now_s = start;
+        if (ops->on_request_start) ops->on_request_start(S->policy.state, S->env, &rev);
         int64_t run_end = 0; /* the run of one-token iterations [.., run_end) holding i */
         for (int64_t i = 0; i < req->num_iterations && !S->error; i++) {
             const int64_t ii = req->first_iteration + i;
@@ -564,23 +434,24 @@ static void run_all(sim_state *S, const double *arrival_s) {
                                               .ahead_semantic = ahead && w->semantic ?
                                                   w->semantic + (size_t)it->token_begin *
                                                   w->semantic_dim : NULL};
-            S->env.now_s = S->compute_free;
-            if (ops->on_iteration_start) ops->on_iteration_start(S->policy.state, &S->env, &iev);
+            S->env->now_s = S->compute_free;
+            fmoe_slots_set_iteration(S->slots, ii);
+            if (ops->on_iteration_start) ops->on_iteration_start(S->policy.state, S->env, &iev);
             const uint16_t *la = w->layer_accesses + (size_t)ii * L;
             int64_t a = it->access_begin;
             for (int32_t l = 0; l < L && !S->error; l++) {
                 run_layer(S, it, ii, l, a, la[l]);
                 a += la[l];
             }
-            S->env.now_s = S->compute_free;
-            if (ops->on_iteration_end) ops->on_iteration_end(S->policy.state, &S->env, &iev);
+            S->env->now_s = S->compute_free;
+            if (ops->on_iteration_end) ops->on_iteration_end(S->policy.state, S->env, &iev);
             if (i == 0) S->ttft[rq] = S->compute_free - arrival;
         }
         S->e2e[rq] = S->compute_free - arrival;
         if (req->num_iterations > 1)
             S->tpot[S->n_tpot++] = (S->e2e[rq] - S->ttft[rq]) / (double)(req->num_iterations - 1);
-        S->env.now_s = S->compute_free;
-        if (ops->on_request_end) ops->on_request_end(S->policy.state, &S->env, &rev);
+        S->env->now_s = S->compute_free;
+        if (ops->on_request_end) ops->on_request_end(S->policy.state, S->env, &rev);
     }
 }
 
@@ -606,11 +477,16 @@ static int run_variant(const fmoe_sim_workload *w, const fmoe_sim_config *cfg, i
     }
     if (rc == 0) {
         fmoe_sim_result *r = out;
-        for (int32_t s = 0; s < S.N; s++)
-            if ((S.slot_flags[s] & FLAG_PREFETCHED) && !(S.slot_flags[s] & FLAG_QUEUED))
-                count_wasted(&S, S.view->slot_expert[s]);
+        const fmoe_slots_layer_stats *ms = fmoe_slots_finish(S.slots);
         for (int32_t l = 0; l < S.L; l++) {
-            const fmoe_sim_layer_stats *ls = &r->per_layer[l];
+            fmoe_sim_layer_stats *ls = &r->per_layer[l];
+            ls->prefetches = ms[l].prefetches;
+            ls->bytes_loaded = ms[l].bytes_loaded;
+            ls->wasted_prefetch_bytes = ms[l].wasted_prefetch_bytes;
+            r->prefetches += ms[l].prefetches;
+            r->bytes_loaded += ms[l].bytes_loaded;
+            r->wasted_prefetch_bytes += ms[l].wasted_prefetch_bytes;
+            r->bypassed += ms[l].bypassed;
             r->accesses += ls->accesses;
             r->hits += ls->hits;
             r->late_hits += ls->late_hits;

@@ -68,8 +68,8 @@ static void belady_on_access(void *state, const fmoe_policy_env *env,
     b->next_use[e] = b->next[ev->position];
 }
 
-static int32_t belady_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
-    (void)incoming;
+static int32_t belady_choose_victim(void *state, const fmoe_policy_env *env, const fmoe_victim_request *req) {
+    (void)req;
     const belady_state *b = state;
     const fmoe_cache_view *v = env->cache;
     int32_t best = -1;

@@ -150,8 +150,6 @@ typedef struct fm_state {
     deferred *held;           /* [L*J] */
     int32_t n_held;
     /* a prefetch in progress (for choose_victim) */
-    int prefetching;
-    double incoming_keep;
     /* request-level hit counts (fmoe-hitcount) */
     uint32_t *req_counts;     /* [L][J] */
     double *victim_keys;      /* [2][N] choose_victim_pfreq's scratch */
@@ -358,10 +356,7 @@ static void issue(fm_state *S, const fmoe_policy_env *env, int32_t l, int32_t j,
         if (S->n_held < (int32_t)S->LJ) S->held[S->n_held++] = (deferred){l, j, pri, p};
         return;
     }
-    S->prefetching = 1;
-    S->incoming_keep = fmoe_expertmap_keep_value(p, 1.0);
-    env->sink->prefetch(env->sink->ctx, l, j, pri);
-    S->prefetching = 0;
+    env->sink->prefetch(env->sink->ctx, l, j, pri, p);
 }
 
 /* Issues the planned experts of target layer tl, best first, at most budget of them. */
@@ -695,7 +690,8 @@ static void fm_on_iteration_end(void *state, const fmoe_policy_env *env,
 }
 
 /* The straightforward scan (every rule; the reference variants use it). */
-static int32_t choose_victim_plain(fm_state *S, const fmoe_cache_view *v) {
+static int32_t choose_victim_plain(fm_state *S, const fmoe_cache_view *v, int prefetching,
+                                   double incoming_keep) {
     int32_t best = -1, fallback = -1;
     double bk = 0, fk = 0;
     uint64_t bt = 0, ft = 0;
@@ -724,8 +720,8 @@ static int32_t choose_victim_plain(fm_state *S, const fmoe_cache_view *v) {
         bk = fk;
     }
     /* a prefetch does not evict an expert worth more than it is */
-    if (S->prefetching && best >= 0 && S->v.evict == EVICT_PFREQ && bk > S->incoming_keep) return -1;
-    if (S->prefetching && best >= 0 && best == fallback) return -1;
+    if (prefetching && best >= 0 && S->v.evict == EVICT_PFREQ && bk > incoming_keep) return -1;
+    if (prefetching && best >= 0 && best == fallback) return -1;
     return best;
 }
 
@@ -761,14 +757,15 @@ static int32_t first_of_min(const double *keys, double min, const uint64_t *last
  * for a slot that may not be evicted (and separately for the protected ones), then the
  * minima, then the first slot holding the smallest (value, last access): the scan's
  * argmin, ties to the earliest slot, exactly. */
-static int32_t choose_victim_pfreq(fm_state *S, const fmoe_cache_view *v) {
+static int32_t choose_victim_pfreq(fm_state *S, const fmoe_cache_view *v, int prefetching,
+                                   double incoming_keep) {
     const int32_t J = S->J, lo = S->cur_layer * J, n = v->capacity; /* cur_layer -1: none */
     const float *cur_p = S->cur_p;
     const uint8_t *protect = S->protect;
     /* a prefetch finds no victim far more often than not (680 of 367 K tries in the
      * throughput benchmark), and tries come in runs with nothing changed in between */
     const int same = S->vm_valid && S->vm_gen == S->gen && S->vm_cache == v->version;
-    if (S->prefetching && same && !(S->vm_min_free <= S->incoming_keep)) return -1;
+    if (prefetching && same && !(S->vm_min_free <= incoming_keep)) return -1;
     double *free_keys = S->victim_keys, *prot_keys = S->victim_keys + n;
     /* four slots a step, each with its own running minimum (exact in any order), so that
      * the minima are four independent chains */
@@ -791,8 +788,8 @@ static int32_t choose_victim_pfreq(fm_state *S, const fmoe_cache_view *v) {
     S->vm_cache = v->version;
     S->vm_min_free = min_free_all;
     /* a prefetch evicts only an unprotected expert worth at most what it brings */
-    if (S->prefetching)
-        return min_free_all <= S->incoming_keep
+    if (prefetching)
+        return min_free_all <= incoming_keep
                    ? first_of_min(free_keys, min_free_all, v->slot_last_access, n)
                    : -1;
     if (min_free_all < INFINITY)
@@ -803,11 +800,16 @@ static int32_t choose_victim_pfreq(fm_state *S, const fmoe_cache_view *v) {
     return -1;
 }
 
-static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
-    (void)incoming;
+/* A prefetch's value is its gate probability p: it may evict only an expert worth at most
+ * what it brings, p·1 (a first access), in the keep-value currency of §4.5. */
+static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env,
+                                const fmoe_victim_request *req) {
     fm_state *S = state;
-    if (S->v.evict == EVICT_PFREQ && !S->v.reference) return choose_victim_pfreq(S, env->cache);
-    return choose_victim_plain(S, env->cache);
+    const int prefetching = req->kind == FMOE_LOAD_PREFETCH;
+    const double keep = prefetching ? fmoe_expertmap_keep_value(req->value, 1.0) : 0;
+    if (S->v.evict == EVICT_PFREQ && !S->v.reference)
+        return choose_victim_pfreq(S, env->cache, prefetching, keep);
+    return choose_victim_plain(S, env->cache, prefetching, keep);
 }
 
 /* ------------------------------------------------------------------ the variants */

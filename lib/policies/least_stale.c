@@ -50,8 +50,8 @@ static void least_stale_on_iteration_start(void *state, const fmoe_policy_env *e
 }
 
 static int32_t least_stale_choose_victim(void *state, const fmoe_policy_env *env,
-                                         int32_t incoming) {
-    (void)incoming;
+                                         const fmoe_victim_request *req) {
+    (void)req;
     const least_stale_state *st = state;
     const fmoe_cache_view *v = env->cache;
     /* One key per slot, (fresh, load tick), compared as one integer: stale first, then the

@@ -22,9 +22,9 @@ static int lfu_init(void **state, const fmoe_policy_config *cfg) {
     return 0;
 }
 
-static int32_t lfu_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
+static int32_t lfu_choose_victim(void *state, const fmoe_policy_env *env, const fmoe_victim_request *req) {
     (void)state;
-    (void)incoming;
+    (void)req;
     const fmoe_cache_view *v = env->cache;
     int32_t best = -1;
     uint64_t best_count = UINT64_MAX, best_tick = UINT64_MAX;

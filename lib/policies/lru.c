@@ -20,9 +20,9 @@ static int lru_init(void **state, const fmoe_policy_config *cfg) {
     return 0;
 }
 
-static int32_t lru_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
+static int32_t lru_choose_victim(void *state, const fmoe_policy_env *env, const fmoe_victim_request *req) {
     (void)state;
-    (void)incoming;
+    (void)req;
     return fmoe_policy_victim_lru(env->cache);
 }
 

@@ -41,7 +41,6 @@ typedef struct mo_state {
     uint8_t *protect;      /* [L*J] experts a prefetch must not evict right now */
     int32_t *protected_ids; /* [L*J] list of set entries in protect[] */
     int32_t num_protected;
-    int32_t prefetch_layer; /* layer being prefetched into; -1 for demand misses */
 } mo_state;
 
 static void mo_free(void *state) {
@@ -72,7 +71,6 @@ static int mo_init(void **state, const fmoe_policy_config *cfg) {
     m->K = cfg->top_k;
     m->N = cfg->capacity;
     m->distance = cfg->prefetch_distance;
-    m->prefetch_layer = -1;
     const size_t ne = (size_t)m->L * (size_t)m->J;
     m->quota = calloc((size_t)m->L, sizeof *m->quota);
     m->count = calloc((size_t)m->L, sizeof *m->count);
@@ -122,10 +120,11 @@ static int32_t lru_in(const mo_state *m, const fmoe_cache_view *v, int32_t l, in
     return best;
 }
 
-static int32_t mo_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
+static int32_t mo_choose_victim(void *state, const fmoe_policy_env *env,
+                                const fmoe_victim_request *req) {
     mo_state *m = state;
     const fmoe_cache_view *v = env->cache;
-    const int32_t l = incoming / m->J;
+    const int32_t l = req->incoming / m->J;
     for (int32_t i = 0; i < m->L; i++) m->count[i] = 0;
     for (int32_t s = 0; s < v->capacity; s++)
         if (v->slot_expert[s] >= 0) m->count[v->slot_expert[s] / m->J]++;
@@ -135,7 +134,7 @@ static int32_t mo_choose_victim(void *state, const fmoe_policy_env *env, int32_t
         if (s >= 0) return s;
     }
     const int32_t s = lru_in(m, v, l, 0);
-    if (s >= 0 || m->prefetch_layer >= 0) return s;
+    if (s >= 0 || req->kind == FMOE_LOAD_PREFETCH) return s;
     return -1; /* a layer without a share of its own streams its experts */
 }
 
@@ -183,12 +182,11 @@ static void mo_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
         }
         if (n > m->quota[target]) n = m->quota[target];
         for (int32_t i = 0; i < n; i++) protect_add(m, target * J + m->order[i]);
-        m->prefetch_layer = target;
         for (int32_t i = 0; i < n; i++)
             env->sink->prefetch(env->sink->ctx, target, m->order[i],
-                                (double)m->score[m->order[i]] / (double)(s + 1));
-        m->prefetch_layer = -1;
-    }
+                                (double)m->score[m->order[i]] / (double)(s + 1),
+                                (double)m->score[m->order[i]]);
+        }
     /* Demand misses of this layer may not evict the ones it still has to access, but may
      * evict predictions of later layers (the original's cache is per layer anyway). */
     protect_clear(m);

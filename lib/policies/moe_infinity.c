@@ -95,8 +95,6 @@ typedef struct mi_state {
     int32_t *prev;          /* [L*J] the previous plan's experts */
     int32_t prev_len;
     int32_t cur_layer;
-    int prefetching;        /* choose_victim is serving a prefetch of `incoming_p` */
-    double incoming_p;
 } mi_state;
 
 static void mi_free(void *state) {
@@ -331,17 +329,15 @@ static void mi_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
     /* Within a layer the plan is in decreasing p and a refused prefetch leaves the cache
      * as it was (an accepted one only raises the lowest p left), so after one refusal the
      * layer's later items would be refused too: skip them. */
-    m->prefetching = 1;
     int32_t refused_layer = -1;
     for (int32_t i = 0; i < m->plan_len; i++) {
         const int32_t e = m->plan[i].e;
         if (e / J == refused_layer && m->distance == 1) break;
         if (e / J == refused_layer) continue;
-        m->incoming_p = priority(m, e, 0);
-        if (env->sink->prefetch(env->sink->ctx, e / J, e % J, m->plan[i].value) == 1)
+        if (env->sink->prefetch(env->sink->ctx, e / J, e % J, m->plan[i].value,
+                                priority(m, e, 0)) == 1)
             refused_layer = e / J;
     }
-    m->prefetching = 0;
 }
 
 static void mi_on_access(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev) {
@@ -356,9 +352,11 @@ static void mi_on_layer_done(void *state, const fmoe_policy_env *env, int32_t la
     memset(m->pending + (size_t)layer * m->J, 0, (size_t)m->J);
 }
 
-static int32_t mi_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
-    (void)incoming;
+/* A prefetch's value is its own Algorithm 1 priority (the sink hands it back). */
+static int32_t mi_choose_victim(void *state, const fmoe_policy_env *env,
+                                const fmoe_victim_request *req) {
     mi_state *m = state;
+    const int prefetching = req->kind == FMOE_LOAD_PREFETCH;
     const fmoe_cache_view *v = env->cache;
     for (int pass = 0; pass < 2; pass++) {
         int32_t best = -1;
@@ -367,7 +365,7 @@ static int32_t mi_choose_victim(void *state, const fmoe_policy_env *env, int32_t
         for (int32_t s = 0; s < v->capacity; s++) {
             if (!fmoe_cache_evictable(v, s)) continue;
             const int32_t e = v->slot_expert[s];
-            if (pass == 0 && (m->pending[e] || (m->prefetching && m->in_plan[e]))) continue;
+            if (pass == 0 && (m->pending[e] || (prefetching && m->in_plan[e]))) continue;
             const double p = priority(m, e, EPS);
             const uint64_t t = v->slot_last_access[s];
             if (best < 0 || p < best_p || (p == best_p && t < best_tick)) {
@@ -376,10 +374,10 @@ static int32_t mi_choose_victim(void *state, const fmoe_policy_env *env, int32_t
                 best_tick = t;
             }
         }
-        if (m->prefetching) {
+        if (prefetching) {
             if (best < 0) return -1;
             const double pv = priority(m, v->slot_expert[best], 0);
-            return pv <= m->incoming_p * (1 + 1e-9) ? best : -1;
+            return pv <= req->value * (1 + 1e-9) ? best : -1;
         }
         if (best >= 0) return best;
     }

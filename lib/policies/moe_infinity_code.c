@@ -67,8 +67,8 @@ static void mic_on_access(void *state, const fmoe_policy_env *env, const fmoe_ac
     if (ev->result != FMOE_ACCESS_MISS) m->visits[(size_t)ev->layer * m->num_experts + ev->expert]++;
 }
 
-static int32_t mic_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
-    (void)incoming;
+static int32_t mic_choose_victim(void *state, const fmoe_policy_env *env, const fmoe_victim_request *req) {
+    (void)req;
     const mic_state *m = state;
     const fmoe_cache_view *v = env->cache;
     int32_t best = -1;

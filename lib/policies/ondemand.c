@@ -24,9 +24,9 @@ static int ondemand_init(void **state, const fmoe_policy_config *cfg) {
 }
 
 static int32_t ondemand_choose_victim(void *state, const fmoe_policy_env *env,
-                                      int32_t incoming) {
+                                      const fmoe_victim_request *req) {
     (void)state;
-    (void)incoming;
+    (void)req;
     return fmoe_policy_victim_lru(env->cache);
 }
 

@@ -67,7 +67,6 @@ typedef struct oracle_state {
     int64_t group_end;         /* end of covered_group's accesses */
     int64_t target_group;      /* cover up to this group */
     int64_t cur_end;           /* end of the current layer's accesses */
-    uint32_t incoming_use;     /* next use of the expert being prefetched; NEVER on demand */
     /* MIN-timed: */
     min_load *loads;           /* [M] MIN's misses, in order */
     int64_t num_loads;
@@ -76,7 +75,6 @@ typedef struct oracle_state {
     int64_t cursor_end;        /* ... and where that group ends */
     int64_t window_group;      /* loads of groups <= this may start */
     int64_t cur_next;          /* next access position to be made */
-    int64_t issuing;           /* load being issued by a prefetch, -1 */
 } oracle_state;
 
 static void oracle_free(void *state) {
@@ -216,11 +214,9 @@ static int oracle_init(void **state, const fmoe_policy_config *cfg) {
     o->distance = cfg->prefetch_distance;
     o->variant = cfg->variant;
     o->window_group = -1;
-    o->issuing = -1;
     o->cursor_end = o->num_groups > 0 ? o->groups[0] : 0;
     o->target_group = -1;
     o->group_end = o->cursor_end;
-    o->incoming_use = NEVER;
     int rc;
     if (o->variant == 1) {
         const size_t ne = (size_t)cfg->num_layers * (size_t)cfg->num_experts;
@@ -260,10 +256,10 @@ static void issue(oracle_state *o, const fmoe_policy_env *env) {
         if (ld->victim == BYPASS) return; /* loaded on demand, uncached: a barrier */
         if ((int64_t)ld->ready > o->cur_next) return; /* victim still to be accessed */
         const uint32_t e = o->future[ld->pos];
-        o->issuing = o->next_load;
+        /* value: the index of MIN's load it is, handed back to min_choose_victim */
         const int rc = env->sink->prefetch(env->sink->ctx, (int32_t)(e / (uint32_t)J),
-                                           (int32_t)(e % (uint32_t)J), -(double)ld->pos);
-        o->issuing = -1;
+                                           (int32_t)(e % (uint32_t)J), -(double)ld->pos,
+                                           (double)o->next_load);
         if (rc != 0) return;
         o->next_load++;
     }
@@ -300,10 +296,11 @@ static void min_on_access(void *state, const fmoe_policy_env *env,
 
 /* MIN's victim for the load being made: a prefetch being issued, or the demand miss at
  * the current access. */
-static int32_t min_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
+static int32_t min_choose_victim(void *state, const fmoe_policy_env *env,
+                                 const fmoe_victim_request *req) {
     oracle_state *o = state;
     const fmoe_cache_view *v = env->cache;
-    int64_t i = o->issuing;
+    int64_t i = req->kind == FMOE_LOAD_PREFETCH ? (int64_t)req->value : -1;
     if (i < 0) { /* demand: the load of position cur_next */
         while (o->next_load < o->num_loads && (int64_t)o->loads[o->next_load].pos < o->cur_next)
             o->next_load++;
@@ -316,7 +313,6 @@ static int32_t min_choose_victim(void *state, const fmoe_policy_env *env, int32_
         const int32_t s = fmoe_cache_lookup(v, (int32_t)o->loads[i].victim);
         if (s >= 0 && fmoe_cache_evictable(v, s)) return s;
     }
-    (void)incoming;
     /* Not MIN's state (cannot happen when the oracle alone drives the cache): LRU. */
     return fmoe_policy_victim_lru(v);
 }
@@ -331,11 +327,10 @@ static void cover(oracle_state *o, const fmoe_policy_env *env) {
     while (o->covered_group <= last) {
         while (o->covered_pos < o->group_end) {
             const uint32_t e = o->future[o->covered_pos];
-            o->incoming_use = (uint32_t)o->covered_pos;
+            /* value: the position of its use, handed back to greedy_choose_victim */
             const int rc = env->sink->prefetch(env->sink->ctx, (int32_t)(e / (uint32_t)J),
                                                (int32_t)(e % (uint32_t)J),
-                                               -(double)o->covered_pos);
-            o->incoming_use = NEVER;
+                                               -(double)o->covered_pos, (double)o->covered_pos);
             if (rc != 0) return;
             o->covered_pos++;
         }
@@ -398,15 +393,18 @@ static int pending(const oracle_state *o, uint32_t nx) {
 /* Belady's victim, skipping experts the current layer has yet to access; for a prefetch,
  * none when it is needed before the incoming expert or when the current layer's misses
  * need the remaining slots. */
-static int32_t greedy_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
-    (void)incoming;
+static int32_t greedy_choose_victim(void *state, const fmoe_policy_env *env,
+                                    const fmoe_victim_request *req) {
     const oracle_state *o = state;
+    /* the next use of the expert being prefetched; NEVER on demand */
+    const uint32_t incoming_use =
+        req->kind == FMOE_LOAD_PREFETCH ? (uint32_t)req->value : NEVER;
     const fmoe_cache_view *v = env->cache;
     int32_t best = -1;
     uint32_t best_next = 0;
     uint64_t best_tick = UINT64_MAX;
     for (int pass = 0; pass < 2 && best < 0; pass++) {
-        if (pass == 1 && o->incoming_use != NEVER) break; /* a demand miss must evict */
+        if (pass == 1 && incoming_use != NEVER) break; /* a demand miss must evict */
         for (int32_t s = 0; s < v->capacity; s++) {
             if (!fmoe_cache_evictable(v, s)) continue;
             const uint32_t nx = o->next_use[v->slot_expert[s]];
@@ -420,9 +418,9 @@ static int32_t greedy_choose_victim(void *state, const fmoe_policy_env *env, int
         }
     }
     if (best < 0) return best;
-    if (o->incoming_use == NEVER) /* demand: bypass when needed later than the victim */
+    if (incoming_use == NEVER) /* demand: bypass when needed later than the victim */
         return o->cur_next < o->len && o->next[o->cur_next] > best_next ? -1 : best;
-    if (best_next <= o->incoming_use) return -1;
+    if (best_next <= incoming_use) return -1;
     int32_t misses = 0, candidates = 0;
     for (int64_t p = o->cur_next; p < o->cur_end; p++)
         misses += fmoe_cache_lookup(v, (int32_t)o->future[p]) < 0;
@@ -451,9 +449,10 @@ static void oracle_on_access(void *state, const fmoe_policy_env *env,
 static void oracle_on_layer_done(void *state, const fmoe_policy_env *env, int32_t layer) {
     if (((oracle_state *)state)->variant == 1) greedy_on_layer_done(state, env, layer);
 }
-static int32_t oracle_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
-    if (((oracle_state *)state)->variant == 1) return greedy_choose_victim(state, env, incoming);
-    return min_choose_victim(state, env, incoming);
+static int32_t oracle_choose_victim(void *state, const fmoe_policy_env *env,
+                                    const fmoe_victim_request *req) {
+    if (((oracle_state *)state)->variant == 1) return greedy_choose_victim(state, env, req);
+    return min_choose_victim(state, env, req);
 }
 
 const fmoe_policy_ops fmoe_policy_oracle = {

@@ -251,12 +251,12 @@ typedef struct wrap {
 static const fmoe_policy_ops *g_inner; /* set before each run (the init has no context) */
 static decision_log *g_log;
 
-static int w_prefetch(void *ctx, int32_t l, int32_t j, double pri) {
+static int w_prefetch(void *ctx, int32_t l, int32_t j, double pri, double value) {
     wrap *w = ctx;
     uint64_t bits;
     memcpy(&bits, &pri, sizeof bits);
     log_add(w->lg, 'P', l, j, bits);
-    return w->real->prefetch(w->real->ctx, l, j, pri);
+    return w->real->prefetch(w->real->ctx, l, j, pri, value);
 }
 static void w_cancel(void *ctx, int32_t l, int32_t j) {
     wrap *w = ctx;
@@ -317,11 +317,12 @@ FORWARD(on_access, const fmoe_access_event *)
 FORWARD(on_layer_done, int32_t)
 FORWARD(on_iteration_end, const fmoe_iteration_event *)
 FORWARD(on_request_end, const fmoe_request_event *)
-static int32_t w_choose_victim(void *state, const fmoe_policy_env *env, int32_t incoming) {
+static int32_t w_choose_victim(void *state, const fmoe_policy_env *env,
+                               const fmoe_victim_request *req) {
     wrap *w = state;
     const fmoe_policy_env e = w_env(w, env);
-    const int32_t v = w->inner->choose_victim(w->state, &e, incoming);
-    log_add(w->lg, 'V', incoming, v, 0);
+    const int32_t v = w->inner->choose_victim(w->state, &e, req);
+    log_add(w->lg, 'V', req->incoming, v, 0);
     return v;
 }
 

@@ -20,7 +20,8 @@ typedef struct rec {
     double priority[64];
 } rec;
 
-static int rec_prefetch(void *ctx, int32_t l, int32_t j, double pri) {
+static int rec_prefetch(void *ctx, int32_t l, int32_t j, double pri, double value) {
+    (void)value;
     rec *r = ctx;
     if (r->n < 64) {
         r->layer[r->n] = l;
@@ -199,7 +200,8 @@ TEST(fmoe_evicts_lowest_p_times_freq) {
     resident(&g, 0, 2); /* fails: cache full; layer 0 routes to an uncached expert */
     gate(&g, 0, r0); /* best entry 1: p(2,3) = .7, p(2,1) = .3, p(1,0) = 0 */
     /* keep values: (2,3) .7 * 4, (2,1) .3 * 2, (1,0) 1e-6 * 1 -> (1,0) goes */
-    const int32_t victim = g.p.ops->choose_victim(g.p.state, &g.env, 0 * J + 2);
+    const fmoe_victim_request req = {.incoming = 0 * J + 2, .kind = FMOE_LOAD_DEMAND};
+    const int32_t victim = g.p.ops->choose_victim(g.p.state, &g.env, &req);
     ASSERT_EQ(v->slot_expert[victim], 1 * J + 0);
     rig_free(&g);
 }

@@ -7,55 +7,64 @@
 #include "fmoe/cache.h"
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
+#include "fmoe/slots.h"
 
-/* Replays expert ids seq[0..n) through policy `name` with `cap` slots; returns hits, or a
- * negative code. victims[] (optional) receives the evicted expert per access (-1 none). */
+typedef struct replay_log {
+    int32_t victim; /* of the last demand eviction, -1 none */
+} replay_log;
+
+static void replay_decision(void *ctx, const fmoe_decision *d) {
+    if (d->kind == FMOE_DECISION_EVICT) ((replay_log *)ctx)->victim = d->victim;
+}
+
+/* Replays expert ids seq[0..n) through policy `name` with `cap` slots, over the executors'
+ * slot protocol (fmoe/slots.h); returns hits, or a negative code. victims[] (optional)
+ * receives the evicted expert per access (-1 none). */
 static int64_t replay(const char *name, const uint32_t *seq, int64_t n, int32_t L, int32_t J,
                       int32_t cap, int32_t *victims) {
-    fmoe_cache *c = NULL;
     fmoe_policy p;
-    int rc = fmoe_cache_init(&c, L, J, cap);
-    if (rc < 0) return rc;
     fmoe_policy_config cfg = {.num_layers = L, .num_experts = J, .top_k = 1, .capacity = cap,
                               .future = seq, .future_len = n};
-    rc = fmoe_policy_init(&p, name, &cfg);
+    int rc = fmoe_policy_init(&p, name, &cfg);
+    if (rc < 0) return rc;
+    replay_log lg = {-1};
+    fmoe_slots *q = NULL;
+    const fmoe_slots_config sc = {.num_layers = L, .num_experts = J, .capacity = cap,
+                                  .chunks = 1, .policy = &p,
+                                  .hooks = {.ctx = &lg, .decision = replay_decision}};
+    rc = fmoe_slots_init(&q, &sc);
     if (rc < 0) {
-        fmoe_cache_free(c);
+        fmoe_policy_free(&p);
         return rc;
     }
-    const fmoe_cache_view *v = fmoe_cache_view_of(c);
-    fmoe_policy_env env = {.now_s = 0, .cache = v, .sink = NULL};
+    fmoe_policy_env *env = fmoe_slots_env(q);
     int64_t hits = 0;
     for (int64_t i = 0; i < n; i++) {
         const int32_t e = (int32_t)seq[i];
-        int32_t s = fmoe_cache_lookup(v, e);
-        if (victims) victims[i] = -1;
+        const fmoe_slot_access f = fmoe_slots_access(q, e);
+        int32_t s = f.slot;
         fmoe_access_result res = FMOE_ACCESS_HIT;
-        if (s >= 0) {
+        lg.victim = -1;
+        if (f.found == FMOE_FIND_RESIDENT) {
             hits++;
         } else {
             res = FMOE_ACCESS_MISS;
-            s = fmoe_cache_free_slot(c);
+            s = fmoe_slots_demand(q, e);
             if (s < 0) {
-                s = p.ops->choose_victim(p.state, &env, e);
-                if (s < 0 || !fmoe_cache_evictable(v, s)) {
-                    hits = FMOE_EINTERNAL;
-                    break;
-                }
-                if (victims) victims[i] = v->slot_expert[s];
-                fmoe_cache_evict(c, s);
+                hits = fmoe_slots_error(q) ? fmoe_slots_error(q) : FMOE_EINTERNAL;
+                break;
             }
-            fmoe_cache_insert(c, s, e, FMOE_SLOT_RESIDENT);
         }
-        fmoe_cache_touch(c, s);
+        if (victims) victims[i] = lg.victim;
+        fmoe_slots_touch(q, e, s, res, 0, 0);
         if (p.ops->on_access) {
             fmoe_access_event ev = {.layer = e / J, .expert = e % J, .tokens = 1, .slot = s,
                                     .position = i, .result = res};
-            p.ops->on_access(p.state, &env, &ev);
+            p.ops->on_access(p.state, env, &ev);
         }
     }
+    fmoe_slots_free(q);
     fmoe_policy_free(&p);
-    fmoe_cache_free(c);
     return hits;
 }
 

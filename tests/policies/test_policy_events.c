@@ -12,16 +12,16 @@
 #include "fmoe/cache.h"
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
+#include "fmoe/slots.h"
 #include "fmoe/trace.h"
 
 #define MAXLOG 256
 
 typedef struct driver {
-    fmoe_cache *cache;
+    fmoe_slots *slots;              /* the executors' slot protocol, with zero-time transfers */
     const fmoe_cache_view *view;
     fmoe_policy policy;
-    fmoe_policy_sink sink;
-    fmoe_policy_env env;
+    fmoe_policy_env *env;
     int32_t L, J, K;
     int64_t request;
     /* logs */
@@ -33,52 +33,38 @@ typedef struct driver {
     int32_t prefetch_expert[MAXLOG];
     int32_t prefetch_victim[MAXLOG]; /* -1 none; -2 dropped */
     int n_cancel;
-    uint8_t prefetched[1024];       /* expert id -> brought by a prefetch, unused since */
+    int32_t last_victim;            /* of the last demand eviction */
     int prefetch_hits;
     int error;
 } driver;
 
-static int32_t make_room(driver *d, int32_t e, int32_t *victim) {
-    *victim = -1;
-    int32_t s = fmoe_cache_free_slot(d->cache);
-    if (s >= 0) return s;
-    s = d->policy.ops->choose_victim(d->policy.state, &d->env, e);
-    if (s < 0) return -1;
-    if (!fmoe_cache_evictable(d->view, s)) {
-        d->error = 1;
-        return -1;
-    }
-    *victim = d->view->slot_expert[s];
-    d->prefetched[*victim] = 0;
-    fmoe_cache_evict(d->cache, s);
-    return s;
-}
-
-static int drv_prefetch(void *ctx, int32_t l, int32_t j, double priority) {
-    (void)priority;
+static void drv_decision(void *ctx, const fmoe_decision *x) {
     driver *d = ctx;
-    const int32_t e = l * d->J + j;
-    if (fmoe_cache_lookup(d->view, e) >= 0) return 0;
-    int32_t victim;
-    const int32_t s = make_room(d, e, &victim);
-    if (d->n_prefetch < MAXLOG) {
-        d->prefetch_expert[d->n_prefetch] = e;
-        d->prefetch_victim[d->n_prefetch] = s < 0 ? -2 : victim;
-        d->n_prefetch++;
+    const int32_t e = x->layer * d->J + x->expert;
+    switch (x->kind) {
+    case FMOE_DECISION_PREFETCH:
+    case FMOE_DECISION_DROPPED:
+        if (d->n_prefetch < MAXLOG) {
+            d->prefetch_expert[d->n_prefetch] = e;
+            d->prefetch_victim[d->n_prefetch] = x->kind == FMOE_DECISION_DROPPED ? -2 : x->victim;
+            d->n_prefetch++;
+        }
+        break;
+    case FMOE_DECISION_CANCEL: d->n_cancel++; break;
+    case FMOE_DECISION_EVICT: d->last_victim = x->victim; break;
+    default: break;
     }
-    if (s < 0) return 1;
-    fmoe_cache_insert(d->cache, s, e, FMOE_SLOT_RESIDENT);
-    d->prefetched[e] = 1;
-    return 0;
 }
 
-static void drv_cancel(void *ctx, int32_t l, int32_t j) {
-    (void)l;
-    (void)j;
-    ((driver *)ctx)->n_cancel++;
+/* A queued prefetch lands at once. */
+static void drv_queued(void *ctx) {
+    driver *d = ctx;
+    int32_t s;
+    while ((s = fmoe_slots_next_prefetch(d->slots, NULL, NULL)) >= 0) {
+        fmoe_slots_chunk_start(d->slots, s);
+        fmoe_slots_chunk_done(d->slots, s);
+    }
 }
-static void drv_pin(void *ctx, int32_t l, int32_t j) { (void)ctx; (void)l; (void)j; }
-static void drv_host(void *ctx, int32_t l, int32_t j) { (void)ctx; (void)l; (void)j; }
 
 static int drv_init(driver *d, const char *name, int32_t L, int32_t J, int32_t K, int32_t cap,
                     int32_t distance, int32_t spec_depth, int32_t store) {
@@ -86,36 +72,31 @@ static int drv_init(driver *d, const char *name, int32_t L, int32_t J, int32_t K
     d->L = L;
     d->J = J;
     d->K = K;
-    int rc = fmoe_cache_init(&d->cache, L, J, cap);
-    if (rc < 0) return rc;
-    d->view = fmoe_cache_view_of(d->cache);
     const fmoe_policy_config cfg = {.num_layers = L, .num_experts = J, .top_k = K,
                                     .capacity = cap, .prefetch_distance = distance,
                                     .speculative_depth = spec_depth, .store_capacity = store};
-    rc = fmoe_policy_init(&d->policy, name, &cfg);
+    int rc = fmoe_policy_init(&d->policy, name, &cfg);
     if (rc < 0) return rc;
-    d->sink = (fmoe_policy_sink){.ctx = d, .prefetch = drv_prefetch, .cancel = drv_cancel,
-                                 .pin = drv_pin, .unpin = drv_pin, .compute_on_host = drv_host};
-    d->env = (fmoe_policy_env){.now_s = 0, .cache = d->view, .sink = &d->sink};
+    const fmoe_slots_config sc = {.num_layers = L, .num_experts = J, .capacity = cap,
+                                  .chunks = 1, .expert_bytes = 1, .policy = &d->policy,
+                                  .hooks = {.ctx = d, .queued = drv_queued,
+                                            .decision = drv_decision}};
+    rc = fmoe_slots_init(&d->slots, &sc);
+    if (rc < 0) return rc;
+    d->view = fmoe_slots_view(d->slots);
+    d->env = fmoe_slots_env(d->slots);
     return 0;
 }
 
 static void drv_free(driver *d) {
+    fmoe_slots_free(d->slots);
     fmoe_policy_free(&d->policy);
-    fmoe_cache_free(d->cache);
 }
 
 /* Empties the cache and loads `ids` (expert ids) in order, touching each once, so the
  * first is the least recently used. */
 static void drv_set_cache(driver *d, const int32_t *ids, int n) {
-    for (int32_t s = 0; s < d->view->capacity; s++)
-        if (d->view->slot_expert[s] >= 0) fmoe_cache_evict(d->cache, s);
-    for (int i = 0; i < n; i++) {
-        const int32_t s = fmoe_cache_free_slot(d->cache);
-        fmoe_cache_insert(d->cache, s, ids[i], FMOE_SLOT_RESIDENT);
-        fmoe_cache_touch(d->cache, s);
-        d->prefetched[ids[i]] = 0;
-    }
+    if (fmoe_slots_preload(d->slots, ids, n) < 0) d->error = 1;
 }
 
 /* One request of n tokens: phase[n], chosen[n][L][K], spec[n][L][S][J] (or NULL).
@@ -126,7 +107,7 @@ static void drv_request(driver *d, int n, const uint8_t *phase, const uint16_t *
     const fmoe_policy_ops *ops = d->policy.ops;
     void *st = d->policy.state;
     const fmoe_request_event rev = {.index = d->request, .id = d->request};
-    if (ops->on_request_start) ops->on_request_start(st, &d->env, &rev);
+    if (ops->on_request_start) ops->on_request_start(st, d->env, &rev);
     int t = 0;
     while (t < n) {
         int e = t + 1;
@@ -134,7 +115,7 @@ static void drv_request(driver *d, int n, const uint8_t *phase, const uint16_t *
             while (e < n && phase[e] == FMOE_PHASE_PREFILL) e++;
         const fmoe_iteration_event iev = {.request = d->request, .phase = phase[t] ? 1 : 0,
                                           .num_tokens = e - t, .group = -1, .position = -1};
-        if (ops->on_iteration_start) ops->on_iteration_start(st, &d->env, &iev);
+        if (ops->on_iteration_start) ops->on_iteration_start(st, d->env, &iev);
         for (int32_t l = 0; l < L; l++) {
             int32_t distinct[64], nd = 0;
             for (int u = t; u < e; u++)
@@ -151,21 +132,22 @@ static void drv_request(driver *d, int n, const uint8_t *phase, const uint16_t *
                 .speculative = spec ? spec + ((size_t)t * L + l) * (size_t)S * J : NULL,
                 .speculative_stride = (int64_t)L * S * J, .speculative_depth = spec ? S : 0,
                 .group = -1, .position = -1};
-            if (ops->on_gate) ops->on_gate(st, &d->env, &gev);
+            if (ops->on_gate) ops->on_gate(st, d->env, &gev);
             for (int32_t q = 0; q < nd; q++) {
                 const int32_t ex = l * J + distinct[q];
-                int32_t s = fmoe_cache_lookup(d->view, ex), victim = -1;
+                const fmoe_slot_access f = fmoe_slots_access(d->slots, ex);
+                int32_t s = f.slot, victim = -1;
                 int result = FMOE_ACCESS_HIT;
-                if (s >= 0) {
-                    if (d->prefetched[ex]) d->prefetch_hits++;
-                } else {
+                if (f.found == FMOE_FIND_ABSENT) {
                     result = FMOE_ACCESS_MISS;
-                    s = make_room(d, ex, &victim);
-                    if (s >= 0) fmoe_cache_insert(d->cache, s, ex, FMOE_SLOT_RESIDENT);
+                    d->last_victim = -1;
+                    s = fmoe_slots_demand(d->slots, ex);
+                    victim = d->last_victim;
+                } else if (f.prefetched) {
+                    d->prefetch_hits++;
                 }
-                d->prefetched[ex] = 0;
-                if (s >= 0) fmoe_cache_touch(d->cache, s);
-                else fmoe_cache_touch_uncached(d->cache, ex);
+                if (fmoe_slots_error(d->slots)) d->error = 1;
+                fmoe_slots_touch(d->slots, ex, s, (fmoe_access_result)result, 0, 0);
                 if (d->n_access < MAXLOG) {
                     d->access_expert[d->n_access] = ex;
                     d->access_result[d->n_access] = result;
@@ -176,15 +158,15 @@ static void drv_request(driver *d, int n, const uint8_t *phase, const uint16_t *
                     const fmoe_access_event aev = {.layer = l, .expert = distinct[q],
                                                    .tokens = 1, .slot = s, .position = -1,
                                                    .result = (fmoe_access_result)result};
-                    ops->on_access(st, &d->env, &aev);
+                    ops->on_access(st, d->env, &aev);
                 }
             }
-            if (ops->on_layer_done) ops->on_layer_done(st, &d->env, l);
+            if (ops->on_layer_done) ops->on_layer_done(st, d->env, l);
         }
-        if (ops->on_iteration_end) ops->on_iteration_end(st, &d->env, &iev);
+        if (ops->on_iteration_end) ops->on_iteration_end(st, d->env, &iev);
         t = e;
     }
-    if (ops->on_request_end) ops->on_request_end(st, &d->env, &rev);
+    if (ops->on_request_end) ops->on_request_end(st, d->env, &rev);
     d->request++;
 }
 
@@ -251,9 +233,9 @@ static int dep_init(void **s, const fmoe_policy_config *c) {
 }
 static void dep_layer_done(void *s, const fmoe_policy_env *env, int32_t l) {
     (void)s;
-    if (l + 1 < env->cache->num_layers) env->sink->prefetch(env->sink->ctx, l + 1, 0, 1);
+    if (l + 1 < env->cache->num_layers) env->sink->prefetch(env->sink->ctx, l + 1, 0, 1, 1);
 }
-static int32_t dep_victim(void *s, const fmoe_policy_env *env, int32_t in) {
+static int32_t dep_victim(void *s, const fmoe_policy_env *env, const fmoe_victim_request *in) {
     (void)s;
     (void)in;
     const fmoe_cache_view *v = env->cache;

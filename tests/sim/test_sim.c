@@ -148,9 +148,9 @@ static int pf_init(void **s, const fmoe_policy_config *c) {
 }
 static void pf_on_gate(void *s, const fmoe_policy_env *env, const fmoe_gate_event *ev) {
     (void)s;
-    if (ev->layer == 0) env->sink->prefetch(env->sink->ctx, 1, 0, 1.0);
+    if (ev->layer == 0) env->sink->prefetch(env->sink->ctx, 1, 0, 1.0, 1.0);
 }
-static int32_t pf_victim(void *s, const fmoe_policy_env *env, int32_t in) {
+static int32_t pf_victim(void *s, const fmoe_policy_env *env, const fmoe_victim_request *in) {
     (void)s;
     (void)in;
     return fmoe_policy_victim_lru(env->cache);
@@ -407,7 +407,7 @@ TEST(oracle_prefetches_the_next_layer) {
 /* A test policy that prefetches a wrong expert, (1, 1), at layer 0's gate. */
 static void wrong_on_gate(void *s, const fmoe_policy_env *env, const fmoe_gate_event *ev) {
     (void)s;
-    if (ev->layer == 0) env->sink->prefetch(env->sink->ctx, 1, 1, 1.0);
+    if (ev->layer == 0) env->sink->prefetch(env->sink->ctx, 1, 1, 1.0, 1.0);
 }
 static const fmoe_policy_ops prefetch_wrong = {
     .name = "test-wrong", .flags = FMOE_POLICY_PREFETCHES, .init = pf_init,

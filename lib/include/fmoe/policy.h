@@ -21,6 +21,22 @@
  * already been loaded, choosing its victim through choose_victim). `on_access` is an
  * addition to the list of §6: policies with future knowledge (belady) need the position.
  *
+ * Call order, the same in every executor (both run the protocol of fmoe/slots.h):
+ *     on_request_start
+ *       on_iteration_start
+ *         per layer l = 0..L-1:
+ *           on_gate(l)                      at the gate; completions up to now applied
+ *           per distinct expert, in order of first appearance:
+ *             [choose_victim(DEMAND)]       a miss being loaded on a full cache
+ *             on_access                     the access resolved (hit, late hit or miss)
+ *           on_layer_done(l)
+ *       on_iteration_end
+ *     on_request_end
+ * Any callback may call the sink; sink->prefetch calls choose_victim(PREFETCH) before it
+ * returns when the cache is full. Transfer completion is not an event: a completed
+ * prefetch only turns its slot from LOADING to RESIDENT in the cache view, and executors
+ * apply completions before each gate and before each prefetch makes room, nowhere else.
+ *
  * Usage:
  *     fmoe_policy p;
  *     fmoe_policy_config cfg = {.num_layers = L, .num_experts = J, .top_k = K, .capacity = N};
@@ -41,9 +57,13 @@
 typedef struct fmoe_policy_sink {
     void *ctx;
     /* Start loading expert (l, j) unless cached or in flight; higher priority goes first
-     * among queued prefetches (demand loads always go before prefetches).
+     * among queued prefetches (demand loads always go before prefetches). `value` is the
+     * policy's own measure of the incoming expert's worth (its currency, e.g. fmoe's gate
+     * probability); the executor hands it back in the fmoe_victim_request of the
+     * choose_victim call this prefetch makes, so the policy can refuse to evict anything
+     * worth more (admission).
      * @return 0 issued or already cached, 1 dropped (no slot could be freed), < 0 error. */
-    int (*prefetch)(void *ctx, int32_t layer, int32_t expert, double priority);
+    int (*prefetch)(void *ctx, int32_t layer, int32_t expert, double priority, double value);
     /* Drop a queued prefetch of (l, j) that has not started; a started one completes. */
     void (*cancel)(void *ctx, int32_t layer, int32_t expert);
     /* Keep a cached expert from eviction / release it. Unpinning what is not pinned by the
@@ -174,6 +194,18 @@ typedef enum fmoe_access_result {
     FMOE_ACCESS_LATE_HIT = 2,  /* a prefetch in flight when its compute started */
 } fmoe_access_result;
 
+/* Why a slot is wanted when choose_victim is called. */
+typedef enum fmoe_load_kind {
+    FMOE_LOAD_DEMAND = 0,   /* a miss of the access being resolved */
+    FMOE_LOAD_PREFETCH = 1, /* a prefetch the policy is issuing through sink->prefetch */
+} fmoe_load_kind;
+
+typedef struct fmoe_victim_request {
+    int32_t incoming;       /* expert id l*J+j to be loaded */
+    fmoe_load_kind kind;
+    double value;           /* PREFETCH: the `value` given to sink->prefetch; DEMAND: 0 */
+} fmoe_victim_request;
+
 typedef struct fmoe_access_event {
     int32_t layer;
     int32_t expert;         /* j */
@@ -197,10 +229,13 @@ typedef struct fmoe_policy_ops {
     void (*on_gate)(void *state, const fmoe_policy_env *env, const fmoe_gate_event *ev);
     void (*on_access)(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev);
     void (*on_layer_done)(void *state, const fmoe_policy_env *env, int32_t layer);
-    /* Which slot to empty so that expert id `incoming` can be loaded. Called only when the
-     * cache is full; must return an evictable slot (fmoe_cache_evictable), or -1 when it
-     * wants none evicted (the executor then computes the expert without caching it). */
-    int32_t (*choose_victim)(void *state, const fmoe_policy_env *env, int32_t incoming);
+    /* Which slot to empty so that req->incoming can be loaded. Called only when the cache
+     * is full: for a demand miss while its access is resolved, and for a prefetch from
+     * inside sink->prefetch (req->kind says which; the policy needs no flag of its own).
+     * Must return an evictable slot (fmoe_cache_evictable), or -1 when it wants none
+     * evicted (a demand miss is then computed without caching it; a prefetch is dropped). */
+    int32_t (*choose_victim)(void *state, const fmoe_policy_env *env,
+                             const fmoe_victim_request *req);
     void (*on_iteration_end)(void *state, const fmoe_policy_env *env,
                              const fmoe_iteration_event *ev);
     void (*on_request_end)(void *state, const fmoe_policy_env *env,

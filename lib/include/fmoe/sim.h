@@ -38,6 +38,7 @@
 #include "fmoe/hardware.h"
 #include "fmoe/policy.h"
 #include "fmoe/progress.h"
+#include "fmoe/slots.h"
 #include "fmoe/trace.h"
 
 /* ---------------------------------------------------------------- workload */
@@ -212,6 +213,13 @@ typedef struct fmoe_sim_config {
      * in online mode) and how they use it (fmoe_store_mode of fmoe/policy.h). */
     const struct fmoe_expertmap *expert_store;
     int32_t store_mode;
+    /* Pieces per prefetch transfer (0 = 1): a demand load waits only for the piece on the
+     * copy engine, not the whole prefetch (fmoe/slots.h). */
+    int32_t copy_chunks;
+    /* The decision log: called with every decision of the run (single runs; a sweep's
+     * cells run on several threads). NULL: none. */
+    void (*decision)(void *ctx, const struct fmoe_decision *d);
+    void *decision_ctx;
 } fmoe_sim_config;
 
 typedef struct fmoe_sim_layer_stats {
