@@ -23,6 +23,7 @@ enum {
     FLAG_QUEUED = 2,     /* LOADING, its transfer not started */
     FLAG_STARTED = 4,    /* LOADING, its transfer under way */
     FLAG_POLICY_PIN = 8, /* pinned by the policy */
+    FLAG_LANDED = 16,    /* LOADING, its transfer done, not yet applied */
 };
 
 struct fmoe_slots {
@@ -44,6 +45,7 @@ struct fmoe_slots {
     int32_t *queue;           /* [N] QUEUED slots, unordered */
     int32_t queue_len;
     int32_t started;          /* the prefetch transfer under way, -1 none */
+    int32_t landed;           /* slots with FLAG_LANDED */
     uint64_t next_seq;
     uint8_t *host_next;       /* [L*J] compute the next miss on the host */
     fmoe_slots_layer_stats *stats; /* [L] */
@@ -263,6 +265,7 @@ int fmoe_slots_preload(fmoe_slots *q, const int32_t *experts, int32_t n) {
     }
     q->queue_len = 0;
     q->started = -1;
+    q->landed = 0;
     for (int32_t i = 0; i < n; i++) {
         const int32_t s = fmoe_cache_free_slot(q->cache);
         FMOE_FORWARD_IF_ERROR(fmoe_cache_insert(q->cache, s, experts[i], FMOE_SLOT_RESIDENT));
@@ -291,7 +294,8 @@ fmoe_slot_access fmoe_slots_access(fmoe_slots *q, int32_t e) {
             a.found = FMOE_FIND_STARTED;
             if (q->started == s) q->started = -1;
         }
-        q->flags[s] &= (uint8_t)~(FLAG_QUEUED | FLAG_STARTED);
+        if (q->flags[s] & FLAG_LANDED) q->landed--;
+        q->flags[s] &= (uint8_t)~(FLAG_QUEUED | FLAG_STARTED | FLAG_LANDED);
         fmoe_cache_mark_resident(q->cache, s);
     }
     q->flags[s] &= (uint8_t)~FLAG_PREFETCHED;
@@ -355,11 +359,28 @@ void fmoe_slots_chunk_start(fmoe_slots *q, int32_t s) {
     }
 }
 
-int fmoe_slots_chunk_done(fmoe_slots *q, int32_t s) {
+int fmoe_slots_chunk_landed(fmoe_slots *q, int32_t s) {
     if (!(q->flags[s] & FLAG_STARTED)) return 0; /* claimed by an access meanwhile */
     if (++q->chunks_done[s] < q->chunks) return 0;
-    q->flags[s] &= (uint8_t)~FLAG_STARTED;
+    q->flags[s] = (uint8_t)((q->flags[s] & ~FLAG_STARTED) | FLAG_LANDED);
     if (q->started == s) q->started = -1;
+    q->landed++;
+    return 1;
+}
+
+void fmoe_slots_apply_landed(fmoe_slots *q) {
+    for (int32_t s = 0; s < q->N && q->landed > 0; s++)
+        if (q->flags[s] & FLAG_LANDED) {
+            q->flags[s] &= (uint8_t)~FLAG_LANDED;
+            q->landed--;
+            fmoe_cache_mark_resident(q->cache, s);
+        }
+}
+
+int fmoe_slots_chunk_done(fmoe_slots *q, int32_t s) {
+    if (!fmoe_slots_chunk_landed(q, s)) return 0;
+    q->flags[s] &= (uint8_t)~FLAG_LANDED;
+    q->landed--;
     fmoe_cache_mark_resident(q->cache, s);
     return 1;
 }

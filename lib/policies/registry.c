@@ -2,6 +2,8 @@
  * registry.c - the table of built-in policies and the instance helpers (fmoe/policy.h).
  * A new policy adds its `extern const fmoe_policy_ops` here and in `registry` below.
  */
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "fmoe/error.h"
@@ -56,9 +58,20 @@ const fmoe_policy_ops *fmoe_policy_find(const char *name) {
     return NULL;
 }
 
+/* Built once from the table (registry names are short: 32 bytes each is ample). */
+static pthread_once_t names_once = PTHREAD_ONCE_INIT;
+static char names[NUM_POLICIES * 34];
+
+static void build_names(void) {
+    size_t at = 0;
+    for (size_t i = 0; i < NUM_POLICIES; i++)
+        at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
+                               registry[i]->name);
+}
+
 const char *fmoe_policy_names(void) {
-    return "ondemand, lru, lfu, belady, oracle, least-stale, mixtral-offload, moe-infinity, "
-           "moe-infinity-code, fmoe, fmoe-map-t, fmoe-map-ts, fmoe-hitcount, fmoe-lru, fmoe-lfu";
+    pthread_once(&names_once, build_names);
+    return names;
 }
 
 int fmoe_policy_check_inputs(const fmoe_policy_ops *ops, const fmoe_policy_config *cfg) {

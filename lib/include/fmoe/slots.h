@@ -177,6 +177,15 @@ void fmoe_slots_chunk_start(fmoe_slots *q, int32_t s);
  * reports a piece only while the slot still holds the transfer it started. */
 int fmoe_slots_chunk_done(fmoe_slots *q, int32_t s);
 
+/* The same for an executor whose transfers end at any moment (live I/O threads, under the
+ * executor's lock): the piece is counted, and a finished transfer stops being the one under
+ * way, but its slot stays LOADING in the cache view until fmoe_slots_apply_landed, which
+ * the executor calls at the sync points only (before a gate, before a prefetch makes
+ * room), so completions become visible to policies where the simulator makes them
+ * visible. An access may claim a landed transfer (FMOE_FIND_STARTED, chunks_left 0). */
+int fmoe_slots_chunk_landed(fmoe_slots *q, int32_t s);
+void fmoe_slots_apply_landed(fmoe_slots *q);
+
 /* Prefetch transfers queued or started and not done. */
 int32_t fmoe_slots_pending(const fmoe_slots *q);
 
