@@ -162,10 +162,12 @@ typedef struct fm_state {
     /* trajectory searches of one-token iterations made ahead, in a batch (memo_prepare) */
     int32_t memo_n, memo_next;   /* tokens in the batch, the next one to take */
     int32_t memo_cur;            /* the current iteration's token; -1: searches live */
-    const float *memo_probs;     /* where the batch's tokens' rows were (ev->ahead_probs) */
+    float *memo_probs;           /* [MAX_QUERIES][L][J] the batch's rows, copied: the memo
+                                    is keyed on content, not on where the rows were */
     int32_t *memo_best;          /* [L][MAX_QUERIES] */
     float *memo_score;           /* [L][MAX_QUERIES] */
-    const float *memo_sem;       /* the batch's embeddings (ev->ahead_semantic); NULL: none */
+    float *memo_semrows;         /* [MAX_QUERIES][h] the batch's embeddings, copied */
+    int memo_sem;                /* the batch's semantic searches were made */
     int32_t memo_sem_best[MAX_QUERIES];
     float memo_sem_score[MAX_QUERIES];
 } fm_state;
@@ -194,6 +196,8 @@ static void fm_free(void *state) {
     free(S->held);
     free(S->req_counts);
     free(S->memo_best);
+    free(S->memo_probs);
+    free(S->memo_semrows);
     free(S->memo_score);
     free(S->victim_keys);
     free(S);
@@ -278,12 +282,14 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
     S->req_counts = calloc(S->LJ, sizeof *S->req_counts);
     S->memo_best = calloc((size_t)S->L * Q, sizeof *S->memo_best);
     S->memo_score = calloc((size_t)S->L * Q, sizeof *S->memo_score);
+    S->memo_probs = calloc((size_t)Q * S->LJ, sizeof *S->memo_probs);
+    S->memo_semrows = S->h ? calloc((size_t)Q * (size_t)S->h, sizeof *S->memo_semrows) : NULL;
     S->victim_keys = calloc(2 * (size_t)(S->N > 0 ? S->N : 1), sizeof *S->victim_keys);
     S->memo_cur = -1;
     if (!S->rows || (S->h && !S->sem) || !S->best || !S->score || !S->cur_p || !S->cp_best ||
         !S->rowbuf || !S->mapbuf || !S->protect || !S->pri || !S->pp || !S->share || !S->sel ||
         !S->order || !S->held || !S->req_counts || !S->memo_best || !S->memo_score ||
-        !S->victim_keys) {
+        !S->memo_probs || (S->h && !S->memo_semrows) || !S->victim_keys) {
         fm_free(S);
         return fmoe_error_set(FMOE_ENOMEM, "policy %s state", v->name);
     }
@@ -503,18 +509,20 @@ static void memo_prepare(fm_state *S, const fmoe_iteration_event *ev) {
         ev->ahead < 1 || !ev->ahead_probs || S->L < 2 || fmoe_expertmap_size(S->store) == 0)
         return;
     const size_t LJ = S->LJ;
-    if (S->memo_next < S->memo_n && ev->ahead_probs == S->memo_probs + S->memo_next * LJ) {
+    if (S->memo_next < S->memo_n &&
+        memcmp(ev->ahead_probs, S->memo_probs + S->memo_next * LJ, LJ * sizeof(float)) == 0) {
         S->memo_cur = S->memo_next++;
         return;
     }
     const int32_t n = ev->ahead < MAX_QUERIES ? ev->ahead : MAX_QUERIES;
     const float *rows = ev->ahead_probs;
     /* the semantic searches too (the same bits for n queries as for one: matcher.c) */
-    S->memo_sem = NULL;
+    S->memo_sem = 0;
     if (S->v.semantic && S->h > 0 && ev->ahead_semantic && ev->semantic_dim == S->h) {
         fmoe_matcher_semantic(S->m, n, ev->ahead_semantic, S->h, S->memo_sem_best,
                               S->memo_sem_score);
-        S->memo_sem = ev->ahead_semantic;
+        memcpy(S->memo_semrows, ev->ahead_semantic, (size_t)n * (size_t)S->h * sizeof(float));
+        S->memo_sem = 1;
     }
     /* the search after the last layer is not made with a frozen store (fm_on_gate) */
     fmoe_matcher_trajectory_begin(S->m, n);
@@ -525,7 +533,7 @@ static void memo_prepare(fm_state *S, const fmoe_iteration_event *ev) {
     S->memo_n = n;
     S->memo_next = 1;
     S->memo_cur = 0;
-    S->memo_probs = ev->ahead_probs;
+    memcpy(S->memo_probs, rows, (size_t)n * LJ * sizeof(float));
 }
 
 /* Whether gate ev shows the rows memo_prepare used for the current token; if not, the
@@ -533,7 +541,9 @@ static void memo_prepare(fm_state *S, const fmoe_iteration_event *ev) {
 static void memo_check(fm_state *S, const fmoe_gate_event *ev) {
     const int32_t l = ev->layer;
     const size_t a = (size_t)S->memo_cur, J = (size_t)S->J, L = (size_t)S->L;
-    if (ev->num_tokens == 1 && ev->probs == S->memo_probs + (a * L + (size_t)l) * J) return;
+    if (ev->num_tokens == 1 && ev->probs &&
+        memcmp(ev->probs, S->memo_probs + (a * L + (size_t)l) * J, J * sizeof(float)) == 0)
+        return;
     S->memo_cur = -1;
     S->memo_n = 0;
     fmoe_matcher_trajectory_begin(S->m, S->nq);
@@ -552,8 +562,9 @@ static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
     const int32_t first = S->d < S->L ? S->d : S->L;
     if (S->v.predict == PREDICT_MAPS && S->v.semantic && S->have_sem &&
         fmoe_expertmap_size(S->store) > 0) {
-        if (S->memo_cur >= 0 && S->memo_sem &&
-            ev->semantic == S->memo_sem + (size_t)S->memo_cur * (size_t)S->h) {
+        if (S->memo_cur >= 0 && S->memo_sem && ev->semantic &&
+            memcmp(ev->semantic, S->memo_semrows + (size_t)S->memo_cur * (size_t)S->h,
+                   (size_t)S->h * sizeof(float)) == 0) {
             S->best[0] = S->memo_sem_best[S->memo_cur]; /* made ahead (memo_prepare) */
             S->score[0] = S->memo_sem_score[S->memo_cur];
         } else {
