@@ -45,10 +45,10 @@ typedef enum cmd_opt_kind {
     CMD_OPT_INT64,    /* int64_t in [.min, .max] */
     CMD_OPT_DOUBLE,   /* double in [.fmin, .fmax] */
     CMD_OPT_ENUM,     /* int32_t: .choice_values[i] (or i) for the value .choices[i] */
-    CMD_OPT_CALLBACK, /* .handler(base, value); takes a value when .value_name is set */
+    CMD_OPT_CALLBACK, /* .handler(cmd, opt, base, value); a value when .value_name is set */
 } cmd_opt_kind;
 
-/* The target of CMD_OPT_STRINGS: caller-owned storage of .cap items. */
+/* The target of CMD_OPT_STRINGS: the values in the order given (more is a usage error). */
 #define CMD_OPT_STRINGS_MAX 256
 typedef struct cmd_opt_strings {
     const char *items[CMD_OPT_STRINGS_MAX];
