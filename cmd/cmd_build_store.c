@@ -5,7 +5,7 @@
  * defaults -> parse -> validate -> fmoe_store_build (streams the tokens, deduplicates,
  * progress bar) -> fmoe_store_write (.partial, then rename) -> a short report.
  */
-#include <getopt.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,46 +18,13 @@ int cmd_build_store(int argc, char **argv);
 
 static const char *const CMD = "build-store";
 
-#define MAX_TRACES 256
 #define DEFAULT_CAPACITY 1000 /* fMoE §6.6 */
 #define DEFAULT_DISTANCE 3    /* fMoE §6.1 */
-
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: fmoe build-store --trace T.h5 [--trace T2.h5 ...] -o STORE.h5 [options]\n"
-            "\n"
-            "Stream the tokens of traces into a deduplicated expert-map store (fMoE §4.4):\n"
-            "each token's expert map (its gate probabilities at every MoE layer) and semantic\n"
-            "embedding is one entry. While the store has room entries are appended; once it\n"
-            "is full, a new entry replaces the stored entry most redundant with it,\n"
-            "RDY = (d/L)·cos(semantic) + ((L-d)/L)·cos(map).\n"
-            "\n"
-            "options:\n"
-            "  --trace FILE             a trace (fmoe record / fmoe trace import); repeatable\n"
-            "  -o, --output FILE        the store to write\n"
-            "  --capacity C             entries the store holds (default %d)\n"
-            "  --prefetch-distance D    d: layers ahead the policy prefetches; weights RDY\n"
-            "                           (default %d, must be below the number of MoE layers)\n"
-            "  --split S                share of each trace's requests put in the store, in\n"
-            "                           (0, 1] (default 1); the rest are held out and listed in\n"
-            "                           the store, for 'fmoe simulate --store STORE --holdout'\n"
-            "  --seed N                 which requests the split holds out (default 0)\n"
-            "  --compression C          zstd (default), deflate or none\n"
-            "  --batch N                tokens scored per matrix product (default 256; speed\n"
-            "                           only, the store is the same)\n"
-            "  --quiet                  no progress bar\n"
-            "  -h, --help               show this help\n"
-            "\n"
-            "Traces without semantic embeddings give a store without them: the first d\n"
-            "layers of the fmoe policy then fall back to the store's most frequent experts.\n"
-            "Traces with top-k probabilities only give maps of the known weights (the rest\n"
-            "0). Both are reported.\n",
-            DEFAULT_CAPACITY, DEFAULT_DISTANCE);
-}
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 typedef struct options {
-    const char *traces[MAX_TRACES];
-    int32_t n_traces;
+    cmd_opt_strings traces; /* --trace, repeatable */
     const char *output;
     int32_t capacity;
     int32_t distance;
@@ -68,58 +35,72 @@ typedef struct options {
     int quiet;
 } options;
 
+static const cmd_option build_store_options[] = {
+    {.name = "trace", .kind = CMD_OPT_STRINGS, .value_name = "FILE",
+     .help = "a trace (fmoe record / fmoe trace import); repeatable",
+     .offset = offsetof(options, traces)},
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "the store to write", .offset = offsetof(options, output)},
+    /* 0 parses, so that validation can say what is wrong with it */
+    {.name = "capacity", .kind = CMD_OPT_INT32, .value_name = "C",
+     .help = "entries the store holds", .default_text = STR(DEFAULT_CAPACITY),
+     .offset = offsetof(options, capacity), .min = 0, .max = INT32_MAX},
+    {.name = "prefetch-distance", .kind = CMD_OPT_INT32, .value_name = "D",
+     .help = "d: layers ahead the policy prefetches; weights RDY (must be below the number "
+             "of MoE layers)",
+     .default_text = STR(DEFAULT_DISTANCE), .offset = offsetof(options, distance), .min = 0,
+     .max = 65535},
+    {.name = "split", .kind = CMD_OPT_DOUBLE, .value_name = "S",
+     .help = "share of each trace's requests put in the store, in (0, 1]; the rest are held "
+             "out and listed in the store, for 'fmoe simulate --store STORE --holdout'",
+     .default_text = "1", .offset = offsetof(options, split), .fmin = 0, .fmax = 1},
+    {.name = "seed", .kind = CMD_OPT_INT64, .value_name = "N",
+     .help = "which requests the split holds out", .default_text = "0",
+     .offset = offsetof(options, seed), .min = 0, .max = INT64_MAX},
+    {.name = "compression", .kind = CMD_OPT_CALLBACK, .value_name = "C",
+     .help = "zstd, deflate or none", .default_text = "zstd", .offset = offsetof(options, write.compression),
+     .handler = cmd_on_compression,
+     .example = "deflate"},
+    {.name = "batch", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "tokens scored per matrix product (speed only, the store is the same)",
+     .default_text = "256", .offset = offsetof(options, batch), .min = 1, .max = 65536},
+    {.name = "quiet", .kind = CMD_OPT_FLAG, .help = "no progress bar",
+     .offset = offsetof(options, quiet)},
+    {0},
+};
+
+static void init(void *base) {
+    options *o = base;
+    memset(o, 0, sizeof *o);
+    o->capacity = DEFAULT_CAPACITY;
+    o->distance = DEFAULT_DISTANCE;
+    o->split = 1.0;
+    o->write.compression = FMOE_COMPRESSION_ZSTD;
+}
+
+const cmd_spec cmd_build_store_spec = {
+    .name = "build-store",
+    .usage = "build-store --trace T.h5 [--trace T2.h5 ...] -o STORE.h5 [options]",
+    .description =
+        "Stream the tokens of traces into a deduplicated expert-map store (fMoE §4.4):\n"
+        "each token's expert map (its gate probabilities at every MoE layer) and semantic\n"
+        "embedding is one entry. While the store has room entries are appended; once it\n"
+        "is full, a new entry replaces the stored entry most redundant with it,\n"
+        "RDY = (d/L)·cos(semantic) + ((L-d)/L)·cos(map).\n",
+    .options = build_store_options,
+    .epilog =
+        "Traces without semantic embeddings give a store without them: the first d\n"
+        "layers of the fmoe policy then fall back to the store's most frequent experts.\n"
+        "Traces with top-k probabilities only give maps of the known weights (the rest\n"
+        "0). Both are reported.\n",
+    .size = sizeof(options),
+    .init = init,
+};
+
 static int parse_options(int argc, char **argv, options *o) {
-    enum { O_TRACE = 256, O_CAPACITY, O_DIST, O_SPLIT, O_SEED, O_COMPRESSION, O_BATCH, O_QUIET };
-    static const struct option longopts[] = {
-        {"trace", required_argument, NULL, O_TRACE},
-        {"output", required_argument, NULL, 'o'},
-        {"capacity", required_argument, NULL, O_CAPACITY},
-        {"prefetch-distance", required_argument, NULL, O_DIST},
-        {"split", required_argument, NULL, O_SPLIT},
-        {"seed", required_argument, NULL, O_SEED},
-        {"compression", required_argument, NULL, O_COMPRESSION},
-        {"batch", required_argument, NULL, O_BATCH},
-        {"quiet", no_argument, NULL, O_QUIET},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    opterr = 0;
-    int c, rc = 0;
-    while (rc == 0 && (c = getopt_long(argc, argv, "ho:", longopts, NULL)) != -1) {
-        switch (c) {
-        case O_TRACE:
-            if (o->n_traces == MAX_TRACES)
-                return cmd_usage_error(CMD, "at most %d --trace files", MAX_TRACES);
-            o->traces[o->n_traces++] = optarg;
-            break;
-        case 'o': o->output = optarg; break;
-        case O_CAPACITY:
-            /* 0 parses, so that validation below can say what is wrong with it */
-            rc = cmd_parse_i32(CMD, "--capacity", optarg, 0, INT32_MAX, &o->capacity);
-            break;
-        case O_DIST:
-            rc = cmd_parse_i32(CMD, "--prefetch-distance", optarg, 0, 65535, &o->distance);
-            break;
-        case O_SPLIT: rc = cmd_parse_f64(CMD, "--split", optarg, 0, 1, &o->split); break;
-        case O_SEED: rc = cmd_parse_i64(CMD, "--seed", optarg, 0, INT64_MAX, &o->seed); break;
-        case O_COMPRESSION:
-            if (fmoe_compression_parse(optarg, &o->write.compression) < 0)
-                return cmd_usage_error(CMD, "--compression must be zstd, deflate or none, got '%s'",
-                                       optarg);
-            break;
-        case O_BATCH: rc = cmd_parse_i32(CMD, "--batch", optarg, 1, 65536, &o->batch); break;
-        case O_QUIET: o->quiet = 1; break;
-        case 'h': usage(stdout); return -1;
-        default:
-            if (optopt >= O_TRACE || optopt == 'o')
-                return cmd_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
-            return cmd_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
-        }
-    }
+    int rc = cmd_options_parse(&cmd_build_store_spec, o, argc, argv, NULL);
     if (rc) return rc;
-    if (optind < argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (o->n_traces == 0) return cmd_usage_error(CMD, "--trace is required");
+    if (o->traces.n == 0) return cmd_usage_error(CMD, "--trace is required");
     if (!o->output) return cmd_usage_error(CMD, "-o STORE.h5 is required");
     if (o->capacity < 1)
         return cmd_usage_error(CMD, "--capacity must be at least 1 entry, got %d", o->capacity);
@@ -132,11 +113,7 @@ static int parse_options(int argc, char **argv, options *o) {
 
 int cmd_build_store(int argc, char **argv) {
     options o;
-    memset(&o, 0, sizeof o);
-    o.capacity = DEFAULT_CAPACITY;
-    o.distance = DEFAULT_DISTANCE;
-    o.split = 1.0;
-    o.write.compression = FMOE_COMPRESSION_ZSTD;
+    init(&o);
     int rc = parse_options(argc, argv, &o);
     if (rc != 0) return rc < 0 ? CMD_EXIT_OK : rc;
 
@@ -152,7 +129,7 @@ int cmd_build_store(int argc, char **argv) {
                                          .progress = &progress};
     fmoe_store_file *f = NULL;
     fmoe_store_build_report rep;
-    rc = fmoe_store_build(o.traces, o.n_traces, &bo, &f, &rep);
+    rc = fmoe_store_build(o.traces.items, o.traces.n, &bo, &f, &rep);
     cmd_progress_bar_done(&bar);
     if (rc < 0) return cmd_fail(CMD, rc);
     const double t_build = cmd_now() - t0;

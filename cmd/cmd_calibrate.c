@@ -23,7 +23,7 @@
  */
 #include <cblas.h>
 #include <cjson/cJSON.h>
-#include <getopt.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,40 +44,12 @@ static const char *const CMD = "calibrate";
 #define MAXPTS 16
 #define MATCHER_STORE 1000 /* entries of the store the matcher is timed on (fMoE §6.6) */
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: fmoe calibrate [-o profile.json] [options]\n"
-            "\n"
-            "Measure this machine's copy bandwidth and latency and its compute at a model's\n"
-            "expert and attention shapes, and the fMoE matcher's time per match at its\n"
-            "MoE layers x experts (1000-entry store, one thread); fit the simulator's cost\n"
-            "model to them and write a hardware profile for 'fmoe simulate --profile'.\n"
-            "Takes under 20 s by default.\n"
-            "\n"
-            "options:\n"
-            "  -o, --output FILE      write the profile to FILE (default: stdout)\n"
-            "  --model-config FILE    measure at this model's shapes (HF config.json; default:\n"
-            "                         Mixtral-8x7B's: hidden 4096, expert 14336, 32 heads, 8 KV)\n"
-            "  --name NAME            the profile's name (default: calibrated-<hostname>)\n"
-            "  --link auto|h2d|file|ram  which copy is the profile's link (default auto:\n"
-            "                         host->device with a CUDA device, else file->RAM)\n"
-            "  --file-dir DIR         where the file->RAM test writes its scratch file (default\n"
-            "                         $TMPDIR or /tmp): use the disk your models live on\n"
-            "  --threads N            OpenBLAS threads (default: OpenBLAS's, all cores)\n"
-            "  --quick                small shapes and sizes, one second (for tests)\n"
-            "  --quiet                no report on stderr\n"
-            "  -h, --help             show this help\n"
-            "\n"
-            "The report gives each fit as alpha/beta or base/per-token with its error (root\n"
-            "mean square and largest relative error over the measured points): a large error\n"
-            "means the linear model the simulator uses does not describe this machine well\n"
-            "over that range.\n");
-}
-
 typedef struct options {
     const char *output, *model_config, *name, *file_dir;
-    const char *link; /* auto|h2d|file|ram */
-    int threads, quick, quiet;
+    const char *link;   /* auto|h2d|file|ram */
+    int32_t link_index; /* in link_names */
+    int32_t threads;
+    int quick, quiet;
 } options;
 
 typedef struct shapes {
@@ -97,54 +69,58 @@ typedef struct series {
 
 /* ------------------------------------------------------------------ parsing */
 
+static const char *const link_names[] = {"auto", "h2d", "file", "ram", NULL};
+
+static const cmd_option calibrate_options[] = {
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "write the profile to FILE", .default_text = "stdout",
+     .offset = offsetof(options, output)},
+    {.name = "model-config", .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "measure at this model's shapes (HF config.json)",
+     .default_text = "Mixtral-8x7B's: hidden 4096, expert 14336, 32 heads, 8 KV",
+     .offset = offsetof(options, model_config)},
+    {.name = "name", .kind = CMD_OPT_STRING, .value_name = "NAME", .help = "the profile's name",
+     .default_text = "calibrated-<hostname>", .offset = offsetof(options, name)},
+    {.name = "link", .kind = CMD_OPT_ENUM, .value_name = "auto|h2d|file|ram",
+     .help = "which copy is the profile's link (auto: host->device with a CUDA device, else "
+             "file->RAM)",
+     .default_text = "auto", .offset = offsetof(options, link_index), .choices = link_names},
+    {.name = "file-dir", .kind = CMD_OPT_STRING, .value_name = "DIR",
+     .help = "where the file->RAM test writes its scratch file; use the disk your models "
+             "live on",
+     .default_text = "$TMPDIR or /tmp", .offset = offsetof(options, file_dir)},
+    {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "OpenBLAS threads",
+     .default_text = "OpenBLAS's, all cores", .offset = offsetof(options, threads), .min = 1,
+     .max = 1024},
+    {.name = "quick", .kind = CMD_OPT_FLAG,
+     .help = "small shapes and sizes, one second (for tests)", .offset = offsetof(options, quick)},
+    {.name = "quiet", .kind = CMD_OPT_FLAG, .help = "no report on stderr",
+     .offset = offsetof(options, quiet)},
+    {0},
+};
+
+const cmd_spec cmd_calibrate_spec = {
+    .name = "calibrate",
+    .usage = "calibrate [-o profile.json] [options]",
+    .description =
+        "Measure this machine's copy bandwidth and latency and its compute at a model's\n"
+        "expert and attention shapes, and the fMoE matcher's time per match at its\n"
+        "MoE layers x experts (1000-entry store, one thread); fit the simulator's cost\n"
+        "model to them and write a hardware profile for 'fmoe simulate --profile'.\n"
+        "Takes under 20 s by default.\n",
+    .options = calibrate_options,
+    .epilog =
+        "The report gives each fit as alpha/beta or base/per-token with its error (root\n"
+        "mean square and largest relative error over the measured points): a large error\n"
+        "means the linear model the simulator uses does not describe this machine well\n"
+        "over that range.\n",
+    .size = sizeof(options),
+};
+
 static int parse_options(int argc, char **argv, options *o) {
-    enum { O_MODEL = 256, O_NAME, O_LINK, O_FILEDIR, O_THREADS, O_QUICK, O_QUIET };
-    static const struct option longopts[] = {
-        {"output", required_argument, NULL, 'o'},
-        {"model-config", required_argument, NULL, O_MODEL},
-        {"name", required_argument, NULL, O_NAME},
-        {"link", required_argument, NULL, O_LINK},
-        {"file-dir", required_argument, NULL, O_FILEDIR},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"quick", no_argument, NULL, O_QUICK},
-        {"quiet", no_argument, NULL, O_QUIET},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    opterr = 0;
-    int c, rc = 0;
-    while (rc == 0 && (c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'o': o->output = optarg; break;
-        case O_MODEL: o->model_config = optarg; break;
-        case O_NAME: o->name = optarg; break;
-        case O_LINK:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "h2d") && strcmp(optarg, "file") &&
-                strcmp(optarg, "ram"))
-                return cmd_usage_error(CMD, "--link must be auto, h2d, file or ram, got '%s'",
-                                       optarg);
-            o->link = optarg;
-            break;
-        case O_FILEDIR: o->file_dir = optarg; break;
-        case O_THREADS: {
-            int32_t t = 0;
-            rc = cmd_parse_i32(CMD, "--threads", optarg, 1, 1024, &t);
-            o->threads = t;
-            break;
-        }
-        case O_QUICK: o->quick = 1; break;
-        case O_QUIET: o->quiet = 1; break;
-        case 'h': usage(stdout); return -1;
-        default:
-            if (optopt == 'o' || optopt >= O_MODEL)
-                return cmd_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
-            return cmd_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
-        }
-    }
+    int rc = cmd_options_parse(&cmd_calibrate_spec, o, argc, argv, NULL);
     if (rc) return rc;
-    if (optind < argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (!o->link) o->link = "auto";
+    o->link = link_names[o->link_index];
     if (!o->file_dir) o->file_dir = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR")
                                                                              : "/tmp";
     return 0;

@@ -13,6 +13,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/log.h"
+#include "fmoe/trace.h"
 #include "fmoe_config.h"
 
 int cmd_fail(const char *cmd, int code) {
@@ -47,7 +48,8 @@ int cmd_parse_i64(const char *cmd, const char *option, const char *text, int64_t
     errno = 0;
     long long v = text ? strtoll(text, &end, 10) : 0;
     if (!text || !*text || *end || errno == ERANGE)
-        return cmd_usage_error(cmd, "%s expects an integer, got '%s'", option, text ? text : "");
+        return cmd_usage_error(cmd, "value '%s' of %s is not an integer", text ? text : "",
+                               option);
     if (v < min || v > max)
         return cmd_usage_error(cmd, "%s must be in [%lld, %lld], got %lld", option,
                                (long long)min, (long long)max, v);
@@ -69,10 +71,17 @@ int cmd_parse_f64(const char *cmd, const char *option, const char *text, double 
     errno = 0;
     double v = text ? strtod(text, &end) : 0;
     if (!text || !*text || *end || errno == ERANGE || !isfinite(v))
-        return cmd_usage_error(cmd, "%s expects a number, got '%s'", option, text ? text : "");
+        return cmd_usage_error(cmd, "value '%s' of %s is not a number", text ? text : "", option);
     if (v < min || v > max)
         return cmd_usage_error(cmd, "%s must be in [%g, %g], got %g", option, min, max, v);
     *out = v;
+    return 0;
+}
+
+int cmd_on_compression(const char *cmd, const cmd_option *opt, void *base, const char *value) {
+    if (fmoe_compression_parse(value, cmd_opt_target(opt, base)) < 0)
+        return cmd_usage_error(cmd, "--%s must be zstd, deflate or none, got '%s'", opt->name,
+                               value);
     return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "fmoe/progress.h"
+#include "options.h"
 
 enum { CMD_EXIT_OK = 0, CMD_EXIT_FAILURE = 1, CMD_EXIT_USAGE = 2 };
 
@@ -23,13 +24,18 @@ int cmd_failf(const char *cmd, const char *fmt, ...) __attribute__((format(print
 /* Prints "fmoe <cmd>: <message> (see 'fmoe <cmd> --help')" and returns CMD_EXIT_USAGE. */
 int cmd_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Parse an option value; on failure print a usage error naming `option`. @return 0 or 2. */
+/* Parse an option value; on failure print a usage error naming `option` in the phrasings of
+ * options.h ("value 'x' of --n is not an integer", "--n must be in [1, 8], got 9").
+ * @return 0 or CMD_EXIT_USAGE. */
 int cmd_parse_i64(const char *cmd, const char *option, const char *text, int64_t min,
                   int64_t max, int64_t *out);
 int cmd_parse_i32(const char *cmd, const char *option, const char *text, int32_t min,
                   int32_t max, int32_t *out);
 int cmd_parse_f64(const char *cmd, const char *option, const char *text, double min,
                   double max, double *out);
+
+/* An option handler: zstd, deflate or none into the fmoe_compression at the row's offset. */
+int cmd_on_compression(const char *cmd, const cmd_option *opt, void *base, const char *value);
 
 /* A progress bar on stderr, drawn only when stderr is a terminal and not quiet. */
 typedef struct cmd_progress_bar {
@@ -63,7 +69,7 @@ const char *cmd_samples_dir(void);
 /* Formats n bytes as "1.23 GiB" into buf. */
 const char *cmd_format_bytes(double n, char *buf, size_t cap);
 
-/* Subcommand entry points (argv[0] is the command name). */
+/* Subcommand entry points (argv[0] is the command name), and their option tables. */
 int cmd_inspect(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
@@ -73,6 +79,9 @@ int cmd_build_store(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_record(int argc, char **argv);
+extern const cmd_spec cmd_inspect_spec, cmd_trace_spec, cmd_trace_import_spec, cmd_demo_spec,
+    cmd_simulate_spec, cmd_calibrate_spec, cmd_build_store_spec, cmd_tokenize_spec,
+    cmd_generate_spec, cmd_record_spec;
 /* `fmoe inspect` of an expert-map store (cmd/inspect_store.c). */
 int cmd_inspect_store(const char *path, int json);
 

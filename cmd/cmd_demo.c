@@ -5,8 +5,8 @@
  * trace and prints `fmoe inspect` of it.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -31,26 +31,38 @@ enum { FLAME_LAYERS = 8, FLAME_EXPERTS = 64, FLAME_TOP_K = 6, FLAME_SEQ_TOKENS =
  * bf16. Only the simulated times depend on it; hit counts do not. */
 #define FLAME_EXPERT_BYTES 4508000LL
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: fmoe demo [--output-dir DIR] [--json] [--quiet]\n"
-            "\n"
-            "Runs fmoe on the bundled sample data: imports the FLAME-MoE-290M routing\n"
-            "sample (8 MoE layers, 64 experts, top-6, 512 tokens) into an fmoe trace,\n"
-            "prints its summary (fmoe inspect), and replays it through the simulator\n"
-            "with on-demand loading, LRU, LFU and Belady's optimum at 10%%, 25%% and 50%%\n"
-            "of the experts in the fast tier (fmoe simulate). Then runs the whole\n"
-            "pipeline on the bundled model fmoe-tiny: fmoe record (real CPU inference\n"
-            "over 48 bundled prompts), fmoe build-store (from 70%% of the requests) and\n"
-            "fmoe simulate of the fmoe policy against the baselines on the other 30%%.\n"
-            "\n"
-            "options:\n"
-            "  --output-dir DIR  where to write demo files (default: a new folder under\n"
-            "                    $TMPDIR or /tmp, printed at the end)\n"
-            "  --json            print the summary as JSON\n"
-            "  --quiet           no progress bar\n"
-            "  -h, --help        show this help\n");
-}
+typedef struct demo_opts {
+    const char *output_dir;
+    int json, quiet;
+} demo_opts;
+
+static const cmd_option demo_options[] = {
+    {.name = "output-dir", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "DIR",
+     .help = "where to write demo files",
+     .default_text = "a new folder under $TMPDIR or /tmp, printed at the end",
+     .offset = offsetof(demo_opts, output_dir)},
+    {.name = "json", .kind = CMD_OPT_FLAG, .help = "print the summary as JSON",
+     .offset = offsetof(demo_opts, json)},
+    {.name = "quiet", .short_name = 'q', .kind = CMD_OPT_FLAG, .help = "no progress bar",
+     .offset = offsetof(demo_opts, quiet)},
+    {0},
+};
+
+const cmd_spec cmd_demo_spec = {
+    .name = "demo",
+    .usage = "demo [--output-dir DIR] [--json] [--quiet]",
+    .description =
+        "Runs fmoe on the bundled sample data: imports the FLAME-MoE-290M routing\n"
+        "sample (8 MoE layers, 64 experts, top-6, 512 tokens) into an fmoe trace,\n"
+        "prints its summary (fmoe inspect), and replays it through the simulator\n"
+        "with on-demand loading, LRU, LFU and Belady's optimum at 10%, 25% and 50%\n"
+        "of the experts in the fast tier (fmoe simulate). Then runs the whole\n"
+        "pipeline on the bundled model fmoe-tiny: fmoe record (real CPU inference\n"
+        "over 48 bundled prompts), fmoe build-store (from 70% of the requests) and\n"
+        "fmoe simulate of the fmoe policy against the baselines on the other 30%.\n",
+    .options = demo_options,
+    .size = sizeof(demo_opts),
+};
 
 /* Prints the command line, then runs it in-process. */
 static int run_step(int (*fn)(int, char **), int argc, char **argv) {
@@ -96,28 +108,11 @@ static int demo_fmoe_tiny(const char *dir, const char *samples) {
 }
 
 int cmd_demo(int argc, char **argv) {
-    const char *output_dir = NULL;
-    int json = 0, quiet = 0;
-    static const struct option options[] = {
-        {"output-dir", required_argument, NULL, 'o'},
-        {"json", no_argument, NULL, 'j'},
-        {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, "ho:q", options, NULL)) != -1) {
-        switch (c) {
-        case 'o': output_dir = optarg; break;
-        case 'j': json = 1; break;
-        case 'q': quiet = 1; break;
-        case 'h': usage(stdout); return CMD_EXIT_OK;
-        default: return cmd_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind != argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    demo_opts o = {0};
+    int rc = cmd_options_parse(&cmd_demo_spec, &o, argc, argv, NULL);
+    if (rc) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
+    const char *output_dir = o.output_dir;
+    const int json = o.json, quiet = o.quiet;
 
     const char *samples = cmd_samples_dir();
     if (!samples)
@@ -141,7 +136,7 @@ int cmd_demo(int argc, char **argv) {
         file_ptrs[l] = files[l];
     }
     fmoe_model_geometry geometry;
-    int rc = fmoe_geometry_generic(FLAME_LAYERS, FLAME_EXPERTS, FLAME_TOP_K, 0, &geometry);
+    rc = fmoe_geometry_generic(FLAME_LAYERS, FLAME_EXPERTS, FLAME_TOP_K, 0, &geometry);
     if (rc < 0) return cmd_fail(CMD, rc);
 
     char trace_path[PATH_MAX + 32];

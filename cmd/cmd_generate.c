@@ -12,7 +12,7 @@
  * generation_config.json decides (do_sample false, or absent: greedy; else its
  * temperature/top_p/top_k), as transformers' generate() does.
  */
-#include <getopt.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,36 +24,6 @@
 #include "paths.h"
 
 static const char *const CMD = "generate";
-
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: fmoe generate [--model DIR] --prompt TEXT [options]\n"
-            "\n"
-            "Run one prompt through a HuggingFace MoE checkpoint on the CPU and stream the\n"
-            "continuation to stdout; prefill and decode tokens/s follow on stderr.\n"
-            "\n"
-            "options:\n"
-            "  --model DIR           model directory (default: the bundled fmoe-tiny)\n"
-            "  --prompt TEXT         the prompt (required)\n"
-            "  --max-new-tokens N    tokens to generate at most (default 128)\n"
-            "  --temperature T       0 = greedy (default: the model's generation_config.json,\n"
-            "                        greedy when it does not sample)\n"
-            "  --top-p P             nucleus sampling (default 1 = off)\n"
-            "  --top-k K             keep the K most likely tokens (default 0 = off)\n"
-            "  --seed S              random seed for sampling (default 0)\n"
-            "  --chat                wrap the prompt in the model's chat template as a user\n"
-            "                        message, with the assistant's turn opened\n"
-            "  --system TEXT         with --chat: a system message first\n"
-            "  --chat-template NAME  with --chat: mixtral, chatml, qwen3 or olmoe instead of\n"
-            "                        the template detected from tokenizer_config.json\n"
-            "  --ignore-eos          do not stop at end-of-sequence tokens\n"
-            "  --threads N           CPU threads (default: all cores)\n"
-            "  --dump-logits F.npy   write the logits of every generated token, float32\n"
-            "                        [generated, vocab], as a NumPy .npy file\n"
-            "  --json                print one JSON object (ids, text, timings) instead of\n"
-            "                        streaming\n"
-            "  -h, --help            show this help\n");
-}
 
 /* ---------------------------------------------------------------------------------------
  * .npy output: a v1.0 header of fixed length (rewritten with the final row count at the
@@ -154,65 +124,71 @@ typedef struct generate_args {
     int set_temperature, set_top_p, set_top_k;
 } generate_args;
 
+static const cmd_option generate_options[] = {
+    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "DIR", .help = "model directory",
+     .default_text = "the bundled fmoe-tiny", .offset = offsetof(generate_args, model)},
+    {.name = "prompt", .kind = CMD_OPT_STRING, .value_name = "TEXT",
+     .help = "the prompt (required)", .offset = offsetof(generate_args, prompt)},
+    {.name = "max-new-tokens", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "tokens to generate at most", .default_text = "128",
+     .offset = offsetof(generate_args, max_new_tokens), .min = 0, .max = 1 << 24},
+    {.name = "temperature", .kind = CMD_OPT_DOUBLE, .value_name = "T", .help = "0 = greedy",
+     .default_text = "the model's generation_config.json, greedy when it does not sample",
+     .offset = offsetof(generate_args, temperature), .fmin = 0.0, .fmax = 100.0,
+     .seen_offset = offsetof(generate_args, set_temperature)},
+    {.name = "top-p", .kind = CMD_OPT_DOUBLE, .value_name = "P", .help = "nucleus sampling",
+     .default_text = "1 = off", .offset = offsetof(generate_args, top_p), .fmin = 1e-6,
+     .fmax = 1.0, .seen_offset = offsetof(generate_args, set_top_p)},
+    {.name = "top-k", .kind = CMD_OPT_INT32, .value_name = "K",
+     .help = "keep the K most likely tokens", .default_text = "0 = off",
+     .offset = offsetof(generate_args, top_k), .min = 0, .max = INT32_MAX,
+     .seen_offset = offsetof(generate_args, set_top_k)},
+    {.name = "seed", .kind = CMD_OPT_INT64, .value_name = "S",
+     .help = "random seed for sampling", .default_text = "0",
+     .offset = offsetof(generate_args, seed), .min = 0, .max = INT64_MAX},
+    {.name = "chat", .kind = CMD_OPT_FLAG,
+     .help = "wrap the prompt in the model's chat template as a user message, with the "
+             "assistant's turn opened",
+     .offset = offsetof(generate_args, chat)},
+    {.name = "system", .kind = CMD_OPT_STRING, .value_name = "TEXT",
+     .help = "with --chat: a system message first", .offset = offsetof(generate_args, system)},
+    {.name = "chat-template", .kind = CMD_OPT_STRING, .value_name = "NAME",
+     .help = "with --chat: mixtral, chatml, qwen3 or olmoe instead of the template detected "
+             "from tokenizer_config.json",
+     .offset = offsetof(generate_args, chat_template)},
+    {.name = "ignore-eos", .kind = CMD_OPT_FLAG, .help = "do not stop at end-of-sequence tokens",
+     .offset = offsetof(generate_args, ignore_eos)},
+    {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
+     .default_text = "all cores", .offset = offsetof(generate_args, threads), .min = 0,
+     .max = 4096},
+    {.name = "dump-logits", .kind = CMD_OPT_STRING, .value_name = "F.npy",
+     .help = "write the logits of every generated token, float32 [generated, vocab], as a "
+             "NumPy .npy file",
+     .offset = offsetof(generate_args, dump_logits)},
+    {.name = "json", .kind = CMD_OPT_FLAG,
+     .help = "print one JSON object (ids, text, timings) instead of streaming",
+     .offset = offsetof(generate_args, json)},
+    {0},
+};
+
+static void init(void *base) {
+    *(generate_args *)base = (generate_args){.max_new_tokens = 128, .top_p = 1.0};
+}
+
+const cmd_spec cmd_generate_spec = {
+    .name = "generate",
+    .usage = "generate [--model DIR] --prompt TEXT [options]",
+    .description =
+        "Run one prompt through a HuggingFace MoE checkpoint on the CPU and stream the\n"
+        "continuation to stdout; prefill and decode tokens/s follow on stderr.\n",
+    .options = generate_options,
+    .size = sizeof(generate_args),
+    .init = init,
+};
+
 static int parse_args(int argc, char **argv, generate_args *a) {
-    enum { O_MODEL = 256, O_PROMPT, O_MAX_NEW, O_TEMP, O_TOP_P, O_TOP_K, O_SEED, O_CHAT,
-           O_SYSTEM, O_TEMPLATE, O_THREADS, O_DUMP, O_JSON, O_IGNORE_EOS };
-    static const struct option options[] = {
-        {"model", required_argument, NULL, O_MODEL},
-        {"prompt", required_argument, NULL, O_PROMPT},
-        {"max-new-tokens", required_argument, NULL, O_MAX_NEW},
-        {"temperature", required_argument, NULL, O_TEMP},
-        {"top-p", required_argument, NULL, O_TOP_P},
-        {"top-k", required_argument, NULL, O_TOP_K},
-        {"seed", required_argument, NULL, O_SEED},
-        {"chat", no_argument, NULL, O_CHAT},
-        {"system", required_argument, NULL, O_SYSTEM},
-        {"chat-template", required_argument, NULL, O_TEMPLATE},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"dump-logits", required_argument, NULL, O_DUMP},
-        {"json", no_argument, NULL, O_JSON},
-        {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    opterr = 0;
-    int c, rc = 0;
-    while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
-        switch (c) {
-        case O_MODEL: a->model = optarg; break;
-        case O_PROMPT: a->prompt = optarg; break;
-        case O_MAX_NEW:
-            rc = cmd_parse_i32(CMD, "--max-new-tokens", optarg, 0, 1 << 24, &a->max_new_tokens);
-            break;
-        case O_TEMP:
-            rc = cmd_parse_f64(CMD, "--temperature", optarg, 0.0, 100.0, &a->temperature);
-            a->set_temperature = 1;
-            break;
-        case O_TOP_P:
-            rc = cmd_parse_f64(CMD, "--top-p", optarg, 1e-6, 1.0, &a->top_p);
-            a->set_top_p = 1;
-            break;
-        case O_TOP_K:
-            rc = cmd_parse_i32(CMD, "--top-k", optarg, 0, INT32_MAX, &a->top_k);
-            a->set_top_k = 1;
-            break;
-        case O_SEED: rc = cmd_parse_i64(CMD, "--seed", optarg, 0, INT64_MAX, &a->seed); break;
-        case O_CHAT: a->chat = 1; break;
-        case O_SYSTEM: a->system = optarg; break;
-        case O_TEMPLATE: a->chat_template = optarg; break;
-        case O_THREADS: rc = cmd_parse_i32(CMD, "--threads", optarg, 0, 4096, &a->threads); break;
-        case O_DUMP: a->dump_logits = optarg; break;
-        case O_JSON: a->json = 1; break;
-        case O_IGNORE_EOS: a->ignore_eos = 1; break;
-        case 'h': usage(stdout); return -1;
-        default:
-            return cmd_usage_error(CMD, "unknown option or missing value: '%s'",
-                                   argv[optind - 1]);
-        }
-        if (rc) return rc;
-    }
-    if (optind < argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    int rc = cmd_options_parse(&cmd_generate_spec, a, argc, argv, NULL);
+    if (rc) return rc;
     if (!a->prompt) return cmd_usage_error(CMD, "--prompt TEXT is required");
     if ((a->system || a->chat_template) && !a->chat)
         return cmd_usage_error(CMD, "--system and --chat-template need --chat");
@@ -220,7 +196,8 @@ static int parse_args(int argc, char **argv, generate_args *a) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    generate_args a = {.max_new_tokens = 128, .top_p = 1.0};
+    generate_args a;
+    init(&a);
     int prc = parse_args(argc, argv, &a);
     if (prc < 0) return CMD_EXIT_OK; /* --help */
     if (prc > 0) return prc;

@@ -7,7 +7,7 @@
  * (coarse) versus iteration level (fine).
  */
 #include <cjson/cJSON.h>
-#include <getopt.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,26 +21,38 @@
 
 static const char *const CMD = "inspect";
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: fmoe inspect FILE [--json]\n"
-            "       fmoe inspect --plugin-path\n"
-            "\n"
-            "Summarise an fmoe file: a trace (fmoe record, fmoe trace import) or an\n"
-            "expert-map store (fmoe build-store). For a trace: model, geometry, requests,\n"
-            "tokens by phase, probabilities kind, per-layer expert popularity, and the\n"
-            "predictability analysis\n"
-            "of the fMoE paper (§2.4, Fig. 3): mean Shannon entropy per layer of expert\n"
-            "activations aggregated per request (coarse) versus per iteration (fine).\n"
-            "For a store: capacity, fill, source traces, split, and the distribution of\n"
-            "nearest-neighbour similarity between entries.\n"
-            "\n"
-            "options:\n"
-            "  --json          print one JSON document instead of text\n"
-            "  --plugin-path   print the folder holding libh5zstd.so (for HDF5_PLUGIN_PATH)\n"
-            "  --quiet         no progress bar\n"
-            "  -h, --help      show this help\n");
-}
+typedef struct inspect_opts {
+    int json, quiet, plugin_path;
+} inspect_opts;
+
+static const cmd_option inspect_options[] = {
+    {.name = "json", .kind = CMD_OPT_FLAG, .help = "print one JSON document instead of text",
+     .offset = offsetof(inspect_opts, json)},
+    {.name = "plugin-path", .kind = CMD_OPT_FLAG,
+     .help = "print the folder holding libh5zstd.so (for HDF5_PLUGIN_PATH)",
+     .offset = offsetof(inspect_opts, plugin_path)},
+    {.name = "quiet", .short_name = 'q', .kind = CMD_OPT_FLAG, .help = "no progress bar",
+     .offset = offsetof(inspect_opts, quiet)},
+    {0},
+};
+
+const cmd_spec cmd_inspect_spec = {
+    .name = "inspect",
+    .usage = "inspect FILE [--json]\n"
+             "inspect --plugin-path",
+    .description =
+        "Summarise an fmoe file: a trace (fmoe record, fmoe trace import) or an\n"
+        "expert-map store (fmoe build-store). For a trace: model, geometry, requests,\n"
+        "tokens by phase, probabilities kind, per-layer expert popularity, and the\n"
+        "predictability analysis\n"
+        "of the fMoE paper (§2.4, Fig. 3): mean Shannon entropy per layer of expert\n"
+        "activations aggregated per request (coarse) versus per iteration (fine).\n"
+        "For a store: capacity, fill, source traces, split, and the distribution of\n"
+        "nearest-neighbour similarity between entries.\n",
+    .options = inspect_options,
+    .max_positional = -1, /* exactly one FILE, checked below with its own message */
+    .size = sizeof(inspect_opts),
+};
 
 typedef struct layer_popularity {
     int32_t top_expert;
@@ -281,32 +293,17 @@ static int inspect_trace(const char *path, int json, int quiet) {
 }
 
 int cmd_inspect(int argc, char **argv) {
-    int json = 0, quiet = 0, plugin_path = 0;
-    static const struct option options[] = {
-        {"json", no_argument, NULL, 'j'},
-        {"quiet", no_argument, NULL, 'q'},
-        {"plugin-path", no_argument, NULL, 'p'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, "hq", options, NULL)) != -1) {
-        switch (c) {
-        case 'j': json = 1; break;
-        case 'q': quiet = 1; break;
-        case 'p': plugin_path = 1; break;
-        case 'h': usage(stdout); return CMD_EXIT_OK;
-        default: return cmd_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
-        }
-    }
+    inspect_opts o = {0};
+    int npos = 0;
+    int prc = cmd_options_parse(&cmd_inspect_spec, &o, argc, argv, &npos);
+    if (prc) return prc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : prc;
+    const int json = o.json, quiet = o.quiet, plugin_path = o.plugin_path;
     if (plugin_path) {
         printf("%s\n", cmd_plugin_dir());
         return CMD_EXIT_OK;
     }
-    if (optind != argc - 1) return cmd_usage_error(CMD, "expected exactly one FILE");
-    const char *path = argv[optind];
+    if (npos != 1) return cmd_usage_error(CMD, "expected exactly one FILE");
+    const char *path = argv[1];
     char format[64];
     int rc = fmoe_hdf5_read_format(path, format, sizeof format);
     if (rc < 0) return cmd_fail(CMD, rc);

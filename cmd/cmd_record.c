@@ -21,7 +21,7 @@
  * counted (a summary line says how many). Each request's sampler is seeded with
  * seed + dataset index, so a request's tokens do not depend on which others ran.
  */
-#include <getopt.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,43 +38,6 @@
 
 static const char *const CMD = "record";
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: fmoe record [--model DIR] --dataset FILE -o TRACE.h5 [options]\n"
-            "\n"
-            "Run real inference over the prompts of a dataset and write the routing trace\n"
-            "(DESIGN.md §4): per token and MoE layer the chosen experts and the full gate\n"
-            "distribution, the semantic embedding, optional speculative gates and gate\n"
-            "inputs, and the measured per-layer compute times. The file is written as\n"
-            "TRACE.h5.partial and flushed after every request; it is renamed when complete.\n"
-            "\n"
-            "options:\n"
-            "  --model DIR             model directory (default: the bundled fmoe-tiny)\n"
-            "  --dataset FILE          prompts (required)\n"
-            "  --dataset-format F      auto (default), sharegpt, lmsys, jsonl or text\n"
-            "  -o, --output TRACE.h5   the trace to write (required)\n"
-            "  --max-requests N        record at most N requests (default: all prompts)\n"
-            "  --max-new-tokens M      tokens generated per request at most (default 64)\n"
-            "  --arrivals FILE         Azure LLM inference CSV: request r arrives at row r's\n"
-            "                          time (default: all arrive at 0)\n"
-            "  --speculative S         also record the gates of layers l+1..l+S applied to\n"
-            "                          layer l's gate input (default 0)\n"
-            "  --hidden                also record the gate inputs, float16 [T][L][h]\n"
-            "  --chat                  wrap each prompt in the model's chat template\n"
-            "  --chat-template NAME    with --chat: mixtral, chatml, qwen3 or olmoe\n"
-            "  --temperature T         0 = greedy (default 0)\n"
-            "  --top-p P, --top-k K    sampling filters (default off)\n"
-            "  --seed S                request r samples with seed S + r (default 0)\n"
-            "  --ignore-eos            generate M tokens whatever the model says\n"
-            "  --threads N             CPU threads (default: all cores)\n"
-            "  --compression C         zstd (default), deflate or none\n"
-            "  --probs-f32             store gate probabilities as float32 (default float16)\n"
-            "  --no-timing             leave out /timing\n"
-            "  --model-name NAME       the trace's model_name (default: the directory name)\n"
-            "  -q, --quiet             no progress bar or summary\n"
-            "  -h, --help              show this help\n");
-}
-
 typedef struct record_args {
     const char *model, *dataset, *output, *arrivals, *chat_template, *model_name;
     fmoe_prompt_format format;
@@ -85,84 +48,104 @@ typedef struct record_args {
     int hidden, chat, ignore_eos, quiet, probs_f32, no_timing;
 } record_args;
 
+static int on_dataset_format(const char *cmd, const cmd_option *opt, void *base,
+                             const char *value) {
+    (void)opt;
+    record_args *a = base;
+    if (fmoe_prompt_format_parse(value, &a->format) < 0)
+        return cmd_usage_error(cmd, "--dataset-format must be auto, sharegpt, lmsys, jsonl or "
+                                    "text, got '%s'",
+                               value);
+    return 0;
+}
+
+static const cmd_option record_options[] = {
+    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "DIR", .help = "model directory",
+     .default_text = "the bundled fmoe-tiny", .offset = offsetof(record_args, model)},
+    {.name = "dataset", .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "prompts (required)", .offset = offsetof(record_args, dataset)},
+    {.name = "dataset-format", .kind = CMD_OPT_CALLBACK, .value_name = "F",
+     .help = "auto, sharegpt, lmsys, jsonl or text", .default_text = "auto",
+     .handler = on_dataset_format, .example = "jsonl"},
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "TRACE.h5",
+     .help = "the trace to write (required)", .offset = offsetof(record_args, output)},
+    {.name = "max-requests", .kind = CMD_OPT_INT64, .value_name = "N",
+     .help = "record at most N requests", .default_text = "all prompts",
+     .offset = offsetof(record_args, max_requests), .min = 1, .max = INT64_MAX},
+    {.name = "max-new-tokens", .kind = CMD_OPT_INT32, .value_name = "M",
+     .help = "tokens generated per request at most", .default_text = "64",
+     .offset = offsetof(record_args, max_new_tokens), .min = 0, .max = 1 << 24},
+    {.name = "arrivals", .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "Azure LLM inference CSV: request r arrives at row r's time",
+     .default_text = "all arrive at 0", .offset = offsetof(record_args, arrivals)},
+    {.name = "speculative", .kind = CMD_OPT_INT32, .value_name = "S",
+     .help = "also record the gates of layers l+1..l+S applied to layer l's gate input",
+     .default_text = "0", .offset = offsetof(record_args, speculative), .min = 0, .max = 1024},
+    {.name = "hidden", .kind = CMD_OPT_FLAG,
+     .help = "also record the gate inputs, float16 [T][L][h]",
+     .offset = offsetof(record_args, hidden)},
+    {.name = "chat", .kind = CMD_OPT_FLAG, .help = "wrap each prompt in the model's chat template",
+     .offset = offsetof(record_args, chat)},
+    {.name = "chat-template", .kind = CMD_OPT_STRING, .value_name = "NAME",
+     .help = "with --chat: mixtral, chatml, qwen3 or olmoe",
+     .offset = offsetof(record_args, chat_template)},
+    {.name = "temperature", .kind = CMD_OPT_DOUBLE, .value_name = "T", .help = "0 = greedy",
+     .default_text = "0", .offset = offsetof(record_args, temperature), .fmin = 0.0,
+     .fmax = 100.0},
+    {.name = "top-p", .kind = CMD_OPT_DOUBLE, .value_name = "P",
+     .help = "nucleus sampling filter", .default_text = "1 = off",
+     .offset = offsetof(record_args, top_p), .fmin = 1e-6, .fmax = 1.0},
+    {.name = "top-k", .kind = CMD_OPT_INT32, .value_name = "K",
+     .help = "keep the K most likely tokens", .default_text = "0 = off",
+     .offset = offsetof(record_args, top_k), .min = 0, .max = INT32_MAX},
+    {.name = "seed", .kind = CMD_OPT_INT64, .value_name = "S",
+     .help = "request r samples with seed S + r", .default_text = "0",
+     .offset = offsetof(record_args, seed), .min = 0, .max = INT64_MAX / 2},
+    {.name = "ignore-eos", .kind = CMD_OPT_FLAG,
+     .help = "generate M tokens whatever the model says",
+     .offset = offsetof(record_args, ignore_eos)},
+    {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
+     .default_text = "all cores", .offset = offsetof(record_args, threads), .min = 0,
+     .max = 4096},
+    {.name = "compression", .kind = CMD_OPT_CALLBACK, .value_name = "C",
+     .help = "zstd, deflate or none", .default_text = "zstd",
+     .offset = offsetof(record_args, compression), .handler = cmd_on_compression,
+     .example = "deflate"},
+    {.name = "probs-f32", .kind = CMD_OPT_FLAG,
+     .help = "store gate probabilities as float32 (default float16)",
+     .offset = offsetof(record_args, probs_f32)},
+    {.name = "no-timing", .kind = CMD_OPT_FLAG, .help = "leave out /timing",
+     .offset = offsetof(record_args, no_timing)},
+    {.name = "model-name", .kind = CMD_OPT_STRING, .value_name = "NAME",
+     .help = "the trace's model_name", .default_text = "the directory name",
+     .offset = offsetof(record_args, model_name)},
+    {.name = "quiet", .short_name = 'q', .kind = CMD_OPT_FLAG,
+     .help = "no progress bar or summary", .offset = offsetof(record_args, quiet)},
+    {0},
+};
+
+static void init(void *base) {
+    *(record_args *)base =
+        (record_args){.max_new_tokens = 64, .top_p = 1.0, .compression = FMOE_COMPRESSION_ZSTD};
+}
+
+const cmd_spec cmd_record_spec = {
+    .name = "record",
+    .usage = "record [--model DIR] --dataset FILE -o TRACE.h5 [options]",
+    .description =
+        "Run real inference over the prompts of a dataset and write the routing trace\n"
+        "(DESIGN.md §4): per token and MoE layer the chosen experts and the full gate\n"
+        "distribution, the semantic embedding, optional speculative gates and gate\n"
+        "inputs, and the measured per-layer compute times. The file is written as\n"
+        "TRACE.h5.partial and flushed after every request; it is renamed when complete.\n",
+    .options = record_options,
+    .size = sizeof(record_args),
+    .init = init,
+};
+
 static int parse_args(int argc, char **argv, record_args *a) {
-    enum { O_MODEL = 256, O_DATASET, O_FORMAT, O_MAX_REQ, O_MAX_NEW, O_ARRIVALS, O_SPEC,
-           O_HIDDEN, O_CHAT, O_TEMPLATE, O_TEMP, O_TOP_P, O_TOP_K, O_SEED, O_IGNORE_EOS,
-           O_THREADS, O_COMPRESSION, O_PROBS_F32, O_NO_TIMING, O_MODEL_NAME };
-    static const struct option options[] = {
-        {"model", required_argument, NULL, O_MODEL},
-        {"dataset", required_argument, NULL, O_DATASET},
-        {"dataset-format", required_argument, NULL, O_FORMAT},
-        {"output", required_argument, NULL, 'o'},
-        {"max-requests", required_argument, NULL, O_MAX_REQ},
-        {"max-new-tokens", required_argument, NULL, O_MAX_NEW},
-        {"arrivals", required_argument, NULL, O_ARRIVALS},
-        {"speculative", required_argument, NULL, O_SPEC},
-        {"hidden", no_argument, NULL, O_HIDDEN},
-        {"chat", no_argument, NULL, O_CHAT},
-        {"chat-template", required_argument, NULL, O_TEMPLATE},
-        {"temperature", required_argument, NULL, O_TEMP},
-        {"top-p", required_argument, NULL, O_TOP_P},
-        {"top-k", required_argument, NULL, O_TOP_K},
-        {"seed", required_argument, NULL, O_SEED},
-        {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"compression", required_argument, NULL, O_COMPRESSION},
-        {"probs-f32", no_argument, NULL, O_PROBS_F32},
-        {"no-timing", no_argument, NULL, O_NO_TIMING},
-        {"model-name", required_argument, NULL, O_MODEL_NAME},
-        {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    opterr = 0;
-    int c, rc = 0;
-    while ((c = getopt_long(argc, argv, "o:qh", options, NULL)) != -1) {
-        switch (c) {
-        case O_MODEL: a->model = optarg; break;
-        case O_DATASET: a->dataset = optarg; break;
-        case O_FORMAT:
-            if (fmoe_prompt_format_parse(optarg, &a->format) < 0)
-                return cmd_usage_error(CMD,
-                                       "--dataset-format: unknown format '%s' (auto, sharegpt, "
-                                       "lmsys, jsonl, text)",
-                                       optarg);
-            break;
-        case 'o': a->output = optarg; break;
-        case O_MAX_REQ:
-            rc = cmd_parse_i64(CMD, "--max-requests", optarg, 1, INT64_MAX, &a->max_requests);
-            break;
-        case O_MAX_NEW:
-            rc = cmd_parse_i32(CMD, "--max-new-tokens", optarg, 0, 1 << 24, &a->max_new_tokens);
-            break;
-        case O_ARRIVALS: a->arrivals = optarg; break;
-        case O_SPEC: rc = cmd_parse_i32(CMD, "--speculative", optarg, 0, 1024, &a->speculative); break;
-        case O_HIDDEN: a->hidden = 1; break;
-        case O_CHAT: a->chat = 1; break;
-        case O_TEMPLATE: a->chat_template = optarg; break;
-        case O_TEMP: rc = cmd_parse_f64(CMD, "--temperature", optarg, 0.0, 100.0, &a->temperature); break;
-        case O_TOP_P: rc = cmd_parse_f64(CMD, "--top-p", optarg, 1e-6, 1.0, &a->top_p); break;
-        case O_TOP_K: rc = cmd_parse_i32(CMD, "--top-k", optarg, 0, INT32_MAX, &a->top_k); break;
-        case O_SEED: rc = cmd_parse_i64(CMD, "--seed", optarg, 0, INT64_MAX / 2, &a->seed); break;
-        case O_IGNORE_EOS: a->ignore_eos = 1; break;
-        case O_THREADS: rc = cmd_parse_i32(CMD, "--threads", optarg, 0, 4096, &a->threads); break;
-        case O_COMPRESSION:
-            if (fmoe_compression_parse(optarg, &a->compression) < 0)
-                return cmd_usage_error(CMD, "--compression: unknown '%s' (zstd, deflate, none)",
-                                       optarg);
-            break;
-        case O_PROBS_F32: a->probs_f32 = 1; break;
-        case O_NO_TIMING: a->no_timing = 1; break;
-        case O_MODEL_NAME: a->model_name = optarg; break;
-        case 'q': a->quiet = 1; break;
-        case 'h': usage(stdout); return -1;
-        default:
-            return cmd_usage_error(CMD, "unknown option or missing value: '%s'", argv[optind - 1]);
-        }
-        if (rc) return rc;
-    }
-    if (optind < argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    int rc = cmd_options_parse(&cmd_record_spec, a, argc, argv, NULL);
+    if (rc) return rc;
     if (!a->dataset) return cmd_usage_error(CMD, "--dataset FILE is required");
     if (!a->output) return cmd_usage_error(CMD, "-o TRACE.h5 is required");
     if (a->chat_template && !a->chat) return cmd_usage_error(CMD, "--chat-template needs --chat");
@@ -274,7 +257,8 @@ static const char *base_name(const char *dir, char *buf, size_t cap) {
 }
 
 int cmd_record(int argc, char **argv) {
-    record_args a = {.max_new_tokens = 64, .top_p = 1.0, .compression = FMOE_COMPRESSION_ZSTD};
+    record_args a;
+    init(&a);
     int prc = parse_args(argc, argv, &a);
     if (prc < 0) return CMD_EXIT_OK;
     if (prc > 0) return prc;

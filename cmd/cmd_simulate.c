@@ -7,8 +7,8 @@
  * threads) -> print a table (best first), JSON or CSV.
  */
 #include <cjson/cJSON.h>
-#include <getopt.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,59 +29,7 @@ static const char *const CMD = "simulate";
 #define MAX_LIST 64
 #define DEFAULT_HARDWARE "rtx3090-pcie4"
 
-static void usage(FILE *out) {
-    const fmoe_policy_ops *const *all = NULL;
-    size_t n = fmoe_policy_registry(&all);
-    fprintf(out,
-            "usage: fmoe simulate --trace T.h5 --cache-experts N[,N...] [options]\n"
-            "       fmoe simulate --trace T.h5 --cache-gb X[,X...] [options]\n"
-            "\n"
-            "Replay a trace through expert-cache policies on a model of the hardware and\n"
-            "report hit rate, bytes moved, stall time, TTFT, TPOT and end-to-end latency.\n"
-            "Lists (comma-separated) sweep every combination, in parallel threads.\n"
-            "\n"
-            "options:\n"
-            "  --trace FILE             trace to replay (fmoe record / fmoe trace import)\n"
-            "  --policy P[,P...]        policies (default lru)\n"
-            "  --cache-experts N[,...]  fast-tier slots, in routed experts (>= 1)\n"
-            "  --cache-gb X[,...]       fast-tier size in GiB instead (slots = X GiB / expert)\n"
-            "  --prefetch-distance D[,...]  layers ahead for prefetching policies (default 0:\n"
-            "                           each policy's own default, shown in the d column)\n"
-            "  --miss load|cpu|auto     on a miss: load the expert (default), compute it on the\n"
-            "                           host CPU uncached (llama.cpp style), or whichever ends\n"
-            "                           first (Fiddler); cpu/auto need host figures (calibrate)\n"
-            "  --arrivals FILE|trace    replay requests at arrival times, FCFS: an Azure LLM\n"
-            "                           inference CSV, or 'trace' for the trace's own times\n"
-            "  --arrivals-start N       first CSV row to use (default 0)\n"
-            "  --arrivals-speedup X     divide inter-arrival times by X (default 1)\n"
-            "  --eamc-capacity N        moe-infinity's EAM collection size (default 1000)\n");
-    cmd_sim_store_usage(out); /* [fmoe hook, issue 4] */
-    fprintf(out,
-            "  --model-config FILE      config.json (default: the one stored in the trace)\n"
-            "  --profile FILE           hardware profile JSON (fmoe calibrate)\n"
-            "  --hardware NAME          built-in profile (default " DEFAULT_HARDWARE ")\n"
-            "  --json                   print one JSON document\n"
-            "  --csv FILE               also write one CSV row per configuration ('-': stdout)\n"
-            "  --threads N              sweep threads (default: one per core)\n"
-            "  --quiet                  no progress bar\n"
-            "  -h, --help               show this help\n"
-            "\n"
-            "policies:\n");
-    for (size_t i = 0; i < n; i++) fprintf(out, "  %-18s %s\n", all[i]->name, all[i]->summary);
-    fprintf(out,
-            "\n"
-            "hardware presets: %s\n"
-            "\n"
-            "The table lists one configuration per row, best (lowest mean end-to-end latency)\n"
-            "first. hit%%: accesses whose expert was resident when its compute started (an\n"
-            "access is one distinct expert of one layer of one iteration); late: prefetches\n"
-            "still in flight then; stall: time the compute stream waited for weights (or for\n"
-            "the host lane); goodpred: accesses served by a prefetch that was right and in\n"
-            "time, over those not already cached; latencies are per request.\n",
-            fmoe_hardware_preset_names());
-}
-
-/* ------------------------------------------------------------------ option lists */
+/* ------------------------------------------------------------------ options */
 
 typedef struct options {
     const char *trace;
@@ -98,9 +46,9 @@ typedef struct options {
     const char *hardware;
     const char *csv;
     int json;
-    int threads;
+    int32_t threads;
     int quiet;
-    char *policy_buf;
+    char policy_buf[4096]; /* --policy's list, split in place */
     int32_t miss_mode;
     const char *arrivals;
     int64_t arrivals_start;
@@ -117,120 +65,177 @@ static int split(char *text, const char *option, char **items, int *n) {
             return cmd_usage_error(CMD, "%s: at most %d values", option, MAX_LIST);
         items[(*n)++] = tok;
     }
-    if (*n == 0) return cmd_usage_error(CMD, "%s expects a value", option);
+    if (*n == 0) return cmd_usage_error(CMD, "option '%s' needs a value", option);
     return 0;
+}
+
+/* Splits a copy of `text`, made in buf (cap bytes). */
+static int split_copy(const char *text, const char *option, char *buf, size_t cap,
+                      char **items, int *n) {
+    if (strlen(text) >= cap)
+        return cmd_usage_error(CMD, "%s: the list is longer than %zu characters", option, cap - 1);
+    strcpy(buf, text);
+    return split(buf, option, items, n);
+}
+
+static int on_policy(const char *cmd, const cmd_option *opt, void *base, const char *value) {
+    (void)cmd, (void)opt;
+    options *o = base;
+    return split_copy(value, "--policy", o->policy_buf, sizeof o->policy_buf, o->policies,
+                      &o->n_policies);
 }
 
 static int parse_i32_list(const char *text, const char *option, int32_t min, int32_t *out,
                           int *n) {
-    char *buf = strdup(text), *items[MAX_LIST];
-    if (!buf) return cmd_failf(CMD, "out of memory");
-    int rc = split(buf, option, items, n);
+    char buf[4096], *items[MAX_LIST];
+    int rc = split_copy(text, option, buf, sizeof buf, items, n);
     for (int i = 0; rc == 0 && i < *n; i++)
         rc = cmd_parse_i32(CMD, option, items[i], min, INT32_MAX, &out[i]);
-    free(buf);
     return rc;
 }
 
-static int parse_f64_list(const char *text, const char *option, double *out, int *n) {
-    char *buf = strdup(text), *items[MAX_LIST];
-    if (!buf) return cmd_failf(CMD, "out of memory");
-    int rc = split(buf, option, items, n);
-    for (int i = 0; rc == 0 && i < *n; i++)
-        rc = cmd_parse_f64(CMD, option, items[i], 0, 1e9, &out[i]);
-    free(buf);
+static int on_cache_experts(const char *cmd, const cmd_option *opt, void *base,
+                            const char *value) {
+    (void)cmd, (void)opt;
+    options *o = base;
+    return parse_i32_list(value, "--cache-experts", 1, o->caches, &o->n_caches);
+}
+
+static int on_distance(const char *cmd, const cmd_option *opt, void *base, const char *value) {
+    (void)cmd, (void)opt;
+    options *o = base;
+    return parse_i32_list(value, "--prefetch-distance", 0, o->distances, &o->n_distances);
+}
+
+static int on_cache_gb(const char *cmd, const cmd_option *opt, void *base, const char *value) {
+    (void)cmd, (void)opt;
+    options *o = base;
+    char buf[4096], *items[MAX_LIST];
+    int rc = split_copy(value, "--cache-gb", buf, sizeof buf, items, &o->n_cache_gb);
+    for (int i = 0; rc == 0 && i < o->n_cache_gb; i++)
+        rc = cmd_parse_f64(CMD, "--cache-gb", items[i], 0, 1e9, &o->cache_gb[i]);
     return rc;
 }
+
+static const char *const miss_names[] = {"load", "cpu", "auto", NULL};
+static const int32_t miss_values[] = {FMOE_SIM_MISS_LOAD, FMOE_SIM_MISS_CPU, FMOE_SIM_MISS_AUTO};
+static const char *const store_mode_names[] = {"offline", "online", "offline-update", NULL};
+static const int32_t store_mode_values[] = {FMOE_STORE_OFFLINE, FMOE_STORE_ONLINE,
+                                            FMOE_STORE_OFFLINE_UPDATE};
+
+static const cmd_option simulate_options[] = {
+    {.name = "trace", .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "trace to replay (fmoe record / fmoe trace import)",
+     .offset = offsetof(options, trace)},
+    {.name = "policy", .kind = CMD_OPT_CALLBACK, .value_name = "P[,P...]",
+     .help = "policies", .default_text = "lru", .handler = on_policy, .example = "lfu,belady"},
+    {.name = "cache-experts", .kind = CMD_OPT_CALLBACK, .value_name = "N[,...]",
+     .help = "fast-tier slots, in routed experts (>= 1)", .handler = on_cache_experts,
+     .example = "4,8"},
+    {.name = "cache-gb", .kind = CMD_OPT_CALLBACK, .value_name = "X[,...]",
+     .help = "fast-tier size in GiB instead (slots = X GiB / expert)", .handler = on_cache_gb,
+     .example = "0.5"},
+    {.name = "prefetch-distance", .kind = CMD_OPT_CALLBACK, .value_name = "D[,...]",
+     .help = "layers ahead for prefetching policies (0: each policy's own default, shown in "
+             "the d column)",
+     .handler = on_distance, .default_text = "0", .example = "1,2"},
+    {.name = "miss", .kind = CMD_OPT_ENUM, .value_name = "load|cpu|auto",
+     .help = "on a miss: load the expert (default), compute it on the host CPU uncached "
+             "(llama.cpp style), or whichever ends first (Fiddler); cpu/auto need host "
+             "figures (calibrate)",
+     .offset = offsetof(options, miss_mode), .choices = miss_names, .choice_values = miss_values},
+    {.name = "arrivals", .kind = CMD_OPT_STRING, .value_name = "FILE|trace",
+     .help = "replay requests at arrival times, FCFS: an Azure LLM inference CSV, or 'trace' "
+             "for the trace's own times",
+     .offset = offsetof(options, arrivals)},
+    {.name = "arrivals-start", .kind = CMD_OPT_INT64, .value_name = "N",
+     .help = "first CSV row to use", .default_text = "0",
+     .offset = offsetof(options, arrivals_start), .min = 0, .max = INT64_MAX},
+    {.name = "arrivals-speedup", .kind = CMD_OPT_DOUBLE, .value_name = "X",
+     .help = "divide inter-arrival times by X", .default_text = "1",
+     .offset = offsetof(options, arrivals_speedup), .fmin = 1e-9, .fmax = 1e9},
+    {.name = "eamc-capacity", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "moe-infinity's EAM collection size", .default_text = "1000",
+     .offset = offsetof(options, eamc_capacity), .min = 1, .max = 10000000},
+    /* [fmoe hook, issue 4] the store's options (simulate_store.c) */
+    {.name = "store", .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "expert-map store for the fmoe policies (build-store)",
+     .offset = offsetof(options, store.path)},
+    {.name = "store-mode", .kind = CMD_OPT_ENUM, .value_name = "M",
+     .help = "offline: use the store as built (default with --store); offline-update: and add "
+             "each token's map as it runs; online: start empty and learn (default without "
+             "--store)",
+     .offset = offsetof(options, store.mode), .choices = store_mode_names,
+     .choice_values = store_mode_values, .seen_offset = offsetof(options, store.mode_given)},
+    {.name = "holdout", .kind = CMD_OPT_FLAG,
+     .help = "replay only the requests the store's --split held out",
+     .offset = offsetof(options, store.holdout)},
+    {.name = "store-capacity", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "entries of the online store", .default_text = "the --store's capacity, else 1000",
+     .offset = offsetof(options, store.capacity), .min = 1, .max = 100000000},
+    {.name = "match-delay", .kind = CMD_OPT_DOUBLE, .value_name = "S",
+     .help = "the fmoe matcher's time per match, seconds",
+     .default_text = "the profile's matcher.match_s, else 0",
+     .offset = offsetof(options, store.match_delay_s), .fmin = 0, .fmax = 1e3},
+    {.name = "model-config", .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "config.json", .default_text = "the one stored in the trace",
+     .offset = offsetof(options, model_config)},
+    {.name = "profile", .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "hardware profile JSON (fmoe calibrate)", .offset = offsetof(options, profile)},
+    {.name = "hardware", .kind = CMD_OPT_STRING, .value_name = "NAME",
+     .help = "built-in profile", .default_text = DEFAULT_HARDWARE,
+     .offset = offsetof(options, hardware)},
+    {.name = "json", .kind = CMD_OPT_FLAG, .help = "print one JSON document",
+     .offset = offsetof(options, json)},
+    {.name = "csv", .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "also write one CSV row per configuration ('-': stdout)",
+     .offset = offsetof(options, csv)},
+    {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "sweep threads",
+     .default_text = "one per core", .offset = offsetof(options, threads), .min = 1,
+     .max = 4096},
+    {.name = "quiet", .kind = CMD_OPT_FLAG, .help = "no progress bar",
+     .offset = offsetof(options, quiet)},
+    {0},
+};
+
+static void help_extra(FILE *out) {
+    const fmoe_policy_ops *const *all = NULL;
+    size_t n = fmoe_policy_registry(&all);
+    fprintf(out, "\npolicies:\n");
+    for (size_t i = 0; i < n; i++) fprintf(out, "  %-18s %s\n", all[i]->name, all[i]->summary);
+    fprintf(out, "\nhardware presets: %s\n", fmoe_hardware_preset_names());
+}
+
+static void init(void *base) {
+    options *o = base;
+    memset(o, 0, sizeof *o);
+    cmd_sim_store_init(&o->store); /* [fmoe hook, issue 4] */
+}
+
+const cmd_spec cmd_simulate_spec = {
+    .name = "simulate",
+    .usage = "simulate --trace T.h5 --cache-experts N[,N...] [options]\n"
+             "simulate --trace T.h5 --cache-gb X[,X...] [options]",
+    .description =
+        "Replay a trace through expert-cache policies on a model of the hardware and\n"
+        "report hit rate, bytes moved, stall time, TTFT, TPOT and end-to-end latency.\n"
+        "Lists (comma-separated) sweep every combination, in parallel threads.\n",
+    .options = simulate_options,
+    .help_extra = help_extra,
+    .epilog =
+        "The table lists one configuration per row, best (lowest mean end-to-end latency)\n"
+        "first. hit%: accesses whose expert was resident when its compute started (an\n"
+        "access is one distinct expert of one layer of one iteration); late: prefetches\n"
+        "still in flight then; stall: time the compute stream waited for weights (or for\n"
+        "the host lane); goodpred: accesses served by a prefetch that was right and in\n"
+        "time, over those not already cached; latencies are per request.\n",
+    .size = sizeof(options),
+    .init = init,
+};
 
 static int parse_options(int argc, char **argv, options *o) {
-    enum { O_TRACE = 256, O_POLICY, O_CACHE, O_CACHE_GB, O_DIST, O_MODEL, O_PROFILE, O_HW,
-           O_JSON, O_CSV, O_THREADS, O_QUIET, O_MISS, O_ARRIVALS, O_ARR_START, O_ARR_SPEEDUP,
-           O_EAMC, O_STORE, O_STORE_MODE, O_HOLDOUT, O_STORE_CAP, O_MATCH_DELAY };
-    static const struct option longopts[] = {
-        {"trace", required_argument, NULL, O_TRACE},
-        {"policy", required_argument, NULL, O_POLICY},
-        {"cache-experts", required_argument, NULL, O_CACHE},
-        {"cache-gb", required_argument, NULL, O_CACHE_GB},
-        {"prefetch-distance", required_argument, NULL, O_DIST},
-        {"model-config", required_argument, NULL, O_MODEL},
-        {"profile", required_argument, NULL, O_PROFILE},
-        {"hardware", required_argument, NULL, O_HW},
-        {"json", no_argument, NULL, O_JSON},
-        {"csv", required_argument, NULL, O_CSV},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"quiet", no_argument, NULL, O_QUIET},
-        {"miss", required_argument, NULL, O_MISS},
-        {"arrivals", required_argument, NULL, O_ARRIVALS},
-        {"arrivals-start", required_argument, NULL, O_ARR_START},
-        {"arrivals-speedup", required_argument, NULL, O_ARR_SPEEDUP},
-        {"eamc-capacity", required_argument, NULL, O_EAMC},
-        /* [fmoe hook, issue 4] */
-        {"store", required_argument, NULL, O_STORE},
-        {"store-mode", required_argument, NULL, O_STORE_MODE},
-        {"holdout", no_argument, NULL, O_HOLDOUT},
-        {"store-capacity", required_argument, NULL, O_STORE_CAP},
-        {"match-delay", required_argument, NULL, O_MATCH_DELAY},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    opterr = 0;
-    int c, rc = 0;
-    int32_t threads = 0;
-    while (rc == 0 && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (c) {
-        case O_TRACE: o->trace = optarg; break;
-        case O_POLICY:
-            free(o->policy_buf);
-            o->policy_buf = strdup(optarg);
-            if (!o->policy_buf) return cmd_failf(CMD, "out of memory");
-            rc = split(o->policy_buf, "--policy", o->policies, &o->n_policies);
-            break;
-        case O_CACHE: rc = parse_i32_list(optarg, "--cache-experts", 1, o->caches, &o->n_caches); break;
-        case O_CACHE_GB: rc = parse_f64_list(optarg, "--cache-gb", o->cache_gb, &o->n_cache_gb); break;
-        case O_DIST: rc = parse_i32_list(optarg, "--prefetch-distance", 0, o->distances, &o->n_distances); break;
-        case O_MODEL: o->model_config = optarg; break;
-        case O_PROFILE: o->profile = optarg; break;
-        case O_HW: o->hardware = optarg; break;
-        case O_JSON: o->json = 1; break;
-        case O_CSV: o->csv = optarg; break;
-        case O_THREADS:
-            rc = cmd_parse_i32(CMD, "--threads", optarg, 1, 4096, &threads);
-            o->threads = threads;
-            break;
-        case O_QUIET: o->quiet = 1; break;
-        case O_MISS:
-            if (strcmp(optarg, "load") == 0) o->miss_mode = FMOE_SIM_MISS_LOAD;
-            else if (strcmp(optarg, "cpu") == 0) o->miss_mode = FMOE_SIM_MISS_CPU;
-            else if (strcmp(optarg, "auto") == 0) o->miss_mode = FMOE_SIM_MISS_AUTO;
-            else rc = cmd_usage_error(CMD, "--miss must be load, cpu or auto, got '%s'", optarg);
-            break;
-        case O_ARRIVALS: o->arrivals = optarg; break;
-        case O_ARR_START:
-            rc = cmd_parse_i64(CMD, "--arrivals-start", optarg, 0, INT64_MAX, &o->arrivals_start);
-            break;
-        case O_ARR_SPEEDUP:
-            rc = cmd_parse_f64(CMD, "--arrivals-speedup", optarg, 1e-9, 1e9, &o->arrivals_speedup);
-            break;
-        case O_EAMC:
-            rc = cmd_parse_i32(CMD, "--eamc-capacity", optarg, 1, 10000000, &o->eamc_capacity);
-            break;
-        /* [fmoe hook, issue 4] */
-        case O_STORE: rc = cmd_sim_store_option(CMD, &o->store, "store", optarg); break;
-        case O_STORE_MODE: rc = cmd_sim_store_option(CMD, &o->store, "store-mode", optarg); break;
-        case O_HOLDOUT: rc = cmd_sim_store_option(CMD, &o->store, "holdout", NULL); break;
-        case O_STORE_CAP: rc = cmd_sim_store_option(CMD, &o->store, "store-capacity", optarg); break;
-        case O_MATCH_DELAY: rc = cmd_sim_store_option(CMD, &o->store, "match-delay", optarg); break;
-        case 'h': usage(stdout); return -1;
-        case '?':
-        default:
-            if (optopt >= O_TRACE)
-                return cmd_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
-            return cmd_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
-        }
-    }
+    int rc = cmd_options_parse(&cmd_simulate_spec, o, argc, argv, NULL);
     if (rc) return rc;
-    if (optind < argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (!o->trace) return cmd_usage_error(CMD, "--trace is required");
     if (!o->n_caches && !o->n_cache_gb)
         return cmd_usage_error(CMD, "give the cache size: --cache-experts N or --cache-gb X");
@@ -573,13 +578,9 @@ static void print_table(const options *o, const fmoe_hardware_profile *hw, int64
 
 int cmd_simulate(int argc, char **argv) {
     options o;
-    memset(&o, 0, sizeof o);
-    cmd_sim_store_init(&o.store); /* [fmoe hook, issue 4] */
+    init(&o);
     int rc = parse_options(argc, argv, &o);
-    if (rc != 0) {
-        free(o.policy_buf);
-        return rc < 0 ? CMD_EXIT_OK : rc;
-    }
+    if (rc != 0) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
     fmoe_trace_reader *reader = NULL;
     fmoe_sim_workload w;
     memset(&w, 0, sizeof w);
@@ -693,7 +694,6 @@ done:
     free(arrivals);
     fmoe_sim_workload_free(&w);
     fmoe_trace_reader_close(reader);
-    free(o.policy_buf);
     cmd_sim_store_free(&o.store); /* [fmoe hook, issue 4] */
     return exit_code;
 }

@@ -7,7 +7,7 @@
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <getopt.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,66 +17,75 @@
 
 static const char *const CMD = "tokenize";
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: fmoe tokenize --tokenizer PATH (--text S | --file F | --decode IDS |\n"
-            "                     --batch F | --info) [options]\n"
-            "\n"
-            "Encodes text to token ids (or decodes ids to text) with a HuggingFace\n"
-            "tokenizer.json: byte-level BPE (Qwen, gpt-oss, OLMoE, ...) and SentencePiece-style\n"
-            "BPE with byte fallback (Mistral/Mixtral, Llama-2).\n"
-            "\n"
-            "options:\n"
-            "  --tokenizer PATH     tokenizer.json, or a model directory holding it (its\n"
-            "                       tokenizer_config.json gives BOS/EOS and the chat template)\n"
-            "  --text S             the text to encode\n"
-            "  --file F             encode the bytes of file F ('-': standard input)\n"
-            "  --decode IDS         decode ids: \"1,2,3\", \"1 2 3\" or \"[1, 2, 3]\"\n"
-            "  --batch F            JSON Lines ('-': standard input), one request per line: a\n"
-            "                       string (or {\"hex\": \"...\"} for raw bytes) is encoded and\n"
-            "                       answered {\"ids\": [...]}; an array of ids is decoded and\n"
-            "                       answered {\"text\": \"...\"}\n"
-            "  --chat               render the text as one user message with the chat template\n"
-            "                       (with the assistant's generation prompt) and encode that\n"
-            "  --system S           with --chat: a system message before the user message\n"
-            "  --chat-template NAME with --chat: mixtral, chatml, qwen3 or olmoe instead of the\n"
-            "                       family detected from the tokenizer files\n"
-            "  --no-think           with --chat and qwen3: enable_thinking=false\n"
-            "  --no-special         do not add the post-processor's special tokens (BOS ...)\n"
-            "  --skip-special       when decoding, leave special tokens out\n"
-            "  --pieces             print one line per token: id and its text\n"
-            "  --json               print JSON: {\"ids\": [...], \"tokens\": [...]} (encode),\n"
-            "                       {\"text\": \"...\"} (decode)\n"
-            "  --info               print vocabulary size, BOS/EOS and the chat template family\n"
-            "  -h, --help           show this help\n"
-            "\n"
-            "examples:\n"
-            "  fmoe tokenize --tokenizer models/Mixtral-8x7B --text 'Hello world'\n"
-            "  fmoe tokenize --tokenizer models/Qwen3/tokenizer.json --chat --text 'Hi' --pieces\n"
-            "  fmoe tokenize --tokenizer models/Mixtral-8x7B --decode 1,22557,1526\n");
-}
-
-enum {
-    OPT_TOKENIZER = 256,
-    OPT_TEXT,
-    OPT_FILE,
-    OPT_DECODE,
-    OPT_BATCH,
-    OPT_CHAT,
-    OPT_SYSTEM,
-    OPT_TEMPLATE,
-    OPT_NO_THINK,
-    OPT_NO_SPECIAL,
-    OPT_SKIP_SPECIAL,
-    OPT_PIECES,
-    OPT_JSON,
-    OPT_INFO,
-};
-
 typedef struct options {
     const char *tokenizer, *text, *file, *decode, *batch, *system, *chat_template;
     int chat, no_think, add_special, skip_special, pieces, json, info;
+    int no_special; /* --no-special: add_special = !no_special after parsing */
 } options;
+
+#define OPT(field) offsetof(options, field)
+static const cmd_option tokenize_options[] = {
+    {.name = "tokenizer", .kind = CMD_OPT_STRING, .value_name = "PATH",
+     .help = "tokenizer.json, or a model directory holding it (its tokenizer_config.json "
+             "gives BOS/EOS and the chat template)",
+     .offset = OPT(tokenizer)},
+    {.name = "text", .kind = CMD_OPT_STRING, .value_name = "S", .help = "the text to encode",
+     .offset = OPT(text)},
+    {.name = "file", .kind = CMD_OPT_STRING, .value_name = "F",
+     .help = "encode the bytes of file F ('-': standard input)", .offset = OPT(file)},
+    {.name = "decode", .kind = CMD_OPT_STRING, .value_name = "IDS",
+     .help = "decode ids: \"1,2,3\", \"1 2 3\" or \"[1, 2, 3]\"", .offset = OPT(decode)},
+    {.name = "batch", .kind = CMD_OPT_STRING, .value_name = "F",
+     .help = "JSON Lines ('-': standard input), one request per line: a string (or "
+             "{\"hex\": \"...\"} for raw bytes) is encoded and answered {\"ids\": [...]}; an "
+             "array of ids is decoded and answered {\"text\": \"...\"}",
+     .offset = OPT(batch)},
+    {.name = "chat", .kind = CMD_OPT_FLAG,
+     .help = "render the text as one user message with the chat template (with the "
+             "assistant's generation prompt) and encode that",
+     .offset = OPT(chat)},
+    {.name = "system", .kind = CMD_OPT_STRING, .value_name = "S",
+     .help = "with --chat: a system message before the user message", .offset = OPT(system)},
+    {.name = "chat-template", .kind = CMD_OPT_STRING, .value_name = "NAME",
+     .help = "with --chat: mixtral, chatml, qwen3 or olmoe instead of the family detected "
+             "from the tokenizer files",
+     .offset = OPT(chat_template)},
+    {.name = "no-think", .kind = CMD_OPT_FLAG,
+     .help = "with --chat and qwen3: enable_thinking=false", .offset = OPT(no_think)},
+    {.name = "no-special", .kind = CMD_OPT_FLAG,
+     .help = "do not add the post-processor's special tokens (BOS ...)",
+     .offset = OPT(no_special)},
+    {.name = "skip-special", .kind = CMD_OPT_FLAG,
+     .help = "when decoding, leave special tokens out", .offset = OPT(skip_special)},
+    {.name = "pieces", .kind = CMD_OPT_FLAG, .help = "print one line per token: id and its text",
+     .offset = OPT(pieces)},
+    {.name = "json", .kind = CMD_OPT_FLAG,
+     .help = "print JSON: {\"ids\": [...], \"tokens\": [...]} (encode), {\"text\": \"...\"} "
+             "(decode)",
+     .offset = OPT(json)},
+    {.name = "info", .kind = CMD_OPT_FLAG,
+     .help = "print vocabulary size, BOS/EOS and the chat template family",
+     .offset = OPT(info)},
+    {0},
+};
+#undef OPT
+
+const cmd_spec cmd_tokenize_spec = {
+    .name = "tokenize",
+    .usage = "tokenize --tokenizer PATH (--text S | --file F | --decode IDS |\n"
+             "                     --batch F | --info) [options]",
+    .description =
+        "Encodes text to token ids (or decodes ids to text) with a HuggingFace\n"
+        "tokenizer.json: byte-level BPE (Qwen, gpt-oss, OLMoE, ...) and SentencePiece-style\n"
+        "BPE with byte fallback (Mistral/Mixtral, Llama-2).\n",
+    .options = tokenize_options,
+    .epilog =
+        "examples:\n"
+        "  fmoe tokenize --tokenizer models/Mixtral-8x7B --text 'Hello world'\n"
+        "  fmoe tokenize --tokenizer models/Qwen3/tokenizer.json --chat --text 'Hi' --pieces\n"
+        "  fmoe tokenize --tokenizer models/Mixtral-8x7B --decode 1,22557,1526\n",
+    .size = sizeof(options),
+};
 
 /* ---- input ------------------------------------------------------------------------------------- */
 
@@ -455,50 +464,9 @@ static int run_decode(const fmoe_tokenizer *tok, const options *o) {
 
 int cmd_tokenize(int argc, char **argv) {
     options o = {0};
-    o.add_special = 1;
-    static const struct option opts[] = {
-        {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
-        {"text", required_argument, NULL, OPT_TEXT},
-        {"file", required_argument, NULL, OPT_FILE},
-        {"decode", required_argument, NULL, OPT_DECODE},
-        {"batch", required_argument, NULL, OPT_BATCH},
-        {"chat", no_argument, NULL, OPT_CHAT},
-        {"system", required_argument, NULL, OPT_SYSTEM},
-        {"chat-template", required_argument, NULL, OPT_TEMPLATE},
-        {"no-think", no_argument, NULL, OPT_NO_THINK},
-        {"no-special", no_argument, NULL, OPT_NO_SPECIAL},
-        {"skip-special", no_argument, NULL, OPT_SKIP_SPECIAL},
-        {"pieces", no_argument, NULL, OPT_PIECES},
-        {"json", no_argument, NULL, OPT_JSON},
-        {"info", no_argument, NULL, OPT_INFO},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (c) {
-        case OPT_TOKENIZER: o.tokenizer = optarg; break;
-        case OPT_TEXT: o.text = optarg; break;
-        case OPT_FILE: o.file = optarg; break;
-        case OPT_DECODE: o.decode = optarg; break;
-        case OPT_BATCH: o.batch = optarg; break;
-        case OPT_CHAT: o.chat = 1; break;
-        case OPT_SYSTEM: o.system = optarg; break;
-        case OPT_TEMPLATE: o.chat_template = optarg; break;
-        case OPT_NO_THINK: o.no_think = 1; break;
-        case OPT_NO_SPECIAL: o.add_special = 0; break;
-        case OPT_SKIP_SPECIAL: o.skip_special = 1; break;
-        case OPT_PIECES: o.pieces = 1; break;
-        case OPT_JSON: o.json = 1; break;
-        case OPT_INFO: o.info = 1; break;
-        case 'h': usage(stdout); return CMD_EXIT_OK;
-        case ':': return cmd_usage_error(CMD, "%s needs a value", argv[optind - 1]);
-        default: return cmd_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return cmd_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    int rc = cmd_options_parse(&cmd_tokenize_spec, &o, argc, argv, NULL);
+    if (rc) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
+    o.add_special = !o.no_special;
     if (!o.tokenizer) return cmd_usage_error(CMD, "--tokenizer is required");
     int modes = !!o.text + !!o.file + !!o.decode + !!o.batch + o.info;
     if (modes != 1)
@@ -519,7 +487,6 @@ int cmd_tokenize(int argc, char **argv) {
     fmoe_tokenizer *tok;
     int e = fmoe_tokenizer_load(o.tokenizer, &tok);
     if (e < 0) return cmd_fail(CMD, e);
-    int rc;
     if (o.info) rc = run_info(tok, &o);
     else if (o.batch) rc = run_batch(tok, &o);
     else if (o.decode) rc = run_decode(tok, &o);

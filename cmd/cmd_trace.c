@@ -6,7 +6,7 @@
  * defaults -> parse -> validate -> geometry -> import (library) -> summary.
  */
 #include <cjson/cJSON.h>
-#include <getopt.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,74 +18,6 @@
 
 static const char *const CMD = "trace";
 static const char *const CMD_IMPORT = "trace import";
-
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: fmoe trace <subcommand> [options]\n"
-            "\n"
-            "subcommands:\n"
-            "  import   routing logs recorded elsewhere (JSON Lines, dense CSV) -> fmoe trace\n"
-            "\n"
-            "Run 'fmoe trace import --help' for its options.\n");
-}
-
-static void usage_import(FILE *out) {
-    fprintf(out,
-            "usage: fmoe trace import [--format jsonl|dense-csv]\n"
-            "                         (--model-config CONFIG.json | --layers L --experts J --top-k K)\n"
-            "                         [options] IN... -o OUT.h5\n"
-            "\n"
-            "Turns routing logs recorded elsewhere into an fmoe trace (HDF5).\n"
-            "\n"
-            "Formats:\n"
-            "  jsonl      one JSON object per (request, token, layer), lines in any order:\n"
-            "               {\"request\": 7, \"token\": 0, \"phase\": \"decode\", \"layer\": 3,\n"
-            "                \"experts\": [5, 1], \"probs\": [0.71, 0.29], \"token_id\": 1234}\n"
-            "             request: integer or string; token: position in the request (prompt\n"
-            "             tokens first); phase: prefill|decode (default decode); layer: 0-based\n"
-            "             MoE layer; experts: the K chosen experts in gate order; probs: K values\n"
-            "             (the chosen experts' weights), J values (the full distribution) or\n"
-            "             absent; token_id optional. Requests keep the order of their first\n"
-            "             line, tokens are ordered by position. Lines {\"type\": \"meta\"} are\n"
-            "             skipped. Exactly one IN file.\n"
-            "  dense-csv  one CSV per MoE layer, in layer order (the FLAME-MoE traces): header\n"
-            "             layer_id,token_id,expert_0..expert_{J-1}; row i = token i in every\n"
-            "             file, with exactly K non-zero probabilities (the chosen experts,\n"
-            "             ordered by decreasing probability). One IN file per MoE layer.\n"
-            "\n"
-            "options:\n"
-            "  --format F            jsonl or dense-csv (default: from the IN extensions,\n"
-            "                        .jsonl/.json -> jsonl, .csv -> dense-csv)\n"
-            "  --model-config FILE   the model's HF config.json: geometry (L, J, K, h, shared\n"
-            "                        experts, expert bytes), stored in the trace and\n"
-            "                        fingerprinted\n"
-            "  --layers L            MoE layers, instead of --model-config (with --experts\n"
-            "  --experts J           and --top-k; all three are needed)\n"
-            "  --top-k K             experts chosen per token\n"
-            "  --expert-bytes N      bytes of one routed expert, with --layers/--experts/\n"
-            "                        --top-k (default 0: unknown; the simulator then needs\n"
-            "                        --model-config); a config.json gives its own\n"
-            "  --hidden-size H       hidden size recorded with --layers/--experts/--top-k\n"
-            "                        (default 0: unknown)\n"
-            "  --drop-incomplete     jsonl: drop tokens that lack some layers and report how\n"
-            "                        many (default: such a token is an error)\n"
-            "  --tokens-per-request N\n"
-            "                        dense-csv: split the token rows into requests of N\n"
-            "                        prefill tokens (default 0: one request)\n"
-            "  --compression C       zstd, deflate or none (default zstd)\n"
-            "  --model-name S        model name stored in the trace (default: the config's\n"
-            "                        _name_or_path, else its folder name; none without a config)\n"
-            "  -o, --output FILE     the trace to write (required); written as FILE.partial\n"
-            "                        and renamed when complete, so a failure leaves nothing\n"
-            "  --json                print the summary as JSON\n"
-            "  --quiet               no progress bar\n"
-            "  -h, --help            show this help\n"
-            "\n"
-            "examples:\n"
-            "  fmoe trace import --layers 2 --experts 8 --top-k 2 routes.jsonl -o routes.h5\n"
-            "  fmoe trace import --format dense-csv --layers 8 --experts 64 --top-k 6 \\\n"
-            "      --tokens-per-request 64 layer0{2..9}.csv -o flame.h5\n");
-}
 
 typedef enum import_format { FORMAT_AUTO, FORMAT_JSONL, FORMAT_DENSE_CSV } import_format;
 
@@ -175,103 +107,144 @@ static int print_json(const char *out_path, import_format fmt, char **inputs, in
     return 0;
 }
 
+/* ------------------------------------------------------------------ options */
+
+typedef struct import_opts {
+    int32_t format; /* import_format */
+    const char *config_path, *out_path, *model_name;
+    int32_t layers, experts, top_k, hidden;
+    int have_layers, have_experts, have_top_k, have_hidden, have_tpr;
+    int drop_incomplete, json, quiet;
+    int64_t tokens_per_request, expert_bytes;
+    fmoe_compression compression;
+} import_opts;
+
+static const char *const format_names[] = {"jsonl", "dense-csv", NULL};
+static const int32_t format_values[] = {FORMAT_JSONL, FORMAT_DENSE_CSV};
+
+#define OPT(field) offsetof(import_opts, field)
+static const cmd_option import_options[] = {
+    {.name = "format", .kind = CMD_OPT_ENUM, .value_name = "F",
+     .help = "jsonl or dense-csv", .default_text = "from the IN extensions, .jsonl/.json -> "
+                                                   "jsonl, .csv -> dense-csv",
+     .offset = OPT(format), .choices = format_names, .choice_values = format_values},
+    {.name = "model-config", .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "the model's HF config.json: geometry (L, J, K, h, shared experts, expert "
+             "bytes), stored in the trace and fingerprinted",
+     .offset = OPT(config_path)},
+    {.name = "layers", .kind = CMD_OPT_INT32, .value_name = "L",
+     .help = "MoE layers, instead of --model-config (with --experts and --top-k; all three "
+             "are needed)",
+     .offset = OPT(layers), .min = 1, .max = FMOE_MAX_LAYERS, .seen_offset = OPT(have_layers)},
+    {.name = "experts", .kind = CMD_OPT_INT32, .value_name = "J",
+     .help = "routed experts per MoE layer", .offset = OPT(experts), .min = 1, .max = 65536,
+     .seen_offset = OPT(have_experts)},
+    {.name = "top-k", .kind = CMD_OPT_INT32, .value_name = "K",
+     .help = "experts chosen per token", .offset = OPT(top_k), .min = 1, .max = 65536,
+     .seen_offset = OPT(have_top_k)},
+    {.name = "expert-bytes", .kind = CMD_OPT_INT64, .value_name = "N",
+     .help = "bytes of one routed expert, with --layers/--experts/--top-k (0: unknown; the "
+             "simulator then needs --model-config); a config.json gives its own",
+     .default_text = "0", .offset = OPT(expert_bytes), .min = 0, .max = INT64_MAX},
+    {.name = "hidden-size", .kind = CMD_OPT_INT32, .value_name = "H",
+     .help = "hidden size recorded with --layers/--experts/--top-k (0: unknown)",
+     .default_text = "0", .offset = OPT(hidden), .min = 0, .max = INT32_MAX,
+     .seen_offset = OPT(have_hidden)},
+    {.name = "drop-incomplete", .kind = CMD_OPT_FLAG,
+     .help = "jsonl: drop tokens that lack some layers and report how many (default: such a "
+             "token is an error)",
+     .offset = OPT(drop_incomplete)},
+    {.name = "tokens-per-request", .kind = CMD_OPT_INT64, .value_name = "N",
+     .help = "dense-csv: split the token rows into requests of N prefill tokens (0: one "
+             "request)",
+     .default_text = "0", .offset = OPT(tokens_per_request), .min = 0, .max = INT32_MAX,
+     .seen_offset = OPT(have_tpr)},
+    {.name = "compression", .kind = CMD_OPT_CALLBACK, .value_name = "C",
+     .help = "zstd, deflate or none", .default_text = "zstd", .offset = OPT(compression),
+     .handler = cmd_on_compression, .example = "none"},
+    {.name = "model-name", .kind = CMD_OPT_STRING, .value_name = "S",
+     .help = "model name stored in the trace",
+     .default_text = "the config's _name_or_path, else its folder name; none without a config",
+     .offset = OPT(model_name)},
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "the trace to write (required); written as FILE.partial and renamed when "
+             "complete, so a failure leaves nothing",
+     .offset = OPT(out_path)},
+    {.name = "json", .kind = CMD_OPT_FLAG, .help = "print the summary as JSON",
+     .offset = OPT(json)},
+    {.name = "quiet", .kind = CMD_OPT_FLAG, .help = "no progress bar", .offset = OPT(quiet)},
+    {0},
+};
+#undef OPT
+
+static void import_init(void *base) {
+    *(import_opts *)base = (import_opts){.format = FORMAT_AUTO,
+                                         .compression = FMOE_COMPRESSION_ZSTD};
+}
+
+const cmd_spec cmd_trace_import_spec = {
+    .name = "trace import",
+    .usage = "trace import [--format jsonl|dense-csv]\n"
+             "                         (--model-config CONFIG.json | --layers L --experts J "
+             "--top-k K)\n"
+             "                         [options] IN... -o OUT.h5",
+    .description =
+        "Turns routing logs recorded elsewhere into an fmoe trace (HDF5).\n"
+        "\n"
+        "Formats:\n"
+        "  jsonl      one JSON object per (request, token, layer), lines in any order:\n"
+        "               {\"request\": 7, \"token\": 0, \"phase\": \"decode\", \"layer\": 3,\n"
+        "                \"experts\": [5, 1], \"probs\": [0.71, 0.29], \"token_id\": 1234}\n"
+        "             request: integer or string; token: position in the request (prompt\n"
+        "             tokens first); phase: prefill|decode (default decode); layer: 0-based\n"
+        "             MoE layer; experts: the K chosen experts in gate order; probs: K values\n"
+        "             (the chosen experts' weights), J values (the full distribution) or\n"
+        "             absent; token_id optional. Requests keep the order of their first\n"
+        "             line, tokens are ordered by position. Lines {\"type\": \"meta\"} are\n"
+        "             skipped. Exactly one IN file.\n"
+        "  dense-csv  one CSV per MoE layer, in layer order (the FLAME-MoE traces): header\n"
+        "             layer_id,token_id,expert_0..expert_{J-1}; row i = token i in every\n"
+        "             file, with exactly K non-zero probabilities (the chosen experts,\n"
+        "             ordered by decreasing probability). One IN file per MoE layer.\n",
+    .options = import_options,
+    .epilog =
+        "examples:\n"
+        "  fmoe trace import --layers 2 --experts 8 --top-k 2 routes.jsonl -o routes.h5\n"
+        "  fmoe trace import --format dense-csv --layers 8 --experts 64 --top-k 6 \\\n"
+        "      --tokens-per-request 64 layer0{2..9}.csv -o flame.h5\n",
+    .max_positional = -1,
+    .size = sizeof(import_opts),
+    .init = import_init,
+};
+
+static const cmd_option trace_options[] = {{0}};
+
+const cmd_spec cmd_trace_spec = {
+    .name = "trace",
+    .usage = "trace <subcommand> [options]",
+    .description =
+        "subcommands:\n"
+        "  import   routing logs recorded elsewhere (JSON Lines, dense CSV) -> fmoe trace\n",
+    .options = trace_options,
+    .epilog = "Run 'fmoe trace import --help' for its options.\n",
+};
+
 static int cmd_trace_import(int argc, char **argv) {
-    /* defaults */
-    import_format fmt = FORMAT_AUTO;
-    const char *config_path = NULL, *out_path = NULL, *model_name = NULL;
-    int32_t layers = 0, experts = 0, top_k = 0, hidden = 0;
-    int have_layers = 0, have_experts = 0, have_top_k = 0, have_hidden = 0;
-    int drop_incomplete = 0, json = 0, quiet = 0, have_tpr = 0;
-    int64_t tokens_per_request = 0, expert_bytes = 0;
-    fmoe_compression compression = FMOE_COMPRESSION_ZSTD;
-
-    enum {
-        OPT_FORMAT = 256, OPT_CONFIG, OPT_LAYERS, OPT_EXPERTS, OPT_TOPK, OPT_HIDDEN,
-        OPT_DROP, OPT_TPR, OPT_COMPRESSION, OPT_NAME, OPT_JSON, OPT_QUIET, OPT_EXPERT_BYTES,
-    };
-    static const struct option options[] = {
-        {"format", required_argument, NULL, OPT_FORMAT},
-        {"model-config", required_argument, NULL, OPT_CONFIG},
-        {"layers", required_argument, NULL, OPT_LAYERS},
-        {"experts", required_argument, NULL, OPT_EXPERTS},
-        {"top-k", required_argument, NULL, OPT_TOPK},
-        {"hidden-size", required_argument, NULL, OPT_HIDDEN},
-        {"expert-bytes", required_argument, NULL, OPT_EXPERT_BYTES},
-        {"drop-incomplete", no_argument, NULL, OPT_DROP},
-        {"tokens-per-request", required_argument, NULL, OPT_TPR},
-        {"compression", required_argument, NULL, OPT_COMPRESSION},
-        {"model-name", required_argument, NULL, OPT_NAME},
-        {"output", required_argument, NULL, 'o'},
-        {"json", no_argument, NULL, OPT_JSON},
-        {"quiet", no_argument, NULL, OPT_QUIET},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-
-    /* parse */
-    optind = 1;
-    opterr = 0;
-    int c, rc;
-    while ((c = getopt_long(argc, argv, ":ho:", options, NULL)) != -1) {
-        switch (c) {
-        case OPT_FORMAT:
-            if (strcmp(optarg, "jsonl") == 0)
-                fmt = FORMAT_JSONL;
-            else if (strcmp(optarg, "dense-csv") == 0)
-                fmt = FORMAT_DENSE_CSV;
-            else
-                return cmd_usage_error(CMD_IMPORT, "--format must be jsonl or dense-csv, got '%s'",
-                                       optarg);
-            break;
-        case OPT_CONFIG: config_path = optarg; break;
-        case OPT_LAYERS:
-            if ((rc = cmd_parse_i32(CMD_IMPORT, "--layers", optarg, 1, FMOE_MAX_LAYERS, &layers)))
-                return rc;
-            have_layers = 1;
-            break;
-        case OPT_EXPERTS:
-            if ((rc = cmd_parse_i32(CMD_IMPORT, "--experts", optarg, 1, 65536, &experts)))
-                return rc;
-            have_experts = 1;
-            break;
-        case OPT_TOPK:
-            if ((rc = cmd_parse_i32(CMD_IMPORT, "--top-k", optarg, 1, 65536, &top_k))) return rc;
-            have_top_k = 1;
-            break;
-        case OPT_HIDDEN:
-            if ((rc = cmd_parse_i32(CMD_IMPORT, "--hidden-size", optarg, 0, INT32_MAX, &hidden)))
-                return rc;
-            have_hidden = 1;
-            break;
-        case OPT_EXPERT_BYTES:
-            if ((rc = cmd_parse_i64(CMD_IMPORT, "--expert-bytes", optarg, 0, INT64_MAX,
-                                    &expert_bytes)))
-                return rc;
-            break;
-        case OPT_DROP: drop_incomplete = 1; break;
-        case OPT_TPR:
-            if ((rc = cmd_parse_i64(CMD_IMPORT, "--tokens-per-request", optarg, 0, INT32_MAX,
-                                    &tokens_per_request)))
-                return rc;
-            have_tpr = 1;
-            break;
-        case OPT_COMPRESSION:
-            if (fmoe_compression_parse(optarg, &compression) < 0)
-                return cmd_usage_error(CMD_IMPORT,
-                                       "--compression must be zstd, deflate or none, got '%s'",
-                                       optarg);
-            break;
-        case OPT_NAME: model_name = optarg; break;
-        case 'o': out_path = optarg; break;
-        case OPT_JSON: json = 1; break;
-        case OPT_QUIET: quiet = 1; break;
-        case 'h': usage_import(stdout); return CMD_EXIT_OK;
-        case ':': return cmd_usage_error(CMD_IMPORT, "%s needs a value", argv[optind - 1]);
-        default: return cmd_usage_error(CMD_IMPORT, "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    char **inputs = argv + optind;
-    int ninputs = argc - optind;
+    import_opts o;
+    import_init(&o);
+    int npos = 0;
+    int rc = cmd_options_parse(&cmd_trace_import_spec, &o, argc, argv, &npos);
+    if (rc) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
+    import_format fmt = (import_format)o.format;
+    const char *config_path = o.config_path, *out_path = o.out_path, *model_name = o.model_name;
+    const int32_t layers = o.layers, experts = o.experts, top_k = o.top_k, hidden = o.hidden;
+    const int have_layers = o.have_layers, have_experts = o.have_experts,
+              have_top_k = o.have_top_k, have_hidden = o.have_hidden, have_tpr = o.have_tpr;
+    const int drop_incomplete = o.drop_incomplete, json = o.json, quiet = o.quiet;
+    const int64_t tokens_per_request = o.tokens_per_request, expert_bytes = o.expert_bytes;
+    const fmoe_compression compression = o.compression;
+    char **inputs = argv + 1;
+    const int ninputs = npos;
 
     /* validate */
     if (ninputs < 1) return cmd_usage_error(CMD_IMPORT, "no input file");
@@ -384,12 +357,12 @@ static int cmd_trace_import(int argc, char **argv) {
 
 int cmd_trace(int argc, char **argv) {
     if (argc < 2) {
-        usage(stderr);
+        cmd_options_help(&cmd_trace_spec, stderr);
         return CMD_EXIT_USAGE;
     }
     const char *sub = argv[1];
     if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0) {
-        usage(stdout);
+        cmd_options_help(&cmd_trace_spec, stdout);
         return CMD_EXIT_OK;
     }
     if (strcmp(sub, "import") == 0) return cmd_trace_import(argc - 1, argv + 1);

@@ -16,6 +16,9 @@ typedef struct command {
     const char *summary;
 } command;
 
+static int cmd_version(int argc, char **argv);
+static int cmd_help(int argc, char **argv);
+
 static const command commands[] = {
     {"record", cmd_record, "real inference over prompts -> HDF5 trace"},
     {"build-store", cmd_build_store, "traces -> deduplicated expert-map store"},
@@ -27,16 +30,10 @@ static const command commands[] = {
     {"trace", cmd_trace, "work with traces: import routing logs recorded elsewhere"},
     {"inspect", cmd_inspect, "summarise any fmoe file (trace, expert-map store)"},
     {"demo", cmd_demo, "run the pipeline on the bundled sample data"},
-    {"version", NULL, "print version and build information"},
-    {"help", NULL, "show help for fmoe or for a command"},
+    {"version", cmd_version, "print version and build information"},
+    {"help", cmd_help, "show help for fmoe or for a command"},
 };
 #define NUM_COMMANDS (sizeof commands / sizeof commands[0])
-
-static void print_version(FILE *out) {
-    fprintf(out, "fmoe %s\n", FMOE_VERSION);
-    fprintf(out, "cuda: %s\n", fmoe_cuda_describe());
-    fprintf(out, "hdf5 zstd plugin: %s\n", cmd_plugin_dir());
-}
 
 static void print_usage(FILE *out) {
     fprintf(out,
@@ -47,10 +44,8 @@ static void print_usage(FILE *out) {
             "commands:\n");
     for (size_t i = 0; i < NUM_COMMANDS; i++) {
         const command *c = &commands[i];
-        int unavailable = c->run == NULL && strcmp(c->name, "version") != 0 &&
-                          strcmp(c->name, "help") != 0;
         fprintf(out, "  %-12s %s%s\n", c->name, c->summary,
-                unavailable ? " (not yet available)" : "");
+                c->run ? "" : " (not yet available)");
     }
     fprintf(out,
             "\n"
@@ -67,37 +62,61 @@ static const command *find_command(const char *name) {
     return NULL;
 }
 
+static const cmd_option no_options[] = {{0}};
+
+static const cmd_spec version_spec = {
+    .name = "version",
+    .usage = "version",
+    .description = "Print the version, the CUDA build and the HDF5 zstd plugin folder.\n",
+    .options = no_options,
+};
+
+static int cmd_version(int argc, char **argv) {
+    int rc = cmd_options_parse(&version_spec, NULL, argc, argv, NULL);
+    if (rc) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
+    printf("fmoe %s\n", FMOE_VERSION);
+    printf("cuda: %s\n", fmoe_cuda_describe());
+    printf("hdf5 zstd plugin: %s\n", cmd_plugin_dir());
+    return CMD_EXIT_OK;
+}
+
+static const cmd_spec help_spec = {
+    .name = "help",
+    .usage = "help [COMMAND]",
+    .description = "Show help for fmoe, or the --help of COMMAND.\n",
+    .options = no_options,
+    .max_positional = 1,
+};
+
+static int cmd_help(int argc, char **argv) {
+    int npos = 0;
+    int rc = cmd_options_parse(&help_spec, NULL, argc, argv, &npos);
+    if (rc) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
+    if (npos == 0) {
+        print_usage(stdout);
+        return CMD_EXIT_OK;
+    }
+    const command *c = find_command(argv[1]);
+    if (!c) {
+        fprintf(stderr, "fmoe help: unknown command '%s' (see 'fmoe --help')\n", argv[1]);
+        return CMD_EXIT_USAGE;
+    }
+    if (!c->run) {
+        printf("fmoe %s: %s (not yet available)\n", c->name, c->summary);
+        return CMD_EXIT_OK;
+    }
+    char *help_argv[] = {(char *)c->name, "--help", NULL};
+    return c->run(2, help_argv);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         print_usage(stderr);
         return CMD_EXIT_USAGE;
     }
     const char *name = argv[1];
-    if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0) {
-        print_usage(stdout);
-        return CMD_EXIT_OK;
-    }
-    if (strcmp(name, "--version") == 0 || strcmp(name, "version") == 0) {
-        print_version(stdout);
-        return CMD_EXIT_OK;
-    }
-    if (strcmp(name, "help") == 0) {
-        if (argc < 3) {
-            print_usage(stdout);
-            return CMD_EXIT_OK;
-        }
-        const command *c = find_command(argv[2]);
-        if (!c) {
-            fprintf(stderr, "fmoe help: unknown command '%s' (see 'fmoe --help')\n", argv[2]);
-            return CMD_EXIT_USAGE;
-        }
-        if (!c->run) {
-            printf("fmoe %s: %s (not yet available)\n", c->name, c->summary);
-            return CMD_EXIT_OK;
-        }
-        char *help_argv[] = {(char *)c->name, "--help", NULL};
-        return c->run(2, help_argv);
-    }
+    if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0) name = "help";
+    if (strcmp(name, "--version") == 0) name = "version";
     const command *c = find_command(name);
     if (!c) {
         fprintf(stderr, "fmoe: unknown command '%s' (see 'fmoe --help')\n", name);

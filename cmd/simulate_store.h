@@ -1,222 +1,55 @@
 /*
- * simulate_store.h - the expert-map store options of `fmoe simulate` (issue 4): --store,
- * --store-mode, --holdout, --store-capacity, --match-delay. cmd_simulate.c forwards these
- * options here and calls the steps below in order:
+ * simulate_store.h - the expert-map store part of `fmoe simulate` (issue 4). cmd_simulate.c
+ * parses --store, --store-mode, --holdout, --store-capacity and --match-delay into a
+ * cmd_sim_store (rows of its option table) and calls, in order:
  *
- *     cmd_sim_store_init -> cmd_sim_store_option (per option) -> cmd_sim_store_validate
+ *     cmd_sim_store_init -> (parse) -> cmd_sim_store_validate
  *     -> cmd_sim_store_prepare (trace open, before reading it) -> cmd_sim_store_costs
  *     -> cmd_sim_store_apply (per sweep cell) -> cmd_sim_store_free
  *
- * The functions are static and live in this header because cmd_simulate.c is their only
- * user: the store's part of simulate stays beside the rest of the store code without a
- * build change. A store built by `fmoe build-store` is loaded once and shared read-only by
- * every sweep cell (the updating modes copy it per cell inside the policy). It must be for
- * the trace's model: a fingerprint mismatch is refused naming both. --holdout replays only
- * the requests the store's --split held out of this trace (the paper's 7:3 evaluation).
+ * The functions that report print "fmoe <cmd>: ..." and return an exit status (0, 1 or 2).
  */
 #ifndef FMOE_CMD_SIMULATE_STORE_H
 #define FMOE_CMD_SIMULATE_STORE_H
 
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "cmd_common.h"
-#include "fmoe/error.h"
-#include "fmoe/policy.h"
 
 #include "fmoe/sim.h"
 #include "fmoe/store.h"
 #include "fmoe/trace.h"
 
 typedef struct cmd_sim_store {
-    const char *path;     /* --store STORE.h5 */
-    int32_t mode;         /* --store-mode: fmoe_store_mode */
+    const char *path;      /* --store STORE.h5 */
+    int32_t mode;          /* --store-mode: fmoe_store_mode */
     int mode_given;
-    int holdout;          /* --holdout */
-    int32_t capacity;     /* --store-capacity (online mode), 0: the default */
-    double match_delay_s; /* --match-delay, < 0: the profile's */
+    int holdout;           /* --holdout */
+    int32_t capacity;      /* --store-capacity (online mode), 0: the default */
+    double match_delay_s;  /* --match-delay, < 0: the profile's */
     fmoe_store_file *file; /* the loaded store */
-    uint8_t *keep;        /* [R] requests to replay (--holdout), NULL: all */
+    uint8_t *keep;         /* [R] requests to replay (--holdout), NULL: all */
     int64_t kept;
 } cmd_sim_store;
 
-static int is_fmoe_policy(const char *name) { return strncmp(name, "fmoe", 4) == 0; }
+/* The defaults: no store, mode chosen by validate, the profile's match delay. */
+void cmd_sim_store_init(cmd_sim_store *s);
 
-static const char *mode_name(int32_t m) {
-    return m == FMOE_STORE_ONLINE ? "online" : m == FMOE_STORE_OFFLINE_UPDATE ? "offline-update"
-                                                                             : "offline";
-}
+/* Checks the options against each other and the chosen policies. @return 0 or 2. */
+int cmd_sim_store_validate(const char *cmd, cmd_sim_store *s, char *const *policies, int n);
 
-static void cmd_sim_store_usage(FILE *out) {
-    fprintf(out,
-            "  --store FILE             expert-map store for the fmoe policies (build-store)\n"
-            "  --store-mode M           offline: use the store as built (default with --store);\n"
-            "                           offline-update: and add each token's map as it runs;\n"
-            "                           online: start empty and learn (default without --store)\n"
-            "  --holdout                replay only the requests the store's --split held out\n"
-            "  --store-capacity N       entries of the online store (default: the --store's\n"
-            "                           capacity, else 1000)\n"
-            "  --match-delay S          the fmoe matcher's time per match, seconds (default:\n"
-            "                           the profile's matcher.match_s, else 0)\n");
-}
-
-static void cmd_sim_store_init(cmd_sim_store *s) {
-    memset(s, 0, sizeof *s);
-    s->match_delay_s = -1;
-}
-
-static int cmd_sim_store_option(const char *cmd, cmd_sim_store *s, const char *name, const char *value) {
-    if (strcmp(name, "store") == 0) {
-        s->path = value;
-    } else if (strcmp(name, "store-mode") == 0) {
-        if (strcmp(value, "offline") == 0)
-            s->mode = FMOE_STORE_OFFLINE;
-        else if (strcmp(value, "online") == 0)
-            s->mode = FMOE_STORE_ONLINE;
-        else if (strcmp(value, "offline-update") == 0)
-            s->mode = FMOE_STORE_OFFLINE_UPDATE;
-        else
-            return cmd_usage_error(cmd, "--store-mode must be offline, online or offline-update, "
-                                        "got '%s'",
-                                   value);
-        s->mode_given = 1;
-    } else if (strcmp(name, "holdout") == 0) {
-        s->holdout = 1;
-    } else if (strcmp(name, "store-capacity") == 0) {
-        return cmd_parse_i32(cmd, "--store-capacity", value, 1, 100000000, &s->capacity);
-    } else if (strcmp(name, "match-delay") == 0) {
-        return cmd_parse_f64(cmd, "--match-delay", value, 0, 1e3, &s->match_delay_s);
-    }
-    return 0;
-}
-
-static int cmd_sim_store_validate(const char *cmd, cmd_sim_store *s, char *const *policies, int n) {
-    int any = 0;
-    for (int i = 0; i < n; i++) any |= is_fmoe_policy(policies[i]);
-    if (!s->mode_given) s->mode = s->path ? FMOE_STORE_OFFLINE : FMOE_STORE_ONLINE;
-    if (s->mode != FMOE_STORE_ONLINE && !s->path && any)
-        return cmd_usage_error(cmd, "--store-mode %s needs --store STORE.h5", mode_name(s->mode));
-    if (s->holdout && !s->path)
-        return cmd_usage_error(cmd, "--holdout needs --store STORE.h5 (its split says which "
-                                    "requests were held out)");
-    if (s->path && s->mode == FMOE_STORE_ONLINE && !s->holdout)
-        return cmd_usage_error(cmd, "--store-mode online starts from an empty store; drop "
-                                    "--store, or use --store-mode offline-update");
-    return 0;
-}
-
-/* Refuses a store built for another model than the trace's. */
-static int check_model(const char *cmd, const cmd_sim_store *s, const char *trace_path,
-                       const fmoe_trace_header *h) {
-    const fmoe_store_file *f = s->file;
-    const fmoe_expertmap_config *c = fmoe_expertmap_config_of(f->store);
-    if (f->model_fingerprint[0] && h->model_fingerprint[0] &&
-        strcmp(f->model_fingerprint, h->model_fingerprint) != 0)
-        return cmd_failf(cmd,
-                         "%s was built for model %s (fingerprint %s) but %s is model %s "
-                         "(fingerprint %s); build a store from traces of this model",
-                         s->path, f->model_name[0] ? f->model_name : "(unnamed)",
-                         f->model_fingerprint, trace_path,
-                         h->model_name[0] ? h->model_name : "(unnamed)", h->model_fingerprint);
-    if (c->num_layers != h->num_layers || c->num_experts != h->num_experts ||
-        c->top_k != h->top_k)
-        return cmd_failf(cmd,
-                         "%s holds maps of %d MoE layers x %d experts, top-%d, but %s has %d x "
-                         "%d, top-%d",
-                         s->path, c->num_layers, c->num_experts, c->top_k, trace_path,
-                         h->num_layers, h->num_experts, h->top_k);
-    return 0;
-}
-
-static int cmd_sim_store_prepare(const char *cmd, cmd_sim_store *s, char *const *policies, int n,
+/* Loads the store (checking it is for the trace's model), selects the --holdout requests,
+ * and adds FMOE_SIM_WANT_SEMANTIC to *want when the policies can use the embeddings.
+ * @return 0 or 1. */
+int cmd_sim_store_prepare(const char *cmd, cmd_sim_store *s, char *const *policies, int n,
                           const char *trace_path, fmoe_trace_reader *r, uint32_t *want,
-                          int quiet) {
-    const fmoe_trace_header *h = fmoe_trace_reader_header(r);
-    int any = 0;
-    for (int i = 0; i < n; i++) any |= is_fmoe_policy(policies[i]);
-    if (!s->path && !any) return 0;
-    if (s->path) {
-        int rc = fmoe_store_read(s->path, 0, &s->file);
-        if (rc < 0) return cmd_fail(cmd, rc);
-        if ((rc = check_model(cmd, s, trace_path, h)) != 0) return rc;
-    }
-    const int64_t R = fmoe_trace_reader_num_requests(r);
-    const fmoe_trace_request_info *req = fmoe_trace_reader_requests(r);
-    const int32_t src = s->file ? fmoe_store_find_source(s->file, h, R, trace_path) : -1;
-    if (s->holdout) {
-        if (src < 0)
-            return cmd_failf(cmd,
-                             "%s is not one of the traces %s was built from (its sources: "
-                             "%s%s); --holdout needs that trace",
-                             trace_path, s->path,
-                             s->file->num_sources ? s->file->sources[0].path : "none",
-                             s->file->num_sources > 1 ? ", ..." : "");
-        s->keep = calloc((size_t)(R ? R : 1), 1);
-        if (!s->keep) return cmd_failf(cmd, "out of memory");
-        /* request ids are unique within a trace: match the held-out list by id */
-        for (int64_t q = 0; q < R; q++)
-            for (int64_t i = 0; i < s->file->num_held_out; i++)
-                if (s->file->held_out_source[i] == src && s->file->held_out_id[i] == req[q].id) {
-                    s->keep[q] = 1;
-                    s->kept++;
-                    break;
-                }
-        if (s->kept == 0)
-            return cmd_failf(cmd, "%s holds no held-out requests of %s (built with --split 1?)",
-                             s->path, trace_path);
-        if (!quiet)
-            fprintf(stderr, "fmoe %s: --holdout: replaying the %lld of %lld requests %s held out\n",
-                    cmd, (long long)s->kept, (long long)R, s->path);
-    } else if (src >= 0 && any && s->mode != FMOE_STORE_ONLINE && !quiet) {
-        fprintf(stderr,
-                "fmoe %s: note: %s was built from requests of %s; the fmoe policies are then "
-                "evaluated partly on what they have seen (use --holdout)\n",
-                cmd, s->path, trace_path);
-    }
-    if (!any) return 0;
-    const int32_t store_h =
-        s->file ? fmoe_expertmap_config_of(s->file->store)->semantic_dim : h->semantic_dim;
-    if (h->semantic_dim > 0 && store_h == h->semantic_dim)
-        *want |= FMOE_SIM_WANT_SEMANTIC;
-    else if (!quiet)
-        fprintf(stderr,
-                "fmoe %s: note: no semantic embeddings (%s): the fmoe policies plan the first d "
-                "layers from the store's most frequent experts\n",
-                cmd,
-                h->semantic_dim == 0 ? "the trace has none"
-                : store_h == 0       ? "the store has none"
-                                     : "the store's and the trace's sizes differ");
-    if (s->file && !quiet) {
-        const fmoe_expertmap_config *c = fmoe_expertmap_config_of(s->file->store);
-        fprintf(stderr, "fmoe %s: store %s: %d of %d entries, mode %s\n", cmd, s->path,
-                fmoe_expertmap_size(s->file->store), c->capacity, mode_name(s->mode));
-    }
-    return 0;
-}
+                          int quiet);
 
-static void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell) {
-    if (!cell->policy || !is_fmoe_policy(cell->policy)) return;
-    cell->expert_store = s->file ? s->file->store : NULL;
-    cell->store_mode = s->mode;
-    if (s->capacity > 0)
-        cell->store_capacity = s->capacity;
-    else if (s->file)
-        cell->store_capacity = fmoe_expertmap_config_of(s->file->store)->capacity;
-    else
-        cell->store_capacity = 0;
-}
+/* --match-delay overrides the profile's matcher delay. */
+void cmd_sim_store_costs(const cmd_sim_store *s, fmoe_sim_costs *costs);
 
-static void cmd_sim_store_costs(const cmd_sim_store *s, fmoe_sim_costs *costs) {
-    if (s->match_delay_s >= 0) costs->match_delay_s = s->match_delay_s;
-}
+/* Hands the store, mode and capacity to a sweep cell whose policy takes a store. */
+void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell);
 
-static void cmd_sim_store_free(cmd_sim_store *s) {
-    fmoe_store_file_free(s->file);
-    free(s->keep);
-    s->file = NULL;
-    s->keep = NULL;
-}
+/* Frees what prepare loaded; the struct may be reused after init. */
+void cmd_sim_store_free(cmd_sim_store *s);
 
 #endif

@@ -24,13 +24,22 @@ struct harness_test {
     harness_test_fn fn;
 };
 
+#ifndef HARNESS_MAX_TESTS
 #define HARNESS_MAX_TESTS 1024
+#endif
 static struct harness_test harness_tests[HARNESS_MAX_TESTS];
 static int harness_num_tests;
 
+/* More tests than HARNESS_MAX_TESTS is a hard error (exit 99, meson's "error"), never a
+ * silent drop. */
 static inline void harness_register(const char *name, harness_test_fn fn) {
-    if (harness_num_tests < HARNESS_MAX_TESTS)
-        harness_tests[harness_num_tests++] = (struct harness_test){name, fn};
+    if (harness_num_tests == HARNESS_MAX_TESTS) {
+        fprintf(stderr, "harness: test %s is test %d, more than HARNESS_MAX_TESTS (%d); raise "
+                        "it in tests/harness.h\n",
+                name, HARNESS_MAX_TESTS + 1, HARNESS_MAX_TESTS);
+        exit(99);
+    }
+    harness_tests[harness_num_tests++] = (struct harness_test){name, fn};
 }
 
 #define TEST(name)                                                                \

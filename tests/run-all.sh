@@ -6,7 +6,6 @@
 # hdf5plugin, h5dump).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 
 bash tests/install-deps.sh
@@ -27,9 +26,11 @@ fi
 jobs=$(nproc)
 [ -f build-asan/build.ninja ] || meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false
 meson compile -C build-asan -j "$jobs"
-meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 5
+meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 5 \
+  --no-suite python
 
 [ -f build/build.ninja ] || meson setup build
 meson compile -C build -j "$jobs"
 
-FMOE_BUILD_DIR="$root/build" .venv/bin/python -m pytest -q tests/python
+# the Python cross-checks: the meson suite "python" (pytest against this build)
+meson test -C build --suite python --print-errorlogs

@@ -850,7 +850,7 @@ FMOE_VARIANT(fmoe_lfu, "fmoe-lfu", 1, 1, PREDICT_MAPS, EVICT_LFU)
     const fmoe_policy_ops symbol = {                                                              \
         /* .name          = */ vname,                                                             \
         /* .summary       = */ summary_text,                                                      \
-        /* .flags         = */ flag_bits,                                                         \
+        /* .flags         = */ (flag_bits) | FMOE_POLICY_TAKES_STORE,                             \
         /* .init          = */ init_fn,                                                           \
         /* .free          = */ fm_free,                                                           \
         /* .on_request_start   = */ fm_on_request_start,                                          \

@@ -92,6 +92,7 @@ enum {
      * made them (sim: fmoe_sim_costs.match_delay_s), so the matcher costs time only when
      * that makes a prefetch late. */
     FMOE_POLICY_MATCHER = 1u << 4,
+    FMOE_POLICY_TAKES_STORE = 1u << 5, /* uses an expert-map store (fmoe_sim_config.expert_store) */
 };
 
 /* [fmoe hook, issue 4] How the fmoe policies use an expert-map store (fmoe/expertmap.h). */
