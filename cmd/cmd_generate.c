@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cmd_common.h"
+#include "offload_cli.h"
 #include "fmoe/error.h"
 #include "fmoe/model.h"
 #include "fmoe/sampler.h"
@@ -122,6 +123,7 @@ typedef struct generate_args {
     int64_t seed;
     int chat, json, ignore_eos;
     int set_temperature, set_top_p, set_top_k;
+    cmd_offload_args off;
 } generate_args;
 
 static const cmd_option generate_options[] = {
@@ -168,11 +170,13 @@ static const cmd_option generate_options[] = {
     {.name = "json", .kind = CMD_OPT_FLAG,
      .help = "print one JSON object (ids, text, timings) instead of streaming",
      .offset = offsetof(generate_args, json)},
+    CMD_OFFLOAD_OPTIONS(generate_args, off),
     {0},
 };
 
 static void init(void *base) {
     *(generate_args *)base = (generate_args){.max_new_tokens = 128, .top_p = 1.0};
+    cmd_offload_args_init(&((generate_args *)base)->off);
 }
 
 const cmd_spec cmd_generate_spec = {
@@ -214,6 +218,8 @@ int cmd_generate(int argc, char **argv) {
     char *chat_text = NULL, *text = NULL;
     FILE *npy = NULL;
     size_t n_prompt = 0, text_len = 0;
+    cmd_offload off = {0};
+    char offload_line[256];
 
     if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
     if ((err = fmoe_tokenizer_load(dir, &tok)) < 0) goto fail;
@@ -268,7 +274,12 @@ int cmd_generate(int argc, char **argv) {
     int64_t need = (int64_t)n_prompt + (max_new > 0 ? max_new - 1 : 0);
     so.max_context = (int32_t)(need > 0 ? need : 1);
     so.threads = a.threads;
+    if ((rc = cmd_offload_open(CMD, &a.off, m, so.max_batch, a.json, &off)) != 0) goto done;
+    rc = CMD_EXIT_FAILURE;
+    if (off.x) fmoe_offload_attach(off.x, &so);
     if ((err = fmoe_session_init(m, &so, &s)) < 0) goto fail;
+    if (off.x && (err = fmoe_offload_request_begin(off.x, 0, prompt, (int32_t)n_prompt)) < 0)
+        goto fail;
     if ((err = fmoe_sampler_init(&sp, V, &smp)) < 0) goto fail;
     logits = malloc((size_t)V * sizeof *logits);
     gen = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *gen);
@@ -288,7 +299,8 @@ int cmd_generate(int argc, char **argv) {
     int32_t n_gen = 0;
     double t0 = cmd_now(), t_prefill = 0, t_decode = 0;
     if (max_new > 0) {
-        if ((err = fmoe_session_forward(s, prompt, (int32_t)n_prompt, NULL, logits)) < 0)
+        if ((err = cmd_offload_forward(&off, s, prompt, (int32_t)n_prompt, FMOE_PHASE_PREFILL,
+                                       NULL, logits)) < 0)
             goto fail;
         t_prefill = cmd_now() - t0;
         double t1 = cmd_now();
@@ -305,11 +317,15 @@ int cmd_generate(int argc, char **argv) {
             }
             if ((err = streamer_push(&st, gen, (size_t)n_gen, 0)) < 0) goto fail;
             if (n_gen >= max_new) break;
-            if ((err = fmoe_session_forward(s, &next, 1, NULL, logits)) < 0) goto fail;
+            if ((err = cmd_offload_forward(&off, s, &next, 1, FMOE_PHASE_DECODE, NULL,
+                                           logits)) < 0)
+                goto fail;
         }
         t_decode = cmd_now() - t1;
     }
     if ((err = streamer_push(&st, gen, (size_t)n_gen, 1)) < 0) goto fail;
+    if (off.x && (err = fmoe_offload_request_end(off.x)) < 0) goto fail;
+    cmd_offload_summary(&off, offload_line, sizeof offload_line);
     if (npy) {
         if (npy_write_header(npy, n_gen, V) < 0 || fclose(npy) != 0) {
             npy = NULL;
@@ -341,9 +357,22 @@ int cmd_generate(int argc, char **argv) {
         printf(", \"finish_reason\": \"%s\", \"temperature\": %g, \"top_p\": %g, \"top_k\": %d, "
                "\"seed\": %lld, \"prefill_tokens\": %zu, \"prefill_s\": %.6f, "
                "\"prefill_tok_s\": %.2f, \"decode_steps\": %d, \"decode_s\": %.6f, "
-               "\"decode_tok_s\": %.2f}\n",
+               "\"decode_tok_s\": %.2f",
                finish, sp.temperature, sp.top_p, sp.top_k, (long long)a.seed, n_prompt,
                t_prefill, prefill_tps, steps, t_decode, decode_tps);
+        if (off.x) {
+            fmoe_offload_stats os;
+            fmoe_offload_get_stats(off.x, &os);
+            printf(", \"offload\": {\"policy\": \"%s\", \"cache_experts\": %d, "
+                   "\"accesses\": %lld, \"hits\": %lld, \"late_hits\": %lld, "
+                   "\"misses\": %lld, \"host_misses\": %lld, \"prefetches\": %lld, "
+                   "\"bytes_loaded\": %lld, \"stall_s\": %.6f}",
+                   a.off.policy ? a.off.policy : "lru", fmoe_offload_capacity(off.x),
+                   (long long)os.accesses, (long long)os.hits, (long long)os.late_hits,
+                   (long long)os.misses, (long long)os.host_misses, (long long)os.prefetches,
+                   (long long)os.bytes_loaded, os.stall_s);
+        }
+        printf("}\n");
     } else {
         printf("\n");
         fflush(stdout);
@@ -351,6 +380,7 @@ int cmd_generate(int argc, char **argv) {
                 "fmoe generate: prefill %zu tokens in %.3f s (%.1f tokens/s), decode %d tokens "
                 "in %.3f s (%.1f tokens/s), stop: %s\n",
                 n_prompt, t_prefill, prefill_tps, steps, t_decode, decode_tps, finish);
+        if (off.x) fprintf(stderr, "fmoe generate: %s\n", offload_line);
     }
     rc = CMD_EXIT_OK;
     goto done;
@@ -368,6 +398,7 @@ done:
     free(logits);
     fmoe_sampler_free(smp);
     fmoe_session_free(s);
+    if (cmd_offload_close(CMD, &off, rc == CMD_EXIT_OK) && rc == CMD_EXIT_OK) rc = CMD_EXIT_FAILURE;
     fmoe_tokenizer_free(tok);
     fmoe_model_free(m);
     return rc;

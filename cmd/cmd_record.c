@@ -34,6 +34,7 @@
 #include "fmoe/sampler.h"
 #include "fmoe/tokenizer.h"
 #include "fmoe/trace.h"
+#include "offload_cli.h"
 #include "paths.h"
 
 static const char *const CMD = "record";
@@ -46,6 +47,7 @@ typedef struct record_args {
     int32_t max_new_tokens, speculative, threads, top_k;
     double temperature, top_p;
     int hidden, chat, ignore_eos, quiet, probs_f32, no_timing;
+    cmd_offload_args off;
 } record_args;
 
 static int on_dataset_format(const char *cmd, const cmd_option *opt, void *base,
@@ -121,12 +123,14 @@ static const cmd_option record_options[] = {
      .offset = offsetof(record_args, model_name)},
     {.name = "quiet", .short_name = 'q', .kind = CMD_OPT_FLAG,
      .help = "no progress bar or summary", .offset = offsetof(record_args, quiet)},
+    CMD_OFFLOAD_OPTIONS(record_args, off),
     {0},
 };
 
 static void init(void *base) {
     *(record_args *)base =
         (record_args){.max_new_tokens = 64, .top_p = 1.0, .compression = FMOE_COMPRESSION_ZSTD};
+    cmd_offload_args_init(&((record_args *)base)->off);
 }
 
 const cmd_spec cmd_record_spec = {
@@ -230,12 +234,13 @@ static fmoe_forward_trace trace_at(const request_buffers *b, const dims *d, int6
 
 /* Runs tokens [t0, t0+n) of the request as one iteration, recording its timing as
  * iteration `it`. */
-static int run_iteration(fmoe_session *s, request_buffers *b, const dims *d, int64_t t0,
-                         int32_t n, int64_t it, float *logits) {
+static int run_iteration(cmd_offload *off, fmoe_session *s, request_buffers *b, const dims *d,
+                         int64_t t0, int32_t n, int64_t it, float *logits) {
     if (d->timing) memset(b->layer_acc, 0, (size_t)d->Lh * sizeof *b->layer_acc);
     fmoe_forward_trace tr = trace_at(b, d, t0);
     double t = cmd_now();
-    FMOE_FORWARD_IF_ERROR(fmoe_session_forward(s, b->token_id + t0, n, &tr, logits));
+    FMOE_FORWARD_IF_ERROR(cmd_offload_forward(off, s, b->token_id + t0, n, b->phase[t0], &tr,
+                                              logits));
     if (d->timing) {
         b->iteration_s[it] = (float)(cmd_now() - t);
         for (int64_t l = 0; l < d->Lh; l++) b->layer_s[it * d->Lh + l] = (float)b->layer_acc[l];
@@ -277,6 +282,7 @@ int cmd_record(int argc, char **argv) {
     int32_t *ids = NULL;
     char *chat_text = NULL;
     request_buffers b = {0};
+    cmd_offload off = {0};
 
     if ((err = fmoe_prompts_load(a.dataset, a.format, &prompts)) < 0) goto fail;
     if (prompts->count == 0) {
@@ -318,6 +324,12 @@ int cmd_record(int argc, char **argv) {
     so.max_context = (int32_t)ctx_cap;
     so.threads = a.threads;
     so.speculative_depth = a.speculative;
+    if ((rc = cmd_offload_open(CMD, &a.off, m, so.max_batch, a.quiet, &off)) != 0) goto done;
+    rc = CMD_EXIT_FAILURE;
+    if (off.x) {
+        fmoe_offload_attach(off.x, &so);
+        if (so.speculative_depth < a.speculative) so.speculative_depth = a.speculative;
+    }
     if ((err = fmoe_session_init(m, &so, &s)) < 0) goto fail;
     logits = malloc((size_t)g->vocab_size * sizeof *logits);
     b.layer_acc = calloc((size_t)d.Lh, sizeof *b.layer_acc);
@@ -398,10 +410,13 @@ int cmd_record(int argc, char **argv) {
                                   (uint64_t)(a.seed + p)};
         if ((err = fmoe_sampler_init(&sp, g->vocab_size, &smp)) < 0) goto fail;
         fmoe_session_reset(s);
+        if (off.x && (err = fmoe_offload_request_begin(off.x, p, ids, (int32_t)n)) < 0)
+            goto fail;
 
         /* Prefill: one iteration. Without generation the lm head is skipped. */
         double t0 = cmd_now();
-        if ((err = run_iteration(s, &b, &d, 0, (int32_t)n, 0, max_new > 0 ? logits : NULL)) < 0)
+        if ((err = run_iteration(&off, s, &b, &d, 0, (int32_t)n, 0,
+                                 max_new > 0 ? logits : NULL)) < 0)
             goto fail;
         prefill_s += cmd_now() - t0;
         t0 = cmd_now();
@@ -414,10 +429,11 @@ int cmd_record(int argc, char **argv) {
             b.phase[t] = FMOE_PHASE_DECODE;
             out++;
             /* The last token is fed for its routing only: no lm head. */
-            if ((err = run_iteration(s, &b, &d, t, 1, out, out < max_new ? logits : NULL)) < 0)
+            if ((err = run_iteration(&off, s, &b, &d, t, 1, out, out < max_new ? logits : NULL)) < 0)
                 goto fail;
         }
         decode_s += cmd_now() - t0;
+        if (off.x && (err = fmoe_offload_request_end(off.x)) < 0) goto fail;
 
         fmoe_trace_request q = {
             .id = p,
@@ -465,6 +481,11 @@ int cmd_record(int argc, char **argv) {
             fprintf(stderr, "; skipped %lld prompts longer than the context (%lld tokens)",
                     (long long)too_long, (long long)ctx_cap);
         fprintf(stderr, "\n");
+        if (off.x) {
+            char line[256];
+            cmd_offload_summary(&off, line, sizeof line);
+            fprintf(stderr, "fmoe record: %s\n", line);
+        }
     }
     rc = CMD_EXIT_OK;
     goto done;
@@ -487,6 +508,7 @@ done:
     free(logits);
     fmoe_sampler_free(smp);
     fmoe_session_free(s);
+    if (cmd_offload_close(CMD, &off, rc == CMD_EXIT_OK) && rc == CMD_EXIT_OK) rc = CMD_EXIT_FAILURE;
     fmoe_tokenizer_free(tok);
     fmoe_model_free(m);
     fmoe_arrivals_free(arrivals);

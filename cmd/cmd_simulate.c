@@ -15,6 +15,7 @@
 #include "cmd_common.h"
 #include "simulate_store.h" /* [fmoe hook, issue 4] */
 #include "fmoe/datasets.h"
+#include "fmoe/decision_log.h"
 #include "fmoe/error.h"
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"
@@ -55,6 +56,8 @@ typedef struct options {
     double arrivals_speedup;
     int32_t eamc_capacity;
     cmd_sim_store store; /* [fmoe hook, issue 4] --store, --store-mode, --holdout, ... */
+    int32_t copy_chunks;
+    const char *decision_log;
 } options;
 
 /* Splits `text` at commas into at most MAX_LIST non-empty items (in place). */
@@ -185,6 +188,14 @@ static const cmd_option simulate_options[] = {
     {.name = "hardware", .kind = CMD_OPT_STRING, .value_name = "NAME",
      .help = "built-in profile", .default_text = DEFAULT_HARDWARE,
      .offset = offsetof(options, hardware)},
+    {.name = "copy-chunks", .kind = CMD_OPT_INT32, .value_name = "C",
+     .help = "pieces per prefetch transfer: a demand load waits only for the piece on the "
+             "copy engine, not the whole prefetch (live runs move experts the same way)",
+     .default_text = "1", .offset = offsetof(options, copy_chunks), .min = 1, .max = 1024},
+    {.name = "decision-log", .kind = CMD_OPT_STRING, .value_name = "F.jsonl",
+     .help = "write every decision of the run, one JSON line each, in the format live runs "
+             "write (fmoe compare-logs); one policy, cache size and distance only",
+     .offset = offsetof(options, decision_log)},
     {.name = "json", .kind = CMD_OPT_FLAG, .help = "print one JSON document",
      .offset = offsetof(options, json)},
     {.name = "csv", .kind = CMD_OPT_STRING, .value_name = "FILE",
@@ -209,6 +220,7 @@ static void help_extra(FILE *out) {
 static void init(void *base) {
     options *o = base;
     memset(o, 0, sizeof *o);
+    o->copy_chunks = 1;
     cmd_sim_store_init(&o->store); /* [fmoe hook, issue 4] */
 }
 
@@ -267,19 +279,25 @@ static int gate_needs(const options *o, const fmoe_trace_header *h, uint32_t *wa
     *want = 0;
     const fmoe_policy_config have = {.probs_kind = h->probs_kind,
                                      .speculative_depth = h->speculative_depth};
+    int noted_ids_only = 0;
     for (int i = 0; i < o->n_policies; i++) {
         const fmoe_policy_ops *ops = fmoe_policy_find(o->policies[i]);
         if (fmoe_policy_check_inputs(ops, &have) < 0) {
             fmoe_error_prefix("%s", o->trace);
             return cmd_fail(CMD, FMOE_EUNSUPPORTED);
         }
-        if (ops->flags & FMOE_POLICY_NEEDS_PROBS) {
+        if (ops->flags & (FMOE_POLICY_NEEDS_PROBS | FMOE_POLICY_USES_PROBS)) {
             *want |= FMOE_SIM_WANT_PROBS;
             if (h->probs_kind == FMOE_PROBS_TOPK && !o->quiet)
                 fprintf(stderr,
                         "fmoe %s: note: %s holds top-k probabilities only; policy %s sees 0 "
                         "for the experts not chosen\n",
                         CMD, o->trace, ops->name);
+            if (h->probs_kind == FMOE_PROBS_NONE && !o->quiet && !noted_ids_only++)
+                fprintf(stderr,
+                        "fmoe %s: note: %s holds expert ids only (no probabilities); the fmoe "
+                        "policies take each chosen expert at 1/K\n",
+                        CMD, o->trace);
         }
         if (ops->flags & FMOE_POLICY_NEEDS_SPECULATIVE) *want |= FMOE_SIM_WANT_SPECULATIVE;
     }
@@ -663,10 +681,24 @@ int cmd_simulate(int argc, char **argv) {
                         .policy = o.policies[p], .cache_experts = caches[c],
                         .prefetch_distance = o.distances[d], .costs = &costs,
                         .miss_mode = o.miss_mode, .arrival_s = arrivals,
-                        .store_capacity = o.eamc_capacity};
+                        .store_capacity = o.eamc_capacity, .copy_chunks = o.copy_chunks};
     n = k;
     for (size_t i = 0; i < n; i++) cmd_sim_store_apply(&o.store, &cells[i]); /* [fmoe hook] */
-    {
+    if (o.decision_log) { /* one cell, its decisions to the log */
+        if (n != 1) {
+            exit_code = cmd_usage_error(CMD, "--decision-log needs one policy, one cache size "
+                                             "and one distance (%zu runs asked)", n);
+            goto done;
+        }
+        fmoe_decision_log *log = NULL;
+        if ((rc = fmoe_decision_log_open(&log, o.decision_log, "simulate", NULL)) < 0) goto fail;
+        cells[0].decision = fmoe_decision_log_write;
+        cells[0].decision_ctx = log;
+        rc = fmoe_sim_run(&w, &cells[0], &res[0]);
+        const int rc2 = fmoe_decision_log_close(log, rc == 0);
+        if (rc == 0) rc = rc2;
+        if (rc < 0) goto fail;
+    } else {
         cmd_progress_bar bar;
         cmd_progress_bar_init(&bar, "simulating", o.quiet);
         fmoe_progress p = cmd_progress_bar_callback(&bar);

@@ -871,7 +871,8 @@ FMOE_VARIANT(fmoe_lfu, "fmoe-lfu", 1, 1, PREDICT_MAPS, EVICT_LFU)
     FMOE_OPS_TABLE(fmoe__policy_##ident##_reference, init_##ident##_reference, vname,             \
                    summary_text, flag_bits)
 
-#define MAPS_FLAGS (FMOE_POLICY_PREFETCHES | FMOE_POLICY_NEEDS_PROBS | FMOE_POLICY_MATCHER)
+/* probabilities when the trace has them; ids only (1/K on the chosen experts) otherwise */
+#define MAPS_FLAGS (FMOE_POLICY_PREFETCHES | FMOE_POLICY_USES_PROBS | FMOE_POLICY_MATCHER)
 
 FMOE_OPS(fmoe, "fmoe", "fMoE: semantic + trajectory map matching, delta prefetch, p*freq eviction",
          MAPS_FLAGS)

@@ -50,6 +50,9 @@ struct fmoe_session {
     int32_t *topk;          /* [B][K] chosen experts */
     float *topw;            /* [B][K] their weights */
     float *spec;            /* [B][J] speculative router logits */
+    float *specrows;        /* [B][S][J] speculative gate rows (S = speculative_depth) */
+    uint16_t *chosen;       /* [B][K] chosen experts, as the routing hook passes them */
+    int32_t *distinct;      /* [J] the layer's experts in order of first appearance */
     int32_t *count;         /* [J] tokens routed to each expert in this chunk */
     int32_t *slots;         /* [J][B·K] (token·K + k) routed to each expert */
     float *xg;              /* [B][h] one expert's gathered inputs (a token picks an
@@ -96,6 +99,9 @@ void fmoe_session_free(fmoe_session *s) {
                           &s->cos,  &s->sin,  &s->k_cache, &s->v_cache};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             s->be->release(s->bctx, *bufs[i]);
+        s->be->release(s->bctx, s->specrows);
+        s->be->release(s->bctx, s->chosen);
+        s->be->release(s->bctx, s->distinct);
         s->be->release(s->bctx, s->topk);
         s->be->release(s->bctx, s->count);
         s->be->release(s->bctx, s->slots);
@@ -157,6 +163,8 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
         {(void **)&s->probs, B * J * 4},      {(void **)&s->topk, B * K * 4},
         {(void **)&s->topw, B * K * 4},       {(void **)&s->spec, B * J * 4},
         {(void **)&s->count, J * 4},          {(void **)&s->slots, J * B * K * 4},
+        {(void **)&s->specrows, B * (o.speculative_depth > 0 ? o.speculative_depth : 1) * J * 4},
+        {(void **)&s->chosen, B * K * 2},     {(void **)&s->distinct, J * 4},
         {(void **)&s->xg, B * h * 4},         {(void **)&s->g, B * imax * 4},
         {(void **)&s->u, B * imax * 4},       {(void **)&s->yg, B * h * 4},
         {(void **)&s->sg, B * 4},             {(void **)&s->inv_freq, D / 2 * 4},
@@ -263,14 +271,79 @@ static void attention_block(fmoe_session *s, int32_t li, int32_t n, int32_t pos0
     for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
 }
 
+/* The speculative gate rows of the chunk (fmoe_route_event.speculative): for s = 1..S the
+ * router of MoE layer l+s applied to layer l's gate input, as probabilities, into
+ * s->specrows [n][S][J] (0 past the last layer). */
+static void speculative_rows(fmoe_session *s, int32_t l, int32_t n) {
+    const fmoe_model *m = s->m;
+    const fmoe_model_geometry *g = &m->geo;
+    const int32_t J = g->num_experts, Lm = g->num_moe_layers, S = s->opt.speculative_depth;
+    for (int32_t sd = 1; sd <= S; sd++) {
+        const int have = l + sd < Lm;
+        if (have)
+            s->be->matmul(s->bctx, &m->layers[g->moe_layer_index[l + sd]].router, s->xn, n,
+                          s->spec);
+        for (int32_t t = 0; t < n; t++) {
+            float *dst = s->specrows + ((int64_t)t * S + (sd - 1)) * J;
+            if (!have) {
+                memset(dst, 0, (size_t)J * sizeof(float));
+            } else if (g->scoring == FMOE_ROUTER_SIGMOID) {
+                for (int32_t j = 0; j < J; j++) dst[j] = fmoe_sigmoid(s->spec[(int64_t)t * J + j]);
+            } else {
+                fmoe_softmax_row(dst, s->spec + (int64_t)t * J, J);
+            }
+        }
+    }
+}
+
+/* Copies the chunk's routing into the caller's trace arrays from token t0 on. */
+static void trace_routing(const fmoe_session *s, int32_t l, int32_t n, int32_t t0,
+                          int have_spec, const fmoe_forward_trace *tr) {
+    const fmoe_model_geometry *g = &s->m->geo;
+    const int32_t h = g->hidden_size, J = g->num_experts, K = g->top_k;
+    const int32_t Lm = g->num_moe_layers, S = s->opt.speculative_depth;
+    for (int32_t t = 0; t < n; t++) {
+        const int64_t row = (int64_t)(t0 + t) * Lm + l;
+        if (tr->experts) memcpy(tr->experts + row * K, s->chosen + (int64_t)t * K, (size_t)K * 2);
+        if (tr->weights)
+            memcpy(tr->weights + row * K, s->topw + (int64_t)t * K, (size_t)K * sizeof(float));
+        if (tr->probs)
+            memcpy(tr->probs + row * J, s->probs + (int64_t)t * J, (size_t)J * sizeof(float));
+        if (tr->hidden)
+            memcpy(tr->hidden + row * h, s->xn + (int64_t)t * h, (size_t)h * sizeof(float));
+        if (tr->speculative && have_spec)
+            memcpy(tr->speculative + row * S * J, s->specrows + (int64_t)t * S * J,
+                   (size_t)S * J * sizeof(float));
+    }
+}
+
+/* The weights expert j of the layer runs with: the executor's (on_expert returned 0) or
+ * the model's own. @return 0 or the hook's error. */
+static int expert_weights(fmoe_session *s, const fmoe__layer *L, int32_t j, fmoe__mlp *out) {
+    *out = L->experts[j];
+    if (!s->opt.on_expert) return 0;
+    fmoe_expert_view v;
+    const int rc = s->opt.on_expert(s->opt.route_ctx, L->moe_index, j, &v);
+    if (rc != 0) return rc < 0 ? rc : 0;
+    const fmoe_matrix_view *src[3] = {&v.gate, &v.up, &v.down};
+    fmoe__mat *dst[3] = {&out->gate, &out->up, &out->down};
+    for (int i = 0; i < 3; i++)
+        *dst[i] = (fmoe__mat){.data = src[i]->data, .dtype = src[i]->dtype,
+                              .rows = src[i]->rows, .cols = src[i]->cols};
+    return 0;
+}
+
 /* MoE block: routes the n tokens of s->xn, runs their experts, adds to s->x.
- * `t0` is the index of the chunk's first token in the caller's trace arrays. */
-static void moe_block(fmoe_session *s, const fmoe__layer *L, int32_t n, int32_t t0,
-                      const fmoe_forward_trace *tr) {
+ * `t0` is the index of the chunk's first token in the caller's trace arrays.
+ * Experts run in order of first appearance (token by token, k by k: DESIGN.md §7.1), the
+ * order the routing hook announces and a live executor resolves its accesses in.
+ * @return 0 or a hook's error. */
+static int moe_block(fmoe_session *s, const fmoe__layer *L, int32_t n, int32_t t0,
+                     const fmoe_forward_trace *tr) {
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const int32_t h = g->hidden_size, J = g->num_experts, K = g->top_k;
-    const int32_t Lm = g->num_moe_layers, l = L->moe_index, S = s->opt.speculative_depth;
+    const int32_t l = L->moe_index, S = s->opt.speculative_depth;
 
     s->be->matmul(s->bctx, &L->router, s->xn, n, s->rlogits);
     for (int32_t t = 0; t < n; t++)
@@ -279,64 +352,46 @@ static void moe_block(fmoe_session *s, const fmoe__layer *L, int32_t n, int32_t 
                        (float)g->routed_scaling_factor, s->probs + (int64_t)t * J,
                        s->topk + (int64_t)t * K, s->topw + (int64_t)t * K);
 
-    if (tr) {
-        for (int32_t t = 0; t < n; t++) {
-            const int64_t row = (int64_t)(t0 + t) * Lm + l;
-            if (tr->experts)
-                for (int32_t k = 0; k < K; k++)
-                    tr->experts[row * K + k] = (uint16_t)s->topk[t * K + k];
-            if (tr->weights)
-                memcpy(tr->weights + row * K, s->topw + t * K, (size_t)K * sizeof(float));
-            if (tr->probs)
-                memcpy(tr->probs + row * J, s->probs + (int64_t)t * J, (size_t)J * sizeof(float));
-            if (tr->hidden)
-                memcpy(tr->hidden + row * h, s->xn + (int64_t)t * h, (size_t)h * sizeof(float));
-        }
-        if (tr->speculative && S > 0) {
-            for (int32_t sd = 1; sd <= S; sd++) {
-                const int have = l + sd < Lm;
-                if (have)
-                    s->be->matmul(s->bctx, &m->layers[g->moe_layer_index[l + sd]].router, s->xn,
-                                  n, s->spec);
-                for (int32_t t = 0; t < n; t++) {
-                    float *dst = tr->speculative +
-                                 (((int64_t)(t0 + t) * Lm + l) * S + (sd - 1)) * J;
-                    if (!have) {
-                        memset(dst, 0, (size_t)J * sizeof(float));
-                    } else if (g->scoring == FMOE_ROUTER_SIGMOID) {
-                        for (int32_t j = 0; j < J; j++)
-                            dst[j] = fmoe_sigmoid(s->spec[(int64_t)t * J + j]);
-                    } else {
-                        fmoe_softmax_row(dst, s->spec + (int64_t)t * J, J);
-                    }
-                }
-            }
-        }
-    }
-    if (s->opt.on_route) s->opt.on_route(s->opt.route_ctx, l, n, s->topk);
-
-    /* Group (token, k) slots by expert; run each chosen expert once over its tokens. */
+    /* Group (token, k) slots by expert, noting the order experts first appear in. */
+    int32_t num_distinct = 0;
     memset(s->count, 0, (size_t)J * sizeof *s->count);
     const int64_t cap = (int64_t)s->opt.max_batch * K;
     for (int32_t t = 0; t < n; t++)
         for (int32_t k = 0; k < K; k++) {
             const int32_t e = s->topk[t * K + k];
+            s->chosen[t * K + k] = (uint16_t)e;
+            if (s->count[e] == 0) s->distinct[num_distinct++] = e;
             s->slots[(int64_t)e * cap + s->count[e]++] = t * K + k;
         }
+
+    const int have_spec = S > 0 && (s->opt.on_route || (tr && tr->speculative));
+    if (have_spec) speculative_rows(s, l, n);
+    if (tr) trace_routing(s, l, n, t0, have_spec, tr);
+    if (s->opt.on_route) {
+        const fmoe_route_event ev = {
+            .layer = l, .num_tokens = n, .chosen = s->chosen, .chosen_stride = K,
+            .probs = s->probs, .probs_stride = J, .distinct = s->distinct,
+            .num_distinct = num_distinct, .speculative = have_spec ? s->specrows : NULL,
+            .speculative_stride = (int64_t)S * J, .speculative_depth = have_spec ? S : 0};
+        FMOE_FORWARD_IF_ERROR(s->opt.on_route(s->opt.route_ctx, &ev));
+    }
+
     memset(s->acc, 0, (size_t)n * h * sizeof(float));
-    for (int32_t e = 0; e < J; e++) {
-        const int32_t c = s->count[e];
-        if (c == 0) continue;
+    for (int32_t q = 0; q < num_distinct; q++) {
+        const int32_t e = s->distinct[q], c = s->count[e];
         const int32_t *sl = s->slots + (int64_t)e * cap;
+        fmoe__mlp w;
+        FMOE_FORWARD_IF_ERROR(expert_weights(s, L, e, &w));
         for (int32_t r = 0; r < c; r++)
             memcpy(s->xg + (int64_t)r * h, s->xn + (int64_t)(sl[r] / K) * h,
                    (size_t)h * sizeof(float));
-        run_mlp(s, &L->experts[e], s->xg, c, s->yg);
+        run_mlp(s, &w, s->xg, c, s->yg);
+        if (s->opt.on_expert_done) s->opt.on_expert_done(s->opt.route_ctx, l, e);
         for (int32_t r = 0; r < c; r++) {
-            const float w = s->topw[sl[r]];
+            const float wt = s->topw[sl[r]];
             float *dst = s->acc + (int64_t)(sl[r] / K) * h;
             const float *src = s->yg + (int64_t)r * h;
-            for (int32_t i = 0; i < h; i++) dst[i] += w * src[i];
+            for (int32_t i = 0; i < h; i++) dst[i] += wt * src[i];
         }
     }
     if (L->has_shared) {
@@ -353,11 +408,12 @@ static void moe_block(fmoe_session *s, const fmoe__layer *L, int32_t n, int32_t 
         }
     }
     for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
+    return 0;
 }
 
 /* One chunk of at most max_batch tokens. */
-static void forward_chunk(fmoe_session *s, const int32_t *tokens, int32_t n, int32_t t0,
-                          const fmoe_forward_trace *tr, float *logits, int last_chunk) {
+static int forward_chunk(fmoe_session *s, const int32_t *tokens, int32_t n, int32_t t0,
+                         const fmoe_forward_trace *tr, float *logits, int last_chunk) {
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const int32_t h = g->hidden_size, half = g->head_dim / 2;
@@ -390,7 +446,7 @@ static void forward_chunk(fmoe_session *s, const int32_t *tokens, int32_t n, int
             fmoe_rmsnorm_row(s->xn + (int64_t)t * h, s->x + (int64_t)t * h, L->ffn_norm, h,
                              (float)g->rms_norm_eps);
         if (L->moe_index >= 0) {
-            moe_block(s, L, n, t0, tr);
+            FMOE_FORWARD_IF_ERROR(moe_block(s, L, n, t0, tr));
         } else {
             run_mlp(s, &L->shared, s->xn, n, s->acc);
             for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
@@ -399,7 +455,7 @@ static void forward_chunk(fmoe_session *s, const int32_t *tokens, int32_t n, int
     }
     s->pos += n;
 
-    if (!logits) return;
+    if (!logits) return 0;
     const int64_t V = g->vocab_size;
     if (s->opt.all_logits) {
         for (int32_t t = 0; t < n; t++)
@@ -411,6 +467,7 @@ static void forward_chunk(fmoe_session *s, const int32_t *tokens, int32_t n, int
                          (float)g->rms_norm_eps);
         s->be->matmul(s->bctx, &m->lm_head, s->xn, 1, logits);
     }
+    return 0;
 }
 
 int fmoe_session_forward(fmoe_session *s, const int32_t *tokens, int32_t n,
@@ -428,7 +485,7 @@ int fmoe_session_forward(fmoe_session *s, const int32_t *tokens, int32_t n,
     s->call_seq_len = (int64_t)s->pos + n;
     for (int32_t t0 = 0; t0 < n; t0 += s->opt.max_batch) {
         const int32_t c = n - t0 < s->opt.max_batch ? n - t0 : s->opt.max_batch;
-        forward_chunk(s, tokens + t0, c, t0, trace, logits, t0 + c == n);
+        FMOE_FORWARD_IF_ERROR(forward_chunk(s, tokens + t0, c, t0, trace, logits, t0 + c == n));
     }
     return 0;
 }

@@ -118,6 +118,8 @@ static int view(fmoe_model *m, const fmoe_st_tensor *t, int64_t offset, int64_t 
     out->dtype = t->dtype;
     out->rows = rows;
     out->cols = cols;
+    out->file = t->file;
+    out->file_offset = t->offset + offset * es;
     if (((uintptr_t)p % (uintptr_t)es) != 0) {
         void *copy = aligned_alloc(64, (size_t)((rows * cols * es + 63) / 64 * 64));
         if (!copy || keep_owned(m, copy) < 0) {

@@ -67,6 +67,8 @@ typedef struct fmoe__mat {
     const void *data;
     fmoe_st_dtype dtype;
     int64_t rows, cols;
+    const char *file;    /* the file the bytes come from, and their offset in it (a */
+    int64_t file_offset; /* realigned copy keeps its source's): what a file tier reads */
 } fmoe__mat;
 
 /* A SwiGLU MLP: down(silu(gate(x)) * up(x)). */

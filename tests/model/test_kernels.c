@@ -242,7 +242,7 @@ TEST(cpu_matmul_all_dtypes_and_paths) {
         float row[64];
         uint16_t b[64];
         for (int i = 0; i < 64; i++) b[i] = fmoe_float_to_bf16((float)i - 7.5f);
-        fmoe__mat e = {b, FMOE_ST_BF16, 1, 64};
+        fmoe__mat e = {.data = b, .dtype = FMOE_ST_BF16, .rows = 1, .cols = 64};
         be->get_row(ctx, &e, 0, row);
         for (int i = 0; i < 64; i++) ASSERT_NEAR(row[i], i - 7.5, 0);
         be->free(ctx);

@@ -216,12 +216,29 @@ TEST(dtypes_chunks_threads_and_alignment_agree) {
     }
 }
 
-static int routes_seen;
-static void on_route(void *ctx, int32_t l, int32_t n, const int32_t *experts) {
+/* What the routing hook saw: every event checked against the rules of fmoe_route_event. */
+static int routes_seen, route_errors;
+static int route_fail_at = -1; /* the layer whose hook returns an error, -1 none */
+static float route_probs[64 * LAYERS * J];
+static int on_route(void *ctx, const fmoe_route_event *ev) {
     (void)ctx;
-    for (int32_t i = 0; i < n * K; i++)
-        if (experts[i] < 0 || experts[i] >= J || l < 0 || l >= LAYERS) return;
-    routes_seen += n;
+    if (ev->layer < 0 || ev->layer >= LAYERS || ev->num_tokens < 1) route_errors++;
+    int seen[J] = {0}, order[J], n_order = 0;
+    for (int32_t t = 0; t < ev->num_tokens; t++)
+        for (int k = 0; k < K; k++) {
+            const int e = ev->chosen[t * ev->chosen_stride + k];
+            if (e >= J) route_errors++;
+            else if (!seen[e]++) order[n_order++] = e;
+        }
+    if (ev->num_distinct != n_order) route_errors++;
+    for (int q = 0; q < n_order && q < ev->num_distinct; q++)
+        if (ev->distinct[q] != order[q]) route_errors++; /* first appearance, not index order */
+    for (int32_t t = 0; t < ev->num_tokens && t < 64; t++)
+        memcpy(route_probs + (t * LAYERS + ev->layer) * J, ev->probs + t * ev->probs_stride,
+               J * sizeof(float));
+    if (ev->speculative_depth != 1 || !ev->speculative) route_errors++;
+    routes_seen += ev->num_tokens;
+    return ev->layer == route_fail_at ? FMOE_EIO : 0;
 }
 
 TEST(session_limits_and_trace) {
@@ -254,6 +271,8 @@ TEST(session_limits_and_trace) {
     ASSERT_OK(fmoe_session_forward(s, tok, 4, &tr, logits));
     ASSERT_EQ(fmoe_session_position(s), 4);
     ASSERT_EQ(routes_seen, 4 * LAYERS);
+    ASSERT_EQ(route_errors, 0);
+    ASSERT_TRUE(memcmp(route_probs, probs, sizeof probs) == 0); /* the hook's probs are the trace's */
     ASSERT_TRUE(secs[0] > 0 && secs[1] > 0);
     for (int t = 0; t < 4; t++)
         for (int l = 0; l < LAYERS; l++) {
@@ -277,12 +296,133 @@ TEST(session_limits_and_trace) {
     fmoe_session_reset(s);
     ASSERT_EQ(fmoe_session_position(s), 0);
     ASSERT_OK(fmoe_session_forward(s, tok, 8, NULL, logits));
+    /* A hook's error stops the call and is its result. */
+    fmoe_session_reset(s);
+    route_fail_at = 1;
+    ASSERT_EQ(fmoe_session_forward(s, tok, 2, NULL, logits), FMOE_EIO);
+    route_fail_at = -1;
     fmoe_session_free(s);
     fmoe_session_free(NULL);
 
     o = fmoe_session_defaults();
     o.speculative_depth = LAYERS + 1;
     ASSERT_EQ(fmoe_session_init(m, &o, &s), FMOE_EINVAL);
+    fmoe_model_free(m);
+    remove_tree(d);
+}
+
+/* The expert hooks: weights an executor supplies (copies of the model's, as a cache slot
+ * holds them) give the model's logits bit for bit; every expert the router chose is asked
+ * for once per layer and chunk, in first-appearance order, and released after it ran. */
+typedef struct expert_hook_state {
+    const fmoe_model *m;
+    uint8_t *copy[J][3];
+    int asked, done, open, in_order_errors, own;
+    int last_layer, last_pos;
+} expert_hook_state;
+
+static int on_expert(void *ctx, int32_t l, int32_t j, fmoe_expert_view *w) {
+    expert_hook_state *st = ctx;
+    st->asked++;
+    if (st->open != 0) st->in_order_errors++; /* the previous expert was not released */
+    st->open = 1;
+    if (l == 1 && j % 2) { /* odd experts of layer 1 run from the model's own weights */
+        st->own++;
+        return 1;
+    }
+    fmoe_expert_tensors t;
+    if (fmoe_model_expert_tensors(st->m, l, j, &t) < 0) return FMOE_EINVAL;
+    const fmoe_expert_tensor *src[3] = {&t.gate, &t.up, &t.down};
+    fmoe_matrix_view *dst[3] = {&w->gate, &w->up, &w->down};
+    for (int i = 0; i < 3; i++) {
+        const size_t bytes = (size_t)(src[i]->view.rows * src[i]->view.cols *
+                                      fmoe_st_dtype_size(src[i]->view.dtype));
+        memcpy(st->copy[j][i], src[i]->view.data, bytes);
+        *dst[i] = src[i]->view;
+        dst[i]->data = st->copy[j][i];
+    }
+    return 0;
+}
+
+static void on_expert_done(void *ctx, int32_t l, int32_t j) {
+    (void)l;
+    (void)j;
+    expert_hook_state *st = ctx;
+    st->done++;
+    st->open = 0;
+}
+
+static int route_count_only(void *ctx, const fmoe_route_event *ev) {
+    (void)ctx;
+    routes_seen += ev->num_distinct;
+    return 0;
+}
+
+TEST(expert_hooks_supply_weights) {
+    char d[512];
+    write_model(d, sizeof d, "mixtral", "BF16", NULL, NULL, NULL, 0);
+    fmoe_model *m;
+    ASSERT_OK(fmoe_model_load(d, NULL, &m));
+    int32_t tok[6] = {3, 1, 4, 1, 5, 9};
+    float ref[V], got[V];
+    fmoe_session *s;
+    fmoe_session_options o = fmoe_session_defaults();
+    ASSERT_OK(fmoe_session_init(m, &o, &s));
+    ASSERT_OK(fmoe_session_forward(s, tok, 6, NULL, ref));
+    fmoe_session_free(s);
+
+    expert_hook_state st = {.m = m};
+    for (int j = 0; j < J; j++)
+        for (int i = 0; i < 3; i++) st.copy[j][i] = calloc(1, 1 << 16);
+    o.on_route = route_count_only;
+    o.on_expert = on_expert;
+    o.on_expert_done = on_expert_done;
+    o.route_ctx = &st;
+    routes_seen = 0;
+    ASSERT_OK(fmoe_session_init(m, &o, &s));
+    ASSERT_OK(fmoe_session_forward(s, tok, 6, NULL, got));
+    ASSERT_TRUE(memcmp(ref, got, sizeof ref) == 0);
+    ASSERT_EQ(st.asked, routes_seen); /* once per distinct expert of each layer */
+    ASSERT_EQ(st.done, st.asked);
+    ASSERT_EQ(st.in_order_errors, 0);
+    ASSERT_TRUE(st.own > 0);
+
+    fmoe_expert_tensors t;
+    ASSERT_OK(fmoe_model_expert_tensors(m, 1, J - 1, &t));
+    ASSERT_TRUE(t.gate.file != NULL && strstr(t.gate.file, "safetensors") != NULL);
+    ASSERT_TRUE(t.down.offset > t.gate.offset || t.down.file != t.gate.file ||
+                t.down.offset != t.gate.offset);
+    ASSERT_EQ(fmoe_model_expert_tensors(m, LAYERS, 0, &t), FMOE_EINVAL);
+    fmoe_session_free(s);
+    for (int j = 0; j < J; j++)
+        for (int i = 0; i < 3; i++) free(st.copy[j][i]);
+    fmoe_model_free(m);
+    remove_tree(d);
+}
+
+/* The bytes fmoe_model_expert_tensors points a file tier at are the expert's bytes. */
+TEST(expert_tensors_file_offsets) {
+    char d[512];
+    write_model(d, sizeof d, "mixtral", "F16", NULL, NULL, NULL, 0);
+    fmoe_model *m;
+    ASSERT_OK(fmoe_model_load(d, NULL, &m));
+    for (int l = 0; l < LAYERS; l++)
+        for (int j = 0; j < J; j++) {
+            fmoe_expert_tensors t;
+            ASSERT_OK(fmoe_model_expert_tensors(m, l, j, &t));
+            const fmoe_expert_tensor *mats[3] = {&t.gate, &t.up, &t.down};
+            for (int i = 0; i < 3; i++) {
+                const size_t bytes = (size_t)(mats[i]->view.rows * mats[i]->view.cols * 2);
+                uint8_t buf[1 << 14];
+                ASSERT_TRUE(bytes <= sizeof buf);
+                FILE *f = fopen(mats[i]->file, "rb");
+                ASSERT_TRUE(f != NULL);
+                ASSERT_EQ(fseek(f, (long)mats[i]->offset, SEEK_SET), 0);
+                ASSERT_EQ(fread(buf, 1, bytes, f), bytes);
+                fclose(f);
+                ASSERT_TRUE(memcmp(buf, mats[i]->view.data, bytes) == 0);
+            }
+        }
     fmoe_model_free(m);
     remove_tree(d);
 }

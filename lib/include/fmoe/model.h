@@ -31,9 +31,24 @@
 #include <stdint.h>
 
 #include "fmoe/geometry.h"
+#include "fmoe/safetensors.h"
 
 typedef struct fmoe_model fmoe_model;
 typedef struct fmoe_session fmoe_session;
+
+/* A matrix [rows][cols], row-major, in a safetensors dtype (F32, F16, BF16). */
+typedef struct fmoe_matrix_view {
+    const void *data;
+    fmoe_st_dtype dtype;
+    int64_t rows, cols;
+} fmoe_matrix_view;
+
+/* One routed expert's three matrices: down(silu(gate·x) * up·x). */
+typedef struct fmoe_expert_view {
+    fmoe_matrix_view gate; /* [I][h] */
+    fmoe_matrix_view up;   /* [I][h] */
+    fmoe_matrix_view down; /* [h][I] */
+} fmoe_expert_view;
 
 /* ---------------------------------------------------------------------------------- */
 /* Loading                                                                            */
@@ -67,17 +82,67 @@ int64_t fmoe_model_weight_bytes(const fmoe_model *m);
 /* One line describing the model: family, layers, experts, dtype, rope. Static per model. */
 const char *fmoe_model_describe(const fmoe_model *m);
 
+/* Where a routed expert's matrix lives: its view (in the mapping) and its bytes' file and
+ * offset, for a slow tier that reads experts itself (pread, O_DIRECT). */
+typedef struct fmoe_expert_tensor {
+    fmoe_matrix_view view;
+    const char *file;        /* the safetensors file holding it (valid until free) */
+    int64_t offset;          /* byte offset of view.data's first byte in that file */
+} fmoe_expert_tensor;
+
+typedef struct fmoe_expert_tensors {
+    fmoe_expert_tensor gate, up, down;
+} fmoe_expert_tensors;
+
+/* Routed expert j of MoE layer l. @return 0, FMOE_EINVAL (l or j out of range). */
+int fmoe_model_expert_tensors(const fmoe_model *m, int32_t l, int32_t j, fmoe_expert_tensors *out);
+
+/* The embedding rows of tokens[0..n) as f32 into out[n][h]: the forward pass's semantic
+ * embedding, for callers that need it before the forward call.
+ * @return 0 or FMOE_EINVAL (a token outside the vocabulary). */
+int fmoe_model_embed(const fmoe_model *m, const int32_t *tokens, int32_t n, float *out);
+
 /* ---------------------------------------------------------------------------------- */
 /* Sessions: run state and the forward pass                                           */
 /* ---------------------------------------------------------------------------------- */
 
 /*
- * Called after the router of each MoE layer has chosen experts for the tokens of a
- * forward call and before any expert runs: where a live executor makes sure the chosen
- * experts are resident. `experts` is [n][K], in gate order. Must not call back into the
- * session.
+ * What the router of one MoE layer chose for the tokens of one forward chunk, before any
+ * expert of the layer runs (DESIGN.md §7.1), in the types fmoe_gate_event uses: a live
+ * executor passes it on to the policy and makes the experts resident. Pointers are valid
+ * during the call only.
  */
-typedef void (*fmoe_route_fn)(void *ctx, int32_t moe_layer, int32_t n, const int32_t *experts);
+typedef struct fmoe_route_event {
+    int32_t layer;             /* MoE layer index l */
+    int32_t num_tokens;        /* n, the chunk's tokens */
+    const uint16_t *chosen;    /* token t's K experts at chosen[t * chosen_stride + k],
+                                  in gate order */
+    int64_t chosen_stride;
+    const float *probs;        /* token t's J gate probabilities at probs[t * probs_stride] */
+    int64_t probs_stride;
+    const int32_t *distinct;   /* the layer's experts in order of first appearance (token
+                                  by token, k by k): the order they run in */
+    int32_t num_distinct;
+    const float *speculative;  /* token t's gate of layer l+1+s applied to this layer's
+                                  gate input at speculative[t * speculative_stride + s * J],
+                                  s < speculative_depth; rows past the last layer are 0.
+                                  NULL when the session's speculative_depth is 0 */
+    int64_t speculative_stride;
+    int32_t speculative_depth;
+} fmoe_route_event;
+
+/* Called once per MoE layer and chunk after routing. Must not call back into the session.
+ * @return 0, or a negative fmoe error code: the forward call stops and returns it. */
+typedef int (*fmoe_route_fn)(void *ctx, const fmoe_route_event *ev);
+
+/* Called before routed expert (l, j) runs, in the order of fmoe_route_event.distinct:
+ * @return 0 with *weights set (the executor's copy of the expert, e.g. a cache slot),
+ * 1 to run the model's own weights, or a negative error code (the forward call stops). */
+typedef int (*fmoe_expert_fn)(void *ctx, int32_t layer, int32_t expert,
+                              fmoe_expert_view *weights);
+
+/* Called after routed expert (l, j) has run: the weights given for it may be reused. */
+typedef void (*fmoe_expert_done_fn)(void *ctx, int32_t layer, int32_t expert);
 
 typedef struct fmoe_session_options {
     int32_t max_context;       /* KV cache positions (default: min(4096, model's maximum)) */
@@ -85,7 +150,9 @@ typedef struct fmoe_session_options {
     int32_t threads;           /* CPU threads for BLAS and our kernels (0: all cores) */
     int32_t all_logits;        /* 1: forward writes logits of every token, [n][V] */
     int32_t speculative_depth; /* S for fmoe_forward_trace.speculative (0: none) */
-    fmoe_route_fn on_route;    /* optional */
+    fmoe_route_fn on_route;    /* optional hooks for a live executor (fmoe/offload.h); */
+    fmoe_expert_fn on_expert;  /* all take route_ctx */
+    fmoe_expert_done_fn on_expert_done;
     void *route_ctx;
 } fmoe_session_options;
 

@@ -93,6 +93,9 @@ enum {
      * that makes a prefetch late. */
     FMOE_POLICY_MATCHER = 1u << 4,
     FMOE_POLICY_TAKES_STORE = 1u << 5, /* uses an expert-map store (fmoe_sim_config.expert_store) */
+    /* uses gate probabilities when the trace has them, and works from the chosen experts
+     * alone (each at 1/K) when it has none (probs_kind none: ids-only routing logs) */
+    FMOE_POLICY_USES_PROBS = 1u << 6,
 };
 
 /* [fmoe hook, issue 4] How the fmoe policies use an expert-map store (fmoe/expertmap.h). */

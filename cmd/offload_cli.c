@@ -1,0 +1,160 @@
+/*
+ * offload_cli.c - the options of an offloaded live run, shared by generate and record
+ * (offload_cli.h).
+ */
+#include "offload_cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "cmd_common.h"
+#include "fmoe/error.h"
+#include "fmoe/geometry.h"
+#include "fmoe/policy.h"
+
+const char *const cmd_offload_tiers[] = {"auto", "host", "file", NULL};
+const char *const cmd_offload_misses[] = {"load", "cpu", NULL};
+/* the values are fmoe_store_mode's: offline 0, offline-update 2 (online needs no store and
+ * is a simulate mode) */
+const char *const cmd_offload_store_modes[] = {"offline", "online", "offline-update", NULL};
+
+void cmd_offload_args_init(cmd_offload_args *a) {
+    memset(a, 0, sizeof *a);
+    a->copy_chunks = 4;
+    a->tier = FMOE_TIER_AUTO;
+    a->store_mode = FMOE_STORE_OFFLINE;
+}
+
+int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,
+                     int32_t prefill_chunk, int quiet, cmd_offload *out) {
+    memset(out, 0, sizeof *out);
+    const int on = a->cache_experts > 0 || a->cache_gb > 0;
+    if (!on) {
+        if (a->policy || a->store || a->decision_log || a->direct_io || a->sync_transfers)
+            return cmd_usage_error(cmd, "--policy, --store, --decision-log, --direct-io and "
+                                        "--sync-transfers need an offloaded run: give "
+                                        "--cache-experts N or --cache-gb X");
+        return 0;
+    }
+    if (a->cache_experts > 0 && a->cache_gb > 0)
+        return cmd_usage_error(cmd, "give --cache-experts or --cache-gb, not both");
+    if (a->direct_io && a->tier == FMOE_TIER_HOST)
+        return cmd_usage_error(cmd, "--direct-io reads the file tier; it has no meaning with "
+                                    "--tier host");
+    if (a->store_mode == FMOE_STORE_ONLINE)
+        return cmd_usage_error(cmd, "--store-mode online is a simulate mode; live runs use "
+                                    "offline or offline-update with --store");
+    const char *policy = a->policy ? a->policy : "lru";
+    const fmoe_policy_ops *ops = fmoe_policy_find(policy);
+    if (!ops)
+        return cmd_usage_error(cmd, "unknown policy '%s' (valid: %s)", policy,
+                               fmoe_policy_names());
+    if ((ops->flags & FMOE_POLICY_TAKES_STORE) && !a->store)
+        return cmd_usage_error(cmd, "policy %s needs an expert-map store: --store S.h5 "
+                                    "(fmoe build-store)", policy);
+    if (!(ops->flags & FMOE_POLICY_TAKES_STORE) && a->store)
+        return cmd_usage_error(cmd, "policy %s takes no store", policy);
+
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
+    int rc;
+    if (a->store) {
+        if ((rc = fmoe_store_read(a->store, 0, &out->store)) < 0) return cmd_fail(cmd, rc);
+        const char *json = fmoe_model_config_json(m);
+        char fp[65];
+        if ((rc = fmoe_config_fingerprint(json, strlen(json), fp)) < 0) {
+            cmd_offload_close(cmd, out, 0);
+            return cmd_fail(cmd, rc);
+        }
+        if (out->store->model_fingerprint[0] && strcmp(out->store->model_fingerprint, fp) != 0) {
+            cmd_failf(cmd, "%s was built for model fingerprint %s but this model's is %s; build "
+                           "a store from traces of this model", a->store,
+                      out->store->model_fingerprint, fp);
+            cmd_offload_close(cmd, out, 0);
+            return CMD_EXIT_FAILURE;
+        }
+    }
+    fmoe_offload_options o = fmoe_offload_defaults();
+    o.policy = policy;
+    const int64_t total = (int64_t)g->num_moe_layers * g->num_experts;
+    int64_t n = a->cache_experts;
+    if (a->cache_gb > 0) {
+        /* expert bytes at the checkpoint's dtype, as record writes them to the trace and
+         * simulate converts --cache-gb */
+        const int64_t eb = fmoe_geometry_expert_bytes(g, g->expert_dtype);
+        n = eb > 0 ? (int64_t)(a->cache_gb * (double)(1 << 30) / (double)eb) : 0;
+        if (n < 1) {
+            cmd_offload_close(cmd, out, 0);
+            return cmd_usage_error(cmd, "--cache-gb %g holds no expert of %lld bytes",
+                                   a->cache_gb, (long long)eb);
+        }
+    }
+    if (n > total) {
+        if (!quiet)
+            fprintf(stderr, "fmoe %s: --cache-%s asks for %lld experts; the model has %lld: "
+                            "clamped to %lld (nothing is offloaded)\n", cmd,
+                    a->cache_gb > 0 ? "gb" : "experts", (long long)n, (long long)total,
+                    (long long)total);
+        n = total;
+    }
+    o.cache_experts = (int32_t)n;
+    o.prefetch_distance = a->prefetch_distance;
+    o.copy_chunks = a->copy_chunks;
+    o.tier = (fmoe_tier_kind)a->tier;
+    o.direct_io = a->direct_io;
+    o.miss = a->miss;
+    o.prefill_chunk = prefill_chunk;
+    o.sync_transfers = a->sync_transfers;
+    if (out->store) {
+        o.expert_store = out->store->store;
+        o.store_mode = a->store_mode;
+    }
+    if (a->decision_log) {
+        if ((rc = fmoe_decision_log_open(&out->log, a->decision_log, cmd, NULL)) < 0) {
+            cmd_offload_close(cmd, out, 0);
+            return cmd_fail(cmd, rc);
+        }
+        o.decision = fmoe_decision_log_write;
+        o.decision_ctx = out->log;
+    }
+    if ((rc = fmoe_offload_init(&out->x, m, &o)) < 0) {
+        cmd_offload_close(cmd, out, 0);
+        return cmd_fail(cmd, rc);
+    }
+    return 0;
+}
+
+int cmd_offload_close(const char *cmd, cmd_offload *o, int ok) {
+    int exit_code = 0;
+    fmoe_offload_free(o->x);
+    o->x = NULL;
+    if (o->log) {
+        const int rc = fmoe_decision_log_close(o->log, ok);
+        if (rc < 0 && ok) exit_code = cmd_fail(cmd, rc);
+        o->log = NULL;
+    }
+    fmoe_store_file_free(o->store);
+    o->store = NULL;
+    return exit_code;
+}
+
+int cmd_offload_forward(cmd_offload *o, fmoe_session *s, const int32_t *tokens, int32_t n,
+                        int32_t phase, const fmoe_forward_trace *trace, float *logits) {
+    if (o->x) return fmoe_offload_forward(o->x, s, tokens, n, phase, trace, logits);
+    return fmoe_session_forward(s, tokens, n, trace, logits);
+}
+
+void cmd_offload_summary(const cmd_offload *o, char *buf, size_t cap) {
+    if (!o->x) {
+        snprintf(buf, cap, "all experts resident");
+        return;
+    }
+    fmoe_offload_stats s;
+    fmoe_offload_get_stats(o->x, &s);
+    const double acc = s.accesses > 0 ? (double)s.accesses : 1;
+    snprintf(buf, cap,
+             "offload %d slots: %.1f%% hits (%lld late), %lld misses, %lld prefetches, "
+             "%.1f MiB loaded, %.3f s stalled",
+             fmoe_offload_capacity(o->x), 100.0 * (double)s.hits / acc, (long long)s.late_hits,
+             (long long)s.misses, (long long)s.prefetches, (double)s.bytes_loaded / (1 << 20),
+             s.stall_s);
+}

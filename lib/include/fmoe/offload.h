@@ -1,0 +1,130 @@
+/*
+ * fmoe/offload.h - live expert offloading on the CPU backend (DESIGN.md §8): the routed
+ * experts of a loaded model live in a slow tier, a bounded set of N expert slots is the
+ * fast tier, and a policy of lib/policies/ decides what is prefetched and evicted, driven
+ * through the same slot protocol as the simulator (fmoe/slots.h), with the same events in
+ * the same order. Implemented in runtime/offload/.
+ *
+ *     fmoe_offload_options o = fmoe_offload_defaults();
+ *     o.policy = "lru"; o.cache_experts = 12;
+ *     fmoe_offload *x;
+ *     fmoe_offload_init(&x, model, &o);
+ *     fmoe_session_options so = fmoe_session_defaults();
+ *     fmoe_offload_attach(x, &so);                 // installs the model's routing hooks
+ *     fmoe_session_init(model, &so, &s);
+ *     fmoe_offload_request_begin(x, id, prompt, n);
+ *     fmoe_offload_forward(x, s, prompt, n, FMOE_PHASE_PREFILL, NULL, logits);
+ *     fmoe_offload_forward(x, s, &next, 1, FMOE_PHASE_DECODE, NULL, logits); ...
+ *     fmoe_offload_request_end(x);
+ *     fmoe_offload_free(x);
+ *
+ * Tiers. Slow: `host` copies every routed expert once into RAM; `file` reads each
+ * transfer from the safetensors files with pread (O_DIRECT into aligned buffers with
+ * direct_io, so a model larger than RAM runs and timings are the device's). Fast: N slots
+ * of one routed expert each (its three matrices in the checkpoint's dtype) plus one
+ * scratch slot for a miss the policy computes without caching. Everything else of the
+ * model (attention, routers, shared experts, norms, embeddings) stays where it is.
+ *
+ * Copy engine: one I/O thread. Demand loads first, in the order accesses were resolved;
+ * then prefetch pieces in the slots' order (a started transfer first, then priority). A
+ * transfer into a slot waits until every expert computed from that slot before it has
+ * finished (the simulator's slot_free_at). Transfers move in `copy_chunks` pieces, so a
+ * demand load waits at most for the piece on the engine.
+ *
+ * Executor (the thread calling forward): at each MoE layer's gate it applies landed
+ * transfers, sends on_gate, resolves every distinct expert in first-appearance order
+ * (hit, pending prefetch, or miss: demand load, bypass or host compute) with on_access
+ * after each, then the forward pass computes the experts in that order, each waiting for
+ * its slot's data (stall time); on_layer_done follows the last. env.now_s is monotonic
+ * seconds since init. Policies that need the future (belady, oracle) are refused.
+ */
+#ifndef FMOE_OFFLOAD_H
+#define FMOE_OFFLOAD_H
+
+#include <stdint.h>
+
+#include "fmoe/model.h"
+#include "fmoe/slots.h"
+
+typedef struct fmoe_offload fmoe_offload;
+struct fmoe_expertmap;
+
+typedef enum fmoe_tier_kind {
+    FMOE_TIER_AUTO = 0, /* host when the routed experts fit in half the free RAM, else file */
+    FMOE_TIER_HOST = 1,
+    FMOE_TIER_FILE = 2,
+} fmoe_tier_kind;
+
+typedef enum fmoe_offload_miss {
+    FMOE_OFFLOAD_MISS_LOAD = 0, /* demand-load a miss into a slot */
+    FMOE_OFFLOAD_MISS_CPU = 1,  /* compute a miss from the slow tier, uncached */
+} fmoe_offload_miss;
+
+typedef struct fmoe_offload_options {
+    const char *policy;            /* a policy of fmoe_policy_registry without NEEDS_FUTURE */
+    int32_t cache_experts;         /* N >= 1; more than L·J is clamped to L·J */
+    int32_t prefetch_distance;     /* 0: the policy's default */
+    int32_t copy_chunks;           /* pieces per transfer; 0: 4 */
+    fmoe_tier_kind tier;
+    int32_t direct_io;             /* file tier: O_DIRECT */
+    int32_t miss;                  /* fmoe_offload_miss */
+    int32_t prefill_chunk;         /* tokens per prefill iteration: the session's max_batch
+                                      (0: 64) */
+    /* fmoe policies: the store (borrowed) and its mode (fmoe_store_mode) */
+    const struct fmoe_expertmap *expert_store;
+    int32_t store_mode;
+    /* Every transfer completion is waited for at the sync points (before each gate and
+     * before each prefetch makes room), so the decisions do not depend on the link's
+     * speed: the live counterpart of a simulation with zero-time transfers, for the
+     * decision-log identity test. Slower; off by default. */
+    int32_t sync_transfers;
+    /* the decision log (fmoe/decision_log.h), or NULL */
+    void (*decision)(void *ctx, const fmoe_decision *d);
+    void *decision_ctx;
+} fmoe_offload_options;
+
+fmoe_offload_options fmoe_offload_defaults(void);
+
+/* Loads the slow tier and starts the I/O thread. @return 0, FMOE_EINVAL (capacity < 1, an
+ * unknown policy: the detail lists the valid ones), FMOE_EUNSUPPORTED (a policy that needs
+ * the future: "belady needs the whole future access sequence: simulate only"), FMOE_EIO
+ * (a model file cannot be read; the detail names it), FMOE_ENOMEM. */
+int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offload_options *o);
+
+/* Stops the I/O thread and frees. NULL is a no-op. */
+void fmoe_offload_free(fmoe_offload *x);
+
+/* The capacity in use (after clamping) and a one-line note when it was clamped. */
+int32_t fmoe_offload_capacity(const fmoe_offload *x);
+
+/* Installs the routing and expert hooks in session options (one session at a time). */
+void fmoe_offload_attach(fmoe_offload *x, fmoe_session_options *so);
+
+/* Request events around a sequence's forward calls. */
+int fmoe_offload_request_begin(fmoe_offload *x, int64_t id, const int32_t *prompt,
+                               int32_t prompt_tokens);
+int fmoe_offload_request_end(fmoe_offload *x);
+
+/* fmoe_session_forward in iterations: prefill in chunks of prefill_chunk tokens, each its
+ * own iteration (DESIGN.md §7.1), a decode token one iteration; trace and logits as
+ * fmoe_session_forward. @return its error, or the first error of a transfer (the file
+ * named) or of the policy. */
+int fmoe_offload_forward(fmoe_offload *x, fmoe_session *s, const int32_t *tokens, int32_t n,
+                         int32_t phase, const fmoe_forward_trace *trace, float *logits);
+
+/* Totals since init. */
+typedef struct fmoe_offload_stats {
+    int64_t accesses, hits, late_hits, misses, host_misses, bypassed;
+    int64_t prefetches, prefetch_hits, bytes_loaded, wasted_prefetch_bytes;
+    double stall_s;            /* the forward pass waiting for expert weights */
+    int64_t iterations;
+} fmoe_offload_stats;
+
+void fmoe_offload_get_stats(const fmoe_offload *x, fmoe_offload_stats *out);
+
+/* The outcome of each access since the last call, in access order (FMOE_ACCESS_* and 3 for
+ * a host-computed miss), for a recorder writing measured outcomes; *n receives the count.
+ * Valid until the next forward. */
+const uint8_t *fmoe_offload_take_outcomes(fmoe_offload *x, int64_t *n);
+
+#endif

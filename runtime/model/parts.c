@@ -1,0 +1,48 @@
+/*
+ * parts.c - pieces of a loaded model for code beside the forward pass (a live executor):
+ * token embeddings before a forward call (the semantic embedding, DESIGN.md §3, handed to
+ * policies at request and iteration start; the conversions are exact, so the values are
+ * the forward pass's) and where each routed expert's bytes live (its slow tier).
+ */
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/half.h"
+#include "model_impl.h"
+
+int fmoe_model_embed(const fmoe_model *m, const int32_t *tokens, int32_t n, float *out) {
+    const fmoe__mat *w = &m->embed;
+    const int64_t h = w->cols;
+    for (int32_t t = 0; t < n; t++) {
+        FMOE_RETURN_ERROR_IF(tokens[t] < 0 || tokens[t] >= w->rows, FMOE_EINVAL,
+                             "token %d at index %d is outside the vocabulary [0, %lld)",
+                             tokens[t], t, (long long)w->rows);
+        float *y = out + (int64_t)t * h;
+        if (w->dtype == FMOE_ST_F32) {
+            memcpy(y, (const float *)w->data + tokens[t] * h, (size_t)h * sizeof *y);
+            continue;
+        }
+        const uint16_t *row = (const uint16_t *)w->data + tokens[t] * h;
+        for (int64_t i = 0; i < h; i++)
+            y[i] = w->dtype == FMOE_ST_BF16 ? fmoe_bf16_to_float(row[i]) : fmoe_half_to_float(row[i]);
+    }
+    return 0;
+}
+
+static fmoe_expert_tensor expert_tensor(const fmoe__mat *w) {
+    return (fmoe_expert_tensor){
+        .view = {.data = w->data, .dtype = w->dtype, .rows = w->rows, .cols = w->cols},
+        .file = w->file, .offset = w->file_offset};
+}
+
+int fmoe_model_expert_tensors(const fmoe_model *m, int32_t l, int32_t j, fmoe_expert_tensors *out) {
+    const fmoe_model_geometry *g = &m->geo;
+    FMOE_RETURN_ERROR_IF(l < 0 || l >= g->num_moe_layers || j < 0 || j >= g->num_experts,
+                         FMOE_EINVAL, "expert (%d, %d) outside %d layers of %d experts", l, j,
+                         g->num_moe_layers, g->num_experts);
+    const fmoe__mlp *e = &m->expert_pool[(int64_t)l * g->num_experts + j];
+    out->gate = expert_tensor(&e->gate);
+    out->up = expert_tensor(&e->up);
+    out->down = expert_tensor(&e->down);
+    return 0;
+}

@@ -1,0 +1,275 @@
+/*
+ * expert_tier.c - the slow tier of live offloading (expert_tier.h).
+ *
+ * Every routed expert has the same three shapes and dtype (the families fmoe runs), so an
+ * expert is `bytes` = gate + up + down bytes, and a byte range of it maps to at most three
+ * pieces of its matrices. host: one block of L·J·bytes filled at open, a read is a memcpy.
+ * file: each matrix's file and offset (fmoe_model_expert_tensors), a read is one pread per
+ * matrix piece; with O_DIRECT the range is widened to the device's alignment and read into
+ * a bounce buffer first (one per reading thread: the copy engine has one).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "expert_tier.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fmoe/error.h"
+
+#define DIRECT_ALIGN 4096
+
+struct fmoe_expert_tier {
+    fmoe_tier_kind kind;
+    int32_t L, J;
+    fmoe_st_dtype dtype;
+    int64_t rows[3], cols[3];   /* gate, up, down */
+    int64_t mat_bytes[3];
+    int64_t bytes;              /* per expert */
+    const fmoe_model *m;
+    uint8_t *host;              /* [L·J][bytes] (host) */
+    /* file */
+    int direct;
+    int32_t num_files;
+    char **paths;               /* [num_files] */
+    int *fds;                   /* [num_files] */
+    int32_t *file_of;           /* [L·J·3] */
+    int64_t *offset_of;         /* [L·J·3] byte offset of the matrix in its file */
+    uint8_t *bounce;            /* O_DIRECT staging */
+    int64_t bounce_bytes;
+};
+
+/* ------------------------------------------------------------------ open / close */
+
+void fmoe__expert_tier_close(fmoe_expert_tier *t) {
+    if (!t) return;
+    free(t->host);
+    for (int32_t i = 0; i < t->num_files; i++) {
+        if (t->fds && t->fds[i] >= 0) close(t->fds[i]);
+        free(t->paths ? t->paths[i] : NULL);
+    }
+    free(t->paths);
+    free(t->fds);
+    free(t->file_of);
+    free(t->offset_of);
+    free(t->bounce);
+    free(t);
+}
+
+/* The file index of `path`, opened once. */
+static int file_index(fmoe_expert_tier *t, const char *path, int32_t *out) {
+    for (int32_t i = 0; i < t->num_files; i++)
+        if (strcmp(t->paths[i], path) == 0) {
+            *out = i;
+            return 0;
+        }
+    char **np = realloc(t->paths, (size_t)(t->num_files + 1) * sizeof *np);
+    if (!np) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    t->paths = np;
+    int *nf = realloc(t->fds, (size_t)(t->num_files + 1) * sizeof *nf);
+    if (!nf) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    t->fds = nf;
+    t->paths[t->num_files] = strdup(path);
+    t->fds[t->num_files] = -1;
+    if (!t->paths[t->num_files]) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    const int fd = open(path, O_RDONLY | O_CLOEXEC | (t->direct ? O_DIRECT : 0));
+    t->num_files++;
+    if (fd < 0)
+        return fmoe_error_set(FMOE_EIO, "%s: %s%s", path, strerror(errno),
+                              t->direct ? " (O_DIRECT: try without --direct-io)" : "");
+    t->fds[t->num_files - 1] = fd;
+    *out = t->num_files - 1;
+    return 0;
+}
+
+static int64_t free_ram_bytes(void) {
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (int64_t)pages * page : 0;
+}
+
+int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tier_kind kind,
+                           int direct_io) {
+    *out = NULL;
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
+    fmoe_expert_tier *t = calloc(1, sizeof *t);
+    if (!t) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    t->m = m;
+    t->L = g->num_moe_layers;
+    t->J = g->num_experts;
+    t->direct = direct_io;
+    const int64_t n = (int64_t)t->L * t->J;
+    int rc = 0;
+    for (int64_t e = 0; e < n && rc == 0; e++) {
+        fmoe_expert_tensors x;
+        rc = fmoe_model_expert_tensors(m, (int32_t)(e / t->J), (int32_t)(e % t->J), &x);
+        if (rc < 0) break;
+        const fmoe_expert_tensor *mats[3] = {&x.gate, &x.up, &x.down};
+        for (int i = 0; i < 3; i++) {
+            if (e == 0) {
+                t->dtype = mats[i]->view.dtype;
+                t->rows[i] = mats[i]->view.rows;
+                t->cols[i] = mats[i]->view.cols;
+                t->mat_bytes[i] = t->rows[i] * t->cols[i] * fmoe_st_dtype_size(t->dtype);
+            } else if (mats[i]->view.dtype != t->dtype || mats[i]->view.rows != t->rows[i] ||
+                       mats[i]->view.cols != t->cols[i]) {
+                rc = fmoe_error_set(FMOE_EUNSUPPORTED,
+                                    "expert (%lld, %lld) differs in shape or dtype from expert "
+                                    "(0, 0): offloading needs uniform experts",
+                                    (long long)(e / t->J), (long long)(e % t->J));
+            }
+        }
+    }
+    if (rc < 0) goto fail;
+    t->bytes = t->mat_bytes[0] + t->mat_bytes[1] + t->mat_bytes[2];
+    if (kind == FMOE_TIER_AUTO)
+        kind = n * t->bytes <= free_ram_bytes() / 2 ? FMOE_TIER_HOST : FMOE_TIER_FILE;
+    t->kind = kind;
+    if (kind == FMOE_TIER_HOST) {
+        t->host = malloc((size_t)(n * t->bytes));
+        if (!t->host) {
+            rc = fmoe_error_set(FMOE_ENOMEM, "host tier of %lld experts (%.1f GiB): use the "
+                                "file tier", (long long)n, (double)(n * t->bytes) / (1 << 30));
+            goto fail;
+        }
+        for (int64_t e = 0; e < n; e++) {
+            fmoe_expert_tensors x;
+            fmoe_model_expert_tensors(m, (int32_t)(e / t->J), (int32_t)(e % t->J), &x);
+            uint8_t *dst = t->host + e * t->bytes;
+            memcpy(dst, x.gate.view.data, (size_t)t->mat_bytes[0]);
+            memcpy(dst + t->mat_bytes[0], x.up.view.data, (size_t)t->mat_bytes[1]);
+            memcpy(dst + t->mat_bytes[0] + t->mat_bytes[1], x.down.view.data,
+                   (size_t)t->mat_bytes[2]);
+        }
+    } else {
+        t->file_of = malloc((size_t)n * 3 * sizeof *t->file_of);
+        t->offset_of = malloc((size_t)n * 3 * sizeof *t->offset_of);
+        if (!t->file_of || !t->offset_of) {
+            rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+            goto fail;
+        }
+        for (int64_t e = 0; e < n && rc == 0; e++) {
+            fmoe_expert_tensors x;
+            fmoe_model_expert_tensors(m, (int32_t)(e / t->J), (int32_t)(e % t->J), &x);
+            const fmoe_expert_tensor *mats[3] = {&x.gate, &x.up, &x.down};
+            for (int i = 0; i < 3 && rc == 0; i++) {
+                rc = file_index(t, mats[i]->file, &t->file_of[e * 3 + i]);
+                t->offset_of[e * 3 + i] = mats[i]->offset;
+            }
+        }
+        if (rc < 0) goto fail;
+        if (direct_io) {
+            /* the largest piece of one matrix, widened on both sides to the alignment */
+            int64_t widest = t->mat_bytes[0];
+            for (int i = 1; i < 3; i++) widest = t->mat_bytes[i] > widest ? t->mat_bytes[i] : widest;
+            t->bounce_bytes = (widest + 2 * DIRECT_ALIGN + DIRECT_ALIGN - 1) / DIRECT_ALIGN *
+                              DIRECT_ALIGN;
+            t->bounce = aligned_alloc(DIRECT_ALIGN, (size_t)t->bounce_bytes);
+            if (!t->bounce) {
+                rc = fmoe_error_set(FMOE_ENOMEM, "O_DIRECT buffer of %lld bytes",
+                                    (long long)t->bounce_bytes);
+                goto fail;
+            }
+        }
+    }
+    *out = t;
+    return 0;
+fail:
+    fmoe__expert_tier_close(t);
+    return rc;
+}
+
+int64_t fmoe__expert_tier_expert_bytes(const fmoe_expert_tier *t) { return t->bytes; }
+fmoe_tier_kind fmoe__expert_tier_kind(const fmoe_expert_tier *t) { return t->kind; }
+
+/* ------------------------------------------------------------------ reads */
+
+/* Exactly `bytes` from fd at `offset`, retrying short reads. */
+static int read_fully(const fmoe_expert_tier *t, int32_t f, int64_t offset, int64_t bytes,
+                      uint8_t *dst) {
+    while (bytes > 0) {
+        const ssize_t r = pread(t->fds[f], dst, (size_t)bytes, (off_t)offset);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return fmoe_error_set(FMOE_EIO, "%s: read at %lld: %s", t->paths[f],
+                                  (long long)offset, r < 0 ? strerror(errno) : "end of file");
+        dst += r;
+        offset += r;
+        bytes -= r;
+    }
+    return 0;
+}
+
+/* Bytes [offset, offset + bytes) of one matrix stored at file f, byte `base`. */
+static int read_matrix(fmoe_expert_tier *t, int32_t f, int64_t base, int64_t offset,
+                       int64_t bytes, uint8_t *dst) {
+    if (!t->direct) return read_fully(t, f, base + offset, bytes, dst);
+    while (bytes > 0) { /* aligned windows through the bounce buffer */
+        const int64_t at = base + offset;
+        const int64_t lo = at / DIRECT_ALIGN * DIRECT_ALIGN;
+        int64_t take = bytes < t->bounce_bytes - 2 * DIRECT_ALIGN ? bytes : t->bounce_bytes - 2 * DIRECT_ALIGN;
+        const int64_t hi = (at + take + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
+        /* O_DIRECT reads may end early only at the end of the file */
+        int64_t got = 0;
+        while (got < hi - lo) {
+            const ssize_t r = pread(t->fds[f], t->bounce + got, (size_t)(hi - lo - got),
+                                    (off_t)(lo + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0)
+                return fmoe_error_set(FMOE_EIO, "%s: read at %lld: %s", t->paths[f],
+                                      (long long)(lo + got), strerror(errno));
+            if (r == 0) break;
+            got += r;
+        }
+        if (got < at - lo + take)
+            return fmoe_error_set(FMOE_EIO, "%s: read at %lld: end of file", t->paths[f],
+                                  (long long)at);
+        memcpy(dst, t->bounce + (at - lo), (size_t)take);
+        dst += take;
+        offset += take;
+        bytes -= take;
+    }
+    return 0;
+}
+
+int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t offset,
+                           int64_t bytes, void *dst) {
+    const int64_t e = (int64_t)l * t->J + j;
+    if (t->kind == FMOE_TIER_HOST) {
+        memcpy(dst, t->host + e * t->bytes + offset, (size_t)bytes);
+        return 0;
+    }
+    uint8_t *out = dst;
+    int64_t start = 0;
+    for (int i = 0; i < 3 && bytes > 0; i++) {
+        const int64_t end = start + t->mat_bytes[i];
+        if (offset < end) {
+            const int64_t within = offset - start;
+            const int64_t take = bytes < end - offset ? bytes : end - offset;
+            FMOE_FORWARD_IF_ERROR(read_matrix(t, t->file_of[e * 3 + i], t->offset_of[e * 3 + i],
+                                              within, take, out));
+            out += take;
+            offset += take;
+            bytes -= take;
+        }
+        start = end;
+    }
+    return 0;
+}
+
+void fmoe__expert_tier_view(const fmoe_expert_tier *t, int32_t l, int32_t j,
+                            const uint8_t *base, fmoe_expert_view *out) {
+    (void)l;
+    (void)j;
+    fmoe_matrix_view *mats[3] = {&out->gate, &out->up, &out->down};
+    int64_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        *mats[i] = (fmoe_matrix_view){.data = base + at, .dtype = t->dtype, .rows = t->rows[i],
+                                      .cols = t->cols[i]};
+        at += t->mat_bytes[i];
+    }
+}

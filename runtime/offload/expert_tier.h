@@ -1,0 +1,42 @@
+/*
+ * expert_tier.h - the slow tier of live offloading (fmoe/offload.h): where every routed
+ * expert lives, and the one operation the copy engine needs, "bytes [lo, hi) of expert
+ * (l, j) into a buffer". An expert's bytes are its three matrices in the checkpoint's
+ * dtype, gate then up then down, each row-major; a slot holds them in that layout and
+ * fmoe__expert_tier_view describes them to the forward pass.
+ *
+ * Kinds: host (every routed expert copied once into one RAM block at open) and file
+ * (pread from the safetensors files; O_DIRECT through an aligned bounce buffer when
+ * asked). Thread safety: reads may run on any thread once open returned.
+ */
+#ifndef FMOE_EXPERT_TIER_H
+#define FMOE_EXPERT_TIER_H
+
+#include <stdint.h>
+
+#include "fmoe/model.h"
+#include "fmoe/offload.h"
+
+typedef struct fmoe_expert_tier fmoe_expert_tier;
+
+/* @return 0, FMOE_EUNSUPPORTED (experts of mixed dtypes or shapes), FMOE_EIO (a file
+ * cannot be opened; named), FMOE_ENOMEM. */
+int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tier_kind kind,
+                           int direct_io);
+void fmoe__expert_tier_close(fmoe_expert_tier *t);
+
+/* Bytes of one routed expert (all three matrices). */
+int64_t fmoe__expert_tier_expert_bytes(const fmoe_expert_tier *t);
+/* FMOE_TIER_HOST or FMOE_TIER_FILE: what AUTO chose. */
+fmoe_tier_kind fmoe__expert_tier_kind(const fmoe_expert_tier *t);
+
+/* Copies bytes [offset, offset + bytes) of expert (l, j) to dst. @return 0 or FMOE_EIO
+ * ("model-00003.safetensors: read at 123456: Input/output error"). */
+int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t offset,
+                           int64_t bytes, void *dst);
+
+/* The matrices of expert (l, j) as laid out at `base` (a slot's bytes). */
+void fmoe__expert_tier_view(const fmoe_expert_tier *t, int32_t l, int32_t j,
+                            const uint8_t *base, fmoe_expert_view *out);
+
+#endif

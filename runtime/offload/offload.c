@@ -1,0 +1,600 @@
+/*
+ * offload.c - the live executor (fmoe/offload.h): a policy of lib/policies/ driven through
+ * lib/slots.c while the model runs, with real slots and a real copy engine.
+ *
+ * Threads. The executor thread is the one running the forward pass: its routing hook
+ * sends the policy events and resolves the layer's accesses; its expert hooks wait for a
+ * slot's data and release the slot after the compute. The I/O thread moves bytes from the
+ * slow tier (expert_tier.c) into slots. Both share `mu`: the slot protocol, the demand
+ * queue and the per-slot data state are touched only under it; bytes are copied outside.
+ *
+ * Per slot (N slots + one scratch slot for bypassed misses, index N):
+ *   data_expert[s]   the expert whose bytes are complete in the slot, -1 while a transfer
+ *                    writes into it; compute waits for data_expert[s] == e
+ *   holds_taken[s], holds_released[s]
+ *                    one hold per access resolved to the slot, released when that
+ *                    expert's compute ends (in resolution order). A transfer into the slot
+ *                    may start once every hold taken before it was queued is released:
+ *                    the bytes of an expert still to be computed are never overwritten
+ *                    (the simulator's slot_free_at).
+ *
+ * A demand job is (slot, expert, first piece, holds needed); the I/O thread serves the
+ * demand queue in order (head-of-line, as the simulator's engine waits for a slot), then
+ * prefetch pieces in the order fmoe_slots_next_prefetch gives. A prefetch claimed by an
+ * access while a piece is in flight is finished by a demand job from its first piece not
+ * landed (the piece in flight may be copied twice; fmoe_slots_chunk_landed ignores it).
+ */
+#include "fmoe/offload.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fmoe/error.h"
+#include "fmoe/policy.h"
+#include "fmoe/trace.h"
+#include "expert_tier.h"
+
+typedef struct demand_job {
+    int32_t slot;      /* 0..N (N: scratch) */
+    int32_t expert;    /* id l*J+j */
+    int32_t first;     /* first piece to copy */
+    uint64_t need;     /* holds_released[slot] must reach this */
+} demand_job;
+
+struct fmoe_offload {
+    const fmoe_model *m;
+    fmoe_offload_options opt;
+    int32_t L, J, K, N, chunks;
+    int64_t expert_bytes;
+    fmoe_expert_tier *tier;
+    fmoe_policy policy;
+    fmoe_slots *slots;
+    fmoe_policy_env *env;
+    uint8_t *slot_mem;         /* [N+1][expert_bytes], 64-byte aligned */
+    double t0;                 /* monotonic seconds at init */
+
+    pthread_mutex_t mu;
+    pthread_cond_t io_cv;      /* the I/O thread waits for work */
+    pthread_cond_t exec_cv;    /* the executor waits for data or an idle engine */
+    pthread_t io;
+    int io_started;
+    int stop;
+    int io_idle;               /* the I/O thread found nothing it could do */
+    int io_error;              /* a transfer failed (detail in io_detail) */
+    char io_detail[256];
+    int32_t *data_expert;      /* [N+1] */
+    uint64_t *holds_taken;     /* [N+1] */
+    uint64_t *holds_released;  /* [N+1] */
+    demand_job *dq;            /* ring of capacity dq_cap */
+    int32_t dq_cap, dq_head, dq_len;
+
+    /* the layer being computed */
+    int32_t cur_layer;
+    int32_t *cur_slot;         /* [J] slot of expert j's access in this layer; -1 host; -2 none */
+    int32_t cur_pending;       /* accesses of the layer not computed yet */
+    int32_t phase;
+    int64_t iteration;
+    int64_t request;
+    int in_request;
+
+    /* events */
+    float *semantic;           /* [cap_semantic_tokens][h] embeddings for events */
+    int64_t cap_semantic_tokens;
+    int32_t semantic_dim;      /* h when the policy wants embeddings, else 0 */
+
+    fmoe_offload_stats st;
+    uint8_t *outcomes;         /* [cap_outcomes] */
+    int64_t n_outcomes, cap_outcomes;
+    int error;                 /* first executor-side error */
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double clock_of(const fmoe_offload *x) { return now_s() - x->t0; }
+
+fmoe_offload_options fmoe_offload_defaults(void) {
+    fmoe_offload_options o;
+    memset(&o, 0, sizeof o);
+    o.policy = "lru";
+    o.copy_chunks = 4;
+    o.prefill_chunk = 64;
+    return o;
+}
+
+/* ------------------------------------------------------------------ the I/O thread */
+
+static uint8_t *slot_bytes(const fmoe_offload *x, int32_t s) {
+    return x->slot_mem + (size_t)s * (size_t)x->expert_bytes;
+}
+
+/* Bytes [lo, hi) of piece `piece` of an expert of `bytes` bytes in `chunks` pieces. */
+static void piece_range(int64_t bytes, int32_t chunks, int32_t piece, int64_t *lo, int64_t *hi) {
+    const int64_t step = (bytes + chunks - 1) / chunks;
+    *lo = step * piece < bytes ? step * piece : bytes;
+    *hi = step * (piece + 1) < bytes ? step * (piece + 1) : bytes;
+}
+
+/* Copies pieces [first, last) of expert e into slot s, outside the lock. */
+static int copy_pieces(fmoe_offload *x, int32_t s, int32_t e, int32_t first, int32_t last) {
+    int64_t lo, hi, lo2, hi2;
+    piece_range(x->expert_bytes, x->chunks, first, &lo, &hi);
+    piece_range(x->expert_bytes, x->chunks, last - 1, &lo2, &hi2);
+    return fmoe__expert_tier_read(x->tier, e / x->J, e % x->J, lo, hi2 - lo,
+                                  slot_bytes(x, s) + lo);
+}
+
+static void io_fail(fmoe_offload *x, int rc) {
+    if (x->io_error) return;
+    x->io_error = rc;
+    snprintf(x->io_detail, sizeof x->io_detail, "%s", fmoe_error_detail());
+}
+
+/* One unit of work under the lock; @return 0 when there is none the engine may start. */
+static int io_step(fmoe_offload *x) {
+    if (x->dq_len > 0) {
+        const demand_job j = x->dq[x->dq_head];
+        if (x->holds_released[j.slot] < j.need) return 0; /* its slot's expert computes */
+        x->dq_head = (x->dq_head + 1) % x->dq_cap;
+        x->dq_len--;
+        x->data_expert[j.slot] = -1;
+        pthread_mutex_unlock(&x->mu);
+        const int rc = copy_pieces(x, j.slot, j.expert, j.first, x->chunks);
+        pthread_mutex_lock(&x->mu);
+        if (rc < 0) io_fail(x, rc);
+        else x->data_expert[j.slot] = j.expert;
+        pthread_cond_broadcast(&x->exec_cv);
+        return 1;
+    }
+    double eligible;
+    int32_t piece;
+    const int32_t s = fmoe_slots_next_prefetch(x->slots, &eligible, &piece);
+    if (s < 0 || x->holds_released[s] != x->holds_taken[s] || clock_of(x) < eligible) return 0;
+    const int32_t e = fmoe_slots_expert(x->slots, s);
+    if (piece == 0) x->data_expert[s] = -1;
+    fmoe_slots_chunk_start(x->slots, s);
+    pthread_mutex_unlock(&x->mu);
+    const int rc = copy_pieces(x, s, e, piece, piece + 1);
+    pthread_mutex_lock(&x->mu);
+    if (rc < 0) io_fail(x, rc);
+    else if (fmoe_slots_chunk_landed(x->slots, s)) x->data_expert[s] = e;
+    pthread_cond_broadcast(&x->exec_cv);
+    return 1;
+}
+
+static void *io_main(void *arg) {
+    fmoe_offload *x = arg;
+    pthread_mutex_lock(&x->mu);
+    while (!x->stop) {
+        if (!x->io_error && io_step(x)) continue;
+        x->io_idle = 1;
+        pthread_cond_broadcast(&x->exec_cv);
+        /* a prefetch waiting for its matcher delay: look again soon */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&x->io_cv, &x->mu, &ts);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return NULL;
+}
+
+static void wake_io(fmoe_offload *x) {
+    x->io_idle = 0;
+    pthread_cond_signal(&x->io_cv);
+}
+
+/* ------------------------------------------------------------------ slot hooks (under mu) */
+
+/* Applies the landed transfers; with sync_transfers first waits until the engine has
+ * nothing it may start. */
+static void hook_sync(void *ctx, double now) {
+    (void)now;
+    fmoe_offload *x = ctx;
+    if (x->opt.sync_transfers) {
+        wake_io(x);
+        while (!x->io_idle && !x->io_error) pthread_cond_wait(&x->exec_cv, &x->mu);
+    }
+    fmoe_slots_apply_landed(x->slots);
+}
+
+static void hook_queued(void *ctx) { wake_io(ctx); }
+
+static void hook_decision(void *ctx, const fmoe_decision *d) {
+    fmoe_offload *x = ctx;
+    x->opt.decision(x->opt.decision_ctx, d);
+}
+
+static void push_demand(fmoe_offload *x, int32_t s, int32_t e, int32_t first) {
+    /* the ring holds at most one job per distinct expert of a layer plus the slots */
+    x->dq[(x->dq_head + x->dq_len) % x->dq_cap] =
+        (demand_job){s, e, first, x->holds_taken[s]};
+    x->dq_len++;
+}
+
+static int fail(fmoe_offload *x, int rc) {
+    if (!x->error) x->error = rc;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ model hooks */
+
+static void add_outcome(fmoe_offload *x, uint8_t o) {
+    if (x->n_outcomes < x->cap_outcomes) x->outcomes[x->n_outcomes++] = o;
+}
+
+/* The gate of MoE layer ev->layer: policy events and access resolution (DESIGN.md §7.1). */
+static int on_route(void *ctx, const fmoe_route_event *ev) {
+    fmoe_offload *x = ctx;
+    const fmoe_policy_ops *ops = x->policy.ops;
+    const int32_t l = ev->layer, J = x->J;
+    pthread_mutex_lock(&x->mu);
+    if (x->io_error) {
+        pthread_mutex_unlock(&x->mu);
+        return fail(x, fmoe_error_set(x->io_error, "%s", x->io_detail));
+    }
+    hook_sync(x, 0);
+    x->env->now_s = clock_of(x);
+    if (ops->on_gate) {
+        const fmoe_gate_event gev = {
+            .layer = l, .num_tokens = ev->num_tokens, .chosen = ev->chosen,
+            .chosen_stride = ev->chosen_stride, .probs = ev->probs,
+            .probs_stride = ev->probs_stride, .distinct = ev->distinct,
+            .num_distinct = ev->num_distinct, .phase = x->phase,
+            .probs_kind = ev->probs ? FMOE_PROBS_FULL : FMOE_PROBS_NONE,
+            .speculative = ev->speculative, .speculative_stride = ev->speculative_stride,
+            .speculative_depth = ev->speculative ? ev->speculative_depth : 0,
+            .group = -1, .position = -1};
+        ops->on_gate(x->policy.state, x->env, &gev);
+    }
+    for (int32_t j = 0; j < J; j++) x->cur_slot[j] = -2;
+    x->cur_layer = l;
+    x->cur_pending = ev->num_distinct;
+    int rc = fmoe_slots_error(x->slots);
+    for (int32_t q = 0; q < ev->num_distinct && rc == 0; q++) {
+        const int32_t j = ev->distinct[q], e = l * J + j;
+        int32_t tokens = 0;
+        for (int32_t t = 0; t < ev->num_tokens; t++)
+            for (int32_t k = 0; k < x->K; k++)
+                tokens += ev->chosen[(int64_t)t * ev->chosen_stride + k] == j;
+        const fmoe_slot_access f = fmoe_slots_access(x->slots, e);
+        int32_t s = f.slot;
+        int on_host = 0;
+        fmoe_access_result result = FMOE_ACCESS_HIT;
+        switch (f.found) {
+        case FMOE_FIND_RESIDENT:
+            if (f.prefetched) x->st.prefetch_hits++;
+            break;
+        case FMOE_FIND_QUEUED:
+            push_demand(x, s, e, 0);
+            result = FMOE_ACCESS_LATE_HIT;
+            break;
+        case FMOE_FIND_STARTED:
+            if (f.chunks_left > 0) push_demand(x, s, e, x->chunks - f.chunks_left);
+            if (x->data_expert[s] == e && f.chunks_left == 0) x->st.prefetch_hits++;
+            else result = FMOE_ACCESS_LATE_HIT;
+            break;
+        default:
+            result = FMOE_ACCESS_MISS;
+            if (fmoe_slots_take_host(x->slots, e) || x->opt.miss == FMOE_OFFLOAD_MISS_CPU) {
+                on_host = 1;
+                s = -1;
+                x->st.host_misses++;
+                break;
+            }
+            s = fmoe_slots_demand(x->slots, e);
+            if ((rc = fmoe_slots_error(x->slots)) < 0) break;
+            if (s < 0) {
+                s = x->N; /* the scratch slot */
+                x->st.bypassed++;
+            }
+            push_demand(x, s, e, 0);
+            break;
+        }
+        if (rc < 0) break;
+        if (s >= 0) x->holds_taken[s]++;
+        x->cur_slot[j] = s;
+        switch (result) {
+        case FMOE_ACCESS_HIT: x->st.hits++; break;
+        case FMOE_ACCESS_LATE_HIT: x->st.late_hits++; break;
+        default: x->st.misses++; break;
+        }
+        x->st.accesses++;
+        add_outcome(x, on_host ? 3 : (uint8_t)result);
+        fmoe_slots_touch(x->slots, e, s == x->N ? -1 : s, result, on_host, x->env->now_s);
+        if (ops->on_access) {
+            const fmoe_access_event aev = {.layer = l, .expert = j, .tokens = tokens,
+                                           .slot = s == x->N ? -1 : s, .position = -1,
+                                           .result = result};
+            ops->on_access(x->policy.state, x->env, &aev);
+        }
+        rc = fmoe_slots_error(x->slots);
+    }
+    wake_io(x);
+    pthread_mutex_unlock(&x->mu);
+    return rc < 0 ? fail(x, rc) : 0;
+}
+
+/* The weights of expert (l, j) for its compute: its slot's bytes once they are there; the
+ * model's own (the slow tier in place) for a miss computed on the host. */
+static int on_expert(void *ctx, int32_t l, int32_t j, fmoe_expert_view *out) {
+    fmoe_offload *x = ctx;
+    const int32_t s = x->cur_slot[j];
+    if (s < 0) return 1; /* host compute: the model's weights, uncached */
+    const int32_t e = l * x->J + j;
+    pthread_mutex_lock(&x->mu);
+    if (x->data_expert[s] != e) {
+        const double t = now_s();
+        while (x->data_expert[s] != e && !x->io_error) pthread_cond_wait(&x->exec_cv, &x->mu);
+        x->st.stall_s += now_s() - t;
+    }
+    const int bad = x->io_error;
+    pthread_mutex_unlock(&x->mu);
+    if (bad) return fail(x, fmoe_error_set(x->io_error, "%s", x->io_detail));
+    fmoe__expert_tier_view(x->tier, l, j, slot_bytes(x, s), out);
+    return 0;
+}
+
+/* Expert (l, j) has been computed: its hold on the slot ends; after the layer's last one,
+ * on_layer_done. */
+static void on_expert_done(void *ctx, int32_t l, int32_t j) {
+    fmoe_offload *x = ctx;
+    pthread_mutex_lock(&x->mu);
+    const int32_t s = x->cur_slot[j];
+    if (s >= 0) x->holds_released[s]++;
+    wake_io(x);
+    if (--x->cur_pending == 0 && x->policy.ops->on_layer_done) {
+        x->env->now_s = clock_of(x);
+        x->policy.ops->on_layer_done(x->policy.state, x->env, l);
+    }
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* ------------------------------------------------------------------ init / free */
+
+void fmoe_offload_free(fmoe_offload *x) {
+    if (!x) return;
+    if (x->io_started) {
+        pthread_mutex_lock(&x->mu);
+        x->stop = 1;
+        pthread_cond_signal(&x->io_cv);
+        pthread_mutex_unlock(&x->mu);
+        pthread_join(x->io, NULL);
+        pthread_mutex_destroy(&x->mu);
+        pthread_cond_destroy(&x->io_cv);
+        pthread_cond_destroy(&x->exec_cv);
+    }
+    fmoe_slots_free(x->slots);
+    fmoe_policy_free(&x->policy);
+    fmoe__expert_tier_close(x->tier);
+    free(x->slot_mem);
+    free(x->data_expert);
+    free(x->holds_taken);
+    free(x->holds_released);
+    free(x->dq);
+    free(x->cur_slot);
+    free(x->semantic);
+    free(x->outcomes);
+    free(x);
+}
+
+int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offload_options *o) {
+    *out = NULL;
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
+    FMOE_RETURN_ERROR_IF(o->cache_experts < 1, FMOE_EINVAL,
+                         "--cache-experts must be at least 1, got %d", o->cache_experts);
+    FMOE_RETURN_ERROR_IF(o->copy_chunks < 0 || o->copy_chunks > 1024, FMOE_EINVAL,
+                         "--copy-chunks must be in [1, 1024], got %d", o->copy_chunks);
+    const fmoe_policy_ops *ops = fmoe_policy_find(o->policy ? o->policy : "");
+    if (!ops)
+        return fmoe_error_set(FMOE_EINVAL, "unknown policy '%s' (valid: %s)",
+                              o->policy ? o->policy : "", fmoe_policy_names());
+    FMOE_RETURN_ERROR_IF(ops->flags & FMOE_POLICY_NEEDS_FUTURE, FMOE_EUNSUPPORTED,
+                         "policy %s needs the whole future access sequence, which a live run "
+                         "does not have: use it with 'fmoe simulate'", ops->name);
+    fmoe_offload *x = calloc(1, sizeof *x);
+    if (!x) return fmoe_error_set(FMOE_ENOMEM, "offload state");
+    x->m = m;
+    x->opt = *o;
+    if (x->opt.prefill_chunk <= 0) x->opt.prefill_chunk = 64;
+    x->L = g->num_moe_layers;
+    x->J = g->num_experts;
+    x->K = g->top_k;
+    x->N = o->cache_experts < x->L * x->J ? o->cache_experts : x->L * x->J;
+    x->chunks = o->copy_chunks > 0 ? o->copy_chunks : 4;
+    x->cur_layer = -1;
+    x->iteration = -1;
+    x->t0 = now_s();
+    int rc = fmoe__expert_tier_open(&x->tier, m, o->tier, o->direct_io);
+    if (rc < 0) goto fail;
+    x->expert_bytes = fmoe__expert_tier_expert_bytes(x->tier);
+    int32_t d = o->prefetch_distance;
+    if (d == 0) d = ops->default_distance < 0 ? x->L : ops->default_distance;
+    if (d >= x->L && (ops->flags & FMOE_POLICY_PREFETCHES) && ops->default_distance >= 0)
+        d = x->L - 1;
+    x->semantic_dim = o->expert_store ? g->hidden_size : 0;
+    const fmoe_policy_config pc = {
+        .num_layers = x->L, .num_experts = x->J, .top_k = x->K, .capacity = x->N,
+        .prefetch_distance = d, .probs_kind = FMOE_PROBS_FULL,
+        .speculative_depth = (ops->flags & FMOE_POLICY_NEEDS_SPECULATIVE) ? 1 : 0,
+        .expert_store = o->expert_store, .store_mode = o->store_mode,
+        .semantic_dim = x->semantic_dim};
+    if ((rc = fmoe_policy_init_ops(&x->policy, ops, &pc)) < 0) goto fail;
+    const fmoe_slots_config sc = {
+        .num_layers = x->L, .num_experts = x->J, .capacity = x->N, .chunks = x->chunks,
+        .expert_bytes = x->expert_bytes, .prefetch_delay_s = 0, .policy = &x->policy,
+        .hooks = {.ctx = x, .sync = hook_sync, .queued = hook_queued,
+                  .decision = o->decision ? hook_decision : NULL}};
+    if ((rc = fmoe_slots_init(&x->slots, &sc)) < 0) goto fail;
+    x->env = fmoe_slots_env(x->slots);
+    const size_t n1 = (size_t)x->N + 1;
+    x->slot_mem = aligned_alloc(64, (n1 * (size_t)x->expert_bytes + 63) / 64 * 64);
+    x->data_expert = malloc(n1 * sizeof *x->data_expert);
+    x->holds_taken = calloc(n1, sizeof *x->holds_taken);
+    x->holds_released = calloc(n1, sizeof *x->holds_released);
+    x->dq_cap = x->J + x->N + 1;
+    x->dq = calloc((size_t)x->dq_cap, sizeof *x->dq);
+    x->cur_slot = calloc((size_t)x->J, sizeof *x->cur_slot);
+    x->cap_outcomes = (int64_t)x->L * x->J * 1024;
+    x->outcomes = malloc((size_t)x->cap_outcomes);
+    if (!x->slot_mem || !x->data_expert || !x->holds_taken || !x->holds_released || !x->dq ||
+        !x->cur_slot || !x->outcomes) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%d expert slots of %lld bytes", x->N,
+                            (long long)x->expert_bytes);
+        goto fail;
+    }
+    for (size_t s = 0; s < n1; s++) x->data_expert[s] = -1;
+    pthread_mutex_init(&x->mu, NULL);
+    pthread_cond_init(&x->io_cv, NULL);
+    pthread_cond_init(&x->exec_cv, NULL);
+    if (pthread_create(&x->io, NULL, io_main, x) != 0) {
+        pthread_mutex_destroy(&x->mu);
+        pthread_cond_destroy(&x->io_cv);
+        pthread_cond_destroy(&x->exec_cv);
+        rc = fmoe_error_set(FMOE_ENOMEM, "cannot start the I/O thread");
+        goto fail;
+    }
+    x->io_started = 1;
+    *out = x;
+    return 0;
+fail:
+    fmoe_offload_free(x);
+    return rc;
+}
+
+int32_t fmoe_offload_capacity(const fmoe_offload *x) { return x->N; }
+
+void fmoe_offload_attach(fmoe_offload *x, fmoe_session_options *so) {
+    so->on_route = on_route;
+    so->route_ctx = x;
+    so->on_expert = on_expert;
+    so->on_expert_done = on_expert_done;
+    so->max_batch = x->opt.prefill_chunk;
+    if (x->policy.ops->flags & FMOE_POLICY_NEEDS_SPECULATIVE) so->speculative_depth = 1;
+}
+
+/* ------------------------------------------------------------------ requests, iterations */
+
+/* Embeddings of tokens[0..n) into x->semantic, for events (policies with a store). */
+static int embed(fmoe_offload *x, const int32_t *tokens, int32_t n) {
+    if (!x->semantic_dim) return 0;
+    if (n > x->cap_semantic_tokens) {
+        float *p = realloc(x->semantic, (size_t)n * (size_t)x->semantic_dim * sizeof *p);
+        if (!p) return fmoe_error_set(FMOE_ENOMEM, "embeddings of %d tokens", n);
+        x->semantic = p;
+        x->cap_semantic_tokens = n;
+    }
+    return fmoe_model_embed(x->m, tokens, n, x->semantic);
+}
+
+int fmoe_offload_request_begin(fmoe_offload *x, int64_t id, const int32_t *prompt,
+                               int32_t prompt_tokens) {
+    FMOE_FORWARD_IF_ERROR(embed(x, prompt, prompt_tokens));
+    pthread_mutex_lock(&x->mu);
+    x->env->now_s = clock_of(x);
+    const fmoe_request_event rev = {.index = x->request, .id = id,
+                                    .prompt_tokens = prompt_tokens,
+                                    .semantic = x->semantic_dim ? x->semantic : NULL,
+                                    .semantic_dim = x->semantic_dim};
+    if (x->policy.ops->on_request_start)
+        x->policy.ops->on_request_start(x->policy.state, x->env, &rev);
+    x->in_request = 1;
+    pthread_mutex_unlock(&x->mu);
+    return 0;
+}
+
+int fmoe_offload_request_end(fmoe_offload *x) {
+    pthread_mutex_lock(&x->mu);
+    x->env->now_s = clock_of(x);
+    const fmoe_request_event rev = {.index = x->request, .id = x->request};
+    if (x->in_request && x->policy.ops->on_request_end)
+        x->policy.ops->on_request_end(x->policy.state, x->env, &rev);
+    x->in_request = 0;
+    x->request++;
+    pthread_mutex_unlock(&x->mu);
+    return x->error;
+}
+
+/* The trace's arrays from token t0 on (rows of the chunk). */
+static fmoe_forward_trace trace_from(const fmoe_forward_trace *tr, const fmoe_model_geometry *g,
+                                     int32_t t0, int32_t S) {
+    fmoe_forward_trace o = *tr;
+    const int64_t L = g->num_moe_layers, K = g->top_k, J = g->num_experts, h = g->hidden_size;
+    if (o.experts) o.experts += t0 * L * K;
+    if (o.weights) o.weights += t0 * L * K;
+    if (o.probs) o.probs += t0 * L * J;
+    if (o.semantic) o.semantic += t0 * h;
+    if (o.speculative) o.speculative += t0 * L * S * J;
+    if (o.hidden) o.hidden += t0 * L * h;
+    return o;
+}
+
+int fmoe_offload_forward(fmoe_offload *x, fmoe_session *s, const int32_t *tokens, int32_t n,
+                         int32_t phase, const fmoe_forward_trace *trace, float *logits) {
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(x->m);
+    FMOE_RETURN_ERROR_IF(n < 1, FMOE_EINVAL, "no tokens to run (n = %d)", n);
+    x->n_outcomes = 0;
+    const int32_t B = x->opt.prefill_chunk;
+    for (int32_t t0 = 0; t0 < n; t0 += B) {
+        const int32_t c = n - t0 < B ? n - t0 : B;
+        FMOE_FORWARD_IF_ERROR(embed(x, tokens + t0, c));
+        pthread_mutex_lock(&x->mu);
+        x->phase = phase;
+        x->iteration++;
+        fmoe_slots_set_iteration(x->slots, x->iteration);
+        const fmoe_iteration_event iev = {
+            .request = x->request, .phase = phase, .num_tokens = c,
+            .context = fmoe_session_position(s) + c,
+            .semantic = x->semantic_dim ? x->semantic : NULL,
+            .semantic_dim = x->semantic_dim, .group = -1, .position = -1};
+        x->env->now_s = clock_of(x);
+        if (x->policy.ops->on_iteration_start)
+            x->policy.ops->on_iteration_start(x->policy.state, x->env, &iev);
+        pthread_mutex_unlock(&x->mu);
+        fmoe_forward_trace tr;
+        if (trace) tr = trace_from(trace, g, t0, 1);
+        const int last = t0 + c == n;
+        float *lg = logits && last ? logits : NULL;
+        int rc = fmoe_session_forward(s, tokens + t0, c, trace ? &tr : NULL, lg);
+        if (rc < 0) return x->error ? x->error : rc;
+        pthread_mutex_lock(&x->mu);
+        x->env->now_s = clock_of(x);
+        if (x->policy.ops->on_iteration_end)
+            x->policy.ops->on_iteration_end(x->policy.state, x->env, &iev);
+        x->st.iterations++;
+        rc = fmoe_slots_error(x->slots);
+        pthread_mutex_unlock(&x->mu);
+        if (rc < 0) return fail(x, rc);
+    }
+    return x->error;
+}
+
+void fmoe_offload_get_stats(const fmoe_offload *x, fmoe_offload_stats *out) {
+    fmoe_offload *mx = (fmoe_offload *)x;
+    pthread_mutex_lock(&mx->mu);
+    *out = x->st;
+    const fmoe_slots_layer_stats *ms = fmoe_slots_stats(x->slots);
+    for (int32_t l = 0; l < x->L; l++) {
+        out->prefetches += ms[l].prefetches;
+        out->bytes_loaded += ms[l].bytes_loaded;
+        out->wasted_prefetch_bytes += ms[l].wasted_prefetch_bytes;
+    }
+    pthread_mutex_unlock(&mx->mu);
+}
+
+const uint8_t *fmoe_offload_take_outcomes(fmoe_offload *x, int64_t *n) {
+    *n = x->n_outcomes;
+    return x->outcomes;
+}
