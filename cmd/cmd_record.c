@@ -172,6 +172,8 @@ typedef struct request_buffers {
     float *layer_s;      /* [I][Lh] (I <= T + 1) or NULL */
     float *iteration_s;  /* [I] or NULL */
     double *layer_acc;   /* [Lh] the forward pass adds to it */
+    uint8_t *outcomes;   /* [A] measured access outcomes of an offloaded run (A <= T·L·K) */
+    int64_t n_outcomes;
 } request_buffers;
 
 typedef struct dims {
@@ -196,6 +198,7 @@ static int buffers_reserve(request_buffers *b, const dims *d, int64_t T) {
     bad |= grow((void **)&b->semantic, T * d->h, sizeof(float));
     if (d->S) bad |= grow((void **)&b->speculative, T * d->L * d->S * d->J, sizeof(float));
     if (d->hidden) bad |= grow((void **)&b->hidden, T * d->L * d->h, sizeof(float));
+    bad |= grow((void **)&b->outcomes, T * d->L * d->K, 1);
     if (d->timing) {
         bad |= grow((void **)&b->layer_s, (T + 1) * d->Lh, sizeof(float));
         bad |= grow((void **)&b->iteration_s, T + 1, sizeof(float));
@@ -217,6 +220,7 @@ static void buffers_free(request_buffers *b) {
     free(b->layer_s);
     free(b->iteration_s);
     free(b->layer_acc);
+    free(b->outcomes);
 }
 
 /* The tracer for rows [t0, t0 + n). */
@@ -233,7 +237,7 @@ static fmoe_forward_trace trace_at(const request_buffers *b, const dims *d, int6
 }
 
 /* Runs tokens [t0, t0+n) of the request as one iteration, recording its timing as
- * iteration `it`. */
+ * iteration `it` and, offloaded, the outcome of each access. */
 static int run_iteration(cmd_offload *off, fmoe_session *s, request_buffers *b, const dims *d,
                          int64_t t0, int32_t n, int64_t it, float *logits) {
     if (d->timing) memset(b->layer_acc, 0, (size_t)d->Lh * sizeof *b->layer_acc);
@@ -244,6 +248,12 @@ static int run_iteration(cmd_offload *off, fmoe_session *s, request_buffers *b, 
     if (d->timing) {
         b->iteration_s[it] = (float)(cmd_now() - t);
         for (int64_t l = 0; l < d->Lh; l++) b->layer_s[it * d->Lh + l] = (float)b->layer_acc[l];
+    }
+    if (off->x) {
+        int64_t na;
+        const uint8_t *o = fmoe_offload_take_outcomes(off->x, &na);
+        memcpy(b->outcomes + b->n_outcomes, o, (size_t)na);
+        b->n_outcomes += na;
     }
     return 0;
 }
@@ -366,6 +376,11 @@ int cmd_record(int argc, char **argv) {
     h.config_json = config;
     h.hidden_dim = a.hidden ? (int32_t)d.h : 0;
     h.timing_layers = d.timing ? (int32_t)d.Lh : 0;
+    h.prefill_chunk = so.max_batch; /* each chunk of the prompt is its own iteration */
+    if (off.x) {
+        h.offload_cache_experts = fmoe_offload_capacity(off.x);
+        snprintf(h.offload_policy, sizeof h.offload_policy, "%s", a.off.policy);
+    }
     fmoe_trace_write_options wo = {.compression = a.compression};
     if ((err = fmoe_trace_writer_open(&w, a.output, &h, &wo)) < 0) goto fail;
 
@@ -413,11 +428,20 @@ int cmd_record(int argc, char **argv) {
         if (off.x && (err = fmoe_offload_request_begin(off.x, p, ids, (int32_t)n)) < 0)
             goto fail;
 
-        /* Prefill: one iteration. Without generation the lm head is skipped. */
+        /* Prefill: chunks of max_batch tokens, each its own iteration (DESIGN.md §7.1), as
+         * the header's prefill_chunk tells the replay. Without generation the last chunk's
+         * lm head is skipped. */
         double t0 = cmd_now();
-        if ((err = run_iteration(&off, s, &b, &d, 0, (int32_t)n, 0,
-                                 max_new > 0 ? logits : NULL)) < 0)
-            goto fail;
+        int64_t it = 0;
+        b.n_outcomes = 0;
+        for (int64_t c0 = 0; c0 < (int64_t)n; c0 += so.max_batch, it++) {
+            const int32_t c = (int32_t)((int64_t)n - c0 < so.max_batch ? (int64_t)n - c0
+                                                                        : so.max_batch);
+            const int last = c0 + c == (int64_t)n;
+            if ((err = run_iteration(&off, s, &b, &d, c0, c, it,
+                                     last && max_new > 0 ? logits : NULL)) < 0)
+                goto fail;
+        }
         prefill_s += cmd_now() - t0;
         t0 = cmd_now();
         int64_t out = 0;
@@ -429,7 +453,7 @@ int cmd_record(int argc, char **argv) {
             b.phase[t] = FMOE_PHASE_DECODE;
             out++;
             /* The last token is fed for its routing only: no lm head. */
-            if ((err = run_iteration(&off, s, &b, &d, t, 1, out, out < max_new ? logits : NULL)) < 0)
+            if ((err = run_iteration(&off, s, &b, &d, t, 1, it++, out < max_new ? logits : NULL)) < 0)
                 goto fail;
         }
         decode_s += cmd_now() - t0;
@@ -449,6 +473,8 @@ int cmd_record(int argc, char **argv) {
             .hidden = d.hidden ? b.hidden : NULL,
             .layer_s = d.timing ? b.layer_s : NULL,
             .iteration_s = d.timing ? b.iteration_s : NULL,
+            .access_outcome = off.x ? b.outcomes : NULL,
+            .num_access_outcomes = off.x ? b.n_outcomes : 0,
         };
         if ((err = fmoe_trace_writer_append_request(w, &q)) < 0) goto fail;
         recorded++;

@@ -98,6 +98,18 @@ int fmoe_sim_workload_add_request(fmoe_sim_workload *w, int64_t id, double arriv
                                                n, phase, experts, NULL, NULL);
 }
 
+/* The end of the iteration starting at token t: a decode token alone; a run of prefill
+ * tokens whole, or its next prefill_chunk tokens (DESIGN.md §7.1). */
+static int64_t iteration_end(const fmoe_sim_workload *w, const uint8_t *phase, int64_t n,
+                             int64_t t) {
+    int64_t e = t + 1;
+    if (phase[t] != FMOE_PHASE_PREFILL) return e;
+    while (e < n && phase[e] == FMOE_PHASE_PREFILL &&
+           (w->prefill_chunk <= 0 || e - t < w->prefill_chunk))
+        e++;
+    return e;
+}
+
 int fmoe_sim_workload_add_request_gates(fmoe_sim_workload *w, int64_t id, double arrival_s,
                                         int32_t prompt_tokens, int32_t output_tokens, int64_t n,
                                         const uint8_t *phase, const uint16_t *experts,
@@ -119,9 +131,7 @@ int fmoe_sim_workload_add_request_gates(fmoe_sim_workload *w, int64_t id, double
                              (long long)(i / K % L), experts[i], J);
     /* Count iterations first so every buffer grows once per request. */
     int64_t niter = 0, max_acc = 0;
-    for (int64_t t = 0; t < n; t++)
-        if (phase[t] != FMOE_PHASE_PREFILL || t == 0 || phase[t - 1] != FMOE_PHASE_PREFILL)
-            niter++;
+    for (int64_t t = 0; t < n; t = iteration_end(w, phase, n, t)) niter++;
     max_acc = n * L * K;
     FMOE_FORWARD_IF_ERROR(grow((void **)&w->requests, &w->cap_requests, w->num_requests + 1,
                                sizeof *w->requests));
@@ -164,9 +174,7 @@ int fmoe_sim_workload_add_request_gates(fmoe_sim_workload *w, int64_t id, double
                              .first_iteration = w->num_iterations, .num_iterations = niter};
     int64_t t = 0, context = 0;
     while (t < n) {
-        int64_t e = t + 1;
-        if (phase[t] == FMOE_PHASE_PREFILL)
-            while (e < n && phase[e] == FMOE_PHASE_PREFILL) e++;
+        const int64_t e = iteration_end(w, phase, n, t);
         context += e - t;
         fmoe_sim_iteration *it = &w->iterations[w->num_iterations];
         *it = (fmoe_sim_iteration){.request = w->num_requests,

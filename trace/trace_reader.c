@@ -209,6 +209,12 @@ static int read_header(fmoe_trace_reader *r) {
         read_optional_i32_attr(r, "hidden_dim", FMOE_TRACE_MAX_SEMANTIC, &h->hidden_dim));
     FMOE_FORWARD_IF_ERROR(
         read_optional_i32_attr(r, "timing_layers", FMOE_TRACE_MAX_LAYERS, &h->timing_layers));
+    FMOE_FORWARD_IF_ERROR(read_optional_i32_attr(r, "prefill_chunk", 1 << 20, &h->prefill_chunk));
+    FMOE_FORWARD_IF_ERROR(read_optional_i32_attr(r, "offload_cache_experts", INT32_MAX,
+                                                 &h->offload_cache_experts));
+    if (h->offload_cache_experts > 0)
+        FMOE_FORWARD_IF_ERROR(
+            read_str_attr(r, "offload_policy", h->offload_policy, sizeof h->offload_policy));
     h->probs_half = 0; /* set from /tokens/probs' type below */
     return fmoe__trace_header_check(h, p, FMOE_EFORMAT, 1);
 }
@@ -388,7 +394,8 @@ static int build_iterations(fmoe_trace_reader *r) {
     int64_t n = 0;
     for (int64_t i = 0; i < R; i++) {
         const fmoe_trace_request_info *q = &r->requests[i];
-        n += (q->prompt_tokens > 0) + q->output_tokens;
+        n += fmoe_trace_request_iterations(q->prompt_tokens, q->output_tokens,
+                                           r->header.prefill_chunk);
     }
     r->iterations = malloc((size_t)(n ? n : 1) * sizeof *r->iterations);
     if (!r->iterations) {
@@ -411,12 +418,14 @@ static int build_iterations(fmoe_trace_reader *r) {
                 goto done;
             }
         }
-        if (q->prompt_tokens > 0)
+        const int32_t chunk = r->header.prefill_chunk > 0 ? r->header.prefill_chunk
+                                                          : q->prompt_tokens;
+        for (int32_t t = 0; t < q->prompt_tokens; t += chunk)
             r->iterations[at++] = (fmoe_trace_iteration){
                 .request = i,
                 .phase = FMOE_PHASE_PREFILL,
-                .num_tokens = q->prompt_tokens,
-                .token_begin = q->token_begin,
+                .num_tokens = q->prompt_tokens - t < chunk ? q->prompt_tokens - t : chunk,
+                .token_begin = q->token_begin + t,
             };
         for (int64_t t = q->prompt_tokens; t < q->token_count; t++)
             r->iterations[at++] = (fmoe_trace_iteration){
@@ -476,8 +485,8 @@ static int open_file(fmoe_trace_reader *r) {
 /* Checks the shapes of the optional datasets fmoe record writes (not read by the replay):
  * /tokens/hidden [T,L,hidden_dim] and /timing/{layer_s [I,timing_layers], iteration_s [I]},
  * I = the iterations in replay order. Present exactly when the header says so. */
-static int check_optional(fmoe_trace_reader *r, const char *name, int present, int rank,
-                          const int64_t *want) {
+static int check_optional(fmoe_trace_reader *r, const char *name, int present,
+                          H5T_class_t cls, int rank, const int64_t *want) {
     int ex = fmoe__h5_exists(r->file, name);
     if (ex < 0) return fmoe_error_set(FMOE_EFORMAT, "%s: %s: cannot look up", r->path, name);
     if (!present) {
@@ -487,7 +496,7 @@ static int check_optional(fmoe_trace_reader *r, const char *name, int present, i
         return 0;
     }
     FMOE_RETURN_ERROR_IF(ex == 0, FMOE_EFORMAT, "%s: %s is missing", r->path, name);
-    hid_t d = open_checked(r, name, H5T_FLOAT, 0, 0, rank, want, NULL);
+    hid_t d = open_checked(r, name, cls, 0, 0, rank, want, NULL);
     if (d < 0) return (int)d;
     H5Dclose(d);
     return 0;
@@ -498,9 +507,15 @@ static int check_optional_datasets(fmoe_trace_reader *r) {
     const int64_t hidden[3] = {r->num_tokens, h->num_layers, h->hidden_dim};
     const int64_t layer_s[2] = {r->num_iterations, h->timing_layers};
     const int64_t iteration_s[1] = {r->num_iterations};
-    FMOE_FORWARD_IF_ERROR(check_optional(r, "/tokens/hidden", h->hidden_dim > 0, 3, hidden));
-    FMOE_FORWARD_IF_ERROR(check_optional(r, "/timing/layer_s", h->timing_layers > 0, 2, layer_s));
-    return check_optional(r, "/timing/iteration_s", h->timing_layers > 0, 1, iteration_s);
+    const int64_t outcomes[1] = {-1}; /* one per access: as many as the replay resolves */
+    FMOE_FORWARD_IF_ERROR(
+        check_optional(r, "/tokens/hidden", h->hidden_dim > 0, H5T_FLOAT, 3, hidden));
+    FMOE_FORWARD_IF_ERROR(
+        check_optional(r, "/timing/layer_s", h->timing_layers > 0, H5T_FLOAT, 2, layer_s));
+    FMOE_FORWARD_IF_ERROR(check_optional(r, "/timing/iteration_s", h->timing_layers > 0,
+                                         H5T_FLOAT, 1, iteration_s));
+    return check_optional(r, "/timing/access_outcome", h->offload_cache_experts > 0,
+                          H5T_INTEGER, 1, outcomes);
 }
 
 static int reader_open(fmoe_trace_reader **out, const char *path) {

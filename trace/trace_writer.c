@@ -45,6 +45,7 @@ enum {
     DS_HIDDEN,
     DS_LAYER_S,
     DS_ITERATION_S,
+    DS_ACCESS_OUTCOME,
     DS_REQ_ID,
     DS_REQ_ARRIVAL,
     DS_REQ_PROMPT,
@@ -63,6 +64,7 @@ static const char *const ds_names[DS_COUNT] = {
     "/tokens/hidden",
     "/timing/layer_s",
     "/timing/iteration_s",
+    "/timing/access_outcome",
     "/requests/id",
     "/requests/arrival_s",
     "/requests/prompt_tokens",
@@ -165,12 +167,16 @@ static int write_root_attributes(fmoe_trace_writer *w) {
         {"hidden_size", h->hidden_size},   {"shared_experts", h->shared_experts},
         {"semantic_dim", h->semantic_dim}, {"speculative_depth", h->speculative_depth},
         {"hidden_dim", h->hidden_dim},     {"timing_layers", h->timing_layers},
+        {"prefill_chunk", h->prefill_chunk},
+        {"offload_cache_experts", h->offload_cache_experts},
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(f, p, strs[i].name, strs[i].value));
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         FMOE_FORWARD_IF_ERROR(
             fmoe__h5_attr_write_int(f, p, ints[i].name, H5T_STD_I32LE, ints[i].value));
+    if (h->offload_cache_experts > 0)
+        FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(f, p, "offload_policy", h->offload_policy));
     return fmoe__h5_attr_write_int(f, p, "expert_bytes", H5T_STD_I64LE, h->expert_bytes);
 }
 
@@ -196,6 +202,7 @@ static int create_datasets(fmoe_trace_writer *w) {
         {DS_HIDDEN, Hh > 0, w->hidden_half, 3, {0, L, Hh}},
         {DS_LAYER_S, Lt > 0, H5T_IEEE_F32LE, 2, {0, Lt}},
         {DS_ITERATION_S, Lt > 0, H5T_IEEE_F32LE, 1, {0}},
+        {DS_ACCESS_OUTCOME, h->offload_cache_experts > 0, H5T_STD_U8LE, 1, {0}},
         {DS_REQ_ID, 1, H5T_STD_I64LE, 1, {0}},
         {DS_REQ_ARRIVAL, 1, H5T_IEEE_F64LE, 1, {0}},
         {DS_REQ_PROMPT, 1, H5T_STD_I32LE, 1, {0}},
@@ -253,6 +260,12 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
     FMOE_RETURN_ERROR_IF(header->timing_layers < 0 || header->timing_layers > FMOE_TRACE_MAX_LAYERS,
                          FMOE_EINVAL, "%s: header.timing_layers = %d, expected 0..%d", path,
                          header->timing_layers, FMOE_TRACE_MAX_LAYERS);
+    FMOE_RETURN_ERROR_IF(header->prefill_chunk < 0 || header->prefill_chunk > (1 << 20),
+                         FMOE_EINVAL, "%s: header.prefill_chunk = %d, expected 0..%d", path,
+                         header->prefill_chunk, 1 << 20);
+    FMOE_RETURN_ERROR_IF(header->offload_cache_experts < 0, FMOE_EINVAL,
+                         "%s: header.offload_cache_experts = %d, expected >= 0", path,
+                         header->offload_cache_experts);
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
 
     fmoe_trace_writer *w = calloc(1, sizeof *w);
@@ -342,7 +355,8 @@ static int check_request(const fmoe_trace_writer *w, const fmoe_trace_request *q
         __builtin_mul_overflow(T, L * (S > 0 ? S : 1) * J, &big) || big > INT64_MAX / 4,
         FMOE_EINVAL, "%s: request %lld: %lld tokens is too large", p, id, (long long)T);
     if (h->timing_layers > 0) {
-        const int64_t I = (q->prompt_tokens > 0) + (int64_t)q->output_tokens;
+        const int64_t I =
+            fmoe_trace_request_iterations(q->prompt_tokens, q->output_tokens, h->prefill_chunk);
         FMOE_RETURN_ERROR_IF(I > 0 && (!q->layer_s || !q->iteration_s), FMOE_EINVAL,
                              "%s: request %lld: layer_s and iteration_s are required "
                              "(header.timing_layers > 0)",
@@ -362,6 +376,21 @@ static int check_request(const fmoe_trace_writer *w, const fmoe_trace_request *q
         FMOE_RETURN_ERROR_IF(q->layer_s || q->iteration_s, FMOE_EINVAL,
                              "%s: request %lld: timings given but header.timing_layers is 0", p,
                              id);
+    }
+    if (h->offload_cache_experts > 0) {
+        FMOE_RETURN_ERROR_IF(q->num_access_outcomes < 0 ||
+                                 (q->num_access_outcomes > 0 && !q->access_outcome),
+                             FMOE_EINVAL, "%s: request %lld: %lld access outcomes without data",
+                             p, id, (long long)q->num_access_outcomes);
+        for (int64_t i = 0; i < q->num_access_outcomes; i++)
+            FMOE_RETURN_ERROR_IF(q->access_outcome[i] > 3, FMOE_EINVAL,
+                                 "%s: request %lld: access_outcome[%lld] = %u, expected 0..3", p,
+                                 id, (long long)i, q->access_outcome[i]);
+    } else {
+        FMOE_RETURN_ERROR_IF(q->access_outcome, FMOE_EINVAL,
+                             "%s: request %lld: access outcomes given but the header says the "
+                             "recording was not offloaded",
+                             p, id);
     }
     if (T == 0) return 0;
 
@@ -513,10 +542,15 @@ static int writer_append(fmoe_trace_writer *w, const fmoe_trace_request *req) {
             if ((rc = append_rows(w, DS_HIDDEN, w->hidden_half, T, data)) < 0) goto fail;
         }
     }
-    const int64_t iters = (req->prompt_tokens > 0) + (int64_t)req->output_tokens;
+    const int64_t iters =
+        fmoe_trace_request_iterations(req->prompt_tokens, req->output_tokens, h->prefill_chunk);
     if (h->timing_layers > 0 && iters > 0 &&
         ((rc = append_rows(w, DS_LAYER_S, H5T_NATIVE_FLOAT, iters, req->layer_s)) < 0 ||
          (rc = append_rows(w, DS_ITERATION_S, H5T_NATIVE_FLOAT, iters, req->iteration_s)) < 0))
+        goto fail;
+    if (h->offload_cache_experts > 0 && req->num_access_outcomes > 0 &&
+        (rc = append_rows(w, DS_ACCESS_OUTCOME, H5T_NATIVE_UINT8, req->num_access_outcomes,
+                          req->access_outcome)) < 0)
         goto fail;
     if ((rc = append_rows(w, DS_REQ_ID, H5T_NATIVE_INT64, 1, &req->id)) < 0 ||
         (rc = append_rows(w, DS_REQ_ARRIVAL, H5T_NATIVE_DOUBLE, 1, &req->arrival_s)) < 0 ||

@@ -184,3 +184,33 @@ def test_cache_zero_and_bad_store_are_one_line_errors(work, fmoe_bin):
             "--cache-experts", 0, check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     assert "--cache-experts" in p.stderr
+
+
+def test_long_prompts_run_in_chunks_on_both_sides(work, fmoe_bin):
+    """Prompts longer than the 64-token prefill chunk: each chunk is its own iteration live,
+    the trace says so (prefill_chunk), and the replay splits the prefill the same way."""
+    lines = PROMPTS.read_text().splitlines()
+    long = work / "long.txt"
+    long.write_text("\n".join(" ".join(lines[i:i + 6]) for i in range(0, 30, 6)) + "\n")
+    for policy in ("lru", "fmoe"):
+        store = ["--store", work / "store.h5"] if policy == "fmoe" else []
+        trace, live, sim = (work / f"long-{policy}.h5", work / f"long-{policy}-live.jsonl",
+                            work / f"long-{policy}-sim.jsonl")
+        run(fmoe_bin, "record", "--model", TINY, "--dataset", long, "--max-new-tokens", 6,
+            "--temperature", 0, "--probs-f32", "--policy", policy, "--cache-experts", 16,
+            "--prefetch-distance", 1, *store, "--sync-transfers", "--decision-log", live,
+            "-o", trace, "--quiet")
+        with h5py.File(trace, "r") as f:
+            assert int(f.attrs["prefill_chunk"]) == 64
+            prompts = f["/requests/prompt_tokens"][:]
+            outputs = f["/requests/output_tokens"][:]
+            assert (prompts > 64).any()
+            chunks = sum(-(-int(p) // 64) for p in prompts)
+            assert f["/timing/iteration_s"].shape[0] == chunks + int(outputs.sum())
+        _, lrec = read_log(live)
+        assert max(r["iteration"] for r in lrec) + 1 == chunks + int(outputs.sum())
+        run(fmoe_bin, "simulate", "--trace", trace, "--policy", policy, "--cache-experts", 16,
+            "--prefetch-distance", 1, *store, "--profile", work / "zero.json",
+            "--decision-log", sim, "--quiet")
+        _, srec = read_log(sim)
+        assert decisions(lrec) == decisions(srec)

@@ -66,6 +66,9 @@ typedef struct fmoe_sim_workload {
     int32_t num_experts;      /* J */
     int32_t top_k;            /* K */
     int64_t expert_bytes;     /* bytes of one routed expert */
+    int32_t prefill_chunk;    /* a run of prefill tokens is split into iterations of this
+                                 many tokens (the trace's prefill_chunk); 0: one iteration.
+                                 Set before the first request. */
     int64_t num_requests;
     fmoe_sim_request *requests;     /* [R] */
     int64_t num_iterations;
@@ -104,7 +107,7 @@ int fmoe_sim_workload_init(fmoe_sim_workload *w, int32_t num_layers, int32_t num
                            int32_t top_k, int64_t expert_bytes);
 
 /* Appends one request of n tokens: phase[n] (FMOE_PHASE_*; each maximal run of prefill
- * tokens is one iteration, each decode token one), experts[n][L][K]. Arrays borrowed for
+ * tokens is one iteration, or chunks of w->prefill_chunk tokens, each decode token one), experts[n][L][K]. Arrays borrowed for
  * the call. @return 0, FMOE_EFORMAT (expert id >= J; detail names request and token),
  * FMOE_ENOMEM. */
 int fmoe_sim_workload_add_request(fmoe_sim_workload *w, int64_t id, double arrival_s,

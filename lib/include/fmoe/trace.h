@@ -62,7 +62,26 @@ typedef struct fmoe_trace_header {
                                    training predictors); 0: absent */
     int32_t timing_layers;      /* columns of /timing/layer_s (the decoder layers, dense ones
                                    included); 0: no /timing group */
+    /* How the prompt was run: 0, one iteration (layer-major over the whole prompt); c > 0,
+     * chunks of c tokens, each its own iteration, as fmoe record's forward pass runs it
+     * (DESIGN.md §7.1). The replay and /timing follow it. */
+    int32_t prefill_chunk;
+    /* A live offloaded recording (fmoe record --cache-experts): the fast tier's size and
+     * the policy it ran with, and /timing/access_outcome [A] uint8, the measured outcome
+     * of each access in replay order (0 miss, 1 hit, 2 late hit, 3 computed on the host).
+     * 0 and "": not offloaded, no dataset. */
+    int32_t offload_cache_experts;
+    char offload_policy[64];
 } fmoe_trace_header;
+
+/* Iterations of a request in replay order: its prefill chunks, then one per output token. */
+static inline int64_t fmoe_trace_request_iterations(int64_t prompt_tokens, int64_t output_tokens,
+                                                    int32_t prefill_chunk) {
+    const int64_t prefill = prompt_tokens <= 0 ? 0
+                            : prefill_chunk > 0 ? (prompt_tokens + prefill_chunk - 1) / prefill_chunk
+                                                : 1;
+    return prefill + output_tokens;
+}
 
 /* One request's data for the writer; all arrays borrowed for the call. T = prompt + output. */
 typedef struct fmoe_trace_request {
@@ -79,13 +98,16 @@ typedef struct fmoe_trace_request {
     /* Added later; zero-initialised callers write neither. */
     const float *hidden;        /* [T][L][hidden_dim], stored as float16; NULL iff
                                    hidden_dim == 0 */
-    /* Measured times of the request's iterations, in replay order (the prefill, when
-     * prompt_tokens > 0, then each decode token): I = (prompt_tokens > 0) + output_tokens
-     * rows, appended to /timing/layer_s [I][timing_layers] (wall seconds per decoder
+    /* Measured times of the request's iterations, in replay order (the prefill chunks,
+     * then each decode token): I = fmoe_trace_request_iterations(...) rows, appended to /timing/layer_s [I][timing_layers] (wall seconds per decoder
      * layer) and /timing/iteration_s [I] (wall seconds of the whole forward pass).
      * Both NULL iff timing_layers == 0. */
     const float *layer_s;
     const float *iteration_s;
+    /* With header.offload_cache_experts > 0: the measured outcome of each of the
+     * request's accesses, in replay order (see the header). */
+    const uint8_t *access_outcome;
+    int64_t num_access_outcomes;
 } fmoe_trace_request;
 
 typedef struct fmoe_trace_write_options {
