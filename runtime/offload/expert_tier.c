@@ -42,6 +42,9 @@ struct fmoe_expert_tier {
     int64_t *offset_of;         /* [L·J·3] byte offset of the matrix in its file */
     uint8_t *bounce;            /* O_DIRECT staging */
     int64_t bounce_bytes;
+    /* Fault injection for the tests of a failing disk: with FMOE_FAULT_READ_EIO_AFTER=n
+     * in the environment, every file-tier read after the first n fails with EIO. */
+    int64_t reads, fail_after;
 };
 
 /* ------------------------------------------------------------------ open / close */
@@ -102,6 +105,8 @@ int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tie
     t->L = g->num_moe_layers;
     t->J = g->num_experts;
     t->direct = direct_io;
+    const char *fault = getenv("FMOE_FAULT_READ_EIO_AFTER");
+    t->fail_after = fault && fault[0] ? strtoll(fault, NULL, 10) : -1;
     const int64_t n = (int64_t)t->L * t->J;
     int rc = 0;
     for (int64_t e = 0; e < n && rc == 0; e++) {
@@ -242,6 +247,12 @@ int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t of
     if (t->kind == FMOE_TIER_HOST) {
         memcpy(dst, t->host + e * t->bytes + offset, (size_t)bytes);
         return 0;
+    }
+    if (t->fail_after >= 0 && t->reads++ >= t->fail_after) {
+        const int32_t f = t->file_of[e * 3];
+        return fmoe_error_set(FMOE_EIO, "%s: read at %lld: %s (injected by "
+                              "FMOE_FAULT_READ_EIO_AFTER)", t->paths[f],
+                              (long long)t->offset_of[e * 3], strerror(EIO));
     }
     uint8_t *out = dst;
     int64_t start = 0;

@@ -211,7 +211,9 @@ def check_trace_shapes(f, S=0, hidden=False):
         assert f["tokens/speculative"].shape == (T, L, S, J)
     if hidden:
         assert f["tokens/hidden"].shape == (T, L, h) and f["tokens/hidden"].dtype == np.float16
-    iters = int(((pt > 0).astype(int) + ot).sum())
+    chunk = int(f.attrs["prefill_chunk"])  # each chunk of a prompt is its own iteration
+    assert chunk == 64
+    iters = int((-(-pt // chunk) + ot).sum())
     assert f["timing/layer_s"].shape == (iters, int(f.attrs["timing_layers"]))
     assert f["timing/iteration_s"].shape == (iters,)
     lay, it = f["timing/layer_s"][:], f["timing/iteration_s"][:]
