@@ -61,6 +61,28 @@ TEST(workload_distinct_in_order_of_first_appearance) {
     fmoe_sim_workload_free(&w);
 }
 
+/* With prefill_chunk, a prompt's tokens are split into iterations of that many tokens, as
+ * fmoe record's forward pass runs them; each chunk's accesses are its own. */
+TEST(workload_splits_prefill_in_chunks) {
+    const uint16_t ex[] = {0, 1, 2, 3, 0, 3, 1}; /* L = 1, K = 1, 5 prefill + 2 decode */
+    const uint8_t phase[] = {0, 0, 0, 0, 0, 1, 1};
+    fmoe_sim_workload w;
+    ASSERT_OK(fmoe_sim_workload_init(&w, 1, 4, 1, 100));
+    w.prefill_chunk = 2;
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 1, 0, 5, 2, 7, phase, ex));
+    ASSERT_EQ(w.num_iterations, 5); /* 2 + 2 + 1 prefill, then 2 decode */
+    const int32_t tokens[] = {2, 2, 1, 1, 1};
+    const int64_t context[] = {2, 4, 5, 6, 7};
+    for (int i = 0; i < 5; i++) {
+        ASSERT_EQ(w.iterations[i].num_tokens, tokens[i]);
+        ASSERT_EQ(w.iterations[i].context, context[i]);
+        ASSERT_EQ(w.iterations[i].phase, i < 3 ? 0 : 1);
+    }
+    ASSERT_EQ(w.requests[0].num_iterations, 5);
+    ASSERT_EQ(w.num_accesses, 7); /* expert 0 twice: in the first chunk and in the third */
+    fmoe_sim_workload_free(&w);
+}
+
 TEST(workload_rejects_bad_expert) {
     fmoe_sim_workload w;
     ASSERT_OK(fmoe_sim_workload_init(&w, 1, 4, 1, 100));

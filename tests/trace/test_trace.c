@@ -217,6 +217,63 @@ TEST(iterations_follow_phases) {
     ASSERT_TRUE(ok);
 }
 
+/* prefill_chunk: a prompt runs in chunks, each its own iteration; an offloaded recording's
+ * attributes and per-access outcomes come back; bad outcome values are refused. */
+TEST(prefill_chunks_and_access_outcomes) {
+    const char *path = tmp_path("chunks.h5");
+    fmoe_trace_header h = sample_header(1);
+    h.prefill_chunk = 2;
+    h.offload_cache_experts = 5;
+    snprintf(h.offload_policy, sizeof h.offload_policy, "lru");
+    fmoe_trace_writer *w = NULL;
+    ASSERT_OK(fmoe_trace_writer_open(&w, path, &h, NULL));
+    const uint8_t outcomes[4] = {0, 1, 2, 3};
+    for (int r = 0; r < SAMPLE_R; r++) {
+        sample_request s;
+        ASSERT_OK(sample_request_make(&s, r));
+        s.req.access_outcome = outcomes;
+        s.req.num_access_outcomes = 1 + r;
+        ASSERT_OK(fmoe_trace_writer_append_request(w, &s.req));
+        sample_request_free(&s);
+    }
+    sample_request bad;
+    ASSERT_OK(sample_request_make(&bad, 0));
+    const uint8_t four = 4;
+    bad.req.access_outcome = &four;
+    bad.req.num_access_outcomes = 1;
+    ASSERT_EQ(fmoe_trace_writer_append_request(w, &bad.req), FMOE_EINVAL);
+    ASSERT_CONTAINS(fmoe_error_detail(), "access_outcome[0] = 4");
+    sample_request_free(&bad);
+    ASSERT_OK(fmoe_trace_writer_close(w));
+
+    fmoe_trace_reader *r = NULL;
+    ASSERT_OK(fmoe_trace_reader_open(&r, path));
+    const fmoe_trace_header *got = fmoe_trace_reader_header(r);
+    ASSERT_EQ(got->prefill_chunk, 2);
+    ASSERT_EQ(got->offload_cache_experts, 5);
+    ASSERT_TRUE(strcmp(got->offload_policy, "lru") == 0);
+    int64_t n = 0;
+    const fmoe_trace_iteration *it = fmoe_trace_reader_iterations(r, &n);
+    /* Request 0: prompt 3 (chunks 2 + 1), output 2; request 1: 1 + 3; request 2: 4 (2 + 2). */
+    const fmoe_trace_iteration want[] = {
+        {0, FMOE_PHASE_PREFILL, 2, 0}, {0, FMOE_PHASE_PREFILL, 1, 2}, {0, FMOE_PHASE_DECODE, 1, 3},
+        {0, FMOE_PHASE_DECODE, 1, 4},  {1, FMOE_PHASE_PREFILL, 1, 5}, {1, FMOE_PHASE_DECODE, 1, 6},
+        {1, FMOE_PHASE_DECODE, 1, 7},  {1, FMOE_PHASE_DECODE, 1, 8},  {2, FMOE_PHASE_PREFILL, 2, 9},
+        {2, FMOE_PHASE_PREFILL, 2, 11},
+    };
+    const int64_t nw = (int64_t)(sizeof want / sizeof want[0]);
+    int ok = n == nw;
+    for (int64_t i = 0; ok && i < n; i++)
+        ok = it[i].request == want[i].request && it[i].phase == want[i].phase &&
+             it[i].num_tokens == want[i].num_tokens && it[i].token_begin == want[i].token_begin;
+    fmoe_trace_reader_close(r);
+    ASSERT_EQ(n, nw);
+    ASSERT_TRUE(ok);
+    ASSERT_EQ(fmoe_trace_request_iterations(65, 3, 64), 5);
+    ASSERT_EQ(fmoe_trace_request_iterations(65, 3, 0), 4);
+    ASSERT_EQ(fmoe_trace_request_iterations(0, 3, 64), 3);
+}
+
 TEST(minimal_trace_and_empty_requests) {
     /* No probs, no semantic, no speculative; a request with no tokens; L = J = K = 1. */
     const char *path = tmp_path("minimal.h5");
