@@ -107,7 +107,8 @@ void fmoe_decision_log_write(void *ctx, const fmoe_decision *d) {
         fmoe__decision_event_names[d->kind], d->iteration, d->layer, d->expert, d->slot);
     if ((d->kind == FMOE_DECISION_PREFETCH || d->kind == FMOE_DECISION_EVICT) && d->victim >= 0)
         put(line, &n, sizeof line, ",\"victim\":%" PRId32, d->victim);
-    if (access) put(line, &n, sizeof line, ",\"result\":\"%s\"", fmoe__access_result_names[d->result]);
+    if (access)
+        put(line, &n, sizeof line, ",\"result\":\"%s\"", fmoe__access_result_names[d->result]);
     if (d->kind == FMOE_DECISION_PREFETCH || d->kind == FMOE_DECISION_PROMOTE)
         put_double(line, &n, sizeof line, "priority", d->priority);
     put_double(line, &n, sizeof line, "t", d->time_s);

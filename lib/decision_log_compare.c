@@ -220,7 +220,8 @@ static int check_keys(cursor *c, const int *seen, const fmoe_decision *d) {
         return fail(c, access ? "an access without \"result\"" : "\"result\" on a %s line",
                     event);
     if (kind_has_priority(d->kind) != seen[KEY_PRIORITY])
-        return fail(c, seen[KEY_PRIORITY] ? "\"priority\" on a %s line" : "a %s without \"priority\"",
+        return fail(c,
+                    seen[KEY_PRIORITY] ? "\"priority\" on a %s line" : "a %s without \"priority\"",
                     event);
     if (seen[KEY_VICTIM] && !kind_has_victim(d->kind))
         return fail(c, "\"victim\" on a %s line", event);
