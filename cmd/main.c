@@ -23,6 +23,7 @@ static const command commands[] = {
     {"record", cmd_record, "real inference over prompts -> HDF5 trace"},
     {"build-store", cmd_build_store, "traces -> deduplicated expert-map store"},
     {"simulate", cmd_simulate, "trace + store + hardware profile -> metrics per policy"},
+    {"compare-logs", cmd_compare_logs, "two decision logs (simulated, live) -> first divergence, totals"},
     {"serve", NULL, "the same policies live (CUDA or CPU), OpenAI-compatible HTTP"},
     {"calibrate", cmd_calibrate, "measure this machine's link and compute into a hardware profile"},
     {"generate", cmd_generate, "one prompt through a model, no server"},

@@ -56,6 +56,7 @@ typedef enum fmoe_decision_kind {
     FMOE_DECISION_EVICT = 4,    /* victim evicted for a demand load of expert */
     FMOE_DECISION_HOST = 5,     /* a miss computed on the host lane, uncached */
     FMOE_DECISION_PROMOTE = 6,  /* a queued prefetch turned into a demand load */
+    FMOE_DECISION_LANDED = 7, /* a prefetch transfer completed (timing: not compared) */
 } fmoe_decision_kind;
 
 typedef struct fmoe_decision {

@@ -1,0 +1,189 @@
+/*
+ * fuzz_decision_log.c - fuzz target for the decision log reader behind
+ * fmoe_decision_log_compare (STYLE.md rule 15): logs come from other machines and other
+ * builds, and from hand edits.
+ *
+ * With libFuzzer:
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -DFMOE_LIBFUZZER \
+ *     -Ilib/include -Ilib \
+ *     tests/lib/fuzz_decision_log.c lib/decision_log.c lib/decision_log_compare.c \
+ *     lib/error.c -lcjson -lm -o fuzz_decision_log && \
+ *     ./fuzz_decision_log tests/fixtures/decision_logs
+ * Without (the `fuzz` suite of meson test): replays every fixture log, each of its
+ * prefixes, and a fixed set of seeded mutations, under the build's sanitizers. The input is
+ * compared with itself and with the unchanged fixture; any crash, sanitizer report or
+ * broken invariant fails the run.
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fmoe/decision_log.h"
+#include "fmoe/error.h"
+
+static char input_path[512];     /* the input, written to a scratch file */
+static const char *reference;    /* a valid log to compare it with, or NULL */
+
+static void fail(const char *what) {
+    fprintf(stderr, "fuzz_decision_log: invariant broken: %s (detail: %s)\n", what,
+            fmoe_error_detail());
+    abort();
+}
+
+static void check_totals(const fmoe_decision_log_totals *t) {
+    int64_t sum = 0;
+    for (int k = 0; k < 8; k++) sum += t->by_kind[k];
+    if (sum != t->lines) fail("lines != the sum of by_kind");
+    if (t->hits + t->late + t->misses != t->by_kind[FMOE_DECISION_ACCESS])
+        fail("hits + late + misses != accesses");
+}
+
+static void check_diff(const fmoe_decision_log_diff *d) {
+    if (!memchr(d->a, 0, sizeof d->a) || !memchr(d->b, 0, sizeof d->b)) fail("unterminated line");
+    if (d->identical != (d->index < 0)) fail("identical and index disagree");
+    if (!d->identical && d->line_a == 0 && d->line_b == 0) fail("both logs ended at a divergence");
+    check_totals(&d->ta);
+    check_totals(&d->tb);
+}
+
+/* Codes the reader may return for bad bytes in a file that exists. */
+static void check_rc(int rc) {
+    if (rc != 0 && rc != FMOE_EFORMAT && rc != FMOE_EUNSUPPORTED && rc != FMOE_ENOMEM)
+        fail("unexpected status");
+    if (rc != 0 && !strstr(fmoe_error_detail(), input_path)) fail("the detail does not name the file");
+}
+
+int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
+int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
+    if (!input_path[0]) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(input_path, sizeof input_path, "%s/fuzz-decision-log-%ld.jsonl",
+                 tmp && *tmp ? tmp : "/tmp", (long)getpid());
+    }
+    FILE *f = fopen(input_path, "wb");
+    if (!f) return 0;
+    fwrite(data, 1, size, f);
+    fclose(f);
+    fmoe_decision_log_diff d;
+    int rc = fmoe_decision_log_compare(input_path, input_path, 0, &d);
+    check_rc(rc);
+    if (rc == 0) {
+        check_diff(&d);
+        if (!d.identical || memcmp(&d.ta, &d.tb, sizeof d.ta) != 0) fail("a log differs from itself");
+    }
+    if (reference) {
+        int rc2 = fmoe_decision_log_compare(input_path, reference, 1, &d);
+        if ((rc2 == 0) != (rc == 0)) fail("the input reads once and not twice");
+        check_rc(rc2);
+        if (rc2 == 0) check_diff(&d);
+    }
+    return 0;
+}
+
+#ifndef FMOE_LIBFUZZER
+static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
+static unsigned long long rng(void) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 2685821657736338717ull;
+}
+
+static const char *const tokens[] = {
+    "{", "}", ",", ":", "\"", "\n", "\r", " ", "-", "-1", "0", "1e999", "2147483648",
+    "9223372036854775808", "NaN", "Infinity", "0x10", "1.", ".5", "\\n", "\"event\"",
+    "\"landed\"", "\"result\":\"late\"", "\"victim\":3,", "\"priority\":1,", "{}",
+    "{\"fmoe_decision_log\":1,\"source\":\"x\"}\n",
+};
+
+/* One seeded mutation of `src` into `dst` (capacity n + 64); returns the new length. */
+static size_t mutate(const char *src, size_t n, char *dst) {
+    memcpy(dst, src, n);
+    size_t len = n;
+    int edits = 1 + (int)(rng() % 4);
+    for (int e = 0; e < edits && len > 0; e++) {
+        size_t at = rng() % len;
+        switch (rng() % 4) {
+        case 0: dst[at] = (char)(rng() & 0xff); break; /* replace a byte */
+        case 1: memmove(dst + at, dst + at + 1, len - at - 1); len--; break; /* delete */
+        case 2: { /* insert a token */
+            const char *t = tokens[rng() % (sizeof tokens / sizeof tokens[0])];
+            size_t tl = strlen(t);
+            if (len + tl > n + 64) break;
+            memmove(dst + at + tl, dst + at, len - at);
+            memcpy(dst + at, t, tl);
+            len += tl;
+            break;
+        }
+        case 3: /* change a digit, to reach range checks and divergences */
+            for (size_t i = at; i < len; i++)
+                if (dst[i] >= '0' && dst[i] <= '9') {
+                    dst[i] = (char)('0' + rng() % 10);
+                    break;
+                }
+            break;
+        }
+    }
+    return len;
+}
+
+static int replay_file(const char *path, int mutations) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "fuzz_decision_log: cannot open %s\n", path);
+        return 1;
+    }
+    char *src = malloc(1 << 20);
+    size_t n = src ? fread(src, 1, 1 << 20, f) : 0;
+    fclose(f);
+    if (!src) return 1;
+    reference = path;
+    /* the fixture itself must read, and equal itself */
+    fmoe_decision_log_diff d;
+    if (fmoe_decision_log_compare(path, path, 0, &d) != 0 || !d.identical) {
+        fprintf(stderr, "fuzz_decision_log: %s: %s\n", path, fmoe_error_detail());
+        free(src);
+        return 1;
+    }
+    for (size_t cut = 0; cut <= n; cut++) LLVMFuzzerTestOneInput((unsigned char *)src, cut);
+    char *dst = malloc(n + 64);
+    for (int m = 0; dst && m < mutations; m++) {
+        size_t len = mutate(src, n, dst);
+        LLVMFuzzerTestOneInput((unsigned char *)dst, len);
+    }
+    free(dst);
+    free(src);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int bad = 0, files = 0;
+    if (argc > 1) { /* explicit inputs, e.g. a crash file */
+        for (int i = 1; i < argc; i++) bad |= replay_file(argv[i], 0);
+        files = argc - 1;
+    } else {
+        const char *fix = getenv("FMOE_FIXTURES");
+        char dir[1024], path[2048];
+        snprintf(dir, sizeof dir, "%s/decision_logs", fix ? fix : "tests/fixtures");
+        DIR *dd = opendir(dir);
+        if (!dd) {
+            fprintf(stderr, "fuzz_decision_log: cannot open %s\n", dir);
+            return 1;
+        }
+        struct dirent *e;
+        while ((e = readdir(dd))) {
+            if (e->d_name[0] == '.') continue;
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            bad |= replay_file(path, 3000);
+            files++;
+        }
+        closedir(dd);
+        printf("fuzz_decision_log: %d logs replayed with prefixes and 3000 mutations each\n",
+               files);
+    }
+    if (input_path[0]) unlink(input_path);
+    return bad || files == 0;
+}
+#endif
