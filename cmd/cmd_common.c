@@ -219,3 +219,11 @@ const char *cmd_format_bytes(double n, char *buf, size_t cap) {
         snprintf(buf, cap, "%.2f %s", n, units[u]);
     return buf;
 }
+
+void cmd_decision_log_meta(char *buf, size_t cap, const char *policy, int32_t cache_experts,
+                           int32_t prefetch_distance, int32_t copy_chunks) {
+    snprintf(buf, cap,
+             "{\"policy\":\"%s\",\"cache_experts\":%d,\"prefetch_distance\":%d,"
+             "\"copy_chunks\":%d}",
+             policy, cache_experts, prefetch_distance, copy_chunks);
+}

@@ -86,4 +86,9 @@ extern const cmd_spec cmd_inspect_spec, cmd_trace_spec, cmd_trace_import_spec, c
 /* `fmoe inspect` of an expert-map store (cmd/inspect_store.c). */
 int cmd_inspect_store(const char *path, int json);
 
+/* The "meta" object of a decision log's header (fmoe/decision_log.h): what the run was, so
+ * two logs compared can be told apart. The policy name is one of the registry's. */
+void cmd_decision_log_meta(char *buf, size_t cap, const char *policy, int32_t cache_experts,
+                           int32_t prefetch_distance, int32_t copy_chunks);
+
 #endif

@@ -691,7 +691,10 @@ int cmd_simulate(int argc, char **argv) {
             goto done;
         }
         fmoe_decision_log *log = NULL;
-        if ((rc = fmoe_decision_log_open(&log, o.decision_log, "simulate", NULL)) < 0) goto fail;
+        char meta[256];
+        cmd_decision_log_meta(meta, sizeof meta, cells[0].policy, cells[0].cache_experts,
+                              cells[0].prefetch_distance, o.copy_chunks);
+        if ((rc = fmoe_decision_log_open(&log, o.decision_log, "simulate", meta)) < 0) goto fail;
         cells[0].decision = fmoe_decision_log_write;
         cells[0].decision_ctx = log;
         rc = fmoe_sim_run(&w, &cells[0], &res[0]);

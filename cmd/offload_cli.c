@@ -109,7 +109,10 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
         o.store_mode = a->store_mode;
     }
     if (a->decision_log) {
-        if ((rc = fmoe_decision_log_open(&out->log, a->decision_log, cmd, NULL)) < 0) {
+        char meta[256];
+        cmd_decision_log_meta(meta, sizeof meta, policy, o.cache_experts, a->prefetch_distance,
+                              a->copy_chunks > 0 ? a->copy_chunks : 4);
+        if ((rc = fmoe_decision_log_open(&out->log, a->decision_log, cmd, meta)) < 0) {
             cmd_offload_close(cmd, out, 0);
             return cmd_fail(cmd, rc);
         }

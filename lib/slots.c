@@ -374,6 +374,8 @@ void fmoe_slots_apply_landed(fmoe_slots *q) {
             q->flags[s] &= (uint8_t)~FLAG_LANDED;
             q->landed--;
             fmoe_cache_mark_resident(q->cache, s);
+            log_decision(q, FMOE_DECISION_LANDED, q->view->slot_expert[s], s, -1, 0, 0,
+                         q->env.now_s);
         }
 }
 
@@ -382,6 +384,7 @@ int fmoe_slots_chunk_done(fmoe_slots *q, int32_t s) {
     q->flags[s] &= (uint8_t)~FLAG_LANDED;
     q->landed--;
     fmoe_cache_mark_resident(q->cache, s);
+    log_decision(q, FMOE_DECISION_LANDED, q->view->slot_expert[s], s, -1, 0, 0, q->env.now_s);
     return 1;
 }
 

@@ -1,0 +1,221 @@
+"""Live offloading against the simulator's prediction: fidelity, speed and memory (issue 10).
+
+    .venv/bin/python tests/bench/bench_offload_live.py [--work DIR] [--prompts 4] [--gen 16]
+        [--threads N] [--policies lru,fmoe,mixtral-offload] [--fractions 0.1,0.25,0.5]
+        [--json FILE]
+
+On the random ~0.8B Mixtral-layout checkpoint of the CPU-speed benchmark
+(tests/model/make_bench_model.py: 8 MoE layers x 8 experts of 21 MiB), with fmoe-tiny's
+tokenizer copied beside it:
+
+1. `fmoe calibrate --link file` measures this machine's file->RAM link and its compute at
+   the model's shapes: the profile the simulator predicts with.
+2. An all-resident `fmoe record` gives the ceiling (decode TPOT with every expert in RAM).
+3. For each policy and cache fraction, `fmoe record --tier file --direct-io` runs the
+   prompts offloaded and records the measured iteration times; `fmoe simulate` replays
+   the trace that run wrote with the calibrated profile. Printed per point:
+   - live and simulated decode TPOT (mean over requests of decode seconds per token, the
+     simulator's definition) and the gap (sim - live) / live (target |gap| <= 15%);
+   - the bound (DESIGN.md §9): the all-resident TPOT plus, per decode token, the misses
+     the run had to wait for at the calibrated link (alpha + expert bytes / beta each);
+     live / bound (target <= 1.10) and live / all-resident;
+   - peak RSS of the run (getrusage of the child) against the stated bound: the weights
+     that stay resident + N slots + 1 scratch slot + the KV cache + 96 MiB fixed overhead
+     (binary, BLAS and session buffers, tokenizer, trace writer).
+
+The fmoe policy uses a store built from an all-resident recording of other prompts.
+Figures are this machine's; the disk and the page cache of the host decide them. Not a
+test: run it by hand, put the table in the README with the machine named.
+"""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PROMPTS = REPO / "datasets" / "samples" / "prompts_100.txt"
+TINY = REPO / "datasets" / "fmoe-tiny"
+OVERHEAD_MIB = 96
+
+
+def run(args):
+    """Runs fmoe; returns (stdout, stderr, seconds), or exits with its error."""
+    t = time.monotonic()
+    p = subprocess.run([str(a) for a in args], capture_output=True, text=True)
+    secs = time.monotonic() - t
+    if p.returncode != 0:
+        sys.exit(f"bench_offload_live: {' '.join(map(str, args))} exited {p.returncode}:\n"
+                 f"{p.stderr}")
+    return p.stdout, p.stderr, secs
+
+
+def run_rss(args):
+    """As run, measuring the child's peak RSS with wait4."""
+    t = time.monotonic()
+    p = subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    err = p.stderr.read().decode()
+    p.stderr.close()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        sys.exit(f"bench_offload_live: {' '.join(map(str, args))} exited {p.returncode}:\n{err}")
+    return ru.ru_maxrss / 1024.0, time.monotonic() - t, err
+
+
+def live_tpot(trace):
+    """Mean over requests of (decode seconds / decode tokens), from /timing, and the
+    decode misses per decode token from /timing/access_outcome."""
+    import h5py
+    import hdf5plugin  # noqa: F401
+    import numpy as np
+    with h5py.File(trace, "r") as f:
+        pt = f["/requests/prompt_tokens"][:]
+        ot = f["/requests/output_tokens"][:]
+        it = f["/timing/iteration_s"][:]
+        chunk = int(f.attrs.get("prefill_chunk", 0))
+        outcomes = f["/timing/access_outcome"][:] if "/timing/access_outcome" in f else None
+        L = int(f.attrs["num_layers"])
+        K = int(f.attrs["top_k"])
+        experts = f["/tokens/experts"][:]
+        phase = f["/tokens/phase"][:]
+    tpots, at = [], 0
+    for p, o in zip(pt, ot):
+        pre = -(-int(p) // chunk) if chunk > 0 else 1
+        dec = it[at + pre: at + pre + int(o)]
+        at += pre + int(o)
+        if len(dec) > 1:
+            # the simulator's TPOT: (e2e - ttft) / (iterations - 1), the first decode
+            # iteration belongs to the first token's latency only when no prefill ran
+            tpots.append(float(dec.sum()) / len(dec))
+    decode_misses = None
+    if outcomes is not None:
+        # accesses in replay order: per iteration, per layer, the distinct experts
+        idx, dm, dtok, t = 0, 0, 0, 0
+        for p, o in zip(pt, ot):
+            n = int(p) + int(o)
+            rows = experts[t:t + n]
+            ph = phase[t:t + n]
+            t += n
+            c = chunk if chunk > 0 else max(int(p), 1)
+            spans = [(s, min(s + c, int(p))) for s in range(0, int(p), c)]
+            spans += [(u, u + 1) for u in range(int(p), n)]
+            for s, e in spans:
+                for layer in range(L):
+                    k = len(set(rows[s:e, layer, :K].ravel().tolist()))
+                    if ph[s] == 1:
+                        dm += int((outcomes[idx:idx + k] == 0).sum())
+                    idx += k
+                if ph[s] == 1:
+                    dtok += 1
+        decode_misses = dm / max(dtok, 1)
+    return float(np.mean(tpots)), decode_misses
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", default="/tmp/fmoe-bench-offload")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--gen", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--policies", default="lru,fmoe,mixtral-offload")
+    ap.add_argument("--fractions", default="0.1,0.25,0.5")
+    ap.add_argument("--build", default=str(REPO / "build"))
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    fmoe = pathlib.Path(a.build) / "cmd" / "fmoe"
+    work = pathlib.Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model = work / "model"
+    if not (model / "model.safetensors").exists():
+        print("making the ~0.8B bench model ...", file=sys.stderr)
+        subprocess.run([sys.executable, str(REPO / "tests" / "model" / "make_bench_model.py"),
+                        str(model)], check=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY / f, model / f)
+    cfg = json.loads((model / "config.json").read_text())
+    L, J = cfg["num_hidden_layers"], cfg["num_local_experts"]
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    expert_bytes = 3 * h * inter * 2
+    lines = PROMPTS.read_text().splitlines()
+    prompts, other = work / "prompts.txt", work / "other.txt"
+    prompts.write_text("\n".join(lines[:a.prompts]) + "\n")
+    other.write_text("\n".join(lines[50:50 + 2 * a.prompts]) + "\n")
+    threads = ["--threads", a.threads] if a.threads else []
+    common = ["--model", model, "--max-new-tokens", a.gen, "--ignore-eos", "--temperature", 0,
+              "--quiet", *threads]
+
+    profile = work / "profile.json"
+    print("fmoe calibrate --link file ...", file=sys.stderr)
+    run([fmoe, "calibrate", "--model-config", model / "config.json", "--link", "file",
+         "--file-dir", work, "-o", profile, "--quiet", *threads])
+    prof = json.loads(profile.read_text())
+    alpha, beta = prof["link"]["alpha_s"], prof["link"]["beta_bytes_per_s"]
+
+    print("all resident ...", file=sys.stderr)
+    resident = work / "resident.h5"
+    rss_res, _, _ = run_rss([fmoe, "record", *common, "--dataset", prompts, "--speculative", 1,
+                             "-o", resident])
+    res_tpot, _ = live_tpot(resident)
+    out, _, _ = run([fmoe, "simulate", "--trace", resident, "--profile", profile, "--policy",
+                     "lru", "--cache-experts", L * J, "--json", "--quiet"])
+    res_sim = json.loads(out)["results"][0]["tpot_s"]["mean"]
+    run([fmoe, "record", *common, "--dataset", other, "-o", work / "store-src.h5"])
+    store = work / "store.h5"
+    run([fmoe, "build-store", "--trace", work / "store-src.h5", "-o", store,
+         "--prefetch-distance", 1, "--quiet"])
+
+    total_bytes = (model / "model.safetensors").stat().st_size
+    resident_weights = total_bytes - L * J * expert_bytes
+    kv = L * 4096 * (cfg["num_key_value_heads"] * (h // cfg["num_attention_heads"])) * 4 * 2
+
+    rows = [{"policy": "all resident", "fraction": 1.0, "cache_experts": L * J,
+             "live_tpot_s": res_tpot, "sim_tpot_s": res_sim,
+             "gap": (res_sim - res_tpot) / res_tpot, "peak_rss_mib": rss_res}]
+    for policy in a.policies.split(","):
+        for frac in (float(x) for x in a.fractions.split(",")):
+            n = max(1, round(frac * L * J))
+            trace = work / f"live-{policy}-{n}.h5"
+            extra = ["--store", store] if policy == "fmoe" else []
+            spec = ["--speculative", 1] if policy == "mixtral-offload" else []
+            print(f"{policy} {n} slots, file tier, O_DIRECT ...", file=sys.stderr)
+            rss, secs, err = run_rss([fmoe, "record", *common, "--dataset", prompts, *spec,
+                                      "--policy", policy, "--cache-experts", n, *extra,
+                                      "--tier", "file", "--direct-io", "--copy-chunks", 4,
+                                      "-o", trace])
+            tpot, misses = live_tpot(trace)
+            out, _, _ = run([fmoe, "simulate", "--trace", trace, "--profile", profile,
+                             "--policy", policy, "--cache-experts", n, *extra,
+                             "--copy-chunks", 4, "--json", "--quiet"])
+            sim = json.loads(out)["results"][0]["tpot_s"]["mean"]
+            bound = res_tpot + misses * (alpha + expert_bytes / beta)
+            rss_bound = (resident_weights + (n + 1) * expert_bytes + kv) / 2**20 + OVERHEAD_MIB
+            rows.append({"policy": policy, "fraction": frac, "cache_experts": n,
+                         "live_tpot_s": tpot, "sim_tpot_s": sim, "gap": (sim - tpot) / tpot,
+                         "bound_tpot_s": bound, "live_over_bound": tpot / bound,
+                         "live_over_resident": tpot / res_tpot,
+                         "decode_misses_per_token": misses, "peak_rss_mib": rss,
+                         "rss_bound_mib": rss_bound})
+
+    print(f"\nmodel {model}: {L} MoE layers x {J} experts of {expert_bytes / 2**20:.1f} MiB; "
+          f"calibrated link alpha {alpha * 1e6:.0f} us, beta {beta / 2**30:.2f} GiB/s")
+    print(f"{'policy':<16}{'cache':>6}{'N':>4}{'live ms':>9}{'sim ms':>9}{'gap':>8}"
+          f"{'bound ms':>10}{'live/bnd':>9}{'live/res':>9}{'RSS MiB':>9}{'RSS bnd':>9}")
+    for r in rows:
+        print(f"{r['policy']:<16}{r['fraction'] * 100:>5.0f}%{r['cache_experts']:>4}"
+              f"{r['live_tpot_s'] * 1e3:>9.1f}{r['sim_tpot_s'] * 1e3:>9.1f}{r['gap'] * 100:>7.1f}%"
+              + (f"{r['bound_tpot_s'] * 1e3:>10.1f}{r['live_over_bound']:>9.2f}"
+                 f"{r['live_over_resident']:>9.2f}" if 'bound_tpot_s' in r else " " * 28)
+              + f"{r['peak_rss_mib']:>9.0f}"
+              + (f"{r['rss_bound_mib']:>9.0f}" if 'rss_bound_mib' in r else ""))
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps({"alpha_s": alpha, "beta_bytes_per_s": beta,
+                                                    "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
