@@ -5,8 +5,10 @@
  * expert is `bytes` = gate + up + down bytes, and a byte range of it maps to at most three
  * pieces of its matrices. host: one block of L·J·bytes filled at open, a read is a memcpy.
  * file: each matrix's file and offset (fmoe_model_expert_tensors), a read is one pread per
- * matrix piece; with O_DIRECT the range is widened to the device's alignment and read into
- * a bounce buffer first (one per reading thread: the copy engine has one).
+ * matrix piece; with O_DIRECT the range is widened to the device's alignment and read
+ * straight into the slot, whose regions keep each matrix's file alignment (no copy: the
+ * disk's DMA fills the slot). Only when a matrix's file offset does not suit its dtype is
+ * it read through a bounce buffer (one per reading thread: the copy engine has one).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -31,6 +33,12 @@ struct fmoe_expert_tier {
     int64_t rows[3], cols[3];   /* gate, up, down */
     int64_t mat_bytes[3];
     int64_t bytes;              /* per expert */
+    /* Where matrix i of an expert sits in a slot: at region[i], plus, in place, the
+     * matrix's file offset modulo DIRECT_ALIGN (so O_DIRECT reads land in the slot itself,
+     * aligned, with no bounce copy). slot_bytes: a slot's size, a multiple of DIRECT_ALIGN. */
+    int64_t region[3];
+    int64_t slot_bytes;
+    int in_place;
     const fmoe_model *m;
     uint8_t *host;              /* [L·J][bytes] (host) */
     /* file */
@@ -167,7 +175,12 @@ int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tie
             }
         }
         if (rc < 0) goto fail;
-        if (direct_io) {
+        /* O_DIRECT straight into the slot needs each matrix's bytes to keep, in memory,
+         * their file offset's alignment, which must suit the dtype. */
+        t->in_place = direct_io;
+        const int64_t es = fmoe_st_dtype_size(t->dtype);
+        for (int64_t i = 0; i < n * 3 && t->in_place; i++) t->in_place = t->offset_of[i] % es == 0;
+        if (direct_io && !t->in_place) {
             /* the largest piece of one matrix, widened on both sides to the alignment */
             int64_t widest = t->mat_bytes[0];
             for (int i = 1; i < 3; i++) widest = t->mat_bytes[i] > widest ? t->mat_bytes[i] : widest;
@@ -181,6 +194,14 @@ int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tie
             }
         }
     }
+    int64_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        t->region[i] = at;
+        at += t->in_place ? (t->mat_bytes[i] + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN +
+                                DIRECT_ALIGN
+                          : t->mat_bytes[i];
+    }
+    t->slot_bytes = (at + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
     *out = t;
     return 0;
 fail:
@@ -189,6 +210,7 @@ fail:
 }
 
 int64_t fmoe__expert_tier_expert_bytes(const fmoe_expert_tier *t) { return t->bytes; }
+int64_t fmoe__expert_tier_slot_bytes(const fmoe_expert_tier *t) { return t->slot_bytes; }
 fmoe_tier_kind fmoe__expert_tier_kind(const fmoe_expert_tier *t) { return t->kind; }
 
 /* ------------------------------------------------------------------ reads */
@@ -241,11 +263,37 @@ static int read_matrix(fmoe_expert_tier *t, int32_t f, int64_t base, int64_t off
     return 0;
 }
 
+/* O_DIRECT bytes [lo, hi) of a matrix stored at file f, byte `base`, into the slot region
+ * `region` that holds it in place: the aligned window around them is read straight into
+ * the region (the window's extra bytes land in the region's margins, or are the matrix's
+ * own bytes, identical). */
+static int read_in_place(const fmoe_expert_tier *t, int32_t f, int64_t base, int64_t lo,
+                         int64_t hi, uint8_t *region) {
+    const int64_t first = (base + lo) / DIRECT_ALIGN * DIRECT_ALIGN;
+    const int64_t last = (base + hi + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
+    uint8_t *dst = region + (first - base / DIRECT_ALIGN * DIRECT_ALIGN);
+    int64_t got = 0;
+    while (got < last - first) {
+        const ssize_t r = pread(t->fds[f], dst + got, (size_t)(last - first - got),
+                                (off_t)(first + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return fmoe_error_set(FMOE_EIO, "%s: read at %lld: %s", t->paths[f],
+                                  (long long)(first + got), strerror(errno));
+        if (r == 0) break; /* O_DIRECT: the file ends inside the last aligned block */
+        got += r;
+    }
+    if (first + got < base + hi)
+        return fmoe_error_set(FMOE_EIO, "%s: read at %lld: end of file", t->paths[f],
+                              (long long)(first + got));
+    return 0;
+}
+
 int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t offset,
-                           int64_t bytes, void *dst) {
+                           int64_t bytes, void *slot) {
     const int64_t e = (int64_t)l * t->J + j;
-    if (t->kind == FMOE_TIER_HOST) {
-        memcpy(dst, t->host + e * t->bytes + offset, (size_t)bytes);
+    if (t->kind == FMOE_TIER_HOST) { /* packed layout: logical offset = slot offset */
+        memcpy((uint8_t *)slot + offset, t->host + e * t->bytes + offset, (size_t)bytes);
         return 0;
     }
     if (t->fail_after >= 0 && t->reads++ >= t->fail_after) {
@@ -254,16 +302,18 @@ int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t of
                               "FMOE_FAULT_READ_EIO_AFTER)", t->paths[f],
                               (long long)t->offset_of[e * 3], strerror(EIO));
     }
-    uint8_t *out = dst;
     int64_t start = 0;
     for (int i = 0; i < 3 && bytes > 0; i++) {
         const int64_t end = start + t->mat_bytes[i];
         if (offset < end) {
             const int64_t within = offset - start;
             const int64_t take = bytes < end - offset ? bytes : end - offset;
-            FMOE_FORWARD_IF_ERROR(read_matrix(t, t->file_of[e * 3 + i], t->offset_of[e * 3 + i],
-                                              within, take, out));
-            out += take;
+            const int32_t f = t->file_of[e * 3 + i];
+            const int64_t base = t->offset_of[e * 3 + i];
+            uint8_t *region = (uint8_t *)slot + t->region[i];
+            FMOE_FORWARD_IF_ERROR(t->in_place
+                                      ? read_in_place(t, f, base, within, within + take, region)
+                                      : read_matrix(t, f, base, within, take, region + within));
             offset += take;
             bytes -= take;
         }
@@ -274,13 +324,11 @@ int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t of
 
 void fmoe__expert_tier_view(const fmoe_expert_tier *t, int32_t l, int32_t j,
                             const uint8_t *base, fmoe_expert_view *out) {
-    (void)l;
-    (void)j;
+    const int64_t e = (int64_t)l * t->J + j;
     fmoe_matrix_view *mats[3] = {&out->gate, &out->up, &out->down};
-    int64_t at = 0;
     for (int i = 0; i < 3; i++) {
-        *mats[i] = (fmoe_matrix_view){.data = base + at, .dtype = t->dtype, .rows = t->rows[i],
-                                      .cols = t->cols[i]};
-        at += t->mat_bytes[i];
+        const int64_t shift = t->in_place ? t->offset_of[e * 3 + i] % DIRECT_ALIGN : 0;
+        *mats[i] = (fmoe_matrix_view){.data = base + t->region[i] + shift, .dtype = t->dtype,
+                                      .rows = t->rows[i], .cols = t->cols[i]};
     }
 }

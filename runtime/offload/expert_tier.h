@@ -1,9 +1,9 @@
 /*
  * expert_tier.h - the slow tier of live offloading (fmoe/offload.h): where every routed
  * expert lives, and the one operation the copy engine needs, "bytes [lo, hi) of expert
- * (l, j) into a buffer". An expert's bytes are its three matrices in the checkpoint's
- * dtype, gate then up then down, each row-major; a slot holds them in that layout and
- * fmoe__expert_tier_view describes them to the forward pass.
+ * (l, j) into a slot". An expert's bytes are its three matrices in the checkpoint's
+ * dtype, gate then up then down, each row-major; a slot holds each matrix in a region of
+ * its own and fmoe__expert_tier_view describes them to the forward pass.
  *
  * Kinds: host (every routed expert copied once into one RAM block at open) and file
  * (pread from the safetensors files; O_DIRECT through an aligned bounce buffer when
@@ -27,13 +27,18 @@ void fmoe__expert_tier_close(fmoe_expert_tier *t);
 
 /* Bytes of one routed expert (all three matrices). */
 int64_t fmoe__expert_tier_expert_bytes(const fmoe_expert_tier *t);
+/* Bytes of a slot, a multiple of 4096: more than the expert's when O_DIRECT reads land in
+ * the slot in place (each matrix keeps its file offset's alignment). Slots must start
+ * 4096-aligned. */
+int64_t fmoe__expert_tier_slot_bytes(const fmoe_expert_tier *t);
 /* FMOE_TIER_HOST or FMOE_TIER_FILE: what AUTO chose. */
 fmoe_tier_kind fmoe__expert_tier_kind(const fmoe_expert_tier *t);
 
-/* Copies bytes [offset, offset + bytes) of expert (l, j) to dst. @return 0 or FMOE_EIO
- * ("model-00003.safetensors: read at 123456: Input/output error"). */
+/* Copies bytes [offset, offset + bytes) of expert (l, j) (its matrices concatenated) into
+ * their places in `slot`. @return 0 or FMOE_EIO ("model-00003.safetensors: read at
+ * 123456: Input/output error"). */
 int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t offset,
-                           int64_t bytes, void *dst);
+                           int64_t bytes, void *slot);
 
 /* The matrices of expert (l, j) as laid out at `base` (a slot's bytes). */
 void fmoe__expert_tier_view(const fmoe_expert_tier *t, int32_t l, int32_t j,

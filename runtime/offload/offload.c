@@ -51,11 +51,12 @@ struct fmoe_offload {
     fmoe_offload_options opt;
     int32_t L, J, K, N, chunks;
     int64_t expert_bytes;
+    int64_t slot_stride;       /* bytes of one slot (the tier's layout) */
     fmoe_expert_tier *tier;
     fmoe_policy policy;
     fmoe_slots *slots;
     fmoe_policy_env *env;
-    uint8_t *slot_mem;         /* [N+1][expert_bytes], 64-byte aligned */
+    uint8_t *slot_mem;         /* [N+1][slot_stride], 4096-byte aligned (O_DIRECT) */
     double t0;                 /* monotonic seconds at init */
 
     pthread_mutex_t mu;
@@ -113,7 +114,7 @@ fmoe_offload_options fmoe_offload_defaults(void) {
 /* ------------------------------------------------------------------ the I/O thread */
 
 static uint8_t *slot_bytes(const fmoe_offload *x, int32_t s) {
-    return x->slot_mem + (size_t)s * (size_t)x->expert_bytes;
+    return x->slot_mem + (size_t)s * (size_t)x->slot_stride;
 }
 
 /* Bytes [lo, hi) of piece `piece` of an expert of `bytes` bytes in `chunks` pieces. */
@@ -128,8 +129,7 @@ static int copy_pieces(fmoe_offload *x, int32_t s, int32_t e, int32_t first, int
     int64_t lo, hi, lo2, hi2;
     piece_range(x->expert_bytes, x->chunks, first, &lo, &hi);
     piece_range(x->expert_bytes, x->chunks, last - 1, &lo2, &hi2);
-    return fmoe__expert_tier_read(x->tier, e / x->J, e % x->J, lo, hi2 - lo,
-                                  slot_bytes(x, s) + lo);
+    return fmoe__expert_tier_read(x->tier, e / x->J, e % x->J, lo, hi2 - lo, slot_bytes(x, s));
 }
 
 static void io_fail(fmoe_offload *x, int rc) {
@@ -420,6 +420,7 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
     int rc = fmoe__expert_tier_open(&x->tier, m, o->tier, o->direct_io);
     if (rc < 0) goto fail;
     x->expert_bytes = fmoe__expert_tier_expert_bytes(x->tier);
+    x->slot_stride = fmoe__expert_tier_slot_bytes(x->tier);
     int32_t d = o->prefetch_distance;
     if (d == 0) d = ops->default_distance < 0 ? x->L : ops->default_distance;
     if (d >= x->L && (ops->flags & FMOE_POLICY_PREFETCHES) && ops->default_distance >= 0)
@@ -440,7 +441,7 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
     if ((rc = fmoe_slots_init(&x->slots, &sc)) < 0) goto fail;
     x->env = fmoe_slots_env(x->slots);
     const size_t n1 = (size_t)x->N + 1;
-    x->slot_mem = aligned_alloc(64, (n1 * (size_t)x->expert_bytes + 63) / 64 * 64);
+    x->slot_mem = aligned_alloc(4096, n1 * (size_t)x->slot_stride);
     x->data_expert = malloc(n1 * sizeof *x->data_expert);
     x->holds_taken = calloc(n1, sizeof *x->holds_taken);
     x->holds_released = calloc(n1, sizeof *x->holds_released);

@@ -171,11 +171,15 @@ def test_offloaded_generation_equals_all_resident(fmoe_bin):
     base = run(fmoe_bin, "generate", "--model", TINY, "--prompt",
                "The dictionary type maps keys to values, and", "--max-new-tokens", 24,
                "--temperature", 0, "--json")
-    for policy, n in (("lru", 3), ("mixtral-offload", 8), ("lfu", 1)):
+    for policy, n, tier in (("lru", 3, ["--tier", "file"]),
+                            ("mixtral-offload", 8, ["--tier", "host"]),
+                            ("lfu", 1, ["--tier", "file", "--direct-io"]),
+                            ("least-stale", 5, ["--tier", "file", "--direct-io",
+                                                  "--copy-chunks", 3])):
         got = run(fmoe_bin, "generate", "--model", TINY, "--prompt",
                   "The dictionary type maps keys to values, and", "--max-new-tokens", 24,
                   "--temperature", 0, "--json", "--policy", policy, "--cache-experts", n,
-                  "--tier", "file")
+                  *tier)
         assert json.loads(got.stdout)["generated_ids"] == json.loads(base.stdout)["generated_ids"]
 
 
