@@ -219,7 +219,7 @@ int cmd_generate(int argc, char **argv) {
     FILE *npy = NULL;
     size_t n_prompt = 0, text_len = 0;
     cmd_offload off = {0};
-    char offload_line[256];
+    char offload_line[512];
 
     if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
     if ((err = fmoe_tokenizer_load(dir, &tok)) < 0) goto fail;
@@ -366,11 +366,15 @@ int cmd_generate(int argc, char **argv) {
             printf(", \"offload\": {\"policy\": \"%s\", \"cache_experts\": %d, "
                    "\"accesses\": %lld, \"hits\": %lld, \"late_hits\": %lld, "
                    "\"misses\": %lld, \"host_misses\": %lld, \"prefetches\": %lld, "
-                   "\"bytes_loaded\": %lld, \"stall_s\": %.6f}",
+                   "\"bytes_loaded\": %lld, \"awaited_bytes\": %lld, "
+                   "\"awaited_bytes_decode\": %lld, \"wasted_prefetch_bytes\": %lld, "
+                   "\"stall_s\": %.6f}",
                    a.off.policy ? a.off.policy : "lru", fmoe_offload_capacity(off.x),
                    (long long)os.accesses, (long long)os.hits, (long long)os.late_hits,
                    (long long)os.misses, (long long)os.host_misses, (long long)os.prefetches,
-                   (long long)os.bytes_loaded, os.stall_s);
+                   (long long)os.bytes_loaded, (long long)os.awaited_bytes,
+                   (long long)os.awaited_bytes_decode, (long long)os.wasted_prefetch_bytes,
+                   os.stall_s);
         }
         printf("}\n");
     } else {

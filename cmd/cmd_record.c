@@ -508,7 +508,7 @@ int cmd_record(int argc, char **argv) {
                     (long long)too_long, (long long)ctx_cap);
         fprintf(stderr, "\n");
         if (off.x) {
-            char line[256];
+            char line[512];
             cmd_offload_summary(&off, line, sizeof line);
             fprintf(stderr, "fmoe record: %s\n", line);
         }

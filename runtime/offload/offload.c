@@ -235,6 +235,13 @@ static void add_outcome(fmoe_offload *x, uint8_t o) {
     if (x->n_outcomes < x->cap_outcomes) x->outcomes[x->n_outcomes++] = o;
 }
 
+/* Bytes the forward pass will wait for (DESIGN.md §9's bound): a miss's whole expert, the
+ * rest of a prefetch still in flight. */
+static void await_bytes(fmoe_offload *x, int64_t bytes) {
+    x->st.awaited_bytes += bytes;
+    if (x->phase == FMOE_PHASE_DECODE) x->st.awaited_bytes_decode += bytes;
+}
+
 /* The gate of MoE layer ev->layer: policy events and access resolution (DESIGN.md §7.1). */
 static int on_route(void *ctx, const fmoe_route_event *ev) {
     fmoe_offload *x = ctx;
@@ -280,9 +287,11 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
         case FMOE_FIND_QUEUED:
             push_demand(x, s, e, 0);
             result = FMOE_ACCESS_LATE_HIT;
+            await_bytes(x, x->expert_bytes);
             break;
         case FMOE_FIND_STARTED:
             if (f.chunks_left > 0) push_demand(x, s, e, x->chunks - f.chunks_left);
+            await_bytes(x, x->expert_bytes * f.chunks_left / x->chunks);
             if (x->data_expert[s] == e && f.chunks_left == 0) x->st.prefetch_hits++;
             else result = FMOE_ACCESS_LATE_HIT;
             break;
@@ -301,6 +310,7 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
                 x->st.bypassed++;
             }
             push_demand(x, s, e, 0);
+            await_bytes(x, x->expert_bytes);
             break;
         }
         if (rc < 0) break;
@@ -575,6 +585,7 @@ int fmoe_offload_forward(fmoe_offload *x, fmoe_session *s, const int32_t *tokens
         if (x->policy.ops->on_iteration_end)
             x->policy.ops->on_iteration_end(x->policy.state, x->env, &iev);
         x->st.iterations++;
+        x->st.decode_iterations += phase == FMOE_PHASE_DECODE;
         rc = fmoe_slots_error(x->slots);
         pthread_mutex_unlock(&x->mu);
         if (rc < 0) return fail(x, rc);

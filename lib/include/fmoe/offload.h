@@ -117,7 +117,10 @@ typedef struct fmoe_offload_stats {
     int64_t accesses, hits, late_hits, misses, host_misses, bypassed;
     int64_t prefetches, prefetch_hits, bytes_loaded, wasted_prefetch_bytes;
     double stall_s;            /* the forward pass waiting for expert weights */
-    int64_t iterations;
+    int64_t iterations, decode_iterations;
+    /* bytes accesses had to wait for: a miss's expert, the untransferred rest of a
+     * prefetch an access claimed (all, and in decode iterations) */
+    int64_t awaited_bytes, awaited_bytes_decode;
 } fmoe_offload_stats;
 
 void fmoe_offload_get_stats(const fmoe_offload *x, fmoe_offload_stats *out);
