@@ -54,6 +54,10 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
                                     "(fmoe build-store)", policy);
     if (!(ops->flags & FMOE_POLICY_TAKES_STORE) && a->store)
         return cmd_usage_error(cmd, "policy %s takes no store", policy);
+    if (a->store_out && a->store_mode != FMOE_STORE_OFFLINE_UPDATE)
+        return cmd_usage_error(cmd, "--store-out writes the store a run updates: give "
+                                    "--store-mode offline-update");
+    out->store_out = a->store_out;
 
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
     int rc;
@@ -128,6 +132,15 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
 
 int cmd_offload_close(const char *cmd, cmd_offload *o, int ok) {
     int exit_code = 0;
+    if (ok && o->x && o->store_out && o->store) {
+        /* the input store's provenance, with the entries as this run left them */
+        fmoe_store_file f = *o->store;
+        f.store = (fmoe_expertmap *)fmoe_offload_expert_store(o->x);
+        f.created[0] = '\0';
+        f.fmoe_version[0] = '\0';
+        const int rc = f.store ? fmoe_store_write(o->store_out, &f, NULL) : 0;
+        if (rc < 0) exit_code = cmd_fail(cmd, rc);
+    }
     fmoe_offload_free(o->x);
     o->x = NULL;
     if (o->log) {

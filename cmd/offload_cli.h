@@ -38,6 +38,7 @@ typedef struct cmd_offload_args {
     int32_t miss;              /* fmoe_offload_miss */
     const char *store;
     int32_t store_mode;        /* fmoe_store_mode */
+    const char *store_out;
     const char *decision_log;
     int32_t sync_transfers;
 } cmd_offload_args;
@@ -83,6 +84,10 @@ extern const char *const cmd_offload_store_modes[];
     {.name = "store-mode", .kind = CMD_OPT_ENUM, .value_name = "M",                           \
      .help = "offline (frozen store) or offline-update", .default_text = "offline",           \
      .offset = offsetof(type, f.store_mode), .choices = cmd_offload_store_modes},             \
+    {.name = "store-out", .kind = CMD_OPT_STRING, .value_name = "S.h5",                       \
+     .help = "with --store-mode offline-update: write the store as the run updated it, "     \
+             "atomically, at the end",                                                        \
+     .offset = offsetof(type, f.store_out)},                                                  \
     {.name = "decision-log", .kind = CMD_OPT_STRING, .value_name = "F.jsonl",                 \
      .help = "write every decision of the offloaded run, one JSON line each (fmoe "           \
              "compare-logs checks it against fmoe simulate --decision-log)",                 \
@@ -94,6 +99,7 @@ extern const char *const cmd_offload_store_modes[];
 
 typedef struct cmd_offload {
     fmoe_offload *x;           /* NULL: offloading off */
+    const char *store_out;
     fmoe_store_file *store;
     fmoe_decision_log *log;
 } cmd_offload;
@@ -106,7 +112,8 @@ void cmd_offload_args_init(cmd_offload_args *a);
 int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,
                      int32_t prefill_chunk, int quiet, cmd_offload *out);
 
-/* Stops the executor; the decision log is kept only when ok. @return 0 or 1 (printed). */
+/* Writes the updated store (--store-out) when ok, stops the executor; the decision log is
+ * kept only when ok. @return 0 or 1 (printed). */
 int cmd_offload_close(const char *cmd, cmd_offload *o, int ok);
 
 /* fmoe_offload_forward when offloading, else fmoe_session_forward. */

@@ -846,6 +846,10 @@ FMOE_VARIANT(fmoe_hitcount, "fmoe-hitcount", 0, 0, PREDICT_HITCOUNT, EVICT_PFREQ
 FMOE_VARIANT(fmoe_lru, "fmoe-lru", 1, 1, PREDICT_MAPS, EVICT_LRU)
 FMOE_VARIANT(fmoe_lfu, "fmoe-lfu", 1, 1, PREDICT_MAPS, EVICT_LFU)
 
+static const fmoe_expertmap *fm_expert_store(const void *state) {
+    return ((const fm_state *)state)->store;
+}
+
 #define FMOE_OPS_TABLE(symbol, init_fn, vname, summary_text, flag_bits)                           \
     const fmoe_policy_ops symbol = {                                                              \
         /* .name          = */ vname,                                                             \
@@ -863,6 +867,7 @@ FMOE_VARIANT(fmoe_lfu, "fmoe-lfu", 1, 1, PREDICT_MAPS, EVICT_LFU)
         /* .on_request_end     = */ NULL,                                                         \
         /* .default_distance   = */ DEFAULT_DISTANCE,                                             \
         /* .variants      = */ 0,                                                                 \
+        /* .expert_store  = */ fm_expert_store,                                                   \
     };
 
 #define FMOE_OPS(ident, vname, summary_text, flag_bits)                                           \

@@ -86,4 +86,5 @@ const fmoe_policy_ops fmoe_policy_least_stale = {
     /* .on_request_end     = */ NULL,
     /* .default_distance   = */ 0,
     /* .variants           = */ 0,
+    /* .expert_store       = */ NULL,
 };

@@ -56,4 +56,5 @@ const fmoe_policy_ops fmoe_policy_lfu = {
     /* .on_request_end     = */ NULL,
     /* .default_distance   = */ 0,
     /* .variants           = */ 0,
+    /* .expert_store       = */ NULL,
 };

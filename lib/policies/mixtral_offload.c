@@ -222,4 +222,5 @@ const fmoe_policy_ops fmoe_policy_mixtral_offload = {
     /* .on_request_end     = */ NULL,
     /* .default_distance   = */ 1,
     /* .variants           = */ 0,
+    /* .expert_store       = */ NULL,
 };

@@ -400,4 +400,5 @@ const fmoe_policy_ops fmoe_policy_moe_infinity = {
     /* .on_request_end     = */ mi_on_request_end,
     /* .default_distance   = */ 1,
     /* .variants           = */ 0,
+    /* .expert_store       = */ NULL,
 };

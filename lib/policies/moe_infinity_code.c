@@ -101,4 +101,5 @@ const fmoe_policy_ops fmoe_policy_moe_infinity_code = {
     /* .on_request_end     = */ NULL,
     /* .default_distance   = */ 0,
     /* .variants           = */ 0,
+    /* .expert_store       = */ NULL,
 };

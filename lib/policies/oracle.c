@@ -472,4 +472,5 @@ const fmoe_policy_ops fmoe_policy_oracle = {
     /* .on_request_end     = */ NULL,
     /* .default_distance   = */ 1,
     /* .variants           = */ 2,
+    /* .expert_store       = */ NULL,
 };

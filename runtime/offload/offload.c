@@ -593,6 +593,11 @@ int fmoe_offload_forward(fmoe_offload *x, fmoe_session *s, const int32_t *tokens
     return x->error;
 }
 
+const struct fmoe_expertmap *fmoe_offload_expert_store(const fmoe_offload *x) {
+    const fmoe_policy_ops *ops = x->policy.ops;
+    return ops->expert_store ? ops->expert_store(x->policy.state) : NULL;
+}
+
 void fmoe_offload_get_stats(const fmoe_offload *x, fmoe_offload_stats *out) {
     fmoe_offload *mx = (fmoe_offload *)x;
     pthread_mutex_lock(&mx->mu);

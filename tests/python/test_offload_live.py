@@ -257,3 +257,36 @@ def test_a_failing_read_during_a_run_names_the_file_and_keeps_the_trace(work, fm
         n = f["/requests/id"].shape[0]
         assert 0 < n < 20
         assert f["/timing/access_outcome"].shape[0] > 0
+
+
+def test_store_updated_online_is_written_out_and_matches_the_simulator(work, fmoe_bin):
+    """--store-mode offline-update live: the same decisions as simulate's offline-update
+    replay, and --store-out writes the store as the run left it (more entries, or entries
+    the run changed), readable by h5py; the input store is untouched."""
+    import hashlib
+    store = work / "store.h5"
+    before = hashlib.sha256(store.read_bytes()).hexdigest()
+    trace, live, sim, out = (work / "upd.h5", work / "upd-live.jsonl", work / "upd-sim.jsonl",
+                             work / "store-updated.h5")
+    run(fmoe_bin, "record", "--model", TINY, "--dataset", work / "prompts20.txt",
+        "--max-new-tokens", 8, "--temperature", 0, "--probs-f32", "--policy", "fmoe",
+        "--cache-experts", 16, "--prefetch-distance", 1, "--store", store,
+        "--store-mode", "offline-update", "--store-out", out, "--sync-transfers",
+        "--decision-log", live, "-o", trace, "--quiet")
+    run(fmoe_bin, "simulate", "--trace", trace, "--policy", "fmoe", "--cache-experts", 16,
+        "--prefetch-distance", 1, "--store", store, "--store-mode", "offline-update",
+        "--profile", work / "zero.json", "--decision-log", sim, "--quiet")
+    _, lrec = read_log(live)
+    _, srec = read_log(sim)
+    assert decisions(lrec) == decisions(srec)
+    assert hashlib.sha256(store.read_bytes()).hexdigest() == before
+    with h5py.File(store, "r") as a, h5py.File(out, "r") as b:
+        ma, mb = a["maps"][:], b["maps"][:]
+        assert mb.shape[1:] == ma.shape[1:]
+        n = min(len(ma), len(mb))
+        assert len(mb) > len(ma) or (ma[:n] != mb[:n]).any()
+    p = run(fmoe_bin, "record", "--model", TINY, "--dataset", work / "prompts20.txt",
+            "--policy", "fmoe", "--cache-experts", 16, "--store", store, "--store-out",
+            work / "never.h5", "-o", work / "never-trace.h5", check=False)
+    assert p.returncode == 2 and "offline-update" in p.stderr
+    assert not (work / "never.h5").exists()

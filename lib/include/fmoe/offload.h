@@ -112,6 +112,10 @@ int fmoe_offload_request_end(fmoe_offload *x);
 int fmoe_offload_forward(fmoe_offload *x, fmoe_session *s, const int32_t *tokens, int32_t n,
                          int32_t phase, const fmoe_forward_trace *trace, float *logits);
 
+/* The expert-map store the policy matches against, with what this run added to it in
+ * --store-mode offline-update; NULL for policies without a store. Valid until free. */
+const struct fmoe_expertmap *fmoe_offload_expert_store(const fmoe_offload *x);
+
 /* Totals since init. */
 typedef struct fmoe_offload_stats {
     int64_t accesses, hits, late_hits, misses, host_misses, bypassed;

@@ -251,6 +251,10 @@ typedef struct fmoe_policy_ops {
      * (cfg->variant); the simulator runs each and reports the one with the least stall.
      * 0 or 1: one. */
     int32_t variants;
+    /* The expert-map store the policy matches against, as it stands now (updated during
+     * the run in the updating store modes), for writing it back out; NULL (or a NULL
+     * member) for policies without one. */
+    const struct fmoe_expertmap *(*expert_store)(const void *state);
 } fmoe_policy_ops;
 
 /* A policy instance: its table and its state. Plain struct, caller-allocated. */
