@@ -97,48 +97,14 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
 }
 
 #ifndef FMOE_LIBFUZZER
-static unsigned long long rng_state = 0x2545f4914f6cdd1dull;
-static unsigned long long rng(void) { /* xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
-}
+#include "fuzz_mutate.h"
+
 
 static const char *const tokens[] = {
     "{", "}", "[", "]", ",", ":", "\"", "\n", "\r\n", "null", "-1", "0", "1e308", "65536",
     "2.5", "\\u0000", "\xff", "\"prefill\"", "\"layer\"", "\"experts\"", "\"probs\"",
     "\"request\"", "\"token\"", "0.000000", "2023-02-29 ", "99:99:99"};
-
-static size_t mutate(const char *src, size_t n, char *dst, size_t cap) {
-    memcpy(dst, src, n);
-    size_t len = n;
-    int edits = 1 + (int)(rng() % 4);
-    for (int e = 0; e < edits && len > 0; e++) {
-        size_t at = rng() % len;
-        switch (rng() % 4) {
-        case 0: dst[at] = (char)(rng() & 0xff); break;
-        case 1: memmove(dst + at, dst + at + 1, len - at - 1); len--; break;
-        case 2: {
-            const char *t = tokens[rng() % (sizeof tokens / sizeof tokens[0])];
-            size_t tl = strlen(t);
-            if (len + tl > cap) break;
-            memmove(dst + at + tl, dst + at, len - at);
-            memcpy(dst + at, t, tl);
-            len += tl;
-            break;
-        }
-        case 3:
-            for (size_t i = at; i < len; i++)
-                if (dst[i] >= '0' && dst[i] <= '9') {
-                    dst[i] = (char)('0' + rng() % 10);
-                    break;
-                }
-            break;
-        }
-    }
-    return len;
-}
+static fuzz_mutator mutator = {0x2545f4914f6cdd1dull, tokens, sizeof tokens / sizeof tokens[0]};
 
 static int replay_file(const char *path, int mutations) {
     FILE *f = fopen(path, "rb");
@@ -153,7 +119,7 @@ static int replay_file(const char *path, int mutations) {
     size_t cap = n + 64;
     char *dst = malloc(cap);
     for (int m = 0; dst && m < mutations; m++) {
-        size_t len = mutate(src, n, dst, cap);
+        size_t len = fuzz_mutate(&mutator, src, n, dst, cap);
         LLVMFuzzerTestOneInput((unsigned char *)dst, len);
     }
     free(dst);

@@ -56,48 +56,13 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
 }
 
 #ifndef FMOE_LIBFUZZER
-static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
-static unsigned long long rng(void) { /* xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
-}
+#include "fuzz_mutate.h"
+
 
 static const char *const tokens[] = {"{", "}", "[", "]", ",", ":", "\"", "null", "true",
                                      "-1", "0", "1e308", "4294967296", "2.5", "\\u0000",
                                      "\"model_type\"", "\"llama4\"", "\"text_config\"", "{}"};
-
-/* One seeded mutation of `src` into `dst` (capacity n + 64); returns the new length. */
-static size_t mutate(const char *src, size_t n, char *dst) {
-    memcpy(dst, src, n);
-    size_t len = n;
-    int edits = 1 + (int)(rng() % 4);
-    for (int e = 0; e < edits && len > 0; e++) {
-        size_t at = rng() % len;
-        switch (rng() % 4) {
-        case 0: dst[at] = (char)(rng() & 0xff); break; /* replace a byte */
-        case 1: memmove(dst + at, dst + at + 1, len - at - 1); len--; break; /* delete */
-        case 2: { /* insert a token */
-            const char *t = tokens[rng() % (sizeof tokens / sizeof tokens[0])];
-            size_t tl = strlen(t);
-            if (len + tl > n + 64) break;
-            memmove(dst + at + tl, dst + at, len - at);
-            memcpy(dst + at, t, tl);
-            len += tl;
-            break;
-        }
-        case 3: /* change a digit, to reach range checks */
-            for (size_t i = at; i < len; i++)
-                if (dst[i] >= '0' && dst[i] <= '9') {
-                    dst[i] = (char)('0' + rng() % 10);
-                    break;
-                }
-            break;
-        }
-    }
-    return len;
-}
+static fuzz_mutator mutator = {0x9e3779b97f4a7c15ull, tokens, sizeof tokens / sizeof tokens[0]};
 
 static int replay_file(const char *path, int mutations) {
     FILE *f = fopen(path, "rb");
@@ -112,7 +77,7 @@ static int replay_file(const char *path, int mutations) {
     for (size_t cut = 0; cut <= n; cut++) LLVMFuzzerTestOneInput((unsigned char *)src, cut);
     char *dst = malloc(n + 64);
     for (int m = 0; dst && m < mutations; m++) {
-        size_t len = mutate(src, n, dst);
+        size_t len = fuzz_mutate(&mutator, src, n, dst, n + 64);
         LLVMFuzzerTestOneInput((unsigned char *)dst, len);
     }
     free(dst);
