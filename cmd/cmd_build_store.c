@@ -163,6 +163,9 @@ int cmd_build_store(int argc, char **argv) {
         printf("  semantic     %d-dim %s\n", c->semantic_dim, f->semantic_kind);
     if (rep.probs_topk)
         printf("  probs        top-k only: maps hold the chosen experts' weights, the rest 0\n");
+    if (rep.ids_only)
+        printf("  probs        none (expert ids only): maps hold 1/K on each chosen expert, as "
+               "the fmoe policies read such traces\n");
     char b[32];
     printf("  size         %s in memory (C x (h + L x J) x 4 bytes)\n",
            cmd_format_bytes((double)c->capacity * (c->semantic_dim + (double)c->num_layers *

@@ -84,6 +84,19 @@ static int flush(builder *b) {
     return 0;
 }
 
+/* An ids-only trace's tokens as maps: 1/K on each chosen expert of each layer, the rows
+ * the fmoe policies build from such a trace when they replay it (fmoe.c row_from_chosen),
+ * so a store and the gates it is matched against speak the same language. */
+static void maps_from_ids(const uint16_t *chosen, int64_t n, int32_t L, int32_t J, int32_t K,
+                          float *maps) {
+    memset(maps, 0, (size_t)n * L * J * sizeof *maps);
+    for (int64_t t = 0; t < n; t++)
+        for (int32_t l = 0; l < L; l++)
+            for (int32_t k = 0; k < K; k++)
+                maps[((size_t)t * L + l) * J + chosen[((size_t)t * L + l) * K + k]] =
+                    1.0f / (float)K;
+}
+
 /* Checks that all traces describe the same model and fills the store's geometry. */
 static int check_sources(fmoe_trace_reader **r, const char *const *paths, int32_t n,
                          int32_t *h_out, fmoe_store_build_report *rep) {
@@ -91,10 +104,6 @@ static int check_sources(fmoe_trace_reader **r, const char *const *paths, int32_
     int32_t h = h0->semantic_dim;
     for (int32_t i = 0; i < n; i++) {
         const fmoe_trace_header *h1 = fmoe_trace_reader_header(r[i]);
-        FMOE_RETURN_ERROR_IF(h1->probs_kind == FMOE_PROBS_NONE, FMOE_EUNSUPPORTED,
-                             "%s: the trace has no gate probabilities (probs_kind none); expert "
-                             "maps are built from them: record or import it with probabilities",
-                             paths[i]);
         if (i == 0) continue;
         FMOE_RETURN_ERROR_IF(h0->model_fingerprint[0] && h1->model_fingerprint[0] &&
                                  strcmp(h0->model_fingerprint, h1->model_fingerprint) != 0,
@@ -118,6 +127,7 @@ static int check_sources(fmoe_trace_reader **r, const char *const *paths, int32_
         const fmoe_trace_header *hi = fmoe_trace_reader_header(r[i]);
         if (hi->semantic_dim == 0 || hi->semantic_dim != h) rep->semantic_skipped = 1;
         if (hi->probs_kind == FMOE_PROBS_TOPK) rep->probs_topk = 1;
+        if (hi->probs_kind == FMOE_PROBS_NONE) rep->ids_only = 1;
     }
     if (rep->semantic_skipped) h = 0;
     *h_out = h;
@@ -145,7 +155,7 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
 
     snprintf(f->model_name, sizeof f->model_name, "%s", h0->model_name);
     snprintf(f->model_fingerprint, sizeof f->model_fingerprint, "%s", h0->model_fingerprint);
-    f->probs_kind = rep->probs_topk ? FMOE_PROBS_TOPK : FMOE_PROBS_FULL;
+    f->probs_kind = rep->probs_topk || rep->ids_only ? FMOE_PROBS_TOPK : FMOE_PROBS_FULL;
     if (h) snprintf(f->semantic_kind, sizeof f->semantic_kind, "%s", h0->semantic_kind);
     f->split = o->split;
     f->split_seed = o->seed;
@@ -205,6 +215,7 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
 
     builder b = {.f = f, .L = L, .J = J, .K = K, .h = h, .batch = cfg.max_batch, .report = rep};
     float *probs = NULL, *sem = NULL;
+    uint16_t *chosen = NULL;
     if (rc == 0) {
         b.maps = malloc((size_t)b.batch * L * J * sizeof *b.maps);
         b.sem = h ? malloc((size_t)b.batch * h * sizeof *b.sem) : NULL;
@@ -212,7 +223,9 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
         b.rep = malloc((size_t)b.batch * sizeof *b.rep);
         probs = malloc((size_t)max_tokens * L * J * sizeof *probs);
         sem = h ? malloc((size_t)max_tokens * h * sizeof *sem) : NULL;
-        if (!b.maps || (h && !b.sem) || !b.slots || !b.rep || !probs || (h && !sem))
+        chosen = rep->ids_only ? malloc((size_t)max_tokens * L * K * sizeof *chosen) : NULL;
+        if (!b.maps || (h && !b.sem) || !b.slots || !b.rep || !probs || (h && !sem) ||
+            (rep->ids_only && !chosen))
             rc = fmoe_error_set(FMOE_ENOMEM, "build-store: buffers for %lld tokens",
                                 (long long)max_tokens);
     }
@@ -222,8 +235,12 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
         const fmoe_trace_request_info *q = fmoe_trace_reader_requests(r[i]);
         for (int64_t k = 0; k < R && rc == 0; k++) {
             if (!keep[i][k] || q[k].token_count == 0) continue;
-            const fmoe_trace_token_buffers buf = {.probs = probs, .semantic = sem};
+            const int ids = fmoe_trace_reader_header(r[i])->probs_kind == FMOE_PROBS_NONE;
+            const fmoe_trace_token_buffers buf = {.probs = ids ? NULL : probs,
+                                                  .experts = ids ? chosen : NULL,
+                                                  .semantic = sem};
             rc = fmoe_trace_reader_read_tokens(r[i], q[k].token_begin, q[k].token_count, &buf);
+            if (rc == 0 && ids) maps_from_ids(chosen, q[k].token_count, L, J, K, probs);
             for (int64_t t = 0; t < q[k].token_count && rc == 0; t++) {
                 memcpy(b.maps + (size_t)b.pending * L * J, probs + (size_t)t * L * J,
                        (size_t)L * J * sizeof *probs);
@@ -238,6 +255,7 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
     if (rc == 0) rc = flush(&b);
     f->tokens_used = rep->tokens;
     free(probs);
+    free(chosen);
     free(sem);
     free(b.maps);
     free(b.sem);

@@ -117,6 +117,9 @@ typedef struct fmoe_store_build_report {
                                   the first d layers */
     int probs_topk;            /* some trace held top-k probabilities only: maps hold the
                                   known weights, the rest 0 */
+    int ids_only;              /* some trace held expert ids only (probs_kind none): its
+                                  maps hold 1/K on each chosen expert, as the fmoe policies
+                                  read such traces; the store says topk */
 } fmoe_store_build_report;
 
 /*
@@ -127,7 +130,7 @@ typedef struct fmoe_store_build_report {
  * out. The result (*out, free with fmoe_store_file_free) is ready for fmoe_store_write.
  * @return 0, FMOE_EINVAL (capacity 0, d >= L, no traces), FMOE_EMISMATCH (traces of
  * different models: the detail names both fingerprints, or the geometries),
- * FMOE_EUNSUPPORTED (a trace without probabilities), FMOE_EINCOMPLETE (no tokens), or the
+ * FMOE_EINCOMPLETE (no tokens), or the
  * trace reader's error.
  */
 int fmoe_store_build(const char *const *traces, int32_t n, const fmoe_store_build_options *o,
