@@ -54,6 +54,7 @@ typedef struct options {
 
 typedef struct shapes {
     int32_t hidden, ffn, heads, kv_heads, head_dim, experts, shared_ffn;
+    int32_t vocab;         /* the LM head's rows */
     int32_t layers, top_k; /* MoE layers and experts per token: the matcher's maps */
     char model[192];
 } shapes;
@@ -128,7 +129,7 @@ static int parse_options(int argc, char **argv, options *o) {
 
 static int load_shapes(const options *o, shapes *s) {
     *s = (shapes){.hidden = 4096, .ffn = 14336, .heads = 32, .kv_heads = 8, .head_dim = 128,
-                  .experts = 8, .shared_ffn = 0, .layers = 32, .top_k = 2};
+                  .experts = 8, .shared_ffn = 0, .vocab = 32000, .layers = 32, .top_k = 2};
     snprintf(s->model, sizeof s->model, "Mixtral-8x7B shapes (default)");
     if (o->model_config) {
         fmoe_model_geometry g;
@@ -141,6 +142,7 @@ static int load_shapes(const options *o, shapes *s) {
         s->head_dim = g.head_dim > 0 ? g.head_dim : s->hidden / s->heads;
         s->experts = g.num_experts;
         s->shared_ffn = g.shared_intermediate_size;
+        if (g.vocab_size > 0) s->vocab = (int32_t)g.vocab_size;
         s->layers = g.num_moe_layers > 0 ? g.num_moe_layers : 1;
         s->top_k = g.top_k;
         snprintf(s->model, sizeof s->model, "%s (%.60s)", g.model_type, o->model_config);
@@ -150,6 +152,7 @@ static int load_shapes(const options *o, shapes *s) {
         s->hidden = s->hidden / 8 > 64 ? s->hidden / 8 : 64;
         s->ffn = s->ffn / 8 > 64 ? s->ffn / 8 : 64;
         s->shared_ffn /= 8;
+        s->vocab = s->vocab / 8 > 64 ? s->vocab / 8 : 64;
         s->heads = s->heads / 8 > 0 ? s->heads / 8 : 1;
         s->kv_heads = s->kv_heads / 8 > 0 ? s->kv_heads / 8 : 1;
         if (s->heads % s->kv_heads) s->kv_heads = s->heads;
@@ -191,6 +194,7 @@ typedef struct measurements {
     series ram, file, h2d;
     fmoe_file_cache file_cache;
     series expert_cpu, layer_cpu, attn_cpu, expert_gpu, layer_gpu, attn_gpu;
+    series head_cpu, head_gpu; /* the LM head, [vocab x hidden] */
     double cpu_peak_flops, gpu_peak_flops, gpu_membw;
     double match_s, token_match_s; /* the fMoE matcher: one layer's match, a whole token */
     int have_gpu;
@@ -265,6 +269,11 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
         m->attn_cpu.y[i] = sec[i];
     }
     fit_series(&m->attn_cpu);
+    const int32_t hrows[1] = {sh->vocab}, hcols[1] = {sh->hidden};
+    m->head_cpu = (series){.what = "LM head (OpenBLAS fp32)", .n = nt};
+    FMOE_FORWARD_IF_ERROR(fmoe_calibrate_gemms_cpu(hrows, hcols, 1, tok, nt, reps, sec));
+    for (int32_t i = 0; i < nt; i++) m->head_cpu.x[i] = tok[i], m->head_cpu.y[i] = sec[i];
+    fit_series(&m->head_cpu);
     /* the fMoE matcher: one CPU thread, whatever --threads says (it runs beside inference) */
     const int blas_threads = openblas_get_num_threads();
     openblas_set_num_threads(1);
@@ -295,6 +304,10 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
             m->attn_gpu.y[i] = sec[i];
         }
         fit_series(&m->attn_gpu);
+        m->head_gpu = (series){.what = "LM head (cuBLAS bf16)", .n = nt};
+        FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_gemms(hrows, hcols, 1, tok, nt, reps, sec));
+        for (int32_t i = 0; i < nt; i++) m->head_gpu.x[i] = tok[i], m->head_gpu.y[i] = sec[i];
+        fit_series(&m->head_gpu);
     }
     return 0;
 }
@@ -389,11 +402,13 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
         p.memory_bandwidth_bytes_per_s = m->gpu_membw;
         p.attention = layer_cost(&m->layer_gpu, &m->attn_gpu);
         p.expert = expert_cost(&m->expert_gpu);
+        p.head = expert_cost(&m->head_gpu);
     } else {
         p.peak_flops = m->cpu_peak_flops;
         p.memory_bandwidth_bytes_per_s = cpu_bw;
         p.attention = layer_cost(&m->layer_cpu, &m->attn_cpu);
         p.expert = expert_cost(&m->expert_cpu);
+        p.head = expert_cost(&m->head_cpu);
     }
     p.host_expert = expert_cost(&m->expert_cpu);
     p.host_peak_flops = m->cpu_peak_flops;
@@ -424,6 +439,7 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON_AddNumberToObject(model, "kv_heads", sh->kv_heads);
     cJSON_AddNumberToObject(model, "head_dim", sh->head_dim);
     cJSON_AddNumberToObject(model, "shared_intermediate_size", sh->shared_ffn);
+    cJSON_AddNumberToObject(model, "vocab_size", sh->vocab);
     cJSON *mat = cJSON_AddObjectToObject(cal, "matcher");
     cJSON_AddNumberToObject(mat, "store_entries", MATCHER_STORE);
     cJSON_AddNumberToObject(mat, "layers", sh->layers);
@@ -443,11 +459,13 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON_AddItemToObject(comp, "expert_cpu", series_json(&m->expert_cpu, "tokens"));
     cJSON_AddItemToObject(comp, "layer_gemms_cpu", series_json(&m->layer_cpu, "tokens"));
     cJSON_AddItemToObject(comp, "attention_cpu", series_json(&m->attn_cpu, "tokens_x_context"));
+    cJSON_AddItemToObject(comp, "lm_head_cpu", series_json(&m->head_cpu, "tokens"));
     if (m->have_gpu) {
         cJSON_AddItemToObject(comp, "expert_gpu", series_json(&m->expert_gpu, "tokens"));
         cJSON_AddItemToObject(comp, "layer_gemms_gpu", series_json(&m->layer_gpu, "tokens"));
         cJSON_AddItemToObject(comp, "attention_gpu",
                               series_json(&m->attn_gpu, "tokens_x_context"));
+        cJSON_AddItemToObject(comp, "lm_head_gpu", series_json(&m->head_gpu, "tokens"));
     }
     *json = cJSON_Print(root);
     cJSON_Delete(root);
@@ -501,9 +519,11 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
     report_compute(&m->expert_cpu, "token");
     report_compute(&m->layer_cpu, "token");
     report_compute(&m->attn_cpu, "tok*ctx");
+    report_compute(&m->head_cpu, "token");
     report_compute(&m->expert_gpu, "token");
     report_compute(&m->layer_gpu, "token");
     report_compute(&m->attn_gpu, "tok*ctx");
+    report_compute(&m->head_gpu, "token");
     char a[32], b[32];
     fprintf(stderr, "  %-28s %10s per match (one layer), %s per token (%d layers x %d experts, "
                     "%d entries, 1 thread)\n",

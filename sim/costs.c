@@ -32,6 +32,7 @@ int fmoe_sim_costs_init(fmoe_sim_costs *c, const fmoe_hardware_profile *hw,
     c->expert_bytes = expert_bytes;
     c->layer = hw->attention;
     c->expert = hw->expert;
+    c->head = hw->head;
     c->peak_flops = hw->peak_flops;
     c->mem_bw = hw->memory_bandwidth_bytes_per_s;
     c->launch_s = hw->launch_s;
@@ -82,6 +83,10 @@ double fmoe_sim_layer_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context
     const double flops = c->layer_flops_per_token * n + c->attn_flops_per_token_ctx * n * ctx;
     const double bytes = c->layer_weight_params * c->bytes_per_param + c->kv_bytes_per_ctx * ctx;
     return fmax(flops / c->peak_flops, bytes / c->mem_bw) + c->launch_s;
+}
+
+double fmoe_sim_head_s(const fmoe_sim_costs *c) {
+    return c->head.present ? c->head.base_s + c->head.per_token_s : 0;
 }
 
 double fmoe_sim_expert_s(const fmoe_sim_costs *c, int32_t tokens) {

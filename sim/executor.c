@@ -45,6 +45,7 @@ typedef struct sim_state {
     int32_t *distinct;        /* [J] scratch for gate events */
     double engine_free;       /* copy engine idle from */
     double compute_free;      /* compute stream idle from */
+    double head_s;            /* the LM head of an iteration that yields a token */
     double *ttft, *tpot, *e2e, *qdelay; /* [R] per request */
     int64_t n_tpot;
     int have_host;            /* the cost model has host figures */
@@ -204,6 +205,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
                                 : fmoe_sim_transfer_s(S->costs, (w->expert_bytes + S->chunks - 1) /
                                                                     S->chunks);
     S->expert1_s = fmoe_sim_expert_s(S->costs, 1);
+    S->head_s = fmoe_sim_head_s(S->costs);
     return 0;
 }
 
@@ -404,6 +406,7 @@ static void run_all(sim_state *S, const double *arrival_s) {
         S->env->now_s = start;
         if (ops->on_request_start) ops->on_request_start(S->policy.state, S->env, &rev);
         int64_t run_end = 0; /* the run of one-token iterations [.., run_end) holding i */
+        int64_t decode_iterations = 0; /* after the first token */
         for (int64_t i = 0; i < req->num_iterations && !S->error; i++) {
             const int64_t ii = req->first_iteration + i;
             const fmoe_sim_iteration *it = &w->iterations[ii];
@@ -443,13 +446,19 @@ static void run_all(sim_state *S, const double *arrival_s) {
                 run_layer(S, it, ii, l, a, la[l]);
                 a += la[l];
             }
+            /* the iteration that yields a token ends with the LM head: each decode
+             * iteration, and the last chunk of the prefill (the first token) */
+            const int last_prefill = it->phase == 0 && (i + 1 == req->num_iterations ||
+                                                        it[1].phase != 0);
+            if (it->phase != 0 || last_prefill) S->compute_free += S->head_s;
             S->env->now_s = S->compute_free;
             if (ops->on_iteration_end) ops->on_iteration_end(S->policy.state, S->env, &iev);
-            if (i == 0) S->ttft[rq] = S->compute_free - arrival;
+            if (last_prefill || (i == 0 && it->phase != 0)) S->ttft[rq] = S->compute_free - arrival;
+            decode_iterations += it->phase != 0 && !(i == 0);
         }
         S->e2e[rq] = S->compute_free - arrival;
-        if (req->num_iterations > 1)
-            S->tpot[S->n_tpot++] = (S->e2e[rq] - S->ttft[rq]) / (double)(req->num_iterations - 1);
+        if (decode_iterations > 0)
+            S->tpot[S->n_tpot++] = (S->e2e[rq] - S->ttft[rq]) / (double)decode_iterations;
         S->env->now_s = S->compute_free;
         if (ops->on_request_end) ops->on_request_end(S->policy.state, S->env, &rev);
     }

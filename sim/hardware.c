@@ -146,6 +146,7 @@ static int parse_object(const cJSON *root, const char *origin, fmoe_hardware_pro
                              "%s: compute must be an object", origin);
         FMOE_FORWARD_IF_ERROR(get_linear(compute, "compute", "attention_s", origin, &p->attention));
         FMOE_FORWARD_IF_ERROR(get_linear(compute, "compute", "expert_s", origin, &p->expert));
+        FMOE_FORWARD_IF_ERROR(get_linear(compute, "compute", "head_s", origin, &p->head));
     }
     const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "host");
     if (host) {
@@ -258,7 +259,7 @@ int fmoe_hardware_to_json(const fmoe_hardware_profile *p, char **out) {
                                 p->memory_bandwidth_bytes_per_s);
         cJSON_AddNumberToObject(d, "launch_s", p->launch_s);
     }
-    if (p->attention.present || p->expert.present) {
+    if (p->attention.present || p->expert.present || p->head.present) {
         cJSON *c = cJSON_AddObjectToObject(root, "compute");
         if (p->attention.present) {
             cJSON *a = cJSON_AddObjectToObject(c, "attention_s");
@@ -270,6 +271,11 @@ int fmoe_hardware_to_json(const fmoe_hardware_profile *p, char **out) {
             cJSON *e = cJSON_AddObjectToObject(c, "expert_s");
             cJSON_AddNumberToObject(e, "base", p->expert.base_s);
             cJSON_AddNumberToObject(e, "per_token", p->expert.per_token_s);
+        }
+        if (p->head.present) {
+            cJSON *e = cJSON_AddObjectToObject(c, "head_s");
+            cJSON_AddNumberToObject(e, "base", p->head.base_s);
+            cJSON_AddNumberToObject(e, "per_token", p->head.per_token_s);
         }
     }
     if (p->host_expert.present || p->host_peak_flops > 0) {

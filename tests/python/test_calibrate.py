@@ -42,7 +42,7 @@ def test_quick_profile_is_accepted_by_simulate(calibrate, fmoe, tmp_path):
     p = json.loads(prof.read_text())
     assert p["format"] == "fmoe-hardware" and p["version"] == 1 and p["name"] == "box"
     assert p["link"]["alpha_s"] >= 0 and p["link"]["beta_bytes_per_s"] > 0
-    for part in ("attention_s", "expert_s"):
+    for part in ("attention_s", "expert_s", "head_s"):
         assert p["compute"][part]["base"] >= 0 and p["compute"][part]["per_token"] >= 0
     assert p["host"]["expert_s"]["per_token"] >= 0
     cal = p["calibration"]

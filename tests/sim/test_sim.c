@@ -83,6 +83,41 @@ TEST(workload_splits_prefill_in_chunks) {
     fmoe_sim_workload_free(&w);
 }
 
+/* The LM head runs once per iteration that yields a token: after the last prefill chunk
+ * (the first token, so TTFT ends there) and after each decode step; TPOT is the decode
+ * time over the decode steps, whatever the number of prefill chunks. */
+TEST(lm_head_and_ttft_with_prefill_chunks) {
+    const uint16_t ex[] = {0, 0, 0, 0, 0, 0, 0}; /* L = 1, K = 1: always expert 0 */
+    const uint8_t phase[] = {0, 0, 0, 0, 0, 1, 1};
+    fmoe_sim_workload w;
+    ASSERT_OK(fmoe_sim_workload_init(&w, 1, 2, 1, 1000000));
+    w.prefill_chunk = 2; /* prefill 2 + 2 + 1, then 2 decode */
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 1, 0, 5, 2, 7, phase, ex));
+    fmoe_hardware_profile hw = {.alpha_s = 0, .beta_bytes_per_s = 1e9};
+    hw.attention = (fmoe_linear_cost){.present = 1, .base_s = 1e-3};
+    hw.expert = (fmoe_linear_cost){.present = 1, .base_s = 2e-3};
+    hw.head = (fmoe_linear_cost){.present = 1, .base_s = 4e-3, .per_token_s = 1e-3};
+    fmoe_sim_costs k;
+    ASSERT_OK(fmoe_sim_costs_init(&k, &hw, NULL, 1000000, 0, 16));
+    ASSERT_NEAR(fmoe_sim_head_s(&k), 5e-3, 1e-15);
+    fmoe_sim_config cfg = {.policy = "lru", .cache_experts = 2, .costs = &k};
+    fmoe_sim_result r;
+    ASSERT_OK(fmoe_sim_run(&w, &cfg, &r));
+    /* one miss (1 ms at 1 GB/s), then hits; each iteration 1 ms layer + 2 ms expert */
+    ASSERT_EQ(r.misses, 1);
+    ASSERT_NEAR(r.ttft_s.p50, 3 * 3e-3 + 1e-3 + 5e-3, 1e-12); /* three chunks, one head */
+    ASSERT_NEAR(r.tpot_s.p50, 3e-3 + 5e-3, 1e-12);
+    ASSERT_NEAR(r.e2e_s.p50, 5 * 3e-3 + 1e-3 + 3 * 5e-3, 1e-12);
+    fmoe_sim_result_free(&r);
+    hw.head.present = 0; /* absent: free, as in the presets */
+    ASSERT_OK(fmoe_sim_costs_init(&k, &hw, NULL, 1000000, 0, 16));
+    ASSERT_OK(fmoe_sim_run(&w, &cfg, &r));
+    ASSERT_NEAR(r.tpot_s.p50, 3e-3, 1e-12);
+    ASSERT_NEAR(r.ttft_s.p50, 3 * 3e-3 + 1e-3, 1e-12);
+    fmoe_sim_result_free(&r);
+    fmoe_sim_workload_free(&w);
+}
+
 TEST(workload_rejects_bad_expert) {
     fmoe_sim_workload w;
     ASSERT_OK(fmoe_sim_workload_init(&w, 1, 4, 1, 100));

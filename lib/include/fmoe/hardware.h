@@ -12,7 +12,8 @@
  *       "device":  {"peak_flops": 7.1e13, "memory_bandwidth_bytes_per_s": 9.36e11,
  *                   "launch_s": 5e-6},
  *       "compute": {"attention_s": {"base": 1e-4, "per_token": 1e-6, "per_token_context": 0},
- *                   "expert_s":    {"base": 2e-4, "per_token": 5e-7}},
+ *                   "expert_s":    {"base": 2e-4, "per_token": 5e-7},
+ *                   "head_s":      {"base": 1e-4, "per_token": 0}},
  *       "host":    {"expert_s": {"base": 3e-3, "per_token": 2e-4},
  *                   "peak_flops": 1.5e12, "memory_bandwidth_bytes_per_s": 1e11}
  *     }
@@ -22,6 +23,9 @@
  * everything but the routed experts) and per routed expert, for n tokens at context c:
  *     layer  = base + per_token * n + per_token_context * n * c
  *     expert = base + per_token * n
+ * and, optional, per iteration that yields a token (each decode step, the prefill's last
+ * chunk): head = base + per_token (the final norm and the LM head over the vocabulary for
+ * that one token; absent: 0, as in the presets, whose GPUs make it negligible).
  * Either part may be absent; what is absent falls back to a roofline from "device"
  * (max(FLOPs / peak_flops, bytes / memory_bandwidth) + launch_s), so "device" is required
  * unless both compute parts are given. "host" is optional: the CPU that computes missed
@@ -55,6 +59,7 @@ typedef struct fmoe_hardware_profile {
     double launch_s;                  /* fixed cost per kernel group (roofline only) */
     fmoe_linear_cost attention;       /* per MoE layer, all but routed experts */
     fmoe_linear_cost expert;          /* per routed expert */
+    fmoe_linear_cost head;            /* per token-yielding iteration (absent: 0) */
     fmoe_linear_cost host_expert;     /* per routed expert computed on the host CPU */
     double host_peak_flops;           /* host roofline; 0 = unknown */
     double host_memory_bandwidth_bytes_per_s;

@@ -158,6 +158,7 @@ typedef struct fmoe_sim_costs {
     int64_t expert_bytes;
     fmoe_linear_cost layer;   /* measured; else roofline below */
     fmoe_linear_cost expert;
+    fmoe_linear_cost head;    /* measured, per token-yielding iteration; absent: 0 */
     /* roofline */
     double peak_flops, mem_bw, launch_s;
     double layer_weight_params;   /* attention + router + shared experts, per layer */
@@ -185,6 +186,8 @@ int fmoe_sim_costs_init(fmoe_sim_costs *c, const fmoe_hardware_profile *hw,
 double fmoe_sim_transfer_s(const fmoe_sim_costs *c, int64_t bytes);
 double fmoe_sim_layer_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context);
 double fmoe_sim_expert_s(const fmoe_sim_costs *c, int32_t tokens);
+/* The LM head of one iteration that yields a token (0 without a measured head_s). */
+double fmoe_sim_head_s(const fmoe_sim_costs *c);
 
 /* @return 1 when the profile gave host compute figures (measured host.expert_s, or
  * host.peak_flops and host.memory_bandwidth_bytes_per_s). */
