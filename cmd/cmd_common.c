@@ -227,3 +227,5 @@ void cmd_decision_log_meta(char *buf, size_t cap, const char *policy, int32_t ca
              "\"copy_chunks\":%d}",
              policy, cache_experts, prefetch_distance, copy_chunks);
 }
+
+const char *const cmd_feedback_names[] = {"auto", "on", "off", NULL};

@@ -91,4 +91,11 @@ int cmd_inspect_store(const char *path, int json);
 void cmd_decision_log_meta(char *buf, size_t cap, const char *policy, int32_t cache_experts,
                            int32_t prefetch_distance, int32_t copy_chunks);
 
+/* --feedback auto|on|off, shared by simulate and the live commands: the choices and the
+ * request they make of fmoe_policy_feedback (0, 1, -1). */
+extern const char *const cmd_feedback_names[];
+static inline int32_t cmd_feedback_request(int32_t choice) {
+    return choice == 1 ? 1 : choice == 2 ? -1 : 0;
+}
+
 #endif

@@ -57,6 +57,7 @@ typedef struct options {
     int32_t eamc_capacity;
     cmd_sim_store store; /* [fmoe hook, issue 4] --store, --store-mode, --holdout, ... */
     int32_t copy_chunks;
+    int32_t feedback;          /* index into feedback_names: auto, on, off */
     const char *decision_log;
 } options;
 
@@ -192,6 +193,13 @@ static const cmd_option simulate_options[] = {
      .help = "pieces per prefetch transfer: a demand load waits only for the piece on the "
              "copy engine, not the whole prefetch (live runs move experts the same way)",
      .default_text = "1", .offset = offsetof(options, copy_chunks), .min = 1, .max = 1024},
+    {.name = "feedback", .kind = CMD_OPT_ENUM, .value_name = "auto|on|off",
+     .help = "feedback-directed prefetching: a prefetch that must evict is admitted only "
+             "while its layer's measured accuracy beats the measured regret of evictions, "
+             "and a gate cancels its layer's unchosen queued prefetches (auto: the policy's "
+             "default)",
+     .default_text = "auto", .offset = offsetof(options, feedback),
+     .choices = cmd_feedback_names},
     {.name = "decision-log", .kind = CMD_OPT_STRING, .value_name = "F.jsonl",
      .help = "write every decision of the run, one JSON line each, in the format live runs "
              "write (fmoe compare-logs); one policy, cache size and distance only",
@@ -681,7 +689,8 @@ int cmd_simulate(int argc, char **argv) {
                         .policy = o.policies[p], .cache_experts = caches[c],
                         .prefetch_distance = o.distances[d], .costs = &costs,
                         .miss_mode = o.miss_mode, .arrival_s = arrivals,
-                        .store_capacity = o.eamc_capacity, .copy_chunks = o.copy_chunks};
+                        .store_capacity = o.eamc_capacity, .copy_chunks = o.copy_chunks,
+                        .feedback = cmd_feedback_request(o.feedback)};
     n = k;
     for (size_t i = 0; i < n; i++) cmd_sim_store_apply(&o.store, &cells[i]); /* [fmoe hook] */
     if (o.decision_log) { /* one cell, its decisions to the log */

@@ -108,6 +108,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     o.miss = a->miss;
     o.prefill_chunk = prefill_chunk;
     o.sync_transfers = a->sync_transfers;
+    o.feedback = cmd_feedback_request(a->feedback);
     if (out->store) {
         o.expert_store = out->store->store;
         o.store_mode = a->store_mode;

@@ -39,6 +39,7 @@ typedef struct cmd_offload_args {
     const char *store;
     int32_t store_mode;        /* fmoe_store_mode */
     const char *store_out;
+    int32_t feedback;          /* cmd_feedback_names index */
     const char *decision_log;
     int32_t sync_transfers;
 } cmd_offload_args;
@@ -84,6 +85,10 @@ extern const char *const cmd_offload_store_modes[];
     {.name = "store-mode", .kind = CMD_OPT_ENUM, .value_name = "M",                           \
      .help = "offline (frozen store) or offline-update", .default_text = "offline",           \
      .offset = offsetof(type, f.store_mode), .choices = cmd_offload_store_modes},             \
+    {.name = "feedback", .kind = CMD_OPT_ENUM, .value_name = "auto|on|off",                   \
+     .help = "feedback-directed prefetching, as simulate's --feedback",                      \
+     .default_text = "auto", .offset = offsetof(type, f.feedback),                            \
+     .choices = cmd_feedback_names},                                                          \
     {.name = "store-out", .kind = CMD_OPT_STRING, .value_name = "S.h5",                       \
      .help = "with --store-mode offline-update: write the store as the run updated it, "     \
              "atomically, at the end",                                                        \

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
+#include "prefetch_feedback.h"
 
 enum {
     FLAG_PREFETCHED = 1, /* brought by a prefetch, not accessed since */
@@ -49,6 +50,8 @@ struct fmoe_slots {
     uint64_t next_seq;
     uint8_t *host_next;       /* [L*J] compute the next miss on the host */
     fmoe_slots_layer_stats *stats; /* [L] */
+    int feedback;             /* admission and early preemption (prefetch_feedback.h) */
+    prefetch_feedback fb;
     int error;
 };
 
@@ -105,6 +108,7 @@ static int32_t make_room(fmoe_slots *q, const fmoe_victim_request *req, int32_t 
         return -1;
     }
     *victim = q->view->slot_expert[s];
+    if (q->feedback) prefetch_feedback_evicted(&q->fb, *victim);
     evict_slot(q, s);
     return s;
 }
@@ -122,8 +126,15 @@ static int sink_prefetch(void *ctx, int32_t l, int32_t j, double priority, doubl
     if (e < 0)
         return q->error = fmoe_error_set(FMOE_EINTERNAL, "policy %s prefetched (%d, %d)",
                                          q->policy->ops->name, l, j);
+    const int32_t rank = q->feedback ? prefetch_feedback_predict(&q->fb, l, j) : 0;
     if (fmoe_cache_lookup(q->view, e) >= 0) return 0;
     if (q->hooks.sync) q->hooks.sync(q->hooks.ctx, q->env.now_s);
+    if (q->feedback && fmoe_cache_free_slot(q->cache) < 0 &&
+        !prefetch_feedback_admit(&q->fb, l, rank)) {
+        /* its expected hits do not pay for the misses its eviction is expected to cause */
+        log_decision(q, FMOE_DECISION_DROPPED, e, -1, -1, 0, priority, q->env.now_s);
+        return 1;
+    }
     const fmoe_victim_request req = {.incoming = e, .kind = FMOE_LOAD_PREFETCH, .value = value};
     int32_t victim;
     const int32_t s = make_room(q, &req, &victim);
@@ -144,16 +155,22 @@ static int sink_prefetch(void *ctx, int32_t l, int32_t j, double priority, doubl
     return 0;
 }
 
-static void sink_cancel(void *ctx, int32_t l, int32_t j) {
-    fmoe_slots *q = ctx;
-    const int32_t e = expert_id(q, l, j);
-    const int32_t s = e < 0 ? -1 : fmoe_cache_lookup(q->view, e);
-    if (s < 0 || !(q->flags[s] & FLAG_QUEUED)) return;
+/* Drops the queued prefetch in slot s (its transfer not started): the slot is free. */
+static void cancel_queued(fmoe_slots *q, int32_t s) {
+    const int32_t e = q->view->slot_expert[s];
     queue_remove_slot(q, s);
     if (q->flags[s] & FLAG_POLICY_PIN) fmoe_cache_unpin(q->cache, s);
     q->flags[s] = 0;
     fmoe_cache_evict(q->cache, s);
     log_decision(q, FMOE_DECISION_CANCEL, e, s, -1, 0, 0, q->env.now_s);
+}
+
+static void sink_cancel(void *ctx, int32_t l, int32_t j) {
+    fmoe_slots *q = ctx;
+    const int32_t e = expert_id(q, l, j);
+    const int32_t s = e < 0 ? -1 : fmoe_cache_lookup(q->view, e);
+    if (s < 0 || !(q->flags[s] & FLAG_QUEUED)) return;
+    cancel_queued(q, s);
 }
 
 static void sink_pin(void *ctx, int32_t l, int32_t j) {
@@ -193,6 +210,7 @@ void fmoe_slots_free(fmoe_slots *q) {
     free(q->queue);
     free(q->host_next);
     free(q->stats);
+    prefetch_feedback_free(&q->fb);
     free(q);
 }
 
@@ -245,6 +263,11 @@ int fmoe_slots_init(fmoe_slots **out, const fmoe_slots_config *cfg) {
         .compute_on_host = sink_compute_on_host,
     };
     q->env = (fmoe_policy_env){.now_s = 0, .cache = q->view, .sink = &q->sink};
+    q->feedback = cfg->feedback;
+    if (q->feedback && (rc = prefetch_feedback_init(&q->fb, q->L, q->J)) < 0) {
+        fmoe_slots_free(q);
+        return rc;
+    }
     *out = q;
     return 0;
 }
@@ -275,6 +298,22 @@ int fmoe_slots_preload(fmoe_slots *q, const int32_t *experts, int32_t n) {
 }
 
 /* ------------------------------------------------------------------ accesses */
+
+void fmoe_slots_gate(fmoe_slots *q, int32_t l, const int32_t *distinct, int32_t n) {
+    if (!q->feedback) return;
+    /* early preemption (ProMoE §4): the gate has spoken for layer l, so its queued
+     * prefetches of experts it did not choose can only waste the link now */
+    for (int32_t i = q->queue_len - 1; i >= 0; i--) {
+        const int32_t s = q->queue[i], e = q->view->slot_expert[s];
+        if (e / q->J != l) continue;
+        int chosen = 0;
+        for (int32_t k = 0; k < n && !chosen; k++) chosen = distinct[k] == e % q->J;
+        if (!chosen) cancel_queued(q, s);
+    }
+    if (q->hooks.link_busy_s)
+        prefetch_feedback_link(&q->fb, q->hooks.link_busy_s(q->hooks.ctx), q->env.now_s);
+    prefetch_feedback_gate(&q->fb, l, distinct, n);
+}
 
 fmoe_slot_access fmoe_slots_access(fmoe_slots *q, int32_t e) {
     fmoe_slot_access a = {FMOE_FIND_ABSENT, fmoe_cache_lookup(q->view, e), 0, 0};

@@ -44,6 +44,7 @@ typedef struct sim_state {
     double cur_end;           /* when that piece lands */
     int32_t *distinct;        /* [J] scratch for gate events */
     double engine_free;       /* copy engine idle from */
+    double link_busy_s;       /* transfer time scheduled on the engine, in all */
     double compute_free;      /* compute stream idle from */
     double head_s;            /* the LM head of an iteration that yields a token */
     double *ttft, *tpot, *e2e, *qdelay; /* [R] per request */
@@ -78,6 +79,7 @@ static void engine_advance(sim_state *S, double t) {
         fmoe_slots_chunk_start(S->slots, s);
         S->cur_slot = s;
         S->cur_end = S->engine_free = start + S->chunk_s;
+        S->link_busy_s += S->chunk_s;
     }
 }
 
@@ -95,9 +97,13 @@ static void hook_sync(void *ctx, double now) {
  * one copy; the rest of a started prefetch is its remaining pieces. */
 static double demand_ready(sim_state *S, int32_t s, int32_t pieces, double t) {
     const double start = fmax(fmax(t, S->engine_free), s >= 0 ? S->slot_free_at[s] : 0);
-    S->engine_free = start + (pieces >= S->chunks ? S->xfer_s : pieces * S->chunk_s);
+    const double busy = pieces >= S->chunks ? S->xfer_s : pieces * S->chunk_s;
+    S->engine_free = start + busy;
+    S->link_busy_s += busy;
     return S->engine_free;
 }
+
+static double hook_link_busy(void *ctx) { return ((const sim_state *)ctx)->link_busy_s; }
 
 /* ------------------------------------------------------------------ init / free */
 
@@ -195,7 +201,9 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
         .prefetch_delay_s = (ops->flags & FMOE_POLICY_MATCHER) ? S->costs->match_delay_s : 0,
         .policy = &S->policy,
         .hooks = {.ctx = S, .sync = hook_sync, .queued = NULL,
-                  .decision = cfg->decision ? hook_decision : NULL},
+                  .decision = cfg->decision ? hook_decision : NULL,
+                  .link_busy_s = hook_link_busy},
+        .feedback = fmoe_policy_feedback(ops, cfg->feedback),
     };
     FMOE_FORWARD_IF_ERROR(fmoe_slots_init(&S->slots, &sc));
     S->view = fmoe_slots_view(S->slots);
@@ -256,8 +264,9 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
     const double t_gate = S->compute_free;
     hook_sync(S, t_gate);
     S->env->now_s = t_gate;
+    for (int32_t q = 0; q < na; q++) S->distinct[q] = (int32_t)(w->access_expert[a0 + q] % J);
+    fmoe_slots_gate(S->slots, l, S->distinct, na);
     if (ops->on_gate) {
-        for (int32_t q = 0; q < na; q++) S->distinct[q] = (int32_t)(w->access_expert[a0 + q] % J);
         const size_t row = (size_t)it->token_begin * L + (size_t)l;
         const int32_t Sd = w->speculative_depth;
         const fmoe_gate_event ev = {

@@ -840,6 +840,7 @@ static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env,
     }
 
 FMOE_VARIANT(fmoe, "fmoe", 1, 1, PREDICT_MAPS, EVICT_PFREQ)
+FMOE_VARIANT(fmoe_paper, "fmoe-paper", 1, 1, PREDICT_MAPS, EVICT_PFREQ)
 FMOE_VARIANT(fmoe_map_t, "fmoe-map-t", 0, 0, PREDICT_MAPS, EVICT_PFREQ)
 FMOE_VARIANT(fmoe_map_ts, "fmoe-map-ts", 1, 0, PREDICT_MAPS, EVICT_PFREQ)
 FMOE_VARIANT(fmoe_hitcount, "fmoe-hitcount", 0, 0, PREDICT_HITCOUNT, EVICT_PFREQ)
@@ -879,8 +880,13 @@ static const fmoe_expertmap *fm_expert_store(const void *state) {
 /* probabilities when the trace has them; ids only (1/K on the chosen experts) otherwise */
 #define MAPS_FLAGS (FMOE_POLICY_PREFETCHES | FMOE_POLICY_USES_PROBS | FMOE_POLICY_MATCHER)
 
-FMOE_OPS(fmoe, "fmoe", "fMoE: semantic + trajectory map matching, delta prefetch, p*freq eviction",
-         MAPS_FLAGS)
+/* fmoe: the paper's design with feedback-directed prefetch admission and early preemption
+ * in the executor (lib/prefetch_feedback.h); fmoe-paper: as published, every prefetch the
+ * matcher asks for is issued. */
+FMOE_OPS(fmoe, "fmoe", "fMoE maps (semantic + trajectory, delta prefetch, p*freq eviction) "
+         "with feedback-directed prefetch admission", MAPS_FLAGS | FMOE_POLICY_FEEDBACK)
+FMOE_OPS(fmoe_paper, "fmoe-paper", "fMoE as published: semantic + trajectory map matching, "
+         "delta prefetch, p*freq eviction", MAPS_FLAGS)
 FMOE_OPS(fmoe_map_t, "fmoe-map-t", "fMoE ablation: trajectory search only, K experts per map",
          MAPS_FLAGS)
 FMOE_OPS(fmoe_map_ts, "fmoe-map-ts", "fMoE ablation: trajectory + semantic search, K experts per map",

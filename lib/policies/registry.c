@@ -21,6 +21,7 @@ extern const fmoe_policy_ops fmoe_policy_moe_infinity;
 extern const fmoe_policy_ops fmoe_policy_moe_infinity_code;
 /* [fmoe hook, issue 4] the fMoE family (lib/policies/fmoe.c) */
 extern const fmoe_policy_ops fmoe_policy_fmoe;
+extern const fmoe_policy_ops fmoe_policy_fmoe_paper;
 extern const fmoe_policy_ops fmoe_policy_fmoe_map_t;
 extern const fmoe_policy_ops fmoe_policy_fmoe_map_ts;
 extern const fmoe_policy_ops fmoe_policy_fmoe_hitcount;
@@ -39,6 +40,7 @@ static const fmoe_policy_ops *const registry[] = {
     &fmoe_policy_moe_infinity_code,
     /* [fmoe hook, issue 4] */
     &fmoe_policy_fmoe,
+    &fmoe_policy_fmoe_paper,
     &fmoe_policy_fmoe_map_t,
     &fmoe_policy_fmoe_map_ts,
     &fmoe_policy_fmoe_hitcount,

@@ -67,6 +67,7 @@ struct fmoe_offload {
     int stop;
     int io_idle;               /* the I/O thread found nothing it could do */
     int io_error;              /* a transfer failed (detail in io_detail) */
+    double io_busy_s;          /* seconds the I/O thread spent copying, in all */
     char io_detail[256];
     int32_t *data_expert;      /* [N+1] */
     uint64_t *holds_taken;     /* [N+1] */
@@ -147,8 +148,11 @@ static int io_step(fmoe_offload *x) {
         x->dq_len--;
         x->data_expert[j.slot] = -1;
         pthread_mutex_unlock(&x->mu);
+        const double t = now_s();
         const int rc = copy_pieces(x, j.slot, j.expert, j.first, x->chunks);
+        const double took = now_s() - t;
         pthread_mutex_lock(&x->mu);
+        x->io_busy_s += took;
         if (rc < 0) io_fail(x, rc);
         else x->data_expert[j.slot] = j.expert;
         pthread_cond_broadcast(&x->exec_cv);
@@ -162,8 +166,11 @@ static int io_step(fmoe_offload *x) {
     if (piece == 0) x->data_expert[s] = -1;
     fmoe_slots_chunk_start(x->slots, s);
     pthread_mutex_unlock(&x->mu);
+    const double t = now_s();
     const int rc = copy_pieces(x, s, e, piece, piece + 1);
+    const double took = now_s() - t;
     pthread_mutex_lock(&x->mu);
+    x->io_busy_s += took;
     if (rc < 0) io_fail(x, rc);
     else if (fmoe_slots_chunk_landed(x->slots, s)) x->data_expert[s] = e;
     pthread_cond_broadcast(&x->exec_cv);
@@ -212,6 +219,13 @@ static void hook_sync(void *ctx, double now) {
 
 static void hook_queued(void *ctx) { wake_io(ctx); }
 
+/* The link's busy seconds for feedback-directed prefetching; with sync_transfers the run
+ * stands for one whose transfers take no time (the identity test's simulation), so 0. */
+static double hook_link_busy(void *ctx) {
+    const fmoe_offload *x = ctx;
+    return x->opt.sync_transfers ? 0 : x->io_busy_s;
+}
+
 static void hook_decision(void *ctx, const fmoe_decision *d) {
     fmoe_offload *x = ctx;
     x->opt.decision(x->opt.decision_ctx, d);
@@ -254,6 +268,7 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
     }
     hook_sync(x, 0);
     x->env->now_s = clock_of(x);
+    fmoe_slots_gate(x->slots, l, ev->distinct, ev->num_distinct);
     if (ops->on_gate) {
         const fmoe_gate_event gev = {
             .layer = l, .num_tokens = ev->num_tokens, .chosen = ev->chosen,
@@ -447,7 +462,9 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
         .num_layers = x->L, .num_experts = x->J, .capacity = x->N, .chunks = x->chunks,
         .expert_bytes = x->expert_bytes, .prefetch_delay_s = 0, .policy = &x->policy,
         .hooks = {.ctx = x, .sync = hook_sync, .queued = hook_queued,
-                  .decision = o->decision ? hook_decision : NULL}};
+                  .decision = o->decision ? hook_decision : NULL,
+                  .link_busy_s = hook_link_busy},
+        .feedback = fmoe_policy_feedback(ops, o->feedback)};
     if ((rc = fmoe_slots_init(&x->slots, &sc)) < 0) goto fail;
     x->env = fmoe_slots_env(x->slots);
     const size_t n1 = (size_t)x->N + 1;

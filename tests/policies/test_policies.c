@@ -185,7 +185,7 @@ TEST(registry_names_and_unknown) {
     ASSERT_STR_EQ(fmoe_policy_names(), want);
     ASSERT_STR_EQ(fmoe_policy_names(),
                   "ondemand, lru, lfu, belady, oracle, least-stale, mixtral-offload, "
-                  "moe-infinity, moe-infinity-code, fmoe, fmoe-map-t, fmoe-map-ts, "
+                  "moe-infinity, moe-infinity-code, fmoe, fmoe-paper, fmoe-map-t, fmoe-map-ts, "
                   "fmoe-hitcount, fmoe-lru, fmoe-lfu");
     fmoe_policy p;
     fmoe_policy_config cfg = {.num_layers = 1, .num_experts = 4, .top_k = 1, .capacity = 2};

@@ -210,8 +210,11 @@ class Matcher:
         return best, score
 
 
+FEEDBACK_RANKS, FEEDBACK_WINDOW = 8, 128
+
+
 def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq",
-           semantic=True, store_sem=None):
+           semantic=True, store_sem=None, feedback=False):
     L, J, K = t["L"], t["J"], t["K"]
     experts, probs = t["experts"], t["probs"]
     E = maps.shape[0]
@@ -251,6 +254,62 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
          "incoming": 0.0}
     budget = max(K, N // (dist + 1))
     matcher = Matcher(maps)
+    # ---- feedback-directed prefetching (lib/prefetch_feedback.c), written from its
+    # description: per (layer, rank) accuracy of the predictions, the regret of evictions
+    # and the link's use, all measured at the gates
+    FB = {"pred": [[-1] * J for _ in range(L)], "made": [0] * L, "victim": [False] * (L * J),
+          "right": [[0.0] * FEEDBACK_RANKS for _ in range(L)],
+          "scored": [[0.0] * FEEDBACK_RANKS for _ in range(L)],
+          "regrets": 0.0, "evictions": 0.0, "use": 0.0, "last_busy": 0.0, "last_now": 0.0}
+    st["busy"] = 0.0
+
+    def fb_predict(l, j):
+        if FB["pred"][l][j] < 0:
+            FB["pred"][l][j] = min(FB["made"][l], FEEDBACK_RANKS - 1)
+            FB["made"][l] += 1
+        return FB["pred"][l][j]
+
+    def fb_admit(l, r):
+        a = (FB["right"][l][r] + 1) / (FB["scored"][l][r] + 2)
+        regret = (FB["regrets"] + 1) / (FB["evictions"] + 2)
+        return a - regret - (1 - a) * FB["use"] > 0
+
+    def fb_gate(l, chosen):
+        # early preemption: queued prefetches of layer l not chosen, in the order the C
+        # queue array is scanned (from its end; a removal moves the last entry in)
+        i = len(queue) - 1
+        while i >= 0:
+            s = queue[i][0]
+            e = slot_expert[s]
+            if e // J == l and (e % J) not in chosen:
+                queue[i] = queue[-1]
+                queue.pop()
+                evict(s)
+                prefetched[s] = queued[s] = False
+            i -= 1
+        dt = st["now"] - FB["last_now"]
+        if dt > 0:
+            u = (st["busy"] - FB["last_busy"]) / dt
+            u = 0.0 if u < 0 else 1.0 if u > 1 else u
+            FB["use"] += (1.0 / (L + 1)) * (u - FB["use"])
+        FB["last_busy"], FB["last_now"] = st["busy"], st["now"]
+        for j in range(J):
+            r = FB["pred"][l][j]
+            if r >= 0:
+                FB["right"][l][r] += 1 if j in chosen else 0
+                FB["scored"][l][r] += 1
+                if FB["scored"][l][r] >= FEEDBACK_WINDOW:
+                    FB["right"][l][r] /= 2
+                    FB["scored"][l][r] /= 2
+                FB["pred"][l][j] = -1
+            if FB["victim"][l * J + j]:
+                FB["regrets"] += 1 if j in chosen else 0
+                FB["evictions"] += 1
+                if FB["evictions"] >= FEEDBACK_WINDOW:
+                    FB["regrets"] /= 2
+                    FB["evictions"] /= 2
+                FB["victim"][l * J + j] = False
+        FB["made"][l] = 0
 
     def insert(s, e, state):
         free_stack.remove(s)
@@ -309,6 +368,8 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
         s = victim()
         if s < 0:
             return -1
+        if feedback:
+            FB["victim"][slot_expert[s]] = True
         evict(s)
         prefetched[s] = False
         queued[s] = False
@@ -324,8 +385,10 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
             start = max(max(st["engine_free"], queue[b][3]), slot_free_at[s])
             if start > tt:
                 break
-            queue.pop(b)
+            queue[b] = queue[-1]  # the C queue's removal: the last entry moves in
+            queue.pop()
             st["engine_free"] = start + xfer
+            st["busy"] += xfer
             slot_ready_at[s] = st["engine_free"]
             queued[s] = False
             inflight.append(s)
@@ -337,10 +400,13 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
 
     def prefetch(l, j, pri):
         e = l * J + j
+        rank = fb_predict(l, j) if feedback else 0
         if expert_slot[e] >= 0:
             return
         if inflight or queue:
             engine_advance(st["now"])
+        if feedback and not free_stack and not fb_admit(l, rank):
+            return
         s = make_room()
         if s < 0:
             return
@@ -429,6 +495,8 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
                             dist_e.append(j)
                             count[j] = 0
                         count[j] += 1
+                if feedback:
+                    fb_gate(l, set(dist_e))
                 # --- the gate (the policy)
                 P["cur_layer"] = l
                 P["protect"] = [False] * J
@@ -476,9 +544,12 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
                             res["prefetch_hits"] += 1
                     elif s >= 0:
                         if queued[s]:
-                            queue[:] = [x for x in queue if x[0] != s]
+                            i = next(i for i, x in enumerate(queue) if x[0] == s)
+                            queue[i] = queue[-1]
+                            queue.pop()
                             start = max(max(t_gate, st["engine_free"]), slot_free_at[s])
                             st["engine_free"] = start + xfer
+                            st["busy"] += xfer
                             slot_ready_at[s] = st["engine_free"]
                             queued[s] = False
                             res["prefetches"] += 1
@@ -499,6 +570,7 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
                             start = max(start, slot_free_at[s])
                             insert(s, e, 2)
                         ready = st["engine_free"] = start + xfer
+                        st["busy"] += xfer
                     if s >= 0:
                         prefetched[s] = False
                     res[{"hit": "hits", "late": "late_hits", "miss": "misses"}[kind]] += 1

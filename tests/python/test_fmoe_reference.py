@@ -26,9 +26,12 @@ PROFILE = {"format": "fmoe-hardware", "version": 1, "name": "test-box",
 
 
 # (policy, delta, eviction, semantic search)
-VARIANTS = [("fmoe", True, "pfreq", True), ("fmoe-map-t", False, "pfreq", False),
-            ("fmoe-map-ts", False, "pfreq", True), ("fmoe-lru", True, "lru", True),
-            ("fmoe-lfu", True, "lfu", True)]
+# (policy, delta, eviction, semantic, feedback): fmoe is fmoe-paper with feedback-directed
+# prefetching in the executor
+VARIANTS = [("fmoe", True, "pfreq", True, True), ("fmoe-paper", True, "pfreq", True, False),
+            ("fmoe-map-t", False, "pfreq", False, False),
+            ("fmoe-map-ts", False, "pfreq", True, False), ("fmoe-lru", True, "lru", True, False),
+            ("fmoe-lfu", True, "lfu", True, False)]
 
 
 def topic_trace(path, rng, R, L, J, K, topk_only=False, h=0, topics=4):
@@ -77,7 +80,7 @@ def test_fmoe_hits_equal_the_reference(fmoe, tmp_path, seed, L, J, K, topk, h):
     prof.write_text(json.dumps(PROFILE))
     t = read_trace(trace)
     costs = costs_from_profile(PROFILE, t["expert_bytes"])
-    compared = 0
+    compared = feedback_mattered = 0
     for d in (1, 2):
         store = tmp_path / f"store-d{d}.h5"
         fmoe("build-store", "--trace", store_trace, "--capacity", "40",
@@ -95,12 +98,15 @@ def test_fmoe_hits_equal_the_reference(fmoe, tmp_path, seed, L, J, K, topk, h):
             got = {(r["policy"], r["cache_experts"]): r
                    for r in json.loads(out.stdout)["results"]}
             for N in caches:
-                for policy, delta, evict, semantic in VARIANTS:
+                for policy, delta, evict, semantic, fb in VARIANTS:
                     want = replay(t, maps, N, d, costs, delay, delta=delta, eviction=evict,
-                                  semantic=semantic, store_sem=sem)
+                                  semantic=semantic, store_sem=sem, feedback=fb)
                     r = got[(policy, N)]
                     have = {k: r[k] for k in want}
                     assert have == want, (policy, N, d, delay)
                     assert want["prefetches"] > 0
                     compared += 1
+                if got[("fmoe", N)]["prefetches"] != got[("fmoe-paper", N)]["prefetches"]:
+                    feedback_mattered += 1
     assert compared == 12 * len(VARIANTS)
+    assert feedback_mattered > 0  # the feedback's own decisions were checked too

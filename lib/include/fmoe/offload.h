@@ -70,6 +70,8 @@ typedef struct fmoe_offload_options {
     int32_t miss;                  /* fmoe_offload_miss */
     int32_t prefill_chunk;         /* tokens per prefill iteration: the session's max_batch
                                       (0: 64) */
+    int32_t feedback;              /* feedback-directed prefetching: 0 the policy's default,
+                                      1 on, -1 off (fmoe/slots.h) */
     /* fmoe policies: the store (borrowed) and its mode (fmoe_store_mode) */
     const struct fmoe_expertmap *expert_store;
     int32_t store_mode;

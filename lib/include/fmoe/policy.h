@@ -96,7 +96,11 @@ enum {
     /* uses gate probabilities when the trace has them, and works from the chosen experts
      * alone (each at 1/K) when it has none (probs_kind none: ids-only routing logs) */
     FMOE_POLICY_USES_PROBS = 1u << 6,
+    /* prefetches through feedback-directed admission and early preemption by default
+     * (fmoe/slots.h fmoe_slots_config.feedback) */
+    FMOE_POLICY_FEEDBACK = 1u << 7,
 };
+
 
 /* [fmoe hook, issue 4] How the fmoe policies use an expert-map store (fmoe/expertmap.h). */
 typedef enum fmoe_store_mode {
@@ -262,6 +266,14 @@ typedef struct fmoe_policy {
     const fmoe_policy_ops *ops;
     void *state;
 } fmoe_policy;
+
+/* Whether a run of the policy uses feedback-directed prefetching: `request` 1 forces it
+ * on, -1 off, 0 takes the policy's default (FMOE_POLICY_FEEDBACK). Only policies that
+ * prefetch are affected. */
+static inline int fmoe_policy_feedback(const fmoe_policy_ops *ops, int32_t request) {
+    if (!(ops->flags & FMOE_POLICY_PREFETCHES)) return 0;
+    return request > 0 || (request == 0 && (ops->flags & FMOE_POLICY_FEEDBACK));
+}
 
 /* The built-in policies, in a stable order. @return the count; *out the table. */
 size_t fmoe_policy_registry(const fmoe_policy_ops *const **out);

@@ -222,6 +222,8 @@ typedef struct fmoe_sim_config {
     /* Pieces per prefetch transfer (0 = 1): a demand load waits only for the piece on the
      * copy engine, not the whole prefetch (fmoe/slots.h). */
     int32_t copy_chunks;
+    /* Feedback-directed prefetching (fmoe/slots.h): 0 the policy's default, 1 on, -1 off. */
+    int32_t feedback;
     /* The decision log: called with every decision of the run (single runs; a sweep's
      * cells run on several threads). NULL: none. */
     void (*decision)(void *ctx, const struct fmoe_decision *d);

@@ -81,6 +81,9 @@ typedef struct fmoe_slots_hooks {
     void (*queued)(void *ctx);
     /* A decision was made (the decision log). May be NULL. */
     void (*decision)(void *ctx, const fmoe_decision *d);
+    /* Seconds the copy engine has been busy in all, for feedback-directed prefetching's
+     * link use (0 or NULL: an idle link, e.g. transfers that take no time). */
+    double (*link_busy_s)(void *ctx);
 } fmoe_slots_hooks;
 
 typedef struct fmoe_slots_config {
@@ -90,6 +93,11 @@ typedef struct fmoe_slots_config {
     int64_t expert_bytes;            /* bytes of one routed expert */
     double prefetch_delay_s;         /* a prefetch is eligible this long after issue */
     fmoe_policy *policy;             /* borrowed; its choose_victim picks victims */
+    /* 1: feedback-directed prefetching (lib/prefetch_feedback.h): a prefetch that must
+     * evict is admitted only while the measured accuracy of its layer's predictions beats
+     * the measured regret of evictions, and a gate cancels its layer's queued prefetches
+     * of experts it did not choose (early preemption). 0: every prefetch as issued. */
+    int32_t feedback;
     fmoe_slots_hooks hooks;
 } fmoe_slots_config;
 
@@ -124,6 +132,12 @@ int fmoe_slots_error(const fmoe_slots *q);
 int fmoe_slots_preload(fmoe_slots *q, const int32_t *experts, int32_t n);
 
 /* ---------------------------------------------------------------- accesses */
+
+/* The gate of MoE layer l chose distinct[0..n) (first-appearance order). Executors call
+ * it at every gate, after the sync and before the policy's on_gate; with feedback it
+ * scores the predictions and evictions that concern layer l and cancels layer l's queued
+ * prefetches of experts not chosen. */
+void fmoe_slots_gate(fmoe_slots *q, int32_t l, const int32_t *distinct, int32_t n);
 
 typedef enum fmoe_slot_find {
     FMOE_FIND_ABSENT = 0,   /* neither cached nor in flight: a miss */

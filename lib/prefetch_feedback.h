@@ -1,0 +1,73 @@
+/*
+ * prefetch_feedback.h - feedback-directed prefetch admission, internal to lib/slots.c
+ * (issue 13; Srinath et al., "Feedback Directed Prefetching", HPCA 2007, adapted to
+ * expert caches).
+ *
+ * A prefetch pays for itself when the expert it brings is used before it goes, and costs
+ * when the expert it evicts is needed again. Both are measured, per run, at the gates:
+ *
+ *   accuracy a(l, r): of the policy's predictions for MoE layer l that were the r-th
+ *                     prediction for that layer in their cycle (r = 0 the first the policy
+ *                     made, capped), the share whose expert the gate of layer l chose;
+ *                     scored whether or not the prediction was admitted (a shadow
+ *                     prediction), so a layer that stopped prefetching resumes as soon as
+ *                     its predictions turn right;
+ *   regret r:         of the experts evicted to make room (for a prefetch or a demand
+ *                     load), the share that the next gate of their layer chose again:
+ *                     what evicting the policy's victim costs, in misses per eviction.
+ *
+ *   link use u:       the share of time the copy engine was busy over the last gates (the
+ *                     executor's figure), the chance that a wasted transfer delays one
+ *                     that was needed.
+ *
+ * A prediction becomes a prefetch when a free slot takes it, or when
+ *     a - regret - (1 - a) * u > 0:
+ * the stall it saves when right exceeds the stall its eviction causes plus the link time
+ * it steals from demand loads when wrong (each in units of one transfer). The two rates are
+ * Laplace estimates ((k + 1) / (n + 2): no evidence gives 1/2 against 1/2, so nothing is
+ * admitted on faith) over a sliding horizon: counts are halved when they reach
+ * FEEDBACK_WINDOW, so the estimates follow a workload that changes.
+ */
+#ifndef FMOE_PREFETCH_FEEDBACK_H
+#define FMOE_PREFETCH_FEEDBACK_H
+
+#include <stdint.h>
+
+enum { FEEDBACK_RANKS = 8, FEEDBACK_WINDOW = 128 };
+
+typedef struct prefetch_feedback {
+    int32_t L, J;
+    int8_t *predicted;        /* [L][J] rank of a pending prediction, -1 none */
+    int32_t *made;            /* [L] predictions made for layer l this cycle */
+    uint8_t *victim;          /* [L][J] evicted since layer l's last gate */
+    double *right, *scored;   /* [L][RANKS] */
+    double regrets, evictions;
+    double link_use;          /* u, an average over about L gates */
+    double last_busy_s, last_now;
+    uint8_t *chosen;          /* [J] scratch: the gate's experts */
+} prefetch_feedback;
+
+int prefetch_feedback_init(prefetch_feedback *f, int32_t L, int32_t J);
+void prefetch_feedback_free(prefetch_feedback *f);
+
+/* A prediction of expert j for layer l: its rank in layer l's cycle (recorded once). */
+int32_t prefetch_feedback_predict(prefetch_feedback *f, int32_t l, int32_t j);
+
+/* Whether a prediction of rank `rank` for layer l may evict an expert to come in. */
+int prefetch_feedback_admit(const prefetch_feedback *f, int32_t l, int32_t rank);
+
+/* The copy engine had been busy busy_s seconds in all at time now (executor figures). */
+void prefetch_feedback_link(prefetch_feedback *f, double busy_s, double now);
+
+/* Expert e (l*J+j) was evicted. */
+void prefetch_feedback_evicted(prefetch_feedback *f, int32_t e);
+
+/* The gate of layer l chose distinct[0..n): scores layer l's pending predictions and
+ * victims and starts its next cycle. */
+void prefetch_feedback_gate(prefetch_feedback *f, int32_t l, const int32_t *distinct, int32_t n);
+
+/* The estimates, for tests and reports. */
+double prefetch_feedback_accuracy(const prefetch_feedback *f, int32_t l, int32_t rank);
+double prefetch_feedback_regret(const prefetch_feedback *f);
+
+#endif
