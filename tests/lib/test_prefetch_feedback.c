@@ -1,0 +1,159 @@
+/*
+ * test_prefetch_feedback.c - feedback-directed prefetching (lib/prefetch_feedback.h and its
+ * use in lib/slots.c) on hand-made sequences where the right decision is known.
+ */
+#include "prefetch_feedback.h"
+
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/policy.h"
+#include "fmoe/slots.h"
+#include "harness.h"
+
+enum { L = 2, J = 8 };
+
+/* `n` evictions of layer-0 experts, of which the next gate of layer 0 chooses `regretted`
+ * again: regret (regretted + 1) / (n + 2). */
+static void evictions(prefetch_feedback *f, int n, int regretted) {
+    for (int i = 0; i < n; i++) {
+        prefetch_feedback_evicted(f, i % J);
+        const int32_t chosen[1] = {i < regretted ? i % J : (i + 1) % J};
+        prefetch_feedback_gate(f, 0, chosen, 1);
+    }
+}
+
+/* A layer whose predictions are always wrong stops prefetching after a bounded number of
+ * tries, keeps being scored while it is refused, and resumes once they turn right. */
+TEST(wrong_layer_stops_and_resumes) {
+    prefetch_feedback f;
+    ASSERT_OK(prefetch_feedback_init(&f, L, J));
+    evictions(&f, 10, 2); /* regret 3/12 = 0.25 */
+    ASSERT_NEAR(prefetch_feedback_regret(&f), 0.25, 1e-12);
+    const int32_t chosen[2] = {0, 1};
+    int tries = 0;
+    while (tries < 100) {
+        const int32_t r = prefetch_feedback_predict(&f, 1, 5); /* never chosen */
+        ASSERT_EQ(r, 0);
+        if (!prefetch_feedback_admit(&f, 1, r)) break;
+        prefetch_feedback_gate(&f, 1, chosen, 2);
+        tries++;
+    }
+    /* (0 + 1) / (n + 2) <= 0.25 from n = 2 wrong predictions on */
+    ASSERT_EQ(tries, 2);
+    prefetch_feedback_gate(&f, 1, chosen, 2); /* the refused one is scored too: 1/5 */
+    ASSERT_NEAR(prefetch_feedback_accuracy(&f, 1, 0), 0.2, 1e-12);
+    int right = 0;
+    while (right < 100) {
+        const int32_t r = prefetch_feedback_predict(&f, 1, 1); /* chosen from now on */
+        if (prefetch_feedback_admit(&f, 1, r)) break;
+        prefetch_feedback_gate(&f, 1, chosen, 2); /* scored although refused */
+        right++;
+    }
+    ASSERT_EQ(right, 1); /* 2 / 6 > 0.25 after one right prediction */
+    /* a layer never predicted starts at 1/2: admitted while the regret is below that */
+    ASSERT_TRUE(prefetch_feedback_admit(&f, 0, 0));
+    prefetch_feedback_free(&f);
+}
+
+/* When the experts a prefetch evicts are needed again at once (regret near 1), a predictor
+ * right half of the time is refused; with free eviction (no regret) it is admitted. */
+TEST(evicting_needed_experts_is_refused) {
+    prefetch_feedback f;
+    ASSERT_OK(prefetch_feedback_init(&f, L, J));
+    evictions(&f, 40, 40);
+    ASSERT_TRUE(prefetch_feedback_regret(&f) > 0.95);
+    const int32_t chosen[1] = {3};
+    for (int i = 0; i < 20; i++) {
+        prefetch_feedback_predict(&f, 1, i % 2 ? 3 : 4);
+        prefetch_feedback_gate(&f, 1, chosen, 1);
+    }
+    ASSERT_NEAR(prefetch_feedback_accuracy(&f, 1, 0), 11.0 / 22.0, 1e-12);
+    ASSERT_TRUE(!prefetch_feedback_admit(&f, 1, 0));
+    prefetch_feedback g;
+    ASSERT_OK(prefetch_feedback_init(&g, L, J));
+    evictions(&g, 40, 0);
+    for (int i = 0; i < 20; i++) {
+        prefetch_feedback_predict(&g, 1, i % 2 ? 3 : 4);
+        prefetch_feedback_gate(&g, 1, chosen, 1);
+    }
+    ASSERT_TRUE(prefetch_feedback_admit(&g, 1, 0));
+    prefetch_feedback_free(&f);
+    prefetch_feedback_free(&g);
+}
+
+/* Ranks: the first prediction for a layer in a cycle is rank 0, later ones count up to the
+ * last bucket; a repeated prediction keeps its rank; the gate starts a new cycle. The link's
+ * use raises the bar: a 40% predictor with no regret is admitted on an idle link and
+ * refused on a saturated one (a wrong transfer then delays a needed one). */
+TEST(ranks_and_link_use) {
+    prefetch_feedback f;
+    ASSERT_OK(prefetch_feedback_init(&f, L, J));
+    for (int j = 0; j < J; j++)
+        ASSERT_EQ(prefetch_feedback_predict(&f, 1, j), j < FEEDBACK_RANKS ? j : FEEDBACK_RANKS - 1);
+    ASSERT_EQ(prefetch_feedback_predict(&f, 1, 2), 2);
+    const int32_t chosen[1] = {0};
+    prefetch_feedback_gate(&f, 1, chosen, 1);
+    ASSERT_EQ(prefetch_feedback_predict(&f, 1, 6), 0);
+    prefetch_feedback_gate(&f, 1, chosen, 1);
+    for (int i = 0; i < 40; i++) { /* rank 0 right 40% of the time */
+        prefetch_feedback_predict(&f, 1, i % 5 < 2 ? 0 : 7);
+        prefetch_feedback_gate(&f, 1, chosen, 1);
+    }
+    evictions(&f, 100, 0);
+    ASSERT_TRUE(prefetch_feedback_admit(&f, 1, 0));
+    for (int i = 1; i <= 40; i++) prefetch_feedback_link(&f, 1.0 * i, 1.0 * i); /* busy */
+    ASSERT_TRUE(!prefetch_feedback_admit(&f, 1, 0));
+    prefetch_feedback_free(&f);
+}
+
+static int cancels;
+static void on_decision(void *ctx, const fmoe_decision *d) {
+    (void)ctx;
+    cancels += d->kind == FMOE_DECISION_CANCEL;
+}
+
+/* Early preemption: at the gate of layer 1, its queued prefetches of experts the gate did
+ * not choose are cancelled (their slots freed); the chosen one stays; other layers' stay. */
+TEST(gate_cancels_unchosen_queued_prefetches) {
+    fmoe_policy p;
+    const fmoe_policy_config pc = {.num_layers = L, .num_experts = J, .top_k = 1, .capacity = 4};
+    ASSERT_OK(fmoe_policy_init(&p, "lru", &pc));
+    fmoe_slots *q;
+    const fmoe_slots_config sc = {.num_layers = L, .num_experts = J, .capacity = 4, .chunks = 1,
+                                  .expert_bytes = 100, .policy = &p, .feedback = 1,
+                                  .hooks = {.decision = on_decision}};
+    ASSERT_OK(fmoe_slots_init(&q, &sc));
+    fmoe_policy_env *env = fmoe_slots_env(q);
+    ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 2, 1.0, 0.5), 0);
+    ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 3, 1.0, 0.5), 0);
+    ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 0, 3, 1.0, 0.5), 0);
+    ASSERT_EQ(fmoe_slots_pending(q), 3);
+    const int32_t chosen[1] = {3};
+    cancels = 0;
+    fmoe_slots_gate(q, 1, chosen, 1);
+    ASSERT_EQ(cancels, 1);
+    ASSERT_EQ(fmoe_slots_pending(q), 2);
+    const fmoe_cache_view *v = fmoe_slots_view(q);
+    ASSERT_TRUE(fmoe_cache_lookup(v, 1 * J + 2) < 0);
+    ASSERT_TRUE(fmoe_cache_lookup(v, 1 * J + 3) >= 0);
+    ASSERT_TRUE(fmoe_cache_lookup(v, 0 * J + 3) >= 0);
+    fmoe_slots_free(q);
+    fmoe_policy_free(&p);
+
+    /* without feedback the gate changes nothing */
+    ASSERT_OK(fmoe_policy_init(&p, "lru", &pc));
+    fmoe_slots_config off = sc;
+    off.feedback = 0;
+    ASSERT_OK(fmoe_slots_init(&q, &off));
+    env = fmoe_slots_env(q);
+    ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 2, 1.0, 0.5), 0);
+    cancels = 0;
+    fmoe_slots_gate(q, 1, chosen, 1);
+    ASSERT_EQ(cancels, 0);
+    ASSERT_EQ(fmoe_slots_pending(q), 1);
+    fmoe_slots_free(q);
+    fmoe_policy_free(&p);
+}
+
+int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
