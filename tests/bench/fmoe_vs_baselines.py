@@ -44,9 +44,12 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-POLICIES = ["fmoe", "fmoe-online", "lru", "lfu", "moe-infinity", "mixtral-offload", "ondemand",
-            "oracle", "belady"]
-ABLATIONS = ["fmoe", "fmoe-map-t", "fmoe-map-ts", "fmoe-hitcount", "fmoe-lru", "fmoe-lfu"]
+POLICIES = ["fmoe", "fmoe-paper", "fmoe-online", "lru", "lfu", "moe-infinity", "moe-infinity+fb",
+            "mixtral-offload", "ondemand", "oracle", "belady"]
+ABLATIONS = ["fmoe-paper", "fmoe-map-t", "fmoe-map-ts", "fmoe-hitcount", "fmoe-lru", "fmoe-lfu"]
+# the policies' own designs as published, run with feedback-directed prefetching forced on
+# ("+fb": simulate --feedback on)
+FEEDBACK_ON = {"moe-infinity+fb": "moe-infinity"}
 SHARES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 
 
@@ -156,8 +159,12 @@ def main():
         caches = [max(1, round(s * L * J)) for s in SHARES]
         extra = ["--hardware", a.hardware, "--match-delay", f"{delay:.3e}"]
         res, notes = simulate(fmoe, trace, store,
-                              [p for p in policies if p not in ("fmoe-online", "mixtral-offload")],
-                              caches, extra)
+                              [p for p in policies if p not in ("fmoe-online", "mixtral-offload")
+                               and p not in FEEDBACK_ON], caches, extra)
+        for name, base in FEEDBACK_ON.items():
+            fb, _ = simulate(fmoe, trace, store, [base], caches, extra + ["--feedback", "on"])
+            for k, v in fb.items():
+                res[(name, k[1])] = v
         if spec:
             mo, _ = simulate(fmoe, trace, store, ["mixtral-offload"], caches, extra, d=0)
             res.update(mo)
@@ -196,6 +203,20 @@ def main():
         for s, c in zip(SHARES, caches):
             row = [f"{res[(p, c)][key]['p50'] * 1e3:.{nd}f}" for p in policies]
             emit(f"| {int(s * 100)}% ({c}) | " + " | ".join(row) + " |")
+        emit()
+        emit(f"Against LRU ({lat} ratio; gap closed: the share of the LRU -> oracle {lat} gap "
+             "a policy closes, negative when it is slower than LRU):")
+        emit()
+        cmp = [p for p in ("fmoe", "fmoe-paper", "moe-infinity", "moe-infinity+fb",
+                           "mixtral-offload") if p in policies]
+        emit("| cache | " + " | ".join(f"{p} / lru" for p in cmp) + " | fmoe gap closed |")
+        emit("|---" * (len(cmp) + 2) + "|")
+        for s, c in zip(SHARES, caches):
+            lru = res[("lru", c)][key]["p50"]
+            orc = res[("oracle", c)][key]["p50"]
+            ratios = [f"{res[(p, c)][key]['p50'] / lru:.3f}" for p in cmp]
+            gap = (lru - res[("fmoe", c)][key]["p50"]) / (lru - orc) if lru > orc else float("nan")
+            emit(f"| {int(s * 100)}% | " + " | ".join(ratios) + f" | {gap * 100:.0f}% |")
         emit()
         emit("fmoe ablations (hit rate / prefetch precision):")
         emit()
