@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "cmd_common.h"
-#include "simulate_store.h" /* [fmoe hook, issue 4] */
+#include "simulate_store.h" /* the fmoe policies' expert-map store */
 #include "fmoe/datasets.h"
 #include "fmoe/decision_log.h"
 #include "fmoe/error.h"
@@ -55,7 +55,7 @@ typedef struct options {
     int64_t arrivals_start;
     double arrivals_speedup;
     int32_t eamc_capacity;
-    cmd_sim_store store; /* [fmoe hook, issue 4] --store, --store-mode, --holdout, ... */
+    cmd_sim_store store; /* --store, --store-mode, --holdout, ... (simulate_store.c) */
     int32_t copy_chunks;
     int32_t feedback;          /* index into feedback_names: auto, on, off */
     const char *decision_log;
@@ -161,7 +161,7 @@ static const cmd_option simulate_options[] = {
     {.name = "eamc-capacity", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "moe-infinity's EAM collection size", .default_text = "1000",
      .offset = offsetof(options, eamc_capacity), .min = 1, .max = 10000000},
-    /* [fmoe hook, issue 4] the store's options (simulate_store.c) */
+    /* the fmoe policies' expert-map store (simulate_store.c) */
     {.name = "store", .kind = CMD_OPT_STRING, .value_name = "FILE",
      .help = "expert-map store for the fmoe policies (build-store)",
      .offset = offsetof(options, store.path)},
@@ -229,7 +229,7 @@ static void init(void *base) {
     options *o = base;
     memset(o, 0, sizeof *o);
     o->copy_chunks = 1;
-    cmd_sim_store_init(&o->store); /* [fmoe hook, issue 4] */
+    cmd_sim_store_init(&o->store);
 }
 
 const cmd_spec cmd_simulate_spec = {
@@ -278,7 +278,7 @@ static int parse_options(int argc, char **argv, options *o) {
     if ((o->arrivals_start || o->arrivals_speedup > 0) && !o->arrivals)
         return cmd_usage_error(CMD, "--arrivals-start and --arrivals-speedup need --arrivals");
     if (o->arrivals_speedup <= 0) o->arrivals_speedup = 1;
-    return cmd_sim_store_validate(CMD, &o->store, o->policies, o->n_policies); /* [fmoe hook] */
+    return cmd_sim_store_validate(CMD, &o->store, o->policies, o->n_policies);
 }
 
 /* The gate data the chosen policies need; fails (one line) when the trace lacks it, notes
@@ -625,11 +625,11 @@ int cmd_simulate(int argc, char **argv) {
     exit_code = gate_needs(&o, fmoe_trace_reader_header(reader), &want);
     if (exit_code) goto done;
     exit_code = cmd_sim_store_prepare(CMD, &o.store, o.policies, o.n_policies, o.trace, reader,
-                                      &want, o.quiet); /* [fmoe hook, issue 4] */
+                                      &want, o.quiet); /* may add the semantic rows */
     if (exit_code) goto done;
     rc = load_costs(&o, reader, &costs, &expert_bytes, &hw);
     if (rc < 0) goto fail;
-    cmd_sim_store_costs(&o.store, &costs); /* [fmoe hook, issue 4] --match-delay */
+    cmd_sim_store_costs(&o.store, &costs); /* --match-delay */
     if (o.miss_mode != FMOE_SIM_MISS_LOAD && !fmoe_sim_costs_have_host(&costs)) {
         exit_code = cmd_failf(CMD,
                               "%s: --miss %s needs host compute figures (host.expert_s, or "
@@ -657,7 +657,7 @@ int cmd_simulate(int argc, char **argv) {
         cmd_progress_bar bar;
         cmd_progress_bar_init(&bar, "reading trace", o.quiet);
         fmoe_progress p = cmd_progress_bar_callback(&bar);
-        rc = fmoe_sim_workload_read_filtered(&w, reader, want, o.store.keep, &p); /* [fmoe hook] */
+        rc = fmoe_sim_workload_read_filtered(&w, reader, want, o.store.keep, &p); /* --holdout */
         cmd_progress_bar_done(&bar);
         if (rc < 0) {
             if (!strstr(fmoe_error_detail(), o.trace)) fmoe_error_prefix("%s", o.trace);
@@ -692,7 +692,7 @@ int cmd_simulate(int argc, char **argv) {
                         .store_capacity = o.eamc_capacity, .copy_chunks = o.copy_chunks,
                         .feedback = cmd_feedback_request(o.feedback)};
     n = k;
-    for (size_t i = 0; i < n; i++) cmd_sim_store_apply(&o.store, &cells[i]); /* [fmoe hook] */
+    for (size_t i = 0; i < n; i++) cmd_sim_store_apply(&o.store, &cells[i]);
     if (o.decision_log) { /* one cell, its decisions to the log */
         if (n != 1) {
             exit_code = cmd_usage_error(CMD, "--decision-log needs one policy, one cache size "
@@ -738,6 +738,6 @@ done:
     free(arrivals);
     fmoe_sim_workload_free(&w);
     fmoe_trace_reader_close(reader);
-    cmd_sim_store_free(&o.store); /* [fmoe hook, issue 4] */
+    cmd_sim_store_free(&o.store);
     return exit_code;
 }

@@ -2,12 +2,14 @@
  * geometry.c - the MoE geometry of a HuggingFace model, from its config.json.
  *
  * Design. One table, `families[]`, names every supported model_type with the keys its
- * transformers configuration uses for the expert count, top-k and expert width, and the
- * defaults transformers gives the keys we treat as optional. One function,
- * parse_family(), reads those keys and then, in a switch per family, the three things
- * that differ: which decoder layers are MoE, the shared experts, and the router. Each case
- * cites the code it follows. Where transformers and the model authors' remote code
- * disagree we say which we took.
+ * transformers configuration uses for the expert count, top-k and expert width, the
+ * defaults transformers gives the keys we treat as optional, and the family's parser.
+ * parse_config() reads the keys every family shares, then calls the parser for the three
+ * things that differ: which decoder layers are MoE, the shared experts, and the router.
+ * Each parser cites the code it follows. Where transformers and the model authors' remote
+ * code disagree we say which we took. A new family is one parser and one row.
+ *
+ * The model fingerprint of a config.json (fmoe_config_fingerprint) is in fingerprint.c.
  *
  * Required keys. transformers has a default for every key, but the five that define the
  * expert geometry (num_hidden_layers, hidden_size, expert count, top-k, expert width)
@@ -46,7 +48,8 @@
 #include <strings.h>
 
 #include "fmoe/error.h"
-#include "fmoe/sha256.h"
+
+#include "geometry_impl.h"
 
 /* Widths beyond this are not a real model and would overflow 64-bit byte counts. */
 #define MAX_WIDTH (1 << 24)
@@ -54,63 +57,6 @@
 #define MAX_EXPERTS 65536
 /* config.json files are a few KB; this bounds what fmoe_geometry_load reads. */
 #define MAX_CONFIG_BYTES (64 << 20)
-
-/* ---------------------------------------------------------------------------------- */
-/* The family table                                                                   */
-/* ---------------------------------------------------------------------------------- */
-
-typedef struct family_spec {
-    const char *model_type;
-    fmoe_family family;
-    const char *experts_key;   /* routed experts per MoE layer */
-    const char *width_key;     /* routed expert FFN width */
-    /* transformers defaults for optional keys */
-    int32_t vocab_size;
-    int32_t num_attention_heads;
-    int32_t num_key_value_heads; /* 0: num_attention_heads */
-    int32_t head_dim;            /* 0: hidden_size / num_attention_heads */
-    int64_t max_position_embeddings;
-    double rope_theta;
-    double rms_norm_eps;
-} family_spec;
-
-static const family_spec families[] = {
-    {"mixtral", FMOE_FAMILY_MIXTRAL, "num_local_experts", "intermediate_size",
-     32000, 32, 8, 0, 4096 * 32, 1e6, 1e-5},
-    {"qwen2_moe", FMOE_FAMILY_QWEN2_MOE, "num_experts", "moe_intermediate_size",
-     151936, 16, 16, 0, 32768, 10000.0, 1e-6},
-    {"qwen3_moe", FMOE_FAMILY_QWEN3_MOE, "num_experts", "moe_intermediate_size",
-     151936, 32, 4, 0, 32768, 10000.0, 1e-6},
-    {"olmoe", FMOE_FAMILY_OLMOE, "num_experts", "intermediate_size",
-     50304, 16, 0, 0, 4096, 10000.0, 1e-5},
-    {"deepseek", FMOE_FAMILY_DEEPSEEK_V1, "n_routed_experts", "moe_intermediate_size",
-     102400, 32, 0, 0, 2048, 10000.0, 1e-6},
-    {"deepseek_v2", FMOE_FAMILY_DEEPSEEK_V2, "n_routed_experts", "moe_intermediate_size",
-     102400, 32, 0, 0, 2048, 10000.0, 1e-6},
-    {"deepseek_v3", FMOE_FAMILY_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size",
-     129280, 128, 128, 0, 4096, 10000.0, 1e-6},
-    {"phimoe", FMOE_FAMILY_PHIMOE, "num_local_experts", "intermediate_size",
-     32064, 32, 8, 0, 4096 * 32, 1e6, 1e-5},
-    {"gpt_oss", FMOE_FAMILY_GPT_OSS, "num_local_experts", "intermediate_size",
-     201088, 64, 8, 64, 131072, 150000.0, 1e-5},
-    /* llama4 keeps its text model under "text_config"; llama4_text is that object. */
-    {"llama4", FMOE_FAMILY_LLAMA4, "num_local_experts", "intermediate_size",
-     202048, 40, 8, 128, 4096 * 32, 500000.0, 1e-5},
-    {"llama4_text", FMOE_FAMILY_LLAMA4, "num_local_experts", "intermediate_size",
-     202048, 40, 8, 128, 4096 * 32, 500000.0, 1e-5},
-};
-#define NUM_FAMILIES (sizeof families / sizeof families[0])
-
-/* Dense families users are likely to try, for a clearer refusal than "unsupported". */
-static const char *const dense_types[] = {
-    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text",
-    "phi", "phi3", "olmo", "olmo2", "gpt2", "gpt_neox", "falcon", "starcoder2",
-};
-
-const char *fmoe_geometry_supported_types(void) {
-    return "mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, deepseek_v2, deepseek_v3, "
-           "phimoe, gpt_oss, llama4, llama4_text";
-}
 
 /* ---------------------------------------------------------------------------------- */
 /* Typed reads from a config object                                                   */
@@ -317,7 +263,7 @@ int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtyp
 
 /* Parses `len` bytes into a cJSON tree; a malformed input fails with the byte offset,
  * line and column of the error. */
-static int parse_json(const char *json, size_t len, cJSON **out) {
+int fmoe__config_json_parse(const char *json, size_t len, cJSON **out) {
     if (!json && len) return fmoe_error_set(FMOE_EINVAL, "JSON text is NULL");
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json ? json : "", len, &end, 0);
@@ -348,12 +294,6 @@ static int parse_json(const char *json, size_t len, cJSON **out) {
     }
     return fmoe_error_set(FMOE_EFORMAT, "malformed JSON near byte %zu (line %zu, column %zu)",
                           off, line, col);
-}
-
-static const family_spec *find_family(const char *model_type) {
-    for (size_t i = 0; i < NUM_FAMILIES; i++)
-        if (strcmp(model_type, families[i].model_type) == 0) return &families[i];
-    return NULL;
 }
 
 /* The checkpoint dtype: torch_dtype, or "dtype" as transformers >= 4.56 writes it. */
@@ -449,86 +389,375 @@ static int read_mla(const reader *r, fmoe_model_geometry *g) {
     return 0;
 }
 
-/*
- * Fills `g` from the config object of one family. `r` reads the object that holds the
- * text model's keys (the root, or llama4's text_config); `root` is the whole config.
- */
-static int parse_family(const family_spec *fs, const reader *r, const cJSON *root,
-                        fmoe_model_geometry *g) {
-    g->family = fs->family;
+/* ---------------------------------------------------------------------------------- */
+/* The families: which layers are MoE, the shared experts, the router                 */
+/* ---------------------------------------------------------------------------------- */
 
-    /* The five required keys. */
+/*
+ * A family's parser reads what only that family has, after the keys every family shares
+ * (parse_config). It marks in `moe` ([num_hidden_layers], zeroed) the decoder layers that
+ * are MoE and may override the router defaults parse_config set. Each cites the code it
+ * follows.
+ */
+typedef int (*family_parser)(const reader *r, fmoe_model_geometry *g, uint8_t *moe);
+
+/* modeling_mixtral: every layer is sparse; MixtralSparseMoeBlock softmaxes the logits,
+ * takes the top-k and divides by their sum (always). */
+static int parse_mixtral(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    (void)r;
+    memset(moe, 1, (size_t)g->num_hidden_layers);
+    g->norm_topk_prob = 1;
+    return 0;
+}
+
+/* modeling_qwen2_moe / qwen3_moe decoder layer: sparse iff
+ *   layer not in mlp_only_layers and num_experts > 0
+ *   and (layer + 1) % decoder_sparse_step == 0.
+ * `dense_width` is transformers' default intermediate_size (the dense layers' width). */
+static int read_qwen_moe(const reader *r, fmoe_model_geometry *g, uint8_t *moe,
+                         int32_t dense_width) {
+    const int32_t n = g->num_hidden_layers;
+    int32_t step;
+    FMOE_FORWARD_IF_ERROR(read_i32(r, "decoder_sparse_step", 0, 1, 1, INT32_MAX, &step));
+    uint8_t mlp_only[FMOE_MAX_LAYERS] = {0};
+    int present;
+    FMOE_FORWARD_IF_ERROR(read_layer_list(r, "mlp_only_layers", n, mlp_only, &present));
+    for (int32_t i = 0; i < n; i++) moe[i] = !mlp_only[i] && (i + 1) % step == 0;
+    FMOE_FORWARD_IF_ERROR(read_bool(r, "norm_topk_prob", 0, &g->norm_topk_prob));
+    FMOE_FORWARD_IF_ERROR(read_i32(r, "intermediate_size", 0, dense_width, 0, MAX_WIDTH,
+                                   &g->intermediate_size));
+    return 0;
+}
+
+/* Qwen2MoeSparseMoeBlock adds one shared expert of shared_expert_intermediate_size,
+ * gated by sigmoid(shared_expert_gate(x)). */
+static int parse_qwen2_moe(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    FMOE_FORWARD_IF_ERROR(read_qwen_moe(r, g, moe, 5632));
+    FMOE_FORWARD_IF_ERROR(read_i32(r, "shared_expert_intermediate_size", 0, 5632, 0,
+                                   MAX_WIDTH, &g->shared_intermediate_size));
+    g->num_shared_experts = g->shared_intermediate_size > 0 ? 1 : 0;
+    return 0;
+}
+
+static int parse_qwen3_moe(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    return read_qwen_moe(r, g, moe, 6144);
+}
+
+/* modeling_olmoe: every layer sparse; softmax, top-k, optional renormalisation. */
+static int parse_olmoe(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    memset(moe, 1, (size_t)g->num_hidden_layers);
+    return read_bool(r, "norm_topk_prob", 0, &g->norm_topk_prob);
+}
+
+/* What a DeepSeek version assumes for an absent key: the authors' code for V1,
+ * transformers' deepseek_v2 and deepseek_v3 for the others. */
+typedef struct deepseek_defaults {
+    int32_t first_k_dense_replace;
+    int32_t n_shared_experts; /* V1: none in the authors' code */
+    int32_t intermediate_size;
+    int32_t norm_topk_prob;
+    const char *scoring_func; /* V3: sigmoid (transformers hard-codes it; the authors' code
+                               * refuses anything else) */
+    /* The router's keys, read for V2 and V3 only. */
+    double routed_scaling_factor;
+    const char *topk_method;
+    int32_t n_group;
+    int32_t topk_group;
+} deepseek_defaults;
+
+static const deepseek_defaults deepseek_v1 = {0, 0, 11008, 0, "softmax", 1.0, "greedy", 1, 1};
+static const deepseek_defaults deepseek_v2 = {0, 2, 11008, 0, "softmax", 1.0, "greedy", 1, 1};
+static const deepseek_defaults deepseek_v3 = {3, 1, 18432, 1, "sigmoid", 2.5, "noaux_tc", 8, 4};
+
+/* The authors' modeling_deepseek.py (V1, V2, V3 alike): a layer is MoE iff
+ *   layer >= first_k_dense_replace and layer % moe_layer_freq == 0.
+ * transformers' deepseek_v2/v3 ignore moe_layer_freq; every published checkpoint has
+ * moe_layer_freq = 1, where the two agree. Shared experts are one MLP of width
+ * n_shared_experts * moe_intermediate_size. */
+static int read_deepseek_moe(const reader *r, fmoe_model_geometry *g, uint8_t *moe,
+                             const deepseek_defaults *d) {
+    const int32_t n = g->num_hidden_layers;
+    int32_t first_dense, freq, shared;
+    FMOE_FORWARD_IF_ERROR(read_i32(r, "first_k_dense_replace", 0, d->first_k_dense_replace,
+                                   0, INT32_MAX, &first_dense));
+    FMOE_FORWARD_IF_ERROR(read_i32(r, "moe_layer_freq", 0, 1, 1, INT32_MAX, &freq));
+    for (int32_t i = 0; i < n; i++) moe[i] = i >= first_dense && i % freq == 0;
+    FMOE_FORWARD_IF_ERROR(
+        read_i32(r, "n_shared_experts", 0, d->n_shared_experts, 0, MAX_EXPERTS, &shared));
+    g->num_shared_experts = shared;
+    g->shared_intermediate_size = shared * g->moe_intermediate_size;
+    FMOE_FORWARD_IF_ERROR(read_i32(r, "intermediate_size", 0, d->intermediate_size, 0,
+                                   MAX_WIDTH, &g->intermediate_size));
+    FMOE_FORWARD_IF_ERROR(read_bool(r, "norm_topk_prob", d->norm_topk_prob, &g->norm_topk_prob));
+
+    const char *scoring;
+    FMOE_FORWARD_IF_ERROR(read_string(r, "scoring_func", d->scoring_func, &scoring));
+    if (strcmp(scoring, "softmax") == 0)
+        g->scoring = FMOE_ROUTER_SOFTMAX;
+    else if (strcmp(scoring, "sigmoid") == 0)
+        g->scoring = FMOE_ROUTER_SIGMOID;
+    else
+        return fmoe_error_set(FMOE_EUNSUPPORTED,
+                              "%sscoring_func \"%.32s\" (supported: softmax, sigmoid)",
+                              r->prefix, scoring);
+    return 0;
+}
+
+/* V2 and V3: MLA attention, the routed scaling factor and the top-k method with its
+ * groups. */
+static int read_deepseek_router(const reader *r, fmoe_model_geometry *g,
+                                const deepseek_defaults *d) {
+    FMOE_FORWARD_IF_ERROR(read_mla(r, g));
+    FMOE_FORWARD_IF_ERROR(read_double(r, "routed_scaling_factor", d->routed_scaling_factor,
+                                      &g->routed_scaling_factor));
+    const char *method;
+    FMOE_FORWARD_IF_ERROR(read_string(r, "topk_method", d->topk_method, &method));
+    if (strcmp(method, "greedy") != 0 && strcmp(method, "group_limited_greedy") != 0 &&
+        strcmp(method, "noaux_tc") != 0)
+        return fmoe_error_set(FMOE_EUNSUPPORTED,
+                              "%stopk_method \"%.32s\" (supported: greedy, "
+                              "group_limited_greedy, noaux_tc)",
+                              r->prefix, method);
+    copy_string(g->topk_method, sizeof g->topk_method, method);
+    /* Groups matter only to the grouped methods; plain greedy ignores n_group (V2-Lite
+     * writes n_group 1), so it is recorded as ungrouped. */
+    if (strcmp(method, "greedy") != 0) {
+        FMOE_FORWARD_IF_ERROR(
+            read_i32(r, "n_group", 0, d->n_group, 1, MAX_EXPERTS, &g->n_group));
+        FMOE_FORWARD_IF_ERROR(
+            read_i32(r, "topk_group", 0, d->topk_group, 1, MAX_EXPERTS, &g->topk_group));
+        FMOE_FORWARD_IF_ERROR(check_groups(r, g));
+    }
+    if (g->qk_nope_head_dim + g->qk_rope_head_dim > 0 && !lookup(r, "head_dim"))
+        g->head_dim = g->qk_nope_head_dim + g->qk_rope_head_dim;
+    return 0;
+}
+
+static int parse_deepseek_v1(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    return read_deepseek_moe(r, g, moe, &deepseek_v1);
+}
+
+static int parse_deepseek_v2(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    FMOE_FORWARD_IF_ERROR(read_deepseek_moe(r, g, moe, &deepseek_v2));
+    return read_deepseek_router(r, g, &deepseek_v2);
+}
+
+static int parse_deepseek_v3(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    FMOE_FORWARD_IF_ERROR(read_deepseek_moe(r, g, moe, &deepseek_v3));
+    return read_deepseek_router(r, g, &deepseek_v3);
+}
+
+/* modeling_phimoe: every layer sparse; sparsemixer top-2 routing (see the top of this
+ * file). */
+static int parse_phimoe(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    (void)r;
+    memset(moe, 1, (size_t)g->num_hidden_layers);
+    copy_string(g->topk_method, sizeof g->topk_method, "sparsemixer");
+    return 0;
+}
+
+/* modeling_gpt_oss: every layer sparse; GptOssTopKRouter takes the top-k of the (biased)
+ * logits and softmaxes those k; experts carry biases on gate_up (2I) and down (h). */
+static int parse_gpt_oss(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    (void)r;
+    memset(moe, 1, (size_t)g->num_hidden_layers);
+    g->norm_topk_prob = 1;
+    g->expert_has_bias = 1;
+    return 0;
+}
+
+/* configuration_llama4: moe_layers when given, else
+ *   range(interleave_moe_layer_step - 1, num_hidden_layers, step)
+ * (Scout: step 1, every layer; Maverick: step 2, layers 1, 3, 5, ...). Llama4TextMoe adds
+ * one shared expert of the routed width (intermediate_size); dense layers use
+ * intermediate_size_mlp. Llama4Router: top-k of the logits, sigmoid of each, no
+ * renormalisation. */
+static int parse_llama4(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    const int32_t n = g->num_hidden_layers;
+    int present;
+    FMOE_FORWARD_IF_ERROR(read_layer_list(r, "moe_layers", n, moe, &present));
+    if (!present) {
+        int32_t step;
+        FMOE_FORWARD_IF_ERROR(
+            read_i32(r, "interleave_moe_layer_step", 0, 1, 1, INT32_MAX, &step));
+        for (int32_t i = step - 1; i < n; i += step) moe[i] = 1;
+    }
+    g->num_shared_experts = 1;
+    g->shared_intermediate_size = g->moe_intermediate_size;
+    FMOE_FORWARD_IF_ERROR(read_i32(r, "intermediate_size_mlp", 0, 16384, 0, MAX_WIDTH,
+                                   &g->intermediate_size));
+    g->scoring = FMOE_ROUTER_SIGMOID;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The family table                                                                   */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct family_spec {
+    const char *model_type;
+    fmoe_family family;
+    family_parser parse;
+    int text_config;           /* 1: the text model's keys sit under "text_config" */
+    const char *experts_key;   /* routed experts per MoE layer */
+    const char *experts_alias; /* read instead when experts_key is absent, or NULL */
+    const char *top_k_alias;   /* read instead when num_experts_per_tok is absent, or NULL */
+    const char *width_key;     /* routed expert FFN width */
+    struct {                   /* transformers defaults for optional keys */
+        int32_t vocab_size;
+        int32_t num_attention_heads;
+        int32_t num_key_value_heads; /* 0: num_attention_heads */
+        int32_t head_dim;            /* 0: hidden_size / num_attention_heads */
+        int64_t max_position_embeddings;
+        double rope_theta;
+        double rms_norm_eps;
+    } defaults;
+} family_spec;
+
+static const family_spec families[] = {
+    {.model_type = "mixtral", .family = FMOE_FAMILY_MIXTRAL, .parse = parse_mixtral,
+     .experts_key = "num_local_experts", .width_key = "intermediate_size",
+     .defaults = {32000, 32, 8, 0, 4096 * 32, 1e6, 1e-5}},
+    {.model_type = "qwen2_moe", .family = FMOE_FAMILY_QWEN2_MOE, .parse = parse_qwen2_moe,
+     .experts_key = "num_experts", .width_key = "moe_intermediate_size",
+     .defaults = {151936, 16, 16, 0, 32768, 10000.0, 1e-6}},
+    /* transformers 5 saves Qwen3-MoE with num_local_experts. */
+    {.model_type = "qwen3_moe", .family = FMOE_FAMILY_QWEN3_MOE, .parse = parse_qwen3_moe,
+     .experts_key = "num_experts", .experts_alias = "num_local_experts",
+     .width_key = "moe_intermediate_size",
+     .defaults = {151936, 32, 4, 0, 32768, 10000.0, 1e-6}},
+    {.model_type = "olmoe", .family = FMOE_FAMILY_OLMOE, .parse = parse_olmoe,
+     .experts_key = "num_experts", .width_key = "intermediate_size",
+     .defaults = {50304, 16, 0, 0, 4096, 10000.0, 1e-5}},
+    {.model_type = "deepseek", .family = FMOE_FAMILY_DEEPSEEK_V1, .parse = parse_deepseek_v1,
+     .experts_key = "n_routed_experts", .width_key = "moe_intermediate_size",
+     .defaults = {102400, 32, 0, 0, 2048, 10000.0, 1e-6}},
+    {.model_type = "deepseek_v2", .family = FMOE_FAMILY_DEEPSEEK_V2,
+     .parse = parse_deepseek_v2, .experts_key = "n_routed_experts",
+     .width_key = "moe_intermediate_size",
+     .defaults = {102400, 32, 0, 0, 2048, 10000.0, 1e-6}},
+    {.model_type = "deepseek_v3", .family = FMOE_FAMILY_DEEPSEEK_V3,
+     .parse = parse_deepseek_v3, .experts_key = "n_routed_experts",
+     .width_key = "moe_intermediate_size",
+     .defaults = {129280, 128, 128, 0, 4096, 10000.0, 1e-6}},
+    {.model_type = "phimoe", .family = FMOE_FAMILY_PHIMOE, .parse = parse_phimoe,
+     .experts_key = "num_local_experts", .width_key = "intermediate_size",
+     .defaults = {32064, 32, 8, 0, 4096 * 32, 1e6, 1e-5}},
+    /* gpt_oss: num_experts is transformers' attribute_map alias; experts_per_token the
+     * name in OpenAI's original config. */
+    {.model_type = "gpt_oss", .family = FMOE_FAMILY_GPT_OSS, .parse = parse_gpt_oss,
+     .experts_key = "num_local_experts", .experts_alias = "num_experts",
+     .top_k_alias = "experts_per_token", .width_key = "intermediate_size",
+     .defaults = {201088, 64, 8, 64, 131072, 150000.0, 1e-5}},
+    /* llama4 keeps its text model under "text_config"; llama4_text is that object. */
+    {.model_type = "llama4", .family = FMOE_FAMILY_LLAMA4, .parse = parse_llama4,
+     .text_config = 1, .experts_key = "num_local_experts", .width_key = "intermediate_size",
+     .defaults = {202048, 40, 8, 128, 4096 * 32, 500000.0, 1e-5}},
+    {.model_type = "llama4_text", .family = FMOE_FAMILY_LLAMA4, .parse = parse_llama4,
+     .experts_key = "num_local_experts", .width_key = "intermediate_size",
+     .defaults = {202048, 40, 8, 128, 4096 * 32, 500000.0, 1e-5}},
+};
+#define NUM_FAMILIES (sizeof families / sizeof families[0])
+
+/* Dense families users are likely to try, for a clearer refusal than "unsupported". */
+static const char *const dense_types[] = {
+    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text",
+    "phi", "phi3", "olmo", "olmo2", "gpt2", "gpt_neox", "falcon", "starcoder2",
+};
+
+const char *fmoe_geometry_supported_types(void) {
+    return "mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, deepseek_v2, deepseek_v3, "
+           "phimoe, gpt_oss, llama4, llama4_text";
+}
+
+static const family_spec *find_family(const char *model_type) {
+    for (size_t i = 0; i < NUM_FAMILIES; i++)
+        if (strcmp(model_type, families[i].model_type) == 0) return &families[i];
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The keys every family shares                                                       */
+/* ---------------------------------------------------------------------------------- */
+
+/* `alias` when `key` is absent and `alias` present, else `key`. */
+static const char *key_or_alias(const reader *r, const char *key, const char *alias) {
+    return alias && !lookup(r, key) && lookup(r, alias) ? alias : key;
+}
+
+/* The five required keys: layers, hidden size, expert count, top-k, expert width. */
+static int read_required(const family_spec *fs, const reader *r, fmoe_model_geometry *g) {
     FMOE_FORWARD_IF_ERROR(read_i32(r, "num_hidden_layers", 1, 0, 1, FMOE_MAX_LAYERS,
                                    &g->num_hidden_layers));
     FMOE_FORWARD_IF_ERROR(read_i32(r, "hidden_size", 1, 0, 1, MAX_WIDTH, &g->hidden_size));
-    {
-        const cJSON *ex = cJSON_GetObjectItemCaseSensitive(r->obj, fs->experts_key);
-        if (ex && cJSON_IsNull(ex))
-            return fmoe_error_set(FMOE_EUNSUPPORTED,
-                                  "%s%s is null: a dense model without routed experts; fmoe "
-                                  "needs a Mixture-of-Experts model",
-                                  r->prefix, fs->experts_key);
-    }
-    if (fs->family == FMOE_FAMILY_GPT_OSS && !lookup(r, fs->experts_key) &&
-        lookup(r, "num_experts")) /* transformers' attribute_map alias */
-        FMOE_FORWARD_IF_ERROR(read_i32(r, "num_experts", 1, 0, 0, MAX_EXPERTS, &g->num_experts));
-    else if (fs->family == FMOE_FAMILY_QWEN3_MOE && !lookup(r, fs->experts_key) &&
-             lookup(r, "num_local_experts")) /* transformers 5 saves Qwen3-MoE this way */
-        FMOE_FORWARD_IF_ERROR(
-            read_i32(r, "num_local_experts", 1, 0, 0, MAX_EXPERTS, &g->num_experts));
-    else
-        FMOE_FORWARD_IF_ERROR(
-            read_i32(r, fs->experts_key, 1, 0, 0, MAX_EXPERTS, &g->num_experts));
+    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(r->obj, fs->experts_key);
+    if (ex && cJSON_IsNull(ex))
+        return fmoe_error_set(FMOE_EUNSUPPORTED,
+                              "%s%s is null: a dense model without routed experts; fmoe "
+                              "needs a Mixture-of-Experts model",
+                              r->prefix, fs->experts_key);
+    FMOE_FORWARD_IF_ERROR(read_i32(r, key_or_alias(r, fs->experts_key, fs->experts_alias), 1,
+                                   0, 0, MAX_EXPERTS, &g->num_experts));
     if (g->num_experts == 0)
         return fmoe_error_set(FMOE_EUNSUPPORTED,
                               "%s%s = 0: a dense model without routed experts; fmoe needs a "
                               "Mixture-of-Experts model",
                               r->prefix, fs->experts_key);
-    if (fs->family == FMOE_FAMILY_GPT_OSS && !lookup(r, "num_experts_per_tok") &&
-        lookup(r, "experts_per_token")) /* the name in OpenAI's original config */
-        FMOE_FORWARD_IF_ERROR(
-            read_i32(r, "experts_per_token", 1, 0, 1, MAX_EXPERTS, &g->top_k));
-    else
-        FMOE_FORWARD_IF_ERROR(
-            read_i32(r, "num_experts_per_tok", 1, 0, 1, MAX_EXPERTS, &g->top_k));
+    FMOE_FORWARD_IF_ERROR(read_i32(r, key_or_alias(r, "num_experts_per_tok", fs->top_k_alias),
+                                   1, 0, 1, MAX_EXPERTS, &g->top_k));
     FMOE_RETURN_ERROR_IF(g->top_k > g->num_experts, FMOE_ERANGE,
                          "%snum_experts_per_tok = %d exceeds the %d routed experts", r->prefix,
                          g->top_k, g->num_experts);
-    FMOE_FORWARD_IF_ERROR(
-        read_i32(r, fs->width_key, 1, 0, 1, MAX_WIDTH, &g->moe_intermediate_size));
+    return read_i32(r, fs->width_key, 1, 0, 1, MAX_WIDTH, &g->moe_intermediate_size);
+}
 
-    /* Optional keys with transformers' defaults. */
+/* Optional keys with the family's transformers defaults. */
+static int read_optional(const family_spec *fs, const reader *r, const cJSON *root,
+                         fmoe_model_geometry *g) {
     FMOE_FORWARD_IF_ERROR(
-        read_i32(r, "vocab_size", 0, fs->vocab_size, 1, INT32_MAX, &g->vocab_size));
-    FMOE_FORWARD_IF_ERROR(read_i32(r, "num_attention_heads", 0, fs->num_attention_heads, 1,
-                                   MAX_WIDTH, &g->num_attention_heads));
+        read_i32(r, "vocab_size", 0, fs->defaults.vocab_size, 1, INT32_MAX, &g->vocab_size));
+    FMOE_FORWARD_IF_ERROR(read_i32(r, "num_attention_heads", 0,
+                                   fs->defaults.num_attention_heads, 1, MAX_WIDTH,
+                                   &g->num_attention_heads));
     FMOE_FORWARD_IF_ERROR(read_i32(r, "num_key_value_heads", 0,
-                                   fs->num_key_value_heads ? fs->num_key_value_heads
-                                                           : g->num_attention_heads,
+                                   fs->defaults.num_key_value_heads
+                                       ? fs->defaults.num_key_value_heads
+                                       : g->num_attention_heads,
                                    1, MAX_WIDTH, &g->num_key_value_heads));
     FMOE_FORWARD_IF_ERROR(read_i32(r, "head_dim", 0,
-                                   fs->head_dim ? fs->head_dim
-                                                : g->hidden_size / g->num_attention_heads,
+                                   fs->defaults.head_dim
+                                       ? fs->defaults.head_dim
+                                       : g->hidden_size / g->num_attention_heads,
                                    1, MAX_WIDTH, &g->head_dim));
     FMOE_FORWARD_IF_ERROR(read_i64(r, "max_position_embeddings", 0,
-                                   fs->max_position_embeddings, 1, INT64_MAX / 2,
+                                   fs->defaults.max_position_embeddings, 1, INT64_MAX / 2,
                                    &g->max_position_embeddings));
-    {
-        /* rope_theta, or inside rope_parameters as transformers >= 4.56 writes it. */
-        double theta = fs->rope_theta;
-        const cJSON *rp = lookup(r, "rope_parameters");
-        if (rp && cJSON_IsObject(rp)) {
-            reader rr = {rp, NULL, "rope_parameters."};
-            FMOE_FORWARD_IF_ERROR(read_double(&rr, "rope_theta", theta, &theta));
-        }
-        FMOE_FORWARD_IF_ERROR(read_double(r, "rope_theta", theta, &g->rope_theta));
+    /* rope_theta, or inside rope_parameters as transformers >= 4.56 writes it. */
+    double theta = fs->defaults.rope_theta;
+    const cJSON *rp = lookup(r, "rope_parameters");
+    if (rp && cJSON_IsObject(rp)) {
+        reader rr = {rp, NULL, "rope_parameters."};
+        FMOE_FORWARD_IF_ERROR(read_double(&rr, "rope_theta", theta, &theta));
     }
-    FMOE_FORWARD_IF_ERROR(read_double(r, "rms_norm_eps", fs->rms_norm_eps, &g->rms_norm_eps));
+    FMOE_FORWARD_IF_ERROR(read_double(r, "rope_theta", theta, &g->rope_theta));
+    FMOE_FORWARD_IF_ERROR(
+        read_double(r, "rms_norm_eps", fs->defaults.rms_norm_eps, &g->rms_norm_eps));
     FMOE_FORWARD_IF_ERROR(read_bool(r, "tie_word_embeddings", 0, &g->tie_word_embeddings));
     FMOE_FORWARD_IF_ERROR(read_dtype(r, &g->dtype));
-    FMOE_FORWARD_IF_ERROR(read_quantization(root, g));
+    return read_quantization(root, g);
+}
 
-    /* Router defaults; the switch overrides per family. */
+/*
+ * Fills `g` from the config object of one family. `r` reads the object that holds the
+ * text model's keys (the root, or llama4's text_config); `root` is the whole config.
+ */
+static int parse_config(const family_spec *fs, const reader *r, const cJSON *root,
+                        fmoe_model_geometry *g) {
+    g->family = fs->family;
+    FMOE_FORWARD_IF_ERROR(read_required(fs, r, g));
+    FMOE_FORWARD_IF_ERROR(read_optional(fs, r, root, g));
+
+    /* Router defaults; the family's parser overrides them. */
     g->scoring = FMOE_ROUTER_SOFTMAX;
     g->norm_topk_prob = 0;
     g->n_group = 1;
@@ -538,157 +767,7 @@ static int parse_family(const family_spec *fs, const reader *r, const cJSON *roo
 
     const int32_t n = g->num_hidden_layers;
     uint8_t moe[FMOE_MAX_LAYERS] = {0}; /* [n] 1 where decoder layer i is MoE */
-
-    switch (fs->family) {
-    case FMOE_FAMILY_MIXTRAL:
-        /* modeling_mixtral: every layer is sparse; MixtralSparseMoeBlock softmaxes the
-         * logits, takes the top-k and divides by their sum (always). */
-        memset(moe, 1, (size_t)n);
-        g->norm_topk_prob = 1;
-        break;
-
-    case FMOE_FAMILY_QWEN2_MOE:
-    case FMOE_FAMILY_QWEN3_MOE: {
-        /* modeling_qwen2_moe / qwen3_moe decoder layer: sparse iff
-         *   layer not in mlp_only_layers and num_experts > 0
-         *   and (layer + 1) % decoder_sparse_step == 0. */
-        int32_t step;
-        FMOE_FORWARD_IF_ERROR(read_i32(r, "decoder_sparse_step", 0, 1, 1, INT32_MAX, &step));
-        uint8_t mlp_only[FMOE_MAX_LAYERS] = {0};
-        int present;
-        FMOE_FORWARD_IF_ERROR(read_layer_list(r, "mlp_only_layers", n, mlp_only, &present));
-        for (int32_t i = 0; i < n; i++) moe[i] = !mlp_only[i] && (i + 1) % step == 0;
-        FMOE_FORWARD_IF_ERROR(read_bool(r, "norm_topk_prob", 0, &g->norm_topk_prob));
-        FMOE_FORWARD_IF_ERROR(read_i32(r, "intermediate_size", 0,
-                                       fs->family == FMOE_FAMILY_QWEN2_MOE ? 5632 : 6144, 0,
-                                       MAX_WIDTH, &g->intermediate_size));
-        if (fs->family == FMOE_FAMILY_QWEN2_MOE) {
-            /* Qwen2MoeSparseMoeBlock: one shared expert of this width, gated by
-             * sigmoid(shared_expert_gate(x)). */
-            FMOE_FORWARD_IF_ERROR(read_i32(r, "shared_expert_intermediate_size", 0, 5632, 0,
-                                           MAX_WIDTH, &g->shared_intermediate_size));
-            g->num_shared_experts = g->shared_intermediate_size > 0 ? 1 : 0;
-        }
-        break;
-    }
-
-    case FMOE_FAMILY_OLMOE:
-        /* modeling_olmoe: every layer sparse; softmax, top-k, optional renormalisation. */
-        memset(moe, 1, (size_t)n);
-        FMOE_FORWARD_IF_ERROR(read_bool(r, "norm_topk_prob", 0, &g->norm_topk_prob));
-        break;
-
-    case FMOE_FAMILY_DEEPSEEK_V1:
-    case FMOE_FAMILY_DEEPSEEK_V2:
-    case FMOE_FAMILY_DEEPSEEK_V3: {
-        /* The authors' modeling_deepseek.py (V1, V2, V3 alike): a layer is MoE iff
-         *   layer >= first_k_dense_replace and layer % moe_layer_freq == 0.
-         * transformers' deepseek_v2/v3 ignore moe_layer_freq; every published checkpoint
-         * has moe_layer_freq = 1, where the two agree. Shared experts are one MLP of width
-         * n_shared_experts * moe_intermediate_size. */
-        const int v3 = fs->family == FMOE_FAMILY_DEEPSEEK_V3;
-        int32_t first_dense, freq, shared;
-        FMOE_FORWARD_IF_ERROR(read_i32(r, "first_k_dense_replace", 0, v3 ? 3 : 0, 0,
-                                       INT32_MAX, &first_dense));
-        FMOE_FORWARD_IF_ERROR(read_i32(r, "moe_layer_freq", 0, 1, 1, INT32_MAX, &freq));
-        for (int32_t i = 0; i < n; i++) moe[i] = i >= first_dense && i % freq == 0;
-        /* n_shared_experts absent: none in the authors' code (V1); transformers'
-         * deepseek_v2 and v3 default to 2 and 1. */
-        const int32_t shared_default = fs->family == FMOE_FAMILY_DEEPSEEK_V1 ? 0 : v3 ? 1 : 2;
-        FMOE_FORWARD_IF_ERROR(
-            read_i32(r, "n_shared_experts", 0, shared_default, 0, MAX_EXPERTS, &shared));
-        g->num_shared_experts = shared;
-        g->shared_intermediate_size = shared * g->moe_intermediate_size;
-        FMOE_FORWARD_IF_ERROR(read_i32(r, "intermediate_size", 0, v3 ? 18432 : 11008, 0,
-                                       MAX_WIDTH, &g->intermediate_size));
-        FMOE_FORWARD_IF_ERROR(read_bool(r, "norm_topk_prob", v3, &g->norm_topk_prob));
-
-        /* scoring_func: V1/V2 softmax; V3 sigmoid (transformers hard-codes it; the authors'
-         * code refuses anything else). */
-        const char *scoring;
-        FMOE_FORWARD_IF_ERROR(read_string(r, "scoring_func", v3 ? "sigmoid" : "softmax",
-                                          &scoring));
-        if (strcmp(scoring, "softmax") == 0)
-            g->scoring = FMOE_ROUTER_SOFTMAX;
-        else if (strcmp(scoring, "sigmoid") == 0)
-            g->scoring = FMOE_ROUTER_SIGMOID;
-        else
-            return fmoe_error_set(FMOE_EUNSUPPORTED,
-                                  "%sscoring_func \"%.32s\" (supported: softmax, sigmoid)",
-                                  r->prefix, scoring);
-
-        if (fs->family != FMOE_FAMILY_DEEPSEEK_V1) {
-            FMOE_FORWARD_IF_ERROR(read_mla(r, g));
-            FMOE_FORWARD_IF_ERROR(read_double(r, "routed_scaling_factor", v3 ? 2.5 : 1.0,
-                                              &g->routed_scaling_factor));
-            const char *method;
-            FMOE_FORWARD_IF_ERROR(
-                read_string(r, "topk_method", v3 ? "noaux_tc" : "greedy", &method));
-            if (strcmp(method, "greedy") != 0 && strcmp(method, "group_limited_greedy") != 0 &&
-                strcmp(method, "noaux_tc") != 0)
-                return fmoe_error_set(FMOE_EUNSUPPORTED,
-                                      "%stopk_method \"%.32s\" (supported: greedy, "
-                                      "group_limited_greedy, noaux_tc)",
-                                      r->prefix, method);
-            copy_string(g->topk_method, sizeof g->topk_method, method);
-            /* Groups matter only to the grouped methods; plain greedy ignores n_group
-             * (V2-Lite writes n_group 1), so it is recorded as ungrouped. */
-            if (strcmp(method, "greedy") != 0) {
-                FMOE_FORWARD_IF_ERROR(
-                    read_i32(r, "n_group", 0, v3 ? 8 : 1, 1, MAX_EXPERTS, &g->n_group));
-                FMOE_FORWARD_IF_ERROR(
-                    read_i32(r, "topk_group", 0, v3 ? 4 : 1, 1, MAX_EXPERTS, &g->topk_group));
-                FMOE_FORWARD_IF_ERROR(check_groups(r, g));
-            }
-            if (g->qk_nope_head_dim + g->qk_rope_head_dim > 0 && !lookup(r, "head_dim"))
-                g->head_dim = g->qk_nope_head_dim + g->qk_rope_head_dim;
-        }
-        break;
-    }
-
-    case FMOE_FAMILY_PHIMOE:
-        /* modeling_phimoe: every layer sparse; sparsemixer top-2 routing (see the top of
-         * this file). */
-        memset(moe, 1, (size_t)n);
-        copy_string(g->topk_method, sizeof g->topk_method, "sparsemixer");
-        break;
-
-    case FMOE_FAMILY_GPT_OSS:
-        /* modeling_gpt_oss: every layer sparse; GptOssTopKRouter takes the top-k of the
-         * (biased) logits and softmaxes those k; experts carry biases on gate_up (2I) and
-         * down (h). */
-        memset(moe, 1, (size_t)n);
-        g->norm_topk_prob = 1;
-        g->expert_has_bias = 1;
-        break;
-
-    case FMOE_FAMILY_LLAMA4: {
-        /* configuration_llama4: moe_layers when given, else
-         *   range(interleave_moe_layer_step - 1, num_hidden_layers, step)
-         * (Scout: step 1, every layer; Maverick: step 2, layers 1, 3, 5, ...).
-         * Llama4TextMoe adds one shared expert of the routed width (intermediate_size);
-         * dense layers use intermediate_size_mlp. Llama4Router: top-k of the logits,
-         * sigmoid of each, no renormalisation. */
-        int present;
-        FMOE_FORWARD_IF_ERROR(read_layer_list(r, "moe_layers", n, moe, &present));
-        if (!present) {
-            int32_t step;
-            FMOE_FORWARD_IF_ERROR(
-                read_i32(r, "interleave_moe_layer_step", 0, 1, 1, INT32_MAX, &step));
-            for (int32_t i = step - 1; i < n; i += step) moe[i] = 1;
-        }
-        g->num_shared_experts = 1;
-        g->shared_intermediate_size = g->moe_intermediate_size;
-        FMOE_FORWARD_IF_ERROR(read_i32(r, "intermediate_size_mlp", 0, 16384, 0, MAX_WIDTH,
-                                       &g->intermediate_size));
-        g->scoring = FMOE_ROUTER_SIGMOID;
-        break;
-    }
-
-    case FMOE_FAMILY_GENERIC:
-        FMOE_ASSERT(0);
-        break;
-    }
+    FMOE_FORWARD_IF_ERROR(fs->parse(r, g, moe));
 
     g->num_moe_layers = 0;
     for (int32_t i = 0; i < n; i++)
@@ -704,7 +783,7 @@ static int parse_family(const family_spec *fs, const reader *r, const cJSON *roo
 int fmoe_geometry_parse(const char *json, size_t len, fmoe_model_geometry *out) {
     if (!out) return fmoe_error_set(FMOE_EINVAL, "geometry output is NULL");
     cJSON *root = NULL;
-    FMOE_FORWARD_IF_ERROR(parse_json(json, len, &root));
+    FMOE_FORWARD_IF_ERROR(fmoe__config_json_parse(json, len, &root));
 
     int rc = 0;
     fmoe_model_geometry *g = calloc(1, sizeof *g); /* ~2 KB; `out` stays untouched on error */
@@ -746,7 +825,7 @@ int fmoe_geometry_parse(const char *json, size_t len, fmoe_model_geometry *out) 
     copy_string(g->model_type, sizeof g->model_type, fs->model_type);
 
     reader r = {root, NULL, ""};
-    if (strcmp(fs->model_type, "llama4") == 0) {
+    if (fs->text_config) {
         const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
         if (!tc || cJSON_IsNull(tc)) {
             rc = fmoe_error_set(FMOE_EFORMAT, "missing key text_config");
@@ -759,7 +838,7 @@ int fmoe_geometry_parse(const char *json, size_t len, fmoe_model_geometry *out) 
         }
         r = (reader){tc, root, "text_config."};
     }
-    rc = parse_family(fs, &r, root, g);
+    rc = parse_config(fs, &r, root, g);
     if (rc < 0) goto fail;
 
     *out = *g;
@@ -842,68 +921,4 @@ int fmoe_geometry_generic(int32_t layers, int32_t experts, int32_t top_k, int32_
     out->expert_dtype = FMOE_DTYPE_BF16;
     copy_string(out->topk_method, sizeof out->topk_method, "greedy");
     return 0;
-}
-
-/* ---------------------------------------------------------------------------------- */
-/* Fingerprint                                                                        */
-/* ---------------------------------------------------------------------------------- */
-
-static int key_cmp(const cJSON *a, const cJSON *b) {
-    return strcmp(a->string ? a->string : "", b->string ? b->string : "");
-}
-
-/* Stable merge sort of n items through scratch `tmp`. */
-static void merge_sort(cJSON **v, cJSON **tmp, size_t n) {
-    if (n < 2) return;
-    size_t h = n / 2;
-    merge_sort(v, tmp, h);
-    merge_sort(v + h, tmp, n - h);
-    size_t i = 0, j = h, k = 0;
-    while (i < h && j < n) tmp[k++] = key_cmp(v[j], v[i]) < 0 ? v[j++] : v[i++];
-    while (i < h) tmp[k++] = v[i++];
-    while (j < n) tmp[k++] = v[j++];
-    memcpy(v, tmp, n * sizeof *v);
-}
-
-/* Sorts every object's members by key, recursively. Depth is bounded by cJSON's nesting
- * limit (CJSON_NESTING_LIMIT, 1000). */
-static int sort_keys(cJSON *node) {
-    if (!cJSON_IsObject(node) && !cJSON_IsArray(node)) return 0;
-    size_t n = 0;
-    for (cJSON *c = node->child; c; c = c->next) {
-        FMOE_FORWARD_IF_ERROR(sort_keys(c));
-        n++;
-    }
-    if (!cJSON_IsObject(node) || n < 2) return 0;
-    cJSON **v = malloc(2 * n * sizeof *v);
-    if (!v) return fmoe_error_set(FMOE_ENOMEM, "out of memory sorting %zu keys", n);
-    size_t i = 0;
-    for (cJSON *c = node->child; c; c = c->next) v[i++] = c;
-    merge_sort(v, v + n, n);
-    /* Relink in the cJSON convention: child->prev is the last element, last->next NULL. */
-    for (i = 0; i < n; i++) {
-        v[i]->next = i + 1 < n ? v[i + 1] : NULL;
-        v[i]->prev = i > 0 ? v[i - 1] : v[n - 1];
-    }
-    node->child = v[0];
-    free(v);
-    return 0;
-}
-
-int fmoe_config_fingerprint(const char *json, size_t len, char hex[65]) {
-    if (!hex) return fmoe_error_set(FMOE_EINVAL, "hex output is NULL");
-    cJSON *root = NULL;
-    FMOE_FORWARD_IF_ERROR(parse_json(json, len, &root));
-    int rc = sort_keys(root);
-    if (rc == 0) {
-        char *canon = cJSON_PrintUnformatted(root);
-        if (!canon) {
-            rc = fmoe_error_set(FMOE_ENOMEM, "out of memory printing canonical JSON");
-        } else {
-            fmoe_sha256_hex(canon, strlen(canon), hex);
-            cJSON_free(canon);
-        }
-    }
-    cJSON_Delete(root);
-    return rc;
 }

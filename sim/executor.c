@@ -434,7 +434,7 @@ static void run_all(sim_state *S, const double *arrival_s) {
                                               .num_tokens = it->num_tokens,
                                               .context = it->context, .group = ii * L,
                                               .position = it->access_begin,
-                                              /* [fmoe hook, issue 4] */
+                                              /* the semantic rows the fmoe policies match on */
                                               .semantic = w->semantic ? w->semantic +
                                                   (size_t)it->token_begin * w->semantic_dim : NULL,
                                               .semantic_dim = w->semantic ? w->semantic_dim : 0,

@@ -164,7 +164,7 @@ static int parse_object(const cJSON *root, const char *origin, fmoe_hardware_pro
                              "host.memory_bandwidth_bytes_per_s)",
                              origin);
     }
-    /* [fmoe hook, issue 4] optional matcher timing */
+    /* Optional: the fMoE matcher's time per match (fmoe_hardware_profile.match_s). */
     const cJSON *matcher = cJSON_GetObjectItemCaseSensitive(root, "matcher");
     if (matcher) {
         FMOE_RETURN_ERROR_IF(!cJSON_IsObject(matcher), FMOE_EFORMAT,
@@ -291,7 +291,7 @@ int fmoe_hardware_to_json(const fmoe_hardware_profile *p, char **out) {
                                     p->host_memory_bandwidth_bytes_per_s);
         }
     }
-    if (p->match_s > 0) { /* [fmoe hook, issue 4] */
+    if (p->match_s > 0) { /* optional: written only when the matcher was timed */
         cJSON *m = cJSON_AddObjectToObject(root, "matcher");
         cJSON_AddNumberToObject(m, "match_s", p->match_s);
     }

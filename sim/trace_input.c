@@ -45,7 +45,8 @@ int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, 
     phase = malloc((size_t)max_tokens);
     if (keep_probs) probs = malloc((size_t)max_tokens * LJ * sizeof *probs);
     if (S > 0) spec = malloc((size_t)max_tokens * LJ * (size_t)S * sizeof *spec);
-    /* [fmoe hook, issue 4] semantic rows, appended to w->semantic request by request */
+    /* The semantic embeddings the fmoe policies match on, appended to w->semantic request
+     * by request. */
     const int32_t H = (want & FMOE_SIM_WANT_SEMANTIC) ? h->semantic_dim : 0;
     if (H > 0) sem = malloc((size_t)max_tokens * (size_t)H * sizeof *sem);
     if (!experts || !phase || (keep_probs && !probs) || (S > 0 && !spec) || (H > 0 && !sem)) {
@@ -66,7 +67,7 @@ int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, 
                                                  req[q].token_count, phase, experts, probs,
                                                  spec);
         if (rc < 0) goto fail;
-        if (H > 0) { /* [fmoe hook] keep the rows in step with w->num_tokens */
+        if (H > 0) { /* keep the semantic rows in step with w->num_tokens */
             const int64_t need = w->num_tokens, have = need - req[q].token_count;
             if (need > sem_cap) {
                 int64_t c = sem_cap ? sem_cap : 1024;

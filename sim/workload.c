@@ -51,7 +51,7 @@ void fmoe_sim_workload_free(fmoe_sim_workload *w) {
     free(w->order);
     free(w->probs);
     free(w->speculative);
-    free(w->semantic); /* [fmoe hook, issue 4] */
+    free(w->semantic);
     memset(w, 0, sizeof *w);
 }
 

@@ -621,20 +621,6 @@ static int pre_metaspace(enc_state *st, const tok_pre_step *s) {
 
 /* ---- the BPE model ---------------------------------------------------------------------------- */
 
-static const tok_merge_slot *merge_get(const tok_mergemap *m, int32_t a, int32_t b) {
-    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    uint64_t x = key;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    size_t j = x & m->mask;
-    while (m->slots[j].key != UINT64_MAX) {
-        if (m->slots[j].key == key) return &m->slots[j];
-        j = (j + 1) & m->mask;
-    }
-    return NULL;
-}
-
 static inline int ent_less(const bpe_ent *a, const bpe_ent *b) {
     return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
 }
@@ -703,7 +689,7 @@ static void bpe_merge_all(enc_state *st, size_t n) {
     bpe_ent *h = st->heap;
     size_t hn = 0;
     for (size_t i = 0; i + 1 < n; i++) {
-        const tok_merge_slot *m = merge_get(mm, sy[i].id, sy[i + 1].id);
+        const tok_merge_slot *m = fmoe__tok_mergemap_get(mm, sy[i].id, sy[i + 1].id);
         if (m) heap_push(h, &hn, (bpe_ent){m->rank, (uint32_t)i, m->new_id});
     }
     while (hn) {
@@ -711,7 +697,7 @@ static void bpe_merge_all(enc_state *st, size_t n) {
         bpe_sym *cur = &sy[top.pos];
         if (cur->len == 0 || cur->next < 0) continue;
         bpe_sym *right = &sy[cur->next];
-        const tok_merge_slot *m = merge_get(mm, cur->id, right->id);
+        const tok_merge_slot *m = fmoe__tok_mergemap_get(mm, cur->id, right->id);
         if (!m || m->new_id != top.new_id) continue;
         cur->id = top.new_id;
         cur->len += right->len;
@@ -719,11 +705,11 @@ static void bpe_merge_all(enc_state *st, size_t n) {
         cur->next = right->next;
         if (cur->next >= 0) sy[cur->next].prev = (int32_t)top.pos;
         if (cur->prev >= 0) {
-            const tok_merge_slot *p = merge_get(mm, sy[cur->prev].id, cur->id);
+            const tok_merge_slot *p = fmoe__tok_mergemap_get(mm, sy[cur->prev].id, cur->id);
             if (p) heap_push(h, &hn, (bpe_ent){p->rank, (uint32_t)cur->prev, p->new_id});
         }
         if (cur->next >= 0) {
-            const tok_merge_slot *p = merge_get(mm, cur->id, sy[cur->next].id);
+            const tok_merge_slot *p = fmoe__tok_mergemap_get(mm, cur->id, sy[cur->next].id);
             if (p) heap_push(h, &hn, (bpe_ent){p->rank, top.pos, p->new_id});
         }
     }

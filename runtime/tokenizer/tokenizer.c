@@ -23,98 +23,6 @@
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-/* ---- hashing and the two hash tables ------------------------------------------------------ */
-
-uint32_t fmoe__tok_hash(const void *s, size_t n) {
-    const unsigned char *p = s;
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
-    return h;
-}
-
-static int strmap_grow(tok_strmap *m, size_t want) {
-    size_t cap = 16;
-    while (cap < want * 2) cap *= 2;
-    if (m->slots && cap <= m->mask + 1) return 0;
-    tok_strmap_slot *slots = calloc(cap, sizeof *slots);
-    if (!slots) return fmoe_error_set(FMOE_ENOMEM, "tokenizer: out of memory (vocabulary)");
-    if (m->slots) {
-        for (size_t i = 0; i <= m->mask; i++) {
-            tok_strmap_slot *s = &m->slots[i];
-            if (!s->s) continue;
-            size_t j = s->hash & (cap - 1);
-            while (slots[j].s) j = (j + 1) & (cap - 1);
-            slots[j] = *s;
-        }
-        free(m->slots);
-    }
-    m->slots = slots;
-    m->mask = cap - 1;
-    return 0;
-}
-
-int fmoe__tok_strmap_put(tok_strmap *m, const char *s, size_t n, int32_t id) {
-    if (!m->slots || (m->count + 1) * 2 > m->mask + 1)
-        FMOE_FORWARD_IF_ERROR(strmap_grow(m, m->count + 1));
-    uint32_t h = fmoe__tok_hash(s, n);
-    size_t j = h & m->mask;
-    while (m->slots[j].s) {
-        tok_strmap_slot *e = &m->slots[j];
-        if (e->hash == h && e->len == n && memcmp(e->s, s, n) == 0) {
-            e->id = id;
-            e->s = s;
-            return 0;
-        }
-        j = (j + 1) & m->mask;
-    }
-    m->slots[j] = (tok_strmap_slot){s, (uint32_t)n, h, id};
-    m->count++;
-    return 0;
-}
-
-int32_t fmoe__tok_strmap_get(const tok_strmap *m, const char *s, size_t n) {
-    if (!m->slots) return -1;
-    uint32_t h = fmoe__tok_hash(s, n);
-    size_t j = h & m->mask;
-    while (m->slots[j].s) {
-        const tok_strmap_slot *e = &m->slots[j];
-        if (e->hash == h && e->len == n && memcmp(e->s, s, n) == 0) return e->id;
-        j = (j + 1) & m->mask;
-    }
-    return -1;
-}
-
-void fmoe__tok_strmap_free(tok_strmap *m) {
-    free(m->slots);
-    memset(m, 0, sizeof *m);
-}
-
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return x;
-}
-
-static int mergemap_init(tok_mergemap *m, size_t n) {
-    size_t cap = 16;
-    while (cap < n * 2) cap *= 2;
-    m->slots = malloc(cap * sizeof *m->slots);
-    if (!m->slots) return fmoe_error_set(FMOE_ENOMEM, "tokenizer: out of memory (merges)");
-    for (size_t i = 0; i < cap; i++) m->slots[i].key = UINT64_MAX;
-    m->mask = cap - 1;
-    m->count = 0;
-    return 0;
-}
-
-static void mergemap_put(tok_mergemap *m, int32_t a, int32_t b, uint32_t rank, int32_t new_id) {
-    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    size_t j = mix64(key) & m->mask;
-    while (m->slots[j].key != UINT64_MAX && m->slots[j].key != key) j = (j + 1) & m->mask;
-    if (m->slots[j].key == UINT64_MAX) m->count++;
-    m->slots[j] = (tok_merge_slot){key, rank, new_id};
-}
-
 /* ---- error helpers -------------------------------------------------------------------------- */
 
 typedef struct load_ctx {
@@ -285,12 +193,12 @@ static int check_vocab(load_ctx *c, const cJSON *vocab, int32_t *max_id) {
 
 static int parse_merges(load_ctx *c, const cJSON *merges) {
     fmoe_tokenizer *tok = c->tok;
-    if (!merges || cJSON_IsNull(merges)) return mergemap_init(&tok->merges, 1);
+    if (!merges || cJSON_IsNull(merges)) return fmoe__tok_mergemap_init(&tok->merges, 1);
     if (!cJSON_IsArray(merges))
         return fail(c, FMOE_EFORMAT, "model.merges", "expected an array, not %s",
                     json_kind(merges));
     size_t n = (size_t)cJSON_GetArraySize(merges);
-    FMOE_FORWARD_IF_ERROR(mergemap_init(&tok->merges, n + 1));
+    FMOE_FORWARD_IF_ERROR(fmoe__tok_mergemap_init(&tok->merges, n + 1));
     tok->split_metaspace = 1;
     tok_buf cat = {0};
     uint32_t rank = 0;
@@ -336,7 +244,7 @@ static int parse_merges(load_ctx *c, const cJSON *merges) {
                       mlen > 60 ? 60 : mlen, missing);
             break;
         }
-        mergemap_put(&tok->merges, ia, ib, rank, inew);
+        fmoe__tok_mergemap_put(&tok->merges, ia, ib, rank, inew);
         if (blen >= 3 && memcmp(b, "\xE2\x96\x81", 3) == 0 &&
             !(alen >= 3 && memcmp(a + alen - 3, "\xE2\x96\x81", 3) == 0))
             tok->split_metaspace = 0;
@@ -1098,7 +1006,7 @@ int fmoe_tokenizer_load(const char *path, fmoe_tokenizer **out) {
         rc = OOM();
         goto fail;
     }
-    if ((rc = strmap_grow(&tok->vocab, nvocab + 1)) < 0) goto fail;
+    if ((rc = fmoe__tok_strmap_reserve(&tok->vocab, nvocab + 1)) < 0) goto fail;
     vi = 0;
     for (const cJSON *e = vocab->child; e; e = e->next, vi++)
         if ((rc = fmoe__tok_strmap_put(&tok->vocab, tok->strings + voff[vi], strlen(e->string),
@@ -1182,7 +1090,7 @@ void fmoe_tokenizer_free(fmoe_tokenizer *tok) {
     free(tok->entries);
     fmoe__tok_strmap_free(&tok->vocab);
     fmoe__tok_strmap_free(&tok->added_map);
-    free(tok->merges.slots);
+    fmoe__tok_mergemap_free(&tok->merges);
     for (size_t i = 0; i < tok->n_added; i++) {
         free(tok->added[i].content);
         free(tok->added[i].pattern);

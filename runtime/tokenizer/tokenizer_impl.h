@@ -8,6 +8,8 @@
  *
  * Files:
  *   tokenizer.c  loading tokenizer.json / tokenizer_config.json, accessors
+ *   hashmap.c    the two hash tables (string -> id, (left, right) -> merge)
+ *   buf.c        the growable byte buffer
  *   encode.c     added-token split, normalizers, pre-tokenizers, the BPE model,
  *                post-processor
  *   decode.c     decoders, token pieces
@@ -35,9 +37,11 @@ typedef struct tok_buf {
     size_t cap;
 } tok_buf;
 
+/* Makes room for `extra` more bytes and the NUL after them. @return 0 or FMOE_ENOMEM. */
 int fmoe__tok_buf_reserve(tok_buf *b, size_t extra);
+/* Appends n bytes and keeps p NUL-terminated. @return 0 or FMOE_ENOMEM. */
 int fmoe__tok_buf_append(tok_buf *b, const void *data, size_t n);
-void fmoe__tok_buf_free(tok_buf *b);
+void fmoe__tok_buf_free(tok_buf *b); /* leaves an empty buffer */
 
 /* ---- string -> id hash table (open addressing, linear probing) ------------------------- */
 
@@ -54,11 +58,15 @@ typedef struct tok_strmap {
     size_t count;
 } tok_strmap;
 
+/* 32-bit FNV-1a of n bytes. */
 uint32_t fmoe__tok_hash(const void *s, size_t n);
-/* Inserts or replaces (the last insert of a key wins, as in HuggingFace's maps). */
+/* Makes room for `want` entries without growing again. @return 0 or FMOE_ENOMEM. */
+int fmoe__tok_strmap_reserve(tok_strmap *m, size_t want);
+/* Inserts or replaces (the last insert of a key wins, as in HuggingFace's maps). The map
+ * keeps the pointer `s`, not a copy. @return 0 or FMOE_ENOMEM. */
 int fmoe__tok_strmap_put(tok_strmap *m, const char *s, size_t n, int32_t id);
 int32_t fmoe__tok_strmap_get(const tok_strmap *m, const char *s, size_t n); /* -1: absent */
-void fmoe__tok_strmap_free(tok_strmap *m);
+void fmoe__tok_strmap_free(tok_strmap *m); /* leaves an empty map */
 
 /* ---- merges: (left id, right id) -> (rank, merged id) ------------------------------- */
 
@@ -73,6 +81,39 @@ typedef struct tok_mergemap {
     size_t mask;
     size_t count;
 } tok_mergemap;
+
+/* Sizes an empty table for n merges; it does not grow. @return 0 or FMOE_ENOMEM. */
+int fmoe__tok_mergemap_init(tok_mergemap *m, size_t n);
+/* Inserts or replaces the merge of (a, b); at most the n of init distinct pairs. */
+void fmoe__tok_mergemap_put(tok_mergemap *m, int32_t a, int32_t b, uint32_t rank,
+                            int32_t new_id);
+void fmoe__tok_mergemap_free(tok_mergemap *m); /* leaves an empty table */
+
+static inline uint64_t fmoe__tok_merge_key(int32_t a, int32_t b) {
+    return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+}
+
+/* The slot a key's probe starts at: the key mixed (the first half of murmur3's 64-bit
+ * finaliser) so that pairs differing in a few low bits spread over the table. */
+static inline size_t fmoe__tok_merge_home(const tok_mergemap *m, uint64_t key) {
+    uint64_t x = key;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)(x & m->mask);
+}
+
+/* The merge of (a, b), or NULL. Inline: the BPE loop (encode.c) calls it per pair. */
+static inline const tok_merge_slot *fmoe__tok_mergemap_get(const tok_mergemap *m, int32_t a,
+                                                           int32_t b) {
+    uint64_t key = fmoe__tok_merge_key(a, b);
+    size_t j = fmoe__tok_merge_home(m, key);
+    while (m->slots[j].key != UINT64_MAX) {
+        if (m->slots[j].key == key) return &m->slots[j];
+        j = (j + 1) & m->mask;
+    }
+    return NULL;
+}
 
 /* ---- added tokens ----------------------------------------------------------------------- */
 

@@ -4,8 +4,8 @@
  *
  * With libFuzzer:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include \
- *     tests/lib/fuzz_geometry.c lib/geometry.c lib/error.c lib/sha256.c -lcjson -lm \
- *     -o fuzz_geometry && ./fuzz_geometry tests/fixtures/configs/(star)/config.json
+ *     tests/lib/fuzz_geometry.c lib/geometry.c lib/fingerprint.c lib/error.c lib/sha256.c \
+ *     -lcjson -lm -o fuzz_geometry && ./fuzz_geometry tests/fixtures/configs/(star)/config.json
  * Without (the `fuzz` suite of meson test): replays every fixture config, each of its
  * prefixes, and a fixed set of seeded byte mutations, under the build's sanitizers.
  * Any crash, sanitizer report or broken invariant fails the run.

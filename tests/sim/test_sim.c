@@ -4,7 +4,10 @@
  */
 #include "harness.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
 #include "fmoe/sim.h"
@@ -964,6 +967,24 @@ TEST(calibrate_fit_recovers_a_line_and_reports_error) {
     ASSERT_EQ(fmoe_calibrate_fit(same, y3, 2, &f), FMOE_EINVAL);
 }
 
+/* What fmoe_calibrate_copy_file must report for `dir`, found without it: TMPFS on tmpfs;
+ * elsewhere DROPPED when the kernel takes POSIX_FADV_DONTNEED for a file there (Linux does
+ * for every regular file), WARM when it refuses. */
+static fmoe_file_cache file_cache_expected(const char *dir) {
+    struct statfs sf;
+    if (statfs(dir, &sf) == 0 && (unsigned long)sf.f_type == 0x01021994ul) /* TMPFS_MAGIC */
+        return FMOE_FILE_CACHE_TMPFS;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/test-sim-fadvise-%ld.tmp", dir, (long)getpid());
+    const int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0) return FMOE_FILE_CACHE_WARM;
+    unlink(path);
+    const int dropped = write(fd, "x", 1) == 1 && fdatasync(fd) == 0 &&
+                        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+    close(fd);
+    return dropped ? FMOE_FILE_CACHE_DROPPED : FMOE_FILE_CACHE_WARM;
+}
+
 TEST(calibrate_measurements_are_positive_and_grow) {
     const int64_t sizes[3] = {4096, 1 << 20, 8 << 20};
     double s[3];
@@ -973,8 +994,12 @@ TEST(calibrate_measurements_are_positive_and_grow) {
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     ASSERT_OK(fmoe_calibrate_copy_file(dir, sizes, 3, 2, s, &cache));
     ASSERT_TRUE(s[0] > 0 && s[2] > s[0]);
-    ASSERT_TRUE(cache == FMOE_FILE_CACHE_DROPPED || cache == FMOE_FILE_CACHE_TMPFS ||
-                cache == FMOE_FILE_CACHE_WARM);
+    ASSERT_EQ(cache, file_cache_expected(dir));
+    struct statfs shm;
+    if (statfs("/dev/shm", &shm) == 0 && (unsigned long)shm.f_type == 0x01021994ul) {
+        ASSERT_OK(fmoe_calibrate_copy_file("/dev/shm", sizes, 1, 1, s, &cache));
+        ASSERT_EQ(cache, FMOE_FILE_CACHE_TMPFS); /* RAM, whatever the page cache does */
+    }
     ASSERT_EQ(fmoe_calibrate_copy_file("/nonexistent/dir", sizes, 3, 2, s, &cache), FMOE_EIO);
     ASSERT_CONTAINS(fmoe_error_detail(), "/nonexistent/dir");
     const int32_t rows[3] = {256, 256, 64}, cols[3] = {64, 64, 256}, tok[3] = {1, 8, 64};

@@ -48,6 +48,7 @@ static const char *tmp_path(const char *name) {
 }
 
 static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw; /* nftw's callback type */
     return remove(p);
 }
 

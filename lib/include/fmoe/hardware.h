@@ -63,8 +63,8 @@ typedef struct fmoe_hardware_profile {
     fmoe_linear_cost host_expert;     /* per routed expert computed on the host CPU */
     double host_peak_flops;           /* host roofline; 0 = unknown */
     double host_memory_bandwidth_bytes_per_s;
-    /* [fmoe hook, issue 4] "matcher": {"match_s": x}: the fMoE matcher's time per match on
-     * this machine (optional, 0 = free); see fmoe_sim_costs.match_delay_s. */
+    /* "matcher": {"match_s": x}: the fMoE matcher's time per match on this machine
+     * (optional, 0 = free); see fmoe_sim_costs.match_delay_s. */
     double match_s;
 } fmoe_hardware_profile;
 

@@ -87,10 +87,10 @@ enum {
     FMOE_POLICY_NEEDS_PROBS = 1u << 1,       /* needs gate probabilities in on_gate */
     FMOE_POLICY_NEEDS_SPECULATIVE = 1u << 2, /* needs /tokens/speculative */
     FMOE_POLICY_PREFETCHES = 1u << 3,        /* issues prefetches */
-    /* [fmoe hook, issue 4] its prefetches come from a matcher that runs beside inference
-     * (fMoE §4.3): the executor issues them the modelled match delay after the event that
-     * made them (sim: fmoe_sim_costs.match_delay_s), so the matcher costs time only when
-     * that makes a prefetch late. */
+    /* its prefetches come from a matcher that runs beside inference (fMoE §4.3): the
+     * executor issues them the modelled match delay after the event that made them (sim:
+     * fmoe_sim_costs.match_delay_s), so the matcher costs time only when that makes a
+     * prefetch late. */
     FMOE_POLICY_MATCHER = 1u << 4,
     FMOE_POLICY_TAKES_STORE = 1u << 5, /* uses an expert-map store (fmoe_sim_config.expert_store) */
     /* uses gate probabilities when the trace has them, and works from the chosen experts
@@ -102,7 +102,7 @@ enum {
 };
 
 
-/* [fmoe hook, issue 4] How the fmoe policies use an expert-map store (fmoe/expertmap.h). */
+/* How the fmoe policies use an expert-map store (fmoe/expertmap.h). */
 typedef enum fmoe_store_mode {
     FMOE_STORE_OFFLINE = 0,        /* the given store, frozen (fMoE §6.1-§6.2) */
     FMOE_STORE_ONLINE = 1,         /* start empty, add each finished token's map (§6.3) */
@@ -131,8 +131,8 @@ typedef struct fmoe_policy_config {
     int32_t speculative_depth; /* S of on_gate's speculative rows; 0: none */
     int32_t store_capacity;    /* entries of a policy's history store (moe-infinity's EAMC);
                                   0 = the policy's default */
-    /* [fmoe hook, issue 4] The fmoe policies' expert-map store: borrowed, read-only (a mode
-     * that updates it works on the policy's own copy); NULL in online mode. */
+    /* The fmoe policies' expert-map store: borrowed, read-only (a mode that updates it
+     * works on the policy's own copy); NULL in online mode. */
     const struct fmoe_expertmap *expert_store;
     int32_t store_mode;        /* fmoe_store_mode */
     int32_t semantic_dim;      /* h of the iteration events' semantic rows; 0: none */

@@ -90,7 +90,7 @@ typedef struct fmoe_sim_workload {
     float *probs;             /* [T][L][J] gate probabilities, or NULL */
     int32_t speculative_depth; /* S; 0: not kept */
     float *speculative;       /* [T][L][S][J] speculative gate rows, or NULL */
-    /* [fmoe hook, issue 4] semantic embeddings, kept with FMOE_SIM_WANT_SEMANTIC */
+    /* the semantic embeddings the fmoe policies match on, kept with FMOE_SIM_WANT_SEMANTIC */
     int32_t semantic_dim;     /* h; 0: not kept */
     float *semantic;          /* [T][h] or NULL */
 } fmoe_sim_workload;
@@ -99,7 +99,7 @@ typedef struct fmoe_sim_workload {
 enum {
     FMOE_SIM_WANT_PROBS = 1u << 0,       /* /tokens/probs, when the trace has them */
     FMOE_SIM_WANT_SPECULATIVE = 1u << 1, /* /tokens/speculative, when the trace has them */
-    FMOE_SIM_WANT_SEMANTIC = 1u << 2,    /* [fmoe hook] /tokens/semantic, when the trace has them */
+    FMOE_SIM_WANT_SEMANTIC = 1u << 2,    /* /tokens/semantic, when the trace has them */
 };
 
 /* Starts an empty workload. @return 0, FMOE_EINVAL (bad geometry), FMOE_ENOMEM. */
@@ -139,8 +139,8 @@ int fmoe_sim_workload_read(fmoe_sim_workload *w, fmoe_trace_reader *r,
 int fmoe_sim_workload_read_ex(fmoe_sim_workload *w, fmoe_trace_reader *r, uint32_t want,
                               const fmoe_progress *progress);
 
-/* [fmoe hook, issue 4] As fmoe_sim_workload_read_ex, reading only the requests r (trace
- * order) with keep[r] != 0; keep NULL reads all (fmoe simulate --holdout). */
+/* As fmoe_sim_workload_read_ex, reading only the requests r (trace order) with
+ * keep[r] != 0; keep NULL reads all (fmoe simulate --holdout). */
 int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, uint32_t want,
                                     const uint8_t *keep, const fmoe_progress *progress);
 
@@ -170,8 +170,8 @@ typedef struct fmoe_sim_costs {
     /* host lane (--miss cpu): measured, else a roofline from the host figures */
     fmoe_linear_cost host_expert;
     double host_peak_flops, host_mem_bw;
-    /* [fmoe hook, issue 4] the matcher's time per match (FMOE_POLICY_MATCHER policies): their
-     * prefetches are issued this long after the event that made them. 0: free. */
+    /* the matcher's time per match (FMOE_POLICY_MATCHER policies): their prefetches are
+     * issued this long after the event that made them. 0: free. */
     double match_delay_s;
 } fmoe_sim_costs;
 
@@ -215,8 +215,8 @@ typedef struct fmoe_sim_config {
      * request starts when the previous one ends. Borrowed. */
     const double *arrival_s;
     int32_t store_capacity;          /* the policy's history store (0: its default) */
-    /* [fmoe hook, issue 4] the fmoe policies' expert-map store (borrowed, read-only; NULL
-     * in online mode) and how they use it (fmoe_store_mode of fmoe/policy.h). */
+    /* the fmoe policies' expert-map store (borrowed, read-only; NULL in online mode) and
+     * how they use it (fmoe_store_mode of fmoe/policy.h). */
     const struct fmoe_expertmap *expert_store;
     int32_t store_mode;
     /* Pieces per prefetch transfer (0 = 1): a demand load waits only for the piece on the
