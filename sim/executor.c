@@ -251,112 +251,131 @@ static void add_stats(fmoe_sim_layer_stats *to, const fmoe_sim_layer_stats *a,
     to->prefetches += ma->prefetches - mb->prefetches;
 }
 
+/* The gate of layer l: the slot protocol's gate, then the policy's on_gate with the
+ * iteration's rows (DESIGN.md §7.1). @return 0 or the policy's error. */
+static int send_gate(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, int32_t l,
+                     int64_t a0, int32_t na) {
+    const fmoe_sim_workload *w = S->w;
+    const fmoe_policy_ops *ops = S->policy.ops;
+    const int32_t L = S->L, J = S->J, K = S->K;
+    for (int32_t q = 0; q < na; q++) S->distinct[q] = (int32_t)(w->access_expert[a0 + q] % J);
+    fmoe_slots_gate(S->slots, l, S->distinct, na);
+    if (!ops->on_gate) return 0;
+    const size_t row = (size_t)it->token_begin * L + (size_t)l;
+    const int32_t Sd = w->speculative_depth;
+    const fmoe_gate_event ev = {
+        .layer = l,
+        .num_tokens = it->num_tokens,
+        .chosen = w->experts + row * K,
+        .chosen_stride = (int64_t)L * K,
+        .probs = w->probs ? w->probs + row * J : NULL,
+        .probs_stride = w->probs ? (int64_t)L * J : 0,
+        .distinct = S->distinct,
+        .num_distinct = na,
+        .phase = it->phase,
+        .probs_kind = w->probs ? w->probs_kind : 0,
+        .speculative = w->speculative ? w->speculative + row * (size_t)Sd * J : NULL,
+        .speculative_stride = (int64_t)L * Sd * J,
+        .speculative_depth = w->speculative ? Sd : 0,
+        .group = ii * L + l,
+        .position = a0,
+    };
+    ops->on_gate(S->policy.state, S->env, &ev);
+    return fmoe_slots_error(S->slots);
+}
+
+/* Resolves access a (expert e, `tokens` tokens) at the gate time t_gate: hit, a prefetch
+ * not finished (waited for), a miss computed on the host lane, or a demand load; then the
+ * expert's compute on the modelled device, stalling for its weights. *host_end receives
+ * when a host-computed expert is done. @return 0 or the policy's error. */
+static int resolve_access(sim_state *S, fmoe_sim_layer_stats *ls, int32_t l, int64_t a,
+                          double t_gate, double *host_end) {
+    const fmoe_sim_workload *w = S->w;
+    const fmoe_policy_ops *ops = S->policy.ops;
+    const int32_t e = (int32_t)w->access_expert[a];
+    const int32_t tokens = (int32_t)w->access_tokens[a];
+    const fmoe_slot_access found = fmoe_slots_access(S->slots, e);
+    int32_t s = found.slot;
+    double ready = 0;
+    int on_host = 0;
+    fmoe_access_result result;
+    if (found.found == FMOE_FIND_RESIDENT) {
+        result = FMOE_ACCESS_HIT;
+        if (found.prefetched) {
+            S->r->prefetch_hits++;
+            ls->prefetch_hits++;
+        }
+    } else if (found.found != FMOE_FIND_ABSENT) { /* a prefetch not finished */
+        if (found.found == FMOE_FIND_STARTED && S->cur_slot == s) {
+            /* its piece on the engine lands first; the rest follows as a demand load */
+            ready = found.chunks_left > 1 ? demand_ready(S, -1, found.chunks_left - 1, t_gate)
+                                          : S->cur_end;
+            S->cur_slot = -1;
+        } else {
+            ready = demand_ready(S, s, found.chunks_left, t_gate);
+        }
+        if (ready <= S->compute_free) {
+            result = FMOE_ACCESS_HIT;
+            S->r->prefetch_hits++;
+            ls->prefetch_hits++;
+        } else {
+            result = FMOE_ACCESS_LATE_HIT;
+        }
+    } else if (miss_on_host(S, e, tokens, t_gate)) {
+        result = FMOE_ACCESS_MISS;
+        on_host = 1;
+        const double hs = fmoe_sim_host_expert_s(S->costs, tokens);
+        const double start = fmax(t_gate, S->host_free);
+        S->host_free = start + hs;
+        S->r->host_busy_s += hs;
+        *host_end = S->host_free;
+        ls->host_misses++;
+    } else {
+        result = FMOE_ACCESS_MISS;
+        s = fmoe_slots_demand(S->slots, e);
+        FMOE_FORWARD_IF_ERROR(fmoe_slots_error(S->slots));
+        ready = demand_ready(S, s, S->chunks, t_gate);
+    }
+    switch (result) {
+    case FMOE_ACCESS_HIT: ls->hits++; break;
+    case FMOE_ACCESS_LATE_HIT: ls->late_hits++; break;
+    default: ls->misses++; break;
+    }
+    if (!on_host) {
+        if (ready > S->compute_free) {
+            ls->stall_s += ready - S->compute_free;
+            S->compute_free = ready;
+        }
+        S->compute_free += tokens == 1 ? S->expert1_s : fmoe_sim_expert_s(S->costs, tokens);
+    }
+    if (s >= 0) S->slot_free_at[s] = S->compute_free;
+    fmoe_slots_touch(S->slots, e, s, result, on_host, on_host ? S->host_free : S->compute_free);
+    if (ops->on_access) {
+        const fmoe_access_event ev = {.layer = l, .expert = e % S->J, .tokens = tokens,
+                                      .slot = s, .position = a, .result = result};
+        ops->on_access(S->policy.state, S->env, &ev);
+        return fmoe_slots_error(S->slots);
+    }
+    return 0;
+}
+
+/* One MoE layer of an iteration: its non-expert compute, the gate, each distinct expert
+ * in order of first appearance, the wait for the host lane, on_layer_done. */
 static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, int32_t l,
                       int64_t a0, int32_t na) {
-    const fmoe_sim_workload *w = S->w;
     const fmoe_policy_ops *ops = S->policy.ops;
     fmoe_sim_layer_stats *ls = &S->r->per_layer[l];
     const fmoe_sim_layer_stats before = *ls;
     const fmoe_slots_layer_stats m_before = fmoe_slots_stats(S->slots)[l];
-    const int32_t L = S->L, J = S->J, K = S->K;
 
     S->compute_free += fmoe_sim_layer_s(S->costs, it->num_tokens, it->context);
     const double t_gate = S->compute_free;
     hook_sync(S, t_gate);
     S->env->now_s = t_gate;
-    for (int32_t q = 0; q < na; q++) S->distinct[q] = (int32_t)(w->access_expert[a0 + q] % J);
-    fmoe_slots_gate(S->slots, l, S->distinct, na);
-    if (ops->on_gate) {
-        const size_t row = (size_t)it->token_begin * L + (size_t)l;
-        const int32_t Sd = w->speculative_depth;
-        const fmoe_gate_event ev = {
-            .layer = l,
-            .num_tokens = it->num_tokens,
-            .chosen = w->experts + row * K,
-            .chosen_stride = (int64_t)L * K,
-            .probs = w->probs ? w->probs + row * J : NULL,
-            .probs_stride = w->probs ? (int64_t)L * J : 0,
-            .distinct = S->distinct,
-            .num_distinct = na,
-            .phase = it->phase,
-            .probs_kind = w->probs ? w->probs_kind : 0,
-            .speculative = w->speculative ? w->speculative + row * (size_t)Sd * J : NULL,
-            .speculative_stride = (int64_t)L * Sd * J,
-            .speculative_depth = w->speculative ? Sd : 0,
-            .group = ii * L + l,
-            .position = a0,
-        };
-        ops->on_gate(S->policy.state, S->env, &ev);
-        if ((S->error = fmoe_slots_error(S->slots))) return;
-    }
+    if ((S->error = send_gate(S, it, ii, l, a0, na))) return;
     double host_end = 0; /* when the last host-computed expert of this layer is done */
-    for (int32_t q = 0; q < na; q++) {
-        const int64_t a = a0 + q;
-        const int32_t e = (int32_t)w->access_expert[a];
-        const int32_t tokens = (int32_t)w->access_tokens[a];
-        const fmoe_slot_access found = fmoe_slots_access(S->slots, e);
-        int32_t s = found.slot;
-        double ready = 0;
-        int on_host = 0;
-        fmoe_access_result result;
-        if (found.found == FMOE_FIND_RESIDENT) {
-            result = FMOE_ACCESS_HIT;
-            if (found.prefetched) {
-                S->r->prefetch_hits++;
-                ls->prefetch_hits++;
-            }
-        } else if (found.found != FMOE_FIND_ABSENT) { /* a prefetch not finished */
-            if (found.found == FMOE_FIND_STARTED && S->cur_slot == s) {
-                /* its piece on the engine lands first; the rest follows as a demand load */
-                ready = found.chunks_left > 1 ? demand_ready(S, -1, found.chunks_left - 1, t_gate)
-                                              : S->cur_end;
-                S->cur_slot = -1;
-            } else {
-                ready = demand_ready(S, s, found.chunks_left, t_gate);
-            }
-            if (ready <= S->compute_free) {
-                result = FMOE_ACCESS_HIT;
-                S->r->prefetch_hits++;
-                ls->prefetch_hits++;
-            } else {
-                result = FMOE_ACCESS_LATE_HIT;
-            }
-        } else if (miss_on_host(S, e, tokens, t_gate)) {
-            result = FMOE_ACCESS_MISS;
-            on_host = 1;
-            const double hs = fmoe_sim_host_expert_s(S->costs, tokens);
-            const double start = fmax(t_gate, S->host_free);
-            S->host_free = start + hs;
-            S->r->host_busy_s += hs;
-            host_end = S->host_free;
-            ls->host_misses++;
-        } else {
-            result = FMOE_ACCESS_MISS;
-            s = fmoe_slots_demand(S->slots, e);
-            if ((S->error = fmoe_slots_error(S->slots))) return;
-            ready = demand_ready(S, s, S->chunks, t_gate);
-        }
-        switch (result) {
-        case FMOE_ACCESS_HIT: ls->hits++; break;
-        case FMOE_ACCESS_LATE_HIT: ls->late_hits++; break;
-        default: ls->misses++; break;
-        }
-        if (!on_host) {
-            if (ready > S->compute_free) {
-                ls->stall_s += ready - S->compute_free;
-                S->compute_free = ready;
-            }
-            S->compute_free += tokens == 1 ? S->expert1_s : fmoe_sim_expert_s(S->costs, tokens);
-        }
-        if (s >= 0) S->slot_free_at[s] = S->compute_free;
-        fmoe_slots_touch(S->slots, e, s, result, on_host, on_host ? S->host_free : S->compute_free);
-        if (ops->on_access) {
-            const fmoe_access_event ev = {.layer = l, .expert = e % J, .tokens = tokens,
-                                          .slot = s, .position = a, .result = result};
-            ops->on_access(S->policy.state, S->env, &ev);
-            if ((S->error = fmoe_slots_error(S->slots))) return;
-        }
-    }
+    for (int32_t q = 0; q < na; q++)
+        if ((S->error = resolve_access(S, ls, l, a0 + q, t_gate, &host_end))) return;
     if (host_end > S->compute_free) { /* the layer's output needs the host's experts too */
         ls->stall_s += host_end - S->compute_free;
         S->compute_free = host_end;
