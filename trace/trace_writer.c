@@ -215,6 +215,12 @@ static int create_datasets(fmoe_trace_writer *w) {
          * (their rows are requests, not tokens). */
         fmoe_trace_write_options o = w->opts;
         if (specs[i].id >= DS_LAYER_S) o.chunk_tokens = 0;
+        /* /timing is small and its last chunk is rewritten with every request: stored
+         * uncompressed, a writer killed in the middle of that rewrite leaves the rows of the
+         * requests before intact (the same bytes), where a torn compressed chunk cannot be
+         * decoded at all */
+        if (specs[i].id >= DS_LAYER_S && specs[i].id <= DS_ACCESS_OUTCOME)
+            o.compression = FMOE_COMPRESSION_NONE;
         hid_t d = fmoe__h5_dataset_create_rows(w->file, w->partial, ds_names[specs[i].id],
                                                specs[i].type, specs[i].rank, specs[i].dims, &o);
         if (d < 0) return (int)d;
