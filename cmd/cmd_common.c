@@ -1,6 +1,8 @@
 /* cmd_common.c - error reporting, option parsing, progress bar and log sink for cmd/. */
 #include "cmd_common.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -229,3 +231,12 @@ void cmd_decision_log_meta(char *buf, size_t cap, const char *policy, int32_t ca
 }
 
 const char *const cmd_feedback_names[] = {"auto", "on", "off", NULL};
+
+int cmd_print_json(void *doc) {
+    char *text = cJSON_Print(doc);
+    cJSON_Delete(doc);
+    if (!text) return -1;
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}

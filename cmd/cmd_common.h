@@ -98,4 +98,8 @@ static inline int32_t cmd_feedback_request(int32_t choice) {
     return choice == 1 ? 1 : choice == 2 ? -1 : 0;
 }
 
+/* Prints a cJSON document (struct cJSON *) on stdout, one newline after it, and frees it.
+ * @return 0, or -1 when it could not be printed (out of memory). */
+int cmd_print_json(void *doc);
+
 #endif

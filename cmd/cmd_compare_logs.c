@@ -114,12 +114,7 @@ static int print_json(const fmoe_decision_log_diff *d) {
     cJSON *totals = cJSON_AddObjectToObject(o, "totals");
     cJSON_AddItemToObject(totals, "a", totals_json(&d->ta));
     cJSON_AddItemToObject(totals, "b", totals_json(&d->tb));
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!text) return -1;
-    printf("%s\n", text);
-    free(text);
-    return 0;
+    return cmd_print_json(o);
 }
 
 /* ------------------------------------------------------------------ the command */

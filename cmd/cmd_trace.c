@@ -99,12 +99,7 @@ static int print_json(const char *out_path, import_format fmt, char **inputs, in
     cJSON_AddNumberToObject(o, "tokens", (double)rep->tokens);
     cJSON_AddNumberToObject(o, "dropped_tokens", (double)rep->dropped_tokens);
     cJSON_AddStringToObject(o, "probs_kind", fmoe_probs_kind_name(rep->probs_kind));
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!text) return -1;
-    printf("%s\n", text);
-    free(text);
-    return 0;
+    return cmd_print_json(o);
 }
 
 /* ------------------------------------------------------------------ options */

@@ -8,6 +8,9 @@
 #define FMOE_TESTS_FUZZ_MUTATE_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct fuzz_mutator {
@@ -54,6 +57,34 @@ static inline size_t fuzz_mutate(fuzz_mutator *m, const char *src, size_t n, cha
         }
     }
     return len;
+}
+
+/* The first `cap` bytes of a fixture file, malloc'd (*n its length); NULL with a line on
+ * stderr naming `who` and the path when it cannot be read. */
+static inline char *fuzz_read_fixture(const char *who, const char *path, size_t cap, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "%s: cannot open %s\n", who, path);
+        return NULL;
+    }
+    char *src = malloc(cap);
+    *n = src ? fread(src, 1, cap, f) : 0;
+    fclose(f);
+    return src;
+}
+
+/* Feeds `target` the prefixes of src[0..n) every `stride` bytes and src whole, then
+ * `mutations` seeded mutations of it. */
+static inline void fuzz_replay(fuzz_mutator *m, const char *src, size_t n, size_t stride,
+                               int mutations, int (*target)(const uint8_t *, size_t)) {
+    for (size_t cut = 0; cut < n; cut += stride) target((const uint8_t *)src, cut);
+    target((const uint8_t *)src, n);
+    char *dst = malloc(n + 64);
+    for (int i = 0; dst && i < mutations; i++) {
+        const size_t len = fuzz_mutate(m, src, n, dst, n + 64);
+        target((const uint8_t *)dst, len);
+    }
+    free(dst);
 }
 
 #endif

@@ -107,22 +107,10 @@ static const char *const tokens[] = {
 static fuzz_mutator mutator = {0x2545f4914f6cdd1dull, tokens, sizeof tokens / sizeof tokens[0]};
 
 static int replay_file(const char *path, int mutations) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 1;
-    char *src = malloc(1 << 16);
-    size_t n = src ? fread(src, 1, 1 << 16, f) : 0;
-    fclose(f);
+    size_t n;
+    char *src = fuzz_read_fixture("fuzz_datasets", path, 1 << 16, &n);
     if (!src) return 1;
-    size_t stride = n / 24 + 1;
-    for (size_t cut = 0; cut <= n; cut += stride) LLVMFuzzerTestOneInput((unsigned char *)src, cut);
-    LLVMFuzzerTestOneInput((unsigned char *)src, n);
-    size_t cap = n + 64;
-    char *dst = malloc(cap);
-    for (int m = 0; dst && m < mutations; m++) {
-        size_t len = fuzz_mutate(&mutator, src, n, dst, cap);
-        LLVMFuzzerTestOneInput((unsigned char *)dst, len);
-    }
-    free(dst);
+    fuzz_replay(&mutator, src, n, n / 24 + 1, mutations, LLVMFuzzerTestOneInput);
     free(src);
     return 0;
 }

@@ -95,14 +95,8 @@ static const char *const tokens[] = {
 static fuzz_mutator mutator = {0x9e3779b97f4a7c15ull, tokens, sizeof tokens / sizeof tokens[0]};
 
 static int replay_file(const char *path, int mutations) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "fuzz_decision_log: cannot open %s\n", path);
-        return 1;
-    }
-    char *src = malloc(1 << 20);
-    size_t n = src ? fread(src, 1, 1 << 20, f) : 0;
-    fclose(f);
+    size_t n;
+    char *src = fuzz_read_fixture("fuzz_decision_log", path, 1 << 20, &n);
     if (!src) return 1;
     reference = path;
     /* the fixture itself must read, and equal itself */
@@ -112,13 +106,7 @@ static int replay_file(const char *path, int mutations) {
         free(src);
         return 1;
     }
-    for (size_t cut = 0; cut <= n; cut++) LLVMFuzzerTestOneInput((unsigned char *)src, cut);
-    char *dst = malloc(n + 64);
-    for (int m = 0; dst && m < mutations; m++) {
-        size_t len = fuzz_mutate(&mutator, src, n, dst, n + 64);
-        LLVMFuzzerTestOneInput((unsigned char *)dst, len);
-    }
-    free(dst);
+    fuzz_replay(&mutator, src, n, 1, mutations, LLVMFuzzerTestOneInput);
     free(src);
     return 0;
 }

@@ -195,6 +195,16 @@ TEST(half_precision_rounding) {
         ASSERT_NEAR(back[i], pr[i], pr[i] * (1.0 / 2048)); /* 11-bit significand */
 }
 
+/* Whether the reader's iterations are exactly `want`. */
+static int iterations_equal(const fmoe_trace_iteration *it, int64_t n,
+                            const fmoe_trace_iteration *want, int64_t nw) {
+    int ok = n == nw;
+    for (int64_t i = 0; ok && i < n; i++)
+        ok = it[i].request == want[i].request && it[i].phase == want[i].phase &&
+             it[i].num_tokens == want[i].num_tokens && it[i].token_begin == want[i].token_begin;
+    return ok;
+}
+
 TEST(iterations_follow_phases) {
     const char *path = tmp_path("iters.h5");
     ASSERT_OK(sample_write(path, FMOE_COMPRESSION_ZSTD, 1, 0));
@@ -208,11 +218,8 @@ TEST(iterations_follow_phases) {
         {1, FMOE_PHASE_PREFILL, 1, 5}, {1, FMOE_PHASE_DECODE, 1, 6},  {1, FMOE_PHASE_DECODE, 1, 7},
         {1, FMOE_PHASE_DECODE, 1, 8},  {2, FMOE_PHASE_PREFILL, 4, 9},
     };
-    int64_t nw = (int64_t)(sizeof want / sizeof want[0]);
-    int ok = n == nw;
-    for (int64_t i = 0; ok && i < n; i++)
-        ok = it[i].request == want[i].request && it[i].phase == want[i].phase &&
-             it[i].num_tokens == want[i].num_tokens && it[i].token_begin == want[i].token_begin;
+    const int64_t nw = (int64_t)(sizeof want / sizeof want[0]);
+    const int ok = iterations_equal(it, n, want, nw);
     fmoe_trace_reader_close(r);
     ASSERT_EQ(n, nw);
     ASSERT_TRUE(ok);
@@ -263,10 +270,7 @@ TEST(prefill_chunks_and_access_outcomes) {
         {2, FMOE_PHASE_PREFILL, 2, 11},
     };
     const int64_t nw = (int64_t)(sizeof want / sizeof want[0]);
-    int ok = n == nw;
-    for (int64_t i = 0; ok && i < n; i++)
-        ok = it[i].request == want[i].request && it[i].phase == want[i].phase &&
-             it[i].num_tokens == want[i].num_tokens && it[i].token_begin == want[i].token_begin;
+    const int ok = iterations_equal(it, n, want, nw);
     fmoe_trace_reader_close(r);
     ASSERT_EQ(n, nw);
     ASSERT_TRUE(ok);
