@@ -94,7 +94,12 @@
 #define DEFAULT_STORE 1000
 #define DEFAULT_DISTANCE 3
 
-typedef enum { EVICT_PFREQ, EVICT_LRU, EVICT_LFU } evict_rule;
+/* EVICT_DUEL: p x freq or recency, whichever a shadow directory of each says would have
+ * missed less lately (set dueling: Qureshi et al., ISCA 2007; the cyclic layer-by-layer
+ * reuse of decode favours recency when nearly every expert fits, p x freq when few do) */
+typedef enum { EVICT_PFREQ, EVICT_LRU, EVICT_LFU, EVICT_DUEL } evict_rule;
+
+enum { DUEL_WINDOW = 256 }; /* accesses; the miss counts are halved at this many */
 typedef enum { PREDICT_MAPS, PREDICT_HITCOUNT } predict_rule;
 
 typedef struct variant {
@@ -153,6 +158,12 @@ typedef struct fm_state {
     /* request-level hit counts (fmoe-hitcount) */
     uint32_t *req_counts;     /* [L][J] */
     double *victim_keys;      /* [2][N] choose_victim_pfreq's scratch */
+    /* EVICT_DUEL: two shadow directories of N experts fed the access stream at the gates,
+     * one evicting by recency, one by p x freq; stamps are last-access ticks, 0 absent */
+    uint64_t *sh_lru, *sh_pf;     /* [L*J] */
+    int32_t sh_lru_n, sh_pf_n;
+    uint64_t sh_tick;
+    double sh_miss_lru, sh_miss_pf, sh_seen;
     /* what cur_p and protect were made from changes with every event: gen counts them, and
      * choose_victim_pfreq keeps its smallest unprotected value while neither they nor the
      * cache (its version) changed */
@@ -200,6 +211,8 @@ static void fm_free(void *state) {
     free(S->memo_semrows);
     free(S->memo_score);
     free(S->victim_keys);
+    free(S->sh_lru);
+    free(S->sh_pf);
     free(S);
 }
 
@@ -285,6 +298,14 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
     S->memo_probs = calloc((size_t)Q * S->LJ, sizeof *S->memo_probs);
     S->memo_semrows = S->h ? calloc((size_t)Q * (size_t)S->h, sizeof *S->memo_semrows) : NULL;
     S->victim_keys = calloc(2 * (size_t)(S->N > 0 ? S->N : 1), sizeof *S->victim_keys);
+    if (v->evict == EVICT_DUEL) {
+        S->sh_lru = calloc(S->LJ, sizeof *S->sh_lru);
+        S->sh_pf = calloc(S->LJ, sizeof *S->sh_pf);
+        if (!S->sh_lru || !S->sh_pf) {
+            fm_free(S);
+            return fmoe_error_set(FMOE_ENOMEM, "policy %s state", v->name);
+        }
+    }
     S->memo_cur = -1;
     if (!S->rows || (S->h && !S->sem) || !S->best || !S->score || !S->cur_p || !S->cp_best ||
         !S->rowbuf || !S->mapbuf || !S->protect || !S->pri || !S->pp || !S->share || !S->sel ||
@@ -592,8 +613,51 @@ static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
     }
 }
 
+/* One access of expert e to a shadow directory (stamps, count): a miss inserts it, evicting
+ * the member with the smallest key (p x freq, or its stamp for recency; ties: the older
+ * stamp, then the lower id). @return 1 on a miss. */
+static int shadow_access(fm_state *S, const fmoe_cache_view *v, uint64_t *stamp, int32_t *count,
+                         int by_pfreq, int32_t e) {
+    const int miss = stamp[e] == 0;
+    if (miss && *count == S->N) {
+        int32_t victim = -1;
+        double vk = 0;
+        for (int32_t x = 0; x < (int32_t)S->LJ; x++) {
+            if (!stamp[x]) continue;
+            const double k = by_pfreq ? fmoe_expertmap_keep_value(
+                                            S->cur_p[x], (double)v->expert_accesses[x] + 1.0)
+                                      : (double)stamp[x];
+            if (victim < 0 || k < vk || (k == vk && stamp[x] < stamp[victim])) {
+                victim = x;
+                vk = k;
+            }
+        }
+        stamp[victim] = 0;
+        (*count)--;
+    }
+    if (miss) (*count)++;
+    stamp[e] = S->sh_tick;
+    return miss;
+}
+
+/* EVICT_DUEL: the layer's accesses (its distinct experts, in order) into both shadows. */
+static void duel_observe(fm_state *S, const fmoe_cache_view *v, const fmoe_gate_event *ev) {
+    for (int32_t q = 0; q < ev->num_distinct; q++) {
+        const int32_t e = ev->layer * S->J + ev->distinct[q];
+        S->sh_tick++;
+        S->sh_miss_lru += shadow_access(S, v, S->sh_lru, &S->sh_lru_n, 0, e);
+        S->sh_miss_pf += shadow_access(S, v, S->sh_pf, &S->sh_pf_n, 1, e);
+        if (++S->sh_seen >= DUEL_WINDOW) {
+            S->sh_miss_lru /= 2;
+            S->sh_miss_pf /= 2;
+            S->sh_seen /= 2;
+        }
+    }
+}
+
 static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_event *ev) {
     fm_state *S = state;
+    if (S->v.evict == EVICT_DUEL) duel_observe(S, env->cache, ev);
     const int32_t l = ev->layer, J = S->J;
     S->gen++;
     if (!S->active || l != S->next_layer) {
@@ -702,7 +766,7 @@ static void fm_on_iteration_end(void *state, const fmoe_policy_env *env,
 
 /* The straightforward scan (every rule; the reference variants use it). */
 static int32_t choose_victim_plain(fm_state *S, const fmoe_cache_view *v, int prefetching,
-                                   double incoming_keep) {
+                                   double incoming_keep, evict_rule rule) {
     int32_t best = -1, fallback = -1;
     double bk = 0, fk = 0;
     uint64_t bt = 0, ft = 0;
@@ -710,7 +774,7 @@ static int32_t choose_victim_plain(fm_state *S, const fmoe_cache_view *v, int pr
         if (!fmoe_cache_evictable(v, s)) continue;
         const int32_t e = v->slot_expert[s];
         double k;
-        switch (S->v.evict) {
+        switch (rule) {
         case EVICT_LRU: k = (double)v->slot_last_access[s]; break;
         case EVICT_LFU: k = (double)v->slot_accesses[s]; break;
         default: k = keep_value(S, v, s); break;
@@ -731,7 +795,7 @@ static int32_t choose_victim_plain(fm_state *S, const fmoe_cache_view *v, int pr
         bk = fk;
     }
     /* a prefetch does not evict an expert worth more than it is */
-    if (prefetching && best >= 0 && S->v.evict == EVICT_PFREQ && bk > incoming_keep) return -1;
+    if (prefetching && best >= 0 && rule == EVICT_PFREQ && bk > incoming_keep) return -1;
     if (prefetching && best >= 0 && best == fallback) return -1;
     return best;
 }
@@ -818,9 +882,11 @@ static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env,
     fm_state *S = state;
     const int prefetching = req->kind == FMOE_LOAD_PREFETCH;
     const double keep = prefetching ? fmoe_expertmap_keep_value(req->value, 1.0) : 0;
-    if (S->v.evict == EVICT_PFREQ && !S->v.reference)
+    evict_rule rule = S->v.evict;
+    if (rule == EVICT_DUEL) rule = S->sh_miss_lru < S->sh_miss_pf ? EVICT_LRU : EVICT_PFREQ;
+    if (rule == EVICT_PFREQ && !S->v.reference)
         return choose_victim_pfreq(S, env->cache, prefetching, keep);
-    return choose_victim_plain(S, env->cache, prefetching, keep);
+    return choose_victim_plain(S, env->cache, prefetching, keep, rule);
 }
 
 /* ------------------------------------------------------------------ the variants */
@@ -839,7 +905,7 @@ static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env,
         return fm_init_variant(state, cfg, &variant_##ident##_reference);                         \
     }
 
-FMOE_VARIANT(fmoe, "fmoe", 1, 1, PREDICT_MAPS, EVICT_PFREQ)
+FMOE_VARIANT(fmoe, "fmoe", 1, 1, PREDICT_MAPS, EVICT_DUEL)
 FMOE_VARIANT(fmoe_paper, "fmoe-paper", 1, 1, PREDICT_MAPS, EVICT_PFREQ)
 FMOE_VARIANT(fmoe_map_t, "fmoe-map-t", 0, 0, PREDICT_MAPS, EVICT_PFREQ)
 FMOE_VARIANT(fmoe_map_ts, "fmoe-map-ts", 1, 0, PREDICT_MAPS, EVICT_PFREQ)

@@ -263,6 +263,42 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
           "regrets": 0.0, "evictions": 0.0, "use": 0.0, "last_busy": 0.0, "last_now": 0.0}
     st["busy"] = 0.0
 
+    # ---- eviction "duel" (fmoe): shadow directories of N experts, one by recency, one by
+    # p x freq, fed each layer's accesses at its gate; the real cache evicts by the rule
+    # whose shadow missed less over the last ~256 accesses (counts halved at 256)
+    DU = {"lru": [0] * (L * J), "pf": [0] * (L * J), "n_lru": 0, "n_pf": 0, "tick": 0,
+          "miss_lru": 0.0, "miss_pf": 0.0, "seen": 0.0}
+
+    def shadow_access(stamp, nkey, by_pfreq, e):
+        miss = stamp[e] == 0
+        if miss and DU[nkey] == N:
+            victim, vk = -1, 0.0
+            for x in range(L * J):
+                if not stamp[x]:
+                    continue
+                k = (keep(float(P["cur_p"][x // J, x % J]), float(expert_acc[x]) + 1.0)
+                     if by_pfreq else float(stamp[x]))
+                if victim < 0 or k < vk or (k == vk and stamp[x] < stamp[victim]):
+                    victim, vk = x, k
+            stamp[victim] = 0
+            DU[nkey] -= 1
+        if miss:
+            DU[nkey] += 1
+        stamp[e] = DU["tick"]
+        return 1 if miss else 0
+
+    def duel_observe(l, dist_e):
+        for j in dist_e:
+            e = l * J + j
+            DU["tick"] += 1
+            DU["miss_lru"] += shadow_access(DU["lru"], "n_lru", False, e)
+            DU["miss_pf"] += shadow_access(DU["pf"], "n_pf", True, e)
+            DU["seen"] += 1
+            if DU["seen"] >= 256:
+                DU["miss_lru"] /= 2
+                DU["miss_pf"] /= 2
+                DU["seen"] /= 2
+
     def fb_predict(l, j):
         if FB["pred"][l][j] < 0:
             FB["pred"][l][j] = min(FB["made"][l], FEEDBACK_RANKS - 1)
@@ -337,14 +373,17 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
         least recently accessed, then lowest slot) among the resident experts, the current
         layer's routed ones only when nothing else is left; a prefetch takes only an
         unprotected one, and for p * freq only one worth at most what it brings."""
+        rule = eviction
+        if rule == "duel":  # whichever shadow directory missed less lately
+            rule = "lru" if DU["miss_lru"] < DU["miss_pf"] else "pfreq"
         best, fallback = None, None
         for s in range(N):
             if slot_state[s] != 2:
                 continue
             e = slot_expert[s]
-            if eviction == "lru":
+            if rule == "lru":
                 k = float(slot_last[s])
-            elif eviction == "lfu":
+            elif rule == "lfu":
                 k = float(slot_acc[s])
             else:
                 k = keep(float(P["cur_p"][e // J, e % J]), float(expert_acc[e]) + 1.0)
@@ -355,7 +394,7 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
             else:
                 best = cand if best is None or cand < best else best
         if P["prefetching"]:
-            if best is None or (eviction == "pfreq" and best[0] > P["incoming"]):
+            if best is None or (rule == "pfreq" and best[0] > P["incoming"]):
                 return -1
             return best[2]
         if best is not None:
@@ -497,6 +536,8 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
                         count[j] += 1
                 if feedback:
                     fb_gate(l, set(dist_e))
+                if eviction == "duel":
+                    duel_observe(l, dist_e)
                 # --- the gate (the policy)
                 P["cur_layer"] = l
                 P["protect"] = [False] * J

@@ -27,8 +27,9 @@ PROFILE = {"format": "fmoe-hardware", "version": 1, "name": "test-box",
 
 # (policy, delta, eviction, semantic search)
 # (policy, delta, eviction, semantic, feedback): fmoe is fmoe-paper with feedback-directed
-# prefetching in the executor
-VARIANTS = [("fmoe", True, "pfreq", True, True), ("fmoe-paper", True, "pfreq", True, False),
+# prefetching in the executor and eviction by whichever of p x freq and recency its shadow
+# directories say missed less lately
+VARIANTS = [("fmoe", True, "duel", True, True), ("fmoe-paper", True, "pfreq", True, False),
             ("fmoe-map-t", False, "pfreq", False, False),
             ("fmoe-map-ts", False, "pfreq", True, False), ("fmoe-lru", True, "lru", True, False),
             ("fmoe-lfu", True, "lfu", True, False)]
@@ -80,7 +81,7 @@ def test_fmoe_hits_equal_the_reference(fmoe, tmp_path, seed, L, J, K, topk, h):
     prof.write_text(json.dumps(PROFILE))
     t = read_trace(trace)
     costs = costs_from_profile(PROFILE, t["expert_bytes"])
-    compared = feedback_mattered = 0
+    compared = feedback_mattered = duel_mattered = 0
     for d in (1, 2):
         store = tmp_path / f"store-d{d}.h5"
         fmoe("build-store", "--trace", store_trace, "--capacity", "40",
@@ -106,7 +107,12 @@ def test_fmoe_hits_equal_the_reference(fmoe, tmp_path, seed, L, J, K, topk, h):
                     assert have == want, (policy, N, d, delay)
                     assert want["prefetches"] > 0
                     compared += 1
+                    if evict == "duel" and want != replay(
+                            t, maps, N, d, costs, delay, delta=delta, eviction="pfreq",
+                            semantic=semantic, store_sem=sem, feedback=fb):
+                        duel_mattered += 1  # its recency branch was taken and checked
                 if got[("fmoe", N)]["prefetches"] != got[("fmoe-paper", N)]["prefetches"]:
                     feedback_mattered += 1
     assert compared == 12 * len(VARIANTS)
     assert feedback_mattered > 0  # the feedback's own decisions were checked too
+    assert duel_mattered > 0
