@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cmd_common.h"
+#include "plot_svg.h"
 #include "simulate_store.h" /* the fmoe policies' expert-map store */
 #include "fmoe/datasets.h"
 #include "fmoe/decision_log.h"
@@ -58,6 +59,7 @@ typedef struct options {
     cmd_sim_store store; /* --store, --store-mode, --holdout, ... (simulate_store.c) */
     int32_t copy_chunks;
     int32_t feedback;          /* index into feedback_names: auto, on, off */
+    const char *plot;
     const char *decision_log;
 } options;
 
@@ -204,6 +206,10 @@ static const cmd_option simulate_options[] = {
      .help = "write every decision of the run, one JSON line each, in the format live runs "
              "write (fmoe compare-logs); one policy, cache size and distance only",
      .offset = offsetof(options, decision_log)},
+    {.name = "plot", .kind = CMD_OPT_STRING, .value_name = "FILE.svg",
+     .help = "also draw hit rate and TPOT (TTFT for prefill-only traces) against cache size, "
+             "one line per policy (and distance), as an SVG file",
+     .offset = offsetof(options, plot)},
     {.name = "json", .kind = CMD_OPT_FLAG, .help = "print one JSON document",
      .offset = offsetof(options, json)},
     {.name = "csv", .kind = CMD_OPT_STRING, .value_name = "FILE",
@@ -513,6 +519,79 @@ static int print_json(const options *o, const fmoe_hardware_profile *hw, int64_t
     return 0;
 }
 
+/* --plot: hit rate and latency (TPOT p50, or TTFT p50 for a trace without decode) against
+ * cache size, one series per (policy, prefetch distance), points sorted by cache size. */
+static int write_plot(const char *path, const char *trace, const fmoe_sim_result *res,
+                      size_t n) {
+    size_t *order = malloc((n ? n : 1) * sizeof *order);
+    double *x = malloc((n ? n : 1) * sizeof *x), *hit = malloc((n ? n : 1) * sizeof *hit);
+    double *lat = malloc((n ? n : 1) * sizeof *lat);
+    plot_series *sh = calloc(n ? n : 1, sizeof *sh), *sl = calloc(n ? n : 1, sizeof *sl);
+    char (*labels)[64] = calloc(n ? n : 1, sizeof *labels);
+    int rc = 0;
+    if (!order || !x || !hit || !lat || !sh || !sl || !labels) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "plot of %zu results", n);
+        goto done;
+    }
+    int decode = 0;
+    for (size_t i = 0; i < n; i++) decode |= res[i].tpot_s.p50 > 0;
+    /* group (policy, distance) in order of first appearance, each by cache size */
+    size_t m = 0;
+    int32_t ns = 0;
+    uint8_t *taken = calloc(n ? n : 1, 1);
+    if (!taken) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "plot");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (taken[i]) continue;
+        const size_t first = m;
+        for (size_t k = i; k < n; k++)
+            if (!taken[k] && strcmp(res[k].policy, res[i].policy) == 0 &&
+                res[k].prefetch_distance == res[i].prefetch_distance) {
+                size_t at = m++; /* insertion by cache size */
+                while (at > first && res[order[at - 1]].cache_experts > res[k].cache_experts) {
+                    order[at] = order[at - 1];
+                    at--;
+                }
+                order[at] = k;
+                taken[k] = 1;
+            }
+        for (size_t q = first; q < m; q++) {
+            x[q] = res[order[q]].cache_experts;
+            hit[q] = 100.0 * hit_rate(&res[order[q]]);
+            lat[q] = 1e3 * (decode ? res[order[q]].tpot_s.p50 : res[order[q]].ttft_s.p50);
+        }
+        int distances = 0; /* the distance is named only for a policy run at several */
+        for (size_t k = 0; k < n; k++)
+            distances |= strcmp(res[k].policy, res[i].policy) == 0 &&
+                         res[k].prefetch_distance != res[i].prefetch_distance;
+        if (distances)
+            snprintf(labels[ns], sizeof labels[ns], "%s d=%d", res[i].policy,
+                     res[i].prefetch_distance);
+        else
+            snprintf(labels[ns], sizeof labels[ns], "%s", res[i].policy);
+        sh[ns] = (plot_series){labels[ns], (int32_t)(m - first), x + first, hit + first};
+        sl[ns] = (plot_series){labels[ns], (int32_t)(m - first), x + first, lat + first};
+        ns++;
+    }
+    free(taken);
+    const plot_panel panels[2] = {
+        {"hit rate", "cache (experts)", "hit rate (%)", ns, sh},
+        {decode ? "TPOT p50" : "TTFT p50", "cache (experts)", decode ? "TPOT p50 (ms)" :
+                                                                      "TTFT p50 (ms)", ns, sl}};
+    rc = plot_svg_write(path, trace, panels, 2);
+done:
+    free(order);
+    free(x);
+    free(hit);
+    free(lat);
+    free(sh);
+    free(sl);
+    free(labels);
+    return rc;
+}
+
 static int write_csv(const char *path, const fmoe_sim_result *res, size_t n) {
     FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
     if (!f) return cmd_failf(CMD, "%s: cannot write", path);
@@ -722,6 +801,7 @@ int cmd_simulate(int argc, char **argv) {
         exit_code = write_csv(o.csv, res, n);
         if (exit_code) goto done;
     }
+    if (o.plot && (rc = write_plot(o.plot, o.trace, res, n)) < 0) goto fail;
     if (o.json)
         exit_code = print_json(&o, &hw, expert_bytes, &w, res, n);
     else if (!o.csv || strcmp(o.csv, "-") != 0)

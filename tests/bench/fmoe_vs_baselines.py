@@ -114,13 +114,15 @@ def match_delay(build, L, J):
     return 1.0 / (r["tokens_per_cpu_s"] * L)
 
 
-def simulate(fmoe, trace, store, policies, caches, extra, mode=None, d=3):
+def simulate(fmoe, trace, store, policies, caches, extra, mode=None, d=3, plot=None):
     """d = 0: each policy's own prefetch distance."""
     args = [fmoe, "simulate", "--trace", trace, "--store", store, "--holdout", "--policy",
             ",".join(policies), "--cache-experts", ",".join(map(str, caches)),
             "--prefetch-distance", d, "--json", "--quiet", *extra]
     if mode:
         args += ["--store-mode", mode]
+    if plot:
+        args += ["--plot", plot]
     p = sh(*args)
     out = {}
     for r in json.loads(p.stdout)["results"]:
@@ -135,6 +137,8 @@ def main():
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/fmoe-vs-baselines"))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/readme-fmoe.md"))
     ap.add_argument("--hardware", default="rtx3090-pcie4")
+    ap.add_argument("--plots", type=pathlib.Path,
+                    help="also write each trace's hit rate and TPOT/TTFT plot here (SVG)")
     ap.add_argument("--skip-imported", action="store_true",
                     help="only the traces recorded from fmoe-tiny")
     a = ap.parse_args()
@@ -160,7 +164,8 @@ def main():
         extra = ["--hardware", a.hardware, "--match-delay", f"{delay:.3e}"]
         res, notes = simulate(fmoe, trace, store,
                               [p for p in policies if p not in ("fmoe-online", "mixtral-offload")
-                               and p not in FEEDBACK_ON], caches, extra)
+                               and p not in FEEDBACK_ON], caches, extra,
+                              plot=a.plots / (trace.stem + ".svg") if a.plots else None)
         for name, base in FEEDBACK_ON.items():
             fb, _ = simulate(fmoe, trace, store, [base], caches, extra + ["--feedback", "on"])
             for k, v in fb.items():
@@ -175,6 +180,10 @@ def main():
         held = next(iter(res.values()))
         emit(f"#### {title}")
         emit()
+        if a.plots:
+            emit(f"![{title}: hit rate and {lat} against cache size](tests/bench/plots/"
+                 f"{trace.stem}.svg)")
+            emit()
         emit(f"L = {L} MoE layers x J = {J} experts, top-{K}; d = 3; store: 1000 entries from "
              f"70% of the requests (seed 0), evaluated on the held-out 30%; hardware "
              f"{a.hardware}; matcher {delay * 1e6:.1f} us per match (measured)."
