@@ -123,7 +123,9 @@ def test_matcher_time_is_measured_and_simulate_uses_it(calibrate, fmoe, tmp_path
     late = sim(tmp_path / "slow.json")
     # the field is read: a second's delay makes every prefetch come too late to be a hit
     assert without["prefetch_hits"] > 0 and late["prefetch_hits"] < without["prefetch_hits"]
-    assert late["e2e_s"]["mean"] >= without["e2e_s"]["mean"]
+    # (not asserted: that the late run is slower. Prefetches that come too late are taken
+    # over by demand loads and cost no link time, so on a trace where fmoe's prefetches
+    # are partly wrong the late run can end sooner.)
 
 
 def test_bad_input(calibrate, tmp_path):
