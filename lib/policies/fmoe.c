@@ -883,7 +883,17 @@ static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env,
     const int prefetching = req->kind == FMOE_LOAD_PREFETCH;
     const double keep = prefetching ? fmoe_expertmap_keep_value(req->value, 1.0) : 0;
     evict_rule rule = S->v.evict;
-    if (rule == EVICT_DUEL) rule = S->sh_miss_lru < S->sh_miss_pf ? EVICT_LRU : EVICT_PFREQ;
+    if (rule == EVICT_DUEL) {
+        if (!(S->sh_miss_lru < S->sh_miss_pf)) {
+            rule = EVICT_PFREQ;
+        } else {
+            /* by recency; a prefetch still passes p x freq's value test on its victim (by
+             * recency alone, prefetches evict freely and thrash a small cache) */
+            const int32_t s = choose_victim_plain(S, env->cache, prefetching, keep, EVICT_LRU);
+            if (prefetching && s >= 0 && keep_value(S, env->cache, s) > keep) return -1;
+            return s;
+        }
+    }
     if (rule == EVICT_PFREQ && !S->v.reference)
         return choose_victim_pfreq(S, env->cache, prefetching, keep);
     return choose_victim_plain(S, env->cache, prefetching, keep, rule);

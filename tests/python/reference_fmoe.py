@@ -374,8 +374,9 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
         layer's routed ones only when nothing else is left; a prefetch takes only an
         unprotected one, and for p * freq only one worth at most what it brings."""
         rule = eviction
+        duel_lru = rule == "duel" and DU["miss_lru"] < DU["miss_pf"]
         if rule == "duel":  # whichever shadow directory missed less lately
-            rule = "lru" if DU["miss_lru"] < DU["miss_pf"] else "pfreq"
+            rule = "lru" if duel_lru else "pfreq"
         best, fallback = None, None
         for s in range(N):
             if slot_state[s] != 2:
@@ -396,6 +397,10 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
         if P["prefetching"]:
             if best is None or (rule == "pfreq" and best[0] > P["incoming"]):
                 return -1
+            if duel_lru:  # by recency, but a prefetch still passes p x freq's value test
+                e = slot_expert[best[2]]
+                if keep(float(P["cur_p"][e // J, e % J]), float(expert_acc[e]) + 1.0) > P["incoming"]:
+                    return -1
             return best[2]
         if best is not None:
             return best[2]
