@@ -111,6 +111,15 @@ typedef struct variant {
     int reference;        /* differential tests: no shortcuts, the matcher's scalar path */
 } variant;
 
+/* A shadow directory (EVICT_DUEL): which N experts a cache of its rule would hold, with the
+ * tick of each one's last access (0: absent) and the members listed, so that finding a
+ * victim scans N entries, not L*J. */
+typedef struct shadow {
+    uint64_t *stamp;          /* [L*J] */
+    int32_t *member;          /* [N] expert ids, unordered */
+    int32_t n;
+} shadow;
+
 typedef struct deferred {
     int32_t layer, expert;
     double priority, p;
@@ -160,8 +169,7 @@ typedef struct fm_state {
     double *victim_keys;      /* [2][N] choose_victim_pfreq's scratch */
     /* EVICT_DUEL: two shadow directories of N experts fed the access stream at the gates,
      * one evicting by recency, one by p x freq; stamps are last-access ticks, 0 absent */
-    uint64_t *sh_lru, *sh_pf;     /* [L*J] */
-    int32_t sh_lru_n, sh_pf_n;
+    shadow sh_lru, sh_pf;
     uint64_t sh_tick;
     double sh_miss_lru, sh_miss_pf, sh_seen;
     /* what cur_p and protect were made from changes with every event: gen counts them, and
@@ -211,8 +219,11 @@ static void fm_free(void *state) {
     free(S->memo_semrows);
     free(S->memo_score);
     free(S->victim_keys);
-    free(S->sh_lru);
-    free(S->sh_pf);
+    shadow *shadows[2] = {&S->sh_lru, &S->sh_pf};
+    for (int i = 0; i < 2; i++) {
+        free(shadows[i]->stamp);
+        free(shadows[i]->member);
+    }
     free(S);
 }
 
@@ -299,9 +310,14 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
     S->memo_semrows = S->h ? calloc((size_t)Q * (size_t)S->h, sizeof *S->memo_semrows) : NULL;
     S->victim_keys = calloc(2 * (size_t)(S->N > 0 ? S->N : 1), sizeof *S->victim_keys);
     if (v->evict == EVICT_DUEL) {
-        S->sh_lru = calloc(S->LJ, sizeof *S->sh_lru);
-        S->sh_pf = calloc(S->LJ, sizeof *S->sh_pf);
-        if (!S->sh_lru || !S->sh_pf) {
+        shadow *shadows[2] = {&S->sh_lru, &S->sh_pf};
+        int bad = 0;
+        for (int i = 0; i < 2; i++) {
+            shadows[i]->stamp = calloc(S->LJ, sizeof *shadows[i]->stamp);
+            shadows[i]->member = calloc((size_t)(S->N > 0 ? S->N : 1), sizeof(int32_t));
+            bad |= !shadows[i]->stamp || !shadows[i]->member;
+        }
+        if (bad) {
             fm_free(S);
             return fmoe_error_set(FMOE_ENOMEM, "policy %s state", v->name);
         }
@@ -613,30 +629,31 @@ static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
     }
 }
 
-/* One access of expert e to a shadow directory (stamps, count): a miss inserts it, evicting
- * the member with the smallest key (p x freq, or its stamp for recency; ties: the older
- * stamp, then the lower id). @return 1 on a miss. */
-static int shadow_access(fm_state *S, const fmoe_cache_view *v, uint64_t *stamp, int32_t *count,
-                         int by_pfreq, int32_t e) {
-    const int miss = stamp[e] == 0;
-    if (miss && *count == S->N) {
-        int32_t victim = -1;
+/* One access of expert e to a shadow directory: a miss inserts it, evicting the member with
+ * the smallest key (p x freq, or its stamp for recency; ties: the older stamp, and stamps
+ * are unique). @return 1 on a miss. */
+static int shadow_access(fm_state *S, const fmoe_cache_view *v, shadow *d, int by_pfreq,
+                         int32_t e) {
+    const int miss = d->stamp[e] == 0;
+    if (miss && d->n == S->N) {
+        int32_t vi = -1;
         double vk = 0;
-        for (int32_t x = 0; x < (int32_t)S->LJ; x++) {
-            if (!stamp[x]) continue;
+        for (int32_t i = 0; i < d->n; i++) {
+            const int32_t x = d->member[i];
             const double k = by_pfreq ? fmoe_expertmap_keep_value(
                                             S->cur_p[x], (double)v->expert_accesses[x] + 1.0)
-                                      : (double)stamp[x];
-            if (victim < 0 || k < vk || (k == vk && stamp[x] < stamp[victim])) {
-                victim = x;
+                                      : (double)d->stamp[x];
+            if (vi < 0 || k < vk || (k == vk && d->stamp[x] < d->stamp[d->member[vi]])) {
+                vi = i;
                 vk = k;
             }
         }
-        stamp[victim] = 0;
-        (*count)--;
+        const int32_t victim = d->member[vi];
+        d->stamp[victim] = 0;
+        d->member[vi] = d->member[--d->n];
     }
-    if (miss) (*count)++;
-    stamp[e] = S->sh_tick;
+    if (miss) d->member[d->n++] = e;
+    d->stamp[e] = S->sh_tick;
     return miss;
 }
 
@@ -645,8 +662,8 @@ static void duel_observe(fm_state *S, const fmoe_cache_view *v, const fmoe_gate_
     for (int32_t q = 0; q < ev->num_distinct; q++) {
         const int32_t e = ev->layer * S->J + ev->distinct[q];
         S->sh_tick++;
-        S->sh_miss_lru += shadow_access(S, v, S->sh_lru, &S->sh_lru_n, 0, e);
-        S->sh_miss_pf += shadow_access(S, v, S->sh_pf, &S->sh_pf_n, 1, e);
+        S->sh_miss_lru += shadow_access(S, v, &S->sh_lru, 0, e);
+        S->sh_miss_pf += shadow_access(S, v, &S->sh_pf, 1, e);
         if (++S->sh_seen >= DUEL_WINDOW) {
             S->sh_miss_lru /= 2;
             S->sh_miss_pf /= 2;
