@@ -371,7 +371,8 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, int32_t n, int32_t t
         const fmoe_route_event ev = {
             .layer = l, .num_tokens = n, .chosen = s->chosen, .chosen_stride = K,
             .probs = s->probs, .probs_stride = J, .distinct = s->distinct,
-            .num_distinct = num_distinct, .speculative = have_spec ? s->specrows : NULL,
+            .tokens = s->count, .num_distinct = num_distinct,
+            .speculative = have_spec ? s->specrows : NULL,
             .speculative_stride = (int64_t)S * J, .speculative_depth = have_spec ? S : 0};
         FMOE_FORWARD_IF_ERROR(s->opt.on_route(s->opt.route_ctx, &ev));
     }

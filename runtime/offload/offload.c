@@ -287,10 +287,7 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
     int rc = fmoe_slots_error(x->slots);
     for (int32_t q = 0; q < ev->num_distinct && rc == 0; q++) {
         const int32_t j = ev->distinct[q], e = l * J + j;
-        int32_t tokens = 0;
-        for (int32_t t = 0; t < ev->num_tokens; t++)
-            for (int32_t k = 0; k < x->K; k++)
-                tokens += ev->chosen[(int64_t)t * ev->chosen_stride + k] == j;
+        const int32_t tokens = ev->tokens[j];
         const fmoe_slot_access f = fmoe_slots_access(x->slots, e);
         int32_t s = f.slot;
         int on_host = 0;

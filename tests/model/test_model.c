@@ -231,6 +231,8 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
             else if (!seen[e]++) order[n_order++] = e;
         }
     if (ev->num_distinct != n_order) route_errors++;
+    for (int j = 0; j < J; j++) /* the per-expert token counts are the chosen rows' */
+        if (ev->tokens[j] != seen[j]) route_errors++;
     for (int q = 0; q < n_order && q < ev->num_distinct; q++)
         if (ev->distinct[q] != order[q]) route_errors++; /* first appearance, not index order */
     for (int32_t t = 0; t < ev->num_tokens && t < 64; t++)

@@ -122,6 +122,7 @@ typedef struct fmoe_route_event {
     int64_t probs_stride;
     const int32_t *distinct;   /* the layer's experts in order of first appearance (token
                                   by token, k by k): the order they run in */
+    const int32_t *tokens;     /* [J] tokens routed to each expert (0 for the others) */
     int32_t num_distinct;
     const float *speculative;  /* token t's gate of layer l+1+s applied to this layer's
                                   gate input at speculative[t * speculative_stride + s * J],
