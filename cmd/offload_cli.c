@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cmd_common.h"
+#include "simulate_store.h"
 #include "fmoe/error.h"
 #include "fmoe/geometry.h"
 #include "fmoe/policy.h"
@@ -69,12 +70,10 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
             cmd_offload_close(cmd, out, 0);
             return cmd_fail(cmd, rc);
         }
-        if (out->store->model_fingerprint[0] && strcmp(out->store->model_fingerprint, fp) != 0) {
-            cmd_failf(cmd, "%s was built for model fingerprint %s but this model's is %s; build "
-                           "a store from traces of this model", a->store,
-                      out->store->model_fingerprint, fp);
+        if ((rc = cmd_store_check_model(cmd, a->store, out->store, "the model loaded", g->model_type,
+                                        fp, g->num_moe_layers, g->num_experts, g->top_k))) {
             cmd_offload_close(cmd, out, 0);
-            return CMD_EXIT_FAILURE;
+            return rc;
         }
     }
     fmoe_offload_options o = fmoe_offload_defaults();

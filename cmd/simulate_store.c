@@ -49,26 +49,24 @@ int cmd_sim_store_validate(const char *cmd, cmd_sim_store *s, char *const *polic
     return 0;
 }
 
-/* Refuses a store built for another model than the trace's. */
-static int check_model(const char *cmd, const cmd_sim_store *s, const char *trace_path,
-                       const fmoe_trace_header *h) {
-    const fmoe_store_file *f = s->file;
+int cmd_store_check_model(const char *cmd, const char *store_path, const fmoe_store_file *f,
+                          const char *what, const char *what_name, const char *fingerprint,
+                          int32_t layers, int32_t experts, int32_t top_k) {
     const fmoe_expertmap_config *c = fmoe_expertmap_config_of(f->store);
-    if (f->model_fingerprint[0] && h->model_fingerprint[0] &&
-        strcmp(f->model_fingerprint, h->model_fingerprint) != 0)
+    if (f->model_fingerprint[0] && fingerprint[0] &&
+        strcmp(f->model_fingerprint, fingerprint) != 0)
         return cmd_failf(cmd,
                          "%s was built for model %s (fingerprint %s) but %s is model %s "
                          "(fingerprint %s); build a store from traces of this model",
-                         s->path, f->model_name[0] ? f->model_name : "(unnamed)",
-                         f->model_fingerprint, trace_path,
-                         h->model_name[0] ? h->model_name : "(unnamed)", h->model_fingerprint);
-    if (c->num_layers != h->num_layers || c->num_experts != h->num_experts ||
-        c->top_k != h->top_k)
+                         store_path, f->model_name[0] ? f->model_name : "(unnamed)",
+                         f->model_fingerprint, what, what_name[0] ? what_name : "(unnamed)",
+                         fingerprint);
+    if (c->num_layers != layers || c->num_experts != experts || c->top_k != top_k)
         return cmd_failf(cmd,
                          "%s holds maps of %d MoE layers x %d experts, top-%d, but %s has %d x "
                          "%d, top-%d",
-                         s->path, c->num_layers, c->num_experts, c->top_k, trace_path,
-                         h->num_layers, h->num_experts, h->top_k);
+                         store_path, c->num_layers, c->num_experts, c->top_k, what, layers,
+                         experts, top_k);
     return 0;
 }
 
@@ -82,7 +80,10 @@ int cmd_sim_store_prepare(const char *cmd, cmd_sim_store *s, char *const *polici
     if (s->path) {
         int rc = fmoe_store_read(s->path, 0, &s->file);
         if (rc < 0) return cmd_fail(cmd, rc);
-        if ((rc = check_model(cmd, s, trace_path, h)) != 0) return rc;
+        if ((rc = cmd_store_check_model(cmd, s->path, s->file, trace_path, h->model_name,
+                                        h->model_fingerprint, h->num_layers, h->num_experts,
+                                        h->top_k)) != 0)
+            return rc;
     }
     const int64_t R = fmoe_trace_reader_num_requests(r);
     const fmoe_trace_request_info *req = fmoe_trace_reader_requests(r);

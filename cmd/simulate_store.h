@@ -52,4 +52,11 @@ void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell);
 /* Frees what prepare loaded; the struct may be reused after init. */
 void cmd_sim_store_free(cmd_sim_store *s);
 
+/* Refuses a store built for another model than `what` (a trace, or a model directory, of
+ * model `what_name`): another fingerprint when both are known, or another geometry.
+ * Shared by simulate and the live commands. @return 0 or 1 (printed). */
+int cmd_store_check_model(const char *cmd, const char *store_path, const fmoe_store_file *f,
+                          const char *what, const char *what_name, const char *fingerprint,
+                          int32_t layers, int32_t experts, int32_t top_k);
+
 #endif
