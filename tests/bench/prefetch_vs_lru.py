@@ -15,18 +15,11 @@ import argparse
 import json
 import pathlib
 import shutil
-import subprocess
 import sys
 
-SHARES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+from fmoe_vs_baselines import SHARES, sh  # the same cache sizes, one way to run fmoe
+
 POLICIES = ["lru", "fmoe", "fmoe-paper", "moe-infinity", "oracle"]
-
-
-def sh(*args):
-    p = subprocess.run([str(a) for a in args], capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"prefetch_vs_lru: {' '.join(map(str, args))}:\n{p.stderr}")
-    return p.stdout
 
 
 def strip_probs(src, dst):
@@ -56,7 +49,7 @@ def main():
         src = a.work / name
         if not src.exists():
             continue
-        meta = json.loads(sh(fmoe, "inspect", src, "--json"))
+        meta = json.loads(sh(fmoe, "inspect", src, "--json").stdout)
         L, J = meta["num_layers"], meta["num_experts"]
         caches = [max(1, round(s * L * J)) for s in SHARES]
         ids = a.work / (src.stem + "-ids.h5")
@@ -68,7 +61,7 @@ def main():
             res = json.loads(sh(fmoe, "simulate", "--trace", trace, "--store", store,
                                 "--holdout", "--policy", ",".join(POLICIES), "--cache-experts",
                                 ",".join(map(str, caches)), "--prefetch-distance", 3,
-                                "--hardware", "rtx3090-pcie4", "--json", "--quiet"))["results"]
+                                "--hardware", "rtx3090-pcie4", "--json", "--quiet").stdout)["results"]
             r = {(x["policy"], x["cache_experts"]): x for x in res}
             hit_ok = all(r[("fmoe", c)]["hit_rate"] >= r[("lru", c)]["hit_rate"] for c in caches)
             gaps = []
