@@ -18,10 +18,16 @@
  *
  * Prefill groups the chunk's tokens by expert, so each chosen expert runs once as a
  * matrix product over its tokens; a decode step is the same code with n = 1.
+ *
+ * Several sequences run as one pass the same way (fmoe_session_forward_batch, continuous
+ * batching): their tokens are the rows of one session's buffers (the runner's), every
+ * product runs over all rows, and only attention is per sequence, against that sequence's
+ * KV cache at its positions. A single-sequence call is the pass with one segment.
  * Every buffer is allocated in fmoe_session_init; fmoe_session_forward allocates nothing.
  * Compute goes through the backend table (model_impl.h); only the CPU backend exists.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -29,6 +35,23 @@
 #include "fmoe/error.h"
 #include "fmoe/rowwise.h"
 #include "model_impl.h"
+
+/*
+ * One sequence's rows in a forward pass. A pass runs in one session's buffers (the
+ * runner's) over one or more segments: fmoe_session_forward is one segment, the runner's
+ * own sequence; fmoe_session_forward_batch one per item. Rows are the runner's activation
+ * rows; everything but attention works on all rows at once.
+ */
+typedef struct segment {
+    fmoe_session *s;               /* the sequence: KV cache, position, RoPE state */
+    const int32_t *tokens;         /* [n] */
+    int32_t row, n;                /* its rows [row, row + n) of the runner's buffers */
+    int32_t pos0;                  /* the position of its first token */
+    const fmoe_forward_trace *tr;  /* or NULL */
+    int32_t t0;                    /* the trace row (and all_logits row) of its first token */
+    float *logits;                 /* all_logits: [..][V] indexed by t0; else [V] for its
+                                      last row; NULL: no lm head for it */
+} segment;
 
 struct fmoe_session {
     const fmoe_model *m;
@@ -67,6 +90,9 @@ struct fmoe_session {
     float rope_scale;
     int64_t rope_seq_len;   /* the sequence length inv_freq was computed for */
     int64_t call_seq_len;   /* position + n of the current forward call */
+    float *lbuf;            /* [B][V] the lm head's rows when several sequences want logits */
+    segment *segs;          /* [B] the segments of a call this session runs */
+    int32_t batch_mark;     /* set while fmoe_session_forward_batch checks its items */
     /* KV cache */
     float *k_cache;         /* [layers][max_context][Hkv·D] */
     float *v_cache;         /* [layers][max_context][Hkv·D] */
@@ -105,8 +131,10 @@ void fmoe_session_free(fmoe_session *s) {
         s->be->release(s->bctx, s->topk);
         s->be->release(s->bctx, s->count);
         s->be->release(s->bctx, s->slots);
+        s->be->release(s->bctx, s->lbuf);
         s->be->free(s->bctx);
     }
+    free(s->segs);
     free(s);
 }
 
@@ -170,6 +198,7 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
         {(void **)&s->sg, B * 4},             {(void **)&s->inv_freq, D / 2 * 4},
         {(void **)&s->cos, B * (D / 2) * 4},  {(void **)&s->sin, B * (D / 2) * 4},
         {(void **)&s->k_cache, kv * 4},       {(void **)&s->v_cache, kv * 4},
+        {(void **)&s->lbuf, B * g->vocab_size * 4},
     };
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
         *plan[i].p = s->be->alloc(s->bctx, plan[i].bytes);
@@ -180,6 +209,11 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
                                   "%.1f MiB)",
                                   o.max_context, (double)kv * 8 / (1 << 20));
         }
+    }
+    s->segs = calloc((size_t)B, sizeof *s->segs);
+    if (!s->segs) {
+        fmoe_session_free(s);
+        return fmoe_error_set(FMOE_ENOMEM, "out of memory for the run state");
     }
     fmoe__rope_inv_freq(&m->arch.rope, g->head_dim, 0, s->inv_freq, &s->rope_scale);
     s->rope_seq_len = 0;
@@ -216,8 +250,12 @@ static void clamp_all(float *y, int64_t count, float c) {
     for (int64_t i = 0; i < count; i++) y[i] = y[i] < -c ? -c : y[i] > c ? c : y[i];
 }
 
-/* Attention block of decoder layer li for n tokens; adds its output to s->x. */
-static void attention_block(fmoe_session *s, int32_t li, int32_t n, int32_t pos0) {
+/* Attention block of decoder layer li over the n rows of all segments; adds its output to
+ * s->x. Projections, norms and RoPE (s->cos/s->sin hold each row's position) run over all
+ * rows; each segment writes its keys and values to its own session's cache and attends
+ * there at its own positions. */
+static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int32_t count,
+                            int32_t n) {
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const fmoe__layer *L = &m->layers[li];
@@ -255,23 +293,26 @@ static void attention_block(fmoe_session *s, int32_t li, int32_t n, int32_t pos0
         for (int32_t hh = 0; hh < Hq; hh++) fmoe_rope_head(s->q + t * qd + hh * D, c, sn, D);
         for (int32_t hh = 0; hh < Hk; hh++) fmoe_rope_head(s->k + t * kd + hh * D, c, sn, D);
     }
-    float *kc = s->k_cache + (int64_t)li * s->opt.max_context * kd;
-    float *vc = s->v_cache + (int64_t)li * s->opt.max_context * kd;
-    memcpy(kc + (int64_t)pos0 * kd, s->k, (size_t)(n * kd) * sizeof(float));
-    memcpy(vc + (int64_t)pos0 * kd, s->v, (size_t)(n * kd) * sizeof(float));
-
-    fmoe__attn_args a = {
-        .q = s->q, .k_cache = kc, .v_cache = vc, .out = s->att, .n = n, .pos0 = pos0,
-        .n_heads = Hq, .n_kv_heads = Hk, .head_dim = D, .window = m->arch.sliding_window[li],
-        .scale = 1.0f / sqrtf((float)D),
-    };
-    s->be->attention(s->bctx, &a);
+    for (int32_t i = 0; i < count; i++) {
+        const segment *e = &sg[i];
+        const int64_t ctx = e->s->opt.max_context;
+        float *kc = e->s->k_cache + (int64_t)li * ctx * kd;
+        float *vc = e->s->v_cache + (int64_t)li * ctx * kd;
+        memcpy(kc + (int64_t)e->pos0 * kd, s->k + e->row * kd, (size_t)(e->n * kd) * sizeof(float));
+        memcpy(vc + (int64_t)e->pos0 * kd, s->v + e->row * kd, (size_t)(e->n * kd) * sizeof(float));
+        fmoe__attn_args a = {
+            .q = s->q + e->row * qd, .k_cache = kc, .v_cache = vc, .out = s->att + e->row * qd,
+            .n = e->n, .pos0 = e->pos0, .n_heads = Hq, .n_kv_heads = Hk, .head_dim = D,
+            .window = m->arch.sliding_window[li], .scale = 1.0f / sqrtf((float)D),
+        };
+        s->be->attention(s->bctx, &a);
+    }
     s->be->matmul(s->bctx, &L->wo, s->att, n, s->acc);
     add_bias(s->acc, L->bo, n, h);
     for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
 }
 
-/* The speculative gate rows of the chunk (fmoe_route_event.speculative): for s = 1..S the
+/* The speculative gate rows of the pass (fmoe_route_event.speculative): for s = 1..S the
  * router of MoE layer l+s applied to layer l's gate input, as probabilities, into
  * s->specrows [n][S][J] (0 past the last layer). */
 static void speculative_rows(fmoe_session *s, int32_t l, int32_t n) {
@@ -296,23 +337,20 @@ static void speculative_rows(fmoe_session *s, int32_t l, int32_t n) {
     }
 }
 
-/* Copies the chunk's routing into the caller's trace arrays from token t0 on. */
-static void trace_routing(const fmoe_session *s, int32_t l, int32_t n, int32_t t0,
-                          int have_spec, const fmoe_forward_trace *tr) {
+/* Copies a segment's routing (its rows of the runner's buffers) into its trace arrays. */
+static void trace_routing(const fmoe_session *s, int32_t l, const segment *e, int have_spec) {
     const fmoe_model_geometry *g = &s->m->geo;
     const int32_t h = g->hidden_size, J = g->num_experts, K = g->top_k;
     const int32_t Lm = g->num_moe_layers, S = s->opt.speculative_depth;
-    for (int32_t t = 0; t < n; t++) {
-        const int64_t row = (int64_t)(t0 + t) * Lm + l;
-        if (tr->experts) memcpy(tr->experts + row * K, s->chosen + (int64_t)t * K, (size_t)K * 2);
-        if (tr->weights)
-            memcpy(tr->weights + row * K, s->topw + (int64_t)t * K, (size_t)K * sizeof(float));
-        if (tr->probs)
-            memcpy(tr->probs + row * J, s->probs + (int64_t)t * J, (size_t)J * sizeof(float));
-        if (tr->hidden)
-            memcpy(tr->hidden + row * h, s->xn + (int64_t)t * h, (size_t)h * sizeof(float));
+    const fmoe_forward_trace *tr = e->tr;
+    for (int32_t i = 0; i < e->n; i++) {
+        const int64_t row = (int64_t)(e->t0 + i) * Lm + l, t = e->row + i;
+        if (tr->experts) memcpy(tr->experts + row * K, s->chosen + t * K, (size_t)K * 2);
+        if (tr->weights) memcpy(tr->weights + row * K, s->topw + t * K, (size_t)K * sizeof(float));
+        if (tr->probs) memcpy(tr->probs + row * J, s->probs + t * J, (size_t)J * sizeof(float));
+        if (tr->hidden) memcpy(tr->hidden + row * h, s->xn + t * h, (size_t)h * sizeof(float));
         if (tr->speculative && have_spec)
-            memcpy(tr->speculative + row * S * J, s->specrows + (int64_t)t * S * J,
+            memcpy(tr->speculative + row * S * J, s->specrows + t * S * J,
                    (size_t)S * J * sizeof(float));
     }
 }
@@ -333,13 +371,13 @@ static int expert_weights(fmoe_session *s, const fmoe__layer *L, int32_t j, fmoe
     return 0;
 }
 
-/* MoE block: routes the n tokens of s->xn, runs their experts, adds to s->x.
- * `t0` is the index of the chunk's first token in the caller's trace arrays.
- * Experts run in order of first appearance (token by token, k by k: DESIGN.md §7.1), the
- * order the routing hook announces and a live executor resolves its accesses in.
- * @return 0 or a hook's error. */
-static int moe_block(fmoe_session *s, const fmoe__layer *L, int32_t n, int32_t t0,
-                     const fmoe_forward_trace *tr) {
+/* MoE block: routes the n rows of s->xn (all segments' tokens), runs their experts, adds
+ * to s->x. Experts run in order of first appearance over the rows (row by row, k by k:
+ * DESIGN.md §7.1), the order the routing hook announces and a live executor resolves its
+ * accesses in; each chosen expert runs once, over the rows of every segment that chose
+ * it. @return 0 or a hook's error. */
+static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, int32_t count,
+                     int32_t n) {
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const int32_t h = g->hidden_size, J = g->num_experts, K = g->top_k;
@@ -364,9 +402,12 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, int32_t n, int32_t t
             s->slots[(int64_t)e * cap + s->count[e]++] = t * K + k;
         }
 
-    const int have_spec = S > 0 && (s->opt.on_route || (tr && tr->speculative));
+    int want_spec = s->opt.on_route != NULL;
+    for (int32_t i = 0; i < count; i++) want_spec |= sg[i].tr && sg[i].tr->speculative;
+    const int have_spec = S > 0 && want_spec;
     if (have_spec) speculative_rows(s, l, n);
-    if (tr) trace_routing(s, l, n, t0, have_spec, tr);
+    for (int32_t i = 0; i < count; i++)
+        if (sg[i].tr) trace_routing(s, l, &sg[i], have_spec);
     if (s->opt.on_route) {
         const fmoe_route_event ev = {
             .layer = l, .num_tokens = n, .chosen = s->chosen, .chosen_stride = K,
@@ -412,62 +453,116 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, int32_t n, int32_t t
     return 0;
 }
 
-/* One chunk of at most max_batch tokens. */
-static int forward_chunk(fmoe_session *s, const int32_t *tokens, int32_t n, int32_t t0,
-                         const fmoe_forward_trace *tr, float *logits, int last_chunk) {
+/* Embeddings (traced as the semantic rows) and RoPE tables of every segment's rows.
+ * Dynamic NTK depends on the length of a sequence's whole call, as transformers computes
+ * it from the call's largest position: each segment's session keeps its own inv_freq. */
+static void embed_and_rope(fmoe_session *s, const segment *sg, int32_t count) {
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const int32_t h = g->hidden_size, half = g->head_dim / 2;
-    const int32_t pos0 = s->pos;
-
-    for (int32_t t = 0; t < n; t++)
-        s->be->get_row(s->bctx, &m->embed, tokens[t], s->x + (int64_t)t * h);
-    if (tr && tr->semantic)
-        memcpy(tr->semantic + (int64_t)t0 * h, s->x, (size_t)n * h * sizeof(float));
-
-    /* RoPE tables for this chunk's positions. Dynamic NTK depends on the length of the
-     * whole call, as transformers computes it from the call's largest position. */
-    const int64_t seq_len = s->call_seq_len;
-    if (m->arch.rope.type == FMOE__ROPE_DYNAMIC && seq_len != s->rope_seq_len) {
-        fmoe__rope_inv_freq(&m->arch.rope, g->head_dim, seq_len, s->inv_freq, &s->rope_scale);
-        s->rope_seq_len = seq_len;
-    }
-    for (int32_t t = 0; t < n; t++)
-        for (int32_t i = 0; i < half; i++) {
-            const float f = (float)(pos0 + t) * s->inv_freq[i];
-            s->cos[(int64_t)t * half + i] = cosf(f) * s->rope_scale;
-            s->sin[(int64_t)t * half + i] = sinf(f) * s->rope_scale;
+    for (int32_t i = 0; i < count; i++) {
+        const segment *e = &sg[i];
+        fmoe_session *q = e->s;
+        float *x = s->x + (int64_t)e->row * h;
+        for (int32_t t = 0; t < e->n; t++)
+            s->be->get_row(s->bctx, &m->embed, e->tokens[t], x + (int64_t)t * h);
+        if (e->tr && e->tr->semantic)
+            memcpy(e->tr->semantic + (int64_t)e->t0 * h, x, (size_t)e->n * h * sizeof(float));
+        if (m->arch.rope.type == FMOE__ROPE_DYNAMIC && q->call_seq_len != q->rope_seq_len) {
+            fmoe__rope_inv_freq(&m->arch.rope, g->head_dim, q->call_seq_len, q->inv_freq,
+                                &q->rope_scale);
+            q->rope_seq_len = q->call_seq_len;
         }
+        for (int32_t t = 0; t < e->n; t++)
+            for (int32_t j = 0; j < half; j++) {
+                const float f = (float)(e->pos0 + t) * q->inv_freq[j];
+                const int64_t r = (int64_t)(e->row + t) * half + j;
+                s->cos[r] = cosf(f) * q->rope_scale;
+                s->sin[r] = sinf(f) * q->rope_scale;
+            }
+    }
+}
 
+/* The lm head: with all_logits every row of a segment into its logits; else the last row
+ * of each segment that wants logits, all such rows in one product. */
+static void lm_head(fmoe_session *s, const segment *sg, int32_t count) {
+    const fmoe_model *m = s->m;
+    const fmoe_model_geometry *g = &m->geo;
+    const int32_t h = g->hidden_size;
+    const int64_t V = g->vocab_size;
+    const float eps = (float)g->rms_norm_eps;
+    if (s->opt.all_logits) {
+        for (int32_t i = 0; i < count; i++) {
+            const segment *e = &sg[i];
+            if (!e->logits) continue;
+            for (int32_t t = 0; t < e->n; t++)
+                fmoe_rmsnorm_row(s->xn + (int64_t)t * h, s->x + (int64_t)(e->row + t) * h,
+                                 m->final_norm, h, eps);
+            s->be->matmul(s->bctx, &m->lm_head, s->xn, e->n, e->logits + (int64_t)e->t0 * V);
+        }
+        return;
+    }
+    int32_t rows = 0;
+    float *only = NULL; /* one row: straight into its logits */
+    for (int32_t i = 0; i < count; i++) {
+        const segment *e = &sg[i];
+        if (!e->logits) continue;
+        fmoe_rmsnorm_row(s->xn + (int64_t)rows * h, s->x + (int64_t)(e->row + e->n - 1) * h,
+                         m->final_norm, h, eps);
+        only = e->logits;
+        rows++;
+    }
+    if (rows == 0) return;
+    s->be->matmul(s->bctx, &m->lm_head, s->xn, rows, rows == 1 ? only : s->lbuf);
+    if (rows == 1) return;
+    rows = 0;
+    for (int32_t i = 0; i < count; i++)
+        if (sg[i].logits)
+            memcpy(sg[i].logits, s->lbuf + (int64_t)rows++ * V, (size_t)V * sizeof(float));
+}
+
+/* One forward pass over segments sg[0..count) of n rows in all (n <= max_batch), in the
+ * buffers of `s` with its hooks. Advances each segment's session by its rows. */
+static int forward_pass(fmoe_session *s, const segment *sg, int32_t count, int32_t n) {
+    const fmoe_model *m = s->m;
+    const fmoe_model_geometry *g = &m->geo;
+    const int32_t h = g->hidden_size;
+    int timed = 0;
+    for (int32_t i = 0; i < count; i++) timed |= sg[i].tr && sg[i].tr->layer_seconds;
+
+    embed_and_rope(s, sg, count);
     for (int32_t li = 0; li < g->num_hidden_layers; li++) {
-        const double start = tr && tr->layer_seconds ? now_seconds() : 0;
+        const double start = timed ? now_seconds() : 0;
         const fmoe__layer *L = &m->layers[li];
-        attention_block(s, li, n, pos0);
+        attention_block(s, li, sg, count, n);
         for (int32_t t = 0; t < n; t++)
             fmoe_rmsnorm_row(s->xn + (int64_t)t * h, s->x + (int64_t)t * h, L->ffn_norm, h,
                              (float)g->rms_norm_eps);
         if (L->moe_index >= 0) {
-            FMOE_FORWARD_IF_ERROR(moe_block(s, L, n, t0, tr));
+            FMOE_FORWARD_IF_ERROR(moe_block(s, L, sg, count, n));
         } else {
             run_mlp(s, &L->shared, s->xn, n, s->acc);
             for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
         }
-        if (tr && tr->layer_seconds) tr->layer_seconds[li] += now_seconds() - start;
+        /* A batch's layer is one computation: each item is charged all of it. */
+        const double took = timed ? now_seconds() - start : 0;
+        for (int32_t i = 0; i < count; i++)
+            if (sg[i].tr && sg[i].tr->layer_seconds) sg[i].tr->layer_seconds[li] += took;
     }
-    s->pos += n;
+    for (int32_t i = 0; i < count; i++) sg[i].s->pos += sg[i].n;
+    lm_head(s, sg, count);
+    return 0;
+}
 
-    if (!logits) return 0;
-    const int64_t V = g->vocab_size;
-    if (s->opt.all_logits) {
-        for (int32_t t = 0; t < n; t++)
-            fmoe_rmsnorm_row(s->xn + (int64_t)t * h, s->x + (int64_t)t * h, m->final_norm, h,
-                             (float)g->rms_norm_eps);
-        s->be->matmul(s->bctx, &m->lm_head, s->xn, n, logits + (int64_t)t0 * V);
-    } else if (last_chunk) {
-        fmoe_rmsnorm_row(s->xn, s->x + (int64_t)(n - 1) * h, m->final_norm, h,
-                         (float)g->rms_norm_eps);
-        s->be->matmul(s->bctx, &m->lm_head, s->xn, 1, logits);
-    }
+/* @return 0 or FMOE_EINVAL for a token outside the vocabulary; `what` prefixes the
+ * detail ("" or "item 2: "). */
+static int check_tokens(const fmoe_session *s, const int32_t *tokens, int32_t n,
+                        const char *what) {
+    const int32_t V = s->m->geo.vocab_size;
+    for (int32_t t = 0; t < n; t++)
+        FMOE_RETURN_ERROR_IF(tokens[t] < 0 || tokens[t] >= V, FMOE_EINVAL,
+                             "%stoken %d at index %d is outside the vocabulary [0, %d)", what,
+                             tokens[t], t, V);
     return 0;
 }
 
@@ -475,18 +570,71 @@ int fmoe_session_forward(fmoe_session *s, const int32_t *tokens, int32_t n,
                          const fmoe_forward_trace *trace, float *logits) {
     if (!s || (!tokens && n > 0)) return fmoe_error_set(FMOE_EINVAL, "session or tokens is NULL");
     FMOE_RETURN_ERROR_IF(n < 1, FMOE_EINVAL, "no tokens to run (n = %d)", n);
-    const int32_t V = s->m->geo.vocab_size;
-    for (int32_t t = 0; t < n; t++)
-        FMOE_RETURN_ERROR_IF(tokens[t] < 0 || tokens[t] >= V, FMOE_EINVAL,
-                             "token %d at index %d is outside the vocabulary [0, %d)",
-                             tokens[t], t, V);
+    FMOE_FORWARD_IF_ERROR(check_tokens(s, tokens, n, ""));
     FMOE_RETURN_ERROR_IF((int64_t)s->pos + n > s->opt.max_context, FMOE_ERANGE,
                          "%d tokens after %d in the cache exceed the context of %d positions",
                          n, s->pos, s->opt.max_context);
     s->call_seq_len = (int64_t)s->pos + n;
     for (int32_t t0 = 0; t0 < n; t0 += s->opt.max_batch) {
         const int32_t c = n - t0 < s->opt.max_batch ? n - t0 : s->opt.max_batch;
-        FMOE_FORWARD_IF_ERROR(forward_chunk(s, tokens + t0, c, t0, trace, logits, t0 + c == n));
+        const int last = t0 + c == n;
+        float *lg = !logits ? NULL : s->opt.all_logits ? logits : last ? logits : NULL;
+        const segment one = {.s = s, .tokens = tokens + t0, .row = 0, .n = c, .pos0 = s->pos,
+                             .tr = trace, .t0 = t0, .logits = lg};
+        FMOE_FORWARD_IF_ERROR(forward_pass(s, &one, 1, c));
     }
     return 0;
+}
+
+/* Whether item i may run with runner r (every rule of fmoe_session_forward_batch but the
+ * total); marks its session so that a second item of the same session is refused. */
+static int check_item(const fmoe_session *r, const fmoe_batch_item *it, int32_t i) {
+    fmoe_session *q = it->session;
+    FMOE_RETURN_ERROR_IF(!q || !it->tokens, FMOE_EINVAL, "item %d has no session or tokens", i);
+    FMOE_RETURN_ERROR_IF(it->n < 1, FMOE_EINVAL, "item %d: no tokens to run (n = %d)", i, it->n);
+    FMOE_RETURN_ERROR_IF(q->m != r->m, FMOE_EINVAL, "item %d: a session of another model", i);
+    FMOE_RETURN_ERROR_IF(q->opt.max_context > r->opt.max_context, FMOE_EINVAL,
+                         "item %d: its context of %d positions exceeds the runner's %d", i,
+                         q->opt.max_context, r->opt.max_context);
+    FMOE_RETURN_ERROR_IF(q->batch_mark, FMOE_EINVAL,
+                         "item %d: its session is already an item of the batch", i);
+    char what[32];
+    snprintf(what, sizeof what, "item %d: ", i);
+    FMOE_FORWARD_IF_ERROR(check_tokens(q, it->tokens, it->n, what));
+    FMOE_RETURN_ERROR_IF((int64_t)q->pos + it->n > q->opt.max_context, FMOE_ERANGE,
+                         "item %d: %d tokens after %d in the cache exceed the context of %d "
+                         "positions", i, it->n, q->pos, q->opt.max_context);
+    q->batch_mark = 1;
+    return 0;
+}
+
+int fmoe_session_forward_batch(fmoe_session *runner, const fmoe_batch_item *items,
+                               int32_t count) {
+    if (!runner || (!items && count > 0))
+        return fmoe_error_set(FMOE_EINVAL, "runner or items is NULL");
+    FMOE_RETURN_ERROR_IF(count < 1, FMOE_EINVAL, "no items to run (count = %d)", count);
+    int64_t total = 0;
+    int rc = 0;
+    int32_t checked = 0;
+    for (; checked < count && rc == 0; checked++) {
+        rc = check_item(runner, &items[checked], checked);
+        if (rc == 0) total += items[checked].n;
+    }
+    for (int32_t i = 0; i < checked - (rc < 0); i++) items[i].session->batch_mark = 0;
+    if (rc < 0) return rc;
+    FMOE_RETURN_ERROR_IF(total > runner->opt.max_batch, FMOE_EINVAL,
+                         "%lld tokens in %d items exceed the runner's batch of %d",
+                         (long long)total, count, runner->opt.max_batch);
+
+    int32_t row = 0;
+    for (int32_t i = 0; i < count; i++) {
+        const fmoe_batch_item *it = &items[i];
+        fmoe_session *q = it->session;
+        q->call_seq_len = (int64_t)q->pos + it->n;
+        runner->segs[i] = (segment){.s = q, .tokens = it->tokens, .row = row, .n = it->n,
+                                    .pos0 = q->pos, .tr = it->trace, .t0 = 0,
+                                    .logits = it->logits};
+        row += it->n;
+    }
+    return forward_pass(runner, runner->segs, count, row);
 }

@@ -107,14 +107,15 @@ int fmoe_model_embed(const fmoe_model *m, const int32_t *tokens, int32_t n, floa
 /* ---------------------------------------------------------------------------------- */
 
 /*
- * What the router of one MoE layer chose for the tokens of one forward chunk, before any
+ * What the router of one MoE layer chose for the tokens of one forward pass (a chunk of a
+ * sequence, or every item's rows of a batch: item order, then token order), before any
  * expert of the layer runs (DESIGN.md §7.1), in the types fmoe_gate_event uses: a live
  * executor passes it on to the policy and makes the experts resident. Pointers are valid
  * during the call only.
  */
 typedef struct fmoe_route_event {
     int32_t layer;             /* MoE layer index l */
-    int32_t num_tokens;        /* n, the chunk's tokens */
+    int32_t num_tokens;        /* n, the pass's tokens */
     const uint16_t *chosen;    /* token t's K experts at chosen[t * chosen_stride + k],
                                   in gate order */
     int64_t chosen_stride;
@@ -132,7 +133,7 @@ typedef struct fmoe_route_event {
     int32_t speculative_depth;
 } fmoe_route_event;
 
-/* Called once per MoE layer and chunk after routing. Must not call back into the session.
+/* Called once per MoE layer and pass (chunk or batch) after routing. Must not call back into the session.
  * @return 0, or a negative fmoe error code: the forward call stops and returns it. */
 typedef int (*fmoe_route_fn)(void *ctx, const fmoe_route_event *ev);
 
@@ -180,7 +181,8 @@ typedef struct fmoe_forward_trace {
 
 /*
  * Allocates all run state of one sequence: KV cache for max_context positions, activation
- * buffers for max_batch tokens, RoPE tables, thread pool. Nothing is allocated after this.
+ * buffers for max_batch tokens (and [max_batch][V] floats for the lm head of a batch),
+ * RoPE tables, thread pool. Nothing is allocated after this.
  * @return 0 and *out, FMOE_EINVAL (bad options), FMOE_ENOMEM.
  */
 int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
@@ -205,5 +207,39 @@ int32_t fmoe_session_position(const fmoe_session *s);
  */
 int fmoe_session_forward(fmoe_session *s, const int32_t *tokens, int32_t n,
                          const fmoe_forward_trace *trace, float *logits);
+
+/* One sequence's part of a batched forward call. */
+typedef struct fmoe_batch_item {
+    fmoe_session *session;            /* the sequence: its KV cache and position */
+    const int32_t *tokens;
+    int32_t n;                        /* >= 1 */
+    const fmoe_forward_trace *trace;  /* rows for this item's n tokens (as fmoe_session_forward's), or NULL */
+    float *logits;                    /* [V]: the logits of its last token, or NULL */
+} fmoe_batch_item;
+
+/*
+ * Runs several sequences' tokens as one forward pass (continuous batching): attention per
+ * sequence against its own KV cache at its own positions; every other product (q/k/v/o
+ * projections, router, routed experts, shared experts, lm head) over the rows of all items
+ * together, so each chosen expert runs once per layer for the whole batch, and runner's
+ * hooks see one fmoe_route_event per MoE layer holding all tokens (item order, then token
+ * order; experts in order of first appearance over those rows).
+ *
+ * `runner` supplies the activation buffers, threads and hooks; its max_batch must hold the
+ * items' total tokens; its own KV cache is untouched unless it is also one of the items.
+ * Items' sessions lend only their KV cache, position and RoPE state (dynamic NTK scales
+ * per sequence, by its position + n). Each item's trace gets its rows as
+ * fmoe_session_forward would write them, and layer_seconds the whole batch's layer time;
+ * logits are its last token's, or [n][V] of every token when runner has all_logits.
+ * Every item's position advances by its n. Results equal each sequence run alone up to
+ * float rounding (products over more rows may sum in another order).
+ *
+ * @return 0, FMOE_EINVAL (count < 1, total tokens > runner's max_batch, a session of
+ *         another model or with a larger max_context than runner's, the same session twice,
+ *         a token outside the vocabulary), FMOE_ERANGE (an item would exceed its context);
+ *         on error nothing was computed and no position changed. A hook's error stops the
+ *         call midway and is returned; positions are then unchanged.
+ */
+int fmoe_session_forward_batch(fmoe_session *runner, const fmoe_batch_item *items, int32_t count);
 
 #endif
