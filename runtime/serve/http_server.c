@@ -1,0 +1,700 @@
+/*
+ * http_server.c - libmicrohttpd glue of `fmoe serve`: listening, routing, auth, body
+ * limits, and streaming a job's text as server-sent events.
+ *
+ * Threading: MHD runs one thread per connection, so a handler may block: a non-streamed
+ * request waits for its job in the access handler, and a stream's content reader blocks in
+ * serve_job_wait (short timeouts, in a loop, so that shutdown and idle keep-alives are
+ * noticed). The engine pointer and the quiesce/stop flags are atomics read by those
+ * threads.
+ *
+ * We create the listening socket ourselves (MHD_OPTION_LISTEN_SOCKET): MHD_start_daemon
+ * says only "failed", and an operator wants "127.0.0.1:8080: Address already in use".
+ */
+#include "http_server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "fmoe/error.h"
+#include "openai_api.h"
+
+struct serve_http {
+    struct MHD_Daemon *daemon;
+    int listen_fd;               /* ours until quiesced; MHD closes it on stop otherwise */
+    int port;
+    char *api_key;               /* NULL: no auth */
+    size_t api_key_len;
+    size_t max_body;
+    const fmoe_tokenizer *tok;
+    serve_metrics *metrics;
+    _Atomic(serve_engine *) engine;
+    atomic_int quiesced;
+    atomic_int stopping;
+    atomic_uint_fast64_t id_counter; /* mixed into ids if getrandom fails */
+};
+
+/* Seconds a stream or a waiting request sleeps per serve_job_wait; the latency of noticing
+ * a shutdown or a closed socket. */
+#define WAIT_SLICE_S 0.25
+/* An SSE comment after this long without text, so that proxies and clients with read
+ * timeouts see the connection alive while a request waits in the queue. */
+#define KEEPALIVE_S 15.0
+/* After a shutdown cancelled a job, how long a stream waits for the engine to end it. */
+#define STOP_WAIT_S 5.0
+
+/* ---------------------------------------------------------------------------------------
+ * Responses
+ * ------------------------------------------------------------------------------------ */
+
+static const char error_oom[] =
+    "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+    "\"code\":null}}";
+
+/* Queues body (malloc'd, taken; NULL: out of memory, answered with a fixed 500). */
+static enum MHD_Result reply(serve_http *h, struct MHD_Connection *c, int status,
+                             const char *content_type, char *body, size_t len) {
+    struct MHD_Response *r;
+    if (body) {
+        r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+        if (!r) free(body);
+    } else {
+        status = 500;
+        content_type = "application/json";
+        r = MHD_create_response_from_buffer(sizeof error_oom - 1, (void *)error_oom,
+                                            MHD_RESPMEM_PERSISTENT);
+    }
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, POST");
+    if (atomic_load(&h->quiesced)) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    if (ok == MHD_YES) serve_metrics_http_status(h->metrics, status);
+    return ok;
+}
+
+static enum MHD_Result reply_json(serve_http *h, struct MHD_Connection *c, int status,
+                                  char *json) {
+    return reply(h, c, status, "application/json", json, json ? strlen(json) : 0);
+}
+
+static enum MHD_Result reply_error(serve_http *h, struct MHD_Connection *c, int status,
+                                   const char *type, const char *param, const char *code,
+                                   const char *message) {
+    return reply_json(h, c, status, serve_api_render_error(type, message, param, code));
+}
+
+static enum MHD_Result reply_busy(serve_http *h, struct MHD_Connection *c, const char *why) {
+    return reply_error(h, c, 503, "overloaded_error", NULL, NULL, why);
+}
+
+static char *dup_str(const char *s) {
+    return strdup(s);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Routing and per-request state
+ * ------------------------------------------------------------------------------------ */
+
+enum route { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS };
+
+static const struct {
+    const char *path;
+    const char *method;
+    int auth;
+} routes[] = {
+    [R_CHAT] = {"/v1/chat/completions", "POST", 1},
+    [R_COMPLETIONS] = {"/v1/completions", "POST", 1},
+    [R_MODELS] = {"/v1/models", "GET", 1},
+    [R_HEALTH] = {"/health", "GET", 0},
+    [R_METRICS] = {"/metrics", "GET", 0},
+};
+#define NUM_ROUTES ((int)(sizeof routes / sizeof routes[0]))
+
+/* The access handler's con_cls: one per request. */
+typedef struct request {
+    int route;
+    int responded;     /* a response is queued: the rest of the body is discarded */
+    int too_large;     /* the body passed max_body: 413 when it ends */
+    char *body;        /* [len] bytes received so far (cap allocated) */
+    size_t len, cap;
+} request;
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)c, (void)toe;
+    request *r = *con_cls;
+    if (!r) return;
+    free(r->body);
+    free(r);
+    *con_cls = NULL;
+}
+
+/* Constant time in the key's length whatever the guess: no early exit on a mismatch. */
+static int auth_ok(const serve_http *h, struct MHD_Connection *c) {
+    if (!h->api_key) return 1;
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!v || strncasecmp(v, "Bearer ", 7) != 0) return 0;
+    const char *k = v + 7;
+    while (*k == ' ') k++;
+    size_t n = strlen(k);
+    unsigned diff = n != h->api_key_len;
+    for (size_t i = 0; i < h->api_key_len; i++)
+        diff |= (unsigned char)h->api_key[i] ^ (unsigned char)(i < n ? k[i] : 0);
+    return diff == 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * GET endpoints
+ * ------------------------------------------------------------------------------------ */
+
+static enum MHD_Result get_health(serve_http *h, struct MHD_Connection *c) {
+    serve_engine *e = atomic_load(&h->engine);
+    int stopping = atomic_load(&h->quiesced) || atomic_load(&h->stopping);
+    serve_engine_gauges g = {0};
+    if (e && !stopping) serve_engine_get_gauges(e, &g);
+    if (e && !stopping && g.ready) return reply_json(h, c, 200, dup_str("{\"status\":\"ok\"}"));
+    return reply_json(h, c, 503, dup_str(stopping ? "{\"status\":\"stopping\"}"
+                                                  : "{\"status\":\"loading\"}"));
+}
+
+static enum MHD_Result get_metrics(serve_http *h, struct MHD_Connection *c) {
+    serve_engine *e = atomic_load(&h->engine);
+    serve_engine_gauges g = {0};
+    serve_layer_counters *layers = NULL;
+    int32_t L = 0;
+    if (e) {
+        serve_engine_info info;
+        serve_engine_get_info(e, &info);
+        serve_engine_get_gauges(e, &g);
+        L = info.num_layers > 0 ? info.num_layers : 0;
+        if (L && !(layers = calloc((size_t)L, sizeof *layers))) return reply_json(h, c, 500, NULL);
+        if (L) serve_engine_get_layers(e, layers);
+    }
+    /* Counted before rendering so that this scrape's own 200 shows in it. */
+    serve_metrics_http_status(h->metrics, 200);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = serve_metrics_render(h->metrics, &g, layers, L, &text, &len);
+    free(layers);
+    if (rc < 0) return reply_json(h, c, 500, NULL);
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
+    enum MHD_Result ok = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result get_models(serve_http *h, struct MHD_Connection *c) {
+    serve_engine *e = atomic_load(&h->engine);
+    if (!e) return reply_busy(h, c, "the model is loading");
+    serve_engine_info info;
+    serve_engine_get_info(e, &info);
+    return reply_json(h, c, 200, serve_api_render_models(&info));
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Streams: a content reader producing SSE events from serve_job_wait
+ * ------------------------------------------------------------------------------------ */
+
+typedef struct stream {
+    serve_http *h;
+    serve_job *job;
+    serve_api_meta meta;
+    char id[SERVE_API_ID_MAX];
+    char *model;               /* owned copy: the engine's string may go before we do */
+    int include_usage;
+    int role_sent;             /* chat: the first chunk ({"role":"assistant"}) went out */
+    int finished;              /* the job finished: nothing to cancel */
+    int done;                  /* [DONE] is in pend: end after it */
+    int cancelled;
+    size_t have;               /* bytes of the job's text sent */
+    double idle_s, stop_wait_s;
+    char *pend;                /* [pend_len] bytes to send, from pend_off */
+    size_t pend_len, pend_off, pend_cap;
+} stream;
+
+static int pend_add(stream *s, const char *a, size_t n) {
+    if (s->pend_len + n > s->pend_cap) {
+        size_t cap = (s->pend_cap ? s->pend_cap * 2 : 1024) + n;
+        char *p = realloc(s->pend, cap);
+        if (!p) return -1;
+        s->pend = p;
+        s->pend_cap = cap;
+    }
+    memcpy(s->pend + s->pend_len, a, n);
+    s->pend_len += n;
+    return 0;
+}
+
+/* Queues "data: JSON\n\n"; takes json (NULL: out of memory). */
+static int pend_event(stream *s, char *json) {
+    if (!json) return -1;
+    int rc = pend_add(s, "data: ", 6) || pend_add(s, json, strlen(json)) || pend_add(s, "\n\n", 2);
+    free(json);
+    return rc ? -1 : 0;
+}
+
+/* Produces the next events into pend (possibly none, after a wait slice). @return 0 or
+ * -1 (out of memory, or the engine did not end a cancelled job in time). */
+static int stream_next(stream *s) {
+    int chat = s->meta.kind == SERVE_API_CHAT;
+    if (chat && !s->role_sent) {
+        s->role_sent = 1;
+        return pend_event(s, serve_api_render_chunk(&s->meta, 1, NULL, 0, NULL, s->include_usage));
+    }
+    if (atomic_load(&s->h->stopping)) {
+        if (!s->cancelled) serve_job_cancel(s->job);
+        s->cancelled = 1;
+        if ((s->stop_wait_s += WAIT_SLICE_S) > STOP_WAIT_S) return -1;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    serve_job_status st;
+    int news = serve_job_wait(s->job, s->have, WAIT_SLICE_S, &text, &len, &st);
+    if (news != 1) {
+        free(text);
+        if ((s->idle_s += WAIT_SLICE_S) < KEEPALIVE_S) return 0;
+        s->idle_s = 0;
+        return pend_add(s, ": keep-alive\n\n", 14);
+    }
+    s->idle_s = 0;
+    int rc = 0;
+    if (len > s->have)
+        rc = pend_event(s, serve_api_render_chunk(&s->meta, 0, text + s->have, len - s->have,
+                                                  NULL, s->include_usage));
+    if (len > s->have) s->have = len;
+    free(text);
+    if (rc < 0 || st.finished == SERVE_RUNNING) return rc;
+
+    s->finished = 1;
+    if (st.finished == SERVE_FINISH_ERROR) {
+        rc = pend_event(s, serve_api_render_error("server_error", st.error, NULL, NULL));
+    } else {
+        rc = pend_event(s, serve_api_render_chunk(&s->meta, 0, "", 0,
+                                                  serve_api_finish_reason(st.finished),
+                                                  s->include_usage));
+        if (!rc && s->include_usage) rc = pend_event(s, serve_api_render_usage_chunk(&s->meta, &st));
+    }
+    if (!rc) rc = pend_add(s, "data: [DONE]\n\n", 14);
+    s->done = 1;
+    return rc;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    stream *s = cls;
+    for (;;) {
+        if (s->pend_off < s->pend_len) {
+            size_t n = s->pend_len - s->pend_off;
+            if (n > max) n = max;
+            memcpy(buf, s->pend + s->pend_off, n);
+            s->pend_off += n;
+            return (ssize_t)n;
+        }
+        s->pend_len = s->pend_off = 0;
+        if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (stream_next(s) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+}
+
+/* MHD frees the response when the connection is done with it: finished, or the client
+ * went away (then the job is still running and is cancelled). */
+static void stream_free(void *cls) {
+    stream *s = cls;
+    if (!s->finished) serve_job_cancel(s->job);
+    serve_job_release(s->job);
+    free(s->model);
+    free(s->pend);
+    free(s);
+}
+
+static enum MHD_Result start_stream(serve_http *h, struct MHD_Connection *c, serve_job *job,
+                                    const serve_api_meta *meta, int include_usage) {
+    stream *s = calloc(1, sizeof *s);
+    if (s) s->model = strdup(meta->model ? meta->model : "");
+    if (!s || !s->model) {
+        if (s) free(s);
+        serve_job_cancel(job);
+        serve_job_release(job);
+        return reply_json(h, c, 500, NULL);
+    }
+    s->h = h;
+    s->job = job;
+    s->include_usage = include_usage;
+    s->meta = *meta;
+    snprintf(s->id, sizeof s->id, "%s", meta->id);
+    s->meta.id = s->id;
+    s->meta.model = s->model;
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, s, stream_free);
+    if (!r) {
+        stream_free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    enum MHD_Result ok = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r); /* stream_free runs when MHD lets go of it */
+    if (ok == MHD_YES) serve_metrics_http_status(h->metrics, 200);
+    return ok;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * POST endpoints
+ * ------------------------------------------------------------------------------------ */
+
+/* A read of 0 bytes from a peeked socket: the client closed its end. */
+static int peer_closed(int fd) {
+    if (fd < 0) return 0;
+    char ch;
+    ssize_t n = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static void new_id(serve_http *h, int32_t kind, char out[SERVE_API_ID_MAX]) {
+    uint8_t rnd[12];
+    if (getrandom(rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) {
+        /* No entropy yet (early boot): unique is enough for an id. */
+        uint64_t a = atomic_fetch_add(&h->id_counter, 1), b = (uint64_t)time(NULL);
+        for (int i = 0; i < 8; i++) rnd[i] = (uint8_t)(a >> (8 * i));
+        for (int i = 0; i < 4; i++) rnd[8 + i] = (uint8_t)(b >> (8 * i));
+    }
+    serve_api_make_id(kind, rnd, out);
+}
+
+/* A non-streamed request: wait for the job to finish, cancelling it when the client
+ * hangs up. */
+static enum MHD_Result wait_and_reply(serve_http *h, struct MHD_Connection *c, serve_job *job,
+                                      const serve_api_meta *meta) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
+    int cancelled = 0;
+    char *text = NULL;
+    size_t len = 0;
+    serve_job_status st = {0};
+    for (;;) {
+        text = NULL;
+        /* have = SIZE_MAX: wake up only when the job finishes. */
+        int news = serve_job_wait(job, SIZE_MAX, WAIT_SLICE_S, &text, &len, &st);
+        if (news == 1 && st.finished != SERVE_RUNNING) break;
+        free(text);
+        if (!cancelled && (atomic_load(&h->stopping) || peer_closed(fd))) {
+            serve_job_cancel(job);
+            cancelled = 1;
+        }
+    }
+    serve_job_release(job);
+    if (cancelled && peer_closed(fd)) {
+        free(text);
+        return MHD_NO; /* nobody to answer */
+    }
+    enum MHD_Result ok;
+    if (st.finished == SERVE_FINISH_ERROR)
+        ok = reply_error(h, c, 500, "server_error", NULL, NULL,
+                         st.error[0] ? st.error : "generation failed");
+    else
+        ok = reply_json(h, c, 200, serve_api_render_response(meta, text, len, &st));
+    free(text);
+    return ok;
+}
+
+static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, request *r) {
+    serve_engine *e = atomic_load(&h->engine);
+    if (!e) return reply_busy(h, c, "the model is loading");
+    if (atomic_load(&h->quiesced)) return reply_busy(h, c, "the server is shutting down");
+
+    size_t bad_at = serve_api_utf8_invalid_at(r->body, r->len);
+    if (bad_at < r->len) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is not valid UTF-8 (byte %zu)", bad_at);
+        return reply_error(h, c, 400, "invalid_request_error", NULL, NULL, msg);
+    }
+    serve_engine_info info;
+    serve_engine_get_info(e, &info);
+    int32_t kind = r->route == R_CHAT ? SERVE_API_CHAT : SERVE_API_COMPLETION;
+    serve_api_request req;
+    serve_api_error err;
+    if (serve_api_parse(kind, r->body ? r->body : "", r->len, h->tok, info.max_context, &req,
+                        &err) < 0)
+        return reply_error(h, c, err.status, err.type, err.param, err.code, err.message);
+
+    int status = 500;
+    char msg[256] = "";
+    serve_job *job =
+        serve_engine_submit(e, req.prompt, req.num_prompt, &req.sampling, &status, msg, sizeof msg);
+    int stream = req.stream, include_usage = req.include_usage;
+    serve_api_request_free(&req); /* submit copied the prompt and the stop strings */
+    if (!job) {
+        if (status == 503) return reply_busy(h, c, msg[0] ? msg : "the server is busy");
+        if (status == 400)
+            return reply_error(h, c, 400, "invalid_request_error", NULL, NULL, msg);
+        return reply_error(h, c, 500, "server_error", NULL, NULL, msg[0] ? msg : "submit failed");
+    }
+
+    char id[SERVE_API_ID_MAX];
+    new_id(h, kind, id);
+    serve_api_meta meta = {kind, id, (int64_t)time(NULL), info.model_name ? info.model_name : ""};
+    if (stream) return start_stream(h, c, job, &meta, include_usage);
+    return wait_and_reply(h, c, job, &meta);
+}
+
+/* Appends an upload piece; past max_body the request is answered 413 (at once when MHD
+ * lets us queue a response mid-body, else when the body ends) and the rest discarded. */
+static enum MHD_Result take_body(serve_http *h, struct MHD_Connection *c, request *r,
+                                 const char *data, size_t n) {
+    if (r->too_large || r->len + n > h->max_body) {
+        if (!r->too_large) {
+            r->too_large = 1;
+            free(r->body);
+            r->body = NULL;
+            r->len = r->cap = 0;
+        }
+        return MHD_YES;
+    }
+    if (r->len + n > r->cap) {
+        size_t cap = r->cap ? r->cap : 4096;
+        while (cap < r->len + n) cap *= 2;
+        if (cap > h->max_body) cap = h->max_body;
+        char *b = realloc(r->body, cap);
+        if (!b) {
+            r->responded = 1;
+            return reply_json(h, c, 500, NULL);
+        }
+        r->body = b;
+        r->cap = cap;
+    }
+    memcpy(r->body + r->len, data, n);
+    r->len += n;
+    return MHD_YES;
+}
+
+static enum MHD_Result reply_too_large(serve_http *h, struct MHD_Connection *c) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", h->max_body);
+    return reply_error(h, c, 413, "invalid_request_error", NULL, NULL, msg);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The access handler
+ * ------------------------------------------------------------------------------------ */
+
+/* The first call for a request: route, method, auth, declared length. A response queued
+ * here means the body is never read. */
+static enum MHD_Result first_call(serve_http *h, struct MHD_Connection *c, const char *url,
+                                  const char *method, request *r) {
+    int route = -1;
+    for (int i = 0; i < NUM_ROUTES; i++)
+        if (strcmp(url, routes[i].path) == 0) route = i;
+    r->route = route;
+    char msg[256];
+    if (route < 0) {
+        r->responded = 1;
+        snprintf(msg, sizeof msg, "no such endpoint: %.200s", url);
+        return reply_error(h, c, 404, "invalid_request_error", NULL, "not_found", msg);
+    }
+    if (strcmp(method, routes[route].method) != 0) {
+        r->responded = 1;
+        snprintf(msg, sizeof msg, "%s takes %s, not %.32s", routes[route].path,
+                 routes[route].method, method);
+        return reply_error(h, c, 405, "invalid_request_error", NULL, "method_not_allowed", msg);
+    }
+    if (routes[route].auth && !auth_ok(h, c)) {
+        r->responded = 1;
+        return reply_error(h, c, 401, "authentication_error", NULL, "invalid_api_key",
+                           "Incorrect or missing API key (Authorization: Bearer KEY).");
+    }
+    switch (route) {
+    case R_HEALTH: r->responded = 1; return get_health(h, c);
+    case R_METRICS: r->responded = 1; return get_metrics(h, c);
+    case R_MODELS: r->responded = 1; return get_models(h, c);
+    default: break;
+    }
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (errno == 0 && end != cl && n > h->max_body) {
+            r->responded = 1;
+            return reply_too_large(h, c);
+        }
+    }
+    if (!atomic_load(&h->engine)) {
+        r->responded = 1;
+        return reply_busy(h, c, "the model is loading");
+    }
+    if (atomic_load(&h->quiesced)) {
+        r->responded = 1;
+        return reply_busy(h, c, "the server is shutting down");
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_size, void **con_cls) {
+    (void)version;
+    serve_http *h = cls;
+    request *r = *con_cls;
+    if (!r) {
+        if (!(r = calloc(1, sizeof *r))) return MHD_NO;
+        *con_cls = r;
+        return first_call(h, c, url, method, r);
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (r->responded) return MHD_YES;
+        return take_body(h, c, r, upload_data, n);
+    }
+    if (r->responded) return MHD_YES;
+    r->responded = 1;
+    if (r->too_large) return reply_too_large(h, c);
+    return post_generate(h, c, r);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Lifetime
+ * ------------------------------------------------------------------------------------ */
+
+static int listen_on(const char *host, int port, int *fd_out, int *port_out, int *v6) {
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int g = getaddrinfo(host, service, &hints, &ai);
+    if (g != 0)
+        return fmoe_error_set(FMOE_EIO, "cannot listen on %s:%d: %s", host, port, gai_strerror(g));
+    int fd = -1, err = 0;
+    for (struct addrinfo *a = ai; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+            *v6 = a->ai_family == AF_INET6;
+            break;
+        }
+        err = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    if (fd < 0)
+        return fmoe_error_set(FMOE_EIO, "cannot listen on %s:%d: %s", host, port, strerror(err));
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+        err = errno;
+        close(fd);
+        return fmoe_error_set(FMOE_EIO, "%s:%d: getsockname: %s", host, port, strerror(err));
+    }
+    *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    *fd_out = fd;
+    return 0;
+}
+
+int serve_http_start(const serve_http_options *o, serve_http **out) {
+    *out = NULL;
+    FMOE_RETURN_ERROR_IF(!o || !o->tokenizer, FMOE_EINVAL, "serve_http_start: no tokenizer");
+    FMOE_RETURN_ERROR_IF(o->port < 0 || o->port > 65535, FMOE_EINVAL,
+                         "serve_http_start: port %d outside [0, 65535]", o->port);
+    serve_http *h = calloc(1, sizeof *h);
+    if (!h) return fmoe_error_set(FMOE_ENOMEM, "serve_http_start: out of memory");
+    h->listen_fd = -1;
+    h->tok = o->tokenizer;
+    h->metrics = o->metrics;
+    h->max_body = o->max_body_bytes ? o->max_body_bytes : (size_t)1 << 20;
+    if (o->api_key && o->api_key[0]) {
+        if (!(h->api_key = strdup(o->api_key))) {
+            free(h);
+            return fmoe_error_set(FMOE_ENOMEM, "serve_http_start: out of memory");
+        }
+        h->api_key_len = strlen(h->api_key);
+    }
+    const char *host = o->host && o->host[0] ? o->host : "127.0.0.1";
+    int v6 = 0;
+    int rc = listen_on(host, o->port, &h->listen_fd, &h->port, &v6);
+    if (rc < 0) {
+        free(h->api_key);
+        free(h);
+        return rc;
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+                     MHD_USE_POLL | MHD_USE_ITC | (v6 ? MHD_USE_IPv6 : 0);
+    h->daemon = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, h,
+        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->listen_fd,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->connection_timeout_s ? o->connection_timeout_s : 30),
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->max_connections ? o->max_connections : 256),
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, (void *)NULL,
+        MHD_OPTION_END);
+    if (!h->daemon) {
+        close(h->listen_fd);
+        free(h->api_key);
+        free(h);
+        return fmoe_error_set(FMOE_EIO, "%s:%d: libmicrohttpd failed to start", host, o->port);
+    }
+    *out = h;
+    return 0;
+}
+
+int serve_http_port(const serve_http *h) { return h ? h->port : 0; }
+
+void serve_http_set_engine(serve_http *h, serve_engine *e) {
+    if (!h) return;
+    if (e && h->metrics) {
+        serve_engine_info info;
+        serve_engine_get_info(e, &info);
+        (void)serve_metrics_set_model_name(h->metrics, info.model_name); /* best effort */
+    }
+    atomic_store(&h->engine, e);
+}
+
+void serve_http_quiesce(serve_http *h) {
+    if (!h || atomic_exchange(&h->quiesced, 1)) return;
+    MHD_socket fd = MHD_quiesce_daemon(h->daemon);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+    h->listen_fd = -1;
+}
+
+void serve_http_stop(serve_http *h) {
+    if (!h) return;
+    atomic_store(&h->stopping, 1);
+    /* Joins every connection thread: streams see `stopping`, cancel their jobs and end
+     * within STOP_WAIT_S; a not quiesced daemon closes the listening socket itself. */
+    MHD_stop_daemon(h->daemon);
+    free(h->api_key);
+    free(h);
+}

@@ -1,0 +1,673 @@
+/*
+ * openai_api.c - parsing OpenAI requests into prompt ids and sampling, and rendering
+ * responses, chunks and errors (see openai_api.h for the fields).
+ *
+ * Every cJSON node is type-checked before use and every allocation checked: the body comes
+ * from the network, and tests/serve/fuzz_openai_request.c feeds this parser mutations.
+ */
+#include "openai_api.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "fmoe/error.h"
+
+/* ---------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------ */
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static int bad(serve_api_error *err, const char *param, const char *fmt, ...) {
+    err->status = 400;
+    err->type = "invalid_request_error";
+    err->code = NULL;
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return FMOE_EINVAL;
+}
+
+static int oom(serve_api_error *err) {
+    err->status = 500;
+    err->type = "server_error";
+    err->code = NULL;
+    err->param[0] = '\0';
+    snprintf(err->message, sizeof err->message, "out of memory");
+    return FMOE_ENOMEM;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Typed field access. Absent and null are the same: OpenAI clients send null for unset
+ * optional fields.
+ * ------------------------------------------------------------------------------------ */
+
+static const cJSON *field(const cJSON *obj, const char *name) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return (f && !cJSON_IsNull(f)) ? f : NULL;
+}
+
+/* An integral number in [lo, hi]. @return 1 when present, 0 absent, FMOE_EINVAL. */
+static int get_int(const cJSON *obj, const char *name, double lo, double hi, double *out,
+                   serve_api_error *err) {
+    const cJSON *f = field(obj, name);
+    if (!f) return 0;
+    if (!cJSON_IsNumber(f)) return bad(err, name, "'%s' must be an integer", name);
+    double d = f->valuedouble;
+    if (!isfinite(d) || d != floor(d)) return bad(err, name, "'%s' must be an integer", name);
+    if (d < lo || d > hi)
+        return bad(err, name, "'%s' is %.17g, outside [%.17g, %.17g]", name, d, lo, hi);
+    *out = d;
+    return 1;
+}
+
+static int get_bool(const cJSON *obj, const char *name, int *out, serve_api_error *err) {
+    const cJSON *f = field(obj, name);
+    if (!f) return 0;
+    if (!cJSON_IsBool(f)) return bad(err, name, "'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(f);
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Sampling fields common to both endpoints
+ * ------------------------------------------------------------------------------------ */
+
+static int parse_stop(const cJSON *root, serve_api_request *r, serve_api_error *err) {
+    const cJSON *f = field(root, "stop");
+    if (!f) return 0;
+    const cJSON *items[SERVE_API_MAX_STOP];
+    int n = 0;
+    if (cJSON_IsString(f)) {
+        items[n++] = f;
+    } else if (cJSON_IsArray(f)) {
+        int size = cJSON_GetArraySize(f);
+        if (size > SERVE_API_MAX_STOP)
+            return bad(err, "stop", "'stop' has %d strings; at most %d are allowed", size,
+                       SERVE_API_MAX_STOP);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, f) {
+            if (!cJSON_IsString(it)) return bad(err, "stop", "'stop' must hold strings");
+            items[n++] = it;
+        }
+    } else {
+        return bad(err, "stop", "'stop' must be a string or an array of strings");
+    }
+    for (int i = 0; i < n; i++) {
+        /* An empty stop string would end every generation at once; clients send [""] to
+         * mean "none". */
+        if (items[i]->valuestring[0] == '\0') continue;
+        char *s = strdup(items[i]->valuestring);
+        if (!s) return oom(err);
+        r->stop_ptrs[r->sampling.num_stop] = r->stop_store[r->sampling.num_stop] = s;
+        r->sampling.num_stop++;
+    }
+    r->sampling.stop = r->sampling.num_stop ? r->stop_ptrs : NULL;
+    return 0;
+}
+
+static int parse_sampling(const cJSON *root, serve_api_request *r, int32_t *max_tokens,
+                          serve_api_error *err) {
+    serve_sampling *s = &r->sampling;
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    *max_tokens = 0;
+
+    double d;
+    int rc;
+    /* max_completion_tokens replaces the deprecated max_tokens; a request may carry both. */
+    if ((rc = get_int(root, "max_tokens", -INFINITY, INFINITY, &d, err)) < 0) return rc;
+    if (rc && d < 1) return bad(err, "max_tokens", "'max_tokens' must be at least 1");
+    if (rc) *max_tokens = d > INT32_MAX ? INT32_MAX : (int32_t)d;
+    if ((rc = get_int(root, "max_completion_tokens", -INFINITY, INFINITY, &d, err)) < 0)
+        return rc;
+    if (rc && d < 1)
+        return bad(err, "max_completion_tokens", "'max_completion_tokens' must be at least 1");
+    if (rc) *max_tokens = d > INT32_MAX ? INT32_MAX : (int32_t)d;
+
+    const cJSON *f;
+    if ((f = field(root, "temperature"))) {
+        if (!cJSON_IsNumber(f)) return bad(err, "temperature", "'temperature' must be a number");
+        if (!(f->valuedouble >= 0 && f->valuedouble <= 2))
+            return bad(err, "temperature", "'temperature' is %g, outside [0, 2]", f->valuedouble);
+        s->temperature = (float)f->valuedouble;
+    }
+    if ((f = field(root, "top_p"))) {
+        if (!cJSON_IsNumber(f)) return bad(err, "top_p", "'top_p' must be a number");
+        if (!(f->valuedouble > 0 && f->valuedouble <= 1))
+            return bad(err, "top_p", "'top_p' is %g, outside (0, 1]", f->valuedouble);
+        s->top_p = (float)f->valuedouble;
+    }
+    if ((rc = get_int(root, "top_k", 0, INT32_MAX, &d, err)) < 0) return rc;
+    if (rc) s->top_k = (int32_t)d;
+    /* Seeds are int64 in OpenAI's API; a double holds them exactly up to 2^53, and beyond
+     * that the same JSON number still gives the same seed. */
+    if ((rc = get_int(root, "seed", -9223372036854775808.0, 18446744073709551615.0, &d, err)) < 0)
+        return rc;
+    if (rc) {
+        s->has_seed = 1;
+        s->seed = d < 0 ? (uint64_t)(int64_t)d : d >= 18446744073709551615.0 ? UINT64_MAX
+                                                                              : (uint64_t)d;
+    }
+    if ((rc = get_int(root, "n", -INFINITY, INFINITY, &d, err)) < 0) return rc;
+    if (rc && d != 1) return bad(err, "n", "'n' must be 1: one choice per request is supported");
+    int b;
+    if ((rc = get_bool(root, "ignore_eos", &b, err)) < 0) return rc;
+    if (rc) s->ignore_eos = b;
+    if ((rc = get_bool(root, "stream", &b, err)) < 0) return rc;
+    if (rc) r->stream = b;
+    if ((f = field(root, "stream_options"))) {
+        if (!cJSON_IsObject(f))
+            return bad(err, "stream_options", "'stream_options' must be an object");
+        if ((rc = get_bool(f, "include_usage", &b, err)) < 0) {
+            snprintf(err->param, sizeof err->param, "stream_options.include_usage");
+            return rc;
+        }
+        if (rc) r->include_usage = b;
+    }
+    return parse_stop(root, r, err);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Prompts
+ * ------------------------------------------------------------------------------------ */
+
+/* A message's content: a string, null, or text parts concatenated. *out is malloc'd. */
+static int message_content(const cJSON *c, int i, char **out, serve_api_error *err) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].content", i);
+    if (!c || cJSON_IsNull(c)) {
+        *out = strdup("");
+        return *out ? 0 : oom(err);
+    }
+    if (cJSON_IsString(c)) {
+        *out = strdup(c->valuestring);
+        return *out ? 0 : oom(err);
+    }
+    if (!cJSON_IsArray(c))
+        return bad(err, param, "'%s' must be a string or an array of content parts", param);
+    size_t total = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type))
+            return bad(err, param, "'%s' parts must be objects with a 'type'", param);
+        if (strcmp(type->valuestring, "text") != 0)
+            return bad(err, param, "content part type '%.64s' is not supported (text only)",
+                       type->valuestring);
+        if (!cJSON_IsString(text))
+            return bad(err, param, "'%s' text parts need a string 'text'", param);
+        total += strlen(text->valuestring);
+    }
+    char *s = malloc(total + 1);
+    if (!s) return oom(err);
+    size_t at = 0;
+    cJSON_ArrayForEach(part, c) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(s + at, t, n);
+        at += n;
+    }
+    s[at] = '\0';
+    *out = s;
+    return 0;
+}
+
+static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_request *r,
+                       serve_api_error *err) {
+    const cJSON *msgs = field(root, "messages");
+    if (!msgs) return bad(err, "messages", "'messages' is required");
+    if (!cJSON_IsArray(msgs)) return bad(err, "messages", "'messages' must be an array");
+    int n = cJSON_GetArraySize(msgs);
+    if (n == 0) return bad(err, "messages", "'messages' must not be empty");
+
+    fmoe_chat_message *cm = calloc((size_t)n, sizeof *cm);
+    char **contents = calloc((size_t)n, sizeof *contents);
+    char *text = NULL;
+    int rc = 0;
+    if (!cm || !contents) {
+        rc = oom(err);
+        goto done;
+    }
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) {
+            rc = bad(err, param, "'%s' must be an object", param);
+            goto done;
+        }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role)) {
+            snprintf(param, sizeof param, "messages[%d].role", i);
+            rc = bad(err, param, "'%s' must be a string", param);
+            goto done;
+        }
+        if ((rc = message_content(cJSON_GetObjectItemCaseSensitive(m, "content"), i,
+                                  &contents[i], err)) < 0)
+            goto done;
+        cm[i].role = role->valuestring;
+        cm[i].content = contents[i];
+        i++;
+    }
+    size_t tlen;
+    rc = fmoe_tokenizer_apply_chat_template(tok, cm, (size_t)n,
+                                            &(fmoe_chat_options){.add_generation_prompt = 1},
+                                            &text, &tlen);
+    if (rc == FMOE_ENOMEM) {
+        rc = oom(err);
+        goto done;
+    }
+    if (rc < 0) {
+        rc = bad(err, "messages", "%s", fmoe_error_detail());
+        goto done;
+    }
+    size_t nids;
+    rc = fmoe_tokenizer_encode_alloc(tok, text, tlen, 0, &r->prompt, &nids);
+    if (rc < 0) {
+        rc = rc == FMOE_ENOMEM ? oom(err) : bad(err, "messages", "%s", fmoe_error_detail());
+        goto done;
+    }
+    if (nids > INT32_MAX) {
+        rc = bad(err, "messages", "the prompt is too long");
+        goto done;
+    }
+    r->num_prompt = (int32_t)nids;
+done:
+    if (contents)
+        for (int k = 0; k < n; k++) free(contents[k]);
+    free(contents);
+    free(cm);
+    free(text);
+    return rc;
+}
+
+static int ids_prompt(const cJSON *arr, const fmoe_tokenizer *tok, serve_api_request *r,
+                      serve_api_error *err) {
+    int n = cJSON_GetArraySize(arr);
+    int32_t vocab = fmoe_tokenizer_vocab_size(tok);
+    r->prompt = malloc((size_t)(n ? n : 1) * sizeof *r->prompt);
+    if (!r->prompt) return oom(err);
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        double d = cJSON_IsNumber(it) ? it->valuedouble : -1;
+        if (!cJSON_IsNumber(it) || d != floor(d) || d < 0 || d >= vocab)
+            return bad(err, "prompt", "prompt token %d is not an id in [0, %d)", i, vocab);
+        r->prompt[i++] = (int32_t)d;
+    }
+    r->num_prompt = n;
+    return 0;
+}
+
+static int completion_prompt(const cJSON *root, const fmoe_tokenizer *tok,
+                             serve_api_request *r, serve_api_error *err) {
+    const cJSON *p = field(root, "prompt");
+    if (!p) return bad(err, "prompt", "'prompt' is required");
+    if (cJSON_IsArray(p)) {
+        int n = cJSON_GetArraySize(p);
+        if (n == 0) return bad(err, "prompt", "'prompt' must not be empty");
+        const cJSON *first = cJSON_GetArrayItem(p, 0);
+        if (cJSON_IsNumber(first)) return ids_prompt(p, tok, r, err);
+        if (n != 1)
+            return bad(err, "prompt", "one prompt per request is supported (got %d)", n);
+        if (cJSON_IsArray(first)) return ids_prompt(first, tok, r, err);
+        p = first;
+    }
+    if (!cJSON_IsString(p))
+        return bad(err, "prompt", "'prompt' must be a string, an array of one string, or "
+                                  "token ids");
+    size_t nids;
+    int rc = fmoe_tokenizer_encode_alloc(tok, p->valuestring, strlen(p->valuestring), 1,
+                                         &r->prompt, &nids);
+    if (rc < 0) return rc == FMOE_ENOMEM ? oom(err) : bad(err, "prompt", "%s", fmoe_error_detail());
+    if (nids > INT32_MAX) return bad(err, "prompt", "the prompt is too long");
+    r->num_prompt = (int32_t)nids;
+    return 0;
+}
+
+/* Options of the legacy endpoint that change the response's shape: refused, not ignored,
+ * so that a client does not read a field that is not there. */
+static int completion_unsupported(const cJSON *root, serve_api_error *err) {
+    int b, rc;
+    double d;
+    if ((rc = get_bool(root, "echo", &b, err)) < 0) return rc;
+    if (rc && b) return bad(err, "echo", "'echo' is not supported");
+    const cJSON *f = field(root, "logprobs");
+    if (f && !(cJSON_IsNumber(f) && f->valuedouble == 0) && !cJSON_IsFalse(f))
+        return bad(err, "logprobs", "'logprobs' is not supported");
+    if ((rc = get_int(root, "best_of", -INFINITY, INFINITY, &d, err)) < 0) return rc;
+    if (rc && d != 1) return bad(err, "best_of", "'best_of' must be 1");
+    if ((f = field(root, "suffix")) && !(cJSON_IsString(f) && f->valuestring[0] == '\0'))
+        return bad(err, "suffix", "'suffix' is not supported");
+    return 0;
+}
+
+static int chat_unsupported(const cJSON *root, serve_api_error *err) {
+    int b, rc;
+    if ((rc = get_bool(root, "logprobs", &b, err)) < 0) return rc;
+    if (rc && b) return bad(err, "logprobs", "'logprobs' is not supported");
+    return 0;
+}
+
+int serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_tokenizer *tok,
+                    int32_t max_context, serve_api_request *out, serve_api_error *err) {
+    memset(out, 0, sizeof *out);
+    memset(err, 0, sizeof *err);
+    out->kind = kind;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        /* cJSON reports the error position as a pointer into body (or just past it). */
+        size_t off = (at && at >= body && at <= body + len) ? (size_t)(at - body) : 0;
+        if (len == 0) return bad(err, NULL, "the request body is empty; expected JSON");
+        return bad(err, NULL, "the request body is not valid JSON (near byte %zu)", off);
+    }
+    int rc;
+    int32_t max_tokens;
+    size_t tail = end && end >= body && end <= body + len ? (size_t)(end - body) : len;
+    while (tail < len && strchr(" \t\r\n", body[tail]) && body[tail]) tail++;
+    if (tail < len) {
+        rc = bad(err, NULL, "the request body is not valid JSON (data after the value at "
+                            "byte %zu)", tail);
+        goto fail;
+    }
+    if (!cJSON_IsObject(root)) {
+        rc = bad(err, NULL, "the request body must be a JSON object");
+        goto fail;
+    }
+    if ((rc = parse_sampling(root, out, &max_tokens, err)) < 0) goto fail;
+    if (kind == SERVE_API_CHAT) {
+        if ((rc = chat_unsupported(root, err)) < 0) goto fail;
+        rc = chat_prompt(root, tok, out, err);
+    } else {
+        if ((rc = completion_unsupported(root, err)) < 0) goto fail;
+        rc = completion_prompt(root, tok, out, err);
+    }
+    if (rc < 0) goto fail;
+
+    const char *pfield = kind == SERVE_API_CHAT ? "messages" : "prompt";
+    if (out->num_prompt == 0) {
+        rc = bad(err, pfield, "the prompt is empty");
+        goto fail;
+    }
+    int64_t left = (int64_t)max_context - out->num_prompt;
+    if (left < 1 || (max_tokens && max_tokens > left)) {
+        rc = bad(err, pfield,
+                 "This model's maximum context length is %d tokens. However, you requested "
+                 "%lld tokens (%d in the prompt, %lld for the completion).",
+                 max_context, (long long)out->num_prompt + (max_tokens ? max_tokens : 0),
+                 out->num_prompt, (long long)(max_tokens ? max_tokens : 0));
+        err->code = "context_length_exceeded";
+        goto fail;
+    }
+    out->sampling.max_tokens = max_tokens ? max_tokens : (int32_t)left;
+    cJSON_Delete(root);
+    return 0;
+fail:
+    cJSON_Delete(root);
+    serve_api_request_free(out);
+    out->kind = kind;
+    return rc;
+}
+
+size_t serve_api_utf8_invalid_at(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        /* The second byte's range excludes overlong forms (E0, F0), surrogates (ED) and
+         * code points past U+10FFFF (F4), as in the Unicode standard's table 3-7. */
+        size_t k;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) k = 2;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            k = 3;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            k = 4;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return i;
+        }
+        if (i + k > n) return i;
+        if (s[i + 1] < lo || s[i + 1] > hi) return i;
+        for (size_t j = 2; j < k; j++)
+            if ((s[i + j] & 0xC0) != 0x80) return i;
+        i += k;
+    }
+    return n;
+}
+
+void serve_api_request_free(serve_api_request *r) {
+    if (!r) return;
+    free(r->prompt);
+    for (int i = 0; i < SERVE_API_MAX_STOP; i++) free(r->stop_store[i]);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Rendering
+ * ------------------------------------------------------------------------------------ */
+
+void serve_api_make_id(int32_t kind, const uint8_t rnd[12], char out[SERVE_API_ID_MAX]) {
+    static const char hex[] = "0123456789abcdef";
+    int at = snprintf(out, SERVE_API_ID_MAX, "%s", kind == SERVE_API_CHAT ? "chatcmpl-" : "cmpl-");
+    for (int i = 0; i < 12; i++) {
+        out[at++] = hex[rnd[i] >> 4];
+        out[at++] = hex[rnd[i] & 15];
+    }
+    out[at] = '\0';
+}
+
+const char *serve_api_finish_reason(int32_t finish) {
+    switch (finish) {
+    case SERVE_FINISH_STOP: return "stop";
+    case SERVE_FINISH_LENGTH:
+    case SERVE_FINISH_CANCELLED: return "length";
+    default: return NULL;
+    }
+}
+
+/* cJSON wants NUL-terminated strings; the engine's text is a byte range. */
+static cJSON *string_n(const char *text, size_t len) {
+    char *s = malloc(len + 1);
+    if (!s) return NULL;
+    if (len) memcpy(s, text, len);
+    s[len] = '\0';
+    cJSON *j = cJSON_CreateString(s);
+    free(s);
+    return j;
+}
+
+/* Adds item to obj; on failure deletes it. @return 0 or -1. */
+static int put(cJSON *obj, const char *name, cJSON *item) {
+    if (!item) return -1;
+    if (!cJSON_AddItemToObject(obj, name, item)) {
+        cJSON_Delete(item);
+        return -1;
+    }
+    return 0;
+}
+
+static int put_num(cJSON *obj, const char *name, double v) {
+    return put(obj, name, cJSON_CreateNumber(isfinite(v) ? v : 0));
+}
+
+static int put_str(cJSON *obj, const char *name, const char *s) {
+    return put(obj, name, s ? cJSON_CreateString(s) : cJSON_CreateNull());
+}
+
+static cJSON *header(const serve_api_meta *m, const char *object) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    if (put_str(o, "id", m->id) || put_str(o, "object", object) ||
+        put_num(o, "created", (double)m->created) || put_str(o, "model", m->model)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+static int put_usage(cJSON *o, const serve_job_status *st) {
+    cJSON *u = cJSON_CreateObject();
+    if (put(o, "usage", u)) return -1;
+    if (put_num(u, "prompt_tokens", st->prompt_tokens) ||
+        put_num(u, "completion_tokens", st->completion_tokens) ||
+        put_num(u, "total_tokens", (double)st->prompt_tokens + st->completion_tokens))
+        return -1;
+
+    /* llama.cpp's server `timings`: per-token ms and tokens per second of each phase. */
+    cJSON *t = cJSON_CreateObject();
+    if (put(o, "timings", t)) return -1;
+    double pn = st->prompt_tokens, gn = st->completion_tokens;
+    if (put_num(t, "prompt_n", pn) || put_num(t, "prompt_ms", st->prompt_ms) ||
+        put_num(t, "prompt_per_token_ms", pn > 0 ? st->prompt_ms / pn : 0) ||
+        put_num(t, "prompt_per_second", st->prompt_ms > 0 ? 1e3 * pn / st->prompt_ms : 0) ||
+        put_num(t, "predicted_n", gn) || put_num(t, "predicted_ms", st->predicted_ms) ||
+        put_num(t, "predicted_per_token_ms", gn > 0 ? st->predicted_ms / gn : 0) ||
+        put_num(t, "predicted_per_second",
+                st->predicted_ms > 0 ? 1e3 * gn / st->predicted_ms : 0))
+        return -1;
+
+    cJSON *f = cJSON_CreateObject();
+    if (put(o, "fmoe", f)) return -1;
+    const serve_job_cache *c = &st->cache;
+    if (put_num(f, "hits", (double)c->hits) || put_num(f, "misses", (double)c->misses) ||
+        put_num(f, "late", (double)c->late) || put_num(f, "prefetched", (double)c->prefetched) ||
+        put_num(f, "bytes_loaded", (double)c->bytes_loaded) ||
+        put_num(f, "stall_ms", c->stall_ms) || put_num(f, "queue_ms", st->queue_ms))
+        return -1;
+    return 0;
+}
+
+/* Prints and deletes o. */
+static char *finish_json(cJSON *o) {
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
+char *serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
+                                const serve_job_status *st) {
+    int chat = m->kind == SERVE_API_CHAT;
+    cJSON *o = header(m, chat ? "chat.completion" : "text_completion");
+    if (!o) return NULL;
+    cJSON *choices = cJSON_CreateArray(), *c = cJSON_CreateObject();
+    if (put(o, "choices", choices)) goto fail;
+    if (!c || !cJSON_AddItemToArray(choices, c)) {
+        cJSON_Delete(c);
+        goto fail;
+    }
+    if (put_num(c, "index", 0)) goto fail;
+    if (chat) {
+        cJSON *msg = cJSON_CreateObject();
+        if (put(c, "message", msg) || put_str(msg, "role", "assistant") ||
+            put(msg, "content", string_n(text, len)))
+            goto fail;
+    } else if (put(c, "text", string_n(text, len))) {
+        goto fail;
+    }
+    if (put_str(c, "finish_reason", serve_api_finish_reason(st->finished)) ||
+        put(c, "logprobs", cJSON_CreateNull()) || put_usage(o, st))
+        goto fail;
+    return finish_json(o);
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+char *serve_api_render_chunk(const serve_api_meta *m, int role, const char *text, size_t len,
+                             const char *finish_reason, int usage_null) {
+    int chat = m->kind == SERVE_API_CHAT;
+    cJSON *o = header(m, chat ? "chat.completion.chunk" : "text_completion");
+    if (!o) return NULL;
+    cJSON *choices = cJSON_CreateArray(), *c = cJSON_CreateObject();
+    if (put(o, "choices", choices)) goto fail;
+    if (!c || !cJSON_AddItemToArray(choices, c)) {
+        cJSON_Delete(c);
+        goto fail;
+    }
+    if (put_num(c, "index", 0)) goto fail;
+    if (chat) {
+        cJSON *delta = cJSON_CreateObject();
+        if (put(c, "delta", delta)) goto fail;
+        if (role && (put_str(delta, "role", "assistant") || put_str(delta, "content", "")))
+            goto fail;
+        /* The final chunk's delta is empty: the text came before. */
+        if (!role && len && put(delta, "content", string_n(text, len))) goto fail;
+    } else if (put(c, "text", string_n(text, len))) {
+        goto fail;
+    }
+    if (put(c, "logprobs", cJSON_CreateNull()) || put_str(c, "finish_reason", finish_reason))
+        goto fail;
+    if (usage_null && put(o, "usage", cJSON_CreateNull())) goto fail;
+    return finish_json(o);
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+char *serve_api_render_usage_chunk(const serve_api_meta *m, const serve_job_status *st) {
+    cJSON *o = header(m, m->kind == SERVE_API_CHAT ? "chat.completion.chunk" : "text_completion");
+    if (!o) return NULL;
+    if (put(o, "choices", cJSON_CreateArray()) || put_usage(o, st)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return finish_json(o);
+}
+
+char *serve_api_render_error(const char *type, const char *message, const char *param,
+                             const char *code) {
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_CreateObject();
+    if (!o) {
+        cJSON_Delete(e);
+        return NULL;
+    }
+    if (put(o, "error", e) || put_str(e, "message", message ? message : "") ||
+        put_str(e, "type", type ? type : "invalid_request_error") ||
+        put_str(e, "param", (param && param[0]) ? param : NULL) || put_str(e, "code", code)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return finish_json(o);
+}
+
+char *serve_api_render_models(const serve_engine_info *info) {
+    cJSON *o = cJSON_CreateObject(), *data = cJSON_CreateArray(), *m = cJSON_CreateObject();
+    if (!o || put_str(o, "object", "list") || put(o, "data", data)) {
+        cJSON_Delete(m);
+        goto fail;
+    }
+    if (!m || !cJSON_AddItemToArray(data, m)) {
+        cJSON_Delete(m);
+        goto fail;
+    }
+    if (put_str(m, "id", info->model_name ? info->model_name : "fmoe") ||
+        put_str(m, "object", "model") || put_num(m, "created", (double)info->created) ||
+        put_str(m, "owned_by", "fmoe") || put_num(m, "max_context", info->max_context) ||
+        put_num(m, "parallel", info->parallel))
+        goto fail;
+    return finish_json(o);
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}

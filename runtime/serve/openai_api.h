@@ -1,0 +1,120 @@
+/*
+ * openai_api.h - the OpenAI-compatible request and response shapes of `fmoe serve`, as
+ * pure functions (no sockets, no clock, no randomness: the caller passes ids and times),
+ * so that they are unit-tested and fuzzed without a server.
+ *
+ *     serve_api_request r; serve_api_error err;
+ *     if (serve_api_parse(SERVE_API_CHAT, body, len, tok, max_context, &r, &err) < 0)
+ *         reply(err.status, serve_api_render_error(err.status, err.type, err.message,
+ *                                                  err.param, err.code));
+ *     ... submit r.prompt / r.sampling, wait ...
+ *     char *json = serve_api_render_response(&meta, text, len, &status);
+ *     serve_api_request_free(&r);
+ *
+ * Request fields (unknown fields are ignored; null counts as absent; a wrong type or a
+ * value out of range is a 400 naming the field in `param`):
+ *   both      model (any), max_tokens / max_completion_tokens (int >= 1; the latter wins;
+ *             absent: the context left), temperature [0, 2] (absent: 1), top_p (0, 1],
+ *             top_k (int >= 0, a llama.cpp extension), seed (int), stop (string or up to 4
+ *             strings; empty strings are dropped), n (1 only), stream (bool),
+ *             stream_options.include_usage (bool), ignore_eos (bool, a vLLM/llama.cpp
+ *             extension)
+ *   chat      messages: non-empty array of {role: string, content: string | null | array
+ *             of {type: "text", text}} rendered by the tokenizer's chat template with the
+ *             generation prompt and encoded without special tokens; logprobs true -> 400
+ *   completion prompt: a string, [string], [ids...] or [[ids...]] (one prompt per request);
+ *             strings encoded with special tokens; echo true, logprobs, best_of > 1 -> 400
+ * Errors follow OpenAI: {"error": {"message", "type", "param", "code"}}.
+ */
+#ifndef FMOE_SERVE_OPENAI_API_H
+#define FMOE_SERVE_OPENAI_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fmoe/tokenizer.h"
+#include "serve_engine.h"
+
+enum { SERVE_API_CHAT = 0, SERVE_API_COMPLETION = 1 };
+
+#define SERVE_API_MAX_STOP 4
+
+typedef struct serve_api_request {
+    int32_t kind;              /* SERVE_API_CHAT or SERVE_API_COMPLETION */
+    int32_t *prompt;           /* [num_prompt] token ids, malloc'd */
+    int32_t num_prompt;
+    serve_sampling sampling;   /* .stop points into stop_store */
+    char *stop_store[SERVE_API_MAX_STOP]; /* owned copies of the stop strings */
+    const char *stop_ptrs[SERVE_API_MAX_STOP];
+    int32_t stream;            /* 1: server-sent events */
+    int32_t include_usage;     /* stream_options.include_usage */
+} serve_api_request;
+
+typedef struct serve_api_error {
+    int status;                /* HTTP status: 400, 500 (out of memory) */
+    const char *type;          /* "invalid_request_error", "server_error" */
+    const char *code;          /* NULL, or e.g. "context_length_exceeded" */
+    char param[64];            /* the offending field; "" renders as null */
+    char message[512];
+} serve_api_error;
+
+/*
+ * Parses a request body (UTF-8 already validated by the caller; need not be
+ * NUL-terminated) of the given kind, tokenizes its prompt with `tok`, and checks it fits
+ * `max_context` positions with its max_tokens. Thread-safe (tok is immutable).
+ * @return 0 and *out (free with serve_api_request_free), or FMOE_EINVAL (*err says why:
+ *   status 400) or FMOE_ENOMEM (status 500); *out is then empty and needs no free.
+ */
+int serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_tokenizer *tok,
+                    int32_t max_context, serve_api_request *out, serve_api_error *err);
+
+/* @return the offset of the first byte of s[0..n) that is not part of a well-formed UTF-8
+ *   sequence (overlong forms, surrogates and code points past U+10FFFF are ill-formed),
+ *   or n when all of it is well-formed. */
+size_t serve_api_utf8_invalid_at(const char *s, size_t n);
+
+/* Frees what serve_api_parse allocated; a zeroed request is a no-op. */
+void serve_api_request_free(serve_api_request *r);
+
+/* What every response or chunk of one request repeats. */
+typedef struct serve_api_meta {
+    int32_t kind;              /* SERVE_API_CHAT or SERVE_API_COMPLETION */
+    const char *id;            /* "chatcmpl-..." or "cmpl-..." (serve_api_make_id) */
+    int64_t created;           /* unix seconds */
+    const char *model;
+} serve_api_meta;
+
+#define SERVE_API_ID_MAX 40
+
+/* Writes "chatcmpl-" or "cmpl-" and 24 hex digits of rnd[0..12) into out. */
+void serve_api_make_id(int32_t kind, const uint8_t rnd[12], char out[SERVE_API_ID_MAX]);
+
+/* The OpenAI finish_reason of a serve_finish: "stop", "length" (also for CANCELLED: the
+ * server cut the text short), NULL while running or for ERROR. */
+const char *serve_api_finish_reason(int32_t finish);
+
+/* All renderers return malloc'd, NUL-terminated compact JSON, or NULL when out of memory.
+ * `text` need not be NUL-terminated (len bytes; an embedded NUL ends it). */
+
+/* A whole (non-streamed) response: choices[0], usage, and the llama.cpp-style `timings`
+ * and fmoe's expert-cache figures `fmoe` from st. */
+char *serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
+                                const serve_job_status *st);
+
+/* One stream chunk. role: chat's first chunk (delta {"role":"assistant","content":""});
+ * else delta text (may be empty) and finish_reason (NULL while running). usage_null: add
+ * "usage": null (stream_options.include_usage asks every chunk but the last to carry it). */
+char *serve_api_render_chunk(const serve_api_meta *m, int role, const char *text, size_t len,
+                             const char *finish_reason, int usage_null);
+
+/* The chunk include_usage adds before [DONE]: "choices": [] and usage, timings, fmoe. */
+char *serve_api_render_usage_chunk(const serve_api_meta *m, const serve_job_status *st);
+
+/* {"error": {"message", "type", "param" (NULL or "": null), "code" (NULL: null)}}. */
+char *serve_api_render_error(const char *type, const char *message, const char *param,
+                             const char *code);
+
+/* GET /v1/models: one model, with fmoe's max_context and parallel. */
+char *serve_api_render_models(const serve_engine_info *info);
+
+#endif
