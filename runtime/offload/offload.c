@@ -79,10 +79,12 @@ struct fmoe_offload {
     int32_t cur_layer;
     int32_t *cur_slot;         /* [J] slot of expert j's access in this layer; -1 host; -2 none */
     int32_t cur_pending;       /* accesses of the layer not computed yet */
+    int64_t *cur_access;       /* [J] index in accesses of expert j's access in this layer */
     int32_t phase;
     int64_t iteration;
-    int64_t request;
-    int in_request;
+    int64_t requests_begun;    /* request_begin calls: the next request's index */
+    int64_t requests_ended;
+    int32_t in_request;        /* requests begun and not ended (they may overlap) */
 
     /* events */
     float *semantic;           /* [cap_semantic_tokens][h] embeddings for events */
@@ -90,8 +92,11 @@ struct fmoe_offload {
     int32_t semantic_dim;      /* h when the policy wants embeddings, else 0 */
 
     fmoe_offload_stats st;
-    uint8_t *outcomes;         /* [cap_outcomes] */
-    int64_t n_outcomes, cap_outcomes;
+    fmoe_offload_layer_stats *lst; /* [L] the executor's per-layer counts (the slots' own
+                                      and residency are added when read); under mu */
+    fmoe_offload_access *accesses; /* [cap_accesses] since the forward call began */
+    uint8_t *outcomes;         /* [cap_accesses] their outcomes, for take_outcomes */
+    int64_t n_accesses, cap_accesses;
     int error;                 /* first executor-side error */
 };
 
@@ -245,8 +250,21 @@ static int fail(fmoe_offload *x, int rc) {
 
 /* ------------------------------------------------------------------ model hooks */
 
-static void add_outcome(fmoe_offload *x, uint8_t o) {
-    if (x->n_outcomes < x->cap_outcomes) x->outcomes[x->n_outcomes++] = o;
+/* Records access (l, j) and counts it in the layer's stats; its stall is added when its
+ * compute waits (on_expert). The capacity was reserved for the call (reserve_accesses). */
+static void add_access(fmoe_offload *x, int32_t l, int32_t j, uint8_t outcome,
+                       int from_prefetch) {
+    fmoe_offload_layer_stats *ls = &x->lst[l];
+    ls->hits += outcome == FMOE_ACCESS_HIT;
+    ls->late_hits += outcome == FMOE_ACCESS_LATE_HIT;
+    ls->misses += outcome == FMOE_ACCESS_MISS || outcome == 3; /* a host miss is a miss */
+    ls->host_misses += outcome == 3;
+    ls->prefetch_hits += from_prefetch;
+    x->cur_access[j] = -1;
+    if (x->n_accesses >= x->cap_accesses) return;
+    x->cur_access[j] = x->n_accesses;
+    x->accesses[x->n_accesses++] =
+        (fmoe_offload_access){.layer = l, .expert = j, .outcome = outcome, .stall_s = 0};
 }
 
 /* Bytes the forward pass will wait for (DESIGN.md §9's bound): a miss's whole expert, the
@@ -292,6 +310,9 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
         int32_t s = f.slot;
         int on_host = 0;
         fmoe_access_result result = FMOE_ACCESS_HIT;
+        /* served by a prefetch: a first use of a prefetched expert, or a claimed transfer */
+        const int from_prefetch = (f.found == FMOE_FIND_RESIDENT && f.prefetched) ||
+                                  f.found == FMOE_FIND_QUEUED || f.found == FMOE_FIND_STARTED;
         switch (f.found) {
         case FMOE_FIND_RESIDENT:
             if (f.prefetched) x->st.prefetch_hits++;
@@ -334,7 +355,7 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
         default: x->st.misses++; break;
         }
         x->st.accesses++;
-        add_outcome(x, on_host ? 3 : (uint8_t)result);
+        add_access(x, l, j, on_host ? 3 : (uint8_t)result, from_prefetch);
         fmoe_slots_touch(x->slots, e, s == x->N ? -1 : s, result, on_host, x->env->now_s);
         if (ops->on_access) {
             const fmoe_access_event aev = {.layer = l, .expert = j, .tokens = tokens,
@@ -360,7 +381,10 @@ static int on_expert(void *ctx, int32_t l, int32_t j, fmoe_expert_view *out) {
     if (x->data_expert[s] != e) {
         const double t = now_s();
         while (x->data_expert[s] != e && !x->io_error) pthread_cond_wait(&x->exec_cv, &x->mu);
-        x->st.stall_s += now_s() - t;
+        const double stall = now_s() - t;
+        x->st.stall_s += stall;
+        x->lst[l].stall_s += stall;
+        if (x->cur_access[j] >= 0) x->accesses[x->cur_access[j]].stall_s += stall;
     }
     const int bad = x->io_error;
     pthread_mutex_unlock(&x->mu);
@@ -386,6 +410,20 @@ static void on_expert_done(void *ctx, int32_t l, int32_t j) {
 
 /* ------------------------------------------------------------------ init / free */
 
+/* Room for the accesses of `iterations` iterations (at most L·J each), grown before a
+ * forward call so that the hooks never allocate. */
+static int reserve_accesses(fmoe_offload *x, int64_t iterations) {
+    const int64_t need = iterations * x->L * x->J;
+    if (need <= x->cap_accesses) return 0;
+    fmoe_offload_access *a = realloc(x->accesses, (size_t)need * sizeof *a);
+    if (a) x->accesses = a;
+    uint8_t *o = a ? realloc(x->outcomes, (size_t)need) : NULL;
+    if (o) x->outcomes = o;
+    if (!a || !o) return fmoe_error_set(FMOE_ENOMEM, "records of %lld accesses", (long long)need);
+    x->cap_accesses = need;
+    return 0;
+}
+
 void fmoe_offload_free(fmoe_offload *x) {
     if (!x) return;
     if (x->io_started) {
@@ -407,7 +445,10 @@ void fmoe_offload_free(fmoe_offload *x) {
     free(x->holds_released);
     free(x->dq);
     free(x->cur_slot);
+    free(x->cur_access);
     free(x->semantic);
+    free(x->lst);
+    free(x->accesses);
     free(x->outcomes);
     free(x);
 }
@@ -472,10 +513,11 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
     x->dq_cap = x->J + x->N + 1;
     x->dq = calloc((size_t)x->dq_cap, sizeof *x->dq);
     x->cur_slot = calloc((size_t)x->J, sizeof *x->cur_slot);
-    x->cap_outcomes = (int64_t)x->L * x->J * 1024;
-    x->outcomes = malloc((size_t)x->cap_outcomes);
+    x->cur_access = calloc((size_t)x->J, sizeof *x->cur_access);
+    x->lst = calloc((size_t)x->L, sizeof *x->lst);
+    if ((rc = reserve_accesses(x, 1)) < 0) goto fail;
     if (!x->slot_mem || !x->data_expert || !x->holds_taken || !x->holds_released || !x->dq ||
-        !x->cur_slot || !x->outcomes) {
+        !x->cur_slot || !x->cur_access || !x->lst) {
         rc = fmoe_error_set(FMOE_ENOMEM, "%d expert slots of %lld bytes", x->N,
                             (long long)x->expert_bytes);
         goto fail;
@@ -512,16 +554,27 @@ void fmoe_offload_attach(fmoe_offload *x, fmoe_session_options *so) {
 
 /* ------------------------------------------------------------------ requests, iterations */
 
-/* Embeddings of tokens[0..n) into x->semantic, for events (policies with a store). */
+/* Room in x->semantic for n embeddings (policies with a store). */
+static int reserve_semantic(fmoe_offload *x, int64_t n) {
+    if (n <= x->cap_semantic_tokens) return 0;
+    float *p = realloc(x->semantic, (size_t)n * (size_t)x->semantic_dim * sizeof *p);
+    if (!p) return fmoe_error_set(FMOE_ENOMEM, "embeddings of %lld tokens", (long long)n);
+    x->semantic = p;
+    x->cap_semantic_tokens = n;
+    return 0;
+}
+
+/* Embeddings of tokens[0..n) into x->semantic (policies with a store). */
 static int embed(fmoe_offload *x, const int32_t *tokens, int32_t n) {
     if (!x->semantic_dim) return 0;
-    if (n > x->cap_semantic_tokens) {
-        float *p = realloc(x->semantic, (size_t)n * (size_t)x->semantic_dim * sizeof *p);
-        if (!p) return fmoe_error_set(FMOE_ENOMEM, "embeddings of %d tokens", n);
-        x->semantic = p;
-        x->cap_semantic_tokens = n;
-    }
+    FMOE_FORWARD_IF_ERROR(reserve_semantic(x, n));
     return fmoe_model_embed(x->m, tokens, n, x->semantic);
+}
+
+/* The request index iterations report: the latest begun while one is open, else the
+ * next one's. */
+static int64_t current_request(const fmoe_offload *x) {
+    return x->in_request > 0 ? x->requests_begun - 1 : x->requests_begun;
 }
 
 int fmoe_offload_request_begin(fmoe_offload *x, int64_t id, const int32_t *prompt,
@@ -529,13 +582,14 @@ int fmoe_offload_request_begin(fmoe_offload *x, int64_t id, const int32_t *promp
     FMOE_FORWARD_IF_ERROR(embed(x, prompt, prompt_tokens));
     pthread_mutex_lock(&x->mu);
     x->env->now_s = clock_of(x);
-    const fmoe_request_event rev = {.index = x->request, .id = id,
+    const fmoe_request_event rev = {.index = x->requests_begun, .id = id,
                                     .prompt_tokens = prompt_tokens,
                                     .semantic = x->semantic_dim ? x->semantic : NULL,
                                     .semantic_dim = x->semantic_dim};
     if (x->policy.ops->on_request_start)
         x->policy.ops->on_request_start(x->policy.state, x->env, &rev);
-    x->in_request = 1;
+    x->requests_begun++;
+    x->in_request++;
     pthread_mutex_unlock(&x->mu);
     return 0;
 }
@@ -543,11 +597,14 @@ int fmoe_offload_request_begin(fmoe_offload *x, int64_t id, const int32_t *promp
 int fmoe_offload_request_end(fmoe_offload *x) {
     pthread_mutex_lock(&x->mu);
     x->env->now_s = clock_of(x);
-    const fmoe_request_event rev = {.index = x->request, .id = x->request};
-    if (x->in_request && x->policy.ops->on_request_end)
-        x->policy.ops->on_request_end(x->policy.state, x->env, &rev);
-    x->in_request = 0;
-    x->request++;
+    const fmoe_request_event rev = {.index = x->requests_ended, .id = x->requests_ended};
+    if (x->in_request > 0) {
+        if (x->policy.ops->on_request_end)
+            x->policy.ops->on_request_end(x->policy.state, x->env, &rev);
+        x->in_request--;
+    }
+    /* an end without a begin still uses up an index, as a begin would have */
+    if (++x->requests_ended > x->requests_begun) x->requests_begun = x->requests_ended;
     pthread_mutex_unlock(&x->mu);
     return x->error;
 }
@@ -566,44 +623,97 @@ static fmoe_forward_trace trace_from(const fmoe_forward_trace *tr, const fmoe_mo
     return o;
 }
 
+/* What one iteration runs: one sequence's chunk (session) or a batch (items). */
+typedef struct iteration_work {
+    fmoe_session *session;            /* fmoe_session_forward's, or the batch's runner */
+    const int32_t *tokens;            /* the chunk (session) */
+    const fmoe_forward_trace *trace;
+    float *logits;
+    const fmoe_batch_item *items;     /* the batch, or NULL */
+    int32_t count;
+} iteration_work;
+
+/* One iteration of `num_tokens` tokens whose embeddings are in x->semantic: the policy's
+ * iteration events around the forward pass, the iteration counts and the slots' error.
+ * `context` is what the iteration event reports (fmoe_iteration_event.context). */
+static int run_iteration(fmoe_offload *x, int32_t phase, int32_t num_tokens, int64_t context,
+                         const iteration_work *w) {
+    pthread_mutex_lock(&x->mu);
+    x->phase = phase;
+    x->iteration++;
+    fmoe_slots_set_iteration(x->slots, x->iteration);
+    const fmoe_iteration_event iev = {
+        .request = current_request(x), .phase = phase, .num_tokens = num_tokens,
+        .context = context, .semantic = x->semantic_dim ? x->semantic : NULL,
+        .semantic_dim = x->semantic_dim, .group = -1, .position = -1};
+    x->env->now_s = clock_of(x);
+    if (x->policy.ops->on_iteration_start)
+        x->policy.ops->on_iteration_start(x->policy.state, x->env, &iev);
+    pthread_mutex_unlock(&x->mu);
+    int rc = w->items ? fmoe_session_forward_batch(w->session, w->items, w->count)
+                      : fmoe_session_forward(w->session, w->tokens, num_tokens, w->trace,
+                                             w->logits);
+    if (rc < 0) return x->error ? x->error : rc;
+    pthread_mutex_lock(&x->mu);
+    x->env->now_s = clock_of(x);
+    if (x->policy.ops->on_iteration_end)
+        x->policy.ops->on_iteration_end(x->policy.state, x->env, &iev);
+    x->st.iterations++;
+    x->st.decode_iterations += phase == FMOE_PHASE_DECODE;
+    rc = fmoe_slots_error(x->slots);
+    pthread_mutex_unlock(&x->mu);
+    return rc < 0 ? fail(x, rc) : 0;
+}
+
 int fmoe_offload_forward(fmoe_offload *x, fmoe_session *s, const int32_t *tokens, int32_t n,
                          int32_t phase, const fmoe_forward_trace *trace, float *logits) {
     const fmoe_model_geometry *g = fmoe_model_get_geometry(x->m);
     FMOE_RETURN_ERROR_IF(n < 1, FMOE_EINVAL, "no tokens to run (n = %d)", n);
-    x->n_outcomes = 0;
     const int32_t B = x->opt.prefill_chunk;
+    x->n_accesses = 0;
+    FMOE_FORWARD_IF_ERROR(reserve_accesses(x, (n + B - 1) / B));
     for (int32_t t0 = 0; t0 < n; t0 += B) {
         const int32_t c = n - t0 < B ? n - t0 : B;
         FMOE_FORWARD_IF_ERROR(embed(x, tokens + t0, c));
-        pthread_mutex_lock(&x->mu);
-        x->phase = phase;
-        x->iteration++;
-        fmoe_slots_set_iteration(x->slots, x->iteration);
-        const fmoe_iteration_event iev = {
-            .request = x->request, .phase = phase, .num_tokens = c,
-            .context = fmoe_session_position(s) + c,
-            .semantic = x->semantic_dim ? x->semantic : NULL,
-            .semantic_dim = x->semantic_dim, .group = -1, .position = -1};
-        x->env->now_s = clock_of(x);
-        if (x->policy.ops->on_iteration_start)
-            x->policy.ops->on_iteration_start(x->policy.state, x->env, &iev);
-        pthread_mutex_unlock(&x->mu);
         fmoe_forward_trace tr;
         if (trace) tr = trace_from(trace, g, t0, 1);
-        const int last = t0 + c == n;
-        float *lg = logits && last ? logits : NULL;
-        int rc = fmoe_session_forward(s, tokens + t0, c, trace ? &tr : NULL, lg);
-        if (rc < 0) return x->error ? x->error : rc;
-        pthread_mutex_lock(&x->mu);
-        x->env->now_s = clock_of(x);
-        if (x->policy.ops->on_iteration_end)
-            x->policy.ops->on_iteration_end(x->policy.state, x->env, &iev);
-        x->st.iterations++;
-        x->st.decode_iterations += phase == FMOE_PHASE_DECODE;
-        rc = fmoe_slots_error(x->slots);
-        pthread_mutex_unlock(&x->mu);
-        if (rc < 0) return fail(x, rc);
+        const iteration_work w = {.session = s, .tokens = tokens + t0,
+                                  .trace = trace ? &tr : NULL,
+                                  .logits = logits && t0 + c == n ? logits : NULL};
+        FMOE_FORWARD_IF_ERROR(
+            run_iteration(x, phase, c, (int64_t)fmoe_session_position(s) + c, &w));
     }
+    return x->error;
+}
+
+int fmoe_offload_forward_batch(fmoe_offload *x, fmoe_session *runner,
+                               const fmoe_batch_item *items, int32_t count) {
+    FMOE_RETURN_ERROR_IF(!items || count < 1, FMOE_EINVAL, "no items to run (count = %d)",
+                         count);
+    int64_t total = 0, context = 0;
+    int decode = 1;
+    for (int32_t i = 0; i < count; i++) {
+        FMOE_RETURN_ERROR_IF(!items[i].session || !items[i].tokens || items[i].n < 1,
+                             FMOE_EINVAL, "item %d has no session or tokens", i);
+        total += items[i].n;
+        decode &= items[i].n == 1;
+        const int64_t c = (int64_t)fmoe_session_position(items[i].session) + items[i].n;
+        if (c > context) context = c;
+    }
+    x->n_accesses = 0;
+    FMOE_FORWARD_IF_ERROR(reserve_accesses(x, 1));
+    if (x->semantic_dim) {
+        FMOE_FORWARD_IF_ERROR(reserve_semantic(x, total));
+        int64_t row = 0;
+        for (int32_t i = 0; i < count; i++) {
+            FMOE_FORWARD_IF_ERROR(fmoe_model_embed(x->m, items[i].tokens, items[i].n,
+                                                   x->semantic + row * x->semantic_dim));
+            row += items[i].n;
+        }
+    }
+    const iteration_work w = {.session = runner, .items = items, .count = count};
+    FMOE_FORWARD_IF_ERROR(run_iteration(
+        x, decode ? FMOE_PHASE_DECODE : FMOE_PHASE_PREFILL, (int32_t)total, context, &w));
     return x->error;
 }
 
@@ -626,6 +736,28 @@ void fmoe_offload_get_stats(const fmoe_offload *x, fmoe_offload_stats *out) {
 }
 
 const uint8_t *fmoe_offload_take_outcomes(fmoe_offload *x, int64_t *n) {
-    *n = x->n_outcomes;
+    for (int64_t i = 0; i < x->n_accesses; i++) x->outcomes[i] = x->accesses[i].outcome;
+    *n = x->n_accesses;
     return x->outcomes;
+}
+
+const fmoe_offload_access *fmoe_offload_take_accesses(fmoe_offload *x, int64_t *n) {
+    *n = x->n_accesses;
+    return x->accesses;
+}
+
+void fmoe_offload_get_layer_stats(const fmoe_offload *x, fmoe_offload_layer_stats *out) {
+    fmoe_offload *mx = (fmoe_offload *)x;
+    pthread_mutex_lock(&mx->mu);
+    const fmoe_slots_layer_stats *ms = fmoe_slots_stats(x->slots);
+    const fmoe_cache_view *v = fmoe_slots_view(x->slots);
+    for (int32_t l = 0; l < x->L; l++) {
+        out[l] = x->lst[l];
+        out[l].prefetches = ms[l].prefetches;
+        out[l].bytes_loaded = ms[l].bytes_loaded;
+        out[l].resident = 0;
+    }
+    for (int32_t s = 0; s < v->capacity; s++)
+        if (v->slot_state[s] == FMOE_SLOT_RESIDENT) out[v->slot_expert[s] / x->J].resident++;
+    pthread_mutex_unlock(&mx->mu);
 }

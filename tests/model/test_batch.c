@@ -269,7 +269,8 @@ TEST(batched_equals_alone) {
             if (failed) HARNESS_FAIL("%s (runner %s)", fam_names[f], ri ? "an item" : "apart");
             fprintf(stderr, "  %s, runner %s: max |batched - alone| / scale = %.3g\n",
                     fam_names[f], ri ? "an item" : "apart", worst);
-            if (!(worst <= TOL)) HARNESS_FAIL("%s: relative logit difference %g", fam_names[f], worst);
+            if (!(worst <= TOL))
+                HARNESS_FAIL("%s: relative logit difference %g", fam_names[f], worst);
         }
         fmoe_model_free(m);
         remove_tree(d);
@@ -294,7 +295,8 @@ TEST(controls_exceed_tolerance) {
         ASSERT_OK(fmoe_session_forward(b, &pre, 1, NULL, NULL));
         ASSERT_OK(fmoe_session_forward(b, p, 9, NULL, lb));
         const double shifted = rel_diff(lb, la);
-        if (!(shifted > 100 * TOL)) HARNESS_FAIL("%s: shift moved logits by %g", fam_names[f], shifted);
+        if (!(shifted > 100 * TOL))
+            HARNESS_FAIL("%s: shift moved logits by %g", fam_names[f], shifted);
         /* the last token against the other sequence's cache */
         fmoe_session_reset(b);
         ASSERT_OK(fmoe_session_forward(b, p, 8, NULL, NULL));
@@ -303,7 +305,8 @@ TEST(controls_exceed_tolerance) {
         ASSERT_OK(fmoe_session_forward(a, (int32_t[]){1, 2, 3, 4, 5, 6, 7, 8}, 8, NULL, NULL));
         ASSERT_OK(fmoe_session_forward_batch(b, &it, 1));
         const double other = rel_diff(lb, la);
-        if (!(other > 100 * TOL)) HARNESS_FAIL("%s: other cache moved logits by %g", fam_names[f], other);
+        if (!(other > 100 * TOL))
+            HARNESS_FAIL("%s: other cache moved logits by %g", fam_names[f], other);
         fmoe_session_free(a);
         fmoe_session_free(b);
         fmoe_model_free(m);

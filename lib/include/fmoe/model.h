@@ -133,7 +133,8 @@ typedef struct fmoe_route_event {
     int32_t speculative_depth;
 } fmoe_route_event;
 
-/* Called once per MoE layer and pass (chunk or batch) after routing. Must not call back into the session.
+/* Called once per MoE layer and pass (chunk or batch) after routing. Must not call back
+ * into the session.
  * @return 0, or a negative fmoe error code: the forward call stops and returns it. */
 typedef int (*fmoe_route_fn)(void *ctx, const fmoe_route_event *ev);
 
@@ -213,7 +214,8 @@ typedef struct fmoe_batch_item {
     fmoe_session *session;            /* the sequence: its KV cache and position */
     const int32_t *tokens;
     int32_t n;                        /* >= 1 */
-    const fmoe_forward_trace *trace;  /* rows for this item's n tokens (as fmoe_session_forward's), or NULL */
+    const fmoe_forward_trace *trace;  /* rows for this item's n tokens (as
+                                         fmoe_session_forward's), or NULL */
     float *logits;                    /* [V]: the logits of its last token, or NULL */
 } fmoe_batch_item;
 

@@ -102,7 +102,9 @@ int32_t fmoe_offload_capacity(const fmoe_offload *x);
 /* Installs the routing and expert hooks in session options (one session at a time). */
 void fmoe_offload_attach(fmoe_offload *x, fmoe_session_options *so);
 
-/* Request events around a sequence's forward calls. */
+/* Request events around a sequence's forward calls. Requests may overlap (a server's
+ * sequences batched together): each begin gets the next request index, an end closes the
+ * oldest open index, and iterations report the latest begun request while any is open. */
 int fmoe_offload_request_begin(fmoe_offload *x, int64_t id, const int32_t *prompt,
                                int32_t prompt_tokens);
 int fmoe_offload_request_end(fmoe_offload *x);
@@ -118,6 +120,17 @@ int fmoe_offload_forward(fmoe_offload *x, fmoe_session *s, const int32_t *tokens
  * --store-mode offline-update; NULL for policies without a store. Valid until free. */
 const struct fmoe_expertmap *fmoe_offload_expert_store(const fmoe_offload *x);
 
+/* One iteration over a batch (fmoe_session_forward_batch through runner, whose hooks
+ * fmoe_offload_attach installed): the policy sees one iteration of all items' tokens
+ * (phase decode when every item has n == 1, else prefill; context the largest of the
+ * items' positions after it), the semantic rows of all tokens in item order. The caller
+ * keeps the total within the prefill chunk (runner's max_batch). Request events are the
+ * caller's: fmoe_offload_request_begin/end may bracket overlapping sequences.
+ * @return as fmoe_offload_forward (FMOE_EINVAL for items fmoe_session_forward_batch
+ *         refuses, nothing computed). */
+int fmoe_offload_forward_batch(fmoe_offload *x, fmoe_session *runner,
+                               const fmoe_batch_item *items, int32_t count);
+
 /* Totals since init. */
 typedef struct fmoe_offload_stats {
     int64_t accesses, hits, late_hits, misses, host_misses, bypassed;
@@ -131,9 +144,39 @@ typedef struct fmoe_offload_stats {
 
 void fmoe_offload_get_stats(const fmoe_offload *x, fmoe_offload_stats *out);
 
-/* The outcome of each access since the last call, in access order (FMOE_ACCESS_* and 3 for
- * a host-computed miss), for a recorder writing measured outcomes; *n receives the count.
- * Valid until the next forward. */
+/* The outcome of each access since the last forward call began, in access order
+ * (FMOE_ACCESS_* and 3 for a host-computed miss), for a recorder writing measured
+ * outcomes; *n receives the count. Valid until the next forward. */
 const uint8_t *fmoe_offload_take_outcomes(fmoe_offload *x, int64_t *n);
+
+/* One expert access of the forward pass. */
+typedef struct fmoe_offload_access {
+    int32_t layer, expert;   /* (l, j) */
+    uint8_t outcome;         /* FMOE_ACCESS_MISS/HIT/LATE_HIT, or 3 for a host-computed miss */
+    double stall_s;          /* the forward pass waited this long for its weights */
+} fmoe_offload_access;
+
+/* The accesses since the last forward call (fmoe_offload_forward or _forward_batch) began,
+ * in access order: per iteration and MoE layer, the layer's distinct experts in order of
+ * first appearance. *n receives the count. Valid until the next forward; executor thread. */
+const fmoe_offload_access *fmoe_offload_take_accesses(fmoe_offload *x, int64_t *n);
+
+/* Per MoE layer, since init. Sums over layers equal fmoe_offload_stats' hits, late_hits,
+ * misses, host_misses, prefetches, bytes_loaded and stall_s; prefetch_hits counts late
+ * hits too, so its sum is the stats' prefetch_hits + late_hits. */
+typedef struct fmoe_offload_layer_stats {
+    int64_t hits, late_hits, misses, host_misses; /* misses include host_misses */
+    int64_t prefetches;      /* prefetch transfers started (or promoted by an access) */
+    int64_t prefetch_hits;   /* accesses served by a prefetch: a prefetched expert's first
+                                use (hit), or a prefetch still in flight (late hit) */
+    int64_t bytes_loaded;    /* every byte moved into the layer's slots */
+    int64_t resident;        /* experts of the layer resident now (transfers complete) */
+    double stall_s;          /* the forward pass waiting for the layer's experts */
+} fmoe_offload_layer_stats;
+
+/* out[0..L) (L = MoE layers). Thread safe: takes the executor's lock, so it may be called
+ * from any thread (a metrics endpoint) while forward calls run; a call during a forward
+ * pass sees a consistent snapshot between two hook events. */
+void fmoe_offload_get_layer_stats(const fmoe_offload *x, fmoe_offload_layer_stats *out);
 
 #endif
