@@ -219,6 +219,14 @@ static enum MHD_Result get_models(serve_http *h, struct MHD_Connection *c) {
  * Streams: a content reader producing SSE events from serve_job_wait
  * ------------------------------------------------------------------------------------ */
 
+/* A read of 0 bytes from a peeked socket: the client closed its end. */
+static int peer_closed(int fd) {
+    if (fd < 0) return 0;
+    char ch;
+    ssize_t n = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 typedef struct stream {
     serve_http *h;
     serve_job *job;
@@ -230,6 +238,7 @@ typedef struct stream {
     int finished;              /* the job finished: nothing to cancel */
     int done;                  /* [DONE] is in pend: end after it */
     int cancelled;
+    int fd;                    /* the connection's socket, peeked for a hang-up; -1: unknown */
     size_t have;               /* bytes of the job's text sent */
     double idle_s, stop_wait_s;
     char *pend;                /* [pend_len] bytes to send, from pend_off */
@@ -276,6 +285,9 @@ static int stream_next(stream *s) {
     int news = serve_job_wait(s->job, s->have, WAIT_SLICE_S, &text, &len, &st);
     if (news != 1) {
         free(text);
+        /* MHD notices a hang-up only when a write fails, and nothing is written while the
+         * job is queued or between slow tokens: look at the socket ourselves. */
+        if (peer_closed(s->fd)) return -1;
         if ((s->idle_s += WAIT_SLICE_S) < KEEPALIVE_S) return 0;
         s->idle_s = 0;
         return pend_add(s, ": keep-alive\n\n", 14);
@@ -343,6 +355,9 @@ static enum MHD_Result start_stream(serve_http *h, struct MHD_Connection *c, ser
     }
     s->h = h;
     s->job = job;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    s->fd = ci ? ci->connect_fd : -1;
     s->include_usage = include_usage;
     s->meta = *meta;
     snprintf(s->id, sizeof s->id, "%s", meta->id);
@@ -366,14 +381,6 @@ static enum MHD_Result start_stream(serve_http *h, struct MHD_Connection *c, ser
 /* ---------------------------------------------------------------------------------------
  * POST endpoints
  * ------------------------------------------------------------------------------------ */
-
-/* A read of 0 bytes from a peeked socket: the client closed its end. */
-static int peer_closed(int fd) {
-    if (fd < 0) return 0;
-    char ch;
-    ssize_t n = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
 
 static void new_id(serve_http *h, int32_t kind, char out[SERVE_API_ID_MAX]) {
     uint8_t rnd[12];
@@ -685,7 +692,12 @@ void serve_http_set_engine(serve_http *h, serve_engine *e) {
 void serve_http_quiesce(serve_http *h) {
     if (!h || atomic_exchange(&h->quiesced, 1)) return;
     MHD_socket fd = MHD_quiesce_daemon(h->daemon);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
+    /* MHD's thread may still sit in poll() on the socket, which keeps it alive (and
+     * accepting into its backlog) past close(); shutdown() stops the listening at once. */
+    if (fd != MHD_INVALID_SOCKET) {
+        shutdown(fd, SHUT_RDWR);
+        close(fd);
+    }
     h->listen_fd = -1;
 }
 
