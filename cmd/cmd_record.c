@@ -36,6 +36,7 @@
 #include "fmoe/trace.h"
 #include "offload_cli.h"
 #include "paths.h"
+#include "trace_header.h"
 
 static const char *const CMD = "record";
 
@@ -262,15 +263,6 @@ static int run_iteration(cmd_offload *off, fmoe_session *s, request_buffers *b, 
  * The command
  * ------------------------------------------------------------------------------------- */
 
-static const char *base_name(const char *dir, char *buf, size_t cap) {
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/') n--;
-    size_t s = n;
-    while (s > 0 && dir[s - 1] != '/') s--;
-    snprintf(buf, cap, "%.*s", (int)(n - s), dir + s);
-    return buf;
-}
-
 int cmd_record(int argc, char **argv) {
     record_args a;
     init(&a);
@@ -350,30 +342,10 @@ int cmd_record(int argc, char **argv) {
 
     /* Trace header. */
     fmoe_trace_header h;
-    memset(&h, 0, sizeof h);
-    const char *config = fmoe_model_config_json(m);
-    if (a.model_name)
-        snprintf(h.model_name, sizeof h.model_name, "%s", a.model_name);
-    else
-        base_name(dir, h.model_name, sizeof h.model_name);
-    if ((err = fmoe_config_fingerprint(config, strlen(config), h.model_fingerprint)) < 0)
+    if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32)) < 0)
         goto fail;
-    h.num_layers = (int32_t)d.L;
-    h.num_experts = (int32_t)d.J;
-    h.top_k = (int32_t)d.K;
-    h.hidden_size = (int32_t)d.h;
-    h.shared_experts = g->num_shared_experts;
-    h.expert_bytes = fmoe_geometry_expert_bytes(g, g->expert_dtype);
-    if (h.expert_bytes < 0) h.expert_bytes = 0;
-    snprintf(h.dtype, sizeof h.dtype, "%s", fmoe_dtype_name(g->expert_dtype));
-    base_name(a.dataset, h.dataset, sizeof h.dataset);
-    snprintf(h.recorded_on, sizeof h.recorded_on, "cpu");
-    h.probs_kind = FMOE_PROBS_FULL;
-    h.probs_half = !a.probs_f32;
-    h.semantic_dim = (int32_t)d.h;
-    snprintf(h.semantic_kind, sizeof h.semantic_kind, "embedding");
+    cmd_base_name(a.dataset, h.dataset, sizeof h.dataset);
     h.speculative_depth = a.speculative;
-    h.config_json = config;
     h.hidden_dim = a.hidden ? (int32_t)d.h : 0;
     h.timing_layers = d.timing ? (int32_t)d.Lh : 0;
     h.prefill_chunk = so.max_batch; /* each chunk of the prompt is its own iteration */

@@ -24,7 +24,7 @@ static const command commands[] = {
     {"build-store", cmd_build_store, "traces -> deduplicated expert-map store"},
     {"simulate", cmd_simulate, "trace + store + hardware profile -> metrics per policy"},
     {"compare-logs", cmd_compare_logs, "two decision logs (simulated, live) -> first divergence, totals"},
-    {"serve", NULL, "the same policies live (CUDA or CPU), OpenAI-compatible HTTP"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server, continuous batching, the policies live"},
     {"calibrate", cmd_calibrate, "measure this machine's link and compute into a hardware profile"},
     {"generate", cmd_generate, "one prompt through a model, no server"},
     {"tokenize", cmd_tokenize, "text -> token ids (and back) with a tokenizer.json"},

@@ -1,0 +1,242 @@
+/*
+ * cmd_serve.c - `fmoe serve`: an OpenAI-compatible HTTP server over the (optionally
+ * offloaded) model, with continuous batching of up to --parallel sequences.
+ *
+ * Order: parse -> listen (so /health answers 503 "loading" at once) -> load the model,
+ * tokenizer and generation_config.json -> start the offloading executor (the options of
+ * generate/record) -> start the engine -> /health 200 -> wait for SIGINT/SIGTERM ->
+ * stop accepting -> let running requests finish for --grace seconds, cut the rest ->
+ * close the HTTP side -> write the updated store (--store-out) -> exit 0.
+ *
+ * SIGINT and SIGTERM are blocked in every thread (they inherit the mask from main before
+ * any is created) and taken by sigwait here, so no handler runs inside libmicrohttpd or
+ * the engine.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cmd_common.h"
+#include "offload_cli.h"
+#include "paths.h"
+#include "trace_header.h"
+#include "fmoe/error.h"
+#include "fmoe/model.h"
+#include "fmoe/tokenizer.h"
+#include "http_server.h"
+#include "serve_engine.h"
+#include "serve_metrics.h"
+
+static const char *const CMD = "serve";
+
+typedef struct serve_args {
+    const char *model, *host, *api_key, *port_file, *model_name, *trace_out;
+    int32_t port, parallel, max_queue, max_context, threads, timeout;
+    int64_t max_body;
+    double grace;
+    int quiet;
+    cmd_offload_args off;
+} serve_args;
+
+static const cmd_option serve_options[] = {
+    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "DIR", .help = "model directory",
+     .default_text = "the bundled fmoe-tiny", .offset = offsetof(serve_args, model)},
+    {.name = "host", .kind = CMD_OPT_STRING, .value_name = "ADDR",
+     .help = "address to listen on", .default_text = "127.0.0.1",
+     .offset = offsetof(serve_args, host)},
+    {.name = "port", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "TCP port (0: any free port; see --port-file)", .default_text = "8000",
+     .offset = offsetof(serve_args, port), .min = 0, .max = 65535},
+    {.name = "port-file", .kind = CMD_OPT_STRING, .value_name = "F",
+     .help = "write the port listened on to F once listening (for scripts and tests)",
+     .offset = offsetof(serve_args, port_file)},
+    {.name = "parallel", .kind = CMD_OPT_INT32, .value_name = "P",
+     .help = "sequences decoded together (continuous batching)", .default_text = "4",
+     .offset = offsetof(serve_args, parallel), .min = 1, .max = 64},
+    {.name = "max-queue", .kind = CMD_OPT_INT32, .value_name = "Q",
+     .help = "requests waiting for a free sequence beyond which new ones get 503",
+     .default_text = "64", .offset = offsetof(serve_args, max_queue), .min = 0,
+     .max = 1 << 20},
+    {.name = "max-context", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "KV positions per sequence: prompt + max_tokens must fit",
+     .default_text = "the model's, at most 4096", .offset = offsetof(serve_args, max_context),
+     .min = 1, .max = 1 << 24},
+    {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
+     .default_text = "all cores", .offset = offsetof(serve_args, threads), .min = 0,
+     .max = 4096},
+    {.name = "api-key", .kind = CMD_OPT_STRING, .value_name = "KEY",
+     .help = "require 'Authorization: Bearer KEY' on /v1 endpoints (401 otherwise)",
+     .offset = offsetof(serve_args, api_key)},
+    {.name = "model-name", .kind = CMD_OPT_STRING, .value_name = "NAME",
+     .help = "the model id /v1/models lists and responses carry",
+     .default_text = "the model directory's name", .offset = offsetof(serve_args, model_name)},
+    {.name = "max-body", .kind = CMD_OPT_INT64, .value_name = "BYTES",
+     .help = "largest request body (larger: 413)", .default_text = "1048576",
+     .offset = offsetof(serve_args, max_body), .min = 1024, .max = INT64_C(1) << 32},
+    {.name = "timeout", .kind = CMD_OPT_INT32, .value_name = "S",
+     .help = "seconds an idle or slow connection is kept", .default_text = "30",
+     .offset = offsetof(serve_args, timeout), .min = 1, .max = 86400},
+    {.name = "grace", .kind = CMD_OPT_DOUBLE, .value_name = "S",
+     .help = "on SIGINT/SIGTERM: seconds running requests may take to finish before they "
+             "are cut",
+     .default_text = "10", .offset = offsetof(serve_args, grace), .fmin = 0, .fmax = 86400},
+    {.name = "trace-out", .kind = CMD_OPT_STRING, .value_name = "T.h5",
+     .help = "record every served request (tokens, routing, gate probabilities, semantic "
+             "rows, arrival times) as a trace for build-store and simulate; written as "
+             "T.h5.partial while serving, renamed at shutdown",
+     .offset = offsetof(serve_args, trace_out)},
+    {.name = "quiet", .kind = CMD_OPT_FLAG, .help = "no startup and shutdown lines",
+     .offset = offsetof(serve_args, quiet)},
+    CMD_OFFLOAD_OPTIONS(serve_args, off),
+    {0},
+};
+
+static void init(void *base) {
+    *(serve_args *)base = (serve_args){.host = "127.0.0.1", .port = 8000, .parallel = 4,
+                                       .max_queue = 64, .max_body = 1 << 20, .timeout = 30,
+                                       .grace = 10};
+    cmd_offload_args_init(&((serve_args *)base)->off);
+}
+
+const cmd_spec cmd_serve_spec = {
+    .name = "serve",
+    .usage = "serve [--model DIR] [--port N] [--parallel P] [--policy P --cache-experts N] "
+             "[options]",
+    .description =
+        "Serve a HuggingFace MoE checkpoint behind an OpenAI-compatible API:\n"
+        "POST /v1/chat/completions and /v1/completions (streaming with SSE), GET /v1/models,\n"
+        "/health and /metrics (Prometheus). Up to P sequences are decoded together, so a\n"
+        "layer's experts are loaded once for the whole batch. With --cache-experts or\n"
+        "--cache-gb the routed experts are offloaded and the policy decides what stays.\n",
+    .options = serve_options,
+    .size = sizeof(serve_args),
+    .init = init,
+};
+
+static int write_port_file(const char *path, int port) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return -1;
+    const int ok = fprintf(f, "%d\n", port) > 0;
+    if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+    serve_args a;
+    init(&a);
+    int prc = cmd_options_parse(&cmd_serve_spec, &a, argc, argv, NULL);
+    if (prc < 0) return CMD_EXIT_OK; /* --help */
+    if (prc > 0) return prc;
+    const char *dir = cmd_model_dir_or_default(CMD, a.model);
+    if (!dir) return CMD_EXIT_FAILURE;
+
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = CMD_EXIT_FAILURE, err = 0;
+    fmoe_model *m = NULL;
+    fmoe_tokenizer *tok = NULL;
+    serve_metrics *metrics = NULL;
+    serve_http *http = NULL;
+    serve_engine *engine = NULL;
+    cmd_offload off = {0};
+    int off_open = 0;
+    fmoe_trace_writer *trace = NULL;
+    char name[256];
+
+    if (!(metrics = serve_metrics_new())) {
+        err = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        goto fail;
+    }
+    /* Listen first: /health says "loading" while the model loads. */
+    if ((err = fmoe_tokenizer_load(dir, &tok)) < 0) goto fail;
+    serve_http_options ho = {.host = a.host, .port = a.port, .api_key = a.api_key,
+                             .max_body_bytes = (size_t)a.max_body,
+                             .connection_timeout_s = (unsigned)a.timeout,
+                             .tokenizer = tok, .metrics = metrics};
+    if ((err = serve_http_start(&ho, &http)) < 0) goto fail;
+    const int port = serve_http_port(http);
+    if (a.port_file && write_port_file(a.port_file, port) < 0) {
+        rc = cmd_failf(CMD, "%s: cannot write the port file", a.port_file);
+        goto done;
+    }
+    if (!a.quiet) fprintf(stderr, "fmoe serve: listening on http://%s:%d (loading %s)\n",
+                          a.host, port, dir);
+
+    if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
+    cmd_generation_config gc;
+    if ((err = cmd_generation_config_load(dir, &gc)) < 0) goto fail;
+    if ((rc = cmd_offload_open(CMD, &a.off, m, 64, a.quiet, &off)) != 0) goto done;
+    off_open = 1;
+    rc = CMD_EXIT_FAILURE;
+    if (!a.model_name) a.model_name = cmd_base_name(dir, name, sizeof name);
+    if (a.trace_out) {
+        fmoe_trace_header h;
+        if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, 0)) < 0) goto fail;
+        snprintf(h.dataset, sizeof h.dataset, "serve");
+        h.prefill_chunk = 64; /* a prompt's chunks, as the engine runs a lone request */
+        if ((err = fmoe_trace_writer_open(&trace, a.trace_out, &h, NULL)) < 0) goto fail;
+    }
+
+    serve_engine_options eo = {
+        .model = m, .tokenizer = tok, .offload = off.x, .metrics = metrics,
+        .model_name = a.model_name, .parallel = a.parallel, .max_queue = a.max_queue,
+        .max_context = a.max_context, .threads = a.threads, .stop_ids = gc.stop,
+        .num_stop_ids = gc.num_stop, .trace_out = trace};
+    if ((err = serve_engine_start(&eo, &engine)) < 0) goto fail;
+    serve_http_set_engine(http, engine);
+    if (!a.quiet) {
+        char line[512] = "every expert resident";
+        if (off.x) cmd_offload_summary(&off, line, sizeof line);
+        serve_engine_info info;
+        serve_engine_get_info(engine, &info);
+        fprintf(stderr, "fmoe serve: ready: model %s, %d sequences, context %d, %s\n",
+                info.model_name, info.parallel, info.max_context, line);
+    }
+
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (!a.quiet)
+        fprintf(stderr, "fmoe serve: %s: finishing requests (up to %.0f s)\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM", a.grace);
+    serve_http_quiesce(http);
+    err = serve_engine_stop(engine, a.grace);
+    engine = NULL;
+    serve_http_stop(http);
+    http = NULL;
+    if (err < 0) goto fail;
+    if (trace) {
+        err = fmoe_trace_writer_close(trace);
+        trace = NULL;
+        if (err < 0) goto fail;
+    }
+    rc = CMD_EXIT_OK;
+    goto done;
+
+fail:
+    rc = cmd_fail(CMD, err);
+done:
+    if (http) serve_http_quiesce(http);
+    serve_engine_stop(engine, 0);
+    serve_http_stop(http);
+    fmoe_trace_writer_abort(trace); /* failed: nothing half-written is left */
+    if (off_open && cmd_offload_close(CMD, &off, rc == CMD_EXIT_OK) != 0) rc = CMD_EXIT_FAILURE;
+    if (rc == CMD_EXIT_OK && !a.quiet) fprintf(stderr, "fmoe serve: stopped\n");
+    serve_metrics_free(metrics);
+    fmoe_tokenizer_free(tok);
+    fmoe_model_free(m);
+    return rc;
+}

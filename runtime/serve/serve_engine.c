@@ -1,0 +1,826 @@
+/*
+ * serve_engine.c - requests in, text out: the queue, the scheduler thread with continuous
+ * batching, sampling, incremental detokenisation with stop strings, and per-request
+ * figures (serve_engine.h).
+ *
+ * One scheduler iteration:
+ *   admit waiting jobs into free sequence slots (FIFO), drop cancelled ones
+ *   items = every decoding sequence's next token, then prompt chunks of prefilling
+ *           sequences (oldest first) up to the 64-token budget of an iteration
+ *   one batched forward (fmoe_offload_forward_batch, or fmoe_session_forward_batch when
+ *           every expert is resident): each chosen expert is loaded and run once per layer
+ *           for the whole batch
+ *   per item with logits: sample, append, detokenise, check EOS / stop strings / limits
+ *   finished and cancelled sequences leave; their slots are free for the next admission
+ *
+ * Sequence slot 0's session is the runner of every batched call: it was made with the
+ * executor's hooks and a 64-token activation budget; the other slots' sessions hold only
+ * a KV cache (max_batch 1).
+ *
+ * Text. After each token the whole generated sequence is decoded again (skipping special
+ * tokens), as transformers' TextStreamer does, so the text is exactly decode(ids); a
+ * trailing U+FFFD of an incomplete UTF-8 sequence and a tail that could still become a
+ * stop string are held back from readers until they are resolved.
+ */
+#include "serve_engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fmoe/error.h"
+#include "fmoe/safetensors.h"
+#include "fmoe/sampler.h"
+#include "serve_metrics.h"
+
+#define ITERATION_TOKENS 64 /* tokens of one batched forward call (the prefill chunk) */
+
+/* ---------------------------------------------------------------------------------- */
+/* Jobs                                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+struct serve_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    atomic_int cancel;
+    /* the request (immutable after submit) */
+    int32_t *prompt;
+    int32_t prompt_tokens;
+    serve_sampling sampling;   /* stop points into stop_copy */
+    char **stop_copy;
+    /* produced (under mu) */
+    char *text;                /* decode(generated), NUL-terminated */
+    size_t text_len;
+    size_t visible;            /* bytes readers may see */
+    serve_job_status st;
+    /* times (monotonic seconds; scheduler thread only until finished) */
+    double t_submit, t_start, t_first, t_last;
+    serve_job *next;           /* the engine's waiting queue */
+};
+
+const char *serve_finish_name(int32_t finish) {
+    switch (finish) {
+    case SERVE_FINISH_STOP: return "stop";
+    case SERVE_FINISH_LENGTH: return "length";
+    case SERVE_FINISH_CANCELLED: return "cancelled";
+    case SERVE_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void job_free(serve_job *j) {
+    for (int32_t i = 0; i < j->sampling.num_stop; i++) free(j->stop_copy[i]);
+    free(j->stop_copy);
+    free(j->prompt);
+    free(j->text);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+void serve_job_release(serve_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    const int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (last) job_free(j);
+}
+
+void serve_job_cancel(serve_job *j) {
+    if (j) atomic_store(&j->cancel, 1);
+}
+
+int serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, size_t *len,
+                   serve_job_status *st) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    const double secs = timeout_s > 0 ? timeout_s : 0;
+    until.tv_sec += (time_t)secs;
+    until.tv_nsec += (long)((secs - (double)(time_t)secs) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&j->mu);
+    int rc = 0;
+    while (j->visible <= have && j->st.finished == SERVE_RUNNING && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&j->cv, &j->mu, &until);
+    const int news = j->visible > have || j->st.finished != SERVE_RUNNING;
+    *len = j->visible;
+    *text = NULL;
+    if (j->visible > 0) {
+        *text = malloc(j->visible + 1);
+        if (*text) {
+            memcpy(*text, j->text, j->visible);
+            (*text)[j->visible] = 0;
+        } else {
+            *len = 0;
+        }
+    }
+    *st = j->st;
+    pthread_mutex_unlock(&j->mu);
+    return news;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Engine                                                                             */
+/* ---------------------------------------------------------------------------------- */
+
+enum { SEQ_FREE = 0, SEQ_PREFILL = 1, SEQ_DECODE = 2 };
+
+typedef struct seq {
+    int state;
+    serve_job *job;
+    fmoe_session *session;
+    fmoe_sampler *sampler;
+    int32_t fed;               /* prompt tokens already run */
+    int32_t *generated;        /* [max_context] */
+    int32_t num_generated;
+    int32_t next;              /* the token to run next (decode) */
+    int32_t decoded;           /* decode tokens run */
+    /* Routing rows of the item being run (for attributing the iteration's accesses to
+     * its job): [rows_cap][L][K]. With trace_out, rows of the whole request (prompt, then
+     * decode tokens) and its probabilities, semantic rows, token ids and phases. */
+    int64_t rows_cap;
+    uint16_t *experts;
+    float *probs;              /* [rows_cap][L][J] (trace_out) */
+    float *semantic;           /* [rows_cap][h] (trace_out) */
+    int32_t *token_id;         /* [rows_cap] (trace_out) */
+    uint8_t *phase;            /* [rows_cap] (trace_out) */
+    float *logits;             /* [V] */
+    int64_t order;             /* admission order: prefill goes oldest first */
+} seq;
+
+struct serve_engine {
+    serve_engine_options o;
+    const fmoe_model_geometry *geo;
+    int32_t V, L, J, K;
+    int32_t eos;               /* the tokenizer's EOS, or -1 */
+    int64_t expert_bytes;      /* one routed expert's weights */
+    seq *seqs;                 /* [parallel] */
+    fmoe_batch_item *items;    /* [parallel] */
+    fmoe_forward_trace *traces;/* [parallel] */
+    int32_t *item_seq;         /* [parallel] seq index of each item */
+    uint8_t *touched;          /* [parallel][L·J] */
+    int64_t created;
+    double t0;                 /* monotonic seconds at start: trace arrival times */
+    int64_t admitted;
+    int trace_error;           /* first error appending to trace_out */
+
+    pthread_mutex_t mu;        /* the queue, the flags below, the gauges */
+    pthread_cond_t cv;
+    pthread_t thread;
+    int thread_started;
+    serve_job *q_head, *q_tail;
+    int32_t waiting, running;
+    int accepting;
+    int draining;
+    double drain_deadline;
+    uint64_t seed_counter;
+};
+
+static void job_finish(serve_engine *e, serve_job *j, int32_t finish, const char *error) {
+    const double t = now_s();
+    pthread_mutex_lock(&j->mu);
+    if (j->st.finished == SERVE_RUNNING) {
+        j->st.finished = finish;
+        if (error) snprintf(j->st.error, sizeof j->st.error, "%s", error);
+        if (finish != SERVE_FINISH_ERROR) j->visible = j->text_len;
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (e->o.metrics) {
+        serve_metrics_observe_e2e(e->o.metrics, t - j->t_submit);
+        serve_metrics_request_done(e->o.metrics, finish);
+    }
+}
+
+static void seq_clear(serve_engine *e, seq *s) {
+    if (s->job) {
+        if (e->o.offload) fmoe_offload_request_end(e->o.offload);
+        serve_job_release(s->job);
+    }
+    s->job = NULL;
+    fmoe_sampler_free(s->sampler);
+    s->sampler = NULL;
+    s->state = SEQ_FREE;
+    s->fed = 0;
+    s->num_generated = 0;
+    fmoe_session_reset(s->session);
+}
+
+/* Grows sequence s's routing rows to hold `rows` tokens. @return 0 or FMOE_ENOMEM. */
+static int seq_reserve(serve_engine *e, seq *s, int64_t rows) {
+    if (rows <= s->rows_cap) return 0;
+    const size_t L = (size_t)e->L, J = (size_t)e->J, K = (size_t)e->K;
+    const size_t h = (size_t)e->geo->hidden_size, n = (size_t)rows;
+    uint16_t *ex = realloc(s->experts, n * L * K * sizeof *ex);
+    if (ex) s->experts = ex;
+    int ok = ex != NULL;
+    if (ok && e->o.trace_out) {
+        float *p = realloc(s->probs, n * L * J * sizeof *p);
+        if (p) s->probs = p;
+        float *sm = realloc(s->semantic, n * h * sizeof *sm);
+        if (sm) s->semantic = sm;
+        int32_t *ti = realloc(s->token_id, n * sizeof *ti);
+        if (ti) s->token_id = ti;
+        uint8_t *ph = realloc(s->phase, n);
+        if (ph) s->phase = ph;
+        ok = p && sm && ti && ph;
+    }
+    if (!ok) return fmoe_error_set(FMOE_ENOMEM, "out of memory for the routing of %lld tokens",
+                                   (long long)rows);
+    s->rows_cap = rows;
+    return 0;
+}
+
+/* Appends sequence s's request to trace_out when it ran its whole prompt and did not
+ * fail: the rows run (prompt, then each decode token fed back). */
+static void seq_record(serve_engine *e, seq *s) {
+    serve_job *j = s->job;
+    if (!e->o.trace_out || e->trace_error || !j || j->st.finished == SERVE_FINISH_ERROR ||
+        s->fed < j->prompt_tokens)
+        return;
+    const fmoe_trace_request q = {
+        .id = s->order, .arrival_s = j->t_submit - e->t0, .prompt_tokens = j->prompt_tokens,
+        .output_tokens = s->decoded, .token_id = s->token_id, .phase = s->phase,
+        .experts = s->experts, .probs = s->probs, .semantic = s->semantic};
+    const int rc = fmoe_trace_writer_append_request(e->o.trace_out, &q);
+    if (rc < 0) e->trace_error = rc;
+}
+
+/* Under e->mu: moves waiting jobs into free slots; cancelled waiting jobs finish. */
+static void admit(serve_engine *e) {
+    for (int32_t i = 0; i < e->o.parallel && e->q_head; i++) {
+        if (e->seqs[i].state != SEQ_FREE) continue;
+        serve_job *j = NULL;
+        while (e->q_head && !j) {
+            j = e->q_head;
+            e->q_head = j->next;
+            if (!e->q_head) e->q_tail = NULL;
+            e->waiting--;
+            if (atomic_load(&j->cancel)) {
+                job_finish(e, j, SERVE_FINISH_CANCELLED, NULL);
+                serve_job_release(j);
+                j = NULL;
+            }
+        }
+        if (!j) break;
+        seq *s = &e->seqs[i];
+        const fmoe_sampler_params sp = {
+            .temperature = j->sampling.temperature, .top_k = j->sampling.top_k,
+            .top_p = j->sampling.top_p,
+            .seed = j->sampling.has_seed ? j->sampling.seed : 0x5eed0000ULL + e->seed_counter++};
+        const int64_t rows = e->o.trace_out ? (int64_t)j->prompt_tokens + j->sampling.max_tokens
+                                            : ITERATION_TOKENS;
+        if (seq_reserve(e, s, rows) < 0 || fmoe_sampler_init(&sp, e->V, &s->sampler) < 0) {
+            job_finish(e, j, SERVE_FINISH_ERROR, fmoe_error_detail());
+            serve_job_release(j);
+            i--; /* the slot is still free */
+            continue;
+        }
+        s->job = j;
+        s->state = SEQ_PREFILL;
+        s->fed = 0;
+        s->decoded = 0;
+        s->num_generated = 0;
+        if (e->o.trace_out) {
+            memcpy(s->token_id, j->prompt, (size_t)j->prompt_tokens * sizeof *s->token_id);
+            memset(s->phase, FMOE_PHASE_PREFILL, (size_t)j->prompt_tokens);
+        }
+        s->order = e->admitted++;
+        e->running++;
+        j->t_start = now_s();
+        pthread_mutex_lock(&j->mu);
+        j->st.queue_ms = 1e3 * (j->t_start - j->t_submit);
+        pthread_mutex_unlock(&j->mu);
+        if (e->o.metrics) serve_metrics_observe_queue(e->o.metrics, j->t_start - j->t_submit);
+        if (e->o.offload)
+            fmoe_offload_request_begin(e->o.offload, s->order, j->prompt, j->prompt_tokens);
+    }
+}
+
+/* Length of the longest suffix of text[0..n) that is a proper prefix of a stop string. */
+static size_t stop_prefix_tail(const serve_sampling *sp, const char *text, size_t n) {
+    size_t hold = 0;
+    for (int32_t i = 0; i < sp->num_stop; i++) {
+        const size_t m = strlen(sp->stop[i]);
+        for (size_t k = m > n + 1 ? n : m - 1; k > hold; k--)
+            if (memcmp(text + n - k, sp->stop[i], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+/* Where the first stop string starts in text[0..n), or n. */
+static size_t stop_position(const serve_sampling *sp, const char *text, size_t n) {
+    size_t at = n;
+    for (int32_t i = 0; i < sp->num_stop; i++) {
+        const size_t m = strlen(sp->stop[i]);
+        if (m == 0 || m > n) continue;
+        for (size_t p = 0; p + m <= n && p < at; p++)
+            if (memcmp(text + p, sp->stop[i], m) == 0) {
+                at = p;
+                break;
+            }
+    }
+    return at;
+}
+
+/* Length of text[0..n) without a trailing U+FFFD (EF BF BD) that stands for an incomplete
+ * UTF-8 sequence still being generated. */
+static size_t stable_prefix(const char *s, size_t n) {
+    while (n >= 3 && (unsigned char)s[n - 3] == 0xEF && (unsigned char)s[n - 2] == 0xBF &&
+           (unsigned char)s[n - 1] == 0xBD)
+        n -= 3;
+    return n;
+}
+
+static int is_stop_token(const serve_engine *e, int32_t id) {
+    if (id == e->eos) return 1;
+    for (int32_t i = 0; i < e->o.num_stop_ids; i++)
+        if (e->o.stop_ids[i] == id) return 1;
+    return 0;
+}
+
+/* Takes the sampled token of sequence s: appends, decodes, and finishes the job when a
+ * stop token, a stop string, max_tokens or the context ends it. @return 1 when finished. */
+static int take_token(serve_engine *e, seq *s, int32_t tok) {
+    serve_job *j = s->job;
+    const double t = now_s();
+    if (e->o.metrics) {
+        if (s->num_generated == 0)
+            serve_metrics_observe_ttft(e->o.metrics, t - j->t_submit);
+        else
+            serve_metrics_observe_itl(e->o.metrics, t - j->t_last);
+    }
+    if (s->num_generated == 0) j->t_first = t;
+    j->t_last = t;
+    if (!j->sampling.ignore_eos && is_stop_token(e, tok)) {
+        pthread_mutex_lock(&j->mu);
+        j->st.predicted_ms = 1e3 * (j->t_last - j->t_first);
+        j->st.prompt_ms = 1e3 * (j->t_first - j->t_start);
+        pthread_mutex_unlock(&j->mu);
+        job_finish(e, j, SERVE_FINISH_STOP, NULL);
+        return 1;
+    }
+    s->generated[s->num_generated++] = tok;
+    s->next = tok;
+    if (e->o.metrics) serve_metrics_add_tokens(e->o.metrics, 0, 1);
+
+    char *text = NULL;
+    size_t len = 0;
+    if (fmoe_tokenizer_decode(e->o.tokenizer, s->generated, (size_t)s->num_generated, 1, &text,
+                              &len) < 0) {
+        job_finish(e, j, SERVE_FINISH_ERROR, "out of memory decoding the output");
+        return 1;
+    }
+    const size_t stop_at = stop_position(&j->sampling, text, len);
+    int32_t finish = SERVE_RUNNING;
+    if (stop_at < len) {
+        len = stop_at;
+        text[len] = 0;
+        finish = SERVE_FINISH_STOP;
+    } else if (s->num_generated >= j->sampling.max_tokens ||
+               fmoe_session_position(s->session) >= e->o.max_context) {
+        finish = SERVE_FINISH_LENGTH;
+    }
+    pthread_mutex_lock(&j->mu);
+    free(j->text);
+    j->text = text;
+    j->text_len = len;
+    if (finish == SERVE_RUNNING) {
+        const size_t stable = stable_prefix(text, len);
+        const size_t vis = stable - stop_prefix_tail(&j->sampling, text, stable);
+        if (vis > j->visible) j->visible = vis;
+    }
+    j->st.completion_tokens = s->num_generated;
+    j->st.prompt_ms = 1e3 * (j->t_first - j->t_start);
+    j->st.predicted_ms = 1e3 * (j->t_last - j->t_first);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (finish != SERVE_RUNNING) {
+        job_finish(e, j, finish, NULL);
+        return 1;
+    }
+    return 0;
+}
+
+/* Gives each item's job its share of the iteration's accesses: every access of (l, j)
+ * counts for each item whose tokens routed to expert j at layer l. */
+static void attribute_accesses(serve_engine *e, int32_t count) {
+    if (!e->o.offload) return;
+    const int64_t LJ = (int64_t)e->L * e->J;
+    memset(e->touched, 0, (size_t)(count * LJ));
+    for (int32_t i = 0; i < count; i++) {
+        const uint16_t *ex = e->traces[i].experts;
+        uint8_t *mark = e->touched + i * LJ;
+        for (int64_t t = 0; t < e->items[i].n; t++)
+            for (int32_t l = 0; l < e->L; l++)
+                for (int32_t k = 0; k < e->K; k++)
+                    mark[l * e->J + ex[(t * e->L + l) * e->K + k]] = 1;
+    }
+    int64_t n = 0;
+    const fmoe_offload_access *acc = fmoe_offload_take_accesses(e->o.offload, &n);
+    for (int32_t i = 0; i < count; i++) {
+        serve_job *j = e->seqs[e->item_seq[i]].job;
+        const uint8_t *mark = e->touched + i * LJ;
+        serve_job_cache c = {0};
+        for (int64_t a = 0; a < n; a++) {
+            if (!mark[acc[a].layer * e->J + acc[a].expert]) continue;
+            c.hits += acc[a].outcome == FMOE_ACCESS_HIT;
+            c.late += acc[a].outcome == FMOE_ACCESS_LATE_HIT;
+            c.misses += acc[a].outcome == FMOE_ACCESS_MISS || acc[a].outcome == 3;
+            c.bytes_loaded += acc[a].outcome == FMOE_ACCESS_MISS ? e->expert_bytes : 0;
+            c.stall_ms += 1e3 * acc[a].stall_s;
+        }
+        pthread_mutex_lock(&j->mu);
+        j->st.cache.hits += c.hits;
+        j->st.cache.late += c.late;
+        j->st.cache.misses += c.misses;
+        j->st.cache.bytes_loaded += c.bytes_loaded;
+        j->st.cache.stall_ms += c.stall_ms;
+        pthread_mutex_unlock(&j->mu);
+    }
+}
+
+/* Collects this iteration's items: decode tokens first, then prompt chunks (oldest
+ * sequence first) within the token budget. @return the item count. */
+static int32_t plan_items(serve_engine *e) {
+    int32_t count = 0, budget = ITERATION_TOKENS;
+    for (int32_t i = 0; i < e->o.parallel; i++) {
+        seq *s = &e->seqs[i];
+        if (s->state != SEQ_DECODE) continue;
+        e->items[count] = (fmoe_batch_item){.session = s->session, .tokens = &s->next, .n = 1};
+        e->item_seq[count++] = i;
+        budget--;
+    }
+    while (budget > 0) {
+        int32_t pick = -1;
+        for (int32_t i = 0; i < e->o.parallel; i++) {
+            const seq *s = &e->seqs[i];
+            int taken = 0;
+            for (int32_t c = 0; c < count; c++) taken |= e->item_seq[c] == i;
+            if (s->state == SEQ_PREFILL && !taken &&
+                (pick < 0 || s->order < e->seqs[pick].order))
+                pick = i;
+        }
+        if (pick < 0) break;
+        seq *s = &e->seqs[pick];
+        const int32_t left = s->job->prompt_tokens - s->fed;
+        const int32_t n = left < budget ? left : budget;
+        e->items[count] = (fmoe_batch_item){.session = s->session,
+                                            .tokens = s->job->prompt + s->fed, .n = n};
+        e->item_seq[count++] = pick;
+        budget -= n;
+    }
+    const int64_t LK = (int64_t)e->L * e->K, LJ = (int64_t)e->L * e->J;
+    const int64_t h = e->geo->hidden_size;
+    for (int32_t c = 0; c < count; c++) {
+        seq *s = &e->seqs[e->item_seq[c]];
+        const int decode = s->state == SEQ_DECODE;
+        const int last = decode || s->fed + e->items[c].n == s->job->prompt_tokens;
+        e->items[c].logits = last ? s->logits : NULL;
+        fmoe_forward_trace *tr = &e->traces[c];
+        if (e->o.trace_out) { /* the request's own rows */
+            const int64_t r = decode ? (int64_t)s->job->prompt_tokens + s->decoded : s->fed;
+            if (decode) {
+                s->token_id[r] = s->next;
+                s->phase[r] = FMOE_PHASE_DECODE;
+            }
+            *tr = (fmoe_forward_trace){.experts = s->experts + r * LK,
+                                       .probs = s->probs + r * LJ,
+                                       .semantic = s->semantic + r * h};
+        } else {
+            *tr = (fmoe_forward_trace){.experts = s->experts};
+        }
+        e->items[c].trace = tr;
+    }
+    return count;
+}
+
+/* One batched iteration and what follows from it. */
+static void run_iteration(serve_engine *e, int32_t count) {
+    int rc;
+    if (e->o.offload)
+        rc = fmoe_offload_forward_batch(e->o.offload, e->seqs[0].session, e->items, count);
+    else
+        rc = fmoe_session_forward_batch(e->seqs[0].session, e->items, count);
+    if (rc < 0) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "the forward pass failed: %s", fmoe_error_detail());
+        for (int32_t c = 0; c < count; c++) {
+            seq *s = &e->seqs[e->item_seq[c]];
+            job_finish(e, s->job, SERVE_FINISH_ERROR, msg);
+            s->state = SEQ_FREE + 3; /* cleared below */
+        }
+    } else {
+        attribute_accesses(e, count);
+    }
+    for (int32_t c = 0; rc == 0 && c < count; c++) {
+        seq *s = &e->seqs[e->item_seq[c]];
+        if (s->state == SEQ_DECODE) s->decoded++;
+        if (s->state == SEQ_PREFILL) {
+            s->fed += e->items[c].n;
+            if (s->fed < s->job->prompt_tokens) continue;
+            if (e->o.metrics) serve_metrics_add_tokens(e->o.metrics, s->job->prompt_tokens, 0);
+            s->state = SEQ_DECODE;
+        }
+        const int32_t tok = fmoe_sampler_sample(s->sampler, s->logits);
+        if (take_token(e, s, tok)) s->state = SEQ_FREE + 3;
+    }
+    /* finished (state 3) and cancelled sequences leave */
+    pthread_mutex_lock(&e->mu);
+    for (int32_t i = 0; i < e->o.parallel; i++) {
+        seq *s = &e->seqs[i];
+        if (s->state == SEQ_FREE) continue;
+        if (s->state != SEQ_FREE + 3 && !atomic_load(&s->job->cancel)) continue;
+        if (s->state != SEQ_FREE + 3) job_finish(e, s->job, SERVE_FINISH_CANCELLED, NULL);
+        seq_record(e, s);
+        seq_clear(e, s);
+        e->running--;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void cancel_everything(serve_engine *e) {
+    while (e->q_head) {
+        serve_job *j = e->q_head;
+        e->q_head = j->next;
+        e->waiting--;
+        job_finish(e, j, SERVE_FINISH_CANCELLED, "the server is shutting down");
+        serve_job_release(j);
+    }
+    e->q_tail = NULL;
+    for (int32_t i = 0; i < e->o.parallel; i++) {
+        seq *s = &e->seqs[i];
+        if (s->state == SEQ_FREE) continue;
+        job_finish(e, s->job, SERVE_FINISH_CANCELLED, "the server is shutting down");
+        seq_record(e, s);
+        seq_clear(e, s);
+        e->running--;
+    }
+}
+
+static void *scheduler_main(void *arg) {
+    serve_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        if (e->draining && (now_s() >= e->drain_deadline || (!e->q_head && e->running == 0))) {
+            cancel_everything(e);
+            break;
+        }
+        admit(e);
+        if (e->running == 0) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 100000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->cv, &e->mu, &until);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+        const int32_t count = plan_items(e);
+        if (count > 0) run_iteration(e, count);
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Start, stop, submit                                                                */
+/* ---------------------------------------------------------------------------------- */
+
+static void engine_free(serve_engine *e) {
+    if (!e) return;
+    for (int32_t i = 0; e->seqs && i < e->o.parallel; i++) {
+        fmoe_session_free(e->seqs[i].session);
+        fmoe_sampler_free(e->seqs[i].sampler);
+        free(e->seqs[i].generated);
+        free(e->seqs[i].experts);
+        free(e->seqs[i].probs);
+        free(e->seqs[i].semantic);
+        free(e->seqs[i].token_id);
+        free(e->seqs[i].phase);
+        free(e->seqs[i].logits);
+    }
+    free(e->seqs);
+    free(e->items);
+    free(e->traces);
+    free(e->item_seq);
+    free(e->touched);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
+    *out = NULL;
+    FMOE_RETURN_ERROR_IF(!o || !o->model || !o->tokenizer, FMOE_EINVAL,
+                         "serve: a model and a tokenizer are needed");
+    FMOE_RETURN_ERROR_IF(o->parallel < 1 || o->parallel > ITERATION_TOKENS, FMOE_EINVAL,
+                         "--parallel %d is outside [1, %d]", o->parallel, ITERATION_TOKENS);
+    FMOE_RETURN_ERROR_IF(o->max_queue < 0, FMOE_EINVAL, "--max-queue %d is negative",
+                         o->max_queue);
+    serve_engine *e = calloc(1, sizeof *e);
+    if (!e) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->o = *o;
+    e->geo = fmoe_model_get_geometry(o->model);
+    e->V = (int32_t)e->geo->vocab_size;
+    e->L = e->geo->num_moe_layers;
+    e->J = e->geo->num_experts;
+    e->K = e->geo->top_k;
+    e->eos = fmoe_tokenizer_eos_id(o->tokenizer);
+    e->created = (int64_t)time(NULL);
+    e->t0 = now_s();
+    const int32_t P = o->parallel;
+    if (e->o.max_context <= 0)
+        e->o.max_context = e->geo->max_position_embeddings < 4096
+                               ? (int32_t)e->geo->max_position_embeddings
+                               : 4096;
+    fmoe_expert_tensors et;
+    if (fmoe_model_expert_tensors(o->model, 0, 0, &et) == 0) {
+        const fmoe_matrix_view *mv[3] = {&et.gate.view, &et.up.view, &et.down.view};
+        for (int i = 0; i < 3; i++)
+            e->expert_bytes += mv[i]->rows * mv[i]->cols * fmoe_st_dtype_size(mv[i]->dtype);
+    }
+    e->seqs = calloc((size_t)P, sizeof *e->seqs);
+    e->items = calloc((size_t)P, sizeof *e->items);
+    e->traces = calloc((size_t)P, sizeof *e->traces);
+    e->item_seq = calloc((size_t)P, sizeof *e->item_seq);
+    e->touched = calloc((size_t)P * (size_t)e->L * (size_t)e->J, 1);
+    int rc = 0;
+    if (!e->seqs || !e->items || !e->traces || !e->item_seq || !e->touched)
+        rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    for (int32_t i = 0; rc == 0 && i < P; i++) {
+        fmoe_session_options so = fmoe_session_defaults();
+        so.max_context = e->o.max_context;
+        so.threads = o->threads;
+        if (i == 0 && o->offload) fmoe_offload_attach(o->offload, &so);
+        so.max_batch = i == 0 ? ITERATION_TOKENS : 1;
+        rc = fmoe_session_init(o->model, &so, &e->seqs[i].session);
+        if (rc < 0) break;
+        seq *s = &e->seqs[i];
+        s->generated = malloc((size_t)e->o.max_context * sizeof *s->generated);
+        s->logits = malloc((size_t)e->V * sizeof *s->logits);
+        if (!s->generated || !s->logits)
+            rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        else
+            rc = seq_reserve(e, s, ITERATION_TOKENS);
+    }
+    if (rc < 0) {
+        engine_free(e);
+        return rc;
+    }
+    e->accepting = 1;
+    if (pthread_create(&e->thread, NULL, scheduler_main, e) != 0) {
+        engine_free(e);
+        return fmoe_error_set(FMOE_ENOMEM, "cannot start the scheduler thread");
+    }
+    e->thread_started = 1;
+    *out = e;
+    return 0;
+}
+
+int serve_engine_stop(serve_engine *e, double grace_s) {
+    if (!e) return 0;
+    pthread_mutex_lock(&e->mu);
+    e->accepting = 0;
+    e->draining = 1;
+    e->drain_deadline = now_s() + (grace_s > 0 ? grace_s : 0);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (e->thread_started) pthread_join(e->thread, NULL);
+    const int rc = e->trace_error;
+    engine_free(e);
+    return rc;
+}
+
+static char *dup_string(const char *s) {
+    const size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    return d;
+}
+
+serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
+                               const serve_sampling *s, int *http_status, char *msg,
+                               size_t cap) {
+#define REFUSE(code, ...)                                                                    \
+    do {                                                                                     \
+        *http_status = (code);                                                               \
+        snprintf(msg, cap, __VA_ARGS__);                                                     \
+        return NULL;                                                                         \
+    } while (0)
+    if (n < 1) REFUSE(400, "the prompt is empty");
+    if (s->max_tokens < 1) REFUSE(400, "max_tokens must be at least 1 (got %d)", s->max_tokens);
+    if ((int64_t)n + s->max_tokens > e->o.max_context)
+        REFUSE(400,
+               "the prompt's %d tokens and max_tokens %d exceed the context of %d tokens", n,
+               s->max_tokens, e->o.max_context);
+    for (int32_t t = 0; t < n; t++)
+        if (ids[t] < 0 || ids[t] >= e->V)
+            REFUSE(400, "token %d at prompt index %d is outside the vocabulary [0, %d)", ids[t],
+                   t, e->V);
+    serve_job *j = calloc(1, sizeof *j);
+    if (!j) REFUSE(500, "out of memory");
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 2;
+    j->prompt = malloc((size_t)n * sizeof *j->prompt);
+    j->sampling = *s;
+    j->sampling.num_stop = 0;
+    j->stop_copy = s->num_stop > 0 ? calloc((size_t)s->num_stop, sizeof(char *)) : NULL;
+    int ok = j->prompt && (s->num_stop == 0 || j->stop_copy);
+    for (int32_t i = 0; ok && i < s->num_stop; i++) {
+        j->stop_copy[i] = dup_string(s->stop[i]);
+        ok = j->stop_copy[i] != NULL;
+        j->sampling.num_stop += ok;
+    }
+    if (!ok) {
+        job_free(j);
+        REFUSE(500, "out of memory");
+    }
+    j->sampling.stop = (const char *const *)j->stop_copy;
+    memcpy(j->prompt, ids, (size_t)n * sizeof *ids);
+    j->prompt_tokens = n;
+    j->st.prompt_tokens = n;
+    j->t_submit = now_s();
+
+    pthread_mutex_lock(&e->mu);
+    if (!e->accepting || e->waiting >= e->o.max_queue + (e->running < e->o.parallel
+                                                            ? e->o.parallel - e->running
+                                                            : 0)) {
+        const int shutting = !e->accepting;
+        pthread_mutex_unlock(&e->mu);
+        job_free(j);
+        if (shutting) REFUSE(503, "the server is shutting down");
+        REFUSE(503, "the queue is full (%d waiting); retry later", e->o.max_queue);
+    }
+    if (e->q_tail)
+        e->q_tail->next = j;
+    else
+        e->q_head = j;
+    e->q_tail = j;
+    e->waiting++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *http_status = 200;
+    if (cap) msg[0] = 0;
+    return j;
+#undef REFUSE
+}
+
+void serve_engine_get_info(const serve_engine *e, serve_engine_info *out) {
+    *out = (serve_engine_info){.model_name = e->o.model_name,
+                               .max_context = e->o.max_context,
+                               .parallel = e->o.parallel,
+                               .num_layers = e->L,
+                               .offloaded = e->o.offload != NULL,
+                               .created = e->created};
+}
+
+void serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out) {
+    pthread_mutex_lock(&e->mu);
+    out->running = e->running;
+    out->waiting = e->waiting;
+    out->ready = e->accepting;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void serve_engine_get_layers(serve_engine *e, serve_layer_counters *out) {
+    memset(out, 0, (size_t)e->L * sizeof *out);
+    if (!e->o.offload) return;
+    fmoe_offload_layer_stats *ls = calloc((size_t)e->L, sizeof *ls);
+    if (!ls) return;
+    fmoe_offload_get_layer_stats(e->o.offload, ls);
+    for (int32_t l = 0; l < e->L; l++)
+        out[l] = (serve_layer_counters){.hits = ls[l].hits,
+                                        .misses = ls[l].misses + ls[l].host_misses,
+                                        .late = ls[l].late_hits,
+                                        .prefetch_issued = ls[l].prefetches,
+                                        .prefetch_useful = ls[l].prefetch_hits,
+                                        .load_bytes = ls[l].bytes_loaded,
+                                        .resident = ls[l].resident,
+                                        .stall_s = ls[l].stall_s};
+    free(ls);
+}
