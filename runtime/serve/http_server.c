@@ -133,7 +133,8 @@ static const struct {
 typedef struct request {
     int route;
     int responded;     /* a response is queued: the rest of the body is discarded */
-    int too_large;     /* the body passed max_body: 413 when it ends */
+    int too_large;     /* the body passed max_body: discarded, 413 when it ends */
+    uint64_t discarded; /* bytes of a too large body read and dropped */
     char *body;        /* [len] bytes received so far (cap allocated) */
     size_t len, cap;
 } request;
@@ -470,18 +471,27 @@ static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, re
     return wait_and_reply(h, c, job, &meta);
 }
 
-/* Appends an upload piece; past max_body the request is answered 413 (at once when MHD
- * lets us queue a response mid-body, else when the body ends) and the rest discarded. */
+/* How much of a too large body is read and dropped so that the client, still sending,
+ * gets to read the 413 (closing with unread data makes the kernel reset the connection,
+ * and most clients then report the reset, not the answer). Beyond it: drop the client. */
+static uint64_t discard_limit(const serve_http *h) {
+    return (uint64_t)h->max_body * 4 + (8u << 20);
+}
+
+/* Appends an upload piece; past max_body the rest is discarded and 413 answered when the
+ * body ends (or the connection dropped past discard_limit). */
 static enum MHD_Result take_body(serve_http *h, struct MHD_Connection *c, request *r,
                                  const char *data, size_t n) {
     if (r->too_large || r->len + n > h->max_body) {
         if (!r->too_large) {
             r->too_large = 1;
+            r->discarded = r->len;
             free(r->body);
             r->body = NULL;
             r->len = r->cap = 0;
         }
-        return MHD_YES;
+        r->discarded += n;
+        return r->discarded > discard_limit(h) ? MHD_NO : MHD_YES;
     }
     if (r->len + n > r->cap) {
         size_t cap = r->cap ? r->cap : 4096;
@@ -547,8 +557,14 @@ static enum MHD_Result first_call(serve_http *h, struct MHD_Connection *c, const
         errno = 0;
         unsigned long long n = strtoull(cl, &end, 10);
         if (errno == 0 && end != cl && n > h->max_body) {
-            r->responded = 1;
-            return reply_too_large(h, c);
+            /* A client waiting for "100 Continue" sends nothing more: answer now. */
+            const char *expect =
+                MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+            if (n > discard_limit(h) || (expect && strcasecmp(expect, "100-continue") == 0)) {
+                r->responded = 1;
+                return reply_too_large(h, c);
+            }
+            r->too_large = 1; /* read and drop it, then answer */
         }
     }
     if (!atomic_load(&h->engine)) {

@@ -319,7 +319,13 @@ TEST(errors_404_405_400_413) {
     }
     n += snprintf(req + n, sizeof req - (size_t)n, "0\r\n\r\n");
     reply tc = http(port, req, (size_t)n);
+    /* Expect: 100-continue, and no body sent: the answer comes without it. */
+    n = snprintf(req, sizeof req, "POST " CHAT " HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n"
+                                  "Expect: 100-continue\r\nConnection: close\r\n\r\n");
+    reply te = http(port, req, (size_t)n);
     serve_http_stop(h);
+    ASSERT_EQ(te.status, 413);
+    free(te.raw);
     ASSERT_EQ(nf.status, 404);
     ASSERT_CONTAINS(nf.body, "\"type\":\"invalid_request_error\"");
     ASSERT_EQ(na.status, 405);
