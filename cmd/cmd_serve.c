@@ -8,11 +8,12 @@
  * stop accepting -> let running requests finish for --grace seconds, cut the rest ->
  * close the HTTP side -> write the updated store (--store-out) -> exit 0.
  *
- * SIGINT and SIGTERM are blocked in every thread (they inherit the mask from main before
- * any is created) and taken by sigwait here, so no handler runs inside libmicrohttpd or
- * the engine.
+ * SIGINT and SIGTERM: their handler only writes the signal number to a pipe that the main
+ * thread reads (the self-pipe trick). Blocking them and calling sigwait would not do:
+ * threads started before main (OpenBLAS's pool) do not block them, and the default action
+ * would kill the process in one of those.
  */
-#include <pthread.h>
+#include <errno.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -117,6 +118,36 @@ const cmd_spec cmd_serve_spec = {
     .init = init,
 };
 
+static int stop_pipe[2] = {-1, -1};
+
+static void on_stop_signal(int sig) {
+    const int saved = errno;
+    const unsigned char b = (unsigned char)sig;
+    if (write(stop_pipe[1], &b, 1) < 0) { /* the pipe is full: a stop is pending anyway */
+    }
+    errno = saved;
+}
+
+/* Installs the handler for SIGINT and SIGTERM. @return 0 or -1 (errno). */
+static int catch_stop_signals(void) {
+    if (pipe(stop_pipe) != 0) return -1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    if (sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0) return -1;
+    return 0;
+}
+
+/* Blocks until SIGINT or SIGTERM arrives. @return the signal. */
+static int wait_stop_signal(void) {
+    unsigned char b = 0;
+    while (read(stop_pipe[0], &b, 1) < 0 && errno == EINTR) {
+    }
+    return b;
+}
+
 static int write_port_file(const char *path, int port) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -139,11 +170,7 @@ int cmd_serve(int argc, char **argv) {
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
 
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    if (catch_stop_signals() != 0) return cmd_failf(CMD, "cannot install the signal handler");
     signal(SIGPIPE, SIG_IGN);
 
     int rc = CMD_EXIT_FAILURE, err = 0;
@@ -207,8 +234,7 @@ int cmd_serve(int argc, char **argv) {
                 info.model_name, info.parallel, info.max_context, line);
     }
 
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
+    const int sig = wait_stop_signal();
     if (!a.quiet)
         fprintf(stderr, "fmoe serve: %s: finishing requests (up to %.0f s)\n",
                 sig == SIGINT ? "SIGINT" : "SIGTERM", a.grace);

@@ -1,0 +1,194 @@
+"""`fmoe serve` under load: does continuous batching pay, and is memory flat (issue 12).
+
+    .venv/bin/python tests/bench/bench_serve.py [--build build] [--model DIR]
+        [--parallel 1,2,4,8] [--clients 8] [--requests 24] [--max-tokens 32]
+        [--cache-experts N] [--policy lru] [--threads N] [--json FILE]
+
+For each P in --parallel: start `fmoe serve --parallel P` on a loopback port, then
+--clients concurrent streaming clients send --requests chat requests in all (greedy,
+max_tokens fixed, ignore_eos so every request makes the same number of tokens) taken
+from datasets/samples/prompts_100.txt. Printed per P:
+
+- aggregate generated tokens/s over the load (first request sent -> last token);
+- p50/p99 time to first token and inter-token latency, measured by the clients on the
+  SSE stream (a client-side view: queueing included);
+- the server's RSS (VmRSS from /proc) after a warm-up request and after the load: memory
+  must stay flat (a few MiB) under sustained load;
+- the expert-cache figures summed from the responses' `fmoe` objects when offloaded.
+
+The ratio tokens/s at P against P = 1 is the batching gain: with P sequences every layer's
+experts are loaded and multiplied once for all of them. Not a test: figures depend on the
+machine; run it by hand and put the table in the README with the machine named.
+"""
+import argparse
+import http.client
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PROMPTS = REPO / "datasets" / "samples" / "prompts_100.txt"
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def start_server(fmoe, args, parallel, work):
+    port_file = pathlib.Path(work) / f"port-{parallel}"
+    cmd = [fmoe, "serve", "--port", "0", "--port-file", str(port_file), "--parallel",
+           str(parallel), "--max-queue", str(max(64, args.requests)), "--quiet"]
+    if args.model:
+        cmd += ["--model", args.model]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    if args.cache_experts:
+        cmd += ["--cache-experts", str(args.cache_experts), "--policy", args.policy]
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            sys.exit(f"bench_serve: fmoe serve exited {p.returncode}: {p.stderr.read()}")
+        if port_file.exists():
+            port = int(port_file.read_text())
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    return p, port
+            except OSError:
+                pass
+        time.sleep(0.05)
+    p.kill()
+    sys.exit("bench_serve: the server did not become ready in 120 s")
+
+
+def stream_request(port, prompt, max_tokens):
+    """One streaming chat request; returns (t_sent, [token arrival times], fmoe figures)."""
+    body = json.dumps({"model": "x", "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "ignore_eos": True,
+                       "stream_options": {"include_usage": True}})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.monotonic()
+    c.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"status {r.status}: {r.read()[:200]!r}")
+    times, figures = [], {}
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            break
+        ev = json.loads(data)
+        if ev.get("choices") and ev["choices"][0].get("delta", {}).get("content"):
+            times.append(time.monotonic())
+        if "fmoe" in ev:
+            figures = ev["fmoe"]
+    c.close()
+    return t0, times, figures
+
+
+def load(port, prompts, args):
+    """--clients threads share --requests requests. Returns per-request results."""
+    results, lock, next_i = [], threading.Lock(), [0]
+
+    def worker():
+        while True:
+            with lock:
+                i = next_i[0]
+                if i >= args.requests:
+                    return
+                next_i[0] += 1
+            r = stream_request(port, prompts[i % len(prompts)], args.max_tokens)
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=worker) for _ in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=str(REPO / "build"))
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--parallel", default="1,2,4,8")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--cache-experts", type=int, default=0)
+    ap.add_argument("--policy", default="lru")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    fmoe = str(pathlib.Path(args.build) / "cmd" / "fmoe")
+    prompts = [l.strip() for l in PROMPTS.read_text().splitlines() if l.strip()]
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for P in [int(x) for x in args.parallel.split(",")]:
+            proc, port = start_server(fmoe, args, P, work)
+            try:
+                stream_request(port, prompts[0], 4)  # warm-up
+                rss0 = rss_mib(proc.pid)
+                t0 = time.monotonic()
+                res = load(port, prompts, args)
+                t1 = max(max(ts) for _, ts, _ in res if ts)
+                rss1 = rss_mib(proc.pid)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+            tokens = sum(len(ts) for _, ts, _ in res)
+            ttft = [ts[0] - t for t, ts, _ in res if ts]
+            itl = [b - a for _, ts, _ in res for a, b in zip(ts, ts[1:])]
+            cache = {}
+            for _, _, f in res:
+                for k, v in f.items():
+                    cache[k] = cache.get(k, 0) + v
+            rows.append({"parallel": P, "tokens": tokens, "seconds": t1 - t0,
+                         "tokens_per_s": tokens / (t1 - t0),
+                         "ttft_p50_ms": 1e3 * pct(ttft, 0.5), "ttft_p99_ms": 1e3 * pct(ttft, 0.99),
+                         "itl_p50_ms": 1e3 * pct(itl, 0.5), "itl_p99_ms": 1e3 * pct(itl, 0.99),
+                         "rss_before_mib": rss0, "rss_after_mib": rss1, "fmoe": cache})
+    base = rows[0]["tokens_per_s"]
+    print(f"model {args.model or 'fmoe-tiny (bundled)'}, {args.clients} clients, "
+          f"{args.requests} requests x {args.max_tokens} tokens"
+          + (f", {args.policy} with {args.cache_experts} expert slots" if args.cache_experts
+             else ", every expert resident"))
+    print("| P | tokens/s | vs P=1 | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
+          "| RSS before MiB | RSS after MiB | hits | misses |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['parallel']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f} "
+              f"| {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.1f} "
+              f"| {r['itl_p99_ms']:.1f} | {r['rss_before_mib']:.1f} | {r['rss_after_mib']:.1f} "
+              f"| {r['fmoe'].get('hits', '-')} | {r['fmoe'].get('misses', '-')} |")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
