@@ -1,0 +1,109 @@
+"""`fmoe serve --trace-out`: production traces of served traffic (issue 12).
+
+The served requests' routing is checked against `fmoe record` of the same prompts (an
+independent run of the same model, one request at a time, no batching), the trace's
+shapes with h5py, and the trace is used: build-store and simulate take it. A server killed
+with SIGKILL leaves a .partial trace that opens and holds every request finished before.
+"""
+import concurrent.futures
+import json
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+h5py = pytest.importorskip("h5py")
+import hdf5plugin  # noqa: F401,E402  (registers the zstd filter with h5py)
+
+from conftest import REPO
+from test_serve_engine import PROMPTS, Server
+
+TINY = REPO / "datasets" / "fmoe-tiny"
+
+
+def test_trace_out_holds_the_served_requests(fmoe, tmp_path):
+    trace = tmp_path / "served.h5"
+    s = Server(tmp_path, "--parallel", 4, "--trace-out", trace)
+    lengths = [8, 12, 16, 20, 24, 9]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(6) as ex:
+            res = list(ex.map(lambda pm: s.complete(pm[0], max_tokens=pm[1], ignore_eos=True),
+                              zip(PROMPTS, lengths)))
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err
+    assert trace.exists() and not (tmp_path / "served.h5.partial").exists()
+
+    with h5py.File(trace) as f:
+        L, J, K, h = (int(f.attrs[k]) for k in ("num_layers", "num_experts", "top_k",
+                                                  "hidden_size"))
+        R = f["requests/id"].shape[0]
+        assert R == 6
+        off = f["requests/token_offset"][:]
+        pt, ot = f["requests/prompt_tokens"][:], f["requests/output_tokens"][:]
+        T = f["tokens/token_id"].shape[0]
+        assert off[-1] == T and (off[1:] - off[:-1] == pt + ot).all()
+        assert f["tokens/experts"].shape == (T, L, K)
+        assert f["tokens/probs"].shape == (T, L, J)
+        assert f["tokens/semantic"].shape == (T, h)
+        np.testing.assert_allclose(f["tokens/probs"][:].astype(np.float32).sum(-1), 1, atol=1e-2)
+        arrival = f["requests/arrival_s"][:]
+        assert (arrival >= 0).all() and arrival.max() < 60
+        # every request: its prompt, then each generated token fed back but the last
+        by_prompt = {}
+        for r in range(R):
+            ids = f["tokens/token_id"][off[r]:off[r + 1]]
+            ph = f["tokens/phase"][off[r]:off[r + 1]]
+            assert (ph[:pt[r]] == 0).all() and (ph[pt[r]:] == 1).all()
+            by_prompt[int(pt[r]), tuple(ids[:pt[r]].tolist())] = r
+        for rsp, n in zip(res, lengths):
+            assert rsp["usage"]["completion_tokens"] == n
+        assert sorted(ot.tolist()) == sorted(n - 1 for n in lengths)
+        experts = f["tokens/experts"][:]
+        ids_all = f["tokens/token_id"][:]
+
+    # the same prompts through `fmoe record`, one at a time: the same tokens and routing
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS[:6]) + "\n")
+    rec = tmp_path / "rec.h5"
+    fmoe("record", "--model", TINY, "--dataset", prompts, "--max-new-tokens", "24",
+         "--ignore-eos", "-q", "-o", rec)
+    with h5py.File(rec) as g:
+        goff = g["requests/token_offset"][:]
+        gpt = g["requests/prompt_tokens"][:]
+        for q in range(6):
+            gids = g["tokens/token_id"][goff[q]:goff[q + 1]]
+            r = by_prompt[int(gpt[q]), tuple(gids[:gpt[q]].tolist())]
+            n = off[r + 1] - off[r]
+            np.testing.assert_array_equal(ids_all[off[r]:off[r + 1]], gids[:n])
+            np.testing.assert_array_equal(experts[off[r]:off[r + 1]],
+                                          g["tokens/experts"][goff[q]:goff[q] + n])
+
+    # the trace is one to replay
+    store = tmp_path / "s.h5"
+    fmoe("build-store", "--trace", trace, "-o", store)
+    p = fmoe("simulate", "--trace", trace, "--store", store, "--policy", "lru,fmoe",
+             "--cache-experts", "24", "--json")
+    lru, fm = json.loads(p.stdout)["results"]
+    assert lru["policy"] == "lru" and fm["policy"] == "fmoe"
+    # the replay touches each token's experts: at least one access per token and layer
+    assert lru["accesses"] >= T * L // 4 and lru["accesses"] == fm["accesses"]
+
+
+def test_sigkill_leaves_a_partial_trace_of_the_finished_requests(tmp_path):
+    trace = tmp_path / "killed.h5"
+    s = Server(tmp_path, "--parallel", 1, "--trace-out", trace)
+    try:
+        for p in PROMPTS[:3]:
+            s.complete(p, max_tokens=8)
+        time.sleep(0.2)
+    finally:
+        s.proc.send_signal(signal.SIGKILL)
+        s.proc.wait()
+    partial = tmp_path / "killed.h5.partial"
+    assert not trace.exists() and partial.exists()
+    with h5py.File(partial) as f:
+        assert f["requests/id"].shape[0] == 3
+        assert (f["requests/output_tokens"][:] == 7).all()
