@@ -264,7 +264,8 @@ static void add_access(fmoe_offload *x, int32_t l, int32_t j, uint8_t outcome,
     if (x->n_accesses >= x->cap_accesses) return;
     x->cur_access[j] = x->n_accesses;
     x->accesses[x->n_accesses++] =
-        (fmoe_offload_access){.layer = l, .expert = j, .outcome = outcome, .stall_s = 0};
+        (fmoe_offload_access){.layer = l, .expert = j, .outcome = outcome,
+                              .prefetched = (uint8_t)(from_prefetch != 0), .stall_s = 0};
 }
 
 /* Bytes the forward pass will wait for (DESIGN.md §9's bound): a miss's whole expert, the

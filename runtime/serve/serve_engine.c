@@ -79,6 +79,20 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The CLOCK_REALTIME time `seconds` from now, for pthread_cond_timedwait. */
+static struct timespec deadline_after(double seconds) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    const double secs = seconds > 0 ? seconds : 0;
+    t.tv_sec += (time_t)secs;
+    t.tv_nsec += (long)((secs - (double)(time_t)secs) * 1e9);
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
 static void job_free(serve_job *j) {
     for (int32_t i = 0; i < j->sampling.num_stop; i++) free(j->stop_copy[i]);
     free(j->stop_copy);
@@ -103,15 +117,7 @@ void serve_job_cancel(serve_job *j) {
 
 int serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, size_t *len,
                    serve_job_status *st) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    const double secs = timeout_s > 0 ? timeout_s : 0;
-    until.tv_sec += (time_t)secs;
-    until.tv_nsec += (long)((secs - (double)(time_t)secs) * 1e9);
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    const struct timespec until = deadline_after(timeout_s);
     pthread_mutex_lock(&j->mu);
     int rc = 0;
     while (j->visible <= have && j->st.finished == SERVE_RUNNING && rc != ETIMEDOUT)
@@ -443,6 +449,7 @@ static void attribute_accesses(serve_engine *e, int32_t count) {
             if (!mark[acc[a].layer * e->J + acc[a].expert]) continue;
             c.hits += acc[a].outcome == FMOE_ACCESS_HIT;
             c.late += acc[a].outcome == FMOE_ACCESS_LATE_HIT;
+            c.prefetched += acc[a].prefetched;
             c.misses += acc[a].outcome == FMOE_ACCESS_MISS || acc[a].outcome == 3;
             c.bytes_loaded += acc[a].outcome == FMOE_ACCESS_MISS ? e->expert_bytes : 0;
             c.stall_ms += 1e3 * acc[a].stall_s;
@@ -450,6 +457,7 @@ static void attribute_accesses(serve_engine *e, int32_t count) {
         pthread_mutex_lock(&j->mu);
         j->st.cache.hits += c.hits;
         j->st.cache.late += c.late;
+        j->st.cache.prefetched += c.prefetched;
         j->st.cache.misses += c.misses;
         j->st.cache.bytes_loaded += c.bytes_loaded;
         j->st.cache.stall_ms += c.stall_ms;
@@ -585,13 +593,7 @@ static void *scheduler_main(void *arg) {
         }
         admit(e);
         if (e->running == 0) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += 100000000L;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
+            const struct timespec until = deadline_after(0.1);
             pthread_cond_timedwait(&e->cv, &e->mu, &until);
             continue;
         }
@@ -815,7 +817,7 @@ void serve_engine_get_layers(serve_engine *e, serve_layer_counters *out) {
     fmoe_offload_get_layer_stats(e->o.offload, ls);
     for (int32_t l = 0; l < e->L; l++)
         out[l] = (serve_layer_counters){.hits = ls[l].hits,
-                                        .misses = ls[l].misses + ls[l].host_misses,
+                                        .misses = ls[l].misses, /* host misses included */
                                         .late = ls[l].late_hits,
                                         .prefetch_issued = ls[l].prefetches,
                                         .prefetch_useful = ls[l].prefetch_hits,

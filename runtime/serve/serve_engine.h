@@ -85,7 +85,8 @@ const char *serve_finish_name(int32_t finish);
  * (accesses of an iteration are attributed to each sequence whose tokens routed to the
  * expert). */
 typedef struct serve_job_cache {
-    int64_t hits, misses, late, prefetched;
+    int64_t hits, misses, late;
+    int64_t prefetched;         /* accesses served by a prefetch (hits and late hits) */
     int64_t bytes_loaded;
     double stall_ms;
 } serve_job_cache;

@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/bench/bench_serve.py [--build build] [--model DIR]
         [--parallel 1,2,4,8] [--clients 8] [--requests 24] [--max-tokens 32]
-        [--cache-experts N] [--policy lru] [--threads N] [--json FILE]
+        [--cache-experts N] [--policy lru] [--threads N] [--serve-args "..."] [--json FILE]
 
 For each P in --parallel: start `fmoe serve --parallel P` on a loopback port, then
 --clients concurrent streaming clients send --requests chat requests in all (greedy,
@@ -10,10 +10,12 @@ max_tokens fixed, ignore_eos so every request makes the same number of tokens) t
 from datasets/samples/prompts_100.txt. Printed per P:
 
 - aggregate generated tokens/s over the load (first request sent -> last token);
-- p50/p99 time to first token and inter-token latency, measured by the clients on the
-  SSE stream (a client-side view: queueing included);
-- the server's RSS (VmRSS from /proc) after a warm-up request and after the load: memory
-  must stay flat (a few MiB) under sustained load;
+- p50/p99 over requests of the time to first token and of the inter-token latency
+  ((last token - first token) / (tokens - 1) of a request), measured by the clients on
+  the SSE stream (a client-side view: queueing included);
+- the server's RSS (VmRSS from /proc) after a first pass of the same load (which touches
+  the KV caches and buffers for the first time) and after the measured second pass:
+  memory must stay flat under sustained load;
 - the expert-cache figures summed from the responses' `fmoe` objects when offloaded.
 
 The ratio tokens/s at P against P = 1 is the batching gain: with P sequences every layer's
@@ -23,9 +25,7 @@ machine; run it by hand and put the table in the README with the machine named.
 import argparse
 import http.client
 import json
-import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +54,8 @@ def start_server(fmoe, args, parallel, work):
         cmd += ["--threads", str(args.threads)]
     if args.cache_experts:
         cmd += ["--cache-experts", str(args.cache_experts), "--policy", args.policy]
+    if args.serve_args:
+        cmd += args.serve_args.split()
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -74,7 +76,9 @@ def start_server(fmoe, args, parallel, work):
 
 
 def stream_request(port, prompt, max_tokens):
-    """One streaming chat request; returns (t_sent, [token arrival times], fmoe figures)."""
+    """One streaming chat request; returns (t_sent, [chunk arrival times], usage, fmoe figures).
+    A chunk may carry several tokens (text held back while a UTF-8 sequence or a possible
+    stop string is incomplete), so token counts come from `usage`."""
     body = json.dumps({"model": "x", "messages": [{"role": "user", "content": prompt}],
                        "max_tokens": max_tokens, "temperature": 0, "stream": True,
                        "ignore_eos": True,
@@ -85,7 +89,7 @@ def stream_request(port, prompt, max_tokens):
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"status {r.status}: {r.read()[:200]!r}")
-    times, figures = [], {}
+    times, figures, usage = [], {}, {}
     for raw in r:
         line = raw.decode().strip()
         if not line.startswith("data: "):
@@ -98,8 +102,10 @@ def stream_request(port, prompt, max_tokens):
             times.append(time.monotonic())
         if "fmoe" in ev:
             figures = ev["fmoe"]
+        if ev.get("usage"):
+            usage = ev["usage"]
     c.close()
-    return t0, times, figures
+    return t0, times, usage, figures
 
 
 def load(port, prompts, args):
@@ -143,6 +149,8 @@ def main():
     ap.add_argument("--cache-experts", type=int, default=0)
     ap.add_argument("--policy", default="lru")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--serve-args", default="",
+                    help="more options for fmoe serve, e.g. '--tier file --direct-io'")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     fmoe = str(pathlib.Path(args.build) / "cmd" / "fmoe")
@@ -152,20 +160,21 @@ def main():
         for P in [int(x) for x in args.parallel.split(",")]:
             proc, port = start_server(fmoe, args, P, work)
             try:
-                stream_request(port, prompts[0], 4)  # warm-up
+                load(port, prompts, args)  # warm-up: the same load once
                 rss0 = rss_mib(proc.pid)
                 t0 = time.monotonic()
                 res = load(port, prompts, args)
-                t1 = max(max(ts) for _, ts, _ in res if ts)
+                t1 = max(max(ts) for _, ts, _, _ in res if ts)
                 rss1 = rss_mib(proc.pid)
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)
-            tokens = sum(len(ts) for _, ts, _ in res)
-            ttft = [ts[0] - t for t, ts, _ in res if ts]
-            itl = [b - a for _, ts, _ in res for a, b in zip(ts, ts[1:])]
+            tokens = sum(u["completion_tokens"] for _, _, u, _ in res)
+            ttft = [ts[0] - t for t, ts, _, _ in res if ts]
+            itl = [(ts[-1] - ts[0]) / (u["completion_tokens"] - 1) for _, ts, u, _ in res
+                   if ts and u["completion_tokens"] > 1]
             cache = {}
-            for _, _, f in res:
+            for _, _, _, f in res:
                 for k, v in f.items():
                     cache[k] = cache.get(k, 0) + v
             rows.append({"parallel": P, "tokens": tokens, "seconds": t1 - t0,
@@ -179,7 +188,7 @@ def main():
           + (f", {args.policy} with {args.cache_experts} expert slots" if args.cache_experts
              else ", every expert resident"))
     print("| P | tokens/s | vs P=1 | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
-          "| RSS before MiB | RSS after MiB | hits | misses |")
+          "| RSS after warm-up MiB | RSS after load MiB | hits | misses |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['parallel']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f} "

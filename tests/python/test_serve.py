@@ -7,15 +7,13 @@ shape and status of bad requests, auth, /health, and /metrics as prometheus_clie
 it. The server runs the bundled fmoe-tiny with half of its experts offloaded, so that the
 per-layer expert-cache counters move.
 """
-import http.client
 import json
-import pathlib
-import subprocess
 import time
 
 import pytest
 
-from conftest import REPO, _build_dir
+import serve_util
+from conftest import REPO
 
 openai = pytest.importorskip("openai")
 prom_parser = pytest.importorskip("prometheus_client.parser")
@@ -24,43 +22,7 @@ tokenizers = pytest.importorskip("tokenizers")
 TINY = REPO / "datasets" / "fmoe-tiny"
 
 
-class Server:
-    def __init__(self, tmp_path, *args):
-        self.port_file = tmp_path / f"port-{time.monotonic_ns()}"
-        exe = _build_dir() / "cmd" / "fmoe"
-        if not exe.exists():
-            pytest.fail(f"{exe} not built")
-        self.proc = subprocess.Popen(
-            [str(exe), "serve", "--port", "0", "--port-file", str(self.port_file), "--quiet",
-             *map(str, args)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"fmoe serve exited: {self.proc.stderr.read()}")
-            if self.port_file.exists() and self.port_file.read_text().strip():
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            time.sleep(0.05)
-        self.proc.kill()
-        raise AssertionError("fmoe serve did not become ready")
-
-    @property
-    def port(self):
-        return int(self.port_file.read_text())
-
-    def request(self, method, path, body=None, headers=None):
-        """(status, headers dict, body bytes); a refused connection is status 0."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            r = conn.getresponse()
-            return r.status, dict(r.getheaders()), r.read()
-        except (ConnectionError, OSError):
-            return 0, {}, b""
-        finally:
-            conn.close()
-
+class Server(serve_util.Server):
     def client(self, api_key="none"):
         return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=api_key,
                              max_retries=0, timeout=120)
@@ -70,14 +32,6 @@ class Server:
         assert status == 200
         assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
         return {f.name: f for f in prom_parser.text_string_to_metric_families(body.decode())}
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
 
 
 @pytest.fixture(scope="module")

@@ -13,85 +13,17 @@ checks the texts.
 import concurrent.futures
 import http.client
 import json
-import os
-import pathlib
 import signal
 import socket
-import subprocess
 import time
 
 import pytest
 
-from conftest import _build_dir
-
-
-def fmoe_binary():
-    return _build_dir() / "cmd" / "fmoe"
+from serve_util import Server
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
            "The quick brown fox", "In 1492,", "Water boils at", "My favourite colour is",
            "The best way to learn"]
-
-
-class Server:
-    def __init__(self, tmp_path, *args):
-        self.port_file = tmp_path / f"port-{time.monotonic_ns()}"
-        self.proc = subprocess.Popen(
-            [str(fmoe_binary()), "serve", "--port", "0", "--port-file", str(self.port_file),
-             "--quiet", *map(str, args)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.proc.stderr.read()
-            if self.port_file.exists() and self.health() == 200:
-                return
-            time.sleep(0.05)
-        self.proc.kill()
-        raise AssertionError("fmoe serve did not become ready")
-
-    @property
-    def port(self):
-        return int(self.port_file.read_text())
-
-    def conn(self, timeout=120):
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-
-    def health(self):
-        try:
-            c = self.conn(5)
-            c.request("GET", "/health")
-            return c.getresponse().status
-        except OSError:
-            return None
-
-    def post(self, path, body, timeout=120):
-        c = self.conn(timeout)
-        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        r = c.getresponse()
-        data = r.read()
-        return r.status, dict(r.getheaders()), data
-
-    def complete(self, prompt, max_tokens=24, **kw):
-        st, _, data = self.post("/v1/completions", {"model": "m", "prompt": prompt,
-                                                    "max_tokens": max_tokens,
-                                                    "temperature": 0, **kw})
-        assert st == 200, data
-        return json.loads(data)
-
-    def metrics(self):
-        c = self.conn(10)
-        c.request("GET", "/metrics")
-        return c.getresponse().read().decode()
-
-    def stop(self, sig=signal.SIGTERM, timeout=60):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-        return rc, self.proc.stderr.read()
 
 
 def metric_value(text, name, labels=""):
@@ -115,7 +47,7 @@ def test_batched_greedy_equals_one_at_a_time(tmp_path, serial):
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as ex:
             got = dict(zip(PROMPTS, ex.map(lambda p: batched.complete(p)["choices"][0]["text"],
                                            PROMPTS)))
-        m = batched.metrics()
+        m = batched.metrics_text()
     finally:
         assert batched.stop()[0] == 0
     assert got == alone
@@ -130,7 +62,7 @@ def test_batched_offloaded_equals_resident(tmp_path, serial):
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as ex:
             res = list(ex.map(off.complete, PROMPTS[:4]))
-        m = off.metrics()
+        m = off.metrics_text()
     finally:
         off.stop()
     assert {p: r["choices"][0]["text"] for p, r in zip(PROMPTS[:4], res)} == alone
@@ -209,7 +141,7 @@ def test_disconnect_mid_stream_frees_the_sequence(tmp_path):
         assert time.monotonic() - t < 30
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            m = s.metrics()
+            m = s.metrics_text()
             if metric_value(m, "fmoe_requests_total", '{finish_reason="cancelled"}') == 1:
                 break
             time.sleep(0.1)

@@ -8,7 +8,6 @@ with SIGKILL leaves a .partial trace that opens and holds every request finished
 import concurrent.futures
 import json
 import signal
-import subprocess
 import time
 
 import numpy as np
@@ -18,7 +17,8 @@ h5py = pytest.importorskip("h5py")
 import hdf5plugin  # noqa: F401,E402  (registers the zstd filter with h5py)
 
 from conftest import REPO
-from test_serve_engine import PROMPTS, Server
+from serve_util import Server
+from test_serve_engine import PROMPTS
 
 TINY = REPO / "datasets" / "fmoe-tiny"
 

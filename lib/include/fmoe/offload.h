@@ -153,6 +153,7 @@ const uint8_t *fmoe_offload_take_outcomes(fmoe_offload *x, int64_t *n);
 typedef struct fmoe_offload_access {
     int32_t layer, expert;   /* (l, j) */
     uint8_t outcome;         /* FMOE_ACCESS_MISS/HIT/LATE_HIT, or 3 for a host-computed miss */
+    uint8_t prefetched;      /* 1: served by a prefetch (a hit on prefetched data, or late) */
     double stall_s;          /* the forward pass waited this long for its weights */
 } fmoe_offload_access;
 
