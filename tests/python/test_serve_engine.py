@@ -186,3 +186,47 @@ def test_sigterm_with_zero_grace_cuts_requests(tmp_path):
         assert st in (200, 500, 503)
         if st == 200:
             assert r["usage"]["completion_tokens"] < 1000
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_sustained_streaming_load_no_failure_and_flat_memory(tmp_path):
+    """8 streaming clients for a fixed time, twice: every request below the queue limit
+    succeeds, and the second pass leaves RSS where the first left it (within 4 MiB)."""
+    s = Server(tmp_path, "--parallel", 4, "--max-queue", 16)
+
+    def client(stop_at, out):
+        while time.monotonic() < stop_at:
+            c = s.conn(60)
+            body = json.dumps({"prompt": PROMPTS[len(out) % len(PROMPTS)], "max_tokens": 24,
+                               "temperature": 0.7, "seed": len(out), "stream": True})
+            c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            r = c.getresponse()
+            events = [l for l in r.read().decode().splitlines() if l.startswith("data: ")]
+            c.close()
+            out.append((r.status, events[-1] if events else ""))
+
+    def one_pass(seconds):
+        outs = [[] for _ in range(8)]
+        stop_at = time.monotonic() + seconds
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            list(ex.map(lambda o: client(stop_at, o), outs))
+        return [x for o in outs for x in o]
+
+    try:
+        first = one_pass(2.0)
+        rss1 = rss_kib(s.proc.pid)
+        second = one_pass(2.0)
+        rss2 = rss_kib(s.proc.pid)
+    finally:
+        assert s.stop()[0] == 0
+    for res in (first, second):
+        assert len(res) >= 8
+        assert all(st == 200 and last == "data: [DONE]" for st, last in res), res[:3]
+    assert abs(rss2 - rss1) <= 4096, (rss1, rss2)
