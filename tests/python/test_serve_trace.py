@@ -107,3 +107,36 @@ def test_sigkill_leaves_a_partial_trace_of_the_finished_requests(tmp_path):
     with h5py.File(partial) as f:
         assert f["requests/id"].shape[0] == 3
         assert (f["requests/output_tokens"][:] == 7).all()
+
+
+def test_sigterm_with_requests_in_flight_saves_trace_and_store(fmoe, tmp_path):
+    """SIGTERM while requests run: they finish within the grace period, and the trace and
+    the updated store (--store-mode offline-update --store-out) are written, open, and hold
+    them."""
+    prompts = tmp_path / "train.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    rec, store = tmp_path / "train.h5", tmp_path / "store.h5"
+    fmoe("record", "--model", TINY, "--dataset", prompts, "--max-new-tokens", "8", "-q",
+         "-o", rec)
+    fmoe("build-store", "--trace", rec, "-o", store)
+    trace, out = tmp_path / "served.h5", tmp_path / "store-out.h5"
+    s = Server(tmp_path, "--parallel", 2, "--grace", 30, "--policy", "fmoe",
+               "--cache-experts", 24, "--store", store, "--store-mode", "offline-update",
+               "--store-out", out, "--trace-out", trace)
+    with concurrent.futures.ThreadPoolExecutor(3) as ex:
+        fut = [ex.submit(s.post, "/v1/completions",
+                         {"prompt": p, "max_tokens": 1000, "temperature": 0, "ignore_eos": True})
+               for p in ("A new prompt about the sea", "Another one about mountains",
+                         "A third about rivers")]
+        time.sleep(0.3)
+        s.proc.send_signal(signal.SIGTERM)
+        results = [f.result() for f in fut]
+    rc, err = s.stop()
+    assert rc == 0, err
+    done = [json.loads(b) for st, _, b in results if st == 200]
+    assert len(done) == 3, results  # all finished within the grace period
+    with h5py.File(trace) as f:
+        assert f["requests/id"].shape[0] == 3
+        assert sorted(f["requests/output_tokens"][:].tolist()) == [999] * 3
+    with h5py.File(store) as a, h5py.File(out) as b:
+        assert b["maps"].shape[0] > a["maps"].shape[0]  # the served tokens were added
