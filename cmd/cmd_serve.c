@@ -215,6 +215,7 @@ int cmd_serve(int argc, char **argv) {
         if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, 0)) < 0) goto fail;
         snprintf(h.dataset, sizeof h.dataset, "serve");
         h.prefill_chunk = 64; /* a prompt's chunks, as the engine runs a lone request */
+        h.served = 1;         /* and each token's batched pass and its time */
         if ((err = fmoe_trace_writer_open(&trace, a.trace_out, &h, NULL)) < 0) goto fail;
     }
 

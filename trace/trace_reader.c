@@ -215,6 +215,7 @@ static int read_header(fmoe_trace_reader *r) {
     if (h->offload_cache_experts > 0)
         FMOE_FORWARD_IF_ERROR(
             read_str_attr(r, "offload_policy", h->offload_policy, sizeof h->offload_policy));
+    FMOE_FORWARD_IF_ERROR(read_optional_i32_attr(r, "served", 1, &h->served));
     h->probs_half = 0; /* set from /tokens/probs' type below */
     return fmoe__trace_header_check(h, p, FMOE_EFORMAT, 1);
 }
@@ -514,6 +515,11 @@ static int check_optional_datasets(fmoe_trace_reader *r) {
         check_optional(r, "/timing/layer_s", h->timing_layers > 0, H5T_FLOAT, 2, layer_s));
     FMOE_FORWARD_IF_ERROR(check_optional(r, "/timing/iteration_s", h->timing_layers > 0,
                                          H5T_FLOAT, 1, iteration_s));
+    const int64_t per_token[1] = {r->num_tokens};
+    FMOE_FORWARD_IF_ERROR(check_optional(r, "/tokens/served_iteration", h->served > 0,
+                                         H5T_INTEGER, 1, per_token));
+    FMOE_FORWARD_IF_ERROR(
+        check_optional(r, "/tokens/served_s", h->served > 0, H5T_FLOAT, 1, per_token));
     return check_optional(r, "/timing/access_outcome", h->offload_cache_experts > 0,
                           H5T_INTEGER, 1, outcomes);
 }

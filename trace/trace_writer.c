@@ -46,6 +46,8 @@ enum {
     DS_LAYER_S,
     DS_ITERATION_S,
     DS_ACCESS_OUTCOME,
+    DS_SERVED_ITERATION,
+    DS_SERVED_S,
     DS_REQ_ID,
     DS_REQ_ARRIVAL,
     DS_REQ_PROMPT,
@@ -65,6 +67,8 @@ static const char *const ds_names[DS_COUNT] = {
     "/timing/layer_s",
     "/timing/iteration_s",
     "/timing/access_outcome",
+    "/tokens/served_iteration",
+    "/tokens/served_s",
     "/requests/id",
     "/requests/arrival_s",
     "/requests/prompt_tokens",
@@ -169,6 +173,7 @@ static int write_root_attributes(fmoe_trace_writer *w) {
         {"hidden_dim", h->hidden_dim},     {"timing_layers", h->timing_layers},
         {"prefill_chunk", h->prefill_chunk},
         {"offload_cache_experts", h->offload_cache_experts},
+        {"served", h->served},
     };
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(f, p, strs[i].name, strs[i].value));
@@ -203,6 +208,8 @@ static int create_datasets(fmoe_trace_writer *w) {
         {DS_LAYER_S, Lt > 0, H5T_IEEE_F32LE, 2, {0, Lt}},
         {DS_ITERATION_S, Lt > 0, H5T_IEEE_F32LE, 1, {0}},
         {DS_ACCESS_OUTCOME, h->offload_cache_experts > 0, H5T_STD_U8LE, 1, {0}},
+        {DS_SERVED_ITERATION, h->served > 0, H5T_STD_I64LE, 1, {0}},
+        {DS_SERVED_S, h->served > 0, H5T_IEEE_F32LE, 1, {0}},
         {DS_REQ_ID, 1, H5T_STD_I64LE, 1, {0}},
         {DS_REQ_ARRIVAL, 1, H5T_IEEE_F64LE, 1, {0}},
         {DS_REQ_PROMPT, 1, H5T_STD_I32LE, 1, {0}},
@@ -263,6 +270,8 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
     FMOE_RETURN_ERROR_IF(header->hidden_dim < 0 || header->hidden_dim > FMOE_TRACE_MAX_SEMANTIC,
                          FMOE_EINVAL, "%s: header.hidden_dim = %d, expected 0..%d", path,
                          header->hidden_dim, FMOE_TRACE_MAX_SEMANTIC);
+    FMOE_RETURN_ERROR_IF(header->served < 0 || header->served > 1, FMOE_EINVAL,
+                         "%s: header.served = %d, expected 0 or 1", path, header->served);
     FMOE_RETURN_ERROR_IF(header->timing_layers < 0 || header->timing_layers > FMOE_TRACE_MAX_LAYERS,
                          FMOE_EINVAL, "%s: header.timing_layers = %d, expected 0..%d", path,
                          header->timing_layers, FMOE_TRACE_MAX_LAYERS);
@@ -396,6 +405,24 @@ static int check_request(const fmoe_trace_writer *w, const fmoe_trace_request *q
         FMOE_RETURN_ERROR_IF(q->access_outcome, FMOE_EINVAL,
                              "%s: request %lld: access outcomes given but the header says the "
                              "recording was not offloaded",
+                             p, id);
+    }
+    if (h->served > 0) {
+        FMOE_RETURN_ERROR_IF(T > 0 && (!q->served_iteration || !q->served_s), FMOE_EINVAL,
+                             "%s: request %lld: served_iteration and served_s are required "
+                             "(header.served)",
+                             p, id);
+        for (int64_t t = 0; t < T; t++)
+            FMOE_RETURN_ERROR_IF(q->served_iteration[t] < 0 || !isfinite(q->served_s[t]) ||
+                                     q->served_s[t] < 0,
+                                 FMOE_EINVAL,
+                                 "%s: request %lld: token %lld: served iteration %lld in %g s, "
+                                 "expected >= 0",
+                                 p, id, (long long)t, (long long)q->served_iteration[t],
+                                 q->served_s[t]);
+    } else {
+        FMOE_RETURN_ERROR_IF(q->served_iteration || q->served_s, FMOE_EINVAL,
+                             "%s: request %lld: served iterations given but header.served is 0",
                              p, id);
     }
     if (T == 0) return 0;
@@ -537,6 +564,11 @@ static int writer_append(fmoe_trace_writer *w, const fmoe_trace_request *req) {
             goto fail;
         if (req->speculative &&
             (rc = append_gate(w, DS_SPECULATIVE, req->speculative, L * S * J, T)) < 0)
+            goto fail;
+        if (h->served > 0 &&
+            ((rc = append_rows(w, DS_SERVED_ITERATION, H5T_NATIVE_INT64, T,
+                               req->served_iteration)) < 0 ||
+             (rc = append_rows(w, DS_SERVED_S, H5T_NATIVE_FLOAT, T, req->served_s)) < 0))
             goto fail;
         if (req->hidden) {
             const void *data = half_data(w, req->hidden, (size_t)T * L * (size_t)h->hidden_dim);

@@ -164,6 +164,9 @@ typedef struct seq {
     float *semantic;           /* [rows_cap][h] (trace_out) */
     int32_t *token_id;         /* [rows_cap] (trace_out) */
     uint8_t *phase;            /* [rows_cap] (trace_out) */
+    int64_t *served_iteration; /* [rows_cap] the pass each row ran in (trace_out) */
+    float *served_s;           /* [rows_cap] that pass's wall seconds (trace_out) */
+    int64_t row0;              /* the first row of the item being run */
     float *logits;             /* [V] */
     int64_t order;             /* admission order: prefill goes oldest first */
 } seq;
@@ -182,6 +185,7 @@ struct serve_engine {
     int64_t created;
     double t0;                 /* monotonic seconds at start: trace arrival times */
     int64_t admitted;
+    int64_t passes;            /* batched forward passes run */
     int trace_error;           /* first error appending to trace_out */
 
     pthread_mutex_t mu;        /* the queue, the flags below, the gauges */
@@ -243,7 +247,11 @@ static int seq_reserve(serve_engine *e, seq *s, int64_t rows) {
         if (ti) s->token_id = ti;
         uint8_t *ph = realloc(s->phase, n);
         if (ph) s->phase = ph;
-        ok = p && sm && ti && ph;
+        int64_t *si = realloc(s->served_iteration, n * sizeof *si);
+        if (si) s->served_iteration = si;
+        float *ss = realloc(s->served_s, n * sizeof *ss);
+        if (ss) s->served_s = ss;
+        ok = p && sm && ti && ph && si && ss;
     }
     if (!ok) return fmoe_error_set(FMOE_ENOMEM, "out of memory for the routing of %lld tokens",
                                    (long long)rows);
@@ -261,7 +269,8 @@ static void seq_record(serve_engine *e, seq *s) {
     const fmoe_trace_request q = {
         .id = s->order, .arrival_s = j->t_submit - e->t0, .prompt_tokens = j->prompt_tokens,
         .output_tokens = s->decoded, .token_id = s->token_id, .phase = s->phase,
-        .experts = s->experts, .probs = s->probs, .semantic = s->semantic};
+        .experts = s->experts, .probs = s->probs, .semantic = s->semantic,
+        .served_iteration = s->served_iteration, .served_s = s->served_s};
     const int rc = fmoe_trace_writer_append_request(e->o.trace_out, &q);
     if (rc < 0) e->trace_error = rc;
 }
@@ -505,6 +514,7 @@ static int32_t plan_items(serve_engine *e) {
         fmoe_forward_trace *tr = &e->traces[c];
         if (e->o.trace_out) { /* the request's own rows */
             const int64_t r = decode ? (int64_t)s->job->prompt_tokens + s->decoded : s->fed;
+            s->row0 = r;
             if (decode) {
                 s->token_id[r] = s->next;
                 s->phase[r] = FMOE_PHASE_DECODE;
@@ -523,10 +533,20 @@ static int32_t plan_items(serve_engine *e) {
 /* One batched iteration and what follows from it. */
 static void run_iteration(serve_engine *e, int32_t count) {
     int rc;
+    const double t_pass = now_s();
     if (e->o.offload)
         rc = fmoe_offload_forward_batch(e->o.offload, e->seqs[0].session, e->items, count);
     else
         rc = fmoe_session_forward_batch(e->seqs[0].session, e->items, count);
+    const float pass_s = (float)(now_s() - t_pass);
+    for (int32_t c = 0; rc == 0 && e->o.trace_out && c < count; c++) {
+        seq *s = &e->seqs[e->item_seq[c]]; /* the batch composition, for the trace */
+        for (int32_t t = 0; t < e->items[c].n; t++) {
+            s->served_iteration[s->row0 + t] = e->passes;
+            s->served_s[s->row0 + t] = pass_s;
+        }
+    }
+    e->passes++;
     if (rc < 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "the forward pass failed: %s", fmoe_error_detail());
@@ -621,6 +641,8 @@ static void engine_free(serve_engine *e) {
         free(e->seqs[i].semantic);
         free(e->seqs[i].token_id);
         free(e->seqs[i].phase);
+        free(e->seqs[i].served_iteration);
+        free(e->seqs[i].served_s);
         free(e->seqs[i].logits);
     }
     free(e->seqs);

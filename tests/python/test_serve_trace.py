@@ -63,6 +63,21 @@ def test_trace_out_holds_the_served_requests(fmoe, tmp_path):
         assert sorted(ot.tolist()) == sorted(n - 1 for n in lengths)
         experts = f["tokens/experts"][:]
         ids_all = f["tokens/token_id"][:]
+        # the batch composition: each token's pass, and the pass's time
+        assert int(f.attrs["served"]) == 1
+        it, secs = f["tokens/served_iteration"][:], f["tokens/served_s"][:]
+        owner = np.repeat(np.arange(R), off[1:] - off[:-1])
+        passes = {}
+        for t in range(T):
+            passes.setdefault(int(it[t]), []).append(t)
+        for rows in passes.values():
+            assert len(rows) <= 64  # an iteration's token budget
+            assert len(set(secs[rows].tolist())) == 1 and secs[rows[0]] > 0
+        assert max(len(set(owner[rows].tolist())) for rows in passes.values()) >= 2
+        for r in range(R):
+            dec = it[off[r] + pt[r]:off[r + 1]]
+            assert (np.diff(dec) > 0).all()  # one decode token per pass
+            assert it[off[r]:off[r] + pt[r]].max() < (dec.min() if len(dec) else 1 << 62)
 
     # the same prompts through `fmoe record`, one at a time: the same tokens and routing
     prompts = tmp_path / "prompts.txt"

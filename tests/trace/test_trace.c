@@ -279,6 +279,47 @@ TEST(prefill_chunks_and_access_outcomes) {
     ASSERT_EQ(fmoe_trace_request_iterations(0, 3, 64), 3);
 }
 
+/* served (fmoe serve --trace-out): each token's pass and its seconds are required with the
+ * header flag, refused without it, and validated; the flag comes back. */
+TEST(served_iterations) {
+    const char *path = tmp_path("served.h5");
+    fmoe_trace_header h = sample_header(1);
+    h.served = 1;
+    fmoe_trace_writer *w = NULL;
+    ASSERT_OK(fmoe_trace_writer_open(&w, path, &h, NULL));
+    int64_t iters[64];
+    float secs[64];
+    for (int i = 0; i < 64; i++) {
+        iters[i] = 10 + i;
+        secs[i] = 0.25f;
+    }
+    sample_request s;
+    ASSERT_OK(sample_request_make(&s, 0));
+    ASSERT_EQ(fmoe_trace_writer_append_request(w, &s.req), FMOE_EINVAL);
+    ASSERT_CONTAINS(fmoe_error_detail(), "served_iteration and served_s are required");
+    s.req.served_iteration = iters;
+    s.req.served_s = secs;
+    iters[1] = -1;
+    ASSERT_EQ(fmoe_trace_writer_append_request(w, &s.req), FMOE_EINVAL);
+    ASSERT_CONTAINS(fmoe_error_detail(), "token 1: served iteration -1");
+    iters[1] = 11;
+    ASSERT_OK(fmoe_trace_writer_append_request(w, &s.req));
+    ASSERT_OK(fmoe_trace_writer_close(w));
+    fmoe_trace_reader *r = NULL;
+    ASSERT_OK(fmoe_trace_reader_open(&r, path));
+    ASSERT_EQ(fmoe_trace_reader_header(r)->served, 1);
+    fmoe_trace_reader_close(r);
+
+    h.served = 0;
+    ASSERT_OK(fmoe_trace_writer_open(&w, tmp_path("not-served.h5"), &h, NULL));
+    ASSERT_EQ(fmoe_trace_writer_append_request(w, &s.req), FMOE_EINVAL);
+    ASSERT_CONTAINS(fmoe_error_detail(), "header.served is 0");
+    fmoe_trace_writer_abort(w);
+    sample_request_free(&s);
+    h.served = 2;
+    ASSERT_EQ(fmoe_trace_writer_open(&w, path, &h, NULL), FMOE_EINVAL);
+}
+
 TEST(minimal_trace_and_empty_requests) {
     /* No probs, no semantic, no speculative; a request with no tokens; L = J = K = 1. */
     const char *path = tmp_path("minimal.h5");

@@ -72,6 +72,11 @@ typedef struct fmoe_trace_header {
      * 0 and "": not offloaded, no dataset. */
     int32_t offload_cache_experts;
     char offload_policy[64];
+    /* Recorded by fmoe serve (--trace-out): 1 adds /tokens/served_iteration [T] int64, the
+     * index of the server's batched forward pass each token ran in (tokens with one index
+     * ran together, whatever request they belong to: the batch composition), and
+     * /tokens/served_s [T] float32, that pass's wall seconds. 0: absent. */
+    int32_t served;
 } fmoe_trace_header;
 
 /* Iterations of a request in replay order: its prefill chunks, then one per output token. */
@@ -108,6 +113,9 @@ typedef struct fmoe_trace_request {
      * request's accesses, in replay order (see the header). */
     const uint8_t *access_outcome;
     int64_t num_access_outcomes;
+    /* With header.served: [T] each token's forward pass and its wall seconds. */
+    const int64_t *served_iteration;
+    const float *served_s;
 } fmoe_trace_request;
 
 typedef struct fmoe_trace_write_options {
