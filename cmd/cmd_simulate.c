@@ -61,6 +61,7 @@ typedef struct options {
     int32_t feedback;          /* index into feedback_names: auto, on, off */
     const char *plot;
     const char *decision_log;
+    int32_t batch;             /* --batch: sequences run together (1: one at a time) */
 } options;
 
 /* Splits `text` at commas into at most MAX_LIST non-empty items (in place). */
@@ -160,6 +161,13 @@ static const cmd_option simulate_options[] = {
     {.name = "arrivals-speedup", .kind = CMD_OPT_DOUBLE, .value_name = "X",
      .help = "divide inter-arrival times by X", .default_text = "1",
      .offset = offsetof(options, arrivals_speedup), .fmin = 1e-9, .fmax = 1e9},
+    {.name = "batch", .kind = CMD_OPT_INT32, .value_name = "B",
+     .help = "run up to B requests together with continuous batching, as fmoe serve "
+             "--parallel B does: each iteration holds every running request's next decode "
+             "token, then prompt chunks (oldest first) up to 64 tokens, each expert loaded "
+             "once per layer for the whole batch; without --arrivals every request waits "
+             "from t = 0, so latencies include the wait for a slot",
+     .default_text = "1", .offset = offsetof(options, batch), .min = 1, .max = 65536},
     {.name = "eamc-capacity", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "moe-infinity's EAM collection size", .default_text = "1000",
      .offset = offsetof(options, eamc_capacity), .min = 1, .max = 10000000},
@@ -235,6 +243,7 @@ static void init(void *base) {
     options *o = base;
     memset(o, 0, sizeof *o);
     o->copy_chunks = 1;
+    o->batch = 1;
     cmd_sim_store_init(&o->store);
 }
 
@@ -440,6 +449,8 @@ static int print_json(const options *o, const fmoe_hardware_profile *hw, int64_t
     cJSON_AddNumberToObject(root, "iterations", (double)w->num_iterations);
     cJSON_AddNumberToObject(root, "accesses", (double)w->num_accesses);
     if (o->arrivals) cJSON_AddStringToObject(root, "arrivals", o->arrivals);
+    /* "batch" only when batching, so that --batch 1 prints what earlier versions did */
+    if (o->batch > 1) cJSON_AddNumberToObject(root, "batch", o->batch);
     cJSON *arr = cJSON_AddArrayToObject(root, "results");
     for (size_t i = 0; i < n; i++) {
         const fmoe_sim_result *r = &res[i];
@@ -448,6 +459,7 @@ static int print_json(const options *o, const fmoe_hardware_profile *hw, int64_t
         cJSON_AddNumberToObject(x, "cache_experts", r->cache_experts);
         cJSON_AddNumberToObject(x, "cache_bytes", (double)r->cache_experts * (double)expert_bytes);
         cJSON_AddNumberToObject(x, "prefetch_distance", r->prefetch_distance);
+        if (r->batch > 1) cJSON_AddNumberToObject(x, "batch", r->batch);
         cJSON_AddNumberToObject(x, "accesses", (double)r->accesses);
         cJSON_AddNumberToObject(x, "hits", (double)r->hits);
         cJSON_AddNumberToObject(x, "late_hits", (double)r->late_hits);
@@ -652,6 +664,8 @@ static void print_table(const options *o, const fmoe_hardware_profile *hw, int64
            hw->name);
     if (o->miss_mode != FMOE_SIM_MISS_LOAD) printf("; misses: %s", miss_name(o->miss_mode));
     if (o->arrivals) printf("; arrivals: %s (FCFS)", o->arrivals);
+    if (o->batch > 1) printf("; batch %d (continuous batching, %d tokens an iteration)", o->batch,
+                             FMOE_SIM_BATCH_TOKENS);
     printf("\n\n");
     for (size_t i = 0; i < n; i++) order[i] = i;
     sort_base = res;
@@ -748,6 +762,13 @@ int cmd_simulate(int argc, char **argv) {
     if (o.arrivals) {
         exit_code = load_arrivals(&o, &w, &arrivals);
         if (exit_code) goto done;
+    }
+    if (o.batch > 1) { /* the iterations fmoe serve --parallel B would run */
+        fmoe_sim_workload batched;
+        rc = fmoe_sim_workload_batch(&batched, &w, o.batch, arrivals, &costs);
+        if (rc < 0) goto fail;
+        fmoe_sim_workload_free(&w);
+        w = batched;
     }
 
     n = (size_t)o.n_policies * (size_t)n_caches * (size_t)o.n_distances;

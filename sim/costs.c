@@ -85,6 +85,25 @@ double fmoe_sim_layer_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context
     return fmax(flops / c->peak_flops, bytes / c->mem_bw) + c->launch_s;
 }
 
+/* A batch: the projections over every token, the scores of each item against its own
+ * context (sum n_i * c_i), the KV cache of every item read once (sum c_i), the weights
+ * read once. */
+double fmoe_sim_layer_batch_s(const fmoe_sim_costs *c, int32_t tokens, double token_context,
+                              double kv_context) {
+    const double n = tokens;
+    if (c->layer.present)
+        return c->layer.base_s + c->layer.per_token_s * n +
+               c->layer.per_token_context_s * token_context;
+    const double flops = c->layer_flops_per_token * n + c->attn_flops_per_token_ctx * token_context;
+    const double bytes =
+        c->layer_weight_params * c->bytes_per_param + c->kv_bytes_per_ctx * kv_context;
+    return fmax(flops / c->peak_flops, bytes / c->mem_bw) + c->launch_s;
+}
+
+double fmoe_sim_head_batch_s(const fmoe_sim_costs *c, int32_t rows) {
+    return c->head.present && rows > 0 ? c->head.base_s + c->head.per_token_s * rows : 0;
+}
+
 double fmoe_sim_head_s(const fmoe_sim_costs *c) {
     return c->head.present ? c->head.base_s + c->head.per_token_s : 0;
 }

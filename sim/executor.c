@@ -15,6 +15,8 @@
  * compute_on_host): the expert is computed on the CPU from the gate on, one at a time, and
  * not cached; the layer ends when the compute stream and the host lane are both done.
  * With arrival times, requests are served first come first served (queueing, DESIGN.md §7).
+ * A batched workload (fmoe_sim_workload_batch) runs its iterations as they were composed,
+ * up to B requests interleaved, each iteration one batched forward (run_batched).
  *
  * Everything is allocated in run_init; the event loop allocates nothing (STYLE.md rule 8).
  */
@@ -48,6 +50,9 @@ typedef struct sim_state {
     double compute_free;      /* compute stream idle from */
     double head_s;            /* the LM head of an iteration that yields a token */
     double *ttft, *tpot, *e2e, *qdelay; /* [R] per request */
+    double *arrival;          /* [R] batched runs: each request's arrival */
+    int64_t *decodes;         /* [R] batched runs: decode tokens after the first token, -1
+                                 before the first token */
     int64_t n_tpot;
     int have_host;            /* the cost model has host figures */
     double host_free;         /* host lane idle from */
@@ -116,6 +121,8 @@ static void run_free(sim_state *S) {
     free(S->tpot);
     free(S->e2e);
     free(S->qdelay);
+    free(S->arrival);
+    free(S->decodes);
 }
 
 static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_config *cfg,
@@ -158,15 +165,18 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     S->tpot = calloc(R, sizeof(double));
     S->e2e = calloc(R, sizeof(double));
     S->qdelay = calloc(R, sizeof(double));
+    S->arrival = calloc(R, sizeof(double));
+    S->decodes = calloc(R, sizeof(int64_t));
     r->per_layer = calloc((size_t)S->L, sizeof *r->per_layer);
     if (!S->slot_free_at || !S->distinct || !S->ttft || !S->tpot || !S->e2e || !S->qdelay ||
-        !r->per_layer)
+        !S->arrival || !S->decodes || !r->per_layer)
         return fmoe_error_set(FMOE_ENOMEM, "simulator state for %d slots", S->N);
     r->num_layers = S->L;
     r->cache_experts = S->N;
     r->prefetch_distance = (ops->flags & FMOE_POLICY_PREFETCHES) ? d : 0;
     r->miss_mode = cfg->miss_mode;
     r->variant = variant;
+    r->batch = w->batch > 0 ? w->batch : 1;
 
     fmoe_policy_config pc = {
         .num_layers = S->L,
@@ -368,7 +378,12 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
     const fmoe_sim_layer_stats before = *ls;
     const fmoe_slots_layer_stats m_before = fmoe_slots_stats(S->slots)[l];
 
-    S->compute_free += fmoe_sim_layer_s(S->costs, it->num_tokens, it->context);
+    /* a batched iteration: attention over each item's own context (fmoe/sim.h) */
+    S->compute_free += it->num_items > 0
+                           ? fmoe_sim_layer_batch_s(S->costs, it->num_tokens,
+                                                    (double)it->token_context,
+                                                    (double)it->kv_context)
+                           : fmoe_sim_layer_s(S->costs, it->num_tokens, it->context);
     const double t_gate = S->compute_free;
     hook_sync(S, t_gate);
     S->env->now_s = t_gate;
@@ -492,6 +507,92 @@ static void run_all(sim_state *S, const double *arrival_s) {
     }
 }
 
+/* Batched runs: admits the requests the workload admits before iteration ii (the clock
+ * idles until their arrival if it must), each with on_request_start; a request without
+ * rows ends at once. */
+static void admit_batched(sim_state *S, const double *arrival_s, int64_t ii, int64_t *next) {
+    const fmoe_sim_workload *w = S->w;
+    const fmoe_policy_ops *ops = S->policy.ops;
+    while (*next < w->num_requests &&
+           w->requests[w->admit_order[*next]].admit_iteration <= ii) {
+        const int64_t q = w->admit_order[(*next)++];
+        const fmoe_sim_request *req = &w->requests[q];
+        const double arrival = arrival_s ? arrival_s[q] : 0;
+        if (arrival > S->compute_free) S->compute_free = arrival;
+        S->arrival[q] = arrival;
+        S->qdelay[q] = S->compute_free - arrival;
+        S->decodes[q] = -1;
+        const fmoe_request_event rev = {.index = q, .id = req->id,
+                                        .prompt_tokens = req->prompt_tokens,
+                                        .output_tokens = req->output_tokens};
+        S->env->now_s = S->compute_free;
+        if (ops->on_request_start) ops->on_request_start(S->policy.state, S->env, &rev);
+        if (req->leave_iteration >= 0) continue;
+        S->e2e[q] = S->compute_free - arrival;
+        if (ops->on_request_end) ops->on_request_end(S->policy.state, S->env, &rev);
+    }
+}
+
+/* Continuous batching (fmoe_sim_workload_batch): the workload's iterations in order, each
+ * one batched forward of all its items; requests start at admission and end after the
+ * iteration of their last row. The iteration events report the first item's request, the
+ * largest context, decode only when every item is a decode token, the semantic rows of
+ * all tokens in item order; no `ahead` rows (the lookahead is for one-token iterations of
+ * one request; 0 changes no decision). */
+static void run_batched(sim_state *S, const double *arrival_s) {
+    const fmoe_sim_workload *w = S->w;
+    const fmoe_policy_ops *ops = S->policy.ops;
+    const int32_t L = S->L;
+    int64_t admitted = 0, left = 0;
+    for (int64_t ii = 0; ii < w->num_iterations && !S->error; ii++) {
+        admit_batched(S, arrival_s, ii, &admitted);
+        const fmoe_sim_iteration *it = &w->iterations[ii];
+        const fmoe_iteration_event iev = {
+            .request = it->request, .phase = it->phase, .num_tokens = it->num_tokens,
+            .context = it->context, .group = ii * L, .position = it->access_begin,
+            .semantic = w->semantic ? w->semantic + (size_t)it->token_begin * w->semantic_dim
+                                    : NULL,
+            .semantic_dim = w->semantic ? w->semantic_dim : 0};
+        S->env->now_s = S->compute_free;
+        fmoe_slots_set_iteration(S->slots, ii);
+        if (ops->on_iteration_start) ops->on_iteration_start(S->policy.state, S->env, &iev);
+        const uint16_t *la = w->layer_accesses + (size_t)ii * L;
+        int64_t a = it->access_begin;
+        for (int32_t l = 0; l < L && !S->error; l++) {
+            run_layer(S, it, ii, l, a, la[l]);
+            a += la[l];
+        }
+        if (S->error) break;
+        S->compute_free += fmoe_sim_head_batch_s(S->costs, it->yields);
+        S->env->now_s = S->compute_free;
+        if (ops->on_iteration_end) ops->on_iteration_end(S->policy.state, S->env, &iev);
+        for (int32_t c = 0; c < it->num_items; c++) {
+            const fmoe_sim_item *item = &w->items[it->item_begin + c];
+            const int64_t q = item->request;
+            if (S->decodes[q] < 0 && (item->phase != 0 || item->last_prompt)) {
+                S->ttft[q] = S->compute_free - S->arrival[q]; /* its first token */
+                S->decodes[q] = 0;
+            } else if (item->phase != 0) {
+                S->decodes[q]++;
+            }
+        }
+        while (left < w->num_requests &&
+               w->requests[w->leave_order[left]].leave_iteration <= ii) {
+            const int64_t q = w->leave_order[left++];
+            const fmoe_sim_request *req = &w->requests[q];
+            if (req->leave_iteration < 0) continue; /* ended at admission */
+            S->e2e[q] = S->compute_free - S->arrival[q];
+            if (S->decodes[q] > 0)
+                S->tpot[S->n_tpot++] = (S->e2e[q] - S->ttft[q]) / (double)S->decodes[q];
+            const fmoe_request_event rev = {.index = q, .id = req->id,
+                                            .prompt_tokens = req->prompt_tokens,
+                                            .output_tokens = req->output_tokens};
+            if (ops->on_request_end) ops->on_request_end(S->policy.state, S->env, &rev);
+        }
+    }
+    if (!S->error) admit_batched(S, arrival_s, w->num_iterations, &admitted);
+}
+
 static double ratio(int64_t num, int64_t den) {
     return den > 0 ? (double)num / (double)den : NAN;
 }
@@ -509,7 +610,8 @@ static int run_variant(const fmoe_sim_workload *w, const fmoe_sim_config *cfg, i
     if (rc == 0) rc = run_init(&S, w, cfg, variant, out);
     else memset(&S, 0, sizeof S);
     if (rc == 0) {
-        run_all(&S, cfg->arrival_s);
+        if (w->batch > 0) run_batched(&S, cfg->arrival_s);
+        else run_all(&S, cfg->arrival_s);
         rc = S.error;
     }
     if (rc == 0) {

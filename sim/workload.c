@@ -6,7 +6,13 @@
  * access, later appearances add to its token count. A per-expert stamp array makes this
  * O(n·K) with no clearing. The result (expert ids and token counts) is what every cell of a
  * sweep replays, and exactly what belady's future knowledge is.
+ *
+ * fmoe_sim_workload_batch recompiles a workload into the iterations of continuous
+ * batching (fmoe serve's scheduler, replayed here without a clock unless arrival times
+ * make one necessary): the same per-iteration compilation over the gathered rows of all
+ * the iteration's items, so belady and the oracle see the batched order as their future.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +58,9 @@ void fmoe_sim_workload_free(fmoe_sim_workload *w) {
     free(w->probs);
     free(w->speculative);
     free(w->semantic);
+    free(w->items);
+    free(w->admit_order);
+    free(w->leave_order);
     memset(w, 0, sizeof *w);
 }
 
@@ -65,6 +74,64 @@ static int grow(void **p, int64_t *cap, int64_t need, size_t size) {
     *p = q;
     *cap = c;
     return 0;
+}
+
+/* Room for `need` iterations (and their rows of the layer table). */
+static int reserve_iterations(fmoe_sim_workload *w, int64_t need) {
+    const int64_t cap_it = w->cap_iterations;
+    FMOE_FORWARD_IF_ERROR(grow((void **)&w->iterations, &w->cap_iterations, need,
+                               sizeof *w->iterations));
+    if (w->cap_iterations != cap_it) {
+        void *q = realloc(w->layer_accesses,
+                          (size_t)w->cap_iterations * w->num_layers * sizeof(uint16_t));
+        if (!q) return fmoe_error_set(FMOE_ENOMEM, "workload: layer table");
+        w->layer_accesses = q;
+    }
+    return 0;
+}
+
+/* Room for `need` accesses. */
+static int reserve_accesses(fmoe_sim_workload *w, int64_t need) {
+    int64_t cap_acc = w->cap_accesses;
+    FMOE_FORWARD_IF_ERROR(grow((void **)&w->access_expert, &cap_acc, need,
+                               sizeof *w->access_expert));
+    if (cap_acc != w->cap_accesses) {
+        void *q = realloc(w->access_tokens, (size_t)cap_acc * sizeof *w->access_tokens);
+        if (!q) return fmoe_error_set(FMOE_ENOMEM, "workload: access table");
+        w->access_tokens = q;
+        w->cap_accesses = cap_acc;
+    }
+    return 0;
+}
+
+/* Appends the §7.1 accesses of iteration w->num_iterations, whose n rows ([n][L][K]) are
+ * at `rows`: per layer, each distinct expert once, in order of first appearance, with the
+ * count of its tokens. Room must be reserved. */
+static void compile_iteration(fmoe_sim_workload *w, const uint16_t *rows, int64_t n) {
+    const int32_t L = w->num_layers, K = w->top_k, J = w->num_experts;
+    uint16_t *la = w->layer_accesses + (size_t)w->num_iterations * L;
+    for (int32_t l = 0; l < L; l++) {
+        const uint64_t st = ++w->stamp_now;
+        int32_t nd = 0;
+        for (int64_t u = 0; u < n; u++) {
+            const uint16_t *row = rows + ((size_t)u * L + l) * K;
+            for (int32_t k = 0; k < K; k++) {
+                const uint16_t j = row[k];
+                if (w->stamp[j] != st) {
+                    w->stamp[j] = st;
+                    w->count[j] = 0;
+                    w->order[nd++] = j;
+                }
+                w->count[j]++;
+            }
+        }
+        for (int32_t q = 0; q < nd; q++) {
+            w->access_expert[w->num_accesses] = (uint32_t)(l * J + w->order[q]);
+            w->access_tokens[w->num_accesses] = w->count[w->order[q]];
+            w->num_accesses++;
+        }
+        la[l] = (uint16_t)nd;
+    }
 }
 
 int fmoe_sim_workload_keep_gates(fmoe_sim_workload *w, int32_t probs_kind,
@@ -135,14 +202,7 @@ int fmoe_sim_workload_add_request_gates(fmoe_sim_workload *w, int64_t id, double
     max_acc = n * L * K;
     FMOE_FORWARD_IF_ERROR(grow((void **)&w->requests, &w->cap_requests, w->num_requests + 1,
                                sizeof *w->requests));
-    int64_t cap_it = w->cap_iterations;
-    FMOE_FORWARD_IF_ERROR(grow((void **)&w->iterations, &w->cap_iterations,
-                               w->num_iterations + niter, sizeof *w->iterations));
-    if (w->cap_iterations != cap_it) {
-        void *q = realloc(w->layer_accesses, (size_t)w->cap_iterations * L * sizeof(uint16_t));
-        if (!q) return fmoe_error_set(FMOE_ENOMEM, "workload: layer table");
-        w->layer_accesses = q;
-    }
+    FMOE_FORWARD_IF_ERROR(reserve_iterations(w, w->num_iterations + niter));
     const int64_t cap_tok = w->cap_tokens;
     FMOE_FORWARD_IF_ERROR(grow((void **)&w->experts, &w->cap_tokens, w->num_tokens + n,
                                (size_t)L * K * sizeof *w->experts));
@@ -151,15 +211,7 @@ int fmoe_sim_workload_add_request_gates(fmoe_sim_workload *w, int64_t id, double
     if (S > 0)
         FMOE_FORWARD_IF_ERROR(
             grow_rows(&w->speculative, cap_tok, w->cap_tokens, (size_t)L * S * J));
-    int64_t cap_acc = w->cap_accesses;
-    FMOE_FORWARD_IF_ERROR(grow((void **)&w->access_expert, &cap_acc, w->num_accesses + max_acc,
-                               sizeof *w->access_expert));
-    if (cap_acc != w->cap_accesses) {
-        void *q = realloc(w->access_tokens, (size_t)cap_acc * sizeof *w->access_tokens);
-        if (!q) return fmoe_error_set(FMOE_ENOMEM, "workload: access table");
-        w->access_tokens = q;
-        w->cap_accesses = cap_acc;
-    }
+    FMOE_FORWARD_IF_ERROR(reserve_accesses(w, w->num_accesses + max_acc));
 
     const int64_t tok0 = w->num_tokens;
     if (n) memcpy(w->experts + (size_t)tok0 * L * K, experts, (size_t)(n * L * K) * sizeof *experts);
@@ -181,33 +233,236 @@ int fmoe_sim_workload_add_request_gates(fmoe_sim_workload *w, int64_t id, double
                                    .phase = phase[t] == FMOE_PHASE_PREFILL ? 0 : 1,
                                    .num_tokens = (int32_t)(e - t), .context = context,
                                    .token_begin = tok0 + t, .access_begin = w->num_accesses};
-        uint16_t *la = w->layer_accesses + (size_t)w->num_iterations * L;
-        for (int32_t l = 0; l < L; l++) {
-            const uint64_t st = ++w->stamp_now;
-            int32_t nd = 0;
-            for (int64_t u = t; u < e; u++) {
-                const uint16_t *row = experts + ((size_t)u * L + l) * K;
-                for (int32_t k = 0; k < K; k++) {
-                    const uint16_t j = row[k];
-                    if (w->stamp[j] != st) {
-                        w->stamp[j] = st;
-                        w->count[j] = 0;
-                        w->order[nd++] = j;
-                    }
-                    w->count[j]++;
-                }
-            }
-            for (int32_t q = 0; q < nd; q++) {
-                w->access_expert[w->num_accesses] = (uint32_t)(l * J + w->order[q]);
-                w->access_tokens[w->num_accesses] = w->count[w->order[q]];
-                w->num_accesses++;
-            }
-            la[l] = (uint16_t)nd;
-        }
+        compile_iteration(w, experts + (size_t)t * L * K, e - t);
         w->num_iterations++;
         t = e;
     }
     w->num_tokens += n;
     w->num_requests++;
     return 0;
+}
+
+/* ------------------------------------------------------------------ continuous batching */
+
+/* Why a copy and not a row-index list: the executor, the gate events and the iteration
+ * events all read an iteration's rows as one contiguous block (chosen experts, gate
+ * probabilities, speculative rows, semantic rows, with strides); gathering the rows once
+ * here keeps every reader as it is, at the price of a second copy of the rows while both
+ * workloads live (fmoe simulate frees the first). */
+
+/* The scheduler's view of one request of the source workload. */
+typedef struct batch_req {
+    int64_t row0;   /* its first row in the source */
+    int64_t rows;   /* its rows: prompt, then decode */
+    int64_t next;   /* rows run so far */
+    int64_t rank;   /* admission order: prompt chunks go oldest first */
+} batch_req;
+
+/* The compute-only time of the iteration just compiled (every expert resident): what the
+ * executor would spend on it without a stall. */
+static double nominal_s(const fmoe_sim_workload *w, const fmoe_sim_iteration *it,
+                        const fmoe_sim_costs *c) {
+    const uint16_t *la = w->layer_accesses + (size_t)(it - w->iterations) * w->num_layers;
+    double t = 0;
+    int64_t a = it->access_begin;
+    for (int32_t l = 0; l < w->num_layers; l++) {
+        t += fmoe_sim_layer_batch_s(c, it->num_tokens, (double)it->token_context,
+                                    (double)it->kv_context);
+        for (int32_t q = 0; q < la[l]; q++, a++)
+            t += fmoe_sim_expert_s(c, (int32_t)w->access_tokens[a]);
+    }
+    return t + fmoe_sim_head_batch_s(c, it->yields);
+}
+
+/* Copies row `from` of `in` to row `to` of `out` (routing and whatever gate data). */
+static void copy_row(fmoe_sim_workload *out, const fmoe_sim_workload *in, int64_t to,
+                     int64_t from) {
+    const size_t LK = (size_t)in->num_layers * in->top_k;
+    const size_t LJ = (size_t)in->num_layers * in->num_experts;
+    memcpy(out->experts + (size_t)to * LK, in->experts + (size_t)from * LK,
+           LK * sizeof *in->experts);
+    if (out->probs)
+        memcpy(out->probs + (size_t)to * LJ, in->probs + (size_t)from * LJ, LJ * sizeof *in->probs);
+    if (out->speculative) {
+        const size_t n = LJ * (size_t)in->speculative_depth;
+        memcpy(out->speculative + (size_t)to * n, in->speculative + (size_t)from * n,
+               n * sizeof *in->speculative);
+    }
+    if (out->semantic) {
+        const size_t h = (size_t)in->semantic_dim;
+        memcpy(out->semantic + (size_t)to * h, in->semantic + (size_t)from * h,
+               h * sizeof *in->semantic);
+    }
+}
+
+/* Appends to iteration `it` request q's next n rows (r->next on) as one item. */
+static void add_item(fmoe_sim_workload *out, const fmoe_sim_workload *in,
+                     fmoe_sim_iteration *it, int64_t q, const batch_req *r,
+                     const uint8_t *phase, int64_t n, int64_t *tok) {
+    const int64_t context = r->next + n;
+    const int prompt = phase[r->row0 + r->next] == 0;
+    const int last_prompt = prompt && (context == r->rows || phase[r->row0 + context] != 0);
+    out->items[out->num_items++] = (fmoe_sim_item){
+        .request = q, .phase = !prompt, .num_tokens = (int32_t)n, .context = context,
+        .last_prompt = last_prompt};
+    for (int64_t u = 0; u < n; u++) copy_row(out, in, *tok + u, r->row0 + r->next + u);
+    *tok += n;
+    it->num_items++;
+    it->num_tokens += (int32_t)n;
+    it->yields += !prompt || last_prompt;
+    if (context > it->context) it->context = context;
+    it->kv_context += context;
+    it->token_context += n * context;
+}
+
+int fmoe_sim_workload_batch(fmoe_sim_workload *out, const fmoe_sim_workload *in,
+                            int32_t batch, const double *arrival_s,
+                            const fmoe_sim_costs *costs) {
+    memset(out, 0, sizeof *out);
+    FMOE_RETURN_ERROR_IF(batch < 1 || batch > (1 << 20), FMOE_EINVAL,
+                         "batch must be in [1, %d], got %d", 1 << 20, batch);
+    FMOE_RETURN_ERROR_IF(in->batch > 0, FMOE_EINVAL, "workload: already batched");
+    FMOE_RETURN_ERROR_IF(arrival_s && !costs, FMOE_EINVAL,
+                         "workload: batching with arrival times needs the cost model");
+    for (int64_t q = 0; arrival_s && q < in->num_requests; q++)
+        FMOE_RETURN_ERROR_IF(!(arrival_s[q] >= 0) || !isfinite(arrival_s[q]), FMOE_EINVAL,
+                             "arrival time of request %lld is %g", (long long)q, arrival_s[q]);
+    FMOE_FORWARD_IF_ERROR(fmoe_sim_workload_init(out, in->num_layers, in->num_experts,
+                                                 in->top_k, in->expert_bytes));
+    const int32_t L = in->num_layers, K = in->top_k;
+    const int64_t R = in->num_requests, T = in->num_tokens;
+    const size_t LJ = (size_t)L * in->num_experts;
+    out->prefill_chunk = in->prefill_chunk;
+    out->probs_kind = in->probs ? in->probs_kind : FMOE_PROBS_NONE;
+    out->speculative_depth = in->speculative ? in->speculative_depth : 0;
+    out->semantic_dim = in->semantic ? in->semantic_dim : 0;
+    out->batch = batch;
+    batch_req *rq = calloc((size_t)(R ? R : 1), sizeof *rq);
+    uint8_t *phase = malloc((size_t)(T ? T : 1));     /* [T] each source row's phase */
+    int64_t *slot = malloc((size_t)batch * sizeof *slot); /* [B] request, or -1 free */
+    uint8_t *taken = calloc((size_t)batch, 1);          /* [B] slot has an item this iteration */
+    out->requests = calloc((size_t)(R ? R : 1), sizeof *out->requests);
+    out->admit_order = malloc((size_t)(R ? R : 1) * sizeof *out->admit_order);
+    out->leave_order = malloc((size_t)(R ? R : 1) * sizeof *out->leave_order);
+    out->experts = malloc((size_t)(T ? T : 1) * L * K * sizeof *out->experts);
+    if (out->probs_kind != FMOE_PROBS_NONE)
+        out->probs = malloc((size_t)(T ? T : 1) * LJ * sizeof *out->probs);
+    if (out->speculative_depth)
+        out->speculative = malloc((size_t)(T ? T : 1) * LJ * out->speculative_depth *
+                                  sizeof *out->speculative);
+    if (out->semantic_dim)
+        out->semantic = malloc((size_t)(T ? T : 1) * out->semantic_dim * sizeof *out->semantic);
+    int rc = 0;
+    if (!rq || !phase || !slot || !taken || !out->requests || !out->admit_order ||
+        !out->leave_order || !out->experts || (out->probs_kind != FMOE_PROBS_NONE && !out->probs) ||
+        (out->speculative_depth && !out->speculative) || (out->semantic_dim && !out->semantic)) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "batched workload of %lld tokens", (long long)T);
+        goto done;
+    }
+    out->cap_requests = out->num_requests = R;
+    out->cap_tokens = T;
+    for (int64_t i = 0; i < in->num_iterations; i++)
+        memset(phase + in->iterations[i].token_begin, in->iterations[i].phase ? 1 : 0,
+               (size_t)in->iterations[i].num_tokens);
+    for (int64_t q = 0; q < R; q++) {
+        const fmoe_sim_request *s = &in->requests[q];
+        out->requests[q] = *s;
+        if (s->num_iterations > 0) {
+            const fmoe_sim_iteration *a = &in->iterations[s->first_iteration];
+            const fmoe_sim_iteration *b = a + s->num_iterations - 1;
+            rq[q].row0 = a->token_begin;
+            rq[q].rows = b->token_begin + b->num_tokens - a->token_begin;
+        }
+    }
+    for (int32_t b = 0; b < batch; b++) slot[b] = -1;
+
+    double now = 0;  /* the compute-only clock; only admissions with arrival times read it */
+    int64_t head = 0, running = 0, admitted = 0, left = 0, tok = 0;
+    while (head < R || running > 0) {
+        /* admission: the queue's head, while a slot is free and it has arrived */
+        while (head < R && running < batch && (!arrival_s || arrival_s[head] <= now)) {
+            const int64_t q = head++;
+            out->requests[q].admit_iteration = out->num_iterations;
+            out->requests[q].first_iteration = out->num_iterations;
+            out->requests[q].num_iterations = 0;
+            rq[q].rank = admitted;
+            out->admit_order[admitted++] = q;
+            if (rq[q].rows == 0) { /* nothing to run: it leaves at once, holding no slot */
+                out->requests[q].leave_iteration = -1;
+                out->leave_order[left++] = q;
+                continue;
+            }
+            int32_t b = 0;
+            while (slot[b] >= 0) b++;
+            slot[b] = q;
+            running++;
+        }
+        if (running == 0) { /* idle until the next arrival */
+            if (head < R && arrival_s && arrival_s[head] > now) now = arrival_s[head];
+            continue;
+        }
+        /* the items: decode rows in slot order, then prompt chunks oldest first */
+        if ((rc = reserve_iterations(out, out->num_iterations + 1)) < 0 ||
+            (rc = grow((void **)&out->items, &out->cap_items, out->num_items + running,
+                       sizeof *out->items)) < 0)
+            goto done;
+        fmoe_sim_iteration *it = &out->iterations[out->num_iterations];
+        *it = (fmoe_sim_iteration){.token_begin = tok, .item_begin = out->num_items};
+        int32_t budget = FMOE_SIM_BATCH_TOKENS;
+        memset(taken, 0, (size_t)batch);
+        for (int32_t b = 0; b < batch; b++) {
+            const int64_t q = slot[b];
+            if (q < 0 || phase[rq[q].row0 + rq[q].next] == 0) continue;
+            add_item(out, in, it, q, &rq[q], phase, 1, &tok);
+            taken[b] = 1;
+            budget--;
+        }
+        const int32_t decode_items = it->num_items;
+        while (budget > 0) {
+            int32_t pick = -1;
+            for (int32_t b = 0; b < batch; b++) {
+                const int64_t q = slot[b];
+                if (q < 0 || taken[b] || phase[rq[q].row0 + rq[q].next] != 0) continue;
+                if (pick < 0 || rq[q].rank < rq[slot[pick]].rank) pick = b;
+            }
+            if (pick < 0) break;
+            batch_req *r = &rq[slot[pick]];
+            int64_t n = 1; /* a chunk of the prompt run, within the budget */
+            while (n < budget && r->next + n < r->rows && phase[r->row0 + r->next + n] == 0) n++;
+            add_item(out, in, it, slot[pick], r, phase, n, &tok);
+            taken[pick] = 1;
+            budget -= (int32_t)n;
+        }
+        const fmoe_sim_item *first = &out->items[it->item_begin];
+        it->request = first->request;
+        it->phase = decode_items == it->num_items ? 1 : 0; /* decode only if all items are */
+        it->access_begin = out->num_accesses;
+        if ((rc = reserve_accesses(out, out->num_accesses + (int64_t)it->num_tokens * L * K)) < 0)
+            goto done;
+        compile_iteration(out, out->experts + (size_t)it->token_begin * L * K, it->num_tokens);
+        if (arrival_s) now += nominal_s(out, it, costs);
+        /* the items advance; finished requests leave, in slot order */
+        for (int32_t c = 0; c < it->num_items; c++)
+            rq[first[c].request].next += first[c].num_tokens;
+        for (int32_t b = 0; b < batch; b++) {
+            const int64_t q = slot[b];
+            if (q < 0 || rq[q].next < rq[q].rows) continue;
+            out->requests[q].leave_iteration = out->num_iterations;
+            out->requests[q].num_iterations =
+                out->num_iterations + 1 - out->requests[q].admit_iteration;
+            out->leave_order[left++] = q;
+            slot[b] = -1;
+            running--;
+        }
+        out->num_iterations++;
+    }
+    out->num_tokens = tok;
+    FMOE_ASSERT(tok == T && left == R && admitted == R);
+done:
+    free(rq);
+    free(phase);
+    free(slot);
+    free(taken);
+    if (rc < 0) fmoe_sim_workload_free(out);
+    return rc;
 }

@@ -1044,4 +1044,240 @@ TEST(hardware_host_section) {
     ASSERT_CONTAINS(fmoe_error_detail(), "h.json: missing field host.expert_s");
 }
 
+/* ------------------------------------------------------------------ continuous batching */
+
+typedef struct batch_events {
+    char log[256];
+    int32_t ahead;
+} batch_events;
+static batch_events g_batch_events;
+/* Appends fmt with a and b (b unused by the one-value formats). */
+static void be_add(const char *fmt, long long a, long long b) {
+    size_t n = strlen(g_batch_events.log);
+    snprintf(g_batch_events.log + n, sizeof g_batch_events.log - n, fmt, a, b);
+}
+static void be_start(void *s, const fmoe_policy_env *env, const fmoe_request_event *ev) {
+    (void)s, (void)env;
+    be_add("S%lld ", (long long)ev->index, 0);
+}
+static void be_end(void *s, const fmoe_policy_env *env, const fmoe_request_event *ev) {
+    (void)s, (void)env;
+    be_add("E%lld ", (long long)ev->index, 0);
+}
+static void be_iteration(void *s, const fmoe_policy_env *env, const fmoe_iteration_event *ev) {
+    (void)s, (void)env;
+    be_add("I%lld:%lld ", (long long)ev->request, (long long)ev->num_tokens);
+    g_batch_events.ahead |= ev->ahead;
+}
+static const fmoe_policy_ops batch_probe_ops = {
+    .name = "test-batch", .init = pf_init, .on_request_start = be_start,
+    .on_request_end = be_end, .on_iteration_start = be_iteration, .choose_victim = pf_victim,
+};
+
+/* fmoe serve's schedule (runtime/serve/serve_engine.c) with B = 2, L = 1, K = 1:
+ *   r0: prompt 3, decode 2; r1: prompt 70, decode 1; r2: prompt 1, decode 1; all at t = 0.
+ *   it0: r0 and r1 admitted; prompt chunks, oldest first: r0 3, r1 61 (64 in all)
+ *   it1: r0's decode row, then r1's last 9 prompt rows
+ *   it2: r0 and r1 decode (slot order), both leave
+ *   it3: r2 admitted, its prompt; it4: its decode, it leaves. */
+TEST(batch_schedules_as_serve_decode_first_then_oldest_prompt_chunks) {
+    fmoe_sim_workload w, b;
+    ASSERT_OK(fmoe_sim_workload_init(&w, 1, 8, 1, 100));
+    uint16_t ex[71];
+    uint8_t phase[71];
+    for (int t = 0; t < 71; t++) ex[t] = (uint16_t)(t % 4), phase[t] = t < 70 ? 0 : 1;
+    ex[70] = 5; /* r1's decode row */
+    const uint16_t ex0[5] = {0, 1, 2, 5, 6};
+    const uint8_t ph0[5] = {0, 0, 0, 1, 1};
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 10, 0, 3, 2, 5, ph0, ex0));
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 11, 0, 70, 1, 71, phase, ex));
+    const uint16_t ex2[2] = {7, 7};
+    const uint8_t ph2[2] = {0, 1};
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 12, 0, 1, 1, 2, ph2, ex2));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, NULL, NULL));
+    ASSERT_EQ(b.batch, 2);
+    ASSERT_EQ(b.num_iterations, 5);
+    ASSERT_EQ(b.num_tokens, w.num_tokens);
+    const int32_t items[5] = {2, 2, 2, 1, 1}, tokens[5] = {64, 10, 2, 1, 1};
+    const int32_t phases[5] = {0, 0, 1, 0, 1}, yields[5] = {1, 2, 2, 1, 1};
+    const int64_t first_req[5] = {0, 0, 0, 2, 2};
+    const int64_t kv[5] = {3 + 61, 4 + 70, 5 + 71, 1, 2};
+    const int64_t score[5] = {3 * 3 + 61 * 61, 4 + 9 * 70, 5 + 71, 1, 2};
+    const int64_t ctx[5] = {61, 70, 71, 1, 2};
+    for (int i = 0; i < 5; i++) {
+        const fmoe_sim_iteration *it = &b.iterations[i];
+        ASSERT_EQ(it->num_items, items[i]);
+        ASSERT_EQ(it->num_tokens, tokens[i]);
+        ASSERT_EQ(it->phase, phases[i]);
+        ASSERT_EQ(it->yields, yields[i]);
+        ASSERT_EQ(it->request, first_req[i]);
+        ASSERT_EQ(it->kv_context, kv[i]);
+        ASSERT_EQ(it->token_context, score[i]);
+        ASSERT_EQ(it->context, ctx[i]);
+    }
+    /* item order: it1 = r0's decode (1 token), then r1's chunk of 9 */
+    ASSERT_EQ(b.items[2].request, 0);
+    ASSERT_EQ(b.items[2].phase, 1);
+    ASSERT_EQ(b.items[3].request, 1);
+    ASSERT_EQ(b.items[3].num_tokens, 9);
+    ASSERT_EQ(b.items[3].last_prompt, 1);
+    ASSERT_EQ(b.items[1].last_prompt, 0);
+    /* rows gathered in item order: it1 = r0 row 3 (expert 5), then r1 rows 61..69 */
+    ASSERT_EQ(b.experts[b.iterations[1].token_begin], 5);
+    ASSERT_EQ(b.experts[b.iterations[1].token_begin + 1], 61 % 4);
+    /* accesses over the concatenated rows: it2 holds r0's expert 6 and r1's expert 5 */
+    const int64_t a2 = b.iterations[2].access_begin;
+    ASSERT_EQ(b.layer_accesses[2], 2);
+    ASSERT_EQ(b.access_expert[a2], 6);
+    ASSERT_EQ(b.access_expert[a2 + 1], 5);
+    /* it0: r0's experts 0,1,2 and r1's 0..3 -> 0,1,2,3 (expert 0: 1 + 16 tokens) */
+    ASSERT_EQ(b.layer_accesses[0], 4);
+    ASSERT_EQ(b.access_tokens[0], 1 + 16);
+    const int64_t admit[3] = {0, 0, 3}, leave[3] = {2, 2, 4};
+    for (int q = 0; q < 3; q++) {
+        ASSERT_EQ(b.requests[q].admit_iteration, admit[q]);
+        ASSERT_EQ(b.requests[q].leave_iteration, leave[q]);
+        ASSERT_EQ(b.admit_order[q], q);
+        ASSERT_EQ(b.leave_order[q], q);
+    }
+    ASSERT_EQ(b.requests[1].id, 11);
+    /* the policy's events: starts at admission, one iteration event per batch, ends */
+    g_batch_events = (batch_events){0};
+    fmoe_sim_costs k = costs_of(0, 1e9, 100, 1e-4, 1e-4);
+    const fmoe_sim_config cfg = {.ops = &batch_probe_ops, .cache_experts = 2, .costs = &k};
+    fmoe_sim_result r;
+    ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
+    fmoe_sim_result_free(&r);
+    ASSERT_STR_EQ(g_batch_events.log, "S0 S1 I0:64 I0:10 I0:2 E0 E1 S2 I2:1 I2:1 E2 ");
+    ASSERT_EQ(g_batch_events.ahead, 0);
+    /* batch 1 keeps one request at a time (with serve's 64-token chunks) */
+    fmoe_sim_workload one;
+    ASSERT_OK(fmoe_sim_workload_batch(&one, &w, 1, NULL, NULL));
+    for (int64_t i = 0; i < one.num_iterations; i++) ASSERT_EQ(one.iterations[i].num_items, 1);
+    ASSERT_EQ(one.num_iterations, 3 + 3 + 2); /* r1's prompt in 64 + 6 */
+    fmoe_sim_workload_free(&one);
+    ASSERT_EQ(fmoe_sim_workload_batch(&one, &w, 0, NULL, NULL), FMOE_EINVAL);
+    ASSERT_EQ(fmoe_sim_workload_batch(&one, &b, 2, NULL, NULL), FMOE_EINVAL);
+    fmoe_sim_workload_free(&b);
+    fmoe_sim_workload_free(&w);
+}
+
+/* Two requests of a prompt token (expert 0) and a decode token (expert 1); L = 1, layer
+ * 0.5 ms, expert 1 ms, a load 1 ms, cache 4. Batched: 2 iterations of 2.5 ms (both miss);
+ * one at a time: 2.5 + 2.5 then 1.5 + 1.5 (hits). With arrivals 0 and 1 ms the second
+ * joins at the second iteration (the compute-only clock is at 1.5 ms then). */
+TEST(batch_timing_ttft_tpot_queue_by_hand) {
+    fmoe_sim_workload w, b;
+    ASSERT_OK(fmoe_sim_workload_init(&w, 1, 4, 1, 1000000));
+    const uint16_t ex[2] = {0, 1};
+    const uint8_t ph[2] = {0, 1};
+    for (int q = 0; q < 2; q++) ASSERT_OK(fmoe_sim_workload_add_request(&w, q, 0, 1, 1, 2, ph, ex));
+    fmoe_sim_costs k = costs_of(0, 1e9, 1000000, 0.5e-3, 1e-3);
+    fmoe_sim_config cfg = {.policy = "lru", .cache_experts = 4, .costs = &k};
+    fmoe_sim_result r;
+    ASSERT_OK(fmoe_sim_run(&w, &cfg, &r));
+    ASSERT_NEAR(r.total_s, 8e-3, 1e-15);
+    ASSERT_EQ(r.batch, 1);
+    fmoe_sim_result_free(&r);
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, NULL, NULL));
+    ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
+    ASSERT_EQ(r.batch, 2);
+    ASSERT_EQ(r.accesses, 2);
+    ASSERT_EQ(r.misses, 2);
+    ASSERT_NEAR(r.total_s, 5e-3, 1e-15);
+    ASSERT_NEAR(r.ttft_s.p50, 2.5e-3, 1e-15);
+    ASSERT_NEAR(r.tpot_s.p50, 2.5e-3, 1e-15);
+    ASSERT_NEAR(r.e2e_s.p99, 5e-3, 1e-15);
+    ASSERT_EQ(r.per_phase[0].accesses, 1);
+    ASSERT_EQ(r.per_phase[1].accesses, 1);
+    fmoe_sim_result_free(&r);
+    fmoe_sim_workload_free(&b);
+
+    const double arr[2] = {0, 1e-3};
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, arr, &k));
+    ASSERT_EQ(b.num_iterations, 3);
+    ASSERT_EQ(b.requests[1].admit_iteration, 1);
+    cfg.arrival_s = arr;
+    ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
+    /* it0 0..2.5; it1: gate 3.0, expert 1 loads 3.0..4.0, computes ..5.0, expert 0 hits
+     * ..6.0; it2: expert 1 hits, 6.0..7.5 */
+    ASSERT_NEAR(r.total_s, 7.5e-3, 1e-15);
+    ASSERT_NEAR(r.queue_s.mean, 1.5e-3 / 2, 1e-15);
+    ASSERT_NEAR(r.ttft_s.mean, (2.5e-3 + 5e-3) / 2, 1e-15);
+    ASSERT_NEAR(r.e2e_s.mean, (6e-3 + 6.5e-3) / 2, 1e-15);
+    ASSERT_NEAR(r.tpot_s.mean, (3.5e-3 + 1.5e-3) / 2, 1e-15);
+    fmoe_sim_result_free(&r);
+    fmoe_sim_workload_free(&b);
+
+    /* far apart: the clock idles until the second arrives, which then waits for nothing */
+    const double far[2] = {0, 10e-3};
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, far, &k));
+    cfg.arrival_s = far;
+    ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
+    ASSERT_NEAR(r.total_s, 13e-3, 1e-15);
+    ASSERT_NEAR(r.queue_s.p99, 0, 0);
+    ASSERT_NEAR(r.e2e_s.p50, (5e-3 + 3e-3) / 2, 1e-15);
+    fmoe_sim_result_free(&r);
+    fmoe_sim_workload_free(&b);
+    ASSERT_EQ(fmoe_sim_workload_batch(&b, &w, 2, far, NULL), FMOE_EINVAL);
+    fmoe_sim_workload_free(&w);
+}
+
+/* A batched iteration's attention: each item over its own context, the weights once. */
+TEST(batch_layer_cost_sums_item_contexts) {
+    fmoe_hardware_profile hw = {.alpha_s = 0, .beta_bytes_per_s = 1e9};
+    hw.attention = (fmoe_linear_cost){.present = 1, .base_s = 1e-3, .per_token_s = 1e-4,
+                                      .per_token_context_s = 1e-6};
+    hw.expert = (fmoe_linear_cost){.present = 1, .base_s = 1e-3};
+    hw.head = (fmoe_linear_cost){.present = 1, .base_s = 2e-3, .per_token_s = 1e-3};
+    fmoe_sim_costs k;
+    ASSERT_OK(fmoe_sim_costs_init(&k, &hw, NULL, 1000, 0, 16));
+    ASSERT_NEAR(fmoe_sim_layer_batch_s(&k, 5, 5 * 7, 7), fmoe_sim_layer_s(&k, 5, 7), 1e-15);
+    /* decode of 3 requests at contexts 10, 20, 30 */
+    ASSERT_NEAR(fmoe_sim_layer_batch_s(&k, 3, 60, 60), 1e-3 + 3e-4 + 60e-6, 1e-15);
+    ASSERT_NEAR(fmoe_sim_head_batch_s(&k, 1), fmoe_sim_head_s(&k), 0);
+    ASSERT_NEAR(fmoe_sim_head_batch_s(&k, 3), 5e-3, 1e-15);
+    ASSERT_NEAR(fmoe_sim_head_batch_s(&k, 0), 0, 0);
+    fmoe_hardware_profile roof = {.alpha_s = 0, .beta_bytes_per_s = 1e9, .peak_flops = 1e12,
+                                  .memory_bandwidth_bytes_per_s = 1e11};
+    ASSERT_OK(fmoe_sim_costs_init(&k, &roof, NULL, 1000, 64, 16));
+    ASSERT_NEAR(fmoe_sim_layer_batch_s(&k, 4, 4 * 9, 9), fmoe_sim_layer_s(&k, 4, 9), 1e-18);
+}
+
+/* The batched access order is what every policy replays, belady's future included. */
+TEST(batched_hits_equal_naive_replay) {
+    fmoe_sim_costs k = costs_of(1e-5, 2.4e10, 1 << 20, 1e-4, 1e-4);
+    const char *names[3] = {"lru", "lfu", "belady"};
+    for (int trial = 0; trial < 4; trial++) {
+        fmoe_sim_workload w, b;
+        const int32_t L = 1 + (int32_t)(rng() % 4), J = 4 + (int32_t)(rng() % 12),
+                      K = 1 + (int32_t)(rng() % 3);
+        random_workload(&w, L, J, K, 20);
+        ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2 + trial, NULL, NULL));
+        ASSERT_EQ(b.num_tokens, w.num_tokens);
+        ASSERT_TRUE(b.num_iterations < w.num_iterations);
+        const int32_t caps[3] = {1, K, L * J / 2 + 1};
+        for (int c = 0; c < 3; c++) {
+            int64_t best = -1;
+            for (int p = 0; p < 3; p++) {
+                fmoe_sim_config cfg = {.policy = names[p], .cache_experts = caps[c], .costs = &k};
+                fmoe_sim_result r;
+                ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
+                ASSERT_EQ(r.hits, naive_hits(&b, p, caps[c]));
+                ASSERT_EQ(r.accesses, b.num_accesses);
+                if (p == 2) ASSERT_TRUE(r.hits >= best);
+                else if (r.hits > best) best = r.hits;
+                fmoe_sim_result_free(&r);
+            }
+        }
+        fmoe_sim_config cfg = {.policy = "oracle", .cache_experts = K + 1, .costs = &k};
+        fmoe_sim_result r;
+        ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
+        ASSERT_EQ(r.hits + r.late_hits + r.misses, b.num_accesses);
+        fmoe_sim_result_free(&r);
+        fmoe_sim_workload_free(&b);
+        fmoe_sim_workload_free(&w);
+    }
+}
+
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }

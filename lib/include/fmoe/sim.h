@@ -27,6 +27,16 @@
  *     be computed on the CPU instead of loaded. The host lane runs one expert at a time
  *     from the gate on; the layer ends when both the compute stream and the host lane are
  *     done, and waiting for the host counts as stall. Host-computed experts are not cached.
+ *   - Continuous batching (fmoe simulate --batch B, fmoe_sim_workload_batch): up to B
+ *     requests run together, scheduled as fmoe serve schedules them (decode tokens first,
+ *     then prompt chunks, oldest admitted first, within FMOE_SIM_BATCH_TOKENS per
+ *     iteration). One batched iteration costs, per layer, layer_batch(N, sum n_i*c_i,
+ *     sum c_i) over its N tokens and items i of n_i tokens at context c_i, then each
+ *     distinct expert once for the tokens of the whole batch routed to it, then the LM head
+ *     for the items that yield a token. TTFT = end of the iteration holding the request's
+ *     last prompt chunk - arrival; TPOT = (e2e - TTFT) / its decode tokens after the first
+ *     (the mean gap between its tokens); e2e = end of its last iteration - arrival; queue
+ *     = admission - arrival.
  */
 #ifndef FMOE_SIM_H
 #define FMOE_SIM_H
@@ -48,8 +58,13 @@ typedef struct fmoe_sim_request {
     double arrival_s;
     int32_t prompt_tokens;
     int32_t output_tokens;
-    int64_t first_iteration;  /* into iterations[] */
-    int64_t num_iterations;
+    int64_t first_iteration;  /* into iterations[]; batched: the first after admission */
+    int64_t num_iterations;   /* batched: iterations from admission to leaving */
+    /* Batched workloads (fmoe_sim_workload_batch): admitted before iteration
+     * admit_iteration (num_iterations of the workload: after the last), leaves after
+     * iteration leave_iteration (-1: at admission, a request without rows). */
+    int64_t admit_iteration;
+    int64_t leave_iteration;
 } fmoe_sim_request;
 
 typedef struct fmoe_sim_iteration {
@@ -59,7 +74,27 @@ typedef struct fmoe_sim_iteration {
     int64_t context;          /* the request's tokens up to and including this iteration */
     int64_t token_begin;      /* into experts[] rows */
     int64_t access_begin;     /* into access_*[]; the iteration's layers follow in order */
+    /* Batched workloads only (else 0): the items item_begin.. of items[], their rows
+     * gathered at token_begin in item order; `context` is then the largest item context
+     * (what live batched iterations report). */
+    int64_t item_begin;
+    int32_t num_items;
+    int32_t yields;           /* items that yield a token: decode, or a prompt's last chunk */
+    int64_t kv_context;       /* sum of the items' contexts: KV rows read */
+    int64_t token_context;    /* sum of n_i * context_i: attention score work */
 } fmoe_sim_iteration;
+
+/* One request's share of a batched iteration. */
+typedef struct fmoe_sim_item {
+    int64_t request;          /* index into requests[] */
+    int32_t phase;            /* 0 prefill chunk, 1 decode token */
+    int32_t num_tokens;       /* n_i */
+    int64_t context;          /* the request's tokens up to and including this item */
+    int32_t last_prompt;      /* 1: the chunk ends the request's prompt (it yields a token) */
+} fmoe_sim_item;
+
+/* Tokens of one batched iteration (decode tokens plus prompt chunks), fmoe serve's. */
+#define FMOE_SIM_BATCH_TOKENS 64
 
 typedef struct fmoe_sim_workload {
     int32_t num_layers;       /* L */
@@ -93,6 +128,13 @@ typedef struct fmoe_sim_workload {
     /* the semantic embeddings the fmoe policies match on, kept with FMOE_SIM_WANT_SEMANTIC */
     int32_t semantic_dim;     /* h; 0: not kept */
     float *semantic;          /* [T][h] or NULL */
+    /* Continuous batching (fmoe_sim_workload_batch); batch 0: one request per iteration. */
+    int32_t batch;            /* B: requests running together at most */
+    int64_t num_items;
+    fmoe_sim_item *items;     /* [num_items], iteration by iteration */
+    int64_t *admit_order;     /* [R] request indexes in order of admission */
+    int64_t *leave_order;     /* [R] request indexes in order of leaving */
+    int64_t cap_items;
 } fmoe_sim_workload;
 
 /* What fmoe_sim_workload_read_ex loads beyond routing. */
@@ -150,6 +192,33 @@ int fmoe_sim_workload_load_trace(fmoe_sim_workload *w, const char *path,
 
 void fmoe_sim_workload_free(fmoe_sim_workload *w); /* zeroed struct or NULL: no-op */
 
+struct fmoe_sim_costs;
+
+/* Compiles `in` (a workload of one request per iteration, read-only here) into `out`
+ * (initialised here): the iterations fmoe serve runs with up to `batch` sequences
+ * (runtime/serve/serve_engine.c). Requests wait in a FIFO queue in replay order, each
+ * from its arrival (arrival_s[R], or all at 0 when NULL); before each iteration the
+ * queue's head is admitted while fewer than `batch` run. An iteration holds every running
+ * request's next decode row (in slot order: a request takes the lowest free slot), then
+ * prompt chunks of the prefilling requests, oldest admitted first, each at most one chunk,
+ * until FMOE_SIM_BATCH_TOKENS tokens; a request leaves after the iteration of its last
+ * row. Rows are copied in item order (routing, gate data, semantic rows), so the
+ * iteration's tokens are contiguous as for unbatched workloads, and the §7.1 accesses of
+ * each layer are taken over the concatenated rows: every policy, belady and the oracle
+ * included, replays this one access sequence.
+ *
+ * With arrival times the admissions depend on time. The schedule is then fixed here with
+ * the compute-only clock of `costs` (every expert resident, no stall): the iterations of
+ * an unstalled server. The executor replays it with stalls, which only delay it (a request
+ * is never admitted before it arrives), so a stalling run admits late arrivals at the
+ * same iteration as the unstalled server rather than earlier ones - the price of one
+ * access sequence for all policies. `costs` may be NULL without arrivals.
+ * @return 0, FMOE_EINVAL (batch < 1, `in` already batched, arrivals without costs),
+ * FMOE_ENOMEM. */
+int fmoe_sim_workload_batch(fmoe_sim_workload *out, const fmoe_sim_workload *in,
+                            int32_t batch, const double *arrival_s,
+                            const struct fmoe_sim_costs *costs);
+
 /* ---------------------------------------------------------------- cost model */
 
 typedef struct fmoe_sim_costs {
@@ -188,6 +257,14 @@ double fmoe_sim_layer_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context
 double fmoe_sim_expert_s(const fmoe_sim_costs *c, int32_t tokens);
 /* The LM head of one iteration that yields a token (0 without a measured head_s). */
 double fmoe_sim_head_s(const fmoe_sim_costs *c);
+/* One batched iteration's layer (attention, gate, shared experts) over `tokens` tokens:
+ * the attention's score work is token_context = sum over items of n_i * context_i, the KV
+ * cache read kv_context = sum of context_i, the weights are read once. With one item,
+ * fmoe_sim_layer_s(n, c) = fmoe_sim_layer_batch_s(n, n * c, c) up to rounding. */
+double fmoe_sim_layer_batch_s(const fmoe_sim_costs *c, int32_t tokens, double token_context,
+                              double kv_context);
+/* The LM head of a batched iteration with `rows` token-yielding items (0: none). */
+double fmoe_sim_head_batch_s(const fmoe_sim_costs *c, int32_t rows);
 
 /* @return 1 when the profile gave host compute figures (measured host.expert_s, or
  * host.peak_flops and host.memory_bandwidth_bytes_per_s). */
@@ -274,6 +351,7 @@ typedef struct fmoe_sim_result {
     int32_t miss_mode;
     int32_t variant;        /* the policy variant reported (ops->variants > 1: least stall) */
     fmoe_sim_layer_stats per_phase[2]; /* [0] prefill, [1] decode iterations, all layers */
+    int32_t batch;          /* requests run together at most (the workload's batch, or 1) */
 } fmoe_sim_result;
 
 /* Runs one cell (a policy with several variants, the oracle, runs each and reports the
