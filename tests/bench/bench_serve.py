@@ -19,7 +19,14 @@ from datasets/samples/prompts_100.txt. Printed per P:
 - the expert-cache figures summed from the responses' `fmoe` objects when offloaded.
 
 The ratio tokens/s at P against P = 1 is the batching gain: with P sequences every layer's
-experts are loaded and multiplied once for all of them. Not a test: figures depend on the
+experts are loaded and multiplied once for all of them.
+
+With --simulate, the server records its traffic (--trace-out) and, after it stops,
+`fmoe simulate --batch P --arrivals trace` replays that trace (both passes, at their
+measured arrival times) with a profile `fmoe calibrate` measured on this machine (--link
+file when --serve-args has --tier file, else host): the predicted tokens/s (output
+tokens over the replay's span) and mean TPOT and TTFT are printed next to the measured
+ones over the same two passes. Not a test: figures depend on the
 machine; run it by hand and put the table in the README with the machine named.
 """
 import argparse
@@ -44,7 +51,7 @@ def rss_mib(pid):
     return float("nan")
 
 
-def start_server(fmoe, args, parallel, work):
+def start_server(fmoe, args, parallel, work, trace=None):
     port_file = pathlib.Path(work) / f"port-{parallel}"
     cmd = [fmoe, "serve", "--port", "0", "--port-file", str(port_file), "--parallel",
            str(parallel), "--max-queue", str(max(64, args.requests)), "--quiet"]
@@ -56,6 +63,8 @@ def start_server(fmoe, args, parallel, work):
         cmd += ["--cache-experts", str(args.cache_experts), "--policy", args.policy]
     if args.serve_args:
         cmd += args.serve_args.split()
+    if trace:
+        cmd += ["--trace-out", str(trace)]
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -131,6 +140,34 @@ def load(port, prompts, args):
     return results
 
 
+def predict(fmoe, args, P, trace, profile, res, t_first, t_end):
+    """fmoe simulate --batch P of the served trace against what the clients measured over
+    the same requests (both passes)."""
+    import h5py  # only here: the trace's figures
+    import hdf5plugin  # noqa: F401 (registers the zstd filter)
+    cmd = [fmoe, "simulate", "--trace", str(trace), "--batch", str(P), "--arrivals", "trace",
+           "--profile", str(profile), "--policy", args.policy, "--json", "--quiet"]
+    if args.cache_experts:
+        cmd += ["--cache-experts", str(args.cache_experts)]
+    else:
+        with h5py.File(trace) as f:
+            cmd += ["--cache-experts", str(int(f.attrs["num_layers"]) * int(f.attrs["num_experts"]))]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    r = out["results"][0]
+    with h5py.File(trace) as f:  # every request ran its last token without feeding it back
+        tokens = int(f["requests/output_tokens"][:].sum()) + int(f["requests/id"].shape[0])
+        first_arrival = float(f["requests/arrival_s"][:].min())
+    tpots = [(ts[-1] - ts[0]) / (u["completion_tokens"] - 1) for _, ts, u, _ in res
+             if ts and u["completion_tokens"] > 1]
+    ttfts = [ts[0] - t for t, ts, _, _ in res if ts]
+    measured_tokens = sum(u["completion_tokens"] for _, _, u, _ in res)
+    return {"sim_tokens_per_s": tokens / (r["total_s"] - first_arrival),
+            "sim_tpot_s": r["tpot_s"]["mean"], "sim_ttft_s": r["ttft_s"]["mean"],
+            "measured_tokens_per_s": measured_tokens / (t_end - t_first),
+            "measured_tpot_s": sum(tpots) / len(tpots),
+            "measured_ttft_s": sum(ttfts) / len(ttfts)}
+
+
 def pct(xs, q):
     xs = sorted(xs)
     if not xs:
@@ -151,16 +188,27 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--serve-args", default="",
                     help="more options for fmoe serve, e.g. '--tier file --direct-io'")
+    ap.add_argument("--simulate", action="store_true",
+                    help="also predict each run with fmoe simulate --batch P (calibrated)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     fmoe = str(pathlib.Path(args.build) / "cmd" / "fmoe")
     prompts = [l.strip() for l in PROMPTS.read_text().splitlines() if l.strip()]
     rows = []
     with tempfile.TemporaryDirectory() as work:
+        profile = pathlib.Path(work) / "profile.json"
+        if args.simulate:
+            model = pathlib.Path(args.model) if args.model else REPO / "datasets" / "fmoe-tiny"
+            link = ["--link", "file", "--file-dir", work] if "file" in args.serve_args else []
+            print("fmoe calibrate ...", file=sys.stderr)
+            subprocess.run([fmoe, "calibrate", "--model-config", str(model / "config.json"),
+                            *link, "-o", str(profile), "--quiet"], check=True)
         for P in [int(x) for x in args.parallel.split(",")]:
-            proc, port = start_server(fmoe, args, P, work)
+            trace = pathlib.Path(work) / f"served-{P}.h5" if args.simulate else None
+            proc, port = start_server(fmoe, args, P, work, trace)
             try:
-                load(port, prompts, args)  # warm-up: the same load once
+                t_first = time.monotonic()
+                warm = load(port, prompts, args)  # warm-up: the same load once
                 rss0 = rss_mib(proc.pid)
                 t0 = time.monotonic()
                 res = load(port, prompts, args)
@@ -169,6 +217,7 @@ def main():
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)
+            sim = predict(fmoe, args, P, trace, profile, warm + res, t_first, t1) if trace else {}
             tokens = sum(u["completion_tokens"] for _, _, u, _ in res)
             ttft = [ts[0] - t for t, ts, _, _ in res if ts]
             itl = [(ts[-1] - ts[0]) / (u["completion_tokens"] - 1) for _, ts, u, _ in res
@@ -181,7 +230,8 @@ def main():
                          "tokens_per_s": tokens / (t1 - t0),
                          "ttft_p50_ms": 1e3 * pct(ttft, 0.5), "ttft_p99_ms": 1e3 * pct(ttft, 0.99),
                          "itl_p50_ms": 1e3 * pct(itl, 0.5), "itl_p99_ms": 1e3 * pct(itl, 0.99),
-                         "rss_before_mib": rss0, "rss_after_mib": rss1, "fmoe": cache})
+                         "rss_before_mib": rss0, "rss_after_mib": rss1, "fmoe": cache,
+                         "simulated": sim})
     base = rows[0]["tokens_per_s"]
     print(f"model {args.model or 'fmoe-tiny (bundled)'}, {args.clients} clients, "
           f"{args.requests} requests x {args.max_tokens} tokens"
@@ -195,6 +245,17 @@ def main():
               f"| {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.1f} "
               f"| {r['itl_p99_ms']:.1f} | {r['rss_before_mib']:.1f} | {r['rss_after_mib']:.1f} "
               f"| {r['fmoe'].get('hits', '-')} | {r['fmoe'].get('misses', '-')} |")
+    if args.simulate:
+        print()
+        print("| P | measured tokens/s | simulated tokens/s | measured TPOT ms | simulated TPOT ms "
+              "| measured TTFT ms | simulated TTFT ms |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            m = r["simulated"]
+            print(f"| {r['parallel']} | {m['measured_tokens_per_s']:.1f} "
+                  f"| {m['sim_tokens_per_s']:.1f} | {1e3 * m['measured_tpot_s']:.1f} "
+                  f"| {1e3 * m['sim_tpot_s']:.1f} | {1e3 * m['measured_ttft_s']:.0f} "
+                  f"| {1e3 * m['sim_ttft_s']:.0f} |")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
 
