@@ -143,7 +143,9 @@ int serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, siz
 /* Engine                                                                             */
 /* ---------------------------------------------------------------------------------- */
 
-enum { SEQ_FREE = 0, SEQ_PREFILL = 1, SEQ_DECODE = 2 };
+/* A sequence slot: free, running its prompt, decoding, or done (it leaves at the end of
+ * the iteration; `finish` says how its job ends once it is in the trace). */
+enum { SEQ_FREE = 0, SEQ_PREFILL = 1, SEQ_DECODE = 2, SEQ_DONE = 3 };
 
 typedef struct seq {
     int state;
@@ -169,6 +171,7 @@ typedef struct seq {
     int64_t row0;              /* the first row of the item being run */
     float *logits;             /* [V] */
     int64_t order;             /* admission order: prefill goes oldest first */
+    int32_t finish;            /* SEQ_DONE: the job's serve_finish, or 0 when already told */
 } seq;
 
 struct serve_engine {
@@ -307,6 +310,7 @@ static void admit(serve_engine *e) {
         }
         s->job = j;
         s->state = SEQ_PREFILL;
+        s->finish = 0;
         s->fed = 0;
         s->decoded = 0;
         s->num_generated = 0;
@@ -371,8 +375,10 @@ static int is_stop_token(const serve_engine *e, int32_t id) {
     return 0;
 }
 
-/* Takes the sampled token of sequence s: appends, decodes, and finishes the job when a
- * stop token, a stop string, max_tokens or the context ends it. @return 1 when finished. */
+/* Takes the sampled token of sequence s: appends and decodes it. @return 1 when a stop
+ * token, a stop string, max_tokens or the context ends the job (s->finish says how; the
+ * job is told when the sequence leaves, after it is in the trace), or on an error (the job
+ * is told at once and s->finish is 0). */
 static int take_token(serve_engine *e, seq *s, int32_t tok) {
     serve_job *j = s->job;
     const double t = now_s();
@@ -389,7 +395,7 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
         j->st.predicted_ms = 1e3 * (j->t_last - j->t_first);
         j->st.prompt_ms = 1e3 * (j->t_first - j->t_start);
         pthread_mutex_unlock(&j->mu);
-        job_finish(e, j, SERVE_FINISH_STOP, NULL);
+        s->finish = SERVE_FINISH_STOP;
         return 1;
     }
     s->generated[s->num_generated++] = tok;
@@ -401,6 +407,7 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
     if (fmoe_tokenizer_decode(e->o.tokenizer, s->generated, (size_t)s->num_generated, 1, &text,
                               &len) < 0) {
         job_finish(e, j, SERVE_FINISH_ERROR, "out of memory decoding the output");
+        s->finish = 0;
         return 1;
     }
     const size_t stop_at = stop_position(&j->sampling, text, len);
@@ -427,11 +434,8 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
     j->st.predicted_ms = 1e3 * (j->t_last - j->t_first);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    if (finish != SERVE_RUNNING) {
-        job_finish(e, j, finish, NULL);
-        return 1;
-    }
-    return 0;
+    s->finish = finish;
+    return finish != SERVE_RUNNING;
 }
 
 /* Gives each item's job its share of the iteration's accesses: every access of (l, j)
@@ -553,7 +557,8 @@ static void run_iteration(serve_engine *e, int32_t count) {
         for (int32_t c = 0; c < count; c++) {
             seq *s = &e->seqs[e->item_seq[c]];
             job_finish(e, s->job, SERVE_FINISH_ERROR, msg);
-            s->state = SEQ_FREE + 3; /* cleared below */
+            s->state = SEQ_DONE; /* leaves below */
+            s->finish = 0;
         }
     } else {
         attribute_accesses(e, count);
@@ -568,20 +573,25 @@ static void run_iteration(serve_engine *e, int32_t count) {
             s->state = SEQ_DECODE;
         }
         const int32_t tok = fmoe_sampler_sample(s->sampler, s->logits);
-        if (take_token(e, s, tok)) s->state = SEQ_FREE + 3;
+        if (take_token(e, s, tok)) s->state = SEQ_DONE;
     }
-    /* finished (state 3) and cancelled sequences leave */
-    pthread_mutex_lock(&e->mu);
+    /* Done and cancelled sequences leave: into the trace first, then their jobs are told,
+     * so a request a client saw finish is in the trace (outside e->mu: submit need not
+     * wait for the write; only this thread touches the sequences). */
     for (int32_t i = 0; i < e->o.parallel; i++) {
         seq *s = &e->seqs[i];
         if (s->state == SEQ_FREE) continue;
-        if (s->state != SEQ_FREE + 3 && !atomic_load(&s->job->cancel)) continue;
-        if (s->state != SEQ_FREE + 3) job_finish(e, s->job, SERVE_FINISH_CANCELLED, NULL);
+        if (s->state != SEQ_DONE) {
+            if (!atomic_load(&s->job->cancel)) continue;
+            s->finish = SERVE_FINISH_CANCELLED;
+        }
         seq_record(e, s);
+        if (s->finish) job_finish(e, s->job, s->finish, NULL);
         seq_clear(e, s);
+        pthread_mutex_lock(&e->mu);
         e->running--;
+        pthread_mutex_unlock(&e->mu);
     }
-    pthread_mutex_unlock(&e->mu);
 }
 
 static void cancel_everything(serve_engine *e) {
@@ -596,8 +606,10 @@ static void cancel_everything(serve_engine *e) {
     for (int32_t i = 0; i < e->o.parallel; i++) {
         seq *s = &e->seqs[i];
         if (s->state == SEQ_FREE) continue;
-        job_finish(e, s->job, SERVE_FINISH_CANCELLED, "the server is shutting down");
         seq_record(e, s);
+        if (s->state != SEQ_DONE || s->finish)
+            job_finish(e, s->job, s->state == SEQ_DONE ? s->finish : SERVE_FINISH_CANCELLED,
+                       s->state == SEQ_DONE ? NULL : "the server is shutting down");
         seq_clear(e, s);
         e->running--;
     }
