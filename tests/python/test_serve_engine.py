@@ -98,6 +98,14 @@ def test_stop_string_ends_the_text_before_it(serial):
     r = serial.complete("Once upon a time", max_tokens=32, stop=[stop])
     assert r["choices"][0]["finish_reason"] == "stop"
     assert r["choices"][0]["text"] == full[: full.index(stop)]
+    # streamed: no piece of the stop string is ever sent, the pieces add up to the same text
+    st, _, body = serial.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 32,
+                                                  "temperature": 0, "stop": [stop],
+                                                  "stream": True})
+    assert st == 200
+    pieces = [json.loads(l[6:])["choices"][0]["text"] for l in body.decode().splitlines()
+              if l.startswith("data: {") and json.loads(l[6:])["choices"]]
+    assert "".join(pieces) == full[: full.index(stop)]
 
 
 def test_queue_overflow_gets_503_with_retry_after(tmp_path):
