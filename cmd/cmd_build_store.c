@@ -13,6 +13,7 @@
 #include "fmoe/error.h"
 #include "fmoe/store.h"
 #include "fmoe/trace.h"
+#include "paths.h"
 
 int cmd_build_store(int argc, char **argv);
 
@@ -108,7 +109,7 @@ static int parse_options(int argc, char **argv, options *o) {
         return cmd_usage_error(CMD, "--split must be in (0, 1]: the share of requests put in "
                                     "the store, got %g",
                                o->split);
-    return 0;
+    return cmd_check_output(CMD, o->output, o->traces.items, o->traces.n);
 }
 
 int cmd_build_store(int argc, char **argv) {

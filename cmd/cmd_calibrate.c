@@ -33,6 +33,7 @@
 #include "cmd_common.h"
 #include "fmoe/cuda.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"
 #include "fmoe_config.h"
@@ -538,8 +539,9 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
 static int write_atomic(const char *path, const char *text) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.partial", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return cmd_failf(CMD, "%s: cannot write", tmp);
+    FILE *f;
+    int e = fmoe__partial_fopen(path, tmp, "w", &f); /* fmoe/files.h */
+    if (e < 0) return cmd_fail(CMD, e);
     int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF;
     bad |= fclose(f) != 0;
     if (bad || rename(tmp, path) != 0) {

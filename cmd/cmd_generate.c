@@ -12,13 +12,17 @@
  * generation_config.json decides (do_sample false, or absent: greedy; else its
  * temperature/top_p/top_k), as transformers' generate() does.
  */
+#include <errno.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd_common.h"
 #include "offload_cli.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/model.h"
 #include "fmoe/sampler.h"
 #include "fmoe/tokenizer.h"
@@ -207,6 +211,8 @@ int cmd_generate(int argc, char **argv) {
     if (prc > 0) return prc;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
+    const char *inputs[] = {dir, a.chat_template};
+    if ((prc = cmd_check_output(CMD, a.dump_logits, inputs, 2)) != 0) return prc;
 
     int rc = CMD_EXIT_FAILURE, err = 0;
     fmoe_model *m = NULL;
@@ -216,7 +222,8 @@ int cmd_generate(int argc, char **argv) {
     int32_t *prompt = NULL, *gen = NULL;
     float *logits = NULL;
     char *chat_text = NULL, *text = NULL;
-    FILE *npy = NULL;
+    FILE *npy = NULL; /* on npy_partial, renamed to a.dump_logits when complete */
+    char npy_partial[PATH_MAX + 16] = "";
     size_t n_prompt = 0, text_len = 0;
     cmd_offload off = {0};
     char offload_line[512];
@@ -288,8 +295,10 @@ int cmd_generate(int argc, char **argv) {
         goto fail;
     }
     if (a.dump_logits) {
-        if (!(npy = fopen(a.dump_logits, "wb+")) || npy_write_header(npy, 0, V) < 0) {
-            rc = cmd_failf(CMD, "%s: cannot write", a.dump_logits);
+        snprintf(npy_partial, sizeof npy_partial, "%s.partial", a.dump_logits);
+        if ((err = fmoe__partial_fopen(a.dump_logits, npy_partial, "wb+", &npy)) < 0) goto fail;
+        if (npy_write_header(npy, 0, V) < 0) {
+            rc = cmd_failf(CMD, "%s: cannot write: %s", npy_partial, strerror(errno));
             goto done;
         }
     }
@@ -327,12 +336,14 @@ int cmd_generate(int argc, char **argv) {
     if (off.x && (err = fmoe_offload_request_end(off.x)) < 0) goto fail;
     cmd_offload_summary(&off, offload_line, sizeof offload_line);
     if (npy) {
-        if (npy_write_header(npy, n_gen, V) < 0 || fclose(npy) != 0) {
-            npy = NULL;
-            rc = cmd_failf(CMD, "%s: cannot write", a.dump_logits);
+        const int bad = npy_write_header(npy, n_gen, V) < 0 || ferror(npy);
+        const int close_failed = fclose(npy) != 0;
+        npy = NULL;
+        if (bad || close_failed || rename(npy_partial, a.dump_logits) != 0) {
+            rc = cmd_failf(CMD, "%s: cannot write: %s", a.dump_logits, strerror(errno));
+            unlink(npy_partial);
             goto done;
         }
-        npy = NULL;
     }
     /* Decode steps: each generated token after the first is one forward of one token. */
     const int32_t steps = n_gen > 1 ? n_gen - 1 : 0;
@@ -393,7 +404,7 @@ fail:
 done:
     if (npy) {
         fclose(npy);
-        remove(a.dump_logits);
+        unlink(npy_partial); /* ours; a.dump_logits itself was never touched */
     }
     free(text);
     free(chat_text);

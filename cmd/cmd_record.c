@@ -271,6 +271,8 @@ int cmd_record(int argc, char **argv) {
     if (prc > 0) return prc;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
+    const char *inputs[] = {a.dataset, a.arrivals, a.chat_template, dir};
+    if ((prc = cmd_check_output(CMD, a.output, inputs, 4)) != 0) return prc;
 
     int rc = CMD_EXIT_FAILURE, err = 0;
     fmoe_prompt_set *prompts = NULL;

@@ -10,14 +10,19 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <errno.h>
+#include <limits.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd_common.h"
 #include "plot_svg.h"
+#include "paths.h"
 #include "simulate_store.h" /* the fmoe policies' expert-map store */
 #include "fmoe/datasets.h"
 #include "fmoe/decision_log.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"
 #include "fmoe/policy.h"
@@ -605,8 +610,14 @@ done:
 }
 
 static int write_csv(const char *path, const fmoe_sim_result *res, size_t n) {
-    FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
-    if (!f) return cmd_failf(CMD, "%s: cannot write", path);
+    /* Through PATH.partial, renamed when complete: an existing PATH is never truncated first. */
+    char partial[PATH_MAX + 16];
+    snprintf(partial, sizeof partial, "%s.partial", path);
+    FILE *f = stdout;
+    if (strcmp(path, "-") != 0) {
+        int e = fmoe__partial_fopen(path, partial, "w", &f);
+        if (e < 0) return cmd_fail(CMD, e);
+    }
     fprintf(f, "policy,cache_experts,prefetch_distance,accesses,hits,late_hits,misses,hit_rate,"
                "bytes_loaded,wasted_prefetch_bytes,stall_s,total_s,ttft_mean_s,ttft_p50_s,"
                "ttft_p90_s,ttft_p99_s,tpot_mean_s,tpot_p50_s,tpot_p90_s,tpot_p99_s,e2e_mean_s,"
@@ -634,8 +645,13 @@ static int write_csv(const char *path, const fmoe_sim_result *res, size_t n) {
                 r->queue_s.p90, r->queue_s.p99);
     }
     int bad = ferror(f);
-    if (f != stdout) bad |= fclose(f) != 0;
-    if (bad) return cmd_failf(CMD, "%s: write error", path);
+    if (f == stdout) return bad ? cmd_failf(CMD, "standard output: write error") : 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(partial, path) != 0) {
+        const int e = errno;
+        unlink(partial);
+        return cmd_failf(CMD, "%s: cannot write: %s", path, strerror(e));
+    }
     return 0;
 }
 
@@ -712,6 +728,12 @@ int cmd_simulate(int argc, char **argv) {
     int exit_code = CMD_EXIT_OK;
     double *arrivals = NULL;
     uint32_t want = 0;
+
+    /* Every file written, against every file read. */
+    const char *inputs[] = {o.trace, o.model_config, o.profile, o.arrivals, o.store.path};
+    const char *outputs[] = {o.csv, o.plot, o.decision_log};
+    for (int i = 0; i < 3; i++)
+        if ((rc = cmd_check_output(CMD, outputs[i], inputs, 5)) != 0) return rc;
 
     rc = fmoe_trace_reader_open(&reader, o.trace);
     if (rc < 0) goto fail;

@@ -13,6 +13,7 @@
 
 #include "cmd_common.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/tokenizer.h"
 
 static const char *const CMD = "tokenize";
@@ -122,8 +123,9 @@ static int read_path(const char *path, char **data, size_t *len) {
         if (read_all(stdin, data, len) < 0) return cmd_failf(CMD, "cannot read standard input");
         return 0;
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) return cmd_failf(CMD, "%s: %s", path, strerror(errno));
+    FILE *f;
+    int e = fmoe__fopen_regular(path, &f); /* /dev/zero would be read without end */
+    if (e < 0) return cmd_fail(CMD, e);
     int rc = read_all(f, data, len);
     fclose(f);
     if (rc < 0) return cmd_failf(CMD, "%s: read error", path);
@@ -310,7 +312,16 @@ static int batch_line(const fmoe_tokenizer *tok, const options *o, const char *l
                 rc = cmd_failf(CMD, "--batch line %ld: ids must be numbers", lineno);
                 goto done;
             }
-            ids[k++] = (int32_t)x->valuedouble;
+            /* Range first: casting 1e20 to int32_t is undefined. */
+            const double v = x->valuedouble;
+            const int32_t vocab = fmoe_tokenizer_vocab_size(tok);
+            if (!(v >= 0 && v < vocab) || v != (double)(int32_t)v) {
+                free(ids);
+                rc = cmd_failf(CMD, "--batch line %ld: %.17g is not a token id (vocabulary size %d)",
+                               lineno, v, (int)vocab);
+                goto done;
+            }
+            ids[k++] = (int32_t)v;
         }
         char *text;
         size_t tl;

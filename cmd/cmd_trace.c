@@ -13,8 +13,10 @@
 #include "cmd_common.h"
 #include "fmoe/datasets.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/trace.h"
+#include "paths.h"
 
 static const char *const CMD = "trace";
 static const char *const CMD_IMPORT = "trace import";
@@ -38,8 +40,8 @@ static import_format format_from_name(const char *path) {
 
 /* Reads a whole text file (config.json). */
 static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    FILE *f;
+    if (fmoe__fopen_regular(path, &f) < 0) return NULL;
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     while (buf) {
@@ -274,6 +276,9 @@ static int cmd_trace_import(int argc, char **argv) {
         return cmd_usage_error(CMD_IMPORT, "--tokens-per-request applies to --format dense-csv");
     if (fmt == FORMAT_DENSE_CSV && drop_incomplete)
         return cmd_usage_error(CMD_IMPORT, "--drop-incomplete applies to --format jsonl");
+    if ((rc = cmd_check_output(CMD_IMPORT, out_path, (const char *const *)inputs, ninputs)) ||
+        (rc = cmd_check_output(CMD_IMPORT, out_path, &config_path, 1)))
+        return rc;
 
     /* geometry */
     fmoe_model_geometry geometry;

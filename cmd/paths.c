@@ -4,7 +4,9 @@
 #include "paths.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,7 @@
 
 #include "cmd_common.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe_config.h"
 
 #define BUNDLED_MODEL "fmoe-tiny"
@@ -128,5 +131,61 @@ int cmd_generation_config_load(const char *dir, cmd_generation_config *out) {
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "top_k")) && v->valuedouble >= 0)
         out->top_k = (int32_t)v->valuedouble;
     cJSON_Delete(j);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Outputs
+ * ------------------------------------------------------------------------------------- */
+
+static int same_file(const struct stat *a, const struct stat *b) {
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/* 1 when `out` is the file `input` or, for a directory input, a file directly in it. */
+static int is_input(const struct stat *out, const char *input) {
+    struct stat in;
+    if (stat(input, &in) != 0) return 0;
+    if (same_file(out, &in)) return 1;
+    if (!S_ISDIR(in.st_mode)) return 0;
+    DIR *d = opendir(input);
+    if (!d) return 0;
+    int found = 0;
+    char p[PATH_MAX];
+    for (struct dirent *e; !found && (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (snprintf(p, sizeof p, "%s/%s", input, e->d_name) >= (int)sizeof p) continue;
+        found = stat(p, &in) == 0 && !S_ISDIR(in.st_mode) && same_file(out, &in);
+    }
+    closedir(d);
+    return found;
+}
+
+/* A usage error (exit 2) without the "see --help" hint: the arguments parse, they name the
+ * wrong file. */
+__attribute__((format(printf, 2, 3))) static int refuse(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "fmoe %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return CMD_EXIT_USAGE;
+}
+
+int cmd_check_output(const char *cmd, const char *output, const char *const *inputs,
+                     int ninputs) {
+    if (!output || strcmp(output, "-") == 0) return 0;
+    char partial[PATH_MAX + 16];
+    snprintf(partial, sizeof partial, "%s.partial", output);
+    const char *mine[2] = {output, partial};
+    for (int k = 0; k < 2; k++) {
+        struct stat st;
+        if (stat(mine[k], &st) != 0) continue;
+        for (int i = 0; i < ninputs; i++)
+            if (inputs[i] && is_input(&st, inputs[i]))
+                return refuse(cmd, "output is an input (%s)", output);
+    }
+    if (fmoe__output_check(output) < 0) return refuse(cmd, "%s", fmoe_error_detail());
     return 0;
 }

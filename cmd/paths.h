@@ -1,7 +1,8 @@
 /*
  * paths.h - the bundled default model (datasets/fmoe-tiny) and what `fmoe generate` and
  * `fmoe record` share about a model directory: finding it, its stop tokens, and the
- * sampling defaults of its generation_config.json.
+ * sampling defaults of its generation_config.json; and the check every command makes of a
+ * file it is about to write.
  */
 #ifndef FMOE_CMD_PATHS_H
 #define FMOE_CMD_PATHS_H
@@ -42,5 +43,17 @@ void cmd_generation_config_add_stop(cmd_generation_config *gc, int32_t id);
 
 /* 1 when `id` is a stop token. */
 int cmd_generation_config_is_stop(const cmd_generation_config *gc, int32_t id);
+
+/* Every command that writes a file calls this once per output, before any work, with the
+ * files it reads. OUTPUT is refused when it is one of INPUTS (the same device and inode, so
+ * a hard link or another path to the file counts; an input that is a directory, such as a
+ * model directory, stands for every file directly in it), when OUTPUT.partial is one of
+ * them (the writer replaces its partial), and when OUTPUT exists and is not a regular file
+ * (a directory, /dev/null). NULL entries of INPUTS are skipped; "-" (standard output) is
+ * never refused. Prints one line, "fmoe CMD: output is an input (OUTPUT)",
+ * "fmoe CMD: OUTPUT: is a directory" or "fmoe CMD: OUTPUT: exists and is not a regular
+ * file". @return 0, or CMD_EXIT_USAGE. */
+int cmd_check_output(const char *cmd, const char *output, const char *const *inputs,
+                     int ninputs);
 
 #endif

@@ -46,6 +46,7 @@
 #include "datasets_impl.h"
 #include "fmoe/datasets.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 
 /* One input line's keys; the line's experts and probs live in parallel pools. */
 typedef struct jrec {
@@ -358,8 +359,8 @@ done:
 #undef LINE_ERROR
 
 static int read_records(jimport *im, const fmoe_import_options *opts, fmoe_import_report *rep) {
-    FILE *f = fopen(im->path, "rb");
-    if (!f) return fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", im->path, strerror(errno));
+    FILE *f;
+    FMOE_FORWARD_IF_ERROR(fmoe__fopen_regular(im->path, &f)); /* no FIFO, no /dev/zero */
     struct stat st;
     int64_t total = fstat(fileno(f), &st) == 0 ? (int64_t)st.st_size : 0;
     /* Count the lines first (a fast pass over the page cache), so the record arrays are

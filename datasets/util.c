@@ -8,18 +8,19 @@
 
 #include "datasets_impl.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/geometry.h"
 
 int fmoe__ds_read_file(const char *path, char **base, const char **data, size_t *len) {
     *base = NULL;
     *data = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    FMOE_FORWARD_IF_ERROR(fmoe__fopen_regular(path, &f)); /* a FIFO must not block the open */
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), &st) != 0) {
         fclose(f);
-        return fmoe_error_set(FMOE_EIO, "%s: not a regular file", path);
+        return fmoe_error_set(FMOE_EIO, "%s: cannot stat: %s", path, strerror(errno));
     }
     size_t cap = (size_t)st.st_size, n = 0;
     char *buf = malloc(cap + 1);

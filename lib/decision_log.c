@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 
 /* Static asserts that the tables below follow the enums. */
 _Static_assert(FMOE_DECISION_LANDED == FMOE__DECISION_KINDS - 1, "decision kinds");
@@ -170,10 +171,7 @@ int fmoe_decision_log_open(fmoe_decision_log **out, const char *path, const char
     memcpy(log->path, path, n + 1);
     memcpy(log->partial, path, n);
     memcpy(log->partial + n, ".partial", sizeof ".partial");
-    if (!(log->f = fopen(log->partial, "w"))) {
-        rc = fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", log->partial, strerror(errno));
-        goto fail;
-    }
+    if ((rc = fmoe__partial_fopen(log->path, log->partial, "w", &log->f)) < 0) goto fail;
     setvbuf(log->f, log->buffer, _IOFBF, BUFFER_BYTES);
     if (fputs(header, log->f) == EOF || fputc('\n', log->f) == EOF) {
         rc = fmoe_error_set(FMOE_EIO, "%s: cannot write: %s", log->partial, strerror(errno));

@@ -13,8 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/expertmap.h"
 #include "fmoe/store.h"
 #include "hdf5_util.h"
@@ -358,6 +360,9 @@ static int store_read(const char *path, int32_t max_batch, fmoe_store_file **out
     *out = NULL;
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
     char msg[256];
+    int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
+    if (fd < 0) return fd;
+    close(fd);
     htri_t is = H5Fis_hdf5(path);
     FMOE_RETURN_ERROR_IF(is <= 0, is < 0 ? FMOE_EIO : FMOE_EFORMAT, "%s: %s", path,
                          is < 0 ? "cannot open (missing or unreadable)" : "not an HDF5 file");

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/expertmap.h"
 #include "fmoe/store.h"
 #include "fmoe_config.h"
@@ -222,7 +223,13 @@ static int store_write(const char *path, const fmoe_store_file *f,
     memcpy(partial + n, ".partial", sizeof ".partial");
     int rc = 0;
     char msg[256];
-    hid_t file = H5Fcreate(partial, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    /* As the trace writer (fmoe/files.h): a regular output, a fresh partial created
+     * exclusively. */
+    if ((rc = fmoe__output_check(path)) < 0 || (rc = fmoe__partial_prepare(partial)) < 0) {
+        free(partial);
+        return rc;
+    }
+    hid_t file = H5Fcreate(partial, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
     if (file < 0) {
         rc = fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", partial,
                             fmoe__h5_errmsg(msg, sizeof msg));

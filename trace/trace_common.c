@@ -3,8 +3,10 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/trace.h"
 #include "hdf5_util.h"
 #include "trace_impl.h"
@@ -181,9 +183,9 @@ static int read_format(const char *path, char *out, size_t cap) {
     if (!path || !out || cap == 0)
         return fmoe_error_set(FMOE_EINVAL, "fmoe_hdf5_read_format: NULL path or empty buffer");
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
-    FILE *f = fopen(path, "rb");
-    if (!f) return fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", path, strerror(errno));
-    fclose(f);
+    int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
+    if (fd < 0) return fd;
+    close(fd);
     if (H5Fis_hdf5(path) <= 0) return fmoe_error_set(FMOE_EIO, "%s: not an HDF5 file", path);
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (file < 0) {

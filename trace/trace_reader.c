@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/half.h"
 #include "fmoe/trace.h"
 #include "hdf5_util.h"
@@ -464,12 +465,9 @@ static void reader_close(fmoe_trace_reader *r) {
  * before HDF5 sees it, so the message says which. */
 static int open_file(fmoe_trace_reader *r) {
     const char *p = r->path;
-    int fd = open(p, O_RDONLY);
-    if (fd < 0) return fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", p, strerror(errno));
-    struct stat st;
-    int st_ok = fstat(fd, &st) == 0;
+    int fd = fmoe__open_regular(p); /* a FIFO would block HDF5's open forever */
+    if (fd < 0) return fd;
     close(fd);
-    FMOE_RETURN_ERROR_IF(!st_ok || !S_ISREG(st.st_mode), FMOE_EIO, "%s: not a regular file", p);
     char msg[256];
     htri_t is = H5Fis_hdf5(p);
     if (is < 0)

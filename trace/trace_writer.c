@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/half.h"
 #include "fmoe/trace.h"
 #include "fmoe_config.h"
@@ -318,7 +319,11 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
             goto fail;
         }
     }
-    w->file = H5Fcreate(w->partial, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    /* fmoe/files.h: the output must be absent or a regular file, a stale partial a regular
+     * file of ours (replaced), and the partial is created exclusively (no symlink followed). */
+    if ((rc = fmoe__output_check(w->path)) < 0 || (rc = fmoe__partial_prepare(w->partial)) < 0)
+        goto fail;
+    w->file = H5Fcreate(w->partial, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
     if (w->file < 0) {
         char msg[256];
         rc = fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", w->partial,

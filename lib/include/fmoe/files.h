@@ -1,0 +1,42 @@
+/*
+ * files.h - internal (fmoe__): how every part of fmoe opens the files it reads and creates
+ * the files it writes, so that hostile paths behave the same everywhere.
+ *
+ * Inputs must be regular files: a FIFO would block the open (or the read) forever, and a
+ * device such as /dev/zero would be read without end. Outputs are written to
+ * "<path>.partial" and renamed over <path> when complete; <path> itself must be absent or a
+ * regular file (renaming over /dev/null as root would replace the device node; over a
+ * directory fails only at the end, after the work). A stale partial is replaced only when
+ * it is a regular file we own: a symlink there could point the writer at any file, so it is
+ * refused, and the new partial is created with O_CREAT|O_EXCL|O_NOFOLLOW so a symlink put
+ * there after the check is refused too.
+ */
+#ifndef FMOE_FILES_H
+#define FMOE_FILES_H
+
+#include <stdio.h>
+
+/* Opens PATH read-only when it is a regular file: O_NONBLOCK for the open itself (a FIFO
+ * without a writer must not block), fstat, then blocking again. @return a file descriptor,
+ * or FMOE_EIO with the detail "PATH: cannot open: <reason>" or "PATH: not a regular file". */
+int fmoe__open_regular(const char *path);
+
+/* fmoe__open_regular as a stdio stream ("rb"). @return 0 with *out set, or FMOE_EIO. */
+int fmoe__fopen_regular(const char *path, FILE **out);
+
+/* 0 when PATH (followed through symlinks) is absent or a regular file, else FMOE_EIO with
+ * "PATH: is a directory" or "PATH: exists and is not a regular file". */
+int fmoe__output_check(const char *path);
+
+/* Makes way for creating PARTIAL exclusively: absent is fine; a regular file owned by this
+ * user (a stale partial of a killed run) is unlinked, which removes only that name; anything
+ * else (symlink, FIFO, device, directory, another user's file) is refused with FMOE_EIO and
+ * "PARTIAL: exists and is not a regular file of ours; remove it". */
+int fmoe__partial_prepare(const char *partial);
+
+/* Checks OUTPUT (fmoe__output_check), prepares PARTIAL and creates it with
+ * O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW (mode 0666 & ~umask), opened as stdio with `mode`
+ * ("w" or "wb+"). @return 0 with *out set, or FMOE_EIO naming the file. */
+int fmoe__partial_fopen(const char *output, const char *partial, const char *mode, FILE **out);
+
+#endif
