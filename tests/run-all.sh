@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 bash tests/install-deps.sh
 
 # Python packages for the cross-checks, in a project-local virtualenv.
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import h5py, hdf5plugin, numpy, pytest, tokenizers, sentencepiece' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import h5py, hdf5plugin, numpy, pytest, tokenizers, sentencepiece, openai, prometheus_client' 2>/dev/null; then
   /usr/bin/python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r tests/python/requirements.txt
 fi
