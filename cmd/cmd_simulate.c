@@ -32,6 +32,7 @@
 int cmd_simulate(int argc, char **argv);
 
 static const char *const CMD = "simulate";
+#define MAX_EXPERT_BYTES ((int64_t)1 << 40) /* 1 TiB, as trace import --expert-bytes */
 
 #define MAX_LIST 64
 #define DEFAULT_HARDWARE "rtx3090-pcie4"
@@ -781,6 +782,33 @@ int cmd_simulate(int argc, char **argv) {
     }
     fmoe_trace_reader_close(reader);
     reader = NULL;
+    {
+        /* The byte counters are int64: each access loads at most one expert, and each
+         * iteration's layer prefetches at most J, so loads <= A + I*L*J. Refuse a size that
+         * could overflow them (a trace imported elsewhere with an absurd expert size)
+         * instead of printing negative bytes; 2^60 keeps an 8x margin. */
+        const double loads = (double)w.num_accesses +
+                             (double)w.num_iterations * w.num_layers * (double)w.num_experts;
+        if (expert_bytes > MAX_EXPERT_BYTES || (double)expert_bytes * loads > 0x1p60) {
+            char b[32];
+            exit_code = cmd_failf(CMD,
+                                  "%s: an expert of %lld bytes (%s) is too large to count its "
+                                  "loads over %.0f accesses; at most %s",
+                                  o.trace, (long long)expert_bytes,
+                                  cmd_format_bytes((double)expert_bytes, b, sizeof b),
+                                  (double)w.num_accesses, "1 TiB and 2^60 bytes in all");
+            goto done;
+        }
+    }
+    /* More slots than the model has experts change nothing but the memory they take. */
+    for (int i = 0; i < n_caches; i++) {
+        const int32_t all = w.num_layers * w.num_experts;
+        if (caches[i] > all) {
+            fprintf(stderr, "fmoe simulate: note: a cache of %d experts holds all %d (L x J); "
+                            "simulating %d\n", (int)caches[i], (int)all, (int)all);
+            caches[i] = all;
+        }
+    }
     if (o.arrivals) {
         exit_code = load_arrivals(&o, &w, &arrivals);
         if (exit_code) goto done;

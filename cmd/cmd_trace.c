@@ -142,7 +142,9 @@ static const cmd_option import_options[] = {
     {.name = "expert-bytes", .kind = CMD_OPT_INT64, .value_name = "N",
      .help = "bytes of one routed expert, with --layers/--experts/--top-k (0: unknown; the "
              "simulator then needs --model-config); a config.json gives its own",
-     .default_text = "0", .offset = OPT(expert_bytes), .min = 0, .max = INT64_MAX},
+     .default_text = "0", .offset = OPT(expert_bytes), .min = 0,
+     .max = (int64_t)1 << 40 /* 1 TiB: beyond any expert, and the simulator's byte counters
+                                cannot overflow (cmd_simulate.c) */},
     {.name = "hidden-size", .kind = CMD_OPT_INT32, .value_name = "H",
      .help = "hidden size recorded with --layers/--experts/--top-k (0: unknown)",
      .default_text = "0", .offset = OPT(hidden), .min = 0, .max = INT32_MAX,

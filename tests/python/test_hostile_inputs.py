@@ -272,3 +272,30 @@ def test_tokenize_batch_rejects_ids_outside_the_vocabulary(fmoe_bin, tmp_path, i
     p = run(fmoe_bin, "tokenize", "--tokenizer", TINY / "tokenizer.json", "--batch", f)
     one_line(p, 1, "--batch line 1", "is not a token id (vocabulary size 4096)")
     assert p.stdout == ""
+
+
+def test_import_expert_bytes_out_of_range(fmoe_bin, jsonl, tmp_path):
+    p = run(fmoe_bin, "trace", "import", *GEOMETRY, "--expert-bytes", "1000000000000000000",
+            jsonl, "-o", tmp_path / "o.h5")
+    one_line(p, 2, "--expert-bytes must be in [0, 1099511627776]")
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_simulate_refuses_an_expert_size_that_overflows(fmoe_bin, trace):
+    """A trace made elsewhere with 1e18-byte experts: the int64 byte counters overflowed
+    (UBSan in sim/) and printed negative bytes."""
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+    with h5py.File(trace, "r+") as f:
+        f.attrs.modify("expert_bytes", np.int64(10**18))
+    p = run(fmoe_bin, "simulate", "--trace", trace, "--cache-experts", "4")
+    one_line(p, 1, str(trace), "an expert of 1000000000000000000 bytes", "too large")
+    assert p.stdout == ""
+
+
+def test_simulate_clamps_cache_to_all_experts(fmoe_bin, trace):
+    """--cache-experts 100000000 allocated 6.8 GB for a model of L x J = 16 experts."""
+    p = run(fmoe_bin, "simulate", "--trace", trace, "--cache-experts", "100000000", "--json")
+    one_line(p, 0, "note: a cache of 100000000 experts holds all 16 (L x J); simulating 16")
+    import json
+    assert [r["cache_experts"] for r in json.loads(p.stdout)["results"]] == [16]
