@@ -172,6 +172,7 @@ typedef struct seq {
     float *logits;             /* [V] */
     int64_t order;             /* admission order: prefill goes oldest first */
     int32_t finish;            /* SEQ_DONE: the job's serve_finish, or 0 when already told */
+    int begun;                 /* the executor was told the request started */
 } seq;
 
 struct serve_engine {
@@ -184,6 +185,8 @@ struct serve_engine {
     fmoe_batch_item *items;    /* [parallel] */
     fmoe_forward_trace *traces;/* [parallel] */
     int32_t *item_seq;         /* [parallel] seq index of each item */
+    int32_t by_age[ITERATION_TOKENS]; /* running sequences, oldest admitted first */
+    int32_t num_by_age;
     uint8_t *touched;          /* [parallel][L·J] */
     int64_t created;
     double t0;                 /* monotonic seconds at start: trace arrival times */
@@ -221,9 +224,10 @@ static void job_finish(serve_engine *e, serve_job *j, int32_t finish, const char
 
 static void seq_clear(serve_engine *e, seq *s) {
     if (s->job) {
-        if (e->o.offload) fmoe_offload_request_end(e->o.offload);
+        if (e->o.offload && s->begun) fmoe_offload_request_end(e->o.offload);
         serve_job_release(s->job);
     }
+    s->begun = 0;
     s->job = NULL;
     fmoe_sampler_free(s->sampler);
     s->sampler = NULL;
@@ -325,8 +329,6 @@ static void admit(serve_engine *e) {
         j->st.queue_ms = 1e3 * (j->t_start - j->t_submit);
         pthread_mutex_unlock(&j->mu);
         if (e->o.metrics) serve_metrics_observe_queue(e->o.metrics, j->t_start - j->t_submit);
-        if (e->o.offload)
-            fmoe_offload_request_begin(e->o.offload, s->order, j->prompt, j->prompt_tokens);
     }
 }
 
@@ -481,31 +483,38 @@ static void attribute_accesses(serve_engine *e, int32_t count) {
 /* Collects this iteration's items: decode tokens first, then prompt chunks (oldest
  * sequence first) within the token budget. @return the item count. */
 static int32_t plan_items(serve_engine *e) {
-    int32_t count = 0, budget = ITERATION_TOKENS;
+    /* Running sequences oldest first: the order items take (decode tokens, then prompt
+     * chunks) and sequences leave in, so a trace of the run says it (requests/id is the
+     * admission order) and fmoe simulate --batch trace replays the same rows in the same
+     * order. */
+    int32_t age[ITERATION_TOKENS], nage = 0;
     for (int32_t i = 0; i < e->o.parallel; i++) {
-        seq *s = &e->seqs[i];
+        if (e->seqs[i].state == SEQ_FREE) continue;
+        int32_t at = nage++;
+        while (at > 0 && e->seqs[age[at - 1]].order > e->seqs[i].order) {
+            age[at] = age[at - 1];
+            at--;
+        }
+        age[at] = i;
+    }
+    memcpy(e->by_age, age, (size_t)nage * sizeof *age);
+    e->num_by_age = nage;
+    int32_t count = 0, budget = ITERATION_TOKENS;
+    for (int32_t a = 0; a < nage; a++) {
+        seq *s = &e->seqs[age[a]];
         if (s->state != SEQ_DECODE) continue;
         e->items[count] = (fmoe_batch_item){.session = s->session, .tokens = &s->next, .n = 1};
-        e->item_seq[count++] = i;
+        e->item_seq[count++] = age[a];
         budget--;
     }
-    while (budget > 0) {
-        int32_t pick = -1;
-        for (int32_t i = 0; i < e->o.parallel; i++) {
-            const seq *s = &e->seqs[i];
-            int taken = 0;
-            for (int32_t c = 0; c < count; c++) taken |= e->item_seq[c] == i;
-            if (s->state == SEQ_PREFILL && !taken &&
-                (pick < 0 || s->order < e->seqs[pick].order))
-                pick = i;
-        }
-        if (pick < 0) break;
-        seq *s = &e->seqs[pick];
+    for (int32_t a = 0; a < nage && budget > 0; a++) {
+        seq *s = &e->seqs[age[a]];
+        if (s->state != SEQ_PREFILL) continue;
         const int32_t left = s->job->prompt_tokens - s->fed;
         const int32_t n = left < budget ? left : budget;
         e->items[count] = (fmoe_batch_item){.session = s->session,
                                             .tokens = s->job->prompt + s->fed, .n = n};
-        e->item_seq[count++] = pick;
+        e->item_seq[count++] = age[a];
         budget -= n;
     }
     const int64_t LK = (int64_t)e->L * e->K, LJ = (int64_t)e->L * e->J;
@@ -537,6 +546,15 @@ static int32_t plan_items(serve_engine *e) {
 /* One batched iteration and what follows from it. */
 static void run_iteration(serve_engine *e, int32_t count) {
     int rc;
+    /* A request starts for the policy just before its first rows run (items are in
+     * admission order), as fmoe simulate --batch trace replays it. */
+    for (int32_t c = 0; e->o.offload && c < count; c++) {
+        seq *s = &e->seqs[e->item_seq[c]];
+        if (s->begun) continue;
+        s->begun = 1;
+        fmoe_offload_request_begin(e->o.offload, s->order, s->job->prompt,
+                                   s->job->prompt_tokens);
+    }
     const double t_pass = now_s();
     if (e->o.offload)
         rc = fmoe_offload_forward_batch(e->o.offload, e->seqs[0].session, e->items, count);
@@ -578,8 +596,8 @@ static void run_iteration(serve_engine *e, int32_t count) {
     /* Done and cancelled sequences leave: into the trace first, then their jobs are told,
      * so a request a client saw finish is in the trace (outside e->mu: submit need not
      * wait for the write; only this thread touches the sequences). */
-    for (int32_t i = 0; i < e->o.parallel; i++) {
-        seq *s = &e->seqs[i];
+    for (int32_t a = 0; a < e->num_by_age; a++) {
+        seq *s = &e->seqs[e->by_age[a]];
         if (s->state == SEQ_FREE) continue;
         if (s->state != SEQ_DONE) {
             if (!atomic_load(&s->job->cancel)) continue;
