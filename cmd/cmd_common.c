@@ -24,24 +24,37 @@ int cmd_fail(const char *cmd, int code) {
     return CMD_EXIT_FAILURE;
 }
 
+/* "fmoe CMD: message[ (see 'fmoe CMD --help')]" on one line. @return code. */
+static int say(const char *cmd, int code, int hint, const char *fmt, va_list ap) {
+    fprintf(stderr, "fmoe %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    if (hint) fprintf(stderr, " (see 'fmoe %s --help')", cmd);
+    fputc('\n', stderr);
+    return code;
+}
+
 int cmd_failf(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "fmoe %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    const int rc = say(cmd, CMD_EXIT_FAILURE, 0, fmt, ap);
     va_end(ap);
-    return CMD_EXIT_FAILURE;
+    return rc;
 }
 
 int cmd_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "fmoe %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, " (see 'fmoe %s --help')\n", cmd);
+    const int rc = say(cmd, CMD_EXIT_USAGE, 1, fmt, ap);
     va_end(ap);
-    return CMD_EXIT_USAGE;
+    return rc;
+}
+
+int cmd_refuse(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const int rc = say(cmd, CMD_EXIT_USAGE, 0, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 int cmd_parse_i64(const char *cmd, const char *option, const char *text, int64_t min,

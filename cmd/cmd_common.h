@@ -24,6 +24,10 @@ int cmd_failf(const char *cmd, const char *fmt, ...) __attribute__((format(print
 /* Prints "fmoe <cmd>: <message> (see 'fmoe <cmd> --help')" and returns CMD_EXIT_USAGE. */
 int cmd_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* A usage error (exit 2) without the "see --help" hint: the arguments parse, but they name
+ * the wrong file. */
+int cmd_refuse(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Parse an option value; on failure print a usage error naming `option` in the phrasings of
  * options.h ("value 'x' of --n is not an integer", "--n must be in [1, 8], got 9").
  * @return 0 or CMD_EXIT_USAGE. */

@@ -161,18 +161,6 @@ static int is_input(const struct stat *out, const char *input) {
     return found;
 }
 
-/* A usage error (exit 2) without the "see --help" hint: the arguments parse, they name the
- * wrong file. */
-__attribute__((format(printf, 2, 3))) static int refuse(const char *cmd, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "fmoe %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return CMD_EXIT_USAGE;
-}
-
 int cmd_check_output(const char *cmd, const char *output, const char *const *inputs,
                      int ninputs) {
     if (!output || strcmp(output, "-") == 0) return 0;
@@ -184,8 +172,8 @@ int cmd_check_output(const char *cmd, const char *output, const char *const *inp
         if (stat(mine[k], &st) != 0) continue;
         for (int i = 0; i < ninputs; i++)
             if (inputs[i] && is_input(&st, inputs[i]))
-                return refuse(cmd, "output is an input (%s)", output);
+                return cmd_refuse(cmd, "output is an input (%s)", output);
     }
-    if (fmoe__output_check(output) < 0) return refuse(cmd, "%s", fmoe_error_detail());
+    if (fmoe__output_check(output) < 0) return cmd_refuse(cmd, "%s", fmoe_error_detail());
     return 0;
 }

@@ -565,18 +565,27 @@ static char *finish_json(cJSON *o) {
     return s;
 }
 
+/* o.choices = [{"index": 0}]. @return that choice, or NULL when out of memory. */
+static cJSON *first_choice(cJSON *o) {
+    cJSON *choices = cJSON_CreateArray(), *c = cJSON_CreateObject();
+    if (put(o, "choices", choices)) {
+        cJSON_Delete(c);
+        return NULL;
+    }
+    if (!c || !cJSON_AddItemToArray(choices, c)) {
+        cJSON_Delete(c);
+        return NULL;
+    }
+    return put_num(c, "index", 0) ? NULL : c;
+}
+
 char *serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
                                 const serve_job_status *st) {
     int chat = m->kind == SERVE_API_CHAT;
     cJSON *o = header(m, chat ? "chat.completion" : "text_completion");
     if (!o) return NULL;
-    cJSON *choices = cJSON_CreateArray(), *c = cJSON_CreateObject();
-    if (put(o, "choices", choices)) goto fail;
-    if (!c || !cJSON_AddItemToArray(choices, c)) {
-        cJSON_Delete(c);
-        goto fail;
-    }
-    if (put_num(c, "index", 0)) goto fail;
+    cJSON *c = first_choice(o);
+    if (!c) goto fail;
     if (chat) {
         cJSON *msg = cJSON_CreateObject();
         if (put(c, "message", msg) || put_str(msg, "role", "assistant") ||
@@ -599,13 +608,8 @@ char *serve_api_render_chunk(const serve_api_meta *m, int role, const char *text
     int chat = m->kind == SERVE_API_CHAT;
     cJSON *o = header(m, chat ? "chat.completion.chunk" : "text_completion");
     if (!o) return NULL;
-    cJSON *choices = cJSON_CreateArray(), *c = cJSON_CreateObject();
-    if (put(o, "choices", choices)) goto fail;
-    if (!c || !cJSON_AddItemToArray(choices, c)) {
-        cJSON_Delete(c);
-        goto fail;
-    }
-    if (put_num(c, "index", 0)) goto fail;
+    cJSON *c = first_choice(o);
+    if (!c) goto fail;
     if (chat) {
         cJSON *delta = cJSON_CreateObject();
         if (put(c, "delta", delta)) goto fail;
