@@ -64,21 +64,12 @@ typedef struct streamer {
     size_t printed; /* bytes of the decoded text already written */
 } streamer;
 
-/* Length of s[0..n) without a trailing U+FFFD (EF BF BD) that stands for an incomplete
- * UTF-8 sequence still being generated. */
-static size_t stable_prefix(const char *s, size_t n) {
-    while (n >= 3 && (unsigned char)s[n - 3] == 0xEF && (unsigned char)s[n - 2] == 0xBF &&
-           (unsigned char)s[n - 1] == 0xBD)
-        n -= 3;
-    return n;
-}
-
 static int streamer_push(streamer *st, const int32_t *ids, size_t n, int final) {
     if (!st->out) return 0;
     char *text = NULL;
     size_t len = 0;
     FMOE_FORWARD_IF_ERROR(fmoe_tokenizer_decode(st->tok, ids, n, 1, &text, &len));
-    size_t upto = final ? len : stable_prefix(text, len);
+    size_t upto = final ? len : fmoe_text_stable_prefix(text, len);
     if (upto > st->printed) {
         fwrite(text + st->printed, 1, upto - st->printed, st->out);
         fflush(st->out);

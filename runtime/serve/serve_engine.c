@@ -36,6 +36,7 @@
 #include "fmoe/safetensors.h"
 #include "fmoe/sampler.h"
 #include "serve_metrics.h"
+#include "serve_text.h"
 
 #define ITERATION_TOKENS 64 /* tokens of one batched forward call (the prefill chunk) */
 
@@ -332,44 +333,6 @@ static void admit(serve_engine *e) {
     }
 }
 
-/* Length of the longest suffix of text[0..n) that is a proper prefix of a stop string. */
-static size_t stop_prefix_tail(const serve_sampling *sp, const char *text, size_t n) {
-    size_t hold = 0;
-    for (int32_t i = 0; i < sp->num_stop; i++) {
-        const size_t m = strlen(sp->stop[i]);
-        for (size_t k = m > n + 1 ? n : m - 1; k > hold; k--)
-            if (memcmp(text + n - k, sp->stop[i], k) == 0) {
-                hold = k;
-                break;
-            }
-    }
-    return hold;
-}
-
-/* Where the first stop string starts in text[0..n), or n. */
-static size_t stop_position(const serve_sampling *sp, const char *text, size_t n) {
-    size_t at = n;
-    for (int32_t i = 0; i < sp->num_stop; i++) {
-        const size_t m = strlen(sp->stop[i]);
-        if (m == 0 || m > n) continue;
-        for (size_t p = 0; p + m <= n && p < at; p++)
-            if (memcmp(text + p, sp->stop[i], m) == 0) {
-                at = p;
-                break;
-            }
-    }
-    return at;
-}
-
-/* Length of text[0..n) without a trailing U+FFFD (EF BF BD) that stands for an incomplete
- * UTF-8 sequence still being generated. */
-static size_t stable_prefix(const char *s, size_t n) {
-    while (n >= 3 && (unsigned char)s[n - 3] == 0xEF && (unsigned char)s[n - 2] == 0xBF &&
-           (unsigned char)s[n - 1] == 0xBD)
-        n -= 3;
-    return n;
-}
-
 static int is_stop_token(const serve_engine *e, int32_t id) {
     if (id == e->eos) return 1;
     for (int32_t i = 0; i < e->o.num_stop_ids; i++)
@@ -412,7 +375,8 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
         s->finish = 0;
         return 1;
     }
-    const size_t stop_at = stop_position(&j->sampling, text, len);
+    const size_t stop_at =
+        serve_text_stop_at(j->sampling.stop, j->sampling.num_stop, text, len);
     int32_t finish = SERVE_RUNNING;
     if (stop_at < len) {
         len = stop_at;
@@ -427,8 +391,7 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
     j->text = text;
     j->text_len = len;
     if (finish == SERVE_RUNNING) {
-        const size_t stable = stable_prefix(text, len);
-        const size_t vis = stable - stop_prefix_tail(&j->sampling, text, stable);
+        const size_t vis = serve_text_visible(j->sampling.stop, j->sampling.num_stop, text, len);
         if (vis > j->visible) j->visible = vis;
     }
     j->st.completion_tokens = s->num_generated;

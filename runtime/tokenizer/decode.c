@@ -334,3 +334,10 @@ int fmoe__tok_build_pieces(fmoe_tokenizer *tok) {
     tok->pieces = arena.p;
     return 0;
 }
+
+size_t fmoe_text_stable_prefix(const char *text, size_t n) {
+    while (n >= 3 && (unsigned char)text[n - 3] == 0xEF && (unsigned char)text[n - 2] == 0xBF &&
+           (unsigned char)text[n - 1] == 0xBD)
+        n -= 3;
+    return n;
+}

@@ -97,6 +97,12 @@ int fmoe_tokenizer_encode_alloc(const fmoe_tokenizer *tok, const char *text, siz
 int fmoe_tokenizer_decode(const fmoe_tokenizer *tok, const int32_t *ids, size_t n,
                           int skip_special, char **text, size_t *len);
 
+/* For streaming decoded text: the length of text[0..n) without trailing U+FFFD (EF BF BD)
+ * characters, which decode writes for a UTF-8 sequence still incomplete (its next bytes
+ * may come with the next token). Decoding the whole output after each token and printing
+ * up to this length prints exactly decode(ids) in the end (transformers' TextStreamer). */
+size_t fmoe_text_stable_prefix(const char *text, size_t n);
+
 /*
  * The bytes one token contributes to the text, for streaming output: byte-level tokens
  * mapped back to bytes, `▁` as a space, <0xXX> as the byte (added tokens go through the
