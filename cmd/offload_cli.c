@@ -8,13 +8,16 @@
 #include <string.h>
 
 #include "cmd_common.h"
+#include "paths.h"
 #include "simulate_store.h"
 #include "fmoe/error.h"
 #include "fmoe/geometry.h"
+#include "fmoe/hardware.h"
 #include "fmoe/policy.h"
+#include "fmoe/sim.h"
 
 const char *const cmd_offload_tiers[] = {"auto", "host", "file", NULL};
-const char *const cmd_offload_misses[] = {"load", "cpu", NULL};
+const char *const cmd_offload_misses[] = {"load", "cpu", "auto", NULL};
 /* the values are fmoe_store_mode's: offline 0, offline-update 2 (online needs no store and
  * is a simulate mode) */
 const char *const cmd_offload_store_modes[] = {"offline", "online", "offline-update", NULL};
@@ -26,17 +29,62 @@ void cmd_offload_args_init(cmd_offload_args *a) {
     a->store_mode = FMOE_STORE_OFFLINE;
 }
 
+/* --miss auto's figures from the profile, for this model's expert (the simulator's cost
+ * model, sim/costs.c: measured linear fits, else its rooflines), into o. @return 0 or 1
+ * (printed). */
+static int auto_costs(const char *cmd, const char *path, const fmoe_model_geometry *g,
+                      fmoe_offload_options *o) {
+    fmoe_hardware_profile hw;
+    fmoe_sim_costs c;
+    const int64_t eb = fmoe_geometry_expert_bytes(g, g->expert_dtype);
+    int rc = fmoe_hardware_load(path, &hw);
+    if (rc == 0) {
+        rc = fmoe_sim_costs_init(&c, &hw, g, eb, g->hidden_size, 0);
+        if (rc < 0) fmoe_error_prefix("%s", path);
+    }
+    if (rc < 0) return cmd_fail(cmd, rc);
+    if (!fmoe_sim_costs_have_host(&c))
+        return cmd_failf(cmd, "%s: --miss auto needs host compute figures (host.expert_s, or "
+                              "host.peak_flops and host.memory_bandwidth_bytes_per_s); measure "
+                              "them with 'fmoe calibrate'", path);
+    o->link_alpha_s = c.alpha_s;
+    o->link_bytes_per_s = c.beta_bytes_per_s;
+    /* fmoe_sim_expert_s and fmoe_sim_host_expert_s in fmoe_offload_cost's form */
+    const double flops_per_token = 2 * c.expert_params;
+    if (c.expert.present)
+        o->fast_expert = (fmoe_offload_cost){c.expert.base_s, c.expert.per_token_s, 0};
+    else
+        o->fast_expert = (fmoe_offload_cost){c.launch_s, flops_per_token / c.peak_flops,
+                                             (double)c.expert_bytes / c.mem_bw};
+    if (c.host_expert.present)
+        o->host_expert =
+            (fmoe_offload_cost){c.host_expert.base_s, c.host_expert.per_token_s, 0};
+    else
+        o->host_expert = (fmoe_offload_cost){0, flops_per_token / c.host_peak_flops,
+                                             (double)c.expert_bytes / c.host_mem_bw};
+    return 0;
+}
+
 int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,
                      int32_t prefill_chunk, int quiet, cmd_offload *out) {
     memset(out, 0, sizeof *out);
     const int on = a->cache_experts > 0 || a->cache_gb > 0;
+    if (a->miss == FMOE_OFFLOAD_MISS_AUTO && !a->profile)
+        return cmd_usage_error(cmd, "--miss auto needs --profile P.json (fmoe calibrate) to "
+                                    "estimate where each miss ends first");
+    if (a->profile && a->miss != FMOE_OFFLOAD_MISS_AUTO)
+        return cmd_usage_error(cmd, "--profile is read by --miss auto only");
     if (!on) {
-        if (a->policy || a->store || a->decision_log || a->direct_io || a->sync_transfers)
-            return cmd_usage_error(cmd, "--policy, --store, --decision-log, --direct-io and "
-                                        "--sync-transfers need an offloaded run: give "
-                                        "--cache-experts N or --cache-gb X");
+        if (a->policy || a->store || a->decision_log || a->direct_io || a->sync_transfers ||
+            a->profile)
+            return cmd_usage_error(cmd, "--policy, --store, --decision-log, --direct-io, "
+                                        "--sync-transfers and --profile need an offloaded "
+                                        "run: give --cache-experts N or --cache-gb X");
         return 0;
     }
+    const char *const inputs[] = {a->profile, a->store};
+    int rc;
+    if ((rc = cmd_check_output(cmd, a->decision_log, inputs, 2)) != 0) return rc;
     if (a->cache_experts > 0 && a->cache_gb > 0)
         return cmd_usage_error(cmd, "give --cache-experts or --cache-gb, not both");
     if (a->direct_io && a->tier == FMOE_TIER_HOST)
@@ -61,7 +109,6 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     out->store_out = a->store_out;
 
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
-    int rc;
     if (a->store) {
         if ((rc = fmoe_store_read(a->store, 0, &out->store)) < 0) return cmd_fail(cmd, rc);
         const char *json = fmoe_model_config_json(m);
@@ -105,6 +152,10 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     o.tier = (fmoe_tier_kind)a->tier;
     o.direct_io = a->direct_io;
     o.miss = a->miss;
+    if (a->miss == FMOE_OFFLOAD_MISS_AUTO && (rc = auto_costs(cmd, a->profile, g, &o))) {
+        cmd_offload_close(cmd, out, 0);
+        return rc;
+    }
     o.prefill_chunk = prefill_chunk;
     o.sync_transfers = a->sync_transfers;
     o.feedback = cmd_feedback_request(a->feedback);

@@ -42,6 +42,7 @@ typedef struct cmd_offload_args {
     int32_t feedback;          /* cmd_feedback_names index */
     const char *decision_log;
     int32_t sync_transfers;
+    const char *profile;       /* hardware profile JSON for --miss auto */
 } cmd_offload_args;
 
 extern const char *const cmd_offload_tiers[];
@@ -75,10 +76,15 @@ extern const char *const cmd_offload_store_modes[];
      .help = "file tier: read with O_DIRECT (no page cache: a model larger than RAM, and "    \
              "the device's own timings)",                                                     \
      .offset = offsetof(type, f.direct_io)},                                                  \
-    {.name = "miss", .kind = CMD_OPT_ENUM, .value_name = "load|cpu",                          \
+    {.name = "miss", .kind = CMD_OPT_ENUM, .value_name = "load|cpu|auto",                     \
      .help = "a miss is loaded into the cache, or computed from the slow tier uncached "      \
-             "(llama.cpp --n-cpu-moe style)",                                                 \
+             "(llama.cpp --n-cpu-moe style), or per miss whichever --profile estimates "      \
+             "ends first (Fiddler)",                                                          \
      .default_text = "load", .offset = offsetof(type, f.miss), .choices = cmd_offload_misses},\
+    {.name = "profile", .kind = CMD_OPT_STRING, .value_name = "P.json",                       \
+     .help = "--miss auto: the hardware profile (fmoe calibrate) whose link and expert "      \
+             "compute figures estimate each miss's two ends",                                 \
+     .offset = offsetof(type, f.profile)},                                                    \
     {.name = "store", .kind = CMD_OPT_STRING, .value_name = "S.h5",                           \
      .help = "expert-map store for the fmoe policies (fmoe build-store)",                     \
      .offset = offsetof(type, f.store)},                                                      \

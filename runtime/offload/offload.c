@@ -23,6 +23,26 @@
  * prefetch pieces in the order fmoe_slots_next_prefetch gives. A prefetch claimed by an
  * access while a piece is in flight is finished by a demand job from its first piece not
  * landed (the piece in flight may be copied twice; fmoe_slots_chunk_landed ignores it).
+ *
+ * --miss auto (Fiddler, Kamahori et al. 2024, §4; DESIGN.md §7's host lane): at the gate,
+ * a miss is computed on the host when that is estimated to end before a demand load plus
+ * the compute from the slot, from a hardware profile's figures (fmoe_offload_options):
+ *     load_end = max(engine_free + alpha + expert_bytes / rate, lane) + fast(tokens)
+ *     host_end = lane + host(tokens)
+ * engine_free is when the I/O thread will have finished what is ahead of a new demand job:
+ * the rest of the copy on the engine now (its estimated length less the time it has run)
+ * and every queued demand job (alpha + its remaining bytes / rate each). Prefetches that
+ * have not started do not count: demand jobs go first. A demand job whose slot still
+ * holds an expert to compute waits longer than this says (head-of-line); not modelled.
+ * `lane` is where the simulator has two resources and we have one: the simulator's host
+ * lane (host_free) is a CPU beside the GPU's compute stream (compute_free), but here the
+ * host compute runs inline on the executor thread, the same thread that computes every
+ * expert from its slot, in resolution order. So both estimates start from one lane: the
+ * estimated end of the layer's experts resolved before this one (each at max(lane, its
+ * data's estimated arrival) + its compute, host or fast). A host choice is then never
+ * free: it delays every later expert of the layer, which the simulator's separate lane
+ * would not charge. The figures are estimates from a profile, not measurements of this
+ * run; only the choice depends on them, never the output.
  */
 #include "fmoe/offload.h"
 
@@ -74,12 +94,16 @@ struct fmoe_offload {
     uint64_t *holds_released;  /* [N+1] */
     demand_job *dq;            /* ring of capacity dq_cap */
     int32_t dq_cap, dq_head, dq_len;
+    int64_t io_copy_bytes;     /* bytes of the copy on the engine now (0: none) */
+    double io_copy_t0;         /* its start, clock_of seconds */
 
     /* the layer being computed */
     int32_t cur_layer;
     int32_t *cur_slot;         /* [J] slot of expert j's access in this layer; -1 host; -2 none */
     int32_t cur_pending;       /* accesses of the layer not computed yet */
     int64_t *cur_access;       /* [J] index in accesses of expert j's access in this layer */
+    double lane_s;             /* --miss auto: estimated end (clock_of seconds) of the
+                                  layer's computes resolved so far, on the executor thread */
     int32_t phase;
     int64_t iteration;
     int64_t requests_begun;    /* request_begin calls: the next request's index */
@@ -130,6 +154,14 @@ static void piece_range(int64_t bytes, int32_t chunks, int32_t piece, int64_t *l
     *hi = step * (piece + 1) < bytes ? step * (piece + 1) : bytes;
 }
 
+/* Bytes of pieces [first, last) of an expert. */
+static int64_t job_bytes(const fmoe_offload *x, int32_t first, int32_t last) {
+    int64_t lo, hi, lo2, hi2;
+    piece_range(x->expert_bytes, x->chunks, first, &lo, &hi);
+    piece_range(x->expert_bytes, x->chunks, last - 1, &lo2, &hi2);
+    return hi2 - lo;
+}
+
 /* Copies pieces [first, last) of expert e into slot s, outside the lock. */
 static int copy_pieces(fmoe_offload *x, int32_t s, int32_t e, int32_t first, int32_t last) {
     int64_t lo, hi, lo2, hi2;
@@ -152,11 +184,14 @@ static int io_step(fmoe_offload *x) {
         x->dq_head = (x->dq_head + 1) % x->dq_cap;
         x->dq_len--;
         x->data_expert[j.slot] = -1;
+        x->io_copy_bytes = job_bytes(x, j.first, x->chunks);
+        x->io_copy_t0 = clock_of(x);
         pthread_mutex_unlock(&x->mu);
         const double t = now_s();
         const int rc = copy_pieces(x, j.slot, j.expert, j.first, x->chunks);
         const double took = now_s() - t;
         pthread_mutex_lock(&x->mu);
+        x->io_copy_bytes = 0;
         x->io_busy_s += took;
         if (rc < 0) io_fail(x, rc);
         else x->data_expert[j.slot] = j.expert;
@@ -170,11 +205,14 @@ static int io_step(fmoe_offload *x) {
     const int32_t e = fmoe_slots_expert(x->slots, s);
     if (piece == 0) x->data_expert[s] = -1;
     fmoe_slots_chunk_start(x->slots, s);
+    x->io_copy_bytes = job_bytes(x, piece, piece + 1);
+    x->io_copy_t0 = clock_of(x);
     pthread_mutex_unlock(&x->mu);
     const double t = now_s();
     const int rc = copy_pieces(x, s, e, piece, piece + 1);
     const double took = now_s() - t;
     pthread_mutex_lock(&x->mu);
+    x->io_copy_bytes = 0;
     x->io_busy_s += took;
     if (rc < 0) io_fail(x, rc);
     else if (fmoe_slots_chunk_landed(x->slots, s)) x->data_expert[s] = e;
@@ -275,6 +313,36 @@ static void await_bytes(fmoe_offload *x, int64_t bytes) {
     if (x->phase == FMOE_PHASE_DECODE) x->st.awaited_bytes_decode += bytes;
 }
 
+/* --miss auto's estimates (the design comment at the top), clock_of seconds, under mu. */
+
+static double cost_s(const fmoe_offload_cost *c, int32_t tokens) {
+    return c->base_s + fmax(c->floor_s, c->per_token_s * tokens);
+}
+
+static double copy_s(const fmoe_offload *x, int64_t bytes) {
+    return x->opt.link_alpha_s + (double)bytes / x->opt.link_bytes_per_s;
+}
+
+/* When the I/O thread will have done the copy on it now and every queued demand job. */
+static double engine_free_at(const fmoe_offload *x, double now) {
+    double t = now;
+    if (x->io_copy_bytes > 0)
+        t += fmax(0, copy_s(x, x->io_copy_bytes) - (now - x->io_copy_t0));
+    for (int32_t i = 0; i < x->dq_len; i++) {
+        const demand_job *j = &x->dq[(x->dq_head + i) % x->dq_cap];
+        t += copy_s(x, job_bytes(x, j->first, x->chunks));
+    }
+    return t;
+}
+
+/* Whether a miss routed `tokens` tokens ends sooner computed on the host (Fiddler). */
+static int auto_on_host(const fmoe_offload *x, int32_t tokens, double now) {
+    const double ready = engine_free_at(x, now) + copy_s(x, x->expert_bytes);
+    const double load_end = fmax(ready, x->lane_s) + cost_s(&x->opt.fast_expert, tokens);
+    const double host_end = x->lane_s + cost_s(&x->opt.host_expert, tokens);
+    return host_end < load_end;
+}
+
 /* The gate of MoE layer ev->layer: policy events and access resolution (DESIGN.md §7.1). */
 static int on_route(void *ctx, const fmoe_route_event *ev) {
     fmoe_offload *x = ctx;
@@ -303,6 +371,9 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
     for (int32_t j = 0; j < J; j++) x->cur_slot[j] = -2;
     x->cur_layer = l;
     x->cur_pending = ev->num_distinct;
+    const double now = x->env->now_s;
+    const int miss_auto = x->opt.miss == FMOE_OFFLOAD_MISS_AUTO;
+    x->lane_s = now;
     int rc = fmoe_slots_error(x->slots);
     for (int32_t q = 0; q < ev->num_distinct && rc == 0; q++) {
         const int32_t j = ev->distinct[q], e = l * J + j;
@@ -311,6 +382,7 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
         int32_t s = f.slot;
         int on_host = 0;
         fmoe_access_result result = FMOE_ACCESS_HIT;
+        int queued = 0; /* a demand job was pushed for this access */
         /* served by a prefetch: a first use of a prefetched expert, or a claimed transfer */
         const int from_prefetch = (f.found == FMOE_FIND_RESIDENT && f.prefetched) ||
                                   f.found == FMOE_FIND_QUEUED || f.found == FMOE_FIND_STARTED;
@@ -320,18 +392,24 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
             break;
         case FMOE_FIND_QUEUED:
             push_demand(x, s, e, 0);
+            queued = 1;
             result = FMOE_ACCESS_LATE_HIT;
             await_bytes(x, x->expert_bytes);
             break;
         case FMOE_FIND_STARTED:
-            if (f.chunks_left > 0) push_demand(x, s, e, x->chunks - f.chunks_left);
+            if (f.chunks_left > 0) {
+                push_demand(x, s, e, x->chunks - f.chunks_left);
+                queued = 1;
+            }
             await_bytes(x, x->expert_bytes * f.chunks_left / x->chunks);
             if (x->data_expert[s] == e && f.chunks_left == 0) x->st.prefetch_hits++;
             else result = FMOE_ACCESS_LATE_HIT;
             break;
         default:
             result = FMOE_ACCESS_MISS;
-            if (fmoe_slots_take_host(x->slots, e) || x->opt.miss == FMOE_OFFLOAD_MISS_CPU) {
+            /* the policy's request, --miss cpu, or --miss auto's estimate: one host path */
+            if (fmoe_slots_take_host(x->slots, e) || x->opt.miss == FMOE_OFFLOAD_MISS_CPU ||
+                (miss_auto && auto_on_host(x, tokens, now))) {
                 on_host = 1;
                 s = -1;
                 x->st.host_misses++;
@@ -344,10 +422,17 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
                 x->st.bypassed++;
             }
             push_demand(x, s, e, 0);
+            queued = 1;
             await_bytes(x, x->expert_bytes);
             break;
         }
         if (rc < 0) break;
+        if (miss_auto) { /* this access's compute on the executor thread's lane */
+            if (on_host) x->lane_s += cost_s(&x->opt.host_expert, tokens);
+            else
+                x->lane_s = fmax(x->lane_s, queued ? engine_free_at(x, now) : now) +
+                            cost_s(&x->opt.fast_expert, tokens);
+        }
         if (s >= 0) x->holds_taken[s]++;
         x->cur_slot[j] = s;
         switch (result) {
@@ -468,6 +553,21 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
     FMOE_RETURN_ERROR_IF(ops->flags & FMOE_POLICY_NEEDS_FUTURE, FMOE_EUNSUPPORTED,
                          "policy %s needs the whole future access sequence, which a live run "
                          "does not have: use it with 'fmoe simulate'", ops->name);
+    FMOE_RETURN_ERROR_IF(o->miss < FMOE_OFFLOAD_MISS_LOAD || o->miss > FMOE_OFFLOAD_MISS_AUTO,
+                         FMOE_EINVAL, "unknown miss mode %d", o->miss);
+    if (o->miss == FMOE_OFFLOAD_MISS_AUTO) {
+        const fmoe_offload_cost *c[2] = {&o->fast_expert, &o->host_expert};
+        int ok = isfinite(o->link_alpha_s) && o->link_alpha_s >= 0 &&
+                 o->link_bytes_per_s > 0 && !isnan(o->link_bytes_per_s);
+        for (int i = 0; i < 2; i++)
+            ok &= isfinite(c[i]->base_s) && isfinite(c[i]->per_token_s) &&
+                  isfinite(c[i]->floor_s) && c[i]->base_s >= 0 && c[i]->per_token_s >= 0 &&
+                  c[i]->floor_s >= 0;
+        FMOE_RETURN_ERROR_IF(!ok, FMOE_EINVAL,
+                             "--miss auto needs a link (alpha %g s >= 0, %g bytes/s > 0) and "
+                             "finite non-negative expert compute times", o->link_alpha_s,
+                             o->link_bytes_per_s);
+    }
     fmoe_offload *x = calloc(1, sizeof *x);
     if (!x) return fmoe_error_set(FMOE_ENOMEM, "offload state");
     x->m = m;

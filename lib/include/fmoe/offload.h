@@ -58,7 +58,22 @@ typedef enum fmoe_tier_kind {
 typedef enum fmoe_offload_miss {
     FMOE_OFFLOAD_MISS_LOAD = 0, /* demand-load a miss into a slot */
     FMOE_OFFLOAD_MISS_CPU = 1,  /* compute a miss from the slow tier, uncached */
+    FMOE_OFFLOAD_MISS_AUTO = 2, /* per miss, whichever the cost figures below say ends
+                                   first (Fiddler's rule, as simulate --miss auto; the
+                                   estimate is in runtime/offload/offload.c's design
+                                   comment): a host choice takes MISS_CPU's path */
 } fmoe_offload_miss;
+
+/* A compute time for n tokens of one routed expert:
+ *     time(n) = base_s + max(floor_s, per_token_s * n)
+ * which holds both forms of a hardware profile (fmoe/hardware.h): a measured linear model
+ * (floor_s 0) and a roofline (base_s the launch cost, floor_s the weights read once at the
+ * memory bandwidth, per_token_s 2 * params / peak FLOP/s). Seconds. */
+typedef struct fmoe_offload_cost {
+    double base_s;
+    double per_token_s;
+    double floor_s;
+} fmoe_offload_cost;
 
 typedef struct fmoe_offload_options {
     const char *policy;            /* a policy of fmoe_policy_registry without NEEDS_FUTURE */
@@ -80,6 +95,15 @@ typedef struct fmoe_offload_options {
      * speed: the live counterpart of a simulation with zero-time transfers, for the
      * decision-log identity test. Slower; off by default. */
     int32_t sync_transfers;
+    /* FMOE_OFFLOAD_MISS_AUTO's figures, for this model's routed expert, from a hardware
+     * profile (the CLI reads `fmoe calibrate`'s with the simulator's cost model and passes
+     * the numbers; runtime/ does not link sim/). Unused by the other modes. */
+    double link_alpha_s;           /* seconds per copy from the slow tier (>= 0) */
+    double link_bytes_per_s;       /* the slow tier's copy rate (> 0) */
+    fmoe_offload_cost fast_expert; /* computing an expert from its slot (the profile's
+                                      compute.expert_s, or its device roofline) */
+    fmoe_offload_cost host_expert; /* computing it from the slow tier, uncached (the
+                                      profile's host.expert_s, or its host roofline) */
     /* the decision log (fmoe/decision_log.h), or NULL */
     void (*decision)(void *ctx, const fmoe_decision *d);
     void *decision_ctx;
@@ -88,7 +112,8 @@ typedef struct fmoe_offload_options {
 fmoe_offload_options fmoe_offload_defaults(void);
 
 /* Loads the slow tier and starts the I/O thread. @return 0, FMOE_EINVAL (capacity < 1, an
- * unknown policy: the detail lists the valid ones), FMOE_EUNSUPPORTED (a policy that needs
+ * unknown policy: the detail lists the valid ones; MISS_AUTO with a rate <= 0, a negative
+ * or non-finite figure), FMOE_EUNSUPPORTED (a policy that needs
  * the future: "belady needs the whole future access sequence: simulate only"), FMOE_EIO
  * (a model file cannot be read; the detail names it), FMOE_ENOMEM. */
 int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offload_options *o);
