@@ -170,6 +170,7 @@ int cmd_serve(int argc, char **argv) {
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
 
+    if ((prc = cmd_offload_check_args(CMD, &a.off)) != 0) return prc; /* before listening */
     if (catch_stop_signals() != 0) return cmd_failf(CMD, "cannot install the signal handler");
     signal(SIGPIPE, SIG_IGN);
 

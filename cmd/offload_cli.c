@@ -65,9 +65,7 @@ static int auto_costs(const char *cmd, const char *path, const fmoe_model_geomet
     return 0;
 }
 
-int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,
-                     int32_t prefill_chunk, int quiet, cmd_offload *out) {
-    memset(out, 0, sizeof *out);
+int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
     const int on = a->cache_experts > 0 || a->cache_gb > 0;
     if (a->miss == FMOE_OFFLOAD_MISS_AUTO && !a->profile)
         return cmd_usage_error(cmd, "--miss auto needs --profile P.json (fmoe calibrate) to "
@@ -106,6 +104,15 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     if (a->store_out && a->store_mode != FMOE_STORE_OFFLINE_UPDATE)
         return cmd_usage_error(cmd, "--store-out writes the store a run updates: give "
                                     "--store-mode offline-update");
+    return 0;
+}
+
+int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,
+                     int32_t prefill_chunk, int quiet, cmd_offload *out) {
+    memset(out, 0, sizeof *out);
+    int rc = cmd_offload_check_args(cmd, a);
+    if (rc != 0 || !(a->cache_experts > 0 || a->cache_gb > 0)) return rc;
+    const char *policy = a->policy ? a->policy : "lru";
     out->store_out = a->store_out;
 
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);

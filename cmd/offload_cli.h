@@ -117,6 +117,10 @@ typedef struct cmd_offload {
 
 void cmd_offload_args_init(cmd_offload_args *a);
 
+/* The checks of the options that need no model (usage errors, printed): @return 0 or 2.
+ * cmd_offload_open makes them first; serve makes them before it listens. */
+int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a);
+
 /* Validates the options, loads the store (for this model), opens the decision log and
  * starts the executor; a clamped capacity is said once on stderr unless quiet. @return 0,
  * 1 (failure, printed) or 2 (usage, printed). */
