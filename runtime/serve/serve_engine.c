@@ -37,6 +37,7 @@
 #include "fmoe/sampler.h"
 #include "serve_metrics.h"
 #include "serve_text.h"
+#include "trace_queue.h"
 
 #define ITERATION_TOKENS 64 /* tokens of one batched forward call (the prefill chunk) */
 
@@ -193,7 +194,7 @@ struct serve_engine {
     double t0;                 /* monotonic seconds at start: trace arrival times */
     int64_t admitted;
     int64_t passes;            /* batched forward passes run */
-    int trace_error;           /* first error appending to trace_out */
+    serve_trace_queue *tq;     /* trace_out's writer thread, or NULL */
 
     pthread_mutex_t mu;        /* the queue, the flags below, the gauges */
     pthread_cond_t cv;
@@ -267,20 +268,58 @@ static int seq_reserve(serve_engine *e, seq *s, int64_t rows) {
     return 0;
 }
 
-/* Appends sequence s's request to trace_out when it ran its whole prompt and did not
- * fail: the rows run (prompt, then each decode token fed back). */
-static void seq_record(serve_engine *e, seq *s) {
+/* A request handed to the trace queue: its job, told `finish` once the request is in the
+ * file (0: told already). */
+typedef struct traced {
+    serve_engine *e;
+    serve_job *job;
+    int32_t finish;
+} traced;
+
+/* The trace queue's report (its thread): the request is written (or the trace failed); now
+ * its client may hear that it finished. */
+static void on_traced(void *ctx, void *tag, int rc) {
+    (void)ctx;
+    (void)rc; /* a failed trace is the shutdown's error; the request itself is fine */
+    traced *t = tag;
+    if (t->finish) job_finish(t->e, t->job, t->finish, NULL);
+    serve_job_release(t->job);
+    free(t);
+}
+
+/* Hands sequence s's request to the trace queue when it ran its whole prompt and did not
+ * fail: the rows run (prompt, then each decode token fed back), its arrays with it (the
+ * sequence gets new ones at its next admission). The queue tells the job `finish` after
+ * the write. @return 1 when handed over; 0 when not (the caller tells the job). */
+static int seq_record(serve_engine *e, seq *s, int32_t finish) {
     serve_job *j = s->job;
-    if (!e->o.trace_out || e->trace_error || !j || j->st.finished == SERVE_FINISH_ERROR ||
-        s->fed < j->prompt_tokens)
-        return;
+    if (!e->tq || !j || j->st.finished == SERVE_FINISH_ERROR || s->fed < j->prompt_tokens)
+        return 0;
+    traced *t = malloc(sizeof *t);
+    if (!t) return 0;
+    *t = (traced){.e = e, .job = j, .finish = finish};
+    pthread_mutex_lock(&j->mu); /* the queue's reference, before it can release it */
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
     const fmoe_trace_request q = {
         .id = s->order, .arrival_s = j->t_submit - e->t0, .prompt_tokens = j->prompt_tokens,
         .output_tokens = s->decoded, .token_id = s->token_id, .phase = s->phase,
         .experts = s->experts, .probs = s->probs, .semantic = s->semantic,
         .served_iteration = s->served_iteration, .served_s = s->served_s};
-    const int rc = fmoe_trace_writer_append_request(e->o.trace_out, &q);
-    if (rc < 0) e->trace_error = rc;
+    if (serve_trace_queue_push(e->tq, &q, t) < 0) {
+        serve_job_release(j);
+        free(t);
+        return 0;
+    }
+    s->token_id = NULL; /* the queue's now */
+    s->phase = NULL;
+    s->experts = NULL;
+    s->probs = NULL;
+    s->semantic = NULL;
+    s->served_iteration = NULL;
+    s->served_s = NULL;
+    s->rows_cap = 0;
+    return 1;
 }
 
 /* Under e->mu: moves waiting jobs into free slots; cancelled waiting jobs finish. */
@@ -556,9 +595,10 @@ static void run_iteration(serve_engine *e, int32_t count) {
         const int32_t tok = fmoe_sampler_sample(s->sampler, s->logits);
         if (take_token(e, s, tok)) s->state = SEQ_DONE;
     }
-    /* Done and cancelled sequences leave: into the trace first, then their jobs are told,
-     * so a request a client saw finish is in the trace (outside e->mu: submit need not
-     * wait for the write; only this thread touches the sequences). */
+    /* Done and cancelled sequences leave (outside e->mu: only this thread touches the
+     * sequences). With --trace-out a request goes to the trace queue, whose thread tells
+     * its job after the write, so a request a client saw finish is in the trace and no
+     * running sequence waits for the file. */
     for (int32_t a = 0; a < e->num_by_age; a++) {
         seq *s = &e->seqs[e->by_age[a]];
         if (s->state == SEQ_FREE) continue;
@@ -566,8 +606,7 @@ static void run_iteration(serve_engine *e, int32_t count) {
             if (!atomic_load(&s->job->cancel)) continue;
             s->finish = SERVE_FINISH_CANCELLED;
         }
-        seq_record(e, s);
-        if (s->finish) job_finish(e, s->job, s->finish, NULL);
+        if (!seq_record(e, s, s->finish) && s->finish) job_finish(e, s->job, s->finish, NULL);
         seq_clear(e, s);
         pthread_mutex_lock(&e->mu);
         e->running--;
@@ -587,9 +626,9 @@ static void cancel_everything(serve_engine *e) {
     for (int32_t i = 0; i < e->o.parallel; i++) {
         seq *s = &e->seqs[i];
         if (s->state == SEQ_FREE) continue;
-        seq_record(e, s);
-        if (s->state != SEQ_DONE || s->finish)
-            job_finish(e, s->job, s->state == SEQ_DONE ? s->finish : SERVE_FINISH_CANCELLED,
+        const int32_t finish = s->state == SEQ_DONE ? s->finish : SERVE_FINISH_CANCELLED;
+        if (!seq_record(e, s, finish) && finish)
+            job_finish(e, s->job, finish,
                        s->state == SEQ_DONE ? NULL : "the server is shutting down");
         seq_clear(e, s);
         e->running--;
@@ -625,6 +664,7 @@ static void *scheduler_main(void *arg) {
 
 static void engine_free(serve_engine *e) {
     if (!e) return;
+    serve_trace_queue_stop(e->tq);
     for (int32_t i = 0; e->seqs && i < e->o.parallel; i++) {
         fmoe_session_free(e->seqs[i].session);
         fmoe_sampler_free(e->seqs[i].sampler);
@@ -704,6 +744,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         else
             rc = seq_reserve(e, s, ITERATION_TOKENS);
     }
+    if (rc == 0 && o->trace_out) rc = serve_trace_queue_start(o->trace_out, on_traced, e, &e->tq);
     if (rc < 0) {
         engine_free(e);
         return rc;
@@ -727,7 +768,8 @@ int serve_engine_stop(serve_engine *e, double grace_s) {
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (e->thread_started) pthread_join(e->thread, NULL);
-    const int rc = e->trace_error;
+    const int rc = serve_trace_queue_stop(e->tq); /* what is queued is written first */
+    e->tq = NULL;
     engine_free(e);
     return rc;
 }

@@ -50,8 +50,9 @@ typedef struct serve_engine_options {
     const int32_t *stop_ids;           /* extra end-of-sequence ids (generation_config) */
     int32_t num_stop_ids;
     /* Production traces: every request that finished (stop or length, or cut after its
-     * prompt ran) is appended when it leaves the batch, from the scheduler thread: its
-     * tokens, routing, gate probabilities and semantic rows, arrival time since start.
+     * prompt ran) is appended when it leaves the batch, by a writer thread of its own
+     * (trace_queue.h), before its client is told: its tokens, routing, gate
+     * probabilities, semantic rows, the pass each token ran in, arrival time since start.
      * Borrowed; opened with the header of cmd_trace_header_for_model. NULL: none. */
     fmoe_trace_writer *trace_out;
 } serve_engine_options;
