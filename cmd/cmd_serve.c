@@ -40,6 +40,7 @@ typedef struct serve_args {
     int64_t max_body;
     double grace;
     int quiet;
+    int probs_f32;
     cmd_offload_args off;
 } serve_args;
 
@@ -90,6 +91,11 @@ static const cmd_option serve_options[] = {
              "rows, arrival times) as a trace for build-store and simulate; written as "
              "T.h5.partial while serving, renamed at shutdown",
      .offset = offsetof(serve_args, trace_out)},
+    {.name = "probs-f32", .kind = CMD_OPT_FLAG,
+     .help = "store --trace-out's gate probabilities as float32, not float16 (what fmoe "
+             "simulate --batch trace needs to replay a policy that reads them, such as fmoe, "
+             "decision for decision)",
+     .offset = offsetof(serve_args, probs_f32)},
     {.name = "quiet", .kind = CMD_OPT_FLAG, .help = "no startup and shutdown lines",
      .offset = offsetof(serve_args, quiet)},
     CMD_OFFLOAD_OPTIONS(serve_args, off),
@@ -213,7 +219,7 @@ int cmd_serve(int argc, char **argv) {
     if (!a.model_name) a.model_name = cmd_base_name(dir, name, sizeof name);
     if (a.trace_out) {
         fmoe_trace_header h;
-        if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, 0)) < 0) goto fail;
+        if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32)) < 0) goto fail;
         snprintf(h.dataset, sizeof h.dataset, "serve");
         h.prefill_chunk = 64; /* a prompt's chunks, as the engine runs a lone request */
         h.served = 1;         /* and each token's batched pass and its time */

@@ -68,6 +68,7 @@ typedef struct options {
     const char *plot;
     const char *decision_log;
     int32_t batch;             /* --batch: sequences run together (1: one at a time) */
+    int batch_trace;           /* --batch trace: the served trace's own passes */
 } options;
 
 /* Splits `text` at commas into at most MAX_LIST non-empty items (in place). */
@@ -112,6 +113,18 @@ static int on_cache_experts(const char *cmd, const cmd_option *opt, void *base,
     (void)cmd, (void)opt;
     options *o = base;
     return parse_i32_list(value, "--cache-experts", 1, o->caches, &o->n_caches);
+}
+
+/* --batch B, or --batch trace: the passes a trace of fmoe serve recorded. */
+static int on_batch(const char *cmd, const cmd_option *opt, void *base, const char *value) {
+    (void)cmd, (void)opt;
+    options *o = base;
+    o->batch_trace = value && strcmp(value, "trace") == 0;
+    if (o->batch_trace) {
+        o->batch = 1;
+        return 0;
+    }
+    return cmd_parse_i32(CMD, "--batch", value, 1, 65536, &o->batch);
 }
 
 static int on_distance(const char *cmd, const cmd_option *opt, void *base, const char *value) {
@@ -167,13 +180,15 @@ static const cmd_option simulate_options[] = {
     {.name = "arrivals-speedup", .kind = CMD_OPT_DOUBLE, .value_name = "X",
      .help = "divide inter-arrival times by X", .default_text = "1",
      .offset = offsetof(options, arrivals_speedup), .fmin = 1e-9, .fmax = 1e9},
-    {.name = "batch", .kind = CMD_OPT_INT32, .value_name = "B",
+    {.name = "batch", .kind = CMD_OPT_CALLBACK, .value_name = "B|trace",
      .help = "run up to B requests together with continuous batching, as fmoe serve "
              "--parallel B does: each iteration holds every running request's next decode "
-             "token, then prompt chunks (oldest first) up to 64 tokens, each expert loaded "
-             "once per layer for the whole batch; without --arrivals every request waits "
-             "from t = 0, so latencies include the wait for a slot",
-     .default_text = "1", .offset = offsetof(options, batch), .min = 1, .max = 65536},
+             "token, then prompt chunks, each oldest admitted first, up to 64 tokens, each "
+             "expert loaded once per layer for the whole batch; without --arrivals every "
+             "request waits from t = 0, so latencies include the wait for a slot. 'trace': "
+             "replay the batched passes a trace of fmoe serve --trace-out recorded, item for "
+             "item (back to back; with --arrivals trace the clock idles until arrivals)",
+     .handler = on_batch, .default_text = "1", .example = "4"},
     {.name = "eamc-capacity", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "moe-infinity's EAM collection size", .default_text = "1000",
      .offset = offsetof(options, eamc_capacity), .min = 1, .max = 10000000},
@@ -457,6 +472,10 @@ static int print_json(const options *o, const fmoe_hardware_profile *hw, int64_t
     if (o->arrivals) cJSON_AddStringToObject(root, "arrivals", o->arrivals);
     /* "batch" only when batching, so that --batch 1 prints what earlier versions did */
     if (o->batch > 1) cJSON_AddNumberToObject(root, "batch", o->batch);
+    if (o->batch_trace) { /* the passes of the served trace; "batch" their widest */
+        cJSON_AddNumberToObject(root, "batch", w->batch);
+        cJSON_AddStringToObject(root, "batch_source", "trace");
+    }
     cJSON *arr = cJSON_AddArrayToObject(root, "results");
     for (size_t i = 0; i < n; i++) {
         const fmoe_sim_result *r = &res[i];
@@ -683,6 +702,8 @@ static void print_table(const options *o, const fmoe_hardware_profile *hw, int64
     if (o->arrivals) printf("; arrivals: %s (FCFS)", o->arrivals);
     if (o->batch > 1) printf("; batch %d (continuous batching, %d tokens an iteration)", o->batch,
                              FMOE_SIM_BATCH_TOKENS);
+    if (o->batch_trace)
+        printf("; batch: the trace's served passes (up to %d requests a pass)", (int)w->batch);
     printf("\n\n");
     for (size_t i = 0; i < n; i++) order[i] = i;
     sort_base = res;
@@ -740,6 +761,16 @@ int cmd_simulate(int argc, char **argv) {
     if (rc < 0) goto fail;
     exit_code = gate_needs(&o, fmoe_trace_reader_header(reader), &want);
     if (exit_code) goto done;
+    if (o.batch_trace) { /* the served passes: only a trace of fmoe serve has them */
+        if (!fmoe_trace_reader_header(reader)->served) {
+            exit_code = cmd_failf(CMD,
+                                  "%s: --batch trace needs a trace of fmoe serve --trace-out "
+                                  "(no /tokens/served_iteration)",
+                                  o.trace);
+            goto done;
+        }
+        want |= FMOE_SIM_WANT_SERVED;
+    }
     exit_code = cmd_sim_store_prepare(CMD, &o.store, o.policies, o.n_policies, o.trace, reader,
                                       &want, o.quiet); /* may add the semantic rows */
     if (exit_code) goto done;
@@ -813,10 +844,15 @@ int cmd_simulate(int argc, char **argv) {
         exit_code = load_arrivals(&o, &w, &arrivals);
         if (exit_code) goto done;
     }
-    if (o.batch > 1) { /* the iterations fmoe serve --parallel B would run */
+    if (o.batch > 1 || o.batch_trace) { /* the iterations fmoe serve --parallel B would
+                                           run, or those it ran */
         fmoe_sim_workload batched;
-        rc = fmoe_sim_workload_batch(&batched, &w, o.batch, arrivals, &costs);
-        if (rc < 0) goto fail;
+        rc = o.batch_trace ? fmoe_sim_workload_served(&batched, &w)
+                           : fmoe_sim_workload_batch(&batched, &w, o.batch, arrivals, &costs);
+        if (rc < 0) {
+            if (!strstr(fmoe_error_detail(), o.trace)) fmoe_error_prefix("%s", o.trace);
+            goto fail;
+        }
         fmoe_sim_workload_free(&w);
         w = batched;
     }

@@ -507,9 +507,10 @@ static void run_all(sim_state *S, const double *arrival_s) {
     }
 }
 
-/* Batched runs: admits the requests the workload admits before iteration ii (the clock
- * idles until their arrival if it must), each with on_request_start; a request without
- * rows ends at once. */
+/* Batched runs: starts the requests whose first rows run in iteration ii (the workload's
+ * admit_iteration; the clock idles until their arrival if it must), each with
+ * on_request_start, in the workload's admit_order (oldest admitted first); a request
+ * without rows ends at once. */
 static void admit_batched(sim_state *S, const double *arrival_s, int64_t ii, int64_t *next) {
     const fmoe_sim_workload *w = S->w;
     const fmoe_policy_ops *ops = S->policy.ops;
@@ -533,9 +534,11 @@ static void admit_batched(sim_state *S, const double *arrival_s, int64_t ii, int
     }
 }
 
-/* Continuous batching (fmoe_sim_workload_batch): the workload's iterations in order, each
- * one batched forward of all its items; requests start at admission and end after the
- * iteration of their last row. The iteration events report the first item's request, the
+/* Continuous batching (fmoe_sim_workload_batch, fmoe_sim_workload_served): the workload's
+ * iterations in order, each one batched forward of all its items; a request starts
+ * (on_request_start) just before the iteration of its first rows and ends
+ * (on_request_end) right after the iteration of its last, those of one iteration oldest
+ * admitted first - the order fmoe serve tells its policy (runtime/serve/serve_engine.c). The iteration events report the first item's request, the
  * largest context, decode only when every item is a decode token, the semantic rows of
  * all tokens in item order; no `ahead` rows (the lookahead is for one-token iterations of
  * one request; 0 changes no decision). */

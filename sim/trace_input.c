@@ -26,6 +26,7 @@ int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, 
     uint16_t *experts = NULL;
     uint8_t *phase = NULL;
     float *probs = NULL, *spec = NULL, *sem = NULL;
+    int64_t *served = NULL;
     const fmoe_trace_header *h = fmoe_trace_reader_header(r);
     int rc = fmoe_sim_workload_init(w, h->num_layers, h->num_experts, h->top_k, h->expert_bytes);
     if (rc < 0) return rc;
@@ -49,17 +50,22 @@ int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, 
      * by request. */
     const int32_t H = (want & FMOE_SIM_WANT_SEMANTIC) ? h->semantic_dim : 0;
     if (H > 0) sem = malloc((size_t)max_tokens * (size_t)H * sizeof *sem);
-    if (!experts || !phase || (keep_probs && !probs) || (S > 0 && !spec) || (H > 0 && !sem)) {
+    /* The server's pass of each row (fmoe simulate --batch trace), appended to
+     * w->served_iteration request by request; the reader refuses a trace without them. */
+    const int want_served = (want & FMOE_SIM_WANT_SERVED) != 0;
+    if (want_served) served = malloc((size_t)max_tokens * sizeof *served);
+    if (!experts || !phase || (keep_probs && !probs) || (S > 0 && !spec) || (H > 0 && !sem) ||
+        (want_served && !served)) {
         rc = fmoe_error_set(FMOE_ENOMEM, "buffers for %lld tokens", (long long)max_tokens);
         goto fail;
     }
-    int64_t sem_cap = 0;
+    int64_t sem_cap = 0, served_cap = 0;
     w->semantic_dim = H;
     for (int64_t q = 0; q < R; q++) {
         if (keep && !keep[q]) continue;
         const fmoe_trace_token_buffers buf = {.phase = phase, .experts = experts,
                                                .probs = probs, .speculative = spec,
-                                               .semantic = sem};
+                                               .semantic = sem, .served_iteration = served};
         rc = fmoe_trace_reader_read_tokens(r, req[q].token_begin, req[q].token_count, &buf);
         if (rc < 0) goto fail;
         rc = fmoe_sim_workload_add_request_gates(w, req[q].id, req[q].arrival_s,
@@ -82,6 +88,21 @@ int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, 
             }
             memcpy(w->semantic + (size_t)have * H, sem, (size_t)req[q].token_count * H * sizeof *sem);
         }
+        if (want_served) { /* in step with w->num_tokens too */
+            const int64_t need = w->num_tokens, have = need - req[q].token_count;
+            if (need > served_cap) {
+                int64_t c = served_cap ? served_cap : 1024;
+                while (c < need) c *= 2;
+                int64_t *g = realloc(w->served_iteration, (size_t)c * sizeof *g);
+                if (!g) {
+                    rc = fmoe_error_set(FMOE_ENOMEM, "served passes of %lld tokens", (long long)c);
+                    goto fail;
+                }
+                w->served_iteration = g;
+                served_cap = c;
+            }
+            memcpy(w->served_iteration + have, served, (size_t)req[q].token_count * sizeof *served);
+        }
         fmoe_progress_report(progress, q + 1, R, "requests");
     }
     free(experts);
@@ -89,6 +110,7 @@ int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, 
     free(probs);
     free(spec);
     free(sem);
+    free(served);
     return 0;
 fail:
     free(experts);
@@ -96,6 +118,7 @@ fail:
     free(probs);
     free(spec);
     free(sem);
+    free(served);
     fmoe_sim_workload_free(w);
     return rc;
 }

@@ -61,6 +61,7 @@ void fmoe_sim_workload_free(fmoe_sim_workload *w) {
     free(w->items);
     free(w->admit_order);
     free(w->leave_order);
+    free(w->served_iteration);
     memset(w, 0, sizeof *w);
 }
 
@@ -248,15 +249,89 @@ int fmoe_sim_workload_add_request_gates(fmoe_sim_workload *w, int64_t id, double
  * events all read an iteration's rows as one contiguous block (chosen experts, gate
  * probabilities, speculative rows, semantic rows, with strides); gathering the rows once
  * here keeps every reader as it is, at the price of a second copy of the rows while both
- * workloads live (fmoe simulate frees the first). */
+ * workloads live (fmoe simulate frees the first).
+ *
+ * Two builders share the gathering: fmoe_sim_workload_batch schedules the iterations
+ * itself, fmoe_sim_workload_served takes them from a served trace. Both open an iteration
+ * (iteration_open), add its items in order (add_item) and close it (iteration_close),
+ * which compiles its accesses and records which requests started and ended with it. */
 
-/* The scheduler's view of one request of the source workload. */
+/* The builders' view of one request of the source workload. */
 typedef struct batch_req {
     int64_t row0;   /* its first row in the source */
     int64_t rows;   /* its rows: prompt, then decode */
     int64_t next;   /* rows run so far */
-    int64_t rank;   /* admission order: prompt chunks go oldest first */
+    int64_t rank;   /* admission order: items of a group go oldest first */
 } batch_req;
+
+/* A batched workload under construction. */
+typedef struct batch_build {
+    batch_req *rq;      /* [R] */
+    uint8_t *phase;     /* [T] each source row's phase, 0 prompt, 1 decode */
+    int64_t tok;        /* rows gathered so far */
+    int64_t started;    /* entries of out->admit_order */
+    int64_t left;       /* entries of out->leave_order */
+} batch_build;
+
+static void batch_build_free(batch_build *b) {
+    free(b->rq);
+    free(b->phase);
+}
+
+/* Initialises `out` for the rows of `in` (requests copied, every row buffer allocated
+ * once) and `b`. */
+static int batch_build_init(fmoe_sim_workload *out, const fmoe_sim_workload *in, int32_t batch,
+                            batch_build *b) {
+    memset(b, 0, sizeof *b);
+    FMOE_FORWARD_IF_ERROR(fmoe_sim_workload_init(out, in->num_layers, in->num_experts,
+                                                 in->top_k, in->expert_bytes));
+    const int32_t L = in->num_layers, K = in->top_k;
+    const int64_t R = in->num_requests, T = in->num_tokens;
+    const size_t LJ = (size_t)L * in->num_experts;
+    out->prefill_chunk = in->prefill_chunk;
+    out->probs_kind = in->probs ? in->probs_kind : FMOE_PROBS_NONE;
+    out->speculative_depth = in->speculative ? in->speculative_depth : 0;
+    out->semantic_dim = in->semantic ? in->semantic_dim : 0;
+    out->batch = batch;
+    b->rq = calloc((size_t)(R ? R : 1), sizeof *b->rq);
+    b->phase = malloc((size_t)(T ? T : 1));
+    out->requests = calloc((size_t)(R ? R : 1), sizeof *out->requests);
+    out->admit_order = malloc((size_t)(R ? R : 1) * sizeof *out->admit_order);
+    out->leave_order = malloc((size_t)(R ? R : 1) * sizeof *out->leave_order);
+    out->experts = malloc((size_t)(T ? T : 1) * L * K * sizeof *out->experts);
+    if (out->probs_kind != FMOE_PROBS_NONE)
+        out->probs = malloc((size_t)(T ? T : 1) * LJ * sizeof *out->probs);
+    if (out->speculative_depth)
+        out->speculative = malloc((size_t)(T ? T : 1) * LJ * out->speculative_depth *
+                                  sizeof *out->speculative);
+    if (out->semantic_dim)
+        out->semantic = malloc((size_t)(T ? T : 1) * out->semantic_dim * sizeof *out->semantic);
+    if (!b->rq || !b->phase || !out->requests || !out->admit_order || !out->leave_order ||
+        !out->experts || (out->probs_kind != FMOE_PROBS_NONE && !out->probs) ||
+        (out->speculative_depth && !out->speculative) || (out->semantic_dim && !out->semantic)) {
+        batch_build_free(b);
+        fmoe_sim_workload_free(out);
+        return fmoe_error_set(FMOE_ENOMEM, "batched workload of %lld tokens", (long long)T);
+    }
+    out->cap_requests = out->num_requests = R;
+    out->cap_tokens = T;
+    for (int64_t i = 0; i < in->num_iterations; i++)
+        memset(b->phase + in->iterations[i].token_begin, in->iterations[i].phase ? 1 : 0,
+               (size_t)in->iterations[i].num_tokens);
+    for (int64_t q = 0; q < R; q++) {
+        const fmoe_sim_request *s = &in->requests[q];
+        out->requests[q] = *s;
+        out->requests[q].num_iterations = 0;
+        out->requests[q].leave_iteration = -1;
+        if (s->num_iterations > 0) {
+            const fmoe_sim_iteration *a = &in->iterations[s->first_iteration];
+            const fmoe_sim_iteration *z = a + s->num_iterations - 1;
+            b->rq[q].row0 = a->token_begin;
+            b->rq[q].rows = z->token_begin + z->num_tokens - a->token_begin;
+        }
+    }
+    return 0;
+}
 
 /* The compute-only time of the iteration just compiled (every expert resident): what the
  * executor would spend on it without a stall. */
@@ -295,24 +370,98 @@ static void copy_row(fmoe_sim_workload *out, const fmoe_sim_workload *in, int64_
     }
 }
 
-/* Appends to iteration `it` request q's next n rows (r->next on) as one item. */
+/* Opens iteration out->num_iterations at the next row, with room for `max_items` items.
+ * @return 0 or FMOE_ENOMEM. */
+static int iteration_open(fmoe_sim_workload *out, const batch_build *b, int64_t max_items,
+                          fmoe_sim_iteration **it) {
+    FMOE_FORWARD_IF_ERROR(reserve_iterations(out, out->num_iterations + 1));
+    FMOE_FORWARD_IF_ERROR(grow((void **)&out->items, &out->cap_items,
+                               out->num_items + max_items, sizeof *out->items));
+    *it = &out->iterations[out->num_iterations];
+    **it = (fmoe_sim_iteration){.token_begin = b->tok, .item_begin = out->num_items};
+    return 0;
+}
+
+/* Appends to iteration `it` request q's next n rows (its r->next on) as one item. */
 static void add_item(fmoe_sim_workload *out, const fmoe_sim_workload *in,
-                     fmoe_sim_iteration *it, int64_t q, const batch_req *r,
-                     const uint8_t *phase, int64_t n, int64_t *tok) {
+                     fmoe_sim_iteration *it, batch_build *b, int64_t q, int64_t n) {
+    const batch_req *r = &b->rq[q];
+    const uint8_t *phase = b->phase;
     const int64_t context = r->next + n;
     const int prompt = phase[r->row0 + r->next] == 0;
     const int last_prompt = prompt && (context == r->rows || phase[r->row0 + context] != 0);
     out->items[out->num_items++] = (fmoe_sim_item){
         .request = q, .phase = !prompt, .num_tokens = (int32_t)n, .context = context,
         .last_prompt = last_prompt};
-    for (int64_t u = 0; u < n; u++) copy_row(out, in, *tok + u, r->row0 + r->next + u);
-    *tok += n;
+    for (int64_t u = 0; u < n; u++) copy_row(out, in, b->tok + u, r->row0 + r->next + u);
+    b->tok += n;
     it->num_items++;
     it->num_tokens += (int32_t)n;
     it->yields += !prompt || last_prompt;
     if (context > it->context) it->context = context;
     it->kv_context += context;
     it->token_context += n * context;
+}
+
+/* Appends requests list[0..n) to `order` at *at, oldest admitted first (n is at most the
+ * items of an iteration: an insertion sort). */
+static void append_by_rank(int64_t *order, int64_t *at, int64_t *list, int64_t n,
+                           const batch_req *rq) {
+    for (int64_t i = 1; i < n; i++) {
+        const int64_t v = list[i];
+        int64_t j = i;
+        for (; j > 0 && rq[list[j - 1]].rank > rq[v].rank; j--) list[j] = list[j - 1];
+        list[j] = v;
+    }
+    memcpy(order + *at, list, (size_t)n * sizeof *list);
+    *at += n;
+}
+
+/* Closes the open iteration: compiles its §7.1 accesses over its gathered rows, advances
+ * its items' requests, and records the requests whose first rows it ran (they start
+ * before it) and those whose last rows it ran (they end after it), oldest admitted first.
+ * `scratch` holds an int64 per item. @return 0 or FMOE_ENOMEM. */
+static int iteration_close(fmoe_sim_workload *out, batch_build *b, fmoe_sim_iteration *it,
+                           int64_t *scratch) {
+    const int32_t L = out->num_layers, K = out->top_k;
+    const fmoe_sim_item *items = &out->items[it->item_begin];
+    const int64_t ii = out->num_iterations;
+    int32_t decode_items = 0;
+    for (int32_t c = 0; c < it->num_items; c++) decode_items += items[c].phase != 0;
+    it->request = items[0].request;
+    it->phase = decode_items == it->num_items ? 1 : 0; /* decode only if all items are */
+    it->access_begin = out->num_accesses;
+    FMOE_FORWARD_IF_ERROR(reserve_accesses(out, out->num_accesses +
+                                                    (int64_t)it->num_tokens * L * K));
+    compile_iteration(out, out->experts + (size_t)it->token_begin * L * K, it->num_tokens);
+    int64_t n = 0;
+    for (int32_t c = 0; c < it->num_items; c++) {
+        const int64_t q = items[c].request;
+        if (b->rq[q].next > 0) continue;
+        out->requests[q].admit_iteration = out->requests[q].first_iteration = ii;
+        scratch[n++] = q;
+    }
+    append_by_rank(out->admit_order, &b->started, scratch, n, b->rq);
+    n = 0;
+    for (int32_t c = 0; c < it->num_items; c++) {
+        const int64_t q = items[c].request;
+        b->rq[q].next += items[c].num_tokens;
+        if (b->rq[q].next < b->rq[q].rows) continue;
+        out->requests[q].leave_iteration = ii;
+        out->requests[q].num_iterations = ii + 1 - out->requests[q].admit_iteration;
+        scratch[n++] = q;
+    }
+    append_by_rank(out->leave_order, &b->left, scratch, n, b->rq);
+    out->num_iterations++;
+    return 0;
+}
+
+/* A request without rows starts and ends at once, before iteration out->num_iterations. */
+static void add_empty(fmoe_sim_workload *out, batch_build *b, int64_t q) {
+    out->requests[q].admit_iteration = out->requests[q].first_iteration = out->num_iterations;
+    out->requests[q].leave_iteration = -1;
+    out->admit_order[b->started++] = q;
+    out->leave_order[b->left++] = q;
 }
 
 int fmoe_sim_workload_batch(fmoe_sim_workload *out, const fmoe_sim_workload *in,
@@ -327,142 +476,185 @@ int fmoe_sim_workload_batch(fmoe_sim_workload *out, const fmoe_sim_workload *in,
     for (int64_t q = 0; arrival_s && q < in->num_requests; q++)
         FMOE_RETURN_ERROR_IF(!(arrival_s[q] >= 0) || !isfinite(arrival_s[q]), FMOE_EINVAL,
                              "arrival time of request %lld is %g", (long long)q, arrival_s[q]);
-    FMOE_FORWARD_IF_ERROR(fmoe_sim_workload_init(out, in->num_layers, in->num_experts,
-                                                 in->top_k, in->expert_bytes));
-    const int32_t L = in->num_layers, K = in->top_k;
-    const int64_t R = in->num_requests, T = in->num_tokens;
-    const size_t LJ = (size_t)L * in->num_experts;
-    out->prefill_chunk = in->prefill_chunk;
-    out->probs_kind = in->probs ? in->probs_kind : FMOE_PROBS_NONE;
-    out->speculative_depth = in->speculative ? in->speculative_depth : 0;
-    out->semantic_dim = in->semantic ? in->semantic_dim : 0;
-    out->batch = batch;
-    batch_req *rq = calloc((size_t)(R ? R : 1), sizeof *rq);
-    uint8_t *phase = malloc((size_t)(T ? T : 1));     /* [T] each source row's phase */
-    int64_t *slot = malloc((size_t)batch * sizeof *slot); /* [B] request, or -1 free */
-    uint8_t *taken = calloc((size_t)batch, 1);          /* [B] slot has an item this iteration */
-    out->requests = calloc((size_t)(R ? R : 1), sizeof *out->requests);
-    out->admit_order = malloc((size_t)(R ? R : 1) * sizeof *out->admit_order);
-    out->leave_order = malloc((size_t)(R ? R : 1) * sizeof *out->leave_order);
-    out->experts = malloc((size_t)(T ? T : 1) * L * K * sizeof *out->experts);
-    if (out->probs_kind != FMOE_PROBS_NONE)
-        out->probs = malloc((size_t)(T ? T : 1) * LJ * sizeof *out->probs);
-    if (out->speculative_depth)
-        out->speculative = malloc((size_t)(T ? T : 1) * LJ * out->speculative_depth *
-                                  sizeof *out->speculative);
-    if (out->semantic_dim)
-        out->semantic = malloc((size_t)(T ? T : 1) * out->semantic_dim * sizeof *out->semantic);
+    batch_build b;
+    FMOE_FORWARD_IF_ERROR(batch_build_init(out, in, batch, &b));
+    const int64_t R = in->num_requests;
+    batch_req *rq = b.rq;
+    /* [B] the running requests, oldest admitted first (admission is FIFO, so appending
+     * keeps the order); scratch: [B] for iteration_close */
+    int64_t *running = malloc((size_t)batch * sizeof *running);
+    int64_t *scratch = malloc((size_t)batch * sizeof *scratch);
+    uint8_t *taken = calloc((size_t)batch, 1); /* [B] running[i] has an item this iteration */
     int rc = 0;
-    if (!rq || !phase || !slot || !taken || !out->requests || !out->admit_order ||
-        !out->leave_order || !out->experts || (out->probs_kind != FMOE_PROBS_NONE && !out->probs) ||
-        (out->speculative_depth && !out->speculative) || (out->semantic_dim && !out->semantic)) {
-        rc = fmoe_error_set(FMOE_ENOMEM, "batched workload of %lld tokens", (long long)T);
+    if (!running || !scratch || !taken) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "batch of %d", batch);
         goto done;
     }
-    out->cap_requests = out->num_requests = R;
-    out->cap_tokens = T;
-    for (int64_t i = 0; i < in->num_iterations; i++)
-        memset(phase + in->iterations[i].token_begin, in->iterations[i].phase ? 1 : 0,
-               (size_t)in->iterations[i].num_tokens);
-    for (int64_t q = 0; q < R; q++) {
-        const fmoe_sim_request *s = &in->requests[q];
-        out->requests[q] = *s;
-        if (s->num_iterations > 0) {
-            const fmoe_sim_iteration *a = &in->iterations[s->first_iteration];
-            const fmoe_sim_iteration *b = a + s->num_iterations - 1;
-            rq[q].row0 = a->token_begin;
-            rq[q].rows = b->token_begin + b->num_tokens - a->token_begin;
-        }
-    }
-    for (int32_t b = 0; b < batch; b++) slot[b] = -1;
-
     double now = 0;  /* the compute-only clock; only admissions with arrival times read it */
-    int64_t head = 0, running = 0, admitted = 0, left = 0, tok = 0;
-    while (head < R || running > 0) {
+    int64_t head = 0, nrun = 0, admitted = 0;
+    while (head < R || nrun > 0) {
         /* admission: the queue's head, while a slot is free and it has arrived */
-        while (head < R && running < batch && (!arrival_s || arrival_s[head] <= now)) {
+        while (head < R && nrun < batch && (!arrival_s || arrival_s[head] <= now)) {
             const int64_t q = head++;
-            out->requests[q].admit_iteration = out->num_iterations;
-            out->requests[q].first_iteration = out->num_iterations;
-            out->requests[q].num_iterations = 0;
-            rq[q].rank = admitted;
-            out->admit_order[admitted++] = q;
+            rq[q].rank = admitted++;
             if (rq[q].rows == 0) { /* nothing to run: it leaves at once, holding no slot */
-                out->requests[q].leave_iteration = -1;
-                out->leave_order[left++] = q;
+                add_empty(out, &b, q);
                 continue;
             }
-            int32_t b = 0;
-            while (slot[b] >= 0) b++;
-            slot[b] = q;
-            running++;
+            running[nrun++] = q;
         }
-        if (running == 0) { /* idle until the next arrival */
+        if (nrun == 0) { /* idle until the next arrival */
             if (head < R && arrival_s && arrival_s[head] > now) now = arrival_s[head];
             continue;
         }
-        /* the items: decode rows in slot order, then prompt chunks oldest first */
-        if ((rc = reserve_iterations(out, out->num_iterations + 1)) < 0 ||
-            (rc = grow((void **)&out->items, &out->cap_items, out->num_items + running,
-                       sizeof *out->items)) < 0)
-            goto done;
-        fmoe_sim_iteration *it = &out->iterations[out->num_iterations];
-        *it = (fmoe_sim_iteration){.token_begin = tok, .item_begin = out->num_items};
+        /* the items: decode rows, then prompt chunks, each oldest admitted first */
+        fmoe_sim_iteration *it;
+        if ((rc = iteration_open(out, &b, nrun, &it)) < 0) goto done;
         int32_t budget = FMOE_SIM_BATCH_TOKENS;
-        memset(taken, 0, (size_t)batch);
-        for (int32_t b = 0; b < batch; b++) {
-            const int64_t q = slot[b];
-            if (q < 0 || phase[rq[q].row0 + rq[q].next] == 0) continue;
-            add_item(out, in, it, q, &rq[q], phase, 1, &tok);
-            taken[b] = 1;
+        memset(taken, 0, (size_t)nrun);
+        for (int64_t i = 0; i < nrun; i++) {
+            const int64_t q = running[i];
+            if (b.phase[rq[q].row0 + rq[q].next] == 0) continue;
+            add_item(out, in, it, &b, q, 1);
+            taken[i] = 1;
             budget--;
         }
-        const int32_t decode_items = it->num_items;
-        while (budget > 0) {
-            int32_t pick = -1;
-            for (int32_t b = 0; b < batch; b++) {
-                const int64_t q = slot[b];
-                if (q < 0 || taken[b] || phase[rq[q].row0 + rq[q].next] != 0) continue;
-                if (pick < 0 || rq[q].rank < rq[slot[pick]].rank) pick = b;
-            }
-            if (pick < 0) break;
-            batch_req *r = &rq[slot[pick]];
+        for (int64_t i = 0; i < nrun && budget > 0; i++) {
+            const batch_req *r = &rq[running[i]];
+            if (taken[i]) continue;
             int64_t n = 1; /* a chunk of the prompt run, within the budget */
-            while (n < budget && r->next + n < r->rows && phase[r->row0 + r->next + n] == 0) n++;
-            add_item(out, in, it, slot[pick], r, phase, n, &tok);
-            taken[pick] = 1;
+            while (n < budget && r->next + n < r->rows && b.phase[r->row0 + r->next + n] == 0) n++;
+            add_item(out, in, it, &b, running[i], n);
             budget -= (int32_t)n;
         }
-        const fmoe_sim_item *first = &out->items[it->item_begin];
-        it->request = first->request;
-        it->phase = decode_items == it->num_items ? 1 : 0; /* decode only if all items are */
-        it->access_begin = out->num_accesses;
-        if ((rc = reserve_accesses(out, out->num_accesses + (int64_t)it->num_tokens * L * K)) < 0)
-            goto done;
-        compile_iteration(out, out->experts + (size_t)it->token_begin * L * K, it->num_tokens);
+        if ((rc = iteration_close(out, &b, it, scratch)) < 0) goto done;
         if (arrival_s) now += nominal_s(out, it, costs);
-        /* the items advance; finished requests leave, in slot order */
-        for (int32_t c = 0; c < it->num_items; c++)
-            rq[first[c].request].next += first[c].num_tokens;
-        for (int32_t b = 0; b < batch; b++) {
-            const int64_t q = slot[b];
-            if (q < 0 || rq[q].next < rq[q].rows) continue;
-            out->requests[q].leave_iteration = out->num_iterations;
-            out->requests[q].num_iterations =
-                out->num_iterations + 1 - out->requests[q].admit_iteration;
-            out->leave_order[left++] = q;
-            slot[b] = -1;
-            running--;
-        }
-        out->num_iterations++;
+        /* finished requests leave */
+        int64_t kept = 0;
+        for (int64_t i = 0; i < nrun; i++)
+            if (rq[running[i]].next < rq[running[i]].rows) running[kept++] = running[i];
+        nrun = kept;
     }
-    out->num_tokens = tok;
-    FMOE_ASSERT(tok == T && left == R && admitted == R);
+    out->num_tokens = b.tok;
+    FMOE_ASSERT(b.tok == in->num_tokens && b.left == R && b.started == R && admitted == R);
 done:
-    free(rq);
-    free(phase);
-    free(slot);
+    free(running);
+    free(scratch);
     free(taken);
+    batch_build_free(&b);
+    if (rc < 0) fmoe_sim_workload_free(out);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ served passes */
+
+/* One item of a served trace: a request's rows of one pass. */
+typedef struct served_item {
+    int64_t pass;     /* the trace's served_iteration */
+    int64_t rank;     /* the request's admission order */
+    int64_t request;  /* index into requests[] */
+    int64_t row;      /* its first row, from the request's first */
+    int32_t n;        /* rows */
+    int32_t decode;   /* 1: a decode token (goes before the prompt chunks) */
+} served_item;
+
+/* The engine's order: by pass, decode tokens before prompt chunks, oldest admitted first. */
+static int cmp_served_item(const void *pa, const void *pb) {
+    const served_item *a = pa, *b = pb;
+    if (a->pass != b->pass) return a->pass < b->pass ? -1 : 1;
+    if (a->decode != b->decode) return a->decode ? -1 : 1;
+    return (a->rank > b->rank) - (a->rank < b->rank);
+}
+
+/* Admission order: by id (the engine's admission index), then replay order. */
+typedef struct id_index {
+    int64_t id, request;
+} id_index;
+
+static int cmp_by_id(const void *pa, const void *pb) {
+    const id_index *a = pa, *b = pb;
+    if (a->id != b->id) return a->id < b->id ? -1 : 1;
+    return (a->request > b->request) - (a->request < b->request);
+}
+
+int fmoe_sim_workload_served(fmoe_sim_workload *out, const fmoe_sim_workload *in) {
+    memset(out, 0, sizeof *out);
+    FMOE_RETURN_ERROR_IF(in->batch > 0, FMOE_EINVAL, "workload: already batched");
+    FMOE_RETURN_ERROR_IF(!in->served_iteration && in->num_tokens > 0, FMOE_EINVAL,
+                         "workload: no served iterations (read the trace with "
+                         "FMOE_SIM_WANT_SERVED)");
+    batch_build b;
+    FMOE_FORWARD_IF_ERROR(batch_build_init(out, in, 1, &b));
+    const int64_t R = in->num_requests, T = in->num_tokens;
+    batch_req *rq = b.rq;
+    served_item *items = malloc((size_t)(T ? T : 1) * sizeof *items); /* at most one a row */
+    id_index *byid = malloc((size_t)(R ? R : 1) * sizeof *byid); /* [R] admission order */
+    int64_t *scratch = NULL;
+    int64_t n_items = 0;
+    int rc = 0;
+    if (!items || !byid) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "served passes of %lld tokens", (long long)T);
+        goto done;
+    }
+    for (int64_t q = 0; q < R; q++) byid[q] = (id_index){in->requests[q].id, q};
+    qsort(byid, (size_t)R, sizeof *byid, cmp_by_id);
+    for (int64_t k = 0; k < R; k++) rq[byid[k].request].rank = k;
+    /* Each request's rows into items: runs of one pass and one phase. */
+    for (int64_t q = 0; q < R; q++) {
+        const batch_req *r = &rq[q];
+        const int64_t *pass = in->served_iteration + r->row0;
+        for (int64_t t = 0, e; t < r->rows; t = e) {
+            for (e = t + 1; e < r->rows && pass[e] == pass[t] && b.phase[r->row0 + e] == 0 &&
+                            b.phase[r->row0 + t] == 0;
+                 e++) {
+            }
+            if (t > 0 && pass[t] <= pass[t - 1]) {
+                rc = fmoe_error_set(FMOE_EFORMAT,
+                                    "request %lld: token %lld ran in pass %lld, not after the "
+                                    "pass %lld of the token before it",
+                                    (long long)in->requests[q].id, (long long)t,
+                                    (long long)pass[t], (long long)pass[t - 1]);
+                goto done;
+            }
+            items[n_items++] = (served_item){.pass = pass[t], .rank = r->rank, .request = q,
+                                             .row = t, .n = (int32_t)(e - t),
+                                             .decode = b.phase[r->row0 + t] != 0};
+        }
+    }
+    qsort(items, (size_t)n_items, sizeof *items, cmp_served_item);
+    int64_t widest = 1; /* the most items of a pass */
+    for (int64_t i = 0, e; i < n_items; i = e) {
+        for (e = i + 1; e < n_items && items[e].pass == items[i].pass; e++) {
+        }
+        if (e - i > widest) widest = e - i;
+    }
+    out->batch = widest > INT32_MAX ? INT32_MAX : (int32_t)widest;
+    if (!(scratch = malloc((size_t)widest * sizeof *scratch))) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "a pass of %lld items", (long long)widest);
+        goto done;
+    }
+    for (int64_t k = 0; k < R; k++) /* requests without rows start and end first */
+        if (rq[byid[k].request].rows == 0) add_empty(out, &b, byid[k].request);
+    for (int64_t i = 0, e; i < n_items; i = e) {
+        for (e = i + 1; e < n_items && items[e].pass == items[i].pass; e++) {
+        }
+        fmoe_sim_iteration *it;
+        if ((rc = iteration_open(out, &b, e - i, &it)) < 0) goto done;
+        for (int64_t k = i; k < e; k++) {
+            /* A request's items are in pass order and its passes increase, so each item
+             * is the request's next rows. */
+            FMOE_ASSERT(rq[items[k].request].next == items[k].row);
+            add_item(out, in, it, &b, items[k].request, items[k].n);
+        }
+        if ((rc = iteration_close(out, &b, it, scratch)) < 0) goto done;
+    }
+    out->num_tokens = b.tok;
+    FMOE_ASSERT(b.tok == T && b.left == R && b.started == R);
+done:
+    free(items);
+    free(byid);
+    free(scratch);
+    batch_build_free(&b);
     if (rc < 0) fmoe_sim_workload_free(out);
     return rc;
 }

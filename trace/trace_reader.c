@@ -691,6 +691,22 @@ static int read_tokens(fmoe_trace_reader *r, int64_t t0, int64_t n,
         FMOE_FORWARD_IF_ERROR(
             check_gate(r, "/tokens/speculative", buf->speculative, t0, n, L * S * J));
     }
+    if (buf->served_iteration) { /* rarely read: opened for the call */
+        FMOE_RETURN_ERROR_IF(!h->served, FMOE_EINVAL,
+                             "%s: no /tokens/served_iteration: not a trace of fmoe serve", p);
+        hid_t d = fmoe__h5_dataset_open(r->file, p, "/tokens/served_iteration");
+        if (d < 0) return d == FMOE_ENOTFOUND ? FMOE_EFORMAT : (int)d;
+        const int rc = fmoe__h5_dataset_read_rows(d, p, "/tokens/served_iteration",
+                                                  H5T_NATIVE_INT64, row0, rows,
+                                                  buf->served_iteration);
+        H5Dclose(d);
+        FMOE_FORWARD_IF_ERROR(rc);
+        for (int64_t i = 0; i < n; i++)
+            FMOE_RETURN_ERROR_IF(buf->served_iteration[i] < 0, FMOE_EFORMAT,
+                                 "%s: /tokens/served_iteration: token %lld ran in pass %lld, "
+                                 "expected >= 0",
+                                 p, (long long)(t0 + i), (long long)buf->served_iteration[i]);
+    }
     return 0;
 }
 

@@ -2,7 +2,7 @@
 
 The schedule is re-derived here from its description, independently of the C code: FIFO
 admission while fewer than B run; each iteration holds every running request's next decode
-token (slot order), then prompt chunks of the prefilling requests, oldest admitted first,
+token (oldest admitted first, as fmoe serve orders them), then prompt chunks of the prefilling requests, oldest admitted first,
 within 64 tokens; a request leaves after its last row. Per layer, each distinct expert of
 the iteration's concatenated rows is one access (DESIGN.md §7.1). Hit counts of the
 policies without prefetch must equal the Python reference replay of that sequence.
@@ -33,7 +33,7 @@ def batched_sequence(requests, B):
             if len(requests[q][1]):
                 slots[slots.index(None)] = q
         running = [q for q in slots if q is not None]
-        items = [(q, 1) for q in running if done[q] >= requests[q][0]]
+        items = [(q, 1) for q in sorted(running, key=rank.get) if done[q] >= requests[q][0]]
         left = BUDGET - len(items)
         for q in sorted((q for q in running if done[q] < requests[q][0]), key=rank.get):
             if left <= 0:

@@ -1078,7 +1078,7 @@ static const fmoe_policy_ops batch_probe_ops = {
  *   r0: prompt 3, decode 2; r1: prompt 70, decode 1; r2: prompt 1, decode 1; all at t = 0.
  *   it0: r0 and r1 admitted; prompt chunks, oldest first: r0 3, r1 61 (64 in all)
  *   it1: r0's decode row, then r1's last 9 prompt rows
- *   it2: r0 and r1 decode (slot order), both leave
+ *   it2: r0 and r1 decode (oldest admitted first), both leave
  *   it3: r2 admitted, its prompt; it4: its decode, it leaves. */
 TEST(batch_schedules_as_serve_decode_first_then_oldest_prompt_chunks) {
     fmoe_sim_workload w, b;
@@ -1278,6 +1278,113 @@ TEST(batched_hits_equal_naive_replay) {
         fmoe_sim_workload_free(&b);
         fmoe_sim_workload_free(&w);
     }
+}
+
+/* A request starts for the policy before the iteration of its first rows, not at its
+ * admission: B = 2, r0's 70-token prompt fills it0's 64 tokens, so r1 (admitted with it)
+ * first runs in it1, beside r0's last 6 prompt tokens. */
+TEST(batch_request_starts_with_its_first_rows) {
+    fmoe_sim_workload w, b;
+    ASSERT_OK(fmoe_sim_workload_init(&w, 1, 8, 1, 100));
+    uint16_t ex[71];
+    uint8_t phase[71];
+    for (int t = 0; t < 71; t++) ex[t] = (uint16_t)(t % 8), phase[t] = t < 70 ? 0 : 1;
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 0, 0, 70, 1, 71, phase, ex));
+    const uint8_t ph1[4] = {0, 0, 0, 1};
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 1, 0, 3, 1, 4, ph1, ex));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, NULL, NULL));
+    ASSERT_EQ(b.num_iterations, 3);
+    ASSERT_EQ(b.requests[1].admit_iteration, 1);
+    ASSERT_EQ(b.requests[1].first_iteration, 1);
+    ASSERT_EQ(b.requests[1].num_iterations, 2);
+    g_batch_events = (batch_events){0};
+    fmoe_sim_costs k = costs_of(0, 1e9, 100, 1e-4, 1e-4);
+    const fmoe_sim_config cfg = {.ops = &batch_probe_ops, .cache_experts = 2, .costs = &k};
+    fmoe_sim_result r;
+    ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
+    fmoe_sim_result_free(&r);
+    ASSERT_STR_EQ(g_batch_events.log, "S0 I0:64 S1 I0:9 I0:2 E0 E1 ");
+    fmoe_sim_workload_free(&b);
+    fmoe_sim_workload_free(&w);
+}
+
+/* fmoe serve's recorded passes (fmoe_sim_workload_served), L = 1, K = 1. The file holds
+ * requests in the order they finished, ids in admission order:
+ *   trace 0 = B (id 1): prompt 2 (experts 6 7) in pass 11, decode (0) in 12
+ *   trace 1 = A (id 0): prompt 3 (0 1 2) in pass 10, decodes (3 4 5) in 11, 12, 14
+ *   trace 2 = C (id 2): prompt 1 (1) in pass 12, decode (2) in 14
+ * Iterations 10 11 12 14 -> 0..3; items decode first, then prompt chunks, each by id:
+ *   it0: A3 | it1: A1 B2 | it2: A1 B1 C1 | it3: A1 C1
+ * A starts before it0, B before it1, C before it2; B ends after it2, A and C after it3. */
+TEST(served_passes_replay_the_engine_order) {
+    fmoe_sim_workload w, b;
+    ASSERT_OK(fmoe_sim_workload_init(&w, 1, 8, 1, 100));
+    const uint16_t exb[3] = {6, 7, 0}, exa[6] = {0, 1, 2, 3, 4, 5}, exc[2] = {1, 2};
+    const uint8_t phb[3] = {0, 0, 1}, pha[6] = {0, 0, 0, 1, 1, 1}, phc[2] = {0, 1};
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 1, 0.5, 2, 1, 3, phb, exb));
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 0, 0.0, 3, 3, 6, pha, exa));
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 2, 0.7, 1, 1, 2, phc, exc));
+    /* without served passes: refused */
+    ASSERT_EQ(fmoe_sim_workload_served(&b, &w), FMOE_EINVAL);
+    const int64_t passes[11] = {11, 11, 12, /* B */ 10, 10, 10, 11, 12, 14, /* A */ 12, 14};
+    ASSERT_TRUE((w.served_iteration = malloc(sizeof passes)) != NULL);
+    memcpy(w.served_iteration, passes, sizeof passes);
+    ASSERT_OK(fmoe_sim_workload_served(&b, &w));
+    ASSERT_EQ(b.num_iterations, 4);
+    ASSERT_EQ(b.num_tokens, 11);
+    ASSERT_EQ(b.batch, 3);
+    ASSERT_EQ(b.num_items, 8);
+    const int64_t item_req[8] = {1, 1, 0, 1, 0, 2, 1, 2};
+    const int32_t item_n[8] = {3, 1, 2, 1, 1, 1, 1, 1}, item_phase[8] = {0, 1, 0, 1, 1, 0, 1, 1};
+    for (int i = 0; i < 8; i++) {
+        ASSERT_EQ(b.items[i].request, item_req[i]);
+        ASSERT_EQ(b.items[i].num_tokens, item_n[i]);
+        ASSERT_EQ(b.items[i].phase, item_phase[i]);
+    }
+    ASSERT_EQ(b.items[2].last_prompt, 1);
+    const int32_t n_items[4] = {1, 2, 3, 2}, phases[4] = {0, 0, 0, 1};
+    for (int i = 0; i < 4; i++) {
+        ASSERT_EQ(b.iterations[i].num_items, n_items[i]);
+        ASSERT_EQ(b.iterations[i].phase, phases[i]);
+    }
+    /* rows in item order: it2 = A's decode (4), B's decode (0), C's prompt (1) */
+    const uint16_t rows[11] = {0, 1, 2, 3, 6, 7, 4, 0, 1, 5, 2};
+    for (int t = 0; t < 11; t++) ASSERT_EQ(b.experts[t], rows[t]);
+    ASSERT_EQ(b.layer_accesses[2], 3);
+    ASSERT_EQ(b.access_expert[b.iterations[2].access_begin], 4);
+    const int64_t admit[3] = {1, 0, 2}, leave[3] = {2, 3, 3};
+    for (int q = 0; q < 3; q++) {
+        ASSERT_EQ(b.requests[q].admit_iteration, admit[q]);
+        ASSERT_EQ(b.requests[q].first_iteration, admit[q]);
+        ASSERT_EQ(b.requests[q].leave_iteration, leave[q]);
+        ASSERT_EQ(b.requests[q].num_iterations, leave[q] - admit[q] + 1);
+    }
+    const int64_t admit_order[3] = {1, 0, 2}, leave_order[3] = {0, 1, 2};
+    for (int q = 0; q < 3; q++) {
+        ASSERT_EQ(b.admit_order[q], admit_order[q]);
+        ASSERT_EQ(b.leave_order[q], leave_order[q]);
+    }
+    g_batch_events = (batch_events){0};
+    fmoe_sim_costs k = costs_of(0, 1e9, 100, 1e-4, 1e-4);
+    const fmoe_sim_config cfg = {.ops = &batch_probe_ops, .cache_experts = 2, .costs = &k};
+    fmoe_sim_result r;
+    ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
+    ASSERT_EQ(r.batch, 3);
+    ASSERT_EQ(r.accesses, b.num_accesses);
+    fmoe_sim_result_free(&r);
+    ASSERT_STR_EQ(g_batch_events.log, "S1 I1:3 S0 I1:3 S2 I1:3 E0 I1:2 E1 E2 ");
+    /* the trace's arrivals: the clock idles until C arrives (0.7 s) before it2 */
+    const double arr[3] = {0.5, 0.0, 0.7};
+    fmoe_sim_config timed = {.policy = "lru", .cache_experts = 8, .costs = &k, .arrival_s = arr};
+    ASSERT_OK(fmoe_sim_run(&b, &timed, &r));
+    ASSERT_TRUE(r.total_s > 0.7);
+    fmoe_sim_result_free(&r);
+    fmoe_sim_workload_free(&b);
+    /* a request whose rows go back in time */
+    w.served_iteration[7] = 10;
+    ASSERT_EQ(fmoe_sim_workload_served(&b, &w), FMOE_EFORMAT);
+    ASSERT_TRUE(strstr(fmoe_error_detail(), "request 0") != NULL);
+    fmoe_sim_workload_free(&w);
 }
 
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }

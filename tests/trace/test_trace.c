@@ -320,6 +320,61 @@ TEST(served_iterations) {
     ASSERT_EQ(fmoe_trace_writer_open(&w, path, &h, NULL), FMOE_EINVAL);
 }
 
+/* The reader's served_iteration buffer: each token's pass, by range, from a served trace;
+ * from another trace, one error that says so. */
+TEST(served_iterations_read_back) {
+    const char *path = tmp_path("served-read.h5");
+    fmoe_trace_header h = sample_header(1);
+    h.served = 1;
+    fmoe_trace_writer *w = NULL;
+    ASSERT_OK(fmoe_trace_writer_open(&w, path, &h, NULL));
+    int64_t iters[64];
+    float secs[64];
+    for (int i = 0; i < 64; i++) iters[i] = 3 * i + 1, secs[i] = 0.5f;
+    sample_request s;
+    ASSERT_OK(sample_request_make(&s, 0));
+    s.req.served_iteration = iters;
+    s.req.served_s = secs;
+    ASSERT_OK(fmoe_trace_writer_append_request(w, &s.req));
+    for (int i = 0; i < 64; i++) iters[i] = 1000 + i;
+    ASSERT_OK(fmoe_trace_writer_append_request(w, &s.req));
+    ASSERT_OK(fmoe_trace_writer_close(w));
+    fmoe_trace_reader *r = NULL;
+    ASSERT_OK(fmoe_trace_reader_open(&r, path));
+    const fmoe_trace_request_info *req = fmoe_trace_reader_requests(r);
+    const int64_t n = req[0].token_count;
+    ASSERT_TRUE(n >= 2 && n <= 64);
+    int64_t got[128];
+    uint8_t phase[128];
+    const fmoe_trace_token_buffers buf = {.phase = phase, .served_iteration = got};
+    ASSERT_OK(fmoe_trace_reader_read_tokens(r, 0, 2 * n, &buf));
+    for (int64_t i = 0; i < n; i++) {
+        ASSERT_EQ(got[i], 3 * i + 1);
+        ASSERT_EQ(got[n + i], 1000 + i);
+    }
+    ASSERT_OK(fmoe_trace_reader_read_tokens(r, n - 1, 2, &buf)); /* a range across both */
+    ASSERT_EQ(got[0], 3 * (n - 1) + 1);
+    ASSERT_EQ(got[1], 1000);
+    fmoe_trace_reader_close(r);
+
+    /* not served: the buffer is refused, the others still read */
+    const char *plain = tmp_path("plain-read.h5");
+    h.served = 0;
+    s.req.served_iteration = NULL;
+    s.req.served_s = NULL;
+    ASSERT_OK(fmoe_trace_writer_open(&w, plain, &h, NULL));
+    ASSERT_OK(fmoe_trace_writer_append_request(w, &s.req));
+    ASSERT_OK(fmoe_trace_writer_close(w));
+    ASSERT_OK(fmoe_trace_reader_open(&r, plain));
+    ASSERT_EQ(fmoe_trace_reader_read_tokens(r, 0, 1, &buf), FMOE_EINVAL);
+    ASSERT_CONTAINS(fmoe_error_detail(), "no /tokens/served_iteration: not a trace of fmoe serve");
+    ASSERT_CONTAINS(fmoe_error_detail(), "plain-read.h5");
+    const fmoe_trace_token_buffers phase_only = {.phase = phase};
+    ASSERT_OK(fmoe_trace_reader_read_tokens(r, 0, 1, &phase_only));
+    fmoe_trace_reader_close(r);
+    sample_request_free(&s);
+}
+
 TEST(minimal_trace_and_empty_requests) {
     /* No probs, no semantic, no speculative; a request with no tokens; L = J = K = 1. */
     const char *path = tmp_path("minimal.h5");
@@ -723,7 +778,7 @@ static void expect_read_fails(int *harness_failed, const char *path, int code, c
     uint16_t experts[SAMPLE_T * SAMPLE_L * SAMPLE_K];
     float probs[SAMPLE_T * SAMPLE_L * SAMPLE_J], sem[SAMPLE_T * SAMPLE_H];
     float spec[SAMPLE_T * SAMPLE_L * SAMPLE_S * SAMPLE_J];
-    fmoe_trace_token_buffers all = {tok, phase, experts, probs, sem, spec};
+    fmoe_trace_token_buffers all = {tok, phase, experts, probs, sem, spec, NULL};
     int rc = fmoe_trace_reader_read_tokens(r, 0, SAMPLE_T, &all);
     fmoe_trace_reader_close(r);
     show_detail(rc);
@@ -1056,7 +1111,7 @@ TEST(corrupt_compressed_chunk) {
             uint16_t experts[SAMPLE_T * SAMPLE_L * SAMPLE_K];
             float probs[SAMPLE_T * SAMPLE_L * SAMPLE_J], sem[SAMPLE_T * SAMPLE_H];
             float spec[SAMPLE_T * SAMPLE_L * SAMPLE_S * SAMPLE_J];
-            fmoe_trace_token_buffers all = {tok, phase, experts, probs, sem, spec};
+            fmoe_trace_token_buffers all = {tok, phase, experts, probs, sem, spec, NULL};
             rc = fmoe_trace_reader_read_tokens(r, 0, SAMPLE_T, &all);
         }
         fmoe_trace_reader_close(r);

@@ -36,7 +36,9 @@
  *     for the items that yield a token. TTFT = end of the iteration holding the request's
  *     last prompt chunk - arrival; TPOT = (e2e - TTFT) / its decode tokens after the first
  *     (the mean gap between its tokens); e2e = end of its last iteration - arrival; queue
- *     = admission - arrival.
+ *     = start of the iteration of its first rows - arrival.
+ *   - Served passes (fmoe simulate --batch trace, fmoe_sim_workload_served): the batched
+ *     iterations a trace of fmoe serve recorded, costed as above.
  */
 #ifndef FMOE_SIM_H
 #define FMOE_SIM_H
@@ -58,11 +60,13 @@ typedef struct fmoe_sim_request {
     double arrival_s;
     int32_t prompt_tokens;
     int32_t output_tokens;
-    int64_t first_iteration;  /* into iterations[]; batched: the first after admission */
-    int64_t num_iterations;   /* batched: iterations from admission to leaving */
-    /* Batched workloads (fmoe_sim_workload_batch): admitted before iteration
-     * admit_iteration (num_iterations of the workload: after the last), leaves after
-     * iteration leave_iteration (-1: at admission, a request without rows). */
+    int64_t first_iteration;  /* into iterations[]; batched: that of its first rows */
+    int64_t num_iterations;   /* batched: iterations from its first rows to its last */
+    /* Batched workloads (fmoe_sim_workload_batch, _served): starts (on_request_start)
+     * before iteration admit_iteration, the one of its first rows, and ends
+     * (on_request_end) after iteration leave_iteration, the one of its last rows. A request
+     * without rows starts and ends at once before admit_iteration (its admission;
+     * num_iterations of the workload: after the last) with leave_iteration -1. */
     int64_t admit_iteration;
     int64_t leave_iteration;
 } fmoe_sim_request;
@@ -132,9 +136,13 @@ typedef struct fmoe_sim_workload {
     int32_t batch;            /* B: requests running together at most */
     int64_t num_items;
     fmoe_sim_item *items;     /* [num_items], iteration by iteration */
-    int64_t *admit_order;     /* [R] request indexes in order of admission */
-    int64_t *leave_order;     /* [R] request indexes in order of leaving */
+    int64_t *admit_order;     /* [R] request indexes in the order they start: by
+                                 admit_iteration, then admission order */
+    int64_t *leave_order;     /* [R] request indexes in the order they end: by
+                                 leave_iteration, then admission order */
     int64_t cap_items;
+    /* Kept with FMOE_SIM_WANT_SERVED (unbatched workloads of a trace of fmoe serve): */
+    int64_t *served_iteration; /* [T] the server's batched pass each row ran in, or NULL */
 } fmoe_sim_workload;
 
 /* What fmoe_sim_workload_read_ex loads beyond routing. */
@@ -142,6 +150,7 @@ enum {
     FMOE_SIM_WANT_PROBS = 1u << 0,       /* /tokens/probs, when the trace has them */
     FMOE_SIM_WANT_SPECULATIVE = 1u << 1, /* /tokens/speculative, when the trace has them */
     FMOE_SIM_WANT_SEMANTIC = 1u << 2,    /* /tokens/semantic, when the trace has them */
+    FMOE_SIM_WANT_SERVED = 1u << 3,      /* /tokens/served_iteration; an error without */
 };
 
 /* Starts an empty workload. @return 0, FMOE_EINVAL (bad geometry), FMOE_ENOMEM. */
@@ -199,10 +208,11 @@ struct fmoe_sim_costs;
  * (runtime/serve/serve_engine.c). Requests wait in a FIFO queue in replay order, each
  * from its arrival (arrival_s[R], or all at 0 when NULL); before each iteration the
  * queue's head is admitted while fewer than `batch` run. An iteration holds every running
- * request's next decode row (in slot order: a request takes the lowest free slot), then
- * prompt chunks of the prefilling requests, oldest admitted first, each at most one chunk,
- * until FMOE_SIM_BATCH_TOKENS tokens; a request leaves after the iteration of its last
- * row. Rows are copied in item order (routing, gate data, semantic rows), so the
+ * request's next decode row (oldest admitted first), then prompt chunks of the
+ * prefilling requests, oldest admitted first, each at most one chunk, until
+ * FMOE_SIM_BATCH_TOKENS tokens; a request leaves after the iteration of its last row. It
+ * starts for the policy before the iteration of its first rows (which may come after its
+ * admission when older prompts fill the budget), as fmoe serve starts it. Rows are copied in item order (routing, gate data, semantic rows), so the
  * iteration's tokens are contiguous as for unbatched workloads, and the §7.1 accesses of
  * each layer are taken over the concatenated rows: every policy, belady and the oracle
  * included, replays this one access sequence.
@@ -218,6 +228,27 @@ struct fmoe_sim_costs;
 int fmoe_sim_workload_batch(fmoe_sim_workload *out, const fmoe_sim_workload *in,
                             int32_t batch, const double *arrival_s,
                             const struct fmoe_sim_costs *costs);
+
+/* Compiles `in` (unbatched, read with FMOE_SIM_WANT_SERVED from a trace of fmoe serve
+ * --trace-out; read-only here) into `out` (initialised here): the batched passes the
+ * server ran, as its trace records them (fmoe simulate --batch trace). The contract of
+ * runtime/serve/serve_engine.c, relied on here:
+ *   - the iterations are the distinct served_iteration values in increasing order
+ *     (renumbered from 0; passes of requests not in `in` are skipped);
+ *   - a pass's items are each running request's decode token, then prompt chunks, each
+ *     group in admission order, admission order being the requests' ids (the engine
+ *     writes id = admission index; the file holds requests in the order they finished);
+ *     an item is a request's rows of one pass;
+ *   - a request starts before the pass of its first rows and ends after the pass of its
+ *     last, those of one pass in admission order.
+ * Rows are gathered and compiled as fmoe_sim_workload_batch does (§7.1 over the
+ * concatenated rows); w->batch is the most items a pass held. The arrival times stay the
+ * trace's (fmoe simulate --arrivals trace idles the clock until each request's arrival
+ * before its first pass; without arrivals the passes run back to back).
+ * @return 0, FMOE_EINVAL (no served rows, `in` batched), FMOE_EFORMAT (a request whose
+ * rows go back in time or share a pass across a phase change; detail names it),
+ * FMOE_ENOMEM. */
+int fmoe_sim_workload_served(fmoe_sim_workload *out, const fmoe_sim_workload *in);
 
 /* ---------------------------------------------------------------- cost model */
 

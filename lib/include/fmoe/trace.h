@@ -173,6 +173,9 @@ typedef struct fmoe_trace_token_buffers {
     float *probs;         /* [n][L][J] (converted to float32); error if probs_kind NONE */
     float *semantic;      /* [n][semantic_dim]; error if absent */
     float *speculative;   /* [n][L][S][J]; error if absent */
+    /* Added later; zero-initialised callers read none. */
+    int64_t *served_iteration; /* [n] /tokens/served_iteration (the server's pass of each
+                                  token, >= 0); error if the trace is not served */
 } fmoe_trace_token_buffers;
 
 typedef struct fmoe_trace_reader fmoe_trace_reader;

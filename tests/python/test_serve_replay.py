@@ -1,0 +1,153 @@
+"""`fmoe simulate --batch trace`: a served run replayed decision for decision.
+
+`fmoe serve --trace-out` records each token's batched pass (/tokens/served_iteration).
+The simulator rebuilds the passes from it, in the engine's order (runtime/serve/
+serve_engine.c: per pass the decode tokens, then the prompt chunks, each in admission
+order = /requests/id; a request starts for the policy just before its first rows and ends
+right after its last, those of one pass in admission order), and must then make the very
+decisions the live server made: `fmoe compare-logs live sim --late-is-hit` exits 0.
+
+What is timing-dependent is held fixed as in test_offload_live.py: the server waits for
+every transfer where completions become visible (--sync-transfers), the simulator's link
+takes no time (zero.json), and hit versus late hit is one outcome (--late-is-hit).
+
+The run must really batch (some pass holds rows of two requests, prompts longer than the
+64-token budget share passes with decode tokens), and a wrong replay of the same trace
+(the simulator's own scheduler, or one request at a time) must differ, so the test can
+fail.
+"""
+import concurrent.futures
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+h5py = pytest.importorskip("h5py")
+import hdf5plugin  # noqa: F401,E402  (registers the zstd filter with h5py)
+
+from conftest import REPO  # noqa: E402
+from serve_util import Server  # noqa: E402
+from test_offload_live import ZERO_LINK  # noqa: E402
+
+TINY = REPO / "datasets" / "fmoe-tiny"
+LINES = (REPO / "datasets" / "samples" / "prompts_100.txt").read_text().splitlines()
+CACHE = 16  # of 6 x 8 = 48 routed experts
+
+
+def prompts():
+    """8 prompts of different lengths: four short, four of several lines (> 64 tokens,
+    so they run in chunks beside other requests' decode tokens)."""
+    short = LINES[:4]
+    long = [" ".join(LINES[4 + 9 * i:4 + 9 * i + 7 + 2 * i]) for i in range(4)]
+    return [p for pair in zip(short, long) for p in pair]
+
+
+def run(fmoe_bin, *args, check=True):
+    p = subprocess.run([str(fmoe_bin), *map(str, args)], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise AssertionError(f"fmoe {' '.join(map(str, args))} exited {p.returncode}:\n"
+                             f"{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, fmoe_bin):
+    d = tmp_path_factory.mktemp("replay")
+    (d / "zero.json").write_text(json.dumps(ZERO_LINK))
+    # a store for the fmoe policy, from an all-resident recording of other prompts
+    other = d / "other.txt"
+    other.write_text("\n".join(LINES[40:70]) + "\n")
+    run(fmoe_bin, "record", "--model", TINY, "--dataset", other, "--max-new-tokens", 16,
+        "--temperature", 0, "--probs-f32", "-o", d / "store-src.h5", "--quiet")
+    run(fmoe_bin, "build-store", "--trace", d / "store-src.h5", "-o", d / "store.h5",
+        "--prefetch-distance", 1, "--quiet")
+    return d
+
+
+def policy_args(work, policy):
+    store = ["--store", work / "store.h5"] if policy == "fmoe" else []
+    return ["--policy", policy, "--cache-experts", CACHE, "--prefetch-distance", 1, *store]
+
+
+def serve(work, policy):
+    """Serves the 8 prompts concurrently; (trace, live decision log)."""
+    trace, live = work / f"{policy}.h5", work / f"{policy}-live.jsonl"
+    # --probs-f32: the fmoe policy reads the gate probabilities; float16 ones in the trace
+    # would shift its match scores (the priorities of its prefetches) from the live ones
+    s = Server(work, "--parallel", 4, *policy_args(work, policy), "--sync-transfers",
+               "--probs-f32", "--decision-log", live, "--trace-out", trace)
+    lengths = [16, 24, 18, 20, 22, 17, 24, 19]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            res = list(ex.map(lambda pm: s.complete(pm[0], max_tokens=pm[1], ignore_eos=True),
+                              zip(prompts(), lengths)))
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err
+    assert [r["usage"]["completion_tokens"] for r in res] == lengths
+    return trace, live
+
+
+def simulate(fmoe_bin, work, trace, policy, log, batch):
+    return run(fmoe_bin, "simulate", "--trace", trace, "--batch", batch,
+               *policy_args(work, policy), "--profile", work / "zero.json",
+               "--decision-log", log, "--quiet", "--json")
+
+
+def compare(fmoe_bin, a, b):
+    p = run(fmoe_bin, "compare-logs", a, b, "--late-is-hit", "--json", check=False)
+    assert p.returncode in (0, 1), p.stderr
+    return p.returncode, json.loads(p.stdout)
+
+
+def check_batched(trace):
+    """Some pass holds rows of several requests, and prompts ran in several chunks."""
+    with h5py.File(trace) as f:
+        assert int(f.attrs["served"]) == 1
+        off = f["requests/token_offset"][:]
+        pt = f["requests/prompt_tokens"][:]
+        ids = f["requests/id"][:]
+        assert sorted(ids.tolist()) == list(range(8))
+        it = f["tokens/served_iteration"][:]
+    owners = {}
+    for r in range(len(pt)):
+        for p in np.unique(it[off[r]:off[r + 1]]):
+            owners.setdefault(int(p), set()).add(r)
+    assert max(len(v) for v in owners.values()) >= 2, "no pass ran two requests"
+    assert (pt > 64).any()
+    # a long prompt's chunk in the same pass as another request's decode token
+    mixed = False
+    for r in np.flatnonzero(pt > 64):
+        for p in np.unique(it[off[r]:off[r] + pt[r]]):
+            mixed |= len(owners[int(p)]) >= 2
+    assert mixed
+
+
+@pytest.mark.parametrize("policy", ["lru", "fmoe"])
+def test_served_run_replays_decision_for_decision(work, fmoe_bin, policy):
+    trace, live = serve(work, policy)
+    check_batched(trace)
+    sim = work / f"{policy}-sim.jsonl"
+    out = json.loads(simulate(fmoe_bin, work, trace, policy, sim, "trace").stdout)
+    assert out["batch_source"] == "trace" and out["batch"] >= 2
+    rc, res = compare(fmoe_bin, live, sim)
+    assert rc == 0 and res["identical"] is True, res
+    accesses = sum(1 for x in live.read_text().splitlines() if '"access"' in x)
+    assert accesses > 300
+    # a replay that batches otherwise makes other decisions: the test can fail
+    for wrong in ("1", "4"):
+        bad = work / f"{policy}-sim-batch{wrong}.jsonl"
+        simulate(fmoe_bin, work, trace, policy, bad, wrong)
+        rc, res = compare(fmoe_bin, live, bad)
+        assert rc == 1 and res["identical"] is False, wrong
+
+
+def test_batch_trace_needs_a_served_trace(work, fmoe_bin):
+    p = run(fmoe_bin, "simulate", "--trace", work / "store-src.h5", "--batch", "trace",
+            "--cache-experts", CACHE, "--quiet", check=False)
+    assert p.returncode == 1
+    assert len(p.stderr.strip().splitlines()) == 1 and "--batch trace" in p.stderr
+    p = run(fmoe_bin, "simulate", "--trace", work / "store-src.h5", "--batch", "tracex",
+            "--cache-experts", CACHE, "--quiet", check=False)
+    assert p.returncode == 2 and "--batch" in p.stderr
