@@ -1,0 +1,534 @@
+/*
+ * predictor_file.c - the learned-predictor file (HDF5, format "fmoe-predictor", version 1;
+ * contract in fmoe/predictor.h), and a reader of a trace's gate inputs (/tokens/hidden).
+ *
+ * Layout:
+ *   /                root attributes: format, version, kind, stride, model_fingerprint,
+ *                    model_name, num_layers, num_experts, top_k, hidden_size, mlp_hidden,
+ *                    target, seed, split, created, fmoe_version
+ *   /layers/<i>/     for i = 1..L-1 (layer 0 has no predictor: nothing precedes it);
+ *                    attributes source_layer (max(i - stride, 0)), val_accuracy;
+ *                    W1 float32 [H][h], b1 [H], W2 [J][H], b2 [J] (nn.Linear layout:
+ *                    p = softmax(W2 · relu(W1 · x + b1) + b2))
+ *
+ * The weights are small (about 2M parameters per layer at real sizes), so the datasets are
+ * contiguous and uncompressed: any HDF5 reader opens them without a filter. Written as
+ * "<path>.partial" and renamed when complete, as every fmoe file (fmoe/files.h).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fmoe/error.h"
+#include "fmoe/files.h"
+#include "fmoe/half.h"
+#include "fmoe/predictor.h"
+#include "fmoe/trace.h"
+#include "fmoe_config.h"
+#include "hdf5_util.h"
+
+#define MAX_LAYERS 65535
+#define MAX_EXPERTS 65535
+#define MAX_WIDTH (1 << 24)
+#define MAX_MATRIX ((int64_t)1 << 30) /* elements of one weight matrix */
+
+/* ---------------------------------------------------------------------------------------
+ * Writing
+ * ------------------------------------------------------------------------------------- */
+
+static int write_f32(hid_t loc, const char *path, const char *name, int rank, const hsize_t *dims,
+                     const float *data) {
+    char msg[256];
+    hid_t space = H5Screate_simple(rank, dims, NULL);
+    hid_t d = space < 0 ? -1
+                        : H5Dcreate2(loc, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                                     H5P_DEFAULT);
+    const int ok = d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
+    if (d >= 0) H5Dclose(d);
+    if (space >= 0) H5Sclose(space);
+    if (!ok)
+        return fmoe_error_set(FMOE_EIO, "%s: cannot write %s: %s", path, name,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    return 0;
+}
+
+static int write_layer(hid_t file, const char *path, const fmoe_predictor *p, int32_t i) {
+    char name[64], msg[256];
+    snprintf(name, sizeof name, "/layers/%d", i);
+    hid_t g = H5Gcreate2(file, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g < 0)
+        return fmoe_error_set(FMOE_EIO, "%s: cannot create %s: %s", path, name,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    const fmoe_mlp *m = &p->layers[i];
+    const hsize_t d_w1[2] = {(hsize_t)m->hidden, (hsize_t)m->in}, d_b1[1] = {(hsize_t)m->hidden},
+                  d_w2[2] = {(hsize_t)m->out, (hsize_t)m->hidden}, d_b2[1] = {(hsize_t)m->out};
+    int rc = fmoe__h5_attr_write_int(g, path, "source_layer", H5T_STD_I32LE, p->source_layer[i]);
+    if (rc == 0) rc = fmoe__h5_attr_write_f64(g, path, "val_accuracy", p->val_accuracy[i]);
+    if (rc == 0) rc = write_f32(g, path, "W1", 2, d_w1, m->w1);
+    if (rc == 0) rc = write_f32(g, path, "b1", 1, d_b1, m->b1);
+    if (rc == 0) rc = write_f32(g, path, "W2", 2, d_w2, m->w2);
+    if (rc == 0) rc = write_f32(g, path, "b2", 1, d_b2, m->b2);
+    H5Gclose(g);
+    return rc;
+}
+
+static int write_all(hid_t file, const char *path, const fmoe_predictor *p) {
+    char created[32], msg[256];
+    if (p->created[0]) {
+        snprintf(created, sizeof created, "%s", p->created);
+    } else {
+        time_t now = time(NULL);
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    }
+    const struct {
+        const char *name, *value;
+    } sattrs[] = {
+        {"format", FMOE_PREDICTOR_FORMAT},
+        {"kind", p->kind},
+        {"model_fingerprint", p->model_fingerprint},
+        {"model_name", p->model_name},
+        {"target", p->target},
+        {"created", created},
+        {"fmoe_version", p->fmoe_version[0] ? p->fmoe_version : FMOE_VERSION},
+    };
+    const struct {
+        const char *name;
+        hid_t type;
+        int64_t value;
+    } iattrs[] = {
+        {"version", H5T_STD_I32LE, FMOE_PREDICTOR_VERSION},
+        {"stride", H5T_STD_I32LE, p->stride},
+        {"num_layers", H5T_STD_I32LE, p->num_layers},
+        {"num_experts", H5T_STD_I32LE, p->num_experts},
+        {"top_k", H5T_STD_I32LE, p->top_k},
+        {"hidden_size", H5T_STD_I32LE, p->hidden_size},
+        {"mlp_hidden", H5T_STD_I32LE, p->mlp_hidden},
+        {"seed", H5T_STD_I64LE, p->seed},
+    };
+    for (size_t i = 0; i < sizeof sattrs / sizeof sattrs[0]; i++)
+        FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(file, path, sattrs[i].name, sattrs[i].value));
+    for (size_t i = 0; i < sizeof iattrs / sizeof iattrs[0]; i++)
+        FMOE_FORWARD_IF_ERROR(
+            fmoe__h5_attr_write_int(file, path, iattrs[i].name, iattrs[i].type, iattrs[i].value));
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_f64(file, path, "split", p->split));
+    hid_t g = H5Gcreate2(file, "/layers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g < 0)
+        return fmoe_error_set(FMOE_EIO, "%s: cannot create /layers: %s", path,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    H5Gclose(g);
+    for (int32_t i = 1; i < p->num_layers; i++) FMOE_FORWARD_IF_ERROR(write_layer(file, path, p, i));
+    return 0;
+}
+
+static int check_predictor(const char *path, const fmoe_predictor *p) {
+    FMOE_RETURN_ERROR_IF(strcmp(p->kind, FMOE_PREDICTOR_KIND_PROMOE) != 0, FMOE_EINVAL,
+                         "%s: kind '%s', expected promoe", path, p->kind);
+    FMOE_RETURN_ERROR_IF(p->num_layers < 2 || p->stride < 1 || p->stride >= p->num_layers,
+                         FMOE_EINVAL, "%s: %d layers, stride %d", path, p->num_layers, p->stride);
+    for (int32_t i = 1; i < p->num_layers; i++) {
+        const fmoe_mlp *m = &p->layers[i];
+        FMOE_RETURN_ERROR_IF(!m->w1 || m->in != p->hidden_size || m->hidden != p->mlp_hidden ||
+                                 m->out != p->num_experts,
+                             FMOE_EINVAL, "%s: layer %d: MLP %d -> %d -> %d, expected %d -> %d -> %d",
+                             path, i, m->in, m->hidden, m->out, p->hidden_size, p->mlp_hidden,
+                             p->num_experts);
+    }
+    return 0;
+}
+
+static int predictor_write(const char *path, const fmoe_predictor *p) {
+    FMOE_RETURN_ERROR_IF(!path || !path[0] || !p, FMOE_EINVAL, "fmoe_predictor_write: NULL argument");
+    FMOE_FORWARD_IF_ERROR(check_predictor(path, p));
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
+    const size_t n = strlen(path);
+    char *partial = malloc(n + sizeof ".partial");
+    if (!partial) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+    memcpy(partial, path, n);
+    memcpy(partial + n, ".partial", sizeof ".partial");
+    char msg[256];
+    int rc;
+    if ((rc = fmoe__output_check(path)) < 0 || (rc = fmoe__partial_prepare(partial)) < 0) {
+        free(partial);
+        return rc;
+    }
+    hid_t file = H5Fcreate(partial, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
+    if (file < 0) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", partial,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+        free(partial);
+        return rc;
+    }
+    rc = write_all(file, partial, p);
+    if (H5Fclose(file) < 0 && rc == 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", partial,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+    if (rc == 0 && rename(partial, path) != 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot rename to %s: %s", partial, path,
+                            strerror(errno));
+    if (rc < 0) unlink(partial);
+    free(partial);
+    return rc;
+}
+
+int fmoe_predictor_write(const char *path, const fmoe_predictor *p) {
+    fmoe__h5_lock();
+    int rc = predictor_write(path, p);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Reading
+ * ------------------------------------------------------------------------------------- */
+
+static int read_int_attr(hid_t loc, const char *path, const char *obj, const char *name,
+                         int64_t lo, int64_t hi, int64_t *out) {
+    int rc = fmoe__h5_attr_read_int(loc, path, obj, name, out);
+    if (rc == FMOE_ENOTFOUND) rc = FMOE_EFORMAT;
+    if (rc < 0) return rc;
+    FMOE_RETURN_ERROR_IF(*out < lo || *out > hi, FMOE_EFORMAT,
+                         "%s: %s: attribute '%s' is %lld, expected %lld..%lld", path, obj, name,
+                         (long long)*out, (long long)lo, (long long)hi);
+    return 0;
+}
+
+static int read_f64_attr(hid_t loc, const char *path, const char *obj, const char *name,
+                         double *out) {
+    char msg[256];
+    if (!H5Aexists(loc, name))
+        return fmoe_error_set(FMOE_EFORMAT, "%s: %s: attribute '%s' is missing", path, obj, name);
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    hid_t type = a >= 0 ? H5Aget_type(a) : -1;
+    hid_t space = a >= 0 ? H5Aget_space(a) : -1;
+    int rc = 0;
+    if (type < 0 || space < 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: %s: cannot read attribute '%s': %s", path, obj, name,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+    else if (H5Tget_class(type) != H5T_FLOAT || H5Sget_simple_extent_npoints(space) != 1)
+        rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s: attribute '%s' is not one float", path, obj,
+                            name);
+    else if (H5Aread(a, H5T_NATIVE_DOUBLE, out) < 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: %s: cannot read attribute '%s': %s", path, obj, name,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    if (a >= 0) H5Aclose(a);
+    return rc;
+}
+
+static int read_str_attr(hid_t loc, const char *path, const char *name, char *out, size_t cap) {
+    int rc = fmoe__h5_attr_read_str(loc, path, "/", name, out, cap);
+    if (rc == FMOE_ENOTFOUND) rc = fmoe_error_set(FMOE_EFORMAT, "%s: attribute '%s' is missing", path, name);
+    return rc;
+}
+
+/* Reads float32 dataset `name` of group g, exactly dims[rank], all finite. */
+static int read_f32(hid_t g, const char *path, const char *obj, const char *name, int rank,
+                    const hsize_t *want, float *out) {
+    char msg[256];
+    if (H5Lexists(g, name, H5P_DEFAULT) <= 0)
+        return fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s is missing", path, obj, name);
+    hid_t d = H5Dopen2(g, name, H5P_DEFAULT);
+    if (d < 0)
+        return fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s: cannot open as a dataset: %s", path, obj,
+                              name, fmoe__h5_errmsg(msg, sizeof msg));
+    hid_t type = H5Dget_type(d), space = H5Dget_space(d);
+    int rc = 0;
+    hsize_t dims[8] = {0};
+    const int r = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
+    if (type < 0 || space < 0 || r < 0) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: %s/%s: cannot read: %s", path, obj, name,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+    } else if (H5Tget_class(type) != H5T_FLOAT) {
+        rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s is not a float dataset", path, obj, name);
+    } else {
+        int same = r == rank;
+        if (same && r <= 8) H5Sget_simple_extent_dims(space, dims, NULL);
+        for (int i = 0; same && i < rank; i++) same = dims[i] == want[i];
+        if (!same) {
+            char got[96] = "", exp[96] = "";
+            for (int i = 0; i < r && i < 8; i++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%llu", i ? "," : "",
+                         (unsigned long long)dims[i]);
+            for (int i = 0; i < rank; i++)
+                snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%s%llu", i ? "," : "",
+                         (unsigned long long)want[i]);
+            rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s has shape [%s], expected [%s]", path, obj,
+                                name, got, exp);
+        } else if (H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
+            rc = fmoe_error_set(FMOE_EIO, "%s: %s/%s: cannot read: %s", path, obj, name,
+                                fmoe__h5_errmsg(msg, sizeof msg));
+        } else {
+            hsize_t count = 1;
+            for (int i = 0; i < rank; i++) count *= want[i];
+            for (hsize_t i = 0; i < count && rc == 0; i++)
+                if (!isfinite(out[i]))
+                    rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s: element %llu is %g, expected a "
+                                                      "finite weight",
+                                        path, obj, name, (unsigned long long)i, (double)out[i]);
+        }
+    }
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    H5Dclose(d);
+    return rc;
+}
+
+static int read_layers(hid_t file, const char *path, fmoe_predictor *p) {
+    char obj[64];
+    for (int32_t i = 1; i < p->num_layers; i++) {
+        snprintf(obj, sizeof obj, "/layers/%d", i);
+        int ex = fmoe__h5_exists(file, obj);
+        FMOE_RETURN_ERROR_IF(ex <= 0, FMOE_EFORMAT,
+                             "%s: %s is missing (a promoe predictor has layers 1..%d)", path, obj,
+                             p->num_layers - 1);
+        hid_t g = H5Gopen2(file, obj, H5P_DEFAULT);
+        FMOE_RETURN_ERROR_IF(g < 0, FMOE_EFORMAT, "%s: %s is not a group", path, obj);
+        int64_t src = 0;
+        const int32_t want_src = fmoe_promoe_source_layer(i, p->stride);
+        int rc = read_int_attr(g, path, obj, "source_layer", want_src, want_src, &src);
+        double acc = NAN;
+        if (rc == 0 && H5Aexists(g, "val_accuracy") > 0)
+            rc = read_f64_attr(g, path, obj, "val_accuracy", &acc);
+        p->val_accuracy[i] = (float)acc;
+        fmoe_mlp *m = &p->layers[i];
+        const hsize_t d_w1[2] = {(hsize_t)m->hidden, (hsize_t)m->in},
+                      d_b1[1] = {(hsize_t)m->hidden},
+                      d_w2[2] = {(hsize_t)m->out, (hsize_t)m->hidden}, d_b2[1] = {(hsize_t)m->out};
+        if (rc == 0) rc = read_f32(g, path, obj, "W1", 2, d_w1, m->w1);
+        if (rc == 0) rc = read_f32(g, path, obj, "b1", 1, d_b1, m->b1);
+        if (rc == 0) rc = read_f32(g, path, obj, "W2", 2, d_w2, m->w2);
+        if (rc == 0) rc = read_f32(g, path, obj, "b2", 1, d_b2, m->b2);
+        H5Gclose(g);
+        FMOE_FORWARD_IF_ERROR(rc);
+    }
+    return 0;
+}
+
+static int read_file(hid_t file, const char *path, fmoe_predictor **out) {
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_check_format(
+        file, path, "predictor", FMOE_PREDICTOR_FORMAT, FMOE_PREDICTOR_VERSION, FMOE_TRACE_FORMAT,
+        " (this is a trace: train a predictor from it with fmoe train-predictor)"));
+    char kind[32];
+    FMOE_FORWARD_IF_ERROR(read_str_attr(file, path, "kind", kind, sizeof kind));
+    FMOE_RETURN_ERROR_IF(strcmp(kind, FMOE_PREDICTOR_KIND_PROMOE) != 0, FMOE_EUNSUPPORTED,
+                         "%s: predictor kind '%s', this fmoe reads promoe", path, kind);
+    int64_t L, J, K, h, H, k, seed;
+    FMOE_FORWARD_IF_ERROR(read_int_attr(file, path, "/", "num_layers", 2, MAX_LAYERS, &L));
+    FMOE_FORWARD_IF_ERROR(read_int_attr(file, path, "/", "num_experts", 1, MAX_EXPERTS, &J));
+    FMOE_FORWARD_IF_ERROR(read_int_attr(file, path, "/", "top_k", 1, J, &K));
+    FMOE_FORWARD_IF_ERROR(read_int_attr(file, path, "/", "hidden_size", 1, MAX_WIDTH, &h));
+    FMOE_FORWARD_IF_ERROR(read_int_attr(file, path, "/", "mlp_hidden", 1, MAX_WIDTH, &H));
+    FMOE_FORWARD_IF_ERROR(read_int_attr(file, path, "/", "stride", 1, L - 1, &k));
+    FMOE_FORWARD_IF_ERROR(read_int_attr(file, path, "/", "seed", 0, INT64_MAX, &seed));
+    FMOE_RETURN_ERROR_IF(h * H > MAX_MATRIX || J * H > MAX_MATRIX, FMOE_EFORMAT,
+                         "%s: MLP %lld -> %lld -> %lld is too large (at most %lld weights a "
+                         "matrix)",
+                         path, (long long)h, (long long)H, (long long)J, (long long)MAX_MATRIX);
+    fmoe_predictor *p = NULL;
+    FMOE_FORWARD_IF_ERROR(fmoe_predictor_alloc(&p, (int32_t)L, (int32_t)J, (int32_t)K, (int32_t)h,
+                                               (int32_t)H, (int32_t)k));
+    p->seed = seed;
+    int rc = read_str_attr(file, path, "model_fingerprint", p->model_fingerprint,
+                           sizeof p->model_fingerprint);
+    if (rc == 0) rc = read_str_attr(file, path, "model_name", p->model_name, sizeof p->model_name);
+    if (rc == 0) rc = read_str_attr(file, path, "target", p->target, sizeof p->target);
+    if (rc == 0) rc = read_str_attr(file, path, "created", p->created, sizeof p->created);
+    if (rc == 0)
+        rc = read_str_attr(file, path, "fmoe_version", p->fmoe_version, sizeof p->fmoe_version);
+    if (rc == 0) rc = read_f64_attr(file, path, "/", "split", &p->split);
+    if (rc == 0) rc = read_layers(file, path, p);
+    if (rc < 0) {
+        fmoe_predictor_free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+static int predictor_read(const char *path, fmoe_predictor **out) {
+    FMOE_RETURN_ERROR_IF(!path || !out, FMOE_EINVAL, "fmoe_predictor_read: NULL argument");
+    *out = NULL;
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
+    char msg[256];
+    int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
+    if (fd < 0) return fd;
+    close(fd);
+    htri_t is = H5Fis_hdf5(path);
+    FMOE_RETURN_ERROR_IF(is <= 0, is < 0 ? FMOE_EIO : FMOE_EFORMAT, "%s: %s", path,
+                         is < 0 ? "cannot open (missing or unreadable)"
+                                : "not an HDF5 file, expected an fmoe predictor");
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0)
+        return fmoe_error_set(FMOE_EFORMAT, "%s: damaged or truncated HDF5 file: %s", path,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    int rc = read_file(file, path, out);
+    H5Fclose(file);
+    return rc;
+}
+
+int fmoe_predictor_read(const char *path, fmoe_predictor **out) {
+    fmoe__h5_lock();
+    int rc = predictor_read(path, out);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * /tokens/hidden of a trace
+ * ------------------------------------------------------------------------------------- */
+
+struct fmoe_trace_hidden_reader {
+    char *path;
+    hid_t file, data, half;
+    int is_half;
+    int64_t num_tokens;
+    int32_t num_layers, hidden_dim;
+};
+
+static void hidden_close(fmoe_trace_hidden_reader *r) {
+    if (!r) return;
+    if (r->half >= 0) H5Tclose(r->half);
+    if (r->data >= 0) H5Dclose(r->data);
+    if (r->file >= 0) H5Fclose(r->file);
+    free(r->path);
+    free(r);
+}
+
+static int hidden_open(fmoe_trace_hidden_reader **out, const char *path, int64_t num_tokens,
+                       int32_t num_layers, int32_t hidden_dim) {
+    FMOE_RETURN_ERROR_IF(!out || !path || num_tokens < 0 || num_layers < 1, FMOE_EINVAL,
+                         "fmoe_trace_hidden_open: bad arguments");
+    *out = NULL;
+    FMOE_RETURN_ERROR_IF(hidden_dim < 1, FMOE_ENOTFOUND,
+                         "%s has no hidden states (/tokens/hidden): record the trace with "
+                         "'fmoe record --hidden'",
+                         path);
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
+    fmoe_trace_hidden_reader *r = calloc(1, sizeof *r);
+    if (!r) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+    r->file = r->data = r->half = -1;
+    r->num_tokens = num_tokens;
+    r->num_layers = num_layers;
+    r->hidden_dim = hidden_dim;
+    char msg[256];
+    int rc = 0;
+    int fd = fmoe__open_regular(path);
+    if (fd < 0) {
+        rc = fd;
+        goto fail;
+    }
+    close(fd);
+    if (!(r->path = strdup(path))) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    r->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (r->file < 0) {
+        rc = fmoe_error_set(FMOE_EFORMAT, "%s: cannot open: %s", path,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+        goto fail;
+    }
+    r->data = fmoe__h5_dataset_open(r->file, path, "/tokens/hidden");
+    if (r->data < 0) {
+        rc = (int)r->data;
+        if (rc == FMOE_ENOTFOUND)
+            fmoe_error_set(rc, "%s has no hidden states (/tokens/hidden): record the trace with "
+                               "'fmoe record --hidden'",
+                           path);
+        goto fail;
+    }
+    hid_t type = H5Dget_type(r->data), space = H5Dget_space(r->data);
+    hsize_t dims[3] = {0};
+    const int ok = type >= 0 && space >= 0 && H5Tget_class(type) == H5T_FLOAT &&
+                   H5Sget_simple_extent_ndims(space) == 3 &&
+                   H5Sget_simple_extent_dims(space, dims, NULL) == 3;
+    r->is_half = type >= 0 && fmoe__h5_is_half(type);
+    const size_t size = type >= 0 ? H5Tget_size(type) : 0;
+    if (type >= 0) H5Tclose(type);
+    if (space >= 0) H5Sclose(space);
+    if (!ok || (!r->is_half && size != 4) || dims[0] != (hsize_t)num_tokens ||
+        dims[1] != (hsize_t)num_layers || dims[2] != (hsize_t)hidden_dim) {
+        rc = fmoe_error_set(FMOE_EFORMAT,
+                            "%s: /tokens/hidden has shape [%llu,%llu,%llu], expected float16 or "
+                            "float32 [%lld,%d,%d]",
+                            path, (unsigned long long)dims[0], (unsigned long long)dims[1],
+                            (unsigned long long)dims[2], (long long)num_tokens, num_layers,
+                            hidden_dim);
+        goto fail;
+    }
+    if ((rc = fmoe__h5_check_stored(r->data, path, "/tokens/hidden")) < 0) goto fail;
+    r->half = fmoe__h5_half_type();
+    if (r->half < 0) {
+        rc = fmoe_error_set(FMOE_EINTERNAL, "%s: cannot build the float16 type", path);
+        goto fail;
+    }
+    *out = r;
+    return 0;
+fail:
+    hidden_close(r);
+    return rc;
+}
+
+/* As the trace reader's gate datasets: float16 rows are read into the upper half of `out`
+ * and widened in place front to back (element i's float never overwrites a half not yet
+ * converted). */
+static int hidden_read(fmoe_trace_hidden_reader *r, int64_t t0, int64_t n, float *out) {
+    FMOE_RETURN_ERROR_IF(!r || !out || t0 < 0 || n < 0 || t0 > r->num_tokens ||
+                             n > r->num_tokens - t0,
+                         FMOE_ERANGE, "%s: /tokens/hidden: tokens [%lld, %lld) requested, the "
+                                      "trace has %lld",
+                         r ? r->path : "?", (long long)t0, (long long)(t0 + n),
+                         (long long)(r ? r->num_tokens : 0));
+    if (n == 0) return 0;
+    const size_t count = (size_t)n * (size_t)r->num_layers * (size_t)r->hidden_dim;
+    if (r->is_half) {
+        unsigned char *halves = (unsigned char *)out + 2 * count;
+        FMOE_FORWARD_IF_ERROR(fmoe__h5_dataset_read_rows(r->data, r->path, "/tokens/hidden",
+                                                         r->half, (hsize_t)t0, (hsize_t)n, halves));
+        for (size_t i = 0; i < count; i++) {
+            uint16_t hv;
+            memcpy(&hv, halves + 2 * i, sizeof hv);
+            out[i] = fmoe_half_to_float(hv);
+        }
+    } else {
+        FMOE_FORWARD_IF_ERROR(fmoe__h5_dataset_read_rows(r->data, r->path, "/tokens/hidden",
+                                                         H5T_NATIVE_FLOAT, (hsize_t)t0,
+                                                         (hsize_t)n, out));
+    }
+    const size_t per_token = (size_t)r->num_layers * (size_t)r->hidden_dim;
+    for (size_t i = 0; i < count; i++)
+        FMOE_RETURN_ERROR_IF(!isfinite(out[i]), FMOE_EFORMAT,
+                             "%s: /tokens/hidden: token %lld element %zu is %g, expected a "
+                             "finite value",
+                             r->path, (long long)(t0 + (int64_t)(i / per_token)), i % per_token,
+                             (double)out[i]);
+    return 0;
+}
+
+int fmoe_trace_hidden_open(fmoe_trace_hidden_reader **out, const char *path, int64_t num_tokens,
+                           int32_t num_layers, int32_t hidden_dim) {
+    fmoe__h5_lock();
+    int rc = hidden_open(out, path, num_tokens, num_layers, hidden_dim);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+int fmoe_trace_hidden_read(fmoe_trace_hidden_reader *r, int64_t t0, int64_t n, float *out) {
+    fmoe__h5_lock();
+    int rc = hidden_read(r, t0, n, out);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+void fmoe_trace_hidden_close(fmoe_trace_hidden_reader *r) {
+    fmoe__h5_lock();
+    hidden_close(r);
+    fmoe__h5_unlock();
+}
