@@ -27,6 +27,7 @@
 #include "trace_header.h"
 #include "fmoe/error.h"
 #include "fmoe/model.h"
+#include "fmoe/policy.h"
 #include "fmoe/tokenizer.h"
 #include "http_server.h"
 #include "serve_engine.h"
@@ -189,6 +190,7 @@ int cmd_serve(int argc, char **argv) {
     cmd_offload off = {0};
     int off_open = 0;
     fmoe_trace_writer *trace = NULL;
+    int32_t trace_speculative = 0;
     char name[256];
 
     if (!(metrics = serve_metrics_new())) {
@@ -223,6 +225,11 @@ int cmd_serve(int argc, char **argv) {
         snprintf(h.dataset, sizeof h.dataset, "serve");
         h.prefill_chunk = 64; /* a prompt's chunks, as the engine runs a lone request */
         h.served = 1;         /* and each token's batched pass and its time */
+        /* a policy that reads speculative gates gets them recorded, for its replay */
+        const fmoe_policy_ops *ops = off.x ? fmoe_policy_find(a.off.policy ? a.off.policy : "lru")
+                                           : NULL;
+        trace_speculative = ops && (ops->flags & FMOE_POLICY_NEEDS_SPECULATIVE) ? 1 : 0;
+        h.speculative_depth = trace_speculative;
         if ((err = fmoe_trace_writer_open(&trace, a.trace_out, &h, NULL)) < 0) goto fail;
     }
 
@@ -230,7 +237,7 @@ int cmd_serve(int argc, char **argv) {
         .model = m, .tokenizer = tok, .offload = off.x, .metrics = metrics,
         .model_name = a.model_name, .parallel = a.parallel, .max_queue = a.max_queue,
         .max_context = a.max_context, .threads = a.threads, .stop_ids = gc.stop,
-        .num_stop_ids = gc.num_stop, .trace_out = trace};
+        .num_stop_ids = gc.num_stop, .trace_out = trace, .trace_speculative = trace_speculative};
     if ((err = serve_engine_start(&eo, &engine)) < 0) goto fail;
     serve_http_set_engine(http, engine);
     if (!a.quiet) {

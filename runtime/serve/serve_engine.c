@@ -166,6 +166,7 @@ typedef struct seq {
     uint16_t *experts;
     float *probs;              /* [rows_cap][L][J] (trace_out) */
     float *semantic;           /* [rows_cap][h] (trace_out) */
+    float *speculative;        /* [rows_cap][L][S][J] (trace_out with trace_speculative S) */
     int32_t *token_id;         /* [rows_cap] (trace_out) */
     uint8_t *phase;            /* [rows_cap] (trace_out) */
     int64_t *served_iteration; /* [rows_cap] the pass each row ran in (trace_out) */
@@ -261,6 +262,12 @@ static int seq_reserve(serve_engine *e, seq *s, int64_t rows) {
         float *ss = realloc(s->served_s, n * sizeof *ss);
         if (ss) s->served_s = ss;
         ok = p && sm && ti && ph && si && ss;
+        const size_t S = (size_t)e->o.trace_speculative;
+        if (ok && S > 0) {
+            float *sp = realloc(s->speculative, n * L * S * J * sizeof *sp);
+            if (sp) s->speculative = sp;
+            ok = sp != NULL;
+        }
     }
     if (!ok) return fmoe_error_set(FMOE_ENOMEM, "out of memory for the routing of %lld tokens",
                                    (long long)rows);
@@ -305,6 +312,7 @@ static int seq_record(serve_engine *e, seq *s, int32_t finish) {
         .id = s->order, .arrival_s = j->t_submit - e->t0, .prompt_tokens = j->prompt_tokens,
         .output_tokens = s->decoded, .token_id = s->token_id, .phase = s->phase,
         .experts = s->experts, .probs = s->probs, .semantic = s->semantic,
+        .speculative = e->o.trace_speculative > 0 ? s->speculative : NULL,
         .served_iteration = s->served_iteration, .served_s = s->served_s};
     if (serve_trace_queue_push(e->tq, &q, t) < 0) {
         serve_job_release(j);
@@ -316,6 +324,7 @@ static int seq_record(serve_engine *e, seq *s, int32_t finish) {
     s->experts = NULL;
     s->probs = NULL;
     s->semantic = NULL;
+    s->speculative = NULL;
     s->served_iteration = NULL;
     s->served_s = NULL;
     s->rows_cap = 0;
@@ -534,9 +543,11 @@ static int32_t plan_items(serve_engine *e) {
                 s->token_id[r] = s->next;
                 s->phase[r] = FMOE_PHASE_DECODE;
             }
-            *tr = (fmoe_forward_trace){.experts = s->experts + r * LK,
-                                       .probs = s->probs + r * LJ,
-                                       .semantic = s->semantic + r * h};
+            const int64_t LSJ = LJ * e->o.trace_speculative;
+            *tr = (fmoe_forward_trace){
+                .experts = s->experts + r * LK, .probs = s->probs + r * LJ,
+                .semantic = s->semantic + r * h,
+                .speculative = LSJ > 0 ? s->speculative + r * LSJ : NULL};
         } else {
             *tr = (fmoe_forward_trace){.experts = s->experts};
         }
@@ -672,6 +683,7 @@ static void engine_free(serve_engine *e) {
         free(e->seqs[i].experts);
         free(e->seqs[i].probs);
         free(e->seqs[i].semantic);
+        free(e->seqs[i].speculative);
         free(e->seqs[i].token_id);
         free(e->seqs[i].phase);
         free(e->seqs[i].served_iteration);

@@ -55,6 +55,10 @@ typedef struct serve_engine_options {
      * probabilities, semantic rows, the pass each token ran in, arrival time since start.
      * Borrowed; opened with the header of cmd_trace_header_for_model. NULL: none. */
     fmoe_trace_writer *trace_out;
+    /* S of the trace's /tokens/speculative (the header's speculative_depth): 0, or the
+     * runner session's depth when the policy reads speculative gates (fmoe_offload_attach
+     * sets it), so a replay of the trace can run that policy. */
+    int32_t trace_speculative;
 } serve_engine_options;
 
 /* Sampling and limits of one request, as the API layer parsed them. */

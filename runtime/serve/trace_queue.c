@@ -36,6 +36,7 @@ static void entry_free(entry *e) {
     free((void *)e->req.experts);
     free((void *)e->req.probs);
     free((void *)e->req.semantic);
+    free((void *)e->req.speculative);
     free((void *)e->req.served_iteration);
     free((void *)e->req.served_s);
     free(e);

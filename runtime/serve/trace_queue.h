@@ -25,9 +25,9 @@ typedef void (*serve_trace_done_fn)(void *ctx, void *tag, int rc);
 int serve_trace_queue_start(fmoe_trace_writer *w, serve_trace_done_fn done, void *ctx,
                             serve_trace_queue **out);
 
-/* Queues a request. Its arrays token_id, phase, experts, probs, semantic, served_iteration
- * and served_s must come from malloc: the queue frees them after the append. @return 0 or
- * FMOE_ENOMEM (then nothing was taken: the caller still owns the arrays). */
+/* Queues a request. Its arrays token_id, phase, experts, probs, semantic, speculative,
+ * served_iteration and served_s must come from malloc: the queue frees them after the
+ * append. @return 0 or FMOE_ENOMEM (then nothing was taken: the caller owns the arrays). */
 int serve_trace_queue_push(serve_trace_queue *q, const fmoe_trace_request *req, void *tag);
 
 /* Appends everything queued, stops the thread and frees. NULL is a no-op (0).

@@ -124,7 +124,7 @@ def check_batched(trace):
     assert mixed
 
 
-@pytest.mark.parametrize("policy", ["lru", "fmoe"])
+@pytest.mark.parametrize("policy", ["lru", "mixtral-offload", "fmoe"])
 def test_served_run_replays_decision_for_decision(work, fmoe_bin, policy):
     trace, live = serve(work, policy)
     check_batched(trace)
