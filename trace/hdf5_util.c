@@ -58,6 +58,22 @@ int fmoe__h5_init(void) {
     return fmoe_hdf5_register_zstd();
 }
 
+hid_t fmoe__h5_open_image(const void *image, size_t size, const char *name) {
+    char msg[256];
+    FMOE_RETURN_ERROR_IF(!image || size < 8, FMOE_EFORMAT, "%s: not an HDF5 file (%zu bytes)",
+                         name, size);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0) return fmoe_error_set(FMOE_EINTERNAL, "%s: cannot create a property list", name);
+    hid_t file = -1;
+    if (H5Pset_fapl_core(fapl, 64 * 1024, 0) >= 0 && H5Pset_file_image(fapl, (void *)image, size) >= 0)
+        file = H5Fopen(name, H5F_ACC_RDONLY, fapl);
+    H5Pclose(fapl);
+    if (file < 0)
+        return fmoe_error_set(FMOE_EFORMAT, "%s: damaged or truncated HDF5 file: %s", name,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    return file;
+}
+
 typedef struct errwalk {
     char *buf;
     size_t cap;
@@ -170,6 +186,16 @@ int fmoe__h5_attr_write_str(hid_t loc, const char *path, const char *name, const
 int fmoe__h5_attr_write_int(hid_t loc, const char *path, const char *name, hid_t file_type,
                             int64_t value) {
     return attr_write_scalar(loc, path, name, file_type, H5T_NATIVE_INT64, &value);
+}
+
+int fmoe__h5_attrs_write(hid_t loc, const char *path, const fmoe__h5_str_attr *strs, size_t ns,
+                         const fmoe__h5_int_attr *ints, size_t ni) {
+    for (size_t i = 0; i < ns; i++)
+        FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(loc, path, strs[i].name, strs[i].value));
+    for (size_t i = 0; i < ni; i++)
+        FMOE_FORWARD_IF_ERROR(
+            fmoe__h5_attr_write_int(loc, path, ints[i].name, ints[i].type, ints[i].value));
+    return 0;
 }
 
 int fmoe__h5_attr_write_f64(hid_t loc, const char *path, const char *name, double value) {

@@ -42,6 +42,11 @@ int fmoe__h5_init(void);
  * failed call, before anything else touches HDF5. */
 const char *fmoe__h5_errmsg(char *buf, size_t cap);
 
+/* Opens an HDF5 file image (`size` bytes at `image`, copied by HDF5) read-only through the
+ * in-memory (core) driver, with `name` as its label. For the fuzz targets: no file on
+ * disk. @return the file id, or < 0 with a detail naming `name` (FMOE_EFORMAT). */
+hid_t fmoe__h5_open_image(const void *image, size_t size, const char *name);
+
 /* New datatype ids; the caller closes them with H5Tclose. < 0 on failure. */
 hid_t fmoe__h5_half_type(void); /* IEEE binary16, little endian: numpy float16 in h5py */
 hid_t fmoe__h5_utf8_type(void); /* variable-length UTF-8 string: str in h5py */
@@ -56,6 +61,19 @@ const char *fmoe__h5_type_name(hid_t type, char *buf, size_t cap);
 /* Scalar attributes on `loc`. Strings are written as variable-length UTF-8. */
 int fmoe__h5_attr_write_str(hid_t loc, const char *path, const char *name, const char *value);
 int fmoe__h5_attr_write_f64(hid_t loc, const char *path, const char *name, double value);
+/* Tables of root attributes, written in order (each file format lists its own). */
+typedef struct fmoe__h5_str_attr {
+    const char *name, *value;
+} fmoe__h5_str_attr;
+typedef struct fmoe__h5_int_attr {
+    const char *name;
+    hid_t type;       /* file type, e.g. H5T_STD_I32LE */
+    int64_t value;
+} fmoe__h5_int_attr;
+/* @return 0 or the first attribute's error (naming it and path). */
+int fmoe__h5_attrs_write(hid_t loc, const char *path, const fmoe__h5_str_attr *strs, size_t ns,
+                         const fmoe__h5_int_attr *ints, size_t ni);
+
 int fmoe__h5_attr_write_int(hid_t loc, const char *path, const char *name, hid_t file_type,
                             int64_t value);
 

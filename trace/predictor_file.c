@@ -86,9 +86,7 @@ static int write_all(hid_t file, const char *path, const fmoe_predictor *p) {
         gmtime_r(&now, &tm);
         strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
     }
-    const struct {
-        const char *name, *value;
-    } sattrs[] = {
+    const fmoe__h5_str_attr sattrs[] = {
         {"format", FMOE_PREDICTOR_FORMAT},
         {"kind", p->kind},
         {"model_fingerprint", p->model_fingerprint},
@@ -97,11 +95,7 @@ static int write_all(hid_t file, const char *path, const fmoe_predictor *p) {
         {"created", created},
         {"fmoe_version", p->fmoe_version[0] ? p->fmoe_version : FMOE_VERSION},
     };
-    const struct {
-        const char *name;
-        hid_t type;
-        int64_t value;
-    } iattrs[] = {
+    const fmoe__h5_int_attr iattrs[] = {
         {"version", H5T_STD_I32LE, FMOE_PREDICTOR_VERSION},
         {"stride", H5T_STD_I32LE, p->stride},
         {"num_layers", H5T_STD_I32LE, p->num_layers},
@@ -111,11 +105,9 @@ static int write_all(hid_t file, const char *path, const fmoe_predictor *p) {
         {"mlp_hidden", H5T_STD_I32LE, p->mlp_hidden},
         {"seed", H5T_STD_I64LE, p->seed},
     };
-    for (size_t i = 0; i < sizeof sattrs / sizeof sattrs[0]; i++)
-        FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(file, path, sattrs[i].name, sattrs[i].value));
-    for (size_t i = 0; i < sizeof iattrs / sizeof iattrs[0]; i++)
-        FMOE_FORWARD_IF_ERROR(
-            fmoe__h5_attr_write_int(file, path, iattrs[i].name, iattrs[i].type, iattrs[i].value));
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_attrs_write(file, path, sattrs,
+                                               sizeof sattrs / sizeof sattrs[0], iattrs,
+                                               sizeof iattrs / sizeof iattrs[0]));
     FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_f64(file, path, "split", p->split));
     hid_t g = H5Gcreate2(file, "/layers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (g < 0)

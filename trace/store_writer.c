@@ -109,9 +109,7 @@ static int write_all(hid_t file, const char *p, const fmoe_store_file *f,
         if (s) strcat(joined, "\n");
         strcat(joined, f->sources[s].path);
     }
-    const struct {
-        const char *name, *value;
-    } sattrs[] = {
+    const fmoe__h5_str_attr sattrs[] = {
         {"format", FMOE_STORE_FORMAT},
         {"model_name", f->model_name},
         {"model_fingerprint", f->model_fingerprint},
@@ -121,11 +119,7 @@ static int write_all(hid_t file, const char *p, const fmoe_store_file *f,
         {"created", created},
         {"fmoe_version", version},
     };
-    const struct {
-        const char *name;
-        hid_t type;
-        int64_t value;
-    } iattrs[] = {
+    const fmoe__h5_int_attr iattrs[] = {
         {"version", H5T_STD_I32LE, FMOE_STORE_VERSION},
         {"capacity", H5T_STD_I32LE, c->capacity},
         {"size", H5T_STD_I32LE, E},
@@ -138,13 +132,9 @@ static int write_all(hid_t file, const char *p, const fmoe_store_file *f,
         {"requests_held_out", H5T_STD_I64LE, f->num_held_out},
         {"tokens_used", H5T_STD_I64LE, f->tokens_used},
     };
-    for (size_t i = 0; i < sizeof sattrs / sizeof sattrs[0]; i++)
-        if ((rc = fmoe__h5_attr_write_str(file, p, sattrs[i].name, sattrs[i].value)) < 0) goto done;
-    for (size_t i = 0; i < sizeof iattrs / sizeof iattrs[0]; i++) {
-        if ((rc = fmoe__h5_attr_write_int(file, p, iattrs[i].name, iattrs[i].type,
-                                          iattrs[i].value)) < 0)
-            goto done;
-    }
+    if ((rc = fmoe__h5_attrs_write(file, p, sattrs, sizeof sattrs / sizeof sattrs[0], iattrs,
+                                   sizeof iattrs / sizeof iattrs[0])) < 0)
+        goto done;
     if ((rc = fmoe__h5_attr_write_f64(file, p, "split", f->split)) < 0) goto done;
     {
         /* the seed is a full uint64; fmoe__h5_attr_write_int takes int64 values */

@@ -148,10 +148,7 @@ static int write_root_attributes(fmoe_trace_writer *w) {
     const fmoe_trace_header *h = &w->header;
     hid_t f = w->file;
     const char *p = w->partial;
-    const struct {
-        const char *name;
-        const char *value;
-    } strs[] = {
+    const fmoe__h5_str_attr strs[] = {
         {"format", FMOE_TRACE_FORMAT},
         {"model_name", h->model_name},
         {"model_fingerprint", h->model_fingerprint},
@@ -163,24 +160,24 @@ static int write_root_attributes(fmoe_trace_writer *w) {
         {"probs_kind", fmoe_probs_kind_name(h->probs_kind)},
         {"semantic_kind", h->semantic_kind},
     };
-    const struct {
-        const char *name;
-        int64_t value;
-    } ints[] = {
-        {"version", FMOE_TRACE_VERSION},   {"num_layers", h->num_layers},
-        {"num_experts", h->num_experts},   {"top_k", h->top_k},
-        {"hidden_size", h->hidden_size},   {"shared_experts", h->shared_experts},
-        {"semantic_dim", h->semantic_dim}, {"speculative_depth", h->speculative_depth},
-        {"hidden_dim", h->hidden_dim},     {"timing_layers", h->timing_layers},
-        {"prefill_chunk", h->prefill_chunk},
-        {"offload_cache_experts", h->offload_cache_experts},
-        {"served", h->served},
+    const hid_t i32 = H5T_STD_I32LE;
+    const fmoe__h5_int_attr ints[] = {
+        {"version", i32, FMOE_TRACE_VERSION},
+        {"num_layers", i32, h->num_layers},
+        {"num_experts", i32, h->num_experts},
+        {"top_k", i32, h->top_k},
+        {"hidden_size", i32, h->hidden_size},
+        {"shared_experts", i32, h->shared_experts},
+        {"semantic_dim", i32, h->semantic_dim},
+        {"speculative_depth", i32, h->speculative_depth},
+        {"hidden_dim", i32, h->hidden_dim},
+        {"timing_layers", i32, h->timing_layers},
+        {"prefill_chunk", i32, h->prefill_chunk},
+        {"offload_cache_experts", i32, h->offload_cache_experts},
+        {"served", i32, h->served},
     };
-    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
-        FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(f, p, strs[i].name, strs[i].value));
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        FMOE_FORWARD_IF_ERROR(
-            fmoe__h5_attr_write_int(f, p, ints[i].name, H5T_STD_I32LE, ints[i].value));
+    FMOE_FORWARD_IF_ERROR(fmoe__h5_attrs_write(f, p, strs, sizeof strs / sizeof strs[0], ints,
+                                               sizeof ints / sizeof ints[0]));
     if (h->offload_cache_experts > 0)
         FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(f, p, "offload_policy", h->offload_policy));
     return fmoe__h5_attr_write_int(f, p, "expert_bytes", H5T_STD_I64LE, h->expert_bytes);
