@@ -27,6 +27,7 @@ PROMPTS = REPO / "datasets" / "samples" / "prompts_100.txt"
 
 h5py = pytest.importorskip("h5py")
 import hdf5plugin  # noqa: F401,E402
+from conftest import run_fmoe  # noqa: E402
 
 POLICIES = ["lru", "lfu", "ondemand", "least-stale", "mixtral-offload", "moe-infinity", "fmoe"]
 CACHES = [6, 16, 32]  # of 6 x 8 = 48 routed experts
@@ -40,13 +41,7 @@ ZERO_LINK = {
 }
 
 
-def run(fmoe_bin, *args, check=True):
-    import subprocess
-    p = subprocess.run([str(fmoe_bin), *map(str, args)], capture_output=True, text=True)
-    if check and p.returncode != 0:
-        raise AssertionError(f"fmoe {' '.join(map(str, args))} exited {p.returncode}:\n"
-                             f"{p.stdout}\n{p.stderr}")
-    return p
+run = run_fmoe  # conftest's
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ fail.
 """
 import concurrent.futures
 import json
-import subprocess
 
 import numpy as np
 import pytest
@@ -26,7 +25,7 @@ import pytest
 h5py = pytest.importorskip("h5py")
 import hdf5plugin  # noqa: F401,E402  (registers the zstd filter with h5py)
 
-from conftest import REPO  # noqa: E402
+from conftest import REPO, run_fmoe  # noqa: E402
 from serve_util import Server  # noqa: E402
 from test_offload_live import ZERO_LINK  # noqa: E402
 
@@ -43,12 +42,7 @@ def prompts():
     return [p for pair in zip(short, long) for p in pair]
 
 
-def run(fmoe_bin, *args, check=True):
-    p = subprocess.run([str(fmoe_bin), *map(str, args)], capture_output=True, text=True)
-    if check and p.returncode != 0:
-        raise AssertionError(f"fmoe {' '.join(map(str, args))} exited {p.returncode}:\n"
-                             f"{p.stdout}\n{p.stderr}")
-    return p
+run = run_fmoe  # conftest's
 
 
 @pytest.fixture(scope="module")
