@@ -8,6 +8,8 @@ it. The server runs the bundled fmoe-tiny with half of its experts offloaded, so
 per-layer expert-cache counters move.
 """
 import json
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -286,3 +288,29 @@ def test_api_key(tmp_path):
         assert s.request("GET", "/metrics")[0] == 200
     finally:
         s.stop()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl(server):
+    """The README's curl example, and a streamed one: what a shell user sees."""
+    url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+    body = json.dumps({"messages": MSGS, "max_tokens": 8, "temperature": 0})
+    p = subprocess.run(["curl", "-sS", "--fail-with-body", url, "-H",
+                        "Content-Type: application/json", "-d", body],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["object"] == "chat.completion" and r["usage"]["completion_tokens"] >= 1
+    text = r["choices"][0]["message"]["content"]
+    stream = json.dumps({"messages": MSGS, "max_tokens": 8, "temperature": 0, "stream": True})
+    p = subprocess.run(["curl", "-sSN", url, "-H", "Content-Type: application/json", "-d",
+                        stream], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    events = [l[6:] for l in p.stdout.splitlines() if l.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    pieces = [json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]
+              if json.loads(e)["choices"]]
+    assert "".join(pieces) == text
+    p = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", url, "-d",
+                        "{not json"], capture_output=True, text=True, timeout=60)
+    assert p.stdout == "400"
