@@ -46,7 +46,7 @@ static void print_usage(FILE *out) {
             "commands:\n");
     for (size_t i = 0; i < NUM_COMMANDS; i++) {
         const command *c = &commands[i];
-        fprintf(out, "  %-12s %s%s\n", c->name, c->summary,
+        fprintf(out, "  %-15s %s%s\n", c->name, c->summary,
                 c->run ? "" : " (not yet available)");
     }
     fprintf(out,
