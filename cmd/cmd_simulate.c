@@ -26,6 +26,7 @@
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"
 #include "fmoe/policy.h"
+#include "fmoe/predictor.h"
 #include "fmoe/sim.h"
 #include "fmoe/trace.h"
 
@@ -69,6 +70,7 @@ typedef struct options {
     const char *decision_log;
     int32_t batch;             /* --batch: sequences run together (1: one at a time) */
     int batch_trace;           /* --batch trace: the served trace's own passes */
+    const char *predictor;     /* --predictor: a learned predictor (promoe) */
 } options;
 
 /* Splits `text` at commas into at most MAX_LIST non-empty items (in place). */
@@ -212,6 +214,10 @@ static const cmd_option simulate_options[] = {
      .help = "the fmoe matcher's time per match, seconds",
      .default_text = "the profile's matcher.match_s, else 0",
      .offset = offsetof(options, store.match_delay_s), .fmin = 0, .fmax = 1e3},
+    {.name = "predictor", .kind = CMD_OPT_STRING, .value_name = "P.h5",
+     .help = "learned predictor for policy promoe (fmoe train-predictor --kind promoe); its "
+             "stride is the prefetch distance; needs a trace recorded with --hidden",
+     .offset = offsetof(options, predictor)},
     {.name = "model-config", .kind = CMD_OPT_STRING, .value_name = "FILE",
      .help = "config.json", .default_text = "the one stored in the trace",
      .offset = offsetof(options, model_config)},
@@ -307,6 +313,20 @@ static int parse_options(int argc, char **argv, options *o) {
         if (!fmoe_policy_find(o->policies[i]))
             return cmd_usage_error(CMD, "unknown policy '%s' (valid: %s)", o->policies[i],
                                    fmoe_policy_names());
+    int takes_predictor = 0;
+    for (int i = 0; i < o->n_policies; i++) {
+        const fmoe_policy_ops *ops = fmoe_policy_find(o->policies[i]);
+        if (strcmp(ops->name, FMOE_PREDICTOR_KIND_PROMOE) != 0) continue;
+        takes_predictor = 1;
+        if (!o->predictor)
+            return cmd_usage_error(CMD,
+                                   "policy %s needs --predictor P.h5 (fmoe train-predictor "
+                                   "--kind %s)",
+                                   ops->name, ops->name);
+    }
+    if (o->predictor && !takes_predictor)
+        return cmd_usage_error(CMD, "--predictor is for policy %s; no --policy takes it",
+                               FMOE_PREDICTOR_KIND_PROMOE);
     if (!o->n_distances) {
         o->distances[0] = 0;
         o->n_distances = 1;
@@ -344,7 +364,42 @@ static int gate_needs(const options *o, const fmoe_trace_header *h, uint32_t *wa
                         CMD, o->trace);
         }
         if (ops->flags & FMOE_POLICY_NEEDS_SPECULATIVE) *want |= FMOE_SIM_WANT_SPECULATIVE;
+        if ((ops->flags & FMOE_POLICY_NEEDS_HIDDEN) && h->hidden_dim < 1)
+            return cmd_failf(CMD,
+                             "%s has no hidden states (/tokens/hidden), which policy %s reads: "
+                             "record the trace with 'fmoe record --hidden'",
+                             o->trace, ops->name);
     }
+    return 0;
+}
+
+/* Whether a policy of the run reads the gate inputs. */
+static int needs_hidden(const options *o) {
+    for (int i = 0; i < o->n_policies; i++)
+        if (fmoe_policy_find(o->policies[i])->flags & FMOE_POLICY_NEEDS_HIDDEN) return 1;
+    return 0;
+}
+
+/* Reads --predictor and checks it is for the trace's model (a fingerprint mismatch is
+ * refused naming both; a trace or predictor without one is checked by geometry, in the
+ * policy's init). */
+static int load_predictor(const options *o, const fmoe_trace_header *h, fmoe_predictor **out) {
+    *out = NULL;
+    if (!o->predictor) return 0;
+    int rc = fmoe_predictor_read(o->predictor, out);
+    if (rc < 0) return cmd_fail(CMD, rc);
+    const fmoe_predictor *p = *out;
+    if (p->model_fingerprint[0] && h->model_fingerprint[0] &&
+        strcmp(p->model_fingerprint, h->model_fingerprint) != 0)
+        return cmd_failf(CMD,
+                         "%s is a predictor for model %s (fingerprint %s) but %s is model %s "
+                         "(fingerprint %s); train one on traces of this model",
+                         o->predictor, p->model_name[0] ? p->model_name : "(unnamed)",
+                         p->model_fingerprint, o->trace,
+                         h->model_name[0] ? h->model_name : "(unnamed)", h->model_fingerprint);
+    if (p->hidden_size != h->hidden_dim)
+        return cmd_failf(CMD, "%s reads gate inputs of width %d; %s holds %d-wide ones",
+                         o->predictor, p->hidden_size, o->trace, h->hidden_dim);
     return 0;
 }
 
@@ -750,16 +805,20 @@ int cmd_simulate(int argc, char **argv) {
     int exit_code = CMD_EXIT_OK;
     double *arrivals = NULL;
     uint32_t want = 0;
+    fmoe_predictor *predictor = NULL;
 
     /* Every file written, against every file read. */
-    const char *inputs[] = {o.trace, o.model_config, o.profile, o.arrivals, o.store.path};
+    const char *inputs[] = {o.trace, o.model_config, o.profile, o.arrivals, o.store.path,
+                            o.predictor};
     const char *outputs[] = {o.csv, o.plot, o.decision_log};
     for (int i = 0; i < 3; i++)
-        if ((rc = cmd_check_output(CMD, outputs[i], inputs, 5)) != 0) return rc;
+        if ((rc = cmd_check_output(CMD, outputs[i], inputs, 6)) != 0) return rc;
 
     rc = fmoe_trace_reader_open(&reader, o.trace);
     if (rc < 0) goto fail;
     exit_code = gate_needs(&o, fmoe_trace_reader_header(reader), &want);
+    if (exit_code) goto done;
+    exit_code = load_predictor(&o, fmoe_trace_reader_header(reader), &predictor);
     if (exit_code) goto done;
     if (o.batch_trace) { /* the served passes: only a trace of fmoe serve has them */
         if (!fmoe_trace_reader_header(reader)->served) {
@@ -805,6 +864,8 @@ int cmd_simulate(int argc, char **argv) {
         cmd_progress_bar_init(&bar, "reading trace", o.quiet);
         fmoe_progress p = cmd_progress_bar_callback(&bar);
         rc = fmoe_sim_workload_read_filtered(&w, reader, want, o.store.keep, &p); /* --holdout */
+        if (rc == 0 && needs_hidden(&o)) /* the gate inputs, for promoe's predictor */
+            rc = fmoe_sim_workload_read_hidden(&w, reader, o.trace, o.store.keep);
         cmd_progress_bar_done(&bar);
         if (rc < 0) {
             if (!strstr(fmoe_error_detail(), o.trace)) fmoe_error_prefix("%s", o.trace);
@@ -876,7 +937,10 @@ int cmd_simulate(int argc, char **argv) {
                         .prefetch_distance = o.distances[d], .costs = &costs,
                         .miss_mode = o.miss_mode, .arrival_s = arrivals,
                         .store_capacity = o.eamc_capacity, .copy_chunks = o.copy_chunks,
-                        .feedback = cmd_feedback_request(o.feedback)};
+                        .feedback = cmd_feedback_request(o.feedback),
+                        /* each policy the predictor of its kind */
+                        .predictor = predictor && strcmp(o.policies[p], predictor->kind) == 0
+                                         ? predictor : NULL};
     n = k;
     for (size_t i = 0; i < n; i++) cmd_sim_store_apply(&o.store, &cells[i]);
     if (o.decision_log) { /* one cell, its decisions to the log */
@@ -926,5 +990,6 @@ done:
     fmoe_sim_workload_free(&w);
     fmoe_trace_reader_close(reader);
     cmd_sim_store_free(&o.store);
+    fmoe_predictor_free(predictor);
     return exit_code;
 }

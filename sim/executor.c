@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
+#include "fmoe/predictor.h"
 #include "fmoe/sim.h"
 #include "fmoe/slots.h"
 
@@ -156,7 +157,15 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     if (!ops)
         return fmoe_error_set(FMOE_ENOTFOUND, "unknown policy '%s' (valid: %s)",
                               cfg->policy ? cfg->policy : "", fmoe_policy_names());
+    FMOE_RETURN_ERROR_IF((ops->flags & FMOE_POLICY_NEEDS_HIDDEN) && !w->hidden,
+                         FMOE_EUNSUPPORTED,
+                         "policy %s needs the gate inputs (/tokens/hidden); the workload has "
+                         "none: record the trace with 'fmoe record --hidden'",
+                         ops->name);
     int32_t d = cfg->prefetch_distance;
+    /* a learned predictor's stride is its policy's distance (promoe) */
+    if (d == 0 && cfg->predictor && (ops->flags & FMOE_POLICY_NEEDS_HIDDEN))
+        d = cfg->predictor->stride;
     if (d == 0) d = ops->default_distance < 0 ? S->L : ops->default_distance;
     const size_t n = (size_t)S->N, R = (size_t)(w->num_requests ? w->num_requests : 1);
     S->slot_free_at = calloc(n, sizeof *S->slot_free_at);
@@ -195,6 +204,8 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
         .expert_store = cfg->expert_store,
         .store_mode = cfg->store_mode,
         .semantic_dim = w->semantic_dim,
+        .hidden_dim = w->hidden ? w->hidden_dim : 0,
+        .predictor = cfg->predictor,
     };
     int rc = fmoe_policy_init_ops(&S->policy, ops, &pc);
     if (rc < 0) return rc;
@@ -289,6 +300,9 @@ static int send_gate(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, int
         .speculative_depth = w->speculative ? Sd : 0,
         .group = ii * L + l,
         .position = a0,
+        .hidden = w->hidden ? w->hidden + row * (size_t)w->hidden_dim : NULL,
+        .hidden_stride = (int64_t)L * w->hidden_dim,
+        .hidden_dim = w->hidden ? w->hidden_dim : 0,
     };
     ops->on_gate(S->policy.state, S->env, &ev);
     return fmoe_slots_error(S->slots);

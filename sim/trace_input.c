@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
+#include "fmoe/predictor.h" /* the reader of /tokens/hidden */
 #include "fmoe/sim.h"
 #include "fmoe/trace.h"
 
@@ -120,6 +121,55 @@ fail:
     free(sem);
     free(served);
     fmoe_sim_workload_free(w);
+    return rc;
+}
+
+/* The gate inputs are read after the routing, by a reader of their own (the trace reader's
+ * token buffers have no hidden member yet), request by request straight into w->hidden:
+ * the kept requests are w's, in trace order, so their rows follow one another. */
+int fmoe_sim_workload_read_hidden(fmoe_sim_workload *w, fmoe_trace_reader *r, const char *path,
+                                  const uint8_t *keep) {
+    const fmoe_trace_header *h = fmoe_trace_reader_header(r);
+    FMOE_RETURN_ERROR_IF(w->batch > 0 || w->hidden, FMOE_EINVAL,
+                         "workload: gate inputs must be read once, before batching");
+    FMOE_RETURN_ERROR_IF(w->num_layers != h->num_layers, FMOE_EINVAL,
+                         "workload: not the trace's (%d layers, the trace has %d)", w->num_layers,
+                         h->num_layers);
+    fmoe_trace_hidden_reader *hr = NULL;
+    FMOE_FORWARD_IF_ERROR(fmoe_trace_hidden_open(&hr, path, fmoe_trace_reader_num_tokens(r),
+                                                 h->num_layers, h->hidden_dim));
+    const int64_t R = fmoe_trace_reader_num_requests(r);
+    const fmoe_trace_request_info *req = fmoe_trace_reader_requests(r);
+    const size_t row = (size_t)h->num_layers * (size_t)h->hidden_dim; /* floats per token */
+    int rc = 0;
+    int64_t tok = 0;
+    for (int64_t q = 0; q < R; q++)
+        if (!keep || keep[q]) tok += req[q].token_count;
+    if (tok != w->num_tokens) {
+        rc = fmoe_error_set(FMOE_EINVAL, "workload: %lld tokens, the trace's requests have %lld",
+                            (long long)w->num_tokens, (long long)tok);
+        goto done;
+    }
+    w->hidden = malloc((size_t)(tok ? tok : 1) * row * sizeof *w->hidden);
+    if (!w->hidden) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "gate inputs of %lld tokens (%.1f GiB as float32)",
+                            (long long)tok, (double)tok * (double)row * 4.0 / 1073741824.0);
+        goto done;
+    }
+    tok = 0;
+    for (int64_t q = 0; q < R && rc == 0; q++) {
+        if (keep && !keep[q]) continue;
+        rc = fmoe_trace_hidden_read(hr, req[q].token_begin, req[q].token_count,
+                                    w->hidden + (size_t)tok * row);
+        tok += req[q].token_count;
+    }
+    if (rc == 0) w->hidden_dim = h->hidden_dim;
+done:
+    if (rc < 0) {
+        free(w->hidden);
+        w->hidden = NULL;
+    }
+    fmoe_trace_hidden_close(hr);
     return rc;
 }
 

@@ -58,6 +58,7 @@ void fmoe_sim_workload_free(fmoe_sim_workload *w) {
     free(w->probs);
     free(w->speculative);
     free(w->semantic);
+    free(w->hidden);
     free(w->items);
     free(w->admit_order);
     free(w->leave_order);
@@ -247,7 +248,7 @@ int fmoe_sim_workload_add_request_gates(fmoe_sim_workload *w, int64_t id, double
 
 /* Why a copy and not a row-index list: the executor, the gate events and the iteration
  * events all read an iteration's rows as one contiguous block (chosen experts, gate
- * probabilities, speculative rows, semantic rows, with strides); gathering the rows once
+ * probabilities, speculative rows, semantic rows, gate inputs, with strides); gathering the rows once
  * here keeps every reader as it is, at the price of a second copy of the rows while both
  * workloads live (fmoe simulate frees the first).
  *
@@ -292,6 +293,7 @@ static int batch_build_init(fmoe_sim_workload *out, const fmoe_sim_workload *in,
     out->probs_kind = in->probs ? in->probs_kind : FMOE_PROBS_NONE;
     out->speculative_depth = in->speculative ? in->speculative_depth : 0;
     out->semantic_dim = in->semantic ? in->semantic_dim : 0;
+    out->hidden_dim = in->hidden ? in->hidden_dim : 0;
     out->batch = batch;
     b->rq = calloc((size_t)(R ? R : 1), sizeof *b->rq);
     b->phase = malloc((size_t)(T ? T : 1));
@@ -306,9 +308,13 @@ static int batch_build_init(fmoe_sim_workload *out, const fmoe_sim_workload *in,
                                   sizeof *out->speculative);
     if (out->semantic_dim)
         out->semantic = malloc((size_t)(T ? T : 1) * out->semantic_dim * sizeof *out->semantic);
+    if (out->hidden_dim)
+        out->hidden = malloc((size_t)(T ? T : 1) * (size_t)L * (size_t)out->hidden_dim *
+                             sizeof *out->hidden);
     if (!b->rq || !b->phase || !out->requests || !out->admit_order || !out->leave_order ||
         !out->experts || (out->probs_kind != FMOE_PROBS_NONE && !out->probs) ||
-        (out->speculative_depth && !out->speculative) || (out->semantic_dim && !out->semantic)) {
+        (out->speculative_depth && !out->speculative) || (out->semantic_dim && !out->semantic) ||
+        (out->hidden_dim && !out->hidden)) {
         batch_build_free(b);
         fmoe_sim_workload_free(out);
         return fmoe_error_set(FMOE_ENOMEM, "batched workload of %lld tokens", (long long)T);
@@ -349,7 +355,8 @@ static double nominal_s(const fmoe_sim_workload *w, const fmoe_sim_iteration *it
     return t + fmoe_sim_head_batch_s(c, it->yields);
 }
 
-/* Copies row `from` of `in` to row `to` of `out` (routing and whatever gate data). */
+/* Copies row `from` of `in` to row `to` of `out` (routing and whatever gate data: probs,
+ * speculative, semantic and hidden rows). */
 static void copy_row(fmoe_sim_workload *out, const fmoe_sim_workload *in, int64_t to,
                      int64_t from) {
     const size_t LK = (size_t)in->num_layers * in->top_k;
@@ -367,6 +374,10 @@ static void copy_row(fmoe_sim_workload *out, const fmoe_sim_workload *in, int64_
         const size_t h = (size_t)in->semantic_dim;
         memcpy(out->semantic + (size_t)to * h, in->semantic + (size_t)from * h,
                h * sizeof *in->semantic);
+    }
+    if (out->hidden) {
+        const size_t n = (size_t)in->num_layers * (size_t)in->hidden_dim;
+        memcpy(out->hidden + (size_t)to * n, in->hidden + (size_t)from * n, n * sizeof *in->hidden);
     }
 }
 

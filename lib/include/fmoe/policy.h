@@ -99,6 +99,11 @@ enum {
     /* prefetches through feedback-directed admission and early preemption by default
      * (fmoe/slots.h fmoe_slots_config.feedback) */
     FMOE_POLICY_FEEDBACK = 1u << 7,
+    /* reads each token's gate input in on_gate (fmoe_gate_event.hidden: the trace's
+     * /tokens/hidden, recorded with fmoe record --hidden); the simulator keeps those rows
+     * only for policies with this flag and refuses a trace without them. Live executors
+     * pass none yet (hidden NULL): such a policy must then run without them. */
+    FMOE_POLICY_NEEDS_HIDDEN = 1u << 8,
 };
 
 
@@ -110,6 +115,7 @@ typedef enum fmoe_store_mode {
 } fmoe_store_mode;
 
 struct fmoe_expertmap;
+struct fmoe_predictor;
 
 typedef struct fmoe_policy_config {
     int32_t num_layers;        /* L */
@@ -137,6 +143,12 @@ typedef struct fmoe_policy_config {
     int32_t store_mode;        /* fmoe_store_mode */
     int32_t semantic_dim;      /* h of the iteration events' semantic rows; 0: none */
     int32_t variant;           /* which of ops->variants to run, 0-based */
+    /* h of on_gate's hidden rows (FMOE_POLICY_NEEDS_HIDDEN); 0: the executor gives none */
+    int32_t hidden_dim;
+    /* A learned expert predictor (fmoe/predictor.h; ProMoE's, kind "promoe"), for the
+     * policies that predict with one: borrowed, read-only, for the policy's lifetime (a
+     * sweep's threads share it). NULL: none. */
+    const struct fmoe_predictor *predictor;
 } fmoe_policy_config;
 
 typedef struct fmoe_request_event {
@@ -194,6 +206,13 @@ typedef struct fmoe_gate_event {
     int32_t speculative_depth;
     int64_t group;          /* this (iteration, layer) group (cfg->future_layer_accesses); -1 live */
     int64_t position;       /* the layer's first access in cfg->future; -1 live */
+    /* Gate inputs (FMOE_POLICY_NEEDS_HIDDEN): token t's hidden_dim floats at hidden[t *
+     * hidden_stride], the normalised hidden state this layer's router reads (the trace's
+     * /tokens/hidden). NULL when absent (live executors for now, or no policy of the run
+     * asked for them). */
+    const float *hidden;
+    int64_t hidden_stride;
+    int32_t hidden_dim;
 } fmoe_gate_event;
 
 typedef enum fmoe_access_result {

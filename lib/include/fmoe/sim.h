@@ -132,6 +132,11 @@ typedef struct fmoe_sim_workload {
     /* the semantic embeddings the fmoe policies match on, kept with FMOE_SIM_WANT_SEMANTIC */
     int32_t semantic_dim;     /* h; 0: not kept */
     float *semantic;          /* [T][h] or NULL */
+    /* the gate inputs a learned predictor reads (promoe), kept by
+     * fmoe_sim_workload_read_hidden for policies with FMOE_POLICY_NEEDS_HIDDEN: float32,
+     * T·L·h·4 bytes (the trace holds them as float16) */
+    int32_t hidden_dim;       /* h; 0: not kept */
+    float *hidden;            /* [T][L][h] or NULL */
     /* Continuous batching (fmoe_sim_workload_batch); batch 0: one request per iteration. */
     int32_t batch;            /* B: requests running together at most */
     int64_t num_items;
@@ -194,6 +199,15 @@ int fmoe_sim_workload_read_ex(fmoe_sim_workload *w, fmoe_trace_reader *r, uint32
  * keep[r] != 0; keep NULL reads all (fmoe simulate --holdout). */
 int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, uint32_t want,
                                     const uint8_t *keep, const fmoe_progress *progress);
+
+/* Adds the gate inputs (/tokens/hidden) of the requests just read from `r` into `w` by
+ * fmoe_sim_workload_read_filtered with the same `keep` (NULL: all), as w->hidden [T][L][h]
+ * float32; `path` is the trace `r` reads (the hidden rows have a reader of their own).
+ * Call before batching. @return 0, FMOE_ENOTFOUND (the trace has no /tokens/hidden; the
+ * detail says to record with fmoe record --hidden), FMOE_EINVAL (already batched, or `w`
+ * does not hold those requests), FMOE_ENOMEM, or the reader's error. */
+int fmoe_sim_workload_read_hidden(fmoe_sim_workload *w, fmoe_trace_reader *r, const char *path,
+                                  const uint8_t *keep);
 
 /* Opens `path`, reads it as above, closes it. */
 int fmoe_sim_workload_load_trace(fmoe_sim_workload *w, const char *path,
@@ -332,6 +346,9 @@ typedef struct fmoe_sim_config {
     int32_t copy_chunks;
     /* Feedback-directed prefetching (fmoe/slots.h): 0 the policy's default, 1 on, -1 off. */
     int32_t feedback;
+    /* A learned predictor (fmoe/predictor.h) for the policies that take one (promoe):
+     * borrowed, read-only, shared by a sweep's threads. NULL: none. */
+    const struct fmoe_predictor *predictor;
     /* The decision log: called with every decision of the run (single runs; a sweep's
      * cells run on several threads). NULL: none. */
     void (*decision)(void *ctx, const struct fmoe_decision *d);
