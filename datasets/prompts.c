@@ -102,7 +102,8 @@ static int read_id(const cJSON *obj, const char *key, char *buf, size_t cap,
     }
     if (cJSON_IsNumber(v)) {
         double d = v->valuedouble;
-        if (d == (double)(long long)d)
+        /* integral and inside long long's range (a cast of one outside is UB) */
+        if (d >= -9.2e18 && d <= 9.2e18 && d == (double)(long long)d)
             snprintf(buf, cap, "%lld", (long long)d);
         else
             snprintf(buf, cap, "%.17g", d);

@@ -355,21 +355,28 @@ void fmoe_store_file_free(fmoe_store_file *f) {
     free(f);
 }
 
-static int store_read(const char *path, int32_t max_batch, fmoe_store_file **out) {
+static int store_read(const char *path, int32_t max_batch, const void *image, size_t size,
+                      fmoe_store_file **out) {
     FMOE_RETURN_ERROR_IF(!path || !out, FMOE_EINVAL, "fmoe_store_read: NULL argument");
     *out = NULL;
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
     char msg[256];
-    int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
-    if (fd < 0) return fd;
-    close(fd);
-    htri_t is = H5Fis_hdf5(path);
-    FMOE_RETURN_ERROR_IF(is <= 0, is < 0 ? FMOE_EIO : FMOE_EFORMAT, "%s: %s", path,
-                         is < 0 ? "cannot open (missing or unreadable)" : "not an HDF5 file");
-    reader r = {.path = path, .file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)};
-    if (r.file < 0)
-        return fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", path,
-                              fmoe__h5_errmsg(msg, sizeof msg));
+    reader r = {.path = path, .file = -1};
+    if (image) {
+        r.file = fmoe__h5_open_image(image, size, path);
+        if (r.file < 0) return (int)r.file;
+    } else {
+        int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
+        if (fd < 0) return fd;
+        close(fd);
+        htri_t is = H5Fis_hdf5(path);
+        FMOE_RETURN_ERROR_IF(is <= 0, is < 0 ? FMOE_EIO : FMOE_EFORMAT, "%s: %s", path,
+                             is < 0 ? "cannot open (missing or unreadable)" : "not an HDF5 file");
+        r.file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+        if (r.file < 0)
+            return fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", path,
+                                  fmoe__h5_errmsg(msg, sizeof msg));
+    }
     fmoe_store_file *f = calloc(1, sizeof *f);
     int rc = f ? read_file(&r, max_batch, f) : fmoe_error_set(FMOE_ENOMEM, "%s", path);
     H5Fclose(r.file);
@@ -383,7 +390,15 @@ static int store_read(const char *path, int32_t max_batch, fmoe_store_file **out
 
 int fmoe_store_read(const char *path, int32_t max_batch, fmoe_store_file **out) {
     fmoe__h5_lock();
-    int rc = store_read(path, max_batch, out);
+    int rc = store_read(path, max_batch, NULL, 0, out);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+int fmoe__store_read_image(const void *image, size_t size, const char *name, int32_t max_batch,
+                           fmoe_store_file **out) {
+    fmoe__h5_lock();
+    int rc = store_read(name, max_batch, image ? image : "", size, out);
     fmoe__h5_unlock();
     return rc;
 }

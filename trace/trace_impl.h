@@ -25,6 +25,15 @@
  * names fields as the file's attributes ("/: attribute top_k"). */
 int fmoe__trace_header_check(const fmoe_trace_header *h, const char *path, int code, int is_file);
 
+/* fmoe_trace_reader_open and fmoe_store_read on an HDF5 file image in memory (`size`
+ * bytes, copied) instead of a path, through HDF5's core driver; `name` labels the details.
+ * For the fuzz targets (tests/fuzz); same returns as the path versions. */
+int fmoe__trace_reader_open_image(fmoe_trace_reader **out, const void *image, size_t size,
+                                  const char *name);
+struct fmoe_store_file;
+int fmoe__store_read_image(const void *image, size_t size, const char *name, int32_t max_batch,
+                           struct fmoe_store_file **out);
+
 /* "none" | "topk" | "full" -> kind. @return 0 or -1. */
 int fmoe__probs_kind_parse(const char *name, fmoe_probs_kind *out);
 

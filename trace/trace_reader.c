@@ -463,8 +463,12 @@ static void reader_close(fmoe_trace_reader *r) {
 
 /* Distinguishes "cannot read the file" (EIO) from "the bytes are not HDF5" (EFORMAT)
  * before HDF5 sees it, so the message says which. */
-static int open_file(fmoe_trace_reader *r) {
+static int open_file(fmoe_trace_reader *r, const void *image, size_t size) {
     const char *p = r->path;
+    if (image) {
+        r->file = fmoe__h5_open_image(image, size, p);
+        return r->file < 0 ? (int)r->file : 0;
+    }
     int fd = fmoe__open_regular(p); /* a FIFO would block HDF5's open forever */
     if (fd < 0) return fd;
     close(fd);
@@ -522,7 +526,8 @@ static int check_optional_datasets(fmoe_trace_reader *r) {
                           H5T_INTEGER, 1, outcomes);
 }
 
-static int reader_open(fmoe_trace_reader **out, const char *path) {
+static int reader_open(fmoe_trace_reader **out, const char *path, const void *image,
+                       size_t size) {
     if (!out || !path) return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_reader_open: NULL argument");
     *out = NULL;
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
@@ -535,7 +540,7 @@ static int reader_open(fmoe_trace_reader **out, const char *path) {
         rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
         goto fail;
     }
-    if ((rc = open_file(r)) < 0 || (rc = read_header(r)) < 0) goto fail;
+    if ((rc = open_file(r, image, size)) < 0 || (rc = read_header(r)) < 0) goto fail;
     rc = fmoe__h5_dataset_read_str(r->file, path, "/model/config_json", &r->config_json);
     if (rc == FMOE_ENOTFOUND) rc = FMOE_EFORMAT;
     if (rc < 0) goto fail;
@@ -716,7 +721,15 @@ static int read_tokens(fmoe_trace_reader *r, int64_t t0, int64_t n,
 
 int fmoe_trace_reader_open(fmoe_trace_reader **out, const char *path) {
     fmoe__h5_lock();
-    int rc = reader_open(out, path);
+    int rc = reader_open(out, path, NULL, 0);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+int fmoe__trace_reader_open_image(fmoe_trace_reader **out, const void *image, size_t size,
+                                  const char *name) {
+    fmoe__h5_lock();
+    int rc = reader_open(out, name, image ? image : "", size);
     fmoe__h5_unlock();
     return rc;
 }

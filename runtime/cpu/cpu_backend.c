@@ -43,6 +43,7 @@
 #include "threadpool.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_X86 1
 #else
@@ -492,8 +493,9 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
     c->block_rows = (int32_t)(br < 16 ? 16 : br > 1024 ? 1024 : br);
 #if HAVE_X86
     __builtin_cpu_init();
-    c->simd = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-              __builtin_cpu_supports("f16c");
+    unsigned eax, ebx, ecx = 0, edx; /* F16C from CPUID: clang 14 lacks the builtin's "f16c" */
+    const int f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+    c->simd = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     c->simd512 = __builtin_cpu_supports("avx512f") && getenv("FMOE_NO_AVX512") == NULL;
     if (c->simd512 && lim->max_batch > 0 && lim->max_cols > 0) {
         const int64_t bytes = (int64_t)lim->max_batch * lim->max_cols * 4;

@@ -202,6 +202,7 @@ static int cmp_by_name(const void *a, const void *b) {
 
 /* Checks that tensors [first, st->n) of one file do not overlap; reorders them. */
 static int check_overlap(fmoe_safetensors *st, int64_t first, const char *fname) {
+    if (st->n <= first) return 0; /* no tensors: st->tensors may be NULL, and NULL + 0 is UB */
     fmoe_st_tensor *v = st->tensors + first;
     int64_t m = st->n - first;
     if (m > 1) qsort(v, (size_t)m, sizeof *v, cmp_by_offset);

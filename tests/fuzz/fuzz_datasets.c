@@ -1,16 +1,14 @@
 /*
- * fuzz_datasets.c - fuzz target for the parsers of datasets/ (STYLE.md rule 15): prompt
- * datasets in every format, the Azure arrival CSV, and both trace importers.
+ * fuzz_datasets.c - fuzz target for the prompt dataset readers of datasets/prompts.c
+ * (STYLE.md rule 15): every format (auto-detected, JSON Lines, ShareGPT/LMSYS JSON, text).
+ * The Azure arrivals CSV and the two trace importers have their own targets
+ * (fuzz_arrivals.c, fuzz_import_jsonl.c, fuzz_dense_csv.c).
  *
- * The parsers read files, so each input is written to a temporary file first.
- * With libFuzzer:
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER ... \
- *     tests/datasets/fuzz_datasets.c <the fmoe-datasets, fmoe-trace, fmoe-core libraries>
- *   ./fuzz_datasets tests/fixtures/datasets
- * Without (the `fuzz` suite of meson test): replays every fixture under
- * tests/fixtures/datasets, its prefixes at a stride, and seeded byte mutations of it,
- * under the build's sanitizers. A crash, a sanitizer report, or an error without a
- * detail string fails the run.
+ * The readers open a path, so each input goes into a memfd first (fuzz_file.h).
+ * Build and run: tests/fuzz/README.md. The replay mode (meson test --suite fuzz) also
+ * replays every fixture under tests/fixtures/datasets, its prefixes at a stride, and
+ * seeded byte mutations of it. A crash, a sanitizer report, an error without a detail
+ * string or an empty prompt fails the run.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -21,28 +19,7 @@
 
 #include "fmoe/datasets.h"
 #include "fmoe/error.h"
-#include "fmoe/geometry.h"
-
-static char dir[256];
-static char in_path[300], out_path[300], partial_path[320];
-
-static void setup(void) {
-    if (dir[0]) return;
-    snprintf(dir, sizeof dir, "/tmp/fmoe-fuzz-datasets-XXXXXX");
-    if (!mkdtemp(dir)) abort();
-    snprintf(in_path, sizeof in_path, "%s/input", dir);
-    snprintf(out_path, sizeof out_path, "%s/out.h5", dir);
-    snprintf(partial_path, sizeof partial_path, "%s.partial", out_path);
-}
-
-/* A failed import must leave neither the output nor its partial file. */
-static void check_nothing_left(int rc) {
-    if (rc < 0 && (access(out_path, F_OK) == 0 || access(partial_path, F_OK) == 0)) {
-        fprintf(stderr, "fuzz_datasets: a failed import left a file behind\n");
-        abort();
-    }
-    unlink(out_path);
-}
+#include "fuzz_file.h"
 
 static void need_detail(int rc, const char *what) {
     if (rc < 0 && !fmoe_error_detail()[0]) {
@@ -53,12 +30,7 @@ static void need_detail(int rc, const char *what) {
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
-    setup();
-    FILE *f = fopen(in_path, "wb");
-    if (!f) abort();
-    fwrite(data, 1, size, f);
-    fclose(f);
-
+    const char *in_path = fuzz_memfile(0, data, size);
     for (int fmt = FMOE_PROMPTS_AUTO; fmt <= FMOE_PROMPTS_TEXT; fmt++) {
         fmoe_prompt_set *s = NULL;
         fmoe_error_clear();
@@ -69,30 +41,6 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
                 if (!s->ids[i] || !s->prompts[i] || !s->prompts[i][0]) abort();
         fmoe_prompt_set_free(s);
     }
-    fmoe_arrivals *a = NULL;
-    fmoe_error_clear();
-    int rc = fmoe_arrivals_load_azure(in_path, &a);
-    need_detail(rc, "fmoe_arrivals_load_azure");
-    for (int64_t i = 0; rc == 0 && i < a->count; i++)
-        if (a->arrival_s[i] < 0 || a->context_tokens[i] < 0 || a->generated_tokens[i] < 0)
-            abort();
-    fmoe_arrivals_free(a);
-
-    fmoe_model_geometry g;
-    fmoe_geometry_generic(2, 8, 2, 0, &g);
-    fmoe_import_options o = {.geometry = &g, .write = {.compression = FMOE_COMPRESSION_NONE}};
-    fmoe_import_report rep;
-    fmoe_error_clear();
-    rc = fmoe_import_jsonl(in_path, &o, out_path, &rep);
-    need_detail(rc, "fmoe_import_jsonl");
-    check_nothing_left(rc);
-
-    fmoe_geometry_generic(2, 4, 2, 0, &g);
-    const char *files[2] = {in_path, in_path};
-    fmoe_error_clear();
-    rc = fmoe_import_dense_csv(files, 2, 2, &o, out_path, &rep);
-    need_detail(rc, "fmoe_import_dense_csv");
-    check_nothing_left(rc);
     return 0;
 }
 
@@ -137,25 +85,13 @@ static int replay_dir(const char *d, int *files) {
     return bad;
 }
 
-static void cleanup(void) {
-    if (!dir[0]) return;
-    unlink(in_path);
-    unlink(out_path);
-    rmdir(dir);
-}
-
-int main(int argc, char **argv) {
+int fuzz_seeded_replay(void);
+int fuzz_seeded_replay(void) {
     int bad = 0, files = 0;
-    if (argc > 1) { /* explicit inputs, e.g. a crash file */
-        for (int i = 1; i < argc; i++) bad |= replay_file(argv[i], 0);
-        cleanup();
-        return bad;
-    }
     const char *fix = getenv("FMOE_FIXTURES");
     char d[1024];
     snprintf(d, sizeof d, "%s/datasets", fix ? fix : "tests/fixtures");
     bad = replay_dir(d, &files);
-    cleanup();
     printf("fuzz_datasets: %d fixtures replayed with prefixes and 150 mutations each\n", files);
     return bad || files == 0;
 }

@@ -3,10 +3,10 @@
  * fmoe_decision_log_compare (STYLE.md rule 15): logs come from other machines and other
  * builds, and from hand edits.
  *
- * With libFuzzer:
+ * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -DFMOE_LIBFUZZER \
  *     -Ilib/include -Ilib \
- *     tests/lib/fuzz_decision_log.c lib/decision_log.c lib/decision_log_compare.c \
+ *     tests/fuzz/fuzz_decision_log.c lib/decision_log.c lib/decision_log_compare.c \
  *     lib/error.c -lcjson -lm -o fuzz_decision_log && \
  *     ./fuzz_decision_log tests/fixtures/decision_logs
  * Without (the `fuzz` suite of meson test): replays every fixture log, each of its
@@ -111,12 +111,10 @@ static int replay_file(const char *path, int mutations) {
     return 0;
 }
 
-int main(int argc, char **argv) {
+int fuzz_seeded_replay(void);
+int fuzz_seeded_replay(void) {
     int bad = 0, files = 0;
-    if (argc > 1) { /* explicit inputs, e.g. a crash file */
-        for (int i = 1; i < argc; i++) bad |= replay_file(argv[i], 0);
-        files = argc - 1;
-    } else {
+    {
         const char *fix = getenv("FMOE_FIXTURES");
         char dir[1024], path[2048];
         snprintf(dir, sizeof dir, "%s/decision_logs", fix ? fix : "tests/fixtures");

@@ -2,9 +2,9 @@
  * fuzz_geometry.c - fuzz target for the config.json parser and the config fingerprint
  * (STYLE.md rule 15).
  *
- * With libFuzzer:
+ * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include \
- *     tests/lib/fuzz_geometry.c lib/geometry.c lib/fingerprint.c lib/error.c lib/sha256.c \
+ *     tests/fuzz/fuzz_geometry.c lib/geometry.c lib/fingerprint.c lib/error.c lib/sha256.c \
  *     -lcjson -lm -o fuzz_geometry && ./fuzz_geometry tests/fixtures/configs/(star)/config.json
  * Without (the `fuzz` suite of meson test): replays every fixture config, each of its
  * prefixes, and a fixed set of seeded byte mutations, under the build's sanitizers.
@@ -73,12 +73,8 @@ static int replay_file(const char *path, int mutations) {
     return 0;
 }
 
-int main(int argc, char **argv) {
-    if (argc > 1) { /* explicit inputs, e.g. a crash file */
-        int bad = 0;
-        for (int i = 1; i < argc; i++) bad |= replay_file(argv[i], 0);
-        return bad;
-    }
+int fuzz_seeded_replay(void);
+int fuzz_seeded_replay(void) {
     const char *fix = getenv("FMOE_FIXTURES");
     char dir[1024], path[2048];
     snprintf(dir, sizeof dir, "%s/configs", fix ? fix : "tests/fixtures");

@@ -6,9 +6,9 @@
  * body. The server's path is followed: UTF-8 validation, then the parser; a parsed request
  * is rendered back as a response and a chunk.
  *
- * With libFuzzer:
+ * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include \
- *     -Iruntime/serve -Itests tests/serve/fuzz_openai_request.c runtime/serve/openai_api.c \
+ *     -Iruntime/serve -Itests tests/fuzz/fuzz_openai_request.c runtime/serve/openai_api.c \
  *     runtime/tokenizer/(star).c lib/error.c lib/log.c -lcjson -lpcre2-8 -lm \
  *     -o fuzz_openai_request && FMOE_SOURCE_ROOT=. ./fuzz_openai_request
  * Without (the `fuzz` suite of meson test): replays hand-written bodies, their prefixes and
@@ -31,8 +31,11 @@
 static fmoe_tokenizer *tok;
 static long parsed, refused; /* the replay reports both: a run that parses nothing tests little */
 
+static void free_tokenizer(void) { fmoe_tokenizer_free(tok); }
+
 static void load_tokenizer(void) {
     if (tok) return;
+    atexit(free_tokenizer);
     const char *root = getenv("FMOE_SOURCE_ROOT");
     char path[4096];
     snprintf(path, sizeof path, "%s/datasets/fmoe-tiny", root ? root : ".");
@@ -93,7 +96,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #ifndef FMOE_LIBFUZZER
 static int target(const uint8_t *data, size_t size) { return LLVMFuzzerTestOneInput(data, size); }
 
-int main(void) {
+int fuzz_seeded_replay(void);
+int fuzz_seeded_replay(void) {
     static const char *const seeds[] = {
         "\0{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
         "{\"role\":\"user\",\"content\":\"Hello there\"}],\"max_tokens\":16,\"temperature\":0.7,"
@@ -121,7 +125,6 @@ int main(void) {
     }
     printf("fuzz_openai_request: %ld inputs (%ld parsed, %ld refused, the rest not UTF-8 or "
            "empty), no crash\n", runs, parsed, refused);
-    fmoe_tokenizer_free(tok);
     return 0;
 }
 #endif

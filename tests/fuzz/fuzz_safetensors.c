@@ -1,9 +1,9 @@
 /*
  * fuzz_safetensors.c - fuzz target for the safetensors header parser (STYLE.md rule 15).
  *
- * With libFuzzer:
+ * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include \
- *     tests/model/fuzz_safetensors.c runtime/model/safetensors.c lib/error.c -lcjson -lm \
+ *     tests/fuzz/fuzz_safetensors.c runtime/model/safetensors.c lib/error.c -lcjson -lm \
  *     -o fuzz_safetensors && ./fuzz_safetensors
  * Without (the `fuzz` suite of meson test): replays a set of seed files built here (good
  * files of every dtype and rank, an empty header, metadata), every prefix of each, and a
@@ -82,7 +82,8 @@ static size_t mutate(const unsigned char *src, size_t n, unsigned char *dst) {
     return len;
 }
 
-int main(void) {
+int fuzz_seeded_replay(void);
+int fuzz_seeded_replay(void) {
     static const struct {
         const char *header;
         size_t data;

@@ -6,9 +6,9 @@
  * loads, a few strings are encoded and decoded with it), odd -> text encoded with the two
  * hand-made tokenizers of tiny.h.
  *
- * With libFuzzer:
+ * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include \
- *     -Itests -Iruntime/tokenizer tests/tokenizer/fuzz_tokenizer.c runtime/tokenizer/(star).c \
+ *     -Itests -Iruntime/tokenizer tests/fuzz/fuzz_tokenizer.c runtime/tokenizer/(star).c \
  *     lib/error.c lib/log.c -lcjson -lpcre2-8 -o fuzz_tokenizer && ./fuzz_tokenizer
  * Without (the `fuzz` suite of meson test): replays the hand-made files, prefixes of them,
  * and seeded byte mutations, plus random text, under the build's sanitizers. Any crash,
@@ -83,8 +83,14 @@ static void one_input(const uint8_t *data, size_t size) {
     fmoe_tokenizer_free(tok);
 }
 
+static void teardown(void) {
+    for (int i = 0; i < 2; i++) fmoe_tokenizer_free(tiny_tok[i]);
+    tiny_cleanup();
+}
+
 static void setup(void) {
     if (tiny_tok[0]) return;
+    atexit(teardown);
     char *j[2] = {tiny_sp_json(0, NULL), tiny_bytelevel_json(0, NULL)};
     for (int i = 0; i < 2; i++) {
         const char *p = tiny_write(i ? "b/tokenizer.json" : "a/tokenizer.json", j[i], strlen(j[i]));
@@ -96,13 +102,14 @@ static void setup(void) {
     }
 }
 
-#ifdef FMOE_LIBFUZZER
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     setup();
     one_input(data, size);
     return 0;
 }
-#else
+
+#ifndef FMOE_LIBFUZZER
 
 static uint64_t rng = 0x2545F4914F6CDD1DULL;
 static uint64_t next(void) {
@@ -153,7 +160,8 @@ static long replay_json(const char *json, int mutations) {
     return runs;
 }
 
-int main(void) {
+int fuzz_seeded_replay(void);
+int fuzz_seeded_replay(void) {
     setup();
     long runs = 0;
     char *sp = tiny_sp_json(0, NULL), *sp2 = tiny_sp_json(1, NULL),
@@ -176,8 +184,6 @@ int main(void) {
         }
         one_input(buf, n), runs++;
     }
-    for (int i = 0; i < 2; i++) fmoe_tokenizer_free(tiny_tok[i]);
-    tiny_cleanup();
     printf("fuzz_tokenizer: %ld inputs, no failure\n", runs);
     return 0;
 }
