@@ -253,10 +253,13 @@ int fmoe_hardware_to_json(const fmoe_hardware_profile *p, char **out) {
     cJSON_AddNumberToObject(link, "alpha_s", p->alpha_s);
     cJSON_AddNumberToObject(link, "beta_bytes_per_s", p->beta_bytes_per_s);
     if (p->peak_flops > 0 || p->memory_bandwidth_bytes_per_s > 0) {
+        /* only the fields the profile has: a 0 written back would not parse again (a
+         * profile with measured compute may have one roofline figure, or none) */
         cJSON *d = cJSON_AddObjectToObject(root, "device");
-        cJSON_AddNumberToObject(d, "peak_flops", p->peak_flops);
-        cJSON_AddNumberToObject(d, "memory_bandwidth_bytes_per_s",
-                                p->memory_bandwidth_bytes_per_s);
+        if (p->peak_flops > 0) cJSON_AddNumberToObject(d, "peak_flops", p->peak_flops);
+        if (p->memory_bandwidth_bytes_per_s > 0)
+            cJSON_AddNumberToObject(d, "memory_bandwidth_bytes_per_s",
+                                    p->memory_bandwidth_bytes_per_s);
         cJSON_AddNumberToObject(d, "launch_s", p->launch_s);
     }
     if (p->attention.present || p->expert.present || p->head.present) {

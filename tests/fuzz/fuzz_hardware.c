@@ -2,11 +2,9 @@
  * fuzz_hardware.c - fuzz target for the hardware profile JSON parser (fmoe_hardware_parse,
  * the parser behind fmoe_hardware_load and --hardware FILE, sim/hardware.c; STYLE.md rule
  * 15). Invariants: a failure carries a detail; a success has a positive copy bandwidth,
- * finite non-negative costs, and writes back as JSON. (Parsing that JSON again is not
- * checked: a profile with measured compute and no "device" roofline is accepted but
- * written back with device fields 0, which the parser refuses; the inputs that found it
- * are in crashes/hardware/, and the check can return once sim/hardware.c writes only the
- * fields it has. See tests/fuzz/README.md.)
+ * finite non-negative costs, and writes back as JSON that parses again to the same link
+ * (the inputs in crashes/hardware/ once came back with device fields 0, which the parser
+ * refused).
  * Build and run: tests/fuzz/README.md.
  */
 #include <math.h>
@@ -48,6 +46,11 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
         fail("unterminated string");
     char *back = NULL;
     if (fmoe_hardware_to_json(&p, &back) < 0) fail("cannot write the profile back");
+    fmoe_hardware_profile again;
+    if (fmoe_hardware_parse(back, strlen(back), "back.json", &again) < 0)
+        fail("the profile written back does not parse");
     free(back);
+    if (again.beta_bytes_per_s != p.beta_bytes_per_s || again.alpha_s != p.alpha_s)
+        fail("the link changed on the way back");
     return 0;
 }
