@@ -1,12 +1,15 @@
 /* hdf5_util.c - HDF5 helpers shared by trace/ (contracts in hdf5_util.h). */
 #include "hdf5_util.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "zstd_filter.h"
 
 /* HDF5 keeps a chunk's byte size in 32 bits. */
@@ -728,4 +731,36 @@ int fmoe__h5_check_format(hid_t file, const char *path, const char *what,
                          (long long)version, expected_version,
                          version > expected_version ? " (written by a newer fmoe?)" : "");
     return 0;
+}
+
+int fmoe__h5_write_atomically(const char *path, fmoe__h5_write_fn write, const void *ctx) {
+    const size_t n = strlen(path);
+    char *partial = malloc(n + sizeof ".partial");
+    if (!partial) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+    memcpy(partial, path, n);
+    memcpy(partial + n, ".partial", sizeof ".partial");
+    char msg[256];
+    int rc;
+    /* a regular output, a fresh partial created exclusively (never through a symlink) */
+    if ((rc = fmoe__output_check(path)) < 0 || (rc = fmoe__partial_prepare(partial)) < 0) {
+        free(partial);
+        return rc;
+    }
+    hid_t file = H5Fcreate(partial, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
+    if (file < 0) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", partial,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+        free(partial);
+        return rc;
+    }
+    rc = write(file, partial, ctx);
+    if (H5Fclose(file) < 0 && rc == 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", partial,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+    if (rc == 0 && rename(partial, path) != 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot rename to %s: %s", partial, path,
+                            strerror(errno));
+    if (rc < 0) unlink(partial);
+    free(partial);
+    return rc;
 }

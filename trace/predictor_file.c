@@ -15,7 +15,6 @@
  * contiguous and uncompressed: any HDF5 reader opens them without a filter. Written as
  * "<path>.partial" and renamed when complete, as every fmoe file (fmoe/files.h).
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,38 +133,15 @@ static int check_predictor(const char *path, const fmoe_predictor *p) {
     return 0;
 }
 
+static int write_predictor(hid_t file, const char *partial, const void *ctx) {
+    return write_all(file, partial, ctx);
+}
+
 static int predictor_write(const char *path, const fmoe_predictor *p) {
     FMOE_RETURN_ERROR_IF(!path || !path[0] || !p, FMOE_EINVAL, "fmoe_predictor_write: NULL argument");
     FMOE_FORWARD_IF_ERROR(check_predictor(path, p));
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
-    const size_t n = strlen(path);
-    char *partial = malloc(n + sizeof ".partial");
-    if (!partial) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
-    memcpy(partial, path, n);
-    memcpy(partial + n, ".partial", sizeof ".partial");
-    char msg[256];
-    int rc;
-    if ((rc = fmoe__output_check(path)) < 0 || (rc = fmoe__partial_prepare(partial)) < 0) {
-        free(partial);
-        return rc;
-    }
-    hid_t file = H5Fcreate(partial, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
-    if (file < 0) {
-        rc = fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", partial,
-                            fmoe__h5_errmsg(msg, sizeof msg));
-        free(partial);
-        return rc;
-    }
-    rc = write_all(file, partial, p);
-    if (H5Fclose(file) < 0 && rc == 0)
-        rc = fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", partial,
-                            fmoe__h5_errmsg(msg, sizeof msg));
-    if (rc == 0 && rename(partial, path) != 0)
-        rc = fmoe_error_set(FMOE_EIO, "%s: cannot rename to %s: %s", partial, path,
-                            strerror(errno));
-    if (rc < 0) unlink(partial);
-    free(partial);
-    return rc;
+    return fmoe__h5_write_atomically(path, write_predictor, p);
 }
 
 int fmoe_predictor_write(const char *path, const fmoe_predictor *p) {

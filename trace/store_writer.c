@@ -6,7 +6,6 @@
  * earliest HDF5 file format, so that stock h5py and h5dump read it. A store is written in
  * one go (it is at most C·(h + L·J) floats), so there is no append protocol.
  */
-#include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -199,6 +198,16 @@ done:
     return rc;
 }
 
+struct store_args {
+    const fmoe_store_file *f;
+    const fmoe_trace_write_options *opts;
+};
+
+static int write_store(hid_t file, const char *partial, const void *ctx) {
+    const struct store_args *a = ctx;
+    return write_all(file, partial, a->f, a->opts);
+}
+
 static int store_write(const char *path, const fmoe_store_file *f,
                        const fmoe_trace_write_options *opts) {
     FMOE_RETURN_ERROR_IF(!path || !path[0] || !f, FMOE_EINVAL, "fmoe_store_write: NULL argument");
@@ -206,36 +215,8 @@ static int store_write(const char *path, const fmoe_store_file *f,
     if (!opts) opts = &default_opts;
     FMOE_FORWARD_IF_ERROR(check_file(path, f));
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
-    const size_t n = strlen(path);
-    char *partial = malloc(n + sizeof ".partial");
-    if (!partial) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
-    memcpy(partial, path, n);
-    memcpy(partial + n, ".partial", sizeof ".partial");
-    int rc = 0;
-    char msg[256];
-    /* As the trace writer (fmoe/files.h): a regular output, a fresh partial created
-     * exclusively. */
-    if ((rc = fmoe__output_check(path)) < 0 || (rc = fmoe__partial_prepare(partial)) < 0) {
-        free(partial);
-        return rc;
-    }
-    hid_t file = H5Fcreate(partial, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
-    if (file < 0) {
-        rc = fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", partial,
-                            fmoe__h5_errmsg(msg, sizeof msg));
-        free(partial);
-        return rc;
-    }
-    rc = write_all(file, partial, f, opts);
-    if (H5Fclose(file) < 0 && rc == 0)
-        rc = fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", partial,
-                            fmoe__h5_errmsg(msg, sizeof msg));
-    if (rc == 0 && rename(partial, path) != 0)
-        rc = fmoe_error_set(FMOE_EIO, "%s: cannot rename to %s: %s", partial, path,
-                            strerror(errno));
-    if (rc < 0) unlink(partial);
-    free(partial);
-    return rc;
+    const struct store_args args = {f, opts};
+    return fmoe__h5_write_atomically(path, write_store, &args);
 }
 
 int fmoe_store_write(const char *path, const fmoe_store_file *f,
