@@ -256,6 +256,7 @@ int cmd_serve(int argc, char **argv) {
     serve_http_quiesce(http);
     err = serve_engine_stop(engine, a.grace);
     engine = NULL;
+    serve_http_wait_idle(http, 5.0); /* cut streams still send their usage and [DONE] */
     serve_http_stop(http);
     http = NULL;
     if (err < 0) goto fail;

@@ -46,6 +46,7 @@ struct serve_http {
     _Atomic(serve_engine *) engine;
     atomic_int quiesced;
     atomic_int stopping;
+    atomic_int active;         /* requests begun and not yet completed */
     atomic_uint_fast64_t id_counter; /* mixed into ids if getrandom fails */
 };
 
@@ -141,9 +142,11 @@ typedef struct request {
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)c, (void)toe;
+    serve_http *h = cls;
     request *r = *con_cls;
     if (!r) return;
+    atomic_fetch_sub(&h->active, 1);
     free(r->body);
     free(r);
     *con_cls = NULL;
@@ -587,6 +590,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!r) {
         if (!(r = calloc(1, sizeof *r))) return MHD_NO;
         *con_cls = r;
+        atomic_fetch_add(&h->active, 1);
         return first_call(h, c, url, method, r);
     }
     if (*upload_size) {
@@ -681,7 +685,7 @@ int serve_http_start(const serve_http_options *o, serve_http **out) {
         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->listen_fd,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->connection_timeout_s ? o->connection_timeout_s : 30),
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->max_connections ? o->max_connections : 256),
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, (void *)NULL,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, (void *)h,
         MHD_OPTION_END);
     if (!h->daemon) {
         close(h->listen_fd);
@@ -715,6 +719,15 @@ void serve_http_quiesce(serve_http *h) {
         close(fd);
     }
     h->listen_fd = -1;
+}
+
+int serve_http_wait_idle(serve_http *h, double seconds) {
+    if (!h) return 1;
+    for (double waited = 0; atomic_load(&h->active) > 0; waited += 0.01) {
+        if (waited >= seconds) return 0;
+        nanosleep(&(struct timespec){.tv_nsec = 10000000L}, NULL);
+    }
+    return 1;
 }
 
 void serve_http_stop(serve_http *h) {

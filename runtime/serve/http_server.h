@@ -67,6 +67,11 @@ void serve_http_quiesce(serve_http *h);
 
 /* Ends every stream still open (their jobs are cancelled), closes all connections, joins
  * the threads and frees. NULL is a no-op. */
+/* After the engine stopped: waits up to `seconds` for the requests in progress to end (a
+ * stream sends its last chunks, usage and [DONE] once its job is finished or cut), so
+ * serve_http_stop does not close them mid-write. @return 1 when none is left, 0 on timeout. */
+int serve_http_wait_idle(serve_http *h, double seconds);
+
 void serve_http_stop(serve_http *h);
 
 #endif
