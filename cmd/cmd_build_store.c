@@ -118,6 +118,23 @@ int cmd_build_store(int argc, char **argv) {
     int rc = parse_options(argc, argv, &o);
     if (rc != 0) return rc < 0 ? CMD_EXIT_OK : rc;
 
+    /* A distance the traces' layers cannot hold is a usage error (exit 2), as in simulate;
+     * a trace that does not open is left to the build, which names it. */
+    for (int i = 0; i < o.traces.n; i++) {
+        fmoe_trace_reader *r = NULL;
+        if (fmoe_trace_reader_open(&r, o.traces.items[i]) < 0) {
+            fmoe_error_clear();
+            break;
+        }
+        const int32_t L = fmoe_trace_reader_header(r)->num_layers;
+        fmoe_trace_reader_close(r);
+        if (L > 0 && o.distance >= L)
+            return cmd_usage_error(CMD,
+                                   "--prefetch-distance %d is not below the %d MoE layers of "
+                                   "%s (at most %d)",
+                                   (int)o.distance, (int)L, o.traces.items[i], (int)L - 1);
+    }
+
     const double t0 = cmd_now();
     cmd_progress_bar bar;
     cmd_progress_bar_init(&bar, "building store", o.quiet);

@@ -298,7 +298,10 @@ int cmd_inspect(int argc, char **argv) {
     int prc = cmd_options_parse(&cmd_inspect_spec, &o, argc, argv, &npos);
     if (prc) return prc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : prc;
     const int json = o.json, quiet = o.quiet, plugin_path = o.plugin_path;
-    if (plugin_path) {
+    if (plugin_path) { /* a FILE or --json with it would be ignored: refused instead */
+        if (npos > 0)
+            return cmd_usage_error(CMD, "--plugin-path takes no FILE, got '%s'", argv[1]);
+        if (json) return cmd_usage_error(CMD, "--plugin-path and --json are alternatives");
         printf("%s\n", cmd_plugin_dir());
         return CMD_EXIT_OK;
     }

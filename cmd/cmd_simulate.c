@@ -305,6 +305,14 @@ static int parse_options(int argc, char **argv, options *o) {
         return cmd_usage_error(CMD, "--cache-experts and --cache-gb are alternatives; give one");
     if (o->profile && o->hardware)
         return cmd_usage_error(CMD, "--profile and --hardware are alternatives; give one");
+    if (o->hardware) { /* an unknown name is a usage error, found before any file is read */
+        fmoe_hardware_profile hw;
+        if (fmoe_hardware_preset(o->hardware, &hw) < 0) {
+            fmoe_error_clear();
+            return cmd_usage_error(CMD, "unknown hardware '%s' (presets: %s)", o->hardware,
+                                   fmoe_hardware_preset_names());
+        }
+    }
     if (!o->n_policies) {
         o->policies[0] = "lru";
         o->n_policies = 1;
@@ -371,6 +379,40 @@ static int gate_needs(const options *o, const fmoe_trace_header *h, uint32_t *wa
                              o->trace, ops->name);
     }
     return 0;
+}
+
+/* --prefetch-distance counts layers ahead: one the trace's L layers cannot hold is a usage
+ * error, like any other value out of range (checked for every policy: the same list applies
+ * to all of them). */
+static int check_distances(const options *o, int32_t L) {
+    for (int i = 0; i < o->n_distances; i++)
+        if (o->distances[i] >= L)
+            return cmd_usage_error(CMD,
+                                   "--prefetch-distance %d is not below the %d MoE layers of "
+                                   "%s (at most %d)",
+                                   (int)o->distances[i], (int)L, o->trace, (int)L - 1);
+    return 0;
+}
+
+/* The distance a cell runs at when --prefetch-distance leaves it to the policy (0): the
+ * policy's default, clamped to L - 1 when the trace has fewer layers than that default needs
+ * (fmoe's 3 on a 2-layer model), with one note per policy, so the rest of a sweep runs.
+ * @return the distance to run at, 0 (the executor's default), or -1: the trace has a single
+ *         layer, so the policy cannot prefetch at all: skip its cells. */
+static int32_t default_distance(const char *policy, int32_t L, int *noted) {
+    const fmoe_policy_ops *ops = fmoe_policy_find(policy);
+    if (!(ops->flags & FMOE_POLICY_PREFETCHES) || ops->default_distance < L) return 0;
+    if (L < 2) {
+        if (!(*noted)++)
+            fprintf(stderr, "fmoe simulate: note: policy %s prefetches layers ahead and the "
+                            "trace has %d MoE layer; skipped\n", ops->name, (int)L);
+        return -1;
+    }
+    if (!(*noted)++)
+        fprintf(stderr, "fmoe simulate: note: policy %s's default prefetch distance %d is not "
+                        "below the trace's %d MoE layers; running it at %d\n",
+                ops->name, (int)ops->default_distance, (int)L, (int)L - 1);
+    return L - 1;
 }
 
 /* Whether a policy of the run reads the gate inputs. */
@@ -818,6 +860,8 @@ int cmd_simulate(int argc, char **argv) {
     if (rc < 0) goto fail;
     exit_code = gate_needs(&o, fmoe_trace_reader_header(reader), &want);
     if (exit_code) goto done;
+    exit_code = check_distances(&o, fmoe_trace_reader_header(reader)->num_layers);
+    if (exit_code) goto done;
     exit_code = load_predictor(&o, fmoe_trace_reader_header(reader), &predictor);
     if (exit_code) goto done;
     if (o.batch_trace) { /* the served passes: only a trace of fmoe serve has them */
@@ -928,20 +972,32 @@ int cmd_simulate(int argc, char **argv) {
     }
     /* A policy that does not prefetch runs once per cache size, whatever the distances. */
     size_t k = 0;
-    for (int p = 0; p < o.n_policies; p++)
+    for (int p = 0; p < o.n_policies; p++) {
+        int noted = 0;
         for (int c = 0; c < n_caches; c++)
-            for (int d = 0; d < o.n_distances; d++)
+            for (int d = 0; d < o.n_distances; d++) {
+                int32_t dist = o.distances[d];
+                if (dist == 0 && (dist = default_distance(o.policies[p], w.num_layers,
+                                                          &noted)) < 0)
+                    continue;
                 if (d == 0 || (fmoe_policy_find(o.policies[p])->flags & FMOE_POLICY_PREFETCHES))
                     cells[k++] = (fmoe_sim_config){
                         .policy = o.policies[p], .cache_experts = caches[c],
-                        .prefetch_distance = o.distances[d], .costs = &costs,
+                        .prefetch_distance = dist, .costs = &costs,
                         .miss_mode = o.miss_mode, .arrival_s = arrivals,
                         .store_capacity = o.eamc_capacity, .copy_chunks = o.copy_chunks,
                         .feedback = cmd_feedback_request(o.feedback),
                         /* each policy the predictor of its kind */
                         .predictor = predictor && strcmp(o.policies[p], predictor->kind) == 0
                                          ? predictor : NULL};
+            }
+    }
     n = k;
+    if (n == 0) {
+        exit_code = cmd_failf(CMD, "%s: none of the policies can run on a 1-layer trace",
+                              o.trace);
+        goto done;
+    }
     for (size_t i = 0; i < n; i++) cmd_sim_store_apply(&o.store, &cells[i]);
     if (o.decision_log) { /* one cell, its decisions to the log */
         if (n != 1) {

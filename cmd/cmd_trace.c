@@ -358,15 +358,14 @@ static int cmd_trace_import(int argc, char **argv) {
 }
 
 int cmd_trace(int argc, char **argv) {
-    if (argc < 2) {
-        cmd_options_help(&cmd_trace_spec, stderr);
-        return CMD_EXIT_USAGE;
-    }
+    if (argc < 2) /* a usage error is one line, like every other (issue 15, item 7) */
+        return cmd_usage_error(CMD, "a subcommand is needed: import");
     const char *sub = argv[1];
     if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0) {
         cmd_options_help(&cmd_trace_spec, stdout);
         return CMD_EXIT_OK;
     }
     if (strcmp(sub, "import") == 0) return cmd_trace_import(argc - 1, argv + 1);
-    return cmd_usage_error(CMD, "unknown subcommand '%s'", sub);
+    if (sub[0] == '-') return cmd_usage_error(CMD, "unknown option '%s'", sub);
+    return cmd_usage_error(CMD, "unknown subcommand '%s' (valid: import)", sub);
 }

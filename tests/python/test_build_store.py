@@ -166,7 +166,8 @@ def test_bad_input_is_one_line(fmoe, need_build_store, sample_trace, tmp_path):
     one_line_error(fmoe("build-store", "--trace", sample_trace, "--capacity", 0, "-o", store,
                         check=False), 2, "--capacity must be at least 1 entry, got 0")
     one_line_error(fmoe("build-store", "--trace", sample_trace, "--prefetch-distance", 3, "-o",
-                        store, check=False), 1, "prefetch distance 3", "3 MoE layers", "0..2")
+                        store, check=False), 2, "--prefetch-distance 3", "3 MoE layers",
+                   "at most 2")
     assert not store.exists() and not (tmp_path / "s.h5.partial").exists()
     # an empty trace: the sample's datasets cut to zero rows
     empty = tmp_path / "empty.h5"
@@ -199,7 +200,7 @@ with h5py.File({str(other)!r}, "r+") as f:
     # d >= L in simulate
     one_line_error(fmoe("simulate", "--trace", sample_trace, "--store", store, "--policy",
                         "fmoe", "--cache-experts", 4, "--prefetch-distance", 3, "--quiet",
-                        check=False), 1, "prefetch distance 3")
+                        check=False), 2, "--prefetch-distance 3", "at most 2")
     # --holdout of a trace the store was not built from (same model, recorded another time)
     later = tmp_path / "later.h5"
     shutil.copy(sample_trace, later)

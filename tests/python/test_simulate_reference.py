@@ -158,7 +158,7 @@ def test_bad_input_one_line_errors(fmoe, tmp_path):
     assert p.stderr.strip() == f"fmoe simulate: {prof}: missing field link.alpha_s"
     p = fmoe("simulate", "--trace", trace, "--cache-experts", "2", "--hardware", "tpu",
              check=False)
-    assert p.returncode == 1 and "presets: rtx3090-pcie4" in p.stderr
+    assert p.returncode == 2 and "presets: rtx3090-pcie4" in p.stderr  # usage error
     p = fmoe("simulate", "--trace", tmp_path / "missing.h5", "--cache-experts", "2",
              check=False)
     assert p.returncode == 1 and "missing.h5" in p.stderr
