@@ -14,6 +14,7 @@
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"
 #include "fmoe/policy.h"
+#include "fmoe/predictor.h"
 #include "fmoe/sim.h"
 
 const char *const cmd_offload_tiers[] = {"auto", "host", "file", NULL};
@@ -73,16 +74,16 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
     if (a->profile && a->miss != FMOE_OFFLOAD_MISS_AUTO)
         return cmd_usage_error(cmd, "--profile is read by --miss auto only");
     if (!on) {
-        if (a->policy || a->store || a->decision_log || a->direct_io || a->sync_transfers ||
-            a->profile)
-            return cmd_usage_error(cmd, "--policy, --store, --decision-log, --direct-io, "
-                                        "--sync-transfers and --profile need an offloaded "
-                                        "run: give --cache-experts N or --cache-gb X");
+        if (a->policy || a->store || a->predictor || a->decision_log || a->direct_io ||
+            a->sync_transfers || a->profile)
+            return cmd_usage_error(cmd, "--policy, --store, --predictor, --decision-log, "
+                                        "--direct-io, --sync-transfers and --profile need an "
+                                        "offloaded run: give --cache-experts N or --cache-gb X");
         return 0;
     }
-    const char *const inputs[] = {a->profile, a->store};
+    const char *const inputs[] = {a->profile, a->store, a->predictor};
     int rc;
-    if ((rc = cmd_check_output(cmd, a->decision_log, inputs, 2)) != 0) return rc;
+    if ((rc = cmd_check_output(cmd, a->decision_log, inputs, 3)) != 0) return rc;
     if (a->cache_experts > 0 && a->cache_gb > 0)
         return cmd_usage_error(cmd, "give --cache-experts or --cache-gb, not both");
     if (a->direct_io && a->tier == FMOE_TIER_HOST)
@@ -101,9 +102,40 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
                                     "(fmoe build-store)", policy);
     if (!(ops->flags & FMOE_POLICY_TAKES_STORE) && a->store)
         return cmd_usage_error(cmd, "policy %s takes no store", policy);
+    /* the policies that predict with a learned predictor: promoe (as simulate's check) */
+    const int takes_predictor = strcmp(ops->name, FMOE_PREDICTOR_KIND_PROMOE) == 0;
+    if (takes_predictor && !a->predictor)
+        return cmd_usage_error(cmd, "policy %s needs --predictor P.h5 (fmoe train-predictor "
+                                    "--kind %s)", ops->name, ops->name);
+    if (!takes_predictor && a->predictor)
+        return cmd_usage_error(cmd, "--predictor is for policy %s; policy %s takes none",
+                               FMOE_PREDICTOR_KIND_PROMOE, ops->name);
     if (a->store_out && a->store_mode != FMOE_STORE_OFFLINE_UPDATE)
         return cmd_usage_error(cmd, "--store-out writes the store a run updates: give "
                                     "--store-mode offline-update");
+    return 0;
+}
+
+/* Reads --predictor into out->predictor and checks it is for the loaded model: a
+ * fingerprint mismatch is refused naming both (as simulate's check against a trace), a
+ * predictor without one by the width of its input (the policy's init checks the rest of
+ * the geometry). @return 0 or 1 (printed). */
+static int load_predictor(const char *cmd, const char *path, const fmoe_model_geometry *g,
+                          const char *fingerprint, cmd_offload *out) {
+    int rc = fmoe_predictor_read(path, &out->predictor);
+    if (rc < 0) return cmd_fail(cmd, rc);
+    const fmoe_predictor *p = out->predictor;
+    if (p->model_fingerprint[0] && fingerprint[0] &&
+        strcmp(p->model_fingerprint, fingerprint) != 0)
+        return cmd_failf(cmd,
+                         "%s is a predictor for model %s (fingerprint %s) but the model loaded "
+                         "is %s (fingerprint %s); train one on traces of this model",
+                         path, p->model_name[0] ? p->model_name : "(unnamed)",
+                         p->model_fingerprint, g->model_type[0] ? g->model_type : "(unnamed)",
+                         fingerprint);
+    if (p->hidden_size != g->hidden_size)
+        return cmd_failf(cmd, "%s reads gate inputs of width %d; the model loaded has %d",
+                         path, p->hidden_size, g->hidden_size);
     return 0;
 }
 
@@ -116,19 +148,22 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     out->store_out = a->store_out;
 
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
+    char fp[65] = "";
+    if (a->store || a->predictor) {
+        const char *json = fmoe_model_config_json(m);
+        if ((rc = fmoe_config_fingerprint(json, strlen(json), fp)) < 0) return cmd_fail(cmd, rc);
+    }
     if (a->store) {
         if ((rc = fmoe_store_read(a->store, 0, &out->store)) < 0) return cmd_fail(cmd, rc);
-        const char *json = fmoe_model_config_json(m);
-        char fp[65];
-        if ((rc = fmoe_config_fingerprint(json, strlen(json), fp)) < 0) {
-            cmd_offload_close(cmd, out, 0);
-            return cmd_fail(cmd, rc);
-        }
         if ((rc = cmd_store_check_model(cmd, a->store, out->store, "the model loaded", g->model_type,
                                         fp, g->num_moe_layers, g->num_experts, g->top_k))) {
             cmd_offload_close(cmd, out, 0);
             return rc;
         }
+    }
+    if (a->predictor && (rc = load_predictor(cmd, a->predictor, g, fp, out)) != 0) {
+        cmd_offload_close(cmd, out, 0);
+        return rc;
     }
     fmoe_offload_options o = fmoe_offload_defaults();
     o.policy = policy;
@@ -170,6 +205,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
         o.expert_store = out->store->store;
         o.store_mode = a->store_mode;
     }
+    o.predictor = out->predictor;
     if (a->decision_log) {
         char meta[256];
         cmd_decision_log_meta(meta, sizeof meta, policy, o.cache_experts, a->prefetch_distance,
@@ -208,6 +244,8 @@ int cmd_offload_close(const char *cmd, cmd_offload *o, int ok) {
     }
     fmoe_store_file_free(o->store);
     o->store = NULL;
+    fmoe_predictor_free(o->predictor); /* after the executor that borrowed it */
+    o->predictor = NULL;
     return exit_code;
 }
 

@@ -39,6 +39,7 @@ typedef struct cmd_offload_args {
     const char *store;
     int32_t store_mode;        /* fmoe_store_mode */
     const char *store_out;
+    const char *predictor;     /* --predictor: a learned predictor (promoe) */
     int32_t feedback;          /* cmd_feedback_names index */
     const char *decision_log;
     int32_t sync_transfers;
@@ -91,6 +92,10 @@ extern const char *const cmd_offload_store_modes[];
     {.name = "store-mode", .kind = CMD_OPT_ENUM, .value_name = "M",                           \
      .help = "offline (frozen store) or offline-update", .default_text = "offline",           \
      .offset = offsetof(type, f.store_mode), .choices = cmd_offload_store_modes},             \
+    {.name = "predictor", .kind = CMD_OPT_STRING, .value_name = "P.h5",                       \
+     .help = "learned predictor for policy promoe (fmoe train-predictor --kind promoe), "     \
+             "trained on traces of this model",                                               \
+     .offset = offsetof(type, f.predictor)},                                                  \
     {.name = "feedback", .kind = CMD_OPT_ENUM, .value_name = "auto|on|off",                   \
      .help = "feedback-directed prefetching, as simulate's --feedback",                      \
      .default_text = "auto", .offset = offsetof(type, f.feedback),                            \
@@ -112,6 +117,7 @@ typedef struct cmd_offload {
     fmoe_offload *x;           /* NULL: offloading off */
     const char *store_out;
     fmoe_store_file *store;
+    struct fmoe_predictor *predictor; /* --predictor, read for the executor (borrowed by it) */
     fmoe_decision_log *log;
 } cmd_offload;
 
@@ -121,7 +127,7 @@ void cmd_offload_args_init(cmd_offload_args *a);
  * cmd_offload_open makes them first; serve makes them before it listens. */
 int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a);
 
-/* Validates the options, loads the store (for this model), opens the decision log and
+/* Validates the options, loads the store and the predictor (for this model), opens the decision log and
  * starts the executor; a clamped capacity is said once on stderr unless quiet. @return 0,
  * 1 (failure, printed) or 2 (usage, printed). */
 int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,

@@ -414,7 +414,8 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
             .probs = s->probs, .probs_stride = J, .distinct = s->distinct,
             .tokens = s->count, .num_distinct = num_distinct,
             .speculative = have_spec ? s->specrows : NULL,
-            .speculative_stride = (int64_t)S * J, .speculative_depth = have_spec ? S : 0};
+            .speculative_stride = (int64_t)S * J, .speculative_depth = have_spec ? S : 0,
+            .hidden = s->xn, .hidden_stride = h};
         FMOE_FORWARD_IF_ERROR(s->opt.on_route(s->opt.route_ctx, &ev));
     }
 

@@ -55,7 +55,9 @@
 #include <time.h>
 
 #include "fmoe/error.h"
+#include "fmoe/half.h"
 #include "fmoe/policy.h"
+#include "fmoe/predictor.h"
 #include "fmoe/trace.h"
 #include "expert_tier.h"
 
@@ -114,6 +116,10 @@ struct fmoe_offload {
     float *semantic;           /* [cap_semantic_tokens][h] embeddings for events */
     int64_t cap_semantic_tokens;
     int32_t semantic_dim;      /* h when the policy wants embeddings, else 0 */
+    float *hidden;             /* [cap_hidden_tokens][h] a gate's input rows as float16
+                                  would hold them (policies with NEEDS_HIDDEN) */
+    int64_t cap_hidden_tokens;
+    int32_t hidden_dim;        /* h when the policy reads gate inputs, else 0 */
 
     fmoe_offload_stats st;
     fmoe_offload_layer_stats *lst; /* [L] the executor's per-layer counts (the slots' own
@@ -343,6 +349,30 @@ static int auto_on_host(const fmoe_offload *x, int32_t tokens, double now) {
     return host_end < load_end;
 }
 
+/* The gate's input rows for a policy that reads them, rounded to float16 and back: the
+ * bits a trace recorded with --hidden stores (trace_writer.c's fmoe_float_to_half), which
+ * the simulator hands the same policy and the predictor was trained on. Handing the raw
+ * float32 rows instead would let a near-tie in the predictor's top-K fall the other way
+ * live than in replay, and the decision-log identity would no longer hold. Cost: n·h
+ * conversions per gate, only for such policies. @return the rows (stride h), or NULL when
+ * the policy reads none or memory ran out (the caller tells them apart). */
+static const float *rounded_hidden(fmoe_offload *x, const fmoe_route_event *ev) {
+    const int32_t h = x->hidden_dim, n = ev->num_tokens;
+    if (h <= 0 || !ev->hidden || n < 1) return NULL;
+    if (n > x->cap_hidden_tokens) {
+        float *p = realloc(x->hidden, (size_t)n * (size_t)h * sizeof *p);
+        if (!p) return NULL;
+        x->hidden = p;
+        x->cap_hidden_tokens = n;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        const float *src = ev->hidden + (size_t)t * (size_t)ev->hidden_stride;
+        float *dst = x->hidden + (size_t)t * (size_t)h;
+        for (int32_t i = 0; i < h; i++) dst[i] = fmoe_half_to_float(fmoe_float_to_half(src[i]));
+    }
+    return x->hidden;
+}
+
 /* The gate of MoE layer ev->layer: policy events and access resolution (DESIGN.md §7.1). */
 static int on_route(void *ctx, const fmoe_route_event *ev) {
     fmoe_offload *x = ctx;
@@ -357,6 +387,12 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
     x->env->now_s = clock_of(x);
     fmoe_slots_gate(x->slots, l, ev->distinct, ev->num_distinct);
     if (ops->on_gate) {
+        const float *hidden = rounded_hidden(x, ev);
+        if (!hidden && x->hidden_dim > 0 && ev->hidden && ev->num_tokens > 0) {
+            pthread_mutex_unlock(&x->mu);
+            return fail(x, fmoe_error_set(FMOE_ENOMEM, "gate inputs of %d tokens",
+                                          ev->num_tokens));
+        }
         const fmoe_gate_event gev = {
             .layer = l, .num_tokens = ev->num_tokens, .chosen = ev->chosen,
             .chosen_stride = ev->chosen_stride, .probs = ev->probs,
@@ -365,7 +401,8 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
             .probs_kind = ev->probs ? FMOE_PROBS_FULL : FMOE_PROBS_NONE,
             .speculative = ev->speculative, .speculative_stride = ev->speculative_stride,
             .speculative_depth = ev->speculative ? ev->speculative_depth : 0,
-            .group = -1, .position = -1};
+            .group = -1, .position = -1, .hidden = hidden, .hidden_stride = x->hidden_dim,
+            .hidden_dim = hidden ? x->hidden_dim : 0};
         ops->on_gate(x->policy.state, x->env, &gev);
     }
     for (int32_t j = 0; j < J; j++) x->cur_slot[j] = -2;
@@ -533,6 +570,7 @@ void fmoe_offload_free(fmoe_offload *x) {
     free(x->cur_slot);
     free(x->cur_access);
     free(x->semantic);
+    free(x->hidden);
     free(x->lst);
     free(x->accesses);
     free(x->outcomes);
@@ -586,16 +624,21 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
     x->expert_bytes = fmoe__expert_tier_expert_bytes(x->tier);
     x->slot_stride = fmoe__expert_tier_slot_bytes(x->tier);
     int32_t d = o->prefetch_distance;
+    /* a learned predictor's stride is its policy's distance (promoe), as in sim/executor.c */
+    if (d == 0 && o->predictor && (ops->flags & FMOE_POLICY_NEEDS_HIDDEN))
+        d = o->predictor->stride;
     if (d == 0) d = ops->default_distance < 0 ? x->L : ops->default_distance;
     if (d >= x->L && (ops->flags & FMOE_POLICY_PREFETCHES) && ops->default_distance >= 0)
         d = x->L - 1;
     x->semantic_dim = o->expert_store ? g->hidden_size : 0;
+    x->hidden_dim = (ops->flags & FMOE_POLICY_NEEDS_HIDDEN) ? g->hidden_size : 0;
     const fmoe_policy_config pc = {
         .num_layers = x->L, .num_experts = x->J, .top_k = x->K, .capacity = x->N,
         .prefetch_distance = d, .probs_kind = FMOE_PROBS_FULL,
         .speculative_depth = (ops->flags & FMOE_POLICY_NEEDS_SPECULATIVE) ? 1 : 0,
         .expert_store = o->expert_store, .store_mode = o->store_mode,
-        .semantic_dim = x->semantic_dim};
+        .semantic_dim = x->semantic_dim, .hidden_dim = x->hidden_dim,
+        .predictor = o->predictor};
     if ((rc = fmoe_policy_init_ops(&x->policy, ops, &pc)) < 0) goto fail;
     const fmoe_slots_config sc = {
         .num_layers = x->L, .num_experts = x->J, .capacity = x->N, .chunks = x->chunks,

@@ -131,6 +131,10 @@ typedef struct fmoe_route_event {
                                   NULL when the session's speculative_depth is 0 */
     int64_t speculative_stride;
     int32_t speculative_depth;
+    const float *hidden;       /* token t's gate input at hidden[t * hidden_stride]: the
+                                  normalised hidden state (h floats) the router read, the
+                                  rows fmoe_forward_trace.hidden records. Always set */
+    int64_t hidden_stride;
 } fmoe_route_event;
 
 /* Called once per MoE layer and pass (chunk or batch) after routing. Must not call back

@@ -48,6 +48,7 @@
 
 typedef struct fmoe_offload fmoe_offload;
 struct fmoe_expertmap;
+struct fmoe_predictor;
 
 typedef enum fmoe_tier_kind {
     FMOE_TIER_AUTO = 0, /* host when the routed experts fit in half the free RAM, else file */
@@ -90,6 +91,12 @@ typedef struct fmoe_offload_options {
     /* fmoe policies: the store (borrowed) and its mode (fmoe_store_mode) */
     const struct fmoe_expertmap *expert_store;
     int32_t store_mode;
+    /* A learned expert predictor (fmoe/predictor.h) for the policies that read gate inputs
+     * (FMOE_POLICY_NEEDS_HIDDEN: promoe), borrowed for the executor's lifetime; NULL: none.
+     * Such a policy is handed each gate's input rows rounded to float16 and back, the
+     * values a trace recorded with --hidden holds (the simulator's, and the predictor's
+     * training data), so live and simulated runs decide alike bit for bit. */
+    const struct fmoe_predictor *predictor;
     /* Every transfer completion is waited for at the sync points (before each gate and
      * before each prefetch makes room), so the decisions do not depend on the link's
      * speed: the live counterpart of a simulation with zero-time transfers, for the
