@@ -15,6 +15,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/log.h"
+#include "fmoe/tokenizer.h"
 #include "fmoe/trace.h"
 #include "fmoe_config.h"
 
@@ -39,6 +40,18 @@ int cmd_failf(const char *cmd, const char *fmt, ...) {
     const int rc = say(cmd, CMD_EXIT_FAILURE, 0, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+int cmd_check_chat_template(const char *cmd, const char *name) {
+    if (!name) return 0;
+    const char *const *names = fmoe_chat_template_names();
+    char list[256] = "";
+    for (size_t i = 0; names[i]; i++) {
+        if (strcmp(names[i], name) == 0) return 0;
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", names[i]);
+    }
+    return cmd_usage_error(cmd, "unknown --chat-template '%s' (valid: %s)", name, list);
 }
 
 int cmd_usage_error(const char *cmd, const char *fmt, ...) {

@@ -24,6 +24,10 @@ int cmd_failf(const char *cmd, const char *fmt, ...) __attribute__((format(print
 /* Prints "fmoe <cmd>: <message> (see 'fmoe <cmd> --help')" and returns CMD_EXIT_USAGE. */
 int cmd_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* --chat-template NAME: one of fmoe_chat_template_names(), else a usage error (one line,
+ * listing them). NULL is fine. @return 0 or CMD_EXIT_USAGE. */
+int cmd_check_chat_template(const char *cmd, const char *name);
+
 /* A usage error (exit 2) without the "see --help" hint: the arguments parse, but they name
  * the wrong file. */
 int cmd_refuse(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

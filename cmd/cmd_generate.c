@@ -191,7 +191,7 @@ static int parse_args(int argc, char **argv, generate_args *a) {
     if (!a->prompt) return cmd_usage_error(CMD, "--prompt TEXT is required");
     if ((a->system || a->chat_template) && !a->chat)
         return cmd_usage_error(CMD, "--system and --chat-template need --chat");
-    return 0;
+    return cmd_check_chat_template(CMD, a->chat_template);
 }
 
 int cmd_generate(int argc, char **argv) {

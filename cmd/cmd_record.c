@@ -154,7 +154,7 @@ static int parse_args(int argc, char **argv, record_args *a) {
     if (!a->dataset) return cmd_usage_error(CMD, "--dataset FILE is required");
     if (!a->output) return cmd_usage_error(CMD, "-o TRACE.h5 is required");
     if (a->chat_template && !a->chat) return cmd_usage_error(CMD, "--chat-template needs --chat");
-    return 0;
+    return cmd_check_chat_template(CMD, a->chat_template);
 }
 
 /* ---------------------------------------------------------------------------------------

@@ -486,14 +486,12 @@ int cmd_tokenize(int argc, char **argv) {
         return cmd_usage_error(CMD, "--chat works with --text or --file");
     if ((o.system || o.chat_template || o.no_think) && !o.chat)
         return cmd_usage_error(CMD, "--system, --chat-template and --no-think need --chat");
-    if (o.chat_template) {
-        const char *const *names = fmoe_chat_template_names();
-        int ok = 0;
-        for (size_t i = 0; names[i]; i++) ok |= strcmp(names[i], o.chat_template) == 0;
-        if (!ok)
-            return cmd_usage_error(CMD, "--chat-template must be mixtral, chatml, qwen3 or olmoe, "
-                                        "got '%s'", o.chat_template);
-    }
+    if (o.skip_special && !(o.decode || o.batch)) /* it would be ignored: refused instead */
+        return cmd_usage_error(CMD, "--skip-special applies to --decode and --batch");
+    if (o.no_special && (o.decode || o.info))
+        return cmd_usage_error(CMD, "--no-special applies to encoding (--text, --file, --batch)");
+    int crc = cmd_check_chat_template(CMD, o.chat_template);
+    if (crc) return crc;
 
     fmoe_tokenizer *tok;
     int e = fmoe_tokenizer_load(o.tokenizer, &tok);

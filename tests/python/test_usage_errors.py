@@ -144,3 +144,33 @@ def test_failure_on_valid_usage_is_exit_1(fmoe_bin, tmp_path):
             "--quiet")
     assert p.returncode == 1, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and p.stdout == ""
+
+
+TINY = REPO / "datasets" / "fmoe-tiny"
+
+# Wrong combinations and unknown names found by the sweep (each used to exit 1, or 0 with the
+# option ignored).
+COMBINATIONS = {
+    "generate-chat-template": ["generate", "--prompt", "hi", "--chat", "--chat-template",
+                               "nosuch"],
+    "record-chat-template": ["record", "--dataset", "absent.txt", "-o", "r.h5", "--chat",
+                             "--chat-template", "nosuch"],
+    "tokenize-chat-template": ["tokenize", "--tokenizer", TINY, "--text", "a", "--chat",
+                               "--chat-template", "nosuch"],
+    "tokenize-skip-special-encoding": ["tokenize", "--tokenizer", TINY, "--text", "a",
+                                       "--skip-special"],
+    "tokenize-no-special-decoding": ["tokenize", "--tokenizer", TINY, "--decode", "1,2",
+                                     "--no-special"],
+    "inspect-plugin-path-json": ["inspect", "--plugin-path", "--json"],
+    "trace-unknown-subcommand": ["trace", "nosuch"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMBINATIONS))
+def test_wrong_combination(fmoe_bin, tmp_path, case):
+    usage_error(run(fmoe_bin, *COMBINATIONS[case], cwd=tmp_path))
+
+
+def test_chat_template_lists_the_names(fmoe_bin, tmp_path):
+    usage_error(run(fmoe_bin, *COMBINATIONS["generate-chat-template"], cwd=tmp_path),
+                "nosuch", "mixtral, chatml, qwen3, olmoe")
