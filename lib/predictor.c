@@ -131,13 +131,9 @@ void fmoe_mlp_work_free(fmoe_mlp_work *w) {
     memset(w, 0, sizeof *w);
 }
 
-void fmoe_mlp_forward(const fmoe_mlp *m, fmoe_mlp_work *w, const float *x, int32_t n) {
-    FMOE_ASSERT(n >= 0 && n <= w->max_batch);
-    if (n == 0) return;
-    const int H = m->hidden, J = m->out, D = m->in;
-    /* z = x · W1ᵀ + b1, a = relu(z) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, H, D, 1.0f, x, D, m->w1, D, 0.0f,
-                w->z, H);
+/* z += b1, a = relu(z), over n rows of H. */
+static void bias_relu(const fmoe_mlp *m, fmoe_mlp_work *w, int32_t n) {
+    const int H = m->hidden;
     for (int32_t r = 0; r < n; r++) {
         float *z = w->z + (size_t)r * H, *a = w->a + (size_t)r * H;
         for (int j = 0; j < H; j++) {
@@ -145,9 +141,11 @@ void fmoe_mlp_forward(const fmoe_mlp *m, fmoe_mlp_work *w, const float *x, int32
             a[j] = z[j] > 0.0f ? z[j] : 0.0f;
         }
     }
-    /* logit = a · W2ᵀ + b2, p = softmax(logit) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, J, H, 1.0f, w->a, H, m->w2, H, 0.0f,
-                w->logit, J);
+}
+
+/* logit += b2, p = softmax(logit), over n rows of J. */
+static void bias_softmax(const fmoe_mlp *m, fmoe_mlp_work *w, int32_t n) {
+    const int J = m->out;
     for (int32_t r = 0; r < n; r++) {
         float *l = w->logit + (size_t)r * J, *p = w->p + (size_t)r * J;
         float mx = -FLT_MAX;
@@ -160,6 +158,40 @@ void fmoe_mlp_forward(const fmoe_mlp *m, fmoe_mlp_work *w, const float *x, int32
         const float inv = (float)(1.0 / sum);
         for (int j = 0; j < J; j++) p[j] *= inv;
     }
+}
+
+void fmoe_mlp_forward(const fmoe_mlp *m, fmoe_mlp_work *w, const float *x, int32_t n) {
+    FMOE_ASSERT(n >= 0 && n <= w->max_batch);
+    if (n == 0) return;
+    const int H = m->hidden, J = m->out, D = m->in;
+    /* z = x · W1ᵀ + b1, a = relu(z) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, H, D, 1.0f, x, D, m->w1, D, 0.0f,
+                w->z, H);
+    bias_relu(m, w, n);
+    /* logit = a · W2ᵀ + b2, p = softmax(logit) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, J, H, 1.0f, w->a, H, m->w2, H, 0.0f,
+                w->logit, J);
+    bias_softmax(m, w, n);
+}
+
+/* y[r][o] = x[r] · w[o] over D, summed in index order. */
+static void dense_in_order(const float *x, int32_t n, int D, const float *wt, int O, float *y) {
+    for (int32_t r = 0; r < n; r++)
+        for (int o = 0; o < O; o++) {
+            const float *xr = x + (size_t)r * D, *wo = wt + (size_t)o * D;
+            float acc = 0.0f;
+            for (int d = 0; d < D; d++) acc += xr[d] * wo[d];
+            y[(size_t)r * O + o] = acc;
+        }
+}
+
+void fmoe_mlp_infer(const fmoe_mlp *m, fmoe_mlp_work *w, const float *x, int32_t n) {
+    FMOE_ASSERT(n >= 0 && n <= w->max_batch);
+    if (n == 0) return;
+    dense_in_order(x, n, m->in, m->w1, m->hidden, w->z);
+    bias_relu(m, w, n);
+    dense_in_order(w->a, n, m->hidden, m->w2, m->out, w->logit);
+    bias_softmax(m, w, n);
 }
 
 /* Cross-entropy of the rows of the last forward pass, summed over rows (not averaged). */

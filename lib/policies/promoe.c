@@ -92,8 +92,7 @@ static int pm_init(void **state, const fmoe_policy_config *cfg) {
     const fmoe_predictor *p = cfg->predictor;
     FMOE_RETURN_ERROR_IF(!p, FMOE_EINVAL,
                          "policy promoe needs a predictor: train one with 'fmoe train-predictor "
-                         "--kind promoe' and pass it to fmoe simulate --predictor P.h5 (live "
-                         "runs cannot load one yet)");
+                         "--kind promoe' and pass it with --predictor P.h5");
     FMOE_RETURN_ERROR_IF(strcmp(p->kind, FMOE_PREDICTOR_KIND_PROMOE) != 0, FMOE_EINVAL,
                          "policy promoe needs a predictor of kind promoe, got '%s'", p->kind);
     FMOE_RETURN_ERROR_IF(p->num_layers != cfg->num_layers || p->num_experts != cfg->num_experts ||
@@ -173,7 +172,7 @@ static int32_t predict(pm_state *m, int32_t i, const fmoe_gate_event *ev) {
         for (int32_t r = 0; r < n; r++)
             memcpy(m->x + (size_t)r * h, ev->hidden + (size_t)(t0 + r) * (size_t)ev->hidden_stride,
                    (size_t)h * sizeof *m->x);
-        fmoe_mlp_forward(mlp, &m->work, m->x, n);
+        fmoe_mlp_infer(mlp, &m->work, m->x, n); /* the same bits in every executor */
         for (int32_t r = 0; r < n; r++) {
             const float *pr = m->work.p + (size_t)r * J;
             fmoe_topk_indices(pr, J, K, m->top);

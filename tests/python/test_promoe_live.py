@@ -12,10 +12,10 @@ executor rounds the gate inputs it hands the policy to float16 and back with the
 writer's conversion, so the predictor sees the same bits on both sides (and the values it
 was trained on); without it the first prefetch's priority already differs.
 
-The predictor's forward pass (lib/predictor.c, cblas_sgemm) gives other bits with another
-OpenBLAS thread count, and the live engine runs OpenBLAS on one thread (cpu_backend.c)
-while simulate leaves it at the machine's cores: the simulation here runs with
-OPENBLAS_NUM_THREADS=1 so both sides multiply alike. Also: an offloaded promoe generation equals the all-resident one; a
+The policy runs the predictor with fmoe_mlp_infer, which sums in index order without
+BLAS: cblas_sgemm gave other bits with another OpenBLAS thread count (the live engine runs
+it on one thread, simulate on all cores), so the simulation here runs at the default thread
+count on purpose. Also: an offloaded promoe generation equals the all-resident one; a
 predictor of another model, promoe without --predictor and --predictor with another
 policy are one-line errors.
 """
@@ -65,7 +65,7 @@ def test_live_and_simulated_promoe_decide_alike(work, fmoe_bin, n):
     run(fmoe_bin, "simulate", "--trace", trace, "--policy", "promoe", "--predictor",
         work / "p.h5", "--cache-experts", n, "--prefetch-distance", 1,
         "--profile", work / "zero.json", "--decision-log", sim, "--quiet",
-        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})  # the live engine's BLAS threads
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "2"})  # not the live engine's one thread
     lh, lrec = read_log(live)
     sh, srec = read_log(sim)
     assert lh["source"] == "record" and sh["source"] == "simulate"

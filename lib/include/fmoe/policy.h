@@ -101,8 +101,8 @@ enum {
     FMOE_POLICY_FEEDBACK = 1u << 7,
     /* reads each token's gate input in on_gate (fmoe_gate_event.hidden: the trace's
      * /tokens/hidden, recorded with fmoe record --hidden); the simulator keeps those rows
-     * only for policies with this flag and refuses a trace without them. Live executors
-     * pass none yet (hidden NULL): such a policy must then run without them. */
+     * only for policies with this flag and refuses a trace without them; the live
+     * executor passes the forward pass's rows, rounded to float16 as a trace stores them. */
     FMOE_POLICY_NEEDS_HIDDEN = 1u << 8,
 };
 
@@ -208,8 +208,8 @@ typedef struct fmoe_gate_event {
     int64_t position;       /* the layer's first access in cfg->future; -1 live */
     /* Gate inputs (FMOE_POLICY_NEEDS_HIDDEN): token t's hidden_dim floats at hidden[t *
      * hidden_stride], the normalised hidden state this layer's router reads (the trace's
-     * /tokens/hidden). NULL when absent (live executors for now, or no policy of the run
-     * asked for them). */
+     * /tokens/hidden; live, the forward pass's rows rounded to float16 and back, the
+     * trace's bits). NULL when no policy of the run asked for them. */
     const float *hidden;
     int64_t hidden_stride;
     int32_t hidden_dim;

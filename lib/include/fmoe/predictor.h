@@ -73,6 +73,12 @@ void fmoe_mlp_work_free(fmoe_mlp_work *w);
 /* Forward pass of n <= w->max_batch rows x [n][in]: fills w->z, a, logit and p. */
 void fmoe_mlp_forward(const fmoe_mlp *m, fmoe_mlp_work *w, const float *x, int32_t n);
 
+/* The same forward pass for a policy: every product summed in index order, without BLAS,
+ * so the predictions are the same bits in every executor, at any thread count and on any
+ * machine (OpenBLAS's sgemm changes its summation with its threads). Slower than
+ * fmoe_mlp_forward for large batches; a gate has a handful of rows. */
+void fmoe_mlp_infer(const fmoe_mlp *m, fmoe_mlp_work *w, const float *x, int32_t n);
+
 /* Mean cross-entropy of the forward pass against target distributions t [n][out] (each row
  * sums to 1): L = -(1/n) Σ_r Σ_j t[r][j] · log p[r][j], computed as a log-softmax. When
  * `grad` is not NULL (same shape as m) it receives dL/dθ, overwritten:
