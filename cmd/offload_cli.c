@@ -74,11 +74,12 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
     if (a->profile && a->miss != FMOE_OFFLOAD_MISS_AUTO)
         return cmd_usage_error(cmd, "--profile is read by --miss auto only");
     if (!on) {
-        if (a->policy || a->store || a->predictor || a->decision_log || a->direct_io ||
-            a->sync_transfers || a->profile)
-            return cmd_usage_error(cmd, "--policy, --store, --predictor, --decision-log, "
-                                        "--direct-io, --sync-transfers and --profile need an "
-                                        "offloaded run: give --cache-experts N or --cache-gb X");
+        if (a->policy || a->store || a->store_out || a->predictor || a->decision_log ||
+            a->direct_io || a->sync_transfers || a->profile)
+            return cmd_usage_error(cmd, "--policy, --store, --store-out, --predictor, "
+                                        "--decision-log, --direct-io, --sync-transfers and "
+                                        "--profile need an offloaded run: give "
+                                        "--cache-experts N or --cache-gb X");
         return 0;
     }
     const char *const inputs[] = {a->profile, a->store, a->predictor};

@@ -163,6 +163,10 @@ COMBINATIONS = {
                                      "--no-special"],
     "inspect-plugin-path-json": ["inspect", "--plugin-path", "--json"],
     "trace-unknown-subcommand": ["trace", "nosuch"],
+    "record-store-out-not-offloaded": ["record", "--dataset",
+                                       REPO / "datasets" / "samples" / "prompts_100.txt",
+                                       "-o", "r.h5", "--store-out", "s.h5"],
+    "generate-store-out-not-offloaded": ["generate", "--prompt", "hi", "--store-out", "s.h5"],
 }
 
 
