@@ -17,6 +17,7 @@
 #include "fmoe/geometry.h"
 #include "fmoe/trace.h"
 #include "fuzz_file.h"
+#include "fuzz_import.h"
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
@@ -41,23 +42,6 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
     fmoe_import_report rep;
     fmoe_error_clear();
     int rc = fmoe_import_dense_csv(files, 2, 2, &o, out, &rep);
-    if (rc < 0 && !fmoe_error_detail()[0]) {
-        fprintf(stderr, "fuzz_dense_csv: error %d without a detail\n", rc);
-        abort();
-    }
-    if (rc < 0 && (access(out, F_OK) == 0 || access(partial, F_OK) == 0)) {
-        fprintf(stderr, "fuzz_dense_csv: a failed import left a file behind\n");
-        abort();
-    }
-    if (rc == 0) {
-        fmoe_trace_reader *r = NULL;
-        if (fmoe_trace_reader_open(&r, out) < 0) {
-            fprintf(stderr, "fuzz_dense_csv: the imported trace does not read: %s\n",
-                    fmoe_error_detail());
-            abort();
-        }
-        fmoe_trace_reader_close(r);
-        unlink(out);
-    }
+    fuzz_check_import("fuzz_dense_csv", rc, out, partial);
     return 0;
 }

@@ -15,6 +15,7 @@
 #include "fmoe/geometry.h"
 #include "fmoe/trace.h"
 #include "fuzz_file.h"
+#include "fuzz_import.h"
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
@@ -31,23 +32,6 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
     fmoe_import_report rep;
     fmoe_error_clear();
     int rc = fmoe_import_jsonl(in, &o, out, &rep);
-    if (rc < 0 && !fmoe_error_detail()[0]) {
-        fprintf(stderr, "fuzz_import_jsonl: error %d without a detail\n", rc);
-        abort();
-    }
-    if (rc < 0 && (access(out, F_OK) == 0 || access(partial, F_OK) == 0)) {
-        fprintf(stderr, "fuzz_import_jsonl: a failed import left a file behind\n");
-        abort();
-    }
-    if (rc == 0) {
-        fmoe_trace_reader *r = NULL;
-        if (fmoe_trace_reader_open(&r, out) < 0) {
-            fprintf(stderr, "fuzz_import_jsonl: the imported trace does not read: %s\n",
-                    fmoe_error_detail());
-            abort();
-        }
-        fmoe_trace_reader_close(r);
-        unlink(out);
-    }
+    fuzz_check_import("fuzz_import_jsonl", rc, out, partial);
     return 0;
 }
