@@ -418,6 +418,21 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
     }
 }
 
+/* An iteration's start event and its layers in order, for both replays. */
+static void run_iteration_layers(sim_state *S, const fmoe_sim_iteration *it, int64_t ii,
+                                 const fmoe_iteration_event *iev) {
+    const fmoe_policy_ops *ops = S->policy.ops;
+    S->env->now_s = S->compute_free;
+    fmoe_slots_set_iteration(S->slots, ii);
+    if (ops->on_iteration_start) ops->on_iteration_start(S->policy.state, S->env, iev);
+    const uint16_t *la = S->w->layer_accesses + (size_t)ii * S->L;
+    int64_t a = it->access_begin;
+    for (int32_t l = 0; l < S->L && !S->error; l++) {
+        run_layer(S, it, ii, l, a, la[l]);
+        a += la[l];
+    }
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -494,15 +509,7 @@ static void run_all(sim_state *S, const double *arrival_s) {
                                               .ahead_semantic = ahead && w->semantic ?
                                                   w->semantic + (size_t)it->token_begin *
                                                   w->semantic_dim : NULL};
-            S->env->now_s = S->compute_free;
-            fmoe_slots_set_iteration(S->slots, ii);
-            if (ops->on_iteration_start) ops->on_iteration_start(S->policy.state, S->env, &iev);
-            const uint16_t *la = w->layer_accesses + (size_t)ii * L;
-            int64_t a = it->access_begin;
-            for (int32_t l = 0; l < L && !S->error; l++) {
-                run_layer(S, it, ii, l, a, la[l]);
-                a += la[l];
-            }
+            run_iteration_layers(S, it, ii, &iev);
             /* the iteration that yields a token ends with the LM head: each decode
              * iteration, and the last chunk of the prefill (the first token) */
             const int last_prefill = it->phase == 0 && (i + 1 == req->num_iterations ||
@@ -570,15 +577,7 @@ static void run_batched(sim_state *S, const double *arrival_s) {
             .semantic = w->semantic ? w->semantic + (size_t)it->token_begin * w->semantic_dim
                                     : NULL,
             .semantic_dim = w->semantic ? w->semantic_dim : 0};
-        S->env->now_s = S->compute_free;
-        fmoe_slots_set_iteration(S->slots, ii);
-        if (ops->on_iteration_start) ops->on_iteration_start(S->policy.state, S->env, &iev);
-        const uint16_t *la = w->layer_accesses + (size_t)ii * L;
-        int64_t a = it->access_begin;
-        for (int32_t l = 0; l < L && !S->error; l++) {
-            run_layer(S, it, ii, l, a, la[l]);
-            a += la[l];
-        }
+        run_iteration_layers(S, it, ii, &iev);
         if (S->error) break;
         S->compute_free += fmoe_sim_head_batch_s(S->costs, it->yields);
         S->env->now_s = S->compute_free;
