@@ -34,3 +34,11 @@ meson compile -C build -j "$jobs"
 
 # the Python cross-checks: the meson suite "python" (pytest against this build)
 meson test -C build --suite python --print-errorlogs
+
+# The integration tests that drive fmoe as a user does (serve, usage errors, --miss auto),
+# once more against the ASan+UBSan binary, LeakSanitizer included: a leak or an overflow
+# on any of their success and error paths fails the run. (The memory-flatness test is left
+# out: ASan's quarantine grows RSS by design.)
+FMOE_BUILD_DIR=build-asan .venv/bin/python -m pytest -q -k "not sustained" \
+  tests/python/test_serve.py tests/python/test_serve_engine.py \
+  tests/python/test_usage_errors.py tests/python/test_miss_auto_live.py
