@@ -90,7 +90,8 @@ struct fmoe_session {
     float rope_scale;
     int64_t rope_seq_len;   /* the sequence length inv_freq was computed for */
     int64_t call_seq_len;   /* position + n of the current forward call */
-    float *lbuf;            /* [B][V] the lm head's rows when several sequences want logits */
+    float *lbuf;            /* [max_sequences][V] the lm head's rows when several sequences
+                               want logits */
     segment *segs;          /* [B] the segments of a call this session runs */
     int32_t batch_mark;     /* set while fmoe_session_forward_batch checks its items */
     /* KV cache */
@@ -156,6 +157,8 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
                          FMOE_EINVAL, "speculative depth %d is outside [0, %d]",
                          o.speculative_depth, g->num_moe_layers);
     if (o.max_batch > o.max_context) o.max_batch = o.max_context;
+    if (o.max_sequences <= 0) o.max_sequences = 1;
+    if (o.max_sequences > o.max_batch) o.max_sequences = o.max_batch;
 
     fmoe_session *s = calloc(1, sizeof *s);
     if (!s) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
@@ -198,7 +201,7 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
         {(void **)&s->sg, B * 4},             {(void **)&s->inv_freq, D / 2 * 4},
         {(void **)&s->cos, B * (D / 2) * 4},  {(void **)&s->sin, B * (D / 2) * 4},
         {(void **)&s->k_cache, kv * 4},       {(void **)&s->v_cache, kv * 4},
-        {(void **)&s->lbuf, B * g->vocab_size * 4},
+        {(void **)&s->lbuf, (int64_t)o.max_sequences * g->vocab_size * 4},
     };
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
         *plan[i].p = s->be->alloc(s->bctx, plan[i].bytes);
@@ -614,6 +617,9 @@ int fmoe_session_forward_batch(fmoe_session *runner, const fmoe_batch_item *item
     if (!runner || (!items && count > 0))
         return fmoe_error_set(FMOE_EINVAL, "runner or items is NULL");
     FMOE_RETURN_ERROR_IF(count < 1, FMOE_EINVAL, "no items to run (count = %d)", count);
+    FMOE_RETURN_ERROR_IF(count > runner->opt.max_sequences, FMOE_EINVAL,
+                         "%d items exceed the runner's max_sequences of %d", count,
+                         runner->opt.max_sequences);
     int64_t total = 0;
     int rc = 0;
     int32_t checked = 0;

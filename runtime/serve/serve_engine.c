@@ -746,6 +746,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         so.threads = o->threads;
         if (i == 0 && o->offload) fmoe_offload_attach(o->offload, &so);
         so.max_batch = i == 0 ? ITERATION_TOKENS : 1;
+        so.max_sequences = i == 0 ? P : 1; /* slot 0 runs every batch */
         rc = fmoe_session_init(o->model, &so, &e->seqs[i].session);
         if (rc < 0) break;
         seq *s = &e->seqs[i];

@@ -165,6 +165,7 @@ static fmoe_session *open_session(const fmoe_model *m, int32_t ctx, int32_t batc
     fmoe_session_options o = fmoe_session_defaults();
     o.max_context = ctx;
     o.max_batch = batch;
+    o.max_sequences = batch;
     o.threads = 2;
     o.all_logits = all_logits;
     fmoe_session *s = NULL;
@@ -377,6 +378,7 @@ TEST(route_event_and_traces_of_a_batch) {
     fmoe_session_options o = fmoe_session_defaults();
     o.max_context = CTX;
     o.max_batch = MAXT;
+    o.max_sequences = MAXT;
     o.on_route = on_route_check;
     fmoe_session *runner, *seq[NSEQ], *alone[NSEQ];
     ASSERT_OK(fmoe_session_init(m, &o, &runner));
@@ -503,6 +505,20 @@ TEST(refusals_change_nothing) {
     EXPECT_REFUSED(it, 2, FMOE_EINVAL, "item 1: no tokens");
     it[1] = (fmoe_batch_item){.session = NULL, .tokens = t3, .n = 1};
     EXPECT_REFUSED(it, 2, FMOE_EINVAL, "item 1 has no session");
+    /* a session made for one sequence (max_sequences 1, the default) runs one item, not two */
+    fmoe_session_options so = fmoe_session_defaults();
+    so.max_context = 16;
+    so.max_batch = 4;
+    fmoe_session *single = NULL;
+    ASSERT_OK(fmoe_session_init(m, &so, &single));
+    it[1] = (fmoe_batch_item){.session = b, .tokens = t3, .n = 1};
+    ASSERT_EQ(fmoe_session_forward_batch(single, it, 2), FMOE_EINVAL);
+    ASSERT_CONTAINS(fmoe_error_detail(), "2 items exceed the runner's max_sequences of 1");
+    ASSERT_EQ(fmoe_session_position(a), 2);
+    ASSERT_EQ(fmoe_session_forward_batch(single, it + 1, 1), 0);
+    ASSERT_EQ(fmoe_session_position(b), 1);
+    fmoe_session_reset(b);
+    fmoe_session_free(single);
     /* b holds 8 positions: 7 fit after 0, then 2 more do not */
     it[0] = (fmoe_batch_item){.session = b, .tokens = t7, .n = 3, .logits = out};
     ASSERT_OK(fmoe_session_forward(b, t7, 7, NULL, NULL));

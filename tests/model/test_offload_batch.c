@@ -98,6 +98,7 @@ static void run_policy(int *harness_failed, const char *policy, int32_t cache) {
 
     fmoe_session_options so = fmoe_session_defaults();
     so.max_context = 128;
+    so.max_sequences = 8;
     so.threads = 2;
     static spy sp;
     memset(&sp, 0, sizeof sp);
@@ -112,6 +113,7 @@ static void run_policy(int *harness_failed, const char *policy, int32_t cache) {
     fmoe_session_options plain = fmoe_session_defaults();
     plain.max_context = 128;
     plain.max_batch = so.max_batch;
+    plain.max_sequences = 8;
     plain.threads = 2;
     ASSERT_OK(fmoe_session_init(m, &plain, &res_runner));
     for (int i = 0; i < NSEQ; i++) {

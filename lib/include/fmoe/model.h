@@ -154,6 +154,9 @@ typedef void (*fmoe_expert_done_fn)(void *ctx, int32_t layer, int32_t expert);
 typedef struct fmoe_session_options {
     int32_t max_context;       /* KV cache positions (default: min(4096, model's maximum)) */
     int32_t max_batch;         /* tokens per internal chunk of a forward call (default 64) */
+    int32_t max_sequences;     /* items a fmoe_session_forward_batch through this session as
+                                  runner may hold (default 1; at most max_batch): sizes the
+                                  LM head's rows, [max_sequences][V] */
     int32_t threads;           /* CPU threads for BLAS and our kernels (0: all cores) */
     int32_t all_logits;        /* 1: forward writes logits of every token, [n][V] */
     int32_t speculative_depth; /* S for fmoe_forward_trace.speculative (0: none) */
@@ -240,7 +243,8 @@ typedef struct fmoe_batch_item {
  * Every item's position advances by its n. Results equal each sequence run alone up to
  * float rounding (products over more rows may sum in another order).
  *
- * @return 0, FMOE_EINVAL (count < 1, total tokens > runner's max_batch, a session of
+ * @return 0, FMOE_EINVAL (count < 1 or > runner's max_sequences, total tokens > runner's
+ *         max_batch, a session of
  *         another model or with a larger max_context than runner's, the same session twice,
  *         a token outside the vocabulary), FMOE_ERANGE (an item would exceed its context);
  *         on error nothing was computed and no position changed. A hook's error stops the
