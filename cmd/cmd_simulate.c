@@ -909,7 +909,7 @@ int cmd_simulate(int argc, char **argv) {
         fmoe_progress p = cmd_progress_bar_callback(&bar);
         rc = fmoe_sim_workload_read_filtered(&w, reader, want, o.store.keep, &p); /* --holdout */
         if (rc == 0 && needs_hidden(&o)) /* the gate inputs, for promoe's predictor */
-            rc = fmoe_sim_workload_read_hidden(&w, reader, o.trace, o.store.keep);
+            rc = fmoe_sim_workload_read_hidden(&w, reader, o.store.keep);
         cmd_progress_bar_done(&bar);
         if (rc < 0) {
             if (!strstr(fmoe_error_detail(), o.trace)) fmoe_error_prefix("%s", o.trace);

@@ -139,7 +139,6 @@ const cmd_spec cmd_train_predictor_spec = {
 typedef struct source {
     const char *path;
     fmoe_trace_reader *reader;
-    fmoe_trace_hidden_reader *hidden;
 } source;
 
 typedef struct req_ref {
@@ -211,10 +210,9 @@ static int gather(ctx *c, int32_t layer, int32_t from, const req_ref *reqs, int6
         source *s = &c->src[reqs[q].trace];
         const fmoe_trace_request_info *ri = &fmoe_trace_reader_requests(s->reader)[reqs[q].index];
         const fmoe_trace_token_buffers buf = {.token_id = c->tok, .experts = c->ex,
-                                              .probs = c->probs, .speculative = with_skip ? c->spec : NULL};
+                                              .probs = c->probs, .hidden = c->hid,
+                                              .speculative = with_skip ? c->spec : NULL};
         int rc = fmoe_trace_reader_read_tokens(s->reader, ri->token_begin, ri->token_count, &buf);
-        if (rc == 0)
-            rc = fmoe_trace_hidden_read(s->hidden, ri->token_begin, ri->token_count, c->hid);
         if (rc < 0) {
             rows_free(out);
             return rc;
@@ -496,9 +494,7 @@ int cmd_train_predictor(int argc, char **argv) {
                                   h->top_k, h->hidden_dim);
             goto done;
         }
-        if ((rc = fmoe_trace_hidden_open(&src[s].hidden, src[s].path,
-                                         fmoe_trace_reader_num_tokens(src[s].reader),
-                                         h->num_layers, h->hidden_dim)) < 0) {
+        if ((rc = fmoe_trace_reader_check_hidden(src[s].reader)) < 0) {
             exit_code = cmd_fail(CMD, rc);
             goto done;
         }
@@ -653,7 +649,6 @@ done:
     free(res);
     free(reqs);
     for (int32_t s = 0; s < o.traces.n; s++) {
-        fmoe_trace_hidden_close(src[s].hidden);
         fmoe_trace_reader_close(src[s].reader);
     }
     free(src);

@@ -124,10 +124,9 @@ fail:
     return rc;
 }
 
-/* The gate inputs are read after the routing, by a reader of their own (the trace reader's
- * token buffers have no hidden member yet), request by request straight into w->hidden:
+/* The gate inputs are read after the routing, request by request straight into w->hidden:
  * the kept requests are w's, in trace order, so their rows follow one another. */
-int fmoe_sim_workload_read_hidden(fmoe_sim_workload *w, fmoe_trace_reader *r, const char *path,
+int fmoe_sim_workload_read_hidden(fmoe_sim_workload *w, fmoe_trace_reader *r,
                                   const uint8_t *keep) {
     const fmoe_trace_header *h = fmoe_trace_reader_header(r);
     FMOE_RETURN_ERROR_IF(w->batch > 0 || w->hidden, FMOE_EINVAL,
@@ -135,9 +134,7 @@ int fmoe_sim_workload_read_hidden(fmoe_sim_workload *w, fmoe_trace_reader *r, co
     FMOE_RETURN_ERROR_IF(w->num_layers != h->num_layers, FMOE_EINVAL,
                          "workload: not the trace's (%d layers, the trace has %d)", w->num_layers,
                          h->num_layers);
-    fmoe_trace_hidden_reader *hr = NULL;
-    FMOE_FORWARD_IF_ERROR(fmoe_trace_hidden_open(&hr, path, fmoe_trace_reader_num_tokens(r),
-                                                 h->num_layers, h->hidden_dim));
+    FMOE_FORWARD_IF_ERROR(fmoe_trace_reader_check_hidden(r));
     const int64_t R = fmoe_trace_reader_num_requests(r);
     const fmoe_trace_request_info *req = fmoe_trace_reader_requests(r);
     const size_t row = (size_t)h->num_layers * (size_t)h->hidden_dim; /* floats per token */
@@ -159,8 +156,8 @@ int fmoe_sim_workload_read_hidden(fmoe_sim_workload *w, fmoe_trace_reader *r, co
     tok = 0;
     for (int64_t q = 0; q < R && rc == 0; q++) {
         if (keep && !keep[q]) continue;
-        rc = fmoe_trace_hidden_read(hr, req[q].token_begin, req[q].token_count,
-                                    w->hidden + (size_t)tok * row);
+        const fmoe_trace_token_buffers buf = {.hidden = w->hidden + (size_t)tok * row};
+        rc = fmoe_trace_reader_read_tokens(r, req[q].token_begin, req[q].token_count, &buf);
         tok += req[q].token_count;
     }
     if (rc == 0) w->hidden_dim = h->hidden_dim;
@@ -169,7 +166,6 @@ done:
         free(w->hidden);
         w->hidden = NULL;
     }
-    fmoe_trace_hidden_close(hr);
     return rc;
 }
 

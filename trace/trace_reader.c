@@ -35,9 +35,9 @@ struct fmoe_trace_reader {
     fmoe_trace_iteration *iterations; /* [num_iterations] */
     int64_t num_iterations;
     hid_t token_id, phase, experts; /* always present */
-    hid_t probs, semantic, speculative; /* -1 when absent */
+    hid_t probs, semantic, speculative, hidden; /* -1 when absent */
     hid_t half; /* binary16 memory type for half datasets */
-    int probs_is_half, speculative_is_half;
+    int probs_is_half, speculative_is_half, hidden_is_half;
 };
 
 /* ---------------------------------------------------------------------------------------
@@ -282,8 +282,11 @@ static int open_datasets(fmoe_trace_reader *r) {
                              "%s: /tokens/semantic exists, expected none (semantic_dim is 0)",
                              r->path);
     }
-    return open_gate(r, "/tokens/speculative", S > 0, 4, w_x, &r->speculative,
-                     &r->speculative_is_half);
+    FMOE_FORWARD_IF_ERROR(open_gate(r, "/tokens/speculative", S > 0, 4, w_x, &r->speculative,
+                                    &r->speculative_is_half));
+    const int64_t w_h[3] = {T, L, h->hidden_dim};
+    return open_gate(r, "/tokens/hidden", h->hidden_dim > 0, 3, w_h, &r->hidden,
+                     &r->hidden_is_half);
 }
 
 static int read_requests(fmoe_trace_reader *r) {
@@ -449,7 +452,8 @@ done:
 
 static void reader_close(fmoe_trace_reader *r) {
     if (!r) return;
-    hid_t *ds[] = {&r->token_id, &r->phase, &r->experts, &r->probs, &r->semantic, &r->speculative};
+    hid_t *ds[] = {&r->token_id, &r->phase,       &r->experts,
+                   &r->probs,    &r->semantic,    &r->speculative, &r->hidden};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
         if (*ds[i] >= 0) H5Dclose(*ds[i]);
     if (r->half >= 0) H5Tclose(r->half);
@@ -507,12 +511,9 @@ static int check_optional(fmoe_trace_reader *r, const char *name, int present,
 
 static int check_optional_datasets(fmoe_trace_reader *r) {
     const fmoe_trace_header *h = &r->header;
-    const int64_t hidden[3] = {r->num_tokens, h->num_layers, h->hidden_dim};
     const int64_t layer_s[2] = {r->num_iterations, h->timing_layers};
     const int64_t iteration_s[1] = {r->num_iterations};
     const int64_t outcomes[1] = {-1}; /* one per access: as many as the replay resolves */
-    FMOE_FORWARD_IF_ERROR(
-        check_optional(r, "/tokens/hidden", h->hidden_dim > 0, H5T_FLOAT, 3, hidden));
     FMOE_FORWARD_IF_ERROR(
         check_optional(r, "/timing/layer_s", h->timing_layers > 0, H5T_FLOAT, 2, layer_s));
     FMOE_FORWARD_IF_ERROR(check_optional(r, "/timing/iteration_s", h->timing_layers > 0,
@@ -534,7 +535,7 @@ static int reader_open(fmoe_trace_reader **out, const char *path, const void *im
     fmoe_trace_reader *r = calloc(1, sizeof *r);
     if (!r) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
     r->file = r->token_id = r->phase = r->experts = -1;
-    r->probs = r->semantic = r->speculative = r->half = -1;
+    r->probs = r->semantic = r->speculative = r->hidden = r->half = -1;
     int rc = 0;
     if (!(r->path = strdup(path))) {
         rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
@@ -584,6 +585,14 @@ const fmoe_trace_iteration *fmoe_trace_reader_iterations(const fmoe_trace_reader
  * into the upper half of dst itself and widened in place, front to back: element i's
  * float lands in bytes [4i, 4i+4), which never reach the halves not yet converted (they
  * start at byte 2*count + 2*(i+1)), so no scratch buffer is needed. */
+int fmoe_trace_reader_check_hidden(const fmoe_trace_reader *r) {
+    FMOE_RETURN_ERROR_IF(r->hidden < 0, FMOE_ENOTFOUND,
+                         "%s has no hidden states (/tokens/hidden): record the trace with "
+                         "'fmoe record --hidden'",
+                         r->path);
+    return 0;
+}
+
 static int read_gate(fmoe_trace_reader *r, hid_t d, int is_half, const char *name, int64_t t0,
                      int64_t n, size_t per_token, float *dst) {
     if (!is_half)
@@ -695,6 +704,18 @@ static int read_tokens(fmoe_trace_reader *r, int64_t t0, int64_t n,
                                         "/tokens/speculative", t0, n, L * S * J, buf->speculative));
         FMOE_FORWARD_IF_ERROR(
             check_gate(r, "/tokens/speculative", buf->speculative, t0, n, L * S * J));
+    }
+    if (buf->hidden) {
+        FMOE_FORWARD_IF_ERROR(fmoe_trace_reader_check_hidden(r));
+        const size_t per_token = L * (size_t)h->hidden_dim;
+        FMOE_FORWARD_IF_ERROR(read_gate(r, r->hidden, r->hidden_is_half, "/tokens/hidden", t0, n,
+                                        per_token, buf->hidden));
+        for (size_t i = 0; i < (size_t)n * per_token; i++)
+            FMOE_RETURN_ERROR_IF(!isfinite(buf->hidden[i]), FMOE_EFORMAT,
+                                 "%s: /tokens/hidden: token %lld element %zu is %g, expected a "
+                                 "finite value",
+                                 p, (long long)(t0 + (int64_t)(i / per_token)), i % per_token,
+                                 (double)buf->hidden[i]);
     }
     if (buf->served_iteration) { /* rarely read: opened for the call */
         FMOE_RETURN_ERROR_IF(!h->served, FMOE_EINVAL,

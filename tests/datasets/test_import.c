@@ -137,7 +137,8 @@ TEST(jsonl_shuffled_roundtrip) {
     uint8_t phase[8];
     uint16_t experts[8 * 2 * 2];
     float probs[8 * 2 * 8];
-    fmoe_trace_token_buffers buf = {token_id, phase, experts, probs, NULL, NULL, NULL};
+    fmoe_trace_token_buffers buf = {.token_id = token_id, .phase = phase, .experts = experts,
+                                    .probs = probs};
     ASSERT_OK(fmoe_trace_reader_read_tokens(r, 0, 8, &buf));
     for (int t = 0; t < 8; t++) {
         const expect_token *e = &SMALL[t];
@@ -464,7 +465,8 @@ TEST(dense_csv_two_layers) {
     float probs[5 * 2 * 4];
     uint8_t phase[5];
     int32_t tid[5];
-    fmoe_trace_token_buffers buf = {tid, phase, experts, probs, NULL, NULL, NULL};
+    fmoe_trace_token_buffers buf = {.token_id = tid, .phase = phase, .experts = experts,
+                                    .probs = probs};
     ASSERT_OK(fmoe_trace_reader_read_tokens(r, 0, 5, &buf));
     for (int t = 0; t < 5; t++) {
         ASSERT_EQ(phase[t], FMOE_PHASE_PREFILL);

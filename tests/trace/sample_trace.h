@@ -223,7 +223,8 @@ static inline const char *sample_verify(fmoe_trace_reader *r, int nreq, int half
     uint16_t experts[SAMPLE_T * SAMPLE_L * SAMPLE_K];
     float probs[SAMPLE_T * SAMPLE_L * SAMPLE_J], sem[SAMPLE_T * SAMPLE_H];
     float spec[SAMPLE_T * SAMPLE_L * SAMPLE_S * SAMPLE_J];
-    fmoe_trace_token_buffers all = {tok, phase, experts, probs, sem, spec, NULL};
+    fmoe_trace_token_buffers all = {.token_id = tok, .phase = phase, .experts = experts,
+                                    .probs = probs, .semantic = sem, .speculative = spec};
     if (fmoe_trace_reader_read_tokens(r, 0, T, &all) < 0) SV_FAIL("read_tokens failed");
     for (int64_t g = 0; g < T; g++) {
         if (tok[g] != sample_token_id(g)) SV_FAIL("token_id[%lld] = %d", (long long)g, tok[g]);

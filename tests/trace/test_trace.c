@@ -778,7 +778,8 @@ static void expect_read_fails(int *harness_failed, const char *path, int code, c
     uint16_t experts[SAMPLE_T * SAMPLE_L * SAMPLE_K];
     float probs[SAMPLE_T * SAMPLE_L * SAMPLE_J], sem[SAMPLE_T * SAMPLE_H];
     float spec[SAMPLE_T * SAMPLE_L * SAMPLE_S * SAMPLE_J];
-    fmoe_trace_token_buffers all = {tok, phase, experts, probs, sem, spec, NULL};
+    fmoe_trace_token_buffers all = {.token_id = tok, .phase = phase, .experts = experts,
+                                    .probs = probs, .semantic = sem, .speculative = spec};
     int rc = fmoe_trace_reader_read_tokens(r, 0, SAMPLE_T, &all);
     fmoe_trace_reader_close(r);
     show_detail(rc);
@@ -1111,7 +1112,8 @@ TEST(corrupt_compressed_chunk) {
             uint16_t experts[SAMPLE_T * SAMPLE_L * SAMPLE_K];
             float probs[SAMPLE_T * SAMPLE_L * SAMPLE_J], sem[SAMPLE_T * SAMPLE_H];
             float spec[SAMPLE_T * SAMPLE_L * SAMPLE_S * SAMPLE_J];
-            fmoe_trace_token_buffers all = {tok, phase, experts, probs, sem, spec, NULL};
+            fmoe_trace_token_buffers all = {.token_id = tok, .phase = phase, .experts = experts,
+                                    .probs = probs, .semantic = sem, .speculative = spec};
             rc = fmoe_trace_reader_read_tokens(r, 0, SAMPLE_T, &all);
         }
         fmoe_trace_reader_close(r);

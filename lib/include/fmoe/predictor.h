@@ -220,24 +220,4 @@ int fmoe_predictor_write(const char *path, const fmoe_predictor *p);
  * FMOE_EFORMAT, FMOE_EUNSUPPORTED (another version), FMOE_ENOMEM. */
 int fmoe_predictor_read(const char *path, fmoe_predictor **out);
 
-/* ---------------------------------------------------------------------------------------
- * The gate inputs of a trace (/tokens/hidden, written by fmoe record --hidden)
- * ------------------------------------------------------------------------------------- */
-
-/* A second handle on a trace that reads /tokens/hidden float16 [T][L][hidden_dim] in token
- * ranges. (fmoe_trace_token_buffers has no hidden member yet; this reader lives with the
- * predictor file in trace/predictor_file.c until it does.) */
-typedef struct fmoe_trace_hidden_reader fmoe_trace_hidden_reader;
-
-/* Opens PATH's /tokens/hidden and checks its shape against [num_tokens][num_layers]
- * [hidden_dim] (from the trace reader's header). @return 0, FMOE_ENOTFOUND (the trace has
- * no hidden states: the detail says to record with fmoe record --hidden), FMOE_EFORMAT,
- * FMOE_EIO. */
-int fmoe_trace_hidden_open(fmoe_trace_hidden_reader **out, const char *path, int64_t num_tokens,
-                           int32_t num_layers, int32_t hidden_dim);
-/* Reads tokens [t0, t0 + n) into out [n][L][hidden_dim] as float32; refuses non-finite
- * values. @return 0, FMOE_ERANGE, FMOE_EFORMAT, FMOE_EIO. */
-int fmoe_trace_hidden_read(fmoe_trace_hidden_reader *r, int64_t t0, int64_t n, float *out);
-void fmoe_trace_hidden_close(fmoe_trace_hidden_reader *r); /* NULL is a no-op */
-
 #endif

@@ -202,11 +202,10 @@ int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, 
 
 /* Adds the gate inputs (/tokens/hidden) of the requests just read from `r` into `w` by
  * fmoe_sim_workload_read_filtered with the same `keep` (NULL: all), as w->hidden [T][L][h]
- * float32; `path` is the trace `r` reads (the hidden rows have a reader of their own).
- * Call before batching. @return 0, FMOE_ENOTFOUND (the trace has no /tokens/hidden; the
+ * float32. Call before batching. @return 0, FMOE_ENOTFOUND (the trace has no /tokens/hidden; the
  * detail says to record with fmoe record --hidden), FMOE_EINVAL (already batched, or `w`
  * does not hold those requests), FMOE_ENOMEM, or the reader's error. */
-int fmoe_sim_workload_read_hidden(fmoe_sim_workload *w, fmoe_trace_reader *r, const char *path,
+int fmoe_sim_workload_read_hidden(fmoe_sim_workload *w, fmoe_trace_reader *r,
                                   const uint8_t *keep);
 
 /* Opens `path`, reads it as above, closes it. */

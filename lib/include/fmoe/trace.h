@@ -176,6 +176,8 @@ typedef struct fmoe_trace_token_buffers {
     /* Added later; zero-initialised callers read none. */
     int64_t *served_iteration; /* [n] /tokens/served_iteration (the server's pass of each
                                   token, >= 0); error if the trace is not served */
+    float *hidden;        /* [n][L][hidden_dim] the gate inputs (/tokens/hidden) as float32;
+                             FMOE_ENOTFOUND if absent (fmoe_trace_reader_check_hidden) */
 } fmoe_trace_token_buffers;
 
 typedef struct fmoe_trace_reader fmoe_trace_reader;
@@ -191,6 +193,10 @@ const fmoe_trace_request_info *fmoe_trace_reader_requests(const fmoe_trace_reade
 /* [num_iterations] entries in replay order, owned by the reader. */
 const fmoe_trace_iteration *fmoe_trace_reader_iterations(const fmoe_trace_reader *r,
                                                          int64_t *num_iterations);
+
+/* 0 when the trace holds gate inputs (/tokens/hidden), else FMOE_ENOTFOUND with a detail
+ * saying to record with 'fmoe record --hidden'. */
+int fmoe_trace_reader_check_hidden(const fmoe_trace_reader *r);
 
 /* Reads tokens [t0, t0 + n) into the buffers, bounds-checked. */
 int fmoe_trace_reader_read_tokens(fmoe_trace_reader *r, int64_t t0, int64_t n,
