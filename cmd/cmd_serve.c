@@ -26,6 +26,7 @@
 #include "paths.h"
 #include "trace_header.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/model.h"
 #include "fmoe/policy.h"
 #include "fmoe/tokenizer.h"
@@ -155,11 +156,13 @@ static int wait_stop_signal(void) {
     return b;
 }
 
+/* The port, written through a partial (fmoe/files.h) and renamed: a script polling for the
+ * file never reads half of it. */
 static int write_port_file(const char *path, int port) {
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return -1;
+    snprintf(tmp, sizeof tmp, "%s.partial", path);
+    FILE *f = NULL;
+    if (fmoe__partial_fopen(path, tmp, "w", &f) < 0) return -1;
     const int ok = fprintf(f, "%d\n", port) > 0;
     if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
         remove(tmp);
