@@ -8,7 +8,7 @@
  * sampling is greedy and one sequence runs at a time, so the engine runs the recorded
  * iterations in the recorded order: the same tokens, the same routing, the same expert
  * accesses. Only whether an access hits depends on the policy and, live, on when the
- * copies finish.
+ * copies finish (and, for the fmoe policies, when their matcher thread's searches do).
  */
 #include "demo_live.h"
 

@@ -22,6 +22,7 @@ const char *const cmd_offload_misses[] = {"load", "cpu", "auto", NULL};
 /* the values are fmoe_store_mode's: offline 0, offline-update 2 (online needs no store and
  * is a simulate mode) */
 const char *const cmd_offload_store_modes[] = {"offline", "online", "offline-update", NULL};
+const char *const cmd_offload_matchers[] = {"thread", "inline", NULL};
 
 void cmd_offload_args_init(cmd_offload_args *a) {
     memset(a, 0, sizeof *a);
@@ -201,6 +202,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     }
     o.prefill_chunk = prefill_chunk;
     o.sync_transfers = a->sync_transfers;
+    o.matcher_inline = a->matcher == 1;
     o.feedback = cmd_feedback_request(a->feedback);
     if (out->store) {
         o.expert_store = out->store->store;

@@ -43,12 +43,14 @@ typedef struct cmd_offload_args {
     int32_t feedback;          /* cmd_feedback_names index */
     const char *decision_log;
     int32_t sync_transfers;
+    int32_t matcher;           /* cmd_offload_matchers index: 0 thread, 1 inline */
     const char *profile;       /* hardware profile JSON for --miss auto */
 } cmd_offload_args;
 
 extern const char *const cmd_offload_tiers[];
 extern const char *const cmd_offload_misses[];
 extern const char *const cmd_offload_store_modes[];
+extern const char *const cmd_offload_matchers[];
 
 #define CMD_OFFLOAD_OPTIONS(type, f)                                                          \
     {.name = "policy", .kind = CMD_OPT_STRING, .value_name = "P",                             \
@@ -111,7 +113,13 @@ extern const char *const cmd_offload_store_modes[];
     {.name = "sync-transfers", .kind = CMD_OPT_FLAG,                                          \
      .help = "wait for every transfer where completions become visible, so decisions do "     \
              "not depend on the link's speed (for decision-log comparisons; slower)",         \
-     .offset = offsetof(type, f.sync_transfers)}
+     .offset = offsetof(type, f.sync_transfers)},                                             \
+    {.name = "matcher", .kind = CMD_OPT_ENUM, .value_name = "thread|inline",                  \
+     .help = "fmoe policies: match expert maps on a thread beside inference (no layer "       \
+             "waits for it) or inline at each gate, as simulate does (decision-log "         \
+             "identity)",                                                                     \
+     .default_text = "thread", .offset = offsetof(type, f.matcher),                           \
+     .choices = cmd_offload_matchers}
 
 typedef struct cmd_offload {
     fmoe_offload *x;           /* NULL: offloading off */

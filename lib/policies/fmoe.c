@@ -54,7 +54,17 @@
  * same cache), fmoe-lru and fmoe-lfu (fmoe's prefetching, LRU / LFU eviction).
  *
  * The matcher runs beside inference (§4.3): its prefetches carry FMOE_POLICY_MATCHER, and
- * the executor issues them after the modelled match delay.
+ * the simulator issues them after the modelled match delay. Live (cfg->matcher_thread),
+ * the searches run on a thread of their own (fmoe_match_worker, publisher/subscriber as in
+ * §4.3): a gate publishes its rows and returns at once; each finished search is taken at
+ * the first event after it is done (a gate, an access, a layer done), which plans its
+ * target layer and refreshes cur_p from there on, exactly what the inline search would
+ * have done at its gate, only later. A plan whose target layer has already started is
+ * dropped (it would come too late), and its priority counts the layers from the one
+ * running when it is issued. No layer waits for the matcher; the decisions then depend
+ * on how fast it is, so the decision-log identity runs the matcher inline. In the modes
+ * that update the store, iteration end waits for the iteration's last search (the store
+ * must not change under the thread), after the last layer.
  *
  * Cost per layer: O(C·J) for the trajectory step (fmoe_matcher: one vectorised pass over
  * the layer's block of the store, a prefill's queries together), O(J·m) per query for
@@ -132,7 +142,12 @@ typedef struct fm_state {
     int32_t mode;
     const fmoe_expertmap *store; /* matched; == own in the updating modes */
     fmoe_expertmap *own;
-    fmoe_matcher *m;
+    fmoe_matcher *m;          /* the inline matcher; NULL when it runs on a thread */
+    fmoe_match_worker *worker; /* the matcher on its own thread (cfg->matcher_thread) */
+    uint64_t iteration;        /* the current iteration's id, posted with its searches */
+    int32_t first;             /* layers the semantic search plans: min(d, L) */
+    int32_t *wbest;            /* [Q] a taken result */
+    float *wscore;             /* [Q] */
     int32_t budget;           /* most experts prefetched per target layer */
     /* the current iteration */
     int active;
@@ -196,6 +211,9 @@ typedef struct fm_state {
 static void fm_free(void *state) {
     fm_state *S = state;
     if (!S) return;
+    fmoe_match_worker_stop(S->worker); /* first: it reads the store */
+    free(S->wbest);
+    free(S->wscore);
     fmoe_matcher_free(S->m);
     fmoe_expertmap_free(S->own);
     free(S->rows);
@@ -330,11 +348,23 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
         fm_free(S);
         return fmoe_error_set(FMOE_ENOMEM, "policy %s state", v->name);
     }
-    if ((rc = fmoe_matcher_init(&S->m, S->store, MAX_QUERIES)) < 0) {
+    S->first = S->d < S->L ? S->d : S->L;
+    if (cfg->matcher_thread && v->predict == PREDICT_MAPS && !v->reference) {
+        S->wbest = calloc(Q, sizeof *S->wbest);
+        S->wscore = calloc(Q, sizeof *S->wscore);
+        if (!S->wbest || !S->wscore) {
+            fm_free(S);
+            return fmoe_error_set(FMOE_ENOMEM, "policy %s state", v->name);
+        }
+        rc = fmoe_match_worker_start(&S->worker, S->store, MAX_QUERIES, cfg->matcher_delay_s);
+    } else {
+        rc = fmoe_matcher_init(&S->m, S->store, MAX_QUERIES);
+    }
+    if (rc < 0) {
         fm_free(S);
         return rc;
     }
-    fmoe__matcher_set_reference(S->m, v->reference);
+    if (S->m) fmoe__matcher_set_reference(S->m, v->reference);
     *state = S;
     return 0;
 }
@@ -519,7 +549,11 @@ static void begin_iteration(fm_state *S, int32_t n, const float *sem, int32_t se
             memcpy(S->sem + (size_t)q * S->h, sem + (size_t)q * S->stride * S->h,
                    (size_t)S->h * sizeof *S->sem);
     for (int32_t q = 0; q < S->nq; q++) S->best[q] = -1;
-    fmoe_matcher_trajectory_begin(S->m, S->nq);
+    S->iteration++;
+    if (S->worker)
+        fmoe_match_worker_begin(S->worker, S->iteration, S->nq);
+    else
+        fmoe_matcher_trajectory_begin(S->m, S->nq);
 }
 
 /* The observed row of a token at one layer when the trace has no probabilities: its K
@@ -542,7 +576,7 @@ static void row_from_chosen(float *row, int32_t J, int32_t K, const uint16_t *ch
  * batch used and searches live otherwise. */
 static void memo_prepare(fm_state *S, const fmoe_iteration_event *ev) {
     S->memo_cur = -1;
-    if (S->own || S->v.reference || S->v.predict != PREDICT_MAPS || ev->num_tokens != 1 ||
+    if (S->worker || S->own || S->v.reference || S->v.predict != PREDICT_MAPS || ev->num_tokens != 1 ||
         ev->ahead < 1 || !ev->ahead_probs || S->L < 2 || fmoe_expertmap_size(S->store) == 0)
         return;
     const size_t LJ = S->LJ;
@@ -589,6 +623,40 @@ static void memo_check(fm_state *S, const fmoe_gate_event *ev) {
                                     S->score);
 }
 
+/* The matcher thread's finished searches of this iteration, in order: each plans what its
+ * inline twin planned at its gate (the semantic search: layers 0..first-1; the trajectory
+ * search after layer l: layer l + d) and sets cur_p from the best maps, for the layers
+ * that have not started yet. */
+static void take_matches(fm_state *S, const fmoe_policy_env *env) {
+    fmoe_match_result r;
+    while (fmoe_match_worker_poll(S->worker, &r, S->wbest, S->wscore)) {
+        if (!S->active || r.iteration != S->iteration || r.n != S->nq) continue; /* stale */
+        memcpy(S->best, S->wbest, (size_t)r.n * sizeof *S->best);
+        memcpy(S->score, S->wscore, (size_t)r.n * sizeof *S->score);
+        const int semantic = r.kind == FMOE_MATCH_SEMANTIC;
+        const int32_t now = S->next_layer - 1; /* the layer running (-1: before the first) */
+        const int32_t plan_to = semantic ? S->first : r.layer + S->d + 1;
+        int32_t tl = semantic ? 0 : r.layer + S->d;
+        if (tl <= now) tl = now + 1; /* a plan for a started layer comes too late */
+        for (; tl < plan_to && tl < S->L; tl++) {
+            plan_clear(S);
+            int any = 0;
+            for (int32_t q = 0; q < S->nq; q++) {
+                if (S->best[q] < 0) continue;
+                any = 1;
+                plan_row(S, S->best[q], S->score[q], tl, now);
+            }
+            if (!any && !semantic)
+                plan_counts(S, fmoe_expertmap_popularity(S->store) + (size_t)tl * S->J, tl, now,
+                            S->n_tokens);
+            plan_issue(S, env, tl);
+        }
+        const int32_t from = semantic ? 0 : r.layer + 1, to = semantic ? S->first : S->L;
+        S->gen++;
+        if ((from > now ? from : now + 1) < to) set_cur_p_from_maps(S, from > now ? from : now + 1, to);
+    }
+}
+
 static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
                                   const fmoe_iteration_event *ev) {
     fm_state *S = state;
@@ -596,9 +664,13 @@ static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
     memo_prepare(S, ev);
     begin_iteration(S, ev->num_tokens, ev->semantic, ev->semantic_dim);
     const uint32_t *pop = fmoe_expertmap_popularity(S->store);
-    const int32_t first = S->d < S->L ? S->d : S->L;
+    const int32_t first = S->first;
     if (S->v.predict == PREDICT_MAPS && S->v.semantic && S->have_sem &&
         fmoe_expertmap_size(S->store) > 0) {
+        if (S->worker) { /* planned when the search is done (take_matches) */
+            fmoe_match_worker_semantic(S->worker, S->iteration, S->nq, S->sem, S->h);
+            return;
+        }
         if (S->memo_cur >= 0 && S->memo_sem && ev->semantic &&
             memcmp(ev->semantic, S->memo_semrows + (size_t)S->memo_cur * (size_t)S->h,
                    (size_t)S->h * sizeof(float)) == 0) {
@@ -729,6 +801,13 @@ static void fm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
     }
     /* The search after the last layer plans nothing and updates no cur_p row; its best
      * entries only count as hits of a store this policy updates. */
+    if (S->worker) {
+        if (l < S->L - 1 || S->own)
+            fmoe_match_worker_trajectory(S->worker, S->iteration, l, S->nq,
+                                         S->rows + (size_t)l * J, (int64_t)S->LJ);
+        take_matches(S, env);
+        return;
+    }
     if (S->memo_cur >= 0) memo_check(S, ev);
     if (S->memo_cur >= 0 && l < S->L - 1) { /* made ahead (memo_prepare) */
         S->best[0] = S->memo_best[(size_t)l * MAX_QUERIES + (size_t)S->memo_cur];
@@ -759,11 +838,20 @@ static void fm_on_layer_done(void *state, const fmoe_policy_env *env, int32_t la
     S->gen++;
     memset(S->protect, 0, (size_t)S->J);
     S->cur_layer = -1;
-    if (!S->paused) return;
-    S->paused = 0; /* the misses are loaded: resume */
-    for (int32_t i = 0; i < S->n_held; i++)
-        issue(S, env, S->held[i].layer, S->held[i].expert, S->held[i].priority, S->held[i].p);
-    S->n_held = 0;
+    if (S->paused) {
+        S->paused = 0; /* the misses are loaded: resume */
+        for (int32_t i = 0; i < S->n_held; i++)
+            issue(S, env, S->held[i].layer, S->held[i].expert, S->held[i].priority,
+                  S->held[i].p);
+        S->n_held = 0;
+    }
+    if (S->worker) take_matches(S, env);
+}
+
+static void fm_on_access(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev) {
+    (void)ev;
+    fm_state *S = state;
+    if (S->worker) take_matches(S, env);
 }
 
 static void fm_on_iteration_end(void *state, const fmoe_policy_env *env,
@@ -772,6 +860,10 @@ static void fm_on_iteration_end(void *state, const fmoe_policy_env *env,
     (void)ev;
     fm_state *S = state;
     S->gen++;
+    if (S->worker && S->own) { /* the store changes next: the thread must be done with it */
+        while (fmoe_match_worker_wait(S->worker) > 0) take_matches(S, env);
+        take_matches(S, env);
+    }
     if (S->active && S->own && S->next_layer == S->L) {
         if (S->v.predict == PREDICT_MAPS)
             for (int32_t q = 0; q < S->nq; q++) fmoe_expertmap_hit(S->own, S->best[q]);
@@ -954,7 +1046,7 @@ static const fmoe_expertmap *fm_expert_store(const void *state) {
         /* .on_request_start   = */ fm_on_request_start,                                          \
         /* .on_iteration_start = */ fm_on_iteration_start,                                        \
         /* .on_gate       = */ fm_on_gate,                                                        \
-        /* .on_access     = */ NULL,                                                              \
+        /* .on_access     = */ fm_on_access,                                                      \
         /* .on_layer_done = */ fm_on_layer_done,                                                  \
         /* .choose_victim = */ fm_choose_victim,                                                  \
         /* .on_iteration_end   = */ fm_on_iteration_end,                                          \

@@ -24,7 +24,11 @@ tokenizer copied beside it:
      that stay resident + N slots + 1 scratch slot + the KV cache + 96 MiB fixed overhead
      (binary, BLAS and session buffers, tokenizer, trace writer).
 
-The fmoe policy uses a store built from an all-resident recording of other prompts.
+The fmoe policy uses a store built from an all-resident recording of other prompts; its
+matcher runs on its own thread (the live default); `fmoe:inline` in --policies runs it
+inline at each gate instead (`--matcher inline`), for the cost of the thread's later plans
+against the searches' time at the gates (the simulator models the matcher by the profile's
+measured delay either way).
 Figures are this machine's; the disk and the page cache of the host decide them. Not a
 test: run it by hand, put the table in the README with the machine named.
 """
@@ -152,19 +156,21 @@ def main():
     rows = [{"policy": "all resident", "fraction": 1.0, "cache_experts": L * J,
              "live_tpot_s": res_tpot, "sim_tpot_s": res_sim,
              "gap": (res_sim - res_tpot) / res_tpot, "peak_rss_mib": rss_res}]
-    for policy in a.policies.split(","):
+    for name in a.policies.split(","):
+        policy, _, matcher = name.partition(":")
         for frac in (float(x) for x in a.fractions.split(",")):
             n = max(1, round(frac * L * J))
-            trace = work / f"live-{policy}-{n}.h5"
             extra = ["--store", store] if policy == "fmoe" else []
+            live_extra = ["--matcher", matcher] if matcher else []
             spec = ["--speculative", 1] if policy == "mixtral-offload" else []
-            print(f"{policy} {n} slots, file tier, O_DIRECT ...", file=sys.stderr)
+            print(f"{name} {n} slots, file tier, O_DIRECT ...", file=sys.stderr)
             best = None
             for rep in range(a.repeat):
-                t_rep = work / f"live-{policy}-{n}-{rep}.h5"
+                t_rep = work / f"live-{name.replace(':', '-')}-{n}-{rep}.h5"
                 rss, secs, err = run_rss([fmoe, "record", *[c for c in common if c != "--quiet"],
                                           "--dataset", prompts, *spec, "--policy", policy,
-                                          "--cache-experts", n, *extra, "--tier", "file",
+                                          "--cache-experts", n, *extra, *live_extra,
+                                          "--tier", "file",
                                           "--direct-io", "--copy-chunks", 4, "-o", t_rep])
                 m = re.search(r"decode ([0-9.]+) MiB per token", err)
                 if not m:
@@ -179,7 +185,7 @@ def main():
             sim = json.loads(out)["results"][0]["tpot_s"]["mean"]
             bound = res_tpot + awaited / beta
             rss_bound = (resident_weights + (n + 1) * expert_bytes + kv) / 2**20 + OVERHEAD_MIB
-            rows.append({"policy": policy, "fraction": frac, "cache_experts": n,
+            rows.append({"policy": name, "fraction": frac, "cache_experts": n,
                          "live_tpot_s": tpot, "sim_tpot_s": sim, "gap": (sim - tpot) / tpot,
                          "bound_tpot_s": bound, "live_over_bound": tpot / bound,
                          "live_over_resident": tpot / res_tpot,

@@ -241,4 +241,55 @@ int fmoe__matcher_force_level(fmoe_matcher *m, int level);
  * folded 8, 4, 2 and 1 apart (matcher.c). */
 float fmoe__matcher_semantic_dot(const float *x, const float *e, int32_t h);
 
+/* ------------------------------------------------------------------ matcher thread */
+
+/*
+ * The matcher beside inference (fMoE §4.3, publisher/subscriber): a thread that owns a
+ * matcher over `store`, runs the searches posted to it in posting order and posts back
+ * their best entries. Posting copies the rows and never waits; results are the very
+ * values the same calls on an inline matcher give. Iteration ids are > 0 and grow: a new
+ * iteration (begin) drops the searches of older ones that have not started and their
+ * results not yet taken. At most one begin, one semantic search and L trajectory rows
+ * may be pending per iteration (more are refused, with the rest of that iteration:
+ * fmoe_match_worker_dropped). The store must not be modified while searches are pending
+ * (fmoe_match_worker_wait first). Every call but start belongs to one thread (the
+ * policy's).
+ *
+ *     fmoe_match_worker_begin(w, it, n);
+ *     fmoe_match_worker_trajectory(w, it, 0, n, rows0, stride);   // after layer 0's gate
+ *     ... at each later event: while (fmoe_match_worker_poll(w, &r, best, score)) use(r);
+ *
+ * delay_s (tests): each search takes at least this long. */
+typedef struct fmoe_match_worker fmoe_match_worker;
+
+typedef enum { FMOE_MATCH_SEMANTIC = 0, FMOE_MATCH_TRAJECTORY = 1 } fmoe_match_kind;
+
+typedef struct fmoe_match_result {
+    uint64_t iteration;
+    int32_t kind;  /* fmoe_match_kind */
+    int32_t layer; /* the trajectory row added (the search after that layer); semantic: -1 */
+    int32_t n;     /* queries: best[0..n), score[0..n) */
+} fmoe_match_result;
+
+int fmoe_match_worker_start(fmoe_match_worker **out, const fmoe_expertmap *store,
+                            int32_t max_queries, double delay_s);
+void fmoe_match_worker_stop(fmoe_match_worker *w); /* joins the thread; NULL: no-op */
+/* fmoe_matcher_trajectory_begin(n) for iteration `iteration`. */
+void fmoe_match_worker_begin(fmoe_match_worker *w, uint64_t iteration, int32_t n);
+/* fmoe_matcher_semantic over sem[q * stride + 0..h) (nothing when the store has no
+ * embeddings) and fmoe_matcher_trajectory_add of rows[q * stride + 0..J). */
+void fmoe_match_worker_semantic(fmoe_match_worker *w, uint64_t iteration, int32_t n,
+                                const float *sem, int64_t stride);
+void fmoe_match_worker_trajectory(fmoe_match_worker *w, uint64_t iteration, int32_t layer,
+                                  int32_t n, const float *rows, int64_t stride);
+/* The oldest result not taken, into *r, best[r->n], score[r->n]: 1, or 0 when none is
+ * ready (one atomic load, no lock, when none is). */
+int fmoe_match_worker_poll(fmoe_match_worker *w, fmoe_match_result *r, int32_t *best,
+                           float *score);
+/* Waits until every posted search is done or the result ring is full. @return the
+ * searches still pending (0: all done; else poll, then wait again). */
+int32_t fmoe_match_worker_wait(fmoe_match_worker *w);
+/* Searches refused because an iteration posted more than it may. */
+int64_t fmoe_match_worker_dropped(const fmoe_match_worker *w);
+
 #endif

@@ -102,6 +102,11 @@ typedef struct fmoe_offload_options {
      * speed: the live counterpart of a simulation with zero-time transfers, for the
      * decision-log identity test. Slower; off by default. */
     int32_t sync_transfers;
+    /* FMOE_POLICY_MATCHER policies (fmoe): 0 the matcher runs on its own thread beside
+     * inference (fMoE §4.3; no layer waits for it, its prefetches come when its searches
+     * are done), 1 inline at each gate, as in the simulator (for the decision-log
+     * identity). Tests may slow the thread with FMOE_FAULT_MATCH_DELAY_MS=ms per search. */
+    int32_t matcher_inline;
     /* FMOE_OFFLOAD_MISS_AUTO's figures, for this model's routed expert, from a hardware
      * profile (the CLI reads `fmoe calibrate`'s with the simulator's cost model and passes
      * the numbers; runtime/ does not link sim/). Unused by the other modes. */

@@ -13,7 +13,8 @@
  * `init`. Every callback but init/free/choose_victim may be NULL (nothing to do). Policies
  * are pure (STYLE.md rule 12): no I/O, no clock (the executor passes the time in
  * env->now_s), no CUDA, no allocation after init. The same events therefore give the same
- * decisions in both executors.
+ * decisions in both executors. (One exception, asked for by the live executor only:
+ * fmoe_policy_config.matcher_thread.)
  *
  * The access model is DESIGN.md §7.1: at each layer the executor touches each distinct
  * expert chosen by any token of the iteration once, in order of first appearance; each
@@ -149,6 +150,14 @@ typedef struct fmoe_policy_config {
      * policies that predict with one: borrowed, read-only, for the policy's lifetime (a
      * sweep's threads share it). NULL: none. */
     const struct fmoe_predictor *predictor;
+    /* FMOE_POLICY_MATCHER policies: run the matcher on a thread of its own beside the
+     * executor (fMoE §4.3; fmoe/expertmap.h fmoe_match_worker), as the live executor
+     * does by default. Its searches then finish at real times, so the decisions depend on
+     * timing: the simulator leaves it off and models the matcher by its delay instead
+     * (fmoe_slots_config.prefetch_delay_s). The only exception to "no threads, no clock"
+     * above. matcher_delay_s (tests): each search takes at least this long. */
+    int32_t matcher_thread;
+    double matcher_delay_s;
 } fmoe_policy_config;
 
 typedef struct fmoe_request_event {
