@@ -36,6 +36,7 @@
 #include "fmoe/files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"
+#include "fmoe/predictor.h"
 #include "fmoe_config.h"
 
 int cmd_calibrate(int argc, char **argv);
@@ -198,6 +199,8 @@ typedef struct measurements {
     series head_cpu, head_gpu; /* the LM head, [vocab x hidden] */
     double cpu_peak_flops, gpu_peak_flops, gpu_membw;
     double match_s, token_match_s; /* the fMoE matcher: one layer's match, a whole token */
+    int32_t promoe_hidden;         /* the ProMoE predictor timed: h -> this -> J */
+    double promoe_s;               /* its pass over one token */
     int have_gpu;
 } measurements;
 
@@ -280,6 +283,12 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     openblas_set_num_threads(1);
     rc = fmoe_calibrate_matcher(sh->layers, sh->experts, sh->top_k, MATCHER_STORE, reps,
                                 &m->match_s, &m->token_match_s);
+    /* ProMoE's predictor, the default shape for the model, one thread (ProMoE §4.4: on
+     * the CPU beside inference) */
+    m->promoe_hidden = fmoe_promoe_default_hidden(sh->hidden, sh->experts);
+    if (rc >= 0)
+        rc = fmoe_calibrate_predictor(sh->hidden, m->promoe_hidden, sh->experts, reps,
+                                      &m->promoe_s);
     openblas_set_num_threads(blas_threads);
     if (rc < 0) return rc;
     if (m->have_gpu) {
@@ -415,6 +424,7 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     p.host_peak_flops = m->cpu_peak_flops;
     p.host_memory_bandwidth_bytes_per_s = cpu_bw;
     p.match_s = m->match_s;
+    p.predictor_s = m->promoe_s;
     snprintf(p.source, sizeof p.source,
              "fmoe calibrate on %.60s: link %s; compute %s at %.90s; host OpenBLAS fp32",
              host, link, m->have_gpu ? "cuBLAS bf16" : "OpenBLAS fp32", sh->model);
@@ -447,6 +457,12 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON_AddNumberToObject(mat, "experts", sh->experts);
     cJSON_AddNumberToObject(mat, "match_s", m->match_s);
     cJSON_AddNumberToObject(mat, "token_s", m->token_match_s);
+    cJSON *pred = cJSON_AddObjectToObject(cal, "predictor");
+    cJSON_AddStringToObject(pred, "kind", "promoe");
+    cJSON_AddNumberToObject(pred, "input", sh->hidden);
+    cJSON_AddNumberToObject(pred, "hidden", m->promoe_hidden);
+    cJSON_AddNumberToObject(pred, "experts", sh->experts);
+    cJSON_AddNumberToObject(pred, "promoe_s", m->promoe_s);
     cJSON *links = cJSON_AddObjectToObject(cal, "links");
     add_link(links, "ram", &m->ram);
     add_link(links, "file", &m->file);
@@ -530,6 +546,8 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
                     "%d entries, 1 thread)\n",
             "fMoE matcher", human_s(m->match_s, a, sizeof a),
             human_s(m->token_match_s, b, sizeof b), sh->layers, sh->experts, MATCHER_STORE);
+    fprintf(stderr, "  %-28s %10s per token (%d -> %d -> %d, 1 thread)\n", "ProMoE predictor",
+            human_s(m->promoe_s, a, sizeof a), sh->hidden, m->promoe_hidden, sh->experts);
     fprintf(stderr, "profile: link = %s; compute = %s; host = OpenBLAS\n", link,
             m->have_gpu ? "cuBLAS" : "OpenBLAS");
 }

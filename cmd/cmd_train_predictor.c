@@ -33,7 +33,6 @@ int cmd_train_predictor(int argc, char **argv);
 static const char *const CMD = "train-predictor";
 
 #define DEFAULT_STRIDE 3 /* fMoE §6.1 sets ProMoE's distance to 3 (POLICIES.md §2.6) */
-#define PARAMS_TARGET 2000000.0 /* promoe §4.4: "approximately 2M" parameters */
 
 enum { KIND_PROMOE = 0, KIND_DUOSERVE = 1 };
 static const char *const kind_names[] = {"promoe", "duoserve", NULL};
@@ -574,9 +573,7 @@ int cmd_train_predictor(int argc, char **argv) {
 
     int32_t H = o.mlp_hidden;
     if (H == 0) { /* POLICIES.md §2.4: ~2M parameters, capped at h/2 (see the top) */
-        const double full = floor(PARAMS_TARGET / (double)(c.h + c.J));
-        const double cap = c.h / 2 > 16 ? c.h / 2 : 16;
-        H = (int32_t)(full < cap ? full : cap);
+        H = fmoe_promoe_default_hidden(c.h, c.J);
     }
     if ((rc = fmoe_predictor_alloc(&pred, c.L, c.J, c.K, c.h, H, o.stride)) < 0) {
         exit_code = cmd_fail(CMD, rc);

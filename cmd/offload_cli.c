@@ -22,7 +22,6 @@ const char *const cmd_offload_misses[] = {"load", "cpu", "auto", NULL};
 /* the values are fmoe_store_mode's: offline 0, offline-update 2 (online needs no store and
  * is a simulate mode) */
 const char *const cmd_offload_store_modes[] = {"offline", "online", "offline-update", NULL};
-const char *const cmd_offload_matchers[] = {"thread", "inline", NULL};
 
 void cmd_offload_args_init(cmd_offload_args *a) {
     memset(a, 0, sizeof *a);
@@ -76,10 +75,11 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
         return cmd_usage_error(cmd, "--profile is read by --miss auto only");
     if (!on) {
         if (a->policy || a->store || a->store_out || a->predictor || a->decision_log ||
-            a->direct_io || a->sync_transfers || a->profile)
+            a->direct_io || a->sync_transfers || a->sync_predictions || a->profile)
             return cmd_usage_error(cmd, "--policy, --store, --store-out, --predictor, "
-                                        "--decision-log, --direct-io, --sync-transfers and "
-                                        "--profile need an offloaded run: give "
+                                        "--decision-log, --direct-io, --sync-transfers, "
+                                        "--sync-predictions and --profile need an "
+                                        "offloaded run: give "
                                         "--cache-experts N or --cache-gb X");
         return 0;
     }
@@ -202,7 +202,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     }
     o.prefill_chunk = prefill_chunk;
     o.sync_transfers = a->sync_transfers;
-    o.matcher_inline = a->matcher == 1;
+    o.sync_predictions = a->sync_predictions;
     o.feedback = cmd_feedback_request(a->feedback);
     if (out->store) {
         o.expert_store = out->store->store;

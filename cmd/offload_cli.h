@@ -39,18 +39,17 @@ typedef struct cmd_offload_args {
     const char *store;
     int32_t store_mode;        /* fmoe_store_mode */
     const char *store_out;
-    const char *predictor;     /* --predictor: a learned predictor (promoe) */
+    const char *predictor;     /* --predictor: a learned predictor (promoe, duoserve) */
     int32_t feedback;          /* cmd_feedback_names index */
     const char *decision_log;
     int32_t sync_transfers;
-    int32_t matcher;           /* cmd_offload_matchers index: 0 thread, 1 inline */
+    int32_t sync_predictions;
     const char *profile;       /* hardware profile JSON for --miss auto */
 } cmd_offload_args;
 
 extern const char *const cmd_offload_tiers[];
 extern const char *const cmd_offload_misses[];
 extern const char *const cmd_offload_store_modes[];
-extern const char *const cmd_offload_matchers[];
 
 #define CMD_OFFLOAD_OPTIONS(type, f)                                                          \
     {.name = "policy", .kind = CMD_OPT_STRING, .value_name = "P",                             \
@@ -95,8 +94,8 @@ extern const char *const cmd_offload_matchers[];
      .help = "offline (frozen store) or offline-update", .default_text = "offline",           \
      .offset = offsetof(type, f.store_mode), .choices = cmd_offload_store_modes},             \
     {.name = "predictor", .kind = CMD_OPT_STRING, .value_name = "P.h5",                       \
-     .help = "learned predictor for policy promoe (fmoe train-predictor --kind promoe), "     \
-             "trained on traces of this model",                                               \
+     .help = "learned predictor for policy promoe or duoserve (fmoe train-predictor --kind " \
+             "promoe|duoserve), trained on traces of this model",                             \
      .offset = offsetof(type, f.predictor)},                                                  \
     {.name = "feedback", .kind = CMD_OPT_ENUM, .value_name = "auto|on|off",                   \
      .help = "feedback-directed prefetching, as simulate's --feedback",                      \
@@ -114,12 +113,11 @@ extern const char *const cmd_offload_matchers[];
      .help = "wait for every transfer where completions become visible, so decisions do "     \
              "not depend on the link's speed (for decision-log comparisons; slower)",         \
      .offset = offsetof(type, f.sync_transfers)},                                             \
-    {.name = "matcher", .kind = CMD_OPT_ENUM, .value_name = "thread|inline",                  \
-     .help = "fmoe policies: match expert maps on a thread beside inference (no layer "       \
-             "waits for it) or inline at each gate, as simulate does (decision-log "         \
-             "identity)",                                                                     \
-     .default_text = "thread", .offset = offsetof(type, f.matcher),                           \
-     .choices = cmd_offload_matchers}
+    {.name = "sync-predictions", .kind = CMD_OPT_FLAG,                                        \
+     .help = "run fmoe's matcher and promoe's predictor inline at each gate, as simulate "    \
+             "does, instead of on their thread beside inference, so decisions do not "        \
+             "depend on their speed (for decision-log comparisons)",                          \
+     .offset = offsetof(type, f.sync_predictions)}
 
 typedef struct cmd_offload {
     fmoe_offload *x;           /* NULL: offloading off */

@@ -435,3 +435,9 @@ void fmoe_predictor_free(fmoe_predictor *p) {
     free(p->val_accuracy);
     free(p);
 }
+
+int32_t fmoe_promoe_default_hidden(int32_t h, int32_t J) {
+    const double full = floor(2000000.0 / (double)(h + J));
+    const double cap = h / 2 > 16 ? h / 2 : 16;
+    return (int32_t)(full < cap ? full : cap);
+}

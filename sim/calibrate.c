@@ -31,6 +31,7 @@
 #include "fmoe/error.h"
 #include "fmoe/expertmap.h"
 #include "fmoe/hardware.h"
+#include "fmoe/predictor.h"
 
 #define MIN_POINT_S 0.02
 #define MAX_REPS 1000
@@ -152,10 +153,19 @@ int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, i
     for (size_t i = 0; i < chunk; i++) buf[i] = (char)(i * 131 + 7);
     for (int64_t off = 0; off < file_bytes; off += (int64_t)chunk) {
         const size_t len = (size_t)(file_bytes - off < (int64_t)chunk ? file_bytes - off : (int64_t)chunk);
-        if (pwrite(fd, buf, len, off) != (ssize_t)len) {
-            rc = fmoe_error_set(FMOE_EIO, "%s: writing %lld bytes of scratch data: %s", path,
-                                (long long)file_bytes, strerror(errno));
-            goto done;
+        /* A full disk first shows as a short write without errno; only writing the rest
+         * returns the reason (ENOSPC, EFBIG). Reporting errno after a short write printed
+         * whatever an earlier call had left there (issue 15, finding 8). */
+        for (size_t done_ = 0; done_ < len;) {
+            const ssize_t w = pwrite(fd, buf + done_, len - done_, off + (int64_t)done_);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                rc = fmoe_error_set(FMOE_EIO, "%s: writing %lld bytes of scratch data: %s",
+                                    path, (long long)file_bytes,
+                                    strerror(w < 0 ? errno : ENOSPC));
+                goto done;
+            }
+            done_ += (size_t)w;
         }
     }
     if (fdatasync(fd) != 0) {
@@ -403,6 +413,47 @@ done:
     fmoe_matcher_free(m);
     fmoe_expertmap_free(s);
     free(map);
+    free(t);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ learned predictor */
+
+int fmoe_calibrate_predictor(int32_t in, int32_t hidden, int32_t out, int32_t reps,
+                             double *pass_s) {
+    FMOE_RETURN_ERROR_IF(in < 1 || hidden < 1 || out < 1, FMOE_EINVAL,
+                         "predictor timing: %d -> %d -> %d", in, hidden, out);
+    if (reps < 1) reps = 1;
+    fmoe_mlp mlp = {0};
+    fmoe_mlp_work work = {0};
+    float *x = malloc((size_t)in * sizeof *x);
+    double *t = malloc(MAX_REPS * sizeof *t);
+    int rc = 0;
+    if (!x || !t) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "predictor timing: %d -> %d -> %d", in, hidden, out);
+        goto done;
+    }
+    if ((rc = fmoe_mlp_init(&mlp, in, hidden, out)) < 0 ||
+        (rc = fmoe_mlp_work_init(&work, &mlp, 1)) < 0)
+        goto done;
+    fmoe_mlp_randomize(&mlp, 1); /* the pass does the same work whatever the values */
+    for (int32_t i = 0; i < in; i++) x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    /* One token's pass, as the policy runs it (fmoe_mlp_infer: no BLAS, one thread). */
+    int32_t k = 0;
+    double total = 0;
+    for (int32_t warm = -1; k < MAX_REPS && (k < reps || total < MIN_POINT_S); warm = 0) {
+        const double t0 = now_s();
+        fmoe_mlp_infer(&mlp, &work, x, 1);
+        const double dt = now_s() - t0;
+        if (warm < 0) continue;
+        t[k] = dt;
+        total += t[k++];
+    }
+    *pass_s = median(t, k);
+done:
+    fmoe_mlp_work_free(&work);
+    fmoe_mlp_free(&mlp);
+    free(x);
     free(t);
     return rc;
 }

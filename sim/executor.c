@@ -218,8 +218,11 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
         .capacity = S->N,
         .chunks = S->chunks,
         .expert_bytes = w->expert_bytes,
-        /* FMOE_POLICY_MATCHER: the prefetches come the match delay after their event */
-        .prefetch_delay_s = (ops->flags & FMOE_POLICY_MATCHER) ? S->costs->match_delay_s : 0,
+        /* the prefetches of a policy that predicts beside inference come the predictions'
+         * time after their event: fMoE's matcher, ProMoE's predictor */
+        .prefetch_delay_s = (ops->flags & FMOE_POLICY_MATCHER) ? S->costs->match_delay_s
+                            : (ops->flags & FMOE_POLICY_NEEDS_HIDDEN) ? S->costs->predictor_delay_s
+                                                                      : 0,
         .policy = &S->policy,
         .hooks = {.ctx = S, .sync = hook_sync, .queued = NULL,
                   .decision = cfg->decision ? hook_decision : NULL,

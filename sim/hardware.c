@@ -171,6 +171,14 @@ static int parse_object(const cJSON *root, const char *origin, fmoe_hardware_pro
                              "%s: matcher must be an object", origin);
         FMOE_FORWARD_IF_ERROR(get_number(matcher, "matcher", "match_s", origin, 1, 0, &p->match_s));
     }
+    /* Optional: a learned predictor's time per pass (fmoe_hardware_profile.predictor_s). */
+    const cJSON *predictor = cJSON_GetObjectItemCaseSensitive(root, "predictor");
+    if (predictor) {
+        FMOE_RETURN_ERROR_IF(!cJSON_IsObject(predictor), FMOE_EFORMAT,
+                             "%s: predictor must be an object", origin);
+        FMOE_FORWARD_IF_ERROR(
+            get_number(predictor, "predictor", "promoe_s", origin, 1, 0, &p->predictor_s));
+    }
     const cJSON *device = cJSON_GetObjectItemCaseSensitive(root, "device");
     const int need_device = !p->attention.present || !p->expert.present;
     if (device || need_device) {
@@ -297,6 +305,10 @@ int fmoe_hardware_to_json(const fmoe_hardware_profile *p, char **out) {
     if (p->match_s > 0) { /* optional: written only when the matcher was timed */
         cJSON *m = cJSON_AddObjectToObject(root, "matcher");
         cJSON_AddNumberToObject(m, "match_s", p->match_s);
+    }
+    if (p->predictor_s > 0) { /* optional: written only when a predictor was timed */
+        cJSON *m = cJSON_AddObjectToObject(root, "predictor");
+        cJSON_AddNumberToObject(m, "promoe_s", p->predictor_s);
     }
     *out = cJSON_Print(root);
     cJSON_Delete(root);

@@ -54,7 +54,7 @@
  * same cache), fmoe-lru and fmoe-lfu (fmoe's prefetching, LRU / LFU eviction).
  *
  * The matcher runs beside inference (§4.3): its prefetches carry FMOE_POLICY_MATCHER, and
- * the simulator issues them after the modelled match delay. Live (cfg->matcher_thread),
+ * the simulator issues them after the modelled match delay. Live (cfg->predict_thread),
  * the searches run on a thread of their own (fmoe_match_worker, publisher/subscriber as in
  * §4.3): a gate publishes its rows and returns at once; each finished search is taken at
  * the first event after it is done (a gate, an access, a layer done), which plans its
@@ -62,7 +62,8 @@
  * have done at its gate, only later. A plan whose target layer has already started is
  * dropped (it would come too late), and its priority counts the layers from the one
  * running when it is issued. No layer waits for the matcher; the decisions then depend
- * on how fast it is, so the decision-log identity runs the matcher inline. In the modes
+ * on how fast it is, so the decision-log identity runs the matcher inline
+ * (--sync-predictions). In the modes
  * that update the store, iteration end waits for the iteration's last search (the store
  * must not change under the thread), after the last layer.
  *
@@ -143,7 +144,7 @@ typedef struct fm_state {
     const fmoe_expertmap *store; /* matched; == own in the updating modes */
     fmoe_expertmap *own;
     fmoe_matcher *m;          /* the inline matcher; NULL when it runs on a thread */
-    fmoe_match_worker *worker; /* the matcher on its own thread (cfg->matcher_thread) */
+    fmoe_match_worker *worker; /* the matcher on its own thread (cfg->predict_thread) */
     uint64_t iteration;        /* the current iteration's id, posted with its searches */
     int32_t first;             /* layers the semantic search plans: min(d, L) */
     int32_t *wbest;            /* [Q] a taken result */
@@ -349,14 +350,14 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
         return fmoe_error_set(FMOE_ENOMEM, "policy %s state", v->name);
     }
     S->first = S->d < S->L ? S->d : S->L;
-    if (cfg->matcher_thread && v->predict == PREDICT_MAPS && !v->reference) {
+    if (cfg->predict_thread && v->predict == PREDICT_MAPS && !v->reference) {
         S->wbest = calloc(Q, sizeof *S->wbest);
         S->wscore = calloc(Q, sizeof *S->wscore);
         if (!S->wbest || !S->wscore) {
             fm_free(S);
             return fmoe_error_set(FMOE_ENOMEM, "policy %s state", v->name);
         }
-        rc = fmoe_match_worker_start(&S->worker, S->store, MAX_QUERIES, cfg->matcher_delay_s);
+        rc = fmoe_match_worker_start(&S->worker, S->store, MAX_QUERIES, cfg->predict_delay_s);
     } else {
         rc = fmoe_matcher_init(&S->m, S->store, MAX_QUERIES);
     }

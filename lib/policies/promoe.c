@@ -13,8 +13,17 @@
  * are combined as POLICIES.md §2.4 settles for prefill and batches: the union of the
  * per-token top-K, ranked by summed probability; a decode step is its one token's top-K.
  * The paper hooks the gate's input, we the gate event: the same hidden state, known a gate
- * computation earlier than here. The predictor's CPU time (~200 µs, §2.4, §2.7) is not
- * modelled yet: the prefetches are issued at the gate with no delay.
+ * computation earlier than here.
+ *
+ * Where the predictor runs (§4.4: on the CPU, asynchronously with inference). Inline, the
+ * prefetches are issued at the gate (the simulator, and live with --sync-predictions);
+ * the simulator delays them by the predictor's calibrated time (the profile's
+ * predictor.promoe_s, fmoe_slots_config.prefetch_delay_s). Live by default
+ * (cfg->predict_thread) the passes run on a thread of their own (fmoe/worker.h): the gate
+ * posts its tokens' inputs and returns; a finished pass is taken at the next event (an
+ * access, a layer done, a gate) and issues what the inline pass issues at the gate, for
+ * the target layers that have not started (a prediction for a started layer comes too
+ * late and is dropped). A gate of more than PM_BATCH tokens predicts inline.
  *
  * Prefetch (§2.5, §2.7 step 1). The predicted experts not cached or in flight are
  * prefetched, low priority: every demand load goes first (the executors' rule), and among
@@ -48,44 +57,89 @@
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
 #include "fmoe/predictor.h"
+#include "fmoe/worker.h"
 
-#define PM_BATCH 64 /* predictor rows per forward pass */
+#define PM_BATCH 64 /* predictor rows per forward pass; most tokens a thread job holds */
 
 enum { PM_PREDICTED = 1, PM_PENDING = 2 }; /* flag bits per expert */
 
-typedef struct pm_state {
-    int32_t L, J, K, h;
-    const fmoe_predictor *pred;  /* borrowed */
-    int32_t *targets;            /* [L][L] layers predicted at layer l's gate, nearest first */
-    int32_t *num_targets;        /* [L] */
+/* One predictor pass's workspace (the policy's, and the thread's own). */
+typedef struct pm_scratch {
     fmoe_mlp_work work;          /* PM_BATCH rows */
     float *x;                    /* [PM_BATCH][h] gathered gate inputs */
     float *score;                /* [J] summed probability of the experts picked */
     int32_t *top;                /* [K] one token's top-K */
     uint8_t *picked;             /* [J] in some token's top-K */
     int32_t *order;              /* [J] the picked experts, best first */
+} pm_scratch;
+
+/* A thread job: one gate's tokens' inputs; its result: every target layer's picks. */
+typedef struct pm_job {
+    int32_t layer, n;
+    float x[];                   /* [n][h] */
+} pm_job;
+
+typedef struct pm_result {
+    int32_t layer, num_tokens;
+    int32_t data[];              /* per target c < num_targets[layer]: count, order[J],
+                                    then score[J] as float bits */
+} pm_result;
+
+typedef struct pm_state {
+    int32_t L, J, K, h;
+    const fmoe_predictor *pred;  /* borrowed */
+    int32_t *targets;            /* [L][L] layers predicted at layer l's gate, nearest first */
+    int32_t *num_targets;        /* [L] */
+    pm_scratch mine;             /* the policy's (inline passes) */
+    pm_scratch thread;           /* the thread's */
+    fmoe_worker *worker;         /* the predictor on its own thread (cfg->predict_thread) */
+    uint64_t epoch;              /* the iteration, for the thread's jobs */
+    int32_t cur_layer;           /* the last gate's layer this iteration, -1 before */
+    pm_result *taken;            /* a result being taken */
+    float *taken_score;          /* [J] one target's scores of it */
     uint8_t *flag;               /* [L*J] PM_* bits */
     int32_t *issued;             /* [L][J] experts predicted (and cached or in flight) for
                                     layer i in this iteration */
     int32_t *num_issued;         /* [L] */
 } pm_state;
 
+static void scratch_free(pm_scratch *s) {
+    fmoe_mlp_work_free(&s->work);
+    free(s->x);
+    free(s->score);
+    free(s->top);
+    free(s->picked);
+    free(s->order);
+}
+
+static int scratch_init(pm_scratch *s, const pm_state *m, const fmoe_mlp *widest) {
+    s->x = calloc((size_t)PM_BATCH * (size_t)m->h, sizeof *s->x);
+    s->score = calloc((size_t)m->J, sizeof *s->score);
+    s->top = calloc((size_t)m->K, sizeof *s->top);
+    s->picked = calloc((size_t)m->J, 1);
+    s->order = calloc((size_t)m->J, sizeof *s->order);
+    if (!s->x || !s->score || !s->top || !s->picked || !s->order)
+        return fmoe_error_set(FMOE_ENOMEM, "promoe state");
+    return widest ? fmoe_mlp_work_init(&s->work, widest, PM_BATCH) : 0;
+}
+
 static void pm_free(void *state) {
     pm_state *m = state;
     if (!m) return;
+    fmoe_worker_stop(m->worker); /* first: the thread uses its scratch and the predictor */
+    scratch_free(&m->thread);
+    scratch_free(&m->mine);
+    free(m->taken);
+    free(m->taken_score);
     free(m->targets);
     free(m->num_targets);
-    fmoe_mlp_work_free(&m->work);
-    free(m->x);
-    free(m->score);
-    free(m->top);
-    free(m->picked);
-    free(m->order);
     free(m->flag);
     free(m->issued);
     free(m->num_issued);
     free(m);
 }
+
+static int run_job(void *ctx, const void *jobp, void *resultp);
 
 static int pm_init(void **state, const fmoe_policy_config *cfg) {
     *state = NULL;
@@ -120,19 +174,14 @@ static int pm_init(void **state, const fmoe_policy_config *cfg) {
     m->h = p->hidden_size;
     m->pred = p;
     const size_t L = (size_t)m->L, J = (size_t)m->J;
+    m->cur_layer = -1;
     m->targets = calloc(L * L, sizeof *m->targets);
     m->num_targets = calloc(L, sizeof *m->num_targets);
-    m->x = calloc((size_t)PM_BATCH * (size_t)m->h, sizeof *m->x);
-    m->score = calloc(J, sizeof *m->score);
-    m->top = calloc((size_t)m->K, sizeof *m->top);
-    m->picked = calloc(J, 1);
-    m->order = calloc(J, sizeof *m->order);
     m->flag = calloc(L * J, 1);
     m->issued = calloc(L * J, sizeof *m->issued);
     m->num_issued = calloc(L, sizeof *m->num_issued);
     int rc = 0;
-    if (!m->targets || !m->num_targets || !m->x || !m->score || !m->top || !m->picked ||
-        !m->order || !m->flag || !m->issued || !m->num_issued) {
+    if (!m->targets || !m->num_targets || !m->flag || !m->issued || !m->num_issued) {
         rc = fmoe_error_set(FMOE_ENOMEM, "promoe state");
         goto fail;
     }
@@ -152,7 +201,26 @@ static int pm_init(void **state, const fmoe_policy_config *cfg) {
         m->targets[(size_t)s * L + (size_t)m->num_targets[s]++] = i;
         if (!widest || mlp->hidden > widest->hidden) widest = mlp;
     }
-    if (widest && (rc = fmoe_mlp_work_init(&m->work, widest, PM_BATCH)) < 0) goto fail;
+    if ((rc = scratch_init(&m->mine, m, widest)) < 0) goto fail;
+    if (cfg->predict_thread && widest) {
+        int32_t most = 0; /* targets of one gate at most */
+        for (int32_t l = 0; l < m->L; l++) most = m->num_targets[l] > most ? m->num_targets[l] : most;
+        const size_t result_bytes =
+            sizeof(pm_result) + (size_t)most * (1 + 2 * (size_t)m->J) * sizeof(int32_t);
+        m->taken = malloc(result_bytes);
+        m->taken_score = malloc(J * sizeof *m->taken_score);
+        if (!m->taken || !m->taken_score) {
+            rc = fmoe_error_set(FMOE_ENOMEM, "promoe state");
+            goto fail;
+        }
+        if ((rc = scratch_init(&m->thread, m, widest)) < 0) goto fail;
+        const fmoe_worker_config wc = {
+            .capacity = m->L + 1, /* one job a gate */
+            .job_bytes = sizeof(pm_job) + (size_t)PM_BATCH * (size_t)m->h * sizeof(float),
+            .result_bytes = result_bytes, .run = run_job, .ctx = m,
+            .delay_s = cfg->predict_delay_s};
+        if ((rc = fmoe_worker_start(&m->worker, &wc)) < 0) goto fail;
+    }
     *state = m;
     return 0;
 fail:
@@ -160,39 +228,105 @@ fail:
     return rc;
 }
 
-/* Predictor i over the n tokens' gate inputs of this layer: the union of the per-token
- * top-K in m->order[0..*count), best summed probability first (ties: lower index). */
-static int32_t predict(pm_state *m, int32_t i, const fmoe_gate_event *ev) {
+/* Predictor i over the gate inputs of n tokens, hidden[t * stride + 0..h): the union of
+ * the per-token top-K in s->order[0..count), best summed probability (s->score) first
+ * (ties: lower index). @return count. */
+static int32_t predict(const pm_state *m, pm_scratch *s, int32_t i, const float *hidden,
+                       int64_t stride, int32_t num_tokens) {
     const fmoe_mlp *mlp = &m->pred->layers[i];
     const int32_t J = m->J, K = m->K, h = m->h;
-    memset(m->score, 0, (size_t)J * sizeof *m->score);
-    memset(m->picked, 0, (size_t)J);
-    for (int32_t t0 = 0; t0 < ev->num_tokens; t0 += PM_BATCH) {
-        const int32_t n = ev->num_tokens - t0 < PM_BATCH ? ev->num_tokens - t0 : PM_BATCH;
+    memset(s->score, 0, (size_t)J * sizeof *s->score);
+    memset(s->picked, 0, (size_t)J);
+    for (int32_t t0 = 0; t0 < num_tokens; t0 += PM_BATCH) {
+        const int32_t n = num_tokens - t0 < PM_BATCH ? num_tokens - t0 : PM_BATCH;
         for (int32_t r = 0; r < n; r++)
-            memcpy(m->x + (size_t)r * h, ev->hidden + (size_t)(t0 + r) * (size_t)ev->hidden_stride,
-                   (size_t)h * sizeof *m->x);
-        fmoe_mlp_infer(mlp, &m->work, m->x, n); /* the same bits in every executor */
+            memcpy(s->x + (size_t)r * h, hidden + (size_t)(t0 + r) * (size_t)stride,
+                   (size_t)h * sizeof *s->x);
+        fmoe_mlp_infer(mlp, &s->work, s->x, n); /* the same bits in every executor */
         for (int32_t r = 0; r < n; r++) {
-            const float *pr = m->work.p + (size_t)r * J;
-            fmoe_topk_indices(pr, J, K, m->top);
+            const float *pr = s->work.p + (size_t)r * J;
+            fmoe_topk_indices(pr, J, K, s->top);
             for (int32_t k = 0; k < K; k++) {
-                m->score[m->top[k]] += pr[m->top[k]];
-                m->picked[m->top[k]] = 1;
+                s->score[s->top[k]] += pr[s->top[k]];
+                s->picked[s->top[k]] = 1;
             }
         }
     }
     int32_t count = 0;
     for (int32_t j = 0; j < J; j++)
-        if (m->picked[j]) {
+        if (s->picked[j]) {
             int32_t q = count++; /* insertion by score, stable: ties keep the lower index */
-            while (q > 0 && m->score[m->order[q - 1]] < m->score[j]) {
-                m->order[q] = m->order[q - 1];
+            while (q > 0 && s->score[s->order[q - 1]] < s->score[j]) {
+                s->order[q] = s->order[q - 1];
                 q--;
             }
-            m->order[q] = j;
+            s->order[q] = j;
         }
     return count;
+}
+
+/* Prefetches target layer i's picks, order[0..count) with summed probabilities score[J]
+ * over num_tokens tokens, low priority, and marks them predicted. */
+static void issue_predictions(pm_state *m, const fmoe_policy_env *env, int32_t i,
+                              const int32_t *order, int32_t count, const float *score,
+                              int32_t num_tokens) {
+    const int32_t J = m->J;
+    int32_t *out = m->issued + (size_t)i * J;
+    for (int32_t q = 0; q < count; q++) {
+        const int32_t j = order[q];
+        const double p = (double)score[j] / (double)num_tokens;
+        /* 0: issued or already cached or in flight; 1: dropped (nothing evictable) */
+        if (env->sink->prefetch(env->sink->ctx, i, j, (double)(m->L - i) + 0.5 * p, p) != 0)
+            continue;
+        if (!(m->flag[(size_t)i * J + j] & PM_PREDICTED)) out[m->num_issued[i]++] = j;
+        m->flag[(size_t)i * J + j] |= PM_PREDICTED;
+    }
+}
+
+/* The thread's job: every target of the gate's layer over its tokens. */
+static int run_job(void *ctx, const void *jobp, void *resultp) {
+    pm_state *m = ctx; /* read-only here, but for m->thread, the thread's own */
+    const pm_job *j = jobp;
+    pm_result *r = resultp;
+    r->layer = j->layer;
+    r->num_tokens = j->n;
+    int32_t *d = r->data;
+    const size_t J = (size_t)m->J;
+    for (int32_t c = 0; c < m->num_targets[j->layer]; c++) {
+        const int32_t i = m->targets[(size_t)j->layer * (size_t)m->L + (size_t)c];
+        const int32_t count = predict(m, &m->thread, i, j->x, m->h, j->n);
+        d[0] = count;
+        memcpy(d + 1, m->thread.order, (size_t)count * sizeof *d);
+        memcpy(d + 1 + J, m->thread.score, J * sizeof(float));
+        d += 1 + 2 * J;
+    }
+    return 1;
+}
+
+/* The thread's finished passes of this iteration, for the layers that have not started. */
+static void take_predictions(pm_state *m, const fmoe_policy_env *env) {
+    uint64_t epoch;
+    const size_t J = (size_t)m->J;
+    while (fmoe_worker_poll(m->worker, &epoch, m->taken)) {
+        if (epoch != m->epoch) continue;
+        const pm_result *r = m->taken;
+        const int32_t *d = r->data;
+        for (int32_t c = 0; c < m->num_targets[r->layer]; c++, d += 1 + 2 * J) {
+            const int32_t i = m->targets[(size_t)r->layer * (size_t)m->L + (size_t)c];
+            if (i <= m->cur_layer) continue; /* too late */
+            memcpy(m->taken_score, d + 1 + J, J * sizeof *m->taken_score);
+            issue_predictions(m, env, i, d + 1, d[0], m->taken_score, r->num_tokens);
+        }
+    }
+}
+
+static void pm_on_iteration_start(void *state, const fmoe_policy_env *env,
+                                  const fmoe_iteration_event *ev) {
+    (void)env;
+    (void)ev;
+    pm_state *m = state;
+    m->cur_layer = -1;
+    if (m->worker) fmoe_worker_epoch(m->worker, ++m->epoch);
 }
 
 static void pm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_event *ev) {
@@ -210,35 +344,41 @@ static void pm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
         env->sink->cancel(env->sink->ctx, l, j);
     }
     m->num_issued[l] = 0;
+    m->cur_layer = l;
     if (!ev->hidden || ev->hidden_dim != m->h || ev->num_tokens < 1) return; /* LRU alone */
+    if (m->worker && ev->num_tokens <= PM_BATCH) {
+        pm_job *j = m->num_targets[l] > 0 ? fmoe_worker_job(m->worker, m->epoch) : NULL;
+        if (j) {
+            j->layer = l;
+            j->n = ev->num_tokens;
+            for (int32_t t = 0; t < ev->num_tokens; t++)
+                memcpy(j->x + (size_t)t * (size_t)m->h,
+                       ev->hidden + (size_t)t * (size_t)ev->hidden_stride,
+                       (size_t)m->h * sizeof *j->x);
+            fmoe_worker_post(m->worker);
+        }
+        take_predictions(m, env);
+        return;
+    }
     for (int32_t c = 0; c < m->num_targets[l]; c++) {
         const int32_t i = m->targets[(size_t)l * m->L + c];
-        const int32_t n = predict(m, i, ev);
-        int32_t *out = m->issued + (size_t)i * J;
-        for (int32_t q = 0; q < n; q++) {
-            const int32_t j = m->order[q];
-            const double p = (double)m->score[j] / (double)ev->num_tokens;
-            /* 0: issued or already cached or in flight; 1: dropped (nothing evictable) */
-            if (env->sink->prefetch(env->sink->ctx, i, j, (double)(m->L - i) + 0.5 * p, p) != 0)
-                continue;
-            if (!(m->flag[(size_t)i * J + j] & PM_PREDICTED)) out[m->num_issued[i]++] = j;
-            m->flag[(size_t)i * J + j] |= PM_PREDICTED;
-        }
+        const int32_t n = predict(m, &m->mine, i, ev->hidden, ev->hidden_stride, ev->num_tokens);
+        issue_predictions(m, env, i, m->mine.order, n, m->mine.score, ev->num_tokens);
     }
 }
 
 /* Accessed: no longer pending, no longer waiting to be used. */
 static void pm_on_access(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev) {
-    (void)env;
     pm_state *m = state;
     m->flag[(size_t)ev->layer * m->J + ev->expert] = 0;
+    if (m->worker) take_predictions(m, env);
 }
 
 static void pm_on_layer_done(void *state, const fmoe_policy_env *env, int32_t layer) {
-    (void)env;
     pm_state *m = state;
     memset(m->flag + (size_t)layer * m->J, 0, (size_t)m->J);
     m->num_issued[layer] = 0;
+    if (m->worker) take_predictions(m, env);
 }
 
 /* LRU; a demand miss spares predicted experts while it can, a prefetch always and also the
@@ -270,7 +410,7 @@ const fmoe_policy_ops fmoe_policy_promoe = {
     /* .init          = */ pm_init,
     /* .free          = */ pm_free,
     /* .on_request_start   = */ NULL,
-    /* .on_iteration_start = */ NULL,
+    /* .on_iteration_start = */ pm_on_iteration_start,
     /* .on_gate       = */ pm_on_gate,
     /* .on_access     = */ pm_on_access,
     /* .on_layer_done = */ pm_on_layer_done,

@@ -138,11 +138,11 @@ static double now_s(void) {
 
 static double clock_of(const fmoe_offload *x) { return now_s() - x->t0; }
 
-/* Fault injection for the matcher-thread tests: FMOE_FAULT_MATCH_DELAY_MS=ms makes each
- * search of the fmoe matcher's thread take at least that long (a slow matcher must never
- * slow a layer). */
-static double fault_match_delay_s(void) {
-    const char *v = getenv("FMOE_FAULT_MATCH_DELAY_MS");
+/* Fault injection for the prediction-thread tests: FMOE_FAULT_PREDICT_DELAY_MS=ms makes
+ * each prediction on a policy's thread (fmoe's searches, promoe's predictor passes) take
+ * at least that long (a slow predictor must never slow a layer). */
+static double fault_predict_delay_s(void) {
+    const char *v = getenv("FMOE_FAULT_PREDICT_DELAY_MS");
     const double ms = v ? strtod(v, NULL) : 0;
     return ms > 0 && ms < 1e6 ? ms / 1e3 : 0;
 }
@@ -648,8 +648,8 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
         .expert_store = o->expert_store, .store_mode = o->store_mode,
         .semantic_dim = x->semantic_dim, .hidden_dim = x->hidden_dim,
         .predictor = o->predictor,
-        .matcher_thread = (ops->flags & FMOE_POLICY_MATCHER) && !o->matcher_inline,
-        .matcher_delay_s = fault_match_delay_s()};
+        .predict_thread = !o->sync_predictions,
+        .predict_delay_s = fault_predict_delay_s()};
     if ((rc = fmoe_policy_init_ops(&x->policy, ops, &pc)) < 0) goto fail;
     const fmoe_slots_config sc = {
         .num_layers = x->L, .num_experts = x->J, .capacity = x->N, .chunks = x->chunks,

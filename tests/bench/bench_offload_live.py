@@ -25,8 +25,8 @@ tokenizer copied beside it:
      (binary, BLAS and session buffers, tokenizer, trace writer).
 
 The fmoe policy uses a store built from an all-resident recording of other prompts; its
-matcher runs on its own thread (the live default); `fmoe:inline` in --policies runs it
-inline at each gate instead (`--matcher inline`), for the cost of the thread's later plans
+matcher runs on its own thread (the live default); `fmoe:sync` in --policies runs it
+inline at each gate instead (`--sync-predictions`), for the cost of the thread's later plans
 against the searches' time at the gates (the simulator models the matcher by the profile's
 measured delay either way).
 Figures are this machine's; the disk and the page cache of the host decide them. Not a
@@ -161,7 +161,7 @@ def main():
         for frac in (float(x) for x in a.fractions.split(",")):
             n = max(1, round(frac * L * J))
             extra = ["--store", store] if policy == "fmoe" else []
-            live_extra = ["--matcher", matcher] if matcher else []
+            live_extra = ["--sync-predictions"] if matcher == "sync" else []
             spec = ["--speculative", 1] if policy == "mixtral-offload" else []
             print(f"{name} {n} slots, file tier, O_DIRECT ...", file=sys.stderr)
             best = None

@@ -140,3 +140,19 @@ def test_bad_input(calibrate, tmp_path):
     assert r.returncode == 2 and "unknown option '--bogus'" in r.stderr
     r = calibrate("--help")
     assert r.stdout.startswith("usage: fmoe calibrate")
+
+
+def test_promoe_predictor_time_is_measured(calibrate, tmp_path):
+    """calibrate times one token's pass of a ProMoE predictor of train-predictor's default
+    shape for the model (h -> min(2M / (h + J), h / 2) -> J), and writes it where simulate
+    reads it (predictor.promoe_s: the promoe policy's prefetch delay)."""
+    prof = tmp_path / "p.json"
+    calibrate("--quick", "--quiet", "-o", prof, "--file-dir", tmp_path)
+    p = json.loads(prof.read_text())
+    pr, model = p["calibration"]["predictor"], p["calibration"]["model"]
+    h, J = model["hidden_size"], pr["experts"]
+    assert pr["kind"] == "promoe" and pr["input"] == h and J == 8
+    assert pr["hidden"] == min(2_000_000 // (h + J), max(h // 2, 16))
+    assert pr["promoe_s"] == p["predictor"]["promoe_s"]
+    # 2 x (h x H + H x J) multiply-adds: well above a nanosecond, well below 0.1 s
+    assert 1e-9 < pr["promoe_s"] < 0.1

@@ -12,7 +12,7 @@ run waits for every transfer at the two points where completions become visible
 (`--sync-transfers`), and the simulator replays with a profile whose transfers take no
 time; hit versus late hit (data there or still in flight when the compute starts) is then
 compared as one outcome ("found") by `--late-is-hit`, since no policy decides on it.
-The fmoe policy's matcher runs inline (`--matcher inline`) as in the simulator; on its
+The fmoe policy's matcher runs inline (`--sync-predictions`) as in the simulator; on its
 thread (the live default) its prefetches come when its searches finish
 (test_matcher_thread.py).
 
@@ -93,7 +93,7 @@ def test_live_and_simulated_decisions_are_identical(work, fmoe_bin, policy):
         run(fmoe_bin, "record", "--model", TINY, "--dataset", work / "prompts20.txt",
             "--max-new-tokens", 12, "--temperature", 0, "--probs-f32", *spec,
             "--policy", policy, "--cache-experts", n, "--prefetch-distance", 1, *store,
-            "--sync-transfers", "--matcher", "inline", "--decision-log", live, "-o", trace,
+            "--sync-transfers", "--sync-predictions", "--decision-log", live, "-o", trace,
             "--quiet")
         run(fmoe_bin, "simulate", "--trace", trace, "--policy", policy, "--cache-experts", n,
             "--prefetch-distance", 1, *store, "--profile", work / "zero.json",
@@ -213,7 +213,7 @@ def test_long_prompts_run_in_chunks_on_both_sides(work, fmoe_bin):
                             work / f"long-{policy}-sim.jsonl")
         run(fmoe_bin, "record", "--model", TINY, "--dataset", long, "--max-new-tokens", 6,
             "--temperature", 0, "--probs-f32", "--policy", policy, "--cache-experts", 16,
-            "--prefetch-distance", 1, *store, "--sync-transfers", "--matcher", "inline",
+            "--prefetch-distance", 1, *store, "--sync-transfers", "--sync-predictions",
             "--decision-log", live, "-o", trace, "--quiet")
         with h5py.File(trace, "r") as f:
             assert int(f.attrs["prefill_chunk"]) == 64
@@ -283,7 +283,7 @@ def test_store_updated_online_is_written_out_and_matches_the_simulator(work, fmo
         "--max-new-tokens", 8, "--temperature", 0, "--probs-f32", "--policy", "fmoe",
         "--cache-experts", 16, "--prefetch-distance", 1, "--store", store,
         "--store-mode", "offline-update", "--store-out", out, "--sync-transfers",
-        "--matcher", "inline", "--decision-log", live, "-o", trace, "--quiet")
+        "--sync-predictions", "--decision-log", live, "-o", trace, "--quiet")
     run(fmoe_bin, "simulate", "--trace", trace, "--policy", "fmoe", "--cache-experts", 16,
         "--prefetch-distance", 1, "--store", store, "--store-mode", "offline-update",
         "--profile", work / "zero.json", "--decision-log", sim, "--quiet")

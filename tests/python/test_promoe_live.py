@@ -5,7 +5,8 @@ recording of fmoe-tiny with --hidden over 30 bundled prompts drives a live greed
 10 other prompts (`fmoe record --hidden --policy promoe --predictor p.h5`), and `fmoe
 simulate` of the trace that run recorded must make the same decisions (`fmoe
 compare-logs --late-is-hit`), with timing held fixed as in test_offload_live.py
-(--sync-transfers live, a zero-time link simulated).
+(--sync-transfers live, a zero-time link simulated), and the predictor inline
+(--sync-predictions; on its thread, the live default, test_predict_thread.py).
 
 The simulator hands promoe the trace's /tokens/hidden, stored as float16; the live
 executor rounds the gate inputs it hands the policy to float16 and back with the trace
@@ -61,7 +62,8 @@ def test_live_and_simulated_promoe_decide_alike(work, fmoe_bin, n):
     run(fmoe_bin, "record", "--model", TINY, "--dataset", work / "live.txt",
         "--max-new-tokens", 12, "--temperature", 0, "--hidden", "--policy", "promoe",
         "--predictor", work / "p.h5", "--cache-experts", n, "--prefetch-distance", 1,
-        "--sync-transfers", "--decision-log", live, "-o", trace, "--quiet")
+        "--sync-transfers", "--sync-predictions", "--decision-log", live, "-o", trace,
+        "--quiet")
     run(fmoe_bin, "simulate", "--trace", trace, "--policy", "promoe", "--predictor",
         work / "p.h5", "--cache-experts", n, "--prefetch-distance", 1,
         "--profile", work / "zero.json", "--decision-log", sim, "--quiet",
@@ -103,7 +105,7 @@ def test_promoe_needs_a_predictor_and_only_promoe_takes_one(work, fmoe_bin):
             "--policy", "lru", "--predictor", work / "p.h5", "--cache-experts", 12,
             "-o", work / "never.h5", check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
-    assert "--predictor is for policy promoe" in p.stderr
+    assert "--predictor is for policies promoe and duoserve" in p.stderr
     assert not (work / "never.h5").exists()
     p = run(fmoe_bin, "generate", "--model", TINY, "--prompt", "x", "--predictor",
             work / "p.h5", check=False)

@@ -70,7 +70,7 @@ def serve(work, policy):
     # --probs-f32: the fmoe policy reads the gate probabilities; float16 ones in the trace
     # would shift its match scores (the priorities of its prefetches) from the live ones
     s = Server(work, "--parallel", 4, *policy_args(work, policy), "--sync-transfers",
-               "--matcher", "inline", "--probs-f32", "--decision-log", live, "--trace-out", trace)
+               "--sync-predictions", "--probs-f32", "--decision-log", live, "--trace-out", trace)
     lengths = [16, 24, 18, 20, 22, 17, 24, 19]
     try:
         with concurrent.futures.ThreadPoolExecutor(8) as ex:

@@ -66,6 +66,10 @@ typedef struct fmoe_hardware_profile {
     /* "matcher": {"match_s": x}: the fMoE matcher's time per match on this machine
      * (optional, 0 = free); see fmoe_sim_costs.match_delay_s. */
     double match_s;
+    /* "predictor": {"promoe_s": x}: one pass of a ProMoE predictor (fmoe train-predictor
+     * --kind promoe's default shape for the model) over one token on this machine's CPU
+     * (optional, 0 = free); see fmoe_sim_costs.predictor_delay_s. */
+    double predictor_s;
 } fmoe_hardware_profile;
 
 /* Fills `out` with a built-in preset. Names: fmoe_hardware_preset_names().
@@ -149,5 +153,12 @@ int fmoe_calibrate_attention_cpu(int32_t heads, int32_t kv_heads, int32_t head_d
  * @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
 int fmoe_calibrate_matcher(int32_t layers, int32_t experts, int32_t top_k, int32_t capacity,
                            int32_t reps, double *match_s, double *search_s);
+
+/* A ProMoE predictor pass (fmoe/predictor.h fmoe_mlp_infer, as the promoe policy runs it)
+ * of one token through an MLP in -> hidden -> out of random weights on this CPU: the
+ * median of at least `reps` passes (more while under 20 ms) into *pass_s (the profile's
+ * predictor.promoe_s). @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
+int fmoe_calibrate_predictor(int32_t in, int32_t hidden, int32_t out, int32_t reps,
+                             double *pass_s);
 
 #endif

@@ -102,11 +102,13 @@ typedef struct fmoe_offload_options {
      * speed: the live counterpart of a simulation with zero-time transfers, for the
      * decision-log identity test. Slower; off by default. */
     int32_t sync_transfers;
-    /* FMOE_POLICY_MATCHER policies (fmoe): 0 the matcher runs on its own thread beside
-     * inference (fMoE §4.3; no layer waits for it, its prefetches come when its searches
-     * are done), 1 inline at each gate, as in the simulator (for the decision-log
-     * identity). Tests may slow the thread with FMOE_FAULT_MATCH_DELAY_MS=ms per search. */
-    int32_t matcher_inline;
+    /* The policies that predict beside inference (fmoe's matcher, promoe's predictor):
+     * 0 on a thread of their own (fMoE §4.3, ProMoE §4.4; no layer waits for them, their
+     * prefetches come when the predictions are done), 1 inline at each gate, as the
+     * simulator runs them, so decisions do not depend on their speed (the decision-log
+     * identity). Tests may slow the thread with FMOE_FAULT_PREDICT_DELAY_MS=ms per
+     * prediction. */
+    int32_t sync_predictions;
     /* FMOE_OFFLOAD_MISS_AUTO's figures, for this model's routed expert, from a hardware
      * profile (the CLI reads `fmoe calibrate`'s with the simulator's cost model and passes
      * the numbers; runtime/ does not link sim/). Unused by the other modes. */

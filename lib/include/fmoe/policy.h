@@ -14,7 +14,7 @@
  * are pure (STYLE.md rule 12): no I/O, no clock (the executor passes the time in
  * env->now_s), no CUDA, no allocation after init. The same events therefore give the same
  * decisions in both executors. (One exception, asked for by the live executor only:
- * fmoe_policy_config.matcher_thread.)
+ * fmoe_policy_config.predict_thread.)
  *
  * The access model is DESIGN.md §7.1: at each layer the executor touches each distinct
  * expert chosen by any token of the iteration once, in order of first appearance; each
@@ -150,14 +150,15 @@ typedef struct fmoe_policy_config {
      * policies that predict with one: borrowed, read-only, for the policy's lifetime (a
      * sweep's threads share it). NULL: none. */
     const struct fmoe_predictor *predictor;
-    /* FMOE_POLICY_MATCHER policies: run the matcher on a thread of its own beside the
-     * executor (fMoE §4.3; fmoe/expertmap.h fmoe_match_worker), as the live executor
-     * does by default. Its searches then finish at real times, so the decisions depend on
-     * timing: the simulator leaves it off and models the matcher by its delay instead
-     * (fmoe_slots_config.prefetch_delay_s). The only exception to "no threads, no clock"
-     * above. matcher_delay_s (tests): each search takes at least this long. */
-    int32_t matcher_thread;
-    double matcher_delay_s;
+    /* Policies that predict beside inference (FMOE_POLICY_MATCHER: fMoE's matcher, §4.3;
+     * promoe's predictor, ProMoE §4.4): run the predictions on a thread of their own
+     * (fmoe/worker.h), as the live executor does by default. They then finish at real
+     * times, so the decisions depend on timing: the simulator leaves it off and models the
+     * predictions' time as a delay instead (fmoe_slots_config.prefetch_delay_s). The only
+     * exception to "no threads, no clock" above. predict_delay_s (tests): each prediction
+     * on the thread takes at least this long. */
+    int32_t predict_thread;
+    double predict_delay_s;
 } fmoe_policy_config;
 
 typedef struct fmoe_request_event {

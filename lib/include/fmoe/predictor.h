@@ -52,6 +52,11 @@ void fmoe_mlp_free(fmoe_mlp *m);
 void fmoe_mlp_randomize(fmoe_mlp *m, uint64_t seed);
 /* Copies src's values into dst of the same shape. */
 void fmoe_mlp_copy(fmoe_mlp *dst, const fmoe_mlp *src);
+/* A ProMoE predictor's default hidden width for gate inputs of width h and J experts:
+ * about 2M parameters (papers/promoe.txt §4.4, "approximately 2M"), min(2M / (h + J),
+ * h / 2), at least 16 (POLICIES.md §2.4). train-predictor's default, and the shape
+ * fmoe calibrate times. */
+int32_t fmoe_promoe_default_hidden(int32_t h, int32_t J);
 /* in*hidden + hidden + hidden*out + out. */
 int64_t fmoe_mlp_num_params(const fmoe_mlp *m);
 
