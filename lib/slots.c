@@ -341,6 +341,22 @@ fmoe_slot_access fmoe_slots_access(fmoe_slots *q, int32_t e) {
     return a;
 }
 
+/* 0 resident, 1 a transfer under way or landed, 2 queued or absent (compute_order). */
+static int compute_class(const fmoe_slots *q, int32_t e) {
+    const int32_t s = fmoe_cache_lookup(q->view, e);
+    if (s < 0) return 2;
+    if (q->view->slot_state[s] == FMOE_SLOT_RESIDENT) return 0;
+    return (q->flags[s] & FLAG_QUEUED) ? 2 : 1;
+}
+
+void fmoe_slots_compute_order(const fmoe_slots *q, int32_t l, const int32_t *distinct,
+                              int32_t n, int32_t *order) {
+    int32_t k = 0;
+    for (int c = 0; c < 3; c++)
+        for (int32_t i = 0; i < n; i++)
+            if (compute_class(q, l * q->J + distinct[i]) == c) order[k++] = i;
+}
+
 int32_t fmoe_slots_demand(fmoe_slots *q, int32_t e) {
     const fmoe_victim_request req = {.incoming = e, .kind = FMOE_LOAD_DEMAND, .value = 0};
     int32_t victim;

@@ -46,6 +46,7 @@ typedef struct sim_state {
     int32_t cur_slot;         /* slot of the prefetch piece on the copy engine, -1 none */
     double cur_end;           /* when that piece lands */
     int32_t *distinct;        /* [J] scratch for gate events */
+    int32_t *corder;          /* [J] FMOE_POLICY_REORDER_COMPUTE: the layer's compute order */
     double engine_free;       /* copy engine idle from */
     double link_busy_s;       /* transfer time scheduled on the engine, in all */
     double compute_free;      /* compute stream idle from */
@@ -118,6 +119,7 @@ static void run_free(sim_state *S) {
     fmoe_policy_free(&S->policy);
     free(S->slot_free_at);
     free(S->distinct);
+    free(S->corder);
     free(S->ttft);
     free(S->tpot);
     free(S->e2e);
@@ -170,6 +172,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     const size_t n = (size_t)S->N, R = (size_t)(w->num_requests ? w->num_requests : 1);
     S->slot_free_at = calloc(n, sizeof *S->slot_free_at);
     S->distinct = calloc((size_t)S->J, sizeof *S->distinct);
+    S->corder = calloc((size_t)S->J, sizeof *S->corder);
     S->ttft = calloc(R, sizeof(double));
     S->tpot = calloc(R, sizeof(double));
     S->e2e = calloc(R, sizeof(double));
@@ -177,7 +180,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     S->arrival = calloc(R, sizeof(double));
     S->decodes = calloc(R, sizeof(int64_t));
     r->per_layer = calloc((size_t)S->L, sizeof *r->per_layer);
-    if (!S->slot_free_at || !S->distinct || !S->ttft || !S->tpot || !S->e2e || !S->qdelay ||
+    if (!S->slot_free_at || !S->distinct || !S->corder || !S->ttft || !S->tpot || !S->e2e || !S->qdelay ||
         !S->arrival || !S->decodes || !r->per_layer)
         return fmoe_error_set(FMOE_ENOMEM, "simulator state for %d slots", S->N);
     r->num_layers = S->L;
@@ -387,7 +390,8 @@ static int resolve_access(sim_state *S, fmoe_sim_layer_stats *ls, int32_t l, int
 }
 
 /* One MoE layer of an iteration: its non-expert compute, the gate, each distinct expert
- * in order of first appearance, the wait for the host lane, on_layer_done. */
+ * in order of first appearance (or of fmoe_slots_compute_order when the policy reorders
+ * compute), the wait for the host lane, on_layer_done. */
 static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, int32_t l,
                       int64_t a0, int32_t na) {
     const fmoe_policy_ops *ops = S->policy.ops;
@@ -406,8 +410,12 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
     S->env->now_s = t_gate;
     if ((S->error = send_gate(S, it, ii, l, a0, na))) return;
     double host_end = 0; /* when the last host-computed expert of this layer is done */
+    const int reorder = (ops->flags & FMOE_POLICY_REORDER_COMPUTE) != 0;
+    if (reorder) fmoe_slots_compute_order(S->slots, l, S->distinct, na, S->corder);
     for (int32_t q = 0; q < na; q++)
-        if ((S->error = resolve_access(S, ls, l, a0 + q, t_gate, &host_end))) return;
+        if ((S->error = resolve_access(S, ls, l, a0 + (reorder ? S->corder[q] : q), t_gate,
+                                       &host_end)))
+            return;
     if (host_end > S->compute_free) { /* the layer's output needs the host's experts too */
         ls->stall_s += host_end - S->compute_free;
         S->compute_free = host_end;

@@ -36,16 +36,17 @@
  * completes: a copy is not preemptible); a chosen one still queued is promoted by the
  * executor to a demand load when its access comes (fmoe/slots.h), ahead of every
  * prefetch: ProMoE's high-priority re-enqueue. Reordered compute (§5.3: cached experts
- * first, then those in flight, then the rest) is an executor matter and not done: the
- * executors compute in the §7.1 order of first appearance.
+ * first, then those in flight, then the rest) is the executors', asked for with
+ * FMOE_POLICY_REORDER_COMPUTE: both resolve and compute a layer's experts in the order of
+ * fmoe_slots_compute_order, so a cached expert computes while a missing one loads.
  *
  * Cache (§2.5: "replacement policy not specified"; the ablation's base is LRU). LRU, with
  * the default POLICIES.md §2.5 proposes for the ambiguity "pin-until-used": a predicted
  * expert is not evicted until its layer accessed it or passed, unless only predicted
  * experts are left to evict (then plain LRU for a demand miss); a prefetch also never
  * evicts an expert the current layer has still to access, and is dropped when nothing
- * else is evictable. Without gate inputs (live executors for now pass none) the policy
- * predicts nothing and is exactly lru.
+ * else is evictable. Without gate inputs the policy predicts nothing: it is lru with
+ * reordered compute.
  *
  * Cost: per gate, for each predicted layer, one predictor pass over the iteration's
  * tokens in batches of PM_BATCH rows (2·n·(h·H + H·J) flops) and O(n·K·J) to rank; per
@@ -406,7 +407,8 @@ const fmoe_policy_ops fmoe_policy_promoe = {
     /* .name          = */ "promoe",
     /* .summary       = */ "ProMoE: learned stride-k prediction from gate inputs, low-priority "
                            "prefetch, early preemption, LRU (--predictor)",
-    /* .flags         = */ FMOE_POLICY_NEEDS_HIDDEN | FMOE_POLICY_PREFETCHES,
+    /* .flags         = */ FMOE_POLICY_NEEDS_HIDDEN | FMOE_POLICY_PREFETCHES |
+                           FMOE_POLICY_REORDER_COMPUTE,
     /* .init          = */ pm_init,
     /* .free          = */ pm_free,
     /* .on_request_start   = */ NULL,

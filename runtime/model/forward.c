@@ -76,6 +76,8 @@ struct fmoe_session {
     float *specrows;        /* [B][S][J] speculative gate rows (S = speculative_depth) */
     uint16_t *chosen;       /* [B][K] chosen experts, as the routing hook passes them */
     int32_t *distinct;      /* [J] the layer's experts in order of first appearance */
+    int32_t *corder;        /* [J] the order they run in: indices into distinct (the
+                               routing hook may permute it; fmoe_route_event) */
     int32_t *count;         /* [J] tokens routed to each expert in this chunk */
     int32_t *slots;         /* [J][B·K] (token·K + k) routed to each expert */
     float *xg;              /* [B][h] one expert's gathered inputs (a token picks an
@@ -129,6 +131,7 @@ void fmoe_session_free(fmoe_session *s) {
         s->be->release(s->bctx, s->specrows);
         s->be->release(s->bctx, s->chosen);
         s->be->release(s->bctx, s->distinct);
+        s->be->release(s->bctx, s->corder);
         s->be->release(s->bctx, s->topk);
         s->be->release(s->bctx, s->count);
         s->be->release(s->bctx, s->slots);
@@ -196,6 +199,7 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
         {(void **)&s->count, J * 4},          {(void **)&s->slots, J * B * K * 4},
         {(void **)&s->specrows, B * (o.speculative_depth > 0 ? o.speculative_depth : 1) * J * 4},
         {(void **)&s->chosen, B * K * 2},     {(void **)&s->distinct, J * 4},
+        {(void **)&s->corder, J * 4},
         {(void **)&s->xg, B * h * 4},         {(void **)&s->g, B * imax * 4},
         {(void **)&s->u, B * imax * 4},       {(void **)&s->yg, B * h * 4},
         {(void **)&s->sg, B * 4},             {(void **)&s->inv_freq, D / 2 * 4},
@@ -377,7 +381,7 @@ static int expert_weights(fmoe_session *s, const fmoe__layer *L, int32_t j, fmoe
 /* MoE block: routes the n rows of s->xn (all segments' tokens), runs their experts, adds
  * to s->x. Experts run in order of first appearance over the rows (row by row, k by k:
  * DESIGN.md §7.1), the order the routing hook announces and a live executor resolves its
- * accesses in; each chosen expert runs once, over the rows of every segment that chose
+ * accesses in, unless the hook reorders them (compute_order: ProMoE's reordered compute); each chosen expert runs once, over the rows of every segment that chose
  * it. @return 0 or a hook's error. */
 static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, int32_t count,
                      int32_t n) {
@@ -411,6 +415,7 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
     if (have_spec) speculative_rows(s, l, n);
     for (int32_t i = 0; i < count; i++)
         if (sg[i].tr) trace_routing(s, l, &sg[i], have_spec);
+    for (int32_t q = 0; q < num_distinct; q++) s->corder[q] = q;
     if (s->opt.on_route) {
         const fmoe_route_event ev = {
             .layer = l, .num_tokens = n, .chosen = s->chosen, .chosen_stride = K,
@@ -418,13 +423,13 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
             .tokens = s->count, .num_distinct = num_distinct,
             .speculative = have_spec ? s->specrows : NULL,
             .speculative_stride = (int64_t)S * J, .speculative_depth = have_spec ? S : 0,
-            .hidden = s->xn, .hidden_stride = h};
+            .hidden = s->xn, .hidden_stride = h, .compute_order = s->corder};
         FMOE_FORWARD_IF_ERROR(s->opt.on_route(s->opt.route_ctx, &ev));
     }
 
     memset(s->acc, 0, (size_t)n * h * sizeof(float));
     for (int32_t q = 0; q < num_distinct; q++) {
-        const int32_t e = s->distinct[q], c = s->count[e];
+        const int32_t e = s->distinct[s->corder[q]], c = s->count[e];
         const int32_t *sl = s->slots + (int64_t)e * cap;
         fmoe__mlp w;
         FMOE_FORWARD_IF_ERROR(expert_weights(s, L, e, &w));

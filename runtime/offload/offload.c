@@ -303,9 +303,11 @@ static int fail(fmoe_offload *x, int rc) {
 
 /* ------------------------------------------------------------------ model hooks */
 
-/* Records access (l, j) and counts it in the layer's stats; its stall is added when its
- * compute waits (on_expert). The capacity was reserved for the call (reserve_accesses). */
-static void add_access(fmoe_offload *x, int32_t l, int32_t j, uint8_t outcome,
+/* Records access (l, j) at index `at` of the records (its place in replay order: the
+ * layer's first record + its order of first appearance) and counts it in the layer's
+ * stats; its stall is added when its compute waits (on_expert). The capacity was reserved
+ * for the call (reserve_accesses). */
+static void add_access(fmoe_offload *x, int32_t l, int32_t j, int64_t at, uint8_t outcome,
                        int from_prefetch) {
     fmoe_offload_layer_stats *ls = &x->lst[l];
     ls->hits += outcome == FMOE_ACCESS_HIT;
@@ -314,11 +316,12 @@ static void add_access(fmoe_offload *x, int32_t l, int32_t j, uint8_t outcome,
     ls->host_misses += outcome == 3;
     ls->prefetch_hits += from_prefetch;
     x->cur_access[j] = -1;
-    if (x->n_accesses >= x->cap_accesses) return;
-    x->cur_access[j] = x->n_accesses;
-    x->accesses[x->n_accesses++] =
+    if (at >= x->cap_accesses) return;
+    x->cur_access[j] = at;
+    x->accesses[at] =
         (fmoe_offload_access){.layer = l, .expert = j, .outcome = outcome,
                               .prefetched = (uint8_t)(from_prefetch != 0), .stall_s = 0};
+    if (at >= x->n_accesses) x->n_accesses = at + 1;
 }
 
 /* Bytes the forward pass will wait for (DESIGN.md §9's bound): a miss's whole expert, the
@@ -421,8 +424,15 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
     const int miss_auto = x->opt.miss == FMOE_OFFLOAD_MISS_AUTO;
     x->lane_s = now;
     int rc = fmoe_slots_error(x->slots);
+    /* ProMoE's reordered compute: resolved and computed in the slots' order (the forward
+     * pass follows ev->compute_order), recorded in replay order */
+    const int reorder = (ops->flags & FMOE_POLICY_REORDER_COMPUTE) != 0;
+    if (reorder) fmoe_slots_compute_order(x->slots, l, ev->distinct, ev->num_distinct,
+                                          ev->compute_order);
+    const int64_t first_record = x->n_accesses;
     for (int32_t q = 0; q < ev->num_distinct && rc == 0; q++) {
-        const int32_t j = ev->distinct[q], e = l * J + j;
+        const int32_t pos = reorder ? ev->compute_order[q] : q;
+        const int32_t j = ev->distinct[pos], e = l * J + j;
         const int32_t tokens = ev->tokens[j];
         const fmoe_slot_access f = fmoe_slots_access(x->slots, e);
         int32_t s = f.slot;
@@ -487,7 +497,7 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
         default: x->st.misses++; break;
         }
         x->st.accesses++;
-        add_access(x, l, j, on_host ? 3 : (uint8_t)result, from_prefetch);
+        add_access(x, l, j, first_record + pos, on_host ? 3 : (uint8_t)result, from_prefetch);
         fmoe_slots_touch(x->slots, e, s == x->N ? -1 : s, result, on_host, x->env->now_s);
         if (ops->on_access) {
             const fmoe_access_event aev = {.layer = l, .expert = j, .tokens = tokens,
@@ -497,6 +507,7 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
         }
         rc = fmoe_slots_error(x->slots);
     }
+    if (rc < 0) x->n_accesses = first_record; /* no half-recorded layer */
     wake_io(x);
     pthread_mutex_unlock(&x->mu);
     return rc < 0 ? fail(x, rc) : 0;

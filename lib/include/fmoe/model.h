@@ -122,7 +122,8 @@ typedef struct fmoe_route_event {
     const float *probs;        /* token t's J gate probabilities at probs[t * probs_stride] */
     int64_t probs_stride;
     const int32_t *distinct;   /* the layer's experts in order of first appearance (token
-                                  by token, k by k): the order they run in */
+                                  by token, k by k): the order they run in, unless the hook
+                                  permutes compute_order */
     const int32_t *tokens;     /* [J] tokens routed to each expert (0 for the others) */
     int32_t num_distinct;
     const float *speculative;  /* token t's gate of layer l+1+s applied to this layer's
@@ -135,6 +136,10 @@ typedef struct fmoe_route_event {
                                   normalised hidden state (h floats) the router read, the
                                   rows fmoe_forward_trace.hidden records. Always set */
     int64_t hidden_stride;
+    /* [num_distinct] the order the experts run in, as indices into distinct: 0, 1, 2, ...
+     * on entry; the hook may permute it (an executor whose policy reorders compute,
+     * FMOE_POLICY_REORDER_COMPUTE). on_expert then comes in this order. */
+    int32_t *compute_order;
 } fmoe_route_event;
 
 /* Called once per MoE layer and pass (chunk or batch) after routing. Must not call back
@@ -142,7 +147,7 @@ typedef struct fmoe_route_event {
  * @return 0, or a negative fmoe error code: the forward call stops and returns it. */
 typedef int (*fmoe_route_fn)(void *ctx, const fmoe_route_event *ev);
 
-/* Called before routed expert (l, j) runs, in the order of fmoe_route_event.distinct:
+/* Called before routed expert (l, j) runs, in the order of fmoe_route_event.compute_order:
  * @return 0 with *weights set (the executor's copy of the expert, e.g. a cache slot),
  * 1 to run the model's own weights, or a negative error code (the forward call stops). */
 typedef int (*fmoe_expert_fn)(void *ctx, int32_t layer, int32_t expert,

@@ -27,7 +27,8 @@
  *       on_iteration_start
  *         per layer l = 0..L-1:
  *           on_gate(l)                      at the gate; completions up to now applied
- *           per distinct expert, in order of first appearance:
+ *           per distinct expert, in order of first appearance (or of
+ *           fmoe_slots_compute_order, FMOE_POLICY_REORDER_COMPUTE):
  *             [choose_victim(DEMAND)]       a miss being loaded on a full cache
  *             on_access                     the access resolved (hit, late hit or miss)
  *           on_layer_done(l)
@@ -105,6 +106,12 @@ enum {
      * only for policies with this flag and refuses a trace without them; the live
      * executor passes the forward pass's rows, rounded to float16 as a trace stores them. */
     FMOE_POLICY_NEEDS_HIDDEN = 1u << 8,
+    /* the executors resolve and compute a layer's experts in the order of
+     * fmoe_slots_compute_order (resident first, then transfers under way, then the rest:
+     * ProMoE §5.3's reordered compute) instead of in order of first appearance; the
+     * accesses keep their positions in the replay order (on_access's position, a
+     * recording's outcomes) */
+    FMOE_POLICY_REORDER_COMPUTE = 1u << 9,
 };
 
 

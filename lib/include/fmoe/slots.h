@@ -159,6 +159,14 @@ typedef struct fmoe_slot_access {
  * for the transfer). Counts prefetch hits on RESIDENT prefetched experts. */
 fmoe_slot_access fmoe_slots_access(fmoe_slots *q, int32_t e);
 
+/* ProMoE's reordered compute (papers/promoe.txt §5.3): the order to resolve and compute
+ * layer l's distinct experts in, after its gate: the resident ones first, then those whose
+ * transfer is under way (or has landed), then the rest (queued prefetches, misses), each
+ * group in order of first appearance. order[q] receives an index into distinct[0..n).
+ * Reads the slots only. */
+void fmoe_slots_compute_order(const fmoe_slots *q, int32_t l, const int32_t *distinct,
+                              int32_t n, int32_t *order);
+
 /* A miss loaded on demand: makes room (choose_victim with FMOE_LOAD_DEMAND) and puts e in
  * the freed slot as RESIDENT, counting its bytes. @return the slot, or -1 when the policy
  * wants nothing evicted or nothing is evictable (a bypass: the executor loads the expert
