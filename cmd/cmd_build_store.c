@@ -6,6 +6,7 @@
  * progress bar) -> fmoe_store_write (.partial, then rename) -> a short report.
  */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -151,6 +152,11 @@ int cmd_build_store(int argc, char **argv) {
     cmd_progress_bar_done(&bar);
     if (rc < 0) return cmd_fail(CMD, rc);
     const double t_build = cmd_now() - t0;
+    /* interrupted while writing: no .partial left (issue 15, finding 8) */
+    char partial[4096];
+    snprintf(partial, sizeof partial, "%s.partial", o.output);
+    const char *cleanup[] = {partial};
+    cmd_remove_on_signal(cleanup, 1);
     rc = fmoe_store_write(o.output, f, &o.write);
     if (rc < 0) {
         fmoe_store_file_free(f);

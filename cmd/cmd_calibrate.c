@@ -22,6 +22,7 @@
  * lane `simulate --miss cpu` uses).
  */
 #include <cblas.h>
+#include <errno.h>
 #include <cjson/cJSON.h>
 #include <stddef.h>
 #include <math.h>
@@ -554,17 +555,23 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
 
 /* ------------------------------------------------------------------ main */
 
-static int write_atomic(const char *path, const char *text) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.partial", path);
-    FILE *f;
-    int e = fmoe__partial_fopen(path, tmp, "w", &f); /* fmoe/files.h */
-    if (e < 0) return cmd_fail(CMD, e);
-    int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        remove(tmp);
-        return cmd_failf(CMD, "%s: write error", path);
+/* Writes the profile into the partial opened before measuring (so a bad -o fails in
+ * a moment, not after the measurements) and makes it the output. Every failure names
+ * the file and the reason; the partial is removed. */
+static int write_profile(FILE *f, const char *partial, const char *path, const char *text) {
+    int err = 0; /* the first failure's errno, kept before anything else can change it */
+    errno = 0;
+    if (fputs(text, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0) err = errno ? errno : EIO;
+    errno = 0;
+    if (fclose(f) != 0 && !err) err = errno ? errno : EIO;
+    if (err) {
+        remove(partial);
+        return cmd_failf(CMD, "%s: cannot write: %s", partial, strerror(err));
+    }
+    int rc = fmoe__partial_commit(partial, path); /* fmoe/files.h */
+    if (rc < 0) {
+        remove(partial);
+        return cmd_fail(CMD, rc);
     }
     return 0;
 }
@@ -580,22 +587,36 @@ int cmd_calibrate(int argc, char **argv) {
     if (o.threads > 0) openblas_set_num_threads(o.threads);
     if (strcmp(o.link, "h2d") == 0 && fmoe_cuda_device_count() == 0)
         return cmd_failf(CMD, "--link h2d needs a CUDA device (%s)", fmoe_cuda_describe());
+    /* The output first: a missing folder or an unwritable file is reported before the
+     * measurements, not after them. */
+    FILE *out = NULL;
+    char partial[4200];
+    if (o.output) {
+        snprintf(partial, sizeof partial, "%s.partial", o.output);
+        rc = fmoe__partial_fopen(o.output, partial, "w", &out); /* fmoe/files.h */
+        if (rc < 0) return cmd_fail(CMD, rc);
+    }
     measurements m;
     memset(&m, 0, sizeof m);
     const double t0 = cmd_now();
     rc = measure(&o, &sh, &m);
-    if (rc < 0) return cmd_fail(CMD, rc);
     const char *link = NULL;
     char *json = NULL;
-    rc = build_profile(&o, &sh, &m, &link, &json);
-    if (rc < 0) return cmd_fail(CMD, rc);
+    if (rc >= 0) rc = build_profile(&o, &sh, &m, &link, &json);
+    if (rc < 0) {
+        if (out) {
+            fclose(out);
+            remove(partial);
+        }
+        return cmd_fail(CMD, rc);
+    }
     if (!o.quiet) {
         report(&o, &sh, &m, link);
         fprintf(stderr, "measured in %.1f s\n", cmd_now() - t0);
     }
     int exit_code = CMD_EXIT_OK;
     if (o.output) {
-        exit_code = write_atomic(o.output, json);
+        exit_code = write_profile(out, partial, o.output, json);
         if (!exit_code && !o.quiet) fprintf(stderr, "wrote %s\n", o.output);
     } else {
         puts(json);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,5 +265,36 @@ int cmd_print_json(void *doc) {
     if (!text) return -1;
     printf("%s\n", text);
     free(text);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ signals */
+
+static char remove_paths[4][4096];
+static volatile sig_atomic_t remove_count;
+
+static void remove_and_die(int sig) {
+    for (int i = 0; i < remove_count; i++) unlink(remove_paths[i]);
+    signal(sig, SIG_DFL); /* the signal is blocked in here: it lands when we return */
+    raise(sig);
+}
+
+int cmd_remove_on_signal(const char *const *paths, int n) {
+    remove_count = 0;
+    int k = 0;
+    for (int i = 0; i < n && k < 4; i++)
+        if (paths[i] && strlen(paths[i]) < sizeof remove_paths[0])
+            memcpy(remove_paths[k++], paths[i], strlen(paths[i]) + 1);
+    remove_count = k;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = remove_and_die;
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sigaddset(&sa.sa_mask, SIGHUP);
+    if (sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0 ||
+        sigaction(SIGHUP, &sa, NULL) != 0)
+        return -1;
     return 0;
 }

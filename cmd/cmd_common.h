@@ -93,7 +93,8 @@ int cmd_train_predictor(int argc, char **argv);
 extern const cmd_spec cmd_train_predictor_spec;
 extern const cmd_spec cmd_inspect_spec, cmd_trace_spec, cmd_trace_import_spec, cmd_demo_spec,
     cmd_simulate_spec, cmd_calibrate_spec, cmd_build_store_spec, cmd_tokenize_spec,
-    cmd_generate_spec, cmd_record_spec, cmd_compare_logs_spec, cmd_serve_spec;
+    cmd_generate_spec, cmd_record_spec, cmd_compare_logs_spec, cmd_serve_spec,
+    cmd_trace_recover_spec;
 /* `fmoe inspect` of an expert-map store (cmd/inspect_store.c). */
 int cmd_inspect_store(const char *path, int json);
 
@@ -112,5 +113,12 @@ static inline int32_t cmd_feedback_request(int32_t choice) {
 /* Prints a cJSON document (struct cJSON *) on stdout, one newline after it, and frees it.
  * @return 0, or -1 when it could not be printed (out of memory). */
 int cmd_print_json(void *doc);
+
+/* SIGINT, SIGTERM and SIGHUP: remove each of `paths` (the .partial of an output being
+ * written), then die of the signal as the default action would. For commands whose output
+ * is worth nothing unfinished (trace import, build-store): an interrupted run leaves no
+ * .partial behind (issue 15, finding 8). The strings are copied; at most 4 paths. Only
+ * unlink(2) runs in the handler. @return 0, or -1 when a handler cannot be installed. */
+int cmd_remove_on_signal(const char *const *paths, int n);
 
 #endif

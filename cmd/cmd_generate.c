@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,7 +307,19 @@ int cmd_generate(int argc, char **argv) {
         double t1 = cmd_now();
         for (;;) {
             if (npy && fwrite(logits, sizeof *logits, (size_t)V, npy) != (size_t)V) {
-                rc = cmd_failf(CMD, "%s: cannot write", a.dump_logits);
+                rc = cmd_failf(CMD, "%s: cannot write: %s", npy_partial, strerror(errno));
+                goto done;
+            }
+            /* NaN weights give NaN logits, which every sampler turns into some token id
+             * (greedy: the first, often a stop token): the run "succeeds" with no text.
+             * Say what happened instead (issue 15, finding 9). */
+            for (int32_t v = 0; v < V; v++) {
+                if (isfinite(logits[v])) continue;
+                rc = cmd_failf(CMD,
+                               "%s: the model produced a non-finite logit (%g for token id %d) "
+                               "at generated token %d: its weights or config.json hold NaN or "
+                               "infinite values",
+                               dir, (double)logits[v], (int)v, (int)n_gen);
                 goto done;
             }
             int32_t next = fmoe_sampler_sample(smp, logits);

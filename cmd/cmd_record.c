@@ -3,8 +3,8 @@
  *
  * Defaults → parse → validate → load (prompts, arrivals, model, tokenizer) → open the trace
  * writer (on TRACE.h5.partial) → per request: encode, prefill, decode token by token with
- * the routing tracer on, append the request (the writer flushes, so a killed recorder
- * leaves a .partial holding every finished request) → close (rename into place).
+ * the routing tracer on, append the request (the writer journals and flushes it, so a
+ * killed recorder loses no finished request) → close (rename into place).
  *
  * What one request records, T = prompt + output tokens, one row per token that ran through
  * the model: the prompt tokens (phase prefill, one forward pass), then each generated token
@@ -20,6 +20,14 @@
  * Prompts that do not fit the context with room for one generated token are skipped and
  * counted (a summary line says how many). Each request's sampler is seeded with
  * seed + dataset index, so a request's tokens do not depend on which others ran.
+ *
+ * Stopping early. The writer journals every request before its append returns, so a kill
+ * at any instant (SIGKILL too) loses nothing finished: `fmoe trace recover TRACE.h5.partial`
+ * rebuilds the trace. SIGINT, SIGTERM and SIGHUP stop the run at the next token, leave
+ * the .partial (closed, whole) and its journal for recover, and exit 128 + the signal.
+ * A failed trace write (a full disk) removes everything: one line, exit 1, nothing left,
+ * an earlier complete TRACE.h5 untouched. Any other error after some requests keeps them
+ * as after SIGINT.
  */
 #include <stddef.h>
 #include <signal.h>
@@ -47,7 +55,7 @@ typedef struct record_args {
     int64_t max_requests, seed;
     int32_t max_new_tokens, speculative, threads, top_k;
     double temperature, top_p;
-    int hidden, chat, ignore_eos, quiet, probs_f32, no_timing;
+    int hidden, chat, ignore_eos, quiet, probs_f32, no_timing, log_requests;
     cmd_offload_args off;
 } record_args;
 
@@ -124,6 +132,10 @@ static const cmd_option record_options[] = {
      .offset = offsetof(record_args, model_name)},
     {.name = "quiet", .short_name = 'q', .kind = CMD_OPT_FLAG,
      .help = "no progress bar or summary", .offset = offsetof(record_args, quiet)},
+    {.name = "log-requests", .kind = CMD_OPT_FLAG,
+     .help = "one line on stderr per request once it is safely in the trace (for logs; "
+             "a kill after it loses nothing)",
+     .offset = offsetof(record_args, log_requests)},
     CMD_OFFLOAD_OPTIONS(record_args, off),
     {0},
 };
@@ -142,7 +154,9 @@ const cmd_spec cmd_record_spec = {
         "(DESIGN.md §4): per token and MoE layer the chosen experts and the full gate\n"
         "distribution, the semantic embedding, optional speculative gates and gate\n"
         "inputs, and the measured per-layer compute times. The file is written as\n"
-        "TRACE.h5.partial and flushed after every request; it is renamed when complete.\n",
+        "TRACE.h5.partial and flushed after every request; it is renamed when complete.\n"
+        "Every finished request is also journalled (TRACE.h5.partial.journal), so after a\n"
+        "kill or SIGINT 'fmoe trace recover TRACE.h5.partial' makes the trace of them.\n",
     .options = record_options,
     .size = sizeof(record_args),
     .init = init,
@@ -260,6 +274,28 @@ static int run_iteration(cmd_offload *off, fmoe_session *s, request_buffers *b, 
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Stopping on a signal
+ * ------------------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+    if (!stop_signal) stop_signal = sig;
+}
+
+/* SIGINT, SIGTERM, SIGHUP: ask the loop to stop at the next token. */
+static int catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0 ||
+                   sigaction(SIGHUP, &sa, NULL) != 0
+               ? -1
+               : 0;
+}
+
+/* ---------------------------------------------------------------------------------------
  * The command
  * ------------------------------------------------------------------------------------- */
 
@@ -275,6 +311,8 @@ int cmd_record(int argc, char **argv) {
     if ((prc = cmd_check_output(CMD, a.output, inputs, 4)) != 0) return prc;
 
     int rc = CMD_EXIT_FAILURE, err = 0;
+    int write_failed = 0; /* the trace could not be written: remove it, keep nothing */
+    int64_t recorded = 0;
     fmoe_prompt_set *prompts = NULL;
     fmoe_arrivals *arrivals = NULL;
     fmoe_model *m = NULL;
@@ -356,6 +394,11 @@ int cmd_record(int argc, char **argv) {
         snprintf(h.offload_policy, sizeof h.offload_policy, "%s", a.off.policy);
     }
     fmoe_trace_write_options wo = {.compression = a.compression};
+    stop_signal = 0;
+    if (catch_stop_signals() != 0) {
+        rc = cmd_failf(CMD, "cannot install the signal handler");
+        goto done;
+    }
     if ((err = fmoe_trace_writer_open(&w, a.output, &h, &wo)) < 0) goto fail;
 
     /* Requests. */
@@ -364,9 +407,9 @@ int cmd_record(int argc, char **argv) {
     snprintf(label, sizeof label, "record");
     cmd_progress_bar_init(&bar, label, a.quiet);
     fmoe_progress progress = cmd_progress_bar_callback(&bar);
-    int64_t recorded = 0, too_long = 0, total_tokens = 0, prefill_tokens = 0, decode_tokens = 0;
+    int64_t too_long = 0, total_tokens = 0, prefill_tokens = 0, decode_tokens = 0;
     double prefill_s = 0, decode_s = 0, started = cmd_now();
-    for (int64_t p = 0; p < prompts->count && recorded < wanted; p++) {
+    for (int64_t p = 0; p < prompts->count && recorded < wanted && !stop_signal; p++) {
         const char *text = prompts->prompts[p];
         size_t len = strlen(text);
         if (a.chat) {
@@ -419,7 +462,7 @@ int cmd_record(int argc, char **argv) {
         prefill_s += cmd_now() - t0;
         t0 = cmd_now();
         int64_t out = 0;
-        while (out < max_new) {
+        while (out < max_new && !stop_signal) {
             int32_t next = fmoe_sampler_sample(smp, logits);
             if (!a.ignore_eos && cmd_generation_config_is_stop(&gc, next)) break;
             const int64_t t = (int64_t)n + out;
@@ -432,6 +475,7 @@ int cmd_record(int argc, char **argv) {
         }
         decode_s += cmd_now() - t0;
         if (off.x && (err = fmoe_offload_request_end(off.x)) < 0) goto fail;
+        if (stop_signal) break; /* the request is unfinished: not recorded */
 
         fmoe_trace_request q = {
             .id = p,
@@ -450,8 +494,14 @@ int cmd_record(int argc, char **argv) {
             .access_outcome = off.x ? b.outcomes : NULL,
             .num_access_outcomes = off.x ? b.n_outcomes : 0,
         };
-        if ((err = fmoe_trace_writer_append_request(w, &q)) < 0) goto fail;
+        if ((err = fmoe_trace_writer_append_request(w, &q)) < 0) {
+            write_failed = 1;
+            goto fail;
+        }
         recorded++;
+        if (a.log_requests)
+            fprintf(stderr, "fmoe record: request %lld recorded (%lld of %lld, %lld tokens)\n",
+                    (long long)p, (long long)recorded, (long long)wanted, (long long)n + out);
         prefill_tokens += (int64_t)n;
         decode_tokens += out;
         total_tokens += (int64_t)n + out;
@@ -460,6 +510,26 @@ int cmd_record(int argc, char **argv) {
         fmoe_progress_report(&progress, recorded, wanted, "requests");
     }
     cmd_progress_bar_done(&bar);
+    if (stop_signal) {
+        /* stopped on purpose: keep what is recorded, for recover */
+        const int sig = stop_signal;
+        const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+        if (recorded == 0) {
+            fmoe_trace_writer_abort(w);
+            w = NULL;
+            fprintf(stderr, "fmoe record: %s: stopped before the first request; nothing kept\n",
+                    name);
+        } else {
+            err = fmoe_trace_writer_close_partial(w);
+            w = NULL;
+            if (err < 0) goto fail;
+            fprintf(stderr, "fmoe record: %s: stopped after %lld request%s; 'fmoe trace recover "
+                            "%s.partial' makes the trace of them\n",
+                    name, (long long)recorded, recorded == 1 ? "" : "s", a.output);
+        }
+        rc = 128 + sig;
+        goto done;
+    }
     if (recorded == 0) {
         fmoe_trace_writer_abort(w);
         w = NULL;
@@ -469,7 +539,10 @@ int cmd_record(int argc, char **argv) {
     }
     err = fmoe_trace_writer_close(w);
     w = NULL;
-    if (err < 0) goto fail;
+    if (err < 0) {
+        write_failed = 1;
+        goto fail;
+    }
     if (!a.quiet) {
         fprintf(stderr,
                 "fmoe record: %s: %lld requests, %lld tokens (prefill %lld at %.1f tokens/s, "
@@ -492,15 +565,15 @@ int cmd_record(int argc, char **argv) {
 fail:
     rc = cmd_fail(CMD, err);
 done:
-    if (w) {
-        /* A failed run keeps TRACE.h5.partial, as a killed one does: it holds every request
-         * recorded before the error. The writer only knows close (rename into place) and
-         * abort (remove), so close and move the file back. */
-        char partial[4096];
-        snprintf(partial, sizeof partial, "%s.partial", a.output);
-        if (fmoe_trace_writer_close(w) == 0 && rename(a.output, partial) == 0)
-            fprintf(stderr, "fmoe record: the requests recorded before the error are in %s\n",
-                    partial);
+    if (w && (write_failed || recorded == 0)) {
+        /* The trace cannot be written (a full disk) or holds nothing: remove it all. */
+        fmoe_trace_writer_abort(w);
+    } else if (w) {
+        /* Another error after some requests: keep them, as a kill or SIGINT would. */
+        if (fmoe_trace_writer_close_partial(w) == 0)
+            fprintf(stderr, "fmoe record: the %lld requests recorded before the error are in "
+                            "%s.partial ('fmoe trace recover %s.partial' makes the trace)\n",
+                    (long long)recorded, a.output, a.output);
     }
     buffers_free(&b);
     free(ids);

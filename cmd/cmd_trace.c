@@ -1,12 +1,18 @@
 /*
- * cmd_trace.c - `fmoe trace <subcommand>`: work with traces. Today: `fmoe trace import`,
- * which turns routing logs recorded elsewhere into fmoe traces (DESIGN.md §4.1): the
- * JSON Lines interchange format, or the dense per-layer CSV of the FLAME-MoE traces.
+ * cmd_trace.c - `fmoe trace <subcommand>`: work with traces.
  *
- * defaults -> parse -> validate -> geometry -> import (library) -> summary.
+ * `fmoe trace import` turns routing logs recorded elsewhere into fmoe traces (DESIGN.md
+ * §4.1): the JSON Lines interchange format, or the dense per-layer CSV of the FLAME-MoE
+ * traces. defaults -> parse -> validate -> geometry -> import (library) -> summary. An
+ * import interrupted by SIGINT/SIGTERM/SIGHUP leaves no .partial (it can be run again).
+ *
+ * `fmoe trace recover PARTIAL [-o OUT]` turns what a killed `fmoe record` or `fmoe serve
+ * --trace-out` left (TRACE.h5.partial and its journal) into a valid trace
+ * (fmoe_trace_recover, trace/trace_journal.c).
  */
 #include <cjson/cJSON.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -223,10 +229,82 @@ const cmd_spec cmd_trace_spec = {
     .usage = "trace <subcommand> [options]",
     .description =
         "subcommands:\n"
-        "  import   routing logs recorded elsewhere (JSON Lines, dense CSV) -> fmoe trace\n",
+        "  import   routing logs recorded elsewhere (JSON Lines, dense CSV) -> fmoe trace\n"
+        "  recover  what a killed record or serve --trace-out left -> a valid trace\n",
     .options = trace_options,
-    .epilog = "Run 'fmoe trace import --help' for its options.\n",
+    .epilog = "Run 'fmoe trace import --help' or 'fmoe trace recover --help' for their "
+              "options.\n",
 };
+
+/* ------------------------------------------------------------------ recover */
+
+typedef struct recover_opts {
+    const char *out_path;
+    int json;
+} recover_opts;
+
+static const cmd_option recover_options[] = {
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "OUT.h5",
+     .help = "the trace to write; never replaced when it exists",
+     .default_text = "PARTIAL without .partial", .offset = offsetof(recover_opts, out_path)},
+    {.name = "json", .kind = CMD_OPT_FLAG, .help = "print the summary as JSON",
+     .offset = offsetof(recover_opts, json)},
+    {0},
+};
+
+const cmd_spec cmd_trace_recover_spec = {
+    .name = "trace recover",
+    .usage = "trace recover TRACE.h5.partial [-o OUT.h5]",
+    .description =
+        "Turns what a killed (or interrupted) `fmoe record` or `fmoe serve --trace-out`\n"
+        "left behind into a valid trace holding every request it finished.\n"
+        "\n"
+        "Such a writer appends each finished request to TRACE.h5.partial.journal (one\n"
+        "checksummed record) before it goes into the HDF5 file, so whatever instant the\n"
+        "process died at, the journal holds every request whose append returned, and at\n"
+        "most one torn record at its end, which is dropped. The trace is rebuilt from the\n"
+        "journal; without one, TRACE.h5.partial is kept when it reads as a whole trace.\n"
+        "Afterwards the journal and the .partial are gone.\n",
+    .options = recover_options,
+    .epilog = "example:\n"
+              "  fmoe trace recover sharegpt.h5.partial          # -> sharegpt.h5\n",
+    .max_positional = 1,
+    .size = sizeof(recover_opts),
+};
+
+static int cmd_trace_recover(int argc, char **argv) {
+    static const char *const CMD_RECOVER = "trace recover";
+    recover_opts o = {0};
+    int npos = 0;
+    int rc = cmd_options_parse(&cmd_trace_recover_spec, &o, argc, argv, &npos);
+    if (rc) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
+    if (npos != 1) return cmd_usage_error(CMD_RECOVER, "expected one TRACE.h5.partial");
+    const char *partial = argv[1];
+    if (!ends_with(partial, ".partial"))
+        return cmd_usage_error(CMD_RECOVER, "%s: expected the .partial a writer left "
+                                            "(TRACE.h5.partial)",
+                               partial);
+    fmoe_trace_recover_report rep;
+    if ((rc = fmoe_trace_recover(partial, o.out_path, &rep)) < 0) return cmd_fail(CMD_RECOVER, rc);
+    if (o.json) {
+        cJSON *j = cJSON_CreateObject();
+        if (!j) return cmd_failf(CMD_RECOVER, "out of memory");
+        cJSON_AddStringToObject(j, "output", rep.output);
+        cJSON_AddStringToObject(j, "source", rep.from_journal ? "journal" : "partial");
+        cJSON_AddNumberToObject(j, "requests", (double)rep.requests);
+        cJSON_AddNumberToObject(j, "tokens", (double)rep.tokens);
+        cJSON_AddNumberToObject(j, "dropped_bytes", (double)rep.dropped_bytes);
+        return cmd_print_json(j) == 0 ? CMD_EXIT_OK : cmd_failf(CMD_RECOVER, "out of memory");
+    }
+    printf("Recovered %lld request%s (%lld tokens) from %s%s into %s", (long long)rep.requests,
+           rep.requests == 1 ? "" : "s", (long long)rep.tokens, partial,
+           rep.from_journal ? ".journal" : "", rep.output);
+    if (rep.dropped_bytes > 0)
+        printf("; dropped the %lld bytes of a request the kill cut short",
+               (long long)rep.dropped_bytes);
+    printf(".\n");
+    return CMD_EXIT_OK;
+}
 
 static int cmd_trace_import(int argc, char **argv) {
     import_opts o;
@@ -309,7 +387,14 @@ static int cmd_trace_import(int argc, char **argv) {
                                ninputs, (int)geometry.num_moe_layers);
     }
 
-    /* run */
+    /* run: an interrupted import leaves nothing (issue 15, finding 8) */
+    char partial[4096];
+    snprintf(partial, sizeof partial, "%s.partial", out_path);
+    const char *cleanup[] = {partial};
+    if (cmd_remove_on_signal(cleanup, 1) != 0) {
+        free(config_json);
+        return cmd_failf(CMD_IMPORT, "cannot install the signal handler");
+    }
     cmd_progress_bar bar;
     cmd_progress_bar_init(&bar, "import", quiet);
     fmoe_import_options opts = {
@@ -359,13 +444,14 @@ static int cmd_trace_import(int argc, char **argv) {
 
 int cmd_trace(int argc, char **argv) {
     if (argc < 2) /* a usage error is one line, like every other (issue 15, item 7) */
-        return cmd_usage_error(CMD, "a subcommand is needed: import");
+        return cmd_usage_error(CMD, "a subcommand is needed: import or recover");
     const char *sub = argv[1];
     if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0) {
         cmd_options_help(&cmd_trace_spec, stdout);
         return CMD_EXIT_OK;
     }
     if (strcmp(sub, "import") == 0) return cmd_trace_import(argc - 1, argv + 1);
+    if (strcmp(sub, "recover") == 0) return cmd_trace_recover(argc - 1, argv + 1);
     if (sub[0] == '-') return cmd_usage_error(CMD, "unknown option '%s'", sub);
-    return cmd_usage_error(CMD, "unknown subcommand '%s' (valid: import)", sub);
+    return cmd_usage_error(CMD, "unknown subcommand '%s' (valid: import, recover)", sub);
 }

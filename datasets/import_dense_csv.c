@@ -146,6 +146,7 @@ static int parse_row(dense *d, const char *path, const fmoe__ds_line *ln, int32_
     if (nz != K)
         return fmoe_error_set(FMOE_EFORMAT, "%s:%lld: %d non-zero probabilities, expected K = %d",
                               path, (long long)lineno, (int)nz, (int)K);
+    FMOE_FORWARD_IF_ERROR(fmoe__ds_check_probs(d->row, J, 0, path, lineno, "expert_"));
     /* Gate order: decreasing probability, ties by expert id (insertion sort, K is small). */
     for (int32_t i = 1; i < nz; i++) {
         int32_t j = d->order[i], k = i;

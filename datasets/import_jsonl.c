@@ -338,6 +338,8 @@ static int parse_line(jimport *im, const char *s, size_t len, int64_t lineno) {
                 LINE_ERROR(FMOE_ERANGE, "probs[%d] = %g is not a finite non-negative number", i, d);
             pr[i++] = (float)d;
         }
+        rc = fmoe__ds_check_probs(pr, np, im->kind == FMOE_PROBS_FULL, im->path, lineno, "probs");
+        if (rc < 0) goto done;
     }
 
     rc = request_index(im, &key, &r.request, lineno);

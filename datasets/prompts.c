@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "datasets_impl.h"
 #include "fmoe/datasets.h"
@@ -300,6 +301,12 @@ static fmoe_prompt_format layout_of(const cJSON *obj) {
 static const char *const LAYOUTS =
     "expected \"conversations\" (ShareGPT), \"conversation\" (LMSYS-Chat) or \"prompt\" (JSONL)";
 
+static int has_json_extension(const char *path) {
+    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+    return dot && (!slash || dot > slash) &&
+           (strcasecmp(dot, ".json") == 0 || strcasecmp(dot, ".jsonl") == 0);
+}
+
 /* Guesses the format: a JSON list -> by its first record; a first line holding a JSON
  * object -> JSON Lines by that object; anything else -> text. */
 static int detect(const char *path, const char *data, size_t len, fmoe_prompt_format *out) {
@@ -345,6 +352,14 @@ static int detect(const char *path, const char *data, size_t len, fmoe_prompt_fo
                                   "%s: one JSON object; expected a JSON list of records or "
                                   "JSON Lines (one record per line)",
                                   path);
+        /* A file named as JSON whose first record does not parse is broken JSON, not a
+         * text file of prompts that happen to start with "{" (issue 15, finding 9: it was
+         * read as one text prompt). A text file named so says --dataset-format text. */
+        if (has_json_extension(path))
+            return fmoe_error_set(FMOE_EFORMAT,
+                                  "%s:%lld: malformed JSON (a .json/.jsonl file is read as JSON; "
+                                  "for prompts that are text, give the format text)",
+                                  path, (long long)line_of(data, p));
     }
     *out = FMOE_PROMPTS_TEXT;
     return 0;

@@ -1,6 +1,7 @@
 /* util.c - file reading, line splitting, UTF-8 checks and import header helpers. */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,5 +200,30 @@ int fmoe__ds_import_header(const fmoe_import_options *opts, const char *dataset,
                                                       h->model_fingerprint));
         h->config_json = opts->config_json;
     }
+    return 0;
+}
+
+int fmoe__ds_check_probs(const float *p, int32_t n, int full, const char *path, int64_t lineno,
+                         const char *what) {
+    const int bracket = what[strlen(what) - 1] != '_';
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (p[i] > 1.0 + FMOE_IMPORT_VALUE_TOL)
+            return fmoe_error_set(FMOE_ERANGE, "%s:%lld: %s%s%d%s = %g, expected a probability "
+                                  "in [0, 1]",
+                                  path, (long long)lineno, what, bracket ? "[" : "", (int)i,
+                                  bracket ? "]" : "", (double)p[i]);
+        sum += p[i];
+    }
+    if (full && fabs(sum - 1.0) > FMOE_IMPORT_SUM_TOL)
+        return fmoe_error_set(FMOE_ERANGE,
+                              "%s:%lld: the %d probabilities sum to %g, expected a full "
+                              "distribution summing to 1 (within %g)",
+                              path, (long long)lineno, (int)n, sum, FMOE_IMPORT_SUM_TOL);
+    if (!full && sum > 1.0 + FMOE_IMPORT_SUM_TOL)
+        return fmoe_error_set(FMOE_ERANGE,
+                              "%s:%lld: the chosen experts' probabilities sum to %g, "
+                              "expected at most 1 (within %g)",
+                              path, (long long)lineno, sum, FMOE_IMPORT_SUM_TOL);
     return 0;
 }

@@ -2,9 +2,16 @@
  * decision_log.c - writing the decision log (fmoe/decision_log.h).
  *
  * The writer sits on the executors' hot path: the simulator emits a few lines per access,
- * tens of millions in a long trace. So a line is formatted into a stack buffer and handed
- * to stdio in one fwrite, over a 1 MiB buffer; nothing is allocated per line, and errors
- * are remembered rather than returned (the callback has no status to return).
+ * tens of millions in a long trace. So a line is formatted into a stack buffer and copied
+ * into a 1 MiB buffer; nothing is allocated per line, and errors are remembered rather
+ * than returned (the callback has no status to return).
+ *
+ * Crash safety: the log is written at F.partial and renamed (after an fsync) when closed,
+ * so F is the whole log or absent whatever instant the process dies at. The buffer is our
+ * own rather than stdio's and goes out only as whole lines (stdio would split a line at
+ * its buffer's edge), so the .partial a killed run leaves holds whole lines, every one
+ * of them a valid decision, up to the last write; only a write(2) cut by the kill itself
+ * can end it with part of a line.
  */
 #include "decision_log_impl.h"
 
@@ -14,6 +21,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -37,10 +45,11 @@ const char *const fmoe__access_result_names[FMOE__ACCESS_RESULTS] = {"miss", "hi
 #define LINE_CAP 384
 
 struct fmoe_decision_log {
-    FILE *f;
+    int fd;         /* the .partial, or -1 once closed */
     char *path;     /* the final name */
     char *partial;  /* path + ".partial", the file being written */
-    char *buffer;   /* stdio's buffer, [BUFFER_BYTES] */
+    char *buffer;   /* [BUFFER_BYTES] whole lines not yet written */
+    size_t used;    /* bytes of buffer in use */
     int error;      /* the first error (a negative code), 0 none */
     char detail[512]; /* its detail, restored at close (the thread-local one will be stale) */
 };
@@ -55,6 +64,22 @@ static void remember(fmoe_decision_log *log, int code, const char *fmt, ...) {
     vsnprintf(log->detail, sizeof log->detail, fmt, ap);
     va_end(ap);
     log->error = code;
+}
+
+/* Writes out the buffered lines. */
+static void flush_buffer(fmoe_decision_log *log) {
+    if (log->used == 0 || log->fd < 0) return;
+    if (fmoe__write_all(log->fd, log->buffer, log->used) != 0)
+        remember(log, FMOE_EIO, "%s: cannot write: %s", log->partial, strerror(errno));
+    log->used = 0;
+}
+
+/* Adds one whole line (n <= LINE_CAP) to the buffer, writing the buffer out first when the
+ * line does not fit, so a write never ends inside a line. */
+static void put_line(fmoe_decision_log *log, const char *line, size_t n) {
+    if (log->used + n > BUFFER_BYTES) flush_buffer(log);
+    memcpy(log->buffer + log->used, line, n);
+    log->used += n;
 }
 
 /* Writes x in the shortest "%.Ng" that reads back as x (N = 15, 16 or 17: 17 always
@@ -114,8 +139,7 @@ void fmoe_decision_log_write(void *ctx, const fmoe_decision *d) {
         put_double(line, &n, sizeof line, "priority", d->priority);
     put_double(line, &n, sizeof line, "t", d->time_s);
     put(line, &n, sizeof line, "}\n");
-    if (fwrite(line, 1, n, log->f) != n)
-        remember(log, FMOE_EIO, "%s: cannot write: %s", log->partial, strerror(errno));
+    put_line(log, line, n);
 }
 
 /* ---------------------------------------------------------------- open and close */
@@ -162,7 +186,9 @@ int fmoe_decision_log_open(fmoe_decision_log **out, const char *path, const char
     FMOE_FORWARD_IF_ERROR(header_line(path, source, meta_json, &header));
     fmoe_decision_log *log = calloc(1, sizeof *log);
     const size_t n = strlen(path);
+    const size_t hn = strlen(header);
     int rc = 0;
+    if (log) log->fd = -1;
     if (!log || !(log->path = malloc(n + 1)) || !(log->partial = malloc(n + sizeof ".partial")) ||
         !(log->buffer = malloc(BUFFER_BYTES))) {
         rc = fmoe_error_set(FMOE_ENOMEM, "%s: decision log buffers", path);
@@ -171,11 +197,15 @@ int fmoe_decision_log_open(fmoe_decision_log **out, const char *path, const char
     memcpy(log->path, path, n + 1);
     memcpy(log->partial, path, n);
     memcpy(log->partial + n, ".partial", sizeof ".partial");
-    if ((rc = fmoe__partial_fopen(log->path, log->partial, "w", &log->f)) < 0) goto fail;
-    setvbuf(log->f, log->buffer, _IOFBF, BUFFER_BYTES);
-    if (fputs(header, log->f) == EOF || fputc('\n', log->f) == EOF) {
+    if ((rc = fmoe__output_check(log->path)) < 0) goto fail;
+    if ((log->fd = fmoe__partial_create(log->partial, O_WRONLY)) < 0) {
+        rc = log->fd;
+        goto fail;
+    }
+    /* the header goes out at once: a killed run's .partial still says what it is */
+    if (fmoe__write_all(log->fd, header, hn) != 0 || fmoe__write_all(log->fd, "\n", 1) != 0) {
         rc = fmoe_error_set(FMOE_EIO, "%s: cannot write: %s", log->partial, strerror(errno));
-        fclose(log->f);
+        close(log->fd);
         unlink(log->partial);
         goto fail;
     }
@@ -191,11 +221,11 @@ fail:
 
 int fmoe_decision_log_close(fmoe_decision_log *log, int keep) {
     if (!log) return 0;
-    /* fflush first: with a 1 MiB buffer most write errors (a full disk) appear only here. */
-    if (fflush(log->f) != 0 || ferror(log->f))
-        remember(log, FMOE_EIO, "%s: cannot write: %s", log->partial, strerror(errno));
-    if (fclose(log->f) != 0)
+    /* the buffer first: with 1 MiB of it most write errors (a full disk) appear only here */
+    flush_buffer(log);
+    if (close(log->fd) != 0)
         remember(log, FMOE_EIO, "%s: cannot close: %s", log->partial, strerror(errno));
+    log->fd = -1;
     if (!keep) {
         unlink(log->partial);
     } else if (log->error) {
@@ -204,9 +234,8 @@ int fmoe_decision_log_close(fmoe_decision_log *log, int keep) {
         memcpy(why, log->detail, sizeof why);
         snprintf(log->detail, sizeof log->detail, "%.360s (left as it is, not renamed to %.100s)",
                  why, log->path);
-    } else if (rename(log->partial, log->path) != 0) {
-        remember(log, FMOE_EIO, "%s: cannot rename to %s: %s", log->partial, log->path,
-                 strerror(errno));
+    } else if (fmoe__partial_commit(log->partial, log->path) < 0) {
+        remember(log, FMOE_EIO, "%s", fmoe_error_detail());
     }
     const int rc = log->error;
     if (rc) fmoe_error_set(rc, "%s", log->detail);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -56,13 +57,18 @@ int fmoe__partial_prepare(const char *partial) {
     return 0;
 }
 
+int fmoe__partial_create(const char *partial, int access) {
+    FMOE_FORWARD_IF_ERROR(fmoe__partial_prepare(partial));
+    int fd = open(partial, access | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0) return fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", partial, strerror(errno));
+    return fd;
+}
+
 int fmoe__partial_fopen(const char *output, const char *partial, const char *mode, FILE **out) {
     *out = NULL;
     FMOE_FORWARD_IF_ERROR(fmoe__output_check(output));
-    FMOE_FORWARD_IF_ERROR(fmoe__partial_prepare(partial));
-    int access = strchr(mode, '+') ? O_RDWR : O_WRONLY;
-    int fd = open(partial, access | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd < 0) return fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", partial, strerror(errno));
+    int fd = fmoe__partial_create(partial, strchr(mode, '+') ? O_RDWR : O_WRONLY);
+    if (fd < 0) return fd;
     FILE *f = fdopen(fd, mode);
     if (!f) {
         int e = errno;
@@ -71,5 +77,43 @@ int fmoe__partial_fopen(const char *output, const char *partial, const char *mod
         return fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", partial, strerror(e));
     }
     *out = f;
+    return 0;
+}
+
+int fmoe__write_all(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) { /* a regular file never says 0 for n > 0; do not spin if one does */
+            errno = EIO;
+            return -1;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+int fmoe__partial_commit(const char *partial, const char *output) {
+    /* fsync before the rename: otherwise a machine crash soon after could leave the new
+     * name pointing at a file whose data never reached the disk (an empty or short file
+     * under the final name). A killed process needs none of this (the page cache
+     * survives it); a power cut does. */
+    int fd = open(partial, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return fmoe_error_set(FMOE_EIO, "%s: cannot open to sync: %s", partial,
+                                      strerror(errno));
+    if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) {
+        int e = errno;
+        close(fd);
+        return fmoe_error_set(FMOE_EIO, "%s: cannot sync: %s", partial, strerror(e));
+    }
+    close(fd);
+    /* The folder is not synced: after a power cut the rename may be undone, which leaves
+     * the previous file (or none), never a damaged one; that is the promise. */
+    if (rename(partial, output) != 0)
+        return fmoe_error_set(FMOE_EIO, "%s: cannot rename to %s: %s", partial, output,
+                              strerror(errno));
     return 0;
 }

@@ -19,6 +19,7 @@
 #include "fmoe/files.h"
 #include "fmoe/expertmap.h"
 #include "fmoe/store.h"
+#include "hdf5_guard.h"
 #include "hdf5_util.h"
 #include "store_impl.h"
 #include "trace_impl.h"
@@ -140,6 +141,7 @@ static int read_strs(reader *r, const char *name, int64_t n, char *dst, size_t s
         rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s: expected variable-length strings", r->path, name);
         goto done;
     }
+    if ((rc = fmoe__h5_vlen_check(d, 0, n, r->path, name)) < 0) goto done;
     if (H5Tset_size(mem, H5T_VARIABLE) < 0 || H5Tset_cset(mem, H5Tget_cset(ft)) < 0 ||
         (n > 0 && H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)) {
         rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s: cannot read: %s", r->path, name,
@@ -368,7 +370,9 @@ static int store_read(const char *path, int32_t max_batch, const void *image, si
     } else {
         int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
         if (fd < 0) return fd;
+        int rc = fmoe__h5_precheck(fd, NULL, 0, path); /* what H5Fopen would trust */
         close(fd);
+        if (rc < 0) return rc;
         htri_t is = H5Fis_hdf5(path);
         FMOE_RETURN_ERROR_IF(is <= 0, is < 0 ? FMOE_EIO : FMOE_EFORMAT, "%s: %s", path,
                              is < 0 ? "cannot open (missing or unreadable)" : "not an HDF5 file");

@@ -8,6 +8,7 @@
 #include "fmoe/error.h"
 #include "fmoe/files.h"
 #include "fmoe/trace.h"
+#include "hdf5_guard.h"
 #include "hdf5_util.h"
 #include "trace_impl.h"
 
@@ -185,7 +186,9 @@ static int read_format(const char *path, char *out, size_t cap) {
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
     int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
     if (fd < 0) return fd;
+    int pre = fmoe__h5_precheck(fd, NULL, 0, path); /* what H5Fopen would trust */
     close(fd);
+    if (pre < 0) return pre;
     if (H5Fis_hdf5(path) <= 0) return fmoe_error_set(FMOE_EIO, "%s: not an HDF5 file", path);
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (file < 0) {

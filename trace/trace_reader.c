@@ -21,6 +21,7 @@
 #include "fmoe/files.h"
 #include "fmoe/half.h"
 #include "fmoe/trace.h"
+#include "hdf5_guard.h"
 #include "hdf5_util.h"
 #include "trace_impl.h"
 
@@ -475,7 +476,9 @@ static int open_file(fmoe_trace_reader *r, const void *image, size_t size) {
     }
     int fd = fmoe__open_regular(p); /* a FIFO would block HDF5's open forever */
     if (fd < 0) return fd;
+    int rc = fmoe__h5_precheck(fd, NULL, 0, p); /* what H5Fopen would trust (hdf5_guard.h) */
     close(fd);
+    if (rc < 0) return rc;
     char msg[256];
     htri_t is = H5Fis_hdf5(p);
     if (is < 0)

@@ -16,14 +16,18 @@
  * (an evicted chunk, a B-tree node) and may reuse space the flushed state still points
  * to, so a kill inside that window (milliseconds per request) can leave a .partial that
  * does not open, fails a check, or in the worst case holds a chunk overwritten by another.
- * Closing that window needs HDF5's SWMR mode, which needs the 1.10 file format and brings
- * the h5clear problem above.
+ * So a writer that flushes per request also keeps a journal, "<path>.partial.journal":
+ * each request is appended there as one checksummed record before it goes into the HDF5
+ * file, and `fmoe trace recover` rebuilds a valid trace from it after a kill at any
+ * instant (trace_journal.c weighs this against SWMR and explains the format). The journal
+ * is removed when the trace is renamed into place.
  */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +38,7 @@
 #include "fmoe_config.h"
 #include "hdf5_util.h"
 #include "trace_impl.h"
+#include "trace_journal.h"
 
 /* Datasets in the order an append writes them (token_offset last: it commits). */
 enum {
@@ -80,6 +85,8 @@ static const char *const ds_names[DS_COUNT] = {
 struct fmoe_trace_writer {
     char *path; /* final name */
     char *partial; /* path + ".partial", the file being written */
+    char *journal_path; /* partial + ".journal", or NULL: this writer keeps no journal */
+    fmoe__journal *journal; /* open while writing, or NULL */
     fmoe_trace_header header; /* copy; config_json is NULL (borrowed only during open) */
     fmoe_trace_write_options opts;
     hid_t file;
@@ -107,6 +114,8 @@ static void writer_close_handles(fmoe_trace_writer *w) {
 
 static void writer_free(fmoe_trace_writer *w) {
     if (!w) return;
+    fmoe__journal_close(w->journal, 0);
+    free(w->journal_path);
     free(w->scratch);
     free(w->partial);
     free(w->path);
@@ -301,6 +310,26 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
     }
     memcpy(w->partial, path, n);
     memcpy(w->partial + n, ".partial", sizeof ".partial");
+    if (w->opts.flush_requests <= 1) {
+        /* durable per request: journal too (trace_journal.c) */
+        w->journal_path = malloc(n + sizeof ".partial.journal");
+        if (!w->journal_path) {
+            rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+        memcpy(w->journal_path, w->partial, n + sizeof ".partial" - 1);
+        memcpy(w->journal_path + n + sizeof ".partial" - 1, ".journal", sizeof ".journal");
+        struct stat st;
+        if (lstat(w->journal_path, &st) == 0) {
+            /* A journal holds the requests of a run that never finished; starting over
+             * would throw them away. */
+            rc = fmoe_error_set(FMOE_EIO,
+                                "%s: the journal of an unfinished run is there; recover its "
+                                "requests with 'fmoe trace recover %s', or remove it",
+                                w->journal_path, w->partial);
+            goto fail;
+        }
+    }
 
     if (w->header.probs_half) {
         w->half = fmoe__h5_half_type();
@@ -320,11 +349,18 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
      * file of ours (replaced), and the partial is created exclusively (no symlink followed). */
     if ((rc = fmoe__output_check(w->path)) < 0 || (rc = fmoe__partial_prepare(w->partial)) < 0)
         goto fail;
+    /* the journal first: a kill between the two leaves nothing that recovery misreads */
+    if (w->journal_path &&
+        (rc = fmoe__journal_create(&w->journal, w->journal_path, &w->header, config, &w->opts)) < 0)
+        goto fail;
     w->file = H5Fcreate(w->partial, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
     if (w->file < 0) {
         char msg[256];
         rc = fmoe_error_set(FMOE_EIO, "%s: cannot create: %s", w->partial,
                             fmoe__h5_errmsg(msg, sizeof msg));
+        /* HDF5 may have made the file and failed writing its superblock (a full disk);
+         * a file that was there first (someone else's) is left alone */
+        if (strcmp(msg, strerror(EEXIST)) != 0) unlink(w->partial);
         goto fail;
     }
     if ((rc = write_root_attributes(w)) < 0) goto fail;
@@ -340,6 +376,10 @@ fail:
     if (w->file >= 0) {
         H5Fclose(w->file);
         unlink(w->partial);
+    }
+    if (w->journal) {
+        fmoe__journal_close(w->journal, 1);
+        w->journal = NULL;
     }
     writer_free(w);
     return rc;
@@ -549,6 +589,14 @@ static int writer_append(fmoe_trace_writer *w, const fmoe_trace_request *req) {
                          w->partial);
     const int64_t T = (int64_t)req->prompt_tokens + req->output_tokens;
     FMOE_FORWARD_IF_ERROR(check_request(w, req, T));
+    if (w->journal) {
+        /* the journal before the HDF5 file: once this returns the request survives a kill */
+        int jrc = fmoe__journal_append(w->journal, req);
+        if (jrc < 0) {
+            w->broken = 1;
+            return jrc;
+        }
+    }
 
     const fmoe_trace_header *h = &w->header;
     const size_t L = (size_t)h->num_layers, J = (size_t)h->num_experts;
@@ -617,22 +665,57 @@ fail:
  * Close and abort
  * ------------------------------------------------------------------------------------- */
 
+/* What a failed close leaves: with a journal, the journal (every request; recoverable
+ * once the disk has room again) and nothing else; without, nothing. */
+static int close_failed(fmoe_trace_writer *w, int rc) {
+    unlink(w->partial);
+    if (!w->journal) return rc;
+    fmoe__journal_close(w->journal, 0);
+    w->journal = NULL;
+    char why[512];
+    snprintf(why, sizeof why, "%s", fmoe_error_detail());
+    return fmoe_error_set(rc, "%s; the requests are kept in %s ('fmoe trace recover %s' "
+                              "rebuilds the trace)",
+                          why, w->journal_path, w->partial);
+}
+
 static int writer_close(fmoe_trace_writer *w) {
     if (!w) return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_writer_close: NULL writer");
     int rc = 0;
     char msg[256];
     writer_close_handles(w);
-    if (H5Fclose(w->file) < 0)
-        rc = fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", w->partial,
-                            fmoe__h5_errmsg(msg, sizeof msg));
-    else if (w->broken)
-        /* Keep the .partial: it holds every request appended before the failure. */
+    /* A close that fails (its last flush hit a full disk) leaves HDF5's id dangling; it is
+     * never touched again (hdf5_util.c, h5_mutex_init). */
+    if (H5Fclose(w->file) < 0) {
+        rc = close_failed(w, fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", w->partial,
+                                            fmoe__h5_errmsg(msg, sizeof msg)));
+    } else if (w->broken) {
+        /* Keep the .partial (and the journal): they hold every request appended before the
+         * failure. */
         rc = fmoe_error_set(FMOE_EIO, "%s: not renamed to %s because an append failed", w->partial,
                             w->path);
-    else if (rename(w->partial, w->path) != 0)
-        rc = fmoe_error_set(FMOE_EIO, "%s: cannot rename to %s: %s", w->partial, w->path,
-                            strerror(errno));
+    } else {
+        /* The .partial is whole: the journal goes first, so that a kill from here on
+         * leaves a whole .partial (which recover renames) or the trace, never a journal
+         * beside a finished trace (which would block the next run). */
+        fmoe__journal_close(w->journal, 1);
+        w->journal = NULL;
+        if ((rc = fmoe__partial_commit(w->partial, w->path)) < 0 && !w->journal_path)
+            unlink(w->partial); /* a writer that journals keeps its whole .partial */
+    }
     writer_free(w);
+    return rc;
+}
+
+static int writer_close_partial(fmoe_trace_writer *w) {
+    if (!w) return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_writer_close_partial: NULL writer");
+    int rc = 0;
+    char msg[256];
+    writer_close_handles(w);
+    if (H5Fclose(w->file) < 0)
+        rc = close_failed(w, fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", w->partial,
+                                            fmoe__h5_errmsg(msg, sizeof msg)));
+    writer_free(w); /* keeps the journal */
     return rc;
 }
 
@@ -641,6 +724,8 @@ static void writer_abort(fmoe_trace_writer *w) {
     writer_close_handles(w);
     H5Fclose(w->file);
     unlink(w->partial);
+    fmoe__journal_close(w->journal, 1);
+    w->journal = NULL;
     writer_free(w);
 }
 
@@ -666,6 +751,13 @@ int fmoe_trace_writer_append_request(fmoe_trace_writer *w, const fmoe_trace_requ
 int fmoe_trace_writer_close(fmoe_trace_writer *w) {
     fmoe__h5_lock();
     int rc = writer_close(w);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+int fmoe_trace_writer_close_partial(fmoe_trace_writer *w) {
+    fmoe__h5_lock();
+    int rc = writer_close_partial(w);
     fmoe__h5_unlock();
     return rc;
 }

@@ -70,6 +70,10 @@ static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rop
     r->attention_factor = 1.0;
     r->truncate = 1;
 
+    /* Zero or negative would give inf/NaN angles and silently garbage text (issue 15,
+     * finding 9); transformers would divide by it without a word. */
+    FMOE_RETURN_ERROR_IF(!(r->theta > 0), FMOE_EFORMAT,
+                         "rope_theta = %g, expected a positive number", r->theta);
     double prf;
     FMOE_FORWARD_IF_ERROR(get_num(root, "", "partial_rotary_factor", 1.0, &prf));
     FMOE_RETURN_ERROR_IF(prf != 1.0, FMOE_EUNSUPPORTED,
@@ -97,6 +101,8 @@ static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rop
         type = t->valuestring;
     }
     FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "rope_theta", r->theta, &r->theta));
+    FMOE_RETURN_ERROR_IF(!(r->theta > 0), FMOE_EFORMAT,
+                         "%srope_theta = %g, expected a positive number", prefix, r->theta);
     FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "partial_rotary_factor", 1.0, &prf));
     FMOE_RETURN_ERROR_IF(prf != 1.0, FMOE_EUNSUPPORTED,
                          "%spartial_rotary_factor = %g is not supported (only 1)", prefix, prf);
@@ -261,6 +267,12 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
     default:
         rc = fmoe_error_set(FMOE_EUNSUPPORTED, "model_type \"%s\" is not yet supported",
                             g->model_type);
+        goto done;
+    }
+    /* RMSNorm divides by sqrt(mean(x^2) + eps): eps <= 0 can make that 0 or NaN. */
+    if (!(g->rms_norm_eps > 0)) {
+        rc = fmoe_error_set(FMOE_EFORMAT, "rms_norm_eps = %g, expected a positive number",
+                            g->rms_norm_eps);
         goto done;
     }
     if ((rc = parse_rope(root, g, &out->rope)) < 0) goto done;

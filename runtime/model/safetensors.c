@@ -206,17 +206,18 @@ static int check_overlap(fmoe_safetensors *st, int64_t first, const char *fname)
     fmoe_st_tensor *v = st->tensors + first;
     int64_t m = st->n - first;
     if (m > 1) qsort(v, (size_t)m, sizeof *v, cmp_by_offset);
-    int64_t max_end = 0;
+    int64_t max_begin = 0, max_end = 0; /* the tensor reaching furthest so far */
     const char *max_name = NULL;
     for (int64_t i = 0; i < m; i++) {
         if (v[i].nbytes > 0 && v[i].offset < max_end)
             return fmoe_error_set(FMOE_EFORMAT,
                                   "%s: tensors \"%.200s\" and \"%.200s\" overlap (bytes "
                                   "[%lld, %lld) and [%lld, %lld) of the data area)",
-                                  fname, max_name, v[i].name, (long long)(max_end),
+                                  fname, max_name, v[i].name, (long long)max_begin,
                                   (long long)max_end, (long long)v[i].offset,
                                   (long long)(v[i].offset + v[i].nbytes));
         if (v[i].offset + v[i].nbytes > max_end) {
+            max_begin = v[i].offset;
             max_end = v[i].offset + v[i].nbytes;
             max_name = v[i].name;
         }

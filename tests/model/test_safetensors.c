@@ -162,6 +162,8 @@ TEST(overlapping_tensors) {
     raw_file(p, h, strlen(h), data, sizeof data);
     EXPECT_OPEN_FAILS(p, FMOE_EFORMAT, "overlap");
     ASSERT_CONTAINS(fmoe_error_detail(), "\"x\" and \"y\"");
+    /* both ranges as they are (issue 15, finding 8: the first was printed [16, 16)) */
+    ASSERT_CONTAINS(fmoe_error_detail(), "bytes [0, 16) and [12, 20)");
     /* Adjacent is fine; so is an empty tensor at a boundary. */
     h = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
         "\"e\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[16,16]},"

@@ -34,9 +34,24 @@ int fmoe__output_check(const char *path);
  * "PARTIAL: exists and is not a regular file of ours; remove it". */
 int fmoe__partial_prepare(const char *partial);
 
+/* Prepares PARTIAL (fmoe__partial_prepare) and creates it with
+ * access|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC (access: O_WRONLY or O_RDWR; mode 0666 &
+ * ~umask). @return the file descriptor, or FMOE_EIO naming the file. */
+int fmoe__partial_create(const char *partial, int access);
+
 /* Checks OUTPUT (fmoe__output_check), prepares PARTIAL and creates it with
  * O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW (mode 0666 & ~umask), opened as stdio with `mode`
  * ("w" or "wb+"). @return 0 with *out set, or FMOE_EIO naming the file. */
 int fmoe__partial_fopen(const char *output, const char *partial, const char *mode, FILE **out);
+
+/* write(2) until all n bytes are written, retrying EINTR and short writes. @return 0, or
+ * -1 with errno set (ENOSPC, EFBIG, EIO, ...); bytes before the failure may be written. */
+int fmoe__write_all(int fd, const void *buf, size_t n);
+
+/* Makes a finished PARTIAL the OUTPUT: fsync(PARTIAL), then rename(PARTIAL, OUTPUT)
+ * (atomic: OUTPUT is the old file or the new one, never a mix, even after a power cut,
+ * which could otherwise leave the new name on data never written). @return 0 or FMOE_EIO
+ * naming the file and the reason. */
+int fmoe__partial_commit(const char *partial, const char *output);
 
 #endif

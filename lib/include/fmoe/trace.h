@@ -4,10 +4,11 @@
  * Implemented in trace/ (the only code that includes <hdf5.h>); this header is plain C.
  *
  * Writing: open a writer with a header, append requests one by one (each append extends
- * the datasets and, by default, flushes, so the file on disk always holds every finished
- * request; see flush_requests), then close. The writer works on "<path>.partial" and renames it to <path> on close;
- * abort removes it. A killed writer leaves "<path>.partial", a valid trace of every
- * request appended before the kill.
+ * the datasets and, by default, flushes and journals, so a kill loses no finished request;
+ * see flush_requests and fmoe_trace_recover), then close. The writer works on
+ * "<path>.partial" and renames it to <path> on close; abort removes it. A killed writer
+ * leaves "<path>.partial" and its journal, from which fmoe_trace_recover rebuilds a valid
+ * trace of every request appended before the kill.
  *
  * Reading: open validates format, version, attributes and every dataset's shape, and
  * reads the small per-request tables. Token data is read in ranges with bounds checks
@@ -126,7 +127,7 @@ typedef struct fmoe_trace_write_options {
      * killed writer (fmoe record) loses at most the request in progress. Each flush
      * recompresses the partly filled chunks, so importers, which leave nothing behind on
      * failure anyway, pass INT32_MAX and get one flush at close. */
-    int32_t flush_requests;
+    int32_t flush_requests; /* <= 1 also keeps a journal: see fmoe_trace_recover */
 } fmoe_trace_write_options;
 
 typedef struct fmoe_trace_writer fmoe_trace_writer;
@@ -143,8 +144,38 @@ int fmoe_trace_writer_append_request(fmoe_trace_writer *w, const fmoe_trace_requ
 /* Finishes the file and renames it into place; frees `w` whatever the outcome. */
 int fmoe_trace_writer_close(fmoe_trace_writer *w);
 
-/* Removes the partial file and frees `w`. NULL is a no-op. */
+/* Removes the partial file (and its journal) and frees `w`. NULL is a no-op. */
 void fmoe_trace_writer_abort(fmoe_trace_writer *w);
+
+/* Closes the file but leaves it as "<path>.partial", with its journal when it keeps one:
+ * what a killed writer leaves, but a whole HDF5 file, for a run stopped on purpose
+ * (SIGINT) or by an error after some requests. fmoe_trace_recover turns it into <path>.
+ * Frees `w` whatever the outcome. @return 0 or FMOE_EIO (the close failed). */
+int fmoe_trace_writer_close_partial(fmoe_trace_writer *w);
+
+/* Crash safety. A writer with flush_requests <= 1 (fmoe record, fmoe serve --trace-out)
+ * also keeps "<path>.partial.journal": every appended request, as one checksummed record,
+ * before the append returns (trace/trace_journal.c has the design). A process killed at
+ * any instant leaves the journal holding every request whose append returned;
+ * fmoe_trace_recover rebuilds the trace from it. Such a writer refuses to start while a
+ * journal is there (the requests of an unfinished run: recover them or remove it).
+ * Importers (flush_requests = INT32_MAX) keep no journal: they can be run again. */
+typedef struct fmoe_trace_recover_report {
+    int from_journal;      /* 1: rebuilt from the journal; 0: the .partial read as a whole
+                              trace and was renamed */
+    int64_t requests;      /* requests in the recovered trace */
+    int64_t tokens;
+    int64_t dropped_bytes; /* journal bytes after its last whole record (cut by the kill) */
+    char output[4096];     /* the trace written */
+} fmoe_trace_recover_report;
+
+/* Turns PARTIAL ("TRACE.h5.partial", left by a killed or interrupted writer) into a valid
+ * trace at `output` (NULL: TRACE.h5): from PARTIAL.journal when there is one, else by
+ * checking that PARTIAL reads as a whole trace and renaming it. On success the journal and
+ * PARTIAL are gone. An existing `output` is never replaced. @return 0 with *rep;
+ * FMOE_EINVAL (PARTIAL does not end in .partial), FMOE_EIO (output exists, cannot write),
+ * FMOE_EFORMAT (no journal and PARTIAL is damaged; a damaged journal header), ... */
+int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recover_report *rep);
 
 /* Per-request table, read at open. */
 typedef struct fmoe_trace_request_info {

@@ -1,0 +1,172 @@
+"""A full disk while writing (issue 15, hostile-input finding 1): `trace import` (dense CSV
+and JSON Lines), `build-store`, `record` and `simulate --csv` must each fail with one line
+naming the output and the reason ("out.h5.partial: cannot close: No space left on
+device"), exit 1, leave no .partial (nor a journal), leave an earlier complete output as it
+was, and never crash (it used to: SEGV in H5F__close_cb at library shutdown, exit 139) or
+print HDF5's raw error stack.
+
+Two ways to fill the disk: a small tmpfs, filled up to a few KB (needs root and a mount;
+skipped with the reason where it cannot be made), and RLIMIT_FSIZE (`ulimit -f`) with
+SIGXFSZ ignored, so write(2) fails with EFBIG "File too large" (works anywhere). Each at
+several sizes, so the failure lands in different places: creating the file, an append or
+flush, the close.
+"""
+import json
+import os
+import pathlib
+import resource
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from conftest import REPO
+
+SAMPLES = REPO / "datasets" / "samples"
+FLAME = [SAMPLES / "flame-moe-290m" / f"layer{i:02d}.csv" for i in range(2, 10)]
+TINY = REPO / "datasets" / "fmoe-tiny"
+PREVIOUS = b"a previous complete output, which a failed run must leave alone\n"
+
+
+@pytest.fixture(scope="module")
+def inputs(fmoe_bin, tmp_path_factory):
+    """A trace (for build-store and simulate) and a JSON Lines routing log."""
+    d = tmp_path_factory.mktemp("in")
+    trace = d / "flame.h5"
+    p = subprocess.run([str(fmoe_bin), "trace", "import", "--format", "dense-csv", "--layers", "8",
+                        "--experts", "64", "--top-k", "6", "--expert-bytes", "1000000",
+                        "--tokens-per-request", "64", *map(str, FLAME), "-o", str(trace),
+                        "--quiet"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    jsonl = d / "routes.jsonl"
+    with open(jsonl, "w") as f:
+        for r in range(40):
+            for t in range(24):
+                for layer in range(4):
+                    e = [(r + t + layer) % 16, (r * 7 + t + layer + 1) % 16]
+                    if e[0] == e[1]:
+                        e[1] = (e[1] + 1) % 16
+                    f.write(json.dumps({"request": r, "token": t, "layer": layer,
+                                        "phase": "prefill" if t < 16 else "decode",
+                                        "experts": e, "probs": [0.7, 0.3]}) + "\n")
+    return trace, jsonl
+
+
+def commands(inputs):
+    """(name, output file name, argv after 'fmoe' with OUT for the output)."""
+    trace, jsonl = inputs
+    return [
+        ("import-dense-csv", "out.h5",
+         ["trace", "import", "--format", "dense-csv", "--layers", "8", "--experts", "64",
+          "--top-k", "6", "--tokens-per-request", "64", *FLAME, "-o", "OUT", "--quiet"]),
+        ("import-jsonl", "out.h5",
+         ["trace", "import", "--layers", "4", "--experts", "16", "--top-k", "2", jsonl,
+          "-o", "OUT", "--quiet"]),
+        ("build-store", "store.h5", ["build-store", "--trace", trace, "-o", "OUT", "--quiet"]),
+        ("record", "rec.h5",
+         ["record", "--model", TINY, "--dataset", SAMPLES / "prompts_100.txt", "--max-requests",
+          "8", "--max-new-tokens", "4", "--threads", "1", "-q", "-o", "OUT"]),
+        ("simulate-csv", "sim.csv",
+         ["simulate", "--trace", trace, "--policy", "lru,lfu,belady", "--cache-experts",
+          "8,16,32,64,128,256", "--quiet", "--csv", "OUT"]),
+    ]
+
+
+def run(fmoe_bin, argv, out, preexec=None):
+    args = [str(out) if a == "OUT" else str(a) for a in argv]
+    return subprocess.run([str(fmoe_bin), *args], capture_output=True, text=True, timeout=300,
+                          preexec_fn=preexec, cwd=out.parent)
+
+
+def check_failed(p, out, reason):
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert len(lines) == 1, f"expected one line:\n{p.stderr}"
+    assert out.name in lines[0] and reason in lines[0], lines[0]
+    assert "HDF5" not in p.stderr and "#000" not in p.stderr
+    # errno must not be clobbered on the way up (it once said "No such file or directory")
+    assert "No such file" not in p.stderr
+    left = sorted(x.name for x in out.parent.iterdir() if ".partial" in x.name)
+    assert not left, f"left behind: {left}"
+    assert out.read_bytes() == PREVIOUS, "the previous output was touched"
+
+
+# ---------------------------------------------------------------------------------------
+# RLIMIT_FSIZE: write(2) past the limit fails with EFBIG
+# ---------------------------------------------------------------------------------------
+
+def limit_file_size(limit):
+    def preexec():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death by SIGXFSZ
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return preexec
+
+
+@pytest.mark.parametrize("limit", [1024, 16 << 10, 96 << 10])
+def test_file_size_limit(fmoe_bin, inputs, tmp_path, limit):
+    ran = 0
+    for name, out_name, argv in commands(inputs):
+        d = tmp_path / name
+        d.mkdir()
+        out = d / out_name
+        out.write_bytes(PREVIOUS)
+        p = run(fmoe_bin, argv, out, limit_file_size(limit))
+        if p.returncode == 0:
+            # the whole output fits under this limit (the CSV does at 16 KB): then it must
+            # be complete and in place, with nothing left over
+            assert out.stat().st_size <= limit and out.read_bytes() != PREVIOUS
+            assert not [x for x in d.iterdir() if ".partial" in x.name]
+            continue
+        ran += 1
+        check_failed(p, out, "File too large")
+    assert ran >= 3
+
+
+# ---------------------------------------------------------------------------------------
+# A small tmpfs, filled: ENOSPC
+# ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_fs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (the RLIMIT_FSIZE cases still ran)")
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0777", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(d, leave):
+    """Fills the file system of d up to `leave` free bytes (a filler file)."""
+    st = os.statvfs(d)
+    free = st.f_bavail * st.f_frsize
+    with open(d / "filler", "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+
+
+@pytest.mark.parametrize("leave", [0, 8 << 10, 64 << 10])
+def test_no_space_left(fmoe_bin, inputs, small_fs, leave):
+    ran = 0
+    for name, out_name, argv in commands(inputs):
+        d = small_fs / name
+        d.mkdir()
+        out = d / out_name
+        out.write_bytes(PREVIOUS)
+        fill(d, leave)
+        p = run(fmoe_bin, argv, out)
+        (d / "filler").unlink()
+        if p.returncode == 0:  # it fitted (the CSV in 8 KB): complete, nothing left over
+            assert out.read_bytes() != PREVIOUS
+            assert not [x for x in d.iterdir() if ".partial" in x.name]
+        else:
+            ran += 1
+            check_failed(p, out, "No space left on device")
+        shutil.rmtree(d)
+    assert ran >= 3

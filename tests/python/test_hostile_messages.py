@@ -1,0 +1,216 @@
+"""Hostile inputs of issue 15, findings 4 (damaged HDF5), 8 (messages) and 9 (silent garbage).
+
+Each test runs the fmoe binary on a file made in a temporary folder (or on an input kept in
+tests/fuzz/crashes/) and checks the exit status and the one line it prints. Calls carry a
+timeout and a memory limit, so a regression (a hang in libhdf5, a 5 TB allocation) fails
+instead of stalling the run.
+"""
+import json
+import os
+import pathlib
+import resource
+import shutil
+import signal
+import struct
+import subprocess
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TINY = REPO / "datasets" / "fmoe-tiny"
+CRASHES = REPO / "tests" / "fuzz" / "crashes"
+GEOMETRY = ("--layers", "2", "--experts", "4", "--top-k", "2")
+
+
+def _limit_memory():
+    limit = 4 << 30
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def run(fmoe_bin, *args, timeout=60, preexec=_limit_memory, cwd=None):
+    return subprocess.run([str(fmoe_bin), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=preexec, cwd=cwd)
+
+
+def one_line(p, rc, *fragments):
+    """Exit status rc and exactly one stderr line holding every fragment."""
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == rc, (p.returncode, p.stderr)
+    assert len(lines) == 1, p.stderr
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- finding 4
+
+DAMAGED = sorted(p for d in ("trace", "store") for p in (CRASHES / d).glob("*"))
+
+
+@pytest.mark.parametrize("path", DAMAGED, ids=[f"{p.parent.name}/{p.name[:14]}" for p in DAMAGED])
+def test_damaged_hdf5_is_one_line(fmoe_bin, path, tmp_path):
+    """Bit-flipped traces and stores that crashed, hung or allocated terabytes inside
+    libhdf5 1.10.8 (SEGV in H5HG_read, an endless heap-collection decode, H5Fopen's 5 TB
+    object header chunk) give one line naming the file, exit 1."""
+    p = tmp_path / ("damaged.h5")
+    shutil.copy(path, p)
+    r = run(fmoe_bin, "inspect", p, timeout=30)
+    line = one_line(r, 1, str(p))
+    assert "HDF5-DIAG" not in r.stderr
+
+
+def _string_attr_trace(fmoe, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        '{"request": 1, "token": 0, "phase": "prefill", "layer": 0, "experts": [0, 1]}\n'
+        '{"request": 1, "token": 0, "phase": "prefill", "layer": 1, "experts": [2, 3]}\n')
+    out = tmp_path / "t.h5"
+    fmoe("trace", "import", *GEOMETRY, src, "-o", out, "--quiet")
+    return out
+
+
+def test_forged_string_heap_object_is_refused(fmoe, fmoe_bin, tmp_path):
+    """The heap object of a variable-length string attribute claims more bytes than its
+    collection holds (the overrun H5HG_read would copy): refused, naming the attribute."""
+    t = _string_attr_trace(fmoe, tmp_path)
+    data = bytearray(t.read_bytes())
+    at = data.find(b"fmoe-trace")  # the 'format' attribute's heap object
+    assert at > 16
+    # the object's header precedes it: index u16, refs u16, reserved u32, size u64
+    size_at = at - 8
+    assert struct.unpack_from("<Q", data, size_at)[0] == len(b"fmoe-trace")
+    struct.pack_into("<Q", data, size_at, 1 << 40)
+    t.write_bytes(bytes(data))
+    r = run(fmoe_bin, "inspect", t, timeout=30)
+    one_line(r, 1, str(t), "attribute 'format'", "damaged string")
+
+
+# --------------------------------------------------------------------------- finding 8, 9: import
+
+def test_import_probability_error_names_input_and_line(fmoe_bin, tmp_path):
+    src = tmp_path / "a.jsonl"
+    src.write_text(
+        '{"request": 1, "token": 0, "phase": "prefill", "layer": 0, "experts": [0, 1], '
+        '"probs": [0.6, 0.4]}\n'
+        '{"request": 1, "token": 0, "phase": "prefill", "layer": 1, "experts": [2, 3], '
+        '"probs": [1.5, 0.4]}\n')
+    r = run(fmoe_bin, "trace", "import", *GEOMETRY, src, "-o", tmp_path / "out.h5", "--quiet")
+    line = one_line(r, 1, f"{src}:2: probs[0] = 1.5")
+    assert "out.h5" not in line
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_import_full_distribution_must_sum_to_one(fmoe_bin, tmp_path):
+    src = tmp_path / "c.jsonl"
+    src.write_text(
+        '{"request": 1, "token": 0, "phase": "prefill", "layer": 0, "experts": [0, 1], '
+        '"probs": [0.9, 0.9, 0.9, 0.9]}\n'
+        '{"request": 1, "token": 0, "phase": "prefill", "layer": 1, "experts": [2, 3], '
+        '"probs": [0.1, 0.2, 0.3, 0.4]}\n')
+    r = run(fmoe_bin, "trace", "import", *GEOMETRY, src, "-o", tmp_path / "out.h5", "--quiet")
+    one_line(r, 1, f"{src}:1:", "sum to 3.6", "full distribution")
+
+
+def test_import_full_distribution_rounded_is_accepted(fmoe_bin, tmp_path):
+    """Probabilities printed with two digits sum to 1 only roughly: still accepted."""
+    src = tmp_path / "ok.jsonl"
+    src.write_text(
+        '{"request": 1, "token": 0, "phase": "prefill", "layer": 0, "experts": [0, 1], '
+        '"probs": [0.34, 0.34, 0.17, 0.17]}\n'
+        '{"request": 1, "token": 0, "phase": "prefill", "layer": 1, "experts": [2, 3], '
+        '"probs": [0.1, 0.2, 0.33, 0.33]}\n')
+    r = run(fmoe_bin, "trace", "import", *GEOMETRY, src, "-o", tmp_path / "out.h5", "--quiet")
+    assert r.returncode == 0, r.stderr
+
+
+def test_import_dense_csv_row_summing_past_one(fmoe_bin, tmp_path):
+    head = "layer_id,token_id,expert_0,expert_1,expert_2,expert_3\n"
+    l0, l1 = tmp_path / "l0.csv", tmp_path / "l1.csv"
+    l0.write_text(head + "0,5,0.9,0.9,0,0\n")
+    l1.write_text(head + "1,5,0.5,0.4,0,0\n")
+    r = run(fmoe_bin, "trace", "import", *GEOMETRY, l0, l1, "-o", tmp_path / "out.h5",
+            "--quiet")
+    one_line(r, 1, f"{l0}:2:", "sum to 1.8")
+
+
+# --------------------------------------------------------------------------- finding 8: calibrate
+
+def test_calibrate_bad_output_fails_before_measuring(fmoe_bin, tmp_path):
+    out = tmp_path / "no" / "such" / "p.json"
+    t0 = time.monotonic()
+    r = run(fmoe_bin, "calibrate", "--quick", "-o", out, timeout=60)
+    one_line(r, 1, "No such file or directory")
+    assert "measured" not in r.stderr
+    assert time.monotonic() - t0 < 5
+
+
+def _small_file_limit():
+    _limit_memory()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+
+def test_calibrate_write_error_names_the_reason(fmoe_bin, tmp_path):
+    """A write that fails part-way (a full disk; here a 64-byte file size limit) names its
+    reason: it was reported with a stale errno ("No such file or directory") because the
+    first short write sets none. Nothing is left behind."""
+    out = tmp_path / "p.json"
+    r = run(fmoe_bin, "calibrate", "--quick", "--quiet", "--file-dir", tmp_path, "-o", out,
+            preexec=_small_file_limit, timeout=60)
+    one_line(r, 1, "scratch data", os.strerror(27))  # EFBIG: File too large
+    assert "No such file" not in r.stderr
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+# --------------------------------------------------------------------------- finding 9: models
+
+@pytest.fixture
+def model(tmp_path):
+    d = tmp_path / "model"
+    shutil.copytree(TINY, d)
+    return d
+
+
+def _edit_config(model, **kv):
+    cfg = json.loads((model / "config.json").read_text())
+    cfg.update(kv)
+    (model / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("key,value", [("rms_norm_eps", -1), ("rms_norm_eps", 0),
+                                       ("rope_theta", 0), ("rope_theta", -10000)])
+def test_config_value_out_of_range_is_refused(fmoe_bin, model, key, value):
+    _edit_config(model, **{key: value})
+    r = run(fmoe_bin, "generate", "--model", model, "--prompt", "hi", "--max-new-tokens", "2",
+            timeout=120)
+    one_line(r, 1, "config.json", f"{key} = {value:g}", "positive")
+
+
+def test_generate_nan_weights_is_one_line(fmoe_bin, model):
+    st = model / "model.safetensors"
+    data = bytearray(st.read_bytes())
+    n = struct.unpack_from("<Q", data)[0]
+    header = json.loads(data[8:8 + n])
+    t = header["model.norm.weight"]
+    nan = {"F32": struct.pack("<f", float("nan")), "BF16": b"\xc0\x7f",
+           "F16": b"\x00\x7e"}[t["dtype"]]
+    b, e = t["data_offsets"]
+    for o in range(8 + n + b, 8 + n + e, len(nan)):
+        data[o:o + len(nan)] = nan
+    st.write_bytes(bytes(data))
+    r = run(fmoe_bin, "generate", "--model", model, "--prompt", "hi", "--max-new-tokens", "4",
+            timeout=120)
+    one_line(r, 1, "non-finite logit", "nan")
+    assert r.stdout.strip() == ""
+
+
+# --------------------------------------------------------------------------- finding 9: datasets
+
+def test_malformed_json_dataset_is_refused(fmoe_bin, tmp_path):
+    d = tmp_path / "prompts.json"
+    d.write_text('{"prompt": "hello"\n')
+    r = run(fmoe_bin, "record", "--dataset", d, "-o", tmp_path / "r.h5", "--max-new-tokens",
+            "2", timeout=120)
+    one_line(r, 1, f"{d}:1: malformed JSON")
+    assert not (tmp_path / "r.h5").exists()

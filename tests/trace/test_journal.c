@@ -1,0 +1,276 @@
+/*
+ * test_journal.c - the trace writer's journal and fmoe_trace_recover (trace_journal.c).
+ *
+ * The kill test in tests/python/test_crash_safety.py kills a real recorder at random
+ * instants; this one is exhaustive on a small sample instead: a journal cut at (nearly)
+ * every byte offset, as a kill mid-write would leave it, must recover to exactly the
+ * requests whose records are whole, with the sample's values; a flipped bit in the last
+ * record drops that record; the writer's lifecycle (close, abort, close_partial, a journal
+ * already there) leaves the files it promises.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fmoe/error.h"
+#include "fmoe/trace.h"
+#include "harness.h"
+#include "sample_trace.h"
+
+static char scratch_dir[512];
+
+static const char *tmp_path(const char *name) {
+    static char bufs[8][1024];
+    static int next;
+    if (!scratch_dir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(scratch_dir, sizeof scratch_dir, "%s/fmoe-test-journal-XXXXXX",
+                 base && base[0] ? base : "/tmp");
+        if (!mkdtemp(scratch_dir)) {
+            perror("mkdtemp");
+            abort();
+        }
+    }
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "%s/%s", scratch_dir, name);
+    return b;
+}
+
+static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return lstat(p, &st) == 0;
+}
+
+static char *with_suffix(const char *path, const char *suffix) {
+    static char b[4][1100];
+    static int next;
+    char *out = b[next++ % 4];
+    snprintf(out, sizeof b[0], "%s%s", path, suffix);
+    return out;
+}
+
+/* Reads a whole file (malloc'd) and its size. */
+static unsigned char *slurp(const char *path, long *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)*n + 1);
+    if (b && fread(b, 1, (size_t)*n, f) != (size_t)*n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    return b;
+}
+
+static int spit(const char *path, const unsigned char *b, long n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int ok = fwrite(b, 1, (size_t)n, f) == (size_t)n;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* A child that opens a writer on `path` (float16 gates), appends `count` requests of the
+ * sample and dies without closing anything, as a SIGKILL right after the last append
+ * returned would leave it. */
+static int killed_writer(const char *path, int count) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        fmoe_trace_header h = sample_header(1);
+        fmoe_trace_writer *w = NULL;
+        if (fmoe_trace_writer_open(&w, path, &h, NULL) < 0) _exit(3);
+        if (sample_append(w, count) < 0) _exit(4);
+        _exit(0);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+    return WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static void check_recovered(int *harness_failed, const char *path, int nreq) {
+    fmoe_trace_reader *r = NULL;
+    ASSERT_OK(fmoe_trace_reader_open(&r, path));
+    char why[256];
+    const char *diff = sample_verify(r, nreq, 1, why, sizeof why);
+    fmoe_trace_reader_close(r);
+    if (diff) HARNESS_FAIL("%s: %s", path, diff);
+}
+
+/* Offsets where records end, from the journal's own framing (16-byte file header, then
+ * records of a 16-byte head whose last 8 bytes are the payload length). */
+static int record_ends(const unsigned char *b, long n, long *ends, int cap) {
+    long at = 16;
+    int k = 0;
+    while (at + 16 <= n && k < cap) {
+        uint64_t len;
+        memcpy(&len, b + at + 8, 8);
+        at += 16 + (long)len;
+        if (at > n) break;
+        ends[k++] = at;
+    }
+    return k;
+}
+
+TEST(kill_after_appends_recovers_every_request) {
+    const char *path = tmp_path("k.h5");
+    ASSERT_OK(killed_writer(path, 2));
+    const char *partial = with_suffix(path, ".partial");
+    ASSERT_TRUE(file_exists(partial));
+    ASSERT_TRUE(file_exists(with_suffix(path, ".partial.journal")));
+    /* a new writer refuses to start over the journal */
+    fmoe_trace_header h = sample_header(1);
+    fmoe_trace_writer *w = NULL;
+    ASSERT_EQ(fmoe_trace_writer_open(&w, path, &h, NULL), FMOE_EIO);
+    ASSERT_CONTAINS(fmoe_error_detail(), "fmoe trace recover");
+    ASSERT_TRUE(file_exists(with_suffix(path, ".partial.journal")));
+    fmoe_trace_recover_report rep;
+    ASSERT_OK(fmoe_trace_recover(partial, NULL, &rep));
+    ASSERT_EQ(rep.from_journal, 1);
+    ASSERT_EQ(rep.requests, 2);
+    ASSERT_EQ(rep.dropped_bytes, 0);
+    ASSERT_STR_EQ(rep.output, path);
+    ASSERT_TRUE(!file_exists(partial) && !file_exists(with_suffix(path, ".partial.journal")));
+    check_recovered(harness_failed, path, 2);
+    /* never over an existing trace */
+    ASSERT_OK(killed_writer(tmp_path("k2.h5"), 1));
+    ASSERT_EQ(fmoe_trace_recover(with_suffix(tmp_path("k2.h5"), ".partial"), path, &rep),
+              FMOE_EIO);
+    ASSERT_CONTAINS(fmoe_error_detail(), "exists");
+    check_recovered(harness_failed, path, 2);
+}
+
+TEST(journal_cut_anywhere_recovers_the_whole_records) {
+    const char *path = tmp_path("cut.h5");
+    ASSERT_OK(killed_writer(path, SAMPLE_R));
+    long n = 0;
+    unsigned char *b = slurp(with_suffix(path, ".partial.journal"), &n);
+    ASSERT_TRUE(b != NULL);
+    long ends[8];
+    const int k = record_ends(b, n, ends, 8);
+    ASSERT_EQ(k, 1 + SAMPLE_R); /* the header record, then one per request */
+    ASSERT_EQ(ends[k - 1], n);
+    int tried = 0;
+    for (long cut = 0; cut <= n; cut++) {
+        /* every byte around a record boundary, a stride elsewhere (each try writes an
+         * HDF5 file) */
+        int near = 0;
+        for (int i = 0; i < k; i++) near |= labs(cut - ends[i]) <= 12;
+        if (!near && cut % 97 != 0 && cut != n) continue;
+        tried++;
+        char name[64];
+        snprintf(name, sizeof name, "cut-%ld.h5", cut);
+        const char *out = tmp_path(name);
+        ASSERT_OK(spit(with_suffix(out, ".partial.journal"), b, cut));
+        int whole = 0; /* request records within the cut */
+        for (int i = 1; i < k; i++) whole += ends[i] <= cut;
+        fmoe_trace_recover_report rep;
+        const int rc = fmoe_trace_recover(with_suffix(out, ".partial"), NULL, &rep);
+        if (cut < ends[0]) {
+            /* killed before the header record was whole: nothing to recover, one clear
+             * error, the journal kept */
+            ASSERT_EQ(rc, FMOE_EFORMAT);
+            ASSERT_TRUE(file_exists(with_suffix(out, ".partial.journal")));
+            continue;
+        }
+        if (rc < 0) HARNESS_FAIL("cut at %ld of %ld: %s", cut, n, fmoe_error_detail());
+        ASSERT_EQ(rep.requests, whole);
+        long last = ends[whole];
+        ASSERT_EQ(rep.dropped_bytes, cut - last);
+        check_recovered(harness_failed, out, whole);
+        if (*harness_failed) HARNESS_FAIL("cut at %ld", cut);
+    }
+    ASSERT_TRUE(tried > 60);
+    /* a flipped bit inside the last record: that record is dropped, the others kept */
+    b[ends[k - 2] + 16 + 40] ^= 0x10;
+    const char *out = tmp_path("flip.h5");
+    ASSERT_OK(spit(with_suffix(out, ".partial.journal"), b, n));
+    fmoe_trace_recover_report rep;
+    ASSERT_OK(fmoe_trace_recover(with_suffix(out, ".partial"), NULL, &rep));
+    ASSERT_EQ(rep.requests, SAMPLE_R - 1);
+    ASSERT_EQ(rep.dropped_bytes, n - ends[k - 2]);
+    check_recovered(harness_failed, out, SAMPLE_R - 1);
+    free(b);
+}
+
+TEST(not_a_journal) {
+    const char *out = tmp_path("nj.h5");
+    ASSERT_OK(spit(with_suffix(out, ".partial.journal"), (const unsigned char *)"hello world, "
+                                                                              "not a journal",
+                   25));
+    fmoe_trace_recover_report rep;
+    ASSERT_EQ(fmoe_trace_recover(with_suffix(out, ".partial"), NULL, &rep), FMOE_EFORMAT);
+    ASSERT_CONTAINS(fmoe_error_detail(), "not an fmoe trace journal");
+    ASSERT_EQ(fmoe_trace_recover(out, NULL, &rep), FMOE_EINVAL); /* not a .partial */
+}
+
+TEST(writer_lifecycle_and_the_journal) {
+    fmoe_trace_header h = sample_header(0);
+    /* close: the journal goes with the .partial */
+    const char *path = tmp_path("life.h5");
+    fmoe_trace_writer *w = NULL;
+    ASSERT_OK(fmoe_trace_writer_open(&w, path, &h, NULL));
+    ASSERT_TRUE(file_exists(with_suffix(path, ".partial.journal")));
+    ASSERT_OK(sample_append(w, 2));
+    ASSERT_OK(fmoe_trace_writer_close(w));
+    ASSERT_TRUE(file_exists(path) && !file_exists(with_suffix(path, ".partial")) &&
+                !file_exists(with_suffix(path, ".partial.journal")));
+    /* abort: nothing left */
+    path = tmp_path("life2.h5");
+    ASSERT_OK(fmoe_trace_writer_open(&w, path, &h, NULL));
+    ASSERT_OK(sample_append(w, 1));
+    fmoe_trace_writer_abort(w);
+    ASSERT_TRUE(!file_exists(path) && !file_exists(with_suffix(path, ".partial")) &&
+                !file_exists(with_suffix(path, ".partial.journal")));
+    /* close_partial: a whole .partial and the journal; recover then renames... from the
+     * journal, which holds the same requests */
+    path = tmp_path("life3.h5");
+    ASSERT_OK(fmoe_trace_writer_open(&w, path, &h, NULL));
+    ASSERT_OK(sample_append(w, 2));
+    ASSERT_OK(fmoe_trace_writer_close_partial(w));
+    ASSERT_TRUE(!file_exists(path) && file_exists(with_suffix(path, ".partial")) &&
+                file_exists(with_suffix(path, ".partial.journal")));
+    fmoe_trace_reader *r = NULL;
+    ASSERT_OK(fmoe_trace_reader_open(&r, with_suffix(path, ".partial")));
+    ASSERT_EQ(fmoe_trace_reader_num_requests(r), 2);
+    fmoe_trace_reader_close(r);
+    fmoe_trace_recover_report rep;
+    ASSERT_OK(fmoe_trace_recover(with_suffix(path, ".partial"), NULL, &rep));
+    ASSERT_EQ(rep.requests, 2);
+    /* without a journal: a whole .partial is renamed, a damaged one refused and kept */
+    path = tmp_path("life4.h5");
+    fmoe_trace_write_options o = {.flush_requests = INT32_MAX}; /* an importer's: no journal */
+    ASSERT_OK(fmoe_trace_writer_open(&w, path, &h, &o));
+    ASSERT_TRUE(!file_exists(with_suffix(path, ".partial.journal")));
+    ASSERT_OK(sample_append(w, 3));
+    ASSERT_OK(fmoe_trace_writer_close_partial(w));
+    ASSERT_OK(fmoe_trace_recover(with_suffix(path, ".partial"), NULL, &rep));
+    ASSERT_EQ(rep.from_journal, 0);
+    ASSERT_EQ(rep.requests, 3);
+    ASSERT_TRUE(file_exists(path) && !file_exists(with_suffix(path, ".partial")));
+    path = tmp_path("life5.h5");
+    ASSERT_OK(spit(with_suffix(path, ".partial"), (const unsigned char *)"\x89HDF\r\n\x1a\n", 8));
+    ASSERT_TRUE(fmoe_trace_recover(with_suffix(path, ".partial"), NULL, &rep) < 0);
+    ASSERT_CONTAINS(fmoe_error_detail(), "no journal");
+    ASSERT_TRUE(file_exists(with_suffix(path, ".partial")) && !file_exists(path));
+}
+
+int main(int argc, char **argv) {
+    int rc = RUN_TESTS(argc, argv);
+    if (scratch_dir[0]) nftw(scratch_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return rc;
+}

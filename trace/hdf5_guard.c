@@ -1,0 +1,465 @@
+/*
+ * hdf5_guard.c - checks our side makes before libhdf5 reads a variable-length string from
+ * a file it has not validated (contract in hdf5_guard.h; issue 15, finding 4).
+ *
+ * Why: libhdf5 1.10.8 trusts a variable-length string's heap id. Reading one (H5Aread or
+ * H5Dread, through H5T__conv_vlen and H5HG_read) loads the global heap collection the id
+ * names and copies the object out of it with nothing but assertions (compiled out) between
+ * the bytes and the copy: an index past the collection's table reads a wild pointer
+ * (SEGV), an object whose stored size exceeds the id's length overruns the buffer sized by
+ * that length, and an object of size 0 in the collection makes its decoder loop forever.
+ * Bit-flipped traces and stores did all three (tests/fuzz/crashes/{trace,store}/).
+ *
+ * How: before such a read we take each element's raw heap id out of the file without
+ * dereferencing it - a no-op conversion path from variable-length strings to an opaque
+ * type of the id's size (H5Tregister, registered once; libhdf5 hands a conversion the
+ * stored bytes) - and check it against the file's own bytes, read through the file's
+ * driver handle (sec2: pread on its descriptor; core: its memory image): the collection
+ * must start with "GCOL" version 1 and lie inside the file, every object in it must fit
+ * inside it (walked the way libhdf5's decoder walks it), and the id's object must exist,
+ * not be the free-space object, and have exactly the id's length. Everything is bounded
+ * by the file's size, so a forged length can neither allocate past it nor loop.
+ *
+ * Limits: only the sec2 and core drivers are checked (fmoe opens files with nothing
+ * else); under another driver the check passes without looking. The last collection
+ * checked is kept, so a dataset of many strings in one collection is read once.
+ */
+#include "hdf5_guard.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fmoe/error.h"
+#include "hdf5_util.h"
+
+#define RAW_TAG "fmoe:vlen-heap-id" /* opaque tag of the raw heap id type */
+#define GCOL_VERSION 1
+#define MAX_IDX 65535u /* libhdf5 stores a heap object's index in 16 bits */
+#define ALIGN8(x) (((x) + 7u) & ~(uint64_t)7u)
+
+/* ---------------------------------------------------------------------------------------
+ * The raw conversion path
+ * ------------------------------------------------------------------------------------- */
+
+/* Variable-length string -> opaque RAW_TAG of the same (stored) size: the bytes stay as
+ * they are, so the caller receives the stored heap ids. Declines every other pair, so it
+ * never takes part in anyone else's conversions. */
+static herr_t conv_vlen_raw(hid_t src, hid_t dst, H5T_cdata_t *cdata, size_t nelmts,
+                            size_t buf_stride, size_t bkg_stride, void *buf, void *bkg,
+                            hid_t dxpl) {
+    (void)nelmts, (void)buf_stride, (void)bkg_stride, (void)buf, (void)bkg, (void)dxpl;
+    switch (cdata->command) {
+    case H5T_CONV_INIT: {
+        if (H5Tget_class(src) != H5T_STRING || H5Tis_variable_str(src) <= 0 ||
+            H5Tget_class(dst) != H5T_OPAQUE)
+            return -1;
+        char *tag = H5Tget_tag(dst);
+        const int ours = tag && strcmp(tag, RAW_TAG) == 0;
+        if (tag) H5free_memory(tag);
+        /* the source is the stored type here: its size is the heap id's */
+        if (!ours || H5Tget_size(src) != H5Tget_size(dst)) return -1;
+        cdata->need_bkg = H5T_BKG_NO;
+        return 0;
+    }
+    case H5T_CONV_CONV: return 0; /* same size, same place: nothing moves */
+    case H5T_CONV_FREE: return 0;
+    default: return -1;
+    }
+}
+
+/* Registered once per process, under the HDF5 lock. An application that shuts HDF5 down
+ * (H5close) drops the registration; the raw read then fails with "no conversion path",
+ * which refuses the string rather than reading it unchecked. */
+static int conv_registered;
+
+static int ensure_registered(void) {
+    if (conv_registered) return 0;
+    hid_t s = H5Tcopy(H5T_C_S1);
+    hid_t o = H5Tcreate(H5T_OPAQUE, 16);
+    int ok = s >= 0 && o >= 0 && H5Tset_size(s, H5T_VARIABLE) >= 0 && H5Tset_tag(o, RAW_TAG) >= 0 &&
+             H5Tregister(H5T_PERS_SOFT, "fmoe_vlen_raw", s, o, conv_vlen_raw) >= 0;
+    if (o >= 0) H5Tclose(o);
+    if (s >= 0) H5Tclose(s);
+    if (!ok) return -1;
+    conv_registered = 1;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The file's bytes
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct rawfile {
+    int fd;                   /* sec2: the driver's descriptor; else -1 */
+    const uint8_t *mem;       /* core: the driver's image; else NULL */
+    uint64_t eof;             /* bytes in the file */
+    uint64_t base;            /* absolute offset of address 0 (the user block) */
+    size_t sizeof_addr, sizeof_size;
+} rawfile;
+
+/* 1: checkable, 0: a driver we do not look into, < 0: HDF5 failed. */
+static int rawfile_open(hid_t obj, rawfile *rf) {
+    memset(rf, 0, sizeof *rf);
+    rf->fd = -1;
+    int rc = -1;
+    hid_t file = H5Iget_file_id(obj);
+    hid_t fapl = file >= 0 ? H5Fget_access_plist(file) : -1;
+    hid_t fcpl = file >= 0 ? H5Fget_create_plist(file) : -1;
+    hsize_t eof = 0, ub = 0;
+    void *handle = NULL;
+    if (fapl < 0 || fcpl < 0 || H5Fget_filesize(file, &eof) < 0 ||
+        H5Pget_userblock(fcpl, &ub) < 0 ||
+        H5Pget_sizes(fcpl, &rf->sizeof_addr, &rf->sizeof_size) < 0)
+        goto done;
+    rf->eof = eof;
+    rf->base = ub;
+    const hid_t driver = H5Pget_driver(fapl);
+    if (driver != H5FD_SEC2 && driver != H5FD_CORE) {
+        rc = 0;
+        goto done;
+    }
+    if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || !handle) goto done;
+    if (driver == H5FD_SEC2)
+        rf->fd = *(int *)handle;
+    else
+        rf->mem = *(const uint8_t **)handle;
+    rc = rf->fd >= 0 || rf->mem ? 1 : -1;
+done:
+    if (fcpl >= 0) H5Pclose(fcpl);
+    if (fapl >= 0) H5Pclose(fapl);
+    if (file >= 0) H5Fclose(file);
+    return rc;
+}
+
+/* Reads n bytes at file address addr (relative to the base). 0, or -1 when the range
+ * is not inside the file or the read fails. */
+static int raw_read(const rawfile *rf, uint64_t addr, uint64_t n, uint8_t *out) {
+    if (addr > rf->eof || rf->base > rf->eof - addr || n > rf->eof - addr - rf->base) return -1;
+    const uint64_t at = rf->base + addr;
+    if (rf->mem) {
+        memcpy(out, rf->mem + at, n);
+        return 0;
+    }
+    for (uint64_t got = 0; got < n;) {
+        ssize_t k = pread(rf->fd, out + got, n - got, (off_t)(at + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        got += (uint64_t)k;
+    }
+    return 0;
+}
+
+static uint64_t le(const uint8_t *p, size_t n) {
+    uint64_t v = 0;
+    for (size_t i = n; i-- > 0;) v = v << 8 | p[i];
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Global heap collections
+ * ------------------------------------------------------------------------------------- */
+
+/* One collection, decoded: the size of each present object (-1: absent). */
+typedef struct collection {
+    uint64_t addr; /* 0: none cached */
+    int64_t *size; /* [MAX_IDX + 1] */
+    char why[160]; /* non-empty: the collection is damaged, and how */
+} collection;
+
+/* Decodes the collection at addr into c the way libhdf5 1.10.8's
+ * H5HG__cache_heap_deserialize walks it, refusing whatever would make that walk or a
+ * later H5HG_read leave the collection. */
+static int collection_load(const rawfile *rf, uint64_t addr, collection *c) {
+    c->addr = addr;
+    c->why[0] = '\0';
+    for (size_t i = 0; i <= MAX_IDX; i++) c->size[i] = -1;
+    const uint64_t ss = rf->sizeof_size;
+    const uint64_t hdr = ALIGN8(8 + ss), objhdr = 8 + ss;
+    uint8_t head[32];
+    if (ss < 2 || ss > 8 || raw_read(rf, addr, 8 + ss, head) < 0) {
+        snprintf(c->why, sizeof c->why, "its collection at address %llu is outside the file",
+                 (unsigned long long)addr);
+        return 0;
+    }
+    if (memcmp(head, "GCOL", 4) != 0 || head[4] != GCOL_VERSION) {
+        snprintf(c->why, sizeof c->why,
+                 "address %llu holds no global heap collection (no GCOL version 1 signature)",
+                 (unsigned long long)addr);
+        return 0;
+    }
+    const uint64_t size = le(head + 8, (size_t)ss);
+    if (size < hdr || size > rf->eof) {
+        snprintf(c->why, sizeof c->why,
+                 "its collection at address %llu claims %llu bytes (the file has %llu)",
+                 (unsigned long long)addr, (unsigned long long)size,
+                 (unsigned long long)rf->eof);
+        return 0;
+    }
+    uint8_t *img = malloc((size_t)size);
+    if (!img) return fmoe_error_set(FMOE_ENOMEM, "out of memory for a %llu-byte heap collection",
+                                    (unsigned long long)size);
+    if (raw_read(rf, addr, size, img) < 0) {
+        snprintf(c->why, sizeof c->why,
+                 "its collection at address %llu (%llu bytes) runs past the end of the file",
+                 (unsigned long long)addr, (unsigned long long)size);
+        free(img);
+        return 0;
+    }
+    for (uint64_t p = hdr; p < size;) {
+        const uint64_t left = size - p;
+        if (left < objhdr) break; /* a tail too small for a header is free space */
+        const unsigned idx = (unsigned)le(img + p, 2);
+        const uint64_t osize = le(img + p + 8, (size_t)ss);
+        uint64_t need;
+        if (idx > 0) {
+            need = osize > left - objhdr ? UINT64_MAX : objhdr + ALIGN8(osize);
+        } else {
+            need = osize; /* the free-space object's size includes its header */
+        }
+        if (need < objhdr || need > left) {
+            snprintf(c->why, sizeof c->why,
+                     "object %u of the collection at address %llu claims %llu bytes, %llu are "
+                     "left in it",
+                     idx, (unsigned long long)addr, (unsigned long long)osize,
+                     (unsigned long long)left);
+            break;
+        }
+        c->size[idx] = (int64_t)osize;
+        p += need;
+    }
+    free(img);
+    return 0;
+}
+
+/* Checks one stored heap id (len, addr, idx). 0, or FMOE_EFORMAT naming `what`. */
+static int check_id(const rawfile *rf, collection *c, const uint8_t *id, const char *path,
+                    const char *what, int64_t element, int64_t count) {
+    const uint64_t len = le(id, 4);
+    const uint64_t addr = le(id + 4, rf->sizeof_addr);
+    const uint64_t idx = le(id + 4 + rf->sizeof_addr, 4);
+    if (addr == 0) return 0; /* a null string: libhdf5 reads nothing */
+    if (c->addr != addr) FMOE_FORWARD_IF_ERROR(collection_load(rf, addr, c));
+    char where[48] = "";
+    if (count != 1) snprintf(where, sizeof where, "[%lld]", (long long)element);
+    if (c->why[0])
+        return fmoe_error_set(FMOE_EFORMAT, "%s: %s%s: damaged string: %s", path, what, where,
+                              c->why);
+    if (idx == 0 || idx > MAX_IDX || c->size[idx] < 0)
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: %s%s: damaged string: heap object %llu is not in the "
+                              "collection at address %llu",
+                              path, what, where, (unsigned long long)idx,
+                              (unsigned long long)addr);
+    if ((uint64_t)c->size[idx] != len)
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: %s%s: damaged string: %llu bytes long, its heap object "
+                              "holds %lld",
+                              path, what, where, (unsigned long long)len,
+                              (long long)c->size[idx]);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Entry point
+ * ------------------------------------------------------------------------------------- */
+
+int fmoe__h5_vlen_check(hid_t obj, int is_attr, int64_t count, const char *path,
+                        const char *what) {
+    if (count <= 0) return 0;
+    char msg[256];
+    rawfile rf;
+    int have = rawfile_open(obj, &rf);
+    if (have < 0)
+        return fmoe_error_set(FMOE_EIO, "%s: %s: cannot inspect the file: %s", path, what,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    if (have == 0) return 0;
+    FMOE_RETURN_ERROR_IF(rf.sizeof_addr < 2 || rf.sizeof_addr > 8, FMOE_EFORMAT,
+                         "%s: %s: addresses of %zu bytes", path, what, rf.sizeof_addr);
+    const size_t id_size = 8 + rf.sizeof_addr;
+    /* every element holds one id stored inside the file: more than fit is a forged extent */
+    FMOE_RETURN_ERROR_IF((uint64_t)count > rf.eof / id_size, FMOE_EFORMAT,
+                         "%s: %s: %lld strings cannot fit in a %llu-byte file", path, what,
+                         (long long)count, (unsigned long long)rf.eof);
+    FMOE_RETURN_ERROR_IF(ensure_registered() < 0, FMOE_EINTERNAL,
+                         "%s: %s: cannot register the raw string conversion", path, what);
+    int rc = 0;
+    hid_t raw = H5Tcreate(H5T_OPAQUE, id_size);
+    uint8_t *ids = malloc((size_t)count * id_size);
+    collection c = {.addr = 0, .size = malloc((MAX_IDX + 1) * sizeof(int64_t))};
+    if (raw < 0 || !ids || !c.size || H5Tset_tag(raw, RAW_TAG) < 0) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: %s: out of memory", path, what);
+        goto done;
+    }
+    herr_t e = is_attr ? H5Aread(obj, raw, ids)
+                       : H5Dread(obj, raw, H5S_ALL, H5S_ALL, H5P_DEFAULT, ids);
+    if (e < 0) {
+        rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s: cannot read: %s", path, what,
+                            fmoe__h5_errmsg(msg, sizeof msg));
+        goto done;
+    }
+    for (int64_t i = 0; i < count && rc == 0; i++)
+        rc = check_id(&rf, &c, ids + (size_t)i * id_size, path, what, i, count);
+done:
+    free(c.size);
+    free(ids);
+    if (raw >= 0) H5Tclose(raw);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Before H5Fopen: the superblock and the root group's object header
+ * ------------------------------------------------------------------------------------- */
+
+#define MAX_HEADER_CHUNKS 256
+#define MAX_HEADER_BYTES ((uint64_t)16 << 20) /* fmoe's root headers hold a few KiB */
+#define UNDEF_ADDR UINT64_MAX
+
+/* Walks the object header at addr (version 1 or 2) and every continuation chunk it
+ * names, checking that each lies inside the file before libhdf5 allocates it. */
+static int header_check(const rawfile *rf, uint64_t addr, const char *path, const char *what) {
+    const size_t so = rf->sizeof_addr, sl = rf->sizeof_size;
+    uint8_t pre[64];
+    uint64_t chunk_addr[MAX_HEADER_CHUNKS], chunk_len[MAX_HEADER_CHUNKS];
+    int nchunks = 0, version;
+    uint64_t total = 0;
+    FMOE_RETURN_ERROR_IF(raw_read(rf, addr, 16, pre) < 0, FMOE_EFORMAT,
+                         "%s: damaged HDF5 file: the %s object header (address %llu) is outside "
+                         "the file",
+                         path, what, (unsigned long long)addr);
+    if (pre[0] == 1) { /* version 1: a 16-byte prefix, then chunk 0 */
+        version = 1;
+        chunk_addr[0] = addr + 16;
+        chunk_len[0] = le(pre + 8, 4);
+    } else if (memcmp(pre, "OHDR", 4) == 0 && pre[4] == 2) {
+        version = 2;
+        const unsigned flags = pre[5];
+        uint64_t at = 6 + (flags & 0x20 ? 16 : 0) + (flags & 0x10 ? 4 : 0);
+        const size_t w = (size_t)1 << (flags & 3);
+        FMOE_RETURN_ERROR_IF(raw_read(rf, addr, at + w, pre) < 0, FMOE_EFORMAT,
+                             "%s: damaged HDF5 file: the %s object header is cut off", path, what);
+        chunk_len[0] = le(pre + at, w);
+        chunk_addr[0] = addr + at + w;
+    } else {
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: damaged HDF5 file: no object header at address %llu (%s)", path,
+                              (unsigned long long)addr, what);
+    }
+    nchunks = 1;
+    for (int c = 0; c < nchunks; c++) {
+        const uint64_t a = chunk_addr[c], n = chunk_len[c];
+        if (a > rf->eof || n > rf->eof - a || (total += n) > MAX_HEADER_BYTES)
+            return fmoe_error_set(FMOE_EFORMAT,
+                                  "%s: damaged HDF5 file: the %s object header claims a "
+                                  "%llu-byte chunk at address %llu (the file has %llu bytes)",
+                                  path, what, (unsigned long long)n, (unsigned long long)a,
+                                  (unsigned long long)rf->eof);
+        uint8_t *img = malloc(n ? (size_t)n : 1);
+        if (!img) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+        if (raw_read(rf, a, n, img) < 0) {
+            free(img);
+            return fmoe_error_set(FMOE_EFORMAT,
+                                  "%s: damaged HDF5 file: the %s object header runs past the "
+                                  "end of the file",
+                                  path, what);
+        }
+        /* version 2 continuation chunks open with "OCHK"; both versions end v2 chunks with
+         * a checksum, which libhdf5 verifies itself */
+        uint64_t p = version == 2 && c > 0 ? 4 : 0;
+        const uint64_t end = version == 2 ? (n >= 4 ? n - 4 : 0) : n;
+        const uint64_t mh = version == 1 ? 8 : 4; /* message header (v2: + order below) */
+        while (p + mh <= end) {
+            unsigned type;
+            uint64_t size;
+            if (version == 1) {
+                type = (unsigned)le(img + p, 2);
+                size = le(img + p + 2, 2);
+                p += 8;
+            } else {
+                type = img[p];
+                size = le(img + p + 1, 2);
+                const unsigned mflags = img[p + 3];
+                p += 4 + ((pre[5] & 0x04) ? 2 : 0);
+                (void)mflags;
+            }
+            if (size > end - (p > end ? end : p)) {
+                free(img);
+                return fmoe_error_set(FMOE_EFORMAT,
+                                      "%s: damaged HDF5 file: a message of the %s object header "
+                                      "claims %llu bytes past its chunk",
+                                      path, what, (unsigned long long)size);
+            }
+            if (type == 0x10 && size >= so + sl) { /* continuation: address, length */
+                if (nchunks == MAX_HEADER_CHUNKS) {
+                    free(img);
+                    return fmoe_error_set(FMOE_EFORMAT,
+                                          "%s: damaged HDF5 file: the %s object header has more "
+                                          "than %d chunks",
+                                          path, what, MAX_HEADER_CHUNKS);
+                }
+                chunk_addr[nchunks] = le(img + p, so);
+                chunk_len[nchunks] = le(img + p + so, sl);
+                nchunks++;
+            }
+            p += size;
+        }
+        free(img);
+    }
+    return 0;
+}
+
+int fmoe__h5_precheck(int fd, const void *image, uint64_t size, const char *path) {
+    if (!image) {
+        struct stat st;
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return 0; /* the open says why */
+        size = (uint64_t)st.st_size;
+    }
+    rawfile rf = {.fd = image ? -1 : fd, .mem = image, .eof = size, .base = 0};
+    uint8_t sb[128];
+    /* libhdf5 looks for the signature at 0, 512, 1024, 2048, ... */
+    uint64_t at = 0;
+    for (;;) {
+        if (at + 8 > size) return 0; /* no signature: H5Fopen says so itself */
+        if (raw_read(&rf, at, 8, sb) == 0 && memcmp(sb, "\x89HDF\r\n\x1a\n", 8) == 0) break;
+        at = at ? at * 2 : 512;
+    }
+    if (raw_read(&rf, at, 9, sb) < 0) return 0;
+    const unsigned v = sb[8];
+    uint64_t root = UNDEF_ADDR, ext = UNDEF_ADDR, base;
+    if (v <= 1) {
+        const uint64_t fixed = v == 0 ? 24 : 28;
+        if (raw_read(&rf, at, fixed, sb) < 0) return 0;
+        rf.sizeof_addr = sb[13];
+        rf.sizeof_size = sb[14];
+        if (rf.sizeof_addr < 2 || rf.sizeof_addr > 8 || rf.sizeof_size < 2 || rf.sizeof_size > 8)
+            return 0; /* libhdf5 refuses these itself */
+        const size_t so = rf.sizeof_addr;
+        if (raw_read(&rf, at + fixed, 6 * so, sb + 32) < 0) return 0;
+        base = le(sb + 32, so);
+        root = le(sb + 32 + 5 * so, so);
+    } else if (v <= 3) {
+        if (raw_read(&rf, at, 12, sb) < 0) return 0;
+        rf.sizeof_addr = sb[9];
+        rf.sizeof_size = sb[10];
+        if (rf.sizeof_addr < 2 || rf.sizeof_addr > 8 || rf.sizeof_size < 2 || rf.sizeof_size > 8)
+            return 0;
+        const size_t so = rf.sizeof_addr;
+        if (raw_read(&rf, at + 12, 4 * so, sb + 32) < 0) return 0;
+        base = le(sb + 32, so);
+        ext = le(sb + 32 + so, so);
+        root = le(sb + 32 + 3 * so, so);
+    } else {
+        return 0; /* a superblock version libhdf5 1.10 refuses itself */
+    }
+    const uint64_t undef = rf.sizeof_addr == 8 ? UNDEF_ADDR : ((uint64_t)1 << (8 * rf.sizeof_addr)) - 1;
+    rf.base = base == undef ? at : base;
+    FMOE_RETURN_ERROR_IF(rf.base > size, FMOE_EFORMAT,
+                         "%s: damaged HDF5 file: base address %llu past its %llu bytes", path,
+                         (unsigned long long)rf.base, (unsigned long long)size);
+    if (ext != undef) FMOE_FORWARD_IF_ERROR(header_check(&rf, ext, path, "superblock extension"));
+    if (root != undef) FMOE_FORWARD_IF_ERROR(header_check(&rf, root, path, "root group"));
+    return 0;
+}
