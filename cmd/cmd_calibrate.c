@@ -202,6 +202,7 @@ typedef struct measurements {
     double match_s, token_match_s; /* the fMoE matcher: one layer's match, a whole token */
     int32_t promoe_hidden;         /* the ProMoE predictor timed: h -> this -> J */
     double promoe_s;               /* its pass over one token */
+    double duoserve_s;             /* DuoServe's ExpertMLP of the default widths, one token */
     int have_gpu;
 } measurements;
 
@@ -290,6 +291,7 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     if (rc >= 0)
         rc = fmoe_calibrate_predictor(sh->hidden, m->promoe_hidden, sh->experts, reps,
                                       &m->promoe_s);
+    if (rc >= 0) rc = fmoe_calibrate_duoserve(sh->layers, sh->experts, reps, &m->duoserve_s);
     openblas_set_num_threads(blas_threads);
     if (rc < 0) return rc;
     if (m->have_gpu) {
@@ -425,7 +427,8 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     p.host_peak_flops = m->cpu_peak_flops;
     p.host_memory_bandwidth_bytes_per_s = cpu_bw;
     p.match_s = m->match_s;
-    p.predictor_s = m->promoe_s;
+    p.promoe_s = m->promoe_s;
+    p.duoserve_s = m->duoserve_s;
     snprintf(p.source, sizeof p.source,
              "fmoe calibrate on %.60s: link %s; compute %s at %.90s; host OpenBLAS fp32",
              host, link, m->have_gpu ? "cuBLAS bf16" : "OpenBLAS fp32", sh->model);
@@ -464,6 +467,10 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON_AddNumberToObject(pred, "hidden", m->promoe_hidden);
     cJSON_AddNumberToObject(pred, "experts", sh->experts);
     cJSON_AddNumberToObject(pred, "promoe_s", m->promoe_s);
+    int32_t widths[FMOE_EXPERT_MLP_MAX_FC + 1];
+    const int32_t fc = fmoe_duoserve_widths(sh->layers, sh->experts, 0, widths);
+    cJSON_AddItemToObject(pred, "duoserve_widths", cJSON_CreateIntArray(widths, fc + 1));
+    cJSON_AddNumberToObject(pred, "duoserve_s", m->duoserve_s);
     cJSON *links = cJSON_AddObjectToObject(cal, "links");
     add_link(links, "ram", &m->ram);
     add_link(links, "file", &m->file);
@@ -549,6 +556,8 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
             human_s(m->token_match_s, b, sizeof b), sh->layers, sh->experts, MATCHER_STORE);
     fprintf(stderr, "  %-28s %10s per token (%d -> %d -> %d, 1 thread)\n", "ProMoE predictor",
             human_s(m->promoe_s, a, sizeof a), sh->hidden, m->promoe_hidden, sh->experts);
+    fprintf(stderr, "  %-28s %10s per token (ExpertMLP for %d layers x %d experts, 1 thread)\n",
+            "DuoServe predictor", human_s(m->duoserve_s, a, sizeof a), sh->layers, sh->experts);
     fprintf(stderr, "profile: link = %s; compute = %s; host = OpenBLAS\n", link,
             m->have_gpu ? "cuBLAS" : "OpenBLAS");
 }

@@ -15,6 +15,7 @@
 #include "cmd_common.h"
 #include "fmoe/analysis.h"
 #include "fmoe/error.h"
+#include "fmoe/predictor.h"
 #include "fmoe/trace.h"
 
 #define AGGREGATED_ITERATIONS 64
@@ -48,7 +49,8 @@ const cmd_spec cmd_inspect_spec = {
         "of the fMoE paper (§2.4, Fig. 3): mean Shannon entropy per layer of expert\n"
         "activations aggregated per request (coarse) versus per iteration (fine).\n"
         "For a store: capacity, fill, source traces, split, and the distribution of\n"
-        "nearest-neighbour similarity between entries.\n",
+        "nearest-neighbour similarity between entries. For a learned predictor (fmoe\n"
+        "train-predictor): its kind, model, shapes and validation accuracy per layer.\n",
     .options = inspect_options,
     .max_positional = -1, /* exactly one FILE, checked below with its own message */
     .size = sizeof(inspect_opts),
@@ -292,6 +294,92 @@ static int inspect_trace(const char *path, int json, int quiet) {
     return CMD_EXIT_OK;
 }
 
+/* A predictor file (fmoe/predictor.h), either kind: read and validated in full. */
+static int inspect_predictor(const char *path, int json) {
+    fmoe_predictor *p = NULL;
+    int rc = fmoe_predictor_read(path, &p);
+    if (rc < 0) return cmd_fail(CMD, rc);
+    const int duo = strcmp(p->kind, FMOE_PREDICTOR_KIND_DUOSERVE) == 0;
+    const int32_t L = p->num_layers;
+    int64_t params = 0;
+    if (duo)
+        params = p->expert_mlp->num_params;
+    else
+        for (int32_t i = 1; i < L; i++) params += fmoe_mlp_num_params(&p->layers[i]);
+    if (json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "file", path);
+        cJSON_AddStringToObject(d, "format", FMOE_PREDICTOR_FORMAT);
+        cJSON_AddStringToObject(d, "kind", p->kind);
+        cJSON_AddStringToObject(d, "model_name", p->model_name);
+        cJSON_AddStringToObject(d, "model_fingerprint", p->model_fingerprint);
+        cJSON_AddNumberToObject(d, "num_layers", L);
+        cJSON_AddNumberToObject(d, "num_experts", p->num_experts);
+        cJSON_AddNumberToObject(d, "top_k", p->top_k);
+        cJSON_AddNumberToObject(d, "stride", p->stride);
+        cJSON_AddNumberToObject(d, "params", (double)params);
+        cJSON_AddNumberToObject(d, "seed", (double)p->seed);
+        cJSON_AddNumberToObject(d, "split", p->split);
+        cJSON_AddStringToObject(d, "created", p->created);
+        cJSON_AddStringToObject(d, "fmoe_version", p->fmoe_version);
+        if (duo) {
+            cJSON *w = cJSON_AddArrayToObject(d, "widths");
+            for (int32_t i = 0; i <= p->expert_mlp->num_fc; i++)
+                cJSON_AddItemToArray(w, cJSON_CreateNumber(p->expert_mlp->width[i]));
+        } else {
+            cJSON_AddNumberToObject(d, "hidden_size", p->hidden_size);
+            cJSON_AddNumberToObject(d, "mlp_hidden", p->mlp_hidden);
+        }
+        cJSON *ls = cJSON_AddArrayToObject(d, "layers");
+        for (int32_t l = 1; l < L; l++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "layer", l);
+            const double a = duo ? p->val_all_correct[l] : p->val_accuracy[l];
+            cJSON_AddItemToObject(e, duo ? "all_correct" : "accuracy",
+                                  isfinite(a) ? cJSON_CreateNumber(a) : cJSON_CreateNull());
+            if (duo) {
+                const double o = p->val_one_correct[l];
+                cJSON_AddItemToObject(e, "one_correct",
+                                      isfinite(o) ? cJSON_CreateNumber(o) : cJSON_CreateNull());
+            } else {
+                cJSON_AddNumberToObject(e, "source_layer", p->source_layer[l]);
+            }
+            cJSON_AddItemToArray(ls, e);
+        }
+        cmd_print_json(d);
+        fmoe_predictor_free(p);
+        return CMD_EXIT_OK;
+    }
+    printf("%s: %s predictor for %s (fingerprint %.12s), created %s by fmoe %s\n", path,
+           duo ? "DuoServe-MoE" : "ProMoE", p->model_name[0] ? p->model_name : "(unnamed model)",
+           p->model_fingerprint, p->created, p->fmoe_version);
+    printf("  model        %d MoE layers x %d experts, top-%d\n", L, p->num_experts, p->top_k);
+    if (duo) {
+        printf("  network      ExpertMLP");
+        for (int32_t i = 0; i <= p->expert_mlp->num_fc; i++)
+            printf("%s%d", i ? " -> " : " ", p->expert_mlp->width[i]);
+        printf(", %lld parameters, next layer from expert ids\n", (long long)params);
+    } else {
+        printf("  network      one MLP per layer %d -> %d -> %d, %lld parameters in all, "
+               "stride %d\n",
+               p->hidden_size, p->mlp_hidden, p->num_experts, (long long)params, p->stride);
+    }
+    printf("  trained      seed %lld, split %.2f, on %s%s\n", (long long)p->seed, p->split,
+           strcmp(p->target, "none") == 0 ? "expert ids only" : p->target,
+           strcmp(p->target, "none") == 0 ? "" : " gate probabilities");
+    printf("  validation   %s per layer:", duo ? "all / at least one of the top-K" : "ACCURACY");
+    for (int32_t l = 1; l < L; l++) {
+        if (duo)
+            printf(" %d: %.1f%%/%.1f%%", l, 100 * p->val_all_correct[l],
+                   100 * p->val_one_correct[l]);
+        else
+            printf(" %d: %.1f%%", l, 100 * p->val_accuracy[l]);
+    }
+    printf("\n");
+    fmoe_predictor_free(p);
+    return CMD_EXIT_OK;
+}
+
 int cmd_inspect(int argc, char **argv) {
     inspect_opts o = {0};
     int npos = 0;
@@ -312,6 +400,8 @@ int cmd_inspect(int argc, char **argv) {
     if (rc < 0) return cmd_fail(CMD, rc);
     if (strcmp(format, FMOE_TRACE_FORMAT) == 0) return inspect_trace(path, json, quiet);
     if (strcmp(format, "fmoe-store") == 0) return cmd_inspect_store(path, json);
-    return cmd_failf(CMD, "%s: unsupported fmoe file format \"%s\" (supported: %s, fmoe-store)",
-                     path, format, FMOE_TRACE_FORMAT);
+    if (strcmp(format, FMOE_PREDICTOR_FORMAT) == 0) return inspect_predictor(path, json);
+    return cmd_failf(CMD, "%s: unsupported fmoe file format \"%s\" (supported: %s, fmoe-store, "
+                          "%s)",
+                     path, format, FMOE_TRACE_FORMAT, FMOE_PREDICTOR_FORMAT);
 }

@@ -70,7 +70,8 @@ typedef struct options {
     const char *decision_log;
     int32_t batch;             /* --batch: sequences run together (1: one at a time) */
     int batch_trace;           /* --batch trace: the served trace's own passes */
-    const char *predictor;     /* --predictor: a learned predictor (promoe) */
+    cmd_opt_strings predictors; /* --predictor, repeatable: learned predictors (promoe,
+                                   duoserve), each for the policy of its kind */
 } options;
 
 /* Splits `text` at commas into at most MAX_LIST non-empty items (in place). */
@@ -214,10 +215,11 @@ static const cmd_option simulate_options[] = {
      .help = "the fmoe matcher's time per match, seconds",
      .default_text = "the profile's matcher.match_s, else 0",
      .offset = offsetof(options, store.match_delay_s), .fmin = 0, .fmax = 1e3},
-    {.name = "predictor", .kind = CMD_OPT_STRING, .value_name = "P.h5",
-     .help = "learned predictor for policy promoe (fmoe train-predictor --kind promoe); its "
+    {.name = "predictor", .kind = CMD_OPT_STRINGS, .value_name = "P.h5",
+     .help = "learned predictor (fmoe train-predictor) for the policy of its kind, promoe or "
+             "duoserve; repeatable, one per kind. promoe's "
              "stride is the prefetch distance; needs a trace recorded with --hidden",
-     .offset = offsetof(options, predictor)},
+     .offset = offsetof(options, predictors)},
     {.name = "model-config", .kind = CMD_OPT_STRING, .value_name = "FILE",
      .help = "config.json", .default_text = "the one stored in the trace",
      .offset = offsetof(options, model_config)},
@@ -321,20 +323,24 @@ static int parse_options(int argc, char **argv, options *o) {
         if (!fmoe_policy_find(o->policies[i]))
             return cmd_usage_error(CMD, "unknown policy '%s' (valid: %s)", o->policies[i],
                                    fmoe_policy_names());
+    /* the policies that predict with a learned predictor (promoe, duoserve): each needs one
+     * of its kind; which file is of which kind is known once they are read
+     * (load_predictors) */
     int takes_predictor = 0;
     for (int i = 0; i < o->n_policies; i++) {
-        const fmoe_policy_ops *ops = fmoe_policy_find(o->policies[i]);
-        if (strcmp(ops->name, FMOE_PREDICTOR_KIND_PROMOE) != 0) continue;
+        const char *kind = fmoe_predictor_kind_of_policy(o->policies[i]);
+        if (!kind) continue;
         takes_predictor = 1;
-        if (!o->predictor)
+        if (o->predictors.n == 0)
             return cmd_usage_error(CMD,
                                    "policy %s needs --predictor P.h5 (fmoe train-predictor "
                                    "--kind %s)",
-                                   ops->name, ops->name);
+                                   o->policies[i], kind);
     }
-    if (o->predictor && !takes_predictor)
-        return cmd_usage_error(CMD, "--predictor is for policy %s; no --policy takes it",
-                               FMOE_PREDICTOR_KIND_PROMOE);
+    if (o->predictors.n > 0 && !takes_predictor)
+        return cmd_usage_error(CMD, "--predictor is for policies %s and %s; no --policy takes "
+                                    "it",
+                               FMOE_PREDICTOR_KIND_PROMOE, FMOE_PREDICTOR_KIND_DUOSERVE);
     if (!o->n_distances) {
         o->distances[0] = 0;
         o->n_distances = 1;
@@ -422,13 +428,13 @@ static int needs_hidden(const options *o) {
     return 0;
 }
 
-/* Reads --predictor and checks it is for the trace's model (a fingerprint mismatch is
+/* Reads one --predictor and checks it is for the trace's model (a fingerprint mismatch is
  * refused naming both; a trace or predictor without one is checked by geometry, in the
  * policy's init). */
-static int load_predictor(const options *o, const fmoe_trace_header *h, fmoe_predictor **out) {
+static int load_predictor(const options *o, const char *path, const fmoe_trace_header *h,
+                          fmoe_predictor **out) {
     *out = NULL;
-    if (!o->predictor) return 0;
-    int rc = fmoe_predictor_read(o->predictor, out);
+    int rc = fmoe_predictor_read(path, out);
     if (rc < 0) return cmd_fail(CMD, rc);
     const fmoe_predictor *p = *out;
     if (p->model_fingerprint[0] && h->model_fingerprint[0] &&
@@ -436,13 +442,63 @@ static int load_predictor(const options *o, const fmoe_trace_header *h, fmoe_pre
         return cmd_failf(CMD,
                          "%s is a predictor for model %s (fingerprint %s) but %s is model %s "
                          "(fingerprint %s); train one on traces of this model",
-                         o->predictor, p->model_name[0] ? p->model_name : "(unnamed)",
+                         path, p->model_name[0] ? p->model_name : "(unnamed)",
                          p->model_fingerprint, o->trace,
                          h->model_name[0] ? h->model_name : "(unnamed)", h->model_fingerprint);
-    if (p->hidden_size != h->hidden_dim)
+    if (strcmp(p->kind, FMOE_PREDICTOR_KIND_PROMOE) == 0 && p->hidden_size != h->hidden_dim)
         return cmd_failf(CMD, "%s reads gate inputs of width %d; %s holds %d-wide ones",
-                         o->predictor, p->hidden_size, o->trace, h->hidden_dim);
+                         path, p->hidden_size, o->trace, h->hidden_dim);
     return 0;
+}
+
+/* Reads every --predictor into out[MAX_PREDICTORS] (one per kind) and checks that each
+ * policy that takes one finds one of its kind, and each is taken. @return 0 or 1/2
+ * (printed). */
+#define MAX_PREDICTORS 2
+static int load_predictors(const options *o, const fmoe_trace_header *h,
+                           fmoe_predictor **out) {
+    if (o->predictors.n > MAX_PREDICTORS)
+        return cmd_usage_error(CMD, "--predictor given %d times: at most one per kind (%s, %s)",
+                               (int)o->predictors.n, FMOE_PREDICTOR_KIND_PROMOE,
+                               FMOE_PREDICTOR_KIND_DUOSERVE);
+    for (int i = 0; i < o->predictors.n; i++) {
+        int rc = load_predictor(o, o->predictors.items[i], h, &out[i]);
+        if (rc) return rc;
+        for (int k = 0; k < i; k++)
+            if (strcmp(out[k]->kind, out[i]->kind) == 0)
+                return cmd_usage_error(CMD, "%s and %s are both %s predictors: give one per kind",
+                                       o->predictors.items[k], o->predictors.items[i],
+                                       out[i]->kind);
+    }
+    for (int p = 0; p < o->n_policies; p++) {
+        const char *kind = fmoe_predictor_kind_of_policy(o->policies[p]);
+        int found = 0;
+        for (int i = 0; kind && i < o->predictors.n; i++) found |= strcmp(out[i]->kind, kind) == 0;
+        if (kind && !found)
+            return cmd_failf(CMD, "policy %s needs a predictor of kind %s; %s is a %s predictor "
+                                  "(train one with 'fmoe train-predictor --kind %s')",
+                             o->policies[p], kind, o->predictors.items[0], out[0]->kind, kind);
+    }
+    for (int i = 0; i < o->predictors.n; i++) {
+        int taken = 0;
+        for (int p = 0; p < o->n_policies; p++) {
+            const char *kind = fmoe_predictor_kind_of_policy(o->policies[p]);
+            taken |= kind && strcmp(kind, out[i]->kind) == 0;
+        }
+        if (!taken)
+            return cmd_usage_error(CMD, "%s is a %s predictor, for policy %s, which --policy "
+                                        "does not run",
+                                   o->predictors.items[i], out[i]->kind, out[i]->kind);
+    }
+    return 0;
+}
+
+/* The predictor of the kind `policy` takes, or NULL. */
+static const fmoe_predictor *predictor_for(const char *policy, fmoe_predictor *const *loaded) {
+    const char *kind = fmoe_predictor_kind_of_policy(policy);
+    for (int i = 0; kind && i < MAX_PREDICTORS; i++)
+        if (loaded[i] && strcmp(loaded[i]->kind, kind) == 0) return loaded[i];
+    return NULL;
 }
 
 /* Arrival times per request of the workload (malloc'd into *out). */
@@ -847,14 +903,15 @@ int cmd_simulate(int argc, char **argv) {
     int exit_code = CMD_EXIT_OK;
     double *arrivals = NULL;
     uint32_t want = 0;
-    fmoe_predictor *predictor = NULL;
+    fmoe_predictor *predictors[MAX_PREDICTORS] = {NULL};
 
     /* Every file written, against every file read. */
-    const char *inputs[] = {o.trace, o.model_config, o.profile, o.arrivals, o.store.path,
-                            o.predictor};
+    const char *inputs[5 + CMD_OPT_STRINGS_MAX] = {o.trace, o.model_config, o.profile,
+                                                   o.arrivals, o.store.path};
+    for (int i = 0; i < o.predictors.n; i++) inputs[5 + i] = o.predictors.items[i];
     const char *outputs[] = {o.csv, o.plot, o.decision_log};
     for (int i = 0; i < 3; i++)
-        if ((rc = cmd_check_output(CMD, outputs[i], inputs, 6)) != 0) return rc;
+        if ((rc = cmd_check_output(CMD, outputs[i], inputs, 5 + o.predictors.n)) != 0) return rc;
 
     rc = fmoe_trace_reader_open(&reader, o.trace);
     if (rc < 0) goto fail;
@@ -862,7 +919,7 @@ int cmd_simulate(int argc, char **argv) {
     if (exit_code) goto done;
     exit_code = check_distances(&o, fmoe_trace_reader_header(reader)->num_layers);
     if (exit_code) goto done;
-    exit_code = load_predictor(&o, fmoe_trace_reader_header(reader), &predictor);
+    exit_code = load_predictors(&o, fmoe_trace_reader_header(reader), predictors);
     if (exit_code) goto done;
     if (o.batch_trace) { /* the served passes: only a trace of fmoe serve has them */
         if (!fmoe_trace_reader_header(reader)->served) {
@@ -988,8 +1045,7 @@ int cmd_simulate(int argc, char **argv) {
                         .store_capacity = o.eamc_capacity, .copy_chunks = o.copy_chunks,
                         .feedback = cmd_feedback_request(o.feedback),
                         /* each policy the predictor of its kind */
-                        .predictor = predictor && strcmp(o.policies[p], predictor->kind) == 0
-                                         ? predictor : NULL};
+                        .predictor = predictor_for(o.policies[p], predictors)};
             }
     }
     n = k;
@@ -1046,6 +1102,6 @@ done:
     fmoe_sim_workload_free(&w);
     fmoe_trace_reader_close(reader);
     cmd_sim_store_free(&o.store);
-    fmoe_predictor_free(predictor);
+    for (int i = 0; i < MAX_PREDICTORS; i++) fmoe_predictor_free(predictors[i]);
     return exit_code;
 }

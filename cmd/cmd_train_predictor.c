@@ -1,5 +1,7 @@
 /*
- * cmd_train_predictor.c - `fmoe train-predictor --kind promoe`: traces recorded with
+ * cmd_train_predictor.c - `fmoe train-predictor --kind promoe|duoserve`. --kind duoserve
+ * (DuoServe-MoE's ExpertMLP, from expert ids alone) is train_duoserve.c, called once the
+ * common options are checked. --kind promoe: traces recorded with
  * `fmoe record --hidden` -> one learned expert predictor per MoE layer (papers/promoe.txt
  * §4.4, POLICIES.md §2.4) in a predictor file, and ACCURACY_i(k) per layer on a validation
  * split next to ProMoE's two baselines (promoe §4.2).
@@ -27,6 +29,7 @@
 #include "fmoe/predictor.h"
 #include "fmoe/trace.h"
 #include "paths.h"
+#include "train_duoserve.h"
 
 int cmd_train_predictor(int argc, char **argv);
 
@@ -56,8 +59,8 @@ typedef struct options {
 
 static const cmd_option train_options[] = {
     {.name = "kind", .kind = CMD_OPT_ENUM, .value_name = "K",
-     .help = "the predictor: promoe (one MLP per layer, ProMoE §4.4); duoserve is not yet "
-             "available",
+     .help = "the predictor: promoe (one MLP per layer from gate inputs, ProMoE §4.4) or "
+             "duoserve (one ExpertMLP from expert ids, DuoServe-MoE §4)",
      .default_text = "promoe", .offset = offsetof(options, kind), .choices = kind_names},
     {.name = "trace", .kind = CMD_OPT_STRINGS, .value_name = "FILE",
      .help = "a trace recorded with 'fmoe record --hidden'; repeatable (one model)",
@@ -65,8 +68,8 @@ static const cmd_option train_options[] = {
     {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "FILE",
      .help = "the predictor file to write", .offset = offsetof(options, output)},
     {.name = "stride", .kind = CMD_OPT_INT32, .value_name = "k",
-     .help = "layers ahead: predictor i reads layer i-k's gate input (below the number of MoE "
-             "layers)",
+     .help = "promoe: layers ahead: predictor i reads layer i-k's gate input (below the "
+             "number of MoE layers); duoserve predicts the next layer",
      .default_text = "3", .offset = offsetof(options, stride), .min = 1, .max = 65535},
     {.name = "split", .kind = CMD_OPT_DOUBLE, .value_name = "S",
      .help = "share of requests trained on, in (0, 1); the rest validate (early stopping and "
@@ -87,7 +90,8 @@ static const cmd_option train_options[] = {
      .default_text = "0.001", .offset = offsetof(options, lr), .fmin = 1e-8, .fmax = 10},
     {.name = "mlp-hidden", .kind = CMD_OPT_INT32, .value_name = "H",
      .help = "the MLP's hidden width; 0: min(2M / (h + J), h / 2), about 2M parameters at "
-             "real sizes",
+             "real sizes (duoserve: the first of its six hidden widths, the rest halving; 0: "
+             "2048 -> 64 scaled by min(1, (L+1)·J / 264))",
      .default_text = "0", .offset = offsetof(options, mlp_hidden), .min = 0, .max = 1 << 16},
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "OpenBLAS threads (one seed and one thread count give identical weights)",
@@ -114,7 +118,8 @@ static void init(void *base) {
 
 const cmd_spec cmd_train_predictor_spec = {
     .name = "train-predictor",
-    .usage = "train-predictor --kind promoe --trace T.h5 [--trace T2.h5 ...] -o P.h5 [options]",
+    .usage = "train-predictor --kind promoe|duoserve --trace T.h5 [--trace T2.h5 ...] -o P.h5 "
+             "[options]",
     .description =
         "Train ProMoE's learned expert predictors (papers/promoe.txt §4.4): for each MoE\n"
         "layer i >= 1 a two-layer MLP (h -> H, ReLU, H -> J, softmax) that predicts layer\n"
@@ -123,10 +128,20 @@ const cmd_spec cmd_train_predictor_spec = {
         "ACCURACY_i(k), the share of the true top-K experts among the predicted top-K, on\n"
         "the validation split, next to the skip-based (layer i's gate on layer i-k's input,\n"
         "from /tokens/speculative) and token-based (most frequent experts per token id)\n"
-        "baselines.\n",
+        "baselines.\n"
+        "\n"
+        "--kind duoserve trains DuoServe-MoE's predictor (papers/duoserve-moe.txt §4) from\n"
+        "expert ids alone: the popularity (Eq. 2) and affinity (Eq. 3) tables of the training\n"
+        "requests, and one ExpertMLP (seven FC layers, BatchNorm + ReLU + dropout 0.1, widths\n"
+        "2048 -> 64 scaled to the model) that predicts layer l's experts from the experts of\n"
+        "layers 0..l-1, P_l and the affinity rows of layer l-1's experts, on binary cross-\n"
+        "entropy with Adam and early stopping. Reports the hit rates of the paper's Table 3\n"
+        "(all K experts predicted; at least one) per layer on the validation split, next to\n"
+        "the popularity and affinity heuristics.\n",
     .options = train_options,
-    .epilog = "The traces need /tokens/hidden: record them with 'fmoe record --hidden' (and\n"
-              "--speculative S >= k for the skip-based baseline).\n",
+    .epilog = "--kind promoe needs /tokens/hidden: record the traces with 'fmoe record --hidden'\n"
+              "(and --speculative S >= k for the skip-based baseline). --kind duoserve reads\n"
+              "the expert ids only (any trace, 'fmoe trace import' of an ids-only log too).\n",
     .size = sizeof(options),
     .init = init,
 };
@@ -441,9 +456,6 @@ int cmd_train_predictor(int argc, char **argv) {
     init(&o);
     int rc = cmd_options_parse(&cmd_train_predictor_spec, &o, argc, argv, NULL);
     if (rc) return rc < 0 ? CMD_EXIT_OK : rc;
-    if (o.kind == KIND_DUOSERVE)
-        return cmd_usage_error(CMD, "--kind duoserve is not yet available (issue 14); --kind "
-                                    "promoe is");
     if (o.traces.n == 0) return cmd_usage_error(CMD, "--trace is required");
     if (!o.output) return cmd_usage_error(CMD, "-o P.h5 is required");
     if (!(o.split > 0 && o.split < 1))
@@ -451,6 +463,17 @@ int cmd_train_predictor(int argc, char **argv) {
                                     "on, got %g",
                                o.split);
     if ((rc = cmd_check_output(CMD, o.output, o.traces.items, o.traces.n)) != 0) return rc;
+    if (o.kind == KIND_DUOSERVE) {
+        if (o.stride != DEFAULT_STRIDE)
+            return cmd_usage_error(CMD, "--stride is for --kind promoe; duoserve predicts the "
+                                        "next layer (distance 1)");
+        const cmd_train_duoserve_args da = {
+            .traces = (const char *const *)o.traces.items, .num_traces = o.traces.n,
+            .output = o.output, .split = o.split, .seed = o.seed, .epochs = o.epochs,
+            .patience = o.patience, .batch = o.batch, .threads = o.threads, .lr = o.lr,
+            .first_width = o.mlp_hidden, .json = o.json, .quiet = o.quiet};
+        return cmd__train_duoserve(CMD, &da);
+    }
 
     ctx c = {0};
     source *src = calloc((size_t)o.traces.n, sizeof *src);

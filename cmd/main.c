@@ -22,7 +22,7 @@ static int cmd_help(int argc, char **argv);
 static const command commands[] = {
     {"record", cmd_record, "real inference over prompts -> HDF5 trace"},
     {"build-store", cmd_build_store, "traces -> deduplicated expert-map store"},
-    {"train-predictor", cmd_train_predictor, "traces with hidden states -> learned expert predictors (ProMoE)"},
+    {"train-predictor", cmd_train_predictor, "traces -> learned expert predictors (ProMoE, DuoServe-MoE)"},
     {"simulate", cmd_simulate, "trace + store + hardware profile -> metrics per policy"},
     {"compare-logs", cmd_compare_logs, "two decision logs (simulated, live) -> first divergence, totals"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server, continuous batching, the policies live"},

@@ -433,7 +433,20 @@ void fmoe_predictor_free(fmoe_predictor *p) {
     free(p->layers);
     free(p->source_layer);
     free(p->val_accuracy);
+    fmoe_expert_mlp_free(p->expert_mlp);
+    free(p->expert_mlp);
+    free(p->popularity);
+    free(p->affinity);
+    free(p->val_all_correct);
+    free(p->val_one_correct);
     free(p);
+}
+
+const char *fmoe_predictor_kind_of_policy(const char *policy) {
+    if (!policy) return NULL;
+    if (strcmp(policy, "promoe") == 0) return FMOE_PREDICTOR_KIND_PROMOE;
+    if (strcmp(policy, "duoserve") == 0) return FMOE_PREDICTOR_KIND_DUOSERVE;
+    return NULL;
 }
 
 int32_t fmoe_promoe_default_hidden(int32_t h, int32_t J) {

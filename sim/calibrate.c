@@ -419,41 +419,86 @@ done:
 
 /* ------------------------------------------------------------------ learned predictor */
 
-int fmoe_calibrate_predictor(int32_t in, int32_t hidden, int32_t out, int32_t reps,
-                             double *pass_s) {
-    FMOE_RETURN_ERROR_IF(in < 1 || hidden < 1 || out < 1, FMOE_EINVAL,
-                         "predictor timing: %d -> %d -> %d", in, hidden, out);
-    if (reps < 1) reps = 1;
-    fmoe_mlp mlp = {0};
-    fmoe_mlp_work work = {0};
-    float *x = malloc((size_t)in * sizeof *x);
+/* One token's pass of a learned predictor, as its policy runs it (no BLAS, one thread). */
+typedef struct pass {
+    const fmoe_mlp *mlp;              /* ProMoE's, or */
+    fmoe_mlp_work *work;
+    const fmoe_expert_mlp *emlp;      /* DuoServe's ExpertMLP */
+    fmoe_expert_mlp_work *ework;
+    const float *x;
+    float *logits;
+} pass;
+
+static void run_pass(const pass *p) {
+    if (p->mlp) fmoe_mlp_infer(p->mlp, p->work, p->x, 1);
+    else fmoe_expert_mlp_infer(p->emlp, p->ework, p->x, 1, p->logits);
+}
+
+/* The median of at least `reps` passes (more while under MIN_POINT_S), after one to warm
+ * the caches, into *pass_s. x[in] gets a fixed input first. */
+static int time_passes(pass *p, float *x, int32_t in, int32_t reps, double *pass_s) {
     double *t = malloc(MAX_REPS * sizeof *t);
-    int rc = 0;
-    if (!x || !t) {
-        rc = fmoe_error_set(FMOE_ENOMEM, "predictor timing: %d -> %d -> %d", in, hidden, out);
-        goto done;
-    }
-    if ((rc = fmoe_mlp_init(&mlp, in, hidden, out)) < 0 ||
-        (rc = fmoe_mlp_work_init(&work, &mlp, 1)) < 0)
-        goto done;
-    fmoe_mlp_randomize(&mlp, 1); /* the pass does the same work whatever the values */
+    if (!t) return fmoe_error_set(FMOE_ENOMEM, "predictor timing");
     for (int32_t i = 0; i < in; i++) x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-    /* One token's pass, as the policy runs it (fmoe_mlp_infer: no BLAS, one thread). */
+    p->x = x;
     int32_t k = 0;
     double total = 0;
+    if (reps < 1) reps = 1;
     for (int32_t warm = -1; k < MAX_REPS && (k < reps || total < MIN_POINT_S); warm = 0) {
         const double t0 = now_s();
-        fmoe_mlp_infer(&mlp, &work, x, 1);
+        run_pass(p);
         const double dt = now_s() - t0;
         if (warm < 0) continue;
         t[k] = dt;
         total += t[k++];
     }
     *pass_s = median(t, k);
-done:
+    free(t);
+    return 0;
+}
+
+int fmoe_calibrate_predictor(int32_t in, int32_t hidden, int32_t out, int32_t reps,
+                             double *pass_s) {
+    FMOE_RETURN_ERROR_IF(in < 1 || hidden < 1 || out < 1, FMOE_EINVAL,
+                         "predictor timing: %d -> %d -> %d", in, hidden, out);
+    fmoe_mlp mlp = {0};
+    fmoe_mlp_work work = {0};
+    float *x = malloc((size_t)in * sizeof *x);
+    int rc = x ? 0 : fmoe_error_set(FMOE_ENOMEM, "predictor timing: %d -> %d -> %d", in,
+                                    hidden, out);
+    if (rc == 0 && (rc = fmoe_mlp_init(&mlp, in, hidden, out)) == 0 &&
+        (rc = fmoe_mlp_work_init(&work, &mlp, 1)) == 0) {
+        fmoe_mlp_randomize(&mlp, 1); /* the pass does the same work whatever the values */
+        pass p = {.mlp = &mlp, .work = &work};
+        rc = time_passes(&p, x, in, reps, pass_s);
+    }
     fmoe_mlp_work_free(&work);
     fmoe_mlp_free(&mlp);
     free(x);
-    free(t);
+    return rc;
+}
+
+int fmoe_calibrate_duoserve(int32_t layers, int32_t experts, int32_t reps, double *pass_s) {
+    FMOE_RETURN_ERROR_IF(layers < 1 || experts < 1, FMOE_EINVAL,
+                         "predictor timing: %d layers x %d experts", layers, experts);
+    int32_t widths[FMOE_EXPERT_MLP_MAX_FC + 1];
+    const int32_t fc = fmoe_duoserve_widths(layers, experts, 0, widths);
+    fmoe_expert_mlp mlp;
+    memset(&mlp, 0, sizeof mlp);
+    fmoe_expert_mlp_work work;
+    memset(&work, 0, sizeof work);
+    float *x = malloc((size_t)widths[0] * sizeof *x);
+    float *logits = malloc((size_t)experts * sizeof *logits);
+    int rc = x && logits ? 0 : fmoe_error_set(FMOE_ENOMEM, "predictor timing");
+    if (rc == 0 && (rc = fmoe_expert_mlp_init(&mlp, fc, widths)) == 0 &&
+        (rc = fmoe_expert_mlp_work_init(&work, &mlp, 1)) == 0) {
+        fmoe_expert_mlp_randomize(&mlp, 1);
+        pass p = {.emlp = &mlp, .ework = &work, .logits = logits};
+        rc = time_passes(&p, x, widths[0], reps, pass_s);
+    }
+    fmoe_expert_mlp_work_free(&work);
+    fmoe_expert_mlp_free(&mlp);
+    free(x);
+    free(logits);
     return rc;
 }

@@ -40,7 +40,8 @@ int fmoe_sim_costs_init(fmoe_sim_costs *c, const fmoe_hardware_profile *hw,
     c->host_peak_flops = hw->host_peak_flops;
     c->host_mem_bw = hw->host_memory_bandwidth_bytes_per_s;
     c->match_delay_s = hw->match_s;
-    c->predictor_delay_s = hw->predictor_s;
+    c->promoe_delay_s = hw->promoe_s;
+    c->duoserve_delay_s = hw->duoserve_s;
     FMOE_RETURN_ERROR_IF((!c->layer.present || !c->expert.present) &&
                              !(c->peak_flops > 0 && c->mem_bw > 0),
                          FMOE_EINVAL,

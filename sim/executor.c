@@ -128,6 +128,17 @@ static void run_free(sim_state *S) {
     free(S->decodes);
 }
 
+/* How long after the event that made them a policy's prefetches may start: the matcher's
+ * time (FMOE_POLICY_MATCHER), or its learned predictor's pass by the predictor's kind. */
+static double prediction_delay_s(const fmoe_sim_costs *c, const fmoe_policy_ops *ops,
+                                 const fmoe_predictor *p) {
+    if (ops->flags & FMOE_POLICY_MATCHER) return c->match_delay_s;
+    if (!p) return 0;
+    if (strcmp(p->kind, FMOE_PREDICTOR_KIND_PROMOE) == 0) return c->promoe_delay_s;
+    if (strcmp(p->kind, FMOE_PREDICTOR_KIND_DUOSERVE) == 0) return c->duoserve_delay_s;
+    return 0;
+}
+
 static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_config *cfg,
                     int32_t variant, fmoe_sim_result *r) {
     memset(S, 0, sizeof *S);
@@ -222,10 +233,8 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
         .chunks = S->chunks,
         .expert_bytes = w->expert_bytes,
         /* the prefetches of a policy that predicts beside inference come the predictions'
-         * time after their event: fMoE's matcher, ProMoE's predictor */
-        .prefetch_delay_s = (ops->flags & FMOE_POLICY_MATCHER) ? S->costs->match_delay_s
-                            : (ops->flags & FMOE_POLICY_NEEDS_HIDDEN) ? S->costs->predictor_delay_s
-                                                                      : 0,
+         * time after their event: fMoE's matcher, a learned predictor's pass */
+        .prefetch_delay_s = prediction_delay_s(S->costs, ops, cfg->predictor),
         .policy = &S->policy,
         .hooks = {.ctx = S, .sync = hook_sync, .queued = NULL,
                   .decision = cfg->decision ? hook_decision : NULL,

@@ -171,13 +171,16 @@ static int parse_object(const cJSON *root, const char *origin, fmoe_hardware_pro
                              "%s: matcher must be an object", origin);
         FMOE_FORWARD_IF_ERROR(get_number(matcher, "matcher", "match_s", origin, 1, 0, &p->match_s));
     }
-    /* Optional: a learned predictor's time per pass (fmoe_hardware_profile.predictor_s). */
+    /* Optional: the learned predictors' time per pass (fmoe_hardware_profile.promoe_s,
+     * duoserve_s). */
     const cJSON *predictor = cJSON_GetObjectItemCaseSensitive(root, "predictor");
     if (predictor) {
         FMOE_RETURN_ERROR_IF(!cJSON_IsObject(predictor), FMOE_EFORMAT,
                              "%s: predictor must be an object", origin);
         FMOE_FORWARD_IF_ERROR(
-            get_number(predictor, "predictor", "promoe_s", origin, 1, 0, &p->predictor_s));
+            get_number(predictor, "predictor", "promoe_s", origin, 0, 0, &p->promoe_s));
+        FMOE_FORWARD_IF_ERROR(
+            get_number(predictor, "predictor", "duoserve_s", origin, 0, 0, &p->duoserve_s));
     }
     const cJSON *device = cJSON_GetObjectItemCaseSensitive(root, "device");
     const int need_device = !p->attention.present || !p->expert.present;
@@ -306,9 +309,10 @@ int fmoe_hardware_to_json(const fmoe_hardware_profile *p, char **out) {
         cJSON *m = cJSON_AddObjectToObject(root, "matcher");
         cJSON_AddNumberToObject(m, "match_s", p->match_s);
     }
-    if (p->predictor_s > 0) { /* optional: written only when a predictor was timed */
+    if (p->promoe_s > 0 || p->duoserve_s > 0) { /* optional: only what was timed */
         cJSON *m = cJSON_AddObjectToObject(root, "predictor");
-        cJSON_AddNumberToObject(m, "promoe_s", p->predictor_s);
+        if (p->promoe_s > 0) cJSON_AddNumberToObject(m, "promoe_s", p->promoe_s);
+        if (p->duoserve_s > 0) cJSON_AddNumberToObject(m, "duoserve_s", p->duoserve_s);
     }
     *out = cJSON_Print(root);
     cJSON_Delete(root);

@@ -144,8 +144,9 @@ def test_bad_input(calibrate, tmp_path):
 
 def test_promoe_predictor_time_is_measured(calibrate, tmp_path):
     """calibrate times one token's pass of a ProMoE predictor of train-predictor's default
-    shape for the model (h -> min(2M / (h + J), h / 2) -> J), and writes it where simulate
-    reads it (predictor.promoe_s: the promoe policy's prefetch delay)."""
+    shape for the model (h -> min(2M / (h + J), h / 2) -> J) and of DuoServe's ExpertMLP,
+    and writes them where simulate reads them (predictor.promoe_s, predictor.duoserve_s:
+    the policies' prefetch delays)."""
     prof = tmp_path / "p.json"
     calibrate("--quick", "--quiet", "-o", prof, "--file-dir", tmp_path)
     p = json.loads(prof.read_text())
@@ -156,3 +157,8 @@ def test_promoe_predictor_time_is_measured(calibrate, tmp_path):
     assert pr["promoe_s"] == p["predictor"]["promoe_s"]
     # 2 x (h x H + H x J) multiply-adds: well above a nanosecond, well below 0.1 s
     assert 1e-9 < pr["promoe_s"] < 0.1
+    # DuoServe's ExpertMLP at the default geometry (Mixtral-like 32 x 8): the paper's widths
+    # for Mixtral-8x7B, an input of (32 + 1) x 8 (POLICIES.md §3.3), ~3.5M multiply-adds
+    assert pr["duoserve_widths"] == [264, 2048, 1024, 512, 256, 128, 64, 8]
+    assert pr["duoserve_s"] == p["predictor"]["duoserve_s"]
+    assert 1e-7 < pr["duoserve_s"] < 1.0

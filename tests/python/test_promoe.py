@@ -72,7 +72,7 @@ def test_predictor_is_needed_and_only_for_promoe(trace, predictor, fmoe):
     p = fmoe("simulate", "--trace", trace, "--policy", "lru", "--predictor", predictor,
              "--cache-experts", 12, check=False)
     assert p.returncode == 2
-    assert "--predictor is for policy promoe" in p.stderr
+    assert "--predictor is for policies promoe and duoserve" in p.stderr
 
 
 def test_predictor_of_another_model(trace, predictor, fmoe, tmp_path):

@@ -105,7 +105,7 @@ def test_promoe_needs_a_predictor_and_only_promoe_takes_one(work, fmoe_bin):
             "--policy", "lru", "--predictor", work / "p.h5", "--cache-experts", 12,
             "-o", work / "never.h5", check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
-    assert "--predictor is for policy promoe" in p.stderr
+    assert "--predictor is for policies promoe and duoserve" in p.stderr
     assert not (work / "never.h5").exists()
     p = run(fmoe_bin, "generate", "--model", TINY, "--prompt", "x", "--predictor",
             work / "p.h5", check=False)

@@ -66,10 +66,12 @@ typedef struct fmoe_hardware_profile {
     /* "matcher": {"match_s": x}: the fMoE matcher's time per match on this machine
      * (optional, 0 = free); see fmoe_sim_costs.match_delay_s. */
     double match_s;
-    /* "predictor": {"promoe_s": x}: one pass of a ProMoE predictor (fmoe train-predictor
-     * --kind promoe's default shape for the model) over one token on this machine's CPU
-     * (optional, 0 = free); see fmoe_sim_costs.predictor_delay_s. */
-    double predictor_s;
+    /* "predictor": {"promoe_s": x, "duoserve_s": y}: one token's pass of a learned
+     * predictor of fmoe train-predictor's default shape for the model on this machine:
+     * ProMoE's MLP (--kind promoe), DuoServe-MoE's ExpertMLP (--kind duoserve); each
+     * optional, 0 = free; see fmoe_sim_costs.promoe_delay_s, duoserve_delay_s. */
+    double promoe_s;
+    double duoserve_s;
 } fmoe_hardware_profile;
 
 /* Fills `out` with a built-in preset. Names: fmoe_hardware_preset_names().
@@ -160,5 +162,10 @@ int fmoe_calibrate_matcher(int32_t layers, int32_t experts, int32_t top_k, int32
  * predictor.promoe_s). @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
 int fmoe_calibrate_predictor(int32_t in, int32_t hidden, int32_t out, int32_t reps,
                              double *pass_s);
+
+/* The same for DuoServe-MoE's ExpertMLP of the default widths for `layers` MoE layers of
+ * `experts` (fmoe_duoserve_widths; fmoe_expert_mlp_infer, as the duoserve policy runs it):
+ * *pass_s is the profile's predictor.duoserve_s. */
+int fmoe_calibrate_duoserve(int32_t layers, int32_t experts, int32_t reps, double *pass_s);
 
 #endif

@@ -13,6 +13,11 @@
  * thread count and the same CPU kernel. So one seed and one thread count give one set of
  * weights, bit for bit, on one machine (another CPU may pick another OpenBLAS kernel).
  *
+ * DuoServe-MoE's predictor (papers/duoserve-moe.txt §4, POLICIES.md §3.2-§3.3): the
+ * popularity and affinity tables (Eq. 2, Eq. 3) and the ExpertMLP, a seven-layer perceptron
+ * with BatchNorm, ReLU and dropout trained on binary cross-entropy (Eq. 6) from expert ids
+ * alone; in lib/predictor_duoserve.c, its section at the end of this header.
+ *
  * Threads: the functions here are reentrant (no globals); a model or workspace must not be
  * used by two threads at once. The file functions are thread-safe (trace/ holds its HDF5 lock).
  */
@@ -25,6 +30,10 @@
 #define FMOE_PREDICTOR_FORMAT "fmoe-predictor"
 #define FMOE_PREDICTOR_VERSION 1
 #define FMOE_PREDICTOR_KIND_PROMOE "promoe"
+#define FMOE_PREDICTOR_KIND_DUOSERVE "duoserve"
+/* The layout of a duoserve predictor's file under format version 1 (root attribute
+ * duoserve_version): bumped when that layout changes. */
+#define FMOE_PREDICTOR_DUOSERVE_VERSION 1
 
 /* ---------------------------------------------------------------------------------------
  * The two-layer perceptron: p = softmax(W2 · relu(W1 · x + b1) + b2)
@@ -201,9 +210,19 @@ typedef struct fmoe_predictor {
     int32_t mlp_hidden;          /* H */
     int64_t seed;
     double split;                /* share of requests trained on */
-    fmoe_mlp *layers;            /* [num_layers]; layers[0] is zeroed (no predictor) */
+    fmoe_mlp *layers;            /* [num_layers]; layers[0] is zeroed (no predictor);
+                                    NULL for kind duoserve */
     int32_t *source_layer;       /* [num_layers]; -1 for layer 0 */
     float *val_accuracy;         /* [num_layers] ACCURACY on the validation split; NaN: none */
+    /* Kind duoserve (fmoe_predictor_alloc_duoserve; NULL for promoe). stride is 1, the
+     * hidden_size and mlp_hidden fields 0: the predictor reads expert ids only. */
+    struct fmoe_expert_mlp *expert_mlp; /* the ExpertMLP, shared by all target layers */
+    float *popularity;           /* [L][J] Eq. 2: P_l(j), each row sums to 1 */
+    float *affinity;             /* [L-1][J][J] Eq. 3: A_{l,l+1}(i, j), each row summing to 1
+                                    (or all 0: expert i never chosen at layer l) */
+    float *val_all_correct;      /* [L] Table 3 "Top-K": share of validation tokens whose K
+                                    experts at layer l were all predicted; NaN at layer 0 */
+    float *val_one_correct;      /* [L] Table 3 "at least one": share with >= 1 predicted */
 } fmoe_predictor;
 
 /* Allocates a set with zeroed MLPs of the given geometry (kind "promoe", source layers
@@ -212,7 +231,8 @@ int fmoe_predictor_alloc(fmoe_predictor **out, int32_t num_layers, int32_t num_e
                          int32_t top_k, int32_t hidden_size, int32_t mlp_hidden, int32_t stride);
 void fmoe_predictor_free(fmoe_predictor *p); /* NULL is a no-op */
 
-/* Writes "<path>.partial" and renames it to path (fmoe/files.h). Root attributes: format,
+/* Writes "<path>.partial" and renames it to path (fmoe/files.h). Kind duoserve: see
+ * fmoe_predictor_alloc_duoserve. Kind promoe: root attributes: format,
  * version, kind, stride, model_fingerprint, model_name, num_layers, num_experts, top_k,
  * hidden_size, mlp_hidden, target, seed, split, created, fmoe_version; per predicted layer
  * i the group /layers/<i> (attributes source_layer, val_accuracy) with float32 datasets
@@ -224,5 +244,160 @@ int fmoe_predictor_write(const char *path, const fmoe_predictor *p);
  * the object. @return 0 with *out set (free with fmoe_predictor_free), FMOE_EIO,
  * FMOE_EFORMAT, FMOE_EUNSUPPORTED (another version), FMOE_ENOMEM. */
 int fmoe_predictor_read(const char *path, fmoe_predictor **out);
+
+/* The predictor kind a policy takes (--predictor): "promoe" for promoe, "duoserve" for
+ * duoserve, NULL for a policy that takes none. */
+const char *fmoe_predictor_kind_of_policy(const char *policy);
+
+/* ---------------------------------------------------------------------------------------
+ * DuoServe-MoE (papers/duoserve-moe.txt §4; POLICIES.md §3.2-§3.3)
+ * ------------------------------------------------------------------------------------- */
+
+#define FMOE_EXPERT_MLP_MAX_FC 8
+
+/* The ExpertMLP (§4.2): fully connected layers 0..num_fc-1; every one but the last is
+ * followed by BatchNorm, ReLU and dropout; the last gives one logit per expert, and σ of it
+ * the expert's probability of being chosen. All trainable parameters sit in one array
+ * `params` at the offsets below, so a gradient or an optimiser moment is an array of the same
+ * layout; the BatchNorm running statistics are state, not parameters. Owned once
+ * fmoe_expert_mlp_init succeeded; fmoe_expert_mlp_free of a zeroed struct is a no-op. */
+typedef struct fmoe_expert_mlp {
+    int32_t num_fc;                              /* FC layers, the output one included */
+    int32_t width[FMOE_EXPERT_MLP_MAX_FC + 1];   /* width[0] the input D, width[i+1] FC i's
+                                                    output; width[num_fc] the experts J */
+    float dropout;                               /* training only; 0.1 (§4.2) */
+    float bn_eps;                                /* 1e-5 (PyTorch's BatchNorm1d) */
+    float bn_momentum;                           /* 0.1, running = (1-m) running + m batch */
+    int64_t num_params;
+    int64_t w_off[FMOE_EXPERT_MLP_MAX_FC];       /* W_i [width[i+1]][width[i]] (nn.Linear) */
+    int64_t b_off[FMOE_EXPERT_MLP_MAX_FC];       /* b_i [width[i+1]] */
+    int64_t gamma_off[FMOE_EXPERT_MLP_MAX_FC];   /* hidden i: BatchNorm scale [width[i+1]] */
+    int64_t beta_off[FMOE_EXPERT_MLP_MAX_FC];    /* hidden i: BatchNorm shift [width[i+1]] */
+    float *params;                               /* [num_params] */
+    float *running_mean[FMOE_EXPERT_MLP_MAX_FC]; /* hidden i: [width[i+1]], views of `stats` */
+    float *running_var[FMOE_EXPERT_MLP_MAX_FC];  /* hidden i: [width[i+1]] (unbiased) */
+    float *stats;                                /* one allocation for the running stats */
+} fmoe_expert_mlp;
+
+/* widths[0..num_fc] as fmoe_expert_mlp.width. Parameters zeroed, BatchNorm scale 1, running
+ * mean 0 and variance 1 (PyTorch's initial state). @return 0, FMOE_EINVAL (num_fc outside
+ * 1..FMOE_EXPERT_MLP_MAX_FC, a width < 1), FMOE_ENOMEM. */
+int fmoe_expert_mlp_init(fmoe_expert_mlp *m, int32_t num_fc, const int32_t *widths);
+void fmoe_expert_mlp_free(fmoe_expert_mlp *m);
+/* nn.Linear's initialisation for every W and b (uniform in ±1/sqrt(fan_in)) from a
+ * splitmix64 stream; BatchNorm scale 1, shift 0, running mean 0, variance 1. */
+void fmoe_expert_mlp_randomize(fmoe_expert_mlp *m, uint64_t seed);
+/* Copies parameters and running statistics between two models of one shape. */
+void fmoe_expert_mlp_copy(fmoe_expert_mlp *dst, const fmoe_expert_mlp *src);
+
+/* The widths DuoServe's ExpertMLP gets for a model (POLICIES.md §3.3's default 2048 -> 1024
+ * -> 512 -> 256 -> 128 -> 64 -> J, seven FC layers, for Mixtral-8x7B's input of (32+1)·8 =
+ * 264), scaled to an input of D = (L+1)·J: every hidden width times min(1, D/264), at least
+ * 16. first_width > 0 sets the first hidden width instead (the rest halve, at least 16).
+ * Fills widths[0..7]. @return the number of FC layers (7). */
+int32_t fmoe_duoserve_widths(int32_t num_layers, int32_t num_experts, int32_t first_width,
+                             int32_t *widths);
+
+/* Working memory for batches of up to max_batch rows, allocated once. */
+typedef struct fmoe_expert_mlp_work {
+    int32_t max_batch;
+    float *z[FMOE_EXPERT_MLP_MAX_FC];      /* [B][width[i+1]] FC i's output (the last: logits) */
+    float *xhat[FMOE_EXPERT_MLP_MAX_FC];   /* hidden i: [B][width[i+1]] normalised z */
+    float *y[FMOE_EXPERT_MLP_MAX_FC];      /* hidden i: [B][width[i+1]] γ·xhat + β */
+    float *a[FMOE_EXPERT_MLP_MAX_FC];      /* hidden i: [B][width[i+1]] dropout(relu(y)) */
+    float *mask[FMOE_EXPERT_MLP_MAX_FC];   /* hidden i: [B][width[i+1]] 0 or 1/(1-p) */
+    float *mean[FMOE_EXPERT_MLP_MAX_FC];   /* hidden i: [width[i+1]] the batch's mean */
+    float *invstd[FMOE_EXPERT_MLP_MAX_FC]; /* hidden i: [width[i+1]] 1/sqrt(var + eps) */
+    float *g0, *g1;                        /* [B][max width] backward scratch */
+} fmoe_expert_mlp_work;
+
+int fmoe_expert_mlp_work_init(fmoe_expert_mlp_work *w, const fmoe_expert_mlp *m,
+                              int32_t max_batch);
+void fmoe_expert_mlp_work_free(fmoe_expert_mlp_work *w);
+
+/* Training-mode loss of n rows (2 <= n <= max_batch) x [n][D] against multi-hot targets
+ * t [n][J]: BatchNorm on the batch's statistics (biased variance), dropout masks drawn from a
+ * splitmix64 stream seeded by `dropout_seed` (the same seed, the same masks), and the mean
+ * binary cross-entropy with logits over the n·J outputs (Eq. 6 averaged, as PyTorch's
+ * BCEWithLogitsLoss). When grad is not NULL ([num_params], overwritten) it receives dL/dθ by
+ * the hand-written backward pass. When update_stats, the running statistics move towards the
+ * batch's (momentum; variance unbiased). @return the loss. */
+double fmoe_expert_mlp_loss_grad(fmoe_expert_mlp *m, fmoe_expert_mlp_work *w, const float *x,
+                                 const float *t, int32_t n, uint64_t dropout_seed, float *grad,
+                                 int update_stats);
+
+/* Inference (eval mode: running statistics, no dropout) of n <= max_batch rows into
+ * logits [n][J], every product summed in index order without BLAS, so the same input gives
+ * the same bits in every executor and at any thread count. */
+void fmoe_expert_mlp_infer(const fmoe_expert_mlp *m, fmoe_expert_mlp_work *w, const float *x,
+                           int32_t n, float *logits);
+
+/* Mean eval-mode binary cross-entropy over n rows of any count. */
+double fmoe_expert_mlp_loss(const fmoe_expert_mlp *m, fmoe_expert_mlp_work *w, const float *x,
+                            const float *t, int64_t n);
+
+/* Trains m (shape set by init; re-initialised from params->seed) with Adam on mini-batches,
+ * early stopping on the validation loss (eval mode) exactly as fmoe_mlp_train (its params
+ * and report; a final batch of one row is skipped: BatchNorm needs two). The best epoch's
+ * parameters and running statistics are left in m. @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
+int fmoe_expert_mlp_train(fmoe_expert_mlp *m, const float *x_train, const float *t_train,
+                          int64_t n_train, const float *x_val, const float *t_val, int64_t n_val,
+                          const fmoe_mlp_train_params *params, fmoe_mlp_train_report *report);
+
+/* Rows made on demand, for training sets too large to hold as dense arrays: fill writes
+ * rows idx[0..n) into x [n][D] and their targets into t [n][J]. */
+typedef void (*fmoe_rows_fn)(void *ctx, const int64_t *idx, int32_t n, float *x, float *t);
+typedef struct fmoe_row_source {
+    int64_t n;        /* rows */
+    fmoe_rows_fn fill;
+    void *ctx;
+} fmoe_row_source;
+
+/* fmoe_expert_mlp_train over row sources (val->n may be 0): the same steps, the same bits
+ * as over dense arrays holding the same rows. */
+int fmoe_expert_mlp_train_rows(fmoe_expert_mlp *m, const fmoe_row_source *train,
+                               const fmoe_row_source *val, const fmoe_mlp_train_params *params,
+                               fmoe_mlp_train_report *report);
+
+/* Mean eval-mode binary cross-entropy over a row source, in batches of w->max_batch (rows
+ * 0..n-1 in order). scratch_x [max_batch][D], scratch_t [max_batch][J]. */
+double fmoe_expert_mlp_loss_rows(const fmoe_expert_mlp *m, fmoe_expert_mlp_work *w,
+                                 const fmoe_row_source *rows, float *scratch_x,
+                                 float *scratch_t);
+
+/* Allocates a duoserve predictor (kind "duoserve", stride 1) with an ExpertMLP of the given
+ * widths (widths[0] must be (L+1)·J) and zeroed tables; val_* NaN. The file holds, besides
+ * the root attributes of every predictor (format, version, kind, model_fingerprint,
+ * model_name, num_layers, num_experts, top_k, target, seed, split, created, fmoe_version),
+ * duoserve_version, num_fc, dropout, bn_eps; float32 datasets /popularity [L][J],
+ * /affinity [L-1][J][J], /val_all_correct [L], /val_one_correct [L]; and per FC layer i the
+ * group /expert_mlp/<i> with W [width[i+1]][width[i]], b, and for hidden layers
+ * bn_gamma, bn_beta, bn_running_mean, bn_running_var [width[i+1]].
+ * @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
+int fmoe_predictor_alloc_duoserve(fmoe_predictor **out, int32_t num_layers, int32_t num_experts,
+                                  int32_t top_k, int32_t num_fc, const int32_t *widths);
+
+/* The input width of the ExpertMLP: (L-1)·J + J + J (Eq. 5). */
+static inline int32_t fmoe_duoserve_input_dim(int32_t num_layers, int32_t num_experts) {
+    return (num_layers + 1) * num_experts;
+}
+
+/* Fills the popularity (Eq. 2) and affinity (Eq. 3) tables of p from n episodes (tokens):
+ * experts [n][L][K] (row stride L·K), every token's K distinct experts per layer.
+ * @return 0 or FMOE_EINVAL (an expert id >= J). */
+int fmoe_duoserve_tables(fmoe_predictor *p, const uint16_t *experts, int64_t n);
+
+/* The state s_l = [h_l, p_l, a_{l-1,l}] (Eq. 4-5, POLICIES.md §3.3) for target layer l
+ * (1 <= l < L) of one token whose experts at layer m are chosen[m·layer_stride + k]
+ * (k < K; only layers m < l are read), into s [(L+1)·J]:
+ *   s[m·J + j]        m in [0, L-1): 1 when expert j was chosen at layer m < l, else 0 (the
+ *                     history as an (L-1)×J multi-hot, zero-padded past l-1: §4.2's "zero-
+ *                     padding to a fixed length" without index 0 colliding with padding);
+ *   s[(L-1)·J + j]    P_l(j), the popularity of the target layer;
+ *   s[L·J + j]        the mean over the K experts i chosen at layer l-1 of A_{l-1,l}(i, j)
+ *                     (§5.3: "the inter-layer affinity vector from the previous layer's
+ *                     expert selection"). */
+void fmoe_duoserve_state(const fmoe_predictor *p, int32_t l, const uint16_t *chosen,
+                         int64_t layer_stride, float *s);
 
 #endif

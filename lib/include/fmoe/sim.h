@@ -286,11 +286,11 @@ typedef struct fmoe_sim_costs {
     /* the matcher's time per match (FMOE_POLICY_MATCHER policies): their prefetches are
      * issued this long after the event that made them. 0: free. */
     double match_delay_s;
-    /* a learned predictor's time per pass (FMOE_POLICY_NEEDS_HIDDEN policies: promoe, whose
-     * predictor runs on the CPU beside inference, ProMoE §4.4): their prefetches are issued
-     * this long after the gate that made them. One token's pass: a prefill gate's longer
-     * pass is not modelled. 0: free. */
-    double predictor_delay_s;
+    /* a learned predictor's time per pass, by the predictor's kind: promoe's (on the CPU
+     * beside inference, ProMoE §4.4) and duoserve's (the ExpertMLP, device work in
+     * DuoServe-MoE §4): the policy's prefetches are issued this long after the gate that
+     * made them. One token's pass: a prefill gate's longer pass is not modelled. 0: free. */
+    double promoe_delay_s, duoserve_delay_s;
 } fmoe_sim_costs;
 
 /* Builds the cost model from a profile and the model. `g` may be NULL: then hidden_size

@@ -1,0 +1,398 @@
+/*
+ * train_duoserve.c - `fmoe train-predictor --kind duoserve`: routing traces (expert ids
+ * alone; probabilities and gate inputs are not read) -> DuoServe-MoE's predictor
+ * (papers/duoserve-moe.txt §4, POLICIES.md §3.2-§3.3) in a predictor file, and the
+ * predictor's hit rates of Table 3 per layer on a validation split.
+ *
+ * validate (the traces agree on the model) -> split requests (the seeded shuffle of --kind
+ * promoe: one seed splits both kinds alike) -> read every token's experts -> popularity
+ * (Eq. 2) and affinity (Eq. 3) from the training tokens only (the validation tokens stay
+ * unseen, §6.1 "unseen data") -> rows, made on demand: for every token and target layer
+ * l = 1..L-1 the state s_l (Eq. 5) and the multi-hot E_l -> train the ExpertMLP (BCE, Adam, early stop on the
+ * validation loss) -> score -> write (.partial, rename) -> table or JSON.
+ *
+ * Table 3's two hit rates per target layer, over the validation tokens: "Top-K" (the paper's
+ * "Top-2", both experts correct): the predicted top-K equals the chosen K; "at least one":
+ * they share an expert. Beside them the heuristics the paper argues a learned predictor
+ * beats (§2.1, Challenge #1): the layer's K most popular experts (Eq. 2), and the K largest
+ * of the mean affinity row of the previous layer's experts (Eq. 3).
+ */
+#include "train_duoserve.h"
+
+#include <cblas.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd_common.h"
+#include "fmoe/error.h"
+#include "fmoe/predictor.h"
+#include "fmoe/trace.h"
+
+typedef struct req_ref {
+    int32_t trace;
+    int64_t index;
+} req_ref;
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int cmp_ref(const void *a, const void *b) {
+    const req_ref *x = a, *y = b;
+    if (x->trace != y->trace) return x->trace < y->trace ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* Every token's experts [n][L][K] of the requests, in order, into *out (malloc'd). */
+static int read_experts(fmoe_trace_reader **readers, const req_ref *reqs, int64_t nreq,
+                        int32_t L, int32_t K, uint16_t **out, int64_t *n_out) {
+    int64_t n = 0;
+    for (int64_t q = 0; q < nreq; q++)
+        n += fmoe_trace_reader_requests(readers[reqs[q].trace])[reqs[q].index].token_count;
+    const size_t row = (size_t)L * K;
+    uint16_t *ex = malloc((size_t)(n > 0 ? n : 1) * row * sizeof *ex);
+    if (!ex) return fmoe_error_set(FMOE_ENOMEM, "expert ids of %lld tokens", (long long)n);
+    int64_t at = 0;
+    for (int64_t q = 0; q < nreq; q++) {
+        fmoe_trace_reader *r = readers[reqs[q].trace];
+        const fmoe_trace_request_info *ri = &fmoe_trace_reader_requests(r)[reqs[q].index];
+        const fmoe_trace_token_buffers buf = {.experts = ex + (size_t)at * row};
+        int rc = fmoe_trace_reader_read_tokens(r, ri->token_begin, ri->token_count, &buf);
+        if (rc < 0) {
+            free(ex);
+            return rc;
+        }
+        at += ri->token_count;
+    }
+    *out = ex;
+    *n_out = n;
+    return 0;
+}
+
+/* The rows of n tokens, made on demand (a dense copy would take n·(L-1)·(L+1)·J floats:
+ * gigabytes for a long trace of a large model): row t·(L-1) + l-1 is token t's state s_l
+ * (x) and multi-hot E_l (t), for l = 1..L-1. */
+typedef struct token_rows {
+    const fmoe_predictor *p;
+    const uint16_t *ex; /* [n][L][K] */
+} token_rows;
+
+static void fill_rows(void *vctx, const int64_t *idx, int32_t n, float *x, float *t) {
+    const token_rows *c = vctx;
+    const int32_t L = c->p->num_layers, J = c->p->num_experts, K = c->p->top_k;
+    const size_t D = (size_t)fmoe_duoserve_input_dim(L, J);
+    memset(t, 0, (size_t)n * J * sizeof *t);
+    for (int32_t r = 0; r < n; r++) {
+        const int64_t tok = idx[r] / (L - 1);
+        const int32_t l = (int32_t)(idx[r] % (L - 1)) + 1;
+        const uint16_t *e = c->ex + (size_t)tok * L * K;
+        fmoe_duoserve_state(c->p, l, e, K, x + (size_t)r * D);
+        for (int32_t k = 0; k < K; k++) t[(size_t)r * J + e[(size_t)l * K + k]] = 1.0f;
+    }
+}
+
+typedef struct layer_score {
+    int64_t tokens;
+    int64_t all[3], one[3]; /* learned, popularity, affinity */
+} layer_score;
+
+static void count(layer_score *s, int m, int32_t overlap, int32_t K) {
+    s->all[m] += overlap == K;
+    s->one[m] += overlap >= 1;
+}
+
+/* Table 3's hit rates per target layer over the validation tokens. */
+static int score(const fmoe_predictor *p, const uint16_t *ex, int64_t n, layer_score *res) {
+    const int32_t L = p->num_layers, J = p->num_experts, K = p->top_k;
+    const size_t D = (size_t)fmoe_duoserve_input_dim(L, J);
+    fmoe_expert_mlp_work w = {0};
+    float *s = malloc(D * sizeof *s), *logits = malloc((size_t)J * sizeof *logits);
+    int32_t *pred = malloc((size_t)K * sizeof *pred);
+    int rc = s && logits && pred ? 0 : fmoe_error_set(FMOE_ENOMEM, "scoring");
+    if (rc == 0) rc = fmoe_expert_mlp_work_init(&w, p->expert_mlp, 1);
+    for (int64_t tok = 0; rc == 0 && tok < n; tok++) {
+        const uint16_t *e = ex + (size_t)tok * L * K;
+        for (int32_t l = 1; l < L; l++) {
+            const uint16_t *actual = e + (size_t)l * K;
+            fmoe_duoserve_state(p, l, e, K, s);
+            fmoe_expert_mlp_infer(p->expert_mlp, &w, s, 1, logits); /* as the policy does */
+            fmoe_topk_indices(logits, J, K, pred);
+            count(&res[l], 0, fmoe_topk_overlap(pred, actual, K), K);
+            fmoe_topk_indices(p->popularity + (size_t)l * J, J, K, pred);
+            count(&res[l], 1, fmoe_topk_overlap(pred, actual, K), K);
+            fmoe_topk_indices(s + (size_t)L * J, J, K, pred); /* the mean affinity row */
+            count(&res[l], 2, fmoe_topk_overlap(pred, actual, K), K);
+            res[l].tokens++;
+        }
+    }
+    fmoe_expert_mlp_work_free(&w);
+    free(s);
+    free(logits);
+    free(pred);
+    return rc;
+}
+
+typedef struct progress_ctx {
+    cmd_progress_bar bar;
+    fmoe_progress cb;
+    char label[96];
+    int32_t max_epochs;
+} progress_ctx;
+
+static void on_epoch(void *vctx, int32_t epoch, double train_loss, double val_loss) {
+    progress_ctx *p = vctx;
+    snprintf(p->label, sizeof p->label, "ExpertMLP loss %.4f val %.4f", train_loss, val_loss);
+    fmoe_progress_report(&p->cb, epoch, p->max_epochs, "epochs");
+}
+
+static double rate(int64_t k, int64_t n) { return n > 0 ? (double)k / (double)n : NAN; }
+static cJSON *json_num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
+
+static void print_report(const cmd_train_duoserve_args *a, fmoe_trace_reader **readers,
+                         const fmoe_predictor *p, const layer_score *res,
+                         const fmoe_mlp_train_report *tr, const req_ref *reqs, int64_t ntrain,
+                         int64_t nreq, int64_t train_tokens, int64_t val_tokens, double secs) {
+    const fmoe_expert_mlp *m = p->expert_mlp;
+    const int32_t L = p->num_layers, K = p->top_k;
+    double mean[3][2] = {{0}};
+    for (int32_t l = 1; l < L; l++)
+        for (int q = 0; q < 3; q++) {
+            mean[q][0] += rate(res[l].all[q], res[l].tokens) / (L - 1);
+            mean[q][1] += rate(res[l].one[q], res[l].tokens) / (L - 1);
+        }
+    static const char *const names[3] = {"", "popularity_", "affinity_"};
+    if (a->json) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "output", a->output);
+        cJSON_AddStringToObject(d, "kind", p->kind);
+        cJSON_AddNumberToObject(d, "num_layers", L);
+        cJSON_AddNumberToObject(d, "num_experts", p->num_experts);
+        cJSON_AddNumberToObject(d, "top_k", K);
+        cJSON *wd = cJSON_AddArrayToObject(d, "widths");
+        for (int32_t i = 0; i <= m->num_fc; i++) cJSON_AddItemToArray(wd, cJSON_CreateNumber(m->width[i]));
+        cJSON_AddNumberToObject(d, "params", (double)m->num_params);
+        cJSON_AddNumberToObject(d, "seed", (double)a->seed);
+        cJSON_AddNumberToObject(d, "split", a->split);
+        cJSON_AddNumberToObject(d, "threads", a->threads);
+        cJSON_AddNumberToObject(d, "train_requests", (double)ntrain);
+        cJSON_AddNumberToObject(d, "train_tokens", (double)train_tokens);
+        cJSON_AddNumberToObject(d, "validation_tokens", (double)val_tokens);
+        cJSON *vr = cJSON_AddArrayToObject(d, "validation_requests");
+        for (int64_t q = ntrain; q < nreq; q++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "trace", reqs[q].trace);
+            cJSON_AddNumberToObject(e, "index", (double)reqs[q].index);
+            cJSON_AddNumberToObject(
+                e, "id", (double)fmoe_trace_reader_requests(readers[reqs[q].trace])[reqs[q].index].id);
+            cJSON_AddItemToArray(vr, e);
+        }
+        cJSON_AddNumberToObject(d, "epochs", tr->epochs);
+        cJSON_AddNumberToObject(d, "best_epoch", tr->best_epoch);
+        cJSON_AddItemToObject(d, "train_loss", json_num(tr->train_loss));
+        cJSON_AddItemToObject(d, "val_loss", json_num(tr->val_loss));
+        cJSON *ls = cJSON_AddArrayToObject(d, "layers");
+        char key[48];
+        for (int32_t l = 1; l < L; l++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "layer", l);
+            cJSON_AddNumberToObject(e, "tokens", (double)res[l].tokens);
+            for (int q = 0; q < 3; q++) {
+                snprintf(key, sizeof key, "%sall_correct", names[q]);
+                cJSON_AddItemToObject(e, key, json_num(rate(res[l].all[q], res[l].tokens)));
+                snprintf(key, sizeof key, "%sone_correct", names[q]);
+                cJSON_AddItemToObject(e, key, json_num(rate(res[l].one[q], res[l].tokens)));
+            }
+            cJSON_AddItemToArray(ls, e);
+        }
+        cJSON *mn = cJSON_AddObjectToObject(d, "mean");
+        for (int q = 0; q < 3; q++) {
+            snprintf(key, sizeof key, "%sall_correct", names[q]);
+            cJSON_AddItemToObject(mn, key, json_num(mean[q][0]));
+            snprintf(key, sizeof key, "%sone_correct", names[q]);
+            cJSON_AddItemToObject(mn, key, json_num(mean[q][1]));
+        }
+        cJSON_AddNumberToObject(d, "seconds", secs);
+        cmd_print_json(d);
+        return;
+    }
+    printf("%s: DuoServe-MoE predictor for %s, layers 1..%d\n", a->output,
+           p->model_name[0] ? p->model_name : "(unnamed model)", L - 1);
+    printf("  model        %d MoE layers x %d experts, top-%d\n", L, p->num_experts, K);
+    printf("  predictor    ExpertMLP");
+    for (int32_t i = 0; i <= m->num_fc; i++) printf("%s%d", i ? " -> " : " ", m->width[i]);
+    printf(" (BatchNorm, ReLU, dropout %.1f): %lld parameters, one for all layers\n",
+           (double)m->dropout, (long long)m->num_params);
+    printf("  input        history %d x %d multi-hot, popularity %d, affinity %d (Eq. 4-5)\n",
+           L - 1, p->num_experts, p->num_experts, p->num_experts);
+    printf("  data         %lld requests: %lld train (%lld tokens), %lld validation (%lld "
+           "tokens); seed %lld\n",
+           (long long)nreq, (long long)ntrain, (long long)train_tokens,
+           (long long)(nreq - ntrain), (long long)val_tokens, (long long)a->seed);
+    printf("  training     %d epochs (best %d), BCE train %.4f, validation %.4f; %.2f s\n\n",
+           tr->epochs, tr->best_epoch, tr->train_loss, tr->val_loss, secs);
+    printf("Hit rates on the validation split (papers/duoserve-moe.txt Table 3): top-%d = all "
+           "%d experts predicted, one = at least one\n",
+           K, K);
+    char topk[16];
+    snprintf(topk, sizeof topk, "top-%d", K);
+    printf("  %5s  %7s   %-15s   %-15s   %-15s\n", "", "", "learned", "popularity", "affinity");
+    printf("  %5s  %7s   %6s  %7s   %6s  %7s   %6s  %7s\n", "layer", "tokens", topk, "one", topk,
+           "one", topk, "one");
+    for (int32_t l = 1; l < L; l++) {
+        printf("  %5d  %7lld", l, (long long)res[l].tokens);
+        for (int q = 0; q < 3; q++)
+            printf("   %5.1f%%  %6.1f%%", 100 * rate(res[l].all[q], res[l].tokens),
+                   100 * rate(res[l].one[q], res[l].tokens));
+        printf("\n");
+    }
+    printf("  %5s  %7s", "mean", "");
+    for (int q = 0; q < 3; q++) printf("   %5.1f%%  %6.1f%%", 100 * mean[q][0], 100 * mean[q][1]);
+    printf("\n");
+}
+
+int cmd__train_duoserve(const char *cmd, const cmd_train_duoserve_args *a) {
+    const int32_t ns = a->num_traces;
+    fmoe_trace_reader **readers = calloc((size_t)ns, sizeof *readers);
+    req_ref *reqs = NULL;
+    uint16_t *ex_train = NULL, *ex_val = NULL;
+    layer_score *res = NULL;
+    fmoe_predictor *pred = NULL;
+    int exit_code = CMD_EXIT_FAILURE, rc;
+    if (!readers) return cmd_failf(cmd, "out of memory");
+    const fmoe_trace_header *h0 = NULL;
+    int64_t nreq = 0;
+    for (int32_t s = 0; s < ns; s++) {
+        if ((rc = fmoe_trace_reader_open(&readers[s], a->traces[s])) < 0) {
+            exit_code = cmd_fail(cmd, rc);
+            goto done;
+        }
+        const fmoe_trace_header *h = fmoe_trace_reader_header(readers[s]);
+        if (!h0) {
+            h0 = h;
+        } else if (h->num_layers != h0->num_layers || h->num_experts != h0->num_experts ||
+                   h->top_k != h0->top_k ||
+                   strcmp(h->model_fingerprint, h0->model_fingerprint) != 0) {
+            exit_code = cmd_failf(cmd,
+                                  "%s and %s are traces of different models (fingerprints %.12s "
+                                  "and %.12s; L x J x K %d x %d x %d and %d x %d x %d)",
+                                  a->traces[0], a->traces[s], h0->model_fingerprint,
+                                  h->model_fingerprint, h0->num_layers, h0->num_experts,
+                                  h0->top_k, h->num_layers, h->num_experts, h->top_k);
+            goto done;
+        }
+        nreq += fmoe_trace_reader_num_requests(readers[s]);
+    }
+    const int32_t L = h0->num_layers, J = h0->num_experts, K = h0->top_k;
+    if (L < 2 || J < 2) {
+        exit_code = cmd_failf(cmd, "%s has %d MoE layer%s of %d experts: DuoServe predicts layer "
+                                   "l+1 from layers 0..l, which needs at least 2 layers and 2 "
+                                   "experts",
+                              a->traces[0], L, L == 1 ? "" : "s", J);
+        goto done;
+    }
+    if (nreq < 2) {
+        exit_code = cmd_failf(cmd, "%lld request%s in the traces: a train/validation split needs "
+                                   "at least 2",
+                              (long long)nreq, nreq == 1 ? "" : "s");
+        goto done;
+    }
+    /* the split: the seeded shuffle of --kind promoe, the first round(split·R) train */
+    reqs = malloc((size_t)nreq * sizeof *reqs);
+    res = calloc((size_t)L, sizeof *res);
+    if (!reqs || !res) {
+        exit_code = cmd_failf(cmd, "out of memory");
+        goto done;
+    }
+    {
+        int64_t q = 0;
+        for (int32_t s = 0; s < ns; s++)
+            for (int64_t r = 0; r < fmoe_trace_reader_num_requests(readers[s]); r++)
+                reqs[q++] = (req_ref){s, r};
+    }
+    uint64_t state = (uint64_t)a->seed;
+    for (int64_t i = nreq - 1; i > 0; i--) {
+        const int64_t j = (int64_t)(((__uint128_t)splitmix64(&state) * (uint64_t)(i + 1)) >> 64);
+        const req_ref t = reqs[i];
+        reqs[i] = reqs[j];
+        reqs[j] = t;
+    }
+    int64_t ntrain = llround(a->split * (double)nreq);
+    if (ntrain < 1) ntrain = 1;
+    if (ntrain > nreq - 1) ntrain = nreq - 1;
+    qsort(reqs, (size_t)ntrain, sizeof *reqs, cmp_ref);
+    qsort(reqs + ntrain, (size_t)(nreq - ntrain), sizeof *reqs, cmp_ref);
+
+    int64_t n_train = 0, n_val = 0;
+    if ((rc = read_experts(readers, reqs, ntrain, L, K, &ex_train, &n_train)) < 0 ||
+        (rc = read_experts(readers, reqs + ntrain, nreq - ntrain, L, K, &ex_val, &n_val)) < 0) {
+        exit_code = cmd_fail(cmd, rc);
+        goto done;
+    }
+    if (n_train < 2) {
+        exit_code = cmd_failf(cmd, "the training requests hold %lld token%s; the ExpertMLP's "
+                                   "BatchNorm needs at least 2",
+                              (long long)n_train, n_train == 1 ? "" : "s");
+        goto done;
+    }
+    int32_t widths[FMOE_EXPERT_MLP_MAX_FC + 1];
+    const int32_t F = fmoe_duoserve_widths(L, J, a->first_width, widths);
+    if ((rc = fmoe_predictor_alloc_duoserve(&pred, L, J, K, F, widths)) < 0 ||
+        (rc = fmoe_duoserve_tables(pred, ex_train, n_train)) < 0) {
+        exit_code = cmd_fail(cmd, rc);
+        goto done;
+    }
+    snprintf(pred->model_fingerprint, sizeof pred->model_fingerprint, "%s", h0->model_fingerprint);
+    snprintf(pred->model_name, sizeof pred->model_name, "%s", h0->model_name);
+    snprintf(pred->target, sizeof pred->target, "%s", "none"); /* expert ids only: no probs */
+    pred->seed = a->seed;
+    pred->split = a->split;
+
+    openblas_set_num_threads(a->threads);
+    progress_ctx prog = {.max_epochs = a->epochs};
+    cmd_progress_bar_init(&prog.bar, "training", a->quiet);
+    prog.bar.label = prog.label;
+    snprintf(prog.label, sizeof prog.label, "ExpertMLP");
+    prog.cb = cmd_progress_bar_callback(&prog.bar);
+    const double t0 = cmd_now();
+    fmoe_mlp_train_report tr = {0};
+    const fmoe_mlp_train_params tp = {.batch = a->batch, .max_epochs = a->epochs,
+                                      .patience = a->patience, .lr = a->lr,
+                                      .seed = (uint64_t)a->seed * 0x100000001B3ull + 0xD0u,
+                                      .on_epoch = on_epoch, .ctx = &prog};
+    token_rows rows_train = {pred, ex_train}, rows_val = {pred, ex_val};
+    const fmoe_row_source src_train = {n_train * (L - 1), fill_rows, &rows_train},
+                          src_val = {n_val * (L - 1), fill_rows, &rows_val};
+    rc = fmoe_expert_mlp_train_rows(pred->expert_mlp, &src_train, &src_val, &tp, &tr);
+    cmd_progress_bar_done(&prog.bar);
+    if (rc == 0) rc = score(pred, ex_val, n_val, res);
+    if (rc < 0) {
+        exit_code = cmd_fail(cmd, rc);
+        goto done;
+    }
+    for (int32_t l = 1; l < L; l++) {
+        pred->val_all_correct[l] = (float)rate(res[l].all[0], res[l].tokens);
+        pred->val_one_correct[l] = (float)rate(res[l].one[0], res[l].tokens);
+    }
+    const double secs = cmd_now() - t0;
+    if ((rc = fmoe_predictor_write(a->output, pred)) < 0) {
+        exit_code = cmd_fail(cmd, rc);
+        goto done;
+    }
+    print_report(a, readers, pred, res, &tr, reqs, ntrain, nreq, n_train, n_val, secs);
+    exit_code = CMD_EXIT_OK;
+done:
+    fmoe_predictor_free(pred);
+    free(ex_train);
+    free(ex_val);
+    free(res);
+    free(reqs);
+    for (int32_t s = 0; s < ns; s++) fmoe_trace_reader_close(readers[s]);
+    free(readers);
+    return exit_code;
+}
