@@ -110,7 +110,11 @@
  * reuse of decode favours recency when nearly every expert fits, p x freq when few do) */
 typedef enum { EVICT_PFREQ, EVICT_LRU, EVICT_LFU, EVICT_DUEL } evict_rule;
 
-enum { DUEL_WINDOW = 256 }; /* accesses; the miss counts are halved at this many */
+/* the shadows' miss counts are halved when together they reach this many: a horizon
+ * counted in misses, as DIP's PSEL counter moves only on misses (counted in accesses,
+ * a cache that nearly always hits held a handful of misses per window and flipped on
+ * noise: fmoe's hit rate fell below LRU's at 80-90% of fmoe-tiny prompts_100) */
+enum { DUEL_WINDOW = 256 };
 typedef enum { PREDICT_MAPS, PREDICT_HITCOUNT } predict_rule;
 
 typedef struct variant {
@@ -187,7 +191,7 @@ typedef struct fm_state {
      * one evicting by recency, one by p x freq; stamps are last-access ticks, 0 absent */
     shadow sh_lru, sh_pf;
     uint64_t sh_tick;
-    double sh_miss_lru, sh_miss_pf, sh_seen;
+    double sh_miss_lru, sh_miss_pf;
     /* what cur_p and protect were made from changes with every event: gen counts them, and
      * choose_victim_pfreq keeps its smallest unprotected value while neither they nor the
      * cache (its version) changed */
@@ -737,10 +741,9 @@ static void duel_observe(fm_state *S, const fmoe_cache_view *v, const fmoe_gate_
         S->sh_tick++;
         S->sh_miss_lru += shadow_access(S, v, &S->sh_lru, 0, e);
         S->sh_miss_pf += shadow_access(S, v, &S->sh_pf, 1, e);
-        if (++S->sh_seen >= DUEL_WINDOW) {
+        if (S->sh_miss_lru + S->sh_miss_pf >= DUEL_WINDOW) {
             S->sh_miss_lru /= 2;
             S->sh_miss_pf /= 2;
-            S->sh_seen /= 2;
         }
     }
 }

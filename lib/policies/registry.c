@@ -19,6 +19,7 @@ extern const fmoe_policy_ops fmoe_policy_least_stale;
 extern const fmoe_policy_ops fmoe_policy_mixtral_offload;
 extern const fmoe_policy_ops fmoe_policy_moe_infinity;
 extern const fmoe_policy_ops fmoe_policy_moe_infinity_code;
+extern const fmoe_policy_ops fmoe_policy_moe_infinity_fb;
 extern const fmoe_policy_ops fmoe_policy_promoe;
 extern const fmoe_policy_ops fmoe_policy_duoserve;
 /* the fMoE family (lib/policies/fmoe.c) */
@@ -40,6 +41,7 @@ static const fmoe_policy_ops *const registry[] = {
     &fmoe_policy_mixtral_offload,
     &fmoe_policy_moe_infinity,
     &fmoe_policy_moe_infinity_code,
+    &fmoe_policy_moe_infinity_fb,
     &fmoe_policy_promoe,
     &fmoe_policy_duoserve,
     &fmoe_policy_fmoe,

@@ -44,12 +44,11 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-POLICIES = ["fmoe", "fmoe-paper", "fmoe-online", "lru", "lfu", "moe-infinity", "moe-infinity+fb",
+# fmoe and moe-infinity-fb: the improved designs (feedback-directed prefetching, eviction
+# by set dueling); fmoe-paper and moe-infinity: the papers' designs as published
+POLICIES = ["fmoe", "fmoe-paper", "fmoe-online", "lru", "lfu", "moe-infinity", "moe-infinity-fb",
             "mixtral-offload", "ondemand", "oracle", "belady"]
 ABLATIONS = ["fmoe-paper", "fmoe-map-t", "fmoe-map-ts", "fmoe-hitcount", "fmoe-lru", "fmoe-lfu"]
-# the policies' own designs as published, run with feedback-directed prefetching forced on
-# ("+fb": simulate --feedback on)
-FEEDBACK_ON = {"moe-infinity+fb": "moe-infinity"}
 SHARES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 
 
@@ -163,13 +162,9 @@ def main():
         caches = [max(1, round(s * L * J)) for s in SHARES]
         extra = ["--hardware", a.hardware, "--match-delay", f"{delay:.3e}"]
         res, notes = simulate(fmoe, trace, store,
-                              [p for p in policies if p not in ("fmoe-online", "mixtral-offload")
-                               and p not in FEEDBACK_ON], caches, extra,
+                              [p for p in policies if p not in ("fmoe-online", "mixtral-offload")],
+                              caches, extra,
                               plot=a.plots / (trace.stem + ".svg") if a.plots else None)
-        for name, base in FEEDBACK_ON.items():
-            fb, _ = simulate(fmoe, trace, store, [base], caches, extra + ["--feedback", "on"])
-            for k, v in fb.items():
-                res[(name, k[1])] = v
         if spec:
             mo, _ = simulate(fmoe, trace, store, ["mixtral-offload"], caches, extra, d=0)
             res.update(mo)
@@ -216,7 +211,7 @@ def main():
         emit(f"Against LRU ({lat} ratio; gap closed: the share of the LRU -> oracle {lat} gap "
              "a policy closes, negative when it is slower than LRU):")
         emit()
-        cmp = [p for p in ("fmoe", "fmoe-paper", "moe-infinity", "moe-infinity+fb",
+        cmp = [p for p in ("fmoe", "fmoe-paper", "moe-infinity", "moe-infinity-fb",
                            "mixtral-offload") if p in policies]
         emit("| cache | " + " | ".join(f"{p} / lru" for p in cmp) + " | fmoe gap closed |")
         emit("|---" * (len(cmp) + 2) + "|")

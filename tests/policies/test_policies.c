@@ -173,7 +173,7 @@ TEST(cache_version_changes_with_every_change) {
 TEST(registry_names_and_unknown) {
     const fmoe_policy_ops *const *all = NULL;
     size_t n = fmoe_policy_registry(&all);
-    ASSERT_EQ(n, 18); /* the names below */
+    ASSERT_EQ(n, 19); /* the names below */
     /* the names string is the table's names, in order, exactly */
     char want[1024] = "";
     for (size_t i = 0; i < n; i++) {
@@ -185,8 +185,8 @@ TEST(registry_names_and_unknown) {
     ASSERT_STR_EQ(fmoe_policy_names(), want);
     ASSERT_STR_EQ(fmoe_policy_names(),
                   "ondemand, lru, lfu, belady, oracle, least-stale, mixtral-offload, "
-                  "moe-infinity, moe-infinity-code, promoe, duoserve, fmoe, fmoe-paper, fmoe-map-t, "
-                  "fmoe-map-ts, "
+                  "moe-infinity, moe-infinity-code, moe-infinity-fb, promoe, duoserve, fmoe, "
+                  "fmoe-paper, fmoe-map-t, fmoe-map-ts, "
                   "fmoe-hitcount, fmoe-lru, fmoe-lfu");
     fmoe_policy p;
     fmoe_policy_config cfg = {.num_layers = 1, .num_experts = 4, .top_k = 1, .capacity = 2};

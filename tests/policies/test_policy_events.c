@@ -32,6 +32,7 @@ typedef struct driver {
     int n_prefetch;
     int32_t prefetch_expert[MAXLOG];
     int32_t prefetch_victim[MAXLOG]; /* -1 none; -2 dropped */
+    int prefetch_at[MAXLOG];        /* accesses resolved before it (n_access then) */
     int n_cancel;
     int32_t last_victim;            /* of the last demand eviction */
     int prefetch_hits;
@@ -47,6 +48,7 @@ static void drv_decision(void *ctx, const fmoe_decision *x) {
         if (d->n_prefetch < MAXLOG) {
             d->prefetch_expert[d->n_prefetch] = e;
             d->prefetch_victim[d->n_prefetch] = x->kind == FMOE_DECISION_DROPPED ? -2 : x->victim;
+            d->prefetch_at[d->n_prefetch] = d->n_access;
             d->n_prefetch++;
         }
         break;
@@ -77,8 +79,10 @@ static int drv_init(driver *d, const char *name, int32_t L, int32_t J, int32_t K
                                     .speculative_depth = spec_depth, .store_capacity = store};
     int rc = fmoe_policy_init(&d->policy, name, &cfg);
     if (rc < 0) return rc;
+    /* the policy's default feedback (moe-infinity-fb: on; the slots' gate hook runs it) */
     const fmoe_slots_config sc = {.num_layers = L, .num_experts = J, .capacity = cap,
                                   .chunks = 1, .expert_bytes = 1, .policy = &d->policy,
+                                  .feedback = fmoe_policy_feedback(d->policy.ops, 0),
                                   .hooks = {.ctx = d, .queued = drv_queued,
                                             .decision = drv_decision}};
     rc = fmoe_slots_init(&d->slots, &sc);
@@ -132,6 +136,7 @@ static void drv_request(driver *d, int n, const uint8_t *phase, const uint16_t *
                 .speculative = spec ? spec + ((size_t)t * L + l) * (size_t)S * J : NULL,
                 .speculative_stride = (int64_t)L * S * J, .speculative_depth = spec ? S : 0,
                 .group = -1, .position = -1};
+            fmoe_slots_gate(d->slots, l, distinct, nd); /* as the executors do */
             if (ops->on_gate) ops->on_gate(st, d->env, &gev);
             for (int32_t q = 0; q < nd; q++) {
                 const int32_t ex = l * J + distinct[q];
@@ -341,6 +346,100 @@ TEST(moe_infinity_layer_proximity_orders_the_plan) {
     ASSERT_EQ(d.access_result[1], FMOE_ACCESS_HIT);
     ASSERT_EQ(d.access_result[2], FMOE_ACCESS_HIT);
     drv_free(&d);
+}
+
+/* ------------------------------------------------------------------ moe-infinity-fb */
+
+/* Demand first: a gate with a miss issues its plan only after the layer's misses are
+ * loaded, so the plan cannot take the link ahead of them; a gate without a miss issues it
+ * at once. The faithful moe-infinity issues it at the gate either way. L = 3, J = 2, K = 1,
+ * 6 slots (no eviction: feedback admits into free slots). History: one request of tokens
+ * E[1,1] E[2,2] E[3,2] and E[1,2] E[2,2] E[3,2]; then, from an empty cache, a token
+ * E[1,2] E[2,2] E[3,2]: layer 1 misses, the match plans E[2,2]; layer 2 hits (prefetched)
+ * and plans E[3,2] at its gate. */
+TEST(moe_infinity_fb_plan_waits_for_the_gates_misses) {
+    const uint16_t hist[6] = {0, 1, 1, 1, 1, 1}, tok[3] = {1, 1, 1};
+    const int32_t none[1] = {0};
+    const char *names[2] = {"moe-infinity", "moe-infinity-fb"};
+    for (int v = 0; v < 2; v++) {
+        driver d;
+        ASSERT_OK(drv_init(&d, names[v], 3, 2, 1, 6, 1, 0, 0));
+        drv_decode(&d, 2, hist);
+        drv_set_cache(&d, none, 0);
+        d.n_access = d.n_prefetch = d.prefetch_hits = 0;
+        drv_decode(&d, 1, tok);
+        ASSERT_EQ(d.error, 0);
+        ASSERT_EQ(d.n_prefetch, 2);
+        ASSERT_EQ(d.prefetch_expert[0], E(2, 2));
+        ASSERT_EQ(d.access_result[0], FMOE_ACCESS_MISS);
+        /* before the miss of E[1,2] (faithful) or after it (fb) */
+        ASSERT_EQ(d.prefetch_at[0], v == 0 ? 0 : 1);
+        ASSERT_EQ(d.prefetch_expert[1], E(3, 2));
+        ASSERT_EQ(d.prefetch_at[1], 1); /* layer 2's gate has no miss: at once */
+        ASSERT_EQ(d.access_result[1], FMOE_ACCESS_HIT);
+        ASSERT_EQ(d.access_result[2], FMOE_ACCESS_HIT);
+        ASSERT_EQ(d.prefetch_hits, 2);
+        drv_free(&d);
+    }
+}
+
+/* Where Algorithm 1 is wrong, the duel turns to recency. One long first request (an empty
+ * EAMC: Algorithm 1 ranks by location only, deepest layer out first), 2 layers x 4
+ * experts, 3 slots: layer 0 cycles through its 4 experts (never reusable in 2 slots),
+ * layer 1 always routes to its expert 0. Algorithm 1 evicts layer 1's expert for every
+ * layer-0 miss, so both layers miss at every token; recency keeps it and misses only
+ * layer 0. moe-infinity-fb's shadows see this within a few tokens. */
+TEST(moe_infinity_fb_duel_turns_to_recency_where_algorithm1_thrashes) {
+    enum { T = 48 };
+    uint16_t tok[T * 2];
+    for (int t = 0; t < T; t++) {
+        tok[t * 2] = (uint16_t)(t % 4);
+        tok[t * 2 + 1] = 0;
+    }
+    int layer1_hits[2] = {0, 0};
+    const char *names[2] = {"moe-infinity", "moe-infinity-fb"};
+    for (int v = 0; v < 2; v++) {
+        driver d;
+        ASSERT_OK(drv_init(&d, names[v], 2, 4, 1, 3, 1, 0, 0));
+        drv_decode(&d, T, tok);
+        ASSERT_EQ(d.error, 0);
+        ASSERT_EQ(d.n_prefetch, 0); /* no history, no plan */
+        ASSERT_EQ(d.n_access, 2 * T);
+        for (int t = 0; t < T; t++) layer1_hits[v] += d.access_result[t * 2 + 1] == FMOE_ACCESS_HIT;
+        drv_free(&d);
+    }
+    ASSERT_EQ(layer1_hits[0], 1); /* Algorithm 1: only the second token's (a free slot) */
+    ASSERT_TRUE(layer1_hits[1] >= T - 8);
+    /* LRU itself, for the record: every layer-1 access after the first hits */
+    driver d;
+    ASSERT_OK(drv_init(&d, "lru", 2, 4, 1, 3, 0, 0, 0));
+    drv_decode(&d, T, tok);
+    int lru_hits = 0;
+    for (int t = 0; t < T; t++) lru_hits += d.access_result[t * 2 + 1] == FMOE_ACCESS_HIT;
+    ASSERT_EQ(lru_hits, T - 1);
+    drv_free(&d);
+}
+
+/* Where Algorithm 1 is right, the duel keeps it. 3 layers x 2 experts, 2 slots, every
+ * token routes to expert 0 of each layer: a cycle of 3 in 2 slots. Recency thrashes (no
+ * hit at all); Algorithm 1's location weight keeps layer 0's expert and hits it at every
+ * token after the first, and so does moe-infinity-fb. */
+TEST(moe_infinity_fb_duel_keeps_algorithm1_on_a_cycle) {
+    enum { T = 40 };
+    uint16_t tok[T * 3] = {0};
+    const char *names[3] = {"lru", "moe-infinity", "moe-infinity-fb"};
+    int hits[3] = {0, 0, 0};
+    for (int v = 0; v < 3; v++) {
+        driver d;
+        ASSERT_OK(drv_init(&d, names[v], 3, 2, 1, 2, 1, 0, 0));
+        drv_decode(&d, T, tok);
+        ASSERT_EQ(d.error, 0);
+        for (int i = 0; i < d.n_access; i++) hits[v] += d.access_result[i] == FMOE_ACCESS_HIT;
+        drv_free(&d);
+    }
+    ASSERT_EQ(hits[0], 0);
+    ASSERT_EQ(hits[1], T - 1);
+    ASSERT_EQ(hits[2], T - 1);
 }
 
 /* ------------------------------------------------------------------ least-stale */

@@ -265,9 +265,10 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
 
     # ---- eviction "duel" (fmoe): shadow directories of N experts, one by recency, one by
     # p x freq, fed each layer's accesses at its gate; the real cache evicts by the rule
-    # whose shadow missed less over the last ~256 accesses (counts halved at 256)
+    # whose shadow missed less over the last ~256 misses (counts halved when together they
+    # reach 256: a horizon counted in misses, as DIP's PSEL)
     DU = {"lru": [0] * (L * J), "pf": [0] * (L * J), "n_lru": 0, "n_pf": 0, "tick": 0,
-          "miss_lru": 0.0, "miss_pf": 0.0, "seen": 0.0}
+          "miss_lru": 0.0, "miss_pf": 0.0}
 
     def shadow_access(stamp, nkey, by_pfreq, e):
         miss = stamp[e] == 0
@@ -293,11 +294,9 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
             DU["tick"] += 1
             DU["miss_lru"] += shadow_access(DU["lru"], "n_lru", False, e)
             DU["miss_pf"] += shadow_access(DU["pf"], "n_pf", True, e)
-            DU["seen"] += 1
-            if DU["seen"] >= 256:
+            if DU["miss_lru"] + DU["miss_pf"] >= 256:
                 DU["miss_lru"] /= 2
                 DU["miss_pf"] /= 2
-                DU["seen"] /= 2
 
     def fb_predict(l, j):
         if FB["pred"][l][j] < 0:

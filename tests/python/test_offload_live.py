@@ -32,7 +32,8 @@ h5py = pytest.importorskip("h5py")
 import hdf5plugin  # noqa: F401,E402
 from conftest import run_fmoe  # noqa: E402
 
-POLICIES = ["lru", "lfu", "ondemand", "least-stale", "mixtral-offload", "moe-infinity", "fmoe"]
+POLICIES = ["lru", "lfu", "ondemand", "least-stale", "mixtral-offload", "moe-infinity",
+            "moe-infinity-fb", "fmoe"]
 CACHES = [6, 16, 32]  # of 6 x 8 = 48 routed experts
 
 ZERO_LINK = {
