@@ -30,6 +30,7 @@
 #include "fmoe/trace.h"
 #include "paths.h"
 #include "train_duoserve.h"
+#include "train_split.h"
 
 int cmd_train_predictor(int argc, char **argv);
 
@@ -155,10 +156,7 @@ typedef struct source {
     fmoe_trace_reader *reader;
 } source;
 
-typedef struct req_ref {
-    int32_t trace;
-    int64_t index; /* into the trace's request table */
-} req_ref;
+typedef cmd_request_ref req_ref; /* train_split.h */
 
 /* The rows of one layer's predictor over a set of requests. */
 typedef struct rows {
@@ -289,18 +287,6 @@ typedef struct layer_result {
     int64_t val_rows;
 } layer_result;
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static int cmp_ref(const void *a, const void *b) {
-    const req_ref *x = a, *y = b;
-    if (x->trace != y->trace) return x->trace < y->trace ? -1 : 1;
-    return x->index < y->index ? -1 : x->index > y->index;
-}
 
 /* Scores layer `i` on the validation rows; trains nothing. */
 static int score_layer(const fmoe_mlp *m, const rows *val, const rows *train, int32_t J,
@@ -553,34 +539,21 @@ int cmd_train_predictor(int argc, char **argv) {
             }
 
     /* The split: a seeded shuffle of all requests; the first round(split·R) train. */
-    reqs = malloc((size_t)nreq * sizeof *reqs);
+    int64_t *counts = calloc((size_t)(o.traces.n > 0 ? o.traces.n : 1), sizeof *counts);
+    for (int32_t s = 0; counts && s < o.traces.n; s++) {
+        counts[s] = fmoe_trace_reader_num_requests(src[s].reader);
+        const fmoe_trace_request_info *ri = fmoe_trace_reader_requests(src[s].reader);
+        for (int64_t r = 0; r < counts[s]; r++)
+            if (ri[r].token_count > c.max_req_tokens) c.max_req_tokens = ri[r].token_count;
+    }
+    const int64_t ntrain =
+        counts ? cmd_split_requests(counts, o.traces.n, o.split, (uint64_t)o.seed, &reqs) : -1;
+    free(counts);
     res = calloc((size_t)c.L, sizeof *res);
-    if (!reqs || !res) {
+    if (ntrain < 0 || !res) {
         exit_code = cmd_failf(CMD, "out of memory");
         goto done;
     }
-    {
-        int64_t q = 0;
-        for (int32_t s = 0; s < o.traces.n; s++) {
-            const fmoe_trace_request_info *ri = fmoe_trace_reader_requests(src[s].reader);
-            for (int64_t r = 0; r < fmoe_trace_reader_num_requests(src[s].reader); r++) {
-                reqs[q++] = (req_ref){s, r};
-                if (ri[r].token_count > c.max_req_tokens) c.max_req_tokens = ri[r].token_count;
-            }
-        }
-    }
-    uint64_t state = (uint64_t)o.seed;
-    for (int64_t i = nreq - 1; i > 0; i--) {
-        const int64_t j = (int64_t)(((__uint128_t)splitmix64(&state) * (uint64_t)(i + 1)) >> 64);
-        const req_ref t = reqs[i];
-        reqs[i] = reqs[j];
-        reqs[j] = t;
-    }
-    int64_t ntrain = llround(o.split * (double)nreq);
-    if (ntrain < 1) ntrain = 1;
-    if (ntrain > nreq - 1) ntrain = nreq - 1;
-    qsort(reqs, (size_t)ntrain, sizeof *reqs, cmp_ref);
-    qsort(reqs + ntrain, (size_t)(nreq - ntrain), sizeof *reqs, cmp_ref);
 
     const size_t M = (size_t)(c.max_req_tokens > 0 ? c.max_req_tokens : 1), L = (size_t)c.L;
     c.hid = malloc(M * L * (size_t)c.h * sizeof(float));

@@ -30,24 +30,9 @@
 #include "fmoe/error.h"
 #include "fmoe/predictor.h"
 #include "fmoe/trace.h"
+#include "train_split.h"
 
-typedef struct req_ref {
-    int32_t trace;
-    int64_t index;
-} req_ref;
-
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static int cmp_ref(const void *a, const void *b) {
-    const req_ref *x = a, *y = b;
-    if (x->trace != y->trace) return x->trace < y->trace ? -1 : 1;
-    return x->index < y->index ? -1 : x->index > y->index;
-}
+typedef cmd_request_ref req_ref; /* train_split.h */
 
 /* Every token's experts [n][L][K] of the requests, in order, into *out (malloc'd). */
 static int read_experts(fmoe_trace_reader **readers, const req_ref *reqs, int64_t nreq,
@@ -303,30 +288,16 @@ int cmd__train_duoserve(const char *cmd, const cmd_train_duoserve_args *a) {
         goto done;
     }
     /* the split: the seeded shuffle of --kind promoe, the first round(split·R) train */
-    reqs = malloc((size_t)nreq * sizeof *reqs);
+    int64_t *counts = calloc((size_t)(ns > 0 ? ns : 1), sizeof *counts);
+    for (int32_t s = 0; counts && s < ns; s++) counts[s] = fmoe_trace_reader_num_requests(readers[s]);
+    const int64_t ntrain =
+        counts ? cmd_split_requests(counts, ns, a->split, (uint64_t)a->seed, &reqs) : -1;
+    free(counts);
     res = calloc((size_t)L, sizeof *res);
-    if (!reqs || !res) {
+    if (ntrain < 0 || !res) {
         exit_code = cmd_failf(cmd, "out of memory");
         goto done;
     }
-    {
-        int64_t q = 0;
-        for (int32_t s = 0; s < ns; s++)
-            for (int64_t r = 0; r < fmoe_trace_reader_num_requests(readers[s]); r++)
-                reqs[q++] = (req_ref){s, r};
-    }
-    uint64_t state = (uint64_t)a->seed;
-    for (int64_t i = nreq - 1; i > 0; i--) {
-        const int64_t j = (int64_t)(((__uint128_t)splitmix64(&state) * (uint64_t)(i + 1)) >> 64);
-        const req_ref t = reqs[i];
-        reqs[i] = reqs[j];
-        reqs[j] = t;
-    }
-    int64_t ntrain = llround(a->split * (double)nreq);
-    if (ntrain < 1) ntrain = 1;
-    if (ntrain > nreq - 1) ntrain = nreq - 1;
-    qsort(reqs, (size_t)ntrain, sizeof *reqs, cmp_ref);
-    qsort(reqs + ntrain, (size_t)(nreq - ntrain), sizeof *reqs, cmp_ref);
 
     int64_t n_train = 0, n_val = 0;
     if ((rc = read_experts(readers, reqs, ntrain, L, K, &ex_train, &n_train)) < 0 ||

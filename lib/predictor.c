@@ -29,12 +29,14 @@
  * Random numbers: splitmix64 (Steele, Lea, Flood 2014), the same on every platform
  * ------------------------------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s) {
+uint64_t fmoe_splitmix64(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
+
+static uint64_t splitmix64(uint64_t *s) { return fmoe_splitmix64(s); }
 
 /* Uniform in [0, 1) with 24 bits. */
 static float uniform01(uint64_t *s) { return (float)(splitmix64(s) >> 40) * (1.0f / 16777216.0f); }

@@ -40,12 +40,7 @@
  * Random numbers: splitmix64, as lib/predictor.c
  * ------------------------------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t splitmix64(uint64_t *s) { return fmoe_splitmix64(s); }
 
 static float uniform01(uint64_t *s) { return (float)(splitmix64(s) >> 40) * (1.0f / 16777216.0f); }
 

@@ -61,6 +61,9 @@ void fmoe_mlp_free(fmoe_mlp *m);
 void fmoe_mlp_randomize(fmoe_mlp *m, uint64_t seed);
 /* Copies src's values into dst of the same shape. */
 void fmoe_mlp_copy(fmoe_mlp *dst, const fmoe_mlp *src);
+/* splitmix64 (Steele, Lea, Flood 2014): the random stream of the predictors' training and of
+ * train-predictor's split, the same on every platform. Advances *state. */
+uint64_t fmoe_splitmix64(uint64_t *state);
 /* A ProMoE predictor's default hidden width for gate inputs of width h and J experts:
  * about 2M parameters (papers/promoe.txt §4.4, "approximately 2M"), min(2M / (h + J),
  * h / 2), at least 16 (POLICIES.md §2.4). train-predictor's default, and the shape
