@@ -9,7 +9,9 @@
  * dropped: a model file larger than RAM), and on a CUDA machine pinned host->device
  * cudaMemcpyAsync; compute at the model's shapes: an expert (three GEMMs, SwiGLU), a layer's
  * non-expert GEMMs (attention projections, router, shared experts) and attention over a
- * context, with OpenBLAS (float32) and, on a CUDA machine, cuBLAS (bf16, fp32 accumulate).
+ * context, with the CPU backend's own kernels on weights of the checkpoint's dtype (what a
+ * live CPU run computes; attention with OpenBLAS float32) and, on a CUDA machine, cuBLAS
+ * (bf16, fp32 accumulate).
  * And the fMoE matcher (one thread): the trajectory search of a decode token over a
  * 1000-entry store of the model's MoE layers x experts, per layer: matcher.match_s, the
  * delay `simulate` gives the fmoe policies' prefetches.
@@ -37,6 +39,7 @@
 #include "fmoe/files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"
+#include "fmoe/model.h"
 #include "fmoe/predictor.h"
 #include "fmoe_config.h"
 
@@ -49,6 +52,7 @@ static const char *const CMD = "calibrate";
 
 typedef struct options {
     const char *output, *model_config, *name, *file_dir;
+    const char *link_file; /* --link-file: time O_DIRECT reads of this file instead */
     const char *link;   /* auto|h2d|file|ram */
     int32_t link_index; /* in link_names */
     int32_t threads;
@@ -59,6 +63,7 @@ typedef struct shapes {
     int32_t hidden, ffn, heads, kv_heads, head_dim, experts, shared_ffn;
     int32_t vocab;         /* the LM head's rows */
     int32_t layers, top_k; /* MoE layers and experts per token: the matcher's maps */
+    fmoe_dtype dtype;      /* the checkpoint's: the CPU kernels are timed on it */
     char model[192];
 } shapes;
 
@@ -93,6 +98,10 @@ static const cmd_option calibrate_options[] = {
      .help = "where the file->RAM test writes its scratch file; use the disk your models "
              "live on",
      .default_text = "$TMPDIR or /tmp", .offset = offsetof(options, file_dir)},
+    {.name = "link-file", .kind = CMD_OPT_STRING, .value_name = "FILE",
+     .help = "time the file link on reads of FILE itself with O_DIRECT (the model's "
+             "safetensors: what --tier file --direct-io reads) instead of a scratch file",
+     .offset = offsetof(options, link_file)},
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "OpenBLAS threads",
      .default_text = "OpenBLAS's, all cores", .offset = offsetof(options, threads), .min = 1,
      .max = 1024},
@@ -125,6 +134,10 @@ static int parse_options(int argc, char **argv, options *o) {
     int rc = cmd_options_parse(&cmd_calibrate_spec, o, argc, argv, NULL);
     if (rc) return rc;
     o->link = link_names[o->link_index];
+    if (o->link_file && o->link_index != 0 && strcmp(o->link, "file") != 0)
+        return cmd_usage_error(CMD, "--link-file times the file link: not with --link %s",
+                               o->link);
+    if (o->link_file && o->link_index == 0) o->link = "file"; /* what it was given for */
     if (!o->file_dir) o->file_dir = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR")
                                                                              : "/tmp";
     return 0;
@@ -132,7 +145,8 @@ static int parse_options(int argc, char **argv, options *o) {
 
 static int load_shapes(const options *o, shapes *s) {
     *s = (shapes){.hidden = 4096, .ffn = 14336, .heads = 32, .kv_heads = 8, .head_dim = 128,
-                  .experts = 8, .shared_ffn = 0, .vocab = 32000, .layers = 32, .top_k = 2};
+                  .experts = 8, .shared_ffn = 0, .vocab = 32000, .layers = 32, .top_k = 2,
+                  .dtype = FMOE_DTYPE_BF16};
     snprintf(s->model, sizeof s->model, "Mixtral-8x7B shapes (default)");
     if (o->model_config) {
         fmoe_model_geometry g;
@@ -148,6 +162,7 @@ static int load_shapes(const options *o, shapes *s) {
         if (g.vocab_size > 0) s->vocab = (int32_t)g.vocab_size;
         s->layers = g.num_moe_layers > 0 ? g.num_moe_layers : 1;
         s->top_k = g.top_k;
+        s->dtype = g.dtype;
         snprintf(s->model, sizeof s->model, "%s (%.60s)", g.model_type, o->model_config);
         if (s->heads % s->kv_heads) s->kv_heads = s->heads;
     }
@@ -206,6 +221,34 @@ typedef struct measurements {
     int have_gpu;
 } measurements;
 
+/* "expert (fmoe cpu bf16)": a series' label (static storage, one per kind). */
+static const char *cpu_kernel_name(const shapes *sh, const char *what) {
+    static char names[3][48];
+    const int i = what[0] == 'e' ? 0 : what[0] == 'l' && what[1] == 'a' ? 1 : 2;
+    snprintf(names[i], sizeof names[i], "%s (fmoe cpu %s)", what,
+             sh->dtype == FMOE_DTYPE_F32 ? "f32" : sh->dtype == FMOE_DTYPE_F16 ? "f16" : "bf16");
+    return names[i];
+}
+
+/* The chain rows[i] x cols[i], i < mats, timed through the CPU backend's own products at
+ * the checkpoint's dtype for each token count (fmoe_calibrate_gemms with its kernel). */
+static int time_cpu_kernels(const options *o, const shapes *sh, const int32_t *rows,
+                            const int32_t *cols, int32_t mats, const int32_t *tok, int32_t nt,
+                            int32_t reps, double *sec) {
+    int32_t tmax = 1;
+    for (int32_t i = 0; i < nt; i++) tmax = tok[i] > tmax ? tok[i] : tmax;
+    const int blas_threads = openblas_get_num_threads(); /* the backend sets it to one */
+    fmoe_cpu_gemm_bench *b = NULL;
+    int rc = fmoe_cpu_gemm_bench_init(&b, rows, cols, mats, sh->dtype, tmax, o->threads);
+    if (rc == 0) {
+        const fmoe_gemm_kernel k = {.ctx = b, .run = fmoe_cpu_gemm_bench_run};
+        rc = fmoe_calibrate_gemms(&k, rows, cols, mats, tok, nt, reps, sec);
+    }
+    fmoe_cpu_gemm_bench_free(b);
+    openblas_set_num_threads(blas_threads);
+    return rc;
+}
+
 static int measure(const options *o, const shapes *sh, measurements *m) {
     /* RAM: expert-sized copies (below 256 KiB they run in the CPU caches, which experts
      * never do); file: from 64 KiB, where the device's latency still shows. */
@@ -233,7 +276,12 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     const int32_t nf = o->quick ? 3 : 6; /* file: 64 KiB .. 64 MiB (quick: 4 KiB .. 1 MiB) */
     const int64_t *fsizes = sizes;
     m->file = (series){.what = "copy file->RAM", .n = nf};
-    rc = fmoe_calibrate_copy_file(o->file_dir, fsizes, nf, reps, sec, &m->file_cache);
+    if (o->link_file) {
+        m->file_cache = FMOE_FILE_CACHE_DIRECT;
+        rc = fmoe_calibrate_read_file(o->link_file, fsizes, nf, reps, sec);
+    } else {
+        rc = fmoe_calibrate_copy_file(o->file_dir, fsizes, nf, reps, sec, &m->file_cache);
+    }
     if (rc < 0) return rc;
     for (int32_t i = 0; i < nf; i++) m->file.x[i] = (double)fsizes[i], m->file.y[i] = sec[i];
     fit_series(&m->file);
@@ -254,16 +302,18 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     int32_t lrows[8], lcols[8];
     const int32_t lm = layer_mats(sh, lrows, lcols);
     const double eflops = chain_flops(erows, ecols, 3);
-    m->expert_cpu = (series){.what = "expert (OpenBLAS fp32)", .n = nt};
-    FMOE_FORWARD_IF_ERROR(fmoe_calibrate_gemms_cpu(erows, ecols, 3, tok, nt, reps, sec));
+    /* the products as a live CPU run computes them: the CPU backend's kernels on weights of
+     * the checkpoint's dtype (runtime/model/gemm_bench.c says why not OpenBLAS f32) */
+    m->expert_cpu = (series){.what = cpu_kernel_name(sh, "expert"), .n = nt};
+    FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh, erows, ecols, 3, tok, nt, reps, sec));
     for (int32_t i = 0; i < nt; i++) {
         m->expert_cpu.x[i] = tok[i], m->expert_cpu.y[i] = sec[i];
         const double f = eflops * tok[i] / sec[i];
         if (f > m->cpu_peak_flops) m->cpu_peak_flops = f;
     }
     fit_series(&m->expert_cpu);
-    m->layer_cpu = (series){.what = "layer GEMMs (OpenBLAS fp32)", .n = nt};
-    FMOE_FORWARD_IF_ERROR(fmoe_calibrate_gemms_cpu(lrows, lcols, lm, tok, nt, reps, sec));
+    m->layer_cpu = (series){.what = cpu_kernel_name(sh, "layer GEMMs"), .n = nt};
+    FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh, lrows, lcols, lm, tok, nt, reps, sec));
     for (int32_t i = 0; i < nt; i++) m->layer_cpu.x[i] = tok[i], m->layer_cpu.y[i] = sec[i];
     fit_series(&m->layer_cpu);
     m->attn_cpu = (series){.what = "attention (OpenBLAS fp32)", .n = na};
@@ -276,8 +326,8 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     }
     fit_series(&m->attn_cpu);
     const int32_t hrows[1] = {sh->vocab}, hcols[1] = {sh->hidden};
-    m->head_cpu = (series){.what = "LM head (OpenBLAS fp32)", .n = nt};
-    FMOE_FORWARD_IF_ERROR(fmoe_calibrate_gemms_cpu(hrows, hcols, 1, tok, nt, reps, sec));
+    m->head_cpu = (series){.what = cpu_kernel_name(sh, "LM head"), .n = nt};
+    FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh, hrows, hcols, 1, tok, nt, reps, sec));
     for (int32_t i = 0; i < nt; i++) m->head_cpu.x[i] = tok[i], m->head_cpu.y[i] = sec[i];
     fit_series(&m->head_cpu);
     /* the fMoE matcher: one CPU thread, whatever --threads says (it runs beside inference) */
@@ -351,7 +401,10 @@ static fmoe_linear_cost expert_cost(const series *s) {
 }
 
 static const char *cache_name(fmoe_file_cache c) {
-    return c == FMOE_FILE_CACHE_DROPPED ? "dropped" : c == FMOE_FILE_CACHE_TMPFS ? "tmpfs" : "warm";
+    return c == FMOE_FILE_CACHE_DROPPED ? "dropped"
+           : c == FMOE_FILE_CACHE_TMPFS ? "tmpfs"
+           : c == FMOE_FILE_CACHE_DIRECT ? "O_DIRECT"
+                                         : "warm";
 }
 
 static cJSON *series_json(const series *s, const char *xname) {
@@ -430,8 +483,8 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     p.promoe_s = m->promoe_s;
     p.duoserve_s = m->duoserve_s;
     snprintf(p.source, sizeof p.source,
-             "fmoe calibrate on %.60s: link %s; compute %s at %.90s; host OpenBLAS fp32",
-             host, link, m->have_gpu ? "cuBLAS bf16" : "OpenBLAS fp32", sh->model);
+             "fmoe calibrate on %.60s: link %s; compute %s at %.90s; host fmoe cpu kernels",
+             host, link, m->have_gpu ? "cuBLAS bf16" : "fmoe cpu kernels", sh->model);
 
     char *text = NULL;
     FMOE_FORWARD_IF_ERROR(fmoe_hardware_to_json(&p, &text));
@@ -477,7 +530,8 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON *fl = cJSON_GetObjectItemCaseSensitive(links, "file");
     if (fl) {
         cJSON_AddStringToObject(fl, "page_cache", cache_name(m->file_cache));
-        cJSON_AddStringToObject(fl, "dir", o->file_dir);
+        if (o->link_file) cJSON_AddStringToObject(fl, "file", o->link_file);
+        else cJSON_AddStringToObject(fl, "dir", o->file_dir);
     }
     add_link(links, "h2d", &m->h2d);
     cJSON *comp = cJSON_AddObjectToObject(cal, "compute");
@@ -538,7 +592,8 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
             sh->hidden, sh->ffn, sh->heads, sh->kv_heads, sh->head_dim,
             o->quick ? " (--quick: an eighth)" : "");
     report_link(&m->ram, "");
-    snprintf(note, sizeof note, " (%s, page cache %s)", o->file_dir, cache_name(m->file_cache));
+    if (o->link_file) snprintf(note, sizeof note, " (%.100s, O_DIRECT)", o->link_file);
+    else snprintf(note, sizeof note, " (%s, page cache %s)", o->file_dir, cache_name(m->file_cache));
     report_link(&m->file, note);
     report_link(&m->h2d, " (pinned)");
     report_compute(&m->expert_cpu, "token");
@@ -558,8 +613,8 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
             human_s(m->promoe_s, a, sizeof a), sh->hidden, m->promoe_hidden, sh->experts);
     fprintf(stderr, "  %-28s %10s per token (ExpertMLP for %d layers x %d experts, 1 thread)\n",
             "DuoServe predictor", human_s(m->duoserve_s, a, sizeof a), sh->layers, sh->experts);
-    fprintf(stderr, "profile: link = %s; compute = %s; host = OpenBLAS\n", link,
-            m->have_gpu ? "cuBLAS" : "OpenBLAS");
+    fprintf(stderr, "profile: link = %s; compute = %s; host = fmoe cpu kernels\n", link,
+            m->have_gpu ? "cuBLAS" : "fmoe cpu kernels");
 }
 
 /* ------------------------------------------------------------------ main */

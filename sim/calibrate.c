@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -122,6 +123,55 @@ int fmoe_calibrate_copy_ram(const int64_t *sizes, int32_t n, int32_t reps, doubl
     return 0;
 }
 
+int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, int32_t reps,
+                             double *seconds) {
+    enum { ALIGN = 4096 };
+    const int fd = open(path, O_RDONLY | O_DIRECT);
+    if (fd < 0)
+        return fmoe_error_set(FMOE_EIO, "%s: cannot open with O_DIRECT: %s", path,
+                              strerror(errno));
+    struct stat st;
+    int rc = fstat(fd, &st) == 0 ? 0 : fmoe_error_set(FMOE_EIO, "%s: %s", path, strerror(errno));
+    const int64_t file = rc == 0 ? (int64_t)st.st_size / ALIGN * ALIGN : 0;
+    int64_t max = 0;
+    for (int32_t i = 0; rc == 0 && i < n; i++) {
+        const int64_t len = (sizes[i] + ALIGN - 1) / ALIGN * ALIGN;
+        if (sizes[i] < 1 || len > file)
+            rc = fmoe_error_set(FMOE_EINVAL, "%s: %lld bytes, too small for reads of %lld",
+                                path, (long long)file, (long long)sizes[i]);
+        max = len > max ? len : max;
+    }
+    if (reps < 1) reps = 1;
+    void *buf = rc == 0 ? aligned_alloc(ALIGN, (size_t)max) : NULL;
+    double *t = malloc((size_t)reps * sizeof *t);
+    if (rc == 0 && (!buf || !t)) rc = fmoe_error_set(FMOE_ENOMEM, "read buffer of %lld bytes", (long long)max);
+    for (int32_t i = 0; rc == 0 && i < n; i++) {
+        const int64_t len = (sizes[i] + ALIGN - 1) / ALIGN * ALIGN;
+        const int64_t span = file - len + ALIGN; /* offsets [0, span) in ALIGN steps */
+        for (int32_t k = -1; rc == 0 && k < reps; k++) { /* k = -1: untimed */
+            const int64_t at = ((int64_t)(k + 1) * (len + (1 << 20))) % span / ALIGN * ALIGN;
+            const double t0 = now_s();
+            for (int64_t got = 0; got < len;) {
+                const ssize_t r = pread(fd, (char *)buf + got, (size_t)(len - got), at + got);
+                if (r < 0 && errno == EINTR) continue;
+                if (r <= 0) {
+                    rc = fmoe_error_set(FMOE_EIO, "%s: reading %lld bytes at %lld: %s", path,
+                                        (long long)len, (long long)at,
+                                        r < 0 ? strerror(errno) : "end of file");
+                    break;
+                }
+                got += r;
+            }
+            if (k >= 0) t[k] = now_s() - t0;
+        }
+        if (rc == 0) seconds[i] = median(t, reps);
+    }
+    close(fd);
+    free(buf);
+    free(t);
+    return rc;
+}
+
 int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, int32_t reps,
                              double *seconds, fmoe_file_cache *cache) {
     int64_t max = 0;
@@ -218,6 +268,12 @@ static void fill(float *p, size_t n, float scale) {
 
 int fmoe_calibrate_gemms_cpu(const int32_t *rows, const int32_t *cols, int32_t mats,
                              const int32_t *tokens, int32_t n, int32_t reps, double *seconds) {
+    return fmoe_calibrate_gemms(NULL, rows, cols, mats, tokens, n, reps, seconds);
+}
+
+int fmoe_calibrate_gemms(const fmoe_gemm_kernel *kern, const int32_t *rows,
+                         const int32_t *cols, int32_t mats, const int32_t *tokens, int32_t n,
+                         int32_t reps, double *seconds) {
     FMOE_RETURN_ERROR_IF(mats < 1 || n < 1, FMOE_EINVAL, "gemm timing: %d matrices, %d points",
                          mats, n);
     size_t wsize = 0, in_max = 0, out_max = 0;
@@ -234,7 +290,7 @@ int fmoe_calibrate_gemms_cpu(const int32_t *rows, const int32_t *cols, int32_t m
         if (tokens[i] > tmax) tmax = tokens[i];
     }
     if (reps < 1) reps = 1;
-    float *w = malloc(wsize * sizeof *w);
+    float *w = malloc((kern ? 1 : wsize) * sizeof *w); /* a kernel has its own weights */
     float *x = malloc((size_t)tmax * in_max * sizeof *x);
     float *y = malloc((size_t)tmax * out_max * sizeof *y);
     double *t = malloc(MAX_REPS * sizeof *t);
@@ -245,7 +301,7 @@ int fmoe_calibrate_gemms_cpu(const int32_t *rows, const int32_t *cols, int32_t m
         free(t);
         return fmoe_error_set(FMOE_ENOMEM, "gemm timing: %zu weights", wsize);
     }
-    fill(w, wsize, 0.02f);
+    if (!kern) fill(w, wsize, 0.02f);
     fill(x, (size_t)tmax * in_max, 1.0f);
     memset(y, 0, (size_t)tmax * out_max * sizeof *y);
     for (int32_t p = 0; p < n; p++) {
@@ -256,7 +312,9 @@ int fmoe_calibrate_gemms_cpu(const int32_t *rows, const int32_t *cols, int32_t m
             const double t0 = now_s();
             const float *wi = w;
             for (int32_t i = 0; i < mats; i++) {
-                if (m == 1)
+                if (kern)
+                    kern->run(kern->ctx, i, x, m, y);
+                else if (m == 1)
                     cblas_sgemv(CblasRowMajor, CblasNoTrans, rows[i], cols[i], 1.0f, wi, cols[i],
                                 x, 1, 0.0f, y, 1);
                 else

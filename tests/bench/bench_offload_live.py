@@ -8,8 +8,9 @@ On the random ~0.8B Mixtral-layout checkpoint of the CPU-speed benchmark
 (tests/model/make_bench_model.py: 8 MoE layers x 8 experts of 21 MiB), with fmoe-tiny's
 tokenizer copied beside it:
 
-1. `fmoe calibrate --link file` measures this machine's file->RAM link and its compute at
-   the model's shapes: the profile the simulator predicts with.
+1. `fmoe calibrate --link-file model.safetensors` measures this machine's file->RAM link on
+   O_DIRECT reads of the model's own file (what the live runs read) and its compute at the
+   model's shapes with the CPU backend's kernels: the profile the simulator predicts with.
 2. An all-resident `fmoe record` gives the ceiling (decode TPOT with every expert in RAM).
 3. For each policy and cache fraction, `fmoe record --tier file --direct-io` runs the
    prompts offloaded and records the measured iteration times; `fmoe simulate` replays
@@ -130,9 +131,9 @@ def main():
               "--quiet", *threads]
 
     profile = work / "profile.json"
-    print("fmoe calibrate --link file ...", file=sys.stderr)
-    run([fmoe, "calibrate", "--model-config", model / "config.json", "--link", "file",
-         "--file-dir", work, "-o", profile, "--quiet", *threads])
+    print("fmoe calibrate --link-file model.safetensors ...", file=sys.stderr)
+    run([fmoe, "calibrate", "--model-config", model / "config.json", "--link-file",
+         model / "model.safetensors", "-o", profile, "--quiet", *threads])
     prof = json.loads(profile.read_text())
     alpha, beta = prof["link"]["alpha_s"], prof["link"]["beta_bytes_per_s"]
 

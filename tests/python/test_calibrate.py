@@ -6,12 +6,15 @@ same command built on its own (tests/sim/fmoe_calibrate_cli).
 """
 import json
 import random
+import pathlib
 import subprocess
 
 import pytest
 
 from test_build_store import synthetic_trace
 from test_simulate_reference import random_requests, write_trace
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +165,42 @@ def test_promoe_predictor_time_is_measured(calibrate, tmp_path):
     assert pr["duoserve_widths"] == [264, 2048, 1024, 512, 256, 128, 64, 8]
     assert pr["duoserve_s"] == p["predictor"]["duoserve_s"]
     assert 1e-7 < pr["duoserve_s"] < 1.0
+
+
+def test_cpu_gemms_are_timed_with_the_forward_passs_kernels(calibrate, tmp_path):
+    """The CPU GEMM series are the CPU backend's own products on weights of the checkpoint's
+    dtype (what a live run computes), not OpenBLAS on fp32: bf16 by default (Mixtral-like),
+    fp32 for a config whose torch_dtype is float32."""
+    p = json.loads(calibrate("--quick", "--quiet", "--file-dir", tmp_path).stdout)
+    comp = p["calibration"]["compute"]
+    for key in ("expert_cpu", "layer_gemms_cpu", "lm_head_cpu"):
+        assert comp[key]["what"].endswith("(fmoe cpu bf16)"), comp[key]["what"]
+    cfg = json.loads((REPO / "datasets" / "fmoe-tiny" / "config.json").read_text())
+    cfg["torch_dtype"] = "float32"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    p = json.loads(calibrate("--quick", "--quiet", "--file-dir", tmp_path, "--model-config",
+                             tmp_path / "config.json").stdout)
+    assert p["calibration"]["compute"]["expert_cpu"]["what"] == "expert (fmoe cpu f32)"
+
+
+def test_link_file_times_o_direct_reads_of_the_given_file(calibrate, fmoe, tmp_path):
+    """--link-file times the file link on O_DIRECT reads of an existing file (the model's
+    safetensors, what `--tier file --direct-io` reads) instead of a scratch file; the
+    profile says which file; a file smaller than the reads, a missing one and another
+    --link are one-line errors."""
+    model = REPO / "datasets" / "fmoe-tiny" / "model.safetensors"
+    prof = tmp_path / "p.json"
+    calibrate("--quick", "--quiet", "--link-file", model, "-o", prof)
+    p = json.loads(prof.read_text())
+    fl = p["calibration"]["links"]["file"]
+    assert fl["page_cache"] == "O_DIRECT" and fl["file"] == str(model)
+    assert p["calibration"]["link_used"] == "file"
+    assert p["link"]["beta_bytes_per_s"] > 0
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"x" * 8192)
+    r = calibrate("--quick", "--quiet", "--link-file", small, check=False)
+    assert r.returncode == 1 and "too small" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = calibrate("--quick", "--quiet", "--link-file", tmp_path / "none", check=False)
+    assert r.returncode == 1 and "none" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = calibrate("--quick", "--quiet", "--link", "ram", "--link-file", model, check=False)
+    assert r.returncode == 2 and "--link-file" in r.stderr

@@ -123,7 +123,18 @@ typedef enum fmoe_file_cache {
     FMOE_FILE_CACHE_DROPPED = 0, /* the page cache was dropped before each read: the device */
     FMOE_FILE_CACHE_TMPFS = 1,   /* the directory is in RAM (tmpfs): reads are RAM copies */
     FMOE_FILE_CACHE_WARM = 2,    /* dropping failed: reads may come from the page cache */
+    FMOE_FILE_CACHE_DIRECT = 3,  /* O_DIRECT: no page cache (fmoe_calibrate_read_file) */
 } fmoe_file_cache;
+
+/* Reads of sizes[n] bytes (each rounded up to 4 KiB) from an existing file `path` - the
+ * model's own safetensors file, the slow tier a live `--tier file --direct-io` run reads -
+ * with O_DIRECT into an aligned buffer, at offsets spread over the file (read k of a size
+ * at k·size + k·1 MiB, wrapped), the median of `reps` reads (after one untimed) each. What
+ * the live run's reads see, including a virtual disk's host-side caching of that file,
+ * which a fresh scratch file does not show. @return 0, FMOE_EINVAL (a size above the
+ * file's), FMOE_EIO (cannot open or read: the detail names the file), FMOE_ENOMEM. */
+int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, int32_t reps,
+                             double *seconds);
 
 /* pread of sizes[n] bytes from a scratch file written in `dir` (removed afterwards),
  * dropping the file's page cache before every read (posix_fadvise DONTNEED after
@@ -139,6 +150,19 @@ int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, i
  * values. @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
 int fmoe_calibrate_gemms_cpu(const int32_t *rows, const int32_t *cols, int32_t mats,
                              const int32_t *tokens, int32_t n, int32_t reps, double *seconds);
+
+/* Another kernel to time the same chain with: run(ctx, i, x, n, y) multiplies x[n][cols[i]]
+ * by matrix i (the kernel's own weights) into y[n][rows[i]] (e.g. the CPU backend's bf16
+ * products, fmoe/model.h fmoe_cpu_gemm_bench). */
+typedef struct fmoe_gemm_kernel {
+    void *ctx;
+    int (*run)(void *ctx, int32_t mat, const float *x, int32_t n, float *y);
+} fmoe_gemm_kernel;
+
+/* fmoe_calibrate_gemms_cpu through `k` (NULL: OpenBLAS float32, as that function). */
+int fmoe_calibrate_gemms(const fmoe_gemm_kernel *k, const int32_t *rows, const int32_t *cols,
+                         int32_t mats, const int32_t *tokens, int32_t n, int32_t reps,
+                         double *seconds);
 
 /* Attention over a context on the CPU: for each i, tokens[i] query rows against
  * contexts[i] cached keys and values, `heads` heads of head_dim (grouped onto kv_heads):

@@ -257,4 +257,18 @@ typedef struct fmoe_batch_item {
  */
 int fmoe_session_forward_batch(fmoe_session *runner, const fmoe_batch_item *items, int32_t count);
 
+/* The CPU backend's matrix products, for `fmoe calibrate` (runtime/model/gemm_bench.c):
+ * `mats` matrices [rows[i]][cols[i]] of small values stored as `dtype` (f32, f16; bf16 for
+ * the others), and the
+ * backend's context for batches of up to max_batch rows on `threads` threads (0: all
+ * cores; note: the backend sets OpenBLAS to one thread). run multiplies x[n][cols[mat]]
+ * by matrix `mat` into y[n][rows[mat]] as a live forward pass does (its signature is
+ * fmoe/hardware.h's fmoe_gemm_kernel.run). @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
+typedef struct fmoe_cpu_gemm_bench fmoe_cpu_gemm_bench;
+int fmoe_cpu_gemm_bench_init(fmoe_cpu_gemm_bench **out, const int32_t *rows,
+                             const int32_t *cols, int32_t mats, fmoe_dtype dtype,
+                             int32_t max_batch, int32_t threads);
+int fmoe_cpu_gemm_bench_run(void *bench, int32_t mat, const float *x, int32_t n, float *y);
+void fmoe_cpu_gemm_bench_free(fmoe_cpu_gemm_bench *b);
+
 #endif
