@@ -2,7 +2,12 @@
 
     .venv/bin/python tests/bench/bench_offload_live.py [--work DIR] [--prompts 4] [--gen 16]
         [--threads N] [--policies lru,fmoe,mixtral-offload] [--fractions 0.1,0.25,0.5]
-        [--json FILE]
+        [--repeat 2] [--paired] [--json FILE]
+
+--paired calibrates again just before each live run and simulates that run with its own
+profile, reporting the medians over the runs: on a machine whose disk and CPU drift from
+one minute to the next, one calibration set against the fastest of several live runs
+measures the drift, not the simulator.
 
 On the random ~0.8B Mixtral-layout checkpoint of the CPU-speed benchmark
 (tests/model/make_bench_model.py: 8 MoE layers x 8 experts of 21 MiB), with fmoe-tiny's
@@ -105,6 +110,10 @@ def main():
     ap.add_argument("--fractions", default="0.1,0.25,0.5")
     ap.add_argument("--repeat", type=int, default=2,
                     help="live runs per point; the fastest is kept (the machine is shared)")
+    ap.add_argument("--paired", action="store_true",
+                    help="calibrate again just before each live run and simulate that run "
+                         "with its own profile; report the medians over the runs (for a "
+                         "machine whose disk and CPU speeds drift between runs)")
     ap.add_argument("--build", default=str(REPO / "build"))
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -165,9 +174,14 @@ def main():
             live_extra = ["--sync-predictions"] if matcher == "sync" else []
             spec = ["--speculative", 1] if policy == "mixtral-offload" else []
             print(f"{name} {n} slots, file tier, O_DIRECT ...", file=sys.stderr)
-            best = None
+            best, runs = None, []
             for rep in range(a.repeat):
                 t_rep = work / f"live-{name.replace(':', '-')}-{n}-{rep}.h5"
+                p_rep = work / f"profile-{name.replace(':', '-')}-{n}-{rep}.json"
+                if a.paired:
+                    run([fmoe, "calibrate", "--model-config", model / "config.json",
+                         "--link-file", model / "model.safetensors", "-o", p_rep, "--quiet",
+                         *threads])
                 rss, secs, err = run_rss([fmoe, "record", *[c for c in common if c != "--quiet"],
                                           "--dataset", prompts, *spec, "--policy", policy,
                                           "--cache-experts", n, *extra, *live_extra,
@@ -179,12 +193,26 @@ def main():
                 tp, _ = live_tpot(t_rep)
                 if best is None or tp < best[0]:
                     best = (tp, float(m.group(1)) * 2**20, rss, t_rep)
-            tpot, awaited, rss, trace = best
-            out, _, _ = run([fmoe, "simulate", "--trace", trace, "--profile", profile,
-                             "--policy", policy, "--cache-experts", n, *extra,
-                             "--copy-chunks", 4, "--json", "--quiet"])
-            sim = json.loads(out)["results"][0]["tpot_s"]["mean"]
-            bound = res_tpot + awaited / beta
+                if a.paired:
+                    out, _, _ = run([fmoe, "simulate", "--trace", t_rep, "--profile", p_rep,
+                                     "--policy", policy, "--cache-experts", n, *extra,
+                                     "--copy-chunks", 4, "--json", "--quiet"])
+                    b_rep = json.loads(p_rep.read_text())["link"]["beta_bytes_per_s"]
+                    runs.append((tp, json.loads(out)["results"][0]["tpot_s"]["mean"],
+                                 float(m.group(1)) * 2**20 / b_rep, rss))
+            if a.paired:  # medians over the runs, each live run against its own profile
+                med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+                tpot, sim = med([r[0] for r in runs]), med([r[1] for r in runs])
+                bound = res_tpot + med([r[2] for r in runs])
+                rss = max(r[3] for r in runs)
+                awaited = best[1]
+            else:
+                tpot, awaited, rss, trace = best
+                out, _, _ = run([fmoe, "simulate", "--trace", trace, "--profile", profile,
+                                 "--policy", policy, "--cache-experts", n, *extra,
+                                 "--copy-chunks", 4, "--json", "--quiet"])
+                sim = json.loads(out)["results"][0]["tpot_s"]["mean"]
+                bound = res_tpot + awaited / beta
             rss_bound = (resident_weights + (n + 1) * expert_bytes + kv) / 2**20 + OVERHEAD_MIB
             rows.append({"policy": name, "fraction": frac, "cache_experts": n,
                          "live_tpot_s": tpot, "sim_tpot_s": sim, "gap": (sim - tpot) / tpot,
