@@ -252,67 +252,77 @@ int fmoe_hardware_load(const char *path, fmoe_hardware_profile *out) {
     return rc;
 }
 
+/* obj.key = v written with 17 significant digits, so that it parses back to the same
+ * double: cJSON's own printer keeps 15 when they compare "equal" within DBL_EPSILON, and
+ * a profile written back then no longer held the same link (tests/fuzz/crashes/hardware).
+ * v is finite (the parser and the measurements give nothing else). */
+static void add_exact(cJSON *obj, const char *key, double v) {
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.17g", v);
+    cJSON_AddItemToObject(obj, key, cJSON_CreateRaw(buf));
+}
+
 int fmoe_hardware_to_json(const fmoe_hardware_profile *p, char **out) {
     *out = NULL;
     cJSON *root = cJSON_CreateObject();
     if (!root) return fmoe_error_set(FMOE_ENOMEM, "profile JSON");
     cJSON_AddStringToObject(root, "format", FMOE_HARDWARE_FORMAT);
-    cJSON_AddNumberToObject(root, "version", FMOE_HARDWARE_VERSION);
+    add_exact(root, "version", FMOE_HARDWARE_VERSION);
     cJSON_AddStringToObject(root, "name", p->name);
     cJSON_AddStringToObject(root, "source", p->source);
     cJSON *link = cJSON_AddObjectToObject(root, "link");
-    cJSON_AddNumberToObject(link, "alpha_s", p->alpha_s);
-    cJSON_AddNumberToObject(link, "beta_bytes_per_s", p->beta_bytes_per_s);
+    add_exact(link, "alpha_s", p->alpha_s);
+    add_exact(link, "beta_bytes_per_s", p->beta_bytes_per_s);
     if (p->peak_flops > 0 || p->memory_bandwidth_bytes_per_s > 0) {
         /* only the fields the profile has: a 0 written back would not parse again (a
          * profile with measured compute may have one roofline figure, or none) */
         cJSON *d = cJSON_AddObjectToObject(root, "device");
-        if (p->peak_flops > 0) cJSON_AddNumberToObject(d, "peak_flops", p->peak_flops);
+        if (p->peak_flops > 0) add_exact(d, "peak_flops", p->peak_flops);
         if (p->memory_bandwidth_bytes_per_s > 0)
-            cJSON_AddNumberToObject(d, "memory_bandwidth_bytes_per_s",
+            add_exact(d, "memory_bandwidth_bytes_per_s",
                                     p->memory_bandwidth_bytes_per_s);
-        cJSON_AddNumberToObject(d, "launch_s", p->launch_s);
+        add_exact(d, "launch_s", p->launch_s);
     }
     if (p->attention.present || p->expert.present || p->head.present) {
         cJSON *c = cJSON_AddObjectToObject(root, "compute");
         if (p->attention.present) {
             cJSON *a = cJSON_AddObjectToObject(c, "attention_s");
-            cJSON_AddNumberToObject(a, "base", p->attention.base_s);
-            cJSON_AddNumberToObject(a, "per_token", p->attention.per_token_s);
-            cJSON_AddNumberToObject(a, "per_token_context", p->attention.per_token_context_s);
+            add_exact(a, "base", p->attention.base_s);
+            add_exact(a, "per_token", p->attention.per_token_s);
+            add_exact(a, "per_token_context", p->attention.per_token_context_s);
         }
         if (p->expert.present) {
             cJSON *e = cJSON_AddObjectToObject(c, "expert_s");
-            cJSON_AddNumberToObject(e, "base", p->expert.base_s);
-            cJSON_AddNumberToObject(e, "per_token", p->expert.per_token_s);
+            add_exact(e, "base", p->expert.base_s);
+            add_exact(e, "per_token", p->expert.per_token_s);
         }
         if (p->head.present) {
             cJSON *e = cJSON_AddObjectToObject(c, "head_s");
-            cJSON_AddNumberToObject(e, "base", p->head.base_s);
-            cJSON_AddNumberToObject(e, "per_token", p->head.per_token_s);
+            add_exact(e, "base", p->head.base_s);
+            add_exact(e, "per_token", p->head.per_token_s);
         }
     }
     if (p->host_expert.present || p->host_peak_flops > 0) {
         cJSON *h = cJSON_AddObjectToObject(root, "host");
         if (p->host_expert.present) {
             cJSON *e = cJSON_AddObjectToObject(h, "expert_s");
-            cJSON_AddNumberToObject(e, "base", p->host_expert.base_s);
-            cJSON_AddNumberToObject(e, "per_token", p->host_expert.per_token_s);
+            add_exact(e, "base", p->host_expert.base_s);
+            add_exact(e, "per_token", p->host_expert.per_token_s);
         }
         if (p->host_peak_flops > 0 && p->host_memory_bandwidth_bytes_per_s > 0) {
-            cJSON_AddNumberToObject(h, "peak_flops", p->host_peak_flops);
-            cJSON_AddNumberToObject(h, "memory_bandwidth_bytes_per_s",
+            add_exact(h, "peak_flops", p->host_peak_flops);
+            add_exact(h, "memory_bandwidth_bytes_per_s",
                                     p->host_memory_bandwidth_bytes_per_s);
         }
     }
     if (p->match_s > 0) { /* optional: written only when the matcher was timed */
         cJSON *m = cJSON_AddObjectToObject(root, "matcher");
-        cJSON_AddNumberToObject(m, "match_s", p->match_s);
+        add_exact(m, "match_s", p->match_s);
     }
     if (p->promoe_s > 0 || p->duoserve_s > 0) { /* optional: only what was timed */
         cJSON *m = cJSON_AddObjectToObject(root, "predictor");
-        if (p->promoe_s > 0) cJSON_AddNumberToObject(m, "promoe_s", p->promoe_s);
-        if (p->duoserve_s > 0) cJSON_AddNumberToObject(m, "duoserve_s", p->duoserve_s);
+        if (p->promoe_s > 0) add_exact(m, "promoe_s", p->promoe_s);
+        if (p->duoserve_s > 0) add_exact(m, "duoserve_s", p->duoserve_s);
     }
     *out = cJSON_Print(root);
     cJSON_Delete(root);
