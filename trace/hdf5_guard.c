@@ -318,6 +318,87 @@ done:
 #define MAX_HEADER_BYTES ((uint64_t)16 << 20) /* fmoe's root headers hold a few KiB */
 #define UNDEF_ADDR UINT64_MAX
 
+/* A datatype (a datatype message, type 0x03, or an attribute's): NULL when libhdf5 may
+ * decode it, else why not. Layout: class and version (4 bytes), the element size (4
+ * bytes), then the class's properties. A variable-length element is stored as a heap id
+ * (length, collection address, index) and read at that size whatever the datatype says, so
+ * a smaller stored size made H5Aread copy past an attribute's value; its base type (the
+ * first property) sizes each element's conversion buffer, length x base size, so a forged
+ * 4 GB base made H5T__conv_vlen clear gigabytes for a one-character string. fmoe stores
+ * variable-length strings only, whose base is one byte; up to 16 is allowed. */
+static const char *dtype_check(const uint8_t *dt, uint64_t len, size_t so) {
+    if (len < 8) return "has a datatype shorter than 8 bytes";
+    if ((dt[0] & 0x0F) != 9) return NULL;
+    if (le(dt + 4, 4) != 8 + so) return "has a variable-length datatype of the wrong size";
+    if (len < 16) return "has a variable-length datatype without its base type";
+    const uint64_t base = le(dt + 12, 4);
+    if (base < 1 || base > 16) return "has a variable-length datatype of a forged base size";
+    return NULL;
+}
+
+/* An attribute message (type 0x0C) of a header we walk. libhdf5 1.10.8 decodes it
+ * (H5O__attr_decode) trusting its three stored part sizes and then copies the value,
+ * elements x datatype size, from after them: nothing compares either with the message's
+ * own size, so a flipped size byte copies past the chunk buffer (a damaged predictor file
+ * did: tests/fuzz/crashes/predictor/). Layout (HDF5 file format spec, "Attribute Message"):
+ * version, flags (v1: reserved), name/datatype/dataspace sizes (2 bytes each), v3: the
+ * name's encoding, then the three parts (v1: each padded to 8 bytes), then the value.
+ * Shared datatypes or dataspaces (flags 1, 2) are references we do not follow: only the
+ * parts' sizes are checked then. */
+static int attr_message_check(const uint8_t *m, uint64_t size, size_t so, size_t sl,
+                              const char *path, const char *what) {
+    const char *why = NULL;
+    if (size < 8) {
+        why = "is shorter than its fixed fields";
+        goto bad;
+    }
+    const unsigned version = m[0], flags = version >= 2 ? m[1] : 0;
+    if (version < 1 || version > 3) return 0; /* libhdf5 refuses the version itself */
+    const uint64_t name_len = le(m + 2, 2), dt_len = le(m + 4, 2), ds_len = le(m + 6, 2);
+    const uint64_t head = version == 3 ? 9 : 8;
+    const uint64_t name_at = head;
+    const uint64_t dt_at = name_at + (version == 1 ? ALIGN8(name_len) : name_len);
+    const uint64_t ds_at = dt_at + (version == 1 ? ALIGN8(dt_len) : dt_len);
+    const uint64_t value_at = ds_at + (version == 1 ? ALIGN8(ds_len) : ds_len);
+    if (value_at > size) {
+        why = "has name, datatype and dataspace sizes past its end";
+        goto bad;
+    }
+    if (flags & 3) return 0; /* shared parts: their sizes live elsewhere */
+    if ((why = dtype_check(m + dt_at, dt_len, so)) != NULL) goto bad;
+    const uint64_t elem = le(m + dt_at + 4, 4);
+    /* dataspace: version, rank, flags, then (v1) 5 reserved bytes or (v2) the type, then
+     * rank dimensions of sizeof_size bytes (maxima after them, not needed here) */
+    const uint8_t *ds = m + ds_at;
+    if (ds_len < 4) {
+        why = "has a dataspace shorter than 4 bytes";
+        goto bad;
+    }
+    const unsigned ds_version = ds[0], rank = ds[1];
+    if (ds_version < 1 || ds_version > 2 || rank > 32) return 0; /* libhdf5 refuses these */
+    const uint64_t dims_at = ds_version == 1 ? 8 : 4;
+    uint64_t nelem = ds_version == 2 && ds[3] == 2 ? 0 : 1; /* v2 type 2: the null space */
+    if (dims_at + (uint64_t)rank * sl > ds_len) {
+        why = "has a dataspace whose dimensions run past it";
+        goto bad;
+    }
+    const uint64_t room = size - value_at;
+    for (unsigned r = 0; r < rank && nelem; r++) { /* saturates at room + 1 */
+        const uint64_t d = le(ds + dims_at + (uint64_t)r * sl, sl);
+        nelem = d == 0 ? 0 : nelem > room / d ? room + 1 : nelem * d;
+    }
+    if (nelem && elem > room / nelem) {
+        why = "claims a value larger than the message";
+        goto bad;
+    }
+    return 0;
+bad:
+    return fmoe_error_set(FMOE_EFORMAT,
+                          "%s: damaged HDF5 file: an attribute message of the %s object header "
+                          "(%llu bytes) %s",
+                          path, what, (unsigned long long)size, why);
+}
+
 /* Walks the object header at addr (version 1 or 2) and every continuation chunk it
  * names, checking that each lies inside the file before libhdf5 allocates it. */
 static int header_check(const rawfile *rf, uint64_t addr, const char *path, const char *what) {
@@ -381,9 +462,7 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
             } else {
                 type = img[p];
                 size = le(img + p + 1, 2);
-                const unsigned mflags = img[p + 3];
                 p += 4 + ((pre[5] & 0x04) ? 2 : 0);
-                (void)mflags;
             }
             if (size > end - (p > end ? end : p)) {
                 free(img);
@@ -391,6 +470,25 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                                       "%s: damaged HDF5 file: a message of the %s object header "
                                       "claims %llu bytes past its chunk",
                                       path, what, (unsigned long long)size);
+            }
+            /* message flag 0x02: a shared message, whose body is a reference */
+            const unsigned mflags =
+                version == 1 ? img[p - 4] : img[p - 1 - ((pre[5] & 0x04) ? 2 : 0)];
+            const char *dt_why = type == 0x03 && !(mflags & 0x02) ? dtype_check(img + p, size, so)
+                                                                    : NULL;
+            if (dt_why) {
+                free(img);
+                return fmoe_error_set(FMOE_EFORMAT,
+                                      "%s: damaged HDF5 file: a datatype message of the %s object "
+                                      "header %s",
+                                      path, what, dt_why);
+            }
+            if (type == 0x0C && !(mflags & 0x02)) {
+                const int rc = attr_message_check(img + p, size, so, sl, path, what);
+                if (rc < 0) {
+                    free(img);
+                    return rc;
+                }
             }
             if (type == 0x10 && size >= so + sl) { /* continuation: address, length */
                 if (nchunks == MAX_HEADER_CHUNKS) {
@@ -462,4 +560,15 @@ int fmoe__h5_precheck(int fd, const void *image, uint64_t size, const char *path
     if (ext != undef) FMOE_FORWARD_IF_ERROR(header_check(&rf, ext, path, "superblock extension"));
     if (root != undef) FMOE_FORWARD_IF_ERROR(header_check(&rf, root, path, "root group"));
     return 0;
+}
+
+int fmoe__h5_link_check(hid_t loc, const char *name, const char *path) {
+    rawfile rf;
+    const int k = rawfile_open(loc, &rf);
+    if (k == 0) return 0; /* a driver we do not look into */
+    FMOE_RETURN_ERROR_IF(k < 0, FMOE_EIO, "%s: %s: cannot reach the file's bytes", path, name);
+    H5L_info_t li;
+    if (H5Lget_info(loc, name, &li, H5P_DEFAULT) < 0 || li.type != H5L_TYPE_HARD)
+        return 0; /* the open that follows says why, or follows a soft link itself */
+    return header_check(&rf, li.u.address, path, name);
 }

@@ -27,4 +27,13 @@ int fmoe__h5_vlen_check(hid_t obj, int is_attr, int64_t count, const char *path,
  * FMOE_EFORMAT naming `path` ("damaged HDF5 file: ..."), FMOE_ENOMEM. */
 int fmoe__h5_precheck(int fd, const void *image, uint64_t size, const char *path);
 
+/* Checks the object header that hard link `name` of `loc` points to (and its
+ * continuation chunks and attribute messages), as fmoe__h5_precheck checks the root
+ * group's, before libhdf5 loads it to open the object: libhdf5 1.10.8 sizes a header
+ * chunk's buffer from the file before comparing it with the file's end, so a forged chunk
+ * of a dataset asked for 17 GB. The link must exist (H5Lexists). Call with the HDF5 lock
+ * held. @return 0 (also for soft links and unchecked drivers), FMOE_EFORMAT naming `path`
+ * and `name`, FMOE_EIO, FMOE_ENOMEM. */
+int fmoe__h5_link_check(hid_t loc, const char *name, const char *path);
+
 #endif

@@ -422,8 +422,8 @@ int fmoe__h5_write_str_array(hid_t file, const char *path, const char *name,
 }
 
 int fmoe__h5_dataset_read_str(hid_t file, const char *path, const char *name, char **out) {
-    int ex = fmoe__h5_exists(file, name);
-    if (ex < 0) return fmoe_error_set(FMOE_EIO, "%s: %s: cannot look up", path, name);
+    int ex = fmoe__h5_exists(file, path, name);
+    if (ex < 0) return ex;
     if (ex == 0) return fmoe_error_set(FMOE_ENOTFOUND, "%s: %s is missing", path, name);
     hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
     if (d < 0) {
@@ -618,30 +618,35 @@ int fmoe__h5_dataset_read_rows(hid_t d, const char *path, const char *name, hid_
     return transfer_rows(d, path, name, mem_type, row0, nrows, data, NULL);
 }
 
-int fmoe__h5_exists(hid_t file, const char *name) {
+int fmoe__h5_exists(hid_t loc, const char *path, const char *name) {
     /* H5Lexists fails (rather than answering 0) when an intermediate group is missing, so
-     * walk the path one component at a time. */
-    char buf[256];
+     * walk the path one component at a time; each component's object header is checked
+     * before the next step (or the caller's open) makes libhdf5 load it. */
+    char buf[256], msg[256];
     size_t n = strlen(name);
-    if (n == 0 || n >= sizeof buf) return -1;
+    if (n == 0 || n >= sizeof buf)
+        return fmoe_error_set(FMOE_EINVAL, "%s: %s: bad object name", path, name);
     memcpy(buf, name, n + 1);
     for (size_t i = 1; i <= n; i++) {
         if (buf[i] != '/' && buf[i] != '\0') continue;
         char c = buf[i];
         buf[i] = '\0';
-        htri_t ex = H5Lexists(file, buf, H5P_DEFAULT);
+        htri_t ex = H5Lexists(loc, buf, H5P_DEFAULT);
+        int rc = ex > 0 ? fmoe__h5_link_check(loc, buf, path) : 0;
         buf[i] = c;
-        if (ex <= 0) return ex < 0 ? -1 : 0;
+        if (ex < 0)
+            return fmoe_error_set(FMOE_EFORMAT, "%s: %s: cannot look up: %s", path, name,
+                                  fmoe__h5_errmsg(msg, sizeof msg));
+        if (rc < 0) return rc;
+        if (ex == 0) return 0;
     }
     return 1;
 }
 
 hid_t fmoe__h5_dataset_open(hid_t file, const char *path, const char *name) {
     char msg[256];
-    int ex = fmoe__h5_exists(file, name);
-    if (ex < 0)
-        return fmoe_error_set(FMOE_EFORMAT, "%s: %s: cannot look up: %s", path, name,
-                              fmoe__h5_errmsg(msg, sizeof msg));
+    int ex = fmoe__h5_exists(file, path, name);
+    if (ex < 0) return ex;
     if (ex == 0) return fmoe_error_set(FMOE_ENOTFOUND, "%s: %s is missing", path, name);
     hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
     if (d < 0)

@@ -142,9 +142,11 @@ hid_t fmoe__h5_dataset_open(hid_t file, const char *path, const char *name);
  * @return 0 or FMOE_EFORMAT naming the dataset. */
 int fmoe__h5_check_stored(hid_t d, const char *path, const char *name);
 
-/* 1 when a link `name` ("/tokens/probs") exists, following each group on the way; 0 when
- * not; < 0 on error. */
-int fmoe__h5_exists(hid_t file, const char *name);
+/* 1 when a link `name` ("/tokens/probs") of `loc` exists, following each group on the
+ * way; 0 when not. Every object header on the way (the last included) is checked
+ * against the file's bytes before libhdf5 loads it (fmoe__h5_link_check). < 0 on error,
+ * with the error set, naming `path` (the file) and `name`. */
+int fmoe__h5_exists(hid_t loc, const char *path, const char *name);
 
 /* Checks the root attributes `format` == expected_format and `version` == expected_version
  * of an fmoe file. `hint` (may be NULL) is appended when the format is `hint_format`, e.g.

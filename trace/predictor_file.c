@@ -278,8 +278,9 @@ static int read_str_attr(hid_t loc, const char *path, const char *name, char *ou
 static int read_f32_ex(hid_t g, const char *path, const char *obj, const char *name, int rank,
                        const hsize_t *want, float *out, int allow_nan) {
     char msg[256];
-    if (H5Lexists(g, name, H5P_DEFAULT) <= 0)
-        return fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s is missing", path, obj, name);
+    const int ex = fmoe__h5_exists(g, path, name);
+    if (ex <= 0)
+        return ex < 0 ? ex : fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s is missing", path, obj, name);
     hid_t d = H5Dopen2(g, name, H5P_DEFAULT);
     if (d < 0)
         return fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s: cannot open as a dataset: %s", path, obj,
@@ -335,8 +336,9 @@ static int read_layers(hid_t file, const char *path, fmoe_predictor *p) {
     char obj[64];
     for (int32_t i = 1; i < p->num_layers; i++) {
         snprintf(obj, sizeof obj, "/layers/%d", i);
-        int ex = fmoe__h5_exists(file, obj);
-        FMOE_RETURN_ERROR_IF(ex <= 0, FMOE_EFORMAT,
+        int ex = fmoe__h5_exists(file, path, obj);
+        if (ex < 0) return ex;
+        FMOE_RETURN_ERROR_IF(ex == 0, FMOE_EFORMAT,
                              "%s: %s is missing (a promoe predictor has layers 1..%d)", path, obj,
                              p->num_layers - 1);
         hid_t g = H5Gopen2(file, obj, H5P_DEFAULT);
@@ -365,8 +367,9 @@ static int read_layers(hid_t file, const char *path, fmoe_predictor *p) {
 /* The shape of dataset `name` of group g into dims (rank 2 expected). */
 static int dataset_dims2(hid_t g, const char *path, const char *obj, const char *name,
                          hsize_t *dims) {
-    if (H5Lexists(g, name, H5P_DEFAULT) <= 0)
-        return fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s is missing", path, obj, name);
+    const int ex = fmoe__h5_exists(g, path, name);
+    if (ex <= 0)
+        return ex < 0 ? ex : fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s is missing", path, obj, name);
     hid_t d = H5Dopen2(g, name, H5P_DEFAULT);
     if (d < 0) return fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s is not a dataset", path, obj, name);
     hid_t space = H5Dget_space(d);
@@ -416,7 +419,9 @@ static int read_duoserve_body(hid_t file, const char *path, fmoe_predictor *p) {
     char obj[64];
     for (int32_t i = 0; i < m->num_fc; i++) {
         snprintf(obj, sizeof obj, "/expert_mlp/%d", i);
-        hid_t g = H5Gopen2(file, obj, H5P_DEFAULT);
+        const int ex = fmoe__h5_exists(file, path, obj);
+        if (ex < 0) return ex;
+        hid_t g = ex ? H5Gopen2(file, obj, H5P_DEFAULT) : -1;
         FMOE_RETURN_ERROR_IF(g < 0, FMOE_EFORMAT, "%s: %s is missing", path, obj);
         const hsize_t d_w[2] = {(hsize_t)m->width[i + 1], (hsize_t)m->width[i]},
                       d_b[1] = {(hsize_t)m->width[i + 1]};
@@ -461,7 +466,9 @@ static int read_duoserve(hid_t file, const char *path, fmoe_predictor **out) {
     char obj[64];
     for (int32_t i = 0; i < (int32_t)F; i++) {
         snprintf(obj, sizeof obj, "/expert_mlp/%d", i);
-        FMOE_RETURN_ERROR_IF(fmoe__h5_exists(file, obj) <= 0, FMOE_EFORMAT,
+        const int ex = fmoe__h5_exists(file, path, obj);
+        if (ex < 0) return ex;
+        FMOE_RETURN_ERROR_IF(ex == 0, FMOE_EFORMAT,
                              "%s: %s is missing (the ExpertMLP has %lld FC layers)", path, obj,
                              (long long)F);
         hid_t g = H5Gopen2(file, obj, H5P_DEFAULT);

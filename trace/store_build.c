@@ -168,12 +168,6 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
     f->held_out_id = malloc(nr * sizeof *f->held_out_id);
     if (!f->sources || !f->used_source || !f->used_id || !f->held_out_source || !f->held_out_id)
         return fmoe_error_set(FMOE_ENOMEM, "build-store: request lists");
-    const fmoe_expertmap_config cfg = {.capacity = o->capacity, .num_layers = L,
-                                       .num_experts = J, .top_k = K, .semantic_dim = h,
-                                       .prefetch_distance = o->prefetch_distance,
-                                       .max_batch = o->batch > 0 ? o->batch : DEFAULT_BATCH};
-    FMOE_FORWARD_IF_ERROR(fmoe_expertmap_init(&f->store, &cfg));
-
     /* Which requests go in; count their tokens for the progress bar. */
     uint8_t **keep = calloc((size_t)n, sizeof *keep);
     if (!keep) return fmoe_error_set(FMOE_ENOMEM, "build-store");
@@ -212,6 +206,18 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
         rc = fmoe_error_set(FMOE_EINCOMPLETE,
                             "the requests the split keeps hold no tokens (split %g, seed %llu)",
                             o->split, (unsigned long long)o->seed);
+
+    /* The store never holds more entries than tokens streamed in, so a capacity beyond
+     * them would only allocate rows that stay empty (--capacity 100000000 asked for 116 GB;
+     * issue 15, finding 6): size it to the tokens. Online growth is simulate's
+     * --store-capacity. */
+    rep->capacity = tokens_in < o->capacity ? (int32_t)(tokens_in > 0 ? tokens_in : 1)
+                                            : o->capacity;
+    const fmoe_expertmap_config cfg = {.capacity = rep->capacity, .num_layers = L,
+                                       .num_experts = J, .top_k = K, .semantic_dim = h,
+                                       .prefetch_distance = o->prefetch_distance,
+                                       .max_batch = o->batch > 0 ? o->batch : DEFAULT_BATCH};
+    if (rc == 0) rc = fmoe_expertmap_init(&f->store, &cfg);
 
     builder b = {.f = f, .L = L, .J = J, .K = K, .h = h, .batch = cfg.max_batch, .report = rep};
     float *probs = NULL, *sem = NULL;

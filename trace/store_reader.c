@@ -181,9 +181,13 @@ static int read_entries(reader *r, fmoe_store_file *f, int32_t E) {
         rc = (int)ds;
         goto done;
     }
-    if (h == 0 && fmoe__h5_exists(r->file, "/semantic") > 0) {
-        rc = fmoe_error_set(FMOE_EFORMAT,
-                            "%s: /semantic is present but attribute semantic_dim is 0", r->path);
+    const int sem_ex = h == 0 ? fmoe__h5_exists(r->file, r->path, "/semantic") : 0;
+    if (sem_ex != 0) {
+        rc = sem_ex < 0 ? sem_ex
+                        : fmoe_error_set(FMOE_EFORMAT,
+                                         "%s: /semantic is present but attribute semantic_dim "
+                                         "is 0",
+                                         r->path);
         goto done;
     }
     if ((dh = open_ds(r, "/hits", H5T_INTEGER, 1, wh, NULL)) < 0) {

@@ -230,8 +230,8 @@ static int read_header(fmoe_trace_reader *r) {
  * refuses one that exists when it should not. */
 static int open_gate(fmoe_trace_reader *r, const char *name, int present, int rank,
                      const int64_t *want, hid_t *out, int *is_half) {
-    int ex = fmoe__h5_exists(r->file, name);
-    if (ex < 0) return fmoe_error_set(FMOE_EFORMAT, "%s: %s: cannot look up", r->path, name);
+    int ex = fmoe__h5_exists(r->file, r->path, name);
+    if (ex < 0) return ex;
     if (!present) {
         FMOE_RETURN_ERROR_IF(ex > 0, FMOE_EFORMAT,
                              "%s: %s exists, expected none (the header says it is absent)", r->path,
@@ -274,7 +274,8 @@ static int open_datasets(fmoe_trace_reader *r) {
     FMOE_FORWARD_IF_ERROR(open_gate(r, "/tokens/probs", h->probs_kind != FMOE_PROBS_NONE, 3, w_p,
                                     &r->probs, &r->probs_is_half));
     r->header.probs_half = r->probs >= 0 && r->probs_is_half;
-    int ex = fmoe__h5_exists(r->file, "/tokens/semantic");
+    int ex = fmoe__h5_exists(r->file, r->path, "/tokens/semantic");
+    if (ex < 0) return ex;
     if (H > 0) {
         r->semantic = open_checked(r, "/tokens/semantic", H5T_FLOAT, 4, 0, 2, w_s, NULL);
         if (r->semantic < 0) return (int)r->semantic;
@@ -497,8 +498,8 @@ static int open_file(fmoe_trace_reader *r, const void *image, size_t size) {
  * I = the iterations in replay order. Present exactly when the header says so. */
 static int check_optional(fmoe_trace_reader *r, const char *name, int present,
                           H5T_class_t cls, int rank, const int64_t *want) {
-    int ex = fmoe__h5_exists(r->file, name);
-    if (ex < 0) return fmoe_error_set(FMOE_EFORMAT, "%s: %s: cannot look up", r->path, name);
+    int ex = fmoe__h5_exists(r->file, r->path, name);
+    if (ex < 0) return ex;
     if (!present) {
         FMOE_RETURN_ERROR_IF(ex > 0, FMOE_EFORMAT,
                              "%s: %s exists, expected none (the header says it is absent)", r->path,

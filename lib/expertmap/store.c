@@ -222,14 +222,19 @@ int fmoe_expertmap_init(fmoe_expertmap **out, const fmoe_expertmap_config *cfg) 
     return 0;
 }
 
-int fmoe_expertmap_clone(fmoe_expertmap **out, const fmoe_expertmap *src) {
-    FMOE_FORWARD_IF_ERROR(fmoe_expertmap_init(out, &src->cfg));
+int fmoe_expertmap_clone(fmoe_expertmap **out, const fmoe_expertmap *src, int32_t capacity) {
+    fmoe_expertmap_config cfg = src->cfg;
+    if (capacity > cfg.capacity) cfg.capacity = capacity;
+    FMOE_FORWARD_IF_ERROR(fmoe_expertmap_init(out, &cfg));
     fmoe_expertmap *s = *out;
     const size_t C = (size_t)src->cfg.capacity, L = (size_t)src->cfg.num_layers,
-                 LJ = L * (size_t)src->cfg.num_experts, h = (size_t)src->cfg.semantic_dim;
+                 J = (size_t)src->cfg.num_experts, LJ = L * J, h = (size_t)src->cfg.semantic_dim;
     const size_t n = (size_t)src->size;
-    /* tiled, layer-major: copy every tile (the unused lanes are zero in both) */
-    memcpy(s->maps, src->maps, (size_t)src->tiles * W * LJ * sizeof *s->maps);
+    /* tiled, layer-major: each layer's tiles in turn (a larger store has more tiles per
+     * layer; the unused lanes are zero in both) */
+    const size_t from = (size_t)src->tiles * J * W, to = (size_t)s->tiles * J * W;
+    for (size_t l = 0; l < L; l++)
+        memcpy(s->maps + l * to, src->maps + l * from, from * sizeof *s->maps);
     if (h) memcpy(s->sem, src->sem, n * h * sizeof *s->sem);
     memcpy(s->hits, src->hits, C * sizeof *s->hits);
     memcpy(s->sem_norm, src->sem_norm, C * sizeof *s->sem_norm);

@@ -300,7 +300,7 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
             .prefetch_distance = S->d};
         rc = fmoe_expertmap_init(&S->own, &sc);
     } else if (mode == FMOE_STORE_OFFLINE_UPDATE) {
-        rc = fmoe_expertmap_clone(&S->own, given);
+        rc = fmoe_expertmap_clone(&S->own, given, cfg->store_capacity);
     }
     if (rc < 0) {
         fm_free(S);

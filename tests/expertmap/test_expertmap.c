@@ -412,7 +412,7 @@ TEST(clone_is_independent) {
     onehot_map(m, 2, 4, 1);
     ASSERT_OK(fmoe_expertmap_add(a, 1, e, 2, m, 8, NULL, NULL));
     fmoe_expertmap_hit(a, 0);
-    ASSERT_OK(fmoe_expertmap_clone(&b, a));
+    ASSERT_OK(fmoe_expertmap_clone(&b, a, 0));
     ASSERT_EQ(fmoe_expertmap_size(b), 1);
     ASSERT_EQ(fmoe_expertmap_hits(b)[0], 1);
     ASSERT_EQ(fmoe_expertmap_popularity(b)[4 + 1], 1);
@@ -421,6 +421,48 @@ TEST(clone_is_independent) {
     ASSERT_EQ(fmoe_expertmap_size(b), 2);
     fmoe_expertmap_free(a);
     fmoe_expertmap_free(b);
+}
+
+/* Offline updates grow a store built to its tokens: a clone with more tiles per layer
+ * holds every entry's map and embedding where the original had them, and has room. */
+TEST(clone_grows_to_a_larger_capacity) {
+    const int32_t L = 3, J = 8, C = 20; /* 2 tiles of 16 per layer -> 5 */
+    const fmoe_expertmap_config cfg = {.capacity = C, .num_layers = L, .num_experts = J,
+                                       .top_k = 2, .semantic_dim = 2, .prefetch_distance = 1};
+    fmoe_expertmap *a = NULL, *b = NULL;
+    ASSERT_OK(fmoe_expertmap_init(&a, &cfg));
+    float m[3 * 8], e[2];
+    for (int32_t y = 0; y < C; y++) { /* distinct entries: no deduplication */
+        for (int32_t i = 0; i < L * J; i++) m[i] = (float)((y * 7 + i * 3) % 11) / 11.0f;
+        e[0] = (float)y;
+        e[1] = 1.0f;
+        ASSERT_OK(fmoe_expertmap_set(a, y, e, m, 0));
+    }
+    ASSERT_EQ(fmoe_expertmap_size(a), C);
+    ASSERT_OK(fmoe_expertmap_clone(&b, a, 70));
+    ASSERT_EQ(fmoe_expertmap_config_of(b)->capacity, 70);
+    ASSERT_EQ(fmoe_expertmap_size(b), C);
+    float ma[3 * 8], mb[3 * 8];
+    for (int32_t y = 0; y < C; y++) {
+        fmoe_expertmap_copy_map(a, y, ma);
+        fmoe_expertmap_copy_map(b, y, mb);
+        for (int32_t i = 0; i < L * J; i++) ASSERT_EQ(ma[i], mb[i]);
+        ASSERT_EQ(fmoe_expertmap_semantic(b)[2 * y], (float)y);
+    }
+    for (int32_t i = 0; i < L * J; i++)
+        ASSERT_EQ(fmoe_expertmap_popularity(a)[i], fmoe_expertmap_popularity(b)[i]);
+    /* room: appended, not deduplicated */
+    for (int32_t i = 0; i < L * J; i++) m[i] = 0.5f;
+    e[0] = 99.0f;
+    ASSERT_OK(fmoe_expertmap_add(b, 1, e, 2, m, L * J, NULL, NULL));
+    ASSERT_EQ(fmoe_expertmap_size(b), C + 1);
+    /* a smaller capacity keeps the source's */
+    fmoe_expertmap *c = NULL;
+    ASSERT_OK(fmoe_expertmap_clone(&c, a, 5));
+    ASSERT_EQ(fmoe_expertmap_config_of(c)->capacity, C);
+    fmoe_expertmap_free(a);
+    fmoe_expertmap_free(b);
+    fmoe_expertmap_free(c);
 }
 
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }

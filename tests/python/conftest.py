@@ -36,8 +36,10 @@ def fmoe_bin(build_dir):
 
 @pytest.fixture(scope="session")
 def plugin_dir(build_dir):
-    """Folder holding our libh5zstd.so, for HDF5_PLUGIN_PATH."""
-    d = build_dir / "trace"
+    """Folder holding our libh5zstd.so, for HDF5_PLUGIN_PATH: FMOE_PLUGIN_DIR when set (the
+    tests run against the ASan binary point it at the plain build's plugin, which h5py can
+    load), else the build's own."""
+    d = pathlib.Path(os.environ.get("FMOE_PLUGIN_DIR", build_dir / "trace")).resolve()
     if not (d / "libh5zstd.so").exists():
         pytest.fail(f"{d}/libh5zstd.so not built")
     return d

@@ -161,6 +161,37 @@ def one_line_error(p, code, *parts):
         assert part in lines[0], lines[0]
 
 
+def test_capacity_is_sized_to_the_tokens(fmoe_bin, fmoe, need_build_store, tmp_path):
+    """--capacity beyond the tokens the split keeps allocates only those (issue 15, finding
+    6: 100,000,000 entries asked for 116 GB); run under a 2 GiB address-space limit, so the
+    old allocation fails the test. simulate --store-capacity gives offline updates room to
+    grow: any capacity that holds every new entry gives the same result."""
+    import resource
+
+    trace = synthetic_trace(fmoe, tmp_path)  # 20 requests x 10 tokens
+    store = tmp_path / "s.h5"
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    p = subprocess.run([str(fmoe_bin), "build-store", "--trace", str(trace), "--capacity",
+                        "100000000", "--prefetch-distance", "2", "--split", "0.7", "-o",
+                        str(store), "--quiet"], capture_output=True, text=True, timeout=120,
+                       preexec_fn=limited)
+    assert p.returncode == 0, p.stderr
+    assert "capacity     100000000 asked; sized to the 140 tokens" in p.stdout
+    j = json.loads(fmoe("inspect", store, "--json").stdout)
+    assert j["capacity"] == 140 and j["size"] == 140
+    runs = {}
+    for cap in ("140", "1000", "5000"):
+        p = fmoe("simulate", "--trace", trace, "--store", store, "--holdout", "--store-mode",
+                 "offline-update", "--store-capacity", cap, "--policy", "fmoe",
+                 "--cache-experts", 12, "--prefetch-distance", 2, "--json", "--quiet")
+        r = json.loads(p.stdout)["results"][0]
+        runs[cap] = (r["hits"], r["prefetches"], r["accesses"])
+    assert runs["1000"] == runs["5000"]  # room for all 60 held-out tokens either way
+
+
 def test_bad_input_is_one_line(fmoe, need_build_store, sample_trace, tmp_path):
     store = tmp_path / "s.h5"
     one_line_error(fmoe("build-store", "--trace", sample_trace, "--capacity", 0, "-o", store,

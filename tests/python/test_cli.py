@@ -69,9 +69,10 @@ def test_inspect_not_hdf5(fmoe, tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1
 
 
-def test_plugin_path_holds_the_plugin(fmoe, plugin_dir):
+def test_plugin_path_holds_the_plugin(fmoe, build_dir):
     out = fmoe("inspect", "--plugin-path").stdout.strip()
-    assert out == str(plugin_dir)
+    assert out == str(build_dir / "trace")
+    assert (build_dir / "trace" / "libh5zstd.so").exists()
 
 
 @pytest.fixture(scope="module")

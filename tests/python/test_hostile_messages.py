@@ -45,14 +45,15 @@ def one_line(p, rc, *fragments):
 
 # --------------------------------------------------------------------------- finding 4
 
-DAMAGED = sorted(p for d in ("trace", "store") for p in (CRASHES / d).glob("*"))
+DAMAGED = sorted(p for d in ("trace", "store", "predictor") for p in (CRASHES / d).glob("*"))
 
 
 @pytest.mark.parametrize("path", DAMAGED, ids=[f"{p.parent.name}/{p.name[:14]}" for p in DAMAGED])
 def test_damaged_hdf5_is_one_line(fmoe_bin, path, tmp_path):
-    """Bit-flipped traces and stores that crashed, hung or allocated terabytes inside
-    libhdf5 1.10.8 (SEGV in H5HG_read, an endless heap-collection decode, H5Fopen's 5 TB
-    object header chunk) give one line naming the file, exit 1."""
+    """Bit-flipped traces, stores and predictors that crashed, hung or allocated terabytes
+    inside libhdf5 1.10.8 (SEGV in H5HG_read, an endless heap-collection decode, H5Fopen's
+    5 TB object header chunk, an attribute message copied past its chunk) give one line
+    naming the file, exit 1."""
     p = tmp_path / ("damaged.h5")
     shutil.copy(path, p)
     r = run(fmoe_bin, "inspect", p, timeout=30)
@@ -68,6 +69,56 @@ def _string_attr_trace(fmoe, tmp_path):
     out = tmp_path / "t.h5"
     fmoe("trace", "import", *GEOMETRY, src, "-o", out, "--quiet")
     return out
+
+
+@pytest.mark.parametrize("field", [0, 1, 2])
+def test_forged_attribute_message_sizes_are_refused(fmoe, fmoe_bin, tmp_path, field):
+    """An attribute message of the root group whose name, datatype or dataspace size runs
+    past the message: libhdf5 1.10.8 would copy the value from beyond its chunk buffer
+    (H5O__attr_decode). Refused before H5Fopen, naming the file and the header."""
+    t = _string_attr_trace(fmoe, tmp_path)
+    data = bytearray(t.read_bytes())
+    at = data.find(b"format\0")  # the root's 'format' attribute: its name
+    assert at > 16
+    # version-1 attribute message: version 1, reserved, name/datatype/dataspace sizes (u16)
+    head = at - 8
+    assert data[head] == 1 and struct.unpack_from("<H", data, head + 2)[0] == 7
+    struct.pack_into("<H", data, head + 2 + 2 * field, 0xFFF0)
+    t.write_bytes(bytes(data))
+    r = run(fmoe_bin, "inspect", t, timeout=30)
+    one_line(r, 1, str(t), "attribute message", "root group")
+
+
+@pytest.mark.parametrize("forge", ["chunk", "message", "vlen_base"])
+def test_forged_dataset_object_header_is_refused(fmoe, fmoe_bin, tmp_path, forge):
+    """The object header of a dataset opened after H5Fopen (/tokens/phase, /model/config_json)
+    is checked before libhdf5 loads it: a chunk claiming 2 GB (libhdf5 1.10.8 allocates it
+    before comparing with the file's end; a fuzzed file asked for 17 GB), a message running
+    past its chunk, and a variable-length string whose base type claims 4 GB per character
+    (H5T__conv_vlen cleared gigabytes) are one line naming the object."""
+    h5py = pytest.importorskip("h5py")
+    t = _string_attr_trace(fmoe, tmp_path)
+    name = "model/config_json" if forge == "vlen_base" else "tokens/phase"
+    with h5py.File(t, "r") as f:
+        addr = h5py.h5g.get_objinfo(f.id, name.encode()).objno[0]
+    data = bytearray(t.read_bytes())
+    assert data[addr] == 1  # a version-1 object header: 16-byte prefix, then messages
+    if forge == "chunk":
+        struct.pack_into("<I", data, addr + 8, 0x7FFFFFF0)
+        want = "claims a 2147483632-byte chunk"
+    elif forge == "message":
+        struct.pack_into("<H", data, addr + 16 + 2, 0xFFF0)
+        want = "claims 65520 bytes past its chunk"
+    else:  # the datatype message (type 3) of a variable-length string: base size at +12
+        at, end = addr + 16, addr + 16 + struct.unpack_from("<I", data, addr + 8)[0]
+        while at < end and struct.unpack_from("<H", data, at)[0] != 3:
+            at += 8 + struct.unpack_from("<H", data, at + 2)[0]
+        assert at < end and data[at + 8] & 0x0F == 9
+        struct.pack_into("<I", data, at + 8 + 12, 0xFFFF0001)
+        want = "forged base size"
+    t.write_bytes(bytes(data))
+    r = run(fmoe_bin, "inspect", t, timeout=30)
+    one_line(r, 1, str(t), "damaged HDF5 file", "/" + name, want)
 
 
 def test_forged_string_heap_object_is_refused(fmoe, fmoe_bin, tmp_path):

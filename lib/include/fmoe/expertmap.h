@@ -65,8 +65,10 @@ typedef struct fmoe_expertmap fmoe_expertmap;
  * @return 0, FMOE_EINVAL (detail names the bad field: capacity 0, d >= L, ...), FMOE_ENOMEM. */
 int fmoe_expertmap_init(fmoe_expertmap **out, const fmoe_expertmap_config *cfg);
 
-/* A new store with the same configuration and contents. @return 0 or FMOE_ENOMEM. */
-int fmoe_expertmap_clone(fmoe_expertmap **out, const fmoe_expertmap *src);
+/* A new store with the same configuration and contents; with capacity above src's, room
+ * for that many entries (offline updates growing a store built to its tokens).
+ * @return 0, FMOE_EINVAL (too large) or FMOE_ENOMEM. */
+int fmoe_expertmap_clone(fmoe_expertmap **out, const fmoe_expertmap *src, int32_t capacity);
 
 /* Frees the store. NULL is a no-op. */
 void fmoe_expertmap_free(fmoe_expertmap *s);
