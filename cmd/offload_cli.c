@@ -271,12 +271,14 @@ void cmd_offload_summary(const cmd_offload *o, char *buf, size_t cap) {
     const double acc = s.accesses > 0 ? (double)s.accesses : 1;
     snprintf(buf, cap,
              "offload %d slots: %.1f%% hits (%lld late), %lld misses, %lld prefetches, "
-             "%.1f MiB loaded, %.1f MiB awaited (decode %.2f MiB per token), %.3f s stalled",
+             "%.1f MiB loaded, %.1f MiB awaited (decode %.2f MiB per token), %.3f s stalled, "
+             "link %.2f GiB/s measured",
              fmoe_offload_capacity(o->x), 100.0 * (double)s.hits / acc, (long long)s.late_hits,
              (long long)s.misses, (long long)s.prefetches, (double)s.bytes_loaded / (1 << 20),
              (double)s.awaited_bytes / (1 << 20),
              s.decode_iterations > 0
                  ? (double)s.awaited_bytes_decode / (1 << 20) / (double)s.decode_iterations
                  : 0.0,
-             s.stall_s);
+             s.stall_s,
+             s.io_busy_s > 0 ? (double)s.io_bytes / s.io_busy_s / (1 << 30) : 0.0);
 }

@@ -90,6 +90,7 @@ struct fmoe_offload {
     int io_idle;               /* the I/O thread found nothing it could do */
     int io_error;              /* a transfer failed (detail in io_detail) */
     double io_busy_s;          /* seconds the I/O thread spent copying, in all */
+    int64_t io_bytes;          /* bytes it copied */
     char io_detail[256];
     int32_t *data_expert;      /* [N+1] */
     uint64_t *holds_taken;     /* [N+1] */
@@ -206,8 +207,9 @@ static int io_step(fmoe_offload *x) {
         const int rc = copy_pieces(x, j.slot, j.expert, j.first, x->chunks);
         const double took = now_s() - t;
         pthread_mutex_lock(&x->mu);
-        x->io_copy_bytes = 0;
         x->io_busy_s += took;
+        x->io_bytes += x->io_copy_bytes;
+        x->io_copy_bytes = 0;
         if (rc < 0) io_fail(x, rc);
         else x->data_expert[j.slot] = j.expert;
         pthread_cond_broadcast(&x->exec_cv);
@@ -227,8 +229,9 @@ static int io_step(fmoe_offload *x) {
     const int rc = copy_pieces(x, s, e, piece, piece + 1);
     const double took = now_s() - t;
     pthread_mutex_lock(&x->mu);
-    x->io_copy_bytes = 0;
     x->io_busy_s += took;
+    x->io_bytes += x->io_copy_bytes;
+    x->io_copy_bytes = 0;
     if (rc < 0) io_fail(x, rc);
     else if (fmoe_slots_chunk_landed(x->slots, s)) x->data_expert[s] = e;
     pthread_cond_broadcast(&x->exec_cv);
@@ -892,6 +895,8 @@ void fmoe_offload_get_stats(const fmoe_offload *x, fmoe_offload_stats *out) {
     fmoe_offload *mx = (fmoe_offload *)x;
     pthread_mutex_lock(&mx->mu);
     *out = x->st;
+    out->io_bytes = x->opt.sync_transfers ? 0 : x->io_bytes;
+    out->io_busy_s = x->opt.sync_transfers ? 0 : x->io_busy_s;
     const fmoe_slots_layer_stats *ms = fmoe_slots_stats(x->slots);
     for (int32_t l = 0; l < x->L; l++) {
         out->prefetches += ms[l].prefetches;

@@ -5,9 +5,12 @@
         [--repeat 2] [--paired] [--json FILE]
 
 --paired calibrates again just before each live run and simulates that run with its own
-profile, reporting the medians over the runs: on a machine whose disk and CPU drift from
-one minute to the next, one calibration set against the fastest of several live runs
-measures the drift, not the simulator.
+profile, reporting the run whose gap is the median: on a machine whose disk and CPU drift
+from one minute to the next, one calibration set against the fastest of several live runs
+measures the drift, not the simulator. It also simulates each run with the link its own
+copy engine measured (bytes copied over the I/O thread's busy seconds, from record's
+summary; the calibrated alpha kept): the "own-link gap" is the model's error with the
+link's drift since the calibration taken out.
 
 On the random ~0.8B Mixtral-layout checkpoint of the CPU-speed benchmark
 (tests/model/make_bench_model.py: 8 MoE layers x 8 experts of 21 MiB), with fmoe-tiny's
@@ -188,23 +191,38 @@ def main():
                                           "--tier", "file",
                                           "--direct-io", "--copy-chunks", 4, "-o", t_rep])
                 m = re.search(r"decode ([0-9.]+) MiB per token", err)
-                if not m:
-                    sys.exit(f"bench_offload_live: no awaited bytes in record's summary:\n{err}")
+                ml = re.search(r"link ([0-9.]+) GiB/s measured", err)
+                if not m or not ml:
+                    sys.exit(f"bench_offload_live: no awaited bytes or link in record's "
+                             f"summary:\n{err}")
                 tp, _ = live_tpot(t_rep)
                 if best is None or tp < best[0]:
                     best = (tp, float(m.group(1)) * 2**20, rss, t_rep)
                 if a.paired:
-                    out, _, _ = run([fmoe, "simulate", "--trace", t_rep, "--profile", p_rep,
-                                     "--policy", policy, "--cache-experts", n, *extra,
-                                     "--copy-chunks", 4, "--json", "--quiet"])
-                    b_rep = json.loads(p_rep.read_text())["link"]["beta_bytes_per_s"]
-                    runs.append((tp, json.loads(out)["results"][0]["tpot_s"]["mean"],
-                                 float(m.group(1)) * 2**20 / b_rep, rss))
-            if a.paired:  # medians over the runs, each live run against its own profile
-                med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-                tpot, sim = med([r[0] for r in runs]), med([r[1] for r in runs])
-                bound = res_tpot + med([r[2] for r in runs])
-                rss = max(r[3] for r in runs)
+                    sims = []
+                    # the calibrated profile, then the same with the link the run's own copy
+                    # engine measured (its bytes over its busy seconds): the second separates
+                    # the model's error from the link's drift since the calibration
+                    prof_rep = json.loads(p_rep.read_text())
+                    b_rep = prof_rep["link"]["beta_bytes_per_s"]
+                    prof_rep["link"]["beta_bytes_per_s"] = float(ml.group(1)) * 2**30
+                    p_own = p_rep.with_suffix(".own.json")
+                    p_own.write_text(json.dumps(prof_rep))
+                    for prof_path in (p_rep, p_own):
+                        out, _, _ = run([fmoe, "simulate", "--trace", t_rep, "--profile",
+                                         prof_path, "--policy", policy, "--cache-experts", n,
+                                         *extra, "--copy-chunks", 4, "--json", "--quiet"])
+                        sims.append(json.loads(out)["results"][0]["tpot_s"]["mean"])
+                    runs.append({"live": tp, "sim": sims[0], "sim_own": sims[1],
+                                 "wait": float(m.group(1)) * 2**20 / b_rep, "rss": rss,
+                                 "beta": b_rep, "beta_own": float(ml.group(1)) * 2**30})
+            own = None
+            if a.paired:  # the run whose paired gap is the median, each against its own profile
+                runs.sort(key=lambda r: r["sim"] / r["live"])
+                mid = runs[len(runs) // 2]
+                tpot, sim, own = mid["live"], mid["sim"], mid["sim_own"]
+                bound = res_tpot + mid["wait"]
+                rss = max(r["rss"] for r in runs)
                 awaited = best[1]
             else:
                 tpot, awaited, rss, trace = best
@@ -220,14 +238,21 @@ def main():
                          "live_over_resident": tpot / res_tpot,
                          "awaited_bytes_per_token": awaited, "peak_rss_mib": rss,
                          "rss_bound_mib": rss_bound})
+            if own is not None:
+                rows[-1].update({"sim_own_link_tpot_s": own, "gap_own_link": (own - tpot) / tpot,
+                                 "runs": runs})
 
     print(f"\nmodel {model}: {L} MoE layers x {J} experts of {expert_bytes / 2**20:.1f} MiB; "
           f"calibrated link alpha {alpha * 1e6:.0f} us, beta {beta / 2**30:.2f} GiB/s")
     print(f"{'policy':<16}{'cache':>6}{'N':>4}{'live ms':>9}{'sim ms':>9}{'gap':>8}"
-          f"{'bound ms':>10}{'live/bnd':>9}{'live/res':>9}{'RSS MiB':>9}{'RSS bnd':>9}")
+          + (f"{'own-link gap':>13}" if a.paired else "")
+          + f"{'bound ms':>10}{'live/bnd':>9}{'live/res':>9}{'RSS MiB':>9}{'RSS bnd':>9}")
     for r in rows:
+        own = (f"{r['gap_own_link'] * 100:>12.1f}%" if "gap_own_link" in r else " " * 13) \
+            if a.paired else ""
         print(f"{r['policy']:<16}{r['fraction'] * 100:>5.0f}%{r['cache_experts']:>4}"
               f"{r['live_tpot_s'] * 1e3:>9.1f}{r['sim_tpot_s'] * 1e3:>9.1f}{r['gap'] * 100:>7.1f}%"
+              + own
               + (f"{r['bound_tpot_s'] * 1e3:>10.1f}{r['live_over_bound']:>9.2f}"
                  f"{r['live_over_resident']:>9.2f}" if 'bound_tpot_s' in r else " " * 28)
               + f"{r['peak_rss_mib']:>9.0f}"

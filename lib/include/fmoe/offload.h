@@ -179,6 +179,10 @@ typedef struct fmoe_offload_stats {
     /* bytes accesses had to wait for: a miss's expert, the untransferred rest of a
      * prefetch an access claimed (all, and in decode iterations) */
     int64_t awaited_bytes, awaited_bytes_decode;
+    /* the copy engine's own measure of the link: bytes its I/O thread copied and the
+     * seconds it spent copying them (0 with sync transfers) */
+    int64_t io_bytes;
+    double io_busy_s;
 } fmoe_offload_stats;
 
 void fmoe_offload_get_stats(const fmoe_offload *x, fmoe_offload_stats *out);
