@@ -173,9 +173,9 @@ int cmd_build_store(int argc, char **argv) {
     printf("  entries      %lld appended, %lld placed by deduplication\n",
            (long long)rep.appended, (long long)rep.replaced);
     if (rep.capacity < o.capacity)
-        printf("  capacity     %d asked; sized to the %d tokens streamed in (simulate "
-               "--store-capacity grows it for online updates)\n",
-               o.capacity, rep.capacity);
+        printf("  capacity     %d asked; sized to the %d tokens streamed in (offline updates "
+               "grow it up to %d)\n",
+               o.capacity, rep.capacity, o.capacity);
     if (o.split < 1)
         printf("  split        %.3g of each trace's requests in the store (seed %lld): %lld "
                "used, %lld held out\n",

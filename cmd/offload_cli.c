@@ -210,6 +210,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     if (out->store) {
         o.expert_store = out->store->store;
         o.store_mode = a->store_mode;
+        o.store_capacity = out->store->capacity_asked; /* as simulate's default */
     }
     o.predictor = out->predictor;
     if (a->decision_log) {

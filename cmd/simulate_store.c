@@ -145,8 +145,10 @@ void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell) {
     cell->store_mode = s->mode;
     if (s->capacity > 0)
         cell->store_capacity = s->capacity;
-    else if (s->file)
-        cell->store_capacity = fmoe_expertmap_config_of(s->file->store)->capacity;
+    else if (s->file) /* offline-update grows the store up to what build-store was asked */
+        cell->store_capacity = s->file->capacity_asked > 0
+                                   ? s->file->capacity_asked
+                                   : fmoe_expertmap_config_of(s->file->store)->capacity;
     else
         cell->store_capacity = 0;
 }

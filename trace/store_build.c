@@ -158,6 +158,7 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
     f->probs_kind = rep->probs_topk || rep->ids_only ? FMOE_PROBS_TOPK : FMOE_PROBS_FULL;
     if (h) snprintf(f->semantic_kind, sizeof f->semantic_kind, "%s", h0->semantic_kind);
     f->split = o->split;
+    f->capacity_asked = o->capacity;
     f->split_seed = o->seed;
     f->num_sources = n;
     f->sources = calloc((size_t)n, sizeof *f->sources);

@@ -283,6 +283,14 @@ static int read_file(reader *r, int32_t max_batch, fmoe_store_file *f) {
                          "%s: /: capacity %lld of %lld-float entries is too large", p,
                          (long long)C, (long long)(L * J + h));
     f->tokens_used = T;
+    /* optional (stores written before it have none): the capacity asked at build time */
+    int64_t asked = C;
+    const int rc_asked = fmoe__h5_attr_read_int(r->file, r->path, "/", "capacity_asked", &asked);
+    if (rc_asked < 0 && rc_asked != FMOE_ENOTFOUND) return rc_asked;
+    FMOE_RETURN_ERROR_IF(asked < C || asked > INT32_MAX, FMOE_EFORMAT,
+                         "%s: /: attribute capacity_asked = %lld, expected %lld..%d", p,
+                         (long long)asked, (long long)C, INT32_MAX);
+    f->capacity_asked = (int32_t)asked;
 
     const fmoe_expertmap_config cfg = {.capacity = (int32_t)C, .num_layers = (int32_t)L,
                                        .num_experts = (int32_t)J, .top_k = (int32_t)K,

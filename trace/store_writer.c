@@ -130,6 +130,8 @@ static int write_all(hid_t file, const char *p, const fmoe_store_file *f,
         {"requests_used", H5T_STD_I64LE, f->num_used},
         {"requests_held_out", H5T_STD_I64LE, f->num_held_out},
         {"tokens_used", H5T_STD_I64LE, f->tokens_used},
+        {"capacity_asked", H5T_STD_I32LE,
+         f->capacity_asked > c->capacity ? f->capacity_asked : c->capacity},
     };
     if ((rc = fmoe__h5_attrs_write(file, p, sattrs, sizeof sattrs / sizeof sattrs[0], iattrs,
                                    sizeof iattrs / sizeof iattrs[0])) < 0)

@@ -660,6 +660,7 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
         .prefetch_distance = d, .probs_kind = FMOE_PROBS_FULL,
         .speculative_depth = (ops->flags & FMOE_POLICY_NEEDS_SPECULATIVE) ? 1 : 0,
         .expert_store = o->expert_store, .store_mode = o->store_mode,
+        .store_capacity = o->store_capacity,
         .semantic_dim = x->semantic_dim, .hidden_dim = x->hidden_dim,
         .predictor = o->predictor,
         .predict_thread = !o->sync_predictions,

@@ -166,13 +166,11 @@ def test_capacity_is_sized_to_the_tokens(fmoe_bin, fmoe, need_build_store, tmp_p
     6: 100,000,000 entries asked for 116 GB); run under a 2 GiB address-space limit, so the
     old allocation fails the test. simulate --store-capacity gives offline updates room to
     grow: any capacity that holds every new entry gives the same result."""
-    import resource
+    from memory_limit import limit_address_space
 
     trace = synthetic_trace(fmoe, tmp_path)  # 20 requests x 10 tokens
     store = tmp_path / "s.h5"
-
-    def limited():
-        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    limited = limit_address_space(2 << 30)
 
     p = subprocess.run([str(fmoe_bin), "build-store", "--trace", str(trace), "--capacity",
                         "100000000", "--prefetch-distance", "2", "--split", "0.7", "-o",
@@ -182,6 +180,10 @@ def test_capacity_is_sized_to_the_tokens(fmoe_bin, fmoe, need_build_store, tmp_p
     assert "capacity     100000000 asked; sized to the 140 tokens" in p.stdout
     j = json.loads(fmoe("inspect", store, "--json").stdout)
     assert j["capacity"] == 140 and j["size"] == 140
+    assert h5(f"""
+with h5py.File({str(store)!r}) as f:
+    print(int(f.attrs["capacity_asked"]), int(f.attrs["capacity"]))
+""").split() == ["100000000", "140"]
     runs = {}
     for cap in ("140", "1000", "5000"):
         p = fmoe("simulate", "--trace", trace, "--store", store, "--holdout", "--store-mode",

@@ -91,6 +91,7 @@ typedef struct fmoe_offload_options {
     /* fmoe policies: the store (borrowed) and its mode (fmoe_store_mode) */
     const struct fmoe_expertmap *expert_store;
     int32_t store_mode;
+    int32_t store_capacity;   /* offline-update grows the store up to it (0: its capacity) */
     /* A learned expert predictor (fmoe/predictor.h) for the policies that read gate inputs
      * (FMOE_POLICY_NEEDS_HIDDEN: promoe), borrowed for the executor's lifetime; NULL: none.
      * Such a policy is handed each gate's input rows rounded to float16 and back, the

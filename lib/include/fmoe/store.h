@@ -21,8 +21,9 @@
  * num_layers, num_experts, top_k, semantic_dim, prefetch_distance, probs_kind (the weakest
  * of the sources: full | topk), semantic_kind, split (share of each trace's requests put
  * in the store; 1 = all), split_seed, requests_used (U), requests_held_out (H),
- * tokens_used, source_traces (the paths, one per line, for a quick look), created,
- * fmoe_version.
+ * tokens_used, capacity_asked (build-store's --capacity, >= capacity; optional: absent in
+ * stores written before it, read as capacity), source_traces (the paths, one per line,
+ * for a quick look), created, fmoe_version.
  *
  * The writer works on "<path>.partial" and renames it when complete. The reader checks
  * format, version, every attribute's range, every dataset's type and shape, that every
@@ -57,6 +58,9 @@ typedef struct fmoe_store_file {
     double split;               /* (0, 1]: share of each trace's requests in the store */
     uint64_t split_seed;
     int64_t tokens_used;        /* tokens streamed into the store */
+    int32_t capacity_asked;     /* build-store's --capacity: the store is sized to the tokens
+                                   it holds when they are fewer, and offline updates grow it
+                                   up to this (0: the store's capacity) */
     char created[32];           /* the writer fills it when empty */
     char fmoe_version[32];      /* the writer fills it when empty */
     int32_t num_sources;
