@@ -318,22 +318,105 @@ done:
 #define MAX_HEADER_BYTES ((uint64_t)16 << 20) /* fmoe's root headers hold a few KiB */
 #define UNDEF_ADDR UINT64_MAX
 
-/* A datatype (a datatype message, type 0x03, or an attribute's): NULL when libhdf5 may
- * decode it, else why not. Layout: class and version (4 bytes), the element size (4
- * bytes), then the class's properties. A variable-length element is stored as a heap id
- * (length, collection address, index) and read at that size whatever the datatype says, so
- * a smaller stored size made H5Aread copy past an attribute's value; its base type (the
- * first property) sizes each element's conversion buffer, length x base size, so a forged
- * 4 GB base made H5T__conv_vlen clear gigabytes for a one-character string. fmoe stores
- * variable-length strings only, whose base is one byte; up to 16 is allowed. */
-static const char *dtype_check(const uint8_t *dt, uint64_t len, size_t so) {
+/* A NUL-terminated name at p with `room` bytes left: its stored length (the NUL
+ * included, padded to 8 when `pad`), or 0 when no NUL comes before the end. libhdf5 copies
+ * member and tag names with strdup, which reads to the first NUL wherever it is. */
+static uint64_t name_len(const uint8_t *p, uint64_t room, int pad) {
+    const uint8_t *nul = memchr(p, 0, (size_t)room);
+    if (!nul) return 0;
+    const uint64_t n = (uint64_t)(nul - p) + 1;
+    return pad ? ALIGN8(n) : n;
+}
+
+/* The number of bytes libhdf5 uses to encode a compound member's offset in a version-3
+ * datatype of `size` bytes (H5VM_limit_enc_size: floor(log2(size)) / 8 + 1). */
+static unsigned offset_bytes(uint64_t size) {
+    unsigned lg = 0;
+    while (size >> (lg + 1)) lg++;
+    return lg / 8 + 1;
+}
+
+/* A datatype (of a datatype message, type 0x03, of an attribute, or nested in either):
+ * NULL when libhdf5 1.10.8 may decode it, else why not; *used receives its encoded length.
+ * Layout (HDF5 file format spec, "Datatype Message"): class and version, 24 class bits, the
+ * element size (4 bytes), then the class's properties, which for compound, enumerated,
+ * variable-length and array types nest other datatypes. libhdf5 decodes the properties
+ * trusting every count and name in them: member and tag names are copied with strdup or
+ * by their stated length, so a name without its NUL (a fuzzed trace) read past the header
+ * chunk. A variable-length element is stored as a heap id (length, collection address,
+ * index) and read at that size whatever the datatype says, so a smaller stored size made
+ * H5Aread copy past an attribute's value; its base type sizes each element's conversion
+ * buffer, length x base size, so a forged 4 GB base made H5T__conv_vlen clear gigabytes
+ * for a one-character string: bases beyond 16 bytes are refused (fmoe stores
+ * variable-length strings only, whose base is one byte). */
+static const char *dtype_parse(const uint8_t *dt, uint64_t len, size_t so, int depth,
+                               uint64_t *used) {
     if (len < 8) return "has a datatype shorter than 8 bytes";
-    if ((dt[0] & 0x0F) != 9) return NULL;
-    if (le(dt + 4, 4) != 8 + so) return "has a variable-length datatype of the wrong size";
-    if (len < 16) return "has a variable-length datatype without its base type";
-    const uint64_t base = le(dt + 12, 4);
-    if (base < 1 || base > 16) return "has a variable-length datatype of a forged base size";
+    if (depth > 8) return "has datatypes nested too deeply";
+    const unsigned cls = dt[0] & 0x0F, version = dt[0] >> 4;
+    const uint64_t bits = le(dt + 1, 3), size = le(dt + 4, 4);
+    uint64_t at = 8, n, sub;
+    const char *why;
+    switch (cls) {
+    case 0: at += 4; break;  /* fixed-point: offset, precision */
+    case 1: at += 12; break; /* floating-point: offset, precision, exponent and mantissa */
+    case 2: at += 2; break;  /* time: precision */
+    case 3: case 7: break;   /* string, reference: none */
+    case 4: at += 4; break;  /* bitfield: offset, precision */
+    case 5:                  /* opaque: the tag, its padded length in the class bits */
+        at += bits & 0xFF;
+        break;
+    case 6: /* compound: per member its name, offset (and v1 dimensions), type */
+        for (uint64_t i = 0, members = bits & 0xFFFF; i < members; i++) {
+            if (at >= len || (n = name_len(dt + at, len - at, version < 3)) == 0)
+                return "has a compound member name that runs past the datatype";
+            at += n + (version == 1 ? 4 + 28 : version == 2 ? 4 : offset_bytes(size));
+            if (at > len) return "has a compound member that runs past the datatype";
+            if ((why = dtype_parse(dt + at, len - at, so, depth + 1, &sub)) != NULL) return why;
+            at += sub;
+        }
+        break;
+    case 8: { /* enumerated: the base type, the names, then the values */
+        if ((why = dtype_parse(dt + at, len - at, so, depth + 1, &sub)) != NULL) return why;
+        const uint64_t base = le(dt + at + 4, 4);
+        at += sub;
+        const uint64_t members = bits & 0xFFFF;
+        for (uint64_t i = 0; i < members; i++) {
+            if (at >= len || (n = name_len(dt + at, len - at, version < 3)) == 0)
+                return "has an enumeration name that runs past the datatype";
+            at += n;
+        }
+        if (base && members > (len - at) / base)
+            return "has enumeration values that run past the datatype";
+        at += members * base;
+        break;
+    }
+    case 9: /* variable-length: the base type */
+        if (size != 8 + so) return "has a variable-length datatype of the wrong size";
+        if ((why = dtype_parse(dt + at, len - at, so, depth + 1, &sub)) != NULL) return why;
+        if (le(dt + at + 4, 4) < 1 || le(dt + at + 4, 4) > 16)
+            return "has a variable-length datatype of a forged base size";
+        at += sub;
+        break;
+    case 10: { /* array: rank, (reserved,) dimensions, (v2: permutation,) the base type */
+        if (len < 9) return "has an array datatype without its rank";
+        const uint64_t rank = dt[8];
+        at += version < 3 ? 4 + rank * 8 : 1 + rank * 4;
+        if (at > len) return "has array dimensions that run past the datatype";
+        if ((why = dtype_parse(dt + at, len - at, so, depth + 1, &sub)) != NULL) return why;
+        at += sub;
+        break;
+    }
+    default: return NULL; /* a class libhdf5 refuses itself */
+    }
+    if (at > len) return "has properties that run past the datatype";
+    *used = at;
     return NULL;
+}
+
+static const char *dtype_check(const uint8_t *dt, uint64_t len, size_t so) {
+    uint64_t used;
+    return dtype_parse(dt, len, so, 0, &used);
 }
 
 /* An attribute message (type 0x0C) of a header we walk. libhdf5 1.10.8 decodes it
@@ -362,6 +445,11 @@ static int attr_message_check(const uint8_t *m, uint64_t size, size_t so, size_t
     const uint64_t value_at = ds_at + (version == 1 ? ALIGN8(ds_len) : ds_len);
     if (value_at > size) {
         why = "has name, datatype and dataspace sizes past its end";
+        goto bad;
+    }
+    /* libhdf5 copies the name with strdup, then compares lengths */
+    if (name_len == 0 || !memchr(m + name_at, 0, (size_t)name_len)) {
+        why = "has a name without its terminating NUL";
         goto bad;
     }
     if (flags & 3) return 0; /* shared parts: their sizes live elsewhere */
@@ -397,6 +485,25 @@ bad:
                           "%s: damaged HDF5 file: an attribute message of the %s object header "
                           "(%llu bytes) %s",
                           path, what, (unsigned long long)size, why);
+}
+
+/* A symbol table message (type 0x11: a v1 B-tree address, a local heap address) names the
+ * local heap that holds a group's link names. libhdf5 1.10.8 allocates the heap's data
+ * segment at the size its header states before reading it, and copies into the buffer
+ * without checking the allocation (a fuzzed trace's forged size: SEGV in
+ * H5F__accum_read from H5G__stab_lookup): the heap must say "HEAP" version 0 and its data
+ * segment lie inside the file. */
+static const char *local_heap_check(const rawfile *rf, const uint8_t *msg, uint64_t size) {
+    const size_t so = rf->sizeof_addr, sl = rf->sizeof_size;
+    if (size < 2 * so) return "has a symbol table message shorter than its two addresses";
+    const uint64_t heap = le(msg + so, so);
+    uint8_t h[8 + 2 * 8 + 8];
+    if (raw_read(rf, heap, 8 + 2 * sl + so, h) < 0) return "names a local heap outside the file";
+    if (memcmp(h, "HEAP", 4) != 0 || h[4] != 0) return "names a local heap without its signature";
+    const uint64_t data_size = le(h + 8, sl), data_addr = le(h + 8 + 2 * sl, so);
+    if (data_addr > rf->eof || data_size > rf->eof - data_addr)
+        return "names a local heap whose data segment runs past the end of the file";
+    return NULL;
 }
 
 /* Walks the object header at addr (version 1 or 2) and every continuation chunk it
@@ -482,6 +589,12 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                                       "%s: damaged HDF5 file: a datatype message of the %s object "
                                       "header %s",
                                       path, what, dt_why);
+            }
+            const char *heap_why = type == 0x11 ? local_heap_check(rf, img + p, size) : NULL;
+            if (heap_why) {
+                free(img);
+                return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: the %s object header %s",
+                                      path, what, heap_why);
             }
             if (type == 0x0C && !(mflags & 0x02)) {
                 const int rc = attr_message_check(img + p, size, so, sl, path, what);

@@ -9,12 +9,13 @@ system's /dev/null, so a regression cannot damage the machine; those tests need 
 """
 import os
 import pathlib
-import resource
 import shutil
 import stat
 import subprocess
 
 import pytest
+
+from memory_limit import limit_address_space
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY = REPO / "datasets" / "fmoe-tiny"
@@ -23,9 +24,7 @@ ROUTES = REPO / "tests" / "fixtures" / "datasets" / "routing_small.jsonl"
 GEOMETRY = ("--layers", "2", "--experts", "8", "--top-k", "2")
 
 
-def _limit_memory():
-    limit = 4 << 30
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+_limit_memory = limit_address_space(4 << 30)
 
 
 def run(fmoe_bin, *args, timeout=60, cwd=None):

@@ -17,15 +17,15 @@ import time
 
 import pytest
 
+from memory_limit import limit_address_space
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY = REPO / "datasets" / "fmoe-tiny"
 CRASHES = REPO / "tests" / "fuzz" / "crashes"
 GEOMETRY = ("--layers", "2", "--experts", "4", "--top-k", "2")
 
 
-def _limit_memory():
-    limit = 4 << 30
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+_limit_memory = limit_address_space(4 << 30)
 
 
 def run(fmoe_bin, *args, timeout=60, preexec=_limit_memory, cwd=None):
@@ -89,7 +89,7 @@ def test_forged_attribute_message_sizes_are_refused(fmoe, fmoe_bin, tmp_path, fi
     one_line(r, 1, str(t), "attribute message", "root group")
 
 
-@pytest.mark.parametrize("forge", ["chunk", "message", "vlen_base"])
+@pytest.mark.parametrize("forge", ["chunk", "message", "vlen_base", "local_heap"])
 def test_forged_dataset_object_header_is_refused(fmoe, fmoe_bin, tmp_path, forge):
     """The object header of a dataset opened after H5Fopen (/tokens/phase, /model/config_json)
     is checked before libhdf5 loads it: a chunk claiming 2 GB (libhdf5 1.10.8 allocates it
@@ -98,7 +98,7 @@ def test_forged_dataset_object_header_is_refused(fmoe, fmoe_bin, tmp_path, forge
     (H5T__conv_vlen cleared gigabytes) are one line naming the object."""
     h5py = pytest.importorskip("h5py")
     t = _string_attr_trace(fmoe, tmp_path)
-    name = "model/config_json" if forge == "vlen_base" else "tokens/phase"
+    name = {"vlen_base": "model/config_json", "local_heap": "tokens"}.get(forge, "tokens/phase")
     with h5py.File(t, "r") as f:
         addr = h5py.h5g.get_objinfo(f.id, name.encode()).objno[0]
     data = bytearray(t.read_bytes())
@@ -109,13 +109,23 @@ def test_forged_dataset_object_header_is_refused(fmoe, fmoe_bin, tmp_path, forge
     elif forge == "message":
         struct.pack_into("<H", data, addr + 16 + 2, 0xFFF0)
         want = "claims 65520 bytes past its chunk"
-    else:  # the datatype message (type 3) of a variable-length string: base size at +12
+    else:
+        # message type 3 (a variable-length string's datatype: base size at +12) or 0x11
+        # (the group's symbol table: B-tree and local heap addresses)
+        kind = 3 if forge == "vlen_base" else 0x11
         at, end = addr + 16, addr + 16 + struct.unpack_from("<I", data, addr + 8)[0]
-        while at < end and struct.unpack_from("<H", data, at)[0] != 3:
+        while at < end and struct.unpack_from("<H", data, at)[0] != kind:
             at += 8 + struct.unpack_from("<H", data, at + 2)[0]
-        assert at < end and data[at + 8] & 0x0F == 9
-        struct.pack_into("<I", data, at + 8 + 12, 0xFFFF0001)
-        want = "forged base size"
+        assert at < end
+        if kind == 3:
+            assert data[at + 8] & 0x0F == 9
+            struct.pack_into("<I", data, at + 8 + 12, 0xFFFF0001)
+            want = "forged base size"
+        else:  # the heap: "HEAP", version, 3 reserved, data segment size (8 bytes), ...
+            heap = struct.unpack_from("<Q", data, at + 8 + 8)[0]
+            assert data[heap:heap + 4] == b"HEAP"
+            struct.pack_into("<Q", data, heap + 8, 1 << 40)
+            want = "data segment runs past the end of the file"
     t.write_bytes(bytes(data))
     r = run(fmoe_bin, "inspect", t, timeout=30)
     one_line(r, 1, str(t), "damaged HDF5 file", "/" + name, want)
