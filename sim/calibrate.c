@@ -143,13 +143,18 @@ int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, 
     }
     if (reps < 1) reps = 1;
     void *buf = rc == 0 ? aligned_alloc(ALIGN, (size_t)max) : NULL;
-    double *t = malloc((size_t)reps * sizeof *t);
+    double *t = malloc((size_t)reps * (size_t)(n > 0 ? n : 1) * sizeof *t);
     if (rc == 0 && (!buf || !t)) rc = fmoe_error_set(FMOE_ENOMEM, "read buffer of %lld bytes", (long long)max);
-    for (int32_t i = 0; rc == 0 && i < n; i++) {
-        const int64_t len = (sizes[i] + ALIGN - 1) / ALIGN * ALIGN;
-        const int64_t span = file - len + ALIGN; /* offsets [0, span) in ALIGN steps */
-        for (int32_t k = -1; rc == 0 && k < reps; k++) { /* k = -1: untimed */
-            const int64_t at = ((int64_t)(k + 1) * (len + (1 << 20))) % span / ALIGN * ALIGN;
+    /* Repetition-major: each repetition reads every size once, so a device whose speed
+     * drifts over the seconds this takes (a shared virtual disk) slows every size alike
+     * instead of bending the fit through the sizes measured in its slow moment. */
+    for (int32_t k = -1; rc == 0 && k < reps; k++) { /* k = -1: untimed */
+        for (int32_t i = 0; rc == 0 && i < n; i++) {
+            const int64_t len = (sizes[i] + ALIGN - 1) / ALIGN * ALIGN;
+            const int64_t span = file - len + ALIGN; /* offsets [0, span) in ALIGN steps */
+            const int64_t at =
+                ((int64_t)(k + 1) * (len + (1 << 20)) + (int64_t)i * (7 << 20)) % span / ALIGN *
+                ALIGN;
             const double t0 = now_s();
             for (int64_t got = 0; got < len;) {
                 const ssize_t r = pread(fd, (char *)buf + got, (size_t)(len - got), at + got);
@@ -162,10 +167,10 @@ int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, 
                 }
                 got += r;
             }
-            if (k >= 0) t[k] = now_s() - t0;
+            if (k >= 0) t[(size_t)i * (size_t)reps + (size_t)k] = now_s() - t0;
         }
-        if (rc == 0) seconds[i] = median(t, reps);
     }
+    for (int32_t i = 0; rc == 0 && i < n; i++) seconds[i] = median(t + (size_t)i * (size_t)reps, reps);
     close(fd);
     free(buf);
     free(t);

@@ -4,13 +4,13 @@
         [--threads N] [--policies lru,fmoe,mixtral-offload] [--fractions 0.1,0.25,0.5]
         [--repeat 2] [--paired] [--json FILE]
 
---paired calibrates again just before each live run and simulates that run with its own
-profile, reporting the run whose gap is the median: on a machine whose disk and CPU drift
-from one minute to the next, one calibration set against the fastest of several live runs
-measures the drift, not the simulator. It also simulates each run with the link its own
-copy engine measured (bytes copied over the I/O thread's busy seconds, from record's
-summary; the calibrated alpha kept): the "own-link gap" is the model's error with the
-link's drift since the calibration taken out.
+--paired calibrates again before every live run (and once after the last), simulates each
+run with the mean of the calibrations made just before and just after it, and reports the
+run whose gap is the median: on a machine whose disk and CPU drift from one minute to the
+next, one calibration set against the fastest of several live runs measures the drift,
+not the simulator. It also simulates each run with the link its own copy engine measured
+(bytes copied over the I/O thread's busy seconds, from record's summary): the "own-link
+gap" is the model's error with the link's drift taken out.
 
 On the random ~0.8B Mixtral-layout checkpoint of the CPU-speed benchmark
 (tests/model/make_bench_model.py: 8 MoE layers x 8 experts of 21 MiB), with fmoe-tiny's
@@ -103,6 +103,18 @@ def live_tpot(trace):
     return float(np.mean(tpots)), None
 
 
+def mean_profile(a, b, key=""):
+    """Two hardware profiles averaged leaf by leaf: times arithmetically, rates (bytes/s,
+    FLOP/s) harmonically, so that the mean profile takes the mean time for any work."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: mean_profile(a[k], b[k], k) if k in b else a[k] for k in a}
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return a
+    if ("per_s" in key or "flops" in key) and a > 0 and b > 0:
+        return 2.0 / (1.0 / a + 1.0 / b)
+    return 0.5 * (a + b)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", default="/tmp/fmoe-bench-offload")
@@ -114,9 +126,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=2,
                     help="live runs per point; the fastest is kept (the machine is shared)")
     ap.add_argument("--paired", action="store_true",
-                    help="calibrate again just before each live run and simulate that run "
-                         "with its own profile; report the medians over the runs (for a "
-                         "machine whose disk and CPU speeds drift between runs)")
+                    help="calibrate before every live run and after the last; simulate "
+                         "each run with the mean of the calibrations around it; report the "
+                         "run with the median gap (for a machine whose disk and CPU speeds "
+                         "drift between runs)")
     ap.add_argument("--build", default=str(REPO / "build"))
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -169,6 +182,15 @@ def main():
     rows = [{"policy": "all resident", "fraction": 1.0, "cache_experts": L * J,
              "live_tpot_s": res_tpot, "sim_tpot_s": res_sim,
              "gap": (res_sim - res_tpot) / res_tpot, "peak_rss_mib": rss_res}]
+    calibs = []  # --paired: every calibration, in the order they were made
+
+    def calibrate():
+        c = work / f"profile-{len(calibs)}.json"
+        run([fmoe, "calibrate", "--model-config", model / "config.json", "--link-file",
+             model / "model.safetensors", "-o", c, "--quiet", *threads])
+        calibs.append(c)
+
+    points = []
     for name in a.policies.split(","):
         policy, _, matcher = name.partition(":")
         for frac in (float(x) for x in a.fractions.split(",")):
@@ -177,14 +199,12 @@ def main():
             live_extra = ["--sync-predictions"] if matcher == "sync" else []
             spec = ["--speculative", 1] if policy == "mixtral-offload" else []
             print(f"{name} {n} slots, file tier, O_DIRECT ...", file=sys.stderr)
-            best, runs = None, []
+            pt = {"name": name, "policy": policy, "frac": frac, "n": n, "extra": extra,
+                  "runs": []}
             for rep in range(a.repeat):
                 t_rep = work / f"live-{name.replace(':', '-')}-{n}-{rep}.h5"
-                p_rep = work / f"profile-{name.replace(':', '-')}-{n}-{rep}.json"
                 if a.paired:
-                    run([fmoe, "calibrate", "--model-config", model / "config.json",
-                         "--link-file", model / "model.safetensors", "-o", p_rep, "--quiet",
-                         *threads])
+                    calibrate()
                 rss, secs, err = run_rss([fmoe, "record", *[c for c in common if c != "--quiet"],
                                           "--dataset", prompts, *spec, "--policy", policy,
                                           "--cache-experts", n, *extra, *live_extra,
@@ -196,51 +216,64 @@ def main():
                     sys.exit(f"bench_offload_live: no awaited bytes or link in record's "
                              f"summary:\n{err}")
                 tp, _ = live_tpot(t_rep)
-                if best is None or tp < best[0]:
-                    best = (tp, float(m.group(1)) * 2**20, rss, t_rep)
-                if a.paired:
-                    sims = []
-                    # the calibrated profile, then the same with the link the run's own copy
-                    # engine measured (its bytes over its busy seconds): the second separates
-                    # the model's error from the link's drift since the calibration
-                    prof_rep = json.loads(p_rep.read_text())
-                    b_rep = prof_rep["link"]["beta_bytes_per_s"]
-                    prof_rep["link"]["beta_bytes_per_s"] = float(ml.group(1)) * 2**30
-                    p_own = p_rep.with_suffix(".own.json")
-                    p_own.write_text(json.dumps(prof_rep))
-                    for prof_path in (p_rep, p_own):
-                        out, _, _ = run([fmoe, "simulate", "--trace", t_rep, "--profile",
-                                         prof_path, "--policy", policy, "--cache-experts", n,
-                                         *extra, "--copy-chunks", 4, "--json", "--quiet"])
-                        sims.append(json.loads(out)["results"][0]["tpot_s"]["mean"])
-                    runs.append({"live": tp, "sim": sims[0], "sim_own": sims[1],
-                                 "wait": float(m.group(1)) * 2**20 / b_rep, "rss": rss,
-                                 "beta": b_rep, "beta_own": float(ml.group(1)) * 2**30})
-            own = None
-            if a.paired:  # the run whose paired gap is the median, each against its own profile
-                runs.sort(key=lambda r: r["sim"] / r["live"])
-                mid = runs[len(runs) // 2]
-                tpot, sim, own = mid["live"], mid["sim"], mid["sim_own"]
-                bound = res_tpot + mid["wait"]
-                rss = max(r["rss"] for r in runs)
-                awaited = best[1]
-            else:
-                tpot, awaited, rss, trace = best
-                out, _, _ = run([fmoe, "simulate", "--trace", trace, "--profile", profile,
-                                 "--policy", policy, "--cache-experts", n, *extra,
-                                 "--copy-chunks", 4, "--json", "--quiet"])
-                sim = json.loads(out)["results"][0]["tpot_s"]["mean"]
-                bound = res_tpot + awaited / beta
-            rss_bound = (resident_weights + (n + 1) * expert_bytes + kv) / 2**20 + OVERHEAD_MIB
-            rows.append({"policy": name, "fraction": frac, "cache_experts": n,
-                         "live_tpot_s": tpot, "sim_tpot_s": sim, "gap": (sim - tpot) / tpot,
-                         "bound_tpot_s": bound, "live_over_bound": tpot / bound,
-                         "live_over_resident": tpot / res_tpot,
-                         "awaited_bytes_per_token": awaited, "peak_rss_mib": rss,
-                         "rss_bound_mib": rss_bound})
-            if own is not None:
-                rows[-1].update({"sim_own_link_tpot_s": own, "gap_own_link": (own - tpot) / tpot,
-                                 "runs": runs})
+                pt["runs"].append({"trace": t_rep, "live": tp, "rss": rss,
+                                   "awaited": float(m.group(1)) * 2**20,
+                                   "beta_own": float(ml.group(1)) * 2**30,
+                                   "calib": len(calibs) - 1})
+            points.append(pt)
+    if a.paired:
+        calibrate()  # the one after the last run
+
+    def simulate(pt, trace, prof):
+        out, _, _ = run([fmoe, "simulate", "--trace", trace, "--profile", prof, "--policy",
+                         pt["policy"], "--cache-experts", pt["n"], *pt["extra"],
+                         "--copy-chunks", 4, "--json", "--quiet"])
+        return json.loads(out)["results"][0]["tpot_s"]["mean"]
+
+    for pt in points:
+        n = pt["n"]
+        if a.paired:
+            # Each run against the calibrations made just before and just after it, averaged
+            # (times averaged; rates as their harmonic mean: the mean time per byte), so a
+            # link or CPU that drifts during the run is taken at its mean; and, apart, against
+            # the link its own copy engine measured (bytes copied over the I/O thread's busy
+            # seconds), which takes the link's drift out and leaves the model's error.
+            for i, r in enumerate(pt["runs"]):
+                before = json.loads(calibs[r["calib"]].read_text())
+                after = json.loads(calibs[r["calib"] + 1].read_text())
+                both = mean_profile(before, after)
+                p_both = work / f"profile-run-{pt['name'].replace(':', '-')}-{n}-{i}.json"
+                p_both.write_text(json.dumps(both))
+                r["sim"] = simulate(pt, r["trace"], p_both)
+                own = json.loads(json.dumps(both))
+                own["link"]["beta_bytes_per_s"] = r["beta_own"]
+                p_own = p_both.with_suffix(".own.json")
+                p_own.write_text(json.dumps(own))
+                r["sim_own"] = simulate(pt, r["trace"], p_own)
+                r["beta"] = both["link"]["beta_bytes_per_s"]
+                r["wait"] = r["awaited"] / r["beta"]
+            runs = sorted(pt["runs"], key=lambda r: r["sim"] / r["live"])
+            mid = runs[len(runs) // 2]  # the run whose gap is the median
+            tpot, sim, own = mid["live"], mid["sim"], mid["sim_own"]
+            bound = res_tpot + mid["wait"]
+            awaited = mid["awaited"]
+        else:
+            mid = min(pt["runs"], key=lambda r: r["live"])  # the fastest run
+            tpot, awaited = mid["live"], mid["awaited"]
+            sim, own = simulate(pt, mid["trace"], profile), None
+            bound = res_tpot + awaited / beta
+        rss = max(r["rss"] for r in pt["runs"])
+        rss_bound = (resident_weights + (n + 1) * expert_bytes + kv) / 2**20 + OVERHEAD_MIB
+        rows.append({"policy": pt["name"], "fraction": pt["frac"], "cache_experts": n,
+                     "live_tpot_s": tpot, "sim_tpot_s": sim, "gap": (sim - tpot) / tpot,
+                     "bound_tpot_s": bound, "live_over_bound": tpot / bound,
+                     "live_over_resident": tpot / res_tpot,
+                     "awaited_bytes_per_token": awaited, "peak_rss_mib": rss,
+                     "rss_bound_mib": rss_bound})
+        if own is not None:
+            rows[-1].update({"sim_own_link_tpot_s": own, "gap_own_link": (own - tpot) / tpot,
+                             "runs": [{k: (str(v) if k == "trace" else v) for k, v in r.items()}
+                                      for r in pt["runs"]]})
 
     print(f"\nmodel {model}: {L} MoE layers x {J} experts of {expert_bytes / 2**20:.1f} MiB; "
           f"calibrated link alpha {alpha * 1e6:.0f} us, beta {beta / 2**30:.2f} GiB/s")

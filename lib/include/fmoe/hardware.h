@@ -129,7 +129,8 @@ typedef enum fmoe_file_cache {
 /* Reads of sizes[n] bytes (each rounded up to 4 KiB) from an existing file `path` - the
  * model's own safetensors file, the slow tier a live `--tier file --direct-io` run reads -
  * with O_DIRECT into an aligned buffer, at offsets spread over the file (read k of a size
- * at k·size + k·1 MiB, wrapped), the median of `reps` reads (after one untimed) each. What
+ * at k·size + k·1 MiB, wrapped), the median of `reps` reads (after one untimed) each, taken
+ * repetition-major (every size once per repetition, so drift slows them alike). What
  * the live run's reads see, including a virtual disk's host-side caching of that file,
  * which a fresh scratch file does not show. @return 0, FMOE_EINVAL (a size above the
  * file's), FMOE_EIO (cannot open or read: the detail names the file), FMOE_ENOMEM. */
