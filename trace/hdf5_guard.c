@@ -506,6 +506,41 @@ static const char *local_heap_check(const rawfile *rf, const uint8_t *msg, uint6
     return NULL;
 }
 
+/* A data layout message (type 0x08) of a chunked dataset: libhdf5 1.10.8 divides by each
+ * chunk dimension while opening the dataset (H5D__chunk_set_info), so a dimension of 0 (a
+ * fuzzed trace) raised SIGFPE. Versions 1-2 (dimensionality, class, 5 reserved bytes,
+ * the address, then 4-byte dimensions), 3 (class 2: dimensionality, the address, 4-byte
+ * dimensions) and 4 (class 2: flags, dimensionality, the bytes per dimension, then the
+ * dimensions) are checked; a message too short for its dimensions is refused too. */
+static const char *layout_check(const uint8_t *m, uint64_t size, size_t so) {
+    if (size < 2) return NULL;
+    const unsigned version = m[0];
+    uint64_t at, rank, width = 4;
+    if (version <= 2) {
+        if (size < 8 || m[2] != 2) return NULL; /* not chunked */
+        rank = m[1];
+        at = 8 + so;
+    } else if (version == 3) {
+        if (m[1] != 2) return NULL;
+        if (size < 3) return "has a chunked layout without its dimensionality";
+        rank = m[2];
+        at = 3 + so;
+    } else if (version == 4) {
+        if (m[1] != 2) return NULL;
+        if (size < 5) return "has a chunked layout without its dimensionality";
+        rank = m[3];
+        width = m[4];
+        if (width < 1 || width > 8) return "has a chunked layout of a bad dimension width";
+        at = 5;
+    } else {
+        return NULL; /* libhdf5 refuses the version itself */
+    }
+    if (at + rank * width > size) return "has chunk dimensions that run past the message";
+    for (uint64_t i = 0; i < rank; i++)
+        if (le(m + at + i * width, (size_t)width) == 0) return "has a chunk dimension of 0";
+    return NULL;
+}
+
 /* Walks the object header at addr (version 1 or 2) and every continuation chunk it
  * names, checking that each lies inside the file before libhdf5 allocates it. */
 static int header_check(const rawfile *rf, uint64_t addr, const char *path, const char *what) {
@@ -590,7 +625,9 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                                       "header %s",
                                       path, what, dt_why);
             }
-            const char *heap_why = type == 0x11 ? local_heap_check(rf, img + p, size) : NULL;
+            const char *heap_why = type == 0x11   ? local_heap_check(rf, img + p, size)
+                                   : type == 0x08 ? layout_check(img + p, size, so)
+                                                  : NULL;
             if (heap_why) {
                 free(img);
                 return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: the %s object header %s",
@@ -639,7 +676,7 @@ int fmoe__h5_precheck(int fd, const void *image, uint64_t size, const char *path
     }
     if (raw_read(&rf, at, 9, sb) < 0) return 0;
     const unsigned v = sb[8];
-    uint64_t root = UNDEF_ADDR, ext = UNDEF_ADDR, base;
+    uint64_t root = UNDEF_ADDR, ext = UNDEF_ADDR, base, eof_addr;
     if (v <= 1) {
         const uint64_t fixed = v == 0 ? 24 : 28;
         if (raw_read(&rf, at, fixed, sb) < 0) return 0;
@@ -650,6 +687,7 @@ int fmoe__h5_precheck(int fd, const void *image, uint64_t size, const char *path
         const size_t so = rf.sizeof_addr;
         if (raw_read(&rf, at + fixed, 6 * so, sb + 32) < 0) return 0;
         base = le(sb + 32, so);
+        eof_addr = le(sb + 32 + 2 * so, so);
         root = le(sb + 32 + 5 * so, so);
     } else if (v <= 3) {
         if (raw_read(&rf, at, 12, sb) < 0) return 0;
@@ -661,6 +699,7 @@ int fmoe__h5_precheck(int fd, const void *image, uint64_t size, const char *path
         if (raw_read(&rf, at + 12, 4 * so, sb + 32) < 0) return 0;
         base = le(sb + 32, so);
         ext = le(sb + 32 + so, so);
+        eof_addr = le(sb + 32 + 2 * so, so);
         root = le(sb + 32 + 3 * so, so);
     } else {
         return 0; /* a superblock version libhdf5 1.10 refuses itself */
@@ -670,6 +709,14 @@ int fmoe__h5_precheck(int fd, const void *image, uint64_t size, const char *path
     FMOE_RETURN_ERROR_IF(rf.base > size, FMOE_EFORMAT,
                          "%s: damaged HDF5 file: base address %llu past its %llu bytes", path,
                          (unsigned long long)rf.base, (unsigned long long)size);
+    /* libhdf5 refuses a file shorter than its superblock's end-of-file address itself
+     * ("truncated file"), but only after the core driver has grown its image to that
+     * address (a fuzzed image asked for 4 GB): refused here, first */
+    FMOE_RETURN_ERROR_IF(eof_addr == undef || eof_addr > size - rf.base, FMOE_EFORMAT,
+                         "%s: damaged or truncated HDF5 file: its superblock says it ends at "
+                         "byte %llu, it has %llu",
+                         path, (unsigned long long)(eof_addr == undef ? UINT64_MAX : eof_addr),
+                         (unsigned long long)size);
     if (ext != undef) FMOE_FORWARD_IF_ERROR(header_check(&rf, ext, path, "superblock extension"));
     if (root != undef) FMOE_FORWARD_IF_ERROR(header_check(&rf, root, path, "root group"));
     return 0;
