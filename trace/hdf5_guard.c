@@ -295,7 +295,7 @@ int fmoe__h5_vlen_check(hid_t obj, int is_attr, int64_t count, const char *path,
         goto done;
     }
     herr_t e = is_attr ? H5Aread(obj, raw, ids)
-                       : H5Dread(obj, raw, H5S_ALL, H5S_ALL, H5P_DEFAULT, ids);
+                       : fmoe__h5_dread(obj, raw, H5S_ALL, H5S_ALL, ids);
     if (e < 0) {
         rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s: cannot read: %s", path, what,
                             fmoe__h5_errmsg(msg, sizeof msg));
@@ -419,6 +419,28 @@ static const char *dtype_check(const uint8_t *dt, uint64_t len, size_t so) {
     return dtype_parse(dt, len, so, 0, &used);
 }
 
+/* A dataspace (a dataspace message, type 0x01, or an attribute's): NULL and its number of
+ * elements in *nelem (saturated at cap + 1), or why it cannot be read. Layout: version,
+ * rank, flags, then (v1) 5 reserved bytes or (v2) the type (2: the null space), then rank
+ * dimensions of sizeof_size bytes (their maxima after them, not needed here). A version
+ * or rank libhdf5 refuses itself passes with *nelem = 0. */
+static const char *dataspace_elements(const uint8_t *ds, uint64_t len, size_t sl, uint64_t cap,
+                                      uint64_t *nelem) {
+    *nelem = 0;
+    if (len < 4) return "has a dataspace shorter than 4 bytes";
+    const unsigned version = ds[0], rank = ds[1];
+    if (version < 1 || version > 2 || rank > 32) return NULL;
+    const uint64_t dims_at = version == 1 ? 8 : 4;
+    if (dims_at + (uint64_t)rank * sl > len) return "has a dataspace whose dimensions run past it";
+    uint64_t n = version == 2 && ds[3] == 2 ? 0 : 1;
+    for (unsigned r = 0; r < rank && n; r++) {
+        const uint64_t d = le(ds + dims_at + (uint64_t)r * sl, sl);
+        n = d == 0 ? 0 : n > cap / d ? cap + 1 : n * d;
+    }
+    *nelem = n;
+    return NULL;
+}
+
 /* An attribute message (type 0x0C) of a header we walk. libhdf5 1.10.8 decodes it
  * (H5O__attr_decode) trusting its three stored part sizes and then copies the value,
  * elements x datatype size, from after them: nothing compares either with the message's
@@ -455,26 +477,9 @@ static int attr_message_check(const uint8_t *m, uint64_t size, size_t so, size_t
     if (flags & 3) return 0; /* shared parts: their sizes live elsewhere */
     if ((why = dtype_check(m + dt_at, dt_len, so)) != NULL) goto bad;
     const uint64_t elem = le(m + dt_at + 4, 4);
-    /* dataspace: version, rank, flags, then (v1) 5 reserved bytes or (v2) the type, then
-     * rank dimensions of sizeof_size bytes (maxima after them, not needed here) */
-    const uint8_t *ds = m + ds_at;
-    if (ds_len < 4) {
-        why = "has a dataspace shorter than 4 bytes";
-        goto bad;
-    }
-    const unsigned ds_version = ds[0], rank = ds[1];
-    if (ds_version < 1 || ds_version > 2 || rank > 32) return 0; /* libhdf5 refuses these */
-    const uint64_t dims_at = ds_version == 1 ? 8 : 4;
-    uint64_t nelem = ds_version == 2 && ds[3] == 2 ? 0 : 1; /* v2 type 2: the null space */
-    if (dims_at + (uint64_t)rank * sl > ds_len) {
-        why = "has a dataspace whose dimensions run past it";
-        goto bad;
-    }
     const uint64_t room = size - value_at;
-    for (unsigned r = 0; r < rank && nelem; r++) { /* saturates at room + 1 */
-        const uint64_t d = le(ds + dims_at + (uint64_t)r * sl, sl);
-        nelem = d == 0 ? 0 : nelem > room / d ? room + 1 : nelem * d;
-    }
+    uint64_t nelem;
+    if ((why = dataspace_elements(m + ds_at, ds_len, sl, room, &nelem)) != NULL) goto bad;
     if (nelem && elem > room / nelem) {
         why = "claims a value larger than the message";
         goto bad;
@@ -511,10 +516,25 @@ static const char *local_heap_check(const rawfile *rf, const uint8_t *msg, uint6
  * fuzzed trace) raised SIGFPE. Versions 1-2 (dimensionality, class, 5 reserved bytes,
  * the address, then 4-byte dimensions), 3 (class 2: dimensionality, the address, 4-byte
  * dimensions) and 4 (class 2: flags, dimensionality, the bytes per dimension, then the
- * dimensions) are checked; a message too short for its dimensions is refused too. */
-static const char *layout_check(const uint8_t *m, uint64_t size, size_t so) {
+ * dimensions) are checked; a message too short for its dimensions is refused too. A
+ * compact layout (versions 3-4: the data in the message) must hold its stated size, which
+ * the caller compares with the dataset's elements x element size: libhdf5 copies those
+ * from the message without comparing (a fuzzed store's read ran 1.5 KB past it). */
+typedef struct layout_info {
+    int64_t compact;      /* a compact layout's data size; -1: not compact */
+    uint64_t btree;       /* a version-3 chunked layout's v1 B-tree; 0: none */
+    uint64_t chunk_bytes; /* its chunk's bytes (the dimensions' product, the element's last) */
+    unsigned dims;        /* its dimensionality (the dataset's rank + 1) */
+} layout_info;
+
+static const char *layout_check(const uint8_t *m, uint64_t size, size_t so, layout_info *li) {
     if (size < 2) return NULL;
     const unsigned version = m[0];
+    if ((version == 3 || version == 4) && m[1] == 0) { /* compact: size (2 bytes), the data */
+        if (size < 4 || 4 + le(m + 2, 2) > size) return "has compact data that runs past it";
+        li->compact = (int64_t)le(m + 2, 2);
+        return NULL;
+    }
     uint64_t at, rank, width = 4;
     if (version <= 2) {
         if (size < 8 || m[2] != 2) return NULL; /* not chunked */
@@ -536,9 +556,56 @@ static const char *layout_check(const uint8_t *m, uint64_t size, size_t so) {
         return NULL; /* libhdf5 refuses the version itself */
     }
     if (at + rank * width > size) return "has chunk dimensions that run past the message";
-    for (uint64_t i = 0; i < rank; i++)
-        if (le(m + at + i * width, (size_t)width) == 0) return "has a chunk dimension of 0";
+    uint64_t bytes = 1;
+    for (uint64_t i = 0; i < rank; i++) {
+        const uint64_t d = le(m + at + i * width, (size_t)width);
+        if (d == 0) return "has a chunk dimension of 0";
+        bytes = bytes > UINT32_MAX / d ? (uint64_t)UINT32_MAX + 1 : bytes * d;
+    }
+    if (version == 3 && rank >= 2 && rank <= 33) {
+        li->btree = le(m + 3, so);
+        li->chunk_bytes = bytes;
+        li->dims = (unsigned)rank;
+    }
     return NULL;
+}
+
+/* The v1 B-tree that indexes a version-3 chunked dataset's chunks ("TREE", node type 1, its
+ * level, entries used, two siblings, then keys and children in turn; a key is the chunk's
+ * stored size, its filter mask and its offsets). libhdf5 1.10.8 reads a chunk at its stored
+ * size and, when no filter applies to it (none in the pipeline, or all skipped by its
+ * mask), copies a whole chunk out of that buffer: a forged size below the chunk's made it
+ * read past (a fuzzed store). Every leaf's chunk must lie inside the file and, unfiltered,
+ * hold exactly a chunk. `budget` bounds the nodes visited, so a cycle ends. */
+static const char *chunk_btree_check(const rawfile *rf, uint64_t addr, const layout_info *li,
+                                     int filtered, int depth, int64_t *budget) {
+    const size_t so = rf->sizeof_addr;
+    if (depth > 64 || --*budget < 0) return "has a chunk index deeper than the file";
+    uint8_t h[8 + 2 * 8];
+    if (raw_read(rf, addr, 8 + 2 * so, h) < 0) return "has a chunk index node outside the file";
+    if (memcmp(h, "TREE", 4) != 0 || h[4] != 1) return "has a chunk index node without its signature";
+    const unsigned level = h[5];
+    const uint64_t entries = le(h + 6, 2);
+    const uint64_t key = 8 + 8 * (uint64_t)li->dims, body = (entries + 1) * key + entries * so;
+    if (body > rf->eof) return "has a chunk index node larger than the file";
+    uint8_t *b = malloc(body ? (size_t)body : 1);
+    if (!b) return "has a chunk index node too large to read";
+    const char *why = raw_read(rf, addr + 8 + 2 * so, body, b) < 0
+                          ? "has a chunk index node that runs past the end of the file"
+                          : NULL;
+    for (uint64_t i = 0; i < entries && !why; i++) {
+        const uint8_t *k = b + i * (key + so);
+        const uint64_t size = le(k, 4), mask = le(k + 4, 4), child = le(k + key, so);
+        if (level > 0) {
+            why = chunk_btree_check(rf, child, li, filtered, depth + 1, budget);
+        } else if (child > rf->eof || size > rf->eof - child) {
+            why = "has a chunk that runs past the end of the file";
+        } else if ((!filtered || mask == 0xFFFFFFFFu) && size != li->chunk_bytes) {
+            why = "has an unfiltered chunk whose stored size is not the chunk's";
+        }
+    }
+    free(b);
+    return why;
 }
 
 /* Walks the object header at addr (version 1 or 2) and every continuation chunk it
@@ -572,6 +639,9 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                               (unsigned long long)addr, what);
     }
     nchunks = 1;
+    layout_info layout = {.compact = -1};
+    uint64_t ds_elements = 0, dt_bytes = 0;    /* the dataset's extent and element size */
+    int filtered = 0;                          /* a filter pipeline message (type 0x0B) */
     for (int c = 0; c < nchunks; c++) {
         const uint64_t a = chunk_addr[c], n = chunk_len[c];
         if (a > rf->eof || n > rf->eof - a || (total += n) > MAX_HEADER_BYTES)
@@ -626,8 +696,12 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                                       path, what, dt_why);
             }
             const char *heap_why = type == 0x11   ? local_heap_check(rf, img + p, size)
-                                   : type == 0x08 ? layout_check(img + p, size, so)
+                                   : type == 0x08 ? layout_check(img + p, size, so, &layout)
+                                   : type == 0x01 ? dataspace_elements(img + p, size, sl,
+                                                                       rf->eof, &ds_elements)
                                                   : NULL;
+            if (type == 0x03 && size >= 8) dt_bytes = le(img + p + 4, 4);
+            if (type == 0x0B) filtered = 1;
             if (heap_why) {
                 free(img);
                 return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: the %s object header %s",
@@ -655,6 +729,24 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
             p += size;
         }
         free(img);
+    }
+    const int64_t compact = layout.compact;
+    if (compact >= 0) {
+        const uint64_t need = dt_bytes && ds_elements > (uint64_t)compact / dt_bytes
+                                  ? (uint64_t)compact + 1
+                                  : ds_elements * dt_bytes;
+        if (need != (uint64_t)compact)
+            return fmoe_error_set(FMOE_EFORMAT,
+                                  "%s: damaged HDF5 file: the %s object header holds %lld bytes "
+                                  "of compact data for a dataset of %llu bytes",
+                                  path, what, (long long)compact, (unsigned long long)need);
+    }
+    const uint64_t undef = so == 8 ? UNDEF_ADDR : ((uint64_t)1 << (8 * so)) - 1;
+    if (layout.dims && layout.btree != undef) {
+        int64_t budget = (int64_t)(rf->eof / 32) + 1;
+        const char *why = chunk_btree_check(rf, layout.btree, &layout, filtered, 0, &budget);
+        if (why)
+            return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: %s %s", path, what, why);
     }
     return 0;
 }

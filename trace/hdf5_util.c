@@ -270,7 +270,7 @@ static int read_string_object(hid_t obj, int is_attr, const char *path, const ch
             goto h5fail;
         char *s = NULL;
         herr_t e =
-            is_attr ? H5Aread(obj, mem, &s) : H5Dread(obj, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, &s);
+            is_attr ? H5Aread(obj, mem, &s) : fmoe__h5_dread(obj, mem, H5S_ALL, H5S_ALL, &s);
         if (e < 0) goto h5fail;
         copy = strdup(s ? s : "");
         if (s) H5free_memory(s);
@@ -287,7 +287,7 @@ static int read_string_object(hid_t obj, int is_attr, const char *path, const ch
             goto done;
         }
         herr_t e = is_attr ? H5Aread(obj, type, copy)
-                           : H5Dread(obj, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, copy);
+                           : fmoe__h5_dread(obj, type, H5S_ALL, H5S_ALL, copy);
         if (e < 0) goto h5fail;
     }
     if (!copy) {
@@ -573,7 +573,7 @@ static int transfer_rows(hid_t d, const char *path, const char *name, hid_t mem_
     mspace = H5Screate_simple(rank, count, NULL);
     if (mspace < 0) goto h5fail;
     herr_t e = wbuf ? H5Dwrite(d, mem_type, mspace, fspace, H5P_DEFAULT, wbuf)
-                    : H5Dread(d, mem_type, mspace, fspace, H5P_DEFAULT, rbuf);
+                    : fmoe__h5_dread(d, mem_type, mspace, fspace, rbuf);
     if (e < 0) goto h5fail;
     goto done;
 h5fail:;
@@ -641,6 +641,23 @@ int fmoe__h5_exists(hid_t loc, const char *path, const char *name) {
         if (ex == 0) return 0;
     }
     return 1;
+}
+
+herr_t fmoe__h5_dread(hid_t d, hid_t mem_type, hid_t mem_space, hid_t file_space, void *buf) {
+    size_t chunk_bytes = 0;
+    hid_t dcpl = H5Dget_create_plist(d), type = H5Dget_type(d);
+    hsize_t dims[32];
+    int rank = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED ? H5Pget_chunk(dcpl, 32, dims) : 0;
+    if (rank > 0 && type >= 0) {
+        chunk_bytes = H5Tget_size(type);
+        for (int i = 0; i < rank; i++) chunk_bytes *= (size_t)dims[i];
+    }
+    if (type >= 0) H5Tclose(type);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    fmoe__h5z_zstd_expect(chunk_bytes);
+    const herr_t e = H5Dread(d, mem_type, mem_space, file_space, H5P_DEFAULT, buf);
+    fmoe__h5z_zstd_expect(0);
+    return e;
 }
 
 hid_t fmoe__h5_dataset_open(hid_t file, const char *path, const char *name) {

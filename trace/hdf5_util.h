@@ -135,6 +135,11 @@ int fmoe__h5_dataset_read_rows(hid_t d, const char *path, const char *name, hid_
  * FMOE_ENOTFOUND when the link does not exist (detail set). */
 hid_t fmoe__h5_dataset_open(hid_t file, const char *path, const char *name);
 
+/* H5Dread that first tells our zstd filter the bytes each chunk of `d` must decode to
+ * (fmoe__h5z_zstd_expect), so a damaged frame that decodes short fails the read instead of
+ * letting libhdf5 copy a whole chunk out of it. Every read of a dataset goes through it. */
+herr_t fmoe__h5_dread(hid_t d, hid_t mem_type, hid_t mem_space, hid_t file_space, void *buf);
+
 /* Checks that every element of dataset `d` is backed by stored data: all chunks covering
  * its extent are allocated (chunked layout), or its whole storage is (contiguous). A
  * dataset whose extent grew without data written (a forged or damaged header) would read

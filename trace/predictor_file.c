@@ -308,7 +308,7 @@ static int read_f32_ex(hid_t g, const char *path, const char *obj, const char *n
                          (unsigned long long)want[i]);
             rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s/%s has shape [%s], expected [%s]", path, obj,
                                 name, got, exp);
-        } else if (H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
+        } else if (fmoe__h5_dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, out) < 0) {
             rc = fmoe_error_set(FMOE_EIO, "%s: %s/%s: cannot read: %s", path, obj, name,
                                 fmoe__h5_errmsg(msg, sizeof msg));
         } else {

@@ -143,7 +143,7 @@ static int read_strs(reader *r, const char *name, int64_t n, char *dst, size_t s
     }
     if ((rc = fmoe__h5_vlen_check(d, 0, n, r->path, name)) < 0) goto done;
     if (H5Tset_size(mem, H5T_VARIABLE) < 0 || H5Tset_cset(mem, H5Tget_cset(ft)) < 0 ||
-        (n > 0 && H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)) {
+        (n > 0 && fmoe__h5_dread(d, mem, H5S_ALL, H5S_ALL, v) < 0)) {
         rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s: cannot read: %s", r->path, name,
                             fmoe__h5_errmsg(msg, sizeof msg));
         goto done;

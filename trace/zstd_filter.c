@@ -65,6 +65,15 @@ static unsigned long long frames_content_size(const unsigned char *src, size_t n
     return total;
 }
 
+#ifndef FMOE_H5Z_PLUGIN
+static _Thread_local size_t expected_chunk_bytes;
+
+void fmoe__h5z_zstd_expect(size_t chunk_bytes) { expected_chunk_bytes = chunk_bytes; }
+#define EXPECTED_CHUNK_BYTES expected_chunk_bytes
+#else
+#define EXPECTED_CHUNK_BYTES 0
+#endif
+
 /* H5Z_func_t: returns the number of valid bytes in *buf, or 0 on failure (HDF5 then fails
  * the read or write and leaves *buf to the caller). */
 static size_t zstd_filter(unsigned int flags, size_t cd_nelmts, const unsigned int cd_values[],
@@ -72,6 +81,7 @@ static size_t zstd_filter(unsigned int flags, size_t cd_nelmts, const unsigned i
     if (flags & H5Z_FLAG_REVERSE) {
         unsigned long long size = frames_content_size(*buf, nbytes);
         if (size == 0) return 0;
+        if (EXPECTED_CHUNK_BYTES && size != EXPECTED_CHUNK_BYTES) return 0; /* not this chunk */
         void *out = malloc((size_t)size);
         if (!out) return 0;
         size_t got = ZSTD_decompress(out, (size_t)size, *buf, nbytes);

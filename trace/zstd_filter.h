@@ -14,4 +14,12 @@
  * Its .filter member is the H5Z_func_t; tests call it directly on hand-made frames. */
 extern const H5Z_class2_t fmoe__h5z_zstd_class;
 
+/* The bytes every chunk the calling thread reads next must decode to (the dataset's chunk
+ * dimensions x its element size), or 0 for no check. libhdf5 1.10.8 copies a whole chunk
+ * out of whatever buffer the filter returns, so a frame that decodes to fewer bytes than
+ * the chunk (a fuzzed store) made it read past the buffer; fmoe's readers set this around
+ * each read of a chunked dataset (fmoe__h5_expect_chunks, hdf5_util.c). Not in the plugin:
+ * its hosts read without it. */
+void fmoe__h5z_zstd_expect(size_t chunk_bytes);
+
 #endif

@@ -334,6 +334,21 @@ static void await_bytes(fmoe_offload *x, int64_t bytes) {
     if (x->phase == FMOE_PHASE_DECODE) x->st.awaited_bytes_decode += bytes;
 }
 
+/* A miss or a claimed queued prefetch that waits for the engine while no demand job is
+ * queued ahead of it also waits for the rest of the chunk the engine is copying now: a
+ * demand load goes ahead of queued prefetches, not of the chunk in progress, which is
+ * another transfer's (a claimed started prefetch counts its own chunks above), often a
+ * speculative prefetch - the policy's own traffic. Its untransferred part, at the rate the
+ * engine has measured so far (the whole chunk before any measure), counts in the awaited
+ * bytes too. Stats only: no decision reads them. */
+static void await_engine(fmoe_offload *x) {
+    if (x->io_copy_bytes <= 0 || x->dq_len > 0) return;
+    const double rate = x->io_busy_s > 0 ? (double)x->io_bytes / x->io_busy_s : 0;
+    const double done = rate > 0 ? (clock_of(x) - x->io_copy_t0) * rate : 0;
+    const double left = (double)x->io_copy_bytes - done;
+    if (left > 0) await_bytes(x, (int64_t)left);
+}
+
 /* --miss auto's estimates (the design comment at the top), clock_of seconds, under mu. */
 
 static double cost_s(const fmoe_offload_cost *c, int32_t tokens) {
@@ -450,6 +465,7 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
             if (f.prefetched) x->st.prefetch_hits++;
             break;
         case FMOE_FIND_QUEUED:
+            await_engine(x);
             push_demand(x, s, e, 0);
             queued = 1;
             result = FMOE_ACCESS_LATE_HIT;
@@ -480,6 +496,7 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
                 s = x->N; /* the scratch slot */
                 x->st.bypassed++;
             }
+            await_engine(x);
             push_demand(x, s, e, 0);
             queued = 1;
             await_bytes(x, x->expert_bytes);
