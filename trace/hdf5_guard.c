@@ -642,6 +642,7 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
     layout_info layout = {.compact = -1};
     uint64_t ds_elements = 0, dt_bytes = 0;    /* the dataset's extent and element size */
     int filtered = 0;                          /* a filter pipeline message (type 0x0B) */
+    int ds_shared = 0;                         /* a shared dataspace: its extent elsewhere */
     for (int c = 0; c < nchunks; c++) {
         const uint64_t a = chunk_addr[c], n = chunk_len[c];
         if (a > rf->eof || n > rf->eof - a || (total += n) > MAX_HEADER_BYTES)
@@ -695,12 +696,14 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                                       "header %s",
                                       path, what, dt_why);
             }
-            const char *heap_why = type == 0x11   ? local_heap_check(rf, img + p, size)
-                                   : type == 0x08 ? layout_check(img + p, size, so, &layout)
-                                   : type == 0x01 ? dataspace_elements(img + p, size, sl,
-                                                                       rf->eof, &ds_elements)
-                                                  : NULL;
-            if (type == 0x03 && size >= 8) dt_bytes = le(img + p + 4, 4);
+            const char *heap_why =
+                type == 0x11 ? local_heap_check(rf, img + p, size)
+                : type == 0x08 ? layout_check(img + p, size, so, &layout)
+                : type == 0x01 && !(mflags & 0x02)
+                    ? dataspace_elements(img + p, size, sl, rf->eof, &ds_elements)
+                    : NULL;
+            if (type == 0x03 && size >= 8 && !(mflags & 0x02)) dt_bytes = le(img + p + 4, 4);
+            if (type == 0x01 && (mflags & 0x02)) ds_shared = 1;
             if (type == 0x0B) filtered = 1;
             if (heap_why) {
                 free(img);
@@ -731,7 +734,7 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
         free(img);
     }
     const int64_t compact = layout.compact;
-    if (compact >= 0) {
+    if (compact >= 0 && dt_bytes > 0 && !ds_shared) { /* a shared datatype: not compared */
         const uint64_t need = dt_bytes && ds_elements > (uint64_t)compact / dt_bytes
                                   ? (uint64_t)compact + 1
                                   : ds_elements * dt_bytes;

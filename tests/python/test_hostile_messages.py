@@ -131,6 +131,38 @@ def test_forged_dataset_object_header_is_refused(fmoe, fmoe_bin, tmp_path, forge
     one_line(r, 1, str(t), "damaged HDF5 file", "/" + name, want)
 
 
+def test_compact_data_shorter_than_its_dataset_is_refused(fmoe, fmoe_bin, tmp_path):
+    """A compact dataset (its data inside its layout message) whose stated size is less than
+    its elements x element size: libhdf5 1.10.8 would copy the whole dataset out of the
+    message. The trace's /model/config_json is rewritten compact by h5py, then its size
+    field halved: refused before the dataset is opened, naming it."""
+    h5py = pytest.importorskip("h5py")
+    t = _string_attr_trace(fmoe, tmp_path)
+    with h5py.File(t, "r+") as f:
+        old = f["model/config_json"]
+        value, dtype = old[()], old.dtype
+        del f["model/config_json"]
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.COMPACT)
+        d = h5py.h5d.create(f["model"].id, b"config_json", h5py.h5t.py_create(dtype, logical=True),
+                            h5py.h5s.create(h5py.h5s.SCALAR), dcpl=dcpl)
+        h5py.Dataset(d)[()] = value
+    run(fmoe_bin, "inspect", t, timeout=30).check_returncode()  # valid as written
+    with h5py.File(t, "r") as f:
+        addr = h5py.h5g.get_objinfo(f.id, b"model/config_json").objno[0]
+    data = bytearray(t.read_bytes())
+    assert data[addr] == 1
+    at, end = addr + 16, addr + 16 + struct.unpack_from("<I", data, addr + 8)[0]
+    while at < end and struct.unpack_from("<H", data, at)[0] != 8:  # the layout message
+        at += 8 + struct.unpack_from("<H", data, at + 2)[0]
+    assert at < end and data[at + 8] == 3 and data[at + 9] == 0  # version 3, compact
+    size = struct.unpack_from("<H", data, at + 10)[0]
+    struct.pack_into("<H", data, at + 10, size // 2)
+    t.write_bytes(bytes(data))
+    r = run(fmoe_bin, "inspect", t, timeout=30)
+    one_line(r, 1, str(t), "/model/config_json", "bytes of compact data")
+
+
 def test_forged_string_heap_object_is_refused(fmoe, fmoe_bin, tmp_path):
     """The heap object of a variable-length string attribute claims more bytes than its
     collection holds (the overrun H5HG_read would copy): refused, naming the attribute."""
