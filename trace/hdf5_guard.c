@@ -135,6 +135,12 @@ done:
     return rc;
 }
 
+/* Whether n bytes at file address addr (relative to the base) lie inside the file. */
+static int inside(const rawfile *rf, uint64_t addr, uint64_t n) {
+    const uint64_t room = rf->eof > rf->base ? rf->eof - rf->base : 0;
+    return addr <= room && n <= room - addr;
+}
+
 /* Reads n bytes at file address addr (relative to the base). 0, or -1 when the range
  * is not inside the file or the read fails. */
 static int raw_read(const rawfile *rf, uint64_t addr, uint64_t n, uint8_t *out) {
@@ -347,12 +353,12 @@ static unsigned offset_bytes(uint64_t size) {
  * index) and read at that size whatever the datatype says, so a smaller stored size made
  * H5Aread copy past an attribute's value; its base type sizes each element's conversion
  * buffer, length x base size, so a forged 4 GB base made H5T__conv_vlen clear gigabytes
- * for a one-character string: bases beyond 16 bytes are refused (fmoe stores
- * variable-length strings only, whose base is one byte). */
+ * for a one-character string: a string's base beyond 16 bytes (it is one character) and
+ * a sequence's beyond 64 KiB are refused. */
 static const char *dtype_parse(const uint8_t *dt, uint64_t len, size_t so, int depth,
                                uint64_t *used) {
     if (len < 8) return "has a datatype shorter than 8 bytes";
-    if (depth > 8) return "has datatypes nested too deeply";
+    if (depth > 32) return "has datatypes nested too deeply";
     const unsigned cls = dt[0] & 0x0F, version = dt[0] >> 4;
     const uint64_t bits = le(dt + 1, 3), size = le(dt + 4, 4);
     uint64_t at = 8, n, sub;
@@ -394,7 +400,9 @@ static const char *dtype_parse(const uint8_t *dt, uint64_t len, size_t so, int d
     case 9: /* variable-length: the base type */
         if (size != 8 + so) return "has a variable-length datatype of the wrong size";
         if ((why = dtype_parse(dt + at, len - at, so, depth + 1, &sub)) != NULL) return why;
-        if (le(dt + at + 4, 4) < 1 || le(dt + at + 4, 4) > 16)
+        /* a string's base is a character (1 byte; 16 allowed); a sequence's any type, up
+         * to 64 KiB per element */
+        if (le(dt + at + 4, 4) < 1 || le(dt + at + 4, 4) > ((bits & 0x0F) == 1 ? 16u : 65536u))
             return "has a variable-length datatype of a forged base size";
         at += sub;
         break;
@@ -407,7 +415,9 @@ static const char *dtype_parse(const uint8_t *dt, uint64_t len, size_t so, int d
         at += sub;
         break;
     }
-    default: return NULL; /* a class libhdf5 refuses itself */
+    default: /* a class libhdf5 refuses itself: nothing past its header is read */
+        *used = 8;
+        return NULL;
     }
     if (at > len) return "has properties that run past the datatype";
     *used = at;
@@ -506,7 +516,7 @@ static const char *local_heap_check(const rawfile *rf, const uint8_t *msg, uint6
     if (raw_read(rf, heap, 8 + 2 * sl + so, h) < 0) return "names a local heap outside the file";
     if (memcmp(h, "HEAP", 4) != 0 || h[4] != 0) return "names a local heap without its signature";
     const uint64_t data_size = le(h + 8, sl), data_addr = le(h + 8 + 2 * sl, so);
-    if (data_addr > rf->eof || data_size > rf->eof - data_addr)
+    if (!inside(rf, data_addr, data_size))
         return "names a local heap whose data segment runs past the end of the file";
     return NULL;
 }
@@ -520,6 +530,39 @@ static const char *local_heap_check(const rawfile *rf, const uint8_t *msg, uint6
  * compact layout (versions 3-4: the data in the message) must hold its stated size, which
  * the caller compares with the dataset's elements x element size: libhdf5 copies those
  * from the message without comparing (a fuzzed store's read ran 1.5 KB past it). */
+#define MAX_FILTERS 32 /* libhdf5's H5Z_MAX_NFILTERS */
+
+/* A filter pipeline message (type 0x0B): the filters' ids in pipeline order (writing
+ * applies them first to last, reading last to first). Version 1: version, count, 6
+ * reserved bytes, then per filter its id, name length, flags, value count, the name
+ * (padded to 8) and the values (4 bytes each, padded to an even count); version 2: the
+ * name length only for ids >= 256, no padding. */
+static const char *pipeline_parse(const uint8_t *m, uint64_t size, uint16_t *ids, int *n) {
+    *n = 0;
+    if (size < 2) return "has a filter pipeline without its filter count";
+    const unsigned version = m[0], count = m[1];
+    if (count > MAX_FILTERS) return "has more filters than libhdf5 allows";
+    uint64_t at = version == 1 ? 8 : 2;
+    for (unsigned i = 0; i < count; i++) {
+        if (at + 2 > size) return "has a filter that runs past its pipeline";
+        const uint64_t id = le(m + at, 2);
+        uint64_t name = 0;
+        at += 2;
+        if (version == 1 || id >= 256) {
+            if (at + 2 > size) return "has a filter that runs past its pipeline";
+            name = le(m + at, 2);
+            at += 2;
+        }
+        if (at + 4 > size) return "has a filter that runs past its pipeline";
+        const uint64_t values = le(m + at + 2, 2);
+        at += 4 + (version == 1 ? ALIGN8(name) : name) +
+              4 * (version == 1 && (values & 1) ? values + 1 : values);
+        if (at > size) return "has a filter that runs past its pipeline";
+        ids[(*n)++] = (uint16_t)id;
+    }
+    return NULL;
+}
+
 typedef struct layout_info {
     int64_t compact;      /* a compact layout's data size; -1: not compact */
     uint64_t btree;       /* a version-3 chunked layout's v1 B-tree; 0: none */
@@ -577,17 +620,37 @@ static const char *layout_check(const uint8_t *m, uint64_t size, size_t so, layo
  * mask), copies a whole chunk out of that buffer: a forged size below the chunk's made it
  * read past (a fuzzed store). Every leaf's chunk must lie inside the file and, unfiltered,
  * hold exactly a chunk. `budget` bounds the nodes visited, so a cycle ends. */
+/* The stored size an unfiltered-after-all chunk must have: the chunk's bytes when every
+ * filter its mask leaves applied keeps the size (shuffle; fletcher32 adds its 4-byte
+ * checksum), or 0 when a filter that changes the size (a compressor) still applies and
+ * no size can be expected. Bit i of the mask skips filter i. */
+static uint64_t unfiltered_size(const layout_info *li, const uint16_t *ids, int n, uint64_t mask) {
+    uint64_t bytes = li->chunk_bytes;
+    for (int i = 0; i < n; i++) {
+        if (mask & ((uint64_t)1 << i)) continue; /* skipped for this chunk */
+        if (ids[i] == 3) bytes += 4;             /* fletcher32 */
+        else if (ids[i] != 2) return 0;          /* not shuffle: the size changes */
+    }
+    return bytes;
+}
+
 static const char *chunk_btree_check(const rawfile *rf, uint64_t addr, const layout_info *li,
-                                     int filtered, int depth, int64_t *budget) {
+                                     const uint16_t *ids, int nfilters, int level_want,
+                                     int64_t *budget) {
     const size_t so = rf->sizeof_addr;
-    if (depth > 64 || --*budget < 0) return "has a chunk index deeper than the file";
     uint8_t h[8 + 2 * 8];
     if (raw_read(rf, addr, 8 + 2 * so, h) < 0) return "has a chunk index node outside the file";
     if (memcmp(h, "TREE", 4) != 0 || h[4] != 1) return "has a chunk index node without its signature";
-    const unsigned level = h[5];
+    const int level = h[5];
+    if (level_want >= 0 && level != level_want)
+        return "has a chunk index node at the wrong level";
     const uint64_t entries = le(h + 6, 2);
     const uint64_t key = 8 + 8 * (uint64_t)li->dims, body = (entries + 1) * key + entries * so;
-    if (body > rf->eof) return "has a chunk index node larger than the file";
+    /* a well-formed index reads each node once, in all at most the file's bytes: a node
+     * shared by many parents (a forged graph) runs out of this budget instead of costing
+     * minutes */
+    if ((*budget -= (int64_t)(body + 8 + 2 * so)) < 0 || body > rf->eof)
+        return "has a chunk index larger than the file";
     uint8_t *b = malloc(body ? (size_t)body : 1);
     if (!b) return "has a chunk index node too large to read";
     const char *why = raw_read(rf, addr + 8 + 2 * so, body, b) < 0
@@ -597,11 +660,13 @@ static const char *chunk_btree_check(const rawfile *rf, uint64_t addr, const lay
         const uint8_t *k = b + i * (key + so);
         const uint64_t size = le(k, 4), mask = le(k + 4, 4), child = le(k + key, so);
         if (level > 0) {
-            why = chunk_btree_check(rf, child, li, filtered, depth + 1, budget);
-        } else if (child > rf->eof || size > rf->eof - child) {
+            why = chunk_btree_check(rf, child, li, ids, nfilters, level - 1, budget);
+        } else if (!inside(rf, child, size)) {
             why = "has a chunk that runs past the end of the file";
-        } else if ((!filtered || mask == 0xFFFFFFFFu) && size != li->chunk_bytes) {
-            why = "has an unfiltered chunk whose stored size is not the chunk's";
+        } else {
+            const uint64_t want = unfiltered_size(li, ids, nfilters, mask);
+            if (want && size != want)
+                why = "has an unfiltered chunk whose stored size is not the chunk's";
         }
     }
     free(b);
@@ -641,11 +706,12 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
     nchunks = 1;
     layout_info layout = {.compact = -1};
     uint64_t ds_elements = 0, dt_bytes = 0;    /* the dataset's extent and element size */
-    int filtered = 0;                          /* a filter pipeline message (type 0x0B) */
+    uint16_t filter_ids[MAX_FILTERS];          /* the filter pipeline (message 0x0B) */
+    int nfilters = 0;
     int ds_shared = 0;                         /* a shared dataspace: its extent elsewhere */
     for (int c = 0; c < nchunks; c++) {
         const uint64_t a = chunk_addr[c], n = chunk_len[c];
-        if (a > rf->eof || n > rf->eof - a || (total += n) > MAX_HEADER_BYTES)
+        if (!inside(rf, a, n) || (total += n) > MAX_HEADER_BYTES)
             return fmoe_error_set(FMOE_EFORMAT,
                                   "%s: damaged HDF5 file: the %s object header claims a "
                                   "%llu-byte chunk at address %llu (the file has %llu bytes)",
@@ -660,11 +726,14 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                                   "end of the file",
                                   path, what);
         }
-        /* version 2 continuation chunks open with "OCHK"; both versions end v2 chunks with
-         * a checksum, which libhdf5 verifies itself */
+        /* version 2: continuation chunks open with "OCHK" and end with a checksum counted
+         * in their length; chunk 0's checksum follows it, outside its length. libhdf5
+         * verifies the checksums itself. */
         uint64_t p = version == 2 && c > 0 ? 4 : 0;
-        const uint64_t end = version == 2 ? (n >= 4 ? n - 4 : 0) : n;
-        const uint64_t mh = version == 1 ? 8 : 4; /* message header (v2: + order below) */
+        const uint64_t end = version == 2 && c > 0 ? (n >= 4 ? n - 4 : 0) : n;
+        /* message header: v1 8 bytes; v2 4, 6 with creation order (a shorter gap at the
+         * end of a chunk is padding) */
+        const uint64_t mh = version == 1 ? 8 : 4 + ((pre[5] & 0x04) ? 2 : 0);
         while (p + mh <= end) {
             unsigned type;
             uint64_t size;
@@ -704,7 +773,14 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                     : NULL;
             if (type == 0x03 && size >= 8 && !(mflags & 0x02)) dt_bytes = le(img + p + 4, 4);
             if (type == 0x01 && (mflags & 0x02)) ds_shared = 1;
-            if (type == 0x0B) filtered = 1;
+            const char *pipe_why = type == 0x0B && !(mflags & 0x02)
+                                       ? pipeline_parse(img + p, size, filter_ids, &nfilters)
+                                       : NULL;
+            if (pipe_why) {
+                free(img);
+                return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: the %s object header %s",
+                                      path, what, pipe_why);
+            }
             if (heap_why) {
                 free(img);
                 return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: the %s object header %s",
@@ -735,9 +811,8 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
     }
     const int64_t compact = layout.compact;
     if (compact >= 0 && dt_bytes > 0 && !ds_shared) { /* a shared datatype: not compared */
-        const uint64_t need = dt_bytes && ds_elements > (uint64_t)compact / dt_bytes
-                                  ? (uint64_t)compact + 1
-                                  : ds_elements * dt_bytes;
+        const uint64_t need =
+            ds_elements > UINT64_MAX / dt_bytes ? UINT64_MAX : ds_elements * dt_bytes;
         if (need != (uint64_t)compact)
             return fmoe_error_set(FMOE_EFORMAT,
                                   "%s: damaged HDF5 file: the %s object header holds %lld bytes "
@@ -746,8 +821,9 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
     }
     const uint64_t undef = so == 8 ? UNDEF_ADDR : ((uint64_t)1 << (8 * so)) - 1;
     if (layout.dims && layout.btree != undef) {
-        int64_t budget = (int64_t)(rf->eof / 32) + 1;
-        const char *why = chunk_btree_check(rf, layout.btree, &layout, filtered, 0, &budget);
+        int64_t budget = (int64_t)rf->eof;
+        const char *why =
+            chunk_btree_check(rf, layout.btree, &layout, filter_ids, nfilters, -1, &budget);
         if (why)
             return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: %s %s", path, what, why);
     }
@@ -800,14 +876,15 @@ int fmoe__h5_precheck(int fd, const void *image, uint64_t size, const char *path
         return 0; /* a superblock version libhdf5 1.10 refuses itself */
     }
     const uint64_t undef = rf.sizeof_addr == 8 ? UNDEF_ADDR : ((uint64_t)1 << (8 * rf.sizeof_addr)) - 1;
-    rf.base = base == undef ? at : base;
-    FMOE_RETURN_ERROR_IF(rf.base > size, FMOE_EFORMAT,
-                         "%s: damaged HDF5 file: base address %llu past its %llu bytes", path,
-                         (unsigned long long)rf.base, (unsigned long long)size);
+    /* libhdf5 takes the superblock's position as the base address (a user block before
+     * it) whatever the stored base says, and moves the stored end of file by their
+     * difference: so do we, so that we read the bytes libhdf5 will */
+    rf.base = at;
+    if (eof_addr != undef && base != undef) eof_addr -= base - at; /* wraps as libhdf5's */
     /* libhdf5 refuses a file shorter than its superblock's end-of-file address itself
      * ("truncated file"), but only after the core driver has grown its image to that
      * address (a fuzzed image asked for 4 GB): refused here, first */
-    FMOE_RETURN_ERROR_IF(eof_addr == undef || eof_addr > size - rf.base, FMOE_EFORMAT,
+    FMOE_RETURN_ERROR_IF(eof_addr == undef || eof_addr > size, FMOE_EFORMAT,
                          "%s: damaged or truncated HDF5 file: its superblock says it ends at "
                          "byte %llu, it has %llu",
                          path, (unsigned long long)(eof_addr == undef ? UINT64_MAX : eof_addr),
@@ -823,7 +900,11 @@ int fmoe__h5_link_check(hid_t loc, const char *name, const char *path) {
     if (k == 0) return 0; /* a driver we do not look into */
     FMOE_RETURN_ERROR_IF(k < 0, FMOE_EIO, "%s: %s: cannot reach the file's bytes", path, name);
     H5L_info_t li;
-    if (H5Lget_info(loc, name, &li, H5P_DEFAULT) < 0 || li.type != H5L_TYPE_HARD)
-        return 0; /* the open that follows says why, or follows a soft link itself */
+    if (H5Lget_info(loc, name, &li, H5P_DEFAULT) < 0) return 0; /* the open that follows says why */
+    /* a soft or external link would make libhdf5 load an object we did not check (or open
+     * another file); fmoe's files have none */
+    FMOE_RETURN_ERROR_IF(li.type != H5L_TYPE_HARD, FMOE_EFORMAT,
+                         "%s: %s is a %s link; fmoe files hold hard links only", path, name,
+                         li.type == H5L_TYPE_SOFT ? "soft" : "external");
     return header_check(&rf, li.u.address, path, name);
 }

@@ -644,11 +644,24 @@ int fmoe__h5_exists(hid_t loc, const char *path, const char *name) {
 }
 
 herr_t fmoe__h5_dread(hid_t d, hid_t mem_type, hid_t mem_space, hid_t file_space, void *buf) {
+    /* The zstd frame of a chunk decodes to the chunk's bytes when every filter before zstd
+     * in the pipeline keeps the size (shuffle): then that is what it must decode to. Not
+     * for variable-length elements, whose stored size (a heap id) the type does not say. */
     size_t chunk_bytes = 0;
     hid_t dcpl = H5Dget_create_plist(d), type = H5Dget_type(d);
     hsize_t dims[32];
     int rank = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED ? H5Pget_chunk(dcpl, 32, dims) : 0;
-    if (rank > 0 && type >= 0) {
+    const int nf = rank > 0 ? H5Pget_nfilters(dcpl) : 0;
+    int zstd_at = -1, others = 0;
+    for (int i = 0; i < nf; i++) {
+        unsigned flags = 0;
+        size_t nv = 0;
+        const H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &nv, NULL, 0, NULL, NULL);
+        if (id == FMOE_H5Z_FILTER_ZSTD && zstd_at < 0) zstd_at = i;
+        else if (zstd_at < 0 && id != H5Z_FILTER_SHUFFLE) others = 1;
+    }
+    if (zstd_at >= 0 && !others && type >= 0 && H5Tdetect_class(type, H5T_VLEN) <= 0 &&
+        H5Tis_variable_str(type) <= 0) {
         chunk_bytes = H5Tget_size(type);
         for (int i = 0; i < rank; i++) chunk_bytes *= (size_t)dims[i];
     }

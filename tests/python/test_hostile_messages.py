@@ -131,6 +131,82 @@ def test_forged_dataset_object_header_is_refused(fmoe, fmoe_bin, tmp_path, forge
     one_line(r, 1, str(t), "damaged HDF5 file", "/" + name, want)
 
 
+def _h5py_copy(h5py, src, dst, **file_kw):
+    """The trace src rewritten by h5py into dst with File(**file_kw): same objects and
+    attributes, another layout of the same data."""
+    with h5py.File(src, "r") as a, h5py.File(dst, "w", **file_kw) as b:
+        for k, v in a.attrs.items():
+            b.attrs[k] = v
+        for k in a:
+            a.copy(a[k], b, name=k)
+
+
+@pytest.mark.parametrize("variant", ["latest", "userblock", "vlen_sequence_attr"])
+def test_valid_rewrites_are_not_refused(fmoe, fmoe_bin, tmp_path, variant):
+    """Valid files the guards must let through: version-2 object headers (h5py's
+    libver='latest'; chunk 0's checksum lies outside its length), a 512-byte user block
+    before the superblock (addresses relative to it), a variable-length sequence of a
+    24-byte compound as an attribute."""
+    h5py = pytest.importorskip("h5py")
+    np = pytest.importorskip("numpy")
+    t = _string_attr_trace(fmoe, tmp_path)
+    out = tmp_path / "rewritten.h5"
+    if variant == "latest":
+        _h5py_copy(h5py, t, out, libver="latest")
+    elif variant == "userblock":
+        _h5py_copy(h5py, t, out, userblock_size=512)
+    else:
+        shutil.copy(t, out)
+        with h5py.File(out, "r+") as f:
+            base = np.dtype([("x", "f8"), ("y", "f8"), ("z", "f8")])
+            dt = h5py.vlen_dtype(base)
+            arr = np.empty(1, dtype=dt)
+            arr[0] = np.zeros(2, dtype=base)
+            f.attrs.create("notes", arr, dtype=dt)
+    r = run(fmoe_bin, "inspect", out, timeout=30)
+    assert r.returncode == 0, r.stderr
+
+
+def test_soft_link_is_refused(fmoe, fmoe_bin, tmp_path):
+    """A soft link on the way to a dataset would make libhdf5 load an object the guards did
+    not check: fmoe's files hold hard links only."""
+    h5py = pytest.importorskip("h5py")
+    t = _string_attr_trace(fmoe, tmp_path)
+    with h5py.File(t, "r+") as f:
+        f.move("tokens", "real_tokens")
+        f["tokens"] = h5py.SoftLink("/real_tokens")
+    r = run(fmoe_bin, "inspect", t, timeout=30)
+    one_line(r, 1, str(t), "soft link")
+
+
+def test_forged_filter_mask_is_refused(fmoe, fmoe_bin, tmp_path):
+    """A chunk whose filter mask says every filter was skipped but whose stored size is the
+    compressed one: libhdf5 1.10.8 would copy a whole chunk out of the shorter buffer
+    (heap overflow in H5VM_memcpyvv). The chunk index's leaf is forged by hand."""
+    h5py = pytest.importorskip("h5py")
+    t = _string_attr_trace(fmoe, tmp_path)
+    with h5py.File(t, "r") as f:
+        d = f["tokens/experts"]
+        info, ndim = d.id.get_chunk_info(0), d.ndim
+        nfilters = d.id.get_create_plist().get_nfilters()
+        assert nfilters > 0
+    data = bytearray(t.read_bytes())
+    # the leaf key before the chunk's address: size (4), filter mask (4), offsets
+    addr = struct.pack("<Q", info.byte_offset)
+    at = data.find(addr)
+    while at >= 0:
+        # the key sits just before the child address: size, mask, offsets (8 x (rank + 1))
+        key = at - 8 * (ndim + 1) - 8
+        if key >= 0 and struct.unpack_from("<I", data, key)[0] == info.size:
+            break
+        at = data.find(addr, at + 1)
+    assert at >= 0
+    struct.pack_into("<I", data, key + 4, (1 << nfilters) - 1)  # every filter skipped
+    t.write_bytes(bytes(data))
+    r = run(fmoe_bin, "inspect", t, timeout=30)
+    one_line(r, 1, str(t), "/tokens/experts", "stored size is not the chunk's")
+
+
 def test_compact_data_shorter_than_its_dataset_is_refused(fmoe, fmoe_bin, tmp_path):
     """A compact dataset (its data inside its layout message) whose stated size is less than
     its elements x element size: libhdf5 1.10.8 would copy the whole dataset out of the
