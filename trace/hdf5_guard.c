@@ -363,6 +363,11 @@ static const char *dtype_parse(const uint8_t *dt, uint64_t len, size_t so, int d
     const uint64_t bits = le(dt + 1, 3), size = le(dt + 4, 4);
     uint64_t at = 8, n, sub;
     const char *why;
+    /* numbers (fixed- and floating-point, time, bitfields) are at most 16 bytes in any
+     * file libhdf5 writes; a forged 4 GB float made it allocate and touch 4 GB to convert
+     * four of them (a fuzzed predictor) */
+    if ((cls <= 2 || cls == 4) && (size < 1 || size > 64))
+        return "has a number of a forged size";
     switch (cls) {
     case 0: at += 4; break;  /* fixed-point: offset, precision */
     case 1: at += 12; break; /* floating-point: offset, precision, exponent and mantissa */
@@ -568,11 +573,21 @@ typedef struct layout_info {
     uint64_t btree;       /* a version-3 chunked layout's v1 B-tree; 0: none */
     uint64_t chunk_bytes; /* its chunk's bytes (the dimensions' product, the element's last) */
     unsigned dims;        /* its dimensionality (the dataset's rank + 1) */
+    int contiguous;       /* a version-3 contiguous layout: its data's address and size */
+    uint64_t contig_addr, contig_size;
 } layout_info;
 
-static const char *layout_check(const uint8_t *m, uint64_t size, size_t so, layout_info *li) {
+static const char *layout_check(const uint8_t *m, uint64_t size, size_t so, size_t sl,
+                                layout_info *li) {
     if (size < 2) return NULL;
     const unsigned version = m[0];
+    if (version == 3 && m[1] == 1) { /* contiguous: address, size */
+        if (size < 2 + so + sl) return "has a contiguous layout cut short";
+        li->contiguous = 1;
+        li->contig_addr = le(m + 2, so);
+        li->contig_size = le(m + 2 + so, sl);
+        return NULL;
+    }
     if ((version == 3 || version == 4) && m[1] == 0) { /* compact: size (2 bytes), the data */
         if (size < 4 || 4 + le(m + 2, 2) > size) return "has compact data that runs past it";
         li->compact = (int64_t)le(m + 2, 2);
@@ -767,7 +782,7 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
             }
             const char *heap_why =
                 type == 0x11 ? local_heap_check(rf, img + p, size)
-                : type == 0x08 ? layout_check(img + p, size, so, &layout)
+                : type == 0x08 ? layout_check(img + p, size, so, sl, &layout)
                 : type == 0x01 && !(mflags & 0x02)
                     ? dataspace_elements(img + p, size, sl, rf->eof, &ds_elements)
                     : NULL;
@@ -820,6 +835,27 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                                   path, what, (long long)compact, (unsigned long long)need);
     }
     const uint64_t undef = so == 8 ? UNDEF_ADDR : ((uint64_t)1 << (8 * so)) - 1;
+    /* a contiguous dataset's data inside the file: libhdf5 1.10.8 touched 4 GB for a
+     * forged size before it compared the address with the end of the file (a fuzzed
+     * predictor's bias vector) */
+    if (layout.contiguous && layout.contig_addr != undef &&
+        !inside(rf, layout.contig_addr, layout.contig_size))
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: damaged HDF5 file: the %s object header puts %llu bytes of "
+                              "data at address %llu, past the end of the file",
+                              path, what, (unsigned long long)layout.contig_size,
+                              (unsigned long long)layout.contig_addr);
+    /* and holds the dataset's elements (a shorter store would be read past) */
+    if (layout.contiguous && layout.contig_addr != undef && dt_bytes > 0 && !ds_shared) {
+        const uint64_t need =
+            ds_elements > UINT64_MAX / dt_bytes ? UINT64_MAX : ds_elements * dt_bytes;
+        if (layout.contig_size < need)
+            return fmoe_error_set(FMOE_EFORMAT,
+                                  "%s: damaged HDF5 file: the %s object header stores %llu bytes "
+                                  "for a dataset of %llu bytes",
+                                  path, what, (unsigned long long)layout.contig_size,
+                                  (unsigned long long)need);
+    }
     if (layout.dims && layout.btree != undef) {
         int64_t budget = (int64_t)rf->eof;
         const char *why =
