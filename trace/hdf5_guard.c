@@ -456,6 +456,28 @@ static const char *dataspace_elements(const uint8_t *ds, uint64_t len, size_t sl
     return NULL;
 }
 
+/* A shared message's body (message flag 0x02, or an attribute's shared datatype): the
+ * address of the object header that holds the message (a committed datatype), or
+ * UNDEF_ADDR when it lives in the shared-message heap, which we do not parse. Version 1:
+ * version, 7 reserved bytes, a symbol-table entry (a sizeof_size field, then the
+ * address); versions 2-3: version, type (1: the heap, 2: an object header), then the
+ * address (H5O_shared_decode). */
+static const char *shared_target(const uint8_t *m, uint64_t size, size_t so, size_t sl,
+                                 uint64_t *addr) {
+    *addr = UNDEF_ADDR;
+    if (size < 2) return "has a shared message cut short";
+    const unsigned version = m[0];
+    if (version == 1) {
+        if (size < 8 + sl + so) return "has a shared message cut short";
+        *addr = le(m + 8 + sl, so);
+    } else if (version == 2 || version == 3) {
+        if (version == 3 && m[1] == 1) return NULL; /* in the shared-message heap */
+        if (size < 2 + so) return "has a shared message cut short";
+        *addr = le(m + 2, so);
+    }
+    return NULL; /* another version: libhdf5 refuses it itself */
+}
+
 /* An attribute message (type 0x0C) of a header we walk. libhdf5 1.10.8 decodes it
  * (H5O__attr_decode) trusting its three stored part sizes and then copies the value,
  * elements x datatype size, from after them: nothing compares either with the message's
@@ -463,11 +485,12 @@ static const char *dataspace_elements(const uint8_t *ds, uint64_t len, size_t sl
  * did: tests/fuzz/crashes/predictor/). Layout (HDF5 file format spec, "Attribute Message"):
  * version, flags (v1: reserved), name/datatype/dataspace sizes (2 bytes each), v3: the
  * name's encoding, then the three parts (v1: each padded to 8 bytes), then the value.
- * Shared datatypes or dataspaces (flags 1, 2) are references we do not follow: only the
- * parts' sizes are checked then. */
+ * Shared datatypes or dataspaces (flags 1, 2) live elsewhere: only the parts' sizes are
+ * checked then, and a shared datatype's own header is returned in *shared_dt. */
 static int attr_message_check(const uint8_t *m, uint64_t size, size_t so, size_t sl,
-                              const char *path, const char *what) {
+                              const char *path, const char *what, uint64_t *shared_dt) {
     const char *why = NULL;
+    *shared_dt = UNDEF_ADDR;
     if (size < 8) {
         why = "is shorter than its fixed fields";
         goto bad;
@@ -489,6 +512,9 @@ static int attr_message_check(const uint8_t *m, uint64_t size, size_t so, size_t
         why = "has a name without its terminating NUL";
         goto bad;
     }
+    /* a shared datatype: the header that holds it is checked by the caller */
+    if ((flags & 1) && (why = shared_target(m + dt_at, dt_len, so, sl, shared_dt)) != NULL)
+        goto bad;
     if (flags & 3) return 0; /* shared parts: their sizes live elsewhere */
     if ((why = dtype_check(m + dt_at, dt_len, so)) != NULL) goto bad;
     const uint64_t elem = le(m + dt_at + 4, 4);
@@ -690,7 +716,8 @@ static const char *chunk_btree_check(const rawfile *rf, uint64_t addr, const lay
 
 /* Walks the object header at addr (version 1 or 2) and every continuation chunk it
  * names, checking that each lies inside the file before libhdf5 allocates it. */
-static int header_check(const rawfile *rf, uint64_t addr, const char *path, const char *what) {
+static int header_check(const rawfile *rf, uint64_t addr, const char *path, const char *what,
+                        int depth) {
     const size_t so = rf->sizeof_addr, sl = rf->sizeof_size;
     uint8_t pre[64];
     uint64_t chunk_addr[MAX_HEADER_CHUNKS], chunk_len[MAX_HEADER_CHUNKS];
@@ -801,8 +828,31 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                 return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: the %s object header %s",
                                       path, what, heap_why);
             }
+            /* a committed datatype - a shared datatype message, or an attribute's shared
+             * datatype - is loaded by libhdf5 from its own object header: checked the
+             * same way */
+            uint64_t committed = UNDEF_ADDR;
+            const char *sh_why = type == 0x03 && (mflags & 0x02)
+                                     ? shared_target(img + p, size, so, sl, &committed)
+                                     : NULL;
+            if (sh_why) {
+                free(img);
+                return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: the %s object header %s",
+                                      path, what, sh_why);
+            }
             if (type == 0x0C && !(mflags & 0x02)) {
-                const int rc = attr_message_check(img + p, size, so, sl, path, what);
+                const int rc = attr_message_check(img + p, size, so, sl, path, what, &committed);
+                if (rc < 0) {
+                    free(img);
+                    return rc;
+                }
+            }
+            const uint64_t undef_addr = so == 8 ? UNDEF_ADDR : ((uint64_t)1 << (8 * so)) - 1;
+            /* (not the header itself - an attribute may share its own object's type - and
+             * a chain is followed 4 deep: a cycle ends there) */
+            if (committed != UNDEF_ADDR && committed != undef_addr && committed != addr &&
+                depth < 4) {
+                const int rc = header_check(rf, committed, path, "committed datatype", depth + 1);
                 if (rc < 0) {
                     free(img);
                     return rc;
@@ -925,8 +975,9 @@ int fmoe__h5_precheck(int fd, const void *image, uint64_t size, const char *path
                          "byte %llu, it has %llu",
                          path, (unsigned long long)(eof_addr == undef ? UINT64_MAX : eof_addr),
                          (unsigned long long)size);
-    if (ext != undef) FMOE_FORWARD_IF_ERROR(header_check(&rf, ext, path, "superblock extension"));
-    if (root != undef) FMOE_FORWARD_IF_ERROR(header_check(&rf, root, path, "root group"));
+    if (ext != undef)
+        FMOE_FORWARD_IF_ERROR(header_check(&rf, ext, path, "superblock extension", 0));
+    if (root != undef) FMOE_FORWARD_IF_ERROR(header_check(&rf, root, path, "root group", 0));
     return 0;
 }
 
@@ -942,5 +993,5 @@ int fmoe__h5_link_check(hid_t loc, const char *name, const char *path) {
     FMOE_RETURN_ERROR_IF(li.type != H5L_TYPE_HARD, FMOE_EFORMAT,
                          "%s: %s is a %s link; fmoe files hold hard links only", path, name,
                          li.type == H5L_TYPE_SOFT ? "soft" : "external");
-    return header_check(&rf, li.u.address, path, name);
+    return header_check(&rf, li.u.address, path, name, 0);
 }

@@ -167,6 +167,30 @@ def test_valid_rewrites_are_not_refused(fmoe, fmoe_bin, tmp_path, variant):
     assert r.returncode == 0, r.stderr
 
 
+def test_forged_committed_datatype_is_refused(fmoe, fmoe_bin, tmp_path):
+    """A dataset whose datatype is committed (a named type: its datatype message is a
+    reference) makes libhdf5 load that type's own object header: it is checked like any
+    other. The trace's /model/config_json is rewritten with a committed string type (still
+    valid), then the type's header chunk forged to 2 GB."""
+    h5py = pytest.importorskip("h5py")
+    t = _string_attr_trace(fmoe, tmp_path)
+    with h5py.File(t, "r+") as f:
+        value = f["model/config_json"][()]
+        del f["model/config_json"]
+        f["model/string_t"] = h5py.string_dtype()
+        f["model"].create_dataset("config_json", data=value, dtype=f["model/string_t"])
+    r = run(fmoe_bin, "inspect", t, timeout=30)
+    assert r.returncode == 0, r.stderr  # valid as written
+    with h5py.File(t, "r") as f:
+        addr = h5py.h5g.get_objinfo(f.id, b"model/string_t").objno[0]
+    data = bytearray(t.read_bytes())
+    assert data[addr] == 1
+    struct.pack_into("<I", data, addr + 8, 0x7FFFFFF0)
+    t.write_bytes(bytes(data))
+    r = run(fmoe_bin, "inspect", t, timeout=30)
+    one_line(r, 1, str(t), "committed datatype", "2147483632-byte chunk")
+
+
 def test_soft_link_is_refused(fmoe, fmoe_bin, tmp_path):
     """A soft link on the way to a dataset would make libhdf5 load an object the guards did
     not check: fmoe's files hold hard links only."""
