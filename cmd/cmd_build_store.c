@@ -172,10 +172,10 @@ int cmd_build_store(int argc, char **argv) {
            c->top_k, c->prefetch_distance);
     printf("  entries      %lld appended, %lld placed by deduplication\n",
            (long long)rep.appended, (long long)rep.replaced);
-    if (rep.capacity < o.capacity)
+    if (c->capacity < o.capacity)
         printf("  capacity     %d asked; sized to the %d tokens streamed in (offline updates "
                "grow it up to %d)\n",
-               o.capacity, rep.capacity, o.capacity);
+               o.capacity, c->capacity, o.capacity);
     if (o.split < 1)
         printf("  split        %.3g of each trace's requests in the store (seed %lld): %lld "
                "used, %lld held out\n",

@@ -96,6 +96,23 @@ int fmoe__write_all(int fd, const void *buf, size_t n) {
     return 0;
 }
 
+int fmoe__pread_all(int fd, void *buf, size_t n, long long offset) {
+    char *p = buf;
+    while (n > 0) {
+        ssize_t k = pread(fd, p, n, (off_t)offset);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) { /* the file ended first */
+            errno = EIO;
+            return -1;
+        }
+        p += k;
+        offset += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
 int fmoe__partial_commit(const char *partial, const char *output) {
     /* fsync before the rename: otherwise a machine crash soon after could leave the new
      * name pointing at a file whose data never reached the disk (an empty or short file

@@ -31,6 +31,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/expertmap.h"
+#include "fmoe/files.h"
 #include "fmoe/hardware.h"
 #include "fmoe/predictor.h"
 
@@ -156,16 +157,10 @@ int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, 
                 ((int64_t)(k + 1) * (len + (1 << 20)) + (int64_t)i * (7 << 20)) % span / ALIGN *
                 ALIGN;
             const double t0 = now_s();
-            for (int64_t got = 0; got < len;) {
-                const ssize_t r = pread(fd, (char *)buf + got, (size_t)(len - got), at + got);
-                if (r < 0 && errno == EINTR) continue;
-                if (r <= 0) {
-                    rc = fmoe_error_set(FMOE_EIO, "%s: reading %lld bytes at %lld: %s", path,
-                                        (long long)len, (long long)at,
-                                        r < 0 ? strerror(errno) : "end of file");
-                    break;
-                }
-                got += r;
+            if (fmoe__pread_all(fd, buf, (size_t)len, at) < 0) {
+                rc = fmoe_error_set(FMOE_EIO, "%s: reading %lld bytes at %lld: %s", path,
+                                    (long long)len, (long long)at, strerror(errno));
+                break;
             }
             if (k >= 0) t[(size_t)i * (size_t)reps + (size_t)k] = now_s() - t0;
         }

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "hdf5_util.h"
 
 #define RAW_TAG "fmoe:vlen-heap-id" /* opaque tag of the raw heap id type */
@@ -150,13 +151,7 @@ static int raw_read(const rawfile *rf, uint64_t addr, uint64_t n, uint8_t *out) 
         memcpy(out, rf->mem + at, n);
         return 0;
     }
-    for (uint64_t got = 0; got < n;) {
-        ssize_t k = pread(rf->fd, out + got, n - got, (off_t)(at + got));
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        got += (uint64_t)k;
-    }
-    return 0;
+    return fmoe__pread_all(rf->fd, out, (size_t)n, (long long)at);
 }
 
 static uint64_t le(const uint8_t *p, size_t n) {
@@ -714,6 +709,44 @@ static const char *chunk_btree_check(const rawfile *rf, uint64_t addr, const lay
     return why;
 }
 
+/* The undefined address of a file with addresses of `so` bytes (all ones). */
+static uint64_t undef_addr(size_t so) {
+    return so == 8 ? UNDEF_ADDR : ((uint64_t)1 << (8 * so)) - 1;
+}
+
+/* What one object header says about its dataset, gathered message by message and
+ * compared once the whole header is read. */
+typedef struct header_state {
+    layout_info layout;
+    uint64_t ds_elements, dt_bytes; /* the dataset's extent and element size */
+    int ds_shared;                  /* a shared dataspace: its extent elsewhere */
+    uint16_t filter_ids[MAX_FILTERS]; /* the filter pipeline (message 0x0B) */
+    int nfilters;
+} header_state;
+
+/* One message of a header (the attribute messages apart): NULL, or why libhdf5 must not
+ * decode it. A shared datatype's header address goes to *committed. */
+static const char *message_check(const rawfile *rf, unsigned type, int shared, const uint8_t *m,
+                                 uint64_t size, header_state *hs, uint64_t *committed) {
+    const size_t so = rf->sizeof_addr, sl = rf->sizeof_size;
+    switch (type) {
+    case 0x01: /* dataspace */
+        if (shared) {
+            hs->ds_shared = 1;
+            return NULL;
+        }
+        return dataspace_elements(m, size, sl, rf->eof, &hs->ds_elements);
+    case 0x03: /* datatype */
+        if (shared) return shared_target(m, size, so, sl, committed);
+        if (size >= 8) hs->dt_bytes = le(m + 4, 4);
+        return dtype_check(m, size, so);
+    case 0x08: return layout_check(m, size, so, sl, &hs->layout);
+    case 0x0B: return shared ? NULL : pipeline_parse(m, size, hs->filter_ids, &hs->nfilters);
+    case 0x11: return local_heap_check(rf, m, size);
+    default: return NULL;
+    }
+}
+
 /* Walks the object header at addr (version 1 or 2) and every continuation chunk it
  * names, checking that each lies inside the file before libhdf5 allocates it. */
 static int header_check(const rawfile *rf, uint64_t addr, const char *path, const char *what,
@@ -746,11 +779,7 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                               (unsigned long long)addr, what);
     }
     nchunks = 1;
-    layout_info layout = {.compact = -1};
-    uint64_t ds_elements = 0, dt_bytes = 0;    /* the dataset's extent and element size */
-    uint16_t filter_ids[MAX_FILTERS];          /* the filter pipeline (message 0x0B) */
-    int nfilters = 0;
-    int ds_shared = 0;                         /* a shared dataspace: its extent elsewhere */
+    header_state hs = {.layout = {.compact = -1}};
     for (int c = 0; c < nchunks; c++) {
         const uint64_t a = chunk_addr[c], n = chunk_len[c];
         if (!inside(rf, a, n) || (total += n) > MAX_HEADER_BYTES)
@@ -796,61 +825,26 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
                                       path, what, (unsigned long long)size);
             }
             /* message flag 0x02: a shared message, whose body is a reference */
-            const unsigned mflags =
-                version == 1 ? img[p - 4] : img[p - 1 - ((pre[5] & 0x04) ? 2 : 0)];
-            const char *dt_why = type == 0x03 && !(mflags & 0x02) ? dtype_check(img + p, size, so)
-                                                                    : NULL;
-            if (dt_why) {
-                free(img);
-                return fmoe_error_set(FMOE_EFORMAT,
-                                      "%s: damaged HDF5 file: a datatype message of the %s object "
-                                      "header %s",
-                                      path, what, dt_why);
-            }
-            const char *heap_why =
-                type == 0x11 ? local_heap_check(rf, img + p, size)
-                : type == 0x08 ? layout_check(img + p, size, so, sl, &layout)
-                : type == 0x01 && !(mflags & 0x02)
-                    ? dataspace_elements(img + p, size, sl, rf->eof, &ds_elements)
-                    : NULL;
-            if (type == 0x03 && size >= 8 && !(mflags & 0x02)) dt_bytes = le(img + p + 4, 4);
-            if (type == 0x01 && (mflags & 0x02)) ds_shared = 1;
-            const char *pipe_why = type == 0x0B && !(mflags & 0x02)
-                                       ? pipeline_parse(img + p, size, filter_ids, &nfilters)
-                                       : NULL;
-            if (pipe_why) {
+            const int shared =
+                ((version == 1 ? img[p - 4] : img[p - 1 - ((pre[5] & 0x04) ? 2 : 0)]) & 0x02) != 0;
+            uint64_t committed = UNDEF_ADDR; /* a committed datatype the message uses */
+            const char *why = message_check(rf, type, shared, img + p, size, &hs, &committed);
+            if (why) {
                 free(img);
                 return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: the %s object header %s",
-                                      path, what, pipe_why);
+                                      path, what, why);
             }
-            if (heap_why) {
-                free(img);
-                return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: the %s object header %s",
-                                      path, what, heap_why);
-            }
-            /* a committed datatype - a shared datatype message, or an attribute's shared
-             * datatype - is loaded by libhdf5 from its own object header: checked the
-             * same way */
-            uint64_t committed = UNDEF_ADDR;
-            const char *sh_why = type == 0x03 && (mflags & 0x02)
-                                     ? shared_target(img + p, size, so, sl, &committed)
-                                     : NULL;
-            if (sh_why) {
-                free(img);
-                return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: the %s object header %s",
-                                      path, what, sh_why);
-            }
-            if (type == 0x0C && !(mflags & 0x02)) {
+            if (type == 0x0C && !shared) {
                 const int rc = attr_message_check(img + p, size, so, sl, path, what, &committed);
                 if (rc < 0) {
                     free(img);
                     return rc;
                 }
             }
-            const uint64_t undef_addr = so == 8 ? UNDEF_ADDR : ((uint64_t)1 << (8 * so)) - 1;
-            /* (not the header itself - an attribute may share its own object's type - and
-             * a chain is followed 4 deep: a cycle ends there) */
-            if (committed != UNDEF_ADDR && committed != undef_addr && committed != addr &&
+            /* a committed datatype is loaded by libhdf5 from its own object header: checked
+             * the same way (not the header itself - an attribute may share its own object's
+             * type - and a chain 4 deep: a cycle ends there) */
+            if (committed != UNDEF_ADDR && committed != undef_addr(so) && committed != addr &&
                 depth < 4) {
                 const int rc = header_check(rf, committed, path, "committed datatype", depth + 1);
                 if (rc < 0) {
@@ -874,42 +868,40 @@ static int header_check(const rawfile *rf, uint64_t addr, const char *path, cons
         }
         free(img);
     }
-    const int64_t compact = layout.compact;
-    if (compact >= 0 && dt_bytes > 0 && !ds_shared) { /* a shared datatype: not compared */
-        const uint64_t need =
-            ds_elements > UINT64_MAX / dt_bytes ? UINT64_MAX : ds_elements * dt_bytes;
-        if (need != (uint64_t)compact)
-            return fmoe_error_set(FMOE_EFORMAT,
-                                  "%s: damaged HDF5 file: the %s object header holds %lld bytes "
-                                  "of compact data for a dataset of %llu bytes",
-                                  path, what, (long long)compact, (unsigned long long)need);
-    }
-    const uint64_t undef = so == 8 ? UNDEF_ADDR : ((uint64_t)1 << (8 * so)) - 1;
-    /* a contiguous dataset's data inside the file: libhdf5 1.10.8 touched 4 GB for a
-     * forged size before it compared the address with the end of the file (a fuzzed
-     * predictor's bias vector) */
-    if (layout.contiguous && layout.contig_addr != undef &&
-        !inside(rf, layout.contig_addr, layout.contig_size))
+    /* the bytes of the dataset's elements, when the header says them (0: it does not) */
+    const uint64_t data_bytes = hs.dt_bytes == 0 || hs.ds_shared ? 0
+                                : hs.ds_elements > UINT64_MAX / hs.dt_bytes
+                                    ? UINT64_MAX
+                                    : hs.ds_elements * hs.dt_bytes;
+    const int64_t compact = hs.layout.compact;
+    if (compact >= 0 && hs.dt_bytes > 0 && !hs.ds_shared && data_bytes != (uint64_t)compact)
         return fmoe_error_set(FMOE_EFORMAT,
-                              "%s: damaged HDF5 file: the %s object header puts %llu bytes of "
-                              "data at address %llu, past the end of the file",
-                              path, what, (unsigned long long)layout.contig_size,
-                              (unsigned long long)layout.contig_addr);
-    /* and holds the dataset's elements (a shorter store would be read past) */
-    if (layout.contiguous && layout.contig_addr != undef && dt_bytes > 0 && !ds_shared) {
-        const uint64_t need =
-            ds_elements > UINT64_MAX / dt_bytes ? UINT64_MAX : ds_elements * dt_bytes;
-        if (layout.contig_size < need)
+                              "%s: damaged HDF5 file: the %s object header holds %lld bytes of "
+                              "compact data for a dataset of %llu bytes",
+                              path, what, (long long)compact, (unsigned long long)data_bytes);
+    const uint64_t undef = undef_addr(so);
+    /* a contiguous dataset's data inside the file (libhdf5 1.10.8 touched 4 GB for a forged
+     * size before it compared the address with the end of the file: a fuzzed predictor's
+     * bias vector) and holding the dataset's elements (a shorter store would be read past) */
+    if (hs.layout.contiguous && hs.layout.contig_addr != undef) {
+        if (!inside(rf, hs.layout.contig_addr, hs.layout.contig_size))
+            return fmoe_error_set(FMOE_EFORMAT,
+                                  "%s: damaged HDF5 file: the %s object header puts %llu bytes "
+                                  "of data at address %llu, past the end of the file",
+                                  path, what, (unsigned long long)hs.layout.contig_size,
+                                  (unsigned long long)hs.layout.contig_addr);
+        if (hs.layout.contig_size < data_bytes)
             return fmoe_error_set(FMOE_EFORMAT,
                                   "%s: damaged HDF5 file: the %s object header stores %llu bytes "
                                   "for a dataset of %llu bytes",
-                                  path, what, (unsigned long long)layout.contig_size,
-                                  (unsigned long long)need);
+                                  path, what, (unsigned long long)hs.layout.contig_size,
+                                  (unsigned long long)data_bytes);
     }
-    if (layout.dims && layout.btree != undef) {
+    if (hs.layout.dims && hs.layout.btree != undef) {
         int64_t budget = (int64_t)rf->eof;
         const char *why =
-            chunk_btree_check(rf, layout.btree, &layout, filter_ids, nfilters, -1, &budget);
+            chunk_btree_check(rf, hs.layout.btree, &hs.layout, hs.filter_ids, hs.nfilters, -1,
+                              &budget);
         if (why)
             return fmoe_error_set(FMOE_EFORMAT, "%s: damaged HDF5 file: %s %s", path, what, why);
     }
@@ -961,7 +953,7 @@ int fmoe__h5_precheck(int fd, const void *image, uint64_t size, const char *path
     } else {
         return 0; /* a superblock version libhdf5 1.10 refuses itself */
     }
-    const uint64_t undef = rf.sizeof_addr == 8 ? UNDEF_ADDR : ((uint64_t)1 << (8 * rf.sizeof_addr)) - 1;
+    const uint64_t undef = undef_addr(rf.sizeof_addr);
     /* libhdf5 takes the superblock's position as the base address (a user block before
      * it) whatever the stored base says, and moves the stored end of file by their
      * difference: so do we, so that we read the bytes libhdf5 will */

@@ -210,11 +210,11 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
 
     /* The store never holds more entries than tokens streamed in, so a capacity beyond
      * them would only allocate rows that stay empty (--capacity 100000000 asked for 116 GB;
-     * issue 15, finding 6): size it to the tokens. Online growth is simulate's
-     * --store-capacity. */
-    rep->capacity = tokens_in < o->capacity ? (int32_t)(tokens_in > 0 ? tokens_in : 1)
-                                            : o->capacity;
-    const fmoe_expertmap_config cfg = {.capacity = rep->capacity, .num_layers = L,
+     * issue 15, finding 6): size it to the tokens. The file keeps the capacity asked
+     * (capacity_asked), up to which offline updates grow it. */
+    const int32_t capacity =
+        tokens_in < o->capacity ? (int32_t)(tokens_in > 0 ? tokens_in : 1) : o->capacity;
+    const fmoe_expertmap_config cfg = {.capacity = capacity, .num_layers = L,
                                        .num_experts = J, .top_k = K, .semantic_dim = h,
                                        .prefetch_distance = o->prefetch_distance,
                                        .max_batch = o->batch > 0 ? o->batch : DEFAULT_BATCH};

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 
 #define DIRECT_ALIGN 4096
 
@@ -218,16 +219,9 @@ fmoe_tier_kind fmoe__expert_tier_kind(const fmoe_expert_tier *t) { return t->kin
 /* Exactly `bytes` from fd at `offset`, retrying short reads. */
 static int read_fully(const fmoe_expert_tier *t, int32_t f, int64_t offset, int64_t bytes,
                       uint8_t *dst) {
-    while (bytes > 0) {
-        const ssize_t r = pread(t->fds[f], dst, (size_t)bytes, (off_t)offset);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return fmoe_error_set(FMOE_EIO, "%s: read at %lld: %s", t->paths[f],
-                                  (long long)offset, r < 0 ? strerror(errno) : "end of file");
-        dst += r;
-        offset += r;
-        bytes -= r;
-    }
+    if (fmoe__pread_all(t->fds[f], dst, (size_t)bytes, (long long)offset) < 0)
+        return fmoe_error_set(FMOE_EIO, "%s: read at %lld: %s", t->paths[f], (long long)offset,
+                              strerror(errno)); /* EIO also when the file ends first */
     return 0;
 }
 

@@ -48,6 +48,10 @@ int fmoe__partial_fopen(const char *output, const char *partial, const char *mod
  * -1 with errno set (ENOSPC, EFBIG, EIO, ...); bytes before the failure may be written. */
 int fmoe__write_all(int fd, const void *buf, size_t n);
 
+/* pread(2) of exactly n bytes at `offset`, retrying EINTR and short reads. @return 0, or
+ * -1 with errno set (EIO when the file ends first). */
+int fmoe__pread_all(int fd, void *buf, size_t n, long long offset);
+
 /* Makes a finished PARTIAL the OUTPUT: fsync(PARTIAL), then rename(PARTIAL, OUTPUT)
  * (atomic: OUTPUT is the old file or the new one, never a mix, even after a power cut,
  * which could otherwise leave the new name on data never written). @return 0 or FMOE_EIO

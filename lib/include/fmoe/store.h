@@ -114,8 +114,6 @@ typedef struct fmoe_store_build_options {
 /* What a build saw, for the command to report. */
 typedef struct fmoe_store_build_report {
     int64_t tokens;            /* tokens streamed into the store */
-    int32_t capacity;          /* the store's capacity: o->capacity, or the tokens the
-                                  split keeps when they are fewer */
     int64_t appended;          /* entries appended while there was room */
     int64_t replaced;          /* entries placed by deduplication */
     int semantic_skipped;      /* some trace had no /tokens/semantic (or dims differ): the
