@@ -405,12 +405,17 @@ static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n,
     fmoe__pool_run(c->pool, matmul_task, &j, j.ntasks);
 }
 
-static void cpu_get_row(void *ctx, const fmoe__mat *w, int64_t row, float *y) {
+static void cpu_get_rows(void *ctx, const fmoe__mat *w, const int32_t *rows_host, int32_t n,
+                         float *y) {
     const cpu_ctx *c = ctx;
-    if (w->dtype == FMOE_ST_F32)
-        memcpy(y, (const float *)w->data + row * w->cols, (size_t)w->cols * sizeof *y);
-    else
-        widen(c, (const uint16_t *)w->data + row * w->cols, w->dtype, y, w->cols);
+    for (int32_t i = 0; i < n; i++) {
+        float *dst = y + (int64_t)i * w->cols;
+        const int64_t row = rows_host[i];
+        if (w->dtype == FMOE_ST_F32)
+            memcpy(dst, (const float *)w->data + row * w->cols, (size_t)w->cols * sizeof *dst);
+        else
+            widen(c, (const uint16_t *)w->data + row * w->cols, w->dtype, dst, w->cols);
+    }
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -456,6 +461,143 @@ static void cpu_attention(void *ctx, const fmoe__attn_args *a) {
     }
     fmoe__pool_run(c->pool, attn_task, &j, tasks);
 }
+
+/* ---------------------------------------------------------------------------------- */
+/* Row-wise and element-wise ops: fmoe/rowwise.h and fmoe/elementwise.h as the CUDA      */
+/* kernels run them, one row at a time on the calling thread (they are O(n·h) against    */
+/* the products' O(n·h·cols))                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+static void cpu_rmsnorm(void *ctx, float *y, const float *x, const float *w, int64_t rows,
+                        int32_t dim, float eps) {
+    (void)ctx;
+    for (int64_t r = 0; r < rows; r++) fmoe_rmsnorm_row(y + r * dim, x + r * dim, w, dim, eps);
+}
+
+static void cpu_add_bias(void *ctx, float *y, const float *b, int32_t n, int64_t d) {
+    (void)ctx;
+    for (int32_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < d; i++) y[t * d + i] += b[i];
+}
+
+static void cpu_clamp(void *ctx, float *y, int64_t count, float c) {
+    (void)ctx;
+    for (int64_t i = 0; i < count; i++) y[i] = y[i] < -c ? -c : y[i] > c ? c : y[i];
+}
+
+static void cpu_rope(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
+                     const float *cos, const float *sin) {
+    (void)ctx;
+    const int32_t half = head_dim / 2;
+    const int64_t stride = (int64_t)heads * head_dim;
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t hh = 0; hh < heads; hh++)
+            fmoe_rope_head(x + t * stride + (int64_t)hh * head_dim, cos + (int64_t)t * half,
+                           sin + (int64_t)t * half, head_dim);
+}
+
+static void cpu_route(void *ctx, const fmoe__route_args *a, const float *logits, float *probs,
+                      int32_t *topk, float *topw) {
+    (void)ctx;
+    const int64_t J = a->num_experts, K = a->top_k;
+    for (int32_t t = 0; t < a->n; t++)
+        fmoe_route_row(logits + t * J, (int32_t)J, (int32_t)K, a->sigmoid, a->norm,
+                       a->norm_eps, a->scale, probs + t * J, topk + t * K, topw + t * K);
+}
+
+static void cpu_probs(void *ctx, float *y, int64_t y_stride, const float *x, int32_t n,
+                      int32_t J, int32_t sigmoid) {
+    (void)ctx;
+    for (int32_t t = 0; t < n; t++) {
+        float *dst = y + t * y_stride;
+        const float *src = x + (int64_t)t * J;
+        if (sigmoid)
+            for (int32_t j = 0; j < J; j++) dst[j] = fmoe_sigmoid(src[j]);
+        else
+            fmoe_softmax_row(dst, src, J);
+    }
+}
+
+static void cpu_swiglu(void *ctx, float *g, const float *u, int64_t count) {
+    (void)ctx;
+    for (int64_t i = 0; i < count; i++) g[i] = fmoe_swiglu(g[i], u[i]);
+}
+
+static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int32_t *rows_host,
+                            int32_t n, int32_t dim) {
+    (void)ctx;
+    for (int32_t r = 0; r < n; r++)
+        memcpy(dst + (int64_t)r * dim, src + (int64_t)rows_host[r] * dim,
+               (size_t)dim * sizeof(float));
+}
+
+static void cpu_scatter_add(void *ctx, float *acc, const float *src, const int32_t *rows_host,
+                            const float *scale_host, int32_t n, int32_t dim) {
+    (void)ctx;
+    for (int32_t r = 0; r < n; r++) {
+        const float wt = scale_host[r];
+        float *d = acc + (int64_t)rows_host[r] * dim;
+        const float *x = src + (int64_t)r * dim;
+        for (int32_t i = 0; i < dim; i++) d[i] += wt * x[i];
+    }
+}
+
+static void cpu_add(void *ctx, float *y, const float *x, int64_t count) {
+    (void)ctx;
+    for (int64_t i = 0; i < count; i++) y[i] += x[i];
+}
+
+static void cpu_add_gated(void *ctx, float *y, const float *x, const float *gate, int32_t n,
+                          int32_t dim) {
+    (void)ctx;
+    for (int32_t t = 0; t < n; t++) {
+        const float gt = fmoe_sigmoid(gate[t]);
+        for (int32_t i = 0; i < dim; i++) y[(int64_t)t * dim + i] += gt * x[(int64_t)t * dim + i];
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Transfers: buffers are host memory, so each is a memcpy                              */
+/* ---------------------------------------------------------------------------------- */
+
+static void cpu_upload(void *ctx, void *dst, const void *src, int64_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, (size_t)bytes);
+}
+
+static int cpu_download(void *ctx, void *dst, const void *src, int64_t bytes) {
+    (void)ctx;
+    if (dst != src) memcpy(dst, src, (size_t)bytes);
+    return 0;
+}
+
+static void cpu_copy(void *ctx, void *dst, const void *src, int64_t bytes) {
+    (void)ctx;
+    memmove(dst, src, (size_t)bytes);
+}
+
+static void cpu_zero(void *ctx, void *dst, int64_t bytes) {
+    (void)ctx;
+    memset(dst, 0, (size_t)bytes);
+}
+
+static int cpu_sync(void *ctx) {
+    (void)ctx;
+    return 0;
+}
+
+static int cpu_write_slot(void *ctx, void *dst, const void *src, int64_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, (size_t)bytes);
+    return 0;
+}
+
+static int cpu_host_register(void *ctx, void *p, int64_t bytes) {
+    (void)ctx, (void)p, (void)bytes;
+    return 0;
+}
+
+static void cpu_host_unregister(void *ctx, void *p) { (void)ctx, (void)p; }
 
 /* ---------------------------------------------------------------------------------- */
 /* Lifetime                                                                           */
@@ -538,12 +680,32 @@ static void cpu_release(void *ctx, void *p) {
 }
 
 const fmoe__backend_ops fmoe__cpu_backend = {
-    /* .name      = */ "cpu",
-    /* .init      = */ cpu_init,
-    /* .free      = */ cpu_free,
-    /* .alloc     = */ cpu_alloc,
-    /* .release   = */ cpu_release,
-    /* .matmul    = */ cpu_matmul,
-    /* .attention = */ cpu_attention,
-    /* .get_row   = */ cpu_get_row,
+    /* .name            = */ "cpu",
+    /* .host_memory     = */ 1,
+    /* .init            = */ cpu_init,
+    /* .free            = */ cpu_free,
+    /* .alloc           = */ cpu_alloc,
+    /* .release         = */ cpu_release,
+    /* .upload          = */ cpu_upload,
+    /* .download        = */ cpu_download,
+    /* .copy            = */ cpu_copy,
+    /* .zero            = */ cpu_zero,
+    /* .sync            = */ cpu_sync,
+    /* .get_rows        = */ cpu_get_rows,
+    /* .rmsnorm         = */ cpu_rmsnorm,
+    /* .matmul          = */ cpu_matmul,
+    /* .add_bias        = */ cpu_add_bias,
+    /* .clamp           = */ cpu_clamp,
+    /* .rope            = */ cpu_rope,
+    /* .attention       = */ cpu_attention,
+    /* .route           = */ cpu_route,
+    /* .probs           = */ cpu_probs,
+    /* .swiglu          = */ cpu_swiglu,
+    /* .gather_rows     = */ cpu_gather_rows,
+    /* .scatter_add     = */ cpu_scatter_add,
+    /* .add             = */ cpu_add,
+    /* .add_gated       = */ cpu_add_gated,
+    /* .write_slot      = */ cpu_write_slot,
+    /* .host_register   = */ cpu_host_register,
+    /* .host_unregister = */ cpu_host_unregister,
 };

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../model/model_impl.h"
 #include "cuda_module.h"
 #include "fmoe/cuda.h"
 #include "fmoe/error.h"
@@ -131,4 +132,79 @@ int fmoe_cuda_calibrate_attention(int32_t heads, int32_t kv_heads, int32_t head_
     if (!get_module()) return unavailable();
     return forward(
         module->calibrate_attention(heads, kv_heads, head_dim, tokens, contexts, n, reps, seconds));
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The backend table                                                                  */
+/* ---------------------------------------------------------------------------------- */
+
+/*
+ * The module's fmoe__backend_ops, with the entries that can fail wrapped: the module sets
+ * its error detail in its own copy of lib/error.c, so a wrapper re-raises it in the
+ * calling thread's (the entries that return nothing record a sticky error that the next
+ * download or sync returns, and so reach a wrapper too).
+ */
+#if FMOE_HAVE_CUDA
+static const fmoe__backend_ops *inner;
+static fmoe__backend_ops outer;
+static pthread_once_t table_once = PTHREAD_ONCE_INIT;
+
+static int w_init(const fmoe__backend_limits *limits, void **ctx) {
+    return forward(inner->init(limits, ctx));
+}
+
+static void *w_alloc(void *ctx, int64_t bytes) {
+    void *p = inner->alloc(ctx, bytes);
+    if (!p) fmoe_error_set(FMOE_ENOMEM, "%s", module->error_detail());
+    return p;
+}
+
+static int w_download(void *ctx, void *dst, const void *src, int64_t bytes) {
+    return forward(inner->download(ctx, dst, src, bytes));
+}
+
+static int w_sync(void *ctx) { return forward(inner->sync(ctx)); }
+
+static int w_write_slot(void *ctx, void *dst, const void *src, int64_t bytes) {
+    return forward(inner->write_slot(ctx, dst, src, bytes));
+}
+
+static int w_host_register(void *ctx, void *p, int64_t bytes) {
+    return forward(inner->host_register(ctx, p, bytes));
+}
+
+static void make_table(void) {
+    inner = module->backend_ops ? module->backend_ops() : NULL;
+    if (!inner) return;
+    outer = *inner;
+    outer.init = w_init;
+    outer.alloc = w_alloc;
+    outer.download = w_download;
+    outer.sync = w_sync;
+    outer.write_slot = w_write_slot;
+    outer.host_register = w_host_register;
+}
+#endif
+
+const fmoe__backend_ops *fmoe__cuda_backend(void) {
+#if FMOE_HAVE_CUDA
+    if (!get_module()) {
+        unavailable();
+        return NULL;
+    }
+    if (module->device_count() == 0) {
+        fmoe_error_set(FMOE_EUNSUPPORTED, "CUDA backend unavailable: no CUDA device (%s)",
+                       module->describe());
+        return NULL;
+    }
+    pthread_once(&table_once, make_table);
+    if (!inner) {
+        fmoe_error_set(FMOE_EINTERNAL, "CUDA module has no backend table");
+        return NULL;
+    }
+    return &outer;
+#else
+    unavailable();
+    return NULL;
+#endif
 }

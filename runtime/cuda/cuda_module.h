@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#define FMOE_CUDA_MODULE_ABI 1
+#define FMOE_CUDA_MODULE_ABI 2
 #define FMOE_CUDA_MODULE_SYMBOL "fmoe_cuda_module_get_api"
 
 typedef struct fmoe_cuda_module_api {
@@ -29,6 +29,8 @@ typedef struct fmoe_cuda_module_api {
                                const int32_t *tokens, const int32_t *contexts, int32_t n,
                                int32_t reps, double *seconds);
     const char *(*error_detail)(void); /* the module thread's last detail string */
+    /* The forward pass's backend table (runtime/model/model_impl.h), name "cuda". */
+    const struct fmoe__backend_ops *(*backend_ops)(void);
 } fmoe_cuda_module_api;
 
 typedef const fmoe_cuda_module_api *(*fmoe_cuda_module_api_fn)(void);

@@ -24,7 +24,21 @@
  * product runs over all rows, and only attention is per sequence, against that sequence's
  * KV cache at its positions. A single-sequence call is the pass with one segment.
  * Every buffer is allocated in fmoe_session_init; fmoe_session_forward allocates nothing.
- * Compute goes through the backend table (model_impl.h); only the CPU backend exists.
+ *
+ * Compute goes through the backend table (model_impl.h) and nothing else: activations,
+ * the KV cache and the router's outputs live in the backend's buffers for the whole pass
+ * (on the GPU with the CUDA backend), and the host sees only what it needs: the chosen
+ * experts and their weights once per MoE layer (to group tokens by expert and to drive
+ * the routing hooks), the rows a trace asks for, and the logits. On the CPU backend
+ * (host_memory) those are read in place, so the CPU pass is the same arithmetic in the
+ * same order as before the table grew.
+ *
+ * Expert weights. The model's own are the backend's to map (the CUDA backend copies them
+ * once). An executor's (on_expert) may be backend memory (a GPU slot: on_device), after
+ * whose compute the pass waits for the backend before on_expert_done lets the slot be
+ * overwritten; or host memory on a device backend (--miss cpu: a miss computed from the
+ * slow tier): then the expert runs on the host's CPU backend and only its output rows
+ * are copied back.
  */
 #include <math.h>
 #include <stdio.h>
@@ -60,7 +74,7 @@ struct fmoe_session {
     void *bctx;
     int32_t pos;            /* tokens in the cache */
     int32_t imax;           /* widest MLP (routed, shared or dense) */
-    /* activations, [B] = max_batch rows */
+    /* backend buffers: activations, [B] = max_batch rows */
     float *x;               /* [B][h] residual stream */
     float *xn;              /* [B][h] normalised */
     float *q;               /* [B][Hq·D] */
@@ -74,36 +88,48 @@ struct fmoe_session {
     float *topw;            /* [B][K] their weights */
     float *spec;            /* [B][J] speculative router logits */
     float *specrows;        /* [B][S][J] speculative gate rows (S = speculative_depth) */
-    uint16_t *chosen;       /* [B][K] chosen experts, as the routing hook passes them */
-    int32_t *distinct;      /* [J] the layer's experts in order of first appearance */
-    int32_t *corder;        /* [J] the order they run in: indices into distinct (the
-                               routing hook may permute it; fmoe_route_event) */
-    int32_t *count;         /* [J] tokens routed to each expert in this chunk */
-    int32_t *slots;         /* [J][B·K] (token·K + k) routed to each expert */
     float *xg;              /* [B][h] one expert's gathered inputs (a token picks an
                                expert at most once, so at most B rows) */
     float *g;               /* [B][imax] gate projections */
     float *u;               /* [B][imax] up projections */
     float *yg;              /* [B][h] expert (or shared expert) outputs */
     float *sg;              /* [B] shared-expert gate logits */
-    float *inv_freq;        /* [D/2] */
     float *cos;             /* [B][D/2] */
     float *sin;             /* [B][D/2] */
-    float rope_scale;
-    int64_t rope_seq_len;   /* the sequence length inv_freq was computed for */
-    int64_t call_seq_len;   /* position + n of the current forward call */
-    float *lbuf;            /* [max_sequences][V] the lm head's rows when several sequences
-                               want logits */
-    segment *segs;          /* [B] the segments of a call this session runs */
-    int32_t batch_mark;     /* set while fmoe_session_forward_batch checks its items */
-    /* KV cache */
+    float *lbuf;            /* [max(max_sequences, all_logits ? B : 0)][V] lm head rows */
     float *k_cache;         /* [layers][max_context][Hkv·D] */
     float *v_cache;         /* [layers][max_context][Hkv·D] */
+    /* host memory: what the host reads of a pass, and the index lists it builds */
+    int32_t *topk_h;        /* [B][K] mirrors of topk, topw, probs, specrows and xn */
+    float *topw_h;          /* [B][K] (on a host_memory backend these point at the */
+    float *probs_h;         /* [B][J]  buffers themselves) */
+    float *specrows_h;      /* [B][S][J] */
+    float *xn_h;            /* [B][h] */
+    uint16_t *chosen;       /* [B][K] chosen experts, as the routing hook passes them */
+    int32_t *distinct;      /* [J] the layer's experts in order of first appearance */
+    int32_t *corder;        /* [J] the order they run in: indices into distinct (the
+                               routing hook may permute it; fmoe_route_event) */
+    int32_t *count;         /* [J] tokens routed to each expert in this chunk */
+    int32_t *slots;         /* [J][B·K] (token·K + k) routed to each expert */
+    int32_t *rows_h;        /* [B] one expert's token rows */
+    float *scale_h;         /* [B] their combine weights */
+    float *inv_freq;        /* [D/2] */
+    float *cos_h;           /* [B][D/2] tables computed here, uploaded to cos/sin */
+    float *sin_h;           /* [B][D/2] */
+    /* a device backend's host lane: experts given in host memory run on the CPU */
+    void *hctx;             /* the CPU backend's context, or NULL */
+    float *hx, *hg, *hu, *hy; /* [B][h], [B][imax], [B][imax], [B][h] */
+    int64_t rope_seq_len;   /* the sequence length inv_freq was computed for */
+    int64_t call_seq_len;   /* position + n of the current forward call */
+    float rope_scale;
+    segment *segs;          /* [B] the segments of a call this session runs */
+    int32_t batch_mark;     /* set while fmoe_session_forward_batch checks its items */
 };
 
 fmoe_session_options fmoe_session_defaults(void) {
     fmoe_session_options o;
     memset(&o, 0, sizeof o);
+    o.backend = FMOE_BACKEND_CPU;
     o.max_context = 0;
     o.max_batch = 64;
     return o;
@@ -119,27 +145,50 @@ static double now_seconds(void) {
 /* Init                                                                               */
 /* ---------------------------------------------------------------------------------- */
 
+/* The session's buffers: backend ones (released through the backend) and host ones. */
+#define BACKEND_BUFFERS(s)                                                                 \
+    {(void **)&(s)->x, (void **)&(s)->xn, (void **)&(s)->q, (void **)&(s)->k,              \
+     (void **)&(s)->v, (void **)&(s)->att, (void **)&(s)->acc, (void **)&(s)->rlogits,     \
+     (void **)&(s)->probs, (void **)&(s)->topk, (void **)&(s)->topw, (void **)&(s)->spec,  \
+     (void **)&(s)->specrows, (void **)&(s)->xg, (void **)&(s)->g, (void **)&(s)->u,       \
+     (void **)&(s)->yg, (void **)&(s)->sg, (void **)&(s)->cos, (void **)&(s)->sin,         \
+     (void **)&(s)->lbuf, (void **)&(s)->k_cache, (void **)&(s)->v_cache}
+
 void fmoe_session_free(fmoe_session *s) {
     if (!s) return;
     if (s->be && s->bctx) {
-        float **bufs[] = {&s->x,    &s->xn,   &s->q,       &s->k,       &s->v,   &s->att,
-                          &s->acc,  &s->rlogits, &s->probs, &s->topw,  &s->spec, &s->xg,
-                          &s->g,    &s->u,    &s->yg,      &s->sg,      &s->inv_freq,
-                          &s->cos,  &s->sin,  &s->k_cache, &s->v_cache};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-            s->be->release(s->bctx, *bufs[i]);
-        s->be->release(s->bctx, s->specrows);
-        s->be->release(s->bctx, s->chosen);
-        s->be->release(s->bctx, s->distinct);
-        s->be->release(s->bctx, s->corder);
-        s->be->release(s->bctx, s->topk);
-        s->be->release(s->bctx, s->count);
-        s->be->release(s->bctx, s->slots);
-        s->be->release(s->bctx, s->lbuf);
+        void **bufs[] = BACKEND_BUFFERS(s);
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) s->be->release(s->bctx, *bufs[i]);
         s->be->free(s->bctx);
     }
-    free(s->segs);
+    if (!s->be || !s->be->host_memory) {
+        free(s->topk_h);
+        free(s->topw_h);
+        free(s->probs_h);
+        free(s->specrows_h);
+        free(s->xn_h);
+    }
+    if (s->hctx) {
+        float *host_lane[] = {s->hx, s->hg, s->hu, s->hy};
+        for (size_t i = 0; i < 4; i++) fmoe__cpu_backend.release(s->hctx, host_lane[i]);
+        fmoe__cpu_backend.free(s->hctx);
+    }
+    void *host[] = {s->chosen, s->distinct, s->corder, s->count, s->slots, s->rows_h,
+                    s->scale_h, s->inv_freq, s->cos_h, s->sin_h, s->segs};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     free(s);
+}
+
+/* The backend a session asked for. @return 0, FMOE_EINVAL, FMOE_EUNSUPPORTED (CUDA
+ * missing here: the detail says why). */
+static int backend_for(fmoe_backend_kind kind, const fmoe__backend_ops **out) {
+    switch (kind) {
+    case FMOE_BACKEND_CPU: *out = &fmoe__cpu_backend; return 0;
+    case FMOE_BACKEND_CUDA:
+        *out = fmoe__cuda_backend();
+        return *out ? 0 : FMOE_EUNSUPPORTED;
+    }
+    return fmoe_error_set(FMOE_EINVAL, "unknown backend %d", (int)kind);
 }
 
 int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
@@ -162,16 +211,19 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
     if (o.max_batch > o.max_context) o.max_batch = o.max_context;
     if (o.max_sequences <= 0) o.max_sequences = 1;
     if (o.max_sequences > o.max_batch) o.max_sequences = o.max_batch;
+    const fmoe__backend_ops *be = NULL;
+    FMOE_FORWARD_IF_ERROR(backend_for(o.backend, &be));
 
     fmoe_session *s = calloc(1, sizeof *s);
     if (!s) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
     s->m = m;
     s->opt = o;
-    s->be = &fmoe__cpu_backend;
+    s->be = be;
 
     const int64_t B = o.max_batch, h = g->hidden_size, J = g->num_experts, K = g->top_k;
     const int64_t D = g->head_dim, qd = (int64_t)g->num_attention_heads * D;
     const int64_t kd = (int64_t)g->num_key_value_heads * D;
+    const int64_t S = o.speculative_depth > 0 ? o.speculative_depth : 1;
     int64_t imax = g->moe_intermediate_size;
     if (g->shared_intermediate_size > imax) imax = g->shared_intermediate_size;
     if (g->intermediate_size > imax) imax = g->intermediate_size;
@@ -179,53 +231,81 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
     int64_t max_cols = h > qd ? h : qd;
     if (imax > max_cols) max_cols = imax;
 
-    fmoe__backend_limits lim = {o.threads, max_cols, o.max_batch, o.max_context};
+    fmoe__backend_limits lim = {.weights = (fmoe__weight_home *)&m->backend_weights,
+                                .threads = o.threads, .max_cols = max_cols,
+                                .max_batch = o.max_batch, .max_context = o.max_context,
+                                .max_experts = (int32_t)(B * K)};
     int rc = s->be->init(&lim, &s->bctx);
     if (rc < 0) {
         free(s);
         return rc;
     }
     const int64_t kv = (int64_t)g->num_hidden_layers * o.max_context * kd;
-    struct {
-        void **p;
-        int64_t bytes;
-    } plan[] = {
-        {(void **)&s->x, B * h * 4},          {(void **)&s->xn, B * h * 4},
-        {(void **)&s->q, B * qd * 4},         {(void **)&s->k, B * kd * 4},
-        {(void **)&s->v, B * kd * 4},         {(void **)&s->att, B * qd * 4},
-        {(void **)&s->acc, B * h * 4},        {(void **)&s->rlogits, B * J * 4},
-        {(void **)&s->probs, B * J * 4},      {(void **)&s->topk, B * K * 4},
-        {(void **)&s->topw, B * K * 4},       {(void **)&s->spec, B * J * 4},
-        {(void **)&s->count, J * 4},          {(void **)&s->slots, J * B * K * 4},
-        {(void **)&s->specrows, B * (o.speculative_depth > 0 ? o.speculative_depth : 1) * J * 4},
-        {(void **)&s->chosen, B * K * 2},     {(void **)&s->distinct, J * 4},
-        {(void **)&s->corder, J * 4},
-        {(void **)&s->xg, B * h * 4},         {(void **)&s->g, B * imax * 4},
-        {(void **)&s->u, B * imax * 4},       {(void **)&s->yg, B * h * 4},
-        {(void **)&s->sg, B * 4},             {(void **)&s->inv_freq, D / 2 * 4},
-        {(void **)&s->cos, B * (D / 2) * 4},  {(void **)&s->sin, B * (D / 2) * 4},
-        {(void **)&s->k_cache, kv * 4},       {(void **)&s->v_cache, kv * 4},
-        {(void **)&s->lbuf, (int64_t)o.max_sequences * g->vocab_size * 4},
-    };
-    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
-        *plan[i].p = s->be->alloc(s->bctx, plan[i].bytes);
-        if (!*plan[i].p) {
-            fmoe_session_free(s);
-            return fmoe_error_set(FMOE_ENOMEM,
-                                  "out of memory for the run state (KV cache of %d positions: "
-                                  "%.1f MiB)",
-                                  o.max_context, (double)kv * 8 / (1 << 20));
+    const int64_t lm_rows = o.all_logits && B > o.max_sequences ? B : o.max_sequences;
+    const int64_t sizes[] = {B * h * 4,  B * h * 4,      B * qd * 4,      B * kd * 4,
+                             B * kd * 4, B * qd * 4,     B * h * 4,       B * J * 4,
+                             B * J * 4,  B * K * 4,      B * K * 4,       B * J * 4,
+                             B * S * J * 4, B * h * 4,   B * imax * 4,    B * imax * 4,
+                             B * h * 4,  B * 4,          B * (D / 2) * 4, B * (D / 2) * 4,
+                             lm_rows * g->vocab_size * 4, kv * 4,         kv * 4};
+    void **bufs[] = BACKEND_BUFFERS(s);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        *bufs[i] = s->be->alloc(s->bctx, sizes[i]);
+        if (!*bufs[i]) {
+            rc = !s->be->host_memory
+                     ? FMOE_ENOMEM /* the device backend's detail says asked and free */
+                     : fmoe_error_set(FMOE_ENOMEM,
+                                      "out of memory for the run state (KV cache of %d "
+                                      "positions: %.1f MiB)",
+                                      o.max_context, (double)kv * 8 / (1 << 20));
+            goto fail;
         }
     }
-    s->segs = calloc((size_t)B, sizeof *s->segs);
-    if (!s->segs) {
-        fmoe_session_free(s);
-        return fmoe_error_set(FMOE_ENOMEM, "out of memory for the run state");
+    if (s->be->host_memory) {
+        s->topk_h = s->topk, s->topw_h = s->topw, s->probs_h = s->probs;
+        s->specrows_h = s->specrows, s->xn_h = s->xn;
+    } else {
+        s->topk_h = malloc((size_t)(B * K) * sizeof(int32_t));
+        s->topw_h = malloc((size_t)(B * K) * sizeof(float));
+        s->probs_h = malloc((size_t)(B * J) * sizeof(float));
+        s->specrows_h = malloc((size_t)(B * S * J) * sizeof(float));
+        s->xn_h = malloc((size_t)(B * h) * sizeof(float));
+        if (!s->topk_h || !s->topw_h || !s->probs_h || !s->specrows_h || !s->xn_h) goto oom;
+        if (o.on_expert) { /* the host lane for experts an executor gives in host memory */
+            fmoe__backend_limits hl = lim;
+            hl.max_cols = max_cols;
+            rc = fmoe__cpu_backend.init(&hl, &s->hctx);
+            if (rc < 0) goto fail;
+            s->hx = fmoe__cpu_backend.alloc(s->hctx, B * h * 4);
+            s->hg = fmoe__cpu_backend.alloc(s->hctx, B * imax * 4);
+            s->hu = fmoe__cpu_backend.alloc(s->hctx, B * imax * 4);
+            s->hy = fmoe__cpu_backend.alloc(s->hctx, B * h * 4);
+            if (!s->hx || !s->hg || !s->hu || !s->hy) goto oom;
+        }
     }
+    s->chosen = malloc((size_t)(B * K) * sizeof *s->chosen);
+    s->distinct = malloc((size_t)J * sizeof *s->distinct);
+    s->corder = malloc((size_t)J * sizeof *s->corder);
+    s->count = malloc((size_t)J * sizeof *s->count);
+    s->slots = malloc((size_t)(J * B * K) * sizeof *s->slots);
+    s->rows_h = malloc((size_t)B * sizeof *s->rows_h);
+    s->scale_h = malloc((size_t)B * sizeof *s->scale_h);
+    s->inv_freq = malloc((size_t)(D / 2 > 0 ? D / 2 : 1) * sizeof *s->inv_freq);
+    s->cos_h = malloc((size_t)(B * (D / 2) + 1) * sizeof *s->cos_h);
+    s->sin_h = malloc((size_t)(B * (D / 2) + 1) * sizeof *s->sin_h);
+    s->segs = calloc((size_t)B, sizeof *s->segs);
+    if (!s->chosen || !s->distinct || !s->corder || !s->count || !s->slots || !s->rows_h ||
+        !s->scale_h || !s->inv_freq || !s->cos_h || !s->sin_h || !s->segs)
+        goto oom;
     fmoe__rope_inv_freq(&m->arch.rope, g->head_dim, 0, s->inv_freq, &s->rope_scale);
     s->rope_seq_len = 0;
     *out = s;
     return 0;
+oom:
+    rc = fmoe_error_set(FMOE_ENOMEM, "out of memory for the run state");
+fail:
+    fmoe_session_free(s);
+    return rc;
 }
 
 void fmoe_session_reset(fmoe_session *s) {
@@ -238,23 +318,26 @@ int32_t fmoe_session_position(const fmoe_session *s) { return s ? s->pos : 0; }
 /* Blocks                                                                             */
 /* ---------------------------------------------------------------------------------- */
 
-/* y[n][h] = mlp(x[n][h]) through the session's g/u scratch. */
-static void run_mlp(fmoe_session *s, const fmoe__mlp *w, const float *x, int32_t n, float *y) {
+/* A buffer's contents readable on the host: the buffer itself on a host-memory backend,
+ * else downloaded into `host` (which waits for the ops before it). @return 0 or the
+ * backend's error. */
+static int to_host(fmoe_session *s, void *host, const void *buf, int64_t bytes) {
+    if (s->be->host_memory || bytes == 0) return 0;
+    return s->be->download(s->bctx, host, buf, bytes);
+}
+
+/* y[n][h] = mlp(x[n][h]) through the session's g/u scratch, on backend `be`. */
+static void run_mlp_on(const fmoe__backend_ops *be, void *ctx, const fmoe__mlp *w,
+                       const float *x, int32_t n, float *g, float *u, float *y) {
     const int64_t I = w->gate.rows;
-    s->be->matmul(s->bctx, &w->gate, x, n, s->g);
-    s->be->matmul(s->bctx, &w->up, x, n, s->u);
-    for (int64_t i = 0; i < (int64_t)n * I; i++) s->g[i] = fmoe_swiglu(s->g[i], s->u[i]);
-    s->be->matmul(s->bctx, &w->down, s->g, n, y);
+    be->matmul(ctx, &w->gate, x, n, g);
+    be->matmul(ctx, &w->up, x, n, u);
+    be->swiglu(ctx, g, u, (int64_t)n * I);
+    be->matmul(ctx, &w->down, g, n, y);
 }
 
-static void add_bias(float *y, const float *b, int32_t n, int64_t d) {
-    if (!b) return;
-    for (int32_t t = 0; t < n; t++)
-        for (int64_t i = 0; i < d; i++) y[t * d + i] += b[i];
-}
-
-static void clamp_all(float *y, int64_t count, float c) {
-    for (int64_t i = 0; i < count; i++) y[i] = y[i] < -c ? -c : y[i] > c ? c : y[i];
+static void run_mlp(fmoe_session *s, const fmoe__mlp *w, const float *x, int32_t n, float *y) {
+    run_mlp_on(s->be, s->bctx, w, x, n, s->g, s->u, y);
 }
 
 /* Attention block of decoder layer li over the n rows of all segments; adds its output to
@@ -263,88 +346,81 @@ static void clamp_all(float *y, int64_t count, float c) {
  * there at its own positions. */
 static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int32_t count,
                             int32_t n) {
+    const fmoe__backend_ops *be = s->be;
+    void *c = s->bctx;
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const fmoe__layer *L = &m->layers[li];
     const int32_t h = g->hidden_size, D = g->head_dim, Hq = g->num_attention_heads;
-    const int32_t Hk = g->num_key_value_heads, half = D / 2;
+    const int32_t Hk = g->num_key_value_heads;
     const int64_t qd = (int64_t)Hq * D, kd = (int64_t)Hk * D;
     const float eps = (float)g->rms_norm_eps;
 
-    for (int32_t t = 0; t < n; t++)
-        fmoe_rmsnorm_row(s->xn + (int64_t)t * h, s->x + (int64_t)t * h, L->attn_norm, h, eps);
-    s->be->matmul(s->bctx, &L->wq, s->xn, n, s->q);
-    s->be->matmul(s->bctx, &L->wk, s->xn, n, s->k);
-    s->be->matmul(s->bctx, &L->wv, s->xn, n, s->v);
-    add_bias(s->q, L->bq, n, qd);
-    add_bias(s->k, L->bk, n, kd);
-    add_bias(s->v, L->bv, n, kd);
+    be->rmsnorm(c, s->xn, s->x, L->attn_norm, n, h, eps);
+    be->matmul(c, &L->wq, s->xn, n, s->q);
+    be->matmul(c, &L->wk, s->xn, n, s->k);
+    be->matmul(c, &L->wv, s->xn, n, s->v);
+    if (L->bq) be->add_bias(c, s->q, L->bq, n, qd);
+    if (L->bk) be->add_bias(c, s->k, L->bk, n, kd);
+    if (L->bv) be->add_bias(c, s->v, L->bv, n, kd);
     if (m->arch.qk_norm == FMOE__QK_NORM_HEAD) {
-        for (int64_t r = 0; r < (int64_t)n * Hq; r++)
-            fmoe_rmsnorm_row(s->q + r * D, s->q + r * D, L->q_norm, D, eps);
-        for (int64_t r = 0; r < (int64_t)n * Hk; r++)
-            fmoe_rmsnorm_row(s->k + r * D, s->k + r * D, L->k_norm, D, eps);
+        be->rmsnorm(c, s->q, s->q, L->q_norm, (int64_t)n * Hq, D, eps);
+        be->rmsnorm(c, s->k, s->k, L->k_norm, (int64_t)n * Hk, D, eps);
     } else if (m->arch.qk_norm == FMOE__QK_NORM_FULL) {
-        for (int32_t t = 0; t < n; t++) {
-            fmoe_rmsnorm_row(s->q + t * qd, s->q + t * qd, L->q_norm, (int32_t)qd, eps);
-            fmoe_rmsnorm_row(s->k + t * kd, s->k + t * kd, L->k_norm, (int32_t)kd, eps);
-        }
+        be->rmsnorm(c, s->q, s->q, L->q_norm, n, (int32_t)qd, eps);
+        be->rmsnorm(c, s->k, s->k, L->k_norm, n, (int32_t)kd, eps);
     }
     if (m->arch.clip_qkv > 0) {
-        clamp_all(s->q, n * qd, m->arch.clip_qkv);
-        clamp_all(s->k, n * kd, m->arch.clip_qkv);
-        clamp_all(s->v, n * kd, m->arch.clip_qkv);
+        be->clamp(c, s->q, n * qd, m->arch.clip_qkv);
+        be->clamp(c, s->k, n * kd, m->arch.clip_qkv);
+        be->clamp(c, s->v, n * kd, m->arch.clip_qkv);
     }
-    for (int32_t t = 0; t < n; t++) {
-        const float *c = s->cos + (int64_t)t * half, *sn = s->sin + (int64_t)t * half;
-        for (int32_t hh = 0; hh < Hq; hh++) fmoe_rope_head(s->q + t * qd + hh * D, c, sn, D);
-        for (int32_t hh = 0; hh < Hk; hh++) fmoe_rope_head(s->k + t * kd + hh * D, c, sn, D);
-    }
+    be->rope(c, s->q, n, Hq, D, s->cos, s->sin);
+    be->rope(c, s->k, n, Hk, D, s->cos, s->sin);
     for (int32_t i = 0; i < count; i++) {
         const segment *e = &sg[i];
         const int64_t ctx = e->s->opt.max_context;
         float *kc = e->s->k_cache + (int64_t)li * ctx * kd;
         float *vc = e->s->v_cache + (int64_t)li * ctx * kd;
-        memcpy(kc + (int64_t)e->pos0 * kd, s->k + e->row * kd, (size_t)(e->n * kd) * sizeof(float));
-        memcpy(vc + (int64_t)e->pos0 * kd, s->v + e->row * kd, (size_t)(e->n * kd) * sizeof(float));
+        const int64_t bytes = (int64_t)e->n * kd * (int64_t)sizeof(float);
+        be->copy(c, kc + (int64_t)e->pos0 * kd, s->k + e->row * kd, bytes);
+        be->copy(c, vc + (int64_t)e->pos0 * kd, s->v + e->row * kd, bytes);
         fmoe__attn_args a = {
             .q = s->q + e->row * qd, .k_cache = kc, .v_cache = vc, .out = s->att + e->row * qd,
             .n = e->n, .pos0 = e->pos0, .n_heads = Hq, .n_kv_heads = Hk, .head_dim = D,
             .window = m->arch.sliding_window[li], .scale = 1.0f / sqrtf((float)D),
         };
-        s->be->attention(s->bctx, &a);
+        be->attention(c, &a);
     }
-    s->be->matmul(s->bctx, &L->wo, s->att, n, s->acc);
-    add_bias(s->acc, L->bo, n, h);
-    for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
+    be->matmul(c, &L->wo, s->att, n, s->acc);
+    if (L->bo) be->add_bias(c, s->acc, L->bo, n, h);
+    be->add(c, s->x, s->acc, (int64_t)n * h);
 }
 
 /* The speculative gate rows of the pass (fmoe_route_event.speculative): for s = 1..S the
  * router of MoE layer l+s applied to layer l's gate input, as probabilities, into
- * s->specrows [n][S][J] (0 past the last layer). */
-static void speculative_rows(fmoe_session *s, int32_t l, int32_t n) {
+ * s->specrows [n][S][J] (0 past the last layer), then to the host. @return 0 or the
+ * backend's error. */
+static int speculative_rows(fmoe_session *s, int32_t l, int32_t n) {
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const int32_t J = g->num_experts, Lm = g->num_moe_layers, S = s->opt.speculative_depth;
     for (int32_t sd = 1; sd <= S; sd++) {
-        const int have = l + sd < Lm;
-        if (have)
-            s->be->matmul(s->bctx, &m->layers[g->moe_layer_index[l + sd]].router, s->xn, n,
-                          s->spec);
-        for (int32_t t = 0; t < n; t++) {
-            float *dst = s->specrows + ((int64_t)t * S + (sd - 1)) * J;
-            if (!have) {
-                memset(dst, 0, (size_t)J * sizeof(float));
-            } else if (g->scoring == FMOE_ROUTER_SIGMOID) {
-                for (int32_t j = 0; j < J; j++) dst[j] = fmoe_sigmoid(s->spec[(int64_t)t * J + j]);
-            } else {
-                fmoe_softmax_row(dst, s->spec + (int64_t)t * J, J);
-            }
+        float *dst = s->specrows + (int64_t)(sd - 1) * J;
+        if (l + sd >= Lm) {
+            for (int32_t t = 0; t < n; t++)
+                s->be->zero(s->bctx, dst + (int64_t)t * S * J, (int64_t)J * sizeof(float));
+            continue;
         }
+        s->be->matmul(s->bctx, &m->layers[g->moe_layer_index[l + sd]].router, s->xn, n, s->spec);
+        s->be->probs(s->bctx, dst, (int64_t)S * J, s->spec, n, J,
+                     g->scoring == FMOE_ROUTER_SIGMOID);
     }
+    return to_host(s, s->specrows_h, s->specrows, (int64_t)n * S * J * (int64_t)sizeof(float));
 }
 
-/* Copies a segment's routing (its rows of the runner's buffers) into its trace arrays. */
+/* Copies a segment's routing (its rows of the runner's host mirrors) into its trace
+ * arrays. */
 static void trace_routing(const fmoe_session *s, int32_t l, const segment *e, int have_spec) {
     const fmoe_model_geometry *g = &s->m->geo;
     const int32_t h = g->hidden_size, J = g->num_experts, K = g->top_k;
@@ -353,49 +429,104 @@ static void trace_routing(const fmoe_session *s, int32_t l, const segment *e, in
     for (int32_t i = 0; i < e->n; i++) {
         const int64_t row = (int64_t)(e->t0 + i) * Lm + l, t = e->row + i;
         if (tr->experts) memcpy(tr->experts + row * K, s->chosen + t * K, (size_t)K * 2);
-        if (tr->weights) memcpy(tr->weights + row * K, s->topw + t * K, (size_t)K * sizeof(float));
-        if (tr->probs) memcpy(tr->probs + row * J, s->probs + t * J, (size_t)J * sizeof(float));
-        if (tr->hidden) memcpy(tr->hidden + row * h, s->xn + t * h, (size_t)h * sizeof(float));
+        if (tr->weights)
+            memcpy(tr->weights + row * K, s->topw_h + t * K, (size_t)K * sizeof(float));
+        if (tr->probs) memcpy(tr->probs + row * J, s->probs_h + t * J, (size_t)J * sizeof(float));
+        if (tr->hidden) memcpy(tr->hidden + row * h, s->xn_h + t * h, (size_t)h * sizeof(float));
         if (tr->speculative && have_spec)
-            memcpy(tr->speculative + row * S * J, s->specrows + t * S * J,
+            memcpy(tr->speculative + row * S * J, s->specrows_h + t * S * J,
                    (size_t)S * J * sizeof(float));
     }
 }
 
+/* Where expert j of the layer runs from. */
+typedef enum expert_home {
+    EXPERT_MODEL = 0,  /* the model's own weights, mapped by the backend */
+    EXPERT_SLOT = 1,   /* an executor's copy in the backend's memory (a GPU slot) */
+    EXPERT_HOST = 2,   /* an executor's copy in host memory: on a device backend it runs
+                          on the host lane (the CPU backend) */
+} expert_home;
+
 /* The weights expert j of the layer runs with: the executor's (on_expert returned 0) or
  * the model's own. @return 0 or the hook's error. */
-static int expert_weights(fmoe_session *s, const fmoe__layer *L, int32_t j, fmoe__mlp *out) {
+static int expert_weights(fmoe_session *s, const fmoe__layer *L, int32_t j, fmoe__mlp *out,
+                          expert_home *home) {
     *out = L->experts[j];
+    *home = EXPERT_MODEL;
     if (!s->opt.on_expert) return 0;
     fmoe_expert_view v;
+    memset(&v, 0, sizeof v);
     const int rc = s->opt.on_expert(s->opt.route_ctx, L->moe_index, j, &v);
     if (rc != 0) return rc < 0 ? rc : 0;
     const fmoe_matrix_view *src[3] = {&v.gate, &v.up, &v.down};
     fmoe__mat *dst[3] = {&out->gate, &out->up, &out->down};
     for (int i = 0; i < 3; i++)
         *dst[i] = (fmoe__mat){.data = src[i]->data, .dtype = src[i]->dtype,
-                              .rows = src[i]->rows, .cols = src[i]->cols};
+                              .rows = src[i]->rows, .cols = src[i]->cols,
+                              .on_backend = src[i]->on_device};
+    *home = v.gate.on_device ? EXPERT_SLOT : EXPERT_HOST;
+    return 0;
+}
+
+/* One routed expert over its c tokens (rows_h: their rows, scale_h: their weights),
+ * adding its weighted output to s->acc. @return 0 or the backend's error. */
+static int run_expert(fmoe_session *s, const fmoe__mlp *w, expert_home home, int32_t c) {
+    const int32_t h = s->m->geo.hidden_size;
+    const fmoe__backend_ops *be = s->be;
+    if (home == EXPERT_HOST && !be->host_memory) {
+        /* The host lane: the gathered rows down, the expert on the CPU, its rows back. */
+        be->gather_rows(s->bctx, s->xg, s->xn, s->rows_h, c, h);
+        FMOE_FORWARD_IF_ERROR(be->download(s->bctx, s->hx, s->xg, (int64_t)c * h * 4));
+        run_mlp_on(&fmoe__cpu_backend, s->hctx, w, s->hx, c, s->hg, s->hu, s->hy);
+        be->upload(s->bctx, s->yg, s->hy, (int64_t)c * h * 4);
+    } else {
+        be->gather_rows(s->bctx, s->xg, s->xn, s->rows_h, c, h);
+        run_mlp(s, w, s->xg, c, s->yg);
+    }
+    be->scatter_add(s->bctx, s->acc, s->yg, s->rows_h, s->scale_h, c, h);
+    /* A slot may be overwritten once on_expert_done says so: the device must be done
+     * reading it first (the compute is queued, not finished, when the calls return). */
+    if (home == EXPERT_SLOT && !be->host_memory) FMOE_FORWARD_IF_ERROR(be->sync(s->bctx));
     return 0;
 }
 
 /* MoE block: routes the n rows of s->xn (all segments' tokens), runs their experts, adds
  * to s->x. Experts run in order of first appearance over the rows (row by row, k by k:
  * DESIGN.md §7.1), the order the routing hook announces and a live executor resolves its
- * accesses in, unless the hook reorders them (compute_order: ProMoE's reordered compute); each chosen expert runs once, over the rows of every segment that chose
- * it. @return 0 or a hook's error. */
+ * accesses in, unless the hook reorders them (compute_order: ProMoE's reordered compute);
+ * each chosen expert runs once, over the rows of every segment that chose it.
+ * @return 0 or a hook's or the backend's error. */
 static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, int32_t count,
                      int32_t n) {
+    const fmoe__backend_ops *be = s->be;
+    void *c = s->bctx;
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const int32_t h = g->hidden_size, J = g->num_experts, K = g->top_k;
     const int32_t l = L->moe_index, S = s->opt.speculative_depth;
 
-    s->be->matmul(s->bctx, &L->router, s->xn, n, s->rlogits);
-    for (int32_t t = 0; t < n; t++)
-        fmoe_route_row(s->rlogits + (int64_t)t * J, J, K, g->scoring == FMOE_ROUTER_SIGMOID,
-                       g->norm_topk_prob, m->arch.route_norm_eps,
-                       (float)g->routed_scaling_factor, s->probs + (int64_t)t * J,
-                       s->topk + (int64_t)t * K, s->topw + (int64_t)t * K);
+    be->matmul(c, &L->router, s->xn, n, s->rlogits);
+    const fmoe__route_args ra = {
+        .n = n, .num_experts = J, .top_k = K, .sigmoid = g->scoring == FMOE_ROUTER_SIGMOID,
+        .norm = g->norm_topk_prob, .norm_eps = m->arch.route_norm_eps,
+        .scale = (float)g->routed_scaling_factor};
+    be->route(c, &ra, s->rlogits, s->probs, s->topk, s->topw);
+
+    int want_spec = s->opt.on_route != NULL, want_probs = s->opt.on_route != NULL;
+    int want_hidden = s->opt.on_route != NULL;
+    for (int32_t i = 0; i < count; i++)
+        if (sg[i].tr) {
+            want_spec |= sg[i].tr->speculative != NULL;
+            want_probs |= sg[i].tr->probs != NULL;
+            want_hidden |= sg[i].tr->hidden != NULL;
+        }
+    const int have_spec = S > 0 && want_spec;
+    if (have_spec) FMOE_FORWARD_IF_ERROR(speculative_rows(s, l, n));
+    /* The layer's routing to the host, once: what grouping, hooks and traces read. */
+    if (want_probs) FMOE_FORWARD_IF_ERROR(to_host(s, s->probs_h, s->probs, (int64_t)n * J * 4));
+    if (want_hidden) FMOE_FORWARD_IF_ERROR(to_host(s, s->xn_h, s->xn, (int64_t)n * h * 4));
+    FMOE_FORWARD_IF_ERROR(to_host(s, s->topw_h, s->topw, (int64_t)n * K * 4));
+    FMOE_FORWARD_IF_ERROR(to_host(s, s->topk_h, s->topk, (int64_t)n * K * 4));
 
     /* Group (token, k) slots by expert, noting the order experts first appear in. */
     int32_t num_distinct = 0;
@@ -403,69 +534,58 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
     const int64_t cap = (int64_t)s->opt.max_batch * K;
     for (int32_t t = 0; t < n; t++)
         for (int32_t k = 0; k < K; k++) {
-            const int32_t e = s->topk[t * K + k];
+            const int32_t e = s->topk_h[t * K + k];
             s->chosen[t * K + k] = (uint16_t)e;
             if (s->count[e] == 0) s->distinct[num_distinct++] = e;
             s->slots[(int64_t)e * cap + s->count[e]++] = t * K + k;
         }
 
-    int want_spec = s->opt.on_route != NULL;
-    for (int32_t i = 0; i < count; i++) want_spec |= sg[i].tr && sg[i].tr->speculative;
-    const int have_spec = S > 0 && want_spec;
-    if (have_spec) speculative_rows(s, l, n);
     for (int32_t i = 0; i < count; i++)
         if (sg[i].tr) trace_routing(s, l, &sg[i], have_spec);
     for (int32_t q = 0; q < num_distinct; q++) s->corder[q] = q;
     if (s->opt.on_route) {
         const fmoe_route_event ev = {
             .layer = l, .num_tokens = n, .chosen = s->chosen, .chosen_stride = K,
-            .probs = s->probs, .probs_stride = J, .distinct = s->distinct,
+            .probs = s->probs_h, .probs_stride = J, .distinct = s->distinct,
             .tokens = s->count, .num_distinct = num_distinct,
-            .speculative = have_spec ? s->specrows : NULL,
+            .speculative = have_spec ? s->specrows_h : NULL,
             .speculative_stride = (int64_t)S * J, .speculative_depth = have_spec ? S : 0,
-            .hidden = s->xn, .hidden_stride = h, .compute_order = s->corder};
+            .hidden = s->xn_h, .hidden_stride = h, .compute_order = s->corder};
         FMOE_FORWARD_IF_ERROR(s->opt.on_route(s->opt.route_ctx, &ev));
     }
 
-    memset(s->acc, 0, (size_t)n * h * sizeof(float));
+    be->zero(c, s->acc, (int64_t)n * h * (int64_t)sizeof(float));
     for (int32_t q = 0; q < num_distinct; q++) {
-        const int32_t e = s->distinct[s->corder[q]], c = s->count[e];
+        const int32_t e = s->distinct[s->corder[q]], ce = s->count[e];
         const int32_t *sl = s->slots + (int64_t)e * cap;
         fmoe__mlp w;
-        FMOE_FORWARD_IF_ERROR(expert_weights(s, L, e, &w));
-        for (int32_t r = 0; r < c; r++)
-            memcpy(s->xg + (int64_t)r * h, s->xn + (int64_t)(sl[r] / K) * h,
-                   (size_t)h * sizeof(float));
-        run_mlp(s, &w, s->xg, c, s->yg);
-        if (s->opt.on_expert_done) s->opt.on_expert_done(s->opt.route_ctx, l, e);
-        for (int32_t r = 0; r < c; r++) {
-            const float wt = s->topw[sl[r]];
-            float *dst = s->acc + (int64_t)(sl[r] / K) * h;
-            const float *src = s->yg + (int64_t)r * h;
-            for (int32_t i = 0; i < h; i++) dst[i] += wt * src[i];
+        expert_home home;
+        FMOE_FORWARD_IF_ERROR(expert_weights(s, L, e, &w, &home));
+        for (int32_t r = 0; r < ce; r++) {
+            s->rows_h[r] = sl[r] / K;
+            s->scale_h[r] = s->topw_h[sl[r]];
         }
+        FMOE_FORWARD_IF_ERROR(run_expert(s, &w, home, ce));
+        if (s->opt.on_expert_done) s->opt.on_expert_done(s->opt.route_ctx, l, e);
     }
     if (L->has_shared) {
         run_mlp(s, &L->shared, s->xn, n, s->yg);
         if (m->arch.shared_gate) {
-            s->be->matmul(s->bctx, &L->shared_gate, s->xn, n, s->sg);
-            for (int32_t t = 0; t < n; t++) {
-                const float gt = fmoe_sigmoid(s->sg[t]);
-                for (int32_t i = 0; i < h; i++)
-                    s->acc[(int64_t)t * h + i] += gt * s->yg[(int64_t)t * h + i];
-            }
+            be->matmul(c, &L->shared_gate, s->xn, n, s->sg);
+            be->add_gated(c, s->acc, s->yg, s->sg, n, h);
         } else {
-            for (int64_t i = 0; i < (int64_t)n * h; i++) s->acc[i] += s->yg[i];
+            be->add(c, s->acc, s->yg, (int64_t)n * h);
         }
     }
-    for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
+    be->add(c, s->x, s->acc, (int64_t)n * h);
     return 0;
 }
 
 /* Embeddings (traced as the semantic rows) and RoPE tables of every segment's rows.
  * Dynamic NTK depends on the length of a sequence's whole call, as transformers computes
- * it from the call's largest position: each segment's session keeps its own inv_freq. */
-static void embed_and_rope(fmoe_session *s, const segment *sg, int32_t count) {
+ * it from the call's largest position: each segment's session keeps its own inv_freq.
+ * @return 0 or the backend's error. */
+static int embed_and_rope(fmoe_session *s, const segment *sg, int32_t count, int32_t n) {
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const int32_t h = g->hidden_size, half = g->head_dim / 2;
@@ -473,10 +593,10 @@ static void embed_and_rope(fmoe_session *s, const segment *sg, int32_t count) {
         const segment *e = &sg[i];
         fmoe_session *q = e->s;
         float *x = s->x + (int64_t)e->row * h;
-        for (int32_t t = 0; t < e->n; t++)
-            s->be->get_row(s->bctx, &m->embed, e->tokens[t], x + (int64_t)t * h);
+        s->be->get_rows(s->bctx, &m->embed, e->tokens, e->n, x);
         if (e->tr && e->tr->semantic)
-            memcpy(e->tr->semantic + (int64_t)e->t0 * h, x, (size_t)e->n * h * sizeof(float));
+            FMOE_FORWARD_IF_ERROR(s->be->download(s->bctx, e->tr->semantic + (int64_t)e->t0 * h,
+                                                  x, (int64_t)e->n * h * 4));
         if (m->arch.rope.type == FMOE__ROPE_DYNAMIC && q->call_seq_len != q->rope_seq_len) {
             fmoe__rope_inv_freq(&m->arch.rope, g->head_dim, q->call_seq_len, q->inv_freq,
                                 &q->rope_scale);
@@ -486,15 +606,22 @@ static void embed_and_rope(fmoe_session *s, const segment *sg, int32_t count) {
             for (int32_t j = 0; j < half; j++) {
                 const float f = (float)(e->pos0 + t) * q->inv_freq[j];
                 const int64_t r = (int64_t)(e->row + t) * half + j;
-                s->cos[r] = cosf(f) * q->rope_scale;
-                s->sin[r] = sinf(f) * q->rope_scale;
+                s->cos_h[r] = cosf(f) * q->rope_scale;
+                s->sin_h[r] = sinf(f) * q->rope_scale;
             }
     }
+    const int64_t bytes = (int64_t)n * half * (int64_t)sizeof(float);
+    s->be->upload(s->bctx, s->cos, s->cos_h, bytes);
+    s->be->upload(s->bctx, s->sin, s->sin_h, bytes);
+    return 0;
 }
 
 /* The lm head: with all_logits every row of a segment into its logits; else the last row
- * of each segment that wants logits, all such rows in one product. */
-static void lm_head(fmoe_session *s, const segment *sg, int32_t count) {
+ * of each segment that wants logits, all such rows in one product. @return 0 or the
+ * backend's error. */
+static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
+    const fmoe__backend_ops *be = s->be;
+    void *c = s->bctx;
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const int32_t h = g->hidden_size;
@@ -504,30 +631,37 @@ static void lm_head(fmoe_session *s, const segment *sg, int32_t count) {
         for (int32_t i = 0; i < count; i++) {
             const segment *e = &sg[i];
             if (!e->logits) continue;
-            for (int32_t t = 0; t < e->n; t++)
-                fmoe_rmsnorm_row(s->xn + (int64_t)t * h, s->x + (int64_t)(e->row + t) * h,
-                                 m->final_norm, h, eps);
-            s->be->matmul(s->bctx, &m->lm_head, s->xn, e->n, e->logits + (int64_t)e->t0 * V);
+            be->rmsnorm(c, s->xn, s->x + (int64_t)e->row * h, m->final_norm, e->n, h, eps);
+            float *dst = e->logits + (int64_t)e->t0 * V;
+            if (be->host_memory) {
+                be->matmul(c, &m->lm_head, s->xn, e->n, dst);
+            } else {
+                be->matmul(c, &m->lm_head, s->xn, e->n, s->lbuf);
+                FMOE_FORWARD_IF_ERROR(be->download(c, dst, s->lbuf, (int64_t)e->n * V * 4));
+            }
         }
-        return;
+        return 0;
     }
     int32_t rows = 0;
-    float *only = NULL; /* one row: straight into its logits */
+    float *only = NULL; /* one row: straight into its logits on a host-memory backend */
     for (int32_t i = 0; i < count; i++) {
         const segment *e = &sg[i];
         if (!e->logits) continue;
-        fmoe_rmsnorm_row(s->xn + (int64_t)rows * h, s->x + (int64_t)(e->row + e->n - 1) * h,
-                         m->final_norm, h, eps);
+        be->rmsnorm(c, s->xn + (int64_t)rows * h, s->x + (int64_t)(e->row + e->n - 1) * h,
+                    m->final_norm, 1, h, eps);
         only = e->logits;
         rows++;
     }
-    if (rows == 0) return;
-    s->be->matmul(s->bctx, &m->lm_head, s->xn, rows, rows == 1 ? only : s->lbuf);
-    if (rows == 1) return;
+    if (rows == 0) return 0;
+    const int direct = rows == 1 && be->host_memory;
+    be->matmul(c, &m->lm_head, s->xn, rows, direct ? only : s->lbuf);
+    if (direct) return 0;
     rows = 0;
     for (int32_t i = 0; i < count; i++)
         if (sg[i].logits)
-            memcpy(sg[i].logits, s->lbuf + (int64_t)rows++ * V, (size_t)V * sizeof(float));
+            FMOE_FORWARD_IF_ERROR(
+                be->download(c, sg[i].logits, s->lbuf + (int64_t)rows++ * V, V * 4));
+    return 0;
 }
 
 /* One forward pass over segments sg[0..count) of n rows in all (n <= max_batch), in the
@@ -539,27 +673,31 @@ static int forward_pass(fmoe_session *s, const segment *sg, int32_t count, int32
     int timed = 0;
     for (int32_t i = 0; i < count; i++) timed |= sg[i].tr && sg[i].tr->layer_seconds;
 
-    embed_and_rope(s, sg, count);
+    FMOE_FORWARD_IF_ERROR(embed_and_rope(s, sg, count, n));
     for (int32_t li = 0; li < g->num_hidden_layers; li++) {
         const double start = timed ? now_seconds() : 0;
         const fmoe__layer *L = &m->layers[li];
         attention_block(s, li, sg, count, n);
-        for (int32_t t = 0; t < n; t++)
-            fmoe_rmsnorm_row(s->xn + (int64_t)t * h, s->x + (int64_t)t * h, L->ffn_norm, h,
-                             (float)g->rms_norm_eps);
+        s->be->rmsnorm(s->bctx, s->xn, s->x, L->ffn_norm, n, h, (float)g->rms_norm_eps);
         if (L->moe_index >= 0) {
             FMOE_FORWARD_IF_ERROR(moe_block(s, L, sg, count, n));
         } else {
             run_mlp(s, &L->shared, s->xn, n, s->acc);
-            for (int64_t i = 0; i < (int64_t)n * h; i++) s->x[i] += s->acc[i];
+            s->be->add(s->bctx, s->x, s->acc, (int64_t)n * h);
         }
-        /* A batch's layer is one computation: each item is charged all of it. */
+        /* A batch's layer is one computation: each item is charged all of it. On a
+         * device backend the layer's queued work is waited for, so the time is the
+         * device's (only when timing: it costs the overlap of host and device). */
+        if (timed) FMOE_FORWARD_IF_ERROR(s->be->sync(s->bctx));
         const double took = timed ? now_seconds() - start : 0;
         for (int32_t i = 0; i < count; i++)
             if (sg[i].tr && sg[i].tr->layer_seconds) sg[i].tr->layer_seconds[li] += took;
     }
+    FMOE_FORWARD_IF_ERROR(lm_head(s, sg, count));
+    /* Everything queued is done before positions move: an item's cache may next be
+     * used by another session's context (a batch's runner, or itself alone). */
+    FMOE_FORWARD_IF_ERROR(s->be->sync(s->bctx));
     for (int32_t i = 0; i < count; i++) sg[i].s->pos += sg[i].n;
-    lm_head(s, sg, count);
     return 0;
 }
 
@@ -602,6 +740,9 @@ static int check_item(const fmoe_session *r, const fmoe_batch_item *it, int32_t 
     FMOE_RETURN_ERROR_IF(!q || !it->tokens, FMOE_EINVAL, "item %d has no session or tokens", i);
     FMOE_RETURN_ERROR_IF(it->n < 1, FMOE_EINVAL, "item %d: no tokens to run (n = %d)", i, it->n);
     FMOE_RETURN_ERROR_IF(q->m != r->m, FMOE_EINVAL, "item %d: a session of another model", i);
+    FMOE_RETURN_ERROR_IF(q->be != r->be, FMOE_EINVAL,
+                         "item %d: a session on the %s backend, the runner's is %s", i,
+                         q->be->name, r->be->name);
     FMOE_RETURN_ERROR_IF(q->opt.max_context > r->opt.max_context, FMOE_EINVAL,
                          "item %d: its context of %d positions exceeds the runner's %d", i,
                          q->opt.max_context, r->opt.max_context);

@@ -301,6 +301,8 @@ static int read_config(const char *path, char **out, size_t *len) {
 
 void fmoe_model_free(fmoe_model *m) {
     if (!m) return;
+    if (m->backend_weights.cache && m->backend_weights.cache_free)
+        m->backend_weights.cache_free(m->backend_weights.cache);
     for (int32_t i = 0; i < m->num_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->layers);

@@ -58,6 +58,18 @@ typedef struct fmoe__arch {
     char rope_desc[64];
 } fmoe__arch;
 
+/*
+ * Where a backend keeps its own copy of one model's weights (the CUDA backend: device
+ * copies keyed by host address), shared by every context of that model (a server's
+ * sessions, the offload executor's), so the weights are copied once per process. It lives
+ * in the model (struct fmoe_model) and starts zeroed; a backend creates `cache` on first
+ * use under its own lock and sets `cache_free`, which fmoe_model_free calls.
+ */
+typedef struct fmoe__weight_home {
+    void *cache;
+    void (*cache_free)(void *cache);
+} fmoe__weight_home;
+
 /* ---------------------------------------------------------------------------------- */
 /* Weights: borrowed views                                                            */
 /* ---------------------------------------------------------------------------------- */
@@ -69,6 +81,7 @@ typedef struct fmoe__mat {
     int64_t rows, cols;
     const char *file;    /* the file the bytes come from, and their offset in it (a */
     int64_t file_offset; /* realigned copy keeps its source's): what a file tier reads */
+    int32_t on_backend;  /* data is the backend's memory (a GPU expert slot), not host */
 } fmoe__mat;
 
 /* A SwiGLU MLP: down(silu(gate(x)) * up(x)). */
@@ -110,6 +123,7 @@ struct fmoe_model {
     fmoe__mlp *expert_pool;   /* [L·J] storage for the layers' expert arrays */
     void **owned;             /* converted vectors and realigned matrices */
     int32_t num_owned, cap_owned;
+    fmoe__weight_home backend_weights; /* a device backend's copies (mutable cache) */
 };
 
 /* Parses the architecture details of config.json text for a geometry already parsed
@@ -130,7 +144,8 @@ void fmoe__rope_inv_freq(const fmoe__rope *r, int32_t head_dim, int64_t seq_len,
 /* Backends                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-/* One attention call: n query tokens at positions pos0.., against the cache of a layer. */
+/* One attention call: n query tokens at positions pos0.., against the cache of a layer.
+ * Every pointer is a backend buffer. */
 typedef struct fmoe__attn_args {
     const float *q;        /* [n][Hq·D] after RoPE */
     const float *k_cache;  /* [max_context][Hkv·D] of this layer */
@@ -142,33 +157,125 @@ typedef struct fmoe__attn_args {
     float scale;           /* 1/sqrt(D) */
 } fmoe__attn_args;
 
+/* One router call over n rows of logits [n][J] (fmoe_route_row's arguments). */
+typedef struct fmoe__route_args {
+    int32_t n, num_experts, top_k;
+    int32_t sigmoid;       /* sigmoid scoring (DeepSeek-V3 style), else softmax */
+    int32_t norm;          /* renormalise the top k to sum 1 */
+    float norm_eps, scale; /* route_norm_eps, routed_scaling_factor */
+} fmoe__route_args;
+
 typedef struct fmoe__backend_limits {
-    int32_t threads;     /* 0: all cores */
+    fmoe__weight_home *weights; /* the model's (never NULL from a session) */
+    int32_t threads;     /* 0: all cores (host threads of the CPU backend) */
     int64_t max_cols;    /* widest matrix (columns) the model multiplies by */
     int32_t max_batch;   /* most rows of x in one call */
     int32_t max_context; /* KV positions */
+    int32_t max_experts; /* most rows an index list (gather/scatter) holds: max_batch·top_k */
 } fmoe__backend_limits;
 
 /*
- * The compute a forward pass asks of a backend (STYLE.md rule 10). Buffers passed in
- * are the backend's own (allocated through `alloc`); weights are fmoe__mat views.
- * Every op is synchronous.
+ * The compute a forward pass asks of a backend (STYLE.md rule 10), in the shape of
+ * ggml-backend: the backend owns its buffers (alloc/release), activations, the KV cache
+ * and the run state stay in them for the whole pass, and forward.c performs every
+ * operation through this table, so model code has no #ifdef and no per-device branch.
+ *
+ * Pointers. "buffer" arguments (float *y, const float *x, ...) point into memory from
+ * `alloc` (offsets into it allowed). Weights are the model's: fmoe__mat views (in the
+ * checkpoint's dtype; `on_backend` says the data is already backend memory, e.g. a GPU
+ * expert slot) and f32 vectors such as norm weights and biases (`const float *w`, host
+ * memory owned by the model, alive as long as it is): the backend maps them to its own
+ * copy on first use, keyed by address (the CPU backend uses them in place). Arguments
+ * named *_host are host arrays read during the call only (the caller may reuse them as
+ * soon as it returns).
+ *
+ * Ordering. Operations run in the order issued, each seeing the results of those before
+ * it; a backend may queue them (CUDA: one compute stream) and return early. `download`
+ * and `sync` wait for everything issued before them. A failure inside a queued op (a
+ * device fault) is sticky: the next download or sync returns it, with a detail.
+ *
+ * host_memory: 1 when buffers are ordinary host memory (the CPU backend), so the pass may
+ * read a buffer in place instead of downloading it; the results are the same either way.
  */
 typedef struct fmoe__backend_ops {
     const char *name;
-    /* Creates the backend's context and its scratch for the limits given. */
+    int32_t host_memory;
+    /* Creates the backend's context and its scratch for the limits given.
+     * @return 0, FMOE_ENOMEM (how much was asked and is free), FMOE_EUNSUPPORTED. */
     int (*init)(const fmoe__backend_limits *limits, void **ctx);
     void (*free)(void *ctx);
+    /* A zero-filled buffer of `bytes`, or NULL with the error detail set (asked, free). */
     void *(*alloc)(void *ctx, int64_t bytes);
     void (*release)(void *ctx, void *p);
+
+    /* ---- transfers ---- */
+    void (*upload)(void *ctx, void *dst, const void *src_host, int64_t bytes);
+    /* Waits for every op issued before it. @return 0 or the sticky error. */
+    int (*download)(void *ctx, void *dst_host, const void *src, int64_t bytes);
+    void (*copy)(void *ctx, void *dst, const void *src, int64_t bytes);
+    void (*zero)(void *ctx, void *dst, int64_t bytes);
+    /* Waits for every op issued. @return 0 or the sticky error. */
+    int (*sync)(void *ctx);
+
+    /* ---- compute ---- */
+    /* y[i][w.cols] = row rows_host[i] of w (the embedding) as f32, i < n. */
+    void (*get_rows)(void *ctx, const fmoe__mat *w, const int32_t *rows_host, int32_t n,
+                     float *y);
+    /* y[r] = fmoe_rmsnorm_row(x[r], w) for r < rows, rows of `dim` values (y may be x). */
+    void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int64_t rows,
+                    int32_t dim, float eps);
     /* y[n][w.rows] = x[n][w.cols] · wᵀ (x rows contiguous with stride w.cols). */
     void (*matmul)(void *ctx, const fmoe__mat *w, const float *x, int32_t n, float *y);
+    /* y[t][i] += b[i], t < n, i < d (b: a model vector). */
+    void (*add_bias)(void *ctx, float *y, const float *b, int32_t n, int64_t d);
+    /* y[i] = clamp(y[i], -c, c), i < count. */
+    void (*clamp)(void *ctx, float *y, int64_t count, float c);
+    /* fmoe_rope_head on each of `heads` heads of x[t] (stride heads·head_dim), with the
+     * row's tables cos[t][D/2], sin[t][D/2] (buffers), t < n. */
+    void (*rope)(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
+                 const float *cos, const float *sin);
     /* Causal (optionally sliding-window) grouped-query attention. */
     void (*attention)(void *ctx, const fmoe__attn_args *a);
-    /* Row `row` of a matrix (the embedding) converted to f32 into y[w.cols]. */
-    void (*get_row)(void *ctx, const fmoe__mat *w, int64_t row, float *y);
+    /* fmoe_route_row over each of a->n rows of logits[n][J]: probs[n][J], topk[n][K],
+     * topw[n][K]. */
+    void (*route)(void *ctx, const fmoe__route_args *a, const float *logits, float *probs,
+                  int32_t *topk, float *topw);
+    /* Gate probabilities of n rows: y[t·y_stride + j] = softmax(x[t])[j] (or sigmoid),
+     * j < J (the speculative rows of record and the predictors). */
+    void (*probs)(void *ctx, float *y, int64_t y_stride, const float *x, int32_t n,
+                  int32_t num_experts, int32_t sigmoid);
+    /* g[i] = fmoe_swiglu(g[i], u[i]), i < count. */
+    void (*swiglu)(void *ctx, float *g, const float *u, int64_t count);
+    /* dst[i][dim] = src[rows_host[i]][dim], i < n (the tokens routed to one expert). */
+    void (*gather_rows)(void *ctx, float *dst, const float *src, const int32_t *rows_host,
+                        int32_t n, int32_t dim);
+    /* acc[rows_host[i]][dim] += scale_host[i] · src[i][dim], i < n; rows_host distinct. */
+    void (*scatter_add)(void *ctx, float *acc, const float *src, const int32_t *rows_host,
+                        const float *scale_host, int32_t n, int32_t dim);
+    /* y[i] += x[i], i < count (residual adds). */
+    void (*add)(void *ctx, float *y, const float *x, int64_t count);
+    /* y[t][i] += fmoe_sigmoid(gate[t]) · x[t][i], t < n, i < dim (Qwen2-MoE's gated
+     * shared expert; gate: a buffer of n logits). */
+    void (*add_gated)(void *ctx, float *y, const float *x, const float *gate, int32_t n,
+                      int32_t dim);
+
+    /* ---- expert slots (live offloading, runtime/offload) ----
+     * The executor's I/O thread fills slots from a context of its own (same backend,
+     * same device), while the session's context computes from them. */
+    /* Copies host bytes into a buffer on the backend's copy stream, from any thread, and
+     * returns once they have landed. From memory pinned with host_register the copy runs
+     * at the link's full rate. @return 0 or FMOE_EINTERNAL (detail set). */
+    int (*write_slot)(void *ctx, void *dst, const void *src_host, int64_t bytes);
+    /* Pins host memory for copies (cudaHostRegister); a no-op returning 0 on the CPU.
+     * @return 0 or FMOE_ENOMEM/FMOE_EINTERNAL. */
+    int (*host_register)(void *ctx, void *p, int64_t bytes);
+    void (*host_unregister)(void *ctx, void *p);
 } fmoe__backend_ops;
 
 extern const fmoe__backend_ops fmoe__cpu_backend;
+
+/* The CUDA backend's table from libfmoe-cuda.so (cuda_loader.c), loaded on first use;
+ * NULL with the error detail set when the module or a device is missing. */
+const fmoe__backend_ops *fmoe__cuda_backend(void);
 
 #endif

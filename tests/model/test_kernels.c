@@ -208,7 +208,7 @@ TEST(cpu_matmul_all_dtypes_and_paths) {
     for (int pass = 0; pass < 4; pass++) {
         const int threads = 1 + pass % 2;
         if (pass >= 2) setenv("FMOE_NO_AVX512", "1", 1);
-        fmoe__backend_limits lim = {threads, 256, 70, 16};
+        fmoe__backend_limits lim = {.threads = threads, .max_cols = 256, .max_batch = 70, .max_context = 16};
         void *ctx;
         ASSERT_OK(be->init(&lim, &ctx));
         for (int d = 0; d < 3; d++)
@@ -243,7 +243,8 @@ TEST(cpu_matmul_all_dtypes_and_paths) {
         uint16_t b[64];
         for (int i = 0; i < 64; i++) b[i] = fmoe_float_to_bf16((float)i - 7.5f);
         fmoe__mat e = {.data = b, .dtype = FMOE_ST_BF16, .rows = 1, .cols = 64};
-        be->get_row(ctx, &e, 0, row);
+        const int32_t zero = 0;
+        be->get_rows(ctx, &e, &zero, 1, row);
         for (int i = 0; i < 64; i++) ASSERT_NEAR(row[i], i - 7.5, 0);
         be->free(ctx);
     }
@@ -253,7 +254,7 @@ TEST(cpu_matmul_all_dtypes_and_paths) {
 TEST(cpu_attention_gqa_causal_and_window) {
     const fmoe__backend_ops *be = &fmoe__cpu_backend;
     const int32_t Hq = 4, Hk = 2, D = 8, ctxlen = 40, n = 6, pos0 = 30;
-    fmoe__backend_limits lim = {2, 64, 8, ctxlen};
+    fmoe__backend_limits lim = {.threads = 2, .max_cols = 64, .max_batch = 8, .max_context = ctxlen};
     void *ctx;
     ASSERT_OK(be->init(&lim, &ctx));
     float *kc = malloc(sizeof(float) * ctxlen * Hk * D), *vc = malloc(sizeof(float) * ctxlen * Hk * D);

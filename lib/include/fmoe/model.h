@@ -41,6 +41,8 @@ typedef struct fmoe_matrix_view {
     const void *data;
     fmoe_st_dtype dtype;
     int64_t rows, cols;
+    int32_t on_device; /* data lies in the session backend's memory (a GPU expert slot);
+                          0: host memory */
 } fmoe_matrix_view;
 
 /* One routed expert's three matrices: down(silu(gate·x) * up·x). */
@@ -156,7 +158,25 @@ typedef int (*fmoe_expert_fn)(void *ctx, int32_t layer, int32_t expert,
 /* Called after routed expert (l, j) has run: the weights given for it may be reused. */
 typedef void (*fmoe_expert_done_fn)(void *ctx, int32_t layer, int32_t expert);
 
+/* Where a session computes. */
+typedef enum fmoe_backend_kind {
+    FMOE_BACKEND_CPU = 0,  /* runtime/cpu: the host's cores (the default) */
+    FMOE_BACKEND_CUDA = 1, /* runtime/cuda: device 0 through libfmoe-cuda.so */
+} fmoe_backend_kind;
+
+/*
+ * Chooses a backend from a command line's --backend value: "cpu", "cuda", or "auto" (or
+ * NULL): cuda when the CUDA module loads and sees a device, else cpu.
+ * @return 0 and *out, FMOE_EINVAL (another word: named), FMOE_EUNSUPPORTED ("cuda" asked
+ * where the module or a device is missing: the detail says which).
+ */
+int fmoe_backend_choose(const char *name, fmoe_backend_kind *out);
+
+/* "cpu" or "cuda". */
+const char *fmoe_backend_name(fmoe_backend_kind kind);
+
 typedef struct fmoe_session_options {
+    fmoe_backend_kind backend; /* default FMOE_BACKEND_CPU */
     int32_t max_context;       /* KV cache positions (default: min(4096, model's maximum)) */
     int32_t max_batch;         /* tokens per internal chunk of a forward call (default 64) */
     int32_t max_sequences;     /* items a fmoe_session_forward_batch through this session as

@@ -83,6 +83,10 @@ typedef struct fmoe_offload_options {
     int32_t copy_chunks;           /* pieces per transfer; 0: 4 */
     fmoe_tier_kind tier;
     int32_t direct_io;             /* file tier: O_DIRECT */
+    /* Where the fast tier's slots live: FMOE_BACKEND_CPU host RAM; FMOE_BACKEND_CUDA
+     * device memory, filled over the copy engine's own stream (the session computing
+     * from them must use the same backend). */
+    fmoe_backend_kind backend;
     int32_t miss;                  /* fmoe_offload_miss */
     int32_t prefill_chunk;         /* tokens per prefill iteration: the session's max_batch
                                       (0: 64) */
