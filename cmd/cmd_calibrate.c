@@ -19,9 +19,13 @@
  * per_token * n, layer = base + per_token * n + per_token_context * n * c; every fit's
  * error is reported and stored in the profile's "calibration" record with the points.
  *
- * The profile's link is host->device with a CUDA device, else file->RAM (--link chooses);
- * its compute is the GPU's with a device, else the CPU's; "host" is always the CPU (the
- * lane `simulate --miss cpu` uses).
+ * --backend decides whose compute the profile holds, as it decides where generate, record
+ * and serve compute: cuda measures the device (pinned host->device copies, cuBLAS curves)
+ * and makes its figures the profile's link and compute, and needs a device; cpu measures
+ * no GPU and the CPU's figures are the profile's compute, file->RAM its link; auto (the
+ * default) is cuda when the CUDA module loads and sees a device, else cpu. --link chooses
+ * another link (h2d only with the cuda backend). "host" is always the CPU (the lane
+ * `simulate --miss cpu` uses).
  */
 #include <cblas.h>
 #include <errno.h>
@@ -33,6 +37,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_cli.h"
 #include "cmd_common.h"
 #include "fmoe/cuda.h"
 #include "fmoe/error.h"
@@ -55,6 +60,7 @@ typedef struct options {
     const char *link_file; /* --link-file: time O_DIRECT reads of this file instead */
     const char *link;   /* auto|h2d|file|ram */
     int32_t link_index; /* in link_names */
+    const char *backend; /* --backend cpu|cuda|auto */
     int32_t threads;
     int quick, quiet;
 } options;
@@ -90,9 +96,10 @@ static const cmd_option calibrate_options[] = {
      .offset = offsetof(options, model_config)},
     {.name = "name", .kind = CMD_OPT_STRING, .value_name = "NAME", .help = "the profile's name",
      .default_text = "calibrated-<hostname>", .offset = offsetof(options, name)},
+    CMD_BACKEND_OPTION(options, backend),
     {.name = "link", .kind = CMD_OPT_ENUM, .value_name = "auto|h2d|file|ram",
-     .help = "which copy is the profile's link (auto: host->device with a CUDA device, else "
-             "file->RAM)",
+     .help = "which copy is the profile's link (auto: host->device with the cuda backend, "
+             "else file->RAM)",
      .default_text = "auto", .offset = offsetof(options, link_index), .choices = link_names},
     {.name = "file-dir", .kind = CMD_OPT_STRING, .value_name = "DIR",
      .help = "where the file->RAM test writes its scratch file; use the disk your models "
@@ -120,7 +127,8 @@ const cmd_spec cmd_calibrate_spec = {
         "expert and attention shapes, and the fMoE matcher's time per match at its\n"
         "MoE layers x experts (1000-entry store, one thread); fit the simulator's cost\n"
         "model to them and write a hardware profile for 'fmoe simulate --profile'.\n"
-        "Takes under 20 s by default.\n",
+        "The profile's compute is the --backend's: cuBLAS on the CUDA device, or the CPU\n"
+        "backend's kernels. Takes under 20 s by default.\n",
     .options = calibrate_options,
     .epilog =
         "The report gives each fit as alpha/beta or base/per-token with its error (root\n"
@@ -138,6 +146,9 @@ static int parse_options(int argc, char **argv, options *o) {
         return cmd_usage_error(CMD, "--link-file times the file link: not with --link %s",
                                o->link);
     if (o->link_file && o->link_index == 0) o->link = "file"; /* what it was given for */
+    if (strcmp(o->link, "h2d") == 0 && o->backend && strcmp(o->backend, "cpu") == 0)
+        return cmd_usage_error(CMD, "--link h2d is the cuda backend's link: not with "
+                                    "--backend cpu");
     if (!o->file_dir) o->file_dir = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR")
                                                                              : "/tmp";
     return 0;
@@ -218,7 +229,7 @@ typedef struct measurements {
     int32_t promoe_hidden;         /* the ProMoE predictor timed: h -> this -> J */
     double promoe_s;               /* its pass over one token */
     double duoserve_s;             /* DuoServe's ExpertMLP of the default widths, one token */
-    int have_gpu;
+    int have_gpu; /* the cuda backend: the GPU is measured and its figures are the profile's */
 } measurements;
 
 /* "expert (fmoe cpu bf16)": a series' label (static storage, one per kind). */
@@ -287,8 +298,7 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     if (rc < 0) return rc;
     for (int32_t i = 0; i < nf; i++) m->file.x[i] = (double)fsizes[i], m->file.y[i] = sec[i];
     fit_series(&m->file);
-    m->have_gpu = fmoe_cuda_device_count() > 0;
-    if (m->have_gpu) {
+    if (m->have_gpu) { /* the cuda backend (cmd_calibrate sets it from --backend) */
         static const int64_t gsizes[] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20};
         m->h2d = (series){.what = "copy host->device", .n = o->quick ? 4 : 6};
         FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_h2d(gsizes, m->h2d.n, reps, sec));
@@ -450,9 +460,8 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     if (!o->name) snprintf(p.name, sizeof p.name, "calibrated-%.48s", host);
     const char *link = o->link;
     if (strcmp(link, "auto") == 0) link = m->have_gpu ? "h2d" : "file";
-    if (strcmp(link, "h2d") == 0 && !m->have_gpu)
-        return fmoe_error_set(FMOE_EUNSUPPORTED,
-                              "--link h2d needs a CUDA device (%s)", fmoe_cuda_describe());
+    if (strcmp(link, "h2d") == 0 && !m->have_gpu) /* cmd_calibrate refused it already */
+        return fmoe_error_set(FMOE_EUNSUPPORTED, "--link h2d needs the cuda backend");
     const series *ls = strcmp(link, "h2d") == 0 ? &m->h2d : strcmp(link, "ram") == 0 ? &m->ram
                                                                                        : &m->file;
     FMOE_RETURN_ERROR_IF(!ls->ok || !(ls->fit.b > 0), FMOE_EINTERNAL,
@@ -499,6 +508,8 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON_AddNumberToObject(cal, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
     cJSON_AddNumberToObject(cal, "openblas_threads", openblas_get_num_threads());
     cJSON_AddStringToObject(cal, "cuda", fmoe_cuda_describe());
+    cJSON_AddStringToObject(cal, "backend",
+                            fmoe_backend_name(m->have_gpu ? FMOE_BACKEND_CUDA : FMOE_BACKEND_CPU));
     cJSON_AddStringToObject(cal, "link_used", link);
     cJSON_AddBoolToObject(cal, "quick", o->quick);
     cJSON *model = cJSON_AddObjectToObject(cal, "model");
@@ -588,6 +599,8 @@ static void report_compute(const series *s, const char *xlabel) {
 
 static void report(const options *o, const shapes *sh, const measurements *m, const char *link) {
     char note[128];
+    /* first, and only with the measurements: a failure stays one line */
+    cmd_backend_say(CMD, m->have_gpu ? FMOE_BACKEND_CUDA : FMOE_BACKEND_CPU);
     fprintf(stderr, "fmoe calibrate: %ld cpus, OpenBLAS %d threads; CUDA: %s\n",
             sysconf(_SC_NPROCESSORS_ONLN), openblas_get_num_threads(), fmoe_cuda_describe());
     fprintf(stderr, "shapes: %s: hidden %d, expert %d, %d heads (%d KV) of %d%s\n", sh->model,
@@ -647,12 +660,14 @@ int cmd_calibrate(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     int rc = parse_options(argc, argv, &o);
     if (rc != 0) return rc < 0 ? CMD_EXIT_OK : rc;
+    fmoe_backend_kind backend;
+    if ((rc = cmd_backend_resolve(CMD, o.backend, &backend)) != 0) return rc;
     shapes sh;
     rc = load_shapes(&o, &sh);
     if (rc < 0) return cmd_fail(CMD, rc);
-    if (o.threads > 0) openblas_set_num_threads(o.threads);
-    if (strcmp(o.link, "h2d") == 0 && fmoe_cuda_device_count() == 0)
+    if (strcmp(o.link, "h2d") == 0 && backend != FMOE_BACKEND_CUDA) /* auto found no device */
         return cmd_failf(CMD, "--link h2d needs a CUDA device (%s)", fmoe_cuda_describe());
+    if (o.threads > 0) openblas_set_num_threads(o.threads);
     /* The output first: a missing folder or an unwritable file is reported before the
      * measurements, not after them. */
     FILE *out = NULL;
@@ -664,6 +679,7 @@ int cmd_calibrate(int argc, char **argv) {
     }
     measurements m;
     memset(&m, 0, sizeof m);
+    m.have_gpu = backend == FMOE_BACKEND_CUDA;
     const double t0 = cmd_now();
     rc = measure(&o, &sh, &m);
     const char *link = NULL;

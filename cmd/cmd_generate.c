@@ -1,10 +1,13 @@
 /*
- * cmd_generate.c - `fmoe generate`: one prompt through a model on the CPU, no server.
+ * cmd_generate.c - `fmoe generate`: one prompt through a model, no server.
  *
- * Defaults → parse → validate → load (model, tokenizer, generation_config.json) → encode
- * (optionally through the chat template) → prefill → decode, streaming text as it is
- * produced → tokens/s. The text is streamed by decoding the whole generated sequence
- * after each token and printing what is new (as transformers' TextStreamer does), holding
+ * Defaults → parse → validate → choose the backend (--backend cpu|cuda|auto) → load
+ * (model, tokenizer, generation_config.json) → encode (optionally through the chat
+ * template) → session on the backend → prefill → decode, streaming text as it is
+ * produced → the backend ("fmoe generate: backend cpu"; with --json the object's
+ * "backend" field instead) and tokens/s on stderr, after the run so that a failure
+ * stays one line. The text is streamed by decoding the whole generated sequence after
+ * each token and printing what is new (as transformers' TextStreamer does), holding
  * back a trailing incomplete UTF-8 sequence, so the printed text is exactly
  * decode(generated ids).
  *
@@ -20,8 +23,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_cli.h"
 #include "cmd_common.h"
 #include "offload_cli.h"
+#include "fmoe/cuda.h"
 #include "fmoe/error.h"
 #include "fmoe/files.h"
 #include "fmoe/model.h"
@@ -113,7 +118,7 @@ static void json_ids(FILE *f, const int32_t *ids, size_t n) {
  * ------------------------------------------------------------------------------------- */
 
 typedef struct generate_args {
-    const char *model, *prompt, *system, *chat_template, *dump_logits;
+    const char *model, *prompt, *system, *chat_template, *dump_logits, *backend;
     int32_t max_new_tokens, top_k, threads;
     double temperature, top_p;
     int64_t seed;
@@ -156,6 +161,7 @@ static const cmd_option generate_options[] = {
      .offset = offsetof(generate_args, chat_template)},
     {.name = "ignore-eos", .kind = CMD_OPT_FLAG, .help = "do not stop at end-of-sequence tokens",
      .offset = offsetof(generate_args, ignore_eos)},
+    CMD_BACKEND_OPTION(generate_args, backend),
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
      .default_text = "all cores", .offset = offsetof(generate_args, threads), .min = 0,
      .max = 4096},
@@ -179,8 +185,9 @@ const cmd_spec cmd_generate_spec = {
     .name = "generate",
     .usage = "generate [--model DIR] --prompt TEXT [options]",
     .description =
-        "Run one prompt through a HuggingFace MoE checkpoint on the CPU and stream the\n"
-        "continuation to stdout; prefill and decode tokens/s follow on stderr.\n",
+        "Run one prompt through a HuggingFace MoE checkpoint on the CPU or a CUDA device\n"
+        "(--backend) and stream the continuation to stdout; the backend, then prefill and\n"
+        "decode tokens/s, go to stderr.\n",
     .options = generate_options,
     .size = sizeof(generate_args),
     .init = init,
@@ -201,6 +208,9 @@ int cmd_generate(int argc, char **argv) {
     int prc = parse_args(argc, argv, &a);
     if (prc < 0) return CMD_EXIT_OK; /* --help */
     if (prc > 0) return prc;
+    fmoe_backend_kind backend;
+    if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
+    a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
     const char *inputs[] = {dir, a.chat_template};
@@ -270,6 +280,7 @@ int cmd_generate(int argc, char **argv) {
     if (a.set_top_k) sp.top_k = a.top_k;
 
     fmoe_session_options so = fmoe_session_defaults();
+    so.backend = backend;
     int64_t need = (int64_t)n_prompt + (max_new > 0 ? max_new - 1 : 0);
     so.max_context = (int32_t)(need > 0 ? need : 1);
     so.threads = a.threads;
@@ -359,6 +370,13 @@ int cmd_generate(int argc, char **argv) {
         if ((err = fmoe_tokenizer_decode(tok, gen, keep, 1, &text, &text_len)) < 0) goto fail;
         printf("{\"model\": ");
         json_string(stdout, dir, strlen(dir));
+        printf(", \"backend\": \"%s\"", fmoe_backend_name(backend));
+        if (backend == FMOE_BACKEND_CUDA) {
+            char dev[160];
+            cmd_cuda_device_name(fmoe_cuda_describe(), dev, sizeof dev);
+            printf(", \"device\": ");
+            json_string(stdout, dev, strlen(dev));
+        }
         printf(", \"describe\": ");
         json_string(stdout, fmoe_model_describe(m), strlen(fmoe_model_describe(m)));
         printf(", \"prompt\": ");
@@ -395,6 +413,8 @@ int cmd_generate(int argc, char **argv) {
     } else {
         printf("\n");
         fflush(stdout);
+        /* with the figures, after the run: a failure before stays one line */
+        cmd_backend_say(CMD, backend);
         fprintf(stderr,
                 "fmoe generate: prefill %zu tokens in %.3f s (%.1f tokens/s), decode %d tokens "
                 "in %.3f s (%.1f tokens/s), stop: %s\n",

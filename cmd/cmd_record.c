@@ -1,10 +1,13 @@
 /*
  * cmd_record.c - `fmoe record`: real inference over a prompt dataset -> trace (DESIGN.md §4).
  *
- * Defaults → parse → validate → load (prompts, arrivals, model, tokenizer) → open the trace
- * writer (on TRACE.h5.partial) → per request: encode, prefill, decode token by token with
- * the routing tracer on, append the request (the writer journals and flushes it, so a
- * killed recorder loses no finished request) → close (rename into place).
+ * Defaults → parse → validate → choose the backend (--backend cpu|cuda|auto; the
+ * trace's recorded_on says it: "cpu" or "cuda:<device>") → load (prompts, arrivals,
+ * model, tokenizer) → session → open the trace writer (on TRACE.h5.partial) → per
+ * request: encode, prefill, decode token by token with the routing tracer on, append
+ * the request (the writer journals and flushes it, so a killed recorder loses no
+ * finished request) → close (rename into place) → the backend and the summary on stderr
+ * unless --quiet (after the run: a failure stays one line).
  *
  * What one request records, T = prompt + output tokens, one row per token that ran through
  * the model: the prompt tokens (phase prefill, one forward pass), then each generated token
@@ -34,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend_cli.h"
 #include "cmd_common.h"
 #include "fmoe/datasets.h"
 #include "fmoe/error.h"
@@ -49,7 +53,7 @@
 static const char *const CMD = "record";
 
 typedef struct record_args {
-    const char *model, *dataset, *output, *arrivals, *chat_template, *model_name;
+    const char *model, *dataset, *output, *arrivals, *chat_template, *model_name, *backend;
     fmoe_prompt_format format;
     fmoe_compression compression;
     int64_t max_requests, seed;
@@ -115,6 +119,7 @@ static const cmd_option record_options[] = {
     {.name = "ignore-eos", .kind = CMD_OPT_FLAG,
      .help = "generate M tokens whatever the model says",
      .offset = offsetof(record_args, ignore_eos)},
+    CMD_BACKEND_OPTION(record_args, backend),
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
      .default_text = "all cores", .offset = offsetof(record_args, threads), .min = 0,
      .max = 4096},
@@ -305,6 +310,9 @@ int cmd_record(int argc, char **argv) {
     int prc = parse_args(argc, argv, &a);
     if (prc < 0) return CMD_EXIT_OK;
     if (prc > 0) return prc;
+    fmoe_backend_kind backend;
+    if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
+    a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
     const char *inputs[] = {a.dataset, a.arrivals, a.chat_template, dir};
@@ -363,6 +371,7 @@ int cmd_record(int argc, char **argv) {
     const int64_t ctx_cap = ctx < (1 << 20) ? ctx : (1 << 20);
 
     fmoe_session_options so = fmoe_session_defaults();
+    so.backend = backend;
     so.max_context = (int32_t)ctx_cap;
     so.threads = a.threads;
     so.speculative_depth = a.speculative;
@@ -382,7 +391,7 @@ int cmd_record(int argc, char **argv) {
 
     /* Trace header. */
     fmoe_trace_header h;
-    if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32)) < 0)
+    if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32, backend)) < 0)
         goto fail;
     cmd_base_name(a.dataset, h.dataset, sizeof h.dataset);
     h.speculative_depth = a.speculative;
@@ -544,6 +553,7 @@ int cmd_record(int argc, char **argv) {
         goto fail;
     }
     if (!a.quiet) {
+        cmd_backend_say(CMD, backend); /* with the summary: a failure stays one line */
         fprintf(stderr,
                 "fmoe record: %s: %lld requests, %lld tokens (prefill %lld at %.1f tokens/s, "
                 "decode %lld at %.1f tokens/s)",

@@ -4,9 +4,10 @@
  *
  * Order: parse -> listen (so /health answers 503 "loading" at once) -> load the model,
  * tokenizer and generation_config.json -> start the offloading executor (the options of
- * generate/record) -> start the engine -> /health 200 -> wait for SIGINT/SIGTERM ->
- * stop accepting -> let running requests finish for --grace seconds, cut the rest ->
- * close the HTTP side -> write the updated store (--store-out) -> exit 0.
+ * generate/record) -> start the engine, its sessions and executor on --backend (cpu, cuda
+ * or auto, chosen before listening; one line on stderr says which) -> /health 200 -> wait
+ * for SIGINT/SIGTERM -> stop accepting -> let running requests finish for --grace seconds,
+ * cut the rest -> close the HTTP side -> write the updated store (--store-out) -> exit 0.
  *
  * SIGINT and SIGTERM: their handler only writes the signal number to a pipe that the main
  * thread reads (the self-pipe trick). Blocking them and calling sigwait would not do:
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_cli.h"
 #include "cmd_common.h"
 #include "offload_cli.h"
 #include "paths.h"
@@ -37,7 +39,7 @@
 static const char *const CMD = "serve";
 
 typedef struct serve_args {
-    const char *model, *host, *api_key, *port_file, *model_name, *trace_out;
+    const char *model, *host, *api_key, *port_file, *model_name, *trace_out, *backend;
     int32_t port, parallel, max_queue, max_context, threads, timeout;
     int64_t max_body;
     double grace;
@@ -69,6 +71,7 @@ static const cmd_option serve_options[] = {
      .help = "KV positions per sequence: prompt + max_tokens must fit",
      .default_text = "the model's, at most 4096", .offset = offsetof(serve_args, max_context),
      .min = 1, .max = 1 << 24},
+    CMD_BACKEND_OPTION(serve_args, backend),
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
      .default_text = "all cores", .offset = offsetof(serve_args, threads), .min = 0,
      .max = 4096},
@@ -177,6 +180,9 @@ int cmd_serve(int argc, char **argv) {
     int prc = cmd_options_parse(&cmd_serve_spec, &a, argc, argv, NULL);
     if (prc < 0) return CMD_EXIT_OK; /* --help */
     if (prc > 0) return prc;
+    fmoe_backend_kind backend; /* before listening, as the other options */
+    if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
+    a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
 
@@ -224,7 +230,9 @@ int cmd_serve(int argc, char **argv) {
     if (!a.model_name) a.model_name = cmd_base_name(dir, name, sizeof name);
     if (a.trace_out) {
         fmoe_trace_header h;
-        if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32)) < 0) goto fail;
+        if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32,
+                                              backend)) < 0)
+            goto fail;
         snprintf(h.dataset, sizeof h.dataset, "serve");
         h.prefill_chunk = 64; /* a prompt's chunks, as the engine runs a lone request */
         h.served = 1;         /* and each token's batched pass and its time */
@@ -237,13 +245,14 @@ int cmd_serve(int argc, char **argv) {
     }
 
     serve_engine_options eo = {
-        .model = m, .tokenizer = tok, .offload = off.x, .metrics = metrics,
+        .model = m, .tokenizer = tok, .offload = off.x, .metrics = metrics, .backend = backend,
         .model_name = a.model_name, .parallel = a.parallel, .max_queue = a.max_queue,
         .max_context = a.max_context, .threads = a.threads, .stop_ids = gc.stop,
         .num_stop_ids = gc.num_stop, .trace_out = trace, .trace_speculative = trace_speculative};
     if ((err = serve_engine_start(&eo, &engine)) < 0) goto fail;
     serve_http_set_engine(http, engine);
     if (!a.quiet) {
+        cmd_backend_say(CMD, backend); /* once the engine's sessions run on it */
         char line[512] = "every expert resident";
         if (off.x) cmd_offload_summary(&off, line, sizeof line);
         serve_engine_info info;

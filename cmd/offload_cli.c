@@ -28,6 +28,7 @@ void cmd_offload_args_init(cmd_offload_args *a) {
     a->copy_chunks = 4;
     a->tier = FMOE_TIER_AUTO;
     a->store_mode = FMOE_STORE_OFFLINE;
+    a->backend = FMOE_BACKEND_CPU;
 }
 
 /* --miss auto's figures from the profile, for this model's expert (the simulator's cost
@@ -172,6 +173,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     }
     fmoe_offload_options o = fmoe_offload_defaults();
     o.policy = policy;
+    o.backend = a->backend; /* the session's: fmoe_offload_attach needs them equal */
     const int64_t total = (int64_t)g->num_moe_layers * g->num_experts;
     int64_t n = a->cache_experts;
     if (a->cache_gb > 0) {

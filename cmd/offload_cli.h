@@ -6,6 +6,7 @@
  *     typedef struct my_opts { ...; cmd_offload_args off; } my_opts;
  *     static const cmd_option rows[] = { ..., CMD_OFFLOAD_OPTIONS(my_opts, off), {0} };
  *     cmd_offload_args_init(&o.off);               // in the command's init
+ *     o.off.backend = so.backend;                  // the session's (backend_cli.h)
  *     cmd_offload run;
  *     if ((rc = cmd_offload_open(CMD, &o.off, model, quiet, &run))) return rc;
  *     if (run.x) fmoe_offload_attach(run.x, &so);   // NULL: all experts resident
@@ -45,6 +46,8 @@ typedef struct cmd_offload_args {
     int32_t sync_transfers;
     int32_t sync_predictions;
     const char *profile;       /* hardware profile JSON for --miss auto */
+    fmoe_backend_kind backend; /* where the expert slots live: the session's backend (not an
+                                  option: the command sets it from its --backend) */
 } cmd_offload_args;
 
 extern const char *const cmd_offload_tiers[];
@@ -133,9 +136,9 @@ void cmd_offload_args_init(cmd_offload_args *a);
  * cmd_offload_open makes them first; serve makes them before it listens. */
 int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a);
 
-/* Validates the options, loads the store and the predictor (for this model), opens the decision log and
- * starts the executor; a clamped capacity is said once on stderr unless quiet. @return 0,
- * 1 (failure, printed) or 2 (usage, printed). */
+/* Validates the options, loads the store and the predictor (for this model), opens the
+ * decision log and starts the executor with its slots on a->backend; a clamped capacity is
+ * said once on stderr unless quiet. @return 0, 1 (failure, printed) or 2 (usage, printed). */
 int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,
                      int32_t prefill_chunk, int quiet, cmd_offload *out);
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend_cli.h"
 #include "fmoe/geometry.h"
 
 const char *cmd_base_name(const char *path, char *buf, size_t cap) {
@@ -18,7 +19,8 @@ const char *cmd_base_name(const char *path, char *buf, size_t cap) {
 }
 
 int cmd_trace_header_for_model(fmoe_trace_header *h, const fmoe_model *m, const char *dir,
-                               const char *model_name, int probs_f32) {
+                               const char *model_name, int probs_f32,
+                               fmoe_backend_kind backend) {
     memset(h, 0, sizeof *h);
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
     const char *config = fmoe_model_config_json(m);
@@ -36,7 +38,7 @@ int cmd_trace_header_for_model(fmoe_trace_header *h, const fmoe_model *m, const 
     h->expert_bytes = fmoe_geometry_expert_bytes(g, g->expert_dtype);
     if (h->expert_bytes < 0) h->expert_bytes = 0;
     snprintf(h->dtype, sizeof h->dtype, "%s", fmoe_dtype_name(g->expert_dtype));
-    snprintf(h->recorded_on, sizeof h->recorded_on, "cpu");
+    cmd_backend_recorded_on(backend, h->recorded_on, sizeof h->recorded_on);
     h->probs_kind = FMOE_PROBS_FULL;
     h->probs_half = !probs_f32;
     h->semantic_dim = (int32_t)g->hidden_size;

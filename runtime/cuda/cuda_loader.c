@@ -187,14 +187,15 @@ static void make_table(void) {
 #endif
 
 const fmoe__backend_ops *fmoe__cuda_backend(void) {
-#if FMOE_HAVE_CUDA
-    if (!get_module()) {
+    if (!get_module()) { /* load_module wrote why, "fmoe was built without CUDA" included */
         unavailable();
         return NULL;
     }
-    if (module->device_count() == 0) {
-        fmoe_error_set(FMOE_EUNSUPPORTED, "CUDA backend unavailable: no CUDA device (%s)",
-                       module->describe());
+#if FMOE_HAVE_CUDA
+    /* "no CUDA device", or a driver older than the runtime (which a device count alone
+     * reports as no device). */
+    if (module->backend_probe() < 0) {
+        fmoe_error_set(FMOE_EUNSUPPORTED, "CUDA backend unavailable: %s", module->error_detail());
         return NULL;
     }
     pthread_once(&table_once, make_table);
@@ -204,7 +205,6 @@ const fmoe__backend_ops *fmoe__cuda_backend(void) {
     }
     return &outer;
 #else
-    unavailable();
-    return NULL;
+    return NULL; /* not reached: get_module() is NULL without CUDA */
 #endif
 }

@@ -18,6 +18,8 @@ static const fmoe_cuda_module_api module_api = {
     /* .calibrate_gemms = */ fmoe_cuda_calibrate_gemms,
     /* .calibrate_attention = */ fmoe_cuda_calibrate_attention,
     /* .error_detail = */ module_error_detail,
+    /* .backend_ops = */ fmoe__cuda_module_backend_ops,
+    /* .backend_probe = */ fmoe__cuda_module_probe,
 };
 
 extern "C" __attribute__((visibility("default"))) const fmoe_cuda_module_api *

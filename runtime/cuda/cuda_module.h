@@ -7,6 +7,10 @@
  * with hidden visibility and carries its own copy of lib/error.c, so its error details
  * live in the module; error_detail() hands them to the loader, which re-raises them in
  * the caller's thread. Bump FMOE_CUDA_MODULE_ABI when the table changes.
+ *
+ * ABI 2 adds the forward pass's backend (cuda_forward.cu): backend_ops is its
+ * fmoe__backend_ops table (model_impl.h), whose failing entries leave their detail in
+ * error_detail() of the calling thread; backend_probe says whether device 0 can run it.
  */
 #ifndef FMOE_CUDA_MODULE_H
 #define FMOE_CUDA_MODULE_H
@@ -15,6 +19,8 @@
 
 #define FMOE_CUDA_MODULE_ABI 2
 #define FMOE_CUDA_MODULE_SYMBOL "fmoe_cuda_module_get_api"
+
+struct fmoe__backend_ops; /* runtime/model/model_impl.h */
 
 typedef struct fmoe_cuda_module_api {
     int abi; /* FMOE_CUDA_MODULE_ABI */
@@ -31,7 +37,14 @@ typedef struct fmoe_cuda_module_api {
     const char *(*error_detail)(void); /* the module thread's last detail string */
     /* The forward pass's backend table (runtime/model/model_impl.h), name "cuda". */
     const struct fmoe__backend_ops *(*backend_ops)(void);
+    /* 0 when device 0 can run that backend, else FMOE_EUNSUPPORTED with why ("no CUDA
+     * device", a driver older than the runtime). */
+    int (*backend_probe)(void);
 } fmoe_cuda_module_api;
+
+/* Inside the module (cuda_forward.cu), behind the two entries above. */
+const struct fmoe__backend_ops *fmoe__cuda_module_backend_ops(void);
+int fmoe__cuda_module_probe(void);
 
 typedef const fmoe_cuda_module_api *(*fmoe_cuda_module_api_fn)(void);
 

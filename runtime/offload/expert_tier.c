@@ -316,6 +316,40 @@ int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t of
     return 0;
 }
 
+int32_t fmoe__expert_tier_ranges(const fmoe_expert_tier *t, int32_t l, int32_t j,
+                                 int64_t offset, int64_t bytes, fmoe__tier_range out[3]) {
+    const int64_t e = (int64_t)l * t->J + j;
+    int32_t n = 0;
+    int64_t start = 0;
+    for (int i = 0; i < 3 && bytes > 0; i++) {
+        const int64_t end = start + t->mat_bytes[i];
+        if (offset < end) {
+            const int64_t within = offset - start;
+            const int64_t take = bytes < end - offset ? bytes : end - offset;
+            /* as read_in_place and read_matrix place them, and the view describes them */
+            const int64_t shift = t->in_place ? t->offset_of[e * 3 + i] % DIRECT_ALIGN : 0;
+            const fmoe__tier_range r = {.slot_offset = t->region[i] + shift + within,
+                                        .offset = offset, .bytes = take};
+            if (n > 0 && out[n - 1].slot_offset + out[n - 1].bytes == r.slot_offset &&
+                out[n - 1].offset + out[n - 1].bytes == r.offset)
+                out[n - 1].bytes += take;
+            else
+                out[n++] = r;
+            offset += take;
+            bytes -= take;
+        }
+        start = end;
+    }
+    return n;
+}
+
+int fmoe__expert_tier_host_block(const fmoe_expert_tier *t, uint8_t **p, int64_t *bytes) {
+    const int host = t->kind == FMOE_TIER_HOST;
+    *p = host ? t->host : NULL;
+    *bytes = host ? (int64_t)t->L * t->J * t->bytes : 0;
+    return host;
+}
+
 void fmoe__expert_tier_view(const fmoe_expert_tier *t, int32_t l, int32_t j,
                             const uint8_t *base, fmoe_expert_view *out) {
     const int64_t e = (int64_t)l * t->J + j;

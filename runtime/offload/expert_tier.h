@@ -40,8 +40,33 @@ fmoe_tier_kind fmoe__expert_tier_kind(const fmoe_expert_tier *t);
 int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t offset,
                            int64_t bytes, void *slot);
 
-/* The matrices of expert (l, j) as laid out at `base` (a slot's bytes). */
+/* The matrices of expert (l, j) as laid out at `base` (a slot's bytes). Pointer
+ * arithmetic only: `base` is never read, so it may be a device slot's address (the views'
+ * on_device is left 0 for the caller to set). */
 void fmoe__expert_tier_view(const fmoe_expert_tier *t, int32_t l, int32_t j,
                             const uint8_t *base, fmoe_expert_view *out);
+
+/* A run of an expert's bytes in a slot: bytes [offset, offset + bytes) of the expert (its
+ * matrices concatenated) lie at [slot_offset, slot_offset + bytes) of a slot. */
+typedef struct fmoe__tier_range {
+    int64_t slot_offset;
+    int64_t offset;
+    int64_t bytes;
+} fmoe__tier_range;
+
+/* Where fmoe__expert_tier_read(t, l, j, offset, bytes, slot) puts the bytes it was asked
+ * for: at most three runs (one per matrix they touch; runs that continue each other in
+ * both the slot and the expert are merged, so a tier without O_DIRECT's in-place layout
+ * gives one), in order, covering exactly `bytes` bytes. A copy of a slot that moves only
+ * these runs (a device slot filled from a staging slot) moves exactly the bytes read; the
+ * margins an O_DIRECT read fills around them are not the expert's. @return the count. */
+int32_t fmoe__expert_tier_ranges(const fmoe_expert_tier *t, int32_t l, int32_t j,
+                                 int64_t offset, int64_t bytes, fmoe__tier_range out[3]);
+
+/* The host tier's block: expert (l, j)'s bytes, in order, at (l·J + j)·expert_bytes of
+ * *p, *bytes = L·J·expert_bytes in all; read-only after open, alive until close (a device
+ * executor pins it and copies to its slots straight from it). @return 1 for the host
+ * tier; 0 and NULL, 0 for the file tier. */
+int fmoe__expert_tier_host_block(const fmoe_expert_tier *t, uint8_t **p, int64_t *bytes);
 
 #endif

@@ -43,6 +43,46 @@
  * free: it delays every later expert of the layer, which the simulator's separate lane
  * would not charge. The figures are estimates from a profile, not measurements of this
  * run; only the choice depends on them, never the output.
+ *
+ * Device slots (fmoe_offload_options.backend = FMOE_BACKEND_CUDA: a backend table whose
+ * host_memory is 0; fmoe__offload_init_backend takes any table, for tests). With the CPU
+ * table none of this applies: the slots are host memory, the tier reads into them and the
+ * forward pass reads them in place, exactly as before device slots existed.
+ *   Buffers. At init, before the I/O thread starts, the executor creates a context of
+ *   its own (bctx: its own copy stream; compute limits of one row, which it never uses),
+ *   and from it one allocation of (N+1)·slot_stride device bytes: the N slots and the
+ *   scratch slot, laid out as host slots would be, so fmoe__expert_tier_view describes a
+ *   device slot from its address (pointer arithmetic only; on_expert sets on_device).
+ *   The host tier's block is pinned (host_register; its size in pinned RAM, once) and
+ *   write_slot copies each piece's runs straight from it: one copy per piece, a DMA. The
+ *   file tier reads a piece into `staging`, one pinned host slot (4096-aligned for
+ *   O_DIRECT, the I/O thread's alone) at the offsets it has in a slot, then write_slot
+ *   copies exactly those runs (fmoe__expert_tier_ranges) to the device slot: two copies
+ *   (disk or page cache to staging, then a DMA). A pin that fails is logged and the copies
+ *   run from pageable memory (correct, slower). fmoe_offload_free joins the I/O thread
+ *   first, then releases in reverse order: the slots, the staging pin and buffer, the
+ *   block's pin, the context; the tier that owns the block closes after.
+ *   No compute reads a slot before its bytes landed: write_slot returns only once the
+ *   copy has landed, the I/O thread sets data_expert[s] = e after the last piece's
+ *   write_slot returned (under mu), and on_expert waits for data_expert[s] == e: the same
+ *   protocol as host slots, unchanged.
+ *   No slot is overwritten while the device reads it: a transfer into slot s starts only
+ *   once every hold taken before it was queued is released (holds, above), a hold is
+ *   released in on_expert_done, and the forward pass calls that for an on_device expert
+ *   only after syncing the session's context, when the device's reads of the slot have
+ *   finished. (The CUDA backend's write_slot also waits for every context's latest op
+ *   that read a slot; with the sync before on_expert_done that wait is already met.)
+ *   Misses computed on the host (--miss cpu, auto's host choice) are handed the model's
+ *   own weights as a host view (on_device 0), which the pass runs on its host lane (the
+ *   CPU backend); "run the model's weights" (on_expert's 1, the CPU slots' answer) would
+ *   make a device backend copy the expert into its weight cache for good.
+ *   Cost: one device sync per expert computed from a slot (a host round trip, and the
+ *   compute stream drains at each such expert). Copies still overlap compute: the I/O
+ *   thread issues them on bctx's copy stream, not on the session's compute stream.
+ *   Decisions, sync_transfers and the stats do not depend on where slots are; a
+ *   write_slot failure is a failed transfer, as a failed read (io_fail: the next forward
+ *   returns it). The session must compute on the slots' backend (a CPU session would
+ *   read device addresses); nothing gives the executor a session's backend to check.
  */
 #include "fmoe/offload.h"
 
@@ -56,10 +96,12 @@
 
 #include "fmoe/error.h"
 #include "fmoe/half.h"
+#include "fmoe/log.h"
 #include "fmoe/policy.h"
 #include "fmoe/predictor.h"
 #include "fmoe/trace.h"
 #include "expert_tier.h"
+#include "offload_impl.h"
 
 typedef struct demand_job {
     int32_t slot;      /* 0..N (N: scratch) */
@@ -78,7 +120,17 @@ struct fmoe_offload {
     fmoe_policy policy;
     fmoe_slots *slots;
     fmoe_policy_env *env;
-    uint8_t *slot_mem;         /* [N+1][slot_stride], 4096-byte aligned (O_DIRECT) */
+    uint8_t *slot_mem;         /* [N+1][slot_stride], 4096-byte aligned (O_DIRECT); host
+                                  slots only */
+    /* device slots (the design comment's "Device slots") */
+    const fmoe__backend_ops *be; /* the slots' backend: fmoe__cpu_backend or a device's */
+    int device;                /* !be->host_memory: the slots are backend memory */
+    void *bctx;                /* the executor's context (its copy stream) */
+    uint8_t *dev_slots;        /* [N+1][slot_stride] backend memory (never read here) */
+    uint8_t *host_block;       /* the host tier's block, copied from directly, or NULL */
+    int block_pinned;
+    uint8_t *staging;          /* file tier: [slot_stride] a piece at its slot offsets */
+    int staging_pinned;
     double t0;                 /* monotonic seconds at init */
 
     pthread_mutex_t mu;
@@ -159,8 +211,9 @@ fmoe_offload_options fmoe_offload_defaults(void) {
 
 /* ------------------------------------------------------------------ the I/O thread */
 
+/* Slot s's bytes: host memory, or a device slot's address (only handed on, never read). */
 static uint8_t *slot_bytes(const fmoe_offload *x, int32_t s) {
-    return x->slot_mem + (size_t)s * (size_t)x->slot_stride;
+    return (x->device ? x->dev_slots : x->slot_mem) + (size_t)s * (size_t)x->slot_stride;
 }
 
 /* Bytes [lo, hi) of piece `piece` of an expert of `bytes` bytes in `chunks` pieces. */
@@ -178,11 +231,36 @@ static int64_t job_bytes(const fmoe_offload *x, int32_t first, int32_t last) {
     return hi2 - lo;
 }
 
+/* Bytes [offset, offset + bytes) of expert (l, j) into device slot s: from the host
+ * block, or read into staging first; then write_slot of exactly their runs, each
+ * returning once landed. I/O thread, outside the lock. */
+static int copy_to_device(fmoe_offload *x, int32_t s, int32_t l, int32_t j, int64_t offset,
+                          int64_t bytes) {
+    const uint8_t *expert = NULL;
+    if (x->host_block)
+        expert = x->host_block + ((int64_t)l * x->J + j) * x->expert_bytes;
+    else
+        FMOE_FORWARD_IF_ERROR(fmoe__expert_tier_read(x->tier, l, j, offset, bytes, x->staging));
+    fmoe__tier_range r[3];
+    const int32_t n = fmoe__expert_tier_ranges(x->tier, l, j, offset, bytes, r);
+    for (int32_t i = 0; i < n; i++) {
+        const uint8_t *src = expert ? expert + r[i].offset : x->staging + r[i].slot_offset;
+        const int rc = x->be->write_slot(x->bctx, slot_bytes(x, s) + r[i].slot_offset, src,
+                                         r[i].bytes);
+        if (rc < 0) {
+            fmoe_error_prefix("expert (%d, %d) into device slot %d", l, j, s);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 /* Copies pieces [first, last) of expert e into slot s, outside the lock. */
 static int copy_pieces(fmoe_offload *x, int32_t s, int32_t e, int32_t first, int32_t last) {
     int64_t lo, hi, lo2, hi2;
     piece_range(x->expert_bytes, x->chunks, first, &lo, &hi);
     piece_range(x->expert_bytes, x->chunks, last - 1, &lo2, &hi2);
+    if (x->device) return copy_to_device(x, s, e / x->J, e % x->J, lo, hi2 - lo);
     return fmoe__expert_tier_read(x->tier, e / x->J, e % x->J, lo, hi2 - lo, slot_bytes(x, s));
 }
 
@@ -538,7 +616,15 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
 static int on_expert(void *ctx, int32_t l, int32_t j, fmoe_expert_view *out) {
     fmoe_offload *x = ctx;
     const int32_t s = x->cur_slot[j];
-    if (s < 0) return 1; /* host compute: the model's weights, uncached */
+    if (s < 0 && !x->device) return 1; /* host compute: the model's weights, uncached */
+    if (s < 0) { /* the same, as a host view: the pass's host lane, never the device */
+        fmoe_expert_tensors t;
+        const int rc = fmoe_model_expert_tensors(x->m, l, j, &t);
+        if (rc < 0) return fail(x, rc);
+        *out = (fmoe_expert_view){.gate = t.gate.view, .up = t.up.view, .down = t.down.view};
+        out->gate.on_device = out->up.on_device = out->down.on_device = 0;
+        return 0;
+    }
     const int32_t e = l * x->J + j;
     pthread_mutex_lock(&x->mu);
     if (x->data_expert[s] != e) {
@@ -553,6 +639,7 @@ static int on_expert(void *ctx, int32_t l, int32_t j, fmoe_expert_view *out) {
     pthread_mutex_unlock(&x->mu);
     if (bad) return fail(x, fmoe_error_set(x->io_error, "%s", x->io_detail));
     fmoe__expert_tier_view(x->tier, l, j, slot_bytes(x, s), out);
+    if (x->device) out->gate.on_device = out->up.on_device = out->down.on_device = 1;
     return 0;
 }
 
@@ -587,6 +674,72 @@ static int reserve_accesses(fmoe_offload *x, int64_t iterations) {
     return 0;
 }
 
+/* Device slots: the executor's context, the slots, the host block's pin and the staging
+ * slot (the design comment's "Device slots"). Executor thread, before the I/O thread
+ * starts. @return 0, the table's error (no device, out of device memory), FMOE_ENOMEM. */
+static int device_init(fmoe_offload *x) {
+    fmoe_expert_tensors t;
+    FMOE_FORWARD_IF_ERROR(fmoe_model_expert_tensors(x->m, 0, 0, &t));
+    int64_t cols = t.gate.view.cols > t.up.view.cols ? t.gate.view.cols : t.up.view.cols;
+    if (t.down.view.cols > cols) cols = t.down.view.cols;
+    /* the model's weight home, as a session's: a backend keeps one per model (the cast as
+     * forward.c's: the cache is the model's mutable part) */
+    const fmoe__backend_limits lim = {
+        .weights = (fmoe__weight_home *)&x->m->backend_weights, .threads = 1,
+        .max_cols = cols, .max_batch = 1, .max_context = 1, .max_experts = 1};
+    int rc = x->be->init(&lim, &x->bctx);
+    if (rc < 0) {
+        x->bctx = NULL;
+        fmoe_error_prefix("offload: %s context for the expert slots", x->be->name);
+        return rc;
+    }
+    const int64_t n1 = (int64_t)x->N + 1;
+    x->dev_slots = x->be->alloc(x->bctx, n1 * x->slot_stride);
+    if (!x->dev_slots) {
+        fmoe_error_prefix("offload: %lld %s expert slots of %lld bytes", (long long)n1,
+                          x->be->name, (long long)x->slot_stride);
+        return FMOE_ENOMEM;
+    }
+    int64_t block_bytes;
+    if (fmoe__expert_tier_host_block(x->tier, &x->host_block, &block_bytes)) {
+        if (x->be->host_register(x->bctx, x->host_block, block_bytes) == 0) {
+            x->block_pinned = 1;
+        } else {
+            fmoe_log(FMOE_LOG_WARN, "offload: the host tier (%.1f GiB) could not be pinned (%s): "
+                     "copies to the %s slots run from pageable memory, slower",
+                     (double)block_bytes / (1 << 30), fmoe_error_detail(), x->be->name);
+            fmoe_error_clear();
+        }
+        return 0;
+    }
+    x->staging = aligned_alloc(4096, (size_t)x->slot_stride); /* a multiple of 4096 */
+    if (!x->staging)
+        return fmoe_error_set(FMOE_ENOMEM, "offload: staging slot of %lld bytes",
+                              (long long)x->slot_stride);
+    if (x->be->host_register(x->bctx, x->staging, x->slot_stride) == 0) {
+        x->staging_pinned = 1;
+    } else {
+        fmoe_log(FMOE_LOG_WARN, "offload: the staging slot could not be pinned (%s): copies to "
+                 "the %s slots run from pageable memory, slower", fmoe_error_detail(),
+                 x->be->name);
+        fmoe_error_clear();
+    }
+    return 0;
+}
+
+/* device_init's undoing, in reverse order; after the I/O thread was joined, before the
+ * tier (which owns the host block) closes. */
+static void device_free(fmoe_offload *x) {
+    if (x->bctx) {
+        if (x->dev_slots) x->be->release(x->bctx, x->dev_slots);
+        if (x->staging_pinned) x->be->host_unregister(x->bctx, x->staging);
+        if (x->block_pinned) x->be->host_unregister(x->bctx, x->host_block);
+        x->be->free(x->bctx);
+    }
+    free(x->staging);
+    x->bctx = NULL, x->dev_slots = NULL, x->staging = NULL, x->host_block = NULL;
+}
+
 void fmoe_offload_free(fmoe_offload *x) {
     if (!x) return;
     if (x->io_started) {
@@ -599,6 +752,7 @@ void fmoe_offload_free(fmoe_offload *x) {
         pthread_cond_destroy(&x->io_cv);
         pthread_cond_destroy(&x->exec_cv);
     }
+    device_free(x); /* the I/O thread, its only other user, is gone */
     fmoe_slots_free(x->slots);
     fmoe_policy_free(&x->policy);
     fmoe__expert_tier_close(x->tier);
@@ -618,6 +772,20 @@ void fmoe_offload_free(fmoe_offload *x) {
 }
 
 int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offload_options *o) {
+    *out = NULL;
+    switch (o->backend) {
+    case FMOE_BACKEND_CPU: return fmoe__offload_init_backend(out, m, o, &fmoe__cpu_backend);
+    case FMOE_BACKEND_CUDA: {
+        const fmoe__backend_ops *be = fmoe__cuda_backend();
+        if (!be) return FMOE_EUNSUPPORTED; /* the detail says why */
+        return fmoe__offload_init_backend(out, m, o, be);
+    }
+    }
+    return fmoe_error_set(FMOE_EINVAL, "unknown offload backend %d", (int)o->backend);
+}
+
+int fmoe__offload_init_backend(fmoe_offload **out, const fmoe_model *m,
+                               const fmoe_offload_options *o, const fmoe__backend_ops *be) {
     *out = NULL;
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
     FMOE_RETURN_ERROR_IF(o->cache_experts < 1, FMOE_EINVAL,
@@ -650,6 +818,8 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
     if (!x) return fmoe_error_set(FMOE_ENOMEM, "offload state");
     x->m = m;
     x->opt = *o;
+    x->be = be;
+    x->device = !be->host_memory;
     if (x->opt.prefill_chunk <= 0) x->opt.prefill_chunk = 64;
     x->L = g->num_moe_layers;
     x->J = g->num_experts;
@@ -693,7 +863,11 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
     if ((rc = fmoe_slots_init(&x->slots, &sc)) < 0) goto fail;
     x->env = fmoe_slots_env(x->slots);
     const size_t n1 = (size_t)x->N + 1;
-    x->slot_mem = aligned_alloc(4096, n1 * (size_t)x->slot_stride);
+    if (x->device) {
+        if ((rc = device_init(x)) < 0) goto fail;
+    } else {
+        x->slot_mem = aligned_alloc(4096, n1 * (size_t)x->slot_stride);
+    }
     x->data_expert = malloc(n1 * sizeof *x->data_expert);
     x->holds_taken = calloc(n1, sizeof *x->holds_taken);
     x->holds_released = calloc(n1, sizeof *x->holds_released);
@@ -703,7 +877,8 @@ int fmoe_offload_init(fmoe_offload **out, const fmoe_model *m, const fmoe_offloa
     x->cur_access = calloc((size_t)x->J, sizeof *x->cur_access);
     x->lst = calloc((size_t)x->L, sizeof *x->lst);
     if ((rc = reserve_accesses(x, 1)) < 0) goto fail;
-    if (!x->slot_mem || !x->data_expert || !x->holds_taken || !x->holds_released || !x->dq ||
+    if ((!x->device && !x->slot_mem) || !x->data_expert || !x->holds_taken ||
+        !x->holds_released || !x->dq ||
         !x->cur_slot || !x->cur_access || !x->lst) {
         rc = fmoe_error_set(FMOE_ENOMEM, "%d expert slots of %lld bytes", x->N,
                             (long long)x->expert_bytes);

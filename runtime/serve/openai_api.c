@@ -668,7 +668,8 @@ char *serve_api_render_models(const serve_engine_info *info) {
     if (put_str(m, "id", info->model_name ? info->model_name : "fmoe") ||
         put_str(m, "object", "model") || put_num(m, "created", (double)info->created) ||
         put_str(m, "owned_by", "fmoe") || put_num(m, "max_context", info->max_context) ||
-        put_num(m, "parallel", info->parallel))
+        put_num(m, "parallel", info->parallel) ||
+        put_str(m, "backend", info->backend ? info->backend : "cpu"))
         goto fail;
     return finish_json(o);
 fail:

@@ -742,6 +742,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
     for (int32_t i = 0; rc == 0 && i < P; i++) {
         fmoe_session_options so = fmoe_session_defaults();
+        so.backend = o->backend;
         so.max_context = e->o.max_context;
         so.threads = o->threads;
         if (i == 0 && o->offload) fmoe_offload_attach(o->offload, &so);
@@ -868,6 +869,7 @@ void serve_engine_get_info(const serve_engine *e, serve_engine_info *out) {
                                .parallel = e->o.parallel,
                                .num_layers = e->L,
                                .offloaded = e->o.offload != NULL,
+                               .backend = fmoe_backend_name(e->o.backend),
                                .created = e->created};
 }
 

@@ -47,6 +47,8 @@ typedef struct serve_engine_options {
     int32_t max_queue;                 /* waiting requests beyond which submit says 503 */
     int32_t max_context;               /* KV positions per sequence (0: model's, <= 4096) */
     int32_t threads;                   /* CPU threads (0: all cores) */
+    fmoe_backend_kind backend;         /* where the sessions compute; an offload executor's
+                                          fmoe_offload_options.backend must equal it */
     const int32_t *stop_ids;           /* extra end-of-sequence ids (generation_config) */
     int32_t num_stop_ids;
     /* Production traces: every request that finished (stop or length, or cut after its
@@ -147,6 +149,7 @@ typedef struct serve_engine_info {
     int32_t parallel;
     int32_t num_layers;         /* MoE layers L (per-layer metrics) */
     int32_t offloaded;          /* 1 when an executor runs the experts */
+    const char *backend;        /* "cpu" or "cuda": where the sessions compute */
     int64_t created;            /* unix seconds the engine started */
 } serve_engine_info;
 

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "backend_cli.h"
 #include "cmd_common.h"
 #include "harness.h"
 #include "options.h"
@@ -371,6 +372,24 @@ TEST(accepted_forms) {
 }
 
 /* ------------------------------------------------------------------ the harness itself */
+
+/* --backend's device name, from fmoe_cuda_describe()'s text (runtime/cuda/cuda_backend.cu
+ * and the loader's forms), for the backend line and recorded_on "cuda:<name>". */
+TEST(cuda_device_name_from_describe) {
+    char b[64];
+    ASSERT_STR_EQ(cmd_cuda_device_name("CUDA runtime 13.0, 1 device (NVIDIA H100 80GB HBM3)",
+                                       b, sizeof b),
+                  "NVIDIA H100 80GB HBM3");
+    ASSERT_STR_EQ(cmd_cuda_device_name("CUDA runtime 12.4, 2 devices (A (rev 2)) ", b, sizeof b),
+                  "A (rev 2)");
+    ASSERT_STR_EQ(cmd_cuda_device_name("CUDA runtime 13.0, 0 devices", b, sizeof b), "");
+    ASSERT_STR_EQ(cmd_cuda_device_name("not compiled (built without CUDA", b, sizeof b), "");
+    ASSERT_STR_EQ(cmd_cuda_device_name("x)", b, sizeof b), "");
+    ASSERT_STR_EQ(cmd_cuda_device_name(NULL, b, sizeof b), "");
+    ASSERT_STR_EQ(cmd_cuda_device_name("1 device (NVIDIA H100)", b, 5), "NVID");
+    ASSERT_STR_EQ(cmd_backend_describe(FMOE_BACKEND_CPU, b, sizeof b), "cpu");
+    ASSERT_STR_EQ(cmd_backend_recorded_on(FMOE_BACKEND_CPU, b, sizeof b), "cpu");
+}
 
 static void dummy_test(int *failed) { (void)failed; }
 

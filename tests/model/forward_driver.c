@@ -5,13 +5,14 @@
  *   forward_driver DIR --tokens 1,2,3 [--logits OUT.f32] [--routes OUT.json]
  *                  [--generate N] [--stepwise] [--batch B] [--threads T]
  *                  [--max-context C] [--temperature T] [--top-k K] [--top-p P]
- *                  [--seed S] [--speculative S] [--bench]
+ *                  [--seed S] [--speculative S] [--backend cpu|cuda|auto] [--bench]
  *
  * --logits writes the logits of every prompt token as raw little-endian float32 [n][V].
  * --routes writes JSON: prompt, generated tokens, and for every token run (the prompt and
  * each generated token fed back) the chosen experts [T][L][K], their weights and the full
  * gate probabilities [T][L][J].
  * --stepwise feeds the prompt one token at a time (exercises the KV cache).
+ * --backend runs the session there (fmoe_backend_choose; default cpu, the reference).
  * --bench prints one JSON line with prefill and decode tokens/s. Without --logits it asks
  * for the last prompt token's logits only, as llama-bench's prompt test does.
  * Exit status 0, or 1 with the error detail on stderr.
@@ -95,6 +96,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--top-p")) sp.top_p = (float)atof(v);
         else if (!strcmp(a, "--seed")) sp.seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--speculative")) spec = atoi(v);
+        else if (!strcmp(a, "--backend")) {
+            if (fmoe_backend_choose(v, &so.backend) < 0) {
+                fprintf(stderr, "forward_driver: %s\n", fmoe_error_detail());
+                return 2;
+            }
+        }
         else { fprintf(stderr, "forward_driver: unknown option %s\n", a); return 2; }
     }
     int32_t *prompt = NULL, n = 0;

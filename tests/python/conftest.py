@@ -6,6 +6,7 @@ The tests run the built `fmoe` binary and check its files with independent reade
 """
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -77,3 +78,22 @@ def fmoe(fmoe_bin):
 
 def have_h5dump():
     return shutil.which("h5dump") is not None
+
+
+def cuda_devices(fmoe_bin):
+    """CUDA devices the fmoe binary sees: the count in the `cuda:` line of `fmoe --version`
+    ("CUDA runtime 13.0, 1 device (NVIDIA H100)"); 0 when it was built without CUDA or its
+    module does not load here. FMOE_TEST_CUDA_DEVICES overrides what --version says."""
+    forced = os.environ.get("FMOE_TEST_CUDA_DEVICES")
+    if forced:
+        return int(forced)
+    out = run_fmoe(fmoe_bin, "--version").stdout
+    line = next((l for l in out.splitlines() if l.startswith("cuda:")), "")
+    m = re.search(r"(\d+) devices?\b", line)
+    return int(m.group(1)) if m else 0
+
+
+@pytest.fixture(scope="session")
+def have_cuda_device(fmoe_bin):
+    """True where `--backend cuda` can run (and `--backend auto` chooses it)."""
+    return cuda_devices(fmoe_bin) > 0

@@ -516,6 +516,14 @@ TEST(render_error_models_and_ids) {
     ASSERT_STR_EQ(str(m0, "owned_by"), "fmoe");
     ASSERT_EQ(num(m0, "created"), 1234);
     ASSERT_EQ(num(m0, "max_context"), 1024);
+    ASSERT_STR_EQ(str(m0, "backend"), "cpu"); /* unset: the default backend */
+    cJSON_Delete(o);
+    info.backend = "cuda";
+    j = serve_api_render_models(&info);
+    o = j ? cJSON_Parse(j) : NULL;
+    free(j);
+    d = cJSON_GetObjectItemCaseSensitive(o, "data");
+    ASSERT_STR_EQ(str(cJSON_GetArrayItem(d, 0), "backend"), "cuda");
     cJSON_Delete(o);
 
     const uint8_t rnd[12] = {0x00, 0x01, 0x7f, 0x80, 0xab, 0xff, 0x10, 0x20, 0x30, 0x40, 0x50, 0x6e};

@@ -1,0 +1,68 @@
+/*
+ * backend_cli.c - `--backend` for the commands that compute (backend_cli.h).
+ */
+#include "backend_cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "cmd_common.h"
+#include "fmoe/cuda.h"
+#include "fmoe/error.h"
+
+int cmd_backend_resolve(const char *cmd, const char *name, fmoe_backend_kind *out) {
+    const int rc = fmoe_backend_choose(name, out);
+    if (rc == 0) return 0;
+    /* an unknown name in options.h's phrasing for a choice; else the detail says why cuda
+     * cannot run ("CUDA backend unavailable: no CUDA device") */
+    if (rc == FMOE_EINVAL)
+        return cmd_usage_error(cmd, "--backend must be cpu, cuda or auto, got '%s'",
+                               name ? name : "");
+    const char *detail = fmoe_error_detail();
+    return cmd_failf(cmd, "--backend %s: %s", name ? name : "auto",
+                     detail[0] ? detail : fmoe_strerror(rc));
+}
+
+const char *cmd_cuda_device_name(const char *describe, char *buf, size_t cap) {
+    if (cap == 0) return buf;
+    buf[0] = '\0';
+    size_t n = describe ? strlen(describe) : 0;
+    while (n > 0 && describe[n - 1] == ' ') n--;
+    if (n == 0 || describe[n - 1] != ')') return buf;
+    /* back to the '(' that opens the trailing group, nested ones included */
+    size_t open = n - 1;
+    int depth = 0;
+    for (;;) {
+        if (describe[open] == ')') depth++;
+        else if (describe[open] == '(' && --depth == 0) break;
+        if (open == 0) return buf; /* unbalanced: no name */
+        open--;
+    }
+    snprintf(buf, cap, "%.*s", (int)(n - 1 - open - 1), describe + open + 1);
+    return buf;
+}
+
+const char *cmd_backend_describe(fmoe_backend_kind kind, char *buf, size_t cap) {
+    char dev[160];
+    if (kind == FMOE_BACKEND_CUDA &&
+        cmd_cuda_device_name(fmoe_cuda_describe(), dev, sizeof dev)[0])
+        snprintf(buf, cap, "%s (%s)", fmoe_backend_name(kind), dev);
+    else
+        snprintf(buf, cap, "%s", fmoe_backend_name(kind));
+    return buf;
+}
+
+const char *cmd_backend_recorded_on(fmoe_backend_kind kind, char *buf, size_t cap) {
+    char dev[160];
+    if (kind == FMOE_BACKEND_CUDA &&
+        cmd_cuda_device_name(fmoe_cuda_describe(), dev, sizeof dev)[0])
+        snprintf(buf, cap, "%s:%s", fmoe_backend_name(kind), dev);
+    else
+        snprintf(buf, cap, "%s", fmoe_backend_name(kind));
+    return buf;
+}
+
+void cmd_backend_say(const char *cmd, fmoe_backend_kind kind) {
+    char words[200];
+    fprintf(stderr, "fmoe %s: backend %s\n", cmd, cmd_backend_describe(kind, words, sizeof words));
+}

@@ -1,0 +1,554 @@
+#!/usr/bin/env bash
+# tests/gpu/device-check.sh - the one command a GPU machine runs (README.md beside this
+# file): checks the build that tests/gpu/bundle.sh packed into .gpu-carry/ in stages, each
+# under its own timeout and all under one deadline, and writes what comes back to $OUT.
+#
+#     bash tests/gpu/device-check.sh        # from anywhere; works in the repository root
+#
+# Environment: OUT (default ./gpu-out), FMOE_GPU_BUILD_DIR (default .gpu-carry/build-gpu),
+# FMOE_GPU_DEADLINE (seconds for all stages, default 420), FMOE_GPU_ONLY (space-separated
+# stage names to run, the rest reported "not-run").
+#
+# Every stage runs whatever happened before it (no stopping at the first failure) and logs
+# to $OUT/stage-<name>.log, which is appended to $OUT/logs.txt as soon as the stage ends.
+# After each stage $OUT/summary.txt (the table printed at the end: stage, status, seconds,
+# key figure) and $OUT/figures.json are rewritten, so a run cut short still returns what
+# it did. What comes back: summary.txt, logs.txt, figures.json, ops.json, bench.json,
+# trace-cuda.h5 (if under 4 MiB): at most 6 files, 2 below the limit of 8.
+#
+# Statuses: pass; FAIL; TIMEOUT (its stage timeout); skip (the step says it cannot run
+# here, e.g. no GPU: exit 77); missing (what it runs is not in this tree yet); not-run
+# (the deadline left no time for it, or FMOE_GPU_ONLY).
+#
+# Exit status: 1 when a stage failed or timed out; else 77 where there is no CUDA device
+# (after every step that needs none: the binary starts, the CPU halves of the tests), with
+# the line "no CUDA device: the rest needs a GPU"; else 0.
+set -u
+set -o pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/../.."
+root=$PWD
+OUT=${OUT:-$root/gpu-out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+B=${FMOE_GPU_BUILD_DIR:-$root/.gpu-carry/build-gpu}
+B=$(cd "$B" 2>/dev/null && pwd || echo "$B")
+deadline=${FMOE_GPU_DEADLINE:-420}
+only=${FMOE_GPU_ONLY:-}
+work=$(mktemp -d "${TMPDIR:-/tmp}/fmoe-gpu.XXXXXX")
+t_start=$SECONDS
+rm -f "$OUT"/stage-*.log "$OUT/logs.txt" "$OUT/summary.txt" "$OUT/figures.json" \
+    "$OUT/ops.json" "$OUT/bench.json" "$OUT/trace-cuda.h5"
+
+# ---- the carried build ------------------------------------------------------------------
+# bundle.sh packed the Debian libraries as bundle-lib.tar.xz; the binaries' RPATH
+# ($ORIGIN/../bundle-lib, $ORIGIN/../../bundle-lib) finds them once unpacked here.
+unpacked=0
+if [ -f "$B/bundle-lib.tar.xz" ] && [ ! -d "$B/bundle-lib" ]; then
+    if command -v xz >/dev/null 2>&1; then
+        tar -xJf "$B/bundle-lib.tar.xz" -C "$B" && unpacked=1
+    else
+        python3 -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1])
+t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' \
+            "$B/bundle-lib.tar.xz" "$B" && unpacked=1
+    fi
+fi
+cleanup() {
+    [ "$unpacked" = 1 ] && rm -rf "$B/bundle-lib" # the rehearsal must leave .gpu-carry as packed
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The CUDA module's own libraries (libcudart, libcublas, libcublasLt) come from the machine:
+# where the loader does not find them, the first folder holding each is put on
+# LD_LIBRARY_PATH: Python's nvidia packages first (the very files torch loads, so
+# python3 and fmoe agree), then the toolkit's.
+cuda_lib_dirs() {
+    python3 - 2>/dev/null <<'EOF'
+import os
+try:
+    import nvidia
+    for p in nvidia.__path__:
+        for d, _, files in os.walk(p):
+            if any(f.startswith(("libcublas.so", "libcudart.so", "libcublasLt.so")) for f in files):
+                print(d)
+except Exception:
+    pass
+EOF
+    ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64 \
+        /usr/local/cuda-*/lib /usr/local/cuda-*/targets/x86_64-linux/lib /usr/local/lib 2>/dev/null
+}
+cuda_note="the loader finds them"
+# (no `grep -q` after a pipe in this script: under pipefail the writer's SIGPIPE when grep
+# stops early would read as no match)
+if [ -f "$B/runtime/libfmoe-cuda.so" ] && ldd "$B/runtime/libfmoe-cuda.so" | grep "not found" >/dev/null; then
+    added=""
+    dirs=$(cuda_lib_dirs)
+    for lib in $(ldd "$B/runtime/libfmoe-cuda.so" | awk '/not found/ {print $1}'); do
+        for d in $dirs; do
+            if [ -e "$d/$lib" ]; then
+                case ":$added:" in *":$d:"*) ;; *) added=${added:+$added:}$d ;; esac
+                break
+            fi
+        done
+    done
+    if [ -n "$added" ]; then
+        export LD_LIBRARY_PATH=$added${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        cuda_note="from $added"
+    else
+        cuda_note="NOT FOUND (looked in: $(echo $dirs))"
+    fi
+fi
+
+export root B OUT work cuda_note
+export FMOE=$B/cmd/fmoe
+export FMOE_BUILD_DIR=$B FMOE_BUILD_ROOT=$B FMOE_PLUGIN_DIR=$B/trace HDF5_PLUGIN_PATH=$B/trace
+export FMOE_CUDA_MODULE=$B/runtime/libfmoe-cuda.so
+export FMOE_BUNDLED_MODEL=$root/datasets/fmoe-tiny FMOE_SAMPLES_DIR=$root/datasets/samples
+export FMOE_FIXTURES=$root/tests/fixtures FMOE_SOURCE_ROOT=$root
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+have_gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null; then
+    have_gpu=1
+fi
+san=$(command -v compute-sanitizer 2>/dev/null ||
+    ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
+        /usr/local/cuda*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+has_backend=0
+"$FMOE" generate --help 2>/dev/null | grep -- '--backend' >/dev/null && has_backend=1
+record_backend=0
+"$FMOE" record --help 2>/dev/null | grep -- '--backend' >/dev/null && record_backend=1
+export have_gpu san has_backend record_backend
+
+prompt="The capital of France is"
+tiny=$root/datasets/fmoe-tiny
+export prompt tiny
+
+# ---- stages -----------------------------------------------------------------------------
+# Each is a function run as `timeout T bash -c stage_<name>` (a group kill takes every
+# process it started), writing its key figure to $FIG. Return 0 pass, 77 skip, 78 missing,
+# anything else a failure.
+
+fig() { printf '%s' "$*" >"$FIG"; }
+needs_gpu() {
+    if [ "$have_gpu" != 1 ]; then
+        fig "needs a GPU"
+        return 0
+    fi
+    return 1
+}
+
+stage_env() {
+    local bad=0
+    echo "== host"
+    uname -a
+    grep -E '^(PRETTY_NAME|VERSION)=' /etc/os-release 2>/dev/null
+    ldd --version 2>&1 | head -1
+    echo "cores: $(nproc)"
+    free -g 2>/dev/null | head -2
+    echo "== carried build"
+    cat "$B/../MANIFEST" 2>/dev/null | sed -n '1,6p'
+    echo "== GPU"
+    local gpu="no GPU"
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi -L
+        nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap,clocks.max.sm \
+            --format=csv 2>&1
+        [ "$have_gpu" = 1 ] && gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    else
+        echo "nvidia-smi: not found"
+    fi
+    echo "== nvcc"
+    (command -v nvcc >/dev/null && nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>&1 | tail -2
+    echo "== compute-sanitizer: ${san:-not found}"
+    [ -n "$san" ] && "$san" --version 2>&1 | tail -1
+    echo "== python"
+    command -v python3
+    python3 - <<'EOF' 2>&1 | tee "$work/python.txt"
+import importlib, sys
+parts = ["python " + sys.version.split()[0]]
+for name in ("torch", "transformers", "h5py", "numpy", "pytest"):
+    try:
+        m = importlib.import_module(name)
+        parts.append(f"{name} {getattr(m, '__version__', '?')}")
+        if name == "torch":
+            parts.append(f"(cuda {m.version.cuda}, available {m.cuda.is_available()})")
+    except Exception as e:
+        parts.append(f"{name} MISSING ({type(e).__name__})")
+print(" ".join(parts))
+EOF
+    echo "== libraries (CUDA's: $cuda_note)"
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    local f nf nb
+    for f in cmd/fmoe runtime/libfmoe-cuda.so trace/libh5zstd.so tests/gpu/test_backend_ops; do
+        [ -e "$B/$f" ] || { echo "$f: MISSING from the carried build"; bad=1; continue; }
+        nf=$(ldd "$B/$f" | grep -c "not found")
+        nb=$(ldd "$B/$f" | grep -c "bundle-lib/")
+        echo "$f: $nb libraries from bundle-lib, $nf not found"
+        if [ "$nf" != 0 ]; then
+            ldd "$B/$f" | grep "not found"
+            bad=1
+        fi
+    done
+    echo "== fmoe --version"
+    "$FMOE" --version 2>&1 | tee "$work/version.txt" || bad=1
+    local cuda_line
+    cuda_line=$(grep '^cuda:' "$work/version.txt")
+    if [ "$have_gpu" = 1 ] && ! echo "$cuda_line" | grep -qE '[1-9][0-9]* devices?'; then
+        echo "fmoe does not see the GPU that nvidia-smi lists"
+        bad=1
+    fi
+    echo "generate --backend: $has_backend, record --backend: $record_backend"
+    fig "$gpu; $cuda_line; $(grep -o 'torch [^ ]*' "$work/python.txt" | head -1)"
+    return $bad
+}
+
+stage_ops_self() {
+    "$B/tests/gpu/test_backend_ops" --self >"$work/self.txt" 2>&1
+    local rc=$?
+    cat "$work/self.txt"
+    fig "$(grep '^backend_ops: cpu vs' "$work/self.txt" | sed 's/^backend_ops: //')"
+    return $rc
+}
+
+stage_selftest() {
+    [ -x "$B/tests/unit/test_cuda" ] || { fig "tests/unit/test_cuda not built"; return 78; }
+    "$B/tests/unit/test_cuda" 2>&1 | tee "$work/selftest.txt"
+    local rc=${PIPESTATUS[0]}
+    fig "$(tail -1 "$work/selftest.txt")"
+    return $rc
+}
+
+stage_ops() {
+    "$B/tests/gpu/test_backend_ops" --json "$OUT/ops.json" >"$work/ops.txt" 2>&1
+    local rc=$?
+    cat "$work/ops.txt"
+    if [ $rc = 77 ]; then
+        rm -f "$OUT/ops.json"
+        fig "$(grep 'skipped' "$work/ops.txt" | head -1 | cut -c1-120)"
+    else
+        fig "$(grep '^backend_ops: cpu vs' "$work/ops.txt" | sed 's/^backend_ops: //')"
+        grep -E ' FAIL$|^FAIL ' "$work/ops.txt" | head -20 >&2
+    fi
+    return $rc
+}
+
+stage_cuda_ops() {
+    [ -x "$B/tests/model/test_cuda_ops" ] || { fig "tests/model/test_cuda_ops not built"; return 78; }
+    "$B/tests/model/test_cuda_ops" 2>&1 | tee "$work/cuda_ops.txt"
+    local rc=${PIPESTATUS[0]}
+    fig "$(tail -1 "$work/cuda_ops.txt")"
+    return $rc
+}
+
+# The logits of greedy generations on the CPU and on CUDA, resident and offloaded, compared
+# step by step (stdlib Python: .npy read by hand).
+compare_generations() {
+    python3 - "$@" <<'EOF'
+import array, ast, json, os, struct, sys
+
+def npy(path):
+    data = open(path, "rb").read()
+    assert data[:6] == b"\x93NUMPY", path
+    n, off = (struct.unpack("<H", data[8:10])[0], 10) if data[6] == 1 else (struct.unpack("<I", data[8:12])[0], 12)
+    hdr = ast.literal_eval(data[off:off + n].decode("latin1"))
+    assert hdr["descr"] == "<f4" and not hdr["fortran_order"], hdr
+    a = array.array("f")
+    a.frombytes(data[off + n:])
+    rows, cols = hdr["shape"]
+    return [a[r * cols:(r + 1) * cols] for r in range(rows)]
+
+def load(stem):
+    return json.load(open(stem + ".json")), npy(stem + ".npy")
+
+ok = True
+figs = []
+ref_j, ref_l = load(sys.argv[1])
+for stem, label in zip(sys.argv[2::2], sys.argv[3::2]):
+    j, l = load(stem)
+    a, b = ref_j["generated_ids"], j["generated_ids"]
+    same = 0
+    while same < min(len(a), len(b)) and a[same] == b[same]:
+        same += 1
+    steps = min(len(ref_l), len(l), same + 1)
+    worst_rel, worst_abs = 0.0, 0.0
+    for s in range(steps):
+        d = max(abs(x - y) for x, y in zip(ref_l[s], l[s]))
+        scale = max(abs(x) for x in ref_l[s]) or 1.0
+        worst_abs, worst_rel = max(worst_abs, d), max(worst_rel, d / scale)
+        print(f"{label}: step {s}: max|dlogit| {d:.3g} (max|logit| {scale:.3g})")
+    verdict = "ids identical"
+    good = worst_rel <= 5e-2  # fmoe-tiny is bf16: x rounded to bf16 moves logits ~1%
+    if same < min(len(a), len(b)):
+        top = sorted(ref_l[same], reverse=True)[:2]
+        gap = top[0] - top[1]
+        near_tie = gap <= 2 * worst_abs
+        verdict = f"ids differ from step {same} (reference top-2 gap {gap:.3g}: {'a near tie' if near_tie else 'NOT a near tie'})"
+        good = good and near_tie
+    elif len(a) != len(b):
+        verdict = f"lengths differ: {len(a)} vs {len(b)}"
+        good = False
+    ok = ok and good
+    print(f"{label}: {verdict}; max|dlogit| {worst_abs:.3g}, relative {worst_rel:.3g}; "
+          f"prefill {j.get('prefill_tok_s')} tok/s, decode {j.get('decode_tok_s')} tok/s "
+          f"(reference {ref_j.get('prefill_tok_s')}, {ref_j.get('decode_tok_s')}) {'PASS' if good else 'FAIL'}")
+    figs.append(f"{label} {same}/{len(a)} ids, max|dl| {worst_abs:.2g}, decode {j.get('decode_tok_s')} tok/s")
+with open(os.environ["FIG"], "w") as f:
+    f.write("; ".join(figs) + f"; cpu decode {ref_j.get('decode_tok_s')} tok/s")
+sys.exit(0 if ok else 1)
+EOF
+}
+
+stage_generate() {
+    local base=(generate --model "$tiny" --prompt "$prompt" --max-new-tokens 32 --temperature 0
+        --ignore-eos --json)
+    local cpu=()
+    [ "$has_backend" = 1 ] && cpu=(--backend cpu)
+    echo "== cpu"
+    "$FMOE" "${base[@]}" "${cpu[@]}" --dump-logits "$work/cpu.npy" >"$work/cpu.json" || return 1
+    cat "$work/cpu.json"
+    echo
+    if [ "$have_gpu" != 1 ]; then
+        fig "cpu ok, decode $(grep -o '"decode_tok_s": [0-9.]*' "$work/cpu.json" | grep -o '[0-9.]*$') tok/s; cuda needs a GPU"
+        return 77
+    fi
+    [ "$has_backend" = 1 ] || { fig "fmoe generate has no --backend"; return 78; }
+    local bad=0
+    echo "== cuda"
+    "$FMOE" "${base[@]}" --backend cuda --dump-logits "$work/cuda.npy" >"$work/cuda.json" || bad=1
+    cat "$work/cuda.json"
+    echo
+    echo "== cuda, offloaded: --policy lru --cache-experts 16"
+    "$FMOE" "${base[@]}" --backend cuda --policy lru --cache-experts 16 \
+        --dump-logits "$work/cuda-off.npy" >"$work/cuda-off.json" || bad=1
+    cat "$work/cuda-off.json"
+    echo
+    [ $bad = 0 ] || { fig "a cuda generate failed"; return 1; }
+    echo "== logits against the CPU's"
+    compare_generations "$work/cpu" "$work/cuda" cuda "$work/cuda-off" cuda-offload
+}
+
+stage_e2e() {
+    ls "$root"/tests/gpu/test_*.py >/dev/null 2>&1 || { fig "tests/gpu/test_*.py not in this tree"; return 78; }
+    python3 -c 'import pytest' 2>/dev/null || { fig "no pytest here"; return 77; }
+    python3 -m pytest -q -x -p no:cacheprovider "$root/tests/gpu" 2>&1 | tee "$work/e2e.txt"
+    local rc=${PIPESTATUS[0]}
+    fig "$(grep -E '(passed|failed|skipped|error|no tests ran)' "$work/e2e.txt" | tail -1 | tr -d '=' | sed 's/^ *//')"
+    [ $rc = 5 ] && return 78 # no tests collected
+    return $rc
+}
+
+stage_record() {
+    needs_gpu && return 77
+    [ "$record_backend" = 1 ] || { fig "fmoe record has no --backend"; return 78; }
+    # written in $work (a cut-short run leaves no .partial and journal in $OUT)
+    "$FMOE" record --backend cuda --model "$tiny" --dataset "$root/datasets/samples/prompts_100.txt" \
+        --max-requests 4 --max-new-tokens 16 --policy lru --cache-experts 16 \
+        -o "$work/trace-cuda.h5" -q || { fig "fmoe record failed"; return 1; }
+    "$FMOE" inspect "$work/trace-cuda.h5" 2>&1 | head -60 | tee "$work/inspect.txt"
+    local size keep="kept"
+    size=$(stat -c %s "$work/trace-cuda.h5")
+    if [ "$size" -le $((4 << 20)) ]; then
+        cp "$work/trace-cuda.h5" "$OUT/trace-cuda.h5"
+    else
+        keep="not kept (over 4 MiB)"
+    fi
+    fig "4 requests, $size bytes, $keep; $(grep -io 'recorded.on[^,;]*' "$work/inspect.txt" | head -1)"
+}
+
+# compute-sanitizer TOOL over a command; status from its own report: errors (leaks aside,
+# which are reported but do not fail) or a failing program.
+sanitize() {
+    local tool=$1
+    shift
+    [ -n "$san" ] || { fig "no compute-sanitizer"; return 78; }
+    local extra=()
+    [ "$tool" = memcheck ] && extra=(--leak-check full)
+    echo "$san --tool $tool ${extra[*]} --print-limit 50 $*"
+    "$san" --tool "$tool" "${extra[@]}" --print-limit 50 "$@" >"$work/san.txt" 2>&1
+    local rc=$?
+    cat "$work/san.txt"
+    local total leaks
+    total=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$work/san.txt" | tail -1 | grep -oE '[0-9]+$')
+    leaks=$(grep -cE 'Leaked [0-9]+ bytes' "$work/san.txt")
+    if [ -z "$total" ]; then
+        fig "no ERROR SUMMARY (exit $rc)"
+        return 1
+    fi
+    local errors=$((total - leaks))
+    fig "$errors errors, $leaks leaks (exit $rc)"
+    [ $rc = 77 ] && return 77 # the program skipped
+    [ "$errors" = 0 ] && [ $rc = 0 ]
+}
+
+stage_memcheck() {
+    needs_gpu && return 77
+    [ "$has_backend" = 1 ] || { fig "fmoe generate has no --backend"; return 78; }
+    sanitize memcheck "$FMOE" generate --backend cuda --model "$tiny" --prompt "$prompt" \
+        --max-new-tokens 8 --temperature 0 --ignore-eos
+}
+
+stage_memcheck_offload() {
+    needs_gpu && return 77
+    [ "$has_backend" = 1 ] || { fig "fmoe generate has no --backend"; return 78; }
+    sanitize memcheck "$FMOE" generate --backend cuda --model "$tiny" --prompt "$prompt" \
+        --max-new-tokens 8 --temperature 0 --ignore-eos --policy lru --cache-experts 16
+}
+
+stage_memcheck_ops() { # every op at every shape of test_backend_ops, under memcheck
+    needs_gpu && return 77
+    sanitize memcheck "$B/tests/gpu/test_backend_ops"
+}
+
+stage_racecheck() {
+    needs_gpu && return 77
+    [ "$has_backend" = 1 ] || { fig "fmoe generate has no --backend"; return 78; }
+    sanitize racecheck "$FMOE" generate --backend cuda --model "$tiny" --prompt "$prompt" \
+        --max-new-tokens 4 --temperature 0 --ignore-eos
+}
+
+stage_synccheck() {
+    needs_gpu && return 77
+    [ "$has_backend" = 1 ] || { fig "fmoe generate has no --backend"; return 78; }
+    sanitize synccheck "$FMOE" generate --backend cuda --model "$tiny" --prompt "$prompt" \
+        --max-new-tokens 4 --temperature 0 --ignore-eos
+}
+
+stage_initcheck() {
+    needs_gpu && return 77
+    [ "$has_backend" = 1 ] || { fig "fmoe generate has no --backend"; return 78; }
+    sanitize initcheck "$FMOE" generate --backend cuda --model "$tiny" --prompt "$prompt" \
+        --max-new-tokens 4 --temperature 0 --ignore-eos --policy lru --cache-experts 16
+}
+
+stage_bench() {
+    [ -f "$root/tests/bench/bench_gpu.py" ] || { fig "tests/bench/bench_gpu.py not in this tree"; return 78; }
+    needs_gpu && return 77
+    python3 "$root/tests/bench/bench_gpu.py" --json "$OUT/bench.json" 2>&1 | tee "$work/bench.txt"
+    local rc=${PIPESTATUS[0]}
+    fig "$(grep -v '^\s*$' "$work/bench.txt" | tail -1 | cut -c1-160)"
+    return $rc
+}
+
+export -f fig needs_gpu compare_generations sanitize
+export -f stage_env stage_ops_self stage_selftest stage_ops stage_cuda_ops stage_generate \
+    stage_e2e stage_record stage_memcheck stage_memcheck_offload stage_memcheck_ops \
+    stage_racecheck stage_synccheck stage_initcheck stage_bench
+
+# name, timeout (s), expected on an H100 (s; README.md). In order of what a short run
+# must not lose: the cheap checks and the differential ones first, the slow sanitizers
+# that repeat earlier coverage last.
+stages=(
+    "env 60"
+    "ops_self 90"
+    "selftest 30"
+    "ops 150"
+    "cuda_ops 120"
+    "generate 90"
+    "e2e 180"
+    "record 60"
+    "memcheck 90"
+    "memcheck_offload 90"
+    "bench 120"
+    "memcheck_ops 90"
+    "racecheck 90"
+    "synccheck 60"
+    "initcheck 60"
+)
+
+names=() statuses=() secs=() figs=()
+json_str() { printf '%s' "$1" | tr -d '\000-\037' | sed 's/\\/\\\\/g; s/"/\\"/g'; }
+
+write_summary() {
+    {
+        printf '%-17s %-8s %5s  %s\n' stage status secs "key figure"
+        local i
+        for i in "${!names[@]}"; do
+            printf '%-17s %-8s %5s  %s\n' "${names[$i]}" "${statuses[$i]}" "${secs[$i]}" "${figs[$i]}"
+        done
+        printf 'total %ss of a %ss deadline; gpu %s; OUT %s\n' $((SECONDS - t_start)) "$deadline" \
+            "$([ "$have_gpu" = 1 ] && echo yes || echo no)" "$OUT"
+    } >"$OUT/summary.txt"
+    {
+        printf '{"gpu": %s, "deadline_s": %s, "total_s": %s, "stages": [' \
+            "$([ "$have_gpu" = 1 ] && echo true || echo false)" "$deadline" $((SECONDS - t_start))
+        local i sep=""
+        for i in "${!names[@]}"; do
+            printf '%s\n  {"stage": "%s", "status": "%s", "seconds": %s, "figure": "%s"}' "$sep" \
+                "${names[$i]}" "${statuses[$i]}" "${secs[$i]}" "$(json_str "${figs[$i]}")"
+            sep=","
+        done
+        printf '\n]}\n'
+    } >"$OUT/figures.json"
+}
+
+append_log() { # stage name, status, seconds: the stage's log into logs.txt (long ones cut)
+    local log="$OUT/stage-$1.log"
+    {
+        printf '\n===== stage %s: %s (%s s) =====\n' "$1" "$2" "$3"
+        if [ -f "$log" ]; then
+            local size
+            size=$(stat -c %s "$log")
+            if [ "$size" -gt $((3 << 20)) ]; then
+                head -c $((512 << 10)) "$log"
+                printf '\n[... %s bytes cut ...]\n' $((size - (3 << 20)))
+                tail -c $((2560 << 10)) "$log"
+            else
+                cat "$log"
+            fi
+        fi
+    } >>"$OUT/logs.txt"
+    rm -f "$log"
+}
+
+failed=0
+echo "device-check: build $B, OUT $OUT, deadline ${deadline}s, gpu $([ "$have_gpu" = 1 ] && echo yes || echo no)"
+for entry in "${stages[@]}"; do
+    read -r name limit <<<"$entry"
+    if [ -n "$only" ] && ! [[ " $only " == *" $name "* ]]; then
+        continue
+    fi
+    left=$((deadline - (SECONDS - t_start)))
+    export FIG=$work/fig-$name
+    : >"$FIG"
+    t0=$SECONDS
+    if [ "$left" -lt 10 ]; then
+        status=not-run
+        printf 'no time left of the %ss deadline' "$deadline" >"$FIG"
+    else
+        [ "$limit" -gt "$left" ] && limit=$left
+        timeout -k 5 "$limit" bash -c "stage_$name" >"$OUT/stage-$name.log" 2>&1
+        rc=$?
+        case $rc in
+        0) status=pass ;;
+        77) status=skip ;;
+        78) status=missing ;;
+        124 | 137) status=TIMEOUT; printf 'stopped after %ss: %s' "$limit" "$(cat "$FIG")" >"$FIG" ;;
+        *) status=FAIL ;;
+        esac
+    fi
+    dt=$((SECONDS - t0))
+    names+=("$name") statuses+=("$status") secs+=("$dt") figs+=("$(head -c 300 "$FIG")")
+    printf '[%4ss] %-17s %-8s %4ss  %s\n' $((SECONDS - t_start)) "$name" "$status" "$dt" "$(head -c 200 "$FIG")"
+    if [ "$status" = FAIL ] || [ "$status" = TIMEOUT ]; then
+        failed=$((failed + 1))
+        tail -n 12 "$OUT/stage-$name.log" 2>/dev/null | sed 's/^/    | /'
+    fi
+    append_log "$name" "$status" "$dt"
+    write_summary
+done
+
+echo
+cat "$OUT/summary.txt"
+if [ "$failed" -gt 0 ]; then
+    echo "device-check: $failed stage(s) failed or timed out (logs: $OUT/logs.txt)"
+    exit 1
+fi
+if [ "$have_gpu" != 1 ]; then
+    echo "no CUDA device: the rest needs a GPU"
+    exit 77
+fi
+exit 0

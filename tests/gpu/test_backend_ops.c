@@ -1,0 +1,1117 @@
+/*
+ * test_backend_ops - every operation of fmoe__backend_ops (runtime/model/model_impl.h) run
+ * on two backends over the same random inputs (fixed seeds) and compared, op by op and
+ * shape by shape: ggml's test-backend-ops for fmoe (STYLE.md rule 13). The reference is
+ * the CPU table fmoe__cpu_backend; the backend under test is the CUDA table.
+ *
+ *     test_backend_ops [--self] [--json FILE] [FILTER]
+ *
+ *   (no flag)    CPU against CUDA; exits 77 (skipped), saying why, where
+ *                fmoe__cuda_backend() is NULL (no CUDA build, module or device).
+ *   --self       CPU against a second CPU context: runs every case, buffer, index array and
+ *                comparison of the test itself where there is no GPU (suite 'unit'), and
+ *                checks the stated tolerances against a model of the CUDA path's rounding
+ *                (matmul with x rounded to the weight's type) and against planted errors.
+ *   --json FILE  one JSON object per comparison (op, shape, errors, tolerance, pass).
+ *   FILTER       only the tests whose names contain it (harness.h).
+ *
+ * Each side's buffers come from its own context's alloc; inputs are uploaded to both,
+ * the op runs on both, and the results are downloaded and compared. Weights (fmoe__mat)
+ * and model vectors are host memory handed to both sides, and stay alive (and unchanged)
+ * until the contexts are freed, because the CUDA backend caches its device copies by host
+ * address. Every comparison prints one line:
+ *
+ *     op  shape  max_abs  max_rel  tol  PASS|FAIL
+ *
+ * where max_rel is the largest |tested - reference| / scale and an op passes when
+ * max_rel <= tol (tol 0: bit for bit). The scale of each op and its tolerance are the
+ * table `tolerances` below, with the reason for each number.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fmoe/error.h"
+#include "fmoe/half.h"
+#include "harness.h"
+#include "model_impl.h"
+
+/* ---------------------------------------------------------------------------------- */
+/* Tolerances                                                                         */
+/* ---------------------------------------------------------------------------------- */
+
+/*
+ * A comparison passes when, for every element i,
+ *     |tested[i] - reference[i]| <= tol * max(scale[i], floor)
+ * scale[i] being |reference[i]| unless the row says otherwise. Inputs are uniform in
+ * [-1, 1) (logits in [-4, 4)), so floor 1 makes the bound absolute for values below 1.
+ */
+typedef struct tol_row {
+    const char *op;
+    double tol;
+    double floor;
+    const char *why;
+} tol_row;
+
+/* route.topk: ids at one rank may differ only where the reference's probabilities of the
+ * two experts are closer than this (a near tie that expf's last bit can flip). */
+#define TIE_GAP 1e-5
+
+static const tol_row tolerances[] = {
+    {"transfer", 0, 0, "upload/download/copy/zero/write_slot move bytes: bit for bit"},
+    {"get_rows", 0, 0, "bf16/f16 -> f32 widening is exact"},
+    {"gather_rows", 0, 0, "a copy of rows"},
+    {"clamp", 0, 0, "min/max are exact"},
+    {"add", 1e-6, 1, "one rounding; 1e-6 leaves room for nothing but a contracted FMA"},
+    {"add_bias", 1e-6, 1, "one rounding, as add"},
+    {"scatter_add", 1e-6, 1, "acc + s*x: two roundings, or one where the kernel fuses"},
+    {"rmsnorm", 1e-5, 1, "same C row function; sum of squares in double, order differs"},
+    {"rope", 1e-5, 1, "same C row function (--fmad=false): cos/sin products"},
+    {"swiglu", 1e-5, 1, "device expf is within 2 ulp of glibc's"},
+    {"add_gated", 1e-5, 1, "sigmoid through expf, as swiglu"},
+    {"probs", 1e-5, 1e-3, "softmax/sigmoid: expf plus the order of the row's sum"},
+    {"route.probs", 1e-5, 1e-3, "as probs"},
+    {"route.topw", 1e-5, 1, "top-k weights after renormalisation and scale"},
+    {"route.topk", 0, 0, "identical ids, except near ties (TIE_GAP = 1e-5 in probability)"},
+    {"attention", 1e-4, 1, "outputs are convex combinations of v (|v| <= 1): absolute 1e-4; "
+                           "parallel sums of scores and of the softmax denominator"},
+    {"matmul.f32", 1e-5, 0, "scale: sum_k |w*x| of the element; cuBLAS vs OpenBLAS order, "
+                            "no TF32"},
+    {"matmul.bf16", 1e-2, 0, "scale: sum_k |w*x|; the CUDA path rounds x to bf16 "
+                             "(2^-9 relative per term)"},
+    {"matmul.f16", 2e-3, 0, "scale: sum_k |w*x|; the CUDA path rounds x to f16 "
+                            "(2^-12 relative per term)"},
+    {"queue.chain", 1e-5, 1, "300 queued add/add_bias/clamp/rmsnorm ops, one download"},
+};
+
+static const tol_row *tol_of(const char *op) {
+    for (size_t i = 0; i < sizeof tolerances / sizeof tolerances[0]; i++)
+        if (strcmp(tolerances[i].op, op) == 0) return &tolerances[i];
+    fprintf(stderr, "test_backend_ops: no tolerance for op %s\n", op);
+    exit(99);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The two sides                                                                      */
+/* ---------------------------------------------------------------------------------- */
+
+#define MAX_COLS 4096
+#define MAX_BATCH 32
+#define MAX_CONTEXT 60100
+#define MAX_EXPERTS 64
+
+static const fmoe__backend_ops *R = &fmoe__cpu_backend; /* reference */
+static const fmoe__backend_ops *T;                       /* under test */
+static void *rctx, *tctx;       /* the compute contexts */
+static void *rio, *tio;         /* second contexts, as the offload executor's I/O thread */
+static fmoe__weight_home rhome, thome;
+static int self_mode;
+
+/* Results of every comparison. */
+static int n_checks, n_failed;
+static double worst_ratio; /* max over checks of max_rel / tol (checks with tol > 0) */
+static char worst_what[160];
+static FILE *json;
+static int dry_run; /* comparisons that count nowhere (the planted-error controls) */
+
+static uint64_t lcg;
+static void seed(uint64_t s) { lcg = 0x9e3779b97f4a7c15ull ^ (s * 0x100000001b3ull); }
+static float frand(void) { /* uniform in [-1, 1) */
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((lcg >> 40) * 0x1.0p-24) * 2.0f - 1.0f;
+}
+static int32_t irand(int32_t n) { return (int32_t)(((frand() + 1.0f) / 2.0f) * (float)n) % n; }
+
+static float *rand_host(int64_t n, float scale) {
+    float *p = malloc((size_t)n * sizeof *p);
+    for (int64_t i = 0; i < n; i++) p[i] = scale * frand();
+    return p;
+}
+
+/*
+ * Weights and model vectors: host memory both sides read in place or cache by address,
+ * so it lives until the end (a freed block whose address came back with other values
+ * would find a stale device copy).
+ */
+static void **weights;
+static int n_weights, cap_weights;
+
+static void *weight_alloc(size_t bytes) {
+    if (n_weights == cap_weights) {
+        cap_weights = cap_weights ? 2 * cap_weights : 64;
+        weights = realloc(weights, (size_t)cap_weights * sizeof *weights);
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    weights[n_weights++] = p;
+    return p;
+}
+
+static float *weight_vec(int64_t n, float scale, float offset) {
+    float *p = weight_alloc((size_t)n * sizeof *p);
+    for (int64_t i = 0; i < n; i++) p[i] = offset + scale * frand();
+    return p;
+}
+
+/* A [rows][cols] matrix of dtype dt with values v (rounded to dt), its data a weight. */
+static void make_mat(fmoe__mat *m, fmoe_st_dtype dt, int64_t rows, int64_t cols, const float *v) {
+    const int64_t n = rows * cols;
+    memset(m, 0, sizeof *m);
+    if (dt == FMOE_ST_F32) {
+        float *d = weight_alloc((size_t)n * 4);
+        memcpy(d, v, (size_t)n * 4);
+        m->data = d;
+    } else {
+        uint16_t *u = weight_alloc((size_t)n * 2);
+        for (int64_t i = 0; i < n; i++)
+            u[i] = dt == FMOE_ST_BF16 ? fmoe_float_to_bf16(v[i]) : fmoe_float_to_half(v[i]);
+        m->data = u;
+    }
+    m->dtype = dt, m->rows = rows, m->cols = cols;
+}
+
+static size_t dtype_size(fmoe_st_dtype dt) { return dt == FMOE_ST_F32 ? 4 : 2; }
+
+static const char *dtype_name(fmoe_st_dtype dt) {
+    return dt == FMOE_ST_F32 ? "f32" : dt == FMOE_ST_BF16 ? "bf16" : "f16";
+}
+
+static double mat_value(const fmoe__mat *m, const void *data, int64_t i) {
+    if (m->dtype == FMOE_ST_F32) return ((const float *)data)[i];
+    const uint16_t u = ((const uint16_t *)data)[i];
+    return m->dtype == FMOE_ST_BF16 ? fmoe_bf16_to_float(u) : fmoe_half_to_float(u);
+}
+
+static float round_to(fmoe_st_dtype dt, float x) {
+    if (dt == FMOE_ST_BF16) return fmoe_bf16_to_float(fmoe_float_to_bf16(x));
+    if (dt == FMOE_ST_F16) return fmoe_half_to_float(fmoe_float_to_half(x));
+    return x;
+}
+
+static const fmoe_st_dtype dtypes[3] = {FMOE_ST_F32, FMOE_ST_BF16, FMOE_ST_F16};
+
+/* One buffer on each side, of the same size. */
+typedef struct pair {
+    void *r, *t;
+    int64_t bytes;
+} pair;
+
+/* Both sides' buffers of `bytes`, holding host[bytes] when host is not NULL (zeros
+ * otherwise). @return 0, or -1 with the reason printed. */
+static int pair_alloc(pair *p, int64_t bytes, const void *host) {
+    p->bytes = bytes;
+    p->r = R->alloc(rctx, bytes);
+    p->t = T->alloc(tctx, bytes);
+    if (!p->r || !p->t) {
+        printf("alloc of %lld bytes failed: %s\n", (long long)bytes, fmoe_error_detail());
+        return -1;
+    }
+    if (host) {
+        R->upload(rctx, p->r, host, bytes);
+        T->upload(tctx, p->t, host, bytes);
+    }
+    return 0;
+}
+
+static void pair_free(pair *p) {
+    if (p->r) R->release(rctx, p->r);
+    if (p->t) T->release(tctx, p->t);
+    p->r = p->t = NULL;
+}
+
+#define RF(p) ((float *)(p).r)
+#define TF(p) ((float *)(p).t)
+
+/* A host copy of `bytes` at p (the side's download, which waits for every op before it),
+ * or NULL with the sticky error printed. */
+static void *fetch(const fmoe__backend_ops *B, void *ctx, const void *p, int64_t bytes) {
+    void *h = malloc((size_t)(bytes ? bytes : 1));
+    const int rc = B->download(ctx, h, p, bytes);
+    if (rc != 0) {
+        printf("  %s download failed (%d): %s\n", B->name, rc, fmoe_error_detail());
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+static void record(const char *op, const char *shape, double max_abs, double max_rel,
+                   double tol, int pass) {
+    if (dry_run) return;
+    n_checks++;
+    if (!pass) n_failed++;
+    if (tol > 0 && max_rel / tol > worst_ratio) {
+        worst_ratio = max_rel / tol;
+        snprintf(worst_what, sizeof worst_what, "%s %s", op, shape);
+    }
+    if (json)
+        fprintf(json,
+                "{\"op\": \"%s\", \"shape\": \"%s\", \"max_abs\": %.6g, \"max_rel\": %.6g, "
+                "\"tol\": %.6g, \"pass\": %s}\n",
+                op, shape, max_abs, max_rel, tol, pass ? "true" : "false");
+}
+
+/*
+ * Compares got[n] (tested) with want[n] (reference) under op's tolerance; scale[i] (NULL:
+ * |want[i]|) before the op's floor. Prints one line and the first element out of bounds.
+ * @return 1 when it fails, else 0.
+ */
+static int compare_host(const char *op, const char *shape, const float *got, const float *want,
+                        const double *scale, int64_t n) {
+    const tol_row *t = tol_of(op);
+    double max_abs = 0, max_rel = 0;
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - (double)want[i]);
+        if (isnan(got[i]) || isnan(want[i])) e = INFINITY;
+        double s = scale ? scale[i] : fabs((double)want[i]);
+        if (s < t->floor) s = t->floor;
+        const double rel = e == 0 ? 0 : s > 0 ? e / s : INFINITY;
+        if (e > max_abs) max_abs = e;
+        if (rel > max_rel) max_rel = rel;
+        if (!(rel <= t->tol)) {
+            if (first < 0) first = i;
+            bad++;
+        }
+    }
+    const int pass = bad == 0;
+    if (!dry_run) {
+        printf("%-12s %-44s max_abs %-9.3g max_rel %-9.3g tol %-7.1g %s\n", op, shape, max_abs,
+               max_rel, t->tol, pass ? "PASS" : "FAIL");
+        if (!pass)
+            printf("  %lld of %lld out of bounds; first [%lld]: tested %.9g, reference %.9g\n",
+                   (long long)bad, (long long)n, (long long)first, (double)got[first],
+                   (double)want[first]);
+    }
+    record(op, shape, max_abs, max_rel, t->tol, pass);
+    return !pass;
+}
+
+/* Downloads n floats at float offset `off` of both sides of p and compares them.
+ * @return 1 when it fails (a failed download included). */
+static int compare(const char *op, const char *shape, pair p, int64_t off, int64_t n,
+                   const double *scale) {
+    float *want = fetch(R, rctx, RF(p) + off, n * 4);
+    float *got = fetch(T, tctx, TF(p) + off, n * 4);
+    int bad = 1;
+    if (want && got) {
+        bad = compare_host(op, shape, got, want, scale, n);
+    } else {
+        printf("%-12s %-44s FAIL (download)\n", op, shape);
+        record(op, shape, INFINITY, INFINITY, tol_of(op)->tol, 0);
+    }
+    free(want), free(got);
+    return bad;
+}
+
+/* Downloads `bytes` at byte offset `off` of both sides of p and compares them byte for
+ * byte (op "transfer"; max_abs: the differing bytes). @return 1 when it fails. */
+static int compare_bytes(const char *shape, pair p, int64_t off, int64_t bytes) {
+    unsigned char *want = fetch(R, rctx, (char *)p.r + off, bytes);
+    unsigned char *got = fetch(T, tctx, (char *)p.t + off, bytes);
+    int64_t diff = -1;
+    if (want && got) {
+        diff = 0;
+        for (int64_t i = 0; i < bytes; i++) diff += want[i] != got[i];
+    }
+    const int pass = diff == 0;
+    printf("%-12s %-44s differing bytes %lld of %lld  %s\n", "transfer", shape, (long long)diff,
+           (long long)bytes, pass ? "PASS" : "FAIL");
+    record("transfer", shape, (double)diff, pass ? 0 : INFINITY, 0, pass);
+    free(want), free(got);
+    return !pass;
+}
+
+/* Both sides' sticky errors after a test: a queued fault shows here. @return 1 if any. */
+static int sides_ok(const char *what) {
+    int bad = 0;
+    if (R->sync(rctx) != 0) printf("  %s: reference sync: %s\n", what, fmoe_error_detail()), bad = 1;
+    if (T->sync(tctx) != 0) printf("  %s: tested sync: %s\n", what, fmoe_error_detail()), bad = 1;
+    return bad;
+}
+
+static void garble(void *p, size_t bytes) { memset(p, 0xA5, bytes); }
+
+/* ---------------------------------------------------------------------------------- */
+/* The comparisons themselves: planted errors must fail, a near-tie swap must pass      */
+/* ---------------------------------------------------------------------------------- */
+
+static int route_ids_compare(const char *shape, const fmoe__route_args *a,
+                             const float *logits, const float *rp, const int32_t *rk,
+                             const int32_t *tk, const float *rw, const float *tw);
+
+TEST(comparisons_catch_planted_errors) {
+    dry_run = 1;
+    float want[64], got[64];
+    seed(1);
+    for (int i = 0; i < 64; i++) want[i] = got[i] = frand();
+    ASSERT_EQ(compare_host("attention", "[control] identical", got, want, NULL, 64), 0);
+    got[17] += 2e-4f; /* twice attention's bound */
+    ASSERT_EQ(compare_host("attention", "[control] planted 2e-4", got, want, NULL, 64), 1);
+    got[17] = want[17];
+    got[3] = nextafterf(want[3], 2.0f); /* one ulp: an exact op must see it */
+    ASSERT_EQ(compare_host("get_rows", "[control] one ulp", got, want, NULL, 64), 1);
+    got[3] = NAN;
+    ASSERT_EQ(compare_host("matmul.bf16", "[control] NaN", got, want, NULL, 64), 1);
+    /* matmul's scale is sum |w*x|: an error of 0.5% of it passes bf16, fails f32 */
+    double scale[64];
+    for (int i = 0; i < 64; i++) scale[i] = 10, got[i] = want[i] + 0.05f;
+    ASSERT_EQ(compare_host("matmul.bf16", "[control] 0.5% of scale", got, want, scale, 64), 0);
+    ASSERT_EQ(compare_host("matmul.f32", "[control] 0.5% of scale", got, want, scale, 64), 1);
+
+    /* route ids: a swap of two experts whose probabilities differ by less than TIE_GAP
+     * passes, with the weights checked under the widened bound; a real swap fails */
+    const fmoe__route_args a = {.n = 1, .num_experts = 4, .top_k = 2, .norm = 1, .scale = 1};
+    const float p[4] = {0.4f, 0.3f, 0.3f - 5e-6f, 0.0f};
+    const int32_t rk[2] = {0, 1}, tie[2] = {0, 2}, wrong[2] = {0, 3};
+    const float rw[2] = {0.4f / 0.7f, 0.3f / 0.7f};
+    const float tw[2] = {0.4f / (0.7f - 5e-6f), (0.3f - 5e-6f) / (0.7f - 5e-6f)};
+    ASSERT_EQ(route_ids_compare("[control] near tie", &a, NULL, p, rk, tie, rw, tw), 0);
+    ASSERT_EQ(route_ids_compare("[control] real swap", &a, NULL, p, rk, wrong, rw, tw), 1);
+    /* equal logits: the order is fixed (lower index first), no tie excuses a swap */
+    const float lg[4] = {2, 1, 1, 0}, pe[4] = {0.5f, 0.2f, 0.2f, 0.1f};
+    const int32_t rke[2] = {0, 1}, tke[2] = {0, 2};
+    ASSERT_EQ(route_ids_compare("[control] equal logits swapped", &a, lg, pe, rke, tke, rw, rw), 1);
+    dry_run = 0;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Transfers                                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+TEST(transfers) {
+    seed(2);
+    int bad = 0;
+    const int64_t n = 1001; /* odd */
+    float *h = rand_host(n, 5);
+    pair a, b;
+    ASSERT_OK(pair_alloc(&a, n * 4, NULL));
+    ASSERT_OK(pair_alloc(&b, n * 4, NULL));
+    bad += compare("transfer", "alloc zero-fills [1001]", a, 0, n, NULL);
+    R->upload(rctx, a.r, h, n * 4), T->upload(tctx, a.t, h, n * 4);
+    garble(h, (size_t)n * 4); /* upload's source may be reused at once */
+    bad += compare("transfer", "upload/download [1001]", a, 0, n, NULL);
+    R->copy(rctx, RF(b) + 10, RF(a) + 21, 500 * 4), T->copy(tctx, TF(b) + 10, TF(a) + 21, 500 * 4);
+    bad += compare("transfer", "copy 500 at offsets 21 -> 10", b, 0, n, NULL);
+    R->zero(rctx, RF(a) + 101, 57 * 4), T->zero(tctx, TF(a) + 101, 57 * 4);
+    bad += compare("transfer", "zero 57 at offset 101", a, 0, n, NULL);
+    /* a byte count that is no multiple of 4, at an odd byte offset */
+    unsigned char bytes[64];
+    for (int i = 0; i < 64; i++) bytes[i] = (unsigned char)(i * 37 + 1);
+    R->upload(rctx, (char *)a.r + 1, bytes, 13), T->upload(tctx, (char *)a.t + 1, bytes, 13);
+    bad += compare_bytes("13 bytes at byte offset 1", a, 0, 32);
+    pair_free(&a), pair_free(&b);
+    free(h);
+    bad += sides_ok("transfers");
+    ASSERT_EQ(bad, 0);
+}
+
+/*
+ * Pinned host memory: host_register, an upload from it whose source is overwritten as
+ * soon as the call returns, an index list in pinned memory reused the same way, then
+ * host_unregister. The CUDA backend must wait for a copy from page-locked memory before
+ * returning (cuda_forward.cu, "Host arrays").
+ */
+TEST(host_register_and_reuse) {
+    seed(3);
+    int bad = 0;
+    const int64_t n = 4096, dim = 64, rows = 64;
+    float *h = aligned_alloc(4096, (size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) h[i] = frand();
+    int32_t *idx = aligned_alloc(4096, 4096);
+    ASSERT_OK(R->host_register(rctx, h, n * 4));
+    ASSERT_OK(T->host_register(tctx, h, n * 4));
+    ASSERT_OK(R->host_register(rctx, idx, 4096));
+    ASSERT_OK(T->host_register(tctx, idx, 4096));
+    pair a, g;
+    ASSERT_OK(pair_alloc(&a, n * 4, NULL));
+    ASSERT_OK(pair_alloc(&g, 2 * 12 * dim * 4, NULL));
+    R->upload(rctx, a.r, h, n * 4), T->upload(tctx, a.t, h, n * 4);
+    garble(h, (size_t)n * 4);
+    for (int side = 0; side < 2; side++) {
+        const fmoe__backend_ops *B = side ? T : R;
+        void *ctx = side ? tctx : rctx;
+        for (int k = 0; k < 2; k++) { /* two gathers back to back from the one pinned list */
+            for (int i = 0; i < 12; i++) idx[i] = (i * (k ? 5 : 7) + 3) % (int32_t)rows;
+            B->gather_rows(ctx, (side ? TF(g) : RF(g)) + k * 12 * dim, side ? TF(a) : RF(a),
+                           idx, 12, (int32_t)dim);
+            garble(idx, 48);
+        }
+    }
+    bad += compare("transfer", "upload from pinned [4096], source reused", a, 0, n, NULL);
+    bad += compare("gather_rows", "pinned index list reused, 2x[12][64]", g, 0, 2 * 12 * dim,
+                   NULL);
+    pair_free(&a), pair_free(&g);
+    R->host_unregister(rctx, h), T->host_unregister(tctx, h);
+    R->host_unregister(rctx, idx), T->host_unregister(tctx, idx);
+    free(h), free(idx);
+    bad += sides_ok("host_register");
+    ASSERT_EQ(bad, 0);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Compute ops                                                                        */
+/* ---------------------------------------------------------------------------------- */
+
+TEST(get_rows) {
+    seed(4);
+    int bad = 0;
+    const int64_t V = 97;
+    const int64_t cols_list[3] = {1, 63, 1024};
+    const int32_t rows8[8] = {0, 96, 5, 5, 41, 96, 0, 13};
+    for (int c = 0; c < 3; c++)
+        for (int d = 0; d < 3; d++)
+            for (int32_t n = 1; n <= 8; n += 7) {
+                const int64_t cols = cols_list[c];
+                float *v = rand_host(V * cols, 3);
+                fmoe__mat m;
+                make_mat(&m, dtypes[d], V, cols, v);
+                pair y;
+                ASSERT_OK(pair_alloc(&y, n * cols * 4, NULL));
+                int32_t rows[8];
+                memcpy(rows, rows8, sizeof rows);
+                R->get_rows(rctx, &m, rows, n, RF(y));
+                T->get_rows(tctx, &m, rows, n, TF(y));
+                garble(rows, sizeof rows); /* rows_host may be reused at once */
+                char shape[64];
+                snprintf(shape, sizeof shape, "%s V=%lld cols=%lld n=%d", dtype_name(dtypes[d]),
+                         (long long)V, (long long)cols, n);
+                bad += compare("get_rows", shape, y, 0, n * cols, NULL);
+                pair_free(&y);
+                free(v);
+            }
+    bad += sides_ok("get_rows");
+    ASSERT_EQ(bad, 0);
+}
+
+TEST(rmsnorm) {
+    seed(5);
+    int bad = 0;
+    const int32_t dims[4] = {1, 63, 1024, 4095};
+    for (int d = 0; d < 4; d++)
+        for (int64_t rows = 1; rows <= 6; rows += 5)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                const int32_t dim = dims[d];
+                float *x = rand_host(rows * dim, 3);
+                const float *w = weight_vec(dim, 0.5f, 1.0f);
+                pair px, py;
+                ASSERT_OK(pair_alloc(&px, rows * dim * 4, x));
+                ASSERT_OK(pair_alloc(&py, rows * dim * 4, NULL));
+                pair out = inplace ? px : py;
+                R->rmsnorm(rctx, RF(out), RF(px), w, rows, dim, 1e-6f);
+                T->rmsnorm(tctx, TF(out), TF(px), w, rows, dim, 1e-6f);
+                char shape[64];
+                snprintf(shape, sizeof shape, "rows=%lld dim=%d%s", (long long)rows, dim,
+                         inplace ? " in place" : "");
+                bad += compare("rmsnorm", shape, out, 0, rows * dim, NULL);
+                pair_free(&px), pair_free(&py);
+                free(x);
+            }
+    bad += sides_ok("rmsnorm");
+    ASSERT_EQ(bad, 0);
+}
+
+/* sum_k |w[r][k] x[t][k]| for every output (the scale of matmul's tolerance), and with
+ * `model` the product in double with x rounded to the weight's type (what the CUDA path
+ * computes), into ymodel. */
+static double *matmul_scale(const fmoe__mat *m, const float *x, int32_t n, float *ymodel) {
+    double *s = malloc((size_t)(n * m->rows) * sizeof *s);
+    for (int32_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < m->rows; r++) {
+            double acc = 0, mod = 0;
+            for (int64_t k = 0; k < m->cols; k++) {
+                const double w = mat_value(m, m->data, r * m->cols + k);
+                const float xv = x[t * m->cols + k];
+                acc += fabs(w * xv);
+                mod += w * round_to(m->dtype, xv);
+            }
+            s[t * m->rows + r] = acc;
+            if (ymodel) ymodel[t * m->rows + r] = (float)mod;
+        }
+    return s;
+}
+
+static const char *matmul_op(fmoe_st_dtype dt) {
+    return dt == FMOE_ST_F32 ? "matmul.f32" : dt == FMOE_ST_BF16 ? "matmul.bf16" : "matmul.f16";
+}
+
+TEST(matmul) {
+    seed(6);
+    int bad = 0;
+    /* rows, cols, n, offset of x and y into their buffers (floats) */
+    static const int64_t cases[][4] = {
+        {1, 1, 1, 0},     {7, 3, 2, 0},      {33, 17, 1, 1},    {64, 64, 4, 0},
+        {127, 255, 5, 3}, {256, 1024, 1, 0}, {384, 512, 16, 0}, {1000, 1000, 32, 1},
+        {2048, 1024, 1, 0}, {2048, 1024, 32, 0}, {96, 2048, 7, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int d = 0; d < 3; d++) {
+            const int64_t rows = cases[c][0], cols = cases[c][1], off = cases[c][3];
+            const int32_t n = (int32_t)cases[c][2];
+            float *v = rand_host(rows * cols, 1);
+            float *x = rand_host(n * cols, 1);
+            fmoe__mat m;
+            make_mat(&m, dtypes[d], rows, cols, v);
+            pair px, py;
+            ASSERT_OK(pair_alloc(&px, (off + n * cols) * 4, NULL));
+            ASSERT_OK(pair_alloc(&py, (off + n * rows) * 4, NULL));
+            R->upload(rctx, RF(px) + off, x, n * cols * 4);
+            T->upload(tctx, TF(px) + off, x, n * cols * 4);
+            R->matmul(rctx, &m, RF(px) + off, n, RF(py) + off);
+            T->matmul(tctx, &m, TF(px) + off, n, TF(py) + off);
+            float *ymodel = self_mode ? malloc((size_t)(n * rows) * 4) : NULL;
+            double *scale = matmul_scale(&m, x, n, ymodel);
+            char shape[80];
+            snprintf(shape, sizeof shape, "%s [%lld][%lld] n=%d%s", dtype_name(dtypes[d]),
+                     (long long)rows, (long long)cols, n, off ? " +offset" : "");
+            bad += compare(matmul_op(dtypes[d]), shape, py, off, n * rows, scale);
+            if (self_mode) {
+                /* the tolerance must hold the CUDA path's rounding of x: the CPU's product
+                 * against a double product of x rounded to the weight's type */
+                float *cpu = fetch(R, rctx, RF(py) + off, n * rows * 4);
+                char mshape[128];
+                snprintf(mshape, sizeof mshape, "%s [model: x rounded]", shape);
+                bad += compare_host(matmul_op(dtypes[d]), mshape, cpu, ymodel, scale, n * rows);
+                free(cpu);
+            }
+            free(ymodel), free(scale);
+            pair_free(&px), pair_free(&py);
+            free(v), free(x);
+        }
+    bad += sides_ok("matmul");
+    ASSERT_EQ(bad, 0);
+}
+
+TEST(add_bias_clamp_add_swiglu) {
+    seed(7);
+    int bad = 0;
+    char shape[64];
+    for (int32_t n = 1; n <= 7; n += 6)
+        for (int64_t d = 1; d <= 1000; d += 999) {
+            float *y = rand_host(n * d, 2);
+            const float *b = weight_vec(d, 1, 0);
+            pair py;
+            ASSERT_OK(pair_alloc(&py, n * d * 4, y));
+            R->add_bias(rctx, RF(py), b, n, d), T->add_bias(tctx, TF(py), b, n, d);
+            snprintf(shape, sizeof shape, "n=%d d=%lld", n, (long long)d);
+            bad += compare("add_bias", shape, py, 0, n * d, NULL);
+            pair_free(&py);
+            free(y);
+        }
+    for (int64_t count = 1; count <= 4097; count += 4096) {
+        float *y = rand_host(count, 2), *x = rand_host(count, 2);
+        pair py, px;
+        ASSERT_OK(pair_alloc(&py, count * 4, y));
+        ASSERT_OK(pair_alloc(&px, count * 4, x));
+        R->clamp(rctx, RF(py), count, 0.5f), T->clamp(tctx, TF(py), count, 0.5f);
+        snprintf(shape, sizeof shape, "count=%lld c=0.5", (long long)count);
+        bad += compare("clamp", shape, py, 0, count, NULL);
+        R->add(rctx, RF(py), RF(px), count), T->add(tctx, TF(py), TF(px), count);
+        snprintf(shape, sizeof shape, "count=%lld", (long long)count);
+        bad += compare("add", shape, py, 0, count, NULL);
+        pair_free(&py), pair_free(&px);
+        free(y), free(x);
+    }
+    const int64_t counts[3] = {1, 1001, 65536};
+    for (int c = 0; c < 3; c++) {
+        const int64_t count = counts[c];
+        float *g = rand_host(count, 6), *u = rand_host(count, 2);
+        pair pg, pu;
+        ASSERT_OK(pair_alloc(&pg, count * 4, g));
+        ASSERT_OK(pair_alloc(&pu, count * 4, u));
+        R->swiglu(rctx, RF(pg), RF(pu), count), T->swiglu(tctx, TF(pg), TF(pu), count);
+        snprintf(shape, sizeof shape, "count=%lld gate in [-6,6)", (long long)count);
+        bad += compare("swiglu", shape, pg, 0, count, NULL);
+        pair_free(&pg), pair_free(&pu);
+        free(g), free(u);
+    }
+    bad += sides_ok("elementwise");
+    ASSERT_EQ(bad, 0);
+}
+
+TEST(add_gated) {
+    seed(8);
+    int bad = 0;
+    for (int32_t n = 1; n <= 6; n += 5)
+        for (int32_t dim = 1; dim <= 1000; dim += 999) {
+            float *y = rand_host(n * dim, 1), *x = rand_host(n * dim, 1), *g = rand_host(n, 4);
+            pair py, px, pg;
+            ASSERT_OK(pair_alloc(&py, n * dim * 4, y));
+            ASSERT_OK(pair_alloc(&px, n * dim * 4, x));
+            ASSERT_OK(pair_alloc(&pg, n * 4, g));
+            R->add_gated(rctx, RF(py), RF(px), RF(pg), n, dim);
+            T->add_gated(tctx, TF(py), TF(px), TF(pg), n, dim);
+            char shape[64];
+            snprintf(shape, sizeof shape, "n=%d dim=%d", n, dim);
+            bad += compare("add_gated", shape, py, 0, n * dim, NULL);
+            pair_free(&py), pair_free(&px), pair_free(&pg);
+            free(y), free(x), free(g);
+        }
+    bad += sides_ok("add_gated");
+    ASSERT_EQ(bad, 0);
+}
+
+TEST(rope) {
+    seed(9);
+    int bad = 0;
+    const int32_t dims[3] = {2, 64, 128};
+    for (int d = 0; d < 3; d++)
+        for (int32_t n = 1; n <= 5; n += 4)
+            for (int32_t heads = 1; heads <= 8; heads += 7) {
+                const int32_t D = dims[d], half = D / 2;
+                float *x = rand_host((int64_t)n * heads * D, 2);
+                float *cs = malloc((size_t)(n * half) * 4), *sn = malloc((size_t)(n * half) * 4);
+                for (int32_t i = 0; i < n * half; i++) {
+                    const float ang = 40 * frand();
+                    cs[i] = cosf(ang), sn[i] = sinf(ang);
+                }
+                pair px, pc, ps;
+                ASSERT_OK(pair_alloc(&px, (int64_t)n * heads * D * 4, x));
+                ASSERT_OK(pair_alloc(&pc, n * half * 4, cs));
+                ASSERT_OK(pair_alloc(&ps, n * half * 4, sn));
+                R->rope(rctx, RF(px), n, heads, D, RF(pc), RF(ps));
+                T->rope(tctx, TF(px), n, heads, D, TF(pc), TF(ps));
+                char shape[64];
+                snprintf(shape, sizeof shape, "n=%d heads=%d head_dim=%d", n, heads, D);
+                bad += compare("rope", shape, px, 0, (int64_t)n * heads * D, NULL);
+                pair_free(&px), pair_free(&pc), pair_free(&ps);
+                free(x), free(cs), free(sn);
+            }
+    bad += sides_ok("rope");
+    ASSERT_EQ(bad, 0);
+}
+
+TEST(attention) {
+    seed(10);
+    int bad = 0;
+    /* n, pos0, Hq, Hkv, D, window */
+    static const int32_t cases[][6] = {
+        {1, 37, 4, 4, 64, 0},   /* decode, group 1 */
+        {13, 0, 8, 2, 128, 0},  /* prefill, GQA group 4 */
+        {5, 20, 4, 1, 64, 0},   /* a chunk after a prefix, group 4 */
+        {1, 100, 8, 2, 64, 16}, /* decode in a sliding window */
+        {9, 30, 4, 4, 128, 7},  /* prefill chunk in a window of 7 */
+        {3, 5, 6, 3, 64, 100},  /* window wider than the context, group 2 */
+        {1, 0, 2, 2, 64, 0},    /* the very first token: one key */
+        {2, 60000, 2, 1, 64, 0},    /* 60002 keys: past shared memory on H100 (~58k) */
+        {2, 60000, 4, 1, 128, 4096}, /* the same context, windowed */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int32_t n = cases[c][0], pos0 = cases[c][1], Hq = cases[c][2], Hkv = cases[c][3];
+        const int32_t D = cases[c][4], window = cases[c][5];
+        const int64_t ctx_len = pos0 + n, qn = (int64_t)n * Hq * D;
+        float *q = rand_host(qn, 1);
+        float *k = rand_host(ctx_len * Hkv * D, 1), *v = rand_host(ctx_len * Hkv * D, 1);
+        pair pq, pk, pv, po;
+        ASSERT_OK(pair_alloc(&pq, qn * 4, q));
+        ASSERT_OK(pair_alloc(&pk, ctx_len * Hkv * D * 4, k));
+        ASSERT_OK(pair_alloc(&pv, ctx_len * Hkv * D * 4, v));
+        ASSERT_OK(pair_alloc(&po, qn * 4, NULL));
+        fmoe__attn_args a = {.n = n, .pos0 = pos0, .n_heads = Hq, .n_kv_heads = Hkv,
+                             .head_dim = D, .window = window, .scale = 1.0f / sqrtf((float)D)};
+        a.q = RF(pq), a.k_cache = RF(pk), a.v_cache = RF(pv), a.out = RF(po);
+        R->attention(rctx, &a);
+        a.q = TF(pq), a.k_cache = TF(pk), a.v_cache = TF(pv), a.out = TF(po);
+        T->attention(tctx, &a);
+        char shape[80];
+        snprintf(shape, sizeof shape, "n=%d pos0=%d Hq=%d Hkv=%d D=%d window=%d", n, pos0, Hq,
+                 Hkv, D, window);
+        bad += compare("attention", shape, po, 0, qn, NULL);
+        pair_free(&pq), pair_free(&pk), pair_free(&pv), pair_free(&po);
+        free(q), free(k), free(v);
+    }
+    bad += sides_ok("attention");
+    ASSERT_EQ(bad, 0);
+}
+
+/*
+ * route's top-k ids, rank by rank: a different id passes only as a near tie (the
+ * reference's probabilities of the two ids closer than TIE_GAP), never where the two
+ * logits are equal (fmoe_topk_row: the lower index first, which a backend computing equal
+ * probabilities from equal logits must keep). The weights of a row with a near-tie swap
+ * are checked under a bound widened by what the swap moves them (2·scale·gap / the top-k
+ * sum). Prints two lines (ids, weights). @return 1 on failure.
+ */
+static int route_ids_compare(const char *shape, const fmoe__route_args *a,
+                             const float *logits, const float *rp, const int32_t *rk,
+                             const int32_t *tk, const float *rw, const float *tw) {
+    const int32_t J = a->num_experts, K = a->top_k;
+    const tol_row *tw_tol = tol_of("route.topw");
+    int64_t mismatched = 0, ties = 0;
+    double w_abs = 0, w_rel = 0;
+    int w_bad = 0;
+    for (int32_t t = 0; t < a->n; t++) {
+        double gap = 0, sum = 0;
+        for (int32_t r = 0; r < K; r++) {
+            const int32_t it = tk[t * K + r], ir = rk[t * K + r];
+            sum += rp[(int64_t)t * J + ir];
+            if (it == ir) continue;
+            if (it < 0 || it >= J) {
+                mismatched++;
+                continue;
+            }
+            const double g = fabs((double)rp[(int64_t)t * J + it] - rp[(int64_t)t * J + ir]);
+            const int equal_logits =
+                logits && logits[(int64_t)t * J + it] == logits[(int64_t)t * J + ir];
+            if (g < TIE_GAP && !equal_logits) {
+                ties++;
+                if (g > gap) gap = g;
+            } else {
+                mismatched++;
+            }
+        }
+        if (!a->norm) sum = 1;
+        sum += a->norm_eps;
+        const double extra = gap > 0 ? 2.0 * a->scale * gap / (sum < 1e-6 ? 1e-6 : sum) : 0;
+        for (int32_t r = 0; r < K; r++) {
+            const double want = rw[t * K + r], got = tw[t * K + r];
+            double e = fabs(got - want);
+            if (isnan(got) || isnan(want)) e = INFINITY;
+            const double s = fabs(want) > tw_tol->floor ? fabs(want) : tw_tol->floor;
+            if (e > w_abs) w_abs = e;
+            if (e / s > w_rel) w_rel = e / s;
+            if (!(e <= tw_tol->tol * s + extra)) w_bad = 1;
+        }
+    }
+    const int ids_pass = mismatched == 0;
+    if (!dry_run)
+        printf("%-12s %-44s mismatched %lld, near-tie swaps %lld  tie gap %.0e  %s\n",
+               "route.topk", shape, (long long)mismatched, (long long)ties, TIE_GAP,
+               ids_pass ? "PASS" : "FAIL");
+    record("route.topk", shape, (double)mismatched, (double)ties, 0, ids_pass);
+    if (!dry_run)
+        printf("%-12s %-44s max_abs %-9.3g max_rel %-9.3g tol %-7.1g %s\n", "route.topw", shape,
+               w_abs, w_rel, tw_tol->tol, w_bad ? "FAIL" : "PASS");
+    record("route.topw", shape, w_abs, w_rel, tw_tol->tol, !w_bad);
+    return !ids_pass || w_bad;
+}
+
+TEST(route) {
+    seed(11);
+    int bad = 0;
+    /* J, K, n, sigmoid, norm, scale (norm_eps 1e-20 with sigmoid, as DeepSeek) */
+    static const float cases[][6] = {
+        {8, 1, 1, 0, 0, 1},    {8, 2, 9, 0, 1, 1},    {8, 8, 9, 0, 1, 1},
+        {60, 1, 9, 0, 0, 1},   {60, 2, 1, 0, 1, 1},   {60, 2, 9, 0, 1, 1},
+        {60, 8, 9, 0, 1, 1},   {60, 8, 5, 1, 1, 2.5f}, {128, 1, 9, 0, 1, 1},
+        {128, 2, 9, 0, 0, 1},  {128, 8, 1, 0, 1, 1},  {128, 8, 9, 0, 1, 1},
+        {128, 8, 9, 1, 1, 2.5f},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fmoe__route_args a = {.num_experts = (int32_t)cases[c][0], .top_k = (int32_t)cases[c][1],
+                              .n = (int32_t)cases[c][2], .sigmoid = (int32_t)cases[c][3],
+                              .norm = (int32_t)cases[c][4], .scale = cases[c][5]};
+        a.norm_eps = a.sigmoid ? 1e-20f : 0;
+        const int32_t J = a.num_experts, K = a.top_k, n = a.n;
+        float *logits = rand_host((int64_t)n * J, 4);
+        if (n > 1 && K > 1) /* exact ties in row 1: the lower index must come first */
+            logits[J + 3] = logits[J + 5] = logits[J + J - 1] = 4.5f;
+        pair pl, pp, pk, pw;
+        ASSERT_OK(pair_alloc(&pl, (int64_t)n * J * 4, logits));
+        ASSERT_OK(pair_alloc(&pp, (int64_t)n * J * 4, NULL));
+        ASSERT_OK(pair_alloc(&pk, (int64_t)n * K * 4, NULL));
+        ASSERT_OK(pair_alloc(&pw, (int64_t)n * K * 4, NULL));
+        R->route(rctx, &a, RF(pl), RF(pp), (int32_t *)pk.r, RF(pw));
+        T->route(tctx, &a, TF(pl), TF(pp), (int32_t *)pk.t, TF(pw));
+        char shape[80];
+        snprintf(shape, sizeof shape, "J=%d K=%d n=%d %s%s scale=%g", J, K, n,
+                 a.sigmoid ? "sigmoid" : "softmax", a.norm ? " norm" : "", (double)a.scale);
+        bad += compare("route.probs", shape, pp, 0, (int64_t)n * J, NULL);
+        float *rp = fetch(R, rctx, pp.r, (int64_t)n * J * 4);
+        int32_t *rk = fetch(R, rctx, pk.r, (int64_t)n * K * 4);
+        int32_t *tk = fetch(T, tctx, pk.t, (int64_t)n * K * 4);
+        float *rw = fetch(R, rctx, pw.r, (int64_t)n * K * 4);
+        float *tw = fetch(T, tctx, pw.t, (int64_t)n * K * 4);
+        if (rp && rk && tk && rw && tw)
+            bad += route_ids_compare(shape, &a, logits, rp, rk, tk, rw, tw);
+        else
+            bad++;
+        free(rp), free(rk), free(tk), free(rw), free(tw);
+        pair_free(&pl), pair_free(&pp), pair_free(&pk), pair_free(&pw);
+        free(logits);
+    }
+    bad += sides_ok("route");
+    ASSERT_EQ(bad, 0);
+}
+
+TEST(probs) {
+    seed(12);
+    int bad = 0;
+    const int32_t Js[3] = {8, 60, 128};
+    for (int j = 0; j < 3; j++)
+        for (int32_t n = 1; n <= 9; n += 8)
+            for (int sig = 0; sig < 2; sig++) {
+                const int32_t J = Js[j];
+                const int64_t stride = n > 1 ? J + 5 : J; /* rows of a wider record */
+                float *x = rand_host((int64_t)n * J, 4);
+                pair px, py;
+                ASSERT_OK(pair_alloc(&px, (int64_t)n * J * 4, x));
+                ASSERT_OK(pair_alloc(&py, n * stride * 4, NULL));
+                R->probs(rctx, RF(py), stride, RF(px), n, J, sig);
+                T->probs(tctx, TF(py), stride, TF(px), n, J, sig);
+                char shape[64];
+                snprintf(shape, sizeof shape, "J=%d n=%d stride=%lld %s", J, n,
+                         (long long)stride, sig ? "sigmoid" : "softmax");
+                bad += compare("probs", shape, py, 0, n * stride, NULL);
+                pair_free(&px), pair_free(&py);
+                free(x);
+            }
+    bad += sides_ok("probs");
+    ASSERT_EQ(bad, 0);
+}
+
+/* gather_rows then scatter_add, each index/scale list garbled as soon as the call returns
+ * and the next op issued before any download (so a backend that read the list late, or
+ * reused its staging too early, shows here). */
+TEST(gather_scatter) {
+    seed(13);
+    int bad = 0;
+    const int32_t dims[3] = {1, 129, 1024};
+    const int32_t ns[3] = {1, 12, 64};
+    const int32_t src_rows = 64;
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < 3; k++) {
+            const int32_t dim = dims[d], n = ns[k];
+            float *src = rand_host((int64_t)src_rows * dim, 2);
+            float *acc = rand_host((int64_t)src_rows * dim, 2);
+            int32_t perm[64];
+            for (int32_t i = 0; i < 64; i++) perm[i] = i;
+            for (int32_t i = 63; i > 0; i--) {
+                const int32_t j = irand(i + 1), tmp = perm[i];
+                perm[i] = perm[j], perm[j] = tmp;
+            }
+            pair ps, pg, pa;
+            ASSERT_OK(pair_alloc(&ps, (int64_t)src_rows * dim * 4, src));
+            ASSERT_OK(pair_alloc(&pg, (int64_t)2 * n * dim * 4, NULL));
+            ASSERT_OK(pair_alloc(&pa, (int64_t)src_rows * dim * 4, acc));
+            /* two gathers (repeated rows allowed), a scatter_add of each into acc */
+            int32_t rows[2][64];
+            float scales[2][64];
+            for (int g = 0; g < 2; g++) {
+                for (int32_t i = 0; i < n; i++) {
+                    rows[g][i] = g == 0 ? perm[i] : irand(src_rows);
+                    scales[g][i] = frand();
+                }
+            }
+            for (int side = 0; side < 2; side++) {
+                const fmoe__backend_ops *B = side ? T : R;
+                void *ctx = side ? tctx : rctx;
+                float *S = side ? TF(ps) : RF(ps), *G = side ? TF(pg) : RF(pg);
+                float *A = side ? TF(pa) : RF(pa);
+                int32_t idx[64];
+                float sc[64];
+                for (int g = 0; g < 2; g++) {
+                    memcpy(idx, rows[g], sizeof idx);
+                    B->gather_rows(ctx, G + (int64_t)g * n * dim, S, idx, n, dim);
+                    garble(idx, sizeof idx);
+                }
+                /* scatter: rows distinct (a prefix of a permutation, reversed) */
+                for (int g = 0; g < 2; g++) {
+                    for (int32_t i = 0; i < n; i++) idx[i] = perm[63 - i];
+                    memcpy(sc, scales[g], sizeof sc);
+                    B->scatter_add(ctx, A, G + (int64_t)g * n * dim, idx, sc, n, dim);
+                    garble(idx, sizeof idx), garble(sc, sizeof sc);
+                }
+            }
+            char shape[64];
+            snprintf(shape, sizeof shape, "n=%d dim=%d of [%d][%d]", n, dim, src_rows, dim);
+            bad += compare("gather_rows", shape, pg, 0, (int64_t)2 * n * dim, NULL);
+            bad += compare("scatter_add", shape, pa, 0, (int64_t)src_rows * dim, NULL);
+            pair_free(&ps), pair_free(&pg), pair_free(&pa);
+            free(src), free(acc);
+        }
+    bad += sides_ok("gather_scatter");
+    ASSERT_EQ(bad, 0);
+}
+
+/* 300 ops queued behind each other and one download at the end: the tested side must
+ * run them in order and its download wait for all of them. */
+TEST(download_after_many_queued_ops) {
+    seed(14);
+    int bad = 0;
+    const int32_t n = 4, dim = 1024;
+    const int64_t count = (int64_t)n * dim;
+    float *y = rand_host(count, 1), *xs[4];
+    pair py, px[4];
+    ASSERT_OK(pair_alloc(&py, count * 4, y));
+    for (int i = 0; i < 4; i++) {
+        xs[i] = rand_host(count, 1);
+        ASSERT_OK(pair_alloc(&px[i], count * 4, xs[i]));
+    }
+    const float *b = weight_vec(dim, 0.25f, 0), *w = weight_vec(dim, 0.1f, 1);
+    for (int op = 0; op < 300; op++) {
+        const int i = op % 4;
+        if (op % 100 == 99) {
+            R->rmsnorm(rctx, RF(py), RF(py), w, n, dim, 1e-6f);
+            T->rmsnorm(tctx, TF(py), TF(py), w, n, dim, 1e-6f);
+        } else if (op % 10 == 9) {
+            R->clamp(rctx, RF(py), count, 3), T->clamp(tctx, TF(py), count, 3);
+        } else if (op % 3 == 2) {
+            R->add_bias(rctx, RF(py), b, n, dim), T->add_bias(tctx, TF(py), b, n, dim);
+        } else {
+            R->add(rctx, RF(py), RF(px[i]), count), T->add(tctx, TF(py), TF(px[i]), count);
+        }
+    }
+    bad += compare("queue.chain", "300 ops on [4][1024], one download", py, 0, count, NULL);
+    pair_free(&py);
+    for (int i = 0; i < 4; i++) pair_free(&px[i]), free(xs[i]);
+    free(y);
+    bad += sides_ok("queue");
+    ASSERT_EQ(bad, 0);
+}
+
+/*
+ * Expert slots: the weights written into a backend buffer with write_slot from a second
+ * context (as the offload executor's I/O thread does), then multiplied with on_backend 1.
+ * The slot is then rewritten with other weights while products from it are still queued:
+ * those must see the old weights (cuda_forward.cu's slot_read events), the product after
+ * the rewrite the new ones.
+ */
+TEST(write_slot_on_backend_matmul) {
+    seed(15);
+    int bad = 0;
+    const int64_t rows = 2048, cols = 1024;
+    const int32_t n = 32;
+    for (int d = 0; d < 3; d++) {
+        const fmoe_st_dtype dt = dtypes[d];
+        const int64_t bytes = rows * cols * (int64_t)dtype_size(dt);
+        float *va = rand_host(rows * cols, 1), *vb = rand_host(rows * cols, 1);
+        float *x = rand_host(n * cols, 1);
+        fmoe__mat ha, hb; /* host views: the reference's products and the bytes to write */
+        make_mat(&ha, dt, rows, cols, va);
+        make_mat(&hb, dt, rows, cols, vb);
+        /* the slot's source is pinned, as the executor's host tier is */
+        void *stage = aligned_alloc(4096, (size_t)((bytes + 4095) / 4096 * 4096));
+        ASSERT_OK(T->host_register(tio, stage, bytes));
+        pair slot, px, pyA, pyB;
+        ASSERT_OK(pair_alloc(&slot, bytes, NULL));
+        ASSERT_OK(pair_alloc(&px, n * cols * 4, x));
+        ASSERT_OK(pair_alloc(&pyA, 4 * n * rows * 4, NULL));
+        ASSERT_OK(pair_alloc(&pyB, n * rows * 4, NULL));
+        for (int side = 0; side < 2; side++) {
+            const fmoe__backend_ops *B = side ? T : R;
+            void *ctx = side ? tctx : rctx, *io = side ? tio : rio;
+            fmoe__mat m = ha;
+            m.data = side ? slot.t : slot.r;
+            m.on_backend = 1;
+            memcpy(stage, ha.data, (size_t)bytes);
+            ASSERT_OK(B->write_slot(io, side ? slot.t : slot.r, stage, bytes));
+            float *yA = side ? TF(pyA) : RF(pyA), *X = side ? TF(px) : RF(px);
+            for (int rep = 0; rep < 4; rep++) B->matmul(ctx, &m, X, n, yA + (int64_t)rep * n * rows);
+            memcpy(stage, hb.data, (size_t)bytes);
+            ASSERT_OK(B->write_slot(io, side ? slot.t : slot.r, stage, bytes));
+            B->matmul(ctx, &m, X, n, side ? TF(pyB) : RF(pyB));
+        }
+        /* the reference's side against host views, to pin what "old" and "new" mean */
+        double *sa = matmul_scale(&ha, x, n, NULL), *sb = matmul_scale(&hb, x, n, NULL);
+        double *sa4 = malloc((size_t)(4 * n * rows) * sizeof *sa4);
+        for (int rep = 0; rep < 4; rep++) memcpy(sa4 + rep * n * rows, sa, (size_t)(n * rows) * 8);
+        char shape[80];
+        snprintf(shape, sizeof shape, "%s slot [%lld][%lld] n=%d, 4 products before rewrite",
+                 dtype_name(dt), (long long)rows, (long long)cols, n);
+        bad += compare(matmul_op(dt), shape, pyA, 0, 4 * n * rows, sa4);
+        snprintf(shape, sizeof shape, "%s slot after rewrite", dtype_name(dt));
+        bad += compare(matmul_op(dt), shape, pyB, 0, n * rows, sb);
+        /* the same product from the host weights (on_backend 0) on the tested side */
+        R->matmul(rctx, &ha, RF(px), n, RF(pyB));
+        T->matmul(tctx, &ha, TF(px), n, TF(pyB));
+        snprintf(shape, sizeof shape, "%s host weights, same product", dtype_name(dt));
+        bad += compare(matmul_op(dt), shape, pyB, 0, n * rows, sa);
+        T->host_unregister(tio, stage);
+        free(stage), free(sa), free(sb), free(sa4);
+        pair_free(&slot), pair_free(&px), pair_free(&pyA), pair_free(&pyB);
+        free(va), free(vb), free(x);
+    }
+    bad += sides_ok("write_slot");
+    if (T->sync(tio) != 0) printf("  write_slot: I/O context: %s\n", fmoe_error_detail()), bad++;
+    ASSERT_EQ(bad, 0);
+}
+
+/* ---------------------------------------------------------------------------------- */
+
+static void usage(void) {
+    fprintf(stderr, "usage: test_backend_ops [--self] [--json FILE] [FILTER]\n");
+}
+
+int main(int argc, char **argv) {
+    const char *json_path = NULL;
+    char *filter_argv[2] = {argv[0], NULL};
+    int filter_argc = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--self") == 0) {
+            self_mode = 1;
+        } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+            json_path = argv[++i];
+        } else if (argv[i][0] == '-') {
+            usage();
+            return 2;
+        } else {
+            filter_argv[1] = argv[i];
+            filter_argc = 2;
+        }
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (self_mode) {
+        T = &fmoe__cpu_backend;
+    } else {
+        /* the loader looks beside the fmoe binary (<build>/cmd/../runtime); a test names
+         * the build's module: FMOE_BUILD_ROOT from meson, else <exe>/../../runtime */
+        char path[4096], exe[4000];
+        const char *root = getenv("FMOE_BUILD_ROOT");
+        if (!getenv("FMOE_CUDA_MODULE")) {
+            const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+            if (root) {
+                snprintf(path, sizeof path, "%s/runtime/libfmoe-cuda.so", root);
+                setenv("FMOE_CUDA_MODULE", path, 1);
+            } else if (len > 0) {
+                exe[len] = '\0';
+                char *slash = strrchr(exe, '/');
+                if (slash) *slash = '\0';
+                snprintf(path, sizeof path, "%s/../../runtime/libfmoe-cuda.so", exe);
+                setenv("FMOE_CUDA_MODULE", path, 1);
+            }
+        }
+        T = fmoe__cuda_backend();
+        if (!T) {
+            printf("backend_ops: skipped: %s\n", fmoe_error_detail());
+            return 77;
+        }
+    }
+    fmoe__backend_limits lim = {.threads = 0, .max_cols = MAX_COLS, .max_batch = MAX_BATCH,
+                                .max_context = MAX_CONTEXT, .max_experts = MAX_EXPERTS};
+    lim.weights = &rhome;
+    if (R->init(&lim, &rctx) != 0 || R->init(&lim, &rio) != 0) {
+        printf("backend_ops: cpu init: %s\n", fmoe_error_detail());
+        return 1;
+    }
+    lim.weights = &thome;
+    if (T->init(&lim, &tctx) != 0 || T->init(&lim, &tio) != 0) {
+        printf("backend_ops: %s init: %s\n", T->name, fmoe_error_detail());
+        return 1;
+    }
+    if (json_path && !(json = fopen(json_path, "w"))) {
+        printf("backend_ops: %s: cannot write\n", json_path);
+        return 1;
+    }
+    printf("backend_ops: reference %s, tested %s%s\n", R->name, T->name,
+           self_mode ? " (--self: a second CPU context)" : "");
+    printf("tolerances (pass: |tested - reference| <= tol * max(scale, floor)):\n");
+    for (size_t i = 0; i < sizeof tolerances / sizeof tolerances[0]; i++)
+        printf("  %-12s tol %-7.1g floor %-5g %s\n", tolerances[i].op, tolerances[i].tol,
+               tolerances[i].floor, tolerances[i].why);
+
+    const int rc = RUN_TESTS(filter_argc, filter_argv);
+
+    T->free(tio), T->free(tctx);
+    R->free(rio), R->free(rctx);
+    if (thome.cache_free) thome.cache_free(thome.cache);
+    if (rhome.cache_free) rhome.cache_free(rhome.cache);
+    for (int i = 0; i < n_weights; i++) free(weights[i]);
+    free(weights);
+    if (json) fclose(json);
+    printf("backend_ops: %s vs %s: %d checks, %d failed, worst err/tol %.3g (%s)\n", R->name,
+           T->name, n_checks, n_failed, worst_ratio, worst_what[0] ? worst_what : "-");
+    return rc || n_failed ? 1 : 0;
+}

@@ -1,0 +1,491 @@
+"""End to end on a GPU: the CUDA backend (`--backend cuda`) against transformers, against
+the CPU backend, and against the simulator, through the commands a user runs.
+
+    FMOE_BUILD_DIR=build python3 -m pytest -q tests/gpu          # skips without a device
+    FMOE_GPU_TEST_BACKEND=cpu ... pytest -q tests/gpu             # plumbing, CPU as device
+
+1. Logits of every tiny checkpoint of tests/python/make_tiny_models.py (Mixtral, Qwen2-MoE,
+   Qwen3-MoE, OLMoE, DeepSeek-MoE V1; float32, and Mixtral bf16 and OLMoE f16) through
+   tests/model/forward_driver --backend cuda, against transformers' float32 logits
+   (numpy's for DeepSeek) and against --backend cpu on the same tokens.
+2. Router top-k of every token (the prompt and 32 greedy tokens fed back), cuda against
+   cpu, on the same checkpoints and on fmoe-tiny: identical wherever the gate is decisive.
+3. fmoe-tiny's greedy 32-token continuations: `fmoe generate --backend cuda` equals
+   `--backend cpu` token for token.
+4. Offloaded decisions: `fmoe record --backend cuda` with 12 of 48 slots under lru,
+   mixtral-offload and fmoe makes the decisions `fmoe simulate` makes on the trace it
+   recorded (`fmoe compare-logs` identical), and the CPU backend's run of the same
+   requests makes the same decisions.
+5. `fmoe record --backend cuda`: h5py reads the trace; recorded_on "cuda:<device>";
+   every layer timing positive.
+6. `--miss cpu` on the GPU: misses computed on the host, the rest on the device; the
+   greedy tokens equal the CPU backend's.
+
+Tolerances: why they are what they are
+---------------------------------------
+The CUDA backend (runtime/cuda/cuda_forward.cu) multiplies float32 weights with cuBLAS
+SGEMM in default math (no TF32: keep NVIDIA_TF32_OVERRIDE unset) and everything else in
+float32 with the CPU's own row functions (fmoe/rowwise.h, built with --fmad=false). So on a
+float32 checkpoint it differs from the CPU only in summation order and expf: ~1e-6
+relative. For bf16 and f16 weights it rounds the activations to the weight's type before
+each GEMM (cublasGemmEx, float32 accumulation) where the CPU multiplies float32
+activations by the widened weights exactly: a relative error of up to 2^-9 (bf16) or
+2^-11 (f16) on every GEMM input. The figures below were set by emulating exactly that in
+transformers (every F.linear input rounded to bf16/f16, float32 otherwise) on these
+checkpoints and on fmoe-tiny, and taking 4-10x the largest change seen:
+
+  weights   logits vs ref   logits vs cpu   gate log-margin   |gate prob diff|
+  float32   1e-3            1e-4            1e-3              1e-4
+  float16   0.03            0.03            0.05              0.005
+  bfloat16  0.3             0.3             0.1               0.02
+
+  (emulated: f16 max |logit diff| 0.006, log-margin change 0.007, |dp| 0.0011; bf16
+  0.02-0.08 on logits up to ~7, log-margin change 0.009-0.012, |dp| 0.0018-0.0047.)
+
+float32 was not emulated: SGEMM against the CPU's float32 sums differs by ~1e-6, so its
+figures leave ~100x; its "vs ref" bar is test_forward.py's for the CPU backend.
+
+Routing is discrete, so a perturbation can flip a near-tie, and a flipped expert changes
+everything downstream of it. So:
+- the gate margin of a row (token t, MoE layer l) is log p_k - log p_(k+1) of the CPU's
+  gate probabilities sorted (k = top_k; the router-logit gap for a softmax router, which a
+  perturbation of the activations moves by about the same amount whatever the
+  probabilities: the probability gap would call every row of a confident router, where
+  p_2 and p_3 are both small, a near-tie). A row is decisive when its margin is above
+  the threshold of the table;
+- a row whose top-k differs taints the rows downstream of it: (t', l') with t' >= t (the
+  same token and later ones, through attention) and l' > l;
+- every decisive, untainted row must choose the same experts (the same set; and the same
+  order where every gap among the first k+1 is decisive); its gate probabilities must
+  agree within the table's bound. Rows after the first differing greedy token are left
+  out (they ran different tokens);
+- logits are compared at prompt positions before the first token with a differing top-k.
+A differing decisive row fails the test: that is a routing bug, not rounding.
+
+fmoe-tiny (bf16) is trained: its greedy steps include near-ties (top-1 minus top-2 logit
+under 0.05 at some step of 33 of the first 40 bundled prompts, under 0.01 for 13). Tests 3
+and 6 use prompts whose 32 steps all have a CPU logit margin of at least 0.129 (bundled
+prompts 7, 39 and 74), against an emulated bf16 logit change of 0.022 (median over 100
+prompts of the largest per-prompt change); they check the margins from the CPU's
+--dump-logits first (at least GREEDY_MARGIN = 0.1) and say so if a prompt no longer
+qualifies.
+
+Test 4 runs a float32 copy of fmoe-tiny (make_f32_copy): with SGEMM the gate probabilities
+agree to ~1e-6, so both backends route alike and the two live runs can be compared
+decision for decision. Both live runs use --sync-transfers (every transfer completion
+waited for where completions become visible: without it whether a prefetch has landed
+depends on the link's speed, so the decisions would too) and --sync-predictions (fmoe's
+matcher inline), and compare-logs --late-is-hit, as tests/python/test_offload_live.py.
+The CUDA run against the simulator's replay of its own trace must be identical
+(compare-logs exit 0) for every policy. Across backends, lru's log must be identical; the
+priorities of mixtral-offload and fmoe are gate probabilities (summed probability /
+distance, p / distance) that the two backends compute to float32 rounding, and
+compare-logs compares priorities as exact doubles, so for those two a difference of
+compare-logs is accepted only when every decision is otherwise the same and the
+priorities agree within 1e-4 relative.
+
+Traces are read with h5py: /timing and the attributes are stored uncompressed, the rest
+with zstd, which needs hdf5plugin or fmoe's own plugin (conftest.h5_open registers the
+build's trace/ folder when hdf5plugin is missing). Test 4 records with --compression none.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import (TINY, checkpoint_dtype, h5_open, make_f32_copy, prompt_lines, run,
+                      tiny)
+
+TOL = {
+    "float32": {"ref": 1e-3, "cpu": 1e-4, "margin": 1e-3, "prob": 1e-4},
+    "float16": {"ref": 0.03, "cpu": 0.03, "margin": 0.05, "prob": 0.005},
+    "bfloat16": {"ref": 0.3, "cpu": 0.3, "margin": 0.1, "prob": 0.02},
+}
+GENERATE = 32
+GREEDY_PROMPTS = (7, 39, 74)   # lines of prompts_100.txt with decisive greedy steps
+GREEDY_MARGIN = 0.1            # CPU top-1 minus top-2 logit every step must keep
+PRIORITY_RTOL = 1e-4           # test 4, across backends, float32 copy
+
+
+# ---------------------------------------------------------------------------------------
+# routing helpers
+# ---------------------------------------------------------------------------------------
+
+def log_gaps(probs, k):
+    """[..., k] gaps log p_(i) - log p_(i+1), i < k, of the probabilities sorted in
+    descending order (inf where i + 1 is past the last expert)."""
+    p = -np.sort(-np.asarray(probs, dtype=np.float64), axis=-1)
+    lp = np.log(np.maximum(p, 1e-300))
+    J = p.shape[-1]
+    gaps = np.full(p.shape[:-1] + (k,), np.inf)
+    m = min(k, J - 1)
+    gaps[..., :m] = lp[..., :m] - lp[..., 1:m + 1]
+    return gaps
+
+
+def taint(differ):
+    """Rows downstream of a differing row: (t', l') with t' >= t and l' > l."""
+    out = np.zeros_like(differ, dtype=bool)
+    for t, l in np.argwhere(differ):
+        out[t:, l + 1:] = True
+    return out
+
+
+def compare_routes(dev_experts, ref_experts, cpu_probs, thr):
+    """Checks that every decisive untainted row chooses the same experts; returns a summary
+    with `clean` (untainted rows), `first_token` (first token with a differing set) and
+    counts. Rows are [T][L][K]; cpu_probs [T][L][J] gives the margins."""
+    dev, ref = np.asarray(dev_experts), np.asarray(ref_experts)
+    assert dev.shape == ref.shape, (dev.shape, ref.shape)
+    T, L, K = dev.shape
+    gaps = log_gaps(cpu_probs[:T], K)
+    margin = gaps[..., K - 1]
+    differ = (np.sort(dev, -1) != np.sort(ref, -1)).any(-1)
+    clean = ~taint(differ)
+    bad = np.argwhere(differ & clean & (margin >= thr))
+    assert len(bad) == 0, (
+        f"top-k differs at decisive rows (token, layer) {bad[:5].tolist()}: "
+        + "; ".join(f"{tuple(r)}: ours {dev[tuple(r)].tolist()} theirs {ref[tuple(r)].tolist()} "
+                    f"log-margin {margin[tuple(r)]:.4g}" for r in bad[:3]))
+    ordered = clean & (gaps.min(-1) >= thr)
+    bad_order = np.argwhere(ordered & (dev != ref).any(-1))
+    assert len(bad_order) == 0, f"top-k order differs at decisive rows {bad_order[:5].tolist()}"
+    rows = np.argwhere(differ)
+    return {"clean": clean, "decisive": int((clean & (margin >= thr)).sum()), "rows": T * L,
+            "differing": int(differ.sum()),
+            "first_token": int(rows[:, 0].min()) if len(rows) else T}
+
+
+# ---------------------------------------------------------------------------------------
+# 1 and 2: tiny checkpoints through forward_driver
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", tiny.ALL)
+def test_logits_against_transformers_and_cpu(name, tiny_models, driver_runs, device):
+    d = tiny_models(name)
+    ref = dict(np.load(d / "reference.npz"))
+    tol = TOL[checkpoint_dtype(name)]
+    toks = ref["tokens"]
+    dev = driver_runs(d, toks, GENERATE, device)
+    cpu = driver_runs(d, toks, GENERATE, "cpu")
+    n = len(toks)
+
+    # against the reference: positions before the first token whose top-k differs (at a
+    # near-tie: compare_routes fails on any other)
+    r = compare_routes(dev["experts"][:n], ref["experts"][:n], cpu["probs"], tol["margin"])
+    upto = r["first_token"]
+    assert upto >= 1, f"{name}: top-k differs from the reference at the first token"
+    diff_ref = float(np.abs(dev["logits"][:upto] - ref["logits"][:upto]).max())
+    # against the CPU backend on the same tokens
+    c = compare_routes(dev["experts"][:n], cpu["experts"][:n], cpu["probs"], tol["margin"])
+    upto_cpu = c["first_token"]
+    assert upto_cpu >= 1, f"{name}: top-k differs from the CPU's at the first token"
+    diff_cpu = float(np.abs(dev["logits"][:upto_cpu] - cpu["logits"][:upto_cpu]).max())
+    print(f"{name} ({checkpoint_dtype(name)}): {device} max |logit diff| vs reference "
+          f"{diff_ref:.3g} over {upto} of {n} positions (tol {tol['ref']}), vs cpu "
+          f"{diff_cpu:.3g} over {upto_cpu} (tol {tol['cpu']})")
+    assert diff_ref <= tol["ref"], \
+        f"{name}: max |logit diff| vs reference {diff_ref} > {tol['ref']}"
+    assert diff_cpu <= tol["cpu"], f"{name}: max |logit diff| vs cpu {diff_cpu} > {tol['cpu']}"
+    if device == "cuda" and checkpoint_dtype(name) != "float32":
+        # rounding the activations must show: bit-identical logits would mean the CPU ran
+        assert not np.array_equal(dev["logits"], cpu["logits"]), \
+            f"{name}: --backend cuda gave the CPU's logits bit for bit: did the CUDA backend run?"
+
+
+def _routes_case(name, tiny_models, tokenize):
+    """(model dir, tokens, dtype) of a test-2 case: a tiny checkpoint, or fmoe-tiny."""
+    if name == "fmoe-tiny":
+        return TINY, tokenize(prompt_lines()[GREEDY_PROMPTS[0]]), "bfloat16"
+    d = tiny_models(name)
+    return d, dict(np.load(d / "reference.npz"))["tokens"], checkpoint_dtype(name)
+
+
+@pytest.mark.parametrize("name", tiny.ALL + ["fmoe-tiny"])
+def test_router_topk_matches_cpu(name, tiny_models, tokenize, driver_runs, device):
+    d, toks, dtype = _routes_case(name, tiny_models, tokenize)
+    tol = TOL[dtype]
+    dev = driver_runs(d, toks, GENERATE, device)
+    cpu = driver_runs(d, toks, GENERATE, "cpu")
+    n = len(toks)
+    # the rows that ran the same tokens: the prompt, then each generated token fed back up
+    # to the first one that differs
+    g = next((i for i, (a, b) in enumerate(zip(dev["generated"], cpu["generated"])) if a != b),
+             len(cpu["generated"]))
+    if dtype == "float32":
+        assert g == len(cpu["generated"]), (
+            f"{name}: greedy continuation differs from the CPU's at step {g}:\n"
+            f" {device} {dev['generated'].tolist()}\n cpu  {cpu['generated'].tolist()}")
+    T = min(n + g, len(cpu["experts"]))
+    r = compare_routes(dev["experts"][:T], cpu["experts"][:T], cpu["probs"], tol["margin"])
+    clean = r["clean"]
+    dp = float(np.abs(dev["probs"][:T] - cpu["probs"][:T])[clean].max())
+    print(f"{name} ({dtype}): {r['decisive']} decisive untainted rows of {r['rows']} compared, "
+          f"{r['differing']} with another top-k (near-ties, rows downstream), max |gate prob "
+          f"diff| {dp:.3g} (tol {tol['prob']}), tokens compared {T} (greedy equal for {g} of "
+          f"{len(cpu['generated'])} steps)")
+    assert r["decisive"] > 0, f"{name}: no decisive row to compare"
+    assert dp <= tol["prob"], f"{name}: max |gate prob diff| {dp} > {tol['prob']}"
+
+
+# ---------------------------------------------------------------------------------------
+# 3 and 6: fmoe-tiny greedy, all resident and --miss cpu
+# ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def cpu_greedy(fmoe_bin, backend_args, tmp_path_factory):
+    """prompt -> (generated ids, per-step top-1 minus top-2 logit) of the CPU backend."""
+    root = tmp_path_factory.mktemp("greedy")
+    cache = {}
+
+    def get(prompt):
+        if prompt not in cache:
+            dump = root / f"logits{len(cache)}.npy"
+            p = run(fmoe_bin, "generate", "--model", TINY, "--prompt", prompt,
+                    "--max-new-tokens", GENERATE, "--temperature", 0, "--ignore-eos", "--json",
+                    "--dump-logits", dump, *backend_args("generate", "cpu"))
+            ids = json.loads(p.stdout)["generated_ids"]
+            lg = np.load(dump)
+            top2 = -np.sort(-lg, axis=-1)[:, :2]
+            cache[prompt] = (ids, top2[:, 0] - top2[:, 1])
+        return cache[prompt]
+    return get
+
+
+def _greedy_prompt(i, cpu_greedy):
+    prompt = prompt_lines()[i]
+    ids, margins = cpu_greedy(prompt)
+    assert len(ids) == GENERATE
+    low = np.flatnonzero(margins < GREEDY_MARGIN)
+    assert len(low) == 0, (
+        f"prompt {i} ({prompt!r}) no longer has decisive greedy steps on the CPU (margin "
+        f"{margins[low[0]]:.4f} < {GREEDY_MARGIN} at step {low[0]}): pick another prompt")
+    return prompt, ids, margins
+
+
+def _first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+@pytest.mark.parametrize("i", GREEDY_PROMPTS)
+def test_fmoe_tiny_greedy_equals_cpu(i, fmoe_bin, backend_args, cpu_greedy, device):
+    prompt, want, margins = _greedy_prompt(i, cpu_greedy)
+    p = run(fmoe_bin, "generate", "--model", TINY, "--prompt", prompt, "--max-new-tokens",
+            GENERATE, "--temperature", 0, "--ignore-eos", "--json",
+            *backend_args("generate", device))
+    out = json.loads(p.stdout)
+    assert out.get("backend", device) == device, out.get("backend")
+    got = out["generated_ids"]
+    k = _first_difference(got, want)
+    assert got == want, (f"prompt {i}: {device} greedy differs from cpu at step {k} (cpu "
+                         f"margin there {margins[k]:.3f}):\n {device} {got}\n cpu  {want}")
+
+
+@pytest.mark.parametrize("policy,n", [("lru", 8), ("mixtral-offload", 16)])
+def test_miss_cpu_on_the_device(policy, n, fmoe_bin, backend_args, cpu_greedy, device):
+    """--miss cpu: every miss computed on the host from the slow tier, uncached. With lru
+    nothing is ever cached (every access is a host miss); mixtral-offload's prefetches fill
+    slots, so its hits run on the device and its misses on the host: both paths in one
+    pass. The tokens equal the CPU backend's all-resident greedy tokens."""
+    i = GREEDY_PROMPTS[0]
+    prompt, want, margins = _greedy_prompt(i, cpu_greedy)
+    p = run(fmoe_bin, "generate", "--model", TINY, "--prompt", prompt, "--max-new-tokens",
+            GENERATE, "--temperature", 0, "--ignore-eos", "--json", "--policy", policy,
+            "--cache-experts", n, "--miss", "cpu", *backend_args("generate", device))
+    out = json.loads(p.stdout)
+    assert out.get("backend", device) == device, out.get("backend")
+    off = out["offload"]
+    assert off["misses"] > 0 and off["host_misses"] == off["misses"], off
+    if policy == "lru":
+        assert off["hits"] + off["late_hits"] == 0, off
+    else:
+        assert off["hits"] + off["late_hits"] > 0 and off["prefetches"] > 0, off
+    got = out["generated_ids"]
+    k = _first_difference(got, want)
+    assert got == want, (f"{policy} --miss cpu on {device}: greedy differs from cpu at step "
+                         f"{k} (cpu margin {margins[k]:.3f}):\n got {got}\n cpu {want}")
+
+
+# ---------------------------------------------------------------------------------------
+# 4: offloaded decisions
+# ---------------------------------------------------------------------------------------
+
+OFFLOAD_PROMPTS = 8
+OFFLOAD_TOKENS = 12
+OFFLOAD_SLOTS = 12  # of fmoe-tiny's 6 x 8 = 48 routed experts
+ZERO_LINK = {
+    "format": "fmoe-hardware", "version": 1, "name": "zero-link",
+    "source": "test: transfers take no time (the simulated side of --sync-transfers)",
+    "link": {"alpha_s": 0.0, "beta_bytes_per_s": 1e30},
+    "compute": {"attention_s": {"base": 1e-4, "per_token": 1e-6, "per_token_context": 0.0},
+                "expert_s": {"base": 1e-5, "per_token": 1e-6}},
+}
+
+
+@pytest.fixture(scope="module")
+def offload_work(tmp_path_factory, fmoe_bin, backend_args):
+    d = tmp_path_factory.mktemp("offload")
+    model = make_f32_copy(TINY, d / "fmoe-tiny-f32")
+    lines = prompt_lines()
+    (d / "prompts.txt").write_text("\n".join(lines[:OFFLOAD_PROMPTS]) + "\n")
+    (d / "other.txt").write_text("\n".join(lines[40:64]) + "\n")
+    (d / "zero.json").write_text(json.dumps(ZERO_LINK))
+    # the fmoe policy's store: an all-resident CPU recording of other prompts (an input
+    # both backends share)
+    run(fmoe_bin, "record", "--model", model, "--dataset", d / "other.txt",
+        "--max-new-tokens", 12, "--temperature", 0, "--probs-f32", "-o", d / "store-src.h5",
+        "--quiet", *backend_args("record", "cpu"))
+    run(fmoe_bin, "build-store", "--trace", d / "store-src.h5", "-o", d / "store.h5",
+        "--prefetch-distance", 1, "--quiet")
+    return {"dir": d, "model": model}
+
+
+def read_log(path):
+    lines = path.read_text().splitlines()
+    head = json.loads(lines[0])
+    assert head["fmoe_decision_log"] == 1, head
+    return head, [json.loads(x) for x in lines[1:]]
+
+
+def decisions(records):
+    """What compare-logs --late-is-hit compares: no landed lines, no t, late as hit."""
+    out = []
+    for r in records:
+        if r["event"] == "landed":
+            continue
+        r = {k: v for k, v in r.items() if k != "t"}
+        if r["event"] == "access" and r["result"] == "late":
+            r["result"] = "hit"
+        out.append(r)
+    return out
+
+
+def same_but_priority(a, b, rtol):
+    """Index of the first decision that differs in anything but a priority within rtol,
+    or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        px, py = x.get("priority"), y.get("priority")
+        if {k: v for k, v in x.items() if k != "priority"} != \
+                {k: v for k, v in y.items() if k != "priority"}:
+            return i
+        if (px is None) != (py is None):
+            return i
+        if px is not None and not (px == py or math.isclose(px, py, rel_tol=rtol)):
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@pytest.mark.parametrize("policy", ["lru", "mixtral-offload", "fmoe"])
+def test_offloaded_decisions(policy, offload_work, fmoe_bin, backend_args, plugin_dir, device):
+    d, model = offload_work["dir"], offload_work["model"]
+    store = ["--store", d / "store.h5"] if policy == "fmoe" else []
+    spec = ["--speculative", 1] if policy == "mixtral-offload" else []
+    common = ["--model", model, "--dataset", d / "prompts.txt", "--max-new-tokens",
+              OFFLOAD_TOKENS, "--temperature", 0, "--probs-f32", "--compression", "none",
+              *spec, "--policy", policy, "--cache-experts", OFFLOAD_SLOTS,
+              "--prefetch-distance", 1, *store, "--sync-transfers", "--sync-predictions",
+              "--quiet"]
+    logs, traces = {}, {}
+    for side in dict.fromkeys([device, "cpu"]):
+        logs[side], traces[side] = d / f"{policy}-{side}.jsonl", d / f"{policy}-{side}.h5"
+        run(fmoe_bin, "record", *common, *backend_args("record", side),
+            "--decision-log", logs[side], "-o", traces[side])
+    sim = d / f"{policy}-{device}-sim.jsonl"
+    run(fmoe_bin, "simulate", "--trace", traces[device], "--policy", policy, "--cache-experts",
+        OFFLOAD_SLOTS, "--prefetch-distance", 1, *store, "--profile", d / "zero.json",
+        "--decision-log", sim, "--quiet")
+
+    head, recs = read_log(logs[device])
+    assert head["source"] == "record"
+    accesses = sum(r["event"] == "access" for r in recs)
+    misses = sum(r["event"] == "access" and r["result"] == "miss" for r in recs)
+    assert accesses > 200 and 0 < misses < accesses, (accesses, misses)
+    if policy != "lru":
+        assert any(r["event"] == "prefetch" for r in recs), f"{policy} made no prefetch"
+
+    # (a) the device's live run against the simulator's replay of its own trace
+    p = run(fmoe_bin, "compare-logs", logs[device], sim, "--late-is-hit", "--json", check=False)
+    assert p.returncode in (0, 1), f"compare-logs failed: {p.stderr}"
+    verdict = json.loads(p.stdout)
+    assert p.returncode == 0 and verdict["identical"], \
+        f"{policy}: {device} live and simulated decisions differ: {verdict['first_divergence']}"
+
+    # (b) the device's run against the CPU backend's, on the same requests
+    with h5_open(traces[device], plugin_dir) as a, h5_open(traces["cpu"], plugin_dir) as b:
+        assert np.array_equal(a["/tokens/token_id"][:], b["/tokens/token_id"][:]), \
+            f"{policy}: {device} and cpu ran different tokens"
+        ea, eb = a["/tokens/experts"][:], b["/tokens/experts"][:]
+        probs = b["/tokens/probs"][:].astype(np.float64)
+    differ = np.argwhere((np.sort(ea, -1) != np.sort(eb, -1)).any(-1))
+    if len(differ):
+        t, l = differ[0]
+        m = log_gaps(probs[t, l], ea.shape[-1])[-1]
+        assert m < TOL["float32"]["margin"], (
+            f"{policy}: {device} routes token row {t} layer {l} to {ea[t, l].tolist()}, the "
+            f"cpu to {eb[t, l].tolist()}, at log-margin {m:.3g}")
+        pytest.skip(f"{policy}: {device} live = simulated passed; routing differs from the "
+                    f"cpu's at a near-tie (row {t}, layer {l}, log-margin {m:.2g}), so the two "
+                    f"live logs cannot be compared")
+    p = run(fmoe_bin, "compare-logs", logs["cpu"], logs[device], "--late-is-hit", "--json",
+            check=False)
+    assert p.returncode in (0, 1), f"compare-logs failed: {p.stderr}"
+    verdict = json.loads(p.stdout)
+    if policy == "lru" or device == "cpu":
+        assert p.returncode == 0 and verdict["identical"], \
+            f"{policy}: cpu and {device} live decisions differ: {verdict['first_divergence']}"
+        return
+    if p.returncode == 0:
+        return
+    a = decisions(read_log(logs["cpu"])[1])
+    b = decisions(read_log(logs[device])[1])
+    i = same_but_priority(a, b, PRIORITY_RTOL)
+    assert i is None, (
+        f"{policy}: cpu and {device} decisions differ beyond priority rounding at decision "
+        f"{i}: cpu {a[i] if i < len(a) else 'ended'} {device} {b[i] if i < len(b) else 'ended'}")
+    print(f"{policy}: cpu and {device} decisions equal; priorities differ in float32 rounding "
+          f"(compare-logs: first at {verdict['first_divergence']['index']})")
+
+
+# ---------------------------------------------------------------------------------------
+# 5: a recorded trace
+# ---------------------------------------------------------------------------------------
+
+def test_record_trace_on_the_device(fmoe_bin, backend_args, plugin_dir, device, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(prompt_lines()[:4]) + "\n")
+    out = tmp_path / "t.h5"
+    run(fmoe_bin, "record", "--model", TINY, "--dataset", prompts, "--max-new-tokens", 8,
+        "--temperature", 0, "-o", out, "--quiet", *backend_args("record", device))
+    with h5_open(out, plugin_dir) as f:
+        on = f.attrs["recorded_on"]
+        on = on.decode() if isinstance(on, bytes) else str(on)
+        if device == "cuda":
+            assert on.startswith("cuda:") and len(on) > len("cuda:"), on
+        else:
+            assert on == "cpu", on
+        layer_s = f["/timing/layer_s"][:]
+        iteration_s = f["/timing/iteration_s"][:]
+        prompt_tokens = f["/requests/prompt_tokens"][:]
+        output_tokens = f["/requests/output_tokens"][:]
+        chunk = int(f.attrs.get("prefill_chunk", 0))
+        assert len(prompt_tokens) == 4
+        iters = sum(-(-int(p) // chunk) if chunk else 1 for p in prompt_tokens) \
+            + int(output_tokens.sum())
+        assert layer_s.shape == (iters, int(f.attrs["timing_layers"])), layer_s.shape
+        assert iteration_s.shape == (iters,)
+        assert np.isfinite(layer_s).all() and (layer_s > 0).all(), layer_s.min()
+        assert (iteration_s > 0).all()
+        # the layers run inside the iteration
+        assert (layer_s.sum(1) <= iteration_s * 1.01 + 1e-5).all(), \
+            (layer_s.sum(1) / iteration_s).max()
+        try:
+            experts = f["/tokens/experts"][:]
+        except OSError as e:
+            pytest.skip(f"/tokens/experts is zstd-compressed and neither hdf5plugin nor fmoe's "
+                        f"plugin ({plugin_dir}) loads in this h5py: {e}")
+        T = int((prompt_tokens + output_tokens).sum())
+        assert experts.shape[0] == T and experts.shape[2] == 2, experts.shape
+        assert experts.max() < int(f.attrs["num_experts"])
+    print(f"recorded_on {on!r}; {iters} iterations, layer times {layer_s.min() * 1e6:.0f} us "
+          f"to {layer_s.max() * 1e3:.2f} ms")

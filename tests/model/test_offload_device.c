@@ -1,0 +1,654 @@
+/*
+ * test_offload_device - the live executor's device slots (runtime/offload/offload.c's
+ * "Device slots") without a device: fmoe__offload_init_backend is handed a fake device
+ * table, fmoe__cpu_backend with host_memory 0 and its own alloc, release, write_slot,
+ * host_register and host_unregister over ordinary memory, which count their calls, check
+ * every pointer against the buffers they handed out or pinned, and make a copy look like
+ * a DMA in flight (the destination poisoned with 0xFF, a pause, then the bytes), so that
+ * compute reading a slot while it is written sees NaNs. The model is the bundled tiny
+ * Qwen3-MoE (datasets/fmoe-tiny: 6 MoE layers of 8 experts, top-2, bf16).
+ *
+ * The session computing from the slots runs on the CPU backend (a session's backend is
+ * CPU or CUDA, and this machine may have no device): experts the executor hands with
+ * on_device = 1 are then computed by the CPU backend straight from the fake "device"
+ * memory, which is host memory. That exercises everything of the executor's device path
+ * (context, one slot allocation, pinned host block or staging slot, write_slot of exactly
+ * the bytes read, the views' on_device, host-lane views for host misses, teardown order)
+ * but not the forward pass's sync before on_expert_done, nor a real copy stream: those
+ * are the GPU tests' (tests/gpu/).
+ *
+ * Checked: logits bit-identical to a plain CPU session's; the decision log and the access
+ * outcomes identical to host slots' with sync transfers (lru, and mixtral-offload's
+ * prefetches); write_slot moved exactly bytes_loaded (lru) and the engine's io_bytes
+ * (asynchronous transfers); slot views point into the fake device's slots, host-miss
+ * views into host memory; a failing write_slot is the next forward's error; every
+ * context, buffer and pin is given back.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fmoe/error.h"
+#include "fmoe/offload.h"
+#include "fmoe/trace.h"
+#include "harness.h"
+#include "offload_impl.h"
+
+/* ---------------------------------------------------------------------------------- */
+/* The fake device                                                                    */
+/* ---------------------------------------------------------------------------------- */
+
+enum { MAXBUF = 16 };
+
+typedef struct fake_buf {
+    uint8_t *p;
+    int64_t bytes;
+} fake_buf;
+
+static struct fake {
+    pthread_mutex_t mu;
+    fake_buf dev[MAXBUF];    /* live allocations */
+    int ndev;
+    fake_buf pinned[MAXBUF]; /* live registrations */
+    int npinned;
+    int64_t inits, frees, allocs, releases, registers, unregisters;
+    int64_t writes, write_bytes, pinned_writes;
+    int64_t fail_after;      /* write_slot calls after this many fail (-1: none) */
+    int poison_src;          /* poison the source after a copy (file tier: the staging) */
+    int bad;                 /* contract violations seen; `why` says the first */
+    char why[256];
+} fake = {.mu = PTHREAD_MUTEX_INITIALIZER, .fail_after = -1};
+
+static int fake_ctx_tag;
+
+static void fake_reset(void) {
+    pthread_mutex_lock(&fake.mu);
+    fake.inits = fake.frees = fake.allocs = fake.releases = 0;
+    fake.registers = fake.unregisters = 0;
+    fake.writes = fake.write_bytes = fake.pinned_writes = 0;
+    fake.fail_after = -1;
+    fake.poison_src = 0;
+    fake.bad = 0;
+    fake.why[0] = '\0';
+    pthread_mutex_unlock(&fake.mu);
+}
+
+/* Under fake.mu. */
+static void fake_violation(const char *what) {
+    if (!fake.bad++) snprintf(fake.why, sizeof fake.why, "%s", what);
+}
+
+/* The index of the buffer of `bufs` holding [p, p + bytes), or -1. Under fake.mu. */
+static int find_buf(const fake_buf *bufs, int n, const void *p, int64_t bytes) {
+    const uint8_t *q = p;
+    for (int i = 0; i < n; i++)
+        if (q >= bufs[i].p && bytes >= 0 && q + bytes <= bufs[i].p + bufs[i].bytes) return i;
+    return -1;
+}
+
+static int fake_in_device(const void *p, int64_t bytes) {
+    pthread_mutex_lock(&fake.mu);
+    const int i = find_buf(fake.dev, fake.ndev, p, bytes);
+    pthread_mutex_unlock(&fake.mu);
+    return i >= 0;
+}
+
+static int fake_init(const fmoe__backend_limits *lim, void **ctx) {
+    pthread_mutex_lock(&fake.mu);
+    if (!lim->weights) fake_violation("init: limits.weights is NULL");
+    if (lim->max_cols < 1 || lim->max_batch < 1) fake_violation("init: empty limits");
+    fake.inits++;
+    pthread_mutex_unlock(&fake.mu);
+    *ctx = &fake_ctx_tag;
+    return 0;
+}
+
+static void fake_free(void *ctx) {
+    pthread_mutex_lock(&fake.mu);
+    if (ctx != &fake_ctx_tag) fake_violation("free: not our context");
+    if (fake.ndev || fake.npinned) fake_violation("free: buffers or pins outlive the context");
+    fake.frees++;
+    pthread_mutex_unlock(&fake.mu);
+}
+
+static void *fake_alloc(void *ctx, int64_t bytes) {
+    uint8_t *p = aligned_alloc(4096, (size_t)((bytes + 4095) / 4096 * 4096));
+    if (p) memset(p, 0, (size_t)bytes); /* the contract: zero-filled */
+    pthread_mutex_lock(&fake.mu);
+    if (ctx != &fake_ctx_tag) fake_violation("alloc: not our context");
+    if (p && fake.ndev < MAXBUF) fake.dev[fake.ndev++] = (fake_buf){p, bytes};
+    fake.allocs++;
+    pthread_mutex_unlock(&fake.mu);
+    if (!p) fmoe_error_set(FMOE_ENOMEM, "fake device: %lld bytes", (long long)bytes);
+    return p;
+}
+
+static void fake_release(void *ctx, void *p) {
+    pthread_mutex_lock(&fake.mu);
+    if (ctx != &fake_ctx_tag) fake_violation("release: not our context");
+    const int i = find_buf(fake.dev, fake.ndev, p, 0);
+    if (i < 0 || fake.dev[i].p != p) {
+        fake_violation("release: not a buffer of ours");
+    } else {
+        memset(p, 0xFF, (size_t)fake.dev[i].bytes); /* a read after release sees NaNs */
+        free(p);
+        fake.dev[i] = fake.dev[--fake.ndev];
+    }
+    fake.releases++;
+    pthread_mutex_unlock(&fake.mu);
+}
+
+static int fake_write_slot(void *ctx, void *dst, const void *src, int64_t bytes) {
+    pthread_mutex_lock(&fake.mu);
+    if (ctx != &fake_ctx_tag) fake_violation("write_slot: not our context");
+    if (bytes <= 0) fake_violation("write_slot: no bytes");
+    if (find_buf(fake.dev, fake.ndev, dst, bytes) < 0)
+        fake_violation("write_slot: destination outside the device buffers");
+    if (find_buf(fake.dev, fake.ndev, src, 1) >= 0)
+        fake_violation("write_slot: source in device memory");
+    const int pinned = find_buf(fake.pinned, fake.npinned, src, bytes) >= 0;
+    const int64_t n = ++fake.writes;
+    const int fail = fake.fail_after >= 0 && n > fake.fail_after;
+    if (!fail) {
+        fake.write_bytes += bytes;
+        fake.pinned_writes += pinned;
+    }
+    const int poison_src = fake.poison_src;
+    pthread_mutex_unlock(&fake.mu);
+    if (fail) return fmoe_error_set(FMOE_EINTERNAL, "fake write_slot: injected failure");
+    /* a DMA in flight: the slot holds garbage until the copy has landed */
+    memset(dst, 0xFF, (size_t)bytes);
+    nanosleep(&(struct timespec){.tv_nsec = 20000}, NULL);
+    memcpy(dst, src, (size_t)bytes);
+    /* the staging slot is the executor's to reuse once write_slot returned: nothing may
+     * read the expert from it */
+    if (poison_src) memset((void *)src, 0xFF, (size_t)bytes);
+    return 0;
+}
+
+static int fake_host_register(void *ctx, void *p, int64_t bytes) {
+    pthread_mutex_lock(&fake.mu);
+    if (ctx != &fake_ctx_tag) fake_violation("host_register: not our context");
+    if (!p || bytes <= 0) fake_violation("host_register: empty range");
+    if (fake.npinned < MAXBUF) fake.pinned[fake.npinned++] = (fake_buf){p, bytes};
+    fake.registers++;
+    pthread_mutex_unlock(&fake.mu);
+    return 0;
+}
+
+static void fake_host_unregister(void *ctx, void *p) {
+    pthread_mutex_lock(&fake.mu);
+    if (ctx != &fake_ctx_tag) fake_violation("host_unregister: not our context");
+    int i = 0;
+    while (i < fake.npinned && fake.pinned[i].p != p) i++;
+    if (i == fake.npinned) fake_violation("host_unregister: not pinned");
+    else fake.pinned[i] = fake.pinned[--fake.npinned];
+    fake.unregisters++;
+    pthread_mutex_unlock(&fake.mu);
+}
+
+static fmoe__backend_ops fake_ops;
+
+static const fmoe__backend_ops *fake_device(void) {
+    fake_ops = fmoe__cpu_backend; /* compute entries: never called by the executor */
+    fake_ops.name = "fake-device";
+    fake_ops.host_memory = 0;
+    fake_ops.init = fake_init;
+    fake_ops.free = fake_free;
+    fake_ops.alloc = fake_alloc;
+    fake_ops.release = fake_release;
+    fake_ops.write_slot = fake_write_slot;
+    fake_ops.host_register = fake_host_register;
+    fake_ops.host_unregister = fake_host_unregister;
+    return &fake_ops;
+}
+
+/* Every context, buffer and pin given back, no contract violated. */
+#define ASSERT_FAKE_CLEAN()                                                       \
+    do {                                                                          \
+        if (fake.bad) HARNESS_FAIL("fake device: %s", fake.why);                  \
+        ASSERT_EQ(fake.inits, fake.frees);                                        \
+        ASSERT_EQ(fake.allocs, fake.releases);                                    \
+        ASSERT_EQ(fake.registers, fake.unregisters);                              \
+        ASSERT_EQ(fake.ndev, 0);                                                  \
+        ASSERT_EQ(fake.npinned, 0);                                               \
+    } while (0)
+
+/* ---------------------------------------------------------------------------------- */
+/* Runs                                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+enum { PLEN = 24, STEPS = 12, MAXDEC = 1 << 16, MAXOUT = 1 << 14 };
+
+/* The executor's expert hooks behind ours: where each view points. */
+typedef struct spy {
+    fmoe_session_options inner;
+    int device;                    /* the executor's slots are the fake device's */
+    int64_t device_views, host_views, model_weights;
+    int bad;
+    char why[160];
+} spy;
+
+static int spy_route(void *ctx, const fmoe_route_event *ev) {
+    spy *p = ctx;
+    return p->inner.on_route(p->inner.route_ctx, ev);
+}
+
+static int spy_expert(void *ctx, int32_t l, int32_t j, fmoe_expert_view *w) {
+    spy *p = ctx;
+    const int rc = p->inner.on_expert(p->inner.route_ctx, l, j, w);
+    if (rc != 0) {
+        p->model_weights += rc == 1;
+        if (rc == 1 && p->device && !p->bad++)
+            snprintf(p->why, sizeof p->why, "(%d, %d): the model's weights with device slots",
+                     l, j);
+        return rc;
+    }
+    const fmoe_matrix_view *v[3] = {&w->gate, &w->up, &w->down};
+    for (int i = 0; i < 3; i++) {
+        const int64_t bytes = v[i]->rows * v[i]->cols * 2; /* bf16 */
+        const int in_dev = fake_in_device(v[i]->data, bytes);
+        const int ok = v[i]->on_device == v[0]->on_device &&
+                       (v[i]->on_device ? p->device && in_dev : !in_dev);
+        if (!ok && !p->bad++)
+            snprintf(p->why, sizeof p->why, "(%d, %d) matrix %d: on_device %d, in the fake "
+                     "device's memory %d", l, j, i, v[i]->on_device, in_dev);
+    }
+    if (w->gate.on_device) p->device_views++;
+    else p->host_views++;
+    return 0;
+}
+
+static void spy_done(void *ctx, int32_t l, int32_t j) {
+    spy *p = ctx;
+    p->inner.on_expert_done(p->inner.route_ctx, l, j);
+}
+
+typedef struct run_cfg {
+    const char *policy;
+    int32_t cache;
+    fmoe_tier_kind tier;
+    int direct_io;
+    int32_t miss;
+    int sync;        /* sync_transfers */
+    int fake;        /* device slots from the fake table, else host slots */
+} run_cfg;
+
+typedef struct run_out {
+    float *logits;          /* [STEPS][V] */
+    fmoe_decision *dec;     /* [MAXDEC] */
+    int64_t ndec;
+    uint8_t *outcomes;      /* [MAXOUT] */
+    int64_t nout;
+    fmoe_offload_stats st;
+    spy sp;
+} run_out;
+
+static void log_decision(void *ctx, const fmoe_decision *d) {
+    run_out *o = ctx;
+    if (o->ndec < MAXDEC) o->dec[o->ndec] = *d;
+    o->ndec++;
+}
+
+static void run_out_init(run_out *o, int32_t V) {
+    memset(o, 0, sizeof *o);
+    o->logits = calloc((size_t)STEPS * V, sizeof *o->logits);
+    o->dec = calloc(MAXDEC, sizeof *o->dec);
+    o->outcomes = calloc(MAXOUT, 1);
+}
+
+static void run_out_free(run_out *o) {
+    free(o->logits);
+    free(o->dec);
+    free(o->outcomes);
+}
+
+static void take_outcomes(fmoe_offload *x, run_out *o) {
+    int64_t n;
+    const uint8_t *oc = fmoe_offload_take_outcomes(x, &n);
+    for (int64_t i = 0; i < n && o->nout < MAXOUT; i++) o->outcomes[o->nout++] = oc[i];
+}
+
+static fmoe_model *load_tiny(int *harness_failed) {
+    char dir[1024];
+    const char *root = getenv("FMOE_SOURCE_ROOT");
+    snprintf(dir, sizeof dir, "%s/datasets/fmoe-tiny", root ? root : ".");
+    fmoe_model *m = NULL;
+    const int rc = fmoe_model_load(dir, NULL, &m);
+    if (rc != 0) {
+        *harness_failed = 1;
+        fprintf(stderr, "  loading %s: %s\n", dir, fmoe_error_detail());
+        return NULL;
+    }
+    return m;
+}
+
+static fmoe_session_options session_options(void) {
+    fmoe_session_options so = fmoe_session_defaults();
+    so.max_context = 128;
+    so.threads = 2;
+    return so;
+}
+
+/* The prompt, then STEPS - 1 decode tokens `next` (chosen by the plain run), through a
+ * plain session: the reference logits [STEPS][V]. */
+static void run_plain(int *harness_failed, fmoe_model *m, const int32_t *prompt,
+                      int32_t *next, float *logits) {
+    const int32_t V = fmoe_model_get_geometry(m)->vocab_size;
+    fmoe_session_options so = session_options();
+    so.max_batch = fmoe_offload_defaults().prefill_chunk;
+    fmoe_session *s;
+    ASSERT_OK(fmoe_session_init(m, &so, &s));
+    ASSERT_OK(fmoe_session_forward(s, prompt, PLEN, NULL, logits));
+    for (int t = 1; t < STEPS; t++) {
+        const float *prev = logits + (int64_t)(t - 1) * V;
+        int32_t b = 0;
+        for (int32_t i = 1; i < V; i++)
+            if (prev[i] > prev[b]) b = i;
+        next[t - 1] = b;
+        ASSERT_OK(fmoe_session_forward(s, &next[t - 1], 1, NULL, logits + (int64_t)t * V));
+    }
+    fmoe_session_free(s);
+}
+
+/* The same tokens through an offloaded session. @return through *skipped 1 when the
+ * tier cannot be opened here (O_DIRECT on a file system without it). */
+static void run_offload(int *harness_failed, fmoe_model *m, const run_cfg *c,
+                        const int32_t *prompt, const int32_t *next, run_out *o, int *skipped) {
+    const int32_t V = fmoe_model_get_geometry(m)->vocab_size;
+    fmoe_offload_options oo = fmoe_offload_defaults();
+    oo.policy = c->policy;
+    oo.cache_experts = c->cache;
+    oo.tier = c->tier;
+    oo.direct_io = c->direct_io;
+    oo.miss = c->miss;
+    oo.sync_transfers = c->sync;
+    oo.sync_predictions = 1;
+    oo.decision = log_decision;
+    oo.decision_ctx = o;
+    fake_reset();
+    fake.poison_src = c->fake && c->tier == FMOE_TIER_FILE;
+    fmoe_offload *x;
+    const int rc = c->fake ? fmoe__offload_init_backend(&x, m, &oo, fake_device())
+                           : fmoe_offload_init(&x, m, &oo);
+    if (rc == FMOE_EIO && c->direct_io) {
+        fprintf(stderr, "  skipped O_DIRECT here: %s\n", fmoe_error_detail());
+        *skipped = 1;
+        return;
+    }
+    ASSERT_OK(rc);
+    if (c->fake) {
+        ASSERT_EQ(fake.inits, 1);
+        ASSERT_EQ(fake.allocs, 1); /* the N slots and the scratch slot, one buffer */
+        ASSERT_EQ(fake.registers, 1); /* the host block, or the staging slot */
+    }
+    fmoe_session_options so = session_options();
+    fmoe_offload_attach(x, &so);
+    o->sp.inner = so;
+    o->sp.device = c->fake;
+    so.on_route = spy_route;
+    so.on_expert = spy_expert;
+    so.on_expert_done = spy_done;
+    so.route_ctx = &o->sp;
+    fmoe_session *s;
+    ASSERT_OK(fmoe_session_init(m, &so, &s));
+    ASSERT_OK(fmoe_offload_request_begin(x, 0, prompt, PLEN));
+    ASSERT_OK(fmoe_offload_forward(x, s, prompt, PLEN, FMOE_PHASE_PREFILL, NULL, o->logits));
+    take_outcomes(x, o);
+    for (int t = 1; t < STEPS; t++) {
+        ASSERT_OK(fmoe_offload_forward(x, s, &next[t - 1], 1, FMOE_PHASE_DECODE, NULL,
+                                       o->logits + (int64_t)t * V));
+        take_outcomes(x, o);
+    }
+    ASSERT_OK(fmoe_offload_request_end(x));
+    fmoe_offload_get_stats(x, &o->st);
+    fmoe_session_free(s);
+    fmoe_offload_free(x);
+    if (o->sp.bad) HARNESS_FAIL("views: %s", o->sp.why);
+    if (c->fake) ASSERT_FAKE_CLEAN();
+}
+
+static int same_logits(const float *a, const float *b, int32_t V) {
+    return memcmp(a, b, sizeof(float) * (size_t)STEPS * V) == 0;
+}
+
+/* The decisions but their times (measured, so never equal). */
+static int same_decisions(const run_out *a, const run_out *b) {
+    if (a->ndec != b->ndec || a->ndec > MAXDEC) return 0;
+    for (int64_t i = 0; i < a->ndec; i++) {
+        const fmoe_decision *p = &a->dec[i], *q = &b->dec[i];
+        if (p->kind != q->kind || p->iteration != q->iteration || p->layer != q->layer ||
+            p->expert != q->expert || p->slot != q->slot || p->victim != q->victim ||
+            p->result != q->result || p->priority != q->priority)
+            return 0;
+    }
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Tests                                                                              */
+/* ---------------------------------------------------------------------------------- */
+
+/* The runs of check_tier and what it checks. */
+typedef struct tier_runs {
+    float *ref;                  /* [STEPS][V] the plain session's logits */
+    run_out host, dev, dev_async;
+    int64_t writes, write_bytes, pinned_writes; /* the fake device's, synchronous run */
+    int64_t async_write_bytes, async_pinned_writes, async_writes;
+} tier_runs;
+
+static void tier_runs_check(int *harness_failed, fmoe_model *m, const char *policy,
+                            fmoe_tier_kind tier, int direct_io, tier_runs *r) {
+    const int32_t V = fmoe_model_get_geometry(m)->vocab_size;
+    int32_t prompt[PLEN], next[STEPS];
+    for (int t = 0; t < PLEN; t++) prompt[t] = (t * 37 + 11) % V;
+    const int lru = strcmp(policy, "lru") == 0;
+    int skipped = 0;
+    run_plain(harness_failed, m, prompt, next, r->ref);
+    if (*harness_failed) return;
+    run_cfg c = {.policy = policy, .cache = 12, .tier = tier, .direct_io = direct_io,
+                 .miss = FMOE_OFFLOAD_MISS_LOAD, .sync = 1, .fake = 0};
+    run_offload(harness_failed, m, &c, prompt, next, &r->host, &skipped);
+    if (*harness_failed || skipped) return;
+    c.fake = 1;
+    run_offload(harness_failed, m, &c, prompt, next, &r->dev, &skipped);
+    if (*harness_failed) return;
+    r->writes = fake.writes, r->write_bytes = fake.write_bytes;
+    r->pinned_writes = fake.pinned_writes;
+    c.sync = 0;
+    run_offload(harness_failed, m, &c, prompt, next, &r->dev_async, &skipped);
+    if (*harness_failed) return;
+    r->async_writes = fake.writes, r->async_write_bytes = fake.write_bytes;
+    r->async_pinned_writes = fake.pinned_writes;
+
+    /* host slots: the checkpoint's bytes, computed as the plain session does */
+    if (!same_logits(r->host.logits, r->ref, V)) HARNESS_FAIL("host slots: logits differ");
+    ASSERT_EQ(r->host.sp.device_views, 0);
+    /* device slots: the same numbers, from the device's slots */
+    if (!same_logits(r->dev.logits, r->ref, V)) HARNESS_FAIL("device slots: logits differ");
+    if (!same_logits(r->dev_async.logits, r->ref, V))
+        HARNESS_FAIL("device slots, asynchronous transfers: logits differ");
+    ASSERT_TRUE(r->dev.sp.device_views > 0);
+    ASSERT_EQ(r->dev.sp.model_weights, 0);
+    ASSERT_EQ(r->dev.sp.device_views + r->dev.sp.host_views, r->dev.st.accesses);
+
+    /* the decision-log identity: where slots live decides nothing */
+    ASSERT_TRUE(r->host.ndec > 0 && r->host.ndec <= MAXDEC);
+    if (!same_decisions(&r->host, &r->dev)) HARNESS_FAIL("decision logs differ");
+    ASSERT_EQ(r->host.nout, r->dev.nout);
+    if (memcmp(r->host.outcomes, r->dev.outcomes, (size_t)r->host.nout) != 0)
+        HARNESS_FAIL("outcomes differ");
+    ASSERT_EQ(r->host.st.bytes_loaded, r->dev.st.bytes_loaded);
+    ASSERT_EQ(r->host.st.misses, r->dev.st.misses);
+    ASSERT_EQ(r->host.st.hits, r->dev.st.hits);
+
+    /* write_slot moved the bytes of every transfer, from pinned memory */
+    ASSERT_TRUE(r->writes > 0 && r->dev.st.bytes_loaded > 0);
+    ASSERT_EQ(r->pinned_writes, r->writes);
+    if (lru) ASSERT_EQ(r->write_bytes, r->dev.st.bytes_loaded);
+    else ASSERT_TRUE(r->write_bytes <= r->dev.st.bytes_loaded);
+    ASSERT_EQ(r->async_pinned_writes, r->async_writes);
+    /* the engine's own count: with lru every copy is a demand load, done before the last
+     * forward returned; a prefetching policy's last prefetches may still be copying when
+     * the stats are read (the fake's count is read after free joined the engine) */
+    if (lru) {
+        ASSERT_EQ(r->async_write_bytes, r->dev_async.st.io_bytes);
+        ASSERT_EQ(r->async_write_bytes, r->dev_async.st.bytes_loaded);
+    } else {
+        /* and a prefetch claimed while a piece is on the engine has that piece copied
+         * again by its demand job (offload.c), at most one piece per late hit */
+        fmoe_expert_tensors t;
+        ASSERT_OK(fmoe_model_expert_tensors(m, 0, 0, &t));
+        const int64_t expert = (t.gate.view.rows * t.gate.view.cols +
+                                t.up.view.rows * t.up.view.cols +
+                                t.down.view.rows * t.down.view.cols) * 2; /* bf16 */
+        const int64_t piece = (expert + 3) / 4;                          /* copy_chunks 4 */
+        ASSERT_TRUE(r->dev_async.st.io_bytes <= r->async_write_bytes);
+        ASSERT_TRUE(r->async_write_bytes <=
+                    r->dev_async.st.bytes_loaded + r->dev_async.st.late_hits * piece);
+    }
+    fprintf(stderr, "  %s, %s tier%s: %lld accesses, %lld misses, %lld write_slot calls of "
+                    "%lld bytes (sync transfers); async: %lld calls, %lld bytes\n",
+            policy, tier == FMOE_TIER_HOST ? "host" : "file", direct_io ? " (O_DIRECT)" : "",
+            (long long)r->dev.st.accesses, (long long)r->dev.st.misses, (long long)r->writes,
+            (long long)r->write_bytes, (long long)r->async_writes,
+            (long long)r->async_write_bytes);
+}
+
+/* One tier: device slots against host slots (sync transfers: the same decisions) and
+ * against a plain session (the same logits), then device slots with asynchronous
+ * transfers. */
+static void check_tier(int *harness_failed, fmoe_model *m, const char *policy,
+                       fmoe_tier_kind tier, int direct_io) {
+    const int32_t V = fmoe_model_get_geometry(m)->vocab_size;
+    tier_runs r;
+    memset(&r, 0, sizeof r);
+    r.ref = calloc((size_t)STEPS * V, sizeof *r.ref);
+    run_out_init(&r.host, V);
+    run_out_init(&r.dev, V);
+    run_out_init(&r.dev_async, V);
+    tier_runs_check(harness_failed, m, policy, tier, direct_io, &r);
+    run_out_free(&r.host);
+    run_out_free(&r.dev);
+    run_out_free(&r.dev_async);
+    free(r.ref);
+}
+
+TEST(device_slots_host_tier) {
+    fmoe_model *m = load_tiny(harness_failed);
+    if (!m) return;
+    check_tier(harness_failed, m, "lru", FMOE_TIER_HOST, 0);
+    if (!*harness_failed) check_tier(harness_failed, m, "mixtral-offload", FMOE_TIER_HOST, 0);
+    fmoe_model_free(m);
+}
+
+TEST(device_slots_file_tier) {
+    fmoe_model *m = load_tiny(harness_failed);
+    if (!m) return;
+    check_tier(harness_failed, m, "lru", FMOE_TIER_FILE, 0);
+    if (!*harness_failed) check_tier(harness_failed, m, "mixtral-offload", FMOE_TIER_FILE, 0);
+    /* O_DIRECT reads in place: matrices at their file alignment within a slot */
+    if (!*harness_failed) check_tier(harness_failed, m, "lru", FMOE_TIER_FILE, 1);
+    fmoe_model_free(m);
+}
+
+/* --miss cpu with device slots: misses computed on the host lane from host memory. */
+static void host_misses_check(int *harness_failed, fmoe_model *m, float *ref, run_out *dev) {
+    const int32_t V = fmoe_model_get_geometry(m)->vocab_size;
+    int32_t prompt[PLEN], next[STEPS];
+    for (int t = 0; t < PLEN; t++) prompt[t] = (t * 53 + 3) % V;
+    int skipped = 0;
+    run_plain(harness_failed, m, prompt, next, ref);
+    if (*harness_failed) return;
+    const run_cfg c = {.policy = "lru", .cache = 12, .tier = FMOE_TIER_HOST,
+                       .miss = FMOE_OFFLOAD_MISS_CPU, .sync = 1, .fake = 1};
+    run_offload(harness_failed, m, &c, prompt, next, dev, &skipped);
+    if (*harness_failed) return;
+    if (!same_logits(dev->logits, ref, V)) HARNESS_FAIL("host misses: logits differ");
+    ASSERT_TRUE(dev->st.host_misses > 0);
+    ASSERT_EQ(dev->st.host_misses, dev->st.misses);
+    ASSERT_EQ(dev->sp.host_views, dev->st.host_misses);
+    ASSERT_EQ(dev->sp.model_weights, 0);
+}
+
+TEST(device_slots_host_misses) {
+    fmoe_model *m = load_tiny(harness_failed);
+    if (!m) return;
+    const int32_t V = fmoe_model_get_geometry(m)->vocab_size;
+    float *ref = calloc((size_t)STEPS * V, sizeof *ref);
+    run_out dev;
+    run_out_init(&dev, V);
+    host_misses_check(harness_failed, m, ref, &dev);
+    run_out_free(&dev);
+    free(ref);
+    fmoe_model_free(m);
+}
+
+/* A write_slot that fails is the next forward's error, as a failed read. */
+static void write_failure_check(int *harness_failed, fmoe_model *m, float *logits) {
+    const int32_t V = fmoe_model_get_geometry(m)->vocab_size;
+    fmoe_offload_options oo = fmoe_offload_defaults();
+    oo.cache_experts = 4;
+    oo.tier = FMOE_TIER_FILE;
+    fake_reset();
+    fake.fail_after = 3;
+    fmoe_offload *x;
+    ASSERT_OK(fmoe__offload_init_backend(&x, m, &oo, fake_device()));
+    fmoe_session_options so = session_options();
+    fmoe_offload_attach(x, &so);
+    fmoe_session *s;
+    ASSERT_OK(fmoe_session_init(m, &so, &s));
+    int32_t prompt[PLEN];
+    for (int t = 0; t < PLEN; t++) prompt[t] = (t * 29 + 7) % V;
+    int rc = 0;
+    for (int step = 0; step < STEPS && rc == 0; step++)
+        rc = step == 0
+                 ? fmoe_offload_forward(x, s, prompt, PLEN, FMOE_PHASE_PREFILL, NULL, logits)
+                 : fmoe_offload_forward(x, s, prompt, 1, FMOE_PHASE_DECODE, NULL, logits);
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", fmoe_error_detail());
+    const int again = fmoe_offload_forward(x, s, prompt, 1, FMOE_PHASE_DECODE, NULL, logits);
+    fmoe_session_free(s);
+    fmoe_offload_free(x);
+    ASSERT_EQ(rc, FMOE_EINTERNAL);
+    ASSERT_CONTAINS(detail, "injected failure");
+    ASSERT_CONTAINS(detail, "into device slot");
+    ASSERT_EQ(again, FMOE_EINTERNAL); /* the engine stays failed */
+    ASSERT_FAKE_CLEAN();
+}
+
+TEST(device_slots_write_failure) {
+    fmoe_model *m = load_tiny(harness_failed);
+    if (!m) return;
+    float *logits = calloc((size_t)fmoe_model_get_geometry(m)->vocab_size, sizeof *logits);
+    write_failure_check(harness_failed, m, logits);
+    free(logits);
+    fmoe_model_free(m);
+}
+
+/* The backend option: an unknown kind is invalid; CUDA where there is no device is refused
+ * with the loader's reason (where there is one, the GPU tests run it). */
+static void backend_option_check(int *harness_failed, fmoe_model *m) {
+    fmoe_offload_options oo = fmoe_offload_defaults();
+    oo.cache_experts = 4;
+    oo.backend = (fmoe_backend_kind)7;
+    fmoe_offload *x = NULL;
+    ASSERT_EQ(fmoe_offload_init(&x, m, &oo), FMOE_EINVAL);
+    ASSERT_TRUE(x == NULL);
+    if (fmoe__cuda_backend()) return;
+    oo.backend = FMOE_BACKEND_CUDA;
+    ASSERT_EQ(fmoe_offload_init(&x, m, &oo), FMOE_EUNSUPPORTED);
+    ASSERT_TRUE(x == NULL);
+    ASSERT_TRUE(fmoe_error_detail()[0] != '\0');
+}
+
+TEST(offload_backend_option) {
+    fmoe_model *m = load_tiny(harness_failed);
+    if (!m) return;
+    backend_option_check(harness_failed, m);
+    fmoe_model_free(m);
+}
+
+int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
