@@ -373,6 +373,9 @@ sanitize() {
     cat "$work/san.txt"
     local total leaks
     total=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$work/san.txt" | tail -1 | grep -oE '[0-9]+$')
+    # racecheck ends with "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"
+    [ -z "$total" ] && total=$(grep -oE 'RACECHECK SUMMARY: .*\(([0-9]+) errors' "$work/san.txt" |
+        tail -1 | grep -oE '[0-9]+ errors' | grep -oE '[0-9]+')
     leaks=$(grep -cE 'Leaked [0-9]+ bytes' "$work/san.txt")
     if [ -z "$total" ]; then
         fig "no ERROR SUMMARY (exit $rc)"

@@ -228,8 +228,14 @@ static void run_policy(int *harness_failed, const char *policy, int32_t cache) {
             (long long)st.misses, (long long)st.bytes_loaded, st.stall_s);
     ASSERT_TRUE(st.misses > 0 && st.hits > 0 && st.bytes_loaded > 0);
     /* the engine's own measure of the link: it copied at most what was issued (a
-     * cancelled prefetch stops between chunks), and took time to */
-    ASSERT_TRUE(st.io_bytes > 0 && st.io_bytes <= st.bytes_loaded && st.io_busy_s > 0);
+     * cancelled prefetch stops between chunks) plus, for each late hit, the piece in
+     * flight when the access claimed it, which the demand job copies again
+     * (runtime/offload/offload.c), and took time to */
+    fprintf(stderr, "  %s: io %lld bytes in %.6f s\n", policy, (long long)st.io_bytes,
+            st.io_busy_s);
+    const int64_t expert_bytes = st.bytes_loaded / (st.misses + st.prefetches);
+    ASSERT_TRUE(st.io_bytes > 0 && st.io_busy_s > 0);
+    ASSERT_TRUE(st.io_bytes <= st.bytes_loaded + st.late_hits * expert_bytes);
     ASSERT_TRUE(sum.resident > 0 && sum.resident <= fmoe_offload_capacity(x));
     ASSERT_NEAR(sum.stall_s, st.stall_s, 1e-9 * (1 + st.stall_s));
     ASSERT_NEAR(stall_sum, st.stall_s, 1e-9 * (1 + st.stall_s));
