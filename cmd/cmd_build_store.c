@@ -1,6 +1,7 @@
 /*
  * cmd_build_store.c - `fmoe build-store`: traces -> deduplicated expert-map store
- * (DESIGN.md §5; POLICIES.md A.5).
+ * (docs/design.md §5; store maintenance as in the fMoE paper, "fMoE: Fine-Grained Expert
+ * Offloading for Large Mixture-of-Experts Serving", §4.4).
  *
  * defaults -> parse -> validate -> fmoe_store_build (streams the tokens, deduplicates,
  * progress bar) -> fmoe_store_write (.partial, then rename) -> a short report.
@@ -152,7 +153,7 @@ int cmd_build_store(int argc, char **argv) {
     cmd_progress_bar_done(&bar);
     if (rc < 0) return cmd_fail(CMD, rc);
     const double t_build = cmd_now() - t0;
-    /* interrupted while writing: no .partial left (issue 15, finding 8) */
+    /* interrupted while writing: no .partial left (a half-built store is worth nothing) */
     char partial[4096];
     snprintf(partial, sizeof partial, "%s.partial", o.output);
     const char *cleanup[] = {partial};
@@ -164,9 +165,9 @@ int cmd_build_store(int argc, char **argv) {
     }
     const fmoe_expertmap_config *c = fmoe_expertmap_config_of(f->store);
     const int32_t E = fmoe_expertmap_size(f->store);
-    printf("%s: %d of %d entries from %lld tokens of %lld requests (%d trace%s)\n", o.output, E,
-           c->capacity, (long long)rep.tokens, (long long)f->num_used, f->num_sources,
-           f->num_sources == 1 ? "" : "s");
+    printf("%s: %d of %d entries from %lld tokens of %lld request%s (%d trace%s)\n", o.output,
+           E, c->capacity, (long long)rep.tokens, (long long)f->num_used,
+           f->num_used == 1 ? "" : "s", f->num_sources, f->num_sources == 1 ? "" : "s");
     printf("  model        %s, %d MoE layers x %d experts, top-%d; prefetch distance %d\n",
            f->model_name[0] ? f->model_name : "(unnamed)", c->num_layers, c->num_experts,
            c->top_k, c->prefetch_distance);

@@ -1,6 +1,6 @@
 /*
  * cmd_calibrate.c - `fmoe calibrate`: measure this machine into a hardware profile that
- * `fmoe simulate --profile` reads (DESIGN.md §7; format in fmoe/hardware.h).
+ * `fmoe simulate --profile` reads (docs/design.md §7; format in docs/formats/hardware-profile.md).
  *
  * defaults -> parse -> model shapes -> measure -> fit -> report (stderr) -> profile JSON
  * (-o FILE, written to a temporary name and renamed; or stdout).

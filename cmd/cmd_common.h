@@ -117,8 +117,8 @@ int cmd_print_json(void *doc);
 /* SIGINT, SIGTERM and SIGHUP: remove each of `paths` (the .partial of an output being
  * written), then die of the signal as the default action would. For commands whose output
  * is worth nothing unfinished (trace import, build-store): an interrupted run leaves no
- * .partial behind (issue 15, finding 8). The strings are copied; at most 4 paths. Only
- * unlink(2) runs in the handler. @return 0, or -1 when a handler cannot be installed. */
+ * .partial behind, so it can simply be run again. The strings are copied; at most 4
+ * paths. Only unlink(2) runs in the handler. @return 0, or -1 when a handler cannot be installed. */
 int cmd_remove_on_signal(const char *const *paths, int n);
 
 #endif

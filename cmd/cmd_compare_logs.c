@@ -1,7 +1,7 @@
 /*
  * cmd_compare_logs.c - `fmoe compare-logs A B`: are two decision logs (fmoe/decision_log.h)
  * the same decisions? The check that the simulator and the live executor decide alike on
- * one trace (STYLE.md rule 13).
+ * one trace (a differential test: docs/TESTING.md).
  *
  * Like cmp(1), the exit status is the answer: 0 identical, 1 different, 2 the question
  * could not be asked (a usage error, a file missing or not a decision log).

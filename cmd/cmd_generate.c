@@ -323,7 +323,7 @@ int cmd_generate(int argc, char **argv) {
             }
             /* NaN weights give NaN logits, which every sampler turns into some token id
              * (greedy: the first, often a stop token): the run "succeeds" with no text.
-             * Say what happened instead (issue 15, finding 9). */
+             * Say what happened instead. */
             for (int32_t v = 0; v < V; v++) {
                 if (isfinite(logits[v])) continue;
                 rc = cmd_failf(CMD,

@@ -2,7 +2,8 @@
  * cmd_inspect.c - `fmoe inspect FILE [--json]`: summarise any fmoe file.
  *
  * For a trace: model and geometry, requests, tokens by phase, probabilities kind,
- * per-layer expert popularity, and the predictability analysis of papers/fmoe.txt §2.4
+ * per-layer expert popularity, and the predictability analysis of the fMoE paper
+ * ("fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving") §2.4
  * (Fig. 3b/3c): mean Shannon entropy per layer of expert activations at request level
  * (coarse) versus iteration level (fine).
  */
@@ -147,8 +148,11 @@ static void print_trace_text(const char *path, fmoe_trace_reader *r, const fmoe_
     printf("%s: fmoe trace, version %d\n", path, FMOE_TRACE_VERSION);
     printf("  model        %s\n", h->model_name[0] ? h->model_name : "(unnamed)");
     printf("  fingerprint  %s\n", h->model_fingerprint[0] ? h->model_fingerprint : "(none)");
-    printf("  geometry     %d MoE layers, %d experts, top-%d, hidden %d, %d shared\n",
-           h->num_layers, h->num_experts, h->top_k, h->hidden_size, h->shared_experts);
+    /* hidden_size 0 means unknown (an ids-only import without a config.json): left out */
+    printf("  geometry     %d MoE layers, %d experts, top-%d", h->num_layers, h->num_experts,
+           h->top_k);
+    if (h->hidden_size > 0) printf(", hidden %d", h->hidden_size);
+    printf(", %d shared\n", h->shared_experts);
     printf("  expert size  %s (%s), all routed experts %s\n",
            cmd_format_bytes((double)h->expert_bytes, size, sizeof size), h->dtype,
            cmd_format_bytes((double)h->expert_bytes * h->num_layers * h->num_experts,

@@ -1,5 +1,5 @@
 /*
- * cmd_record.c - `fmoe record`: real inference over a prompt dataset -> trace (DESIGN.md §4).
+ * cmd_record.c - `fmoe record`: real inference over a prompt dataset -> trace (docs/design.md §4).
  *
  * Defaults → parse → validate → choose the backend (--backend cpu|cuda|auto; the
  * trace's recorded_on says it: "cpu" or "cuda:<device>") → load (prompts, arrivals,
@@ -156,8 +156,8 @@ const cmd_spec cmd_record_spec = {
     .usage = "record [--model DIR] --dataset FILE -o TRACE.h5 [options]",
     .description =
         "Run real inference over the prompts of a dataset and write the routing trace\n"
-        "(DESIGN.md §4): per token and MoE layer the chosen experts and the full gate\n"
-        "distribution, the semantic embedding, optional speculative gates and gate\n"
+        "(docs/formats/trace.md): per token and MoE layer the chosen experts and the full\n"
+        "gate distribution, the semantic embedding, optional speculative gates and gate\n"
         "inputs, and the measured per-layer compute times. The file is written as\n"
         "TRACE.h5.partial and flushed after every request; it is renamed when complete.\n"
         "Every finished request is also journalled (TRACE.h5.partial.journal), so after a\n"
@@ -454,7 +454,7 @@ int cmd_record(int argc, char **argv) {
         if (off.x && (err = fmoe_offload_request_begin(off.x, p, ids, (int32_t)n)) < 0)
             goto fail;
 
-        /* Prefill: chunks of max_batch tokens, each its own iteration (DESIGN.md §7.1), as
+        /* Prefill: chunks of max_batch tokens, each its own iteration (docs/design.md §7.1), as
          * the header's prefill_chunk tells the replay. Without generation the last chunk's
          * lm head is skipped. */
         double t0 = cmd_now();
@@ -555,14 +555,15 @@ int cmd_record(int argc, char **argv) {
     if (!a.quiet) {
         cmd_backend_say(CMD, backend); /* with the summary: a failure stays one line */
         fprintf(stderr,
-                "fmoe record: %s: %lld requests, %lld tokens (prefill %lld at %.1f tokens/s, "
+                "fmoe record: %s: %lld request%s, %lld tokens (prefill %lld at %.1f tokens/s, "
                 "decode %lld at %.1f tokens/s)",
-                a.output, (long long)recorded, (long long)total_tokens, (long long)prefill_tokens,
+                a.output, (long long)recorded, recorded == 1 ? "" : "s",
+                (long long)total_tokens, (long long)prefill_tokens,
                 prefill_s > 0 ? prefill_tokens / prefill_s : 0.0, (long long)decode_tokens,
                 decode_s > 0 ? decode_tokens / decode_s : 0.0);
         if (too_long)
-            fprintf(stderr, "; skipped %lld prompts longer than the context (%lld tokens)",
-                    (long long)too_long, (long long)ctx_cap);
+            fprintf(stderr, "; skipped %lld prompt%s longer than the context (%lld tokens)",
+                    (long long)too_long, too_long == 1 ? "" : "s", (long long)ctx_cap);
         fprintf(stderr, "\n");
         if (off.x) {
             char line[512];

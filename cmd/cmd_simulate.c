@@ -1,6 +1,6 @@
 /*
  * cmd_simulate.c - `fmoe simulate`: replay a trace through expert-cache policies on a
- * hardware model and report hits, bytes moved, stall time and latency (DESIGN.md §7).
+ * hardware model and report hits, bytes moved, stall time and latency (docs/design.md §7).
  *
  * defaults -> parse -> validate -> read the trace once (with the gate data the chosen
  * policies need) -> sweep (policies x cache sizes x prefetch distances, in parallel
@@ -848,8 +848,9 @@ static void print_table(const options *o, const fmoe_hardware_profile *hw, int64
                         const fmoe_sim_workload *w, const fmoe_sim_result *res, size_t n,
                         size_t *order) {
     char eb[32], cb[32], lb[32], wb[32], gp[16];
-    printf("%s: %lld requests, %lld iterations, %lld expert accesses; expert %s; hardware %s",
-           o->trace, (long long)w->num_requests, (long long)w->num_iterations,
+    printf("%s: %lld request%s, %lld iterations, %lld expert accesses; expert %s; hardware %s",
+           o->trace, (long long)w->num_requests, w->num_requests == 1 ? "" : "s",
+           (long long)w->num_iterations,
            (long long)w->num_accesses, cmd_format_bytes((double)expert_bytes, eb, sizeof eb),
            hw->name);
     if (o->miss_mode != FMOE_SIM_MISS_LOAD) printf("; misses: %s", miss_name(o->miss_mode));

@@ -1,7 +1,7 @@
 /*
  * cmd_trace.c - `fmoe trace <subcommand>`: work with traces.
  *
- * `fmoe trace import` turns routing logs recorded elsewhere into fmoe traces (DESIGN.md
+ * `fmoe trace import` turns routing logs recorded elsewhere into fmoe traces (docs/design.md
  * §4.1): the JSON Lines interchange format, or the dense per-layer CSV of the FLAME-MoE
  * traces. defaults -> parse -> validate -> geometry -> import (library) -> summary. An
  * import interrupted by SIGINT/SIGTERM/SIGHUP leaves no .partial (it can be run again).
@@ -387,7 +387,7 @@ static int cmd_trace_import(int argc, char **argv) {
                                ninputs, (int)geometry.num_moe_layers);
     }
 
-    /* run: an interrupted import leaves nothing (issue 15, finding 8) */
+    /* run: an interrupted import leaves nothing, so it can simply be run again */
     char partial[4096];
     snprintf(partial, sizeof partial, "%s.partial", out_path);
     const char *cleanup[] = {partial};
@@ -443,7 +443,7 @@ static int cmd_trace_import(int argc, char **argv) {
 }
 
 int cmd_trace(int argc, char **argv) {
-    if (argc < 2) /* a usage error is one line, like every other (issue 15, item 7) */
+    if (argc < 2) /* a usage error is one line, like every other */
         return cmd_usage_error(CMD, "a subcommand is needed: import or recover");
     const char *sub = argv[1];
     if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0) {

@@ -1,17 +1,19 @@
 /*
  * cmd_train_predictor.c - `fmoe train-predictor --kind promoe|duoserve`. --kind duoserve
- * (DuoServe-MoE's ExpertMLP, from expert ids alone) is train_duoserve.c, called once the
+ * (the ExpertMLP of "DuoServe-MoE: Dual-Phase Expert Prefetch and Cache Scheduling for
+ * Efficient MoE LLM Inference", from expert ids alone) is train_duoserve.c, called once the
  * common options are checked. --kind promoe: traces recorded with
- * `fmoe record --hidden` -> one learned expert predictor per MoE layer (papers/promoe.txt
- * §4.4, POLICIES.md §2.4) in a predictor file, and ACCURACY_i(k) per layer on a validation
- * split next to ProMoE's two baselines (promoe §4.2).
+ * `fmoe record --hidden` -> one learned expert predictor per MoE layer (the ProMoE paper,
+ * "ProMoE: Fast MoE-based LLM Serving using Proactive Caching", §4.4) in a predictor file,
+ * and ACCURACY_i(k) per layer on a validation split next to ProMoE's two baselines
+ * (ProMoE §4.2).
  *
  * defaults -> parse -> validate (the traces agree; hidden states present; stride < L) ->
  * split requests (seeded shuffle) -> per layer i = 1..L-1: gather rows (input: layer
  * max(i-k, 0)'s gate input; target: layer i's gate distribution), train (fmoe_mlp_train),
  * score on the validation split -> write the file (.partial, rename) -> table or JSON.
  *
- * The predictor's width (POLICIES.md §2.4): "two-layer MLP with a parameter size of
+ * The predictor's width (ProMoE §4.4): "two-layer MLP with a parameter size of
  * approximately 2M", i.e. H ≈ 2,000,000 / (h + J) (about 950 for DS-2's 2048 -> 64, 550 for
  * QW-2's 3584 -> 64). On a small model that rule gives H far above h (7,575 for fmoe-tiny's
  * 256 -> 8: 2M parameters fitted to a few thousand tokens), so we cap it at h/2 (at least
@@ -36,7 +38,9 @@ int cmd_train_predictor(int argc, char **argv);
 
 static const char *const CMD = "train-predictor";
 
-#define DEFAULT_STRIDE 3 /* fMoE §6.1 sets ProMoE's distance to 3 (POLICIES.md §2.6) */
+/* "fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving" §6.1 sets
+ * ProMoE's distance to 3; ProMoE itself does not say. */
+#define DEFAULT_STRIDE 3
 
 enum { KIND_PROMOE = 0, KIND_DUOSERVE = 1 };
 static const char *const kind_names[] = {"promoe", "duoserve", NULL};
@@ -122,7 +126,7 @@ const cmd_spec cmd_train_predictor_spec = {
     .usage = "train-predictor --kind promoe|duoserve --trace T.h5 [--trace T2.h5 ...] -o P.h5 "
              "[options]",
     .description =
-        "Train ProMoE's learned expert predictors (papers/promoe.txt §4.4): for each MoE\n"
+        "Train ProMoE's learned expert predictors (ProMoE paper §4.4): for each MoE\n"
         "layer i >= 1 a two-layer MLP (h -> H, ReLU, H -> J, softmax) that predicts layer\n"
         "i's gate distribution from the gate input of layer max(i-k, 0), trained with Adam\n"
         "on cross-entropy, with early stopping on the validation requests. Reports\n"
@@ -131,7 +135,7 @@ const cmd_spec cmd_train_predictor_spec = {
         "from /tokens/speculative) and token-based (most frequent experts per token id)\n"
         "baselines.\n"
         "\n"
-        "--kind duoserve trains DuoServe-MoE's predictor (papers/duoserve-moe.txt §4) from\n"
+        "--kind duoserve trains DuoServe-MoE's predictor (DuoServe-MoE paper §4) from\n"
         "expert ids alone: the popularity (Eq. 2) and affinity (Eq. 3) tables of the training\n"
         "requests, and one ExpertMLP (seven FC layers, BatchNorm + ReLU + dropout 0.1, widths\n"
         "2048 -> 64 scaled to the model) that predicts layer l's experts from the experts of\n"
@@ -568,7 +572,7 @@ int cmd_train_predictor(int argc, char **argv) {
     }
 
     int32_t H = o.mlp_hidden;
-    if (H == 0) { /* POLICIES.md §2.4: ~2M parameters, capped at h/2 (see the top) */
+    if (H == 0) { /* ProMoE §4.4: ~2M parameters, capped at h/2 (see the top) */
         H = fmoe_promoe_default_hidden(c.h, c.J);
     }
     if ((rc = fmoe_predictor_alloc(&pred, c.L, c.J, c.K, c.h, H, o.stride)) < 0) {

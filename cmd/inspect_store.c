@@ -1,5 +1,5 @@
 /*
- * inspect_store.c - `fmoe inspect STORE.h5 [--json]` for expert-map stores (DESIGN.md §5).
+ * inspect_store.c - `fmoe inspect STORE.h5 [--json]` for expert-map stores (docs/design.md §5).
  * cmd_inspect dispatches here on format "fmoe-store".
  *
  * Shows what the store is (model, geometry, capacity and fill, prefetch distance, kinds of

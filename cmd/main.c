@@ -1,5 +1,5 @@
 /*
- * main.c - the one `fmoe` binary: a git-style command table (STYLE.md rule 17).
+ * main.c - the one `fmoe` binary: a git-style command table (docs/design.md §1).
  * Each command is `int cmd_<name>(int argc, char **argv)` in its own file; its return
  * value is the exit status (0 success, 1 runtime failure, 2 usage error).
  */

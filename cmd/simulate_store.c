@@ -1,5 +1,5 @@
 /*
- * simulate_store.c - the expert-map store options of `fmoe simulate` (issue 4): --store,
+ * simulate_store.c - the expert-map store options of `fmoe simulate`: --store,
  * --store-mode, --holdout, --store-capacity, --match-delay (their rows are in
  * cmd_simulate.c's option table; this file validates and applies them).
  *

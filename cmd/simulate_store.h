@@ -1,5 +1,5 @@
 /*
- * simulate_store.h - the expert-map store part of `fmoe simulate` (issue 4). cmd_simulate.c
+ * simulate_store.h - the expert-map store part of `fmoe simulate`. cmd_simulate.c
  * parses --store, --store-mode, --holdout, --store-capacity and --match-delay into a
  * cmd_sim_store (rows of its option table) and calls, in order:
  *

@@ -1,7 +1,8 @@
 /*
  * train_duoserve.c - `fmoe train-predictor --kind duoserve`: routing traces (expert ids
  * alone; probabilities and gate inputs are not read) -> DuoServe-MoE's predictor
- * (papers/duoserve-moe.txt §4, POLICIES.md §3.2-§3.3) in a predictor file, and the
+ * (the DuoServe-MoE paper, "DuoServe-MoE: Dual-Phase Expert Prefetch and Cache Scheduling
+ * for Efficient MoE LLM Inference", §4.1-§4.2) in a predictor file, and the
  * predictor's hit rates of Table 3 per layer on a validation split.
  *
  * validate (the traces agree on the model) -> split requests (the seeded shuffle of --kind
@@ -221,7 +222,7 @@ static void print_report(const cmd_train_duoserve_args *a, fmoe_trace_reader **r
            (long long)(nreq - ntrain), (long long)val_tokens, (long long)a->seed);
     printf("  training     %d epochs (best %d), BCE train %.4f, validation %.4f; %.2f s\n\n",
            tr->epochs, tr->best_epoch, tr->train_loss, tr->val_loss, secs);
-    printf("Hit rates on the validation split (papers/duoserve-moe.txt Table 3): top-%d = all "
+    printf("Hit rates on the validation split (DuoServe-MoE paper, Table 3): top-%d = all "
            "%d experts predicted, one = at least one\n",
            K, K);
     char topk[16];

@@ -57,12 +57,12 @@ int fmoe__ds_import_header(const fmoe_import_options *opts, const char *dataset,
  * J <= 65536 for uint16 expert ids). */
 int fmoe__ds_import_check_options(const fmoe_import_options *opts);
 
-/* How far an imported row's probabilities may stray (issue 15, finding 9): a full
- * distribution must sum to 1 within FMOE_IMPORT_SUM_TOL, a top-k row (the chosen experts'
- * weights) to at most 1 + FMOE_IMPORT_SUM_TOL, and each value lie in [0, 1 + 1e-3] (the
- * trace's own tolerance). The slack covers logs that print probabilities rounded to a few
- * digits; a sum like 1.8 or 7.2 is not a distribution, and is refused rather than
- * renormalised, since no rescaling recovers what the logger meant. */
+/* How far an imported row's probabilities may stray: a full distribution must sum to 1
+ * within FMOE_IMPORT_SUM_TOL, a top-k row (the chosen experts' weights) to at most
+ * 1 + FMOE_IMPORT_SUM_TOL, and each value lie in [0, 1 + 1e-3] (the trace's own
+ * tolerance). The slack covers logs that print probabilities rounded to a few digits; a sum
+ * like 1.8 or 7.2 is not a distribution, and is refused rather than renormalised, since no
+ * rescaling recovers what the logger meant. */
 #define FMOE_IMPORT_SUM_TOL 0.05
 #define FMOE_IMPORT_VALUE_TOL 1e-3
 

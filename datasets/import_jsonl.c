@@ -1,6 +1,6 @@
 /*
  * import_jsonl.c - `fmoe trace import --format jsonl`: routing logs in the JSON Lines
- * interchange format of DESIGN.md §4.1, one object per (request, token, layer):
+ * interchange format of docs/design.md §4.1, one object per (request, token, layer):
  *
  *     {"request": 7, "token": 0, "phase": "decode", "layer": 3,
  *      "experts": [5, 1], "probs": [0.71, 0.29], "token_id": 1234}

@@ -353,8 +353,8 @@ static int detect(const char *path, const char *data, size_t len, fmoe_prompt_fo
                                   "JSON Lines (one record per line)",
                                   path);
         /* A file named as JSON whose first record does not parse is broken JSON, not a
-         * text file of prompts that happen to start with "{" (issue 15, finding 9: it was
-         * read as one text prompt). A text file named so says --dataset-format text. */
+         * text file of prompts that happen to start with "{": reading it as one text
+         * prompt would hide the damage. A text file named so says --dataset-format text. */
         if (has_json_extension(path))
             return fmoe_error_set(FMOE_EFORMAT,
                                   "%s:%lld: malformed JSON (a .json/.jsonl file is read as JSON; "

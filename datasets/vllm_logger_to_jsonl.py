@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convert vLLM-MoE-logger routing logs to fmoe's JSON Lines (DESIGN.md §4.1).
+"""Convert vLLM-MoE-logger routing logs to fmoe's JSON Lines (docs/design.md §4.1).
 
 Input: one JSONL log per MoE layer, as written by the monkey-patched FusedMoE.forward
 loggers of github.com/weiran0129/vLLM-MoE-Logger (Qwen1.5-MoE-A2.7B-Chat, vLLM 0.11) and
@@ -259,7 +259,7 @@ def describe(have_batches, prompt_tokens, prefill_tokens, mode):
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description="Convert vLLM-MoE-logger JSONL logs (one file per layer) to fmoe's JSONL "
-                    "routing format (DESIGN.md §4.1). See the module docstring for how "
+                    "routing format (docs/design.md §4.1). See the module docstring for how "
                     "requests are reconstructed.")
     ap.add_argument("logs", nargs="+", help="one log file per MoE layer, row-aligned")
     ap.add_argument("-o", "--output", required=True, help="output JSONL file ('-' = stdout)")

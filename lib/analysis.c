@@ -1,6 +1,7 @@
 /*
  * analysis.c - routing statistics for `fmoe inspect`: popularity and the coarse- versus
- * fine-grained entropy analysis of papers/fmoe.txt §2.4 (Fig. 3b, 3c).
+ * fine-grained entropy analysis of "fMoE: Fine-Grained Expert Offloading for Large
+ * Mixture-of-Experts Serving" §2.4 (Fig. 3b, 3c).
  */
 #include "fmoe/analysis.h"
 

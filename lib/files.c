@@ -3,6 +3,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -129,8 +132,48 @@ int fmoe__partial_commit(const char *partial, const char *output) {
     close(fd);
     /* The folder is not synced: after a power cut the rename may be undone, which leaves
      * the previous file (or none), never a damaged one; that is the promise. */
+    fmoe__fault_point("commit-before-rename");
     if (rename(partial, output) != 0)
         return fmoe_error_set(FMOE_EIO, "%s: cannot rename to %s: %s", partial, output,
                               strerror(errno));
+    fmoe__fault_point("commit-after-rename");
     return 0;
+}
+
+/* FMOE_FAULT_SIGNAL, parsed once: the point's name, which passage (1 = first) and signal. */
+static struct {
+    atomic_int state; /* 0 not parsed, 1 parsed and armed, 2 parsed and off */
+    char point[64];
+    long at;
+    int sig;
+    atomic_long passed;
+} fault;
+
+static void fault_parse(void) {
+    const char *v = getenv("FMOE_FAULT_SIGNAL");
+    int armed = 0;
+    if (v && *v) {
+        size_t n = strcspn(v, "#:");
+        if (n > 0 && n < sizeof fault.point) {
+            memcpy(fault.point, v, n);
+            fault.point[n] = 0;
+            fault.at = 1;
+            fault.sig = SIGTERM;
+            const char *p = v + n;
+            if (*p == '#') fault.at = strtol(p + 1, (char **)&p, 10);
+            if (*p == ':') fault.sig = (int)strtol(p + 1, (char **)&p, 10);
+            armed = *p == 0 && fault.at >= 1 && fault.sig > 0;
+        }
+    }
+    atomic_store(&fault.state, armed ? 1 : 2);
+}
+
+void fmoe__fault_point(const char *point) {
+    int state = atomic_load_explicit(&fault.state, memory_order_acquire);
+    if (state == 0) { /* racing first calls parse the same string to the same result */
+        fault_parse();
+        state = atomic_load(&fault.state);
+    }
+    if (state != 1 || strcmp(point, fault.point) != 0) return;
+    if (atomic_fetch_add(&fault.passed, 1) + 1 == fault.at) raise(fault.sig);
 }

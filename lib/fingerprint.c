@@ -1,5 +1,5 @@
 /*
- * fingerprint.c - the model fingerprint of DESIGN.md §4: sha256 of the canonical
+ * fingerprint.c - the model fingerprint of docs/design.md §4: sha256 of the canonical
  * config.json (fmoe/geometry.h gives the canonical form exactly).
  *
  * Canonical means parsed, every object's members stably sorted by key, and printed

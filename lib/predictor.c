@@ -1,12 +1,13 @@
 /*
- * predictor.c - the learned expert predictor of ProMoE (papers/promoe.txt §4.4; POLICIES.md
- * §2.4): a two-layer perceptron, its hand-written backward pass, Adam, and a mini-batch
- * trainer with early stopping. Contracts in fmoe/predictor.h.
+ * predictor.c - the learned expert predictor of ProMoE ("ProMoE: Fast MoE-based LLM Serving
+ * using Proactive Caching" §4.4): a two-layer perceptron, its hand-written backward pass,
+ * Adam, and a mini-batch trainer with early stopping. Contracts in fmoe/predictor.h.
  *
- * What the paper leaves open and we chose (POLICIES.md §2.4 marks these [ambiguous]):
+ * What the paper leaves open and we chose (docs/policies.md#learned-predictors):
  *   - loss: cross-entropy against the layer's gate distribution (the softmax the model
- *     computed), which POLICIES.md §2.4 names as a sensible default; with ids only the
- *     target is the multi-hot top-k divided by K, the same distribution family;
+ *     computed), one of the two natural choices (the other: BCE against the multi-hot
+ *     top-k); with ids only the target is the multi-hot top-k divided by K, the same
+ *     distribution family;
  *   - optimiser Adam (lr 1e-3, β 0.9/0.999), batches of 64, at most 100 epochs, early stop
  *     after 3 epochs without a 0.01% better validation loss, the best epoch's weights kept.
  *

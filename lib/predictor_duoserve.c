@@ -1,14 +1,16 @@
 /*
- * predictor_duoserve.c - DuoServe-MoE's expert predictor (papers/duoserve-moe.txt §4;
- * POLICIES.md §3.2-§3.3): the popularity and affinity tables, the state the State
- * Constructor builds, and the ExpertMLP with its hand-written backward pass, Adam and a
- * mini-batch trainer with early stopping. Contracts in fmoe/predictor.h.
+ * predictor_duoserve.c - DuoServe-MoE's expert predictor ("DuoServe-MoE: Dual-Phase Expert
+ * Prefetch and Cache Scheduling for Efficient MoE LLM Inference" §4.1-§4.2): the popularity
+ * and affinity tables, the state the State Constructor builds, and the ExpertMLP with its
+ * hand-written backward pass, Adam and a mini-batch trainer with early stopping. Contracts in
+ * fmoe/predictor.h.
  *
- * What the paper leaves open and we chose (POLICIES.md §3.3 marks these [ambiguous]):
+ * What the paper leaves open and we chose (docs/policies.md#learned-predictors):
  *   - an episode is one token's forward pass (§4.1), prefill and decode tokens alike;
- *   - the history h_l is an (L-1)×J multi-hot, zero past layer l-1 (POLICIES.md's proposal:
- *     index 0 does not collide with the padding); a_{l-1,l} is the mean of the K affinity
- *     rows of the experts chosen at l-1 (§5.3, POLICIES.md's "sum or mean of k rows");
+ *   - the history h_l is an (L-1)×J multi-hot, zero past layer l-1 (rather than the paper's
+ *     zero-padded index list, where index 0 would collide with the padding); a_{l-1,l} is
+ *     the mean of the K affinity rows of the experts chosen at l-1 (§5.3: "the inter-layer
+ *     affinity vector from the previous layer's expert selection");
  *   - one model shared by all target layers (the paper's singular "the predictor"); the
  *     layer is implicit in where the history stops and in p_l;
  *   - widths 2048 -> 1024 -> 512 -> 256 -> 128 -> 64 -> J: six hidden FC layers and the output,

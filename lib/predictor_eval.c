@@ -1,19 +1,20 @@
 /*
- * predictor_eval.c - how expert predictions are scored (papers/promoe.txt §4.1-§4.2;
- * POLICIES.md §2.2-§2.3): top-K selection, the overlap behind ACCURACY_i(k), and ProMoE's
- * token-based baseline. Contracts in fmoe/predictor.h.
+ * predictor_eval.c - how expert predictions are scored ("ProMoE: Fast MoE-based LLM Serving
+ * using Proactive Caching" §4.1-§4.3): top-K selection, the overlap behind ACCURACY_i(k), and
+ * ProMoE's token-based baseline. Contracts in fmoe/predictor.h.
  *
- * ACCURACY_i(k) is "the proportion of correctly predicted experts" (promoe §4.1); POLICIES.md
- * §2.2 settles it as |pred ∩ actual| / |actual| with |pred| = K, the experts the model
- * activates per token, which is what fmoe_topk_overlap(...) / K gives per token.
+ * ACCURACY_i(k) is "the proportion of correctly predicted experts" (ProMoE §4.1); we read it
+ * (docs/policies.md#learned-predictors) as |pred ∩ actual| / |actual| with |pred| = K, the
+ * experts the model activates per token, which is what fmoe_topk_overlap(...) / K gives per
+ * token.
  *
- * The token-based baseline (promoe §4.2, "Token-based prediction"; POLICIES.md §2.3): "in
- * the offline stage, a trace of input token ids and the selected experts is collected.
- * During online inference, the predictor predicts the experts of one iteration by finding
- * the most frequently used experts in the trace according to the input token id." The table
- * holds one count per (token id seen, expert); a token id the training trace never held
- * gets the layer's overall most frequent experts (the paper does not say; this is the
- * natural fallback). Cost: O(n log n) to build, O(log U + K·J) per prediction.
+ * The token-based baseline (ProMoE §4.2, "Token-based prediction"): "in the offline stage, a
+ * trace of input token ids and the selected experts is collected. During online inference,
+ * the predictor predicts the experts of one iteration by finding the most frequently used
+ * experts in the trace according to the input token id." The table holds one count per (token
+ * id seen, expert); a token id the training trace never held gets the layer's overall most
+ * frequent experts (the paper does not say; this is the natural fallback). Cost: O(n log n)
+ * to build, O(log U + K·J) per prediction.
  */
 #include <stdlib.h>
 #include <string.h>

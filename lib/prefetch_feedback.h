@@ -1,7 +1,7 @@
 /*
  * prefetch_feedback.h - feedback-directed prefetch admission, internal to lib/slots.c
- * (issue 13; Srinath et al., "Feedback Directed Prefetching", HPCA 2007, adapted to
- * expert caches).
+ * (Srinath et al., "Feedback Directed Prefetching", HPCA 2007, adapted to expert caches),
+ * so that a prefetching policy does not lose to LRU when its predictions are poor.
  *
  * A prefetch pays for itself when the expert it brings is used before it goes, and costs
  * when the expert it evicts is needed again. Both are measured, per run, at the gates:

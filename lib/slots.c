@@ -9,7 +9,7 @@
  * eligibility time and pieces done. The prefetch queue is the set of QUEUED slots (at most
  * N), scanned for the best one; at most one prefetch transfer is under way at a time.
  *
- * Everything is allocated in fmoe_slots_init (STYLE.md rule 8).
+ * Everything is allocated in fmoe_slots_init: nothing allocates on the executors' hot path.
  */
 #include "fmoe/slots.h"
 
@@ -301,7 +301,7 @@ int fmoe_slots_preload(fmoe_slots *q, const int32_t *experts, int32_t n) {
 
 void fmoe_slots_gate(fmoe_slots *q, int32_t l, const int32_t *distinct, int32_t n) {
     if (!q->feedback) return;
-    /* early preemption (ProMoE §4): the gate has spoken for layer l, so its queued
+    /* early preemption (ProMoE paper §5, "Early Preemption"): the gate has spoken for layer l, so its queued
      * prefetches of experts it did not choose can only waste the link now */
     for (int32_t i = q->queue_len - 1; i >= 0; i--) {
         const int32_t s = q->queue[i], e = q->view->slot_expert[s];

@@ -205,7 +205,7 @@ int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, i
         const size_t len = (size_t)(file_bytes - off < (int64_t)chunk ? file_bytes - off : (int64_t)chunk);
         /* A full disk first shows as a short write without errno; only writing the rest
          * returns the reason (ENOSPC, EFBIG). Reporting errno after a short write printed
-         * whatever an earlier call had left there (issue 15, finding 8). */
+         * whatever an earlier call had left there. */
         for (size_t done_ = 0; done_ < len;) {
             const ssize_t w = pwrite(fd, buf + done_, len - done_, off + (int64_t)done_);
             if (w < 0 && errno == EINTR) continue;

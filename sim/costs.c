@@ -1,5 +1,5 @@
 /*
- * costs.c - the simulator's cost model (fmoe/sim.h, DESIGN.md §7).
+ * costs.c - the simulator's cost model (fmoe/sim.h, docs/design.md §7).
  *
  * Transfer: alpha + bytes / beta per copy.
  * Compute, per MoE layer (everything but the routed experts: attention projections, the

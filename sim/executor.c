@@ -1,6 +1,6 @@
 /*
  * executor.c - the discrete-event executor for one (policy, cache, distance) cell
- * (fmoe/sim.h; DESIGN.md §7, access model §7.1).
+ * (fmoe/sim.h; docs/design.md §7, access model §7.1).
  *
  * Hit/miss decisions follow the access sequence in logical order, exactly as §7.1 states
  * them: each access is resolved (hit, late hit, or miss with a victim chosen now) before
@@ -14,11 +14,12 @@
  * A miss may instead go to the host lane (config miss_mode, or the policy's
  * compute_on_host): the expert is computed on the CPU from the gate on, one at a time, and
  * not cached; the layer ends when the compute stream and the host lane are both done.
- * With arrival times, requests are served first come first served (queueing, DESIGN.md §7).
+ * With arrival times, requests are served first come first served (queueing, docs/design.md §7).
  * A batched workload (fmoe_sim_workload_batch) runs its iterations as they were composed,
  * up to B requests interleaved, each iteration one batched forward (run_batched).
  *
- * Everything is allocated in run_init; the event loop allocates nothing (STYLE.md rule 8).
+ * Everything is allocated in run_init; the event loop allocates nothing, so a sweep's cells
+ * run at the speed of their arithmetic.
  */
 #include <math.h>
 #include <stdio.h>
@@ -288,7 +289,7 @@ static void add_stats(fmoe_sim_layer_stats *to, const fmoe_sim_layer_stats *a,
 }
 
 /* The gate of layer l: the slot protocol's gate, then the policy's on_gate with the
- * iteration's rows (DESIGN.md §7.1). @return 0 or the policy's error. */
+ * iteration's rows (docs/design.md §7.1). @return 0 or the policy's error. */
 static int send_gate(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, int32_t l,
                      int64_t a0, int32_t na) {
     const fmoe_sim_workload *w = S->w;

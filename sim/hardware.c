@@ -29,7 +29,8 @@ typedef struct preset {
 
 static const preset presets[] = {
     /* GA102 whitepaper: RTX 3090 71 TFLOPS FP16/BF16 tensor with FP32 accumulate (dense);
-     * 936 GB/s GDDR6X. The fMoE paper's testbed (papers/fmoe.txt §6.1). */
+     * 936 GB/s GDDR6X. The testbed of "fMoE: Fine-Grained Expert Offloading for Large
+     * Mixture-of-Experts Serving" §6.1. */
     {"rtx3090-pcie4", 10e-6, 24e9, 71e12, 936e9, 10e-6,
      "RTX 3090: 71 TFLOPS fp16 tensor (fp32 acc, dense), 936 GB/s (NVIDIA GA102 whitepaper); "
      "PCIe 4.0 x16 at 24 GB/s effective (MoE-Infinity Table 1, ProMoE §2.2)"},

@@ -168,7 +168,7 @@ int fmoe_sim_workload_add_request(fmoe_sim_workload *w, int64_t id, double arriv
 }
 
 /* The end of the iteration starting at token t: a decode token alone; a run of prefill
- * tokens whole, or its next prefill_chunk tokens (DESIGN.md §7.1). */
+ * tokens whole, or its next prefill_chunk tokens (docs/design.md §7.1). */
 static int64_t iteration_end(const fmoe_sim_workload *w, const uint8_t *phase, int64_t n,
                              int64_t t) {
     int64_t e = t + 1;

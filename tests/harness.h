@@ -1,17 +1,25 @@
 /*
- * tests/harness.h - a tiny test harness (STYLE.md rule 14).
+ * tests/harness.h - a tiny test harness.
  *
  *     TEST(sha256_empty) { ASSERT_STR_EQ(hex, "e3b0..."); }
  *     int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
  *
  * Tests register themselves through constructors; RUN_TESTS runs them all (or the ones
  * whose names contain argv[1]) and prints "N passed, N failed". A failed assertion
- * prints both values with file:line and ends that test.
+ * prints both values with file:line and ends that test, also when it fails in a helper
+ * the test called: it jumps straight back to the runner (longjmp), past every caller, so
+ * no test goes on after a failed check whether or not its helpers' callers look at
+ * *harness_failed. Cleanup after the failed check is skipped; the test has failed anyway.
+ * A helper that takes `int *harness_failed` can use every ASSERT_* macro.
+ *
+ * Assertions run on the test's own thread: a longjmp cannot leave another thread, so an
+ * assertion on another thread aborts the whole program instead (still a failure).
  */
 #ifndef FMOE_TEST_HARNESS_H
 #define FMOE_TEST_HARNESS_H
 
 #include <math.h>
+#include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +37,22 @@ struct harness_test {
 #endif
 static struct harness_test harness_tests[HARNESS_MAX_TESTS];
 static int harness_num_tests;
+
+/* Where a failed assertion resumes: harness_run, just after it started the test. */
+static jmp_buf harness_jmp;
+/* Set while harness_run runs a test, on its thread only (see the note at the top). */
+static _Thread_local int harness_on_test_thread;
+/* The running test's failure flag; statics keep their values across the longjmp. */
+static int harness_test_failed;
+
+/* Ends the running test after a failed check: back to harness_run. */
+_Noreturn static inline void harness_stop(void) {
+    if (!harness_on_test_thread) {
+        fprintf(stderr, "harness: an assertion failed outside the test's thread\n");
+        abort();
+    }
+    longjmp(harness_jmp, 1);
+}
 
 /* More tests than HARNESS_MAX_TESTS is a hard error (exit 99, meson's "error"), never a
  * silent drop. */
@@ -49,13 +73,14 @@ static inline void harness_register(const char *name, harness_test_fn fn) {
     }                                                                             \
     static void test_##name(int *harness_failed)
 
+/* Prints the failure and ends the test (not only the function it is in). */
 #define HARNESS_FAIL(...)                                                         \
     do {                                                                          \
         fprintf(stderr, "  %s:%d: ", __FILE__, __LINE__);                         \
         fprintf(stderr, __VA_ARGS__);                                             \
         fprintf(stderr, "\n");                                                    \
         *harness_failed = 1;                                                      \
-        return;                                                                   \
+        harness_stop();                                                           \
     } while (0)
 
 #define ASSERT_TRUE(cond)                                                         \
@@ -113,12 +138,17 @@ static inline void harness_register(const char *name, harness_test_fn fn) {
 
 static inline int harness_run(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
-    int passed = 0, failed = 0;
-    for (int i = 0; i < harness_num_tests; i++) {
+    /* volatile: a non-volatile local of the function that calls setjmp may lose its value
+     * across the longjmp (C11 7.13.2.1), and gcc's -Wclobbered says so */
+    volatile int passed = 0, failed = 0;
+    for (volatile int i = 0; i < harness_num_tests; i++) {
         if (filter && !strstr(harness_tests[i].name, filter)) continue;
-        int f = 0;
-        harness_tests[i].fn(&f);
-        if (f) {
+        harness_test_failed = 0;
+        harness_on_test_thread = 1;
+        if (setjmp(harness_jmp) == 0) harness_tests[i].fn(&harness_test_failed);
+        else harness_test_failed = 1;
+        harness_on_test_thread = 0;
+        if (harness_test_failed) {
             fprintf(stderr, "FAIL %s\n", harness_tests[i].name);
             failed++;
         } else {

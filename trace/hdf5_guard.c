@@ -1,6 +1,6 @@
 /*
  * hdf5_guard.c - checks our side makes before libhdf5 reads a variable-length string from
- * a file it has not validated (contract in hdf5_guard.h; issue 15, finding 4).
+ * a file it has not validated (contract in hdf5_guard.h).
  *
  * Why: libhdf5 1.10.8 trusts a variable-length string's heap id. Reading one (H5Aread or
  * H5Dread, through H5T__conv_vlen and H5HG_read) loads the global heap collection the id

@@ -1,6 +1,7 @@
 /*
  * hdf5_guard.h - validation our side does before libhdf5 dereferences what a damaged file
- * says (issue 15, finding 4; the reasons are in hdf5_guard.c).
+ * says, so that a damaged file is refused instead of crashing libhdf5 (the reasons are in
+ * hdf5_guard.c).
  */
 #ifndef FMOE_TRACE_HDF5_GUARD_H
 #define FMOE_TRACE_HDF5_GUARD_H

@@ -26,8 +26,8 @@ static pthread_once_t h5_mutex_once = PTHREAD_ONCE_INIT;
 static void h5_mutex_init(void) {
     /* No H5close at exit. libhdf5 1.10.8 frees a file whose H5Fclose failed (its last
      * flush hit a full disk) but keeps its id; the H5close that H5open registers with
-     * atexit then closes that id again and crashes in H5F__close_cb (issue 15, finding 1:
-     * exit 139 after a disk-full error). Every fmoe file is closed explicitly, so nothing
+     * atexit then closes that id again and crashes in H5F__close_cb (exit 139 after a
+     * disk-full error). Every fmoe file is closed explicitly, so nothing
      * is lost by skipping it. It must precede the library's initialisation: this runs
      * before our first HDF5 call. */
     H5dont_atexit();

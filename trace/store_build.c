@@ -1,12 +1,13 @@
 /*
- * store_build.c - traces -> expert-map store (`fmoe build-store`; DESIGN.md §5; contract
+ * store_build.c - traces -> expert-map store (`fmoe build-store`; docs/design.md §5; contract
  * in fmoe/store.h).
  *
- * Every token of every request the split keeps becomes one candidate entry (POLICIES.md
- * A.1: an iteration of the store is one token): its semantic embedding and its expert map
- * (the [L][J] gate probabilities). Candidates are collected into batches of `batch`
- * tokens, in trace order, and each batch goes through fmoe_expertmap_add: appended while
- * there is room, then deduplicated with sgemm-batched redundancy scores. The batch size
+ * Every token of every request the split keeps becomes one candidate entry (an iteration of
+ * the store is one token, as in fMoE's reference implementation; "fMoE: Fine-Grained Expert
+ * Offloading for Large Mixture-of-Experts Serving" §4.1): its semantic embedding and its
+ * expert map (the [L][J] gate probabilities). Candidates are collected into batches of
+ * `batch` tokens, in trace order, and each batch goes through fmoe_expertmap_add: appended
+ * while there is room, then deduplicated with sgemm-batched redundancy scores. The batch size
  * changes only the speed, never the result (the store's add is batch-invariant).
  *
  * The split shuffles each trace's request indexes with splitmix64 seeded by
@@ -209,8 +210,8 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
                             o->split, (unsigned long long)o->seed);
 
     /* The store never holds more entries than tokens streamed in, so a capacity beyond
-     * them would only allocate rows that stay empty (--capacity 100000000 asked for 116 GB;
-     * issue 15, finding 6): size it to the tokens. The file keeps the capacity asked
+     * them would only allocate rows that stay empty (--capacity 100000000 asked for 116 GB):
+     * size it to the tokens. The file keeps the capacity asked
      * (capacity_asked), up to which offline updates grow it. */
     const int32_t capacity =
         tokens_in < o->capacity ? (int32_t)(tokens_in > 0 ? tokens_in : 1) : o->capacity;

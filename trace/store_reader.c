@@ -1,5 +1,5 @@
 /*
- * store_reader.c - reads and validates expert-map store files (DESIGN.md §5; contract in
+ * store_reader.c - reads and validates expert-map store files (docs/design.md §5; contract in
  * fmoe/store.h).
  *
  * Everything a file claims is checked before it sizes an allocation or reaches the

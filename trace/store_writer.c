@@ -1,5 +1,6 @@
 /*
- * store_writer.c - writes expert-map store files (DESIGN.md §5; contract in fmoe/store.h).
+ * store_writer.c - writes expert-map store files (docs/design.md §5; contract in
+ * fmoe/store.h).
  *
  * Same conventions as the trace writer: "<path>.partial" first, renamed when complete;
  * chunked datasets compressed with zstd by default (deflate or none on request); the

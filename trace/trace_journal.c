@@ -5,7 +5,7 @@
  * Design. A trace writer that promises "every finished request survives a kill" (fmoe
  * record, fmoe serve --trace-out: flush_requests <= 1) writes each request twice: first as
  * one record appended to "<path>.partial.journal", then into the HDF5 file. Three ways
- * were weighed (issue 15):
+ * were weighed:
  *
  *   - HDF5's SWMR mode (H5Fstart_swmr_write) orders its metadata writes so that a reader
  *     running beside a live writer sees a consistent file. It needs the 1.10 file format,

@@ -1,5 +1,5 @@
 /*
- * trace_reader.c - opens and validates fmoe traces (DESIGN.md §4, §7.1; contract in
+ * trace_reader.c - opens and validates fmoe traces (docs/design.md §4, §7.1; contract in
  * fmoe/trace.h).
  *
  * Open reads the root attributes and the small per-request tables, checks every dataset's
@@ -387,7 +387,7 @@ done:
 
 /* Reads /tokens/phase whole (one byte a token), checks it against prompt_tokens and builds
  * the iteration list: per request one prefill iteration holding its prompt tokens, then
- * one iteration per decode token (DESIGN.md §7.1). */
+ * one iteration per decode token (docs/design.md §7.1). */
 static int build_iterations(fmoe_trace_reader *r) {
     const char *p = r->path;
     const int64_t T = r->num_tokens, R = r->num_requests;

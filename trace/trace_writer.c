@@ -1,5 +1,5 @@
 /*
- * trace_writer.c - writes fmoe traces (DESIGN.md §4; contract in fmoe/trace.h).
+ * trace_writer.c - writes fmoe traces (docs/design.md §4; contract in fmoe/trace.h).
  *
  * The writer works on "<path>.partial". Every dataset is chunked and extendible along its
  * first dimension; an append validates the whole request first (so a refused request
@@ -745,6 +745,7 @@ int fmoe_trace_writer_append_request(fmoe_trace_writer *w, const fmoe_trace_requ
     fmoe__h5_lock();
     int rc = writer_append(w, req);
     fmoe__h5_unlock();
+    fmoe__fault_point("trace-request");
     return rc;
 }
 

@@ -10,7 +10,8 @@ tokenizer, and generation ignores EOS, so both traces hold the same number of to
 request. Per MoE layer, in bits (log2; uniform over 8 experts = 3, one-hot = 0):
   gate       mean entropy of a token's gate distribution (how decided the router is)
   popularity entropy of the whole trace's expert-usage histogram (load balance)
-  coarse     fmoe inspect: entropy of activations aggregated per request (fMoE §2.4)
+  coarse     fmoe inspect: entropy of activations aggregated per request (§2.4 of
+             "fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving")
   fine       fmoe inspect: the same per iteration
 """
 import argparse

@@ -1,6 +1,7 @@
 /*
- * match_worker.c - fMoE's matcher on its own thread beside inference (papers/fmoe.txt §4.3:
- * the matcher runs asynchronously with inference, publisher/subscriber; fmoe/expertmap.h
+ * match_worker.c - fMoE's matcher on its own thread beside inference ("fMoE: Fine-Grained
+ * Expert Offloading for Large Mixture-of-Experts Serving" §4.3: the matcher runs
+ * asynchronously with inference, publisher/subscriber; fmoe/expertmap.h
  * "matcher thread"), on the policy thread of fmoe/worker.h.
  *
  * The thread owns one fmoe_matcher. A job is a begin, a semantic search or one layer's

@@ -1,6 +1,7 @@
 /*
  * matcher.c - semantic and trajectory search over an expert-map store (fmoe/expertmap.h;
- * POLICIES.md A.2; fMoE §4.2, Eq. 4 and 5).
+ * "fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving" §4.2,
+ * Eq. 4 and 5).
  *
  * Semantic search: the dot products of the queries with every stored embedding, scaled by
  * the query norms and the store's precomputed entry norms; argmax per query. The dot

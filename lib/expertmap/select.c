@@ -1,6 +1,6 @@
 /*
- * select.c - similarity-aware expert selection (fmoe/expertmap.h; POLICIES.md A.3; fMoE
- * §4.3, Eq. 6-8).
+ * select.c - similarity-aware expert selection (fmoe/expertmap.h; "fMoE: Fine-Grained
+ * Expert Offloading for Large Mixture-of-Experts Serving" §4.3, Eq. 6-8).
  *
  * delta = clip(1 - score, 0, 1). Experts are taken in decreasing probability until their
  * sum reaches delta, and never fewer than K. Two readings are pinned down here:

@@ -1,6 +1,7 @@
 /*
  * store.c - the in-memory expert-map store and its deduplication (fmoe/expertmap.h;
- * POLICIES.md A.1, A.5; fMoE §4.4).
+ * "fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving" §4.1,
+ * §4.4).
  *
  * Layout: three allocations, all made at init: the maps, the embeddings, and one block
  * for everything else. Maps are stored layer-major in tiles of 16 entries,

@@ -1,5 +1,5 @@
 /*
- * belady.c - Belady's offline optimum (MIN), simulate only (DESIGN.md §6, §7.1).
+ * belady.c - Belady's offline optimum (MIN), simulate only (docs/design.md §6, §7.1).
  *
  * On a miss with the cache full, evict the resident, unpinned expert whose next access is
  * furthest in the future; an expert never accessed again is infinitely far. Ties (only

@@ -1,49 +1,51 @@
 /*
- * duoserve.c - DuoServe-MoE (papers/duoserve-moe.txt §5; POLICIES.md §3.4-§3.5): a GPU
- * expert cache of k slots run as a ring, streamed expert by expert in prefill, and in
+ * duoserve.c - DuoServe-MoE ("DuoServe-MoE: Dual-Phase Expert Prefetch and Cache Scheduling
+ * for Efficient MoE LLM Inference" §5; our timing reading: docs/policies.md#duoserve-moe):
+ * a GPU expert cache of k slots run as a ring, streamed expert by expert in prefill, and in
  * decode fed by a learned next-layer predictor whose mistakes are re-fetched after the gate.
  *
- * Slots (§5.1, POLICIES.md §3.4 "exactly k slots"). The paper's cache holds k experts, the
- * next fetched expert overwriting the slot of the one just computed, so nothing is reused
+ * Slots (§5.1: the GPU cache is set to exactly k slots). The paper's cache holds k experts,
+ * the next fetched expert overwriting the slot of the one just computed, so nothing is reused
  * across layers or tokens. Here the ring is the executor's cache: a new expert takes the
  * slot whose expert was computed longest ago (least recently used) among those the current
  * layer no longer needs and the next layer's predictions do not hold. At --cache-experts K
  * that is exactly the paper's ring; a larger cache makes a longer ring, and an expert still
  * in it when used again is a hit, which the paper (k slots) never has.
  *
- * Prefill (§5.2, Fig. 4a; POLICIES.md §3.5): an iteration of several tokens fetches each
- * chosen expert once, in the executor's compute order (first appearance, DESIGN.md §7.1),
- * and computes it for all its tokens; the fetch of the next expert goes into the slot of the
- * one just computed and starts when that compute ends (the simulator's slot_free_at, the
- * live executor's slot holds), so with k slots one expert computes while the next k-1 load:
- * the two-stream double buffer. These are the executors' demand loads with the ring's
- * victims; the policy issues no prefetch. Experts no token chose are skipped (POLICIES.md
- * §3.5's default). Not modelled: the first expert's fetch under the attention (Fig. 4a): the
- * executors' compute order is known only at the gate, so it is fetched after it.
+ * Prefill (§5.2, Fig. 4a; docs/policies.md#duoserve-moe): an iteration of several tokens
+ * fetches each chosen expert once, in the executor's compute order (first appearance,
+ * docs/design.md §7.1), and computes it for all its tokens; the fetch of the next expert
+ * goes into the slot of the one just computed and starts when that compute ends (the
+ * simulator's slot_free_at, the live executor's slot holds), so with k slots one expert
+ * computes while the next k-1 load: the two-stream double buffer. These are the executors'
+ * demand loads with the ring's victims; the policy issues no prefetch. Experts no token
+ * chose are skipped (the paper is silent; our choice, docs/policies.md#duoserve-moe). Not
+ * modelled: the first expert's fetch under the attention (Fig. 4a): the executors' compute
+ * order is known only at the gate, so it is fetched after it.
  *
- * Decode (§5.3, Fig. 4b; POLICIES.md §3.5): an iteration of one token. At layer 0 nothing is
- * predicted: its experts are fetched on demand. At the gate of layer l the State Constructor
- * keeps the token's choice E_l and the predictor (fmoe train-predictor --kind duoserve,
- * fmoe/predictor.h; borrowed through cfg->predictor, refused when absent or of another kind)
- * predicts layer l+1's top-K experts from s_{l+1} = [E_0..E_l, P_{l+1}, A_{l,l+1}[E_l]]. Once
- * layer l's accesses are resolved, the K predictions are prefetched in order, each into the
- * ring's next slot: at --cache-experts K the slot of layer l's q-th expert, whose transfer
- * waits for that expert's compute ("after the first expert ... completes its computation, the
- * communication stream immediately starts prefetching", sync point 2). At the gate of l+1
- * the chosen experts are compared with the loaded ones (sync point 1): a misprediction
- * whose transfer has not started is cancelled, and the missing experts are loaded on demand
- * (the re-fetch), each evicting a mispredicted expert first; when every slot is still
- * loading (a misprediction under way at K slots), the re-fetch is computed from the
- * executors' scratch buffer uncached (their bypass), and a later prediction that finds no
- * slot free of the current layer's work is dropped. The history is dropped after
- * each token ("the State Constructor clears the stored trace"). An iteration of several
+ * Decode (§5.3, Fig. 4b; docs/policies.md#duoserve-moe): an iteration of one token. At layer
+ * 0 nothing is predicted: its experts are fetched on demand. At the gate of layer l the State
+ * Constructor keeps the token's choice E_l and the predictor (fmoe train-predictor --kind
+ * duoserve, fmoe/predictor.h; borrowed through cfg->predictor, refused when absent or of
+ * another kind) predicts layer l+1's top-K experts from s_{l+1} = [E_0..E_l, P_{l+1},
+ * A_{l,l+1}[E_l]]. Once layer l's accesses are resolved, the K predictions are prefetched in
+ * order, each into the ring's next slot: at --cache-experts K the slot of layer l's q-th
+ * expert, whose transfer waits for that expert's compute ("after the first expert ...
+ * completes its computation, the communication stream immediately starts prefetching", sync
+ * point 2). At the gate of l+1 the chosen experts are compared with the loaded ones (sync
+ * point 1): a misprediction whose transfer has not started is cancelled, and the missing
+ * experts are loaded on demand (the re-fetch), each evicting a mispredicted expert first;
+ * when every slot is still loading (a misprediction under way at K slots), the re-fetch is
+ * computed from the executors' scratch buffer uncached (their bypass), and a later prediction
+ * that finds no slot free of the current layer's work is dropped. The history is dropped
+ * after each token ("the State Constructor clears the stored trace"). An iteration of several
  * decode tokens (a batch, which the paper rules out) is run as a prefill.
  *
- * Not modelled: the predictor's own time (about 0.6 ms on a separate stream, §6.4; its
- * prefetches are issued with no delay: neither executor charges it, and fmoe calibrate
- * does not measure it), and the ordering of the paper's communication
- * stream, where a re-fetch queues behind prefetches already issued; the executors put demand
- * loads first.
+ * The predictor's own time (about 0.6 ms on a separate stream, §6.4) delays its prefetches
+ * by the hardware profile's predictor.duoserve_s, which fmoe calibrate measures; the live
+ * runtime pays it for real. Not modelled: the ordering of the paper's communication stream,
+ * where a re-fetch queues behind prefetches already issued; the executors put demand loads
+ * first.
  *
  * Cost: per decode gate one ExpertMLP inference (Σ w_i·w_{i+1} multiply-adds, in index
  * order: the same bits in both executors) and O(L·J) to build the state; per victim O(N).
@@ -112,7 +114,7 @@ static int ds_init(void **state, const fmoe_policy_config *cfg) {
                          cfg->num_experts, cfg->top_k);
     FMOE_RETURN_ERROR_IF(cfg->prefetch_distance > 1, FMOE_EINVAL,
                          "policy duoserve predicts the next layer only (distance 1, "
-                         "POLICIES.md §3.9); prefetch distance %d asks otherwise",
+                         "DuoServe-MoE §5.3); prefetch distance %d asks otherwise",
                          cfg->prefetch_distance);
     ds_state *d = calloc(1, sizeof *d);
     if (!d) return fmoe_error_set(FMOE_ENOMEM, "duoserve state");

@@ -1,6 +1,7 @@
 /*
- * fmoe.c - fMoE, fine-grained expert offloading (papers/fmoe.txt §4; POLICIES.md A.1-A.6),
- * and the ablations of its §6.5 as policy variants.
+ * fmoe.c - fMoE, fine-grained expert offloading ("fMoE: Fine-Grained Expert Offloading for
+ * Large Mixture-of-Experts Serving" §4; § below are that paper's), and the ablations of its
+ * §6.5 as policy variants.
  *
  * Data. An expert-map store (fmoe/expertmap.h): per stored token its gate probabilities at
  * every layer and its semantic embedding. Offline mode matches against a store built by
@@ -47,7 +48,7 @@
  *   - at most max(K, N / (d + 1)) experts are prefetched per target layer, so that the d
  *     layers in flight and the current one fit in N slots.
  *
- * Variants (§6.5, POLICIES.md A.6): fmoe (semantic + trajectory + delta, p·freq), fmoe-map-t
+ * Variants (§6.5): fmoe (semantic + trajectory + delta, p·freq), fmoe-map-t
  * (trajectory only, the first d layers from popularity; K experts per query), fmoe-map-ts
  * (trajectory + semantic; K per query), fmoe-hitcount (request-level expert hit counts:
  * the current request's counts at layer l + d, MoE-Infinity's coarse EAM signal, with the

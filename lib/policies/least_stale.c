@@ -11,11 +11,12 @@
  * loaded earliest); only when every evictable expert is fresh does it evict a fresh one,
  * again FIFO.
  *
- * Reading taken here (POLICIES.md does not cover SpecMD; the paper names the policy and its
- * goal, not a pseudo-code): "forward pass" = one iteration of DESIGN.md §7.1 (a prefill,
- * or one decode step). An expert is fresh when its last access tick is at or after the
- * cache tick at which the current iteration started; a prefetched expert not yet accessed
- * counts from its load. FIFO is by load tick (slot_loaded_at), ties to the lowest slot.
+ * Reading taken here (the paper names the policy and its goal, not a pseudo-code; see
+ * docs/policies.md#baselines-ondemand-lru-lfu-least-stale-belady-oracle): "forward pass" =
+ * one iteration of docs/design.md §7.1 (a prefill, or one decode step). An expert is fresh
+ * when its last access tick is at or after the cache tick at which the current iteration
+ * started; a prefetched expert not yet accessed counts from its load. FIFO is by load tick
+ * (slot_loaded_at), ties to the lowest slot.
  *
  * Hit counts depend only on the access sequence, its iteration boundaries and the
  * capacity (tests/python/reference_cache.py replays it independently).

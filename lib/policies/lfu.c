@@ -1,13 +1,14 @@
 /*
- * lfu.c - least-frequently-used expert cache, no prefetch (DESIGN.md §7.1).
+ * lfu.c - least-frequently-used expert cache, no prefetch (docs/design.md §7.1).
  *
- * On a miss with the cache full, evict the resident, unpinned expert with the fewest
- * accesses since it was loaded; ties go to the least recently accessed. Counting "since
- * loaded" (not over the expert's lifetime) is the classic in-cache LFU, and what
- * MoE-Infinity's public code does with `incache_visit_count` (POLICIES.md B §1.4) and fMoE
- * §4.5 describes as MoE-Infinity's cache. An access is the §7.1 touch (once per distinct
- * expert per layer per iteration). The counts live in the cache (slot_accesses), so the
- * policy keeps no state.
+ * On a miss with the cache full, evict the resident, unpinned expert with the fewest accesses
+ * since it was loaded; ties go to the least recently accessed. Counting "since loaded" (not
+ * over the expert's lifetime) is the classic in-cache LFU, and what MoE-Infinity's public
+ * code does with `incache_visit_count` (its on-demand path,
+ * core/parallel/expert_dispatcher.cpp) and the fMoE paper ("fMoE: Fine-Grained Expert
+ * Offloading for Large Mixture-of-Experts Serving") §4.5 describes as MoE-Infinity's cache.
+ * An access is the §7.1 touch (once per distinct expert per layer per iteration). The counts
+ * live in the cache (slot_accesses), so the policy keeps no state.
  *
  * Known weakness, kept on purpose because it is the baseline: an expert that was hot long
  * ago keeps a high count and can squat in its slot (no ageing, unlike redis's LFU).

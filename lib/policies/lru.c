@@ -1,5 +1,5 @@
 /*
- * lru.c - least-recently-used expert cache, no prefetch (DESIGN.md §6, §7.1).
+ * lru.c - least-recently-used expert cache, no prefetch (docs/design.md §6, §7.1).
  *
  * On a miss with the cache full, evict the resident, unpinned expert whose last access is
  * oldest. "Access" is the §7.1 touch: once per distinct expert per layer per iteration, so

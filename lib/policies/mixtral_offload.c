@@ -11,7 +11,7 @@
  * experts through uncached (the executor computes them without caching).
  *
  * Speculative prefetch: when layer l's gate is known, the trace's /tokens/speculative rows
- * (layer l+s's gate applied to layer l's hidden state, DESIGN.md §4) predict layers
+ * (layer l+s's gate applied to layer l's hidden state, docs/design.md §4) predict layers
  * l+1..l+d, d = the prefetch distance (default 1, the original's; at most the trace's S).
  * For each predicted layer the policy takes every token's top-K experts of the predicted
  * distribution, ranks the union by summed probability and prefetches the best ones up to

@@ -3,8 +3,9 @@
  * MoE Inference on Personal Machines with Sparsity-Aware Expert Cache", arXiv 2401.14361
  * v3): request-level expert activation matrices (§4.3, §4.5), matching by cosine
  * similarity (§4.5), layer-proximity prefetching (§4.5-§4.6), Algorithm 1 eviction (§4.7)
- * and EAMC replacement of the most similar entry (App. B.1). POLICIES.md B §1 is the
- * reading followed; `moe-infinity-code` is what the public code does instead.
+ * and EAMC replacement of the most similar entry (App. B.1). Where the paper leaves room,
+ * the reading followed is docs/policies.md#moe-infinity; `moe-infinity-code` is what the
+ * public code does instead.
  *
  * Data. An EAM is an L x J matrix of counts: M[l][j] = tokens routed to expert j of layer l
  * (each token adds its K choices). The iEAM covers the current iteration, filled layer by
@@ -39,7 +40,7 @@
  * incoming expert's, so a low-ranked prediction cannot push out a better-ranked resident.
  * MoE-Infinity's Fig. 6 example comes out as the paper says (tests/policies).
  *
- * moe-infinity-fb (issue 13: prefetching that never loses to LRU) is the same matching,
+ * moe-infinity-fb (a variant whose prefetching never loses to LRU) is the same matching,
  * plan and Algorithm 1 with three adaptive mechanisms; `moe-infinity` stays as published.
  * Measured on the README's traces, each fixes one way the published design loses:
  *   - feedback-directed prefetch admission and early preemption, in the executor
@@ -543,11 +544,12 @@ const fmoe_policy_ops fmoe_policy_moe_infinity = {
     /* .expert_store       = */ NULL,
 };
 
-/* MoE-Infinity with fmoe's adaptive mechanisms (issue 13): the same EAM matching, plan and
- * Algorithm 1, plus (1) feedback-directed prefetch admission and early preemption in the
- * executor (FMOE_POLICY_FEEDBACK: lib/prefetch_feedback.h), (2) demand first: a gate with
- * a miss issues its plan after the layer's misses are loaded, and (3) Algorithm 1 or
- * recency for eviction, whichever a shadow cache of each missed less lately. */
+/* MoE-Infinity with fmoe's adaptive mechanisms, so that its prefetching never loses to LRU:
+ * the same EAM matching, plan and Algorithm 1, plus (1) feedback-directed prefetch admission
+ * and early preemption in the executor (FMOE_POLICY_FEEDBACK: lib/prefetch_feedback.h), (2)
+ * demand first: a gate with a miss issues its plan after the layer's misses are loaded, and
+ * (3) Algorithm 1 or recency for eviction, whichever a shadow cache of each missed less
+ * lately. */
 const fmoe_policy_ops fmoe_policy_moe_infinity_fb = {
     /* .name          = */ "moe-infinity-fb",
     /* .summary       = */ "MoE-Infinity + feedback-directed prefetch, demand first, "

@@ -1,7 +1,8 @@
 /*
- * moe_infinity_code.c - MoE-Infinity as its public code behaves (POLICIES.md B §1.4 [code],
- * §6 item 5; github.com/EfficientMoE/MoE-Infinity at d617801), next to `moe-infinity`, the
- * paper's Algorithm 1.
+ * moe_infinity_code.c - MoE-Infinity as its public code behaves (github.com/EfficientMoE/
+ * MoE-Infinity at d617801, which does not implement Algorithm 1 of "MoE-Infinity: Efficient
+ * MoE Inference on Personal Machines with Sparsity-Aware Expert Cache" §4.7 as written),
+ * next to `moe-infinity`, the paper's Algorithm 1.
  *
  * The C++ runtime's on-demand path (core/parallel/expert_dispatcher.cpp) evicts, when the
  * sparse cache is full, the GPU-resident expert with the minimum `incache_visit_count`.

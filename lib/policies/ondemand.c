@@ -1,5 +1,5 @@
 /*
- * ondemand.c - DeepSpeed-Inference style on-demand loading (DESIGN.md §6).
+ * ondemand.c - DeepSpeed-Inference style on-demand loading (docs/design.md §6).
  *
  * An expert is loaded when its layer needs it and is not resident; nothing is fetched
  * ahead of time, so every miss stalls the compute stream for the whole transfer. What
@@ -10,8 +10,8 @@
  * more slots it is the natural "cache what you loaded" variant the papers compare against.
  *
  * Hit counts therefore equal `lru`'s; the policy exists under its own name so reports
- * read like the papers' tables, and so that on-demand specific knobs (the host-compute
- * lane of issue 3's `--miss cpu`) can attach here without changing `lru`.
+ * read like the papers' tables, and so that on-demand specific knobs (such as computing
+ * misses on the host, `--miss cpu`) can attach here without changing `lru`.
  *
  * Cost: O(N) per miss, nothing per hit.
  */

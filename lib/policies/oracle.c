@@ -1,6 +1,6 @@
 /*
- * oracle.c - perfect prefetch at distance d, simulate only (DESIGN.md §6: "the bound any
- * predictor can reach").
+ * oracle.c - perfect prefetch at distance d, simulate only (docs/design.md §6: "the bound
+ * any predictor can reach").
  *
  * A predictor that looks d layers ahead can at best know exactly which experts the next d
  * layers will use. The oracle has that knowledge (and, for eviction, the whole future) and

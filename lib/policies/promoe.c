@@ -1,19 +1,20 @@
 /*
- * promoe.c - ProMoE (papers/promoe.txt; POLICIES.md §2): a learned predictor per MoE layer
- * reads the gate input of layer i-k and predicts layer i's experts, which are prefetched at
- * low priority k layers ahead; the gate of layer i drops its unneeded predictions (early
- * preemption); the cache is LRU.
+ * promoe.c - ProMoE ("ProMoE: Fast MoE-based LLM Serving using Proactive Caching"; our
+ * readings in docs/policies.md#promoe; § below are the paper's): a learned predictor per MoE
+ * layer reads the gate input of layer i-k and predicts layer i's experts, which are
+ * prefetched at low priority k layers ahead; the gate of layer i drops its unneeded
+ * predictions (early preemption); the cache is LRU.
  *
- * Prediction (§2.4; the predictor of fmoe train-predictor --kind promoe, fmoe/predictor.h,
- * borrowed through cfg->predictor and refused when absent). At the gate of layer l the
- * policy runs, for every target layer i whose source layer is l (i = l + k; at l = 0 the
- * layers 1..k, "i-k falls back to 0 when i < k"), predictor i on each token's gate input
- * of layer l (fmoe_gate_event.hidden) and takes each token's top-K experts (K = the
- * model's top-k, "N = the number the model activates per token"). The iteration's tokens
- * are combined as POLICIES.md §2.4 settles for prefill and batches: the union of the
- * per-token top-K, ranked by summed probability; a decode step is its one token's top-K.
- * The paper hooks the gate's input, we the gate event: the same hidden state, known a gate
- * computation earlier than here.
+ * Prediction (§4.4; the predictor of fmoe train-predictor --kind promoe, fmoe/predictor.h,
+ * borrowed through cfg->predictor and refused when absent). At the gate of layer l the policy
+ * runs, for every target layer i whose source layer is l (i = l + k; at l = 0 the layers
+ * 1..k, "i-k falls back to 0 when i < k"), predictor i on each token's gate input of layer l
+ * (fmoe_gate_event.hidden) and takes each token's top-K experts (K = the model's top-k, "N =
+ * the number the model activates per token"). The iteration's tokens are combined as we
+ * settle it for prefill and batches, where the paper is silent (docs/policies.md#promoe): the
+ * union of the per-token top-K, ranked by summed probability; a decode step is its one
+ * token's top-K. The paper hooks the gate's input, we the gate event: the same hidden state,
+ * known a gate computation earlier than here.
  *
  * Where the predictor runs (§4.4: on the CPU, asynchronously with inference). Inline, the
  * prefetches are issued at the gate (the simulator, and live with --sync-predictions);
@@ -25,26 +26,26 @@
  * the target layers that have not started (a prediction for a started layer comes too
  * late and is dropped). A gate of more than PM_BATCH tokens predicts inline.
  *
- * Prefetch (§2.5, §2.7 step 1). The predicted experts not cached or in flight are
+ * Prefetch (§5; docs/policies.md#promoe). The predicted experts not cached or in flight are
  * prefetched, low priority: every demand load goes first (the executors' rule), and among
  * prefetches the nearer target layer first, then the higher mean probability (priority =
  * L - i + p/2, p in [0, 1]). Chunked prefetch (§5.1, three chunks per expert) is the
  * executor's: fmoe simulate --copy-chunks 3 models it.
  *
- * Early preemption (§2.5 "5.2", §2.7 step 2). At the gate of layer l its predictions the
- * gate did not choose are cancelled if their transfer has not started (a started one
- * completes: a copy is not preemptible); a chosen one still queued is promoted by the
- * executor to a demand load when its access comes (fmoe/slots.h), ahead of every
- * prefetch: ProMoE's high-priority re-enqueue. Reordered compute (§5.3: cached experts
- * first, then those in flight, then the rest) is the executors', asked for with
- * FMOE_POLICY_REORDER_COMPUTE: both resolve and compute a layer's experts in the order of
- * fmoe_slots_compute_order, so a cached expert computes while a missing one loads.
+ * Early preemption (§5.2). At the gate of layer l its predictions the gate did not choose are
+ * cancelled if their transfer has not started (a started one completes: a copy is not
+ * preemptible); a chosen one still queued is promoted by the executor to a demand load when
+ * its access comes (fmoe/slots.h), ahead of every prefetch: ProMoE's high-priority
+ * re-enqueue. Reordered compute (§5.3: cached experts first, then those in flight, then the
+ * rest) is the executors', asked for with FMOE_POLICY_REORDER_COMPUTE: both resolve and
+ * compute a layer's experts in the order of fmoe_slots_compute_order, so a cached expert
+ * computes while a missing one loads.
  *
- * Cache (§2.5: "replacement policy not specified"; the ablation's base is LRU). LRU, with
- * the default POLICIES.md §2.5 proposes for the ambiguity "pin-until-used": a predicted
- * expert is not evicted until its layer accessed it or passed, unless only predicted
- * experts are left to evict (then plain LRU for a demand miss); a prefetch also never
- * evicts an expert the current layer has still to access, and is dropped when nothing
+ * Cache (the paper specifies no replacement policy; its ablation's base is LRU). LRU, with
+ * our default where the paper is silent, "pin-until-used" (docs/policies.md#promoe): a
+ * predicted expert is not evicted until its layer accessed it or passed, unless only
+ * predicted experts are left to evict (then plain LRU for a demand miss); a prefetch also
+ * never evicts an expert the current layer has still to access, and is dropped when nothing
  * else is evictable. Without gate inputs the policy predicts nothing: it is lru with
  * reordered compute.
  *

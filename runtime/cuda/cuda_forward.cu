@@ -1,7 +1,8 @@
 // cuda_forward.cu - the CUDA backend of the forward pass: every operation of
 // fmoe__backend_ops (runtime/model/model_impl.h) on device 0, through cuBLAS for the matrix
 // products and our own kernels for the rest. The per-row arithmetic is fmoe/rowwise.h and
-// fmoe/elementwise.h, the same C the CPU backend runs (STYLE.md rule 11).
+// fmoe/elementwise.h, the same C the CPU backend runs (the CPU op is the reference each
+// GPU op must match).
 //
 // Design
 //

@@ -70,8 +70,8 @@ static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rop
     r->attention_factor = 1.0;
     r->truncate = 1;
 
-    /* Zero or negative would give inf/NaN angles and silently garbage text (issue 15,
-     * finding 9); transformers would divide by it without a word. */
+    /* Zero or negative would give inf/NaN angles and silently garbage text;
+     * transformers would divide by it without a word. */
     FMOE_RETURN_ERROR_IF(!(r->theta > 0), FMOE_EFORMAT,
                          "rope_theta = %g, expected a positive number", r->theta);
     double prf;

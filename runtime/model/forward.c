@@ -492,7 +492,7 @@ static int run_expert(fmoe_session *s, const fmoe__mlp *w, expert_home home, int
 
 /* MoE block: routes the n rows of s->xn (all segments' tokens), runs their experts, adds
  * to s->x. Experts run in order of first appearance over the rows (row by row, k by k:
- * DESIGN.md §7.1), the order the routing hook announces and a live executor resolves its
+ * docs/design.md §7.1), the order the routing hook announces and a live executor resolves its
  * accesses in, unless the hook reorders them (compute_order: ProMoE's reordered compute);
  * each chosen expert runs once, over the rows of every segment that chose it.
  * @return 0 or a hook's or the backend's error. */

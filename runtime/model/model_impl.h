@@ -1,6 +1,7 @@
 /*
  * model_impl.h - internals shared by runtime/model and runtime/cpu: the model's three
- * kinds of state (STYLE.md rule 9) and the backend function table.
+ * kinds of state (config, borrowed views and owned state, kept in separate structs so
+ * that ownership is plain) and the backend function table.
  *
  *   fmoe__arch     config: what the forward pass needs beyond fmoe_model_geometry
  *                  (immutable after load)
@@ -175,10 +176,11 @@ typedef struct fmoe__backend_limits {
 } fmoe__backend_limits;
 
 /*
- * The compute a forward pass asks of a backend (STYLE.md rule 10), in the shape of
- * ggml-backend: the backend owns its buffers (alloc/release), activations, the KV cache
- * and the run state stay in them for the whole pass, and forward.c performs every
- * operation through this table, so model code has no #ifdef and no per-device branch.
+ * The compute a forward pass asks of a backend (a function table, so that core code never
+ * includes CUDA headers), in the shape of ggml-backend: the backend owns its buffers
+ * (alloc/release), activations, the KV cache and the run state stay in them for the whole
+ * pass, and forward.c performs every operation through this table, so model code has no
+ * #ifdef and no per-device branch.
  *
  * Pointers. "buffer" arguments (float *y, const float *x, ...) point into memory from
  * `alloc` (offsets into it allowed). Weights are the model's: fmoe__mat views (in the

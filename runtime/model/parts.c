@@ -1,6 +1,6 @@
 /*
  * parts.c - pieces of a loaded model for code beside the forward pass (a live executor):
- * token embeddings before a forward call (the semantic embedding, DESIGN.md §3, handed to
+ * token embeddings before a forward call (the semantic embedding, docs/design.md §3, handed to
  * policies at request and iteration start; the conversions are exact, so the values are
  * the forward pass's) and where each routed expert's bytes live (its slow tier).
  */

@@ -24,8 +24,8 @@
  * access while a piece is in flight is finished by a demand job from its first piece not
  * landed (the piece in flight may be copied twice; fmoe_slots_chunk_landed ignores it).
  *
- * --miss auto (Fiddler, Kamahori et al. 2024, §4; DESIGN.md §7's host lane): at the gate,
- * a miss is computed on the host when that is estimated to end before a demand load plus
+ * --miss auto (Fiddler, Kamahori et al. 2024, §4; docs/design.md §7's host lane): at the
+ * gate, a miss is computed on the host when that is estimated to end before a demand load plus
  * the compute from the slot, from a hardware profile's figures (fmoe_offload_options):
  *     load_end = max(engine_free + alpha + expert_bytes / rate, lane) + fast(tokens)
  *     host_end = lane + host(tokens)
@@ -405,8 +405,8 @@ static void add_access(fmoe_offload *x, int32_t l, int32_t j, int64_t at, uint8_
     if (at >= x->n_accesses) x->n_accesses = at + 1;
 }
 
-/* Bytes the forward pass will wait for (DESIGN.md §9's bound): a miss's whole expert, the
- * rest of a prefetch still in flight. */
+/* Bytes the forward pass will wait for (docs/design.md §9's bound): a miss's whole expert,
+ * the rest of a prefetch still in flight. */
 static void await_bytes(fmoe_offload *x, int64_t bytes) {
     x->st.awaited_bytes += bytes;
     if (x->phase == FMOE_PHASE_DECODE) x->st.awaited_bytes_decode += bytes;
@@ -481,7 +481,8 @@ static const float *rounded_hidden(fmoe_offload *x, const fmoe_route_event *ev) 
     return x->hidden;
 }
 
-/* The gate of MoE layer ev->layer: policy events and access resolution (DESIGN.md §7.1). */
+/* The gate of MoE layer ev->layer: policy events and access resolution (docs/design.md
+ * §7.1). */
 static int on_route(void *ctx, const fmoe_route_event *ev) {
     fmoe_offload *x = ctx;
     const fmoe_policy_ops *ops = x->policy.ops;

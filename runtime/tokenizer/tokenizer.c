@@ -1117,7 +1117,7 @@ void fmoe_tokenizer_free(fmoe_tokenizer *tok) {
     free(tok->eos_text);
     free(tok->chat_template_text);
     free(tok->chat_default_system);
-    memset(tok, 0xA5, sizeof *tok); /* poison (STYLE.md rule 20) */
+    memset(tok, 0xA5, sizeof *tok); /* poison: a use after free reads garbage, not stale data */
     free(tok);
 }
 

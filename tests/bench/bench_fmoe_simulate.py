@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end throughput of `fmoe simulate --policy fmoe` (DESIGN.md §9: >= 100 K
+"""End-to-end throughput of `fmoe simulate --policy fmoe` (docs/design.md §9: >= 100 K
 token-iterations/s per core with a 1K-entry store), on a synthetic Mixtral-like trace.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/bench_fmoe_simulate.py \\
@@ -22,7 +22,7 @@ and the median of --repeat runs, per CPU second (the machine may be shared). The
 prefetch counts of every build are printed next to each other: identical decisions give
 identical counts. With --python, the Python/NumPy reference (tests/python/reference_fmoe.py)
 replays the same files under a linear hardware profile next to `fmoe simulate` with that
-profile: the counts must be identical, and the ratio of the rates is DESIGN.md §9's
+profile: the counts must be identical, and the ratio of the rates is docs/design.md §9's
 "at least 100x a straightforward implementation".
 """
 import argparse
@@ -116,7 +116,7 @@ def main():
                     help="also replay the trace through the straightforward Python/NumPy "
                          "reference (tests/python/reference_fmoe.py, one run: about a "
                          "minute) and compare its counts and speed with `fmoe simulate` "
-                         "under the same linear hardware profile (DESIGN.md §9: >= 100x)")
+                         "under the same linear hardware profile (docs/design.md §9: >= 100x)")
     a = ap.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     extra = ["--hidden", str(a.hidden), "--requests", str(a.requests)]

@@ -26,7 +26,7 @@ device, to check the plumbing on a machine without a GPU (its figures mean nothi
     --bench-layers MoE layers of 8 experts of 21 MiB, bf16) with `--backend cuda --tier
     host` (experts in host memory, copied to device slots), per policy and cache size,
     against
-    - the link bound of DESIGN.md §9 as bench_offload_live.py computes it: the
+    - the link bound of docs/design.md §9 as bench_offload_live.py computes it: the
       all-resident TPOT (compute) + the bytes the run had to wait for per decode token
       (record's summary: "decode X MiB per token") / the calibrated host->device rate;
       target live / bound <= 1.10; also with the link the run's own copy engine measured

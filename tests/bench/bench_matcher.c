@@ -1,7 +1,7 @@
 /*
  * bench_matcher.c - throughput of the expert-map matcher and store (lib/expertmap/), for
  * tests/bench/bench_matcher.py, which runs the same searches in NumPy in the same run and
- * prints the ratios (DESIGN.md §9, issue 4). Not a test.
+ * prints the ratios (the targets: docs/design.md §9). Not a test.
  *
  *     bench_matcher traj   L J C [B]     trajectory search: token-iterations/s (all L layers,
  *                                        one incremental step per layer; B queries at once)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Matcher and store benchmark (issue 4; DESIGN.md §9): fmoe's C matcher and build-store
+"""Matcher and store benchmark (targets: docs/design.md §9): fmoe's C matcher and build-store
 against NumPy implementations of the same searches, in the same run, on the same machine.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/bench_matcher.py \

@@ -1,4 +1,4 @@
-"""Live offloading against the simulator's prediction: fidelity, speed and memory (issue 10).
+"""Live offloading against the simulator's prediction: fidelity, speed and memory.
 
     .venv/bin/python tests/bench/bench_offload_live.py [--work DIR] [--prompts 4] [--gen 16]
         [--threads N] [--policies lru,fmoe,mixtral-offload] [--fractions 0.1,0.25,0.5]
@@ -25,7 +25,7 @@ tokenizer copied beside it:
    the trace that run wrote with the calibrated profile. Printed per point:
    - live and simulated decode TPOT (mean over requests of decode seconds per token, the
      simulator's definition) and the gap (sim - live) / live (target |gap| <= 15%);
-   - the bound (DESIGN.md §9): the all-resident TPOT plus, per decode token, the bytes
+   - the bound (docs/design.md §9): the all-resident TPOT plus, per decode token, the bytes
      the run had to wait for (a miss's expert, the rest of a prefetch still in flight, as
      the live executor counts them) over the calibrated link rate; live / bound (target
      <= 1.10) and live / all-resident;

@@ -1,4 +1,4 @@
-"""`fmoe serve` under load: does continuous batching pay, and is memory flat (issue 12).
+"""`fmoe serve` under load: does continuous batching pay, and is memory flat.
 
     .venv/bin/python tests/bench/bench_serve.py [--build build] [--model DIR]
         [--parallel 1,2,4,8] [--clients 8] [--requests 24] [--max-tokens 32]

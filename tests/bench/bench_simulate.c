@@ -1,6 +1,6 @@
 /*
  * bench_simulate.c - simulator throughput: expert accesses per second per policy on a large
- * synthetic trace (DESIGN.md §9 target: >= 10 M accesses/s per core for lru/lfu), and the
+ * synthetic trace (docs/design.md §9 target: >= 10 M accesses/s per core for lru/lfu), and the
  * hit counts of a prefix of the same trace for the comparison with the Python reference
  * (tests/bench/run_bench_simulate.sh runs both).
  *

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""fmoe against the baselines on real routing traces (issue 4): hit rate and
+"""fmoe against the baselines on real routing traces: hit rate and
 TPOT (TTFT for prefill-only traces) across expert-cache sizes from 10% to 90% of all routed
 experts, with the paper's 7:3 split (the store is built from 70% of the requests, every
 policy is evaluated on the other 30%) and prefetch distance d = 3.
 
-    .venv/bin/python tests/bench/fmoe_vs_baselines.py --build BUILD [--data ../shared/data]
+    .venv/bin/python tests/bench/fmoe_vs_baselines.py --build BUILD [--data DATA]
         [--work /tmp/fmoe-vs-baselines] [--out /tmp/readme-fmoe.md] [--hardware rtx3090-pcie4]
 
-Traces (imported here; the raw data stays in ../shared/data, it is not ours to commit):
+Traces (imported here from the raw logs under DATA, default $FMOE_REAL_DATA; they are not
+in this repository, as they are not ours to commit):
   - Qwen1.5-MoE-A2.7B-Chat on vLLM (weiran0129/vLLM-MoE-Logger): 5 of the model's 24 MoE
     layers logged (0, 8, 12, 18, 23), top-4 of 60 routed experts, top-k weights only; 25
     GSM8K prompts decoded greedily, split into 235 request streams by
@@ -94,8 +95,8 @@ def record_traces(fmoe, data, work):
            "--max-new-tokens", 64, "--speculative", 1, "--temperature", 0, "-o", tiny, "-q")
     out.append(("fmoe-tiny (bundled, trained), fmoe record, prompts_100.txt, greedy, "
                 "<= 64 new tokens", tiny, 6, 8, 2, "TPOT", True, True))
-    sharegpt = data / "sharegpt-ml-energy" / "ShareGPT_V3_filtered_500.json"
-    if sharegpt.exists():
+    sharegpt = data / "sharegpt-ml-energy" / "ShareGPT_V3_filtered_500.json" if data else None
+    if sharegpt and sharegpt.exists():
         sg = work / "tiny-sharegpt300.h5"
         if not sg.exists():
             sh(fmoe, "record", "--dataset", sharegpt, "--max-requests", 300,
@@ -132,7 +133,8 @@ def simulate(fmoe, trace, store, policies, caches, extra, mode=None, d=3, plot=N
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", required=True, type=pathlib.Path, help="meson build directory")
-    ap.add_argument("--data", type=pathlib.Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument("--data", type=pathlib.Path, default=os.environ.get("FMOE_REAL_DATA"),
+                    help="folder of the raw routing logs (default: $FMOE_REAL_DATA)")
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/fmoe-vs-baselines"))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/readme-fmoe.md"))
     ap.add_argument("--hardware", default="rtx3090-pcie4")
@@ -141,6 +143,10 @@ def main():
     ap.add_argument("--skip-imported", action="store_true",
                     help="only the traces recorded from fmoe-tiny")
     a = ap.parse_args()
+    if a.data is None and not a.skip_imported:
+        ap.error("--data (or FMOE_REAL_DATA) names the folder of the raw routing logs; "
+                 "--skip-imported runs without it")
+    a.data = pathlib.Path(a.data) if a.data else None
     fmoe = a.build / "cmd" / "fmoe"
     a.work.mkdir(parents=True, exist_ok=True)
     lines = []

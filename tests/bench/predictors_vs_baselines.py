@@ -1,5 +1,5 @@
 """ProMoE's and DuoServe-MoE's learned predictors against fmoe and the baselines on held-out
-requests (issue 14).
+requests.
 
     .venv/bin/python tests/bench/predictors_vs_baselines.py --build BUILD [--work DIR]
         [--plot FILE.svg] [--json FILE]

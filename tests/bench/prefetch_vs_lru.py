@@ -9,7 +9,7 @@ requests (d = 3) and replays the held-out 30% at 10%..90% of all experts on rtx3
 Prints, per trace and policy, the worst TPOT (TTFT for prefill-only traces) ratio to LRU
 over the cache sizes, whether fmoe's hit rate is at least LRU's everywhere (compared
 unrounded, in hits; the smallest margin in percentage points beside it), and the share of
-the LRU -> oracle gap fmoe closes (mean over cache sizes). Target (issue 13): every
+the LRU -> oracle gap fmoe closes (mean over cache sizes). Target: every
 improved prefetching policy (fmoe, moe-infinity-fb) <= 1.02 x LRU at every size; fmoe's
 hit rate >= LRU's.
 """

@@ -12,7 +12,8 @@
 #include "fmoe/error.h"
 #include "harness.h"
 
-static void expect_ticks(int *failed, double lo, double hi, const double *want, int32_t n) {
+static void expect_ticks(int *harness_failed, double lo, double hi, const double *want,
+                         int32_t n) {
     double got[16];
     const int32_t m = plot_nice_ticks(lo, hi, 6, got, 16);
     int ok = m == n;
@@ -21,7 +22,7 @@ static void expect_ticks(int *failed, double lo, double hi, const double *want, 
         fprintf(stderr, "  ticks of [%g, %g]:", lo, hi);
         for (int32_t i = 0; i < m; i++) fprintf(stderr, " %.17g", got[i]);
         fprintf(stderr, "\n");
-        *failed = 1;
+        HARNESS_FAIL("ticks of [%g, %g]: %d ticks, %d wanted", lo, hi, (int)m, (int)n);
     }
 }
 

@@ -1,5 +1,5 @@
 /*
- * test_import.c - routing-trace importers: JSON Lines (DESIGN.md §4.1) and dense CSV,
+ * test_import.c - routing-trace importers: JSON Lines (docs/design.md §4.1) and dense CSV,
  * read back with the trace reader and compared record by record; every bad input returns
  * its code, names the line, and leaves no output file (nor "<out>.partial") behind.
  */

@@ -1,6 +1,7 @@
 /*
  * test_expertmap.c - the expert-map store, its deduplication, the matcher and the
- * selection rule (lib/expertmap/; POLICIES.md A.2-A.5).
+ * selection rule (lib/expertmap/; the fMoE paper, "fMoE: Fine-Grained Expert Offloading
+ * for Large Mixture-of-Experts Serving", §4.2-§4.5).
  */
 #include <math.h>
 #include <stdlib.h>

@@ -32,16 +32,13 @@ static fmoe_expertmap *make_store(int *harness_failed) {
     const fmoe_expertmap_config cfg = {.capacity = C, .num_layers = L, .num_experts = J,
                                        .top_k = 2, .semantic_dim = H, .prefetch_distance = 2};
     fmoe_expertmap *s = NULL;
-    if (fmoe_expertmap_init(&s, &cfg) < 0) {
-        *harness_failed = 1;
-        return NULL;
-    }
+    ASSERT_OK(fmoe_expertmap_init(&s, &cfg));
     static float maps[C][L * J], sem[C][H];
     random_rows(&maps[0][0], C * L * J);
     for (int y = 0; y < C; y++)
         for (int k = 0; k < H; k++) sem[y][k] = frand() - 0.5f;
     if (fmoe_expertmap_add(s, C, &sem[0][0], H, &maps[0][0], L * J, NULL, NULL) < 0)
-        *harness_failed = 1;
+        HARNESS_FAIL("fmoe_expertmap_add: %s", fmoe_error_detail());
     return s;
 }
 

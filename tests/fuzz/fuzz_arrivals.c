@@ -1,6 +1,6 @@
 /*
  * fuzz_arrivals.c - fuzz target for the Azure LLM inference trace reader
- * (fmoe_arrivals_load_azure, datasets/arrivals.c; STYLE.md rule 15). The reader opens a
+ * (fmoe_arrivals_load_azure, datasets/arrivals.c). The reader opens a
  * path, so the input goes into a memfd (fuzz_file.h). Invariants: a failure carries a
  * detail; a success has non-negative, non-decreasing arrival times and token counts.
  * Build and run: tests/fuzz/README.md.

@@ -1,6 +1,6 @@
 /*
- * fuzz_datasets.c - fuzz target for the prompt dataset readers of datasets/prompts.c
- * (STYLE.md rule 15): every format (auto-detected, JSON Lines, ShareGPT/LMSYS JSON, text).
+ * fuzz_datasets.c - fuzz target for the prompt dataset readers of datasets/prompts.c:
+ * every format (auto-detected, JSON Lines, ShareGPT/LMSYS JSON, text).
  * The Azure arrivals CSV and the two trace importers have their own targets
  * (fuzz_arrivals.c, fuzz_import_jsonl.c, fuzz_dense_csv.c).
  *

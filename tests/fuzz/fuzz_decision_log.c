@@ -1,6 +1,6 @@
 /*
  * fuzz_decision_log.c - fuzz target for the decision log reader behind
- * fmoe_decision_log_compare (STYLE.md rule 15): logs come from other machines and other
+ * fmoe_decision_log_compare: logs come from other machines and other
  * builds, and from hand edits.
  *
  * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):

@@ -1,6 +1,6 @@
 /*
  * fuzz_dense_csv.c - fuzz target for the dense-CSV routing importer (fmoe_import_dense_csv,
- * datasets/import_dense_csv.c, the FLAME-MoE layout; STYLE.md rule 15) with a geometry of
+ * datasets/import_dense_csv.c, the FLAME-MoE layout) with a geometry of
  * 2 layers, 4 experts, top-2 and 2 tokens per request. The input holds both layer files,
  * separated by a line "--" ("layer 0\n--\nlayer 1"); without one, both layers read the
  * same bytes. Invariants: a failure carries a detail and leaves neither the output nor its

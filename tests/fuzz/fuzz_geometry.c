@@ -1,6 +1,5 @@
 /*
- * fuzz_geometry.c - fuzz target for the config.json parser and the config fingerprint
- * (STYLE.md rule 15).
+ * fuzz_geometry.c - fuzz target for the config.json parser and the config fingerprint.
  *
  * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include \

@@ -1,7 +1,7 @@
 /*
  * fuzz_hardware.c - fuzz target for the hardware profile JSON parser (fmoe_hardware_parse,
- * the parser behind fmoe_hardware_load and --hardware FILE, sim/hardware.c; STYLE.md rule
- * 15). Invariants: a failure carries a detail; a success has a positive copy bandwidth,
+ * the parser behind fmoe_hardware_load and --hardware FILE, sim/hardware.c).
+ * Invariants: a failure carries a detail; a success has a positive copy bandwidth,
  * finite non-negative costs, and writes back as JSON that parses again to the same link
  * (the inputs in crashes/hardware/ once came back with device fields 0, which the parser
  * refused).

@@ -1,6 +1,6 @@
 /*
  * fuzz_import_jsonl.c - fuzz target for the JSON Lines routing-trace importer
- * (fmoe_import_jsonl, datasets/import_jsonl.c; STYLE.md rule 15), with a geometry of 2
+ * (fmoe_import_jsonl, datasets/import_jsonl.c), with a geometry of 2
  * layers, 8 experts, top-2. The input goes into a memfd (fuzz_file.h), the output into a
  * private folder. Invariants: a failure carries a detail and leaves neither the output
  * nor its .partial; a success writes a trace that the reader opens.

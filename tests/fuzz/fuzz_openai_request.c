@@ -1,6 +1,6 @@
 /*
  * fuzz_openai_request.c - fuzz target for the request bodies of `fmoe serve`
- * (runtime/serve/openai_api.c; STYLE.md rule 15).
+ * (runtime/serve/openai_api.c).
  *
  * Input: the first byte picks the endpoint (even: chat, odd: completions), the rest is the
  * body. The server's path is followed: UTF-8 validation, then the parser; a parsed request

@@ -1,6 +1,6 @@
 /*
  * fuzz_predictor.c - fuzz target for the learned-predictor reader (trace/predictor_file.c,
- * kinds promoe and duoserve; STYLE.md rule 15): the input is the bytes of a predictor file,
+ * kinds promoe and duoserve): the input is the bytes of a predictor file,
  * opened through HDF5's in-memory (core) driver by fmoe__predictor_read_image. A failure
  * must carry a detail; a success must hold a complete model of its kind whose shapes agree
  * with its geometry, and the duoserve one must run (its state and one inference).

@@ -1,5 +1,5 @@
 /*
- * fuzz_safetensors.c - fuzz target for the safetensors header parser (STYLE.md rule 15).
+ * fuzz_safetensors.c - fuzz target for the safetensors header parser.
  *
  * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include \

@@ -1,6 +1,6 @@
 /*
- * fuzz_store.c - fuzz target for the expert-map store reader (trace/store_reader.c;
- * STYLE.md rule 15): the input is the bytes of a store file, opened through HDF5's
+ * fuzz_store.c - fuzz target for the expert-map store reader (trace/store_reader.c):
+ * the input is the bytes of a store file, opened through HDF5's
  * in-memory (core) driver by fmoe__store_read_image (trace_impl.h). A failure must carry
  * a detail; a success must have its source and request tables inside their bounds.
  * Seeds: small stores written by fmoe build-store (tests/fuzz/README.md).

@@ -1,6 +1,5 @@
 /*
- * fuzz_tokenizer.c - fuzz target for the tokenizer.json loader and the encoder
- * (STYLE.md rule 15).
+ * fuzz_tokenizer.c - fuzz target for the tokenizer.json loader and the encoder.
  *
  * Input: the first byte picks what the rest is: even -> a tokenizer.json (loaded; when it
  * loads, a few strings are encoded and decoded with it), odd -> text encoded with the two

@@ -1,6 +1,6 @@
 /*
- * fuzz_trace.c - fuzz target for the HDF5 trace reader (trace/trace_reader.c; STYLE.md
- * rule 15): the input is the bytes of a trace file, opened through HDF5's in-memory (core)
+ * fuzz_trace.c - fuzz target for the HDF5 trace reader (trace/trace_reader.c):
+ * the input is the bytes of a trace file, opened through HDF5's in-memory (core)
  * driver by fmoe__trace_reader_open_image (trace_impl.h), so no file is written. When the
  * trace opens, every token is read (ids, phases, experts, and probabilities, semantic and
  * speculative rows when the header has them) and checked: expert ids below J, phases 0 or

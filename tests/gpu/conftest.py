@@ -15,8 +15,8 @@ Without a CUDA device every test skips, saying why (`fmoe --version`'s cuda line
 torch sees a device that fmoe cannot use (built without CUDA, module not loadable) the
 tests fail instead: on a GPU machine that is the finding, not a reason to skip.
 
-The tiny checkpoints and their float32 references come from tests/python/make_tiny_models.py
-(random init by transformers' own classes, or numpy for DeepSeek-MoE: no network).
+The tiny checkpoints come from tests/python/make_tiny_models.py, their float32 references
+from the transformers fixtures in tests/fixtures/transformers/: no torch and no network.
 """
 import functools
 import json
@@ -182,29 +182,9 @@ def backend_args(fmoe_bin, driver_bin):
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    """tiny_models(name) -> directory with the checkpoint and reference.npz, made once."""
-    root = tmp_path_factory.mktemp("tiny-models")
-    made = {}
-
-    def get(name):
-        if name not in made:
-            if name != "deepseek":
-                try:
-                    import torch  # noqa: F401
-                    import transformers  # noqa: F401
-                except ImportError:
-                    pytest.skip("torch/transformers not installed: the tiny HF checkpoints "
-                                "and their references need them")
-            d = root / name
-            try:
-                tiny.make(name, str(d))
-            except Exception as e:  # this transformers cannot build it: not the backend's fault
-                import transformers
-                pytest.skip(f"make_tiny_models could not build {name} with transformers "
-                            f"{transformers.__version__}: {type(e).__name__}: {e}")
-            made[name] = d
-        return made[name]
-    return get
+    """tiny_models(name) -> directory with the checkpoint and reference.npz, made once (the
+    references are fixtures: no torch is needed on the device machine)."""
+    return tiny.maker(tmp_path_factory.mktemp("tiny-models"))
 
 
 def checkpoint_dtype(name):

@@ -214,13 +214,17 @@ stage_ops_self() {
     return $rc
 }
 
-stage_selftest() {
-    [ -x "$B/tests/unit/test_cuda" ] || { fig "tests/unit/test_cuda not built"; return 78; }
-    "$B/tests/unit/test_cuda" 2>&1 | tee "$work/selftest.txt"
+# A test binary of the build, its output kept; its figure is its last line.
+# run_test_binary PATH NAME
+run_test_binary() {
+    [ -x "$B/$1" ] || { fig "$1 not built"; return 78; }
+    "$B/$1" 2>&1 | tee "$work/$2.txt"
     local rc=${PIPESTATUS[0]}
-    fig "$(tail -1 "$work/selftest.txt")"
+    fig "$(tail -1 "$work/$2.txt")"
     return $rc
 }
+
+stage_selftest() { run_test_binary tests/unit/test_cuda selftest; }
 
 stage_ops() {
     "$B/tests/gpu/test_backend_ops" --json "$OUT/ops.json" >"$work/ops.txt" 2>&1
@@ -236,13 +240,7 @@ stage_ops() {
     return $rc
 }
 
-stage_cuda_ops() {
-    [ -x "$B/tests/model/test_cuda_ops" ] || { fig "tests/model/test_cuda_ops not built"; return 78; }
-    "$B/tests/model/test_cuda_ops" 2>&1 | tee "$work/cuda_ops.txt"
-    local rc=${PIPESTATUS[0]}
-    fig "$(tail -1 "$work/cuda_ops.txt")"
-    return $rc
-}
+stage_cuda_ops() { run_test_binary tests/model/test_cuda_ops cuda_ops; }
 
 # The logits of greedy generations on the CPU and on CUDA, resident and offloaded, compared
 # step by step (stdlib Python: .npy read by hand).

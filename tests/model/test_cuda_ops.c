@@ -1,6 +1,6 @@
 /*
  * test_cuda_ops - every operation of the CUDA backend (runtime/cuda/cuda_forward.cu)
- * against the CPU backend on the same inputs (STYLE.md rule 13, ggml's test-backend-ops):
+ * against the CPU backend on the same inputs (a differential test, like ggml's test-backend-ops):
  * transfers, each compute op at several shapes, attention on both of its score paths
  * (shared memory and the global rows of a long context), expert slots written from
  * another thread through another context, the weight cache shared through a model's

@@ -317,11 +317,7 @@ static fmoe_model *load_tiny(int *harness_failed) {
     snprintf(dir, sizeof dir, "%s/datasets/fmoe-tiny", root ? root : ".");
     fmoe_model *m = NULL;
     const int rc = fmoe_model_load(dir, NULL, &m);
-    if (rc != 0) {
-        *harness_failed = 1;
-        fprintf(stderr, "  loading %s: %s\n", dir, fmoe_error_detail());
-        return NULL;
-    }
+    if (rc != 0) HARNESS_FAIL("loading %s: %s", dir, fmoe_error_detail());
     return m;
 }
 

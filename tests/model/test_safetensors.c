@@ -1,6 +1,6 @@
 /*
  * test_safetensors - the safetensors reader on good files, sharded checkpoints and every
- * kind of bad input named in issue 5: each a one-line error naming file and tensor, never
+ * kind of bad input a checkpoint can hold: each a one-line error naming file and tensor, never
  * a crash (this test runs under ASan/UBSan), plus mutated files through the in-memory
  * validator.
  */
@@ -162,7 +162,7 @@ TEST(overlapping_tensors) {
     raw_file(p, h, strlen(h), data, sizeof data);
     EXPECT_OPEN_FAILS(p, FMOE_EFORMAT, "overlap");
     ASSERT_CONTAINS(fmoe_error_detail(), "\"x\" and \"y\"");
-    /* both ranges as they are (issue 15, finding 8: the first was printed [16, 16)) */
+    /* both ranges as they are, not a clipped first range such as [16, 16) */
     ASSERT_CONTAINS(fmoe_error_detail(), "bytes [0, 16) and [12, 20)");
     /* Adjacent is fine; so is an empty tensor at a boundary. */
     h = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"

@@ -1,5 +1,6 @@
 /*
- * test_compute_order.c - ProMoE's reordered compute (papers/promoe.txt §5.3) in the slot
+ * test_compute_order.c - ProMoE's reordered compute ("ProMoE: Fast MoE-based LLM Serving
+ * using Proactive Caching", §5.3) in the slot
  * protocol both executors share (lib/slots.c fmoe_slots_compute_order): after a gate, a
  * layer's experts go resident first, then those whose transfer is under way, then the
  * rest (queued prefetches, misses), each group in order of first appearance.

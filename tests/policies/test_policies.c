@@ -1,6 +1,6 @@
 /*
  * test_policies.c - the expert-slot cache and the classic policies on hand-worked access
- * sequences (DESIGN.md §7.1), driven by a minimal replay loop that uses only lib/.
+ * sequences (docs/design.md §7.1), driven by a minimal replay loop that uses only lib/.
  */
 #include "harness.h"
 
@@ -274,7 +274,7 @@ TEST(moe_infinity_code_counts_hits_across_residencies) {
 }
 
 TEST(capacity_one_streams) {
-    /* Any capacity >= 1 works (§7.1): with one slot only immediate repeats hit. */
+    /* Any capacity >= 1 works (docs/design.md §7.1): with one slot only immediate repeats hit. */
     static const uint32_t seq[] = {3, 3, 1, 3, 3, 3, 2};
     for (int i = 0; i < 4; i++) {
         const char *names[] = {"ondemand", "lru", "lfu", "belady"};

@@ -5,7 +5,9 @@
  * miss loads at once, so the tests see decisions, not timing (tests/sim checks timing).
  * It also lets a test set the cache's contents, to start from a paper figure's state.
  *
- * The centrepiece is MoE-Infinity's Fig. 6 (arXiv 2401.14361 v3 §4.7; POLICIES.md B §1.4).
+ * The centrepiece is Fig. 6 of the MoE-Infinity paper ("MoE-Infinity: Efficient MoE Inference
+ * on Personal Machines with Sparsity-Aware Expert Cache", arXiv 2401.14361 v3, §4.7,
+ * Algorithm 1 "Expert Cache Retrieval").
  */
 #include "harness.h"
 
@@ -104,7 +106,7 @@ static void drv_set_cache(driver *d, const int32_t *ids, int n) {
 }
 
 /* One request of n tokens: phase[n], chosen[n][L][K], spec[n][L][S][J] (or NULL).
- * Iterations per DESIGN.md §7.1. */
+ * Iterations per docs/design.md §7.1. */
 static void drv_request(driver *d, int n, const uint8_t *phase, const uint16_t *chosen,
                         const float *spec, int32_t S) {
     const int32_t L = d->L, J = d->J, K = d->K;
@@ -284,7 +286,7 @@ TEST(moe_infinity_fig6_lru_column_misses_both) {
 
 TEST(moe_infinity_without_history_uses_location_only) {
     /* Empty EAMC: no prediction, no prefetch; eviction p = (1 - l/L) / J, so the expert of
-     * the deepest layer goes first (initial layers have caching priority, §4.6). */
+     * the deepest layer goes first (initial layers have caching priority, MoE-Infinity §4.6). */
     driver d;
     ASSERT_OK(drv_init(&d, "moe-infinity", 3, 2, 1, 2, 1, 0, 0));
     const int32_t buf[2] = {E(2, 1), E(3, 1)}; /* LRU would evict E[2,1] */

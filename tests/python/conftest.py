@@ -2,7 +2,10 @@
 
 The tests run the built `fmoe` binary and check its files with independent readers
 (h5py, hdf5plugin, h5dump). FMOE_BUILD_DIR names the meson build directory (default:
-<repo>/build). Tests that read ../shared/data skip when it is absent (a user's clone).
+<repo>/build). A few tests replay real routing logs and datasets that the repository does
+not ship (they are large and under other licences): they read the folder named by
+FMOE_REAL_DATA and skip, saying so, when it is not set (docs/TESTING.md lists what they
+look for there).
 """
 import os
 import pathlib
@@ -52,10 +55,14 @@ def fixtures_dir():
 
 
 @pytest.fixture(scope="session")
-def shared_data():
-    d = REPO.parent / "shared" / "data"
+def real_data():
+    """The folder of real routing logs and datasets named by FMOE_REAL_DATA."""
+    v = os.environ.get("FMOE_REAL_DATA")
+    if not v:
+        pytest.skip("FMOE_REAL_DATA is not set (a folder of real traces; see docs/TESTING.md)")
+    d = pathlib.Path(v)
     if not d.is_dir():
-        pytest.skip("../shared/data is not present (only in the development checkout)")
+        pytest.fail(f"FMOE_REAL_DATA={v} is not a folder")
     return d
 
 

@@ -10,22 +10,27 @@ reference.npz:
                                   generated token fed back (T = n + G - 1), descending
     generated   int64 [G]         the greedy continuation
 
-Families in transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) are built and run by
-transformers' own classes: the checkpoint is written by save_pretrained(safe_serialization
-=True), the reference comes from the model's forward pass with a KV cache, token by token,
-exactly as generate() decodes (and generate()'s own greedy output is checked to agree).
-DeepSeek-MoE V1 exists only as remote code, so its checkpoint is written here with numpy in
-the authors' layout and its reference is a plain numpy forward pass (deepseek_forward)
-written from their modeling_deepseek.py.
+Families in transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): the checkpoint has the
+layout transformers' own save_pretrained(safe_serialization=True) writes for the family
+(file names, tensor names, dtypes, shapes, config.json), with weights drawn here by numpy
+from a seed, and the reference is the model's forward pass in transformers with a KV cache,
+token by token, exactly as generate() decodes (and generate()'s own greedy output is checked
+to agree). Layout and reference are fixtures under tests/fixtures/transformers/, so the quick
+tier runs without torch and the full tier recomputes both with transformers and checks them
+(tests/python/hf_reference.py). DeepSeek-MoE V1 exists only as remote code, so its
+checkpoint is written here with numpy in the authors' layout and its reference is a plain
+numpy forward pass (deepseek_forward) written from their modeling_deepseek.py.
 
-Weights are drawn wider than transformers' init (std 0.2 instead of 0.02; norm weights and
-biases perturbed) so that routers and logits are decisive: near-ties would make top-k and
-argmax comparisons a test of rounding rather than of the implementation.
+Weights are drawn wider than transformers' init (std 0.2 instead of 0.02; norm weights
+1 + 0.1 N(0,1), biases 0.1 N(0,1)) so that routers and logits are decisive: near-ties
+would make top-k and argmax comparisons a test of rounding rather than of the
+implementation.
 
     python make_tiny_models.py OUTDIR [NAME ...]     # all models when no NAME is given
 """
 import json
 import os
+import pathlib
 import struct
 import sys
 import zlib
@@ -74,47 +79,116 @@ def base_config(family):
     return c
 
 
-def _perturb(model, torch):
-    """Norm weights and biases away from their 1/0 init, so loading them is tested."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype))
-
-
-def make_hf(name, outdir):
-    import torch
+def _hf_classes(family):
     import transformers
-
-    family, overrides, dtype, save_opts = HF_MODELS[name]
-    cls, cfg_cls = {
+    return {
         "mixtral": (transformers.MixtralForCausalLM, transformers.MixtralConfig),
         "qwen2_moe": (transformers.Qwen2MoeForCausalLM, transformers.Qwen2MoeConfig),
         "qwen3_moe": (transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig),
         "olmoe": (transformers.OlmoeForCausalLM, transformers.OlmoeConfig),
     }[family]
-    cfg = base_config(family)
-    cfg.update(overrides)
-    config = cfg_cls(**cfg)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = cls(config).to(torch.float32).eval()
-    _perturb(model, torch)
-    os.makedirs(outdir, exist_ok=True)
-    model.to(getattr(torch, dtype)).save_pretrained(outdir, safe_serialization=True, **save_opts)
-    # transformers 5 saves Qwen3-MoE's expert count as num_local_experts (an attribute_map
-    # alias) where published configs say num_experts: the checkpoint is left as saved, so
-    # the parser's alias is exercised here and the published key by tests/lib.
-    # The reference is computed in float32 by transformers from the saved checkpoint, so a
-    # bf16/f16 model is compared on exactly the values it stores (casting the live model
-    # would also round its rope buffers).
-    model = cls.from_pretrained(outdir, dtype=torch.float32).eval()
-    model.config._attn_implementation = "eager"
 
-    rng = np.random.default_rng(zlib.crc32(name.encode()))
-    tokens = rng.integers(0, VOCAB, size=PROMPT_LEN)
-    ref = hf_reference(model, tokens, torch)
+
+def _read_safetensors_header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))
+
+
+def hf_layout(name):
+    """What transformers' save_pretrained writes for NAME: its JSON files verbatim and, per
+    safetensors file, the metadata and the tensors (name, dtype, shape) in file order."""
+    def compute():
+        import tempfile
+
+        import torch
+        family, overrides, dtype, save_opts = HF_MODELS[name]
+        cls, cfg_cls = _hf_classes(family)
+        cfg = base_config(family)
+        cfg.update(overrides)
+        model = cls(cfg_cls(**cfg)).to(getattr(torch, dtype))
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp, safe_serialization=True, **save_opts)
+            layout = {"json": {}, "safetensors": {}}
+            for f in sorted(os.listdir(tmp)):
+                path = os.path.join(tmp, f)
+                if f.endswith(".json"):
+                    with open(path) as fh:
+                        layout["json"][f] = json.load(fh)
+                elif f.endswith(".safetensors"):
+                    h = _read_safetensors_header(path)
+                    meta = h.pop("__metadata__", None)
+                    order = sorted(h, key=lambda k: h[k]["data_offsets"][0])
+                    layout["safetensors"][f] = {
+                        "metadata": meta,
+                        "tensors": [[k, h[k]["dtype"], h[k]["shape"]] for k in order]}
+                else:
+                    raise AssertionError(f"save_pretrained wrote an unexpected file {f}")
+        return layout
+    import hf_reference
+    return hf_reference.stored_or_fresh_json(f"tiny-{name}-layout", compute)
+
+
+def _bf16_bits(x):
+    """float32 -> bfloat16 bit patterns, rounded to nearest even (as torch rounds)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _weight(name, tensor, shape, dtype):
+    """A tensor's values: seeded by the model and tensor names, so every run writes the same
+    bytes; norms near 1 and biases near 0, as the loaders must really read them."""
+    rng = np.random.default_rng(zlib.crc32(f"{name}/{tensor}".encode()))
+    x = rng.standard_normal(shape).astype(np.float32)
+    if "norm" in tensor:
+        x = 1 + 0.1 * x
+    elif tensor.endswith("bias"):
+        x = 0.1 * x
+    else:
+        x = 0.2 * x
+    if dtype == "F32":
+        return x
+    if dtype == "F16":
+        return x.astype(np.float16)
+    if dtype == "BF16":
+        return _bf16_bits(x)
+    raise AssertionError(f"{name}: tensor {tensor} has dtype {dtype}, not F32/F16/BF16")
+
+
+def write_hf_checkpoint(name, outdir):
+    layout = hf_layout(name)
+    os.makedirs(outdir, exist_ok=True)
+    for f, doc in layout["json"].items():
+        with open(os.path.join(outdir, f), "w") as fh:
+            json.dump(doc, fh, indent=2)
+    for f, spec in layout["safetensors"].items():
+        save_safetensors(os.path.join(outdir, f),
+                         {t: (_weight(name, t, shape, dt), dt) for t, dt, shape in spec["tensors"]},
+                         metadata=spec["metadata"])
+
+
+def make_hf(name, outdir):
+    import hf_reference
+    write_hf_checkpoint(name, outdir)
+
+    def compute():
+        import torch
+        cls, _ = _hf_classes(HF_MODELS[name][0])
+        # float32 from the saved checkpoint, so a bf16/f16 model is compared on exactly the
+        # values it stores. transformers 5 saves Qwen3-MoE's expert count as
+        # num_local_experts (an attribute_map alias) where published configs say
+        # num_experts: the parser's alias is exercised here and the published key by
+        # tests/lib.
+        model, info = cls.from_pretrained(outdir, dtype=torch.float32, output_loading_info=True)
+        bad = {k: v for k, v in info.items() if v}
+        assert not bad, f"{name}: transformers did not load the checkpoint cleanly: {bad}"
+        model = model.eval()
+        model.config._attn_implementation = "eager"
+        rng = np.random.default_rng(zlib.crc32(name.encode()))
+        tokens = rng.integers(0, VOCAB, size=PROMPT_LEN)
+        return hf_reference_run(model, tokens, torch)
+
+    ref = hf_reference.stored_or_fresh(f"tiny-{name}", compute, atol=1e-5)
     np.savez(os.path.join(outdir, "reference.npz"), **ref)
     return ref
 
@@ -126,7 +200,7 @@ def _topk(router_logits, k):
     return np.argsort(-p, axis=-1, kind="stable")[..., :k]
 
 
-def hf_reference(model, tokens, torch):
+def hf_reference_run(model, tokens, torch):
     k = model.config.num_experts_per_tok
     experts = []
     with torch.no_grad():
@@ -172,9 +246,12 @@ DEEPSEEK_CONFIG = {
 }
 
 
-def save_safetensors(path, tensors):
-    """Writes a safetensors file (float32 / bfloat16-as-uint16) without the package."""
+def save_safetensors(path, tensors, metadata=None):
+    """Writes a safetensors file (float32 / float16 / bfloat16-as-uint16) without the
+    package: tensors maps name -> (array, dtype name), written in that order."""
     header, offset, blobs = {}, 0, []
+    if metadata is not None:
+        header["__metadata__"] = metadata
     for name, (arr, dtype) in tensors.items():
         b = np.ascontiguousarray(arr).tobytes()
         header[name] = {"dtype": dtype, "shape": list(arr.shape),
@@ -318,6 +395,20 @@ def make(name, outdir):
     if name == "deepseek":
         return make_deepseek(outdir)
     return make_hf(name, outdir)
+
+
+def maker(root):
+    """get(name) -> the directory under ROOT with NAME's checkpoint and reference.npz, made
+    on first use (the session fixtures of the forward tests, CPU and GPU)."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            d = pathlib.Path(root) / name
+            make(name, str(d))
+            made[name] = d
+        return made[name]
+    return get
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""Reference expert-cache replay following DESIGN.md §7.1, independent of the C code.
+"""Reference expert-cache replay following docs/design.md §7.1, independent of the C code.
 
 accesses(experts, prompt_tokens) turns one request's routing ([T][L][K] chosen experts) into
-the §7.1 access sequence: one iteration for the prompt, one per decode token; per iteration
+that access sequence: one iteration for the prompt, one per decode token; per iteration
 and layer, each distinct expert chosen by any token once, in order of first appearance.
 sequence(requests) does it for many requests and also returns, per access, its iteration
 and request index (needed by least-stale and moe-infinity-code).

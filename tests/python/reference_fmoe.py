@@ -1,12 +1,13 @@
 """A straightforward reference for `fmoe simulate --policy fmoe` with a frozen store
 (offline mode), independent of the C code: the executor of
-DESIGN.md §7 (access model §7.1, one copy engine, demand loads before queued prefetches,
-a prefetch may start only after the matcher's delay) and the fMoE policy of
-POLICIES.md A.2-A.5 with the choices lib/policies/fmoe.c documents where the paper is
-silent (budget per target layer, protection of the current layer, a prefetch never
-evicts an expert worth more than itself, pause on a miss).
+docs/design.md §7 (access model §7.1, one copy engine, demand loads before queued
+prefetches, a prefetch may start only after the matcher's delay) and the fMoE policy of the
+fMoE paper ("fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving",
+§4.2-§4.5) with the choices lib/policies/fmoe.c documents where the paper is silent
+(budget per target layer, protection of the current layer, a prefetch never evicts an
+expert worth more than itself, pause on a miss).
 
-Written from those documents, one access at a time in plain Python; the searches use
+Written from those descriptions, one access at a time in plain Python; the searches use
 NumPy float32 arithmetic in the orders the matcher defines (lib/expertmap/matcher.c):
 trajectory, per layer s = 0; s = s + m_j * r_j for j in order; d = d + s; the same for
 the norms; key = d * |d| / n; the first entry of the largest key; semantic, 16 running
@@ -27,7 +28,7 @@ in the C code, and in the same order of operations, so the counts must be identi
 
 `python3 reference_fmoe.py TRACE STORE PROFILE N D [MATCH_DELAY]` replays one cell and
 prints the counts and token-iterations per second (tests/bench/bench_fmoe_simulate.py
---python uses it as the "straightforward NumPy" baseline of DESIGN.md §9).
+--python uses it as the "straightforward NumPy" baseline of docs/design.md §9).
 """
 import json
 import math
@@ -110,7 +111,7 @@ def semantic_search(x, sem):
 
 def iterations(t):
     """(first token, tokens, context) per iteration, per request: the prompt is one
-    iteration, each output token one more (DESIGN.md §7.1)."""
+    iteration, each output token one more (docs/design.md §7.1)."""
     out = []
     for r, p in enumerate(t["prompt"]):
         t0 = t["offset"][r]

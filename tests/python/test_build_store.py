@@ -1,5 +1,5 @@
-"""`fmoe build-store`, `fmoe inspect STORE` and `fmoe simulate --store` end to end
-(issue 4): the store file checked with h5py, the split recorded and honoured by
+"""`fmoe build-store`, `fmoe inspect STORE` and `fmoe simulate --store` end to end:
+the store file checked with h5py, the split recorded and honoured by
 --holdout, and the one-line errors for bad input (capacity 0, d >= L, an empty trace, a
 store built for another model).
 
@@ -162,8 +162,8 @@ def one_line_error(p, code, *parts):
 
 
 def test_capacity_is_sized_to_the_tokens(fmoe_bin, fmoe, need_build_store, tmp_path):
-    """--capacity beyond the tokens the split keeps allocates only those (issue 15, finding
-    6: 100,000,000 entries asked for 116 GB); run under a 2 GiB address-space limit, so the
+    """--capacity beyond the tokens the split keeps allocates only those (not 116 GB for
+    100,000,000 entries); run under a 2 GiB address-space limit, so the
     old allocation fails the test. simulate --store-capacity gives offline updates room to
     grow: any capacity that holds every new entry gives the same result."""
     from memory_limit import limit_address_space

@@ -161,7 +161,9 @@ def test_promoe_predictor_time_is_measured(calibrate, tmp_path):
     # 2 x (h x H + H x J) multiply-adds: well above a nanosecond, well below 0.1 s
     assert 1e-9 < pr["promoe_s"] < 0.1
     # DuoServe's ExpertMLP at the default geometry (Mixtral-like 32 x 8): the paper's widths
-    # for Mixtral-8x7B, an input of (32 + 1) x 8 (POLICIES.md §3.3), ~3.5M multiply-adds
+    # for Mixtral-8x7B (the DuoServe-MoE paper, "DuoServe-MoE: Dual-Phase Expert Prefetch and
+    # Cache Scheduling for Efficient MoE LLM Inference", §4.2), an input of (32 + 1) x 8
+    # (docs/policies.md#duoserve-moe), ~3.5M multiply-adds
     assert pr["duoserve_widths"] == [264, 2048, 1024, 512, 256, 128, 64, 8]
     assert pr["duoserve_s"] == p["predictor"]["duoserve_s"]
     assert 1e-7 < pr["duoserve_s"] < 1.0

@@ -1,8 +1,9 @@
 """The `fmoe` command line: help, version, exit codes, demo and inspect.
 
 `fmoe inspect --json` statistics are recomputed here independently from the trace with
-h5py (+ hdf5plugin for zstd), following papers/fmoe.txt §2.4: entropy of expert
-activation counts per layer, aggregated per request (coarse) or per iteration (fine).
+h5py (+ hdf5plugin for zstd), following the fMoE paper ("fMoE: Fine-Grained Expert
+Offloading for Large Mixture-of-Experts Serving", §2.4): entropy of expert activation
+counts per layer, aggregated per request (coarse) or per iteration (fine).
 """
 import json
 import math

@@ -1,4 +1,4 @@
-"""Crash safety of the trace writer (issue 15): `fmoe record` killed with SIGKILL at 50
+"""Crash safety of the trace writer: `fmoe record` killed with SIGKILL at 50
 random instants, and `fmoe serve --trace-out` killed under traffic; each time
 `fmoe trace recover` must give a trace that h5py opens and that holds every request
 finished before the kill, identical to the same requests of an uninterrupted run.
@@ -259,33 +259,55 @@ def test_serve_trace_out_killed(fmoe_bin, fmoe, tmp_path):
         assert f["tokens/served_iteration"].shape[0] == T
 
 
-def test_import_interrupted_leaves_nothing(fmoe_bin, tmp_path):
-    """SIGTERM, SIGINT or SIGHUP during `trace import` (issue 15, finding 8): the importer
-    dies of the signal and leaves neither the output nor its .partial (an import is simply
-    run again). Instants spread over the run, seeded."""
+def import_argv(fmoe_bin):
+    """`trace import` of the bundled FLAME-MoE sample (8 layer files), output not given."""
     flame = [REPO / "datasets" / "samples" / "flame-moe-290m" / f"layer{i:02d}.csv"
              for i in range(2, 10)]
-    argv = [str(fmoe_bin), "trace", "import", "--format", "dense-csv", "--layers", "8",
+    return [str(fmoe_bin), "trace", "import", "--format", "dense-csv", "--layers", "8",
             "--experts", "64", "--top-k", "6", "--tokens-per-request", "64",
             *map(str, flame), "--quiet"]
-    t = time.monotonic()
-    p = subprocess.run([*argv, "-o", str(tmp_path / "full.h5")], capture_output=True)
+
+
+IMPORT_POINTS = ["trace-request#1", "trace-request#3", "commit-before-rename",
+                 "commit-after-rename"]
+
+
+@pytest.mark.parametrize("point", IMPORT_POINTS)
+def test_import_interrupted_leaves_nothing_or_everything(fmoe_bin, tmp_path, point):
+    """SIGTERM, SIGINT or SIGHUP during `trace import`: the importer dies of the signal and
+    leaves no .partial, and the output is either absent or complete — never a piece of it.
+    Absent when the signal lands before the rename that commits the output (an import is
+    simply run again); complete when it lands after (the rename is atomic, so the output is
+    the finished file). Each dangerous instant is hit exactly, by the fault-injection hook
+    FMOE_FAULT_SIGNAL (lib/include/fmoe/files.h), not by racing a timer."""
+    argv = import_argv(fmoe_bin)
+    full = tmp_path / "full.h5"
+    p = subprocess.run([*argv, "-o", str(full)], capture_output=True)
     assert p.returncode == 0, p.stderr
-    elapsed = time.monotonic() - t
-    rng = random.Random(8)
-    interrupted = 0
-    for i in range(12):
-        sig = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)[i % 3]
-        out = tmp_path / f"i{i}.h5"
-        proc = subprocess.Popen([*argv, "-o", str(out)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(0, elapsed))
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
-        if proc.returncode == 0:  # finished first
-            assert out.exists()
+    with h5py.File(full, "r") as f:
+        assert f["requests/id"].shape[0] >= 4, "the sample must span several requests"
+        want = {k: f[k][()] for k in ("requests/id", "requests/token_offset",
+                                      "tokens/experts")}
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        out = tmp_path / f"{point.replace('#', '-')}-{sig.name}.h5"
+        env = dict(os.environ, FMOE_FAULT_SIGNAL=f"{point}:{int(sig)}")
+        p = subprocess.run([*argv, "-o", str(out)], capture_output=True, env=env, timeout=120)
+        assert p.returncode == -sig, (point, sig.name, p.returncode, p.stderr)
+        assert not pathlib.Path(f"{out}.partial").exists(), (point, sig.name)
+        if point != "commit-after-rename":
+            assert not out.exists(), (point, sig.name)
             continue
-        interrupted += 1
-        assert proc.returncode == -sig, (proc.returncode, err)
-        assert not out.exists() and not pathlib.Path(f"{out}.partial").exists()
-    assert interrupted >= 6
+        with h5py.File(out, "r") as f:
+            for k, v in want.items():
+                assert np.array_equal(f[k][()], v), (point, sig.name, k)
+
+
+def test_fault_hook_is_inert_when_unset_or_unknown(fmoe_bin, tmp_path):
+    """The hook fires only at the named point: an unknown point or a passage that never
+    comes leaves the import to finish normally."""
+    argv = import_argv(fmoe_bin)
+    for i, v in enumerate(("no-such-point", "trace-request#1000000", "")):
+        out = tmp_path / f"o{i}.h5"
+        env = dict(os.environ, FMOE_FAULT_SIGNAL=v)
+        p = subprocess.run([*argv, "-o", str(out)], capture_output=True, env=env, timeout=120)
+        assert p.returncode == 0 and out.exists(), (v, p.stderr)

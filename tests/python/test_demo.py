@@ -42,7 +42,7 @@ def demo_text(fmoe, tmp_path_factory):
 
 
 def trace_accesses(path):
-    """Expert accesses of a trace replayed one request at a time (DESIGN.md §7.1)."""
+    """Expert accesses of a trace replayed one request at a time (docs/design.md §7.1)."""
     import h5py
     import hdf5plugin  # noqa: F401  (registers the ecosystem's zstd filter)
 

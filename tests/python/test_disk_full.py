@@ -1,4 +1,4 @@
-"""A full disk while writing (issue 15, hostile-input finding 1): `trace import` (dense CSV
+"""A full disk while writing: `trace import` (dense CSV
 and JSON Lines), `build-store`, `record` and `simulate --csv` must each fail with one line
 naming the output and the reason ("out.h5.partial: cannot close: No space left on
 device"), exit 1, leave no .partial (nor a journal), leave an earlier complete output as it

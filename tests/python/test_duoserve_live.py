@@ -1,4 +1,4 @@
-"""Policy duoserve live against the simulator, decision for decision (issue 14).
+"""Policy duoserve live against the simulator, decision for decision.
 
 A DuoServe predictor trained (`fmoe train-predictor --kind duoserve`) on an all-resident
 recording of fmoe-tiny over 30 bundled prompts drives a live greedy run of 10 other prompts

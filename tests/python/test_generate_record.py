@@ -5,8 +5,8 @@
   equal HF `tokenizers`' on its tokenizer.json); streamed text, --json, --dump-logits and
   --chat agree with each other.
 - record: 100 prompts (datasets/samples/prompts_100.txt, and 100 ShareGPT prompts when
-  ../shared/data exists) give a trace that h5py reads with the shapes of DESIGN.md §4
-  (timings included), that `fmoe inspect`, `fmoe build-store` and `fmoe simulate`
+  FMOE_REAL_DATA is set) give a trace that h5py reads with the shapes of
+  docs/formats/trace.md (timings included), that `fmoe inspect`, `fmoe build-store` and `fmoe simulate`
   consume, whose experts, gate probabilities, semantic embeddings and gate inputs equal
   transformers' on the recorded token sequences, and whose arrival times come from an
   Azure CSV. A recorder killed with SIGKILL leaves a readable TRACE.h5.partial.
@@ -14,9 +14,10 @@
   family: one line on stderr, exit status 1.
 
 Sizes are small (a few new tokens per request), so the file runs in well under a minute
-on two cores (8 s plain, 17 s under ASan). torch + transformers come from
-tests/python/requirements-torch.txt; without them the cross-checks against transformers
-skip.
+on two cores (8 s plain, 17 s under ASan). The transformers references are fixtures
+(tests/fixtures/transformers/, tests/python/hf_reference.py): the quick tier reads them
+without torch; the full tier recomputes them with torch + transformers
+(tests/python/requirements-torch.txt) and checks that the fixtures still agree.
 """
 import json
 import os
@@ -38,21 +39,31 @@ h5py = pytest.importorskip("h5py")
 import hdf5plugin  # noqa: F401,E402  (registers the zstd filter with h5py)
 
 
-def _torch():
-    try:
+sys.path.insert(0, os.path.dirname(__file__))
+import hf_reference  # noqa: E402
+
+_hf = {}
+
+
+def hf_model():
+    """transformers' fmoe-tiny in float32, loaded on first use: only the full tier, which
+    recomputes the fixtures, ever calls this."""
+    if not _hf:
         import torch
         import transformers
-        return torch, transformers
-    except ImportError:
-        pytest.skip("torch/transformers not installed (tests/python/requirements-torch.txt)")
+        torch.set_num_threads(2)
+        _hf["m"] = transformers.AutoModelForCausalLM.from_pretrained(
+            str(TINY), dtype=torch.float32).eval()
+        _hf["torch"] = torch
+    return _hf["torch"], _hf["m"]
 
 
-@pytest.fixture(scope="module")
-def hf_model():
-    torch, transformers = _torch()
-    torch.set_num_threads(2)
-    m = transformers.AutoModelForCausalLM.from_pretrained(str(TINY), dtype=torch.float32).eval()
-    return torch, m
+def tiny_reference(kind, ids, compute, atol):
+    """A transformers reference for fmoe-tiny (the bundled checkpoint only: another
+    FMOE_TEST_TINY has no fixtures, so it is always recomputed)."""
+    if "FMOE_TEST_TINY" in os.environ:
+        return {k: np.asarray(v) for k, v in compute().items()}
+    return hf_reference.stored_or_fresh(f"fmoe-tiny-{kind}-{hf_reference.key(ids)}", compute, atol)
 
 
 def generate_json(fmoe, *args):
@@ -116,24 +127,30 @@ def test_generate_prompt_ids_match_hf_tokenizers(fmoe):
 
 @pytest.mark.parametrize("prompt", ["The dictionary type maps keys to values, and",
                                     "Explain what a list comprehension is."])
-def test_generate_greedy_equals_transformers(fmoe, hf_model, prompt):
-    torch, m = hf_model
+def test_generate_greedy_equals_transformers(fmoe, prompt):
     out = generate_json(fmoe, "--prompt", prompt, "--max-new-tokens", "24", "--ignore-eos")
     ids = out["prompt_ids"]
     ours = out["generated_ids"]
     assert len(ours) == 24
-    # transformers' greedy continuation, step by step with its logits, so that a
-    # divergence can be told apart from a near-tie (bf16 weights, f32 arithmetic in both).
-    with torch.no_grad():
-        ref = m.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
-                         eos_token_id=None, pad_token_id=0, output_logits=True,
-                         return_dict_in_generate=True)
-    theirs = ref.sequences[0, len(ids):].tolist()
+
+    def compute():
+        # transformers' greedy continuation, with the margin between its two best logits at
+        # each step, so that a divergence can be told apart from a near-tie (bf16 weights,
+        # f32 arithmetic in both).
+        torch, m = hf_model()
+        with torch.no_grad():
+            ref = m.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, output_logits=True,
+                             return_dict_in_generate=True)
+        top2 = [torch.topk(lg[0].float(), 2).values for lg in ref.logits]
+        return {"generated": np.asarray(ref.sequences[0, len(ids):].tolist(), dtype=np.int64),
+                "margin": np.asarray([float(t[0] - t[1]) for t in top2], dtype=np.float32)}
+
+    ref = tiny_reference("greedy", ids, compute, atol=1e-4)
+    theirs = ref["generated"].tolist()
     for i, (a, b) in enumerate(zip(ours, theirs)):
         if a != b:
-            lg = ref.logits[i][0].float()
-            top2 = torch.topk(lg, 2).values
-            margin = float(top2[0] - top2[1])
+            margin = float(ref["margin"][i])
             assert margin < 2e-3, f"token {i}: fmoe {a}, transformers {b} (margin {margin})"
             break  # a near-tie: the sequences may differ from here on
     else:
@@ -250,8 +267,30 @@ def test_record_prompts100_reads_in_h5py(trace100):
         assert (top.min(-1) >= np.sort(probs, -1)[..., -3] - 2e-3).all()
 
 
-def test_record_matches_transformers_router(trace100, hf_model):
-    torch, m = hf_model
+def _router_reference(ids):
+    """transformers on one recorded token sequence: the gate probabilities of every MoE
+    layer, the embedding layer's output and each MoE block's input."""
+    torch, m = hf_model()
+    with torch.no_grad():
+        out = m(input_ids=torch.tensor(ids[None]), output_router_logits=True)
+        probs = np.stack([torch.softmax(x.float(), -1).numpy() for x in out.router_logits], 1)
+        emb = m.model.embed_tokens(torch.tensor(ids)).float().numpy()
+    seen = {}
+    hooks = [layer.mlp.register_forward_hook(
+        lambda mod, args, res, l=l: seen.__setitem__(l, args[0][0].float().numpy()))
+        for l, layer in enumerate(m.model.layers)]
+    try:
+        with torch.no_grad():
+            m(input_ids=torch.tensor(ids[None]))
+    finally:
+        for hk in hooks:
+            hk.remove()
+    hidden = np.stack([seen[l] for l in range(len(m.model.layers))], 1)
+    return {"probs": probs.astype(np.float32), "embed": emb.astype(np.float32),
+            "hidden": hidden.astype(np.float32)}
+
+
+def test_record_matches_transformers_router(trace100):
     path = trace100[0]
     with h5py.File(path) as f:
         off = f["requests/token_offset"][:]
@@ -262,9 +301,8 @@ def test_record_matches_transformers_router(trace100, hf_model):
             probs = f["tokens/probs"][off[r]:off[r + 1]].astype(np.float32)
             sem = f["tokens/semantic"][off[r]:off[r + 1]]
             hid = f["tokens/hidden"][off[r]:off[r + 1]].astype(np.float32)
-            with torch.no_grad():
-                out = m(input_ids=torch.tensor(ids[None]), output_router_logits=True)
-            ref_p = np.stack([torch.softmax(x.float(), -1).numpy() for x in out.router_logits], 1)
+            ref = tiny_reference("router", ids, lambda: _router_reference(ids), atol=1e-5)
+            ref_p = ref["probs"]
             np.testing.assert_allclose(probs, ref_p, atol=3e-3)
             ref_top = np.argsort(-ref_p, -1, kind="stable")[..., :K]
             srt = np.sort(ref_p, -1)[..., ::-1]
@@ -272,22 +310,9 @@ def test_record_matches_transformers_router(trace100, hf_model):
             assert decisive.mean() > 0.9
             assert (ours[decisive] == ref_top[decisive]).all(), f"request {r}"
             # semantic embedding = the embedding layer's output
-            with torch.no_grad():
-                emb = m.model.embed_tokens(torch.tensor(ids)).float().numpy()
-            np.testing.assert_allclose(sem, emb, atol=1e-6)
+            np.testing.assert_allclose(sem, ref["embed"], atol=1e-6)
             # hidden = the router's input: what each MoE block receives
-            seen = {}
-            hooks = [layer.mlp.register_forward_hook(
-                lambda mod, args, res, l=l: seen.__setitem__(l, args[0][0].float().numpy()))
-                for l, layer in enumerate(m.model.layers)]
-            try:
-                with torch.no_grad():
-                    m(input_ids=torch.tensor(ids[None]))
-            finally:
-                for hk in hooks:
-                    hk.remove()
-            for l in range(len(m.model.layers)):
-                np.testing.assert_allclose(hid[:, l], seen[l], atol=0.02, rtol=0.01)
+            np.testing.assert_allclose(hid, ref["hidden"], atol=0.02, rtol=0.01)
 
 
 def test_record_trace_feeds_inspect_build_store_and_simulate(fmoe, trace100, tmp_path):
@@ -306,8 +331,8 @@ def test_record_trace_feeds_inspect_build_store_and_simulate(fmoe, trace100, tmp
     assert "fmoe" in p.stdout
 
 
-def test_record_sharegpt_100(fmoe, shared_data, tmp_path):
-    src = shared_data / "sharegpt-ml-energy" / "ShareGPT_V3_filtered_500.json"
+def test_record_sharegpt_100(fmoe, real_data, tmp_path):
+    src = real_data / "sharegpt-ml-energy" / "ShareGPT_V3_filtered_500.json"
     out = tmp_path / "sharegpt.h5"
     p = fmoe("record", "--model", TINY, "--dataset", src, "--dataset-format", "sharegpt",
              "--max-requests", "100", "--max-new-tokens", "2", "--threads", "1", "-o", out)

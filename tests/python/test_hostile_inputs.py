@@ -1,4 +1,5 @@
-"""Hostile inputs of issue 15 ("Hostile inputs tried"), one test per finding.
+"""Hostile inputs: outputs that name an input, device nodes, symlinked partials, FIFOs and
+out-of-range values, one test per case.
 
 Each test runs build/cmd/fmoe on files in a temporary folder and checks the exit status, the
 one-line message, and that what fmoe must not touch (an input, a device node, a symlink's

@@ -1,4 +1,5 @@
-"""Hostile inputs of issue 15, findings 4 (damaged HDF5), 8 (messages) and 9 (silent garbage).
+"""Hostile inputs: damaged HDF5 files, the messages bad input gets, and garbage that must not
+be read silently.
 
 Each test runs the fmoe binary on a file made in a temporary folder (or on an input kept in
 tests/fuzz/crashes/) and checks the exit status and the one line it prints. Calls carry a
@@ -43,7 +44,7 @@ def one_line(p, rc, *fragments):
     return lines[0]
 
 
-# --------------------------------------------------------------------------- finding 4
+# --------------------------------------------------------------------------- damaged HDF5
 
 DAMAGED = sorted(p for d in ("trace", "store", "predictor") for p in (CRASHES / d).glob("*"))
 
@@ -279,7 +280,7 @@ def test_forged_string_heap_object_is_refused(fmoe, fmoe_bin, tmp_path):
     one_line(r, 1, str(t), "attribute 'format'", "damaged string")
 
 
-# --------------------------------------------------------------------------- finding 8, 9: import
+# ------------------------------------------------------------------- messages, garbage: import
 
 def test_import_probability_error_names_input_and_line(fmoe_bin, tmp_path):
     src = tmp_path / "a.jsonl"
@@ -327,7 +328,7 @@ def test_import_dense_csv_row_summing_past_one(fmoe_bin, tmp_path):
     one_line(r, 1, f"{l0}:2:", "sum to 1.8")
 
 
-# --------------------------------------------------------------------------- finding 8: calibrate
+# --------------------------------------------------------------------------- messages: calibrate
 
 def test_calibrate_bad_output_fails_before_measuring(fmoe_bin, tmp_path):
     out = tmp_path / "no" / "such" / "p.json"
@@ -356,7 +357,7 @@ def test_calibrate_write_error_names_the_reason(fmoe_bin, tmp_path):
     assert sorted(os.listdir(tmp_path)) == []
 
 
-# --------------------------------------------------------------------------- finding 9: models
+# --------------------------------------------------------------------------- garbage: models
 
 @pytest.fixture
 def model(tmp_path):
@@ -398,7 +399,7 @@ def test_generate_nan_weights_is_one_line(fmoe_bin, model):
     assert r.stdout.strip() == ""
 
 
-# --------------------------------------------------------------------------- finding 9: datasets
+# --------------------------------------------------------------------------- garbage: datasets
 
 def test_malformed_json_dataset_is_refused(fmoe_bin, tmp_path):
     d = tmp_path / "prompts.json"

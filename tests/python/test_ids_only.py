@@ -1,6 +1,6 @@
 """Traces with expert ids only (probs_kind none), as the largest public routing logs of big
 models are: build-store accepts them and the fmoe policies replay them, each chosen expert
-taken at 1/K (issue 13).
+taken at 1/K.
 
 Independent check: the same routing imported twice, once without probabilities and once
 with explicit rows of 1/K on the chosen experts, must give the same store (maps equal) and
@@ -58,16 +58,23 @@ def traces(tmp_path_factory, fmoe_bin):
     return d, out
 
 
-def test_build_store_from_ids_only_equals_one_over_k(traces, fmoe):
+@pytest.fixture(scope="module")
+def stores(traces, fmoe):
+    """name -> (store built from that trace, build-store's report)."""
     d, t = traces
-    stores = {}
+    out = {}
     for name in ("ids", "onek"):
         s = d / f"{name}-store.h5"
         rep = fmoe("build-store", "--trace", t[name], "-o", s, "--capacity", 64,
                    "--prefetch-distance", 1, "--split", 0.5).stdout
-        if name == "ids":
-            assert "expert ids only" in rep and "1/K" in rep
-        stores[name] = s
+        out[name] = s, rep
+    return out
+
+
+def test_build_store_from_ids_only_equals_one_over_k(stores):
+    rep = stores["ids"][1]
+    assert "expert ids only" in rep and "1/K" in rep
+    stores = {name: s for name, (s, _) in stores.items()}
     with h5py.File(stores["ids"], "r") as a, h5py.File(stores["onek"], "r") as b:
         ma, mb = a["maps"][:], b["maps"][:]
         assert ma.shape == mb.shape and ma.shape[0] > 0
@@ -77,13 +84,13 @@ def test_build_store_from_ids_only_equals_one_over_k(traces, fmoe):
         assert np.allclose(ma.sum(axis=2), 1.0, atol=1e-5)
 
 
-def test_simulate_fmoe_on_ids_only_equals_one_over_k(traces, fmoe):
-    d, t = traces
+def test_simulate_fmoe_on_ids_only_equals_one_over_k(traces, stores, fmoe):
+    _, t = traces
     res = {}
     for name in ("ids", "onek"):
         p = fmoe("simulate", "--trace", t[name], "--policy", "fmoe,fmoe-hitcount,lru",
                  "--cache-experts", "8,16", "--prefetch-distance", 1, "--store",
-                 d / f"{name}-store.h5", "--json")
+                 stores[name][0], "--json")
         if name == "ids":
             assert "expert ids only" in p.stderr and p.stderr.count("1/K") == 1
         res[name] = [{k: r[k] for k in ("policy", "cache_experts", "hits", "late_hits",

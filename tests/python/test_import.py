@@ -1,11 +1,11 @@
 """`fmoe trace import` checked against independent Python readings of the inputs.
 
 The expected traces are rebuilt here from the input files with nothing but json/csv and
-NumPy (DESIGN.md §4.1 read afresh: requests by first appearance, tokens by position,
+NumPy (docs/design.md §4.1 read afresh: requests by first appearance, tokens by position,
 K probabilities spread into a dense row), and the files fmoe wrote are read with stock
-h5py + hdf5plugin. The vLLM-logger logs (../shared/data, development checkout only) go
-through datasets/vllm_logger_to_jsonl.py; their per-expert access counts must equal a
-count over the source logs.
+h5py + hdf5plugin. The vLLM-logger logs (real data, not shipped: the folder FMOE_REAL_DATA
+names; the test skips without it) go through datasets/vllm_logger_to_jsonl.py; their
+per-expert access counts must equal a count over the source logs.
 """
 import csv
 import json
@@ -28,7 +28,7 @@ CONVERTER = REPO / "datasets" / "vllm_logger_to_jsonl.py"
 # ---------------------------------------------------------------- independent readers
 
 def expected_from_jsonl(path, L, J, K):
-    """The trace DESIGN.md §4.1 describes for a JSONL file (no dropping)."""
+    """The trace docs/design.md §4.1 describes for a JSONL file (no dropping)."""
     order, reqs = [], {}
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -417,9 +417,10 @@ def count_experts_in_trace(path, original_layers):
     ("olmoe-1b-7b-vllm-logger", "moe_routes_layer*.jsonl", "olmoe-1b-7b-gsm8k25", 2048,
      ("1", "64", "8"), dict(requests=2, tokens=4471, prefill=1377, first_prompts=0)),
 ])
-def test_vllm_logger_import(fmoe, shared_data, tmp_path, folder, pattern, preset, skip,
+def test_vllm_logger_import(fmoe, real_data, tmp_path, folder, pattern, preset, skip,
                             geometry, want):
-    files = sorted((shared_data / folder).glob(pattern))
+    files = sorted((real_data / folder).glob(pattern))
+    assert files, f"FMOE_REAL_DATA has no {folder}/{pattern}"
     conv = tmp_path / "conv.jsonl"
     p = run_converter("--preset", preset, *files, "-o", conv)
     assert p.returncode == 0, p.stderr

@@ -1,4 +1,4 @@
-"""Live offloading against the simulator, decision for decision (issue 10, DESIGN.md §9).
+"""Live offloading against the simulator, decision for decision (docs/design.md §9).
 
 A live greedy run of the bundled model fmoe-tiny over 20 bundled prompts with a policy and
 a bounded cache (`fmoe record --policy P --cache-experts N --decision-log live.jsonl`)
@@ -14,7 +14,7 @@ time; hit versus late hit (data there or still in flight when the compute starts
 compared as one outcome ("found") by `--late-is-hit`, since no policy decides on it.
 The fmoe policy's matcher runs inline (`--sync-predictions`) as in the simulator; on its
 thread (the live default) its prefetches come when its searches finish
-(test_matcher_thread.py).
+(test_predict_thread.py).
 
 Also: the measured outcomes `record` writes beside the routing; belady refused live; a
 cache larger than every expert clamped with one note; a store for another model refused.
@@ -64,6 +64,34 @@ def work(tmp_path_factory, fmoe_bin):
     return d
 
 
+@pytest.fixture(scope="module")
+def live_run(work, fmoe_bin):
+    """live_run(policy, n) -> (trace, live log, simulated log): `fmoe record` of the 20
+    prompts with the policy and a cache of n experts, and `fmoe simulate` of its trace. Each
+    (policy, n) is run once per module, by whichever test needs it first, so every test that
+    reads these files makes them itself when it runs alone."""
+    done = {}
+
+    def get(policy, n):
+        if (policy, n) in done:
+            return done[policy, n]
+        store = ["--store", work / "store.h5"] if policy == "fmoe" else []
+        spec = ["--speculative", 1] if policy == "mixtral-offload" else []
+        trace = work / f"{policy}-{n}.h5"
+        live, sim = work / f"{policy}-{n}-live.jsonl", work / f"{policy}-{n}-sim.jsonl"
+        run(fmoe_bin, "record", "--model", TINY, "--dataset", work / "prompts20.txt",
+            "--max-new-tokens", 12, "--temperature", 0, "--probs-f32", *spec,
+            "--policy", policy, "--cache-experts", n, "--prefetch-distance", 1, *store,
+            "--sync-transfers", "--sync-predictions", "--decision-log", live, "-o", trace,
+            "--quiet")
+        run(fmoe_bin, "simulate", "--trace", trace, "--policy", policy, "--cache-experts", n,
+            "--prefetch-distance", 1, *store, "--profile", work / "zero.json",
+            "--decision-log", sim, "--quiet")
+        done[policy, n] = trace, live, sim
+        return done[policy, n]
+    return get
+
+
 def read_log(path):
     lines = pathlib.Path(path).read_text().splitlines()
     head = json.loads(lines[0])
@@ -85,20 +113,9 @@ def decisions(records):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_live_and_simulated_decisions_are_identical(work, fmoe_bin, policy):
-    store = ["--store", work / "store.h5"] if policy == "fmoe" else []
-    spec = ["--speculative", 1] if policy == "mixtral-offload" else []
+def test_live_and_simulated_decisions_are_identical(live_run, fmoe_bin, policy):
     for n in CACHES:
-        trace = work / f"{policy}-{n}.h5"
-        live, sim = work / f"{policy}-{n}-live.jsonl", work / f"{policy}-{n}-sim.jsonl"
-        run(fmoe_bin, "record", "--model", TINY, "--dataset", work / "prompts20.txt",
-            "--max-new-tokens", 12, "--temperature", 0, "--probs-f32", *spec,
-            "--policy", policy, "--cache-experts", n, "--prefetch-distance", 1, *store,
-            "--sync-transfers", "--sync-predictions", "--decision-log", live, "-o", trace,
-            "--quiet")
-        run(fmoe_bin, "simulate", "--trace", trace, "--policy", policy, "--cache-experts", n,
-            "--prefetch-distance", 1, *store, "--profile", work / "zero.json",
-            "--decision-log", sim, "--quiet")
+        _, live, sim = live_run(policy, n)
         lh, lrec = read_log(live)
         sh, srec = read_log(sim)
         assert lh["source"] == "record" and sh["source"] == "simulate"
@@ -117,13 +134,11 @@ def test_live_and_simulated_decisions_are_identical(work, fmoe_bin, policy):
         assert json.loads(p.stdout)["identical"] is True
 
 
-def test_compare_logs_finds_a_changed_victim(work, fmoe_bin):
-    trace = work / "lru-6.h5"
-    live = work / "lru-6-live.jsonl"
-    if not live.exists():
-        pytest.skip("needs the identity run")
+def test_compare_logs_finds_a_changed_victim(work, live_run, fmoe_bin):
+    trace, live, _ = live_run("lru", 6)
     head, recs = read_log(live)
-    i = next(i for i, r in enumerate(recs) if r["event"] == "evict")
+    i = next((i for i, r in enumerate(recs) if r["event"] == "evict"), None)
+    assert i is not None, "6 slots for 48 experts and no eviction in the live log"
     recs[i]["victim"] = (recs[i]["victim"] + 1) % 48
     bad = work / "changed.jsonl"
     bad.write_text("\n".join(json.dumps(x) for x in [head, *recs]) + "\n")
@@ -134,11 +149,8 @@ def test_compare_logs_finds_a_changed_victim(work, fmoe_bin):
     assert trace.exists()
 
 
-def test_record_writes_measured_outcomes(work, fmoe_bin):
-    trace = work / "lru-16.h5"
-    if not trace.exists():
-        pytest.skip("needs the identity run")
-    live = work / "lru-16-live.jsonl"
+def test_record_writes_measured_outcomes(live_run):
+    trace, live, _ = live_run("lru", 16)
     _, recs = read_log(live)
     want = [{"hit": 1, "late": 2, "miss": 0, "host": 3}[r["result"]]
             for r in recs if r["event"] == "access"]

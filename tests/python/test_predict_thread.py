@@ -1,5 +1,6 @@
-"""Predictions on their own thread beside inference, live: fMoE's matcher (papers/fmoe.txt
-§4.3, issue 10) and ProMoE's predictor (papers/promoe.txt §4.4, issue 14).
+"""Predictions on their own thread beside inference, live: fMoE's matcher (the fMoE paper,
+"fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving", §4.3) and
+ProMoE's predictor ("ProMoE: Fast MoE-based LLM Serving using Proactive Caching", §4.4).
 
 The live default (without `--sync-predictions`) publishes each gate's rows (fmoe) or gate
 inputs (promoe) to the policy's thread and goes on; the thread's finished predictions come

@@ -1,4 +1,4 @@
-"""Policy promoe live against the simulator, decision for decision (issue 14).
+"""Policy promoe live against the simulator, decision for decision.
 
 A predictor trained (`fmoe train-predictor --kind promoe --stride 1`) on an all-resident
 recording of fmoe-tiny with --hidden over 30 bundled prompts drives a live greedy run of

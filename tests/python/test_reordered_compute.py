@@ -1,6 +1,6 @@
-"""ProMoE's reordered compute (papers/promoe.txt §5.3; issue 14), live: the promoe policy
-asks the executors to resolve and compute a layer's experts with the resident ones first,
-then those in flight, then the rest (lib/slots.c fmoe_slots_compute_order; the simulator
+"""ProMoE's reordered compute ("ProMoE: Fast MoE-based LLM Serving using Proactive Caching",
+§5.3), live: the promoe policy asks the executors to resolve and compute a layer's experts
+with the resident ones first, then those in flight, then the rest (lib/slots.c fmoe_slots_compute_order; the simulator
 does the same, and test_promoe_live.py holds the two decision for decision).
 
 Checked here on a live fmoe-tiny recording, from the files alone:

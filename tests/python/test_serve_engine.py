@@ -1,4 +1,4 @@
-"""`fmoe serve`'s engine: continuous batching, limits, disconnects and shutdown (issue 12).
+"""`fmoe serve`'s engine: continuous batching, limits, disconnects and shutdown.
 
 The API shapes are checked with the openai client in test_serve.py; these tests drive the
 server with http.client so that they control connections (a client that goes away, many at

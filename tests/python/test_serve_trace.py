@@ -1,4 +1,4 @@
-"""`fmoe serve --trace-out`: production traces of served traffic (issue 12).
+"""`fmoe serve --trace-out`: production traces of served traffic.
 
 The served requests' routing is checked against `fmoe record` of the same prompts (an
 independent run of the same model, one request at a time, no batching), the trace's

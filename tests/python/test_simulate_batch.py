@@ -4,7 +4,7 @@ The schedule is re-derived here from its description, independently of the C cod
 admission while fewer than B run; each iteration holds every running request's next decode
 token (oldest admitted first, as fmoe serve orders them), then prompt chunks of the prefilling requests, oldest admitted first,
 within 64 tokens; a request leaves after its last row. Per layer, each distinct expert of
-the iteration's concatenated rows is one access (DESIGN.md §7.1). Hit counts of the
+the iteration's concatenated rows is one access (docs/design.md §7.1). Hit counts of the
 policies without prefetch must equal the Python reference replay of that sequence.
 """
 import json

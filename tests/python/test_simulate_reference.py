@@ -1,8 +1,8 @@
-"""`fmoe simulate` hit counts against the independent Python reference (DESIGN.md §7.1).
+"""`fmoe simulate` hit counts against the independent Python reference (docs/design.md §7.1).
 
-Random traces are written with h5py in the layout of DESIGN.md §4; real traces come from
-../shared/data when present. lru / lfu / belady (and least-stale, moe-infinity-code, which
-also need no prefetch) hit counts must equal the reference's at several cache sizes, and
+Random traces are written with h5py in the layout of docs/design.md §4; real traces come from
+the folder FMOE_REAL_DATA names, when it is set. lru / lfu / belady (and least-stale,
+moe-infinity-code, which also need no prefetch) hit counts must equal the reference's at several cache sizes, and
 belady must never have fewer hits than the others. Also: the CLI's other outputs (prefetch
 metrics, arrivals, the host lane) and its one-line errors.
 """
@@ -164,41 +164,38 @@ def test_bad_input_one_line_errors(fmoe, tmp_path):
     assert p.returncode == 1 and "missing.h5" in p.stderr
 
 
-def import_shared_traces(fmoe, shared_data, tmp_path):
-    """fmoe traces of ../shared/data: any .h5 there, plus traces imported here (uncompressed,
+def import_real_traces(fmoe, real_data, tmp_path):
+    """fmoe traces of FMOE_REAL_DATA: any .h5 there, plus traces imported here (uncompressed,
     so that h5py reads them without a plugin) from the FLAME-MoE dense CSVs and the
-    Qwen1.5-MoE vLLM logs (when the importers exist)."""
-    out = sorted(shared_data.rglob("*.h5"))[:2]
-    flame = sorted((shared_data / "flame-moe-290m-dynande").rglob("layer0*.csv"))
+    Qwen1.5-MoE vLLM logs. An import that fails fails the test: the logs are there, so they
+    must import."""
+    out = sorted(real_data.rglob("*.h5"))[:2]
+    flame = sorted((real_data / "flame-moe-290m-dynande").rglob("layer0*.csv"))
     if flame:
         t = tmp_path / "flame.h5"
-        p = fmoe("trace", "import", "--format", "dense-csv", "--layers", len(flame),
-                 "--experts", 64, "--top-k", 6, "--tokens-per-request", 64,
-                 "--expert-bytes", 1 << 21, "--compression", "none", *flame, "-o", t,
-                 check=False)
-        if p.returncode == 0:
-            out.append(t)
-    qwen = shared_data / "qwen1.5-moe-a2.7b-vllm-logger"
+        fmoe("trace", "import", "--format", "dense-csv", "--layers", len(flame),
+             "--experts", 64, "--top-k", 6, "--tokens-per-request", 64,
+             "--expert-bytes", 1 << 21, "--compression", "none", *flame, "-o", t)
+        out.append(t)
+    qwen = real_data / "qwen1.5-moe-a2.7b-vllm-logger"
     conv = REPO / "datasets" / "vllm_logger_to_jsonl.py"
     logs = sorted(qwen.glob("moe_layer*.jsonl"))
-    if logs and conv.exists():
+    if logs:
         j = tmp_path / "qwen.jsonl"
         r = subprocess.run([sys.executable, str(conv), "--preset", "qwen1.5-moe-a2.7b-gsm8k25",
                             "-o", str(j), *map(str, logs)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{conv.name} failed:\n{r.stderr}"
         t = tmp_path / "qwen.h5"
-        if r.returncode == 0 and fmoe("trace", "import", "--layers", len(logs), "--experts", 60,
-                                      "--top-k", 4, "--expert-bytes", 8650752,
-                                      "--compression", "none", j, "-o", t,
-                                      check=False).returncode == 0:
-            out.append(t)
+        fmoe("trace", "import", "--layers", len(logs), "--experts", 60, "--top-k", 4,
+             "--expert-bytes", 8650752, "--compression", "none", j, "-o", t)
+        out.append(t)
     return out
 
 
-def test_real_traces_match_reference(fmoe, tmp_path, shared_data):
-    """Real routing from ../shared/data (FLAME-MoE prefill, Qwen1.5-MoE on vLLM)."""
-    h5s = import_shared_traces(fmoe, shared_data, tmp_path)
-    if not h5s:
-        pytest.skip("no fmoe traces under ../shared/data and no importer for its logs")
+def test_real_traces_match_reference(fmoe, tmp_path, real_data):
+    """Real routing from FMOE_REAL_DATA (FLAME-MoE prefill, Qwen1.5-MoE on vLLM)."""
+    h5s = import_real_traces(fmoe, real_data, tmp_path)
+    assert h5s, f"FMOE_REAL_DATA={real_data} holds no fmoe trace and no routing log to import"
     checked = 0
     for trace in h5s:
         with h5py.File(trace, "r") as f:

@@ -1,4 +1,4 @@
-"""fmoe expert-map store files (DESIGN.md §5) read by independent HDF5 readers, and files
+"""fmoe expert-map store files (docs/design.md §5) read by independent HDF5 readers, and files
 written or damaged by h5py read back by fmoe's reader.
 
 tests/expertmap/write_sample_store writes the deterministic store of

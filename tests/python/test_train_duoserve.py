@@ -1,8 +1,9 @@
-"""fmoe train-predictor --kind duoserve and fmoe simulate --policy duoserve (issue 14).
+"""fmoe train-predictor --kind duoserve and fmoe simulate --policy duoserve.
 
 The predictor file is opened with h5py (attributes, shapes), and the per-layer hit rates of
-papers/duoserve-moe.txt Table 3 are recomputed in NumPy from the file alone (tables,
-ExpertMLP weights, BatchNorm running statistics) on the trace's validation tokens (which
+Table 3 of the DuoServe-MoE paper ("DuoServe-MoE: Dual-Phase Expert Prefetch and Cache
+Scheduling for Efficient MoE LLM Inference") are recomputed in NumPy from the file alone
+(tables, ExpertMLP weights, BatchNorm running statistics) on the trace's validation tokens (which
 --json lists) and compared with the reported ones. A deterministic routing rule imported as
 an ids-only log is learned to > 99% "all K correct" on every layer; one seed gives the same
 file twice. The policy runs in the simulator beside lru (with --predictor given twice, one
@@ -77,7 +78,8 @@ def test_file_read_by_h5py(trace, trained):
         assert (a["num_layers"], a["num_experts"], a["top_k"], a["stride"]) == (L, J, K, 1)
         assert "hidden_size" not in a  # reads no gate input
         assert a["num_fc"] == 7 and np.isclose(a["dropout"], 0.1)
-        # widths 2048 -> 64 scaled by (L+1)·J / 264 (POLICIES.md §3.3's default for Mixtral)
+        # widths 2048 -> 64 scaled by (L+1)·J / 264 (our default for Mixtral:
+        # docs/policies.md#duoserve-moe)
         s = (L + 1) * J / 264
         want = [(L + 1) * J] + [max(16, int(np.floor(2048 * s / 2 ** i + 0.5))) for i in range(6)] + [J]
         assert rep["widths"] == want

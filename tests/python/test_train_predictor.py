@@ -48,7 +48,9 @@ def test_file_attributes_and_shapes(trace, trained):
         assert (a["num_layers"], a["num_experts"], a["hidden_size"]) == (L, J, h)
         assert a["top_k"] == t.attrs["top_k"]
         H = int(a["mlp_hidden"])
-        assert H == rep["mlp_hidden"] == min(2_000_000 // (h + J), h // 2)  # POLICIES.md §2.4, capped
+        # about 2M parameters as in the ProMoE paper ("ProMoE: Fast MoE-based LLM Serving
+        # using Proactive Caching", §4.4), capped at h / 2 (docs/policies.md#promoe)
+        assert H == rep["mlp_hidden"] == min(2_000_000 // (h + J), h // 2)
         assert sorted(f["layers"].keys(), key=int) == [str(i) for i in range(1, L)]
         for i in range(1, L):
             g = f[f"layers/{i}"]

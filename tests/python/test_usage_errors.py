@@ -1,4 +1,4 @@
-"""Usage errors are exit 2 and one line, in every command (issue 15, item 7 "Consistency").
+"""Usage errors are exit 2 and one line, in every command, consistently.
 
 A usage error is anything wrong with the command line itself: an unknown option, a value that
 does not parse or is out of range (including out of range for the file it names, such as a

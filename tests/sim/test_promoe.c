@@ -21,8 +21,8 @@
 
 enum { L = 4, J = 8, K = 1, H = 8, R = 10, PROMPT = 4, DECODE = 36, N = PROMPT + DECODE };
 
-/* Setup that cannot fail in a correct build: abort (the harness's ASSERTs return from
- * TEST bodies only). */
+/* Setup that cannot fail in a correct build, in helpers that have no harness_failed to
+ * assert with: abort. */
 #define CHECK(expr)                                                                   \
     do {                                                                              \
         if ((expr) < 0) {                                                             \

@@ -1,6 +1,6 @@
 /*
- * test_sim.c - the simulator: workload compilation (§7.1), the executor's hit counts against
- * an independent replay, hand-computed timings, hardware profiles, sweeps.
+ * test_sim.c - the simulator: workload compilation (docs/design.md §7.1), the executor's hit
+ * counts against an independent replay, hand-computed timings, hardware profiles, sweeps.
  */
 #include "harness.h"
 
@@ -276,8 +276,8 @@ static uint32_t rng(void) {
     return (uint32_t)(rng_state >> 11);
 }
 
-/* An independent, deliberately naive replay of §7.1 over the compiled sequence: arrays of
- * (expert, last, count) scanned linearly; belady scans the future directly. */
+/* An independent, deliberately naive replay of the access model over the compiled sequence:
+ * arrays of (expert, last, count) scanned linearly; belady scans the future directly. */
 static int64_t naive_hits(const fmoe_sim_workload *w, int kind, int32_t cap) {
     const int64_t A = w->num_accesses;
     int64_t *ex = malloc((size_t)cap * sizeof *ex), *last = malloc((size_t)cap * sizeof *last),

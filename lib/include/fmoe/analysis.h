@@ -1,6 +1,7 @@
 /*
  * fmoe/analysis.h - routing statistics of a trace: per-layer expert popularity and the
- * fMoE paper's predictability analysis (papers/fmoe.txt §2.4, Fig. 3).
+ * fMoE paper's predictability analysis ("fMoE: Fine-Grained Expert Offloading for Large
+ * Mixture-of-Experts Serving" §2.4, Fig. 3).
  *
  * Predictability is the Shannon entropy (bits) of the expert-activation distribution of
  * one layer: counts of how often each expert was chosen, normalised. Coarse-grained =

@@ -1,7 +1,7 @@
 /*
  * fmoe/cuda.h - the plain-C face of the CUDA backend (runtime/cuda/). Core code never
- * includes CUDA headers (STYLE.md rule 10). When fmoe is built without CUDA these
- * functions exist and report that.
+ * includes CUDA headers: CUDA builds only where meson finds it. When fmoe is built without
+ * CUDA these functions exist and report that.
  */
 #ifndef FMOE_CUDA_H
 #define FMOE_CUDA_H

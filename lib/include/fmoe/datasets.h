@@ -79,7 +79,7 @@ typedef struct fmoe_import_report {
     fmoe_probs_kind probs_kind;
 } fmoe_import_report;
 
-/* DESIGN.md §4.1 JSON Lines: one object per (request, token, layer). Writes `out_path`
+/* docs/design.md §4.1 JSON Lines: one object per (request, token, layer). Writes `out_path`
  * atomically (nothing is left behind on failure). Also: blank lines and lines holding
  * {"type": "meta", ...} are skipped (converters record provenance there); unknown keys
  * are ignored; request ids keep their JSON type (7 != "7") and are stored as given when

@@ -2,7 +2,8 @@
  * fmoe/decision_log.h - the decision log: every slot decision of a run (fmoe/slots.h) as
  * JSON Lines, in one format that the simulator and the live executor both write, and the
  * comparison behind `fmoe compare-logs`. The same trace through both executors must give
- * the same decisions (STYLE.md rule 13); this is how that is checked.
+ * the same decisions (policies are pure and both executors run one slot protocol); this is
+ * how that is checked.
  *
  * Format, version 1. The first line is the header:
  *

@@ -1,7 +1,8 @@
 /*
  * fmoe/elementwise.h - element-wise math written once, as plain C that the CPU backend
- * compiles and the CUDA kernels include (STYLE.md rule 11), so CPU tests check the GPU
- * arithmetic. FMOE_HD marks functions for both host and device under nvcc.
+ * compiles and the CUDA kernels include (no GPU op without the CPU op it must match), so CPU
+ * tests check the GPU arithmetic. FMOE_HD marks functions for both host and device under
+ * nvcc.
  */
 #ifndef FMOE_ELEMENTWISE_H
 #define FMOE_ELEMENTWISE_H

@@ -1,7 +1,7 @@
 /*
- * fmoe/expertmap.h - the expert-map store and the matcher of fMoE (POLICIES.md A.1-A.5,
- * papers/fmoe.txt §4.1-§4.5). Implemented in lib/expertmap/ with OpenBLAS and
- * hand-vectorised kernels; no HDF5 (the file format is fmoe/store.h).
+ * fmoe/expertmap.h - the expert-map store and the matcher of fMoE ("fMoE: Fine-Grained Expert
+ * Offloading for Large Mixture-of-Experts Serving" §4.1-§4.5). Implemented in lib/expertmap/
+ * with OpenBLAS and hand-vectorised kernels; no HDF5 (the file format is fmoe/store.h).
  *
  * An expert map is one token's gate probabilities at every MoE layer, P[0..L-1][0..J-1];
  * the store keeps up to C of them with the token's semantic embedding (length h, the
@@ -35,7 +35,7 @@
  *
  * Thread safety: a store may be read by any number of matchers and threads at once while
  * nobody modifies it; fmoe_expertmap_add / _set / _clear need exclusive access. A matcher
- * belongs to one thread. No call allocates after init (STYLE.md rule 8), so a policy may
+ * belongs to one thread. No call allocates after init, so a policy may
  * add to a store while it runs.
  */
 #ifndef FMOE_EXPERTMAP_H

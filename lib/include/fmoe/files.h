@@ -58,4 +58,14 @@ int fmoe__pread_all(int fd, void *buf, size_t n, long long offset);
  * naming the file and the reason. */
 int fmoe__partial_commit(const char *partial, const char *output);
 
+/* Deterministic fault injection for the crash-safety tests: with the environment variable
+ * FMOE_FAULT_SIGNAL="POINT[#N][:SIGNUM]" the process raises SIGNUM (default SIGTERM) at the
+ * Nth time (default the first) it passes fmoe__fault_point(POINT), so a test can place a
+ * signal exactly where a race would only sometimes put it. Points in the code:
+ *   "commit-before-rename"  the partial is complete and synced, not yet renamed
+ *   "commit-after-rename"   the output is in place, the command has not yet exited
+ *   "trace-request"         a request was handed to the trace writer (#N: the Nth)
+ * Unset (every real run): one getenv per process, then a load per call. */
+void fmoe__fault_point(const char *point);
+
 #endif

@@ -140,7 +140,7 @@ int fmoe_dtype_parse(const char *name, fmoe_dtype *out);
 double fmoe_dtype_bits(fmoe_dtype d);
 
 /*
- * The model fingerprint of DESIGN.md §4: sha256 (hex) of the canonical config.json, i.e.
+ * The model fingerprint of docs/design.md §4: sha256 (hex) of the canonical config.json, i.e.
  * the parsed JSON printed with object keys sorted (recursively) and no whitespace, so
  * that formatting and key order do not change it. Canonical form, exactly: the value
  * parsed by cJSON; every object's members stably sorted by key in byte order (strcmp;

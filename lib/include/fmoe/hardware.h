@@ -1,6 +1,6 @@
 /*
  * fmoe/hardware.h - hardware profiles: the link and compute figures the simulator's cost
- * model needs (DESIGN.md §7). Implemented in sim/hardware.c.
+ * model needs (docs/design.md §7). Implemented in sim/hardware.c.
  *
  * A profile is JSON (written by `fmoe calibrate`, or by hand):
  *

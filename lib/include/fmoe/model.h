@@ -111,7 +111,7 @@ int fmoe_model_embed(const fmoe_model *m, const int32_t *tokens, int32_t n, floa
 /*
  * What the router of one MoE layer chose for the tokens of one forward pass (a chunk of a
  * sequence, or every item's rows of a batch: item order, then token order), before any
- * expert of the layer runs (DESIGN.md §7.1), in the types fmoe_gate_event uses: a live
+ * expert of the layer runs (docs/design.md §7.1), in the types fmoe_gate_event uses: a live
  * executor passes it on to the policy and makes the experts resident. Pointers are valid
  * during the call only.
  */

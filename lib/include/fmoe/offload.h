@@ -1,5 +1,5 @@
 /*
- * fmoe/offload.h - live expert offloading on the CPU backend (DESIGN.md §8): the routed
+ * fmoe/offload.h - live expert offloading on the CPU backend (docs/design.md §8): the routed
  * experts of a loaded model live in a slow tier, a bounded set of N expert slots is the
  * fast tier, and a policy of lib/policies/ decides what is prefetched and evicted, driven
  * through the same slot protocol as the simulator (fmoe/slots.h), with the same events in
@@ -154,7 +154,7 @@ int fmoe_offload_request_begin(fmoe_offload *x, int64_t id, const int32_t *promp
 int fmoe_offload_request_end(fmoe_offload *x);
 
 /* fmoe_session_forward in iterations: prefill in chunks of prefill_chunk tokens, each its
- * own iteration (DESIGN.md §7.1), a decode token one iteration; trace and logits as
+ * own iteration (docs/design.md §7.1), a decode token one iteration; trace and logits as
  * fmoe_session_forward. @return its error, or the first error of a transfer (the file
  * named) or of the policy. */
 int fmoe_offload_forward(fmoe_offload *x, fmoe_session *s, const int32_t *tokens, int32_t n,

@@ -1,5 +1,5 @@
 /*
- * fmoe/policy.h - the expert-offloading policy interface (DESIGN.md §6).
+ * fmoe/policy.h - the expert-offloading policy interface (docs/design.md §6).
  *
  * A policy sees events and answers with decisions; the executor (sim/ or runtime/) owns
  * time, memory and transfers. Policies never know which executor runs them.
@@ -11,12 +11,12 @@
  *
  * A policy is a table of function pointers (fmoe_policy_ops) plus an opaque state made by
  * `init`. Every callback but init/free/choose_victim may be NULL (nothing to do). Policies
- * are pure (STYLE.md rule 12): no I/O, no clock (the executor passes the time in
+ * are pure: no I/O, no clock (the executor passes the time in
  * env->now_s), no CUDA, no allocation after init. The same events therefore give the same
  * decisions in both executors. (One exception, asked for by the live executor only:
  * fmoe_policy_config.predict_thread.)
  *
- * The access model is DESIGN.md §7.1: at each layer the executor touches each distinct
+ * The access model is docs/design.md §7.1: at each layer the executor touches each distinct
  * expert chosen by any token of the iteration once, in order of first appearance; each
  * touch is one access, reported by on_access after the executor resolved it (a miss has
  * already been loaded, choosing its victim through choose_victim). `on_access` is an
@@ -217,7 +217,7 @@ typedef struct fmoe_gate_event {
     int32_t probs_kind;     /* FMOE_PROBS_*: full, topk (only chosen experts non-zero), none */
     /* Speculative gate rows: token t's prediction of layer l+1+s (s in [0, depth)) is the J
      * values at speculative[t * speculative_stride + s * J] (the gate of layer l+1+s applied
-     * to layer l's hidden state, DESIGN.md §4). NULL when the trace has none. */
+     * to layer l's hidden state, docs/design.md §4). NULL when the trace has none. */
     const float *speculative;
     int64_t speculative_stride;
     int32_t speculative_depth;

@@ -1,8 +1,8 @@
 /*
- * fmoe/predictor.h - learned expert predictors (ProMoE, papers/promoe.txt §4.4 and
- * POLICIES.md §2.4): a small two-layer perceptron per MoE layer that predicts layer i's
- * gate distribution from the gate input of layer i-k, trained in C with Adam on OpenBLAS,
- * and the predictor file (HDF5, format "fmoe-predictor") that holds them.
+ * fmoe/predictor.h - learned expert predictors (ProMoE, "ProMoE: Fast MoE-based LLM Serving
+ * using Proactive Caching" §4.4): a small two-layer perceptron per MoE layer that predicts
+ * layer i's gate distribution from the gate input of layer i-k, trained in C with Adam on
+ * OpenBLAS, and the predictor file (HDF5, format "fmoe-predictor") that holds them.
  *
  * The MLP, its gradient, Adam and the trainer are in lib/predictor.c (no HDF5); top-K
  * selection, ACCURACY and the token-based baseline in lib/predictor_eval.c; the file's
@@ -13,7 +13,8 @@
  * thread count and the same CPU kernel. So one seed and one thread count give one set of
  * weights, bit for bit, on one machine (another CPU may pick another OpenBLAS kernel).
  *
- * DuoServe-MoE's predictor (papers/duoserve-moe.txt §4, POLICIES.md §3.2-§3.3): the
+ * DuoServe-MoE's predictor ("DuoServe-MoE: Dual-Phase Expert Prefetch and Cache Scheduling
+ * for Efficient MoE LLM Inference" §4.1-§4.2): the
  * popularity and affinity tables (Eq. 2, Eq. 3) and the ExpertMLP, a seven-layer perceptron
  * with BatchNorm, ReLU and dropout trained on binary cross-entropy (Eq. 6) from expert ids
  * alone; in lib/predictor_duoserve.c, its section at the end of this header.
@@ -64,10 +65,10 @@ void fmoe_mlp_copy(fmoe_mlp *dst, const fmoe_mlp *src);
 /* splitmix64 (Steele, Lea, Flood 2014): the random stream of the predictors' training and of
  * train-predictor's split, the same on every platform. Advances *state. */
 uint64_t fmoe_splitmix64(uint64_t *state);
-/* A ProMoE predictor's default hidden width for gate inputs of width h and J experts:
- * about 2M parameters (papers/promoe.txt §4.4, "approximately 2M"), min(2M / (h + J),
- * h / 2), at least 16 (POLICIES.md §2.4). train-predictor's default, and the shape
- * fmoe calibrate times. */
+/* A ProMoE predictor's default hidden width for gate inputs of width h and J experts: about
+ * 2M parameters (ProMoE §4.4, "approximately 2M"), min(2M / (h + J), h / 2), at least 16 (our
+ * sizing: docs/policies.md#learned-predictors). train-predictor's default, and the shape fmoe
+ * calibrate times. */
 int32_t fmoe_promoe_default_hidden(int32_t h, int32_t J);
 /* in*hidden + hidden + hidden*out + out. */
 int64_t fmoe_mlp_num_params(const fmoe_mlp *m);
@@ -172,7 +173,7 @@ void fmoe_topk_indices(const float *scores, int32_t J, int32_t K, int32_t *out);
 /* |pred ∩ actual| for K predicted and K actual expert ids. */
 int32_t fmoe_topk_overlap(const int32_t *pred, const uint16_t *actual, int32_t K);
 
-/* ProMoE's token-based baseline (papers/promoe.txt §4.2, POLICIES.md §2.3): from a
+/* ProMoE's token-based baseline (ProMoE §4.2): from a
  * training trace, per input token id the experts most often chosen at one layer; a token id
  * never seen falls back to the layer's most often chosen experts overall. */
 typedef struct fmoe_token_table fmoe_token_table;
@@ -192,7 +193,7 @@ void fmoe_token_table_predict(const fmoe_token_table *t, int32_t token_id, int32
  * ------------------------------------------------------------------------------------- */
 
 /* Predictor i predicts layer i's gate from the gate input of layer i-k; "i-k falls back to
- * 0 when i < k" (papers/promoe.txt §4.4 footnote, POLICIES.md §2.4), so layers 1..L-1 have
+ * 0 when i < k" (ProMoE §4.4 footnote), so layers 1..L-1 have
  * one each and layer 0, which nothing precedes, has none. */
 static inline int32_t fmoe_promoe_source_layer(int32_t layer, int32_t stride) {
     return layer > stride ? layer - stride : 0;
@@ -253,7 +254,7 @@ int fmoe_predictor_read(const char *path, fmoe_predictor **out);
 const char *fmoe_predictor_kind_of_policy(const char *policy);
 
 /* ---------------------------------------------------------------------------------------
- * DuoServe-MoE (papers/duoserve-moe.txt §4; POLICIES.md §3.2-§3.3)
+ * DuoServe-MoE's predictor (its paper's §4.1-§4.2)
  * ------------------------------------------------------------------------------------- */
 
 #define FMOE_EXPERT_MLP_MAX_FC 8
@@ -293,11 +294,12 @@ void fmoe_expert_mlp_randomize(fmoe_expert_mlp *m, uint64_t seed);
 /* Copies parameters and running statistics between two models of one shape. */
 void fmoe_expert_mlp_copy(fmoe_expert_mlp *dst, const fmoe_expert_mlp *src);
 
-/* The widths DuoServe's ExpertMLP gets for a model (POLICIES.md §3.3's default 2048 -> 1024
- * -> 512 -> 256 -> 128 -> 64 -> J, seven FC layers, for Mixtral-8x7B's input of (32+1)·8 =
- * 264), scaled to an input of D = (L+1)·J: every hidden width times min(1, D/264), at least
- * 16. first_width > 0 sets the first hidden width instead (the rest halve, at least 16).
- * Fills widths[0..7]. @return the number of FC layers (7). */
+/* The widths DuoServe's ExpertMLP gets for a model (our reading of DuoServe-MoE §4.2,
+ * docs/policies.md#learned-predictors: 2048 -> 1024 -> 512 -> 256 -> 128 -> 64 -> J, seven FC
+ * layers, for Mixtral-8x7B's input of (32+1)·8 = 264), scaled to an input of D = (L+1)·J:
+ * every hidden width times min(1, D/264), at least 16. first_width > 0 sets the first hidden
+ * width instead (the rest halve, at least 16). Fills widths[0..7]. @return the number of FC
+ * layers (7). */
 int32_t fmoe_duoserve_widths(int32_t num_layers, int32_t num_experts, int32_t first_width,
                              int32_t *widths);
 
@@ -390,7 +392,7 @@ static inline int32_t fmoe_duoserve_input_dim(int32_t num_layers, int32_t num_ex
  * @return 0 or FMOE_EINVAL (an expert id >= J). */
 int fmoe_duoserve_tables(fmoe_predictor *p, const uint16_t *experts, int64_t n);
 
-/* The state s_l = [h_l, p_l, a_{l-1,l}] (Eq. 4-5, POLICIES.md §3.3) for target layer l
+/* The state s_l = [h_l, p_l, a_{l-1,l}] (DuoServe-MoE Eq. 4-5, §4.2) for target layer l
  * (1 <= l < L) of one token whose experts at layer m are chosen[m·layer_stride + k]
  * (k < K; only layers m < l are read), into s [(L+1)·J]:
  *   s[m·J + j]        m in [0, L-1): 1 when expert j was chosen at layer m < l, else 0 (the

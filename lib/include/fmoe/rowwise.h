@@ -1,9 +1,9 @@
 /*
- * fmoe/rowwise.h - the per-row math of the forward pass (RMSNorm, rotary embedding,
- * softmax, top-k routing), written once as plain C that the CPU backend compiles and CUDA
- * kernels can include (STYLE.md rule 11). A CUDA kernel runs one of these per row (or per
- * head); CPU tests check them against straightforward references, so they pin down the
- * arithmetic every backend must reproduce.
+ * fmoe/rowwise.h - the per-row math of the forward pass (RMSNorm, rotary embedding, softmax,
+ * top-k routing), written once as plain C that the CPU backend compiles and CUDA kernels can
+ * include (no GPU op without the CPU op it must match). A CUDA kernel runs one of these per
+ * row (or per head); CPU tests check them against straightforward references, so they pin
+ * down the arithmetic every backend must reproduce.
  *
  * Conventions follow transformers' modeling code: RMSNorm computes in float32 and scales
  * after normalising; RoPE rotates halves (x[i] with x[i + D/2], "rotate_half"), not

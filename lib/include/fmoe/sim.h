@@ -1,5 +1,5 @@
 /*
- * fmoe/sim.h - the discrete-event simulator (DESIGN.md §7). Implemented in sim/.
+ * fmoe/sim.h - the discrete-event simulator (docs/design.md §7). Implemented in sim/.
  *
  *   workload  a trace compiled into the §7.1 access sequence (read once, shared read-only
  *             by every cell of a sweep)
@@ -8,7 +8,7 @@
  *   run       one (policy, cache size, prefetch distance) cell -> fmoe_sim_result
  *   sweep     many cells over threads, results in the order given
  *
- * Timing model (one request at a time, batch 1; DESIGN.md §7):
+ * Timing model (one request at a time, batch 1; docs/design.md §7):
  *   - One compute stream. Each MoE layer of an iteration first spends layer(n, c) (attention,
  *     gate, shared experts), then computes each accessed expert in §7.1 order, each taking
  *     expert(tokens routed to it). The next layer starts when the last expert finished.
@@ -395,7 +395,8 @@ typedef struct fmoe_sim_result {
      *   precision = used prefetches / prefetch transfers, used = prefetch hits + late hits
      *   recall    = used / (used + misses): the share of needed loads the prefetcher made
      *   goodpred  = prefetch hits / (used + misses): correct AND in time, ProMoE's
-     *               GOODPRED = ACCURACY x FETCHRATE (POLICIES.md B §2.2) over the run */
+     *               GOODPRED = ACCURACY x FETCHRATE ("ProMoE: Fast MoE-based LLM
+     *               Serving using Proactive Caching" §4.1) over the run */
     double prefetch_precision, prefetch_recall, goodpred;
     int64_t host_misses;    /* misses computed on the host lane */
     double host_busy_s;     /* host lane busy time */

@@ -1,6 +1,7 @@
 /*
  * fmoe/slots.h - expert slots and their transfers: the one slot-and-transfer protocol that
- * both executors (sim/ and runtime/) and the test drivers run (DESIGN.md §7, §7.1, §8).
+ * both executors (sim/ and runtime/) and the test drivers run (docs/design.md §7, §7.1,
+ * §8).
  *
  * An executor owns time and bytes; this module owns every decision about slots:
  *
@@ -47,7 +48,8 @@
 
 typedef struct fmoe_slots fmoe_slots;
 
-/* One decision, as the decision log records it (DESIGN.md §7; `fmoe compare-logs`). */
+/* One decision, as the decision log records it (docs/formats/decision-log.md; `fmoe
+ * compare-logs`). */
 typedef enum fmoe_decision_kind {
     FMOE_DECISION_ACCESS = 0,   /* an access resolved: result, slot */
     FMOE_DECISION_PREFETCH = 1, /* a prefetch issued into slot (victim evicted or -1) */
@@ -159,7 +161,8 @@ typedef struct fmoe_slot_access {
  * for the transfer). Counts prefetch hits on RESIDENT prefetched experts. */
 fmoe_slot_access fmoe_slots_access(fmoe_slots *q, int32_t e);
 
-/* ProMoE's reordered compute (papers/promoe.txt §5.3): the order to resolve and compute
+/* ProMoE's reordered compute ("ProMoE: Fast MoE-based LLM Serving using Proactive
+ * Caching" §5.3): the order to resolve and compute
  * layer l's distinct experts in, after its gate: the resident ones first, then those whose
  * transfer is under way (or has landed), then the rest (queued prefetches, misses), each
  * group in order of first appearance. order[q] receives an index into distinct[0..n).

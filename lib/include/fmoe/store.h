@@ -1,7 +1,8 @@
 /*
  * fmoe/store.h - the expert-map store file (HDF5, format "fmoe-store", version 1;
- * DESIGN.md §5). Implemented in trace/store_writer.c and trace/store_reader.c; this header
- * is plain C. The in-memory store it saves and restores is fmoe/expertmap.h.
+ * docs/design.md §5, docs/formats/store.md). Implemented in trace/store_writer.c and
+ * trace/store_reader.c; this header is plain C. The in-memory store it saves and restores is
+ * fmoe/expertmap.h.
  *
  * Layout (E = entries held, <= capacity C; h = semantic_dim):
  *

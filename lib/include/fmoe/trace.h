@@ -1,5 +1,6 @@
 /*
- * fmoe/trace.h - the trace file (HDF5, format "fmoe-trace", version 1; DESIGN.md §4).
+ * fmoe/trace.h - the trace file (HDF5, format "fmoe-trace", version 1; docs/design.md §4,
+ * docs/formats/trace.md).
  *
  * Implemented in trace/ (the only code that includes <hdf5.h>); this header is plain C.
  *
@@ -65,7 +66,7 @@ typedef struct fmoe_trace_header {
                                    included); 0: no /timing group */
     /* How the prompt was run: 0, one iteration (layer-major over the whole prompt); c > 0,
      * chunks of c tokens, each its own iteration, as fmoe record's forward pass runs it
-     * (DESIGN.md §7.1). The replay and /timing follow it. */
+     * (docs/design.md §7.1). The replay and /timing follow it. */
     int32_t prefill_chunk;
     /* A live offloaded recording (fmoe record --cache-experts): the fast tier's size and
      * the policy it ran with, and /timing/access_outcome [A] uint8, the measured outcome
@@ -188,7 +189,7 @@ typedef struct fmoe_trace_request_info {
 } fmoe_trace_request_info;
 
 /* One forward pass: a prefill holds all of a request's consecutive prefill tokens; each
- * decode token is its own iteration (DESIGN.md §7.1). */
+ * decode token is its own iteration (docs/design.md §7.1). */
 typedef struct fmoe_trace_iteration {
     int64_t request;      /* index into the request table */
     int32_t phase;        /* FMOE_PHASE_* */

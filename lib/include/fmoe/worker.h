@@ -1,7 +1,8 @@
 /*
  * fmoe/worker.h - one thread beside the executor for a policy's predictions: fMoE's
- * matcher (papers/fmoe.txt §4.3, "publisher/subscriber") and ProMoE's predictor
- * (papers/promoe.txt §4.4, "the predictor runs on the CPU asynchronously").
+ * matcher ("fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving"
+ * §4.3, "publisher/subscriber") and ProMoE's predictor ("ProMoE: Fast MoE-based LLM
+ * Serving using Proactive Caching" §4.4, "the predictor runs on the CPU asynchronously").
  *
  * The policy posts jobs into a ring and takes results from another; the thread runs the
  * jobs in posting order. Posting copies into a ring slot and never waits; the thread
