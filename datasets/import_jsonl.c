@@ -15,7 +15,7 @@
  * creates an output file; a last pass fills one request's arrays at a time and appends
  * it to the trace writer.
  *
- * Rules beyond the bare format (documented in the public header and the README):
+ * Rules beyond the bare format (documented in the public header and docs/cmd/fmoe-trace.md):
  *   - Blank lines are skipped. A line holding {"type": "meta", ...} is skipped too: the
  *     converters (datasets/vllm_logger_to_jsonl.py) put their provenance there.
  *   - Other keys are ignored. "probs" or "token_id" set to null count as absent.

@@ -26,7 +26,7 @@
  * 16 entries side by side per expert) every entry's sums are plain lane-wise
  * multiply-adds in GNU C vectors, where sgemv on [C][J] rows of J = 8 spends its time in
  * call overhead and horizontal sums (12 GFLOP/s against 41 for the same flops in long
- * rows, measured: README "Matcher and store benchmarks"). The step is built three times,
+ * rows, measured: docs/results.md, "Matcher and store benchmarks"). The step is built three times,
  * for AVX-512, AVX2 and the baseline (matcher_step.h, chosen once per matcher from the
  * CPU), never contracted to FMA, so every build on every CPU gives the same bits, and
  * those bits are the definition (fmoe_matcher_trajectory_reference):

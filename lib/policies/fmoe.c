@@ -574,7 +574,7 @@ static void row_from_chosen(float *row, int32_t J, int32_t K, const uint16_t *ch
  * 0..l only, so in the simulator, which knows the rows to come (ev->ahead), the searches
  * of up to MAX_QUERIES consecutive decode tokens run in one batch: each layer's block of
  * the store is then read once for all of them, where one token at a time the step is
- * bound by that read (README "Matcher and store benchmarks": 78 K against 118 K
+ * bound by that read (docs/results.md, "Matcher and store benchmarks": 78 K against 118 K
  * token-iterations/s for 16 at once). The step does the same arithmetic for each query
  * whatever their number, so the results are the very values the live searches would
  * give (tests/expertmap/test_fmoe_equivalence.c compares every decision with the

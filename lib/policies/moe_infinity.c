@@ -42,7 +42,7 @@
  *
  * moe-infinity-fb (a variant whose prefetching never loses to LRU) is the same matching,
  * plan and Algorithm 1 with three adaptive mechanisms; `moe-infinity` stays as published.
- * Measured on the README's traces, each fixes one way the published design loses:
+ * Measured on the traces of docs/results.md, each fixes one way the published design loses:
  *   - feedback-directed prefetch admission and early preemption, in the executor
  *     (FMOE_POLICY_FEEDBACK; lib/prefetch_feedback.h): a prediction may evict only while
  *     its layer's measured accuracy pays for the eviction's regret and the link time a
@@ -66,7 +66,7 @@
  *     victim must still pass Algorithm 1's value test above. Cost: O(N) per shadow miss,
  *     2·L·J stamps and 2·N members.
  * No constant was fitted: DUEL_WINDOW is fmoe's, the feedback's constants are the
- * executor's. (Checked, not tuned: 64 keeps every README trace within 1.02 x LRU as 256
+ * executor's. (Checked, not tuned: 64 keeps every trace of docs/results.md within 1.02 x LRU as 256
  * does; 1024, more misses than Qwen1.5-MoE's replay has at 90% of the experts, lets the
  * cold start decide and gives 1.048 there.)
  *

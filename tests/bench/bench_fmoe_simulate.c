@@ -1,6 +1,6 @@
 /*
  * bench_fmoe_simulate.c - end-to-end throughput of the fmoe policy in the simulator
- * (docs/design.md §9: `fmoe simulate` with the fmoe policy and a 1K-entry store >= 100 K
+ * (docs/design.md §9: `fmoe simulate` with the fmoe policy and a 1K-entry store >= 50 K
  * token-iterations/s per core). Not a test; tests/bench/bench_fmoe_simulate.py drives it
  * and also times the `fmoe simulate` command on the files it writes.
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end throughput of `fmoe simulate --policy fmoe` (docs/design.md §9: >= 100 K
+"""End-to-end throughput of `fmoe simulate --policy fmoe` (docs/design.md §9: >= 50 K
 token-iterations/s per core with a 1K-entry store), on a synthetic Mixtral-like trace.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/bench_fmoe_simulate.py \\

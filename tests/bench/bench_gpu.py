@@ -44,7 +44,7 @@ An offloaded run is killed after POINT_TIMEOUT_S (its policy's other sizes are t
 run) and none starts past --budget-s, so a hang cannot eat the device's time (the device
 check gives this bench 120 s); failed and skipped points are listed and make the exit
 status 1.
-Not a test: put the table in the README with the machine named.
+Not a test: put the table in docs/results.md with the machine named.
 """
 import argparse
 import json

@@ -39,7 +39,7 @@ inline at each gate instead (`--sync-predictions`), for the cost of the thread's
 against the searches' time at the gates (the simulator models the matcher by the profile's
 measured delay either way).
 Figures are this machine's; the disk and the page cache of the host decide them. Not a
-test: run it by hand, put the table in the README with the machine named.
+test: run it by hand, put the table in docs/results.md with the machine named.
 """
 import argparse
 import json

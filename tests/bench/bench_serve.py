@@ -27,7 +27,7 @@ measured arrival times) with a profile `fmoe calibrate` measured on this machine
 file when --serve-args has --tier file, else host): the predicted tokens/s (output
 tokens over the replay's span) and mean TPOT and TTFT are printed next to the measured
 ones over the same two passes. Not a test: figures depend on the
-machine; run it by hand and put the table in the README with the machine named.
+machine; run it by hand and put the table in docs/results.md with the machine named.
 """
 import argparse
 import http.client

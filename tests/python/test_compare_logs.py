@@ -2,7 +2,7 @@
 writer), and fmoe's own writer checked with Python's json module.
 
 The expected divergences and totals are computed in Python from the decisions the test
-made, following the format in README.md ("Decision logs and `fmoe compare-logs`").
+made, following the format in docs/formats/decision-log.md.
 """
 import json
 import os

@@ -7,7 +7,7 @@ the same decisions: every access resolved the same way (miss or not, the same sl
 same prefetches into the same slots with the same victims, the same cancellations and
 evictions. `fmoe compare-logs` checks it, and this file also checks the logs itself.
 
-What is timing-dependent is held fixed on both sides, as the README explains: the live
+What is timing-dependent is held fixed on both sides, as docs/offloading.md explains: the live
 run waits for every transfer at the two points where completions become visible
 (`--sync-transfers`), and the simulator replays with a profile whose transfers take no
 time; hit versus late hit (data there or still in flight when the compute starts) is then

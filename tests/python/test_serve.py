@@ -292,7 +292,7 @@ def test_api_key(tmp_path):
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl(server):
-    """The README's curl example, and a streamed one: what a shell user sees."""
+    """The curl example of docs/serving.md, and a streamed one: what a shell user sees."""
     url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
     body = json.dumps({"messages": MSGS, "max_tokens": 8, "temperature": 0})
     p = subprocess.run(["curl", "-sS", "--fail-with-body", url, "-H",

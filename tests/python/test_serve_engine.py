@@ -4,7 +4,7 @@ The API shapes are checked with the openai client in test_serve.py; these tests 
 server with http.client so that they control connections (a client that goes away, many at
 once) and check what the engine does with them.
 
-Rule for batching (stated in the README): a request's greedy output served in a batch of P
+Rule for batching (stated in docs/serving.md): a request's greedy output served in a batch of P
 sequences is the same as served alone. Every product in fmoe's CPU forward pass computes
 each output row from that row's inputs only, in the same order whatever the other rows
 are, so batched and alone agree bit for bit (test_batch.c checks the logits); this test
