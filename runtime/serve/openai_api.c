@@ -142,7 +142,9 @@ static int parse_sampling(const cJSON *root, serve_api_request *r, int32_t *max_
     }
     if ((f = field(root, "top_p"))) {
         if (!cJSON_IsNumber(f)) return bad(err, "top_p", "'top_p' must be a number");
-        if (!(f->valuedouble > 0 && f->valuedouble <= 1))
+        /* the sampler works in float: a positive double below FLT_TRUE_MIN (1e-320) would
+         * become 0, a nucleus of nothing */
+        if (!(f->valuedouble > 0 && f->valuedouble <= 1) || (float)f->valuedouble <= 0.0f)
             return bad(err, "top_p", "'top_p' is %g, outside (0, 1]", f->valuedouble);
         s->top_p = (float)f->valuedouble;
     }
@@ -253,6 +255,18 @@ static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_r
             rc = bad(err, param, "'%s' must be a string", param);
             goto done;
         }
+        /* the roles OpenAI's chat API accepts; any other is refused, as OpenAI does,
+         * rather than handed to a chat template that does not know it */
+        static const char *const roles[] = {"system", "developer", "user", "assistant",
+                                            "tool", NULL};
+        int known = 0;
+        for (int k = 0; roles[k]; k++) known |= strcmp(role->valuestring, roles[k]) == 0;
+        if (!known) {
+            snprintf(param, sizeof param, "messages[%d].role", i);
+            rc = bad(err, param, "'%s' is '%.32s'; expected system, developer, user, "
+                                 "assistant or tool", param, role->valuestring);
+            goto done;
+        }
         if ((rc = message_content(cJSON_GetObjectItemCaseSensitive(m, "content"), i,
                                   &contents[i], err)) < 0)
             goto done;
@@ -360,11 +374,35 @@ static int chat_unsupported(const cJSON *root, serve_api_error *err) {
     return 0;
 }
 
+/* The byte offset of the first JSON escape \u0000 in body, or -1. cJSON decodes it to a
+ * NUL byte inside a C string, which would silently cut a prompt, a stop sequence or a role
+ * short; a text with a NUL is refused instead. An escaped backslash followed by "u0000"
+ * (an odd run of backslashes is the escape) is text, not a NUL. */
+static long long nul_escape_at(const char *body, size_t len) {
+    for (size_t i = 0; i + 6 <= len; i++) {
+        if (body[i] != '\\') continue;
+        size_t run = 1;
+        while (i + run < len && body[i + run] == '\\') run++;
+        const size_t u = i + run - 1; /* the last backslash of the run */
+        if (run % 2 == 1 && u + 6 <= len && body[u + 1] == 'u' && body[u + 2] == '0' &&
+            body[u + 3] == '0' && body[u + 4] == '0' && body[u + 5] == '0')
+            return (long long)u;
+        i += run - 1;
+    }
+    return -1;
+}
+
 int serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_tokenizer *tok,
                     int32_t max_context, serve_api_request *out, serve_api_error *err) {
     memset(out, 0, sizeof *out);
     memset(err, 0, sizeof *err);
     out->kind = kind;
+    const long long nul = nul_escape_at(body, len);
+    if (nul >= 0)
+        return bad(err, NULL, "the request holds a NUL character (\\u0000 at byte %lld); text "
+                              "with NUL characters is not accepted", nul);
+    if (memchr(body, '\0', len))
+        return bad(err, NULL, "the request body holds a NUL byte; expected JSON");
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!root) {

@@ -1,0 +1,98 @@
+"""`fmoe serve` refuses, with 400 and one error object, requests whose text would otherwise
+be silently changed: a NUL character in any string (cJSON would cut the C string there), a
+top_p that is positive as a double but 0 as the sampler's float, and a role OpenAI's chat
+API does not have. A header is another matter: libmicrohttpd (0.9.75) ends a header value
+at a NUL byte before fmoe sees it, so "Bearer KEY<NUL>junk" reads as "Bearer KEY"
+(docs/serving.md says so); the test pins that behaviour, and that a wrong key is refused."""
+import json
+import socket
+
+import pytest
+
+from serve_util import Server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("strict"), "--parallel", 1, "--threads", 1,
+               "--api-key", "sekret")
+    yield s
+    s.stop()
+
+
+def post(server, path, body, key="sekret"):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return server.request("POST", path, raw, {"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {key}"})
+
+
+def error(body):
+    e = json.loads(body)["error"]
+    assert e["message"] and "\n" not in e["message"]
+    return e
+
+
+def test_nul_in_prompt_is_refused(server):
+    st, _, body = post(server, "/v1/completions",
+                       {"model": "m", "prompt": "Hello\u0000 world", "max_tokens": 2})
+    assert st == 400, body
+    assert "NUL" in error(body)["message"]
+    st, _, body = post(server, "/v1/chat/completions",
+                       {"model": "m", "max_tokens": 2,
+                        "messages": [{"role": "user", "content": "a\u0000b"}]})
+    assert st == 400 and "NUL" in error(body)["message"], body
+    # in a stop sequence too
+    st, _, body = post(server, "/v1/completions",
+                       {"model": "m", "prompt": "Hi", "max_tokens": 2, "stop": ["x\u0000"]})
+    assert st == 400, body
+
+
+def test_escaped_backslash_before_u0000_is_text(server):
+    """'\\\\u0000' in JSON is a backslash followed by the letters u0000: ordinary text."""
+    raw = b'{"model": "m", "prompt": "C:\\\\u0000 path", "max_tokens": 2, "temperature": 0}'
+    st, _, body = post(server, "/v1/completions", raw)
+    assert st == 200, body
+
+
+def test_top_p_below_float_range_is_refused(server):
+    for top_p in (1e-320, 5e-46):
+        st, _, body = post(server, "/v1/completions",
+                           {"model": "m", "prompt": "Hi", "max_tokens": 2, "top_p": top_p})
+        assert st == 400, (top_p, body)
+        assert error(body)["param"] == "top_p"
+    st, _, body = post(server, "/v1/completions",
+                       {"model": "m", "prompt": "Hi", "max_tokens": 2, "top_p": 1e-30})
+    assert st == 200, body
+
+
+def test_unknown_role_is_refused(server):
+    st, _, body = post(server, "/v1/chat/completions",
+                       {"model": "m", "max_tokens": 2,
+                        "messages": [{"role": "wizard", "content": "hi"}]})
+    assert st == 400, body
+    e = error(body)
+    assert e["param"] == "messages[0].role" and "wizard" in e["message"]
+    for role in ("system", "developer", "user"):
+        st, _, body = post(server, "/v1/chat/completions",
+                           {"model": "m", "max_tokens": 2, "temperature": 0,
+                            "messages": [{"role": role, "content": "hi"},
+                                         {"role": "user", "content": "hello"}]})
+        assert st == 200, (role, body)
+
+
+def test_api_key_on_a_raw_socket(server):
+    """Keys sent byte for byte: a prefix or an extension of the key is refused; the key,
+    a NUL byte and junk is accepted, because the HTTP library cuts the value at the NUL."""
+    body = json.dumps({"model": "m", "prompt": "Hi", "max_tokens": 1}).encode()
+    for key, want in ((b"sekre", 401), (b"sekretX", 401), (b"sekret\x00junk", 200),
+                      (b"sekret", 200)):
+        req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Authorization: Bearer " + key + b"\r\nContent-Length: " +
+               str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            s.sendall(req)
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        status = int(data.split(b" ", 2)[1])
+        assert status == want, (key, data[:200])
