@@ -303,7 +303,7 @@ static int inspect_predictor(const char *path, int json) {
     fmoe_predictor *p = NULL;
     int rc = fmoe_predictor_read(path, &p);
     if (rc < 0) return cmd_fail(CMD, rc);
-    const int duo = strcmp(p->kind, FMOE_PREDICTOR_KIND_DUOSERVE) == 0;
+    const int duo = fmoe_predictor_kind_id_of(p->kind) == FMOE_PREDICTOR_DUOSERVE;
     const int32_t L = p->num_layers;
     int64_t params = 0;
     if (duo)

@@ -217,8 +217,9 @@ static const cmd_option simulate_options[] = {
      .default_text = "the profile's matcher.match_s, else 0",
      .offset = offsetof(options, store.match_delay_s), .fmin = 0, .fmax = 1e3},
     {.name = "predictor", .kind = CMD_OPT_STRINGS, .value_name = "P.h5",
-     .help = "learned predictor (fmoe train-predictor) for the policy of its kind, promoe or "
-             "duoserve; repeatable, one per kind. promoe's "
+     .help = "learned predictor (fmoe train-predictor) for the policy of its kind, "
+             FMOE_PREDICTOR_KIND_PROMOE " or " FMOE_PREDICTOR_KIND_DUOSERVE
+             "; repeatable, one per kind. promoe's "
              "stride is the prefetch distance; needs a trace recorded with --hidden",
      .offset = offsetof(options, predictors)},
     {.name = "model-config", .kind = CMD_OPT_STRING, .value_name = "FILE",
@@ -324,12 +325,12 @@ static int parse_options(int argc, char **argv, options *o) {
         if (!fmoe_policy_find(o->policies[i]))
             return cmd_usage_error(CMD, "unknown policy '%s' (valid: %s)", o->policies[i],
                                    fmoe_policy_names());
-    /* the policies that predict with a learned predictor (promoe, duoserve): each needs one
-     * of its kind; which file is of which kind is known once they are read
+    /* the policies that predict with a learned predictor (ops->predictor_kind): each needs
+     * one of its kind; which file is of which kind is known once they are read
      * (load_predictors) */
     int takes_predictor = 0;
     for (int i = 0; i < o->n_policies; i++) {
-        const char *kind = fmoe_predictor_kind_of_policy(o->policies[i]);
+        const char *kind = fmoe_policy_find(o->policies[i])->predictor_kind;
         if (!kind) continue;
         takes_predictor = 1;
         if (o->predictors.n == 0)
@@ -339,9 +340,8 @@ static int parse_options(int argc, char **argv, options *o) {
                                    o->policies[i], kind);
     }
     if (o->predictors.n > 0 && !takes_predictor)
-        return cmd_usage_error(CMD, "--predictor is for policies %s and %s; no --policy takes "
-                                    "it",
-                               FMOE_PREDICTOR_KIND_PROMOE, FMOE_PREDICTOR_KIND_DUOSERVE);
+        return cmd_usage_error(CMD, "--predictor is for policies %s; no --policy takes it",
+                               fmoe_policy_predictor_names());
     if (!o->n_distances) {
         o->distances[0] = 0;
         o->n_distances = 1;
@@ -446,16 +446,27 @@ static int load_predictor(const options *o, const char *path, const fmoe_trace_h
                          path, p->model_name[0] ? p->model_name : "(unnamed)",
                          p->model_fingerprint, o->trace,
                          h->model_name[0] ? h->model_name : "(unnamed)", h->model_fingerprint);
-    if (strcmp(p->kind, FMOE_PREDICTOR_KIND_PROMOE) == 0 && p->hidden_size != h->hidden_dim)
+    if (fmoe_predictor_kind_id_of(p->kind) == FMOE_PREDICTOR_PROMOE &&
+        p->hidden_size != h->hidden_dim)
         return cmd_failf(CMD, "%s reads gate inputs of width %d; %s holds %d-wide ones",
                          path, p->hidden_size, o->trace, h->hidden_dim);
     return 0;
 }
 
+/* The first built-in policy that predicts with a predictor of `kind` (the kind itself when
+ * none does, which a file the reader accepted cannot be). */
+static const char *policy_taking(const char *kind) {
+    const fmoe_policy_ops *const *all = NULL;
+    const size_t n = fmoe_policy_registry(&all);
+    for (size_t i = 0; i < n; i++)
+        if (fmoe_policy_takes_predictor(all[i], kind)) return all[i]->name;
+    return kind;
+}
+
 /* Reads every --predictor into out[MAX_PREDICTORS] (one per kind) and checks that each
  * policy that takes one finds one of its kind, and each is taken. @return 0 or 1/2
  * (printed). */
-#define MAX_PREDICTORS 2
+#define MAX_PREDICTORS FMOE_PREDICTOR_NUM_KINDS
 static int load_predictors(const options *o, const fmoe_trace_header *h,
                            fmoe_predictor **out) {
     if (o->predictors.n > MAX_PREDICTORS)
@@ -472,9 +483,11 @@ static int load_predictors(const options *o, const fmoe_trace_header *h,
                                        out[i]->kind);
     }
     for (int p = 0; p < o->n_policies; p++) {
-        const char *kind = fmoe_predictor_kind_of_policy(o->policies[p]);
+        const fmoe_policy_ops *ops = fmoe_policy_find(o->policies[p]);
+        const char *kind = ops->predictor_kind;
         int found = 0;
-        for (int i = 0; kind && i < o->predictors.n; i++) found |= strcmp(out[i]->kind, kind) == 0;
+        for (int i = 0; i < o->predictors.n; i++)
+            found |= fmoe_policy_takes_predictor(ops, out[i]->kind);
         if (kind && !found)
             return cmd_failf(CMD, "policy %s needs a predictor of kind %s; %s is a %s predictor "
                                   "(train one with 'fmoe train-predictor --kind %s')",
@@ -482,23 +495,22 @@ static int load_predictors(const options *o, const fmoe_trace_header *h,
     }
     for (int i = 0; i < o->predictors.n; i++) {
         int taken = 0;
-        for (int p = 0; p < o->n_policies; p++) {
-            const char *kind = fmoe_predictor_kind_of_policy(o->policies[p]);
-            taken |= kind && strcmp(kind, out[i]->kind) == 0;
-        }
+        for (int p = 0; p < o->n_policies; p++)
+            taken |= fmoe_policy_takes_predictor(fmoe_policy_find(o->policies[p]), out[i]->kind);
         if (!taken)
             return cmd_usage_error(CMD, "%s is a %s predictor, for policy %s, which --policy "
                                         "does not run",
-                                   o->predictors.items[i], out[i]->kind, out[i]->kind);
+                                   o->predictors.items[i], out[i]->kind,
+                                   policy_taking(out[i]->kind));
     }
     return 0;
 }
 
 /* The predictor of the kind `policy` takes, or NULL. */
 static const fmoe_predictor *predictor_for(const char *policy, fmoe_predictor *const *loaded) {
-    const char *kind = fmoe_predictor_kind_of_policy(policy);
-    for (int i = 0; kind && i < MAX_PREDICTORS; i++)
-        if (loaded[i] && strcmp(loaded[i]->kind, kind) == 0) return loaded[i];
+    const fmoe_policy_ops *ops = fmoe_policy_find(policy);
+    for (int i = 0; i < MAX_PREDICTORS; i++)
+        if (loaded[i] && fmoe_policy_takes_predictor(ops, loaded[i]->kind)) return loaded[i];
     return NULL;
 }
 

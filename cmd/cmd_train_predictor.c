@@ -31,8 +31,8 @@
 #include "fmoe/predictor.h"
 #include "fmoe/trace.h"
 #include "paths.h"
+#include "train_common.h"
 #include "train_duoserve.h"
-#include "train_split.h"
 
 int cmd_train_predictor(int argc, char **argv);
 
@@ -155,11 +155,6 @@ const cmd_spec cmd_train_predictor_spec = {
  * Data
  * ------------------------------------------------------------------------------------- */
 
-typedef struct source {
-    const char *path;
-    fmoe_trace_reader *reader;
-} source;
-
 typedef cmd_request_ref req_ref; /* train_split.h */
 
 /* The rows of one layer's predictor over a set of requests. */
@@ -182,8 +177,7 @@ static void rows_free(rows *r) {
 }
 
 typedef struct ctx {
-    source *src;
-    int32_t nsrc;
+    fmoe_trace_reader **readers; /* the traces', by cmd_request_ref.trace */
     int32_t L, J, K, h, S;
     fmoe_probs_kind probs_kind;
     int64_t max_req_tokens;
@@ -198,7 +192,7 @@ typedef struct ctx {
 static int64_t count_tokens(const ctx *c, const req_ref *reqs, int64_t n) {
     int64_t total = 0;
     for (int64_t i = 0; i < n; i++)
-        total += fmoe_trace_reader_requests(c->src[reqs[i].trace].reader)[reqs[i].index].token_count;
+        total += fmoe_trace_reader_requests(c->readers[reqs[i].trace])[reqs[i].index].token_count;
     return total;
 }
 
@@ -223,12 +217,12 @@ static int gather(ctx *c, int32_t layer, int32_t from, const req_ref *reqs, int6
     }
     int64_t row = 0;
     for (int64_t q = 0; q < nreq; q++) {
-        source *s = &c->src[reqs[q].trace];
-        const fmoe_trace_request_info *ri = &fmoe_trace_reader_requests(s->reader)[reqs[q].index];
+        fmoe_trace_reader *reader = c->readers[reqs[q].trace];
+        const fmoe_trace_request_info *ri = &fmoe_trace_reader_requests(reader)[reqs[q].index];
         const fmoe_trace_token_buffers buf = {.token_id = c->tok, .experts = c->ex,
                                               .probs = c->probs, .hidden = c->hid,
                                               .speculative = with_skip ? c->spec : NULL};
-        int rc = fmoe_trace_reader_read_tokens(s->reader, ri->token_begin, ri->token_count, &buf);
+        int rc = fmoe_trace_reader_read_tokens(reader, ri->token_begin, ri->token_count, &buf);
         if (rc < 0) {
             rows_free(out);
             return rc;
@@ -266,17 +260,15 @@ static int gather(ctx *c, int32_t layer, int32_t from, const req_ref *reqs, int6
  * ------------------------------------------------------------------------------------- */
 
 typedef struct progress_ctx {
-    cmd_progress_bar bar;
-    fmoe_progress cb;
-    char label[96];
+    cmd_train_progress bar;
     int32_t layer, num_layers, max_epochs;
 } progress_ctx;
 
 static void on_epoch(void *vctx, int32_t epoch, double train_loss, double val_loss) {
     progress_ctx *p = vctx;
-    snprintf(p->label, sizeof p->label, "layer %d/%d loss %.4f val %.4f", p->layer,
+    snprintf(p->bar.label, sizeof p->bar.label, "layer %d/%d loss %.4f val %.4f", p->layer,
              p->num_layers - 1, train_loss, val_loss);
-    fmoe_progress_report(&p->cb, (int64_t)(p->layer - 1) * p->max_epochs + epoch,
+    fmoe_progress_report(&p->bar.cb, (int64_t)(p->layer - 1) * p->max_epochs + epoch,
                          (int64_t)(p->num_layers - 1) * p->max_epochs, "epochs");
 }
 
@@ -332,11 +324,9 @@ done:
     return rc;
 }
 
-static cJSON *json_num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
-
-static void print_report(const options *o, const ctx *c, const fmoe_predictor *p,
-                         const layer_result *res, const req_ref *reqs, int64_t ntrain,
-                         int64_t nreq, int64_t train_rows, int64_t val_rows, double secs) {
+static void print_report(const options *o, const ctx *c, const cmd_train_traces *tt,
+                         const fmoe_predictor *p, const layer_result *res, int64_t train_rows,
+                         int64_t val_rows, double secs) {
     const int64_t params = fmoe_mlp_num_params(&p->layers[1]);
     double mean_l = 0, mean_s = 0, mean_t = 0;
     int32_t n_s = 0, beats = 0;
@@ -361,22 +351,10 @@ static void print_report(const options *o, const ctx *c, const fmoe_predictor *p
         cJSON_AddNumberToObject(d, "mlp_hidden", p->mlp_hidden);
         cJSON_AddNumberToObject(d, "params_per_layer", (double)params);
         cJSON_AddStringToObject(d, "target", p->target);
-        cJSON_AddNumberToObject(d, "seed", (double)o->seed);
-        cJSON_AddNumberToObject(d, "split", o->split);
-        cJSON_AddNumberToObject(d, "threads", o->threads);
-        cJSON_AddNumberToObject(d, "train_requests", (double)ntrain);
+        cmd_train_json_run(d, o->seed, o->split, o->threads, tt);
         cJSON_AddNumberToObject(d, "train_rows", (double)train_rows);
         cJSON_AddNumberToObject(d, "validation_rows", (double)val_rows);
-        cJSON *vr = cJSON_AddArrayToObject(d, "validation_requests");
-        for (int64_t q = ntrain; q < nreq; q++) {
-            cJSON *e = cJSON_CreateObject();
-            cJSON_AddNumberToObject(e, "trace", reqs[q].trace);
-            cJSON_AddNumberToObject(e, "index", (double)reqs[q].index);
-            cJSON_AddNumberToObject(
-                e, "id",
-                (double)fmoe_trace_reader_requests(c->src[reqs[q].trace].reader)[reqs[q].index].id);
-            cJSON_AddItemToArray(vr, e);
-        }
+        cmd_train_json_validation(d, tt);
         cJSON *ls = cJSON_AddArrayToObject(d, "layers");
         for (int32_t i = 1; i < c->L; i++) {
             cJSON *e = cJSON_CreateObject();
@@ -384,17 +362,17 @@ static void print_report(const options *o, const ctx *c, const fmoe_predictor *p
             cJSON_AddNumberToObject(e, "source_layer", res[i].source_layer);
             cJSON_AddNumberToObject(e, "epochs", res[i].train.epochs);
             cJSON_AddNumberToObject(e, "best_epoch", res[i].train.best_epoch);
-            cJSON_AddItemToObject(e, "train_loss", json_num(res[i].train.train_loss));
-            cJSON_AddItemToObject(e, "val_loss", json_num(res[i].train.val_loss));
-            cJSON_AddItemToObject(e, "accuracy", json_num(res[i].learned));
-            cJSON_AddItemToObject(e, "skip_accuracy", json_num(res[i].skip));
-            cJSON_AddItemToObject(e, "token_accuracy", json_num(res[i].token));
+            cJSON_AddItemToObject(e, "train_loss", cmd_json_finite_or_null(res[i].train.train_loss));
+            cJSON_AddItemToObject(e, "val_loss", cmd_json_finite_or_null(res[i].train.val_loss));
+            cJSON_AddItemToObject(e, "accuracy", cmd_json_finite_or_null(res[i].learned));
+            cJSON_AddItemToObject(e, "skip_accuracy", cmd_json_finite_or_null(res[i].skip));
+            cJSON_AddItemToObject(e, "token_accuracy", cmd_json_finite_or_null(res[i].token));
             cJSON_AddItemToArray(ls, e);
         }
         cJSON *mean = cJSON_AddObjectToObject(d, "mean");
-        cJSON_AddItemToObject(mean, "accuracy", json_num(mean_l));
-        cJSON_AddItemToObject(mean, "skip_accuracy", json_num(mean_s));
-        cJSON_AddItemToObject(mean, "token_accuracy", json_num(mean_t));
+        cJSON_AddItemToObject(mean, "accuracy", cmd_json_finite_or_null(mean_l));
+        cJSON_AddItemToObject(mean, "skip_accuracy", cmd_json_finite_or_null(mean_s));
+        cJSON_AddItemToObject(mean, "token_accuracy", cmd_json_finite_or_null(mean_t));
         cJSON_AddNumberToObject(d, "seconds", secs);
         cmd_print_json(d);
         return;
@@ -405,10 +383,7 @@ static void print_report(const options *o, const ctx *c, const fmoe_predictor *p
            p->num_experts, p->top_k, p->hidden_size);
     printf("  predictor    MLP %d -> %d (ReLU) -> %d, softmax: %lld parameters per layer\n",
            p->hidden_size, p->mlp_hidden, p->num_experts, (long long)params);
-    printf("  data         %lld requests: %lld train (%lld tokens), %lld validation (%lld "
-           "tokens); seed %lld\n",
-           (long long)nreq, (long long)ntrain, (long long)train_rows, (long long)(nreq - ntrain),
-           (long long)val_rows, (long long)o->seed);
+    cmd_train_print_data(tt, train_rows, val_rows, o->seed);
     printf("  target       %s\n",
            c->probs_kind == FMOE_PROBS_NONE ? "the multi-hot top-k / K (the trace has ids only)"
                                             : "the gate probabilities, cross-entropy");
@@ -466,52 +441,16 @@ int cmd_train_predictor(int argc, char **argv) {
     }
 
     ctx c = {0};
-    source *src = calloc((size_t)o.traces.n, sizeof *src);
-    req_ref *reqs = NULL;
+    cmd_train_traces tt;
     layer_result *res = NULL;
     fmoe_predictor *pred = NULL;
     rows train = {0}, val = {0};
-    int exit_code = CMD_EXIT_FAILURE;
-    if (!src) return cmd_failf(CMD, "out of memory");
-    c.src = src;
-    c.nsrc = o.traces.n;
-    const fmoe_trace_header *h0 = NULL;
-    int64_t nreq = 0;
-    for (int32_t s = 0; s < o.traces.n; s++) {
-        src[s].path = o.traces.items[s];
-        if ((rc = fmoe_trace_reader_open(&src[s].reader, src[s].path)) < 0) {
-            exit_code = cmd_fail(CMD, rc);
-            goto done;
-        }
-        const fmoe_trace_header *h = fmoe_trace_reader_header(src[s].reader);
-        if (h->hidden_dim <= 0) {
-            exit_code = cmd_failf(CMD,
-                                  "%s has no hidden states (/tokens/hidden), which --kind promoe "
-                                  "trains on: record the trace with 'fmoe record --hidden'",
-                                  src[s].path);
-            goto done;
-        }
-        if (!h0) {
-            h0 = h;
-        } else if (h->num_layers != h0->num_layers || h->num_experts != h0->num_experts ||
-                   h->top_k != h0->top_k || h->hidden_dim != h0->hidden_dim ||
-                   strcmp(h->model_fingerprint, h0->model_fingerprint) != 0) {
-            exit_code = cmd_failf(CMD,
-                                  "%s and %s are traces of different models (fingerprints %.12s "
-                                  "and %.12s; L x J x K x h %d x %d x %d x %d and %d x %d x %d x "
-                                  "%d)",
-                                  src[0].path, src[s].path, h0->model_fingerprint,
-                                  h->model_fingerprint, h0->num_layers, h0->num_experts,
-                                  h0->top_k, h0->hidden_dim, h->num_layers, h->num_experts,
-                                  h->top_k, h->hidden_dim);
-            goto done;
-        }
-        if ((rc = fmoe_trace_reader_check_hidden(src[s].reader)) < 0) {
-            exit_code = cmd_fail(CMD, rc);
-            goto done;
-        }
-        nreq += fmoe_trace_reader_num_requests(src[s].reader);
-    }
+    int exit_code =
+        cmd_train_traces_open(CMD, (const char *const *)o.traces.items, o.traces.n, 1, &tt);
+    if (exit_code != 0) goto done;
+    exit_code = CMD_EXIT_FAILURE;
+    c.readers = tt.readers;
+    const fmoe_trace_header *h0 = tt.h0;
     c.L = h0->num_layers;
     c.J = h0->num_experts;
     c.K = h0->top_k;
@@ -519,42 +458,31 @@ int cmd_train_predictor(int argc, char **argv) {
     c.S = h0->speculative_depth;
     c.probs_kind = h0->probs_kind;
     for (int32_t s = 1; s < o.traces.n; s++) {
-        const fmoe_trace_header *h = fmoe_trace_reader_header(src[s].reader);
+        const fmoe_trace_header *h = fmoe_trace_reader_header(tt.readers[s]);
         if (h->speculative_depth < c.S) c.S = h->speculative_depth;
         if (h->probs_kind == FMOE_PROBS_NONE) c.probs_kind = FMOE_PROBS_NONE;
     }
     if (o.stride >= c.L) {
         exit_code = cmd_usage_error(CMD, "--stride must be below the number of MoE layers (%d in "
                                          "%s), got %d",
-                                    c.L, src[0].path, o.stride);
+                                    c.L, tt.paths[0], o.stride);
         goto done;
     }
-    if (nreq < 2) {
-        exit_code = cmd_failf(CMD, "%lld request%s in the traces: a train/validation split needs "
-                                   "at least 2",
-                              (long long)nreq, nreq == 1 ? "" : "s");
-        goto done;
-    }
+    if ((exit_code = cmd_train_traces_split(CMD, &tt, o.split, o.seed)) != 0) goto done;
+    exit_code = CMD_EXIT_FAILURE;
     if (c.S > 0)
         for (int32_t s = 0; s < o.traces.n; s++)
-            if (fmoe_trace_reader_header(src[s].reader)->speculative_depth != c.S) {
+            if (fmoe_trace_reader_header(tt.readers[s])->speculative_depth != c.S) {
                 c.S = 0; /* differing depths: the [L][S][J] rows would not line up */
                 break;
             }
-
-    /* The split: a seeded shuffle of all requests; the first round(split·R) train. */
-    int64_t *counts = calloc((size_t)(o.traces.n > 0 ? o.traces.n : 1), sizeof *counts);
-    for (int32_t s = 0; counts && s < o.traces.n; s++) {
-        counts[s] = fmoe_trace_reader_num_requests(src[s].reader);
-        const fmoe_trace_request_info *ri = fmoe_trace_reader_requests(src[s].reader);
-        for (int64_t r = 0; r < counts[s]; r++)
+    for (int32_t s = 0; s < o.traces.n; s++) {
+        const fmoe_trace_request_info *ri = fmoe_trace_reader_requests(tt.readers[s]);
+        for (int64_t r = 0; r < fmoe_trace_reader_num_requests(tt.readers[s]); r++)
             if (ri[r].token_count > c.max_req_tokens) c.max_req_tokens = ri[r].token_count;
     }
-    const int64_t ntrain =
-        counts ? cmd_split_requests(counts, o.traces.n, o.split, (uint64_t)o.seed, &reqs) : -1;
-    free(counts);
     res = calloc((size_t)c.L, sizeof *res);
-    if (ntrain < 0 || !res) {
+    if (!res) {
         exit_code = cmd_failf(CMD, "out of memory");
         goto done;
     }
@@ -579,25 +507,19 @@ int cmd_train_predictor(int argc, char **argv) {
         exit_code = cmd_fail(CMD, rc);
         goto done;
     }
-    snprintf(pred->model_fingerprint, sizeof pred->model_fingerprint, "%s", h0->model_fingerprint);
-    snprintf(pred->model_name, sizeof pred->model_name, "%s", h0->model_name);
-    snprintf(pred->target, sizeof pred->target, "%s", fmoe_probs_kind_name(c.probs_kind));
-    pred->seed = o.seed;
-    pred->split = o.split;
+    cmd_train_label_predictor(&tt, pred, fmoe_probs_kind_name(c.probs_kind), o.seed, o.split);
 
     openblas_set_num_threads(o.threads);
     progress_ctx prog = {.num_layers = c.L, .max_epochs = o.epochs};
-    cmd_progress_bar_init(&prog.bar, "training", o.quiet);
-    prog.bar.label = prog.label;
-    snprintf(prog.label, sizeof prog.label, "training");
-    prog.cb = cmd_progress_bar_callback(&prog.bar);
+    cmd_train_progress_start(&prog.bar, "training", o.quiet);
     const double t0 = cmd_now();
     int64_t train_rows = 0, val_rows = 0;
     for (int32_t i = 1; i < c.L; i++) {
         const int32_t from = fmoe_promoe_source_layer(i, o.stride);
         res[i].source_layer = from;
-        if ((rc = gather(&c, i, from, reqs, ntrain, &train)) < 0 ||
-            (rc = gather(&c, i, from, reqs + ntrain, nreq - ntrain, &val)) < 0)
+        if ((rc = gather(&c, i, from, tt.reqs, tt.num_train, &train)) < 0 ||
+            (rc = gather(&c, i, from, tt.reqs + tt.num_train, tt.num_requests - tt.num_train,
+                         &val)) < 0)
             break;
         train_rows = train.n;
         val_rows = val.n;
@@ -622,7 +544,7 @@ int cmd_train_predictor(int argc, char **argv) {
         rows_free(&train);
         rows_free(&val);
     }
-    cmd_progress_bar_done(&prog.bar);
+    cmd_progress_bar_done(&prog.bar.bar);
     if (rc < 0) {
         exit_code = cmd_fail(CMD, rc);
         goto done;
@@ -632,7 +554,7 @@ int cmd_train_predictor(int argc, char **argv) {
         exit_code = cmd_fail(CMD, rc);
         goto done;
     }
-    print_report(&o, &c, pred, res, reqs, ntrain, nreq, train_rows, val_rows, secs);
+    print_report(&o, &c, &tt, pred, res, train_rows, val_rows, secs);
     exit_code = CMD_EXIT_OK;
 done:
     rows_free(&train);
@@ -644,10 +566,6 @@ done:
     free(c.tok);
     free(c.spec);
     free(res);
-    free(reqs);
-    for (int32_t s = 0; s < o.traces.n; s++) {
-        fmoe_trace_reader_close(src[s].reader);
-    }
-    free(src);
+    cmd_train_traces_close(&tt);
     return exit_code;
 }

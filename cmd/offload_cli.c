@@ -105,17 +105,15 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
                                     "(fmoe build-store)", policy);
     if (!(ops->flags & FMOE_POLICY_TAKES_STORE) && a->store)
         return cmd_usage_error(cmd, "policy %s takes no store", policy);
-    /* the policies that predict with a learned predictor: promoe, duoserve (as simulate's
-     * check; the policy's init refuses a predictor of another kind) */
-    const char *kind = fmoe_predictor_kind_of_policy(ops->name);
+    /* the policies that predict with a learned predictor (ops->predictor_kind), as
+     * simulate's check; fmoe_policy_init refuses a predictor of another kind */
+    const char *kind = ops->predictor_kind;
     if (kind && !a->predictor)
         return cmd_usage_error(cmd, "policy %s needs --predictor P.h5 (fmoe train-predictor "
                                     "--kind %s)", ops->name, kind);
     if (!kind && a->predictor)
-        return cmd_usage_error(cmd, "--predictor is for policies %s and %s; policy %s takes "
-                                    "none",
-                               FMOE_PREDICTOR_KIND_PROMOE, FMOE_PREDICTOR_KIND_DUOSERVE,
-                               ops->name);
+        return cmd_usage_error(cmd, "--predictor is for policies %s; policy %s takes none",
+                               fmoe_policy_predictor_names(), ops->name);
     if (a->store_out && a->store_mode != FMOE_STORE_OFFLINE_UPDATE)
         return cmd_usage_error(cmd, "--store-out writes the store a run updates: give "
                                     "--store-mode offline-update");
@@ -139,7 +137,8 @@ static int load_predictor(const char *cmd, const char *path, const fmoe_model_ge
                          path, p->model_name[0] ? p->model_name : "(unnamed)",
                          p->model_fingerprint, g->model_type[0] ? g->model_type : "(unnamed)",
                          fingerprint);
-    if (strcmp(p->kind, FMOE_PREDICTOR_KIND_PROMOE) == 0 && p->hidden_size != g->hidden_size)
+    if (fmoe_predictor_kind_id_of(p->kind) == FMOE_PREDICTOR_PROMOE &&
+        p->hidden_size != g->hidden_size)
         return cmd_failf(cmd, "%s reads gate inputs of width %d; the model loaded has %d",
                          path, p->hidden_size, g->hidden_size);
     return 0;

@@ -31,12 +31,10 @@
 #include "fmoe/error.h"
 #include "fmoe/predictor.h"
 #include "fmoe/trace.h"
-#include "train_split.h"
-
-typedef cmd_request_ref req_ref; /* train_split.h */
+#include "train_common.h"
 
 /* Every token's experts [n][L][K] of the requests, in order, into *out (malloc'd). */
-static int read_experts(fmoe_trace_reader **readers, const req_ref *reqs, int64_t nreq,
+static int read_experts(fmoe_trace_reader **readers, const cmd_request_ref *reqs, int64_t nreq,
                         int32_t L, int32_t K, uint16_t **out, int64_t *n_out) {
     int64_t n = 0;
     for (int64_t q = 0; q < nreq; q++)
@@ -125,25 +123,23 @@ static int score(const fmoe_predictor *p, const uint16_t *ex, int64_t n, layer_s
 }
 
 typedef struct progress_ctx {
-    cmd_progress_bar bar;
-    fmoe_progress cb;
-    char label[96];
+    cmd_train_progress bar;
     int32_t max_epochs;
 } progress_ctx;
 
 static void on_epoch(void *vctx, int32_t epoch, double train_loss, double val_loss) {
     progress_ctx *p = vctx;
-    snprintf(p->label, sizeof p->label, "ExpertMLP loss %.4f val %.4f", train_loss, val_loss);
-    fmoe_progress_report(&p->cb, epoch, p->max_epochs, "epochs");
+    snprintf(p->bar.label, sizeof p->bar.label, "ExpertMLP loss %.4f val %.4f", train_loss,
+             val_loss);
+    fmoe_progress_report(&p->bar.cb, epoch, p->max_epochs, "epochs");
 }
 
 static double rate(int64_t k, int64_t n) { return n > 0 ? (double)k / (double)n : NAN; }
-static cJSON *json_num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
 
-static void print_report(const cmd_train_duoserve_args *a, fmoe_trace_reader **readers,
+static void print_report(const cmd_train_duoserve_args *a, const cmd_train_traces *tt,
                          const fmoe_predictor *p, const layer_score *res,
-                         const fmoe_mlp_train_report *tr, const req_ref *reqs, int64_t ntrain,
-                         int64_t nreq, int64_t train_tokens, int64_t val_tokens, double secs) {
+                         const fmoe_mlp_train_report *tr, int64_t train_tokens,
+                         int64_t val_tokens, double secs) {
     const fmoe_expert_mlp *m = p->expert_mlp;
     const int32_t L = p->num_layers, K = p->top_k;
     double mean[3][2] = {{0}};
@@ -163,25 +159,14 @@ static void print_report(const cmd_train_duoserve_args *a, fmoe_trace_reader **r
         cJSON *wd = cJSON_AddArrayToObject(d, "widths");
         for (int32_t i = 0; i <= m->num_fc; i++) cJSON_AddItemToArray(wd, cJSON_CreateNumber(m->width[i]));
         cJSON_AddNumberToObject(d, "params", (double)m->num_params);
-        cJSON_AddNumberToObject(d, "seed", (double)a->seed);
-        cJSON_AddNumberToObject(d, "split", a->split);
-        cJSON_AddNumberToObject(d, "threads", a->threads);
-        cJSON_AddNumberToObject(d, "train_requests", (double)ntrain);
+        cmd_train_json_run(d, a->seed, a->split, a->threads, tt);
         cJSON_AddNumberToObject(d, "train_tokens", (double)train_tokens);
         cJSON_AddNumberToObject(d, "validation_tokens", (double)val_tokens);
-        cJSON *vr = cJSON_AddArrayToObject(d, "validation_requests");
-        for (int64_t q = ntrain; q < nreq; q++) {
-            cJSON *e = cJSON_CreateObject();
-            cJSON_AddNumberToObject(e, "trace", reqs[q].trace);
-            cJSON_AddNumberToObject(e, "index", (double)reqs[q].index);
-            cJSON_AddNumberToObject(
-                e, "id", (double)fmoe_trace_reader_requests(readers[reqs[q].trace])[reqs[q].index].id);
-            cJSON_AddItemToArray(vr, e);
-        }
+        cmd_train_json_validation(d, tt);
         cJSON_AddNumberToObject(d, "epochs", tr->epochs);
         cJSON_AddNumberToObject(d, "best_epoch", tr->best_epoch);
-        cJSON_AddItemToObject(d, "train_loss", json_num(tr->train_loss));
-        cJSON_AddItemToObject(d, "val_loss", json_num(tr->val_loss));
+        cJSON_AddItemToObject(d, "train_loss", cmd_json_finite_or_null(tr->train_loss));
+        cJSON_AddItemToObject(d, "val_loss", cmd_json_finite_or_null(tr->val_loss));
         cJSON *ls = cJSON_AddArrayToObject(d, "layers");
         char key[48];
         for (int32_t l = 1; l < L; l++) {
@@ -189,19 +174,21 @@ static void print_report(const cmd_train_duoserve_args *a, fmoe_trace_reader **r
             cJSON_AddNumberToObject(e, "layer", l);
             cJSON_AddNumberToObject(e, "tokens", (double)res[l].tokens);
             for (int q = 0; q < 3; q++) {
+                const double all = rate(res[l].all[q], res[l].tokens),
+                             one = rate(res[l].one[q], res[l].tokens);
                 snprintf(key, sizeof key, "%sall_correct", names[q]);
-                cJSON_AddItemToObject(e, key, json_num(rate(res[l].all[q], res[l].tokens)));
+                cJSON_AddItemToObject(e, key, cmd_json_finite_or_null(all));
                 snprintf(key, sizeof key, "%sone_correct", names[q]);
-                cJSON_AddItemToObject(e, key, json_num(rate(res[l].one[q], res[l].tokens)));
+                cJSON_AddItemToObject(e, key, cmd_json_finite_or_null(one));
             }
             cJSON_AddItemToArray(ls, e);
         }
         cJSON *mn = cJSON_AddObjectToObject(d, "mean");
         for (int q = 0; q < 3; q++) {
             snprintf(key, sizeof key, "%sall_correct", names[q]);
-            cJSON_AddItemToObject(mn, key, json_num(mean[q][0]));
+            cJSON_AddItemToObject(mn, key, cmd_json_finite_or_null(mean[q][0]));
             snprintf(key, sizeof key, "%sone_correct", names[q]);
-            cJSON_AddItemToObject(mn, key, json_num(mean[q][1]));
+            cJSON_AddItemToObject(mn, key, cmd_json_finite_or_null(mean[q][1]));
         }
         cJSON_AddNumberToObject(d, "seconds", secs);
         cmd_print_json(d);
@@ -216,10 +203,7 @@ static void print_report(const cmd_train_duoserve_args *a, fmoe_trace_reader **r
            (double)m->dropout, (long long)m->num_params);
     printf("  input        history %d x %d multi-hot, popularity %d, affinity %d (Eq. 4-5)\n",
            L - 1, p->num_experts, p->num_experts, p->num_experts);
-    printf("  data         %lld requests: %lld train (%lld tokens), %lld validation (%lld "
-           "tokens); seed %lld\n",
-           (long long)nreq, (long long)ntrain, (long long)train_tokens,
-           (long long)(nreq - ntrain), (long long)val_tokens, (long long)a->seed);
+    cmd_train_print_data(tt, train_tokens, val_tokens, a->seed);
     printf("  training     %d epochs (best %d), BCE train %.4f, validation %.4f; %.2f s\n\n",
            tr->epochs, tr->best_epoch, tr->train_loss, tr->val_loss, secs);
     printf("Hit rates on the validation split (DuoServe-MoE paper, Table 3): top-%d = all "
@@ -243,38 +227,14 @@ static void print_report(const cmd_train_duoserve_args *a, fmoe_trace_reader **r
 }
 
 int cmd__train_duoserve(const char *cmd, const cmd_train_duoserve_args *a) {
-    const int32_t ns = a->num_traces;
-    fmoe_trace_reader **readers = calloc((size_t)ns, sizeof *readers);
-    req_ref *reqs = NULL;
+    cmd_train_traces tt;
     uint16_t *ex_train = NULL, *ex_val = NULL;
     layer_score *res = NULL;
     fmoe_predictor *pred = NULL;
-    int exit_code = CMD_EXIT_FAILURE, rc;
-    if (!readers) return cmd_failf(cmd, "out of memory");
-    const fmoe_trace_header *h0 = NULL;
-    int64_t nreq = 0;
-    for (int32_t s = 0; s < ns; s++) {
-        if ((rc = fmoe_trace_reader_open(&readers[s], a->traces[s])) < 0) {
-            exit_code = cmd_fail(cmd, rc);
-            goto done;
-        }
-        const fmoe_trace_header *h = fmoe_trace_reader_header(readers[s]);
-        if (!h0) {
-            h0 = h;
-        } else if (h->num_layers != h0->num_layers || h->num_experts != h0->num_experts ||
-                   h->top_k != h0->top_k ||
-                   strcmp(h->model_fingerprint, h0->model_fingerprint) != 0) {
-            exit_code = cmd_failf(cmd,
-                                  "%s and %s are traces of different models (fingerprints %.12s "
-                                  "and %.12s; L x J x K %d x %d x %d and %d x %d x %d)",
-                                  a->traces[0], a->traces[s], h0->model_fingerprint,
-                                  h->model_fingerprint, h0->num_layers, h0->num_experts,
-                                  h0->top_k, h->num_layers, h->num_experts, h->top_k);
-            goto done;
-        }
-        nreq += fmoe_trace_reader_num_requests(readers[s]);
-    }
-    const int32_t L = h0->num_layers, J = h0->num_experts, K = h0->top_k;
+    int rc, exit_code = cmd_train_traces_open(cmd, a->traces, a->num_traces, 0, &tt);
+    if (exit_code != 0) goto done;
+    exit_code = CMD_EXIT_FAILURE;
+    const int32_t L = tt.h0->num_layers, J = tt.h0->num_experts, K = tt.h0->top_k;
     if (L < 2 || J < 2) {
         exit_code = cmd_failf(cmd, "%s has %d MoE layer%s of %d experts: DuoServe predicts layer "
                                    "l+1 from layers 0..l, which needs at least 2 layers and 2 "
@@ -282,27 +242,19 @@ int cmd__train_duoserve(const char *cmd, const cmd_train_duoserve_args *a) {
                               a->traces[0], L, L == 1 ? "" : "s", J);
         goto done;
     }
-    if (nreq < 2) {
-        exit_code = cmd_failf(cmd, "%lld request%s in the traces: a train/validation split needs "
-                                   "at least 2",
-                              (long long)nreq, nreq == 1 ? "" : "s");
-        goto done;
-    }
-    /* the split: the seeded shuffle of --kind promoe, the first round(split·R) train */
-    int64_t *counts = calloc((size_t)(ns > 0 ? ns : 1), sizeof *counts);
-    for (int32_t s = 0; counts && s < ns; s++) counts[s] = fmoe_trace_reader_num_requests(readers[s]);
-    const int64_t ntrain =
-        counts ? cmd_split_requests(counts, ns, a->split, (uint64_t)a->seed, &reqs) : -1;
-    free(counts);
+    if ((exit_code = cmd_train_traces_split(cmd, &tt, a->split, a->seed)) != 0) goto done;
+    exit_code = CMD_EXIT_FAILURE;
     res = calloc((size_t)L, sizeof *res);
-    if (ntrain < 0 || !res) {
+    if (!res) {
         exit_code = cmd_failf(cmd, "out of memory");
         goto done;
     }
 
+    const int64_t ntrain = tt.num_train, nreq = tt.num_requests;
     int64_t n_train = 0, n_val = 0;
-    if ((rc = read_experts(readers, reqs, ntrain, L, K, &ex_train, &n_train)) < 0 ||
-        (rc = read_experts(readers, reqs + ntrain, nreq - ntrain, L, K, &ex_val, &n_val)) < 0) {
+    if ((rc = read_experts(tt.readers, tt.reqs, ntrain, L, K, &ex_train, &n_train)) < 0 ||
+        (rc = read_experts(tt.readers, tt.reqs + ntrain, nreq - ntrain, L, K, &ex_val, &n_val)) <
+            0) {
         exit_code = cmd_fail(cmd, rc);
         goto done;
     }
@@ -319,18 +271,11 @@ int cmd__train_duoserve(const char *cmd, const cmd_train_duoserve_args *a) {
         exit_code = cmd_fail(cmd, rc);
         goto done;
     }
-    snprintf(pred->model_fingerprint, sizeof pred->model_fingerprint, "%s", h0->model_fingerprint);
-    snprintf(pred->model_name, sizeof pred->model_name, "%s", h0->model_name);
-    snprintf(pred->target, sizeof pred->target, "%s", "none"); /* expert ids only: no probs */
-    pred->seed = a->seed;
-    pred->split = a->split;
+    cmd_train_label_predictor(&tt, pred, "none", a->seed, a->split); /* expert ids only */
 
     openblas_set_num_threads(a->threads);
     progress_ctx prog = {.max_epochs = a->epochs};
-    cmd_progress_bar_init(&prog.bar, "training", a->quiet);
-    prog.bar.label = prog.label;
-    snprintf(prog.label, sizeof prog.label, "ExpertMLP");
-    prog.cb = cmd_progress_bar_callback(&prog.bar);
+    cmd_train_progress_start(&prog.bar, "ExpertMLP", a->quiet);
     const double t0 = cmd_now();
     fmoe_mlp_train_report tr = {0};
     const fmoe_mlp_train_params tp = {.batch = a->batch, .max_epochs = a->epochs,
@@ -341,7 +286,7 @@ int cmd__train_duoserve(const char *cmd, const cmd_train_duoserve_args *a) {
     const fmoe_row_source src_train = {n_train * (L - 1), fill_rows, &rows_train},
                           src_val = {n_val * (L - 1), fill_rows, &rows_val};
     rc = fmoe_expert_mlp_train_rows(pred->expert_mlp, &src_train, &src_val, &tp, &tr);
-    cmd_progress_bar_done(&prog.bar);
+    cmd_progress_bar_done(&prog.bar.bar);
     if (rc == 0) rc = score(pred, ex_val, n_val, res);
     if (rc < 0) {
         exit_code = cmd_fail(cmd, rc);
@@ -356,15 +301,13 @@ int cmd__train_duoserve(const char *cmd, const cmd_train_duoserve_args *a) {
         exit_code = cmd_fail(cmd, rc);
         goto done;
     }
-    print_report(a, readers, pred, res, &tr, reqs, ntrain, nreq, n_train, n_val, secs);
+    print_report(a, &tt, pred, res, &tr, n_train, n_val, secs);
     exit_code = CMD_EXIT_OK;
 done:
     fmoe_predictor_free(pred);
     free(ex_train);
     free(ex_val);
     free(res);
-    free(reqs);
-    for (int32_t s = 0; s < ns; s++) fmoe_trace_reader_close(readers[s]);
-    free(readers);
+    cmd_train_traces_close(&tt);
     return exit_code;
 }

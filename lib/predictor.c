@@ -1,7 +1,8 @@
 /*
  * predictor.c - the learned expert predictor of ProMoE ("ProMoE: Fast MoE-based LLM Serving
  * using Proactive Caching" §4.4): a two-layer perceptron, its hand-written backward pass,
- * Adam, and a mini-batch trainer with early stopping. Contracts in fmoe/predictor.h.
+ * Adam, and its trainer: mini-batches with early stopping, in the loop it shares with
+ * DuoServe-MoE's predictor (predictor_train.c). Contracts in fmoe/predictor.h.
  *
  * What the paper leaves open and we chose (docs/policies.md#learned-predictors):
  *   - loss: cross-entropy against the layer's gate distribution (the softmax the model
@@ -25,6 +26,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/predictor.h"
+#include "predictor_train.h"
 
 /* ---------------------------------------------------------------------------------------
  * Random numbers: splitmix64 (Steele, Lea, Flood 2014), the same on every platform
@@ -35,16 +37,6 @@ uint64_t fmoe_splitmix64(uint64_t *s) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
-}
-
-static uint64_t splitmix64(uint64_t *s) { return fmoe_splitmix64(s); }
-
-/* Uniform in [0, 1) with 24 bits. */
-static float uniform01(uint64_t *s) { return (float)(splitmix64(s) >> 40) * (1.0f / 16777216.0f); }
-
-/* Uniform in [0, n) without modulo bias worth speaking of (n < 2^32). */
-static uint64_t below(uint64_t *s, uint64_t n) {
-    return (uint64_t)(((__uint128_t)splitmix64(s) * n) >> 64);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -81,7 +73,7 @@ void fmoe_mlp_free(fmoe_mlp *m) {
 }
 
 static void fill_uniform(float *v, size_t n, float bound, uint64_t *s) {
-    for (size_t i = 0; i < n; i++) v[i] = (2.0f * uniform01(s) - 1.0f) * bound;
+    for (size_t i = 0; i < n; i++) v[i] = (2.0f * fmoe__uniform01(s) - 1.0f) * bound;
 }
 
 void fmoe_mlp_randomize(fmoe_mlp *m, uint64_t seed) {
@@ -277,31 +269,55 @@ void fmoe_adam_free(fmoe_adam *a) {
     fmoe_mlp_free(&a->v);
 }
 
-static void adam_update(const fmoe_adam *a, double c1, double c2, float *p, const float *g,
-                        float *m, float *v, size_t n) {
-    const float b1 = (float)a->beta1, b2 = (float)a->beta2;
-    for (size_t i = 0; i < n; i++) {
-        m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-        v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-        const double mhat = m[i] / c1, vhat = v[i] / c2;
-        p[i] -= (float)(a->lr * mhat / (sqrt(vhat) + a->eps));
-    }
-}
-
 void fmoe_adam_step(fmoe_adam *a, fmoe_mlp *params, const fmoe_mlp *grad) {
     a->step++;
-    const double c1 = 1.0 - pow(a->beta1, (double)a->step);
-    const double c2 = 1.0 - pow(a->beta2, (double)a->step);
     const size_t H = (size_t)params->hidden, D = (size_t)params->in, J = (size_t)params->out;
-    adam_update(a, c1, c2, params->w1, grad->w1, a->m.w1, a->v.w1, H * D);
-    adam_update(a, c1, c2, params->b1, grad->b1, a->m.b1, a->v.b1, H);
-    adam_update(a, c1, c2, params->w2, grad->w2, a->m.w2, a->v.w2, J * H);
-    adam_update(a, c1, c2, params->b2, grad->b2, a->m.b2, a->v.b2, J);
+    fmoe__adam_update(a, params->w1, grad->w1, a->m.w1, a->v.w1, H * D);
+    fmoe__adam_update(a, params->b1, grad->b1, a->m.b1, a->v.b1, H);
+    fmoe__adam_update(a, params->w2, grad->w2, a->m.w2, a->v.w2, J * H);
+    fmoe__adam_update(a, params->b2, grad->b2, a->m.b2, a->v.b2, J);
 }
 
 /* ---------------------------------------------------------------------------------------
  * Training
  * ------------------------------------------------------------------------------------- */
+
+/* fmoe_mlp_train's model, as the shared loop sees it (predictor_train.h). */
+typedef struct mlp_trainee {
+    fmoe_mlp *m, grad, best;
+    fmoe_mlp_work work;
+    fmoe_adam adam;
+    const float *x_train, *t_train, *x_val, *t_val;
+    int64_t n_val;
+    float *xb, *tb; /* the batch's rows, gathered */
+} mlp_trainee;
+
+static double mlp_step(void *ctx, const int64_t *rows, int32_t n) {
+    mlp_trainee *c = ctx;
+    const size_t D = (size_t)c->m->in, J = (size_t)c->m->out;
+    for (int32_t r = 0; r < n; r++) {
+        memcpy(c->xb + (size_t)r * D, c->x_train + (size_t)rows[r] * D, D * sizeof(float));
+        memcpy(c->tb + (size_t)r * J, c->t_train + (size_t)rows[r] * J, J * sizeof(float));
+    }
+    const double loss = fmoe_mlp_loss_grad(c->m, &c->work, c->xb, c->tb, n, &c->grad);
+    fmoe_adam_step(&c->adam, c->m, &c->grad);
+    return loss;
+}
+
+static double mlp_val_loss(void *ctx) {
+    mlp_trainee *c = ctx;
+    return fmoe_mlp_loss(c->m, &c->work, c->x_val, c->t_val, c->n_val);
+}
+
+static void mlp_keep_best(void *ctx) {
+    mlp_trainee *c = ctx;
+    fmoe_mlp_copy(&c->best, c->m);
+}
+
+static void mlp_restore_best(void *ctx) {
+    mlp_trainee *c = ctx;
+    fmoe_mlp_copy(c->m, &c->best);
+}
 
 int fmoe_mlp_train(fmoe_mlp *m, const float *x_train, const float *t_train, int64_t n_train,
                    const float *x_val, const float *t_val, int64_t n_val,
@@ -310,79 +326,28 @@ int fmoe_mlp_train(fmoe_mlp *m, const float *x_train, const float *t_train, int6
                              (n_val > 0 && (!x_val || !t_val)),
                          FMOE_EINVAL, "fmoe_mlp_train: bad arguments (%lld training rows)",
                          (long long)n_train);
-    const int32_t batch = params->batch > 0 ? params->batch : 64;
-    const int32_t max_epochs = params->max_epochs > 0 ? params->max_epochs : 100;
-    const int32_t patience = params->patience > 0 ? params->patience : 3;
-    const double lr = params->lr > 0 ? params->lr : 1e-3;
+    const fmoe__train_settings s = fmoe__train_settings_of(params);
     const size_t D = (size_t)m->in, J = (size_t)m->out;
-
-    fmoe_mlp grad = {0}, best = {0};
-    fmoe_mlp_work work = {0};
-    fmoe_adam adam = {0};
-    int64_t *order = malloc((size_t)n_train * sizeof *order);
-    float *xb = malloc((size_t)batch * D * sizeof(float));
-    float *tb = malloc((size_t)batch * J * sizeof(float));
-    int rc = order && xb && tb ? 0 : fmoe_error_set(FMOE_ENOMEM, "training: out of memory");
-    if (rc == 0) rc = fmoe_mlp_init(&grad, m->in, m->hidden, m->out);
-    if (rc == 0) rc = fmoe_mlp_init(&best, m->in, m->hidden, m->out);
-    if (rc == 0) rc = fmoe_mlp_work_init(&work, m, batch);
-    if (rc == 0) rc = fmoe_adam_init(&adam, m, lr);
-    if (rc < 0) goto done;
-
-    /* Two streams from one seed: the initial weights, then the shuffles. */
-    fmoe_mlp_randomize(m, params->seed);
-    uint64_t shuffle = params->seed ^ 0xD1B54A32D192ED03ull;
-    for (int64_t i = 0; i < n_train; i++) order[i] = i;
-
-    fmoe_mlp_train_report rep = {0};
-    double best_loss = INFINITY;
-    int32_t plateau = 0;
-    fmoe_mlp_copy(&best, m);
-    for (int32_t epoch = 1; epoch <= max_epochs; epoch++) {
-        for (int64_t i = n_train - 1; i > 0; i--) { /* Fisher-Yates */
-            const int64_t j = (int64_t)below(&shuffle, (uint64_t)i + 1);
-            const int64_t tmp = order[i];
-            order[i] = order[j];
-            order[j] = tmp;
-        }
-        double train_total = 0.0;
-        for (int64_t r0 = 0; r0 < n_train; r0 += batch) {
-            const int32_t b = (int32_t)(n_train - r0 < batch ? n_train - r0 : batch);
-            for (int32_t r = 0; r < b; r++) {
-                const int64_t src = order[r0 + r];
-                memcpy(xb + (size_t)r * D, x_train + (size_t)src * D, D * sizeof(float));
-                memcpy(tb + (size_t)r * J, t_train + (size_t)src * J, J * sizeof(float));
-            }
-            train_total += fmoe_mlp_loss_grad(m, &work, xb, tb, b, &grad) * b;
-            fmoe_adam_step(&adam, m, &grad);
-        }
-        const double train_loss = train_total / (double)n_train;
-        const double val_loss =
-            n_val > 0 ? fmoe_mlp_loss(m, &work, x_val, t_val, n_val) : train_loss;
-        rep.epochs = epoch;
-        if (val_loss < best_loss * (1.0 - 1e-4)) {
-            best_loss = val_loss;
-            plateau = 0;
-            rep.best_epoch = epoch;
-            rep.train_loss = train_loss;
-            rep.val_loss = val_loss;
-            fmoe_mlp_copy(&best, m);
-        } else {
-            plateau++;
-        }
-        if (params->on_epoch) params->on_epoch(params->ctx, epoch, train_loss, val_loss);
-        if (plateau >= patience) break;
+    mlp_trainee c = {.m = m, .x_train = x_train, .t_train = t_train, .x_val = x_val,
+                     .t_val = t_val, .n_val = n_val};
+    c.xb = malloc((size_t)s.batch * D * sizeof(float));
+    c.tb = malloc((size_t)s.batch * J * sizeof(float));
+    int rc = c.xb && c.tb ? 0 : fmoe_error_set(FMOE_ENOMEM, "training: out of memory");
+    if (rc == 0) rc = fmoe_mlp_init(&c.grad, m->in, m->hidden, m->out);
+    if (rc == 0) rc = fmoe_mlp_init(&c.best, m->in, m->hidden, m->out);
+    if (rc == 0) rc = fmoe_mlp_work_init(&c.work, m, s.batch);
+    if (rc == 0) rc = fmoe_adam_init(&c.adam, m, s.lr);
+    if (rc == 0) {
+        fmoe_mlp_randomize(m, params->seed);
+        const fmoe__trainee t = {&c, mlp_step, mlp_val_loss, mlp_keep_best, mlp_restore_best};
+        rc = fmoe__train_early_stop(&t, n_train, n_val, &s, 1, params, report);
     }
-    fmoe_mlp_copy(m, &best);
-    if (report) *report = rep;
-done:
-    fmoe_adam_free(&adam);
-    fmoe_mlp_work_free(&work);
-    fmoe_mlp_free(&best);
-    fmoe_mlp_free(&grad);
-    free(tb);
-    free(xb);
-    free(order);
+    fmoe_adam_free(&c.adam);
+    fmoe_mlp_work_free(&c.work);
+    fmoe_mlp_free(&c.best);
+    fmoe_mlp_free(&c.grad);
+    free(c.tb);
+    free(c.xb);
     return rc;
 }
 
@@ -445,11 +410,16 @@ void fmoe_predictor_free(fmoe_predictor *p) {
     free(p);
 }
 
-const char *fmoe_predictor_kind_of_policy(const char *policy) {
-    if (!policy) return NULL;
-    if (strcmp(policy, "promoe") == 0) return FMOE_PREDICTOR_KIND_PROMOE;
-    if (strcmp(policy, "duoserve") == 0) return FMOE_PREDICTOR_KIND_DUOSERVE;
-    return NULL;
+/* Indexed by fmoe_predictor_kind_id. */
+static const char *const kind_names[FMOE_PREDICTOR_NUM_KINDS] = {
+    [FMOE_PREDICTOR_PROMOE] = FMOE_PREDICTOR_KIND_PROMOE,
+    [FMOE_PREDICTOR_DUOSERVE] = FMOE_PREDICTOR_KIND_DUOSERVE,
+};
+
+int fmoe_predictor_kind_id_of(const char *kind) {
+    for (int i = 0; kind && i < FMOE_PREDICTOR_NUM_KINDS; i++)
+        if (strcmp(kind, kind_names[i]) == 0) return i;
+    return -1;
 }
 
 int32_t fmoe_promoe_default_hidden(int32_t h, int32_t J) {

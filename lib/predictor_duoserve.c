@@ -2,7 +2,8 @@
  * predictor_duoserve.c - DuoServe-MoE's expert predictor ("DuoServe-MoE: Dual-Phase Expert
  * Prefetch and Cache Scheduling for Efficient MoE LLM Inference" §4.1-§4.2): the popularity
  * and affinity tables, the state the State Constructor builds, and the ExpertMLP with its
- * hand-written backward pass, Adam and a mini-batch trainer with early stopping. Contracts in
+ * hand-written backward pass and its trainer: Adam on mini-batches with early stopping, in
+ * the loop it shares with ProMoE's predictor (predictor_train.c). Contracts in
  * fmoe/predictor.h.
  *
  * What the paper leaves open and we chose (docs/policies.md#learned-predictors):
@@ -37,18 +38,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/predictor.h"
-
-/* ---------------------------------------------------------------------------------------
- * Random numbers: splitmix64, as lib/predictor.c
- * ------------------------------------------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t *s) { return fmoe_splitmix64(s); }
-
-static float uniform01(uint64_t *s) { return (float)(splitmix64(s) >> 40) * (1.0f / 16777216.0f); }
-
-static uint64_t below(uint64_t *s, uint64_t n) {
-    return (uint64_t)(((__uint128_t)splitmix64(s) * n) >> 64);
-}
+#include "predictor_train.h"
 
 /* ---------------------------------------------------------------------------------------
  * The ExpertMLP
@@ -129,8 +119,9 @@ void fmoe_expert_mlp_randomize(fmoe_expert_mlp *m, uint64_t seed) {
         const int32_t in = m->width[i], out = m->width[i + 1];
         const float k = 1.0f / sqrtf((float)in);
         float *w = m->params + m->w_off[i], *b = m->params + m->b_off[i];
-        for (int64_t q = 0; q < (int64_t)in * out; q++) w[q] = (2.0f * uniform01(&s) - 1.0f) * k;
-        for (int32_t q = 0; q < out; q++) b[q] = (2.0f * uniform01(&s) - 1.0f) * k;
+        for (int64_t q = 0; q < (int64_t)in * out; q++)
+            w[q] = (2.0f * fmoe__uniform01(&s) - 1.0f) * k;
+        for (int32_t q = 0; q < out; q++) b[q] = (2.0f * fmoe__uniform01(&s) - 1.0f) * k;
         if (hidden_layer(m, i))
             for (int32_t q = 0; q < out; q++) {
                 m->params[m->gamma_off[i] + q] = 1.0f;
@@ -268,7 +259,7 @@ double fmoe_expert_mlp_loss_grad(fmoe_expert_mlp *m, fmoe_expert_mlp_work *w, co
                 const size_t q = (size_t)r * Do + j;
                 xh[q] = (z[q] - mean[j]) * invstd[j];
                 y[q] = gamma[j] * xh[q] + beta[j];
-                mk[q] = m->dropout > 0 && uniform01(&ds) < m->dropout ? 0.0f : keep_scale;
+                mk[q] = m->dropout > 0 && fmoe__uniform01(&ds) < m->dropout ? 0.0f : keep_scale;
                 a[q] = (y[q] > 0 ? y[q] : 0.0f) * mk[q];
             }
         in = a;
@@ -381,22 +372,6 @@ double fmoe_expert_mlp_loss(const fmoe_expert_mlp *m, fmoe_expert_mlp_work *w, c
 }
 
 /* ---------------------------------------------------------------------------------------
- * Adam over the flat parameter array (Kingma & Ba 2015, Algorithm 1), as fmoe_adam_step
- * ------------------------------------------------------------------------------------- */
-
-static void adam_flat(double lr, int64_t step, float *p, const float *g, float *mo, float *v,
-                      int64_t n) {
-    const float b1 = 0.9f, b2 = 0.999f;
-    const double c1 = 1.0 - pow(0.9, (double)step), c2 = 1.0 - pow(0.999, (double)step);
-    for (int64_t i = 0; i < n; i++) {
-        mo[i] = b1 * mo[i] + (1.0f - b1) * g[i];
-        v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-        const double mhat = mo[i] / c1, vhat = v[i] / c2;
-        p[i] -= (float)(lr * mhat / (sqrt(vhat) + 1e-8));
-    }
-}
-
-/* ---------------------------------------------------------------------------------------
  * Training
  * ------------------------------------------------------------------------------------- */
 
@@ -422,6 +397,42 @@ double fmoe_expert_mlp_loss_rows(const fmoe_expert_mlp *m, fmoe_expert_mlp_work 
     return total / ((double)rows->n * J);
 }
 
+/* The ExpertMLP as the shared training loop sees it (predictor_train.h). */
+typedef struct expert_mlp_trainee {
+    fmoe_expert_mlp *m, best;
+    fmoe_expert_mlp_work work;
+    const fmoe_row_source *train, *val;
+    float *xb, *tb;       /* the batch's rows, filled */
+    float *grad, *mo, *v; /* [num_params]: the gradient and Adam's moments */
+    fmoe_adam adam;       /* Adam's step size, betas, eps and step count (not its moments) */
+    uint64_t drop;        /* the dropout masks' stream */
+} expert_mlp_trainee;
+
+static double expert_mlp_step(void *ctx, const int64_t *rows, int32_t n) {
+    expert_mlp_trainee *c = ctx;
+    c->train->fill(c->train->ctx, rows, n, c->xb, c->tb);
+    const double loss = fmoe_expert_mlp_loss_grad(c->m, &c->work, c->xb, c->tb, n,
+                                                  fmoe_splitmix64(&c->drop), c->grad, 1);
+    c->adam.step++;
+    fmoe__adam_update(&c->adam, c->m->params, c->grad, c->mo, c->v, (size_t)c->m->num_params);
+    return loss;
+}
+
+static double expert_mlp_val_loss(void *ctx) {
+    expert_mlp_trainee *c = ctx;
+    return fmoe_expert_mlp_loss_rows(c->m, &c->work, c->val, c->xb, c->tb);
+}
+
+static void expert_mlp_keep_best(void *ctx) {
+    expert_mlp_trainee *c = ctx;
+    fmoe_expert_mlp_copy(&c->best, c->m);
+}
+
+static void expert_mlp_restore_best(void *ctx) {
+    expert_mlp_trainee *c = ctx;
+    fmoe_expert_mlp_copy(c->m, &c->best);
+}
+
 int fmoe_expert_mlp_train_rows(fmoe_expert_mlp *m, const fmoe_row_source *train,
                                const fmoe_row_source *val, const fmoe_mlp_train_params *params,
                                fmoe_mlp_train_report *report) {
@@ -431,87 +442,39 @@ int fmoe_expert_mlp_train_rows(fmoe_expert_mlp *m, const fmoe_row_source *train,
                          FMOE_EINVAL,
                          "fmoe_expert_mlp_train: bad arguments (%lld training rows; at least 2)",
                          train ? (long long)train->n : 0LL);
-    const int64_t n_train = train->n, n_val = val ? val->n : 0;
-    int32_t batch = params->batch > 0 ? params->batch : 64;
-    if (batch < 2) batch = 2; /* BatchNorm needs two rows */
-    const int32_t max_epochs = params->max_epochs > 0 ? params->max_epochs : 100;
-    const int32_t patience = params->patience > 0 ? params->patience : 3;
-    const double lr = params->lr > 0 ? params->lr : 1e-3;
+    fmoe__train_settings s = fmoe__train_settings_of(params);
+    if (s.batch < 2) s.batch = 2; /* BatchNorm needs two rows */
     const size_t D = (size_t)m->width[0], J = (size_t)m->width[m->num_fc];
     const size_t P = (size_t)m->num_params;
-
-    fmoe_expert_mlp best = {0};
-    fmoe_expert_mlp_work work = {0};
-    int64_t *order = malloc((size_t)n_train * sizeof *order);
-    float *xb = malloc((size_t)batch * D * sizeof(float));
-    float *tb = malloc((size_t)batch * J * sizeof(float));
-    float *grad = malloc(P * sizeof(float));
-    float *mo = calloc(P, sizeof(float));
-    float *v = calloc(P, sizeof(float));
-    int rc = order && xb && tb && grad && mo && v
+    expert_mlp_trainee c = {.m = m, .train = train, .val = val,
+                            .adam = {.lr = s.lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8},
+                            /* the dropout masks' stream: the weights take the seed itself,
+                             * the shuffles a third stream (predictor_train.c) */
+                            .drop = params->seed ^ 0x8CB92BA72F3D8DD7ull};
+    c.xb = malloc((size_t)s.batch * D * sizeof(float));
+    c.tb = malloc((size_t)s.batch * J * sizeof(float));
+    c.grad = malloc(P * sizeof(float));
+    c.mo = calloc(P, sizeof(float));
+    c.v = calloc(P, sizeof(float));
+    int rc = c.xb && c.tb && c.grad && c.mo && c.v
                  ? 0
                  : fmoe_error_set(FMOE_ENOMEM, "ExpertMLP training: out of memory");
-    if (rc == 0) rc = fmoe_expert_mlp_init(&best, m->num_fc, m->width);
-    if (rc == 0) rc = fmoe_expert_mlp_work_init(&work, m, batch);
-    if (rc < 0) goto done;
-
-    /* Three streams from one seed: the initial weights, the shuffles, the dropout masks. */
-    fmoe_expert_mlp_randomize(m, params->seed);
-    uint64_t shuffle = params->seed ^ 0xD1B54A32D192ED03ull;
-    uint64_t drop = params->seed ^ 0x8CB92BA72F3D8DD7ull;
-    for (int64_t i = 0; i < n_train; i++) order[i] = i;
-
-    fmoe_mlp_train_report rep = {0};
-    double best_loss = INFINITY;
-    int32_t plateau = 0;
-    int64_t step = 0;
-    fmoe_expert_mlp_copy(&best, m);
-    for (int32_t epoch = 1; epoch <= max_epochs; epoch++) {
-        for (int64_t i = n_train - 1; i > 0; i--) { /* Fisher-Yates */
-            const int64_t j = (int64_t)below(&shuffle, (uint64_t)i + 1);
-            const int64_t tmp = order[i];
-            order[i] = order[j];
-            order[j] = tmp;
-        }
-        double train_total = 0.0;
-        int64_t seen = 0;
-        for (int64_t r0 = 0; r0 < n_train; r0 += batch) {
-            const int32_t b = (int32_t)(n_train - r0 < batch ? n_train - r0 : batch);
-            if (b < 2) break; /* one row left: BatchNorm has no batch statistics */
-            train->fill(train->ctx, order + r0, b, xb, tb);
-            train_total +=
-                fmoe_expert_mlp_loss_grad(m, &work, xb, tb, b, splitmix64(&drop), grad, 1) * b;
-            seen += b;
-            adam_flat(lr, ++step, m->params, grad, mo, v, (int64_t)P);
-        }
-        const double train_loss = train_total / (double)(seen > 0 ? seen : 1);
-        const double val_loss =
-            n_val > 0 ? fmoe_expert_mlp_loss_rows(m, &work, val, xb, tb) : train_loss;
-        rep.epochs = epoch;
-        if (val_loss < best_loss * (1.0 - 1e-4)) {
-            best_loss = val_loss;
-            plateau = 0;
-            rep.best_epoch = epoch;
-            rep.train_loss = train_loss;
-            rep.val_loss = val_loss;
-            fmoe_expert_mlp_copy(&best, m);
-        } else {
-            plateau++;
-        }
-        if (params->on_epoch) params->on_epoch(params->ctx, epoch, train_loss, val_loss);
-        if (plateau >= patience) break;
+    if (rc == 0) rc = fmoe_expert_mlp_init(&c.best, m->num_fc, m->width);
+    if (rc == 0) rc = fmoe_expert_mlp_work_init(&c.work, m, s.batch);
+    if (rc == 0) {
+        fmoe_expert_mlp_randomize(m, params->seed);
+        const fmoe__trainee t = {&c, expert_mlp_step, expert_mlp_val_loss, expert_mlp_keep_best,
+                                 expert_mlp_restore_best};
+        /* min_batch 2: a last batch of one row has no batch statistics for BatchNorm */
+        rc = fmoe__train_early_stop(&t, train->n, val ? val->n : 0, &s, 2, params, report);
     }
-    fmoe_expert_mlp_copy(m, &best);
-    if (report) *report = rep;
-done:
-    fmoe_expert_mlp_work_free(&work);
-    fmoe_expert_mlp_free(&best);
-    free(v);
-    free(mo);
-    free(grad);
-    free(tb);
-    free(xb);
-    free(order);
+    fmoe_expert_mlp_work_free(&c.work);
+    fmoe_expert_mlp_free(&c.best);
+    free(c.v);
+    free(c.mo);
+    free(c.grad);
+    free(c.tb);
+    free(c.xb);
     return rc;
 }
 

@@ -1,7 +1,8 @@
 /*
  * slots.c - expert slots and their transfers (fmoe/slots.h): the protocol both executors
  * share, so that the simulator, the live executor and the test drivers make their
- * decisions with one copy of this logic.
+ * decisions with one copy of this logic, down to the per-layer sequence of events
+ * (fmoe_slots_run_layer), into which each executor plugs only its time and its bytes.
  *
  * Per slot the module keeps what the cache does not: whether its expert came by a
  * prefetch and is unused (wasted-byte accounting), whether its transfer is queued or under
@@ -49,6 +50,7 @@ struct fmoe_slots {
     int32_t landed;           /* slots with FLAG_LANDED */
     uint64_t next_seq;
     uint8_t *host_next;       /* [L*J] compute the next miss on the host */
+    int32_t *order;           /* [J] a layer's compute order when its executor keeps none */
     fmoe_slots_layer_stats *stats; /* [L] */
     int feedback;             /* admission and early preemption (prefetch_feedback.h) */
     prefetch_feedback fb;
@@ -209,6 +211,7 @@ void fmoe_slots_free(fmoe_slots *q) {
     free(q->chunks_done);
     free(q->queue);
     free(q->host_next);
+    free(q->order);
     free(q->stats);
     prefetch_feedback_free(&q->fb);
     free(q);
@@ -248,9 +251,10 @@ int fmoe_slots_init(fmoe_slots **out, const fmoe_slots_config *cfg) {
     q->chunks_done = calloc(n, sizeof *q->chunks_done);
     q->queue = calloc(n, sizeof *q->queue);
     q->host_next = calloc((size_t)q->L * (size_t)q->J, 1);
+    q->order = calloc((size_t)q->J, sizeof *q->order);
     q->stats = calloc((size_t)q->L, sizeof *q->stats);
     if (!q->flags || !q->priority || !q->seq || !q->eligible || !q->chunks_done || !q->queue ||
-        !q->host_next || !q->stats) {
+        !q->host_next || !q->order || !q->stats) {
         fmoe_slots_free(q);
         return fmoe_error_set(FMOE_ENOMEM, "slot state for %d slots", cfg->capacity);
     }
@@ -315,7 +319,11 @@ void fmoe_slots_gate(fmoe_slots *q, int32_t l, const int32_t *distinct, int32_t 
     prefetch_feedback_gate(&q->fb, l, distinct, n);
 }
 
-fmoe_slot_access fmoe_slots_access(fmoe_slots *q, int32_t e) {
+/* Looks expert e up for an access and claims it: a QUEUED prefetch leaves the prefetch
+ * queue (the executor loads it as a demand load, counted as a prefetch transfer), a QUEUED
+ * or STARTED one becomes RESIDENT in the cache view (the access owns it; its compute waits
+ * for the transfer). The expert is no longer "prefetched and unused" after it. */
+static fmoe_slot_access look_up(fmoe_slots *q, int32_t e) {
     fmoe_slot_access a = {FMOE_FIND_ABSENT, fmoe_cache_lookup(q->view, e), 0, 0};
     const int32_t s = a.slot;
     if (s < 0) return a;
@@ -357,14 +365,19 @@ void fmoe_slots_compute_order(const fmoe_slots *q, int32_t l, const int32_t *dis
             if (compute_class(q, l * q->J + distinct[i]) == c) order[k++] = i;
 }
 
-int32_t fmoe_slots_demand(fmoe_slots *q, int32_t e) {
+/* A miss loaded on demand: makes room (choose_victim with FMOE_LOAD_DEMAND) and puts e in
+ * the freed slot as RESIDENT, counting its bytes. @return the slot (*victim: the expert
+ * evicted for it, -1 none), or -1 when the policy wants nothing evicted or nothing is
+ * evictable (a bypass: the executor loads the expert into scratch and computes it
+ * uncached), or -1 with q->error set. */
+static int32_t demand_load(fmoe_slots *q, int32_t e, int32_t *victim) {
     const fmoe_victim_request req = {.incoming = e, .kind = FMOE_LOAD_DEMAND, .value = 0};
-    int32_t victim;
-    const int32_t s = make_room(q, &req, &victim);
+    const int32_t s = make_room(q, &req, victim);
     if (q->error) return -1;
     if (s >= 0) {
         fmoe_cache_insert(q->cache, s, e, FMOE_SLOT_RESIDENT);
-        if (victim >= 0) log_decision(q, FMOE_DECISION_EVICT, e, s, victim, 0, 0, q->env.now_s);
+        if (*victim >= 0)
+            log_decision(q, FMOE_DECISION_EVICT, e, s, *victim, 0, 0, q->env.now_s);
     } else {
         q->stats[e / q->J].bypassed++;
     }
@@ -372,18 +385,93 @@ int32_t fmoe_slots_demand(fmoe_slots *q, int32_t e) {
     return s;
 }
 
-int fmoe_slots_take_host(fmoe_slots *q, int32_t e) {
+/* Whether the policy asked for the next miss of e to be computed on the host; clears the
+ * request. */
+static int take_host(fmoe_slots *q, int32_t e) {
     const int want = q->host_next[e];
     q->host_next[e] = 0;
     return want;
 }
 
-void fmoe_slots_touch(fmoe_slots *q, int32_t e, int32_t slot, fmoe_access_result result,
-                      int on_host, double now) {
+/* Records an access in the cache's bookkeeping (its slot, or uncached: slot -1) and logs
+ * it (a host-lane miss first as HOST). */
+static void touch(fmoe_slots *q, int32_t e, int32_t slot, fmoe_access_result result,
+                  int on_host, double now) {
     if (slot >= 0) fmoe_cache_touch(q->cache, slot);
     else fmoe_cache_touch_uncached(q->cache, e);
     if (on_host) log_decision(q, FMOE_DECISION_HOST, e, -1, -1, 0, 0, now);
     log_decision(q, FMOE_DECISION_ACCESS, e, slot, -1, (int32_t)result, 0, now);
+}
+
+/* ------------------------------------------------------------------ the per-layer sequence */
+
+int fmoe_slots_resolve(fmoe_slots *q, const fmoe_slots_executor *x, int32_t l, int32_t j,
+                       int32_t tokens, int32_t index, int64_t position) {
+    const int32_t e = l * q->J + j;
+    fmoe_slots_resolved a = {.layer = l, .expert = j, .index = index, .tokens = tokens,
+                             .found = look_up(q, e), .victim = -1,
+                             .result = FMOE_ACCESS_HIT};
+    a.slot = a.found.slot;
+    if (a.found.found == FMOE_FIND_RESIDENT) {
+        a.prefetch_hit = a.found.prefetched;
+    } else if (a.found.found != FMOE_FIND_ABSENT) { /* a claimed prefetch not finished */
+        a.result = x->claimed ? x->claimed(x->ctx, &a) : FMOE_ACCESS_HIT;
+        a.prefetch_hit = a.result == FMOE_ACCESS_HIT;
+    } else {
+        a.result = FMOE_ACCESS_MISS;
+        /* the policy's request is taken at every miss, so it covers exactly the next one,
+         * whether or not this executor can honour it */
+        const int asked = take_host(q, e);
+        a.on_host = x->miss_on_host ? x->miss_on_host(x->ctx, &a, asked) != 0 : 0;
+        if (a.on_host) {
+            if (x->host) x->host(x->ctx, &a);
+        } else {
+            a.slot = demand_load(q, e, &a.victim);
+            if (q->error) return q->error;
+            if (x->demand) x->demand(x->ctx, &a);
+        }
+    }
+    const double t = x->placed ? x->placed(x->ctx, &a) : q->env.now_s;
+    touch(q, e, a.slot, a.result, a.on_host, t);
+    const fmoe_policy_ops *ops = q->policy->ops;
+    if (ops->on_access) {
+        const fmoe_access_event ev = {.layer = l, .expert = j, .tokens = tokens,
+                                      .slot = a.slot, .position = position,
+                                      .result = a.result};
+        ops->on_access(q->policy->state, &q->env, &ev);
+    }
+    return q->error;
+}
+
+int fmoe_slots_run_layer(fmoe_slots *q, const fmoe_slots_layer *layer,
+                         const fmoe_slots_executor *x) {
+    const fmoe_gate_event *g = layer->gate;
+    const fmoe_policy_ops *ops = q->policy->ops;
+    const int32_t l = g->layer, n = g->num_distinct;
+    if (q->hooks.sync) q->hooks.sync(q->hooks.ctx, layer->now);
+    q->env.now_s = layer->now;
+    fmoe_slots_gate(q, l, g->distinct, n);
+    if (ops->on_gate) ops->on_gate(q->policy->state, &q->env, g);
+    if (q->error) return q->error;
+    const int reorder = (ops->flags & FMOE_POLICY_REORDER_COMPUTE) != 0;
+    int32_t *order = layer->order ? layer->order : q->order;
+    if (reorder) fmoe_slots_compute_order(q, l, g->distinct, n, order);
+    for (int32_t k = 0; k < n; k++) {
+        const int32_t i = reorder ? order[k] : k, j = g->distinct[i];
+        const int rc = fmoe_slots_resolve(q, x, l, j, layer->tokens[j], i,
+                                          g->position >= 0 ? g->position + i : -1);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+int fmoe_slots_layer_done(fmoe_slots *q, int32_t l, double now) {
+    const fmoe_policy_ops *ops = q->policy->ops;
+    if (ops->on_layer_done) {
+        q->env.now_s = now;
+        ops->on_layer_done(q->policy->state, &q->env, l);
+    }
+    return q->error;
 }
 
 /* ------------------------------------------------------------------ the prefetch queue */

@@ -47,7 +47,10 @@ typedef struct sim_state {
     int32_t cur_slot;         /* slot of the prefetch piece on the copy engine, -1 none */
     double cur_end;           /* when that piece lands */
     int32_t *distinct;        /* [J] scratch for gate events */
-    int32_t *corder;          /* [J] FMOE_POLICY_REORDER_COMPUTE: the layer's compute order */
+    int32_t *tokens;          /* [J] the layer's tokens routed to each of its experts */
+    double t_gate;            /* the layer's gate time (fmoe_slots_executor callbacks) */
+    double ready;             /* when the access being resolved has its bytes */
+    double host_end;          /* when the layer's last host-computed expert is done */
     double engine_free;       /* copy engine idle from */
     double link_busy_s;       /* transfer time scheduled on the engine, in all */
     double compute_free;      /* compute stream idle from */
@@ -60,6 +63,7 @@ typedef struct sim_state {
     int have_host;            /* the cost model has host figures */
     double host_free;         /* host lane idle from */
     fmoe_sim_result *r;
+    fmoe_slots_executor exec; /* the modelled device's part of each layer (exec_*) */
     void (*decision)(void *ctx, const fmoe_decision *d); /* the decision log, or NULL */
     void *decision_ctx;
     int error;
@@ -113,6 +117,93 @@ static double demand_ready(sim_state *S, int32_t s, int32_t pieces, double t) {
 
 static double hook_link_busy(void *ctx) { return ((const sim_state *)ctx)->link_busy_s; }
 
+/* ------------------------------------------------------------------ a layer's accesses */
+
+/* The modelled device's part of the per-layer sequence (fmoe_slots_run_layer, whose
+ * fmoe_slots_executor these fill): each access is timed from the layer's gate S->t_gate,
+ * its bytes' arrival kept in S->ready until its compute is placed. */
+
+/* A prefetch the access claimed continues as a demand load (docs/design.md §7.1, point
+ * 13); a hit when its bytes are there when the compute stream reaches the access. */
+static fmoe_access_result exec_claimed(void *ctx, const fmoe_slots_resolved *a) {
+    sim_state *S = ctx;
+    const fmoe_slot_access *f = &a->found;
+    if (f->found == FMOE_FIND_STARTED && S->cur_slot == f->slot) {
+        /* its piece on the engine lands first; the rest follows as a demand load */
+        S->ready = f->chunks_left > 1 ? demand_ready(S, -1, f->chunks_left - 1, S->t_gate)
+                                      : S->cur_end;
+        S->cur_slot = -1;
+    } else {
+        S->ready = demand_ready(S, f->slot, f->chunks_left, S->t_gate);
+    }
+    return S->ready <= S->compute_free ? FMOE_ACCESS_HIT : FMOE_ACCESS_LATE_HIT;
+}
+
+/* Decides where a miss is computed: 1 on the host lane, given host figures (the policy's
+ * request, --miss cpu). AUTO compares the estimated end of a demand load plus GPU compute
+ * with the end of a host computation, both from the gate (Fiddler's rule). */
+static int exec_miss_on_host(void *ctx, const fmoe_slots_resolved *a, int policy_asked) {
+    sim_state *S = ctx;
+    if (!S->have_host) return 0;
+    if (policy_asked) return 1;
+    const double t_gate = S->t_gate;
+    const int32_t tokens = a->tokens;
+    switch (S->r->miss_mode) {
+    case FMOE_SIM_MISS_CPU: return 1;
+    case FMOE_SIM_MISS_AUTO: {
+        const double gpu_ready = fmax(t_gate, S->engine_free) + S->xfer_s;
+        const double gpu_end = fmax(gpu_ready, S->compute_free) + fmoe_sim_expert_s(S->costs, tokens);
+        const double host_end = fmax(t_gate, S->host_free) + fmoe_sim_host_expert_s(S->costs, tokens);
+        return host_end < gpu_end;
+    }
+    default: return 0;
+    }
+}
+
+/* A miss on the host lane: from max(t_gate, host free), one expert at a time. */
+static void exec_host(void *ctx, const fmoe_slots_resolved *a) {
+    sim_state *S = ctx;
+    const double hs = fmoe_sim_host_expert_s(S->costs, a->tokens);
+    const double start = fmax(S->t_gate, S->host_free);
+    S->host_free = start + hs;
+    S->r->host_busy_s += hs;
+    S->host_end = S->host_free;
+    S->r->per_layer[a->layer].host_misses++;
+}
+
+/* A demand load (a bypass's too: slot -1), issued at the gate. */
+static void exec_demand(void *ctx, const fmoe_slots_resolved *a) {
+    sim_state *S = ctx;
+    S->ready = demand_ready(S, a->slot, S->chunks, S->t_gate);
+}
+
+/* Counts the access and places its compute on the modelled device, stalling for its
+ * bytes; its slot is free from the compute's end. @return that end (the host lane's for
+ * a host-computed miss), the time the decision log records. */
+static double exec_placed(void *ctx, const fmoe_slots_resolved *a) {
+    sim_state *S = ctx;
+    fmoe_sim_layer_stats *ls = &S->r->per_layer[a->layer];
+    if (a->prefetch_hit) {
+        S->r->prefetch_hits++;
+        ls->prefetch_hits++;
+    }
+    switch (a->result) {
+    case FMOE_ACCESS_HIT: ls->hits++; break;
+    case FMOE_ACCESS_LATE_HIT: ls->late_hits++; break;
+    default: ls->misses++; break;
+    }
+    if (!a->on_host) {
+        if (S->ready > S->compute_free) {
+            ls->stall_s += S->ready - S->compute_free;
+            S->compute_free = S->ready;
+        }
+        S->compute_free += a->tokens == 1 ? S->expert1_s : fmoe_sim_expert_s(S->costs, a->tokens);
+    }
+    if (a->slot >= 0) S->slot_free_at[a->slot] = S->compute_free;
+    S->ready = 0;
+    return a->on_host ? S->host_free : S->compute_free;
+}
+
 /* ------------------------------------------------------------------ init / free */
 
 static void run_free(sim_state *S) {
@@ -120,7 +211,7 @@ static void run_free(sim_state *S) {
     fmoe_policy_free(&S->policy);
     free(S->slot_free_at);
     free(S->distinct);
-    free(S->corder);
+    free(S->tokens);
     free(S->ttft);
     free(S->tpot);
     free(S->e2e);
@@ -130,14 +221,17 @@ static void run_free(sim_state *S) {
 }
 
 /* How long after the event that made them a policy's prefetches may start: the matcher's
- * time (FMOE_POLICY_MATCHER), or its learned predictor's pass by the predictor's kind. */
+ * time (FMOE_POLICY_MATCHER), or one pass of the learned predictor the policy declares it
+ * predicts with (ops->predictor_kind; the hardware profile times each kind). */
 static double prediction_delay_s(const fmoe_sim_costs *c, const fmoe_policy_ops *ops,
                                  const fmoe_predictor *p) {
     if (ops->flags & FMOE_POLICY_MATCHER) return c->match_delay_s;
     if (!p) return 0;
-    if (strcmp(p->kind, FMOE_PREDICTOR_KIND_PROMOE) == 0) return c->promoe_delay_s;
-    if (strcmp(p->kind, FMOE_PREDICTOR_KIND_DUOSERVE) == 0) return c->duoserve_delay_s;
-    return 0;
+    switch (fmoe_predictor_kind_id_of(ops->predictor_kind)) {
+    case FMOE_PREDICTOR_PROMOE: return c->promoe_delay_s;
+    case FMOE_PREDICTOR_DUOSERVE: return c->duoserve_delay_s;
+    default: return 0;
+    }
 }
 
 static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_config *cfg,
@@ -184,7 +278,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     const size_t n = (size_t)S->N, R = (size_t)(w->num_requests ? w->num_requests : 1);
     S->slot_free_at = calloc(n, sizeof *S->slot_free_at);
     S->distinct = calloc((size_t)S->J, sizeof *S->distinct);
-    S->corder = calloc((size_t)S->J, sizeof *S->corder);
+    S->tokens = calloc((size_t)S->J, sizeof *S->tokens);
     S->ttft = calloc(R, sizeof(double));
     S->tpot = calloc(R, sizeof(double));
     S->e2e = calloc(R, sizeof(double));
@@ -192,7 +286,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     S->arrival = calloc(R, sizeof(double));
     S->decodes = calloc(R, sizeof(int64_t));
     r->per_layer = calloc((size_t)S->L, sizeof *r->per_layer);
-    if (!S->slot_free_at || !S->distinct || !S->corder || !S->ttft || !S->tpot || !S->e2e || !S->qdelay ||
+    if (!S->slot_free_at || !S->distinct || !S->tokens || !S->ttft || !S->tpot || !S->e2e || !S->qdelay ||
         !S->arrival || !S->decodes || !r->per_layer)
         return fmoe_error_set(FMOE_ENOMEM, "simulator state for %d slots", S->N);
     r->num_layers = S->L;
@@ -244,6 +338,9 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     };
     FMOE_FORWARD_IF_ERROR(fmoe_slots_init(&S->slots, &sc));
     S->view = fmoe_slots_view(S->slots);
+    S->exec = (fmoe_slots_executor){.ctx = S, .claimed = exec_claimed,
+                                    .miss_on_host = exec_miss_on_host, .host = exec_host,
+                                    .demand = exec_demand, .placed = exec_placed};
     S->env = fmoe_slots_env(S->slots);
     S->xfer_s = fmoe_sim_transfer_s(S->costs, w->expert_bytes);
     S->chunk_s = S->chunks == 1 ? S->xfer_s
@@ -255,24 +352,6 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
 }
 
 /* ------------------------------------------------------------------ the event loop */
-
-/* Decides where a miss of expert e (tokens routed to it) is computed: 1 on the host lane.
- * AUTO compares the estimated end of a demand load plus GPU compute with the end of a
- * host computation, both from the gate (Fiddler's rule). */
-static int miss_on_host(sim_state *S, int32_t e, int32_t tokens, double t_gate) {
-    if (!S->have_host) return 0;
-    if (fmoe_slots_take_host(S->slots, e)) return 1;
-    switch (S->r->miss_mode) {
-    case FMOE_SIM_MISS_CPU: return 1;
-    case FMOE_SIM_MISS_AUTO: {
-        const double gpu_ready = fmax(t_gate, S->engine_free) + S->xfer_s;
-        const double gpu_end = fmax(gpu_ready, S->compute_free) + fmoe_sim_expert_s(S->costs, tokens);
-        const double host_end = fmax(t_gate, S->host_free) + fmoe_sim_host_expert_s(S->costs, tokens);
-        return host_end < gpu_end;
-    }
-    default: return 0;
-    }
-}
 
 static void add_stats(fmoe_sim_layer_stats *to, const fmoe_sim_layer_stats *a,
                       const fmoe_sim_layer_stats *b, const fmoe_slots_layer_stats *ma,
@@ -288,19 +367,19 @@ static void add_stats(fmoe_sim_layer_stats *to, const fmoe_sim_layer_stats *a,
     to->prefetches += ma->prefetches - mb->prefetches;
 }
 
-/* The gate of layer l: the slot protocol's gate, then the policy's on_gate with the
- * iteration's rows (docs/design.md §7.1). @return 0 or the policy's error. */
-static int send_gate(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, int32_t l,
-                     int64_t a0, int32_t na) {
+/* The gate event of layer l with the iteration's rows (docs/design.md §7.1); fills
+ * S->distinct and the layer's tokens per expert, S->tokens. */
+static fmoe_gate_event gate_event(sim_state *S, const fmoe_sim_iteration *it, int64_t ii,
+                                  int32_t l, int64_t a0, int32_t na) {
     const fmoe_sim_workload *w = S->w;
-    const fmoe_policy_ops *ops = S->policy.ops;
     const int32_t L = S->L, J = S->J, K = S->K;
-    for (int32_t q = 0; q < na; q++) S->distinct[q] = (int32_t)(w->access_expert[a0 + q] % J);
-    fmoe_slots_gate(S->slots, l, S->distinct, na);
-    if (!ops->on_gate) return 0;
+    for (int32_t q = 0; q < na; q++) {
+        S->distinct[q] = (int32_t)(w->access_expert[a0 + q] % J);
+        S->tokens[S->distinct[q]] = (int32_t)w->access_tokens[a0 + q];
+    }
     const size_t row = (size_t)it->token_begin * L + (size_t)l;
     const int32_t Sd = w->speculative_depth;
-    const fmoe_gate_event ev = {
+    return (fmoe_gate_event){
         .layer = l,
         .num_tokens = it->num_tokens,
         .chosen = w->experts + row * K,
@@ -320,91 +399,14 @@ static int send_gate(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, int
         .hidden_stride = (int64_t)L * w->hidden_dim,
         .hidden_dim = w->hidden ? w->hidden_dim : 0,
     };
-    ops->on_gate(S->policy.state, S->env, &ev);
-    return fmoe_slots_error(S->slots);
 }
 
-/* Resolves access a (expert e, `tokens` tokens) at the gate time t_gate: hit, a prefetch
- * not finished (waited for), a miss computed on the host lane, or a demand load; then the
- * expert's compute on the modelled device, stalling for its weights. *host_end receives
- * when a host-computed expert is done. @return 0 or the policy's error. */
-static int resolve_access(sim_state *S, fmoe_sim_layer_stats *ls, int32_t l, int64_t a,
-                          double t_gate, double *host_end) {
-    const fmoe_sim_workload *w = S->w;
-    const fmoe_policy_ops *ops = S->policy.ops;
-    const int32_t e = (int32_t)w->access_expert[a];
-    const int32_t tokens = (int32_t)w->access_tokens[a];
-    const fmoe_slot_access found = fmoe_slots_access(S->slots, e);
-    int32_t s = found.slot;
-    double ready = 0;
-    int on_host = 0;
-    fmoe_access_result result;
-    if (found.found == FMOE_FIND_RESIDENT) {
-        result = FMOE_ACCESS_HIT;
-        if (found.prefetched) {
-            S->r->prefetch_hits++;
-            ls->prefetch_hits++;
-        }
-    } else if (found.found != FMOE_FIND_ABSENT) { /* a prefetch not finished */
-        if (found.found == FMOE_FIND_STARTED && S->cur_slot == s) {
-            /* its piece on the engine lands first; the rest follows as a demand load */
-            ready = found.chunks_left > 1 ? demand_ready(S, -1, found.chunks_left - 1, t_gate)
-                                          : S->cur_end;
-            S->cur_slot = -1;
-        } else {
-            ready = demand_ready(S, s, found.chunks_left, t_gate);
-        }
-        if (ready <= S->compute_free) {
-            result = FMOE_ACCESS_HIT;
-            S->r->prefetch_hits++;
-            ls->prefetch_hits++;
-        } else {
-            result = FMOE_ACCESS_LATE_HIT;
-        }
-    } else if (miss_on_host(S, e, tokens, t_gate)) {
-        result = FMOE_ACCESS_MISS;
-        on_host = 1;
-        const double hs = fmoe_sim_host_expert_s(S->costs, tokens);
-        const double start = fmax(t_gate, S->host_free);
-        S->host_free = start + hs;
-        S->r->host_busy_s += hs;
-        *host_end = S->host_free;
-        ls->host_misses++;
-    } else {
-        result = FMOE_ACCESS_MISS;
-        s = fmoe_slots_demand(S->slots, e);
-        FMOE_FORWARD_IF_ERROR(fmoe_slots_error(S->slots));
-        ready = demand_ready(S, s, S->chunks, t_gate);
-    }
-    switch (result) {
-    case FMOE_ACCESS_HIT: ls->hits++; break;
-    case FMOE_ACCESS_LATE_HIT: ls->late_hits++; break;
-    default: ls->misses++; break;
-    }
-    if (!on_host) {
-        if (ready > S->compute_free) {
-            ls->stall_s += ready - S->compute_free;
-            S->compute_free = ready;
-        }
-        S->compute_free += tokens == 1 ? S->expert1_s : fmoe_sim_expert_s(S->costs, tokens);
-    }
-    if (s >= 0) S->slot_free_at[s] = S->compute_free;
-    fmoe_slots_touch(S->slots, e, s, result, on_host, on_host ? S->host_free : S->compute_free);
-    if (ops->on_access) {
-        const fmoe_access_event ev = {.layer = l, .expert = e % S->J, .tokens = tokens,
-                                      .slot = s, .position = a, .result = result};
-        ops->on_access(S->policy.state, S->env, &ev);
-        return fmoe_slots_error(S->slots);
-    }
-    return 0;
-}
-
-/* One MoE layer of an iteration: its non-expert compute, the gate, each distinct expert
- * in order of first appearance (or of fmoe_slots_compute_order when the policy reorders
- * compute), the wait for the host lane, on_layer_done. */
+/* One MoE layer of an iteration: its non-expert compute, then the per-layer sequence
+ * (fmoe_slots_run_layer: the sync and the gate at the gate time, each distinct expert
+ * resolved and computed on the modelled device), the wait for the host lane,
+ * on_layer_done at the layer's end. */
 static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, int32_t l,
                       int64_t a0, int32_t na) {
-    const fmoe_policy_ops *ops = S->policy.ops;
     fmoe_sim_layer_stats *ls = &S->r->per_layer[l];
     const fmoe_sim_layer_stats before = *ls;
     const fmoe_slots_layer_stats m_before = fmoe_slots_stats(S->slots)[l];
@@ -415,28 +417,19 @@ static void run_layer(sim_state *S, const fmoe_sim_iteration *it, int64_t ii, in
                                                     (double)it->token_context,
                                                     (double)it->kv_context)
                            : fmoe_sim_layer_s(S->costs, it->num_tokens, it->context);
-    const double t_gate = S->compute_free;
-    hook_sync(S, t_gate);
-    S->env->now_s = t_gate;
-    if ((S->error = send_gate(S, it, ii, l, a0, na))) return;
-    double host_end = 0; /* when the last host-computed expert of this layer is done */
-    const int reorder = (ops->flags & FMOE_POLICY_REORDER_COMPUTE) != 0;
-    if (reorder) fmoe_slots_compute_order(S->slots, l, S->distinct, na, S->corder);
-    for (int32_t q = 0; q < na; q++)
-        if ((S->error = resolve_access(S, ls, l, a0 + (reorder ? S->corder[q] : q), t_gate,
-                                       &host_end)))
-            return;
-    if (host_end > S->compute_free) { /* the layer's output needs the host's experts too */
-        ls->stall_s += host_end - S->compute_free;
-        S->compute_free = host_end;
+    S->t_gate = S->compute_free;
+    S->host_end = 0;
+    const fmoe_gate_event gate = gate_event(S, it, ii, l, a0, na);
+    const fmoe_slots_layer layer = {.now = S->t_gate, .gate = &gate, .tokens = S->tokens};
+    if ((S->error = fmoe_slots_run_layer(S->slots, &layer, &S->exec))) return;
+    if (S->host_end > S->compute_free) { /* the layer's output needs the host's experts too */
+        ls->stall_s += S->host_end - S->compute_free;
+        S->compute_free = S->host_end;
     }
     ls->accesses += na;
     add_stats(&S->r->per_phase[it->phase ? 1 : 0], ls, &before, &fmoe_slots_stats(S->slots)[l],
               &m_before);
-    if (ops->on_layer_done) {
-        S->env->now_s = S->compute_free;
-        ops->on_layer_done(S->policy.state, S->env, l);
-    }
+    S->error = fmoe_slots_layer_done(S->slots, l, S->compute_free);
 }
 
 /* An iteration's start event and its layers in order, for both replays. */

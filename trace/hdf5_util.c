@@ -86,6 +86,30 @@ hid_t fmoe__h5_open_image(const void *image, size_t size, const char *name) {
     return file;
 }
 
+hid_t fmoe__h5_open_read(const char *path, const void *image, size_t size, const char *what) {
+    if (image) return fmoe__h5_open_image(image, size, path);
+    int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
+    if (fd < 0) return fd;
+    int rc = fmoe__h5_precheck(fd, NULL, 0, path); /* what H5Fopen would trust (hdf5_guard.h) */
+    close(fd);
+    if (rc < 0) return rc;
+    /* "cannot read the file" (EIO) apart from "the bytes are not HDF5" (EFORMAT), so the
+     * message says which */
+    char msg[256];
+    htri_t is = H5Fis_hdf5(path);
+    if (is < 0)
+        return fmoe_error_set(FMOE_EIO, "%s: cannot read: %s", path,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    FMOE_RETURN_ERROR_IF(is == 0, FMOE_EFORMAT,
+                         "%s: not an HDF5 file (no HDF5 signature), expected an fmoe %s", path,
+                         what);
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0)
+        return fmoe_error_set(FMOE_EFORMAT, "%s: damaged or truncated HDF5 file: %s", path,
+                              fmoe__h5_errmsg(msg, sizeof msg));
+    return file;
+}
+
 typedef struct errwalk {
     char *buf;
     size_t cap;
@@ -370,6 +394,23 @@ int fmoe__h5_attr_read_int(hid_t loc, const char *path, const char *obj, const c
     if (type >= 0) H5Tclose(type);
     H5Aclose(a);
     return rc;
+}
+
+int fmoe__h5_root_attr_str(hid_t file, const char *path, const char *name, char *out,
+                           size_t cap) {
+    int rc = fmoe__h5_attr_read_str(file, path, "/", name, out, cap);
+    return rc == FMOE_ENOTFOUND ? FMOE_EFORMAT : rc;
+}
+
+int fmoe__h5_root_attr_int(hid_t file, const char *path, const char *name, int64_t lo,
+                           int64_t hi, int64_t *out) {
+    int rc = fmoe__h5_attr_read_int(file, path, "/", name, out);
+    if (rc == FMOE_ENOTFOUND) rc = FMOE_EFORMAT;
+    if (rc < 0) return rc;
+    FMOE_RETURN_ERROR_IF(*out < lo || *out > hi, FMOE_EFORMAT,
+                         "%s: /: attribute %s = %lld, expected %lld..%lld", path, name,
+                         (long long)*out, (long long)lo, (long long)hi);
+    return 0;
 }
 
 static hid_t lcpl_intermediate(void) {

@@ -47,6 +47,14 @@ const char *fmoe__h5_errmsg(char *buf, size_t cap);
  * disk. @return the file id, or < 0 with a detail naming `name` (FMOE_EFORMAT). */
 hid_t fmoe__h5_open_image(const void *image, size_t size, const char *name);
 
+/* Opens an fmoe file read-only for a reader: the image (`size` bytes, as
+ * fmoe__h5_open_image, `path` its label) when `image` is not NULL, else the file at `path`,
+ * refused before HDF5 sees it when it is not a regular file (a FIFO would block HDF5's open
+ * forever) or when fmoe__h5_precheck refuses it. `what` names the kind of file expected in
+ * messages ("trace", "store"). @return the file id, or < 0: FMOE_EIO (the file cannot be
+ * read), FMOE_EFORMAT (not HDF5, damaged or truncated), the detail saying which. */
+hid_t fmoe__h5_open_read(const char *path, const void *image, size_t size, const char *what);
+
 /* New datatype ids; the caller closes them with H5Tclose. < 0 on failure. */
 hid_t fmoe__h5_half_type(void); /* IEEE binary16, little endian: numpy float16 in h5py */
 hid_t fmoe__h5_utf8_type(void); /* variable-length UTF-8 string: str in h5py */
@@ -91,6 +99,12 @@ int fmoe__h5_attr_read_str(hid_t loc, const char *path, const char *obj, const c
                            char *out, size_t cap);
 /* Reads a scalar integer attribute of any integer type. Same codes as above. */
 int fmoe__h5_attr_read_int(hid_t loc, const char *path, const char *obj, const char *name,
+                           int64_t *out);
+
+/* A root attribute an fmoe file must have (absent: FMOE_EFORMAT, not FMOE_ENOTFOUND): a
+ * string truncated to out[cap], or an integer in lo..hi (else FMOE_EFORMAT with the range). */
+int fmoe__h5_root_attr_str(hid_t file, const char *path, const char *name, char *out, size_t cap);
+int fmoe__h5_root_attr_int(hid_t file, const char *path, const char *name, int64_t lo, int64_t hi,
                            int64_t *out);
 
 /* Writes a scalar variable-length UTF-8 string dataset `name` (e.g. "/model/config_json"). */

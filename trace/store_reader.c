@@ -13,10 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
 #include "fmoe/expertmap.h"
 #include "fmoe/store.h"
 #include "hdf5_guard.h"
@@ -32,18 +30,11 @@ typedef struct reader {
 } reader;
 
 static int int_attr(reader *r, const char *name, int64_t lo, int64_t hi, int64_t *out) {
-    int rc = fmoe__h5_attr_read_int(r->file, r->path, "/", name, out);
-    if (rc == FMOE_ENOTFOUND) rc = FMOE_EFORMAT;
-    if (rc < 0) return rc;
-    FMOE_RETURN_ERROR_IF(*out < lo || *out > hi, FMOE_EFORMAT,
-                         "%s: /: attribute %s = %lld, expected %lld..%lld", r->path, name,
-                         (long long)*out, (long long)lo, (long long)hi);
-    return 0;
+    return fmoe__h5_root_attr_int(r->file, r->path, name, lo, hi, out);
 }
 
 static int str_attr(reader *r, const char *name, char *out, size_t cap) {
-    int rc = fmoe__h5_attr_read_str(r->file, r->path, "/", name, out, cap);
-    return rc == FMOE_ENOTFOUND ? FMOE_EFORMAT : rc;
+    return fmoe__h5_root_attr_str(r->file, r->path, name, out, cap);
 }
 
 static int scalar_attr(reader *r, const char *name, H5T_class_t cls, hid_t mem, void *out) {
@@ -374,25 +365,8 @@ static int store_read(const char *path, int32_t max_batch, const void *image, si
     FMOE_RETURN_ERROR_IF(!path || !out, FMOE_EINVAL, "fmoe_store_read: NULL argument");
     *out = NULL;
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
-    char msg[256];
-    reader r = {.path = path, .file = -1};
-    if (image) {
-        r.file = fmoe__h5_open_image(image, size, path);
-        if (r.file < 0) return (int)r.file;
-    } else {
-        int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
-        if (fd < 0) return fd;
-        int rc = fmoe__h5_precheck(fd, NULL, 0, path); /* what H5Fopen would trust */
-        close(fd);
-        if (rc < 0) return rc;
-        htri_t is = H5Fis_hdf5(path);
-        FMOE_RETURN_ERROR_IF(is <= 0, is < 0 ? FMOE_EIO : FMOE_EFORMAT, "%s: %s", path,
-                             is < 0 ? "cannot open (missing or unreadable)" : "not an HDF5 file");
-        r.file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-        if (r.file < 0)
-            return fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", path,
-                                  fmoe__h5_errmsg(msg, sizeof msg));
-    }
+    reader r = {.path = path, .file = fmoe__h5_open_read(path, image, size, "store")};
+    if (r.file < 0) return (int)r.file;
     fmoe_store_file *f = calloc(1, sizeof *f);
     int rc = f ? read_file(&r, max_batch, f) : fmoe_error_set(FMOE_ENOMEM, "%s", path);
     H5Fclose(r.file);

@@ -15,13 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
 #include "fmoe/half.h"
 #include "fmoe/trace.h"
-#include "hdf5_guard.h"
 #include "hdf5_util.h"
 #include "trace_impl.h"
 
@@ -136,13 +133,7 @@ static int read_table(fmoe_trace_reader *r, const char *name, H5T_class_t cls, i
 
 static int read_int_attr(fmoe_trace_reader *r, const char *name, int64_t lo, int64_t hi,
                          int64_t *out) {
-    int rc = fmoe__h5_attr_read_int(r->file, r->path, "/", name, out);
-    if (rc == FMOE_ENOTFOUND) rc = FMOE_EFORMAT;
-    if (rc < 0) return rc;
-    FMOE_RETURN_ERROR_IF(*out < lo || *out > hi, FMOE_EFORMAT,
-                         "%s: /: attribute %s = %lld, expected %lld..%lld", r->path, name,
-                         (long long)*out, (long long)lo, (long long)hi);
-    return 0;
+    return fmoe__h5_root_attr_int(r->file, r->path, name, lo, hi, out);
 }
 
 /* An attribute added after version 1 was first written: absent means 0. */
@@ -171,8 +162,7 @@ static int read_i32_attr(fmoe_trace_reader *r, const char *name, int32_t *out) {
 }
 
 static int read_str_attr(fmoe_trace_reader *r, const char *name, char *out, size_t cap) {
-    int rc = fmoe__h5_attr_read_str(r->file, r->path, "/", name, out, cap);
-    return rc == FMOE_ENOTFOUND ? FMOE_EFORMAT : rc;
+    return fmoe__h5_root_attr_str(r->file, r->path, name, out, cap);
 }
 
 static int read_header(fmoe_trace_reader *r) {
@@ -226,10 +216,11 @@ static int read_header(fmoe_trace_reader *r) {
  * Open: datasets, request table, iterations
  * ------------------------------------------------------------------------------------- */
 
-/* Opens a gate dataset ([T,L,J] or [T,L,S,J], float16 or float32) when `present`, and
- * refuses one that exists when it should not. */
-static int open_gate(fmoe_trace_reader *r, const char *name, int present, int rank,
-                     const int64_t *want, hid_t *out, int *is_half) {
+/* A dataset the header says is there or not: opened and checked (open_checked) into *out
+ * when `present`, else refused if it exists (*out = -1). */
+static int open_if_present(fmoe_trace_reader *r, const char *name, int present,
+                           H5T_class_t cls, int rank, const int64_t *want, hid_t *out) {
+    *out = -1;
     int ex = fmoe__h5_exists(r->file, r->path, name);
     if (ex < 0) return ex;
     if (!present) {
@@ -239,8 +230,19 @@ static int open_gate(fmoe_trace_reader *r, const char *name, int present, int ra
         return 0;
     }
     FMOE_RETURN_ERROR_IF(ex == 0, FMOE_EFORMAT, "%s: %s is missing", r->path, name);
-    hid_t d = open_checked(r, name, H5T_FLOAT, 0, 0, rank, want, NULL);
+    hid_t d = open_checked(r, name, cls, 0, 0, rank, want, NULL);
     if (d < 0) return (int)d;
+    *out = d;
+    return 0;
+}
+
+/* Opens a gate dataset ([T,L,J] or [T,L,S,J], float16 or float32) when `present`, and
+ * refuses one that exists when it should not. */
+static int open_gate(fmoe_trace_reader *r, const char *name, int present, int rank,
+                     const int64_t *want, hid_t *out, int *is_half) {
+    hid_t d;
+    FMOE_FORWARD_IF_ERROR(open_if_present(r, name, present, H5T_FLOAT, rank, want, &d));
+    if (d < 0) return 0; /* absent, as the header says */
     hid_t type = H5Dget_type(d);
     size_t size = type >= 0 ? H5Tget_size(type) : 0;
     int half = type >= 0 && fmoe__h5_is_half(type);
@@ -467,30 +469,9 @@ static void reader_close(fmoe_trace_reader *r) {
     free(r);
 }
 
-/* Distinguishes "cannot read the file" (EIO) from "the bytes are not HDF5" (EFORMAT)
- * before HDF5 sees it, so the message says which. */
 static int open_file(fmoe_trace_reader *r, const void *image, size_t size) {
-    const char *p = r->path;
-    if (image) {
-        r->file = fmoe__h5_open_image(image, size, p);
-        return r->file < 0 ? (int)r->file : 0;
-    }
-    int fd = fmoe__open_regular(p); /* a FIFO would block HDF5's open forever */
-    if (fd < 0) return fd;
-    int rc = fmoe__h5_precheck(fd, NULL, 0, p); /* what H5Fopen would trust (hdf5_guard.h) */
-    close(fd);
-    if (rc < 0) return rc;
-    char msg[256];
-    htri_t is = H5Fis_hdf5(p);
-    if (is < 0)
-        return fmoe_error_set(FMOE_EIO, "%s: cannot read: %s", p, fmoe__h5_errmsg(msg, sizeof msg));
-    FMOE_RETURN_ERROR_IF(is == 0, FMOE_EFORMAT,
-                         "%s: not an HDF5 file (no HDF5 signature), expected an fmoe trace", p);
-    r->file = H5Fopen(p, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (r->file < 0)
-        return fmoe_error_set(FMOE_EFORMAT, "%s: damaged or truncated HDF5 file: %s", p,
-                              fmoe__h5_errmsg(msg, sizeof msg));
-    return 0;
+    r->file = fmoe__h5_open_read(r->path, image, size, "trace");
+    return r->file < 0 ? (int)r->file : 0;
 }
 
 /* Checks the shapes of the optional datasets fmoe record writes (not read by the replay):
@@ -498,18 +479,9 @@ static int open_file(fmoe_trace_reader *r, const void *image, size_t size) {
  * I = the iterations in replay order. Present exactly when the header says so. */
 static int check_optional(fmoe_trace_reader *r, const char *name, int present,
                           H5T_class_t cls, int rank, const int64_t *want) {
-    int ex = fmoe__h5_exists(r->file, r->path, name);
-    if (ex < 0) return ex;
-    if (!present) {
-        FMOE_RETURN_ERROR_IF(ex > 0, FMOE_EFORMAT,
-                             "%s: %s exists, expected none (the header says it is absent)", r->path,
-                             name);
-        return 0;
-    }
-    FMOE_RETURN_ERROR_IF(ex == 0, FMOE_EFORMAT, "%s: %s is missing", r->path, name);
-    hid_t d = open_checked(r, name, cls, 0, 0, rank, want, NULL);
-    if (d < 0) return (int)d;
-    H5Dclose(d);
+    hid_t d;
+    FMOE_FORWARD_IF_ERROR(open_if_present(r, name, present, cls, rank, want, &d));
+    if (d >= 0) H5Dclose(d);
     return 0;
 }
 

@@ -96,15 +96,11 @@ static void ds_free(void *state) {
 
 static int ds_init(void **state, const fmoe_policy_config *cfg) {
     *state = NULL;
+    /* a predictor of kind duoserve: fmoe_policy_init_ops checked (ops.predictor_kind) */
     const fmoe_predictor *p = cfg->predictor;
-    FMOE_RETURN_ERROR_IF(!p, FMOE_EINVAL,
-                         "policy duoserve needs a predictor: train one with 'fmoe "
-                         "train-predictor --kind duoserve' and pass it with --predictor P.h5");
-    FMOE_RETURN_ERROR_IF(strcmp(p->kind, FMOE_PREDICTOR_KIND_DUOSERVE) != 0 || !p->expert_mlp,
-                         FMOE_EINVAL,
-                         "policy duoserve needs a predictor of kind duoserve, got '%s' (train "
-                         "one with 'fmoe train-predictor --kind duoserve')",
-                         p->kind);
+    FMOE_RETURN_ERROR_IF(!p->expert_mlp, FMOE_EINVAL,
+                         "policy duoserve: the predictor holds no ExpertMLP (train one with "
+                         "'fmoe train-predictor --kind duoserve')");
     FMOE_RETURN_ERROR_IF(p->num_layers != cfg->num_layers || p->num_experts != cfg->num_experts ||
                              p->top_k != cfg->top_k,
                          FMOE_EMISMATCH,
@@ -263,4 +259,5 @@ const fmoe_policy_ops fmoe_policy_duoserve = {
     /* .default_distance   = */ 1,
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ FMOE_PREDICTOR_KIND_DUOSERVE,
 };

@@ -1059,6 +1059,7 @@ static const fmoe_expertmap *fm_expert_store(const void *state) {
         /* .default_distance   = */ DEFAULT_DISTANCE,                                             \
         /* .variants      = */ 0,                                                                 \
         /* .expert_store  = */ fm_expert_store,                                                   \
+        /* .predictor_kind = */ NULL,                                                            \
     };
 
 #define FMOE_OPS(ident, vname, summary_text, flag_bits)                                           \

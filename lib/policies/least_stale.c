@@ -88,4 +88,5 @@ const fmoe_policy_ops fmoe_policy_least_stale = {
     /* .default_distance   = */ 0,
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ NULL,
 };

@@ -58,4 +58,5 @@ const fmoe_policy_ops fmoe_policy_lfu = {
     /* .default_distance   = */ 0,
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ NULL,
 };

@@ -43,4 +43,5 @@ const fmoe_policy_ops fmoe_policy_lru = {
     /* .default_distance   = */ 0,
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ NULL,
 };

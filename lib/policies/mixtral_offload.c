@@ -223,4 +223,5 @@ const fmoe_policy_ops fmoe_policy_mixtral_offload = {
     /* .default_distance   = */ 1,
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ NULL,
 };

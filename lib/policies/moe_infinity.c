@@ -542,6 +542,7 @@ const fmoe_policy_ops fmoe_policy_moe_infinity = {
     /* .default_distance   = */ 1,
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ NULL,
 };
 
 /* MoE-Infinity with fmoe's adaptive mechanisms, so that its prefetching never loses to LRU:
@@ -568,4 +569,5 @@ const fmoe_policy_ops fmoe_policy_moe_infinity_fb = {
     /* .default_distance   = */ 1,
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ NULL,
 };

@@ -103,4 +103,5 @@ const fmoe_policy_ops fmoe_policy_moe_infinity_code = {
     /* .default_distance   = */ 0,
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ NULL,
 };

@@ -47,4 +47,5 @@ const fmoe_policy_ops fmoe_policy_ondemand = {
     /* .default_distance   = */ 0,
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ NULL,
 };

@@ -473,4 +473,5 @@ const fmoe_policy_ops fmoe_policy_oracle = {
     /* .default_distance   = */ 1,
     /* .variants           = */ 2,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ NULL,
 };

@@ -145,12 +145,8 @@ static int run_job(void *ctx, const void *jobp, void *resultp);
 
 static int pm_init(void **state, const fmoe_policy_config *cfg) {
     *state = NULL;
+    /* a predictor of kind promoe: fmoe_policy_init_ops checked (ops.predictor_kind) */
     const fmoe_predictor *p = cfg->predictor;
-    FMOE_RETURN_ERROR_IF(!p, FMOE_EINVAL,
-                         "policy promoe needs a predictor: train one with 'fmoe train-predictor "
-                         "--kind promoe' and pass it with --predictor P.h5");
-    FMOE_RETURN_ERROR_IF(strcmp(p->kind, FMOE_PREDICTOR_KIND_PROMOE) != 0, FMOE_EINVAL,
-                         "policy promoe needs a predictor of kind promoe, got '%s'", p->kind);
     FMOE_RETURN_ERROR_IF(p->num_layers != cfg->num_layers || p->num_experts != cfg->num_experts ||
                              p->top_k != cfg->top_k,
                          FMOE_EMISMATCH,
@@ -423,4 +419,5 @@ const fmoe_policy_ops fmoe_policy_promoe = {
     /* .default_distance   = */ 0,
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
+    /* .predictor_kind     = */ FMOE_PREDICTOR_KIND_PROMOE,
 };

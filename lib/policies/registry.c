@@ -8,6 +8,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
+#include "fmoe/predictor.h"
 #include "fmoe/trace.h"
 
 extern const fmoe_policy_ops fmoe_policy_ondemand;
@@ -81,6 +82,45 @@ const char *fmoe_policy_names(void) {
     return names;
 }
 
+static pthread_once_t predictor_names_once = PTHREAD_ONCE_INIT;
+static char predictor_names[NUM_POLICIES * 34];
+
+static void build_predictor_names(void) {
+    size_t n = 0, at = 0;
+    for (size_t i = 0; i < NUM_POLICIES; i++) n += registry[i]->predictor_kind != NULL;
+    for (size_t i = 0, k = 0; i < NUM_POLICIES; i++) {
+        if (!registry[i]->predictor_kind) continue;
+        const char *sep = k == 0 ? "" : k + 1 == n ? " and " : ", ";
+        at += (size_t)snprintf(predictor_names + at, sizeof predictor_names - at, "%s%s", sep,
+                               registry[i]->name);
+        k++;
+    }
+}
+
+const char *fmoe_policy_predictor_names(void) {
+    pthread_once(&predictor_names_once, build_predictor_names);
+    return predictor_names;
+}
+
+int fmoe_policy_takes_predictor(const fmoe_policy_ops *ops, const char *kind) {
+    return ops->predictor_kind && kind && strcmp(ops->predictor_kind, kind) == 0;
+}
+
+/* A policy with a predictor kind runs only with a predictor of that kind. */
+static int check_predictor(const fmoe_policy_ops *ops, const fmoe_policy_config *cfg) {
+    if (!ops->predictor_kind) return 0;
+    FMOE_RETURN_ERROR_IF(!cfg->predictor, FMOE_EINVAL,
+                         "policy %s needs a predictor: train one with 'fmoe train-predictor "
+                         "--kind %s' and pass it with --predictor P.h5",
+                         ops->name, ops->predictor_kind);
+    FMOE_RETURN_ERROR_IF(!fmoe_policy_takes_predictor(ops, cfg->predictor->kind), FMOE_EINVAL,
+                         "policy %s needs a predictor of kind %s, got '%s' (train one with "
+                         "'fmoe train-predictor --kind %s')",
+                         ops->name, ops->predictor_kind, cfg->predictor->kind,
+                         ops->predictor_kind);
+    return 0;
+}
+
 int fmoe_policy_check_inputs(const fmoe_policy_ops *ops, const fmoe_policy_config *cfg) {
     FMOE_RETURN_ERROR_IF((ops->flags & FMOE_POLICY_NEEDS_PROBS) &&
                              cfg->probs_kind == FMOE_PROBS_NONE,
@@ -137,6 +177,7 @@ int fmoe_policy_init_ops(fmoe_policy *p, const fmoe_policy_ops *ops,
     FMOE_RETURN_ERROR_IF(cfg->variant < 0 || cfg->variant >= (ops->variants > 1 ? ops->variants : 1),
                          FMOE_EINVAL, "policy %s has no variant %d", ops->name, cfg->variant);
     FMOE_FORWARD_IF_ERROR(fmoe_policy_check_inputs(ops, cfg));
+    FMOE_FORWARD_IF_ERROR(check_predictor(ops, cfg));
     return ops->init(&p->state, cfg);
 }
 

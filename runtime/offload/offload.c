@@ -3,8 +3,10 @@
  * lib/slots.c while the model runs, with real slots and a real copy engine.
  *
  * Threads. The executor thread is the one running the forward pass: its routing hook
- * sends the policy events and resolves the layer's accesses; its expert hooks wait for a
- * slot's data and release the slot after the compute. The I/O thread moves bytes from the
+ * runs the per-layer sequence of lib/slots.c (fmoe_slots_run_layer: the policy events and
+ * the layer's accesses, with this executor's demand jobs plugged in); its expert hooks
+ * wait for a slot's data and release the slot after the compute, and the last one sends
+ * on_layer_done. The I/O thread moves bytes from the
  * slow tier (expert_tier.c) into slots. Both share `mu`: the slot protocol, the demand
  * queue and the per-slot data state are touched only under it; bytes are copied outside.
  *
@@ -159,6 +161,9 @@ struct fmoe_offload {
     int64_t *cur_access;       /* [J] index in accesses of expert j's access in this layer */
     double lane_s;             /* --miss auto: estimated end (clock_of seconds) of the
                                   layer's computes resolved so far, on the executor thread */
+    int64_t cur_first_record;  /* index in accesses of the layer's first access */
+    int cur_queued;            /* a demand job was pushed for the access being resolved */
+    fmoe_slots_executor exec;  /* this executor's part of each layer (exec_*) */
     int32_t phase;
     int64_t iteration;
     int64_t requests_begun;    /* request_begin calls: the next request's index */
@@ -481,8 +486,99 @@ static const float *rounded_hidden(fmoe_offload *x, const fmoe_route_event *ev) 
     return x->hidden;
 }
 
-/* The gate of MoE layer ev->layer: policy events and access resolution (docs/design.md
- * §7.1). */
+/* ------------------------------------------------------------------ a layer's accesses */
+
+/* The live executor's part of the per-layer sequence (fmoe_slots_run_layer, whose
+ * fmoe_slots_executor these fill), under mu: a demand job for every byte an access still
+ * needs, the host path for a miss computed on the host, and the slot each expert's compute
+ * will read (cur_slot, on_expert). `now` is the gate's time, env->now_s. */
+
+/* A claimed prefetch: a queued one is loaded whole by a demand job; a started one from
+ * its first piece not landed (none left: it has landed, a hit once its bytes are
+ * marked complete). */
+static fmoe_access_result exec_claimed(void *ctx, const fmoe_slots_resolved *a) {
+    fmoe_offload *x = ctx;
+    const fmoe_slot_access *f = &a->found;
+    const int32_t e = a->layer * x->J + a->expert;
+    if (f->found == FMOE_FIND_QUEUED) {
+        await_engine(x);
+        push_demand(x, f->slot, e, 0);
+        x->cur_queued = 1;
+        await_bytes(x, x->expert_bytes);
+        return FMOE_ACCESS_LATE_HIT;
+    }
+    if (f->chunks_left > 0) {
+        push_demand(x, f->slot, e, x->chunks - f->chunks_left);
+        x->cur_queued = 1;
+    }
+    await_bytes(x, x->expert_bytes * f->chunks_left / x->chunks);
+    return x->data_expert[f->slot] == e && f->chunks_left == 0 ? FMOE_ACCESS_HIT
+                                                                : FMOE_ACCESS_LATE_HIT;
+}
+
+/* The policy's request, --miss cpu, or --miss auto's estimate: one host path. */
+static int exec_miss_on_host(void *ctx, const fmoe_slots_resolved *a, int policy_asked) {
+    fmoe_offload *x = ctx;
+    return policy_asked || x->opt.miss == FMOE_OFFLOAD_MISS_CPU ||
+           (x->opt.miss == FMOE_OFFLOAD_MISS_AUTO && auto_on_host(x, a->tokens, x->env->now_s));
+}
+
+/* A host miss runs inline on the executor thread from the model's own weights
+ * (on_expert); nothing to move. */
+static void exec_host(void *ctx, const fmoe_slots_resolved *a) {
+    (void)a;
+    fmoe_offload *x = ctx;
+    x->st.host_misses++;
+}
+
+/* A demand load into its slot, or into the scratch slot for a bypass. */
+static void exec_demand(void *ctx, const fmoe_slots_resolved *a) {
+    fmoe_offload *x = ctx;
+    int32_t s = a->slot;
+    if (s < 0) {
+        s = x->N; /* the scratch slot */
+        x->st.bypassed++;
+    }
+    await_engine(x);
+    push_demand(x, s, a->layer * x->J + a->expert, 0);
+    x->cur_queued = 1;
+    await_bytes(x, x->expert_bytes);
+}
+
+/* The access's slot for on_expert (a hold on it until its compute ends), its place on
+ * --miss auto's lane, its counts and its record. @return the gate's time. */
+static double exec_placed(void *ctx, const fmoe_slots_resolved *a) {
+    fmoe_offload *x = ctx;
+    const double now = x->env->now_s;
+    const int32_t s = a->on_host ? -1 : a->slot >= 0 ? a->slot : x->N;
+    if (x->opt.miss == FMOE_OFFLOAD_MISS_AUTO) { /* this access's compute on the lane */
+        if (a->on_host) x->lane_s += cost_s(&x->opt.host_expert, a->tokens);
+        else
+            x->lane_s = fmax(x->lane_s, x->cur_queued ? engine_free_at(x, now) : now) +
+                        cost_s(&x->opt.fast_expert, a->tokens);
+    }
+    x->cur_queued = 0;
+    if (s >= 0) x->holds_taken[s]++;
+    x->cur_slot[a->expert] = s;
+    switch (a->result) {
+    case FMOE_ACCESS_HIT: x->st.hits++; break;
+    case FMOE_ACCESS_LATE_HIT: x->st.late_hits++; break;
+    default: x->st.misses++; break;
+    }
+    x->st.accesses++;
+    x->st.prefetch_hits += a->prefetch_hit;
+    /* served by a prefetch: a first use of a prefetched expert, or a claimed transfer */
+    const int from_prefetch = (a->found.found == FMOE_FIND_RESIDENT && a->found.prefetched) ||
+                              a->found.found == FMOE_FIND_QUEUED ||
+                              a->found.found == FMOE_FIND_STARTED;
+    add_access(x, a->layer, a->expert, x->cur_first_record + a->index,
+               a->on_host ? 3 : (uint8_t)a->result, from_prefetch);
+    return now;
+}
+
+/* The gate of MoE layer ev->layer: the per-layer sequence (fmoe_slots_run_layer;
+ * docs/design.md §7.1) with this executor's part (exec_*); on_layer_done follows the
+ * layer's last compute (on_expert_done). */
 static int on_route(void *ctx, const fmoe_route_event *ev) {
     fmoe_offload *x = ctx;
     const fmoe_policy_ops *ops = x->policy.ops;
@@ -492,121 +588,38 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
         pthread_mutex_unlock(&x->mu);
         return fail(x, fmoe_error_set(x->io_error, "%s", x->io_detail));
     }
-    hook_sync(x, 0);
-    x->env->now_s = clock_of(x);
-    fmoe_slots_gate(x->slots, l, ev->distinct, ev->num_distinct);
-    if (ops->on_gate) {
-        const float *hidden = rounded_hidden(x, ev);
-        if (!hidden && x->hidden_dim > 0 && ev->hidden && ev->num_tokens > 0) {
-            pthread_mutex_unlock(&x->mu);
-            return fail(x, fmoe_error_set(FMOE_ENOMEM, "gate inputs of %d tokens",
-                                          ev->num_tokens));
-        }
-        const fmoe_gate_event gev = {
-            .layer = l, .num_tokens = ev->num_tokens, .chosen = ev->chosen,
-            .chosen_stride = ev->chosen_stride, .probs = ev->probs,
-            .probs_stride = ev->probs_stride, .distinct = ev->distinct,
-            .num_distinct = ev->num_distinct, .phase = x->phase,
-            .probs_kind = ev->probs ? FMOE_PROBS_FULL : FMOE_PROBS_NONE,
-            .speculative = ev->speculative, .speculative_stride = ev->speculative_stride,
-            .speculative_depth = ev->speculative ? ev->speculative_depth : 0,
-            .group = -1, .position = -1, .hidden = hidden, .hidden_stride = x->hidden_dim,
-            .hidden_dim = hidden ? x->hidden_dim : 0};
-        ops->on_gate(x->policy.state, x->env, &gev);
+    const float *hidden = ops->on_gate ? rounded_hidden(x, ev) : NULL;
+    if (ops->on_gate && !hidden && x->hidden_dim > 0 && ev->hidden && ev->num_tokens > 0) {
+        pthread_mutex_unlock(&x->mu);
+        return fail(x, fmoe_error_set(FMOE_ENOMEM, "gate inputs of %d tokens", ev->num_tokens));
     }
+    const fmoe_gate_event gev = {
+        .layer = l, .num_tokens = ev->num_tokens, .chosen = ev->chosen,
+        .chosen_stride = ev->chosen_stride, .probs = ev->probs,
+        .probs_stride = ev->probs_stride, .distinct = ev->distinct,
+        .num_distinct = ev->num_distinct, .phase = x->phase,
+        .probs_kind = ev->probs ? FMOE_PROBS_FULL : FMOE_PROBS_NONE,
+        .speculative = ev->speculative, .speculative_stride = ev->speculative_stride,
+        .speculative_depth = ev->speculative ? ev->speculative_depth : 0,
+        .group = -1, .position = -1, .hidden = hidden, .hidden_stride = x->hidden_dim,
+        .hidden_dim = hidden ? x->hidden_dim : 0};
     for (int32_t j = 0; j < J; j++) x->cur_slot[j] = -2;
     x->cur_layer = l;
     x->cur_pending = ev->num_distinct;
-    const double now = x->env->now_s;
-    const int miss_auto = x->opt.miss == FMOE_OFFLOAD_MISS_AUTO;
+    x->cur_queued = 0;
+    /* the layer's records go in replay order (first appearance), whatever the compute
+     * order: the gate's first record + the expert's index in distinct */
+    x->cur_first_record = x->n_accesses;
+    /* the gate's time, taken before the sync (which with sync_transfers waits for the I/O
+     * thread): the sequence's events carry it and --miss auto's lane starts there */
+    const double now = clock_of(x);
     x->lane_s = now;
-    int rc = fmoe_slots_error(x->slots);
     /* ProMoE's reordered compute: resolved and computed in the slots' order (the forward
-     * pass follows ev->compute_order), recorded in replay order */
-    const int reorder = (ops->flags & FMOE_POLICY_REORDER_COMPUTE) != 0;
-    if (reorder) fmoe_slots_compute_order(x->slots, l, ev->distinct, ev->num_distinct,
-                                          ev->compute_order);
-    const int64_t first_record = x->n_accesses;
-    for (int32_t q = 0; q < ev->num_distinct && rc == 0; q++) {
-        const int32_t pos = reorder ? ev->compute_order[q] : q;
-        const int32_t j = ev->distinct[pos], e = l * J + j;
-        const int32_t tokens = ev->tokens[j];
-        const fmoe_slot_access f = fmoe_slots_access(x->slots, e);
-        int32_t s = f.slot;
-        int on_host = 0;
-        fmoe_access_result result = FMOE_ACCESS_HIT;
-        int queued = 0; /* a demand job was pushed for this access */
-        /* served by a prefetch: a first use of a prefetched expert, or a claimed transfer */
-        const int from_prefetch = (f.found == FMOE_FIND_RESIDENT && f.prefetched) ||
-                                  f.found == FMOE_FIND_QUEUED || f.found == FMOE_FIND_STARTED;
-        switch (f.found) {
-        case FMOE_FIND_RESIDENT:
-            if (f.prefetched) x->st.prefetch_hits++;
-            break;
-        case FMOE_FIND_QUEUED:
-            await_engine(x);
-            push_demand(x, s, e, 0);
-            queued = 1;
-            result = FMOE_ACCESS_LATE_HIT;
-            await_bytes(x, x->expert_bytes);
-            break;
-        case FMOE_FIND_STARTED:
-            if (f.chunks_left > 0) {
-                push_demand(x, s, e, x->chunks - f.chunks_left);
-                queued = 1;
-            }
-            await_bytes(x, x->expert_bytes * f.chunks_left / x->chunks);
-            if (x->data_expert[s] == e && f.chunks_left == 0) x->st.prefetch_hits++;
-            else result = FMOE_ACCESS_LATE_HIT;
-            break;
-        default:
-            result = FMOE_ACCESS_MISS;
-            /* the policy's request, --miss cpu, or --miss auto's estimate: one host path */
-            if (fmoe_slots_take_host(x->slots, e) || x->opt.miss == FMOE_OFFLOAD_MISS_CPU ||
-                (miss_auto && auto_on_host(x, tokens, now))) {
-                on_host = 1;
-                s = -1;
-                x->st.host_misses++;
-                break;
-            }
-            s = fmoe_slots_demand(x->slots, e);
-            if ((rc = fmoe_slots_error(x->slots)) < 0) break;
-            if (s < 0) {
-                s = x->N; /* the scratch slot */
-                x->st.bypassed++;
-            }
-            await_engine(x);
-            push_demand(x, s, e, 0);
-            queued = 1;
-            await_bytes(x, x->expert_bytes);
-            break;
-        }
-        if (rc < 0) break;
-        if (miss_auto) { /* this access's compute on the executor thread's lane */
-            if (on_host) x->lane_s += cost_s(&x->opt.host_expert, tokens);
-            else
-                x->lane_s = fmax(x->lane_s, queued ? engine_free_at(x, now) : now) +
-                            cost_s(&x->opt.fast_expert, tokens);
-        }
-        if (s >= 0) x->holds_taken[s]++;
-        x->cur_slot[j] = s;
-        switch (result) {
-        case FMOE_ACCESS_HIT: x->st.hits++; break;
-        case FMOE_ACCESS_LATE_HIT: x->st.late_hits++; break;
-        default: x->st.misses++; break;
-        }
-        x->st.accesses++;
-        add_access(x, l, j, first_record + pos, on_host ? 3 : (uint8_t)result, from_prefetch);
-        fmoe_slots_touch(x->slots, e, s == x->N ? -1 : s, result, on_host, x->env->now_s);
-        if (ops->on_access) {
-            const fmoe_access_event aev = {.layer = l, .expert = j, .tokens = tokens,
-                                           .slot = s == x->N ? -1 : s, .position = -1,
-                                           .result = result};
-            ops->on_access(x->policy.state, x->env, &aev);
-        }
-        rc = fmoe_slots_error(x->slots);
-    }
-    if (rc < 0) x->n_accesses = first_record; /* no half-recorded layer */
+     * pass follows ev->compute_order) */
+    const fmoe_slots_layer layer = {.now = now, .gate = &gev, .tokens = ev->tokens,
+                                    .order = ev->compute_order};
+    const int rc = fmoe_slots_run_layer(x->slots, &layer, &x->exec);
+    if (rc < 0) x->n_accesses = x->cur_first_record; /* no half-recorded layer */
     wake_io(x);
     pthread_mutex_unlock(&x->mu);
     return rc < 0 ? fail(x, rc) : 0;
@@ -652,10 +665,9 @@ static void on_expert_done(void *ctx, int32_t l, int32_t j) {
     const int32_t s = x->cur_slot[j];
     if (s >= 0) x->holds_released[s]++;
     wake_io(x);
-    if (--x->cur_pending == 0 && x->policy.ops->on_layer_done) {
-        x->env->now_s = clock_of(x);
-        x->policy.ops->on_layer_done(x->policy.state, x->env, l);
-    }
+    /* the layer is done when its last expert's compute is: a policy error from
+     * on_layer_done stops the iteration (run_iteration reads fmoe_slots_error) */
+    if (--x->cur_pending == 0) fmoe_slots_layer_done(x->slots, l, clock_of(x));
     pthread_mutex_unlock(&x->mu);
 }
 
@@ -863,6 +875,9 @@ int fmoe__offload_init_backend(fmoe_offload **out, const fmoe_model *m,
         .feedback = fmoe_policy_feedback(ops, o->feedback)};
     if ((rc = fmoe_slots_init(&x->slots, &sc)) < 0) goto fail;
     x->env = fmoe_slots_env(x->slots);
+    x->exec = (fmoe_slots_executor){.ctx = x, .claimed = exec_claimed,
+                                    .miss_on_host = exec_miss_on_host, .host = exec_host,
+                                    .demand = exec_demand, .placed = exec_placed};
     const size_t n1 = (size_t)x->N + 1;
     if (x->device) {
         if ((rc = device_init(x)) < 0) goto fail;

@@ -7,19 +7,28 @@
 #include "fmoe/cache.h"
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
+#include "fmoe/predictor.h"
 #include "fmoe/slots.h"
+#include "fmoe/trace.h"
 
 typedef struct replay_log {
-    int32_t victim; /* of the last demand eviction, -1 none */
+    int64_t hits;
+    int32_t victim; /* of the access just resolved, -1 none */
+    int bypassed;   /* a miss the policy left uncached: these caches never should */
 } replay_log;
 
-static void replay_decision(void *ctx, const fmoe_decision *d) {
-    if (d->kind == FMOE_DECISION_EVICT) ((replay_log *)ctx)->victim = d->victim;
+static double replay_placed(void *ctx, const fmoe_slots_resolved *a) {
+    replay_log *lg = ctx;
+    lg->hits += a->result == FMOE_ACCESS_HIT;
+    lg->victim = a->victim;
+    lg->bypassed |= a->result == FMOE_ACCESS_MISS && a->slot < 0;
+    return 0;
 }
 
-/* Replays expert ids seq[0..n) through policy `name` with `cap` slots, over the executors'
- * slot protocol (fmoe/slots.h); returns hits, or a negative code. victims[] (optional)
- * receives the evicted expert per access (-1 none). */
+/* Replays expert ids seq[0..n) through policy `name` with `cap` slots, each access resolved
+ * by the executors' sequence (fmoe_slots_resolve) with transfers that take no time;
+ * returns hits, or a negative code. victims[] (optional) receives the evicted expert per
+ * access (-1 none). */
 static int64_t replay(const char *name, const uint32_t *seq, int64_t n, int32_t L, int32_t J,
                       int32_t cap, int32_t *victims) {
     fmoe_policy p;
@@ -27,45 +36,25 @@ static int64_t replay(const char *name, const uint32_t *seq, int64_t n, int32_t 
                               .future = seq, .future_len = n};
     int rc = fmoe_policy_init(&p, name, &cfg);
     if (rc < 0) return rc;
-    replay_log lg = {-1};
+    replay_log lg = {0, -1, 0};
     fmoe_slots *q = NULL;
     const fmoe_slots_config sc = {.num_layers = L, .num_experts = J, .capacity = cap,
-                                  .chunks = 1, .policy = &p,
-                                  .hooks = {.ctx = &lg, .decision = replay_decision}};
+                                  .chunks = 1, .policy = &p};
     rc = fmoe_slots_init(&q, &sc);
     if (rc < 0) {
         fmoe_policy_free(&p);
         return rc;
     }
-    fmoe_policy_env *env = fmoe_slots_env(q);
-    int64_t hits = 0;
-    for (int64_t i = 0; i < n; i++) {
+    const fmoe_slots_executor x = {.ctx = &lg, .placed = replay_placed};
+    for (int64_t i = 0; i < n && rc == 0; i++) {
         const int32_t e = (int32_t)seq[i];
-        const fmoe_slot_access f = fmoe_slots_access(q, e);
-        int32_t s = f.slot;
-        fmoe_access_result res = FMOE_ACCESS_HIT;
-        lg.victim = -1;
-        if (f.found == FMOE_FIND_RESIDENT) {
-            hits++;
-        } else {
-            res = FMOE_ACCESS_MISS;
-            s = fmoe_slots_demand(q, e);
-            if (s < 0) {
-                hits = fmoe_slots_error(q) ? fmoe_slots_error(q) : FMOE_EINTERNAL;
-                break;
-            }
-        }
+        rc = fmoe_slots_resolve(q, &x, e / J, e % J, 1, 0, i);
+        if (lg.bypassed && rc == 0) rc = FMOE_EINTERNAL;
         if (victims) victims[i] = lg.victim;
-        fmoe_slots_touch(q, e, s, res, 0, 0);
-        if (p.ops->on_access) {
-            fmoe_access_event ev = {.layer = e / J, .expert = e % J, .tokens = 1, .slot = s,
-                                    .position = i, .result = res};
-            p.ops->on_access(p.state, env, &ev);
-        }
     }
     fmoe_slots_free(q);
     fmoe_policy_free(&p);
-    return hits;
+    return rc < 0 ? rc : lg.hits;
 }
 
 /* ------------------------------------------------------------------ cache */
@@ -173,21 +162,19 @@ TEST(cache_version_changes_with_every_change) {
 TEST(registry_names_and_unknown) {
     const fmoe_policy_ops *const *all = NULL;
     size_t n = fmoe_policy_registry(&all);
-    ASSERT_EQ(n, 19); /* the names below */
-    /* the names string is the table's names, in order, exactly */
-    char want[1024] = "";
+    ASSERT_TRUE(n > 0);
+    /* the names string is the table's names, in order, exactly; each name is found */
+    char want[2048] = "";
     for (size_t i = 0; i < n; i++) {
         ASSERT_TRUE(fmoe_policy_find(all[i]->name) == all[i]);
-        ASSERT_TRUE(all[i]->choose_victim != NULL);
+        ASSERT_TRUE(all[i]->init != NULL && all[i]->choose_victim != NULL);
+        ASSERT_TRUE(all[i]->summary != NULL && all[i]->summary[0] != '\0');
+        ASSERT_TRUE(strlen(all[i]->name) < 32); /* fmoe_policy_names' room per name */
+        ASSERT_TRUE(strlen(want) + strlen(all[i]->name) + 2 < sizeof want);
         if (i) strcat(want, ", ");
         strcat(want, all[i]->name);
     }
     ASSERT_STR_EQ(fmoe_policy_names(), want);
-    ASSERT_STR_EQ(fmoe_policy_names(),
-                  "ondemand, lru, lfu, belady, oracle, least-stale, mixtral-offload, "
-                  "moe-infinity, moe-infinity-code, moe-infinity-fb, promoe, duoserve, fmoe, "
-                  "fmoe-paper, fmoe-map-t, fmoe-map-ts, "
-                  "fmoe-hitcount, fmoe-lru, fmoe-lfu");
     fmoe_policy p;
     fmoe_policy_config cfg = {.num_layers = 1, .num_experts = 4, .top_k = 1, .capacity = 2};
     ASSERT_EQ(fmoe_policy_init(&p, "lruu", &cfg), FMOE_ENOTFOUND);
@@ -200,6 +187,48 @@ TEST(registry_names_and_unknown) {
     cfg.capacity = 2;
     ASSERT_EQ(fmoe_policy_init(&p, "belady", &cfg), FMOE_EINVAL); /* no future */
     ASSERT_CONTAINS(fmoe_error_detail(), "future");
+}
+
+/* The predictor a policy takes is its table's predictor_kind, one of fmoe/predictor.h's
+ * kinds; the registry's list of those policies and its checks follow from the table. */
+TEST(registry_predictor_kinds) {
+    const fmoe_policy_ops *const *all = NULL;
+    size_t n = fmoe_policy_registry(&all);
+    size_t takers = 0;
+    for (size_t i = 0; i < n; i++) takers += all[i]->predictor_kind != NULL;
+    char want[2048] = "";
+    fmoe_predictor other = {.num_layers = 2, .num_experts = 4, .top_k = 1};
+    strcpy(other.kind, "not-a-kind");
+    for (size_t i = 0, k = 0; i < n; i++) {
+        const fmoe_policy_ops *ops = all[i];
+        ASSERT_TRUE(!fmoe_policy_takes_predictor(ops, NULL));
+        ASSERT_TRUE(!fmoe_policy_takes_predictor(ops, "not-a-kind"));
+        if (!ops->predictor_kind) continue;
+        ASSERT_TRUE(fmoe_predictor_kind_id_of(ops->predictor_kind) >= 0);
+        ASSERT_TRUE(fmoe_policy_takes_predictor(ops, ops->predictor_kind));
+        strcat(want, k == 0 ? "" : k + 1 == takers ? " and " : ", ");
+        strcat(want, ops->name);
+        k++;
+        /* refused before its init runs: without a predictor, and with one of another kind */
+        fmoe_policy p;
+        fmoe_policy_config cfg = {.num_layers = 2, .num_experts = 4, .top_k = 1, .capacity = 2,
+                                  .probs_kind = FMOE_PROBS_FULL, .speculative_depth = 1};
+        ASSERT_EQ(fmoe_policy_init(&p, ops->name, &cfg), FMOE_EINVAL);
+        char detail[256];
+        snprintf(detail, sizeof detail, "policy %s needs a predictor: train one with 'fmoe "
+                 "train-predictor --kind %s'", ops->name, ops->predictor_kind);
+        ASSERT_CONTAINS(fmoe_error_detail(), detail);
+        cfg.predictor = &other;
+        ASSERT_EQ(fmoe_policy_init(&p, ops->name, &cfg), FMOE_EINVAL);
+        snprintf(detail, sizeof detail, "policy %s needs a predictor of kind %s, got "
+                 "'not-a-kind'", ops->name, ops->predictor_kind);
+        ASSERT_CONTAINS(fmoe_error_detail(), detail);
+    }
+    ASSERT_STR_EQ(fmoe_policy_predictor_names(), want);
+    ASSERT_EQ(fmoe_predictor_kind_id_of(FMOE_PREDICTOR_KIND_PROMOE), FMOE_PREDICTOR_PROMOE);
+    ASSERT_EQ(fmoe_predictor_kind_id_of(FMOE_PREDICTOR_KIND_DUOSERVE), FMOE_PREDICTOR_DUOSERVE);
+    ASSERT_EQ(fmoe_predictor_kind_id_of("not-a-kind"), -1);
+    ASSERT_EQ(fmoe_predictor_kind_id_of(NULL), -1);
 }
 
 /* ------------------------------------------------------------------ hand-worked traces */

@@ -1,8 +1,9 @@
 /*
  * test_policy_events.c - policy decisions on hand-worked traces, driven event by event:
  * iterations, gates (with speculative rows), accesses, layer ends, request ends. The
- * driver is a zero-time executor over lib/ alone: a prefetch lands at once (resident), a
- * miss loads at once, so the tests see decisions, not timing (tests/sim checks timing).
+ * driver is a zero-time executor over lib/ alone (the executors' per-layer sequence,
+ * fmoe_slots_run_layer): a prefetch lands at once (resident), a miss loads at once, so the
+ * tests see decisions, not timing (tests/sim checks timing).
  * It also lets a test set the cache's contents, to start from a paper figure's state.
  *
  * The centrepiece is Fig. 6 of the MoE-Infinity paper ("MoE-Infinity: Efficient MoE Inference
@@ -18,6 +19,7 @@
 #include "fmoe/trace.h"
 
 #define MAXLOG 256
+#define MAXJ 64 /* experts per layer in these tests */
 
 typedef struct driver {
     fmoe_slots *slots;              /* the executors' slot protocol, with zero-time transfers */
@@ -36,7 +38,6 @@ typedef struct driver {
     int32_t prefetch_victim[MAXLOG]; /* -1 none; -2 dropped */
     int prefetch_at[MAXLOG];        /* accesses resolved before it (n_access then) */
     int n_cancel;
-    int32_t last_victim;            /* of the last demand eviction */
     int prefetch_hits;
     int error;
 } driver;
@@ -55,9 +56,22 @@ static void drv_decision(void *ctx, const fmoe_decision *x) {
         }
         break;
     case FMOE_DECISION_CANCEL: d->n_cancel++; break;
-    case FMOE_DECISION_EVICT: d->last_victim = x->victim; break;
     default: break;
     }
+}
+
+/* An access resolved by the per-layer sequence: logged. Transfers take no time, so a
+ * claimed prefetch (never left here: drv_queued lands each at once) would be a hit. */
+static double drv_placed(void *ctx, const fmoe_slots_resolved *a) {
+    driver *d = ctx;
+    d->prefetch_hits += a->prefetch_hit;
+    if (d->n_access < MAXLOG) {
+        d->access_expert[d->n_access] = a->layer * d->J + a->expert;
+        d->access_result[d->n_access] = a->result;
+        d->access_victim[d->n_access] = a->victim;
+        d->n_access++;
+    }
+    return 0;
 }
 
 /* A queued prefetch lands at once. */
@@ -112,6 +126,13 @@ static void drv_request(driver *d, int n, const uint8_t *phase, const uint16_t *
     const int32_t L = d->L, J = d->J, K = d->K;
     const fmoe_policy_ops *ops = d->policy.ops;
     void *st = d->policy.state;
+    const fmoe_slots_executor x = {.ctx = d, .placed = drv_placed};
+    int32_t one_token[MAXJ]; /* each token of the hand-worked traces counts as one */
+    if (J > MAXJ) {
+        d->error = 1;
+        return;
+    }
+    for (int32_t j = 0; j < MAXJ; j++) one_token[j] = 1;
     const fmoe_request_event rev = {.index = d->request, .id = d->request};
     if (ops->on_request_start) ops->on_request_start(st, d->env, &rev);
     int t = 0;
@@ -138,37 +159,11 @@ static void drv_request(driver *d, int n, const uint8_t *phase, const uint16_t *
                 .speculative = spec ? spec + ((size_t)t * L + l) * (size_t)S * J : NULL,
                 .speculative_stride = (int64_t)L * S * J, .speculative_depth = spec ? S : 0,
                 .group = -1, .position = -1};
-            fmoe_slots_gate(d->slots, l, distinct, nd); /* as the executors do */
-            if (ops->on_gate) ops->on_gate(st, d->env, &gev);
-            for (int32_t q = 0; q < nd; q++) {
-                const int32_t ex = l * J + distinct[q];
-                const fmoe_slot_access f = fmoe_slots_access(d->slots, ex);
-                int32_t s = f.slot, victim = -1;
-                int result = FMOE_ACCESS_HIT;
-                if (f.found == FMOE_FIND_ABSENT) {
-                    result = FMOE_ACCESS_MISS;
-                    d->last_victim = -1;
-                    s = fmoe_slots_demand(d->slots, ex);
-                    victim = d->last_victim;
-                } else if (f.prefetched) {
-                    d->prefetch_hits++;
-                }
-                if (fmoe_slots_error(d->slots)) d->error = 1;
-                fmoe_slots_touch(d->slots, ex, s, (fmoe_access_result)result, 0, 0);
-                if (d->n_access < MAXLOG) {
-                    d->access_expert[d->n_access] = ex;
-                    d->access_result[d->n_access] = result;
-                    d->access_victim[d->n_access] = victim;
-                    d->n_access++;
-                }
-                if (ops->on_access) {
-                    const fmoe_access_event aev = {.layer = l, .expert = distinct[q],
-                                                   .tokens = 1, .slot = s, .position = -1,
-                                                   .result = (fmoe_access_result)result};
-                    ops->on_access(st, d->env, &aev);
-                }
-            }
-            if (ops->on_layer_done) ops->on_layer_done(st, d->env, l);
+            /* the executors' per-layer sequence, with zero-time transfers */
+            const fmoe_slots_layer layer = {.now = 0, .gate = &gev, .tokens = one_token};
+            if (fmoe_slots_run_layer(d->slots, &layer, &x) < 0 ||
+                fmoe_slots_layer_done(d->slots, l, 0) < 0)
+                d->error = 1;
         }
         if (ops->on_iteration_end) ops->on_iteration_end(st, d->env, &iev);
         t = e;

@@ -18,26 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fmoe/error.h"
-#include "fmoe/predictor.h"
-#include "fmoe/sim.h"
+#include "learned_policy_fixture.h"
 
 enum { L = 4, J = 8, K = 2, R = 10, PROMPT = 4, DECODE = 36, N = PROMPT + DECODE };
-
-#define CHECK(expr)                                                                   \
-    do {                                                                              \
-        if ((expr) < 0) {                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,            \
-                    fmoe_error_detail());                                             \
-            abort();                                                                  \
-        }                                                                             \
-    } while (0)
-
-static uint64_t rng = 777;
-static uint32_t next_rand(void) {
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (uint32_t)(rng >> 33);
-}
 
 static uint16_t all_ex[R][N][L][K];
 
@@ -68,23 +51,6 @@ static fmoe_predictor *rule_predictor(int scrambled) {
     float *W = p->expert_mlp->params + p->expert_mlp->w_off[0];
     for (int j = 0; j < J; j++) W[(size_t)j * widths[0] + L * J + (scrambled ? (j + 3) % J : j)] = 4;
     return p;
-}
-
-static fmoe_sim_costs costs(void) { /* transfer 1 ms, layer 0.5 ms, expert 1 ms */
-    fmoe_hardware_profile hw = {.alpha_s = 0, .beta_bytes_per_s = 1e9};
-    hw.attention = (fmoe_linear_cost){.present = 1, .base_s = 0.5e-3};
-    hw.expert = (fmoe_linear_cost){.present = 1, .base_s = 1e-3};
-    fmoe_sim_costs k;
-    if (fmoe_sim_costs_init(&k, &hw, NULL, 1000000, 0, 16) < 0) abort();
-    return k;
-}
-
-static void run(const fmoe_sim_workload *w, const char *policy, const fmoe_predictor *p,
-                int32_t slots, fmoe_sim_result *r) {
-    const fmoe_sim_costs k = costs();
-    const fmoe_sim_config cfg = {.policy = policy, .cache_experts = slots, .costs = &k,
-                                 .predictor = p};
-    CHECK(fmoe_sim_run(w, &cfg, r));
 }
 
 TEST(duoserve_predicts_the_rule_at_k_slots) {

@@ -15,28 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fmoe/error.h"
-#include "fmoe/predictor.h"
-#include "fmoe/sim.h"
+#include "learned_policy_fixture.h"
 
 enum { L = 4, J = 8, K = 1, H = 8, R = 10, PROMPT = 4, DECODE = 36, N = PROMPT + DECODE };
-
-/* Setup that cannot fail in a correct build, in helpers that have no harness_failed to
- * assert with: abort. */
-#define CHECK(expr)                                                                   \
-    do {                                                                              \
-        if ((expr) < 0) {                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,            \
-                    fmoe_error_detail());                                             \
-            abort();                                                                  \
-        }                                                                             \
-    } while (0)
-
-static uint64_t rng = 12345;
-static uint32_t next_rand(void) {
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (uint32_t)(rng >> 33);
-}
+enum { SLOTS = 6 }; /* cached experts */
 
 /* Builds the workload: R requests of a 4-token prompt and 36 decode tokens, and their gate
  * inputs (w->hidden set by hand, as fmoe_sim_workload_read_hidden leaves it). */
@@ -80,31 +62,14 @@ static fmoe_predictor *rule_predictor(int scrambled) {
     return p;
 }
 
-static fmoe_sim_costs costs(void) { /* transfer 1 ms, layer 0.5 ms, expert 1 ms */
-    fmoe_hardware_profile hw = {.alpha_s = 0, .beta_bytes_per_s = 1e9};
-    hw.attention = (fmoe_linear_cost){.present = 1, .base_s = 0.5e-3};
-    hw.expert = (fmoe_linear_cost){.present = 1, .base_s = 1e-3};
-    fmoe_sim_costs k;
-    if (fmoe_sim_costs_init(&k, &hw, NULL, 1000000, 0, 16) < 0) abort();
-    return k;
-}
-
-static void run(const fmoe_sim_workload *w, const char *policy, const fmoe_predictor *p,
-                fmoe_sim_result *r) {
-    const fmoe_sim_costs k = costs();
-    const fmoe_sim_config cfg = {.policy = policy, .cache_experts = 6, .costs = &k,
-                                 .predictor = p};
-    CHECK(fmoe_sim_run(w, &cfg, r));
-}
-
 /* The rule is learned: every predicted expert is used, LRU's misses of layers 1..L-1 turn
  * into hits; scrambled, the prefetches are wasted. */
 static void check_rule(int *harness_failed, const fmoe_sim_workload *w) {
     fmoe_predictor *good = rule_predictor(0), *bad = rule_predictor(1);
     fmoe_sim_result lru, pm, scr;
-    run(w, "lru", NULL, &lru);
-    run(w, "promoe", good, &pm);
-    run(w, "promoe", bad, &scr);
+    run(w, "lru", NULL, SLOTS, &lru);
+    run(w, "promoe", good, SLOTS, &pm);
+    run(w, "promoe", bad, SLOTS, &scr);
     printf("  lru %lld hits; promoe %lld hits, %lld prefetches, precision %.3f; scrambled "
            "%lld hits, precision %.3f\n",
            (long long)lru.hits, (long long)pm.hits, (long long)pm.prefetches,
@@ -162,13 +127,14 @@ TEST(promoe_without_inputs) {
     build(&w, 0);
     fmoe_predictor *p = rule_predictor(0);
     const fmoe_sim_costs k = costs();
-    fmoe_sim_config cfg = {.policy = "promoe", .cache_experts = 6, .costs = &k, .predictor = p};
+    fmoe_sim_config cfg = {.policy = "promoe", .cache_experts = SLOTS, .costs = &k,
+                           .predictor = p};
     fmoe_sim_result r;
     ASSERT_EQ(fmoe_sim_run(&w, &cfg, &r), FMOE_EUNSUPPORTED);
     ASSERT_CONTAINS(fmoe_error_detail(), "record the trace with 'fmoe record --hidden'");
 
     fmoe_policy pol;
-    fmoe_policy_config pc = {.num_layers = L, .num_experts = J, .top_k = K, .capacity = 6};
+    fmoe_policy_config pc = {.num_layers = L, .num_experts = J, .top_k = K, .capacity = SLOTS};
     ASSERT_EQ(fmoe_policy_init(&pol, "promoe", &pc), FMOE_EINVAL);
     ASSERT_CONTAINS(fmoe_error_detail(), "policy promoe needs a predictor");
     pc.predictor = p;
@@ -187,7 +153,7 @@ TEST(promoe_without_inputs) {
     cfg.ops = &blind;
     fmoe_sim_result lru;
     ASSERT_OK(fmoe_sim_run(&w, &cfg, &r));
-    run(&w, "lru", NULL, &lru);
+    run(&w, "lru", NULL, SLOTS, &lru);
     ASSERT_EQ(r.hits, lru.hits);
     ASSERT_EQ(r.misses, lru.misses);
     ASSERT_EQ(r.prefetches, 0);

@@ -153,9 +153,9 @@ typedef struct fmoe_policy_config {
     int32_t variant;           /* which of ops->variants to run, 0-based */
     /* h of on_gate's hidden rows (FMOE_POLICY_NEEDS_HIDDEN); 0: the executor gives none */
     int32_t hidden_dim;
-    /* A learned expert predictor (fmoe/predictor.h; ProMoE's, kind "promoe"), for the
-     * policies that predict with one: borrowed, read-only, for the policy's lifetime (a
-     * sweep's threads share it). NULL: none. */
+    /* A learned expert predictor (fmoe/predictor.h) of the kind ops->predictor_kind names,
+     * for the policies that predict with one: borrowed, read-only, for the policy's
+     * lifetime (a sweep's threads share it). NULL: none. */
     const struct fmoe_predictor *predictor;
     /* Policies that predict beside inference (FMOE_POLICY_MATCHER: fMoE's matcher, §4.3;
      * promoe's predictor, ProMoE §4.4): run the predictions on a thread of their own
@@ -295,6 +295,12 @@ typedef struct fmoe_policy_ops {
      * the run in the updating store modes), for writing it back out; NULL (or a NULL
      * member) for policies without one. */
     const struct fmoe_expertmap *(*expert_store)(const void *state);
+    /* The kind of learned predictor the policy predicts with (FMOE_PREDICTOR_KIND_* of
+     * fmoe/predictor.h; given with --predictor, passed in cfg->predictor), or NULL for a
+     * policy that takes none. fmoe_policy_init_ops refuses a run of such a policy without a
+     * predictor of this kind, and the commands and executors read it here, never from the
+     * policy's name. */
+    const char *predictor_kind;
 } fmoe_policy_ops;
 
 /* A policy instance: its table and its state. Plain struct, caller-allocated. */
@@ -319,6 +325,13 @@ const fmoe_policy_ops *fmoe_policy_find(const char *name);
 
 /* Comma-separated names of the built-in policies ("ondemand, lru, lfu, belady, ..."). */
 const char *fmoe_policy_names(void);
+
+/* The names of the built-in policies that take a predictor (ops->predictor_kind), in
+ * table order, as in a sentence: "promoe and duoserve" ("a, b and c"; "" for none). */
+const char *fmoe_policy_predictor_names(void);
+
+/* Whether `ops` predicts with a predictor of `kind` (a predictor file's kind). NULL: no. */
+int fmoe_policy_takes_predictor(const fmoe_policy_ops *ops, const char *kind);
 
 /* Makes an instance of the built-in policy `name` (or of `ops` when given via
  * fmoe_policy_init_ops). @return 0, FMOE_ENOTFOUND (unknown name; the detail lists the

@@ -30,6 +30,9 @@
 
 #define FMOE_PREDICTOR_FORMAT "fmoe-predictor"
 #define FMOE_PREDICTOR_VERSION 1
+/* The predictor kinds' names (a file's root attribute kind, train-predictor --kind, a
+ * policy's ops->predictor_kind): the only place they are spelled; each has its number in
+ * fmoe_predictor_kind_id below. */
 #define FMOE_PREDICTOR_KIND_PROMOE "promoe"
 #define FMOE_PREDICTOR_KIND_DUOSERVE "duoserve"
 /* The layout of a duoserve predictor's file under format version 1 (root attribute
@@ -249,9 +252,16 @@ int fmoe_predictor_write(const char *path, const fmoe_predictor *p);
  * FMOE_EFORMAT, FMOE_EUNSUPPORTED (another version), FMOE_ENOMEM. */
 int fmoe_predictor_read(const char *path, fmoe_predictor **out);
 
-/* The predictor kind a policy takes (--predictor): "promoe" for promoe, "duoserve" for
- * duoserve, NULL for a policy that takes none. */
-const char *fmoe_predictor_kind_of_policy(const char *policy);
+/* The predictor kinds as numbers, for code that picks something by a predictor's kind (a
+ * policy's ops->predictor_kind, a file's kind) without comparing names. */
+typedef enum fmoe_predictor_kind_id {
+    FMOE_PREDICTOR_PROMOE = 0,   /* FMOE_PREDICTOR_KIND_PROMOE */
+    FMOE_PREDICTOR_DUOSERVE = 1, /* FMOE_PREDICTOR_KIND_DUOSERVE */
+    FMOE_PREDICTOR_NUM_KINDS
+} fmoe_predictor_kind_id;
+
+/* @return the fmoe_predictor_kind_id of the kind named `kind`, or -1 (NULL, another name). */
+int fmoe_predictor_kind_id_of(const char *kind);
 
 /* ---------------------------------------------------------------------------------------
  * DuoServe-MoE's predictor (its paper's §4.1-§4.2)

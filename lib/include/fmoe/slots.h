@@ -9,9 +9,13 @@
  *     room through the policy's choose_victim with an explicit fmoe_victim_request, puts
  *     the expert in a LOADING slot and queues its transfer; cancel drops a queued one;
  *     pin / unpin; compute_on_host marks the next miss of an expert for the host lane;
- *   - access resolution in the §7.1 order: hit, pending prefetch (queued: promoted to a
- *     demand load; started: waited for), or miss (a demand load with its victim, or a
- *     bypass when the policy wants nothing evicted);
+ *   - the per-layer sequence (fmoe_slots_run_layer, written once here): the sync, the
+ *     gate, on_gate, the compute order, and each access resolved in the §7.1 order: hit,
+ *     pending prefetch (queued: promoted to a demand load; started: waited for), or miss
+ *     (a demand load with its victim, a bypass when the policy wants nothing evicted, or
+ *     the host lane), then on_access; the executor plugs in what differs
+ *     (fmoe_slots_executor) and sends on_layer_done when it wants
+ *     (fmoe_slots_layer_done);
  *   - the prefetch queue: highest priority first, then first issued; a prefetch is
  *     eligible `prefetch_delay_s` after it was issued (the fMoE matcher's delay, §4.3).
  *     Transfers move in `chunks` equal pieces; a started prefetch is finished before
@@ -25,18 +29,21 @@
  * live executor does it), hit versus late hit, and demand transfers themselves.
  *
  * Event order (the contract policies see, in both executors): on_request_start; per
- * iteration on_iteration_start; per layer: on_gate at the gate, then for each distinct
- * expert in order of first appearance the access is resolved (a miss's choose_victim
- * first) and on_access follows; on_layer_done; then on_iteration_end; on_request_end.
- * choose_victim is also called synchronously from inside sink->prefetch, with a request of
- * kind FMOE_LOAD_PREFETCH. Transfer completion is NOT an event a policy sees: it changes
- * only the cache view (a LOADING slot becomes RESIDENT, hence evictable), and executors
- * apply completions at two points only: before a layer's gate and before making room for
- * a prefetch (fmoe_slots_hooks.sync). A live executor therefore makes the simulator's
- * choices whenever the same transfers have completed at those points.
+ * iteration on_iteration_start; per layer the sequence of fmoe_slots_run_layer (on_gate
+ * at the gate, then for each distinct expert in order of first appearance, or ProMoE's
+ * compute order, the access is resolved, a miss's choose_victim first, and on_access
+ * follows; its prose is below, "the per-layer sequence"), then on_layer_done; then
+ * on_iteration_end; on_request_end. The request and iteration events are the executor's
+ * to send. choose_victim is also called synchronously from inside sink->prefetch, with a
+ * request of kind FMOE_LOAD_PREFETCH. Transfer completion is NOT an event a policy sees:
+ * it changes only the cache view (a LOADING slot becomes RESIDENT, hence evictable), and
+ * executors apply completions at two points only: before a layer's gate and before making
+ * room for a prefetch (fmoe_slots_hooks.sync). A live executor therefore makes the
+ * simulator's choices whenever the same transfers have completed at those points.
  *
- * Not thread safe: one executor thread calls everything; a live executor's I/O threads
- * report completions to it, and it applies them through fmoe_slots_chunk_done.
+ * Not thread safe: one executor thread calls everything (a live executor serialises its
+ * threads' calls with a lock); its I/O threads report completions to it, and it applies
+ * them through fmoe_slots_chunk_landed and fmoe_slots_apply_landed.
  */
 #ifndef FMOE_SLOTS_H
 #define FMOE_SLOTS_H
@@ -135,12 +142,12 @@ int fmoe_slots_preload(fmoe_slots *q, const int32_t *experts, int32_t n);
 
 /* ---------------------------------------------------------------- accesses */
 
-/* The gate of MoE layer l chose distinct[0..n) (first-appearance order). Executors call
- * it at every gate, after the sync and before the policy's on_gate; with feedback it
- * scores the predictions and evictions that concern layer l and cancels layer l's queued
- * prefetches of experts not chosen. */
+/* The gate of MoE layer l chose distinct[0..n) (first-appearance order): step 3 of
+ * fmoe_slots_run_layer. With feedback it scores the predictions and evictions that concern
+ * layer l and cancels layer l's queued prefetches of experts not chosen. */
 void fmoe_slots_gate(fmoe_slots *q, int32_t l, const int32_t *distinct, int32_t n);
 
+/* What an access found (step a of fmoe_slots_resolve). */
 typedef enum fmoe_slot_find {
     FMOE_FIND_ABSENT = 0,   /* neither cached nor in flight: a miss */
     FMOE_FIND_RESIDENT = 1, /* resident: a hit */
@@ -155,35 +162,136 @@ typedef struct fmoe_slot_access {
     int prefetched;         /* the expert came by a prefetch and is used for the first time */
 } fmoe_slot_access;
 
-/* Looks expert e up for an access and claims it: a QUEUED prefetch leaves the prefetch
- * queue (the executor loads it as a demand load, counted as a prefetch transfer), a QUEUED
- * or STARTED one becomes RESIDENT in the cache view (the access owns it; its compute waits
- * for the transfer). Counts prefetch hits on RESIDENT prefetched experts. */
-fmoe_slot_access fmoe_slots_access(fmoe_slots *q, int32_t e);
-
 /* ProMoE's reordered compute ("ProMoE: Fast MoE-based LLM Serving using Proactive
  * Caching" §5.3): the order to resolve and compute
  * layer l's distinct experts in, after its gate: the resident ones first, then those whose
  * transfer is under way (or has landed), then the rest (queued prefetches, misses), each
  * group in order of first appearance. order[q] receives an index into distinct[0..n).
- * Reads the slots only. */
+ * Reads the slots only (step 5 of fmoe_slots_run_layer). */
 void fmoe_slots_compute_order(const fmoe_slots *q, int32_t l, const int32_t *distinct,
                               int32_t n, int32_t *order);
 
-/* A miss loaded on demand: makes room (choose_victim with FMOE_LOAD_DEMAND) and puts e in
- * the freed slot as RESIDENT, counting its bytes. @return the slot, or -1 when the policy
- * wants nothing evicted or nothing is evictable (a bypass: the executor loads the expert
- * into scratch and computes it uncached), or -1 with fmoe_slots_error set. */
-int32_t fmoe_slots_demand(fmoe_slots *q, int32_t e);
+/* ---------------------------------------------------------------- the per-layer sequence */
 
-/* Whether the policy asked for the next miss of e to be computed on the host; clears the
- * request. */
-int fmoe_slots_take_host(fmoe_slots *q, int32_t e);
+/*
+ * fmoe_slots_run_layer is the one place the sequence of a MoE layer is written; the
+ * simulator, the live executor and the test drivers all run it, and supply only what
+ * differs between them through an fmoe_slots_executor. For layer l, given the executor's
+ * time `now` at the gate and the gate event:
+ *
+ *   1. sync       hooks.sync(now): the executor applies the transfer completions it knows
+ *                 of (one of the two sync points; the other is inside sink->prefetch)
+ *   2. time       env.now_s = now; every event up to the layer's last on_access carries it
+ *   3. gate       fmoe_slots_gate (feedback-directed prefetching: scoring, early
+ *                 preemption of the layer's queued prefetches the gate did not choose)
+ *   4. on_gate    the policy's, with the executor's gate event
+ *   5. order      the gate's distinct experts in order of first appearance, or in
+ *                 fmoe_slots_compute_order's order for FMOE_POLICY_REORDER_COMPUTE
+ *   6. per expert fmoe_slots_resolve (below), in that order
+ *
+ * and it stops at the first error (a policy breaking the contract), returning it. It does
+ * not send on_layer_done: the executor calls fmoe_slots_layer_done when the layer's
+ * computes are done, at a time of its own (the simulator right after the sequence, at the
+ * end of the layer's modelled compute; the live executor when the last expert's compute
+ * finishes, which the forward pass reports later).
+ *
+ * One access (fmoe_slots_resolve, expert j of layer l) in docs/design.md §7.1's order:
+ *
+ *   a. look-up and claim: RESIDENT (a hit; a prefetched expert used for the first time is
+ *      a prefetch hit), QUEUED or STARTED (a prefetch not finished: the access claims it;
+ *      a queued one leaves the prefetch queue and counts as a prefetch transfer), or
+ *      ABSENT (a miss)
+ *   b. a claimed prefetch: exec->claimed finishes its transfer and says HIT or LATE_HIT
+ *   c. a miss: the policy's compute_on_host request for e is taken; exec->miss_on_host
+ *      decides whether the host lane computes it (exec->host), else a demand load takes a
+ *      free slot or makes room (choose_victim with FMOE_LOAD_DEMAND; -1 or nothing
+ *      evictable: a bypass, computed uncached) and exec->demand loads it
+ *   d. exec->placed: the executor places the access's compute and counts it
+ *   e. the access is recorded in the cache's bookkeeping and the decision log (HOST, then
+ *      ACCESS, at the time placed returned)
+ *   f. the policy's on_access (position: the gate's position + the expert's index in
+ *      distinct, or -1 when the gate's is -1)
+ *
+ * Every callback runs on the executor's thread, inside the sequence, and must not call
+ * back into this module or the policy.
+ */
 
-/* Records an access in the cache's bookkeeping (its slot, or uncached: slot -1) and logs
- * it. Call once per access, after its compute is placed, before on_access. */
-void fmoe_slots_touch(fmoe_slots *q, int32_t e, int32_t slot, fmoe_access_result result,
-                      int on_host, double now);
+/* One access as the sequence has resolved it so far, handed to the executor's callbacks. */
+typedef struct fmoe_slots_resolved {
+    int32_t layer, expert;      /* (l, j) */
+    int32_t index;              /* j's index in the gate's distinct[] (first appearance) */
+    int32_t tokens;             /* tokens of the iteration routed to it */
+    fmoe_slot_access found;     /* the look-up (step a) */
+    int32_t slot;               /* the slot its compute reads: found.slot, a demand load's
+                                   slot (step c), or -1: computed uncached (host lane,
+                                   bypass) */
+    int32_t victim;             /* expert id l*J+j evicted for its demand load, -1 none */
+    fmoe_access_result result;  /* MISS for a miss; a claimed prefetch: claimed's answer */
+    int on_host;                /* a miss computed on the host lane */
+    int prefetch_hit;           /* a prefetched expert whose bytes were there in time: a
+                                   first use of a RESIDENT one, or a claimed transfer that
+                                   claimed judged a HIT */
+} fmoe_slots_resolved;
+
+/* What differs between executors, per access. ctx is passed back; every callback may be
+ * NULL (the default in parentheses: an executor whose transfers take no time). The order
+ * of calls is the sequence's: at most one of claimed, host or demand, then placed. */
+typedef struct fmoe_slots_executor {
+    void *ctx;
+    /* A claimed prefetch (found QUEUED: promoted, none of it moved; STARTED: its transfer
+     * under way or landed, found.chunks_left pieces still to move): have the rest of its
+     * transfer done as a demand load, ahead of every prefetch (the simulator models it;
+     * the live executor queues a demand job from its first piece not landed). @return
+     * FMOE_ACCESS_HIT when its bytes are there when its compute starts, else
+     * FMOE_ACCESS_LATE_HIT. (HIT) */
+    fmoe_access_result (*claimed)(void *ctx, const fmoe_slots_resolved *a);
+    /* A miss: nonzero to compute it on the host lane, uncached, instead of loading it.
+     * policy_asked: the policy's compute_on_host request for this expert (already taken;
+     * an executor without a host lane may ignore it). (0) */
+    int (*miss_on_host)(void *ctx, const fmoe_slots_resolved *a, int policy_asked);
+    /* A miss the host lane computes: the executor runs or schedules it. (nothing) */
+    void (*host)(void *ctx, const fmoe_slots_resolved *a);
+    /* A miss loaded on demand into a->slot (-1: a bypass: into scratch, computed
+     * uncached); a->victim was evicted for it. The executor issues the transfer, ahead of
+     * every prefetch not yet started. (nothing) */
+    void (*demand)(void *ctx, const fmoe_slots_resolved *a);
+    /* The access is resolved: the executor places its compute (after its bytes, on the
+     * device or the host lane), charges the time and counts the result. @return the time
+     * the decision log records for the access. (env.now_s) */
+    double (*placed)(void *ctx, const fmoe_slots_resolved *a);
+} fmoe_slots_executor;
+
+/* One layer's input to the sequence. */
+typedef struct fmoe_slots_layer {
+    double now;                   /* the executor's time at the gate: the sync applies the
+                                     completions up to it (a live executor reads its
+                                     clock before the sync, which may wait) */
+    const fmoe_gate_event *gate;  /* what on_gate receives: its layer, distinct[] and
+                                     num_distinct are the layer's accesses, its position
+                                     the first one's in the access sequence (-1 live) */
+    const int32_t *tokens;        /* [J] tokens routed to each expert j of the layer */
+    int32_t *order;               /* [num_distinct] receives the compute order (indexes
+                                     into distinct) when the policy reorders compute, and
+                                     is left alone otherwise; NULL: not wanted */
+} fmoe_slots_layer;
+
+/* Runs the sequence above for one layer. @return 0, or the first error (fmoe_slots_error)
+ * with the layer's remaining accesses unresolved. */
+int fmoe_slots_run_layer(fmoe_slots *q, const fmoe_slots_layer *layer,
+                         const fmoe_slots_executor *x);
+
+/* The layer's computes are done: the policy's on_layer_done(l) at time `now` (env.now_s
+ * is set only when the policy has one). The executor calls it once per
+ * fmoe_slots_run_layer that succeeded, when it wants (a live executor may from another
+ * moment than the sequence's, under the same serialisation). @return fmoe_slots_error. */
+int fmoe_slots_layer_done(fmoe_slots *q, int32_t l, double now);
+
+/* Step 6 alone: resolves one access of expert j of layer l, index its place in the gate's
+ * distinct[], `position` what on_access reports. For drivers that replay a bare access
+ * sequence without gates (tests of the reference caches); executors run whole layers.
+ * @return 0 or fmoe_slots_error. */
+int fmoe_slots_resolve(fmoe_slots *q, const fmoe_slots_executor *x, int32_t l, int32_t j,
+                       int32_t tokens, int32_t index, int64_t position);
 
 /* ---------------------------------------------------------------- the prefetch queue */
 
@@ -199,7 +307,7 @@ void fmoe_slots_chunk_start(fmoe_slots *q, int32_t s);
 
 /* The piece in flight for slot s has landed. @return 1 when the whole transfer is done
  * (the slot becomes RESIDENT), else 0; also 0 when an access claimed the transfer
- * meanwhile (fmoe_slots_access: the executor finishes it as a demand load), so an executor
+ * meanwhile (fmoe_slots_resolve: the executor finishes it as a demand load), so an executor
  * reports a piece only while the slot still holds the transfer it started. */
 int fmoe_slots_chunk_done(fmoe_slots *q, int32_t s);
 

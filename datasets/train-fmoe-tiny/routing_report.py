@@ -1,7 +1,7 @@
 """Routing of fmoe-tiny next to a random-init model of the same architecture, measured on
 traces that `fmoe record` writes (the numbers in datasets/fmoe-tiny/README.md).
 
-    python datasets/fmoe_tiny/routing_report.py --fmoe BUILD/cmd/fmoe \
+    python datasets/train-fmoe-tiny/routing_report.py --fmoe BUILD/cmd/fmoe \
         --trained datasets/fmoe-tiny --random /tmp/fmoe-tiny-random \
         [--prompts datasets/samples/prompts_100.txt] [--new-tokens 32] [--json OUT]
 

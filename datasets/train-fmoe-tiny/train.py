@@ -1,6 +1,6 @@
 """Trains fmoe-tiny, the small MoE language model bundled as fmoe's default model.
 
-    python datasets/fmoe_tiny/train.py [--out datasets/fmoe-tiny] [--minutes 35]
+    python datasets/train-fmoe-tiny/train.py [--out datasets/fmoe-tiny] [--minutes 35]
         [--threads 1] [--random-init-out DIR] [--corpus-dir DIR] [--seed 0]
 
 What it does, top to bottom:
@@ -30,7 +30,7 @@ What it does, top to bottom:
 5. Report. Validation loss and per-layer routing entropy (mean entropy of the gate
    distribution, and entropy of the expert-usage histogram) of the trained model, of the
    saved bf16 checkpoint reloaded, and of the same architecture at random init, written
-   to datasets/fmoe_tiny/last_run.json. With --random-init-out the random-init model is
+   to datasets/train-fmoe-tiny/last_run.json. With --random-init-out the random-init model is
    saved too (for comparing fmoe traces; never committed).
 
 Dependencies: torch, transformers, tokenizers (tests/python/requirements-torch.txt).
