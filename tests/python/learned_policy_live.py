@@ -111,9 +111,9 @@ def refused_without_predictor(fmoe_bin, policy):
     return err
 
 
-def assert_predictor_of_another_model_is_refused(fmoe_bin, policy, predictor, tmp_path):
-    """A copy of the predictor with another model fingerprint is a one-line error naming
-    both fingerprints."""
+def copy_with_other_fingerprint(predictor, tmp_path):
+    """A copy of the predictor file claiming another model: (path, its real fingerprint,
+    the fake one)."""
     other = tmp_path / "other.h5"
     shutil.copy(predictor, other)
     with h5py.File(other, "r+") as f:
@@ -121,6 +121,13 @@ def assert_predictor_of_another_model_is_refused(fmoe_bin, policy, predictor, tm
         mine = mine.decode() if isinstance(mine, bytes) else str(mine)
         fake = "0" * 64 if mine != "0" * 64 else "1" * 64
         f.attrs["model_fingerprint"] = fake
+    return other, mine, fake
+
+
+def assert_predictor_of_another_model_is_refused(fmoe_bin, policy, predictor, tmp_path):
+    """A copy of the predictor with another model fingerprint is a one-line error naming
+    both fingerprints."""
+    other, mine, fake = copy_with_other_fingerprint(predictor, tmp_path)
     err = refused(fmoe_bin, 1, "generate", "--model", TINY, "--prompt", "x", "--policy", policy,
                   "--predictor", other, "--cache-experts", 12)
     assert fake in err and mine in err

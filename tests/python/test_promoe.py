@@ -7,13 +7,13 @@ depend on the recorded routing. Bad input gets one line and the documented exit 
 promoe without --predictor, a predictor of another model, a trace without gate inputs.
 """
 import json
-import shutil
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the zstd filter the trace uses)
 import pytest
 
 from conftest import REPO
+from learned_policy_live import copy_with_other_fingerprint
 
 PROMPTS = REPO / "datasets" / "samples" / "prompts_100.txt"
 
@@ -76,13 +76,7 @@ def test_predictor_is_needed_and_only_for_promoe(trace, predictor, fmoe):
 
 
 def test_predictor_of_another_model(trace, predictor, fmoe, tmp_path):
-    other = tmp_path / "other.h5"
-    shutil.copy(predictor, other)
-    with h5py.File(other, "r+") as f:
-        mine = f.attrs["model_fingerprint"]
-        mine = mine.decode() if isinstance(mine, bytes) else str(mine)
-        fake = "0" * 64 if mine != "0" * 64 else "1" * 64
-        f.attrs["model_fingerprint"] = fake
+    other, mine, fake = copy_with_other_fingerprint(predictor, tmp_path)
     p = fmoe("simulate", "--trace", trace, "--policy", "promoe", "--predictor", other,
              "--cache-experts", 12, check=False)
     assert p.returncode == 1
