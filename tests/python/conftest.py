@@ -17,6 +17,12 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
+# The test tier (docs/TESTING.md): "quick" (tests/run.sh, the default) or "full"
+# (tests/run-all.sh). A few long cross-checks run some of their cases in the full tier
+# only; those cases are marked with FULL_TIER_ONLY and say so when skipped.
+FULL_TIER = os.environ.get("FMOE_TEST_TIER", "quick") == "full"
+FULL_TIER_ONLY = pytest.mark.skipif(not FULL_TIER, reason="full tier only (FMOE_TEST_TIER=full)")
+
 
 def _build_dir():
     return pathlib.Path(os.environ.get("FMOE_BUILD_DIR", REPO / "build")).resolve()
