@@ -80,6 +80,7 @@ typedef struct series {
     double x[MAXPTS], x2[MAXPTS], y[MAXPTS];
     fmoe_linear_fit fit;
     int ok;
+    int throughput_only; /* a link series whose fit did not grow with size: see fit_link */
 } series;
 
 /* ------------------------------------------------------------------ parsing */
@@ -196,6 +197,34 @@ static void fit_series(series *s) {
     fmoe_error_clear();
 }
 
+/* A link: time = alpha + bytes / beta. The fit weighs relative errors, so its small reads
+ * count most; when their times are noise (a shared virtual disk, a busy machine) the fitted
+ * slope can come out zero or negative, which is no link at all. Then the largest read's
+ * throughput is the link (alpha 0), and the profile's calibration record says so, rather
+ * than the whole calibration failing on a noisy sample. */
+static void fit_link(series *s) {
+    fit_series(s);
+    if (!s->ok || s->fit.b > 0) return;
+    int32_t big = 0;
+    for (int32_t i = 1; i < s->n; i++)
+        if (s->x[i] > s->x[big]) big = i;
+    if (!(s->x[big] > 0 && s->y[big] > 0)) {
+        s->ok = 0;
+        return;
+    }
+    s->throughput_only = 1;
+    s->fit.a = 0;
+    s->fit.b = s->y[big] / s->x[big];
+    s->fit.rms_rel = s->fit.max_rel = 0;
+    double se = 0;
+    for (int32_t i = 0; i < s->n; i++) {
+        const double r = fabs(s->fit.b * s->x[i] - s->y[i]) / s->y[i];
+        se += r * r;
+        if (r > s->fit.max_rel) s->fit.max_rel = r;
+    }
+    s->fit.rms_rel = sqrt(se / s->n);
+}
+
 /* The non-expert matrices of a layer: q, k, v, o, router, shared expert (3). */
 static int32_t layer_mats(const shapes *s, int32_t *rows, int32_t *cols) {
     const int32_t q = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim, h = s->hidden;
@@ -283,7 +312,7 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     m->ram = (series){.what = "copy RAM->RAM", .n = ns - r0};
     FMOE_FORWARD_IF_ERROR(fmoe_calibrate_copy_ram(sizes + r0, ns - r0, reps, sec));
     for (int32_t i = 0; i < ns - r0; i++) m->ram.x[i] = (double)sizes[r0 + i], m->ram.y[i] = sec[i];
-    fit_series(&m->ram);
+    fit_link(&m->ram);
     const int32_t nf = o->quick ? 3 : 6; /* file: 64 KiB .. 64 MiB (quick: 4 KiB .. 1 MiB) */
     const int64_t *fsizes = sizes;
     m->file = (series){.what = "copy file->RAM", .n = nf};
@@ -297,13 +326,13 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     }
     if (rc < 0) return rc;
     for (int32_t i = 0; i < nf; i++) m->file.x[i] = (double)fsizes[i], m->file.y[i] = sec[i];
-    fit_series(&m->file);
+    fit_link(&m->file);
     if (m->have_gpu) { /* the cuda backend (cmd_calibrate sets it from --backend) */
         static const int64_t gsizes[] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20};
         m->h2d = (series){.what = "copy host->device", .n = o->quick ? 4 : 6};
         FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_h2d(gsizes, m->h2d.n, reps, sec));
         for (int32_t i = 0; i < m->h2d.n; i++) m->h2d.x[i] = (double)gsizes[i], m->h2d.y[i] = sec[i];
-        fit_series(&m->h2d);
+        fit_link(&m->h2d);
         FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_d2d(o->quick ? 16 << 20 : 256 << 20, reps,
                                                       &m->gpu_membw));
     }
@@ -445,6 +474,9 @@ static void add_link(cJSON *links, const char *key, const series *s) {
     if (s->ok) {
         cJSON_AddNumberToObject(o, "alpha_s", nonneg(s->fit.a));
         cJSON_AddNumberToObject(o, "beta_bytes_per_s", s->fit.b > 0 ? 1.0 / s->fit.b : 0);
+        if (s->throughput_only)
+            cJSON_AddStringToObject(o, "fit", "throughput of the largest read: the times did "
+                                              "not grow with size");
     }
     cJSON_AddItemToObject(links, key, o);
 }
