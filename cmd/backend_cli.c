@@ -42,24 +42,25 @@ const char *cmd_cuda_device_name(const char *describe, char *buf, size_t cap) {
     return buf;
 }
 
-const char *cmd_backend_describe(fmoe_backend_kind kind, char *buf, size_t cap) {
+/* The backend's name, joined to the CUDA device's name by `sep` ("backend SEP device END")
+ * when there is one. */
+static const char *backend_with_device(fmoe_backend_kind kind, const char *sep,
+                                       const char *end, char *buf, size_t cap) {
     char dev[160];
     if (kind == FMOE_BACKEND_CUDA &&
         cmd_cuda_device_name(fmoe_cuda_describe(), dev, sizeof dev)[0])
-        snprintf(buf, cap, "%s (%s)", fmoe_backend_name(kind), dev);
+        snprintf(buf, cap, "%s%s%s%s", fmoe_backend_name(kind), sep, dev, end);
     else
         snprintf(buf, cap, "%s", fmoe_backend_name(kind));
     return buf;
 }
 
+const char *cmd_backend_describe(fmoe_backend_kind kind, char *buf, size_t cap) {
+    return backend_with_device(kind, " (", ")", buf, cap);
+}
+
 const char *cmd_backend_recorded_on(fmoe_backend_kind kind, char *buf, size_t cap) {
-    char dev[160];
-    if (kind == FMOE_BACKEND_CUDA &&
-        cmd_cuda_device_name(fmoe_cuda_describe(), dev, sizeof dev)[0])
-        snprintf(buf, cap, "%s:%s", fmoe_backend_name(kind), dev);
-    else
-        snprintf(buf, cap, "%s", fmoe_backend_name(kind));
-    return buf;
+    return backend_with_device(kind, ":", "", buf, cap);
 }
 
 void cmd_backend_say(const char *cmd, fmoe_backend_kind kind) {
