@@ -434,7 +434,7 @@ stage_bench() {
     return $rc
 }
 
-export -f fig needs_gpu compare_generations sanitize
+export -f fig needs_gpu compare_generations sanitize run_test_binary
 export -f stage_env stage_ops_self stage_selftest stage_ops stage_cuda_ops stage_generate \
     stage_e2e stage_record stage_memcheck stage_memcheck_offload stage_memcheck_ops \
     stage_racecheck stage_synccheck stage_initcheck stage_bench
