@@ -94,7 +94,8 @@ extern const cmd_spec cmd_train_predictor_spec;
 extern const cmd_spec cmd_inspect_spec, cmd_trace_spec, cmd_trace_import_spec, cmd_demo_spec,
     cmd_simulate_spec, cmd_calibrate_spec, cmd_build_store_spec, cmd_tokenize_spec,
     cmd_generate_spec, cmd_record_spec, cmd_compare_logs_spec, cmd_serve_spec,
-    cmd_trace_recover_spec;
+    cmd_trace_recover_spec, cmd_trace_merge_spec;
+int cmd_trace_merge(int argc, char **argv); /* `fmoe trace merge` (cmd/trace_merge.c) */
 /* `fmoe inspect` of an expert-map store (cmd/inspect_store.c). */
 int cmd_inspect_store(const char *path, int json);
 

@@ -230,7 +230,8 @@ const cmd_spec cmd_trace_spec = {
     .description =
         "subcommands:\n"
         "  import   routing logs recorded elsewhere (JSON Lines, dense CSV) -> fmoe trace\n"
-        "  recover  what a killed record or serve --trace-out left -> a valid trace\n",
+        "  recover  what a killed record or serve --trace-out left -> a valid trace\n"
+        "  merge    traces of one model and options (record's MPI shards) -> one trace\n",
     .options = trace_options,
     .epilog = "Run 'fmoe trace import --help' or 'fmoe trace recover --help' for their "
               "options.\n",
@@ -444,7 +445,7 @@ static int cmd_trace_import(int argc, char **argv) {
 
 int cmd_trace(int argc, char **argv) {
     if (argc < 2) /* a usage error is one line, like every other */
-        return cmd_usage_error(CMD, "a subcommand is needed: import or recover");
+        return cmd_usage_error(CMD, "a subcommand is needed: import, recover or merge");
     const char *sub = argv[1];
     if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0) {
         cmd_options_help(&cmd_trace_spec, stdout);
@@ -452,6 +453,7 @@ int cmd_trace(int argc, char **argv) {
     }
     if (strcmp(sub, "import") == 0) return cmd_trace_import(argc - 1, argv + 1);
     if (strcmp(sub, "recover") == 0) return cmd_trace_recover(argc - 1, argv + 1);
+    if (strcmp(sub, "merge") == 0) return cmd_trace_merge(argc - 1, argv + 1); /* trace_merge.c */
     if (sub[0] == '-') return cmd_usage_error(CMD, "unknown option '%s'", sub);
-    return cmd_usage_error(CMD, "unknown subcommand '%s' (valid: import, recover)", sub);
+    return cmd_usage_error(CMD, "unknown subcommand '%s' (valid: import, recover, merge)", sub);
 }

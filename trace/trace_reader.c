@@ -602,6 +602,16 @@ static int check_gate(const fmoe_trace_reader *r, const char *name, const float 
     return 0;
 }
 
+/* Reads rows of a dataset the reader does not keep open (rarely read ones). */
+static int read_rows_once(fmoe_trace_reader *r, const char *name, hid_t mem, hsize_t row0,
+                          hsize_t rows, void *out) {
+    hid_t d = fmoe__h5_dataset_open(r->file, r->path, name);
+    if (d < 0) return d == FMOE_ENOTFOUND ? FMOE_EFORMAT : (int)d;
+    const int rc = fmoe__h5_dataset_read_rows(d, r->path, name, mem, row0, rows, out);
+    H5Dclose(d);
+    return rc;
+}
+
 static int read_tokens(fmoe_trace_reader *r, int64_t t0, int64_t n,
                        const fmoe_trace_token_buffers *buf) {
     if (!r || !buf)
@@ -709,7 +719,61 @@ static int read_tokens(fmoe_trace_reader *r, int64_t t0, int64_t n,
                                  "expected >= 0",
                                  p, (long long)(t0 + i), (long long)buf->served_iteration[i]);
     }
+    if (buf->served_s) {
+        FMOE_RETURN_ERROR_IF(!h->served, FMOE_EINVAL,
+                             "%s: no /tokens/served_s: not a trace of fmoe serve", p);
+        FMOE_FORWARD_IF_ERROR(read_rows_once(r, "/tokens/served_s", H5T_NATIVE_FLOAT, row0,
+                                             rows, buf->served_s));
+    }
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The measured extras (/timing, /timing/access_outcome): for copying a trace
+ * ------------------------------------------------------------------------------------- */
+
+static int read_timing(fmoe_trace_reader *r, int64_t i0, int64_t n, float *layer_s,
+                       float *iteration_s) {
+    const char *p = r->path;
+    FMOE_RETURN_ERROR_IF(r->header.timing_layers < 1, FMOE_EINVAL,
+                         "%s: no /timing (timing_layers 0)", p);
+    FMOE_RETURN_ERROR_IF(i0 < 0 || n < 0 || i0 > r->num_iterations || n > r->num_iterations - i0,
+                         FMOE_ERANGE, "%s: /timing: iterations [%lld, %lld) requested, the "
+                         "trace has %lld", p, (long long)i0, (long long)(i0 + n),
+                         (long long)r->num_iterations);
+    if (n == 0) return 0;
+    if (layer_s)
+        FMOE_FORWARD_IF_ERROR(read_rows_once(r, "/timing/layer_s", H5T_NATIVE_FLOAT,
+                                             (hsize_t)i0, (hsize_t)n, layer_s));
+    if (iteration_s)
+        FMOE_FORWARD_IF_ERROR(read_rows_once(r, "/timing/iteration_s", H5T_NATIVE_FLOAT,
+                                             (hsize_t)i0, (hsize_t)n, iteration_s));
+    return 0;
+}
+
+static int read_access_outcomes(fmoe_trace_reader *r, int64_t a0, int64_t n, uint8_t *out,
+                                int64_t *total) {
+    const char *p = r->path, *name = "/timing/access_outcome";
+    FMOE_RETURN_ERROR_IF(r->header.offload_cache_experts < 1, FMOE_EINVAL,
+                         "%s: no %s (not an offloaded recording)", p, name);
+    int64_t dims[1];
+    const int64_t any[1] = {-1};
+    hid_t d = open_checked(r, name, H5T_INTEGER, 0, 0, 1, any, dims);
+    if (d < 0) return (int)d;
+    int rc = 0;
+    if (total) *total = dims[0];
+    if (a0 < 0 || n < 0 || a0 > dims[0] || n > dims[0] - a0)
+        rc = fmoe_error_set(FMOE_ERANGE, "%s: %s: entries [%lld, %lld) requested, it has %lld",
+                            p, name, (long long)a0, (long long)(a0 + n), (long long)dims[0]);
+    else if (n > 0)
+        rc = fmoe__h5_dataset_read_rows(d, p, name, H5T_NATIVE_UINT8, (hsize_t)a0, (hsize_t)n,
+                                        out);
+    H5Dclose(d);
+    for (int64_t i = 0; rc == 0 && i < n; i++)
+        if (out[i] > 3)
+            rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s: entry %lld is %u, expected 0..3", p, name,
+                                (long long)(a0 + i), out[i]);
+    return rc;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -741,6 +805,25 @@ int fmoe_trace_reader_read_tokens(fmoe_trace_reader *r, int64_t t0, int64_t n,
                                   const fmoe_trace_token_buffers *buf) {
     fmoe__h5_lock();
     int rc = read_tokens(r, t0, n, buf);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+int fmoe_trace_reader_read_timing(fmoe_trace_reader *r, int64_t i0, int64_t n, float *layer_s,
+                                  float *iteration_s) {
+    if (!r) return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_reader_read_timing: NULL reader");
+    fmoe__h5_lock();
+    int rc = read_timing(r, i0, n, layer_s, iteration_s);
+    fmoe__h5_unlock();
+    return rc;
+}
+
+int fmoe_trace_reader_read_access_outcomes(fmoe_trace_reader *r, int64_t a0, int64_t n,
+                                           uint8_t *out, int64_t *total) {
+    if (!r || (n > 0 && !out))
+        return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_reader_read_access_outcomes: NULL argument");
+    fmoe__h5_lock();
+    int rc = read_access_outcomes(r, a0, n, out, total);
     fmoe__h5_unlock();
     return rc;
 }

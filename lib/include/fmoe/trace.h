@@ -210,6 +210,8 @@ typedef struct fmoe_trace_token_buffers {
                                   token, >= 0); error if the trace is not served */
     float *hidden;        /* [n][L][hidden_dim] the gate inputs (/tokens/hidden) as float32;
                              FMOE_ENOTFOUND if absent (fmoe_trace_reader_check_hidden) */
+    float *served_s;      /* [n] /tokens/served_s (wall seconds of each token's pass);
+                             error if the trace is not served */
 } fmoe_trace_token_buffers;
 
 typedef struct fmoe_trace_reader fmoe_trace_reader;
@@ -233,6 +235,20 @@ int fmoe_trace_reader_check_hidden(const fmoe_trace_reader *r);
 /* Reads tokens [t0, t0 + n) into the buffers, bounds-checked. */
 int fmoe_trace_reader_read_tokens(fmoe_trace_reader *r, int64_t t0, int64_t n,
                                   const fmoe_trace_token_buffers *buf);
+
+/* The measured data the replay does not read, for copying a trace whole (fmoe trace
+ * merge). Rarely read: each call opens its datasets.
+ *
+ * read_timing: iterations [i0, i0 + n) of /timing, replay order, into layer_s
+ * [n][timing_layers] and iteration_s [n] (either may be NULL); FMOE_EINVAL when the trace
+ * has no /timing (timing_layers 0), FMOE_ERANGE past the end.
+ * read_access_outcomes: entries [a0, a0 + n) of /timing/access_outcome into out[n];
+ * *total (may be NULL) gets the dataset's length; FMOE_EINVAL when the trace is not an
+ * offloaded recording (offload_cache_experts 0). Values > 3 are FMOE_EFORMAT. */
+int fmoe_trace_reader_read_timing(fmoe_trace_reader *r, int64_t i0, int64_t n, float *layer_s,
+                                  float *iteration_s);
+int fmoe_trace_reader_read_access_outcomes(fmoe_trace_reader *r, int64_t a0, int64_t n,
+                                           uint8_t *out, int64_t *total);
 
 /* Names: "zstd", "deflate", "none". @return 0 or FMOE_EINVAL. */
 int fmoe_compression_parse(const char *name, fmoe_compression *out);
