@@ -10,6 +10,12 @@
  * while there is room, then deduplicated with sgemm-batched redundancy scores. The batch size
  * changes only the speed, never the result (the store's add is batch-invariant).
  *
+ * Requests stream in trace order, trace after trace, except for the shards of one recording
+ * (`mpirun fmoe record` writes one per rank; fmoe trace merge joins them): traces of one
+ * dataset whose request ids are all distinct stream in dataset order, by id across the
+ * traces, so that a store built from the shards equals the one built from their merged
+ * trace (the deduplication depends on the order; the split, per trace, does not follow).
+ *
  * The split shuffles each trace's request indexes with splitmix64 seeded by
  * (seed, trace index) and keeps a prefix of round(split · R) requests (at least one), so
  * the same seed gives the same split on any machine, and the paper's 7:3 split is exact.
@@ -135,6 +141,46 @@ static int check_sources(fmoe_trace_reader **r, const char *const *paths, int32_
     return 0;
 }
 
+/* One request of the stream: trace i, request k. */
+typedef struct stream_item {
+    int64_t id;
+    int32_t trace;
+    int64_t request;
+} stream_item;
+
+static int cmp_item(const void *pa, const void *pb) {
+    const stream_item *a = pa, *b = pb;
+    if (a->id != b->id) return a->id < b->id ? -1 : 1;
+    if (a->trace != b->trace) return a->trace < b->trace ? -1 : 1;
+    return (a->request > b->request) - (a->request < b->request);
+}
+
+/* The order requests stream in (into items[total]): trace order, or, for shards of one
+ * dataset (several traces, one dataset name, distinct ids), by id. */
+static void stream_order(fmoe_trace_reader **r, int32_t n, stream_item *items, int64_t total) {
+    int64_t at = 0;
+    int shards = n > 1;
+    for (int32_t i = 0; i < n; i++) {
+        const fmoe_trace_request_info *q = fmoe_trace_reader_requests(r[i]);
+        shards &= strcmp(fmoe_trace_reader_header(r[i])->dataset,
+                         fmoe_trace_reader_header(r[0])->dataset) == 0;
+        for (int64_t k = 0; k < fmoe_trace_reader_num_requests(r[i]); k++)
+            items[at++] = (stream_item){.id = q[k].id, .trace = i, .request = k};
+    }
+    if (!shards) return;
+    stream_item *sorted = malloc((size_t)(total ? total : 1) * sizeof *sorted);
+    if (!sorted) return; /* trace order then: still a store, only not the merged one's */
+    memcpy(sorted, items, (size_t)total * sizeof *sorted);
+    qsort(sorted, (size_t)total, sizeof *sorted, cmp_item);
+    for (int64_t k = 1; k < total; k++)
+        if (sorted[k].id == sorted[k - 1].id) { /* not shards: keep trace order */
+            free(sorted);
+            return;
+        }
+    memcpy(items, sorted, (size_t)total * sizeof *sorted);
+    free(sorted);
+}
+
 static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
                  const fmoe_store_build_options *o, fmoe_store_file *f,
                  fmoe_store_build_report *rep) {
@@ -238,10 +284,14 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
                                 (long long)max_tokens);
     }
     int64_t done = 0;
-    for (int32_t i = 0; i < n && rc == 0; i++) {
-        const int64_t R = fmoe_trace_reader_num_requests(r[i]);
+    stream_item *items = rc == 0 ? malloc(nr * sizeof *items) : NULL;
+    if (rc == 0 && !items) rc = fmoe_error_set(FMOE_ENOMEM, "build-store: request order");
+    if (rc == 0) stream_order(r, n, items, total_requests);
+    for (int64_t at = 0; at < total_requests && rc == 0; at++) {
+        const int32_t i = items[at].trace;
         const fmoe_trace_request_info *q = fmoe_trace_reader_requests(r[i]);
-        for (int64_t k = 0; k < R && rc == 0; k++) {
+        {
+            const int64_t k = items[at].request;
             if (!keep[i][k] || q[k].token_count == 0) continue;
             const int ids = fmoe_trace_reader_header(r[i])->probs_kind == FMOE_PROBS_NONE;
             const fmoe_trace_token_buffers buf = {.probs = ids ? NULL : probs,
@@ -262,6 +312,7 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
     }
     if (rc == 0) rc = flush(&b);
     f->tokens_used = rep->tokens;
+    free(items);
     free(probs);
     free(chosen);
     free(sem);
