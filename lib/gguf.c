@@ -1,0 +1,671 @@
+/*
+ * gguf.c - validated, memory-mapped GGUF files (fmoe/gguf.h; the layout in
+ * docs/quantization.md).
+ *
+ * Design. The file is mapped read-only and parsed once, front to back, by a cursor that
+ * checks every read against the bytes that remain; nothing is allocated from a count or
+ * a length before that check, so a header claiming 2^60 tensors or a 4 GB string fails
+ * with one line instead of an allocation. Keys and tensor names are copied (NUL-terminated)
+ * so callers get C strings; string values stay in the mapping as (ptr, len) views. Two
+ * index arrays sorted by name make lookups a binary search and find duplicates.
+ *
+ * What is checked, in the order a bad file fails (each a one-line error naming the file,
+ * the key or tensor and the byte offset):
+ *   1. the magic; version 2 or 3 (1 had 32-bit counts and is long obsolete; a version that
+ *      reads as a byte-swapped small number is a big-endian file, refused as such);
+ *   2. per key: length 1..65535 without NUL bytes, a known value type, strings and arrays
+ *      inside the file (element count × element size, or per string its length), no
+ *      arrays of arrays (llama.cpp's reader has none either), no key twice;
+ *   3. general.alignment, when present, a UINT32 power of two;
+ *   4. per tensor: name 1..63 bytes, 1..4 dims, each extent >= 0 and the element count
+ *      without overflow, a type ggml defines, a row length that is a whole number of
+ *      blocks, an offset that is a multiple of the alignment, data inside the file;
+ *   5. no two tensors share bytes, no name twice.
+ */
+#include "fmoe/gguf.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fmoe/error.h"
+#include "fmoe/files.h"
+#include "fmoe/quant.h"
+
+#define GGUF_MAGIC "GGUF"
+#define MAX_KEY_LEN 65535u
+
+struct fmoe_gguf {
+    char *path;                /* owned copy of the name given */
+    void *map;                 /* the mapping when opened from a path, else NULL */
+    uint64_t map_size;
+    const uint8_t *bytes;      /* the file's bytes (borrowed or the mapping) */
+    uint64_t size;
+    uint32_t version;
+    uint32_t alignment;
+    uint64_t data_offset;
+    int64_t n_kv;
+    fmoe_gguf_kv *kvs;         /* [n_kv] in file order */
+    int64_t *kv_by_key;        /* [n_kv] indices sorted by key */
+    fmoe_gguf_str *strs;       /* every string value, in file order */
+    int64_t n_strs;
+    int64_t n_tensors;
+    fmoe_gguf_tensor *tensors; /* [n_tensors] in file order */
+    int64_t *tensor_by_name;   /* [n_tensors] indices sorted by name */
+};
+
+/* ---------------------------------------------------------------------------------- */
+/* The cursor                                                                         */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct cursor {
+    const uint8_t *p;
+    uint64_t size;
+    uint64_t pos;
+    const char *name;
+} cursor;
+
+static uint64_t remaining(const cursor *c) { return c->size - c->pos; }
+
+/* Reads n bytes (n <= 8) as a little-endian unsigned integer. */
+static int read_le(cursor *c, int n, uint64_t *out, const char *what) {
+    if (remaining(c) < (uint64_t)n)
+        return fmoe_error_set(FMOE_EFORMAT, "%s: offset %llu: file ends inside %s", c->name,
+                              (unsigned long long)c->pos, what);
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = v << 8 | c->p[c->pos + (uint64_t)i];
+    c->pos += (uint64_t)n;
+    *out = v;
+    return 0;
+}
+
+static int read_u32(cursor *c, uint32_t *out, const char *what) {
+    uint64_t v = 0;
+    FMOE_FORWARD_IF_ERROR(read_le(c, 4, &v, what));
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int read_u64(cursor *c, uint64_t *out, const char *what) {
+    return read_le(c, 8, out, what);
+}
+
+/* A GGUF string: uint64 length + bytes. `what` names it in errors. */
+static int read_str(cursor *c, fmoe_gguf_str *out, const char *what) {
+    const uint64_t at = c->pos;
+    uint64_t len = 0;
+    FMOE_FORWARD_IF_ERROR(read_u64(c, &len, what));
+    if (len > remaining(c))
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: offset %llu: %s has length %llu but only %llu bytes remain",
+                              c->name, (unsigned long long)at, what, (unsigned long long)len,
+                              (unsigned long long)remaining(c));
+    out->ptr = (const char *)c->p + c->pos;
+    out->len = len;
+    c->pos += len;
+    return 0;
+}
+
+/* Bytes of one fixed-size value, 0 for STRING and ARRAY, -1 for an unknown type. */
+static int value_size(uint32_t t) {
+    switch (t) {
+    case FMOE_GGUF_UINT8:
+    case FMOE_GGUF_INT8:
+    case FMOE_GGUF_BOOL:
+        return 1;
+    case FMOE_GGUF_UINT16:
+    case FMOE_GGUF_INT16:
+        return 2;
+    case FMOE_GGUF_UINT32:
+    case FMOE_GGUF_INT32:
+    case FMOE_GGUF_FLOAT32:
+        return 4;
+    case FMOE_GGUF_UINT64:
+    case FMOE_GGUF_INT64:
+    case FMOE_GGUF_FLOAT64:
+        return 8;
+    case FMOE_GGUF_STRING:
+    case FMOE_GGUF_ARRAY:
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+const char *fmoe_gguf_value_type_name(uint32_t t) {
+    static const char *const names[] = {"UINT8", "INT8",   "UINT16", "INT16", "UINT32",
+                                        "INT32", "FLOAT32", "BOOL",  "STRING", "ARRAY",
+                                        "UINT64", "INT64", "FLOAT64"};
+    return t < sizeof names / sizeof names[0] ? names[t] : "?";
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Parsing                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+static char *copy_name(const fmoe_gguf_str *s) {
+    char *n = malloc(s->len + 1);
+    if (!n) return NULL;
+    memcpy(n, s->ptr, s->len);
+    n[s->len] = '\0';
+    return n;
+}
+
+/* Appends a string view to g->strs, growing it; @return its index or -1 (ENOMEM). */
+static int64_t push_str(fmoe_gguf *g, int64_t *cap, fmoe_gguf_str s) {
+    if (g->n_strs == *cap) {
+        int64_t ncap = *cap ? *cap * 2 : 64;
+        fmoe_gguf_str *n = realloc(g->strs, (size_t)ncap * sizeof *n);
+        if (!n) return -1;
+        g->strs = n;
+        *cap = ncap;
+    }
+    g->strs[g->n_strs] = s;
+    return g->n_strs++;
+}
+
+/* A merge sort of an index array with the handle as context (qsort has none), so parsing
+ * stays reentrant across threads. */
+static void sort_index(const fmoe_gguf *g, int64_t *idx, int64_t *tmp, int64_t n,
+                       int (*cmp)(const fmoe_gguf *, int64_t, int64_t)) {
+    if (n < 2) return;
+    const int64_t h = n / 2;
+    sort_index(g, idx, tmp, h, cmp);
+    sort_index(g, idx + h, tmp, n - h, cmp);
+    int64_t i = 0, j = h, k = 0;
+    while (i < h && j < n) tmp[k++] = cmp(g, idx[i], idx[j]) <= 0 ? idx[i++] : idx[j++];
+    while (i < h) tmp[k++] = idx[i++];
+    while (j < n) tmp[k++] = idx[j++];
+    memcpy(idx, tmp, (size_t)n * sizeof *idx);
+}
+
+static int by_key(const fmoe_gguf *g, int64_t a, int64_t b) {
+    return strcmp(g->kvs[a].key, g->kvs[b].key);
+}
+static int by_name(const fmoe_gguf *g, int64_t a, int64_t b) {
+    return strcmp(g->tensors[a].name, g->tensors[b].name);
+}
+static int by_offset(const fmoe_gguf *g, int64_t a, int64_t b) {
+    return g->tensors[a].offset < g->tensors[b].offset ? -1 : g->tensors[a].offset > g->tensors[b].offset;
+}
+
+static int parse_kv(fmoe_gguf *g, cursor *c, int64_t i, int64_t *strs_cap, int64_t *str_first) {
+    fmoe_gguf_kv *kv = &g->kvs[i];
+    kv->offset = c->pos;
+    fmoe_gguf_str key;
+    FMOE_FORWARD_IF_ERROR(read_str(c, &key, "a key"));
+    FMOE_RETURN_ERROR_IF(key.len == 0 || key.len > MAX_KEY_LEN, FMOE_EFORMAT,
+                         "%s: offset %llu: key %lld has length %llu (1..%u allowed)", c->name,
+                         (unsigned long long)kv->offset, (long long)i,
+                         (unsigned long long)key.len, MAX_KEY_LEN);
+    FMOE_RETURN_ERROR_IF(memchr(key.ptr, '\0', key.len) != NULL, FMOE_EFORMAT,
+                         "%s: offset %llu: key %lld holds a NUL byte", c->name,
+                         (unsigned long long)kv->offset, (long long)i);
+    kv->key = copy_name(&key);
+    FMOE_RETURN_ERROR_IF(!kv->key, FMOE_ENOMEM, "%s: out of memory", c->name);
+    uint32_t type = 0;
+    const uint64_t type_at = c->pos;
+    FMOE_FORWARD_IF_ERROR(read_u32(c, &type, "a value type"));
+    FMOE_RETURN_ERROR_IF(value_size(type) < 0, FMOE_EFORMAT,
+                         "%s: offset %llu: key %s has unknown value type %u", c->name,
+                         (unsigned long long)type_at, kv->key, type);
+    kv->type = kv->elem = (fmoe_gguf_value_type)type;
+    kv->count = 1;
+    if (type == FMOE_GGUF_ARRAY) {
+        uint32_t elem = 0;
+        const uint64_t elem_at = c->pos;
+        FMOE_FORWARD_IF_ERROR(read_u32(c, &elem, "an array type"));
+        FMOE_RETURN_ERROR_IF(value_size(elem) < 0, FMOE_EFORMAT,
+                             "%s: offset %llu: key %s is an array of unknown type %u", c->name,
+                             (unsigned long long)elem_at, kv->key, elem);
+        FMOE_RETURN_ERROR_IF(elem == FMOE_GGUF_ARRAY, FMOE_EUNSUPPORTED,
+                             "%s: offset %llu: key %s is an array of arrays (not supported)",
+                             c->name, (unsigned long long)elem_at, kv->key);
+        kv->elem = (fmoe_gguf_value_type)elem;
+        FMOE_FORWARD_IF_ERROR(read_u64(c, &kv->count, "an array length"));
+    }
+    const int es = value_size(kv->elem);
+    const uint64_t at = c->pos;
+    if (es > 0) {
+        FMOE_RETURN_ERROR_IF(kv->count > remaining(c) / (uint64_t)es, FMOE_EFORMAT,
+                             "%s: offset %llu: key %s holds %llu values of %d bytes but only "
+                             "%llu bytes remain",
+                             c->name, (unsigned long long)at, kv->key,
+                             (unsigned long long)kv->count, es, (unsigned long long)remaining(c));
+        kv->data = c->p + c->pos;
+        c->pos += kv->count * (uint64_t)es;
+        return 0;
+    }
+    /* Strings: each at least its 8-byte length, checked before anything grows. */
+    FMOE_RETURN_ERROR_IF(kv->count > remaining(c) / 8, FMOE_EFORMAT,
+                         "%s: offset %llu: key %s holds %llu strings but only %llu bytes remain",
+                         c->name, (unsigned long long)at, kv->key,
+                         (unsigned long long)kv->count, (unsigned long long)remaining(c));
+    *str_first = g->n_strs;
+    char what[96];
+    snprintf(what, sizeof what, "the value of key %.60s", kv->key);
+    for (uint64_t k = 0; k < kv->count; k++) {
+        fmoe_gguf_str s;
+        FMOE_FORWARD_IF_ERROR(read_str(c, &s, what));
+        FMOE_RETURN_ERROR_IF(push_str(g, strs_cap, s) < 0, FMOE_ENOMEM, "%s: out of memory",
+                             c->name);
+    }
+    return 0;
+}
+
+static int parse_tensor(fmoe_gguf *g, cursor *c, int64_t i) {
+    fmoe_gguf_tensor *t = &g->tensors[i];
+    const uint64_t at = c->pos;
+    fmoe_gguf_str name;
+    FMOE_FORWARD_IF_ERROR(read_str(c, &name, "a tensor name"));
+    FMOE_RETURN_ERROR_IF(name.len == 0 || name.len > FMOE_GGUF_MAX_NAME ||
+                             memchr(name.ptr, '\0', name.len) != NULL,
+                         FMOE_EFORMAT,
+                         "%s: offset %llu: tensor %lld has a name of %llu bytes (1..%d without "
+                         "NUL allowed)",
+                         c->name, (unsigned long long)at, (long long)i,
+                         (unsigned long long)name.len, FMOE_GGUF_MAX_NAME);
+    t->name = copy_name(&name);
+    FMOE_RETURN_ERROR_IF(!t->name, FMOE_ENOMEM, "%s: out of memory", c->name);
+    uint32_t ndim = 0;
+    FMOE_FORWARD_IF_ERROR(read_u32(c, &ndim, "a tensor's dimension count"));
+    FMOE_RETURN_ERROR_IF(ndim < 1 || ndim > FMOE_GGUF_MAX_DIMS, FMOE_EFORMAT,
+                         "%s: offset %llu: tensor %s has %u dimensions (1..%d allowed)",
+                         c->name, (unsigned long long)at, t->name, ndim, FMOE_GGUF_MAX_DIMS);
+    t->ndim = (int32_t)ndim;
+    t->numel = 1;
+    for (int d = 0; d < FMOE_GGUF_MAX_DIMS; d++) t->ne[d] = 1;
+    for (uint32_t d = 0; d < ndim; d++) {
+        uint64_t ne = 0;
+        FMOE_FORWARD_IF_ERROR(read_u64(c, &ne, "a tensor extent"));
+        FMOE_RETURN_ERROR_IF(ne > (uint64_t)INT64_MAX, FMOE_EFORMAT,
+                             "%s: offset %llu: tensor %s has extent %llu in dimension %u",
+                             c->name, (unsigned long long)at, t->name, (unsigned long long)ne, d);
+        t->ne[d] = (int64_t)ne;
+        FMOE_RETURN_ERROR_IF(ne != 0 && (uint64_t)t->numel > (uint64_t)INT64_MAX / ne,
+                             FMOE_EFORMAT,
+                             "%s: offset %llu: tensor %s has too many elements", c->name,
+                             (unsigned long long)at, t->name);
+        t->numel *= (int64_t)ne;
+    }
+    const uint64_t type_at = c->pos;
+    FMOE_FORWARD_IF_ERROR(read_u32(c, &t->type, "a tensor type"));
+    const int32_t bs = fmoe_ggml_block_size(t->type), ts = fmoe_ggml_type_size(t->type);
+    FMOE_RETURN_ERROR_IF(bs == 0, FMOE_EUNSUPPORTED,
+                         "%s: offset %llu: tensor %s has type %u, which ggml does not define",
+                         c->name, (unsigned long long)type_at, t->name, t->type);
+    FMOE_RETURN_ERROR_IF(t->ne[0] % bs != 0, FMOE_EFORMAT,
+                         "%s: offset %llu: tensor %s has rows of %lld values, not a multiple of "
+                         "%s's block of %d",
+                         c->name, (unsigned long long)at, t->name, (long long)t->ne[0],
+                         fmoe_ggml_type_name(t->type), bs);
+    /* bytes = numel / bs * ts; numel / bs fits, and the product is checked. */
+    const uint64_t blocks = (uint64_t)t->numel / (uint64_t)bs;
+    FMOE_RETURN_ERROR_IF(blocks > (uint64_t)INT64_MAX / (uint64_t)ts, FMOE_EFORMAT,
+                         "%s: offset %llu: tensor %s is too large", c->name,
+                         (unsigned long long)at, t->name);
+    t->nbytes = (int64_t)(blocks * (uint64_t)ts);
+    t->row_bytes = t->ne[0] / bs * ts;
+    uint64_t rel = 0;
+    FMOE_FORWARD_IF_ERROR(read_u64(c, &rel, "a tensor offset"));
+    t->offset = rel; /* relative until the data section is known */
+    return 0;
+}
+
+static void free_contents(fmoe_gguf *g) {
+    if (g->kvs)
+        for (int64_t i = 0; i < g->n_kv; i++) free((char *)g->kvs[i].key);
+    if (g->tensors)
+        for (int64_t i = 0; i < g->n_tensors; i++) free((char *)g->tensors[i].name);
+    free(g->kvs);
+    free(g->kv_by_key);
+    free(g->strs);
+    free(g->tensors);
+    free(g->tensor_by_name);
+    free(g->path);
+}
+
+static int parse(fmoe_gguf *g) {
+    cursor c = {.p = g->bytes, .size = g->size, .pos = 0, .name = g->path};
+    const char *name = g->path;
+    FMOE_RETURN_ERROR_IF(g->size < 4 || memcmp(g->bytes, GGUF_MAGIC, 4) != 0, FMOE_EFORMAT,
+                         "%s: offset 0: not a GGUF file (no GGUF magic)", name);
+    c.pos = 4;
+    FMOE_FORWARD_IF_ERROR(read_u32(&c, &g->version, "the version"));
+    if (g->version > 0xffff && (g->version & 0xffff) == 0)
+        return fmoe_error_set(FMOE_EUNSUPPORTED,
+                              "%s: offset 4: a big-endian GGUF file (version %u byte-swapped); "
+                              "fmoe reads little-endian files",
+                              name, __builtin_bswap32(g->version));
+    FMOE_RETURN_ERROR_IF(g->version != 2 && g->version != 3, FMOE_EUNSUPPORTED,
+                         "%s: offset 4: GGUF version %u (fmoe reads versions 2 and 3)", name,
+                         g->version);
+    uint64_t n_tensors = 0, n_kv = 0;
+    FMOE_FORWARD_IF_ERROR(read_u64(&c, &n_tensors, "the tensor count"));
+    FMOE_FORWARD_IF_ERROR(read_u64(&c, &n_kv, "the key-value count"));
+    /* Minimum bytes per entry: a key is 8 + 1 + 4 + 1, a tensor info 8 + 1 + 4 + 8 + 4 + 8. */
+    FMOE_RETURN_ERROR_IF(n_kv > remaining(&c) / 14, FMOE_EFORMAT,
+                         "%s: offset 16: %llu key-value pairs cannot fit in the %llu bytes "
+                         "that remain",
+                         name, (unsigned long long)n_kv, (unsigned long long)remaining(&c));
+    FMOE_RETURN_ERROR_IF(n_tensors > remaining(&c) / 33, FMOE_EFORMAT,
+                         "%s: offset 8: %llu tensors cannot fit in the %llu bytes that remain",
+                         name, (unsigned long long)n_tensors, (unsigned long long)remaining(&c));
+    g->n_kv = (int64_t)n_kv;
+    g->n_tensors = (int64_t)n_tensors;
+    g->kvs = calloc(n_kv ? n_kv : 1, sizeof *g->kvs);
+    g->kv_by_key = calloc(n_kv ? n_kv : 1, sizeof *g->kv_by_key);
+    g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
+    g->tensor_by_name = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensor_by_name);
+    int64_t *tmp = calloc((n_kv > n_tensors ? n_kv : n_tensors) + 1, sizeof *tmp);
+    int64_t *str_first = calloc(n_kv ? n_kv : 1, sizeof *str_first);
+    int rc = 0;
+    if (!g->kvs || !g->kv_by_key || !g->tensors || !g->tensor_by_name || !tmp || !str_first) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", name);
+        goto done;
+    }
+    int64_t strs_cap = 0;
+    for (int64_t i = 0; i < g->n_kv; i++) {
+        rc = parse_kv(g, &c, i, &strs_cap, &str_first[i]);
+        if (rc < 0) goto done; /* keys not yet parsed are NULL (calloc) */
+    }
+    /* Views into g->strs only now that it no longer moves. */
+    for (int64_t i = 0; i < g->n_kv; i++)
+        if (g->kvs[i].elem == FMOE_GGUF_STRING) g->kvs[i].strs = g->strs + str_first[i];
+    for (int64_t i = 0; i < g->n_kv; i++) g->kv_by_key[i] = i;
+    sort_index(g, g->kv_by_key, tmp, g->n_kv, by_key);
+    for (int64_t i = 1; i < g->n_kv; i++)
+        if (strcmp(g->kvs[g->kv_by_key[i]].key, g->kvs[g->kv_by_key[i - 1]].key) == 0) {
+            const fmoe_gguf_kv *kv = &g->kvs[g->kv_by_key[i]];
+            rc = fmoe_error_set(FMOE_EFORMAT, "%s: offset %llu: key %s appears twice", name,
+                                (unsigned long long)kv->offset, kv->key);
+            goto done;
+        }
+
+    g->alignment = FMOE_GGUF_DEFAULT_ALIGNMENT;
+    const fmoe_gguf_kv *al = fmoe_gguf_find_kv(g, "general.alignment");
+    if (al) {
+        uint32_t a = 0;
+        if (al->type == FMOE_GGUF_UINT32) memcpy(&a, al->data, 4);
+        if (al->type != FMOE_GGUF_UINT32 || a == 0 || (a & (a - 1)) != 0) {
+            rc = fmoe_error_set(FMOE_EFORMAT,
+                                "%s: offset %llu: key general.alignment must be a UINT32 power "
+                                "of two, got %s %u",
+                                name, (unsigned long long)al->offset,
+                                fmoe_gguf_value_type_name(al->type), a);
+            goto done;
+        }
+        g->alignment = a;
+    }
+
+    for (int64_t i = 0; i < g->n_tensors; i++) {
+        rc = parse_tensor(g, &c, i);
+        if (rc < 0) goto done;
+    }
+    const uint64_t pad = (g->alignment - c.pos % g->alignment) % g->alignment;
+    g->data_offset = c.pos + pad;
+    if (g->n_tensors > 0 && g->data_offset > g->size) {
+        rc = fmoe_error_set(FMOE_EFORMAT,
+                            "%s: offset %llu: file ends before the data section at %llu", name,
+                            (unsigned long long)c.pos, (unsigned long long)g->data_offset);
+        goto done;
+    }
+    for (int64_t i = 0; i < g->n_tensors; i++) {
+        fmoe_gguf_tensor *t = &g->tensors[i];
+        const uint64_t rel = t->offset;
+        if (rel % g->alignment != 0) {
+            rc = fmoe_error_set(FMOE_EFORMAT,
+                                "%s: tensor %s: data offset %llu is not a multiple of the "
+                                "alignment %u",
+                                name, t->name, (unsigned long long)rel, g->alignment);
+            goto done;
+        }
+        if (rel > g->size - g->data_offset ||
+            (uint64_t)t->nbytes > g->size - g->data_offset - rel) {
+            rc = fmoe_error_set(FMOE_EFORMAT,
+                                "%s: tensor %s: %lld bytes at offset %llu run past the end of "
+                                "the file (%llu bytes)",
+                                name, t->name, (long long)t->nbytes,
+                                (unsigned long long)(g->data_offset + rel),
+                                (unsigned long long)g->size);
+            goto done;
+        }
+        t->offset = g->data_offset + rel;
+        t->data = g->bytes + t->offset;
+    }
+    for (int64_t i = 0; i < g->n_tensors; i++) g->tensor_by_name[i] = i;
+    sort_index(g, g->tensor_by_name, tmp, g->n_tensors, by_name);
+    for (int64_t i = 1; i < g->n_tensors; i++)
+        if (strcmp(g->tensors[g->tensor_by_name[i]].name,
+                   g->tensors[g->tensor_by_name[i - 1]].name) == 0) {
+            rc = fmoe_error_set(FMOE_EFORMAT, "%s: tensor %s appears twice", name,
+                                g->tensors[g->tensor_by_name[i]].name);
+            goto done;
+        }
+    /* Overlaps: sorted by offset, each starts at or after the previous one's end. */
+    int64_t *by_off = str_first; /* reuse: large enough only when n_kv >= n_tensors */
+    if (g->n_tensors > g->n_kv) {
+        by_off = calloc((size_t)g->n_tensors, sizeof *by_off);
+        if (!by_off) {
+            rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", name);
+            goto done;
+        }
+    }
+    for (int64_t i = 0; i < g->n_tensors; i++) by_off[i] = i;
+    sort_index(g, by_off, tmp, g->n_tensors, by_offset);
+    for (int64_t i = 1; i < g->n_tensors && rc == 0; i++) {
+        const fmoe_gguf_tensor *a = &g->tensors[by_off[i - 1]], *b = &g->tensors[by_off[i]];
+        if (b->offset < a->offset + (uint64_t)a->nbytes)
+            rc = fmoe_error_set(FMOE_EFORMAT, "%s: tensors %s and %s overlap at offset %llu",
+                                name, a->name, b->name, (unsigned long long)b->offset);
+    }
+    if (by_off != str_first) free(by_off);
+done:
+    free(tmp);
+    free(str_first);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Open and close                                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+int fmoe_gguf_parse(const void *bytes, uint64_t size, const char *name, fmoe_gguf **out) {
+    fmoe_gguf *g = calloc(1, sizeof *g);
+    if (!g) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", name);
+    g->path = strdup(name ? name : "gguf");
+    if (!g->path) {
+        free(g);
+        return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", name);
+    }
+    g->bytes = bytes;
+    g->size = size;
+    int rc = parse(g);
+    if (rc < 0) {
+        free_contents(g);
+        free(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+int fmoe_gguf_open(const char *path, fmoe_gguf **out) {
+    const int fd = fmoe__open_regular(path);
+    if (fd < 0) return fd;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        const int e = errno;
+        close(fd);
+        return fmoe_error_set(FMOE_EIO, "%s: stat: %s", path, strerror(e));
+    }
+    const uint64_t size = (uint64_t)sb.st_size;
+    void *map = NULL;
+    if (size > 0) {
+        map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) {
+            const int e = errno;
+            close(fd);
+            return fmoe_error_set(FMOE_EIO, "%s: mmap: %s", path, strerror(e));
+        }
+    }
+    close(fd);
+    static const uint8_t empty[1];
+    fmoe_gguf *g;
+    int rc = fmoe_gguf_parse(map ? map : empty, size, path, &g);
+    if (rc < 0) {
+        if (map) munmap(map, (size_t)size);
+        return rc;
+    }
+    g->map = map;
+    g->map_size = size;
+    *out = g;
+    return 0;
+}
+
+void fmoe_gguf_close(fmoe_gguf *g) {
+    if (!g) return;
+    if (g->map) munmap(g->map, (size_t)g->map_size);
+    free_contents(g);
+    free(g);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Accessors                                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+uint32_t fmoe_gguf_version(const fmoe_gguf *g) { return g->version; }
+uint32_t fmoe_gguf_alignment(const fmoe_gguf *g) { return g->alignment; }
+uint64_t fmoe_gguf_data_offset(const fmoe_gguf *g) { return g->data_offset; }
+const char *fmoe_gguf_name(const fmoe_gguf *g) { return g->path; }
+int64_t fmoe_gguf_kv_count(const fmoe_gguf *g) { return g->n_kv; }
+int64_t fmoe_gguf_tensor_count(const fmoe_gguf *g) { return g->n_tensors; }
+
+const fmoe_gguf_kv *fmoe_gguf_kv_at(const fmoe_gguf *g, int64_t i) {
+    return i >= 0 && i < g->n_kv ? &g->kvs[i] : NULL;
+}
+
+const fmoe_gguf_tensor *fmoe_gguf_tensor_at(const fmoe_gguf *g, int64_t i) {
+    return i >= 0 && i < g->n_tensors ? &g->tensors[i] : NULL;
+}
+
+const fmoe_gguf_kv *fmoe_gguf_find_kv(const fmoe_gguf *g, const char *key) {
+    int64_t lo = 0, hi = g->n_kv;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        const int c = strcmp(g->kvs[g->kv_by_key[mid]].key, key);
+        if (c == 0) return &g->kvs[g->kv_by_key[mid]];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+const fmoe_gguf_tensor *fmoe_gguf_find_tensor(const fmoe_gguf *g, const char *name) {
+    int64_t lo = 0, hi = g->n_tensors;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        const int c = strcmp(g->tensors[g->tensor_by_name[mid]].name, name);
+        if (c == 0) return &g->tensors[g->tensor_by_name[mid]];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+/* Element i of a fixed-size value as int64 (integers and bool) or double. */
+static int elem_int(const fmoe_gguf_kv *kv, uint64_t i, int64_t *out) {
+    const uint8_t *p = (const uint8_t *)kv->data + i * (uint64_t)value_size(kv->elem);
+    switch (kv->elem) {
+    case FMOE_GGUF_UINT8: *out = p[0]; return 0;
+    case FMOE_GGUF_BOOL: *out = p[0] != 0; return 0;
+    case FMOE_GGUF_INT8: *out = (int8_t)p[0]; return 0;
+    case FMOE_GGUF_UINT16: { uint16_t v; memcpy(&v, p, 2); *out = v; return 0; }
+    case FMOE_GGUF_INT16: { int16_t v; memcpy(&v, p, 2); *out = v; return 0; }
+    case FMOE_GGUF_UINT32: { uint32_t v; memcpy(&v, p, 4); *out = v; return 0; }
+    case FMOE_GGUF_INT32: { int32_t v; memcpy(&v, p, 4); *out = v; return 0; }
+    case FMOE_GGUF_INT64: { int64_t v; memcpy(&v, p, 8); *out = v; return 0; }
+    case FMOE_GGUF_UINT64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        if (v > (uint64_t)INT64_MAX) return -1;
+        *out = (int64_t)v;
+        return 0;
+    }
+    default: return -1;
+    }
+}
+
+double fmoe_gguf_kv_number(const fmoe_gguf_kv *kv, uint64_t i) {
+    if (i >= kv->count) return 0;
+    const uint8_t *p = (const uint8_t *)kv->data + i * (uint64_t)(value_size(kv->elem) > 0 ? value_size(kv->elem) : 0);
+    if (kv->elem == FMOE_GGUF_FLOAT32) { float v; memcpy(&v, p, 4); return v; }
+    if (kv->elem == FMOE_GGUF_FLOAT64) { double v; memcpy(&v, p, 8); return v; }
+    if (kv->elem == FMOE_GGUF_UINT64) { uint64_t v; memcpy(&v, p, 8); return (double)v; }
+    int64_t v;
+    return elem_int(kv, i, &v) == 0 ? (double)v : 0;
+}
+
+static int scalar(const fmoe_gguf *g, const char *key, const fmoe_gguf_kv **out) {
+    const fmoe_gguf_kv *kv = fmoe_gguf_find_kv(g, key);
+    FMOE_RETURN_ERROR_IF(!kv, FMOE_ENOTFOUND, "%s: missing key %s", g->path, key);
+    FMOE_RETURN_ERROR_IF(kv->type == FMOE_GGUF_ARRAY, FMOE_EFORMAT,
+                         "%s: key %s is an array, expected one value", g->path, key);
+    *out = kv;
+    return 0;
+}
+
+int fmoe_gguf_get_int(const fmoe_gguf *g, const char *key, int64_t *out) {
+    const fmoe_gguf_kv *kv = NULL;
+    FMOE_FORWARD_IF_ERROR(scalar(g, key, &kv));
+    FMOE_RETURN_ERROR_IF(elem_int(kv, 0, out) != 0, FMOE_EFORMAT,
+                         "%s: key %s is %s, expected an integer", g->path, key,
+                         fmoe_gguf_value_type_name(kv->type));
+    return 0;
+}
+
+int fmoe_gguf_get_float(const fmoe_gguf *g, const char *key, double *out) {
+    const fmoe_gguf_kv *kv = NULL;
+    FMOE_FORWARD_IF_ERROR(scalar(g, key, &kv));
+    FMOE_RETURN_ERROR_IF(kv->type == FMOE_GGUF_STRING, FMOE_EFORMAT,
+                         "%s: key %s is STRING, expected a number", g->path, key);
+    *out = fmoe_gguf_kv_number(kv, 0);
+    return 0;
+}
+
+int fmoe_gguf_get_str(const fmoe_gguf *g, const char *key, fmoe_gguf_str *out) {
+    const fmoe_gguf_kv *kv = NULL;
+    FMOE_FORWARD_IF_ERROR(scalar(g, key, &kv));
+    FMOE_RETURN_ERROR_IF(kv->type != FMOE_GGUF_STRING, FMOE_EFORMAT,
+                         "%s: key %s is %s, expected STRING", g->path, key,
+                         fmoe_gguf_value_type_name(kv->type));
+    *out = kv->strs[0];
+    return 0;
+}
+
+int fmoe_gguf_get_tensor(const fmoe_gguf *g, const char *name, int32_t ndim, const int64_t *ne,
+                         const fmoe_gguf_tensor **out) {
+    const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(g, name);
+    FMOE_RETURN_ERROR_IF(!t, FMOE_ENOTFOUND, "%s: missing tensor %s", g->path, name);
+    FMOE_RETURN_ERROR_IF(!fmoe_quant_supported(t->type), FMOE_EUNSUPPORTED,
+                         "%s: tensor %s has type %s; fmoe computes with F32, F16, BF16, Q8_0, "
+                         "Q4_K, Q5_K, Q6_K",
+                         g->path, name, fmoe_ggml_type_name(t->type));
+    int ok = t->ndim == ndim;
+    for (int32_t d = 0; ok && d < ndim; d++) ok = ne[d] < 0 || ne[d] == t->ne[d];
+    if (!ok) {
+        char got[96], want[96];
+        int n = 0, m = 0;
+        for (int32_t d = 0; d < t->ndim; d++)
+            n += snprintf(got + n, sizeof got - (size_t)n, "%s%lld", d ? "," : "", (long long)t->ne[d]);
+        for (int32_t d = 0; d < ndim; d++)
+            m += snprintf(want + m, sizeof want - (size_t)m, "%s%lld", d ? "," : "", (long long)ne[d]);
+        return fmoe_error_set(FMOE_EMISMATCH, "%s: tensor %s has extents [%s], expected [%s]",
+                              g->path, name, got, want);
+    }
+    *out = t;
+    return 0;
+}

@@ -1,0 +1,145 @@
+/*
+ * fmoe/gguf.h - read-only, validated, memory-mapped GGUF files (llama.cpp's model format).
+ *
+ *     fmoe_gguf *g;
+ *     if (fmoe_gguf_open("model.gguf", &g) < 0) fail(fmoe_error_detail());
+ *     const fmoe_gguf_kv *kv = fmoe_gguf_find_kv(g, "general.architecture");
+ *     const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(g, "blk.0.ffn_down_exps.weight");
+ *     ... t->type, t->ne, t->data ...
+ *     fmoe_gguf_close(g);
+ *
+ * The format (GGUF versions 2 and 3, little-endian; docs/quantization.md): the magic
+ * "GGUF", a uint32 version, uint64 tensor and key-value counts, the key-value pairs
+ * (uint64-length strings as keys, a uint32 value type, the value; arrays are a uint32
+ * element type, a uint64 count and the elements), the tensor infos (name, uint32 dims,
+ * uint64 extents innermost first, uint32 ggml type, uint64 offset relative to the data
+ * section), padding to general.alignment (a uint32; 32 when absent), then the data.
+ *
+ * Everything is validated at open, before anything is handed out: every count, length and
+ * offset against the bytes that remain (a 4 GB string in a 1 KB file is refused before any
+ * allocation), value types, a power-of-two alignment, tensor types known to ggml, extents
+ * whose row length is a whole number of blocks, tensor offsets aligned, inside the file and
+ * not overlapping, no two keys or tensors of one name. Every error is one line naming the
+ * file, the key or tensor, and the byte offset where the problem is.
+ *
+ * Tensors of any ggml type are listed (fmoe inspect shows them); fmoe_gguf_get_tensor is
+ * the accessor that refuses, by name and type, what fmoe cannot compute with.
+ *
+ * Thread safety: an open handle is immutable; any number of threads may read it.
+ */
+#ifndef FMOE_GGUF_H
+#define FMOE_GGUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FMOE_GGUF_MAX_DIMS 4          /* GGML_MAX_DIMS */
+#define FMOE_GGUF_MAX_NAME 63         /* tensor names are shorter than GGML_MAX_NAME (64) */
+#define FMOE_GGUF_DEFAULT_ALIGNMENT 32
+
+/* Value types of the key-value section. Explicit numbers: they are the format. */
+typedef enum fmoe_gguf_value_type {
+    FMOE_GGUF_UINT8 = 0,
+    FMOE_GGUF_INT8 = 1,
+    FMOE_GGUF_UINT16 = 2,
+    FMOE_GGUF_INT16 = 3,
+    FMOE_GGUF_UINT32 = 4,
+    FMOE_GGUF_INT32 = 5,
+    FMOE_GGUF_FLOAT32 = 6,
+    FMOE_GGUF_BOOL = 7,
+    FMOE_GGUF_STRING = 8,
+    FMOE_GGUF_ARRAY = 9,
+    FMOE_GGUF_UINT64 = 10,
+    FMOE_GGUF_INT64 = 11,
+    FMOE_GGUF_FLOAT64 = 12,
+} fmoe_gguf_value_type;
+
+/* A string inside the file: `len` bytes at `ptr`, not NUL-terminated. */
+typedef struct fmoe_gguf_str {
+    const char *ptr;
+    uint64_t len;
+} fmoe_gguf_str;
+
+/* One key-value pair; views valid until fmoe_gguf_close. */
+typedef struct fmoe_gguf_kv {
+    const char *key;              /* NUL-terminated copy */
+    fmoe_gguf_value_type type;    /* FMOE_GGUF_ARRAY for arrays */
+    fmoe_gguf_value_type elem;    /* arrays: the element type; else == type */
+    uint64_t count;               /* arrays: elements; else 1 */
+    const void *data;             /* fixed-size values: count little-endian elements */
+    const fmoe_gguf_str *strs;    /* strings: count strings (one for a plain string) */
+    uint64_t offset;              /* file offset of the key's length field */
+} fmoe_gguf_kv;
+
+/* One tensor; a borrowed view valid until fmoe_gguf_close. */
+typedef struct fmoe_gguf_tensor {
+    const char *name;             /* NUL-terminated copy */
+    uint32_t type;                /* ggml type number (fmoe/quant.h's fmoe_ggml_type) */
+    int32_t ndim;                 /* 1 .. FMOE_GGUF_MAX_DIMS */
+    int64_t ne[FMOE_GGUF_MAX_DIMS]; /* extents, ne[0] innermost (the row); 1 past ndim */
+    int64_t numel;                /* product of ne */
+    int64_t row_bytes;            /* bytes of one row of ne[0] values */
+    int64_t nbytes;               /* row_bytes · numel / ne[0] */
+    uint64_t offset;              /* absolute file offset of the data */
+    const void *data;             /* nbytes bytes in the read-only mapping */
+} fmoe_gguf_tensor;
+
+typedef struct fmoe_gguf fmoe_gguf;
+
+/*
+ * Opens and maps `path` (a regular file) and validates it.
+ * @return 0 and *out, or FMOE_EIO (cannot open/stat/map), FMOE_EFORMAT (malformed: the
+ *         detail names the file, the key or tensor and the offset), FMOE_EUNSUPPORTED
+ *         (GGUF version 1, a big-endian file, nested arrays, a tensor type ggml does not
+ *         define), FMOE_ENOMEM.
+ */
+int fmoe_gguf_open(const char *path, fmoe_gguf **out);
+
+/* Validates `size` bytes in memory, borrowing them (they must outlive the handle); `name`
+ * is used in error details. The parser behind open, for the fuzz target and the tests.
+ * @return as fmoe_gguf_open. */
+int fmoe_gguf_parse(const void *bytes, uint64_t size, const char *name, fmoe_gguf **out);
+
+/* Unmaps (when opened from a path) and frees; NULL is a no-op. */
+void fmoe_gguf_close(fmoe_gguf *g);
+
+uint32_t fmoe_gguf_version(const fmoe_gguf *g);
+uint32_t fmoe_gguf_alignment(const fmoe_gguf *g);
+uint64_t fmoe_gguf_data_offset(const fmoe_gguf *g); /* file offset of the data section */
+const char *fmoe_gguf_name(const fmoe_gguf *g);     /* the path or name given */
+
+int64_t fmoe_gguf_kv_count(const fmoe_gguf *g);
+const fmoe_gguf_kv *fmoe_gguf_kv_at(const fmoe_gguf *g, int64_t i); /* file order; NULL past */
+const fmoe_gguf_kv *fmoe_gguf_find_kv(const fmoe_gguf *g, const char *key); /* NULL: absent */
+
+int64_t fmoe_gguf_tensor_count(const fmoe_gguf *g);
+const fmoe_gguf_tensor *fmoe_gguf_tensor_at(const fmoe_gguf *g, int64_t i); /* file order */
+const fmoe_gguf_tensor *fmoe_gguf_find_tensor(const fmoe_gguf *g, const char *name);
+
+/*
+ * Typed reads of a scalar key. _int accepts any integer type (and bool) whose value fits
+ * an int64; _float any integer or float type; _str a string.
+ * @return 0 and *out, FMOE_ENOTFOUND ("FILE: missing key K"), FMOE_EFORMAT ("FILE: key K
+ *         is <type>, expected <what>").
+ */
+int fmoe_gguf_get_int(const fmoe_gguf *g, const char *key, int64_t *out);
+int fmoe_gguf_get_float(const fmoe_gguf *g, const char *key, double *out);
+int fmoe_gguf_get_str(const fmoe_gguf *g, const char *key, fmoe_gguf_str *out);
+
+/* Element i of an integer or float array (or the scalar itself at i = 0) as a double. */
+double fmoe_gguf_kv_number(const fmoe_gguf_kv *kv, uint64_t i);
+
+/*
+ * The tensor `name`, checked for use: present, of a type fmoe computes with
+ * (fmoe_quant_supported), with `ndim` dimensions equal to `ne` (innermost first; -1
+ * matches any extent).
+ * @return 0 and *out, FMOE_ENOTFOUND, FMOE_EUNSUPPORTED ("FILE: tensor T has type Q3_K;
+ *         fmoe computes with F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K"), FMOE_EMISMATCH.
+ */
+int fmoe_gguf_get_tensor(const fmoe_gguf *g, const char *name, int32_t ndim, const int64_t *ne,
+                         const fmoe_gguf_tensor **out);
+
+/* "UINT8", ..., "FLOAT64"; "?" for other numbers. */
+const char *fmoe_gguf_value_type_name(uint32_t type);
+
+#endif

@@ -1,0 +1,115 @@
+/*
+ * fmoe/quant.h - ggml's tensor types: their block geometry, and for the seven fmoe computes
+ * with (F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K) rows dequantised to f32, dot products of a
+ * row with an f32 vector, and (for Q8_0 and the K-quants) rows quantised from f32.
+ *
+ *     if (!fmoe_quant_supported(t->type)) refuse(fmoe_ggml_type_name(t->type));
+ *     float y = fmoe_quant_dot(t->type, row, x, n);         // one output of W·x
+ *     fmoe_quant_dequantize_row(t->type, row, buf, n);      // or the whole row as f32
+ *
+ * A row of n values is n / block_size blocks of type_size bytes each (ggml's layout, which
+ * GGUF files store as is; docs/quantization.md lists the types). The block formats are
+ * those of ggml (ggml-common.h): the byte layout has to match theirs bit for bit, since
+ * the point is reading the files llama.cpp users have. Dequantisation computes in the same
+ * order as ggml's reference code, so it equals gguf-py's gguf.quants.dequantize exactly
+ * (tests/python/test_gguf_quants.py checks every type).
+ *
+ * Dot kernels: a plain-C reference (fmoe_quant_dot_ref) and an AVX2+FMA path chosen at run
+ * time when the CPU has it (fmoe_quant_dot). Both sum in f32 in their own order, so they
+ * differ from dequantise-then-dot by rounding only; tests/lib/test_quant.c bounds it.
+ *
+ * Thread safety: every function is pure (no state but the one-time CPU feature probe).
+ */
+#ifndef FMOE_QUANT_H
+#define FMOE_QUANT_H
+
+#include <stdint.h>
+
+/* ggml_type numbers, as stored in GGUF tensor infos. Explicit values: they are a format. */
+typedef enum fmoe_ggml_type {
+    FMOE_GGML_F32 = 0,
+    FMOE_GGML_F16 = 1,
+    FMOE_GGML_Q4_0 = 2,
+    FMOE_GGML_Q4_1 = 3,
+    FMOE_GGML_Q5_0 = 6,
+    FMOE_GGML_Q5_1 = 7,
+    FMOE_GGML_Q8_0 = 8,
+    FMOE_GGML_Q8_1 = 9,
+    FMOE_GGML_Q2_K = 10,
+    FMOE_GGML_Q3_K = 11,
+    FMOE_GGML_Q4_K = 12,
+    FMOE_GGML_Q5_K = 13,
+    FMOE_GGML_Q6_K = 14,
+    FMOE_GGML_Q8_K = 15,
+    FMOE_GGML_IQ2_XXS = 16,
+    FMOE_GGML_IQ2_XS = 17,
+    FMOE_GGML_IQ3_XXS = 18,
+    FMOE_GGML_IQ1_S = 19,
+    FMOE_GGML_IQ4_NL = 20,
+    FMOE_GGML_IQ3_S = 21,
+    FMOE_GGML_IQ2_S = 22,
+    FMOE_GGML_IQ4_XS = 23,
+    FMOE_GGML_I8 = 24,
+    FMOE_GGML_I16 = 25,
+    FMOE_GGML_I32 = 26,
+    FMOE_GGML_I64 = 27,
+    FMOE_GGML_F64 = 28,
+    FMOE_GGML_IQ1_M = 29,
+    FMOE_GGML_BF16 = 30,
+    FMOE_GGML_TQ1_0 = 34,
+    FMOE_GGML_TQ2_0 = 35,
+    FMOE_GGML_MXFP4 = 39,
+    FMOE_GGML_TYPE_END = 40, /* every known number is below this */
+} fmoe_ggml_type;
+
+#define FMOE_QK_K 256 /* values per K-quant super-block */
+#define FMOE_QK8_0 32 /* values per Q8_0 block */
+
+/* Bytes of one block of each format fmoe computes with (ggml-common.h's static_asserts). */
+enum {
+    FMOE_Q8_0_BYTES = 2 + 32,                 /* f16 d; int8 q[32]: x = d·q */
+    FMOE_Q4_K_BYTES = 2 + 2 + 12 + 128,       /* f16 d, dmin; 6-bit scales, mins; 4-bit q */
+    FMOE_Q5_K_BYTES = 2 + 2 + 12 + 32 + 128,  /* as Q4_K plus the 5th bits qh[32] */
+    FMOE_Q6_K_BYTES = 128 + 64 + 16 + 2,      /* ql[128], qh[64], int8 scales[16], f16 d */
+};
+
+/* "Q4_K", "BF16", ... as ggml names them; NULL for a number ggml does not define. */
+const char *fmoe_ggml_type_name(uint32_t type);
+
+/* The type called `name` (case-insensitive: "q4_k" works). @return 0 and *out, or -1. */
+int fmoe_ggml_type_parse(const char *name, fmoe_ggml_type *out);
+
+/* Values per block and bytes per block; 0 for a number ggml does not define. */
+int32_t fmoe_ggml_block_size(uint32_t type);
+int32_t fmoe_ggml_type_size(uint32_t type);
+
+/* 1 for the seven types fmoe dequantises and computes dot products with. */
+int fmoe_quant_supported(uint32_t type);
+
+/* 1 for the types fmoe_quant_quantize_row writes: Q8_0, Q4_K, Q5_K, Q6_K. */
+int fmoe_quant_can_quantize(uint32_t type);
+
+/* Bytes of a row of n values (n a multiple of the block size), or -1 when n is not. */
+int64_t fmoe_quant_row_bytes(uint32_t type, int64_t n);
+
+/* Dequantises a row of n values (n a multiple of the block size) into dst[n].
+ * The type must be supported (checked with FMOE_ASSERT: a caller bug otherwise). */
+void fmoe_quant_dequantize_row(uint32_t type, const void *row, float *dst, int64_t n);
+
+/* Σ_i row[i]·x[i] over n values: the fastest path this CPU has. */
+float fmoe_quant_dot(uint32_t type, const void *row, const float *x, int64_t n);
+
+/* The same in plain C, one block at a time (the reference the SIMD path is tested with). */
+float fmoe_quant_dot_ref(uint32_t type, const void *row, const float *x, int64_t n);
+
+/* 1 when fmoe_quant_dot uses the AVX2 path on this CPU (FMOE_NO_AVX2 in the environment
+ * turns it off, so tests can compare both on one machine). */
+int fmoe_quant_simd(void);
+
+/* Quantises src[n] (n a multiple of the block size) into dst, fmoe_quant_row_bytes(type, n)
+ * bytes, with ggml's reference quantisers' algorithms (lib/quant_ref.c says which match
+ * byte for byte and how that was checked). Non-finite inputs give unspecified blocks.
+ * The type must be one fmoe_quant_can_quantize says yes to (FMOE_ASSERT otherwise). */
+void fmoe_quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
+
+#endif

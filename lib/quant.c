@@ -1,0 +1,266 @@
+/*
+ * quant.c - ggml's type table, dequantisation of the seven types fmoe computes with, the
+ * plain-C dot products, and the run-time choice of the AVX2 path (fmoe/quant.h).
+ *
+ * Dequantisation follows ggml's dequantize_row_* operation for operation: a block's f16
+ * scale times the sub-block's integer scale, rounded to f32, times the quantised value,
+ * minus the f16 min times the integer min (rounded the same way). That order is what gives
+ * bit-identical results to gguf-py (whose numpy code does the same f32 operations); the
+ * build is ISO C11, so the compiler does not fuse a·b - c into an FMA.
+ */
+#include "fmoe/quant.h"
+
+#include <ctype.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/half.h"
+#include "quant_impl.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#define HAVE_X86 1
+#else
+#define HAVE_X86 0
+#endif
+
+/* ---------------------------------------------------------------------------------- */
+/* The type table (ggml.c's type_traits: block size, bytes per block)                 */
+/* ---------------------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    int32_t block, size;
+} types[FMOE_GGML_TYPE_END] = {
+    [FMOE_GGML_F32] = {"F32", 1, 4},
+    [FMOE_GGML_F16] = {"F16", 1, 2},
+    [FMOE_GGML_Q4_0] = {"Q4_0", 32, 18},
+    [FMOE_GGML_Q4_1] = {"Q4_1", 32, 20},
+    [FMOE_GGML_Q5_0] = {"Q5_0", 32, 22},
+    [FMOE_GGML_Q5_1] = {"Q5_1", 32, 24},
+    [FMOE_GGML_Q8_0] = {"Q8_0", 32, FMOE_Q8_0_BYTES},
+    [FMOE_GGML_Q8_1] = {"Q8_1", 32, 40},
+    [FMOE_GGML_Q2_K] = {"Q2_K", 256, 84},
+    [FMOE_GGML_Q3_K] = {"Q3_K", 256, 110},
+    [FMOE_GGML_Q4_K] = {"Q4_K", 256, FMOE_Q4_K_BYTES},
+    [FMOE_GGML_Q5_K] = {"Q5_K", 256, FMOE_Q5_K_BYTES},
+    [FMOE_GGML_Q6_K] = {"Q6_K", 256, FMOE_Q6_K_BYTES},
+    [FMOE_GGML_Q8_K] = {"Q8_K", 256, 292},
+    [FMOE_GGML_IQ2_XXS] = {"IQ2_XXS", 256, 66},
+    [FMOE_GGML_IQ2_XS] = {"IQ2_XS", 256, 74},
+    [FMOE_GGML_IQ3_XXS] = {"IQ3_XXS", 256, 98},
+    [FMOE_GGML_IQ1_S] = {"IQ1_S", 256, 50},
+    [FMOE_GGML_IQ4_NL] = {"IQ4_NL", 32, 18},
+    [FMOE_GGML_IQ3_S] = {"IQ3_S", 256, 110},
+    [FMOE_GGML_IQ2_S] = {"IQ2_S", 256, 82},
+    [FMOE_GGML_IQ4_XS] = {"IQ4_XS", 256, 136},
+    [FMOE_GGML_I8] = {"I8", 1, 1},
+    [FMOE_GGML_I16] = {"I16", 1, 2},
+    [FMOE_GGML_I32] = {"I32", 1, 4},
+    [FMOE_GGML_I64] = {"I64", 1, 8},
+    [FMOE_GGML_F64] = {"F64", 1, 8},
+    [FMOE_GGML_IQ1_M] = {"IQ1_M", 256, 56},
+    [FMOE_GGML_BF16] = {"BF16", 1, 2},
+    [FMOE_GGML_TQ1_0] = {"TQ1_0", 256, 54},
+    [FMOE_GGML_TQ2_0] = {"TQ2_0", 256, 66},
+    [FMOE_GGML_MXFP4] = {"MXFP4", 32, 17},
+};
+
+const char *fmoe_ggml_type_name(uint32_t t) { return t < FMOE_GGML_TYPE_END ? types[t].name : NULL; }
+int32_t fmoe_ggml_block_size(uint32_t t) { return t < FMOE_GGML_TYPE_END ? types[t].block : 0; }
+int32_t fmoe_ggml_type_size(uint32_t t) { return t < FMOE_GGML_TYPE_END ? types[t].size : 0; }
+
+int fmoe_ggml_type_parse(const char *name, fmoe_ggml_type *out) {
+    for (uint32_t t = 0; t < FMOE_GGML_TYPE_END; t++) {
+        const char *n = types[t].name;
+        if (!n) continue;
+        size_t i = 0;
+        while (n[i] && name[i] && toupper((unsigned char)name[i]) == n[i]) i++;
+        if (!n[i] && !name[i]) {
+            *out = (fmoe_ggml_type)t;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int fmoe_quant_supported(uint32_t t) {
+    return t == FMOE_GGML_F32 || t == FMOE_GGML_F16 || t == FMOE_GGML_BF16 || t == FMOE_GGML_Q8_0 ||
+           t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q6_K;
+}
+
+int fmoe_quant_can_quantize(uint32_t t) {
+    return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q6_K;
+}
+
+int64_t fmoe_quant_row_bytes(uint32_t t, int64_t n) {
+    const int32_t bs = fmoe_ggml_block_size(t);
+    if (bs == 0 || n < 0 || n % bs != 0) return -1;
+    return n / bs * types[t].size;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Dequantisation, one block at a time                                                */
+/* ---------------------------------------------------------------------------------- */
+
+static void dequant_q8_0(const uint8_t *b, float *y) {
+    uint16_t h;
+    memcpy(&h, b, 2);
+    const float d = fmoe_half_to_float(h);
+    const int8_t *q = (const int8_t *)(b + 2);
+    for (int i = 0; i < FMOE_QK8_0; i++) y[i] = (float)q[i] * d;
+}
+
+/* Q4_K: d, dmin (f16); 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32; 128
+ * bytes of 4-bit values, 32 bytes per pair of sub-blocks (low nibbles, then high). */
+static void dequant_q4_k(const uint8_t *b, float *y) {
+    uint16_t h;
+    memcpy(&h, b, 2);
+    const float d = fmoe_half_to_float(h);
+    memcpy(&h, b + 2, 2);
+    const float dmin = fmoe_half_to_float(h);
+    const uint8_t *scales = b + 4, *q = b + 16;
+    for (int j = 0; j < 8; j += 2) {
+        uint8_t sc, m;
+        fmoe__scale_min_k4(j, scales, &sc, &m);
+        const float d1 = d * sc, m1 = dmin * m;
+        fmoe__scale_min_k4(j + 1, scales, &sc, &m);
+        const float d2 = d * sc, m2 = dmin * m;
+        for (int l = 0; l < 32; l++) y[l] = d1 * (float)(q[l] & 0xF) - m1;
+        for (int l = 0; l < 32; l++) y[32 + l] = d2 * (float)(q[l] >> 4) - m2;
+        q += 32;
+        y += 64;
+    }
+}
+
+/* Q5_K: Q4_K's layout with a fifth bit per value in qh[32]: value l of sub-block j has
+ * its bit at bit j of qh[l]. */
+static void dequant_q5_k(const uint8_t *b, float *y) {
+    uint16_t h;
+    memcpy(&h, b, 2);
+    const float d = fmoe_half_to_float(h);
+    memcpy(&h, b + 2, 2);
+    const float dmin = fmoe_half_to_float(h);
+    const uint8_t *scales = b + 4, *qh = b + 16, *ql = b + 48;
+    for (int j = 0; j < 8; j += 2) {
+        uint8_t sc, m;
+        fmoe__scale_min_k4(j, scales, &sc, &m);
+        const float d1 = d * sc, m1 = dmin * m;
+        fmoe__scale_min_k4(j + 1, scales, &sc, &m);
+        const float d2 = d * sc, m2 = dmin * m;
+        for (int l = 0; l < 32; l++)
+            y[l] = d1 * (float)((ql[l] & 0xF) + ((qh[l] >> j) & 1) * 16) - m1;
+        for (int l = 0; l < 32; l++)
+            y[32 + l] = d2 * (float)((ql[l] >> 4) + ((qh[l] >> (j + 1)) & 1) * 16) - m2;
+        ql += 32;
+        y += 64;
+    }
+}
+
+/* Q6_K: ql[128] low 4 bits, qh[64] high 2 bits, int8 scales[16] (one per 16 values), f16
+ * d; values are 6-bit minus 32. Each half of 128 values takes 64 bytes of ql and 32 of qh. */
+static void dequant_q6_k(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    uint16_t h;
+    memcpy(&h, b + 208, 2);
+    const float d = fmoe_half_to_float(h);
+    for (int half = 0; half < 2; half++) {
+        for (int l = 0; l < 32; l++) {
+            const int is = l / 16;
+            const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l] = d * sc[is + 0] * (float)q1;
+            y[l + 32] = d * sc[is + 2] * (float)q2;
+            y[l + 64] = d * sc[is + 4] * (float)q3;
+            y[l + 96] = d * sc[is + 6] * (float)q4;
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+}
+
+void fmoe_quant_dequantize_row(uint32_t t, const void *row, float *y, int64_t n) {
+    FMOE_ASSERT(fmoe_quant_supported(t) && n % types[t].block == 0);
+    const uint8_t *b = row;
+    switch (t) {
+    case FMOE_GGML_F32:
+        memcpy(y, row, (size_t)n * sizeof *y);
+        return;
+    case FMOE_GGML_F16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, b + 2 * i, 2);
+            y[i] = fmoe_half_to_float(h);
+        }
+        return;
+    case FMOE_GGML_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, b + 2 * i, 2);
+            y[i] = fmoe_bf16_to_float(h);
+        }
+        return;
+    case FMOE_GGML_Q8_0:
+        for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += FMOE_Q8_0_BYTES) dequant_q8_0(b, y + i);
+        return;
+    case FMOE_GGML_Q4_K:
+        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q4_K_BYTES) dequant_q4_k(b, y + i);
+        return;
+    case FMOE_GGML_Q5_K:
+        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q5_K_BYTES) dequant_q5_k(b, y + i);
+        return;
+    case FMOE_GGML_Q6_K:
+        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES) dequant_q6_k(b, y + i);
+        return;
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Dot products                                                                       */
+/* ---------------------------------------------------------------------------------- */
+
+/* The reference: each block dequantised into a small buffer, then summed in order. Plain
+ * on purpose: it is what the SIMD path is checked against, so it must be obviously right. */
+float fmoe_quant_dot_ref(uint32_t t, const void *row, const float *x, int64_t n) {
+    FMOE_ASSERT(fmoe_quant_supported(t) && n % types[t].block == 0);
+    const int64_t chunk = types[t].block > 1 ? types[t].block : FMOE_QK_K;
+    float buf[FMOE_QK_K];
+    float s = 0;
+    const uint8_t *b = row;
+    for (int64_t i = 0; i < n; i += chunk) {
+        const int64_t m = n - i < chunk ? n - i : chunk;
+        fmoe_quant_dequantize_row(t, b + i / types[t].block * types[t].size, buf, m);
+        for (int64_t k = 0; k < m; k++) s += buf[k] * x[i + k];
+    }
+    return s;
+}
+
+static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
+static int simd_ok;
+
+static void simd_probe(void) {
+#if HAVE_X86
+    __builtin_cpu_init();
+    unsigned eax, ebx, ecx = 0, edx; /* F16C from CPUID: clang 14 lacks the builtin's "f16c" */
+    const int f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+    simd_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c &&
+              getenv("FMOE_NO_AVX2") == NULL;
+#endif
+}
+
+int fmoe_quant_simd(void) {
+    pthread_once(&simd_once, simd_probe);
+    return simd_ok;
+}
+
+float fmoe_quant_dot(uint32_t t, const void *row, const float *x, int64_t n) {
+    if (fmoe_quant_simd()) return fmoe__quant_dot_avx2(t, row, x, n);
+    return fmoe_quant_dot_ref(t, row, x, n);
+}

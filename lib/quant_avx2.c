@@ -1,0 +1,219 @@
+/*
+ * quant_avx2.c - dot products of ggml block rows with f32 vectors, AVX2 + FMA (+ F16C for
+ * F16 rows). Compiled for every x86-64 build with target attributes; lib/quant.c calls it
+ * only when the CPU has the instructions.
+ *
+ * The K-quants factor their affine form out of the inner loop: a sub-block of 32 values
+ * y = d·sc·q - dmin·m contributes d·sc·Σq·x - dmin·m·Σx, so the loop widens the small
+ * integers to f32 and accumulates Σq·x (and Σx) in registers, and the scales are applied
+ * once per sub-block. The summation order therefore differs from dequantise-then-dot:
+ * results agree to rounding (tests/lib/test_quant.c states the bound), not bit for bit.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "fmoe/half.h"
+#include "fmoe/quant.h"
+#include "quant_impl.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define SIMD __attribute__((target("avx2,fma,f16c")))
+
+SIMD static inline float hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+    return _mm_cvtss_f32(lo);
+}
+
+/* acc += the 8 signed bytes in the low half of q, widened, times x[0..8). */
+SIMD static inline __m256 fma8(__m128i q, const float *x, __m256 acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_loadu_ps(x), acc);
+}
+
+/* acc += 16 signed bytes times x[0..16). */
+SIMD static inline __m256 fma16(__m128i q, const float *x, __m256 acc) {
+    acc = fma8(q, x, acc);
+    return fma8(_mm_srli_si128(q, 8), x + 8, acc);
+}
+
+/* acc += 32 signed bytes times x[0..32). */
+SIMD static inline __m256 fma32(__m256i q, const float *x, __m256 acc) {
+    acc = fma16(_mm256_castsi256_si128(q), x, acc);
+    return fma16(_mm256_extracti128_si256(q, 1), x + 16, acc);
+}
+
+SIMD static inline __m256 sum32(const float *x) {
+    return _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                         _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
+}
+
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return fmoe_half_to_float(h);
+}
+
+SIMD static float dot_f32(const float *w, const float *x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    float s = hsum(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s += w[i] * x[i];
+    return s;
+}
+
+SIMD static float dot_u16(const uint16_t *w, int bf, const float *x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m128i h0 = _mm_loadu_si128((const __m128i *)(w + i));
+        const __m128i h1 = _mm_loadu_si128((const __m128i *)(w + i + 8));
+        __m256 w0, w1;
+        if (bf) {
+            w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h0), 16));
+            w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h1), 16));
+        } else {
+            w0 = _mm256_cvtph_ps(h0);
+            w1 = _mm256_cvtph_ps(h1);
+        }
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
+    }
+    float s = hsum(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s += (bf ? fmoe_bf16_to_float(w[i]) : fmoe_half_to_float(w[i])) * x[i];
+    return s;
+}
+
+SIMD static float dot_q8_0(const uint8_t *b, const float *x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += FMOE_Q8_0_BYTES) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
+        const __m256 s = fma32(q, x + i, _mm256_setzero_ps());
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b)), s, acc);
+    }
+    return hsum(acc);
+}
+
+SIMD static float dot_q4_k(const uint8_t *b, const float *x, int64_t n) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q4_K_BYTES) {
+        const float d = f16_at(b), dmin = f16_at(b + 2);
+        const uint8_t *scales = b + 4, *q = b + 16;
+        const float *xb = x + i;
+        for (int j = 0; j < 8; j += 2, q += 32, xb += 64) {
+            uint8_t sc1, m1, sc2, m2;
+            fmoe__scale_min_k4(j, scales, &sc1, &m1);
+            fmoe__scale_min_k4(j + 1, scales, &sc2, &m2);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)q);
+            const __m256i ql = _mm256_and_si256(v, lo4);
+            const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            const __m256 s1 = fma32(ql, xb, _mm256_setzero_ps());
+            const __m256 s2 = fma32(qh, xb + 32, _mm256_setzero_ps());
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1), s1, acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc2), s2, acc);
+            acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * m1), sum32(xb), acc);
+            acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * m2), sum32(xb + 32), acc);
+        }
+    }
+    return hsum(acc);
+}
+
+SIMD static float dot_q5_k(const uint8_t *b, const float *x, int64_t n) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q5_K_BYTES) {
+        const float d = f16_at(b), dmin = f16_at(b + 2);
+        const uint8_t *scales = b + 4, *ql = b + 48;
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 16));
+        const float *xb = x + i;
+        for (int j = 0; j < 8; j += 2, ql += 32, xb += 64) {
+            uint8_t sc1, m1, sc2, m2;
+            fmoe__scale_min_k4(j, scales, &sc1, &m1);
+            fmoe__scale_min_k4(j + 1, scales, &sc2, &m2);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)ql);
+            /* Bit j (and j+1) of each qh byte, moved to bit 4. The 16-bit shifts carry
+             * bits across bytes, which the byte mask with 1 then drops. */
+            const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(j)), one);
+            const __m256i h2 =
+                _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(j + 1)), one);
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(v, lo4), _mm256_slli_epi16(h1, 4));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4),
+                                               _mm256_slli_epi16(h2, 4));
+            const __m256 s1 = fma32(q1, xb, _mm256_setzero_ps());
+            const __m256 s2 = fma32(q2, xb + 32, _mm256_setzero_ps());
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1), s1, acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc2), s2, acc);
+            acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * m1), sum32(xb), acc);
+            acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * m2), sum32(xb + 32), acc);
+        }
+    }
+    return hsum(acc);
+}
+
+SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    const __m256i off = _mm256_set1_epi8(32);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = f16_at(b + 208);
+        const float *xb = x + i;
+        for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, xb += 128) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4),
+                                   _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
+            q[1] = _mm256_or_si256(
+                _mm256_and_si256(l1, lo4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
+            q[2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
+            q[3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
+            for (int k = 0; k < 4; k++) {
+                const __m256i qs = _mm256_sub_epi8(q[k], off);
+                const float *xk = xb + 32 * k;
+                const __m256 s0 = fma16(_mm256_castsi256_si128(qs), xk, _mm256_setzero_ps());
+                const __m256 s1 =
+                    fma16(_mm256_extracti128_si256(qs, 1), xk + 16, _mm256_setzero_ps());
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc[2 * k]), s0, acc);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc[2 * k + 1]), s1, acc);
+            }
+        }
+    }
+    return hsum(acc);
+}
+
+float fmoe__quant_dot_avx2(uint32_t type, const void *row, const float *x, int64_t n) {
+    switch (type) {
+    case FMOE_GGML_F32: return dot_f32(row, x, n);
+    case FMOE_GGML_F16: return dot_u16(row, 0, x, n);
+    case FMOE_GGML_BF16: return dot_u16(row, 1, x, n);
+    case FMOE_GGML_Q8_0: return dot_q8_0(row, x, n);
+    case FMOE_GGML_Q4_K: return dot_q4_k(row, x, n);
+    case FMOE_GGML_Q5_K: return dot_q5_k(row, x, n);
+    case FMOE_GGML_Q6_K: return dot_q6_k(row, x, n);
+    default: return fmoe_quant_dot_ref(type, row, x, n);
+    }
+}
+
+#else
+
+float fmoe__quant_dot_avx2(uint32_t type, const void *row, const float *x, int64_t n) {
+    return fmoe_quant_dot_ref(type, row, x, n);
+}
+
+#endif

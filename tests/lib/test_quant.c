@@ -1,0 +1,287 @@
+/*
+ * test_quant.c - the dot kernels and quantisers of lib/quant*.c against plain references.
+ * (Dequantisation itself is checked bit for bit against the gguf Python package by
+ * tests/python/test_gguf_quants.py.)
+ *
+ * Tolerance of a dot product: both sides sum n products in f32 in different orders, so
+ * each may be off the exact sum by about n·eps·Σ|w_i·x_i| in the worst case; we accept
+ * 4·eps·sqrt(n)·Σ|w_i·x_i| + 1e-6, a bound random-sign rounding stays far inside (the
+ * worst case never happens with random data, and a wrong scale or bit moves the result
+ * by orders of magnitude more).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmoe/half.h"
+#include "fmoe/quant.h"
+#include "harness.h"
+
+static const uint32_t all_types[] = {FMOE_GGML_F32,  FMOE_GGML_F16,  FMOE_GGML_BF16,
+                                     FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
+                                     FMOE_GGML_Q6_K};
+#define NTYPES (sizeof all_types / sizeof all_types[0])
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.f - 1.f; } /* [-1, 1] */
+
+/* Random bytes for a row of `type`, with sane f16 scales (random bits would give NaN and
+ * infinities, whose sums compare as NaN): every f16 field is rewritten as a small value. */
+static void random_row(uint32_t type, uint8_t *row, int64_t n) {
+    const int64_t nb = fmoe_quant_row_bytes(type, n);
+    for (int64_t i = 0; i < nb; i++) row[i] = (uint8_t)rnd();
+    const int32_t ts = fmoe_ggml_type_size(type);
+    for (int64_t b = 0; b < nb; b += ts) {
+        uint8_t *blk = row + b;
+        uint16_t h;
+        switch (type) {
+        case FMOE_GGML_F32: {
+            const float f = rndf();
+            memcpy(blk, &f, 4);
+            break;
+        }
+        case FMOE_GGML_F16:
+            h = fmoe_float_to_half(rndf());
+            memcpy(blk, &h, 2);
+            break;
+        case FMOE_GGML_BF16:
+            h = fmoe_float_to_bf16(rndf());
+            memcpy(blk, &h, 2);
+            break;
+        case FMOE_GGML_Q8_0:
+            h = fmoe_float_to_half(rndf() * 0.01f);
+            memcpy(blk, &h, 2);
+            break;
+        case FMOE_GGML_Q4_K:
+        case FMOE_GGML_Q5_K:
+            h = fmoe_float_to_half(rndf() * 0.01f);
+            memcpy(blk, &h, 2);
+            h = fmoe_float_to_half(rndf() * 0.01f);
+            memcpy(blk + 2, &h, 2);
+            break;
+        case FMOE_GGML_Q6_K:
+            h = fmoe_float_to_half(rndf() * 0.001f);
+            memcpy(blk + 208, &h, 2);
+            break;
+        }
+    }
+}
+
+/* Exact-ish reference: dequantise, then sum in double. Also returns Σ|w·x|. */
+static double dot_double(uint32_t type, const uint8_t *row, const float *x, int64_t n,
+                         double *abs_sum) {
+    float *w = malloc((size_t)n * sizeof *w);
+    fmoe_quant_dequantize_row(type, row, w, n);
+    double s = 0, a = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += (double)w[i] * x[i];
+        a += fabs((double)w[i] * x[i]);
+    }
+    free(w);
+    *abs_sum = a;
+    return s;
+}
+
+static int close_enough(double got, double want, double abs_sum, int64_t n) {
+    return fabs(got - want) <= 4 * 1.2e-7 * sqrt((double)n) * abs_sum + 1e-6;
+}
+
+TEST(type_table_matches_ggml) {
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q8_0), 34);
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q4_K), 144);
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q5_K), 176);
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q6_K), 210);
+    ASSERT_EQ(fmoe_ggml_block_size(FMOE_GGML_Q4_K), 256);
+    ASSERT_EQ(fmoe_ggml_block_size(FMOE_GGML_Q8_0), 32);
+    ASSERT_EQ(fmoe_ggml_block_size(31), 0); /* 31..33 were removed from ggml */
+    ASSERT_EQ(fmoe_ggml_block_size(1000), 0);
+    ASSERT_STR_EQ(fmoe_ggml_type_name(FMOE_GGML_Q3_K), "Q3_K");
+    fmoe_ggml_type t;
+    ASSERT_EQ(fmoe_ggml_type_parse("q5_k", &t), 0);
+    ASSERT_EQ((int)t, FMOE_GGML_Q5_K);
+    ASSERT_EQ(fmoe_ggml_type_parse("q5_kx", &t), -1);
+    ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_Q6_K, 512), 420);
+    ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_Q6_K, 100), -1);
+    ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_BF16));
+    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_Q4_0));
+}
+
+/* Hand-made Q8_0 block: d = 0.5, q = i - 16 -> x = (i - 16) / 2. */
+TEST(q8_0_block_by_hand) {
+    uint8_t b[FMOE_Q8_0_BYTES];
+    const uint16_t h = fmoe_float_to_half(0.5f);
+    memcpy(b, &h, 2);
+    for (int i = 0; i < 32; i++) b[2 + i] = (uint8_t)(int8_t)(i - 16);
+    float y[32];
+    fmoe_quant_dequantize_row(FMOE_GGML_Q8_0, b, y, 32);
+    for (int i = 0; i < 32; i++) ASSERT_NEAR(y[i], (i - 16) * 0.5f, 0);
+}
+
+/* Hand-made Q4_K block: d = 1, dmin = 0.5, sub-block j has scale j+1 and min j (j < 4 in
+ * the plain 6-bit bytes, j >= 4 split across nibbles and top bits), value q = l % 16. */
+TEST(q4_k_block_by_hand) {
+    uint8_t b[FMOE_Q4_K_BYTES] = {0};
+    uint16_t h = fmoe_float_to_half(1.f);
+    memcpy(b, &h, 2);
+    h = fmoe_float_to_half(0.5f);
+    memcpy(b + 2, &h, 2);
+    uint8_t *sc = b + 4;
+    for (int j = 0; j < 8; j++) {
+        const int s = j + 1 + (j >= 4 ? 40 : 0), m = j + (j >= 4 ? 20 : 0); /* > 15: top bits */
+        if (j < 4) {
+            sc[j] = (uint8_t)s;
+            sc[j + 4] = (uint8_t)m;
+        } else {
+            sc[j + 4] = (uint8_t)((s & 0xF) | ((m & 0xF) << 4));
+            sc[j - 4] |= (uint8_t)((s >> 4) << 6);
+            sc[j] |= (uint8_t)((m >> 4) << 6);
+        }
+    }
+    for (int p = 0; p < 4; p++)
+        for (int l = 0; l < 32; l++) b[16 + 32 * p + l] = (uint8_t)((l % 16) | ((15 - l % 16) << 4));
+    float y[256];
+    fmoe_quant_dequantize_row(FMOE_GGML_Q4_K, b, y, 256);
+    for (int j = 0; j < 8; j++) {
+        const int s = j + 1 + (j >= 4 ? 40 : 0), m = j + (j >= 4 ? 20 : 0);
+        for (int l = 0; l < 32; l++) {
+            const int q = j % 2 == 0 ? l % 16 : 15 - l % 16;
+            ASSERT_NEAR(y[32 * j + l], (float)(s * q) - 0.5f * (float)m, 0);
+        }
+    }
+}
+
+TEST(dot_ref_matches_dequantise_then_dot) {
+    const int64_t ns[] = {256, 512, 2048};
+    for (size_t k = 0; k < NTYPES; k++)
+        for (size_t in = 0; in < 3; in++) {
+            const uint32_t t = all_types[k];
+            const int64_t n = ns[in];
+            uint8_t *row = malloc((size_t)fmoe_quant_row_bytes(t, n));
+            float *x = malloc((size_t)n * sizeof *x);
+            for (int rep = 0; rep < 5; rep++) {
+                random_row(t, row, n);
+                for (int64_t i = 0; i < n; i++) x[i] = rndf();
+                double a;
+                const double want = dot_double(t, row, x, n, &a);
+                const float got = fmoe_quant_dot_ref(t, row, x, n);
+                if (!close_enough(got, want, a, n))
+                    HARNESS_FAIL("%s n=%lld: dot_ref %.9g, want %.9g (sum|wx| %.3g)\n",
+                                 fmoe_ggml_type_name(t), (long long)n, got, want, a);
+            }
+            free(row);
+            free(x);
+        }
+}
+
+TEST(dot_simd_matches_reference) {
+    if (!fmoe_quant_simd()) {
+        printf("  (no AVX2+FMA+F16C on this CPU: fmoe_quant_dot is the reference)\n");
+    }
+    const int64_t ns[] = {256, 768, 4096};
+    for (size_t k = 0; k < NTYPES; k++)
+        for (size_t in = 0; in < 3; in++) {
+            const uint32_t t = all_types[k];
+            const int64_t n = ns[in];
+            uint8_t *row = malloc((size_t)fmoe_quant_row_bytes(t, n));
+            float *x = malloc((size_t)n * sizeof *x);
+            for (int rep = 0; rep < 5; rep++) {
+                random_row(t, row, n);
+                for (int64_t i = 0; i < n; i++) x[i] = rndf();
+                double a;
+                const double want = dot_double(t, row, x, n, &a);
+                const float got = fmoe_quant_dot(t, row, x, n);
+                if (!close_enough(got, want, a, n))
+                    HARNESS_FAIL("%s n=%lld: dot %.9g, want %.9g (sum|wx| %.3g)\n",
+                                 fmoe_ggml_type_name(t), (long long)n, got, want, a);
+            }
+            free(row);
+            free(x);
+        }
+}
+
+/* Odd tails for the plain types (n not a multiple of the SIMD width). */
+TEST(dot_simd_tails) {
+    const uint32_t ts[] = {FMOE_GGML_F32, FMOE_GGML_F16, FMOE_GGML_BF16};
+    for (size_t k = 0; k < 3; k++)
+        for (int64_t n = 1; n < 40; n += 3) {
+            uint8_t row[160];
+            float x[40];
+            random_row(ts[k], row, n);
+            for (int64_t i = 0; i < n; i++) x[i] = rndf();
+            double a;
+            const double want = dot_double(ts[k], row, x, n, &a);
+            ASSERT_TRUE(close_enough(fmoe_quant_dot(ts[k], row, x, n), want, a, n));
+        }
+}
+
+/* Quantise, dequantise: the error per value stays within the format's step. Q8_0's step
+ * is max|x|/127 per 32 (error <= half of it, plus f16 rounding of d); the K-quants' steps
+ * are bounded here by their bit width over the block's range (generous: the search can
+ * trade one value's error for a better fit of the rest, never by a whole range). */
+TEST(quantise_round_trip_error) {
+    const struct {
+        uint32_t type;
+        double rel; /* max |err| / max|x| of the block */
+    } cases[] = {
+        {FMOE_GGML_Q8_0, 0.5 / 127 + 1e-3},
+        {FMOE_GGML_Q6_K, 2.0 / 32},
+        {FMOE_GGML_Q5_K, 2.0 / 31},
+        {FMOE_GGML_Q4_K, 2.0 / 15},
+    };
+    const int64_t n = 1024;
+    float x[1024], y[1024];
+    uint8_t q[1024 * 2];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        double rms_err = 0, rms_x = 0;
+        for (int rep = 0; rep < 4; rep++) {
+            for (int64_t i = 0; i < n; i++) x[i] = rndf() * (rep + 1) * 0.05f;
+            if (rep == 3) x[7] = 3.f; /* an outlier */
+            fmoe_quant_quantize_row(cases[c].type, x, q, n);
+            fmoe_quant_dequantize_row(cases[c].type, q, y, n);
+            const int32_t bs = fmoe_ggml_block_size(cases[c].type);
+            for (int64_t b = 0; b < n; b += bs) {
+                float amax = 0;
+                for (int64_t i = b; i < b + bs; i++) amax = fmaxf(amax, fabsf(x[i]));
+                for (int64_t i = b; i < b + bs; i++) {
+                    const double e = fabs((double)y[i] - x[i]);
+                    if (e > cases[c].rel * amax + 1e-7)
+                        HARNESS_FAIL("%s: x[%lld] = %g came back as %g (block max %g)\n",
+                                     fmoe_ggml_type_name(cases[c].type), (long long)i, x[i],
+                                     y[i], amax);
+                    rms_err += e * e;
+                    rms_x += (double)x[i] * x[i];
+                }
+            }
+        }
+        /* Relative RMS error: about 2^-bits of the range; 8-bit ~0.3%, 4-bit ~7%. */
+        const double rel = sqrt(rms_err / rms_x);
+        const double limit = cases[c].type == FMOE_GGML_Q4_K ? 0.12
+                             : cases[c].type == FMOE_GGML_Q5_K ? 0.06
+                             : cases[c].type == FMOE_GGML_Q6_K ? 0.03 : 0.01;
+        if (!(rel < limit))
+            HARNESS_FAIL("%s: relative RMS error %.4f >= %.2f\n",
+                         fmoe_ggml_type_name(cases[c].type), rel, limit);
+    }
+}
+
+/* All-zero input: every quantiser writes a block that dequantises to zeros. */
+TEST(quantise_zeros) {
+    const uint32_t ts[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
+    float x[256] = {0}, y[256];
+    uint8_t q[256];
+    for (size_t k = 0; k < 4; k++) {
+        memset(y, 0xff, sizeof y);
+        fmoe_quant_quantize_row(ts[k], x, q, 256);
+        fmoe_quant_dequantize_row(ts[k], q, y, 256);
+        for (int i = 0; i < 256; i++) ASSERT_NEAR(y[i], 0.f, 0);
+    }
+}
+
+int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
