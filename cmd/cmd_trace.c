@@ -265,7 +265,13 @@ const cmd_spec cmd_trace_recover_spec = {
         "process died at, the journal holds every request whose append returned, and at\n"
         "most one torn record at its end, which is dropped. The trace is rebuilt from the\n"
         "journal; without one, TRACE.h5.partial is kept when it reads as a whole trace.\n"
-        "Afterwards the journal and the .partial are gone.\n",
+        "Afterwards the journal and the .partial are gone.\n"
+        "\n"
+        "Damage anywhere before the journal's end (a flipped bit, a block the disk lost) is\n"
+        "no kill's doing: the records that still check out around it are recovered, the\n"
+        "trace is TRACE.h5.partial's copy instead when that reads and holds all of them and\n"
+        "more, the journal and the .partial are both kept, and the exit status is 1 with\n"
+        "the damaged byte offset on stderr.\n",
     .options = recover_options,
     .epilog = "example:\n"
               "  fmoe trace recover sharegpt.h5.partial          # -> sharegpt.h5\n",
@@ -287,6 +293,9 @@ static int cmd_trace_recover(int argc, char **argv) {
                                partial);
     fmoe_trace_recover_report rep;
     if ((rc = fmoe_trace_recover(partial, o.out_path, &rep)) < 0) return cmd_fail(CMD_RECOVER, rc);
+    /* damage is a failure even though a trace was written: the journal and the .partial
+     * are kept, and the one line on stderr says where */
+    const int status = rep.damaged ? CMD_EXIT_FAILURE : CMD_EXIT_OK;
     if (o.json) {
         cJSON *j = cJSON_CreateObject();
         if (!j) return cmd_failf(CMD_RECOVER, "out of memory");
@@ -295,7 +304,14 @@ static int cmd_trace_recover(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "requests", (double)rep.requests);
         cJSON_AddNumberToObject(j, "tokens", (double)rep.tokens);
         cJSON_AddNumberToObject(j, "dropped_bytes", (double)rep.dropped_bytes);
-        return cmd_print_json(j) == 0 ? CMD_EXIT_OK : cmd_failf(CMD_RECOVER, "out of memory");
+        cJSON_AddBoolToObject(j, "damaged", rep.damaged);
+        cJSON_AddNumberToObject(j, "damaged_bytes", (double)rep.damaged_bytes);
+        cJSON_AddNumberToObject(j, "damaged_at", (double)rep.damaged_at);
+        cJSON_AddNumberToObject(j, "journal_requests", (double)rep.journal_requests);
+        cJSON_AddNumberToObject(j, "partial_requests", (double)rep.partial_requests);
+        cJSON_AddBoolToObject(j, "kept", rep.kept);
+        if (cmd_print_json(j) != 0) return cmd_failf(CMD_RECOVER, "out of memory");
+        return rep.damaged ? cmd_failf(CMD_RECOVER, "%s", rep.damage) : status;
     }
     printf("Recovered %lld request%s (%lld tokens) from %s%s into %s", (long long)rep.requests,
            rep.requests == 1 ? "" : "s", (long long)rep.tokens, partial,
@@ -303,8 +319,10 @@ static int cmd_trace_recover(int argc, char **argv) {
     if (rep.dropped_bytes > 0)
         printf("; dropped the %lld bytes of a request the kill cut short",
                (long long)rep.dropped_bytes);
+    if (rep.kept) printf("; removed nothing");
     printf(".\n");
-    return CMD_EXIT_OK;
+    fflush(stdout);
+    return rep.damaged ? cmd_failf(CMD_RECOVER, "%s", rep.damage) : status;
 }
 
 static int cmd_trace_import(int argc, char **argv) {

@@ -406,9 +406,13 @@ struct fmoe__journal_reader {
     fmoe_trace_header h;
     char *config_json;
     uint64_t file_size, at; /* the next record's offset */
-    int64_t dropped;
+    int64_t dropped;        /* bytes of the torn tail */
+    int64_t damaged;        /* bytes skipped before the tail (and a damaged last record) */
+    int64_t damaged_at;     /* the first skipped byte, -1 none */
+    int32_t damaged_regions;
     unsigned char *payload; /* the current record */
     size_t payload_cap;
+    unsigned char *window;  /* [SCAN_WINDOW + SCAN_NEED] bytes the resync scan looks at */
     float *floats[A_COUNT]; /* float16 arrays widened back to float32 */
     size_t floats_cap[A_COUNT];
 };
@@ -426,12 +430,33 @@ static int read_exact(int fd, void *p, size_t n, uint64_t off) {
     return 0;
 }
 
-/* Reads the record at r->at into r->payload. @return 1 whole (kind in *kind, length in
- * *len), 0 when none is whole there (end of file or torn), < 0 on a read error. */
-static int read_record(fmoe__journal_reader *r, uint32_t *kind, uint64_t *len, uint64_t cap) {
+/* Whether a request record of `len` payload bytes starting with the 32 fixed bytes `p` has
+ * the size the header gives it (the writer validated every request against that header,
+ * so any other size is damage or another run's record). */
+static int request_fits(const fmoe__journal_reader *r, const unsigned char *p, uint64_t len,
+                        layout *lo) {
+    if (len < REQUEST_FIXED) return 0;
+    int32_t prompt, output;
+    int64_t nacc;
+    memcpy(&prompt, p + 16, 4);
+    memcpy(&output, p + 20, 4);
+    memcpy(&nacc, p + 24, 8);
+    if (prompt < 0 || output < 0 || nacc < 0) return 0;
+    return request_layout(&r->h, (uint64_t)prompt + (uint64_t)output,
+                          (uint64_t)fmoe_trace_request_iterations(prompt, output,
+                                                                  r->h.prefill_chunk),
+                          (uint64_t)nacc, lo) == 0 &&
+           lo->total == len;
+}
+
+/* Reads the record at byte `at` into r->payload. @return 1 when a whole record is there
+ * (its checksum holds; kind in *kind, length in *len), 0 when none is, < 0 on a read
+ * error. Does not move r->at. */
+static int read_record(fmoe__journal_reader *r, uint64_t at, uint32_t *kind, uint64_t *len,
+                       uint64_t cap) {
     unsigned char head[RECORD_HEAD];
-    if (r->file_size - r->at < RECORD_HEAD) return 0;
-    int e = read_exact(r->fd, head, sizeof head, r->at);
+    if (at > r->file_size || r->file_size - at < RECORD_HEAD) return 0;
+    int e = read_exact(r->fd, head, sizeof head, at);
     if (e < 0) return fmoe_error_set(FMOE_EIO, "%s: cannot read: %s", r->path, strerror(errno));
     if (e > 0) return 0;
     uint32_t crc;
@@ -439,7 +464,7 @@ static int read_record(fmoe__journal_reader *r, uint32_t *kind, uint64_t *len, u
     memcpy(&crc, head + 4, 4);
     memcpy(len, head + 8, 8);
     if ((*kind != KIND_HEADER && *kind != KIND_REQUEST) || *len > cap ||
-        *len > r->file_size - r->at - RECORD_HEAD)
+        *len > r->file_size - at - RECORD_HEAD)
         return 0;
     if (*len > r->payload_cap) {
         unsigned char *p = realloc(r->payload, (size_t)*len);
@@ -448,15 +473,79 @@ static int read_record(fmoe__journal_reader *r, uint32_t *kind, uint64_t *len, u
         r->payload = p;
         r->payload_cap = (size_t)*len;
     }
-    e = read_exact(r->fd, r->payload, (size_t)*len, r->at + RECORD_HEAD);
+    e = read_exact(r->fd, r->payload, (size_t)*len, at + RECORD_HEAD);
     if (e < 0) return fmoe_error_set(FMOE_EIO, "%s: cannot read: %s", r->path, strerror(errno));
     if (e > 0) return 0;
     uint32_t c = crc_update(0, kind, 4);
     c = crc_update(c, len, 8);
     c = crc_update(c, r->payload, (size_t)*len);
-    if (c != crc) return 0;
-    r->at += RECORD_HEAD + *len;
-    return 1;
+    return c == crc;
+}
+
+/* Resynchronisation after damage: the first offset >= from where a request record checks
+ * out (kind, a length that fits the file and the header, then the checksum). Every byte
+ * offset is a candidate, since records are not aligned; the kind and the size check let
+ * only a handful of them reach the checksum. @return 1 with *found, 0 when none does, < 0
+ * on a read error. */
+#define SCAN_WINDOW ((size_t)1 << 20)
+#define SCAN_NEED (RECORD_HEAD + REQUEST_FIXED) /* bytes a candidate is judged on first */
+static int scan_next(fmoe__journal_reader *r, uint64_t from, uint64_t *found) {
+    if (!r->window && !(r->window = malloc(SCAN_WINDOW + SCAN_NEED)))
+        return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", r->path);
+    for (uint64_t base = from; base < r->file_size && r->file_size - base >= SCAN_NEED;
+         base += SCAN_WINDOW) {
+        const uint64_t left = r->file_size - base;
+        const size_t n = (size_t)(left < SCAN_WINDOW + SCAN_NEED ? left : SCAN_WINDOW + SCAN_NEED);
+        int e = read_exact(r->fd, r->window, n, base);
+        if (e != 0)
+            return fmoe_error_set(FMOE_EIO, "%s: cannot read: %s", r->path,
+                                  e < 0 ? strerror(errno) : "the file shrank");
+        for (size_t i = 0; i + SCAN_NEED <= n && i < SCAN_WINDOW; i++) {
+            const unsigned char *w = r->window + i;
+            uint32_t kind;
+            uint64_t len;
+            memcpy(&kind, w, 4);
+            if (kind != KIND_REQUEST) continue;
+            memcpy(&len, w + 8, 8);
+            layout lo;
+            if (len > left - i - RECORD_HEAD || !request_fits(r, w + RECORD_HEAD, len, &lo))
+                continue;
+            uint32_t k2;
+            uint64_t len2;
+            e = read_record(r, base + i, &k2, &len2, UINT64_MAX);
+            if (e < 0) return e;
+            if (e == 1) {
+                *found = base + i;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Whether the bytes from `at` to the end are what a kill leaves of the last record: its
+ * head cut short, its payload cut short (the file ends inside it), or all of it written
+ * but the checksum, which the append puts in last, still 0. A whole record whose checksum
+ * was written and does not hold is damage, even the last one; so are bytes after a
+ * record's end. */
+static int torn_tail(fmoe__journal_reader *r, uint64_t at) {
+    unsigned char head[RECORD_HEAD];
+    const uint64_t left = r->file_size - at;
+    if (left < RECORD_HEAD) return 1;
+    if (read_exact(r->fd, head, sizeof head, at) != 0) return 0;
+    uint32_t kind, crc;
+    uint64_t len;
+    memcpy(&kind, head, 4);
+    memcpy(&crc, head + 4, 4);
+    memcpy(&len, head + 8, 8);
+    if (kind != KIND_REQUEST) return 0;
+    return len > left - RECORD_HEAD || (crc == 0 && len == left - RECORD_HEAD);
+}
+
+static void note_damage(fmoe__journal_reader *r, uint64_t from, uint64_t to) {
+    if (r->damaged_at < 0) r->damaged_at = (int64_t)from;
+    r->damaged += (int64_t)(to - from);
+    r->damaged_regions++;
 }
 
 typedef struct cursor {
@@ -598,19 +687,33 @@ int fmoe__journal_reader_open(fmoe__journal_reader **out, const char *path, fmoe
         goto fail;
     }
     r->at = FILE_HEAD;
+    r->damaged_at = -1;
     uint32_t kind;
     uint64_t len;
-    e = read_record(r, &kind, &len, MAX_HEADER_RECORD);
+    e = read_record(r, FILE_HEAD, &kind, &len, MAX_HEADER_RECORD);
     if (e < 0) {
         rc = e;
         goto fail;
     }
     if (e == 0 || kind != KIND_HEADER) {
-        rc = fmoe_error_set(FMOE_EFORMAT, "%s: no whole header record (the run was killed "
-                                          "while starting): nothing to recover",
-                            path);
+        /* torn (the file ends inside it) or damaged (all there, but it does not check) */
+        uint64_t want = 0;
+        unsigned char rh[RECORD_HEAD];
+        if (r->file_size >= FILE_HEAD + RECORD_HEAD &&
+            read_exact(fd, rh, sizeof rh, FILE_HEAD) == 0)
+            memcpy(&want, rh + 8, 8);
+        if (r->file_size < FILE_HEAD + RECORD_HEAD || want > r->file_size - FILE_HEAD - RECORD_HEAD)
+            rc = fmoe_error_set(FMOE_EFORMAT, "%s: no whole header record (the run was killed "
+                                              "while starting): nothing to recover",
+                                path);
+        else
+            rc = fmoe_error_set(FMOE_EFORMAT, "%s: the header record at byte %d is damaged (its "
+                                              "checksum does not hold): the requests cannot be "
+                                              "decoded",
+                                path, FILE_HEAD);
         goto fail;
     }
+    r->at = FILE_HEAD + RECORD_HEAD + len;
     cursor c = {r->payload, (size_t)len, 0, 0};
     if ((rc = get_header(r, &c, opts)) < 0) goto fail;
     *h = r->h;
@@ -622,37 +725,41 @@ fail:
 }
 
 int fmoe__journal_reader_next(fmoe__journal_reader *r, fmoe_trace_request *q) {
-    const uint64_t record_at = r->at;
-    uint32_t kind;
-    uint64_t len;
-    int e = read_record(r, &kind, &len, UINT64_MAX);
-    if (e <= 0 || kind != KIND_REQUEST) {
+    uint32_t kind = 0;
+    uint64_t len = 0;
+    layout lo;
+    for (;;) {
+        if (r->at >= r->file_size) return 0;
+        int e = read_record(r, r->at, &kind, &len, UINT64_MAX);
         if (e < 0) return e;
-        r->at = record_at;
-        r->dropped = (int64_t)(r->file_size - record_at);
-        return 0;
+        /* a record that checks but is no request of this header (a second header record,
+         * another run's record) is damage like any other */
+        if (e == 1 && kind == KIND_REQUEST && request_fits(r, r->payload, len, &lo)) break;
+        /* Nothing whole here. A kill tears only the last record; so this is the torn tail
+         * when nothing after it checks, and damage (a flipped bit, a lost block) when a
+         * record further on does: skip to that one, so one bad byte costs one record. */
+        uint64_t next = 0;
+        if ((e = scan_next(r, r->at + 1, &next)) < 0) return e;
+        if (e == 0) {
+            if (torn_tail(r, r->at))
+                r->dropped = (int64_t)(r->file_size - r->at);
+            else
+                note_damage(r, r->at, r->file_size);
+            r->at = r->file_size;
+            return 0;
+        }
+        note_damage(r, r->at, next);
+        r->at = next;
     }
+    r->at += RECORD_HEAD + len;
     const unsigned char *p = r->payload;
     memset(q, 0, sizeof *q);
-    int64_t nacc = -1;
-    if (len >= REQUEST_FIXED) {
-        memcpy(&q->id, p, 8);
-        memcpy(&q->arrival_s, p + 8, 8);
-        memcpy(&q->prompt_tokens, p + 16, 4);
-        memcpy(&q->output_tokens, p + 20, 4);
-        memcpy(&nacc, p + 24, 8);
-    }
-    layout lo;
-    if (len < REQUEST_FIXED || q->prompt_tokens < 0 || q->output_tokens < 0 || nacc < 0 ||
-        request_layout(&r->h, (uint64_t)q->prompt_tokens + (uint64_t)q->output_tokens,
-                       (uint64_t)fmoe_trace_request_iterations(q->prompt_tokens, q->output_tokens,
-                                                               r->h.prefill_chunk),
-                       (uint64_t)nacc, &lo) != 0 ||
-        lo.total != len)
-        /* the checksum held, so the writer wrote this: a journal of another header? */
-        return fmoe_error_set(FMOE_EFORMAT, "%s: request record at byte %llu does not match the "
-                                            "header",
-                              r->path, (unsigned long long)record_at);
+    int64_t nacc;
+    memcpy(&q->id, p, 8);
+    memcpy(&q->arrival_s, p + 8, 8);
+    memcpy(&q->prompt_tokens, p + 16, 4);
+    memcpy(&q->output_tokens, p + 20, 4);
+    memcpy(&nacc, p + 24, 8);
     q->num_access_outcomes = nacc;
     const void *arr[A_COUNT];
     for (int i = 0; i < A_COUNT; i++) {
@@ -691,11 +798,19 @@ int fmoe__journal_reader_next(fmoe__journal_reader *r, fmoe_trace_request *q) {
 
 int64_t fmoe__journal_reader_dropped(const fmoe__journal_reader *r) { return r->dropped; }
 
+int64_t fmoe__journal_reader_damaged(const fmoe__journal_reader *r, int64_t *first_at,
+                                     int32_t *regions) {
+    if (first_at) *first_at = r->damaged_at;
+    if (regions) *regions = r->damaged_regions;
+    return r->damaged;
+}
+
 void fmoe__journal_reader_close(fmoe__journal_reader *r) {
     if (!r) return;
     if (r->fd >= 0) close(r->fd);
     for (int i = 0; i < A_COUNT; i++) free(r->floats[i]);
     free(r->payload);
+    free(r->window);
     free(r->config_json);
     free(r->path);
     free(r);
@@ -703,6 +818,13 @@ void fmoe__journal_reader_close(fmoe__journal_reader *r) {
 
 /* ---------------------------------------------------------------------------------------
  * Recovery (fmoe/trace.h)
+ *
+ * Nothing is lost to recovery itself: the output is built beside the leftovers (as
+ * "OUTPUT.recovering", linked into place when whole), and the journal and the .partial are
+ * removed only when the output holds everything they did, i.e. the journal checked out up
+ * to at most a torn last record. Damage before that is no kill's doing; the records that
+ * still check out are recovered, the .partial (flushed per request, so usually whole) is
+ * read as a second source, and both leftovers stay for whoever looks at the damage.
  * ------------------------------------------------------------------------------------- */
 
 static int ends_with(const char *s, const char *suffix) {
@@ -715,15 +837,150 @@ static int exists(const char *path) {
     return lstat(path, &st) == 0;
 }
 
+static char *concat(const char *a, const char *b) {
+    const size_t n = strlen(a), m = strlen(b);
+    char *s = malloc(n + m + 1);
+    if (s) {
+        memcpy(s, a, n);
+        memcpy(s + n, b, m + 1);
+    }
+    return s;
+}
+
+/* Whether PATH reads as a whole trace: it opens (shapes, tables) and every token's ids,
+ * phases, experts and probabilities read back in range. @return its request count with
+ * *tokens and *ids (malloc'd, the request ids in order), or -1 (error detail set). */
+#define CHECK_BATCH 256
+static int64_t trace_reads(const char *path, int64_t *tokens, int64_t **ids) {
+    fmoe_trace_reader *tr = NULL;
+    *ids = NULL;
+    if (fmoe_trace_reader_open(&tr, path) < 0) return -1;
+    const fmoe_trace_header *h = fmoe_trace_reader_header(tr);
+    const int64_t R = fmoe_trace_reader_num_requests(tr), T = fmoe_trace_reader_num_tokens(tr);
+    const int64_t LK = (int64_t)h->num_layers * h->top_k, LJ = (int64_t)h->num_layers * h->num_experts;
+    int32_t *tok = malloc(CHECK_BATCH * sizeof *tok);
+    uint8_t *phase = malloc(CHECK_BATCH);
+    uint16_t *experts = malloc((size_t)(CHECK_BATCH * LK) * sizeof *experts);
+    float *probs = h->probs_kind != FMOE_PROBS_NONE
+                       ? malloc((size_t)(CHECK_BATCH * LJ) * sizeof *probs)
+                       : NULL;
+    int64_t *out = malloc((size_t)(R > 0 ? R : 1) * sizeof *out);
+    int64_t n = -1;
+    if (!tok || !phase || !experts || !out || (h->probs_kind != FMOE_PROBS_NONE && !probs)) {
+        fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    for (int64_t t0 = 0; t0 < T; t0 += CHECK_BATCH) {
+        fmoe_trace_token_buffers b = {
+            .token_id = tok, .phase = phase, .experts = experts, .probs = probs};
+        if (fmoe_trace_reader_read_tokens(tr, t0, T - t0 < CHECK_BATCH ? T - t0 : CHECK_BATCH,
+                                          &b) < 0)
+            goto done;
+    }
+    const fmoe_trace_request_info *req = fmoe_trace_reader_requests(tr);
+    for (int64_t i = 0; i < R; i++) out[i] = req[i].id;
+    *tokens = T;
+    *ids = out;
+    out = NULL;
+    n = R;
+done:
+    free(out);
+    free(tok);
+    free(phase);
+    free(experts);
+    free(probs);
+    fmoe_trace_reader_close(tr);
+    return n;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Whether every id of `sub` (n, sorted here) is among `all` (m, sorted here). */
+static int ids_within(int64_t *sub, int64_t n, int64_t *all, int64_t m) {
+    qsort(sub, (size_t)n, sizeof *sub, cmp_i64);
+    qsort(all, (size_t)m, sizeof *all, cmp_i64);
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        while (k < m && all[k] < sub[i]) k++;
+        if (k == m || all[k] != sub[i]) return 0;
+        k++;
+    }
+    return 1;
+}
+
+/* Copies SRC to DST through DST.partial (created here, synced, renamed). */
+static int copy_file(const char *src, const char *dst) {
+    char *part = concat(dst, ".partial");
+    unsigned char *b = malloc(1 << 20);
+    int in = -1, out = -1, rc = 0;
+    if (!part || !b) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", dst);
+        goto done;
+    }
+    if ((in = fmoe__open_regular(src)) < 0) {
+        rc = in;
+        goto done;
+    }
+    if ((out = fmoe__partial_create(part, O_WRONLY)) < 0) {
+        rc = out;
+        goto done;
+    }
+    for (;;) {
+        ssize_t k = read(in, b, 1 << 20);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            rc = fmoe_error_set(FMOE_EIO, "%s: cannot read: %s", src, strerror(errno));
+            break;
+        }
+        if (k == 0) break;
+        if (fmoe__write_all(out, b, (size_t)k) != 0) {
+            rc = fmoe_error_set(FMOE_EIO, "%s: cannot write: %s", part, strerror(errno));
+            break;
+        }
+    }
+    if (close(out) != 0 && rc == 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot write: %s", part, strerror(errno));
+    out = -1;
+    if (rc == 0) rc = fmoe__partial_commit(part, dst);
+    if (rc < 0) unlink(part); /* ours */
+done:
+    if (in >= 0) close(in);
+    free(b);
+    free(part);
+    return rc;
+}
+
+/* Puts the finished TMP (ours) at OUTPUT without replacing anything there: link(2) fails
+ * when OUTPUT exists, rename(2) would not; rename only where the file system has no links. */
+static int publish(const char *tmp, const char *output) {
+    if (link(tmp, output) == 0) {
+        unlink(tmp);
+        return 0;
+    }
+    const int e = errno;
+    if (e != EEXIST && !exists(output) && rename(tmp, output) == 0) return 0;
+    unlink(tmp);
+    return fmoe_error_set(FMOE_EIO, "%s: %s", output,
+                          e == EEXIST ? "exists; give another output (-o) or move it away"
+                                      : strerror(e));
+}
+
 int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recover_report *rep) {
     FMOE_RETURN_ERROR_IF(!partial || !partial[0] || !rep, FMOE_EINVAL,
                          "fmoe_trace_recover: NULL argument");
     memset(rep, 0, sizeof *rep);
+    rep->damaged_at = rep->journal_requests = rep->partial_requests = -1;
     FMOE_RETURN_ERROR_IF(!ends_with(partial, ".partial"), FMOE_EINVAL,
                          "%s: expected the .partial a writer left (TRACE.h5.partial)", partial);
     const size_t n = strlen(partial);
     char *def = strndup(partial, n - strlen(".partial"));
-    char *journal = malloc(n + sizeof ".journal");
+    char *journal = concat(partial, ".journal");
+    char *tmp = NULL;
+    int64_t *jids = NULL, *pids = NULL;
+    int64_t njids = 0, jids_cap = 0;
     int rc = 0;
     fmoe__journal_reader *jr = NULL;
     fmoe_trace_writer *w = NULL;
@@ -731,8 +988,6 @@ int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recov
         rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", partial);
         goto done;
     }
-    memcpy(journal, partial, n);
-    memcpy(journal + n, ".journal", sizeof ".journal");
     if (!output || !output[0]) output = def;
     snprintf(rep->output, sizeof rep->output, "%s", output);
     /* never replace a trace: a complete one there may be the very run this .partial came
@@ -745,7 +1000,8 @@ int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recov
 
     if (!exists(journal)) {
         /* No journal: a writer that keeps none (an importer) or one closed cleanly as a
-         * .partial. Keep the file only when it reads as a whole trace. */
+         * .partial. Keep the file only when it reads as a whole trace; renaming moves
+         * everything it holds into the output. */
         fmoe_trace_reader *tr = NULL;
         if ((rc = fmoe_trace_reader_open(&tr, partial)) < 0) {
             fmoe_error_prefix("%s: no journal (%s) and the file does not read as a trace",
@@ -759,18 +1015,58 @@ int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recov
         goto done;
     }
 
+    /* The output is built as OUTPUT.recovering: with the default output, the writer's own
+     * partial would otherwise be PARTIAL itself. */
+    if (!(tmp = concat(output, ".recovering"))) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", partial);
+        goto done;
+    }
+    if (exists(tmp)) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: exists (an interrupted recovery's output?); move it "
+                                      "away first",
+                            tmp);
+        goto done;
+    }
     fmoe_trace_header h;
     fmoe_trace_write_options o;
-    if ((rc = fmoe__journal_reader_open(&jr, journal, &h, &o)) < 0) goto done;
+    int64_t ptokens = 0, np;
+    if ((rc = fmoe__journal_reader_open(&jr, journal, &h, &o)) < 0) {
+        /* A journal whose header record is torn or damaged decodes nothing: the .partial
+         * is the only source left. */
+        if (rc != FMOE_EFORMAT || !exists(partial)) goto done;
+        char why[768];
+        snprintf(why, sizeof why, "%s", fmoe_error_detail());
+        if ((np = trace_reads(partial, &ptokens, &pids)) < 0) {
+            rc = fmoe_error_set(FMOE_EFORMAT, "%s; and %s does not read as a trace (%s)", why,
+                                partial, fmoe_error_detail());
+            goto done;
+        }
+        rep->damaged = rep->kept = 1;
+        rep->damaged_at = FILE_HEAD;
+        rep->partial_requests = rep->requests = np;
+        rep->tokens = ptokens;
+        snprintf(rep->damage, sizeof rep->damage, "%s; the trace is %s's %lld requests", why,
+                 partial, (long long)np);
+        if ((rc = copy_file(partial, tmp)) == 0) rc = publish(tmp, output);
+        goto done;
+    }
     rep->from_journal = 1;
     o.flush_requests = INT32_MAX; /* no journal of the recovery itself; one flush at close */
-    /* The writer's own .partial is output + ".partial": for the default output that is the
-     * damaged partial itself, which it replaces (everything is in the journal). */
-    if ((rc = fmoe_trace_writer_open(&w, output, &h, &o)) < 0) goto done;
+    if ((rc = fmoe_trace_writer_open(&w, tmp, &h, &o)) < 0) goto done;
     fmoe_trace_request q;
     int e;
     while ((e = fmoe__journal_reader_next(jr, &q)) > 0) {
         if ((rc = fmoe_trace_writer_append_request(w, &q)) < 0) goto done;
+        if (njids == jids_cap) {
+            jids_cap = jids_cap ? 2 * jids_cap : 256;
+            int64_t *p = realloc(jids, (size_t)jids_cap * sizeof *p);
+            if (!p) {
+                rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", partial);
+                goto done;
+            }
+            jids = p;
+        }
+        jids[njids++] = q.id;
         rep->requests++;
         rep->tokens += (int64_t)q.prompt_tokens + q.output_tokens;
     }
@@ -778,16 +1074,57 @@ int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recov
         rc = e;
         goto done;
     }
+    rep->journal_requests = rep->requests;
     rep->dropped_bytes = fmoe__journal_reader_dropped(jr);
+    rep->damaged_bytes =
+        fmoe__journal_reader_damaged(jr, &rep->damaged_at, &rep->damaged_regions);
+    if (rep->damaged_bytes > 0) {
+        rep->damaged = rep->kept = 1;
+        int len = snprintf(rep->damage, sizeof rep->damage,
+                           "%s: damaged at byte %lld (%lld byte%s in %d stretch%s that do not "
+                           "check out; a kill damages only the end); the other %lld "
+                           "request%s checked out",
+                           journal, (long long)rep->damaged_at, (long long)rep->damaged_bytes,
+                           rep->damaged_bytes == 1 ? "" : "s", (int)rep->damaged_regions,
+                           rep->damaged_regions == 1 ? "" : "es", (long long)njids,
+                           njids == 1 ? "" : "s");
+        /* the second source: the .partial, flushed per request, often holds the requests
+         * the damage cost; it wins when it holds every request the journal gave, and more */
+        const int have_partial = exists(partial);
+        np = have_partial ? trace_reads(partial, &ptokens, &pids) : -1;
+        rep->partial_requests = np;
+        const int use_partial = np > njids && ids_within(jids, njids, pids, np);
+        if (len > 0 && (size_t)len < sizeof rep->damage)
+            snprintf(rep->damage + len, sizeof rep->damage - (size_t)len, "; %s %s",
+                     partial,
+                     !have_partial ? "is not there"
+                     : np < 0      ? "does not read as a trace"
+                     : use_partial ? "holds them and more: the trace is its copy"
+                                   : "holds no more");
+        if (use_partial) {
+            fmoe_trace_writer_abort(w);
+            w = NULL;
+            rep->from_journal = 0;
+            rep->requests = np;
+            rep->tokens = ptokens;
+            if ((rc = copy_file(partial, tmp)) == 0) rc = publish(tmp, output);
+            goto done;
+        }
+    }
     rc = fmoe_trace_writer_close(w);
     w = NULL;
-    if (rc < 0) goto done;
-    /* the trace holds everything now: the leftovers go */
-    unlink(journal);
-    if (strcmp(output, def) != 0) unlink(partial);
+    if (rc < 0 || (rc = publish(tmp, output)) < 0) goto done;
+    if (!rep->damaged) {
+        /* the trace holds everything they did (the torn tail was no finished request) */
+        unlink(journal);
+        unlink(partial);
+    }
 done:
     if (w) fmoe_trace_writer_abort(w);
     fmoe__journal_reader_close(jr);
+    free(jids);
+    free(pids);
+    free(tmp);
     free(journal);
     free(def);
     return rc;

@@ -7,7 +7,9 @@
  * an append or a flush can leave a .partial whose earlier requests no longer read back.
  * The journal is append-only and every record carries its length and a CRC, so a kill at
  * any instant leaves a prefix of whole records plus at most one torn record at the end,
- * which the reader recognises and drops. `fmoe trace recover` rebuilds a trace from it.
+ * which the reader recognises and drops. Damage anywhere else (a flipped bit, a block the
+ * disk lost) costs only the records it touches: the reader skips to the next record that
+ * checks out and counts what it skipped. `fmoe trace recover` rebuilds a trace from it.
  */
 #ifndef FMOE_TRACE_JOURNAL_H
 #define FMOE_TRACE_JOURNAL_H
@@ -44,13 +46,20 @@ typedef struct fmoe__journal_reader fmoe__journal_reader;
 int fmoe__journal_reader_open(fmoe__journal_reader **out, const char *path, fmoe_trace_header *h,
                               fmoe_trace_write_options *opts);
 
-/* The next whole request: 1 with *q (arrays owned by the reader, valid until the next call),
- * 0 at the end (the end of the file, or a torn or damaged last record: see
- * fmoe__journal_reader_dropped), < 0 on a read error. */
+/* The next request record that checks out (its checksum holds and its size is the one the
+ * header gives it): 1 with *q (arrays owned by the reader, valid until the next call), 0 at
+ * the end, < 0 on a read error. Bytes that do not check are skipped up to the next record
+ * that does (fmoe__journal_reader_damaged); when none follows, they are the torn tail a
+ * kill leaves (fmoe__journal_reader_dropped) if they look like one, else damage too. */
 int fmoe__journal_reader_next(fmoe__journal_reader *r, fmoe_trace_request *q);
 
-/* Bytes after the last whole record (a record the kill cut short), once next returned 0. */
+/* Bytes of the torn last record (a request the kill cut short), once next returned 0. */
 int64_t fmoe__journal_reader_dropped(const fmoe__journal_reader *r);
+
+/* Bytes skipped as damage so far; *first_at (may be NULL) the first of them (-1: none),
+ * *regions (may be NULL) how many separate stretches. */
+int64_t fmoe__journal_reader_damaged(const fmoe__journal_reader *r, int64_t *first_at,
+                                     int32_t *regions);
 
 void fmoe__journal_reader_close(fmoe__journal_reader *r); /* NULL is a no-op */
 

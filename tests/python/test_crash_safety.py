@@ -217,6 +217,71 @@ def test_record_sigterm_keeps_finished_requests(fmoe_bin, fmoe, reference, tmp_p
         assert check_prefix(out, ref, finished) == finished
 
 
+def journal_records(data):
+    """(start, end) of each record of a journal, from its own framing: a 16-byte file
+    header, then records of a 16-byte head (u32 kind, u32 crc, u64 length) and the
+    payload."""
+    at, out = 16, []
+    while at + 16 <= len(data):
+        n = int.from_bytes(data[at + 8:at + 16], "little")
+        out.append((at, at + 16 + n))
+        at += 16 + n
+    return out
+
+
+def test_recover_one_flipped_bit(fmoe_bin, fmoe, reference, tmp_path):
+    """One bit flipped in the middle of a journal is damage, not a kill: recover exits 1
+    naming the damaged record's offset, recovers every other record (and, with the
+    .partial beside it, the trace is the .partial's, which holds them all), and removes
+    nothing: the journal and the .partial stay byte for byte."""
+    ref, _ = reference
+    d = tmp_path / "run"
+    d.mkdir()
+    with open(d / "stderr", "w") as err:
+        proc = subprocess.Popen(record_cmd(fmoe_bin, d / "t.h5"), stdout=subprocess.DEVNULL,
+                                stderr=err)
+        deadline = time.monotonic() + 120
+        while len(RECORDED.findall((d / "stderr").read_text())) < 5:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)  # a whole .partial and its journal
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finished = len(RECORDED.findall((d / "stderr").read_text()))
+    journal = bytearray((d / "t.h5.partial.journal").read_bytes())
+    partial = (d / "t.h5.partial").read_bytes()
+    records = journal_records(journal)
+    assert len(records) == 1 + finished and records[-1][1] == len(journal)
+    flip = len(journal) // 2
+    hit = next(i for i, (a, b) in enumerate(records) if a <= flip < b)
+    assert 1 <= hit < len(records) - 1, "the middle byte should fall in a middle request"
+    journal[flip] ^= 0x20
+    for with_partial in (True, False):
+        w = tmp_path / ("both" if with_partial else "journal-only")
+        w.mkdir()
+        (w / "t.h5.partial.journal").write_bytes(journal)
+        if with_partial:
+            (w / "t.h5.partial").write_bytes(partial)
+        p = fmoe("trace", "recover", w / "t.h5.partial", "--json", check=False)
+        assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert f"damaged at byte {records[hit][0]}" in p.stderr, p.stderr
+        rep = json.loads(p.stdout)
+        assert rep["damaged"] and rep["kept"] and rep["damaged_at"] == records[hit][0]
+        assert rep["journal_requests"] == finished - 1
+        with h5py.File(w / "t.h5", "r") as f:
+            ids = list(f["requests/id"][()])
+        if with_partial:
+            assert rep["source"] == "partial" and rep["partial_requests"] == finished
+            assert check_prefix(w / "t.h5", ref, finished) == finished
+        else:
+            lost = ref["requests/id"][hit - 1]
+            assert ids == [i for i in ref["requests/id"][:finished] if i != lost]
+        assert (w / "t.h5.partial.journal").read_bytes() == journal
+        if with_partial:
+            assert (w / "t.h5.partial").read_bytes() == partial
+        assert not (w / "t.h5.recovering").exists()
+
+
 def test_serve_trace_out_killed(fmoe_bin, fmoe, tmp_path):
     """`fmoe serve --trace-out` killed with SIGKILL while answering requests: every request
     answered before the kill is in the recovered trace (the server answers only after the

@@ -4,8 +4,9 @@
  * The kill test in tests/python/test_crash_safety.py kills a real recorder at random
  * instants; this one is exhaustive on a small sample instead: a journal cut at (nearly)
  * every byte offset, as a kill mid-write would leave it, must recover to exactly the
- * requests whose records are whole, with the sample's values; a flipped bit in the last
- * record drops that record; the writer's lifecycle (close, abort, close_partial, a journal
+ * requests whose records are whole, with the sample's values; a flipped bit anywhere else
+ * (the last record included) is damage: reported with its offset, costing only the record
+ * it hit, the .partial used when it holds more, nothing removed; the writer's lifecycle (close, abort, close_partial, a journal
  * already there) leaves the files it promises.
  */
 #include <errno.h>
@@ -195,16 +196,160 @@ TEST(journal_cut_anywhere_recovers_the_whole_records) {
         if (*harness_failed) HARNESS_FAIL("cut at %ld", cut);
     }
     ASSERT_TRUE(tried > 60);
-    /* a flipped bit inside the last record: that record is dropped, the others kept */
+    /* a flipped bit inside the last record: that record is damage (its checksum was
+     * written, so no kill tore it), reported with its offset; the others kept */
     b[ends[k - 2] + 16 + 40] ^= 0x10;
     const char *out = tmp_path("flip.h5");
     ASSERT_OK(spit(with_suffix(out, ".partial.journal"), b, n));
     fmoe_trace_recover_report rep;
     ASSERT_OK(fmoe_trace_recover(with_suffix(out, ".partial"), NULL, &rep));
     ASSERT_EQ(rep.requests, SAMPLE_R - 1);
-    ASSERT_EQ(rep.dropped_bytes, n - ends[k - 2]);
+    ASSERT_EQ(rep.dropped_bytes, 0);
+    ASSERT_EQ(rep.damaged, 1);
+    ASSERT_EQ(rep.damaged_at, ends[k - 2]);
+    ASSERT_EQ(rep.damaged_bytes, n - ends[k - 2]);
+    ASSERT_TRUE(file_exists(with_suffix(out, ".partial.journal")));
     check_recovered(harness_failed, out, SAMPLE_R - 1);
     free(b);
+}
+
+/* The ids and token ids of the trace at `path`, against the sample's requests that are not
+ * `skip` (-1: none). */
+static void check_all_but(int *harness_failed, const char *path, int skip) {
+    fmoe_trace_reader *r = NULL;
+    ASSERT_OK(fmoe_trace_reader_open(&r, path));
+    const int64_t R = fmoe_trace_reader_num_requests(r);
+    const fmoe_trace_request_info *q = fmoe_trace_reader_requests(r);
+    int32_t tok[SAMPLE_T];
+    fmoe_trace_token_buffers b = {.token_id = tok};
+    ASSERT_EQ(R, SAMPLE_R - (skip >= 0));
+    ASSERT_OK(fmoe_trace_reader_read_tokens(r, 0, fmoe_trace_reader_num_tokens(r), &b));
+    int i = 0;
+    for (int s = 0; s < SAMPLE_R; s++) {
+        if (s == skip) continue;
+        ASSERT_EQ(q[i].id, 100 + 7 * s);
+        for (int t = 0; t < sample_prompt[s] + sample_output[s]; t++)
+            ASSERT_EQ(tok[q[i].token_begin + t], sample_token_id(sample_first_token(s) + t));
+        i++;
+    }
+    fmoe_trace_reader_close(r);
+}
+
+/* Whether the file at `path` holds exactly b[0..n). */
+static int same_bytes(const char *path, const unsigned char *b, long n) {
+    long m = 0;
+    unsigned char *c = slurp(path, &m);
+    const int same = c && m == n && memcmp(b, c, (size_t)n) == 0;
+    free(c);
+    return same;
+}
+
+TEST(damage_before_the_tail_costs_only_its_record) {
+    const char *path = tmp_path("dmg.h5");
+    ASSERT_OK(killed_writer(path, SAMPLE_R));
+    long n = 0, pn = 0;
+    unsigned char *b = slurp(with_suffix(path, ".partial.journal"), &n);
+    unsigned char *pb = slurp(with_suffix(path, ".partial"), &pn); /* holds all SAMPLE_R */
+    ASSERT_TRUE(b != NULL && pb != NULL);
+    long ends[8];
+    const int k = record_ends(b, n, ends, 8);
+    ASSERT_EQ(k, 1 + SAMPLE_R);
+    /* A bit flipped at (a stride of) every byte of every request record, the journal alone:
+     * exactly the record it hit is lost and reported by its offset, every other one is
+     * recovered, and the journal stays as it was. */
+    int tried = 0;
+    for (long at = ends[0]; at < n; at++) {
+        int hit = 0;
+        while (ends[hit + 1] <= at) hit++; /* request index whose record holds `at` */
+        if (at - ends[hit] >= 16 && at % 37 != 0) continue; /* each head byte, a stride after */
+        b[at] ^= (unsigned char)(1u << (at % 8));
+        /* the last record's length made to run past the end looks exactly like a file cut
+         * inside that record: the torn tail */
+        uint64_t len;
+        memcpy(&len, b + ends[hit] + 8, 8);
+        const int past_end = hit == SAMPLE_R - 1 && len > (uint64_t)(n - ends[hit] - 16);
+        char name[64];
+        snprintf(name, sizeof name, "flip-%ld.h5", at);
+        const char *out = tmp_path(name);
+        ASSERT_OK(spit(with_suffix(out, ".partial.journal"), b, n));
+        fmoe_trace_recover_report rep;
+        const int rc = fmoe_trace_recover(with_suffix(out, ".partial"), NULL, &rep);
+        if (rc < 0) HARNESS_FAIL("flip at %ld: %s", at, fmoe_error_detail());
+        if ((past_end ? rep.damaged != 0 || rep.dropped_bytes != n - ends[hit]
+                      : rep.damaged != 1 || rep.damaged_at != ends[hit] || rep.dropped_bytes != 0) ||
+            rep.requests != SAMPLE_R - 1)
+            HARNESS_FAIL("flip at %ld (record at %ld): damaged %d at %lld, dropped %lld, %lld "
+                         "requests",
+                         at, ends[hit], rep.damaged, (long long)rep.damaged_at,
+                         (long long)rep.dropped_bytes, (long long)rep.requests);
+        ASSERT_TRUE(past_end || same_bytes(with_suffix(out, ".partial.journal"), b, n));
+        check_all_but(harness_failed, out, hit);
+        b[at] ^= (unsigned char)(1u << (at % 8));
+        tried++;
+    }
+    ASSERT_TRUE(tried > 50);
+
+    /* The same damage with the killed run's .partial beside it: the .partial holds every
+     * request the journal gave and the one it lost, so the trace is the .partial's copy;
+     * both leftovers are kept, byte for byte. */
+    const long mid = ends[1] + 16 + 8; /* inside request 1's payload */
+    b[mid] ^= 0x04;
+    const char *out = tmp_path("both.h5");
+    ASSERT_OK(spit(with_suffix(out, ".partial.journal"), b, n));
+    ASSERT_OK(spit(with_suffix(out, ".partial"), pb, pn));
+    fmoe_trace_recover_report rep;
+    ASSERT_OK(fmoe_trace_recover(with_suffix(out, ".partial"), NULL, &rep));
+    ASSERT_EQ(rep.damaged, 1);
+    ASSERT_EQ(rep.kept, 1);
+    ASSERT_EQ(rep.damaged_at, ends[1]);
+    ASSERT_EQ(rep.journal_requests, SAMPLE_R - 1);
+    ASSERT_EQ(rep.partial_requests, SAMPLE_R);
+    ASSERT_EQ(rep.from_journal, 0);
+    ASSERT_EQ(rep.requests, SAMPLE_R);
+    ASSERT_CONTAINS(rep.damage, "damaged at byte");
+    check_recovered(harness_failed, out, SAMPLE_R);
+    ASSERT_TRUE(same_bytes(with_suffix(out, ".partial.journal"), b, n));
+    ASSERT_TRUE(same_bytes(with_suffix(out, ".partial"), pb, pn));
+    ASSERT_TRUE(!file_exists(with_suffix(out, ".recovering")) &&
+                !file_exists(with_suffix(out, ".recovering.partial")));
+    /* a second recovery does not replace the first one's output */
+    ASSERT_EQ(fmoe_trace_recover(with_suffix(out, ".partial"), NULL, &rep), FMOE_EIO);
+    ASSERT_CONTAINS(fmoe_error_detail(), "exists");
+    b[mid] ^= 0x04;
+
+    /* A damaged header record decodes nothing: the .partial is the source, damage reported,
+     * both kept; without a .partial that reads, one error naming the header record. */
+    b[16 + 16 + 3] ^= 0x01;
+    out = tmp_path("hdr.h5");
+    ASSERT_OK(spit(with_suffix(out, ".partial.journal"), b, n));
+    ASSERT_OK(spit(with_suffix(out, ".partial"), pb, pn));
+    ASSERT_OK(fmoe_trace_recover(with_suffix(out, ".partial"), NULL, &rep));
+    ASSERT_EQ(rep.damaged, 1);
+    ASSERT_EQ(rep.journal_requests, -1);
+    ASSERT_EQ(rep.requests, SAMPLE_R);
+    ASSERT_CONTAINS(rep.damage, "header record at byte 16 is damaged");
+    check_recovered(harness_failed, out, SAMPLE_R);
+    ASSERT_TRUE(same_bytes(with_suffix(out, ".partial"), pb, pn));
+    out = tmp_path("hdr2.h5");
+    ASSERT_OK(spit(with_suffix(out, ".partial.journal"), b, n));
+    ASSERT_EQ(fmoe_trace_recover(with_suffix(out, ".partial"), NULL, &rep), FMOE_EFORMAT);
+    ASSERT_CONTAINS(fmoe_error_detail(), "header record at byte 16 is damaged");
+    ASSERT_TRUE(!file_exists(out) && same_bytes(with_suffix(out, ".partial.journal"), b, n));
+    b[16 + 16 + 3] ^= 0x01;
+
+    /* A clean journal cut inside its last record: the torn tail, no damage, the leftovers
+     * go (the trace holds everything they did). */
+    out = tmp_path("torn.h5");
+    ASSERT_OK(spit(with_suffix(out, ".partial.journal"), b, n - 3));
+    ASSERT_OK(spit(with_suffix(out, ".partial"), pb, pn));
+    ASSERT_OK(fmoe_trace_recover(with_suffix(out, ".partial"), NULL, &rep));
+    ASSERT_EQ(rep.damaged, 0);
+    ASSERT_EQ(rep.dropped_bytes, n - 3 - ends[k - 2]);
+    ASSERT_EQ(rep.requests, SAMPLE_R - 1);
+    ASSERT_TRUE(!file_exists(with_suffix(out, ".partial")) &&
+                !file_exists(with_suffix(out, ".partial.journal")));
+    free(b);
+    free(pb);
 }
 
 TEST(not_a_journal) {

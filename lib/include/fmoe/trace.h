@@ -162,20 +162,40 @@ int fmoe_trace_writer_close_partial(fmoe_trace_writer *w);
  * journal is there (the requests of an unfinished run: recover them or remove it).
  * Importers (flush_requests = INT32_MAX) keep no journal: they can be run again. */
 typedef struct fmoe_trace_recover_report {
-    int from_journal;      /* 1: rebuilt from the journal; 0: the .partial read as a whole
-                              trace and was renamed */
+    int from_journal;      /* 1: rebuilt from the journal; 0: from the .partial (renamed when
+                              there is no journal, copied when the journal was worse) */
     int64_t requests;      /* requests in the recovered trace */
     int64_t tokens;
-    int64_t dropped_bytes; /* journal bytes after its last whole record (cut by the kill) */
+    int64_t dropped_bytes; /* journal bytes of its torn last record (a request the kill cut) */
     char output[4096];     /* the trace written */
+    /* Damage: bytes that do not check anywhere but in the torn tail, which a kill cannot
+     * leave (a flipped bit, a block the disk lost). The records that check out around it
+     * are recovered, the .partial is read as a second source, and both leftovers are kept;
+     * the caller should report a failure. */
+    int damaged;              /* 1: damage was found (the fields below say where) */
+    int64_t damaged_bytes;    /* journal bytes skipped as damage */
+    int64_t damaged_at;       /* the first of them, -1: none */
+    int32_t damaged_regions;  /* separate damaged stretches */
+    int64_t journal_requests; /* requests that checked out in the journal, -1: its header
+                                 record could not be read */
+    int64_t partial_requests; /* requests the .partial holds when it was read as a second
+                                 source and reads as a trace, else -1 */
+    int kept;                 /* 1: the journal and the .partial were left in place */
+    char damage[1024];        /* with damaged: one line, what and where */
 } fmoe_trace_recover_report;
 
 /* Turns PARTIAL ("TRACE.h5.partial", left by a killed or interrupted writer) into a valid
  * trace at `output` (NULL: TRACE.h5): from PARTIAL.journal when there is one, else by
- * checking that PARTIAL reads as a whole trace and renaming it. On success the journal and
- * PARTIAL are gone. An existing `output` is never replaced. @return 0 with *rep;
- * FMOE_EINVAL (PARTIAL does not end in .partial), FMOE_EIO (output exists, cannot write),
- * FMOE_EFORMAT (no journal and PARTIAL is damaged; a damaged journal header), ... */
+ * checking that PARTIAL reads as a whole trace and renaming it. A journal torn only at its
+ * end (what a kill leaves) gives every request before the tear, and then the journal and
+ * PARTIAL are removed: the output holds everything they did. A journal damaged elsewhere
+ * gives the records that still check out, or PARTIAL's requests when PARTIAL reads as a
+ * trace holding all of those and more; rep->damaged is set and nothing is removed. The
+ * output is written as "OUTPUT.recovering" and linked into place; an existing `output`
+ * (or OUTPUT.recovering) is never replaced. @return 0 with *rep; FMOE_EINVAL (PARTIAL does
+ * not end in .partial), FMOE_EIO (output exists, cannot write), FMOE_EFORMAT (no journal
+ * and PARTIAL is damaged; a journal whose header record is torn or damaged and no PARTIAL
+ * that reads), ... */
 int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recover_report *rep);
 
 /* Per-request table, read at open. */
