@@ -30,6 +30,7 @@ static const command commands[] = {
     {"generate", cmd_generate, "one prompt through a model, no server"},
     {"tokenize", cmd_tokenize, "text -> token ids (and back) with a tokenizer.json"},
     {"trace", cmd_trace, "work with traces: import routing logs recorded elsewhere"},
+    {"quantize", cmd_quantize, "HF checkpoint -> GGUF file with quantized weights (q8_0, q4_k, ...)"},
     {"inspect", cmd_inspect, "summarise any fmoe file (trace, expert-map store)"},
     {"demo", cmd_demo, "run the pipeline on the bundled sample data"},
     {"version", cmd_version, "print version and build information"},

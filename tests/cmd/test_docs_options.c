@@ -31,7 +31,7 @@ static const cmd_spec *const specs[] = {
     &cmd_trace_import_spec,   &cmd_trace_recover_spec, &cmd_trace_merge_spec,
     &cmd_tokenize_spec,
     &cmd_calibrate_spec,      &cmd_demo_spec,          &cmd_compare_logs_spec,
-    &cmd_serve_spec,          &cmd_train_predictor_spec,
+    &cmd_serve_spec,          &cmd_train_predictor_spec, &cmd_quantize_spec,
 };
 #define NUM_SPECS (sizeof specs / sizeof specs[0])
 

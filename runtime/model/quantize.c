@@ -1,0 +1,618 @@
+/*
+ * quantize.c - a HuggingFace MoE checkpoint written as a GGUF file (fmoe/quantize.h).
+ *
+ * Design. Three passes over a plan, never over the weights more than once:
+ *   1. plan: every output tensor with its GGUF name, extents, ggml type and its source
+ *      tensors in the checkpoint (the routed experts of a layer are J sources stacked into
+ *      one [J][rows][cols] tensor, as llama.cpp's converter stacks them);
+ *   2. header: key-value pairs and tensor infos into one memory buffer, with each
+ *      tensor's offset in the data section (aligned to 32, GGUF's default);
+ *   3. data: row by row, each source row widened to f32 and quantised (or copied as is
+ *      when it keeps its dtype), into OUTPUT.partial, which is renamed at the end.
+ * Memory: the header plus two rows; the checkpoint stays in the page cache.
+ *
+ * Names, extents and metadata keys follow llama.cpp's converter (convert_hf_to_gguf.py and
+ * gguf-py's constants), so that a file we write is laid out like one users have:
+ * "blk.N.ffn_down_exps.weight" with extents [I, h, J] (innermost first), norms in F32,
+ * the router (ffn_gate_inp) in F32. For the architectures whose GGUF RoPE is ggml's
+ * "normal" (adjacent pairs: llama for Mixtral, deepseek), the converter permutes the rows
+ * of q_proj and k_proj from HuggingFace's rotate-half order; we do the same (permute_row).
+ * config.json itself is kept in the key fmoe.hf_config, so fmoe can rebuild the exact
+ * geometry and fingerprint of the checkpoint from the file.
+ */
+#include "fmoe/quantize.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fmoe/error.h"
+#include "fmoe/files.h"
+#include "fmoe/geometry.h"
+#include "fmoe/half.h"
+#include "fmoe/quant.h"
+#include "fmoe/safetensors.h"
+
+#define ALIGN 32
+#define NAME_CAP 160
+
+/* llama_ftype of a file whose weights are mostly `type` (llama.h). */
+static uint32_t file_type(uint32_t type) {
+    switch (type) {
+    case FMOE_GGML_Q8_0: return 7;
+    case FMOE_GGML_Q4_K: return 14; /* MOSTLY_Q4_K_S: every quantised tensor Q4_K */
+    case FMOE_GGML_Q5_K: return 16; /* MOSTLY_Q5_K_S */
+    case FMOE_GGML_Q6_K: return 18;
+    default: return 0;
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The plan                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct out_tensor {
+    char name[64];
+    int32_t ndim;
+    int64_t ne[3];                 /* innermost first: [cols, rows, experts] */
+    uint32_t type;
+    const fmoe_st_tensor **src;    /* [nsrc] sources, each [rows][cols] (or [cols] for 1-D) */
+    int32_t nsrc;
+    int32_t permute_heads;         /* > 0: rows are heads of head_dim, rotate-half -> pairs */
+    uint64_t offset;               /* in the data section */
+    int64_t nbytes;
+} out_tensor;
+
+typedef struct plan {
+    const fmoe_safetensors *st;
+    const fmoe_model_geometry *g;
+    const char *dir;
+    uint32_t type;
+    int experts_only;
+    int permute;                   /* the architecture wants q/k rows permuted */
+    out_tensor *t;
+    int64_t n, cap;
+    fmoe_quantize_report *report;
+} plan;
+
+static uint32_t ggml_of(fmoe_st_dtype d) {
+    return d == FMOE_ST_F16 ? FMOE_GGML_F16 : d == FMOE_ST_BF16 ? FMOE_GGML_BF16 : FMOE_GGML_F32;
+}
+
+/* The checkpoint tensor called fmt..., or NULL (required: an error when absent). */
+static int find(const plan *p, int required, const fmoe_st_tensor **out, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int find(const plan *p, int required, const fmoe_st_tensor **out, const char *fmt, ...) {
+    char name[NAME_CAP];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const fmoe_st_tensor *t = fmoe_safetensors_find(p->st, name);
+    *out = t;
+    if (!t) {
+        FMOE_RETURN_ERROR_IF(required, FMOE_ENOTFOUND, "%s: missing tensor %s", p->dir, name);
+        return 0;
+    }
+    FMOE_RETURN_ERROR_IF(t->dtype != FMOE_ST_F32 && t->dtype != FMOE_ST_F16 &&
+                             t->dtype != FMOE_ST_BF16,
+                         FMOE_EUNSUPPORTED, "%s: tensor %s has dtype %s (F32, F16 or BF16 needed)",
+                         t->file, name, fmoe_st_dtype_name(t->dtype));
+    FMOE_RETURN_ERROR_IF(t->ndim < 1 || t->ndim > 2, FMOE_EUNSUPPORTED,
+                         "%s: tensor %s has %d dimensions (1 or 2 expected)", t->file, name, t->ndim);
+    return 1;
+}
+
+enum kind { KIND_NORM, KIND_ROUTER, KIND_WEIGHT, KIND_EXPERT };
+
+/* Adds output `name` from `n` sources of one shape; chooses its type by kind. */
+static int add(plan *p, enum kind kind, const char *name, const fmoe_st_tensor **src, int32_t n,
+               int32_t permute_heads) {
+    for (int32_t i = 1; i < n; i++)
+        FMOE_RETURN_ERROR_IF(src[i]->ndim != src[0]->ndim || src[i]->shape[0] != src[0]->shape[0] ||
+                                 (src[0]->ndim == 2 && src[i]->shape[1] != src[0]->shape[1]),
+                             FMOE_EFORMAT, "%s: tensor %s differs in shape from %s", p->dir,
+                             src[i]->name, src[0]->name);
+    if (p->n == p->cap) {
+        const int64_t cap = p->cap ? p->cap * 2 : 256;
+        out_tensor *t = realloc(p->t, (size_t)cap * sizeof *t);
+        FMOE_RETURN_ERROR_IF(!t, FMOE_ENOMEM, "out of memory");
+        p->t = t;
+        p->cap = cap;
+    }
+    out_tensor *o = &p->t[p->n];
+    memset(o, 0, sizeof *o);
+    o->src = malloc((size_t)n * sizeof *o->src);
+    FMOE_RETURN_ERROR_IF(!o->src, FMOE_ENOMEM, "out of memory");
+    p->n++;
+    memcpy(o->src, src, (size_t)n * sizeof *src);
+    o->nsrc = n;
+    o->permute_heads = permute_heads;
+    snprintf(o->name, sizeof o->name, "%s", name);
+    const fmoe_st_tensor *s = src[0];
+    if (s->ndim == 1) {
+        o->ndim = 1;
+        o->ne[0] = s->shape[0];
+    } else {
+        o->ndim = n > 1 || kind == KIND_EXPERT ? 3 : 2;
+        o->ne[0] = s->shape[1];
+        o->ne[1] = s->shape[0];
+        o->ne[2] = n;
+        if (o->ndim == 2) o->ne[2] = 1;
+    }
+    const uint32_t own = ggml_of(s->dtype);
+    const int quantize = o->ndim >= 2 && kind != KIND_ROUTER && kind != KIND_NORM &&
+                         (kind == KIND_EXPERT || !p->experts_only);
+    if (o->ndim == 1 || kind == KIND_ROUTER || kind == KIND_NORM) {
+        o->type = FMOE_GGML_F32;
+    } else if (!quantize) {
+        o->type = own;
+    } else if (o->ne[0] % fmoe_ggml_block_size(p->type) == 0) {
+        o->type = p->type;
+        p->report->quantized++;
+    } else {
+        o->type = o->ne[0] % FMOE_QK8_0 == 0 ? FMOE_GGML_Q8_0 : own;
+        p->report->fallback++;
+    }
+    const int64_t rows = o->ndim == 1 ? 1 : o->ne[1] * o->ne[2];
+    o->nbytes = rows * fmoe_quant_row_bytes(o->type, o->ne[0]);
+    for (int32_t i = 0; i < n; i++) p->report->bytes_in += src[i]->nbytes;
+    return 0;
+}
+
+/* One checkpoint tensor into one output tensor; absent optional ones are skipped. */
+static int add1(plan *p, enum kind kind, int required, int32_t permute_heads, const char *gguf,
+                const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static int add1(plan *p, enum kind kind, int required, int32_t permute_heads, const char *gguf,
+                const char *fmt, ...) {
+    char name[NAME_CAP];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const fmoe_st_tensor *t;
+    const int rc = find(p, required, &t, "%s", name);
+    if (rc <= 0) return rc;
+    return add(p, kind, gguf, &t, 1, permute_heads);
+}
+
+/* A SwiGLU MLP `prefix`.{gate,up,down}_proj.weight as blk.i.ffn_{gate,up,down}SUFFIX. */
+static int add_mlp(plan *p, int32_t i, const char *prefix, const char *suffix) {
+    static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"};
+    static const char *const gg[3] = {"gate", "up", "down"};
+    for (int k = 0; k < 3; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_%s%s.weight", i, gg[k], suffix);
+        FMOE_FORWARD_IF_ERROR(add1(p, KIND_WEIGHT, 1, 0, name, "%s.%s.weight", prefix, hf[k]));
+    }
+    return 0;
+}
+
+static int add_experts(plan *p, int32_t i) {
+    const fmoe_model_geometry *g = p->g;
+    const int mixtral = g->family == FMOE_FAMILY_MIXTRAL;
+    const char *moe = mixtral ? "block_sparse_moe" : "mlp";
+    const fmoe_st_tensor *probe;
+    if (mixtral && !fmoe_safetensors_find(p->st, "model.layers.0.block_sparse_moe.gate.weight"))
+        moe = "mlp"; /* transformers >= 5 may save Mixtral's block as "mlp" */
+    FMOE_FORWARD_IF_ERROR(find(p, 0, &probe, "model.layers.%d.%s.experts.gate_up_proj", i, moe));
+    FMOE_RETURN_ERROR_IF(probe != NULL, FMOE_EUNSUPPORTED,
+                         "%s: layer %d stores its experts fused (experts.gate_up_proj); fmoe "
+                         "quantize reads one tensor per expert projection",
+                         p->dir, i);
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
+    FMOE_FORWARD_IF_ERROR(
+        add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.%s.gate.weight", i, moe));
+    static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"};
+    static const char *const mx[3] = {"w1", "w3", "w2"};
+    static const char *const gg[3] = {"gate", "up", "down"};
+    const fmoe_st_tensor **src = malloc((size_t)g->num_experts * sizeof *src);
+    FMOE_RETURN_ERROR_IF(!src, FMOE_ENOMEM, "out of memory");
+    int rc = 0;
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        for (int32_t e = 0; e < g->num_experts && rc >= 0; e++)
+            rc = find(p, 1, &src[e], "model.layers.%d.%s.experts.%d.%s.weight", i, moe, e,
+                      mixtral ? mx[k] : hf[k]);
+        if (rc < 0) break;
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i, gg[k]);
+        rc = add(p, KIND_EXPERT, name, src, g->num_experts, 0);
+    }
+    free(src);
+    FMOE_FORWARD_IF_ERROR(rc);
+    if (g->num_shared_experts > 0 && g->shared_intermediate_size > 0) {
+        char prefix[NAME_CAP];
+        if (g->family == FMOE_FAMILY_QWEN2_MOE) {
+            snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.shared_expert", i);
+            FMOE_FORWARD_IF_ERROR(add_mlp(p, i, prefix, "_shexp"));
+            snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", i);
+            FMOE_FORWARD_IF_ERROR(add1(p, KIND_ROUTER, 1, 0, name,
+                                       "model.layers.%d.mlp.shared_expert_gate.weight", i));
+        } else {
+            snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.shared_experts", i);
+            FMOE_FORWARD_IF_ERROR(add_mlp(p, i, prefix, "_shexp"));
+        }
+    }
+    return 0;
+}
+
+static int build_plan(plan *p) {
+    const fmoe_model_geometry *g = p->g;
+    FMOE_FORWARD_IF_ERROR(
+        add1(p, KIND_WEIGHT, 1, 0, "token_embd.weight", "model.embed_tokens.weight"));
+    int8_t moe[FMOE_MAX_LAYERS] = {0};
+    for (int32_t l = 0; l < g->num_moe_layers; l++) moe[g->moe_layer_index[l]] = 1;
+    static const char *const attn[4][2] = {
+        {"q_proj", "attn_q"}, {"k_proj", "attn_k"}, {"v_proj", "attn_v"}, {"o_proj", "attn_output"}};
+    for (int32_t i = 0; i < g->num_hidden_layers; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", i);
+        FMOE_FORWARD_IF_ERROR(
+            add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.input_layernorm.weight", i));
+        for (int k = 0; k < 4; k++) {
+            const int32_t heads = !p->permute ? 0
+                                  : k == 0    ? g->num_attention_heads
+                                  : k == 1    ? g->num_key_value_heads
+                                              : 0;
+            snprintf(name, sizeof name, "blk.%d.%s.weight", i, attn[k][1]);
+            FMOE_FORWARD_IF_ERROR(add1(p, KIND_WEIGHT, 1, heads, name,
+                                       "model.layers.%d.self_attn.%s.weight", i, attn[k][0]));
+            snprintf(name, sizeof name, "blk.%d.%s.bias", i, attn[k][1]);
+            FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 0, heads, name,
+                                       "model.layers.%d.self_attn.%s.bias", i, attn[k][0]));
+        }
+        snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", i);
+        FMOE_FORWARD_IF_ERROR(
+            add1(p, KIND_NORM, 0, 0, name, "model.layers.%d.self_attn.q_norm.weight", i));
+        snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", i);
+        FMOE_FORWARD_IF_ERROR(
+            add1(p, KIND_NORM, 0, 0, name, "model.layers.%d.self_attn.k_norm.weight", i));
+        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", i);
+        FMOE_FORWARD_IF_ERROR(
+            add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.post_attention_layernorm.weight", i));
+        if (moe[i]) {
+            FMOE_FORWARD_IF_ERROR(add_experts(p, i));
+        } else {
+            char prefix[NAME_CAP];
+            snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", i);
+            FMOE_FORWARD_IF_ERROR(add_mlp(p, i, prefix, ""));
+        }
+    }
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, "output_norm.weight", "model.norm.weight"));
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_WEIGHT, !g->tie_word_embeddings, 0, "output.weight",
+                               "lm_head.weight"));
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The header                                                                         */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct bytes {
+    uint8_t *b;
+    size_t n, cap;
+    int oom;
+} bytes;
+
+static void put(bytes *b, const void *p, size_t n) {
+    if (b->oom) return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n) cap *= 2;
+        uint8_t *nb = realloc(b->b, cap);
+        if (!nb) {
+            b->oom = 1;
+            return;
+        }
+        b->b = nb;
+        b->cap = cap;
+    }
+    memcpy(b->b + b->n, p, n);
+    b->n += n;
+}
+static void put_u32(bytes *b, uint32_t v) { put(b, &v, 4); } /* little-endian hosts only */
+static void put_u64(bytes *b, uint64_t v) { put(b, &v, 8); }
+static void put_str(bytes *b, const char *s, size_t n) {
+    put_u64(b, n);
+    put(b, s, n);
+}
+
+typedef struct kvs {
+    bytes b;
+    uint64_t n;
+    char arch[32];
+} kvs;
+
+static void key(kvs *k, const char *name, uint32_t type) {
+    char full[128];
+    if (name[0] == '.') snprintf(full, sizeof full, "%s%s", k->arch, name);
+    else snprintf(full, sizeof full, "%s", name);
+    put_str(&k->b, full, strlen(full));
+    put_u32(&k->b, type);
+    k->n++;
+}
+static void kv_u32(kvs *k, const char *name, uint32_t v) {
+    key(k, name, 4 /* UINT32 */);
+    put_u32(&k->b, v);
+}
+static void kv_f32(kvs *k, const char *name, float v) {
+    key(k, name, 6 /* FLOAT32 */);
+    put(&k->b, &v, 4);
+}
+static void kv_bool(kvs *k, const char *name, int v) {
+    key(k, name, 7 /* BOOL */);
+    const uint8_t b = v != 0;
+    put(&k->b, &b, 1);
+}
+static void kv_str(kvs *k, const char *name, const char *s, size_t n) {
+    key(k, name, 8 /* STRING */);
+    put_str(&k->b, s, n);
+}
+
+static void metadata(kvs *k, const plan *p, const char *config, size_t config_len) {
+    const fmoe_model_geometry *g = p->g;
+    kv_str(k, "general.architecture", k->arch, strlen(k->arch));
+    const char *base = strrchr(p->dir, '/');
+    base = base && base[1] ? base + 1 : p->dir;
+    kv_str(k, "general.name", base, strlen(base));
+    kv_u32(k, "general.file_type", file_type(p->type));
+    kv_u32(k, "general.quantization_version", 2);
+    kv_u32(k, ".vocab_size", (uint32_t)g->vocab_size);
+    kv_u32(k, ".context_length", (uint32_t)g->max_position_embeddings);
+    kv_u32(k, ".embedding_length", (uint32_t)g->hidden_size);
+    kv_u32(k, ".block_count", (uint32_t)g->num_hidden_layers);
+    kv_u32(k, ".feed_forward_length",
+           (uint32_t)(g->intermediate_size > 0 ? g->intermediate_size : g->moe_intermediate_size));
+    kv_u32(k, ".attention.head_count", (uint32_t)g->num_attention_heads);
+    kv_u32(k, ".attention.head_count_kv", (uint32_t)g->num_key_value_heads);
+    kv_u32(k, ".attention.key_length", (uint32_t)g->head_dim);
+    kv_u32(k, ".attention.value_length", (uint32_t)g->head_dim);
+    kv_u32(k, ".rope.dimension_count", (uint32_t)g->head_dim);
+    kv_f32(k, ".rope.freq_base", (float)g->rope_theta);
+    kv_f32(k, ".attention.layer_norm_rms_epsilon", (float)g->rms_norm_eps);
+    kv_u32(k, ".expert_count", (uint32_t)g->num_experts);
+    kv_u32(k, ".expert_used_count", (uint32_t)g->top_k);
+    kv_bool(k, ".expert_weights_norm", g->norm_topk_prob);
+    if (g->family != FMOE_FAMILY_MIXTRAL && g->family != FMOE_FAMILY_OLMOE)
+        kv_u32(k, ".expert_feed_forward_length", (uint32_t)g->moe_intermediate_size);
+    if (g->family == FMOE_FAMILY_QWEN2_MOE)
+        kv_u32(k, ".expert_shared_feed_forward_length", (uint32_t)g->shared_intermediate_size);
+    if (g->family == FMOE_FAMILY_DEEPSEEK_V1) {
+        kv_u32(k, ".leading_dense_block_count",
+               (uint32_t)(g->num_moe_layers > 0 ? g->moe_layer_index[0] : 0));
+        kv_u32(k, ".expert_shared_count", (uint32_t)g->num_shared_experts);
+        kv_f32(k, ".expert_weights_scale", (float)g->routed_scaling_factor);
+    }
+    kv_str(k, "fmoe.hf_config", config, config_len);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The data                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+/* The checkpoint row that output row r of a permuted q/k projection comes from:
+ * llama.cpp's permute() reshapes rows as [heads][2][head_dim/2] and swaps the last two
+ * axes, so output (h, j, i) = input (h, i, j), i in {0, 1}, j < head_dim/2. */
+static int64_t permute_row(int64_t r, int64_t rows, int32_t heads) {
+    if (heads <= 0) return r;
+    const int64_t hd = rows / heads, half = hd / 2;
+    const int64_t h = r / hd, j = (r % hd) / 2, i = r % 2;
+    return h * hd + i * half + j;
+}
+
+static void widen(const fmoe_st_tensor *s, int64_t at, int64_t n, float *y) {
+    const uint8_t *p = (const uint8_t *)s->data;
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t e = at + k;
+        if (s->dtype == FMOE_ST_F32) {
+            memcpy(&y[k], p + 4 * e, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * e, 2);
+            y[k] = s->dtype == FMOE_ST_F16 ? fmoe_half_to_float(h) : fmoe_bf16_to_float(h);
+        }
+    }
+}
+
+static int write_all(FILE *f, const void *p, size_t n, const char *path) {
+    if (n && fwrite(p, 1, n, f) != n)
+        return fmoe_error_set(FMOE_EIO, "%s: write failed: %s", path, strerror(errno));
+    return 0;
+}
+
+static int write_tensor(FILE *f, const char *path, const out_tensor *o, float *row, uint8_t *q,
+                        const fmoe_progress *progress, int64_t *done, int64_t total) {
+    const int64_t cols = o->ne[0];
+    if (o->ndim == 1) { /* one row; a permuted q/k bias moves by element */
+        const fmoe_st_tensor *s = o->src[0];
+        for (int64_t k = 0; k < cols; k++) widen(s, permute_row(k, cols, o->permute_heads), 1, row + k);
+        return write_all(f, row, (size_t)cols * 4, path);
+    }
+    const int64_t rows = o->ne[1], rb = fmoe_quant_row_bytes(o->type, cols);
+    for (int32_t e = 0; e < o->nsrc; e++) {
+        const fmoe_st_tensor *s = o->src[e];
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t sr = permute_row(r, rows, o->permute_heads);
+            const void *out;
+            if (ggml_of(s->dtype) == o->type) { /* kept as is */
+                out = (const uint8_t *)s->data + sr * cols * fmoe_st_dtype_size(s->dtype);
+            } else {
+                widen(s, sr * cols, cols, row);
+                if (o->type == FMOE_GGML_F32) {
+                    out = row;
+                } else {
+                    fmoe_quant_quantize_row(o->type, row, q, cols);
+                    out = q;
+                }
+            }
+            FMOE_FORWARD_IF_ERROR(write_all(f, out, (size_t)rb, path));
+        }
+        *done += rows * rb;
+        fmoe_progress_report(progress, *done, total, "bytes");
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The whole conversion                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+static int arch_of(const fmoe_model_geometry *g, const char *dir, char arch[32], int *permute) {
+    *permute = 0;
+    switch (g->family) {
+    case FMOE_FAMILY_MIXTRAL: strcpy(arch, "llama"), *permute = 1; return 0;
+    case FMOE_FAMILY_QWEN2_MOE: strcpy(arch, "qwen2moe"); return 0;
+    case FMOE_FAMILY_QWEN3_MOE: strcpy(arch, "qwen3moe"); return 0;
+    case FMOE_FAMILY_OLMOE: strcpy(arch, "olmoe"); return 0;
+    case FMOE_FAMILY_DEEPSEEK_V1: strcpy(arch, "deepseek"), *permute = 1; return 0;
+    default:
+        return fmoe_error_set(FMOE_EUNSUPPORTED,
+                              "%s: model_type %s: fmoe quantize writes mixtral, qwen2_moe, "
+                              "qwen3_moe, olmoe and deepseek (V1) checkpoints",
+                              dir, g->model_type);
+    }
+}
+
+static char *read_text(const char *path, size_t *len) {
+    FILE *f;
+    if (fmoe__fopen_regular(path, &f) < 0) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *nb = realloc(buf, cap *= 2);
+        if (!nb) free(buf);
+        buf = nb;
+    }
+    const int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        fmoe_error_set(bad ? FMOE_EIO : FMOE_ENOMEM, "%s: cannot read", path);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report *report) {
+    FMOE_RETURN_ERROR_IF(!params || !params->model_dir || !params->output || !report,
+                         FMOE_EINVAL, "quantize: missing model directory or output");
+    FMOE_RETURN_ERROR_IF(!fmoe_quant_can_quantize(params->type), FMOE_EINVAL,
+                         "quantize: cannot write type %u (q8_0, q4_k, q5_k or q6_k)", params->type);
+    memset(report, 0, sizeof *report);
+    const char *dir = params->model_dir;
+    char path[4096], partial[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    snprintf(partial, sizeof partial, "%s.partial", params->output);
+
+    fmoe_model_geometry *g = calloc(1, sizeof *g);
+    fmoe_safetensors *st = NULL;
+    char *config = NULL;
+    size_t config_len = 0;
+    plan p = {0};
+    kvs k = {0};
+    bytes hdr = {0};
+    FILE *f = NULL;
+    float *row = NULL;
+    uint8_t *q = NULL;
+    int created = 0; /* the partial is ours to remove on failure */
+    int rc;
+    if (!g) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    if ((rc = fmoe_geometry_load(path, g)) < 0) goto fail;
+    if ((rc = arch_of(g, dir, k.arch, &p.permute)) < 0) goto fail;
+    if (!(config = read_text(path, &config_len))) {
+        rc = FMOE_EIO;
+        goto fail;
+    }
+    if ((rc = fmoe_safetensors_open(dir, &st)) < 0) goto fail;
+    p.st = st;
+    p.g = g;
+    p.dir = dir;
+    p.type = params->type;
+    p.experts_only = params->experts_only;
+    p.report = report;
+    snprintf(report->arch, sizeof report->arch, "%s", k.arch);
+    if ((rc = build_plan(&p)) < 0) goto fail;
+
+    /* header: magic, version, counts, key-value pairs, tensor infos, padding */
+    metadata(&k, &p, config, config_len);
+    put(&hdr, "GGUF", 4);
+    put_u32(&hdr, 3);
+    put_u64(&hdr, (uint64_t)p.n);
+    put_u64(&hdr, k.n);
+    put(&hdr, k.b.b, k.b.n);
+    uint64_t off = 0;
+    int64_t max_cols = 1, total = 0;
+    for (int64_t i = 0; i < p.n; i++) {
+        out_tensor *o = &p.t[i];
+        o->offset = off;
+        off += ((uint64_t)o->nbytes + ALIGN - 1) / ALIGN * ALIGN;
+        total += o->nbytes;
+        if (o->ne[0] > max_cols) max_cols = o->ne[0];
+        put_str(&hdr, o->name, strlen(o->name));
+        put_u32(&hdr, (uint32_t)o->ndim);
+        for (int d = 0; d < o->ndim; d++) put_u64(&hdr, (uint64_t)o->ne[d]);
+        put_u32(&hdr, o->type);
+        put_u64(&hdr, o->offset);
+    }
+    static const uint8_t zeros[ALIGN];
+    put(&hdr, zeros, (ALIGN - hdr.n % ALIGN) % ALIGN);
+    if (hdr.oom || k.b.oom) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        goto fail;
+    }
+    row = malloc((size_t)max_cols * sizeof *row);
+    q = malloc((size_t)max_cols * 2 + 64);
+    if (!row || !q) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        goto fail;
+    }
+
+    if ((rc = fmoe__partial_fopen(params->output, partial, "wb", &f)) < 0) goto fail;
+    created = 1;
+    if ((rc = write_all(f, hdr.b, hdr.n, partial)) < 0) goto fail;
+    int64_t done = 0;
+    for (int64_t i = 0; i < p.n; i++) {
+        const out_tensor *o = &p.t[i];
+        if ((rc = write_tensor(f, partial, o, row, q, &params->progress, &done, total)) < 0)
+            goto fail;
+        if (i + 1 < p.n &&
+            (rc = write_all(f, zeros, (size_t)(p.t[i + 1].offset - o->offset - (uint64_t)o->nbytes),
+                            partial)) < 0)
+            goto fail;
+    }
+    report->tensors = p.n;
+    report->bytes_out = (int64_t)hdr.n + (int64_t)(p.n ? p.t[p.n - 1].offset + (uint64_t)p.t[p.n - 1].nbytes : 0);
+    if (fflush(f) != 0 || ferror(f)) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: write failed: %s", partial, strerror(errno));
+        goto fail;
+    }
+    const int closed = fclose(f);
+    f = NULL;
+    if (closed != 0) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: write failed: %s", partial, strerror(errno));
+        goto fail;
+    }
+    if ((rc = fmoe__partial_commit(partial, params->output)) < 0) goto fail;
+    rc = 0;
+    goto done;
+fail:
+    if (f) fclose(f);
+    if (created) unlink(partial); /* a half-written model is worth nothing */
+done:
+    for (int64_t i = 0; i < p.n; i++) free(p.t[i].src);
+    free(p.t);
+    free(k.b.b);
+    free(hdr.b);
+    free(row);
+    free(q);
+    free(config);
+    fmoe_safetensors_close(st);
+    free(g);
+    return rc;
+}

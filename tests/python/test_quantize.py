@@ -1,0 +1,239 @@
+"""`fmoe quantize` (cmd/cmd_quantize.c, runtime/model/quantize.c) checked with the gguf
+Python package: the file opens with gguf.GGUFReader, carries the architecture's metadata,
+names and lays out every checkpoint tensor as llama.cpp's converter does (written out again
+here, independently of the C code: the HF -> GGUF name map, the [J][rows][cols] stacking of
+experts, the q/k row permutation of the "normal"-RoPE architectures), and every tensor
+dequantises (by gguf-py) to within its type's error of the checkpoint's weights, or equals
+them exactly where it keeps its dtype.
+
+Inputs are the tiny checkpoints of make_tiny_models.py (rows of 32..96 values: Q8_0 and the
+dtype fallback) and a DeepSeek-MoE checkpoint with rows of 256 values written here, for the
+K-quants.
+"""
+import json
+import pathlib
+import struct
+
+import numpy as np
+import pytest
+
+from conftest import run_fmoe
+import make_tiny_models as tiny
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+
+FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek"]
+ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "olmoe": "olmoe",
+        "deepseek": "deepseek"}
+# Relative RMS error bound per type (about 2^-bits of the range; test_quant.c's limits).
+RMS = {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.06, "Q4_K": 0.12}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return tiny.maker(tmp_path_factory.mktemp("tiny-models"))
+
+
+def read_checkpoint(d):
+    """Every tensor of a safetensors checkpoint (one file or shards) as float32 numpy."""
+    out = {}
+    for f in sorted(pathlib.Path(d).glob("*.safetensors")):
+        raw = f.read_bytes()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8:8 + n])
+        base = 8 + n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            a, b = info["data_offsets"]
+            buf = raw[base + a:base + b]
+            if info["dtype"] == "F32":
+                x = np.frombuffer(buf, np.float32)
+            elif info["dtype"] == "F16":
+                x = np.frombuffer(buf, np.float16).astype(np.float32)
+            elif info["dtype"] == "BF16":
+                x = (np.frombuffer(buf, np.uint16).astype(np.uint32) << 16).view(np.float32)
+            else:
+                raise AssertionError(info["dtype"])
+            out[name] = (x.reshape(info["shape"]), info["dtype"])
+    return out
+
+
+def permute(w, n_head):
+    """llama.cpp's convert_hf_to_gguf permute(): HF rotate-half rows -> adjacent pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def expected_tensors(family, cfg, ck):
+    """GGUF name -> (array in numpy order, checkpoint dtype, kind) as llama.cpp's converter
+    writes them; kind is 'norm', 'router', 'weight' or 'expert'."""
+    mixtral = family == "mixtral"
+    normal_rope = family in ("mixtral", "deepseek")
+    n_head, n_kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    J = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+    used = set()
+
+    def get(name):
+        used.add(name)
+        return ck[name]
+
+    out = {"token_embd.weight": (*get("model.embed_tokens.weight"), "weight"),
+           "output_norm.weight": (*get("model.norm.weight"), "norm")}
+    if "lm_head.weight" in ck:
+        out["output.weight"] = (*get("lm_head.weight"), "weight")
+    for i in range(cfg["num_hidden_layers"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        out[b + "attn_norm.weight"] = (*get(p + "input_layernorm.weight"), "norm")
+        out[b + "ffn_norm.weight"] = (*get(p + "post_attention_layernorm.weight"), "norm")
+        for hf, gg, heads in (("q_proj", "attn_q", n_head), ("k_proj", "attn_k", n_kv),
+                              ("v_proj", "attn_v", 0), ("o_proj", "attn_output", 0)):
+            for suffix, kind in (("weight", "weight"), ("bias", "norm")):
+                name = p + f"self_attn.{hf}.{suffix}"
+                if name in ck:
+                    w, dt = get(name)
+                    if normal_rope and heads:
+                        w = permute(w, heads)
+                    out[b + f"{gg}.{suffix}"] = (w, dt, kind)
+        for hf, gg in (("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")):
+            if p + f"self_attn.{hf}.weight" in ck:
+                out[b + f"{gg}.weight"] = (*get(p + f"self_attn.{hf}.weight"), "norm")
+        moe = "block_sparse_moe" if mixtral else "mlp"
+        if p + f"{moe}.gate.weight" in ck:
+            out[b + "ffn_gate_inp.weight"] = (*get(p + f"{moe}.gate.weight"), "router")
+            names = (("w1", "gate"), ("w3", "up"), ("w2", "down")) if mixtral else \
+                    (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down"))
+            for hf, gg in names:
+                ws = [get(p + f"{moe}.experts.{e}.{hf}.weight") for e in range(J)]
+                out[b + f"ffn_{gg}_exps.weight"] = (np.stack([w for w, _ in ws]), ws[0][1], "expert")
+            for shared in ("shared_expert", "shared_experts"):
+                if p + f"mlp.{shared}.gate_proj.weight" in ck:
+                    for gg in ("gate", "up", "down"):
+                        out[b + f"ffn_{gg}_shexp.weight"] = (
+                            *get(p + f"mlp.{shared}.{gg}_proj.weight"), "weight")
+            if p + "mlp.shared_expert_gate.weight" in ck:
+                out[b + "ffn_gate_inp_shexp.weight"] = (*get(p + "mlp.shared_expert_gate.weight"), "router")
+        else:
+            for gg in ("gate", "up", "down"):
+                out[b + f"ffn_{gg}.weight"] = (*get(p + f"mlp.{gg}_proj.weight"), "weight")
+    assert used == set(ck), f"checkpoint tensors not written: {sorted(set(ck) - used)}"
+    return out
+
+
+def check_file(path, model_dir, family, qtype, experts_only=False):
+    cfg = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
+    ck = read_checkpoint(model_dir)
+    want = expected_tensors(family, cfg, ck)
+    r = gguf.GGUFReader(str(path))
+
+    def field(key):
+        f = r.fields[key]
+        if f.types[0] == gguf.GGUFValueType.STRING:
+            return bytes(f.parts[f.data[0]]).decode()
+        return f.parts[f.data[0]][0]
+
+    arch = ARCH[family]
+    assert field("general.architecture") == arch
+    assert field(f"{arch}.block_count") == cfg["num_hidden_layers"]
+    assert field(f"{arch}.embedding_length") == cfg["hidden_size"]
+    assert field(f"{arch}.attention.head_count") == cfg["num_attention_heads"]
+    J = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+    assert field(f"{arch}.expert_count") == J
+    assert field(f"{arch}.expert_used_count") == cfg["num_experts_per_tok"]
+    assert json.loads(field("fmoe.hf_config")) == cfg
+
+    got = {t.name: t for t in r.tensors}
+    assert set(got) == set(want)
+    counts = {}
+    for name, (w, dtype, kind) in want.items():
+        t = got[name]
+        tname = t.tensor_type.name
+        counts[tname] = counts.get(tname, 0) + 1
+        assert [int(v) for v in t.shape] == list(w.shape[::-1]), name
+        y = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32).reshape(w.shape)
+        quantize = kind == "expert" or (kind == "weight" and not experts_only)
+        if kind in ("norm", "router") or w.ndim == 1:
+            assert tname == "F32", name
+        elif not quantize:
+            assert tname == dtype, name
+        else:
+            block = gguf.GGML_QUANT_SIZES[Q[qtype.upper()]][0]
+            want_type = qtype.upper() if w.shape[-1] % block == 0 else \
+                "Q8_0" if w.shape[-1] % 32 == 0 else dtype
+            assert tname == want_type, (name, tname, want_type)
+        if tname in ("F32", "F16", "BF16"):
+            assert np.array_equal(y, w), name
+        else:
+            rel = np.sqrt(((y - w) ** 2).sum() / (w ** 2).sum())
+            assert rel < RMS[tname], (name, tname, rel)
+    return counts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_q8_0_every_family(fmoe_bin, models, tmp_path, family):
+    d = models(family)
+    out = tmp_path / "m.gguf"
+    p = run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", d, "-o", out, "--quiet")
+    assert f"{out}: {ARCH[family]}," in p.stdout
+    counts = check_file(out, d, family, "q8_0")
+    assert counts.get("Q8_0", 0) > 0
+    assert not (tmp_path / "m.gguf.partial").exists()
+
+
+def test_experts_only_keeps_the_rest(fmoe_bin, models, tmp_path):
+    d = models("qwen2_moe")
+    out = tmp_path / "m.gguf"
+    run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", "--experts-only", d, "-o", out, "--quiet")
+    check_file(out, d, "qwen2_moe", "q8_0", experts_only=True)
+
+
+@pytest.fixture(scope="module")
+def deepseek256(tmp_path_factory):
+    """A DeepSeek-MoE V1 checkpoint whose rows are 256 values (whole K-quant blocks)."""
+    cfg = dict(tiny.DEEPSEEK_CONFIG, hidden_size=256, intermediate_size=256,
+               moe_intermediate_size=256, num_hidden_layers=2, n_routed_experts=4,
+               n_shared_experts=1, num_attention_heads=4, num_key_value_heads=4)
+    d = tmp_path_factory.mktemp("deepseek256")
+    (d / "config.json").write_text(json.dumps(cfg))
+    t = tiny.deepseek_weights(cfg, seed=5)
+    tiny.save_safetensors(str(d / "model.safetensors"), {k: (v, "F32") for k, v in t.items()})
+    return d
+
+
+@pytest.mark.parametrize("qtype", ["q4_k", "q5_k", "q6_k"])
+def test_k_quants(fmoe_bin, deepseek256, tmp_path, qtype):
+    out = tmp_path / "m.gguf"
+    run_fmoe(fmoe_bin, "quantize", "--type", qtype, deepseek256, "-o", out, "--quiet")
+    counts = check_file(out, deepseek256, "deepseek", qtype)
+    assert counts[qtype.upper()] >= 10 and "Q8_0" not in counts
+
+
+def test_bad_input_one_line_nothing_left(fmoe_bin, models, tmp_path):
+    d = models("olmoe")
+    out = tmp_path / "m.gguf"
+    cases = [
+        (["quantize", "--type", "q4_0", d, "-o", out], 2, "--type must be"),
+        (["quantize", d, "-o", out], 2, "--type is required"),
+        (["quantize", "--type", "q8_0", d], 2, "-o MODEL.gguf is required"),
+        (["quantize", "--type", "q8_0", d, "-o", tmp_path], 2, "is a directory"),
+        (["quantize", "--type", "q8_0", tmp_path / "none", "-o", out], 1, "config.json"),
+    ]
+    for args, code, needle in cases:
+        p = run_fmoe(fmoe_bin, *args, check=False)
+        assert p.returncode == code, (args, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (args, p.stderr)
+        assert lines[0].startswith("fmoe quantize: ")
+        assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
+    # a checkpoint missing a tensor its config needs
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    cfg = json.loads((d / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(cfg))
+    ck = read_checkpoint(d)
+    del ck["model.layers.1.mlp.experts.3.up_proj.weight"]
+    tiny.save_safetensors(str(broken / "model.safetensors"), {k: (v, dt) for k, (v, dt) in ck.items()})
+    p = run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", broken, "-o", out, check=False)
+    assert p.returncode == 1
+    assert p.stderr.strip() == f"fmoe quantize: {broken}: missing tensor model.layers.1.mlp.experts.3.up_proj.weight"
+    assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
