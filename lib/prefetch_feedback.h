@@ -6,12 +6,15 @@
  * A prefetch pays for itself when the expert it brings is used before it goes, and costs
  * when the expert it evicts is needed again. Both are measured, per run, at the gates:
  *
- *   accuracy a(l, r): of the policy's predictions for MoE layer l that were the r-th
- *                     prediction for that layer in their cycle (r = 0 the first the policy
- *                     made, capped), the share whose expert the gate of layer l chose;
- *                     scored whether or not the prediction was admitted (a shadow
- *                     prediction), so a layer that stopped prefetching resumes as soon as
- *                     its predictions turn right;
+ *   accuracy a(l, r): of the policy's predictions for MoE layer l of experts not
+ *                     resident when predicted that were the r-th such prediction for that
+ *                     layer in their cycle (r = 0 the first, capped), the share whose
+ *                     expert the gate of layer l chose; scored whether or not the
+ *                     prediction was admitted (a shadow prediction), so a layer that
+ *                     stopped prefetching resumes as soon as its predictions turn right.
+ *                     Predictions of resident experts are left out: they cost and save
+ *                     nothing, and where LRU already hits most accesses they are the easy,
+ *                     right ones that would make the wrong transfers look worth it;
  *   regret r:         of the experts evicted to make room (for a prefetch or a demand
  *                     load), the share that the next gate of their layer chose again:
  *                     what evicting the policy's victim costs, in misses per eviction.

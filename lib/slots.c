@@ -128,8 +128,12 @@ static int sink_prefetch(void *ctx, int32_t l, int32_t j, double priority, doubl
     if (e < 0)
         return q->error = fmoe_error_set(FMOE_EINTERNAL, "policy %s prefetched (%d, %d)",
                                          q->policy->ops->name, l, j);
-    const int32_t rank = q->feedback ? prefetch_feedback_predict(&q->fb, l, j) : 0;
+    /* A prediction of a resident expert costs and saves nothing: only the others are
+     * ranked and scored, so the accuracy is that of the predictions that would become
+     * transfers (where LRU already hits most accesses, the resident ones are the easy,
+     * right ones, and counting them made wrong prefetches look worth their link time). */
     if (fmoe_cache_lookup(q->view, e) >= 0) return 0;
+    const int32_t rank = q->feedback ? prefetch_feedback_predict(&q->fb, l, j) : 0;
     if (q->hooks.sync) q->hooks.sync(q->hooks.ctx, q->env.now_s);
     if (q->feedback && fmoe_cache_free_slot(q->cache) < 0 &&
         !prefetch_feedback_admit(&q->fb, l, rank)) {

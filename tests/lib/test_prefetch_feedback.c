@@ -107,10 +107,43 @@ TEST(ranks_and_link_use) {
     prefetch_feedback_free(&f);
 }
 
-static int cancels;
+static int cancels, prefetches, dropped;
 static void on_decision(void *ctx, const fmoe_decision *d) {
     (void)ctx;
     cancels += d->kind == FMOE_DECISION_CANCEL;
+    prefetches += d->kind == FMOE_DECISION_PREFETCH;
+    dropped += d->kind == FMOE_DECISION_DROPPED;
+}
+
+/* Only predictions of experts that are not resident are scored: a policy that keeps
+ * predicting the resident expert its gate chooses earns no credit for the transfer of a
+ * non-resident one. Three right predictions of resident (1, 0) would have made rank 0 look
+ * 4/5 accurate; the first prediction of non-resident (1, 5) is then refused on a full
+ * cache (no evidence: 1/2 against a regret of 1/2), not admitted on that credit. */
+TEST(resident_predictions_earn_no_credit) {
+    fmoe_policy p;
+    const fmoe_policy_config pc = {.num_layers = L, .num_experts = J, .top_k = 1, .capacity = 4};
+    ASSERT_OK(fmoe_policy_init(&p, "lru", &pc));
+    fmoe_slots *q;
+    const fmoe_slots_config sc = {.num_layers = L, .num_experts = J, .capacity = 4, .chunks = 1,
+                                  .expert_bytes = 100, .policy = &p, .feedback = 1,
+                                  .hooks = {.decision = on_decision}};
+    ASSERT_OK(fmoe_slots_init(&q, &sc));
+    const int32_t full[4] = {0 * J + 0, 0 * J + 1, 1 * J + 1, 1 * J + 0};
+    ASSERT_OK(fmoe_slots_preload(q, full, 4));
+    fmoe_policy_env *env = fmoe_slots_env(q);
+    const int32_t chosen[1] = {0};
+    prefetches = dropped = 0;
+    for (int i = 0; i < 3; i++) {
+        ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 0, 1.0, 0.5), 0); /* resident */
+        fmoe_slots_gate(q, 1, chosen, 1);
+    }
+    ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 5, 1.0, 0.5), 1);
+    ASSERT_EQ(prefetches, 0);
+    ASSERT_EQ(dropped, 1);
+    ASSERT_TRUE(fmoe_cache_lookup(fmoe_slots_view(q), 1 * J + 5) < 0);
+    fmoe_slots_free(q);
+    fmoe_policy_free(&p);
 }
 
 /* Early preemption: at the gate of layer 1, its queued prefetches of experts the gate did

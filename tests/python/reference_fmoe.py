@@ -444,9 +444,9 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
 
     def prefetch(l, j, pri):
         e = l * J + j
-        rank = fb_predict(l, j) if feedback else 0
-        if expert_slot[e] >= 0:
+        if expert_slot[e] >= 0:  # a resident expert's prediction is neither ranked nor scored
             return
+        rank = fb_predict(l, j) if feedback else 0
         if inflight or queue:
             engine_advance(st["now"])
         if feedback and not free_stack and not fb_admit(l, rank):
