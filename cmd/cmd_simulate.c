@@ -2,11 +2,15 @@
  * cmd_simulate.c - `fmoe simulate`: replay a trace through expert-cache policies on a
  * hardware model and report hits, bytes moved, stall time and latency (docs/design.md §7).
  *
- * defaults -> parse -> validate -> read the trace once (with the gate data the chosen
- * policies need) -> sweep (policies x cache sizes x prefetch distances, in parallel
- * threads) -> print a table (best first), JSON or CSV.
+ * defaults -> parse -> validate -> per trace and hardware profile (a unit): read the trace
+ * (with the gate data the chosen policies need) and list its cells -> sweep (policies x
+ * cache sizes x prefetch distances of every unit, in parallel threads; over MPI ranks when
+ * launched by mpirun/srun, rank 0 handing out cells; every finished cell to --sweep-out as
+ * it finishes, which --resume reads back) -> print a table per unit (best first), JSON or
+ * CSV, in grid order whichever rank ran which cell (docs/scaling-out.md).
  */
 #include <cjson/cJSON.h>
+#include <glob.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -19,6 +23,7 @@
 #include "plot_svg.h"
 #include "paths.h"
 #include "simulate_store.h" /* the fmoe policies' expert-map store */
+#include "sweep.h"          /* --sweep-out, --resume, MPI ranks */
 #include "fmoe/datasets.h"
 #include "fmoe/decision_log.h"
 #include "fmoe/error.h"
@@ -38,10 +43,15 @@ static const char *const CMD = "simulate";
 #define MAX_LIST 64
 #define DEFAULT_HARDWARE "rtx3090-pcie4"
 
+/* Set on MPI ranks other than 0: they prepare the same units as rank 0, whose notes are
+ * enough. */
+static int notes_off;
+
 /* ------------------------------------------------------------------ options */
 
 typedef struct options {
-    const char *trace;
+    const char *trace;         /* the unit being prepared or printed (one of traces) */
+    cmd_opt_strings trace_args; /* --trace, repeatable, each a path or a glob */
     char *policies[MAX_LIST];
     int n_policies;
     int32_t caches[MAX_LIST];
@@ -51,8 +61,15 @@ typedef struct options {
     int32_t distances[MAX_LIST];
     int n_distances;
     const char *model_config;
-    const char *profile;
-    const char *hardware;
+    const char *profile;       /* the unit's --profile, or NULL */
+    const char *hardware;      /* the unit's --hardware name, or NULL */
+    cmd_opt_strings profiles;  /* --profile, repeatable */
+    char *hardware_list[MAX_LIST]; /* --hardware A,B: split in hardware_buf */
+    int n_hardware;
+    char hardware_buf[1024];
+    const char *sweep_out;     /* --sweep-out results.jsonl */
+    int resume;
+    double rank_timeout_s;
     const char *csv;
     int json;
     int32_t threads;
@@ -146,6 +163,13 @@ static int on_cache_gb(const char *cmd, const cmd_option *opt, void *base, const
     return rc;
 }
 
+static int on_hardware(const char *cmd, const cmd_option *opt, void *base, const char *value) {
+    (void)cmd, (void)opt;
+    options *o = base;
+    return split_copy(value, "--hardware", o->hardware_buf, sizeof o->hardware_buf,
+                      o->hardware_list, &o->n_hardware);
+}
+
 static const char *const miss_names[] = {"load", "cpu", "auto", NULL};
 static const int32_t miss_values[] = {FMOE_SIM_MISS_LOAD, FMOE_SIM_MISS_CPU, FMOE_SIM_MISS_AUTO};
 static const char *const store_mode_names[] = {"offline", "online", "offline-update", NULL};
@@ -153,9 +177,10 @@ static const int32_t store_mode_values[] = {FMOE_STORE_OFFLINE, FMOE_STORE_ONLIN
                                             FMOE_STORE_OFFLINE_UPDATE};
 
 static const cmd_option simulate_options[] = {
-    {.name = "trace", .kind = CMD_OPT_STRING, .value_name = "FILE",
-     .help = "trace to replay (fmoe record / fmoe trace import)",
-     .offset = offsetof(options, trace)},
+    {.name = "trace", .kind = CMD_OPT_STRINGS, .value_name = "FILE",
+     .help = "trace to replay (fmoe record / fmoe trace import); repeatable, and a quoted "
+             "glob ('runs/*.h5') names every match: the sweep spans them all",
+     .offset = offsetof(options, trace_args)},
     {.name = "policy", .kind = CMD_OPT_CALLBACK, .value_name = "P[,P...]",
      .help = "policies", .default_text = "lru", .handler = on_policy, .example = "lfu,belady"},
     {.name = "cache-experts", .kind = CMD_OPT_CALLBACK, .value_name = "N[,...]",
@@ -225,11 +250,12 @@ static const cmd_option simulate_options[] = {
     {.name = "model-config", .kind = CMD_OPT_STRING, .value_name = "FILE",
      .help = "config.json", .default_text = "the one stored in the trace",
      .offset = offsetof(options, model_config)},
-    {.name = "profile", .kind = CMD_OPT_STRING, .value_name = "FILE",
-     .help = "hardware profile JSON (fmoe calibrate)", .offset = offsetof(options, profile)},
-    {.name = "hardware", .kind = CMD_OPT_STRING, .value_name = "NAME",
-     .help = "built-in profile", .default_text = DEFAULT_HARDWARE,
-     .offset = offsetof(options, hardware)},
+    {.name = "profile", .kind = CMD_OPT_STRINGS, .value_name = "FILE",
+     .help = "hardware profile JSON (fmoe calibrate); repeatable: the sweep spans them all",
+     .offset = offsetof(options, profiles)},
+    {.name = "hardware", .kind = CMD_OPT_CALLBACK, .value_name = "NAME[,NAME...]",
+     .help = "built-in profiles: the sweep spans them all", .default_text = DEFAULT_HARDWARE,
+     .handler = on_hardware, .example = "rtx3090-pcie4"},
     {.name = "copy-chunks", .kind = CMD_OPT_INT32, .value_name = "C",
      .help = "pieces per prefetch transfer: a demand load waits only for the piece on the "
              "copy engine, not the whole prefetch (live runs move experts the same way)",
@@ -254,9 +280,23 @@ static const cmd_option simulate_options[] = {
     {.name = "csv", .kind = CMD_OPT_STRING, .value_name = "FILE",
      .help = "also write one CSV row per configuration ('-': stdout)",
      .offset = offsetof(options, csv)},
-    {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "sweep threads",
+    {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "sweep threads (of each MPI rank)",
      .default_text = "one per core", .offset = offsetof(options, threads), .min = 1,
      .max = 4096},
+    {.name = "sweep-out", .kind = CMD_OPT_STRING, .value_name = "F.jsonl",
+     .help = "write every cell's result to F as it finishes, one JSON line each, flushed, so "
+             "that an interrupted sweep can --resume; F must not exist without --resume",
+     .offset = offsetof(options, sweep_out)},
+    {.name = "resume", .kind = CMD_OPT_FLAG,
+     .help = "with --sweep-out F: skip the cells F already holds (a sweep with the same "
+             "settings wrote it), run the rest, and print the whole result",
+     .offset = offsetof(options, resume)},
+    {.name = "rank-timeout", .kind = CMD_OPT_DOUBLE, .value_name = "S",
+     .help = "MPI runs: a rank silent this long is dead, its cells reported missing (--resume "
+             "runs them)",
+     .default_text = "60", .offset = offsetof(options, rank_timeout_s), .fmin = 0.1,
+     .fmax = 1e6},
     {.name = "quiet", .kind = CMD_OPT_FLAG, .help = "no progress bar",
      .offset = offsetof(options, quiet)},
     {0},
@@ -280,12 +320,15 @@ static void init(void *base) {
 
 const cmd_spec cmd_simulate_spec = {
     .name = "simulate",
-    .usage = "simulate --trace T.h5 --cache-experts N[,N...] [options]\n"
-             "simulate --trace T.h5 --cache-gb X[,X...] [options]",
+    .usage = "simulate --trace T.h5 [--trace T2.h5...] --cache-experts N[,N...] [options]\n"
+             "simulate --trace T.h5 --cache-gb X[,X...] [options]\n"
+             "mpirun -n R fmoe simulate ... [--sweep-out F.jsonl [--resume]]",
     .description =
         "Replay a trace through expert-cache policies on a model of the hardware and\n"
         "report hit rate, bytes moved, stall time, TTFT, TPOT and end-to-end latency.\n"
-        "Lists (comma-separated) sweep every combination, in parallel threads.\n",
+        "Lists (comma-separated) sweep every combination, in parallel threads; several\n"
+        "traces and hardware profiles multiply the grid. Launched by mpirun or srun, the\n"
+        "ranks share the cells (rank 0 hands them out and prints the one result).\n",
     .options = simulate_options,
     .help_extra = help_extra,
     .epilog =
@@ -302,19 +345,22 @@ const cmd_spec cmd_simulate_spec = {
 static int parse_options(int argc, char **argv, options *o) {
     int rc = cmd_options_parse(&cmd_simulate_spec, o, argc, argv, NULL);
     if (rc) return rc;
-    if (!o->trace) return cmd_usage_error(CMD, "--trace is required");
+    if (o->trace_args.n == 0) return cmd_usage_error(CMD, "--trace is required");
+    if (o->resume && !o->sweep_out)
+        return cmd_usage_error(CMD, "--resume needs --sweep-out F.jsonl (the file to resume)");
     if (!o->n_caches && !o->n_cache_gb)
         return cmd_usage_error(CMD, "give the cache size: --cache-experts N or --cache-gb X");
     if (o->n_caches && o->n_cache_gb)
         return cmd_usage_error(CMD, "--cache-experts and --cache-gb are alternatives; give one");
-    if (o->profile && o->hardware)
+    if (o->profiles.n && o->n_hardware)
         return cmd_usage_error(CMD, "--profile and --hardware are alternatives; give one");
-    if (o->hardware) { /* an unknown name is a usage error, found before any file is read */
+    for (int i = 0; i < o->n_hardware; i++) { /* an unknown name is a usage error, found
+                                                 before any file is read */
         fmoe_hardware_profile hw;
-        if (fmoe_hardware_preset(o->hardware, &hw) < 0) {
+        if (fmoe_hardware_preset(o->hardware_list[i], &hw) < 0) {
             fmoe_error_clear();
-            return cmd_usage_error(CMD, "unknown hardware '%s' (presets: %s)", o->hardware,
-                                   fmoe_hardware_preset_names());
+            return cmd_usage_error(CMD, "unknown hardware '%s' (presets: %s)",
+                                   o->hardware_list[i], fmoe_hardware_preset_names());
         }
     }
     if (!o->n_policies) {
@@ -410,12 +456,12 @@ static int32_t default_distance(const char *policy, int32_t L, int *noted) {
     const fmoe_policy_ops *ops = fmoe_policy_find(policy);
     if (!(ops->flags & FMOE_POLICY_PREFETCHES) || ops->default_distance < L) return 0;
     if (L < 2) {
-        if (!(*noted)++)
+        if (!(*noted)++ && !notes_off)
             fprintf(stderr, "fmoe simulate: note: policy %s prefetches layers ahead and the "
                             "trace has %d MoE layer; skipped\n", ops->name, (int)L);
         return -1;
     }
-    if (!(*noted)++)
+    if (!(*noted)++ && !notes_off)
         fprintf(stderr, "fmoe simulate: note: policy %s's default prefetch distance %d is not "
                         "below the trace's %d MoE layers; running it at %d\n",
                 ops->name, (int)ops->default_distance, (int)L, (int)L - 1);
@@ -626,8 +672,9 @@ static cJSON *summary_json(const fmoe_sim_summary *s) {
     return o;
 }
 
-static int print_json(const options *o, const fmoe_hardware_profile *hw, int64_t expert_bytes,
-                      const fmoe_sim_workload *w, const fmoe_sim_result *res, size_t n) {
+/* One unit's JSON document (what a sweep of one trace on one hardware prints). */
+static cJSON *unit_json(const options *o, const fmoe_hardware_profile *hw, int64_t expert_bytes,
+                        const fmoe_sim_workload *w, const fmoe_sim_result *res, size_t n) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "trace", o->trace);
     cJSON_AddStringToObject(root, "hardware", hw->name);
@@ -714,12 +761,7 @@ static int print_json(const options *o, const fmoe_hardware_profile *hw, int64_t
         }
         cJSON_AddItemToArray(arr, x);
     }
-    char *text = cJSON_Print(root);
-    cJSON_Delete(root);
-    if (!text) return cmd_failf(CMD, "out of memory");
-    puts(text);
-    free(text);
-    return 0;
+    return root;
 }
 
 /* --plot: hit rate and latency (TPOT p50, or TTFT p50 for a trace without decode) against
@@ -795,7 +837,24 @@ done:
     return rc;
 }
 
-static int write_csv(const char *path, const fmoe_sim_result *res, size_t n) {
+/* A CSV field: as is, or quoted when it holds a comma, quote or line break. */
+static void csv_field(FILE *f, const char *s) {
+    if (!strpbrk(s, ",\"\r\n")) {
+        fputs(s, f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+/* Rows res[0..n); with several units (prefix != NULL) each row opens with its unit's
+ * trace and hardware. */
+static int write_csv(const char *path, const fmoe_sim_result *res, size_t n,
+                     const char *const *prefix) {
     /* Through PATH.partial, renamed when complete: an existing PATH is never truncated first. */
     char partial[PATH_MAX + 16];
     snprintf(partial, sizeof partial, "%s.partial", path);
@@ -804,6 +863,7 @@ static int write_csv(const char *path, const fmoe_sim_result *res, size_t n) {
         int e = fmoe__partial_fopen(path, partial, "w", &f);
         if (e < 0) return cmd_fail(CMD, e);
     }
+    if (prefix) fputs("trace,hardware,", f);
     fprintf(f, "policy,cache_experts,prefetch_distance,accesses,hits,late_hits,misses,hit_rate,"
                "bytes_loaded,wasted_prefetch_bytes,stall_s,total_s,ttft_mean_s,ttft_p50_s,"
                "ttft_p90_s,ttft_p99_s,tpot_mean_s,tpot_p50_s,tpot_p90_s,tpot_p99_s,e2e_mean_s,"
@@ -812,6 +872,12 @@ static int write_csv(const char *path, const fmoe_sim_result *res, size_t n) {
                "queue_p90_s,queue_p99_s\n");
     for (size_t i = 0; i < n; i++) {
         const fmoe_sim_result *r = &res[i];
+        if (prefix) {
+            csv_field(f, prefix[2 * i]);
+            fputc(',', f);
+            csv_field(f, prefix[2 * i + 1]);
+            fputc(',', f);
+        }
         fprintf(f, "%s,%d,%d,%lld,%lld,%lld,%lld,%.6f,%lld,%lld,%.9g,%.9g", r->policy,
                 r->cache_experts, r->prefetch_distance, (long long)r->accesses,
                 (long long)r->hits, (long long)r->late_hits, (long long)r->misses, hit_rate(r),
@@ -898,42 +964,69 @@ static void print_table(const options *o, const fmoe_hardware_profile *hw, int64
     }
 }
 
-/* ------------------------------------------------------------------ main */
+/* ------------------------------------------------------------------ units */
 
-int cmd_simulate(int argc, char **argv) {
-    options o;
-    init(&o);
-    int rc = parse_options(argc, argv, &o);
-    if (rc != 0) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
-    fmoe_trace_reader *reader = NULL;
+/* One trace on one hardware profile: its workload, cost model and cells. Units are
+ * allocated once: cells point at their costs, arrivals, store and predictors. */
+typedef struct sim_unit {
+    const char *trace;
+    const char *profile;  /* --profile FILE, or NULL */
+    const char *hardware; /* --hardware NAME, or NULL (the default) */
+    const char *hw_key;   /* the hardware in --sweep-out: the profile's path or the name */
     fmoe_sim_workload w;
-    memset(&w, 0, sizeof w);
-    fmoe_sim_config *cells = NULL;
-    fmoe_sim_result *res = NULL;
-    size_t *order = NULL, n = 0;
     fmoe_sim_costs costs;
     fmoe_hardware_profile hw;
-    int64_t expert_bytes = 0;
-    int exit_code = CMD_EXIT_OK;
-    double *arrivals = NULL;
+    int64_t expert_bytes;
+    double *arrivals;
+    cmd_sim_store store;
+    fmoe_predictor *predictors[MAX_PREDICTORS];
+    size_t cell0, ncells; /* its cells in the sweep's list */
+} sim_unit;
+
+static void unit_free(sim_unit *u) {
+    free(u->arrivals);
+    fmoe_sim_workload_free(&u->w);
+    cmd_sim_store_free(&u->store);
+    for (int i = 0; i < MAX_PREDICTORS; i++) fmoe_predictor_free(u->predictors[i]);
+}
+
+/* The options as they apply to unit u (the helpers above read o->trace, o->profile, ...). */
+static options unit_options(const options *o, const sim_unit *u) {
+    options uo = *o;
+    uo.trace = u->trace;
+    uo.profile = u->profile;
+    uo.hardware = u->hardware;
+    return uo;
+}
+
+/* Grows the cell list to hold `more` cells. @return 0 or 1 (printed). */
+static int reserve_cells(fmoe_sim_config **cells, size_t n, size_t *cap, size_t more) {
+    if (n + more <= *cap) return 0;
+    size_t c = *cap ? *cap : 64;
+    while (c < n + more) c *= 2;
+    fmoe_sim_config *g = realloc(*cells, c * sizeof *g);
+    if (!g) return cmd_failf(CMD, "out of memory");
+    *cells = g;
+    *cap = c;
+    return 0;
+}
+
+/* Reads the unit's trace (with what its policies need) and appends its cells to
+ * cells[*n]. @return 0, 1 or 2 (printed). */
+static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cells, size_t *n,
+                        size_t *cap) {
+    options o = unit_options(base, u);
+    fmoe_trace_reader *reader = NULL;
+    int exit_code = 0, rc = 0;
     uint32_t want = 0;
-    fmoe_predictor *predictors[MAX_PREDICTORS] = {NULL};
-
-    /* Every file written, against every file read. */
-    const char *inputs[5 + CMD_OPT_STRINGS_MAX] = {o.trace, o.model_config, o.profile,
-                                                   o.arrivals, o.store.path};
-    for (int i = 0; i < o.predictors.n; i++) inputs[5 + i] = o.predictors.items[i];
-    const char *outputs[] = {o.csv, o.plot, o.decision_log};
-    for (int i = 0; i < 3; i++)
-        if ((rc = cmd_check_output(CMD, outputs[i], inputs, 5 + o.predictors.n)) != 0) return rc;
-
+    u->cell0 = *n;
     rc = fmoe_trace_reader_open(&reader, o.trace);
     if (rc < 0) goto fail;
     exit_code = gate_needs(&o, fmoe_trace_reader_header(reader), &want);
     if (exit_code) goto done;
     exit_code = check_distances(&o, fmoe_trace_reader_header(reader)->num_layers);
     if (exit_code) goto done;
-    exit_code = load_predictors(&o, fmoe_trace_reader_header(reader), predictors);
+    exit_code = load_predictors(&o, fmoe_trace_reader_header(reader), u->predictors);
     if (exit_code) goto done;
     if (o.batch_trace) { /* the served passes: only a trace of fmoe serve has them */
         if (!fmoe_trace_reader_header(reader)->served) {
@@ -945,20 +1038,21 @@ int cmd_simulate(int argc, char **argv) {
         }
         want |= FMOE_SIM_WANT_SERVED;
     }
-    exit_code = cmd_sim_store_prepare(CMD, &o.store, o.policies, o.n_policies, o.trace, reader,
+    exit_code = cmd_sim_store_prepare(CMD, &u->store, o.policies, o.n_policies, o.trace, reader,
                                       &want, o.quiet); /* may add the semantic rows */
     if (exit_code) goto done;
-    rc = load_costs(&o, reader, &costs, &expert_bytes, &hw);
+    rc = load_costs(&o, reader, &u->costs, &u->expert_bytes, &u->hw);
     if (rc < 0) goto fail;
-    cmd_sim_store_costs(&o.store, &costs); /* --match-delay */
-    if (o.miss_mode != FMOE_SIM_MISS_LOAD && !fmoe_sim_costs_have_host(&costs)) {
+    cmd_sim_store_costs(&u->store, &u->costs); /* --match-delay */
+    if (o.miss_mode != FMOE_SIM_MISS_LOAD && !fmoe_sim_costs_have_host(&u->costs)) {
         exit_code = cmd_failf(CMD,
                               "%s: --miss %s needs host compute figures (host.expert_s, or "
                               "host.peak_flops and host.memory_bandwidth_bytes_per_s); measure "
                               "them with 'fmoe calibrate' and pass --profile",
-                              o.profile ? o.profile : hw.name, miss_name(o.miss_mode));
+                              o.profile ? o.profile : u->hw.name, miss_name(o.miss_mode));
         goto done;
     }
+    const int64_t expert_bytes = u->expert_bytes;
     /* Cache sizes in slots. */
     int32_t caches[MAX_LIST];
     int n_caches = o.n_caches;
@@ -978,9 +1072,9 @@ int cmd_simulate(int argc, char **argv) {
         cmd_progress_bar bar;
         cmd_progress_bar_init(&bar, "reading trace", o.quiet);
         fmoe_progress p = cmd_progress_bar_callback(&bar);
-        rc = fmoe_sim_workload_read_filtered(&w, reader, want, o.store.keep, &p); /* --holdout */
+        rc = fmoe_sim_workload_read_filtered(&u->w, reader, want, u->store.keep, &p); /* --holdout */
         if (rc == 0 && needs_hidden(&o)) /* the gate inputs, for promoe's predictor */
-            rc = fmoe_sim_workload_read_hidden(&w, reader, o.store.keep);
+            rc = fmoe_sim_workload_read_hidden(&u->w, reader, u->store.keep);
         cmd_progress_bar_done(&bar);
         if (rc < 0) {
             if (!strstr(fmoe_error_detail(), o.trace)) fmoe_error_prefix("%s", o.trace);
@@ -994,8 +1088,8 @@ int cmd_simulate(int argc, char **argv) {
          * iteration's layer prefetches at most J, so loads <= A + I*L*J. Refuse a size that
          * could overflow them (a trace imported elsewhere with an absurd expert size)
          * instead of printing negative bytes; 2^60 keeps an 8x margin. */
-        const double loads = (double)w.num_accesses +
-                             (double)w.num_iterations * w.num_layers * (double)w.num_experts;
+        const double loads = (double)u->w.num_accesses +
+                             (double)u->w.num_iterations * u->w.num_layers * (double)u->w.num_experts;
         if (expert_bytes > MAX_EXPERT_BYTES || (double)expert_bytes * loads > 0x1p60) {
             char b[32];
             exit_code = cmd_failf(CMD,
@@ -1003,73 +1097,372 @@ int cmd_simulate(int argc, char **argv) {
                                   "loads over %.0f accesses; at most %s",
                                   o.trace, (long long)expert_bytes,
                                   cmd_format_bytes((double)expert_bytes, b, sizeof b),
-                                  (double)w.num_accesses, "1 TiB and 2^60 bytes in all");
+                                  (double)u->w.num_accesses, "1 TiB and 2^60 bytes in all");
             goto done;
         }
     }
     /* More slots than the model has experts change nothing but the memory they take. */
     for (int i = 0; i < n_caches; i++) {
-        const int32_t all = w.num_layers * w.num_experts;
+        const int32_t all = u->w.num_layers * u->w.num_experts;
         if (caches[i] > all) {
-            fprintf(stderr, "fmoe simulate: note: a cache of %d experts holds all %d (L x J); "
-                            "simulating %d\n", (int)caches[i], (int)all, (int)all);
+            if (!notes_off)
+                fprintf(stderr, "fmoe simulate: note: a cache of %d experts holds all %d (L x J); "
+                                "simulating %d\n", (int)caches[i], (int)all, (int)all);
             caches[i] = all;
         }
     }
     if (o.arrivals) {
-        exit_code = load_arrivals(&o, &w, &arrivals);
+        exit_code = load_arrivals(&o, &u->w, &u->arrivals);
         if (exit_code) goto done;
     }
     if (o.batch > 1 || o.batch_trace) { /* the iterations fmoe serve --parallel B would
                                            run, or those it ran */
         fmoe_sim_workload batched;
-        rc = o.batch_trace ? fmoe_sim_workload_served(&batched, &w)
-                           : fmoe_sim_workload_batch(&batched, &w, o.batch, arrivals, &costs);
+        rc = o.batch_trace ? fmoe_sim_workload_served(&batched, &u->w)
+                           : fmoe_sim_workload_batch(&batched, &u->w, o.batch, u->arrivals,
+                                                     &u->costs);
         if (rc < 0) {
             if (!strstr(fmoe_error_detail(), o.trace)) fmoe_error_prefix("%s", o.trace);
             goto fail;
         }
-        fmoe_sim_workload_free(&w);
-        w = batched;
+        fmoe_sim_workload_free(&u->w);
+        u->w = batched;
     }
 
-    n = (size_t)o.n_policies * (size_t)n_caches * (size_t)o.n_distances;
-    cells = calloc(n, sizeof *cells);
-    res = calloc(n, sizeof *res);
-    order = calloc(n, sizeof *order);
-    if (!cells || !res || !order) {
-        exit_code = cmd_failf(CMD, "out of memory");
-        goto done;
-    }
+    const size_t most = (size_t)o.n_policies * (size_t)n_caches * (size_t)o.n_distances;
+    if ((exit_code = reserve_cells(cells, *n, cap, most)) != 0) goto done;
     /* A policy that does not prefetch runs once per cache size, whatever the distances. */
-    size_t k = 0;
+    size_t k = *n;
     for (int p = 0; p < o.n_policies; p++) {
         int noted = 0;
         for (int c = 0; c < n_caches; c++)
             for (int d = 0; d < o.n_distances; d++) {
                 int32_t dist = o.distances[d];
-                if (dist == 0 && (dist = default_distance(o.policies[p], w.num_layers,
+                if (dist == 0 && (dist = default_distance(o.policies[p], u->w.num_layers,
                                                           &noted)) < 0)
                     continue;
                 if (d == 0 || (fmoe_policy_find(o.policies[p])->flags & FMOE_POLICY_PREFETCHES))
-                    cells[k++] = (fmoe_sim_config){
+                    (*cells)[k++] = (fmoe_sim_config){
                         .policy = o.policies[p], .cache_experts = caches[c],
-                        .prefetch_distance = dist, .costs = &costs,
-                        .miss_mode = o.miss_mode, .arrival_s = arrivals,
+                        .prefetch_distance = dist, .costs = &u->costs,
+                        .miss_mode = o.miss_mode, .arrival_s = u->arrivals,
                         .store_capacity = o.eamc_capacity, .copy_chunks = o.copy_chunks,
                         .feedback = cmd_feedback_request(o.feedback),
                         /* each policy the predictor of its kind */
-                        .predictor = predictor_for(o.policies[p], predictors)};
+                        .predictor = predictor_for(o.policies[p], u->predictors)};
             }
     }
-    n = k;
-    if (n == 0) {
+    if (k == *n) {
         exit_code = cmd_failf(CMD, "%s: none of the policies can run on a 1-layer trace",
                               o.trace);
         goto done;
     }
-    for (size_t i = 0; i < n; i++) cmd_sim_store_apply(&o.store, &cells[i]);
-    if (o.decision_log) { /* one cell, its decisions to the log */
+    for (size_t i = *n; i < k; i++) cmd_sim_store_apply(&u->store, &(*cells)[i]);
+    u->ncells = k - *n;
+    *n = k;
+    goto done;
+fail:
+    exit_code = cmd_fail(CMD, rc);
+done:
+    fmoe_trace_reader_close(reader);
+    return exit_code;
+}
+
+/* Every --trace, its globs expanded (in glob's sorted order), each path once, into a
+ * malloc'd list of malloc'd paths. @return 0, 1 or 2 (printed). */
+static int expand_traces(const options *o, char ***out, int *n) {
+    *out = NULL;
+    *n = 0;
+    size_t cap = 0;
+    char **list = NULL;
+    for (int i = 0; i < o->trace_args.n; i++) {
+        const char *arg = o->trace_args.items[i];
+        glob_t g = {0};
+        const int pattern = strpbrk(arg, "*?[") != NULL;
+        if (pattern) {
+            const int grc = glob(arg, 0, NULL, &g);
+            if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
+                globfree(&g);
+                for (int k = 0; k < *n; k++) free(list[k]);
+                free(list);
+                return cmd_failf(CMD, "--trace %s: no file matches", arg);
+            }
+            if (grc != 0) {
+                globfree(&g);
+                for (int k = 0; k < *n; k++) free(list[k]);
+                free(list);
+                return cmd_failf(CMD, "--trace %s: cannot expand the pattern", arg);
+            }
+        }
+        const size_t m = pattern ? g.gl_pathc : 1;
+        if ((size_t)*n + m > cap) {
+            cap = ((size_t)*n + m) * 2;
+            char **grown = realloc(list, cap * sizeof *grown);
+            if (!grown) {
+                globfree(&g);
+                for (int k = 0; k < *n; k++) free(list[k]);
+                free(list);
+                return cmd_failf(CMD, "out of memory");
+            }
+            list = grown;
+        }
+        for (size_t k = 0; k < m; k++) {
+            const char *path = pattern ? g.gl_pathv[k] : arg;
+            int seen = 0; /* a trace named twice (a glob and its match) is one trace */
+            for (int j = 0; j < *n && !seen; j++) seen = strcmp(list[j], path) == 0;
+            if (seen) continue;
+            list[*n] = strdup(path);
+            if (!list[*n]) {
+                globfree(&g);
+                for (int j = 0; j < *n; j++) free(list[j]);
+                free(list);
+                return cmd_failf(CMD, "out of memory");
+            }
+            (*n)++;
+        }
+        if (pattern) globfree(&g);
+    }
+    *out = list;
+    return 0;
+}
+
+/* The settings of a sweep besides its grid, for --sweep-out's first line: a file resumes
+ * only a sweep that computes the same cells. */
+static void sweep_settings(const options *o, char *buf, size_t cap) {
+    size_t at = 0;
+#define ADD(...)                                                                               \
+    do {                                                                                       \
+        if (at < cap) at += (size_t)snprintf(buf + at, cap - at, __VA_ARGS__);                 \
+    } while (0)
+    ADD("miss=%s batch=%s%d eamc-capacity=%d copy-chunks=%d feedback=%d", miss_name(o->miss_mode),
+        o->batch_trace ? "trace/" : "", (int)o->batch, (int)o->eamc_capacity,
+        (int)o->copy_chunks, (int)o->feedback);
+    if (o->arrivals)
+        ADD(" arrivals=%s start=%lld speedup=%.17g", o->arrivals, (long long)o->arrivals_start,
+            o->arrivals_speedup);
+    if (o->model_config) ADD(" model-config=%s", o->model_config);
+    if (o->store.path) ADD(" store=%s", o->store.path);
+    ADD(" store-mode=%d holdout=%d store-capacity=%d match-delay=%.17g", (int)o->store.mode,
+        o->store.holdout, (int)o->store.capacity, o->store.match_delay_s);
+    for (int i = 0; i < o->predictors.n; i++) ADD(" predictor=%s", o->predictors.items[i]);
+#undef ADD
+}
+
+/* ------------------------------------------------------------------ the sweep as a job */
+
+typedef struct sim_job {
+    const sim_unit *units;
+    const size_t *cell_unit;      /* [n] */
+    const fmoe_sim_config *cells; /* [n] */
+    fmoe_sim_result *results;     /* [n] rank 0 */
+    cmd_sweep_file *file;         /* --sweep-out, rank 0 */
+    const char *file_path;
+} sim_job;
+
+static cmd_sweep_key cell_key(const sim_job *j, size_t i) {
+    const sim_unit *u = &j->units[j->cell_unit[i]];
+    return (cmd_sweep_key){u->trace, u->hw_key, j->cells[i].policy, j->cells[i].cache_experts,
+                           j->cells[i].prefetch_distance};
+}
+
+static char *run_cell(void *ctx, size_t i, int *rc) {
+    const sim_job *j = ctx;
+    fmoe_sim_result r;
+    *rc = fmoe_sim_run(&j->units[j->cell_unit[i]].w, &j->cells[i], &r);
+    if (*rc < 0) return NULL;
+    const cmd_sweep_key k = cell_key(j, i);
+    char *line = cmd_sweep_line(&k, &r);
+    fmoe_sim_result_free(&r);
+    if (!line) *rc = fmoe_error_set(FMOE_ENOMEM, "the result line of a cell");
+    return line;
+}
+
+/* Rank 0: the line to the result file, then into results[i] as read back (what every rank's
+ * cells give, so the output does not depend on where a cell ran). */
+static int cell_done(void *ctx, size_t i, const char *line) {
+    sim_job *j = ctx;
+    if (j->file && cmd_sweep_file_append(j->file, line) < 0)
+        return fmoe_error_set(FMOE_EIO, "%s: cannot write: %s", j->file_path, strerror(errno));
+    fmoe__fault_point("sweep-cell"); /* tests: a kill after the Nth line */
+    char key[8192];
+    fmoe_sim_result r;
+    if (cmd_sweep_line_parse(line, key, sizeof key, &r) < 0)
+        return fmoe_error_set(FMOE_EINTERNAL, "cell %zu: its result line does not read back", i);
+    fmoe_sim_result_free(&j->results[i]);
+    j->results[i] = r;
+    return 0;
+}
+
+/* Progress of an MPI sweep whose stderr is not a terminal (mpirun forwards it through a
+ * pipe; a cluster job's log): a line at most every 10 s, with the ETA. */
+typedef struct line_progress {
+    double started, last;
+    int64_t first; /* cells done at the start (resumed) */
+} line_progress;
+
+static void progress_line(void *ctx, int64_t done, int64_t total, const char *unit) {
+    line_progress *lp = ctx;
+    const double now = cmd_now();
+    if (lp->started == 0) {
+        lp->started = lp->last = now;
+        lp->first = done;
+        return;
+    }
+    if (done < total && now - lp->last < 10) return;
+    lp->last = now;
+    const double rate = (double)(done - lp->first) / (now - lp->started > 0 ? now - lp->started : 1);
+    fprintf(stderr, "fmoe simulate: %lld/%lld %s (%.0f%%), eta %.0fs\n", (long long)done,
+            (long long)total, unit, total ? 100.0 * (double)done / (double)total : 100.0,
+            rate > 0 ? (double)(total - done) / rate : 0.0);
+}
+
+/* Runs every cell as a job (over MPI ranks, or with --sweep-out): results[] on rank 0.
+ * @return 0, 1 or 2 (printed). */
+static int run_job(const options *o, const cmd_mpi_world *world, const sim_unit *units,
+                   int nunits, const fmoe_sim_config *cells, size_t n, fmoe_sim_result *results) {
+    size_t *cell_unit = malloc((n ? n : 1) * sizeof *cell_unit);
+    char **keys = calloc(n ? n : 1, sizeof *keys);
+    uint8_t *skip = calloc(n ? n : 1, 1);
+    int exit_code = 0;
+    sim_job j = {.units = units, .cell_unit = cell_unit, .cells = cells, .results = results,
+                 .file_path = o->sweep_out};
+    cmd_sweep_outcome out = {0};
+    if (!cell_unit || !keys || !skip) {
+        exit_code = cmd_failf(CMD, "out of memory");
+        goto done;
+    }
+    for (int u = 0; u < nunits; u++)
+        for (size_t i = units[u].cell0; i < units[u].cell0 + units[u].ncells; i++) cell_unit[i] = (size_t)u;
+    size_t resumed = 0;
+    if (o->sweep_out && world->rank == 0) {
+        char key[8192];
+        for (size_t i = 0; i < n; i++) {
+            const cmd_sweep_key k = cell_key(&j, i);
+            if (!(keys[i] = strdup(cmd_sweep_key_string(&k, key, sizeof key)))) {
+                exit_code = cmd_failf(CMD, "out of memory");
+                goto done;
+            }
+        }
+        char settings[8192];
+        sweep_settings(o, settings, sizeof settings);
+        exit_code = cmd_sweep_file_open(CMD, o->sweep_out, settings, o->resume, n, keys, results,
+                                        skip, &resumed, &j.file);
+        if (exit_code) goto done;
+        if (o->resume && !o->quiet)
+            fprintf(stderr, "fmoe simulate: %s holds %zu of the %zu cells; running %zu\n",
+                    o->sweep_out, resumed, n, n - resumed);
+    }
+    cmd_progress_bar bar;
+    cmd_progress_bar_init(&bar, "simulating", o->quiet || world->rank != 0);
+    line_progress lp = {0};
+    fmoe_progress p = cmd_progress_bar_callback(&bar);
+    if (!bar.enabled && world->size > 1 && world->rank == 0 && !o->quiet)
+        p = (fmoe_progress){.fn = progress_line, .ctx = &lp};
+    const cmd_sweep_job job = {.n = n, .skip = skip, .threads = o->threads, .run = run_cell,
+                               .done = cell_done, .ctx = &j, .progress = &p,
+                               .rank_timeout_s = o->rank_timeout_s};
+    int rc = cmd_sweep_run(world, &job, &out);
+    cmd_progress_bar_done(&bar);
+    if (cmd_sweep_file_close(j.file) < 0 && rc == 0)
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot write: %s", o->sweep_out, strerror(errno));
+    j.file = NULL;
+    if (rc < 0) {
+        exit_code = cmd_fail(CMD, rc);
+        goto done;
+    }
+    if (world->rank == 0 && out.missing > 0) {
+        if (o->sweep_out)
+            exit_code = cmd_failf(CMD, "%zu of %zu cells missing: rank%s %s stopped answering; "
+                                       "the %zu finished are in %s: run the same command with "
+                                       "--resume to complete it",
+                                  out.missing, n, out.dead_ranks == 1 ? "" : "s", out.dead,
+                                  n - out.missing, o->sweep_out);
+        else
+            exit_code = cmd_failf(CMD, "%zu of %zu cells missing: rank%s %s stopped answering "
+                                       "(with --sweep-out F.jsonl the finished cells are kept "
+                                       "and --resume completes them)",
+                                  out.missing, n, out.dead_ranks == 1 ? "" : "s", out.dead);
+    }
+done:
+    cmd_sweep_file_close(j.file);
+    if (keys)
+        for (size_t i = 0; i < n; i++) free(keys[i]);
+    free(keys);
+    free(skip);
+    free(cell_unit);
+    free(out.missing_cells);
+    return exit_code;
+}
+
+/* ------------------------------------------------------------------ main */
+
+static int simulate(options *o, const cmd_mpi_world *world) {
+    char **traces = NULL;
+    int ntraces = 0, nunits = 0;
+    sim_unit *units = NULL;
+    fmoe_sim_config *cells = NULL;
+    fmoe_sim_result *res = NULL;
+    size_t *order = NULL, n = 0, cap = 0;
+    int exit_code = expand_traces(o, &traces, &ntraces), rc = 0;
+    if (exit_code) return exit_code;
+    const int nhw = o->profiles.n ? o->profiles.n : o->n_hardware ? o->n_hardware : 1;
+    nunits = ntraces * nhw;
+    if (nunits > 1 && (o->plot || o->decision_log)) {
+        exit_code = cmd_usage_error(CMD, "%s is for one trace on one hardware; this sweep has %d "
+                                         "(%d trace%s x %d hardware profile%s)",
+                                    o->plot ? "--plot" : "--decision-log", nunits, ntraces,
+                                    ntraces == 1 ? "" : "s", nhw, nhw == 1 ? "" : "s");
+        goto done;
+    }
+    if (o->decision_log && (o->sweep_out || world->size > 1)) {
+        exit_code = cmd_usage_error(CMD, "--decision-log runs one cell in one process: no "
+                                         "--sweep-out, no mpirun");
+        goto done;
+    }
+    {
+        /* Every file written, against every file read. */
+        const int ninputs = ntraces + o->profiles.n + 4 + o->predictors.n;
+        const char **inputs = calloc((size_t)ninputs, sizeof *inputs);
+        if (!inputs) {
+            exit_code = cmd_failf(CMD, "out of memory");
+            goto done;
+        }
+        int k = 0;
+        for (int i = 0; i < ntraces; i++) inputs[k++] = traces[i];
+        for (int i = 0; i < o->profiles.n; i++) inputs[k++] = o->profiles.items[i];
+        inputs[k++] = o->model_config;
+        inputs[k++] = o->arrivals;
+        inputs[k++] = o->store.path;
+        inputs[k++] = NULL;
+        for (int i = 0; i < o->predictors.n; i++) inputs[k++] = o->predictors.items[i];
+        const char *outputs[] = {o->csv, o->plot, o->decision_log, o->sweep_out};
+        for (int i = 0; i < 4 && !exit_code; i++)
+            exit_code = cmd_check_output(CMD, outputs[i], inputs, k);
+        free(inputs);
+        if (exit_code) goto done;
+    }
+    units = calloc((size_t)nunits, sizeof *units);
+    if (!units) {
+        exit_code = cmd_failf(CMD, "out of memory");
+        goto done;
+    }
+    for (int t = 0; t < ntraces; t++)
+        for (int h = 0; h < nhw; h++) {
+            sim_unit *u = &units[t * nhw + h];
+            u->trace = traces[t];
+            u->profile = o->profiles.n ? o->profiles.items[h] : NULL;
+            u->hardware = !o->profiles.n && o->n_hardware ? o->hardware_list[h] : NULL;
+            u->hw_key = u->profile ? u->profile : u->hardware ? u->hardware : DEFAULT_HARDWARE;
+            u->store = o->store; /* the settings; prepare loads the store for the trace */
+            if ((exit_code = prepare_unit(o, u, &cells, &n, &cap)) != 0) goto done;
+        }
+    res = calloc(n ? n : 1, sizeof *res);
+    order = calloc(n ? n : 1, sizeof *order);
+    if (!res || !order) {
+        exit_code = cmd_failf(CMD, "out of memory");
+        goto done;
+    }
+    if (o->decision_log) { /* one cell, its decisions to the log */
         if (n != 1) {
             exit_code = cmd_usage_error(CMD, "--decision-log needs one policy, one cache size "
                                              "and one distance (%zu runs asked)", n);
@@ -1078,31 +1471,65 @@ int cmd_simulate(int argc, char **argv) {
         fmoe_decision_log *log = NULL;
         char meta[256];
         cmd_decision_log_meta(meta, sizeof meta, cells[0].policy, cells[0].cache_experts,
-                              cells[0].prefetch_distance, o.copy_chunks);
-        if ((rc = fmoe_decision_log_open(&log, o.decision_log, "simulate", meta)) < 0) goto fail;
+                              cells[0].prefetch_distance, o->copy_chunks);
+        if ((rc = fmoe_decision_log_open(&log, o->decision_log, "simulate", meta)) < 0) goto fail;
         cells[0].decision = fmoe_decision_log_write;
         cells[0].decision_ctx = log;
-        rc = fmoe_sim_run(&w, &cells[0], &res[0]);
+        rc = fmoe_sim_run(&units[0].w, &cells[0], &res[0]);
         const int rc2 = fmoe_decision_log_close(log, rc == 0);
         if (rc == 0) rc = rc2;
         if (rc < 0) goto fail;
+    } else if (o->sweep_out || world->size > 1) {
+        if ((exit_code = run_job(o, world, units, nunits, cells, n, res)) != 0) goto done;
     } else {
-        cmd_progress_bar bar;
-        cmd_progress_bar_init(&bar, "simulating", o.quiet);
-        fmoe_progress p = cmd_progress_bar_callback(&bar);
-        rc = fmoe_sim_sweep(&w, cells, n, o.threads, res, &p);
-        cmd_progress_bar_done(&bar);
-        if (rc < 0) goto fail;
+        for (int u = 0; u < nunits; u++) {
+            cmd_progress_bar bar;
+            cmd_progress_bar_init(&bar, "simulating", o->quiet);
+            fmoe_progress p = cmd_progress_bar_callback(&bar);
+            rc = fmoe_sim_sweep(&units[u].w, cells + units[u].cell0, units[u].ncells,
+                                o->threads, res + units[u].cell0, &p);
+            cmd_progress_bar_done(&bar);
+            if (rc < 0) goto fail;
+        }
     }
-    if (o.csv) {
-        exit_code = write_csv(o.csv, res, n);
+    if (world->rank != 0) goto done; /* rank 0 prints the one result */
+    if (o->csv) {
+        const char **prefix = NULL;
+        if (nunits > 1 && !(prefix = calloc(2 * n, sizeof *prefix))) {
+            exit_code = cmd_failf(CMD, "out of memory");
+            goto done;
+        }
+        for (int u = 0; prefix && u < nunits; u++)
+            for (size_t i = units[u].cell0; i < units[u].cell0 + units[u].ncells; i++) {
+                prefix[2 * i] = units[u].trace;
+                prefix[2 * i + 1] = units[u].hw_key;
+            }
+        exit_code = write_csv(o->csv, res, n, prefix);
+        free(prefix);
         if (exit_code) goto done;
     }
-    if (o.plot && (rc = write_plot(o.plot, o.trace, res, n)) < 0) goto fail;
-    if (o.json)
-        exit_code = print_json(&o, &hw, expert_bytes, &w, res, n);
-    else if (!o.csv || strcmp(o.csv, "-") != 0)
-        print_table(&o, &hw, expert_bytes, &w, res, n, order);
+    if (o->plot && (rc = write_plot(o->plot, units[0].trace, res, n)) < 0) goto fail;
+    if (o->json) {
+        /* one unit: its document, as ever; several: {"sweeps": [one per unit]} */
+        cJSON *all = nunits > 1 ? cJSON_CreateObject() : NULL;
+        cJSON *list = all ? cJSON_AddArrayToObject(all, "sweeps") : NULL;
+        cJSON *doc = NULL;
+        for (int u = 0; u < nunits; u++) {
+            const sim_unit *x = &units[u];
+            const options uo = unit_options(o, x);
+            doc = unit_json(&uo, &x->hw, x->expert_bytes, &x->w, res + x->cell0, x->ncells);
+            if (list) cJSON_AddItemToArray(list, doc);
+        }
+        if (cmd_print_json(all ? all : doc) != 0) exit_code = cmd_failf(CMD, "out of memory");
+    } else if (!o->csv || strcmp(o->csv, "-") != 0) {
+        for (int u = 0; u < nunits; u++) {
+            const sim_unit *x = &units[u];
+            const options uo = unit_options(o, x);
+            if (u) printf("\n");
+            print_table(&uo, &x->hw, x->expert_bytes, &x->w, res + x->cell0, x->ncells,
+                        order + x->cell0);
+        }
+    }
     goto done;
 fail:
     exit_code = cmd_fail(CMD, rc);
@@ -1112,10 +1539,26 @@ done:
     free(res);
     free(cells);
     free(order);
-    free(arrivals);
-    fmoe_sim_workload_free(&w);
-    fmoe_trace_reader_close(reader);
-    cmd_sim_store_free(&o.store);
-    for (int i = 0; i < MAX_PREDICTORS; i++) fmoe_predictor_free(predictors[i]);
+    for (int u = 0; units && u < nunits; u++) unit_free(&units[u]);
+    free(units);
+    for (int i = 0; i < ntraces; i++) free(traces[i]);
+    free(traces);
     return exit_code;
+}
+
+int cmd_simulate(int argc, char **argv) {
+    options o;
+    init(&o);
+    int rc = parse_options(argc, argv, &o);
+    if (rc != 0) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
+    cmd_mpi_world world;
+    if ((rc = cmd_mpi_start(CMD, &world)) != 0) return rc;
+    if (world.rank > 0) { /* rank 0 says what there is to say */
+        o.quiet = 1;
+        notes_off = 1;
+    }
+    rc = simulate(&o, &world);
+    fflush(stdout);
+    cmd_mpi_finish(&world, rc);
+    return rc;
 }

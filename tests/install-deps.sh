@@ -7,6 +7,7 @@ packages=(
   build-essential meson ninja-build pkg-config
   libhdf5-dev hdf5-tools libzstd-dev libopenblas-dev libcjson-dev libmicrohttpd-dev
   libpcre2-dev zstd
+  libopenmpi-dev openmpi-bin
   python3 python3-venv python3-pip
 )
 missing=()

@@ -1,0 +1,104 @@
+"""fmoe under mpirun (docs/scaling-out.md): `mpirun --oversubscribe -n 3` on this machine.
+
+- A sweep over 3 ranks (one thread each, so all three work) prints the single-process
+  result, cell for cell, as JSON and as CSV, with several traces and presets too.
+- A rank killed mid-sweep (FMOE_FAULT_RANK_KILL=2:1: rank 2 kills itself after its first
+  result, holding the next cell rank 0 gave it) is declared dead after --rank-timeout; rank
+  0 reports its cells missing and writes no result; --resume (over 3 ranks again)
+  completes the sweep to the single-process result.
+- `mpirun -n 3 fmoe record` writes OUT.rank-{0,1,2}.h5, rank r every 3rd request; merged,
+  they equal a single-process greedy recording of the same requests dataset for dataset
+  (the measured /timing aside), and build-store on the shards equals build-store on the
+  merged trace.
+
+Skipped when mpirun is missing or fmoe was built without MPI (it then refuses to run
+under mpirun, saying so). As root, Open MPI needs OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM).
+"""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import run_fmoe
+
+h5py = pytest.importorskip("h5py")
+import hdf5plugin  # noqa: F401,E402
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TINY = REPO / "datasets" / "fmoe-tiny"
+PROMPTS = REPO / "datasets" / "samples" / "prompts_100.txt"
+GRID = ["--policy", "lru,lfu,belady,fmoe,moe-infinity", "--cache-experts", "2,4,8,16",
+        "--prefetch-distance", "1,2", "--quiet"]
+
+
+def mpi_env():
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    return env
+
+
+def mpirun(fmoe_bin, *args, n=3, extra=(), env=None, check=True):
+    cmd = ["mpirun", "--oversubscribe", *extra, "-n", str(n), str(fmoe_bin), *map(str, args)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env or mpi_env(), timeout=300)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def mpi(fmoe_bin, tmp_path_factory):
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed (tests/install-deps.sh installs openmpi-bin)")
+    d = tmp_path_factory.mktemp("mpi")
+    lines = PROMPTS.read_text().splitlines()
+    (d / "p12.txt").write_text("\n".join(lines[:12]) + "\n")
+    (d / "q6.txt").write_text("\n".join(lines[40:46]) + "\n")
+    for name in ("p12", "q6"):
+        run_fmoe(fmoe_bin, "record", "--model", TINY, "--dataset", d / f"{name}.txt",
+                 "--max-new-tokens", "6", "--threads", "1", "--quiet", "-o", d / f"{name}.h5")
+    p = mpirun(fmoe_bin, "simulate", "--trace", d / "q6.h5", "--cache-experts", "2", "--quiet",
+               n=2, check=False)
+    if "built without MPI" in p.stderr:
+        pytest.skip("fmoe was built without MPI (meson -Dmpi=enabled with libopenmpi-dev)")
+    assert p.returncode == 0, p.stderr
+    return d
+
+
+def test_sweep_over_ranks_equals_one_process(fmoe, fmoe_bin, mpi):
+    t = mpi / "p12.h5"
+    one = fmoe("simulate", "--trace", t, *GRID, "--json").stdout
+    ranks = mpirun(fmoe_bin, "simulate", "--trace", t, *GRID, "--json", "--threads", "1").stdout
+    assert len(json.loads(one)["results"]) >= 25
+    assert ranks == one
+    csv1 = fmoe("simulate", "--trace", t, *GRID, "--csv", "-").stdout
+    csv3 = mpirun(fmoe_bin, "simulate", "--trace", t, *GRID, "--csv", "-", "--threads",
+                  "1").stdout
+    assert csv3 == csv1
+    many = ["--trace", t, "--trace", mpi / "q6.h5", "--hardware", "rtx3090-pcie4,h100-pcie5"]
+    assert (mpirun(fmoe_bin, "simulate", *many, *GRID, "--json", "--threads", "1").stdout ==
+            fmoe("simulate", *many, *GRID, "--json").stdout)
+
+
+def test_dead_rank_cells_missing_then_resumed(fmoe, fmoe_bin, mpi, tmp_path):
+    t = mpi / "p12.h5"
+    one = fmoe("simulate", "--trace", t, *GRID, "--json").stdout
+    n = len(json.loads(one)["results"])
+    out = tmp_path / "s.jsonl"
+    env = dict(mpi_env(), FMOE_FAULT_RANK_KILL="2:1")
+    p = mpirun(fmoe_bin, "simulate", "--trace", t, *GRID, "--json", "--threads", "1",
+               "--sweep-out", out, "--rank-timeout", "2",
+               extra=["--enable-recovery", "-x", "FMOE_FAULT_RANK_KILL"], env=env, check=False)
+    assert p.stdout == ""  # no half result
+    assert "cells missing: rank 2 stopped answering" in p.stderr, p.stderr
+    missing = int(p.stderr.split(" of ")[0].split()[-1])
+    assert missing >= 1
+    done = len(out.read_text().splitlines()) - 1
+    assert done == n - missing
+    p = mpirun(fmoe_bin, "simulate", "--trace", t, *GRID, "--json", "--threads", "1",
+               "--sweep-out", out, "--resume")
+    assert p.stdout == one
+    assert len(out.read_text().splitlines()) == 1 + n
