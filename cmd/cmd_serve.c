@@ -200,6 +200,7 @@ int cmd_serve(int argc, char **argv) {
     int off_open = 0;
     fmoe_trace_writer *trace = NULL;
     int32_t trace_speculative = 0;
+    int keep_outputs = 0; /* a failed run whose other outputs are whole */
     char name[256];
 
     if (!(metrics = serve_metrics_new())) {
@@ -272,7 +273,24 @@ int cmd_serve(int argc, char **argv) {
     serve_http_wait_idle(http, 5.0); /* cut streams still send their usage and [DONE] */
     serve_http_stop(http);
     http = NULL;
-    if (err < 0) goto fail;
+    if (err < 0) {
+        /* The trace failed while serving (the engine logged it then, and failed the
+         * requests it could not record). Everything written stays: the journal holds every
+         * request journalled before the failure, and a broken writer's close keeps it and
+         * the .partial; the decision log and --store-out are closed as in a clean stop. */
+        rc = cmd_fail(CMD, err);
+        if (trace) {
+            err = fmoe_trace_writer_close(trace);
+            trace = NULL;
+            if (err < 0) cmd_fail(CMD, err);
+            fprintf(stderr, "fmoe serve: the requests answered before the failure are in "
+                            "%s.partial.journal: 'fmoe trace recover %s.partial' rebuilds the "
+                            "trace\n",
+                    a.trace_out, a.trace_out);
+        }
+        keep_outputs = 1;
+        goto done;
+    }
     if (trace) {
         err = fmoe_trace_writer_close(trace);
         trace = NULL;
@@ -288,7 +306,8 @@ done:
     serve_engine_stop(engine, 0);
     serve_http_stop(http);
     fmoe_trace_writer_abort(trace); /* failed: nothing half-written is left */
-    if (off_open && cmd_offload_close(CMD, &off, rc == CMD_EXIT_OK) != 0) rc = CMD_EXIT_FAILURE;
+    if (off_open && cmd_offload_close(CMD, &off, rc == CMD_EXIT_OK || keep_outputs) != 0)
+        rc = CMD_EXIT_FAILURE;
     if (rc == CMD_EXIT_OK && !a.quiet) fprintf(stderr, "fmoe serve: stopped\n");
     serve_metrics_free(metrics);
     fmoe_tokenizer_free(tok);

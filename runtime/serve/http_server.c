@@ -175,6 +175,8 @@ static enum MHD_Result get_health(serve_http *h, struct MHD_Connection *c) {
     int stopping = atomic_load(&h->quiesced) || atomic_load(&h->stopping);
     serve_engine_gauges g = {0};
     if (e && !stopping) serve_engine_get_gauges(e, &g);
+    if (e && !stopping && g.trace_error) /* serving nothing it cannot record: out of rotation */
+        return reply_json(h, c, 503, serve_api_render_health("degraded", g.trace_error));
     if (e && !stopping && g.ready) return reply_json(h, c, 200, dup_str("{\"status\":\"ok\"}"));
     return reply_json(h, c, 503, dup_str(stopping ? "{\"status\":\"stopping\"}"
                                                   : "{\"status\":\"loading\"}"));
@@ -307,7 +309,9 @@ static int stream_next(stream *s) {
 
     s->finished = 1;
     if (st.finished == SERVE_FINISH_ERROR) {
-        rc = pend_event(s, serve_api_render_error("server_error", st.error, NULL, NULL));
+        rc = pend_event(s, serve_api_render_error("server_error", st.error, NULL,
+                                                  st.http_status == 507 ? "trace_write_failed"
+                                                                        : NULL));
     } else {
         rc = pend_event(s, serve_api_render_chunk(&s->meta, 0, "", 0,
                                                   serve_api_finish_reason(st.finished),
@@ -426,7 +430,8 @@ static enum MHD_Result wait_and_reply(serve_http *h, struct MHD_Connection *c, s
     }
     enum MHD_Result ok;
     if (st.finished == SERVE_FINISH_ERROR)
-        ok = reply_error(h, c, 500, "server_error", NULL, NULL,
+        ok = reply_error(h, c, st.http_status ? st.http_status : 500, "server_error", NULL,
+                         st.http_status == 507 ? "trace_write_failed" : NULL,
                          st.error[0] ? st.error : "generation failed");
     else
         ok = reply_json(h, c, 200, serve_api_render_response(meta, text, len, &st));

@@ -693,6 +693,15 @@ char *serve_api_render_error(const char *type, const char *message, const char *
     return finish_json(o);
 }
 
+char *serve_api_render_health(const char *status, const char *why) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o || put_str(o, "status", status) || put_str(o, "error", why)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return finish_json(o);
+}
+
 char *serve_api_render_models(const serve_engine_info *info) {
     cJSON *o = cJSON_CreateObject(), *data = cJSON_CreateArray(), *m = cJSON_CreateObject();
     if (!o || put_str(o, "object", "list") || put(o, "data", data)) {

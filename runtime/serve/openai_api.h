@@ -114,6 +114,9 @@ char *serve_api_render_usage_chunk(const serve_api_meta *m, const serve_job_stat
 char *serve_api_render_error(const char *type, const char *message, const char *param,
                              const char *code);
 
+/* GET /health when it is not plainly ok: {"status": STATUS, "error": WHY}. */
+char *serve_api_render_health(const char *status, const char *why);
+
 /* GET /v1/models: one model, with fmoe's max_context and parallel. */
 char *serve_api_render_models(const serve_engine_info *info);
 

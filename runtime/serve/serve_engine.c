@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "fmoe/error.h"
+#include "fmoe/log.h"
 #include "fmoe/safetensors.h"
 #include "fmoe/sampler.h"
 #include "serve_metrics.h"
@@ -196,6 +197,10 @@ struct serve_engine {
     int64_t admitted;
     int64_t passes;            /* batched forward passes run */
     serve_trace_queue *tq;     /* trace_out's writer thread, or NULL */
+    /* The trace could not be written (a full disk): set once, by the trace queue's thread,
+     * after trace_error; from then on no request is answered that the trace lacks. */
+    atomic_int trace_failed;
+    char trace_error[384];
 
     pthread_mutex_t mu;        /* the queue, the flags below, the gauges */
     pthread_cond_t cv;
@@ -209,11 +214,13 @@ struct serve_engine {
     uint64_t seed_counter;
 };
 
-static void job_finish(serve_engine *e, serve_job *j, int32_t finish, const char *error) {
+static void job_finish_status(serve_engine *e, serve_job *j, int32_t finish, const char *error,
+                              int32_t http_status) {
     const double t = now_s();
     pthread_mutex_lock(&j->mu);
     if (j->st.finished == SERVE_RUNNING) {
         j->st.finished = finish;
+        j->st.http_status = http_status;
         if (error) snprintf(j->st.error, sizeof j->st.error, "%s", error);
         if (finish != SERVE_FINISH_ERROR) j->visible = j->text_len;
     }
@@ -223,6 +230,10 @@ static void job_finish(serve_engine *e, serve_job *j, int32_t finish, const char
         serve_metrics_observe_e2e(e->o.metrics, t - j->t_submit);
         serve_metrics_request_done(e->o.metrics, finish);
     }
+}
+
+static void job_finish(serve_engine *e, serve_job *j, int32_t finish, const char *error) {
+    job_finish_status(e, j, finish, error, 0);
 }
 
 static void seq_clear(serve_engine *e, seq *s) {
@@ -283,13 +294,35 @@ typedef struct traced {
     int32_t finish;
 } traced;
 
-/* The trace queue's report (its thread): the request is written (or the trace failed); now
- * its client may hear that it finished. */
+/* The trace queue's report (its thread): the request is written, and its client may hear
+ * that it finished; or it could not be written, and the request fails with 507, because
+ * a request is answered only once it is in the trace (docs/serving.md). The first failure
+ * is logged at once and turns the server degraded (/health 503, new requests refused with
+ * 503): the writer accepts nothing after a failed append (fmoe/trace.h). */
 static void on_traced(void *ctx, void *tag, int rc) {
     (void)ctx;
-    (void)rc; /* a failed trace is the shutdown's error; the request itself is fine */
     traced *t = tag;
-    if (t->finish) job_finish(t->e, t->job, t->finish, NULL);
+    serve_engine *e = t->e;
+    if (rc < 0) {
+        if (!atomic_load(&e->trace_failed)) {
+            snprintf(e->trace_error, sizeof e->trace_error, "%s", fmoe_error_detail());
+            atomic_store(&e->trace_failed, 1);
+            fmoe_log(FMOE_LOG_ERROR,
+                     "serve: the trace cannot be written (%s): requests now fail (507, 503) "
+                     "and /health says degraded; the requests journalled before are kept",
+                     e->trace_error);
+        }
+        if (e->o.metrics) serve_metrics_trace_failure(e->o.metrics);
+        if (t->finish) {
+            char msg[sizeof ((serve_job_status *)0)->error];
+            snprintf(msg, sizeof msg, "the request could not be recorded in the trace "
+                                      "(--trace-out): %.190s",
+                     e->trace_error);
+            job_finish_status(e, t->job, SERVE_FINISH_ERROR, msg, 507);
+        }
+    } else if (t->finish) {
+        job_finish(e, t->job, t->finish, NULL);
+    }
     serve_job_release(t->job);
     free(t);
 }
@@ -840,6 +873,14 @@ serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
     j->t_submit = now_s();
 
     pthread_mutex_lock(&e->mu);
+    if (atomic_load(&e->trace_failed)) {
+        pthread_mutex_unlock(&e->mu);
+        job_free(j);
+        if (e->o.metrics) serve_metrics_trace_failure(e->o.metrics);
+        REFUSE(503, "the trace (--trace-out) cannot be written (%s): no request is answered "
+                    "that it cannot record",
+               e->trace_error);
+    }
     if (!e->accepting || e->waiting >= e->o.max_queue + (e->running < e->o.parallel
                                                             ? e->o.parallel - e->running
                                                             : 0)) {
@@ -879,6 +920,7 @@ void serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out) {
     out->waiting = e->waiting;
     out->ready = e->accepting;
     pthread_mutex_unlock(&e->mu);
+    out->trace_error = atomic_load(&e->trace_failed) ? e->trace_error : NULL;
 }
 
 void serve_engine_get_layers(serve_engine *e, serve_layer_counters *out) {

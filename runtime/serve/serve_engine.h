@@ -107,6 +107,8 @@ typedef struct serve_job_status {
     double predicted_ms;        /* first token -> last token */
     serve_job_cache cache;
     char error[256];            /* SERVE_FINISH_ERROR: the forward pass's error */
+    int32_t http_status;        /* SERVE_FINISH_ERROR: the HTTP status it maps to (0: 500;
+                                   507: the request could not be written to the trace) */
 } serve_job_status;
 
 /* Starts the scheduler thread. @return 0, FMOE_EINVAL (bad options), FMOE_ENOMEM (the
@@ -123,7 +125,7 @@ int serve_engine_stop(serve_engine *e, double grace_s);
 /* Queues a request of prompt ids[0..n). @return the job (two references: the caller's and
  * the engine's), or NULL with *http_status and a one-line message: 503 (queue full, or
  * shutting down), 400 (empty prompt, prompt + max_tokens beyond the context, an id outside
- * the vocabulary), 500 (out of memory). */
+ * the vocabulary), 500 (out of memory); 503 also once the trace could not be written. */
 serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
                                const serve_sampling *s, int *http_status, char *msg,
                                size_t cap);
@@ -159,6 +161,9 @@ typedef struct serve_engine_gauges {
     int32_t running;
     int32_t waiting;
     int32_t ready;              /* 0 while loading or stopping (/health: 503) */
+    const char *trace_error;    /* non-NULL once --trace-out could not be written: why
+                                   (the engine's string, valid while it runs; /health:
+                                   503 degraded) */
 } serve_engine_gauges;
 
 void serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out);

@@ -46,6 +46,7 @@ struct serve_metrics {
     int64_t prompt_tokens, generation_tokens;
     int64_t finished[SERVE_FINISH_ERROR + 1];         /* by serve_finish */
     int64_t http[MAX_CODE - MIN_CODE + 1];            /* by status code - MIN_CODE */
+    int64_t trace_failures;
     char *model_name;
 };
 
@@ -113,6 +114,13 @@ void serve_metrics_http_status(serve_metrics *m, int code) {
     if (!m || code < MIN_CODE || code > MAX_CODE) return;
     pthread_mutex_lock(&m->mu);
     m->http[code - MIN_CODE]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void serve_metrics_trace_failure(serve_metrics *m) {
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    m->trace_failures++;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -264,6 +272,10 @@ int serve_metrics_render(serve_metrics *m, const serve_engine_gauges *g,
             if (snap.http[c - MIN_CODE])
                 bprintf(&b, "fmoe_http_requests_total{code=\"%d\"} %lld\n", c,
                         (long long)snap.http[c - MIN_CODE]);
+        family(&b, "fmoe_trace_write_failures_total", "counter",
+               "Requests failed (507) or refused (503) because the trace (--trace-out) could "
+               "not record them.");
+        bprintf(&b, "fmoe_trace_write_failures_total %lld\n", (long long)snap.trace_failures);
         if (name) {
             size_t need = serve_metrics_escape_label(name, NULL, 0);
             char *esc = malloc(need + 1);

@@ -14,6 +14,8 @@
  *   fmoe_prompt_tokens_total, fmoe_generation_tokens_total   counters
  *   fmoe_requests_total{finish_reason="stop|length|cancelled|error"}  counter
  *   fmoe_http_requests_total{code="200|400|..."}                      counter
+ *   fmoe_trace_write_failures_total   counter  requests failed (507) or refused (503)
+ *                                     because --trace-out could not record them
  *   per layer {layer="l"}: fmoe_expert_cache_hits_total, fmoe_expert_cache_misses_total,
  *   fmoe_expert_cache_late_total, fmoe_expert_prefetch_issued_total,
  *   fmoe_expert_prefetch_useful_total, fmoe_expert_load_bytes_total,
@@ -43,6 +45,8 @@ void serve_metrics_add_tokens(serve_metrics *m, int64_t prompt, int64_t generate
 /* finish: serve_finish (SERVE_FINISH_STOP..ERROR) */
 void serve_metrics_request_done(serve_metrics *m, int32_t finish);
 void serve_metrics_http_status(serve_metrics *m, int code);
+/* One request that failed or was refused because the trace could not record it. */
+void serve_metrics_trace_failure(serve_metrics *m);
 
 /* Extensions (the HTTP side calls them): the model's name, rendered as
  * fmoe_model_info{model="NAME"} 1 (copied; NULL clears it). @return 0 or FMOE_ENOMEM. */

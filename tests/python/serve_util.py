@@ -10,14 +10,14 @@ from conftest import _build_dir
 
 
 class Server:
-    def __init__(self, tmp_path, *args):
+    def __init__(self, tmp_path, *args, preexec=None):
         self.port_file = tmp_path / f"port-{time.monotonic_ns()}"
         exe = _build_dir() / "cmd" / "fmoe"
         assert exe.exists(), f"{exe} not built"
         self.proc = subprocess.Popen(
             [str(exe), "serve", "--port", "0", "--port-file", str(self.port_file), "--quiet",
              *map(str, args)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -12,6 +12,7 @@ several sizes, so the failure lands in different places: creating the file, an a
 flush, the close.
 """
 import json
+import re
 import os
 import pathlib
 import resource
@@ -170,3 +171,83 @@ def test_no_space_left(fmoe_bin, inputs, small_fs, leave):
             check_failed(p, out, "No space left on device")
         shutil.rmtree(d)
     assert ran >= 3
+
+
+# ---------------------------------------------------------------------------------------
+# fmoe serve --trace-out: a request is answered only once it is in the trace
+# ---------------------------------------------------------------------------------------
+
+def serve_until_full(fmoe_bin, tmp_path, out, preexec, make_room=lambda: None):
+    """Serves greedy requests one at a time until one is not 200 (at most 60). Checks what a
+    full disk must do: that request fails with 507 (or 503) naming the trace, the error is
+    logged at once, /health says degraded, the next request is refused, the metric counts
+    them; at SIGTERM exit 1 with nothing removed, and once there is room again (make_room)
+    `fmoe trace recover` gives a trace of every request answered 200, and at most the one
+    that failed besides (its journal record was written; the HDF5 append after it was not).
+    Returns how many were answered."""
+    import select
+
+    import h5py
+    import hdf5plugin  # noqa: F401
+    from serve_util import Server
+
+    srv = Server(tmp_path, "--model", TINY, "--trace-out", out, preexec=preexec)
+    answered = []
+    try:
+        for i in range(60):
+            st, _, body = srv.post("/v1/completions", {"model": "m", "prompt": f"request {i}",
+                                                       "max_tokens": 8, "temperature": 0})
+            if st != 200:
+                break
+            answered.append(i)
+        else:
+            pytest.fail("the trace never filled the disk")
+        assert st in (503, 507), (st, body)
+        err = json.loads(body)["error"]
+        assert err["code"] == "trace_write_failed" and out.name in err["message"], err
+        # logged at once, not at shutdown
+        fd = srv.proc.stderr.fileno()
+        os.set_blocking(fd, False)
+        logged = b""
+        for _ in range(40):
+            if b"trace cannot be written" in logged:
+                break
+            select.select([fd], [], [], 0.05)
+            logged += os.read(fd, 65536) if select.select([fd], [], [], 0)[0] else b""
+        assert b"trace cannot be written" in logged, logged
+        st, _, body = srv.request("GET", "/health")
+        assert st == 503 and json.loads(body)["status"] == "degraded", body
+        st, _, body = srv.post("/v1/completions", {"model": "m", "prompt": "after",
+                                                   "max_tokens": 4})
+        assert st == 503 and "trace" in json.loads(body)["error"]["message"], body
+        failures = re.search(r"^fmoe_trace_write_failures_total (\d+)$", srv.metrics_text(),
+                             re.M)
+        assert failures and int(failures.group(1)) >= 2, srv.metrics_text()
+    finally:
+        os.set_blocking(srv.proc.stderr.fileno(), True)
+        rc, stderr = srv.stop()
+    assert rc == 1, stderr
+    assert "fmoe trace recover" in stderr, stderr
+    journal = out.parent / f"{out.name}.partial.journal"
+    assert journal.exists(), sorted(p.name for p in out.parent.iterdir())
+    make_room()
+    p = subprocess.run([str(fmoe_bin), "trace", "recover", f"{out}.partial", "--json"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    with h5py.File(out, "r") as f:
+        assert f["requests/id"].shape[0] in (len(answered), len(answered) + 1)
+        assert list(f["requests/id"][:len(answered)]) == answered  # admission order
+    return len(answered)
+
+
+@pytest.mark.parametrize("limit", [48 << 10, 160 << 10])
+def test_serve_trace_out_file_size_limit(fmoe_bin, tmp_path, limit):
+    assert serve_until_full(fmoe_bin, tmp_path, tmp_path / "served.h5",
+                            limit_file_size(limit)) >= 1
+
+
+def test_serve_trace_out_no_space_left(fmoe_bin, small_fs):
+    d = small_fs / "serve"
+    d.mkdir()
+    fill(d, 96 << 10)
+    serve_until_full(fmoe_bin, d, d / "served.h5", None, (d / "filler").unlink)
