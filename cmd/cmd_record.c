@@ -24,6 +24,15 @@
  * counted (a summary line says how many). Each request's sampler is seeded with
  * seed + dataset index, so a request's tokens do not depend on which others ran.
  *
+ * Under mpirun/srun (a build with MPI; docs/scaling-out.md) rank r of R records every R-th
+ * request into its own shard OUT.rank-r.h5 (TRACE.h5 -> TRACE.rank-r.h5), each as
+ * kill-safe as a whole recording. Every rank tokenizes every prompt, so all agree on which
+ * prompts are recorded: the q-th recordable prompt (the q-th request of a single process)
+ * goes to rank q mod R, with the arrival time a single process gives it, and
+ * `fmoe trace merge` joins the shards into the single process's trace. With a GPU backend
+ * rank r uses device r mod count (of its node: CUDA_VISIBLE_DEVICES is narrowed before the
+ * backend loads).
+ *
  * Stopping early. The writer journals every request before its append returns, so a kill
  * at any instant (SIGKILL too) loses nothing finished: `fmoe trace recover TRACE.h5.partial`
  * rebuilds the trace. SIGINT, SIGTERM and SIGHUP stop the run at the next token, leave
@@ -39,6 +48,7 @@
 
 #include "backend_cli.h"
 #include "cmd_common.h"
+#include "sweep.h" /* the MPI world */
 #include "fmoe/datasets.h"
 #include "fmoe/error.h"
 #include "fmoe/geometry.h"
@@ -301,8 +311,55 @@ static int catch_stop_signals(void) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Recording in shards (mpirun)
+ * ------------------------------------------------------------------------------------- */
+
+/* The shard of rank r: TRACE.h5 -> TRACE.rank-r.h5 (other names get .rank-r.h5 added). */
+static void shard_path(const char *output, int rank, char *buf, size_t cap) {
+    const size_t n = strlen(output);
+    if (n > 3 && strcmp(output + n - 3, ".h5") == 0)
+        snprintf(buf, cap, "%.*s.rank-%d.h5", (int)(n - 3), output, rank);
+    else
+        snprintf(buf, cap, "%s.rank-%d.h5", output, rank);
+}
+
+/* Rank r of an MPI run takes GPU (local rank) mod (devices of its node): CUDA_VISIBLE_DEVICES
+ * narrowed to that one before the CUDA module loads, so device 0 of the backend is it. The
+ * devices are those CUDA_VISIBLE_DEVICES lists, else the /dev/nvidiaN files. */
+static void pin_gpu(const cmd_mpi_world *w) {
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!local) local = getenv("SLURM_LOCALID");
+    if (!local) local = getenv("MPI_LOCALRANKID");
+    const int r = local ? atoi(local) : w->rank;
+    char list[1024] = "", pick[64] = "";
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    int count = 0;
+    if (visible && visible[0]) {
+        snprintf(list, sizeof list, "%s", visible);
+        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) count++;
+        if (count == 0) return;
+        snprintf(list, sizeof list, "%s", visible);
+        int k = 0;
+        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","), k++)
+            if (k == r % count) snprintf(pick, sizeof pick, "%s", tok);
+    } else {
+        char dev[32];
+        while (count < 256) {
+            snprintf(dev, sizeof dev, "/dev/nvidia%d", count);
+            if (access(dev, F_OK) != 0) break;
+            count++;
+        }
+        if (count == 0) return; /* no GPU here: the CPU backend, nothing to pin */
+        snprintf(pick, sizeof pick, "%d", r % count);
+    }
+    setenv("CUDA_VISIBLE_DEVICES", pick, 1);
+}
+
+/* ---------------------------------------------------------------------------------------
  * The command
  * ------------------------------------------------------------------------------------- */
+
+static int record(record_args *ap, const cmd_mpi_world *world);
 
 int cmd_record(int argc, char **argv) {
     record_args a;
@@ -310,6 +367,22 @@ int cmd_record(int argc, char **argv) {
     int prc = parse_args(argc, argv, &a);
     if (prc < 0) return CMD_EXIT_OK;
     if (prc > 0) return prc;
+    cmd_mpi_world world;
+    if ((prc = cmd_mpi_start(CMD, &world)) != 0) return prc;
+    prc = record(&a, &world);
+    cmd_mpi_finish(&world, prc);
+    return prc;
+}
+
+static int record(record_args *ap, const cmd_mpi_world *world) {
+    record_args a = *ap;
+    int prc = 0;
+    char shard[4096];
+    if (world->size > 1) { /* rank r: its shard, its GPU */
+        shard_path(a.output, world->rank, shard, sizeof shard);
+        a.output = shard;
+        pin_gpu(world);
+    }
     fmoe_backend_kind backend;
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
     a.off.backend = backend;
@@ -418,7 +491,12 @@ int cmd_record(int argc, char **argv) {
     fmoe_progress progress = cmd_progress_bar_callback(&bar);
     int64_t too_long = 0, total_tokens = 0, prefill_tokens = 0, decode_tokens = 0;
     double prefill_s = 0, decode_s = 0, started = cmd_now();
-    for (int64_t p = 0; p < prompts->count && recorded < wanted && !stop_signal; p++) {
+    /* q: recordable prompts so far, the request index a single process gives them; this
+     * rank records those with q mod size == rank (all of them in a single process) */
+    const int64_t R = world->size, me = world->rank;
+    const int64_t mine = wanted > me ? (wanted - me + R - 1) / R : 0;
+    int64_t q = 0;
+    for (int64_t p = 0; p < prompts->count && q < wanted && !stop_signal; p++) {
         const char *text = prompts->prompts[p];
         size_t len = strlen(text);
         if (a.chat) {
@@ -439,6 +517,8 @@ int cmd_record(int argc, char **argv) {
             too_long++;
             continue;
         }
+        const int64_t index = q++; /* the request's index in a single process's trace */
+        if (index % R != me) continue; /* another rank's */
         int64_t max_new = a.max_new_tokens;
         if ((int64_t)n + max_new > ctx_cap) max_new = ctx_cap - (int64_t)n;
         if ((err = buffers_reserve(&b, &d, (int64_t)n + max_new)) < 0) goto fail;
@@ -488,7 +568,7 @@ int cmd_record(int argc, char **argv) {
 
         fmoe_trace_request q = {
             .id = p,
-            .arrival_s = arrivals ? arrivals->arrival_s[recorded] : 0.0,
+            .arrival_s = arrivals ? arrivals->arrival_s[index] : 0.0,
             .prompt_tokens = (int32_t)n,
             .output_tokens = (int32_t)out,
             .token_id = b.token_id,
@@ -510,13 +590,13 @@ int cmd_record(int argc, char **argv) {
         recorded++;
         if (a.log_requests)
             fprintf(stderr, "fmoe record: request %lld recorded (%lld of %lld, %lld tokens)\n",
-                    (long long)p, (long long)recorded, (long long)wanted, (long long)n + out);
+                    (long long)p, (long long)recorded, (long long)mine, (long long)n + out);
         prefill_tokens += (int64_t)n;
         decode_tokens += out;
         total_tokens += (int64_t)n + out;
         double el = cmd_now() - started;
         snprintf(label, sizeof label, "record (%.0f tokens/s)", el > 0 ? total_tokens / el : 0.0);
-        fmoe_progress_report(&progress, recorded, wanted, "requests");
+        fmoe_progress_report(&progress, recorded, mine, "requests");
     }
     cmd_progress_bar_done(&bar);
     if (stop_signal) {
@@ -537,6 +617,17 @@ int cmd_record(int argc, char **argv) {
                     name, (long long)recorded, recorded == 1 ? "" : "s", a.output);
         }
         rc = 128 + sig;
+        goto done;
+    }
+    if (recorded == 0 && q > 0) { /* an MPI rank whose share is empty: more ranks than
+                                     requests; no shard, and that is no failure */
+        fmoe_trace_writer_abort(w);
+        w = NULL;
+        if (!a.quiet)
+            fprintf(stderr, "fmoe record: rank %d: none of the %lld requests is this rank's "
+                            "(%d ranks); no %s\n",
+                    world->rank, (long long)q, world->size, a.output);
+        rc = CMD_EXIT_OK;
         goto done;
     }
     if (recorded == 0) {

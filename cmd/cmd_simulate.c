@@ -1268,10 +1268,11 @@ static cmd_sweep_key cell_key(const sim_job *j, size_t i) {
 static char *run_cell(void *ctx, size_t i, int *rc) {
     const sim_job *j = ctx;
     fmoe_sim_result r;
+    const double t0 = cmd_now();
     *rc = fmoe_sim_run(&j->units[j->cell_unit[i]].w, &j->cells[i], &r);
     if (*rc < 0) return NULL;
     const cmd_sweep_key k = cell_key(j, i);
-    char *line = cmd_sweep_line(&k, &r);
+    char *line = cmd_sweep_line(&k, &r, cmd_now() - t0);
     fmoe_sim_result_free(&r);
     if (!line) *rc = fmoe_error_set(FMOE_ENOMEM, "the result line of a cell");
     return line;

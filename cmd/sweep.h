@@ -42,9 +42,10 @@ typedef struct cmd_sweep_key {
 /* The key as one string (fields separated by '\x1f'), into buf. @return buf. */
 const char *cmd_sweep_key_string(const cmd_sweep_key *k, char *buf, size_t cap);
 
-/* One JSON line (no newline) holding the key and every field of r. malloc'd; NULL when
- * out of memory. */
-char *cmd_sweep_line(const cmd_sweep_key *k, const fmoe_sim_result *r);
+/* One JSON line (no newline) holding the key, every field of r, and wall_s, the seconds the
+ * cell took where it ran (for the cost model of tests/bench/bench_mpi_sweep.py; not read
+ * back). malloc'd; NULL when out of memory. */
+char *cmd_sweep_line(const cmd_sweep_key *k, const fmoe_sim_result *r, double wall_s);
 
 /* Reads a line of cmd_sweep_line back: the key string into key[cap], the result into *r
  * (owned by the caller: fmoe_sim_result_free). @return 0, or -1 when the line is not a

@@ -3,7 +3,7 @@
  * `fmoe simulate --sweep-out` (contract in sweep.h).
  *
  * A line is {"cell": {trace, hardware, policy, cache_experts, prefetch_distance},
- * "result": {every field of fmoe_sim_result}}; per-layer and per-phase counters are arrays
+ * "result": {every field of fmoe_sim_result}, "wall_s": seconds}; per-layer and per-phase counters are arrays
  * in the order of LAYER_FIELDS. cJSON prints a double with 15 significant digits when
  * they read back the same value and 17 otherwise, so parse(print(x)) == x; an undefined
  * ratio (NAN) is null. Integers are exact below 2^53.
@@ -58,7 +58,7 @@ static cJSON *layer_json(const fmoe_sim_layer_stats *s) {
     return a;
 }
 
-char *cmd_sweep_line(const cmd_sweep_key *k, const fmoe_sim_result *r) {
+char *cmd_sweep_line(const cmd_sweep_key *k, const fmoe_sim_result *r, double wall_s) {
     cJSON *root = cJSON_CreateObject();
     cJSON *cell = cJSON_AddObjectToObject(root, "cell");
     cJSON_AddStringToObject(cell, "trace", k->trace);
@@ -90,6 +90,7 @@ char *cmd_sweep_line(const cmd_sweep_key *k, const fmoe_sim_result *r) {
     cJSON *layers = cJSON_AddArrayToObject(x, "per_layer");
     for (int32_t l = 0; l < r->num_layers; l++)
         cJSON_AddItemToArray(layers, layer_json(&r->per_layer[l]));
+    cJSON_AddNumberToObject(root, "wall_s", wall_s);
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return text;

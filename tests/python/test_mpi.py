@@ -102,3 +102,43 @@ def test_dead_rank_cells_missing_then_resumed(fmoe, fmoe_bin, mpi, tmp_path):
                "--sweep-out", out, "--resume")
     assert p.stdout == one
     assert len(out.read_text().splitlines()) == 1 + n
+
+
+def datasets(path):
+    out = {}
+    with h5py.File(path) as f:
+        f.visititems(lambda k, o: out.__setitem__(k, o[()]) if isinstance(o, h5py.Dataset)
+                     else None)
+    return out
+
+
+def test_record_shards_merge_to_one_recording(fmoe, fmoe_bin, mpi, tmp_path):
+    args = ["record", "--model", TINY, "--dataset", mpi / "p12.txt", "--max-new-tokens", "5",
+            "--temperature", "0", "--speculative", "1", "--threads", "1", "--quiet"]
+    fmoe(*args, "-o", tmp_path / "one.h5")
+    mpirun(fmoe_bin, *args, "-o", tmp_path / "run.h5")
+    shards = [tmp_path / f"run.rank-{r}.h5" for r in range(3)]
+    for r, s in enumerate(shards):
+        with h5py.File(s) as f:
+            assert list(f["requests/id"][()]) == list(range(r, 12, 3))
+    fmoe("trace", "merge", *shards, "-o", tmp_path / "merged.h5")
+    a, b = datasets(tmp_path / "one.h5"), datasets(tmp_path / "merged.h5")
+    assert sorted(a) == sorted(b)
+    for k in a:
+        if k.startswith("timing/"):
+            assert a[k].shape == b[k].shape, k  # measured: the same rows, other values
+            continue
+        if isinstance(a[k], np.ndarray):
+            assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+    # build-store on the shards = build-store on the merged trace
+    fmoe("build-store", *sum((["--trace", s] for s in shards), []), "-o", tmp_path / "s3.h5",
+         "--quiet")
+    fmoe("build-store", "--trace", tmp_path / "merged.h5", "-o", tmp_path / "s1.h5", "--quiet")
+    s3, s1 = datasets(tmp_path / "s3.h5"), datasets(tmp_path / "s1.h5")
+    # the entries; the source lists name the files each was built from
+    entries = [k for k in s1 if not k.startswith(("requests/", "sources/"))]
+    assert "maps" in entries
+    for k in entries:
+        assert np.array_equal(s1[k], s3[k]), k
