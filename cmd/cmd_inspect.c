@@ -1,7 +1,7 @@
 /*
  * cmd_inspect.c - `fmoe inspect FILE [--json]`: summarise any fmoe file.
  *
- * For a trace: model and geometry, requests, tokens by phase, probabilities kind,
+ * A GGUF file goes to cmd/inspect_gguf.c. For a trace: model and geometry, requests, tokens by phase, probabilities kind,
  * per-layer expert popularity, and the predictability analysis of the fMoE paper
  * ("fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving") §2.4
  * (Fig. 3b/3c): mean Shannon entropy per layer of expert activations at request level
@@ -51,7 +51,9 @@ const cmd_spec cmd_inspect_spec = {
         "activations aggregated per request (coarse) versus per iteration (fine).\n"
         "For a store: capacity, fill, source traces, split, and the distribution of\n"
         "nearest-neighbour similarity between entries. For a learned predictor (fmoe\n"
-        "train-predictor): its kind, model, shapes and validation accuracy per layer.\n",
+        "train-predictor): its kind, model, shapes and validation accuracy per layer.\n"
+        "For a GGUF file: architecture, geometry, fingerprint, tensor types and the\n"
+        "routed experts' types (docs/quantization.md).\n",
     .options = inspect_options,
     .max_positional = -1, /* exactly one FILE, checked below with its own message */
     .size = sizeof(inspect_opts),
@@ -399,6 +401,7 @@ int cmd_inspect(int argc, char **argv) {
     }
     if (npos != 1) return cmd_usage_error(CMD, "expected exactly one FILE");
     const char *path = argv[1];
+    if (cmd_is_gguf(path)) return cmd_inspect_gguf(path, json);
     char format[64];
     int rc = fmoe_hdf5_read_format(path, format, sizeof format);
     if (rc < 0) return cmd_fail(CMD, rc);

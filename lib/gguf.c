@@ -13,13 +13,15 @@
  * the key or tensor and the byte offset):
  *   1. the magic; version 2 or 3 (1 had 32-bit counts and is long obsolete; a version that
  *      reads as a byte-swapped small number is a big-endian file, refused as such);
- *   2. per key: length 1..65535 without NUL bytes, a known value type, strings and arrays
- *      inside the file (element count × element size, or per string its length), no
- *      arrays of arrays (llama.cpp's reader has none either), no key twice;
+ *   2. per key: length 1..65535 without control characters, a known value type,
+ *      strings and arrays inside the file (element count × element size, or per string
+ *      its length), no arrays of arrays (llama.cpp's reader has none either), no key
+ *      twice;
  *   3. general.alignment, when present, a UINT32 power of two;
- *   4. per tensor: name 1..63 bytes, 1..4 dims, each extent >= 0 and the element count
- *      without overflow, a type ggml defines, a row length that is a whole number of
- *      blocks, an offset that is a multiple of the alignment, data inside the file;
+ *   4. per tensor: name 1..63 bytes without control characters, 1..4 dims, each extent
+ *      >= 0 and the element count without overflow, a type ggml defines, a row length
+ *      that is a whole number of blocks, an offset that is a multiple of the alignment,
+ *      data inside the file;
  *   5. no two tensors share bytes, no name twice.
  */
 #include "fmoe/gguf.h"
@@ -146,6 +148,14 @@ const char *fmoe_gguf_value_type_name(uint32_t t) {
 /* Parsing                                                                            */
 /* ---------------------------------------------------------------------------------- */
 
+/* Keys and tensor names end up in error lines and on terminals: no control characters
+ * (a newline would split the one-line error; an escape sequence would reach the terminal). */
+static int has_control(const fmoe_gguf_str *s) {
+    for (uint64_t i = 0; i < s->len; i++)
+        if ((unsigned char)s->ptr[i] < 0x20 || (unsigned char)s->ptr[i] == 0x7f) return 1;
+    return 0;
+}
+
 static char *copy_name(const fmoe_gguf_str *s) {
     char *n = malloc(s->len + 1);
     if (!n) return NULL;
@@ -201,8 +211,8 @@ static int parse_kv(fmoe_gguf *g, cursor *c, int64_t i, int64_t *strs_cap, int64
                          "%s: offset %llu: key %lld has length %llu (1..%u allowed)", c->name,
                          (unsigned long long)kv->offset, (long long)i,
                          (unsigned long long)key.len, MAX_KEY_LEN);
-    FMOE_RETURN_ERROR_IF(memchr(key.ptr, '\0', key.len) != NULL, FMOE_EFORMAT,
-                         "%s: offset %llu: key %lld holds a NUL byte", c->name,
+    FMOE_RETURN_ERROR_IF(has_control(&key), FMOE_EFORMAT,
+                         "%s: offset %llu: key %lld holds a control character", c->name,
                          (unsigned long long)kv->offset, (long long)i);
     kv->key = copy_name(&key);
     FMOE_RETURN_ERROR_IF(!kv->key, FMOE_ENOMEM, "%s: out of memory", c->name);
@@ -261,11 +271,10 @@ static int parse_tensor(fmoe_gguf *g, cursor *c, int64_t i) {
     const uint64_t at = c->pos;
     fmoe_gguf_str name;
     FMOE_FORWARD_IF_ERROR(read_str(c, &name, "a tensor name"));
-    FMOE_RETURN_ERROR_IF(name.len == 0 || name.len > FMOE_GGUF_MAX_NAME ||
-                             memchr(name.ptr, '\0', name.len) != NULL,
+    FMOE_RETURN_ERROR_IF(name.len == 0 || name.len > FMOE_GGUF_MAX_NAME || has_control(&name),
                          FMOE_EFORMAT,
                          "%s: offset %llu: tensor %lld has a name of %llu bytes (1..%d without "
-                         "NUL allowed)",
+                         "control characters allowed)",
                          c->name, (unsigned long long)at, (long long)i,
                          (unsigned long long)name.len, FMOE_GGUF_MAX_NAME);
     t->name = copy_name(&name);
@@ -304,7 +313,10 @@ static int parse_tensor(fmoe_gguf *g, cursor *c, int64_t i) {
                          fmoe_ggml_type_name(t->type), bs);
     /* bytes = numel / bs * ts; numel / bs fits, and the product is checked. */
     const uint64_t blocks = (uint64_t)t->numel / (uint64_t)bs;
-    FMOE_RETURN_ERROR_IF(blocks > (uint64_t)INT64_MAX / (uint64_t)ts, FMOE_EFORMAT,
+    /* The row alone can be too large when another extent is 0 and numel with it. */
+    FMOE_RETURN_ERROR_IF(blocks > (uint64_t)INT64_MAX / (uint64_t)ts ||
+                             (uint64_t)(t->ne[0] / bs) > (uint64_t)INT64_MAX / (uint64_t)ts,
+                         FMOE_EFORMAT,
                          "%s: offset %llu: tensor %s is too large", c->name,
                          (unsigned long long)at, t->name);
     t->nbytes = (int64_t)(blocks * (uint64_t)ts);
@@ -578,6 +590,7 @@ const fmoe_gguf_tensor *fmoe_gguf_find_tensor(const fmoe_gguf *g, const char *na
 
 /* Element i of a fixed-size value as int64 (integers and bool) or double. */
 static int elem_int(const fmoe_gguf_kv *kv, uint64_t i, int64_t *out) {
+    if (!kv->data || i >= kv->count) return -1; /* strings (and empty arrays) have no data */
     const uint8_t *p = (const uint8_t *)kv->data + i * (uint64_t)value_size(kv->elem);
     switch (kv->elem) {
     case FMOE_GGUF_UINT8: *out = p[0]; return 0;
@@ -600,8 +613,8 @@ static int elem_int(const fmoe_gguf_kv *kv, uint64_t i, int64_t *out) {
 }
 
 double fmoe_gguf_kv_number(const fmoe_gguf_kv *kv, uint64_t i) {
-    if (i >= kv->count) return 0;
-    const uint8_t *p = (const uint8_t *)kv->data + i * (uint64_t)(value_size(kv->elem) > 0 ? value_size(kv->elem) : 0);
+    if (i >= kv->count || !kv->data) return 0;
+    const uint8_t *p = (const uint8_t *)kv->data + i * (uint64_t)value_size(kv->elem);
     if (kv->elem == FMOE_GGUF_FLOAT32) { float v; memcpy(&v, p, 4); return v; }
     if (kv->elem == FMOE_GGUF_FLOAT64) { double v; memcpy(&v, p, 8); return v; }
     if (kv->elem == FMOE_GGUF_UINT64) { uint64_t v; memcpy(&v, p, 8); return (double)v; }

@@ -266,6 +266,9 @@ TEST(bad_keys_and_types) {
     u32(&b, FMOE_GGUF_UINT32);
     u32(&b, 0);
     expect_fail(harness_failed, &b, FMOE_EFORMAT, "key 0 has length 0");
+    header(&b, 3, 0, 1);
+    kv_u32(&b, "a\nb", 1); /* would split the one-line error */
+    expect_fail(harness_failed, &b, FMOE_EFORMAT, "offset 24: key 0 holds a control character");
     header(&b, 3, 0, 2);
     kv_u32(&b, "k", 1);
     kv_u32(&b, "k", 2);

@@ -237,3 +237,40 @@ def test_bad_input_one_line_nothing_left(fmoe_bin, models, tmp_path):
     assert p.returncode == 1
     assert p.stderr.strip() == f"fmoe quantize: {broken}: missing tensor model.layers.1.mlp.experts.3.up_proj.weight"
     assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
+
+
+def inspect_json(fmoe_bin, path):
+    return json.loads(run_fmoe(fmoe_bin, "inspect", path, "--json").stdout)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_inspect_geometry_from_gguf(fmoe_bin, models, tmp_path, family):
+    """fmoe inspect FILE.gguf: the geometry of the checkpoint, from fmoe.hf_config, and the
+    same geometry from llama.cpp's metadata keys alone (the key renamed away, as in a file
+    llama.cpp's converter made)."""
+    d = models(family)
+    cfg = json.loads((d / "config.json").read_text())
+    out = tmp_path / "m.gguf"
+    run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", d, "-o", out, "--quiet")
+    got = inspect_json(fmoe_bin, out)
+    m = got["model"]
+    assert got["architecture"] == ARCH[family] and m["config"] == "fmoe.hf_config"
+    J = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+    assert (m["layers"], m["experts"], m["top_k"], m["hidden_size"]) == \
+        (cfg["num_hidden_layers"], J, cfg["num_experts_per_tok"], cfg["hidden_size"])
+    assert set(m["expert_types"]) == {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}
+    if family == "deepseek":  # its config.json has no nested objects: Python's canonical form is cJSON's
+        import hashlib
+        canon = json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
+        assert m["fingerprint"] == hashlib.sha256(canon).hexdigest()
+    raw = bytearray(out.read_bytes())
+    at = raw.find(b"fmoe.hf_config")
+    raw[at:at + 14] = b"fmoe.hf_confiX"
+    bare = tmp_path / "bare.gguf"
+    bare.write_bytes(bytes(raw))
+    built = inspect_json(fmoe_bin, bare)["model"]
+    assert built["config"] == "built from GGUF metadata"
+    for k in ("model_type", "layers", "moe_layers", "experts", "top_k", "shared_experts",
+              "hidden_size", "moe_intermediate_size"):
+        assert built[k] == m[k], (k, built[k], m[k])
+    assert built["fingerprint"] != m["fingerprint"]

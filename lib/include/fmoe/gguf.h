@@ -139,6 +139,19 @@ double fmoe_gguf_kv_number(const fmoe_gguf_kv *kv, uint64_t i);
 int fmoe_gguf_get_tensor(const fmoe_gguf *g, const char *name, int32_t ndim, const int64_t *ne,
                          const fmoe_gguf_tensor **out);
 
+/*
+ * The HuggingFace config.json the file stands for, for fmoe_geometry_parse and
+ * fmoe_config_fingerprint (lib/gguf_config.c): the key fmoe.hf_config verbatim when the
+ * file has it (fmoe quantize writes it; *exact = 1: geometry and fingerprint are the
+ * checkpoint's), else one built from llama.cpp's metadata keys for the architectures
+ * llama (Mixtral), qwen2moe, qwen3moe, olmoe and deepseek (*exact = 0: the same geometry,
+ * but the fingerprint is the built config's, not the original checkpoint's).
+ * @return 0 and *json (malloc'd, NUL-terminated; the caller frees it), FMOE_EUNSUPPORTED
+ *         (another architecture, named), FMOE_ENOTFOUND / FMOE_EFORMAT (a key the
+ *         architecture needs is missing or of the wrong type), FMOE_ENOMEM.
+ */
+int fmoe_gguf_config_json(const fmoe_gguf *g, char **json, int *exact);
+
 /* "UINT8", ..., "FLOAT64"; "?" for other numbers. */
 const char *fmoe_gguf_value_type_name(uint32_t type);
 

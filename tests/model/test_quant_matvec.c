@@ -1,0 +1,62 @@
+/*
+ * test_quant_matvec.c - runtime/cpu/quant_matvec.c: quantized matrix times vectors over the
+ * thread pool equals the same product on one thread bit for bit (each output is one row's
+ * dot on one thread), and matches the plain-C reference dot within the bound of
+ * tests/lib/test_quant.c.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/half.h"
+#include "fmoe/quant.h"
+#include "harness.h"
+#include "quant_matvec.h"
+#include "threadpool.h"
+
+static uint64_t state = 12345;
+static float rndf(void) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((state >> 40) % 2000001) / 1000000.f - 1.f;
+}
+
+TEST(pool_equals_one_thread_and_reference) {
+    const uint32_t types[] = {FMOE_GGML_BF16, FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
+                              FMOE_GGML_Q6_K};
+    const int64_t rows = 203, cols = 512; /* rows: not a multiple of the chunk */
+    const int32_t nx = 3;
+    fmoe__pool *pool;
+    ASSERT_OK(fmoe__pool_init(3, &pool));
+    float *w = malloc((size_t)(rows * cols) * sizeof *w);
+    float *x = malloc((size_t)(nx * cols) * sizeof *x);
+    float *y1 = malloc((size_t)(nx * rows) * sizeof *y1), *y3 = malloc((size_t)(nx * rows) * sizeof *y3);
+    uint8_t *q = malloc((size_t)(rows * cols * 2));
+    for (int64_t i = 0; i < rows * cols; i++) w[i] = rndf() * 0.1f;
+    for (int64_t i = 0; i < nx * cols; i++) x[i] = rndf();
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const uint32_t t = types[k];
+        const int64_t rb = fmoe_quant_row_bytes(t, cols);
+        for (int64_t r = 0; r < rows; r++) {
+            if (t == FMOE_GGML_BF16)
+                for (int64_t c = 0; c < cols; c++) {
+                    const uint16_t h = fmoe_float_to_bf16(w[r * cols + c]);
+                    memcpy(q + r * rb + 2 * c, &h, 2);
+                }
+            else
+                fmoe_quant_quantize_row(t, w + r * cols, q + r * rb, cols);
+        }
+        fmoe__quant_matvec(NULL, t, q, rows, cols, x, nx, cols, y1, rows);
+        fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, y3, rows);
+        ASSERT_TRUE(memcmp(y1, y3, (size_t)(nx * rows) * sizeof *y1) == 0);
+        for (int32_t i = 0; i < nx; i++)
+            for (int64_t r = 0; r < rows; r++) {
+                const float ref = fmoe_quant_dot_ref(t, q + r * rb, x + i * cols, cols);
+                ASSERT_NEAR(y3[i * rows + r], ref, 4 * 1.2e-7 * sqrt((double)cols) * cols * 0.1 + 1e-6);
+            }
+    }
+    free(w), free(x), free(y1), free(y3), free(q);
+    fmoe__pool_free(pool);
+}
+
+int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
