@@ -1330,7 +1330,7 @@ static int run_job(const options *o, const cmd_mpi_world *world, const sim_unit 
     cmd_sweep_outcome out = {0};
     if (!cell_unit || !keys || !skip) {
         exit_code = cmd_failf(CMD, "out of memory");
-        goto done;
+        goto agree;
     }
     for (int u = 0; u < nunits; u++)
         for (size_t i = units[u].cell0; i < units[u].cell0 + units[u].ncells; i++) cell_unit[i] = (size_t)u;
@@ -1341,18 +1341,24 @@ static int run_job(const options *o, const cmd_mpi_world *world, const sim_unit 
             const cmd_sweep_key k = cell_key(&j, i);
             if (!(keys[i] = strdup(cmd_sweep_key_string(&k, key, sizeof key)))) {
                 exit_code = cmd_failf(CMD, "out of memory");
-                goto done;
+                goto agree;
             }
         }
         char settings[8192];
         sweep_settings(o, settings, sizeof settings);
         exit_code = cmd_sweep_file_open(CMD, o->sweep_out, settings, o->resume, n, keys, results,
                                         skip, &resumed, &j.file);
-        if (exit_code) goto done;
+        if (exit_code) goto agree;
         if (o->resume && !o->quiet)
             fprintf(stderr, "fmoe simulate: %s holds %zu of the %zu cells; running %zu\n",
                     o->sweep_out, resumed, n, n - resumed);
     }
+agree:
+    if (world->size > 1) { /* the result file opened on rank 0, or all stop */
+        const int agreed = cmd_mpi_agree(world, exit_code);
+        if (!exit_code) exit_code = agreed;
+    }
+    if (exit_code) goto done;
     cmd_progress_bar bar;
     cmd_progress_bar_init(&bar, "simulating", o->quiet || world->rank != 0);
     line_progress lp = {0};
@@ -1413,12 +1419,12 @@ static int simulate(options *o, const cmd_mpi_world *world) {
                                          "(%d trace%s x %d hardware profile%s)",
                                     o->plot ? "--plot" : "--decision-log", nunits, ntraces,
                                     ntraces == 1 ? "" : "s", nhw, nhw == 1 ? "" : "s");
-        goto done;
+        goto prepared;
     }
     if (o->decision_log && (o->sweep_out || world->size > 1)) {
         exit_code = cmd_usage_error(CMD, "--decision-log runs one cell in one process: no "
                                          "--sweep-out, no mpirun");
-        goto done;
+        goto prepared;
     }
     {
         /* Every file written, against every file read. */
@@ -1426,7 +1432,7 @@ static int simulate(options *o, const cmd_mpi_world *world) {
         const char **inputs = calloc((size_t)ninputs, sizeof *inputs);
         if (!inputs) {
             exit_code = cmd_failf(CMD, "out of memory");
-            goto done;
+            goto prepared;
         }
         int k = 0;
         for (int i = 0; i < ntraces; i++) inputs[k++] = traces[i];
@@ -1440,12 +1446,12 @@ static int simulate(options *o, const cmd_mpi_world *world) {
         for (int i = 0; i < 4 && !exit_code; i++)
             exit_code = cmd_check_output(CMD, outputs[i], inputs, k);
         free(inputs);
-        if (exit_code) goto done;
+        if (exit_code) goto prepared;
     }
     units = calloc((size_t)nunits, sizeof *units);
     if (!units) {
         exit_code = cmd_failf(CMD, "out of memory");
-        goto done;
+        goto prepared;
     }
     for (int t = 0; t < ntraces; t++)
         for (int h = 0; h < nhw; h++) {
@@ -1455,14 +1461,25 @@ static int simulate(options *o, const cmd_mpi_world *world) {
             u->hardware = !o->profiles.n && o->n_hardware ? o->hardware_list[h] : NULL;
             u->hw_key = u->profile ? u->profile : u->hardware ? u->hardware : DEFAULT_HARDWARE;
             u->store = o->store; /* the settings; prepare loads the store for the trace */
-            if ((exit_code = prepare_unit(o, u, &cells, &n, &cap)) != 0) goto done;
+            if ((exit_code = prepare_unit(o, u, &cells, &n, &cap)) != 0) goto prepared;
         }
     res = calloc(n ? n : 1, sizeof *res);
     order = calloc(n ? n : 1, sizeof *order);
     if (!res || !order) {
         exit_code = cmd_failf(CMD, "out of memory");
-        goto done;
+        goto prepared;
     }
+prepared:
+    /* Every rank has read the same files: they all go on, or none (a rank left waiting for
+     * cells would wait for ever). */
+    if (world->size > 1) {
+        const int agreed = cmd_mpi_agree(world, exit_code);
+        if (agreed && !exit_code && world->rank == 0)
+            fprintf(stderr, "fmoe simulate: another rank failed before the sweep (its line "
+                            "above)\n");
+        if (!exit_code) exit_code = agreed;
+    }
+    if (exit_code) goto done;
     if (o->decision_log) { /* one cell, its decisions to the log */
         if (n != 1) {
             exit_code = cmd_usage_error(CMD, "--decision-log needs one policy, one cache size "

@@ -89,6 +89,10 @@ typedef struct cmd_mpi_world {
  * every rank would run the whole command. Prints one line on failure. @return 0 or 1. */
 int cmd_mpi_start(const char *cmd, cmd_mpi_world *w);
 
+/* Every rank's status before a collective step: the largest (0 when all are 0). All ranks
+ * must call it; without MPI it returns `status`. */
+int cmd_mpi_agree(const cmd_mpi_world *w, int status);
+
 /* The number of ranks a launcher (mpirun, srun) started this process among, from its
  * environment; 0 when it was not launched as one of several (sweep_run.c). */
 int cmd_mpi_launched_size(void);

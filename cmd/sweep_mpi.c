@@ -72,6 +72,13 @@ void cmd_mpi_finish(cmd_mpi_world *w, int status) {
     w->initialised = 0;
 }
 
+int cmd_mpi_agree(const cmd_mpi_world *w, int status) {
+    if (!w->initialised || w->size <= 1) return status;
+    int all = status;
+    MPI_Allreduce(&status, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return all;
+}
+
 /* ------------------------------------------------------------------ rank 0 */
 
 typedef struct peer {
