@@ -40,7 +40,7 @@ static const char *const CMD = "serve";
 
 typedef struct serve_args {
     const char *model, *host, *api_key, *port_file, *model_name, *trace_out, *backend;
-    int32_t port, parallel, max_queue, max_context, threads, timeout;
+    int32_t port, parallel, max_queue, max_context, threads, timeout, client_connections;
     int64_t max_body;
     double grace;
     int quiet;
@@ -85,8 +85,14 @@ static const cmd_option serve_options[] = {
      .help = "largest request body (larger: 413)", .default_text = "1048576",
      .offset = offsetof(serve_args, max_body), .min = 1024, .max = INT64_C(1) << 32},
     {.name = "timeout", .kind = CMD_OPT_INT32, .value_name = "S",
-     .help = "seconds an idle or slow connection is kept", .default_text = "30",
-     .offset = offsetof(serve_args, timeout), .min = 1, .max = 86400},
+     .help = "seconds a connection may stay idle, and in which it must send a whole "
+             "request (head and body), however slowly it trickles",
+     .default_text = "30", .offset = offsetof(serve_args, timeout), .min = 1, .max = 86400},
+    {.name = "client-connections", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "connections one client address may hold at once (more are closed at once); "
+             "0: no limit",
+     .default_text = "64", .offset = offsetof(serve_args, client_connections), .min = 0,
+     .max = 1 << 20},
     {.name = "grace", .kind = CMD_OPT_DOUBLE, .value_name = "S",
      .help = "on SIGINT/SIGTERM: seconds running requests may take to finish before they "
              "are cut",
@@ -110,6 +116,7 @@ static const cmd_option serve_options[] = {
 static void init(void *base) {
     *(serve_args *)base = (serve_args){.host = "127.0.0.1", .port = 8000, .parallel = 4,
                                        .max_queue = 64, .max_body = 1 << 20, .timeout = 30,
+                                       .client_connections = 64,
                                        .grace = 10};
     cmd_offload_args_init(&((serve_args *)base)->off);
 }
@@ -212,6 +219,7 @@ int cmd_serve(int argc, char **argv) {
     serve_http_options ho = {.host = a.host, .port = a.port, .api_key = a.api_key,
                              .max_body_bytes = (size_t)a.max_body,
                              .connection_timeout_s = (unsigned)a.timeout,
+                             .max_client_connections = (unsigned)a.client_connections,
                              .tokenizer = tok, .metrics = metrics};
     if ((err = serve_http_start(&ho, &http)) < 0) goto fail;
     const int port = serve_http_port(http);

@@ -2,11 +2,23 @@
  * http_server.c - libmicrohttpd glue of `fmoe serve`: listening, routing, auth, body
  * limits, and streaming a job's text as server-sent events.
  *
- * Threading: MHD runs one thread per connection, so a handler may block: a non-streamed
- * request waits for its job in the access handler, and a stream's content reader blocks in
- * serve_job_wait (short timeouts, in a loop, so that shutdown and idle keep-alives are
- * noticed). The engine pointer and the quiesce/stop flags are atomics read by those
- * threads.
+ * Threading: MHD's internal epoll loop on a small thread pool (POOL_THREADS), so a slow
+ * or idle client costs a socket and a few hundred bytes, not a thread, and /health is
+ * answered whatever the other connections do. Handlers therefore never block: a request
+ * waiting for its job (a non-streamed one in the access handler, a stream in its content
+ * reader) suspends its connection (MHD_suspend_connection) and is resumed when the engine
+ * has news for the job (serve_job_set_notify) and, by the ticker thread, every
+ * WAIT_SLICE_S, so that a hang-up, a shutdown or a keep-alive comment is noticed while
+ * nothing else happens. The ticker also enforces the request deadline: a connection must
+ * deliver a whole request, head and body, within request_timeout_s of its start (or of
+ * its previous request's end), however it trickles the bytes; MHD's own timeout only
+ * counts idle time, which one byte every few seconds resets (slowloris). One client
+ * (address) holds at most max_client_connections connections.
+ *
+ * The engine pointer and the quiesce/stop flags are atomics; the connection list and the
+ * suspension flags are under conn_mu, and MHD's suspend and resume are called with it
+ * held, so a wake-up cannot slip between deciding to suspend and suspending. Lock order:
+ * a job's lock (its notify callback runs with it held), then conn_mu.
  *
  * We create the listening socket ourselves (MHD_OPTION_LISTEN_SOCKET): MHD_start_daemon
  * says only "failed", and an operator wants "127.0.0.1:8080: Address already in use".
@@ -30,9 +42,25 @@
 #include <unistd.h>
 
 #include <microhttpd.h>
+#include <signal.h>
 
 #include "fmoe/error.h"
 #include "openai_api.h"
+
+/* A connection as the ticker and the wake-ups see it (MHD's socket_context). */
+typedef struct conn_entry {
+    struct conn_entry *prev, *next; /* in serve_http.conns */
+    serve_http *h;
+    struct MHD_Connection *c;
+    int fd;
+    double deadline;   /* monotonic seconds by which its request must be in; 0: none (a
+                          request is being answered) */
+    int reaped;        /* shut down for missing the deadline */
+    int suspended;     /* suspended by a handler, not yet resumed */
+    int news;          /* a wake-up came while not suspended: do not suspend next time */
+    serve_job *job;    /* the job whose notify points here, or NULL */
+    int refs;          /* MHD's (until closed) and a stream's or waiting request's */
+} conn_entry;
 
 struct serve_http {
     struct MHD_Daemon *daemon;
@@ -48,6 +76,14 @@ struct serve_http {
     atomic_int stopping;
     atomic_int active;         /* requests begun and not yet completed */
     atomic_uint_fast64_t id_counter; /* mixed into ids if getrandom fails */
+    double request_timeout_s;
+    pthread_mutex_t conn_mu;   /* conns, every entry's fields, suspended */
+    conn_entry *conns;
+    int32_t suspended;         /* connections suspended now */
+    int no_suspend;            /* MHD_stop_daemon is near: handlers must not suspend */
+    pthread_t ticker;
+    int ticker_started;
+    atomic_int ticker_stop;
 };
 
 /* Seconds a stream or a waiting request sleeps per serve_job_wait; the latency of noticing
@@ -58,6 +94,165 @@ struct serve_http {
 #define KEEPALIVE_S 15.0
 /* After a shutdown cancelled a job, how long a stream waits for the engine to end it. */
 #define STOP_WAIT_S 5.0
+/* MHD's event-loop threads. Handlers never block, so a few serve any number of
+ * connections; more only spread the parsing and the writes of many streams. */
+#define POOL_THREADS 4
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Connections: start and end, the request deadline, suspension and wake-ups
+ * ------------------------------------------------------------------------------------ */
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    serve_http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_entry *ce = calloc(1, sizeof *ce);
+        *socket_context = ce;
+        if (!ce) return; /* no deadline for this one; it still works */
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        ce->h = h;
+        ce->c = c;
+        ce->refs = 1;
+        ce->fd = ci ? ci->connect_fd : -1;
+        ce->deadline = mono_s() + h->request_timeout_s;
+        pthread_mutex_lock(&h->conn_mu);
+        ce->next = h->conns;
+        if (h->conns) h->conns->prev = ce;
+        h->conns = ce;
+        pthread_mutex_unlock(&h->conn_mu);
+        return;
+    }
+    conn_entry *ce = *socket_context;
+    if (!ce) return;
+    /* MHD calls this before it closes the socket, so the ticker never shuts down a
+     * descriptor number that a new connection reuses. A job still pointing here (the
+     * connection closed before its request ended) is detached first; the request's own
+     * end runs on this same thread, so it cannot race with this. */
+    if (ce->job) serve_job_set_notify(ce->job, NULL, NULL);
+    ce->job = NULL;
+    pthread_mutex_lock(&h->conn_mu);
+    if (ce->prev) ce->prev->next = ce->next;
+    else h->conns = ce->next;
+    if (ce->next) ce->next->prev = ce->prev;
+    if (ce->suspended) h->suspended--;
+    ce->suspended = 0;
+    ce->c = NULL;
+    const int last = --ce->refs == 0;
+    pthread_mutex_unlock(&h->conn_mu);
+    if (last) free(ce);
+    *socket_context = NULL;
+}
+
+/* A stream or a waiting request keeps the entry it watches from: whichever of it and the
+ * connection's end comes last frees it. */
+static conn_entry *entry_ref(conn_entry *ce) {
+    if (!ce) return NULL;
+    pthread_mutex_lock(&ce->h->conn_mu);
+    ce->refs++;
+    pthread_mutex_unlock(&ce->h->conn_mu);
+    return ce;
+}
+
+static void entry_unref(conn_entry *ce) {
+    if (!ce) return;
+    pthread_mutex_lock(&ce->h->conn_mu);
+    const int last = --ce->refs == 0;
+    pthread_mutex_unlock(&ce->h->conn_mu);
+    if (last) free(ce);
+}
+
+static conn_entry *entry_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Sets the request deadline of a connection: `on` 1 from now (a request is awaited),
+ * 0 none (its request is in and being answered). */
+static void set_deadline(serve_http *h, conn_entry *ce, int on) {
+    if (!ce) return;
+    pthread_mutex_lock(&h->conn_mu);
+    ce->deadline = on ? mono_s() + h->request_timeout_s : 0;
+    pthread_mutex_unlock(&h->conn_mu);
+}
+
+/* The job's notify (engine threads, the job's lock held): resume the connection. */
+static void wake(void *arg) {
+    conn_entry *ce = arg;
+    serve_http *h = ce->h;
+    pthread_mutex_lock(&h->conn_mu);
+    if (ce->suspended) {
+        ce->suspended = 0;
+        h->suspended--;
+        MHD_resume_connection(ce->c);
+    } else {
+        ce->news = 1;
+    }
+    pthread_mutex_unlock(&h->conn_mu);
+}
+
+/* Points job's news at the connection (job NULL: detaches the current one). */
+static void watch(conn_entry *ce, serve_job *job) {
+    if (!ce || (!ce->c && job)) return; /* closed: nothing to wake */
+    if (ce->job) serve_job_set_notify(ce->job, NULL, NULL);
+    ce->job = job;
+    if (job) serve_job_set_notify(job, wake, ce);
+}
+
+/* In a handler with nothing to do yet: suspends the connection until a wake-up. @return
+ * 1 suspended (return to MHD), 0 when a wake-up already came or suspending is not allowed
+ * now (look again; at shutdown after a short wait, so that this is no busy loop). */
+static int park(serve_http *h, conn_entry *ce) {
+    if (!ce) { /* no entry (out of memory at connect): poll, as the old model did */
+        nanosleep(&(struct timespec){.tv_nsec = (long)(WAIT_SLICE_S * 1e9)}, NULL);
+        return 0;
+    }
+    pthread_mutex_lock(&h->conn_mu);
+    if (ce->news || h->no_suspend || !ce->c) {
+        const int stopping = h->no_suspend;
+        ce->news = 0;
+        pthread_mutex_unlock(&h->conn_mu);
+        if (stopping) nanosleep(&(struct timespec){.tv_nsec = 50000000L}, NULL);
+        return 0;
+    }
+    ce->suspended = 1;
+    h->suspended++;
+    MHD_suspend_connection(ce->c);
+    pthread_mutex_unlock(&h->conn_mu);
+    return 1;
+}
+
+/* Every WAIT_SLICE_S: resumes the suspended connections (their handlers look for a
+ * hang-up, a shutdown, a keep-alive due) and shuts down the ones past their request
+ * deadline (MHD then sees the end of the stream and closes them). */
+static void *ticker_main(void *arg) {
+    serve_http *h = arg;
+    while (!atomic_load(&h->ticker_stop)) {
+        nanosleep(&(struct timespec){.tv_nsec = (long)(WAIT_SLICE_S * 1e9)}, NULL);
+        const double now = mono_s();
+        pthread_mutex_lock(&h->conn_mu);
+        for (conn_entry *ce = h->conns; ce; ce = ce->next) {
+            if (ce->suspended) {
+                ce->suspended = 0;
+                h->suspended--;
+                MHD_resume_connection(ce->c);
+            }
+            if (ce->deadline > 0 && now > ce->deadline && !ce->reaped && ce->fd >= 0) {
+                ce->reaped = 1;
+                shutdown(ce->fd, SHUT_RDWR);
+            }
+        }
+        pthread_mutex_unlock(&h->conn_mu);
+    }
+    return NULL;
+}
 
 /* ---------------------------------------------------------------------------------------
  * Responses
@@ -138,6 +333,14 @@ typedef struct request {
     uint64_t discarded; /* bytes of a too large body read and dropped */
     char *body;        /* [len] bytes received so far (cap allocated) */
     size_t len, cap;
+    /* a non-streamed request waiting for its job (wait_and_reply) */
+    serve_job *job;
+    conn_entry *ce;    /* referenced while job is set */
+    serve_api_meta meta;
+    char id[SERVE_API_ID_MAX];
+    char *model;
+    int cancelled;
+    double stop_since; /* monotonic seconds the shutdown was first seen, 0: not yet */
 } request;
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -145,8 +348,17 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     (void)c, (void)toe;
     serve_http *h = cls;
     request *r = *con_cls;
+    /* the next request on a kept-alive connection gets the whole deadline again */
+    set_deadline(h, entry_of(c), 1);
     if (!r) return;
+    if (r->job) { /* the client went away while it waited */
+        watch(r->ce, NULL);
+        serve_job_cancel(r->job);
+        serve_job_release(r->job);
+        entry_unref(r->ce);
+    }
     atomic_fetch_sub(&h->active, 1);
+    free(r->model);
     free(r->body);
     free(r);
     *con_cls = NULL;
@@ -245,8 +457,10 @@ typedef struct stream {
     int done;                  /* [DONE] is in pend: end after it */
     int cancelled;
     int fd;                    /* the connection's socket, peeked for a hang-up; -1: unknown */
+    conn_entry *ce;            /* what wakes it (referenced), or NULL */
     size_t have;               /* bytes of the job's text sent */
-    double idle_s, stop_wait_s;
+    double last_sent;          /* monotonic seconds of the last event or keep-alive */
+    double stop_since;         /* monotonic seconds it first saw the shutdown, 0: not yet */
     char *pend;                /* [pend_len] bytes to send, from pend_off */
     size_t pend_len, pend_off, pend_cap;
 } stream;
@@ -280,25 +494,27 @@ static int stream_next(stream *s) {
         s->role_sent = 1;
         return pend_event(s, serve_api_render_chunk(&s->meta, 1, NULL, 0, NULL, s->include_usage));
     }
+    const double now = mono_s();
     if (atomic_load(&s->h->stopping)) {
         if (!s->cancelled) serve_job_cancel(s->job);
         s->cancelled = 1;
-        if ((s->stop_wait_s += WAIT_SLICE_S) > STOP_WAIT_S) return -1;
+        if (s->stop_since == 0) s->stop_since = now;
+        if (now - s->stop_since > STOP_WAIT_S) return -1;
     }
     char *text = NULL;
     size_t len = 0;
     serve_job_status st;
-    int news = serve_job_wait(s->job, s->have, WAIT_SLICE_S, &text, &len, &st);
+    int news = serve_job_wait(s->job, s->have, 0, &text, &len, &st); /* never blocks */
     if (news != 1) {
         free(text);
         /* MHD notices a hang-up only when a write fails, and nothing is written while the
          * job is queued or between slow tokens: look at the socket ourselves. */
         if (peer_closed(s->fd)) return -1;
-        if ((s->idle_s += WAIT_SLICE_S) < KEEPALIVE_S) return 0;
-        s->idle_s = 0;
+        if (now - s->last_sent < KEEPALIVE_S) return 0;
+        s->last_sent = now;
         return pend_add(s, ": keep-alive\n\n", 14);
     }
-    s->idle_s = 0;
+    s->last_sent = now;
     int rc = 0;
     if (len > s->have)
         rc = pend_event(s, serve_api_render_chunk(&s->meta, 0, text + s->have, len - s->have,
@@ -337,6 +553,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         s->pend_len = s->pend_off = 0;
         if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
         if (stream_next(s) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        /* nothing to send yet: wait off the event loop until the job has news (or the
+         * ticker's next look); 0 bytes now, MHD asks again once resumed */
+        if (s->pend_len == 0 && park(s->h, s->ce)) return 0;
     }
 }
 
@@ -344,6 +563,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
  * went away (then the job is still running and is cancelled). */
 static void stream_free(void *cls) {
     stream *s = cls;
+    watch(s->ce, NULL);
+    entry_unref(s->ce);
     if (!s->finished) serve_job_cancel(s->job);
     serve_job_release(s->job);
     free(s->model);
@@ -367,6 +588,9 @@ static enum MHD_Result start_stream(serve_http *h, struct MHD_Connection *c, ser
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     s->fd = ci ? ci->connect_fd : -1;
     s->include_usage = include_usage;
+    s->last_sent = mono_s();
+    s->ce = entry_ref(entry_of(c));
+    watch(s->ce, job);
     s->meta = *meta;
     snprintf(s->id, sizeof s->id, "%s", meta->id);
     s->meta.id = s->id;
@@ -401,42 +625,59 @@ static void new_id(serve_http *h, int32_t kind, char out[SERVE_API_ID_MAX]) {
     serve_api_make_id(kind, rnd, out);
 }
 
-/* A non-streamed request: wait for the job to finish, cancelling it when the client
- * hangs up. */
-static enum MHD_Result wait_and_reply(serve_http *h, struct MHD_Connection *c, serve_job *job,
-                                      const serve_api_meta *meta) {
+/* A non-streamed request waiting for its job, in the access handler: answers once the job
+ * finished, else cancels it when the client hung up or the server stops, and suspends the
+ * connection until the job's next news (or the ticker's next look). */
+static enum MHD_Result continue_wait(serve_http *h, struct MHD_Connection *c, request *r) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    int fd = ci ? ci->connect_fd : -1;
-    int cancelled = 0;
-    char *text = NULL;
-    size_t len = 0;
-    serve_job_status st = {0};
+    const int fd = ci ? ci->connect_fd : -1;
     for (;;) {
-        text = NULL;
-        /* have = SIZE_MAX: wake up only when the job finishes. */
-        int news = serve_job_wait(job, SIZE_MAX, WAIT_SLICE_S, &text, &len, &st);
-        if (news == 1 && st.finished != SERVE_RUNNING) break;
-        free(text);
-        if (!cancelled && (atomic_load(&h->stopping) || peer_closed(fd))) {
-            serve_job_cancel(job);
-            cancelled = 1;
+        char *text = NULL;
+        size_t len = 0;
+        serve_job_status st = {0};
+        /* have = SIZE_MAX: news only when the job finishes; never blocks */
+        int news = serve_job_wait(r->job, SIZE_MAX, 0, &text, &len, &st);
+        if (news == 1 && st.finished != SERVE_RUNNING) {
+            watch(r->ce, NULL);
+            entry_unref(r->ce);
+            r->ce = NULL;
+            serve_job_release(r->job);
+            r->job = NULL;
+            if (r->cancelled && peer_closed(fd)) {
+                free(text);
+                return MHD_NO; /* nobody to answer */
+            }
+            enum MHD_Result ok;
+            if (st.finished == SERVE_FINISH_ERROR)
+                ok = reply_error(h, c, st.http_status ? st.http_status : 500, "server_error", NULL,
+                                 st.http_status == 507 ? "trace_write_failed" : NULL,
+                                 st.error[0] ? st.error : "generation failed");
+            else
+                ok = reply_json(h, c, 200, serve_api_render_response(&r->meta, text, len, &st));
+            free(text);
+            return ok;
         }
-    }
-    serve_job_release(job);
-    if (cancelled && peer_closed(fd)) {
         free(text);
-        return MHD_NO; /* nobody to answer */
+        if (!r->cancelled && (atomic_load(&h->stopping) || peer_closed(fd))) {
+            serve_job_cancel(r->job);
+            r->cancelled = 1;
+        }
+        if (park(h, r->ce)) return MHD_YES;
     }
-    enum MHD_Result ok;
-    if (st.finished == SERVE_FINISH_ERROR)
-        ok = reply_error(h, c, st.http_status ? st.http_status : 500, "server_error", NULL,
-                         st.http_status == 507 ? "trace_write_failed" : NULL,
-                         st.error[0] ? st.error : "generation failed");
-    else
-        ok = reply_json(h, c, 200, serve_api_render_response(meta, text, len, &st));
-    free(text);
-    return ok;
+}
+
+static enum MHD_Result begin_wait(serve_http *h, struct MHD_Connection *c, request *r,
+                                  serve_job *job, const serve_api_meta *meta) {
+    r->job = job;
+    r->meta = *meta;
+    snprintf(r->id, sizeof r->id, "%s", meta->id);
+    r->meta.id = r->id;
+    r->model = strdup(meta->model ? meta->model : ""); /* the engine's may go before us */
+    r->meta.model = r->model ? r->model : "";
+    r->ce = entry_ref(entry_of(c));
+    watch(r->ce, job);
+    return continue_wait(h, c, r);
 }
 
 static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, request *r) {
@@ -476,7 +717,7 @@ static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, re
     new_id(h, kind, id);
     serve_api_meta meta = {kind, id, (int64_t)time(NULL), info.model_name ? info.model_name : ""};
     if (stream) return start_stream(h, c, job, &meta, include_usage);
-    return wait_and_reply(h, c, job, &meta);
+    return begin_wait(h, c, r, job, &meta);
 }
 
 /* How much of a too large body is read and dropped so that the client, still sending,
@@ -604,8 +845,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (r->responded) return MHD_YES;
         return take_body(h, c, r, upload_data, n);
     }
+    if (r->job) return continue_wait(h, c, r); /* resumed */
     if (r->responded) return MHD_YES;
     r->responded = 1;
+    set_deadline(h, entry_of(c), 0); /* the whole request is in: no deadline to answer */
     if (r->too_large) return reply_too_large(h, c);
     return post_generate(h, c, r);
 }
@@ -676,24 +919,44 @@ int serve_http_start(const serve_http_options *o, serve_http **out) {
         h->api_key_len = strlen(h->api_key);
     }
     const char *host = o->host && o->host[0] ? o->host : "127.0.0.1";
+    const unsigned timeout = o->connection_timeout_s ? o->connection_timeout_s : 30;
+    h->request_timeout_s = timeout;
+    pthread_mutex_init(&h->conn_mu, NULL);
     int v6 = 0;
     int rc = listen_on(host, o->port, &h->listen_fd, &h->port, &v6);
     if (rc < 0) {
+        pthread_mutex_destroy(&h->conn_mu);
         free(h->api_key);
         free(h);
         return rc;
     }
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                     MHD_USE_POLL | MHD_USE_ITC | (v6 ? MHD_USE_IPv6 : 0);
-    h->daemon = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, h,
-        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->listen_fd,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->connection_timeout_s ? o->connection_timeout_s : 30),
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->max_connections ? o->max_connections : 256),
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, (void *)h,
-        MHD_OPTION_END);
+    /* the ticker first: MHD may call on_connection as soon as it starts. Signals go to
+     * the main thread (cmd_serve's pipe), not to ours */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    h->ticker_started = pthread_create(&h->ticker, NULL, ticker_main, h) == 0;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC |
+                     MHD_ALLOW_SUSPEND_RESUME | (v6 ? MHD_USE_IPv6 : 0);
+    if (h->ticker_started)
+        h->daemon = MHD_start_daemon(
+            flags, 0, NULL, NULL, on_request, h,
+            MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->listen_fd,
+            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)POOL_THREADS,
+            MHD_OPTION_CONNECTION_TIMEOUT, timeout,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->max_connections ? o->max_connections : 256),
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_client_connections,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, (void *)h,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, (void *)h,
+            MHD_OPTION_END);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!h->daemon) {
+        if (h->ticker_started) {
+            atomic_store(&h->ticker_stop, 1);
+            pthread_join(h->ticker, NULL);
+        }
         close(h->listen_fd);
+        pthread_mutex_destroy(&h->conn_mu);
         free(h->api_key);
         free(h);
         return fmoe_error_set(FMOE_EIO, "%s:%d: libmicrohttpd failed to start", host, o->port);
@@ -738,9 +1001,36 @@ int serve_http_wait_idle(serve_http *h, double seconds) {
 void serve_http_stop(serve_http *h) {
     if (!h) return;
     atomic_store(&h->stopping, 1);
-    /* Joins every connection thread: streams see `stopping`, cancel their jobs and end
-     * within STOP_WAIT_S; a not quiesced daemon closes the listening socket itself. */
+    /* MHD must not be stopped with a connection suspended (libmicrohttpd's rule): from
+     * here on handlers do not suspend, the ticker resumes whatever still is, and waiting
+     * handlers poll briefly instead. Streams see `stopping`, cancel their jobs and end
+     * within STOP_WAIT_S. */
+    pthread_mutex_lock(&h->conn_mu);
+    h->no_suspend = 1;
+    pthread_mutex_unlock(&h->conn_mu);
+    for (double waited = 0; waited < 2 * WAIT_SLICE_S + 1; waited += 0.01) {
+        pthread_mutex_lock(&h->conn_mu);
+        const int32_t left = h->suspended;
+        pthread_mutex_unlock(&h->conn_mu);
+        if (left == 0) break;
+        nanosleep(&(struct timespec){.tv_nsec = 10000000L}, NULL);
+    }
+    if (h->ticker_started) {
+        atomic_store(&h->ticker_stop, 1);
+        pthread_join(h->ticker, NULL);
+    }
+    /* whatever the ticker left suspended (a wake-up racing its last round) goes now */
+    pthread_mutex_lock(&h->conn_mu);
+    for (conn_entry *ce = h->conns; ce; ce = ce->next)
+        if (ce->suspended) {
+            ce->suspended = 0;
+            h->suspended--;
+            MHD_resume_connection(ce->c);
+        }
+    pthread_mutex_unlock(&h->conn_mu);
+    /* a not quiesced daemon closes the listening socket itself */
     MHD_stop_daemon(h->daemon);
+    pthread_mutex_destroy(&h->conn_mu);
     free(h->api_key);
     free(h);
 }

@@ -1,6 +1,7 @@
 /*
- * http_server.h - the HTTP side of `fmoe serve`: libmicrohttpd with one thread per
- * connection, routing the OpenAI-compatible endpoints to the engine.
+ * http_server.h - the HTTP side of `fmoe serve`: libmicrohttpd's epoll loop on a small
+ * thread pool (handlers never block; http_server.c says how), routing the
+ * OpenAI-compatible endpoints to the engine.
  *
  *     serve_http *h;
  *     if (serve_http_start(&(serve_http_options){.port = 8080, .tokenizer = tok}, &h) < 0)
@@ -41,8 +42,13 @@ typedef struct serve_http_options {
                                        (compared in constant time), 401 otherwise; /health
                                        and /metrics need no key. Copied. */
     size_t max_body_bytes;          /* 0: 1 MiB; larger bodies -> 413 */
-    unsigned connection_timeout_s;  /* 0: 30; idle or slow clients are dropped */
+    unsigned connection_timeout_s;  /* 0: 30; a connection idle this long is closed, and so
+                                       is one that has not sent a whole request (head and
+                                       body) this long after it opened or after its previous
+                                       request ended, however it trickles the bytes */
     unsigned max_connections;       /* 0: 256 */
+    unsigned max_client_connections; /* connections one client address may hold; 0: no
+                                        limit (more are closed at once) */
     const fmoe_tokenizer *tokenizer; /* borrowed; outlives the server */
     serve_metrics *metrics;         /* borrowed; may be NULL */
 } serve_http_options;

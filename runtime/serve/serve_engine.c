@@ -64,6 +64,8 @@ struct serve_job {
     /* times (monotonic seconds; scheduler thread only until finished) */
     double t_submit, t_start, t_first, t_last;
     serve_job *next;           /* the engine's waiting queue */
+    void (*notify)(void *);    /* called with mu held on news (serve_job_set_notify) */
+    void *notify_arg;
 };
 
 const char *serve_finish_name(int32_t finish) {
@@ -112,6 +114,13 @@ void serve_job_release(serve_job *j) {
     const int last = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
     if (last) job_free(j);
+}
+
+void serve_job_set_notify(serve_job *j, void (*fn)(void *), void *arg) {
+    pthread_mutex_lock(&j->mu); /* a call in progress holds it: none runs after this */
+    j->notify = fn;
+    j->notify_arg = arg;
+    pthread_mutex_unlock(&j->mu);
 }
 
 void serve_job_cancel(serve_job *j) {
@@ -225,6 +234,7 @@ static void job_finish_status(serve_engine *e, serve_job *j, int32_t finish, con
         if (finish != SERVE_FINISH_ERROR) j->visible = j->text_len;
     }
     pthread_cond_broadcast(&j->cv);
+    if (j->notify) j->notify(j->notify_arg);
     pthread_mutex_unlock(&j->mu);
     if (e->o.metrics) {
         serve_metrics_observe_e2e(e->o.metrics, t - j->t_submit);
@@ -479,6 +489,7 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
     j->st.prompt_ms = 1e3 * (j->t_first - j->t_start);
     j->st.predicted_ms = 1e3 * (j->t_last - j->t_first);
     pthread_cond_broadcast(&j->cv);
+    if (j->notify) j->notify(j->notify_arg);
     pthread_mutex_unlock(&j->mu);
     s->finish = finish;
     return finish != SERVE_RUNNING;

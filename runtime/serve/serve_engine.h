@@ -137,6 +137,12 @@ serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
 int serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, size_t *len,
                    serve_job_status *st);
 
+/* Has the engine call fn(arg) whenever the job has news (more text, or it finished), on
+ * the engine's threads with the job's lock held: fn must be quick and must not call into
+ * the job (an event-driven server resumes the connection waiting for it). fn NULL: none.
+ * Once this returns no call of the previous fn is in progress, so its arg may go. */
+void serve_job_set_notify(serve_job *j, void (*fn)(void *), void *arg);
+
 /* Asks the engine to stop the job (a client disconnected): its sequence leaves the batch
  * at the end of the current iteration and finishes as SERVE_FINISH_CANCELLED. */
 void serve_job_cancel(serve_job *j);
