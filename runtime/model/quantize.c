@@ -9,7 +9,9 @@
  *      tensor's offset in the data section (aligned to 32, GGUF's default);
  *   3. data: row by row, each source row widened to f32 and quantised (or copied as is
  *      when it keeps its dtype), into OUTPUT.partial, which is renamed at the end.
- * Memory: the header plus two rows; the checkpoint stays in the page cache.
+ *      Quantised matrices are done on the runtime's thread pool (write_tensor).
+ * Memory: the header, one quantised source matrix and a row per thread; the checkpoint
+ * stays in the page cache.
  *
  * Names, extents and metadata keys follow llama.cpp's converter (convert_hf_to_gguf.py and
  * gguf-py's constants), so that a file we write is laid out like one users have:
@@ -23,6 +25,7 @@
 #include "fmoe/quantize.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +38,8 @@
 #include "fmoe/half.h"
 #include "fmoe/quant.h"
 #include "fmoe/safetensors.h"
+
+#include "../cpu/threadpool.h"
 
 #define ALIGN 32
 #define NAME_CAP 160
@@ -423,32 +428,104 @@ static int write_all(FILE *f, const void *p, size_t n, const char *path) {
     return 0;
 }
 
-static int write_tensor(FILE *f, const char *path, const out_tensor *o, float *row, uint8_t *q,
-                        const fmoe_progress *progress, int64_t *done, int64_t total) {
+/* Quantising is the slow part (about 150 ns a value for the K-quants' searches): the rows
+ * of one source matrix are spread over the runtime's thread pool into one buffer, which is
+ * then written in order, so the file is the same whatever the thread count. */
+typedef struct quant_job {
+    const out_tensor *o;
+    const fmoe_st_tensor *s;
+    int64_t rows, cols, rb;
+    uint8_t *out;              /* [rows][rb] */
+    float **scratch;           /* [workers][cols] */
+    int64_t *bad_row;          /* [workers] first row with a non-finite value, or -1 */
+    int64_t *bad_col;
+} quant_job;
+
+#define QUANT_CHUNK 32 /* rows per task */
+
+static void quant_rows(void *ctx, int32_t task, int32_t worker) {
+    quant_job *j = ctx;
+    float *row = j->scratch[worker];
+    const int64_t r0 = (int64_t)task * QUANT_CHUNK;
+    const int64_t r1 = r0 + QUANT_CHUNK < j->rows ? r0 + QUANT_CHUNK : j->rows;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t sr = permute_row(r, j->rows, j->o->permute_heads);
+        widen(j->s, sr * j->cols, j->cols, row);
+        for (int64_t k = 0; k < j->cols; k++)
+            if (!isfinite(row[k])) {
+                if (j->bad_row[worker] < 0 || sr < j->bad_row[worker]) {
+                    j->bad_row[worker] = sr;
+                    j->bad_col[worker] = k;
+                }
+                memset(row, 0, (size_t)j->cols * sizeof *row);
+                break;
+            }
+        fmoe_quant_quantize_row(j->o->type, row, j->out + r * j->rb, j->cols);
+    }
+}
+
+typedef struct writer {
+    FILE *f;
+    const char *path;
+    fmoe__pool *pool;
+    int32_t workers;
+    float **scratch;           /* [workers][max_cols] */
+    int64_t bad_row[256], bad_col[256];
+    uint8_t *out;              /* one quantised source matrix */
+    int64_t out_cap;
+    float *row;                /* [max_cols] for the sequential paths */
+} writer;
+
+static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *progress,
+                        int64_t *done, int64_t total) {
     const int64_t cols = o->ne[0];
     if (o->ndim == 1) { /* one row; a permuted q/k bias moves by element */
         const fmoe_st_tensor *s = o->src[0];
-        for (int64_t k = 0; k < cols; k++) widen(s, permute_row(k, cols, o->permute_heads), 1, row + k);
-        return write_all(f, row, (size_t)cols * 4, path);
+        for (int64_t k = 0; k < cols; k++)
+            widen(s, permute_row(k, cols, o->permute_heads), 1, w->row + k);
+        return write_all(w->f, w->row, (size_t)cols * 4, w->path);
     }
     const int64_t rows = o->ne[1], rb = fmoe_quant_row_bytes(o->type, cols);
+    const int quantised = o->type != FMOE_GGML_F32 && o->type != FMOE_GGML_F16 &&
+                          o->type != FMOE_GGML_BF16;
     for (int32_t e = 0; e < o->nsrc; e++) {
         const fmoe_st_tensor *s = o->src[e];
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t sr = permute_row(r, rows, o->permute_heads);
-            const void *out;
-            if (ggml_of(s->dtype) == o->type) { /* kept as is */
-                out = (const uint8_t *)s->data + sr * cols * fmoe_st_dtype_size(s->dtype);
-            } else {
-                widen(s, sr * cols, cols, row);
-                if (o->type == FMOE_GGML_F32) {
-                    out = row;
-                } else {
-                    fmoe_quant_quantize_row(o->type, row, q, cols);
-                    out = q;
-                }
+        if (quantised) {
+            if (rows * rb > w->out_cap) {
+                uint8_t *nb = realloc(w->out, (size_t)(rows * rb));
+                FMOE_RETURN_ERROR_IF(!nb, FMOE_ENOMEM, "out of memory for tensor %s", o->name);
+                w->out = nb;
+                w->out_cap = rows * rb;
             }
-            FMOE_FORWARD_IF_ERROR(write_all(f, out, (size_t)rb, path));
+            for (int32_t k = 0; k < w->workers; k++) w->bad_row[k] = w->bad_col[k] = -1;
+            quant_job j = {.o = o, .s = s, .rows = rows, .cols = cols, .rb = rb, .out = w->out,
+                           .scratch = w->scratch, .bad_row = w->bad_row, .bad_col = w->bad_col};
+            fmoe__pool_run(w->pool, quant_rows, &j, (int32_t)((rows + QUANT_CHUNK - 1) / QUANT_CHUNK));
+            int64_t br = -1, bc = -1;
+            for (int32_t k = 0; k < w->workers; k++)
+                if (w->bad_row[k] >= 0 && (br < 0 || w->bad_row[k] < br))
+                    br = w->bad_row[k], bc = w->bad_col[k];
+            if (br >= 0) { /* a NaN or infinity would make its whole block garbage */
+                float v;
+                widen(s, br * cols + bc, 1, &v);
+                return fmoe_error_set(FMOE_EFORMAT,
+                                      "%s: tensor %s, row %lld, column %lld is %g: cannot "
+                                      "quantize a non-finite value",
+                                      s->file, s->name, (long long)br, (long long)bc, (double)v);
+            }
+            FMOE_FORWARD_IF_ERROR(write_all(w->f, w->out, (size_t)(rows * rb), w->path));
+        } else {
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t sr = permute_row(r, rows, o->permute_heads);
+                const void *out;
+                if (ggml_of(s->dtype) == o->type) { /* kept as is */
+                    out = (const uint8_t *)s->data + sr * cols * fmoe_st_dtype_size(s->dtype);
+                } else { /* F32 from F16/BF16 */
+                    widen(s, sr * cols, cols, w->row);
+                    out = w->row;
+                }
+                FMOE_FORWARD_IF_ERROR(write_all(w->f, out, (size_t)rb, w->path));
+            }
         }
         *done += rows * rb;
         fmoe_progress_report(progress, *done, total, "bytes");
@@ -518,8 +595,7 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
     kvs k = {0};
     bytes hdr = {0};
     FILE *f = NULL;
-    float *row = NULL;
-    uint8_t *q = NULL;
+    writer wr = {0};
     int created = 0; /* the partial is ours to remove on failure */
     int rc;
     if (!g) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
@@ -566,20 +642,30 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
         rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
         goto fail;
     }
-    row = malloc((size_t)max_cols * sizeof *row);
-    q = malloc((size_t)max_cols * 2 + 64);
-    if (!row || !q) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    wr.workers = (int32_t)(ncpu < 1 ? 1 : ncpu > 256 ? 256 : ncpu);
+    wr.row = malloc((size_t)max_cols * sizeof *wr.row);
+    wr.scratch = calloc((size_t)wr.workers, sizeof *wr.scratch);
+    if (!wr.row || !wr.scratch) {
         rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
         goto fail;
     }
+    for (int32_t k = 0; k < wr.workers; k++)
+        if (!(wr.scratch[k] = malloc((size_t)max_cols * sizeof **wr.scratch))) {
+            rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+            goto fail;
+        }
+    if ((rc = fmoe__pool_init(wr.workers, &wr.pool)) < 0) goto fail;
 
     if ((rc = fmoe__partial_fopen(params->output, partial, "wb", &f)) < 0) goto fail;
     created = 1;
+    wr.f = f;
+    wr.path = partial;
     if ((rc = write_all(f, hdr.b, hdr.n, partial)) < 0) goto fail;
     int64_t done = 0;
     for (int64_t i = 0; i < p.n; i++) {
         const out_tensor *o = &p.t[i];
-        if ((rc = write_tensor(f, partial, o, row, q, &params->progress, &done, total)) < 0)
+        if ((rc = write_tensor(&wr, o, &params->progress, &done, total)) < 0)
             goto fail;
         if (i + 1 < p.n &&
             (rc = write_all(f, zeros, (size_t)(p.t[i + 1].offset - o->offset - (uint64_t)o->nbytes),
@@ -609,8 +695,11 @@ done:
     free(p.t);
     free(k.b.b);
     free(hdr.b);
-    free(row);
-    free(q);
+    fmoe__pool_free(wr.pool);
+    for (int32_t k = 0; wr.scratch && k < wr.workers; k++) free(wr.scratch[k]);
+    free(wr.scratch);
+    free(wr.row);
+    free(wr.out);
     free(config);
     fmoe_safetensors_close(st);
     free(g);

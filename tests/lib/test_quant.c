@@ -275,7 +275,7 @@ TEST(quantise_round_trip_error) {
 TEST(quantise_zeros) {
     const uint32_t ts[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
     float x[256] = {0}, y[256];
-    uint8_t q[256];
+    uint8_t q[512]; /* Q8_0: 272 bytes for 256 values */
     for (size_t k = 0; k < 4; k++) {
         memset(y, 0xff, sizeof y);
         fmoe_quant_quantize_row(ts[k], x, q, 256);

@@ -237,6 +237,18 @@ def test_bad_input_one_line_nothing_left(fmoe_bin, models, tmp_path):
     assert p.returncode == 1
     assert p.stderr.strip() == f"fmoe quantize: {broken}: missing tensor model.layers.1.mlp.experts.3.up_proj.weight"
     assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
+    # a NaN in a weight that is to be quantized
+    ck = read_checkpoint(d)
+    w = ck["model.layers.0.self_attn.o_proj.weight"][0].copy()
+    w[5, 7] = np.nan
+    ck["model.layers.0.self_attn.o_proj.weight"] = (w, "F32")
+    tiny.save_safetensors(str(broken / "model.safetensors"), {k: (v, dt) for k, (v, dt) in ck.items()})
+    p = run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", broken, "-o", out, check=False)
+    assert p.returncode == 1
+    assert p.stderr.strip() == (f"fmoe quantize: {broken}/model.safetensors: tensor "
+                                "model.layers.0.self_attn.o_proj.weight, row 5, column 7 is nan: "
+                                "cannot quantize a non-finite value")
+    assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
 
 
 def inspect_json(fmoe_bin, path):
