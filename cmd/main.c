@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cmd_common.h"
+#include "sweep.h" /* cmd_mpi_describe */
 #include "fmoe/cuda.h"
 #include "fmoe_config.h"
 
@@ -79,6 +80,7 @@ static int cmd_version(int argc, char **argv) {
     if (rc) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
     printf("fmoe %s\n", FMOE_VERSION);
     printf("cuda: %s\n", fmoe_cuda_describe());
+    printf("mpi: %s\n", cmd_mpi_describe());
     printf("hdf5 zstd plugin: %s\n", cmd_plugin_dir());
     return CMD_EXIT_OK;
 }

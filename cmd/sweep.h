@@ -89,6 +89,10 @@ typedef struct cmd_mpi_world {
  * every rank would run the whole command. Prints one line on failure. @return 0 or 1. */
 int cmd_mpi_start(const char *cmd, cmd_mpi_world *w);
 
+/* The MPI library this fmoe was built with, in one line ("Open MPI v4.1.4, ..."), or "not
+ * compiled (built without MPI)"; safe without MPI_Init (fmoe version). */
+const char *cmd_mpi_describe(void);
+
 /* Every rank's status before a collective step: the largest (0 when all are 0). All ranks
  * must call it; without MPI it returns `status`. */
 int cmd_mpi_agree(const cmd_mpi_world *w, int status);

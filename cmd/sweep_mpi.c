@@ -72,6 +72,16 @@ void cmd_mpi_finish(cmd_mpi_world *w, int status) {
     w->initialised = 0;
 }
 
+const char *cmd_mpi_describe(void) {
+    static char text[MPI_MAX_LIBRARY_VERSION_STRING + 1];
+    int len = 0;
+    if (MPI_Get_library_version(text, &len) != MPI_SUCCESS) return "compiled (version unknown)";
+    text[len < (int)sizeof text ? len : (int)sizeof text - 1] = '\0';
+    char *nl = strpbrk(text, "\r\n"); /* the first line: Open MPI adds its repository and date */
+    if (nl) *nl = '\0';
+    return text;
+}
+
 int cmd_mpi_agree(const cmd_mpi_world *w, int status) {
     if (!w->initialised || w->size <= 1) return status;
     int all = status;

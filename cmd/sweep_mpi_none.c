@@ -25,6 +25,8 @@ void cmd_mpi_finish(cmd_mpi_world *w, int status) {
     w->initialised = 0;
 }
 
+const char *cmd_mpi_describe(void) { return "not compiled (built without MPI)"; }
+
 int cmd_mpi_agree(const cmd_mpi_world *w, int status) {
     (void)w;
     return status;

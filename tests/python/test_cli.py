@@ -25,6 +25,7 @@ def test_version(fmoe):
     out = fmoe("--version").stdout
     assert out.startswith("fmoe ")
     assert "cuda:" in out
+    assert "\nmpi: " in out
 
 
 def test_no_arguments_is_usage_error(fmoe):

@@ -53,6 +53,8 @@ def mpirun(fmoe_bin, *args, n=3, extra=(), env=None, check=True):
 def mpi(fmoe_bin, tmp_path_factory):
     if not shutil.which("mpirun"):
         pytest.skip("mpirun is not installed (tests/install-deps.sh installs openmpi-bin)")
+    if "mpi: not compiled" in run_fmoe(fmoe_bin, "version").stdout:
+        pytest.skip("fmoe was built without MPI (meson -Dmpi=enabled with libopenmpi-dev)")
     d = tmp_path_factory.mktemp("mpi")
     lines = PROMPTS.read_text().splitlines()
     (d / "p12.txt").write_text("\n".join(lines[:12]) + "\n")
