@@ -1,0 +1,77 @@
+/*
+ * bench_quant.c - speed of the ggml block-format kernels (lib/quant*.c) on one core: for
+ * each type, quantising a ROWS x COLS f32 matrix (ns per value), and the matrix-vector
+ * product with fmoe_quant_dot (AVX2 when the CPU has it) and fmoe_quant_dot_ref (plain C),
+ * as milliseconds and GB/s of weight bytes read. Not a test (no timed tests); the numbers
+ * in docs/quantization.md come from it.
+ *
+ *     build/tests/lib/bench_quant [ROWS COLS REPS]      (default 1024 4096 5)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fmoe/half.h"
+#include "fmoe/quant.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    const int64_t rows = argc > 1 ? atoll(argv[1]) : 1024, cols = argc > 2 ? atoll(argv[2]) : 4096;
+    const int reps = argc > 3 ? atoi(argv[3]) : 5;
+    if (rows < 1 || cols < 256 || cols % 256 != 0 || reps < 1) {
+        fprintf(stderr, "usage: bench_quant [ROWS COLS REPS] (COLS a multiple of 256)\n");
+        return 2;
+    }
+    float *w = malloc((size_t)(rows * cols) * sizeof *w), *x = malloc((size_t)cols * sizeof *x);
+    uint8_t *q = malloc((size_t)(rows * cols) * 4);
+    if (!w || !x || !q) return 1;
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = (float)((uint64_t)i * 2654435761u % 1000) / 1000.f - 0.5f;
+    for (int64_t i = 0; i < cols; i++) x[i] = (float)(i % 13) - 6;
+    printf("%lld x %lld, %d reps, AVX2 path %s\n\n", (long long)rows, (long long)cols, reps,
+           fmoe_quant_simd() ? "on" : "off");
+    printf("| type | quantise ns/value | matvec AVX2 ms | GB/s | matvec plain C ms | speed-up |\n");
+    printf("|---|---|---|---|---|---|\n");
+    const uint32_t ts[] = {FMOE_GGML_F32,  FMOE_GGML_BF16, FMOE_GGML_Q8_0,
+                           FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
+    for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
+        const uint32_t t = ts[k];
+        const int64_t rb = fmoe_quant_row_bytes(t, cols);
+        double tq = now();
+        for (int64_t r = 0; r < rows; r++) {
+            if (t == FMOE_GGML_F32) {
+                memcpy(q + r * rb, w + r * cols, (size_t)rb);
+            } else if (t == FMOE_GGML_BF16) {
+                for (int64_t c = 0; c < cols; c++) {
+                    const uint16_t h = fmoe_float_to_bf16(w[r * cols + c]);
+                    memcpy(q + r * rb + 2 * c, &h, 2);
+                }
+            } else {
+                fmoe_quant_quantize_row(t, w + r * cols, q + r * rb, cols);
+            }
+        }
+        tq = now() - tq;
+        volatile float sink = 0;
+        double ta = now();
+        for (int rep = 0; rep < reps; rep++)
+            for (int64_t r = 0; r < rows; r++) sink += fmoe_quant_dot(t, q + r * rb, x, cols);
+        ta = (now() - ta) / reps;
+        double tr = now();
+        for (int rep = 0; rep < reps; rep++)
+            for (int64_t r = 0; r < rows; r++) sink += fmoe_quant_dot_ref(t, q + r * rb, x, cols);
+        tr = (now() - tr) / reps;
+        printf("| %s | %.1f | %.2f | %.2f | %.2f | %.1fx |\n", fmoe_ggml_type_name(t),
+               tq / (double)(rows * cols) * 1e9, ta * 1e3, (double)(rows * rb) / ta / 1e9,
+               tr * 1e3, tr / ta);
+    }
+    free(w);
+    free(x);
+    free(q);
+    return 0;
+}
