@@ -3,10 +3,12 @@
  * `fmoe simulate --sweep-out` (contract in sweep.h).
  *
  * A line is {"cell": {trace, hardware, policy, cache_experts, prefetch_distance},
- * "result": {every field of fmoe_sim_result}, "wall_s": seconds}; per-layer and per-phase counters are arrays
- * in the order of LAYER_FIELDS. cJSON prints a double with 15 significant digits when
- * they read back the same value and 17 otherwise, so parse(print(x)) == x; an undefined
- * ratio (NAN) is null. Integers are exact below 2^53.
+ * "result": {every field of fmoe_sim_result}, "wall_s": seconds}; per-layer and per-phase
+ * counters are arrays in the order of LAYER_FIELDS. Numbers are written here, not by cJSON:
+ * its printer settles for 15 digits when they read back within an epsilon, which can be
+ * an ulp off, and prints large integers through a double. Doubles are "%.17g" (strtod
+ * reads them back to the same bits), integers "%lld"; an undefined ratio (NAN) is null.
+ * cJSON's parser reads doubles with strtod, exact; integers are exact below 2^53.
  *
  * The file: line 1 {"fmoe_sweep": 1, "settings": "..."}, then cell lines in the order cells
  * finished, each written with its newline and flushed at once, so a kill leaves whole lines
@@ -45,14 +47,27 @@ const char *cmd_sweep_key_string(const cmd_sweep_key *k, char *buf, size_t cap) 
     X(accesses) X(hits) X(late_hits) X(misses) X(bytes_loaded) X(stall_s) X(prefetches)       \
     X(prefetch_hits) X(wasted_prefetch_bytes) X(host_misses)
 
-static void add_double(cJSON *o, const char *key, double v) {
-    if (isnan(v)) cJSON_AddNullToObject(o, key);
-    else cJSON_AddNumberToObject(o, key, v);
+/* A number as exact JSON text: an integer as itself, a double to 17 digits, NAN (or an
+ * infinity, which no result holds) as null. */
+static cJSON *exact_double(double v) {
+    if (!isfinite(v)) return cJSON_CreateNull();
+    char b[40];
+    snprintf(b, sizeof b, "%.17g", v);
+    return cJSON_CreateRaw(b);
 }
+
+static cJSON *exact_int(int64_t v) {
+    char b[24];
+    snprintf(b, sizeof b, "%lld", (long long)v);
+    return cJSON_CreateRaw(b);
+}
+
+/* An integer field as an integer, a floating one as a double (_Generic picks by type). */
+#define EXACT(v) _Generic((v), double: exact_double, default: exact_int)(v)
 
 static cJSON *layer_json(const fmoe_sim_layer_stats *s) {
     cJSON *a = cJSON_CreateArray();
-#define X(f) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)s->f));
+#define X(f) cJSON_AddItemToArray(a, EXACT(s->f));
     LAYER_FIELDS(X)
 #undef X
     return a;
@@ -64,24 +79,24 @@ char *cmd_sweep_line(const cmd_sweep_key *k, const fmoe_sim_result *r, double wa
     cJSON_AddStringToObject(cell, "trace", k->trace);
     cJSON_AddStringToObject(cell, "hardware", k->hardware);
     cJSON_AddStringToObject(cell, "policy", k->policy);
-    cJSON_AddNumberToObject(cell, "cache_experts", k->cache_experts);
-    cJSON_AddNumberToObject(cell, "prefetch_distance", k->prefetch_distance);
+    cJSON_AddItemToObject(cell, "cache_experts", exact_int(k->cache_experts));
+    cJSON_AddItemToObject(cell, "prefetch_distance", exact_int(k->prefetch_distance));
     cJSON *x = cJSON_AddObjectToObject(root, "result");
     cJSON_AddStringToObject(x, "policy", r->policy);
-#define X(f) cJSON_AddNumberToObject(x, #f, (double)r->f);
+#define X(f) cJSON_AddItemToObject(x, #f, exact_int(r->f));
     I64_FIELDS(X)
     I32_FIELDS(X)
 #undef X
-#define X(f) add_double(x, #f, r->f);
+#define X(f) cJSON_AddItemToObject(x, #f, exact_double(r->f));
     F64_FIELDS(X)
 #undef X
 #define X(f)                                                                                   \
     {                                                                                          \
         cJSON *s = cJSON_AddArrayToObject(x, #f);                                              \
-        cJSON_AddItemToArray(s, cJSON_CreateNumber(r->f.mean));                                \
-        cJSON_AddItemToArray(s, cJSON_CreateNumber(r->f.p50));                                 \
-        cJSON_AddItemToArray(s, cJSON_CreateNumber(r->f.p90));                                 \
-        cJSON_AddItemToArray(s, cJSON_CreateNumber(r->f.p99));                                 \
+        cJSON_AddItemToArray(s, exact_double(r->f.mean));                                      \
+        cJSON_AddItemToArray(s, exact_double(r->f.p50));                                       \
+        cJSON_AddItemToArray(s, exact_double(r->f.p90));                                       \
+        cJSON_AddItemToArray(s, exact_double(r->f.p99));                                       \
     }
     SUMMARY_FIELDS(X)
 #undef X
@@ -90,7 +105,7 @@ char *cmd_sweep_line(const cmd_sweep_key *k, const fmoe_sim_result *r, double wa
     cJSON *layers = cJSON_AddArrayToObject(x, "per_layer");
     for (int32_t l = 0; l < r->num_layers; l++)
         cJSON_AddItemToArray(layers, layer_json(&r->per_layer[l]));
-    cJSON_AddNumberToObject(root, "wall_s", wall_s);
+    cJSON_AddItemToObject(root, "wall_s", exact_double(wall_s));
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return text;
