@@ -286,3 +286,16 @@ def test_inspect_geometry_from_gguf(fmoe_bin, models, tmp_path, family):
               "hidden_size", "moe_intermediate_size"):
         assert built[k] == m[k], (k, built[k], m[k])
     assert built["fingerprint"] != m["fingerprint"]
+
+
+def test_inspect_bad_gguf_one_line(fmoe_bin, models, tmp_path):
+    out = tmp_path / "m.gguf"
+    run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", models("olmoe"), "-o", out, "--quiet")
+    data = out.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) - 1000])
+    p = run_fmoe(fmoe_bin, "inspect", cut, check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"fmoe inspect: {cut}: tensor output.weight: ")
+    assert "run past the end of the file" in lines[0]
