@@ -169,9 +169,11 @@ def check_file(path, model_dir, family, qtype, experts_only=False):
     return counts
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_q8_0_every_family(fmoe_bin, models, tmp_path, family):
-    d = models(family)
+@pytest.mark.parametrize("name", FAMILIES + ["mixtral_bf16", "olmoe_f16"])
+def test_q8_0_every_family(fmoe_bin, models, tmp_path, name):
+    """Every family, and BF16 and F16 checkpoints (kept tensors keep that dtype)."""
+    family = {"mixtral_bf16": "mixtral", "olmoe_f16": "olmoe"}.get(name, name)
+    d = models(name)
     out = tmp_path / "m.gguf"
     p = run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", d, "-o", out, "--quiet")
     assert f"{out}: {ARCH[family]}," in p.stdout
