@@ -21,7 +21,8 @@
  * receive would spin a core in Open MPI's progress loop, which a rank's own cells need.
  *
  * Fault injection (tests): FMOE_FAULT_RANK_KILL=R:K makes rank R (> 0) kill itself with
- * SIGKILL right after sending its K-th result.
+ * SIGKILL as it receives its K-th cell, which rank 0 then holds as that rank's: a dead
+ * rank with a cell, whatever the timing.
  */
 #include <mpi.h>
 #include <signal.h>
@@ -331,7 +332,7 @@ static int run_worker(const cmd_mpi_world *w, const cmd_sweep_job *job) {
     cmd_sweep_pool *pool = NULL;
     int rc = cmd_sweep_pool_start(&pool, job->threads, job);
     if (rc < 0) return rc; /* rank 0 declares this rank dead after the timeout */
-    int slots = cmd_sweep_pool_threads(pool), retired = 0, sent = 0;
+    int slots = cmd_sweep_pool_threads(pool), retired = 0, received = 0;
     MPI_Send(&slots, (int)sizeof slots, MPI_CHAR, 0, TAG_HELLO, MPI_COMM_WORLD);
     const double timeout = job->rank_timeout_s > 0 ? job->rank_timeout_s : DEFAULT_TIMEOUT_S;
     const double beat = timeout / 8 < 1.0 ? timeout / 8 : 1.0;
@@ -348,6 +349,7 @@ static int run_worker(const cmd_mpi_world *w, const cmd_sweep_job *job) {
             last_heard = now_s();
             heard = 1;
             if (c >= 0 && (size_t)c < job->n) {
+                if (++received == kill_after && w->rank == kill_rank) raise(SIGKILL);
                 cmd_sweep_pool_push(pool, (size_t)c);
                 inflight++;
             } else {
@@ -364,7 +366,6 @@ static int run_worker(const cmd_mpi_world *w, const cmd_sweep_job *job) {
             else send_tagged(TAG_ERROR, (int64_t)i, detail);
             free(line);
             last_send = now_s();
-            if (++sent == kill_after && w->rank == kill_rank) raise(SIGKILL);
         } else if (heard && inflight == 0 && now_s() - last_heard > timeout) {
             /* every slot waits for rank 0, which answers at once when alive */
             rc = fmoe_error_set(FMOE_EIO, "rank %d: rank 0 has not answered for %.0f s; "

@@ -2,10 +2,12 @@
 
 - A sweep over 3 ranks (one thread each, so all three work) prints the single-process
   result, cell for cell, as JSON and as CSV, with several traces and presets too.
-- A rank killed mid-sweep (FMOE_FAULT_RANK_KILL=2:1: rank 2 kills itself after its first
-  result, holding the next cell rank 0 gave it) is declared dead after --rank-timeout; rank
-  0 reports its cells missing and writes no result; --resume (over 3 ranks again)
-  completes the sweep to the single-process result.
+- A rank killed mid-sweep (FMOE_FAULT_RANK_KILL=2:2: rank 2 kills itself as its second
+  cell arrives, so rank 0 holds that cell as rank 2's) is declared dead after
+  --rank-timeout; rank 0 reports its cells missing and writes no result; --resume (over 3
+  ranks again) completes the sweep to the single-process result. The grid is the FLAME-MoE
+  sample's, about 100 cells and a few seconds of work, so that rank 2 gets two cells
+  however late it starts on a loaded machine.
 - `mpirun -n 3 fmoe record` writes OUT.rank-{0,1,2}.h5, rank r every 3rd request; merged,
   they equal a single-process greedy recording of the same requests dataset for dataset
   (the measured /timing aside), and build-store on the shards equals build-store on the
@@ -59,6 +61,10 @@ def mpi(fmoe_bin, tmp_path_factory):
     lines = PROMPTS.read_text().splitlines()
     (d / "p12.txt").write_text("\n".join(lines[:12]) + "\n")
     (d / "q6.txt").write_text("\n".join(lines[40:46]) + "\n")
+    csvs = [REPO / "datasets/samples/flame-moe-290m" / f"layer0{i}.csv" for i in range(2, 10)]
+    run_fmoe(fmoe_bin, "trace", "import", "--format", "dense-csv", "--layers", "8", "--experts",
+             "64", "--top-k", "6", "--tokens-per-request", "64", "--expert-bytes", "6291456",
+             *csvs, "-o", d / "flame.h5", "--quiet")
     for name in ("p12", "q6"):
         run_fmoe(fmoe_bin, "record", "--model", TINY, "--dataset", d / f"{name}.txt",
                  "--max-new-tokens", "6", "--threads", "1", "--quiet", "-o", d / f"{name}.h5")
@@ -85,12 +91,19 @@ def test_sweep_over_ranks_equals_one_process(fmoe, fmoe_bin, mpi):
             fmoe("simulate", *many, *GRID, "--json").stdout)
 
 
+FLAME_GRID = ["--policy", "lru,belady,oracle,moe-infinity,fmoe,fmoe-lru",
+              "--cache-experts", "8,16,32,64,96,128,192", "--prefetch-distance", "1,2,3",
+              "--quiet"]
+
+
 def test_dead_rank_cells_missing_then_resumed(fmoe, fmoe_bin, mpi, tmp_path):
-    t = mpi / "p12.h5"
+    t = mpi / "flame.h5"
+    GRID = FLAME_GRID
     one = fmoe("simulate", "--trace", t, *GRID, "--json").stdout
     n = len(json.loads(one)["results"])
+    assert n >= 90
     out = tmp_path / "s.jsonl"
-    env = dict(mpi_env(), FMOE_FAULT_RANK_KILL="2:1")
+    env = dict(mpi_env(), FMOE_FAULT_RANK_KILL="2:2")
     p = mpirun(fmoe_bin, "simulate", "--trace", t, *GRID, "--json", "--threads", "1",
                "--sweep-out", out, "--rank-timeout", "2",
                extra=["--enable-recovery", "-x", "FMOE_FAULT_RANK_KILL"], env=env, check=False)
