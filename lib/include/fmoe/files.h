@@ -65,6 +65,7 @@ int fmoe__partial_commit(const char *partial, const char *output);
  *   "commit-before-rename"  the partial is complete and synced, not yet renamed
  *   "commit-after-rename"   the output is in place, the command has not yet exited
  *   "trace-request"         a request was handed to the trace writer (#N: the Nth)
+ *   "sweep-cell"            simulate wrote a cell's line to --sweep-out (#N: the Nth)
  * Unset (every real run): one getenv per process, then a load per call. */
 void fmoe__fault_point(const char *point);
 
