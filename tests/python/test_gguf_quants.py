@@ -18,7 +18,7 @@ import subprocess
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402  (tests/python/requirements.txt)
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]

@@ -20,7 +20,7 @@ import pytest
 from conftest import run_fmoe
 import make_tiny_models as tiny
 
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402  (tests/python/requirements.txt)
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek"]
