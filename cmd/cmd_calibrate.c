@@ -39,6 +39,7 @@
 
 #include "backend_cli.h"
 #include "cmd_common.h"
+#include "paths.h"
 #include "fmoe/cuda.h"
 #include "fmoe/error.h"
 #include "fmoe/files.h"
@@ -705,6 +706,9 @@ int cmd_calibrate(int argc, char **argv) {
     FILE *out = NULL;
     char partial[4200];
     if (o.output) {
+        /* an output that cannot be a file (/dev/full, a folder) is a usage error, exit 2,
+         * as in every command */
+        if ((rc = cmd_check_output(CMD, o.output, NULL, 0)) != 0) return rc;
         snprintf(partial, sizeof partial, "%s.partial", o.output);
         rc = fmoe__partial_fopen(o.output, partial, "w", &out); /* fmoe/files.h */
         if (rc < 0) return cmd_fail(CMD, rc);

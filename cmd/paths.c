@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -175,5 +176,19 @@ int cmd_check_output(const char *cmd, const char *output, const char *const *inp
                 return cmd_refuse(cmd, "output is an input (%s)", output);
     }
     if (fmoe__output_check(output) < 0) return cmd_refuse(cmd, "%s", fmoe_error_detail());
+    /* The folder it goes in, now: the write comes after the work (a sweep, a training),
+     * and a missing folder found then costs all of it. */
+    char dir[PATH_MAX];
+    const char *slash = strrchr(output, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == output ? 1 : (int)(slash - output), output);
+    struct stat st;
+    const char *why = stat(dir, &st) != 0 ? strerror(errno)
+                      : !S_ISDIR(st.st_mode) ? strerror(ENOTDIR)
+                      : access(dir, W_OK | X_OK) != 0 ? strerror(errno)
+                                                       : NULL;
+    if (why) return cmd_failf(cmd, "%s: cannot create: %s", output, why);
     return 0;
 }

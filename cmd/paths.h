@@ -52,7 +52,9 @@ int cmd_generation_config_is_stop(const cmd_generation_config *gc, int32_t id);
  * (a directory, /dev/null). NULL entries of INPUTS are skipped; "-" (standard output) is
  * never refused. Prints one line, "fmoe CMD: output is an input (OUTPUT)",
  * "fmoe CMD: OUTPUT: is a directory" or "fmoe CMD: OUTPUT: exists and is not a regular
- * file". @return 0, or CMD_EXIT_USAGE. */
+ * file". Then OUTPUT's folder must exist and be writable, so that a run fails at once and
+ * not after its work: "fmoe CMD: OUTPUT: cannot create: No such file or directory", like
+ * the create would say. @return 0, CMD_EXIT_USAGE, or CMD_EXIT_FAILURE (the folder). */
 int cmd_check_output(const char *cmd, const char *output, const char *const *inputs,
                      int ninputs);
 

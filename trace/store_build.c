@@ -277,9 +277,11 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
         b.rep = malloc((size_t)b.batch * sizeof *b.rep);
         probs = malloc((size_t)max_tokens * L * J * sizeof *probs);
         sem = h ? malloc((size_t)max_tokens * h * sizeof *sem) : NULL;
-        chosen = rep->ids_only ? malloc((size_t)max_tokens * L * K * sizeof *chosen) : NULL;
-        if (!b.maps || (h && !b.sem) || !b.slots || !b.rep || !probs || (h && !sem) ||
-            (rep->ids_only && !chosen))
+        /* the chosen experts are read even when the maps come from the probabilities: the
+         * reader checks them (ids below J, no repeats), so a damaged trace is refused
+         * rather than turned into a store */
+        chosen = malloc((size_t)max_tokens * L * K * sizeof *chosen);
+        if (!b.maps || (h && !b.sem) || !b.slots || !b.rep || !probs || (h && !sem) || !chosen)
             rc = fmoe_error_set(FMOE_ENOMEM, "build-store: buffers for %lld tokens",
                                 (long long)max_tokens);
     }
@@ -295,8 +297,7 @@ static int build(fmoe_trace_reader **r, const char *const *paths, int32_t n,
             if (!keep[i][k] || q[k].token_count == 0) continue;
             const int ids = fmoe_trace_reader_header(r[i])->probs_kind == FMOE_PROBS_NONE;
             const fmoe_trace_token_buffers buf = {.probs = ids ? NULL : probs,
-                                                  .experts = ids ? chosen : NULL,
-                                                  .semantic = sem};
+                                                  .experts = chosen, .semantic = sem};
             rc = fmoe_trace_reader_read_tokens(r[i], q[k].token_begin, q[k].token_count, &buf);
             if (rc == 0 && ids) maps_from_ids(chosen, q[k].token_count, L, J, K, probs);
             for (int64_t t = 0; t < q[k].token_count && rc == 0; t++) {
