@@ -25,13 +25,16 @@ TEST(pool_equals_one_thread_and_reference) {
     const uint32_t types[] = {FMOE_GGML_BF16, FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
                               FMOE_GGML_Q6_K};
     const int64_t rows = 203, cols = 512; /* rows: not a multiple of the chunk */
-    const int32_t nx = 3;
+    const int32_t nx = 5; /* >= QUANT_MATVEC_WIDEN_MIN: the widening path when scratch is given */
     fmoe__pool *pool;
     ASSERT_OK(fmoe__pool_init(3, &pool));
     float *w = malloc((size_t)(rows * cols) * sizeof *w);
     float *x = malloc((size_t)(nx * cols) * sizeof *x);
     float *y1 = malloc((size_t)(nx * rows) * sizeof *y1), *y3 = malloc((size_t)(nx * rows) * sizeof *y3);
     uint8_t *q = malloc((size_t)(rows * cols * 2));
+    float *yw = malloc((size_t)(nx * rows) * sizeof *yw);
+    float *scratch[3];
+    for (int k = 0; k < 3; k++) scratch[k] = malloc((size_t)cols * sizeof **scratch);
     for (int64_t i = 0; i < rows * cols; i++) w[i] = rndf() * 0.1f;
     for (int64_t i = 0; i < nx * cols; i++) x[i] = rndf();
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -46,16 +49,20 @@ TEST(pool_equals_one_thread_and_reference) {
             else
                 fmoe_quant_quantize_row(t, w + r * cols, q + r * rb, cols);
         }
-        fmoe__quant_matvec(NULL, t, q, rows, cols, x, nx, cols, y1, rows);
-        fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, y3, rows);
+        fmoe__quant_matvec(NULL, t, q, rows, cols, x, nx, cols, y1, rows, NULL);
+        fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, y3, rows, NULL);
         ASSERT_TRUE(memcmp(y1, y3, (size_t)(nx * rows) * sizeof *y1) == 0);
+        fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, yw, rows, scratch);
         for (int32_t i = 0; i < nx; i++)
             for (int64_t r = 0; r < rows; r++) {
                 const float ref = fmoe_quant_dot_ref(t, q + r * rb, x + i * cols, cols);
-                ASSERT_NEAR(y3[i * rows + r], ref, 4 * 1.2e-7 * sqrt((double)cols) * cols * 0.1 + 1e-6);
+                const double tol = 4 * 1.2e-7 * sqrt((double)cols) * cols * 0.1 + 1e-6;
+                ASSERT_NEAR(y3[i * rows + r], ref, tol);
+                ASSERT_NEAR(yw[i * rows + r], ref, tol);
             }
     }
-    free(w), free(x), free(y1), free(y3), free(q);
+    free(w), free(x), free(y1), free(y3), free(yw), free(q);
+    for (int k = 0; k < 3; k++) free(scratch[k]);
     fmoe__pool_free(pool);
 }
 
