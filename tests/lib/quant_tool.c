@@ -6,6 +6,9 @@
  *   quant_tool quant TYPE IN OUT     f32 values -> raw blocks of TYPE
  *   quant_tool dot TYPE ROWS X OUT   for each row of ROWS (rows of len(X) values):
  *                                    fmoe_quant_dot and fmoe_quant_dot_ref, two f32 each
+ *   quant_tool map ARCH NHEAD NKV NAME...
+ *                                    per HF tensor NAME one line: GGUF-NAME EXPERT HEADS
+ *                                    (fmoe_gguf_tensor_for), "-" when there is none
  *   quant_tool dump FILE.gguf DIR    DIR/meta.json (version, alignment, data offset, every
  *                                    key with its type and values, every tensor's type,
  *                                    extents and offset) and DIR/<tensor>.f32 (its values
@@ -125,6 +128,16 @@ static int dump(const char *path, const char *dir) {
 
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "dump") == 0) return dump(argv[2], argv[3]);
+    if (argc >= 5 && strcmp(argv[1], "map") == 0) {
+        for (int i = 5; i < argc; i++) {
+            fmoe_gguf_tensor_ref ref;
+            if (fmoe_gguf_tensor_for(argv[2], atoi(argv[3]), atoi(argv[4]), argv[i], &ref) == 0)
+                printf("%s %d %d\n", ref.name, ref.expert, ref.permute_heads);
+            else
+                printf("- -1 0\n");
+        }
+        return 0;
+    }
     if (argc < 5) {
         fprintf(stderr, "usage: quant_tool dequant|quant TYPE IN OUT | dot TYPE ROWS X OUT | "
                         "dump FILE DIR\n");

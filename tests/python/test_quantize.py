@@ -73,6 +73,7 @@ def expected_tensors(family, cfg, ck):
     n_head, n_kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     J = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
     used = set()
+    where = {}  # HF name -> (GGUF name, expert slice or -1, permuted heads or 0)
 
     def get(name):
         used.add(name)
@@ -95,6 +96,7 @@ def expected_tensors(family, cfg, ck):
                     if normal_rope and heads:
                         w = permute(w, heads)
                     out[b + f"{gg}.{suffix}"] = (w, dt, kind)
+                    where[name] = (b + f"{gg}.{suffix}", -1, heads if normal_rope else 0)
         for hf, gg in (("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")):
             if p + f"self_attn.{hf}.weight" in ck:
                 out[b + f"{gg}.weight"] = (*get(p + f"self_attn.{hf}.weight"), "norm")
@@ -105,6 +107,8 @@ def expected_tensors(family, cfg, ck):
                     (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down"))
             for hf, gg in names:
                 ws = [get(p + f"{moe}.experts.{e}.{hf}.weight") for e in range(J)]
+                for e in range(J):
+                    where[p + f"{moe}.experts.{e}.{hf}.weight"] = (b + f"ffn_{gg}_exps.weight", e, 0)
                 out[b + f"ffn_{gg}_exps.weight"] = (np.stack([w for w, _ in ws]), ws[0][1], "expert")
             for shared in ("shared_expert", "shared_experts"):
                 if p + f"mlp.{shared}.gate_proj.weight" in ck:
@@ -117,6 +121,7 @@ def expected_tensors(family, cfg, ck):
             for gg in ("gate", "up", "down"):
                 out[b + f"ffn_{gg}.weight"] = (*get(p + f"mlp.{gg}_proj.weight"), "weight")
     assert used == set(ck), f"checkpoint tensors not written: {sorted(set(ck) - used)}"
+    expected_tensors.where = where
     return out
 
 
@@ -301,3 +306,34 @@ def test_inspect_bad_gguf_one_line(fmoe_bin, models, tmp_path):
     assert p.returncode == 1 and len(lines) == 1, p.stderr
     assert lines[0].startswith(f"fmoe inspect: {cut}: tensor output.weight: ")
     assert "run past the end of the file" in lines[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_name_map_matches_converter(build_dir, models, family):
+    """fmoe_gguf_tensor_for (the map a GGUF loader will use) sends every checkpoint tensor
+    where the converter's layout (written out here in Python) puts it."""
+    import subprocess
+    d = models(family)
+    cfg = json.loads((d / "config.json").read_text())
+    ck = read_checkpoint(d)
+    want = expected_tensors(family, cfg, ck)
+    where = dict(expected_tensors.where)  # experts and permuted q/k; the rest map 1:1
+    names = sorted(ck) + ["model.layers.0.self_attn.rotary_emb.inv_freq", "model.layers.x.mlp.gate.weight"]
+    n_head = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads", n_head)
+    p = subprocess.run([str(build_dir / "tests" / "lib" / "quant_tool"), "map", ARCH[family],
+                        str(n_head), str(n_kv), *names], capture_output=True, text=True, check=True)
+    got = dict(zip(names, (tuple(line.split()) for line in p.stdout.splitlines())))
+    written = set()
+    for name in names[-2:]:
+        assert got.pop(name) == ("-", "-1", "0"), name  # not a tensor of the layout
+    for name in names[:-2]:
+        g, e, h = got[name]
+        assert g != "-", name
+        assert g in want, (name, g)
+        if name in where:
+            assert (g, int(e), int(h)) == where[name], name
+        else:
+            assert int(e) == -1 and int(h) == 0, name
+        written.add(g)
+    assert written == set(want)

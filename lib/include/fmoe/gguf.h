@@ -152,6 +152,21 @@ int fmoe_gguf_get_tensor(const fmoe_gguf *g, const char *name, int32_t ndim, con
  */
 int fmoe_gguf_config_json(const fmoe_gguf *g, char **json, int *exact);
 
+/* Where a HuggingFace tensor lives in a GGUF file laid out by llama.cpp's converter (and
+ * fmoe quantize): lib/gguf_names.c. */
+typedef struct fmoe_gguf_tensor_ref {
+    char name[64];          /* the GGUF tensor, e.g. "blk.3.ffn_down_exps.weight" */
+    int32_t expert;         /* >= 0: slice [expert] of a stacked *_exps tensor; -1: all of it */
+    int32_t permute_heads;  /* > 0: rows permuted from rotate-half to adjacent pairs per head
+                               (this many heads; llama and deepseek): undo on load */
+} fmoe_gguf_tensor_ref;
+
+/* The GGUF tensor for `hf_name` ("model.layers.3.mlp.experts.5.down_proj.weight") in a file
+ * of architecture `arch`, whose attention has n_head query and n_head_kv key/value heads.
+ * @return 0 and *out, or FMOE_ENOTFOUND ("no GGUF tensor for NAME (architecture A)"). */
+int fmoe_gguf_tensor_for(const char *arch, int32_t n_head, int32_t n_head_kv,
+                         const char *hf_name, fmoe_gguf_tensor_ref *out);
+
 /* "UINT8", ..., "FLOAT64"; "?" for other numbers. */
 const char *fmoe_gguf_value_type_name(uint32_t type);
 

@@ -1,0 +1,113 @@
+/*
+ * gguf_names.c - where a HuggingFace tensor lives in a GGUF file (fmoe/gguf.h,
+ * fmoe_gguf_tensor_for): the name map of llama.cpp's converter (gguf-py's tensor_mapping
+ * for the five MoE architectures fmoe runs), which `fmoe quantize` writes and a GGUF
+ * loader reads back. Written as a table of name suffixes so the two directions cannot
+ * drift: the loader asks for the HF names it already binds (runtime/model/load.c) and gets
+ * the GGUF tensor, the expert slice of a stacked *_exps tensor, and whether the rows were
+ * permuted for ggml's adjacent-pair RoPE (llama, deepseek: undo it, or rotate pairs).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/gguf.h"
+
+/* Per-layer suffixes: HF (after "model.layers.N.") -> GGUF (after "blk.N."). A '*' in the
+ * HF pattern is an expert index; `heads` 1 = query heads, 2 = key/value heads, when the
+ * architecture permutes. */
+static const struct {
+    const char *hf, *gguf;
+    int heads;
+} layer_map[] = {
+    {"input_layernorm.weight", "attn_norm.weight", 0},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+    {"self_attn.q_proj.weight", "attn_q.weight", 1},
+    {"self_attn.k_proj.weight", "attn_k.weight", 2},
+    {"self_attn.v_proj.weight", "attn_v.weight", 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", 0},
+    {"self_attn.q_proj.bias", "attn_q.bias", 1},
+    {"self_attn.k_proj.bias", "attn_k.bias", 2},
+    {"self_attn.v_proj.bias", "attn_v.bias", 0},
+    {"self_attn.o_proj.bias", "attn_output.bias", 0},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight", 0},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", 0},
+    {"mlp.gate.weight", "ffn_gate_inp.weight", 0},
+    {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight", 0},
+    {"mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight", 0},
+    {"mlp.experts.*.up_proj.weight", "ffn_up_exps.weight", 0},
+    {"mlp.experts.*.down_proj.weight", "ffn_down_exps.weight", 0},
+    {"block_sparse_moe.experts.*.w1.weight", "ffn_gate_exps.weight", 0},
+    {"block_sparse_moe.experts.*.w3.weight", "ffn_up_exps.weight", 0},
+    {"block_sparse_moe.experts.*.w2.weight", "ffn_down_exps.weight", 0},
+    {"mlp.experts.*.w1.weight", "ffn_gate_exps.weight", 0},
+    {"mlp.experts.*.w3.weight", "ffn_up_exps.weight", 0},
+    {"mlp.experts.*.w2.weight", "ffn_down_exps.weight", 0},
+    {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight", 0},
+    {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight", 0},
+    {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight", 0},
+    {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight", 0},
+    {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight", 0},
+    {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight", 0},
+    {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", 0},
+    {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
+    {"mlp.up_proj.weight", "ffn_up.weight", 0},
+    {"mlp.down_proj.weight", "ffn_down.weight", 0},
+};
+
+/* Matches `s` against `pat`, where '*' is a decimal number (stored in *num). */
+static int match(const char *s, const char *pat, int32_t *num) {
+    while (*pat) {
+        if (*pat == '*') {
+            if (*s < '0' || *s > '9') return 0;
+            long v = 0;
+            while (*s >= '0' && *s <= '9' && v < 1000000) v = v * 10 + (*s++ - '0');
+            *num = (int32_t)v;
+            pat++;
+            continue;
+        }
+        if (*s++ != *pat++) return 0;
+    }
+    return *s == '\0';
+}
+
+int fmoe_gguf_tensor_for(const char *arch, int32_t n_head, int32_t n_head_kv,
+                         const char *hf_name, fmoe_gguf_tensor_ref *out) {
+    memset(out, 0, sizeof *out);
+    out->expert = -1;
+    const int permutes = strcmp(arch, "llama") == 0 || strcmp(arch, "deepseek") == 0;
+    if (strcmp(hf_name, "model.embed_tokens.weight") == 0) {
+        snprintf(out->name, sizeof out->name, "token_embd.weight");
+        return 0;
+    }
+    if (strcmp(hf_name, "model.norm.weight") == 0) {
+        snprintf(out->name, sizeof out->name, "output_norm.weight");
+        return 0;
+    }
+    if (strcmp(hf_name, "lm_head.weight") == 0) {
+        snprintf(out->name, sizeof out->name, "output.weight");
+        return 0;
+    }
+    const char *p = "model.layers.";
+    if (strncmp(hf_name, p, strlen(p)) == 0) {
+        const char *s = hf_name + strlen(p);
+        long layer = 0;
+        int digits = 0;
+        while (*s >= '0' && *s <= '9' && digits < 7) layer = layer * 10 + (*s++ - '0'), digits++;
+        if (digits > 0 && *s == '.') {
+            s++;
+            for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++) {
+                int32_t e = -1;
+                if (!match(s, layer_map[i].hf, &e)) continue;
+                snprintf(out->name, sizeof out->name, "blk.%ld.%s", layer, layer_map[i].gguf);
+                out->expert = e;
+                if (permutes && layer_map[i].heads)
+                    out->permute_heads = layer_map[i].heads == 1 ? n_head : n_head_kv;
+                return 0;
+            }
+        }
+    }
+    return fmoe_error_set(FMOE_ENOTFOUND, "no GGUF tensor for %s (architecture %s)", hf_name,
+                          arch);
+}
