@@ -118,7 +118,7 @@ static void json_ids(FILE *f, const int32_t *ids, size_t n) {
  * ------------------------------------------------------------------------------------- */
 
 typedef struct generate_args {
-    const char *model, *prompt, *system, *chat_template, *dump_logits, *backend;
+    const char *model, *tokenizer, *prompt, *system, *chat_template, *dump_logits, *backend;
     int32_t max_new_tokens, top_k, threads;
     double temperature, top_p;
     int64_t seed;
@@ -128,8 +128,13 @@ typedef struct generate_args {
 } generate_args;
 
 static const cmd_option generate_options[] = {
-    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "DIR", .help = "model directory",
+    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "PATH",
+     .help = "model directory (HuggingFace checkpoint) or GGUF file",
      .default_text = "the bundled fmoe-tiny", .offset = offsetof(generate_args, model)},
+    {.name = "tokenizer", .kind = CMD_OPT_STRING, .value_name = "DIR",
+     .help = "folder with tokenizer.json and generation_config.json (needed with a GGUF "
+             "--model)",
+     .default_text = "the model directory", .offset = offsetof(generate_args, tokenizer)},
     {.name = "prompt", .kind = CMD_OPT_STRING, .value_name = "TEXT",
      .help = "the prompt (required)", .offset = offsetof(generate_args, prompt)},
     {.name = "max-new-tokens", .kind = CMD_OPT_INT32, .value_name = "N",
@@ -183,7 +188,7 @@ static void init(void *base) {
 
 const cmd_spec cmd_generate_spec = {
     .name = "generate",
-    .usage = "generate [--model DIR] --prompt TEXT [options]",
+    .usage = "generate [--model DIR|FILE.gguf [--tokenizer DIR]] --prompt TEXT [options]",
     .description =
         "Run one prompt through a HuggingFace MoE checkpoint on the CPU or a CUDA device\n"
         "(--backend) and stream the continuation to stdout; the backend, then prefill and\n"
@@ -213,6 +218,8 @@ int cmd_generate(int argc, char **argv) {
     a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
+    const char *tok_dir = cmd_tokenizer_dir(CMD, dir, a.tokenizer);
+    if (!tok_dir) return CMD_EXIT_USAGE;
     const char *inputs[] = {dir, a.chat_template};
     if ((prc = cmd_check_output(CMD, a.dump_logits, inputs, 2)) != 0) return prc;
 
@@ -231,9 +238,9 @@ int cmd_generate(int argc, char **argv) {
     char offload_line[512];
 
     if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
-    if ((err = fmoe_tokenizer_load(dir, &tok)) < 0) goto fail;
+    if ((err = fmoe_tokenizer_load(tok_dir, &tok)) < 0) goto fail;
     cmd_generation_config gc;
-    if ((err = cmd_generation_config_load(dir, &gc)) < 0) goto fail;
+    if ((err = cmd_generation_config_load(tok_dir, &gc)) < 0) goto fail;
     cmd_generation_config_add_stop(&gc, fmoe_tokenizer_eos_id(tok));
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
     const int32_t V = g->vocab_size;

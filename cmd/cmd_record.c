@@ -63,7 +63,8 @@
 static const char *const CMD = "record";
 
 typedef struct record_args {
-    const char *model, *dataset, *output, *arrivals, *chat_template, *model_name, *backend;
+    const char *model, *tokenizer, *dataset, *output, *arrivals, *chat_template, *model_name;
+    const char *backend;
     fmoe_prompt_format format;
     fmoe_compression compression;
     int64_t max_requests, seed;
@@ -85,8 +86,13 @@ static int on_dataset_format(const char *cmd, const cmd_option *opt, void *base,
 }
 
 static const cmd_option record_options[] = {
-    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "DIR", .help = "model directory",
+    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "PATH",
+     .help = "model directory (HuggingFace checkpoint) or GGUF file",
      .default_text = "the bundled fmoe-tiny", .offset = offsetof(record_args, model)},
+    {.name = "tokenizer", .kind = CMD_OPT_STRING, .value_name = "DIR",
+     .help = "folder with tokenizer.json and generation_config.json (needed with a GGUF "
+             "--model)",
+     .default_text = "the model directory", .offset = offsetof(record_args, tokenizer)},
     {.name = "dataset", .kind = CMD_OPT_STRING, .value_name = "FILE",
      .help = "prompts (required)", .offset = offsetof(record_args, dataset)},
     {.name = "dataset-format", .kind = CMD_OPT_CALLBACK, .value_name = "F",
@@ -163,7 +169,7 @@ static void init(void *base) {
 
 const cmd_spec cmd_record_spec = {
     .name = "record",
-    .usage = "record [--model DIR] --dataset FILE -o TRACE.h5 [options]",
+    .usage = "record [--model DIR|FILE.gguf [--tokenizer DIR]] --dataset FILE -o TRACE.h5 [options]",
     .description =
         "Run real inference over the prompts of a dataset and write the routing trace\n"
         "(docs/formats/trace.md): per token and MoE layer the chosen experts and the full\n"
@@ -388,6 +394,8 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
     a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
+    const char *tok_dir = cmd_tokenizer_dir(CMD, dir, a.tokenizer);
+    if (!tok_dir) return CMD_EXIT_USAGE;
     const char *inputs[] = {a.dataset, a.arrivals, a.chat_template, dir};
     if ((prc = cmd_check_output(CMD, a.output, inputs, 4)) != 0) return prc;
 
@@ -426,9 +434,9 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
         }
     }
     if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
-    if ((err = fmoe_tokenizer_load(dir, &tok)) < 0) goto fail;
+    if ((err = fmoe_tokenizer_load(tok_dir, &tok)) < 0) goto fail;
     cmd_generation_config gc;
-    if ((err = cmd_generation_config_load(dir, &gc)) < 0) goto fail;
+    if ((err = cmd_generation_config_load(tok_dir, &gc)) < 0) goto fail;
     cmd_generation_config_add_stop(&gc, fmoe_tokenizer_eos_id(tok));
 
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);

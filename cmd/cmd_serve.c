@@ -39,7 +39,7 @@
 static const char *const CMD = "serve";
 
 typedef struct serve_args {
-    const char *model, *host, *api_key, *port_file, *model_name, *trace_out, *backend;
+    const char *model, *tokenizer, *host, *api_key, *port_file, *model_name, *trace_out, *backend;
     int32_t port, parallel, max_queue, max_context, threads, timeout, client_connections;
     int64_t max_body;
     double grace;
@@ -49,8 +49,13 @@ typedef struct serve_args {
 } serve_args;
 
 static const cmd_option serve_options[] = {
-    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "DIR", .help = "model directory",
+    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "PATH",
+     .help = "model directory (HuggingFace checkpoint) or GGUF file",
      .default_text = "the bundled fmoe-tiny", .offset = offsetof(serve_args, model)},
+    {.name = "tokenizer", .kind = CMD_OPT_STRING, .value_name = "DIR",
+     .help = "folder with tokenizer.json and generation_config.json (needed with a GGUF "
+             "--model)",
+     .default_text = "the model directory", .offset = offsetof(serve_args, tokenizer)},
     {.name = "host", .kind = CMD_OPT_STRING, .value_name = "ADDR",
      .help = "address to listen on", .default_text = "127.0.0.1",
      .offset = offsetof(serve_args, host)},
@@ -123,7 +128,7 @@ static void init(void *base) {
 
 const cmd_spec cmd_serve_spec = {
     .name = "serve",
-    .usage = "serve [--model DIR] [--port N] [--parallel P] [--policy P --cache-experts N] "
+    .usage = "serve [--model DIR|FILE.gguf [--tokenizer DIR]] [--port N] [--parallel P] [--policy P --cache-experts N] "
              "[options]",
     .description =
         "Serve a HuggingFace MoE checkpoint behind an OpenAI-compatible API:\n"
@@ -192,6 +197,8 @@ int cmd_serve(int argc, char **argv) {
     a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
+    const char *tok_dir = cmd_tokenizer_dir(CMD, dir, a.tokenizer);
+    if (!tok_dir) return CMD_EXIT_USAGE;
 
     if ((prc = cmd_offload_check_args(CMD, &a.off)) != 0) return prc; /* before listening */
     if (catch_stop_signals() != 0) return cmd_failf(CMD, "cannot install the signal handler");
@@ -215,7 +222,7 @@ int cmd_serve(int argc, char **argv) {
         goto fail;
     }
     /* Listen first: /health says "loading" while the model loads. */
-    if ((err = fmoe_tokenizer_load(dir, &tok)) < 0) goto fail;
+    if ((err = fmoe_tokenizer_load(tok_dir, &tok)) < 0) goto fail;
     serve_http_options ho = {.host = a.host, .port = a.port, .api_key = a.api_key,
                              .max_body_bytes = (size_t)a.max_body,
                              .connection_timeout_s = (unsigned)a.timeout,
@@ -232,7 +239,7 @@ int cmd_serve(int argc, char **argv) {
 
     if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
     cmd_generation_config gc;
-    if ((err = cmd_generation_config_load(dir, &gc)) < 0) goto fail;
+    if ((err = cmd_generation_config_load(tok_dir, &gc)) < 0) goto fail;
     if ((rc = cmd_offload_open(CMD, &a.off, m, 64, a.quiet, &off)) != 0) goto done;
     off_open = 1;
     rc = CMD_EXIT_FAILURE;

@@ -34,11 +34,12 @@ void cmd_offload_args_init(cmd_offload_args *a) {
 /* --miss auto's figures from the profile, for this model's expert (the simulator's cost
  * model, sim/costs.c: measured linear fits, else its rooflines), into o. @return 0 or 1
  * (printed). */
-static int auto_costs(const char *cmd, const char *path, const fmoe_model_geometry *g,
+static int auto_costs(const char *cmd, const char *path, const fmoe_model *m,
                       fmoe_offload_options *o) {
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
     fmoe_hardware_profile hw;
     fmoe_sim_costs c;
-    const int64_t eb = fmoe_geometry_expert_bytes(g, g->expert_dtype);
+    const int64_t eb = fmoe_model_expert_bytes(m);
     int rc = fmoe_hardware_load(path, &hw);
     if (rc == 0) {
         rc = fmoe_sim_costs_init(&c, &hw, g, eb, g->hidden_size, 0);
@@ -176,9 +177,9 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     const int64_t total = (int64_t)g->num_moe_layers * g->num_experts;
     int64_t n = a->cache_experts;
     if (a->cache_gb > 0) {
-        /* expert bytes at the checkpoint's dtype, as record writes them to the trace and
+        /* expert bytes as the model stores them, as record writes them to the trace and
          * simulate converts --cache-gb */
-        const int64_t eb = fmoe_geometry_expert_bytes(g, g->expert_dtype);
+        const int64_t eb = fmoe_model_expert_bytes(m);
         n = eb > 0 ? (int64_t)(a->cache_gb * (double)(1 << 30) / (double)eb) : 0;
         if (n < 1) {
             cmd_offload_close(cmd, out, 0);
@@ -200,7 +201,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     o.tier = (fmoe_tier_kind)a->tier;
     o.direct_io = a->direct_io;
     o.miss = a->miss;
-    if (a->miss == FMOE_OFFLOAD_MISS_AUTO && (rc = auto_costs(cmd, a->profile, g, &o))) {
+    if (a->miss == FMOE_OFFLOAD_MISS_AUTO && (rc = auto_costs(cmd, a->profile, m, &o))) {
         cmd_offload_close(cmd, out, 0);
         return rc;
     }

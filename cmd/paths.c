@@ -66,6 +66,17 @@ const char *cmd_model_dir_or_default(const char *cmd, const char *given) {
     return dir;
 }
 
+const char *cmd_tokenizer_dir(const char *cmd, const char *model, const char *tokenizer) {
+    if (tokenizer) return tokenizer;
+    struct stat st;
+    if (stat(model, &st) != 0 || S_ISDIR(st.st_mode)) return model; /* the load names errors */
+    /* A GGUF file's vocabulary (tokenizer.ggml.*) is not a tokenizer.json, which is what
+     * fmoe's tokenizer reads (with tokenizer_config.json's chat template). */
+    cmd_usage_error(cmd, "%s: a model file carries no tokenizer fmoe reads; pass --tokenizer "
+                    "DIR (the HuggingFace folder with tokenizer.json)", model);
+    return NULL;
+}
+
 void cmd_generation_config_add_stop(cmd_generation_config *gc, int32_t id) {
     if (id < 0 || cmd_generation_config_is_stop(gc, id) || gc->num_stop >= CMD_MAX_STOP_TOKENS)
         return;

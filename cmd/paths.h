@@ -21,6 +21,12 @@ const char *cmd_bundled_model_dir(void);
  * "fmoe <cmd>: no --model given and the bundled model fmoe-tiny was not found ...". */
 const char *cmd_model_dir_or_default(const char *cmd, const char *given);
 
+/* Where the tokenizer (tokenizer.json, tokenizer_config.json) and generation_config.json of
+ * MODEL are: TOKENIZER (--tokenizer DIR) when given, else MODEL when it is a directory. For
+ * a model file (GGUF) without --tokenizer: NULL after printing "fmoe CMD: MODEL: a model
+ * file carries no tokenizer fmoe reads; pass --tokenizer DIR ..." (a usage error). */
+const char *cmd_tokenizer_dir(const char *cmd, const char *model, const char *tokenizer);
+
 #define CMD_MAX_STOP_TOKENS 16
 
 /* What a model directory's generation_config.json says (absent file or keys: defaults). */

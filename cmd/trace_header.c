@@ -35,7 +35,7 @@ int cmd_trace_header_for_model(fmoe_trace_header *h, const fmoe_model *m, const 
     h->top_k = g->top_k;
     h->hidden_size = (int32_t)g->hidden_size;
     h->shared_experts = g->num_shared_experts;
-    h->expert_bytes = fmoe_geometry_expert_bytes(g, g->expert_dtype);
+    h->expert_bytes = fmoe_model_expert_bytes(m);
     if (h->expert_bytes < 0) h->expert_bytes = 0;
     snprintf(h->dtype, sizeof h->dtype, "%s", fmoe_dtype_name(g->expert_dtype));
     cmd_backend_recorded_on(backend, h->recorded_on, sizeof h->recorded_on);

@@ -48,6 +48,7 @@
 #include <strings.h>
 
 #include "fmoe/error.h"
+#include "fmoe/quant.h"
 
 #include "geometry_impl.h"
 
@@ -182,6 +183,10 @@ const char *fmoe_dtype_name(fmoe_dtype d) {
     case FMOE_DTYPE_BF16: return "bf16";
     case FMOE_DTYPE_F8_E4M3: return "f8_e4m3";
     case FMOE_DTYPE_MXFP4: return "mxfp4";
+    case FMOE_DTYPE_Q8_0: return "q8_0";
+    case FMOE_DTYPE_Q4_K: return "q4_k";
+    case FMOE_DTYPE_Q5_K: return "q5_k";
+    case FMOE_DTYPE_Q6_K: return "q6_k";
     }
     return "unknown";
 }
@@ -199,6 +204,8 @@ int fmoe_dtype_parse(const char *name, fmoe_dtype *out) {
         {"f8_e4m3", FMOE_DTYPE_F8_E4M3}, {"float8_e4m3fn", FMOE_DTYPE_F8_E4M3},
         {"fp8", FMOE_DTYPE_F8_E4M3},     {"e4m3", FMOE_DTYPE_F8_E4M3},
         {"f8e4m3", FMOE_DTYPE_F8_E4M3},  {"mxfp4", FMOE_DTYPE_MXFP4},
+        {"q8_0", FMOE_DTYPE_Q8_0},       {"q4_k", FMOE_DTYPE_Q4_K},
+        {"q5_k", FMOE_DTYPE_Q5_K},       {"q6_k", FMOE_DTYPE_Q6_K},
     };
     if (!name || !out) return fmoe_error_set(FMOE_EINVAL, "dtype name is NULL");
     const char *n = name;
@@ -210,7 +217,8 @@ int fmoe_dtype_parse(const char *name, fmoe_dtype *out) {
         }
     }
     return fmoe_error_set(FMOE_EINVAL,
-                          "unknown dtype \"%.64s\" (expected f32, f16, bf16, f8_e4m3, mxfp4)",
+                          "unknown dtype \"%.64s\" (expected f32, f16, bf16, f8_e4m3, mxfp4, "
+                          "q8_0, q4_k, q5_k, q6_k)",
                           name);
 }
 
@@ -221,6 +229,10 @@ double fmoe_dtype_bits(fmoe_dtype d) {
     case FMOE_DTYPE_BF16: return 16.0;
     case FMOE_DTYPE_F8_E4M3: return 8.0;
     case FMOE_DTYPE_MXFP4: return 4.25;
+    case FMOE_DTYPE_Q8_0: return 8.5;
+    case FMOE_DTYPE_Q4_K: return 4.5;
+    case FMOE_DTYPE_Q5_K: return 5.5;
+    case FMOE_DTYPE_Q6_K: return 6.5625;
     }
     return 0.0;
 }
@@ -252,6 +264,19 @@ int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtyp
          * *_blocks [E, rows, cols/32, 16] and *_scales [E, rows, cols/32] tensors. */
         int64_t blocks = 2 * I * ((h + 31) / 32) + h * ((I + 31) / 32);
         return blocks * 17 + biases * 2;
+    }
+    case FMOE_DTYPE_Q8_0:
+    case FMOE_DTYPE_Q4_K:
+    case FMOE_DTYPE_Q5_K:
+    case FMOE_DTYPE_Q6_K: {
+        /* ggml's blocks along each row's input dimension (fmoe/quant.h) */
+        const uint32_t q = dtype == FMOE_DTYPE_Q8_0   ? FMOE_GGML_Q8_0
+                           : dtype == FMOE_DTYPE_Q4_K ? FMOE_GGML_Q4_K
+                           : dtype == FMOE_DTYPE_Q5_K ? FMOE_GGML_Q5_K
+                                                      : FMOE_GGML_Q6_K;
+        const int64_t bs = fmoe_ggml_block_size(q), ts = fmoe_ggml_type_size(q);
+        int64_t blocks = 2 * I * ((h + bs - 1) / bs) + h * ((I + bs - 1) / bs);
+        return blocks * ts + biases * 2;
     }
     }
     return fmoe_error_set(FMOE_EINVAL, "unknown dtype %d", (int)dtype);

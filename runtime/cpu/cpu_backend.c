@@ -24,6 +24,10 @@
  *                   in prefill, widening plus OpenBLAS's own packing of the widened block
  *                   cost about 30% of the time, and OpenBLAS 0.3.21 runs its AVX2 kernel
  *                   on AVX-512 parts; gemm_bf16_512 was 2x faster on the 1B bench model
+ *   ggml blocks (a GGUF file's Q8_0, Q4_K, Q5_K, Q6_K)
+ *                   fmoe__quant_matvec (quant_matvec.h): block dots per input row, or with
+ *                   QUANT_MATVEC_WIDEN_MIN or more rows each weight row dequantised once
+ *                   into the worker's scratch
  * Keeping weights in bf16 rather than widening them at load halves resident memory and
  * decode-time memory traffic; what it costs in prefill is measured in the report.
  *
@@ -40,6 +44,7 @@
 #include "fmoe/error.h"
 #include "fmoe/half.h"
 #include "fmoe/rowwise.h"
+#include "quant_matvec.h"
 #include "threadpool.h"
 
 #if defined(__x86_64__)
@@ -385,6 +390,13 @@ static void matmul_task(void *arg, int32_t task, int32_t worker) {
 
 static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n, float *y) {
     cpu_ctx *c = ctx;
+    if (w->quant) {
+        /* scratch rows hold block_rows·max_cols >= cols floats, one per pool worker */
+        const double work = (double)w->rows * (double)w->cols * (double)n;
+        fmoe__quant_matvec(work < PARALLEL_MIN_WORK ? NULL : c->pool, w->quant, w->data, w->rows,
+                           w->cols, x, n, w->cols, y, w->rows, c->scratch);
+        return;
+    }
     matmul_job j = {.c = c, .w = w, .x = x, .y = y, .n = n};
     const double work = (double)w->rows * (double)w->cols * (double)n;
     int32_t tasks = work < PARALLEL_MIN_WORK ? 1 : c->threads;
@@ -411,7 +423,12 @@ static void cpu_get_rows(void *ctx, const fmoe__mat *w, const int32_t *rows_host
     for (int32_t i = 0; i < n; i++) {
         float *dst = y + (int64_t)i * w->cols;
         const int64_t row = rows_host[i];
-        if (w->dtype == FMOE_ST_F32)
+        if (w->quant)
+            fmoe_quant_dequantize_row(w->quant,
+                                      (const uint8_t *)w->data +
+                                          row * fmoe_quant_row_bytes(w->quant, w->cols),
+                                      dst, w->cols);
+        else if (w->dtype == FMOE_ST_F32)
             memcpy(dst, (const float *)w->data + row * w->cols, (size_t)w->cols * sizeof *dst);
         else
             widen(c, (const uint16_t *)w->data + row * w->cols, w->dtype, dst, w->cols);

@@ -372,6 +372,12 @@ static int64_t dtype_size(fmoe_st_dtype dt) {
 
 /* A mat's data on the device: as is when on_backend, else its cached copy. */
 static const void *mat_data(cuda_ctx *c, const fmoe__mat *w, const char *what) {
+    if (w->quant) { /* fmoe_session_init refuses such a model; an executor's view is checked */
+        /* the number, not fmoe_ggml_type_name: this module links lib/error.c only */
+        set_error(c, FMOE_EUNSUPPORTED, "%s: weights of ggml type %u: the CUDA backend "
+                  "computes with f32, f16 and bf16 only", what, (unsigned)w->quant);
+        return NULL;
+    }
     const int64_t es = dtype_size(w->dtype);
     if (!es) {
         set_error(c, FMOE_EUNSUPPORTED, "%s: weight dtype %d is not f32, f16 or bf16", what,

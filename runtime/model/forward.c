@@ -211,6 +211,11 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
     if (o.max_batch > o.max_context) o.max_batch = o.max_context;
     if (o.max_sequences <= 0) o.max_sequences = 1;
     if (o.max_sequences > o.max_batch) o.max_sequences = o.max_batch;
+    /* Checked before the device is looked for, so the answer is the same on any machine. */
+    FMOE_RETURN_ERROR_IF(o.backend == FMOE_BACKEND_CUDA && m->quant, FMOE_EUNSUPPORTED,
+                         "%s: the CUDA backend computes with f32, f16 and bf16 weights; this "
+                         "model's are %s (run it on the CPU backend)",
+                         m->dir, fmoe_ggml_type_name(m->quant));
     const fmoe__backend_ops *be = NULL;
     FMOE_FORWARD_IF_ERROR(backend_for(o.backend, &be));
 
@@ -463,7 +468,7 @@ static int expert_weights(fmoe_session *s, const fmoe__layer *L, int32_t j, fmoe
     for (int i = 0; i < 3; i++)
         *dst[i] = (fmoe__mat){.data = src[i]->data, .dtype = src[i]->dtype,
                               .rows = src[i]->rows, .cols = src[i]->cols,
-                              .on_backend = src[i]->on_device};
+                              .quant = src[i]->quant, .on_backend = src[i]->on_device};
     *home = v.gate.on_device ? EXPERT_SLOT : EXPERT_HOST;
     return 0;
 }

@@ -24,6 +24,13 @@
  * transformers >= 5 keeps experts fused in memory (mlp.experts.gate_up_proj [J,2I,h] and
  * mlp.experts.down_proj [J,h,I]); a checkpoint saved in that layout is read too: expert
  * e's gate is rows [0, I) of gate_up_proj[e], its up rows [I, 2I).
+ *
+ * A GGUF file (llama.cpp's layout, or fmoe quantize's) is bound through the same HF names:
+ * fmoe_gguf_tensor_for gives each one's GGUF tensor and, for routed experts, the slice of
+ * the stacked blk.N.ffn_*_exps tensor [J][rows][cols] (a view at e·rows·row_bytes, read in
+ * place whatever its block type). Where the converter permuted q/k rows for ggml's
+ * adjacent-pair RoPE (llama, deepseek), an owned copy puts whole rows back in HF's
+ * rotate-half order, so the forward pass is the one it runs for the HF checkpoint.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -33,6 +40,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
+#include "fmoe/gguf.h"
 #include "fmoe/half.h"
 #include "model_impl.h"
 
@@ -71,7 +79,105 @@ static int has_tensor(fmoe_model *m, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    if (m->gguf) {
+        fmoe_gguf_tensor_ref ref;
+        const fmoe_model_geometry *g = &m->geo;
+        if (fmoe_gguf_tensor_for(m->gguf_arch, g->num_attention_heads, g->num_key_value_heads,
+                                 name, &ref) < 0) {
+            fmoe_error_clear();
+            return 0;
+        }
+        return fmoe_gguf_find_tensor(m->gguf, ref.name) != NULL;
+    }
     return fmoe_safetensors_find(m->st, name) != NULL;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* GGUF                                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+/* The checkpoint row that row r of a permuted q/k projection came from (as quantize.c and
+ * llama.cpp's permute(): rows as [heads][2][D/2] with the last two axes swapped). */
+static int64_t unpermute_row(int64_t r, int64_t rows, int32_t heads) {
+    if (heads <= 0) return r;
+    const int64_t hd = rows / heads, half = hd / 2;
+    const int64_t h = r / hd, j = (r % hd) / 2, i = r % 2;
+    return h * hd + i * half + j;
+}
+
+/* The GGUF tensor standing for HF tensor `name` with its HF shape [rows][cols] (rows 0:
+ * a vector of cols), checked: present, a type fmoe computes with, the extents expected
+ * (a stacked expert tensor: [J][rows][cols]). */
+static int gguf_get(fmoe_model *m, const char *name, int64_t rows, int64_t cols,
+                    fmoe_gguf_tensor_ref *ref, const fmoe_gguf_tensor **t) {
+    const fmoe_model_geometry *g = &m->geo;
+    FMOE_FORWARD_IF_ERROR(fmoe_gguf_tensor_for(m->gguf_arch, g->num_attention_heads,
+                                               g->num_key_value_heads, name, ref));
+    const fmoe_gguf_tensor *found = fmoe_gguf_find_tensor(m->gguf, ref->name);
+    FMOE_RETURN_ERROR_IF(!found, FMOE_ENOTFOUND, "%s: missing tensor %s (HF %s)",
+                         fmoe_gguf_name(m->gguf), ref->name, name);
+    int64_t ne[3] = {cols, rows, g->num_experts};
+    int32_t ndim = ref->expert >= 0 ? 3 : 2;
+    if (rows == 0 || (rows == 1 && found->ndim == 1 && ref->expert < 0)) ndim = 1;
+    FMOE_RETURN_ERROR_IF(ref->expert >= g->num_experts, FMOE_ENOTFOUND,
+                         "%s: no expert %d in %s (%d experts)", fmoe_gguf_name(m->gguf),
+                         ref->expert, ref->name, g->num_experts);
+    return fmoe_gguf_get_tensor(m->gguf, ref->name, ndim, ne, t);
+}
+
+/* A vector [n] of the GGUF file as owned f32 (in HF order). */
+static int gguf_vec(fmoe_model *m, const char *name, int64_t n, const float **out) {
+    fmoe_gguf_tensor_ref ref;
+    const fmoe_gguf_tensor *t;
+    FMOE_FORWARD_IF_ERROR(gguf_get(m, name, 0, n, &ref, &t));
+    float *v = malloc((size_t)(n ? n : 1) * sizeof *v), *tmp = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v || !tmp || keep_owned(m, v) < 0) {
+        free(v);
+        free(tmp);
+        return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    }
+    fmoe_quant_dequantize_row(t->type, t->data, tmp, n);
+    for (int64_t k = 0; k < n; k++) v[unpermute_row(k, n, ref.permute_heads)] = tmp[k];
+    free(tmp);
+    *out = v;
+    return 0;
+}
+
+/* A matrix [rows][cols] of the GGUF file, read in place (an owned copy when its rows were
+ * permuted, or its bytes are misaligned for a float type). */
+static int gguf_mat(fmoe_model *m, const char *name, int64_t rows, int64_t cols,
+                    fmoe__mat *out) {
+    fmoe_gguf_tensor_ref ref;
+    const fmoe_gguf_tensor *t;
+    FMOE_FORWARD_IF_ERROR(gguf_get(m, name, rows, cols, &ref, &t));
+    memset(out, 0, sizeof *out);
+    switch (t->type) {
+    case FMOE_GGML_F32: out->dtype = FMOE_ST_F32; break;
+    case FMOE_GGML_F16: out->dtype = FMOE_ST_F16; break;
+    case FMOE_GGML_BF16: out->dtype = FMOE_ST_BF16; break;
+    default: out->dtype = FMOE_ST_U8, out->quant = t->type; break;
+    }
+    out->rows = rows;
+    out->cols = cols;
+    const int64_t rb = t->row_bytes, bytes = rows * rb;
+    const int64_t at = ref.expert >= 0 ? (int64_t)ref.expert * bytes : 0;
+    const uint8_t *p = (const uint8_t *)t->data + at;
+    out->file = fmoe_gguf_name(m->gguf);
+    out->file_offset = (int64_t)t->offset + at;
+    const int64_t es = out->quant ? 1 : fmoe_st_dtype_size(out->dtype);
+    if (ref.permute_heads > 0 || (uintptr_t)p % (uintptr_t)es != 0) {
+        uint8_t *copy = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+        if (!copy || keep_owned(m, copy) < 0) {
+            free(copy);
+            return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        }
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(copy + unpermute_row(r, rows, ref.permute_heads) * rb, p + r * rb, (size_t)rb);
+        p = copy;
+    }
+    out->data = p;
+    if (out->quant && !m->quant) m->quant = out->quant;
+    return 0;
 }
 
 /* Converts a 1-D tensor of n values to an owned f32 array. */
@@ -104,6 +210,7 @@ static int vec(fmoe_model *m, int64_t n, const float **out, const char *fmt, ...
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    if (m->gguf) return gguf_vec(m, name, n, out);
     const fmoe_st_tensor *t;
     FMOE_FORWARD_IF_ERROR(fmoe_safetensors_get(m->st, name, 1, &n, &t));
     return to_f32(m, t, out);
@@ -116,6 +223,7 @@ static int view(fmoe_model *m, const fmoe_st_tensor *t, int64_t offset, int64_t 
     const int64_t es = fmoe_st_dtype_size(t->dtype);
     const uint8_t *p = (const uint8_t *)t->data + offset * es;
     out->dtype = t->dtype;
+    out->quant = 0;
     out->rows = rows;
     out->cols = cols;
     out->file = t->file;
@@ -142,6 +250,7 @@ static int mat(fmoe_model *m, int64_t rows, int64_t cols, fmoe__mat *out, const 
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    if (m->gguf) return gguf_mat(m, name, rows, cols, out);
     const int64_t shape[2] = {rows, cols};
     const fmoe_st_tensor *t;
     FMOE_FORWARD_IF_ERROR(fmoe_safetensors_get(m->st, name, 2, shape, &t));
@@ -299,6 +408,16 @@ static int read_config(const char *path, char **out, size_t *len) {
     return 0;
 }
 
+/* 1 when `path` is a regular file that starts with GGUF's magic. */
+static int is_gguf(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char magic[4] = {0};
+    const int yes = fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
+    fclose(f);
+    return yes;
+}
+
 void fmoe_model_free(fmoe_model *m) {
     if (!m) return;
     if (m->backend_weights.cache && m->backend_weights.cache_free)
@@ -309,6 +428,7 @@ void fmoe_model_free(fmoe_model *m) {
     free(m->expert_pool);
     fmoe__arch_free(&m->arch);
     fmoe_safetensors_close(m->st);
+    fmoe_gguf_close(m->gguf);
     free(m->config_json);
     free(m->dir);
     free(m);
@@ -328,9 +448,23 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         goto fail;
     }
 
-    /* Config first: an unsupported family fails before any weight is touched. */
-    snprintf(path, plen, "%s/config.json", dir);
-    if ((rc = read_config(path, &m->config_json, &json_len)) < 0) goto fail;
+    /* Config first: an unsupported family fails before any weight is touched. A GGUF
+     * file carries it (fmoe.hf_config, or built from llama.cpp's keys). */
+    const int gguf = is_gguf(dir);
+    if (gguf) {
+        snprintf(path, plen, "%s", dir);
+        int exact = 0;
+        fmoe_gguf_str arch;
+        if ((rc = fmoe_gguf_open(dir, &m->gguf)) < 0) goto fail;
+        if ((rc = fmoe_gguf_get_str(m->gguf, "general.architecture", &arch)) < 0) goto fail;
+        snprintf(m->gguf_arch, sizeof m->gguf_arch, "%.*s",
+                 (int)(arch.len < 31 ? arch.len : 31), arch.ptr);
+        if ((rc = fmoe_gguf_config_json(m->gguf, &m->config_json, &exact)) < 0) goto fail;
+        json_len = strlen(m->config_json);
+    } else {
+        snprintf(path, plen, "%s/config.json", dir);
+        if ((rc = read_config(path, &m->config_json, &json_len)) < 0) goto fail;
+    }
     if ((rc = fmoe_geometry_parse(m->config_json, json_len, &m->geo)) < 0) {
         fmoe_error_prefix("%s", path);
         goto fail;
@@ -370,7 +504,7 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         goto fail;
     }
 
-    if ((rc = fmoe_safetensors_open(dir, &m->st)) < 0) goto fail;
+    if (!gguf && (rc = fmoe_safetensors_open(dir, &m->st)) < 0) goto fail;
 
     const int64_t V = g->vocab_size, h = g->hidden_size;
     m->layers = calloc((size_t)g->num_hidden_layers, sizeof *m->layers);
@@ -394,11 +528,34 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         if ((rc = bind_layer(m, i, moe_index)) < 0) goto fail;
     }
 
-    const char *dt = fmoe_st_dtype_name(m->layers[0].wq.dtype);
+    const fmoe__mat *wq = &m->layers[0].wq;
+    const char *dt = wq->quant ? fmoe_ggml_type_name(wq->quant) : fmoe_st_dtype_name(wq->dtype);
+    char types[64];
+    snprintf(types, sizeof types, "%s", dt);
+    if (g->num_moe_layers > 0) {
+        /* A GGUF file's experts are what it quantised; the trace and the simulator's
+         * expert bytes follow them (fmoe_geometry_expert_bytes at expert_dtype). */
+        const fmoe__mat *e = &m->expert_pool[0].gate;
+        fmoe_dtype ed = g->expert_dtype;
+        switch (e->quant) {
+        case FMOE_GGML_Q8_0: ed = FMOE_DTYPE_Q8_0; break;
+        case FMOE_GGML_Q4_K: ed = FMOE_DTYPE_Q4_K; break;
+        case FMOE_GGML_Q5_K: ed = FMOE_DTYPE_Q5_K; break;
+        case FMOE_GGML_Q6_K: ed = FMOE_DTYPE_Q6_K; break;
+        default:
+            ed = e->dtype == FMOE_ST_F32   ? FMOE_DTYPE_F32
+                 : e->dtype == FMOE_ST_F16 ? FMOE_DTYPE_F16
+                                           : FMOE_DTYPE_BF16;
+        }
+        if (gguf) m->geo.expert_dtype = ed;
+        if (e->quant != wq->quant || (!e->quant && e->dtype != wq->dtype))
+            snprintf(types, sizeof types, "%s, experts %s", dt,
+                     e->quant ? fmoe_ggml_type_name(e->quant) : fmoe_st_dtype_name(e->dtype));
+    }
     snprintf(m->describe, sizeof m->describe,
              "%s: %d layers (%d MoE), %d experts top-%d%s, hidden %d, %s, %s", g->model_type,
              g->num_hidden_layers, g->num_moe_layers, g->num_experts, g->top_k,
-             g->num_shared_experts ? " + shared" : "", g->hidden_size, dt, m->arch.rope_desc);
+             g->num_shared_experts ? " + shared" : "", g->hidden_size, types, m->arch.rope_desc);
     free(path);
     *out = m;
     return 0;
@@ -415,7 +572,12 @@ const fmoe_model_geometry *fmoe_model_get_geometry(const fmoe_model *m) {
 const char *fmoe_model_config_json(const fmoe_model *m) { return m ? m->config_json : NULL; }
 
 int64_t fmoe_model_weight_bytes(const fmoe_model *m) {
-    return m ? fmoe_safetensors_data_bytes(m->st) : 0;
+    if (!m) return 0;
+    if (!m->gguf) return fmoe_safetensors_data_bytes(m->st);
+    int64_t bytes = 0;
+    for (int64_t i = 0; i < fmoe_gguf_tensor_count(m->gguf); i++)
+        bytes += fmoe_gguf_tensor_at(m->gguf, i)->nbytes;
+    return bytes;
 }
 
 const char *fmoe_model_describe(const fmoe_model *m) { return m ? m->describe : ""; }

@@ -15,6 +15,7 @@
 
 #include "fmoe/geometry.h"
 #include "fmoe/model.h"
+#include "fmoe/quant.h"
 #include "fmoe/safetensors.h"
 
 /* ---------------------------------------------------------------------------------- */
@@ -75,11 +76,13 @@ typedef struct fmoe__weight_home {
 /* Weights: borrowed views                                                            */
 /* ---------------------------------------------------------------------------------- */
 
-/* A row-major matrix [rows][cols] in the checkpoint's dtype (F32, F16 or BF16). */
+/* A row-major matrix [rows][cols] in the checkpoint's dtype (F32, F16 or BF16), or, from a
+ * GGUF file, rows of ggml blocks (quant set; fmoe/quant.h). Its bytes: fmoe__mat_bytes. */
 typedef struct fmoe__mat {
     const void *data;
-    fmoe_st_dtype dtype;
+    fmoe_st_dtype dtype; /* FMOE_ST_U8 when quant is set: the bytes are blocks */
     int64_t rows, cols;
+    uint32_t quant;      /* 0, or the ggml block type of every row (Q8_0, Q4_K, Q5_K, Q6_K) */
     const char *file;    /* the file the bytes come from, and their offset in it (a */
     int64_t file_offset; /* realigned copy keeps its source's): what a file tier reads */
     int32_t on_backend;  /* data is the backend's memory (a GPU expert slot), not host */
@@ -110,10 +113,24 @@ typedef struct fmoe__layer {
     fmoe__mat shared_gate;    /* [1][h] (Qwen2-MoE) */
 } fmoe__layer;
 
+/* Bytes of one row of a matrix stored as (dtype, quant), and of `rows` rows. */
+static inline int64_t fmoe__row_bytes(fmoe_st_dtype dtype, uint32_t quant, int64_t cols) {
+    return quant ? fmoe_quant_row_bytes(quant, cols) : cols * fmoe_st_dtype_size(dtype);
+}
+static inline int64_t fmoe__mat_bytes(const fmoe__mat *w) {
+    return w->rows * fmoe__row_bytes(w->dtype, w->quant, w->cols);
+}
+
+struct fmoe_gguf;
+
 struct fmoe_model {
     fmoe_model_geometry geo;
     fmoe__arch arch;
-    fmoe_safetensors *st;
+    fmoe_safetensors *st;     /* a HuggingFace directory's checkpoint, or NULL */
+    struct fmoe_gguf *gguf;   /* a GGUF file, or NULL (exactly one of the two is open) */
+    char gguf_arch[32];       /* the GGUF file's general.architecture */
+    uint32_t quant;           /* a ggml block type some matrix uses (the routed experts'
+                                 first), or 0: what a device backend must refuse */
     char *dir;
     char *config_json;
     char describe[256];

@@ -18,6 +18,13 @@ int fmoe_model_embed(const fmoe_model *m, const int32_t *tokens, int32_t n, floa
                              "token %d at index %d is outside the vocabulary [0, %lld)",
                              tokens[t], t, (long long)w->rows);
         float *y = out + (int64_t)t * h;
+        if (w->quant) {
+            fmoe_quant_dequantize_row(w->quant,
+                                      (const uint8_t *)w->data +
+                                          tokens[t] * fmoe__row_bytes(w->dtype, w->quant, h),
+                                      y, h);
+            continue;
+        }
         if (w->dtype == FMOE_ST_F32) {
             memcpy(y, (const float *)w->data + tokens[t] * h, (size_t)h * sizeof *y);
             continue;
@@ -31,7 +38,8 @@ int fmoe_model_embed(const fmoe_model *m, const int32_t *tokens, int32_t n, floa
 
 static fmoe_expert_tensor expert_tensor(const fmoe__mat *w) {
     return (fmoe_expert_tensor){
-        .view = {.data = w->data, .dtype = w->dtype, .rows = w->rows, .cols = w->cols},
+        .view = {.data = w->data, .dtype = w->dtype, .rows = w->rows, .cols = w->cols,
+                 .quant = w->quant},
         .file = w->file, .offset = w->file_offset};
 }
 
@@ -45,4 +53,15 @@ int fmoe_model_expert_tensors(const fmoe_model *m, int32_t l, int32_t j, fmoe_ex
     out->up = expert_tensor(&e->up);
     out->down = expert_tensor(&e->down);
     return 0;
+}
+
+int64_t fmoe_matrix_view_bytes(const fmoe_matrix_view *v) {
+    return v->rows * fmoe__row_bytes(v->dtype, v->quant, v->cols);
+}
+
+int64_t fmoe_model_expert_bytes(const fmoe_model *m) {
+    const fmoe_model_geometry *g = &m->geo;
+    if (!m->gguf || g->num_moe_layers == 0) return fmoe_geometry_expert_bytes(g, g->expert_dtype);
+    const fmoe__mlp *e = &m->expert_pool[0];
+    return fmoe__mat_bytes(&e->gate) + fmoe__mat_bytes(&e->up) + fmoe__mat_bytes(&e->down);
 }

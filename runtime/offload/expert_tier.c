@@ -9,6 +9,8 @@
  * straight into the slot, whose regions keep each matrix's file alignment (no copy: the
  * disk's DMA fills the slot). Only when a matrix's file offset does not suit its dtype is
  * it read through a bounce buffer (one per reading thread: the copy engine has one).
+ * Experts of a GGUF file hold their quantized bytes (rows of ggml blocks) all the way:
+ * the tier, the slots and the transfers move blocks, never widened values.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -30,8 +32,10 @@
 struct fmoe_expert_tier {
     fmoe_tier_kind kind;
     int32_t L, J;
-    fmoe_st_dtype dtype;
-    int64_t rows[3], cols[3];   /* gate, up, down */
+    fmoe_st_dtype dtype[3];     /* gate, up, down */
+    uint32_t quant[3];          /* 0, or the matrix's ggml block type (a GGUF file, where
+                                   a row too short for the blocks keeps its float type) */
+    int64_t rows[3], cols[3];
     int64_t mat_bytes[3];
     int64_t bytes;              /* per expert */
     /* Where matrix i of an expert sits in a slot: at region[i], plus, in place, the
@@ -125,11 +129,13 @@ int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tie
         const fmoe_expert_tensor *mats[3] = {&x.gate, &x.up, &x.down};
         for (int i = 0; i < 3; i++) {
             if (e == 0) {
-                t->dtype = mats[i]->view.dtype;
+                t->dtype[i] = mats[i]->view.dtype;
+                t->quant[i] = mats[i]->view.quant;
                 t->rows[i] = mats[i]->view.rows;
                 t->cols[i] = mats[i]->view.cols;
-                t->mat_bytes[i] = t->rows[i] * t->cols[i] * fmoe_st_dtype_size(t->dtype);
-            } else if (mats[i]->view.dtype != t->dtype || mats[i]->view.rows != t->rows[i] ||
+                t->mat_bytes[i] = fmoe_matrix_view_bytes(&mats[i]->view);
+            } else if (mats[i]->view.dtype != t->dtype[i] ||
+                       mats[i]->view.quant != t->quant[i] || mats[i]->view.rows != t->rows[i] ||
                        mats[i]->view.cols != t->cols[i]) {
                 rc = fmoe_error_set(FMOE_EUNSUPPORTED,
                                     "expert (%lld, %lld) differs in shape or dtype from expert "
@@ -179,8 +185,11 @@ int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tie
         /* O_DIRECT straight into the slot needs each matrix's bytes to keep, in memory,
          * their file offset's alignment, which must suit the dtype. */
         t->in_place = direct_io;
-        const int64_t es = fmoe_st_dtype_size(t->dtype);
-        for (int64_t i = 0; i < n * 3 && t->in_place; i++) t->in_place = t->offset_of[i] % es == 0;
+        for (int64_t i = 0; i < n * 3 && t->in_place; i++) {
+            const int k = (int)(i % 3); /* blocks need no alignment: memcpy'd / loadu */
+            const int64_t es = t->quant[k] ? 1 : fmoe_st_dtype_size(t->dtype[k]);
+            t->in_place = t->offset_of[i] % es == 0;
+        }
         if (direct_io && !t->in_place) {
             /* the largest piece of one matrix, widened on both sides to the alignment */
             int64_t widest = t->mat_bytes[0];
@@ -356,7 +365,8 @@ void fmoe__expert_tier_view(const fmoe_expert_tier *t, int32_t l, int32_t j,
     fmoe_matrix_view *mats[3] = {&out->gate, &out->up, &out->down};
     for (int i = 0; i < 3; i++) {
         const int64_t shift = t->in_place ? t->offset_of[e * 3 + i] % DIRECT_ALIGN : 0;
-        *mats[i] = (fmoe_matrix_view){.data = base + t->region[i] + shift, .dtype = t->dtype,
-                                      .rows = t->rows[i], .cols = t->cols[i]};
+        *mats[i] = (fmoe_matrix_view){.data = base + t->region[i] + shift,
+                                      .dtype = t->dtype[i], .rows = t->rows[i],
+                                      .cols = t->cols[i], .quant = t->quant[i]};
     }
 }

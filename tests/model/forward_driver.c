@@ -13,6 +13,9 @@
  * gate probabilities [T][L][J].
  * --stepwise feeds the prompt one token at a time (exercises the KV cache).
  * --backend runs the session there (fmoe_backend_choose; default cpu, the reference).
+ * --session-backend cuda asks fmoe_session_init for CUDA without fmoe_backend_choose's look
+ * for a device first, so the session's own refusals (a quantized GGUF model) are seen on
+ * any machine.
  * --bench prints one JSON line with prefill and decode tokens/s. Without --logits it asks
  * for the last prompt token's logits only, as llama-bench's prompt test does.
  * Exit status 0, or 1 with the error detail on stderr.
@@ -96,6 +99,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--top-p")) sp.top_p = (float)atof(v);
         else if (!strcmp(a, "--seed")) sp.seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--speculative")) spec = atoi(v);
+        else if (!strcmp(a, "--session-backend"))
+            so.backend = !strcmp(v, "cuda") ? FMOE_BACKEND_CUDA : FMOE_BACKEND_CPU;
         else if (!strcmp(a, "--backend")) {
             if (fmoe_backend_choose(v, &so.backend) < 0) {
                 fprintf(stderr, "forward_driver: %s\n", fmoe_error_detail());

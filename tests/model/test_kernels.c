@@ -178,6 +178,7 @@ TEST(rope_frequencies_per_scaling_type) {
 
 static void fill_mat(fmoe__mat *w, fmoe_st_dtype dt, int64_t rows, int64_t cols, void *buf,
                      double *ref) {
+    memset(w, 0, sizeof *w);
     w->dtype = dt;
     w->rows = rows;
     w->cols = cols;

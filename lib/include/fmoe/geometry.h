@@ -37,6 +37,11 @@ typedef enum fmoe_dtype {
     FMOE_DTYPE_BF16 = 2,
     FMOE_DTYPE_F8_E4M3 = 3,
     FMOE_DTYPE_MXFP4 = 4, /* 4-bit values + one 8-bit scale per 32: 4.25 bits/param */
+    /* ggml's block formats, as GGUF files store experts (fmoe/quant.h): */
+    FMOE_DTYPE_Q8_0 = 5,  /* 32 int8 + an f16 scale: 8.5 bits/param */
+    FMOE_DTYPE_Q4_K = 6,  /* super-blocks of 256 in 144 bytes: 4.5 bits/param */
+    FMOE_DTYPE_Q5_K = 7,  /* 256 in 176 bytes: 5.5 bits/param */
+    FMOE_DTYPE_Q6_K = 8,  /* 256 in 210 bytes: 6.5625 bits/param */
 } fmoe_dtype;
 
 typedef enum fmoe_router_scoring {
@@ -118,8 +123,9 @@ int fmoe_geometry_generic(int32_t layers, int32_t experts, int32_t top_k, int32_
  * f32/f16/bf16: every value at that width. f8_e4m3: weights 1 byte, biases bf16, block
  * scales not counted. mxfp4: per row of each projection, blocks of 32 values along the
  * input dimension at 17 bytes each (16 bytes of 4-bit values + one 8-bit scale, i.e. 4.25
- * bits/value when the width is a multiple of 32); biases bf16. Router and shared experts
- * are not part of a routed expert.
+ * bits/value when the width is a multiple of 32); biases bf16. q8_0, q4_k, q5_k, q6_k:
+ * ggml's blocks (32 or 256 values) along each row's input dimension, as a GGUF file holds
+ * them. Router and shared experts are not part of a routed expert.
  * @return bytes (>= 0), or FMOE_EINVAL for a NULL geometry or an unknown dtype.
  */
 int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtype);
@@ -131,7 +137,8 @@ int64_t fmoe_geometry_expert_params(const fmoe_model_geometry *g);
 /* Comma-separated list of the supported model_type values. */
 const char *fmoe_geometry_supported_types(void);
 
-/* Names: "f32", "f16", "bf16", "f8_e4m3", "mxfp4". parse accepts torch names too
+/* Names: "f32", "f16", "bf16", "f8_e4m3", "mxfp4", "q8_0", "q4_k", "q5_k", "q6_k". parse
+ * accepts torch names too
  * ("float32", "bfloat16", ...). @return 0 or FMOE_EINVAL. */
 const char *fmoe_dtype_name(fmoe_dtype d);
 int fmoe_dtype_parse(const char *name, fmoe_dtype *out);

@@ -36,14 +36,19 @@
 typedef struct fmoe_model fmoe_model;
 typedef struct fmoe_session fmoe_session;
 
-/* A matrix [rows][cols], row-major, in a safetensors dtype (F32, F16, BF16). */
+/* A matrix [rows][cols], row-major, in a safetensors dtype (F32, F16, BF16), or rows of
+ * ggml blocks from a GGUF file (quant set, dtype FMOE_ST_U8; fmoe/quant.h). */
 typedef struct fmoe_matrix_view {
     const void *data;
     fmoe_st_dtype dtype;
     int64_t rows, cols;
     int32_t on_device; /* data lies in the session backend's memory (a GPU expert slot);
                           0: host memory */
+    uint32_t quant;    /* 0, or the ggml block type of the rows (Q8_0, Q4_K, Q5_K, Q6_K) */
 } fmoe_matrix_view;
+
+/* Bytes of the matrix's data: rows · cols · dtype size, or rows of blocks. */
+int64_t fmoe_matrix_view_bytes(const fmoe_matrix_view *v);
 
 /* One routed expert's three matrices: down(silu(gate·x) * up·x). */
 typedef struct fmoe_expert_view {
@@ -95,6 +100,12 @@ typedef struct fmoe_expert_tensor {
 typedef struct fmoe_expert_tensors {
     fmoe_expert_tensor gate, up, down;
 } fmoe_expert_tensors;
+
+/* Bytes of one routed expert as the model stores it, the figure traces record and cache
+ * sizes convert with: a GGUF file's three matrices as they are (blocks, and the float
+ * type a row too short for blocks kept); a checkpoint's at its expert dtype
+ * (fmoe_geometry_expert_bytes). */
+int64_t fmoe_model_expert_bytes(const fmoe_model *m);
 
 /* Routed expert j of MoE layer l. @return 0, FMOE_EINVAL (l or j out of range). */
 int fmoe_model_expert_tensors(const fmoe_model *m, int32_t l, int32_t j, fmoe_expert_tensors *out);
