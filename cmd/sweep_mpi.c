@@ -234,6 +234,30 @@ static int peers_done(const master *m) {
     return 1;
 }
 
+/* Takes one finished cell of rank 0's own pool (waiting up to timeout_s) and gives the
+ * pool the next cell. @return 1 when one finished. */
+static int take_local(master *m, cmd_sweep_pool *pool, double timeout_s, int *local) {
+    size_t i;
+    char *line = NULL, detail[256];
+    int cell_rc = 0;
+    if (*local == 0 ||
+        !cmd_sweep_pool_pop(pool, timeout_s, &i, &line, &cell_rc, detail, sizeof detail))
+        return 0;
+    (*local)--;
+    if (!line && m->rc == 0) {
+        m->rc = fmoe_error_set(cell_rc, "%s", detail);
+        m->stop = 1;
+    }
+    cell_finished(m, i, line);
+    free(line);
+    const long c = next_cell(m);
+    if (c >= 0) {
+        cmd_sweep_pool_push(pool, (size_t)c);
+        (*local)++;
+    }
+    return 1;
+}
+
 static int run_master(const cmd_mpi_world *w, const cmd_sweep_job *job, cmd_sweep_outcome *out) {
     master m = {.job = job, .size = w->size, .out = out};
     for (size_t i = 0; i < job->n; i++) m.todo += !(job->skip && job->skip[i]);
@@ -260,45 +284,14 @@ static int run_master(const cmd_mpi_world *w, const cmd_sweep_job *job, cmd_swee
         local++;
     }
     while (local > 0 || !peers_done(&m)) {
-        size_t i;
-        char *line = NULL, detail[256];
-        int cell_rc = 0;
-        while (local > 0 && cmd_sweep_pool_pop(pool, 0, &i, &line, &cell_rc, detail, sizeof detail)) {
-            local--;
-            if (!line && m.rc == 0) {
-                m.rc = fmoe_error_set(cell_rc, "%s", detail);
-                m.stop = 1;
-            }
-            cell_finished(&m, i, line);
-            free(line);
-            const long c = next_cell(&m);
-            if (c >= 0) {
-                cmd_sweep_pool_push(pool, (size_t)c);
-                local++;
-            }
+        while (take_local(&m, pool, 0, &local)) {
         }
         int heard = 0;
         while (receive(&m)) heard = 1;
         check_silent(&m, timeout);
-        if (!heard) { /* nothing from the other ranks: wait on the own pool a little */
-            if (local > 0 && cmd_sweep_pool_pop(pool, POLL_S, &i, &line, &cell_rc, detail,
-                                                sizeof detail)) {
-                local--;
-                if (!line && m.rc == 0) {
-                    m.rc = fmoe_error_set(cell_rc, "%s", detail);
-                    m.stop = 1;
-                }
-                cell_finished(&m, i, line);
-                free(line);
-                const long c = next_cell(&m);
-                if (c >= 0) {
-                    cmd_sweep_pool_push(pool, (size_t)c);
-                    local++;
-                }
-            } else if (local == 0) {
-                nanosleep(&(struct timespec){0, (long)(POLL_S * 1e9)}, NULL);
-            }
-        }
+        /* nothing from the other ranks: wait on the own pool a little, or sleep */
+        if (!heard && !take_local(&m, pool, POLL_S, &local) && local == 0)
+            nanosleep(&(struct timespec){0, (long)(POLL_S * 1e9)}, NULL);
     }
     rc = m.rc;
 done:
