@@ -19,6 +19,7 @@
 
 #define CMD_BACKEND_OPTION(type, f)                                                           \
     {.name = "backend", .kind = CMD_OPT_STRING, .value_name = "cpu|cuda|auto",                \
+     .io = CMD_IO_TEXT,                                                                       \
      .help = "where the model computes: the CPU, the CUDA device 0, or auto (cuda when the "  \
              "CUDA module loads and sees a device, else cpu); cuda where it cannot run is an " \
              "error, never a fall back",                                                      \

@@ -39,10 +39,11 @@ typedef struct options {
 } options;
 
 static const cmd_option build_store_options[] = {
-    {.name = "trace", .kind = CMD_OPT_STRINGS, .value_name = "FILE",
+    {.name = "trace", .kind = CMD_OPT_STRINGS, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "a trace (fmoe record / fmoe trace import); repeatable",
      .offset = offsetof(options, traces)},
-    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
+     .value_name = "FILE",
      .help = "the store to write", .offset = offsetof(options, output)},
     /* 0 parses, so that validation can say what is wrong with it */
     {.name = "capacity", .kind = CMD_OPT_INT32, .value_name = "C",

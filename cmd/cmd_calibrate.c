@@ -89,25 +89,27 @@ typedef struct series {
 static const char *const link_names[] = {"auto", "h2d", "file", "ram", NULL};
 
 static const cmd_option calibrate_options[] = {
-    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
+     .value_name = "FILE",
      .help = "write the profile to FILE", .default_text = "stdout",
      .offset = offsetof(options, output)},
-    {.name = "model-config", .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "model-config", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "measure at this model's shapes (HF config.json)",
      .default_text = "Mixtral-8x7B's: hidden 4096, expert 14336, 32 heads, 8 KV",
      .offset = offsetof(options, model_config)},
-    {.name = "name", .kind = CMD_OPT_STRING, .value_name = "NAME", .help = "the profile's name",
+    {.name = "name", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT,
+     .value_name = "NAME", .help = "the profile's name",
      .default_text = "calibrated-<hostname>", .offset = offsetof(options, name)},
     CMD_BACKEND_OPTION(options, backend),
     {.name = "link", .kind = CMD_OPT_ENUM, .value_name = "auto|h2d|file|ram",
      .help = "which copy is the profile's link (auto: host->device with the cuda backend, "
              "else file->RAM)",
      .default_text = "auto", .offset = offsetof(options, link_index), .choices = link_names},
-    {.name = "file-dir", .kind = CMD_OPT_STRING, .value_name = "DIR",
+    {.name = "file-dir", .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT_DIR, .value_name = "DIR",
      .help = "where the file->RAM test writes its scratch file; use the disk your models "
              "live on",
      .default_text = "$TMPDIR or /tmp", .offset = offsetof(options, file_dir)},
-    {.name = "link-file", .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "link-file", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "time the file link on reads of FILE itself with O_DIRECT (the model's "
              "safetensors: what --tier file --direct-io reads) instead of a scratch file",
      .offset = offsetof(options, link_file)},

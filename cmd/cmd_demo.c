@@ -58,7 +58,8 @@ typedef struct demo_opts {
 } demo_opts;
 
 static const cmd_option demo_options[] = {
-    {.name = "output-dir", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "DIR",
+    {.name = "output-dir", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT_DIR,
+     .value_name = "DIR",
      .help = "where to write demo files",
      .default_text = "a new folder under $TMPDIR or /tmp, printed at the end",
      .offset = offsetof(demo_opts, output_dir)},

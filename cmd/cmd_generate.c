@@ -128,14 +128,14 @@ typedef struct generate_args {
 } generate_args;
 
 static const cmd_option generate_options[] = {
-    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "PATH",
+    {.name = "model", .kind = CMD_OPT_STRING, .io = CMD_IO_MODEL, .value_name = "PATH",
      .help = "model directory (HuggingFace checkpoint) or GGUF file",
      .default_text = "the bundled fmoe-tiny", .offset = offsetof(generate_args, model)},
-    {.name = "tokenizer", .kind = CMD_OPT_STRING, .value_name = "DIR",
+    {.name = "tokenizer", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "DIR",
      .help = "folder with tokenizer.json and generation_config.json (needed with a GGUF "
              "--model)",
      .default_text = "the model directory", .offset = offsetof(generate_args, tokenizer)},
-    {.name = "prompt", .kind = CMD_OPT_STRING, .value_name = "TEXT",
+    {.name = "prompt", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "TEXT",
      .help = "the prompt (required)", .offset = offsetof(generate_args, prompt)},
     {.name = "max-new-tokens", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "tokens to generate at most", .default_text = "128",
@@ -158,9 +158,9 @@ static const cmd_option generate_options[] = {
      .help = "wrap the prompt in the model's chat template as a user message, with the "
              "assistant's turn opened",
      .offset = offsetof(generate_args, chat)},
-    {.name = "system", .kind = CMD_OPT_STRING, .value_name = "TEXT",
+    {.name = "system", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "TEXT",
      .help = "with --chat: a system message first", .offset = offsetof(generate_args, system)},
-    {.name = "chat-template", .kind = CMD_OPT_STRING, .value_name = "NAME",
+    {.name = "chat-template", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "NAME",
      .help = "with --chat: mixtral, chatml, qwen3 or olmoe instead of the template detected "
              "from tokenizer_config.json",
      .offset = offsetof(generate_args, chat_template)},
@@ -170,7 +170,7 @@ static const cmd_option generate_options[] = {
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
      .default_text = "all cores", .offset = offsetof(generate_args, threads), .min = 0,
      .max = 4096},
-    {.name = "dump-logits", .kind = CMD_OPT_STRING, .value_name = "F.npy",
+    {.name = "dump-logits", .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT, .value_name = "F.npy",
      .help = "write the logits of every generated token, float32 [generated, vocab], as a "
              "NumPy .npy file",
      .offset = offsetof(generate_args, dump_logits)},

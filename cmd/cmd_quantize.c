@@ -34,7 +34,8 @@ static const cmd_option quantize_options[] = {
      .help = "the block format of the quantized weights: q8_0, q4_k, q5_k or q6_k",
      .offset = offsetof(options, type), .choices = type_names, .choice_values = type_values,
      .example = "q4_k"},
-    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
+     .value_name = "FILE",
      .help = "the GGUF file to write", .offset = offsetof(options, output)},
     {.name = "experts-only", .kind = CMD_OPT_FLAG,
      .help = "quantize only the routed experts; attention, embeddings, shared experts and "

@@ -49,20 +49,20 @@ typedef struct serve_args {
 } serve_args;
 
 static const cmd_option serve_options[] = {
-    {.name = "model", .kind = CMD_OPT_STRING, .value_name = "PATH",
+    {.name = "model", .kind = CMD_OPT_STRING, .io = CMD_IO_MODEL, .value_name = "PATH",
      .help = "model directory (HuggingFace checkpoint) or GGUF file",
      .default_text = "the bundled fmoe-tiny", .offset = offsetof(serve_args, model)},
-    {.name = "tokenizer", .kind = CMD_OPT_STRING, .value_name = "DIR",
+    {.name = "tokenizer", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "DIR",
      .help = "folder with tokenizer.json and generation_config.json (needed with a GGUF "
              "--model)",
      .default_text = "the model directory", .offset = offsetof(serve_args, tokenizer)},
-    {.name = "host", .kind = CMD_OPT_STRING, .value_name = "ADDR",
+    {.name = "host", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "ADDR",
      .help = "address to listen on", .default_text = "127.0.0.1",
      .offset = offsetof(serve_args, host)},
     {.name = "port", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "TCP port (0: any free port; see --port-file)", .default_text = "8000",
      .offset = offsetof(serve_args, port), .min = 0, .max = 65535},
-    {.name = "port-file", .kind = CMD_OPT_STRING, .value_name = "F",
+    {.name = "port-file", .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT, .value_name = "F",
      .help = "write the port listened on to F once listening (for scripts and tests)",
      .offset = offsetof(serve_args, port_file)},
     {.name = "parallel", .kind = CMD_OPT_INT32, .value_name = "P",
@@ -80,10 +80,10 @@ static const cmd_option serve_options[] = {
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
      .default_text = "all cores", .offset = offsetof(serve_args, threads), .min = 0,
      .max = 4096},
-    {.name = "api-key", .kind = CMD_OPT_STRING, .value_name = "KEY",
+    {.name = "api-key", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "KEY",
      .help = "require 'Authorization: Bearer KEY' on /v1 endpoints (401 otherwise)",
      .offset = offsetof(serve_args, api_key)},
-    {.name = "model-name", .kind = CMD_OPT_STRING, .value_name = "NAME",
+    {.name = "model-name", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "NAME",
      .help = "the model id /v1/models lists and responses carry",
      .default_text = "the model directory's name", .offset = offsetof(serve_args, model_name)},
     {.name = "max-body", .kind = CMD_OPT_INT64, .value_name = "BYTES",
@@ -102,7 +102,7 @@ static const cmd_option serve_options[] = {
      .help = "on SIGINT/SIGTERM: seconds running requests may take to finish before they "
              "are cut",
      .default_text = "10", .offset = offsetof(serve_args, grace), .fmin = 0, .fmax = 86400},
-    {.name = "trace-out", .kind = CMD_OPT_STRING, .value_name = "T.h5",
+    {.name = "trace-out", .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT, .value_name = "T.h5",
      .help = "record every served request (tokens, routing, gate probabilities, semantic "
              "rows, arrival times) as a trace for build-store and simulate; written as "
              "T.h5.partial while serving, renamed at shutdown",

@@ -177,7 +177,7 @@ static const int32_t store_mode_values[] = {FMOE_STORE_OFFLINE, FMOE_STORE_ONLIN
                                             FMOE_STORE_OFFLINE_UPDATE};
 
 static const cmd_option simulate_options[] = {
-    {.name = "trace", .kind = CMD_OPT_STRINGS, .value_name = "FILE",
+    {.name = "trace", .kind = CMD_OPT_STRINGS, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "trace to replay (fmoe record / fmoe trace import); repeatable, and a quoted "
              "glob ('runs/*.h5') names every match: the sweep spans them all",
      .offset = offsetof(options, trace_args)},
@@ -198,7 +198,7 @@ static const cmd_option simulate_options[] = {
              "(llama.cpp style), or whichever ends first (Fiddler); cpu/auto need host "
              "figures (calibrate)",
      .offset = offsetof(options, miss_mode), .choices = miss_names, .choice_values = miss_values},
-    {.name = "arrivals", .kind = CMD_OPT_STRING, .value_name = "FILE|trace",
+    {.name = "arrivals", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE|trace",
      .help = "replay requests at arrival times, FCFS: an Azure LLM inference CSV, or 'trace' "
              "for the trace's own times",
      .offset = offsetof(options, arrivals)},
@@ -221,7 +221,7 @@ static const cmd_option simulate_options[] = {
      .help = "moe-infinity's EAM collection size", .default_text = "1000",
      .offset = offsetof(options, eamc_capacity), .min = 1, .max = 10000000},
     /* the fmoe policies' expert-map store (simulate_store.c) */
-    {.name = "store", .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "store", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "expert-map store for the fmoe policies (build-store)",
      .offset = offsetof(options, store.path)},
     {.name = "store-mode", .kind = CMD_OPT_ENUM, .value_name = "M",
@@ -241,16 +241,16 @@ static const cmd_option simulate_options[] = {
      .help = "the fmoe matcher's time per match, seconds",
      .default_text = "the profile's matcher.match_s, else 0",
      .offset = offsetof(options, store.match_delay_s), .fmin = 0, .fmax = 1e3},
-    {.name = "predictor", .kind = CMD_OPT_STRINGS, .value_name = "P.h5",
+    {.name = "predictor", .kind = CMD_OPT_STRINGS, .io = CMD_IO_INPUT, .value_name = "P.h5",
      .help = "learned predictor (fmoe train-predictor) for the policy of its kind, "
              FMOE_PREDICTOR_KIND_PROMOE " or " FMOE_PREDICTOR_KIND_DUOSERVE
              "; repeatable, one per kind. promoe's "
              "stride is the prefetch distance; needs a trace recorded with --hidden",
      .offset = offsetof(options, predictors)},
-    {.name = "model-config", .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "model-config", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "config.json", .default_text = "the one stored in the trace",
      .offset = offsetof(options, model_config)},
-    {.name = "profile", .kind = CMD_OPT_STRINGS, .value_name = "FILE",
+    {.name = "profile", .kind = CMD_OPT_STRINGS, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "hardware profile JSON (fmoe calibrate); repeatable: the sweep spans them all",
      .offset = offsetof(options, profiles)},
     {.name = "hardware", .kind = CMD_OPT_CALLBACK, .value_name = "NAME[,NAME...]",
@@ -267,24 +267,24 @@ static const cmd_option simulate_options[] = {
              "default)",
      .default_text = "auto", .offset = offsetof(options, feedback),
      .choices = cmd_feedback_names},
-    {.name = "decision-log", .kind = CMD_OPT_STRING, .value_name = "F.jsonl",
+    {.name = "decision-log", .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT, .value_name = "F.jsonl",
      .help = "write every decision of the run, one JSON line each, in the format live runs "
              "write (fmoe compare-logs); one policy, cache size and distance only",
      .offset = offsetof(options, decision_log)},
-    {.name = "plot", .kind = CMD_OPT_STRING, .value_name = "FILE.svg",
+    {.name = "plot", .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT, .value_name = "FILE.svg",
      .help = "also draw hit rate and TPOT (TTFT for prefill-only traces) against cache size, "
              "one line per policy (and distance), as an SVG file",
      .offset = offsetof(options, plot)},
     {.name = "json", .kind = CMD_OPT_FLAG, .help = "print one JSON document",
      .offset = offsetof(options, json)},
-    {.name = "csv", .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "csv", .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT, .value_name = "FILE",
      .help = "also write one CSV row per configuration ('-': stdout)",
      .offset = offsetof(options, csv)},
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "sweep threads (of each MPI rank)",
      .default_text = "one per core", .offset = offsetof(options, threads), .min = 1,
      .max = 4096},
-    {.name = "sweep-out", .kind = CMD_OPT_STRING, .value_name = "F.jsonl",
+    {.name = "sweep-out", .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT, .value_name = "F.jsonl",
      .help = "write every cell's result to F as it finishes, one JSON line each, flushed, so "
              "that an interrupted sweep can --resume; F must not exist without --resume",
      .offset = offsetof(options, sweep_out)},

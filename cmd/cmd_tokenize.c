@@ -26,17 +26,18 @@ typedef struct options {
 
 #define OPT(field) offsetof(options, field)
 static const cmd_option tokenize_options[] = {
-    {.name = "tokenizer", .kind = CMD_OPT_STRING, .value_name = "PATH",
+    {.name = "tokenizer", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "PATH",
      .help = "tokenizer.json, or a model directory holding it (its tokenizer_config.json "
              "gives BOS/EOS and the chat template)",
      .offset = OPT(tokenizer)},
-    {.name = "text", .kind = CMD_OPT_STRING, .value_name = "S", .help = "the text to encode",
+    {.name = "text", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT,
+     .value_name = "S", .help = "the text to encode",
      .offset = OPT(text)},
-    {.name = "file", .kind = CMD_OPT_STRING, .value_name = "F",
+    {.name = "file", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "F",
      .help = "encode the bytes of file F ('-': standard input)", .offset = OPT(file)},
-    {.name = "decode", .kind = CMD_OPT_STRING, .value_name = "IDS",
+    {.name = "decode", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "IDS",
      .help = "decode ids: \"1,2,3\", \"1 2 3\" or \"[1, 2, 3]\"", .offset = OPT(decode)},
-    {.name = "batch", .kind = CMD_OPT_STRING, .value_name = "F",
+    {.name = "batch", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "F",
      .help = "JSON Lines ('-': standard input), one request per line: a string (or "
              "{\"hex\": \"...\"} for raw bytes) is encoded and answered {\"ids\": [...]}; an "
              "array of ids is decoded and answered {\"text\": \"...\"}",
@@ -45,9 +46,9 @@ static const cmd_option tokenize_options[] = {
      .help = "render the text as one user message with the chat template (with the "
              "assistant's generation prompt) and encode that",
      .offset = OPT(chat)},
-    {.name = "system", .kind = CMD_OPT_STRING, .value_name = "S",
+    {.name = "system", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "S",
      .help = "with --chat: a system message before the user message", .offset = OPT(system)},
-    {.name = "chat-template", .kind = CMD_OPT_STRING, .value_name = "NAME",
+    {.name = "chat-template", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "NAME",
      .help = "with --chat: mixtral, chatml, qwen3 or olmoe instead of the family detected "
              "from the tokenizer files",
      .offset = OPT(chat_template)},

@@ -131,7 +131,7 @@ static const cmd_option import_options[] = {
      .help = "jsonl or dense-csv", .default_text = "from the IN extensions, .jsonl/.json -> "
                                                    "jsonl, .csv -> dense-csv",
      .offset = OPT(format), .choices = format_names, .choice_values = format_values},
-    {.name = "model-config", .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "model-config", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "the model's HF config.json: geometry (L, J, K, h, shared experts, expert "
              "bytes), stored in the trace and fingerprinted",
      .offset = OPT(config_path)},
@@ -167,11 +167,12 @@ static const cmd_option import_options[] = {
     {.name = "compression", .kind = CMD_OPT_CALLBACK, .value_name = "C",
      .help = "zstd, deflate or none", .default_text = "zstd", .offset = OPT(compression),
      .handler = cmd_on_compression, .example = "none"},
-    {.name = "model-name", .kind = CMD_OPT_STRING, .value_name = "S",
+    {.name = "model-name", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "S",
      .help = "model name stored in the trace",
      .default_text = "the config's _name_or_path, else its folder name; none without a config",
      .offset = OPT(model_name)},
-    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
+     .value_name = "FILE",
      .help = "the trace to write (required); written as FILE.partial and renamed when "
              "complete, so a failure leaves nothing",
      .offset = OPT(out_path)},
@@ -245,7 +246,8 @@ typedef struct recover_opts {
 } recover_opts;
 
 static const cmd_option recover_options[] = {
-    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "OUT.h5",
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING,
+     .io = CMD_IO_OUTPUT_OF_PARTIAL, .value_name = "OUT.h5",
      .help = "the trace to write; never replaced when it exists",
      .default_text = "PARTIAL without .partial", .offset = offsetof(recover_opts, out_path)},
     {.name = "json", .kind = CMD_OPT_FLAG, .help = "print the summary as JSON",

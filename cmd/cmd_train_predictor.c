@@ -67,10 +67,11 @@ static const cmd_option train_options[] = {
      .help = "the predictor: promoe (one MLP per layer from gate inputs, ProMoE §4.4) or "
              "duoserve (one ExpertMLP from expert ids, DuoServe-MoE §4)",
      .default_text = "promoe", .offset = offsetof(options, kind), .choices = kind_names},
-    {.name = "trace", .kind = CMD_OPT_STRINGS, .value_name = "FILE",
+    {.name = "trace", .kind = CMD_OPT_STRINGS, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "a trace recorded with 'fmoe record --hidden'; repeatable (one model)",
      .offset = offsetof(options, traces)},
-    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
+     .value_name = "FILE",
      .help = "the predictor file to write", .offset = offsetof(options, output)},
     {.name = "stride", .kind = CMD_OPT_INT32, .value_name = "k",
      .help = "promoe: layers ahead: predictor i reads layer i-k's gate input (below the "

@@ -56,6 +56,7 @@ extern const char *const cmd_offload_store_modes[];
 
 #define CMD_OFFLOAD_OPTIONS(type, f)                                                          \
     {.name = "policy", .kind = CMD_OPT_STRING, .value_name = "P",                             \
+     .io = CMD_IO_TEXT,                                                                       \
      .help = "expert-cache policy of an offloaded run (fmoe simulate --help lists them; "     \
              "belady and oracle need the future: simulate only)",                           \
      .default_text = "lru", .offset = offsetof(type, f.policy)},                              \
@@ -87,16 +88,19 @@ extern const char *const cmd_offload_store_modes[];
              "ends first (Fiddler)",                                                          \
      .default_text = "load", .offset = offsetof(type, f.miss), .choices = cmd_offload_misses},\
     {.name = "profile", .kind = CMD_OPT_STRING, .value_name = "P.json",                       \
+     .io = CMD_IO_INPUT,                                                                      \
      .help = "--miss auto: the hardware profile (fmoe calibrate) whose link and expert "      \
              "compute figures estimate each miss's two ends",                                 \
      .offset = offsetof(type, f.profile)},                                                    \
     {.name = "store", .kind = CMD_OPT_STRING, .value_name = "S.h5",                           \
+     .io = CMD_IO_INPUT,                                                                      \
      .help = "expert-map store for the fmoe policies (fmoe build-store)",                     \
      .offset = offsetof(type, f.store)},                                                      \
     {.name = "store-mode", .kind = CMD_OPT_ENUM, .value_name = "M",                           \
      .help = "offline (frozen store) or offline-update", .default_text = "offline",           \
      .offset = offsetof(type, f.store_mode), .choices = cmd_offload_store_modes},             \
     {.name = "predictor", .kind = CMD_OPT_STRING, .value_name = "P.h5",                       \
+     .io = CMD_IO_INPUT,                                                                      \
      .help = "learned predictor for policy promoe or duoserve (fmoe train-predictor --kind " \
              "promoe|duoserve), trained on traces of this model",                             \
      .offset = offsetof(type, f.predictor)},                                                  \
@@ -105,10 +109,12 @@ extern const char *const cmd_offload_store_modes[];
      .default_text = "auto", .offset = offsetof(type, f.feedback),                            \
      .choices = cmd_feedback_names},                                                          \
     {.name = "store-out", .kind = CMD_OPT_STRING, .value_name = "S.h5",                       \
+     .io = CMD_IO_OUTPUT,                                                                     \
      .help = "with --store-mode offline-update: write the store as the run updated it, "     \
              "atomically, at the end",                                                        \
      .offset = offsetof(type, f.store_out)},                                                  \
     {.name = "decision-log", .kind = CMD_OPT_STRING, .value_name = "F.jsonl",                 \
+     .io = CMD_IO_OUTPUT,                                                                     \
      .help = "write every decision of the offloaded run, one JSON line each (fmoe "           \
              "compare-logs checks it against fmoe simulate --decision-log)",                 \
      .offset = offsetof(type, f.decision_log)},                                               \

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cmd_common.h"
+#include "outputs.h"
 
 /* ------------------------------------------------------------------ parsing */
 
@@ -150,7 +151,8 @@ int cmd_options_parse(const cmd_spec *spec, void *base, int argc, char **argv, i
         if (rc) return rc;
     }
     if (npos) *npos = n;
-    return 0;
+    /* here, so that no command can leave an output unchecked */
+    return cmd_check_outputs(spec, base, argv + 1, n);
 }
 
 /* ------------------------------------------------------------------ help */

@@ -55,6 +55,22 @@ typedef struct cmd_opt_strings {
     int32_t n;
 } cmd_opt_strings;
 
+/* What a row's value names on disk. Every CMD_OPT_STRING and CMD_OPT_STRINGS row says
+ * (tests/cmd/test_outputs.c refuses a row that does not), because the parse checks, in one
+ * place (cmd/outputs.h), every output against every input before any work: an output that
+ * is an input (the same file, or a file in an input directory) is a usage error. */
+typedef enum cmd_opt_io {
+    CMD_IO_UNSET = 0,  /* only for rows whose value is not a string */
+    CMD_IO_TEXT,       /* not a path: a name, a prompt, an address */
+    CMD_IO_INPUT,      /* a file or directory read (a directory: every file directly in it) */
+    CMD_IO_MODEL,      /* an input; absent, the bundled model (cmd_bundled_model_dir) */
+    CMD_IO_OUTPUT,     /* a file written ("-": standard output) */
+    CMD_IO_OUTPUT_OF_PARTIAL, /* an output made from the input OUTPUT.partial (trace
+                                 recover): checked as CMD_IO_OUTPUT, but that input is
+                                 its source, not a partial it would replace */
+    CMD_IO_OUTPUT_DIR, /* a directory the command creates files of its own names in */
+} cmd_opt_io;
+
 struct cmd_option;
 
 /* A handler parses `value` (NULL for an option without a value) into the options struct at
@@ -78,6 +94,7 @@ typedef struct cmd_option {
     cmd_opt_handler handler;  /* CMD_OPT_CALLBACK */
     ptrdiff_t seen_offset;    /* > 0: an int field set to 1 when the option is given */
     const char *example;      /* a valid value for tests (callbacks need one) */
+    cmd_opt_io io;            /* CMD_OPT_STRING(S): what the value names on disk */
 } cmd_option;
 
 /* One command: what --help prints, in order, and the table. */
@@ -97,9 +114,12 @@ enum { CMD_OPTIONS_HELP = -1 };
 
 /* Parses argv[1..argc) (argv[0] is the command name) into the options struct at `base`,
  * which the caller initialised with the defaults. Positional arguments are moved, in order,
- * to argv[1..*npos] (npos may be NULL when spec->max_positional is 0).
+ * to argv[1..*npos] (npos may be NULL when spec->max_positional is 0). Then every output
+ * is checked against every input (cmd_check_outputs in cmd/outputs.h: the rows' .io, the
+ * positional arguments being inputs), so that no command writes over a file it reads.
  * @return 0; CMD_OPTIONS_HELP after printing --help on stdout; or CMD_EXIT_USAGE (2) after
- *         printing one usage error line on stderr. */
+ *         printing one usage error line on stderr (or 1 from cmd_check_outputs: an
+ *         output's folder is missing or not writable). */
 int cmd_options_parse(const cmd_spec *spec, void *base, int argc, char **argv, int *npos);
 
 /* Prints the --help text generated from the table. */

@@ -4,7 +4,6 @@
 #include "paths.h"
 
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -143,63 +142,5 @@ int cmd_generation_config_load(const char *dir, cmd_generation_config *out) {
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "top_k")) && v->valuedouble >= 0)
         out->top_k = (int32_t)v->valuedouble;
     cJSON_Delete(j);
-    return 0;
-}
-
-/* ---------------------------------------------------------------------------------------
- * Outputs
- * ------------------------------------------------------------------------------------- */
-
-static int same_file(const struct stat *a, const struct stat *b) {
-    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
-}
-
-/* 1 when `out` is the file `input` or, for a directory input, a file directly in it. */
-static int is_input(const struct stat *out, const char *input) {
-    struct stat in;
-    if (stat(input, &in) != 0) return 0;
-    if (same_file(out, &in)) return 1;
-    if (!S_ISDIR(in.st_mode)) return 0;
-    DIR *d = opendir(input);
-    if (!d) return 0;
-    int found = 0;
-    char p[PATH_MAX];
-    for (struct dirent *e; !found && (e = readdir(d));) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        if (snprintf(p, sizeof p, "%s/%s", input, e->d_name) >= (int)sizeof p) continue;
-        found = stat(p, &in) == 0 && !S_ISDIR(in.st_mode) && same_file(out, &in);
-    }
-    closedir(d);
-    return found;
-}
-
-int cmd_check_output(const char *cmd, const char *output, const char *const *inputs,
-                     int ninputs) {
-    if (!output || strcmp(output, "-") == 0) return 0;
-    char partial[PATH_MAX + 16];
-    snprintf(partial, sizeof partial, "%s.partial", output);
-    const char *mine[2] = {output, partial};
-    for (int k = 0; k < 2; k++) {
-        struct stat st;
-        if (stat(mine[k], &st) != 0) continue;
-        for (int i = 0; i < ninputs; i++)
-            if (inputs[i] && is_input(&st, inputs[i]))
-                return cmd_refuse(cmd, "output is an input (%s)", output);
-    }
-    if (fmoe__output_check(output) < 0) return cmd_refuse(cmd, "%s", fmoe_error_detail());
-    /* The folder it goes in, now: the write comes after the work (a sweep, a training),
-     * and a missing folder found then costs all of it. */
-    char dir[PATH_MAX];
-    const char *slash = strrchr(output, '/');
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else
-        snprintf(dir, sizeof dir, "%.*s", slash == output ? 1 : (int)(slash - output), output);
-    struct stat st;
-    const char *why = stat(dir, &st) != 0 ? strerror(errno)
-                      : !S_ISDIR(st.st_mode) ? strerror(ENOTDIR)
-                      : access(dir, W_OK | X_OK) != 0 ? strerror(errno)
-                                                       : NULL;
-    if (why) return cmd_failf(cmd, "%s: cannot create: %s", output, why);
     return 0;
 }

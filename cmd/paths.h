@@ -1,8 +1,7 @@
 /*
  * paths.h - the bundled default model (datasets/fmoe-tiny) and what `fmoe generate` and
  * `fmoe record` share about a model directory: finding it, its stop tokens, and the
- * sampling defaults of its generation_config.json; and the check every command makes of a
- * file it is about to write.
+ * sampling defaults of its generation_config.json.
  */
 #ifndef FMOE_CMD_PATHS_H
 #define FMOE_CMD_PATHS_H
@@ -50,18 +49,7 @@ void cmd_generation_config_add_stop(cmd_generation_config *gc, int32_t id);
 /* 1 when `id` is a stop token. */
 int cmd_generation_config_is_stop(const cmd_generation_config *gc, int32_t id);
 
-/* Every command that writes a file calls this once per output, before any work, with the
- * files it reads. OUTPUT is refused when it is one of INPUTS (the same device and inode, so
- * a hard link or another path to the file counts; an input that is a directory, such as a
- * model directory, stands for every file directly in it), when OUTPUT.partial is one of
- * them (the writer replaces its partial), and when OUTPUT exists and is not a regular file
- * (a directory, /dev/null). NULL entries of INPUTS are skipped; "-" (standard output) is
- * never refused. Prints one line, "fmoe CMD: output is an input (OUTPUT)",
- * "fmoe CMD: OUTPUT: is a directory" or "fmoe CMD: OUTPUT: exists and is not a regular
- * file". Then OUTPUT's folder must exist and be writable, so that a run fails at once and
- * not after its work: "fmoe CMD: OUTPUT: cannot create: No such file or directory", like
- * the create would say. @return 0, CMD_EXIT_USAGE, or CMD_EXIT_FAILURE (the folder). */
-int cmd_check_output(const char *cmd, const char *output, const char *const *inputs,
-                     int ninputs);
+/* cmd_check_output, the check of a file a command is about to write, is in outputs.h. */
+#include "outputs.h"
 
 #endif

@@ -44,7 +44,8 @@ typedef struct merge_opts {
 
 #define OPT(field) offsetof(merge_opts, field)
 static const cmd_option merge_options[] = {
-    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .value_name = "FILE",
+    {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
+     .value_name = "FILE",
      .help = "the merged trace (required); written as FILE.partial and renamed when complete",
      .offset = OPT(out_path)},
     {.name = "compression", .kind = CMD_OPT_CALLBACK, .value_name = "C",
