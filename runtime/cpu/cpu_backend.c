@@ -24,10 +24,13 @@
  *                   in prefill, widening plus OpenBLAS's own packing of the widened block
  *                   cost about 30% of the time, and OpenBLAS 0.3.21 runs its AVX2 kernel
  *                   on AVX-512 parts; gemm_bf16_512 was 2x faster on the 1B bench model
- *   ggml blocks (a GGUF file's Q8_0, Q4_K, Q5_K, Q6_K)
- *                   fmoe__quant_matvec (quant_matvec.h): block dots per input row, or with
- *                   QUANT_MATVEC_WIDEN_MIN or more rows each weight row dequantised once
- *                   into the worker's scratch
+ *   ggml blocks (a GGUF file's Q8_0, Q4_K, Q5_K, Q6_K), n <= SMALL_N
+ *                   fmoe__quant_matvec (quant_matvec.h): block dots, the rows never
+ *                   widened in memory (decode reads 8.5 or 4.5 bits a weight)
+ *   ggml blocks, n > SMALL_N
+ *                   as bf16's fallback: blocks of rows dequantised into the worker's
+ *                   scratch, then cblas_sgemm (prefill ran at 0.4x bf16 with a dot per
+ *                   row and token; see docs/quantization.md)
  * Keeping weights in bf16 rather than widening them at load halves resident memory and
  * decode-time memory traffic; what it costs in prefill is measured in the report.
  *
@@ -367,6 +370,19 @@ static void matmul_task(void *arg, int32_t task, int32_t worker) {
                         1.0f, j->x, (int)cols, W, (int)cols, 0.0f, j->y + r0, (int)rows);
         return;
     }
+    float *buf = j->c->scratch[worker];
+    if (w->quant) { /* n > SMALL_N: blocks of rows dequantised, then one sgemm each */
+        const int64_t rb = fmoe_quant_row_bytes(w->quant, cols);
+        for (int64_t b0 = r0; b0 < r1; b0 += j->c->block_rows) {
+            const int64_t nb = b0 + j->c->block_rows < r1 ? j->c->block_rows : r1 - b0;
+            for (int64_t r = 0; r < nb; r++)
+                fmoe_quant_dequantize_row(w->quant, (const uint8_t *)w->data + (b0 + r) * rb,
+                                          buf + r * cols, cols);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)nb, (int)cols, 1.0f,
+                        j->x, (int)cols, buf, (int)cols, 0.0f, j->y + b0, (int)rows);
+        }
+        return;
+    }
     const uint16_t *W = (const uint16_t *)w->data;
 #if HAVE_X86
     if (j->packed) {
@@ -379,7 +395,6 @@ static void matmul_task(void *arg, int32_t task, int32_t worker) {
             dots_u16(j->c, W + r * cols, w->dtype, j->x, cols, n, cols, j->y + r, rows);
         return;
     }
-    float *buf = j->c->scratch[worker];
     for (int64_t b0 = r0; b0 < r1; b0 += j->c->block_rows) {
         const int64_t nb = b0 + j->c->block_rows < r1 ? j->c->block_rows : r1 - b0;
         widen(j->c, W + b0 * cols, w->dtype, buf, nb * cols);
@@ -390,7 +405,7 @@ static void matmul_task(void *arg, int32_t task, int32_t worker) {
 
 static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n, float *y) {
     cpu_ctx *c = ctx;
-    if (w->quant) {
+    if (w->quant && n <= SMALL_N) {
         /* scratch rows hold block_rows·max_cols >= cols floats, one per pool worker */
         const double work = (double)w->rows * (double)w->cols * (double)n;
         fmoe__quant_matvec(work < PARALLEL_MIN_WORK ? NULL : c->pool, w->quant, w->data, w->rows,
