@@ -48,6 +48,7 @@
 #include <strings.h>
 
 #include "fmoe/error.h"
+#include "fmoe/gguf.h"
 #include "fmoe/quant.h"
 
 #include "geometry_impl.h"
@@ -873,10 +874,51 @@ fail:
     return rc;
 }
 
+/* A GGUF file's geometry: its config (fmoe_gguf_config_json), with expert_dtype the type
+ * of its first MoE layer's stacked gate experts, as the forward pass stores them. */
+static int geometry_from_gguf(const char *path, fmoe_model_geometry *out) {
+    fmoe_gguf *g = NULL;
+    char *json = NULL;
+    int exact = 0, rc;
+    fmoe_model_geometry geo;
+    if ((rc = fmoe_gguf_open(path, &g)) < 0) return rc;
+    if ((rc = fmoe_gguf_config_json(g, &json, &exact)) < 0) goto done;
+    if ((rc = fmoe_geometry_parse(json, strlen(json), &geo)) < 0) {
+        fmoe_error_prefix("%s", path);
+        goto done;
+    }
+    if (geo.num_moe_layers > 0) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", geo.moe_layer_index[0]);
+        const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(g, name);
+        switch (t ? t->type : UINT32_MAX) {
+        case FMOE_GGML_F32: geo.expert_dtype = FMOE_DTYPE_F32; break;
+        case FMOE_GGML_F16: geo.expert_dtype = FMOE_DTYPE_F16; break;
+        case FMOE_GGML_BF16: geo.expert_dtype = FMOE_DTYPE_BF16; break;
+        case FMOE_GGML_Q8_0: geo.expert_dtype = FMOE_DTYPE_Q8_0; break;
+        case FMOE_GGML_Q4_K: geo.expert_dtype = FMOE_DTYPE_Q4_K; break;
+        case FMOE_GGML_Q5_K: geo.expert_dtype = FMOE_DTYPE_Q5_K; break;
+        case FMOE_GGML_Q6_K: geo.expert_dtype = FMOE_DTYPE_Q6_K; break;
+        default: break; /* absent or another type: the config's */
+        }
+    }
+    *out = geo;
+done:
+    free(json);
+    fmoe_gguf_close(g);
+    return rc;
+}
+
 int fmoe_geometry_load(const char *path, fmoe_model_geometry *out) {
     if (!path || !out) return fmoe_error_set(FMOE_EINVAL, "path or output is NULL");
     FILE *f = fopen(path, "rb");
     if (!f) return fmoe_error_set(FMOE_EIO, "%s: %s", path, strerror(errno));
+    char magic[4];
+    if (fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0) {
+        fclose(f);
+        return geometry_from_gguf(path, out);
+    }
+    rewind(f);
 
     int rc = 0;
     size_t cap = 16384, len = 0;

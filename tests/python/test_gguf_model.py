@@ -239,6 +239,12 @@ def test_live_offloading_q8_0_matches_simulate(fmoe_bin, tiny_ggufs, tmp_path):
     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     assert first is None and len(a) == len(b), (first, a[first] if first is not None else None,
                                                  b[first] if first is not None else None)
+    # --model-config takes the GGUF file itself (fmoe_geometry_load), to the same decisions
+    sim2 = tmp_path / "sim2.jsonl"
+    run_fmoe(fmoe_bin, "simulate", "--trace", trace, "--model-config", tiny_ggufs["q8_0"],
+             "--policy", "lru", "--cache-experts", 6, "--prefetch-distance", 1, "--profile",
+             zero, "--decision-log", sim2, "--quiet")
+    assert decisions(read_log(sim2)[1]) == b
 
 
 def test_generate_q8_0_with_tokenizer(fmoe_bin, tiny_ggufs):

@@ -107,8 +107,11 @@ typedef struct fmoe_model_geometry {
  */
 int fmoe_geometry_parse(const char *json, size_t len, fmoe_model_geometry *out);
 
-/* Reads and parses a config.json file; errors name the path.
- * @return as fmoe_geometry_parse, or FMOE_EIO when the file cannot be read. */
+/* Reads and parses a config.json file; errors name the path. A GGUF file (it starts with
+ * "GGUF") gives the config it stands for (fmoe_gguf_config_json) and, as expert_dtype,
+ * its routed experts' stored type (q8_0, q4_k, ...).
+ * @return as fmoe_geometry_parse, or FMOE_EIO when the file cannot be read; for GGUF also
+ *         fmoe_gguf_open's and fmoe_gguf_config_json's errors. */
 int fmoe_geometry_load(const char *path, fmoe_model_geometry *out);
 
 /* A geometry given by hand: L MoE layers, J experts, top-k K, hidden size h (may be 0).
