@@ -59,9 +59,10 @@ double prefetch_feedback_regret(const prefetch_feedback *f) {
     return laplace(f->regrets, f->evictions);
 }
 
+/* a (1 - u) - (1 - a) u - r > 0, i.e. a > u + r (prefetch_feedback.h) */
 int prefetch_feedback_admit(const prefetch_feedback *f, int32_t l, int32_t rank) {
     const double a = prefetch_feedback_accuracy(f, l, rank);
-    return a - prefetch_feedback_regret(f) - (1 - a) * f->link_use > 0;
+    return a - f->link_use - prefetch_feedback_regret(f) > 0;
 }
 
 void prefetch_feedback_link(prefetch_feedback *f, double busy_s, double now) {

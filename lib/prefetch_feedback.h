@@ -23,10 +23,18 @@
  *                     executor's figure), the chance that a wasted transfer delays one
  *                     that was needed.
  *
- * A prediction becomes a prefetch when a free slot takes it, or when
- *     a - regret - (1 - a) * u > 0:
- * the stall it saves when right exceeds the stall its eviction causes plus the link time
- * it steals from demand loads when wrong (each in units of one transfer). The two rates are
+ * A prediction becomes a prefetch when a free slot takes it, or when, in units of one
+ * transfer, what it saves exceeds what it costs:
+ *     a (1 - u)  -  (1 - a) u  -  regret  > 0,   that is   a > u + regret.
+ * Right (a), its transfer saves a stall only if it finds idle link time to hide in,
+ * which it does with chance 1 - u: on a saturated link a right prefetch only changes which
+ * transfer waits, as the bytes still have to cross. Wrong (1 - a), it holds the link when a
+ * needed transfer may come, with chance u. Its eviction costs the regret either way. (An
+ * earlier rule credited a right prefetch with a whole transfer whatever the link's load,
+ * a - regret - (1 - a) u > 0; where the link is the bottleneck, as in decode of a model
+ * whose cache already hits most accesses, it admitted prefetches that were right 60% of
+ * the time and still lost time to LRU: fmoe-tiny, 25% of the experts cached, 1.03x.)
+ * The two rates are
  * Laplace estimates ((k + 1) / (n + 2): no evidence gives 1/2 against 1/2, so nothing is
  * admitted on faith) over a sliding horizon: counts are halved when they reach
  * FEEDBACK_WINDOW, so the estimates follow a workload that changes.

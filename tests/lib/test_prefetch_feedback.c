@@ -107,6 +107,28 @@ TEST(ranks_and_link_use) {
     prefetch_feedback_free(&f);
 }
 
+/* A right prefetch saves time only in idle link time: a 60% predictor with no regret is
+ * admitted on a link busy 30% of the time and refused on one busy 70% of the time (there
+ * a right transfer mostly reorders the link's queue while a wrong one delays a needed one). */
+TEST(busy_link_needs_accuracy_above_its_load) {
+    prefetch_feedback f;
+    ASSERT_OK(prefetch_feedback_init(&f, L, J));
+    const int32_t chosen[1] = {0};
+    for (int i = 0; i < 100; i++) { /* rank 0 right 60% of the time */
+        prefetch_feedback_predict(&f, 1, i % 5 < 3 ? 0 : 7);
+        prefetch_feedback_gate(&f, 1, chosen, 1);
+    }
+    evictions(&f, 126, 0); /* regret 1/128 */
+    ASSERT_NEAR(prefetch_feedback_accuracy(&f, 1, 0), 61.0 / 102.0, 1e-12);
+    for (int i = 1; i <= 200; i++) prefetch_feedback_link(&f, 0.3 * i, 1.0 * i);
+    ASSERT_NEAR(f.link_use, 0.3, 1e-3);
+    ASSERT_TRUE(prefetch_feedback_admit(&f, 1, 0));
+    for (int i = 201; i <= 400; i++) prefetch_feedback_link(&f, 60 + 0.7 * (i - 200), 1.0 * i);
+    ASSERT_NEAR(f.link_use, 0.7, 1e-3);
+    ASSERT_TRUE(!prefetch_feedback_admit(&f, 1, 0));
+    prefetch_feedback_free(&f);
+}
+
 static int cancels, prefetches, dropped;
 static void on_decision(void *ctx, const fmoe_decision *d) {
     (void)ctx;

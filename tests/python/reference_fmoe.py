@@ -308,7 +308,7 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
     def fb_admit(l, r):
         a = (FB["right"][l][r] + 1) / (FB["scored"][l][r] + 2)
         regret = (FB["regrets"] + 1) / (FB["evictions"] + 2)
-        return a - regret - (1 - a) * FB["use"] > 0
+        return a - FB["use"] - regret > 0
 
     def fb_gate(l, chosen):
         # early preemption: queued prefetches of layer l not chosen, in the order the C
