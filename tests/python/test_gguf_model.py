@@ -118,7 +118,7 @@ def test_float_gguf_runs_exactly_as_the_checkpoint(name, models, driver, tmp_pat
 def tiny_ggufs(tmp_path_factory, fmoe_bin):
     d = tmp_path_factory.mktemp("tiny-gguf")
     out = {"bf16": write_gguf(TINY, "qwen3_moe", d / "tiny-bf16.gguf")}
-    for tag, args in (("q8_0", ["--type", "q8_0"]),
+    for tag, args in (("q8_0", ["--type", "q8_0"]), ("q4_k", ["--type", "q4_k"]),
                       ("q4_k_experts", ["--type", "q4_k", "--experts-only"])):
         out[tag] = d / f"tiny-{tag}.gguf"
         run_fmoe(fmoe_bin, "quantize", *args, TINY, "-o", out[tag], "--quiet")
@@ -253,6 +253,19 @@ def test_generate_q8_0_with_tokenizer(fmoe_bin, tiny_ggufs):
                  "--temperature", 0, "--json")
     j = json.loads(p.stdout)
     assert len(j["generated_ids"]) == 8
+
+
+@pytest.mark.parametrize("tier", [["--tier", "host"], ["--tier", "file"],
+                                  ["--tier", "file", "--direct-io"]])
+def test_offloaded_q4_k_generates_the_resident_tokens(fmoe_bin, tiny_ggufs, tier):
+    """Q4_K gate/up with BF16 down (176 values: no whole blocks): the tier keeps each
+    matrix's type, reads the blocks from the GGUF file, and the tokens do not change."""
+    q4 = tiny_ggufs["q4_k"]
+    common = ["generate", "--model", q4, "--tokenizer", TINY, "--prompt",
+              "What is a context manager?", "--max-new-tokens", 12, "--temperature", 0, "--json"]
+    resident = json.loads(run_fmoe(fmoe_bin, *common).stdout)["generated_ids"]
+    p = run_fmoe(fmoe_bin, *common, "--policy", "lru", "--cache-experts", 6, *tier)
+    assert json.loads(p.stdout)["generated_ids"] == resident
 
 
 # ---- bad input ---------------------------------------------------------------------
