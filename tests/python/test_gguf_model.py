@@ -247,6 +247,30 @@ def test_live_offloading_q8_0_matches_simulate(fmoe_bin, tiny_ggufs, tmp_path):
     assert decisions(read_log(sim2)[1]) == b
 
 
+def test_llama_cpp_style_file_without_hf_config(tiny_ggufs, driver, tmp_path):
+    """A file with only llama.cpp's metadata keys (fmoe quantize's file less fmoe.hf_config,
+    copied by gguf-py): the config built from those keys runs the model as the checkpoint's
+    own config.json does (rms_norm_eps is the file's float32 9.9999997e-07 instead of 1e-6,
+    hence a tolerance)."""
+    r = gguf.GGUFReader(str(tiny_ggufs["q8_0"]))
+    w = gguf.GGUFWriter(str(tmp_path / "llama.gguf"), "qwen3moe")
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "fmoe.hf_config"):
+            continue
+        w.add_key_value(f.name, f.contents(), f.types[0])
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tokens = [int(x) for x in np.random.default_rng(3).integers(3, 4096, 12)]
+    a, ra = drive(driver, tiny_ggufs["q8_0"], tokens, 12, tmp_path, "own")
+    b, rb = drive(driver, tmp_path / "llama.gguf", tokens, 12, tmp_path, "built")
+    assert float(np.abs(a - b).max()) <= 1e-4
+    assert ra["generated"] == rb["generated"] and ra["experts"] == rb["experts"]
+
+
 def test_generate_q8_0_with_tokenizer(fmoe_bin, tiny_ggufs):
     p = run_fmoe(fmoe_bin, "generate", "--model", tiny_ggufs["q8_0"], "--tokenizer", TINY,
                  "--prompt", "What is a context manager?", "--max-new-tokens", 8,
