@@ -20,8 +20,9 @@
  *                     what evicting the policy's victim costs, in misses per eviction.
  *
  *   link use u:       the share of time the copy engine was busy over the last gates (the
- *                     executor's figure), the chance that a wasted transfer delays one
- *                     that was needed.
+ *                     executor's figure; busy and elapsed time averaged apart, so that a
+ *                     burst of transfers weighs by its length), the chance that a wasted
+ *                     transfer delays one that was needed.
  *
  * A prediction becomes a prefetch when a free slot takes it, or when, in units of one
  * transfer, what it saves exceeds what it costs:
@@ -53,7 +54,8 @@ typedef struct prefetch_feedback {
     uint8_t *victim;          /* [L][J] evicted since layer l's last gate */
     double *right, *scored;   /* [L][RANKS] */
     double regrets, evictions;
-    double link_use;          /* u, an average over about L gates */
+    double link_use;          /* u = busy_avg / time_avg */
+    double busy_avg, time_avg; /* busy and elapsed time between gates, averaged over ~L gates */
     double last_busy_s, last_now;
     uint8_t *chosen;          /* [J] scratch: the gate's experts */
 } prefetch_feedback;

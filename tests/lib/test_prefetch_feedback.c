@@ -129,6 +129,26 @@ TEST(busy_link_needs_accuracy_above_its_load) {
     prefetch_feedback_free(&f);
 }
 
+/* The link's use is a share of time: one gate interval of 1 s with the link busy all of
+ * it, then nine of 0.1 s with the link idle, is busy 1 / 1.9 of the time, not 1 / 10 of
+ * the intervals (decode's misses come in such bursts between runs of hits). */
+TEST(link_use_is_a_share_of_time) {
+    prefetch_feedback f;
+    ASSERT_OK(prefetch_feedback_init(&f, 30, J)); /* averages over ~31 gates, 3 cycles */
+    double now = 0, busy = 0;
+    for (int cycle = 0; cycle < 200; cycle++) {
+        now += 1.0;
+        busy += 1.0;
+        prefetch_feedback_link(&f, busy, now);
+        for (int i = 0; i < 9; i++) {
+            now += 0.1;
+            prefetch_feedback_link(&f, busy, now);
+        }
+    }
+    ASSERT_TRUE(f.link_use > 0.4 && f.link_use < 0.7); /* 1/1.9 = 0.53; each interval's own share averaged: 0.1 */
+    prefetch_feedback_free(&f);
+}
+
 static int cancels, prefetches, dropped;
 static void on_decision(void *ctx, const fmoe_decision *d) {
     (void)ctx;

@@ -261,7 +261,8 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
     FB = {"pred": [[-1] * J for _ in range(L)], "made": [0] * L, "victim": [False] * (L * J),
           "right": [[0.0] * FEEDBACK_RANKS for _ in range(L)],
           "scored": [[0.0] * FEEDBACK_RANKS for _ in range(L)],
-          "regrets": 0.0, "evictions": 0.0, "use": 0.0, "last_busy": 0.0, "last_now": 0.0}
+          "regrets": 0.0, "evictions": 0.0, "use": 0.0, "last_busy": 0.0, "last_now": 0.0,
+          "busy_avg": 0.0, "time_avg": 0.0}
     st["busy"] = 0.0
 
     # ---- eviction "duel" (fmoe): shadow directories of N experts, one by recency, one by
@@ -324,10 +325,12 @@ def replay(t, maps, N, dist, costs, match_delay=0.0, delta=True, eviction="pfreq
                 prefetched[s] = queued[s] = False
             i -= 1
         dt = st["now"] - FB["last_now"]
-        if dt > 0:
-            u = (st["busy"] - FB["last_busy"]) / dt
-            u = 0.0 if u < 0 else 1.0 if u > 1 else u
-            FB["use"] += (1.0 / (L + 1)) * (u - FB["use"])
+        if dt > 0:  # busy and elapsed time averaged apart: u is a share of time
+            w = 1.0 / (L + 1)
+            FB["busy_avg"] += w * ((st["busy"] - FB["last_busy"]) - FB["busy_avg"])
+            FB["time_avg"] += w * (dt - FB["time_avg"])
+            u = FB["busy_avg"] / FB["time_avg"]
+            FB["use"] = 0.0 if u < 0 else 1.0 if u > 1 else u
         FB["last_busy"], FB["last_now"] = st["busy"], st["now"]
         for j in range(J):
             r = FB["pred"][l][j]
