@@ -167,15 +167,11 @@ def test_q8_0_logits_close_to_bf16(tiny_ggufs, driver, tmp_path, capsys):
     assert top1 >= 0.9
 
 
-@pytest.mark.parametrize("qtype", ["q8_0", "q4_k", "q5_k", "q6_k"])
-def test_quantized_equals_its_dequantisation(fmoe_bin, driver, tmp_path, qtype):
-    """The quantized matmuls compute what the weights say: a quantized file against the
-    same file dequantised by gguf-py and written as F32 (OpenBLAS's f32 path), to float
-    rounding (the bar of test_forward.py)."""
-    src = tmp_path / f"{qtype}.gguf"
-    run_fmoe(fmoe_bin, "quantize", "--type", qtype, TINY, "-o", src, "--quiet")
+def dequantised_copy(src, dst):
+    """The GGUF file src with every tensor dequantised by gguf-py and written as F32."""
     r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(tmp_path / "deq.gguf"), "qwen3moe")
+    a = r.fields["general.architecture"]
+    w = gguf.GGUFWriter(str(dst), bytes(a.parts[a.data[0]]).decode())
     f = r.fields["fmoe.hf_config"]
     w.add_string("fmoe.hf_config", bytes(f.parts[f.data[0]]).decode())
     kinds = set()
@@ -187,14 +183,29 @@ def test_quantized_equals_its_dequantisation(fmoe_bin, driver, tmp_path, qtype):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    assert qtype.upper() in kinds
-    tokens = [int(x) for x in np.random.default_rng(2).integers(3, 4096, 16)]
+    return kinds
+
+
+@pytest.mark.parametrize("qtype,model", [("q8_0", "tiny"), ("q4_k", "tiny"), ("q5_k", "tiny"),
+                                         ("q6_k", "tiny"), ("q8_0", "mixtral"),
+                                         ("q8_0", "deepseek")])
+def test_quantized_equals_its_dequantisation(fmoe_bin, driver, models, tmp_path, qtype, model):
+    """The quantized matmuls compute what the weights say: a quantized file against the
+    same file dequantised by gguf-py and written as F32 (OpenBLAS's f32 path), to float
+    rounding (the bar of test_forward.py). Mixtral and DeepSeek: q/k rows permuted in the
+    file, un-permuted whole (blocks and all) by the loader."""
+    d = TINY if model == "tiny" else models(model)
+    src = tmp_path / f"{qtype}.gguf"
+    run_fmoe(fmoe_bin, "quantize", "--type", qtype, d, "-o", src, "--quiet")
+    assert qtype.upper() in dequantised_copy(src, tmp_path / "deq.gguf")
+    V = json.loads((pathlib.Path(d) / "config.json").read_text())["vocab_size"]
+    tokens = [int(x) for x in np.random.default_rng(2).integers(3, V, 16)]
     q8, rq = drive(driver, src, tokens, 16, tmp_path, "q")
     f32, rf = drive(driver, tmp_path / "deq.gguf", tokens, 16, tmp_path, "f32")
     diff = float(np.abs(q8 - f32).max())
-    print(f"{qtype} vs its f32 dequantisation: max |logit diff| {diff:.3g}")
+    print(f"{model} {qtype} vs its f32 dequantisation: max |logit diff| {diff:.3g}")
     assert diff <= 1e-3
-    assert rq["generated"] == rf["generated"]
+    assert rq["generated"] == rf["generated"] and rq["experts"] == rf["experts"]
 
 
 def test_experts_only_q4_k_trace_has_quantized_expert_bytes(fmoe_bin, tiny_ggufs, tmp_path):
