@@ -737,7 +737,9 @@ TEST(dtype_names) {
     ASSERT_EQ(d, FMOE_DTYPE_F8_E4M3);
     ASSERT_OK(fmoe_dtype_parse("MXFP4", &d));
     ASSERT_EQ(d, FMOE_DTYPE_MXFP4);
-    for (int i = 0; i <= FMOE_DTYPE_MXFP4; i++) {
+    ASSERT_OK(fmoe_dtype_parse("Q4_K", &d));
+    ASSERT_EQ(d, FMOE_DTYPE_Q4_K);
+    for (int i = 0; i <= FMOE_DTYPE_Q6_K; i++) {
         ASSERT_OK(fmoe_dtype_parse(fmoe_dtype_name((fmoe_dtype)i), &d));
         ASSERT_EQ(d, i);
     }
@@ -748,7 +750,24 @@ TEST(dtype_names) {
     ASSERT_NEAR(fmoe_dtype_bits(FMOE_DTYPE_BF16), 16, 0);
     ASSERT_NEAR(fmoe_dtype_bits(FMOE_DTYPE_F8_E4M3), 8, 0);
     ASSERT_NEAR(fmoe_dtype_bits(FMOE_DTYPE_MXFP4), 4.25, 0);
+    ASSERT_NEAR(fmoe_dtype_bits(FMOE_DTYPE_Q8_0), 8.5, 0);
+    ASSERT_NEAR(fmoe_dtype_bits(FMOE_DTYPE_Q4_K), 4.5, 0);
     ASSERT_NEAR(fmoe_dtype_bits((fmoe_dtype)42), 0, 0);
+}
+
+/* ggml's block formats as a GGUF file stores experts: blocks along each row's input
+ * dimension (ggml-common.h: Q8_0 32 values in 34 bytes, K-quants 256 in 144/176/210). */
+TEST(quantized_expert_bytes) {
+    fmoe_model_geometry g;
+    ASSERT_OK(fmoe_geometry_generic(2, 8, 2, 256, &g));
+    g.moe_intermediate_size = 512;
+    const int64_t vals = 3LL * 256 * 512;
+    ASSERT_EQ(fmoe_geometry_expert_bytes(&g, FMOE_DTYPE_Q8_0), vals / 32 * 34);
+    ASSERT_EQ(fmoe_geometry_expert_bytes(&g, FMOE_DTYPE_Q4_K), vals / 256 * 144);
+    ASSERT_EQ(fmoe_geometry_expert_bytes(&g, FMOE_DTYPE_Q5_K), vals / 256 * 176);
+    ASSERT_EQ(fmoe_geometry_expert_bytes(&g, FMOE_DTYPE_Q6_K), vals / 256 * 210);
+    ASSERT_EQ(fmoe_geometry_expert_bytes(&g, FMOE_DTYPE_Q4_K) * 8,
+              (int64_t)(fmoe_dtype_bits(FMOE_DTYPE_Q4_K) * (double)vals));
 }
 
 /* ---------------------------------------------------------------------------------- */
