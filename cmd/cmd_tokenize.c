@@ -91,46 +91,16 @@ const cmd_spec cmd_tokenize_spec = {
 
 /* ---- input ------------------------------------------------------------------------------------- */
 
-static int read_all(FILE *f, char **data, size_t *len) {
-    size_t cap = 65536, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) return -1;
-    for (;;) {
-        size_t k = fread(buf + n, 1, cap - n - 1, f);
-        n += k;
-        if (k == 0) break;
-        if (n + 1 == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return -1;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (ferror(f)) {
-        free(buf);
-        return -1;
-    }
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
-    return 0;
-}
+/* The most text tokenize reads (--file, --batch): far more than a prompt, far less than
+ * would exhaust memory (standard input from /dev/zero ends here). */
+#define MAX_TEXT_BYTES ((long long)256 << 20)
 
+/* PATH's bytes, or standard input's for "-" (the one input that may be a pipe; a named
+ * file must be regular: fmoe/files.h). @return 0 or 1 (printed). */
 static int read_path(const char *path, char **data, size_t *len) {
-    if (strcmp(path, "-") == 0) {
-        if (read_all(stdin, data, len) < 0) return cmd_failf(CMD, "cannot read standard input");
-        return 0;
-    }
-    FILE *f;
-    int e = fmoe__fopen_regular(path, &f); /* /dev/zero would be read without end */
-    if (e < 0) return cmd_fail(CMD, e);
-    int rc = read_all(f, data, len);
-    fclose(f);
-    if (rc < 0) return cmd_failf(CMD, "%s: read error", path);
-    return 0;
+    const int flags = strcmp(path, "-") == 0 ? FMOE_READ_PIPES : 0;
+    int e = fmoe__read_file_bounded(path, "tokenize's input", MAX_TEXT_BYTES, flags, data, len);
+    return e < 0 ? cmd_fail(CMD, e) : 0;
 }
 
 /* "1,2,3", "1 2 3", "[1, 2, 3]" -> ids. */

@@ -44,32 +44,14 @@ static import_format format_from_name(const char *path) {
     return FORMAT_AUTO;
 }
 
-/* Reads a whole text file (config.json). */
+/* Reads a whole config.json (fmoe/files.h: a regular file of at most 64 MiB). @return the
+ * NUL-terminated text, or NULL with the fmoe error set. */
 static char *read_text(const char *path) {
-    FILE *f;
-    if (fmoe__fopen_regular(path, &f) < 0) return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
+    char *text = NULL;
+    size_t len = 0;
+    if (fmoe__read_file_bounded(path, "a config.json", (long long)64 << 20, 0, &text, &len) < 0)
         return NULL;
-    }
-    buf[n] = '\0';
-    return buf;
+    return text;
 }
 
 /* Default model name: config.json's "_name_or_path", else the config's folder name. */
@@ -387,7 +369,7 @@ static int cmd_trace_import(int argc, char **argv) {
     char name_buf[256] = "";
     if (config_path) {
         config_json = read_text(config_path);
-        if (!config_json) return cmd_failf(CMD_IMPORT, "%s: cannot read", config_path);
+        if (!config_json) return cmd_fail(CMD_IMPORT, FMOE_EIO);
         rc = fmoe_geometry_parse(config_json, strlen(config_json), &geometry);
         if (rc < 0) {
             fmoe_error_prefix("%s", config_path);

@@ -8,9 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd_common.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/gguf.h"
 #include "fmoe/quant.h"
@@ -18,11 +20,11 @@
 static const char *const CMD = "inspect";
 
 int cmd_is_gguf(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
+    const int fd = fmoe__open_regular(path); /* fmoe/files.h: a FIFO must not block */
+    if (fd < 0) return 0;
     char magic[4] = {0};
-    const int ok = fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
-    fclose(f);
+    const int ok = fmoe__pread_all(fd, magic, 4, 0) == 0 && memcmp(magic, "GGUF", 4) == 0;
+    close(fd);
     return ok;
 }
 

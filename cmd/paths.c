@@ -94,29 +94,13 @@ int cmd_generation_config_load(const char *dir, cmd_generation_config *out) {
     out->top_p = 1.0f;
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0; /* optional */
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT) return 0; /* optional */
+    /* a few hundred bytes; a FIFO or /dev/zero here is refused (fmoe/files.h) */
     char *text = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            if (cap > (1u << 24)) break; /* a generation config is a few hundred bytes */
-            char *t = realloc(text, cap);
-            if (!t) {
-                free(text);
-                fclose(f);
-                return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
-            }
-            text = t;
-        }
-        size_t n = fread(text + len, 1, 4096, f);
-        len += n;
-        if (n < 4096) break;
-    }
-    fclose(f);
-    if (!text) return 0;
-    text[len] = '\0';
+    size_t len = 0;
+    FMOE_FORWARD_IF_ERROR(fmoe__read_file_bounded(path, "a generation_config.json",
+                                                  (long long)16 << 20, 0, &text, &len));
     cJSON *j = cJSON_ParseWithLength(text, len);
     free(text);
     if (!j || !cJSON_IsObject(j)) {

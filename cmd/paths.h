@@ -39,7 +39,8 @@ typedef struct cmd_generation_config {
                                           do_sample; we follow the file) */
 } cmd_generation_config;
 
-/* Reads DIR/generation_config.json when present. @return 0, or FMOE_EFORMAT for a file
+/* Reads DIR/generation_config.json when present. @return 0; FMOE_EIO or FMOE_ERANGE for a
+ * file that is not regular or too large (fmoe__read_file_bounded); or FMOE_EFORMAT for a file
  * that is not valid JSON (detail names it). */
 int cmd_generation_config_load(const char *dir, cmd_generation_config *out);
 

@@ -12,48 +12,18 @@
 #include "fmoe/files.h"
 #include "fmoe/geometry.h"
 
+/* A dataset file read whole: regular files only (fmoe/files.h), so its size is known before
+ * the read; the limit refuses only what could not be held in memory anyway. */
+#define MAX_DATASET_BYTES ((long long)16 << 30)
+
 int fmoe__ds_read_file(const char *path, char **base, const char **data, size_t *len) {
     *base = NULL;
     *data = NULL;
     *len = 0;
-    FILE *f;
-    FMOE_FORWARD_IF_ERROR(fmoe__fopen_regular(path, &f)); /* a FIFO must not block the open */
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
-        fclose(f);
-        return fmoe_error_set(FMOE_EIO, "%s: cannot stat: %s", path, strerror(errno));
-    }
-    size_t cap = (size_t)st.st_size, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) {
-        fclose(f);
-        return fmoe_error_set(FMOE_ENOMEM, "%s: cannot allocate %zu bytes", path, cap + 1);
-    }
-    /* Read until EOF rather than trusting st_size (the file may be growing). */
-    for (;;) {
-        if (n == cap) {
-            size_t ncap = cap ? cap * 2 : 4096;
-            char *nb = realloc(buf, ncap + 1);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return fmoe_error_set(FMOE_ENOMEM, "%s: cannot allocate %zu bytes", path,
-                                      ncap + 1);
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return fmoe_error_set(FMOE_EIO, "%s: read error", path);
-    }
-    buf[n] = '\0';
+    char *buf = NULL;
+    size_t n = 0;
+    FMOE_FORWARD_IF_ERROR(
+        fmoe__read_file_bounded(path, "a dataset file", MAX_DATASET_BYTES, 0, &buf, &n));
     const char *d = buf;
     if (n >= 3 && (unsigned char)d[0] == 0xEF && (unsigned char)d[1] == 0xBB &&
         (unsigned char)d[2] == 0xBF) {

@@ -20,9 +20,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 
 #define READ_BUFFER_BYTES (1 << 20)
 
@@ -329,9 +331,12 @@ static int check_header(log_reader *r) {
 
 static int reader_open(log_reader *r, const char *path, fmoe_decision_log_totals *totals) {
     *r = (log_reader){.path = path, .totals = totals};
-    if (!(r->f = fopen(path, "r")))
-        return fmoe_error_set(errno == ENOENT ? FMOE_ENOTFOUND : FMOE_EIO, "%s: cannot open: %s",
-                              path, strerror(errno));
+    /* regular files only (fmoe/files.h): a FIFO would block the open, /dev/zero one line
+     * without end */
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT)
+        return fmoe_error_set(FMOE_ENOTFOUND, "%s: cannot open: %s", path, strerror(ENOENT));
+    FMOE_FORWARD_IF_ERROR(fmoe__fopen_regular(path, &r->f));
     /* Without its own buffer, stdio reads in 4 KiB pieces. Not fatal when it is missing. */
     if ((r->buffer = malloc(READ_BUFFER_BYTES)))
         setvbuf(r->f, r->buffer, _IOFBF, READ_BUFFER_BYTES);

@@ -40,6 +40,95 @@ int fmoe__fopen_regular(const char *path, FILE **out) {
     return 0;
 }
 
+/* A bounded read's "too large". */
+static int too_large(const char *name, const char *what, long long max_bytes) {
+    return fmoe_error_set(FMOE_ERANGE, "%s: more than %lld bytes: too large for %s", name,
+                          max_bytes, what);
+}
+
+int fmoe__read_file_bounded(const char *path, const char *what, long long max_bytes,
+                            int flags, char **data, size_t *len) {
+    *data = NULL;
+    *len = 0;
+    const int pipes = (flags & FMOE_READ_PIPES) != 0;
+    const int is_stdin = pipes && strcmp(path, "-") == 0;
+    const char *name = is_stdin ? "standard input" : path;
+    int fd = is_stdin ? STDIN_FILENO : open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    int rc = 0;
+    char *buf = NULL;
+    size_t n = 0;
+    if (fstat(fd, &st) != 0) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot stat: %s", name, strerror(errno));
+        goto done;
+    }
+    const int regular = S_ISREG(st.st_mode);
+    if (S_ISDIR(st.st_mode)) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: is a directory", name);
+        goto done;
+    }
+    if (!regular && !pipes) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: not a regular file", name);
+        goto done;
+    }
+    if (regular && (long long)st.st_size > max_bytes) {
+        rc = too_large(name, what, max_bytes);
+        goto done;
+    }
+    if (!is_stdin && S_ISFIFO(st.st_mode)) {
+        /* opened without blocking, a FIFO with no writer yet reads as empty: open it again,
+         * waiting for the writer as any reader of a named pipe does */
+        close(fd);
+        if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+            return fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    } else if (!is_stdin) {
+        const int fl = fcntl(fd, F_GETFL);
+        if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    }
+    const size_t limit = (size_t)max_bytes + 1; /* one byte more tells "too large" */
+    size_t cap = regular ? (size_t)st.st_size + 1 : 65536; /* bytes, without the NUL */
+    if (cap > limit) cap = limit;
+    if (!(buf = malloc(cap + 1))) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: cannot allocate %zu bytes", name, cap + 1);
+        goto done;
+    }
+    for (;;) {
+        if (n == cap) {
+            if (cap == limit) break;
+            const size_t ncap = cap > limit / 2 ? limit : cap * 2;
+            char *nb = realloc(buf, ncap + 1);
+            if (!nb) {
+                rc = fmoe_error_set(FMOE_ENOMEM, "%s: cannot allocate %zu bytes", name,
+                                    ncap + 1);
+                goto done;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        ssize_t k = read(fd, buf + n, cap - n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            rc = fmoe_error_set(FMOE_EIO, "%s: cannot read: %s", name, strerror(errno));
+            goto done;
+        }
+        if (k == 0) break;
+        n += (size_t)k;
+    }
+    if (n > (size_t)max_bytes) {
+        rc = too_large(name, what, max_bytes);
+        goto done;
+    }
+    buf[n] = '\0';
+    *data = buf;
+    *len = n;
+    buf = NULL;
+done:
+    free(buf);
+    if (!is_stdin) close(fd);
+    return rc;
+}
+
 int fmoe__output_check(const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) return 0; /* absent (or unreachable: the create will say why) */

@@ -46,8 +46,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/gguf.h"
 #include "fmoe/quant.h"
 
@@ -911,52 +913,20 @@ done:
 
 int fmoe_geometry_load(const char *path, fmoe_model_geometry *out) {
     if (!path || !out) return fmoe_error_set(FMOE_EINVAL, "path or output is NULL");
-    FILE *f = fopen(path, "rb");
-    if (!f) return fmoe_error_set(FMOE_EIO, "%s: %s", path, strerror(errno));
+    /* regular files only (fmoe/files.h): a FIFO would block, /dev/zero never end */
+    const int fd = fmoe__open_regular(path);
+    if (fd < 0) return fd;
     char magic[4];
-    if (fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0) {
-        fclose(f);
-        return geometry_from_gguf(path, out);
-    }
-    rewind(f);
-
-    int rc = 0;
-    size_t cap = 16384, len = 0;
-    char *buf = malloc(cap);
-    if (!buf) {
-        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
-        goto done;
-    }
-    for (;;) {
-        if (len == cap) {
-            if (cap >= MAX_CONFIG_BYTES) {
-                rc = fmoe_error_set(FMOE_EFORMAT, "%s: larger than %d MiB, not a config.json",
-                                    path, MAX_CONFIG_BYTES >> 20);
-                goto done;
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
-                goto done;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) {
-            if (ferror(f)) {
-                rc = fmoe_error_set(FMOE_EIO, "%s: read error: %s", path, strerror(errno));
-                goto done;
-            }
-            break;
-        }
-    }
+    const int gguf = fmoe__pread_all(fd, magic, 4, 0) == 0 && memcmp(magic, "GGUF", 4) == 0;
+    close(fd);
+    if (gguf) return geometry_from_gguf(path, out);
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = fmoe__read_file_bounded(path, "a config.json", MAX_CONFIG_BYTES, 0, &buf, &len);
+    if (rc < 0) return rc;
     rc = fmoe_geometry_parse(buf, len, out);
     if (rc < 0) fmoe_error_prefix("%s", path);
-done:
     free(buf);
-    fclose(f);
     return rc;
 }
 

@@ -127,10 +127,16 @@ int fmoe_calibrate_copy_ram(const int64_t *sizes, int32_t n, int32_t reps, doubl
 int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, int32_t reps,
                              double *seconds) {
     enum { ALIGN = 4096 };
-    const int fd = open(path, O_RDONLY | O_DIRECT);
-    if (fd < 0)
-        return fmoe_error_set(FMOE_EIO, "%s: cannot open with O_DIRECT: %s", path,
-                              strerror(errno));
+    /* a regular file first (fmoe/files.h: a FIFO would block this open), then O_DIRECT,
+     * which Linux lets fcntl set */
+    const int fd = fmoe__open_regular(path);
+    if (fd < 0) return fd;
+    const int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_DIRECT) != 0) {
+        const int e = errno;
+        close(fd);
+        return fmoe_error_set(FMOE_EIO, "%s: cannot open with O_DIRECT: %s", path, strerror(e));
+    }
     struct stat st;
     int rc = fstat(fd, &st) == 0 ? 0 : fmoe_error_set(FMOE_EIO, "%s: %s", path, strerror(errno));
     const int64_t file = rc == 0 ? (int64_t)st.st_size / ALIGN * ALIGN : 0;

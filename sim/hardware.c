@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/hardware.h"
 
 typedef struct preset {
@@ -218,37 +219,13 @@ int fmoe_hardware_parse(const char *json, size_t len, const char *origin,
 }
 
 int fmoe_hardware_load(const char *path, fmoe_hardware_profile *out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fmoe_error_set(FMOE_EIO, "%s: cannot open profile", path);
+    /* a profile is a few KiB; 16 MiB is no profile (fmoe/files.h: no FIFO, no /dev/zero) */
     char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4096 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            if (cap > ((size_t)16 << 20)) {
-                free(buf);
-                fclose(f);
-                return fmoe_error_set(FMOE_EFORMAT, "%s: profile larger than 16 MiB", path);
-            }
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return fmoe_error_set(FMOE_ENOMEM, "%s", path);
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return fmoe_error_set(FMOE_EIO, "%s: read error", path);
-    }
-    int rc = fmoe_hardware_parse(buf, len, path, out);
+    size_t len = 0;
+    int rc = fmoe__read_file_bounded(path, "a hardware profile", (long long)16 << 20, 0, &buf,
+                                     &len);
+    if (rc < 0) return rc;
+    rc = fmoe_hardware_parse(buf, len, path, out);
     free(buf);
     return rc;
 }

@@ -38,8 +38,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/gguf.h"
 #include "fmoe/half.h"
 #include "model_impl.h"
@@ -373,48 +375,19 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
     return 0;
 }
 
-/* Reads config.json into a NUL-terminated string. */
+/* Reads config.json into a NUL-terminated string (fmoe/files.h: a regular file, so a FIFO
+ * does not block the load; 64 MiB at most, far above any config). */
 static int read_config(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fmoe_error_set(FMOE_EIO, "%s: %s", path, strerror(errno));
-    size_t cap = 16384, n = 0;
-    char *buf = malloc(cap);
-    int rc = 0;
-    while (buf) {
-        if (n + 1 >= cap) {
-            if (cap >= (64u << 20)) {
-                rc = fmoe_error_set(FMOE_EFORMAT, "%s: too large for a config.json", path);
-                break;
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    if (!buf) rc = fmoe_error_set(FMOE_ENOMEM, "out of memory reading %s", path);
-    if (rc == 0 && ferror(f)) rc = fmoe_error_set(FMOE_EIO, "%s: read error", path);
-    fclose(f);
-    if (rc < 0) {
-        free(buf);
-        return rc;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
+    return fmoe__read_file_bounded(path, "a config.json", (long long)64 << 20, 0, out, len);
 }
 
 /* 1 when `path` is a regular file that starts with GGUF's magic. */
 static int is_gguf(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
+    const int fd = fmoe__open_regular(path);
+    if (fd < 0) return 0;
     char magic[4] = {0};
-    const int yes = fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
-    fclose(f);
+    const int yes = fmoe__pread_all(fd, magic, 4, 0) == 0 && memcmp(magic, "GGUF", 4) == 0;
+    close(fd);
     return yes;
 }
 

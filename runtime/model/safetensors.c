@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 
 #define MAX_HEADER_BYTES 100000000ull
 #define MAX_INDEX_BYTES (64 << 20)
@@ -352,8 +353,8 @@ static int open_file(fmoe_safetensors *st, const char *path) {
     if (!f->path) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
     st->num_files++;
 
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fmoe_error_set(FMOE_EIO, "%s: %s", path, strerror(errno));
+    int fd = fmoe__open_regular(path); /* fmoe/files.h: a FIFO must not block the open */
+    if (fd < 0) return fd;
     struct stat sb;
     if (fstat(fd, &sb) < 0) {
         int e = errno;
@@ -380,36 +381,10 @@ static int open_file(fmoe_safetensors *st, const char *path) {
     return parse_file(st, map, f->size, f->path);
 }
 
-/* Reads a small text file into a NUL-terminated buffer. */
+/* Reads a small text file (the index) into a NUL-terminated buffer (fmoe/files.h: a
+ * regular file of at most MAX_INDEX_BYTES). */
 static int read_text(const char *path, char **out, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return fmoe_error_set(FMOE_EIO, "%s: %s", path, strerror(errno));
-    int rc = 0;
-    char *buf = NULL;
-    if (fseek(fp, 0, SEEK_END) != 0) goto io;
-    long sz = ftell(fp);
-    if (sz < 0 || fseek(fp, 0, SEEK_SET) != 0) goto io;
-    if (sz > MAX_INDEX_BYTES) {
-        rc = fmoe_error_set(FMOE_EFORMAT, "%s: %ld bytes is too large for an index", path, sz);
-        goto done;
-    }
-    buf = malloc((size_t)sz + 1);
-    if (!buf) {
-        rc = fmoe_error_set(FMOE_ENOMEM, "out of memory reading %s", path);
-        goto done;
-    }
-    if (fread(buf, 1, (size_t)sz, fp) != (size_t)sz) goto io;
-    buf[sz] = '\0';
-    *out = buf;
-    *len = (size_t)sz;
-    buf = NULL;
-    goto done;
-io:
-    rc = fmoe_error_set(FMOE_EIO, "%s: read error", path);
-done:
-    free(buf);
-    fclose(fp);
-    return rc;
+    return fmoe__read_file_bounded(path, "a safetensors index", MAX_INDEX_BYTES, 0, out, len);
 }
 
 static int is_dir(const char *path) {

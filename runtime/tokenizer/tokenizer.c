@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/log.h"
 #include "tokenizer_impl.h"
 
@@ -110,30 +111,19 @@ static char *dup_n(const char *s, size_t n) {
 
 /* ---- files ----------------------------------------------------------------------------------- */
 
+/* The largest tokenizer file read: real tokenizer.json files reach tens of MiB (a 256k
+ * vocabulary with its merges); more is not one, and /dev/zero is not read at all. */
+#define MAX_TOKENIZER_FILE_BYTES ((long long)512 << 20)
+
+/* PATH's bytes (fmoe__read_file_bounded: regular files only, so a FIFO does not block).
+ * @return 0, 1 when optional and PATH does not exist, or an error. */
 static int read_file(const char *path, char **data, size_t *len, int optional) {
     *data = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (optional && errno == ENOENT) return 1;
-        return fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", path, strerror(errno));
-    }
-    tok_buf b = {0};
-    char chunk[65536];
-    size_t n;
-    int rc = 0;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-        if ((rc = fmoe__tok_buf_append(&b, chunk, n)) < 0) break;
-    if (rc == 0 && ferror(f)) rc = fmoe_error_set(FMOE_EIO, "%s: read error", path);
-    fclose(f);
-    if (rc < 0) {
-        fmoe__tok_buf_free(&b);
-        return rc;
-    }
-    if (!b.p && fmoe__tok_buf_reserve(&b, 0) < 0) return OOM();
-    *data = b.p;
-    *len = b.len;
-    return 0;
+    struct stat st;
+    if (optional && stat(path, &st) != 0 && errno == ENOENT) return 1;
+    return fmoe__read_file_bounded(path, "a tokenizer file", MAX_TOKENIZER_FILE_BYTES, 0, data,
+                                   len);
 }
 
 static int parse_json(const char *path, const char *data, size_t len, cJSON **out) {

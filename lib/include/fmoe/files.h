@@ -24,6 +24,30 @@ int fmoe__open_regular(const char *path);
 /* fmoe__open_regular as a stdio stream ("rb"). @return 0 with *out set, or FMOE_EIO. */
 int fmoe__fopen_regular(const char *path, FILE **out);
 
+/* fmoe__read_file_bounded's flags. */
+enum {
+    /* A pipe, FIFO, socket or character device is read too (at most max_bytes + 1 bytes,
+     * so /dev/zero ends in "too large"), and "-" is standard input. A FIFO's open waits
+     * for its writer, as cat's would: only for inputs a user may pipe in. */
+    FMOE_READ_PIPES = 1,
+};
+
+/* The one way fmoe reads a whole text or JSON input (a config.json, a profile, a
+ * tokenizer.json, a dataset, tokenize --file): PATH opened with O_NONBLOCK (a FIFO without a
+ * writer must not block the open), fstat, then
+ *   - not a regular file, without FMOE_READ_PIPES: FMOE_EIO "PATH: not a regular file";
+ *   - a directory: FMOE_EIO "PATH: is a directory";
+ *   - more than max_bytes (st_size for a regular file, else counted while reading at most
+ *     max_bytes + 1): FMOE_ERANGE "PATH: more than N bytes: too large for WHAT" (WHAT
+ *     names the format, "a config.json"; each caller's limit is far above any real file
+ *     of its format and far below what would exhaust memory);
+ * else the bytes into *data (malloc'd, NUL-terminated; the caller frees) and their count
+ * into *len (without the NUL). A file that grows while read is read to its end or the
+ * limit, whichever comes first. @return 0, FMOE_EIO, FMOE_ERANGE or FMOE_ENOMEM, with a
+ * detail naming PATH ("standard input" for "-"). */
+int fmoe__read_file_bounded(const char *path, const char *what, long long max_bytes,
+                            int flags, char **data, size_t *len);
+
 /* 0 when PATH (followed through symlinks) is absent or a regular file, else FMOE_EIO with
  * "PATH: is a directory" or "PATH: exists and is not a regular file". */
 int fmoe__output_check(const char *path);
