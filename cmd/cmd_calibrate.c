@@ -708,9 +708,8 @@ int cmd_calibrate(int argc, char **argv) {
     FILE *out = NULL;
     char partial[4200];
     if (o.output) {
-        /* an output that cannot be a file (/dev/full, a folder) is a usage error, exit 2,
-         * as in every command */
-        if ((rc = cmd_check_output(CMD, o.output, NULL, 0)) != 0) return rc;
+        /* an output that cannot be a file (/dev/full, a folder) was refused by the parse,
+         * exit 2, as in every command (cmd/outputs.h) */
         snprintf(partial, sizeof partial, "%s.partial", o.output);
         rc = fmoe__partial_fopen(o.output, partial, "w", &out); /* fmoe/files.h */
         if (rc < 0) return cmd_fail(CMD, rc);

@@ -220,8 +220,6 @@ int cmd_generate(int argc, char **argv) {
     if (!dir) return CMD_EXIT_FAILURE;
     const char *tok_dir = cmd_tokenizer_dir(CMD, dir, a.tokenizer);
     if (!tok_dir) return CMD_EXIT_USAGE;
-    const char *inputs[] = {dir, a.chat_template};
-    if ((prc = cmd_check_output(CMD, a.dump_logits, inputs, 2)) != 0) return prc;
 
     int rc = CMD_EXIT_FAILURE, err = 0;
     fmoe_model *m = NULL;

@@ -81,8 +81,6 @@ int cmd_quantize(int argc, char **argv) {
     if (o.type < 0) return cmd_usage_error(CMD, "--type is required (q8_0, q4_k, q5_k or q6_k)");
     if (!o.output) return cmd_usage_error(CMD, "-o MODEL.gguf is required");
     const char *model = argv[1];
-    const char *inputs[] = {model};
-    if ((rc = cmd_check_output(CMD, o.output, inputs, 1)) != 0) return rc;
 
     char partial[4200];
     snprintf(partial, sizeof partial, "%s.partial", o.output);

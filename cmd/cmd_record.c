@@ -397,8 +397,6 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
     if (!dir) return CMD_EXIT_FAILURE;
     const char *tok_dir = cmd_tokenizer_dir(CMD, dir, a.tokenizer);
     if (!tok_dir) return CMD_EXIT_USAGE;
-    const char *inputs[] = {a.dataset, a.arrivals, a.chat_template, dir};
-    if ((prc = cmd_check_output(CMD, a.output, inputs, 4)) != 0) return prc;
 
     int rc = CMD_EXIT_FAILURE, err = 0;
     int write_failed = 0; /* the trace could not be written: remove it, keep nothing */

@@ -1426,28 +1426,7 @@ static int simulate(options *o, const cmd_mpi_world *world) {
                                          "--sweep-out, no mpirun");
         goto prepared;
     }
-    {
-        /* Every file written, against every file read. */
-        const int ninputs = ntraces + o->profiles.n + 4 + o->predictors.n;
-        const char **inputs = calloc((size_t)ninputs, sizeof *inputs);
-        if (!inputs) {
-            exit_code = cmd_failf(CMD, "out of memory");
-            goto prepared;
-        }
-        int k = 0;
-        for (int i = 0; i < ntraces; i++) inputs[k++] = traces[i];
-        for (int i = 0; i < o->profiles.n; i++) inputs[k++] = o->profiles.items[i];
-        inputs[k++] = o->model_config;
-        inputs[k++] = o->arrivals;
-        inputs[k++] = o->store.path;
-        inputs[k++] = NULL;
-        for (int i = 0; i < o->predictors.n; i++) inputs[k++] = o->predictors.items[i];
-        const char *outputs[] = {o->csv, o->plot, o->decision_log, o->sweep_out};
-        for (int i = 0; i < 4 && !exit_code; i++)
-            exit_code = cmd_check_output(CMD, outputs[i], inputs, k);
-        free(inputs);
-        if (exit_code) goto prepared;
-    }
+    /* every file written was checked against every file read by the parse (cmd/outputs.h) */
     units = calloc((size_t)nunits, sizeof *units);
     if (!units) {
         exit_code = cmd_failf(CMD, "out of memory");

@@ -359,9 +359,6 @@ static int cmd_trace_import(int argc, char **argv) {
         return cmd_usage_error(CMD_IMPORT, "--tokens-per-request applies to --format dense-csv");
     if (fmt == FORMAT_DENSE_CSV && drop_incomplete)
         return cmd_usage_error(CMD_IMPORT, "--drop-incomplete applies to --format jsonl");
-    if ((rc = cmd_check_output(CMD_IMPORT, out_path, (const char *const *)inputs, ninputs)) ||
-        (rc = cmd_check_output(CMD_IMPORT, out_path, &config_path, 1)))
-        return rc;
 
     /* geometry */
     fmoe_model_geometry geometry;

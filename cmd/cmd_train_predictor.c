@@ -428,7 +428,6 @@ int cmd_train_predictor(int argc, char **argv) {
         return cmd_usage_error(CMD, "--split must be in (0, 1): the share of requests trained "
                                     "on, got %g",
                                o.split);
-    if ((rc = cmd_check_output(CMD, o.output, o.traces.items, o.traces.n)) != 0) return rc;
     if (o.kind == KIND_DUOSERVE) {
         if (o.stride != DEFAULT_STRIDE)
             return cmd_usage_error(CMD, "--stride is for --kind promoe; duoserve predicts the "

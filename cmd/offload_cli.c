@@ -85,9 +85,6 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
                                         "--cache-experts N or --cache-gb X");
         return 0;
     }
-    const char *const inputs[] = {a->profile, a->store, a->predictor};
-    int rc;
-    if ((rc = cmd_check_output(cmd, a->decision_log, inputs, 3)) != 0) return rc;
     if (a->cache_experts > 0 && a->cache_gb > 0)
         return cmd_usage_error(cmd, "give --cache-experts or --cache-gb, not both");
     if (a->direct_io && a->tier == FMOE_TIER_HOST)

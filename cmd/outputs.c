@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <glob.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,10 +20,20 @@ static int same_file(const struct stat *a, const struct stat *b) {
     return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
-/* 1 when `out` is the file `input` or, for a directory input, a file directly in it. */
+/* 1 when `out` is the file `input` or, for a directory input, a file directly in it; an
+ * input that names no file but is a pattern (simulate --trace 'runs/run*.h5') stands for each
+ * file it matches. */
 static int is_input(const struct stat *out, const char *input) {
     struct stat in;
-    if (stat(input, &in) != 0) return 0;
+    if (stat(input, &in) != 0) {
+        glob_t g = {0};
+        int found = 0;
+        if (strpbrk(input, "*?[") && glob(input, 0, NULL, &g) == 0)
+            for (size_t i = 0; !found && i < g.gl_pathc; i++)
+                found = stat(g.gl_pathv[i], &in) == 0 && is_input(out, g.gl_pathv[i]);
+        globfree(&g);
+        return found;
+    }
     if (same_file(out, &in)) return 1;
     if (!S_ISDIR(in.st_mode)) return 0;
     DIR *d = opendir(input);

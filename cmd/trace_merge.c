@@ -325,9 +325,7 @@ int cmd_trace_merge(int argc, char **argv) {
     if (rc) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
     if (npos < 1) return cmd_usage_error(CMD, "give the traces to merge (IN.h5...)");
     if (!o.out_path) return cmd_usage_error(CMD, "-o OUT.h5 is required");
-    char **inputs = argv + 1;
-    if ((rc = cmd_check_output(CMD, o.out_path, (const char *const *)inputs, npos)) != 0)
-        return rc;
+    char **inputs = argv + 1; /* -o against them: checked by the parse (cmd/outputs.h) */
 
     int exit_code = CMD_EXIT_OK, err = 0;
     fmoe_trace_reader **readers = calloc((size_t)npos, sizeof *readers);

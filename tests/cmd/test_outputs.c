@@ -7,8 +7,8 @@
  *   - every output of every command, given the same file as each of the command's inputs
  *     (each input row and the positional argument), is refused by the parse with exit 2 and
  *     "output is an input", also when the input is a directory holding the output, when the
- *     output is another name (a hard link) of the input, and when the input is the output's
- *     .partial; and the same output given a new file is accepted (the check is not a refusal
+ *     output is another name (a hard link) of the input, when the input is a pattern
+ *     matching the output, and when the input is the output's .partial; and the same output given a new file is accepted (the check is not a refusal
  *     of everything);
  *   - a model option left out stands for the bundled model ($FMOE_BUNDLED_MODEL here).
  */
@@ -132,6 +132,13 @@ static void check_pair(int *harness_failed, const cmd_spec *spec, const cmd_opti
     if (rc != CMD_EXIT_USAGE || !strstr(err, "output is an input"))
         HARNESS_FAIL("%s --%s over a file of the input folder %s: exit %d, '%s'", spec->name,
                      out->name, name, rc, err);
+    /* a pattern stands for the files it matches (simulate --trace 'runs/run*.h5') */
+    snprintf(g, sizeof g, "%s/model/*.json", dir);
+    snprintf(sub, sizeof sub, "%s/model/config.json", dir);
+    rc = run_pair(spec, out, sub, in, g, err, sizeof err);
+    if (rc != CMD_EXIT_USAGE || !strstr(err, "output is an input"))
+        HARNESS_FAIL("%s --%s over a file the input pattern %s matches: exit %d, '%s'",
+                     spec->name, out->name, name, rc, err);
     /* the writer replaces OUTPUT.partial: it must not be an input either */
     if (out->io == CMD_IO_OUTPUT) {
         snprintf(g, sizeof g, "%s/new.out", dir);
