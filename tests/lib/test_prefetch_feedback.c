@@ -157,6 +157,18 @@ static void on_decision(void *ctx, const fmoe_decision *d) {
     dropped += d->kind == FMOE_DECISION_DROPPED;
 }
 
+/* Slots of 4 over an LRU policy, decisions counted by on_decision. */
+static fmoe_slots *lru_slots(fmoe_policy *p, int feedback) {
+    const fmoe_policy_config pc = {.num_layers = L, .num_experts = J, .top_k = 1, .capacity = 4};
+    ASSERT_OK(fmoe_policy_init(p, "lru", &pc));
+    fmoe_slots *q;
+    const fmoe_slots_config sc = {.num_layers = L, .num_experts = J, .capacity = 4, .chunks = 1,
+                                  .expert_bytes = 100, .policy = p, .feedback = feedback,
+                                  .hooks = {.decision = on_decision}};
+    ASSERT_OK(fmoe_slots_init(&q, &sc));
+    return q;
+}
+
 /* Only predictions of experts that are not resident are scored: a policy that keeps
  * predicting the resident expert its gate chooses earns no credit for the transfer of a
  * non-resident one. Three right predictions of resident (1, 0) would have made rank 0 look
@@ -164,13 +176,7 @@ static void on_decision(void *ctx, const fmoe_decision *d) {
  * cache (no evidence: 1/2 against a regret of 1/2), not admitted on that credit. */
 TEST(resident_predictions_earn_no_credit) {
     fmoe_policy p;
-    const fmoe_policy_config pc = {.num_layers = L, .num_experts = J, .top_k = 1, .capacity = 4};
-    ASSERT_OK(fmoe_policy_init(&p, "lru", &pc));
-    fmoe_slots *q;
-    const fmoe_slots_config sc = {.num_layers = L, .num_experts = J, .capacity = 4, .chunks = 1,
-                                  .expert_bytes = 100, .policy = &p, .feedback = 1,
-                                  .hooks = {.decision = on_decision}};
-    ASSERT_OK(fmoe_slots_init(&q, &sc));
+    fmoe_slots *q = lru_slots(&p, 1);
     const int32_t full[4] = {0 * J + 0, 0 * J + 1, 1 * J + 1, 1 * J + 0};
     ASSERT_OK(fmoe_slots_preload(q, full, 4));
     fmoe_policy_env *env = fmoe_slots_env(q);
@@ -192,13 +198,7 @@ TEST(resident_predictions_earn_no_credit) {
  * not choose are cancelled (their slots freed); the chosen one stays; other layers' stay. */
 TEST(gate_cancels_unchosen_queued_prefetches) {
     fmoe_policy p;
-    const fmoe_policy_config pc = {.num_layers = L, .num_experts = J, .top_k = 1, .capacity = 4};
-    ASSERT_OK(fmoe_policy_init(&p, "lru", &pc));
-    fmoe_slots *q;
-    const fmoe_slots_config sc = {.num_layers = L, .num_experts = J, .capacity = 4, .chunks = 1,
-                                  .expert_bytes = 100, .policy = &p, .feedback = 1,
-                                  .hooks = {.decision = on_decision}};
-    ASSERT_OK(fmoe_slots_init(&q, &sc));
+    fmoe_slots *q = lru_slots(&p, 1);
     fmoe_policy_env *env = fmoe_slots_env(q);
     ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 2, 1.0, 0.5), 0);
     ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 3, 1.0, 0.5), 0);
@@ -217,10 +217,7 @@ TEST(gate_cancels_unchosen_queued_prefetches) {
     fmoe_policy_free(&p);
 
     /* without feedback the gate changes nothing */
-    ASSERT_OK(fmoe_policy_init(&p, "lru", &pc));
-    fmoe_slots_config off = sc;
-    off.feedback = 0;
-    ASSERT_OK(fmoe_slots_init(&q, &off));
+    q = lru_slots(&p, 0);
     env = fmoe_slots_env(q);
     ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 2, 1.0, 0.5), 0);
     cancels = 0;
