@@ -158,7 +158,7 @@ static void on_decision(void *ctx, const fmoe_decision *d) {
 }
 
 /* Slots of 4 over an LRU policy, decisions counted by on_decision. */
-static fmoe_slots *lru_slots(fmoe_policy *p, int feedback) {
+static fmoe_slots *lru_slots(int *harness_failed, fmoe_policy *p, int feedback) {
     const fmoe_policy_config pc = {.num_layers = L, .num_experts = J, .top_k = 1, .capacity = 4};
     ASSERT_OK(fmoe_policy_init(p, "lru", &pc));
     fmoe_slots *q;
@@ -176,7 +176,7 @@ static fmoe_slots *lru_slots(fmoe_policy *p, int feedback) {
  * cache (no evidence: 1/2 against a regret of 1/2), not admitted on that credit. */
 TEST(resident_predictions_earn_no_credit) {
     fmoe_policy p;
-    fmoe_slots *q = lru_slots(&p, 1);
+    fmoe_slots *q = lru_slots(harness_failed, &p, 1);
     const int32_t full[4] = {0 * J + 0, 0 * J + 1, 1 * J + 1, 1 * J + 0};
     ASSERT_OK(fmoe_slots_preload(q, full, 4));
     fmoe_policy_env *env = fmoe_slots_env(q);
@@ -198,7 +198,7 @@ TEST(resident_predictions_earn_no_credit) {
  * not choose are cancelled (their slots freed); the chosen one stays; other layers' stay. */
 TEST(gate_cancels_unchosen_queued_prefetches) {
     fmoe_policy p;
-    fmoe_slots *q = lru_slots(&p, 1);
+    fmoe_slots *q = lru_slots(harness_failed, &p, 1);
     fmoe_policy_env *env = fmoe_slots_env(q);
     ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 2, 1.0, 0.5), 0);
     ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 3, 1.0, 0.5), 0);
@@ -217,7 +217,7 @@ TEST(gate_cancels_unchosen_queued_prefetches) {
     fmoe_policy_free(&p);
 
     /* without feedback the gate changes nothing */
-    q = lru_slots(&p, 0);
+    q = lru_slots(harness_failed, &p, 0);
     env = fmoe_slots_env(q);
     ASSERT_EQ(env->sink->prefetch(env->sink->ctx, 1, 2, 1.0, 0.5), 0);
     cancels = 0;
