@@ -64,8 +64,8 @@ const cmd_spec cmd_quantize_spec = {
     .epilog = "A tensor whose rows are not whole blocks of the type (256 values for the\n"
               "K-quants) is written as Q8_0 when its rows are whole blocks of 32, else in\n"
               "the checkpoint's dtype; the report counts them. generate, record and serve\n"
-              "run the file with --model FILE.gguf --tokenizer MODEL_DIR on the CPU backend\n"
-              "(docs/quantization.md).\n",
+              "run the file with --model FILE.gguf on the CPU backend; the folder's\n"
+              "tokenizer and generation files are embedded (docs/quantization.md).\n",
     .size = sizeof(options),
     .init = init,
     .max_positional = 1,

@@ -16,6 +16,7 @@
 #include "cmd_common.h"
 #include "fmoe/error.h"
 #include "fmoe/files.h"
+#include "fmoe/gguf.h"
 #include "fmoe_config.h"
 
 #define BUNDLED_MODEL "fmoe-tiny"
@@ -69,10 +70,20 @@ const char *cmd_tokenizer_dir(const char *cmd, const char *model, const char *to
     if (tokenizer) return tokenizer;
     struct stat st;
     if (stat(model, &st) != 0 || S_ISDIR(st.st_mode)) return model; /* the load names errors */
-    /* A GGUF file's vocabulary (tokenizer.ggml.*) is not a tokenizer.json, which is what
-     * fmoe's tokenizer reads (with tokenizer_config.json's chat template). */
-    cmd_usage_error(cmd, "%s: a model file carries no tokenizer fmoe reads; pass --tokenizer "
-                    "DIR (the HuggingFace folder with tokenizer.json)", model);
+    /* A GGUF file from fmoe quantize carries the folder's tokenizer files (fmoe.file.*);
+     * llama.cpp's tokenizer.ggml.* keys are not a tokenizer.json, which fmoe's tokenizer
+     * reads (with tokenizer_config.json's chat template). */
+    fmoe_gguf *g = NULL;
+    if (fmoe_gguf_open(model, &g) < 0) {
+        fmoe_error_clear();
+        return model; /* the model load says what is wrong with the file */
+    }
+    const int embedded = fmoe_gguf_find_kv(g, "fmoe.file.tokenizer.json") != NULL;
+    fmoe_gguf_close(g);
+    if (embedded) return model;
+    cmd_usage_error(cmd, "%s: the file embeds no tokenizer fmoe reads (fmoe quantize embeds "
+                    "one); pass --tokenizer DIR (the HuggingFace folder with tokenizer.json)",
+                    model);
     return NULL;
 }
 
@@ -93,14 +104,23 @@ int cmd_generation_config_load(const char *dir, cmd_generation_config *out) {
     out->temperature = 1.0f;
     out->top_p = 1.0f;
     char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    struct stat st;
-    if (stat(path, &st) != 0 && errno == ENOENT) return 0; /* optional */
-    /* a few hundred bytes; a FIFO or /dev/zero here is refused (fmoe/files.h) */
     char *text = NULL;
     size_t len = 0;
-    FMOE_FORWARD_IF_ERROR(fmoe__read_file_bounded(path, "a generation_config.json",
-                                                  (long long)16 << 20, 0, &text, &len));
+    if (fmoe_gguf_is_file(dir)) { /* fmoe quantize's GGUF: the file embedded, if it was */
+        snprintf(path, sizeof path, "%s:fmoe.file.generation_config.json", dir);
+        fmoe_gguf *g = NULL;
+        FMOE_FORWARD_IF_ERROR(fmoe_gguf_open(dir, &g));
+        const int rc = fmoe_gguf_get_file(g, "generation_config.json", &text, &len);
+        fmoe_gguf_close(g);
+        if (rc != 0) return rc < 0 ? rc : 0; /* optional */
+    } else {
+        snprintf(path, sizeof path, "%s/generation_config.json", dir);
+        struct stat st;
+        if (stat(path, &st) != 0 && errno == ENOENT) return 0; /* optional */
+        /* a few hundred bytes; a FIFO or /dev/zero here is refused (fmoe/files.h) */
+        FMOE_FORWARD_IF_ERROR(fmoe__read_file_bounded(path, "a generation_config.json",
+                                                      (long long)16 << 20, 0, &text, &len));
+    }
     cJSON *j = cJSON_ParseWithLength(text, len);
     free(text);
     if (!j || !cJSON_IsObject(j)) {

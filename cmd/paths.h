@@ -21,9 +21,10 @@ const char *cmd_bundled_model_dir(void);
 const char *cmd_model_dir_or_default(const char *cmd, const char *given);
 
 /* Where the tokenizer (tokenizer.json, tokenizer_config.json) and generation_config.json of
- * MODEL are: TOKENIZER (--tokenizer DIR) when given, else MODEL when it is a directory. For
- * a model file (GGUF) without --tokenizer: NULL after printing "fmoe CMD: MODEL: a model
- * file carries no tokenizer fmoe reads; pass --tokenizer DIR ..." (a usage error). */
+ * MODEL are: TOKENIZER (--tokenizer DIR) when given, else MODEL when it is a directory or a
+ * GGUF file that embeds them (fmoe quantize's: fmoe_gguf_get_file). For another model file
+ * without --tokenizer: NULL after printing "fmoe CMD: MODEL: the file embeds no tokenizer
+ * fmoe reads ...; pass --tokenizer DIR ..." (a usage error). */
 const char *cmd_tokenizer_dir(const char *cmd, const char *model, const char *tokenizer);
 
 #define CMD_MAX_STOP_TOKENS 16
@@ -39,7 +40,8 @@ typedef struct cmd_generation_config {
                                           do_sample; we follow the file) */
 } cmd_generation_config;
 
-/* Reads DIR/generation_config.json when present. @return 0; FMOE_EIO or FMOE_ERANGE for a
+/* Reads DIR/generation_config.json when present (DIR may be a GGUF file from fmoe quantize:
+ * its embedded copy, fmoe_gguf_get_file). @return 0; FMOE_EIO or FMOE_ERANGE for a
  * file that is not regular or too large (fmoe__read_file_bounded); or FMOE_EFORMAT for a file
  * that is not valid JSON (detail names it). */
 int cmd_generation_config_load(const char *dir, cmd_generation_config *out);

@@ -27,6 +27,7 @@
 #include "fmoe/gguf.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -657,6 +658,36 @@ int fmoe_gguf_get_str(const fmoe_gguf *g, const char *key, fmoe_gguf_str *out) {
                          fmoe_gguf_value_type_name(kv->type));
     *out = kv->strs[0];
     return 0;
+}
+
+int fmoe_gguf_get_file(const fmoe_gguf *g, const char *name, char **data, size_t *len) {
+    *data = NULL;
+    *len = 0;
+    char key[128];
+    snprintf(key, sizeof key, "fmoe.file.%s", name);
+    const fmoe_gguf_kv *kv = fmoe_gguf_find_kv(g, key);
+    if (!kv) return 1;
+    fmoe_gguf_str s;
+    FMOE_FORWARD_IF_ERROR(fmoe_gguf_get_str(g, key, &s));
+    char *copy = malloc((size_t)s.len + 1);
+    if (!copy) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory for %s", g->path, key);
+    memcpy(copy, s.ptr, (size_t)s.len);
+    copy[s.len] = '\0';
+    *data = copy;
+    *len = (size_t)s.len;
+    return 0;
+}
+
+int fmoe_gguf_is_file(const char *path) {
+    const int fd = fmoe__open_regular(path);
+    if (fd < 0) {
+        fmoe_error_clear();
+        return 0;
+    }
+    char magic[4];
+    const int yes = fmoe__pread_all(fd, magic, 4, 0) == 0 && memcmp(magic, "GGUF", 4) == 0;
+    close(fd);
+    return yes;
 }
 
 int fmoe_gguf_get_tensor(const fmoe_gguf *g, const char *name, int32_t ndim, const int64_t *ne,

@@ -394,6 +394,29 @@ static void metadata(kvs *k, const plan *p, const char *config, size_t config_le
     kv_str(k, "fmoe.hf_config", config, config_len);
 }
 
+/* The checkpoint folder's tokenizer and generation files, embedded as string keys
+ * fmoe.file.NAME (fmoe/gguf.h, fmoe_gguf_get_file), so the GGUF file runs without the
+ * folder: fmoe's tokenizer reads tokenizer.json, not llama.cpp's tokenizer.ggml.* keys.
+ * Absent files are skipped. @return 0 or the read's error (named). */
+static int embed_files(kvs *k, const char *dir) {
+    static const char *const names[] = {"tokenizer.json", "tokenizer_config.json",
+                                        "chat_template.jinja", "generation_config.json"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[4096], key[64];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (access(path, F_OK) != 0) continue;
+        char *text = NULL;
+        size_t len = 0;
+        /* tokenizer.json of a 256k vocabulary is ~30 MB */
+        FMOE_FORWARD_IF_ERROR(fmoe__read_file_bounded(path, names[i], (long long)256 << 20, 0,
+                                                      &text, &len));
+        snprintf(key, sizeof key, "fmoe.file.%s", names[i]);
+        kv_str(k, key, text, len);
+        free(text);
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* The data                                                                           */
 /* ---------------------------------------------------------------------------------- */
@@ -617,6 +640,7 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
 
     /* header: magic, version, counts, key-value pairs, tensor infos, padding */
     metadata(&k, &p, config, config_len);
+    if ((rc = embed_files(&k, dir)) < 0) goto fail;
     put(&hdr, "GGUF", 4);
     put_u32(&hdr, 3);
     put_u64(&hdr, (uint64_t)p.n);

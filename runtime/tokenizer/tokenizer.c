@@ -1,6 +1,7 @@
 /*
  * tokenizer.c - loading a HuggingFace tokenizer.json (plus tokenizer_config.json and
- * chat_template.jinja beside it) into an immutable fmoe_tokenizer, and its accessors.
+ * chat_template.jinja beside it, or the three as fmoe quantize embeds them in a GGUF file:
+ * fmoe_gguf_get_file) into an immutable fmoe_tokenizer, and its accessors.
  *
  * Loading validates everything before use: every field that is present must have the type
  * tokenizer.json gives it, ids must lie in [0, 2^24), merges must name vocabulary tokens,
@@ -17,6 +18,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/files.h"
+#include "fmoe/gguf.h"
 #include "fmoe/log.h"
 #include "tokenizer_impl.h"
 
@@ -767,13 +769,31 @@ static const char *token_field(const cJSON *j) {
     return NULL;
 }
 
-static int load_config(fmoe_tokenizer *tok, const char *dir) {
+/* The optional file NAME: from the GGUF file g when given (fmoe_gguf_get_file), else
+ * DIR/NAME; `shown` is what errors call it. @return 0, 1 when absent, or an error. */
+static int read_part(const fmoe_gguf *g, const char *dir, const char *name, char *shown,
+                     size_t cap, char **data, size_t *len) {
+    if (!g) {
+        snprintf(shown, cap, "%s/%s", dir, name);
+        return read_file(shown, data, len, 1);
+    }
+    snprintf(shown, cap, "%s:fmoe.file.%s", fmoe_gguf_name(g), name);
+    const int rc = fmoe_gguf_get_file(g, name, data, len);
+    if (rc == 0 && *len > (size_t)MAX_TOKENIZER_FILE_BYTES) {
+        free(*data);
+        *data = NULL;
+        return fmoe_error_set(FMOE_ERANGE, "%s: more than %lld bytes: too large for a "
+                              "tokenizer file", shown, MAX_TOKENIZER_FILE_BYTES);
+    }
+    return rc;
+}
+
+static int load_config(fmoe_tokenizer *tok, const char *dir, const fmoe_gguf *g) {
     char path[4096];
     char *data = NULL;
     size_t len;
     int rc;
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    rc = read_file(path, &data, &len, 1);
+    rc = read_part(g, dir, "tokenizer_config.json", path, sizeof path, &data, &len);
     if (rc < 0) return rc;
     if (rc == 0) {
         cJSON *root = NULL;
@@ -805,8 +825,7 @@ static int load_config(fmoe_tokenizer *tok, const char *dir) {
         if (rc < 0) return rc;
     }
     if (!tok->chat_template_text) {
-        snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-        rc = read_file(path, &data, &len, 1);
+        rc = read_part(g, dir, "chat_template.jinja", path, sizeof path, &data, &len);
         if (rc < 0) return rc;
         if (rc == 0) tok->chat_template_text = data;
     }
@@ -938,13 +957,32 @@ int fmoe_tokenizer_load(const char *path, fmoe_tokenizer **out) {
     char *dir = NULL, *data = NULL;
     size_t len = 0;
     cJSON *root = NULL;
+    fmoe_gguf *gg = NULL; /* a GGUF file's embedded files, or NULL */
     tok_buf arena = {0};
     uint32_t *voff = NULL;
     int rc;
     tok->unk_id = -1;
     tok->bos_id = tok->eos_id = -1;
-    if ((rc = resolve_paths(path, &tok->path, &dir)) < 0) goto fail;
-    if ((rc = read_file(tok->path, &data, &len, 0)) < 0) goto fail;
+    if (fmoe_gguf_is_file(path)) {
+        /* fmoe quantize's GGUF: the folder's files embedded as fmoe.file.* keys */
+        const size_t n = strlen(path) + 32;
+        if (!(tok->path = malloc(n))) {
+            rc = OOM();
+            goto fail;
+        }
+        snprintf(tok->path, n, "%s:fmoe.file.tokenizer.json", path);
+        if ((rc = fmoe_gguf_open(path, &gg)) < 0) goto fail;
+        if ((rc = fmoe_gguf_get_file(gg, "tokenizer.json", &data, &len)) == 1)
+            rc = fmoe_error_set(FMOE_ENOTFOUND,
+                                "%s: no tokenizer.json embedded (key fmoe.file.tokenizer.json; "
+                                "fmoe does not read tokenizer.ggml.*): load the tokenizer "
+                                "from its folder",
+                                path);
+        if (rc < 0) goto fail;
+    } else {
+        if ((rc = resolve_paths(path, &tok->path, &dir)) < 0) goto fail;
+        if ((rc = read_file(tok->path, &data, &len, 0)) < 0) goto fail;
+    }
     if ((rc = parse_json(tok->path, data, len, &root)) < 0) goto fail;
     free(data);
     data = NULL;
@@ -1051,18 +1089,20 @@ int fmoe_tokenizer_load(const char *path, fmoe_tokenizer **out) {
     cJSON_Delete(root);
     root = NULL;
 
-    if ((rc = load_config(tok, dir)) < 0) goto fail;
+    if ((rc = load_config(tok, dir, gg)) < 0) goto fail;
     pick_special_ids(tok);
     if (!tok->bos_text || !tok->eos_text) {
         rc = OOM();
         goto fail;
     }
     fmoe__tok_chat_detect(tok);
+    fmoe_gguf_close(gg);
     free(dir);
     free(voff);
     *out = tok;
     return 0;
 fail:
+    fmoe_gguf_close(gg);
     free(data);
     free(dir);
     free(voff);

@@ -303,6 +303,23 @@ def test_offloaded_q4_k_generates_the_resident_tokens(fmoe_bin, tiny_ggufs, tier
     assert json.loads(p.stdout)["generated_ids"] == resident
 
 
+def test_embedded_tokenizer_is_the_folders(fmoe_bin, tiny_ggufs):
+    """fmoe quantize embeds tokenizer.json, tokenizer_config.json and
+    generation_config.json byte for byte (read back by gguf-py); generate then needs no
+    --tokenizer and gives the same ids, chat template included."""
+    r = gguf.GGUFReader(str(tiny_ggufs["q8_0"]))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        f = r.fields[f"fmoe.file.{name}"]
+        assert bytes(f.parts[f.data[0]]) == (TINY / name).read_bytes(), name
+    for extra in ([], ["--chat"]):
+        args = ["generate", "--model", tiny_ggufs["q8_0"], "--prompt", "What is a context manager?",
+                "--max-new-tokens", 8, "--temperature", 0, "--json", *extra]
+        a = json.loads(run_fmoe(fmoe_bin, *args).stdout)
+        b = json.loads(run_fmoe(fmoe_bin, *args, "--tokenizer", TINY).stdout)
+        assert (a["prompt_ids"], a["generated_ids"], a["text"]) == \
+            (b["prompt_ids"], b["generated_ids"], b["text"])
+
+
 # ---- bad input ---------------------------------------------------------------------
 
 def one_line(p, code):
@@ -321,7 +338,8 @@ def test_gguf_missing_a_tensor_is_one_line(fmoe_bin, tmp_path):
 
 
 def test_gguf_without_tokenizer_is_a_usage_error(fmoe_bin, tiny_ggufs):
-    p = run_fmoe(fmoe_bin, "generate", "--model", tiny_ggufs["q8_0"], "--prompt", "hi",
+    """gguf-py's file embeds no tokenizer.json (fmoe quantize's does)."""
+    p = run_fmoe(fmoe_bin, "generate", "--model", tiny_ggufs["bf16"], "--prompt", "hi",
                  check=False)
     assert "--tokenizer" in one_line(p, 2)
 

@@ -126,6 +126,18 @@ int fmoe_gguf_get_int(const fmoe_gguf *g, const char *key, int64_t *out);
 int fmoe_gguf_get_float(const fmoe_gguf *g, const char *key, double *out);
 int fmoe_gguf_get_str(const fmoe_gguf *g, const char *key, fmoe_gguf_str *out);
 
+/*
+ * A file that `fmoe quantize` embedded: the string key fmoe.file.NAME (NAME such as
+ * "tokenizer.json", "tokenizer_config.json", "generation_config.json"), copied into *data
+ * (malloc'd, NUL-terminated; the caller frees) with its length in *len.
+ * @return 0, 1 when the file has no such key (*data NULL), FMOE_EFORMAT (the key is not a
+ *         string), FMOE_ENOMEM.
+ */
+int fmoe_gguf_get_file(const fmoe_gguf *g, const char *name, char **data, size_t *len);
+
+/* 1 when `path` is a regular file that starts with GGUF's magic, else 0 (no error set). */
+int fmoe_gguf_is_file(const char *path);
+
 /* Element i of an integer or float array (or the scalar itself at i = 0) as a double. */
 double fmoe_gguf_kv_number(const fmoe_gguf_kv *kv, uint64_t i);
 

@@ -56,7 +56,9 @@ typedef struct fmoe_tokenizer fmoe_tokenizer;
 /*
  * Loads a tokenizer. `path` is a tokenizer.json file or a directory holding one. From the
  * same directory, tokenizer_config.json (bos/eos tokens, chat_template) and
- * chat_template.jinja are read when present; both are optional.
+ * chat_template.jinja are read when present; both are optional. `path` may also be a GGUF
+ * file that fmoe quantize wrote: the three are its embedded fmoe.file.* keys
+ * (fmoe_gguf_get_file); a GGUF file without tokenizer.json is FMOE_ENOTFOUND.
  * @return 0 and *out (free with fmoe_tokenizer_free), or FMOE_EIO (unreadable file),
  *   FMOE_EFORMAT (malformed JSON or field: the detail names file and field),
  *   FMOE_EUNSUPPORTED (a model/normalizer/pre-tokenizer/... type fmoe does not implement),
