@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fmoe/error.h"
@@ -424,6 +425,15 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     /* Config first: an unsupported family fails before any weight is touched. A GGUF
      * file carries it (fmoe.hf_config, or built from llama.cpp's keys). */
     const int gguf = is_gguf(dir);
+    struct stat st;
+    if (!gguf && stat(dir, &st) != 0) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", dir, strerror(errno));
+        goto fail;
+    }
+    if (!gguf && !S_ISDIR(st.st_mode)) {
+        rc = fmoe_error_set(FMOE_EFORMAT, "%s: neither a model directory nor a GGUF file", dir);
+        goto fail;
+    }
     if (gguf) {
         snprintf(path, plen, "%s", dir);
         int exact = 0;

@@ -337,6 +337,14 @@ def test_gguf_missing_a_tensor_is_one_line(fmoe_bin, tmp_path):
     assert "bad.gguf" in line and "blk.3.ffn_up_exps.weight" in line
 
 
+def test_model_file_that_is_not_gguf_is_one_line(fmoe_bin, tmp_path):
+    f = tmp_path / "model.bin"
+    f.write_bytes(b"GGML" + bytes(60))
+    p = run_fmoe(fmoe_bin, "generate", "--model", f, "--tokenizer", TINY, "--prompt", "hi",
+                 check=False)
+    assert "neither a model directory nor a GGUF file" in one_line(p, 1)
+
+
 def test_gguf_without_tokenizer_is_a_usage_error(fmoe_bin, tiny_ggufs):
     """gguf-py's file embeds no tokenizer.json (fmoe quantize's does)."""
     p = run_fmoe(fmoe_bin, "generate", "--model", tiny_ggufs["bf16"], "--prompt", "hi",
