@@ -382,16 +382,6 @@ static int read_config(const char *path, char **out, size_t *len) {
     return fmoe__read_file_bounded(path, "a config.json", (long long)64 << 20, 0, out, len);
 }
 
-/* 1 when `path` is a regular file that starts with GGUF's magic. */
-static int is_gguf(const char *path) {
-    const int fd = fmoe__open_regular(path);
-    if (fd < 0) return 0;
-    char magic[4] = {0};
-    const int yes = fmoe__pread_all(fd, magic, 4, 0) == 0 && memcmp(magic, "GGUF", 4) == 0;
-    close(fd);
-    return yes;
-}
-
 void fmoe_model_free(fmoe_model *m) {
     if (!m) return;
     if (m->backend_weights.cache && m->backend_weights.cache_free)
@@ -424,7 +414,7 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
 
     /* Config first: an unsupported family fails before any weight is touched. A GGUF
      * file carries it (fmoe.hf_config, or built from llama.cpp's keys). */
-    const int gguf = is_gguf(dir);
+    const int gguf = fmoe_gguf_is_file(dir);
     struct stat st;
     if (!gguf && stat(dir, &st) != 0) {
         rc = fmoe_error_set(FMOE_EIO, "%s: cannot open: %s", dir, strerror(errno));

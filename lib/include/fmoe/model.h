@@ -18,7 +18,9 @@
  *
  * Weights: the safetensors files stay memory-mapped; matrices are used in place in their
  * stored dtype (F32, BF16 or F16: the CPU backend converts BF16/F16 rows as it multiplies),
- * never copied. Only small vectors (norm weights, biases) are converted to f32 at load,
+ * never copied. A GGUF file of the same families loads too (docs/quantization.md): its
+ * matrices stay in the mapping in their ggml type, Q8_0/Q4_K/Q5_K/Q6_K included, which the
+ * CPU backend computes with and the CUDA backend refuses. Only small vectors (norm weights, biases) are converted to f32 at load,
  * and a matrix whose bytes are misaligned for its dtype is copied once.
  *
  * Threads: a model is immutable after load and may be shared by sessions on any threads;
@@ -63,8 +65,10 @@ typedef struct fmoe_expert_view {
 
 /*
  * Loads the model in directory `dir`: config.json (geometry and architecture), then
- * model.safetensors or model.safetensors.index.json + shards. Every tensor the family
- * needs must be present with the expected shape and a supported dtype.
+ * model.safetensors or model.safetensors.index.json + shards. `dir` may instead be a GGUF
+ * file (it starts with "GGUF"): its config (fmoe_gguf_config_json) and its tensors under
+ * llama.cpp's names (fmoe_gguf_tensor_for). Every tensor the family needs must be present
+ * with the expected shape and a supported dtype.
  * `options` is reserved and may be NULL.
  * @return 0 and *out, or FMOE_EIO, FMOE_EFORMAT (bad config.json or safetensors),
  *         FMOE_ENOTFOUND ("<file>: missing tensor model.layers.3.mlp.gate.weight"),
