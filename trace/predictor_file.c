@@ -32,15 +32,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
 #include "fmoe/half.h"
 #include "fmoe/predictor.h"
 #include "fmoe/trace.h"
 #include "fmoe_config.h"
-#include "hdf5_guard.h"
 #include "hdf5_util.h"
 #include "predictor_impl.h"
 
@@ -565,32 +562,22 @@ static int read_file(hid_t file, const char *path, fmoe_predictor **out) {
     return 0;
 }
 
-static int predictor_read(const char *path, fmoe_predictor **out) {
-    FMOE_RETURN_ERROR_IF(!path || !out, FMOE_EINVAL, "fmoe_predictor_read: NULL argument");
-    *out = NULL;
+/* Reads the predictor at `path`, or from the file image (`size` bytes at `image`, `path`
+ * its label) when `image` is not NULL. Call with the HDF5 lock held. */
+static int predictor_read(const char *path, const void *image, size_t size, fmoe_predictor **out) {
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
-    char msg[256];
-    int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
-    if (fd < 0) return fd;
-    const int pre = fmoe__h5_precheck(fd, NULL, 0, path); /* what H5Fopen would trust */
-    close(fd);
-    if (pre < 0) return pre;
-    htri_t is = H5Fis_hdf5(path);
-    FMOE_RETURN_ERROR_IF(is <= 0, is < 0 ? FMOE_EIO : FMOE_EFORMAT, "%s: %s", path,
-                         is < 0 ? "cannot open (missing or unreadable)"
-                                : "not an HDF5 file, expected an fmoe predictor");
-    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (file < 0)
-        return fmoe_error_set(FMOE_EFORMAT, "%s: damaged or truncated HDF5 file: %s", path,
-                              fmoe__h5_errmsg(msg, sizeof msg));
+    hid_t file = fmoe__h5_open_read(path, image, size, "predictor");
+    if (file < 0) return (int)file;
     int rc = read_file(file, path, out);
     H5Fclose(file);
     return rc;
 }
 
 int fmoe_predictor_read(const char *path, fmoe_predictor **out) {
+    FMOE_RETURN_ERROR_IF(!path || !out, FMOE_EINVAL, "fmoe_predictor_read: NULL argument");
+    *out = NULL;
     fmoe__h5_lock();
-    int rc = predictor_read(path, out);
+    int rc = predictor_read(path, NULL, 0, out);
     fmoe__h5_unlock();
     return rc;
 }
@@ -600,13 +587,7 @@ int fmoe__predictor_read_image(const void *image, size_t size, const char *name,
     FMOE_RETURN_ERROR_IF(!name || !out, FMOE_EINVAL, "fmoe__predictor_read_image: NULL argument");
     *out = NULL;
     fmoe__h5_lock();
-    int rc = fmoe__h5_init();
-    hid_t file = rc < 0 ? -1 : fmoe__h5_open_image(image ? image : "", size, name);
-    if (rc == 0 && file < 0) rc = (int)file;
-    if (rc == 0) {
-        rc = read_file(file, name, out);
-        H5Fclose(file);
-    }
+    int rc = predictor_read(name, image ? image : "", size, out);
     fmoe__h5_unlock();
     return rc;
 }
