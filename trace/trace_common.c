@@ -3,12 +3,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
 #include "fmoe/trace.h"
-#include "hdf5_guard.h"
 #include "hdf5_util.h"
 #include "trace_impl.h"
 
@@ -184,18 +181,8 @@ static int read_format(const char *path, char *out, size_t cap) {
     if (!path || !out || cap == 0)
         return fmoe_error_set(FMOE_EINVAL, "fmoe_hdf5_read_format: NULL path or empty buffer");
     FMOE_FORWARD_IF_ERROR(fmoe__h5_init());
-    int fd = fmoe__open_regular(path); /* a FIFO would block HDF5's open forever */
-    if (fd < 0) return fd;
-    int pre = fmoe__h5_precheck(fd, NULL, 0, path); /* what H5Fopen would trust */
-    close(fd);
-    if (pre < 0) return pre;
-    if (H5Fis_hdf5(path) <= 0) return fmoe_error_set(FMOE_EIO, "%s: not an HDF5 file", path);
-    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (file < 0) {
-        char msg[256];
-        return fmoe_error_set(FMOE_EIO, "%s: cannot open as HDF5: %s", path,
-                              fmoe__h5_errmsg(msg, sizeof msg));
-    }
+    hid_t file = fmoe__h5_open_read(path, NULL, 0, "file");
+    if (file < 0) return (int)file;
     int rc = fmoe__h5_attr_read_str(file, path, "/", "format", out, cap);
     H5Fclose(file);
     return rc;

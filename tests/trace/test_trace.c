@@ -865,8 +865,9 @@ TEST(garbage_bytes) {
     fclose(f);
     expect_open_fails(harness_failed, path, FMOE_EFORMAT, "not an HDF5 file", NULL);
     char fmt[32];
-    ASSERT_EQ(fmoe_hdf5_read_format(path, fmt, sizeof fmt), FMOE_EIO);
+    ASSERT_EQ(fmoe_hdf5_read_format(path, fmt, sizeof fmt), FMOE_EFORMAT);
     ASSERT_CONTAINS(fmoe_error_detail(), path);
+    ASSERT_CONTAINS(fmoe_error_detail(), "not an HDF5 file");
 }
 
 TEST(truncated_file) {

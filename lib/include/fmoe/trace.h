@@ -279,7 +279,8 @@ const char *fmoe_probs_kind_name(fmoe_probs_kind k); /* "none" | "topk" | "full"
 int fmoe_hdf5_register_zstd(void);
 
 /* Reads the root "format" attribute of any HDF5 file ("fmoe-trace", "fmoe-store", ...)
- * into out[cap]. @return 0, FMOE_EIO (not HDF5 / unreadable), FMOE_ENOTFOUND (no attr). */
+ * into out[cap]. @return 0, FMOE_EIO (unreadable), FMOE_EFORMAT (not HDF5, damaged or
+ * truncated), FMOE_ENOTFOUND (no attr). */
 int fmoe_hdf5_read_format(const char *path, char *out, size_t cap);
 
 #endif
