@@ -563,7 +563,7 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON_AddNumberToObject(mat, "match_s", m->match_s);
     cJSON_AddNumberToObject(mat, "token_s", m->token_match_s);
     cJSON *pred = cJSON_AddObjectToObject(cal, "predictor");
-    cJSON_AddStringToObject(pred, "kind", "promoe");
+    cJSON_AddStringToObject(pred, "kind", FMOE_PREDICTOR_KIND_PROMOE);
     cJSON_AddNumberToObject(pred, "input", sh->hidden);
     cJSON_AddNumberToObject(pred, "hidden", m->promoe_hidden);
     cJSON_AddNumberToObject(pred, "experts", sh->experts);

@@ -42,8 +42,12 @@ static const char *const CMD = "train-predictor";
  * ProMoE's distance to 3; ProMoE itself does not say. */
 #define DEFAULT_STRIDE 3
 
-enum { KIND_PROMOE = 0, KIND_DUOSERVE = 1 };
-static const char *const kind_names[] = {"promoe", "duoserve", NULL};
+/* --kind's choices, indexed by fmoe_predictor_kind_id. */
+static const char *const kind_names[] = {
+    [FMOE_PREDICTOR_PROMOE] = FMOE_PREDICTOR_KIND_PROMOE,
+    [FMOE_PREDICTOR_DUOSERVE] = FMOE_PREDICTOR_KIND_DUOSERVE,
+    [FMOE_PREDICTOR_NUM_KINDS] = NULL,
+};
 
 typedef struct options {
     cmd_opt_strings traces;
@@ -64,9 +68,11 @@ typedef struct options {
 
 static const cmd_option train_options[] = {
     {.name = "kind", .kind = CMD_OPT_ENUM, .value_name = "K",
-     .help = "the predictor: promoe (one MLP per layer from gate inputs, ProMoE §4.4) or "
-             "duoserve (one ExpertMLP from expert ids, DuoServe-MoE §4)",
-     .default_text = "promoe", .offset = offsetof(options, kind), .choices = kind_names},
+     .help = "the predictor: " FMOE_PREDICTOR_KIND_PROMOE " (one MLP per layer from gate "
+             "inputs, ProMoE §4.4) or " FMOE_PREDICTOR_KIND_DUOSERVE " (one ExpertMLP from "
+             "expert ids, DuoServe-MoE §4)",
+     .default_text = FMOE_PREDICTOR_KIND_PROMOE, .offset = offsetof(options, kind),
+     .choices = kind_names},
     {.name = "trace", .kind = CMD_OPT_STRINGS, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "a trace recorded with 'fmoe record --hidden'; repeatable (one model)",
      .offset = offsetof(options, traces)},
@@ -112,7 +118,7 @@ static const cmd_option train_options[] = {
 static void init(void *base) {
     options *o = base;
     memset(o, 0, sizeof *o);
-    o->kind = KIND_PROMOE;
+    o->kind = FMOE_PREDICTOR_PROMOE;
     o->stride = DEFAULT_STRIDE;
     o->split = 0.7;
     o->epochs = 100;
@@ -428,7 +434,7 @@ int cmd_train_predictor(int argc, char **argv) {
         return cmd_usage_error(CMD, "--split must be in (0, 1): the share of requests trained "
                                     "on, got %g",
                                o.split);
-    if (o.kind == KIND_DUOSERVE) {
+    if (o.kind == FMOE_PREDICTOR_DUOSERVE) {
         if (o.stride != DEFAULT_STRIDE)
             return cmd_usage_error(CMD, "--stride is for --kind promoe; duoserve predicts the "
                                         "next layer (distance 1)");
