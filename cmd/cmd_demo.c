@@ -30,6 +30,7 @@
 #include "paths.h"
 #include "fmoe/datasets.h"
 #include "fmoe/error.h"
+#include "fmoe/files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/policy.h"
 #include "fmoe/trace.h"
@@ -158,32 +159,18 @@ static int run_into_file(int (*fn)(int, char **), int argc, char **argv, const c
     return rc;
 }
 
-/* Reads a JSON file. @return the document, or NULL after printing why. */
+/* Reads a JSON file the demo wrote itself (fmoe/files.h: a regular file; 256 MiB is far above
+ * any simulate or inspect report). @return the document, or NULL after printing why. */
 static cJSON *read_json(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        cmd_failf(CMD, "%s: cannot open (%s)", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0;
+    const int rc = fmoe__read_file_bounded(path, "a report", (long long)256 << 20, 0, &text, &len);
+    if (rc < 0) {
+        cmd_fail(CMD, rc);
         return NULL;
     }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - 1 - len, f);
-        if (len < cap - 1) break;
-        char *grown = realloc(buf, cap *= 2);
-        if (!grown) free(buf);
-        buf = grown;
-    }
-    const int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
-        cmd_failf(CMD, "%s: %s", path, bad ? "read failed" : "out of memory");
-        return NULL;
-    }
-    buf[len] = 0;
-    cJSON *doc = cJSON_Parse(buf);
-    free(buf);
+    cJSON *doc = cJSON_Parse(text);
+    free(text);
     if (!doc) cmd_failf(CMD, "%s: not valid JSON", path);
     return doc;
 }

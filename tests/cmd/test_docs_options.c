@@ -22,6 +22,7 @@
 
 #include "backend_cli.h"
 #include "cmd_common.h"
+#include "fmoe/files.h"
 #include "harness.h"
 #include "options.h"
 
@@ -45,25 +46,11 @@ static const char *docs_dir;
 
 /* The file's bytes, NUL-terminated (malloc'd), or NULL when it cannot be read. */
 static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 14, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - 1 - len, f);
-        if (len < cap - 1) break;
-        char *grown = realloc(buf, cap *= 2);
-        if (!grown) free(buf);
-        buf = grown;
-    }
-    const int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
+    char *text = NULL;
+    size_t len = 0;
+    if (fmoe__read_file_bounded(path, "a command page", (long long)16 << 20, 0, &text, &len) < 0)
         return NULL;
-    }
-    buf[len] = '\0';
-    return buf;
+    return text;
 }
 
 /* A Markdown heading line outside code fences: its level (number of '#'), else 0; *text
