@@ -17,14 +17,7 @@
 #include "fmoe/error.h"
 #include "fmoe/predictor.h"
 #include "harness.h"
-
-static uint64_t rng_state;
-static double rnd(void) { /* uniform [0, 1), xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
-}
+#include "predictor_test_util.h"
 
 /* ---------------------------------------------------------------- float64 reference */
 
@@ -317,9 +310,6 @@ TEST(one_seed_gives_bitwise_identical_parameters) {
 
 TEST(duoserve_file_round_trip_and_damage) {
     char path[] = "/tmp/fmoe-test-duoserve-XXXXXX";
-    int fd = mkstemp(path);
-    ASSERT_TRUE(fd >= 0);
-    close(fd);
     fmoe_predictor *p = NULL, *q = NULL;
     ASSERT_OK(train_rule(&p, 2, 7, NULL));
     strcpy(p->model_fingerprint, "feed");
@@ -327,8 +317,7 @@ TEST(duoserve_file_round_trip_and_damage) {
     p->seed = 7;
     p->split = 0.7;
     p->val_all_correct[2] = 0.5f;
-    ASSERT_OK(fmoe_predictor_write(path, p));
-    ASSERT_OK(fmoe_predictor_read(path, &q));
+    predictor_round_trip(harness_failed, p, path, &q);
     ASSERT_STR_EQ(q->kind, "duoserve");
     ASSERT_STR_EQ(q->model_fingerprint, "feed");
     ASSERT_EQ(q->num_layers, RL);
@@ -345,16 +334,8 @@ TEST(duoserve_file_round_trip_and_damage) {
     ASSERT_NEAR(q->val_all_correct[2], 0.5, 0);
     ASSERT_NEAR(q->expert_mlp->dropout, 0.1, 1e-7);
     fmoe_predictor_free(q);
-    q = NULL;
 
-    /* Truncated: refused with a message naming the file. */
-    FILE *f = fopen(path, "r+b");
-    ASSERT_TRUE(f != NULL);
-    ASSERT_TRUE(ftruncate(fileno(f), 4000) == 0);
-    fclose(f);
-    ASSERT_TRUE(fmoe_predictor_read(path, &q) < 0);
-    ASSERT_CONTAINS(fmoe_error_detail(), path);
-    ASSERT_TRUE(q == NULL);
+    predictor_expect_truncated_refused(harness_failed, path, 4000);
     unlink(path);
     fmoe_predictor_free(p);
 }

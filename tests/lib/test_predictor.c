@@ -15,14 +15,7 @@
 #include "fmoe/error.h"
 #include "fmoe/predictor.h"
 #include "harness.h"
-
-static uint64_t rng_state;
-static double rnd(void) { /* uniform [0, 1), xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
-}
+#include "predictor_test_util.h"
 
 /* ---------------------------------------------------------------- float64 reference */
 
@@ -305,9 +298,6 @@ TEST(token_table_predicts_the_most_frequent_experts_per_token) {
 
 TEST(predictor_file_round_trip_and_damage) {
     char path[] = "/tmp/fmoe-test-predictor-XXXXXX";
-    int fd = mkstemp(path);
-    ASSERT_TRUE(fd >= 0);
-    close(fd);
     fmoe_predictor *p = NULL, *q = NULL;
     ASSERT_OK(fmoe_predictor_alloc(&p, 4, 8, 2, 16, 6, 2));
     ASSERT_EQ(p->source_layer[1], 0);
@@ -321,8 +311,7 @@ TEST(predictor_file_round_trip_and_damage) {
         fmoe_mlp_randomize(&p->layers[i], (uint64_t)i);
         p->val_accuracy[i] = 0.5f + 0.1f * (float)i;
     }
-    ASSERT_OK(fmoe_predictor_write(path, p));
-    ASSERT_OK(fmoe_predictor_read(path, &q));
+    predictor_round_trip(harness_failed, p, path, &q);
     ASSERT_STR_EQ(q->kind, "promoe");
     ASSERT_STR_EQ(q->model_fingerprint, "abc123");
     ASSERT_EQ(q->stride, 2);
@@ -338,18 +327,10 @@ TEST(predictor_file_round_trip_and_damage) {
     fmoe_predictor_free(q);
     q = NULL;
 
-    /* Truncated: refused with a message naming the file. */
-    FILE *f = fopen(path, "r+b");
-    ASSERT_TRUE(f != NULL);
-    ASSERT_TRUE(ftruncate(fileno(f), 1000) == 0);
-    fclose(f);
-    int rc = fmoe_predictor_read(path, &q);
-    ASSERT_TRUE(rc < 0);
-    ASSERT_CONTAINS(fmoe_error_detail(), path);
-    ASSERT_TRUE(q == NULL);
+    predictor_expect_truncated_refused(harness_failed, path, 1000);
 
     /* Not HDF5 at all. */
-    f = fopen(path, "wb");
+    FILE *f = fopen(path, "wb");
     ASSERT_TRUE(f != NULL);
     fputs("not a predictor\n", f);
     fclose(f);
