@@ -12,28 +12,15 @@ import h5py
 import hdf5plugin  # noqa: F401  (registers the zstd filter the trace uses)
 import pytest
 
-from conftest import REPO
 from learned_policy_live import copy_with_other_fingerprint
+from predictor_util import PROMPTS, TINY, trace_fixture, train
 
-PROMPTS = REPO / "datasets" / "samples" / "prompts_100.txt"
-
-
-@pytest.fixture(scope="module")
-def trace(tmp_path_factory, fmoe):
-    d = tmp_path_factory.mktemp("promoe")
-    t = d / "tiny.h5"
-    fmoe("record", "--model", REPO / "datasets" / "fmoe-tiny", "--dataset", PROMPTS,
-         "--max-requests", 30, "--max-new-tokens", 16, "--hidden", "--threads", 1, "-q",
-         "-o", t)
-    return t
+trace = trace_fixture("promoe")
 
 
 @pytest.fixture(scope="module")
 def predictor(trace, fmoe):
-    out = trace.parent / "p.h5"
-    fmoe("train-predictor", "--kind", "promoe", "--trace", trace, "--stride", 1, "--seed", 3,
-         "-q", "-o", out)
-    return out
+    return train(fmoe, trace, "promoe", "p.h5", "--stride", 1, "--seed", 3)[0]
 
 
 def _simulate(fmoe, trace, predictor, *extra):
@@ -86,8 +73,8 @@ def test_predictor_of_another_model(trace, predictor, fmoe, tmp_path):
 
 def test_trace_without_hidden_states(predictor, fmoe, tmp_path):
     nohid = tmp_path / "nohid.h5"
-    fmoe("record", "--model", REPO / "datasets" / "fmoe-tiny", "--dataset", PROMPTS,
-         "--max-requests", 2, "--max-new-tokens", 2, "--threads", 1, "-q", "-o", nohid)
+    fmoe("record", "--model", TINY, "--dataset", PROMPTS, "--max-requests", 2,
+         "--max-new-tokens", 2, "--threads", 1, "-q", "-o", nohid)
     p = fmoe("simulate", "--trace", nohid, "--policy", "promoe", "--predictor", predictor,
              "--cache-experts", 12, check=False)
     assert p.returncode == 1

@@ -20,35 +20,20 @@ import hdf5plugin  # noqa: F401  (registers the zstd filter the trace uses)
 import numpy as np
 import pytest
 
-from conftest import REPO
+from predictor_util import trace_fixture, train
 
-PROMPTS = REPO / "datasets" / "samples" / "prompts_100.txt"
-
-
-@pytest.fixture(scope="module")
-def trace(tmp_path_factory, fmoe):
-    d = tmp_path_factory.mktemp("train_duoserve")
-    t = d / "tiny.h5"
-    fmoe("record", "--model", REPO / "datasets" / "fmoe-tiny", "--dataset", PROMPTS,
-         "--max-requests", 30, "--max-new-tokens", 16, "--hidden", "--threads", 1, "-q",
-         "-o", t)
-    return t
+trace = trace_fixture("train_duoserve")
 
 
 @pytest.fixture(scope="module")
 def trained(trace, fmoe):
-    out = trace.parent / "d.h5"
-    p = fmoe("train-predictor", "--kind", "duoserve", "--trace", trace, "--seed", 3, "--json",
-             "-q", "-o", out)
+    out, p = train(fmoe, trace, "duoserve", "d.h5", "--seed", 3, "--json")
     return out, json.loads(p.stdout)
 
 
 @pytest.fixture(scope="module")
 def promoe(trace, fmoe):
-    out = trace.parent / "p.h5"
-    fmoe("train-predictor", "--kind", "promoe", "--trace", trace, "--stride", 1, "--epochs", 3,
-         "-q", "-o", out)
-    return out
+    return train(fmoe, trace, "promoe", "p.h5", "--stride", 1, "--epochs", 3)[0]
 
 
 def test_inspect_summarises_the_file(trained, fmoe):
