@@ -399,6 +399,19 @@ static int check_table(const char *path, const char *name, const float *v, int64
     return 0;
 }
 
+/* The root attributes both kinds of predictor file carry (write_all writes them). */
+static int read_common_attrs(hid_t file, const char *path, fmoe_predictor *p) {
+    int rc = read_str_attr(file, path, "model_fingerprint", p->model_fingerprint,
+                           sizeof p->model_fingerprint);
+    if (rc == 0) rc = read_str_attr(file, path, "model_name", p->model_name, sizeof p->model_name);
+    if (rc == 0) rc = read_str_attr(file, path, "target", p->target, sizeof p->target);
+    if (rc == 0) rc = read_str_attr(file, path, "created", p->created, sizeof p->created);
+    if (rc == 0)
+        rc = read_str_attr(file, path, "fmoe_version", p->fmoe_version, sizeof p->fmoe_version);
+    if (rc == 0) rc = read_f64_attr(file, path, "/", "split", &p->split);
+    return rc;
+}
+
 static int read_duoserve_body(hid_t file, const char *path, fmoe_predictor *p) {
     const fmoe_expert_mlp *m = p->expert_mlp;
     const hsize_t L = (hsize_t)p->num_layers, J = (hsize_t)p->num_experts;
@@ -493,14 +506,7 @@ static int read_duoserve(hid_t file, const char *path, fmoe_predictor **out) {
                                                         (int32_t)F, widths));
     p->seed = seed;
     double dropout = 0, eps = 0;
-    int rc = read_str_attr(file, path, "model_fingerprint", p->model_fingerprint,
-                           sizeof p->model_fingerprint);
-    if (rc == 0) rc = read_str_attr(file, path, "model_name", p->model_name, sizeof p->model_name);
-    if (rc == 0) rc = read_str_attr(file, path, "target", p->target, sizeof p->target);
-    if (rc == 0) rc = read_str_attr(file, path, "created", p->created, sizeof p->created);
-    if (rc == 0)
-        rc = read_str_attr(file, path, "fmoe_version", p->fmoe_version, sizeof p->fmoe_version);
-    if (rc == 0) rc = read_f64_attr(file, path, "/", "split", &p->split);
+    int rc = read_common_attrs(file, path, p);
     if (rc == 0) rc = read_f64_attr(file, path, "/", "dropout", &dropout);
     if (rc == 0) rc = read_f64_attr(file, path, "/", "bn_eps", &eps);
     if (rc == 0 && (!(dropout >= 0 && dropout < 1) || !(eps > 0 && eps < 1)))
@@ -545,14 +551,7 @@ static int read_file(hid_t file, const char *path, fmoe_predictor **out) {
     FMOE_FORWARD_IF_ERROR(fmoe_predictor_alloc(&p, (int32_t)L, (int32_t)J, (int32_t)K, (int32_t)h,
                                                (int32_t)H, (int32_t)k));
     p->seed = seed;
-    int rc = read_str_attr(file, path, "model_fingerprint", p->model_fingerprint,
-                           sizeof p->model_fingerprint);
-    if (rc == 0) rc = read_str_attr(file, path, "model_name", p->model_name, sizeof p->model_name);
-    if (rc == 0) rc = read_str_attr(file, path, "target", p->target, sizeof p->target);
-    if (rc == 0) rc = read_str_attr(file, path, "created", p->created, sizeof p->created);
-    if (rc == 0)
-        rc = read_str_attr(file, path, "fmoe_version", p->fmoe_version, sizeof p->fmoe_version);
-    if (rc == 0) rc = read_f64_attr(file, path, "/", "split", &p->split);
+    int rc = read_common_attrs(file, path, p);
     if (rc == 0) rc = read_layers(file, path, p);
     if (rc < 0) {
         fmoe_predictor_free(p);
