@@ -88,6 +88,8 @@ int cmd_sim_store_prepare(const char *cmd, cmd_sim_store *s, char *const *polici
     const int64_t R = fmoe_trace_reader_num_requests(r);
     const fmoe_trace_request_info *req = fmoe_trace_reader_requests(r);
     const int32_t src = s->file ? fmoe_store_find_source(s->file, h, R, trace_path) : -1;
+    s->tokens = 0;
+    for (int64_t q = 0; q < R; q++) s->tokens += req[q].token_count;
     if (s->holdout) {
         if (src < 0)
             return cmd_failf(cmd,
@@ -143,14 +145,20 @@ void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell) {
     if (!cell->policy || !takes_store(cell->policy)) return;
     cell->expert_store = s->file ? s->file->store : NULL;
     cell->store_mode = s->mode;
+    int64_t cap = 0;
     if (s->capacity > 0)
-        cell->store_capacity = s->capacity;
+        cap = s->capacity;
     else if (s->file) /* offline-update grows the store up to what build-store was asked */
-        cell->store_capacity = s->file->capacity_asked > 0
-                                   ? s->file->capacity_asked
-                                   : fmoe_expertmap_config_of(s->file->store)->capacity;
-    else
-        cell->store_capacity = 0;
+        cap = s->file->capacity_asked > 0 ? s->file->capacity_asked
+                                          : fmoe_expertmap_config_of(s->file->store)->capacity;
+    /* The policy allocates the whole capacity up front, but a run adds at most one entry
+     * per token of the trace, so rows beyond them stay empty (--store-capacity 100000000
+     * asked for 116 GB): size it to what the run can fill, as build-store does. The
+     * result is the same, since a store that never fills never evicts. */
+    const int64_t fill =
+        s->tokens + (s->file ? fmoe_expertmap_size(s->file->store) : 0);
+    if (cap > fill) cap = fill > 0 ? fill : 1;
+    cell->store_capacity = (int32_t)cap;
 }
 
 void cmd_sim_store_costs(const cmd_sim_store *s, fmoe_sim_costs *costs) {

@@ -28,6 +28,7 @@ typedef struct cmd_sim_store {
     fmoe_store_file *file; /* the loaded store */
     uint8_t *keep;         /* [R] requests to replay (--holdout), NULL: all */
     int64_t kept;
+    int64_t tokens;        /* the trace's tokens: the most entries a run can add */
 } cmd_sim_store;
 
 /* The defaults: no store, mode chosen by validate, the profile's match delay. */

@@ -244,3 +244,35 @@ with h5py.File({str(later)!r}, "r+") as f:
     one_line_error(fmoe("simulate", "--trace", later, "--store", store, "--holdout",
                         "--policy", "lru", "--cache-experts", 4, "--quiet", check=False), 1,
                    "--holdout", "not one of the traces")
+
+
+def test_simulate_store_capacity_is_sized_to_the_tokens(fmoe_bin, fmoe, need_build_store,
+                                                        tmp_path):
+    """simulate --store-capacity 100000000 allocates only what the run can fill (the
+    trace's 200 tokens; the whole capacity would be 116 GB), so it runs under a 2 GiB
+    address-space limit and gives what a capacity of exactly the tokens gives; likewise an
+    offline-update of a store whose build-store --capacity was 100000000."""
+    from memory_limit import limit_address_space
+
+    trace = synthetic_trace(fmoe, tmp_path)  # 20 requests x 10 tokens
+    store = tmp_path / "s.h5"
+    limited = limit_address_space(2 << 30)
+
+    def sim(*args):
+        p = subprocess.run([str(fmoe_bin), "simulate", "--trace", str(trace), "--policy",
+                            "fmoe", "--cache-experts", "12", "--prefetch-distance", "2",
+                            "--json", "--quiet", *map(str, args)],
+                           capture_output=True, text=True, timeout=120, preexec_fn=limited)
+        assert p.returncode == 0, p.stderr
+        r = json.loads(p.stdout)["results"][0]
+        return r["hits"], r["prefetches"], r["accesses"]
+
+    online = sim("--store-capacity", 100000000)
+    assert online == sim("--store-capacity", 200)
+    assert online[0] > 0  # the store learned something: the comparison is not vacuous
+
+    fmoe("build-store", "--trace", trace, "--capacity", 100000000, "--prefetch-distance", 2,
+         "--split", 0.5, "-o", store, "--quiet")
+    grown = sim("--store", store, "--holdout", "--store-mode", "offline-update")
+    assert grown == sim("--store", store, "--holdout", "--store-mode", "offline-update",
+                        "--store-capacity", 200)
