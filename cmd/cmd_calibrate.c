@@ -713,6 +713,9 @@ int cmd_calibrate(int argc, char **argv) {
         snprintf(partial, sizeof partial, "%s.partial", o.output);
         rc = fmoe__partial_fopen(o.output, partial, "w", &out); /* fmoe/files.h */
         if (rc < 0) return cmd_fail(CMD, rc);
+        /* interrupted: no .partial left (half a profile is worth nothing) */
+        const char *cleanup[] = {partial};
+        cmd_remove_on_signal(cleanup, 1);
     }
     measurements m;
     memset(&m, 0, sizeof m);

@@ -305,6 +305,9 @@ int cmd_generate(int argc, char **argv) {
     if (a.dump_logits) {
         snprintf(npy_partial, sizeof npy_partial, "%s.partial", a.dump_logits);
         if ((err = fmoe__partial_fopen(a.dump_logits, npy_partial, "wb+", &npy)) < 0) goto fail;
+        /* interrupted: no .partial left (logits of half a generation are worth nothing) */
+        const char *cleanup[] = {npy_partial};
+        cmd_remove_on_signal(cleanup, 1);
         if (npy_write_header(npy, 0, V) < 0) {
             rc = cmd_failf(CMD, "%s: cannot write: %s", npy_partial, strerror(errno));
             goto done;
@@ -359,10 +362,14 @@ int cmd_generate(int argc, char **argv) {
         const int bad = npy_write_header(npy, n_gen, V) < 0 || ferror(npy);
         const int close_failed = fclose(npy) != 0;
         npy = NULL;
-        if (bad || close_failed || rename(npy_partial, a.dump_logits) != 0) {
-            rc = cmd_failf(CMD, "%s: cannot write: %s", a.dump_logits, strerror(errno));
+        if (bad || close_failed) {
+            rc = cmd_failf(CMD, "%s: cannot write: %s", npy_partial, strerror(errno));
             unlink(npy_partial);
             goto done;
+        }
+        if ((err = fmoe__partial_commit(npy_partial, a.dump_logits)) < 0) { /* synced */
+            unlink(npy_partial);
+            goto fail;
         }
     }
     /* Decode steps: each generated token after the first is one forward of one token. */

@@ -377,3 +377,28 @@ def test_fault_hook_is_inert_when_unset_or_unknown(fmoe_bin, tmp_path):
         env = dict(os.environ, FMOE_FAULT_SIGNAL=v)
         p = subprocess.run([*argv, "-o", str(out)], capture_output=True, env=env, timeout=120)
         assert p.returncode == 0 and out.exists(), (v, p.stderr)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_calibrate_and_dump_logits_interrupted_leave_no_partial(fmoe_bin, tmp_path, sig):
+    """`fmoe calibrate -o` and `fmoe generate --dump-logits` killed while their output is
+    written (complete in the .partial, not yet renamed: FMOE_FAULT_SIGNAL's
+    commit-before-rename) die of the signal and leave neither the output nor its .partial,
+    as trace import does."""
+    env = dict(os.environ, FMOE_FAULT_SIGNAL=f"commit-before-rename:{int(sig)}")
+    prof, npy = tmp_path / "prof.json", tmp_path / "logits.npy"
+    runs = {
+        prof: [str(fmoe_bin), "calibrate", "--quick", "--quiet", "--file-dir", str(tmp_path),
+               "-o", str(prof)],
+        npy: [str(fmoe_bin), "generate", "--model", str(TINY), "--prompt", "Hello",
+              "--max-new-tokens", "3", "--threads", "1", "--dump-logits", str(npy)],
+    }
+    for out, argv in runs.items():
+        p = subprocess.run(argv, capture_output=True, env=env, timeout=120)
+        assert p.returncode == -sig, (argv[1], p.returncode, p.stderr)
+        assert not pathlib.Path(f"{out}.partial").exists(), argv[1]
+        assert not out.exists(), argv[1]
+        # the same run uninterrupted writes the output: the hook, not a failure, stopped it
+        p = subprocess.run(argv, capture_output=True, timeout=120)
+        assert p.returncode == 0 and out.exists(), (argv[1], p.stderr)
+        out.unlink()
