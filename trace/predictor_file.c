@@ -58,11 +58,12 @@ static int write_f32(hid_t loc, const char *path, const char *name, int rank, co
                         : H5Dcreate2(loc, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
                                      H5P_DEFAULT);
     const int ok = d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
+    /* The reason first: the closes below clear HDF5's error stack, which left only "HDF5
+     * call failed" where a full disk should say "No space left on device". */
+    if (!ok) fmoe__h5_errmsg(msg, sizeof msg);
     if (d >= 0) H5Dclose(d);
     if (space >= 0) H5Sclose(space);
-    if (!ok)
-        return fmoe_error_set(FMOE_EIO, "%s: cannot write %s: %s", path, name,
-                              fmoe__h5_errmsg(msg, sizeof msg));
+    if (!ok) return fmoe_error_set(FMOE_EIO, "%s: cannot write %s: %s", path, name, msg);
     return 0;
 }
 

@@ -1,5 +1,6 @@
 """A full disk while writing: `trace import` (dense CSV
-and JSON Lines), `build-store`, `record` and `simulate --csv` must each fail with one line
+and JSON Lines), `build-store`, `record`, `simulate --csv` and `train-predictor` (both
+kinds) must each fail with one line
 naming the output and the reason ("out.h5.partial: cannot close: No space left on
 device"), exit 1, leave no .partial (nor a journal), leave an earlier complete output as it
 was, and never crash (it used to: SEGV in H5F__close_cb at library shutdown, exit 139) or
@@ -51,12 +52,19 @@ def inputs(fmoe_bin, tmp_path_factory):
                     f.write(json.dumps({"request": r, "token": t, "layer": layer,
                                         "phase": "prefill" if t < 16 else "decode",
                                         "experts": e, "probs": [0.7, 0.3]}) + "\n")
-    return trace, jsonl
+    # fmoe-tiny with gate inputs, for train-predictor (both kinds train on it)
+    hidden = d / "hidden.h5"
+    p = subprocess.run([str(fmoe_bin), "record", "--model", str(TINY), "--dataset",
+                        str(SAMPLES / "prompts_100.txt"), "--max-requests", "6",
+                        "--max-new-tokens", "4", "--hidden", "--threads", "1", "-q", "-o",
+                        str(hidden)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return trace, jsonl, hidden
 
 
 def commands(inputs):
     """(name, output file name, argv after 'fmoe' with OUT for the output)."""
-    trace, jsonl = inputs
+    trace, jsonl, hidden = inputs
     return [
         ("import-dense-csv", "out.h5",
          ["trace", "import", "--format", "dense-csv", "--layers", "8", "--experts", "64",
@@ -71,6 +79,13 @@ def commands(inputs):
         ("simulate-csv", "sim.csv",
          ["simulate", "--trace", trace, "--policy", "lru,lfu,belady", "--cache-experts",
           "8,16,32,64,128,256", "--quiet", "--csv", "OUT"]),
+        # the reason once read "HDF5 call failed": the error stack was cleared first
+        ("train-promoe", "p.h5",
+         ["train-predictor", "--kind", "promoe", "--trace", hidden, "--epochs", "2", "-q",
+          "-o", "OUT"]),
+        ("train-duoserve", "d.h5",
+         ["train-predictor", "--kind", "duoserve", "--trace", hidden, "--epochs", "2", "-q",
+          "-o", "OUT"]),
     ]
 
 
