@@ -770,12 +770,9 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         e->o.max_context = e->geo->max_position_embeddings < 4096
                                ? (int32_t)e->geo->max_position_embeddings
                                : 4096;
-    fmoe_expert_tensors et;
-    if (fmoe_model_expert_tensors(o->model, 0, 0, &et) == 0) {
-        const fmoe_matrix_view *mv[3] = {&et.gate.view, &et.up.view, &et.down.view};
-        for (int i = 0; i < 3; i++)
-            e->expert_bytes += mv[i]->rows * mv[i]->cols * fmoe_st_dtype_size(mv[i]->dtype);
-    }
+    /* the stored bytes of one routed expert (quantized GGUF experts included) */
+    const int64_t expert_bytes = fmoe_model_expert_bytes(o->model);
+    e->expert_bytes = expert_bytes > 0 ? expert_bytes : 0;
     e->seqs = calloc((size_t)P, sizeof *e->seqs);
     e->items = calloc((size_t)P, sizeof *e->items);
     e->traces = calloc((size_t)P, sizeof *e->traces);
