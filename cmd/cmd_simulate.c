@@ -1131,6 +1131,12 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
 
     const size_t most = (size_t)o.n_policies * (size_t)n_caches * (size_t)o.n_distances;
     if ((exit_code = reserve_cells(cells, *n, cap, most)) != 0) goto done;
+    /* MoE-Infinity's collections take one EAM per request, and are allocated whole up
+     * front: beyond the trace's requests the rows stay empty and nothing is evicted, so the
+     * capacity is sized to them (--eamc-capacity 10000000 asked for gigabytes). */
+    const int32_t eamc_capacity =
+        u->w.num_requests > 0 && u->w.num_requests < o.eamc_capacity ? (int32_t)u->w.num_requests
+                                                                      : o.eamc_capacity;
     /* A policy that does not prefetch runs once per cache size, whatever the distances. */
     size_t k = *n;
     for (int p = 0; p < o.n_policies; p++) {
@@ -1146,7 +1152,7 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
                         .policy = o.policies[p], .cache_experts = caches[c],
                         .prefetch_distance = dist, .costs = &u->costs,
                         .miss_mode = o.miss_mode, .arrival_s = u->arrivals,
-                        .store_capacity = o.eamc_capacity, .copy_chunks = o.copy_chunks,
+                        .store_capacity = eamc_capacity, .copy_chunks = o.copy_chunks,
                         .feedback = cmd_feedback_request(o.feedback),
                         /* each policy the predictor of its kind */
                         .predictor = predictor_for(o.policies[p], u->predictors)};

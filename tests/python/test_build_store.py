@@ -276,3 +276,26 @@ def test_simulate_store_capacity_is_sized_to_the_tokens(fmoe_bin, fmoe, need_bui
     grown = sim("--store", store, "--holdout", "--store-mode", "offline-update")
     assert grown == sim("--store", store, "--holdout", "--store-mode", "offline-update",
                         "--store-capacity", 200)
+
+
+def test_simulate_eamc_capacity_is_sized_to_the_requests(fmoe_bin, fmoe, tmp_path):
+    """MoE-Infinity's collections take one EAM per request and are allocated whole up front:
+    --eamc-capacity 10000000 (2 x C x L x J floats, gigabytes) runs under a 2 GiB
+    address-space limit and gives what a capacity of exactly the trace's 20 requests gives."""
+    from memory_limit import limit_address_space
+
+    trace = synthetic_trace(fmoe, tmp_path)  # 20 requests x 10 tokens
+    limited = limit_address_space(2 << 30)
+
+    def sim(capacity):
+        p = subprocess.run([str(fmoe_bin), "simulate", "--trace", str(trace), "--policy",
+                            "moe-infinity", "--cache-experts", "12", "--prefetch-distance", "2",
+                            "--eamc-capacity", str(capacity), "--json", "--quiet"],
+                           capture_output=True, text=True, timeout=120, preexec_fn=limited)
+        assert p.returncode == 0, p.stderr
+        r = json.loads(p.stdout)["results"][0]
+        return r["hits"], r["prefetches"], r["accesses"]
+
+    big = sim(10000000)
+    assert big == sim(20)
+    assert big[1] > 0  # it prefetched from what it collected: the comparison is not vacuous
