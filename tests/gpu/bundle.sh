@@ -9,8 +9,9 @@
 # The GPU machine has the CUDA toolkit, Python and its packages, but none of the Debian
 # libraries fmoe links (libhdf5, libcjson, libopenblas, libmicrohttpd, libpcre2, and what
 # they pull in: curl, gnutls, krb5...). So:
-#   1. build-gpu/ is a release build with -Dcuda=enabled whose executables and shared
-#      objects carry a DT_RPATH of $ORIGIN/../bundle-lib and $ORIGIN/../../bundle-lib
+#   1. build-gpu/ is a release build with -Dcuda=enabled (and -Dmpi=disabled: Open MPI and
+#      its plugins would have to travel too, and the device check runs one process) whose
+#      executables and shared objects carry a DT_RPATH of $ORIGIN/../bundle-lib and $ORIGIN/../../bundle-lib
 #      (--disable-new-dtags: an RPATH, unlike a RUNPATH, also serves the libraries' own
 #      dependencies), so they find the bundled libraries wherever the tree lands, without
 #      LD_LIBRARY_PATH, which would also reach python3 and torch;
@@ -53,9 +54,9 @@ done
 # '$ORIGIN' reaches the linker as written: meson quotes it for ninja, ninja for the shell.
 rpath_args='-Wl,--disable-new-dtags,-rpath,$ORIGIN/../bundle-lib,-rpath,$ORIGIN/../../bundle-lib'
 if [ ! -f "$build/build.ninja" ]; then
-    meson setup "$build" -Dcuda=enabled -Dbuildtype=release "-Dc_link_args=$rpath_args"
+    meson setup "$build" -Dcuda=enabled -Dmpi=disabled -Dbuildtype=release "-Dc_link_args=$rpath_args"
 else
-    meson configure "$build" -Dcuda=enabled -Dbuildtype=release "-Dc_link_args=$rpath_args"
+    meson setup --reconfigure "$build" -Dcuda=enabled -Dmpi=disabled -Dbuildtype=release "-Dc_link_args=$rpath_args"
 fi
 
 # What the device run uses: the binary, the CUDA module, the HDF5 plugin, the GPU tests,
