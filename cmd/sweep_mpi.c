@@ -64,11 +64,21 @@ int cmd_mpi_start(const char *cmd, cmd_mpi_world *w) {
     return 0;
 }
 
+/* Set on rank 0 when it declares a rank dead. */
+static int a_rank_died;
+
 void cmd_mpi_finish(cmd_mpi_world *w, int status) {
     if (!w->initialised) return;
     /* mpirun exits with the first non-zero status of a rank; under --enable-recovery it
-     * exits 0 whatever they return (MPI_Abort included), which docs/scaling-out.md says. */
-    (void)status;
+     * exits 0 whatever they return (MPI_Abort included), which docs/scaling-out.md says.
+     * After a rank died, MPI_Finalize would wait on it with the live ranks (Open MPI's
+     * finalize fences every process of the job; a quick-tier run hung there for 300 s
+     * once), so rank 0, its report written, ends the job instead. */
+    if (a_rank_died) {
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, status ? status : 1);
+    }
     MPI_Finalize();
     w->initialised = 0;
 }
@@ -211,6 +221,7 @@ static void check_silent(master *m, double timeout) {
         if (p->dead || (p->hello && p->active == 0) || t - p->last_seen < timeout) continue;
         p->dead = 1;
         p->active = 0;
+        a_rank_died = 1;
         cmd_sweep_outcome *o = m->out;
         o->dead_ranks++;
         size_t len = strlen(o->dead);
