@@ -124,22 +124,28 @@ static void make_request(req *r, int64_t id, int prompt, int output, int timing)
                                 .iteration_s = timing ? r->iteration_s : NULL};
 }
 
+/* memcmp with a length of zero may still not take NULL (C11 7.24.1): a request of zero
+ * tokens has no arrays. */
+static int same_bytes(const void *a, const void *b, size_t n) {
+    return n == 0 || memcmp(a, b, n) == 0;
+}
+
 static int same_request(const fmoe_trace_request *a, const fmoe_trace_request *b, int half,
                         int timing) {
     const int T = a->prompt_tokens + a->output_tokens;
     if (a->id != b->id || a->arrival_s != b->arrival_s || a->prompt_tokens != b->prompt_tokens ||
         a->output_tokens != b->output_tokens)
         return 0;
-    if (memcmp(a->token_id, b->token_id, (size_t)T * 4) != 0 ||
-        memcmp(a->phase, b->phase, (size_t)T) != 0 ||
-        memcmp(a->experts, b->experts, (size_t)T * L * K * 2) != 0)
+    if (!same_bytes(a->token_id, b->token_id, (size_t)T * 4) ||
+        !same_bytes(a->phase, b->phase, (size_t)T) ||
+        !same_bytes(a->experts, b->experts, (size_t)T * L * K * 2))
         return 0;
     (void)half; /* the probabilities are sixteenths: exact in float16 too */
-    if (memcmp(a->probs, b->probs, (size_t)T * L * J * 4) != 0) return 0;
+    if (!same_bytes(a->probs, b->probs, (size_t)T * L * J * 4)) return 0;
     if (timing) {
         const int64_t I = fmoe_trace_request_iterations(a->prompt_tokens, a->output_tokens, 0);
-        if (memcmp(a->layer_s, b->layer_s, (size_t)(I * L) * 4) != 0 ||
-            memcmp(a->iteration_s, b->iteration_s, (size_t)I * 4) != 0)
+        if (!same_bytes(a->layer_s, b->layer_s, (size_t)(I * L) * 4) ||
+            !same_bytes(a->iteration_s, b->iteration_s, (size_t)I * 4))
             return 0;
     }
     return 1;
