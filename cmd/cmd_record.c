@@ -330,38 +330,6 @@ static void shard_path(const char *output, int rank, char *buf, size_t cap) {
         snprintf(buf, cap, "%s.rank-%d.h5", output, rank);
 }
 
-/* Rank r of an MPI run takes GPU (local rank) mod (devices of its node): CUDA_VISIBLE_DEVICES
- * narrowed to that one before the CUDA module loads, so device 0 of the backend is it. The
- * devices are those CUDA_VISIBLE_DEVICES lists, else the /dev/nvidiaN files. */
-static void pin_gpu(const cmd_mpi_world *w) {
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (!local) local = getenv("SLURM_LOCALID");
-    if (!local) local = getenv("MPI_LOCALRANKID");
-    const int r = local ? atoi(local) : w->rank;
-    char list[1024] = "", pick[64] = "";
-    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
-    int count = 0;
-    if (visible && visible[0]) {
-        snprintf(list, sizeof list, "%s", visible);
-        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) count++;
-        if (count == 0) return;
-        snprintf(list, sizeof list, "%s", visible);
-        int k = 0;
-        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","), k++)
-            if (k == r % count) snprintf(pick, sizeof pick, "%s", tok);
-    } else {
-        char dev[32];
-        while (count < 256) {
-            snprintf(dev, sizeof dev, "/dev/nvidia%d", count);
-            if (access(dev, F_OK) != 0) break;
-            count++;
-        }
-        if (count == 0) return; /* no GPU here: the CPU backend, nothing to pin */
-        snprintf(pick, sizeof pick, "%d", r % count);
-    }
-    setenv("CUDA_VISIBLE_DEVICES", pick, 1);
-}
-
 /* ---------------------------------------------------------------------------------------
  * The command
  * ------------------------------------------------------------------------------------- */
@@ -388,7 +356,10 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
     if (world->size > 1) { /* rank r: its shard, its GPU */
         shard_path(a.output, world->rank, shard, sizeof shard);
         a.output = shard;
-        pin_gpu(world);
+        char gpu[64];
+        if (cmd_mpi_pin_gpu(world, gpu, sizeof gpu) && !a.quiet)
+            fprintf(stderr, "%s: rank %d of %d: CUDA_VISIBLE_DEVICES=%s\n", CMD, world->rank,
+                    world->size, gpu);
     }
     fmoe_backend_kind backend;
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;

@@ -106,6 +106,21 @@ int cmd_mpi_launched_size(void);
  * process's exit). */
 void cmd_mpi_finish(cmd_mpi_world *w, int status);
 
+/* The rank's number among the ranks of its node, from the launcher's environment
+ * (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID), else the world rank
+ * (mpi_gpu.c). */
+int cmd_mpi_local_rank(const cmd_mpi_world *w);
+
+/* The device local rank r takes: entry r mod count of `visible` (a CUDA_VISIBLE_DEVICES
+ * list; empty entries skipped; set and empty: none) when it is set, else r mod `present` (the
+ * node's device count). Writes it to pick[cap]. @return 1, or 0 when there is none (no
+ * device, nothing listed, cap too small). */
+int cmd_mpi_pick_gpu(int local_rank, const char *visible, int present, char *pick, size_t cap);
+
+/* Narrows CUDA_VISIBLE_DEVICES to this rank's device (cmd_mpi_pick_gpu over /dev/nvidia*),
+ * before the CUDA runtime starts. @return 1 with the device in pick, 0 when none. */
+int cmd_mpi_pin_gpu(const cmd_mpi_world *w, char *pick, size_t cap);
+
 /* The cells of a job. run and done are the command's. */
 typedef struct cmd_sweep_job {
     size_t n;                /* cells */

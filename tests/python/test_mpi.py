@@ -165,3 +165,16 @@ def test_record_shards_merge_to_one_recording(fmoe, fmoe_bin, mpi, tmp_path):
     assert "maps" in entries
     for k in entries:
         assert np.array_equal(s1[k], s3[k]), k
+
+
+def test_record_ranks_take_the_listed_gpus_round_robin(fmoe_bin, mpi, tmp_path):
+    # Each rank narrows CUDA_VISIBLE_DEVICES to entry (local rank) mod count before any CUDA
+    # call; the run goes on with the CPU backend here, which has no device to use.
+    env = dict(mpi_env(), CUDA_VISIBLE_DEVICES="5,7")
+    p = mpirun(fmoe_bin, "record", "--model", TINY, "--dataset", mpi / "q6.txt",
+               "--max-new-tokens", "1", "--threads", "1", "--backend", "cpu",
+               "-o", tmp_path / "g.h5", extra=("-x", "CUDA_VISIBLE_DEVICES"), env=env)
+    picks = sorted(line.split("rank ", 1)[1] for line in p.stderr.splitlines()
+                   if "CUDA_VISIBLE_DEVICES=" in line)
+    assert picks == ["0 of 3: CUDA_VISIBLE_DEVICES=5", "1 of 3: CUDA_VISIBLE_DEVICES=7",
+                     "2 of 3: CUDA_VISIBLE_DEVICES=5"], p.stderr
