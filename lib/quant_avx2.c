@@ -8,10 +8,12 @@
  * integers to f32 and accumulates Σq·x (and Σx) in registers, and the scales are applied
  * once per sub-block. The summation order therefore differs from dequantise-then-dot:
  * results agree to rounding (tests/lib/test_quant.c states the bound), not bit for bit.
+ * F32, F16 and BF16 rows take the CPU backend's own dots (fmoe/dot_avx2.h).
  */
 #include <stdint.h>
 #include <string.h>
 
+#include "fmoe/dot_avx2.h"
 #include "fmoe/half.h"
 #include "fmoe/quant.h"
 #include "quant_impl.h"
@@ -20,14 +22,6 @@
 #include <immintrin.h>
 
 #define SIMD __attribute__((target("avx2,fma,f16c")))
-
-SIMD static inline float hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-    return _mm_cvtss_f32(lo);
-}
 
 /* acc += the 8 signed bytes in the low half of q, widened, times x[0..8). */
 SIMD static inline __m256 fma8(__m128i q, const float *x, __m256 acc) {
@@ -57,40 +51,6 @@ static inline float f16_at(const uint8_t *p) {
     return fmoe_half_to_float(h);
 }
 
-SIMD static float dot_f32(const float *w, const float *x, int64_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-    }
-    float s = hsum(_mm256_add_ps(a0, a1));
-    for (; i < n; i++) s += w[i] * x[i];
-    return s;
-}
-
-SIMD static float dot_u16(const uint16_t *w, int bf, const float *x, int64_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m128i h0 = _mm_loadu_si128((const __m128i *)(w + i));
-        const __m128i h1 = _mm_loadu_si128((const __m128i *)(w + i + 8));
-        __m256 w0, w1;
-        if (bf) {
-            w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h0), 16));
-            w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h1), 16));
-        } else {
-            w0 = _mm256_cvtph_ps(h0);
-            w1 = _mm256_cvtph_ps(h1);
-        }
-        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
-    }
-    float s = hsum(_mm256_add_ps(a0, a1));
-    for (; i < n; i++) s += (bf ? fmoe_bf16_to_float(w[i]) : fmoe_half_to_float(w[i])) * x[i];
-    return s;
-}
-
 SIMD static float dot_q8_0(const uint8_t *b, const float *x, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += FMOE_Q8_0_BYTES) {
@@ -98,7 +58,7 @@ SIMD static float dot_q8_0(const uint8_t *b, const float *x, int64_t n) {
         const __m256 s = fma32(q, x + i, _mm256_setzero_ps());
         acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b)), s, acc);
     }
-    return hsum(acc);
+    return fmoe__hsum256(acc);
 }
 
 SIMD static float dot_q4_k(const uint8_t *b, const float *x, int64_t n) {
@@ -123,7 +83,7 @@ SIMD static float dot_q4_k(const uint8_t *b, const float *x, int64_t n) {
             acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * m2), sum32(xb + 32), acc);
         }
     }
-    return hsum(acc);
+    return fmoe__hsum256(acc);
 }
 
 SIMD static float dot_q5_k(const uint8_t *b, const float *x, int64_t n) {
@@ -155,7 +115,7 @@ SIMD static float dot_q5_k(const uint8_t *b, const float *x, int64_t n) {
             acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * m2), sum32(xb + 32), acc);
         }
     }
-    return hsum(acc);
+    return fmoe__hsum256(acc);
 }
 
 SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
@@ -194,14 +154,14 @@ SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
             }
         }
     }
-    return hsum(acc);
+    return fmoe__hsum256(acc);
 }
 
 float fmoe__quant_dot_avx2(uint32_t type, const void *row, const float *x, int64_t n) {
     switch (type) {
-    case FMOE_GGML_F32: return dot_f32(row, x, n);
-    case FMOE_GGML_F16: return dot_u16(row, 0, x, n);
-    case FMOE_GGML_BF16: return dot_u16(row, 1, x, n);
+    case FMOE_GGML_F32: return fmoe__dot_f32_avx2(row, x, n);
+    case FMOE_GGML_F16: return fmoe__dot_u16_avx2(row, 0, x, n);
+    case FMOE_GGML_BF16: return fmoe__dot_u16_avx2(row, 1, x, n);
     case FMOE_GGML_Q8_0: return dot_q8_0(row, x, n);
     case FMOE_GGML_Q4_K: return dot_q4_k(row, x, n);
     case FMOE_GGML_Q5_K: return dot_q5_k(row, x, n);

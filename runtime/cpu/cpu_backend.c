@@ -31,6 +31,11 @@
  *                   as bf16's fallback: blocks of rows dequantised into the worker's
  *                   scratch, then cblas_sgemm (prefill ran at 0.4x bf16 with a dot per
  *                   row and token; see docs/quantization.md)
+ *   ggml blocks, any n, FMOE_Q8_ACTIVATIONS=1 in the environment
+ *                   fmoe__quant_matvec's 8-bit path: x quantised to 8 bits once per
+ *                   product and integer block dots, each row unpacked once per four
+ *                   inputs (llama.cpp's scheme). Faster, less exact: opt-in (the
+ *                   numbers are in docs/quantization.md)
  * Keeping weights in bf16 rather than widening them at load halves resident memory and
  * decode-time memory traffic; what it costs in prefill is measured in the report.
  *
@@ -44,8 +49,10 @@
 #include <unistd.h>
 
 #include "../model/model_impl.h"
+#include "fmoe/dot_avx2.h"
 #include "fmoe/error.h"
 #include "fmoe/half.h"
+#include "fmoe/quant_act.h"
 #include "fmoe/rowwise.h"
 #include "quant_matvec.h"
 #include "threadpool.h"
@@ -74,6 +81,7 @@ typedef struct cpu_ctx {
     float *xpack;         /* [max_batch][max_cols] x packed for the AVX-512 bf16 GEMM */
     int simd;             /* AVX2 + FMA + F16C available */
     int simd512;          /* AVX-512F available */
+    int act8;             /* FMOE_Q8_ACTIVATIONS=1: 8-bit inputs for block-format weights */
 } cpu_ctx;
 
 /* ---------------------------------------------------------------------------------- */
@@ -115,67 +123,14 @@ static void widen_plain(const uint16_t *w, fmoe_st_dtype dt, float *y, int64_t n
 #if HAVE_X86
 #define SIMD __attribute__((target("avx2,fma,f16c")))
 
-SIMD static inline float hsum256(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-    return _mm_cvtss_f32(lo);
-}
-
-SIMD static inline __m256 load_bf16(const uint16_t *p) {
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-SIMD static inline __m256 load_f16(const uint16_t *p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-
-SIMD static float dot_f32_simd(const float *a, const float *b, int64_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    float s = hsum256(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* dot(w, x) with w widened in registers; four accumulators hide the FMA latency. */
-SIMD static float dot_u16_simd(const uint16_t *w, int bf, const float *x, int64_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    int64_t i = 0;
-    if (bf) {
-        for (; i + 32 <= n; i += 32) {
-            a0 = _mm256_fmadd_ps(load_bf16(w + i), _mm256_loadu_ps(x + i), a0);
-            a1 = _mm256_fmadd_ps(load_bf16(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-            a2 = _mm256_fmadd_ps(load_bf16(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-            a3 = _mm256_fmadd_ps(load_bf16(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-        }
-        for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load_bf16(w + i), _mm256_loadu_ps(x + i), a0);
-    } else {
-        for (; i + 32 <= n; i += 32) {
-            a0 = _mm256_fmadd_ps(load_f16(w + i), _mm256_loadu_ps(x + i), a0);
-            a1 = _mm256_fmadd_ps(load_f16(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-            a2 = _mm256_fmadd_ps(load_f16(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-            a3 = _mm256_fmadd_ps(load_f16(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-        }
-        for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load_f16(w + i), _mm256_loadu_ps(x + i), a0);
-    }
-    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; i < n; i++) s += (bf ? fmoe_bf16_to_float(w[i]) : fmoe_half_to_float(w[i])) * x[i];
-    return s;
-}
+/* The dots themselves are fmoe/dot_avx2.h's, shared with lib/quant_avx2.c's F32/F16/BF16
+ * rows so the two cannot drift apart (their summation order is pinned by logits tests). */
 
 /* y[t·ystride] = dot(w, x + t·ld) for t < nx; the row stays in L1 between inputs. */
 SIMD static void dots_u16_simd(const uint16_t *w, fmoe_st_dtype dt, const float *x, int64_t ld,
                                int32_t nx, int64_t n, float *y, int64_t ystride) {
     for (int32_t t = 0; t < nx; t++)
-        y[t * ystride] = dot_u16_simd(w, dt == FMOE_ST_BF16, x + t * ld, n);
+        y[t * ystride] = fmoe__dot_u16_avx2(w, dt == FMOE_ST_BF16, x + t * ld, n);
 }
 
 /* y += a·x */
@@ -190,9 +145,9 @@ SIMD static void axpy_simd(float *y, float a, const float *x, int64_t n) {
 SIMD static void widen_simd(const uint16_t *w, fmoe_st_dtype dt, float *y, int64_t n) {
     int64_t i = 0;
     if (dt == FMOE_ST_BF16)
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_bf16(w + i));
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, fmoe__load_bf16(w + i));
     else
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_f16(w + i));
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, fmoe__load_f16(w + i));
     widen_plain(w + i, dt, y + i, n - i);
 }
 
@@ -297,7 +252,7 @@ SIMD512 static void gemm_bf16_512(const uint16_t *W, int64_t cols, const float *
 
 static float dot_f32(const cpu_ctx *c, const float *a, const float *b, int64_t n) {
 #if HAVE_X86
-    if (c->simd) return dot_f32_simd(a, b, n);
+    if (c->simd) return fmoe__dot_f32_avx2(a, b, n);
 #endif
     (void)c;
     return dot_f32_plain(a, b, n);
@@ -405,11 +360,12 @@ static void matmul_task(void *arg, int32_t task, int32_t worker) {
 
 static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n, float *y) {
     cpu_ctx *c = ctx;
-    if (w->quant && n <= SMALL_N) {
+    if (w->quant && (n <= SMALL_N || (c->act8 && fmoe_quant_act_supported(w->quant)))) {
         /* scratch rows hold block_rows·max_cols >= cols floats, one per pool worker */
         const double work = (double)w->rows * (double)w->cols * (double)n;
         fmoe__quant_matvec(work < PARALLEL_MIN_WORK ? NULL : c->pool, w->quant, w->data, w->rows,
-                           w->cols, x, n, w->cols, y, w->rows, c->scratch);
+                           w->cols, x, n, w->cols, y, w->rows, c->scratch,
+                           (int64_t)c->block_rows * c->max_cols, c->act8);
         return;
     }
     matmul_job j = {.c = c, .w = w, .x = x, .y = y, .n = n};
@@ -665,6 +621,10 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
     /* ~1 MiB of widened rows per block, at least 16 rows. */
     int64_t br = (256 * 1024) / (lim->max_cols > 0 ? lim->max_cols : 1);
     c->block_rows = (int32_t)(br < 16 ? 16 : br > 1024 ? 1024 : br);
+    {
+        const char *a8 = getenv("FMOE_Q8_ACTIVATIONS");
+        c->act8 = a8 && strcmp(a8, "1") == 0;
+    }
 #if HAVE_X86
     __builtin_cpu_init();
     unsigned eax, ebx, ecx = 0, edx; /* F16C from CPUID: clang 14 lacks the builtin's "f16c" */

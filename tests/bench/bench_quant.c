@@ -2,7 +2,9 @@
  * bench_quant.c - speed of the ggml block-format kernels (lib/quant*.c) on one core: for
  * each type, quantising a ROWS x COLS f32 matrix (ns per value), and the matrix-vector
  * product with fmoe_quant_dot (AVX2 when the CPU has it) and fmoe_quant_dot_ref (plain C),
- * as milliseconds and GB/s of weight bytes read. Not a test (no timed tests); the numbers
+ * as milliseconds and GB/s of weight bytes read, and for the block types the product with
+ * the vector quantised to 8 bits (fmoe/quant_act.h: the vector's quantisation included,
+ * once per product, as the CPU backend does it). Not a test (no timed tests); the numbers
  * in docs/quantization.md come from it.
  *
  *     build/tests/lib/bench_quant [ROWS COLS REPS]      (default 1024 4096 5)
@@ -14,6 +16,7 @@
 
 #include "fmoe/half.h"
 #include "fmoe/quant.h"
+#include "fmoe/quant_act.h"
 
 static double now(void) {
     struct timespec t;
@@ -29,15 +32,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     float *w = malloc((size_t)(rows * cols) * sizeof *w), *x = malloc((size_t)cols * sizeof *x);
-    uint8_t *q = malloc((size_t)(rows * cols) * 4);
-    if (!w || !x || !q) return 1;
+    uint8_t *q = malloc((size_t)(rows * cols) * 4), *qx = malloc((size_t)cols * 2);
+    if (!w || !x || !q || !qx) return 1;
     for (int64_t i = 0; i < rows * cols; i++)
         w[i] = (float)((uint64_t)i * 2654435761u % 1000) / 1000.f - 0.5f;
     for (int64_t i = 0; i < cols; i++) x[i] = (float)(i % 13) - 6;
     printf("%lld x %lld, %d reps, AVX2 path %s\n\n", (long long)rows, (long long)cols, reps,
            fmoe_quant_simd() ? "on" : "off");
-    printf("| type | quantise ns/value | matvec AVX2 ms | GB/s | matvec plain C ms | speed-up |\n");
-    printf("|---|---|---|---|---|---|\n");
+    printf("| type | quantise ns/value | matvec AVX2 ms | GB/s | matvec plain C ms | speed-up "
+           "| 8-bit x AVX2 ms | GB/s |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
     const uint32_t ts[] = {FMOE_GGML_F32,  FMOE_GGML_BF16, FMOE_GGML_Q8_0,
                            FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
     for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
@@ -66,12 +70,24 @@ int main(int argc, char **argv) {
         for (int rep = 0; rep < reps; rep++)
             for (int64_t r = 0; r < rows; r++) sink += fmoe_quant_dot_ref(t, q + r * rb, x, cols);
         tr = (now() - tr) / reps;
-        printf("| %s | %.1f | %.2f | %.2f | %.2f | %.1fx |\n", fmoe_ggml_type_name(t),
+        printf("| %s | %.1f | %.2f | %.2f | %.2f | %.1fx |", fmoe_ggml_type_name(t),
                tq / (double)(rows * cols) * 1e9, ta * 1e3, (double)(rows * rb) / ta / 1e9,
                tr * 1e3, tr / ta);
+        if (fmoe_quant_act_supported(t)) {
+            double ti = now();
+            for (int rep = 0; rep < reps; rep++) {
+                fmoe_quant_act_quantize(t, x, qx, cols);
+                for (int64_t r = 0; r < rows; r++) sink += fmoe_quant_act_dot(t, q + r * rb, qx, cols);
+            }
+            ti = (now() - ti) / reps;
+            printf(" %.2f | %.2f |\n", ti * 1e3, (double)(rows * rb) / ti / 1e9);
+        } else {
+            printf(" - | - |\n");
+        }
     }
     free(w);
     free(x);
     free(q);
+    free(qx);
     return 0;
 }

@@ -2,7 +2,9 @@
  * test_quant_matvec.c - runtime/cpu/quant_matvec.c: quantized matrix times vectors over the
  * thread pool equals the same product on one thread bit for bit (each output is one row's
  * dot on one thread), and matches the plain-C reference dot within the bound of
- * tests/lib/test_quant.c.
+ * tests/lib/test_quant.c: f32 inputs without scratch or act8, 8-bit inputs
+ * (fmoe/quant_act.h) with both, whose results do not depend on how many inputs fit in
+ * scratch per pass.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 #include "fmoe/error.h"
 #include "fmoe/half.h"
 #include "fmoe/quant.h"
+#include "fmoe/quant_act.h"
 #include "harness.h"
 #include "quant_matvec.h"
 #include "threadpool.h"
@@ -25,7 +28,8 @@ TEST(pool_equals_one_thread_and_reference) {
     const uint32_t types[] = {FMOE_GGML_BF16, FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
                               FMOE_GGML_Q6_K};
     const int64_t rows = 203, cols = 512; /* rows: not a multiple of the chunk */
-    const int32_t nx = 5; /* >= QUANT_MATVEC_WIDEN_MIN: the widening path when scratch is given */
+    const int32_t nx = 5; /* >= QUANT_MATVEC_WIDEN_MIN: BF16 widens when scratch is given */
+    const int64_t sfloats = cols; /* 2048 bytes: three 8-bit inputs (1.06-1.14 bytes a value), two passes */
     fmoe__pool *pool;
     ASSERT_OK(fmoe__pool_init(3, &pool));
     float *w = malloc((size_t)(rows * cols) * sizeof *w);
@@ -34,7 +38,9 @@ TEST(pool_equals_one_thread_and_reference) {
     uint8_t *q = malloc((size_t)(rows * cols * 2));
     float *yw = malloc((size_t)(nx * rows) * sizeof *yw);
     float *scratch[3];
-    for (int k = 0; k < 3; k++) scratch[k] = malloc((size_t)cols * sizeof **scratch);
+    for (int k = 0; k < 3; k++) scratch[k] = malloc((size_t)sfloats * sizeof **scratch);
+    float *ys = malloc((size_t)(nx * rows) * sizeof *ys), *yf = malloc((size_t)(nx * rows) * sizeof *yf);
+    uint8_t *qx = malloc((size_t)(nx * cols * 2));
     for (int64_t i = 0; i < rows * cols; i++) w[i] = rndf() * 0.1f;
     for (int64_t i = 0; i < nx * cols; i++) x[i] = rndf();
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -49,19 +55,33 @@ TEST(pool_equals_one_thread_and_reference) {
             else
                 fmoe_quant_quantize_row(t, w + r * cols, q + r * rb, cols);
         }
-        fmoe__quant_matvec(NULL, t, q, rows, cols, x, nx, cols, y1, rows, NULL);
-        fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, y3, rows, NULL);
+        fmoe__quant_matvec(NULL, t, q, rows, cols, x, nx, cols, y1, rows, NULL, 0, 1);
+        fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, y3, rows, NULL, 0, 1);
         ASSERT_TRUE(memcmp(y1, y3, (size_t)(nx * rows) * sizeof *y1) == 0);
-        fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, yw, rows, scratch);
+        fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, yw, rows, scratch, sfloats, 1);
+        /* one pass on one thread: scratch[0] large enough for all five inputs */
+        float *big = malloc((size_t)(nx * cols * 2) * sizeof *big);
+        fmoe__quant_matvec(NULL, t, q, rows, cols, x, nx, cols, ys, rows, &big, nx * cols * 2, 1);
+        free(big);
+        ASSERT_TRUE(memcmp(yw, ys, (size_t)(nx * rows) * sizeof *yw) == 0);
+        /* act8 off: the f32 path, widened rows for these five inputs */
+        fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, yf, rows, scratch, sfloats, 0);
+        const int act = fmoe_quant_act_supported(t);
+        const int64_t qb = act ? fmoe_quant_act_bytes(t, cols) : 0;
+        for (int32_t i = 0; act && i < nx; i++)
+            fmoe_quant_act_quantize(t, x + i * cols, qx + i * qb, cols);
         for (int32_t i = 0; i < nx; i++)
             for (int64_t r = 0; r < rows; r++) {
                 const float ref = fmoe_quant_dot_ref(t, q + r * rb, x + i * cols, cols);
                 const double tol = 4 * 1.2e-7 * sqrt((double)cols) * cols * 0.1 + 1e-6;
                 ASSERT_NEAR(y3[i * rows + r], ref, tol);
-                ASSERT_NEAR(yw[i * rows + r], ref, tol);
+                const float refw =
+                    act ? fmoe_quant_act_dot_ref(t, q + r * rb, qx + i * qb, cols) : ref;
+                ASSERT_NEAR(yw[i * rows + r], refw, tol);
+                ASSERT_NEAR(yf[i * rows + r], ref, tol);
             }
     }
-    free(w), free(x), free(y1), free(y3), free(yw), free(q);
+    free(w), free(x), free(y1), free(y3), free(yw), free(ys), free(yf), free(q), free(qx);
     for (int k = 0; k < 3; k++) free(scratch[k]);
     fmoe__pool_free(pool);
 }

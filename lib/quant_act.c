@@ -1,0 +1,212 @@
+/*
+ * quant_act.c - activations quantised to 8 bits and their integer dots with ggml block
+ * rows (fmoe/quant_act.h): the quantisers, the plain-C reference dots, and the run-time
+ * choice of the AVX2 path (lib/quant_act_avx2.c).
+ *
+ * The reference computes each block's integer sum exactly (int32: the largest is
+ * 8·32·63·127·2 for Q4_K, far from overflow) and adds the scaled block results in f32 in
+ * block order, the way ggml's generic vec_dot_*_q8_K code does. The AVX2 path forms the
+ * same integer sums, so the two differ only in how the f32 block results are added.
+ */
+#include "fmoe/quant_act.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/half.h"
+#include "fmoe/quant.h"
+#include "quant_act_impl.h"
+#include "quant_impl.h"
+
+int fmoe_quant_act_supported(uint32_t t) {
+    return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K ||
+           t == FMOE_GGML_Q6_K;
+}
+
+int64_t fmoe_quant_act_bytes(uint32_t t, int64_t n) {
+    if (!fmoe_quant_act_supported(t) || fmoe_quant_row_bytes(t, n) < 0) return -1;
+    if (t == FMOE_GGML_Q8_0) return n / FMOE_QK8_0 * FMOE_Q8_0_BYTES;
+    return n / FMOE_QK_K * FMOE_Q8_K_BYTES;
+}
+
+/* ggml's nearest_int (round half to even), for |v| <= 2^22; larger values only come from
+ * non-finite inputs, whose blocks are unspecified, and are clamped to keep this defined. */
+static inline int nearest_int(float v) {
+    if (!(v > -4194303.f)) v = -4194303.f;
+    if (!(v < 4194303.f)) v = 4194303.f;
+    float f = v + 12582912.f;
+    int32_t i;
+    memcpy(&i, &f, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* ggml's quantize_row_q8_K_ref: the value of largest magnitude maps to -127 or 127
+ * (iscale = -127 / max keeps the sign), d = 1 / iscale in f32. */
+static void quantize_q8_k(const float *x, uint8_t *b) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < FMOE_QK_K; j++) {
+        const float ax = fabsf(x[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[j];
+        }
+    }
+    int8_t *q = (int8_t *)(b + FMOE__Q8K_Q);
+    int16_t bsums[16];
+    float d = 0;
+    if (amax == 0) {
+        memset(q, 0, FMOE_QK_K);
+        memset(bsums, 0, sizeof bsums);
+    } else {
+        const float iscale = -127.f / max;
+        for (int j = 0; j < FMOE_QK_K; j++) {
+            const int v = nearest_int(iscale * x[j]);
+            q[j] = (int8_t)(v < 127 ? (v > -127 ? v : -127) : 127);
+        }
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += q[16 * j + i];
+            bsums[j] = (int16_t)s;
+        }
+        d = 1 / iscale;
+    }
+    memcpy(b, &d, 4);
+    memcpy(b + FMOE__Q8K_BSUMS, bsums, sizeof bsums);
+}
+
+void fmoe_quant_act_quantize(uint32_t t, const float *x, void *qx, int64_t n) {
+    FMOE_ASSERT(fmoe_quant_act_bytes(t, n) >= 0);
+    if (t == FMOE_GGML_Q8_0) {
+        fmoe_quant_quantize_row(FMOE_GGML_Q8_0, x, qx, n); /* ggml's q8_0 reference */
+        return;
+    }
+    uint8_t *b = qx;
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q8_K_BYTES) quantize_q8_k(x + i, b);
+}
+
+void fmoe_quant_act_dequantize(uint32_t t, const void *qx, float *x, int64_t n) {
+    FMOE_ASSERT(fmoe_quant_act_bytes(t, n) >= 0);
+    if (t == FMOE_GGML_Q8_0) {
+        fmoe_quant_dequantize_row(FMOE_GGML_Q8_0, qx, x, n);
+        return;
+    }
+    const uint8_t *b = qx;
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q8_K_BYTES) {
+        float d;
+        memcpy(&d, b, 4);
+        const int8_t *q = (const int8_t *)(b + FMOE__Q8K_Q);
+        for (int j = 0; j < FMOE_QK_K; j++) x[i + j] = d * (float)q[j];
+    }
+}
+
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return fmoe_half_to_float(h);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The reference dots, one block at a time                                            */
+/* ---------------------------------------------------------------------------------- */
+
+static float dot_q8_0_ref(const uint8_t *w, const uint8_t *a, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += FMOE_Q8_0_BYTES, a += FMOE_Q8_0_BYTES) {
+        const int8_t *qw = (const int8_t *)(w + 2), *qa = (const int8_t *)(a + 2);
+        int32_t sum = 0;
+        for (int j = 0; j < FMOE_QK8_0; j++) sum += qw[j] * qa[j];
+        s += f16_at(w) * f16_at(a) * (float)sum;
+    }
+    return s;
+}
+
+/* Q4_K and Q5_K: Σ_j sc_j·Σ q·a and Σ_j m_j·(bsums of sub-block j), both exact integers;
+ * the block adds d·da·first - dmin·da·second. bits: 4 or 5 (qh at w + 16). */
+static float dot_q45_k_ref(const uint8_t *w, const uint8_t *a, int64_t n, int bits) {
+    float s = 0;
+    const int64_t wbytes = bits == 4 ? FMOE_Q4_K_BYTES : FMOE_Q5_K_BYTES;
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, w += wbytes, a += FMOE_Q8_K_BYTES) {
+        float da;
+        memcpy(&da, a, 4);
+        const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
+        int16_t bsums[16];
+        memcpy(bsums, a + FMOE__Q8K_BSUMS, sizeof bsums);
+        const uint8_t *scales = w + 4, *qh = w + 16, *ql = w + (bits == 4 ? 16 : 48);
+        int32_t sum = 0, msum = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            fmoe__scale_min_k4(j, scales, &sc, &m);
+            const uint8_t *q = ql + 32 * (j / 2);
+            const int shift = 4 * (j % 2);
+            int32_t sub = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = (q[l] >> shift) & 0xF;
+                if (bits == 5) v += ((qh[l] >> j) & 1) << 4;
+                sub += v * qa[32 * j + l];
+            }
+            sum += sc * sub;
+            msum += m * (bsums[2 * j] + bsums[2 * j + 1]);
+        }
+        s += da * f16_at(w) * (float)sum - da * f16_at(w + 2) * (float)msum;
+    }
+    return s;
+}
+
+/* Q6_K: Σ sc·(q - 32)·a = Σ sc·(Σ q·a - 32·bsum) per 16 values, exact. */
+static float dot_q6_k_ref(const uint8_t *w, const uint8_t *a, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, w += FMOE_Q6_K_BYTES, a += FMOE_Q8_K_BYTES) {
+        float da;
+        memcpy(&da, a, 4);
+        const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
+        int16_t bsums[16];
+        memcpy(bsums, a + FMOE__Q8K_BSUMS, sizeof bsums);
+        const int8_t *sc = (const int8_t *)(w + 192);
+        int32_t sum = 0;
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = w + 64 * half, *qh = w + 128 + 32 * half;
+            for (int k = 0; k < 4; k++) {     /* 32 values: k-th quarter of the half */
+                for (int g = 0; g < 2; g++) { /* 16 values, one scale */
+                    const int idx = 8 * half + 2 * k + g;
+                    int32_t sub = 0;
+                    for (int l = 16 * g; l < 16 * g + 16; l++) {
+                        const int lo = (k & 1) ? ql[l + 32] : ql[l];
+                        const int v = ((k < 2 ? lo & 0xF : lo >> 4) | (((qh[l] >> (2 * k)) & 3) << 4));
+                        sub += v * qa[128 * half + 32 * k + l];
+                    }
+                    sum += sc[idx] * (sub - 32 * bsums[idx]);
+                }
+            }
+        }
+        s += da * f16_at(w + 208) * (float)sum;
+    }
+    return s;
+}
+
+float fmoe_quant_act_dot_ref(uint32_t t, const void *row, const void *qx, int64_t n) {
+    FMOE_ASSERT(fmoe_quant_act_bytes(t, n) >= 0);
+    switch (t) {
+    case FMOE_GGML_Q8_0: return dot_q8_0_ref(row, qx, n);
+    case FMOE_GGML_Q4_K: return dot_q45_k_ref(row, qx, n, 4);
+    case FMOE_GGML_Q5_K: return dot_q45_k_ref(row, qx, n, 5);
+    default: return dot_q6_k_ref(row, qx, n);
+    }
+}
+
+void fmoe_quant_act_dots(uint32_t t, const void *row, const void *qx, int64_t qx_stride,
+                         int32_t nx, int64_t n, float *y, int64_t ystride) {
+    FMOE_ASSERT(fmoe_quant_act_bytes(t, n) >= 0);
+    if (fmoe_quant_simd()) {
+        fmoe__quant_act_dots_avx2(t, row, qx, qx_stride, nx, n, y, ystride);
+        return;
+    }
+    for (int32_t k = 0; k < nx; k++)
+        y[k * ystride] = fmoe_quant_act_dot_ref(t, row, (const uint8_t *)qx + k * qx_stride, n);
+}
+
+float fmoe_quant_act_dot(uint32_t t, const void *row, const void *qx, int64_t n) {
+    float y;
+    fmoe_quant_act_dots(t, row, qx, 0, 1, n, &y, 0);
+    return y;
+}

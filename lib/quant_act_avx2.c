@@ -1,0 +1,241 @@
+/*
+ * quant_act_avx2.c - integer dots of ggml block rows with 8-bit activations, AVX2 (+ FMA,
+ * F16C), after ggml's x86 vec_dot_{q8_0_q8_0, q4_K_q8_K, q5_K_q8_K, q6_K_q8_K}. Compiled for
+ * every x86-64 build with target attributes; lib/quant_act.c calls it only when the CPU
+ * has the instructions.
+ *
+ * The workhorse is _mm256_maddubs_epi16 (32 unsigned × signed byte products, summed in
+ * pairs to int16) followed by _mm256_madd_epi16 with the sub-block's scale (pairs summed
+ * to int32): 32 multiply-adds per instruction against 8 for an f32 FMA, and the weights
+ * are never widened past bytes. The K-quants' values are unsigned (0..15, 0..31, 0..63),
+ * so they go in maddubs's unsigned operand as they are; their mins and Q6_K's offset of 32
+ * are applied through the activation block's bsums. Q8_0 weights are signed: |w| goes in
+ * the unsigned operand and w's sign onto the activation (_mm256_sign_epi8). No int16
+ * saturates: the largest pair is 2·128·127 (Q8_0's -128 as |w|) and activations stay
+ * within ±127.
+ *
+ * Each kernel takes up to four inputs, unpacking a row block once for all of them; each
+ * input has its own accumulators, summed in the same order whatever the count, so a
+ * result never depends on how many inputs came with it.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "fmoe/dot_avx2.h"
+#include "fmoe/quant.h"
+#include "fmoe/quant_act.h"
+#include "quant_act_impl.h"
+#include "quant_impl.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define SIMD __attribute__((target("avx2,fma,f16c")))
+#define INLINE __attribute__((always_inline)) inline
+#define MAXX 4 /* inputs per pass */
+
+SIMD static INLINE float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static INLINE float f32_at(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+SIMD static INLINE __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 16 int16 lanes: the first 8 = lo, the last 8 = hi (the scales of two 16-value groups). */
+SIMD static INLINE __m256i scales2(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+}
+
+SIMD static INLINE void dots_q8_0(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
+                                  int64_t n, float *y, int64_t ys) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MAXX];
+    for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += FMOE_Q8_0_BYTES, a += FMOE_Q8_0_BYTES) {
+        const __m256i qw = load(w + 2);
+        const __m256i aw = _mm256_sign_epi8(qw, qw);
+        const float dw = f16_at(w);
+        for (int k = 0; k < nx; k++) {
+            const uint8_t *ak = a + k * stride;
+            const __m256i sa = _mm256_sign_epi8(load(ak + 2), qw);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(ak)), _mm256_cvtepi32_ps(p), acc[k]);
+        }
+    }
+    for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+}
+
+/* Q4_K (bits 4) and Q5_K (bits 5): per block Σ_j sc_j·Σ q·a in int32 lanes, and the mins
+ * as Σ_j m_j·(bsum_2j + bsum_2j+1) from the activation's bsums. */
+SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
+                                   int64_t n, float *y, int64_t ys, int bits) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
+    const int64_t wbytes = bits == 4 ? FMOE_Q4_K_BYTES : FMOE_Q5_K_BYTES;
+    __m256 acc[MAXX];
+    __m128 accm[MAXX];
+    for (int k = 0; k < nx; k++) {
+        acc[k] = _mm256_setzero_ps();
+        accm[k] = _mm_setzero_ps();
+    }
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, w += wbytes, a += FMOE_Q8_K_BYTES) {
+        const float d = f16_at(w), dmin = f16_at(w + 2);
+        uint8_t sc[8], m[8];
+        for (int j = 0; j < 8; j++) fmoe__scale_min_k4(j, w + 4, &sc[j], &m[j]);
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+        const uint8_t *ql = w + (bits == 4 ? 16 : 48);
+        const __m256i hb = bits == 5 ? load(w + 16) : _mm256_setzero_si256();
+        __m256i hmask = _mm256_set1_epi8(1);
+        __m256i sumi[MAXX];
+        for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
+        for (int jj = 0; jj < 4; jj++, ql += 32) {
+            const __m256i v = load(ql);
+            __m256i q0 = _mm256_and_si256(v, m4);
+            __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (bits == 5) {
+                const __m256i h0 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, hmask), hmask);
+                hmask = _mm256_add_epi8(hmask, hmask);
+                const __m256i h1 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, hmask), hmask);
+                hmask = _mm256_add_epi8(hmask, hmask);
+                q0 = _mm256_or_si256(q0, _mm256_and_si256(h0, sixteen));
+                q1 = _mm256_or_si256(q1, _mm256_and_si256(h1, sixteen));
+            }
+            const __m256i s0 = _mm256_set1_epi16(sc[2 * jj]), s1 = _mm256_set1_epi16(sc[2 * jj + 1]);
+            for (int k = 0; k < nx; k++) {
+                const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 64 * jj;
+                const __m256i p0 = _mm256_madd_epi16(s0, _mm256_maddubs_epi16(q0, load(qa)));
+                const __m256i p1 = _mm256_madd_epi16(s1, _mm256_maddubs_epi16(q1, load(qa + 32)));
+                sumi[k] = _mm256_add_epi32(sumi[k], _mm256_add_epi32(p0, p1));
+            }
+        }
+        for (int k = 0; k < nx; k++) {
+            const uint8_t *ak = a + k * stride;
+            const float da = f32_at(ak);
+            const __m256i bs = load(ak + FMOE__Q8K_BSUMS);
+            const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            const __m128i pm = _mm_madd_epi16(mins, pairs);
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(da * d), _mm256_cvtepi32_ps(sumi[k]), acc[k]);
+            accm[k] = _mm_fmadd_ps(_mm_set1_ps(da * dmin), _mm_cvtepi32_ps(pm), accm[k]);
+        }
+    }
+    for (int k = 0; k < nx; k++) {
+        __m128 mm = accm[k];
+        mm = _mm_add_ps(mm, _mm_movehl_ps(mm, mm));
+        mm = _mm_add_ss(mm, _mm_shuffle_ps(mm, mm, 1));
+        y[k * ys] = fmoe__hsum256(acc[k]) - _mm_cvtss_f32(mm);
+    }
+}
+
+/* Q6_K: 6-bit values 0..63 from ql's nibbles and qh's pairs; the offset of 32 comes off
+ * once per block as 32·Σ sc·bsum. */
+SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
+                                  int64_t n, float *y, int64_t ys) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    __m256 acc[MAXX];
+    for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, w += FMOE_Q6_K_BYTES, a += FMOE_Q8_K_BYTES) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const float d = f16_at(w + 208);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        __m256i sumi[MAXX];
+        for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = w + 64 * half, *qh = w + 128 + 32 * half;
+            const __m256i l0 = load(ql), l1 = load(ql + 32), h = load(qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+            for (int qq = 0; qq < 4; qq++) {
+                const __m256i s = scales2(sc[8 * half + 2 * qq], sc[8 * half + 2 * qq + 1]);
+                for (int k = 0; k < nx; k++) {
+                    const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 128 * half + 32 * qq;
+                    const __m256i p = _mm256_madd_epi16(s, _mm256_maddubs_epi16(q[qq], load(qa)));
+                    sumi[k] = _mm256_add_epi32(sumi[k], p);
+                }
+            }
+        }
+        for (int k = 0; k < nx; k++) {
+            const uint8_t *ak = a + k * stride;
+            const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(load(ak + FMOE__Q8K_BSUMS), sc16), 5);
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f32_at(ak) * d),
+                                     _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[k], off)), acc[k]);
+        }
+    }
+    for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+}
+
+/* One instance per input count, so each loop over k is unrolled with its accumulators in
+ * registers. */
+#define DISPATCH(call_nx)                                                                   \
+    switch (nx) {                                                                           \
+    case 1: call_nx(1); break;                                                              \
+    case 2: call_nx(2); break;                                                              \
+    case 3: call_nx(3); break;                                                              \
+    default: call_nx(4); break;                                                             \
+    }
+
+SIMD static void dots_q8_0_n(const uint8_t *w, const uint8_t *a, int64_t s, int nx, int64_t n,
+                             float *y, int64_t ys) {
+#define CALL(N) dots_q8_0(w, a, s, N, n, y, ys)
+    DISPATCH(CALL)
+#undef CALL
+}
+
+SIMD static void dots_q4_k_n(const uint8_t *w, const uint8_t *a, int64_t s, int nx, int64_t n,
+                             float *y, int64_t ys) {
+#define CALL(N) dots_q45_k(w, a, s, N, n, y, ys, 4)
+    DISPATCH(CALL)
+#undef CALL
+}
+
+SIMD static void dots_q5_k_n(const uint8_t *w, const uint8_t *a, int64_t s, int nx, int64_t n,
+                             float *y, int64_t ys) {
+#define CALL(N) dots_q45_k(w, a, s, N, n, y, ys, 5)
+    DISPATCH(CALL)
+#undef CALL
+}
+
+SIMD static void dots_q6_k_n(const uint8_t *w, const uint8_t *a, int64_t s, int nx, int64_t n,
+                             float *y, int64_t ys) {
+#define CALL(N) dots_q6_k(w, a, s, N, n, y, ys)
+    DISPATCH(CALL)
+#undef CALL
+}
+
+void fmoe__quant_act_dots_avx2(uint32_t t, const void *row, const void *qx, int64_t stride,
+                               int32_t nx, int64_t n, float *y, int64_t ys) {
+    const uint8_t *w = row, *a = qx;
+    for (int32_t k0 = 0; k0 < nx; k0 += MAXX) {
+        const int m = nx - k0 < MAXX ? nx - k0 : MAXX;
+        const uint8_t *ak = a + k0 * stride;
+        float *yk = y + k0 * ys;
+        switch (t) {
+        case FMOE_GGML_Q8_0: dots_q8_0_n(w, ak, stride, m, n, yk, ys); break;
+        case FMOE_GGML_Q4_K: dots_q4_k_n(w, ak, stride, m, n, yk, ys); break;
+        case FMOE_GGML_Q5_K: dots_q5_k_n(w, ak, stride, m, n, yk, ys); break;
+        default: dots_q6_k_n(w, ak, stride, m, n, yk, ys); break;
+        }
+    }
+}
+
+#else
+
+void fmoe__quant_act_dots_avx2(uint32_t t, const void *row, const void *qx, int64_t stride,
+                               int32_t nx, int64_t n, float *y, int64_t ys) {
+    for (int32_t k = 0; k < nx; k++)
+        y[k * ys] = fmoe_quant_act_dot_ref(t, row, (const uint8_t *)qx + k * stride, n);
+}
+
+#endif

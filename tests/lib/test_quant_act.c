@@ -1,0 +1,259 @@
+/*
+ * test_quant_act.c - dots of ggml block rows with 8-bit activations (lib/quant_act*.c).
+ *
+ * Three references, none of them the code under test:
+ * - by hand: inputs whose quantisation is exact (integers up to 127 in a block whose
+ *   largest magnitude is 127), so the dot is a known integer;
+ * - a float64 dot of the dequantised row (fmoe_quant_dequantize_row, which equals gguf-py
+ *   bit for bit: tests/python/test_gguf_quants.py) with the dequantised activation: the
+ *   integer sums are exact, so only f32 rounding separates them, bounded as in
+ *   tests/lib/test_quant.c (4·eps·sqrt(n)·Σ|w·x| + 1e-6);
+ * - a float64 dot with the f32 input itself: the activation's quantisation moves each x
+ *   by at most half a step of its block, d/2 with d = amax/127, plus for Q8_0 the f16
+ *   rounding of d (at most 2^-11·d per unit of q, 127 units): so the bound is
+ *   Σ_blocks (0.5 + 127·2^-11)·d·Σ_block |w| plus the rounding bound above.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmoe/half.h"
+#include "fmoe/quant.h"
+#include "fmoe/quant_act.h"
+#include "harness.h"
+
+static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
+#define NTYPES (sizeof types / sizeof types[0])
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.f - 1.f; } /* [-1, 1] */
+
+/* Random bytes for a row, every f16 scale field rewritten as a small finite value. */
+static void random_row(uint32_t type, uint8_t *row, int64_t n) {
+    const int64_t nb = fmoe_quant_row_bytes(type, n);
+    for (int64_t i = 0; i < nb; i++) row[i] = (uint8_t)rnd();
+    const int32_t ts = fmoe_ggml_type_size(type);
+    for (int64_t b = 0; b < nb; b += ts) {
+        uint16_t h = fmoe_float_to_half(rndf() * 0.01f);
+        switch (type) {
+        case FMOE_GGML_Q8_0: memcpy(row + b, &h, 2); break;
+        case FMOE_GGML_Q4_K:
+        case FMOE_GGML_Q5_K:
+            memcpy(row + b, &h, 2);
+            h = fmoe_float_to_half(rndf() * 0.01f);
+            memcpy(row + b + 2, &h, 2);
+            break;
+        case FMOE_GGML_Q6_K: memcpy(row + b + 208, &h, 2); break;
+        }
+    }
+}
+
+static int32_t act_block(uint32_t type) { return type == FMOE_GGML_Q8_0 ? 32 : 256; }
+
+static int close_enough(double got, double want, double abs_sum, int64_t n) {
+    return fabs(got - want) <= 4 * 1.2e-7 * sqrt((double)n) * abs_sum + 1e-6;
+}
+
+TEST(sizes) {
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_Q8_0, 64), 68);
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_Q4_K, 512), 2 * 292);
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_Q6_K, 256), FMOE_Q8_K_BYTES);
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_Q4_K, 96), -1); /* not whole blocks */
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_BF16, 256), -1);
+    ASSERT_TRUE(fmoe_quant_act_supported(FMOE_GGML_Q5_K));
+    ASSERT_TRUE(!fmoe_quant_act_supported(FMOE_GGML_F32));
+}
+
+/* Q8_0 row d = 0.5, q = i - 16 (repeated); x integers with |x| <= 127 and 127 in every
+ * block, so the activation is x exactly: dot = 0.5·Σ (i-16)·x_i. */
+TEST(q8_0_by_hand) {
+    enum { N = 128 };
+    uint8_t row[N / 32 * FMOE_Q8_0_BYTES];
+    const uint16_t h = fmoe_float_to_half(0.5f);
+    float x[N];
+    double want = 0;
+    for (int b = 0; b < N / 32; b++) {
+        memcpy(row + b * FMOE_Q8_0_BYTES, &h, 2);
+        for (int i = 0; i < 32; i++) {
+            row[b * FMOE_Q8_0_BYTES + 2 + i] = (uint8_t)(int8_t)(i - 16);
+            x[32 * b + i] = i == 5 ? 127.f : (float)((int)(rnd() % 255) - 127);
+            want += 0.5 * (i - 16) * x[32 * b + i];
+        }
+    }
+    uint8_t qx[N / 32 * FMOE_Q8_0_BYTES];
+    fmoe_quant_act_quantize(FMOE_GGML_Q8_0, x, qx, N);
+    float back[N];
+    fmoe_quant_act_dequantize(FMOE_GGML_Q8_0, qx, back, N);
+    for (int i = 0; i < N; i++) ASSERT_NEAR(back[i], x[i], 0);
+    ASSERT_NEAR(fmoe_quant_act_dot_ref(FMOE_GGML_Q8_0, row, qx, N), want, 0);
+    ASSERT_NEAR(fmoe_quant_act_dot(FMOE_GGML_Q8_0, row, qx, N), want, 0);
+}
+
+/* Q8_K of integers whose largest magnitude is 127 (negative: d = 1 / (-127 / -127) = 1;
+ * positive: d = -1 and q = -x): exact, and bsums are the sums of 16. */
+TEST(q8_k_by_hand) {
+    float x[256];
+    for (int sign = -1; sign <= 1; sign += 2) {
+        for (int i = 0; i < 256; i++) x[i] = (float)((int)(rnd() % 253) - 126);
+        x[77] = 127.f * (float)sign;
+        uint8_t qx[FMOE_Q8_K_BYTES];
+        fmoe_quant_act_quantize(FMOE_GGML_Q4_K, x, qx, 256);
+        float d;
+        memcpy(&d, qx, 4);
+        ASSERT_NEAR(d, sign < 0 ? 1.f : -1.f, 0);
+        float back[256];
+        fmoe_quant_act_dequantize(FMOE_GGML_Q6_K, qx, back, 256);
+        for (int i = 0; i < 256; i++) ASSERT_NEAR(back[i], x[i], 0);
+        int16_t bsums[16];
+        memcpy(bsums, qx + 4 + 256, sizeof bsums);
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += (int8_t)qx[4 + 16 * g + i];
+            ASSERT_EQ(bsums[g], s);
+        }
+    }
+    /* an all-zero block: d = 0, q = 0 */
+    memset(x, 0, sizeof x);
+    uint8_t qx[FMOE_Q8_K_BYTES];
+    memset(qx, 0xff, sizeof qx);
+    fmoe_quant_act_quantize(FMOE_GGML_Q5_K, x, qx, 256);
+    for (size_t i = 0; i < sizeof qx; i++) ASSERT_EQ(qx[i], 0);
+}
+
+/* Q6_K with every value 63 (q - 32 = 31), scales 1..16, d = 1: the dot with an exact
+ * activation is Σ 31·sc·x, an integer. Checks the offset of 32 through bsums. */
+TEST(q6_k_by_hand) {
+    uint8_t row[FMOE_Q6_K_BYTES];
+    memset(row, 0xff, 192); /* ql and qh all ones: q = 63 */
+    for (int g = 0; g < 16; g++) row[192 + g] = (uint8_t)(int8_t)(g % 2 ? g + 1 : -(g + 1));
+    const uint16_t h = fmoe_float_to_half(1.f);
+    memcpy(row + 208, &h, 2);
+    float x[256];
+    double want = 0;
+    for (int i = 0; i < 256; i++) {
+        x[i] = i == 3 ? -127.f : (float)((int)(rnd() % 255) - 127);
+        const int g = i / 16;
+        want += 31.0 * (g % 2 ? g + 1 : -(g + 1)) * x[i];
+    }
+    uint8_t qx[FMOE_Q8_K_BYTES];
+    fmoe_quant_act_quantize(FMOE_GGML_Q6_K, x, qx, 256);
+    ASSERT_NEAR(fmoe_quant_act_dot_ref(FMOE_GGML_Q6_K, row, qx, 256), want, 0);
+    ASSERT_NEAR(fmoe_quant_act_dot(FMOE_GGML_Q6_K, row, qx, 256), want, 0);
+}
+
+/* Both paths against float64 of what the blocks hold (row and activation dequantised). */
+TEST(dots_match_dequantised_float64) {
+    if (!fmoe_quant_simd()) printf("  (no AVX2+FMA+F16C: fmoe_quant_act_dot is the reference)\n");
+    const int64_t ns[] = {256, 768, 4096};
+    for (size_t k = 0; k < NTYPES; k++)
+        for (size_t in = 0; in < 3; in++) {
+            const uint32_t t = types[k];
+            const int64_t n = ns[in];
+            uint8_t *row = malloc((size_t)fmoe_quant_row_bytes(t, n));
+            uint8_t *qx = malloc((size_t)fmoe_quant_act_bytes(t, n));
+            float *x = malloc((size_t)n * sizeof *x), *w = malloc((size_t)n * sizeof *w);
+            float *xa = malloc((size_t)n * sizeof *xa);
+            for (int rep = 0; rep < 5; rep++) {
+                random_row(t, row, n);
+                for (int64_t i = 0; i < n; i++) x[i] = rndf() * (rep == 4 ? 100.f : 1.f);
+                fmoe_quant_act_quantize(t, x, qx, n);
+                fmoe_quant_dequantize_row(t, row, w, n);
+                fmoe_quant_act_dequantize(t, qx, xa, n);
+                double want = 0, a = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    want += (double)w[i] * xa[i];
+                    a += fabs((double)w[i] * xa[i]);
+                }
+                const float ref = fmoe_quant_act_dot_ref(t, row, qx, n);
+                const float fast = fmoe_quant_act_dot(t, row, qx, n);
+                if (!close_enough(ref, want, a, n) || !close_enough(fast, want, a, n))
+                    HARNESS_FAIL("%s n=%lld: ref %.9g, simd %.9g, want %.9g (sum|wx| %.3g)",
+                                 fmoe_ggml_type_name(t), (long long)n, ref, fast, want, a);
+            }
+            free(row);
+            free(qx);
+            free(x);
+            free(w);
+            free(xa);
+        }
+}
+
+/* Against the f32 input: within the activation's quantisation step (header comment). */
+TEST(dot_within_activation_step_of_f32_dot) {
+    const int64_t n = 2048;
+    for (size_t k = 0; k < NTYPES; k++) {
+        const uint32_t t = types[k];
+        const int32_t ab = act_block(t);
+        uint8_t *row = malloc((size_t)fmoe_quant_row_bytes(t, n));
+        uint8_t *qx = malloc((size_t)fmoe_quant_act_bytes(t, n));
+        float *x = malloc((size_t)n * sizeof *x), *w = malloc((size_t)n * sizeof *w);
+        for (int rep = 0; rep < 5; rep++) {
+            random_row(t, row, n);
+            /* reps 3 and 4 with outliers, which widen their blocks' steps */
+            for (int64_t i = 0; i < n; i++) x[i] = rndf() * (rep >= 3 && i % 97 == 0 ? 30.f : 1.f);
+            fmoe_quant_act_quantize(t, x, qx, n);
+            fmoe_quant_dequantize_row(t, row, w, n);
+            double exact = 0, a = 0, bound = 0;
+            for (int64_t b = 0; b < n; b += ab) {
+                double amax = 0, wsum = 0;
+                for (int64_t i = b; i < b + ab; i++) {
+                    exact += (double)w[i] * x[i];
+                    a += fabs((double)w[i] * x[i]);
+                    amax = fmax(amax, fabs(x[i]));
+                    wsum += fabs(w[i]);
+                }
+                bound += (0.5 + 127.0 / 2048) * amax / 127 * wsum;
+            }
+            const float got = fmoe_quant_act_dot(t, row, qx, n);
+            const double err = fabs(got - exact), tol = bound + 4 * 1.2e-7 * sqrt((double)n) * a + 1e-6;
+            if (!(err <= tol))
+                HARNESS_FAIL("%s: |%.9g - %.9g| = %.3g > %.3g", fmoe_ggml_type_name(t), got,
+                             exact, err, tol);
+            /* and the bound is not vacuous: without outliers it is about 1% of Σ|w·x|,
+             * where a wrong scale or a dropped sub-block would land far outside */
+            if (rep < 3) ASSERT_TRUE(bound < 0.02 * a);
+        }
+        free(row);
+        free(qx);
+        free(x);
+        free(w);
+    }
+}
+
+/* fmoe_quant_act_dots over 1..9 inputs: each result bit-identical to the single dot. */
+TEST(many_inputs_equal_one_at_a_time) {
+    const int64_t n = 512;
+    for (size_t k = 0; k < NTYPES; k++) {
+        const uint32_t t = types[k];
+        const int64_t ab = fmoe_quant_act_bytes(t, n);
+        uint8_t *row = malloc((size_t)fmoe_quant_row_bytes(t, n));
+        uint8_t *qx = malloc((size_t)(ab * 9));
+        float x[512], y[18];
+        random_row(t, row, n);
+        for (int v = 0; v < 9; v++) {
+            for (int64_t i = 0; i < n; i++) x[i] = rndf();
+            fmoe_quant_act_quantize(t, x, qx + v * ab, n);
+        }
+        for (int32_t nx = 1; nx <= 9; nx++) {
+            memset(y, 0, sizeof y);
+            fmoe_quant_act_dots(t, row, qx, ab, nx, n, y, 2);
+            for (int v = 0; v < nx; v++) {
+                const float one = fmoe_quant_act_dot(t, row, qx + v * ab, n);
+                if (memcmp(&one, &y[2 * v], sizeof one) != 0)
+                    HARNESS_FAIL("%s nx=%d input %d: %.9g alone, %.9g in a group",
+                                 fmoe_ggml_type_name(t), nx, v, one, y[2 * v]);
+            }
+        }
+        free(row);
+        free(qx);
+    }
+}
+
+int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
