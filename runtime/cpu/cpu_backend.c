@@ -29,8 +29,9 @@
  *                   widened in memory (decode reads 8.5 or 4.5 bits a weight)
  *   ggml blocks, n > SMALL_N
  *                   as bf16's fallback: blocks of rows dequantised into the worker's
- *                   scratch, then cblas_sgemm (prefill ran at 0.4x bf16 with a dot per
- *                   row and token; see docs/quantization.md)
+ *                   scratch (quant_widen.h: AVX2, the same bits as the plain C), then
+ *                   cblas_sgemm (prefill ran at 0.4x bf16 with a dot per row and token;
+ *                   see docs/quantization.md)
  *   ggml blocks, any n, FMOE_Q8_ACTIVATIONS=1 in the environment
  *                   fmoe__quant_matvec's 8-bit path: x quantised to 8 bits once per
  *                   product and integer block dots, each row unpacked once per four
@@ -55,6 +56,7 @@
 #include "fmoe/quant_act.h"
 #include "fmoe/rowwise.h"
 #include "quant_matvec.h"
+#include "quant_widen.h"
 #include "threadpool.h"
 
 #if defined(__x86_64__)
@@ -330,9 +332,7 @@ static void matmul_task(void *arg, int32_t task, int32_t worker) {
         const int64_t rb = fmoe_quant_row_bytes(w->quant, cols);
         for (int64_t b0 = r0; b0 < r1; b0 += j->c->block_rows) {
             const int64_t nb = b0 + j->c->block_rows < r1 ? j->c->block_rows : r1 - b0;
-            for (int64_t r = 0; r < nb; r++)
-                fmoe_quant_dequantize_row(w->quant, (const uint8_t *)w->data + (b0 + r) * rb,
-                                          buf + r * cols, cols);
+            fmoe__quant_widen_rows(w->quant, (const uint8_t *)w->data + b0 * rb, nb, cols, buf);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)nb, (int)cols, 1.0f,
                         j->x, (int)cols, buf, (int)cols, 0.0f, j->y + b0, (int)rows);
         }

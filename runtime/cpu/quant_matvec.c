@@ -14,6 +14,7 @@
 
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
+#include "quant_widen.h"
 
 #define CHUNK_ROWS 16
 
@@ -46,7 +47,7 @@ static void run_chunk(void *ctx, int32_t task, int32_t worker) {
         const uint8_t *row = j->W + r * j->row_bytes;
         if (widen) {
             float *w = j->scratch[worker];
-            fmoe_quant_dequantize_row(j->type, row, w, j->cols);
+            fmoe__quant_widen_rows(j->type, row, 1, j->cols, w);
             for (int32_t t = 0; t < j->nx; t++)
                 j->y[t * j->ldy + r] = fmoe_quant_dot(FMOE_GGML_F32, w, j->x + t * j->ldx, j->cols);
         } else {

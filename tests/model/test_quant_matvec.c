@@ -16,6 +16,7 @@
 #include "fmoe/quant_act.h"
 #include "harness.h"
 #include "quant_matvec.h"
+#include "quant_widen.h"
 #include "threadpool.h"
 
 static uint64_t state = 12345;
@@ -84,6 +85,38 @@ TEST(pool_equals_one_thread_and_reference) {
     free(w), free(x), free(y1), free(y3), free(yw), free(ys), free(yf), free(q), free(qx);
     for (int k = 0; k < 3; k++) free(scratch[k]);
     fmoe__pool_free(pool);
+}
+
+/* fmoe__quant_widen_rows (AVX2 where the CPU has it) gives fmoe_quant_dequantize_row's
+ * bits for random blocks, subnormal and zero scales included. */
+TEST(widen_rows_equal_dequantise) {
+    const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
+                              FMOE_GGML_BF16};
+    const int64_t rows = 7, cols = 1024;
+    uint8_t *q = malloc((size_t)(rows * cols * 2));
+    float *a = malloc((size_t)(rows * cols) * sizeof *a), *b = malloc((size_t)(rows * cols) * sizeof *b);
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const uint32_t t = types[k];
+        const int64_t rb = fmoe_quant_row_bytes(t, cols), bs = fmoe_ggml_type_size(t);
+        for (int64_t i = 0; i < rows * rb; i++) q[i] = (uint8_t)(rndf() * 127.f + 128.f);
+        for (int64_t i = 0; i < rows * rb; i += bs) { /* finite f16 scales: small, subnormal, zero */
+            const float v[3] = {rndf() * 0.01f, rndf() * 1e-6f, 0.f};
+            const uint16_t h = fmoe_float_to_half(v[(i / bs) % 3]);
+            if (t == FMOE_GGML_Q6_K) {
+                memcpy(q + i + 208, &h, 2);
+            } else if (t != FMOE_GGML_BF16) {
+                memcpy(q + i, &h, 2);
+                if (t != FMOE_GGML_Q8_0) memcpy(q + i + 2, &h, 2);
+            } else {
+                const uint16_t bf = fmoe_float_to_bf16(rndf());
+                memcpy(q + i, &bf, 2);
+            }
+        }
+        fmoe__quant_widen_rows(t, q, rows, cols, a);
+        for (int64_t r = 0; r < rows; r++) fmoe_quant_dequantize_row(t, q + r * rb, b + r * cols, cols);
+        ASSERT_TRUE(memcmp(a, b, (size_t)(rows * cols) * sizeof *a) == 0);
+    }
+    free(q), free(a), free(b);
 }
 
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
