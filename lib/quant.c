@@ -102,89 +102,9 @@ int64_t fmoe_quant_row_bytes(uint32_t t, int64_t n) {
 }
 
 /* ---------------------------------------------------------------------------------- */
-/* Dequantisation, one block at a time                                                */
+/* Dequantisation, one block at a time (quant_block.h: the formulas the CUDA kernels    */
+/* share)                                                                             */
 /* ---------------------------------------------------------------------------------- */
-
-static void dequant_q8_0(const uint8_t *b, float *y) {
-    uint16_t h;
-    memcpy(&h, b, 2);
-    const float d = fmoe_half_to_float(h);
-    const int8_t *q = (const int8_t *)(b + 2);
-    for (int i = 0; i < FMOE_QK8_0; i++) y[i] = (float)q[i] * d;
-}
-
-/* Q4_K: d, dmin (f16); 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32; 128
- * bytes of 4-bit values, 32 bytes per pair of sub-blocks (low nibbles, then high). */
-static void dequant_q4_k(const uint8_t *b, float *y) {
-    uint16_t h;
-    memcpy(&h, b, 2);
-    const float d = fmoe_half_to_float(h);
-    memcpy(&h, b + 2, 2);
-    const float dmin = fmoe_half_to_float(h);
-    const uint8_t *scales = b + 4, *q = b + 16;
-    for (int j = 0; j < 8; j += 2) {
-        uint8_t sc, m;
-        fmoe__scale_min_k4(j, scales, &sc, &m);
-        const float d1 = d * sc, m1 = dmin * m;
-        fmoe__scale_min_k4(j + 1, scales, &sc, &m);
-        const float d2 = d * sc, m2 = dmin * m;
-        for (int l = 0; l < 32; l++) y[l] = d1 * (float)(q[l] & 0xF) - m1;
-        for (int l = 0; l < 32; l++) y[32 + l] = d2 * (float)(q[l] >> 4) - m2;
-        q += 32;
-        y += 64;
-    }
-}
-
-/* Q5_K: Q4_K's layout with a fifth bit per value in qh[32]: value l of sub-block j has
- * its bit at bit j of qh[l]. */
-static void dequant_q5_k(const uint8_t *b, float *y) {
-    uint16_t h;
-    memcpy(&h, b, 2);
-    const float d = fmoe_half_to_float(h);
-    memcpy(&h, b + 2, 2);
-    const float dmin = fmoe_half_to_float(h);
-    const uint8_t *scales = b + 4, *qh = b + 16, *ql = b + 48;
-    for (int j = 0; j < 8; j += 2) {
-        uint8_t sc, m;
-        fmoe__scale_min_k4(j, scales, &sc, &m);
-        const float d1 = d * sc, m1 = dmin * m;
-        fmoe__scale_min_k4(j + 1, scales, &sc, &m);
-        const float d2 = d * sc, m2 = dmin * m;
-        for (int l = 0; l < 32; l++)
-            y[l] = d1 * (float)((ql[l] & 0xF) + ((qh[l] >> j) & 1) * 16) - m1;
-        for (int l = 0; l < 32; l++)
-            y[32 + l] = d2 * (float)((ql[l] >> 4) + ((qh[l] >> (j + 1)) & 1) * 16) - m2;
-        ql += 32;
-        y += 64;
-    }
-}
-
-/* Q6_K: ql[128] low 4 bits, qh[64] high 2 bits, int8 scales[16] (one per 16 values), f16
- * d; values are 6-bit minus 32. Each half of 128 values takes 64 bytes of ql and 32 of qh. */
-static void dequant_q6_k(const uint8_t *b, float *y) {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    uint16_t h;
-    memcpy(&h, b + 208, 2);
-    const float d = fmoe_half_to_float(h);
-    for (int half = 0; half < 2; half++) {
-        for (int l = 0; l < 32; l++) {
-            const int is = l / 16;
-            const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-            const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            y[l] = d * sc[is + 0] * (float)q1;
-            y[l + 32] = d * sc[is + 2] * (float)q2;
-            y[l + 64] = d * sc[is + 4] * (float)q3;
-            y[l + 96] = d * sc[is + 6] * (float)q4;
-        }
-        y += 128;
-        ql += 64;
-        qh += 32;
-        sc += 8;
-    }
-}
 
 void fmoe_quant_dequantize_row(uint32_t t, const void *row, float *y, int64_t n) {
     FMOE_ASSERT(fmoe_quant_supported(t) && n % types[t].block == 0);
@@ -208,16 +128,20 @@ void fmoe_quant_dequantize_row(uint32_t t, const void *row, float *y, int64_t n)
         }
         return;
     case FMOE_GGML_Q8_0:
-        for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += FMOE_Q8_0_BYTES) dequant_q8_0(b, y + i);
+        for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += FMOE_Q8_0_BYTES)
+            fmoe__qblock_dequant(FMOE_GGML_Q8_0, b, y + i);
         return;
     case FMOE_GGML_Q4_K:
-        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q4_K_BYTES) dequant_q4_k(b, y + i);
+        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q4_K_BYTES)
+            fmoe__qblock_dequant(FMOE_GGML_Q4_K, b, y + i);
         return;
     case FMOE_GGML_Q5_K:
-        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q5_K_BYTES) dequant_q5_k(b, y + i);
+        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q5_K_BYTES)
+            fmoe__qblock_dequant(FMOE_GGML_Q5_K, b, y + i);
         return;
     case FMOE_GGML_Q6_K:
-        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES) dequant_q6_k(b, y + i);
+        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES)
+            fmoe__qblock_dequant(FMOE_GGML_Q6_K, b, y + i);
         return;
     }
 }

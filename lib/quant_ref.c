@@ -14,7 +14,9 @@
  *     ggml is intended but unverified here. Two things could differ: ggml built with FMA
  *     contraction (GNU C mode) rounds a·b+c once where this ISO C build rounds twice, and
  *     ggml has changed these search parameters between releases.
- * Rounding is ggml's nearest_int: round half to even through the 1.5·2^23 trick.
+ * Rounding is ggml's nearest_int: round half to even through the 1.5·2^23 trick. The last
+ * pass of each K-quant picks every level against the sub-block scale the readers compute
+ * (quant_block.h, which the CPU and CUDA dequantisation share), as ggml's does.
  */
 #include <math.h>
 #include <stdint.h>
@@ -43,12 +45,6 @@ static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? 
 static void put_f16(uint8_t *p, float f) {
     const uint16_t h = fmoe_float_to_half(f);
     memcpy(p, &h, 2);
-}
-
-static float get_f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return fmoe_half_to_float(h);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -174,11 +170,9 @@ static void quantize_k_affine(const float *x, uint8_t *b, int nmax, uint8_t *L) 
     put_f16(b, max_scale / 63.f);
     put_f16(b + 2, max_min / 63.f);
     for (int j = 0; j < 8; j++) {
-        uint8_t s, m;
-        fmoe__scale_min_k4(j, sc, &s, &m);
-        const float d = get_f16(b) * s;
+        float d, dm; /* as the reader will compute them */
+        fmoe__k4_sub_scale(b, j, fmoe__qblock_f16(b), fmoe__qblock_f16(b + 2), &d, &dm);
         if (d == 0) continue;
-        const float dm = get_f16(b + 2) * m;
         for (int ii = 0; ii < 32; ii++)
             L[32 * j + ii] = (uint8_t)clampi(nearest_int((x[32 * j + ii] + dm) / d), 0, nmax);
     }
@@ -295,7 +289,7 @@ static void quantize_q6_k(const float *x, uint8_t *b) {
         sc[ib] = (int8_t)(v < 127 ? v : 127);
     }
     for (int j = 0; j < 16; j++) {
-        const float d = get_f16(b + 208) * sc[j];
+        const float d = fmoe__q6_k_sub_scale(b, j, fmoe__qblock_f16(b + 208));
         if (d == 0) continue;
         for (int ii = 0; ii < 16; ii++)
             L[16 * j + ii] = (int8_t)(clampi(nearest_int(x[16 * j + ii] / d), -32, 31) + 32);

@@ -1,7 +1,8 @@
 /*
  * fmoe/half.h - IEEE 754 binary16 and bfloat16 conversions, written once as plain C so the
  * CPU code, the trace format and (later) CUDA kernels share the same arithmetic.
- * Round to nearest even; NaN stays NaN; overflow goes to infinity.
+ * Round to nearest even; NaN stays NaN; overflow goes to infinity. FMOE_HD: the CUDA kernels
+ * that dequantise f16-scaled blocks (lib/quant_block.h) call them on the device.
  */
 #ifndef FMOE_HALF_H
 #define FMOE_HALF_H
@@ -9,7 +10,9 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float fmoe_half_to_float(uint16_t h) {
+#include "fmoe/elementwise.h" /* FMOE_HD */
+
+static inline FMOE_HD float fmoe_half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
@@ -35,7 +38,7 @@ static inline float fmoe_half_to_float(uint16_t h) {
     return f;
 }
 
-static inline uint16_t fmoe_float_to_half(float f) {
+static inline FMOE_HD uint16_t fmoe_float_to_half(float f) {
     uint32_t x;
     memcpy(&x, &f, sizeof x);
     uint32_t sign = (x >> 16) & 0x8000u;
@@ -61,14 +64,14 @@ static inline uint16_t fmoe_float_to_half(float f) {
     return (uint16_t)(sign | h);
 }
 
-static inline float fmoe_bf16_to_float(uint16_t b) {
+static inline FMOE_HD float fmoe_bf16_to_float(uint16_t b) {
     uint32_t bits = (uint32_t)b << 16;
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
 }
 
-static inline uint16_t fmoe_float_to_bf16(float f) {
+static inline FMOE_HD uint16_t fmoe_float_to_bf16(float f) {
     uint32_t x;
     memcpy(&x, &f, sizeof x);
     if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */

@@ -1,0 +1,200 @@
+/*
+ * quant_block.h - the value formula of each ggml block format fmoe computes with (Q8_0,
+ * Q4_K, Q5_K, Q6_K), written once as plain C that lib/quant.c compiles and the CUDA
+ * kernels (runtime/cuda/cuda_forward.cu) include: the GPU dequantises with the very
+ * arithmetic that tests/python/test_gguf_quants.py checks bit for bit against gguf-py
+ * (internal; FMOE_HD marks every function for host and device under nvcc).
+ *
+ * The byte layouts are ggml's (ggml-common.h); fmoe/quant.h lists them. Each value is
+ * computed on its own, in ggml's order of operations (dequantize_row_*): the block's f16
+ * scale times the sub-block's integer scale, rounded to f32, times the quantised value,
+ * minus (Q4_K, Q5_K) the f16 min times the integer min rounded the same way. Neither the
+ * ISO C build nor the CUDA module (--fmad=false) fuses a·b - c, so both round twice and
+ * agree bit for bit whatever order the values are produced in.
+ *
+ * Two granularities over the same functions:
+ *   fmoe__qblock_dequant   a whole block (fmoe_quant_dequantize_row, host);
+ *   fmoe__qblock_dequant8  values 8k..8k+7 of a block: what one GPU thread produces, with
+ *                          the scales of its sub-block decoded once for its 8 values.
+ * Reads are byte loads: rows of 34- and 210-byte blocks have no alignment to rely on.
+ */
+#ifndef FMOE_QUANT_BLOCK_H
+#define FMOE_QUANT_BLOCK_H
+
+#include <stdint.h>
+
+#include "fmoe/elementwise.h" /* FMOE_HD */
+#include "fmoe/half.h"
+#include "fmoe/quant.h"
+
+/* Values and bytes of one block of the quantized types with a formula here; 0 for any
+ * other type (the CUDA backend's test for "has a kernel"). */
+static inline FMOE_HD int32_t fmoe__qblock_values(uint32_t type) {
+    switch (type) {
+    case FMOE_GGML_Q8_0: return FMOE_QK8_0;
+    case FMOE_GGML_Q4_K:
+    case FMOE_GGML_Q5_K:
+    case FMOE_GGML_Q6_K: return FMOE_QK_K;
+    default: return 0;
+    }
+}
+
+static inline FMOE_HD int32_t fmoe__qblock_bytes(uint32_t type) {
+    switch (type) {
+    case FMOE_GGML_Q8_0: return FMOE_Q8_0_BYTES;
+    case FMOE_GGML_Q4_K: return FMOE_Q4_K_BYTES;
+    case FMOE_GGML_Q5_K: return FMOE_Q5_K_BYTES;
+    case FMOE_GGML_Q6_K: return FMOE_Q6_K_BYTES;
+    default: return 0;
+    }
+}
+
+/* The little-endian f16 at p, as f32 (exact). */
+static inline FMOE_HD float fmoe__qblock_f16(const uint8_t *p) {
+    return fmoe_half_to_float((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Q8_0: f16 d; int8 q[32]; x = q·d                                                     */
+/* ---------------------------------------------------------------------------------- */
+
+/* Values l0..l0+n-1 of the block b (d = its scale) into y[n]. */
+static inline FMOE_HD void fmoe__q8_0_values(const uint8_t *b, float d, int l0, int n,
+                                             float *y) {
+    for (int i = 0; i < n; i++) y[i] = (float)(int8_t)b[2 + l0 + i] * d;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Q4_K, Q5_K: f16 d, dmin; 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32;  */
+/* 4-bit values, 32 bytes per pair of sub-blocks (low nibbles: the even one); Q5_K's  */
+/* fifth bit of value l of sub-block j is bit j of qh[l].                             */
+/* ---------------------------------------------------------------------------------- */
+
+/* The 6-bit scale and min of sub-block j (0..7) of the 12 scale bytes q (ggml's
+ * get_scale_min_k4): j < 4 in the low 6 bits of bytes j and j+4; j >= 4 split into a
+ * nibble of byte j+4 and the top 2 bits of bytes j-4 and j. */
+static inline FMOE_HD void fmoe__scale_min_k4(int j, const uint8_t *q, uint8_t *sc,
+                                              uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* Sub-block j's scale d·sc and min dmin·m (each rounded to f32), d and dmin being the
+ * block's f16 fields as f32. */
+static inline FMOE_HD void fmoe__k4_sub_scale(const uint8_t *b, int j, float d, float dmin,
+                                              float *dj, float *mj) {
+    uint8_t sc, m;
+    fmoe__scale_min_k4(j, b + 4, &sc, &m);
+    *dj = d * sc;
+    *mj = dmin * m;
+}
+
+/* Values l0..l0+n-1 (l0 + n <= 32) of sub-block j of a Q4_K block into y[n]. */
+static inline FMOE_HD void fmoe__q4_k_values(const uint8_t *b, int j, int l0, int n, float dj,
+                                             float mj, float *y) {
+    const uint8_t *q = b + 16 + 32 * (j / 2) + l0;
+    const int sh = 4 * (j & 1);
+    for (int i = 0; i < n; i++) y[i] = dj * (float)((q[i] >> sh) & 0xF) - mj;
+}
+
+/* The same for Q5_K. */
+static inline FMOE_HD void fmoe__q5_k_values(const uint8_t *b, int j, int l0, int n, float dj,
+                                             float mj, float *y) {
+    const uint8_t *qh = b + 16 + l0, *ql = b + 48 + 32 * (j / 2) + l0;
+    const int sh = 4 * (j & 1);
+    for (int i = 0; i < n; i++)
+        y[i] = dj * (float)(((ql[i] >> sh) & 0xF) + ((qh[i] >> j) & 1) * 16) - mj;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Q6_K: ql[128] low 4 bits, qh[64] high 2 bits, int8 scales[16], f16 d; values are    */
+/* 6-bit minus 32. Sub-block s (0..15) holds values 16s..16s+15; ggml lays a block out */
+/* as two halves of 128, each four quarters g of 32 sharing bytes: quarter g of a half */
+/* takes the low (g < 2) or high nibbles of ql[32(g&1) + l] and bits 2g, 2g+1 of qh[l].  */
+/* ---------------------------------------------------------------------------------- */
+
+/* Sub-block s's scale d·scales[s] (rounded to f32). */
+static inline FMOE_HD float fmoe__q6_k_sub_scale(const uint8_t *b, int s, float d) {
+    return d * (float)(int8_t)b[192 + s];
+}
+
+/* Values l0..l0+n-1 (l0 + n <= 16) of sub-block s of a Q6_K block into y[n]. */
+static inline FMOE_HD void fmoe__q6_k_values(const uint8_t *b, int s, int l0, int n, float ds,
+                                             float *y) {
+    const int quarter = s / 2, half = quarter / 4, g = quarter % 4, l = 16 * (s & 1) + l0;
+    const uint8_t *ql = b + 64 * half + 32 * (g & 1) + l, *qh = b + 128 + 32 * half + l;
+    const int sh = 4 * (g >> 1), hs = 2 * g;
+    for (int i = 0; i < n; i++) {
+        const int q = (((ql[i] >> sh) & 0xF) | (((qh[i] >> hs) & 3) << 4)) - 32;
+        y[i] = ds * (float)q;
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Whole blocks, and groups of 8 values                                                 */
+/* ---------------------------------------------------------------------------------- */
+
+/* The fmoe__qblock_values(type) values of block b into y. type must have a formula. */
+static inline FMOE_HD void fmoe__qblock_dequant(uint32_t type, const uint8_t *b, float *y) {
+    switch (type) {
+    case FMOE_GGML_Q8_0:
+        fmoe__q8_0_values(b, fmoe__qblock_f16(b), 0, FMOE_QK8_0, y);
+        return;
+    case FMOE_GGML_Q4_K:
+    case FMOE_GGML_Q5_K: {
+        const float d = fmoe__qblock_f16(b), dmin = fmoe__qblock_f16(b + 2);
+        for (int j = 0; j < 8; j++) {
+            float dj, mj;
+            fmoe__k4_sub_scale(b, j, d, dmin, &dj, &mj);
+            if (type == FMOE_GGML_Q4_K)
+                fmoe__q4_k_values(b, j, 0, 32, dj, mj, y + 32 * j);
+            else
+                fmoe__q5_k_values(b, j, 0, 32, dj, mj, y + 32 * j);
+        }
+        return;
+    }
+    case FMOE_GGML_Q6_K: {
+        const float d = fmoe__qblock_f16(b + 208);
+        for (int s = 0; s < 16; s++)
+            fmoe__q6_k_values(b, s, 0, 16, fmoe__q6_k_sub_scale(b, s, d), y + 16 * s);
+        return;
+    }
+    default: return;
+    }
+}
+
+/* Values 8k..8k+7 of block b into y[8], k < fmoe__qblock_values(type) / 8. With type a
+ * compile-time constant (the CUDA kernels' template parameter) the switch folds away. */
+static inline FMOE_HD void fmoe__qblock_dequant8(uint32_t type, const uint8_t *b, int k,
+                                                 float *y) {
+    switch (type) {
+    case FMOE_GGML_Q8_0:
+        fmoe__q8_0_values(b, fmoe__qblock_f16(b), 8 * k, 8, y);
+        return;
+    case FMOE_GGML_Q4_K:
+    case FMOE_GGML_Q5_K: {
+        const int j = k / 4;
+        float dj, mj;
+        fmoe__k4_sub_scale(b, j, fmoe__qblock_f16(b), fmoe__qblock_f16(b + 2), &dj, &mj);
+        if (type == FMOE_GGML_Q4_K)
+            fmoe__q4_k_values(b, j, 8 * (k % 4), 8, dj, mj, y);
+        else
+            fmoe__q5_k_values(b, j, 8 * (k % 4), 8, dj, mj, y);
+        return;
+    }
+    case FMOE_GGML_Q6_K: {
+        const int s = k / 2;
+        fmoe__q6_k_values(b, s, 8 * (k % 2), 8,
+                          fmoe__q6_k_sub_scale(b, s, fmoe__qblock_f16(b + 208)), y);
+        return;
+    }
+    default: return;
+    }
+}
+
+#endif
