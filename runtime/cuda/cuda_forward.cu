@@ -25,6 +25,7 @@
 //   scale   [max_experts] scales of scatter_add
 //   scores  [attn_blocks][max_context] attention scores, only when a row of max_context
 //           scores does not fit in shared memory (see attention below)
+//   qtile   QUANT_TILE_BYTES of f32: rows of a quantized W dequantised for one SGEMM
 //   ws      cuBLAS workspace
 // Consecutive ops reuse the same scratch without waiting: every write into scratch and
 // every read of it is queued on the one compute stream, so op i+1's upload into `idx`
@@ -80,6 +81,17 @@
 // A block keeps 128 threads whatever head_dim is: a correct kernel first; a tiled
 // flash-style kernel (several queries of a KV head per block) is the fast one to come.
 //
+// Quantized weights (GGUF's Q8_0, Q4_K, Q5_K, Q6_K; cuda_quant.cu). A mat with quant set
+// is cached, or sits in an expert slot, as the file's bytes: rows of ggml blocks, never
+// repacked. matmul with at most FMOE_CUDA_QMV_MAX_N rows of x (decode) runs a kernel that
+// dequantises each weight on the fly and sums in f32 in a fixed order, one warp per
+// output row; with more rows (prefill), tiles of W's rows are dequantised to f32 into
+// qtile and multiplied with SGEMM, as the CPU backend dequantises blocks of rows for
+// sgemm. get_rows dequantises the requested rows. Every weight value is lib/quant_block.h's
+// C, the CPU's dequantisation, so it is the CPU's bit for bit; products differ from the
+// CPU's by summation order only. Other ggml types have no kernel and are refused in one
+// line (mat_data).
+//
 // Rounding. The module is compiled with --fmad=false (runtime/meson.build), so a*b+c in
 // the shared row functions rounds twice, as on the CPU (gcc does not contract into FMA
 // without -mfma); where the CPU's SIMD code fuses (attention's dot and axpy) the kernels
@@ -101,11 +113,13 @@
 #include <string.h>
 
 extern "C" {
+#include "../../lib/quant_block.h"
 #include "../model/model_impl.h"
 #include "cuda_module.h"
 #include "fmoe/error.h"
 #include "fmoe/rowwise.h"
 }
+#include "cuda_quant.h"
 
 #define ATTN_THREADS 128
 #define ATTN_WARPS (ATTN_THREADS / 32)
@@ -116,6 +130,7 @@ extern "C" {
 #define ROWS_THREADS 256
 #define ROW_FN_THREADS 64                  /* kernels running one row function per thread */
 #define CUBLAS_WORKSPACE (32ll << 20)      /* cuBLAS's recommendation for Hopper */
+#define QUANT_TILE_BYTES (32ll << 20)      /* f32 rows of a quantized W per cuBLAS call */
 #define WEIGHT_MAP_INIT 1024
 
 typedef struct weight_entry {
@@ -146,6 +161,7 @@ typedef struct cuda_ctx {
     int32_t *idx;              /* [max_experts] */
     float *scale;              /* [max_experts] */
     float *scores;             /* [attn_blocks][max_context] */
+    float *qtile;              /* [QUANT_TILE_BYTES / 4] f32: dequantised rows of W */
     void *ws;                  /* [CUBLAS_WORKSPACE] bytes */
     weight_cache *wc;          /* the model's (limits->weights), or owned_wc */
     weight_cache *owned_wc;    /* a private cache when init got no weight home */
@@ -370,13 +386,25 @@ static int64_t dtype_size(fmoe_st_dtype dt) {
     }
 }
 
-/* A mat's data on the device: as is when on_backend, else its cached copy. */
+/* A mat's data on the device: as is when on_backend, else its cached copy. Quantized
+ * mats keep their ggml blocks as the file stores them (rows of row_bytes). */
 static const void *mat_data(cuda_ctx *c, const fmoe__mat *w, const char *what) {
-    if (w->quant) { /* fmoe_session_init refuses such a model; an executor's view is checked */
-        /* the number, not fmoe_ggml_type_name: this module links lib/error.c only */
-        set_error(c, FMOE_EUNSUPPORTED, "%s: weights of ggml type %u: the CUDA backend "
-                  "computes with f32, f16 and bf16 only", what, (unsigned)w->quant);
-        return NULL;
+    if (w->quant) {
+        if (!fmoe__cuda_quant_has(w->quant)) {
+            /* the number, not fmoe_ggml_type_name: this module links lib/error.c only */
+            set_error(c, FMOE_EUNSUPPORTED, "%s: weights of ggml type %u: the CUDA backend "
+                      "has kernels for Q8_0, Q4_K, Q5_K, Q6_K, f32, f16 and bf16 only", what,
+                      (unsigned)w->quant);
+            return NULL;
+        }
+        const int64_t bv = fmoe__qblock_values(w->quant);
+        if (w->cols % bv != 0) {
+            set_error(c, FMOE_EINVAL, "%s: %lld columns of ggml type %u: not whole blocks of %lld",
+                      what, (long long)w->cols, (unsigned)w->quant, (long long)bv);
+            return NULL;
+        }
+        if (w->on_backend) return w->data;
+        return weight(c, w->data, w->rows * (w->cols / bv) * fmoe__qblock_bytes(w->quant), what);
     }
     const int64_t es = dtype_size(w->dtype);
     if (!es) {
@@ -707,6 +735,7 @@ static void cuda_free(void *ctx) {
     pthread_mutex_unlock(&registry_lock);
     weight_cache_free(c->owned_wc); /* the model's cache outlives its contexts */
     cudaFree(c->scores);
+    cudaFree(c->qtile);
     cudaFree(c->scale);
     cudaFree(c->idx);
     cudaFree(c->rows);
@@ -774,6 +803,8 @@ static int cuda_init(const fmoe__backend_limits *lim, void **out) {
     if (!(c->idx = (int32_t *)dev_malloc(c, (int64_t)c->max_experts * 4, "index scratch")))
         goto fail;
     if (!(c->scale = (float *)dev_malloc(c, (int64_t)c->max_experts * 4, "scale scratch")))
+        goto fail;
+    if (!(c->qtile = (float *)dev_malloc(c, QUANT_TILE_BYTES, "dequantisation tile")))
         goto fail;
 
     if (!CHECK_CUDA(c, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0)))
@@ -894,9 +925,16 @@ static void cuda_get_rows(void *ctx, const fmoe__mat *w, const int32_t *rows_hos
         }
     const void *W = mat_data(c, w, "embedding");
     if (!W || !h2d(c, c->rows, rows_host, (int64_t)n * 4)) return;
-    get_rows_kernel<<<(unsigned)n, row_threads(w->cols), 0, c->stream>>>(
-        y, W, (int32_t)w->dtype, c->rows, w->cols);
-    if (CHECK_LAUNCH(c, get_rows_kernel) && w->on_backend) note_slot_read(c);
+    if (w->quant) {
+        if (!CHECK_CUDA(c, fmoe__cuda_quant_get_rows(c->stream, w->quant, W, c->rows, n, w->cols,
+                                                     y)))
+            return;
+    } else {
+        get_rows_kernel<<<(unsigned)n, row_threads(w->cols), 0, c->stream>>>(
+            y, W, (int32_t)w->dtype, c->rows, w->cols);
+        if (!CHECK_LAUNCH(c, get_rows_kernel)) return;
+    }
+    if (w->on_backend) note_slot_read(c);
 }
 
 static void cuda_rmsnorm(void *ctx, float *y, const float *x, const float *w, int64_t rows,
@@ -908,6 +946,40 @@ static void cuda_rmsnorm(void *ctx, float *y, const float *x, const float *w, in
     const unsigned grid = (unsigned)(rows < 65535 ? rows : 65535);
     rmsnorm_kernel<<<grid, NORM_THREADS, 0, c->stream>>>(y, x, W, rows, dim, eps);
     CHECK_LAUNCH(c, rmsnorm_kernel);
+}
+
+/*
+ * The quantized product (design comment, "Quantized weights"): up to FMOE_CUDA_QMV_MAX_N
+ * rows of x in one on-the-fly pass over the blocks; more, tiles of W's rows dequantised
+ * into qtile and multiplied with SGEMM as cuda_matmul's f32 case (tile rows r0.. write
+ * the R×n column-major y at y + r0, ld R). Stream order makes reusing qtile safe: the
+ * next tile's dequantiser runs after the previous SGEMM has read it.
+ */
+static bool quant_matmul(cuda_ctx *c, const fmoe__mat *w, const void *W, const float *x,
+                         int32_t n, float *y) {
+    const int64_t R = w->rows, C = w->cols;
+    if (n <= FMOE_CUDA_QMV_MAX_N)
+        return CHECK_CUDA(c, fmoe__cuda_quant_matvec(c->stream, w->quant, W, R, C, x, n, y));
+    const int64_t row_bytes = C / fmoe__qblock_values(w->quant) * fmoe__qblock_bytes(w->quant);
+    int64_t tile = QUANT_TILE_BYTES / 4 / C;
+    if (tile > R) tile = R;
+    if (tile < 1) {
+        set_error(c, FMOE_EUNSUPPORTED, "matmul: a row of %lld quantized values does not fit "
+                  "the %lld MiB dequantisation tile", (long long)C, QUANT_TILE_BYTES >> 20);
+        return false;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t r0 = 0; r0 < R; r0 += tile) {
+        const int64_t nb = r0 + tile < R ? tile : R - r0;
+        if (!CHECK_CUDA(c, fmoe__cuda_quant_dequant_rows(c->stream, w->quant,
+                                                         (const uint8_t *)W + r0 * row_bytes, nb,
+                                                         C, c->qtile)) ||
+            !CHECK_BLAS(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nb, n, (int)C,
+                                       &one, c->qtile, (int)C, x, (int)C, &zero, y + r0,
+                                       (int)R)))
+            return false;
+    }
+    return true;
 }
 
 /*
@@ -928,7 +1000,9 @@ static void cuda_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n
     const void *W = mat_data(c, w, "matrix");
     if (!W) return;
     const float one = 1.0f, zero = 0.0f;
-    if (w->dtype == FMOE_ST_F32) {
+    if (w->quant) {
+        if (!quant_matmul(c, w, W, x, n, y)) return;
+    } else if (w->dtype == FMOE_ST_F32) {
         if (!CHECK_BLAS(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)R, n, (int)C,
                                        &one, (const float *)W, (int)C, x, (int)C, &zero, y,
                                        (int)R)))

@@ -211,11 +211,9 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
     if (o.max_batch > o.max_context) o.max_batch = o.max_context;
     if (o.max_sequences <= 0) o.max_sequences = 1;
     if (o.max_sequences > o.max_batch) o.max_sequences = o.max_batch;
-    /* Checked before the device is looked for, so the answer is the same on any machine. */
-    FMOE_RETURN_ERROR_IF(o.backend == FMOE_BACKEND_CUDA && m->quant, FMOE_EUNSUPPORTED,
-                         "%s: the CUDA backend computes with f32, f16 and bf16 weights; this "
-                         "model's are %s (run it on the CPU backend)",
-                         m->dir, fmoe_ggml_type_name(m->quant));
+    /* Quantized weights need no check here: the loader takes only the ggml types both
+     * backends have kernels for (fmoe_quant_supported; runtime/cuda/cuda_quant.cu), and
+     * the CUDA backend refuses any other in one line at its first use. */
     const fmoe__backend_ops *be = NULL;
     FMOE_FORWARD_IF_ERROR(backend_for(o.backend, &be));
 

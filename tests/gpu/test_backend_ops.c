@@ -16,10 +16,11 @@
  *   FILTER       only the tests whose names contain it (harness.h).
  *
  * Each side's buffers come from its own context's alloc; inputs are uploaded to both,
- * the op runs on both, and the results are downloaded and compared. Weights (fmoe__mat)
- * and model vectors are host memory handed to both sides, and stay alive (and unchanged)
- * until the contexts are freed, because the CUDA backend caches its device copies by host
- * address. Every comparison prints one line:
+ * the op runs on both, and the results are downloaded and compared. Weights (fmoe__mat:
+ * f32, bf16, f16, or GGUF's Q8_0/Q4_K/Q5_K/Q6_K blocks) and model vectors are host memory
+ * handed to both sides, and stay alive (and unchanged) until the contexts are freed,
+ * because the CUDA backend caches its device copies by host address. Every comparison
+ * prints one line:
  *
  *     op  shape  max_abs  max_rel  tol  PASS|FAIL
  *
@@ -36,6 +37,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/half.h"
+#include "fmoe/quant.h"
 #include "harness.h"
 #include "model_impl.h"
 
@@ -62,7 +64,8 @@ typedef struct tol_row {
 
 static const tol_row tolerances[] = {
     {"transfer", 0, 0, "upload/download/copy/zero/write_slot move bytes: bit for bit"},
-    {"get_rows", 0, 0, "bf16/f16 -> f32 widening is exact"},
+    {"get_rows", 0, 0, "bf16/f16 -> f32 widening is exact; ggml blocks dequantise with the "
+                       "same C on both sides (lib/quant_block.h)"},
     {"gather_rows", 0, 0, "a copy of rows"},
     {"clamp", 0, 0, "min/max are exact"},
     {"add", 1e-6, 1, "one rounding; 1e-6 leaves room for nothing but a contracted FMA"},
@@ -84,6 +87,15 @@ static const tol_row tolerances[] = {
                              "(2^-9 relative per term)"},
     {"matmul.f16", 2e-3, 0, "scale: sum_k |w*x|; the CUDA path rounds x to f16 "
                             "(2^-12 relative per term)"},
+    {"matmul.quant", 1e-5, 0, "tested vs the host's double product of the dequantised "
+                              "weights; scale: sum_k |w*x|; the CUDA path multiplies the "
+                              "CPU's f32 weights (lib/quant_block.h) by f32 x: f32 sums only"},
+    {"matmul.quant.order", 0, 0, "CUDA's decode kernel (n <= 8) vs a host replay of its "
+                                 "summation order (fmaf per lane, then the warp butterfly)"},
+    {"matmul.quant.cpu", 1e-5, 0, "tested vs the CPU; scale: sum_k |w*x| + Q/1e-5, Q = "
+                                  "sum over x's blocks of amax/200 * sum|w|: the CPU may "
+                                  "quantise x to 8 bits (fmoe/quant_act.h: half a step, "
+                                  "amax/254, plus Q8_0's f16 scale rounding, amax/2048)"},
     {"queue.chain", 1e-5, 1, "300 queued add/add_bias/clamp/rmsnorm ops, one download"},
 };
 
@@ -581,6 +593,244 @@ TEST(matmul) {
             free(v), free(x);
         }
     bad += sides_ok("matmul");
+    ASSERT_EQ(bad, 0);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Quantized weights (GGUF's ggml blocks)                                             */
+/* ---------------------------------------------------------------------------------- */
+
+static const uint32_t qtypes[4] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
+                                   FMOE_GGML_Q6_K};
+
+/*
+ * A [rows][cols] matrix of ggml blocks of `type`, its data a weight: random bytes (every
+ * scale, min and level pattern), with each block's f16 fields set to a modest scale
+ * (random f16 bits would include NaN and infinities, which compare as failures). The
+ * dequantised values (fmoe_quant_dequantize_row) into *deq[rows·cols], owned by the caller.
+ */
+static void make_qmat(fmoe__mat *m, uint32_t type, int64_t rows, int64_t cols, float **deq) {
+    const int64_t rb = fmoe_quant_row_bytes(type, cols), bb = fmoe_ggml_type_size(type);
+    uint8_t *d = weight_alloc((size_t)(rows * rb));
+    for (int64_t i = 0; i < rows * rb; i++) d[i] = (uint8_t)(irand(256));
+    for (int64_t b = 0; b < rows * rb; b += bb) {
+        const uint16_t h1 = fmoe_float_to_half(0.02f * frand());
+        const uint16_t h2 = fmoe_float_to_half(0.02f * frand());
+        if (type == FMOE_GGML_Q6_K) {
+            memcpy(d + b + 208, &h1, 2);
+        } else {
+            memcpy(d + b, &h1, 2);
+            if (type != FMOE_GGML_Q8_0) memcpy(d + b + 2, &h2, 2);
+        }
+    }
+    memset(m, 0, sizeof *m);
+    m->data = d, m->dtype = FMOE_ST_U8, m->quant = type, m->rows = rows, m->cols = cols;
+    *deq = malloc((size_t)(rows * cols) * sizeof **deq);
+    for (int64_t r = 0; r < rows; r++)
+        fmoe_quant_dequantize_row(type, d + r * rb, *deq + r * cols, cols);
+}
+
+/* The CUDA decode kernel's sum for one output, replayed on the host (cuda_quant.cu,
+ * quant_matvec_kernel): lane l takes values 8l..8l+7 of every 256, fmaf in value order,
+ * then the xor butterfly over 32 lanes. fmaf is exact-then-rounded on both sides. */
+static float gpu_order_dot(const float *w, const float *x, int64_t cols) {
+    float lane[32];
+    for (int l = 0; l < 32; l++) {
+        float s = 0.0f;
+        for (int64_t v = 8 * l; v < cols; v += 256)
+            for (int i = 0; i < 8; i++) s = fmaf(w[v + i], x[v + i], s);
+        lane[l] = s;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float next[32];
+        for (int l = 0; l < 32; l++) next[l] = lane[l] + lane[l ^ o];
+        memcpy(lane, next, sizeof lane);
+    }
+    return lane[0];
+}
+
+/*
+ * The checks of one quantized product y[n][rows] = x[n][cols]·wᵀ (w: the dequantised
+ * weights) held at float offset `off` of both sides of py:
+ *   tested vs CPU            matmul.quant.cpu (wide enough for 8-bit activations)
+ *   tested vs double         matmul.quant (CUDA only: the CPU may quantise x)
+ *   tested vs replayed order matmul.quant.order (CUDA only, n <= 8: the decode kernel)
+ * --self checks instead that the CPU's result lies within matmul.quant.cpu's bound of the
+ * double product, and the replayed order within matmul.quant's: the bounds the CUDA run
+ * relies on. @return the failures.
+ */
+static int check_quant_product(const char *shape, uint32_t type, pair py, int64_t off,
+                               const float *w, int64_t rows, int64_t cols, const float *x,
+                               int32_t n) {
+    const int64_t m = (int64_t)n * rows, xb = type == FMOE_GGML_Q8_0 ? 32 : 256;
+    double *s1 = malloc((size_t)m * sizeof *s1), *s8 = malloc((size_t)m * sizeof *s8);
+    float *exact = malloc((size_t)m * 4), *order = malloc((size_t)m * 4);
+    for (int32_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *wr = w + r * cols, *xt = x + t * cols;
+            double acc = 0, mod = 0, q = 0;
+            for (int64_t b = 0; b < cols; b += xb) {
+                double amax = 0, wsum = 0;
+                for (int64_t k = b; k < b + xb; k++) {
+                    const double p = (double)wr[k] * xt[k];
+                    acc += fabs(p), mod += p;
+                    amax = fmax(amax, fabs((double)xt[k]));
+                    wsum += fabs((double)wr[k]);
+                }
+                q += amax / 200 * wsum;
+            }
+            s1[t * rows + r] = acc;
+            s8[t * rows + r] = acc + q / tol_of("matmul.quant.cpu")->tol;
+            exact[t * rows + r] = (float)mod;
+            order[t * rows + r] = n <= 8 ? gpu_order_dot(wr, xt, cols) : 0.0f;
+        }
+    int bad = compare("matmul.quant.cpu", shape, py, off, m, s8);
+    char sub[160];
+    if (self_mode) {
+        float *cpu = fetch(R, rctx, RF(py) + off, m * 4);
+        snprintf(sub, sizeof sub, "%s [model: cpu vs double]", shape);
+        bad += cpu ? compare_host("matmul.quant.cpu", sub, cpu, exact, s8, m) : 1;
+        snprintf(sub, sizeof sub, "%s [model: cuda order vs double]", shape);
+        if (n <= 8) bad += compare_host("matmul.quant", sub, order, exact, s1, m);
+        free(cpu);
+    } else {
+        float *got = fetch(T, tctx, TF(py) + off, m * 4);
+        snprintf(sub, sizeof sub, "%s vs double", shape);
+        bad += got ? compare_host("matmul.quant", sub, got, exact, s1, m) : 1;
+        snprintf(sub, sizeof sub, "%s vs its order", shape);
+        if (got && n <= 8) bad += compare_host("matmul.quant.order", sub, got, order, NULL, m);
+        free(got);
+    }
+    free(s1), free(s8), free(exact), free(order);
+    return bad;
+}
+
+/*
+ * Every quantized type through both CUDA paths: n <= 8 rows of x (the on-the-fly matvec
+ * kernel; 8 is FMOE_CUDA_QMV_MAX_N), n > 8 (tiles dequantised for SGEMM; 4500 x 2048,
+ * run for Q4_K only, is two tiles of the 32 MiB scratch). Q8_0 rows that are not a multiple of 256 values
+ * leave lanes idle at the row's end; x and y at an odd float offset are unaligned for
+ * vector loads.
+ */
+TEST(matmul_quantized) {
+    seed(16);
+    int bad = 0;
+    /* rows, cols (Q8_0; K-quants round up to a multiple of 256), n, offset */
+    static const int64_t cases[][4] = {
+        {1, 32, 1, 0},     {7, 96, 2, 1},     {33, 256, 1, 0},   {300, 1024, 8, 1},
+        {129, 768, 5, 0},  {64, 512, 9, 0},   {1000, 1024, 32, 1}, {4500, 2048, 9, 0},
+        {2048, 4096, 1, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int q = 0; q < 4; q++) {
+            const uint32_t type = qtypes[q];
+            const int64_t bs = fmoe_ggml_block_size(type);
+            const int64_t rows = cases[c][0], off = cases[c][3];
+            if (rows == 4500 && type != FMOE_GGML_Q4_K) continue; /* seconds: one type */
+            const int64_t cols = (cases[c][1] + bs - 1) / bs * bs;
+            const int32_t n = (int32_t)cases[c][2];
+            float *deq, *x = rand_host(n * cols, 1);
+            fmoe__mat m;
+            make_qmat(&m, type, rows, cols, &deq);
+            pair px, py;
+            ASSERT_OK(pair_alloc(&px, (off + n * cols) * 4, NULL));
+            ASSERT_OK(pair_alloc(&py, (off + n * rows) * 4, NULL));
+            R->upload(rctx, RF(px) + off, x, n * cols * 4);
+            T->upload(tctx, TF(px) + off, x, n * cols * 4);
+            R->matmul(rctx, &m, RF(px) + off, n, RF(py) + off);
+            T->matmul(tctx, &m, TF(px) + off, n, TF(py) + off);
+            char shape[80];
+            snprintf(shape, sizeof shape, "%s [%lld][%lld] n=%d%s", fmoe_ggml_type_name(type),
+                     (long long)rows, (long long)cols, n, off ? " +offset" : "");
+            bad += check_quant_product(shape, type, py, off, deq, rows, cols, x, n);
+            free(deq), free(x);
+            pair_free(&px), pair_free(&py);
+        }
+    bad += sides_ok("matmul_quantized");
+    ASSERT_EQ(bad, 0);
+}
+
+/* Embedding rows of quantized tables (a GGUF's token_embd): bit for bit. */
+TEST(get_rows_quantized) {
+    seed(17);
+    int bad = 0;
+    const int64_t V = 97;
+    const int32_t rows8[8] = {0, 96, 5, 5, 41, 96, 0, 13};
+    for (int q = 0; q < 4; q++)
+        for (int64_t cols = 256; cols <= 2048; cols *= 8)
+            for (int32_t n = 1; n <= 8; n += 7) {
+                const uint32_t type = qtypes[q];
+                float *deq;
+                fmoe__mat m;
+                make_qmat(&m, type, V, cols, &deq);
+                pair y;
+                ASSERT_OK(pair_alloc(&y, n * cols * 4, NULL));
+                int32_t rows[8];
+                memcpy(rows, rows8, sizeof rows);
+                R->get_rows(rctx, &m, rows, n, RF(y));
+                T->get_rows(tctx, &m, rows, n, TF(y));
+                garble(rows, sizeof rows);
+                char shape[64];
+                snprintf(shape, sizeof shape, "%s V=%lld cols=%lld n=%d",
+                         fmoe_ggml_type_name(type), (long long)V, (long long)cols, n);
+                bad += compare("get_rows", shape, y, 0, n * cols, NULL);
+                if (self_mode) { /* the reference itself: fmoe_quant_dequantize_row's rows */
+                    float *got = fetch(R, rctx, RF(y), n * cols * 4);
+                    float *want = malloc((size_t)(n * cols) * 4);
+                    for (int32_t i = 0; i < n; i++)
+                        memcpy(want + i * cols, deq + rows8[i] * cols, (size_t)cols * 4);
+                    snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " [model]");
+                    bad += compare_host("get_rows", shape, got, want, NULL, n * cols);
+                    free(got), free(want);
+                }
+                pair_free(&y);
+                free(deq);
+            }
+    bad += sides_ok("get_rows_quantized");
+    ASSERT_EQ(bad, 0);
+}
+
+/*
+ * A quantized expert in a slot: its blocks written with write_slot from the I/O context,
+ * then multiplied with on_backend 1 on both paths (decode and prefill widths), against
+ * the same product from the host copy.
+ */
+TEST(matmul_quantized_from_slot) {
+    seed(18);
+    int bad = 0;
+    const int64_t rows = 512, cols = 1024;
+    for (int q = 0; q < 4; q++) {
+        const uint32_t type = qtypes[q];
+        const int64_t bytes = rows * fmoe_quant_row_bytes(type, cols);
+        float *deq;
+        fmoe__mat hm;
+        make_qmat(&hm, type, rows, cols, &deq);
+        for (int32_t n = 1; n <= 16; n += 15) {
+            float *x = rand_host(n * cols, 1);
+            pair slot, px, py;
+            ASSERT_OK(pair_alloc(&slot, bytes, NULL));
+            ASSERT_OK(pair_alloc(&px, n * cols * 4, x));
+            ASSERT_OK(pair_alloc(&py, n * rows * 4, NULL));
+            for (int side = 0; side < 2; side++) {
+                const fmoe__backend_ops *B = side ? T : R;
+                void *ctx = side ? tctx : rctx, *io = side ? tio : rio;
+                fmoe__mat m = hm;
+                m.data = side ? slot.t : slot.r;
+                m.on_backend = 1;
+                ASSERT_OK(B->write_slot(io, side ? slot.t : slot.r, hm.data, bytes));
+                B->matmul(ctx, &m, side ? TF(px) : RF(px), n, side ? TF(py) : RF(py));
+            }
+            char shape[80];
+            snprintf(shape, sizeof shape, "%s slot [%lld][%lld] n=%d", fmoe_ggml_type_name(type),
+                     (long long)rows, (long long)cols, n);
+            bad += check_quant_product(shape, type, py, 0, deq, rows, cols, x, n);
+            free(x);
+            pair_free(&slot), pair_free(&px), pair_free(&py);
+        }
+        free(deq);
+    }
+    bad += sides_ok("matmul_quantized_from_slot");
+    if (T->sync(tio) != 0) printf("  slot: I/O context: %s\n", fmoe_error_detail()), bad++;
     ASSERT_EQ(bad, 0);
 }
 

@@ -20,6 +20,9 @@ the CPU backend, and against the simulator, through the commands a user runs.
    every layer timing positive.
 6. `--miss cpu` on the GPU: misses computed on the host, the rest on the device; the
    greedy tokens equal the CPU backend's.
+7. A quantized GGUF: fmoe-tiny through `fmoe quantize --type q8_0` (Q8_0 matrices, the
+   few whose rows are not whole blocks kept in bf16); `fmoe generate --backend cuda`
+   equals `--backend cpu` token for token.
 
 Tolerances: why they are what they are
 ---------------------------------------
@@ -69,6 +72,13 @@ prompts 7, 39 and 74), against an emulated bf16 logit change of 0.022 (median ov
 prompts of the largest per-prompt change); they check the margins from the CPU's
 --dump-logits first (at least GREEDY_MARGIN = 0.1) and say so if a prompt no longer
 qualifies.
+
+Test 7: the CUDA backend multiplies Q8_0 weights dequantised exactly as the CPU does
+(lib/quant_block.h) by float32 activations, and the CPU may quantise its activations to
+8 bits (fmoe/quant_act.h, as llama.cpp does): per-logit differences well under the bf16
+row of the table. It runs bundled prompts in the order of GREEDY_PROMPTS and takes the
+first whose 32 CPU greedy steps on the Q8_0 file all keep a margin of GREEDY_MARGIN (on a
+CPU without a GPU, 0.169 to 0.236 for the three), saying so if none does.
 
 Test 4 runs a float32 copy of fmoe-tiny (make_f32_copy): with SGEMM the gate probabilities
 agree to ~1e-6, so both backends route alike and the two live runs can be compared
@@ -305,6 +315,47 @@ def test_miss_cpu_on_the_device(policy, n, fmoe_bin, backend_args, cpu_greedy, d
     k = _first_difference(got, want)
     assert got == want, (f"{policy} --miss cpu on {device}: greedy differs from cpu at step "
                          f"{k} (cpu margin {margins[k]:.3f}):\n got {got}\n cpu {want}")
+
+
+# ---------------------------------------------------------------------------------------
+# 7: a Q8_0 GGUF of fmoe-tiny
+# ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_q8_0(fmoe_bin, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gguf") / "fmoe-tiny-q8_0.gguf"
+    run(fmoe_bin, "quantize", "--type", "q8_0", TINY, "-o", out, "--quiet")
+    return out
+
+
+def test_q8_0_gguf_greedy_equals_cpu(fmoe_bin, backend_args, device, tiny_q8_0, tmp_path):
+    def generate(prompt, kind, *extra):
+        p = run(fmoe_bin, "generate", "--model", tiny_q8_0, "--prompt", prompt,
+                "--max-new-tokens", GENERATE, "--temperature", 0, "--ignore-eos", "--json",
+                *extra, *backend_args("generate", kind))
+        out = json.loads(p.stdout)
+        assert out.get("backend", kind) == kind, out.get("backend")
+        assert "Q8_0" in out.get("describe", "Q8_0"), out.get("describe")
+        return out["generated_ids"]
+
+    lows = []
+    for i in GREEDY_PROMPTS:
+        prompt = prompt_lines()[i]
+        dump = tmp_path / f"logits{i}.npy"
+        want = generate(prompt, "cpu", "--dump-logits", dump)
+        top2 = -np.sort(-np.load(dump), axis=-1)[:, :2]
+        margins = top2[:, 0] - top2[:, 1]
+        if margins.min() < GREEDY_MARGIN:
+            lows.append(f"{i}: {margins.min():.4f}")
+            continue
+        got = generate(prompt, device)
+        k = _first_difference(got, want)
+        assert got == want, (f"Q8_0 prompt {i}: {device} greedy differs from cpu at step {k} "
+                             f"(cpu margin there {margins[k]:.3f}):\n {device} {got}\n cpu  "
+                             f"{want}")
+        return
+    pytest.fail(f"no prompt of {GREEDY_PROMPTS} has decisive greedy steps on the Q8_0 file "
+                f"(least margins {', '.join(lows)} < {GREEDY_MARGIN}): pick another prompt")
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@
  * transfers, each compute op at several shapes, attention on both of its score paths
  * (shared memory and the global rows of a long context), expert slots written from
  * another thread through another context, the weight cache shared through a model's
- * weight home, sticky errors and the out-of-memory detail. Suite "gpu": exits 77
- * (skipped) where fmoe__cuda_backend() is NULL (no CUDA build, module or device).
+ * weight home, quantized (GGUF) weights, sticky errors and the out-of-memory detail.
+ * Suite "gpu": exits 77 (skipped) where fmoe__cuda_backend() is NULL (no CUDA build,
+ * module or device).
  *
  * Tolerances: ops that run the same C (fmoe/rowwise.h, elementwise.h) differ only by
  * expf and by the order of parallel sums; bf16/f16 GEMMs round x to the weight's type,
@@ -19,6 +20,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/half.h"
+#include "fmoe/quant.h"
 #include "harness.h"
 #include "model_impl.h"
 
@@ -502,6 +504,56 @@ TEST(errors_are_sticky_and_say_what) {
     G->release(g, buf);
     G->free(g);
     ASSERT_OK(G->sync(gc)); /* other contexts are unaffected */
+}
+
+/*
+ * GGUF's quantized weights: a Q4_K matrix multiplied on both CUDA paths (decode kernel,
+ * n = 1; dequantised tiles and SGEMM, n = 12) against the double product of its
+ * dequantised rows on the host, and a ggml type without a kernel (Q4_0) refused in one
+ * line that names it. (tests/gpu/test_backend_ops.c covers every type and shape.)
+ */
+TEST(quantized_matmul_and_refusal) {
+    const int64_t rows = 48, cols = 512;
+    const int64_t rb = fmoe_quant_row_bytes(FMOE_GGML_Q4_K, cols);
+    float *v = rand_host(rows * cols, 1), *deq = malloc((size_t)(rows * cols) * 4);
+    uint8_t *blocks = malloc((size_t)(rows * rb));
+    for (int64_t r = 0; r < rows; r++) {
+        fmoe_quant_quantize_row(FMOE_GGML_Q4_K, v + r * cols, blocks + r * rb, cols);
+        fmoe_quant_dequantize_row(FMOE_GGML_Q4_K, blocks + r * rb, deq + r * cols, cols);
+    }
+    fmoe__mat m = {.data = blocks, .dtype = FMOE_ST_U8, .rows = rows, .cols = cols,
+                   .quant = FMOE_GGML_Q4_K};
+    for (int32_t n = 1; n <= 12; n += 11) {
+        float *x = rand_host(n * cols, 1), *want = malloc((size_t)(n * rows) * 4);
+        for (int32_t t = 0; t < n; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                double s = 0;
+                for (int64_t k = 0; k < cols; k++) s += (double)deq[r * cols + k] * x[t * cols + k];
+                want[t * rows + r] = (float)s;
+            }
+        float *gx = gbuf(gc, x, n * cols), *gy = gbuf(gc, NULL, n * rows);
+        G->matmul(gc, &m, gx, n, gy);
+        /* |y| is about 10 here; f32 sums of 512 terms are good to ~1e-5 */
+        ASSERT_EQ(mismatches(gc, "q4_k matmul", gy, want, n * rows, 1e-4, 1e-5), 0);
+        G->release(gc, gx), G->release(gc, gy);
+        free(x), free(want);
+    }
+
+    fmoe__backend_limits lim = {.max_cols = 64, .max_batch = 4, .max_context = 16,
+                                .max_experts = 4};
+    void *g = NULL;
+    ASSERT_OK(G->init(&lim, &g));
+    uint8_t q4_0[2 * 18] = {0};
+    fmoe__mat bad = {.data = q4_0, .dtype = FMOE_ST_U8, .rows = 1, .cols = 64,
+                     .quant = FMOE_GGML_Q4_0};
+    float *x = gbuf(g, NULL, 64), *y = gbuf(g, NULL, 4);
+    G->matmul(g, &bad, x, 1, y);
+    ASSERT_EQ(G->sync(g), FMOE_EUNSUPPORTED);
+    ASSERT_CONTAINS(fmoe_error_detail(), "ggml type 2");
+    ASSERT_TRUE(strchr(fmoe_error_detail(), '\n') == NULL);
+    G->release(g, x), G->release(g, y);
+    G->free(g);
+    free(v), free(deq), free(blocks);
 }
 
 int main(int argc, char **argv) {

@@ -19,9 +19,10 @@
  * Weights: the safetensors files stay memory-mapped; matrices are used in place in their
  * stored dtype (F32, BF16 or F16: the CPU backend converts BF16/F16 rows as it multiplies),
  * never copied. A GGUF file of the same families loads too (docs/quantization.md): its
- * matrices stay in the mapping in their ggml type, Q8_0/Q4_K/Q5_K/Q6_K included, which the
- * CPU backend computes with and the CUDA backend refuses. Only small vectors (norm weights, biases) are converted to f32 at load,
- * and a matrix whose bytes are misaligned for its dtype is copied once.
+ * matrices stay in the mapping in their ggml type, Q8_0/Q4_K/Q5_K/Q6_K included, which both
+ * backends compute with (the CUDA backend's quantized kernels: written, not yet run on a
+ * device). Only small vectors (norm weights, biases) are converted to f32 at load, and a
+ * matrix whose bytes are misaligned for its dtype is copied once.
  *
  * Threads: a model is immutable after load and may be shared by sessions on any threads;
  * a session is used by one thread at a time.
