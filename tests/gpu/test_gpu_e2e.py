@@ -21,8 +21,8 @@ the CPU backend, and against the simulator, through the commands a user runs.
 6. `--miss cpu` on the GPU: misses computed on the host, the rest on the device; the
    greedy tokens equal the CPU backend's.
 7. A quantized GGUF: fmoe-tiny through `fmoe quantize --type q8_0` (Q8_0 matrices, the
-   few whose rows are not whole blocks kept in bf16); `fmoe generate --backend cuda`
-   equals `--backend cpu` token for token.
+   few whose rows are not whole blocks kept in bf16); `fmoe generate --backend cuda`, all
+   resident and offloaded (lru, 16 device slots), equals `--backend cpu` token for token.
 
 Tolerances: why they are what they are
 ---------------------------------------
@@ -328,34 +328,51 @@ def tiny_q8_0(fmoe_bin, tmp_path_factory):
     return out
 
 
-def test_q8_0_gguf_greedy_equals_cpu(fmoe_bin, backend_args, device, tiny_q8_0, tmp_path):
-    def generate(prompt, kind, *extra):
-        p = run(fmoe_bin, "generate", "--model", tiny_q8_0, "--prompt", prompt,
-                "--max-new-tokens", GENERATE, "--temperature", 0, "--ignore-eos", "--json",
-                *extra, *backend_args("generate", kind))
-        out = json.loads(p.stdout)
-        assert out.get("backend", kind) == kind, out.get("backend")
-        assert "Q8_0" in out.get("describe", "Q8_0"), out.get("describe")
-        return out["generated_ids"]
+def _generate_q8_0(fmoe_bin, backend_args, model, prompt, kind, *extra):
+    p = run(fmoe_bin, "generate", "--model", model, "--prompt", prompt, "--max-new-tokens",
+            GENERATE, "--temperature", 0, "--ignore-eos", "--json", *extra,
+            *backend_args("generate", kind))
+    out = json.loads(p.stdout)
+    assert out.get("backend", kind) == kind, out.get("backend")
+    assert "Q8_0" in out.get("describe", "Q8_0"), out.get("describe")
+    return out
 
+
+@pytest.fixture(scope="session")
+def q8_0_cpu_greedy(fmoe_bin, backend_args, tiny_q8_0, tmp_path_factory):
+    """(prompt index, prompt, CPU greedy ids, per-step margins) of the first prompt of
+    GREEDY_PROMPTS whose greedy steps on the Q8_0 file are all decisive on the CPU."""
+    root = tmp_path_factory.mktemp("q8_0")
     lows = []
     for i in GREEDY_PROMPTS:
         prompt = prompt_lines()[i]
-        dump = tmp_path / f"logits{i}.npy"
-        want = generate(prompt, "cpu", "--dump-logits", dump)
+        dump = root / f"logits{i}.npy"
+        want = _generate_q8_0(fmoe_bin, backend_args, tiny_q8_0, prompt, "cpu",
+                              "--dump-logits", dump)["generated_ids"]
         top2 = -np.sort(-np.load(dump), axis=-1)[:, :2]
         margins = top2[:, 0] - top2[:, 1]
-        if margins.min() < GREEDY_MARGIN:
-            lows.append(f"{i}: {margins.min():.4f}")
-            continue
-        got = generate(prompt, device)
-        k = _first_difference(got, want)
-        assert got == want, (f"Q8_0 prompt {i}: {device} greedy differs from cpu at step {k} "
-                             f"(cpu margin there {margins[k]:.3f}):\n {device} {got}\n cpu  "
-                             f"{want}")
-        return
+        if margins.min() >= GREEDY_MARGIN:
+            return i, prompt, want, margins
+        lows.append(f"{i}: {margins.min():.4f}")
     pytest.fail(f"no prompt of {GREEDY_PROMPTS} has decisive greedy steps on the Q8_0 file "
                 f"(least margins {', '.join(lows)} < {GREEDY_MARGIN}): pick another prompt")
+
+
+@pytest.mark.parametrize("mode", ["resident", "offloaded"])
+def test_q8_0_gguf_greedy_equals_cpu(mode, fmoe_bin, backend_args, device, tiny_q8_0,
+                                     q8_0_cpu_greedy):
+    """All resident, and offloaded (lru, 16 of 48 slots: quantized experts written into
+    device slots and multiplied there), against the CPU's all-resident tokens."""
+    i, prompt, want, margins = q8_0_cpu_greedy
+    extra = ["--policy", "lru", "--cache-experts", 16] if mode == "offloaded" else []
+    out = _generate_q8_0(fmoe_bin, backend_args, tiny_q8_0, prompt, device, *extra)
+    if mode == "offloaded":
+        assert out["offload"]["misses"] > 0, out["offload"]
+    got = out["generated_ids"]
+    k = _first_difference(got, want)
+    assert got == want, (f"Q8_0 {mode}, prompt {i}: {device} greedy differs from cpu at step "
+                         f"{k} (cpu margin there {margins[k]:.3f}):\n {device} {got}\n cpu  "
+                         f"{want}")
 
 
 # ---------------------------------------------------------------------------------------
