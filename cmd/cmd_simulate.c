@@ -79,7 +79,10 @@ typedef struct options {
     const char *arrivals;
     int64_t arrivals_start;
     double arrivals_speedup;
-    int32_t eamc_capacity;
+    int32_t eamc_capacity;     /* --eamc-capacity, or eamc_capacity of --policy-opt; 0: none */
+    cmd_opt_strings policy_opts; /* --policy-opt KEY=VALUE, repeatable */
+    fmoe_policy_settings settings; /* them and the shorthands' (each cell takes its policy's) */
+    int list_policies;
     cmd_sim_store store; /* --store, --store-mode, --holdout, ... (simulate_store.c) */
     int32_t copy_chunks;
     int32_t feedback;          /* index into feedback_names: auto, on, off */
@@ -217,9 +220,17 @@ static const cmd_option simulate_options[] = {
              "replay the batched passes a trace of fmoe serve --trace-out recorded, item for "
              "item (back to back; with --arrivals trace the clock idles until arrivals)",
      .handler = on_batch, .default_text = "1", .example = "4"},
+    {.name = "policy-opt", .kind = CMD_OPT_STRINGS, .io = CMD_IO_TEXT, .value_name = "KEY=VALUE",
+     .help = "a setting of the policies that declare KEY (--list-policies lists each "
+             "policy's); repeatable; a KEY no --policy declares is refused",
+     .offset = offsetof(options, policy_opts)},
+    {.name = "list-policies", .kind = CMD_OPT_FLAG,
+     .help = "list the policies with their settings (type, default, range) and exit",
+     .offset = offsetof(options, list_policies)},
     {.name = "eamc-capacity", .kind = CMD_OPT_INT32, .value_name = "N",
-     .help = "moe-infinity's EAM collection size", .default_text = "1000",
-     .offset = offsetof(options, eamc_capacity), .min = 1, .max = 10000000},
+     .help = "moe-infinity's EAM collection size (--policy-opt eamc_capacity=N)",
+     .default_text = "1000", .offset = offsetof(options, eamc_capacity), .min = 1,
+     .max = 10000000},
     /* the fmoe policies' expert-map store (simulate_store.c) */
     {.name = "store", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "expert-map store for the fmoe policies (build-store)",
@@ -227,14 +238,15 @@ static const cmd_option simulate_options[] = {
     {.name = "store-mode", .kind = CMD_OPT_ENUM, .value_name = "M",
      .help = "offline: use the store as built (default with --store); offline-update: and add "
              "each token's map as it runs; online: start empty and learn (default without "
-             "--store)",
+             "--store) (--policy-opt store_mode=M)",
      .offset = offsetof(options, store.mode), .choices = store_mode_names,
      .choice_values = store_mode_values, .seen_offset = offsetof(options, store.mode_given)},
     {.name = "holdout", .kind = CMD_OPT_FLAG,
      .help = "replay only the requests the store's --split held out",
      .offset = offsetof(options, store.holdout)},
     {.name = "store-capacity", .kind = CMD_OPT_INT32, .value_name = "N",
-     .help = "entries of the online store; offline-update grows the --store to it",
+     .help = "entries of the online store; offline-update grows the --store to it "
+             "(--policy-opt store_capacity=N)",
      .default_text = "the --store's capacity, else 1000",
      .offset = offsetof(options, store.capacity), .min = 1, .max = 100000000},
     {.name = "match-delay", .kind = CMD_OPT_DOUBLE, .value_name = "S",
@@ -308,6 +320,25 @@ static void help_extra(FILE *out) {
     fprintf(out, "\npolicies:\n");
     for (size_t i = 0; i < n; i++) fprintf(out, "  %-18s %s\n", all[i]->name, all[i]->summary);
     fprintf(out, "\nhardware presets: %s\n", fmoe_hardware_preset_names());
+    fprintf(out, "\npolicy settings (--policy-opt KEY=VALUE): fmoe simulate --list-policies\n");
+}
+
+/* --list-policies: each policy, and each of its settings with type, default, range and the
+ * line of help its table gives. */
+static void list_policies(FILE *out) {
+    const fmoe_policy_ops *const *all = NULL;
+    size_t n = fmoe_policy_registry(&all);
+    fprintf(out, "policies, and their settings (--policy-opt KEY=VALUE):\n");
+    for (size_t i = 0; i < n; i++) {
+        fprintf(out, "\n%s: %s\n", all[i]->name, all[i]->summary);
+        const fmoe_policy_setting *r = all[i]->settings;
+        if (!r || !r->name) fprintf(out, "    (no settings)\n");
+        for (; r && r->name; r++) {
+            char what[256];
+            fmoe_policy_setting_describe(r, what, sizeof what);
+            fprintf(out, "    %s: %s\n        %s\n", r->name, what, r->help);
+        }
+    }
 }
 
 static void init(void *base) {
@@ -342,9 +373,51 @@ const cmd_spec cmd_simulate_spec = {
     .init = init,
 };
 
+/* --policy-opt and its shorthands into o->settings, one list for every policy of the run
+ * (each cell takes the keys its policy declares). A shorthand is the same setting:
+ * --eamc-capacity N is eamc_capacity=N, --store-mode M store_mode=M, --store-capacity N
+ * store_capacity=N. The store's mode and capacity, and the EAMC's size, are then read back
+ * from the settings, whichever way they came, into the fields that the store's checks
+ * (simulate_store.c) and the sizing to the trace (prepare_unit) use. @return 0 or 2. */
+static int policy_settings(options *o) {
+    int rc = cmd_policy_opts_parse(CMD, &o->policy_opts, o->policies, o->n_policies,
+                                   &o->settings);
+    char v[24];
+    if (rc == 0 && o->eamc_capacity > 0) {
+        snprintf(v, sizeof v, "%d", (int)o->eamc_capacity);
+        rc = cmd_policy_opt_shorthand(CMD, &o->settings, "--eamc-capacity", "eamc_capacity", v);
+    }
+    for (int32_t i = 0; rc == 0 && o->store.mode_given && store_mode_names[i]; i++)
+        if (store_mode_values[i] == o->store.mode)
+            rc = cmd_policy_opt_shorthand(CMD, &o->settings, "--store-mode", "store_mode",
+                                          store_mode_names[i]);
+    if (rc == 0 && o->store.capacity > 0) {
+        snprintf(v, sizeof v, "%d", (int)o->store.capacity);
+        rc = cmd_policy_opt_shorthand(CMD, &o->settings, "--store-capacity", "store_capacity",
+                                      v);
+    }
+    if (rc) return rc;
+    /* the values were checked against the policies' tables: plain conversions suffice */
+    const char *e = fmoe_policy_settings_get(&o->settings, "eamc_capacity");
+    const char *m = fmoe_policy_settings_get(&o->settings, "store_mode");
+    const char *c = fmoe_policy_settings_get(&o->settings, "store_capacity");
+    if (e) o->eamc_capacity = (int32_t)strtol(e, NULL, 10);
+    if (c) o->store.capacity = (int32_t)strtol(c, NULL, 10);
+    for (int32_t i = 0; m && store_mode_names[i]; i++)
+        if (strcmp(store_mode_names[i], m) == 0) {
+            o->store.mode = store_mode_values[i];
+            o->store.mode_given = 1;
+        }
+    return 0;
+}
+
 static int parse_options(int argc, char **argv, options *o) {
     int rc = cmd_options_parse(&cmd_simulate_spec, o, argc, argv, NULL);
     if (rc) return rc;
+    if (o->list_policies) {
+        list_policies(stdout);
+        return CMD_OPTIONS_HELP; /* exit 0, nothing run */
+    }
     if (o->trace_args.n == 0) return cmd_usage_error(CMD, "--trace is required");
     if (o->resume && !o->sweep_out)
         return cmd_usage_error(CMD, "--resume needs --sweep-out F.jsonl (the file to resume)");
@@ -395,6 +468,7 @@ static int parse_options(int argc, char **argv, options *o) {
     if ((o->arrivals_start || o->arrivals_speedup > 0) && !o->arrivals)
         return cmd_usage_error(CMD, "--arrivals-start and --arrivals-speedup need --arrivals");
     if (o->arrivals_speedup <= 0) o->arrivals_speedup = 1;
+    if ((rc = policy_settings(o)) != 0) return rc;
     return cmd_sim_store_validate(CMD, &o->store, o->policies, o->n_policies);
 }
 
@@ -1140,6 +1214,7 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
     /* A policy that does not prefetch runs once per cache size, whatever the distances. */
     size_t k = *n;
     for (int p = 0; p < o.n_policies; p++) {
+        const fmoe_policy_ops *ops = fmoe_policy_find(o.policies[p]);
         int noted = 0;
         for (int c = 0; c < n_caches; c++)
             for (int d = 0; d < o.n_distances; d++) {
@@ -1147,15 +1222,24 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
                 if (dist == 0 && (dist = default_distance(o.policies[p], u->w.num_layers,
                                                           &noted)) < 0)
                     continue;
-                if (d == 0 || (fmoe_policy_find(o.policies[p])->flags & FMOE_POLICY_PREFETCHES))
-                    (*cells)[k++] = (fmoe_sim_config){
+                if (d == 0 || (ops->flags & FMOE_POLICY_PREFETCHES)) {
+                    fmoe_sim_config *cell = &(*cells)[k++];
+                    *cell = (fmoe_sim_config){
                         .policy = o.policies[p], .cache_experts = caches[c],
                         .prefetch_distance = dist, .costs = &u->costs,
                         .miss_mode = o.miss_mode, .arrival_s = u->arrivals,
-                        .store_capacity = eamc_capacity, .copy_chunks = o.copy_chunks,
+                        .copy_chunks = o.copy_chunks,
                         .feedback = cmd_feedback_request(o.feedback),
                         /* each policy the predictor of its kind */
                         .predictor = predictor_for(o.policies[p], u->predictors)};
+                    /* each policy the settings it declares */
+                    fmoe_policy_settings_select(&cell->policy_settings, ops, &o.settings);
+                    if (fmoe_policy_settings_get(&cell->policy_settings, "eamc_capacity")) {
+                        char v[24];
+                        snprintf(v, sizeof v, "%d", (int)eamc_capacity);
+                        fmoe_policy_settings_set(&cell->policy_settings, "eamc_capacity", v);
+                    }
+                }
             }
     }
     if (k == *n) {
@@ -1251,6 +1335,13 @@ static void sweep_settings(const options *o, char *buf, size_t cap) {
     ADD(" store-mode=%d holdout=%d store-capacity=%d match-delay=%.17g", (int)o->store.mode,
         o->store.holdout, (int)o->store.capacity, o->store.match_delay_s);
     for (int i = 0; i < o->predictors.n; i++) ADD(" predictor=%s", o->predictors.items[i]);
+    /* the settings besides the shorthands' (written above as they always were) */
+    for (int32_t i = 0; i < o->settings.n; i++) {
+        const char *key = o->settings.item[i].key;
+        if (strcmp(key, "eamc_capacity") && strcmp(key, "store_mode") &&
+            strcmp(key, "store_capacity"))
+            ADD(" policy-opt=%s=%s", key, o->settings.item[i].value);
+    }
 #undef ADD
 }
 

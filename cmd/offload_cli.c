@@ -68,6 +68,25 @@ static int auto_costs(const char *cmd, const char *path, const fmoe_model *m,
     return 0;
 }
 
+/* --policy-opt with the --store-mode shorthand folded in (store_mode=M), for `policy`:
+ * *settings the keys it declares, *mode the store mode they say. @return 0 or 2 (printed). */
+static int offload_settings(const char *cmd, const cmd_offload_args *a, const char *policy,
+                            fmoe_policy_settings *settings, int32_t *mode) {
+    char *const policies[1] = {(char *)policy};
+    fmoe_policy_settings all;
+    int rc = cmd_policy_opts_parse(cmd, &a->policy_opts, policies, 1, &all);
+    *mode = a->store_mode;
+    if (rc == 0 && a->store_mode_given)
+        rc = cmd_policy_opt_shorthand(cmd, &all, "--store-mode", "store_mode",
+                                      cmd_offload_store_modes[a->store_mode]);
+    if (rc) return rc;
+    const char *m = fmoe_policy_settings_get(&all, "store_mode");
+    for (int32_t i = 0; m && cmd_offload_store_modes[i]; i++)
+        if (strcmp(cmd_offload_store_modes[i], m) == 0) *mode = i;
+    fmoe_policy_settings_select(settings, fmoe_policy_find(policy), &all);
+    return 0;
+}
+
 int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
     const int on = a->cache_experts > 0 || a->cache_gb > 0;
     if (a->miss == FMOE_OFFLOAD_MISS_AUTO && !a->profile)
@@ -77,11 +96,12 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
         return cmd_usage_error(cmd, "--profile is read by --miss auto only");
     if (!on) {
         if (a->policy || a->store || a->store_out || a->predictor || a->decision_log ||
-            a->direct_io || a->sync_transfers || a->sync_predictions || a->profile)
-            return cmd_usage_error(cmd, "--policy, --store, --store-out, --predictor, "
-                                        "--decision-log, --direct-io, --sync-transfers, "
-                                        "--sync-predictions and --profile need an "
-                                        "offloaded run: give "
+            a->direct_io || a->sync_transfers || a->sync_predictions || a->profile ||
+            a->policy_opts.n > 0)
+            return cmd_usage_error(cmd, "--policy, --policy-opt, --store, --store-out, "
+                                        "--predictor, --decision-log, --direct-io, "
+                                        "--sync-transfers, --sync-predictions and --profile "
+                                        "need an offloaded run: give "
                                         "--cache-experts N or --cache-gb X");
         return 0;
     }
@@ -90,14 +110,18 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
     if (a->direct_io && a->tier == FMOE_TIER_HOST)
         return cmd_usage_error(cmd, "--direct-io reads the file tier; it has no meaning with "
                                     "--tier host");
-    if (a->store_mode == FMOE_STORE_ONLINE)
-        return cmd_usage_error(cmd, "--store-mode online is a simulate mode; live runs use "
-                                    "offline or offline-update with --store");
     const char *policy = a->policy ? a->policy : "lru";
     const fmoe_policy_ops *ops = fmoe_policy_find(policy);
     if (!ops)
         return cmd_usage_error(cmd, "unknown policy '%s' (valid: %s)", policy,
                                fmoe_policy_names());
+    fmoe_policy_settings settings; /* checked here; cmd_offload_open makes them again */
+    int32_t mode;
+    const int rc = offload_settings(cmd, a, policy, &settings, &mode);
+    if (rc) return rc;
+    if (mode == FMOE_STORE_ONLINE)
+        return cmd_usage_error(cmd, "--store-mode online is a simulate mode; live runs use "
+                                    "offline or offline-update with --store");
     if ((ops->flags & FMOE_POLICY_TAKES_STORE) && !a->store)
         return cmd_usage_error(cmd, "policy %s needs an expert-map store: --store S.h5 "
                                     "(fmoe build-store)", policy);
@@ -112,7 +136,7 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
     if (!kind && a->predictor)
         return cmd_usage_error(cmd, "--predictor is for policies %s; policy %s takes none",
                                fmoe_policy_predictor_names(), ops->name);
-    if (a->store_out && a->store_mode != FMOE_STORE_OFFLINE_UPDATE)
+    if (a->store_out && mode != FMOE_STORE_OFFLINE_UPDATE)
         return cmd_usage_error(cmd, "--store-out writes the store a run updates: give "
                                     "--store-mode offline-update");
     return 0;
@@ -206,10 +230,26 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     o.sync_transfers = a->sync_transfers;
     o.sync_predictions = a->sync_predictions;
     o.feedback = cmd_feedback_request(a->feedback);
+    int32_t mode;
+    if ((rc = offload_settings(cmd, a, policy, &o.policy_settings, &mode)) != 0) {
+        cmd_offload_close(cmd, out, 0);
+        return rc;
+    }
     if (out->store) {
         o.expert_store = out->store->store;
-        o.store_mode = a->store_mode;
-        o.store_capacity = out->store->capacity_asked; /* as simulate's default */
+        /* the store's settings, as simulate hands them to its cells: the mode (the
+         * --store-mode default included), and the capacity build-store was asked for
+         * unless --policy-opt store_capacity=N says otherwise */
+        char v[24];
+        snprintf(v, sizeof v, "%d", (int)out->store->capacity_asked);
+        if (fmoe_policy_settings_set(&o.policy_settings, "store_mode",
+                                     cmd_offload_store_modes[mode]) < 0 ||
+            (!fmoe_policy_settings_get(&o.policy_settings, "store_capacity") &&
+             out->store->capacity_asked > 0 &&
+             fmoe_policy_settings_set(&o.policy_settings, "store_capacity", v) < 0)) {
+            cmd_offload_close(cmd, out, 0);
+            return cmd_fail(cmd, FMOE_EINVAL);
+        }
     }
     o.predictor = out->predictor;
     if (a->decision_log) {

@@ -38,7 +38,9 @@ typedef struct cmd_offload_args {
     int32_t direct_io;
     int32_t miss;              /* fmoe_offload_miss */
     const char *store;
-    int32_t store_mode;        /* fmoe_store_mode */
+    int32_t store_mode;        /* --store-mode: fmoe_store_mode (store_mode=M) */
+    int store_mode_given;
+    cmd_opt_strings policy_opts; /* --policy-opt KEY=VALUE, repeatable */
     const char *store_out;
     const char *predictor;     /* --predictor: a learned predictor (promoe, duoserve) */
     int32_t feedback;          /* cmd_feedback_names index */
@@ -97,8 +99,14 @@ extern const char *const cmd_offload_store_modes[];
      .help = "expert-map store for the fmoe policies (fmoe build-store)",                     \
      .offset = offsetof(type, f.store)},                                                      \
     {.name = "store-mode", .kind = CMD_OPT_ENUM, .value_name = "M",                           \
-     .help = "offline (frozen store) or offline-update", .default_text = "offline",           \
-     .offset = offsetof(type, f.store_mode), .choices = cmd_offload_store_modes},             \
+     .help = "offline (frozen store) or offline-update (--policy-opt store_mode=M)",          \
+     .default_text = "offline", .offset = offsetof(type, f.store_mode),                       \
+     .choices = cmd_offload_store_modes, .seen_offset = offsetof(type, f.store_mode_given)},  \
+    {.name = "policy-opt", .kind = CMD_OPT_STRINGS, .value_name = "KEY=VALUE",                \
+     .io = CMD_IO_TEXT,                                                                       \
+     .help = "a setting of the policy (fmoe simulate --list-policies lists each policy's); "  \
+             "repeatable; a KEY the policy does not declare is refused",                     \
+     .offset = offsetof(type, f.policy_opts)},                                                \
     {.name = "predictor", .kind = CMD_OPT_STRING, .value_name = "P.h5",                       \
      .io = CMD_IO_INPUT,                                                                      \
      .help = "learned predictor for policy promoe or duoserve (fmoe train-predictor --kind " \

@@ -11,6 +11,8 @@
  */
 #include "simulate_store.h"
 
+#include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,10 +143,18 @@ int cmd_sim_store_prepare(const char *cmd, cmd_sim_store *s, char *const *polici
     return 0;
 }
 
+/* Sets a setting the cell's policy declares (the fmoe policies' store_mode and
+ * store_capacity); the values are in range, so this cannot fail. */
+static void set_setting(fmoe_sim_config *cell, const char *key, const char *value) {
+    const int rc = fmoe_policy_settings_set(&cell->policy_settings, key, value);
+    (void)rc;
+    assert(rc == 0);
+}
+
 void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell) {
     if (!cell->policy || !takes_store(cell->policy)) return;
     cell->expert_store = s->file ? s->file->store : NULL;
-    cell->store_mode = s->mode;
+    set_setting(cell, "store_mode", mode_name(s->mode));
     int64_t cap = 0;
     if (s->capacity > 0)
         cap = s->capacity;
@@ -158,7 +168,65 @@ void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell) {
     const int64_t fill =
         s->tokens + (s->file ? fmoe_expertmap_size(s->file->store) : 0);
     if (cap > fill) cap = fill > 0 ? fill : 1;
-    cell->store_capacity = (int32_t)cap;
+    if (cap > 0) { /* 0: the policy's default */
+        char v[24];
+        snprintf(v, sizeof v, "%lld", (long long)cap);
+        set_setting(cell, "store_capacity", v);
+    }
+}
+
+int cmd_policy_opts_parse(const char *cmd, const cmd_opt_strings *opts, char *const *policies,
+                          int n, fmoe_policy_settings *out) {
+    memset(out, 0, sizeof *out);
+    for (int32_t i = 0; i < opts->n; i++) {
+        const char *item = opts->items[i];
+        if (fmoe_policy_settings_parse(out, item) < 0)
+            return cmd_usage_error(cmd, "--policy-opt: %s", fmoe_error_detail());
+        const char *eq = strchr(item, '=');
+        char key[FMOE_POLICY_SETTING_KEY];
+        snprintf(key, sizeof key, "%.*s", (int)(eq - item), item);
+        int declared = 0;
+        for (int p = 0; p < n; p++) {
+            const fmoe_policy_ops *ops = fmoe_policy_find(policies[p]);
+            const fmoe_policy_setting *row = fmoe_policy_setting_find(ops, key);
+            if (!row) continue;
+            declared = 1;
+            double v;
+            if (fmoe_policy_setting_parse_value(row, eq + 1, &v) < 0)
+                return cmd_usage_error(cmd, "--policy-opt: policy %s: %s", ops->name,
+                                       fmoe_error_detail());
+        }
+        if (!declared) {
+            /* what the policies of the run do declare, to say what would have worked */
+            char known[1024];
+            size_t at = 0;
+            known[0] = '\0';
+            for (int p = 0; p < n && at < sizeof known; p++) {
+                const fmoe_policy_ops *ops = fmoe_policy_find(policies[p]);
+                for (const fmoe_policy_setting *r = ops->settings; r && r->name; r++)
+                    if (at < sizeof known)
+                        at += (size_t)snprintf(known + at, sizeof known - at, "%s%s %s",
+                                               at ? "; " : "", ops->name, r->name);
+            }
+            return cmd_usage_error(cmd,
+                                   "--policy-opt %s: no policy of the run has a setting '%s' "
+                                   "(%s%s; fmoe simulate --list-policies lists them all)",
+                                   item, key, known[0] ? "theirs: " : "they have none",
+                                   known);
+        }
+    }
+    return 0;
+}
+
+int cmd_policy_opt_shorthand(const char *cmd, fmoe_policy_settings *s, const char *option,
+                             const char *key, const char *value) {
+    const char *given = fmoe_policy_settings_get(s, key);
+    if (given && strcmp(given, value) != 0)
+        return cmd_usage_error(cmd, "%s %s and --policy-opt %s=%s disagree; give one", option,
+                               value, key, given);
+    if (fmoe_policy_settings_set(s, key, value) < 0)
+        return cmd_usage_error(cmd, "%s %s: %s", option, value, fmoe_error_detail());
+    return 0;
 }
 
 void cmd_sim_store_costs(const cmd_sim_store *s, fmoe_sim_costs *costs) {

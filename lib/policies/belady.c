@@ -106,4 +106,5 @@ const fmoe_policy_ops fmoe_policy_belady = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ NULL,
+    /* .settings           = */ NULL,
 };

@@ -260,4 +260,5 @@ const fmoe_policy_ops fmoe_policy_duoserve = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ FMOE_PREDICTOR_KIND_DUOSERVE,
+    /* .settings           = */ NULL,
 };

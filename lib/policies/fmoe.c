@@ -6,8 +6,9 @@
  * Data. An expert-map store (fmoe/expertmap.h): per stored token its gate probabilities at
  * every layer and its semantic embedding. Offline mode matches against a store built by
  * `fmoe build-store` and frozen; offline-update also adds to it; online mode starts empty
- * (capacity cfg->store_capacity, default 1000) and adds every finished token's map, with
- * the store's deduplication once full (§4.4).
+ * (capacity: the setting store_capacity, default 1000) and adds every finished token's map,
+ * with the store's deduplication once full (§4.4). The mode is the setting store_mode
+ * (fm_settings below, shared by every variant).
  *
  * Matching (§4.2). At the start of an iteration, semantic search: each token's embedding
  * against the store's; the best entry's rows 0..d-1 plan the first d layers. Without
@@ -105,6 +106,22 @@
 #define MAX_QUERIES 64
 #define DEFAULT_STORE 1000
 #define DEFAULT_DISTANCE 3
+
+/* The settings of every fmoe variant (fmoe/policy.h): --policy-opt store_mode=M and
+ * store_capacity=C, or simulate's shorthands --store-mode and --store-capacity. The
+ * choices are fmoe_store_mode's, in its order. */
+static const char *const store_modes[] = {"offline", "online", "offline-update", NULL};
+static const fmoe_policy_setting fm_settings[] = {
+    {.name = "store_mode", .type = FMOE_SETTING_CHOICE, .def = FMOE_STORE_OFFLINE,
+     .choices = store_modes,
+     .help = "offline: the expert-map store as built, frozen (§6.1-§6.2); online: start "
+             "empty and add each finished token's map (§6.3); offline-update: as built, and "
+             "add"},
+    {.name = "store_capacity", .type = FMOE_SETTING_INT, .def = 0, .min = 0, .max = INT32_MAX,
+     .help = "entries online mode's store holds, or offline-update grows the given store to, "
+             "deduplicating once full (§4.4); 0: online 1000, offline-update the store's own"},
+    {0},
+};
 
 /* EVICT_DUEL: p x freq or recency, whichever a shadow directory of each says would have
  * missed less lately (set dueling: Qureshi et al., ISCA 2007; the cyclic layer-by-layer
@@ -254,9 +271,8 @@ static void fm_free(void *state) {
 static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const variant *v) {
     *state = NULL;
     const fmoe_expertmap *given = cfg->expert_store;
-    const int32_t mode = cfg->store_mode;
-    FMOE_RETURN_ERROR_IF(mode < FMOE_STORE_OFFLINE || mode > FMOE_STORE_OFFLINE_UPDATE,
-                         FMOE_EINVAL, "policy %s: bad store mode %d", v->name, mode);
+    const int32_t mode = fmoe_policy_setting_choice(cfg, fm_settings, "store_mode");
+    const int32_t capacity = (int32_t)fmoe_policy_setting_int(cfg, fm_settings, "store_capacity");
     FMOE_RETURN_ERROR_IF(mode != FMOE_STORE_ONLINE && !given, FMOE_EINVAL,
                          "policy %s needs an expert-map store: give one (fmoe build-store; "
                          "simulate --store STORE.h5) or use store mode online",
@@ -276,9 +292,6 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
                              v->name, sc->num_layers, sc->num_experts, sc->top_k,
                              cfg->num_layers, cfg->num_experts, cfg->top_k);
     }
-    FMOE_RETURN_ERROR_IF(cfg->store_capacity < 0, FMOE_EINVAL,
-                         "policy %s: store capacity %d, expected >= 1 (0: default %d)", v->name,
-                         cfg->store_capacity, DEFAULT_STORE);
     fm_state *S = calloc(1, sizeof *S);
     if (!S) return fmoe_error_set(FMOE_ENOMEM, "policy %s", v->name);
     S->v = *v;
@@ -295,13 +308,13 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
     int rc = 0;
     if (mode == FMOE_STORE_ONLINE) {
         const fmoe_expertmap_config sc = {
-            .capacity = cfg->store_capacity > 0 ? cfg->store_capacity : DEFAULT_STORE,
+            .capacity = capacity > 0 ? capacity : DEFAULT_STORE,
             .num_layers = S->L, .num_experts = S->J, .top_k = S->K,
             .semantic_dim = cfg->semantic_dim > 0 ? cfg->semantic_dim : 0,
             .prefetch_distance = S->d};
         rc = fmoe_expertmap_init(&S->own, &sc);
     } else if (mode == FMOE_STORE_OFFLINE_UPDATE) {
-        rc = fmoe_expertmap_clone(&S->own, given, cfg->store_capacity);
+        rc = fmoe_expertmap_clone(&S->own, given, capacity);
     }
     if (rc < 0) {
         fm_free(S);
@@ -1060,6 +1073,7 @@ static const fmoe_expertmap *fm_expert_store(const void *state) {
         /* .variants      = */ 0,                                                                 \
         /* .expert_store  = */ fm_expert_store,                                                   \
         /* .predictor_kind = */ NULL,                                                            \
+        /* .settings      = */ fm_settings,                                                       \
     };
 
 #define FMOE_OPS(ident, vname, summary_text, flag_bits)                                           \

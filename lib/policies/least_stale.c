@@ -89,4 +89,5 @@ const fmoe_policy_ops fmoe_policy_least_stale = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ NULL,
+    /* .settings           = */ NULL,
 };

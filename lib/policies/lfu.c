@@ -59,4 +59,5 @@ const fmoe_policy_ops fmoe_policy_lfu = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ NULL,
+    /* .settings           = */ NULL,
 };

@@ -44,4 +44,5 @@ const fmoe_policy_ops fmoe_policy_lru = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ NULL,
+    /* .settings           = */ NULL,
 };

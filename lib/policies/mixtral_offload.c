@@ -224,4 +224,5 @@ const fmoe_policy_ops fmoe_policy_mixtral_offload = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ NULL,
+    /* .settings           = */ NULL,
 };

@@ -11,8 +11,8 @@
  * (each token adds its K choices). The iEAM covers the current iteration, filled layer by
  * layer as gates are known; the request's rEAM is the sum of its iEAMs, kept separately for
  * prefill and decode ("traced for prefilling and decoding separately", §4.3). The EAMC is
- * two collections of at most C rEAMs (prefill, decode; C = store_capacity, default 1000 as
- * in the code), filled online at each request's end: appended while there is room, else
+ * two collections of at most C rEAMs (prefill, decode; C = the setting eamc_capacity,
+ * default 1000 as in the code), filled online at each request's end: appended while there is room, else
  * replacing the stored entry with the smallest cosine distance to the new one (B.1,
  * Fig. 10). An iteration matches against the collection of its phase, or the other one
  * while its own is empty.
@@ -85,8 +85,16 @@
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
 
-#define DEFAULT_EAMC 1000
 #define EPS 1e-6
+
+/* The policy's own settings (fmoe/policy.h): --policy-opt eamc_capacity=C, or simulate's
+ * --eamc-capacity C. Shared by moe-infinity and moe-infinity-fb. */
+static const fmoe_policy_setting mi_settings[] = {
+    {.name = "eamc_capacity", .type = FMOE_SETTING_INT, .def = 1000, .min = 1, .max = 10000000,
+     .help = "rEAMs in each Expert Activation Matrix Collection, prefill and decode (§4.3; "
+             "full: the most similar entry is replaced, App. B.1)"},
+    {0},
+};
 
 /* moe-infinity-fb: the shadows' miss counts are halved when together they reach this many
  * (a horizon counted in misses, as DIP's PSEL counter moves only on misses; 256 as fmoe's) */
@@ -175,14 +183,13 @@ static void mi_free(void *state) {
 
 static int mi_init_variant(void **state, const fmoe_policy_config *cfg, int improved) {
     *state = NULL;
-    FMOE_RETURN_ERROR_IF(cfg->store_capacity < 0, FMOE_EINVAL,
-                         "moe-infinity: EAMC capacity must be >= 1, got %d", cfg->store_capacity);
+    const int32_t capacity = (int32_t)fmoe_policy_setting_int(cfg, mi_settings, "eamc_capacity");
     mi_state *m = calloc(1, sizeof *m);
     if (!m) return fmoe_error_set(FMOE_ENOMEM, "moe-infinity state");
     m->L = cfg->num_layers;
     m->J = cfg->num_experts;
     m->K = cfg->top_k;
-    m->C = cfg->store_capacity > 0 ? cfg->store_capacity : DEFAULT_EAMC;
+    m->C = capacity;
     m->distance = cfg->prefetch_distance;
     m->LJ = (size_t)m->L * (size_t)m->J;
     m->use = m->match = -1;
@@ -219,8 +226,7 @@ static int mi_init_variant(void **state, const fmoe_policy_config *cfg, int impr
         !m->plan || !m->prev) {
         mi_free(m);
         return fmoe_error_set(FMOE_ENOMEM, "moe-infinity: EAMC of %d entries of %d x %d",
-                              cfg->store_capacity > 0 ? cfg->store_capacity : DEFAULT_EAMC,
-                              cfg->num_layers, cfg->num_experts);
+                              capacity, cfg->num_layers, cfg->num_experts);
     }
     *state = m;
     return 0;
@@ -543,6 +549,7 @@ const fmoe_policy_ops fmoe_policy_moe_infinity = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ NULL,
+    /* .settings           = */ mi_settings,
 };
 
 /* MoE-Infinity with fmoe's adaptive mechanisms, so that its prefetching never loses to LRU:
@@ -570,4 +577,5 @@ const fmoe_policy_ops fmoe_policy_moe_infinity_fb = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ NULL,
+    /* .settings           = */ mi_settings,
 };

@@ -104,4 +104,5 @@ const fmoe_policy_ops fmoe_policy_moe_infinity_code = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ NULL,
+    /* .settings           = */ NULL,
 };

@@ -48,4 +48,5 @@ const fmoe_policy_ops fmoe_policy_ondemand = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ NULL,
+    /* .settings           = */ NULL,
 };

@@ -474,4 +474,5 @@ const fmoe_policy_ops fmoe_policy_oracle = {
     /* .variants           = */ 2,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ NULL,
+    /* .settings           = */ NULL,
 };

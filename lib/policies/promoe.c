@@ -420,4 +420,5 @@ const fmoe_policy_ops fmoe_policy_promoe = {
     /* .variants           = */ 0,
     /* .expert_store       = */ NULL,
     /* .predictor_kind     = */ FMOE_PREDICTOR_KIND_PROMOE,
+    /* .settings           = */ NULL,
 };

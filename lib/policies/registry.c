@@ -1,6 +1,7 @@
 /*
  * registry.c - the table of built-in policies and the instance helpers (fmoe/policy.h).
- * A new policy adds its `extern const fmoe_policy_ops` here and in `registry` below.
+ * A new policy adds its `extern const fmoe_policy_ops` here and in `registry` below; its
+ * own parameters are rows of its ops->settings (lib/policy_settings.c), not code here.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -178,6 +179,8 @@ int fmoe_policy_init_ops(fmoe_policy *p, const fmoe_policy_ops *ops,
                          FMOE_EINVAL, "policy %s has no variant %d", ops->name, cfg->variant);
     FMOE_FORWARD_IF_ERROR(fmoe_policy_check_inputs(ops, cfg));
     FMOE_FORWARD_IF_ERROR(check_predictor(ops, cfg));
+    /* the policy's own settings: its init reads them unchecked */
+    FMOE_FORWARD_IF_ERROR(fmoe_policy_settings_check(ops, cfg->settings));
     return ops->init(&p->state, cfg);
 }
 

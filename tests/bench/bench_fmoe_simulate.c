@@ -230,9 +230,6 @@ int main(int argc, char **argv) {
                         "--write-store S.h5]\n");
         return 2;
     }
-    const int32_t store_mode = !strcmp(mode, "online")           ? FMOE_STORE_ONLINE
-                               : !strcmp(mode, "offline-update") ? FMOE_STORE_OFFLINE_UPDATE
-                                                                 : FMOE_STORE_OFFLINE;
     make_topics(&g);
     tokens train, eval;
     memset(&train, 0, sizeof train);
@@ -289,8 +286,14 @@ int main(int argc, char **argv) {
     double *cpu = malloc((size_t)(repeat > 0 ? repeat : 1) * sizeof *cpu);
     for (char *name = strtok(list, ","); name; name = strtok(NULL, ",")) {
         fmoe_sim_config cfg = {.policy = name, .cache_experts = N, .prefetch_distance = d,
-                               .costs = &costs, .expert_store = st, .store_mode = store_mode,
-                               .store_capacity = C};
+                               .costs = &costs, .expert_store = st};
+        char cap[24];
+        snprintf(cap, sizeof cap, "%d", (int)C);
+        fmoe_policy_settings all = {0}; /* the fmoe policies' settings; others take none */
+        if (fmoe_policy_settings_set(&all, "store_mode", mode) < 0 ||
+            fmoe_policy_settings_set(&all, "store_capacity", cap) < 0)
+            return die("settings");
+        fmoe_policy_settings_select(&cfg.policy_settings, fmoe_policy_find(name), &all);
         for (int i = 0; i < repeat; i++) {
             fmoe_sim_result res;
             const double w0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID);

@@ -442,10 +442,11 @@ static int run_logged(const fmoe_sim_workload *w, const fmoe_expertmap *st, int 
     const fmoe_policy_ops wops = wrapped(ops);
     g_inner = ops;
     g_log = lg;
-    const fmoe_sim_config cfg = {.ops = &wops, .cache_experts = cache, .prefetch_distance = d,
-                                 .costs = &costs,
-                                 .expert_store = mode == FMOE_STORE_ONLINE ? NULL : st,
-                                 .store_mode = mode, .store_capacity = 40};
+    static const char *const modes[] = {"offline", "online", "offline-update"};
+    fmoe_sim_config cfg = {.ops = &wops, .cache_experts = cache, .prefetch_distance = d,
+                           .costs = &costs, .expert_store = mode == FMOE_STORE_ONLINE ? NULL : st};
+    FMOE_FORWARD_IF_ERROR(fmoe_policy_settings_set(&cfg.policy_settings, "store_mode", modes[mode]));
+    FMOE_FORWARD_IF_ERROR(fmoe_policy_settings_set(&cfg.policy_settings, "store_capacity", "40"));
     return fmoe_sim_run(w, &cfg, out);
 }
 

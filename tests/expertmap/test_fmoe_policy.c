@@ -65,11 +65,14 @@ static int rig_init(rig *g, const char *policy, int32_t mode, int32_t capacity, 
     g->sink = (fmoe_policy_sink){.ctx = &g->rec, .prefetch = rec_prefetch, .cancel = nop_lj,
                                  .pin = nop_lj, .unpin = nop_lj, .compute_on_host = nop_lj};
     g->env = (fmoe_policy_env){.now_s = 0, .cache = fmoe_cache_view_of(g->cache), .sink = &g->sink};
+    static const char *const modes[] = {"offline", "online", "offline-update"};
+    fmoe_policy_settings set = {0};
+    if ((rc = fmoe_policy_settings_set(&set, "store_mode", modes[mode])) < 0) return rc;
     const fmoe_policy_config pc = {.num_layers = L, .num_experts = J, .top_k = K,
                                    .capacity = capacity, .prefetch_distance = d,
                                    .probs_kind = FMOE_PROBS_FULL,
                                    .expert_store = mode == FMOE_STORE_ONLINE ? NULL : g->store,
-                                   .store_mode = mode, .semantic_dim = sem_dim};
+                                   .settings = &set, .semantic_dim = sem_dim};
     return fmoe_policy_init(&g->p, policy, &pc);
 }
 
@@ -241,9 +244,11 @@ TEST(fmoe_refuses_bad_setups) {
                                    .prefetch_distance = 1, .probs_kind = FMOE_PROBS_FULL};
     ASSERT_EQ(fmoe_policy_init(&p, "fmoe", &pc), FMOE_EINVAL); /* offline, no store */
     ASSERT_CONTAINS(fmoe_error_detail(), "needs an expert-map store");
+    fmoe_policy_settings online = {0};
+    ASSERT_OK(fmoe_policy_settings_set(&online, "store_mode", "online"));
     const fmoe_policy_config none = {.num_layers = L, .num_experts = J, .top_k = K, .capacity = 4,
                                      .prefetch_distance = 1, .probs_kind = FMOE_PROBS_NONE,
-                                     .store_mode = FMOE_STORE_ONLINE};
+                                     .settings = &online};
     /* ids-only routing (no probabilities): fmoe takes each chosen expert at 1/K */
     ASSERT_OK(fmoe_policy_init(&p, "fmoe", &none));
     fmoe_policy_free(&p);

@@ -119,9 +119,11 @@ static int run(const fmoe_sim_workload *w, const fmoe_expertmap *st, const char 
     FMOE_FORWARD_IF_ERROR(fmoe_hardware_preset("rtx3090-pcie4", &hw));
     FMOE_FORWARD_IF_ERROR(fmoe_sim_costs_init(&costs, &hw, NULL, 50000000, 1024, 16));
     costs.match_delay_s = delay;
-    const fmoe_sim_config cfg = {.policy = policy, .cache_experts = cache,
-                                 .prefetch_distance = 2, .costs = &costs,
-                                 .expert_store = st, .store_mode = FMOE_STORE_OFFLINE};
+    fmoe_sim_config cfg = {.policy = policy, .cache_experts = cache, .prefetch_distance = 2,
+                           .costs = &costs, .expert_store = st};
+    if (fmoe_policy_setting_find(fmoe_policy_find(policy), "store_mode")) /* the fmoe ones */
+        FMOE_FORWARD_IF_ERROR(
+            fmoe_policy_settings_set(&cfg.policy_settings, "store_mode", "offline"));
     return fmoe_sim_run(w, &cfg, out);
 }
 
@@ -194,9 +196,10 @@ TEST(fmoe_online_mode_learns_during_the_replay) {
     ASSERT_OK(fmoe_sim_costs_init(&costs, &hw, NULL, 50000000, 1024, 16));
     /* feedback off: what is checked is that the store learns maps that predict, and on this
      * link-bound workload (50 MB experts) the admission rightly refuses most prefetches */
-    const fmoe_sim_config cfg = {.policy = "fmoe", .cache_experts = 12, .prefetch_distance = 2,
-                                 .costs = &costs, .store_mode = FMOE_STORE_ONLINE,
-                                 .store_capacity = 100, .feedback = -1};
+    fmoe_sim_config cfg = {.policy = "fmoe", .cache_experts = 12, .prefetch_distance = 2,
+                           .costs = &costs, .feedback = -1};
+    ASSERT_OK(fmoe_policy_settings_set(&cfg.policy_settings, "store_mode", "online"));
+    ASSERT_OK(fmoe_policy_settings_set(&cfg.policy_settings, "store_capacity", "100"));
     fmoe_sim_result r;
     ASSERT_OK(fmoe_sim_run(&w, &cfg, &r));
     ASSERT_TRUE(r.prefetch_hits > 0);

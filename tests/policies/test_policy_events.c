@@ -90,9 +90,14 @@ static int drv_init(driver *d, const char *name, int32_t L, int32_t J, int32_t K
     d->L = L;
     d->J = J;
     d->K = K;
+    /* store: moe-infinity's EAMC entries (its setting eamc_capacity), 0: the default */
+    fmoe_policy_settings set = {0};
+    char v[16];
+    snprintf(v, sizeof v, "%d", (int)store);
+    if (store > 0 && fmoe_policy_settings_set(&set, "eamc_capacity", v) < 0) return FMOE_EINVAL;
     const fmoe_policy_config cfg = {.num_layers = L, .num_experts = J, .top_k = K,
                                     .capacity = cap, .prefetch_distance = distance,
-                                    .speculative_depth = spec_depth, .store_capacity = store};
+                                    .speculative_depth = spec_depth, .settings = &set};
     int rc = fmoe_policy_init(&d->policy, name, &cfg);
     if (rc < 0) return rc;
     /* the policy's default feedback (moe-infinity-fb: on; the slots' gate hook runs it) */

@@ -44,6 +44,7 @@
 #include <stdint.h>
 
 #include "fmoe/model.h"
+#include "fmoe/policy.h"
 #include "fmoe/slots.h"
 
 typedef struct fmoe_offload fmoe_offload;
@@ -92,10 +93,11 @@ typedef struct fmoe_offload_options {
                                       (0: 64) */
     int32_t feedback;              /* feedback-directed prefetching: 0 the policy's default,
                                       1 on, -1 off (fmoe/slots.h) */
-    /* fmoe policies: the store (borrowed) and its mode (fmoe_store_mode) */
+    /* fmoe policies: the store (borrowed); how they use it is their settings' word */
     const struct fmoe_expertmap *expert_store;
-    int32_t store_mode;
-    int32_t store_capacity;   /* offline-update grows the store up to it (0: its capacity) */
+    /* The policy's own settings (fmoe/policy.h: the fmoe policies' store_mode and
+     * store_capacity, ...), only keys the policy declares; empty: its defaults. */
+    fmoe_policy_settings policy_settings;
     /* A learned expert predictor (fmoe/predictor.h) for the policies that read gate inputs
      * (FMOE_POLICY_NEEDS_HIDDEN: promoe), borrowed for the executor's lifetime; NULL: none.
      * Such a policy is handed each gate's input rows rounded to float16 and back, the

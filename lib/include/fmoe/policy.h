@@ -43,6 +43,11 @@
  *     fmoe_policy p;
  *     fmoe_policy_config cfg = {.num_layers = L, .num_experts = J, .top_k = K, .capacity = N};
  *     if (fmoe_policy_init(&p, "lru", &cfg) < 0) ...;   // detail lists the valid names
+ *     // a policy's own parameters, by the names its ops->settings declares:
+ *     fmoe_policy_settings set = {0};
+ *     fmoe_policy_settings_parse(&set, "eamc_capacity=500");
+ *     cfg.settings = &set;
+ *     if (fmoe_policy_init(&p, "moe-infinity", &cfg) < 0) ...;
  *     ... executor calls p.ops->on_gate(p.state, &env, &gate) etc. ...
  *     fmoe_policy_free(&p);
  */
@@ -115,12 +120,55 @@ enum {
 };
 
 
-/* How the fmoe policies use an expert-map store (fmoe/expertmap.h). */
+/* How the fmoe policies use an expert-map store (fmoe/expertmap.h): the index of their
+ * setting store_mode's choices (offline, online, offline-update). */
 typedef enum fmoe_store_mode {
     FMOE_STORE_OFFLINE = 0,        /* the given store, frozen (fMoE §6.1-§6.2) */
     FMOE_STORE_ONLINE = 1,         /* start empty, add each finished token's map (§6.3) */
     FMOE_STORE_OFFLINE_UPDATE = 2, /* the given store, updated as in online mode */
 } fmoe_store_mode;
+
+/* ---------------------------------------------------------------- settings
+ *
+ * A policy's own parameters (moe-infinity's EAMC size, the fmoe policies' store mode) are
+ * not fields of fmoe_policy_config: the policy declares them in a table of its own
+ * (ops->settings), the user gives them as KEY=VALUE strings (fmoe_policy_settings; the
+ * commands' --policy-opt), fmoe_policy_init_ops checks every given key and value against
+ * the table before the policy's init runs, and the policy reads its values with
+ * fmoe_policy_setting_int / _double / _choice (the default where none was given).
+ * fmoe_policy_config keeps what any policy may read: geometry, cache, the trace's inputs,
+ * borrowed resources. A new parameter of one policy is therefore one row in its file. */
+
+typedef enum fmoe_policy_setting_type {
+    FMOE_SETTING_INT = 1,    /* an integer in [min, max] */
+    FMOE_SETTING_DOUBLE = 2, /* a finite number in [min, max] */
+    FMOE_SETTING_CHOICE = 3, /* one of choices[]; its value is the index */
+} fmoe_policy_setting_type;
+
+/* One row of a policy's table; the table ends with a row whose name is NULL ({0}). */
+typedef struct fmoe_policy_setting {
+    const char *name;           /* the KEY: [a-z0-9_], at most FMOE_POLICY_SETTING_KEY - 1 */
+    fmoe_policy_setting_type type;
+    double def;                 /* INT, DOUBLE: the default; CHOICE: the default's index */
+    double min, max;            /* INT, DOUBLE: the range, both ends allowed */
+    const char *const *choices; /* CHOICE: the names, NULL-terminated */
+    const char *help;           /* one line; cites the paper section it comes from */
+} fmoe_policy_setting;
+
+#define FMOE_POLICY_MAX_SETTINGS 16
+#define FMOE_POLICY_SETTING_KEY 32
+#define FMOE_POLICY_SETTING_VALUE 48
+
+/* Settings as given: KEY=VALUE pairs, unparsed, a key at most once (setting it again
+ * replaces its value). A plain value type: zero-initialised it is empty, and it copies with
+ * `=` (a simulation sweep gives each cell its own). */
+typedef struct fmoe_policy_settings {
+    int32_t n;
+    struct {
+        char key[FMOE_POLICY_SETTING_KEY];
+        char value[FMOE_POLICY_SETTING_VALUE];
+    } item[FMOE_POLICY_MAX_SETTINGS];
+} fmoe_policy_settings;
 
 struct fmoe_expertmap;
 struct fmoe_predictor;
@@ -143,12 +191,13 @@ typedef struct fmoe_policy_config {
     int64_t future_groups;
     int32_t probs_kind;        /* what on_gate's probs hold: FMOE_PROBS_* of fmoe/trace.h */
     int32_t speculative_depth; /* S of on_gate's speculative rows; 0: none */
-    int32_t store_capacity;    /* entries of a policy's history store (moe-infinity's EAMC);
-                                  0 = the policy's default */
+    /* The policy's own settings as the user gave them (its ops->settings declares which):
+     * borrowed for init only; NULL: every setting at its default. fmoe_policy_init_ops
+     * refuses a key the policy does not declare and a value outside its row. */
+    const fmoe_policy_settings *settings;
     /* The fmoe policies' expert-map store: borrowed, read-only (a mode that updates it
      * works on the policy's own copy); NULL in online mode. */
     const struct fmoe_expertmap *expert_store;
-    int32_t store_mode;        /* fmoe_store_mode */
     int32_t semantic_dim;      /* h of the iteration events' semantic rows; 0: none */
     int32_t variant;           /* which of ops->variants to run, 0-based */
     /* h of on_gate's hidden rows (FMOE_POLICY_NEEDS_HIDDEN); 0: the executor gives none */
@@ -301,6 +350,10 @@ typedef struct fmoe_policy_ops {
      * predictor of this kind, and the commands and executors read it here, never from the
      * policy's name. */
     const char *predictor_kind;
+    /* The policy's own settings (see "settings" above), a table ending in {0}; NULL: none.
+     * Its rows are what --policy-opt accepts for it and what `fmoe simulate
+     * --list-policies` prints. */
+    const fmoe_policy_setting *settings;
 } fmoe_policy_ops;
 
 /* A policy instance: its table and its state. Plain struct, caller-allocated. */
@@ -335,11 +388,67 @@ int fmoe_policy_takes_predictor(const fmoe_policy_ops *ops, const char *kind);
 
 /* Makes an instance of the built-in policy `name` (or of `ops` when given via
  * fmoe_policy_init_ops). @return 0, FMOE_ENOTFOUND (unknown name; the detail lists the
- * valid ones), FMOE_EINVAL (bad config, e.g. NEEDS_FUTURE without cfg->future), or what the
- * policy's init returns. */
+ * valid ones), FMOE_EINVAL (bad config, e.g. NEEDS_FUTURE without cfg->future, or a
+ * setting in cfg->settings the policy does not declare or a value outside its row:
+ * fmoe_policy_settings_check), or what the policy's init returns. */
 int fmoe_policy_init(fmoe_policy *p, const char *name, const fmoe_policy_config *cfg);
 int fmoe_policy_init_ops(fmoe_policy *p, const fmoe_policy_ops *ops,
                          const fmoe_policy_config *cfg);
+
+/* Adds KEY=VALUE to s, or replaces the value of a key already there. Nothing is checked
+ * against a policy here (fmoe_policy_settings_check does). @return 0, or FMOE_EINVAL (an
+ * empty or too long key or value, a key not of [a-z0-9_], more than
+ * FMOE_POLICY_MAX_SETTINGS keys) with a detail naming the key. */
+int fmoe_policy_settings_set(fmoe_policy_settings *s, const char *key, const char *value);
+
+/* fmoe_policy_settings_set from one "KEY=VALUE" string (--policy-opt's form).
+ * @return 0 or FMOE_EINVAL ("'x' is not KEY=VALUE", or as set). */
+int fmoe_policy_settings_parse(fmoe_policy_settings *s, const char *key_value);
+
+/* The value given for `key`, or NULL (also for s NULL). Borrowed from s. */
+const char *fmoe_policy_settings_get(const fmoe_policy_settings *s, const char *key);
+
+/* The row of ops->settings named `key`, or NULL. */
+const fmoe_policy_setting *fmoe_policy_setting_find(const fmoe_policy_ops *ops,
+                                                    const char *key);
+
+/* Parses `text` as a value of `row`: INT and DOUBLE as numbers in [min, max], CHOICE as one
+ * of the names (*out its index). @return 0, or FMOE_EINVAL with a detail naming the key,
+ * the value and what it must be ("eamc_capacity=0: expected an integer in [1, 10000000]"). */
+int fmoe_policy_setting_parse_value(const fmoe_policy_setting *row, const char *text,
+                                    double *out);
+
+/* Checks s (NULL: nothing given) against the policy's table: every key declared, every
+ * value valid. fmoe_policy_init_ops calls it before the policy's init. @return 0, or
+ * FMOE_EINVAL with a one-line detail naming the policy and the key ("policy lru has no
+ * setting 'foo' (it has none)"; "... (its settings: eamc_capacity)"), or the value and
+ * its range. */
+int fmoe_policy_settings_check(const fmoe_policy_ops *ops, const fmoe_policy_settings *s);
+
+/* Copies into *out the settings of `all` that ops declares, in order (the commands: one
+ * list of --policy-opt for several policies, each taking its own keys). */
+void fmoe_policy_settings_select(fmoe_policy_settings *out, const fmoe_policy_ops *ops,
+                                 const fmoe_policy_settings *all);
+
+/* Checks that a table is well-formed: names of [a-z0-9_], unique, a type, min <= def <= max
+ * (an INT's bounds integers), a CHOICE's default one of at least one choice, a help line.
+ * @return 0 or FMOE_EINVAL naming the policy and the row. (Tests run it on the registry.) */
+int fmoe_policy_settings_table_check(const fmoe_policy_ops *ops);
+
+/* The value of the policy's setting `key` for this run: cfg->settings' (checked by
+ * fmoe_policy_init_ops), else the row's default. For the policy's init; `table` is the
+ * policy's own ops->settings and must declare `key` (FMOE_ASSERT). _choice returns the
+ * index of the choice. */
+int64_t fmoe_policy_setting_int(const fmoe_policy_config *cfg, const fmoe_policy_setting *table,
+                                const char *key);
+double fmoe_policy_setting_double(const fmoe_policy_config *cfg,
+                                  const fmoe_policy_setting *table, const char *key);
+int32_t fmoe_policy_setting_choice(const fmoe_policy_config *cfg,
+                                   const fmoe_policy_setting *table, const char *key);
+
+/* "int, default 1000, in [1, 10000000]" / "offline|online|offline-update, default offline":
+ * a row's type, default and range in one phrase, for listings. */
+void fmoe_policy_setting_describe(const fmoe_policy_setting *row, char *buf, size_t cap);
 
 /* Frees the state; p->ops stays. NULL state is a no-op. */
 void fmoe_policy_free(fmoe_policy *p);

@@ -340,11 +340,12 @@ typedef struct fmoe_sim_config {
     /* [num_requests] arrival times in seconds, replay order, for FCFS queueing; NULL: each
      * request starts when the previous one ends. Borrowed. */
     const double *arrival_s;
-    int32_t store_capacity;          /* the policy's history store (0: its default) */
-    /* the fmoe policies' expert-map store (borrowed, read-only; NULL in online mode) and
-     * how they use it (fmoe_store_mode of fmoe/policy.h). */
+    /* The policy's own settings (fmoe/policy.h: moe-infinity's eamc_capacity, the fmoe
+     * policies' store_mode and store_capacity), only keys the policy declares; empty:
+     * its defaults. */
+    fmoe_policy_settings policy_settings;
+    /* the fmoe policies' expert-map store (borrowed, read-only; NULL in online mode) */
     const struct fmoe_expertmap *expert_store;
-    int32_t store_mode;
     /* Pieces per prefetch transfer (0 = 1): a demand load waits only for the piece on the
      * copy engine, not the whole prefetch (fmoe/slots.h). */
     int32_t copy_chunks;
