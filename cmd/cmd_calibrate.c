@@ -42,7 +42,7 @@
 #include "paths.h"
 #include "fmoe/cuda.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"
 #include "fmoe/model.h"
@@ -682,7 +682,7 @@ static int write_profile(FILE *f, const char *partial, const char *path, const c
         remove(partial);
         return cmd_failf(CMD, "%s: cannot write: %s", partial, strerror(err));
     }
-    int rc = fmoe__partial_commit(partial, path); /* fmoe/files.h */
+    int rc = fmoe__partial_commit(partial, path); /* lib/files.h */
     if (rc < 0) {
         remove(partial);
         return cmd_fail(CMD, rc);
@@ -711,7 +711,7 @@ int cmd_calibrate(int argc, char **argv) {
         /* an output that cannot be a file (/dev/full, a folder) was refused by the parse,
          * exit 2, as in every command (cmd/outputs.h) */
         snprintf(partial, sizeof partial, "%s.partial", o.output);
-        rc = fmoe__partial_fopen(o.output, partial, "w", &out); /* fmoe/files.h */
+        rc = fmoe__partial_fopen(o.output, partial, "w", &out); /* lib/files.h */
         if (rc < 0) return cmd_fail(CMD, rc);
         /* interrupted: no .partial left (half a profile is worth nothing) */
         const char *cleanup[] = {partial};

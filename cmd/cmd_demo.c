@@ -30,7 +30,7 @@
 #include "paths.h"
 #include "fmoe/datasets.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/policy.h"
 #include "fmoe/trace.h"
@@ -159,7 +159,7 @@ static int run_into_file(int (*fn)(int, char **), int argc, char **argv, const c
     return rc;
 }
 
-/* Reads a JSON file the demo wrote itself (fmoe/files.h: a regular file; 256 MiB is far above
+/* Reads a JSON file the demo wrote itself (lib/files.h: a regular file; 256 MiB is far above
  * any simulate or inspect report). @return the document, or NULL after printing why. */
 static cJSON *read_json(const char *path) {
     char *text = NULL;

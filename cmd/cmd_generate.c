@@ -28,7 +28,7 @@
 #include "offload_cli.h"
 #include "fmoe/cuda.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/model.h"
 #include "fmoe/sampler.h"
 #include "fmoe/tokenizer.h"

@@ -28,7 +28,7 @@
 #include "paths.h"
 #include "trace_header.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/model.h"
 #include "fmoe/policy.h"
 #include "fmoe/tokenizer.h"
@@ -171,7 +171,7 @@ static int wait_stop_signal(void) {
     return b;
 }
 
-/* The port, written through a partial (fmoe/files.h) and renamed: a script polling for the
+/* The port, written through a partial (lib/files.h) and renamed: a script polling for the
  * file never reads half of it. */
 static int write_port_file(const char *path, int port) {
     char tmp[4096];

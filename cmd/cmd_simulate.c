@@ -27,7 +27,7 @@
 #include "fmoe/datasets.h"
 #include "fmoe/decision_log.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"
 #include "fmoe/policy.h"

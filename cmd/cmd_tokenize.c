@@ -13,7 +13,7 @@
 
 #include "cmd_common.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/tokenizer.h"
 
 static const char *const CMD = "tokenize";
@@ -96,7 +96,7 @@ const cmd_spec cmd_tokenize_spec = {
 #define MAX_TEXT_BYTES ((long long)256 << 20)
 
 /* PATH's bytes, or standard input's for "-" (the one input that may be a pipe; a named
- * file must be regular: fmoe/files.h). @return 0 or 1 (printed). */
+ * file must be regular: lib/files.h). @return 0 or 1 (printed). */
 static int read_path(const char *path, char **data, size_t *len) {
     const int flags = strcmp(path, "-") == 0 ? FMOE_READ_PIPES : 0;
     int e = fmoe__read_file_bounded(path, "tokenize's input", MAX_TEXT_BYTES, flags, data, len);

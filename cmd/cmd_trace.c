@@ -19,7 +19,7 @@
 #include "cmd_common.h"
 #include "fmoe/datasets.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/trace.h"
 #include "paths.h"
@@ -44,7 +44,7 @@ static import_format format_from_name(const char *path) {
     return FORMAT_AUTO;
 }
 
-/* Reads a whole config.json (fmoe/files.h: a regular file of at most 64 MiB). @return the
+/* Reads a whole config.json (lib/files.h: a regular file of at most 64 MiB). @return the
  * NUL-terminated text, or NULL with the fmoe error set. */
 static char *read_text(const char *path) {
     char *text = NULL;

@@ -12,7 +12,7 @@
 
 #include "cmd_common.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/geometry.h"
 #include "fmoe/gguf.h"
 #include "fmoe/quant.h"
@@ -20,7 +20,7 @@
 static const char *const CMD = "inspect";
 
 int cmd_is_gguf(const char *path) {
-    const int fd = fmoe__open_regular(path); /* fmoe/files.h: a FIFO must not block */
+    const int fd = fmoe__open_regular(path); /* lib/files.h: a FIFO must not block */
     if (fd < 0) return 0;
     char magic[4] = {0};
     const int ok = fmoe__pread_all(fd, magic, 4, 0) == 0 && memcmp(magic, "GGUF", 4) == 0;

@@ -13,7 +13,7 @@
 
 #include "cmd_common.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "paths.h"
 
 static int same_file(const struct stat *a, const struct stat *b) {

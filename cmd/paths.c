@@ -15,7 +15,7 @@
 
 #include "cmd_common.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/gguf.h"
 #include "fmoe_config.h"
 
@@ -117,7 +117,7 @@ int cmd_generation_config_load(const char *dir, cmd_generation_config *out) {
         snprintf(path, sizeof path, "%s/generation_config.json", dir);
         struct stat st;
         if (stat(path, &st) != 0 && errno == ENOENT) return 0; /* optional */
-        /* a few hundred bytes; a FIFO or /dev/zero here is refused (fmoe/files.h) */
+        /* a few hundred bytes; a FIFO or /dev/zero here is refused (lib/files.h) */
         FMOE_FORWARD_IF_ERROR(fmoe__read_file_bounded(path, "a generation_config.json",
                                                       (long long)16 << 20, 0, &text, &len));
     }

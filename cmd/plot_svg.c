@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 
 enum { PANEL_W = 480, PANEL_H = 360, M_LEFT = 64, M_RIGHT = 16, M_TOP = 36, M_BOTTOM = 48 };
 enum { LEGEND_ROW = 20, LEGEND_COL = 190, MAX_TICKS = 8 };
@@ -168,7 +168,7 @@ int plot_svg_write(const char *path, const char *title, const plot_panel *panels
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.partial", path);
     FILE *f;
-    FMOE_FORWARD_IF_ERROR(fmoe__partial_fopen(path, tmp, "w", &f)); /* fmoe/files.h */
+    FMOE_FORWARD_IF_ERROR(fmoe__partial_fopen(path, tmp, "w", &f)); /* lib/files.h */
     const int32_t ns = n_panels > 0 ? panels[0].n_series : 0;
     const int32_t per_row = (PANEL_W * (n_panels > 0 ? n_panels : 1)) / LEGEND_COL;
     const int32_t rows = per_row > 0 ? (ns + per_row - 1) / per_row : ns;

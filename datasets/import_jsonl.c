@@ -46,7 +46,7 @@
 #include "datasets_impl.h"
 #include "fmoe/datasets.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 
 /* One input line's keys; the line's experts and probs live in parallel pools. */
 typedef struct jrec {

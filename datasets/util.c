@@ -9,10 +9,10 @@
 
 #include "datasets_impl.h"
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/geometry.h"
 
-/* A dataset file read whole: regular files only (fmoe/files.h), so its size is known before
+/* A dataset file read whole: regular files only (lib/files.h), so its size is known before
  * the read; the limit refuses only what could not be held in memory anyway. */
 #define MAX_DATASET_BYTES ((long long)16 << 30)
 

@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 
 /* Static asserts that the tables below follow the enums. */
 _Static_assert(FMOE_DECISION_LANDED == FMOE__DECISION_KINDS - 1, "decision kinds");

@@ -24,7 +24,7 @@
 #include <sys/types.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 
 #define READ_BUFFER_BYTES (1 << 20)
 
@@ -331,7 +331,7 @@ static int check_header(log_reader *r) {
 
 static int reader_open(log_reader *r, const char *path, fmoe_decision_log_totals *totals) {
     *r = (log_reader){.path = path, .totals = totals};
-    /* regular files only (fmoe/files.h): a FIFO would block the open, /dev/zero one line
+    /* regular files only (lib/files.h): a FIFO would block the open, /dev/zero one line
      * without end */
     struct stat st;
     if (stat(path, &st) != 0 && errno == ENOENT)

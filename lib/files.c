@@ -1,5 +1,5 @@
-/* files.c - regular-file inputs and partial-then-rename outputs (fmoe/files.h). */
-#include "fmoe/files.h"
+/* files.c - regular-file inputs and partial-then-rename outputs (lib/files.h). */
+#include "files.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
-#include "fmoe/sha256.h"
+#include "sha256.h"
 
 #include "geometry_impl.h"
 

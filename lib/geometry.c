@@ -49,7 +49,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/gguf.h"
 #include "fmoe/quant.h"
 
@@ -913,7 +913,7 @@ done:
 
 int fmoe_geometry_load(const char *path, fmoe_model_geometry *out) {
     if (!path || !out) return fmoe_error_set(FMOE_EINVAL, "path or output is NULL");
-    /* regular files only (fmoe/files.h): a FIFO would block, /dev/zero never end */
+    /* regular files only (lib/files.h): a FIFO would block, /dev/zero never end */
     const int fd = fmoe__open_regular(path);
     if (fd < 0) return fd;
     char magic[4];

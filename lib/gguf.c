@@ -35,7 +35,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/quant.h"
 
 #define GGUF_MAGIC "GGUF"

@@ -1,5 +1,5 @@
 /* sha256.c - SHA-256 per FIPS 180-4 §6.2, used for model fingerprints. */
-#include "fmoe/sha256.h"
+#include "sha256.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /*
- * worker.c - a policy's thread beside the executor (fmoe/worker.h).
+ * worker.c - a policy's thread beside the executor (lib/worker.h).
  *
  * Two rings of `capacity` fixed-size slots under one mutex. A job stays in its slot until
  * the thread has finished it, so posting never reuses the buffer of the running job, and
@@ -7,7 +7,7 @@
  * the head (head + 1, n - 1). The result count is mirrored in an atomic so that polling
  * with nothing ready takes no lock (the policy polls at every event).
  */
-#include "fmoe/worker.h"
+#include "worker.h"
 
 #include <errno.h>
 #include <pthread.h>

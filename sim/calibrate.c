@@ -31,7 +31,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/expertmap.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/hardware.h"
 #include "fmoe/predictor.h"
 
@@ -127,7 +127,7 @@ int fmoe_calibrate_copy_ram(const int64_t *sizes, int32_t n, int32_t reps, doubl
 int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, int32_t reps,
                              double *seconds) {
     enum { ALIGN = 4096 };
-    /* a regular file first (fmoe/files.h: a FIFO would block this open), then O_DIRECT,
+    /* a regular file first (lib/files.h: a FIFO would block this open), then O_DIRECT,
      * which Linux lets fcntl set */
     const int fd = fmoe__open_regular(path);
     if (fd < 0) return fd;

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/hardware.h"
 
 typedef struct preset {
@@ -219,7 +219,7 @@ int fmoe_hardware_parse(const char *json, size_t len, const char *origin,
 }
 
 int fmoe_hardware_load(const char *path, fmoe_hardware_profile *out) {
-    /* a profile is a few KiB; 16 MiB is no profile (fmoe/files.h: no FIFO, no /dev/zero) */
+    /* a profile is a few KiB; 16 MiB is no profile (lib/files.h: no FIFO, no /dev/zero) */
     char *buf = NULL;
     size_t len = 0;
     int rc = fmoe__read_file_bounded(path, "a hardware profile", (long long)16 << 20, 0, &buf,

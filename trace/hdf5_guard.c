@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "hdf5_util.h"
 
 #define RAW_TAG "fmoe:vlen-heap-id" /* opaque tag of the raw heap id type */

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "hdf5_guard.h"
 #include "zstd_filter.h"
 

@@ -69,7 +69,7 @@ const char *fmoe__h5_type_name(hid_t type, char *buf, size_t cap);
 /* Scalar attributes on `loc`. Strings are written as variable-length UTF-8. */
 int fmoe__h5_attr_write_str(hid_t loc, const char *path, const char *name, const char *value);
 int fmoe__h5_attr_write_f64(hid_t loc, const char *path, const char *name, double value);
-/* Writes a whole HDF5 file atomically: `path` must be absent or a regular file (fmoe/files.h);
+/* Writes a whole HDF5 file atomically: `path` must be absent or a regular file (lib/files.h);
  * PATH.partial is created exclusively, write(file, partial_name, ctx) fills it, and it is
  * closed and renamed to path, or removed on any failure. Call with the HDF5 lock held.
  * @return 0, or write's error or the create/close/rename error (naming the file). */

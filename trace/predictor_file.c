@@ -25,7 +25,7 @@
  *
  * The weights are small (about 2M parameters per layer at real sizes), so the datasets are
  * contiguous and uncompressed: any HDF5 reader opens them without a filter. Written as
- * "<path>.partial" and renamed when complete, as every fmoe file (fmoe/files.h).
+ * "<path>.partial" and renamed when complete, as every fmoe file (lib/files.h).
  */
 #include <math.h>
 #include <stdio.h>

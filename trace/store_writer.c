@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/expertmap.h"
 #include "fmoe/store.h"
 #include "fmoe_config.h"

@@ -55,7 +55,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/half.h"
 #include "fmoe/trace.h"
 #include "trace_journal.h"

@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/half.h"
 #include "fmoe/trace.h"
 #include "fmoe_config.h"
@@ -345,7 +345,7 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
             goto fail;
         }
     }
-    /* fmoe/files.h: the output must be absent or a regular file, a stale partial a regular
+    /* lib/files.h: the output must be absent or a regular file, a stale partial a regular
      * file of ours (replaced), and the partial is created exclusively (no symlink followed). */
     if ((rc = fmoe__output_check(w->path)) < 0 || (rc = fmoe__partial_prepare(w->partial)) < 0)
         goto fail;

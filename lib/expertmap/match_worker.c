@@ -2,14 +2,14 @@
  * match_worker.c - fMoE's matcher on its own thread beside inference ("fMoE: Fine-Grained
  * Expert Offloading for Large Mixture-of-Experts Serving" §4.3: the matcher runs
  * asynchronously with inference, publisher/subscriber; fmoe/expertmap.h
- * "matcher thread"), on the policy thread of fmoe/worker.h.
+ * "matcher thread"), on the policy thread of lib/worker.h.
  *
  * The thread owns one fmoe_matcher. A job is a begin, a semantic search or one layer's
  * trajectory rows, copied when posted; the jobs run in posting order, so every result is
  * the value the same searches made inline give (one matcher, the same arithmetic, the
  * same order). At most one begin, one semantic search and L trajectory rows are pending
  * per iteration, so rings of L + 2 do not overflow while the policy keeps to that; an
- * iteration that overflows them is refused whole (fmoe/worker.h), since a trajectory
+ * iteration that overflows them is refused whole (lib/worker.h), since a trajectory
  * missing a layer would give wrong matches.
  */
 #include <stdlib.h>
@@ -17,7 +17,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/expertmap.h"
-#include "fmoe/worker.h"
+#include "worker.h"
 
 typedef enum { JOB_BEGIN, JOB_SEMANTIC, JOB_TRAJECTORY } job_kind;
 

@@ -20,7 +20,7 @@
  * prefetches are issued at the gate (the simulator, and live with --sync-predictions);
  * the simulator delays them by the predictor's calibrated time (the profile's
  * predictor.promoe_s, fmoe_slots_config.prefetch_delay_s). Live by default
- * (cfg->predict_thread) the passes run on a thread of their own (fmoe/worker.h): the gate
+ * (cfg->predict_thread) the passes run on a thread of their own (lib/worker.h): the gate
  * posts its tokens' inputs and returns; a finished pass is taken at the next event (an
  * access, a layer done, a gate) and issues what the inline pass issues at the gate, for
  * the target layers that have not started (a prediction for a started layer comes too
@@ -59,7 +59,7 @@
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
 #include "fmoe/predictor.h"
-#include "fmoe/worker.h"
+#include "worker.h"
 
 #define PM_BATCH 64 /* predictor rows per forward pass; most tokens a thread job holds */
 

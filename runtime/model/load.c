@@ -42,7 +42,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/gguf.h"
 #include "fmoe/half.h"
 #include "model_impl.h"
@@ -376,7 +376,7 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
     return 0;
 }
 
-/* Reads config.json into a NUL-terminated string (fmoe/files.h: a regular file, so a FIFO
+/* Reads config.json into a NUL-terminated string (lib/files.h: a regular file, so a FIFO
  * does not block the load; 64 MiB at most, far above any config). */
 static int read_config(const char *path, char **out, size_t *len) {
     return fmoe__read_file_bounded(path, "a config.json", (long long)64 << 20, 0, out, len);

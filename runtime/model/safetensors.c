@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 
 #define MAX_HEADER_BYTES 100000000ull
 #define MAX_INDEX_BYTES (64 << 20)
@@ -353,7 +353,7 @@ static int open_file(fmoe_safetensors *st, const char *path) {
     if (!f->path) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
     st->num_files++;
 
-    int fd = fmoe__open_regular(path); /* fmoe/files.h: a FIFO must not block the open */
+    int fd = fmoe__open_regular(path); /* lib/files.h: a FIFO must not block the open */
     if (fd < 0) return fd;
     struct stat sb;
     if (fstat(fd, &sb) < 0) {
@@ -381,7 +381,7 @@ static int open_file(fmoe_safetensors *st, const char *path) {
     return parse_file(st, map, f->size, f->path);
 }
 
-/* Reads a small text file (the index) into a NUL-terminated buffer (fmoe/files.h: a
+/* Reads a small text file (the index) into a NUL-terminated buffer (lib/files.h: a
  * regular file of at most MAX_INDEX_BYTES). */
 static int read_text(const char *path, char **out, size_t *len) {
     return fmoe__read_file_bounded(path, "a safetensors index", MAX_INDEX_BYTES, 0, out, len);

@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 
 #define DIRECT_ALIGN 4096
 

@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "fmoe/gguf.h"
 #include "fmoe/log.h"
 #include "tokenizer_impl.h"

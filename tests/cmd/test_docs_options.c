@@ -22,7 +22,7 @@
 
 #include "backend_cli.h"
 #include "cmd_common.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "harness.h"
 #include "options.h"
 

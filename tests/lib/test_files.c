@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/files.h"
+#include "files.h"
 #include "harness.h"
 
 static char dir[256];

@@ -8,7 +8,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/geometry.h"
-#include "fmoe/sha256.h"
+#include "sha256.h"
 #include "harness.h"
 
 /* Loads tests/fixtures/configs/<name>/config.json. */

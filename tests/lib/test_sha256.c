@@ -1,5 +1,5 @@
 /* test_sha256.c - SHA-256 against the NIST FIPS 180-4 example vectors. */
-#include "fmoe/sha256.h"
+#include "sha256.h"
 #include "harness.h"
 
 static void hex_of(const uint8_t d[32], char out[65]) {

@@ -345,7 +345,7 @@ def test_import_interrupted_leaves_nothing_or_everything(fmoe_bin, tmp_path, poi
     Absent when the signal lands before the rename that commits the output (an import is
     simply run again); complete when it lands after (the rename is atomic, so the output is
     the finished file). Each dangerous instant is hit exactly, by the fault-injection hook
-    FMOE_FAULT_SIGNAL (lib/include/fmoe/files.h), not by racing a timer."""
+    FMOE_FAULT_SIGNAL (lib/files.h), not by racing a timer."""
     argv = import_argv(fmoe_bin)
     full = tmp_path / "full.h5"
     p = subprocess.run([*argv, "-o", str(full)], capture_output=True)

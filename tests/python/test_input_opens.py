@@ -1,6 +1,6 @@
 """Every input is opened through lib/files.c: a source check.
 
-fmoe__open_regular, fmoe__fopen_regular and fmoe__read_file_bounded (lib/include/fmoe/files.h)
+fmoe__open_regular, fmoe__fopen_regular and fmoe__read_file_bounded (lib/files.h)
 open without blocking and refuse a FIFO or a device; a plain open(2) or fopen(3) of an
 input would bring back the hang on a FIFO and the endless read of /dev/zero that
 tests/python/test_special_files.py runs. This test fails when library or command code opens

@@ -208,7 +208,7 @@ typedef struct fmoe_policy_config {
     const struct fmoe_predictor *predictor;
     /* Policies that predict beside inference (FMOE_POLICY_MATCHER: fMoE's matcher, §4.3;
      * promoe's predictor, ProMoE §4.4): run the predictions on a thread of their own
-     * (fmoe/worker.h), as the live executor does by default. They then finish at real
+     * (lib/worker.h), as the live executor does by default. They then finish at real
      * times, so the decisions depend on timing: the simulator leaves it off and models the
      * predictions' time as a delay instead (fmoe_slots_config.prefetch_delay_s). The only
      * exception to "no threads, no clock" above. predict_delay_s (tests): each prediction

@@ -238,7 +238,7 @@ int fmoe_predictor_alloc(fmoe_predictor **out, int32_t num_layers, int32_t num_e
                          int32_t top_k, int32_t hidden_size, int32_t mlp_hidden, int32_t stride);
 void fmoe_predictor_free(fmoe_predictor *p); /* NULL is a no-op */
 
-/* Writes "<path>.partial" and renames it to path (fmoe/files.h). Kind duoserve: see
+/* Writes "<path>.partial" and renames it to path (lib/files.h). Kind duoserve: see
  * fmoe_predictor_alloc_duoserve. Kind promoe: root attributes: format,
  * version, kind, stride, model_fingerprint, model_name, num_layers, num_experts, top_k,
  * hidden_size, mlp_hidden, target, seed, split, created, fmoe_version; per predicted layer

@@ -1,4 +1,4 @@
-/* fmoe/sha256.h - SHA-256 (FIPS 180-4), for model fingerprints and checksums. */
+/* sha256.h - internal: SHA-256 (FIPS 180-4), for model fingerprints and checksums. */
 #ifndef FMOE_SHA256_H
 #define FMOE_SHA256_H
 

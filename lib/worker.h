@@ -1,5 +1,5 @@
 /*
- * fmoe/worker.h - one thread beside the executor for a policy's predictions: fMoE's
+ * worker.h - internal: one thread beside the executor for a policy's predictions: fMoE's
  * matcher ("fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving"
  * §4.3, "publisher/subscriber") and ProMoE's predictor ("ProMoE: Fast MoE-based LLM
  * Serving using Proactive Caching" §4.4, "the predictor runs on the CPU asynchronously").
