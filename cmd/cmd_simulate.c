@@ -23,6 +23,7 @@
 #include "plot_svg.h"
 #include "paths.h"
 #include "simulate_store.h" /* the fmoe policies' expert-map store */
+#include "policy_opts.h"    /* --policy-opt and its shorthands */
 #include "sweep.h"          /* --sweep-out, --resume, MPI ranks */
 #include "fmoe/datasets.h"
 #include "fmoe/decision_log.h"

@@ -10,6 +10,7 @@
 #include "cmd_common.h"
 #include "paths.h"
 #include "simulate_store.h"
+#include "policy_opts.h"
 #include "fmoe/error.h"
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"

@@ -61,18 +61,6 @@ void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell);
 /* Frees what prepare loaded; the struct may be reused after init. */
 void cmd_sim_store_free(cmd_sim_store *s);
 
-/* --policy-opt KEY=VALUE (repeatable), shared by simulate and the live commands: parses
- * each into *out (a key given again replaces its value) and refuses, as a usage error, a
- * malformed item, a key that no policy of `policies` declares (naming what each declares)
- * and a value that a policy declaring the key would refuse. @return 0 or 2 (printed). */
-int cmd_policy_opts_parse(const char *cmd, const cmd_opt_strings *opts, char *const *policies,
-                          int n, fmoe_policy_settings *out);
-
-/* A shorthand option for a setting (--store-mode M is store_mode=M): adds KEY=VALUE to s,
- * a usage error when --policy-opt gave the key another value. @return 0 or 2 (printed). */
-int cmd_policy_opt_shorthand(const char *cmd, fmoe_policy_settings *s, const char *option,
-                             const char *key, const char *value);
-
 /* Refuses a store built for another model than `what` (a trace, or a model directory, of
  * model `what_name`): another fingerprint when both are known, or another geometry.
  * Shared by simulate and the live commands. @return 0 or 1 (printed). */
