@@ -1,90 +1,108 @@
 #!/bin/sh
 # bench_cpu_forward.sh - prefill and decode tokens/s of fmoe's CPU forward pass on the
 # bundled fmoe-tiny and on a ~1B-parameter random Mixtral-layout model, and, where a
-# llama.cpp build is at hand, of llama.cpp on the same weights (bf16 GGUF) as a ratio.
+# llama.cpp build is at hand, of llama.cpp on the same GGUF files as a ratio: bf16, Q8_0
+# and Q4_K_M (llama-quantize's mix of Q4_K and Q6_K).
 #
-#   tests/bench/bench_cpu_forward.sh [--threads N] [--prompt P] [--gen G] [--repeat R]
-#                                    [--skip-1b] [--llama-cpp DIR]
+#   tests/bench/bench_cpu_forward.sh [--threads N[,N...]] [--types LIST] [--prompt P]
+#                                    [--gen G] [--repeat R] [--skip-1b] [--q8-activations]
+#                                    [--llama-cpp DIR]
 #
-# FMOE_BUILD_DIR   meson build with tests/model/forward_driver (default: build)
+# FMOE_BUILD_DIR   meson build with tests/model/forward_driver and cmd/fmoe (default: build)
 # PYTHON           a Python with numpy (and torch + transformers for the GGUF conversion);
 #                  default: .venv/bin/python when present
+# BENCH_WORK       keep the converted models there (reused by the next run); default: a
+#                  temporary folder, removed at the end
+# --threads        thread counts, each run for every model and type (default: nproc)
+# --types LIST     comma-separated, of bf16, q8_0, q4_k_m (default: all three). bf16: fmoe
+#                  runs the checkpoint folder, llama.cpp its bf16 GGUF (the same weights).
+#                  q8_0 and q4_k_m: both run one GGUF file, made from the bf16 GGUF by
+#                  llama-quantize (Q8_0 without llama.cpp: `fmoe quantize --type q8_0`;
+#                  q4_k_m needs llama-quantize)
+# --q8-activations also times fmoe with FMOE_Q8_ACTIVATIONS=1 on the quantized types
+#                  (8-bit activations and integer dots, llama.cpp's scheme; row "fmoe-a8")
 # --llama-cpp DIR  a llama.cpp source tree (for convert_hf_to_gguf.py and gguf-py) whose
-#                  build/bin holds llama-bench. Debian bookworm packages no llama.cpp; the
-#                  source ships inside PyPI's llama-cpp-python sdist (vendor/llama.cpp):
+#                  build/bin holds llama-bench and llama-quantize. Debian bookworm packages
+#                  no llama.cpp; the source ships inside PyPI's llama-cpp-python sdist
+#                  (vendor/llama.cpp; its CHANGELOG names the llama.cpp commit):
 #                    pip download --no-deps --no-binary :all: llama-cpp-python -d /tmp/l
 #                    tar xzf /tmp/l/llama_cpp_python-*.tar.gz -C /tmp/l
 #                    cmake -S .../vendor/llama.cpp -B .../vendor/llama.cpp/build \
 #                      -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON
-#                    cmake --build .../build --target llama-bench -j2
+#                    cmake --build .../build --target llama-bench llama-quantize -j2
 #
 # What is measured: fmoe through tests/model/forward_driver --bench (prefill: one forward
 # call over P prompt tokens, logits of the last one only, as llama-bench computes them;
 # decode: G-1 single-token steps after it), llama.cpp through
 # llama-bench (pp P: prefill of P tokens; tg G: G single-token steps from an empty
-# context). Both use the same thread count, one discarded warm-up run (the weights are
-# paged in from disk on first use), and the best of R runs, as the machine is shared:
-# expect noise of 2x and more while other jobs run. Ratio = fmoe / llama.cpp (above 1:
-# fmoe is faster).
+# context). Both use the same thread count and one discarded warm-up run (the weights are
+# paged in from disk on first use); then R rounds, each one fmoe run followed by one
+# llama-bench run, so that load from other jobs hits both sides alike, and the best of
+# each. The machine may be shared: expect noise of 2x and more while other jobs run.
+# Ratio = fmoe / llama.cpp (above 1: fmoe is faster).
 set -eu
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${FMOE_BUILD_DIR:-$REPO/build}
 PYTHON=${PYTHON:-}
 [ -n "$PYTHON" ] || { [ -x "$REPO/.venv/bin/python" ] && PYTHON=$REPO/.venv/bin/python || PYTHON=python3; }
-THREADS=$(nproc)
+THREADS_LIST=$(nproc)
+TYPES=bf16,q8_0,q4_k_m
 PROMPT=128
 GEN=32
 REPEAT=3
 SKIP_1B=0
+ACT8=0
 LLAMA=""
+usage() { echo "bench_cpu_forward.sh: $1 (see --help)" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
-    --threads) THREADS=$2; shift 2 ;;
-    --prompt) PROMPT=$2; shift 2 ;;
-    --gen) GEN=$2; shift 2 ;;
-    --repeat) REPEAT=$2; shift 2 ;;
+    --threads) [ $# -ge 2 ] || usage "--threads needs a value"; THREADS_LIST=$2; shift 2 ;;
+    --types) [ $# -ge 2 ] || usage "--types needs a value"; TYPES=$2; shift 2 ;;
+    --prompt) [ $# -ge 2 ] || usage "--prompt needs a value"; PROMPT=$2; shift 2 ;;
+    --gen) [ $# -ge 2 ] || usage "--gen needs a value"; GEN=$2; shift 2 ;;
+    --repeat) [ $# -ge 2 ] || usage "--repeat needs a value"; REPEAT=$2; shift 2 ;;
     --skip-1b) SKIP_1B=1; shift ;;
-    --llama-cpp) LLAMA=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
-    *) echo "bench_cpu_forward.sh: unknown option $1" >&2; exit 2 ;;
+    --q8-activations) ACT8=1; shift ;;
+    --llama-cpp) [ $# -ge 2 ] || usage "--llama-cpp needs a value"; LLAMA=$2; shift 2 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    *) usage "unknown option $1" ;;
     esac
 done
+for t in $(echo "$TYPES" | tr ',' ' '); do
+    case "$t" in bf16|q8_0|q4_k_m) ;; *) usage "--types: unknown type $t (bf16, q8_0, q4_k_m)" ;; esac
+done
+for n in $(echo "$THREADS_LIST" | tr ',' ' '); do
+    case "$n" in ''|*[!0-9]*|0) usage "--threads: $n is not a positive integer" ;; esac
+done
 DRIVER=$BUILD/tests/model/forward_driver
+FMOE=$BUILD/cmd/fmoe
 [ -x "$DRIVER" ] || { echo "bench_cpu_forward.sh: $DRIVER not built (set FMOE_BUILD_DIR)" >&2; exit 1; }
+BENCH=""
+QUANTIZE=""
+if [ -n "$LLAMA" ]; then
+    BENCH=$LLAMA/build/bin/llama-bench
+    QUANTIZE=$LLAMA/build/bin/llama-quantize
+    [ -x "$BENCH" ] || { echo "bench_cpu_forward.sh: $BENCH not built" >&2; exit 1; }
+fi
 WORK=${BENCH_WORK:-$(mktemp -d /tmp/fmoe-bench.XXXXXX)}
 mkdir -p "$WORK"
 
 TOKENS=$("$PYTHON" -c "print(','.join(str(1 + (i * 37) % 4000) for i in range($PROMPT)))")
 
-# best_of CMD...: runs the fmoe driver REPEAT times, prints "prefill decode" (best of each).
-fmoe_best() {
-    dir=$1
-    i=0
-    best_p=0
-    best_d=0
-    # one discarded run: pages the weights in, so the first timed run is not a disk read
-    "$DRIVER" "$dir" --tokens "$TOKENS" --generate 2 --threads "$THREADS" --bench > /dev/null
-    while [ $i -lt "$REPEAT" ]; do
-        out=$("$DRIVER" "$dir" --tokens "$TOKENS" --generate "$GEN" --threads "$THREADS" --bench)
-        p=$(echo "$out" | "$PYTHON" -c "import json,sys; print(json.load(sys.stdin)['prefill_tok_s'])")
-        d=$(echo "$out" | "$PYTHON" -c "import json,sys; print(json.load(sys.stdin)['decode_tok_s'])")
-        best_p=$("$PYTHON" -c "print(max($best_p, $p))")
-        best_d=$("$PYTHON" -c "print(max($best_d, $d))")
-        i=$((i + 1))
-    done
-    echo "$best_p $best_d"
+# fmoe_once MODEL THREADS [VAR=VALUE]: one timed run, prints "prefill decode" tokens/s.
+fmoe_once() {
+    env ${3:+"$3"} "$DRIVER" "$1" --tokens "$TOKENS" --generate "$GEN" --threads "$2" --bench |
+        "$PYTHON" -c "import json,sys; d=json.load(sys.stdin); print(d['prefill_tok_s'], d['decode_tok_s'])"
 }
 
-# llama_best GGUF: prints "prefill decode" tokens/s from llama-bench (best of REPEAT).
-llama_best() {
-    "$LLAMA/build/bin/llama-bench" -m "$1" -p 16 -n 2 -t "$THREADS" -r 1 > /dev/null 2>&1 # warm-up
-    "$LLAMA/build/bin/llama-bench" -m "$1" -p "$PROMPT" -n "$GEN" -t "$THREADS" -r "$REPEAT" \
-        -o json 2>/dev/null | "$PYTHON" -c "
+# llama_once GGUF THREADS: one llama-bench round, prints "prefill decode" tokens/s.
+llama_once() {
+    "$BENCH" -m "$1" -p "$PROMPT" -n "$GEN" -t "$2" -r 1 -o json 2>/dev/null | "$PYTHON" -c "
 import json, sys
 rows = json.load(sys.stdin)
-pp = max(max(r.get('samples_ts') or [r['avg_ts']]) for r in rows if r['n_prompt'] > 0)
-tg = max(max(r.get('samples_ts') or [r['avg_ts']]) for r in rows if r['n_gen'] > 0)
+pp = max(r['avg_ts'] for r in rows if r['n_prompt'] > 0)
+tg = max(r['avg_ts'] for r in rows if r['n_gen'] > 0)
 print(pp, tg)"
 }
 
@@ -106,40 +124,110 @@ c.main()
 EOF
 }
 
-report() { # name fmoe_p fmoe_d [llama_p llama_d]
-    if [ $# -ge 5 ]; then
-        "$PYTHON" -c "
-n, fp, fd, lp, ld = '$1', $2, $3, $4, $5
-print(f'{n:<22} fmoe   prefill {fp:9.1f} tok/s  decode {fd:8.1f} tok/s')
-print(f'{n:<22} llama  prefill {lp:9.1f} tok/s  decode {ld:8.1f} tok/s')
-print(f'{n:<22} ratio  prefill {fp / lp:9.2f}x       decode {fd / ld:8.2f}x   (fmoe / llama.cpp)')"
-    else
-        "$PYTHON" -c "print(f'{\"$1\":<22} fmoe   prefill {$2:9.1f} tok/s  decode {$3:8.1f} tok/s')"
-    fi
-}
-
-echo "# bench_cpu_forward: threads $THREADS, prompt $PROMPT tokens, $GEN generated, best of $REPEAT"
-echo "# $(uname -m), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-
-run_model() { # name hf_dir
+# model_file NAME HF_DIR TYPE: prints the file fmoe runs for TYPE (making it if needed),
+# or nothing with a note on stderr when it cannot be made.
+model_file() {
     name=$1
     dir=$2
-    set -- $(fmoe_best "$dir")
-    fp=$1
-    fd=$2
-    if [ -n "$LLAMA" ] && [ -x "$LLAMA/build/bin/llama-bench" ]; then
-        gguf=$WORK/$name.bf16.gguf
-        [ -f "$gguf" ] || to_gguf "$dir" "$gguf" > "$WORK/$name.convert.log" 2>&1 || {
+    bf16=$WORK/$name.bf16.gguf
+    if [ -n "$LLAMA" ] && [ ! -f "$bf16" ]; then
+        to_gguf "$dir" "$bf16" > "$WORK/$name.convert.log" 2>&1 || {
+            rm -f "$bf16"
             echo "$name: GGUF conversion failed, see $WORK/$name.convert.log" >&2
-            report "$name" "$fp" "$fd"
-            return 0
         }
-        set -- $(llama_best "$gguf")
-        report "$name" "$fp" "$fd" "$1" "$2"
-    else
-        report "$name" "$fp" "$fd"
     fi
+    case "$3" in
+    bf16) echo "$dir" ;;
+    q8_0|q4_k_m)
+        out=$WORK/$name.$3.gguf
+        if [ ! -f "$out" ]; then
+            up=$(echo "$3" | tr a-z A-Z)
+            if [ -n "$QUANTIZE" ] && [ -x "$QUANTIZE" ] && [ -f "$bf16" ]; then
+                "$QUANTIZE" "$bf16" "$out.partial" "$up" > "$WORK/$name.$3.log" 2>&1 &&
+                    mv "$out.partial" "$out" ||
+                    echo "$name: llama-quantize $up failed, see $WORK/$name.$3.log" >&2
+            elif [ "$3" = q8_0 ]; then
+                "$FMOE" quantize --type q8_0 "$dir" -o "$out" --quiet >&2 ||
+                    echo "$name: fmoe quantize --type q8_0 failed" >&2
+            else
+                echo "$name: q4_k_m needs llama-quantize (--llama-cpp DIR)" >&2
+            fi
+        fi
+        [ -f "$out" ] && echo "$out" || true
+        ;;
+    esac
 }
+
+# bench NAME TYPE MODEL GGUF THREADS: warm-up, REPEAT interleaved rounds, the report.
+bench() {
+    name=$1
+    type=$2
+    model=$3
+    gguf=$4
+    th=$5
+    a8=0
+    [ "$ACT8" = 1 ] && [ "$type" != bf16 ] && a8=1
+    # discarded runs: page the weights in, so the first timed run is not a disk read
+    "$DRIVER" "$model" --tokens "$TOKENS" --generate 2 --threads "$th" --bench > /dev/null
+    [ -z "$gguf" ] || "$BENCH" -m "$gguf" -p 16 -n 2 -t "$th" -r 1 > /dev/null 2>&1
+    fp=0 fd=0 ap=0 ad=0 lp=0 ld=0
+    i=0
+    while [ $i -lt "$REPEAT" ]; do
+        set -- $(fmoe_once "$model" "$th")
+        fp=$("$PYTHON" -c "print(max($fp, $1))")
+        fd=$("$PYTHON" -c "print(max($fd, $2))")
+        if [ "$a8" = 1 ]; then
+            set -- $(fmoe_once "$model" "$th" FMOE_Q8_ACTIVATIONS=1)
+            ap=$("$PYTHON" -c "print(max($ap, $1))")
+            ad=$("$PYTHON" -c "print(max($ad, $2))")
+        fi
+        if [ -n "$gguf" ]; then
+            set -- $(llama_once "$gguf" "$th")
+            lp=$("$PYTHON" -c "print(max($lp, $1))")
+            ld=$("$PYTHON" -c "print(max($ld, $2))")
+        fi
+        i=$((i + 1))
+    done
+    "$PYTHON" - "$name $type t$th" "$fp" "$fd" "$a8" "$ap" "$ad" "$lp" "$ld" <<'EOF'
+import sys
+n = sys.argv[1]
+fp, fd, a8, ap, ad, lp, ld = map(float, sys.argv[2:])
+rows = [("fmoe", fp, fd)] + ([("fmoe-a8", ap, ad)] if a8 else [])
+for who, p, d in rows:
+    print(f"{n:<28} {who:<7} prefill {p:9.1f} tok/s  decode {d:8.1f} tok/s")
+if lp > 0:
+    print(f"{n:<28} {'llama':<7} prefill {lp:9.1f} tok/s  decode {ld:8.1f} tok/s")
+    for who, p, d in rows:
+        print(f"{n:<28} {'ratio':<7} prefill {p / lp:9.2f}x       decode {d / ld:8.2f}x   "
+              f"({who} / llama.cpp)")
+EOF
+}
+
+run_model() { # name hf_dir
+    for type in $(echo "$TYPES" | tr ',' ' '); do
+        model=$(model_file "$1" "$2" "$type")
+        [ -n "$model" ] || continue
+        gguf=""
+        if [ -n "$LLAMA" ]; then
+            case "$type" in
+            bf16) [ -f "$WORK/$1.bf16.gguf" ] && gguf=$WORK/$1.bf16.gguf ;;
+            *) gguf=$model ;;
+            esac
+        fi
+        for th in $(echo "$THREADS_LIST" | tr ',' ' '); do
+            bench "$1" "$type" "$model" "$gguf" "$th"
+        done
+    done
+}
+
+echo "# bench_cpu_forward: threads $THREADS_LIST, types $TYPES, prompt $PROMPT tokens, $GEN generated, best of $REPEAT interleaved rounds"
+echo "# $(uname -m), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ -n "$LLAMA" ]; then
+    # llama-bench's record of its build: "version: 0.5.0-dev (build 1, commit 0c1e570)"
+    # (built outside git, the commit comes from the sdist's own record or is "unknown")
+    build=$("$BENCH" --version 2>&1 | head -1 || true)
+    echo "# llama.cpp: $LLAMA, ${build:-version unknown}"
+fi
 
 run_model fmoe-tiny "$REPO/datasets/fmoe-tiny"
 
