@@ -48,11 +48,6 @@ static INLINE float f32_at(const uint8_t *p) {
 
 SIMD static INLINE __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
-/* 16 int16 lanes: the first 8 = lo, the last 8 = hi (the scales of two 16-value groups). */
-SIMD static INLINE __m256i scales2(int lo, int hi) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
-}
-
 SIMD static INLINE void dots_q8_0(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
                                   int64_t n, float *y, int64_t ys) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -86,9 +81,19 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
     }
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += wbytes, a += FMOE_Q8_K_BYTES) {
         const float d = f16_at(w), dmin = f16_at(w + 2);
-        uint8_t sc[8], m[8];
-        for (int j = 0; j < 8; j++) fmoe__scale_min_k4(j, w + 4, &sc[j], &m[j]);
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+        /* the eight 6-bit scales and mins as int16 lanes, all at once (ggml's utmp trick:
+         * fmoe__scale_min_k4 for j = 0..7, four 32-bit words at a time) */
+        uint32_t u[4];
+        memcpy(u, w + 4, 12);
+        u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+        const uint32_t u1 = u[1] & 0x3f3f3f3f;
+        u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+        u[2] = u1;
+        u[0] &= 0x3f3f3f3f;
+        /* u[0..1]: scales of sub-blocks 0..7, u[2..3]: their mins */
+        const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[1], (int)u[0]));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2]));
+        const __m256i scales = _mm256_broadcastsi128_si256(sc16);
         const uint8_t *ql = w + (bits == 4 ? 16 : 48);
         const __m256i hb = bits == 5 ? load(w + 16) : _mm256_setzero_si256();
         __m256i hmask = _mm256_set1_epi8(1);
@@ -106,7 +111,8 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
                 q0 = _mm256_or_si256(q0, _mm256_and_si256(h0, sixteen));
                 q1 = _mm256_or_si256(q1, _mm256_and_si256(h1, sixteen));
             }
-            const __m256i s0 = _mm256_set1_epi16(sc[2 * jj]), s1 = _mm256_set1_epi16(sc[2 * jj + 1]);
+            const __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * jj)));
+            const __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * jj + 1))));
             for (int k = 0; k < nx; k++) {
                 const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 64 * jj;
                 const __m256i p0 = _mm256_madd_epi16(s0, _mm256_maddubs_epi16(q0, load(qa)));
@@ -142,7 +148,8 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += FMOE_Q6_K_BYTES, a += FMOE_Q8_K_BYTES) {
         const int8_t *sc = (const int8_t *)(w + 192);
         const float d = f16_at(w + 208);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         __m256i sumi[MAXX];
         for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
         for (int half = 0; half < 2; half++) {
@@ -158,7 +165,10 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
             for (int qq = 0; qq < 4; qq++) {
-                const __m256i s = scales2(sc[8 * half + 2 * qq], sc[8 * half + 2 * qq + 1]);
+                /* scales 8·half + 2qq (values 0..15) and the next (16..31) as int16 lanes */
+                const int is = 8 * half + 2 * qq;
+                const __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                    sc8, _mm_set_epi64x(0x0101010101010101ll * (is + 1), 0x0101010101010101ll * is)));
                 for (int k = 0; k < nx; k++) {
                     const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 128 * half + 32 * qq;
                     const __m256i p = _mm256_madd_epi16(s, _mm256_maddubs_epi16(q[qq], load(qa)));
