@@ -70,7 +70,8 @@ typedef struct shapes {
     int32_t hidden, ffn, heads, kv_heads, head_dim, experts, shared_ffn;
     int32_t vocab;         /* the LM head's rows */
     int32_t layers, top_k; /* MoE layers and experts per token: the matcher's maps */
-    fmoe_dtype dtype;      /* the checkpoint's: the CPU kernels are timed on it */
+    fmoe_dtype dtype;        /* the checkpoint's: the CPU kernels are timed on it */
+    fmoe_dtype expert_dtype; /* its routed experts' (a GGUF's q4_k, ...): the expert chain's */
     char model[192];
 } shapes;
 
@@ -161,7 +162,7 @@ static int parse_options(int argc, char **argv, options *o) {
 static int load_shapes(const options *o, shapes *s) {
     *s = (shapes){.hidden = 4096, .ffn = 14336, .heads = 32, .kv_heads = 8, .head_dim = 128,
                   .experts = 8, .shared_ffn = 0, .vocab = 32000, .layers = 32, .top_k = 2,
-                  .dtype = FMOE_DTYPE_BF16};
+                  .dtype = FMOE_DTYPE_BF16, .expert_dtype = FMOE_DTYPE_BF16};
     snprintf(s->model, sizeof s->model, "Mixtral-8x7B shapes (default)");
     if (o->model_config) {
         fmoe_model_geometry g;
@@ -178,6 +179,7 @@ static int load_shapes(const options *o, shapes *s) {
         s->layers = g.num_moe_layers > 0 ? g.num_moe_layers : 1;
         s->top_k = g.top_k;
         s->dtype = g.dtype;
+        s->expert_dtype = g.expert_dtype;
         snprintf(s->model, sizeof s->model, "%s (%.60s)", g.model_type, o->model_config);
         if (s->heads % s->kv_heads) s->kv_heads = s->heads;
     }
@@ -265,24 +267,30 @@ typedef struct measurements {
 } measurements;
 
 /* "expert (fmoe cpu bf16)": a series' label (static storage, one per kind). */
-static const char *cpu_kernel_name(const shapes *sh, const char *what) {
+/* "expert (fmoe cpu q4_k)": what was timed, with the kernels' weight format. A format the
+ * CPU backend has no kernel for (mxfp4, f8_e4m3) is timed as bf16, and named so. */
+static const char *cpu_kernel_name(fmoe_dtype dtype, const char *what) {
     static char names[3][48];
     const int i = what[0] == 'e' ? 0 : what[0] == 'l' && what[1] == 'a' ? 1 : 2;
+    const int own = dtype == FMOE_DTYPE_F32 || dtype == FMOE_DTYPE_F16 ||
+                    dtype == FMOE_DTYPE_BF16 || dtype == FMOE_DTYPE_Q8_0 ||
+                    dtype == FMOE_DTYPE_Q4_K || dtype == FMOE_DTYPE_Q5_K ||
+                    dtype == FMOE_DTYPE_Q6_K;
     snprintf(names[i], sizeof names[i], "%s (fmoe cpu %s)", what,
-             sh->dtype == FMOE_DTYPE_F32 ? "f32" : sh->dtype == FMOE_DTYPE_F16 ? "f16" : "bf16");
+             own ? fmoe_dtype_name(dtype) : "bf16");
     return names[i];
 }
 
-/* The chain rows[i] x cols[i], i < mats, timed through the CPU backend's own products at
- * the checkpoint's dtype for each token count (fmoe_calibrate_gemms with its kernel). */
-static int time_cpu_kernels(const options *o, const shapes *sh, const int32_t *rows,
+/* The chain rows[i] x cols[i], i < mats, timed through the CPU backend's own products on
+ * weights of `dtype` for each token count (fmoe_calibrate_gemms with its kernel). */
+static int time_cpu_kernels(const options *o, fmoe_dtype dtype, const int32_t *rows,
                             const int32_t *cols, int32_t mats, const int32_t *tok, int32_t nt,
                             int32_t reps, double *sec) {
     int32_t tmax = 1;
     for (int32_t i = 0; i < nt; i++) tmax = tok[i] > tmax ? tok[i] : tmax;
     const int blas_threads = openblas_get_num_threads(); /* the backend sets it to one */
     fmoe_cpu_gemm_bench *b = NULL;
-    int rc = fmoe_cpu_gemm_bench_init(&b, rows, cols, mats, sh->dtype, tmax, o->threads);
+    int rc = fmoe_cpu_gemm_bench_init(&b, rows, cols, mats, dtype, tmax, o->threads);
     if (rc == 0) {
         const fmoe_gemm_kernel k = {.ctx = b, .run = fmoe_cpu_gemm_bench_run};
         rc = fmoe_calibrate_gemms(&k, rows, cols, mats, tok, nt, reps, sec);
@@ -347,17 +355,20 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     const int32_t lm = layer_mats(sh, lrows, lcols);
     const double eflops = chain_flops(erows, ecols, 3);
     /* the products as a live CPU run computes them: the CPU backend's kernels on weights of
-     * the checkpoint's dtype (runtime/model/gemm_bench.c says why not OpenBLAS f32) */
-    m->expert_cpu = (series){.what = cpu_kernel_name(sh, "expert"), .n = nt};
-    FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh, erows, ecols, 3, tok, nt, reps, sec));
+     * the checkpoint's dtype (runtime/model/gemm_bench.c says why not OpenBLAS f32); the
+     * experts in their own format (a GGUF's blocks), the rest in the config's dtype, which
+     * is what `fmoe quantize --experts-only` leaves */
+    m->expert_cpu = (series){.what = cpu_kernel_name(sh->expert_dtype, "expert"), .n = nt};
+    FMOE_FORWARD_IF_ERROR(
+        time_cpu_kernels(o, sh->expert_dtype, erows, ecols, 3, tok, nt, reps, sec));
     for (int32_t i = 0; i < nt; i++) {
         m->expert_cpu.x[i] = tok[i], m->expert_cpu.y[i] = sec[i];
         const double f = eflops * tok[i] / sec[i];
         if (f > m->cpu_peak_flops) m->cpu_peak_flops = f;
     }
     fit_series(&m->expert_cpu);
-    m->layer_cpu = (series){.what = cpu_kernel_name(sh, "layer GEMMs"), .n = nt};
-    FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh, lrows, lcols, lm, tok, nt, reps, sec));
+    m->layer_cpu = (series){.what = cpu_kernel_name(sh->dtype, "layer GEMMs"), .n = nt};
+    FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh->dtype, lrows, lcols, lm, tok, nt, reps, sec));
     for (int32_t i = 0; i < nt; i++) m->layer_cpu.x[i] = tok[i], m->layer_cpu.y[i] = sec[i];
     fit_series(&m->layer_cpu);
     m->attn_cpu = (series){.what = "attention (OpenBLAS fp32)", .n = na};
@@ -370,8 +381,8 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     }
     fit_series(&m->attn_cpu);
     const int32_t hrows[1] = {sh->vocab}, hcols[1] = {sh->hidden};
-    m->head_cpu = (series){.what = cpu_kernel_name(sh, "LM head"), .n = nt};
-    FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh, hrows, hcols, 1, tok, nt, reps, sec));
+    m->head_cpu = (series){.what = cpu_kernel_name(sh->dtype, "LM head"), .n = nt};
+    FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh->dtype, hrows, hcols, 1, tok, nt, reps, sec));
     for (int32_t i = 0; i < nt; i++) m->head_cpu.x[i] = tok[i], m->head_cpu.y[i] = sec[i];
     fit_series(&m->head_cpu);
     /* the fMoE matcher: one CPU thread, whatever --threads says (it runs beside inference) */

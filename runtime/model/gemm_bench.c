@@ -8,14 +8,31 @@
  * bound by the bytes of the weights read, so on an AVX-512 machine the f32 timings were
  * twice the live ones and the simulator's predictions of live CPU runs were that much
  * off (tests/bench/bench_offload_live.py). Timing the backend's matmul on weights of the
- * checkpoint's dtype measures what the live run does.
+ * checkpoint's dtype measures what the live run does. A GGUF model's quantized weights
+ * (Q8_0, Q4_K, Q5_K, Q6_K) are timed as blocks of that type through the same matmul, which
+ * runs the block kernels (runtime/cpu/quant_matvec.c): a Q4_K decode reads 0.28x the bytes
+ * of bf16, and its compute curve must say so.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "fmoe/error.h"
 #include "fmoe/half.h"
+#include "fmoe/quant.h"
 #include "model_impl.h"
+
+/* The block type a weight of `dtype` with rows of `cols` values is computed in, or 0 for a
+ * float dtype: a K-quant row must be whole super-blocks of 256; a row that is not is kept
+ * as Q8_0 when it is whole blocks of 32, else as bf16, as `fmoe quantize` writes it. */
+static uint32_t block_type(fmoe_dtype dtype, int32_t cols) {
+    uint32_t t = dtype == FMOE_DTYPE_Q8_0   ? FMOE_GGML_Q8_0
+                 : dtype == FMOE_DTYPE_Q4_K ? FMOE_GGML_Q4_K
+                 : dtype == FMOE_DTYPE_Q5_K ? FMOE_GGML_Q5_K
+                 : dtype == FMOE_DTYPE_Q6_K ? FMOE_GGML_Q6_K
+                                            : 0;
+    if (t && cols % fmoe_ggml_block_size(t) != 0) t = cols % FMOE_QK8_0 == 0 ? FMOE_GGML_Q8_0 : 0;
+    return t;
+}
 
 struct fmoe_cpu_gemm_bench {
     void *ctx;            /* the CPU backend's */
@@ -36,7 +53,8 @@ void fmoe_cpu_gemm_bench_free(fmoe_cpu_gemm_bench *b) {
 int fmoe_cpu_gemm_bench_init(fmoe_cpu_gemm_bench **out, const int32_t *rows,
                              const int32_t *cols, int32_t mats, fmoe_dtype dtype,
                              int32_t max_batch, int32_t threads) {
-    /* the kernels the forward pass has: f32, f16 and bf16 (other formats: bf16's) */
+    /* the kernels the forward pass has: f32, f16, bf16, and the block types (block_type);
+     * other formats are timed as bf16 */
     const fmoe_st_dtype st = dtype == FMOE_DTYPE_F32   ? FMOE_ST_F32
                              : dtype == FMOE_DTYPE_F16 ? FMOE_ST_F16
                                                        : FMOE_ST_BF16;
@@ -54,12 +72,18 @@ int fmoe_cpu_gemm_bench_init(fmoe_cpu_gemm_bench **out, const int32_t *rows,
     int rc = b->w && b->data ? 0 : fmoe_error_set(FMOE_ENOMEM, "gemm timing");
     int64_t max_cols = 1;
     uint32_t x = 2463534242u;
+    float *row = NULL; /* a quantized matrix: each row made in f32, then quantized */
     for (int32_t i = 0; rc == 0 && i < mats; i++) {
         const size_t n = (size_t)rows[i] * (size_t)cols[i];
+        const uint32_t quant = block_type(dtype, cols[i]);
+        const size_t row_bytes = quant ? (size_t)fmoe_quant_row_bytes(quant, cols[i]) : 0;
         const size_t elem = st == FMOE_ST_F32 ? 4 : 2;
+        const size_t bytes = quant ? row_bytes * (size_t)rows[i] : n * elem;
         /* 64-byte rows as a checkpoint's realigned tensors; small values */
-        b->data[i] = aligned_alloc(64, (n * elem + 63) / 64 * 64);
-        if (!b->data[i]) {
+        b->data[i] = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        float *grown = quant ? realloc(row, (size_t)cols[i] * sizeof *row) : row;
+        if (grown) row = grown;
+        if (!b->data[i] || (quant && !grown)) {
             rc = fmoe_error_set(FMOE_ENOMEM, "gemm timing: a %d x %d matrix", rows[i], cols[i]);
             break;
         }
@@ -68,14 +92,24 @@ int fmoe_cpu_gemm_bench_init(fmoe_cpu_gemm_bench **out, const int32_t *rows,
             x ^= x >> 17;
             x ^= x << 5;
             const float v = ((float)(x & 0xffff) / 65536.0f - 0.5f) * 0.04f;
-            if (st == FMOE_ST_BF16) ((uint16_t *)b->data[i])[k] = fmoe_float_to_bf16(v);
+            if (quant) {
+                const size_t c = k % (size_t)cols[i];
+                row[c] = v;
+                if (c + 1 == (size_t)cols[i])
+                    fmoe_quant_quantize_row(quant, row,
+                                            (uint8_t *)b->data[i] + (k / (size_t)cols[i]) * row_bytes,
+                                            cols[i]);
+            } else if (st == FMOE_ST_BF16) ((uint16_t *)b->data[i])[k] = fmoe_float_to_bf16(v);
             else if (st == FMOE_ST_F16) ((uint16_t *)b->data[i])[k] = fmoe_float_to_half(v);
             else ((float *)b->data[i])[k] = v;
         }
-        b->w[i] = (fmoe__mat){.data = b->data[i], .dtype = st,
-                              .rows = rows[i], .cols = cols[i]};
+        b->w[i] = quant ? (fmoe__mat){.data = b->data[i], .dtype = FMOE_ST_U8, .quant = quant,
+                                      .rows = rows[i], .cols = cols[i]}
+                        : (fmoe__mat){.data = b->data[i], .dtype = st,
+                                      .rows = rows[i], .cols = cols[i]};
         if (cols[i] > max_cols) max_cols = cols[i];
     }
+    free(row);
     const fmoe__backend_limits lim = {.threads = threads, .max_cols = max_cols,
                                       .max_batch = max_batch, .max_context = 1};
     if (rc == 0) rc = fmoe__cpu_backend.init(&lim, &b->ctx);

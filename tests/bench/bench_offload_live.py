@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/bench/bench_offload_live.py [--work DIR] [--prompts 4] [--gen 16]
         [--threads N] [--policies lru,fmoe,mixtral-offload] [--fractions 0.1,0.25,0.5]
-        [--repeat 2] [--paired] [--json FILE]
+        [--repeat 2] [--paired] [--weights bf16,q4_k] [--json FILE]
 
 --paired calibrates again before every live run (and once after the last), simulates each
 run with the mean of the calibrations made just before and just after it, and reports the
@@ -38,6 +38,13 @@ matcher runs on its own thread (the live default); `fmoe:sync` in --policies run
 inline at each gate instead (`--sync-predictions`), for the cost of the thread's later plans
 against the searches' time at the gates (the simulator models the matcher by the profile's
 measured delay either way).
+--weights bf16,q4_k runs the whole table once per expert format: the checkpoint's bf16
+experts, then the same model written by `fmoe quantize --type q4_k --experts-only` (every
+routed expert in Q4_K, 144 bytes per 256 weights: 0.28x the bytes; attention and the rest
+stay bf16), read from the GGUF file with the same tier, slots and prompts. The link bound
+moves with the bytes: the awaited bytes per token shrink with the expert size, and the
+calibration is made on the file each run reads.
+
 Figures are this machine's; the disk and the page cache of the host decide them. Not a
 test: run it by hand, put the table in docs/results.md with the machine named.
 """
@@ -131,8 +138,26 @@ def main():
                          "run with the median gap (for a machine whose disk and CPU speeds "
                          "drift between runs)")
     ap.add_argument("--build", default=str(REPO / "build"))
+    ap.add_argument("--weights", default="bf16",
+                    help="expert formats to compare, comma-separated: bf16 (the checkpoint) "
+                         "and any of fmoe quantize's types (q8_0, q4_k, q5_k, q6_k), whose "
+                         "GGUF quantizes the routed experts only")
     ap.add_argument("--json")
     a = ap.parse_args()
+    tables = []
+    for weights in a.weights.split(","):
+        tables.append(bench_one(a, weights))
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps(tables if len(tables) > 1 else tables[0],
+                                                   indent=1))
+
+
+# bytes per 256 weights of each block format fmoe quantize writes (docs/quantization.md)
+BLOCK_BYTES_PER_256 = {"q8_0": 272, "q4_k": 144, "q5_k": 176, "q6_k": 210}
+
+
+def bench_one(a, weights):
+    """The table for one expert format; returns it as a dict."""
     fmoe = pathlib.Path(a.build) / "cmd" / "fmoe"
     work = pathlib.Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -147,6 +172,20 @@ def main():
     L, J = cfg["num_hidden_layers"], cfg["num_local_experts"]
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     expert_bytes = 3 * h * inter * 2
+    model_file, model_config = model / "model.safetensors", model / "config.json"
+    if weights != "bf16":
+        if weights not in BLOCK_BYTES_PER_256:
+            sys.exit(f"bench_offload_live: --weights {weights}: not one of bf16, "
+                     f"{', '.join(BLOCK_BYTES_PER_256)}")
+        gguf = work / f"model-{weights}.gguf"
+        if not gguf.exists():
+            print(f"fmoe quantize --type {weights} --experts-only ...", file=sys.stderr)
+            run([fmoe, "quantize", "--type", weights, "--experts-only", model, "-o", gguf,
+                 "--quiet"])
+        model, model_file, model_config = gguf, gguf, gguf
+        expert_bytes = 3 * h * inter * BLOCK_BYTES_PER_256[weights] // 256
+        work = work / weights
+        work.mkdir(exist_ok=True)
     lines = PROMPTS.read_text().splitlines()
     prompts, other = work / "prompts.txt", work / "other.txt"
     prompts.write_text("\n".join(lines[:a.prompts]) + "\n")
@@ -156,9 +195,9 @@ def main():
               "--quiet", *threads]
 
     profile = work / "profile.json"
-    print("fmoe calibrate --link-file model.safetensors ...", file=sys.stderr)
-    run([fmoe, "calibrate", "--model-config", model / "config.json", "--link-file",
-         model / "model.safetensors", "-o", profile, "--quiet", *threads])
+    print(f"fmoe calibrate --link-file {model_file.name} ...", file=sys.stderr)
+    run([fmoe, "calibrate", "--model-config", model_config, "--link-file", model_file, "-o",
+         profile, "--quiet", *threads])
     prof = json.loads(profile.read_text())
     alpha, beta = prof["link"]["alpha_s"], prof["link"]["beta_bytes_per_s"]
 
@@ -175,7 +214,7 @@ def main():
     run([fmoe, "build-store", "--trace", work / "store-src.h5", "-o", store,
          "--prefetch-distance", 1, "--quiet"])
 
-    total_bytes = (model / "model.safetensors").stat().st_size
+    total_bytes = model_file.stat().st_size
     resident_weights = total_bytes - L * J * expert_bytes
     kv = L * 4096 * (cfg["num_key_value_heads"] * (h // cfg["num_attention_heads"])) * 4 * 2
 
@@ -186,8 +225,8 @@ def main():
 
     def calibrate():
         c = work / f"profile-{len(calibs)}.json"
-        run([fmoe, "calibrate", "--model-config", model / "config.json", "--link-file",
-             model / "model.safetensors", "-o", c, "--quiet", *threads])
+        run([fmoe, "calibrate", "--model-config", model_config, "--link-file", model_file,
+             "-o", c, "--quiet", *threads])
         calibs.append(c)
 
     points = []
@@ -275,7 +314,8 @@ def main():
                              "runs": [{k: (str(v) if k == "trace" else v) for k, v in r.items()}
                                       for r in pt["runs"]]})
 
-    print(f"\nmodel {model}: {L} MoE layers x {J} experts of {expert_bytes / 2**20:.1f} MiB; "
+    print(f"\nmodel {model} ({weights} experts): {L} MoE layers x {J} experts of "
+          f"{expert_bytes / 2**20:.1f} MiB; "
           f"calibrated link alpha {alpha * 1e6:.0f} us, beta {beta / 2**30:.2f} GiB/s")
     print(f"{'policy':<16}{'cache':>6}{'N':>4}{'live ms':>9}{'sim ms':>9}{'gap':>8}"
           + (f"{'own-link gap':>13}" if a.paired else "")
@@ -290,9 +330,8 @@ def main():
                  f"{r['live_over_resident']:>9.2f}" if 'bound_tpot_s' in r else " " * 28)
               + f"{r['peak_rss_mib']:>9.0f}"
               + (f"{r['rss_bound_mib']:>9.0f}" if 'rss_bound_mib' in r else ""))
-    if a.json:
-        pathlib.Path(a.json).write_text(json.dumps({"alpha_s": alpha, "beta_bytes_per_s": beta,
-                                                    "rows": rows}, indent=1))
+    return {"weights": weights, "expert_bytes": expert_bytes, "alpha_s": alpha,
+            "beta_bytes_per_s": beta, "rows": rows}
 
 
 if __name__ == "__main__":

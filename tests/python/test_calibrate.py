@@ -185,6 +185,21 @@ def test_cpu_gemms_are_timed_with_the_forward_passs_kernels(calibrate, tmp_path)
     assert p["calibration"]["compute"]["expert_cpu"]["what"] == "expert (fmoe cpu f32)"
 
 
+def test_quantized_experts_are_timed_in_their_block_format(calibrate, fmoe, tmp_path):
+    """A GGUF whose routed experts are Q4_K (fmoe quantize --experts-only): the expert chain
+    is timed on Q4_K blocks through the block kernels, the layer GEMMs and the LM head on
+    the config's bf16, as the live run computes them."""
+    gguf = tmp_path / "tiny-q4k.gguf"
+    fmoe("quantize", "--type", "q4_k", "--experts-only", REPO / "datasets" / "fmoe-tiny",
+         "-o", gguf, "--quiet")
+    p = json.loads(calibrate("--quick", "--quiet", "--file-dir", tmp_path, "--model-config",
+                             gguf).stdout)
+    comp = p["calibration"]["compute"]
+    assert comp["expert_cpu"]["what"] == "expert (fmoe cpu q4_k)"
+    assert comp["layer_gemms_cpu"]["what"] == "layer GEMMs (fmoe cpu bf16)"
+    assert comp["lm_head_cpu"]["what"] == "LM head (fmoe cpu bf16)"
+
+
 def test_link_file_times_o_direct_reads_of_the_given_file(calibrate, fmoe, tmp_path):
     """--link-file times the file link on O_DIRECT reads of an existing file (the model's
     safetensors, what `--tier file --direct-io` reads) instead of a scratch file; the
