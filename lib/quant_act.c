@@ -77,8 +77,11 @@ static void quantize_q8_k(const float *x, uint8_t *b) {
 
 void fmoe_quant_act_quantize(uint32_t t, const float *x, void *qx, int64_t n) {
     FMOE_ASSERT(fmoe_quant_act_bytes(t, n) >= 0);
-    if (t == FMOE_GGML_Q8_0) {
-        fmoe_quant_quantize_row(FMOE_GGML_Q8_0, x, qx, n); /* ggml's q8_0 reference */
+    if (t == FMOE_GGML_Q8_0) { /* ggml's q8_0 reference, the same bytes either way */
+        if (fmoe_quant_simd())
+            fmoe__quant_q8_0_avx2(x, qx, n);
+        else
+            fmoe_quant_quantize_row(FMOE_GGML_Q8_0, x, qx, n);
         return;
     }
     uint8_t *b = qx;
@@ -194,16 +197,23 @@ float fmoe_quant_act_dot_ref(uint32_t t, const void *row, const void *qx, int64_
     }
 }
 
-void fmoe_quant_act_dots(uint32_t t, const void *row, const void *qx, int64_t qx_stride,
-                         int32_t nx, int64_t n, float *y, int64_t ystride) {
-    /* called once per row: the cheap form of fmoe_quant_act_bytes's check */
+void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t rows,
+                           const void *qx, int64_t qx_stride, int32_t nx, int64_t n, float *y,
+                           int64_t ldy) {
     FMOE_ASSERT(fmoe_quant_act_supported(t) && n % (t == FMOE_GGML_Q8_0 ? FMOE_QK8_0 : FMOE_QK_K) == 0);
     if (fmoe_quant_simd()) {
-        fmoe__quant_act_dots_avx2(t, row, qx, qx_stride, nx, n, y, ystride);
+        fmoe__quant_act_rows_avx2(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
         return;
     }
-    for (int32_t k = 0; k < nx; k++)
-        y[k * ystride] = fmoe_quant_act_dot_ref(t, row, (const uint8_t *)qx + k * qx_stride, n);
+    for (int64_t r = 0; r < rows; r++)
+        for (int32_t k = 0; k < nx; k++)
+            y[k * ldy + r] = fmoe_quant_act_dot_ref(t, (const uint8_t *)W + r * row_bytes,
+                                                    (const uint8_t *)qx + k * qx_stride, n);
+}
+
+void fmoe_quant_act_dots(uint32_t t, const void *row, const void *qx, int64_t qx_stride,
+                         int32_t nx, int64_t n, float *y, int64_t ystride) {
+    fmoe_quant_act_matvec(t, row, 0, 1, qx, qx_stride, nx, n, y, ystride);
 }
 
 float fmoe_quant_act_dot(uint32_t t, const void *row, const void *qx, int64_t n) {

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "fmoe/dot_avx2.h"
+#include "fmoe/half.h"
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 #include "quant_act_impl.h"
@@ -224,28 +225,76 @@ SIMD static void dots_q6_k_n(const uint8_t *w, const uint8_t *a, int64_t s, int 
 #undef CALL
 }
 
-void fmoe__quant_act_dots_avx2(uint32_t t, const void *row, const void *qx, int64_t stride,
-                               int32_t nx, int64_t n, float *y, int64_t ys) {
-    const uint8_t *w = row, *a = qx;
-    for (int32_t k0 = 0; k0 < nx; k0 += MAXX) {
-        const int m = nx - k0 < MAXX ? nx - k0 : MAXX;
-        const uint8_t *ak = a + k0 * stride;
-        float *yk = y + k0 * ys;
-        switch (t) {
-        case FMOE_GGML_Q8_0: dots_q8_0_n(w, ak, stride, m, n, yk, ys); break;
-        case FMOE_GGML_Q4_K: dots_q4_k_n(w, ak, stride, m, n, yk, ys); break;
-        case FMOE_GGML_Q5_K: dots_q5_k_n(w, ak, stride, m, n, yk, ys); break;
-        default: dots_q6_k_n(w, ak, stride, m, n, yk, ys); break;
+void fmoe__quant_act_rows_avx2(uint32_t t, const void *W, int64_t row_bytes, int64_t rows,
+                               const void *qx, int64_t stride, int32_t nx, int64_t n, float *y,
+                               int64_t ldy) {
+    const uint8_t *a = qx;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *w = (const uint8_t *)W + r * row_bytes;
+        for (int32_t k0 = 0; k0 < nx; k0 += MAXX) {
+            const int m = nx - k0 < MAXX ? nx - k0 : MAXX;
+            const uint8_t *ak = a + k0 * stride;
+            float *yk = y + k0 * ldy + r;
+            switch (t) {
+            case FMOE_GGML_Q8_0: dots_q8_0_n(w, ak, stride, m, n, yk, ldy); break;
+            case FMOE_GGML_Q4_K: dots_q4_k_n(w, ak, stride, m, n, yk, ldy); break;
+            case FMOE_GGML_Q5_K: dots_q5_k_n(w, ak, stride, m, n, yk, ldy); break;
+            default: dots_q6_k_n(w, ak, stride, m, n, yk, ldy); break;
+            }
         }
+    }
+}
+
+/* roundf (half away from zero) of 8 floats of magnitude below 2^23: truncate, then step
+ * away from zero where the dropped fraction is at least one half (the fraction v - trunc(v)
+ * is exact). */
+SIMD static INLINE __m256i round_away(__m256 v) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_sub_ps(v, t);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 half = _mm256_cmp_ps(_mm256_and_ps(frac, absmask), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_andnot_ps(absmask, v));
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(half, one)));
+}
+
+SIMD void fmoe__quant_q8_0_avx2(const float *x, uint8_t *b, int64_t n) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, x += FMOE_QK8_0, b += FMOE_Q8_0_BYTES) {
+        const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+        const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                                 _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        const float amax = _mm_cvtss_f32(h);
+        const float d = amax / 127.f;
+        const float id = d != 0 ? 1.0f / d : 0.0f;
+        const uint16_t dh = fmoe_float_to_half(d);
+        memcpy(b, &dh, 2);
+        const __m256 vid = _mm256_set1_ps(id);
+        const __m256i q0 = round_away(_mm256_mul_ps(v0, vid)), q1 = round_away(_mm256_mul_ps(v1, vid));
+        const __m256i q2 = round_away(_mm256_mul_ps(v2, vid)), q3 = round_away(_mm256_mul_ps(v3, vid));
+        /* packs work within 128-bit lanes: the permute puts the 32 bytes back in order */
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+        _mm256_storeu_si256((__m256i *)(b + 2),
+                            _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     }
 }
 
 #else
 
-void fmoe__quant_act_dots_avx2(uint32_t t, const void *row, const void *qx, int64_t stride,
-                               int32_t nx, int64_t n, float *y, int64_t ys) {
-    for (int32_t k = 0; k < nx; k++)
-        y[k * ys] = fmoe_quant_act_dot_ref(t, row, (const uint8_t *)qx + k * stride, n);
+void fmoe__quant_act_rows_avx2(uint32_t t, const void *W, int64_t row_bytes, int64_t rows,
+                               const void *qx, int64_t stride, int32_t nx, int64_t n, float *y,
+                               int64_t ldy) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int32_t k = 0; k < nx; k++)
+            y[k * ldy + r] = fmoe_quant_act_dot_ref(t, (const uint8_t *)W + r * row_bytes,
+                                                    (const uint8_t *)qx + k * stride, n);
+}
+
+void fmoe__quant_q8_0_avx2(const float *x, uint8_t *dst, int64_t n) {
+    fmoe_quant_quantize_row(FMOE_GGML_Q8_0, x, dst, n);
 }
 
 #endif

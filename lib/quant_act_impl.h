@@ -11,9 +11,14 @@
 #define FMOE__Q8K_BSUMS (4 + 256)
 
 /* The AVX2 dots (lib/quant_act_avx2.c), only called when the CPU has AVX2, FMA and F16C:
- * y[t·ystride] for t < nx, each bit-identical to the single-input result. */
-void fmoe__quant_act_dots_avx2(uint32_t wtype, const void *row, const void *qx,
-                               int64_t qx_stride, int32_t nx, int64_t n, float *y,
-                               int64_t ystride);
+ * y[t·ldy + r] for rows r < rows (row_bytes apart) and inputs t < nx, each bit-identical
+ * to the single-row, single-input result. */
+void fmoe__quant_act_rows_avx2(uint32_t wtype, const void *W, int64_t row_bytes, int64_t rows,
+                               const void *qx, int64_t qx_stride, int32_t nx, int64_t n,
+                               float *y, int64_t ldy);
+
+/* Q8_0 blocks of x[n] (n a multiple of 32), AVX2: the bytes of ggml's reference quantiser
+ * (fmoe_quant_quantize_row), roundf's half-away-from-zero included. */
+void fmoe__quant_q8_0_avx2(const float *x, uint8_t *dst, int64_t n);
 
 #endif

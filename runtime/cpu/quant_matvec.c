@@ -37,9 +37,8 @@ static void run_chunk(void *ctx, int32_t task, int32_t worker) {
     const int64_t r0 = (int64_t)task * CHUNK_ROWS;
     const int64_t r1 = r0 + CHUNK_ROWS < j->rows ? r0 + CHUNK_ROWS : j->rows;
     if (j->qx) {
-        for (int64_t r = r0; r < r1; r++)
-            fmoe_quant_act_dots(j->type, j->W + r * j->row_bytes, j->qx, j->qx_bytes, j->nx,
-                                j->cols, j->y + r, j->ldy);
+        fmoe_quant_act_matvec(j->type, j->W + r0 * j->row_bytes, j->row_bytes, r1 - r0, j->qx,
+                              j->qx_bytes, j->nx, j->cols, j->y + r0, j->ldy);
         return;
     }
     const int widen = j->scratch && j->nx >= QUANT_MATVEC_WIDEN_MIN;

@@ -256,4 +256,44 @@ TEST(many_inputs_equal_one_at_a_time) {
     }
 }
 
+/* The Q8_0 input quantiser (AVX2 where the CPU has it) writes ggml's reference bytes, as
+ * fmoe_quant_quantize_row does (that one equals gguf-py byte for byte): random values, a
+ * zero block, exact halves (roundf rounds them away from zero), tiny and huge blocks. */
+TEST(q8_0_input_blocks_are_the_reference_bytes) {
+    enum { N = 32 * 64 };
+    float x[N];
+    for (int i = 0; i < N; i++) x[i] = rndf() * (i / 32 % 5 == 3 ? 1e-6f : i / 32 % 5 == 4 ? 1e4f : 1.f);
+    for (int i = 0; i < 32; i++) x[i] = 0;
+    for (int i = 32; i < 64; i++) x[i] = (float)(i - 48) + 0.5f; /* max 15.5: d = 15.5/127 */
+    for (int i = 64; i < 96; i++) x[i] = i == 64 ? 127.f : (float)(i - 80) + 0.5f; /* d = 1 */
+    for (int i = 96; i < 128; i++) x[i] = i == 96 ? -127.f : -(float)(i - 96) - 0.5f;
+    uint8_t a[N / 32 * FMOE_Q8_0_BYTES], b[N / 32 * FMOE_Q8_0_BYTES];
+    fmoe_quant_act_quantize(FMOE_GGML_Q8_0, x, a, N);
+    fmoe_quant_quantize_row(FMOE_GGML_Q8_0, x, b, N);
+    for (size_t i = 0; i < sizeof a; i++)
+        if (a[i] != b[i])
+            HARNESS_FAIL("byte %zu (block %zu) differs: %u vs %u", i, i / FMOE_Q8_0_BYTES, a[i], b[i]);
+}
+
+/* fmoe_quant_act_matvec over rows equals fmoe_quant_act_dots row by row, bit for bit. */
+TEST(matvec_equals_row_by_row) {
+    const int64_t n = 256, rows = 5;
+    for (size_t k = 0; k < NTYPES; k++) {
+        const uint32_t t = types[k];
+        const int64_t rb = fmoe_quant_row_bytes(t, n), ab = fmoe_quant_act_bytes(t, n);
+        uint8_t *w = malloc((size_t)(rb * rows)), *qx = malloc((size_t)(ab * 6));
+        float x[256], y[6 * 5], z[6 * 5];
+        for (int64_t r = 0; r < rows; r++) random_row(t, w + r * rb, n);
+        for (int v = 0; v < 6; v++) {
+            for (int i = 0; i < 256; i++) x[i] = rndf();
+            fmoe_quant_act_quantize(t, x, qx + v * ab, n);
+        }
+        fmoe_quant_act_matvec(t, w, rb, rows, qx, ab, 6, n, y, rows);
+        for (int64_t r = 0; r < rows; r++) fmoe_quant_act_dots(t, w + r * rb, qx, ab, 6, n, z + r, rows);
+        ASSERT_TRUE(memcmp(y, z, sizeof y) == 0);
+        free(w);
+        free(qx);
+    }
+}
+
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }

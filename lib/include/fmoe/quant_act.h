@@ -54,6 +54,14 @@ float fmoe_quant_act_dot(uint32_t wtype, const void *row, const void *qx, int64_
 void fmoe_quant_act_dots(uint32_t wtype, const void *row, const void *qx, int64_t qx_stride,
                          int32_t nx, int64_t n, float *y, int64_t ystride);
 
+/* Rows [0, rows) of a matrix, row r at W + r·row_bytes, against nx inputs:
+ * y[t·ldy + r] = dot(row r, qx + t·qx_stride). The same bits as fmoe_quant_act_dots row by
+ * row, with the checks and the dispatch paid once per call instead of once per row (which
+ * matters for short rows: a 256-value row is one Q8_K block). */
+void fmoe_quant_act_matvec(uint32_t wtype, const void *W, int64_t row_bytes, int64_t rows,
+                           const void *qx, int64_t qx_stride, int32_t nx, int64_t n, float *y,
+                           int64_t ldy);
+
 /* The plain-C reference, one block at a time. */
 float fmoe_quant_act_dot_ref(uint32_t wtype, const void *row, const void *qx, int64_t n);
 
