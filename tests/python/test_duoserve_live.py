@@ -20,7 +20,8 @@ import learned_policy_live as policy_live  # noqa: E402
 from conftest import run_fmoe  # noqa: E402
 from learned_policy_live import TINY  # noqa: E402
 
-work = policy_live.work_fixture("duoserve-live", "d.h5", "--kind", "duoserve")
+# a few epochs: the decisions are compared, not the predictor's accuracy
+work = policy_live.work_fixture("duoserve-live", "d.h5", "--kind", "duoserve", "--epochs", "4")
 
 
 @pytest.mark.parametrize("n", [2, 12, 24])
