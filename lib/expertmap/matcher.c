@@ -65,6 +65,7 @@
 #include "expertmap_impl.h"
 #include "fmoe/error.h"
 #include "fmoe/expertmap.h"
+#include "matcher_internal.h"
 
 #define W FMOE__EXPERTMAP_TILE
 #define SEM_LANES 16 /* the semantic dot product's running sums (see the top) */

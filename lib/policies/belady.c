@@ -19,6 +19,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
+#include "next_use.h"
 
 #define NEVER UINT32_MAX
 

@@ -102,6 +102,7 @@
 #include "fmoe/error.h"
 #include "fmoe/expertmap.h"
 #include "fmoe/policy.h"
+#include "expertmap/matcher_internal.h"
 
 #define MAX_QUERIES 64
 #define DEFAULT_STORE 1000

@@ -42,6 +42,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
+#include "next_use.h"
 
 #define NEVER UINT32_MAX
 

@@ -9,6 +9,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
+#include "next_use.h"
 #include "fmoe/predictor.h"
 #include "fmoe/trace.h"
 

@@ -22,6 +22,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/expertmap.h"
+#include "expertmap/matcher_internal.h"
 #include "fmoe/sim.h"
 #include "harness.h"
 

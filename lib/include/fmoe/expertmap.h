@@ -183,7 +183,7 @@ void fmoe_matcher_free(fmoe_matcher *m); /* NULL: no-op */
  * Semantic search for n <= max_queries queries sem[q * stride + 0..h): best[q] = argmax
  * over stored entries of cos(sem_q, sem_y), score[q] its value. best = -1, score = 0 when
  * the store is empty or has no embeddings (h == 0). The dot products are computed in one
- * fixed order (fmoe__matcher_semantic_dot), the same bits for any n and on every CPU.
+ * fixed order (fmoe__matcher_semantic_dot, expertmap/matcher_internal.h), the same bits for any n and on every CPU.
  * @return 0 or FMOE_EINVAL (n out of range).
  */
 int fmoe_matcher_semantic(fmoe_matcher *m, int32_t n, const float *sem, int64_t stride,
@@ -227,21 +227,6 @@ int32_t fmoe_matcher_trajectory_reference(const fmoe_expertmap *store, const flo
  * entry, or -1. */
 int32_t fmoe_matcher_trajectory_naive(const fmoe_expertmap *store, const float *prefix,
                                       int32_t layers, float *scores);
-
-/* For differential tests of a policy: makes the matcher compute every trajectory step
- * with fmoe_matcher_trajectory_reference (slow: O(C·l·J) per layer) instead of the
- * incremental pass. The results are the same bits. */
-void fmoe__matcher_set_reference(fmoe_matcher *m, int on);
-
-/* For tests: runs the trajectory step and the semantic pass built for x86-64 level
- * `level` (0: the baseline build, 4 lanes; 1: AVX2, 8 lanes; 2: AVX-512, 16 lanes; -1: the
- * widest this CPU runs, the default). @return 0, or -1 when this CPU or build has none. */
-int fmoe__matcher_force_level(fmoe_matcher *m, int level);
-
-/* The semantic search's dot product x · e of h floats, the definition, in scalar code:
- * 16 running sums, sum i takes x_k·e_k for k = i, i + 16, ... in turn, then the sums
- * folded 8, 4, 2 and 1 apart (matcher.c). */
-float fmoe__matcher_semantic_dot(const float *x, const float *e, int32_t h);
 
 /* ------------------------------------------------------------------ matcher thread */
 

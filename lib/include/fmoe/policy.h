@@ -462,10 +462,4 @@ int32_t fmoe_policy_victim_lru(const fmoe_cache_view *v);
  * fmoe_policy_init_ops calls it. */
 int fmoe_policy_check_inputs(const fmoe_policy_ops *ops, const fmoe_policy_config *cfg);
 
-/* Next-use table shared by the offline policies (belady, oracle): next[p] = the position
- * of the next access to the same expert after p, or UINT32_MAX; first[e] = the first
- * access to expert e, or UINT32_MAX. Arrays of future_len and L*J entries, caller-owned.
- * @return 0, FMOE_ERANGE (>= 2^32 - 1 accesses) or FMOE_EINVAL (an id >= L*J). */
-int fmoe__policy_next_use(const fmoe_policy_config *cfg, uint32_t *next, uint32_t *first);
-
 #endif
