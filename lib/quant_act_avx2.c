@@ -26,7 +26,6 @@
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 #include "quant_act_impl.h"
-#include "quant_impl.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
