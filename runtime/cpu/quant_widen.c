@@ -3,16 +3,18 @@
  * 1-4 ns a value, which with the 16-64 tokens an expert gets in prefill was a third of the
  * time next to the sgemm it feeds; these loops widen 8 values an instruction.
  *
- * Exactness: each value is computed as lib/quant.c computes it — Q8_0 d·q; Q4_K/Q5_K
- * (d·sc)·q - dmin·m with d·sc and dmin·m rounded to f32 first; Q6_K (d·sc)·(q - 32) — as
- * separate multiplies and subtracts (never _mm256_fmadd_ps), and F16C's f16 conversion
- * is exact like fmoe_half_to_float, so the results are the same bits.
+ * Exactness: each value is computed as lib/quant_block.h computes it for lib/quant.c —
+ * Q8_0 d·q; Q4_K/Q5_K (d·sc)·q - dmin·m with d·sc and dmin·m from its own
+ * fmoe__k4_sub_scale; Q6_K (d·sc)·(q - 32) with fmoe__q6_k_sub_scale — as separate
+ * multiplies and subtracts (never _mm256_fmadd_ps), and F16C's f16 conversion is exact
+ * like fmoe_half_to_float, so the results are the same bits.
  */
 #include "quant_widen.h"
 
 #include <string.h>
 
 #include "fmoe/quant.h"
+#include "../../lib/quant_block.h" /* the scale formulas, shared with lib/quant.c */
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -47,17 +49,6 @@ SIMD static void widen_q8_0(const uint8_t *b, float *y, int64_t n) {
         put32(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_ps(f16_at(b)), y + i);
 }
 
-/* The 6-bit scale and min of sub-block j (ggml's get_scale_min_k4). */
-static inline void scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
-
 SIMD static void widen_q45_k(const uint8_t *b, float *y, int64_t n, int bits) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
     const int64_t bytes = bits == 4 ? FMOE_Q4_K_BYTES : FMOE_Q5_K_BYTES;
@@ -68,11 +59,9 @@ SIMD static void widen_q45_k(const uint8_t *b, float *y, int64_t n, int bits) {
         __m256i hmask = _mm256_set1_epi8(1);
         float *yb = y + i;
         for (int j = 0; j < 8; j += 2, ql += 32, yb += 64) {
-            uint8_t sc, m;
-            scale_min(j, b + 4, &sc, &m);
-            const float d1 = d * sc, m1 = dmin * m;
-            scale_min(j + 1, b + 4, &sc, &m);
-            const float d2 = d * sc, m2 = dmin * m;
+            float d1, m1, d2, m2; /* lib/quant_block.h's d·sc and dmin·m, as the plain C */
+            fmoe__k4_sub_scale(b, j, d, dmin, &d1, &m1);
+            fmoe__k4_sub_scale(b, j + 1, d, dmin, &d2, &m2);
             const __m256i v = _mm256_loadu_si256((const __m256i *)ql);
             __m256i q0 = _mm256_and_si256(v, m4), q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             if (bits == 5) {
@@ -92,7 +81,6 @@ SIMD static void widen_q45_k(const uint8_t *b, float *y, int64_t n, int bits) {
 SIMD static void widen_q6_k(const uint8_t *b, float *y, int64_t n) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
     for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES) {
-        const int8_t *sc = (const int8_t *)(b + 192);
         const float d = f16_at(b + 208);
         float *yb = y + i;
         for (int half = 0; half < 2; half++, yb += 128) {
@@ -109,12 +97,12 @@ SIMD static void widen_q6_k(const uint8_t *b, float *y, int64_t n) {
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
             for (int k = 0; k < 4; k++) {
-                /* values 32k..32k+31 of the half: scales sc[8·half + 2k] (first 16) and
-                 * sc[8·half + 2k + 1] (last 16), d·sc rounded first as lib/quant.c does */
+                /* values 32k..32k+31 of the half: sub-block scales 8·half + 2k (first 16)
+                 * and 8·half + 2k + 1 (last 16) */
                 const __m256i qs = _mm256_sub_epi8(q[k], off);
                 const __m128i lo = _mm256_castsi256_si128(qs), hi = _mm256_extracti128_si256(qs, 1);
-                const __m256 da = _mm256_set1_ps(d * (float)sc[8 * half + 2 * k]);
-                const __m256 db = _mm256_set1_ps(d * (float)sc[8 * half + 2 * k + 1]);
+                const __m256 da = _mm256_set1_ps(fmoe__q6_k_sub_scale(b, 8 * half + 2 * k, d));
+                const __m256 db = _mm256_set1_ps(fmoe__q6_k_sub_scale(b, 8 * half + 2 * k + 1, d));
                 float *yk = yb + 32 * k;
                 _mm256_storeu_ps(yk, _mm256_mul_ps(da, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
                 _mm256_storeu_ps(yk + 8, _mm256_mul_ps(da, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
