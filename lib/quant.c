@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "quant_impl.h"
 
 #if defined(__x86_64__)

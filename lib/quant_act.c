@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "quant_act_impl.h"
 #include "quant_impl.h"

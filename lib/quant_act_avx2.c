@@ -21,8 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "fmoe/dot_avx2.h"
-#include "fmoe/half.h"
+#include "dot_avx2.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 #include "quant_act_impl.h"

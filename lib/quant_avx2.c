@@ -8,13 +8,13 @@
  * integers to f32 and accumulates Σq·x (and Σx) in registers, and the scales are applied
  * once per sub-block. The summation order therefore differs from dequantise-then-dot:
  * results agree to rounding (tests/lib/test_quant.c states the bound), not bit for bit.
- * F32, F16 and BF16 rows take the CPU backend's own dots (fmoe/dot_avx2.h).
+ * F32, F16 and BF16 rows take the CPU backend's own dots (lib/dot_avx2.h).
  */
 #include <stdint.h>
 #include <string.h>
 
-#include "fmoe/dot_avx2.h"
-#include "fmoe/half.h"
+#include "dot_avx2.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "quant_impl.h"
 

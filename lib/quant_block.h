@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "fmoe/elementwise.h" /* FMOE_HD */
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant.h"
 
 /* Values and bytes of one block of the quantized types with a formula here; 0 for any

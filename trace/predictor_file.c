@@ -34,7 +34,7 @@
 #include <time.h>
 
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/predictor.h"
 #include "fmoe/trace.h"
 #include "fmoe_config.h"

@@ -56,7 +56,7 @@
 
 #include "fmoe/error.h"
 #include "files.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/trace.h"
 #include "trace_journal.h"
 

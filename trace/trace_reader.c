@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/trace.h"
 #include "hdf5_util.h"
 #include "trace_impl.h"

@@ -33,7 +33,7 @@
 
 #include "fmoe/error.h"
 #include "files.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/trace.h"
 #include "fmoe_config.h"
 #include "hdf5_util.h"

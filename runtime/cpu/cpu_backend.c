@@ -50,11 +50,11 @@
 #include <unistd.h>
 
 #include "../model/model_impl.h"
-#include "fmoe/dot_avx2.h"
+#include "dot_avx2.h"
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant_act.h"
-#include "fmoe/rowwise.h"
+#include "rowwise.h"
 #include "quant_matvec.h"
 #include "quant_widen.h"
 #include "threadpool.h"
@@ -125,7 +125,7 @@ static void widen_plain(const uint16_t *w, fmoe_st_dtype dt, float *y, int64_t n
 #if HAVE_X86
 #define SIMD __attribute__((target("avx2,fma,f16c")))
 
-/* The dots themselves are fmoe/dot_avx2.h's, shared with lib/quant_avx2.c's F32/F16/BF16
+/* The dots themselves are lib/dot_avx2.h's, shared with lib/quant_avx2.c's F32/F16/BF16
  * rows so the two cannot drift apart (their summation order is pinned by logits tests). */
 
 /* y[t·ystride] = dot(w, x + t·ld) for t < nx; the row stays in L1 between inputs. */
@@ -451,7 +451,7 @@ static void cpu_attention(void *ctx, const fmoe__attn_args *a) {
 }
 
 /* ---------------------------------------------------------------------------------- */
-/* Row-wise and element-wise ops: fmoe/rowwise.h and fmoe/elementwise.h as the CUDA      */
+/* Row-wise and element-wise ops: lib/rowwise.h and fmoe/elementwise.h as the CUDA      */
 /* kernels run them, one row at a time on the calling thread (they are O(n·h) against    */
 /* the products' O(n·h·cols))                                                            */
 /* ---------------------------------------------------------------------------------- */

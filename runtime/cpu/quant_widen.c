@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "fmoe/quant.h"
-#include "../../lib/quant_block.h" /* the scale formulas, shared with lib/quant.c */
+#include "quant_block.h" /* the scale formulas, shared with lib/quant.c */
 
 #if defined(__x86_64__)
 #include <immintrin.h>

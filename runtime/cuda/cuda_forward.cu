@@ -1,6 +1,6 @@
 // cuda_forward.cu - the CUDA backend of the forward pass: every operation of
 // fmoe__backend_ops (runtime/model/model_impl.h) on device 0, through cuBLAS for the matrix
-// products and our own kernels for the rest. The per-row arithmetic is fmoe/rowwise.h and
+// products and our own kernels for the rest. The per-row arithmetic is lib/rowwise.h and
 // fmoe/elementwise.h, the same C the CPU backend runs (the CPU op is the reference each
 // GPU op must match).
 //
@@ -113,11 +113,11 @@
 #include <string.h>
 
 extern "C" {
-#include "../../lib/quant_block.h"
+#include "quant_block.h"
 #include "../model/model_impl.h"
 #include "cuda_module.h"
 #include "fmoe/error.h"
-#include "fmoe/rowwise.h"
+#include "rowwise.h"
 }
 #include "cuda_quant.h"
 

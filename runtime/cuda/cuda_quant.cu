@@ -38,7 +38,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "../../lib/quant_block.h"
+#include "quant_block.h"
 }
 #include "cuda_quant.h"
 

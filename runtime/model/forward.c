@@ -47,7 +47,7 @@
 #include <time.h>
 
 #include "fmoe/error.h"
-#include "fmoe/rowwise.h"
+#include "rowwise.h"
 #include "model_impl.h"
 
 /*

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "model_impl.h"
 

@@ -44,7 +44,7 @@
 #include "fmoe/error.h"
 #include "files.h"
 #include "fmoe/gguf.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "model_impl.h"
 
 #define NAME_CAP 256

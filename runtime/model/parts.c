@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "model_impl.h"
 
 int fmoe_model_embed(const fmoe_model *m, const int32_t *tokens, int32_t n, float *out) {

@@ -35,7 +35,7 @@
 #include "fmoe/error.h"
 #include "files.h"
 #include "fmoe/geometry.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "fmoe/safetensors.h"
 

@@ -97,7 +97,7 @@
 #include <time.h>
 
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/log.h"
 #include "fmoe/policy.h"
 #include "fmoe/predictor.h"

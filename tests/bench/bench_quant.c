@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 

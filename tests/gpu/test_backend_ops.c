@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "harness.h"
 #include "model_impl.h"

@@ -28,7 +28,7 @@ Tolerances: why they are what they are
 ---------------------------------------
 The CUDA backend (runtime/cuda/cuda_forward.cu) multiplies float32 weights with cuBLAS
 SGEMM in default math (no TF32: keep NVIDIA_TF32_OVERRIDE unset) and everything else in
-float32 with the CPU's own row functions (fmoe/rowwise.h, built with --fmad=false). So on a
+float32 with the CPU's own row functions (lib/rowwise.h, built with --fmad=false). So on a
 float32 checkpoint it differs from the CPU only in summation order and expf: ~1e-6
 relative. For bf16 and f16 weights it rounds the activations to the weight's type before
 each GEMM (cublasGemmEx, float32 accumulation) where the CPU multiplies float32

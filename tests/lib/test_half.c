@@ -6,7 +6,7 @@
 #include <float.h>
 #include <math.h>
 
-#include "fmoe/half.h"
+#include "half.h"
 #include "harness.h"
 
 static uint32_t bits_of(float f) {

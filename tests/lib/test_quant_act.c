@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 #include "harness.h"

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "harness.h"
 #include "quant_block.h"

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fmoe/half.h"
+#include "half.h"
 
 typedef struct st_builder {
     char header[1 << 16];

@@ -8,7 +8,7 @@
  * Suite "gpu": exits 77 (skipped) where fmoe__cuda_backend() is NULL (no CUDA build,
  * module or device).
  *
- * Tolerances: ops that run the same C (fmoe/rowwise.h, elementwise.h) differ only by
+ * Tolerances: ops that run the same C (lib/rowwise.h, elementwise.h) differ only by
  * expf and by the order of parallel sums; bf16/f16 GEMMs round x to the weight's type,
  * so they are checked against Σ|w·x| of the row.
  */
@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "harness.h"
 #include "model_impl.h"

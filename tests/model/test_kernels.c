@@ -1,5 +1,5 @@
 /*
- * test_kernels - the forward pass's row math (fmoe/rowwise.h), rope frequencies and the
+ * test_kernels - the forward pass's row math (lib/rowwise.h), rope frequencies and the
  * CPU backend's matrix products and attention, each against a straightforward reference
  * computed in double.
  */
@@ -10,8 +10,8 @@
 
 #include "../../runtime/cpu/threadpool.h"
 #include "fmoe/error.h"
-#include "fmoe/half.h"
-#include "fmoe/rowwise.h"
+#include "half.h"
+#include "rowwise.h"
 #include "harness.h"
 #include "model_impl.h"
 

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
-#include "fmoe/half.h"
+#include "half.h"
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 #include "harness.h"

@@ -1,5 +1,5 @@
 /*
- * fmoe/half.h - IEEE 754 binary16 and bfloat16 conversions, written once as plain C so the
+ * half.h - internal: IEEE 754 binary16 and bfloat16 conversions, written once as plain C so the
  * CPU code, the trace format and (later) CUDA kernels share the same arithmetic.
  * Round to nearest even; NaN stays NaN; overflow goes to infinity. FMOE_HD: the CUDA kernels
  * that dequantise f16-scaled blocks (lib/quant_block.h) call them on the device.

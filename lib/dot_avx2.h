@@ -1,5 +1,5 @@
 /*
- * fmoe/dot_avx2.h - the AVX2 dot products of f32, bf16 and f16 rows with f32 vectors,
+ * dot_avx2.h - internal: the AVX2 dot products of f32, bf16 and f16 rows with f32 vectors,
  * written once for the CPU backend (runtime/cpu/cpu_backend.c: attention scores, bf16
  * matrix products) and the block-format dots of lib/quant_avx2.c (their F32/F16/BF16
  * rows). Internal to fmoe: the names are fmoe__, the functions static inline with a
@@ -18,7 +18,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "fmoe/half.h"
+#include "half.h"
 
 #define FMOE__AVX2 __attribute__((target("avx2,fma,f16c")))
 

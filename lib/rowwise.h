@@ -1,5 +1,5 @@
 /*
- * fmoe/rowwise.h - the per-row math of the forward pass (RMSNorm, rotary embedding, softmax,
+ * rowwise.h - internal: the per-row math of the forward pass (RMSNorm, rotary embedding, softmax,
  * top-k routing), written once as plain C that the CPU backend compiles and CUDA kernels can
  * include (no GPU op without the CPU op it must match). A CUDA kernel runs one of these per
  * row (or per head); CPU tests check them against straightforward references, so they pin
