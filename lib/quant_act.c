@@ -30,17 +30,6 @@ int64_t fmoe_quant_act_bytes(uint32_t t, int64_t n) {
     return n / FMOE_QK_K * FMOE_Q8_K_BYTES;
 }
 
-/* ggml's nearest_int (round half to even), for |v| <= 2^22; larger values only come from
- * non-finite inputs, whose blocks are unspecified, and are clamped to keep this defined. */
-static inline int nearest_int(float v) {
-    if (!(v > -4194303.f)) v = -4194303.f;
-    if (!(v < 4194303.f)) v = 4194303.f;
-    float f = v + 12582912.f;
-    int32_t i;
-    memcpy(&i, &f, sizeof i);
-    return (i & 0x007fffff) - 0x00400000;
-}
-
 /* ggml's quantize_row_q8_K_ref: the value of largest magnitude maps to -127 or 127
  * (iscale = -127 / max keeps the sign), d = 1 / iscale in f32. */
 static void quantize_q8_k(const float *x, uint8_t *b) {
@@ -61,7 +50,7 @@ static void quantize_q8_k(const float *x, uint8_t *b) {
     } else {
         const float iscale = -127.f / max;
         for (int j = 0; j < FMOE_QK_K; j++) {
-            const int v = nearest_int(iscale * x[j]);
+            const int v = fmoe__nearest_int(iscale * x[j]);
             q[j] = (int8_t)(v < 127 ? (v > -127 ? v : -127) : 127);
         }
         for (int j = 0; j < 16; j++) {

@@ -29,17 +29,6 @@
 
 #define GROUP_MAX_EPS 1e-15f
 
-/* Round to nearest, ties to even (ggml's nearest_int), for |v| <= 2^22. Values outside
- * (only from non-finite or absurd inputs) are clamped first so the trick stays defined. */
-static inline int nearest_int(float v) {
-    if (!(v > -4194303.f)) v = -4194303.f;
-    if (!(v < 4194303.f)) v = 4194303.f;
-    float f = v + 12582912.f;
-    int32_t i;
-    memcpy(&i, &f, sizeof i);
-    return (i & 0x007fffff) - 0x00400000;
-}
-
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 static void put_f16(uint8_t *p, float f) {
@@ -86,7 +75,7 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *w, u
     float scale = 1 / iscale;
     float best_error = 0;
     for (int i = 0; i < n; i++) {
-        const int l = nearest_int(iscale * (x[i] - min));
+        const int l = fmoe__nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)clampi(l, 0, nmax);
         const float diff = scale * L[i] + min - x[i];
         best_error += w[i] * (diff * diff);
@@ -95,7 +84,7 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *w, u
         iscale = (rmin + rdelta * is + nmax) / (max - min);
         float sum_l = 0, sum_l2 = 0, sum_xl = 0;
         for (int i = 0; i < n; i++) {
-            const int l = clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
+            const int l = clampi(fmoe__nearest_int(iscale * (x[i] - min)), 0, nmax);
             Laux[i] = (uint8_t)l;
             sum_l += w[i] * l;
             sum_l2 += w[i] * l * l;
@@ -154,8 +143,8 @@ static void quantize_k_affine(const float *x, uint8_t *b, int nmax, uint8_t *L) 
     uint8_t *sc = b + 4;
     memset(sc, 0, 12);
     for (int j = 0; j < 8; j++) {
-        int ls = nearest_int(inv_scale * scales[j]);
-        int lm = nearest_int(inv_min * mins[j]);
+        int ls = fmoe__nearest_int(inv_scale * scales[j]);
+        int lm = fmoe__nearest_int(inv_min * mins[j]);
         ls = ls < 63 ? ls : 63;
         lm = lm < 63 ? lm : 63;
         if (j < 4) {
@@ -174,7 +163,7 @@ static void quantize_k_affine(const float *x, uint8_t *b, int nmax, uint8_t *L) 
         fmoe__k4_sub_scale(b, j, fmoe__qblock_f16(b), fmoe__qblock_f16(b + 2), &d, &dm);
         if (d == 0) continue;
         for (int ii = 0; ii < 32; ii++)
-            L[32 * j + ii] = (uint8_t)clampi(nearest_int((x[32 * j + ii] + dm) / d), 0, nmax);
+            L[32 * j + ii] = (uint8_t)clampi(fmoe__nearest_int((x[32 * j + ii] + dm) / d), 0, nmax);
     }
 }
 
@@ -232,7 +221,7 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
-        const int l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        const int l = clampi(fmoe__nearest_int(iscale * x[i]), -nmax, nmax - 1);
         L[i] = (int8_t)(l + nmax);
         const float w = x[i] * x[i];
         sumlx += w * x[i] * l;
@@ -245,14 +234,14 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
         iscale = -(nmax + 0.1f * is) / max;
         sumlx = suml2 = 0;
         for (int i = 0; i < n; i++) {
-            const int l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+            const int l = clampi(fmoe__nearest_int(iscale * x[i]), -nmax, nmax - 1);
             const float w = x[i] * x[i];
             sumlx += w * x[i] * l;
             suml2 += w * l * l;
         }
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
             for (int i = 0; i < n; i++) {
-                const int l = nearest_int(iscale * x[i]);
+                const int l = fmoe__nearest_int(iscale * x[i]);
                 L[i] = (int8_t)(nmax + clampi(l, -nmax, nmax - 1));
             }
             scale = sumlx / suml2;
@@ -285,14 +274,14 @@ static void quantize_q6_k(const float *x, uint8_t *b) {
     const float iscale = -128.f / max_scale;
     put_f16(b + 208, 1 / iscale);
     for (int ib = 0; ib < 16; ib++) {
-        const int v = nearest_int(iscale * scales[ib]);
+        const int v = fmoe__nearest_int(iscale * scales[ib]);
         sc[ib] = (int8_t)(v < 127 ? v : 127);
     }
     for (int j = 0; j < 16; j++) {
         const float d = fmoe__q6_k_sub_scale(b, j, fmoe__qblock_f16(b + 208));
         if (d == 0) continue;
         for (int ii = 0; ii < 16; ii++)
-            L[16 * j + ii] = (int8_t)(clampi(nearest_int(x[16 * j + ii] / d), -32, 31) + 32);
+            L[16 * j + ii] = (int8_t)(clampi(fmoe__nearest_int(x[16 * j + ii] / d), -32, 31) + 32);
     }
     for (int j = 0; j < FMOE_QK_K; j += 128, ql += 64, qh += 32) {
         for (int l = 0; l < 32; l++) {
