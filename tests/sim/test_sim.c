@@ -987,15 +987,24 @@ static fmoe_file_cache file_cache_expected(const char *dir) {
     return dropped ? FMOE_FILE_CACHE_DROPPED : FMOE_FILE_CACHE_WARM;
 }
 
-TEST(calibrate_measurements_are_positive_and_grow) {
+/* Every measurement is a positive, finite time. Whether a larger read takes longer is the
+ * machine's business, not the code's: on a loaded CI runner a 4 KiB read from a dropped
+ * cache once took longer than an 8 MiB one, so no size-against-size comparison here. */
+static int all_positive_times(const double *s, int n) {
+    for (int i = 0; i < n; i++)
+        if (!(s[i] > 0 && s[i] < 60)) return 0;
+    return 1;
+}
+
+TEST(calibrate_measurements_are_positive) {
     const int64_t sizes[3] = {4096, 1 << 20, 8 << 20};
     double s[3];
     ASSERT_OK(fmoe_calibrate_copy_ram(sizes, 3, 2, s));
-    ASSERT_TRUE(s[0] > 0 && s[2] > s[0]);
+    ASSERT_TRUE(all_positive_times(s, 3));
     fmoe_file_cache cache;
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     ASSERT_OK(fmoe_calibrate_copy_file(dir, sizes, 3, 2, s, &cache));
-    ASSERT_TRUE(s[0] > 0 && s[2] > s[0]);
+    ASSERT_TRUE(all_positive_times(s, 3));
     ASSERT_EQ(cache, file_cache_expected(dir));
     struct statfs shm;
     if (statfs("/dev/shm", &shm) == 0 && (unsigned long)shm.f_type == 0x01021994ul) {
@@ -1006,10 +1015,10 @@ TEST(calibrate_measurements_are_positive_and_grow) {
     ASSERT_CONTAINS(fmoe_error_detail(), "/nonexistent/dir");
     const int32_t rows[3] = {256, 256, 64}, cols[3] = {64, 64, 256}, tok[3] = {1, 8, 64};
     ASSERT_OK(fmoe_calibrate_gemms_cpu(rows, cols, 3, tok, 3, 2, s));
-    ASSERT_TRUE(s[0] > 0 && s[2] > 0);
+    ASSERT_TRUE(all_positive_times(s, 3));
     const int32_t at[2] = {1, 8}, ctx[2] = {64, 256};
     ASSERT_OK(fmoe_calibrate_attention_cpu(4, 2, 32, at, ctx, 2, 2, s));
-    ASSERT_TRUE(s[0] > 0 && s[1] > s[0]);
+    ASSERT_TRUE(all_positive_times(s, 2));
     ASSERT_EQ(fmoe_calibrate_attention_cpu(4, 3, 32, at, ctx, 2, 2, s), FMOE_EINVAL);
     const int32_t bad_ctx[2] = {64, 4};
     ASSERT_EQ(fmoe_calibrate_attention_cpu(4, 2, 32, at, bad_ctx, 2, 2, s), FMOE_EINVAL);
