@@ -67,6 +67,15 @@ static void load_module(void) {
             dlclose(h);
             continue;
         }
+        if (api->backend_layout != FMOE_CUDA_BACKEND_LAYOUT) {
+            snprintf(load_error, sizeof load_error,
+                     "%.300s: built from other fmoe headers (backend struct layout %#llx, "
+                     "this binary's %#llx): rebuild the two together",
+                     candidates[i], (unsigned long long)api->backend_layout,
+                     (unsigned long long)FMOE_CUDA_BACKEND_LAYOUT);
+            dlclose(h);
+            continue;
+        }
         module = api; /* the handle stays open for the life of the process */
     }
     if (!module && !load_error[0])

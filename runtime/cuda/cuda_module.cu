@@ -3,6 +3,7 @@
 extern "C" {
 #include "fmoe/cuda.h"
 #include "fmoe/error.h"
+#include "../model/model_impl.h"
 #include "cuda_module.h"
 }
 
@@ -10,6 +11,7 @@ static const char *module_error_detail(void) { return fmoe_error_detail(); }
 
 static const fmoe_cuda_module_api module_api = {
     /* .abi = */ FMOE_CUDA_MODULE_ABI,
+    /* .backend_layout = */ FMOE_CUDA_BACKEND_LAYOUT,
     /* .device_count = */ fmoe_cuda_device_count,
     /* .describe = */ fmoe_cuda_describe,
     /* .selftest = */ fmoe_cuda_selftest,

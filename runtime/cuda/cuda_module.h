@@ -11,19 +11,34 @@
  * ABI 2 adds the forward pass's backend (cuda_forward.cu): backend_ops is its
  * fmoe__backend_ops table (model_impl.h), whose failing entries leave their detail in
  * error_detail() of the calling thread; backend_probe says whether device 0 can run it.
+ *
+ * ABI 3 adds backend_layout: the sizes and offsets of the structs the binary and the
+ * module share (FMOE_CUDA_BACKEND_LAYOUT). A struct changed without the ABI number bumped
+ * (a field inserted into fmoe__mat, say) then refuses to load instead of misreading every
+ * matrix. Expand the macro where runtime/model/model_impl.h is included.
  */
 #ifndef FMOE_CUDA_MODULE_H
 #define FMOE_CUDA_MODULE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-#define FMOE_CUDA_MODULE_ABI 2
+#define FMOE_CUDA_MODULE_ABI 3
 #define FMOE_CUDA_MODULE_SYMBOL "fmoe_cuda_module_get_api"
+
+/* A fingerprint of the shared structs: sizes and one late field's offset, 12 bits each
+ * (the ops table 16), the last 12 bits mixing two sizes. Equal in the C binary and the C++
+ * module when both were built from the same headers. */
+#define FMOE_CUDA_BACKEND_LAYOUT                                                           \
+    ((uint64_t)sizeof(fmoe__mat) | (uint64_t)offsetof(fmoe__mat, on_backend) << 12 |       \
+     (uint64_t)sizeof(fmoe__backend_ops) << 24 | (uint64_t)sizeof(fmoe__attn_args) << 40 | \
+     ((uint64_t)sizeof(fmoe__route_args) ^ (uint64_t)sizeof(fmoe__backend_limits) << 6) << 52)
 
 struct fmoe__backend_ops; /* runtime/model/model_impl.h */
 
 typedef struct fmoe_cuda_module_api {
     int abi; /* FMOE_CUDA_MODULE_ABI */
+    uint64_t backend_layout; /* FMOE_CUDA_BACKEND_LAYOUT as the module was built */
     int (*device_count)(void);
     const char *(*describe)(void);
     int (*selftest)(int n);
