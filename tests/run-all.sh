@@ -17,12 +17,16 @@ bash tests/install-deps.sh
 bash tests/python/setup-venv.sh --torch
 
 jobs=$(nproc)
-[ -f build-asan/build.ninja ] || meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false
+# Where the toolkit is installed (CI's machines), the CUDA module must build: -Dcuda=enabled
+# makes a toolkit meson cannot use a configure error instead of a silently CPU-only build.
+cuda=auto
+command -v nvcc >/dev/null && cuda=enabled
+[ -f build-asan/build.ninja ] || meson setup build-asan -Dcuda=$cuda -Db_sanitize=address,undefined -Db_lundef=false
 meson compile -C build-asan -j "$jobs"
 meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 5 \
   --no-suite python
 
-[ -f build/build.ninja ] || meson setup build
+[ -f build/build.ninja ] || meson setup build -Dcuda=$cuda
 meson compile -C build -j "$jobs"
 
 # the Python cross-checks against this build, transformers references recomputed
