@@ -32,7 +32,7 @@ int64_t fmoe_quant_act_bytes(uint32_t t, int64_t n) {
 
 /* ggml's quantize_row_q8_K_ref: the value of largest magnitude maps to -127 or 127
  * (iscale = -127 / max keeps the sign), d = 1 / iscale in f32. */
-static void quantize_q8_k(const float *x, uint8_t *b) {
+void fmoe__quant_q8_k_ref(const float *x, uint8_t *b) {
     float amax = 0, max = 0;
     for (int j = 0; j < FMOE_QK_K; j++) {
         const float ax = fabsf(x[j]);
@@ -73,8 +73,12 @@ void fmoe_quant_act_quantize(uint32_t t, const float *x, void *qx, int64_t n) {
             fmoe_quant_quantize_row(FMOE_GGML_Q8_0, x, qx, n);
         return;
     }
+    if (fmoe_quant_simd()) {
+        fmoe__quant_q8_k_avx2(x, qx, n);
+        return;
+    }
     uint8_t *b = qx;
-    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q8_K_BYTES) quantize_q8_k(x + i, b);
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q8_K_BYTES) fmoe__quant_q8_k_ref(x + i, b);
 }
 
 void fmoe_quant_act_dequantize(uint32_t t, const void *qx, float *x, int64_t n) {

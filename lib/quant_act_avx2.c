@@ -287,6 +287,62 @@ SIMD void fmoe__quant_q8_0_avx2(const float *x, uint8_t *b, int64_t n) {
     }
 }
 
+/* Q8_K blocks of 256 (ggml's quantize_row_q8_K_ref, byte for byte): the sign of the
+ * value of largest magnitude is that of its first occurrence, as the reference's strict >
+ * keeps; _mm256_cvtps_epi32 rounds to nearest even in the default MXCSR mode, as
+ * fmoe__nearest_int does for these magnitudes (|iscale·x| <= 127). */
+SIMD void fmoe__quant_q8_k_avx2(const float *x, uint8_t *b, int64_t n) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, x += FMOE_QK_K, b += FMOE_Q8_K_BYTES) {
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < FMOE_QK_K; k += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + k), absmask));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        const float amax = _mm_cvtss_f32(h);
+        if (!(amax > 0)) { /* zeros (and NaN blocks, unspecified) */
+            memset(b, 0, FMOE_Q8_K_BYTES);
+            continue;
+        }
+        int first = 0;
+        for (int k = 0; k < FMOE_QK_K; k += 8) {
+            const __m256 eq = _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), absmask),
+                                            _mm256_set1_ps(amax), _CMP_EQ_OQ);
+            const int mask = _mm256_movemask_ps(eq);
+            if (mask) {
+                first = k + __builtin_ctz((unsigned)mask);
+                break;
+            }
+        }
+        const float iscale = -127.f / x[first];
+        const __m256 vis = _mm256_set1_ps(iscale);
+        int32_t quads[8][8]; /* sums of 4 consecutive q, 32 per group of 32 values */
+        for (int g = 0; g < 8; g++) {
+            const float *xg = x + 32 * g;
+            const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg), vis));
+            const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 8), vis));
+            const __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 16), vis));
+            const __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 24), vis));
+            /* packs saturate to 127 above; the reference's floor is -127 */
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+            p = _mm256_max_epi8(_mm256_permutevar8x32_epi32(p, order), _mm256_set1_epi8(-127));
+            _mm256_storeu_si256((__m256i *)(b + FMOE__Q8K_Q + 32 * g), p);
+            _mm256_storeu_si256((__m256i *)quads[g],
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, p), ones16));
+        }
+        int16_t bsums[16];
+        for (int j = 0; j < 16; j++) {
+            const int32_t *s = &quads[j / 2][4 * (j % 2)];
+            bsums[j] = (int16_t)(s[0] + s[1] + s[2] + s[3]);
+        }
+        const float d = 1 / iscale;
+        memcpy(b, &d, 4);
+        memcpy(b + FMOE__Q8K_BSUMS, bsums, sizeof bsums);
+    }
+}
+
 #else
 
 void fmoe__quant_act_rows_avx2(uint32_t t, const void *W, int64_t row_bytes, int64_t rows,
@@ -300,6 +356,10 @@ void fmoe__quant_act_rows_avx2(uint32_t t, const void *W, int64_t row_bytes, int
 
 void fmoe__quant_q8_0_avx2(const float *x, uint8_t *dst, int64_t n) {
     fmoe_quant_quantize_row(FMOE_GGML_Q8_0, x, dst, n);
+}
+
+void fmoe__quant_q8_k_avx2(const float *x, uint8_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, dst += FMOE_Q8_K_BYTES) fmoe__quant_q8_k_ref(x + i, dst);
 }
 
 #endif

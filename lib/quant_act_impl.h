@@ -21,4 +21,9 @@ void fmoe__quant_act_rows_avx2(uint32_t wtype, const void *W, int64_t row_bytes,
  * (fmoe_quant_quantize_row), roundf's half-away-from-zero included. */
 void fmoe__quant_q8_0_avx2(const float *x, uint8_t *dst, int64_t n);
 
+/* One Q8_K block of x[256], ggml's quantize_row_q8_K_ref (lib/quant_act.c), and the same
+ * bytes for n values (whole blocks) through AVX2. */
+void fmoe__quant_q8_k_ref(const float *x, uint8_t *dst);
+void fmoe__quant_q8_k_avx2(const float *x, uint8_t *dst, int64_t n);
+
 #endif

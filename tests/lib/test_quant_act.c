@@ -275,6 +275,54 @@ TEST(q8_0_input_blocks_are_the_reference_bytes) {
             HARNESS_FAIL("byte %zu (block %zu) differs: %u vs %u", i, i / FMOE_Q8_0_BYTES, a[i], b[i]);
 }
 
+/* ggml's quantize_row_q8_K_ref written out again: the first value of largest magnitude
+ * sets iscale = -127/max, q = round-half-even(iscale·x) within ±127, d = 1/iscale. */
+static void q8_k_block(const float *x, uint8_t *b) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 256; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    memset(b, 0, FMOE_Q8_K_BYTES);
+    if (amax == 0) return;
+    const float iscale = -127.f / max, d = 1 / iscale;
+    int16_t bsums[16] = {0};
+    for (int j = 0; j < 256; j++) {
+        long v = lrintf(iscale * x[j]);
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        b[4 + j] = (uint8_t)(int8_t)v;
+        bsums[j / 16] = (int16_t)(bsums[j / 16] + v);
+    }
+    memcpy(b, &d, 4);
+    memcpy(b + 4 + 256, bsums, sizeof bsums);
+}
+
+/* The Q8_K input quantiser (AVX2 where the CPU has it) writes those bytes: random blocks,
+ * a zero block, exact halves (ties go to even), both signs of the largest magnitude (the
+ * first one wins), tiny and huge blocks. */
+TEST(q8_k_input_blocks_are_the_reference_bytes) {
+    enum { NB = 24, N = 256 * NB };
+    float *x = malloc(N * sizeof *x);
+    for (int i = 0; i < N; i++) x[i] = rndf() * (i / 256 % 6 == 4 ? 1e-20f : i / 256 % 6 == 5 ? 1e20f : 1.f);
+    for (int i = 0; i < 256; i++) x[i] = 0;
+    for (int i = 256; i < 512; i++) x[i] = (float)(i % 200 - 100) + 0.5f; /* iscale = 1 */
+    x[256 + 3] = -127.f;
+    for (int i = 512; i < 768; i++) x[i] = rndf();
+    x[512 + 9] = 2.f, x[512 + 200] = -2.f;  /* positive first */
+    for (int i = 768; i < 1024; i++) x[i] = rndf();
+    x[768 + 1] = -3.f, x[768 + 255] = 3.f;  /* negative first */
+    uint8_t *a = malloc(NB * FMOE_Q8_K_BYTES), *b = malloc(NB * FMOE_Q8_K_BYTES);
+    fmoe_quant_act_quantize(FMOE_GGML_Q4_K, x, a, N);
+    for (int k = 0; k < NB; k++) q8_k_block(x + 256 * k, b + k * FMOE_Q8_K_BYTES);
+    for (int i = 0; i < NB * FMOE_Q8_K_BYTES; i++)
+        if (a[i] != b[i])
+            HARNESS_FAIL("byte %d (block %d) differs: %u vs %u", i, i / FMOE_Q8_K_BYTES, a[i], b[i]);
+    free(x);
+    free(a);
+    free(b);
+}
+
 /* fmoe_quant_act_matvec over rows equals fmoe_quant_act_dots row by row, bit for bit. */
 TEST(matvec_equals_row_by_row) {
     const int64_t n = 256, rows = 5;
