@@ -177,6 +177,7 @@ static void print_trace_text(const char *path, fmoe_trace_reader *r, const fmoe_
         printf("  timing       none\n");
     printf("  dataset      %s\n", h->dataset[0] ? h->dataset : "(unknown)");
     printf("  recorded on  %s, %s, fmoe %s\n", h->recorded_on, h->created, h->fmoe_version);
+    if (h->activations[0]) printf("  activations  %s\n", h->activations);
     printf("  requests     %lld\n", (long long)fmoe_trace_reader_num_requests(r));
     printf("  tokens       %lld (prefill %lld, decode %lld) in %lld iterations\n",
            (long long)fmoe_trace_reader_num_tokens(r), (long long)s->prefill_tokens,
@@ -240,6 +241,7 @@ static void print_trace_json(const char *path, fmoe_trace_reader *r, const fmoe_
     cJSON_AddStringToObject(root, "created", h->created);
     cJSON_AddStringToObject(root, "fmoe_version", h->fmoe_version);
     cJSON_AddStringToObject(root, "recorded_on", h->recorded_on);
+    if (h->activations[0]) cJSON_AddStringToObject(root, "activations", h->activations);
     cJSON_AddStringToObject(root, "probs_kind", fmoe_probs_kind_name(h->probs_kind));
     cJSON_AddNumberToObject(root, "semantic_dim", h->semantic_dim);
     cJSON_AddNumberToObject(root, "speculative_depth", h->speculative_depth);

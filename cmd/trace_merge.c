@@ -384,6 +384,8 @@ int cmd_trace_merge(int argc, char **argv) {
         if (strcmp(hk->recorded_on, h.recorded_on) != 0)
             snprintf(h.recorded_on, sizeof h.recorded_on, "merged");
         if (strcmp(hk->model_name, h.model_name) != 0) h.model_name[0] = '\0';
+        /* f32 and q8 recordings mixed: neither is true of the whole, so not known */
+        if (strcmp(hk->activations, h.activations) != 0) h.activations[0] = '\0';
     }
     const fmoe_trace_write_options wo = {.compression = o.compression,
                                          .flush_requests = INT32_MAX};

@@ -170,6 +170,10 @@ int fmoe__trace_header_check(const fmoe_trace_header *h, const char *path, int c
     CHECK_STR(fmoe_version);
     CHECK_STR(recorded_on);
     CHECK_STR(semantic_kind);
+    CHECK_STR(activations);
+    if (h->activations[0] && strcmp(h->activations, "f32") != 0 &&
+        strcmp(h->activations, "q8") != 0)
+        return bad_field(&c, "activations", "'%s', expected f32 or q8", h->activations);
     return 0;
 }
 

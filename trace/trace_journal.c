@@ -36,7 +36,8 @@
  *                crc = CRC-32C of (kind, length, payload)
  *   kind 1       the trace header (first record): strings as u32 length + bytes, integers
  *                as i64, in the order of put_header below, then the write options and
- *                config_json
+ *                config_json, then (added later; a record that ends before it reads as "")
+ *                the activations string
  *   kind 2       one request: i64 id, f64 arrival_s, i32 prompt_tokens, i32 output_tokens,
  *                i64 num_access_outcomes, then its arrays in the order of enum array, each
  *                starting at a multiple of 8 bytes, present as the header says (the writer
@@ -294,6 +295,7 @@ static void put_header(buf *b, const fmoe_trace_header *h, const char *config_js
                             o->compression,  o->level,             o->chunk_tokens};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) buf_i64(b, ints[i]);
     buf_str(b, config_json ? config_json : "");
+    buf_str(b, h->activations);
 }
 
 int fmoe__journal_create(fmoe__journal **out, const char *path, const fmoe_trace_header *h,
@@ -629,14 +631,19 @@ static int get_header(fmoe__journal_reader *r, cursor *c, fmoe_trace_write_optio
     } else {
         c->bad = 1;
     }
-    if (!c->bad && n == c->n - c->at) {
+    if (!c->bad && n <= c->n - c->at) {
         r->config_json = malloc((size_t)n + 1);
         if (!r->config_json) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", r->path);
         memcpy(r->config_json, c->p + c->at, n);
         r->config_json[n] = '\0';
+        c->at += n;
     } else {
         c->bad = 1;
     }
+    /* the activations string ends the record, or nothing does (a journal written before
+     * it); the trace writer that recovery opens checks its value */
+    if (!c->bad && c->at < c->n) get_str(c, h->activations, sizeof h->activations);
+    if (c->at != c->n) c->bad = 1;
     if (c->bad || h->num_layers < 1 || h->num_experts < 1 || h->top_k < 1 ||
         h->speculative_depth < 0 || h->semantic_dim < 0 || h->hidden_dim < 0 ||
         h->timing_layers < 0 || h->offload_cache_experts < 0)

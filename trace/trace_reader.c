@@ -208,6 +208,15 @@ static int read_header(fmoe_trace_reader *r) {
         FMOE_FORWARD_IF_ERROR(
             read_str_attr(r, "offload_policy", h->offload_policy, sizeof h->offload_policy));
     FMOE_FORWARD_IF_ERROR(read_optional_i32_attr(r, "served", 1, &h->served));
+    /* absent from imports and from traces written before it: "" (not known) */
+    int rc = fmoe__h5_attr_read_str(r->file, p, "/", "activations", h->activations,
+                                    sizeof h->activations);
+    if (rc == FMOE_ENOTFOUND) {
+        fmoe_error_clear();
+        h->activations[0] = '\0';
+    } else if (rc < 0) {
+        return rc;
+    }
     h->probs_half = 0; /* set from /tokens/probs' type below */
     return fmoe__trace_header_check(h, p, FMOE_EFORMAT, 1);
 }

@@ -189,6 +189,8 @@ static int write_root_attributes(fmoe_trace_writer *w) {
                                                sizeof ints / sizeof ints[0]));
     if (h->offload_cache_experts > 0)
         FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(f, p, "offload_policy", h->offload_policy));
+    if (h->activations[0])
+        FMOE_FORWARD_IF_ERROR(fmoe__h5_attr_write_str(f, p, "activations", h->activations));
     return fmoe__h5_attr_write_int(f, p, "expert_bytes", H5T_STD_I64LE, h->expert_bytes);
 }
 

@@ -77,6 +77,7 @@ def check_sample(path, half):
             "recorded_on": "test:sample",
             "probs_kind": "full",
             "semantic_kind": "projection",
+            "activations": "q8",
         }
         for name, value in strings.items():
             assert isinstance(a[name], str), (name, type(a[name]))

@@ -67,6 +67,7 @@ static inline fmoe_trace_header sample_header(int probs_half) {
     snprintf(h.semantic_kind, sizeof h.semantic_kind, "projection");
     h.speculative_depth = SAMPLE_S;
     h.config_json = SAMPLE_CONFIG_JSON;
+    snprintf(h.activations, sizeof h.activations, "q8");
     return h;
 }
 
@@ -191,6 +192,7 @@ static inline const char *sample_verify(fmoe_trace_reader *r, int nreq, int half
     SV_STR(created);
     SV_STR(recorded_on);
     SV_STR(semantic_kind);
+    SV_STR(activations);
     SV_INT(num_layers);
     SV_INT(num_experts);
     SV_INT(top_k);

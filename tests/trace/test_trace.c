@@ -413,6 +413,7 @@ TEST(minimal_trace_and_empty_requests) {
         fmoe_trace_reader_read_tokens(r, 1, 2, &(fmoe_trace_token_buffers){.token_id = back});
     int64_t R = fmoe_trace_reader_num_requests(r), T = fmoe_trace_reader_num_tokens(r);
     int kind = rh->probs_kind, sd = rh->semantic_dim, cj_null = rh->config_json == NULL;
+    const int no_activations = rh->activations[0] == '\0'; /* no attribute: not known */
     int64_t q0_count = q[0].token_count, q0_id = q[0].id, q1_begin = q[1].token_begin;
     int it_ok = n == 2 && it[0].request == 1 && it[1].token_begin == 1;
     fmoe_trace_reader_close(r);
@@ -421,6 +422,7 @@ TEST(minimal_trace_and_empty_requests) {
     ASSERT_EQ(kind, FMOE_PROBS_NONE);
     ASSERT_EQ(sd, 0);
     ASSERT_TRUE(cj_null);
+    ASSERT_TRUE(no_activations);
     ASSERT_EQ(q0_count, 0);
     ASSERT_EQ(q0_id, -5);
     ASSERT_EQ(q1_begin, 0);
@@ -633,6 +635,7 @@ TEST(writer_validates_header) {
     EXPECT_BAD_HEADER(snprintf(h.model_name, sizeof h.model_name, "bad \xff utf8"), "model_name");
     EXPECT_BAD_HEADER(snprintf(h.semantic_kind, sizeof h.semantic_kind, "pooled"), "semantic_kind");
     EXPECT_BAD_HEADER(h.config_json = "{\"x\": \"\xc3\"}", "config_json");
+    EXPECT_BAD_HEADER(snprintf(h.activations, sizeof h.activations, "q4"), "activations");
 }
 
 /* Appends sample request 0 changed by `edit`; expects EINVAL whose detail contains

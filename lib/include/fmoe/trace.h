@@ -79,6 +79,11 @@ typedef struct fmoe_trace_header {
      * ran together, whatever request they belong to: the batch composition), and
      * /tokens/served_s [T] float32, that pass's wall seconds. 0: absent. */
     int32_t served;
+    /* What the recording's forward pass multiplied quantized weights by ("f32", or "q8":
+     * inputs quantised to 8 bits; fmoe_activations_name, the commands' --activations),
+     * which moves the logits and so the routing. "": not known (an import, a trace
+     * written before the attribute), and no attribute written. */
+    char activations[8];
 } fmoe_trace_header;
 
 /* Iterations of a request in replay order: its prefill chunks, then one per output token. */
