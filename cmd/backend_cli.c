@@ -1,5 +1,6 @@
 /*
- * backend_cli.c - `--backend` for the commands that compute (backend_cli.h).
+ * backend_cli.c - `--backend` and `--activations` for the commands that compute
+ * (backend_cli.h).
  */
 #include "backend_cli.h"
 
@@ -21,6 +22,16 @@ int cmd_backend_resolve(const char *cmd, const char *name, fmoe_backend_kind *ou
     const char *detail = fmoe_error_detail();
     return cmd_failf(cmd, "--backend %s: %s", name ? name : "auto",
                      detail[0] ? detail : fmoe_strerror(rc));
+}
+
+const char *const cmd_activations_names[] = {"f32", "q8", NULL};
+
+int cmd_activations_check(const char *cmd, fmoe_backend_kind kind, int32_t activations) {
+    if (activations != FMOE_ACTIVATIONS_Q8 || kind == FMOE_BACKEND_CPU) return 0;
+    return cmd_usage_error(cmd,
+                           "--activations q8 needs --backend cpu: the %s backend's quantized "
+                           "kernels take f32 inputs",
+                           fmoe_backend_name(kind));
 }
 
 const char *cmd_cuda_device_name(const char *describe, char *buf, size_t cap) {
@@ -63,7 +74,8 @@ const char *cmd_backend_recorded_on(fmoe_backend_kind kind, char *buf, size_t ca
     return backend_with_device(kind, ":", "", buf, cap);
 }
 
-void cmd_backend_say(const char *cmd, fmoe_backend_kind kind) {
+void cmd_backend_say(const char *cmd, fmoe_backend_kind kind, int32_t activations) {
     char words[200];
-    fprintf(stderr, "fmoe %s: backend %s\n", cmd, cmd_backend_describe(kind, words, sizeof words));
+    fprintf(stderr, "fmoe %s: backend %s%s\n", cmd, cmd_backend_describe(kind, words, sizeof words),
+            activations == FMOE_ACTIVATIONS_Q8 ? ", activations q8" : "");
 }

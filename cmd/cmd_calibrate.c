@@ -25,7 +25,10 @@
  * no GPU and the CPU's figures are the profile's compute, file->RAM its link; auto (the
  * default) is cuda when the CUDA module loads and sees a device, else cpu. --link chooses
  * another link (h2d only with the cuda backend). "host" is always the CPU (the lane
- * `simulate --miss cpu` uses).
+ * `simulate --miss cpu` uses). --activations q8 times the CPU's quantized products with
+ * 8-bit inputs, as generate, record and serve compute with it (a different speed: the
+ * profile must be of the run it predicts), and is recorded in the calibration record; like
+ * theirs, it needs the cpu backend.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -62,6 +65,7 @@ typedef struct options {
     const char *link;   /* auto|h2d|file|ram */
     int32_t link_index; /* in link_names */
     const char *backend; /* --backend cpu|cuda|auto */
+    int32_t activations; /* --activations: fmoe_activations, as the run will compute */
     int32_t threads;
     int quick, quiet;
 } options;
@@ -102,6 +106,7 @@ static const cmd_option calibrate_options[] = {
      .value_name = "NAME", .help = "the profile's name",
      .default_text = "calibrated-<hostname>", .offset = offsetof(options, name)},
     CMD_BACKEND_OPTION(options, backend),
+    CMD_ACTIVATIONS_OPTION(options, activations),
     {.name = "link", .kind = CMD_OPT_ENUM, .value_name = "auto|h2d|file|ram",
      .help = "which copy is the profile's link (auto: host->device with the cuda backend, "
              "else file->RAM)",
@@ -267,17 +272,21 @@ typedef struct measurements {
 } measurements;
 
 /* "expert (fmoe cpu bf16)": a series' label (static storage, one per kind). */
-/* "expert (fmoe cpu q4_k)": what was timed, with the kernels' weight format. A format the
- * CPU backend has no kernel for (mxfp4, f8_e4m3) is timed as bf16, and named so. */
-static const char *cpu_kernel_name(fmoe_dtype dtype, const char *what) {
-    static char names[3][48];
+/* "expert (fmoe cpu q4_k)": what was timed, with the kernels' weight format, and
+ * ", activations q8" where the block kernels took 8-bit inputs. A format the CPU backend has
+ * no kernel for (mxfp4, f8_e4m3) is timed as bf16, and named so. */
+static const char *cpu_kernel_name(fmoe_dtype dtype, const char *what, int32_t activations) {
+    static char names[3][64];
     const int i = what[0] == 'e' ? 0 : what[0] == 'l' && what[1] == 'a' ? 1 : 2;
     const int own = dtype == FMOE_DTYPE_F32 || dtype == FMOE_DTYPE_F16 ||
                     dtype == FMOE_DTYPE_BF16 || dtype == FMOE_DTYPE_Q8_0 ||
                     dtype == FMOE_DTYPE_Q4_K || dtype == FMOE_DTYPE_Q5_K ||
                     dtype == FMOE_DTYPE_Q6_K;
-    snprintf(names[i], sizeof names[i], "%s (fmoe cpu %s)", what,
-             own ? fmoe_dtype_name(dtype) : "bf16");
+    const int blocks = dtype == FMOE_DTYPE_Q8_0 || dtype == FMOE_DTYPE_Q4_K ||
+                       dtype == FMOE_DTYPE_Q5_K || dtype == FMOE_DTYPE_Q6_K;
+    snprintf(names[i], sizeof names[i], "%s (fmoe cpu %s%s)", what,
+             own ? fmoe_dtype_name(dtype) : "bf16",
+             blocks && activations == FMOE_ACTIVATIONS_Q8 ? ", activations q8" : "");
     return names[i];
 }
 
@@ -290,7 +299,8 @@ static int time_cpu_kernels(const options *o, fmoe_dtype dtype, const int32_t *r
     for (int32_t i = 0; i < nt; i++) tmax = tok[i] > tmax ? tok[i] : tmax;
     const int blas_threads = openblas_get_num_threads(); /* the backend sets it to one */
     fmoe_cpu_gemm_bench *b = NULL;
-    int rc = fmoe_cpu_gemm_bench_init(&b, rows, cols, mats, dtype, tmax, o->threads);
+    int rc = fmoe_cpu_gemm_bench_init(&b, rows, cols, mats, dtype, tmax, o->threads,
+                                      (fmoe_activations)o->activations);
     if (rc == 0) {
         const fmoe_gemm_kernel k = {.ctx = b, .run = fmoe_cpu_gemm_bench_run};
         rc = fmoe_calibrate_gemms(&k, rows, cols, mats, tok, nt, reps, sec);
@@ -358,7 +368,8 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
      * the checkpoint's dtype (runtime/model/gemm_bench.c says why not OpenBLAS f32); the
      * experts in their own format (a GGUF's blocks), the rest in the config's dtype, which
      * is what `fmoe quantize --experts-only` leaves */
-    m->expert_cpu = (series){.what = cpu_kernel_name(sh->expert_dtype, "expert"), .n = nt};
+    m->expert_cpu =
+        (series){.what = cpu_kernel_name(sh->expert_dtype, "expert", o->activations), .n = nt};
     FMOE_FORWARD_IF_ERROR(
         time_cpu_kernels(o, sh->expert_dtype, erows, ecols, 3, tok, nt, reps, sec));
     for (int32_t i = 0; i < nt; i++) {
@@ -367,7 +378,8 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
         if (f > m->cpu_peak_flops) m->cpu_peak_flops = f;
     }
     fit_series(&m->expert_cpu);
-    m->layer_cpu = (series){.what = cpu_kernel_name(sh->dtype, "layer GEMMs"), .n = nt};
+    m->layer_cpu =
+        (series){.what = cpu_kernel_name(sh->dtype, "layer GEMMs", o->activations), .n = nt};
     FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh->dtype, lrows, lcols, lm, tok, nt, reps, sec));
     for (int32_t i = 0; i < nt; i++) m->layer_cpu.x[i] = tok[i], m->layer_cpu.y[i] = sec[i];
     fit_series(&m->layer_cpu);
@@ -381,7 +393,8 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     }
     fit_series(&m->attn_cpu);
     const int32_t hrows[1] = {sh->vocab}, hcols[1] = {sh->hidden};
-    m->head_cpu = (series){.what = cpu_kernel_name(sh->dtype, "LM head"), .n = nt};
+    m->head_cpu =
+        (series){.what = cpu_kernel_name(sh->dtype, "LM head", o->activations), .n = nt};
     FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh->dtype, hrows, hcols, 1, tok, nt, reps, sec));
     for (int32_t i = 0; i < nt; i++) m->head_cpu.x[i] = tok[i], m->head_cpu.y[i] = sec[i];
     fit_series(&m->head_cpu);
@@ -556,6 +569,8 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON_AddStringToObject(cal, "cuda", fmoe_cuda_describe());
     cJSON_AddStringToObject(cal, "backend",
                             fmoe_backend_name(m->have_gpu ? FMOE_BACKEND_CUDA : FMOE_BACKEND_CPU));
+    cJSON_AddStringToObject(cal, "activations",
+                            fmoe_activations_name((fmoe_activations)o->activations));
     cJSON_AddStringToObject(cal, "link_used", link);
     cJSON_AddBoolToObject(cal, "quick", o->quick);
     cJSON *model = cJSON_AddObjectToObject(cal, "model");
@@ -646,7 +661,7 @@ static void report_compute(const series *s, const char *xlabel) {
 static void report(const options *o, const shapes *sh, const measurements *m, const char *link) {
     char note[128];
     /* first, and only with the measurements: a failure stays one line */
-    cmd_backend_say(CMD, m->have_gpu ? FMOE_BACKEND_CUDA : FMOE_BACKEND_CPU);
+    cmd_backend_say(CMD, m->have_gpu ? FMOE_BACKEND_CUDA : FMOE_BACKEND_CPU, o->activations);
     fprintf(stderr, "fmoe calibrate: %ld cpus, OpenBLAS %d threads; CUDA: %s\n",
             sysconf(_SC_NPROCESSORS_ONLN), openblas_get_num_threads(), fmoe_cuda_describe());
     fprintf(stderr, "shapes: %s: hidden %d, expert %d, %d heads (%d KV) of %d%s\n", sh->model,
@@ -708,6 +723,7 @@ int cmd_calibrate(int argc, char **argv) {
     if (rc != 0) return rc < 0 ? CMD_EXIT_OK : rc;
     fmoe_backend_kind backend;
     if ((rc = cmd_backend_resolve(CMD, o.backend, &backend)) != 0) return rc;
+    if ((rc = cmd_activations_check(CMD, backend, o.activations)) != 0) return rc;
     shapes sh;
     rc = load_shapes(&o, &sh);
     if (rc < 0) return cmd_fail(CMD, rc);

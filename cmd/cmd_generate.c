@@ -120,6 +120,7 @@ static void json_ids(FILE *f, const int32_t *ids, size_t n) {
 typedef struct generate_args {
     const char *model, *tokenizer, *prompt, *system, *chat_template, *dump_logits, *backend;
     int32_t max_new_tokens, top_k, threads;
+    int32_t activations; /* fmoe_activations */
     double temperature, top_p;
     int64_t seed;
     int chat, json, ignore_eos;
@@ -167,6 +168,7 @@ static const cmd_option generate_options[] = {
     {.name = "ignore-eos", .kind = CMD_OPT_FLAG, .help = "do not stop at end-of-sequence tokens",
      .offset = offsetof(generate_args, ignore_eos)},
     CMD_BACKEND_OPTION(generate_args, backend),
+    CMD_ACTIVATIONS_OPTION(generate_args, activations),
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
      .default_text = "all cores", .offset = offsetof(generate_args, threads), .min = 0,
      .max = 4096},
@@ -215,6 +217,7 @@ int cmd_generate(int argc, char **argv) {
     if (prc > 0) return prc;
     fmoe_backend_kind backend;
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
+    if ((prc = cmd_activations_check(CMD, backend, a.activations)) != 0) return prc;
     a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
@@ -289,6 +292,7 @@ int cmd_generate(int argc, char **argv) {
     int64_t need = (int64_t)n_prompt + (max_new > 0 ? max_new - 1 : 0);
     so.max_context = (int32_t)(need > 0 ? need : 1);
     so.threads = a.threads;
+    so.activations = (fmoe_activations)a.activations;
     if ((rc = cmd_offload_open(CMD, &a.off, m, so.max_batch, a.json, &off)) != 0) goto done;
     rc = CMD_EXIT_FAILURE;
     if (off.x) fmoe_offload_attach(off.x, &so);
@@ -382,7 +386,8 @@ int cmd_generate(int argc, char **argv) {
         if ((err = fmoe_tokenizer_decode(tok, gen, keep, 1, &text, &text_len)) < 0) goto fail;
         printf("{\"model\": ");
         json_string(stdout, dir, strlen(dir));
-        printf(", \"backend\": \"%s\"", fmoe_backend_name(backend));
+        printf(", \"backend\": \"%s\", \"activations\": \"%s\"", fmoe_backend_name(backend),
+               fmoe_activations_name(so.activations));
         if (backend == FMOE_BACKEND_CUDA) {
             char dev[160];
             cmd_cuda_device_name(fmoe_cuda_describe(), dev, sizeof dev);
@@ -426,7 +431,7 @@ int cmd_generate(int argc, char **argv) {
         printf("\n");
         fflush(stdout);
         /* with the figures, after the run: a failure before stays one line */
-        cmd_backend_say(CMD, backend);
+        cmd_backend_say(CMD, backend, a.activations);
         fprintf(stderr,
                 "fmoe generate: prefill %zu tokens in %.3f s (%.1f tokens/s), decode %d tokens "
                 "in %.3f s (%.1f tokens/s), stop: %s\n",

@@ -69,6 +69,7 @@ typedef struct record_args {
     fmoe_compression compression;
     int64_t max_requests, seed;
     int32_t max_new_tokens, speculative, threads, top_k;
+    int32_t activations; /* fmoe_activations */
     double temperature, top_p;
     int hidden, chat, ignore_eos, quiet, probs_f32, no_timing, log_requests;
     cmd_offload_args off;
@@ -137,6 +138,7 @@ static const cmd_option record_options[] = {
      .help = "generate M tokens whatever the model says",
      .offset = offsetof(record_args, ignore_eos)},
     CMD_BACKEND_OPTION(record_args, backend),
+    CMD_ACTIVATIONS_OPTION(record_args, activations),
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
      .default_text = "all cores", .offset = offsetof(record_args, threads), .min = 0,
      .max = 4096},
@@ -363,6 +365,7 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
     }
     fmoe_backend_kind backend;
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
+    if ((prc = cmd_activations_check(CMD, backend, a.activations)) != 0) return prc;
     a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
@@ -425,6 +428,7 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
     so.backend = backend;
     so.max_context = (int32_t)ctx_cap;
     so.threads = a.threads;
+    so.activations = (fmoe_activations)a.activations;
     so.speculative_depth = a.speculative;
     if ((rc = cmd_offload_open(CMD, &a.off, m, so.max_batch, a.quiet, &off)) != 0) goto done;
     rc = CMD_EXIT_FAILURE;
@@ -442,7 +446,8 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
 
     /* Trace header. */
     fmoe_trace_header h;
-    if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32, backend)) < 0)
+    if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32, backend,
+                                          so.activations)) < 0)
         goto fail;
     cmd_base_name(a.dataset, h.dataset, sizeof h.dataset);
     h.speculative_depth = a.speculative;
@@ -622,7 +627,8 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
         goto fail;
     }
     if (!a.quiet) {
-        cmd_backend_say(CMD, backend); /* with the summary: a failure stays one line */
+        /* with the summary: a failure stays one line */
+        cmd_backend_say(CMD, backend, a.activations);
         fprintf(stderr,
                 "fmoe record: %s: %lld request%s, %lld tokens (prefill %lld at %.1f tokens/s, "
                 "decode %lld at %.1f tokens/s)",

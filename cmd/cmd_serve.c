@@ -41,6 +41,7 @@ static const char *const CMD = "serve";
 typedef struct serve_args {
     const char *model, *tokenizer, *host, *api_key, *port_file, *model_name, *trace_out, *backend;
     int32_t port, parallel, max_queue, max_context, threads, timeout, client_connections;
+    int32_t activations; /* fmoe_activations */
     int64_t max_body;
     double grace;
     int quiet;
@@ -77,6 +78,7 @@ static const cmd_option serve_options[] = {
      .default_text = "the model's, at most 4096", .offset = offsetof(serve_args, max_context),
      .min = 1, .max = 1 << 24},
     CMD_BACKEND_OPTION(serve_args, backend),
+    CMD_ACTIVATIONS_OPTION(serve_args, activations),
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "CPU threads",
      .default_text = "all cores", .offset = offsetof(serve_args, threads), .min = 0,
      .max = 4096},
@@ -194,6 +196,7 @@ int cmd_serve(int argc, char **argv) {
     if (prc > 0) return prc;
     fmoe_backend_kind backend; /* before listening, as the other options */
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
+    if ((prc = cmd_activations_check(CMD, backend, a.activations)) != 0) return prc;
     a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
@@ -247,7 +250,7 @@ int cmd_serve(int argc, char **argv) {
     if (a.trace_out) {
         fmoe_trace_header h;
         if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32,
-                                              backend)) < 0)
+                                              backend, (fmoe_activations)a.activations)) < 0)
             goto fail;
         snprintf(h.dataset, sizeof h.dataset, "serve");
         h.prefill_chunk = 64; /* a prompt's chunks, as the engine runs a lone request */
@@ -264,11 +267,12 @@ int cmd_serve(int argc, char **argv) {
         .model = m, .tokenizer = tok, .offload = off.x, .metrics = metrics, .backend = backend,
         .model_name = a.model_name, .parallel = a.parallel, .max_queue = a.max_queue,
         .max_context = a.max_context, .threads = a.threads, .stop_ids = gc.stop,
-        .num_stop_ids = gc.num_stop, .trace_out = trace, .trace_speculative = trace_speculative};
+        .num_stop_ids = gc.num_stop, .trace_out = trace, .trace_speculative = trace_speculative,
+        .activations = (fmoe_activations)a.activations};
     if ((err = serve_engine_start(&eo, &engine)) < 0) goto fail;
     serve_http_set_engine(http, engine);
     if (!a.quiet) {
-        cmd_backend_say(CMD, backend); /* once the engine's sessions run on it */
+        cmd_backend_say(CMD, backend, a.activations); /* once the engine's sessions run on it */
         char line[512] = "every expert resident";
         if (off.x) cmd_offload_summary(&off, line, sizeof line);
         serve_engine_info info;

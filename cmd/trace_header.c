@@ -20,7 +20,7 @@ const char *cmd_base_name(const char *path, char *buf, size_t cap) {
 
 int cmd_trace_header_for_model(fmoe_trace_header *h, const fmoe_model *m, const char *dir,
                                const char *model_name, int probs_f32,
-                               fmoe_backend_kind backend) {
+                               fmoe_backend_kind backend, fmoe_activations activations) {
     memset(h, 0, sizeof *h);
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
     const char *config = fmoe_model_config_json(m);
@@ -39,6 +39,9 @@ int cmd_trace_header_for_model(fmoe_trace_header *h, const fmoe_model *m, const 
     if (h->expert_bytes < 0) h->expert_bytes = 0;
     snprintf(h->dtype, sizeof h->dtype, "%s", fmoe_dtype_name(g->expert_dtype));
     cmd_backend_recorded_on(backend, h->recorded_on, sizeof h->recorded_on);
+    /* written for every model, bf16 ones included (where it changes nothing), so that a
+     * trace says it without the reader knowing which weight types it affects */
+    snprintf(h->activations, sizeof h->activations, "%s", fmoe_activations_name(activations));
     h->probs_kind = FMOE_PROBS_FULL;
     h->probs_half = !probs_f32;
     h->semantic_dim = (int32_t)g->hidden_size;

@@ -32,7 +32,7 @@
  *                   scratch (quant_widen.h: AVX2, the same bits as the plain C), then
  *                   cblas_sgemm (prefill ran at 0.4x bf16 with a dot per row and token;
  *                   see docs/quantization.md)
- *   ggml blocks, any n, FMOE_Q8_ACTIVATIONS=1 in the environment
+ *   ggml blocks, any n, limits.activations q8 (the commands' --activations q8)
  *                   fmoe__quant_matvec's 8-bit path: x quantised to 8 bits once per
  *                   product and integer block dots, each row unpacked once per four
  *                   inputs (llama.cpp's scheme). Faster, less exact: opt-in (the
@@ -83,7 +83,7 @@ typedef struct cpu_ctx {
     float *xpack;         /* [max_batch][max_cols] x packed for the AVX-512 bf16 GEMM */
     int simd;             /* AVX2 + FMA + F16C available */
     int simd512;          /* AVX-512F available */
-    int act8;             /* FMOE_Q8_ACTIVATIONS=1: 8-bit inputs for block-format weights */
+    int act8;             /* FMOE_ACTIVATIONS_Q8: 8-bit inputs for block-format weights */
 } cpu_ctx;
 
 /* ---------------------------------------------------------------------------------- */
@@ -621,10 +621,7 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
     /* ~1 MiB of widened rows per block, at least 16 rows. */
     int64_t br = (256 * 1024) / (lim->max_cols > 0 ? lim->max_cols : 1);
     c->block_rows = (int32_t)(br < 16 ? 16 : br > 1024 ? 1024 : br);
-    {
-        const char *a8 = getenv("FMOE_Q8_ACTIVATIONS");
-        c->act8 = a8 && strcmp(a8, "1") == 0;
-    }
+    c->act8 = lim->activations == FMOE_ACTIVATIONS_Q8;
 #if HAVE_X86
     __builtin_cpu_init();
     unsigned eax, ebx, ecx = 0, edx; /* F16C from CPUID: clang 14 lacks the builtin's "f16c" */

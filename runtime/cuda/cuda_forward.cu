@@ -751,6 +751,13 @@ static void cuda_free(void *ctx) {
 
 static int cuda_init(const fmoe__backend_limits *lim, void **out) {
     *out = NULL;
+    // Refused, never ignored: the quantized kernels (cuda_quant.cu) take f32 inputs, and a
+    // run that asked for 8-bit ones must not compute f32 ones without a word
+    // (fmoe_session_init says so first; this guards callers of the table itself).
+    if (lim->activations != FMOE_ACTIVATIONS_F32)
+        return fmoe_error_set(FMOE_EUNSUPPORTED, "CUDA backend: activations other than f32 "
+                              "(%d): its quantized kernels take f32 inputs",
+                              (int)lim->activations);
     int rc = fmoe__cuda_module_probe();
     if (rc < 0) return rc;
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);

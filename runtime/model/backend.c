@@ -16,6 +16,10 @@ const char *fmoe_backend_name(fmoe_backend_kind kind) {
     return kind == FMOE_BACKEND_CUDA ? "cuda" : "cpu";
 }
 
+const char *fmoe_activations_name(fmoe_activations a) {
+    return a == FMOE_ACTIVATIONS_F32 ? "f32" : a == FMOE_ACTIVATIONS_Q8 ? "q8" : "?";
+}
+
 int fmoe_backend_choose(const char *name, fmoe_backend_kind *out) {
     if (!out) return fmoe_error_set(FMOE_EINVAL, "output is NULL");
     if (!name || strcmp(name, "auto") == 0) {

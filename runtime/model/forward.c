@@ -211,6 +211,18 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
     if (o.max_batch > o.max_context) o.max_batch = o.max_context;
     if (o.max_sequences <= 0) o.max_sequences = 1;
     if (o.max_sequences > o.max_batch) o.max_sequences = o.max_batch;
+    FMOE_RETURN_ERROR_IF(o.activations != FMOE_ACTIVATIONS_F32 &&
+                             o.activations != FMOE_ACTIVATIONS_Q8,
+                         FMOE_EINVAL, "activations %d: expected f32 (0) or q8 (1)",
+                         (int)o.activations);
+    /* Refused rather than ignored: a run asked for 8-bit inputs would otherwise compute,
+     * and a trace record, f32 ones without a word. Checked before the backend is looked
+     * up, so that the refusal reads the same on a machine without CUDA. */
+    FMOE_RETURN_ERROR_IF(o.activations == FMOE_ACTIVATIONS_Q8 && o.backend != FMOE_BACKEND_CPU,
+                         FMOE_EUNSUPPORTED,
+                         "activations q8 is the CPU backend's: the %s backend's quantized "
+                         "kernels take f32 inputs",
+                         fmoe_backend_name(o.backend));
     /* Quantized weights need no check here: the loader takes only the ggml types both
      * backends have kernels for (fmoe_quant_supported; runtime/cuda/cuda_quant.cu), and
      * the CUDA backend refuses any other in one line at its first use. */
@@ -237,7 +249,8 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
     fmoe__backend_limits lim = {.weights = (fmoe__weight_home *)&m->backend_weights,
                                 .threads = o.threads, .max_cols = max_cols,
                                 .max_batch = o.max_batch, .max_context = o.max_context,
-                                .max_experts = (int32_t)(B * K)};
+                                .max_experts = (int32_t)(B * K),
+                                .activations = o.activations};
     int rc = s->be->init(&lim, &s->bctx);
     if (rc < 0) {
         free(s);

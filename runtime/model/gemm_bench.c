@@ -11,7 +11,9 @@
  * checkpoint's dtype measures what the live run does. A GGUF model's quantized weights
  * (Q8_0, Q4_K, Q5_K, Q6_K) are timed as blocks of that type through the same matmul, which
  * runs the block kernels (runtime/cpu/quant_matvec.c): a Q4_K decode reads 0.28x the bytes
- * of bf16, and its compute curve must say so.
+ * of bf16, and its compute curve must say so. With 8-bit activations (`--activations q8`)
+ * those kernels quantise the inputs and take integer dots, a different speed again, so
+ * the bench's backend is made with the run's choice.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +54,8 @@ void fmoe_cpu_gemm_bench_free(fmoe_cpu_gemm_bench *b) {
 
 int fmoe_cpu_gemm_bench_init(fmoe_cpu_gemm_bench **out, const int32_t *rows,
                              const int32_t *cols, int32_t mats, fmoe_dtype dtype,
-                             int32_t max_batch, int32_t threads) {
+                             int32_t max_batch, int32_t threads,
+                             fmoe_activations activations) {
     /* the kernels the forward pass has: f32, f16, bf16, and the block types (block_type);
      * other formats are timed as bf16 */
     const fmoe_st_dtype st = dtype == FMOE_DTYPE_F32   ? FMOE_ST_F32
@@ -111,7 +114,8 @@ int fmoe_cpu_gemm_bench_init(fmoe_cpu_gemm_bench **out, const int32_t *rows,
     }
     free(row);
     const fmoe__backend_limits lim = {.threads = threads, .max_cols = max_cols,
-                                      .max_batch = max_batch, .max_context = 1};
+                                      .max_batch = max_batch, .max_context = 1,
+                                      .activations = activations};
     if (rc == 0) rc = fmoe__cpu_backend.init(&lim, &b->ctx);
     if (rc < 0) {
         fmoe_cpu_gemm_bench_free(b);

@@ -190,6 +190,9 @@ typedef struct fmoe__backend_limits {
     int32_t max_batch;   /* most rows of x in one call */
     int32_t max_context; /* KV positions */
     int32_t max_experts; /* most rows an index list (gather/scatter) holds: max_batch·top_k */
+    fmoe_activations activations; /* the CPU backend's inputs for block-format weights
+                                     (fmoe_session_options.activations); the CUDA backend
+                                     is never given Q8: fmoe_session_init refuses it */
 } fmoe__backend_limits;
 
 /*

@@ -786,6 +786,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         so.backend = o->backend;
         so.max_context = e->o.max_context;
         so.threads = o->threads;
+        so.activations = o->activations;
         if (i == 0 && o->offload) fmoe_offload_attach(o->offload, &so);
         so.max_batch = i == 0 ? ITERATION_TOKENS : 1;
         so.max_sequences = i == 0 ? P : 1; /* slot 0 runs every batch */

@@ -61,6 +61,7 @@ typedef struct serve_engine_options {
      * runner session's depth when the policy reads speculative gates (fmoe_offload_attach
      * sets it), so a replay of the trace can run that policy. */
     int32_t trace_speculative;
+    fmoe_activations activations;      /* the sessions' fmoe_session_options.activations */
 } serve_engine_options;
 
 /* Sampling and limits of one request, as the API layer parsed them. */

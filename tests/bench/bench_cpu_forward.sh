@@ -19,7 +19,7 @@
 #                  q8_0 and q4_k_m: both run one GGUF file, made from the bf16 GGUF by
 #                  llama-quantize (Q8_0 without llama.cpp: `fmoe quantize --type q8_0`;
 #                  q4_k_m needs llama-quantize)
-# --q8-activations also times fmoe with FMOE_Q8_ACTIVATIONS=1 on the quantized types
+# --q8-activations also times fmoe with --activations q8 on the quantized types
 #                  (8-bit activations and integer dots, llama.cpp's scheme; row "fmoe-a8")
 # --llama-cpp DIR  a llama.cpp source tree (for convert_hf_to_gguf.py and gguf-py) whose
 #                  build/bin holds llama-bench and llama-quantize. Debian bookworm packages
@@ -90,9 +90,10 @@ mkdir -p "$WORK"
 
 TOKENS=$("$PYTHON" -c "print(','.join(str(1 + (i * 37) % 4000) for i in range($PROMPT)))")
 
-# fmoe_once MODEL THREADS [VAR=VALUE]: one timed run, prints "prefill decode" tokens/s.
+# fmoe_once MODEL THREADS ACTIVATIONS: one timed run (--activations f32 or q8), prints
+# "prefill decode" tokens/s.
 fmoe_once() {
-    env ${3:+"$3"} "$DRIVER" "$1" --tokens "$TOKENS" --generate "$GEN" --threads "$2" --bench |
+    "$DRIVER" "$1" --tokens "$TOKENS" --generate "$GEN" --threads "$2" --activations "$3" --bench |
         "$PYTHON" -c "import json,sys; d=json.load(sys.stdin); print(d['prefill_tok_s'], d['decode_tok_s'])"
 }
 
@@ -173,11 +174,11 @@ bench() {
     fp=0 fd=0 ap=0 ad=0 lp=0 ld=0
     i=0
     while [ $i -lt "$REPEAT" ]; do
-        set -- $(fmoe_once "$model" "$th")
+        set -- $(fmoe_once "$model" "$th" f32)
         fp=$("$PYTHON" -c "print(max($fp, $1))")
         fd=$("$PYTHON" -c "print(max($fd, $2))")
         if [ "$a8" = 1 ]; then
-            set -- $(fmoe_once "$model" "$th" FMOE_Q8_ACTIVATIONS=1)
+            set -- $(fmoe_once "$model" "$th" q8)
             ap=$("$PYTHON" -c "print(max($ap, $1))")
             ad=$("$PYTHON" -c "print(max($ad, $2))")
         fi

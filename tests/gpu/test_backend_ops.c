@@ -1282,11 +1282,15 @@ TEST(write_slot_on_backend_matmul) {
 /* ---------------------------------------------------------------------------------- */
 
 static void usage(void) {
-    fprintf(stderr, "usage: test_backend_ops [--self] [--json FILE] [FILTER]\n");
+    fprintf(stderr, "usage: test_backend_ops [--self] [--cpu-activations f32|q8] [--json FILE] "
+                    "[FILTER]\n");
 }
 
 int main(int argc, char **argv) {
     const char *json_path = NULL;
+    /* the CPU reference's inputs for quantized weights: q8 checks that matmul.quant.cpu's
+     * bound holds for the CPU's 8-bit path too (the commands' --activations q8) */
+    fmoe_activations cpu_act = FMOE_ACTIVATIONS_F32;
     char *filter_argv[2] = {argv[0], NULL};
     int filter_argc = 1;
     for (int i = 1; i < argc; i++) {
@@ -1294,6 +1298,9 @@ int main(int argc, char **argv) {
             self_mode = 1;
         } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
             json_path = argv[++i];
+        } else if (strcmp(argv[i], "--cpu-activations") == 0 && i + 1 < argc &&
+                   (strcmp(argv[i + 1], "f32") == 0 || strcmp(argv[i + 1], "q8") == 0)) {
+            cpu_act = strcmp(argv[++i], "q8") == 0 ? FMOE_ACTIVATIONS_Q8 : FMOE_ACTIVATIONS_F32;
         } else if (argv[i][0] == '-') {
             usage();
             return 2;
@@ -1332,11 +1339,13 @@ int main(int argc, char **argv) {
     fmoe__backend_limits lim = {.threads = 0, .max_cols = MAX_COLS, .max_batch = MAX_BATCH,
                                 .max_context = MAX_CONTEXT, .max_experts = MAX_EXPERTS};
     lim.weights = &rhome;
+    lim.activations = cpu_act;
     if (R->init(&lim, &rctx) != 0 || R->init(&lim, &rio) != 0) {
         printf("backend_ops: cpu init: %s\n", fmoe_error_detail());
         return 1;
     }
     lim.weights = &thome;
+    lim.activations = FMOE_ACTIVATIONS_F32; /* the CUDA kernels' own inputs (or --self's) */
     if (T->init(&lim, &tctx) != 0 || T->init(&lim, &tio) != 0) {
         printf("backend_ops: %s init: %s\n", T->name, fmoe_error_detail());
         return 1;

@@ -6,6 +6,7 @@
  *                  [--generate N] [--stepwise] [--batch B] [--threads T]
  *                  [--max-context C] [--temperature T] [--top-k K] [--top-p P]
  *                  [--seed S] [--speculative S] [--backend cpu|cuda|auto] [--bench]
+ *                  [--activations f32|q8]
  *
  * --logits writes the logits of every prompt token as raw little-endian float32 [n][V].
  * --routes writes JSON: prompt, generated tokens, and for every token run (the prompt and
@@ -16,6 +17,8 @@
  * --session-backend cuda asks fmoe_session_init for CUDA without fmoe_backend_choose's look
  * for a device first, so the session's own refusals (a quantized GGUF model) are seen on
  * any machine.
+ * --activations q8 multiplies quantized weights by inputs quantised to 8 bits
+ * (fmoe_session_options.activations, the commands' --activations).
  * --bench prints one JSON line with prefill and decode tokens/s. Without --logits it asks
  * for the last prompt token's logits only, as llama-bench's prompt test does.
  * Exit status 0, or 1 with the error detail on stderr.
@@ -99,6 +102,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--top-p")) sp.top_p = (float)atof(v);
         else if (!strcmp(a, "--seed")) sp.seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--speculative")) spec = atoi(v);
+        else if (!strcmp(a, "--activations")) {
+            if (strcmp(v, "f32") && strcmp(v, "q8")) {
+                fprintf(stderr, "forward_driver: --activations must be f32 or q8, got '%s'\n", v);
+                return 2;
+            }
+            so.activations = !strcmp(v, "q8") ? FMOE_ACTIVATIONS_Q8 : FMOE_ACTIVATIONS_F32;
+        }
         else if (!strcmp(a, "--session-backend"))
             so.backend = !strcmp(v, "cuda") ? FMOE_BACKEND_CUDA : FMOE_BACKEND_CPU;
         else if (!strcmp(a, "--backend")) {

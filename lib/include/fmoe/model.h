@@ -191,6 +191,23 @@ int fmoe_backend_choose(const char *name, fmoe_backend_kind *out);
 /* "cpu" or "cuda". */
 const char *fmoe_backend_name(fmoe_backend_kind kind);
 
+/*
+ * What the CPU backend multiplies quantized (GGUF block-format: Q8_0, Q4_K, Q5_K, Q6_K)
+ * weights by: the f32 inputs themselves, or the inputs quantised to 8 bits once per product
+ * and integer block dots, as llama.cpp's CPU backend does (fmoe/quant_act.h). Q8 is faster
+ * in decode and moves the logits several times more than the 8-bit weights themselves do
+ * (docs/quantization.md has both measured); F16/BF16/F32 weights take their own paths and
+ * are the same bits either way. The CUDA backend's quantized kernels take f32 inputs, and
+ * fmoe_session_init refuses Q8 there.
+ */
+typedef enum fmoe_activations {
+    FMOE_ACTIVATIONS_F32 = 0, /* the default: the accuracy the tests pin */
+    FMOE_ACTIVATIONS_Q8 = 1,
+} fmoe_activations;
+
+/* "f32" or "q8" (the --activations values and the trace attribute); "?" for another value. */
+const char *fmoe_activations_name(fmoe_activations a);
+
 typedef struct fmoe_session_options {
     fmoe_backend_kind backend; /* default FMOE_BACKEND_CPU */
     int32_t max_context;       /* KV cache positions (default: min(4096, model's maximum)) */
@@ -205,6 +222,8 @@ typedef struct fmoe_session_options {
     fmoe_expert_fn on_expert;  /* all take route_ctx */
     fmoe_expert_done_fn on_expert_done;
     void *route_ctx;
+    fmoe_activations activations; /* the CPU backend's inputs for quantized weights (default
+                                     FMOE_ACTIVATIONS_F32; Q8 with CUDA is refused) */
 } fmoe_session_options;
 
 /* Defaults as documented above. */
@@ -232,7 +251,8 @@ typedef struct fmoe_forward_trace {
  * Allocates all run state of one sequence: KV cache for max_context positions, activation
  * buffers for max_batch tokens (and [max_batch][V] floats for the lm head of a batch),
  * RoPE tables, thread pool. Nothing is allocated after this.
- * @return 0 and *out, FMOE_EINVAL (bad options), FMOE_ENOMEM.
+ * @return 0 and *out, FMOE_EINVAL (bad options), FMOE_EUNSUPPORTED (CUDA missing here, or
+ *         activations Q8 asked of a backend other than the CPU), FMOE_ENOMEM.
  */
 int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
                       fmoe_session **out);
@@ -297,13 +317,14 @@ int fmoe_session_forward_batch(fmoe_session *runner, const fmoe_batch_item *item
  * `mats` matrices [rows[i]][cols[i]] of small values stored as `dtype` (f32, f16; bf16 for
  * the others), and the
  * backend's context for batches of up to max_batch rows on `threads` threads (0: all
- * cores; note: the backend sets OpenBLAS to one thread). run multiplies x[n][cols[mat]]
+ * cores; note: the backend sets OpenBLAS to one thread), its quantized products taking
+ * `activations` as a session of those options would. run multiplies x[n][cols[mat]]
  * by matrix `mat` into y[n][rows[mat]] as a live forward pass does (its signature is
  * fmoe/hardware.h's fmoe_gemm_kernel.run). @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
 typedef struct fmoe_cpu_gemm_bench fmoe_cpu_gemm_bench;
 int fmoe_cpu_gemm_bench_init(fmoe_cpu_gemm_bench **out, const int32_t *rows,
                              const int32_t *cols, int32_t mats, fmoe_dtype dtype,
-                             int32_t max_batch, int32_t threads);
+                             int32_t max_batch, int32_t threads, fmoe_activations activations);
 int fmoe_cpu_gemm_bench_run(void *bench, int32_t mat, const float *x, int32_t n, float *y);
 void fmoe_cpu_gemm_bench_free(fmoe_cpu_gemm_bench *b);
 
