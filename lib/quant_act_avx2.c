@@ -48,20 +48,24 @@ static INLINE float f32_at(const uint8_t *p) {
 
 SIMD static INLINE __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+/* Q8_0 against inputs whose block scales da (f32, [nx][n/32], da_stride apart) were
+ * widened once per call by fmoe__quant_act_rows_avx2: a broadcast load each instead of an
+ * f16 conversion per block, input and row. dw·da is the same f32 product either way. */
 SIMD static INLINE void dots_q8_0(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
-                                  int64_t n, float *y, int64_t ys) {
+                                  int64_t n, float *y, int64_t ys, const float *da,
+                                  int64_t da_stride) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MAXX];
     for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += FMOE_Q8_0_BYTES, a += FMOE_Q8_0_BYTES) {
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += FMOE_Q8_0_BYTES, a += FMOE_Q8_0_BYTES, da++) {
         const __m256i qw = load(w + 2);
         const __m256i aw = _mm256_sign_epi8(qw, qw);
-        const float dw = f16_at(w);
+        const __m256 dw = _mm256_set1_ps(f16_at(w));
         for (int k = 0; k < nx; k++) {
-            const uint8_t *ak = a + k * stride;
-            const __m256i sa = _mm256_sign_epi8(load(ak + 2), qw);
+            const __m256i sa = _mm256_sign_epi8(load(a + k * stride + 2), qw);
             const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);
-            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(ak)), _mm256_cvtepi32_ps(p), acc[k]);
+            const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(da + k * da_stride));
+            acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[k]);
         }
     }
     for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
@@ -203,8 +207,8 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
     }
 
 SIMD static void dots_q8_0_n(const uint8_t *w, const uint8_t *a, int64_t s, int nx, int64_t n,
-                             float *y, int64_t ys) {
-#define CALL(N) dots_q8_0(w, a, s, N, n, y, ys)
+                             float *y, int64_t ys, const float *da, int64_t das) {
+#define CALL(N) dots_q8_0(w, a, s, N, n, y, ys, da, das)
     DISPATCH(CALL)
 #undef CALL
 }
@@ -230,10 +234,46 @@ SIMD static void dots_q6_k_n(const uint8_t *w, const uint8_t *a, int64_t s, int 
 #undef CALL
 }
 
+/* Q8_0 rows: the inputs' block scales widened to f32 once per call (quant_matvec.c's
+ * chunks are 16 rows, so once per 16 rows), in groups of inputs whose table fits
+ * DA_FLOATS (16 KiB of stack: 32 inputs of 4096 values a group). */
+#define DA_FLOATS 4096
+
+SIMD static void rows_q8_0(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
+                           int64_t stride, int32_t nx, int64_t n, float *y, int64_t ldy) {
+    float da[DA_FLOATS];
+    const int64_t nb = n / FMOE_QK8_0;
+    if (nb > DA_FLOATS) { /* rows of over 131072 values: no model has them */
+        for (int64_t r = 0; r < rows; r++)
+            for (int32_t k = 0; k < nx; k++)
+                y[k * ldy + r] = fmoe_quant_act_dot_ref(FMOE_GGML_Q8_0, W + r * row_bytes, a + k * stride, n);
+        return;
+    }
+    int64_t group = DA_FLOATS / nb / MAXX * MAXX;
+    if (group < 1) group = DA_FLOATS / nb;
+    for (int32_t g0 = 0; g0 < nx; g0 += (int32_t)group) {
+        const int32_t gm = nx - g0 < group ? nx - g0 : (int32_t)group;
+        for (int32_t k = 0; k < gm; k++)
+            for (int64_t b = 0; b < nb; b++) da[k * nb + b] = f16_at(a + (g0 + k) * stride + b * FMOE_Q8_0_BYTES);
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *w = W + r * row_bytes;
+            for (int32_t k0 = 0; k0 < gm; k0 += MAXX) {
+                const int m = gm - k0 < MAXX ? gm - k0 : MAXX;
+                dots_q8_0_n(w, a + (g0 + k0) * stride, stride, m, n, y + (g0 + k0) * ldy + r, ldy,
+                            da + k0 * nb, nb);
+            }
+        }
+    }
+}
+
 void fmoe__quant_act_rows_avx2(uint32_t t, const void *W, int64_t row_bytes, int64_t rows,
                                const void *qx, int64_t stride, int32_t nx, int64_t n, float *y,
                                int64_t ldy) {
     const uint8_t *a = qx;
+    if (t == FMOE_GGML_Q8_0) {
+        rows_q8_0(W, row_bytes, rows, a, stride, nx, n, y, ldy);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *w = (const uint8_t *)W + r * row_bytes;
         for (int32_t k0 = 0; k0 < nx; k0 += MAXX) {
@@ -241,7 +281,6 @@ void fmoe__quant_act_rows_avx2(uint32_t t, const void *W, int64_t row_bytes, int
             const uint8_t *ak = a + k0 * stride;
             float *yk = y + k0 * ldy + r;
             switch (t) {
-            case FMOE_GGML_Q8_0: dots_q8_0_n(w, ak, stride, m, n, yk, ldy); break;
             case FMOE_GGML_Q4_K: dots_q4_k_n(w, ak, stride, m, n, yk, ldy); break;
             case FMOE_GGML_Q5_K: dots_q5_k_n(w, ak, stride, m, n, yk, ldy); break;
             default: dots_q6_k_n(w, ak, stride, m, n, yk, ldy); break;
