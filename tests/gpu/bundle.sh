@@ -5,6 +5,7 @@
 #
 #     bash tests/gpu/bundle.sh          # configure/build build-gpu/, then pack .gpu-carry/
 #     bash tests/gpu/bundle.sh --all    # build every target of build-gpu/ first
+#     bash tests/gpu/bundle.sh --build build-x --carry .gpu-carry-x   # other folders
 #
 # The GPU machine has the CUDA toolkit, Python and its packages, but none of the Debian
 # libraries fmoe links (libhdf5, libcjson, libopenblas, libmicrohttpd, libpcre2, and what
@@ -21,7 +22,11 @@
 #      loaded first would break the CUDA libraries that need the newer one;
 #   3. .gpu-carry/build-gpu/ gets stripped copies of the files the device run uses, at
 #      their build-tree paths, and bundle-lib.tar.xz (OpenBLAS alone is 36 MB unpacked,
-#      4 MB in xz), which device-check.sh unpacks where the RPATH points.
+#      4 MB in xz), which device-check.sh unpacks where the RPATH points;
+#   4. .gpu-carry/SOURCES.sha256 lists the sha256 of every build input of the tree
+#      (sources, headers, meson files; tracked and untracked), and MANIFEST a digest of that
+#      list: device-check.sh's env stage checks them against the tree it runs in, so a
+#      carried build older than the sources it is tested with fails there, in one line.
 # Prints the size of .gpu-carry and of the working tree that travels with it.
 set -euo pipefail
 
@@ -31,12 +36,18 @@ root=$PWD
 build=build-gpu
 carry=.gpu-carry
 build_all=0
-for a in "$@"; do
-    case $a in
+while [ $# -gt 0 ]; do
+    case $1 in
     --all) build_all=1 ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
-    *) echo "bundle.sh: unknown argument $a" >&2; exit 2 ;;
+    --build | --carry)
+        [ $# -ge 2 ] && [ -n "$2" ] || { echo "bundle.sh: $1 needs a folder" >&2; exit 2; }
+        case $2 in /* | *..*) echo "bundle.sh: $1 $2: a folder inside the repository, relative" >&2; exit 2 ;; esac
+        if [ "$1" = --build ]; then build=${2%/}; else carry=${2%/}; fi
+        shift ;;
+    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "bundle.sh: unknown argument $1" >&2; exit 2 ;;
     esac
+    shift
 done
 
 say() { printf 'bundle.sh: %s\n' "$*"; }
@@ -141,11 +152,19 @@ done
 printf '# stub: the meson build this folder was copied from is %s on the machine that built it\n' \
     "$root/$build" >"$carry/build-gpu/build.ninja"
 XZ_OPT='-9 -T0' tar -cJf "$carry/build-gpu/bundle-lib.tar.xz" -C "$build" bundle-lib
+# What meson compiles or reads: C and CUDA sources, headers, meson files (no generators
+# run scripts; the Python tests and the data are read from the tree at run time, so editing
+# them does not make the carried build stale).
+git ls-files -z --cached --others --exclude-standard |
+    grep -zE '(^|/)(meson\.build|meson_options\.txt)$|\.(c|h|cu|cuh|inc)$' |
+    LC_ALL=C sort -z | xargs -0 sha256sum -- >"$carry/SOURCES.sha256"
 {
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
     echo "commit: $(git rev-parse HEAD) ($(git log -1 --format=%s | cut -c1-80))"
     echo "working tree: $(git status --short | wc -l) changed or untracked paths," \
         "diff sha256 $(git diff HEAD | sha256sum | cut -c1-16)"
+    echo "sources: sha256 $(sha256sum <"$carry/SOURCES.sha256" | cut -c1-64) of SOURCES.sha256" \
+        "($(wc -l <"$carry/SOURCES.sha256") build inputs)"
     echo "needs: $(objdump -T "$carry"/build-gpu/cmd/fmoe "$build"/bundle-lib/* 2>/dev/null |
         grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1) or newer"
     echo "rpath of cmd/fmoe: $(readelf -d "$carry/build-gpu/cmd/fmoe" | grep -E 'R(UN)?PATH' |

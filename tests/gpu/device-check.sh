@@ -7,7 +7,7 @@
 #
 # Environment: OUT (default ./gpu-out), FMOE_GPU_BUILD_DIR (default .gpu-carry/build-gpu),
 # FMOE_GPU_DEADLINE (seconds for all stages, default 420), FMOE_GPU_ONLY (space-separated
-# stage names to run, the rest reported "not-run").
+# stage names to run, the rest left out of the summary).
 #
 # Every stage runs whatever happened before it (no stopping at the first failure) and logs
 # to $OUT/stage-<name>.log, which is appended to $OUT/logs.txt as soon as the stage ends.
@@ -18,11 +18,15 @@
 #
 # Statuses: pass; FAIL; TIMEOUT (its stage timeout); skip (the step says it cannot run
 # here, e.g. no GPU: exit 77); missing (what it runs is not in this tree yet); not-run
-# (the deadline left no time for it, or FMOE_GPU_ONLY).
+# (the deadline left no time for it); rehearsed (no GPU here: the stage ran with the CPU
+# backend standing in for the device, and passed).
 #
-# Exit status: 1 when a stage failed or timed out; else 77 where there is no CUDA device
-# (after every step that needs none: the binary starts, the CPU halves of the tests), with
-# the line "no CUDA device: the rest needs a GPU"; else 0.
+# Exit status. With a CUDA device, every stage run must pass: skip, missing and not-run
+# count as failures there as FAIL and TIMEOUT do (a check that did not run shows nothing),
+# and any of them gives exit 1; stages left out by FMOE_GPU_ONLY are not listed. Without
+# a device (the rehearsal) FAIL or TIMEOUT give 1; else 77, after every step that needs
+# none has run (the stand-in runs included), with the line "no CUDA device: the rest
+# needs a GPU".
 set -u
 set -o pipefail
 
@@ -35,6 +39,7 @@ OUT=$(cd "$OUT" && pwd)
 B=${FMOE_GPU_BUILD_DIR:-$root/.gpu-carry/build-gpu}
 B=$(cd "$B" 2>/dev/null && pwd || echo "$B")
 deadline=${FMOE_GPU_DEADLINE:-420}
+case $deadline in '' | *[!0-9]*) echo "device-check: FMOE_GPU_DEADLINE=$deadline: whole seconds" >&2; exit 2 ;; esac
 only=${FMOE_GPU_ONLY:-}
 work=$(mktemp -d "${TMPDIR:-/tmp}/fmoe-gpu.XXXXXX")
 t_start=$SECONDS
@@ -102,6 +107,22 @@ if [ -f "$B/runtime/libfmoe-cuda.so" ] && ldd "$B/runtime/libfmoe-cuda.so" | gre
     fi
 fi
 
+# The Python a stage runs: the repository's .venv where it exists and imports what the
+# stage needs (this machine's python3 may lack pytest), else python3 (the GPU machine's,
+# with torch, transformers, h5py and pytest; .venv does not travel).
+# pick_python MODULE...
+pick_python() {
+    local py mods
+    mods=$(printf 'import %s;' "$@")
+    for py in "$root/.venv/bin/python" python3; do
+        if command -v "$py" >/dev/null 2>&1 && "$py" -c "$mods" >/dev/null 2>&1; then
+            echo "$py"
+            return 0
+        fi
+    done
+    echo python3
+}
+
 export root B OUT work cuda_note
 export FMOE=$B/cmd/fmoe
 export FMOE_BUILD_DIR=$B FMOE_BUILD_ROOT=$B FMOE_PLUGIN_DIR=$B/trace HDF5_PLUGIN_PATH=$B/trace
@@ -130,9 +151,21 @@ export prompt tiny
 # ---- stages -----------------------------------------------------------------------------
 # Each is a function run as `timeout T bash -c stage_<name>` (a group kill takes every
 # process it started), writing its key figure to $FIG. Return 0 pass, 77 skip, 78 missing,
+# 76 rehearsed (no GPU: the CPU backend stood in for the device and the stage passed),
 # anything else a failure.
+#
+# The rehearsal: without a device, the stages whose device half has a CPU stand-in run it
+# (generate: the comparison of two CPU runs; e2e: test_gpu_e2e.py with
+# FMOE_GPU_TEST_BACKEND=cpu; backend_py: test_backend.py's CPU cases; record: --backend
+# cpu; bench: bench_gpu.py --device-backend cpu at a small size), so that everything but
+# the device itself (flags, files, parsing, the scripts) is exercised before a device run.
+REHEARSED=76
 
 fig() { printf '%s' "$*" >"$FIG"; }
+# The backend the device half runs: cuda, or cpu standing in for it in the rehearsal.
+dev_backend() { [ "$have_gpu" = 1 ] && echo cuda || echo cpu; }
+# A passing device half: 0 with a GPU, REHEARSED without.
+passed() { [ "$have_gpu" = 1 ] && return 0; return $REHEARSED; }
 needs_gpu() {
     if [ "$have_gpu" != 1 ]; then
         fig "needs a GPU"
@@ -150,7 +183,26 @@ stage_env() {
     echo "cores: $(nproc)"
     free -g 2>/dev/null | head -2
     echo "== carried build"
-    cat "$B/../MANIFEST" 2>/dev/null | sed -n '1,6p'
+    sed -n '1,/^carried files/p' "$B/../MANIFEST" 2>/dev/null | sed '$d'
+    # The build must be the sources': SOURCES.sha256 (bundle.sh) holds every build input's
+    # hash as bundled; each must match the file in this tree.
+    local stale=""
+    if [ ! -f "$B/../SOURCES.sha256" ]; then
+        stale="carried build unverifiable: no $B/../SOURCES.sha256 (an older bundle.sh packed it): rerun tests/gpu/bundle.sh"
+    else
+        local bad_src
+        bad_src=$(cd "$root" && sha256sum -c "$B/../SOURCES.sha256" 2>/dev/null | grep -v ': OK$' |
+            sed 's/: [^:]*$//')
+        if [ -n "$bad_src" ]; then
+            stale="carried build is stale: $(echo "$bad_src" | wc -l) of $(wc -l <"$B/../SOURCES.sha256") build inputs differ from this tree ($(echo "$bad_src" | head -3 | tr '\n' ' ')...): rerun tests/gpu/bundle.sh"
+        else
+            echo "sources: all $(wc -l <"$B/../SOURCES.sha256") build inputs match SOURCES.sha256"
+        fi
+    fi
+    if [ -n "$stale" ]; then
+        echo "$stale"
+        bad=1
+    fi
     echo "== GPU"
     local gpu="no GPU"
     if command -v nvidia-smi >/dev/null 2>&1; then
@@ -166,8 +218,11 @@ stage_env() {
     echo "== compute-sanitizer: ${san:-not found}"
     [ -n "$san" ] && "$san" --version 2>&1 | tail -1
     echo "== python"
-    command -v python3
-    python3 - <<'EOF' 2>&1 | tee "$work/python.txt"
+    local py
+    for py in python3 "$root/.venv/bin/python"; do
+        command -v "$py" >/dev/null 2>&1 || continue
+        echo "$py: $(command -v "$py")"
+        "$py" - <<'EOF' 2>&1 | tee -a "$work/python.txt"
 import importlib, sys
 parts = ["python " + sys.version.split()[0]]
 for name in ("torch", "transformers", "h5py", "numpy", "pytest"):
@@ -180,6 +235,8 @@ for name in ("torch", "transformers", "h5py", "numpy", "pytest"):
         parts.append(f"{name} MISSING ({type(e).__name__})")
 print(" ".join(parts))
 EOF
+    done
+    echo "e2e and backend_py run $(pick_python pytest numpy); bench $(pick_python numpy h5py)"
     echo "== libraries (CUDA's: $cuda_note)"
     echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
     local f nf nb
@@ -202,7 +259,11 @@ EOF
         bad=1
     fi
     echo "generate --backend: $has_backend, record --backend: $record_backend"
-    fig "$gpu; $cuda_line; $(grep -o 'torch [^ ]*' "$work/python.txt" | head -1)"
+    if [ -n "$stale" ]; then
+        fig "$stale"
+    else
+        fig "$gpu; $cuda_line; $(grep -o 'torch [^ ]*' "$work/python.txt" | head -1)"
+    fi
     return $bad
 }
 
@@ -246,7 +307,7 @@ stage_cuda_ops() { run_test_binary tests/model/test_cuda_ops cuda_ops; }
 # step by step (stdlib Python: .npy read by hand).
 compare_generations() {
     python3 - "$@" <<'EOF'
-import array, ast, json, os, struct, sys
+import array, ast, json, os, struct, sys  # the stdlib only: any python3 will do
 
 def npy(path):
     data = open(path, "rb").read()
@@ -309,41 +370,62 @@ stage_generate() {
     "$FMOE" "${base[@]}" "${cpu[@]}" --dump-logits "$work/cpu.npy" >"$work/cpu.json" || return 1
     cat "$work/cpu.json"
     echo
-    if [ "$have_gpu" != 1 ]; then
-        fig "cpu ok, decode $(grep -o '"decode_tok_s": [0-9.]*' "$work/cpu.json" | grep -o '[0-9.]*$') tok/s; cuda needs a GPU"
-        return 77
-    fi
     [ "$has_backend" = 1 ] || { fig "fmoe generate has no --backend"; return 78; }
-    local bad=0
+    local bad=0 dev
+    dev=$(dev_backend)
+    [ "$dev" = cpu ] && echo "(no GPU: --backend cpu stands in for cuda below)"
     echo "== cuda"
-    "$FMOE" "${base[@]}" --backend cuda --dump-logits "$work/cuda.npy" >"$work/cuda.json" || bad=1
+    "$FMOE" "${base[@]}" --backend "$dev" --dump-logits "$work/cuda.npy" >"$work/cuda.json" || bad=1
     cat "$work/cuda.json"
     echo
     echo "== cuda, offloaded: --policy lru --cache-experts 16"
-    "$FMOE" "${base[@]}" --backend cuda --policy lru --cache-experts 16 \
+    "$FMOE" "${base[@]}" --backend "$dev" --policy lru --cache-experts 16 \
         --dump-logits "$work/cuda-off.npy" >"$work/cuda-off.json" || bad=1
     cat "$work/cuda-off.json"
     echo
-    [ $bad = 0 ] || { fig "a cuda generate failed"; return 1; }
+    [ $bad = 0 ] || { fig "a $dev generate failed"; return 1; }
     echo "== logits against the CPU's"
-    compare_generations "$work/cpu" "$work/cuda" cuda "$work/cuda-off" cuda-offload
+    compare_generations "$work/cpu" "$work/cuda" "$dev" "$work/cuda-off" "$dev-offload" || return 1
+    passed
+}
+
+# pytest over PATHS with the Python that has it; every test runs (no -x: one failure
+# must not hide the rest of a device run), each command inside under the tests' own
+# time limits (conftest.COMMAND_TIMEOUT_S), and a per-test limit where pytest-timeout is
+# installed. run_pytest NAME PATH...
+run_pytest() {
+    local name=$1 py
+    shift
+    py=$(pick_python pytest numpy)
+    "$py" -c 'import pytest, numpy' 2>/dev/null || { fig "no pytest and numpy in $py"; return 77; }
+    local extra=()
+    "$py" -c 'import pytest_timeout' 2>/dev/null && extra=(--timeout 300)
+    echo "$py -m pytest -q -p no:cacheprovider ${extra[*]} $*"
+    "$py" -m pytest -q -p no:cacheprovider "${extra[@]}" "$@" 2>&1 | tee "$work/$name.txt"
+    local rc=${PIPESTATUS[0]}
+    fig "$(grep -E '(passed|failed|skipped|error|no tests ran)' "$work/$name.txt" | tail -1 | tr -d '=' | sed 's/^ *//')"
+    [ $rc = 5 ] && return 78 # no tests collected
+    [ $rc = 0 ] || return $rc
+    passed
 }
 
 stage_e2e() {
     ls "$root"/tests/gpu/test_*.py >/dev/null 2>&1 || { fig "tests/gpu/test_*.py not in this tree"; return 78; }
-    python3 -c 'import pytest' 2>/dev/null || { fig "no pytest here"; return 77; }
-    python3 -m pytest -q -x -p no:cacheprovider "$root/tests/gpu" 2>&1 | tee "$work/e2e.txt"
-    local rc=${PIPESTATUS[0]}
-    fig "$(grep -E '(passed|failed|skipped|error|no tests ran)' "$work/e2e.txt" | tail -1 | tr -d '=' | sed 's/^ *//')"
-    [ $rc = 5 ] && return 78 # no tests collected
-    return $rc
+    [ "$have_gpu" = 1 ] || export FMOE_GPU_TEST_BACKEND=cpu
+    run_pytest e2e "$root/tests/gpu"
+}
+
+# tests/python/test_backend.py: --backend on every command; its cuda cases run where fmoe
+# sees a device (they skip without one), its cpu cases everywhere.
+stage_backend_py() {
+    [ -f "$root/tests/python/test_backend.py" ] || { fig "tests/python/test_backend.py not in this tree"; return 78; }
+    run_pytest backend_py "$root/tests/python/test_backend.py"
 }
 
 stage_record() {
-    needs_gpu && return 77
     [ "$record_backend" = 1 ] || { fig "fmoe record has no --backend"; return 78; }
     # written in $work (a cut-short run leaves no .partial and journal in $OUT)
-    "$FMOE" record --backend cuda --model "$tiny" --dataset "$root/datasets/samples/prompts_100.txt" \
+    "$FMOE" record --backend "$(dev_backend)" --model "$tiny" --dataset "$root/datasets/samples/prompts_100.txt" \
         --max-requests 4 --max-new-tokens 16 --policy lru --cache-experts 16 \
         -o "$work/trace-cuda.h5" -q || { fig "fmoe record failed"; return 1; }
     "$FMOE" inspect "$work/trace-cuda.h5" 2>&1 | head -60 | tee "$work/inspect.txt"
@@ -355,6 +437,7 @@ stage_record() {
         keep="not kept (over 4 MiB)"
     fi
     fig "4 requests, $size bytes, $keep; $(grep -io 'recorded.on[^,;]*' "$work/inspect.txt" | head -1)"
+    passed
 }
 
 # compute-sanitizer TOOL over a command; status from its own report: errors (leaks aside,
@@ -427,16 +510,25 @@ stage_initcheck() {
 
 stage_bench() {
     [ -f "$root/tests/bench/bench_gpu.py" ] || { fig "tests/bench/bench_gpu.py not in this tree"; return 78; }
-    needs_gpu && return 77
-    python3 "$root/tests/bench/bench_gpu.py" --json "$OUT/bench.json" 2>&1 | tee "$work/bench.txt"
+    local py size=()
+    py=$(pick_python numpy h5py)
+    # the rehearsal: the CPU stands in, at a small size (its figures mean nothing), in the
+    # run's own work folder
+    [ "$have_gpu" = 1 ] || size=(--device-backend cpu --prompts 2 --gen 4 --offload-prompts 1
+        --offload-gen 2 --fractions 0.25 --offload-model "$tiny" --budget-s 30 --work "$work/bench")
+    echo "$py tests/bench/bench_gpu.py --json $OUT/bench.json ${size[*]}"
+    "$py" "$root/tests/bench/bench_gpu.py" --json "$OUT/bench.json" "${size[@]}" 2>&1 | tee "$work/bench.txt"
     local rc=${PIPESTATUS[0]}
-    fig "$(grep -v '^\s*$' "$work/bench.txt" | tail -1 | cut -c1-160)"
-    return $rc
+    fig "$(grep -E '^(targets|FAILED|bench_gpu)' "$work/bench.txt" | tail -1 | cut -c1-160)"
+    [ $rc = 0 ] || return $rc
+    passed
 }
 
-export -f fig needs_gpu compare_generations sanitize run_test_binary
+export REHEARSED
+export -f fig needs_gpu dev_backend passed pick_python run_pytest compare_generations sanitize \
+    run_test_binary
 export -f stage_env stage_ops_self stage_selftest stage_ops stage_cuda_ops stage_generate \
-    stage_e2e stage_record stage_memcheck stage_memcheck_offload stage_memcheck_ops \
+    stage_e2e stage_backend_py stage_record stage_memcheck stage_memcheck_offload stage_memcheck_ops \
     stage_racecheck stage_synccheck stage_initcheck stage_bench
 
 # name, timeout (s), expected on an H100 (s; README.md). In order of what a short run
@@ -450,6 +542,7 @@ stages=(
     "cuda_ops 120"
     "generate 90"
     "e2e 180"
+    "backend_py 60"
     "record 60"
     "memcheck 90"
     "memcheck_offload 90"
@@ -465,10 +558,10 @@ json_str() { printf '%s' "$1" | tr -d '\000-\037' | sed 's/\\/\\\\/g; s/"/\\"/g'
 
 write_summary() {
     {
-        printf '%-17s %-8s %5s  %s\n' stage status secs "key figure"
+        printf '%-17s %-9s %5s  %s\n' stage status secs "key figure"
         local i
         for i in "${!names[@]}"; do
-            printf '%-17s %-8s %5s  %s\n' "${names[$i]}" "${statuses[$i]}" "${secs[$i]}" "${figs[$i]}"
+            printf '%-17s %-9s %5s  %s\n' "${names[$i]}" "${statuses[$i]}" "${secs[$i]}" "${figs[$i]}"
         done
         printf 'total %ss of a %ss deadline; gpu %s; OUT %s\n' $((SECONDS - t_start)) "$deadline" \
             "$([ "$have_gpu" = 1 ] && echo yes || echo no)" "$OUT"
@@ -527,16 +620,19 @@ for entry in "${stages[@]}"; do
         0) status=pass ;;
         77) status=skip ;;
         78) status=missing ;;
+        "$REHEARSED") if [ "$have_gpu" = 1 ]; then status=FAIL; else status=rehearsed; fi ;;
         124 | 137) status=TIMEOUT; printf 'stopped after %ss: %s' "$limit" "$(cat "$FIG")" >"$FIG" ;;
         *) status=FAIL ;;
         esac
     fi
     dt=$((SECONDS - t0))
     names+=("$name") statuses+=("$status") secs+=("$dt") figs+=("$(head -c 300 "$FIG")")
-    printf '[%4ss] %-17s %-8s %4ss  %s\n' $((SECONDS - t_start)) "$name" "$status" "$dt" "$(head -c 200 "$FIG")"
+    printf '[%4ss] %-17s %-9s %4ss  %s\n' $((SECONDS - t_start)) "$name" "$status" "$dt" "$(head -c 200 "$FIG")"
     if [ "$status" = FAIL ] || [ "$status" = TIMEOUT ]; then
         failed=$((failed + 1))
         tail -n 12 "$OUT/stage-$name.log" 2>/dev/null | sed 's/^/    | /'
+    elif [ "$have_gpu" = 1 ] && [ "$status" != pass ]; then
+        failed=$((failed + 1)) # on a GPU a check that did not run is a failure (header)
     fi
     append_log "$name" "$status" "$dt"
     write_summary
@@ -545,7 +641,11 @@ done
 echo
 cat "$OUT/summary.txt"
 if [ "$failed" -gt 0 ]; then
-    echo "device-check: $failed stage(s) failed or timed out (logs: $OUT/logs.txt)"
+    if [ "$have_gpu" = 1 ]; then
+        echo "device-check: $failed stage(s) did not pass on the GPU (FAIL, TIMEOUT, skip, missing or not-run; logs: $OUT/logs.txt)"
+    else
+        echo "device-check: $failed stage(s) failed or timed out (logs: $OUT/logs.txt)"
+    fi
     exit 1
 fi
 if [ "$have_gpu" != 1 ]; then
