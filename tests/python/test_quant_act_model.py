@@ -17,7 +17,8 @@ test_gguf_model.py pins to the file's f32 dequantisation):
   same bounds and leaves a bf16 checkpoint's bits alone (its weights never take the block
   kernels); a value other than f32 or q8 is a one-line usage error (exit 2) of every
   command that has the option; q8 on the CUDA backend is refused, not ignored; `record`
-  writes the choice as the trace's `activations` attribute (read back with h5py), which a
+  and `serve --trace-out` write the choice as the trace's `activations` attribute (read
+  back with h5py), which a
   reader may find absent but not wrong; `calibrate` times the 8-bit path when asked and
   says so in its profile.
 """
@@ -201,3 +202,21 @@ def test_calibrate_times_the_8bit_path_when_asked(fmoe_bin, files, tmp_path):
     assert prof["f32"]["compute"]["expert_cpu"]["what"] == "expert (fmoe cpu q8_0)"
     assert prof["q8"]["compute"]["expert_cpu"]["what"] == \
         "expert (fmoe cpu q8_0, activations q8)"
+
+
+def test_serve_trace_out_records_the_activations(files, tmp_path):
+    h5py = pytest.importorskip("h5py")
+    from serve_util import Server
+
+    trace = tmp_path / "served.h5"
+    s = Server(tmp_path, "--model", files["q8_0"], "--parallel", 1, "--threads", 1,
+               "--backend", "cpu", "--activations", "q8", "--trace-out", trace)
+    try:
+        s.complete("Once upon a time", max_tokens=3)
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err
+    with h5py.File(trace, "r") as f:
+        v = f.attrs["activations"]
+        assert (v.decode() if isinstance(v, bytes) else v) == "q8"
+        assert f["requests/id"].shape[0] == 1
