@@ -18,9 +18,8 @@ test_gguf_model.py pins to the file's f32 dequantisation):
   kernels); a value other than f32 or q8 is a one-line usage error (exit 2) of every
   command that has the option; q8 on the CUDA backend is refused, not ignored; `record`
   and `serve --trace-out` write the choice as the trace's `activations` attribute (read
-  back with h5py), which a
-  reader may find absent but not wrong; `calibrate` times the 8-bit path when asked and
-  says so in its profile.
+  back with h5py), which a reader may find absent but not wrong; `calibrate` times the
+  8-bit path when asked and says so in its profile.
 """
 import json
 import subprocess
