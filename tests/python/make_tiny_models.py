@@ -49,7 +49,16 @@ HF_MODELS = {
                                     "rope_parameters": {"rope_type": "dynamic", "factor": 2.0,
                                                         "rope_theta": 10000.0}},
                         "float32", {}),
+    # The *_swa models: sliding windows shorter than the prompt (PROMPT_LEN 12), so that
+    # prefill, chunked prefill and the token-by-token decode all drop keys.
+    "mixtral_swa": ("mixtral", {"sliding_window": 5}, "float32", {}),
     "qwen2_moe": ("qwen2_moe", {"mlp_only_layers": [1]}, "float32", {}),
+    # layer_types differs on layers 0 and 1 from what use_sliding_window would give without
+    # it (sliding on even layers below max_window_layers), so fmoe must follow the list.
+    "qwen2_moe_swa": ("qwen2_moe", {"use_sliding_window": True, "sliding_window": 4,
+                                    "layer_types": ["full_attention", "sliding_attention",
+                                                    "sliding_attention"]},
+                      "float32", {}),
     "qwen3_moe": ("qwen3_moe", {"norm_topk_prob": True, "head_dim": 32},
                   "float32", {"max_shard_size": "200KB"}),
     "qwen3_moe_yarn": ("qwen3_moe", {"norm_topk_prob": True,
@@ -57,6 +66,8 @@ HF_MODELS = {
                                                          "original_max_position_embeddings": 16,
                                                          "rope_theta": 10000.0}},
                        "float32", {}),
+    "qwen3_moe_swa": ("qwen3_moe", {"norm_topk_prob": True, "use_sliding_window": True,
+                                    "sliding_window": 6}, "float32", {}),
     "olmoe": ("olmoe", {"clip_qkv": 4.0}, "float32", {}),
     "olmoe_f16": ("olmoe", {}, "float16", {}),
 }

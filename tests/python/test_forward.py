@@ -6,7 +6,9 @@ make_tiny_models.py writes tiny random checkpoints in each family's transformers
 continuation; tests/model/forward_driver runs them through fmoe. The bar: max |logit
 difference| <= 1e-3 in float32 (far below what a wrong formula gives, above what summation
 order gives), identical top-k experts at every MoE layer for every token, identical greedy
-continuations of 32 tokens.
+continuations of 32 tokens. The *_swa checkpoints have sliding windows shorter than the
+prompt, so prefill, chunked prefill and the cached token-by-token decode all drop keys,
+and a window off by one token fails.
 
 The transformers references are fixtures (tests/fixtures/transformers/): the quick tier
 reads them without torch; the full tier (FMOE_TEST_TIER=full, torch + transformers from
@@ -22,6 +24,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import make_tiny_models as tiny  # noqa: E402
+from conftest import FULL_TIER  # noqa: E402
 
 TOL = 1e-3
 
@@ -76,13 +79,72 @@ def test_forward_matches_reference(name, models, driver, tmp_path):
 
 
 @pytest.mark.parametrize("mode", [("--stepwise",), ("--batch", "5"), ("--threads", "1")])
-def test_cache_and_chunking_agree(mode, models, driver, tmp_path):
-    """Token-by-token prompts, chunked prefill and one thread give the same answers."""
-    name = "qwen2_moe"
+@pytest.mark.parametrize("name", ["qwen2_moe", "mixtral_swa", "qwen2_moe_swa", "qwen3_moe_swa"])
+def test_cache_and_chunking_agree(name, mode, models, driver, tmp_path):
+    """Token-by-token prompts, chunked prefill and one thread give the same answers. With
+    a sliding window shorter than the prompt, --stepwise compares the logits of the cached
+    decode path at every prompt position with transformers' prefill, and chunks of 5 start
+    inside the window of the chunk before."""
     d = models(name)
     ref = dict(np.load(d / "reference.npz"))
     logits, routes = run_driver(driver, d, ref, tmp_path, *mode)
     check(d, ref, logits, routes, f"{name} {' '.join(mode)}")
+
+
+def with_config(src, dst, **changes):
+    """A copy of the checkpoint directory SRC at DST with config.json keys changed (None
+    deletes the key)."""
+    os.makedirs(dst)
+    for f in os.listdir(src):
+        os.symlink(src / f, dst / f)
+    cfg = json.loads((src / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (dst / "config.json").unlink()
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("name,window", [("mixtral_swa", 5), ("qwen2_moe_swa", 4),
+                                         ("qwen3_moe_swa", 6)])
+def test_window_is_exercised_to_the_token(name, window, models, driver, tmp_path):
+    """The sliding-window references pin the window exactly: with the window one token
+    wider, the logits of the first `window` positions (which see the whole prefix either
+    way) still match and those from position `window` on do not (transformers' mask keeps
+    key j for query i iff i - window < j <= i), so an off-by-one fails
+    test_forward_matches_reference."""
+    d = models(name)
+    ref = dict(np.load(d / "reference.npz"))
+    wide = with_config(d, tmp_path / "wide", sliding_window=window + 1)
+    logits, _ = run_driver(driver, wide, ref, tmp_path)
+    diff = np.abs(logits - ref["logits"]).max(-1)
+    assert (diff[:window] <= TOL).all(), f"{name}: {diff.tolist()}"
+    assert (diff[window:] > 100 * TOL).all(), f"{name}: {diff.tolist()}"
+
+
+def test_qwen2_moe_default_sliding_layers(models, driver, tmp_path):
+    """Without layer_types, Qwen2-MoE slides on the even layers below max_window_layers
+    (configuration_qwen2_moe.py): with max_window_layers 2 that is layer 0 alone, and
+    fmoe must then run exactly as with that list written out. The full tier asks
+    transformers' Qwen2MoeConfig for the list."""
+    d = models("qwen2_moe_swa")
+    ref = dict(np.load(d / "reference.npz"))
+    layers = ["sliding_attention", "full_attention", "full_attention"]
+    if FULL_TIER:
+        import transformers
+        cfg = json.loads((d / "config.json").read_text())
+        cfg.pop("layer_types")
+        assert transformers.Qwen2MoeConfig(**dict(cfg, max_window_layers=2)).layer_types == layers
+    rule = with_config(d, tmp_path / "rule", layer_types=None, max_window_layers=2)
+    listed = with_config(d, tmp_path / "listed", layer_types=layers)
+    l_rule, r_rule = run_driver(driver, rule, ref, tmp_path)
+    l_listed, r_listed = run_driver(driver, listed, ref, tmp_path)
+    assert np.array_equal(l_rule, l_listed) and r_rule == r_listed
+    # ...and that is not the checkpoint's own list (full, sliding, sliding).
+    assert float(np.abs(l_rule - ref["logits"]).max()) > 100 * TOL
 
 
 def test_speculative_gates(models, driver, tmp_path):
