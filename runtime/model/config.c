@@ -9,6 +9,16 @@
  * "type" names the kind. Implemented: default, linear, dynamic (NTK), yarn and llama3 —
  * every kind these families' published configs use (all of them: none) and the ones
  * their users add for long context. Others (longrope, ...) are refused by name.
+ *
+ * Sliding windows: a window W lets the query at position i attend to the keys at
+ * positions j with i - W < j <= i, W keys counting its own. That is transformers'
+ * masking_utils.py (sliding_window_overlay: kv_idx > q_idx - sliding_window) for prefill,
+ * and the same set in decode, where cache_utils.py's DynamicSlidingWindowLayer keeps the
+ * W - 1 latest keys between calls and appends the new one. The backends start at key
+ * pos - W + 1 (fmoe__attn_args.window); fmoe keeps every key in its cache and skips the
+ * older ones rather than evicting them. Which layers slide is the family's rule below.
+ * The tiny checkpoints mixtral_swa and qwen2_moe_swa (tests/python/make_tiny_models.py)
+ * check both against transformers end to end, prefill and token-by-token decode.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -205,14 +215,15 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
     switch (g->family) {
     case FMOE_FAMILY_MIXTRAL:
         /* modeling_mixtral: no biases; sliding_window (null in the published configs)
-         * applies to every layer. */
+         * applies to every layer (one sliding mask for all of them). */
         if ((rc = get_window(root, &window)) < 0) goto done;
         for (int32_t i = 0; i < n; i++) out->sliding_window[i] = window;
         break;
     case FMOE_FAMILY_QWEN2_MOE: {
         /* modeling_qwen2_moe: q/k/v biases per qkv_bias (default true), none on o; a
          * sliding window only with use_sliding_window, on the layers layer_types marks
-         * (default: odd-numbered (i + 1) layers below max_window_layers). */
+         * "sliding_attention" (without it, configuration_qwen2_moe.py's rule: layers i
+         * with i + 1 odd, i.e. 0, 2, 4..., below max_window_layers, default 28). */
         if ((rc = get_bool(root, "qkv_bias", 1, &out->attn_bias_qkv)) < 0) goto done;
         if ((rc = get_bool(root, "use_sliding_window", 0, &use_sliding)) < 0) goto done;
         if ((rc = get_window(root, &window)) < 0) goto done;
