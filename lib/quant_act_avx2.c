@@ -34,6 +34,16 @@
 #define INLINE __attribute__((always_inline)) inline
 #define MAXX 4 /* inputs per pass */
 
+/* Each kernel asks for the weight bytes this far ahead of the block it reads (the rows of
+ * a matrix are one stream). The hardware prefetcher alone kept one core at 5-10 GB/s
+ * while the other core's jobs also read memory; with these requests, 10-14 GB/s
+ * (docs/quantization.md). Prefetches past the matrix's end do not fault. */
+#define PREFETCH_BYTES 2048
+
+SIMD static INLINE void prefetch(const uint8_t *w, int lines) {
+    for (int l = 0; l < lines; l++) _mm_prefetch((const char *)w + PREFETCH_BYTES + 64 * l, _MM_HINT_T0);
+}
+
 SIMD static INLINE float f16_at(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -58,6 +68,7 @@ SIMD static INLINE void dots_q8_0(const uint8_t *w, const uint8_t *a, int64_t st
     __m256 acc[MAXX];
     for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += FMOE_Q8_0_BYTES, a += FMOE_Q8_0_BYTES, da++) {
+        prefetch(w, 1);
         const __m256i qw = load(w + 2);
         const __m256i aw = _mm256_sign_epi8(qw, qw);
         const __m256 dw = _mm256_set1_ps(f16_at(w));
@@ -84,6 +95,7 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
         accm[k] = _mm_setzero_ps();
     }
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += wbytes, a += FMOE_Q8_K_BYTES) {
+        prefetch(w, 3); /* 144 or 176 bytes */
         const float d = f16_at(w), dmin = f16_at(w + 2);
         /* the eight 6-bit scales and mins as int16 lanes, all at once (ggml's utmp trick:
          * fmoe__scale_min_k4 for j = 0..7, four 32-bit words at a time) */
@@ -153,6 +165,7 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
     __m256 acc[MAXX];
     for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += FMOE_Q6_K_BYTES, a += FMOE_Q8_K_BYTES) {
+        prefetch(w, 4); /* 210 bytes */
         const int8_t *sc = (const int8_t *)(w + 192);
         const float d = f16_at(w + 208);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
@@ -173,12 +186,15 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+            /* this half's eight scales as int16, in both 128-bit lanes */
+            const __m256i sch = half ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                     : _mm256_permute2x128_si256(sc16, sc16, 0x00);
             _Pragma("GCC unroll 4")
             for (int qq = 0; qq < 4; qq++) {
                 /* scales 8·half + 2qq (values 0..15) and the next (16..31) as int16 lanes */
-                const int is = 8 * half + 2 * qq;
-                const __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                    sc8, _mm_set_epi64x(0x0101010101010101ll * (is + 1), 0x0101010101010101ll * is)));
+                const short lo = (short)(0x0100 + 0x0202 * (2 * qq)), hi = (short)(lo + 0x0202);
+                const __m256i s = _mm256_shuffle_epi8(sch, _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo,
+                                                                             hi, hi, hi, hi, hi, hi, hi, hi));
                 for (int k = 0; k < nx; k++) {
                     const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 128 * half + 32 * qq;
                     const __m256i p = _mm256_madd_epi16(s, _mm256_maddubs_epi16(q[qq], load(qa)));
