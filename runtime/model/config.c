@@ -17,8 +17,9 @@
  * W - 1 latest keys between calls and appends the new one. The backends start at key
  * pos - W + 1 (fmoe__attn_args.window); fmoe keeps every key in its cache and skips the
  * older ones rather than evicting them. Which layers slide is the family's rule below.
- * The tiny checkpoints mixtral_swa and qwen2_moe_swa (tests/python/make_tiny_models.py)
- * check both against transformers end to end, prefill and token-by-token decode.
+ * The tiny checkpoints mixtral_swa, qwen2_moe_swa and qwen3_moe_swa
+ * (tests/python/make_tiny_models.py) check both against transformers end to end, in
+ * prefill and in token-by-token decode.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
