@@ -16,7 +16,10 @@
  *
  * Each kernel takes up to four inputs, unpacking a row block once for all of them; each
  * input has its own accumulators, summed in the same order whatever the count, so a
- * result never depends on how many inputs came with it.
+ * result never depends on how many inputs came with it. The loops over inputs carry
+ * GCC unroll pragmas: without them GCC 12 kept them as loops with the accumulators in
+ * memory (a store and a reload per input and block, 10-35% of the time at four inputs).
+ * Eight inputs a pass were slower than four (accumulators spilled).
  */
 #include <stdint.h>
 #include <string.h>
@@ -66,20 +69,20 @@ SIMD static INLINE void dots_q8_0(const uint8_t *w, const uint8_t *a, int64_t st
                                   int64_t da_stride) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MAXX];
-    for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += FMOE_Q8_0_BYTES, a += FMOE_Q8_0_BYTES, da++) {
         prefetch(w, 1);
         const __m256i qw = load(w + 2);
         const __m256i aw = _mm256_sign_epi8(qw, qw);
         const __m256 dw = _mm256_set1_ps(f16_at(w));
-        for (int k = 0; k < nx; k++) {
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
             const __m256i sa = _mm256_sign_epi8(load(a + k * stride + 2), qw);
             const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);
             const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(da + k * da_stride));
             acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[k]);
         }
     }
-    for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
 }
 
 /* Q4_K (bits 4) and Q5_K (bits 5): per block Σ_j sc_j·Σ q·a in int32 lanes, and the mins
@@ -90,7 +93,7 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
     const int64_t wbytes = bits == 4 ? FMOE_Q4_K_BYTES : FMOE_Q5_K_BYTES;
     __m256 acc[MAXX];
     __m128 accm[MAXX];
-    for (int k = 0; k < nx; k++) {
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
         acc[k] = _mm256_setzero_ps();
         accm[k] = _mm_setzero_ps();
     }
@@ -114,7 +117,7 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
         const __m256i hb = bits == 5 ? load(w + 16) : _mm256_setzero_si256();
         __m256i hmask = _mm256_set1_epi8(1);
         __m256i sumi[MAXX];
-        for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
         /* unrolled, so the shuffle masks below are constants: GCC 12 kept this loop and
          * built them at run time, 30% slower on a Zen 3 core (docs/quantization.md) */
         _Pragma("GCC unroll 4")
@@ -132,14 +135,14 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
             }
             const __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * jj)));
             const __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * jj + 1))));
-            for (int k = 0; k < nx; k++) {
+            _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
                 const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 64 * jj;
                 const __m256i p0 = _mm256_madd_epi16(s0, _mm256_maddubs_epi16(q0, load(qa)));
                 const __m256i p1 = _mm256_madd_epi16(s1, _mm256_maddubs_epi16(q1, load(qa + 32)));
                 sumi[k] = _mm256_add_epi32(sumi[k], _mm256_add_epi32(p0, p1));
             }
         }
-        for (int k = 0; k < nx; k++) {
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
             const uint8_t *ak = a + k * stride;
             const float da = f32_at(ak);
             const __m256i bs = load(ak + FMOE__Q8K_BSUMS);
@@ -149,7 +152,7 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
             accm[k] = _mm_fmadd_ps(_mm_set1_ps(da * dmin), _mm_cvtepi32_ps(pm), accm[k]);
         }
     }
-    for (int k = 0; k < nx; k++) {
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
         __m128 mm = accm[k];
         mm = _mm_add_ps(mm, _mm_movehl_ps(mm, mm));
         mm = _mm_add_ss(mm, _mm_shuffle_ps(mm, mm, 1));
@@ -163,7 +166,7 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
                                   int64_t n, float *y, int64_t ys) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
     __m256 acc[MAXX];
-    for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += FMOE_Q6_K_BYTES, a += FMOE_Q8_K_BYTES) {
         prefetch(w, 4); /* 210 bytes */
         const int8_t *sc = (const int8_t *)(w + 192);
@@ -171,7 +174,7 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         __m256i sumi[MAXX];
-        for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
         /* unrolled as dots_q45_k's loop is, for constant scale shuffles */
         _Pragma("GCC unroll 2")
         for (int half = 0; half < 2; half++) {
@@ -195,21 +198,21 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
                 const short lo = (short)(0x0100 + 0x0202 * (2 * qq)), hi = (short)(lo + 0x0202);
                 const __m256i s = _mm256_shuffle_epi8(sch, _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo,
                                                                              hi, hi, hi, hi, hi, hi, hi, hi));
-                for (int k = 0; k < nx; k++) {
+                _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
                     const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 128 * half + 32 * qq;
                     const __m256i p = _mm256_madd_epi16(s, _mm256_maddubs_epi16(q[qq], load(qa)));
                     sumi[k] = _mm256_add_epi32(sumi[k], p);
                 }
             }
         }
-        for (int k = 0; k < nx; k++) {
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
             const uint8_t *ak = a + k * stride;
             const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(load(ak + FMOE__Q8K_BSUMS), sc16), 5);
             acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f32_at(ak) * d),
                                      _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[k], off)), acc[k]);
         }
     }
-    for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
 }
 
 /* One instance per input count, so each loop over k is unrolled with its accumulators in
