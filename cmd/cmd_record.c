@@ -68,7 +68,7 @@ typedef struct record_args {
     fmoe_prompt_format format;
     fmoe_compression compression;
     int64_t max_requests, seed;
-    int32_t max_new_tokens, speculative, threads, top_k;
+    int32_t max_new_tokens, speculative, threads, top_k, max_context;
     int32_t activations; /* fmoe_activations */
     double temperature, top_p;
     int hidden, chat, ignore_eos, quiet, probs_f32, no_timing, log_requests;
@@ -84,6 +84,52 @@ static int on_dataset_format(const char *cmd, const cmd_option *opt, void *base,
                                     "text, got '%s'",
                                value);
     return 0;
+}
+
+/* The token ids of one prompt as the run feeds them: wrapped in the chat template with
+ * --chat (*chat_text then holds the wrapped text), else with the tokenizer's BOS. */
+static int encode_prompt(const record_args *a, const fmoe_tokenizer *tok, const char *prompt,
+                         char **chat_text, int32_t **ids, size_t *n) {
+    const char *text = prompt;
+    size_t len = strlen(text);
+    free(*chat_text);
+    *chat_text = NULL;
+    if (a->chat) {
+        fmoe_chat_message msg = {"user", prompt};
+        fmoe_chat_options co = {.template_name = a->chat_template, .add_generation_prompt = 1};
+        const int err = fmoe_tokenizer_apply_chat_template(tok, &msg, 1, &co, chat_text, &len);
+        if (err < 0) return err;
+        text = *chat_text;
+    }
+    free(*ids);
+    *ids = NULL;
+    *n = 0;
+    return fmoe_tokenizer_encode_alloc(tok, text, len, !a->chat, ids, n);
+}
+
+/* The KV positions the run needs: the longest of the requests it will record (prompt +
+ * --max-new-tokens), at most `cap`, the model's. Sizing the cache to the model's maximum
+ * instead asked a GPU for 8 GiB of f32 KV on Mixtral-8x7B (32k positions) whatever the
+ * prompts. The same walk as the recording loop: empty prompts and prompts with no room
+ * for one token under `cap` are not counted. */
+static int longest_request(const record_args *a, const fmoe_tokenizer *tok,
+                           const fmoe_prompt_set *prompts, int64_t wanted, int64_t cap,
+                           int64_t *longest) {
+    char *chat_text = NULL;
+    int32_t *ids = NULL;
+    int err = 0;
+    *longest = 1;
+    for (int64_t p = 0, q = 0; p < prompts->count && q < wanted; p++) {
+        size_t n = 0;
+        if ((err = encode_prompt(a, tok, prompts->prompts[p], &chat_text, &ids, &n)) < 0) break;
+        if (n == 0 || (int64_t)n + 1 > cap) continue;
+        q++;
+        const int64_t need = (int64_t)n + (a->max_new_tokens > 0 ? a->max_new_tokens : 1);
+        if (need > *longest) *longest = need < cap ? need : cap;
+    }
+    free(chat_text);
+    free(ids);
+    return err;
 }
 
 static const cmd_option record_options[] = {
@@ -108,6 +154,11 @@ static const cmd_option record_options[] = {
     {.name = "max-new-tokens", .kind = CMD_OPT_INT32, .value_name = "M",
      .help = "tokens generated per request at most", .default_text = "64",
      .offset = offsetof(record_args, max_new_tokens), .min = 0, .max = 1 << 24},
+    {.name = "max-context", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "KV cache positions: a prompt that leaves no room for one token is skipped, "
+             "generation stops when the cache is full",
+     .default_text = "the longest request: its prompt + --max-new-tokens, at most the model's",
+     .offset = offsetof(record_args, max_context), .min = 2, .max = 1 << 20},
     {.name = "arrivals", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "Azure LLM inference CSV: request r arrives at row r's time",
      .default_text = "all arrive at 0", .offset = offsetof(record_args, arrivals)},
@@ -422,7 +473,16 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
         goto done;
     }
     const int64_t ctx = g->max_position_embeddings > 0 ? g->max_position_embeddings : 4096;
-    const int64_t ctx_cap = ctx < (1 << 20) ? ctx : (1 << 20);
+    const int64_t model_cap = ctx < (1 << 20) ? ctx : (1 << 20);
+    int64_t ctx_cap = a.max_context;
+    if (ctx_cap > model_cap) {
+        rc = cmd_usage_error(CMD, "--max-context %d: the model has %lld positions at most",
+                             a.max_context, (long long)model_cap);
+        goto done;
+    }
+    if (ctx_cap == 0 &&
+        (err = longest_request(&a, tok, prompts, wanted, model_cap, &ctx_cap)) < 0)
+        goto fail;
 
     fmoe_session_options so = fmoe_session_defaults();
     so.backend = backend;
@@ -480,21 +540,9 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
     const int64_t mine = wanted > me ? (wanted - me + R - 1) / R : 0;
     int64_t q = 0;
     for (int64_t p = 0; p < prompts->count && q < wanted && !stop_signal; p++) {
-        const char *text = prompts->prompts[p];
-        size_t len = strlen(text);
-        if (a.chat) {
-            free(chat_text);
-            chat_text = NULL;
-            fmoe_chat_message msg = {"user", text};
-            fmoe_chat_options co = {.template_name = a.chat_template, .add_generation_prompt = 1};
-            if ((err = fmoe_tokenizer_apply_chat_template(tok, &msg, 1, &co, &chat_text, &len)) < 0)
-                goto fail;
-            text = chat_text;
-        }
-        free(ids);
-        ids = NULL;
         size_t n = 0;
-        if ((err = fmoe_tokenizer_encode_alloc(tok, text, len, !a.chat, &ids, &n)) < 0) goto fail;
+        if ((err = encode_prompt(&a, tok, prompts->prompts[p], &chat_text, &ids, &n)) < 0)
+            goto fail;
         if (n == 0) continue;
         if ((int64_t)n + 1 > ctx_cap) { /* no room for one generated token */
             too_long++;
@@ -631,11 +679,11 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
         cmd_backend_say(CMD, backend, a.activations);
         fprintf(stderr,
                 "fmoe record: %s: %lld request%s, %lld tokens (prefill %lld at %.1f tokens/s, "
-                "decode %lld at %.1f tokens/s)",
+                "decode %lld at %.1f tokens/s), context %lld positions",
                 a.output, (long long)recorded, recorded == 1 ? "" : "s",
                 (long long)total_tokens, (long long)prefill_tokens,
                 prefill_s > 0 ? prefill_tokens / prefill_s : 0.0, (long long)decode_tokens,
-                decode_s > 0 ? decode_tokens / decode_s : 0.0);
+                decode_s > 0 ? decode_tokens / decode_s : 0.0, (long long)ctx_cap);
         if (too_long)
             fprintf(stderr, "; skipped %lld prompt%s longer than the context (%lld tokens)",
                     (long long)too_long, too_long == 1 ? "" : "s", (long long)ctx_cap);

@@ -240,7 +240,8 @@ static void *dev_malloc(cuda_ctx *c, int64_t bytes, const char *what) {
         if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
         set_error(c, FMOE_ENOMEM,
                   "out of device memory: asked %.1f MiB (%s), %.1f MiB free of %.1f MiB; lower "
-                  "--max-context, use offloading (--cache-experts) or --backend cpu",
+                  "--max-context (serve, record) or --max-new-tokens, offload experts "
+                  "(--cache-experts) or use --backend cpu",
                   mib((int64_t)size), what, mib((int64_t)free_b), mib((int64_t)total_b));
     } else {
         set_error(c, FMOE_EINTERNAL, "cudaMalloc(%lld bytes, %s): %s", (long long)size, what,

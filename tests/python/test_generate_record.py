@@ -434,3 +434,60 @@ def test_bad_dataset_and_usage(fmoe, tmp_path):
     p = fmoe("record", "--model", TINY, "--dataset", PROMPTS, "--speculative", "9", "-o",
              tmp_path / "x.h5", check=False)
     assert p.returncode == 2 and "speculative" in p.stderr
+
+
+def _record_context(fmoe_bin, out, *extra, requests=6):
+    p = subprocess.run([str(fmoe_bin), "record", "--model", str(TINY), "--dataset", str(PROMPTS),
+                        "--max-requests", str(requests), "--max-new-tokens", "5", "--threads",
+                        "1", "-o", str(out), *map(str, extra)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    import re
+    m = re.search(r"context (\d+) positions", p.stderr)
+    assert m, p.stderr
+    return int(m.group(1)), p.stderr
+
+
+def test_record_sizes_the_context_to_the_longest_request(fmoe_bin, tmp_path):
+    """The KV cache holds the longest recorded request (prompt + --max-new-tokens), not the
+    model's maximum (fmoe-tiny's config says 4096): the trace's own prompt lengths say
+    what that is."""
+    ctx, _ = _record_context(fmoe_bin, tmp_path / "auto.h5")
+    with h5py.File(tmp_path / "auto.h5") as f:
+        prompt = f["requests/prompt_tokens"][:]
+        assert len(prompt) == 6
+        assert (f["requests/output_tokens"][:] == 5).all()  # nothing cut short
+    assert ctx == int(prompt.max()) + 5
+    assert ctx < 4096
+
+
+def test_record_max_context_skips_what_does_not_fit(fmoe_bin, tmp_path):
+    """With --max-context N, the prompts walked in order: one with no room for a generated
+    token is skipped and counted, the next one taken; generation stops at N. The expected
+    walk comes from the prompt lengths of a run that skipped nothing."""
+    _record_context(fmoe_bin, tmp_path / "all.h5", requests=30)
+    with h5py.File(tmp_path / "all.h5") as f:
+        lengths = f["requests/prompt_tokens"][:].tolist()
+    cut = sorted(lengths[:6])[2] + 1  # about half of the first prompts fit
+    want, skipped = [], 0
+    for n in lengths:
+        if len(want) == 6:
+            break
+        if n + 1 > cut:
+            skipped += 1
+        else:
+            want.append(n)
+    assert len(want) == 6 and skipped > 0
+    ctx, err = _record_context(fmoe_bin, tmp_path / "cut.h5", "--max-context", cut)
+    assert ctx == cut
+    with h5py.File(tmp_path / "cut.h5") as f:
+        kept = f["requests/prompt_tokens"][:].tolist()
+        out = f["requests/output_tokens"][:].tolist()
+    assert kept == want
+    assert out == [min(5, cut - n) for n in kept]  # generation stops when the cache is full
+    assert f"skipped {skipped} prompt" in err
+    p = subprocess.run([str(fmoe_bin), "record", "--model", str(TINY), "--dataset", str(PROMPTS),
+                        "--max-context", "5000", "-o", str(tmp_path / "no.h5")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--max-context 5000" in p.stderr and len(p.stderr.splitlines()) == 1
+    assert not (tmp_path / "no.h5").exists()
