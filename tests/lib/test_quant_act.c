@@ -344,4 +344,47 @@ TEST(matvec_equals_row_by_row) {
     }
 }
 
+/* Q8_0 rows long enough that the AVX2 path's table of widened input scales takes the
+ * inputs a few at a time (1100 blocks: three a group, so seven inputs are groups of 3, 3
+ * and 1), and longer than the table (4100 blocks: the plain-C dot): every output is the
+ * bits of the one-input dot, and within rounding of the float64 dot of what the row and
+ * the quantised input hold. */
+TEST(q8_0_long_rows_many_inputs) {
+    static const int64_t lens[] = {32 * 1100, 32 * 4100};
+    enum { ROWS = 2, NX = 7 };
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const int64_t n = lens[li];
+        const int64_t rb = fmoe_quant_row_bytes(FMOE_GGML_Q8_0, n), ab = fmoe_quant_act_bytes(FMOE_GGML_Q8_0, n);
+        uint8_t *w = malloc((size_t)(rb * ROWS)), *qx = malloc((size_t)(ab * NX));
+        float *x = malloc((size_t)n * sizeof *x), *wf = malloc((size_t)n * sizeof *wf);
+        float y[NX * ROWS];
+        for (int r = 0; r < ROWS; r++) random_row(FMOE_GGML_Q8_0, w + r * rb, n);
+        for (int k = 0; k < NX; k++) {
+            for (int64_t i = 0; i < n; i++) x[i] = rndf();
+            fmoe_quant_act_quantize(FMOE_GGML_Q8_0, x, qx + k * ab, n);
+        }
+        fmoe_quant_act_matvec(FMOE_GGML_Q8_0, w, rb, ROWS, qx, ab, NX, n, y, ROWS);
+        for (int r = 0; r < ROWS; r++) {
+            fmoe_quant_dequantize_row(FMOE_GGML_Q8_0, w + r * rb, wf, n);
+            for (int k = 0; k < NX; k++) {
+                const float one = fmoe_quant_act_dot(FMOE_GGML_Q8_0, w + r * rb, qx + k * ab, n);
+                ASSERT_TRUE(memcmp(&one, &y[k * ROWS + r], sizeof one) == 0);
+                fmoe_quant_act_dequantize(FMOE_GGML_Q8_0, qx + k * ab, x, n);
+                double want = 0, abs_sum = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    want += (double)wf[i] * x[i];
+                    abs_sum += fabs((double)wf[i] * x[i]);
+                }
+                if (!close_enough(y[k * ROWS + r], want, abs_sum, n))
+                    HARNESS_FAIL("n %lld row %d input %d: %.9g vs float64 %.9g", (long long)n, r, k,
+                                 y[k * ROWS + r], want);
+            }
+        }
+        free(w);
+        free(qx);
+        free(x);
+        free(wf);
+    }
+}
+
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
