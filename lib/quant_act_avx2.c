@@ -216,7 +216,8 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
 }
 
 /* One instance per input count, so each loop over k is unrolled with its accumulators in
- * registers. */
+ * registers, and the loop over rows inside it: a matrix of 256-value rows (one block) is
+ * one call, not one call and one switch a row. */
 #define DISPATCH(call_nx)                                                                   \
     switch (nx) {                                                                           \
     case 1: call_nx(1); break;                                                              \
@@ -224,31 +225,38 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
     case 3: call_nx(3); break;                                                              \
     default: call_nx(4); break;                                                             \
     }
+#define ROWS(kernel_call)                                                                   \
+    for (int64_t r = 0; r < rows; r++) {                                                    \
+        const uint8_t *w = W + r * row_bytes;                                               \
+        float *yr = y + r;                                                                  \
+        kernel_call;                                                                        \
+    }
 
-SIMD static void dots_q8_0_n(const uint8_t *w, const uint8_t *a, int64_t s, int nx, int64_t n,
-                             float *y, int64_t ys, const float *da, int64_t das) {
-#define CALL(N) dots_q8_0(w, a, s, N, n, y, ys, da, das)
+SIMD static void dots_q8_0_n(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
+                             int64_t s, int nx, int64_t n, float *y, int64_t ys, const float *da,
+                             int64_t das) {
+#define CALL(N) ROWS(dots_q8_0(w, a, s, N, n, yr, ys, da, das))
     DISPATCH(CALL)
 #undef CALL
 }
 
-SIMD static void dots_q4_k_n(const uint8_t *w, const uint8_t *a, int64_t s, int nx, int64_t n,
-                             float *y, int64_t ys) {
-#define CALL(N) dots_q45_k(w, a, s, N, n, y, ys, 4)
+SIMD static void dots_q4_k_n(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
+                             int64_t s, int nx, int64_t n, float *y, int64_t ys) {
+#define CALL(N) ROWS(dots_q45_k(w, a, s, N, n, yr, ys, 4))
     DISPATCH(CALL)
 #undef CALL
 }
 
-SIMD static void dots_q5_k_n(const uint8_t *w, const uint8_t *a, int64_t s, int nx, int64_t n,
-                             float *y, int64_t ys) {
-#define CALL(N) dots_q45_k(w, a, s, N, n, y, ys, 5)
+SIMD static void dots_q5_k_n(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
+                             int64_t s, int nx, int64_t n, float *y, int64_t ys) {
+#define CALL(N) ROWS(dots_q45_k(w, a, s, N, n, yr, ys, 5))
     DISPATCH(CALL)
 #undef CALL
 }
 
-SIMD static void dots_q6_k_n(const uint8_t *w, const uint8_t *a, int64_t s, int nx, int64_t n,
-                             float *y, int64_t ys) {
-#define CALL(N) dots_q6_k(w, a, s, N, n, y, ys)
+SIMD static void dots_q6_k_n(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
+                             int64_t s, int nx, int64_t n, float *y, int64_t ys) {
+#define CALL(N) ROWS(dots_q6_k(w, a, s, N, n, yr, ys))
     DISPATCH(CALL)
 #undef CALL
 }
@@ -274,13 +282,10 @@ SIMD static void rows_q8_0(const uint8_t *W, int64_t row_bytes, int64_t rows, co
         const int32_t gm = nx - g0 < group ? nx - g0 : (int32_t)group;
         for (int32_t k = 0; k < gm; k++)
             for (int64_t b = 0; b < nb; b++) da[k * nb + b] = f16_at(a + (g0 + k) * stride + b * FMOE_Q8_0_BYTES);
-        for (int64_t r = 0; r < rows; r++) {
-            const uint8_t *w = W + r * row_bytes;
-            for (int32_t k0 = 0; k0 < gm; k0 += MAXX) {
-                const int m = gm - k0 < MAXX ? gm - k0 : MAXX;
-                dots_q8_0_n(w, a + (g0 + k0) * stride, stride, m, n, y + (g0 + k0) * ldy + r, ldy,
-                            da + k0 * nb, nb);
-            }
+        for (int32_t k0 = 0; k0 < gm; k0 += MAXX) {
+            const int m = gm - k0 < MAXX ? gm - k0 : MAXX;
+            dots_q8_0_n(W, row_bytes, rows, a + (g0 + k0) * stride, stride, m, n,
+                        y + (g0 + k0) * ldy, ldy, da + k0 * nb, nb);
         }
     }
 }
@@ -293,17 +298,16 @@ void fmoe__quant_act_rows_avx2(uint32_t t, const void *W, int64_t row_bytes, int
         rows_q8_0(W, row_bytes, rows, a, stride, nx, n, y, ldy);
         return;
     }
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *w = (const uint8_t *)W + r * row_bytes;
-        for (int32_t k0 = 0; k0 < nx; k0 += MAXX) {
-            const int m = nx - k0 < MAXX ? nx - k0 : MAXX;
-            const uint8_t *ak = a + k0 * stride;
-            float *yk = y + k0 * ldy + r;
-            switch (t) {
-            case FMOE_GGML_Q4_K: dots_q4_k_n(w, ak, stride, m, n, yk, ldy); break;
-            case FMOE_GGML_Q5_K: dots_q5_k_n(w, ak, stride, m, n, yk, ldy); break;
-            default: dots_q6_k_n(w, ak, stride, m, n, yk, ldy); break;
-            }
+    /* inputs in groups of MAXX, each group over all the rows (a chunk of rows stays in
+     * L1/L2 between groups) */
+    for (int32_t k0 = 0; k0 < nx; k0 += MAXX) {
+        const int m = nx - k0 < MAXX ? nx - k0 : MAXX;
+        const uint8_t *ak = a + k0 * stride;
+        float *yk = y + k0 * ldy;
+        switch (t) {
+        case FMOE_GGML_Q4_K: dots_q4_k_n(W, row_bytes, rows, ak, stride, m, n, yk, ldy); break;
+        case FMOE_GGML_Q5_K: dots_q5_k_n(W, row_bytes, rows, ak, stride, m, n, yk, ldy); break;
+        default: dots_q6_k_n(W, row_bytes, rows, ak, stride, m, n, yk, ldy); break;
         }
     }
 }
