@@ -337,9 +337,14 @@ int32_t fmoe_session_position(const fmoe_session *s) { return s ? s->pos : 0; }
 /* A buffer's contents readable on the host: the buffer itself on a host-memory backend,
  * else downloaded into `host` (which waits for the ops before it). @return 0 or the
  * backend's error. */
+static int host_view(const fmoe__backend_ops *be, void *ctx, void *host, const void *buf,
+                     int64_t bytes) {
+    if (be->host_memory || bytes == 0) return 0;
+    return be->download(ctx, host, buf, bytes);
+}
+
 static int to_host(fmoe_session *s, void *host, const void *buf, int64_t bytes) {
-    if (s->be->host_memory || bytes == 0) return 0;
-    return s->be->download(s->bctx, host, buf, bytes);
+    return host_view(s->be, s->bctx, host, buf, bytes);
 }
 
 /* y[n][h] = mlp(x[n][h]) through the session's g/u scratch, on backend `be`. */
@@ -354,6 +359,29 @@ static void run_mlp_on(const fmoe__backend_ops *be, void *ctx, const fmoe__mlp *
 
 static void run_mlp(fmoe_session *s, const fmoe__mlp *w, const float *x, int32_t n, float *y) {
     run_mlp_on(s->be, s->bctx, w, x, n, s->g, s->u, y);
+}
+
+int fmoe__expert_run(const fmoe__backend_ops *be, void *ctx, const fmoe__expert_io *io,
+                     const fmoe__mlp *w, int32_t c, int32_t h, int slot) {
+    be->gather_rows(ctx, io->xg, io->xn, io->rows_h, c, h);
+    run_mlp_on(be, ctx, w, io->xg, c, io->g, io->u, io->yg);
+    be->scatter_add(ctx, io->acc, io->yg, io->rows_h, io->scale_h, c, h);
+    /* A slot may be overwritten once on_expert_done says so: the device must be done
+     * reading it first (the compute is queued, not finished, when the calls return). */
+    if (slot && !be->host_memory) return be->sync(ctx);
+    return 0;
+}
+
+int fmoe__routing_to_host(const fmoe__backend_ops *be, void *ctx, const fmoe__routing_io *r,
+                          int32_t n, int32_t h, int32_t num_experts, int32_t top_k, int probs,
+                          int hidden) {
+    const int64_t nk = (int64_t)n * top_k * 4;
+    if (probs)
+        FMOE_FORWARD_IF_ERROR(
+            host_view(be, ctx, r->probs_h, r->probs, (int64_t)n * num_experts * 4));
+    if (hidden) FMOE_FORWARD_IF_ERROR(host_view(be, ctx, r->xn_h, r->xn, (int64_t)n * h * 4));
+    FMOE_FORWARD_IF_ERROR(host_view(be, ctx, r->topw_h, r->topw, nk));
+    return host_view(be, ctx, r->topk_h, r->topk, nk);
 }
 
 /* Attention block of decoder layer li over the n rows of all segments; adds its output to
@@ -495,15 +523,12 @@ static int run_expert(fmoe_session *s, const fmoe__mlp *w, expert_home home, int
         FMOE_FORWARD_IF_ERROR(be->download(s->bctx, s->hx, s->xg, (int64_t)c * h * 4));
         run_mlp_on(&fmoe__cpu_backend, s->hctx, w, s->hx, c, s->hg, s->hu, s->hy);
         be->upload(s->bctx, s->yg, s->hy, (int64_t)c * h * 4);
-    } else {
-        be->gather_rows(s->bctx, s->xg, s->xn, s->rows_h, c, h);
-        run_mlp(s, w, s->xg, c, s->yg);
+        be->scatter_add(s->bctx, s->acc, s->yg, s->rows_h, s->scale_h, c, h);
+        return 0;
     }
-    be->scatter_add(s->bctx, s->acc, s->yg, s->rows_h, s->scale_h, c, h);
-    /* A slot may be overwritten once on_expert_done says so: the device must be done
-     * reading it first (the compute is queued, not finished, when the calls return). */
-    if (home == EXPERT_SLOT && !be->host_memory) FMOE_FORWARD_IF_ERROR(be->sync(s->bctx));
-    return 0;
+    const fmoe__expert_io io = {.xn = s->xn, .xg = s->xg, .g = s->g, .u = s->u, .yg = s->yg,
+                                .acc = s->acc, .rows_h = s->rows_h, .scale_h = s->scale_h};
+    return fmoe__expert_run(be, s->bctx, &io, w, c, h, home == EXPERT_SLOT);
 }
 
 /* MoE block: routes the n rows of s->xn (all segments' tokens), runs their experts, adds
@@ -539,10 +564,11 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
     const int have_spec = S > 0 && want_spec;
     if (have_spec) FMOE_FORWARD_IF_ERROR(speculative_rows(s, l, n));
     /* The layer's routing to the host, once: what grouping, hooks and traces read. */
-    if (want_probs) FMOE_FORWARD_IF_ERROR(to_host(s, s->probs_h, s->probs, (int64_t)n * J * 4));
-    if (want_hidden) FMOE_FORWARD_IF_ERROR(to_host(s, s->xn_h, s->xn, (int64_t)n * h * 4));
-    FMOE_FORWARD_IF_ERROR(to_host(s, s->topw_h, s->topw, (int64_t)n * K * 4));
-    FMOE_FORWARD_IF_ERROR(to_host(s, s->topk_h, s->topk, (int64_t)n * K * 4));
+    const fmoe__routing_io rio = {.probs = s->probs, .xn = s->xn, .topw = s->topw,
+                                  .topk = s->topk, .probs_h = s->probs_h, .xn_h = s->xn_h,
+                                  .topw_h = s->topw_h, .topk_h = s->topk_h};
+    FMOE_FORWARD_IF_ERROR(fmoe__routing_to_host(be, c, &rio, n, h, J, K, want_probs,
+                                                want_hidden));
 
     /* Group (token, k) slots by expert, noting the order experts first appear in. */
     int32_t num_distinct = 0;

@@ -296,6 +296,55 @@ typedef struct fmoe__backend_ops {
 
 extern const fmoe__backend_ops fmoe__cpu_backend;
 
+/* ---------------------------------------------------------------------------------- */
+/* Pieces of the forward pass, shared with the calibration bench (backend_bench.c)     */
+/* ---------------------------------------------------------------------------------- */
+/* forward.c runs these, and `fmoe calibrate` times the same functions, so that the
+ * profile's curves measure what a live pass does rather than a copy that may drift. */
+
+/* One routed expert's buffers: backend ones, and the host index lists its gather and
+ * scatter read (uploaded by a device backend with each call). */
+typedef struct fmoe__expert_io {
+    const float *xn;       /* [B][h] the layer's gate input */
+    float *xg;             /* [B][h] the expert's rows of it */
+    float *g, *u;          /* [B][I] gate and up projections */
+    float *yg;             /* [B][h] the expert's output rows */
+    float *acc;            /* [B][h] the layer's weighted sum of expert outputs */
+    const int32_t *rows_h; /* [c] host: the expert's token rows (distinct) */
+    const float *scale_h;  /* [c] host: their combine weights */
+} fmoe__expert_io;
+
+/*
+ * The expert `w` over its c tokens on backend `be`: gathers their rows of xn, runs the
+ * SwiGLU MLP, adds each output row times its weight to acc. `slot`: w's weights are an
+ * executor's slot, which may be overwritten once this returns, so a device backend
+ * (not host_memory) is waited for. @return 0 or the backend's sticky error.
+ */
+int fmoe__expert_run(const fmoe__backend_ops *be, void *ctx, const fmoe__expert_io *io,
+                     const fmoe__mlp *w, int32_t c, int32_t h, int slot);
+
+/* A MoE layer's routing: the router's outputs and the gate input (backend buffers) and
+ * their host mirrors (the buffers themselves on a host_memory backend). */
+typedef struct fmoe__routing_io {
+    const float *probs;    /* [n][J] */
+    const float *xn;       /* [n][h] */
+    const float *topw;     /* [n][K] */
+    const int32_t *topk;   /* [n][K] */
+    float *probs_h, *xn_h, *topw_h;
+    int32_t *topk_h;
+} fmoe__routing_io;
+
+/*
+ * The layer's routing to the host, as the pass reads it once per MoE layer: the gate
+ * probabilities (`probs`) and inputs (`hidden`) when a hook or trace wants them, then the
+ * chosen experts' weights and ids. Each is a download that waits for the backend; a
+ * host_memory backend's buffers are read in place (nothing is copied).
+ * @return 0 or the backend's sticky error.
+ */
+int fmoe__routing_to_host(const fmoe__backend_ops *be, void *ctx, const fmoe__routing_io *r,
+                          int32_t n, int32_t h, int32_t num_experts, int32_t top_k, int probs,
+                          int hidden);
+
 /* The CUDA backend's table from libfmoe-cuda.so (cuda_loader.c), loaded on first use;
  * NULL with the error detail set when the module or a device is missing. */
 const fmoe__backend_ops *fmoe__cuda_backend(void);
