@@ -10,6 +10,13 @@
  * and bytes = the weights read once (+ the KV cache read for attention). The roofline
  * ignores causal masking (full n × context scores) and MLA's low-rank projections; it is a
  * bound, not a prediction — calibrate for predictions.
+ *
+ * A profile's layer overhead (compute.layer_overhead_s, calibrate's measure of what a live
+ * pass pays per MoE layer besides its products, attention and experts: small ops, the
+ * routing read back to the host and the waits for the device that takes) is added to
+ * every MoE layer's time, base + per_token · n for the layer's n tokens, measured or
+ * roofline. Absent, nothing is added, so a profile without it gives the times it always
+ * gave, to the bit.
  */
 #include <math.h>
 #include <string.h>
@@ -33,6 +40,7 @@ int fmoe_sim_costs_init(fmoe_sim_costs *c, const fmoe_hardware_profile *hw,
     c->layer = hw->attention;
     c->expert = hw->expert;
     c->head = hw->head;
+    c->layer_overhead = hw->layer_overhead;
     c->peak_flops = hw->peak_flops;
     c->mem_bw = hw->memory_bandwidth_bytes_per_s;
     c->launch_s = hw->launch_s;
@@ -78,7 +86,13 @@ double fmoe_sim_transfer_s(const fmoe_sim_costs *c, int64_t bytes) {
     return c->alpha_s + (double)bytes / c->beta_bytes_per_s;
 }
 
-double fmoe_sim_layer_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context) {
+/* The layer's time plus the profile's overhead per MoE layer, when it has one. */
+static double with_overhead(const fmoe_sim_costs *c, double t, int32_t tokens) {
+    if (!c->layer_overhead.present) return t;
+    return t + (c->layer_overhead.base_s + c->layer_overhead.per_token_s * tokens);
+}
+
+static double layer_compute_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context) {
     const double n = tokens, ctx = (double)context;
     if (c->layer.present)
         return c->layer.base_s + c->layer.per_token_s * n + c->layer.per_token_context_s * n * ctx;
@@ -87,11 +101,15 @@ double fmoe_sim_layer_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context
     return fmax(flops / c->peak_flops, bytes / c->mem_bw) + c->launch_s;
 }
 
+double fmoe_sim_layer_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context) {
+    return with_overhead(c, layer_compute_s(c, tokens, context), tokens);
+}
+
 /* A batch: the projections over every token, the scores of each item against its own
  * context (sum n_i * c_i), the KV cache of every item read once (sum c_i), the weights
  * read once. */
-double fmoe_sim_layer_batch_s(const fmoe_sim_costs *c, int32_t tokens, double token_context,
-                              double kv_context) {
+static double layer_batch_compute_s(const fmoe_sim_costs *c, int32_t tokens,
+                                    double token_context, double kv_context) {
     const double n = tokens;
     if (c->layer.present)
         return c->layer.base_s + c->layer.per_token_s * n +
@@ -100,6 +118,11 @@ double fmoe_sim_layer_batch_s(const fmoe_sim_costs *c, int32_t tokens, double to
     const double bytes =
         c->layer_weight_params * c->bytes_per_param + c->kv_bytes_per_ctx * kv_context;
     return fmax(flops / c->peak_flops, bytes / c->mem_bw) + c->launch_s;
+}
+
+double fmoe_sim_layer_batch_s(const fmoe_sim_costs *c, int32_t tokens, double token_context,
+                              double kv_context) {
+    return with_overhead(c, layer_batch_compute_s(c, tokens, token_context, kv_context), tokens);
 }
 
 double fmoe_sim_head_batch_s(const fmoe_sim_costs *c, int32_t rows) {

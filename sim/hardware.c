@@ -149,6 +149,8 @@ static int parse_object(const cJSON *root, const char *origin, fmoe_hardware_pro
         FMOE_FORWARD_IF_ERROR(get_linear(compute, "compute", "attention_s", origin, &p->attention));
         FMOE_FORWARD_IF_ERROR(get_linear(compute, "compute", "expert_s", origin, &p->expert));
         FMOE_FORWARD_IF_ERROR(get_linear(compute, "compute", "head_s", origin, &p->head));
+        FMOE_FORWARD_IF_ERROR(get_linear(compute, "compute", "layer_overhead_s", origin,
+                                         &p->layer_overhead));
     }
     const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "host");
     if (host) {
@@ -261,7 +263,8 @@ int fmoe_hardware_to_json(const fmoe_hardware_profile *p, char **out) {
                                     p->memory_bandwidth_bytes_per_s);
         add_exact(d, "launch_s", p->launch_s);
     }
-    if (p->attention.present || p->expert.present || p->head.present) {
+    if (p->attention.present || p->expert.present || p->head.present ||
+        p->layer_overhead.present) {
         cJSON *c = cJSON_AddObjectToObject(root, "compute");
         if (p->attention.present) {
             cJSON *a = cJSON_AddObjectToObject(c, "attention_s");
@@ -278,6 +281,11 @@ int fmoe_hardware_to_json(const fmoe_hardware_profile *p, char **out) {
             cJSON *e = cJSON_AddObjectToObject(c, "head_s");
             add_exact(e, "base", p->head.base_s);
             add_exact(e, "per_token", p->head.per_token_s);
+        }
+        if (p->layer_overhead.present) {
+            cJSON *e = cJSON_AddObjectToObject(c, "layer_overhead_s");
+            add_exact(e, "base", p->layer_overhead.base_s);
+            add_exact(e, "per_token", p->layer_overhead.per_token_s);
         }
     }
     if (p->host_expert.present || p->host_peak_flops > 0) {

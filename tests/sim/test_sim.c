@@ -1255,6 +1255,59 @@ TEST(batch_layer_cost_sums_item_contexts) {
     ASSERT_NEAR(fmoe_sim_layer_batch_s(&k, 4, 4 * 9, 9), fmoe_sim_layer_s(&k, 4, 9), 1e-18);
 }
 
+/* The profile's layer overhead (docs/design.md §7.1, point 12): base + per_token · n added
+ * to every MoE layer of every iteration, batched or not; absent, nothing changes. By hand:
+ * 2 layers, one request of 2 decode tokens, expert 0 at both layers; layer 1 ms, expert
+ * 2 ms, overhead 0.5 ms + 0.1 ms per token, a miss 1 ms (1e6 bytes at 1 GB/s).
+ *   token 0: layer 0 gate at 1.6, load 1.6..2.6, expert ..4.6; layer 1 gate at 6.2, load
+ *            ..7.2, expert ..9.2
+ *   token 1: hits: 9.2 + 2 · (1.6 + 2) = 16.4 ms; without the overhead 14.0 ms */
+TEST(layer_overhead_is_charged_per_moe_layer) {
+    const char *js = "{\"link\":{\"alpha_s\":0,\"beta_bytes_per_s\":1e9},"
+                     "\"compute\":{\"attention_s\":{\"base\":1e-3,\"per_token\":0},"
+                     "\"expert_s\":{\"base\":2e-3,\"per_token\":0},"
+                     "\"layer_overhead_s\":{\"base\":5e-4,\"per_token\":1e-4}}}";
+    fmoe_hardware_profile hw;
+    ASSERT_OK(fmoe_hardware_parse(js, strlen(js), "o.json", &hw));
+    ASSERT_TRUE(hw.layer_overhead.present);
+    char *out = NULL;
+    ASSERT_OK(fmoe_hardware_to_json(&hw, &out));
+    fmoe_hardware_profile back;
+    ASSERT_OK(fmoe_hardware_parse(out, strlen(out), "again", &back));
+    free(out);
+    ASSERT_TRUE(back.layer_overhead.present);
+    ASSERT_NEAR(back.layer_overhead.base_s, 5e-4, 0);
+    ASSERT_NEAR(back.layer_overhead.per_token_s, 1e-4, 0);
+    fmoe_sim_costs k;
+    ASSERT_OK(fmoe_sim_costs_init(&k, &hw, NULL, 1000000, 0, 16));
+    ASSERT_NEAR(fmoe_sim_layer_s(&k, 3, 10), 1e-3 + 5e-4 + 3e-4, 1e-15);
+    ASSERT_NEAR(fmoe_sim_layer_batch_s(&k, 3, 30, 10), 1e-3 + 5e-4 + 3e-4, 1e-15);
+
+    fmoe_sim_workload w;
+    ASSERT_OK(fmoe_sim_workload_init(&w, 2, 2, 1, 1000000));
+    const uint16_t ex[4] = {0, 0, 0, 0};
+    ASSERT_OK(decode_request(&w, 0, 2, ex));
+    fmoe_sim_config cfg = {.policy = "lru", .cache_experts = 4, .costs = &k};
+    fmoe_sim_result r;
+    ASSERT_OK(fmoe_sim_run(&w, &cfg, &r));
+    ASSERT_EQ(r.misses, 2);
+    ASSERT_NEAR(r.total_s, 16.4e-3, 1e-15);
+    ASSERT_NEAR(r.tpot_s.p50, 2 * (1.6e-3 + 2e-3), 1e-15);
+    fmoe_sim_result_free(&r);
+    hw.layer_overhead.present = 0; /* absent: the time without it */
+    ASSERT_OK(fmoe_sim_costs_init(&k, &hw, NULL, 1000000, 0, 16));
+    ASSERT_NEAR(fmoe_sim_layer_s(&k, 3, 10), 1e-3, 0);
+    ASSERT_OK(fmoe_sim_run(&w, &cfg, &r));
+    ASSERT_NEAR(r.total_s, 14.0e-3, 1e-15);
+    fmoe_sim_result_free(&r);
+    fmoe_sim_workload_free(&w);
+    const char *old = "{\"link\":{\"alpha_s\":0,\"beta_bytes_per_s\":1e9},"
+                      "\"compute\":{\"attention_s\":{\"base\":1e-3,\"per_token\":0},"
+                      "\"expert_s\":{\"base\":2e-3,\"per_token\":0}}}";
+    ASSERT_OK(fmoe_hardware_parse(old, strlen(old), "old.json", &hw));
+    ASSERT_TRUE(!hw.layer_overhead.present); /* a profile from before the term */
+}
+
 /* The batched access order is what every policy replays, belady's future included. */
 TEST(batched_hits_equal_naive_replay) {
     fmoe_sim_costs k = costs_of(1e-5, 2.4e10, 1 << 20, 1e-4, 1e-4);

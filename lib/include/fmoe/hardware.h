@@ -13,7 +13,8 @@
  *                   "launch_s": 5e-6},
  *       "compute": {"attention_s": {"base": 1e-4, "per_token": 1e-6, "per_token_context": 0},
  *                   "expert_s":    {"base": 2e-4, "per_token": 5e-7},
- *                   "head_s":      {"base": 1e-4, "per_token": 0}},
+ *                   "head_s":      {"base": 1e-4, "per_token": 0},
+ *                   "layer_overhead_s": {"base": 6e-5, "per_token": 1e-7}},
  *       "host":    {"expert_s": {"base": 3e-3, "per_token": 2e-4},
  *                   "peak_flops": 1.5e12, "memory_bandwidth_bytes_per_s": 1e11}
  *     }
@@ -25,7 +26,11 @@
  *     expert = base + per_token * n
  * and, optional, per iteration that yields a token (each decode step, the prefill's last
  * chunk): head = base + per_token (the final norm and the LM head over the vocabulary for
- * that one token; absent: 0, as in the presets, whose GPUs make it negligible).
+ * that one token; absent: 0, as in the presets, whose GPUs make it negligible), and
+ * per MoE layer of n tokens: layer_overhead = base + per_token * n, what a live pass pays
+ * besides the products, attention and experts (its small ops, the routing read back to
+ * the host and the waits that takes; runtime/model/backend_bench.c; absent: 0, and
+ * nothing is added).
  * Either part may be absent; what is absent falls back to a roofline from "device"
  * (max(FLOPs / peak_flops, bytes / memory_bandwidth) + launch_s), so "device" is required
  * unless both compute parts are given. "host" is optional: the CPU that computes missed
@@ -60,6 +65,7 @@ typedef struct fmoe_hardware_profile {
     fmoe_linear_cost attention;       /* per MoE layer, all but routed experts */
     fmoe_linear_cost expert;          /* per routed expert */
     fmoe_linear_cost head;            /* per token-yielding iteration (absent: 0) */
+    fmoe_linear_cost layer_overhead;  /* per MoE layer besides its compute (absent: 0) */
     fmoe_linear_cost host_expert;     /* per routed expert computed on the host CPU */
     double host_peak_flops;           /* host roofline; 0 = unknown */
     double host_memory_bandwidth_bytes_per_s;
@@ -153,8 +159,8 @@ int fmoe_calibrate_gemms_cpu(const int32_t *rows, const int32_t *cols, int32_t m
                              const int32_t *tokens, int32_t n, int32_t reps, double *seconds);
 
 /* Another kernel to time the same chain with: run(ctx, i, x, n, y) multiplies x[n][cols[i]]
- * by matrix i (the kernel's own weights) into y[n][rows[i]] (e.g. the CPU backend's bf16
- * products, fmoe/model.h fmoe_cpu_gemm_bench). */
+ * by matrix i (the kernel's own weights) into y[n][rows[i]] (`fmoe calibrate` itself times
+ * the backends' products with fmoe/model.h fmoe_backend_bench). */
 typedef struct fmoe_gemm_kernel {
     void *ctx;
     int (*run)(void *ctx, int32_t mat, const float *x, int32_t n, float *y);

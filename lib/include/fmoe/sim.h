@@ -272,6 +272,8 @@ typedef struct fmoe_sim_costs {
     fmoe_linear_cost layer;   /* measured; else roofline below */
     fmoe_linear_cost expert;
     fmoe_linear_cost head;    /* measured, per token-yielding iteration; absent: 0 */
+    fmoe_linear_cost layer_overhead; /* measured, per MoE layer besides its compute (the
+                                        backend's small ops and host waits); absent: 0 */
     /* roofline */
     double peak_flops, mem_bw, launch_s;
     double layer_weight_params;   /* attention + router + shared experts, per layer */
@@ -302,6 +304,8 @@ int fmoe_sim_costs_init(fmoe_sim_costs *c, const fmoe_hardware_profile *hw,
                         double dtype_bits);
 
 double fmoe_sim_transfer_s(const fmoe_sim_costs *c, int64_t bytes);
+/* One MoE layer of `tokens` tokens at context `context`: everything but the routed experts,
+ * plus the profile's layer overhead when it has one (docs/design.md §7.1, point 12). */
 double fmoe_sim_layer_s(const fmoe_sim_costs *c, int32_t tokens, int64_t context);
 double fmoe_sim_expert_s(const fmoe_sim_costs *c, int32_t tokens);
 /* The LM head of one iteration that yields a token (0 without a measured head_s). */
@@ -309,7 +313,8 @@ double fmoe_sim_head_s(const fmoe_sim_costs *c);
 /* One batched iteration's layer (attention, gate, shared experts) over `tokens` tokens:
  * the attention's score work is token_context = sum over items of n_i * context_i, the KV
  * cache read kv_context = sum of context_i, the weights are read once. With one item,
- * fmoe_sim_layer_s(n, c) = fmoe_sim_layer_batch_s(n, n * c, c) up to rounding. */
+ * fmoe_sim_layer_s(n, c) = fmoe_sim_layer_batch_s(n, n * c, c) up to rounding. The layer
+ * overhead, when present, is charged once for all the batch's tokens. */
 double fmoe_sim_layer_batch_s(const fmoe_sim_costs *c, int32_t tokens, double token_context,
                               double kv_context);
 /* The LM head of a batched iteration with `rows` token-yielding items (0: none). */
