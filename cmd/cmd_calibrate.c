@@ -7,20 +7,23 @@
  *
  * Measured: copies across sizes RAM->RAM (memcpy) and file->RAM (pread with the page cache
  * dropped: a model file larger than RAM), and on a CUDA machine pinned host->device
- * cudaMemcpyAsync; compute at the model's shapes: an expert (three GEMMs, SwiGLU), a layer's
- * non-expert GEMMs (attention projections, router, shared experts) and attention over a
- * context, with the CPU backend's own kernels on weights of the checkpoint's dtype (what a
- * live CPU run computes; attention with OpenBLAS float32) and, on a CUDA machine, cuBLAS
- * (bf16, fp32 accumulate).
+ * cudaMemcpyAsync; compute at the model's shapes through the backend's own function table,
+ * as a live pass runs it (runtime/model/backend_bench.c): an expert from backend memory as
+ * forward.c computes it (gather, three products, SwiGLU, scatter, the wait after a device
+ * slot), a layer's products (attention projections, router, shared experts), the backend's
+ * attention over a context, the LM head, and a MoE layer's other ops and waits (norms,
+ * RoPE, KV writes, top-k, the routing read back to the host): the CPU backend's always
+ * (the host lane), the CUDA backend's too with --backend cuda.
  * And the fMoE matcher (one thread): the trajectory search of a decode token over a
  * 1000-entry store of the model's MoE layers x experts, per layer: matcher.match_s, the
  * delay `simulate` gives the fmoe policies' prefetches.
  * Fitted by least squares (relative error): copy = alpha + bytes / beta, expert = base +
- * per_token * n, layer = base + per_token * n + per_token_context * n * c; every fit's
+ * per_token * n, layer = base + per_token * n + per_token_context * n * c, layer overhead =
+ * base + per_token * n; every fit's
  * error is reported and stored in the profile's "calibration" record with the points.
  *
  * --backend decides whose compute the profile holds, as it decides where generate, record
- * and serve compute: cuda measures the device (pinned host->device copies, cuBLAS curves)
+ * and serve compute: cuda measures the device (pinned host->device copies, its ops' curves)
  * and makes its figures the profile's link and compute, and needs a device; cpu measures
  * no GPU and the CPU's figures are the profile's compute, file->RAM its link; auto (the
  * default) is cuda when the CUDA module loads and sees a device, else cpu. --link chooses
@@ -81,7 +84,8 @@ typedef struct shapes {
 
 /* A measured series and its fit. */
 typedef struct series {
-    const char *what;
+    char what[96];
+    char ops[16]; /* a compute series: the backend table it was timed through ("cpu") */
     int32_t n;
     double x[MAXPTS], x2[MAXPTS], y[MAXPTS];
     fmoe_linear_fit fit;
@@ -137,8 +141,9 @@ const cmd_spec cmd_calibrate_spec = {
         "expert and attention shapes, and the fMoE matcher's time per match at its\n"
         "MoE layers x experts (1000-entry store, one thread); fit the simulator's cost\n"
         "model to them and write a hardware profile for 'fmoe simulate --profile'.\n"
-        "The profile's compute is the --backend's: cuBLAS on the CUDA device, or the CPU\n"
-        "backend's kernels. Takes under 20 s by default.\n",
+        "The profile's compute is the --backend's own ops, timed as a live pass runs them\n"
+        "(the CUDA backend's on the device, or the CPU backend's), with the per-layer\n"
+        "overhead of its small ops and host waits. Takes under 20 s by default.\n",
     .options = calibrate_options,
     .epilog =
         "The report gives each fit as alpha/beta or base/per-token with its error (root\n"
@@ -263,6 +268,7 @@ typedef struct measurements {
     fmoe_file_cache file_cache;
     series expert_cpu, layer_cpu, attn_cpu, expert_gpu, layer_gpu, attn_gpu;
     series head_cpu, head_gpu; /* the LM head, [vocab x hidden] */
+    series over_cpu, over_gpu; /* a MoE layer's other ops and waits (backend_bench.c) */
     double cpu_peak_flops, gpu_peak_flops, gpu_membw;
     double match_s, token_match_s; /* the fMoE matcher: one layer's match, a whole token */
     int32_t promoe_hidden;         /* the ProMoE predictor timed: h -> this -> J */
@@ -271,43 +277,106 @@ typedef struct measurements {
     int have_gpu; /* the cuda backend: the GPU is measured and its figures are the profile's */
 } measurements;
 
-/* "expert (fmoe cpu bf16)": a series' label (static storage, one per kind). */
-/* "expert (fmoe cpu q4_k)": what was timed, with the kernels' weight format, and
- * ", activations q8" where the block kernels took 8-bit inputs. A format the CPU backend has
- * no kernel for (mxfp4, f8_e4m3) is timed as bf16, and named so. */
-static const char *cpu_kernel_name(fmoe_dtype dtype, const char *what, int32_t activations) {
-    static char names[3][64];
-    const int i = what[0] == 'e' ? 0 : what[0] == 'l' && what[1] == 'a' ? 1 : 2;
+/* A series timed through a backend's table (runtime/model/backend_bench.c): "expert (fmoe
+ * cpu q4_k)", what was timed with the backend and the kernels' weight format, and
+ * ", activations q8" where the CPU's block kernels took 8-bit inputs; no format for the
+ * ops that have none (attention, layer overhead). A format the backends have no kernel for
+ * (mxfp4, f8_e4m3) is timed as bf16, and named so. */
+static void backend_series(series *s, int32_t n, const char *what, const char *backend,
+                           int has_dtype, fmoe_dtype dtype, int32_t activations) {
     const int own = dtype == FMOE_DTYPE_F32 || dtype == FMOE_DTYPE_F16 ||
                     dtype == FMOE_DTYPE_BF16 || dtype == FMOE_DTYPE_Q8_0 ||
                     dtype == FMOE_DTYPE_Q4_K || dtype == FMOE_DTYPE_Q5_K ||
                     dtype == FMOE_DTYPE_Q6_K;
     const int blocks = dtype == FMOE_DTYPE_Q8_0 || dtype == FMOE_DTYPE_Q4_K ||
                        dtype == FMOE_DTYPE_Q5_K || dtype == FMOE_DTYPE_Q6_K;
-    snprintf(names[i], sizeof names[i], "%s (fmoe cpu %s%s)", what,
-             own ? fmoe_dtype_name(dtype) : "bf16",
-             blocks && activations == FMOE_ACTIVATIONS_Q8 ? ", activations q8" : "");
-    return names[i];
+    *s = (series){.n = n};
+    if (!has_dtype) snprintf(s->what, sizeof s->what, "%s (fmoe %s)", what, backend);
+    else
+        snprintf(s->what, sizeof s->what, "%s (fmoe %s %s%s)", what, backend,
+                 own ? fmoe_dtype_name(dtype) : "bf16",
+                 blocks && activations == FMOE_ACTIVATIONS_Q8 ? ", activations q8" : "");
 }
 
-/* The chain rows[i] x cols[i], i < mats, timed through the CPU backend's own products on
- * weights of `dtype` for each token count (fmoe_calibrate_gemms with its kernel). */
-static int time_cpu_kernels(const options *o, fmoe_dtype dtype, const int32_t *rows,
-                            const int32_t *cols, int32_t mats, const int32_t *tok, int32_t nt,
-                            int32_t reps, double *sec) {
-    int32_t tmax = 1;
-    for (int32_t i = 0; i < nt; i++) tmax = tok[i] > tmax ? tok[i] : tmax;
-    const int blas_threads = openblas_get_num_threads(); /* the backend sets it to one */
-    fmoe_cpu_gemm_bench *b = NULL;
-    int rc = fmoe_cpu_gemm_bench_init(&b, rows, cols, mats, dtype, tmax, o->threads,
-                                      (fmoe_activations)o->activations);
-    if (rc == 0) {
-        const fmoe_gemm_kernel k = {.ctx = b, .run = fmoe_cpu_gemm_bench_run};
-        rc = fmoe_calibrate_gemms(&k, rows, cols, mats, tok, nt, reps, sec);
+/* The points every backend's compute is timed at. */
+typedef struct points {
+    const int32_t *tok;  /* [nt] tokens of the products, experts and layer overhead */
+    int32_t nt;
+    const int32_t *atok, *actx; /* [na] attention: tokens at a context */
+    int32_t na;
+    int32_t reps;
+} points;
+
+/* The compute curves of one backend, each timed through its table as a live pass runs
+ * it (fmoe_backend_bench): an expert from backend memory, the layer's products (q, k, v,
+ * o, router, shared expert), attention, the LM head, and the layer's other ops and waits.
+ * *peak: the best expert FLOP rate seen. */
+static int measure_backend(const options *o, const shapes *sh, fmoe_backend_kind kind,
+                           const points *pt, series *expert, series *layer, series *attn,
+                           series *head, series *over, double *peak) {
+    const int32_t *tok = pt->tok, nt = pt->nt, na = pt->na, reps = pt->reps;
+    const char *bname = fmoe_backend_name(kind);
+    fmoe_backend_bench_shape bs = {
+        .hidden = sh->hidden, .ffn = sh->ffn, .heads = sh->heads, .kv_heads = sh->kv_heads,
+        .head_dim = sh->head_dim, .experts = sh->experts > 0 ? sh->experts : 1,
+        .top_k = sh->top_k > 0 ? sh->top_k : 1, .shared_ffn = sh->shared_ffn,
+        .expert_dtype = sh->expert_dtype, .max_batch = 1, .max_context = 1};
+    if (bs.top_k > bs.experts) bs.top_k = bs.experts;
+    for (int32_t i = 0; i < nt; i++) bs.max_batch = tok[i] > bs.max_batch ? tok[i] : bs.max_batch;
+    for (int32_t i = 0; i < na; i++) {
+        bs.max_batch = pt->atok[i] > bs.max_batch ? pt->atok[i] : bs.max_batch;
+        bs.max_context = pt->actx[i] > bs.max_context ? pt->actx[i] : bs.max_context;
     }
-    fmoe_cpu_gemm_bench_free(b);
+    if (bs.max_context < bs.max_batch) bs.max_context = bs.max_batch;
+    const int32_t erows[3] = {sh->ffn, sh->ffn, sh->hidden};
+    const int32_t ecols[3] = {sh->hidden, sh->hidden, sh->ffn};
+    const double eflops = chain_flops(erows, ecols, 3);
+    int32_t lrows[8], lcols[8];
+    const int32_t lm = layer_mats(sh, lrows, lcols);
+    const int32_t hrows[1] = {sh->vocab}, hcols[1] = {sh->hidden};
+    double sec[MAXPTS];
+
+    const int blas_threads = openblas_get_num_threads(); /* the CPU backend sets it to one */
+    fmoe_backend_bench *b = NULL;
+    int rc = fmoe_backend_bench_init(&b, kind, &bs, o->threads,
+                                     (fmoe_activations)o->activations);
+    /* the experts in their own format (a GGUF's blocks), the rest in the config's dtype,
+     * which is what `fmoe quantize --experts-only` leaves */
+    backend_series(expert, nt, "expert", bname, 1, sh->expert_dtype, o->activations);
+    backend_series(layer, nt, "layer GEMMs", bname, 1, sh->dtype, o->activations);
+    backend_series(attn, na, "attention", bname, 0, sh->dtype, o->activations);
+    backend_series(head, nt, "LM head", bname, 1, sh->dtype, o->activations);
+    backend_series(over, nt, "layer overhead", bname, 0, sh->dtype, o->activations);
+    series *all[5] = {expert, layer, attn, head, over};
+    for (int i = 0; rc == 0 && i < 5; i++) /* the table's own name: what was timed */
+        snprintf(all[i]->ops, sizeof all[i]->ops, "%s", fmoe_backend_bench_backend(b));
+    if (rc == 0) rc = fmoe_backend_bench_expert(b, tok, nt, reps, sec);
+    for (int32_t i = 0; rc == 0 && i < nt; i++) {
+        expert->x[i] = tok[i], expert->y[i] = sec[i];
+        const double f = eflops * tok[i] / sec[i];
+        if (f > *peak) *peak = f;
+    }
+    if (rc == 0) rc = fmoe_backend_bench_chain(b, lrows, lcols, lm, sh->dtype, tok, nt, reps, sec);
+    for (int32_t i = 0; rc == 0 && i < nt; i++) layer->x[i] = tok[i], layer->y[i] = sec[i];
+    if (rc == 0) rc = fmoe_backend_bench_attention(b, pt->atok, pt->actx, na, reps, sec);
+    for (int32_t i = 0; rc == 0 && i < na; i++) {
+        attn->x[i] = (double)pt->atok[i] * pt->actx[i];
+        attn->x2[i] = pt->actx[i];
+        attn->y[i] = sec[i];
+    }
+    if (rc == 0) rc = fmoe_backend_bench_chain(b, hrows, hcols, 1, sh->dtype, tok, nt, reps, sec);
+    for (int32_t i = 0; rc == 0 && i < nt; i++) head->x[i] = tok[i], head->y[i] = sec[i];
+    if (rc == 0) rc = fmoe_backend_bench_layer_overhead(b, tok, nt, reps, sec);
+    for (int32_t i = 0; rc == 0 && i < nt; i++) over->x[i] = tok[i], over->y[i] = sec[i];
+    fmoe_backend_bench_free(b);
     openblas_set_num_threads(blas_threads);
-    return rc;
+    if (rc < 0) return rc;
+    fit_series(expert);
+    fit_series(layer);
+    fit_series(attn);
+    fit_series(head);
+    fit_series(over);
+    return 0;
 }
 
 static int measure(const options *o, const shapes *sh, measurements *m) {
@@ -358,46 +427,11 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
                                                       &m->gpu_membw));
     }
 
-    /* compute: expert, layer, attention */
-    const int32_t erows[3] = {sh->ffn, sh->ffn, sh->hidden}, ecols[3] = {sh->hidden, sh->hidden,
-                                                                          sh->ffn};
-    int32_t lrows[8], lcols[8];
-    const int32_t lm = layer_mats(sh, lrows, lcols);
-    const double eflops = chain_flops(erows, ecols, 3);
-    /* the products as a live CPU run computes them: the CPU backend's kernels on weights of
-     * the checkpoint's dtype (runtime/model/gemm_bench.c says why not OpenBLAS f32); the
-     * experts in their own format (a GGUF's blocks), the rest in the config's dtype, which
-     * is what `fmoe quantize --experts-only` leaves */
-    m->expert_cpu =
-        (series){.what = cpu_kernel_name(sh->expert_dtype, "expert", o->activations), .n = nt};
-    FMOE_FORWARD_IF_ERROR(
-        time_cpu_kernels(o, sh->expert_dtype, erows, ecols, 3, tok, nt, reps, sec));
-    for (int32_t i = 0; i < nt; i++) {
-        m->expert_cpu.x[i] = tok[i], m->expert_cpu.y[i] = sec[i];
-        const double f = eflops * tok[i] / sec[i];
-        if (f > m->cpu_peak_flops) m->cpu_peak_flops = f;
-    }
-    fit_series(&m->expert_cpu);
-    m->layer_cpu =
-        (series){.what = cpu_kernel_name(sh->dtype, "layer GEMMs", o->activations), .n = nt};
-    FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh->dtype, lrows, lcols, lm, tok, nt, reps, sec));
-    for (int32_t i = 0; i < nt; i++) m->layer_cpu.x[i] = tok[i], m->layer_cpu.y[i] = sec[i];
-    fit_series(&m->layer_cpu);
-    m->attn_cpu = (series){.what = "attention (OpenBLAS fp32)", .n = na};
-    FMOE_FORWARD_IF_ERROR(fmoe_calibrate_attention_cpu(sh->heads, sh->kv_heads, sh->head_dim,
-                                                       atok, actx, na, reps, sec));
-    for (int32_t i = 0; i < na; i++) {
-        m->attn_cpu.x[i] = (double)atok[i] * actx[i];
-        m->attn_cpu.x2[i] = actx[i];
-        m->attn_cpu.y[i] = sec[i];
-    }
-    fit_series(&m->attn_cpu);
-    const int32_t hrows[1] = {sh->vocab}, hcols[1] = {sh->hidden};
-    m->head_cpu =
-        (series){.what = cpu_kernel_name(sh->dtype, "LM head", o->activations), .n = nt};
-    FMOE_FORWARD_IF_ERROR(time_cpu_kernels(o, sh->dtype, hrows, hcols, 1, tok, nt, reps, sec));
-    for (int32_t i = 0; i < nt; i++) m->head_cpu.x[i] = tok[i], m->head_cpu.y[i] = sec[i];
-    fit_series(&m->head_cpu);
+    /* compute: each backend's own ops at the model's shapes */
+    const points pt = {.tok = tok, .nt = nt, .atok = atok, .actx = actx, .na = na, .reps = reps};
+    FMOE_FORWARD_IF_ERROR(measure_backend(o, sh, FMOE_BACKEND_CPU, &pt, &m->expert_cpu,
+                                          &m->layer_cpu, &m->attn_cpu, &m->head_cpu,
+                                          &m->over_cpu, &m->cpu_peak_flops));
     /* the fMoE matcher: one CPU thread, whatever --threads says (it runs beside inference) */
     const int blas_threads = openblas_get_num_threads();
     openblas_set_num_threads(1);
@@ -412,34 +446,10 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     if (rc >= 0) rc = fmoe_calibrate_duoserve(sh->layers, sh->experts, reps, &m->duoserve_s);
     openblas_set_num_threads(blas_threads);
     if (rc < 0) return rc;
-    if (m->have_gpu) {
-        m->expert_gpu = (series){.what = "expert (cuBLAS bf16)", .n = nt};
-        FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_gemms(erows, ecols, 3, tok, nt, reps, sec));
-        for (int32_t i = 0; i < nt; i++) {
-            m->expert_gpu.x[i] = tok[i], m->expert_gpu.y[i] = sec[i];
-            const double f = eflops * tok[i] / sec[i];
-            if (f > m->gpu_peak_flops) m->gpu_peak_flops = f;
-        }
-        fit_series(&m->expert_gpu);
-        m->layer_gpu = (series){.what = "layer GEMMs (cuBLAS bf16)", .n = nt};
-        FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_gemms(lrows, lcols, lm, tok, nt, reps, sec));
-        for (int32_t i = 0; i < nt; i++) m->layer_gpu.x[i] = tok[i], m->layer_gpu.y[i] = sec[i];
-        fit_series(&m->layer_gpu);
-        m->attn_gpu = (series){.what = "attention (cuBLAS bf16)", .n = na};
-        FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_attention(sh->heads, sh->kv_heads,
-                                                            sh->head_dim, atok, actx, na, reps,
-                                                            sec));
-        for (int32_t i = 0; i < na; i++) {
-            m->attn_gpu.x[i] = (double)atok[i] * actx[i];
-            m->attn_gpu.x2[i] = actx[i];
-            m->attn_gpu.y[i] = sec[i];
-        }
-        fit_series(&m->attn_gpu);
-        m->head_gpu = (series){.what = "LM head (cuBLAS bf16)", .n = nt};
-        FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_gemms(hrows, hcols, 1, tok, nt, reps, sec));
-        for (int32_t i = 0; i < nt; i++) m->head_gpu.x[i] = tok[i], m->head_gpu.y[i] = sec[i];
-        fit_series(&m->head_gpu);
-    }
+    if (m->have_gpu)
+        FMOE_FORWARD_IF_ERROR(measure_backend(o, sh, FMOE_BACKEND_CUDA, &pt, &m->expert_gpu,
+                                              &m->layer_gpu, &m->attn_gpu, &m->head_gpu,
+                                              &m->over_gpu, &m->gpu_peak_flops));
     return 0;
 }
 
@@ -478,6 +488,7 @@ static const char *cache_name(fmoe_file_cache c) {
 static cJSON *series_json(const series *s, const char *xname) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "what", s->what);
+    if (s->ops[0]) cJSON_AddStringToObject(o, "backend_ops", s->ops);
     if (s->ok) {
         cJSON_AddNumberToObject(o, "intercept_s", s->fit.a);
         cJSON_AddNumberToObject(o, "slope_s", s->fit.b);
@@ -539,12 +550,14 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
         p.attention = layer_cost(&m->layer_gpu, &m->attn_gpu);
         p.expert = expert_cost(&m->expert_gpu);
         p.head = expert_cost(&m->head_gpu);
+        p.layer_overhead = expert_cost(&m->over_gpu);
     } else {
         p.peak_flops = m->cpu_peak_flops;
         p.memory_bandwidth_bytes_per_s = cpu_bw;
         p.attention = layer_cost(&m->layer_cpu, &m->attn_cpu);
         p.expert = expert_cost(&m->expert_cpu);
         p.head = expert_cost(&m->head_cpu);
+        p.layer_overhead = expert_cost(&m->over_cpu);
     }
     p.host_expert = expert_cost(&m->expert_cpu);
     p.host_peak_flops = m->cpu_peak_flops;
@@ -554,7 +567,7 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     p.duoserve_s = m->duoserve_s;
     snprintf(p.source, sizeof p.source,
              "fmoe calibrate on %.60s: link %s; compute %s at %.90s; host fmoe cpu kernels",
-             host, link, m->have_gpu ? "cuBLAS bf16" : "fmoe cpu kernels", sh->model);
+             host, link, m->have_gpu ? "fmoe cuda backend ops" : "fmoe cpu kernels", sh->model);
 
     char *text = NULL;
     FMOE_FORWARD_IF_ERROR(fmoe_hardware_to_json(&p, &text));
@@ -613,12 +626,14 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON_AddItemToObject(comp, "layer_gemms_cpu", series_json(&m->layer_cpu, "tokens"));
     cJSON_AddItemToObject(comp, "attention_cpu", series_json(&m->attn_cpu, "tokens_x_context"));
     cJSON_AddItemToObject(comp, "lm_head_cpu", series_json(&m->head_cpu, "tokens"));
+    cJSON_AddItemToObject(comp, "layer_overhead_cpu", series_json(&m->over_cpu, "tokens"));
     if (m->have_gpu) {
         cJSON_AddItemToObject(comp, "expert_gpu", series_json(&m->expert_gpu, "tokens"));
         cJSON_AddItemToObject(comp, "layer_gemms_gpu", series_json(&m->layer_gpu, "tokens"));
         cJSON_AddItemToObject(comp, "attention_gpu",
                               series_json(&m->attn_gpu, "tokens_x_context"));
         cJSON_AddItemToObject(comp, "lm_head_gpu", series_json(&m->head_gpu, "tokens"));
+        cJSON_AddItemToObject(comp, "layer_overhead_gpu", series_json(&m->over_gpu, "tokens"));
     }
     *json = cJSON_Print(root);
     cJSON_Delete(root);
@@ -676,10 +691,12 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
     report_compute(&m->layer_cpu, "token");
     report_compute(&m->attn_cpu, "tok*ctx");
     report_compute(&m->head_cpu, "token");
+    report_compute(&m->over_cpu, "token");
     report_compute(&m->expert_gpu, "token");
     report_compute(&m->layer_gpu, "token");
     report_compute(&m->attn_gpu, "tok*ctx");
     report_compute(&m->head_gpu, "token");
+    report_compute(&m->over_gpu, "token");
     char a[32], b[32];
     fprintf(stderr, "  %-28s %10s per match (one layer), %s per token (%d layers x %d experts, "
                     "%d entries, 1 thread)\n",
@@ -690,7 +707,7 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
     fprintf(stderr, "  %-28s %10s per token (ExpertMLP for %d layers x %d experts, 1 thread)\n",
             "DuoServe predictor", human_s(m->duoserve_s, a, sizeof a), sh->layers, sh->experts);
     fprintf(stderr, "profile: link = %s; compute = %s; host = fmoe cpu kernels\n", link,
-            m->have_gpu ? "cuBLAS" : "fmoe cpu kernels");
+            m->have_gpu ? "fmoe cuda backend ops" : "fmoe cpu kernels");
 }
 
 /* ------------------------------------------------------------------ main */

@@ -200,6 +200,50 @@ def test_quantized_experts_are_timed_in_their_block_format(calibrate, fmoe, tmp_
     assert comp["lm_head_cpu"]["what"] == "LM head (fmoe cpu bf16)"
 
 
+def test_compute_is_timed_through_the_backend_table_with_the_layer_overhead(calibrate, fmoe,
+                                                                           tmp_path):
+    """Every compute series is timed through the backend's function table (the CPU one
+    here, by the code that times the CUDA one with --backend cuda: each series names the
+    table it went through), attention through the backend's own attention op, and the
+    per-layer overhead (norms, RoPE, KV writes, top-k, the routing read back) is a profile
+    term, compute.layer_overhead_s, of positive measured points that simulate adds to every
+    MoE layer: the same profile without it simulates shorter runs."""
+    prof = tmp_path / "p.json"
+    calibrate("--quick", "--quiet", "--backend", "cpu", "--file-dir", tmp_path, "-o", prof)
+    p = json.loads(prof.read_text())
+    comp = p["calibration"]["compute"]
+    names = {"expert_cpu": "expert (fmoe cpu bf16)",
+             "layer_gemms_cpu": "layer GEMMs (fmoe cpu bf16)",
+             "attention_cpu": "attention (fmoe cpu)", "lm_head_cpu": "LM head (fmoe cpu bf16)",
+             "layer_overhead_cpu": "layer overhead (fmoe cpu)"}
+    for key, what in names.items():
+        assert comp[key]["what"] == what
+        assert comp[key]["backend_ops"] == "cpu"  # the table's own name
+        assert len(comp[key]["points"]) == 3
+        assert all(pt["seconds"] > 0 for pt in comp[key]["points"]), comp[key]
+    assert not any(k.endswith("_gpu") for k in comp)
+    over = p["compute"]["layer_overhead_s"]
+    assert over["base"] >= 0 and over["per_token"] >= 0
+    assert over["base"] + over["per_token"] > 0
+    assert over["base"] == pytest.approx(max(comp["layer_overhead_cpu"]["intercept_s"], 0))
+    assert [pt["tokens"] for pt in comp["layer_overhead_cpu"]["points"]] == [1, 4, 16]
+    for part in ("attention_s", "expert_s", "head_s"):
+        assert p["compute"][part]["base"] + p["compute"][part]["per_token"] > 0
+
+    trace = tmp_path / "t.h5"
+    write_trace(trace, random_requests(random.Random(5), 3, 2, 8, 2), 2, 8, 2)
+    without = dict(p, compute={k: v for k, v in p["compute"].items()
+                               if k != "layer_overhead_s"})
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(without))
+
+    def e2e(profile):
+        out = fmoe("simulate", "--trace", trace, "--cache-experts", "4", "--profile", profile,
+                   "--json", "--quiet").stdout
+        return json.loads(out)["results"][0]["e2e_s"]["mean"]
+    assert e2e(prof) > e2e(bare) > 0
+
+
 def test_link_file_times_o_direct_reads_of_the_given_file(calibrate, fmoe, tmp_path):
     """--link-file times the file link on O_DIRECT reads of an existing file (the model's
     safetensors, what `--tier file --direct-io` reads) instead of a scratch file; the

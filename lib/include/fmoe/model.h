@@ -313,19 +313,66 @@ typedef struct fmoe_batch_item {
  */
 int fmoe_session_forward_batch(fmoe_session *runner, const fmoe_batch_item *items, int32_t count);
 
-/* The CPU backend's matrix products, for `fmoe calibrate` (runtime/model/gemm_bench.c):
- * `mats` matrices [rows[i]][cols[i]] of small values stored as `dtype` (f32, f16; bf16 for
- * the others), and the
- * backend's context for batches of up to max_batch rows on `threads` threads (0: all
- * cores; note: the backend sets OpenBLAS to one thread), its quantized products taking
- * `activations` as a session of those options would. run multiplies x[n][cols[mat]]
- * by matrix `mat` into y[n][rows[mat]] as a live forward pass does (its signature is
- * fmoe/hardware.h's fmoe_gemm_kernel.run). @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
-typedef struct fmoe_cpu_gemm_bench fmoe_cpu_gemm_bench;
-int fmoe_cpu_gemm_bench_init(fmoe_cpu_gemm_bench **out, const int32_t *rows,
-                             const int32_t *cols, int32_t mats, fmoe_dtype dtype,
-                             int32_t max_batch, int32_t threads, fmoe_activations activations);
-int fmoe_cpu_gemm_bench_run(void *bench, int32_t mat, const float *x, int32_t n, float *y);
-void fmoe_cpu_gemm_bench_free(fmoe_cpu_gemm_bench *b);
+/*
+ * A backend's own operations at a model's shapes, for `fmoe calibrate`
+ * (runtime/model/backend_bench.c): each timed through the backend's function table as a
+ * live forward pass issues it, on synthetic weights, from an idle backend to the end of
+ * a sync (the host clock; the median of at least `reps` runs, more while a point has taken
+ * under 20 ms). Seconds go to seconds[i] for point i. Not thread-safe; allocates at init
+ * and in fmoe_backend_bench_chain, never while timing.
+ */
+typedef struct fmoe_backend_bench fmoe_backend_bench;
+
+typedef struct fmoe_backend_bench_shape {
+    int32_t hidden;                 /* h */
+    int32_t ffn;                    /* a routed expert's intermediate width */
+    int32_t heads, kv_heads, head_dim;
+    int32_t experts, top_k;         /* the router's J and K */
+    int32_t shared_ffn;             /* the widest other MLP a chain multiplies by (0: none) */
+    fmoe_dtype expert_dtype;        /* the routed experts' weights (a GGUF's blocks, ...) */
+    int32_t max_batch;              /* most tokens of any point */
+    int32_t max_context;            /* most context of any attention point (>= max_batch) */
+} fmoe_backend_bench_shape;
+
+/* The backend (FMOE_BACKEND_CPU with `threads`, 0: all cores, and `activations`; or
+ * FMOE_BACKEND_CUDA, which takes f32 activations only) with buffers for the shape and one
+ * routed expert in backend memory, as an offload executor's slot holds it.
+ * @return 0, FMOE_EINVAL (a bad shape), FMOE_ENOMEM, FMOE_EUNSUPPORTED (no CUDA here). */
+int fmoe_backend_bench_init(fmoe_backend_bench **out, fmoe_backend_kind backend,
+                            const fmoe_backend_bench_shape *shape, int32_t threads,
+                            fmoe_activations activations);
+void fmoe_backend_bench_free(fmoe_backend_bench *b);
+
+/* The products x[t][cols[i]] · W_iᵀ, i < mats (at most 16), one after another, for each
+ * t = tokens[p], p < n, on host weights [rows[i]][cols[i]] stored as `dtype` (f32, f16,
+ * bf16, a block type; other formats as bf16) that the backend maps as it maps a model's
+ * (a layer's projections, the LM head). cols[i] may not exceed the shape's widest matrix.
+ * @return 0, FMOE_EINVAL, FMOE_ENOMEM, or the backend's error. */
+int fmoe_backend_bench_chain(fmoe_backend_bench *b, const int32_t *rows, const int32_t *cols,
+                             int32_t mats, fmoe_dtype dtype, const int32_t *tokens, int32_t n,
+                             int32_t reps, double *seconds);
+
+/* One routed expert for tokens[p] tokens, exactly as the forward pass computes an expert
+ * from a slot (fmoe__expert_run: gather, gate and up, SwiGLU, down, scatter_add, and on a
+ * device the sync before the slot may be reused). @return as above. */
+int fmoe_backend_bench_expert(fmoe_backend_bench *b, const int32_t *tokens, int32_t n,
+                              int32_t reps, double *seconds);
+
+/* The backend's attention op: tokens[p] query rows, the last at context contexts[p]
+ * (tokens[p] <= contexts[p] <= max_context), full causal. @return as above. */
+int fmoe_backend_bench_attention(fmoe_backend_bench *b, const int32_t *tokens,
+                                 const int32_t *contexts, int32_t n, int32_t reps,
+                                 double *seconds);
+
+/* The rest of a MoE layer of tokens[p] tokens, what the pass issues besides products,
+ * attention and routed experts: two RMSNorms, RoPE of q and k, the KV writes, the residual
+ * adds, the router's top-k, the routing read back to the host as a pass with a routing
+ * hook reads it (fmoe__routing_to_host: probabilities, gate inputs, weights, experts; on a
+ * device each download waits for the stream), the zeroed accumulator. @return as above. */
+int fmoe_backend_bench_layer_overhead(fmoe_backend_bench *b, const int32_t *tokens, int32_t n,
+                                      int32_t reps, double *seconds);
+
+/* The backend's name ("cpu", "cuda"). */
+const char *fmoe_backend_bench_backend(const fmoe_backend_bench *b);
 
 #endif
