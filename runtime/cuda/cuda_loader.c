@@ -129,20 +129,6 @@ int fmoe_cuda_calibrate_d2d(int64_t bytes, int32_t reps, double *bytes_per_s) {
     return forward(module->calibrate_d2d(bytes, reps, bytes_per_s));
 }
 
-int fmoe_cuda_calibrate_gemms(const int32_t *rows, const int32_t *cols, int32_t mats,
-                              const int32_t *tokens, int32_t n, int32_t reps, double *seconds) {
-    if (!get_module()) return unavailable();
-    return forward(module->calibrate_gemms(rows, cols, mats, tokens, n, reps, seconds));
-}
-
-int fmoe_cuda_calibrate_attention(int32_t heads, int32_t kv_heads, int32_t head_dim,
-                                  const int32_t *tokens, const int32_t *contexts, int32_t n,
-                                  int32_t reps, double *seconds) {
-    if (!get_module()) return unavailable();
-    return forward(
-        module->calibrate_attention(heads, kv_heads, head_dim, tokens, contexts, n, reps, seconds));
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* The backend table                                                                  */
 /* ---------------------------------------------------------------------------------- */

@@ -16,6 +16,9 @@
  * module share (FMOE_CUDA_BACKEND_LAYOUT). A struct changed without the ABI number bumped
  * (a field inserted into fmoe__mat, say) then refuses to load instead of misreading every
  * matrix. Expand the macro where runtime/model/model_impl.h is included.
+ *
+ * ABI 4 drops the GEMM-chain and attention stand-ins: calibrate times the backend's own
+ * ops through backend_ops.
  */
 #ifndef FMOE_CUDA_MODULE_H
 #define FMOE_CUDA_MODULE_H
@@ -23,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FMOE_CUDA_MODULE_ABI 3
+#define FMOE_CUDA_MODULE_ABI 4
 #define FMOE_CUDA_MODULE_SYMBOL "fmoe_cuda_module_get_api"
 
 /* A fingerprint of the shared structs: sizes and one late field's offset, 12 bits each
@@ -44,11 +47,6 @@ typedef struct fmoe_cuda_module_api {
     int (*selftest)(int n);
     int (*calibrate_h2d)(const int64_t *sizes, int32_t n, int32_t reps, double *seconds);
     int (*calibrate_d2d)(int64_t bytes, int32_t reps, double *bytes_per_s);
-    int (*calibrate_gemms)(const int32_t *rows, const int32_t *cols, int32_t mats,
-                           const int32_t *tokens, int32_t n, int32_t reps, double *seconds);
-    int (*calibrate_attention)(int32_t heads, int32_t kv_heads, int32_t head_dim,
-                               const int32_t *tokens, const int32_t *contexts, int32_t n,
-                               int32_t reps, double *seconds);
     const char *(*error_detail)(void); /* the module thread's last detail string */
     /* The forward pass's backend table (runtime/model/model_impl.h), name "cuda". */
     const struct fmoe__backend_ops *(*backend_ops)(void);

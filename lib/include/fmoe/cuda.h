@@ -40,16 +40,4 @@ int fmoe_cuda_calibrate_h2d(const int64_t *sizes, int32_t n, int32_t reps, doubl
 /* Device-to-device copies of `bytes`; *bytes_per_s counts the bytes read and written. */
 int fmoe_cuda_calibrate_d2d(int64_t bytes, int32_t reps, double *bytes_per_s);
 
-/* A chain of GEMMs as fmoe_calibrate_gemms_cpu (fmoe/hardware.h): for each token count t,
- * Y_i[t x rows[i]] = X[t x cols[i]] * W_i^T, bf16 operands, fp32 accumulation
- * (cublasGemmEx), timed as one. */
-int fmoe_cuda_calibrate_gemms(const int32_t *rows, const int32_t *cols, int32_t mats,
-                              const int32_t *tokens, int32_t n, int32_t reps, double *seconds);
-
-/* Attention as fmoe_calibrate_attention_cpu: bf16 strided-batched GEMMs (one batch per KV
- * head, its query heads stacked) for the scores and the weighted sum, a softmax kernel. */
-int fmoe_cuda_calibrate_attention(int32_t heads, int32_t kv_heads, int32_t head_dim,
-                                  const int32_t *tokens, const int32_t *contexts, int32_t n,
-                                  int32_t reps, double *seconds);
-
 #endif

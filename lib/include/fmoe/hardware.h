@@ -150,34 +150,6 @@ int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, 
 int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, int32_t reps,
                              double *seconds, fmoe_file_cache *cache);
 
-/* A chain of float32 matrix products on the CPU (OpenBLAS): for each token count t,
- * Y_i[t x rows[i]] = X[t x cols[i]] * W_i^T for i in [0, mats), timed as one (sgemv when
- * t = 1). An expert (SwiGLU) is {f x h, f x h, h x f}; a layer's attention projections
- * are {q x h, kv x h, kv x h, h x q}. Weights are allocated once, filled with small
- * values. @return 0, FMOE_EINVAL, FMOE_ENOMEM. */
-int fmoe_calibrate_gemms_cpu(const int32_t *rows, const int32_t *cols, int32_t mats,
-                             const int32_t *tokens, int32_t n, int32_t reps, double *seconds);
-
-/* Another kernel to time the same chain with: run(ctx, i, x, n, y) multiplies x[n][cols[i]]
- * by matrix i (the kernel's own weights) into y[n][rows[i]] (`fmoe calibrate` itself times
- * the backends' products with fmoe/model.h fmoe_backend_bench). */
-typedef struct fmoe_gemm_kernel {
-    void *ctx;
-    int (*run)(void *ctx, int32_t mat, const float *x, int32_t n, float *y);
-} fmoe_gemm_kernel;
-
-/* fmoe_calibrate_gemms_cpu through `k` (NULL: OpenBLAS float32, as that function). */
-int fmoe_calibrate_gemms(const fmoe_gemm_kernel *k, const int32_t *rows, const int32_t *cols,
-                         int32_t mats, const int32_t *tokens, int32_t n, int32_t reps,
-                         double *seconds);
-
-/* Attention over a context on the CPU: for each i, tokens[i] query rows against
- * contexts[i] cached keys and values, `heads` heads of head_dim (grouped onto kv_heads):
- * scores, softmax and weighted sum (float32, OpenBLAS). @return 0, FMOE_EINVAL, ENOMEM. */
-int fmoe_calibrate_attention_cpu(int32_t heads, int32_t kv_heads, int32_t head_dim,
-                                 const int32_t *tokens, const int32_t *contexts, int32_t n,
-                                 int32_t reps, double *seconds);
-
 /* The fMoE matcher (fmoe/expertmap.h) on this CPU: a full store of `capacity` random maps
  * of layers x experts, one query at a time stepping through every layer (the trajectory
  * search of a decode token), at least `reps` trajectories (more while under 20 ms). The
