@@ -27,7 +27,6 @@ extern "C" {
         }                                                                                 \
     } while (0)
 
-
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -43,7 +42,6 @@ static int cuda_status(cudaError_t e, const char *what) {
     if (e == cudaSuccess) return 0;
     return fmoe_error_set(FMOE_EINTERNAL, "%s: %s", what, cudaGetErrorString(e));
 }
-
 
 // Times op() between two events on `stream`, repeating until it has run `reps` times and
 // MIN_POINT_MS in all (at most MAX_REPS runs); *seconds = the median run. op returns 0 or
