@@ -115,7 +115,6 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
         const __m256i scales = _mm256_broadcastsi128_si256(sc16);
         const uint8_t *ql = w + (bits == 4 ? 16 : 48);
         const __m256i hb = bits == 5 ? load(w + 16) : _mm256_setzero_si256();
-        __m256i hmask = _mm256_set1_epi8(1);
         __m256i sumi[MAXX];
         _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
         /* unrolled, so the shuffle masks below are constants: GCC 12 kept this loop and
@@ -126,10 +125,11 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
             __m256i q0 = _mm256_and_si256(v, m4);
             __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             if (bits == 5) {
-                const __m256i h0 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, hmask), hmask);
-                hmask = _mm256_add_epi8(hmask, hmask);
-                const __m256i h1 = _mm256_cmpeq_epi8(_mm256_and_si256(hb, hmask), hmask);
-                hmask = _mm256_add_epi8(hmask, hmask);
+                /* bit 2jj (2jj+1) of each qh byte to bit 4 by a 16-bit shift: the bits it
+                 * carries across the byte boundary land below bit 4, which the mask drops */
+                const int b0 = 2 * jj, b1 = 2 * jj + 1;
+                const __m256i h0 = b0 < 4 ? _mm256_slli_epi16(hb, 4 - b0) : _mm256_srli_epi16(hb, b0 - 4);
+                const __m256i h1 = b1 < 4 ? _mm256_slli_epi16(hb, 4 - b1) : _mm256_srli_epi16(hb, b1 - 4);
                 q0 = _mm256_or_si256(q0, _mm256_and_si256(h0, sixteen));
                 q1 = _mm256_or_si256(q1, _mm256_and_si256(h1, sixteen));
             }
