@@ -18,7 +18,7 @@ import hdf5plugin  # noqa: F401,E402  (registers the zstd filter with h5py)
 
 from conftest import REPO
 from serve_util import Server
-from test_serve_engine import PROMPTS
+from test_serve_engine import PROMPTS, metric_value
 
 TINY = REPO / "datasets" / "fmoe-tiny"
 
@@ -127,7 +127,10 @@ def test_sigkill_leaves_a_partial_trace_of_the_finished_requests(tmp_path):
 def test_sigterm_with_requests_in_flight_saves_trace_and_store(fmoe, tmp_path):
     """SIGTERM while requests run: they finish within the grace period, and the trace and
     the updated store (--store-mode offline-update --store-out) are written, open, and hold
-    them."""
+    them. The signal goes once /metrics shows two requests running and the third queued
+    behind them, so all three are in flight whatever the machine's speed; the grace period
+    is long enough for any machine to finish them (it once ran out under ASan on a loaded
+    runner when it was 30 s and the test only slept before signalling)."""
     prompts = tmp_path / "train.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
     rec, store = tmp_path / "train.h5", tmp_path / "store.h5"
@@ -135,23 +138,33 @@ def test_sigterm_with_requests_in_flight_saves_trace_and_store(fmoe, tmp_path):
          "-o", rec)
     fmoe("build-store", "--trace", rec, "-o", store)
     trace, out = tmp_path / "served.h5", tmp_path / "store-out.h5"
-    s = Server(tmp_path, "--parallel", 2, "--grace", 30, "--policy", "fmoe",
+    s = Server(tmp_path, "--parallel", 2, "--grace", 600, "--policy", "fmoe",
                "--cache-experts", 24, "--store", store, "--store-mode", "offline-update",
                "--store-out", out, "--trace-out", trace)
+    tokens = 200
     with concurrent.futures.ThreadPoolExecutor(3) as ex:
         fut = [ex.submit(s.post, "/v1/completions",
-                         {"prompt": p, "max_tokens": 1000, "temperature": 0, "ignore_eos": True})
+                         {"prompt": p, "max_tokens": tokens, "temperature": 0,
+                          "ignore_eos": True}, 600)
                for p in ("A new prompt about the sea", "Another one about mountains",
                          "A third about rivers")]
-        time.sleep(0.3)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            m = s.metrics_text()
+            if (metric_value(m, "fmoe_requests_running"),
+                    metric_value(m, "fmoe_requests_waiting")) == (2, 1):
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the three requests were never in flight together: " + m)
         s.proc.send_signal(signal.SIGTERM)
         results = [f.result() for f in fut]
-    rc, err = s.stop()
+    rc, err = s.stop(timeout=600)
     assert rc == 0, err
     done = [json.loads(b) for st, _, b in results if st == 200]
     assert len(done) == 3, results  # all finished within the grace period
     with h5py.File(trace) as f:
         assert f["requests/id"].shape[0] == 3
-        assert sorted(f["requests/output_tokens"][:].tolist()) == [999] * 3
+        assert sorted(f["requests/output_tokens"][:].tolist()) == [tokens - 1] * 3
     with h5py.File(store) as a, h5py.File(out) as b:
         assert b["maps"].shape[0] > a["maps"].shape[0]  # the served tokens were added
