@@ -159,20 +159,28 @@ def test_disconnect_mid_stream_frees_the_sequence(tmp_path):
 
 
 def test_sigterm_finishes_requests_in_flight_and_exits_0(tmp_path):
-    s = Server(tmp_path, "--parallel", 2, "--grace", 30)
+    """The signal goes while both requests run (/metrics says so), not after a sleep that a
+    fast machine outlasts; the requests are long enough (400 tokens, a quarter of a second
+    on a fast machine) for the polling to see them, and the grace period long enough for
+    any machine to finish them."""
+    s = Server(tmp_path, "--parallel", 2, "--grace", 600)
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
         fut = [ex.submit(s.post, "/v1/completions",
-                         {"prompt": p, "max_tokens": 48, "temperature": 0, "ignore_eos": True})
+                         {"prompt": p, "max_tokens": 400, "temperature": 0, "ignore_eos": True},
+                         600)
                for p in PROMPTS[:2]]
-        time.sleep(0.5)
+        deadline = time.monotonic() + 120
+        while metric_value(s.metrics_text(), "fmoe_requests_running") != 2:
+            assert time.monotonic() < deadline, "the two requests never ran together"
+            time.sleep(0.005)
         s.proc.send_signal(signal.SIGTERM)
         results = [f.result() for f in fut]
-    rc, err = s.stop()
+    rc, err = s.stop(timeout=600)
     assert rc == 0, err
     for st, _, body in results:
         assert st == 200, body
         r = json.loads(body)
-        assert r["usage"]["completion_tokens"] == 48
+        assert r["usage"]["completion_tokens"] == 400
 
 
 def test_sigterm_with_zero_grace_cuts_requests(tmp_path):

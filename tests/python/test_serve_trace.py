@@ -141,7 +141,7 @@ def test_sigterm_with_requests_in_flight_saves_trace_and_store(fmoe, tmp_path):
     s = Server(tmp_path, "--parallel", 2, "--grace", 600, "--policy", "fmoe",
                "--cache-experts", 24, "--store", store, "--store-mode", "offline-update",
                "--store-out", out, "--trace-out", trace)
-    tokens = 200
+    tokens = 400  # the first two run for a quarter of a second even on a fast machine
     with concurrent.futures.ThreadPoolExecutor(3) as ex:
         fut = [ex.submit(s.post, "/v1/completions",
                          {"prompt": p, "max_tokens": tokens, "temperature": 0,
