@@ -13,8 +13,9 @@ from datasets/samples/prompts_100.txt. Printed per P:
 - p50/p99 over requests of the time to first token and of the inter-token latency
   ((last token - first token) / (tokens - 1) of a request), measured by the clients on
   the SSE stream (a client-side view: queueing included);
-- the server's RSS (VmRSS from /proc) after a first pass of the same load (which touches
-  the KV caches and buffers for the first time) and after the measured second pass:
+- the server's RSS (VmRSS from /proc) after a first pass of the same load with other
+  prompts (which touches the KV caches and buffers for the first time) and after the
+  measured second pass:
   memory must stay flat under sustained load;
 - the expert-cache figures summed from the responses' `fmoe` objects when offloaded.
 
@@ -28,6 +29,16 @@ file when --serve-args has --tier file, else host): the predicted tokens/s (outp
 tokens over the replay's span) and mean TPOT and TTFT are printed next to the measured
 ones over the same two passes. Not a test: figures depend on the
 machine; run it by hand and put the table in docs/results.md with the machine named.
+
+With --llama-server BIN (llama.cpp's server; tests/bench/bench_cpu_forward.sh says how to
+build llama.cpp here), the same load also runs against `llama-server -m MODEL -np P -t
+THREADS` on the same --model (a GGUF file, which both servers read), the two servers
+alternating for each P and each --repeat (fmoe first on even repeats, llama-server first on
+odd ones, so drifting load hits both alike). Each request asks both for the same prompt,
+greedy, ignore_eos and max_tokens, so both generate the same number of tokens; the prompt
+token counts differ by the chat templates (each server applies its own: fmoe the model
+family's, llama-server the GGUF's). The table gains a server column and the fmoe /
+llama-server ratios per P over the repeats (range).
 """
 import argparse
 import http.client
@@ -84,6 +95,54 @@ def start_server(fmoe, args, parallel, work, trace=None):
     sys.exit("bench_serve: the server did not become ready in 120 s")
 
 
+def free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(p, port, name):
+    """Until GET /health answers 200 (llama-server answers 503 while it loads the model)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            err = p.stderr.read() if p.stderr else ""
+            sys.exit(f"bench_serve: {name} exited {p.returncode}: {err[-2000:]}")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    p.kill()
+    sys.exit(f"bench_serve: {name} did not become ready in 300 s")
+
+
+def start_llama_server(args, parallel, work):
+    """llama-server on the same model, P slots of the context fmoe serve gives a sequence,
+    the same threads for decode and prefill, its defaults otherwise (its prompt cache on:
+    the warm-up pass sends other prompts than the measured one, so what the cache saves
+    is what a user's distinct prompts would share, the chat template's prefix). Its log
+    goes to a file: a pipe nobody reads would fill and stall it."""
+    port = free_port()
+    cmd = [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
+           "-np", str(parallel), "-c", str(parallel * args.context), "--no-webui"]
+    if args.threads:
+        cmd += ["-t", str(args.threads), "-tb", str(args.threads)]
+    log = open(pathlib.Path(work) / f"llama-server-{parallel}.log", "w")
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    log.close()
+    try:
+        wait_ready(p, port, "llama-server")
+    except SystemExit:
+        sys.stderr.write((pathlib.Path(work) / f"llama-server-{parallel}.log").read_text()[-2000:])
+        raise
+    return p, port
+
+
 def stream_request(port, prompt, max_tokens):
     """One streaming chat request; returns (t_sent, [chunk arrival times], usage, fmoe figures).
     A chunk may carry several tokens (text held back while a UTF-8 sequence or a possible
@@ -117,8 +176,9 @@ def stream_request(port, prompt, max_tokens):
     return t0, times, usage, figures
 
 
-def load(port, prompts, args):
-    """--clients threads share --requests requests. Returns per-request results."""
+def load(port, prompts, args, first=0):
+    """--clients threads share --requests requests, prompts first, first + 1, ... (mod the
+    file's 100). Returns per-request results."""
     results, lock, next_i = [], threading.Lock(), [0]
 
     def worker():
@@ -128,7 +188,7 @@ def load(port, prompts, args):
                 if i >= args.requests:
                     return
                 next_i[0] += 1
-            r = stream_request(port, prompts[i % len(prompts)], args.max_tokens)
+            r = stream_request(port, prompts[(first + i) % len(prompts)], args.max_tokens)
             with lock:
                 results.append(r)
 
@@ -190,8 +250,18 @@ def main():
                     help="more options for fmoe serve, e.g. '--tier file --direct-io'")
     ap.add_argument("--simulate", action="store_true",
                     help="also predict each run with fmoe simulate --batch P (calibrated)")
+    ap.add_argument("--llama-server", default=None, metavar="BIN",
+                    help="also run the load against llama.cpp's llama-server on --model (a GGUF)")
+    ap.add_argument("--context", type=int, default=2048,
+                    help="llama-server context per sequence (its -c is P times this)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="with --llama-server: runs of each server per P, alternating order")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.llama_server and not (args.model and args.model.endswith(".gguf")):
+        ap.error("--llama-server needs --model FILE.gguf: both servers read the same file")
+    if args.llama_server and args.simulate:
+        ap.error("--simulate and --llama-server are separate runs")
     fmoe = str(pathlib.Path(args.build) / "cmd" / "fmoe")
     prompts = [l.strip() for l in PROMPTS.read_text().splitlines() if l.strip()]
     rows = []
@@ -203,12 +273,22 @@ def main():
             print("fmoe calibrate ...", file=sys.stderr)
             subprocess.run([fmoe, "calibrate", "--model-config", str(model / "config.json"),
                             *link, "-o", str(profile), "--quiet"], check=True)
+        runs = []
         for P in [int(x) for x in args.parallel.split(",")]:
+            for k in range(args.repeat if args.llama_server else 1):
+                servers = ["fmoe", "llama-server"] if args.llama_server else ["fmoe"]
+                runs += [(P, k, name) for name in (servers if k % 2 == 0 else servers[::-1])]
+        for P, rep, server in runs:
             trace = pathlib.Path(work) / f"served-{P}.h5" if args.simulate else None
-            proc, port = start_server(fmoe, args, P, work, trace)
+            if server == "fmoe":
+                proc, port = start_server(fmoe, args, P, work, trace)
+            else:
+                proc, port = start_llama_server(args, P, work)
             try:
                 t_first = time.monotonic()
-                warm = load(port, prompts, args)  # warm-up: the same load once
+                # warm-up: the same load with other prompts (a server that caches prompts
+                # must not find the measured ones there)
+                warm = load(port, prompts, args, first=args.requests)
                 rss0 = rss_mib(proc.pid)
                 t0 = time.monotonic()
                 res = load(port, prompts, args)
@@ -226,12 +306,16 @@ def main():
             for _, _, _, f in res:
                 for k, v in f.items():
                     cache[k] = cache.get(k, 0) + v
-            rows.append({"parallel": P, "tokens": tokens, "seconds": t1 - t0,
+            rows.append({"server": server, "repeat": rep, "parallel": P, "tokens": tokens,
+                         "seconds": t1 - t0,
                          "tokens_per_s": tokens / (t1 - t0),
                          "ttft_p50_ms": 1e3 * pct(ttft, 0.5), "ttft_p99_ms": 1e3 * pct(ttft, 0.99),
                          "itl_p50_ms": 1e3 * pct(itl, 0.5), "itl_p99_ms": 1e3 * pct(itl, 0.99),
                          "rss_before_mib": rss0, "rss_after_mib": rss1, "fmoe": cache,
                          "simulated": sim})
+    if args.llama_server:
+        report_against_llama(args, rows)
+        return
     base = rows[0]["tokens_per_s"]
     print(f"model {args.model or 'fmoe-tiny (bundled)'}, {args.clients} clients, "
           f"{args.requests} requests x {args.max_tokens} tokens"
@@ -256,6 +340,43 @@ def main():
                   f"| {m['sim_tokens_per_s']:.1f} | {1e3 * m['measured_tpot_s']:.1f} "
                   f"| {1e3 * m['sim_tpot_s']:.1f} | {1e3 * m['measured_ttft_s']:.0f} "
                   f"| {1e3 * m['sim_ttft_s']:.0f} |")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def report_against_llama(args, rows):
+    """Per server and P: the medians over the repeats; then fmoe / llama-server per P as the
+    range of the per-repeat ratios (each repeat's two runs ran back to back)."""
+    import statistics
+    print(f"model {args.model}, {args.clients} clients, {args.requests} requests x "
+          f"{args.max_tokens} tokens, threads {args.threads or 'default'}, "
+          f"{args.repeat} run(s) of each server per P (medians)")
+    print("| P | server | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
+          "| RSS after load MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    keys = ["tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
+            "rss_after_mib"]
+    Ps = sorted({r["parallel"] for r in rows})
+    for P in Ps:
+        for server in ["fmoe", "llama-server"]:
+            rs = [r for r in rows if r["parallel"] == P and r["server"] == server]
+            m = {key: statistics.median(r[key] for r in rs) for key in keys}
+            print(f"| {P} | {server} | {m['tokens_per_s']:.1f} | {m['ttft_p50_ms']:.0f} "
+                  f"| {m['ttft_p99_ms']:.0f} | {m['itl_p50_ms']:.1f} | {m['itl_p99_ms']:.1f} "
+                  f"| {m['rss_after_mib']:.0f} |")
+    print()
+    print("| P | tokens/s fmoe / llama-server | TTFT p50 fmoe / llama-server "
+          "| ITL p50 fmoe / llama-server |")
+    print("|---|---|---|---|")
+    for P in Ps:
+        ratios = {key: [] for key in ["tokens_per_s", "ttft_p50_ms", "itl_p50_ms"]}
+        for k in range(args.repeat):
+            pair = {r["server"]: r for r in rows if r["parallel"] == P and r["repeat"] == k}
+            for key in ratios:
+                ratios[key].append(pair["fmoe"][key] / pair["llama-server"][key])
+        cells = [f"{min(v):.2f}-{max(v):.2f}" if len(v) > 1 else f"{v[0]:.2f}"
+                 for v in ratios.values()]
+        print(f"| {P} | " + " | ".join(cells) + " |")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
 
