@@ -47,6 +47,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../model/model_impl.h"
@@ -84,6 +85,8 @@ typedef struct cpu_ctx {
     int simd;             /* AVX2 + FMA + F16C available */
     int simd512;          /* AVX-512F available */
     int act8;             /* FMOE_ACTIVATIONS_Q8: 8-bit inputs for block-format weights */
+    double *marks;        /* [max_marks] host clock of each timer mark, s; NAN: unmarked */
+    int32_t max_marks;
 } cpu_ctx;
 
 /* ---------------------------------------------------------------------------------- */
@@ -574,6 +577,29 @@ static int cpu_sync(void *ctx) {
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* Timers: every op has run when it returns, so a mark is the host clock now            */
+/* ---------------------------------------------------------------------------------- */
+
+static void cpu_mark(void *ctx, int32_t slot) {
+    cpu_ctx *c = ctx;
+    if (slot < 0 || slot >= c->max_marks) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    c->marks[slot] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cpu_elapsed(void *ctx, int32_t a, int32_t b, double *seconds) {
+    const cpu_ctx *c = ctx;
+    FMOE_RETURN_ERROR_IF(a < 0 || a >= c->max_marks || b < 0 || b >= c->max_marks,
+                         FMOE_EINVAL, "elapsed: marks %d and %d, slots are [0, %d)", a, b,
+                         c->max_marks);
+    FMOE_RETURN_ERROR_IF(isnan(c->marks[a]) || isnan(c->marks[b]), FMOE_EINVAL,
+                         "elapsed: mark %d was never recorded", isnan(c->marks[a]) ? a : b);
+    *seconds = c->marks[b] - c->marks[a];
+    return 0;
+}
+
 static int cpu_write_slot(void *ctx, void *dst, const void *src, int64_t bytes) {
     (void)ctx;
     memcpy(dst, src, (size_t)bytes);
@@ -602,6 +628,7 @@ static void cpu_free(void *ctx) {
     free(c->scratch);
     free(c->scores);
     free(c->xpack);
+    free(c->marks);
     free(c);
 }
 
@@ -634,6 +661,11 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
         if (!c->xpack) goto oom;
     }
 #endif
+    c->max_marks = lim->max_marks > 0 ? lim->max_marks : 0;
+    if (c->max_marks > 0) {
+        if (!(c->marks = malloc((size_t)c->max_marks * sizeof *c->marks))) goto oom;
+        for (int32_t i = 0; i < c->max_marks; i++) c->marks[i] = NAN;
+    }
     c->scratch = calloc((size_t)threads, sizeof *c->scratch);
     c->scores = calloc((size_t)threads, sizeof *c->scores);
     if (!c->scratch || !c->scores) goto oom;
@@ -680,6 +712,8 @@ const fmoe__backend_ops fmoe__cpu_backend = {
     /* .copy            = */ cpu_copy,
     /* .zero            = */ cpu_zero,
     /* .sync            = */ cpu_sync,
+    /* .mark            = */ cpu_mark,
+    /* .elapsed         = */ cpu_elapsed,
     /* .get_rows        = */ cpu_get_rows,
     /* .rmsnorm         = */ cpu_rmsnorm,
     /* .matmul          = */ cpu_matmul,

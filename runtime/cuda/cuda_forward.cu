@@ -152,6 +152,9 @@ typedef struct cuda_ctx {
     cublasHandle_t blas;       /* bound to `stream` */
     cudaEvent_t slot_read;     /* recorded after ops reading backend mats (under the lock) */
     int slot_read_recorded;    /* slot_read has been recorded at least once */
+    cudaEvent_t *marks;        /* [max_marks] timer marks: timing events on `stream` */
+    uint8_t *marked;           /* [max_marks] the mark has been recorded */
+    int32_t max_marks;
     int64_t max_cols;
     int32_t max_batch, max_context, max_experts;
     int32_t attn_blocks;       /* rows of `scores` (0: no global scores) */
@@ -744,6 +747,10 @@ static void cuda_free(void *ctx) {
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->ws);
     if (c->slot_read) cudaEventDestroy(c->slot_read);
+    for (int32_t i = 0; c->marks && i < c->max_marks; i++)
+        if (c->marks[i]) cudaEventDestroy(c->marks[i]);
+    free(c->marks);
+    free(c->marked);
     if (c->copy) cudaStreamDestroy(c->copy);
     if (c->stream) cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
@@ -797,6 +804,18 @@ static int cuda_init(const fmoe__backend_limits *lim, void **out) {
     if (!CHECK_CUDA(c, cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking))) goto fail;
     if (!CHECK_CUDA(c, cudaEventCreateWithFlags(&c->slot_read, cudaEventDisableTiming)))
         goto fail;
+    if (lim->max_marks > 0) {
+        c->marks = (cudaEvent_t *)calloc((size_t)lim->max_marks, sizeof *c->marks);
+        c->marked = (uint8_t *)calloc((size_t)lim->max_marks, 1);
+        if (!c->marks || !c->marked) {
+            set_error(c, FMOE_ENOMEM, "out of memory for %d timer marks", lim->max_marks);
+            goto fail;
+        }
+        c->max_marks = lim->max_marks; /* from here cuda_free destroys the events made */
+        for (int32_t i = 0; i < c->max_marks; i++)
+            if (!CHECK_CUDA(c, cudaEventCreateWithFlags(&c->marks[i], cudaEventDefault)))
+                goto fail;
+    }
     if (!(c->ws = dev_malloc(c, CUBLAS_WORKSPACE, "cuBLAS workspace"))) goto fail;
     if (!CHECK_BLAS(c, cublasCreate(&c->blas))) goto fail;
     /* cublasSetStream resets the workspace to cuBLAS's own pool: set ours after it. */
@@ -910,6 +929,43 @@ static int cuda_sync(void *ctx) {
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (!c->err) CHECK_CUDA(c, cudaStreamSynchronize(c->stream));
     if (c->err) return fmoe_error_set(c->err, "%s", c->detail);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Timers                                                                             */
+/* ---------------------------------------------------------------------------------- */
+
+// A mark is a timing event recorded on the compute stream: the device stamps it when the
+// ops before it have finished, and the host does not wait. The forward pass marks each
+// layer's end and reads the intervals after its last sync, so timing a record costs no
+// host round trip per layer (model_impl.h). Misuse (a slot out of range, an elapsed read
+// before its marks were reached) is the caller's error, not the device's: not sticky.
+
+static void cuda_mark(void *ctx, int32_t slot) {
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (c->err || slot < 0 || slot >= c->max_marks) return;
+    if (CHECK_CUDA(c, cudaEventRecord(c->marks[slot], c->stream))) c->marked[slot] = 1;
+}
+
+static int cuda_elapsed(void *ctx, int32_t a, int32_t b, double *seconds) {
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (c->err) return fmoe_error_set(c->err, "%s", c->detail);
+    if (a < 0 || a >= c->max_marks || b < 0 || b >= c->max_marks)
+        return set_error(NULL, FMOE_EINVAL, "elapsed: marks %d and %d, slots are [0, %d)", a,
+                         b, c->max_marks);
+    if (!c->marked[a] || !c->marked[b])
+        return set_error(NULL, FMOE_EINVAL, "elapsed: mark %d was never recorded",
+                         c->marked[a] ? b : a);
+    float ms = 0;
+    const cudaError_t e = cudaEventElapsedTime(&ms, c->marks[a], c->marks[b]);
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return set_error(NULL, FMOE_EINVAL,
+                         "elapsed: marks %d and %d not reached yet (read before a sync)", a, b);
+    }
+    if (!cuda_ok(NULL, e, "cudaEventElapsedTime", __FILE__, __LINE__)) return FMOE_EINTERNAL;
+    *seconds = (double)ms * 1e-3;
     return 0;
 }
 
@@ -1248,6 +1304,8 @@ static const fmoe__backend_ops cuda_ops = {
     /* .copy            = */ cuda_copy,
     /* .zero            = */ cuda_zero,
     /* .sync            = */ cuda_sync,
+    /* .mark            = */ cuda_mark,
+    /* .elapsed         = */ cuda_elapsed,
     /* .get_rows        = */ cuda_get_rows,
     /* .rmsnorm         = */ cuda_rmsnorm,
     /* .matmul          = */ cuda_matmul,

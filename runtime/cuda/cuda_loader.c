@@ -160,6 +160,10 @@ static int w_download(void *ctx, void *dst, const void *src, int64_t bytes) {
 
 static int w_sync(void *ctx) { return forward(inner->sync(ctx)); }
 
+static int w_elapsed(void *ctx, int32_t a, int32_t b, double *seconds) {
+    return forward(inner->elapsed(ctx, a, b, seconds));
+}
+
 static int w_write_slot(void *ctx, void *dst, const void *src, int64_t bytes) {
     return forward(inner->write_slot(ctx, dst, src, bytes));
 }
@@ -176,6 +180,7 @@ static void make_table(void) {
     outer.alloc = w_alloc;
     outer.download = w_download;
     outer.sync = w_sync;
+    outer.elapsed = w_elapsed;
     outer.write_slot = w_write_slot;
     outer.host_register = w_host_register;
 }

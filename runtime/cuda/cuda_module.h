@@ -19,6 +19,8 @@
  *
  * ABI 4 drops the GEMM-chain and attention stand-ins: calibrate times the backend's own
  * ops through backend_ops.
+ *
+ * ABI 5 adds the timer ops mark and elapsed to backend_ops, and max_marks to its limits.
  */
 #ifndef FMOE_CUDA_MODULE_H
 #define FMOE_CUDA_MODULE_H
@@ -26,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FMOE_CUDA_MODULE_ABI 4
+#define FMOE_CUDA_MODULE_ABI 5
 #define FMOE_CUDA_MODULE_SYMBOL "fmoe_cuda_module_get_api"
 
 /* A fingerprint of the shared structs: sizes and one late field's offset, 12 bits each

@@ -23,8 +23,8 @@
  *   overhead   the rest of a MoE layer of t tokens: the two norms, RoPE, the KV writes,
  *              the residual adds, the router's top-k, the routing read back to the host
  *              (fmoe__routing_to_host, as forward.c reads it with a routing hook: probs,
- *              gate inputs, weights, experts: each download waits for the device) and
- *              the zeroed accumulator, ended by a sync.
+ *              gate inputs, weights, experts, in the one download that waits for the
+ *              device) and the zeroed accumulator, ended by a sync.
  *
  * Each point is issued once untimed (a device backend copies the weights and picks its
  * kernels on first use), then timed with the host clock from an idle backend to the end of
@@ -69,13 +69,14 @@ struct fmoe_backend_bench {
     int32_t num_owned, cap_owned;
     /* backend buffers, B = max_batch rows */
     float *x, *xn, *acc;    /* [B][h] */
+    void *route;            /* a MoE layer's routing (fmoe__routing_layout, no speculative
+                               rows) laid out for each point's n rows; the overhead's gate
+                               input is its first part (xn keeps the experts' inputs) */
     float *q, *att;         /* [B][Hq·D] */
     float *k, *v;           /* [B][Hkv·D] */
     float *kc, *vc;         /* [max_context][Hkv·D] */
     float *cos, *sin;       /* [B][D/2] */
-    float *rlogits, *probs; /* [B][J] */
-    float *topw;            /* [B][K] */
-    int32_t *topk;          /* [B][K] */
+    float *rlogits;         /* [B][J] */
     float *xg, *yg;         /* [B][h] */
     float *g, *u;           /* [B][ffn] */
     fmoe__mlp expert;       /* in backend memory (a slot), the experts' dtype */
@@ -83,8 +84,7 @@ struct fmoe_backend_bench {
     float *norm_w;          /* [max(h, Hq·D)] the norms' weights (ones) */
     int32_t *rows_h;        /* [B] 0..B-1: the expert's tokens */
     float *scale_h;         /* [B] their combine weights */
-    float *probs_h, *xn_h, *topw_h; /* [B][J], [B][h], [B][K]: host mirrors (the buffers */
-    int32_t *topk_h;                /* themselves on a host-memory backend) */
+    void *route_h;          /* route's host mirror (route itself on a host-memory backend) */
     double *t;              /* [MAX_REPS] */
 };
 
@@ -165,8 +165,8 @@ static int own(fmoe_backend_bench *b, void *p) {
     {(void **)&(b)->x,    (void **)&(b)->xn,      (void **)&(b)->acc,   (void **)&(b)->q,   \
      (void **)&(b)->att,  (void **)&(b)->k,       (void **)&(b)->v,     (void **)&(b)->kc,  \
      (void **)&(b)->vc,   (void **)&(b)->cos,     (void **)&(b)->sin,   (void **)&(b)->rlogits, \
-     (void **)&(b)->probs, (void **)&(b)->topw,   (void **)&(b)->topk,  (void **)&(b)->xg,  \
-     (void **)&(b)->yg,   (void **)&(b)->g,       (void **)&(b)->u}
+     (void **)&(b)->route, (void **)&(b)->xg,     (void **)&(b)->yg,    (void **)&(b)->g,   \
+     (void **)&(b)->u}
 
 void fmoe_backend_bench_free(fmoe_backend_bench *b) {
     if (!b) return;
@@ -175,12 +175,7 @@ void fmoe_backend_bench_free(fmoe_backend_bench *b) {
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) b->be->release(b->ctx, *bufs[i]);
         fmoe__mat *ew[3] = {&b->expert.gate, &b->expert.up, &b->expert.down};
         for (int i = 0; i < 3; i++) b->be->release(b->ctx, (void *)ew[i]->data);
-        if (!b->be->host_memory) {
-            free(b->probs_h);
-            free(b->xn_h);
-            free(b->topw_h);
-            free(b->topk_h);
-        }
+        if (!b->be->host_memory) free(b->route_h);
         b->be->free(b->ctx);
     }
     for (int32_t i = 0; i < b->num_owned; i++) free(b->owned[i]);
@@ -242,13 +237,15 @@ int fmoe_backend_bench_init(fmoe_backend_bench **out, fmoe_backend_kind backend,
         fmoe_backend_bench_free(b);
         return rc;
     }
-    const int64_t sizes[] = {B * h, B * h,  B * h,  B * qd, B * qd, B * kd,
-                             B * kd, (int64_t)s.max_context * kd, (int64_t)s.max_context * kd,
-                             B * (s.head_dim / 2), B * (s.head_dim / 2), B * J, B * J, B * K,
-                             B * K, B * h, B * h, B * F, B * F};
+    const int64_t route_bytes = fmoe__routing_layout_of(B, h, J, K, 0).off[FMOE__ROUTE_PARTS];
+    const int64_t sizes[] = {B * h * 4,  B * h * 4,   B * h * 4,  B * qd * 4, B * qd * 4,
+                             B * kd * 4, B * kd * 4,  (int64_t)s.max_context * kd * 4,
+                             (int64_t)s.max_context * kd * 4, B * (s.head_dim / 2) * 4,
+                             B * (s.head_dim / 2) * 4, B * J * 4, route_bytes, B * h * 4,
+                             B * h * 4, B * F * 4, B * F * 4};
     void **bufs[] = BENCH_BUFFERS(b);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (!(*bufs[i] = be->alloc(b->ctx, sizes[i] * 4))) {
+        if (!(*bufs[i] = be->alloc(b->ctx, sizes[i]))) {
             rc = be->host_memory ? fmoe_error_set(FMOE_ENOMEM, "backend timing: buffers")
                                  : FMOE_ENOMEM; /* the device's detail: asked and free */
             goto fail;
@@ -258,21 +255,13 @@ int fmoe_backend_bench_init(fmoe_backend_bench **out, fmoe_backend_kind backend,
     b->rows_h = malloc((size_t)B * sizeof *b->rows_h);
     b->scale_h = malloc((size_t)B * sizeof *b->scale_h);
     b->t = malloc(MAX_REPS * sizeof *b->t);
-    if (be->host_memory) {
-        b->probs_h = b->probs, b->xn_h = b->xn, b->topw_h = b->topw, b->topk_h = b->topk;
-    } else {
-        b->probs_h = malloc((size_t)(B * J) * sizeof(float));
-        b->xn_h = malloc((size_t)(B * h) * sizeof(float));
-        b->topw_h = malloc((size_t)(B * K) * sizeof(float));
-        b->topk_h = malloc((size_t)(B * K) * sizeof(int32_t));
-    }
+    b->route_h = be->host_memory ? b->route : malloc((size_t)route_bytes);
     int64_t most = (int64_t)s.max_context * kd; /* the largest buffer filled below */
     const int64_t others[] = {B * h, B * qd, B * J, B * (s.head_dim / 2)};
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
         if (others[i] > most) most = others[i];
     float *host = malloc((size_t)most * sizeof *host);
-    if (!b->norm_w || !b->rows_h || !b->scale_h || !b->t || !b->probs_h || !b->xn_h ||
-        !b->topw_h || !b->topk_h || !host) {
+    if (!b->norm_w || !b->rows_h || !b->scale_h || !b->t || !b->route_h || !host) {
         free(host);
         rc = fmoe_error_set(FMOE_ENOMEM, "backend timing");
         goto fail;
@@ -460,20 +449,23 @@ static int issue_overhead(fmoe_backend_bench *b, const void *arg, int32_t n, int
     const fmoe_backend_bench_shape *s = &b->sh;
     const int32_t h = s->hidden, D = s->head_dim;
     const int64_t kd = (int64_t)s->kv_heads * D, pos = s->max_context - n;
-    be->rmsnorm(ctx, b->xn, b->x, b->norm_w, n, h, 1e-5f);
+    const fmoe__routing_io r = {
+        .buf = b->route, .host = b->route_h,
+        .lay = fmoe__routing_layout_of(n, h, s->experts, s->top_k, 0)};
+    float *xn = fmoe__routing_part(b->route, &r.lay, FMOE__ROUTE_XN);
+    be->rmsnorm(ctx, xn, b->x, b->norm_w, n, h, 1e-5f);
     be->rope(ctx, b->q, n, s->heads, D, b->cos, b->sin);
     be->rope(ctx, b->k, n, s->kv_heads, D, b->cos, b->sin);
     be->copy(ctx, b->kc + pos * kd, b->k, (int64_t)n * kd * 4);
     be->copy(ctx, b->vc + pos * kd, b->v, (int64_t)n * kd * 4);
     be->add(ctx, b->x, b->acc, (int64_t)n * h);
-    be->rmsnorm(ctx, b->xn, b->x, b->norm_w, n, h, 1e-5f);
+    be->rmsnorm(ctx, xn, b->x, b->norm_w, n, h, 1e-5f);
     const fmoe__route_args ra = {.n = n, .num_experts = s->experts, .top_k = s->top_k,
                                  .norm = 1, .norm_eps = 0, .scale = 1};
-    be->route(ctx, &ra, b->rlogits, b->probs, b->topk, b->topw);
-    const fmoe__routing_io r = {.probs = b->probs, .xn = b->xn, .topw = b->topw,
-                                .topk = b->topk, .probs_h = b->probs_h, .xn_h = b->xn_h,
-                                .topw_h = b->topw_h, .topk_h = b->topk_h};
-    FMOE_FORWARD_IF_ERROR(fmoe__routing_to_host(be, ctx, &r, n, h, s->experts, s->top_k, 1, 1));
+    be->route(ctx, &ra, b->rlogits, fmoe__routing_part(b->route, &r.lay, FMOE__ROUTE_PROBS),
+              fmoe__routing_part(b->route, &r.lay, FMOE__ROUTE_TOPK),
+              fmoe__routing_part(b->route, &r.lay, FMOE__ROUTE_TOPW));
+    FMOE_FORWARD_IF_ERROR(fmoe__routing_to_host(be, ctx, &r, 1, 1, 0));
     be->zero(ctx, b->acc, (int64_t)n * h * 4);
     be->add(ctx, b->x, b->acc, (int64_t)n * h);
     return 0;

@@ -29,7 +29,8 @@
  * the KV cache and the router's outputs live in the backend's buffers for the whole pass
  * (on the GPU with the CUDA backend), and the host sees only what it needs: the chosen
  * experts and their weights once per MoE layer (to group tokens by expert and to drive
- * the routing hooks), the rows a trace asks for, and the logits. On the CPU backend
+ * the routing hooks), with the rows a hook or trace asks for in the same download (the
+ * layer's routing is one buffer: fmoe__routing_layout), and the logits. On the CPU backend
  * (host_memory) those are read in place, so the CPU pass is the same arithmetic in the
  * same order as before the table grew.
  *
@@ -44,7 +45,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "fmoe/error.h"
 #include "rowwise.h"
@@ -76,18 +76,23 @@ struct fmoe_session {
     int32_t imax;           /* widest MLP (routed, shared or dense) */
     /* backend buffers: activations, [B] = max_batch rows */
     float *x;               /* [B][h] residual stream */
-    float *xn;              /* [B][h] normalised */
+    void *route;            /* a MoE layer's routing, laid out for the pass's n rows by
+                               rlay (fmoe__routing_layout): xn, topk, topw, probs, specrows
+                               below point into it, so one download brings them all */
+    fmoe__routing_layout rlay; /* route's layout for the current pass */
+    float *xn;              /* [n][h] normalised: route's first part, at its offset 0 */
     float *q;               /* [B][Hq·D] */
     float *k;               /* [B][Hkv·D] */
     float *v;               /* [B][Hkv·D] */
     float *att;             /* [B][Hq·D] attention output */
     float *acc;             /* [B][h] block output */
     float *rlogits;         /* [B][J] router logits */
-    float *probs;           /* [B][J] gate probabilities */
-    int32_t *topk;          /* [B][K] chosen experts */
-    float *topw;            /* [B][K] their weights */
+    float *probs;           /* [n][J] gate probabilities (in route) */
+    int32_t *topk;          /* [n][K] chosen experts (in route) */
+    float *topw;            /* [n][K] their weights (in route) */
     float *spec;            /* [B][J] speculative router logits */
-    float *specrows;        /* [B][S][J] speculative gate rows (S = speculative_depth) */
+    float *specrows;        /* [n][S][J] speculative gate rows, S = speculative_depth (in
+                               route) */
     float *xg;              /* [B][h] one expert's gathered inputs (a token picks an
                                expert at most once, so at most B rows) */
     float *g;               /* [B][imax] gate projections */
@@ -100,11 +105,13 @@ struct fmoe_session {
     float *k_cache;         /* [layers][max_context][Hkv·D] */
     float *v_cache;         /* [layers][max_context][Hkv·D] */
     /* host memory: what the host reads of a pass, and the index lists it builds */
-    int32_t *topk_h;        /* [B][K] mirrors of topk, topw, probs, specrows and xn */
-    float *topw_h;          /* [B][K] (on a host_memory backend these point at the */
-    float *probs_h;         /* [B][J]  buffers themselves) */
-    float *specrows_h;      /* [B][S][J] */
-    float *xn_h;            /* [B][h] */
+    void *route_h;          /* route's host mirror, the same layout (on a host_memory
+                               backend: route itself) */
+    int32_t *topk_h;        /* [n][K] mirrors of topk, topw, probs, specrows and xn: */
+    float *topw_h;          /* [n][K] the same parts of route_h */
+    float *probs_h;         /* [n][J] */
+    float *specrows_h;      /* [n][S][J] */
+    float *xn_h;            /* [n][h] */
     uint16_t *chosen;       /* [B][K] chosen experts, as the routing hook passes them */
     int32_t *distinct;      /* [J] the layer's experts in order of first appearance */
     int32_t *corder;        /* [J] the order they run in: indices into distinct (the
@@ -135,22 +142,15 @@ fmoe_session_options fmoe_session_defaults(void) {
     return o;
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* Init                                                                               */
 /* ---------------------------------------------------------------------------------- */
 
 /* The session's buffers: backend ones (released through the backend) and host ones. */
 #define BACKEND_BUFFERS(s)                                                                 \
-    {(void **)&(s)->x, (void **)&(s)->xn, (void **)&(s)->q, (void **)&(s)->k,              \
+    {(void **)&(s)->x, (void **)&(s)->route, (void **)&(s)->q, (void **)&(s)->k,           \
      (void **)&(s)->v, (void **)&(s)->att, (void **)&(s)->acc, (void **)&(s)->rlogits,     \
-     (void **)&(s)->probs, (void **)&(s)->topk, (void **)&(s)->topw, (void **)&(s)->spec,  \
-     (void **)&(s)->specrows, (void **)&(s)->xg, (void **)&(s)->g, (void **)&(s)->u,       \
+     (void **)&(s)->spec, (void **)&(s)->xg, (void **)&(s)->g, (void **)&(s)->u,           \
      (void **)&(s)->yg, (void **)&(s)->sg, (void **)&(s)->cos, (void **)&(s)->sin,         \
      (void **)&(s)->lbuf, (void **)&(s)->k_cache, (void **)&(s)->v_cache}
 
@@ -161,13 +161,7 @@ void fmoe_session_free(fmoe_session *s) {
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) s->be->release(s->bctx, *bufs[i]);
         s->be->free(s->bctx);
     }
-    if (!s->be || !s->be->host_memory) {
-        free(s->topk_h);
-        free(s->topw_h);
-        free(s->probs_h);
-        free(s->specrows_h);
-        free(s->xn_h);
-    }
+    if (!s->be || !s->be->host_memory) free(s->route_h);
     if (s->hctx) {
         float *host_lane[] = {s->hx, s->hg, s->hu, s->hy};
         for (size_t i = 0; i < 4; i++) fmoe__cpu_backend.release(s->hctx, host_lane[i]);
@@ -191,8 +185,9 @@ static int backend_for(fmoe_backend_kind kind, const fmoe__backend_ops **out) {
     return fmoe_error_set(FMOE_EINVAL, "unknown backend %d", (int)kind);
 }
 
-int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
-                      fmoe_session **out) {
+/* fmoe_session_init on backend `be`, or on the one the options name when be is NULL. */
+static int session_init(const fmoe_model *m, const fmoe_session_options *options,
+                        const fmoe__backend_ops *be, fmoe_session **out) {
     if (!m || !out) return fmoe_error_set(FMOE_EINVAL, "model or output is NULL");
     *out = NULL;
     const fmoe_model_geometry *g = &m->geo;
@@ -226,8 +221,7 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
     /* Quantized weights need no check here: the loader takes only the ggml types both
      * backends have kernels for (fmoe_quant_supported; runtime/cuda/cuda_quant.cu), and
      * the CUDA backend refuses any other in one line at its first use. */
-    const fmoe__backend_ops *be = NULL;
-    FMOE_FORWARD_IF_ERROR(backend_for(o.backend, &be));
+    if (!be) FMOE_FORWARD_IF_ERROR(backend_for(o.backend, &be));
 
     fmoe_session *s = calloc(1, sizeof *s);
     if (!s) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
@@ -238,7 +232,7 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
     const int64_t B = o.max_batch, h = g->hidden_size, J = g->num_experts, K = g->top_k;
     const int64_t D = g->head_dim, qd = (int64_t)g->num_attention_heads * D;
     const int64_t kd = (int64_t)g->num_key_value_heads * D;
-    const int64_t S = o.speculative_depth > 0 ? o.speculative_depth : 1;
+    const int64_t S = o.speculative_depth;
     int64_t imax = g->moe_intermediate_size;
     if (g->shared_intermediate_size > imax) imax = g->shared_intermediate_size;
     if (g->intermediate_size > imax) imax = g->intermediate_size;
@@ -250,7 +244,8 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
                                 .threads = o.threads, .max_cols = max_cols,
                                 .max_batch = o.max_batch, .max_context = o.max_context,
                                 .max_experts = (int32_t)(B * K),
-                                .activations = o.activations};
+                                .activations = o.activations,
+                                .max_marks = g->num_hidden_layers + 1};
     int rc = s->be->init(&lim, &s->bctx);
     if (rc < 0) {
         free(s);
@@ -258,12 +253,12 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
     }
     const int64_t kv = (int64_t)g->num_hidden_layers * o.max_context * kd;
     const int64_t lm_rows = o.all_logits && B > o.max_sequences ? B : o.max_sequences;
-    const int64_t sizes[] = {B * h * 4,  B * h * 4,      B * qd * 4,      B * kd * 4,
-                             B * kd * 4, B * qd * 4,     B * h * 4,       B * J * 4,
-                             B * J * 4,  B * K * 4,      B * K * 4,       B * J * 4,
-                             B * S * J * 4, B * h * 4,   B * imax * 4,    B * imax * 4,
-                             B * h * 4,  B * 4,          B * (D / 2) * 4, B * (D / 2) * 4,
-                             lm_rows * g->vocab_size * 4, kv * 4,         kv * 4};
+    const int64_t route_bytes = fmoe__routing_layout_of(B, h, J, K, S).off[FMOE__ROUTE_PARTS];
+    const int64_t sizes[] = {B * h * 4,     route_bytes,     B * qd * 4,      B * kd * 4,
+                             B * kd * 4,    B * qd * 4,      B * h * 4,       B * J * 4,
+                             B * J * 4,     B * h * 4,       B * imax * 4,    B * imax * 4,
+                             B * h * 4,     B * 4,           B * (D / 2) * 4, B * (D / 2) * 4,
+                             lm_rows * g->vocab_size * 4,    kv * 4,          kv * 4};
     void **bufs[] = BACKEND_BUFFERS(s);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         *bufs[i] = s->be->alloc(s->bctx, sizes[i]);
@@ -277,19 +272,16 @@ int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
             goto fail;
         }
     }
+    s->xn = s->route; /* at offset 0 whatever the pass's n */
     if (s->be->host_memory) {
-        s->topk_h = s->topk, s->topw_h = s->topw, s->probs_h = s->probs;
-        s->specrows_h = s->specrows, s->xn_h = s->xn;
+        s->route_h = s->route;
     } else {
-        s->topk_h = malloc((size_t)(B * K) * sizeof(int32_t));
-        s->topw_h = malloc((size_t)(B * K) * sizeof(float));
-        s->probs_h = malloc((size_t)(B * J) * sizeof(float));
-        s->specrows_h = malloc((size_t)(B * S * J) * sizeof(float));
-        s->xn_h = malloc((size_t)(B * h) * sizeof(float));
-        if (!s->topk_h || !s->topw_h || !s->probs_h || !s->specrows_h || !s->xn_h) goto oom;
+        s->route_h = malloc((size_t)route_bytes);
+        if (!s->route_h) goto oom;
         if (o.on_expert) { /* the host lane for experts an executor gives in host memory */
             fmoe__backend_limits hl = lim;
             hl.max_cols = max_cols;
+            hl.max_marks = 0; /* the pass marks on its own context */
             rc = fmoe__cpu_backend.init(&hl, &s->hctx);
             if (rc < 0) goto fail;
             s->hx = fmoe__cpu_backend.alloc(s->hctx, B * h * 4);
@@ -324,6 +316,17 @@ fail:
     return rc;
 }
 
+int fmoe_session_init(const fmoe_model *m, const fmoe_session_options *options,
+                      fmoe_session **out) {
+    return session_init(m, options, NULL, out);
+}
+
+int fmoe__session_init_backend(const fmoe_model *m, const fmoe_session_options *options,
+                               const fmoe__backend_ops *be, fmoe_session **out) {
+    if (!be) return fmoe_error_set(FMOE_EINVAL, "backend table is NULL");
+    return session_init(m, options, be, out);
+}
+
 void fmoe_session_reset(fmoe_session *s) {
     if (s) s->pos = 0;
 }
@@ -334,17 +337,23 @@ int32_t fmoe_session_position(const fmoe_session *s) { return s ? s->pos : 0; }
 /* Blocks                                                                             */
 /* ---------------------------------------------------------------------------------- */
 
-/* A buffer's contents readable on the host: the buffer itself on a host-memory backend,
- * else downloaded into `host` (which waits for the ops before it). @return 0 or the
- * backend's error. */
-static int host_view(const fmoe__backend_ops *be, void *ctx, void *host, const void *buf,
-                     int64_t bytes) {
-    if (be->host_memory || bytes == 0) return 0;
-    return be->download(ctx, host, buf, bytes);
-}
-
-static int to_host(fmoe_session *s, void *host, const void *buf, int64_t bytes) {
-    return host_view(s->be, s->bctx, host, buf, bytes);
+/* Points the routing parts and their host mirrors into s->route and s->route_h, laid out
+ * for a pass of n rows (xn stays at offset 0). */
+static void routing_views(fmoe_session *s, int32_t n) {
+    const fmoe_model_geometry *g = &s->m->geo;
+    s->rlay = fmoe__routing_layout_of(n, g->hidden_size, g->num_experts, g->top_k,
+                                      s->opt.speculative_depth);
+    const fmoe__routing_layout *l = &s->rlay;
+    s->xn = fmoe__routing_part(s->route, l, FMOE__ROUTE_XN);
+    s->topk = fmoe__routing_part(s->route, l, FMOE__ROUTE_TOPK);
+    s->topw = fmoe__routing_part(s->route, l, FMOE__ROUTE_TOPW);
+    s->probs = fmoe__routing_part(s->route, l, FMOE__ROUTE_PROBS);
+    s->specrows = fmoe__routing_part(s->route, l, FMOE__ROUTE_SPEC);
+    s->xn_h = fmoe__routing_part(s->route_h, l, FMOE__ROUTE_XN);
+    s->topk_h = fmoe__routing_part(s->route_h, l, FMOE__ROUTE_TOPK);
+    s->topw_h = fmoe__routing_part(s->route_h, l, FMOE__ROUTE_TOPW);
+    s->probs_h = fmoe__routing_part(s->route_h, l, FMOE__ROUTE_PROBS);
+    s->specrows_h = fmoe__routing_part(s->route_h, l, FMOE__ROUTE_SPEC);
 }
 
 /* y[n][h] = mlp(x[n][h]) through the session's g/u scratch, on backend `be`. */
@@ -373,15 +382,14 @@ int fmoe__expert_run(const fmoe__backend_ops *be, void *ctx, const fmoe__expert_
 }
 
 int fmoe__routing_to_host(const fmoe__backend_ops *be, void *ctx, const fmoe__routing_io *r,
-                          int32_t n, int32_t h, int32_t num_experts, int32_t top_k, int probs,
-                          int hidden) {
-    const int64_t nk = (int64_t)n * top_k * 4;
-    if (probs)
-        FMOE_FORWARD_IF_ERROR(
-            host_view(be, ctx, r->probs_h, r->probs, (int64_t)n * num_experts * 4));
-    if (hidden) FMOE_FORWARD_IF_ERROR(host_view(be, ctx, r->xn_h, r->xn, (int64_t)n * h * 4));
-    FMOE_FORWARD_IF_ERROR(host_view(be, ctx, r->topw_h, r->topw, nk));
-    return host_view(be, ctx, r->topk_h, r->topk, nk);
+                          int probs, int hidden, int spec) {
+    if (be->host_memory) return 0;
+    /* One range: the parts in between come along (model_impl.h: they are small). */
+    const int64_t lo = r->lay.off[hidden ? FMOE__ROUTE_XN : FMOE__ROUTE_TOPK];
+    const int64_t hi = r->lay.off[spec    ? FMOE__ROUTE_SPEC + 1
+                                  : probs ? FMOE__ROUTE_PROBS + 1
+                                          : FMOE__ROUTE_TOPW + 1];
+    return be->download(ctx, (char *)r->host + lo, (const char *)r->buf + lo, hi - lo);
 }
 
 /* Attention block of decoder layer li over the n rows of all segments; adds its output to
@@ -443,9 +451,9 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
 
 /* The speculative gate rows of the pass (fmoe_route_event.speculative): for s = 1..S the
  * router of MoE layer l+s applied to layer l's gate input, as probabilities, into
- * s->specrows [n][S][J] (0 past the last layer), then to the host. @return 0 or the
- * backend's error. */
-static int speculative_rows(fmoe_session *s, int32_t l, int32_t n) {
+ * s->specrows [n][S][J] (0 past the last layer); the routing's download brings them to
+ * the host. */
+static void speculative_rows(fmoe_session *s, int32_t l, int32_t n) {
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const int32_t J = g->num_experts, Lm = g->num_moe_layers, S = s->opt.speculative_depth;
@@ -460,7 +468,6 @@ static int speculative_rows(fmoe_session *s, int32_t l, int32_t n) {
         s->be->probs(s->bctx, dst, (int64_t)S * J, s->spec, n, J,
                      g->scoring == FMOE_ROUTER_SIGMOID);
     }
-    return to_host(s, s->specrows_h, s->specrows, (int64_t)n * S * J * (int64_t)sizeof(float));
 }
 
 /* Copies a segment's routing (its rows of the runner's host mirrors) into its trace
@@ -562,13 +569,12 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
             want_hidden |= sg[i].tr->hidden != NULL;
         }
     const int have_spec = S > 0 && want_spec;
-    if (have_spec) FMOE_FORWARD_IF_ERROR(speculative_rows(s, l, n));
-    /* The layer's routing to the host, once: what grouping, hooks and traces read. */
-    const fmoe__routing_io rio = {.probs = s->probs, .xn = s->xn, .topw = s->topw,
-                                  .topk = s->topk, .probs_h = s->probs_h, .xn_h = s->xn_h,
-                                  .topw_h = s->topw_h, .topk_h = s->topk_h};
-    FMOE_FORWARD_IF_ERROR(fmoe__routing_to_host(be, c, &rio, n, h, J, K, want_probs,
-                                                want_hidden));
+    if (have_spec) speculative_rows(s, l, n);
+    /* The layer's routing to the host, in one download: what grouping, hooks and traces
+     * read. */
+    const fmoe__routing_io rio = {.buf = s->route, .host = s->route_h, .lay = s->rlay};
+    FMOE_FORWARD_IF_ERROR(fmoe__routing_to_host(be, c, &rio, want_probs, want_hidden,
+                                                have_spec));
 
     /* Group (token, k) slots by expert, noting the order experts first appear in. */
     int32_t num_distinct = 0;
@@ -712,12 +718,22 @@ static int forward_pass(fmoe_session *s, const segment *sg, int32_t count, int32
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
     const int32_t h = g->hidden_size;
+    const fmoe__backend_ops *be = s->be;
+    void *c = s->bctx;
     int timed = 0;
     for (int32_t i = 0; i < count; i++) timed |= sg[i].tr && sg[i].tr->layer_seconds;
 
+    routing_views(s, n);
     FMOE_FORWARD_IF_ERROR(embed_and_rope(s, sg, count, n));
+    /* Layer times come from timer marks (mark li at layer li's start, li + 1 at its end)
+     * read after the pass's last sync: no wait per layer, so a device backend keeps its
+     * queue full while timing. On the CPU a mark is the host clock, read where it always
+     * was (its ops have run when they return). On a device it is the moment the device
+     * reaches that point of its queue, so a layer's time runs from the end of the work
+     * before it to the end of its own, waits inside it included (for the routing
+     * download, for launches once the device has caught up with the host). */
+    if (timed) be->mark(c, 0);
     for (int32_t li = 0; li < g->num_hidden_layers; li++) {
-        const double start = timed ? now_seconds() : 0;
         const fmoe__layer *L = &m->layers[li];
         attention_block(s, li, sg, count, n);
         s->be->rmsnorm(s->bctx, s->xn, s->x, L->ffn_norm, n, h, (float)g->rms_norm_eps);
@@ -727,18 +743,19 @@ static int forward_pass(fmoe_session *s, const segment *sg, int32_t count, int32
             run_mlp(s, &L->shared, s->xn, n, s->acc);
             s->be->add(s->bctx, s->x, s->acc, (int64_t)n * h);
         }
-        /* A batch's layer is one computation: each item is charged all of it. On a
-         * device backend the layer's queued work is waited for, so the time is the
-         * device's (only when timing: it costs the overlap of host and device). */
-        if (timed) FMOE_FORWARD_IF_ERROR(s->be->sync(s->bctx));
-        const double took = timed ? now_seconds() - start : 0;
-        for (int32_t i = 0; i < count; i++)
-            if (sg[i].tr && sg[i].tr->layer_seconds) sg[i].tr->layer_seconds[li] += took;
+        if (timed) be->mark(c, li + 1);
     }
     FMOE_FORWARD_IF_ERROR(lm_head(s, sg, count));
     /* Everything queued is done before positions move: an item's cache may next be
      * used by another session's context (a batch's runner, or itself alone). */
-    FMOE_FORWARD_IF_ERROR(s->be->sync(s->bctx));
+    FMOE_FORWARD_IF_ERROR(be->sync(c));
+    /* A batch's layer is one computation: each item is charged all of it. */
+    for (int32_t li = 0; timed && li < g->num_hidden_layers; li++) {
+        double took = 0;
+        FMOE_FORWARD_IF_ERROR(be->elapsed(c, li, li + 1, &took));
+        for (int32_t i = 0; i < count; i++)
+            if (sg[i].tr && sg[i].tr->layer_seconds) sg[i].tr->layer_seconds[li] += took;
+    }
     for (int32_t i = 0; i < count; i++) sg[i].s->pos += sg[i].n;
     return 0;
 }

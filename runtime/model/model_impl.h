@@ -193,6 +193,7 @@ typedef struct fmoe__backend_limits {
     fmoe_activations activations; /* the CPU backend's inputs for block-format weights
                                      (fmoe_session_options.activations); the CUDA backend
                                      is never given Q8: fmoe_session_init refuses it */
+    int32_t max_marks;   /* timer slots of mark/elapsed (a session: decoder layers + 1) */
 } fmoe__backend_limits;
 
 /*
@@ -218,6 +219,25 @@ typedef struct fmoe__backend_limits {
  *
  * host_memory: 1 when buffers are ordinary host memory (the CPU backend), so the pass may
  * read a buffer in place instead of downloading it; the results are the same either way.
+ *
+ * Host waits. On a device backend every download and sync stops the host until the device
+ * has caught up, and the device then idles while the host issues the next ops: on a small
+ * model a decode step is bound by these round trips, not by compute. So the pass waits
+ * only where the host must read a result, and asks each wait to bring all it needs. Per
+ * forward pass (docs/gpu.md "Known gaps" counts them for a decode step):
+ *   - one download per MoE layer: the layer's routing, laid out in one buffer
+ *     (fmoe__routing_layout) so that the chosen experts, their weights and whatever a hook
+ *     or trace reads (probabilities, gate inputs, speculative rows) come in one copy. The
+ *     host needs the experts to group tokens and to drive the executor;
+ *   - one sync per expert computed from a device slot, before on_expert_done lets the
+ *     slot be rewritten; one download per expert computed on the host lane;
+ *   - the trace's semantic rows (one download per segment that records them), the logits
+ *     (one per segment that wants them, or one per segment with all_logits), and one sync
+ *     at the end, before positions move.
+ * Nothing else waits: per-layer timing reads stream-ordered marks (mark/elapsed) after the
+ * pass's last sync instead of syncing each layer. Uploads of host arrays (index lists,
+ * RoPE tables) are queued copies; a device backend may stage them, but does not wait for
+ * the compute queue to drain.
  */
 typedef struct fmoe__backend_ops {
     const char *name;
@@ -238,6 +258,17 @@ typedef struct fmoe__backend_ops {
     void (*zero)(void *ctx, void *dst, int64_t bytes);
     /* Waits for every op issued. @return 0 or the sticky error. */
     int (*sync)(void *ctx);
+
+    /* ---- timers ---- */
+    /* Records timer slot `slot` (< limits.max_marks) at this point of the op order: the
+     * time the backend reaches it (CUDA: an event on the compute stream; CPU, whose ops
+     * have all run when they return: the host's monotonic clock now). No wait. A slot
+     * outside [0, max_marks) records nothing. Marking a slot again moves it. */
+    void (*mark)(void *ctx, int32_t slot);
+    /* *seconds = the time from mark `a` to mark `b`, both recorded, read after a sync or
+     * download issued after both. @return 0, FMOE_EINVAL (a slot out of range or never
+     * marked, or a mark not yet reached: read before the wait), or the sticky error. */
+    int (*elapsed)(void *ctx, int32_t a, int32_t b, double *seconds);
 
     /* ---- compute ---- */
     /* y[i][w.cols] = row rows_host[i] of w (the embedding) as f32, i < n. */
@@ -323,27 +354,76 @@ typedef struct fmoe__expert_io {
 int fmoe__expert_run(const fmoe__backend_ops *be, void *ctx, const fmoe__expert_io *io,
                      const fmoe__mlp *w, int32_t c, int32_t h, int slot);
 
-/* A MoE layer's routing: the router's outputs and the gate input (backend buffers) and
- * their host mirrors (the buffers themselves on a host_memory backend). */
+/*
+ * A MoE layer's routing in one buffer. What the host reads of a MoE layer, the router's
+ * outputs, the gate input and the speculative rows, lies in one backend buffer, so that
+ * one download brings whatever the layer's readers want: a download waits for the device,
+ * and the host must wait once per layer anyway (it groups tokens by their experts). For a
+ * pass of n rows the parts follow each other, each from a FMOE__ROUTING_ALIGN boundary:
+ *
+ *     xn [n][h] | topk [n][K] | topw [n][K] | probs [n][J] | spec [n][S][J]
+ *
+ * xn (the gate input) comes first, at offset 0 whatever n, so the same buffer is the
+ * pass's normalised rows; then the experts and weights every layer reads; then what only
+ * hooks and traces read. A download is one range: from xn or from topk, to the end of the
+ * last part wanted (a part between two wanted ones comes along; they are small).
+ * The offsets grow with n, so the layout for the most rows sizes the buffer.
+ */
+#define FMOE__ROUTING_ALIGN 256 /* bytes: cudaMalloc's alignment, and a cache line's */
+
+enum {
+    FMOE__ROUTE_XN = 0,    /* float [n][h] */
+    FMOE__ROUTE_TOPK = 1,  /* int32 [n][K] */
+    FMOE__ROUTE_TOPW = 2,  /* float [n][K] */
+    FMOE__ROUTE_PROBS = 3, /* float [n][J] */
+    FMOE__ROUTE_SPEC = 4,  /* float [n][S][J] */
+    FMOE__ROUTE_PARTS = 5
+};
+
+typedef struct fmoe__routing_layout {
+    int64_t off[FMOE__ROUTE_PARTS + 1]; /* byte offset of each part; [PARTS]: the end */
+} fmoe__routing_layout;
+
+/* The layout of n rows (h hidden, J experts, top K, S speculative rows per row, 0: none). */
+static inline fmoe__routing_layout fmoe__routing_layout_of(int64_t n, int64_t h, int64_t J,
+                                                           int64_t K, int64_t S) {
+    const int64_t bytes[FMOE__ROUTE_PARTS] = {n * h * 4, n * K * 4, n * K * 4, n * J * 4,
+                                              n * S * J * 4};
+    fmoe__routing_layout l;
+    l.off[0] = 0;
+    for (int i = 0; i < FMOE__ROUTE_PARTS; i++)
+        l.off[i + 1] = l.off[i] + (bytes[i] + FMOE__ROUTING_ALIGN - 1) / FMOE__ROUTING_ALIGN *
+                                      FMOE__ROUTING_ALIGN;
+    return l;
+}
+
+/* Part `part` of a buffer (or its host mirror) laid out by `l`. */
+static inline void *fmoe__routing_part(void *base, const fmoe__routing_layout *l, int part) {
+    return (char *)base + l->off[part];
+}
+
+/* A MoE layer's routing buffer and its host mirror, laid out alike (on a host_memory
+ * backend the mirror is the buffer itself). */
 typedef struct fmoe__routing_io {
-    const float *probs;    /* [n][J] */
-    const float *xn;       /* [n][h] */
-    const float *topw;     /* [n][K] */
-    const int32_t *topk;   /* [n][K] */
-    float *probs_h, *xn_h, *topw_h;
-    int32_t *topk_h;
+    const void *buf;          /* backend buffer */
+    void *host;               /* host mirror */
+    fmoe__routing_layout lay; /* for this pass's n rows */
 } fmoe__routing_io;
 
 /*
- * The layer's routing to the host, as the pass reads it once per MoE layer: the gate
- * probabilities (`probs`) and inputs (`hidden`) when a hook or trace wants them, then the
- * chosen experts' weights and ids. Each is a download that waits for the backend; a
- * host_memory backend's buffers are read in place (nothing is copied).
- * @return 0 or the backend's sticky error.
+ * The layer's routing to the host, as the pass reads it once per MoE layer: the chosen
+ * experts and their weights, and the gate probabilities (`probs`), inputs (`hidden`) and
+ * speculative rows (`spec`) when a hook or trace wants them, all in one download, which
+ * waits for the backend; a host_memory backend's buffer is read in place (nothing is
+ * copied). @return 0 or the backend's sticky error.
  */
 int fmoe__routing_to_host(const fmoe__backend_ops *be, void *ctx, const fmoe__routing_io *r,
-                          int32_t n, int32_t h, int32_t num_experts, int32_t top_k, int probs,
-                          int hidden);
+                          int probs, int hidden, int spec);
+
+/* fmoe_session_init on the backend table `be` instead of the one options->backend names:
+ * a test's fake device (a table with host_memory 0 that counts its waits). */
+int fmoe__session_init_backend(const fmoe_model *m, const fmoe_session_options *options,
+                               const fmoe__backend_ops *be, fmoe_session **out);
 
 /* The CUDA backend's table from libfmoe-cuda.so (cuda_loader.c), loaded on first use;
  * NULL with the error detail set when the module or a device is missing. */

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fmoe/error.h"
@@ -97,6 +98,9 @@ static const tol_row tolerances[] = {
                                   "quantise x to 8 bits (fmoe/quant_act.h: half a step, "
                                   "amax/254, plus Q8_0's f16 scale rounding, amax/2048)"},
     {"queue.chain", 1e-5, 1, "300 queued add/add_bias/clamp/rmsnorm ops, one download"},
+    {"timer", 0, 0, "mark/elapsed on each side alone (times differ by nature): a mark to "
+                    "itself is 0, intervals add up within 1 us, lie within the host's clock "
+                    "around them; misuse is FMOE_EINVAL and leaves the context usable"},
 };
 
 static const tol_row *tol_of(const char *op) {
@@ -114,6 +118,7 @@ static const tol_row *tol_of(const char *op) {
 #define MAX_BATCH 32
 #define MAX_CONTEXT 60100
 #define MAX_EXPERTS 64
+#define MAX_MARKS 4
 
 static const fmoe__backend_ops *R = &fmoe__cpu_backend; /* reference */
 static const fmoe__backend_ops *T;                       /* under test */
@@ -1279,6 +1284,86 @@ TEST(write_slot_on_backend_matmul) {
     ASSERT_EQ(bad, 0);
 }
 
+/*
+ * Timer marks (the forward pass's per-layer times): checked on each side alone, since two
+ * backends' times have nothing to agree on. Marks 0, 1, 2 around a chain of queued ops, read
+ * after a sync: elapsed(0, 0) is 0; the intervals are >= 0 and add up (0->2 = 0->1 + 1->2,
+ * within 1 us: CUDA's events resolve about 0.5 us); the marks lie between the host's clock
+ * before the first and after the sync (within 10 us of slack), since a device stamps a mark
+ * after it was issued and before the wait returns. A slot never marked, or out of range,
+ * is FMOE_EINVAL, and a mark out of range records nothing and faults nothing. Marking a
+ * slot again moves it.
+ */
+static double host_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int timer_side(const fmoe__backend_ops *B, void *ctx, float *y, const float *x,
+                      int64_t count) {
+    int bad = 0;
+    double e = -1, e01 = -1, e12 = -1, e02 = -1, e10 = 1;
+#define TIMER_EXPECT(cond, ...)                                                            \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            printf("  %s: timer: ", B->name);                                              \
+            printf(__VA_ARGS__);                                                           \
+            printf("\n");                                                                  \
+            bad++;                                                                         \
+        }                                                                                  \
+    } while (0)
+    TIMER_EXPECT(B->elapsed(ctx, 0, 3, &e) == FMOE_EINVAL, "unmarked slots: not EINVAL");
+    B->mark(ctx, MAX_MARKS);
+    B->mark(ctx, -1);
+    TIMER_EXPECT(B->elapsed(ctx, 0, MAX_MARKS, &e) == FMOE_EINVAL, "slot %d: not EINVAL",
+                 MAX_MARKS);
+    TIMER_EXPECT(B->elapsed(ctx, -1, 0, &e) == FMOE_EINVAL, "slot -1: not EINVAL");
+    TIMER_EXPECT(B->sync(ctx) == 0, "sync after marks out of range: %s", fmoe_error_detail());
+    const double t0 = host_s();
+    B->mark(ctx, 0);
+    for (int i = 0; i < 100; i++) B->add(ctx, y, x, count);
+    B->mark(ctx, 1);
+    for (int i = 0; i < 100; i++) B->add(ctx, y, x, count);
+    B->mark(ctx, 2);
+    TIMER_EXPECT(B->sync(ctx) == 0, "sync: %s", fmoe_error_detail());
+    const double host = host_s() - t0;
+    TIMER_EXPECT(B->elapsed(ctx, 0, 0, &e) == 0 && e == 0, "0 -> 0 is %g s", e);
+    TIMER_EXPECT(B->elapsed(ctx, 0, 1, &e01) == 0 && e01 >= 0, "0 -> 1 is %g s", e01);
+    TIMER_EXPECT(B->elapsed(ctx, 1, 2, &e12) == 0 && e12 >= 0, "1 -> 2 is %g s", e12);
+    TIMER_EXPECT(B->elapsed(ctx, 0, 2, &e02) == 0 && fabs(e02 - (e01 + e12)) <= 1e-6,
+                 "0 -> 2 is %g s, 0 -> 1 plus 1 -> 2 is %g s", e02, e01 + e12);
+    TIMER_EXPECT(e02 <= host + 1e-5, "0 -> 2 is %g s, the host's clock around it %g s", e02,
+                 host);
+    TIMER_EXPECT(B->elapsed(ctx, 0, 3, &e) == FMOE_EINVAL, "slot 3 never marked: not EINVAL");
+    /* mark 0 again after mark 1: the interval 1 -> 0 is now forward in time */
+    B->add(ctx, y, x, count);
+    B->mark(ctx, 0);
+    TIMER_EXPECT(B->sync(ctx) == 0, "sync: %s", fmoe_error_detail());
+    TIMER_EXPECT(B->elapsed(ctx, 1, 0, &e10) == 0 && e10 >= 0, "1 -> re-marked 0 is %g s",
+                 e10);
+#undef TIMER_EXPECT
+    printf("%-12s %-44s 0->1 %.3g s, 1->2 %.3g s, 0->2 %.3g s (host %.3g s)  %s\n", "timer",
+           B->name, e01, e12, e02, host, bad ? "FAIL" : "PASS");
+    record("timer", B->name, 0, bad ? INFINITY : 0, 0, bad == 0);
+    return bad;
+}
+
+TEST(timer_marks) {
+    seed(16);
+    const int64_t count = 4 * 1024;
+    float *x = rand_host(count, 1e-3f);
+    pair py, px;
+    ASSERT_OK(pair_alloc(&py, count * 4, NULL));
+    ASSERT_OK(pair_alloc(&px, count * 4, x));
+    int bad = timer_side(R, rctx, RF(py), RF(px), count);
+    bad += timer_side(T, tctx, TF(py), TF(px), count);
+    pair_free(&py), pair_free(&px);
+    free(x);
+    bad += sides_ok("timer");
+    ASSERT_EQ(bad, 0);
+}
+
 /* ---------------------------------------------------------------------------------- */
 
 static void usage(void) {
@@ -1337,7 +1422,8 @@ int main(int argc, char **argv) {
         }
     }
     fmoe__backend_limits lim = {.threads = 0, .max_cols = MAX_COLS, .max_batch = MAX_BATCH,
-                                .max_context = MAX_CONTEXT, .max_experts = MAX_EXPERTS};
+                                .max_context = MAX_CONTEXT, .max_experts = MAX_EXPERTS,
+                                .max_marks = MAX_MARKS};
     lim.weights = &rhome;
     lim.activations = cpu_act;
     if (R->init(&lim, &rctx) != 0 || R->init(&lim, &rio) != 0) {

@@ -8,21 +8,26 @@
  * compute reading a slot while it is written sees NaNs. The model is the bundled tiny
  * Qwen3-MoE (datasets/fmoe-tiny: 6 MoE layers of 8 experts, top-2, bf16).
  *
- * The session computing from the slots runs on the CPU backend (a session's backend is
- * CPU or CUDA, and this machine may have no device): experts the executor hands with
- * on_device = 1 are then computed by the CPU backend straight from the fake "device"
- * memory, which is host memory. That exercises everything of the executor's device path
- * (context, one slot allocation, pinned host block or staging slot, write_slot of exactly
- * the bytes read, the views' on_device, host-lane views for host misses, teardown order)
- * but not the forward pass's sync before on_expert_done, nor a real copy stream: those
- * are the GPU tests' (tests/gpu/).
+ * The session computing from the slots runs on the CPU's compute (this machine may have
+ * no device): experts the executor hands with on_device = 1 are then computed by the CPU
+ * backend straight from the fake "device" memory, which is host memory. That exercises
+ * everything of the executor's device path (context, one slot allocation, pinned host
+ * block or staging slot, write_slot of exactly the bytes read, the views' on_device,
+ * host-lane views for host misses, teardown order) but not a real copy stream: that is
+ * the GPU tests' (tests/gpu/). In some runs the session itself is on a counting device
+ * (fmoe__session_init_backend): the CPU table with host_memory 0, so that the forward
+ * pass takes a device's path, host mirrors, downloads, the sync before on_expert_done
+ * and timer marks, and each download, sync and mark is counted.
  *
  * Checked: logits bit-identical to a plain CPU session's; the decision log and the access
  * outcomes identical to host slots' with sync transfers (lru, and mixtral-offload's
  * prefetches); write_slot moved exactly bytes_loaded (lru) and the engine's io_bytes
  * (asynchronous transfers); slot views point into the fake device's slots, host-miss
  * views into host memory; a failing write_slot is the next forward's error; every
- * context, buffer and pin is given back.
+ * context, buffer and pin is given back. On the counting device: one download per MoE
+ * layer brings its routing (with the gate inputs, probabilities and speculative rows a
+ * hook or trace reads, all bit-identical to the CPU's), one sync per pass plus one per
+ * slot expert, and none per layer while layer times are recorded.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -205,6 +210,60 @@ static const fmoe__backend_ops *fake_device(void) {
     return &fake_ops;
 }
 
+/*
+ * The session's own device: fmoe__cpu_backend with host_memory 0, so that the forward pass
+ * takes a device backend's path (host mirrors filled by downloads, waits before slots are
+ * reused), with its download, sync, mark and elapsed counted. Compute is the CPU's, so the
+ * numbers must equal a plain CPU session's bit for bit, and a part of the routing the pass
+ * reads without having downloaded it shows as a difference.
+ */
+static struct waits {
+    int64_t downloads, download_bytes, syncs, marks, elapsed;
+    const void *lo, *hi;      /* downloads into [lo, hi) (the logits) are counted apart */
+    int64_t downloads_in;
+} waits;
+
+static void waits_reset(const void *lo, const void *hi) {
+    memset(&waits, 0, sizeof waits);
+    waits.lo = lo, waits.hi = hi;
+}
+
+static int count_download(void *ctx, void *dst, const void *src, int64_t bytes) {
+    waits.downloads++;
+    waits.download_bytes += bytes;
+    if ((const char *)dst >= (const char *)waits.lo && (const char *)dst < (const char *)waits.hi)
+        waits.downloads_in++;
+    return fmoe__cpu_backend.download(ctx, dst, src, bytes);
+}
+
+static int count_sync(void *ctx) {
+    waits.syncs++;
+    return fmoe__cpu_backend.sync(ctx);
+}
+
+static void count_mark(void *ctx, int32_t slot) {
+    waits.marks++;
+    fmoe__cpu_backend.mark(ctx, slot);
+}
+
+static int count_elapsed(void *ctx, int32_t a, int32_t b, double *seconds) {
+    waits.elapsed++;
+    return fmoe__cpu_backend.elapsed(ctx, a, b, seconds);
+}
+
+static fmoe__backend_ops counting_ops;
+
+static const fmoe__backend_ops *counting_device(void) {
+    counting_ops = fmoe__cpu_backend;
+    counting_ops.name = "counting-device";
+    counting_ops.host_memory = 0;
+    counting_ops.download = count_download;
+    counting_ops.sync = count_sync;
+    counting_ops.mark = count_mark;
+    counting_ops.elapsed = count_elapsed;
+    return &counting_ops;
+}
+
 /* Every context, buffer and pin given back, no contract violated. */
 #define ASSERT_FAKE_CLEAN()                                                       \
     do {                                                                          \
@@ -227,12 +286,14 @@ typedef struct spy {
     fmoe_session_options inner;
     int device;                    /* the executor's slots are the fake device's */
     int64_t device_views, host_views, model_weights;
+    int64_t routes;                /* routing events: one per MoE layer of each pass */
     int bad;
     char why[160];
 } spy;
 
 static int spy_route(void *ctx, const fmoe_route_event *ev) {
     spy *p = ctx;
+    p->routes++;
     return p->inner.on_route(p->inner.route_ctx, ev);
 }
 
@@ -274,6 +335,7 @@ typedef struct run_cfg {
     int32_t miss;
     int sync;        /* sync_transfers */
     int fake;        /* device slots from the fake table, else host slots */
+    int counting;    /* the session on the counting device, else the CPU backend */
 } run_cfg;
 
 typedef struct run_out {
@@ -349,6 +411,21 @@ static void run_plain(int *harness_failed, fmoe_model *m, const int32_t *prompt,
     fmoe_session_free(s);
 }
 
+/* The waits of an offloaded run on the counting device (docs/gpu.md's budget): one
+ * download per MoE layer of each pass (the routing, hidden rows and speculative rows the
+ * hook reads included), one per expert computed on the host lane, the logits; one sync per
+ * expert computed from a device slot (before on_expert_done) and one per pass. */
+static void check_waits(int *harness_failed, fmoe_model *m, const spy *p) {
+    const int32_t Lm = fmoe_model_get_geometry(m)->num_moe_layers;
+    ASSERT_TRUE(p->routes > 0);
+    ASSERT_EQ(p->routes % Lm, 0);
+    const int64_t passes = p->routes / Lm;
+    ASSERT_TRUE(waits.downloads_in >= STEPS && waits.downloads_in <= passes);
+    ASSERT_EQ(waits.downloads - waits.downloads_in, p->routes + p->host_views);
+    ASSERT_EQ(waits.syncs, p->device_views + passes);
+    ASSERT_EQ(waits.marks, 0);
+}
+
 /* The same tokens through an offloaded session. @return through *skipped 1 when the
  * tier cannot be opened here (O_DIRECT on a file system without it). */
 static void run_offload(int *harness_failed, fmoe_model *m, const run_cfg *c,
@@ -389,7 +466,9 @@ static void run_offload(int *harness_failed, fmoe_model *m, const run_cfg *c,
     so.on_expert_done = spy_done;
     so.route_ctx = &o->sp;
     fmoe_session *s;
-    ASSERT_OK(fmoe_session_init(m, &so, &s));
+    if (c->counting) ASSERT_OK(fmoe__session_init_backend(m, &so, counting_device(), &s));
+    else ASSERT_OK(fmoe_session_init(m, &so, &s));
+    waits_reset(o->logits, o->logits + (int64_t)STEPS * V);
     ASSERT_OK(fmoe_offload_request_begin(x, 0, prompt, PLEN));
     ASSERT_OK(fmoe_offload_forward(x, s, prompt, PLEN, FMOE_PHASE_PREFILL, NULL, o->logits));
     take_outcomes(x, o);
@@ -404,6 +483,7 @@ static void run_offload(int *harness_failed, fmoe_model *m, const run_cfg *c,
     fmoe_offload_free(x);
     if (o->sp.bad) HARNESS_FAIL("views: %s", o->sp.why);
     if (c->fake) ASSERT_FAKE_CLEAN();
+    if (c->counting) check_waits(harness_failed, m, &o->sp);
 }
 
 static int same_logits(const float *a, const float *b, int32_t V) {
@@ -449,10 +529,12 @@ static void tier_runs_check(int *harness_failed, fmoe_model *m, const char *poli
     run_offload(harness_failed, m, &c, prompt, next, &r->host, &skipped);
     if (*harness_failed || skipped) return;
     c.fake = 1;
+    c.counting = 1; /* and the session's waits counted */
     run_offload(harness_failed, m, &c, prompt, next, &r->dev, &skipped);
     if (*harness_failed) return;
     r->writes = fake.writes, r->write_bytes = fake.write_bytes;
     r->pinned_writes = fake.pinned_writes;
+    c.counting = 0;
     c.sync = 0;
     run_offload(harness_failed, m, &c, prompt, next, &r->dev_async, &skipped);
     if (*harness_failed) return;
@@ -559,7 +641,7 @@ static void host_misses_check(int *harness_failed, fmoe_model *m, float *ref, ru
     run_plain(harness_failed, m, prompt, next, ref);
     if (*harness_failed) return;
     const run_cfg c = {.policy = "lru", .cache = 12, .tier = FMOE_TIER_HOST,
-                       .miss = FMOE_OFFLOAD_MISS_CPU, .sync = 1, .fake = 1};
+                       .miss = FMOE_OFFLOAD_MISS_CPU, .sync = 1, .fake = 1, .counting = 1};
     run_offload(harness_failed, m, &c, prompt, next, dev, &skipped);
     if (*harness_failed) return;
     if (!same_logits(dev->logits, ref, V)) HARNESS_FAIL("host misses: logits differ");
@@ -621,6 +703,125 @@ TEST(device_slots_write_failure) {
     float *logits = calloc((size_t)fmoe_model_get_geometry(m)->vocab_size, sizeof *logits);
     write_failure_check(harness_failed, m, logits);
     free(logits);
+    fmoe_model_free(m);
+}
+
+/* One pass's trace arrays, and a second set to compare. */
+typedef struct trace_bufs {
+    uint16_t *experts;
+    float *weights, *probs, *semantic, *spec, *hidden;
+    double *layer_s;
+    fmoe_forward_trace tr;
+} trace_bufs;
+
+static void trace_bufs_init(trace_bufs *t, const fmoe_model_geometry *g, int32_t n, int32_t S) {
+    const int64_t Lm = g->num_moe_layers, K = g->top_k, J = g->num_experts, h = g->hidden_size;
+    t->experts = calloc((size_t)(n * Lm * K), 2);
+    t->weights = calloc((size_t)(n * Lm * K), 4);
+    t->probs = calloc((size_t)(n * Lm * J), 4);
+    t->semantic = calloc((size_t)(n * h), 4);
+    t->spec = calloc((size_t)(n * Lm * S * J), 4);
+    t->hidden = calloc((size_t)(n * Lm * h), 4);
+    t->layer_s = calloc((size_t)g->num_hidden_layers, sizeof(double));
+    t->tr = (fmoe_forward_trace){.experts = t->experts, .weights = t->weights,
+                                 .probs = t->probs, .semantic = t->semantic,
+                                 .speculative = t->spec, .hidden = t->hidden,
+                                 .layer_seconds = t->layer_s};
+}
+
+static void trace_bufs_free(trace_bufs *t) {
+    free(t->experts), free(t->weights), free(t->probs), free(t->semantic), free(t->spec);
+    free(t->hidden), free(t->layer_s);
+}
+
+/* The traced rows of n tokens equal, byte for byte. */
+static int same_trace(const trace_bufs *a, const trace_bufs *b, const fmoe_model_geometry *g,
+                      int32_t n, int32_t S) {
+    const int64_t Lm = g->num_moe_layers, K = g->top_k, J = g->num_experts, h = g->hidden_size;
+    return memcmp(a->experts, b->experts, (size_t)(n * Lm * K) * 2) == 0 &&
+           memcmp(a->weights, b->weights, (size_t)(n * Lm * K) * 4) == 0 &&
+           memcmp(a->probs, b->probs, (size_t)(n * Lm * J) * 4) == 0 &&
+           memcmp(a->semantic, b->semantic, (size_t)(n * h) * 4) == 0 &&
+           memcmp(a->spec, b->spec, (size_t)(n * Lm * S * J) * 4) == 0 &&
+           memcmp(a->hidden, b->hidden, (size_t)(n * Lm * h) * 4) == 0;
+}
+
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/*
+ * The forward pass's waits on a device (model_impl.h, "Host waits"): a pass of n tokens
+ * on the counting device, traced in full (experts, weights, probabilities, gate inputs,
+ * speculative rows, the semantic rows, layer times), downloads each MoE layer's routing
+ * once, the whole layout up to the speculative rows, plus the semantic rows and the
+ * logits; untraced, only the experts and weights. It syncs once, at the end, timed or
+ * not: the layer times come from marks. Everything it returns equals the CPU's bit for bit.
+ */
+static void waits_check(int *harness_failed, fmoe_model *m, trace_bufs *want, trace_bufs *got,
+                        float *lw, float *lg) {
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
+    const int32_t V = g->vocab_size, Lm = g->num_moe_layers, L = g->num_hidden_layers;
+    const int32_t h = g->hidden_size, J = g->num_experts, K = g->top_k, S = 2;
+    fmoe_session_options so = session_options();
+    so.speculative_depth = S;
+    fmoe_session *ref = NULL, *dev = NULL;
+    ASSERT_OK(fmoe_session_init(m, &so, &ref));
+    ASSERT_OK(fmoe__session_init_backend(m, &so, counting_device(), &dev));
+    int32_t tok[PLEN];
+    for (int t = 0; t < PLEN; t++) tok[t] = (t * 41 + 5) % V;
+    for (int step = 0; step < 4 && !*harness_failed; step++) {
+        const int32_t n = step == 0 ? PLEN : 1;
+        const int traced = step != 2;
+        const int32_t *in = step == 0 ? tok : &tok[step];
+        memset(want->layer_s, 0, (size_t)L * sizeof(double));
+        memset(got->layer_s, 0, (size_t)L * sizeof(double));
+        ASSERT_OK(fmoe_session_forward(ref, in, n, traced ? &want->tr : NULL, lw));
+        waits_reset(lg, lg + V);
+        const double t0 = wall_s();
+        ASSERT_OK(fmoe_session_forward(dev, in, n, traced ? &got->tr : NULL, lg));
+        const double wall = wall_s() - t0;
+        if (memcmp(lw, lg, (size_t)V * 4) != 0) HARNESS_FAIL("step %d: logits differ", step);
+        if (traced && !same_trace(want, got, g, n, S)) HARNESS_FAIL("step %d: trace differs", step);
+
+        const fmoe__routing_layout lay = fmoe__routing_layout_of(n, h, J, K, S);
+        const int64_t route_bytes =
+            traced ? lay.off[FMOE__ROUTE_SPEC + 1] /* xn to the speculative rows */
+                   : lay.off[FMOE__ROUTE_TOPW + 1] - lay.off[FMOE__ROUTE_TOPK];
+        ASSERT_EQ(waits.downloads_in, 1);                     /* the logits */
+        ASSERT_EQ(waits.downloads, Lm + 1 + traced);          /* + the semantic rows */
+        ASSERT_EQ(waits.download_bytes,
+                  Lm * route_bytes + (int64_t)V * 4 + traced * (int64_t)n * h * 4);
+        ASSERT_EQ(waits.syncs, 1);
+        ASSERT_EQ(waits.marks, traced ? L + 1 : 0);
+        ASSERT_EQ(waits.elapsed, traced ? L : 0);
+        if (traced) {
+            double sum = 0;
+            for (int32_t l = 0; l < L; l++) {
+                ASSERT_TRUE(got->layer_s[l] > 0);
+                sum += got->layer_s[l];
+            }
+            ASSERT_TRUE(sum <= wall);
+        }
+    }
+    fmoe_session_free(ref);
+    fmoe_session_free(dev);
+}
+
+TEST(session_waits_on_a_device) {
+    fmoe_model *m = load_tiny(harness_failed);
+    if (!m) return;
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
+    trace_bufs want, got;
+    trace_bufs_init(&want, g, PLEN, 2);
+    trace_bufs_init(&got, g, PLEN, 2);
+    float *lw = calloc((size_t)g->vocab_size, sizeof *lw);
+    float *lg = calloc((size_t)g->vocab_size, sizeof *lg);
+    waits_check(harness_failed, m, &want, &got, lw, lg);
+    free(lw), free(lg);
+    trace_bufs_free(&want), trace_bufs_free(&got);
     fmoe_model_free(m);
 }
 

@@ -367,8 +367,9 @@ int fmoe_backend_bench_attention(fmoe_backend_bench *b, const int32_t *tokens,
 /* The rest of a MoE layer of tokens[p] tokens, what the pass issues besides products,
  * attention and routed experts: two RMSNorms, RoPE of q and k, the KV writes, the residual
  * adds, the router's top-k, the routing read back to the host as a pass with a routing
- * hook reads it (fmoe__routing_to_host: probabilities, gate inputs, weights, experts; on a
- * device each download waits for the stream), the zeroed accumulator. @return as above. */
+ * hook reads it (fmoe__routing_to_host: probabilities, gate inputs, weights, experts in
+ * one download, which on a device waits for the stream), the zeroed accumulator.
+ * @return as above. */
 int fmoe_backend_bench_layer_overhead(fmoe_backend_bench *b, const int32_t *tokens, int32_t n,
                                       int32_t reps, double *seconds);
 
