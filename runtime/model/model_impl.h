@@ -236,8 +236,8 @@ typedef struct fmoe__backend_limits {
  *     at the end, before positions move.
  * Nothing else waits: per-layer timing reads stream-ordered marks (mark/elapsed) after the
  * pass's last sync instead of syncing each layer. Uploads of host arrays (index lists,
- * RoPE tables) are queued copies; a device backend may stage them, but does not wait for
- * the compute queue to drain.
+ * RoPE tables, token ids) are queued copies, not waits the pass asks for; from pageable
+ * memory the CUDA driver stages them and may wait to do so.
  */
 typedef struct fmoe__backend_ops {
     const char *name;
