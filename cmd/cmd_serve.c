@@ -31,6 +31,7 @@
 #include "files.h"
 #include "fmoe/model.h"
 #include "fmoe/policy.h"
+#include "fmoe/sim.h"
 #include "fmoe/tokenizer.h"
 #include "http_server.h"
 #include "serve_engine.h"
@@ -38,9 +39,13 @@
 
 static const char *const CMD = "serve";
 
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a numeric macro's digits, for an option's default_text */
+
 typedef struct serve_args {
     const char *model, *tokenizer, *host, *api_key, *port_file, *model_name, *trace_out, *backend;
-    int32_t port, parallel, max_queue, max_context, threads, timeout, client_connections;
+    int32_t port, parallel, batch_tokens, max_queue, max_context, threads, timeout;
+    int32_t client_connections;
     int32_t activations; /* fmoe_activations */
     int64_t max_body;
     double grace;
@@ -68,7 +73,13 @@ static const cmd_option serve_options[] = {
      .offset = offsetof(serve_args, port_file)},
     {.name = "parallel", .kind = CMD_OPT_INT32, .value_name = "P",
      .help = "sequences decoded together (continuous batching)", .default_text = "4",
-     .offset = offsetof(serve_args, parallel), .min = 1, .max = 64},
+     .offset = offsetof(serve_args, parallel), .min = 1, .max = FMOE_SIM_BATCH_TOKENS_MAX},
+    {.name = "batch-tokens", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "tokens of one batched iteration (decode tokens plus prompt chunks; also the "
+             "longest prompt chunk): more lets a burst of prompts prefill sooner, at the cost "
+             "of the running sequences' next tokens; at least --parallel",
+     .default_text = STR(FMOE_SIM_BATCH_TOKENS),
+     .offset = offsetof(serve_args, batch_tokens), .min = 1, .max = FMOE_SIM_BATCH_TOKENS_MAX},
     {.name = "max-queue", .kind = CMD_OPT_INT32, .value_name = "Q",
      .help = "requests waiting for a free sequence beyond which new ones get 503",
      .default_text = "64", .offset = offsetof(serve_args, max_queue), .min = 0,
@@ -122,6 +133,7 @@ static const cmd_option serve_options[] = {
 
 static void init(void *base) {
     *(serve_args *)base = (serve_args){.host = "127.0.0.1", .port = 8000, .parallel = 4,
+                                       .batch_tokens = FMOE_SIM_BATCH_TOKENS,
                                        .max_queue = 64, .max_body = 1 << 20, .timeout = 30,
                                        .client_connections = 64,
                                        .grace = 10};
@@ -194,6 +206,9 @@ int cmd_serve(int argc, char **argv) {
     int prc = cmd_options_parse(&cmd_serve_spec, &a, argc, argv, NULL);
     if (prc < 0) return CMD_EXIT_OK; /* --help */
     if (prc > 0) return prc;
+    if (a.parallel > a.batch_tokens) /* each running sequence's token fits an iteration */
+        return cmd_usage_error(CMD, "--parallel %d exceeds --batch-tokens %d", a.parallel,
+                               a.batch_tokens);
     fmoe_backend_kind backend; /* before listening, as the other options */
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
     if ((prc = cmd_activations_check(CMD, backend, a.activations)) != 0) return prc;
@@ -243,7 +258,7 @@ int cmd_serve(int argc, char **argv) {
     if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
     cmd_generation_config gc;
     if ((err = cmd_generation_config_load(tok_dir, &gc)) < 0) goto fail;
-    if ((rc = cmd_offload_open(CMD, &a.off, m, 64, a.quiet, &off)) != 0) goto done;
+    if ((rc = cmd_offload_open(CMD, &a.off, m, a.batch_tokens, a.quiet, &off)) != 0) goto done;
     off_open = 1;
     rc = CMD_EXIT_FAILURE;
     if (!a.model_name) a.model_name = cmd_base_name(dir, name, sizeof name);
@@ -253,7 +268,9 @@ int cmd_serve(int argc, char **argv) {
                                               backend, (fmoe_activations)a.activations)) < 0)
             goto fail;
         snprintf(h.dataset, sizeof h.dataset, "serve");
-        h.prefill_chunk = 64; /* a prompt's chunks, as the engine runs a lone request */
+        /* a prompt's chunks, as the engine runs a lone request, and the iteration's token
+         * budget, which fmoe simulate --batch P replays with */
+        h.prefill_chunk = a.batch_tokens;
         h.served = 1;         /* and each token's batched pass and its time */
         /* a policy that reads speculative gates gets them recorded, for its replay */
         const fmoe_policy_ops *ops = off.x ? fmoe_policy_find(a.off.policy ? a.off.policy : "lru")
@@ -265,7 +282,8 @@ int cmd_serve(int argc, char **argv) {
 
     serve_engine_options eo = {
         .model = m, .tokenizer = tok, .offload = off.x, .metrics = metrics, .backend = backend,
-        .model_name = a.model_name, .parallel = a.parallel, .max_queue = a.max_queue,
+        .model_name = a.model_name, .parallel = a.parallel, .batch_tokens = a.batch_tokens,
+        .max_queue = a.max_queue,
         .max_context = a.max_context, .threads = a.threads, .stop_ids = gc.stop,
         .num_stop_ids = gc.num_stop, .trace_out = trace, .trace_speculative = trace_speculative,
         .activations = (fmoe_activations)a.activations};

@@ -91,6 +91,8 @@ typedef struct options {
     const char *decision_log;
     int32_t batch;             /* --batch: sequences run together (1: one at a time) */
     int batch_trace;           /* --batch trace: the served trace's own passes */
+    int32_t batch_tokens;      /* --batch-tokens (0: the trace's prefill_chunk, else
+                                  FMOE_SIM_BATCH_TOKENS) */
     cmd_opt_strings predictors; /* --predictor, repeatable: learned predictors (promoe,
                                    duoserve), each for the policy of its kind */
 } options;
@@ -215,12 +217,17 @@ static const cmd_option simulate_options[] = {
     {.name = "batch", .kind = CMD_OPT_CALLBACK, .value_name = "B|trace",
      .help = "run up to B requests together with continuous batching, as fmoe serve "
              "--parallel B does: each iteration holds every running request's next decode "
-             "token, then prompt chunks, each oldest admitted first, up to 64 tokens, each "
+             "token, then prompt chunks, each oldest admitted first, up to --batch-tokens, each "
              "expert loaded once per layer for the whole batch; without --arrivals every "
              "request waits from t = 0, so latencies include the wait for a slot. 'trace': "
              "replay the batched passes a trace of fmoe serve --trace-out recorded, item for "
              "item (back to back; with --arrivals trace the clock idles until arrivals)",
      .handler = on_batch, .default_text = "1", .example = "4"},
+    {.name = "batch-tokens", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "--batch B's budget of one iteration, in tokens (fmoe serve --batch-tokens), at "
+             "least B",
+     .default_text = "the trace's prefill_chunk (what fmoe serve ran with), else 64",
+     .offset = offsetof(options, batch_tokens), .min = 1, .max = FMOE_SIM_BATCH_TOKENS_MAX},
     {.name = "policy-opt", .kind = CMD_OPT_STRINGS, .io = CMD_IO_TEXT, .value_name = "KEY=VALUE",
      .help = "a setting of the policies that declare KEY (--list-policies lists each "
              "policy's); repeatable; a KEY no --policy declares is refused",
@@ -466,6 +473,11 @@ static int parse_options(int argc, char **argv, options *o) {
         o->distances[0] = 0;
         o->n_distances = 1;
     }
+    if (o->batch_tokens && (o->batch < 2 || o->batch_trace))
+        return cmd_usage_error(CMD, "--batch-tokens is for --batch B with B > 1");
+    if (o->batch_tokens && o->batch > o->batch_tokens)
+        return cmd_usage_error(CMD, "--batch %d exceeds --batch-tokens %d", (int)o->batch,
+                               (int)o->batch_tokens);
     if ((o->arrivals_start || o->arrivals_speedup > 0) && !o->arrivals)
         return cmd_usage_error(CMD, "--arrivals-start and --arrivals-speedup need --arrivals");
     if (o->arrivals_speedup <= 0) o->arrivals_speedup = 1;
@@ -759,7 +771,10 @@ static cJSON *unit_json(const options *o, const fmoe_hardware_profile *hw, int64
     cJSON_AddNumberToObject(root, "accesses", (double)w->num_accesses);
     if (o->arrivals) cJSON_AddStringToObject(root, "arrivals", o->arrivals);
     /* "batch" only when batching, so that --batch 1 prints what earlier versions did */
-    if (o->batch > 1) cJSON_AddNumberToObject(root, "batch", o->batch);
+    if (o->batch > 1) {
+        cJSON_AddNumberToObject(root, "batch", o->batch);
+        cJSON_AddNumberToObject(root, "batch_tokens", w->batch_tokens);
+    }
     if (o->batch_trace) { /* the passes of the served trace; "batch" their widest */
         cJSON_AddNumberToObject(root, "batch", w->batch);
         cJSON_AddStringToObject(root, "batch_source", "trace");
@@ -1009,7 +1024,7 @@ static void print_table(const options *o, const fmoe_hardware_profile *hw, int64
     if (o->miss_mode != FMOE_SIM_MISS_LOAD) printf("; misses: %s", miss_name(o->miss_mode));
     if (o->arrivals) printf("; arrivals: %s (FCFS)", o->arrivals);
     if (o->batch > 1) printf("; batch %d (continuous batching, %d tokens an iteration)", o->batch,
-                             FMOE_SIM_BATCH_TOKENS);
+                             (int)w->batch_tokens);
     if (o->batch_trace)
         printf("; batch: the trace's served passes (up to %d requests a pass)", (int)w->batch);
     printf("\n\n");
@@ -1194,8 +1209,11 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
                                            run, or those it ran */
         fmoe_sim_workload batched;
         rc = o.batch_trace ? fmoe_sim_workload_served(&batched, &u->w)
-                           : fmoe_sim_workload_batch(&batched, &u->w, o.batch, u->arrivals,
-                                                     &u->costs);
+                           : fmoe_sim_workload_batch(&batched, &u->w, o.batch,
+                                                     o.batch_tokens     ? o.batch_tokens
+                                                     : u->w.prefill_chunk > 0 ? u->w.prefill_chunk
+                                                                        : FMOE_SIM_BATCH_TOKENS,
+                                                     u->arrivals, &u->costs);
         if (rc < 0) {
             if (!strstr(fmoe_error_detail(), o.trace)) fmoe_error_prefix("%s", o.trace);
             goto fail;
@@ -1328,6 +1346,7 @@ static void sweep_settings(const options *o, char *buf, size_t cap) {
     ADD("miss=%s batch=%s%d eamc-capacity=%d copy-chunks=%d feedback=%d", miss_name(o->miss_mode),
         o->batch_trace ? "trace/" : "", (int)o->batch, (int)o->eamc_capacity,
         (int)o->copy_chunks, (int)o->feedback);
+    if (o->batch_tokens) ADD(" batch-tokens=%d", (int)o->batch_tokens);
     if (o->arrivals)
         ADD(" arrivals=%s start=%lld speedup=%.17g", o->arrivals, (long long)o->arrivals_start,
             o->arrivals_speedup);

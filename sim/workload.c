@@ -476,11 +476,15 @@ static void add_empty(fmoe_sim_workload *out, batch_build *b, int64_t q) {
 }
 
 int fmoe_sim_workload_batch(fmoe_sim_workload *out, const fmoe_sim_workload *in,
-                            int32_t batch, const double *arrival_s,
+                            int32_t batch, int32_t batch_tokens, const double *arrival_s,
                             const fmoe_sim_costs *costs) {
     memset(out, 0, sizeof *out);
     FMOE_RETURN_ERROR_IF(batch < 1 || batch > (1 << 20), FMOE_EINVAL,
                          "batch must be in [1, %d], got %d", 1 << 20, batch);
+    FMOE_RETURN_ERROR_IF(batch_tokens < batch, FMOE_EINVAL,
+                         "batch %d exceeds the %d tokens of an iteration (each running "
+                         "request's decode token must fit one)",
+                         batch, batch_tokens);
     FMOE_RETURN_ERROR_IF(in->batch > 0, FMOE_EINVAL, "workload: already batched");
     FMOE_RETURN_ERROR_IF(arrival_s && !costs, FMOE_EINVAL,
                          "workload: batching with arrival times needs the cost model");
@@ -489,6 +493,7 @@ int fmoe_sim_workload_batch(fmoe_sim_workload *out, const fmoe_sim_workload *in,
                              "arrival time of request %lld is %g", (long long)q, arrival_s[q]);
     batch_build b;
     FMOE_FORWARD_IF_ERROR(batch_build_init(out, in, batch, &b));
+    out->batch_tokens = batch_tokens;
     const int64_t R = in->num_requests;
     batch_req *rq = b.rq;
     /* [B] the running requests, oldest admitted first (admission is FIFO, so appending
@@ -521,7 +526,7 @@ int fmoe_sim_workload_batch(fmoe_sim_workload *out, const fmoe_sim_workload *in,
         /* the items: decode rows, then prompt chunks, each oldest admitted first */
         fmoe_sim_iteration *it;
         if ((rc = iteration_open(out, &b, nrun, &it)) < 0) goto done;
-        int32_t budget = FMOE_SIM_BATCH_TOKENS;
+        int32_t budget = batch_tokens;
         memset(taken, 0, (size_t)nrun);
         for (int64_t i = 0; i < nrun; i++) {
             const int64_t q = running[i];

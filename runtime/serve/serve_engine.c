@@ -6,7 +6,8 @@
  * One scheduler iteration:
  *   admit waiting jobs into free sequence slots (FIFO), drop cancelled ones
  *   items = every decoding sequence's next token, then prompt chunks of prefilling
- *           sequences (oldest first) up to the 64-token budget of an iteration
+ *           sequences (oldest first) up to the iteration's token budget (batch_tokens,
+ *           fmoe serve --batch-tokens)
  *   one batched forward (fmoe_offload_forward_batch, or fmoe_session_forward_batch when
  *           every expert is resident): each chosen expert is loaded and run once per layer
  *           for the whole batch
@@ -14,7 +15,7 @@
  *   finished and cancelled sequences leave; their slots are free for the next admission
  *
  * Sequence slot 0's session is the runner of every batched call: it was made with the
- * executor's hooks and a 64-token activation budget; the other slots' sessions hold only
+ * executor's hooks and an activation budget of batch_tokens; the other slots' sessions hold only
  * a KV cache (max_batch 1).
  *
  * Text. After each token the whole generated sequence is decoded again (skipping special
@@ -39,8 +40,6 @@
 #include "serve_metrics.h"
 #include "serve_text.h"
 #include "trace_queue.h"
-
-#define ITERATION_TOKENS 64 /* tokens of one batched forward call (the prefill chunk) */
 
 /* ---------------------------------------------------------------------------------- */
 /* Jobs                                                                               */
@@ -198,7 +197,8 @@ struct serve_engine {
     fmoe_batch_item *items;    /* [parallel] */
     fmoe_forward_trace *traces;/* [parallel] */
     int32_t *item_seq;         /* [parallel] seq index of each item */
-    int32_t by_age[ITERATION_TOKENS]; /* running sequences, oldest admitted first */
+    int32_t *by_age;           /* [parallel] running sequences, oldest admitted first */
+    int32_t *age;              /* [parallel] plan_items' scratch */
     int32_t num_by_age;
     uint8_t *touched;          /* [parallel][L·J] */
     int64_t created;
@@ -397,7 +397,7 @@ static void admit(serve_engine *e) {
             .top_p = j->sampling.top_p,
             .seed = j->sampling.has_seed ? j->sampling.seed : 0x5eed0000ULL + e->seed_counter++};
         const int64_t rows = e->o.trace_out ? (int64_t)j->prompt_tokens + j->sampling.max_tokens
-                                            : ITERATION_TOKENS;
+                                            : e->o.batch_tokens;
         if (seq_reserve(e, s, rows) < 0 || fmoe_sampler_init(&sp, e->V, &s->sampler) < 0) {
             job_finish(e, j, SERVE_FINISH_ERROR, fmoe_error_detail());
             serve_job_release(j);
@@ -542,7 +542,7 @@ static int32_t plan_items(serve_engine *e) {
      * chunks) and sequences leave in, so a trace of the run says it (requests/id is the
      * admission order) and fmoe simulate --batch trace replays the same rows in the same
      * order. */
-    int32_t age[ITERATION_TOKENS], nage = 0;
+    int32_t *age = e->age, nage = 0;
     for (int32_t i = 0; i < e->o.parallel; i++) {
         if (e->seqs[i].state == SEQ_FREE) continue;
         int32_t at = nage++;
@@ -554,7 +554,7 @@ static int32_t plan_items(serve_engine *e) {
     }
     memcpy(e->by_age, age, (size_t)nage * sizeof *age);
     e->num_by_age = nage;
-    int32_t count = 0, budget = ITERATION_TOKENS;
+    int32_t count = 0, budget = e->o.batch_tokens;
     for (int32_t a = 0; a < nage; a++) {
         seq *s = &e->seqs[age[a]];
         if (s->state != SEQ_DECODE) continue;
@@ -738,6 +738,8 @@ static void engine_free(serve_engine *e) {
     free(e->items);
     free(e->traces);
     free(e->item_seq);
+    free(e->by_age);
+    free(e->age);
     free(e->touched);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
@@ -748,8 +750,13 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     *out = NULL;
     FMOE_RETURN_ERROR_IF(!o || !o->model || !o->tokenizer, FMOE_EINVAL,
                          "serve: a model and a tokenizer are needed");
-    FMOE_RETURN_ERROR_IF(o->parallel < 1 || o->parallel > ITERATION_TOKENS, FMOE_EINVAL,
-                         "--parallel %d is outside [1, %d]", o->parallel, ITERATION_TOKENS);
+    /* Every running sequence's decode token goes into each iteration, so the budget must
+     * hold one token of each. */
+    FMOE_RETURN_ERROR_IF(o->batch_tokens < 1, FMOE_EINVAL, "--batch-tokens %d is below 1",
+                         o->batch_tokens);
+    FMOE_RETURN_ERROR_IF(o->parallel < 1 || o->parallel > o->batch_tokens, FMOE_EINVAL,
+                         "--parallel %d is outside [1, %d] (--batch-tokens)", o->parallel,
+                         o->batch_tokens);
     FMOE_RETURN_ERROR_IF(o->max_queue < 0, FMOE_EINVAL, "--max-queue %d is negative",
                          o->max_queue);
     serve_engine *e = calloc(1, sizeof *e);
@@ -777,9 +784,12 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     e->items = calloc((size_t)P, sizeof *e->items);
     e->traces = calloc((size_t)P, sizeof *e->traces);
     e->item_seq = calloc((size_t)P, sizeof *e->item_seq);
+    e->by_age = calloc((size_t)P, sizeof *e->by_age);
+    e->age = calloc((size_t)P, sizeof *e->age);
     e->touched = calloc((size_t)P * (size_t)e->L * (size_t)e->J, 1);
     int rc = 0;
-    if (!e->seqs || !e->items || !e->traces || !e->item_seq || !e->touched)
+    if (!e->seqs || !e->items || !e->traces || !e->item_seq || !e->by_age || !e->age ||
+        !e->touched)
         rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
     for (int32_t i = 0; rc == 0 && i < P; i++) {
         fmoe_session_options so = fmoe_session_defaults();
@@ -788,7 +798,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         so.threads = o->threads;
         so.activations = o->activations;
         if (i == 0 && o->offload) fmoe_offload_attach(o->offload, &so);
-        so.max_batch = i == 0 ? ITERATION_TOKENS : 1;
+        so.max_batch = i == 0 ? o->batch_tokens : 1;
         so.max_sequences = i == 0 ? P : 1; /* slot 0 runs every batch */
         rc = fmoe_session_init(o->model, &so, &e->seqs[i].session);
         if (rc < 0) break;
@@ -798,7 +808,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         if (!s->generated || !s->logits)
             rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
         else
-            rc = seq_reserve(e, s, ITERATION_TOKENS);
+            rc = seq_reserve(e, s, o->batch_tokens);
     }
     if (rc == 0 && o->trace_out) rc = serve_trace_queue_start(o->trace_out, on_traced, e, &e->tq);
     if (rc < 0) {

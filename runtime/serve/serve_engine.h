@@ -18,8 +18,8 @@
  *
  * Scheduling (one iteration = one batched forward call): every running sequence that is
  * decoding contributes its next token; then sequences still prefilling contribute prompt
- * chunks, oldest first, up to the iteration's budget of 64 tokens; waiting requests are
- * admitted (FIFO) while fewer than P run. A finished or cancelled sequence frees its slot
+ * chunks, oldest first, up to the iteration's token budget (batch_tokens, which is also
+ * the longest prompt chunk); waiting requests are admitted (FIFO) while fewer than P run. A finished or cancelled sequence frees its slot
  * at the end of the iteration it finished in.
  */
 #ifndef FMOE_SERVE_ENGINE_H
@@ -43,7 +43,12 @@ typedef struct serve_engine_options {
     fmoe_offload *offload;             /* borrowed; NULL: every expert resident */
     serve_metrics *metrics;            /* borrowed; NULL: none */
     const char *model_name;            /* the `model` field of responses */
-    int32_t parallel;                  /* P >= 1 sequences at once */
+    int32_t parallel;                  /* P >= 1 sequences at once, P <= batch_tokens */
+    /* Tokens of one batched forward call: decode tokens plus prompt chunks (fmoe serve
+     * --batch-tokens; FMOE_SIM_BATCH_TOKENS by default, which fmoe simulate --batch
+     * mirrors). It sizes the runner session's activations and an offload executor's
+     * prefill_chunk must equal it. */
+    int32_t batch_tokens;
     int32_t max_queue;                 /* waiting requests beyond which submit says 503 */
     int32_t max_context;               /* KV positions per sequence (0: model's, <= 4096) */
     int32_t threads;                   /* CPU threads (0: all cores) */

@@ -3,7 +3,7 @@
 The schedule is re-derived here from its description, independently of the C code: FIFO
 admission while fewer than B run; each iteration holds every running request's next decode
 token (oldest admitted first, as fmoe serve orders them), then prompt chunks of the prefilling requests, oldest admitted first,
-within 64 tokens; a request leaves after its last row. Per layer, each distinct expert of
+within the iteration's token budget (64, or --batch-tokens); a request leaves after its last row. Per layer, each distinct expert of
 the iteration's concatenated rows is one access (docs/design.md §7.1). Hit counts of the
 policies without prefetch must equal the Python reference replay of that sequence.
 """
@@ -15,10 +15,10 @@ import pytest
 from reference_cache import hits
 from test_simulate_reference import write_trace
 
-BUDGET = 64  # tokens of one batched iteration (fmoe serve's)
+BUDGET = 64  # tokens of one batched iteration (fmoe serve's default --batch-tokens)
 
 
-def batched_sequence(requests, B):
+def batched_sequence(requests, B, budget=BUDGET):
     """requests: [(prompt_tokens, experts[T][L][K])] -> the batched access sequence."""
     R = len(requests)
     queue = list(range(R))
@@ -34,7 +34,7 @@ def batched_sequence(requests, B):
                 slots[slots.index(None)] = q
         running = [q for q in slots if q is not None]
         items = [(q, 1) for q in sorted(running, key=rank.get) if done[q] >= requests[q][0]]
-        left = BUDGET - len(items)
+        left = budget - len(items)
         for q in sorted((q for q in running if done[q] < requests[q][0]), key=rank.get):
             if left <= 0:
                 break
@@ -89,17 +89,22 @@ def test_batch_1_is_the_default(fmoe, tmp_path):
     assert "batch 4 (continuous batching" in table
 
 
-@pytest.mark.parametrize("seed,B", [(2, 2), (3, 3), (4, 8)])
-def test_batched_accesses_and_hits_match_reference(fmoe, tmp_path, seed, B):
+@pytest.mark.parametrize("seed,B,budget", [(2, 2, None), (3, 3, None), (4, 8, None),
+                                           (5, 3, 7), (3, 3, 16), (4, 8, 256)])
+def test_batched_accesses_and_hits_match_reference(fmoe, tmp_path, seed, B, budget):
     rng = random.Random(seed)
     L, J, K = rng.randint(1, 3), rng.randint(6, 16), rng.randint(1, 3)
     reqs = make_requests(rng, rng.randint(4, 10), L, J, K)
     trace = tmp_path / "t.h5"
     write_trace(trace, reqs, L, J, K)
-    seq = batched_sequence(reqs, B)
+    seq = batched_sequence(reqs, B, budget or BUDGET)
+    if budget:  # another budget, another schedule: the option is not ignored
+        assert seq != batched_sequence(reqs, B)
     caches = sorted({1, K + 1, L * J // 2})
     out = run(fmoe, "--trace", trace, "--policy", "lru,lfu,belady", "--cache-experts",
-              ",".join(map(str, caches)), "--batch", B)
+              ",".join(map(str, caches)), "--batch", B,
+              *(["--batch-tokens", budget] if budget else []))
+    assert out["batch_tokens"] == (budget or BUDGET)
     assert out["accesses"] == len(seq)
     for r in out["results"]:
         assert r["accesses"] == len(seq)
@@ -140,3 +145,19 @@ def test_batch_below_1_is_a_usage_error(fmoe, tmp_path, value):
              check=False)
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "--batch" in p.stderr
+
+
+@pytest.mark.parametrize("args,what", [
+    (["--batch", "4", "--batch-tokens", "3"], "exceeds --batch-tokens"),
+    (["--batch-tokens", "16"], "--batch-tokens is for --batch"),
+    (["--batch", "trace", "--batch-tokens", "16"], "--batch-tokens is for --batch"),
+    (["--batch", "2", "--batch-tokens", "0"], "--batch-tokens"),
+])
+def test_batch_tokens_usage_errors(fmoe, tmp_path, args, what):
+    rng = random.Random(8)
+    reqs = make_requests(rng, 2, 1, 4, 1)
+    trace = tmp_path / "t.h5"
+    write_trace(trace, reqs, 1, 4, 1)
+    p = fmoe("simulate", "--trace", trace, "--cache-experts", "2", *args, check=False)
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and what in p.stderr

@@ -1096,7 +1096,7 @@ TEST(batch_schedules_as_serve_decode_first_then_oldest_prompt_chunks) {
     const uint16_t ex2[2] = {7, 7};
     const uint8_t ph2[2] = {0, 1};
     ASSERT_OK(fmoe_sim_workload_add_request(&w, 12, 0, 1, 1, 2, ph2, ex2));
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, NULL, NULL));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
     ASSERT_EQ(b.batch, 2);
     ASSERT_EQ(b.num_iterations, 5);
     ASSERT_EQ(b.num_tokens, w.num_tokens);
@@ -1154,13 +1154,70 @@ TEST(batch_schedules_as_serve_decode_first_then_oldest_prompt_chunks) {
     ASSERT_EQ(g_batch_events.ahead, 0);
     /* batch 1 keeps one request at a time (with serve's 64-token chunks) */
     fmoe_sim_workload one;
-    ASSERT_OK(fmoe_sim_workload_batch(&one, &w, 1, NULL, NULL));
+    ASSERT_OK(fmoe_sim_workload_batch(&one, &w, 1, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
     for (int64_t i = 0; i < one.num_iterations; i++) ASSERT_EQ(one.iterations[i].num_items, 1);
     ASSERT_EQ(one.num_iterations, 3 + 3 + 2); /* r1's prompt in 64 + 6 */
     fmoe_sim_workload_free(&one);
-    ASSERT_EQ(fmoe_sim_workload_batch(&one, &w, 0, NULL, NULL), FMOE_EINVAL);
-    ASSERT_EQ(fmoe_sim_workload_batch(&one, &b, 2, NULL, NULL), FMOE_EINVAL);
+    ASSERT_EQ(fmoe_sim_workload_batch(&one, &w, 0, FMOE_SIM_BATCH_TOKENS, NULL, NULL),
+              FMOE_EINVAL);
+    ASSERT_EQ(fmoe_sim_workload_batch(&one, &b, 2, FMOE_SIM_BATCH_TOKENS, NULL, NULL),
+              FMOE_EINVAL);
     fmoe_sim_workload_free(&b);
+    fmoe_sim_workload_free(&w);
+}
+
+/* The requests above with a budget of 16 tokens (fmoe serve --batch-tokens 16), batch 2:
+ *   it0: r0 3 + r1 13 prompt rows (r1 fed 13)
+ *   it1: r0 decode, r1 15 (28); it2: r0 decode (r0 leaves), r1 15 (43)
+ *   it3: r2 admitted but r1's 16 (59) fill the budget: r2 has no rows yet
+ *   it4: r1's last 11, then r2's prompt of 1 (12 tokens); it5: both decode, both leave. */
+TEST(batch_budget_of_16_tokens_chunks_prompts_as_serve) {
+    fmoe_sim_workload w, b;
+    ASSERT_OK(fmoe_sim_workload_init(&w, 1, 8, 1, 100));
+    uint16_t ex[71];
+    uint8_t phase[71];
+    for (int t = 0; t < 71; t++) ex[t] = (uint16_t)(t % 4), phase[t] = t < 70 ? 0 : 1;
+    const uint16_t ex0[5] = {0, 1, 2, 5, 6};
+    const uint8_t ph0[5] = {0, 0, 0, 1, 1};
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 10, 0, 3, 2, 5, ph0, ex0));
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 11, 0, 70, 1, 71, phase, ex));
+    const uint16_t ex2[2] = {7, 7};
+    const uint8_t ph2[2] = {0, 1};
+    ASSERT_OK(fmoe_sim_workload_add_request(&w, 12, 0, 1, 1, 2, ph2, ex2));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, 16, NULL, NULL));
+    ASSERT_EQ(b.batch_tokens, 16);
+    ASSERT_EQ(b.num_iterations, 6);
+    ASSERT_EQ(b.num_tokens, w.num_tokens);
+    const int32_t items[6] = {2, 2, 2, 1, 2, 2}, tokens[6] = {16, 16, 16, 16, 12, 2};
+    const int32_t phases[6] = {0, 0, 0, 0, 0, 1}, yields[6] = {1, 1, 1, 0, 2, 2};
+    for (int i = 0; i < 6; i++) {
+        const fmoe_sim_iteration *it = &b.iterations[i];
+        ASSERT_EQ(it->num_items, items[i]);
+        ASSERT_EQ(it->num_tokens, tokens[i]);
+        ASSERT_EQ(it->phase, phases[i]);
+        ASSERT_EQ(it->yields, yields[i]);
+    }
+    /* it1: r0's decode row first, then r1's chunk of 15 */
+    ASSERT_EQ(b.items[2].request, 0);
+    ASSERT_EQ(b.items[2].phase, 1);
+    ASSERT_EQ(b.items[3].request, 1);
+    ASSERT_EQ(b.items[3].num_tokens, 15);
+    /* it4: r1's last chunk (11, ends its prompt), then r2's prompt */
+    const int64_t i4 = 2 + 2 + 2 + 1;
+    ASSERT_EQ(b.items[i4].request, 1);
+    ASSERT_EQ(b.items[i4].num_tokens, 11);
+    ASSERT_EQ(b.items[i4].last_prompt, 1);
+    ASSERT_EQ(b.items[i4 + 1].request, 2);
+    const int64_t admit[3] = {0, 0, 4}, leave[3] = {2, 5, 5};
+    for (int q = 0; q < 3; q++) {
+        ASSERT_EQ(b.requests[q].admit_iteration, admit[q]);
+        ASSERT_EQ(b.requests[q].leave_iteration, leave[q]);
+    }
+    fmoe_sim_workload_free(&b);
+    /* the budget holds each running request's decode token, or the batch is refused */
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, 2, NULL, NULL));
+    fmoe_sim_workload_free(&b);
+    ASSERT_EQ(fmoe_sim_workload_batch(&b, &w, 2, 1, NULL, NULL), FMOE_EINVAL);
     fmoe_sim_workload_free(&w);
 }
 
@@ -1181,7 +1238,7 @@ TEST(batch_timing_ttft_tpot_queue_by_hand) {
     ASSERT_NEAR(r.total_s, 8e-3, 1e-15);
     ASSERT_EQ(r.batch, 1);
     fmoe_sim_result_free(&r);
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, NULL, NULL));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
     ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
     ASSERT_EQ(r.batch, 2);
     ASSERT_EQ(r.accesses, 2);
@@ -1196,7 +1253,7 @@ TEST(batch_timing_ttft_tpot_queue_by_hand) {
     fmoe_sim_workload_free(&b);
 
     const double arr[2] = {0, 1e-3};
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, arr, &k));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, arr, &k));
     ASSERT_EQ(b.num_iterations, 3);
     ASSERT_EQ(b.requests[1].admit_iteration, 1);
     cfg.arrival_s = arr;
@@ -1213,7 +1270,7 @@ TEST(batch_timing_ttft_tpot_queue_by_hand) {
 
     /* far apart: the clock idles until the second arrives, which then waits for nothing */
     const double far[2] = {0, 10e-3};
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, far, &k));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, far, &k));
     cfg.arrival_s = far;
     ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
     ASSERT_NEAR(r.total_s, 13e-3, 1e-15);
@@ -1221,7 +1278,8 @@ TEST(batch_timing_ttft_tpot_queue_by_hand) {
     ASSERT_NEAR(r.e2e_s.p50, (5e-3 + 3e-3) / 2, 1e-15);
     fmoe_sim_result_free(&r);
     fmoe_sim_workload_free(&b);
-    ASSERT_EQ(fmoe_sim_workload_batch(&b, &w, 2, far, NULL), FMOE_EINVAL);
+    ASSERT_EQ(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, far, NULL),
+              FMOE_EINVAL);
     fmoe_sim_workload_free(&w);
 }
 
@@ -1308,7 +1366,8 @@ TEST(batched_hits_equal_naive_replay) {
         const int32_t L = 1 + (int32_t)(rng() % 4), J = 4 + (int32_t)(rng() % 12),
                       K = 1 + (int32_t)(rng() % 3);
         random_workload(&w, L, J, K, 20);
-        ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2 + trial, NULL, NULL));
+        ASSERT_OK(
+            fmoe_sim_workload_batch(&b, &w, 2 + trial, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
         ASSERT_EQ(b.num_tokens, w.num_tokens);
         ASSERT_TRUE(b.num_iterations < w.num_iterations);
         const int32_t caps[3] = {1, K, L * J / 2 + 1};
@@ -1347,7 +1406,7 @@ TEST(batch_request_starts_with_its_first_rows) {
     ASSERT_OK(fmoe_sim_workload_add_request(&w, 0, 0, 70, 1, 71, phase, ex));
     const uint8_t ph1[4] = {0, 0, 0, 1};
     ASSERT_OK(fmoe_sim_workload_add_request(&w, 1, 0, 3, 1, 4, ph1, ex));
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, NULL, NULL));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
     ASSERT_EQ(b.num_iterations, 3);
     ASSERT_EQ(b.requests[1].admit_iteration, 1);
     ASSERT_EQ(b.requests[1].first_iteration, 1);

@@ -29,8 +29,8 @@
  *     done, and waiting for the host counts as stall. Host-computed experts are not cached.
  *   - Continuous batching (fmoe simulate --batch B, fmoe_sim_workload_batch): up to B
  *     requests run together, scheduled as fmoe serve schedules them (decode tokens first,
- *     then prompt chunks, oldest admitted first, within FMOE_SIM_BATCH_TOKENS per
- *     iteration). One batched iteration costs, per layer, layer_batch(N, sum n_i*c_i,
+ *     then prompt chunks, oldest admitted first, within a budget of tokens per iteration:
+ *     fmoe serve --batch-tokens, which its traces record as prefill_chunk). One batched iteration costs, per layer, layer_batch(N, sum n_i*c_i,
  *     sum c_i) over its N tokens and items i of n_i tokens at context c_i, then each
  *     distinct expert once for the tokens of the whole batch routed to it, then the LM head
  *     for the items that yield a token. TTFT = end of the iteration holding the request's
@@ -97,8 +97,13 @@ typedef struct fmoe_sim_item {
     int32_t last_prompt;      /* 1: the chunk ends the request's prompt (it yields a token) */
 } fmoe_sim_item;
 
-/* Tokens of one batched iteration (decode tokens plus prompt chunks), fmoe serve's. */
+/* Tokens of one batched iteration (decode tokens plus prompt chunks, the longest prompt
+ * chunk too): the default of fmoe serve --batch-tokens, and what fmoe simulate --batch
+ * schedules with when neither the trace (its prefill_chunk) nor --batch-tokens says. A
+ * plain literal: cmd/ prints it as the option's default. */
 #define FMOE_SIM_BATCH_TOKENS 64
+/* The largest budget either command accepts. */
+#define FMOE_SIM_BATCH_TOKENS_MAX 8192
 
 typedef struct fmoe_sim_workload {
     int32_t num_layers;       /* L */
@@ -139,6 +144,7 @@ typedef struct fmoe_sim_workload {
     float *hidden;            /* [T][L][h] or NULL */
     /* Continuous batching (fmoe_sim_workload_batch); batch 0: one request per iteration. */
     int32_t batch;            /* B: requests running together at most */
+    int32_t batch_tokens;     /* fmoe_sim_workload_batch's budget of an iteration; 0 else */
     int64_t num_items;
     fmoe_sim_item *items;     /* [num_items], iteration by iteration */
     int64_t *admit_order;     /* [R] request indexes in the order they start: by
@@ -223,7 +229,7 @@ struct fmoe_sim_costs;
  * queue's head is admitted while fewer than `batch` run. An iteration holds every running
  * request's next decode row (oldest admitted first), then prompt chunks of the
  * prefilling requests, oldest admitted first, each at most one chunk, until
- * FMOE_SIM_BATCH_TOKENS tokens; a request leaves after the iteration of its last row. It
+ * `batch_tokens` tokens; a request leaves after the iteration of its last row. It
  * starts for the policy before the iteration of its first rows (which may come after its
  * admission when older prompts fill the budget), as fmoe serve starts it. Rows are copied in item order (routing, gate data, semantic rows), so the
  * iteration's tokens are contiguous as for unbatched workloads, and the §7.1 accesses of
@@ -236,10 +242,11 @@ struct fmoe_sim_costs;
  * is never admitted before it arrives), so a stalling run admits late arrivals at the
  * same iteration as the unstalled server rather than earlier ones - the price of one
  * access sequence for all policies. `costs` may be NULL without arrivals.
- * @return 0, FMOE_EINVAL (batch < 1, `in` already batched, arrivals without costs),
- * FMOE_ENOMEM. */
+ * @return 0, FMOE_EINVAL (batch < 1, batch_tokens < batch: each running request's
+ * decode token must fit an iteration, as fmoe serve requires; `in` already batched,
+ * arrivals without costs), FMOE_ENOMEM. */
 int fmoe_sim_workload_batch(fmoe_sim_workload *out, const fmoe_sim_workload *in,
-                            int32_t batch, const double *arrival_s,
+                            int32_t batch, int32_t batch_tokens, const double *arrival_s,
                             const struct fmoe_sim_costs *costs);
 
 /* Compiles `in` (unbatched, read with FMOE_SIM_WANT_SERVED from a trace of fmoe serve
