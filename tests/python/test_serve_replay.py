@@ -15,6 +15,12 @@ The run must really batch (some pass holds rows of two requests, prompts longer 
 64-token budget share passes with decode tokens), and a wrong replay of the same trace
 (the simulator's own scheduler, or one request at a time) must differ, so the test can
 fail.
+
+With another budget (--batch-tokens 16 and 256) the served passes must follow the rule
+exactly (checked here from the trace alone: decode tokens, then prompt chunks oldest
+admitted first, each min(prompt left, budget left)), the trace must say the budget
+(prefill_chunk), `simulate --batch B` must schedule with it, and the replay of the passes
+must again make the live decisions.
 """
 import concurrent.futures
 import json
@@ -64,12 +70,14 @@ def policy_args(work, policy):
     return ["--policy", policy, "--cache-experts", CACHE, "--prefetch-distance", 1, *store]
 
 
-def serve(work, policy):
+def serve(work, policy, batch_tokens=None):
     """Serves the 8 prompts concurrently; (trace, live decision log)."""
-    trace, live = work / f"{policy}.h5", work / f"{policy}-live.jsonl"
+    tag = policy if batch_tokens is None else f"{policy}-bt{batch_tokens}"
+    trace, live = work / f"{tag}.h5", work / f"{tag}-live.jsonl"
+    budget = [] if batch_tokens is None else ["--batch-tokens", batch_tokens]
     # --probs-f32: the fmoe policy reads the gate probabilities; float16 ones in the trace
     # would shift its match scores (the priorities of its prefetches) from the live ones
-    s = Server(work, "--parallel", 4, *policy_args(work, policy), "--sync-transfers",
+    s = Server(work, "--parallel", 4, *budget, *policy_args(work, policy), "--sync-transfers",
                "--sync-predictions", "--probs-f32", "--decision-log", live, "--trace-out", trace)
     lengths = [16, 24, 18, 20, 22, 17, 24, 19]
     try:
@@ -83,8 +91,8 @@ def serve(work, policy):
     return trace, live
 
 
-def simulate(fmoe_bin, work, trace, policy, log, batch):
-    return run(fmoe_bin, "simulate", "--trace", trace, "--batch", batch,
+def simulate(fmoe_bin, work, trace, policy, log, batch, *extra):
+    return run(fmoe_bin, "simulate", "--trace", trace, "--batch", batch, *extra,
                *policy_args(work, policy), "--profile", work / "zero.json",
                "--decision-log", log, "--quiet", "--json")
 
@@ -122,6 +130,7 @@ def check_batched(trace):
 def test_served_run_replays_decision_for_decision(work, fmoe_bin, policy):
     trace, live = serve(work, policy)
     check_batched(trace)
+    check_budget_rule(trace, 64)  # the default --batch-tokens
     sim = work / f"{policy}-sim.jsonl"
     out = json.loads(simulate(fmoe_bin, work, trace, policy, sim, "trace").stdout)
     assert out["batch_source"] == "trace" and out["batch"] >= 2
@@ -135,6 +144,64 @@ def test_served_run_replays_decision_for_decision(work, fmoe_bin, policy):
         simulate(fmoe_bin, work, trace, policy, bad, wrong)
         rc, res = compare(fmoe_bin, live, bad)
         assert rc == 1 and res["identical"] is False, wrong
+
+
+def check_budget_rule(trace, budget):
+    """The served passes follow serve_engine.c's rule with `budget` tokens, re-derived from
+    the trace: per pass, one decode token of every running request past its prompt, then
+    prompt chunks of the admitted requests still prefilling, in admission order (= id),
+    each min(prompt left, budget left). Requests of a lower id than one already started
+    were admitted (FIFO) and so count even before their first rows. @return the passes'
+    token counts."""
+    with h5py.File(trace) as f:
+        assert int(f.attrs["prefill_chunk"]) == budget
+        off = f["requests/token_offset"][:]
+        pt = f["requests/prompt_tokens"][:]
+        ids = f["requests/id"][:]
+        it = f["tokens/served_iteration"][:]
+    R = len(pt)
+    by_id = sorted(range(R), key=lambda r: ids[r])
+    rows = {r: it[off[r]:off[r + 1]] for r in range(R)}
+    first = {r: int(rows[r][0]) for r in range(R)}
+    last = {r: int(rows[r][-1]) for r in range(R)}
+    sizes = []
+    for p in sorted({int(x) for x in it}):
+        # rows each request ran in p, and its rows before p
+        n = {r: int((rows[r] == p).sum()) for r in range(R)}
+        fed = {r: int((rows[r] < p).sum()) for r in range(R)}
+        started = max(ids[r] for r in range(R) if first[r] <= p)
+        running = [r for r in by_id if ids[r] <= started and last[r] >= p]
+        left = budget
+        for r in running:  # decode tokens first
+            if fed[r] >= pt[r]:
+                assert n[r] == 1, (p, int(ids[r]))
+                left -= 1
+        assert left >= 0
+        for r in running:  # then prompt chunks, oldest admitted first
+            if fed[r] < pt[r]:
+                want = min(int(pt[r]) - fed[r], left)
+                assert n[r] == want, (p, int(ids[r]), n[r], want)
+                left -= want
+        assert sum(n.values()) == budget - left
+        sizes.append(budget - left)
+    return sizes
+
+
+@pytest.mark.parametrize("batch_tokens", [16, 256])
+def test_served_run_with_another_budget_replays_decision_for_decision(work, fmoe_bin,
+                                                                      batch_tokens):
+    policy = "lru"
+    trace, live = serve(work, policy, batch_tokens)
+    sizes = check_budget_rule(trace, batch_tokens)
+    assert max(sizes) == batch_tokens if batch_tokens == 16 else max(sizes) > 64
+    # the simulator's own scheduler takes the budget from the trace
+    out = json.loads(simulate(fmoe_bin, work, trace, policy, work / "own.jsonl", "4").stdout)
+    assert out["batch_tokens"] == batch_tokens
+    sim = work / f"{policy}-bt{batch_tokens}-sim.jsonl"
+    out = json.loads(simulate(fmoe_bin, work, trace, policy, sim, "trace").stdout)
+    assert out["batch_source"] == "trace" and out["batch"] >= 2
+    rc, res = compare(fmoe_bin, live, sim)
+    assert rc == 0 and res["identical"] is True, res
 
 
 def test_batch_trace_needs_a_served_trace(work, fmoe_bin):
