@@ -33,18 +33,13 @@
 
 #include "cmd_common.h"
 #include "fmoe/error.h"
+#include "monotonic.h"
 #include "sweep.h"
 
 enum { TAG_HELLO = 1, TAG_RESULT = 2, TAG_ERROR = 3, TAG_BEAT = 4, TAG_CELL = 5 };
 
 #define POLL_S 0.002
 #define DEFAULT_TIMEOUT_S 60.0
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* ------------------------------------------------------------------ world */
 
@@ -167,7 +162,7 @@ static int receive(master *m) {
     buf[count] = '\0';
     const int r = st.MPI_SOURCE;
     peer *p = &m->peers[r];
-    p->last_seen = now_s();
+    p->last_seen = fmoe__now_s();
     if (p->dead) { /* a rank declared dead spoke after all: its cells are missing already;
                       retire the slots it asks for, so that it ends */
         int slots = 1;
@@ -215,7 +210,7 @@ static int receive(master *m) {
 
 /* Declares ranks silent for longer than the timeout dead; their cells go missing. */
 static void check_silent(master *m, double timeout) {
-    const double t = now_s();
+    const double t = fmoe__now_s();
     for (int r = 1; r < m->size; r++) {
         peer *p = &m->peers[r];
         if (p->dead || (p->hello && p->active == 0) || t - p->last_seen < timeout) continue;
@@ -282,7 +277,7 @@ static int run_master(const cmd_mpi_world *w, const cmd_sweep_job *job, cmd_swee
         goto done;
     }
     for (size_t i = 0; i < job->n; i++) m.owner[i] = -1;
-    const double t0 = now_s();
+    const double t0 = fmoe__now_s();
     for (int r = 0; r < w->size; r++) m.peers[r].last_seen = t0;
     const double timeout = job->rank_timeout_s > 0 ? job->rank_timeout_s : DEFAULT_TIMEOUT_S;
     fmoe_progress_report(job->progress, (int64_t)m.resumed, (int64_t)job->n, "cells");
@@ -340,7 +335,7 @@ static int run_worker(const cmd_mpi_world *w, const cmd_sweep_job *job) {
     MPI_Send(&slots, (int)sizeof slots, MPI_CHAR, 0, TAG_HELLO, MPI_COMM_WORLD);
     const double timeout = job->rank_timeout_s > 0 ? job->rank_timeout_s : DEFAULT_TIMEOUT_S;
     const double beat = timeout / 8 < 1.0 ? timeout / 8 : 1.0;
-    double last_send = now_s(), last_heard = last_send;
+    double last_send = fmoe__now_s(), last_heard = last_send;
     int inflight = 0; /* cells pushed to the pool and not yet popped */
     int heard = 0;    /* rank 0 has answered: it may take a while to read the traces first */
     while (retired < slots) {
@@ -350,7 +345,7 @@ static int run_worker(const cmd_mpi_world *w, const cmd_sweep_job *job) {
         if (flag) {
             int64_t c = -1;
             MPI_Recv(&c, 1, MPI_INT64_T, 0, TAG_CELL, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-            last_heard = now_s();
+            last_heard = fmoe__now_s();
             heard = 1;
             if (c >= 0 && (size_t)c < job->n) {
                 if (++received == kill_after && w->rank == kill_rank) raise(SIGKILL);
@@ -369,15 +364,15 @@ static int run_worker(const cmd_mpi_world *w, const cmd_sweep_job *job) {
             if (line) send_tagged(TAG_RESULT, (int64_t)i, line);
             else send_tagged(TAG_ERROR, (int64_t)i, detail);
             free(line);
-            last_send = now_s();
-        } else if (heard && inflight == 0 && now_s() - last_heard > timeout) {
+            last_send = fmoe__now_s();
+        } else if (heard && inflight == 0 && fmoe__now_s() - last_heard > timeout) {
             /* every slot waits for rank 0, which answers at once when alive */
             rc = fmoe_error_set(FMOE_EIO, "rank %d: rank 0 has not answered for %.0f s; "
                                           "giving up", w->rank, timeout);
             break;
-        } else if (now_s() - last_send > beat) {
+        } else if (fmoe__now_s() - last_send > beat) {
             MPI_Send(NULL, 0, MPI_CHAR, 0, TAG_BEAT, MPI_COMM_WORLD);
-            last_send = now_s();
+            last_send = fmoe__now_s();
         }
     }
     cmd_sweep_pool_stop(pool);

@@ -33,26 +33,11 @@
 #include "files.h"
 #include "fmoe/hardware.h"
 #include "fmoe/predictor.h"
+#include "monotonic.h"
 
 #define MIN_POINT_S 0.02
 #define MAX_REPS 1000
 #define TMPFS_MAGIC_ 0x01021994
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int32_t n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* ------------------------------------------------------------------ fit */
 
@@ -109,13 +94,13 @@ int fmoe_calibrate_copy_ram(const int64_t *sizes, int32_t n, int32_t reps, doubl
         int32_t k = 0;
         double total = 0;
         while (k < MAX_REPS && (k < reps || total < MIN_POINT_S)) {
-            const double t0 = now_s();
+            const double t0 = fmoe__now_s();
             memcpy(dst, src, (size_t)sizes[i]);
-            t[k] = now_s() - t0;
+            t[k] = fmoe__now_s() - t0;
             total += t[k++];
             src[k % max] ^= dst[(k * 7) % max]; /* keep the copies observable */
         }
-        seconds[i] = median(t, k);
+        seconds[i] = fmoe__median(t, k);
     }
     free(src);
     free(dst);
@@ -161,16 +146,16 @@ int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, 
             const int64_t at =
                 ((int64_t)(k + 1) * (len + (1 << 20)) + (int64_t)i * (7 << 20)) % span / ALIGN *
                 ALIGN;
-            const double t0 = now_s();
+            const double t0 = fmoe__now_s();
             if (fmoe__pread_all(fd, buf, (size_t)len, at) < 0) {
                 rc = fmoe_error_set(FMOE_EIO, "%s: reading %lld bytes at %lld: %s", path,
                                     (long long)len, (long long)at, strerror(errno));
                 break;
             }
-            if (k >= 0) t[(size_t)i * (size_t)reps + (size_t)k] = now_s() - t0;
+            if (k >= 0) t[(size_t)i * (size_t)reps + (size_t)k] = fmoe__now_s() - t0;
         }
     }
-    for (int32_t i = 0; rc == 0 && i < n; i++) seconds[i] = median(t + (size_t)i * (size_t)reps, reps);
+    for (int32_t i = 0; rc == 0 && i < n; i++) seconds[i] = fmoe__median(t + (size_t)i * (size_t)reps, reps);
     close(fd);
     free(buf);
     free(t);
@@ -234,7 +219,7 @@ int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, i
         for (int32_t k = 0; k < reps; k++) {
             if (!tmpfs && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) dropped = 0;
             const int64_t off = (int64_t)k * max;
-            const double t0 = now_s();
+            const double t0 = fmoe__now_s();
             int64_t got = 0;
             while (got < sizes[i]) {
                 const ssize_t r = pread(fd, buf + got, (size_t)(sizes[i] - got), off + got);
@@ -246,9 +231,9 @@ int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, i
                 }
                 got += r;
             }
-            t[k] = now_s() - t0;
+            t[k] = fmoe__now_s() - t0;
         }
-        seconds[i] = median(t, reps);
+        seconds[i] = fmoe__median(t, reps);
     }
     *cache = tmpfs ? FMOE_FILE_CACHE_TMPFS : dropped ? FMOE_FILE_CACHE_DROPPED
                                                      : FMOE_FILE_CACHE_WARM;
@@ -312,16 +297,16 @@ int fmoe_calibrate_matcher(int32_t layers, int32_t experts, int32_t top_k, int32
     double total = 0;
     for (int32_t warm = -1; k < MAX_REPS && (k < reps || total < MIN_POINT_S); warm = 0) {
         const float *q = map + (size_t)(1 + (k % QUERIES)) * LJ;
-        const double t0 = now_s();
+        const double t0 = fmoe__now_s();
         fmoe_matcher_trajectory_begin(m, 1);
         for (int32_t l = 0; l < layers; l++)
             fmoe_matcher_trajectory_add(m, l, q + (size_t)l * experts, experts, &best, &score);
-        const double dt = now_s() - t0;
+        const double dt = fmoe__now_s() - t0;
         if (warm < 0) continue;
         t[k] = dt;
         total += t[k++];
     }
-    const double per_token = median(t, k);
+    const double per_token = fmoe__median(t, k);
     if (search_s) *search_s = per_token;
     if (match_s) *match_s = per_token / layers;
 done:
@@ -360,14 +345,14 @@ static int time_passes(pass *p, float *x, int32_t in, int32_t reps, double *pass
     double total = 0;
     if (reps < 1) reps = 1;
     for (int32_t warm = -1; k < MAX_REPS && (k < reps || total < MIN_POINT_S); warm = 0) {
-        const double t0 = now_s();
+        const double t0 = fmoe__now_s();
         run_pass(p);
-        const double dt = now_s() - t0;
+        const double dt = fmoe__now_s() - t0;
         if (warm < 0) continue;
         t[k] = dt;
         total += t[k++];
     }
-    *pass_s = median(t, k);
+    *pass_s = fmoe__median(t, k);
     free(t);
     return 0;
 }

@@ -30,6 +30,7 @@
 #include "fmoe/predictor.h"
 #include "fmoe/sim.h"
 #include "fmoe/slots.h"
+#include "monotonic.h"
 
 typedef struct sim_state {
     const fmoe_sim_workload *w;
@@ -446,17 +447,12 @@ static void run_iteration_layers(sim_state *S, const fmoe_sim_iteration *it, int
     }
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Mean and percentiles with linear interpolation between order statistics (numpy's
  * default). Sorts v. */
 static fmoe_sim_summary summarise(double *v, int64_t n) {
     fmoe_sim_summary s = {0, 0, 0, 0};
     if (n <= 0) return s;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    qsort(v, (size_t)n, sizeof *v, fmoe__cmp_double);
     double sum = 0;
     for (int64_t i = 0; i < n; i++) sum += v[i];
     s.mean = sum / (double)n;

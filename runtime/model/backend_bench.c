@@ -41,6 +41,7 @@
 #include "half.h"
 #include "fmoe/quant.h"
 #include "model_impl.h"
+#include "monotonic.h"
 
 #define MIN_POINT_S 0.02
 #define MAX_REPS 1000
@@ -87,17 +88,6 @@ struct fmoe_backend_bench {
     void *route_h;          /* route's host mirror (route itself on a host-memory backend) */
     double *t;              /* [MAX_REPS] */
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static float next_value(uint32_t *x) {
     *x ^= *x << 13;
@@ -327,15 +317,14 @@ static int time_point(fmoe_backend_bench *b, issue_fn issue, const void *arg, in
     int32_t k = 0;
     double total = 0;
     while (k < MAX_REPS && (k < reps || total < MIN_POINT_S)) {
-        const double t0 = now_s();
+        const double t0 = fmoe__now_s();
         rc = issue(b, arg, n, c);
         if (rc == 0) rc = b->be->sync(b->ctx);
         if (rc < 0) return rc;
-        b->t[k] = now_s() - t0;
+        b->t[k] = fmoe__now_s() - t0;
         total += b->t[k++];
     }
-    qsort(b->t, (size_t)k, sizeof *b->t, cmp_double);
-    *seconds = k % 2 ? b->t[k / 2] : 0.5 * (b->t[k / 2 - 1] + b->t[k / 2]);
+    *seconds = fmoe__median(b->t, k);
     return 0;
 }
 

@@ -102,6 +102,7 @@
 #include "fmoe/policy.h"
 #include "fmoe/predictor.h"
 #include "fmoe/trace.h"
+#include "monotonic.h"
 #include "expert_tier.h"
 #include "offload_impl.h"
 
@@ -188,13 +189,7 @@ struct fmoe_offload {
     int error;                 /* first executor-side error */
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double clock_of(const fmoe_offload *x) { return now_s() - x->t0; }
+static double clock_of(const fmoe_offload *x) { return fmoe__now_s() - x->t0; }
 
 /* Fault injection for the prediction-thread tests: FMOE_FAULT_PREDICT_DELAY_MS=ms makes
  * each prediction on a policy's thread (fmoe's searches, promoe's predictor passes) take
@@ -286,9 +281,9 @@ static int io_step(fmoe_offload *x) {
         x->io_copy_bytes = job_bytes(x, j.first, x->chunks);
         x->io_copy_t0 = clock_of(x);
         pthread_mutex_unlock(&x->mu);
-        const double t = now_s();
+        const double t = fmoe__now_s();
         const int rc = copy_pieces(x, j.slot, j.expert, j.first, x->chunks);
-        const double took = now_s() - t;
+        const double took = fmoe__now_s() - t;
         pthread_mutex_lock(&x->mu);
         x->io_busy_s += took;
         x->io_bytes += x->io_copy_bytes;
@@ -308,9 +303,9 @@ static int io_step(fmoe_offload *x) {
     x->io_copy_bytes = job_bytes(x, piece, piece + 1);
     x->io_copy_t0 = clock_of(x);
     pthread_mutex_unlock(&x->mu);
-    const double t = now_s();
+    const double t = fmoe__now_s();
     const int rc = copy_pieces(x, s, e, piece, piece + 1);
-    const double took = now_s() - t;
+    const double took = fmoe__now_s() - t;
     pthread_mutex_lock(&x->mu);
     x->io_busy_s += took;
     x->io_bytes += x->io_copy_bytes;
@@ -642,9 +637,9 @@ static int on_expert(void *ctx, int32_t l, int32_t j, fmoe_expert_view *out) {
     const int32_t e = l * x->J + j;
     pthread_mutex_lock(&x->mu);
     if (x->data_expert[s] != e) {
-        const double t = now_s();
+        const double t = fmoe__now_s();
         while (x->data_expert[s] != e && !x->io_error) pthread_cond_wait(&x->exec_cv, &x->mu);
-        const double stall = now_s() - t;
+        const double stall = fmoe__now_s() - t;
         x->st.stall_s += stall;
         x->lst[l].stall_s += stall;
         if (x->cur_access[j] >= 0) x->accesses[x->cur_access[j]].stall_s += stall;
@@ -841,7 +836,7 @@ int fmoe__offload_init_backend(fmoe_offload **out, const fmoe_model *m,
     x->chunks = o->copy_chunks > 0 ? o->copy_chunks : 4;
     x->cur_layer = -1;
     x->iteration = -1;
-    x->t0 = now_s();
+    x->t0 = fmoe__now_s();
     int rc = fmoe__expert_tier_open(&x->tier, m, o->tier, o->direct_io);
     if (rc < 0) goto fail;
     x->expert_bytes = fmoe__expert_tier_expert_bytes(x->tier);
