@@ -396,12 +396,18 @@ static int issue_expert(fmoe_backend_bench *b, const void *arg, int32_t n, int32
     return fmoe__expert_run(b->be, b->ctx, &io, &b->expert, n, b->sh.hidden, 1);
 }
 
+/* seconds[p] = time_point of issue at tokens[p] rows, p < n. */
+static int time_series(fmoe_backend_bench *b, issue_fn issue, const int32_t *tokens, int32_t n,
+                       int32_t reps, double *seconds, const char *what) {
+    FMOE_FORWARD_IF_ERROR(check_tokens(b, tokens, n, what));
+    for (int32_t p = 0; p < n; p++)
+        FMOE_FORWARD_IF_ERROR(time_point(b, issue, NULL, tokens[p], 0, reps, &seconds[p]));
+    return 0;
+}
+
 int fmoe_backend_bench_expert(fmoe_backend_bench *b, const int32_t *tokens, int32_t n,
                               int32_t reps, double *seconds) {
-    FMOE_FORWARD_IF_ERROR(check_tokens(b, tokens, n, "expert"));
-    for (int32_t p = 0; p < n; p++)
-        FMOE_FORWARD_IF_ERROR(time_point(b, issue_expert, NULL, tokens[p], 0, reps, &seconds[p]));
-    return 0;
+    return time_series(b, issue_expert, tokens, n, reps, seconds, "expert");
 }
 
 static int issue_attention(fmoe_backend_bench *b, const void *arg, int32_t n, int32_t c) {
@@ -462,10 +468,7 @@ static int issue_overhead(fmoe_backend_bench *b, const void *arg, int32_t n, int
 
 int fmoe_backend_bench_layer_overhead(fmoe_backend_bench *b, const int32_t *tokens, int32_t n,
                                       int32_t reps, double *seconds) {
-    FMOE_FORWARD_IF_ERROR(check_tokens(b, tokens, n, "layer overhead"));
-    for (int32_t p = 0; p < n; p++)
-        FMOE_FORWARD_IF_ERROR(time_point(b, issue_overhead, NULL, tokens[p], 0, reps, &seconds[p]));
-    return 0;
+    return time_series(b, issue_overhead, tokens, n, reps, seconds, "layer overhead");
 }
 
 const char *fmoe_backend_bench_backend(const fmoe_backend_bench *b) {
