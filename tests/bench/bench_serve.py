@@ -2,7 +2,8 @@
 
     .venv/bin/python tests/bench/bench_serve.py [--build build] [--model DIR]
         [--parallel 1,2,4,8] [--clients 8] [--requests 24] [--max-tokens 32]
-        [--cache-experts N] [--policy lru] [--threads N] [--serve-args "..."] [--json FILE]
+        [--cache-experts N] [--policy lru] [--threads N] [--serve-args "..."] [--prompt-lines K]
+        [--json FILE]
 
 For each P in --parallel: start `fmoe serve --parallel P` on a loopback port, then
 --clients concurrent streaming clients send --requests chat requests in all (greedy,
@@ -256,6 +257,9 @@ def main():
                     help="llama-server context per sequence (its -c is P times this)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="with --llama-server: runs of each server per P, alternating order")
+    ap.add_argument("--prompt-lines", type=int, default=1,
+                    help="join K consecutive lines of the prompt file into each prompt (long "
+                         "prompts: bursts of prefill, where --batch-tokens matters)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.llama_server and not (args.model and args.model.endswith(".gguf")):
@@ -264,6 +268,9 @@ def main():
         ap.error("--simulate and --llama-server are separate runs")
     fmoe = str(pathlib.Path(args.build) / "cmd" / "fmoe")
     prompts = [l.strip() for l in PROMPTS.read_text().splitlines() if l.strip()]
+    if args.prompt_lines > 1:  # prompt i: lines i..i+K-1 (mod the file), as many prompts
+        prompts = [" ".join(prompts[(i + k) % len(prompts)] for k in range(args.prompt_lines))
+                   for i in range(len(prompts))]
     rows = []
     with tempfile.TemporaryDirectory() as work:
         profile = pathlib.Path(work) / "profile.json"
