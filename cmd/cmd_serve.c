@@ -295,8 +295,10 @@ int cmd_serve(int argc, char **argv) {
         if (off.x) cmd_offload_summary(&off, line, sizeof line);
         serve_engine_info info;
         serve_engine_get_info(engine, &info);
-        fprintf(stderr, "fmoe serve: ready: model %s, %d sequence%s, context %d, %s\n",
-                info.model_name, info.parallel, info.parallel == 1 ? "" : "s",
+        fprintf(stderr,
+                "fmoe serve: ready: model %s, %d sequence%s, %d tokens a pass, context %d, "
+                "%s\n",
+                info.model_name, info.parallel, info.parallel == 1 ? "" : "s", a.batch_tokens,
                 info.max_context, line);
     }
 

@@ -212,3 +212,18 @@ def test_batch_trace_needs_a_served_trace(work, fmoe_bin):
     p = run(fmoe_bin, "simulate", "--trace", work / "store-src.h5", "--batch", "tracex",
             "--cache-experts", CACHE, "--quiet", check=False)
     assert p.returncode == 2 and "--batch" in p.stderr
+
+
+@pytest.mark.parametrize("args,what", [
+    (["--parallel", "8", "--batch-tokens", "4"], "--parallel 8 exceeds --batch-tokens 4"),
+    (["--parallel", "65"], "--parallel 65 exceeds --batch-tokens 64"),  # the default budget
+    (["--batch-tokens", "0"], "--batch-tokens"),
+    (["--batch-tokens", "8193"], "--batch-tokens"),
+])
+def test_serve_batch_tokens_usage_errors(tmp_path, fmoe_bin, args, what):
+    """Refused before listening: one line, exit 2, no trace started."""
+    trace = tmp_path / "t.h5"
+    p = run(fmoe_bin, "serve", "--port", 0, *args, "--trace-out", trace, check=False)
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and what in p.stderr, p.stderr
+    assert list(tmp_path.iterdir()) == []
