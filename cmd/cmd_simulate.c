@@ -1208,11 +1208,12 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
     if (o.batch > 1 || o.batch_trace) { /* the iterations fmoe serve --parallel B would
                                            run, or those it ran */
         fmoe_sim_workload batched;
+        /* the budget: the option, else what the server ran with (its trace's chunk) */
+        const int32_t budget = o.batch_tokens         ? o.batch_tokens
+                               : u->w.prefill_chunk > 0 ? u->w.prefill_chunk
+                                                        : FMOE_SIM_BATCH_TOKENS;
         rc = o.batch_trace ? fmoe_sim_workload_served(&batched, &u->w)
-                           : fmoe_sim_workload_batch(&batched, &u->w, o.batch,
-                                                     o.batch_tokens     ? o.batch_tokens
-                                                     : u->w.prefill_chunk > 0 ? u->w.prefill_chunk
-                                                                        : FMOE_SIM_BATCH_TOKENS,
+                           : fmoe_sim_workload_batch(&batched, &u->w, o.batch, budget,
                                                      u->arrivals, &u->costs);
         if (rc < 0) {
             if (!strstr(fmoe_error_detail(), o.trace)) fmoe_error_prefix("%s", o.trace);
