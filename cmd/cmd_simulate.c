@@ -1212,6 +1212,13 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
         const int32_t budget = o.batch_tokens         ? o.batch_tokens
                                : u->w.prefill_chunk > 0 ? u->w.prefill_chunk
                                                         : FMOE_SIM_BATCH_TOKENS;
+        if (!o.batch_trace && o.batch > budget) {
+            exit_code = cmd_usage_error(CMD,
+                                        "%s: --batch %d exceeds the trace's %d tokens a pass "
+                                        "(its prefill_chunk); give --batch-tokens",
+                                        o.trace, (int)o.batch, (int)budget);
+            goto done;
+        }
         rc = o.batch_trace ? fmoe_sim_workload_served(&batched, &u->w)
                            : fmoe_sim_workload_batch(&batched, &u->w, o.batch, budget,
                                                      u->arrivals, &u->costs);

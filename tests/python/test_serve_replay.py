@@ -197,6 +197,10 @@ def test_served_run_with_another_budget_replays_decision_for_decision(work, fmoe
     # the simulator's own scheduler takes the budget from the trace
     out = json.loads(simulate(fmoe_bin, work, trace, policy, work / "own.jsonl", "4").stdout)
     assert out["batch_tokens"] == batch_tokens
+    # more sequences than the trace's budget holds: refused, naming the way out
+    p = run(fmoe_bin, "simulate", "--trace", trace, "--batch", batch_tokens + 1,
+            "--cache-experts", CACHE, "--quiet", check=False)
+    assert p.returncode == 2 and "give --batch-tokens" in p.stderr, p.stderr
     sim = work / f"{policy}-bt{batch_tokens}-sim.jsonl"
     out = json.loads(simulate(fmoe_bin, work, trace, policy, sim, "trace").stdout)
     assert out["batch_source"] == "trace" and out["batch"] >= 2
