@@ -40,6 +40,7 @@
 #include "serve_metrics.h"
 #include "serve_text.h"
 #include "trace_queue.h"
+#include "monotonic.h"
 
 /* ---------------------------------------------------------------------------------- */
 /* Jobs                                                                               */
@@ -75,12 +76,6 @@ const char *serve_finish_name(int32_t finish) {
     case SERVE_FINISH_ERROR: return "error";
     default: return NULL;
     }
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* The CLOCK_REALTIME time `seconds` from now, for pthread_cond_timedwait. */
@@ -225,7 +220,7 @@ struct serve_engine {
 
 static void job_finish_status(serve_engine *e, serve_job *j, int32_t finish, const char *error,
                               int32_t http_status) {
-    const double t = now_s();
+    const double t = fmoe__now_s();
     pthread_mutex_lock(&j->mu);
     if (j->st.finished == SERVE_RUNNING) {
         j->st.finished = finish;
@@ -416,7 +411,7 @@ static void admit(serve_engine *e) {
         }
         s->order = e->admitted++;
         e->running++;
-        j->t_start = now_s();
+        j->t_start = fmoe__now_s();
         pthread_mutex_lock(&j->mu);
         j->st.queue_ms = 1e3 * (j->t_start - j->t_submit);
         pthread_mutex_unlock(&j->mu);
@@ -437,7 +432,7 @@ static int is_stop_token(const serve_engine *e, int32_t id) {
  * is told at once and s->finish is 0). */
 static int take_token(serve_engine *e, seq *s, int32_t tok) {
     serve_job *j = s->job;
-    const double t = now_s();
+    const double t = fmoe__now_s();
     if (e->o.metrics) {
         if (s->num_generated == 0)
             serve_metrics_observe_ttft(e->o.metrics, t - j->t_submit);
@@ -612,12 +607,12 @@ static void run_iteration(serve_engine *e, int32_t count) {
         fmoe_offload_request_begin(e->o.offload, s->order, s->job->prompt,
                                    s->job->prompt_tokens);
     }
-    const double t_pass = now_s();
+    const double t_pass = fmoe__now_s();
     if (e->o.offload)
         rc = fmoe_offload_forward_batch(e->o.offload, e->seqs[0].session, e->items, count);
     else
         rc = fmoe_session_forward_batch(e->seqs[0].session, e->items, count);
-    const float pass_s = (float)(now_s() - t_pass);
+    const float pass_s = (float)(fmoe__now_s() - t_pass);
     for (int32_t c = 0; rc == 0 && e->o.trace_out && c < count; c++) {
         seq *s = &e->seqs[e->item_seq[c]]; /* the batch composition, for the trace */
         for (int32_t t = 0; t < e->items[c].n; t++) {
@@ -694,7 +689,7 @@ static void *scheduler_main(void *arg) {
     serve_engine *e = arg;
     pthread_mutex_lock(&e->mu);
     for (;;) {
-        if (e->draining && (now_s() >= e->drain_deadline || (!e->q_head && e->running == 0))) {
+        if (e->draining && (fmoe__now_s() >= e->drain_deadline || (!e->q_head && e->running == 0))) {
             cancel_everything(e);
             break;
         }
@@ -771,7 +766,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     e->K = e->geo->top_k;
     e->eos = fmoe_tokenizer_eos_id(o->tokenizer);
     e->created = (int64_t)time(NULL);
-    e->t0 = now_s();
+    e->t0 = fmoe__now_s();
     const int32_t P = o->parallel;
     if (e->o.max_context <= 0)
         e->o.max_context = e->geo->max_position_embeddings < 4096
@@ -830,7 +825,7 @@ int serve_engine_stop(serve_engine *e, double grace_s) {
     pthread_mutex_lock(&e->mu);
     e->accepting = 0;
     e->draining = 1;
-    e->drain_deadline = now_s() + (grace_s > 0 ? grace_s : 0);
+    e->drain_deadline = fmoe__now_s() + (grace_s > 0 ? grace_s : 0);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (e->thread_started) pthread_join(e->thread, NULL);
@@ -889,7 +884,7 @@ serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
     memcpy(j->prompt, ids, (size_t)n * sizeof *ids);
     j->prompt_tokens = n;
     j->st.prompt_tokens = n;
-    j->t_submit = now_s();
+    j->t_submit = fmoe__now_s();
 
     pthread_mutex_lock(&e->mu);
     if (atomic_load(&e->trace_failed)) {
