@@ -24,14 +24,18 @@ int cmd_backend_resolve(const char *cmd, const char *name, fmoe_backend_kind *ou
                      detail[0] ? detail : fmoe_strerror(rc));
 }
 
-const char *const cmd_activations_names[] = {"f32", "q8", NULL};
+const char *const cmd_activations_names[] = {"auto", "f32", "q8", NULL};
+const int32_t cmd_activations_values[] = {FMOE_ACTIVATIONS_AUTO, FMOE_ACTIVATIONS_F32,
+                                          FMOE_ACTIVATIONS_Q8};
 
-int cmd_activations_check(const char *cmd, fmoe_backend_kind kind, int32_t activations) {
-    if (activations != FMOE_ACTIVATIONS_Q8 || kind == FMOE_BACKEND_CPU) return 0;
-    return cmd_usage_error(cmd,
-                           "--activations q8 needs --backend cpu: the %s backend's quantized "
-                           "kernels take f32 inputs",
-                           fmoe_backend_name(kind));
+int cmd_activations_resolve(const char *cmd, fmoe_backend_kind kind, int32_t *activations) {
+    if (*activations == FMOE_ACTIVATIONS_Q8 && kind != FMOE_BACKEND_CPU)
+        return cmd_usage_error(cmd,
+                               "--activations q8 needs --backend cpu: the %s backend's "
+                               "quantized kernels take f32 inputs",
+                               fmoe_backend_name(kind));
+    *activations = (int32_t)fmoe_activations_resolve((fmoe_activations)*activations, kind);
+    return 0;
 }
 
 const char *cmd_cuda_device_name(const char *describe, char *buf, size_t cap) {

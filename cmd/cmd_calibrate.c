@@ -28,10 +28,11 @@
  * no GPU and the CPU's figures are the profile's compute, file->RAM its link; auto (the
  * default) is cuda when the CUDA module loads and sees a device, else cpu. --link chooses
  * another link (h2d only with the cuda backend). "host" is always the CPU (the lane
- * `simulate --miss cpu` uses). --activations q8 times the CPU's quantized products with
- * 8-bit inputs, as generate, record and serve compute with it (a different speed: the
- * profile must be of the run it predicts), and is recorded in the calibration record; like
- * theirs, it needs the cpu backend.
+ * `simulate --miss cpu` uses). --activations (auto: q8 on the cpu backend, f32 on cuda)
+ * times the CPU's quantized products with 8-bit or f32 inputs, as generate, record and
+ * serve compute with the same value (a different speed: the profile must be of the run it
+ * predicts), and the resolved value is recorded in the calibration record; like theirs, an
+ * explicit q8 needs the cpu backend.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -736,11 +737,12 @@ static int write_profile(FILE *f, const char *partial, const char *path, const c
 int cmd_calibrate(int argc, char **argv) {
     options o;
     memset(&o, 0, sizeof o);
+    o.activations = FMOE_ACTIVATIONS_AUTO;
     int rc = parse_options(argc, argv, &o);
     if (rc != 0) return rc < 0 ? CMD_EXIT_OK : rc;
     fmoe_backend_kind backend;
     if ((rc = cmd_backend_resolve(CMD, o.backend, &backend)) != 0) return rc;
-    if ((rc = cmd_activations_check(CMD, backend, o.activations)) != 0) return rc;
+    if ((rc = cmd_activations_resolve(CMD, backend, &o.activations)) != 0) return rc;
     shapes sh;
     rc = load_shapes(&o, &sh);
     if (rc < 0) return cmd_fail(CMD, rc);

@@ -184,7 +184,8 @@ static const cmd_option generate_options[] = {
 };
 
 static void init(void *base) {
-    *(generate_args *)base = (generate_args){.max_new_tokens = 128, .top_p = 1.0};
+    *(generate_args *)base = (generate_args){.max_new_tokens = 128, .top_p = 1.0,
+                                             .activations = FMOE_ACTIVATIONS_AUTO};
     cmd_offload_args_init(&((generate_args *)base)->off);
 }
 
@@ -217,7 +218,7 @@ int cmd_generate(int argc, char **argv) {
     if (prc > 0) return prc;
     fmoe_backend_kind backend;
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
-    if ((prc = cmd_activations_check(CMD, backend, a.activations)) != 0) return prc;
+    if ((prc = cmd_activations_resolve(CMD, backend, &a.activations)) != 0) return prc;
     a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;

@@ -217,7 +217,8 @@ static const cmd_option record_options[] = {
 
 static void init(void *base) {
     *(record_args *)base =
-        (record_args){.max_new_tokens = 64, .top_p = 1.0, .compression = FMOE_COMPRESSION_ZSTD};
+        (record_args){.max_new_tokens = 64, .top_p = 1.0, .compression = FMOE_COMPRESSION_ZSTD,
+                      .activations = FMOE_ACTIVATIONS_AUTO};
     cmd_offload_args_init(&((record_args *)base)->off);
 }
 
@@ -416,7 +417,7 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
     }
     fmoe_backend_kind backend;
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
-    if ((prc = cmd_activations_check(CMD, backend, a.activations)) != 0) return prc;
+    if ((prc = cmd_activations_resolve(CMD, backend, &a.activations)) != 0) return prc;
     a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;

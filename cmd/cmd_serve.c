@@ -136,7 +136,7 @@ static void init(void *base) {
                                        .batch_tokens = FMOE_SIM_BATCH_TOKENS,
                                        .max_queue = 64, .max_body = 1 << 20, .timeout = 30,
                                        .client_connections = 64,
-                                       .grace = 10};
+                                       .grace = 10, .activations = FMOE_ACTIVATIONS_AUTO};
     cmd_offload_args_init(&((serve_args *)base)->off);
 }
 
@@ -211,7 +211,7 @@ int cmd_serve(int argc, char **argv) {
                                a.batch_tokens);
     fmoe_backend_kind backend; /* before listening, as the other options */
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
-    if ((prc = cmd_activations_check(CMD, backend, a.activations)) != 0) return prc;
+    if ((prc = cmd_activations_resolve(CMD, backend, &a.activations)) != 0) return prc;
     a.off.backend = backend;
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;

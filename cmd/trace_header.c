@@ -40,8 +40,10 @@ int cmd_trace_header_for_model(fmoe_trace_header *h, const fmoe_model *m, const 
     snprintf(h->dtype, sizeof h->dtype, "%s", fmoe_dtype_name(g->expert_dtype));
     cmd_backend_recorded_on(backend, h->recorded_on, sizeof h->recorded_on);
     /* written for every model, bf16 ones included (where it changes nothing), so that a
-     * trace says it without the reader knowing which weight types it affects */
-    snprintf(h->activations, sizeof h->activations, "%s", fmoe_activations_name(activations));
+     * trace says it without the reader knowing which weight types it affects; resolved
+     * here too (a no-op on a command's resolved value) so that it is never "auto" */
+    snprintf(h->activations, sizeof h->activations, "%s",
+             fmoe_activations_name(fmoe_activations_resolve(activations, backend)));
     h->probs_kind = FMOE_PROBS_FULL;
     h->probs_half = !probs_f32;
     h->semantic_dim = (int32_t)g->hidden_size;

@@ -16,7 +16,8 @@ const char *cmd_base_name(const char *path, char *buf, size_t cap);
 /* Zeroes *h and fills what the model decides: the model name (model_name, else the
  * directory's name), fingerprint, L/J/K/h, shared experts, expert bytes and dtype,
  * recorded_on from the backend the run computes on ("cpu", or "cuda:<device name>") and
- * activations from what it multiplies quantized weights by ("f32" or "q8"), full
+ * activations from what it multiplies quantized weights by ("f32" or "q8"; auto is
+ * resolved with fmoe_activations_resolve, never written), full
  * probabilities (float16 unless probs_f32), the embedding as semantic rows, config.json.
  * The caller sets the rest (dataset, speculative, hidden, timing, prefill_chunk,
  * offload). @return 0 or the fingerprint's error. */

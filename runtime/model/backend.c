@@ -17,7 +17,15 @@ const char *fmoe_backend_name(fmoe_backend_kind kind) {
 }
 
 const char *fmoe_activations_name(fmoe_activations a) {
-    return a == FMOE_ACTIVATIONS_F32 ? "f32" : a == FMOE_ACTIVATIONS_Q8 ? "q8" : "?";
+    return a == FMOE_ACTIVATIONS_F32    ? "f32"
+           : a == FMOE_ACTIVATIONS_Q8   ? "q8"
+           : a == FMOE_ACTIVATIONS_AUTO ? "auto"
+                                        : "?";
+}
+
+fmoe_activations fmoe_activations_resolve(fmoe_activations requested, fmoe_backend_kind backend) {
+    if (requested != FMOE_ACTIVATIONS_AUTO) return requested;
+    return backend == FMOE_BACKEND_CPU ? FMOE_ACTIVATIONS_Q8 : FMOE_ACTIVATIONS_F32;
 }
 
 int fmoe_backend_choose(const char *name, fmoe_backend_kind *out) {

@@ -220,7 +220,8 @@ int fmoe_backend_bench_init(fmoe_backend_bench **out, fmoe_backend_kind backend,
     const fmoe__backend_limits lim = {.threads = threads, .max_cols = b->max_cols,
                                       .max_batch = s.max_batch, .max_context = s.max_context,
                                       .max_experts = (int32_t)(B * K),
-                                      .activations = activations};
+                                      .activations =
+                                          fmoe_activations_resolve(activations, backend)};
     int rc = be->init(&lim, &b->ctx);
     if (rc < 0) {
         b->ctx = NULL;

@@ -206,9 +206,10 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
     if (o.max_batch > o.max_context) o.max_batch = o.max_context;
     if (o.max_sequences <= 0) o.max_sequences = 1;
     if (o.max_sequences > o.max_batch) o.max_sequences = o.max_batch;
+    o.activations = fmoe_activations_resolve(o.activations, o.backend);
     FMOE_RETURN_ERROR_IF(o.activations != FMOE_ACTIVATIONS_F32 &&
                              o.activations != FMOE_ACTIVATIONS_Q8,
-                         FMOE_EINVAL, "activations %d: expected f32 (0) or q8 (1)",
+                         FMOE_EINVAL, "activations %d: expected f32 (0), q8 (1) or auto (2)",
                          (int)o.activations);
     /* Refused rather than ignored: a run asked for 8-bit inputs would otherwise compute,
      * and a trace record, f32 ones without a word. Checked before the backend is looked

@@ -391,6 +391,31 @@ TEST(cuda_device_name_from_describe) {
     ASSERT_STR_EQ(cmd_backend_recorded_on(FMOE_BACKEND_CPU, b, sizeof b), "cpu");
 }
 
+/* --activations: auto is resolved once, before anything is loaded, into what the run then
+ * passes, prints and records; an explicit choice stays, q8 off the CPU is refused. */
+TEST(activations_resolve) {
+    const fmoe_backend_kind cpu = FMOE_BACKEND_CPU, cuda = FMOE_BACKEND_CUDA;
+    int32_t a = FMOE_ACTIVATIONS_AUTO;
+    ASSERT_EQ(cmd_activations_resolve("test", cpu, &a), 0);
+    ASSERT_EQ(a, FMOE_ACTIVATIONS_Q8);
+    a = FMOE_ACTIVATIONS_AUTO;
+    ASSERT_EQ(cmd_activations_resolve("test", cuda, &a), 0);
+    ASSERT_EQ(a, FMOE_ACTIVATIONS_F32);
+    a = FMOE_ACTIVATIONS_F32;
+    ASSERT_EQ(cmd_activations_resolve("test", cpu, &a), 0);
+    ASSERT_EQ(a, FMOE_ACTIVATIONS_F32);
+    a = FMOE_ACTIVATIONS_Q8;
+    ASSERT_EQ(cmd_activations_resolve("test", cpu, &a), 0);
+    ASSERT_EQ(a, FMOE_ACTIVATIONS_Q8);
+    ASSERT_EQ(cmd_activations_resolve("test", cuda, &a), CMD_EXIT_USAGE); /* one line printed */
+    ASSERT_STR_EQ(fmoe_activations_name(FMOE_ACTIVATIONS_AUTO), "auto");
+    ASSERT_EQ(fmoe_activations_resolve(FMOE_ACTIVATIONS_Q8, cuda), FMOE_ACTIVATIONS_Q8);
+    /* the option's names map to the enum's values, whatever their order in --help */
+    for (int i = 0; cmd_activations_names[i]; i++)
+        ASSERT_STR_EQ(fmoe_activations_name((fmoe_activations)cmd_activations_values[i]),
+                      cmd_activations_names[i]);
+}
+
 static void dummy_test(int *failed) { (void)failed; }
 
 TEST(harness_refuses_too_many_tests) {

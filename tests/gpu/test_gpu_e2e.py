@@ -22,7 +22,8 @@ the CPU backend, and against the simulator, through the commands a user runs.
    greedy tokens equal the CPU backend's.
 7. A quantized GGUF: fmoe-tiny through `fmoe quantize --type q8_0` (Q8_0 matrices, the
    few whose rows are not whole blocks kept in bf16); `fmoe generate --backend cuda`, all
-   resident and offloaded (lru, 16 device slots), equals `--backend cpu` token for token.
+   resident and offloaded (lru, 16 device slots), equals `--backend cpu --activations f32`
+   token for token (f32 inputs on both sides: the CPU's default, auto, would be q8).
 8. The file tier with O_DIRECT: `--tier file --direct-io` (experts read from the
    safetensors file through the pinned staging buffer on each transfer) equals the CPU's
    all-resident greedy tokens.
@@ -82,9 +83,10 @@ prompts of the largest per-prompt change); they check the margins from the CPU's
 qualifies.
 
 Test 7: the CUDA backend multiplies Q8_0 weights dequantised exactly as the CPU does
-(lib/quant_block.h) by float32 activations, and the CPU may quantise its activations to
-8 bits (fmoe/quant_act.h, as llama.cpp does): per-logit differences well under the bf16
-row of the table. It runs bundled prompts in the order of GREEDY_PROMPTS and takes the
+(lib/quant_block.h) by float32 activations, and so does the CPU with --activations f32
+(asked for explicitly: its default, auto, quantises them to 8 bits on the CPU,
+fmoe/quant_act.h, as llama.cpp does, which moves the logits several times more): per-logit
+differences well under the bf16 row of the table. It runs bundled prompts in the order of GREEDY_PROMPTS and takes the
 first whose 32 CPU greedy steps on the Q8_0 file all keep a margin of GREEDY_MARGIN (on a
 CPU without a GPU, 0.169 to 0.236 for the three), saying so if none does.
 
@@ -343,10 +345,11 @@ def tiny_q8_0(fmoe_bin, tmp_path_factory):
 
 def _generate_q8_0(fmoe_bin, backend_args, model, prompt, kind, *extra):
     p = run(fmoe_bin, "generate", "--model", model, "--prompt", prompt, "--max-new-tokens",
-            GENERATE, "--temperature", 0, "--ignore-eos", "--json", *extra,
-            *backend_args("generate", kind))
+            GENERATE, "--temperature", 0, "--ignore-eos", "--json", "--activations", "f32",
+            *extra, *backend_args("generate", kind))
     out = json.loads(p.stdout)
     assert out.get("backend", kind) == kind, out.get("backend")
+    assert out.get("activations", "f32") == "f32", out.get("activations")
     assert "Q8_0" in out.get("describe", "Q8_0"), out.get("describe")
     return out
 

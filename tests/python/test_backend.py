@@ -4,7 +4,8 @@ The value is resolved once, before anything is loaded: an unknown name is a usag
 (exit 2, one line naming it), cuda where it cannot run a failure (exit 1, one line saying
 why: no device, built without CUDA, module not found), never a silent fall back to the
 CPU. A command that runs says in one line on stderr where it computes ("fmoe generate:
-backend cpu", "fmoe record: backend cuda (NVIDIA H100 80GB HBM3)") unless its --json or
+backend cpu, activations q8": the default --activations, auto, is q8 on the cpu and f32,
+unsaid, on cuda; "fmoe record: backend cuda (NVIDIA H100 80GB HBM3)") unless its --json or
 --quiet keeps stderr clean; record writes it to the trace's recorded_on ("cpu",
 "cuda:<device>").
 
@@ -51,10 +52,11 @@ def backend_lines(stderr, cmd):
 
 
 def expected_line(cmd, kind):
-    """The backend line of a run on `kind`: exactly "fmoe CMD: backend cpu"; on cuda the
-    device's name follows in parentheses."""
+    """The backend line of a run on `kind` with the default --activations: exactly
+    "fmoe CMD: backend cpu, activations q8"; on cuda the device's name follows in
+    parentheses, and nothing of the activations (auto is f32 there)."""
     return (re.compile(rf"fmoe {cmd}: backend cuda( \(.+\))?$") if kind == "cuda"
-            else re.compile(rf"fmoe {cmd}: backend cpu$"))
+            else re.compile(rf"fmoe {cmd}: backend cpu, activations q8$"))
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)
@@ -132,7 +134,7 @@ def test_generate_offloaded_on_cpu(fmoe_bin):
     p = run(fmoe_bin, "generate", *ARGS["generate"], "--backend", "cpu", "--cache-experts",
             "12")
     assert p.returncode == 0, p.stderr
-    assert backend_lines(p.stderr, "generate") == ["fmoe generate: backend cpu"]
+    assert backend_lines(p.stderr, "generate") == ["fmoe generate: backend cpu, activations q8"]
     assert "offload 12 slots" in p.stderr
 
 
@@ -198,7 +200,7 @@ def test_serve_says_and_lists_its_backend(fmoe_bin, tmp_path):
         rc = proc.wait(timeout=60)
     err = proc.stderr.read()
     assert rc == 0, err
-    assert backend_lines(err, "serve") == ["fmoe serve: backend cpu"], err
+    assert backend_lines(err, "serve") == ["fmoe serve: backend cpu, activations q8"], err
 
 
 def test_calibrate_cpu_profile(fmoe_bin, tmp_path):
@@ -206,7 +208,7 @@ def test_calibrate_cpu_profile(fmoe_bin, tmp_path):
     link (what a machine without a device gets, as before --backend)."""
     p = run(fmoe_bin, "calibrate", *ARGS["calibrate"], "--backend", "cpu", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    assert backend_lines(p.stderr, "calibrate") == ["fmoe calibrate: backend cpu"]
+    assert backend_lines(p.stderr, "calibrate") == ["fmoe calibrate: backend cpu, activations q8"]
     prof = json.loads((tmp_path / "profile.json").read_text())
     cal = prof["calibration"]
     assert cal["backend"] == "cpu" and cal["link_used"] == "file"

@@ -1,7 +1,8 @@
 """The CPU forward pass with 8-bit inputs for quantized weights (`--activations q8`:
 fmoe/quant_act.h through runtime/cpu/quant_matvec.c, docs/quantization.md), on fmoe-tiny
-quantized by `fmoe quantize`, against the same file run with f32 inputs (the default, which
-test_gguf_model.py pins to the file's f32 dequantisation):
+quantized by `fmoe quantize`, against the same file run with f32 inputs (the library's
+default and the commands' `--activations f32`, which test_gguf_model.py pins to the file's
+f32 dequantisation):
 
 - the option really switches the path: the logits move, by more than rounding;
 - they move by a bounded part of the logits' spread, and the top-1 token stays the same
@@ -15,11 +16,15 @@ test_gguf_model.py pins to the file's f32 dequantisation):
   thread, and the integer dots give an input the same bits whatever else is in its pass;
 - the commands: `fmoe generate --activations q8` moves a Q8_0 model's logits within the
   same bounds and leaves a bf16 checkpoint's bits alone (its weights never take the block
-  kernels); a value other than f32 or q8 is a one-line usage error (exit 2) of every
-  command that has the option; q8 on the CUDA backend is refused, not ignored; `record`
-  and `serve --trace-out` write the choice as the trace's `activations` attribute (read
-  back with h5py), which a reader may find absent but not wrong; `calibrate` times the
-  8-bit path when asked and says so in its profile.
+  kernels); a value other than auto, f32 or q8 is a one-line usage error (exit 2) of
+  every command that has the option; q8 on the CUDA backend is refused, not ignored;
+  `record` and `serve --trace-out` write the choice as the trace's `activations` attribute
+  (read back with h5py), which a reader may find absent but not wrong; `calibrate` times
+  the 8-bit path when asked and says so in its profile;
+- the commands' default, auto, is q8 on the cpu backend (llama.cpp's inputs, and speed):
+  a Q8_0 file's logits are bit for bit explicit q8's and a bf16 checkpoint's explicit
+  f32's, and everything that reports the setting says the resolved value, never "auto";
+  on the cuda backend auto is f32, without a word.
 """
 import json
 import subprocess
@@ -84,15 +89,16 @@ def test_8bit_inputs_same_bits_any_threads(build_dir, files, tmp_path):
     assert np.array_equal(one, two)
 
 
-def generate(fmoe_bin, model, tmp_path, act):
-    """Greedy `fmoe generate --json --dump-logits` with --activations act: (ids, logits)."""
+def generate(fmoe_bin, model, tmp_path, act, resolved=None):
+    """Greedy `fmoe generate --json --dump-logits` with --activations act (None: the
+    default), which --json must report as `resolved` (default: act): (ids, logits)."""
     npy = tmp_path / f"gen-{model.stem}-{act}.npy"
     p = run_fmoe(fmoe_bin, "generate", "--model", model, "--prompt",
                  "Once upon a time", "--max-new-tokens", "8", "--ignore-eos",
                  "--temperature", "0", "--threads", "2", "--backend", "cpu", "--json",
-                 "--activations", act, "--dump-logits", npy)
+                 *(["--activations", act] if act else []), "--dump-logits", npy)
     doc = json.loads(p.stdout)
-    assert doc["activations"] == act
+    assert doc["activations"] == (resolved or act)
     return doc["generated_ids"], np.load(npy)
 
 
@@ -117,10 +123,41 @@ def test_generate_activations_q8_moves_quantized_weights_only(fmoe_bin, files, t
 
 
 def test_generate_says_q8_on_its_backend_line(fmoe_bin, files):
+    for act in (["--activations", "q8"], []):  # explicit, and auto resolved on the cpu
+        p = run_fmoe(fmoe_bin, "generate", "--model", files["q8_0"], "--prompt", "Hi",
+                     "--max-new-tokens", "2", "--threads", "1", "--backend", "cpu", *act)
+        assert "fmoe generate: backend cpu, activations q8" in p.stderr.splitlines(), act
     p = run_fmoe(fmoe_bin, "generate", "--model", files["q8_0"], "--prompt", "Hi",
                  "--max-new-tokens", "2", "--threads", "1", "--backend", "cpu",
-                 "--activations", "q8")
-    assert "fmoe generate: backend cpu, activations q8" in p.stderr.splitlines()
+                 "--activations", "f32")
+    assert "fmoe generate: backend cpu" in p.stderr.splitlines()
+
+
+def test_default_is_q8_on_the_cpu(fmoe_bin, files, tmp_path):
+    """auto, the default, is explicit q8 on a quantized file, bit for bit, and explicit f32
+    on a bf16 checkpoint (whose weights never take the block kernels), bit for bit."""
+    ids_auto, auto = generate(fmoe_bin, files["q8_0"], tmp_path, None, "q8")
+    ids_q8, q8 = generate(fmoe_bin, files["q8_0"], tmp_path, "q8")
+    assert ids_auto == ids_q8
+    assert auto.tobytes() == q8.tobytes()
+    _, f32 = generate(fmoe_bin, files["q8_0"], tmp_path, "f32")
+    assert float(np.abs(auto - f32).max()) > 1e-3  # the default is not the f32 path
+    ids_b, b_auto = generate(fmoe_bin, TINY, tmp_path, None, "q8")
+    ids_b32, b32 = generate(fmoe_bin, TINY, tmp_path, "f32")
+    assert ids_b == ids_b32
+    assert b_auto.tobytes() == b32.tobytes()
+
+
+def test_help_shows_the_default(fmoe_bin):
+    for cmd in ARGS:
+        lines = run_fmoe(fmoe_bin, cmd, "--help").stdout.splitlines()
+        i = next(k for k, ln in enumerate(lines) if ln.lstrip().startswith("--activations"))
+        j = next((k for k in range(i + 1, len(lines)) if lines[k].lstrip().startswith("-")),
+                 len(lines))
+        row = " ".join(" ".join(lines[i:j]).split())  # the option's row, unwrapped
+        assert row.startswith("--activations auto|f32|q8"), (cmd, row[:80])
+        assert "auto: q8 on the cpu backend, f32 on cuda" in row, (cmd, row)
+        assert row.endswith("(default auto)"), (cmd, row)
 
 
 ARGS = {
@@ -137,7 +174,7 @@ def test_bad_activations_value_is_a_usage_error(fmoe_bin, tmp_path, cmd):
     p = run_fmoe(fmoe_bin, cmd, *ARGS[cmd], "--activations", "q4", check=False, cwd=tmp_path)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.splitlines()
-    assert len(lines) == 1 and "--activations must be f32 or q8, got 'q4'" in lines[0], lines
+    assert len(lines) == 1 and "--activations must be auto, f32 or q8, got 'q4'" in lines[0], lines
     assert list(tmp_path.iterdir()) == []  # nothing written, not even a partial
 
 
@@ -157,6 +194,15 @@ def test_q8_on_cuda_is_refused(build_dir, fmoe_bin, files, have_cuda_device, tmp
             assert p.stderr.count("\n") == 1 and "--activations q8 needs --backend cpu" in p.stderr
 
 
+def test_auto_on_cuda_is_f32(fmoe_bin, files, have_cuda_device):
+    if not have_cuda_device:
+        pytest.skip("no CUDA device")
+    p = run_fmoe(fmoe_bin, "generate", "--model", files["q8_0"], "--prompt", "Hi",
+                 "--max-new-tokens", "2", "--threads", "1", "--backend", "cuda", "--json")
+    assert json.loads(p.stdout)["activations"] == "f32"
+    assert "activations" not in p.stderr, p.stderr  # the backend line says nothing of it
+
+
 def test_record_writes_the_activations_attribute(fmoe_bin, files, tmp_path):
     h5py = pytest.importorskip("h5py")  # root attributes: no filter needed
     got = {}
@@ -170,13 +216,17 @@ def test_record_writes_the_activations_attribute(fmoe_bin, files, tmp_path):
             got[act] = v.decode() if isinstance(v, bytes) else v
         assert got[act] == act
         assert json.loads(run_fmoe(fmoe_bin, "inspect", out, "--json").stdout)["activations"] == act
-    # the default, on a bf16 model too: written, so a trace never leaves it to be guessed
-    out = tmp_path / "default.h5"
-    run_fmoe(fmoe_bin, "record", "--model", TINY, "--dataset", PROMPTS, "--max-requests", "1",
-             "--max-new-tokens", "1", "--threads", "1", "--backend", "cpu", "-q", "-o", out)
-    with h5py.File(out, "r") as f:
-        v = f.attrs["activations"]
-        assert (v.decode() if isinstance(v, bytes) else v) == "f32"
+    # the default (auto) as it resolved on the cpu, on a quantized and a bf16 model: written,
+    # so a trace never leaves it to be guessed, and never as "auto"
+    for model in (files["q8_0"], TINY):
+        out = tmp_path / "default.h5"
+        out.unlink(missing_ok=True)
+        run_fmoe(fmoe_bin, "record", "--model", model, "--dataset", PROMPTS, "--max-requests",
+                 "1", "--max-new-tokens", "1", "--threads", "1", "--backend", "cpu", "-q",
+                 "-o", out)
+        with h5py.File(out, "r") as f:
+            v = f.attrs["activations"]
+            assert (v.decode() if isinstance(v, bytes) else v) == "q8", model
     # absent (a trace written before the attribute): read as not known
     with h5py.File(out, "r+") as f:
         del f.attrs["activations"]
@@ -198,6 +248,9 @@ def test_calibrate_times_the_8bit_path_when_asked(fmoe_bin, files, tmp_path):
                      "--activations", act)
         prof[act] = json.loads(p.stdout)["calibration"]
         assert prof[act]["activations"] == act
+    p = run_fmoe(fmoe_bin, "calibrate", "--quick", "--quiet", "--backend", "cpu",
+                 "--file-dir", tmp_path, "--model-config", files["q8_0"])
+    assert json.loads(p.stdout)["calibration"]["activations"] == "q8"  # auto, resolved
     assert prof["f32"]["compute"]["expert_cpu"]["what"] == "expert (fmoe cpu q8_0)"
     assert prof["q8"]["compute"]["expert_cpu"]["what"] == \
         "expert (fmoe cpu q8_0, activations q8)"

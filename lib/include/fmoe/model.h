@@ -201,12 +201,22 @@ const char *fmoe_backend_name(fmoe_backend_kind kind);
  * fmoe_session_init refuses Q8 there.
  */
 typedef enum fmoe_activations {
-    FMOE_ACTIVATIONS_F32 = 0, /* the default: the accuracy the tests pin */
+    FMOE_ACTIVATIONS_F32 = 0, /* the library's default: the accuracy the tests pin */
     FMOE_ACTIVATIONS_Q8 = 1,
+    FMOE_ACTIVATIONS_AUTO = 2, /* the commands' default: fmoe_activations_resolve's choice */
 } fmoe_activations;
 
-/* "f32" or "q8" (the --activations values and the trace attribute); "?" for another value. */
+/* "f32", "q8" or "auto" (the --activations values; a trace attribute holds a resolved one);
+ * "?" for another value. */
 const char *fmoe_activations_name(fmoe_activations a);
+
+/* What `requested` computes with on `backend`: AUTO is Q8 on the CPU, llama.cpp's choice
+ * and its speed on quantized weights (bf16, f16 and f32 weights are the same bits either
+ * way), and F32 on CUDA, whose quantized kernels take f32 inputs only; F32 and Q8 are
+ * returned as they are (Q8 off the CPU is fmoe_session_init's error, not this function's).
+ * The one place AUTO is decided: what a run reports or records is this function's value.
+ * @return FMOE_ACTIVATIONS_F32 or FMOE_ACTIVATIONS_Q8 (any other value unchanged). */
+fmoe_activations fmoe_activations_resolve(fmoe_activations requested, fmoe_backend_kind backend);
 
 typedef struct fmoe_session_options {
     fmoe_backend_kind backend; /* default FMOE_BACKEND_CPU */
@@ -223,7 +233,8 @@ typedef struct fmoe_session_options {
     fmoe_expert_done_fn on_expert_done;
     void *route_ctx;
     fmoe_activations activations; /* the CPU backend's inputs for quantized weights (default
-                                     FMOE_ACTIVATIONS_F32; Q8 with CUDA is refused) */
+                                     FMOE_ACTIVATIONS_F32; AUTO: fmoe_activations_resolve;
+                                     Q8 with CUDA is refused) */
 } fmoe_session_options;
 
 /* Defaults as documented above. */
