@@ -37,6 +37,7 @@
 #include "fmoe/log.h"
 #include "fmoe/safetensors.h"
 #include "fmoe/sampler.h"
+#include "fmoe/sim.h"
 #include "serve_metrics.h"
 #include "serve_text.h"
 #include "trace_queue.h"
@@ -745,13 +746,14 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     *out = NULL;
     FMOE_RETURN_ERROR_IF(!o || !o->model || !o->tokenizer, FMOE_EINVAL,
                          "serve: a model and a tokenizer are needed");
-    /* Every running sequence's decode token goes into each iteration, so the budget must
-     * hold one token of each. */
-    FMOE_RETURN_ERROR_IF(o->batch_tokens < 1, FMOE_EINVAL, "--batch-tokens %d is below 1",
+    /* 0: the default budget, the one simulate --batch assumes. Every running sequence's
+     * decode token goes into each iteration, so the budget must hold one token of each. */
+    const int32_t budget = o->batch_tokens > 0 ? o->batch_tokens : FMOE_SIM_BATCH_TOKENS;
+    FMOE_RETURN_ERROR_IF(o->batch_tokens < 0, FMOE_EINVAL, "--batch-tokens %d is below 1",
                          o->batch_tokens);
-    FMOE_RETURN_ERROR_IF(o->parallel < 1 || o->parallel > o->batch_tokens, FMOE_EINVAL,
+    FMOE_RETURN_ERROR_IF(o->parallel < 1 || o->parallel > budget, FMOE_EINVAL,
                          "--parallel %d is outside [1, %d] (--batch-tokens)", o->parallel,
-                         o->batch_tokens);
+                         budget);
     FMOE_RETURN_ERROR_IF(o->max_queue < 0, FMOE_EINVAL, "--max-queue %d is negative",
                          o->max_queue);
     serve_engine *e = calloc(1, sizeof *e);
@@ -759,6 +761,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->o = *o;
+    e->o.batch_tokens = budget;
     e->geo = fmoe_model_get_geometry(o->model);
     e->V = (int32_t)e->geo->vocab_size;
     e->L = e->geo->num_moe_layers;
@@ -793,7 +796,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         so.threads = o->threads;
         so.activations = o->activations;
         if (i == 0 && o->offload) fmoe_offload_attach(o->offload, &so);
-        so.max_batch = i == 0 ? o->batch_tokens : 1;
+        so.max_batch = i == 0 ? budget : 1;
         so.max_sequences = i == 0 ? P : 1; /* slot 0 runs every batch */
         rc = fmoe_session_init(o->model, &so, &e->seqs[i].session);
         if (rc < 0) break;
@@ -803,7 +806,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         if (!s->generated || !s->logits)
             rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
         else
-            rc = seq_reserve(e, s, o->batch_tokens);
+            rc = seq_reserve(e, s, budget);
     }
     if (rc == 0 && o->trace_out) rc = serve_trace_queue_start(o->trace_out, on_traced, e, &e->tq);
     if (rc < 0) {

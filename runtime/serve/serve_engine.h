@@ -45,9 +45,9 @@ typedef struct serve_engine_options {
     const char *model_name;            /* the `model` field of responses */
     int32_t parallel;                  /* P >= 1 sequences at once, P <= batch_tokens */
     /* Tokens of one batched forward call: decode tokens plus prompt chunks (fmoe serve
-     * --batch-tokens; FMOE_SIM_BATCH_TOKENS by default, which fmoe simulate --batch
-     * mirrors). It sizes the runner session's activations and an offload executor's
-     * prefill_chunk must equal it. */
+     * --batch-tokens; 0: FMOE_SIM_BATCH_TOKENS, which fmoe simulate --batch mirrors). It
+     * sizes the runner session's activations and an offload executor's prefill_chunk
+     * must equal it. */
     int32_t batch_tokens;
     int32_t max_queue;                 /* waiting requests beyond which submit says 503 */
     int32_t max_context;               /* KV positions per sequence (0: model's, <= 4096) */
