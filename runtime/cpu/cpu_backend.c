@@ -613,6 +613,27 @@ static int cpu_host_register(void *ctx, void *p, int64_t bytes) {
 
 static void cpu_host_unregister(void *ctx, void *p) { (void)ctx, (void)p; }
 
+/* Slot fences (model_impl.h): every op has run when it returns, so a slot's reads are over
+ * before anyone could rewrite it. fence_new hands out one placeholder, never NULL. */
+static char cpu_fence_placeholder;
+
+static void *cpu_fence_new(void *ctx) {
+    (void)ctx;
+    return &cpu_fence_placeholder;
+}
+
+static void cpu_fence_free(void *ctx, void *fence) { (void)ctx, (void)fence; }
+
+static int cpu_fence_record(void *ctx, void *fence) {
+    (void)ctx, (void)fence;
+    return 0;
+}
+
+static int cpu_fence_wait(void *ctx, void *fence) {
+    (void)ctx, (void)fence;
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* Lifetime                                                                           */
 /* ---------------------------------------------------------------------------------- */
@@ -731,4 +752,8 @@ const fmoe__backend_ops fmoe__cpu_backend = {
     /* .write_slot      = */ cpu_write_slot,
     /* .host_register   = */ cpu_host_register,
     /* .host_unregister = */ cpu_host_unregister,
+    /* .fence_new       = */ cpu_fence_new,
+    /* .fence_free      = */ cpu_fence_free,
+    /* .fence_record    = */ cpu_fence_record,
+    /* .fence_wait      = */ cpu_fence_wait,
 };

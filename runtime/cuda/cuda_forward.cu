@@ -8,12 +8,12 @@
 //
 // Context. One per fmoe__backend_ops.init: a compute stream every op is queued on, in the
 // order issued (the contract's "operations run in the order issued"); a copy stream for
-// write_slot and the weight cache's uploads; a cuBLAS handle bound to the compute stream,
-// default math (no TF32 for f32 GEMMs) and a workspace of our own, so no GEMM allocates;
-// scratch sized from
-// fmoe__backend_limits at init; a sticky error (the first failure of a queued op and its
-// detail) that download and sync return. Once an error is recorded the void ops return at
-// once: the pass's results are garbage anyway, and a faulted device would fail them all.
+// write_slot (and the fence waits before it) and the weight cache's uploads; a cuBLAS
+// handle bound to the compute stream, default math (no TF32 for f32 GEMMs) and a workspace
+// of our own, so no GEMM allocates; scratch sized from fmoe__backend_limits at init; a
+// sticky error (the first failure of a queued op and its detail) that download and sync
+// return. Once an error is recorded the void ops return at once: the pass's results are
+// garbage anyway, and a faulted device would fail them all.
 //
 // Buffer lifetimes. alloc is cudaMalloc plus a memset on the compute stream that is
 // waited for, so a zero-filled buffer is ready for any stream (the I/O context's copy
@@ -53,21 +53,23 @@
 // in effect anyway). Device memory running out here is the common failure on a big model;
 // its detail says what to do.
 //
-// Expert slots and write_slot. The executor's I/O thread calls write_slot with its own
-// context, so each context owns its streams and nothing in write_slot touches another
-// context's state except under `registry_lock` (below); cudaMemcpyAsync on the context's
-// own copy stream and cudaStreamSynchronize of that stream return once the bytes have
-// landed, so a slot the executor hands to the compute thread afterwards is complete.
-// The other direction is the hazard: compute is queued, so when the pass tells the
-// executor that expert (l, j) has run (on_expert_done), its matmuls may still be pending,
-// and a write_slot that reuses the slot could overwrite weights a queued GEMM has yet to
-// read. Each context therefore records an event (`slot_read`) after every op that reads a
-// mat with on_backend 1, and write_slot makes its copy stream wait for the latest such
-// event of every live context before copying. Recording and waiting happen under one
-// process-wide mutex, so a wait always sees every record issued before it in host order.
-// forward.c also syncs before on_expert_done of a slot expert; with this event that sync
-// is not needed for correctness (it costs a host round trip per slot expert). When the
-// reads have finished, as they have after that sync, the wait is free.
+// Expert slots, write_slot and fences. The executor's I/O thread calls write_slot with
+// its own context, so each context owns its streams and write_slot touches no other
+// context's state; cudaMemcpyAsync on the context's own copy stream and
+// cudaStreamSynchronize of that stream return once the bytes have landed, so a slot the
+// executor hands to the compute thread afterwards is complete. The other direction is the
+// hazard: compute is queued, so when the pass tells the executor that expert (l, j) has
+// run (on_expert_done), its GEMMs may still be pending, and a write_slot that reuses the
+// slot could overwrite weights a queued GEMM has yet to read. A slot fence (model_impl.h)
+// is a cudaEvent without timing: the pass records the slot's after the expert's ops on
+// the compute stream (fence_record), and the I/O thread makes its copy stream wait for it
+// (fence_wait, cudaStreamWaitEvent) before the slot's write_slot, so the copy waits on the
+// device for that slot's reads and nothing else, and no host thread waits for compute.
+// cudaStreamWaitEvent waits for the event's latest cudaEventRecord in host order; the
+// executor orders the two calls under its lock (offload.c, "Device slots"). An event
+// never recorded is complete, so a wait on a slot never read waits for nothing. Nothing
+// else needs such an order: weight cache entries are written once, before they are
+// published, and replaced only after a device synchronize (weight_locked).
 //
 // Attention. One block of ATTN_THREADS threads per (query token t, head hq), as the CPU's
 // attn_task: keys lo..pos (pos = pos0 + t, lo from the sliding window), scores q·k·scale
@@ -148,10 +150,8 @@ typedef struct weight_cache {
 
 typedef struct cuda_ctx {
     cudaStream_t stream;       /* compute: every op but write_slot */
-    cudaStream_t copy;         /* write_slot */
+    cudaStream_t copy;         /* write_slot, behind the fence waits queued on it */
     cublasHandle_t blas;       /* bound to `stream` */
-    cudaEvent_t slot_read;     /* recorded after ops reading backend mats (under the lock) */
-    int slot_read_recorded;    /* slot_read has been recorded at least once */
     cudaEvent_t *marks;        /* [max_marks] timer marks: timing events on `stream` */
     uint8_t *marked;           /* [max_marks] the mark has been recorded */
     int32_t max_marks;
@@ -170,12 +170,8 @@ typedef struct cuda_ctx {
     weight_cache *owned_wc;    /* a private cache when init got no weight home */
     int err;                   /* the first failure (sticky), 0 while none */
     char detail[512];
-    struct cuda_ctx *reg_next; /* the registry of live contexts */
 } cuda_ctx;
 
-/* Live contexts, for write_slot's wait on their slot_read events. */
-static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static cuda_ctx *registry;
 /* Serialises the creation of a model's weight cache (fmoe__weight_home.cache). */
 static pthread_mutex_t home_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -267,14 +263,6 @@ static bool h2d(cuda_ctx *c, void *dst, const void *src, int64_t bytes) {
     if (at.type == cudaMemoryTypeHost) /* page-locked: the DMA reads it later */
         return CHECK_CUDA(c, cudaStreamSynchronize(c->stream));
     return true;
-}
-
-/* Makes the contents of backend mats read by ops issued so far a dependency of every
- * later write_slot (see the design comment). */
-static void note_slot_read(cuda_ctx *c) {
-    pthread_mutex_lock(&registry_lock);
-    if (CHECK_CUDA(c, cudaEventRecord(c->slot_read, c->stream))) c->slot_read_recorded = 1;
-    pthread_mutex_unlock(&registry_lock);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -730,13 +718,6 @@ static void cuda_free(void *ctx) {
     /* Nothing queued may still read what is freed below. Errors are moot here. */
     if (c->stream) cudaStreamSynchronize(c->stream);
     if (c->copy) cudaStreamSynchronize(c->copy);
-    pthread_mutex_lock(&registry_lock);
-    for (cuda_ctx **p = &registry; *p; p = &(*p)->reg_next)
-        if (*p == c) {
-            *p = c->reg_next;
-            break;
-        }
-    pthread_mutex_unlock(&registry_lock);
     weight_cache_free(c->owned_wc); /* the model's cache outlives its contexts */
     cudaFree(c->scores);
     cudaFree(c->qtile);
@@ -746,7 +727,6 @@ static void cuda_free(void *ctx) {
     cudaFree(c->xh);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->ws);
-    if (c->slot_read) cudaEventDestroy(c->slot_read);
     for (int32_t i = 0; c->marks && i < c->max_marks; i++)
         if (c->marks[i]) cudaEventDestroy(c->marks[i]);
     free(c->marks);
@@ -802,8 +782,6 @@ static int cuda_init(const fmoe__backend_limits *lim, void **out) {
     if (!CHECK_CUDA(c, cudaSetDevice(0))) goto fail;
     if (!CHECK_CUDA(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking))) goto fail;
     if (!CHECK_CUDA(c, cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking))) goto fail;
-    if (!CHECK_CUDA(c, cudaEventCreateWithFlags(&c->slot_read, cudaEventDisableTiming)))
-        goto fail;
     if (lim->max_marks > 0) {
         c->marks = (cudaEvent_t *)calloc((size_t)lim->max_marks, sizeof *c->marks);
         c->marked = (uint8_t *)calloc((size_t)lim->max_marks, 1);
@@ -854,10 +832,6 @@ static int cuda_init(const fmoe__backend_limits *lim, void **out) {
             goto fail;
     }
 
-    pthread_mutex_lock(&registry_lock);
-    c->reg_next = registry;
-    registry = c;
-    pthread_mutex_unlock(&registry_lock);
     *out = c;
     return 0;
 fail:
@@ -998,7 +972,6 @@ static void cuda_get_rows(void *ctx, const fmoe__mat *w, const int32_t *rows_hos
             y, W, (int32_t)w->dtype, c->rows, w->cols);
         if (!CHECK_LAUNCH(c, get_rows_kernel)) return;
     }
-    if (w->on_backend) note_slot_read(c);
 }
 
 static void cuda_rmsnorm(void *ctx, float *y, const float *x, const float *w, int64_t rows,
@@ -1093,7 +1066,6 @@ static void cuda_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n
                                         CUBLAS_GEMM_DEFAULT)))
             return;
     }
-    if (w->on_backend) note_slot_read(c);
 }
 
 static void cuda_add_bias(void *ctx, float *y, const float *b, int32_t n, int64_t d) {
@@ -1241,19 +1213,12 @@ static void cuda_add_gated(void *ctx, float *y, const float *x, const float *gat
 /* Expert slots                                                                       */
 /* ---------------------------------------------------------------------------------- */
 
-/* Thread-safe across contexts: touches only this context's copy stream, and the other
- * contexts' slot_read events under registry_lock. Not sticky: the I/O thread decides. */
+/* Thread-safe across contexts: touches only this context's copy stream (behind whatever
+ * fence_wait queued on it). Not sticky: the I/O thread decides. */
 static int cuda_write_slot(void *ctx, void *dst, const void *src_host, int64_t bytes) {
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (bytes <= 0) return 0;
-    bool ok = true;
-    pthread_mutex_lock(&registry_lock);
-    for (cuda_ctx *r = registry; r && ok; r = r->reg_next)
-        if (r->slot_read_recorded)
-            ok = CHECK_CUDA(NULL, cudaStreamWaitEvent(c->copy, r->slot_read, 0));
-    pthread_mutex_unlock(&registry_lock);
-    if (!ok ||
-        !CHECK_CUDA(NULL, cudaMemcpyAsync(dst, src_host, (size_t)bytes, cudaMemcpyHostToDevice,
+    if (!CHECK_CUDA(NULL, cudaMemcpyAsync(dst, src_host, (size_t)bytes, cudaMemcpyHostToDevice,
                                           c->copy)) ||
         !CHECK_CUDA(NULL, cudaStreamSynchronize(c->copy))) {
         fmoe_error_prefix("write_slot of %lld bytes", (long long)bytes);
@@ -1286,6 +1251,40 @@ static void cuda_host_unregister(void *ctx, void *p) {
     (void)ctx;
     if (!p) return;
     if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* A slot fence: an event without timing (the cheapest to record and wait for). Any
+ * context's streams may use it: they are all on device 0. */
+static void *cuda_fence_new(void *ctx) {
+    (void)ctx;
+    cudaEvent_t e = NULL;
+    if (!CHECK_CUDA(NULL, cudaEventCreateWithFlags(&e, cudaEventDisableTiming))) return NULL;
+    return (void *)e;
+}
+
+/* cudaEventDestroy returns at once; a record or wait still queued completes first. */
+static void cuda_fence_free(void *ctx, void *fence) {
+    (void)ctx;
+    if (!fence) return;
+    if (cudaEventDestroy((cudaEvent_t)fence) != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* On the compute stream, in op order: a failure is sticky, as a queued op's. */
+static int cuda_fence_record(void *ctx, void *fence) {
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (!c->err) CHECK_CUDA(c, cudaEventRecord((cudaEvent_t)fence, c->stream));
+    if (c->err) return fmoe_error_set(c->err, "%s", c->detail);
+    return 0;
+}
+
+/* On the copy stream, from the I/O thread: not sticky, as write_slot. */
+static int cuda_fence_wait(void *ctx, void *fence) {
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (!CHECK_CUDA(NULL, cudaStreamWaitEvent(c->copy, (cudaEvent_t)fence, 0))) {
+        fmoe_error_prefix("fence_wait");
+        return FMOE_EINTERNAL;
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -1323,6 +1322,10 @@ static const fmoe__backend_ops cuda_ops = {
     /* .write_slot      = */ cuda_write_slot,
     /* .host_register   = */ cuda_host_register,
     /* .host_unregister = */ cuda_host_unregister,
+    /* .fence_new       = */ cuda_fence_new,
+    /* .fence_free      = */ cuda_fence_free,
+    /* .fence_record    = */ cuda_fence_record,
+    /* .fence_wait      = */ cuda_fence_wait,
 };
 
 extern "C" const fmoe__backend_ops *fmoe__cuda_module_backend_ops(void) { return &cuda_ops; }

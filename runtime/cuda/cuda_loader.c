@@ -172,6 +172,18 @@ static int w_host_register(void *ctx, void *p, int64_t bytes) {
     return forward(inner->host_register(ctx, p, bytes));
 }
 
+static void *w_fence_new(void *ctx) {
+    void *f = inner->fence_new(ctx);
+    if (!f) fmoe_error_set(FMOE_ENOMEM, "%s", module->error_detail());
+    return f;
+}
+
+static int w_fence_record(void *ctx, void *fence) {
+    return forward(inner->fence_record(ctx, fence));
+}
+
+static int w_fence_wait(void *ctx, void *fence) { return forward(inner->fence_wait(ctx, fence)); }
+
 static void make_table(void) {
     inner = module->backend_ops ? module->backend_ops() : NULL;
     if (!inner) return;
@@ -183,6 +195,9 @@ static void make_table(void) {
     outer.elapsed = w_elapsed;
     outer.write_slot = w_write_slot;
     outer.host_register = w_host_register;
+    outer.fence_new = w_fence_new;
+    outer.fence_record = w_fence_record;
+    outer.fence_wait = w_fence_wait;
 }
 #endif
 

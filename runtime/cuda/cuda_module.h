@@ -21,6 +21,10 @@
  * ops through backend_ops.
  *
  * ABI 5 adds the timer ops mark and elapsed to backend_ops, and max_marks to its limits.
+ *
+ * ABI 6 adds the slot fences fence_new, fence_free, fence_record and fence_wait to
+ * backend_ops (one event per expert slot), and write_slot no longer waits for every
+ * context's reads of slots: only the fence_wait queued before it orders a rewrite.
  */
 #ifndef FMOE_CUDA_MODULE_H
 #define FMOE_CUDA_MODULE_H
@@ -28,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FMOE_CUDA_MODULE_ABI 5
+#define FMOE_CUDA_MODULE_ABI 6
 #define FMOE_CUDA_MODULE_SYMBOL "fmoe_cuda_module_get_api"
 
 /* A fingerprint of the shared structs: sizes and one late field's offset, 12 bits each

@@ -18,7 +18,8 @@
  *              head), on host weights the backend maps by address as it maps a model's;
  *   expert     one routed expert computed from backend memory (a GPU slot) for t tokens:
  *              fmoe__expert_run, the very function forward.c runs (gather, gate and up,
- *              SwiGLU, down, scatter_add, and the wait a device slot needs after it);
+ *              SwiGLU, down, scatter_add, and the slot's fence recorded after them: an
+ *              event the executor's copies wait for on the device, not a host wait);
  *   attention  the backend's attention op for t tokens against a context of c;
  *   overhead   the rest of a MoE layer of t tokens: the two norms, RoPE, the KV writes,
  *              the residual adds, the router's top-k, the routing read back to the host
@@ -81,6 +82,7 @@ struct fmoe_backend_bench {
     float *xg, *yg;         /* [B][h] */
     float *g, *u;           /* [B][ffn] */
     fmoe__mlp expert;       /* in backend memory (a slot), the experts' dtype */
+    void *fence;            /* its slot fence (fence_new), as an executor's slot has */
     /* host */
     float *norm_w;          /* [max(h, Hq·D)] the norms' weights (ones) */
     int32_t *rows_h;        /* [B] 0..B-1: the expert's tokens */
@@ -165,6 +167,7 @@ void fmoe_backend_bench_free(fmoe_backend_bench *b) {
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) b->be->release(b->ctx, *bufs[i]);
         fmoe__mat *ew[3] = {&b->expert.gate, &b->expert.up, &b->expert.down};
         for (int i = 0; i < 3; i++) b->be->release(b->ctx, (void *)ew[i]->data);
+        b->be->fence_free(b->ctx, b->fence);
         if (!b->be->host_memory) free(b->route_h);
         b->be->free(b->ctx);
     }
@@ -297,6 +300,12 @@ int fmoe_backend_bench_init(fmoe_backend_bench **out, fmoe_backend_kind backend,
         w.on_backend = !be->host_memory;
         *ew[i] = w;
     }
+    /* its fence, recorded after each timed expert as the pass records a slot's; the timed
+     * point's sync then waits for everything (time_point) */
+    if (!(b->fence = be->fence_new(b->ctx))) {
+        rc = FMOE_ENOMEM; /* the backend's detail */
+        goto fail;
+    }
     *out = b;
     return 0;
 fail:
@@ -394,7 +403,7 @@ static int issue_expert(fmoe_backend_bench *b, const void *arg, int32_t n, int32
     (void)arg, (void)c;
     const fmoe__expert_io io = {.xn = b->xn, .xg = b->xg, .g = b->g, .u = b->u, .yg = b->yg,
                                 .acc = b->acc, .rows_h = b->rows_h, .scale_h = b->scale_h};
-    return fmoe__expert_run(b->be, b->ctx, &io, &b->expert, n, b->sh.hidden, 1);
+    return fmoe__expert_run(b->be, b->ctx, &io, &b->expert, n, b->sh.hidden, 1, b->fence);
 }
 
 /* seconds[p] = time_point of issue at tokens[p] rows, p < n. */

@@ -36,10 +36,11 @@
  *
  * Expert weights. The model's own are the backend's to map (the CUDA backend copies them
  * once). An executor's (on_expert) may be backend memory (a GPU slot: on_device), after
- * whose compute the pass waits for the backend before on_expert_done lets the slot be
- * overwritten; or host memory on a device backend (--miss cpu: a miss computed from the
- * slow tier): then the expert runs on the host's CPU backend and only its output rows
- * are copied back.
+ * whose compute the pass records the slot's fence (the view's) before on_expert_done lets
+ * the slot be overwritten, so the executor's copy into it waits on the device for the
+ * reads, not the host (a view without a fence: the pass waits); or host memory on a
+ * device backend (--miss cpu: a miss computed from the slow tier): then the expert runs
+ * on the host's CPU backend and only its output rows are copied back.
  */
 #include <math.h>
 #include <stdio.h>
@@ -372,14 +373,15 @@ static void run_mlp(fmoe_session *s, const fmoe__mlp *w, const float *x, int32_t
 }
 
 int fmoe__expert_run(const fmoe__backend_ops *be, void *ctx, const fmoe__expert_io *io,
-                     const fmoe__mlp *w, int32_t c, int32_t h, int slot) {
+                     const fmoe__mlp *w, int32_t c, int32_t h, int slot, void *fence) {
     be->gather_rows(ctx, io->xg, io->xn, io->rows_h, c, h);
     run_mlp_on(be, ctx, w, io->xg, c, io->g, io->u, io->yg);
     be->scatter_add(ctx, io->acc, io->yg, io->rows_h, io->scale_h, c, h);
-    /* A slot may be overwritten once on_expert_done says so: the device must be done
-     * reading it first (the compute is queued, not finished, when the calls return). */
-    if (slot && !be->host_memory) return be->sync(ctx);
-    return 0;
+    /* A slot may be overwritten once on_expert_done says so, and the compute is queued,
+     * not finished, when the calls return: the slot's fence marks where its reads end, for
+     * the copy into it to wait for on the device. Without one, the device is waited for. */
+    if (!slot || be->host_memory) return 0;
+    return fence ? be->fence_record(ctx, fence) : be->sync(ctx);
 }
 
 int fmoe__routing_to_host(const fmoe__backend_ops *be, void *ctx, const fmoe__routing_io *r,
@@ -502,9 +504,10 @@ typedef enum expert_home {
 /* The weights expert j of the layer runs with: the executor's (on_expert returned 0) or
  * the model's own. @return 0 or the hook's error. */
 static int expert_weights(fmoe_session *s, const fmoe__layer *L, int32_t j, fmoe__mlp *out,
-                          expert_home *home) {
+                          expert_home *home, void **fence) {
     *out = L->experts[j];
     *home = EXPERT_MODEL;
+    *fence = NULL;
     if (!s->opt.on_expert) return 0;
     fmoe_expert_view v;
     memset(&v, 0, sizeof v);
@@ -517,12 +520,15 @@ static int expert_weights(fmoe_session *s, const fmoe__layer *L, int32_t j, fmoe
                               .rows = src[i]->rows, .cols = src[i]->cols,
                               .quant = src[i]->quant, .on_backend = src[i]->on_device};
     *home = v.gate.on_device ? EXPERT_SLOT : EXPERT_HOST;
+    if (v.gate.on_device) *fence = v.fence;
     return 0;
 }
 
 /* One routed expert over its c tokens (rows_h: their rows, scale_h: their weights),
- * adding its weighted output to s->acc. @return 0 or the backend's error. */
-static int run_expert(fmoe_session *s, const fmoe__mlp *w, expert_home home, int32_t c) {
+ * adding its weighted output to s->acc; `fence`: a slot expert's (expert_weights).
+ * @return 0 or the backend's error. */
+static int run_expert(fmoe_session *s, const fmoe__mlp *w, expert_home home, void *fence,
+                      int32_t c) {
     const int32_t h = s->m->geo.hidden_size;
     const fmoe__backend_ops *be = s->be;
     if (home == EXPERT_HOST && !be->host_memory) {
@@ -536,7 +542,7 @@ static int run_expert(fmoe_session *s, const fmoe__mlp *w, expert_home home, int
     }
     const fmoe__expert_io io = {.xn = s->xn, .xg = s->xg, .g = s->g, .u = s->u, .yg = s->yg,
                                 .acc = s->acc, .rows_h = s->rows_h, .scale_h = s->scale_h};
-    return fmoe__expert_run(be, s->bctx, &io, w, c, h, home == EXPERT_SLOT);
+    return fmoe__expert_run(be, s->bctx, &io, w, c, h, home == EXPERT_SLOT, fence);
 }
 
 /* MoE block: routes the n rows of s->xn (all segments' tokens), runs their experts, adds
@@ -609,12 +615,13 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
         const int32_t *sl = s->slots + (int64_t)e * cap;
         fmoe__mlp w;
         expert_home home;
-        FMOE_FORWARD_IF_ERROR(expert_weights(s, L, e, &w, &home));
+        void *fence;
+        FMOE_FORWARD_IF_ERROR(expert_weights(s, L, e, &w, &home, &fence));
         for (int32_t r = 0; r < ce; r++) {
             s->rows_h[r] = sl[r] / K;
             s->scale_h[r] = s->topw_h[sl[r]];
         }
-        FMOE_FORWARD_IF_ERROR(run_expert(s, &w, home, ce));
+        FMOE_FORWARD_IF_ERROR(run_expert(s, &w, home, fence, ce));
         if (s->opt.on_expert_done) s->opt.on_expert_done(s->opt.route_ctx, l, e);
     }
     if (L->has_shared) {

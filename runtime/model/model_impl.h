@@ -229,8 +229,9 @@ typedef struct fmoe__backend_limits {
  *     (fmoe__routing_layout) so that the chosen experts, their weights and whatever a hook
  *     or trace reads (probabilities, gate inputs, speculative rows) come in one copy. The
  *     host needs the experts to group tokens and to drive the executor;
- *   - one sync per expert computed from a device slot, before on_expert_done lets the
- *     slot be rewritten; one download per expert computed on the host lane;
+ *   - one download per expert computed on the host lane. An expert computed from a
+ *     device slot is not waited for: its slot's fence is recorded after it (fence_record),
+ *     and the executor's copy into the slot waits for that on the device (fence_wait);
  *   - the trace's semantic rows (one download per segment that records them), the logits
  *     (one per segment that wants them, or one per segment with all_logits), and one sync
  *     at the end, before positions move.
@@ -323,6 +324,31 @@ typedef struct fmoe__backend_ops {
      * @return 0 or FMOE_ENOMEM/FMOE_EINTERNAL. */
     int (*host_register)(void *ctx, void *p, int64_t bytes);
     void (*host_unregister)(void *ctx, void *p);
+
+    /* ---- slot fences: one per slot, so that a write waits only for its slot's reads ----
+     * A fence marks a point in one context's op order, for a copy stream of another
+     * context (same backend, same device) to wait for: the session's compute records the
+     * slot's fence after the ops that read the slot (fence_record), the executor's I/O
+     * thread makes its copy stream wait for the latest record before rewriting the slot
+     * (fence_wait, then write_slot). Neither blocks the host. The two calls are ordered by
+     * the caller (the executor's lock): a wait covers the records issued before it in host
+     * order, and a record issued after it is not waited for. A wait on a fence never
+     * recorded waits for nothing. A backend whose ops have all run when they return
+     * (host_memory: the CPU) needs no fence: its entries do nothing and fence_new returns
+     * a placeholder, so callers may call them on any table. */
+    /* A fence of context ctx, usable by every context of the backend; NULL when the
+     * backend is out of resources (detail set: the caller's FMOE_ENOMEM). */
+    void *(*fence_new)(void *ctx);
+    /* Frees a fence (NULL: nothing) before ctx is freed; a record or wait still queued
+     * on a stream completes first. */
+    void (*fence_free)(void *ctx, void *fence);
+    /* Records `fence` on ctx's compute stream: it is reached once every op issued on ctx
+     * before it has run. No host wait. @return 0 or ctx's sticky error. */
+    int (*fence_record)(void *ctx, void *fence);
+    /* Makes ctx's copy stream (write_slot's) wait until the fence's latest record, as
+     * issued before this call, is reached. No host wait; any thread, like write_slot.
+     * @return 0 or FMOE_EINTERNAL (detail set; not sticky, as write_slot). */
+    int (*fence_wait)(void *ctx, void *fence);
 } fmoe__backend_ops;
 
 extern const fmoe__backend_ops fmoe__cpu_backend;
@@ -348,11 +374,13 @@ typedef struct fmoe__expert_io {
 /*
  * The expert `w` over its c tokens on backend `be`: gathers their rows of xn, runs the
  * SwiGLU MLP, adds each output row times its weight to acc. `slot`: w's weights are an
- * executor's slot, which may be overwritten once this returns, so a device backend
- * (not host_memory) is waited for. @return 0 or the backend's sticky error.
+ * executor's slot, which may be overwritten once this returns; on a device backend (not
+ * host_memory) the slot's `fence` is then recorded after the expert's ops (the executor's
+ * copy into the slot waits for it on the device), or, with no fence, the backend is
+ * waited for. @return 0 or the backend's sticky error.
  */
 int fmoe__expert_run(const fmoe__backend_ops *be, void *ctx, const fmoe__expert_io *io,
-                     const fmoe__mlp *w, int32_t c, int32_t h, int slot);
+                     const fmoe__mlp *w, int32_t c, int32_t h, int slot, void *fence);
 
 /*
  * A MoE layer's routing in one buffer. What the host reads of a MoE layer, the router's

@@ -54,7 +54,8 @@
  *   its own (bctx: its own copy stream; compute limits of one row, which it never uses),
  *   and from it one allocation of (N+1)·slot_stride device bytes: the N slots and the
  *   scratch slot, laid out as host slots would be, so fmoe__expert_tier_view describes a
- *   device slot from its address (pointer arithmetic only; on_expert sets on_device).
+ *   device slot from its address (pointer arithmetic only; on_expert sets on_device);
+ *   then one fence per slot (fences[s], model_impl.h's slot fences; below).
  *   The host tier's block is pinned (host_register; its size in pinned RAM, once) and
  *   write_slot copies each piece's runs straight from it: one copy per piece, a DMA. The
  *   file tier reads a piece into `staging`, one pinned host slot (4096-aligned for
@@ -62,27 +63,40 @@
  *   copies exactly those runs (fmoe__expert_tier_ranges) to the device slot: two copies
  *   (disk or page cache to staging, then a DMA). A pin that fails is logged and the copies
  *   run from pageable memory (correct, slower). fmoe_offload_free joins the I/O thread
- *   first, then releases in reverse order: the slots, the staging pin and buffer, the
- *   block's pin, the context; the tier that owns the block closes after.
+ *   first, then releases in reverse order: the fences, the slots, the staging pin and
+ *   buffer, the block's pin, the context; the tier that owns the block closes after.
  *   No compute reads a slot before its bytes landed: write_slot returns only once the
  *   copy has landed, the I/O thread sets data_expert[s] = e after the last piece's
  *   write_slot returned (under mu), and on_expert waits for data_expert[s] == e: the same
  *   protocol as host slots, unchanged.
- *   No slot is overwritten while the device reads it: a transfer into slot s starts only
- *   once every hold taken before it was queued is released (holds, above), a hold is
- *   released in on_expert_done, and the forward pass calls that for an on_device expert
- *   only after syncing the session's context, when the device's reads of the slot have
- *   finished. (The CUDA backend's write_slot also waits for every context's latest op
- *   that read a slot; with the sync before on_expert_done that wait is already met.)
+ *   No slot is overwritten while the device reads it, and the executor thread never waits
+ *   for those reads: the compute is queued on the session's stream when on_expert_done comes, so
+ *   the order is kept on the device, by slot s's fence. on_expert hands fences[s] in the
+ *   view; the forward pass queues the expert's ops from slot s, records the fence after
+ *   them on the session's context (fence_record: everything queued so far that reads the
+ *   slot) and only then calls on_expert_done, which releases the hold under mu. The I/O
+ *   thread starts a transfer into s only once every hold taken before it was queued is
+ *   released (holds, above), which it reads under mu, and each of its copies into s
+ *   begins with fence_wait(bctx, fences[s]) (copy_to_device), so bctx's copy stream
+ *   waits on the device for the fence's latest record before write_slot's bytes go.
+ *   That record is the one after the last read of the old expert, in host order:
+ *   record, then release under mu, then the I/O thread sees the release under mu, then
+ *   the wait. A later record belongs to the slot's new expert, whose compute starts
+ *   only at data_expert[s] == e, after the transfer's last write_slot returned, so it
+ *   never comes between. A slot never read has a fence never recorded, which waits for
+ *   nothing. (A view without a fence, from another executor, makes the pass sync.)
  *   Misses computed on the host (--miss cpu, auto's host choice) are handed the model's
  *   own weights as a host view (on_device 0), which the pass runs on its host lane (the
  *   CPU backend); "run the model's weights" (on_expert's 1, the CPU slots' answer) would
  *   make a device backend copy the expert into its weight cache for good.
- *   Cost: one device sync per expert computed from a slot (a host round trip, and the
- *   compute stream drains at each such expert). Copies still overlap compute: the I/O
- *   thread issues them on bctx's copy stream, not on the session's compute stream.
+ *   Cost: per expert computed from a slot, one fence record on the compute stream; per
+ *   copy, one stream wait on bctx's copy stream. No host round trip, and the compute
+ *   stream never drains for a slot. Copies overlap compute (the I/O thread issues them on
+ *   bctx's copy stream); only a copy into a slot whose old expert's compute is still
+ *   queued waits, on the device, for exactly that compute (and the I/O thread, in
+ *   write_slot until the bytes land, with it).
  *   Decisions, sync_transfers and the stats do not depend on where slots are; a
- *   write_slot failure is a failed transfer, as a failed read (io_fail: the next forward
+ *   write_slot or fence_wait failure is a failed transfer, as a failed read (io_fail: the next forward
  *   returns it). The session must compute on the slots' backend (a CPU session would
  *   read device addresses); nothing gives the executor a session's backend to check.
  */
@@ -130,6 +144,8 @@ struct fmoe_offload {
     int device;                /* !be->host_memory: the slots are backend memory */
     void *bctx;                /* the executor's context (its copy stream) */
     uint8_t *dev_slots;        /* [N+1][slot_stride] backend memory (never read here) */
+    void **fences;             /* [N+1] slot s's fence: recorded by the pass after each
+                                  compute from s, waited for by copies into s */
     uint8_t *host_block;       /* the host tier's block, copied from directly, or NULL */
     int block_pinned;
     uint8_t *staging;          /* file tier: [slot_stride] a piece at its slot offsets */
@@ -233,9 +249,15 @@ static int64_t job_bytes(const fmoe_offload *x, int32_t first, int32_t last) {
 
 /* Bytes [offset, offset + bytes) of expert (l, j) into device slot s: from the host
  * block, or read into staging first; then write_slot of exactly their runs, each
- * returning once landed. I/O thread, outside the lock. */
+ * returning once landed, behind the wait for the slot's fence (the device's reads of the
+ * expert before: the design comment's "Device slots"). I/O thread, outside the lock. */
 static int copy_to_device(fmoe_offload *x, int32_t s, int32_t l, int32_t j, int64_t offset,
                           int64_t bytes) {
+    int rc = x->be->fence_wait(x->bctx, x->fences[s]);
+    if (rc < 0) {
+        fmoe_error_prefix("expert (%d, %d) into device slot %d: waiting for its reads", l, j, s);
+        return rc;
+    }
     const uint8_t *expert = NULL;
     if (x->host_block)
         expert = x->host_block + ((int64_t)l * x->J + j) * x->expert_bytes;
@@ -245,8 +267,7 @@ static int copy_to_device(fmoe_offload *x, int32_t s, int32_t l, int32_t j, int6
     const int32_t n = fmoe__expert_tier_ranges(x->tier, l, j, offset, bytes, r);
     for (int32_t i = 0; i < n; i++) {
         const uint8_t *src = expert ? expert + r[i].offset : x->staging + r[i].slot_offset;
-        const int rc = x->be->write_slot(x->bctx, slot_bytes(x, s) + r[i].slot_offset, src,
-                                         r[i].bytes);
+        rc = x->be->write_slot(x->bctx, slot_bytes(x, s) + r[i].slot_offset, src, r[i].bytes);
         if (rc < 0) {
             fmoe_error_prefix("expert (%d, %d) into device slot %d", l, j, s);
             return rc;
@@ -648,7 +669,11 @@ static int on_expert(void *ctx, int32_t l, int32_t j, fmoe_expert_view *out) {
     pthread_mutex_unlock(&x->mu);
     if (bad) return fail(x, fmoe_error_set(x->io_error, "%s", x->io_detail));
     fmoe__expert_tier_view(x->tier, l, j, slot_bytes(x, s), out);
-    if (x->device) out->gate.on_device = out->up.on_device = out->down.on_device = 1;
+    out->fence = NULL;
+    if (x->device) {
+        out->gate.on_device = out->up.on_device = out->down.on_device = 1;
+        out->fence = x->fences[s];
+    }
     return 0;
 }
 
@@ -708,6 +733,13 @@ static int device_init(fmoe_offload *x) {
                           x->be->name, (long long)x->slot_stride);
         return FMOE_ENOMEM;
     }
+    x->fences = calloc((size_t)n1, sizeof *x->fences);
+    if (!x->fences) return fmoe_error_set(FMOE_ENOMEM, "offload: %lld slot fences", (long long)n1);
+    for (int64_t s = 0; s < n1; s++)
+        if (!(x->fences[s] = x->be->fence_new(x->bctx))) {
+            fmoe_error_prefix("offload: the fence of %s slot %lld", x->be->name, (long long)s);
+            return FMOE_ENOMEM;
+        }
     int64_t block_bytes;
     if (fmoe__expert_tier_host_block(x->tier, &x->host_block, &block_bytes)) {
         if (x->be->host_register(x->bctx, x->host_block, block_bytes) == 0) {
@@ -739,13 +771,16 @@ static int device_init(fmoe_offload *x) {
  * tier (which owns the host block) closes. */
 static void device_free(fmoe_offload *x) {
     if (x->bctx) {
+        for (int64_t s = 0; x->fences && s <= x->N; s++) x->be->fence_free(x->bctx, x->fences[s]);
         if (x->dev_slots) x->be->release(x->bctx, x->dev_slots);
         if (x->staging_pinned) x->be->host_unregister(x->bctx, x->staging);
         if (x->block_pinned) x->be->host_unregister(x->bctx, x->host_block);
         x->be->free(x->bctx);
     }
     free(x->staging);
+    free(x->fences);
     x->bctx = NULL, x->dev_slots = NULL, x->staging = NULL, x->host_block = NULL;
+    x->fences = NULL;
 }
 
 void fmoe_offload_free(fmoe_offload *x) {

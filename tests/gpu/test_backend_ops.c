@@ -1220,9 +1220,10 @@ TEST(download_after_many_queued_ops) {
 /*
  * Expert slots: the weights written into a backend buffer with write_slot from a second
  * context (as the offload executor's I/O thread does), then multiplied with on_backend 1.
- * The slot is then rewritten with other weights while products from it are still queued:
- * those must see the old weights (cuda_forward.cu's slot_read events), the product after
- * the rewrite the new ones.
+ * The slot is then rewritten with other weights while products from it are still queued,
+ * behind the slot's fence (recorded after the products, waited for by the I/O context's
+ * copy stream, as the offload executor does): the products must see the old weights, the
+ * product after the rewrite the new ones.
  */
 TEST(write_slot_on_backend_matmul) {
     seed(15);
@@ -1251,13 +1252,19 @@ TEST(write_slot_on_backend_matmul) {
             fmoe__mat m = ha;
             m.data = side ? slot.t : slot.r;
             m.on_backend = 1;
+            void *fence = B->fence_new(io);
+            ASSERT_TRUE(fence != NULL);
             memcpy(stage, ha.data, (size_t)bytes);
+            ASSERT_OK(B->fence_wait(io, fence)); /* never recorded: waits for nothing */
             ASSERT_OK(B->write_slot(io, side ? slot.t : slot.r, stage, bytes));
             float *yA = side ? TF(pyA) : RF(pyA), *X = side ? TF(px) : RF(px);
             for (int rep = 0; rep < 4; rep++) B->matmul(ctx, &m, X, n, yA + (int64_t)rep * n * rows);
+            ASSERT_OK(B->fence_record(ctx, fence));
             memcpy(stage, hb.data, (size_t)bytes);
+            ASSERT_OK(B->fence_wait(io, fence));
             ASSERT_OK(B->write_slot(io, side ? slot.t : slot.r, stage, bytes));
             B->matmul(ctx, &m, X, n, side ? TF(pyB) : RF(pyB));
+            B->fence_free(io, fence);
         }
         /* the reference's side against host views, to pin what "old" and "new" mean */
         double *sa = matmul_scale(&ha, x, n, NULL), *sb = matmul_scale(&hb, x, n, NULL);

@@ -399,17 +399,20 @@ typedef struct slot_job {
     void *slot;
     const void *src;
     int64_t bytes;
+    void *fence; /* waited for before the write, as the executor's I/O thread does */
     int rc;
 } slot_job;
 
 static void *write_slot_thread(void *arg) {
     slot_job *j = arg;
-    j->rc = G->write_slot(j->ctx, j->slot, j->src, j->bytes);
+    j->rc = G->fence_wait(j->ctx, j->fence);
+    if (j->rc == 0) j->rc = G->write_slot(j->ctx, j->slot, j->src, j->bytes);
     return NULL;
 }
 
 /* The executor's shape: an I/O context of its own fills a slot from another thread (from
- * pinned memory), the session's context multiplies by it. */
+ * pinned memory), the session's context multiplies by it and records the slot's fence, and
+ * a rewrite of the slot waits for that fence. */
 TEST(write_slot_from_another_thread_and_context) {
     const int64_t R = 128, K = 256;
     const int32_t n = 4;
@@ -426,7 +429,9 @@ TEST(write_slot_from_another_thread_and_context) {
     ASSERT_OK(G->host_register(io, pinned, R * K * 2));
     void *slot = G->alloc(io, R * K * 2);
     ASSERT_TRUE(slot != NULL);
-    slot_job j = {io, slot, pinned, R * K * 2, -1};
+    void *fence = G->fence_new(io);
+    ASSERT_TRUE(fence != NULL);
+    slot_job j = {io, slot, pinned, R * K * 2, fence, -1}; /* never recorded: no wait */
     pthread_t th;
     ASSERT_TRUE(pthread_create(&th, NULL, write_slot_thread, &j) == 0);
     pthread_join(th, NULL);
@@ -438,12 +443,13 @@ TEST(write_slot_from_another_thread_and_context) {
     C->matmul(cc, &m, cx, n, cy);
     G->matmul(gc, &dm, gx, n, gy);
     ASSERT_EQ(matmul_mismatches(&m, x, n, gy, cy), 0);
-    /* A second write into the slot waits for the queued read above (slot_read event). */
+    /* A second write into the slot waits for the queued read above (the slot's fence). */
     float *wv2 = rand_host(R * K, 0.5f);
     fmoe__mat m2;
     void *data2 = make_mat(&m2, FMOE_ST_BF16, R, K, wv2);
     G->matmul(gc, &dm, gx, n, gy);
-    slot_job j2 = {io, slot, data2, R * K * 2, -1};
+    ASSERT_OK(G->fence_record(gc, fence));
+    slot_job j2 = {io, slot, data2, R * K * 2, fence, -1};
     ASSERT_TRUE(pthread_create(&th, NULL, write_slot_thread, &j2) == 0);
     pthread_join(th, NULL);
     ASSERT_OK(j2.rc);
@@ -452,6 +458,7 @@ TEST(write_slot_from_another_thread_and_context) {
     C->matmul(cc, &m2, cx, n, cy);
     ASSERT_EQ(matmul_mismatches(&m2, x, n, gy, cy), 0);
     G->host_unregister(io, pinned);
+    G->fence_free(io, fence);
     G->release(io, slot);
     G->free(io);
     C->release(cc, cx), C->release(cc, cy), G->release(gc, gx), G->release(gc, gy);

@@ -16,18 +16,30 @@
  * host-lane views for host misses, teardown order) but not a real copy stream: that is
  * the GPU tests' (tests/gpu/). In some runs the session itself is on a counting device
  * (fmoe__session_init_backend): the CPU table with host_memory 0, so that the forward
- * pass takes a device's path, host mirrors, downloads, the sync before on_expert_done
- * and timer marks, and each download, sync and mark is counted.
+ * pass takes a device's path, host mirrors, downloads, slot fences recorded before
+ * on_expert_done and timer marks, and each download, sync, fence record and mark is
+ * counted.
+ *
+ * Slot fences (model_impl.h; offload.c's "Device slots"): the fake device's fences log
+ * each record (the session's context) and wait (the executor's) with a global sequence
+ * number, and each fence learns the device addresses read through the views that carry
+ * it. Checked, by address and order rather than by the executor's slot numbers: every
+ * device view carries a live fence and no two fences cover the same bytes (one per slot);
+ * each compute from a device slot is followed by a record of its fence before
+ * on_expert_done; every write_slot into bytes read before comes after a wait that covers
+ * the record following their last read; fences are created with the slots (N + 1) and
+ * freed before the context.
  *
  * Checked: logits bit-identical to a plain CPU session's; the decision log and the access
  * outcomes identical to host slots' with sync transfers (lru, and mixtral-offload's
  * prefetches); write_slot moved exactly bytes_loaded (lru) and the engine's io_bytes
  * (asynchronous transfers); slot views point into the fake device's slots, host-miss
  * views into host memory; a failing write_slot is the next forward's error; every
- * context, buffer and pin is given back. On the counting device: one download per MoE
- * layer brings its routing (with the gate inputs, probabilities and speculative rows a
- * hook or trace reads, all bit-identical to the CPU's), one sync per pass plus one per
- * slot expert, and none per layer while layer times are recorded.
+ * context, buffer, pin and fence is given back. On the counting device: one download per
+ * MoE layer brings its routing (with the gate inputs, probabilities and speculative rows a
+ * hook or trace reads, all bit-identical to the CPU's), one sync per pass and none per
+ * slot expert (one fence record each instead), and none per layer while layer times are
+ * recorded.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -45,12 +57,21 @@
 /* The fake device                                                                    */
 /* ---------------------------------------------------------------------------------- */
 
-enum { MAXBUF = 16 };
+enum { MAXBUF = 16, MAXFENCE = 64 };
 
 typedef struct fake_buf {
     uint8_t *p;
     int64_t bytes;
 } fake_buf;
+
+/* A slot fence of the fake device: its records and waits by sequence number, and the
+ * device bytes read through views carrying it. Under fake.mu. */
+typedef struct fake_fence {
+    int64_t recorded;      /* sequence number of the latest record, 0: never */
+    int64_t covered;       /* `recorded` as the latest wait found it: the wait covers it */
+    int64_t last_read;     /* the record that followed the latest read (0: never read) */
+    const uint8_t *lo, *hi; /* the bytes read through it, [lo, hi) (lo NULL: none) */
+} fake_fence;
 
 static struct fake {
     pthread_mutex_t mu;
@@ -60,6 +81,11 @@ static struct fake {
     int npinned;
     int64_t inits, frees, allocs, releases, registers, unregisters;
     int64_t writes, write_bytes, pinned_writes;
+    fake_fence *fences[MAXFENCE]; /* live fences */
+    int nfences;
+    int64_t fence_news, fence_frees, records, fence_waits;
+    int64_t covering_waits;  /* waits that covered a record (a slot read, then rewritten) */
+    int64_t seq;             /* the records' and waits' sequence */
     int64_t fail_after;      /* write_slot calls after this many fail (-1: none) */
     int poison_src;          /* poison the source after a copy (file tier: the staging) */
     int bad;                 /* contract violations seen; `why` says the first */
@@ -73,6 +99,8 @@ static void fake_reset(void) {
     fake.inits = fake.frees = fake.allocs = fake.releases = 0;
     fake.registers = fake.unregisters = 0;
     fake.writes = fake.write_bytes = fake.pinned_writes = 0;
+    fake.fence_news = fake.fence_frees = fake.records = fake.fence_waits = 0;
+    fake.covering_waits = fake.seq = 0;
     fake.fail_after = -1;
     fake.poison_src = 0;
     fake.bad = 0;
@@ -114,6 +142,7 @@ static void fake_free(void *ctx) {
     pthread_mutex_lock(&fake.mu);
     if (ctx != &fake_ctx_tag) fake_violation("free: not our context");
     if (fake.ndev || fake.npinned) fake_violation("free: buffers or pins outlive the context");
+    if (fake.nfences) fake_violation("free: fences outlive the context");
     fake.frees++;
     pthread_mutex_unlock(&fake.mu);
 }
@@ -145,10 +174,80 @@ static void fake_release(void *ctx, void *p) {
     pthread_mutex_unlock(&fake.mu);
 }
 
+/* The live fence `f`'s index in fake.fences, or -1. Under fake.mu. */
+static int find_fence(const void *f) {
+    for (int i = 0; i < fake.nfences; i++)
+        if (fake.fences[i] == f) return i;
+    return -1;
+}
+
+/* Whether [lo, hi) and fence f's read bytes overlap. Under fake.mu. */
+static int fence_overlaps(const fake_fence *f, const uint8_t *lo, const uint8_t *hi) {
+    return f->lo && lo < f->hi && f->lo < hi;
+}
+
+static void *fake_fence_new(void *ctx) {
+    fake_fence *f = calloc(1, sizeof *f);
+    pthread_mutex_lock(&fake.mu);
+    if (ctx != &fake_ctx_tag) fake_violation("fence_new: not our context");
+    if (f && fake.nfences < MAXFENCE) fake.fences[fake.nfences++] = f;
+    fake.fence_news++;
+    pthread_mutex_unlock(&fake.mu);
+    if (!f) fmoe_error_set(FMOE_ENOMEM, "fake device: a fence");
+    return f;
+}
+
+static void fake_fence_free(void *ctx, void *fence) {
+    if (!fence) return;
+    pthread_mutex_lock(&fake.mu);
+    if (ctx != &fake_ctx_tag) fake_violation("fence_free: not our context");
+    const int i = find_fence(fence);
+    if (i < 0) fake_violation("fence_free: not a live fence of ours");
+    else fake.fences[i] = fake.fences[--fake.nfences];
+    fake.fence_frees++;
+    pthread_mutex_unlock(&fake.mu);
+    if (i >= 0) free(fence);
+}
+
+/* The session's compute records a fence: on its own context, never the executor's. */
+static int fake_fence_record(void *ctx, void *fence) {
+    pthread_mutex_lock(&fake.mu);
+    if (ctx == &fake_ctx_tag) fake_violation("fence_record: on the executor's context");
+    if (find_fence(fence) < 0) fake_violation("fence_record: not a live fence");
+    else ((fake_fence *)fence)->recorded = ++fake.seq;
+    fake.records++;
+    pthread_mutex_unlock(&fake.mu);
+    return 0;
+}
+
+/* The executor's copies wait: the wait covers the fence's latest record so far. */
+static int fake_fence_wait(void *ctx, void *fence) {
+    pthread_mutex_lock(&fake.mu);
+    if (ctx != &fake_ctx_tag) fake_violation("fence_wait: not our context");
+    if (find_fence(fence) < 0) {
+        fake_violation("fence_wait: not a live fence");
+    } else {
+        fake_fence *f = fence;
+        f->covered = f->recorded;
+        fake.covering_waits += f->recorded > 0;
+        ++fake.seq;
+    }
+    fake.fence_waits++;
+    pthread_mutex_unlock(&fake.mu);
+    return 0;
+}
+
 static int fake_write_slot(void *ctx, void *dst, const void *src, int64_t bytes) {
     pthread_mutex_lock(&fake.mu);
     if (ctx != &fake_ctx_tag) fake_violation("write_slot: not our context");
     if (bytes <= 0) fake_violation("write_slot: no bytes");
+    /* bytes read before may be rewritten only behind a wait that covers the record after
+     * their last read: the device would otherwise still be reading them */
+    for (int i = 0; i < fake.nfences; i++) {
+        const fake_fence *f = fake.fences[i];
+        if (fence_overlaps(f, dst, (const uint8_t *)dst + bytes) && f->covered < f->last_read)
+            fake_violation("write_slot: into bytes read since the last wait for their fence");
+    }
     if (find_buf(fake.dev, fake.ndev, dst, bytes) < 0)
         fake_violation("write_slot: destination outside the device buffers");
     if (find_buf(fake.dev, fake.ndev, src, 1) >= 0)
@@ -207,6 +306,10 @@ static const fmoe__backend_ops *fake_device(void) {
     fake_ops.write_slot = fake_write_slot;
     fake_ops.host_register = fake_host_register;
     fake_ops.host_unregister = fake_host_unregister;
+    fake_ops.fence_new = fake_fence_new;
+    fake_ops.fence_free = fake_fence_free;
+    fake_ops.fence_record = fake_fence_record;
+    fake_ops.fence_wait = fake_fence_wait;
     return &fake_ops;
 }
 
@@ -218,7 +321,7 @@ static const fmoe__backend_ops *fake_device(void) {
  * reads without having downloaded it shows as a difference.
  */
 static struct waits {
-    int64_t downloads, download_bytes, syncs, marks, elapsed;
+    int64_t downloads, download_bytes, syncs, marks, elapsed, fence_records;
     const void *lo, *hi;      /* downloads into [lo, hi) (the logits) are counted apart */
     int64_t downloads_in;
 } waits;
@@ -251,6 +354,12 @@ static int count_elapsed(void *ctx, int32_t a, int32_t b, double *seconds) {
     return fmoe__cpu_backend.elapsed(ctx, a, b, seconds);
 }
 
+/* The fences it records are the fake device's (the executor's slots'). */
+static int count_fence_record(void *ctx, void *fence) {
+    waits.fence_records++;
+    return fake_fence_record(ctx, fence);
+}
+
 static fmoe__backend_ops counting_ops;
 
 static const fmoe__backend_ops *counting_device(void) {
@@ -261,6 +370,7 @@ static const fmoe__backend_ops *counting_device(void) {
     counting_ops.sync = count_sync;
     counting_ops.mark = count_mark;
     counting_ops.elapsed = count_elapsed;
+    counting_ops.fence_record = count_fence_record;
     return &counting_ops;
 }
 
@@ -273,6 +383,8 @@ static const fmoe__backend_ops *counting_device(void) {
         ASSERT_EQ(fake.registers, fake.unregisters);                              \
         ASSERT_EQ(fake.ndev, 0);                                                  \
         ASSERT_EQ(fake.npinned, 0);                                               \
+        ASSERT_EQ(fake.fence_news, fake.fence_frees);                             \
+        ASSERT_EQ(fake.nfences, 0);                                               \
     } while (0)
 
 /* ---------------------------------------------------------------------------------- */
@@ -285,6 +397,9 @@ enum { PLEN = 24, STEPS = 12, MAXDEC = 1 << 16, MAXOUT = 1 << 14 };
 typedef struct spy {
     fmoe_session_options inner;
     int device;                    /* the executor's slots are the fake device's */
+    int counting;                  /* the session is the counting device (it records fences) */
+    void *fence;                   /* the view's fence, between on_expert and on_expert_done */
+    int64_t recorded;              /* that fence's latest record at on_expert */
     int64_t device_views, host_views, model_weights;
     int64_t routes;                /* routing events: one per MoE layer of each pass */
     int bad;
@@ -295,6 +410,32 @@ static int spy_route(void *ctx, const fmoe_route_event *ev) {
     spy *p = ctx;
     p->routes++;
     return p->inner.on_route(p->inner.route_ctx, ev);
+}
+
+/* A device view's fence: a live one of the fake device's, which learns the bytes read
+ * through it; bytes one fence covers no other may (one fence per slot). */
+static void spy_fence_read(spy *p, int32_t l, int32_t j, const fmoe_matrix_view *const *v) {
+    const uint8_t *lo = v[0]->data, *hi = lo;
+    for (int i = 0; i < 3; i++) {
+        const uint8_t *a = v[i]->data, *b = a + v[i]->rows * v[i]->cols * 2; /* bf16 */
+        if (a < lo) lo = a;
+        if (b > hi) hi = b;
+    }
+    pthread_mutex_lock(&fake.mu);
+    fake_fence *f = p->fence;
+    const char *bad = NULL;
+    if (find_fence(f) < 0) {
+        bad = "not a live fence of the fake device";
+    } else {
+        for (int i = 0; i < fake.nfences; i++)
+            if (fake.fences[i] != f && fence_overlaps(fake.fences[i], lo, hi))
+                bad = "its bytes were read through another fence before";
+        if (!f->lo || lo < f->lo) f->lo = lo;
+        if (!f->hi || hi > f->hi) f->hi = hi;
+        p->recorded = f->recorded;
+    }
+    pthread_mutex_unlock(&fake.mu);
+    if (bad && !p->bad++) snprintf(p->why, sizeof p->why, "(%d, %d)'s fence: %s", l, j, bad);
 }
 
 static int spy_expert(void *ctx, int32_t l, int32_t j, fmoe_expert_view *w) {
@@ -319,11 +460,31 @@ static int spy_expert(void *ctx, int32_t l, int32_t j, fmoe_expert_view *w) {
     }
     if (w->gate.on_device) p->device_views++;
     else p->host_views++;
+    p->fence = w->gate.on_device ? w->fence : NULL;
+    if (!w->gate.on_device && w->fence && !p->bad++)
+        snprintf(p->why, sizeof p->why, "(%d, %d): a host view with a fence", l, j);
+    if (p->fence) spy_fence_read(p, l, j, v);
+    else if (w->gate.on_device && !p->bad++)
+        snprintf(p->why, sizeof p->why, "(%d, %d): a device view without a fence", l, j);
     return 0;
 }
 
+/* The compute from a device slot has been issued: its fence must have been recorded since
+ * on_expert (the counting session records; a CPU session needs none), and that record is
+ * the one a rewrite of the bytes must wait for. Before the hold is released, so that no
+ * write_slot into the slot can come between. */
 static void spy_done(void *ctx, int32_t l, int32_t j) {
     spy *p = ctx;
+    if (p->fence && p->counting) {
+        pthread_mutex_lock(&fake.mu);
+        fake_fence *f = p->fence;
+        if (f->recorded <= p->recorded && !p->bad++)
+            snprintf(p->why, sizeof p->why, "(%d, %d): no fence record after the compute "
+                     "from its slot", l, j);
+        f->last_read = f->recorded;
+        pthread_mutex_unlock(&fake.mu);
+    }
+    p->fence = NULL;
     p->inner.on_expert_done(p->inner.route_ctx, l, j);
 }
 
@@ -414,7 +575,8 @@ static void run_plain(int *harness_failed, fmoe_model *m, const int32_t *prompt,
 /* The waits of an offloaded run on the counting device (docs/gpu.md's budget): one
  * download per MoE layer of each pass (the routing, hidden rows and speculative rows the
  * hook reads included), one per expert computed on the host lane, the logits; one sync per
- * expert computed from a device slot (before on_expert_done) and one per pass. */
+ * pass (its end) and none per expert computed from a device slot: a record of the slot's
+ * fence each instead (before on_expert_done), and no other record. */
 static void check_waits(int *harness_failed, fmoe_model *m, const spy *p) {
     const int32_t Lm = fmoe_model_get_geometry(m)->num_moe_layers;
     ASSERT_TRUE(p->routes > 0);
@@ -422,7 +584,9 @@ static void check_waits(int *harness_failed, fmoe_model *m, const spy *p) {
     const int64_t passes = p->routes / Lm;
     ASSERT_TRUE(waits.downloads_in >= STEPS && waits.downloads_in <= passes);
     ASSERT_EQ(waits.downloads - waits.downloads_in, p->routes + p->host_views);
-    ASSERT_EQ(waits.syncs, p->device_views + passes);
+    ASSERT_EQ(waits.syncs, passes);
+    ASSERT_EQ(waits.fence_records, p->device ? p->device_views : 0);
+    ASSERT_EQ(fake.records, waits.fence_records);
     ASSERT_EQ(waits.marks, 0);
 }
 
@@ -456,11 +620,13 @@ static void run_offload(int *harness_failed, fmoe_model *m, const run_cfg *c,
         ASSERT_EQ(fake.inits, 1);
         ASSERT_EQ(fake.allocs, 1); /* the N slots and the scratch slot, one buffer */
         ASSERT_EQ(fake.registers, 1); /* the host block, or the staging slot */
+        ASSERT_EQ(fake.fence_news, c->cache + 1); /* one per slot, the scratch one's too */
     }
     fmoe_session_options so = session_options();
     fmoe_offload_attach(x, &so);
     o->sp.inner = so;
     o->sp.device = c->fake;
+    o->sp.counting = c->counting;
     so.on_route = spy_route;
     so.on_expert = spy_expert;
     so.on_expert_done = spy_done;
@@ -513,6 +679,7 @@ typedef struct tier_runs {
     run_out host, dev, dev_async;
     int64_t writes, write_bytes, pinned_writes; /* the fake device's, synchronous run */
     int64_t async_write_bytes, async_pinned_writes, async_writes;
+    int64_t fence_waits[2], covering_waits[2]; /* the synchronous run's, the asynchronous */
 } tier_runs;
 
 static void tier_runs_check(int *harness_failed, fmoe_model *m, const char *policy,
@@ -534,12 +701,17 @@ static void tier_runs_check(int *harness_failed, fmoe_model *m, const char *poli
     if (*harness_failed) return;
     r->writes = fake.writes, r->write_bytes = fake.write_bytes;
     r->pinned_writes = fake.pinned_writes;
-    c.counting = 0;
-    c.sync = 0;
+    r->fence_waits[0] = fake.fence_waits, r->covering_waits[0] = fake.covering_waits;
+    c.sync = 0; /* the fences' order with the I/O thread running free */
     run_offload(harness_failed, m, &c, prompt, next, &r->dev_async, &skipped);
     if (*harness_failed) return;
     r->async_writes = fake.writes, r->async_write_bytes = fake.write_bytes;
     r->async_pinned_writes = fake.pinned_writes;
+    r->fence_waits[1] = fake.fence_waits, r->covering_waits[1] = fake.covering_waits;
+    fmoe_expert_tensors t;
+    ASSERT_OK(fmoe_model_expert_tensors(m, 0, 0, &t));
+    const int64_t expert = (t.gate.view.rows * t.gate.view.cols + t.up.view.rows * t.up.view.cols +
+                            t.down.view.rows * t.down.view.cols) * 2; /* bf16 */
 
     /* host slots: the checkpoint's bytes, computed as the plain session does */
     if (!same_logits(r->host.logits, r->ref, V)) HARNESS_FAIL("host slots: logits differ");
@@ -577,22 +749,32 @@ static void tier_runs_check(int *harness_failed, fmoe_model *m, const char *poli
     } else {
         /* and a prefetch claimed while a piece is on the engine has that piece copied
          * again by its demand job (offload.c), at most one piece per late hit */
-        fmoe_expert_tensors t;
-        ASSERT_OK(fmoe_model_expert_tensors(m, 0, 0, &t));
-        const int64_t expert = (t.gate.view.rows * t.gate.view.cols +
-                                t.up.view.rows * t.up.view.cols +
-                                t.down.view.rows * t.down.view.cols) * 2; /* bf16 */
-        const int64_t piece = (expert + 3) / 4;                          /* copy_chunks 4 */
+        const int64_t piece = (expert + 3) / 4; /* copy_chunks 4 */
         ASSERT_TRUE(r->dev_async.st.io_bytes <= r->async_write_bytes);
         ASSERT_TRUE(r->async_write_bytes <=
                     r->dev_async.st.bytes_loaded + r->dev_async.st.late_hits * piece);
     }
+    /* slot fences (the fake's own checks of their order ran during the runs): each
+     * transfer's copies waited for their slot's fence (a lru transfer: one whole expert in
+     * one copy), and slots read were rewritten, so some waits covered a record */
+    if (lru) {
+        ASSERT_EQ(r->fence_waits[0] * expert, r->dev.st.bytes_loaded);
+        ASSERT_EQ(r->fence_waits[1] * expert, r->dev_async.st.bytes_loaded);
+        /* lru loads only what an access computes, never bypasses: every transfer but the
+         * first into each slot rewrites bytes read before */
+        ASSERT_EQ(r->covering_waits[0], r->fence_waits[0] - c.cache);
+        ASSERT_EQ(r->covering_waits[1], r->fence_waits[1] - c.cache);
+    }
+    ASSERT_TRUE(r->covering_waits[0] > 0 && r->covering_waits[1] > 0);
     fprintf(stderr, "  %s, %s tier%s: %lld accesses, %lld misses, %lld write_slot calls of "
-                    "%lld bytes (sync transfers); async: %lld calls, %lld bytes\n",
+                    "%lld bytes, %lld fence waits (%lld after a record) (sync transfers); "
+                    "async: %lld calls, %lld bytes, %lld fence waits (%lld)\n",
             policy, tier == FMOE_TIER_HOST ? "host" : "file", direct_io ? " (O_DIRECT)" : "",
             (long long)r->dev.st.accesses, (long long)r->dev.st.misses, (long long)r->writes,
-            (long long)r->write_bytes, (long long)r->async_writes,
-            (long long)r->async_write_bytes);
+            (long long)r->write_bytes, (long long)r->fence_waits[0],
+            (long long)r->covering_waits[0], (long long)r->async_writes,
+            (long long)r->async_write_bytes, (long long)r->fence_waits[1],
+            (long long)r->covering_waits[1]);
 }
 
 /* One tier: device slots against host slots (sync transfers: the same decisions) and

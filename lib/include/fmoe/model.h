@@ -58,6 +58,11 @@ typedef struct fmoe_expert_view {
     fmoe_matrix_view gate; /* [I][h] */
     fmoe_matrix_view up;   /* [I][h] */
     fmoe_matrix_view down; /* [h][I] */
+    void *fence;           /* with on_device: the slot's fence (an opaque backend handle
+                              from the offload executor), which the pass records after the
+                              expert's reads, so that the slot's next copy waits for them
+                              on the device; NULL: the pass waits for the device before
+                              fmoe_expert_done_fn instead */
 } fmoe_expert_view;
 
 /* ---------------------------------------------------------------------------------- */
