@@ -1,6 +1,7 @@
 /*
  * quant.c - ggml's type table, dequantisation of the seven types fmoe computes with, the
- * plain-C dot products, and the run-time choice of the AVX2 path (fmoe/quant.h).
+ * plain-C dot products, and the run-time choice of the kernel level, plain, AVX2 or
+ * AVX-512 (fmoe/quant.h, quant_impl.h).
  *
  * Dequantisation follows ggml's dequantize_row_* operation for operation: a block's f16
  * scale times the sub-block's integer scale, rounded to f32, times the quantised value,
@@ -167,23 +168,49 @@ float fmoe_quant_dot_ref(uint32_t t, const void *row, const float *x, int64_t n)
 }
 
 static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
-static int simd_ok;
+static int level_max;              /* FMOE__QUANT_*: the best this CPU has */
+static _Atomic int level_forced = -1; /* fmoe__quant_force_level's, or -1 */
 
+/* The one place that decides which kernels may run. AVX-512 needs F (the 512-bit
+ * registers and masks), BW (byte and word lanes: maddubs, the byte masks) and VL (their
+ * 128/256-bit forms), and the AVX2 level below it, whose instructions its kernels also use. */
 static void simd_probe(void) {
 #if HAVE_X86
     __builtin_cpu_init();
     unsigned eax, ebx, ecx = 0, edx; /* F16C from CPUID: clang 14 lacks the builtin's "f16c" */
     const int f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
-    simd_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c &&
-              getenv("FMOE_NO_AVX2") == NULL;
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c &&
+                     getenv("FMOE_NO_AVX2") == NULL;
+    const int avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                       getenv("FMOE_NO_AVX512") == NULL;
+    level_max = avx512 ? FMOE__QUANT_AVX512 : avx2 ? FMOE__QUANT_AVX2 : FMOE__QUANT_PLAIN;
 #endif
 }
 
-int fmoe_quant_simd(void) {
+int fmoe__quant_level_max(void) {
     pthread_once(&simd_once, simd_probe);
-    return simd_ok;
+    return level_max;
 }
 
+int fmoe__quant_level(void) {
+    const int forced = level_forced;
+    return forced >= 0 ? forced : fmoe__quant_level_max();
+}
+
+int fmoe__quant_force_level(int level) {
+    if (level > fmoe__quant_level_max()) return -1;
+    level_forced = level < 0 ? -1 : level;
+    return 0;
+}
+
+const char *fmoe__quant_level_name(int level) {
+    return level == FMOE__QUANT_AVX512 ? "avx512" : level == FMOE__QUANT_AVX2 ? "avx2" : "plain";
+}
+
+int fmoe_quant_simd(void) { return fmoe__quant_level() >= FMOE__QUANT_AVX2; }
+
+/* No AVX-512 kernels for f32 activations: the AVX2 ones serve that level too. */
 float fmoe_quant_dot(uint32_t t, const void *row, const float *x, int64_t n) {
     if (fmoe_quant_simd()) return fmoe__quant_dot_avx2(t, row, x, n);
     return fmoe_quant_dot_ref(t, row, x, n);

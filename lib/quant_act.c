@@ -1,12 +1,14 @@
 /*
  * quant_act.c - activations quantised to 8 bits and their integer dots with ggml block
  * rows (fmoe/quant_act.h): the quantisers, the plain-C reference dots, and the run-time
- * choice of the AVX2 path (lib/quant_act_avx2.c).
+ * choice of the AVX2 or AVX-512 path (lib/quant_act_avx2.c, lib/quant_act_avx512.c; the
+ * input quantisers have no AVX-512 form: the AVX2 ones serve that level too).
  *
  * The reference computes each block's integer sum exactly (int32: the largest is
  * 8·32·63·127·2 for Q4_K, far from overflow) and adds the scaled block results in f32 in
- * block order, the way ggml's generic vec_dot_*_q8_K code does. The AVX2 path forms the
- * same integer sums, so the two differ only in how the f32 block results are added.
+ * block order, the way ggml's generic vec_dot_*_q8_K code does. The AVX2 and AVX-512
+ * paths form the same integer sums, so they differ only in how the f32 block results
+ * are added.
  */
 #include "fmoe/quant_act.h"
 
@@ -194,7 +196,11 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
                            const void *qx, int64_t qx_stride, int32_t nx, int64_t n, float *y,
                            int64_t ldy) {
     FMOE_ASSERT(fmoe_quant_act_supported(t) && n % (t == FMOE_GGML_Q8_0 ? FMOE_QK8_0 : FMOE_QK_K) == 0);
-    if (fmoe_quant_simd()) {
+    switch (fmoe__quant_level()) {
+    case FMOE__QUANT_AVX512:
+        fmoe__quant_act_rows_avx512(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
+        return;
+    case FMOE__QUANT_AVX2:
         fmoe__quant_act_rows_avx2(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
         return;
     }

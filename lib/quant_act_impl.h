@@ -1,5 +1,6 @@
 /*
- * quant_act_impl.h - what lib/quant_act.c and lib/quant_act_avx2.c share (internal).
+ * quant_act_impl.h - what lib/quant_act.c, lib/quant_act_avx2.c and lib/quant_act_avx512.c
+ * share (internal).
  */
 #ifndef FMOE_QUANT_ACT_IMPL_H
 #define FMOE_QUANT_ACT_IMPL_H
@@ -16,6 +17,12 @@
 void fmoe__quant_act_rows_avx2(uint32_t wtype, const void *W, int64_t row_bytes, int64_t rows,
                                const void *qx, int64_t qx_stride, int32_t nx, int64_t n,
                                float *y, int64_t ldy);
+
+/* The same with AVX-512 (lib/quant_act_avx512.c), only called when fmoe__quant_level() is
+ * FMOE__QUANT_AVX512 (the CPU has AVX-512 F, BW and VL besides the AVX2 level's). */
+void fmoe__quant_act_rows_avx512(uint32_t wtype, const void *W, int64_t row_bytes, int64_t rows,
+                                 const void *qx, int64_t qx_stride, int32_t nx, int64_t n,
+                                 float *y, int64_t ldy);
 
 /* Q8_0 blocks of x[n] (n a multiple of 32), AVX2: the bytes of ggml's reference quantiser
  * (fmoe_quant_quantize_row), roundf's half-away-from-zero included. */

@@ -23,6 +23,28 @@ static inline int fmoe__nearest_int(float v) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
+/* The kernel levels, lowest first: plain C (the reference), AVX2 (+ FMA, F16C), AVX-512
+ * (F, BW and VL on top of AVX2: lib/quant_act_avx512.c). A level runs only on a CPU that
+ * has every instruction of it and of the levels below. */
+enum { FMOE__QUANT_PLAIN = 0, FMOE__QUANT_AVX2 = 1, FMOE__QUANT_AVX512 = 2 };
+
+/* The level the dots and quantisers of lib/quant.c and lib/quant_act.c run at: the one
+ * forced by fmoe__quant_force_level, else fmoe__quant_level_max(). */
+int fmoe__quant_level(void);
+
+/* The best level this CPU has, decided once (__builtin_cpu_supports) with FMOE_NO_AVX2
+ * (plain C) and FMOE_NO_AVX512 (at most AVX2) in the environment honoured. */
+int fmoe__quant_level_max(void);
+
+/* For tests and benchmarks, which compare the levels in one process: level (a
+ * FMOE__QUANT_* value) from now on, or -1 for fmoe__quant_level_max() again. @return 0,
+ * or -1 (nothing changed) where level is above fmoe__quant_level_max(). Not for use while
+ * another thread runs a kernel: that one may see either level. */
+int fmoe__quant_force_level(int level);
+
+/* The name of a level ("plain", "avx2", "avx512"). */
+const char *fmoe__quant_level_name(int level);
+
 /* The AVX2+FMA+F16C dot product (lib/quant_avx2.c); only called when the CPU has them.
  * Handles every supported type. */
 float fmoe__quant_dot_avx2(uint32_t type, const void *row, const float *x, int64_t n);

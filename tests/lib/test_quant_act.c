@@ -12,6 +12,11 @@
  *   by at most half a step of its block, d/2 with d = amax/127, plus for Q8_0 the f16
  *   rounding of d (at most 2^-11·d per unit of q, 127 units): so the bound is
  *   Σ_blocks (0.5 + 127·2^-11)·d·Σ_block |w| plus the rounding bound above.
+ * And one exact reference: inputs for which every f32 step of any path is exact
+ * (integer_sums_exact), so each path's integer block sums are checked for equality.
+ *
+ * main runs every test at each kernel level the CPU has: plain C, AVX2, AVX-512
+ * (quant_levels.h); "fast" below is whichever of them is forced.
  */
 #include <math.h>
 #include <stdint.h>
@@ -22,6 +27,7 @@
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 #include "harness.h"
+#include "quant_levels.h"
 
 static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
 #define NTYPES (sizeof types / sizeof types[0])
@@ -150,7 +156,6 @@ TEST(q6_k_by_hand) {
 
 /* Both paths against float64 of what the blocks hold (row and activation dequantised). */
 TEST(dots_match_dequantised_float64) {
-    if (!fmoe_quant_simd()) printf("  (no AVX2+FMA+F16C: fmoe_quant_act_dot is the reference)\n");
     const int64_t ns[] = {256, 768, 4096};
     for (size_t k = 0; k < NTYPES; k++)
         for (size_t in = 0; in < 3; in++) {
@@ -387,4 +392,64 @@ TEST(q8_0_long_rows_many_inputs) {
     }
 }
 
-int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
+/* Inputs and rows whose every f32 step is exact: activations integers within ±3 with 127
+ * first in each block (so Q8_0's d is 1 and Q8_K's -1, and the quantised values are the
+ * integers themselves), weight scales d = 1 and dmin = 0.5. Every partial sum any path
+ * forms, in any order, is then a multiple of 0.5 below 2^23 in magnitude (Q4_K/Q5_K, the
+ * largest: per block Σ(|sc·q| + |m|)·|a| <= (63·31 + 63)·(127 + 255·3) < 1.8M, two
+ * blocks; the bound is asserted below), so the result must equal the float64 dot of what
+ * the blocks hold exactly, at every level, whatever the rows (several, so the row loop
+ * runs), the inputs (five: a pass of four and one of one) and an odd count of Q8_0
+ * blocks (the AVX-512 kernel takes them two at a time). */
+TEST(integer_sums_exact) {
+    enum { ROWS = 3, NX = 5 };
+    for (size_t k = 0; k < NTYPES; k++) {
+        const uint32_t t = types[k];
+        const int64_t ns[2] = {t == FMOE_GGML_Q8_0 ? 32 : 256, t == FMOE_GGML_Q8_0 ? 480 : 512};
+        for (int in = 0; in < 2; in++) {
+            const int64_t n = ns[in], rb = fmoe_quant_row_bytes(t, n), ab = fmoe_quant_act_bytes(t, n);
+            const int32_t blk = act_block(t), ts = fmoe_ggml_type_size(t);
+            uint8_t *w = malloc((size_t)(rb * ROWS)), *qx = malloc((size_t)(ab * NX));
+            float *x = malloc((size_t)n * sizeof *x), *wf = malloc((size_t)n * ROWS * sizeof *wf);
+            float *xa = malloc((size_t)n * NX * sizeof *xa), y[ROWS * NX];
+            const uint16_t one = fmoe_float_to_half(1.f), half = fmoe_float_to_half(0.5f);
+            for (int r = 0; r < ROWS; r++) {
+                uint8_t *row = w + r * rb;
+                random_row(t, row, n);
+                for (int64_t b = 0; b < rb; b += ts) {
+                    memcpy(row + b + (t == FMOE_GGML_Q6_K ? 208 : 0), &one, 2);
+                    if (t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K) memcpy(row + b + 2, &half, 2);
+                }
+                fmoe_quant_dequantize_row(t, row, wf + r * n, n);
+            }
+            for (int v = 0; v < NX; v++) {
+                for (int64_t i = 0; i < n; i++) x[i] = i % blk == 0 ? 127.f : (float)((int)(rnd() % 7) - 3);
+                fmoe_quant_act_quantize(t, x, qx + v * ab, n);
+                fmoe_quant_act_dequantize(t, qx + v * ab, xa + v * n, n);
+                for (int64_t i = 0; i < n; i++) ASSERT_NEAR(xa[v * n + i], x[i], 0);
+            }
+            fmoe_quant_act_matvec(t, w, rb, ROWS, qx, ab, NX, n, y, ROWS);
+            for (int r = 0; r < ROWS; r++)
+                for (int v = 0; v < NX; v++) {
+                    double want = 0, bound = 0;
+                    for (int64_t i = 0; i < n; i++) {
+                        want += (double)wf[r * n + i] * xa[v * n + i];
+                        bound += (63.0 * 31 + 63) * fabs(xa[v * n + i]);
+                    }
+                    ASSERT_TRUE(bound < 8388608.0);
+                    if (y[v * ROWS + r] != want)
+                        HARNESS_FAIL("%s n=%lld row %d input %d: %.9g, want exactly %.9g",
+                                     fmoe_ggml_type_name(t), (long long)n, r, v, y[v * ROWS + r], want);
+                    ASSERT_TRUE(fmoe_quant_act_dot_ref(t, w + r * rb, qx + v * ab, n) == want);
+                }
+            free(w);
+            free(qx);
+            free(x);
+            free(wf);
+            free(xa);
+        }
+    }
+}
+
+/* Every test above once per kernel level this CPU has (quant_levels.h). */
+int main(int argc, char **argv) { return run_tests_at_every_level(argc, argv); }

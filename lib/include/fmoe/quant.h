@@ -103,7 +103,8 @@ float fmoe_quant_dot(uint32_t type, const void *row, const float *x, int64_t n);
 float fmoe_quant_dot_ref(uint32_t type, const void *row, const float *x, int64_t n);
 
 /* 1 when fmoe_quant_dot uses the AVX2 path on this CPU (FMOE_NO_AVX2 in the environment
- * turns it off, so tests can compare both on one machine). */
+ * turns it off, so tests can compare both on one machine). Also 1 where the 8-bit dots
+ * (fmoe/quant_act.h) run at the AVX-512 level, which needs AVX2 too. */
 int fmoe_quant_simd(void);
 
 /* Quantises src[n] (n a multiple of the block size) into dst, fmoe_quant_row_bytes(type, n)
