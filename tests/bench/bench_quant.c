@@ -7,6 +7,11 @@
  * once per product, as the CPU backend does it). Not a test (no timed tests); the numbers
  * in docs/quantization.md come from it.
  *
+ * Then the 8-bit product at each SIMD kernel level the CPU has (avx2, avx512: forced in
+ * turn, lib/quant_impl.h), in one process on the same data: fmoe_quant_act_matvec over
+ * the whole matrix with 1 and with 8 inputs (quantised outside the timing), so a machine
+ * with AVX-512 compares its two paths side by side. FMOE_NO_AVX512 leaves AVX-512 out.
+ *
  *     build/tests/lib/bench_quant [ROWS COLS REPS]      (default 1024 4096 5)
  */
 #include <stdio.h>
@@ -17,6 +22,7 @@
 #include "half.h"
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
+#include "quant_impl.h"
 
 static double now(void) {
     struct timespec t;
@@ -37,8 +43,11 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < rows * cols; i++)
         w[i] = (float)((uint64_t)i * 2654435761u % 1000) / 1000.f - 0.5f;
     for (int64_t i = 0; i < cols; i++) x[i] = (float)(i % 13) - 6;
-    printf("%lld x %lld, %d reps, AVX2 path %s\n\n", (long long)rows, (long long)cols, reps,
-           fmoe_quant_simd() ? "on" : "off");
+    const int best = fmoe__quant_level_max();
+    /* the first table's "AVX2" columns are AVX2's, also on a CPU with AVX-512 */
+    if (best > FMOE__QUANT_AVX2) fmoe__quant_force_level(FMOE__QUANT_AVX2);
+    printf("%lld x %lld, %d reps, AVX2 path %s, best kernel level %s\n\n", (long long)rows,
+           (long long)cols, reps, fmoe_quant_simd() ? "on" : "off", fmoe__quant_level_name(best));
     printf("| type | quantise ns/value | matvec AVX2 ms | GB/s | matvec plain C ms | speed-up "
            "| 8-bit x AVX2 ms | GB/s |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
@@ -85,6 +94,35 @@ int main(int argc, char **argv) {
             printf(" - | - |\n");
         }
     }
+    /* the 8-bit product per level (q held one type at a time: each is quantised again) */
+    enum { NX = 8 };
+    uint8_t *qxs = malloc((size_t)cols * 2 * NX);
+    float *y = malloc((size_t)(rows * NX) * sizeof *y);
+    if (!qxs || !y) return 1;
+    printf("\n8-bit activations, fmoe_quant_act_matvec, one core: ms per product (GB/s of weights)\n\n");
+    printf("| type | level | 1 input | %d inputs |\n|---|---|---|---|\n", NX);
+    const uint32_t qts[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
+    for (size_t k = 0; k < sizeof qts / sizeof qts[0]; k++) {
+        const uint32_t t = qts[k];
+        const int64_t rb = fmoe_quant_row_bytes(t, cols), ab = fmoe_quant_act_bytes(t, cols);
+        for (int64_t r = 0; r < rows; r++) fmoe_quant_quantize_row(t, w + r * cols, q + r * rb, cols);
+        for (int v = 0; v < NX; v++) fmoe_quant_act_quantize(t, x, qxs + v * ab, cols);
+        for (int level = FMOE__QUANT_AVX2; level <= best; level++) {
+            fmoe__quant_force_level(level);
+            double t1 = now();
+            for (int rep = 0; rep < reps; rep++) fmoe_quant_act_matvec(t, q, rb, rows, qxs, ab, 1, cols, y, rows);
+            t1 = (now() - t1) / reps;
+            double t8 = now();
+            for (int rep = 0; rep < reps; rep++) fmoe_quant_act_matvec(t, q, rb, rows, qxs, ab, NX, cols, y, rows);
+            t8 = (now() - t8) / reps;
+            printf("| %s | %s | %.2f (%.2f) | %.2f (%.2f) |\n", fmoe_ggml_type_name(t),
+                   fmoe__quant_level_name(level), t1 * 1e3, (double)(rows * rb) / t1 / 1e9, t8 * 1e3,
+                   (double)(rows * rb) / t8 / 1e9);
+        }
+    }
+    fmoe__quant_force_level(-1);
+    free(qxs);
+    free(y);
     free(w);
     free(x);
     free(q);

@@ -84,6 +84,9 @@ wanted=(
     tests/trace/write_sample
     tests/expertmap/write_sample_store
     tests/lib/test_decision_log
+    tests/lib/test_quant
+    tests/lib/test_quant_act
+    tests/lib/bench_quant
     tests/sim/fmoe_calibrate_cli
 )
 targets=()
