@@ -359,6 +359,16 @@ extern const fmoe__backend_ops fmoe__cpu_backend;
 /* forward.c runs these, and `fmoe calibrate` times the same functions, so that the
  * profile's curves measure what a live pass does rather than a copy that may drift. */
 
+/* Issues per timed run of a calibration point on a backend that is not host_memory
+ * (backend_bench.c's head comment says why they are bursts). */
+#define FMOE__BENCH_DEVICE_BURST 8
+
+/* fmoe_backend_bench_init on the table `be` (fmoe/model.h), for tests that hand it a fake
+ * device; `activations` resolved (F32 or Q8). */
+int fmoe__backend_bench_init_ops(fmoe_backend_bench **out, const fmoe__backend_ops *be,
+                                 const fmoe_backend_bench_shape *shape, int32_t threads,
+                                 fmoe_activations activations);
+
 /* One routed expert's buffers: backend ones, and the host index lists its gather and
  * scatter read (uploaded by a device backend with each call). */
 typedef struct fmoe__expert_io {
