@@ -210,8 +210,10 @@ const char *fmoe__quant_level_name(int level) {
 
 int fmoe_quant_simd(void) { return fmoe__quant_level() >= FMOE__QUANT_AVX2; }
 
-/* No AVX-512 kernels for f32 activations: the AVX2 ones serve that level too. */
 float fmoe_quant_dot(uint32_t t, const void *row, const float *x, int64_t n) {
-    if (fmoe_quant_simd()) return fmoe__quant_dot_avx2(t, row, x, n);
-    return fmoe_quant_dot_ref(t, row, x, n);
+    switch (fmoe__quant_level()) {
+    case FMOE__QUANT_AVX512: return fmoe__quant_dot_avx512(t, row, x, n);
+    case FMOE__QUANT_AVX2: return fmoe__quant_dot_avx2(t, row, x, n);
+    default: return fmoe_quant_dot_ref(t, row, x, n);
+    }
 }

@@ -1,6 +1,6 @@
 /*
- * quant_impl.h - what lib/quant.c, lib/quant_avx2.c, lib/quant_ref.c and lib/quant_act.c
- * share (internal).
+ * quant_impl.h - what lib/quant.c, lib/quant_avx2.c, lib/quant_avx512.c, lib/quant_ref.c and
+ * lib/quant_act.c share (internal).
  */
 #ifndef FMOE_QUANT_IMPL_H
 #define FMOE_QUANT_IMPL_H
@@ -24,7 +24,7 @@ static inline int fmoe__nearest_int(float v) {
 }
 
 /* The kernel levels, lowest first: plain C (the reference), AVX2 (+ FMA, F16C), AVX-512
- * (F, BW and VL on top of AVX2: lib/quant_act_avx512.c). A level runs only on a CPU that
+ * (F, BW and VL on top of AVX2: lib/quant_avx512.c, lib/quant_act_avx512.c). A level runs only on a CPU that
  * has every instruction of it and of the levels below. */
 enum { FMOE__QUANT_PLAIN = 0, FMOE__QUANT_AVX2 = 1, FMOE__QUANT_AVX512 = 2 };
 
@@ -48,5 +48,9 @@ const char *fmoe__quant_level_name(int level);
 /* The AVX2+FMA+F16C dot product (lib/quant_avx2.c); only called when the CPU has them.
  * Handles every supported type. */
 float fmoe__quant_dot_avx2(uint32_t type, const void *row, const float *x, int64_t n);
+
+/* The AVX-512 one (lib/quant_avx512.c), only called at FMOE__QUANT_AVX512: its own kernels
+ * for Q8_0 and the K-quants, the AVX2 ones for F32, F16 and BF16 rows. */
+float fmoe__quant_dot_avx512(uint32_t type, const void *row, const float *x, int64_t n);
 
 #endif

@@ -7,10 +7,11 @@
  * once per product, as the CPU backend does it). Not a test (no timed tests); the numbers
  * in docs/quantization.md come from it.
  *
- * Then the 8-bit product at each SIMD kernel level the CPU has (avx2, avx512: forced in
- * turn, lib/quant_impl.h), in one process on the same data: fmoe_quant_act_matvec over
- * the whole matrix with 1 and with 8 inputs (quantised outside the timing), so a machine
- * with AVX-512 compares its two paths side by side. FMOE_NO_AVX512 leaves AVX-512 out.
+ * Then the block types at each SIMD kernel level the CPU has (avx2, avx512: forced in
+ * turn, lib/quant_impl.h), in one process on the same data: fmoe_quant_dot row by row with
+ * the f32 vector, and fmoe_quant_act_matvec over the whole matrix with 1 and with 8
+ * inputs (quantised outside the timing), so a machine with AVX-512 compares its two paths
+ * side by side. FMOE_NO_AVX512 leaves AVX-512 out.
  *
  *     build/tests/lib/bench_quant [ROWS COLS REPS]      (default 1024 4096 5)
  */
@@ -99,8 +100,8 @@ int main(int argc, char **argv) {
     uint8_t *qxs = malloc((size_t)cols * 2 * NX);
     float *y = malloc((size_t)(rows * NX) * sizeof *y);
     if (!qxs || !y) return 1;
-    printf("\n8-bit activations, fmoe_quant_act_matvec, one core: ms per product (GB/s of weights)\n\n");
-    printf("| type | level | 1 input | %d inputs |\n|---|---|---|---|\n", NX);
+    printf("\nPer kernel level, one core: ms per product (GB/s of weights)\n\n");
+    printf("| type | level | f32 input | 8-bit, 1 input | 8-bit, %d inputs |\n|---|---|---|---|---|\n", NX);
     const uint32_t qts[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
     for (size_t k = 0; k < sizeof qts / sizeof qts[0]; k++) {
         const uint32_t t = qts[k];
@@ -109,15 +110,20 @@ int main(int argc, char **argv) {
         for (int v = 0; v < NX; v++) fmoe_quant_act_quantize(t, x, qxs + v * ab, cols);
         for (int level = FMOE__QUANT_AVX2; level <= best; level++) {
             fmoe__quant_force_level(level);
+            volatile float sink = 0;
+            double tf = now();
+            for (int rep = 0; rep < reps; rep++)
+                for (int64_t r = 0; r < rows; r++) sink += fmoe_quant_dot(t, q + r * rb, x, cols);
+            tf = (now() - tf) / reps;
             double t1 = now();
             for (int rep = 0; rep < reps; rep++) fmoe_quant_act_matvec(t, q, rb, rows, qxs, ab, 1, cols, y, rows);
             t1 = (now() - t1) / reps;
             double t8 = now();
             for (int rep = 0; rep < reps; rep++) fmoe_quant_act_matvec(t, q, rb, rows, qxs, ab, NX, cols, y, rows);
             t8 = (now() - t8) / reps;
-            printf("| %s | %s | %.2f (%.2f) | %.2f (%.2f) |\n", fmoe_ggml_type_name(t),
-                   fmoe__quant_level_name(level), t1 * 1e3, (double)(rows * rb) / t1 / 1e9, t8 * 1e3,
-                   (double)(rows * rb) / t8 / 1e9);
+            printf("| %s | %s | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) |\n", fmoe_ggml_type_name(t),
+                   fmoe__quant_level_name(level), tf * 1e3, (double)(rows * rb) / tf / 1e9, t1 * 1e3,
+                   (double)(rows * rb) / t1 / 1e9, t8 * 1e3, (double)(rows * rb) / t8 / 1e9);
         }
     }
     fmoe__quant_force_level(-1);

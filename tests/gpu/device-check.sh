@@ -288,8 +288,8 @@ run_test_binary() {
 
 stage_selftest() { run_test_binary tests/unit/test_cuda selftest; }
 
-# The host CPU's AVX-512 kernels of the 8-bit dots (lib/quant_act_avx512.c), which the
-# build machine cannot run: test_quant_act and test_quant at every kernel level the CPU
+# The host CPU's AVX-512 block-format dots (lib/quant_act_avx512.c for 8-bit inputs,
+# lib/quant_avx512.c for f32 ones), which the build machine cannot run: test_quant_act and test_quant at every kernel level the CPU
 # has (tests/lib/quant_levels.h), then bench_quant's avx2 and avx512 columns on a small
 # matrix (logged, not judged). Pass: both tests pass and the AVX-512 cases ran ("avx512:
 # N cases run"); skip (77) where the CPU lacks AVX-512, which on a device run is a fact
@@ -319,7 +319,7 @@ stage_cpu_avx512() {
     esac
     echo "== bench_quant 512 4096 3"
     "$B/tests/lib/bench_quant" 512 4096 3 | tee "$work/bench_quant.txt"
-    fig "$ran (test_quant_act), $(tail -1 "$work/test_quant.txt") (test_quant); Q4_K ms (GB/s), 1 input:$(grep '^| Q4_K | avx' "$work/bench_quant.txt" | awk -F'|' '{printf "%s%s", $3, $4}')"
+    fig "$ran (test_quant_act), $(tail -1 "$work/test_quant.txt") (test_quant); Q4_K ms (GB/s):$(grep '^| Q4_K | avx' "$work/bench_quant.txt" | awk -F'|' '{gsub(/ /, "", $3); printf " %s f32%s 8-bit%s;", $3, $4, $5}')"
 }
 
 stage_ops() {

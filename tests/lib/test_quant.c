@@ -9,9 +9,9 @@
  * worst case never happens with random data, and a wrong scale or bit moves the result
  * by orders of magnitude more).
  *
- * main runs every test at each kernel level the CPU has (quant_levels.h). The f32 dots
- * have no AVX-512 kernels: at that level fmoe_quant_dot runs the AVX2 ones, which the
- * avx512 pass checks again under that level's dispatch.
+ * main runs every test at each kernel level the CPU has (quant_levels.h), so "simd"
+ * below is the AVX2 or the AVX-512 path (lib/quant_avx512.c: Q8_0 and the K-quants; F32,
+ * F16 and BF16 rows stay on the AVX2 dots at that level).
  */
 #include <math.h>
 #include <stdint.h>

@@ -102,9 +102,9 @@ float fmoe_quant_dot(uint32_t type, const void *row, const float *x, int64_t n);
 /* The same in plain C, one block at a time (the reference the SIMD path is tested with). */
 float fmoe_quant_dot_ref(uint32_t type, const void *row, const float *x, int64_t n);
 
-/* 1 when fmoe_quant_dot uses the AVX2 path on this CPU (FMOE_NO_AVX2 in the environment
- * turns it off, so tests can compare both on one machine). Also 1 where the 8-bit dots
- * (fmoe/quant_act.h) run at the AVX-512 level, which needs AVX2 too. */
+/* 1 when fmoe_quant_dot uses a SIMD path on this CPU, AVX2 or AVX-512 (which needs AVX2
+ * too): FMOE_NO_AVX2 in the environment turns both off, FMOE_NO_AVX512 the second, so
+ * tests can compare the paths on one machine. */
 int fmoe_quant_simd(void);
 
 /* Quantises src[n] (n a multiple of the block size) into dst, fmoe_quant_row_bytes(type, n)

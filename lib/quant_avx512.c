@@ -1,0 +1,148 @@
+/*
+ * quant_avx512.c - dot products of Q8_0 and K-quant block rows with f32 vectors, AVX-512
+ * (F, BW, VL, on top of AVX2, FMA and F16C). lib/quant_avx2.c's kernels with 16 f32 lanes
+ * instead of 8: the same factoring of the K-quants' affine form (d·sc·Σq·x - dmin·m·Σx per
+ * sub-block), each 16 quants widened with one _mm512_cvtepi8_epi32. Compiled for every
+ * x86-64 build with target attributes; lib/quant.c calls it only at the AVX-512 level.
+ *
+ * WRITTEN WITHOUT AN AVX-512 MACHINE, like lib/quant_act_avx512.c (whose head comment
+ * says how it was checked and where it runs: tests/lib/test_quant.c at every level, stage
+ * cpu_avx512 of tests/gpu/device-check.sh).
+ *
+ * F32, F16 and BF16 rows keep the AVX2 dots of lib/dot_avx2.h at this level: their
+ * summation order is pinned (the CPU backend's bf16 results are compared bit for bit
+ * across runs), so they give the same bits on every CPU with AVX2. The block types' sums
+ * differ from the AVX2 path's in order only: results agree within rounding.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "dot_avx2.h"
+#include "half.h"
+#include "fmoe/quant.h"
+#include "quant_impl.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define SIMD __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
+
+/* acc += the 16 signed bytes q, widened, times x[0..16). */
+SIMD static inline __m512 fma16(__m128i q, const float *x, __m512 acc) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_loadu_ps(x), acc);
+}
+
+/* Σ over 32 signed bytes times x[0..32), in 16 lanes. */
+SIMD static inline __m512 dot32(__m256i q, const float *x) {
+    const __m512 s = fma16(_mm256_castsi256_si128(q), x, _mm512_setzero_ps());
+    return fma16(_mm256_extracti128_si256(q, 1), x + 16, s);
+}
+
+SIMD static inline __m512 sum32(const float *x) {
+    return _mm512_add_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16));
+}
+
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return fmoe_half_to_float(h);
+}
+
+SIMD static float dot_q8_0(const uint8_t *b, const float *x, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += FMOE_Q8_0_BYTES) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(b)), dot32(q, x + i), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* Q4_K (bits 4) and Q5_K (bits 5, the fifth bit of value l of sub-block j in bit j of
+ * qh[l]). */
+SIMD static float dot_q45_k(const uint8_t *b, const float *x, int64_t n, int bits) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const int64_t bytes = bits == 4 ? FMOE_Q4_K_BYTES : FMOE_Q5_K_BYTES;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += bytes) {
+        const float d = f16_at(b), dmin = f16_at(b + 2);
+        const uint8_t *scales = b + 4, *q = b + (bits == 4 ? 16 : 48);
+        const __m256i hb = bits == 5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        const float *xb = x + i;
+        for (int j = 0; j < 8; j += 2, q += 32, xb += 64) {
+            uint8_t sc1, m1, sc2, m2;
+            fmoe__scale_min_k4(j, scales, &sc1, &m1);
+            fmoe__scale_min_k4(j + 1, scales, &sc2, &m2);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)q);
+            __m256i q1 = _mm256_and_si256(v, lo4);
+            __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if (bits == 5) { /* as lib/quant_avx2.c: bit j (j+1) of each qh byte to bit 4 */
+                const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(j)), one);
+                const __m256i h2 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(j + 1)), one);
+                q1 = _mm256_or_si256(q1, _mm256_slli_epi16(h1, 4));
+                q2 = _mm256_or_si256(q2, _mm256_slli_epi16(h2, 4));
+            }
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(d * sc1), dot32(q1, xb), acc);
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(d * sc2), dot32(q2, xb + 32), acc);
+            acc = _mm512_fnmadd_ps(_mm512_set1_ps(dmin * m1), sum32(xb), acc);
+            acc = _mm512_fnmadd_ps(_mm512_set1_ps(dmin * m2), sum32(xb + 32), acc);
+        }
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    const __m256i off = _mm256_set1_epi8(32);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = f16_at(b + 208);
+        const float *xb = x + i;
+        for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, xb += 128) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4),
+                                   _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
+            q[1] = _mm256_or_si256(
+                _mm256_and_si256(l1, lo4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
+            q[2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
+            q[3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
+            for (int k = 0; k < 4; k++) {
+                const __m256i qs = _mm256_sub_epi8(q[k], off);
+                const float *xk = xb + 32 * k;
+                /* one scale per 16 values: one 16-lane product each */
+                const __m512 s0 = fma16(_mm256_castsi256_si128(qs), xk, _mm512_setzero_ps());
+                const __m512 s1 = fma16(_mm256_extracti128_si256(qs, 1), xk + 16, _mm512_setzero_ps());
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(d * sc[2 * k]), s0, acc);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(d * sc[2 * k + 1]), s1, acc);
+            }
+        }
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+float fmoe__quant_dot_avx512(uint32_t type, const void *row, const float *x, int64_t n) {
+    switch (type) {
+    case FMOE_GGML_Q8_0: return dot_q8_0(row, x, n);
+    case FMOE_GGML_Q4_K: return dot_q45_k(row, x, n, 4);
+    case FMOE_GGML_Q5_K: return dot_q45_k(row, x, n, 5);
+    case FMOE_GGML_Q6_K: return dot_q6_k(row, x, n);
+    default: return fmoe__quant_dot_avx2(type, row, x, n); /* F32, F16, BF16: pinned order */
+    }
+}
+
+#else
+
+float fmoe__quant_dot_avx512(uint32_t type, const void *row, const float *x, int64_t n) {
+    return fmoe_quant_dot_ref(type, row, x, n);
+}
+
+#endif
