@@ -81,6 +81,7 @@ wanted=(
     tests/unit/test_cuda
     tests/model/test_cuda_ops
     tests/model/forward_driver
+    tests/model/test_quant_matvec
     tests/trace/write_sample
     tests/expertmap/write_sample_store
     tests/lib/test_decision_log

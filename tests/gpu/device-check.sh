@@ -289,37 +289,40 @@ run_test_binary() {
 stage_selftest() { run_test_binary tests/unit/test_cuda selftest; }
 
 # The host CPU's AVX-512 block-format dots (lib/quant_act_avx512.c for 8-bit inputs,
-# lib/quant_avx512.c for f32 ones), which the build machine cannot run: test_quant_act and test_quant at every kernel level the CPU
-# has (tests/lib/quant_levels.h), then bench_quant's avx2 and avx512 columns on a small
-# matrix (logged, not judged). Pass: both tests pass and the AVX-512 cases ran ("avx512:
-# N cases run"); skip (77) where the CPU lacks AVX-512, which on a device run is a fact
-# about the host, not a failed check (host_may_skip). Needs no GPU: the rehearsal runs it.
+# lib/quant_avx512.c for f32 ones), which the build machine cannot run: test_quant_act,
+# test_quant and test_quant_matvec (the products over the thread pool) at every kernel
+# level the CPU has (tests/lib/quant_levels.h), then bench_quant's avx2 and avx512 rows
+# on a small matrix (logged, not judged). Pass: all three pass and the AVX-512 cases ran
+# ("avx512: N cases run"); skip (77) where the CPU lacks AVX-512, which on a device run is
+# a fact about the host, not a failed check (host_may_skip). Needs no GPU: the rehearsal
+# runs it.
 stage_cpu_avx512() {
-    local t
-    for t in test_quant_act test_quant bench_quant; do
-        [ -x "$B/tests/lib/$t" ] || { fig "tests/lib/$t not built"; return 78; }
+    local t tests=(lib/test_quant_act lib/test_quant model/test_quant_matvec)
+    for t in "${tests[@]}" lib/bench_quant; do
+        [ -x "$B/tests/$t" ] || { fig "tests/$t not built"; return 78; }
     done
     echo "cpu: $(grep -m1 '^model name' /proc/cpuinfo | sed 's/.*: //')"
     echo "avx512 flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep '^avx512' | tr '\n' ' ')"
-    local bad=0
-    for t in test_quant_act test_quant; do
+    local bad=0 counts=""
+    for t in "${tests[@]}"; do
         echo "== $t"
-        "$B/tests/lib/$t" >"$work/$t.txt" 2>&1 || bad=1
-        cat "$work/$t.txt"
+        "$B/tests/$t" >"$work/${t#*/}.txt" 2>&1 || bad=1
+        cat "$work/${t#*/}.txt"
+        counts="$counts$(tail -1 "$work/${t#*/}.txt") (${t#*/}); "
     done
-    local ran
-    ran=$(tail -1 "$work/test_quant_act.txt")
     if [ $bad != 0 ]; then
-        fig "FAILED: $(grep -hE '^(plain|avx2|avx512): [0-9]+ passed' "$work/test_quant_act.txt" "$work/test_quant.txt" | tr '\n' ' ')"
+        fig "FAILED: $(grep -hE '^(plain|avx2|avx512): [0-9]+ passed, [1-9]' "$work"/test_quant*.txt | tr '\n' ' ')"
         return 1
     fi
+    local ran
+    ran=$(tail -1 "$work/test_quant_act.txt")
     case $ran in
     "avx512: "*" cases run") ;;
     *) fig "$ran"; return 77 ;;
     esac
     echo "== bench_quant 512 4096 3"
     "$B/tests/lib/bench_quant" 512 4096 3 | tee "$work/bench_quant.txt"
-    fig "$ran (test_quant_act), $(tail -1 "$work/test_quant.txt") (test_quant); Q4_K ms (GB/s):$(grep '^| Q4_K | avx' "$work/bench_quant.txt" | awk -F'|' '{gsub(/ /, "", $3); printf " %s f32%s 8-bit%s;", $3, $4, $5}')"
+    fig "${counts}Q4_K ms (GB/s):$(grep '^| Q4_K | avx' "$work/bench_quant.txt" | awk -F'|' '{gsub(/ /, "", $3); printf " %s f32%s 8-bit%s;", $3, $4, $5}')"
 }
 
 stage_ops() {

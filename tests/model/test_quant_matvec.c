@@ -15,6 +15,7 @@
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 #include "harness.h"
+#include "lib/quant_levels.h"
 #include "quant_matvec.h"
 #include "quant_widen.h"
 #include "threadpool.h"
@@ -119,4 +120,6 @@ TEST(widen_rows_equal_dequantise) {
     free(q), free(a), free(b);
 }
 
-int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
+/* Every test once per kernel level this CPU has (tests/lib/quant_levels.h): the level is
+ * forced before the pool's workers start, so they run that level's kernels too. */
+int main(int argc, char **argv) { return run_tests_at_every_level(argc, argv); }
