@@ -181,9 +181,15 @@ static void simd_probe(void) {
     const int f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c &&
                      getenv("FMOE_NO_AVX2") == NULL;
+#ifndef FMOE_EMULATE_AVX512
     const int avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                        getenv("FMOE_NO_AVX512") == NULL;
+#else
+    /* Only in the test binaries that link the AVX-512 kernels compiled against SIMDe
+     * (lib/simd512.h), never in the library: they need the AVX2 level alone. */
+    const int avx512 = avx2 && getenv("FMOE_NO_AVX512") == NULL;
+#endif
     level_max = avx512 ? FMOE__QUANT_AVX512 : avx2 ? FMOE__QUANT_AVX2 : FMOE__QUANT_PLAIN;
 #endif
 }

@@ -4,12 +4,14 @@
  * twice the width: the same arithmetic, so the same exact integer sums, with 64 byte
  * lanes a register. Compiled for every x86-64 build with target attributes; lib/quant_act.c
  * calls it only at the AVX-512 level (fmoe__quant_level, lib/quant.c), which requires
- * every feature named in SIMD below.
+ * every feature named in FMOE__AVX512 (lib/simd512.h).
  *
  * WRITTEN WITHOUT AN AVX-512 MACHINE: the build machine has none, and neither did the
  * session that wrote this. tests/lib/test_quant_act.c runs every case at every level the
- * CPU has and says on stderr whether the AVX-512 ones ran; tests/gpu/device-check.sh's
- * stage cpu_avx512 runs it where the device host has AVX-512 (docs/quantization.md).
+ * CPU has and says on stderr whether the AVX-512 ones ran; where SIMDe is installed, its
+ * variant quant_act_avx512_emulated runs them against SIMDe's emulation of the intrinsics
+ * (lib/simd512.h), in every build; tests/gpu/device-check.sh's stage cpu_avx512 runs them
+ * natively where the device host has AVX-512 (docs/quantization.md).
  *
  * Where the 512-bit forms differ from the AVX2 ones:
  * - Q8_0 blocks are 32 values, so a register takes two consecutive blocks (lanes 0-7 of the
@@ -44,9 +46,9 @@
 #include "quant_act_impl.h"
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "simd512.h"
 
-#define SIMD __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
+#define SIMD FMOE__AVX512
 #define INLINE __attribute__((always_inline)) inline
 #define MAXX 4 /* inputs per pass */
 

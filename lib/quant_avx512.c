@@ -6,8 +6,9 @@
  * x86-64 build with target attributes; lib/quant.c calls it only at the AVX-512 level.
  *
  * WRITTEN WITHOUT AN AVX-512 MACHINE, like lib/quant_act_avx512.c (whose head comment
- * says how it was checked and where it runs: tests/lib/test_quant.c at every level, stage
- * cpu_avx512 of tests/gpu/device-check.sh).
+ * says how it was checked and where it runs: tests/lib/test_quant.c at every level, its
+ * SIMDe-emulated variant quant_avx512_emulated, stage cpu_avx512 of
+ * tests/gpu/device-check.sh).
  *
  * F32, F16 and BF16 rows keep the AVX2 dots of lib/dot_avx2.h at this level: their
  * summation order is pinned (the CPU backend's bf16 results are compared bit for bit
@@ -23,9 +24,9 @@
 #include "quant_impl.h"
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "simd512.h"
 
-#define SIMD __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
+#define SIMD FMOE__AVX512
 
 /* acc += the 16 signed bytes q, widened, times x[0..16). */
 SIMD static inline __m512 fma16(__m128i q, const float *x, __m512 acc) {
