@@ -61,9 +61,19 @@ static void load_module(void) {
         if (!h) continue;
         fmoe_cuda_module_api_fn get = (fmoe_cuda_module_api_fn)dlsym(h, FMOE_CUDA_MODULE_SYMBOL);
         const fmoe_cuda_module_api *api = get ? get() : NULL;
-        if (!api || api->abi != FMOE_CUDA_MODULE_ABI) {
-            snprintf(load_error, sizeof load_error, "%.400s: not an fmoe CUDA module of ABI %d",
-                     candidates[i], FMOE_CUDA_MODULE_ABI);
+        if (!api) {
+            snprintf(load_error, sizeof load_error, "%.400s: not an fmoe CUDA module",
+                     candidates[i]);
+            dlclose(h);
+            continue;
+        }
+        if (api->abi != FMOE_CUDA_MODULE_ABI) {
+            /* Most often a stale build: meson 1.0 tracks no header a .cu file includes, so
+             * an incremental build can keep objects compiled from older headers. */
+            snprintf(load_error, sizeof load_error,
+                     "%.300s: module of ABI %d, this binary needs ABI %d: rebuild the module "
+                     "(delete its objects, runtime/libfmoe-cuda.so.p/*.o, then build)",
+                     candidates[i], api->abi, FMOE_CUDA_MODULE_ABI);
             dlclose(h);
             continue;
         }

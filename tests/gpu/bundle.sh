@@ -98,6 +98,11 @@ for t in "${wanted[@]}"; do
         say "no target $t in this tree: not carried"
     fi
 done
+# The CUDA module's objects are always compiled afresh: meson 1.0 (Debian 12's) passes nvcc
+# no flag to write a dependency file, so ninja does not know which headers a .cu includes
+# and keeps a .cu object built from older headers (a module that reports an older ABI, or
+# a layout the loader refuses, only found once the bundle is on a device).
+rm -f "$build"/runtime/libfmoe-cuda.so.p/*.o
 if [ "$build_all" = 1 ]; then
     ninja -C "$build"
 else

@@ -259,6 +259,13 @@ EOF
         echo "fmoe does not see the GPU that nvidia-smi lists"
         bad=1
     fi
+    # A module the loader refuses (another ABI, another struct layout) fails here, GPU or
+    # not: the rehearsal then finds a stale or foreign module before a device run does.
+    if echo "$cuda_line" | grep -qE 'module of ABI|not an fmoe CUDA module|built from other fmoe headers'; then
+        echo "the carried CUDA module is not this build's: $cuda_line"
+        stale=${stale:-"the carried CUDA module is refused by the carried fmoe: rerun tests/gpu/bundle.sh"}
+        bad=1
+    fi
     echo "generate --backend: $has_backend, record --backend: $record_backend"
     if [ -n "$stale" ]; then
         fig "$stale"
