@@ -274,99 +274,11 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
 }
 
 /* ---------------------------------------------------------------------------------- */
-/* Rows and inputs (as lib/quant_act_avx2.c)                                          */
+/* Rows and inputs: the loops every level shares                                      */
 /* ---------------------------------------------------------------------------------- */
 
-#define DISPATCH(call_nx)                                                                   \
-    switch (nx) {                                                                           \
-    case 1: call_nx(1); break;                                                              \
-    case 2: call_nx(2); break;                                                              \
-    case 3: call_nx(3); break;                                                              \
-    default: call_nx(4); break;                                                             \
-    }
-#define ROWS(kernel_call)                                                                   \
-    for (int64_t r = 0; r < rows; r++) {                                                    \
-        const uint8_t *w = W + r * row_bytes;                                               \
-        float *yr = y + r;                                                                  \
-        kernel_call;                                                                        \
-    }
-
-SIMD static void dots_q8_0_n(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
-                             int64_t s, int nx, int64_t n, float *y, int64_t ys, const float *da,
-                             int64_t das) {
-#define CALL(N) ROWS(dots_q8_0(w, a, s, N, n, yr, ys, da, das))
-    DISPATCH(CALL)
-#undef CALL
-}
-
-SIMD static void dots_q4_k_n(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
-                             int64_t s, int nx, int64_t n, float *y, int64_t ys) {
-#define CALL(N) ROWS(dots_q45_k(w, a, s, N, n, yr, ys, 4))
-    DISPATCH(CALL)
-#undef CALL
-}
-
-SIMD static void dots_q5_k_n(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
-                             int64_t s, int nx, int64_t n, float *y, int64_t ys) {
-#define CALL(N) ROWS(dots_q45_k(w, a, s, N, n, yr, ys, 5))
-    DISPATCH(CALL)
-#undef CALL
-}
-
-SIMD static void dots_q6_k_n(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
-                             int64_t s, int nx, int64_t n, float *y, int64_t ys) {
-#define CALL(N) ROWS(dots_q6_k(w, a, s, N, n, yr, ys))
-    DISPATCH(CALL)
-#undef CALL
-}
-
-/* Q8_0 rows: the inputs' block scales widened to f32 once per call, in groups of inputs
- * whose table fits DA_FLOATS, as the AVX2 file does. */
-#define DA_FLOATS 4096
-
-SIMD static void rows_q8_0(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
-                           int64_t stride, int32_t nx, int64_t n, float *y, int64_t ldy) {
-    float da[DA_FLOATS];
-    const int64_t nb = n / FMOE_QK8_0;
-    if (nb > DA_FLOATS) { /* rows of over 131072 values: no model has them */
-        for (int64_t r = 0; r < rows; r++)
-            for (int32_t k = 0; k < nx; k++)
-                y[k * ldy + r] = fmoe_quant_act_dot_ref(FMOE_GGML_Q8_0, W + r * row_bytes, a + k * stride, n);
-        return;
-    }
-    int64_t group = DA_FLOATS / nb / MAXX * MAXX;
-    if (group < 1) group = DA_FLOATS / nb;
-    for (int32_t g0 = 0; g0 < nx; g0 += (int32_t)group) {
-        const int32_t gm = nx - g0 < group ? nx - g0 : (int32_t)group;
-        for (int32_t k = 0; k < gm; k++)
-            for (int64_t b = 0; b < nb; b++) da[k * nb + b] = f16_at(a + (g0 + k) * stride + b * FMOE_Q8_0_BYTES);
-        for (int32_t k0 = 0; k0 < gm; k0 += MAXX) {
-            const int m = gm - k0 < MAXX ? gm - k0 : MAXX;
-            dots_q8_0_n(W, row_bytes, rows, a + (g0 + k0) * stride, stride, m, n,
-                        y + (g0 + k0) * ldy, ldy, da + k0 * nb, nb);
-        }
-    }
-}
-
-void fmoe__quant_act_rows_avx512(uint32_t t, const void *W, int64_t row_bytes, int64_t rows,
-                                 const void *qx, int64_t stride, int32_t nx, int64_t n, float *y,
-                                 int64_t ldy) {
-    const uint8_t *a = qx;
-    if (t == FMOE_GGML_Q8_0) {
-        rows_q8_0(W, row_bytes, rows, a, stride, nx, n, y, ldy);
-        return;
-    }
-    for (int32_t k0 = 0; k0 < nx; k0 += MAXX) {
-        const int m = nx - k0 < MAXX ? nx - k0 : MAXX;
-        const uint8_t *ak = a + k0 * stride;
-        float *yk = y + k0 * ldy;
-        switch (t) {
-        case FMOE_GGML_Q4_K: dots_q4_k_n(W, row_bytes, rows, ak, stride, m, n, yk, ldy); break;
-        case FMOE_GGML_Q5_K: dots_q5_k_n(W, row_bytes, rows, ak, stride, m, n, yk, ldy); break;
-        default: dots_q6_k_n(W, row_bytes, rows, ak, stride, m, n, yk, ldy); break;
-        }
-    }
-}
+#define QUANT_ACT_ROWS fmoe__quant_act_rows_avx512
+#include "quant_act_rows.inc"
 
 #else
 
