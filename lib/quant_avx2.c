@@ -17,6 +17,7 @@
 #include "half.h"
 #include "fmoe/quant.h"
 #include "quant_impl.h"
+#include "quant_unpack_avx2.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -62,7 +63,6 @@ SIMD static float dot_q8_0(const uint8_t *b, const float *x, int64_t n) {
 }
 
 SIMD static float dot_q4_k(const uint8_t *b, const float *x, int64_t n) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q4_K_BYTES) {
         const float d = f16_at(b), dmin = f16_at(b + 2);
@@ -72,11 +72,11 @@ SIMD static float dot_q4_k(const uint8_t *b, const float *x, int64_t n) {
             uint8_t sc1, m1, sc2, m2;
             fmoe__scale_min_k4(j, scales, &sc1, &m1);
             fmoe__scale_min_k4(j + 1, scales, &sc2, &m2);
-            const __m256i v = _mm256_loadu_si256((const __m256i *)q);
-            const __m256i ql = _mm256_and_si256(v, lo4);
-            const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-            const __m256 s1 = fma32(ql, xb, _mm256_setzero_ps());
-            const __m256 s2 = fma32(qh, xb + 32, _mm256_setzero_ps());
+            __m256i q1, q2;
+            fmoe__q45_k_unpack(_mm256_loadu_si256((const __m256i *)q), _mm256_setzero_si256(), j,
+                               4, &q1, &q2);
+            const __m256 s1 = fma32(q1, xb, _mm256_setzero_ps());
+            const __m256 s2 = fma32(q2, xb + 32, _mm256_setzero_ps());
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1), s1, acc);
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc2), s2, acc);
             acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * m1), sum32(xb), acc);
@@ -87,7 +87,6 @@ SIMD static float dot_q4_k(const uint8_t *b, const float *x, int64_t n) {
 }
 
 SIMD static float dot_q5_k(const uint8_t *b, const float *x, int64_t n) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q5_K_BYTES) {
         const float d = f16_at(b), dmin = f16_at(b + 2);
@@ -98,15 +97,8 @@ SIMD static float dot_q5_k(const uint8_t *b, const float *x, int64_t n) {
             uint8_t sc1, m1, sc2, m2;
             fmoe__scale_min_k4(j, scales, &sc1, &m1);
             fmoe__scale_min_k4(j + 1, scales, &sc2, &m2);
-            const __m256i v = _mm256_loadu_si256((const __m256i *)ql);
-            /* Bit j (and j+1) of each qh byte, moved to bit 4. The 16-bit shifts carry
-             * bits across bytes, which the byte mask with 1 then drops. */
-            const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(j)), one);
-            const __m256i h2 =
-                _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(j + 1)), one);
-            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(v, lo4), _mm256_slli_epi16(h1, 4));
-            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4),
-                                               _mm256_slli_epi16(h2, 4));
+            __m256i q1, q2;
+            fmoe__q45_k_unpack(_mm256_loadu_si256((const __m256i *)ql), hb, j, 5, &q1, &q2);
             const __m256 s1 = fma32(q1, xb, _mm256_setzero_ps());
             const __m256 s2 = fma32(q2, xb + 32, _mm256_setzero_ps());
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1), s1, acc);
@@ -119,7 +111,6 @@ SIMD static float dot_q5_k(const uint8_t *b, const float *x, int64_t n) {
 }
 
 SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
     const __m256i off = _mm256_set1_epi8(32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES) {
@@ -128,21 +119,8 @@ SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
         const float d = f16_at(b + 208);
         const float *xb = x + i;
         for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, xb += 128) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
-            q[1] = _mm256_or_si256(
-                _mm256_and_si256(l1, lo4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
-            q[2] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
-            q[3] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
+            fmoe__q6_k_unpack_half(ql, qh, q);
             for (int k = 0; k < 4; k++) {
                 const __m256i qs = _mm256_sub_epi8(q[k], off);
                 const float *xk = xb + 32 * k;

@@ -22,6 +22,7 @@
 #include "half.h"
 #include "fmoe/quant.h"
 #include "quant_impl.h"
+#include "quant_unpack_avx2.h"
 
 #if defined(__x86_64__)
 #include "simd512.h"
@@ -61,7 +62,6 @@ SIMD static float dot_q8_0(const uint8_t *b, const float *x, int64_t n) {
 /* Q4_K (bits 4) and Q5_K (bits 5, the fifth bit of value l of sub-block j in bit j of
  * qh[l]). */
 SIMD static float dot_q45_k(const uint8_t *b, const float *x, int64_t n, int bits) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     const int64_t bytes = bits == 4 ? FMOE_Q4_K_BYTES : FMOE_Q5_K_BYTES;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK_K, b += bytes) {
@@ -73,15 +73,8 @@ SIMD static float dot_q45_k(const uint8_t *b, const float *x, int64_t n, int bit
             uint8_t sc1, m1, sc2, m2;
             fmoe__scale_min_k4(j, scales, &sc1, &m1);
             fmoe__scale_min_k4(j + 1, scales, &sc2, &m2);
-            const __m256i v = _mm256_loadu_si256((const __m256i *)q);
-            __m256i q1 = _mm256_and_si256(v, lo4);
-            __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-            if (bits == 5) { /* as lib/quant_avx2.c: bit j (j+1) of each qh byte to bit 4 */
-                const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(j)), one);
-                const __m256i h2 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(j + 1)), one);
-                q1 = _mm256_or_si256(q1, _mm256_slli_epi16(h1, 4));
-                q2 = _mm256_or_si256(q2, _mm256_slli_epi16(h2, 4));
-            }
+            __m256i q1, q2;
+            fmoe__q45_k_unpack(_mm256_loadu_si256((const __m256i *)q), hb, j, bits, &q1, &q2);
             acc = _mm512_fmadd_ps(_mm512_set1_ps(d * sc1), dot32(q1, xb), acc);
             acc = _mm512_fmadd_ps(_mm512_set1_ps(d * sc2), dot32(q2, xb + 32), acc);
             acc = _mm512_fnmadd_ps(_mm512_set1_ps(dmin * m1), sum32(xb), acc);
@@ -92,7 +85,6 @@ SIMD static float dot_q45_k(const uint8_t *b, const float *x, int64_t n, int bit
 }
 
 SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
     const __m256i off = _mm256_set1_epi8(32);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES) {
@@ -101,21 +93,8 @@ SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
         const float d = f16_at(b + 208);
         const float *xb = x + i;
         for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, xb += 128) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4),
-                                   _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
-            q[1] = _mm256_or_si256(
-                _mm256_and_si256(l1, lo4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
-            q[2] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
-            q[3] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
+            fmoe__q6_k_unpack_half(ql, qh, q);
             for (int k = 0; k < 4; k++) {
                 const __m256i qs = _mm256_sub_epi8(q[k], off);
                 const float *xk = xb + 32 * k;
