@@ -1,8 +1,8 @@
 /*
  * inspect_gguf.c - `fmoe inspect FILE.gguf`: what a GGUF file holds and what fmoe can do
  * with it: format, architecture and geometry (fmoe_gguf_config_json), tensor types with
- * their counts and bytes, the routed experts' types, and the tensors of types fmoe does
- * not compute with.
+ * their counts and bytes, the routed experts' types, the tensors of types fmoe does not
+ * compute with, and a split model's shards with the tensors each holds.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -35,8 +35,15 @@ int cmd_inspect_gguf(const char *path, int json) {
     int64_t count[FMOE_GGML_TYPE_END] = {0}, bytes[FMOE_GGML_TYPE_END] = {0};
     int64_t unsupported = 0, total = 0;
     const char *first_unsupported = NULL;
+    const int32_t n_shards = fmoe_gguf_shard_count(g);
+    int64_t *per_shard = calloc((size_t)n_shards, sizeof *per_shard);
+    if (!per_shard) {
+        fmoe_gguf_close(g);
+        return cmd_fail(CMD, fmoe_error_set(FMOE_ENOMEM, "out of memory"));
+    }
     for (int64_t i = 0; i < fmoe_gguf_tensor_count(g); i++) {
         const fmoe_gguf_tensor *t = fmoe_gguf_tensor_at(g, i);
+        per_shard[t->shard]++;
         count[t->type]++;
         bytes[t->type] += t->nbytes;
         total += t->nbytes;
@@ -80,6 +87,15 @@ int cmd_inspect_gguf(const char *path, int json) {
         cJSON_AddNumberToObject(d, "alignment", fmoe_gguf_alignment(g));
         cJSON_AddNumberToObject(d, "data_offset", (double)fmoe_gguf_data_offset(g));
         cJSON_AddNumberToObject(d, "tensor_bytes", (double)total);
+        if (n_shards > 1) {
+            cJSON *sh = cJSON_AddArrayToObject(d, "shards");
+            for (int32_t i = 0; i < n_shards; i++) {
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddStringToObject(o, "path", fmoe_gguf_shard_name(g, i));
+                cJSON_AddNumberToObject(o, "tensors", (double)per_shard[i]);
+                cJSON_AddItemToArray(sh, o);
+            }
+        }
         cJSON *types = cJSON_AddObjectToObject(d, "types");
         for (int t = 0; t < FMOE_GGML_TYPE_END; t++) {
             if (!count[t]) continue;
@@ -113,6 +129,13 @@ int cmd_inspect_gguf(const char *path, int json) {
                fmoe_gguf_version(g), (int)(arch.len < 64 ? arch.len : 64), arch.ptr,
                (long long)fmoe_gguf_tensor_count(g), cmd_format_bytes((double)total, b, sizeof b),
                (long long)fmoe_gguf_kv_count(g));
+        if (n_shards > 1) {
+            printf("  shards       %d:", n_shards);
+            for (int32_t i = 0; i < n_shards; i++)
+                printf("%s %s (%lld tensors)", i ? "," : "", fmoe_gguf_shard_name(g, i),
+                       (long long)per_shard[i]);
+            printf("\n");
+        }
         if (have_geo) {
             printf("  model        %s, %d layers (%d MoE) x %d experts, top-%d, %d shared, hidden "
                    "%d, expert width %d\n",
@@ -138,6 +161,7 @@ int cmd_inspect_gguf(const char *path, int json) {
             printf("  unsupported  %lld tensors of types fmoe does not compute with (first: %s)\n",
                    (long long)unsupported, first_unsupported);
     }
+    free(per_shard);
     free(config);
     free(geo);
     fmoe_gguf_close(g);

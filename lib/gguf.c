@@ -23,6 +23,9 @@
  *      that is a whole number of blocks, an offset that is a multiple of the alignment,
  *      data inside the file;
  *   5. no two tensors share bytes, no name twice.
+ * A split model (fmoe/gguf.h) is its shards each parsed as above, then joined: shard 1's
+ * keys, one tensor array (the names moved out of the shards) with one sorted index over it,
+ * the shards' handles kept for their mappings and paths.
  */
 #include "fmoe/gguf.h"
 
@@ -58,6 +61,9 @@ struct fmoe_gguf {
     int64_t n_tensors;
     fmoe_gguf_tensor *tensors; /* [n_tensors] in file order */
     int64_t *tensor_by_name;   /* [n_tensors] indices sorted by name */
+    int32_t n_shards;          /* 1, or a split model's split.count */
+    fmoe_gguf **shards;        /* [n_shards - 1] shards 2..N (their tensors moved to this
+                                  handle; NULL entries not yet opened) */
 };
 
 /* ---------------------------------------------------------------------------------- */
@@ -329,6 +335,9 @@ static int parse_tensor(fmoe_gguf *g, cursor *c, int64_t i) {
 }
 
 static void free_contents(fmoe_gguf *g) {
+    if (g->shards)
+        for (int32_t i = 0; i < g->n_shards - 1; i++) fmoe_gguf_close(g->shards[i]);
+    free(g->shards);
     if (g->kvs)
         for (int64_t i = 0; i < g->n_kv; i++) free((char *)g->kvs[i].key);
     if (g->tensors)
@@ -448,6 +457,7 @@ static int parse(fmoe_gguf *g) {
         }
         t->offset = g->data_offset + rel;
         t->data = g->bytes + t->offset;
+        t->file = g->path;
     }
     for (int64_t i = 0; i < g->n_tensors; i++) g->tensor_by_name[i] = i;
     sort_index(g, g->tensor_by_name, tmp, g->n_tensors, by_name);
@@ -496,6 +506,7 @@ int fmoe_gguf_parse(const void *bytes, uint64_t size, const char *name, fmoe_ggu
     }
     g->bytes = bytes;
     g->size = size;
+    g->n_shards = 1;
     int rc = parse(g);
     if (rc < 0) {
         free_contents(g);
@@ -506,7 +517,8 @@ int fmoe_gguf_parse(const void *bytes, uint64_t size, const char *name, fmoe_ggu
     return 0;
 }
 
-int fmoe_gguf_open(const char *path, fmoe_gguf **out) {
+/* One file, mapped and parsed. */
+static int open_one(const char *path, fmoe_gguf **out) {
     const int fd = fmoe__open_regular(path);
     if (fd < 0) return fd;
     struct stat sb;
@@ -539,6 +551,145 @@ int fmoe_gguf_open(const char *path, fmoe_gguf **out) {
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* Split models                                                                       */
+/* ---------------------------------------------------------------------------------- */
+
+/* The shard suffix llama.cpp's llama_split_path writes: "-%05d-of-%05d.gguf", 1-based. */
+static void shard_suffix(char *buf, size_t cap, int64_t no, int64_t count) {
+    snprintf(buf, cap, "-%05d-of-%05d.gguf", (int)no + 1, (int)count); /* count <= 99999 */
+}
+
+/* split.no and split.count of a shard; *count 0 when the file has no split.count. */
+static int split_keys(const fmoe_gguf *g, int64_t *no, int64_t *count) {
+    *no = 0;
+    *count = 0;
+    if (!fmoe_gguf_find_kv(g, "split.count")) return 0;
+    FMOE_FORWARD_IF_ERROR(fmoe_gguf_get_int(g, "split.count", count));
+    FMOE_FORWARD_IF_ERROR(fmoe_gguf_get_int(g, "split.no", no));
+    FMOE_RETURN_ERROR_IF(*count < 1 || *count > 99999 || *no < 0 || *no >= *count, FMOE_EFORMAT,
+                         "%s: split.no %lld and split.count %lld do not name a shard", g->path,
+                         (long long)*no, (long long)*count);
+    return 0;
+}
+
+/* Opens shards 2..N of the split model whose shard 1 is g and moves their tensors into g. */
+static int open_shards(fmoe_gguf *g) {
+    int64_t no = 0, count = 0;
+    FMOE_FORWARD_IF_ERROR(split_keys(g, &no, &count));
+    if (count <= 1) return 0; /* a single file, or a "split" of one shard: nothing to join */
+    char want[40];
+    shard_suffix(want, sizeof want, no, count);
+    const size_t len = strlen(g->path), wl = strlen(want);
+    const int named = len > wl && strcmp(g->path + len - wl, want) == 0;
+    if (no != 0) {
+        /* llama.cpp, too, loads a split model from its first shard. */
+        char first[40];
+        shard_suffix(first, sizeof first, 0, count);
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: shard %lld of %lld of a split model; give the first shard, "
+                              "%.*s%s",
+                              g->path, (long long)no + 1, (long long)count,
+                              named ? (int)(len - wl) : 6, named ? g->path : "PREFIX", first);
+    }
+    FMOE_RETURN_ERROR_IF(!named, FMOE_EFORMAT,
+                         "%s: shard 1 of %lld of a split model, but its name does not end in "
+                         "%s, so the other shards cannot be found",
+                         g->path, (long long)count, want);
+    int64_t total = 0;
+    FMOE_FORWARD_IF_ERROR(fmoe_gguf_get_int(g, "split.tensors.count", &total));
+    g->shards = calloc((size_t)count - 1, sizeof *g->shards);
+    char *path = malloc(len + 1);
+    int rc = 0;
+    if (!g->shards || !path) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", g->path);
+        goto done;
+    }
+    g->n_shards = (int32_t)count;
+    int64_t n = g->n_tensors;
+    for (int64_t i = 1; i < count; i++) {
+        memcpy(path, g->path, len - wl);
+        shard_suffix(path + len - wl, wl + 1, i, count);
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            rc = fmoe_error_set(FMOE_EIO, "%s: shard %lld of %lld is missing: %s: %s", g->path,
+                                (long long)i + 1, (long long)count, path, strerror(errno));
+            goto done;
+        }
+        rc = open_one(path, &g->shards[i - 1]);
+        if (rc < 0) goto done;
+        const fmoe_gguf *s = g->shards[i - 1];
+        int64_t sno = 0, scount = 0;
+        rc = split_keys(s, &sno, &scount);
+        if (rc < 0) goto done;
+        if (sno != i || scount != count) {
+            rc = fmoe_error_set(FMOE_EFORMAT,
+                                "%s: says it is shard %lld of %lld, expected shard %lld of %lld "
+                                "(the split model %s)",
+                                path, (long long)sno + 1, (long long)scount, (long long)i + 1,
+                                (long long)count, g->path);
+            goto done;
+        }
+        n += s->n_tensors;
+    }
+    if (n != total) {
+        rc = fmoe_error_set(FMOE_EFORMAT,
+                            "%s: the %lld shards hold %lld tensors, split.tensors.count says %lld",
+                            g->path, (long long)count, (long long)n, (long long)total);
+        goto done;
+    }
+    /* One tensor array: shard 1's, then each shard's, their names moved here. */
+    fmoe_gguf_tensor *all = realloc(g->tensors, (size_t)(n ? n : 1) * sizeof *all);
+    if (!all) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", g->path);
+        goto done;
+    }
+    g->tensors = all;
+    for (int32_t k = 0; k < g->n_shards - 1; k++) {
+        fmoe_gguf *s = g->shards[k];
+        for (int64_t i = 0; i < s->n_tensors; i++) {
+            all[g->n_tensors] = s->tensors[i];
+            all[g->n_tensors].shard = k + 1;
+            s->tensors[i].name = NULL;
+            g->n_tensors++;
+        }
+    }
+    int64_t *idx = realloc(g->tensor_by_name, (size_t)(n ? n : 1) * sizeof *idx);
+    int64_t *tmp = calloc((size_t)(n ? n : 1), sizeof *tmp);
+    if (idx) g->tensor_by_name = idx;
+    if (!idx || !tmp) {
+        free(tmp);
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", g->path);
+        goto done;
+    }
+    for (int64_t i = 0; i < n; i++) idx[i] = i;
+    sort_index(g, idx, tmp, n, by_name);
+    free(tmp);
+    for (int64_t i = 1; i < n; i++) {
+        const fmoe_gguf_tensor *a = &all[idx[i - 1]], *b = &all[idx[i]];
+        if (strcmp(a->name, b->name) == 0) {
+            rc = fmoe_error_set(FMOE_EFORMAT, "%s: tensor %s is in two shards, %s and %s",
+                                g->path, a->name, a->file, b->file);
+            goto done;
+        }
+    }
+done:
+    free(path);
+    return rc;
+}
+
+int fmoe_gguf_open(const char *path, fmoe_gguf **out) {
+    fmoe_gguf *g;
+    FMOE_FORWARD_IF_ERROR(open_one(path, &g));
+    const int rc = open_shards(g);
+    if (rc < 0) {
+        fmoe_gguf_close(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
 void fmoe_gguf_close(fmoe_gguf *g) {
     if (!g) return;
     if (g->map) munmap(g->map, (size_t)g->map_size);
@@ -554,6 +705,12 @@ uint32_t fmoe_gguf_version(const fmoe_gguf *g) { return g->version; }
 uint32_t fmoe_gguf_alignment(const fmoe_gguf *g) { return g->alignment; }
 uint64_t fmoe_gguf_data_offset(const fmoe_gguf *g) { return g->data_offset; }
 const char *fmoe_gguf_name(const fmoe_gguf *g) { return g->path; }
+int32_t fmoe_gguf_shard_count(const fmoe_gguf *g) { return g->n_shards; }
+
+const char *fmoe_gguf_shard_name(const fmoe_gguf *g, int32_t i) {
+    if (i == 0) return g->path;
+    return i > 0 && i < g->n_shards && g->shards[i - 1] ? g->shards[i - 1]->path : NULL;
+}
 int64_t fmoe_gguf_kv_count(const fmoe_gguf *g) { return g->n_kv; }
 int64_t fmoe_gguf_tensor_count(const fmoe_gguf *g) { return g->n_tensors; }
 

@@ -165,7 +165,7 @@ static int gguf_mat(fmoe_model *m, const char *name, int64_t rows, int64_t cols,
     const int64_t rb = t->row_bytes, bytes = rows * rb;
     const int64_t at = ref.expert >= 0 ? (int64_t)ref.expert * bytes : 0;
     const uint8_t *p = (const uint8_t *)t->data + at;
-    out->file = fmoe_gguf_name(m->gguf);
+    out->file = t->file; /* a split model: the shard holding the tensor */
     out->file_offset = (int64_t)t->offset + at;
     const int64_t es = out->quant ? 1 : fmoe_st_dtype_size(out->dtype);
     if (ref.permute_heads > 0 || (uintptr_t)p % (uintptr_t)es != 0) {

@@ -25,6 +25,15 @@
  * Tensors of any ggml type are listed (fmoe inspect shows them); fmoe_gguf_get_tensor is
  * the accessor that refuses, by name and type, what fmoe cannot compute with.
  *
+ * Split models (llama.cpp's llama-gguf-split, gguf-py's GGUFWriter with split_max_tensors or
+ * split_max_size): shards PREFIX-00001-of-0000N.gguf .. PREFIX-0000N-of-0000N.gguf, each a
+ * complete GGUF file with the keys split.no (0-based), split.count and split.tensors.count;
+ * shard 1 holds every other key. fmoe_gguf_open given shard 1 opens them all and presents
+ * one handle: the keys are shard 1's, the tensors those of every shard in shard order, each
+ * with the file and offset of its own shard. Checked at open: the path given is shard 1 by
+ * its name and its split.no, every shard exists and says its own number and the same count,
+ * no tensor name is in two shards, and the tensors add up to split.tensors.count.
+ *
  * Thread safety: an open handle is immutable; any number of threads may read it.
  */
 #ifndef FMOE_GGUF_H
@@ -80,23 +89,30 @@ typedef struct fmoe_gguf_tensor {
     int64_t numel;                /* product of ne */
     int64_t row_bytes;            /* bytes of one row of ne[0] values */
     int64_t nbytes;               /* row_bytes · numel / ne[0] */
-    uint64_t offset;              /* absolute file offset of the data */
+    uint64_t offset;              /* absolute offset of the data in `file` */
     const void *data;             /* nbytes bytes in the read-only mapping */
+    const char *file;             /* the file holding the data: the name given, or for a
+                                     split model the shard's path */
+    int32_t shard;                /* 0-based shard of a split model; 0 in a single file */
 } fmoe_gguf_tensor;
 
 typedef struct fmoe_gguf fmoe_gguf;
 
 /*
- * Opens and maps `path` (a regular file) and validates it.
+ * Opens and maps `path` (a regular file) and validates it; the first shard of a split model
+ * opens every shard (above).
  * @return 0 and *out, or FMOE_EIO (cannot open/stat/map), FMOE_EFORMAT (malformed: the
- *         detail names the file, the key or tensor and the offset), FMOE_EUNSUPPORTED
+ *         detail names the file, the key or tensor and the offset; a split model's shard
+ *         missing, of another count, a tensor in two shards, the wrong total; another
+ *         shard than the first given), FMOE_EUNSUPPORTED
  *         (GGUF version 1, a big-endian file, nested arrays, a tensor type ggml does not
  *         define), FMOE_ENOMEM.
  */
 int fmoe_gguf_open(const char *path, fmoe_gguf **out);
 
 /* Validates `size` bytes in memory, borrowing them (they must outlive the handle); `name`
- * is used in error details. The parser behind open, for the fuzz target and the tests.
+ * is used in error details. The parser behind open, for the fuzz target and the tests: one
+ * file only (a split model's shard is parsed as itself, its split.* keys as plain keys).
  * @return as fmoe_gguf_open. */
 int fmoe_gguf_parse(const void *bytes, uint64_t size, const char *name, fmoe_gguf **out);
 
@@ -108,12 +124,17 @@ uint32_t fmoe_gguf_alignment(const fmoe_gguf *g);
 uint64_t fmoe_gguf_data_offset(const fmoe_gguf *g); /* file offset of the data section */
 const char *fmoe_gguf_name(const fmoe_gguf *g);     /* the path or name given */
 
+/* Shards of a split model: their count (1 for a single file) and path i (0-based; shard 0
+ * is fmoe_gguf_name; NULL past the count). */
+int32_t fmoe_gguf_shard_count(const fmoe_gguf *g);
+const char *fmoe_gguf_shard_name(const fmoe_gguf *g, int32_t i);
+
 int64_t fmoe_gguf_kv_count(const fmoe_gguf *g);
 const fmoe_gguf_kv *fmoe_gguf_kv_at(const fmoe_gguf *g, int64_t i); /* file order; NULL past */
 const fmoe_gguf_kv *fmoe_gguf_find_kv(const fmoe_gguf *g, const char *key); /* NULL: absent */
 
 int64_t fmoe_gguf_tensor_count(const fmoe_gguf *g);
-const fmoe_gguf_tensor *fmoe_gguf_tensor_at(const fmoe_gguf *g, int64_t i); /* file order */
+const fmoe_gguf_tensor *fmoe_gguf_tensor_at(const fmoe_gguf *g, int64_t i); /* file order (shard by shard) */
 const fmoe_gguf_tensor *fmoe_gguf_find_tensor(const fmoe_gguf *g, const char *name);
 
 /*

@@ -1,0 +1,215 @@
+"""Split GGUF models (lib/gguf.c, docs/quantization.md): shards PREFIX-00001-of-0000N.gguf
+written by gguf-py's GGUFWriter(split_max_tensors=...) load as the one file they split.
+
+- The same model as one file and as 3+ shards: gguf-py's reader confirms the shards' split.*
+  keys; the forward pass gives identical logits, routes and greedy tokens; `fmoe record`
+  the same geometry, fingerprint and routing; offloaded generation (host tier, file tier,
+  file tier with O_DIRECT: the file tier reads each expert from the shard its tensor is in)
+  the single file's tokens; `fmoe inspect` lists the shards.
+- Bad shards, each one line and a non-zero exit: a shard deleted, a shard from a split of
+  another count, another shard than the first given, shard 1 renamed, a tensor in two
+  shards, a total that is not split.tensors.count.
+"""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import run_fmoe
+from test_gguf_model import PROMPTS, TINY, drive, driver, one_line, record, write_gguf  # noqa: F401
+
+import gguf  # noqa: E402  (tests/python/requirements.txt)
+
+h5py = pytest.importorskip("h5py")
+
+
+def resplit(src, dst, max_tensors, drop=(), extra=None):
+    """The GGUF file src rewritten by gguf-py as shards of at most max_tensors tensors:
+    every key (split.* added by the writer) and every tensor's stored bytes and type."""
+    r = gguf.GGUFReader(str(src))
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch, split_max_tensors=max_tensors)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, f.contents(), f.types[0], f.types[-1])
+        else:
+            w.add_key_value(name, f.contents(), f.types[0])
+    for t in r.tensors:
+        if t.name in drop:
+            continue
+        # the reader's data is shaped as the writer takes it (bytes per row if quantized)
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    for name, (a, dtype) in (extra or {}).items():
+        w.add_tensor(name, a, raw_dtype=dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shards = sorted(dst.parent.glob(dst.stem + "-*-of-*.gguf"))
+    assert len(shards) >= 3, shards
+    return shards
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory, fmoe_bin):
+    if not hasattr(gguf.gguf_reader.ReaderField, "contents"):
+        pytest.skip("gguf-py too old for ReaderField.contents")
+    d = tmp_path_factory.mktemp("gguf-split")
+    out = {"bf16": write_gguf(TINY, "qwen3_moe", d / "bf16.gguf"), "q4_k": d / "q4_k.gguf"}
+    run_fmoe(fmoe_bin, "quantize", "--type", "q4_k", TINY, "-o", out["q4_k"], "--quiet")
+    for tag in ("bf16", "q4_k"):
+        (d / tag).mkdir()
+        out[tag + "_shards"] = resplit(out[tag], d / tag / f"{tag}.gguf", 30)
+    prompts = d / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS.read_text().splitlines()[:4]) + "\n")
+    out["prompts"] = prompts
+    return out
+
+
+def test_gguf_py_writes_the_split_keys_we_read(split):
+    shards = split["q4_k_shards"]
+    n = len(shards)
+    names, total = set(), None
+    for i, s in enumerate(shards):
+        assert s.name == f"q4_k-{i + 1:05d}-of-{n:05d}.gguf"
+        f = gguf.GGUFReader(str(s)).fields
+        assert f["split.no"].contents() == i and f["split.count"].contents() == n
+        assert f["split.no"].types[0] == gguf.GGUFValueType.UINT16
+        total = f["split.tensors.count"].contents()
+        names |= {t.name for t in gguf.GGUFReader(str(s)).tensors}
+        # shard 1 alone carries the model's keys
+        assert ("fmoe.hf_config" in f) == (i == 0)
+    assert total == len(names) == len(gguf.GGUFReader(str(split["q4_k"])).tensors)
+
+
+def test_split_forward_is_the_single_files(split, driver, tmp_path):  # noqa: F811
+    tokens = [int(x) for x in np.random.default_rng(1).integers(3, 4096, 16)]
+    for tag in ("bf16", "q4_k"):
+        l1, r1 = drive(driver, split[tag], tokens, 8, tmp_path, tag + "-one")
+        l2, r2 = drive(driver, split[tag + "_shards"][0], tokens, 8, tmp_path, tag + "-split")
+        assert np.array_equal(l1, l2), f"{tag}: max |diff| {np.abs(l1 - l2).max()}"
+        assert r1 == r2
+
+
+def test_split_records_the_single_files_trace(fmoe_bin, split, tmp_path):
+    a = record(fmoe_bin, split["bf16"], split["prompts"], tmp_path / "one.h5")
+    b = record(fmoe_bin, split["bf16_shards"][0], split["prompts"], tmp_path / "split.h5")
+    for key in ("model_fingerprint", "num_layers", "num_experts", "top_k", "hidden_size",
+                "expert_bytes", "dtype"):
+        assert a.attrs[key] == b.attrs[key], key
+    for ds in ("tokens/token_id", "tokens/experts", "tokens/probs"):
+        assert np.array_equal(a[ds][()], b[ds][()]), ds
+
+
+@pytest.mark.parametrize("tier", [["--tier", "host"], ["--tier", "file"],
+                                  ["--tier", "file", "--direct-io"]])
+def test_offloaded_split_generates_the_single_files_tokens(fmoe_bin, split, tier):
+    def gen(model, *extra):
+        p = run_fmoe(fmoe_bin, "generate", "--model", model, "--prompt",
+                     "What is a context manager?", "--max-new-tokens", 12, "--temperature", 0,
+                     "--json", *extra)
+        return json.loads(p.stdout)["generated_ids"]
+    resident = gen(split["q4_k"])
+    assert gen(split["q4_k_shards"][0], "--policy", "lru", "--cache-experts", 6, *tier) == resident
+
+
+def test_inspect_lists_the_shards(fmoe_bin, split):
+    shards = split["q4_k_shards"]
+    j = json.loads(run_fmoe(fmoe_bin, "inspect", shards[0], "--json").stdout)
+    one = json.loads(run_fmoe(fmoe_bin, "inspect", split["q4_k"], "--json").stdout)
+    assert [s["path"] for s in j["shards"]] == [str(s) for s in shards]
+    assert [s["tensors"] for s in j["shards"]] == \
+        [len(gguf.GGUFReader(str(s)).tensors) for s in shards]
+    assert "shards" not in one
+    for key in ("tensors", "tensor_bytes", "types", "model"):
+        assert j[key] == one[key], key
+    text = run_fmoe(fmoe_bin, "inspect", shards[0]).stdout
+    assert f"shards       {len(shards)}:" in text
+
+
+# ---- bad shards ------------------------------------------------------------------------
+
+def copy_shards(split, tmp_path):
+    shards = []
+    for s in split["bf16_shards"]:
+        shutil.copy(s, tmp_path / s.name)
+        shards.append(tmp_path / s.name)
+    return shards
+
+
+def fails(fmoe_bin, model):
+    p = run_fmoe(fmoe_bin, "generate", "--model", model, "--tokenizer", TINY, "--prompt", "hi",
+                 check=False)
+    return one_line(p, 1)
+
+
+def test_missing_shard_is_named(fmoe_bin, split, tmp_path):
+    shards = copy_shards(split, tmp_path)
+    shards[1].unlink()
+    line = fails(fmoe_bin, shards[0])
+    assert "is missing" in line and shards[1].name in line
+
+
+def test_shard_of_another_count(fmoe_bin, split, tmp_path):
+    """Shard 2 of a 4-way split put in place of shard 2 of the 3-way one."""
+    shards = copy_shards(split, tmp_path)
+    (tmp_path / "other").mkdir()
+    other = resplit(split["bf16"], tmp_path / "other" / "bf16.gguf", 20)
+    n = len(shards)
+    assert len(other) != n
+    shutil.copy(other[1], shards[1])
+    line = fails(fmoe_bin, shards[0])
+    assert shards[1].name in line and f"shard 2 of {len(other)}, expected shard 2 of {n}" in line
+
+
+def test_another_shard_than_the_first(fmoe_bin, split, tmp_path):
+    shards = copy_shards(split, tmp_path)
+    line = fails(fmoe_bin, shards[1])
+    assert f"shard 2 of {len(shards)}" in line and str(shards[0]) in line
+
+
+def test_renamed_first_shard(fmoe_bin, split, tmp_path):
+    shards = copy_shards(split, tmp_path)
+    renamed = tmp_path / "model.gguf"
+    shards[0].rename(renamed)
+    line = fails(fmoe_bin, renamed)
+    assert "model.gguf" in line and f"-00001-of-{len(shards):05d}.gguf" in line
+
+
+def test_shards_swapped(fmoe_bin, split, tmp_path):
+    shards = copy_shards(split, tmp_path)
+    shutil.copy(shards[2], shards[1])
+    line = fails(fmoe_bin, shards[0])
+    assert shards[1].name in line and "says it is shard 3" in line
+
+
+def test_tensor_in_two_shards_and_wrong_total(fmoe_bin, split, tmp_path):
+    """A copy of a shard-1 tensor under the same name in the last shard (gguf-py refuses
+    duplicates, so the last shard's first tensor is renamed in place, same length); then a
+    shard whose split.tensors.count is off by one (a byte patched in place)."""
+    shards = copy_shards(split, tmp_path)
+    first = gguf.GGUFReader(str(shards[0])).tensors[-1].name
+    last = gguf.GGUFReader(str(shards[-1])).tensors[0].name
+    victim = next(t.name for t in gguf.GGUFReader(str(shards[-1])).tensors
+                  if len(t.name) == len(first))
+    assert victim != first, (first, last)
+    data = shards[-1].read_bytes()
+    assert data.count(victim.encode()) == 1
+    shards[-1].write_bytes(data.replace(victim.encode(), first.encode()))
+    line = fails(fmoe_bin, shards[0])
+    assert f"tensor {first} is in two shards" in line
+
+    shards = copy_shards(split, tmp_path)
+    r = gguf.GGUFReader(str(shards[0]))
+    f = r.fields["split.tensors.count"]
+    total = int(f.contents())
+    at = f.offset + sum(p.nbytes for p in f.parts[:-1])  # the value, after key and type
+    data = bytearray(shards[0].read_bytes())
+    data[at] += 1
+    del r, f  # the reader maps the file
+    shards[0].write_bytes(bytes(data))
+    line = fails(fmoe_bin, shards[0])
+    assert f"hold {total} tensors, split.tensors.count says {total + 1}" in line
