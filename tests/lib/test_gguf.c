@@ -1,13 +1,15 @@
 /*
  * test_gguf.c - lib/gguf.c on files built byte by byte here: a good file reads back, and
  * every kind of bad input is refused with one line naming the file, the key or tensor and
- * the offset. (Files written by the gguf Python package are read in
- * tests/python/test_gguf_quants.py.)
+ * the offset; a split model's shards open as one handle, and each bad split is refused.
+ * (Files written by the gguf Python package are read in tests/python/test_gguf_quants.py and,
+ * split, tests/python/test_gguf_split.py.)
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
 #include "fmoe/gguf.h"
@@ -347,6 +349,124 @@ TEST(open_refuses_non_regular_and_missing) {
     ASSERT_CONTAINS(fmoe_error_detail(), "/nonexistent/x.gguf");
     ASSERT_EQ(fmoe_gguf_open("/tmp", &g), FMOE_EIO);
     fmoe_gguf_close(NULL); /* a no-op */
+}
+
+/* ------------------------------------------------------------------ split models */
+
+static void kv_u16(buf *b, const char *k, uint16_t v) {
+    str(b, k);
+    u32(b, FMOE_GGUF_UINT16);
+    put(b, &v, 2);
+}
+
+/* Shard `no` of `count` at DIR/m-0000{no+1}-of-0000{count}.gguf: one F32 tensor [8]
+ * named `name` holding no·10 + k; shard 0 also has general.architecture. */
+static void write_shard(const char *dir, int no, int count, int total, const char *name) {
+    buf b;
+    header(&b, 3, 1, no == 0 ? 4 : 3);
+    if (no == 0) kv_str(&b, "general.architecture", "llama");
+    kv_u16(&b, "split.no", (uint16_t)no);
+    kv_u16(&b, "split.count", (uint16_t)count);
+    str(&b, "split.tensors.count");
+    u32(&b, FMOE_GGUF_INT32);
+    u32(&b, (uint32_t)total);
+    tensor_info(&b, name, 1, (uint64_t[]){8}, FMOE_GGML_F32, 0);
+    pad(&b, 32);
+    for (int k = 0; k < 8; k++) {
+        const float f = (float)(no * 10 + k);
+        put(&b, &f, 4);
+    }
+    char path[256];
+    snprintf(path, sizeof path, "%s/m-%05d-of-%05d.gguf", dir, no + 1, count);
+    FILE *f = fopen(path, "wb");
+    if (!f) abort();
+    fwrite(b.b, 1, b.n, f);
+    fclose(f);
+}
+
+static void write_split(const char *dir, int count) {
+    for (int i = 0; i < count; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d.weight", i);
+        write_shard(dir, i, count, count, name);
+    }
+}
+
+static void remove_split(const char *dir, int count) {
+    for (int i = 0; i < count; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/m-%05d-of-%05d.gguf", dir, i + 1, count);
+        unlink(path);
+    }
+}
+
+/* Opens `shard` (1-based) of DIR's 3-way split and expects failure `code` with `needle`. */
+static void expect_split_fail(int *harness_failed, const char *dir, int shard, int code,
+                              const char *needle) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/m-%05d-of-00003.gguf", dir, shard);
+    fmoe_gguf *g = NULL;
+    fmoe_error_clear();
+    const int rc = fmoe_gguf_open(path, &g);
+    if (rc == 0) fmoe_gguf_close(g);
+    ASSERT_EQ(rc, code);
+    ASSERT_CONTAINS(fmoe_error_detail(), needle);
+    ASSERT_TRUE(strchr(fmoe_error_detail(), '\n') == NULL);
+}
+
+TEST(split_model_opens_as_one) {
+    char dir[] = "/tmp/fmoe-test-gguf-split-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    write_split(dir, 3);
+    char first[256], third[256];
+    snprintf(first, sizeof first, "%s/m-00001-of-00003.gguf", dir);
+    snprintf(third, sizeof third, "%s/m-00003-of-00003.gguf", dir);
+    fmoe_gguf *g;
+    ASSERT_OK(fmoe_gguf_open(first, &g));
+    ASSERT_EQ(fmoe_gguf_shard_count(g), 3);
+    ASSERT_STR_EQ(fmoe_gguf_shard_name(g, 0), first);
+    ASSERT_STR_EQ(fmoe_gguf_shard_name(g, 2), third);
+    ASSERT_TRUE(fmoe_gguf_shard_name(g, 3) == NULL);
+    ASSERT_EQ(fmoe_gguf_tensor_count(g), 3);
+    ASSERT_TRUE(fmoe_gguf_find_kv(g, "general.architecture") != NULL);
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d.weight", i);
+        const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(g, name);
+        ASSERT_TRUE(t != NULL);
+        ASSERT_EQ(t->shard, i);
+        ASSERT_STR_EQ(t->file, fmoe_gguf_shard_name(g, i));
+        ASSERT_NEAR(((const float *)t->data)[7], i * 10 + 7, 0);
+        ASSERT_TRUE(fmoe_gguf_tensor_at(g, i) == t); /* shard order */
+    }
+    fmoe_gguf_close(g);
+    char renamed[256];
+    snprintf(renamed, sizeof renamed, "%s/model.gguf", dir);
+    ASSERT_EQ(rename(first, renamed), 0);
+    ASSERT_EQ(fmoe_gguf_open(renamed, &g), FMOE_EFORMAT);
+    ASSERT_CONTAINS(fmoe_error_detail(), "does not end in -00001-of-00003.gguf");
+    ASSERT_EQ(rename(renamed, first), 0);
+
+    expect_split_fail(harness_failed, dir, 2, FMOE_EFORMAT, "-00001-of-00003.gguf");
+    expect_split_fail(harness_failed, dir, 2, FMOE_EFORMAT, "shard 2 of 3 of a split model");
+    write_shard(dir, 2, 3, 3, "t0.weight");
+    expect_split_fail(harness_failed, dir, 1, FMOE_EFORMAT, "tensor t0.weight is in two shards");
+    write_shard(dir, 2, 4, 3, "t2.weight"); /* shard 3 of a 4-way split, named 3 of 3 */
+    char moved[256];
+    snprintf(moved, sizeof moved, "%s/m-00003-of-00004.gguf", dir);
+    ASSERT_EQ(rename(moved, third), 0);
+    expect_split_fail(harness_failed, dir, 1, FMOE_EFORMAT,
+                      "says it is shard 3 of 4, expected shard 3 of 3");
+    write_split(dir, 3);
+    write_shard(dir, 0, 3, 4, "t0.weight");
+    expect_split_fail(harness_failed, dir, 1, FMOE_EFORMAT,
+                      "the 3 shards hold 3 tensors, split.tensors.count says 4");
+    write_split(dir, 3);
+    unlink(third);
+    expect_split_fail(harness_failed, dir, 1, FMOE_EIO, "shard 3 of 3 is missing");
+    expect_split_fail(harness_failed, dir, 1, FMOE_EIO, "m-00003-of-00003.gguf");
+    remove_split(dir, 3);
+    rmdir(dir);
 }
 
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
