@@ -27,6 +27,7 @@
 #include "dot_avx2.h"
 #include "half.h"
 #include "fmoe/quant.h"
+#include "quant_unpack_avx2.h"
 #include "fmoe/quant_act.h"
 #include "quant_act_impl.h"
 
@@ -164,7 +165,6 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
  * once per block as 32·Σ sc·bsum. */
 SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
                                   int64_t n, float *y, int64_t ys) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += FMOE_Q6_K_BYTES, a += FMOE_Q8_K_BYTES) {
@@ -179,16 +179,8 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
         _Pragma("GCC unroll 2")
         for (int half = 0; half < 2; half++) {
             const uint8_t *ql = w + 64 * half, *qh = w + 128 + 32 * half;
-            const __m256i l0 = load(ql), l1 = load(ql + 32), h = load(qh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+            fmoe__q6_k_unpack_half(ql, qh, q);
             /* this half's eight scales as int16, in both 128-bit lanes */
             const __m256i sch = half ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
                                      : _mm256_permute2x128_si256(sc16, sc16, 0x00);

@@ -1,7 +1,8 @@
 /*
  * quant_unpack_avx2.h - K-quant blocks unpacked into bytes in 256-bit registers: the one
  * copy that the f32-input kernels of every level (lib/quant_avx2.c, lib/quant_avx512.c)
- * multiply from. Internal; static inline with AVX2's target attribute (dot_avx2.h's
+ * multiply from, and (Q6_K) the AVX2 8-bit dots (lib/quant_act_avx2.c) and the CPU
+ * backend's widening to f32 (runtime/cpu/quant_widen.c). Internal; static inline with AVX2's target attribute (dot_avx2.h's
  * FMOE__AVX2), so that each level inlines it into its own kernels.
  */
 #ifndef FMOE_QUANT_UNPACK_AVX2_H

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "fmoe/quant.h"
+#include "quant_unpack_avx2.h"
 #include "quant_block.h" /* the scale formulas, shared with lib/quant.c */
 
 #if defined(__x86_64__)
@@ -79,23 +80,14 @@ SIMD static void widen_q45_k(const uint8_t *b, float *y, int64_t n, int bits) {
 }
 
 SIMD static void widen_q6_k(const uint8_t *b, float *y, int64_t n) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    const __m256i off = _mm256_set1_epi8(32);
     for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES) {
         const float d = f16_at(b + 208);
         float *yb = y + i;
         for (int half = 0; half < 2; half++, yb += 128) {
             const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+            fmoe__q6_k_unpack_half(ql, qh, q);
             for (int k = 0; k < 4; k++) {
                 /* values 32k..32k+31 of the half: sub-block scales 8·half + 2k (first 16)
                  * and 8·half + 2k + 1 (last 16) */
