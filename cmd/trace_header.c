@@ -37,6 +37,7 @@ int cmd_trace_header_for_model(fmoe_trace_header *h, const fmoe_model *m, const 
     h->shared_experts = g->num_shared_experts;
     h->expert_bytes = fmoe_model_expert_bytes(m);
     if (h->expert_bytes < 0) h->expert_bytes = 0;
+    h->layer_expert_bytes = fmoe_model_layer_expert_bytes(m); /* written where layers differ */
     snprintf(h->dtype, sizeof h->dtype, "%s", fmoe_dtype_name(g->expert_dtype));
     cmd_backend_recorded_on(backend, h->recorded_on, sizeof h->recorded_on);
     /* written for every model, bf16 ones included (where it changes nothing), so that a

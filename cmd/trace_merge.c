@@ -119,6 +119,11 @@ static const char *header_difference(const fmoe_trace_header *a, const fmoe_trac
 #undef STR_FIELD
     const char *ca = a->config_json ? a->config_json : "", *cb = b->config_json ? b->config_json : "";
     if (strcmp(ca, cb) != 0) snprintf(buf, cap, "a different config.json");
+    for (int32_t l = 0; !buf[0] && l < a->num_layers; l++) {
+        const int64_t ba = a->layer_expert_bytes ? a->layer_expert_bytes[l] : a->expert_bytes;
+        const int64_t bb = b->layer_expert_bytes ? b->layer_expert_bytes[l] : b->expert_bytes;
+        if (ba != bb) snprintf(buf, cap, "other expert bytes in layer %d", l);
+    }
     return buf;
 }
 

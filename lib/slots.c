@@ -37,6 +37,7 @@ struct fmoe_slots {
     fmoe_slots_hooks hooks;
     int32_t L, J, N, chunks;
     int64_t expert_bytes;
+    int64_t *layer_bytes;     /* [L] one expert of each layer (the accounting's bytes) */
     double delay_s;
     int64_t iteration;
     uint8_t *flags;           /* [N] FLAG_* */
@@ -67,7 +68,7 @@ static void log_decision(fmoe_slots *q, fmoe_decision_kind kind, int32_t e, int3
 }
 
 static void count_bytes(fmoe_slots *q, int32_t e) {
-    q->stats[e / q->J].bytes_loaded += q->expert_bytes;
+    q->stats[e / q->J].bytes_loaded += q->layer_bytes[e / q->J];
 }
 
 static void count_prefetch(fmoe_slots *q, int32_t e) {
@@ -76,7 +77,7 @@ static void count_prefetch(fmoe_slots *q, int32_t e) {
 }
 
 static void count_wasted(fmoe_slots *q, int32_t e) {
-    q->stats[e / q->J].wasted_prefetch_bytes += q->expert_bytes;
+    q->stats[e / q->J].wasted_prefetch_bytes += q->layer_bytes[e / q->J];
 }
 
 static void queue_remove_slot(fmoe_slots *q, int32_t s) {
@@ -217,6 +218,7 @@ void fmoe_slots_free(fmoe_slots *q) {
     free(q->host_next);
     free(q->order);
     free(q->stats);
+    free(q->layer_bytes);
     prefetch_feedback_free(&q->fb);
     free(q);
 }
@@ -257,11 +259,14 @@ int fmoe_slots_init(fmoe_slots **out, const fmoe_slots_config *cfg) {
     q->host_next = calloc((size_t)q->L * (size_t)q->J, 1);
     q->order = calloc((size_t)q->J, sizeof *q->order);
     q->stats = calloc((size_t)q->L, sizeof *q->stats);
+    q->layer_bytes = malloc((size_t)(q->L > 0 ? q->L : 1) * sizeof *q->layer_bytes);
     if (!q->flags || !q->priority || !q->seq || !q->eligible || !q->chunks_done || !q->queue ||
-        !q->host_next || !q->order || !q->stats) {
+        !q->host_next || !q->order || !q->stats || !q->layer_bytes) {
         fmoe_slots_free(q);
         return fmoe_error_set(FMOE_ENOMEM, "slot state for %d slots", cfg->capacity);
     }
+    for (int32_t l = 0; l < q->L; l++)
+        q->layer_bytes[l] = cfg->layer_expert_bytes ? cfg->layer_expert_bytes[l] : q->expert_bytes;
     q->sink = (fmoe_policy_sink){
         .ctx = q,
         .prefetch = sink_prefetch,

@@ -41,8 +41,9 @@ typedef struct sim_state {
     fmoe_policy_env *env;     /* the slots' environment, passed with every event */
     int32_t N, L, J, K;
     int32_t chunks;           /* pieces per prefetch transfer */
-    double xfer_s;            /* one expert's transfer in one copy (demand loads) */
-    double chunk_s;           /* one piece of a prefetch transfer */
+    double *xfer_s;           /* [L] one expert's transfer in one copy (demand loads), by
+                                 layer: a llama-quantize mix's layers differ in bytes */
+    double *chunk_s;          /* [L] one piece of a prefetch transfer */
     double expert1_s;         /* one expert's compute for one token (the decode case) */
     double *slot_free_at;     /* [N] end of the occupant's last compute */
     int32_t cur_slot;         /* slot of the prefetch piece on the copy engine, -1 none */
@@ -90,9 +91,10 @@ static void engine_advance(sim_state *S, double t) {
         const double start = fmax(fmax(S->engine_free, eligible), S->slot_free_at[s]);
         if (start > t) return;
         fmoe_slots_chunk_start(S->slots, s);
+        const double piece_s = S->chunk_s[fmoe_slots_expert(S->slots, s) / S->J];
         S->cur_slot = s;
-        S->cur_end = S->engine_free = start + S->chunk_s;
-        S->link_busy_s += S->chunk_s;
+        S->cur_end = S->engine_free = start + piece_s;
+        S->link_busy_s += piece_s;
     }
 }
 
@@ -106,11 +108,12 @@ static void hook_sync(void *ctx, double now) {
     if (S->cur_slot >= 0 || fmoe_slots_pending(S->slots)) engine_advance(S, now);
 }
 
-/* When `pieces` of slot s's transfer, loaded as a demand from `t`, land: a whole expert is
- * one copy; the rest of a started prefetch is its remaining pieces. */
-static double demand_ready(sim_state *S, int32_t s, int32_t pieces, double t) {
+/* When `pieces` of slot s's transfer of an expert of `layer`, loaded as a demand from `t`,
+ * land: a whole expert is one copy; the rest of a started prefetch is its remaining
+ * pieces. */
+static double demand_ready(sim_state *S, int32_t s, int32_t layer, int32_t pieces, double t) {
     const double start = fmax(fmax(t, S->engine_free), s >= 0 ? S->slot_free_at[s] : 0);
-    const double busy = pieces >= S->chunks ? S->xfer_s : pieces * S->chunk_s;
+    const double busy = pieces >= S->chunks ? S->xfer_s[layer] : pieces * S->chunk_s[layer];
     S->engine_free = start + busy;
     S->link_busy_s += busy;
     return S->engine_free;
@@ -131,11 +134,12 @@ static fmoe_access_result exec_claimed(void *ctx, const fmoe_slots_resolved *a) 
     const fmoe_slot_access *f = &a->found;
     if (f->found == FMOE_FIND_STARTED && S->cur_slot == f->slot) {
         /* its piece on the engine lands first; the rest follows as a demand load */
-        S->ready = f->chunks_left > 1 ? demand_ready(S, -1, f->chunks_left - 1, S->t_gate)
-                                      : S->cur_end;
+        S->ready = f->chunks_left > 1
+                       ? demand_ready(S, -1, a->layer, f->chunks_left - 1, S->t_gate)
+                       : S->cur_end;
         S->cur_slot = -1;
     } else {
-        S->ready = demand_ready(S, f->slot, f->chunks_left, S->t_gate);
+        S->ready = demand_ready(S, f->slot, a->layer, f->chunks_left, S->t_gate);
     }
     return S->ready <= S->compute_free ? FMOE_ACCESS_HIT : FMOE_ACCESS_LATE_HIT;
 }
@@ -152,7 +156,7 @@ static int exec_miss_on_host(void *ctx, const fmoe_slots_resolved *a, int policy
     switch (S->r->miss_mode) {
     case FMOE_SIM_MISS_CPU: return 1;
     case FMOE_SIM_MISS_AUTO: {
-        const double gpu_ready = fmax(t_gate, S->engine_free) + S->xfer_s;
+        const double gpu_ready = fmax(t_gate, S->engine_free) + S->xfer_s[a->layer];
         const double gpu_end = fmax(gpu_ready, S->compute_free) + fmoe_sim_expert_s(S->costs, tokens);
         const double host_end = fmax(t_gate, S->host_free) + fmoe_sim_host_expert_s(S->costs, tokens);
         return host_end < gpu_end;
@@ -175,7 +179,7 @@ static void exec_host(void *ctx, const fmoe_slots_resolved *a) {
 /* A demand load (a bypass's too: slot -1), issued at the gate. */
 static void exec_demand(void *ctx, const fmoe_slots_resolved *a) {
     sim_state *S = ctx;
-    S->ready = demand_ready(S, a->slot, S->chunks, S->t_gate);
+    S->ready = demand_ready(S, a->slot, a->layer, S->chunks, S->t_gate);
 }
 
 /* Counts the access and places its compute on the modelled device, stalling for its
@@ -211,6 +215,8 @@ static void run_free(sim_state *S) {
     fmoe_slots_free(S->slots);
     fmoe_policy_free(&S->policy);
     free(S->slot_free_at);
+    free(S->xfer_s);
+    free(S->chunk_s);
     free(S->distinct);
     free(S->tokens);
     free(S->ttft);
@@ -278,6 +284,8 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     if (d == 0) d = ops->default_distance < 0 ? S->L : ops->default_distance;
     const size_t n = (size_t)S->N, R = (size_t)(w->num_requests ? w->num_requests : 1);
     S->slot_free_at = calloc(n, sizeof *S->slot_free_at);
+    S->xfer_s = calloc((size_t)S->L, sizeof *S->xfer_s);
+    S->chunk_s = calloc((size_t)S->L, sizeof *S->chunk_s);
     S->distinct = calloc((size_t)S->J, sizeof *S->distinct);
     S->tokens = calloc((size_t)S->J, sizeof *S->tokens);
     S->ttft = calloc(R, sizeof(double));
@@ -287,7 +295,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     S->arrival = calloc(R, sizeof(double));
     S->decodes = calloc(R, sizeof(int64_t));
     r->per_layer = calloc((size_t)S->L, sizeof *r->per_layer);
-    if (!S->slot_free_at || !S->distinct || !S->tokens || !S->ttft || !S->tpot || !S->e2e || !S->qdelay ||
+    if (!S->slot_free_at || !S->xfer_s || !S->chunk_s || !S->distinct || !S->tokens || !S->ttft || !S->tpot || !S->e2e || !S->qdelay ||
         !S->arrival || !S->decodes || !r->per_layer)
         return fmoe_error_set(FMOE_ENOMEM, "simulator state for %d slots", S->N);
     r->num_layers = S->L;
@@ -327,6 +335,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
         .capacity = S->N,
         .chunks = S->chunks,
         .expert_bytes = w->expert_bytes,
+        .layer_expert_bytes = w->layer_expert_bytes,
         /* the prefetches of a policy that predicts beside inference come the predictions'
          * time after their event: fMoE's matcher, a learned predictor's pass */
         .prefetch_delay_s = prediction_delay_s(S->costs, ops, cfg->predictor),
@@ -342,10 +351,13 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
                                     .miss_on_host = exec_miss_on_host, .host = exec_host,
                                     .demand = exec_demand, .placed = exec_placed};
     S->env = fmoe_slots_env(S->slots);
-    S->xfer_s = fmoe_sim_transfer_s(S->costs, w->expert_bytes);
-    S->chunk_s = S->chunks == 1 ? S->xfer_s
-                                : fmoe_sim_transfer_s(S->costs, (w->expert_bytes + S->chunks - 1) /
-                                                                    S->chunks);
+    for (int32_t l = 0; l < S->L; l++) {
+        const int64_t bytes = w->layer_expert_bytes[l];
+        S->xfer_s[l] = fmoe_sim_transfer_s(S->costs, bytes);
+        S->chunk_s[l] = S->chunks == 1
+                            ? S->xfer_s[l]
+                            : fmoe_sim_transfer_s(S->costs, (bytes + S->chunks - 1) / S->chunks);
+    }
     S->expert1_s = fmoe_sim_expert_s(S->costs, 1);
     S->head_s = fmoe_sim_head_s(S->costs);
     return 0;

@@ -31,6 +31,9 @@ int fmoe_sim_workload_read_filtered(fmoe_sim_workload *w, fmoe_trace_reader *r, 
     const fmoe_trace_header *h = fmoe_trace_reader_header(r);
     int rc = fmoe_sim_workload_init(w, h->num_layers, h->num_experts, h->top_k, h->expert_bytes);
     if (rc < 0) return rc;
+    if (h->layer_expert_bytes)
+        memcpy(w->layer_expert_bytes, h->layer_expert_bytes,
+               (size_t)h->num_layers * sizeof *h->layer_expert_bytes);
     w->prefill_chunk = h->prefill_chunk;
     const int keep_probs = (want & FMOE_SIM_WANT_PROBS) && h->probs_kind != FMOE_PROBS_NONE;
     const int32_t S = (want & FMOE_SIM_WANT_SPECULATIVE) ? h->speculative_depth : 0;

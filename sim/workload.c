@@ -37,10 +37,12 @@ int fmoe_sim_workload_init(fmoe_sim_workload *w, int32_t num_layers, int32_t num
     w->stamp = calloc((size_t)num_experts, sizeof *w->stamp);
     w->count = calloc((size_t)num_experts, sizeof *w->count);
     w->order = calloc((size_t)num_experts, sizeof *w->order);
-    if (!w->stamp || !w->count || !w->order) {
+    w->layer_expert_bytes = malloc((size_t)num_layers * sizeof *w->layer_expert_bytes);
+    if (!w->stamp || !w->count || !w->order || !w->layer_expert_bytes) {
         fmoe_sim_workload_free(w);
         return fmoe_error_set(FMOE_ENOMEM, "workload scratch");
     }
+    for (int32_t l = 0; l < num_layers; l++) w->layer_expert_bytes[l] = expert_bytes;
     return 0;
 }
 
@@ -53,6 +55,7 @@ void fmoe_sim_workload_free(fmoe_sim_workload *w) {
     free(w->access_tokens);
     free(w->layer_accesses);
     free(w->stamp);
+    free(w->layer_expert_bytes);
     free(w->count);
     free(w->order);
     free(w->probs);
@@ -286,6 +289,8 @@ static int batch_build_init(fmoe_sim_workload *out, const fmoe_sim_workload *in,
     memset(b, 0, sizeof *b);
     FMOE_FORWARD_IF_ERROR(fmoe_sim_workload_init(out, in->num_layers, in->num_experts,
                                                  in->top_k, in->expert_bytes));
+    memcpy(out->layer_expert_bytes, in->layer_expert_bytes,
+           (size_t)in->num_layers * sizeof *in->layer_expert_bytes);
     const int32_t L = in->num_layers, K = in->top_k;
     const int64_t R = in->num_requests, T = in->num_tokens;
     const size_t LJ = (size_t)L * in->num_experts;

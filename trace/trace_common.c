@@ -162,6 +162,11 @@ int fmoe__trace_header_check(const fmoe_trace_header *h, const char *path, int c
     if (h->speculative_depth < 0 || h->speculative_depth > h->num_layers - 1)
         return bad_field(&c, "speculative_depth", "%d, expected 0..num_layers-1 (%d)",
                          h->speculative_depth, h->num_layers - 1);
+    for (int32_t l = 0; h->layer_expert_bytes && l < h->num_layers; l++)
+        if (h->layer_expert_bytes[l] < 1 || h->layer_expert_bytes[l] > h->expert_bytes)
+            return bad_field(&c, "layer_expert_bytes",
+                             "layer %d: %lld, expected 1..expert_bytes (%lld)", l,
+                             (long long)h->layer_expert_bytes[l], (long long)h->expert_bytes);
     CHECK_STR(model_name);
     CHECK_STR(model_fingerprint);
     CHECK_STR(dtype);

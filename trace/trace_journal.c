@@ -37,7 +37,8 @@
  *   kind 1       the trace header (first record): strings as u32 length + bytes, integers
  *                as i64, in the order of put_header below, then the write options and
  *                config_json, then (added later; a record that ends before it reads as "")
- *                the activations string
+ *                the activations string, then (later still; absent: none) i64 L' and L'
+ *                i64 per-layer expert bytes (L' = 0: every layer's are expert_bytes)
  *   kind 2       one request: i64 id, f64 arrival_s, i32 prompt_tokens, i32 output_tokens,
  *                i64 num_access_outcomes, then its arrays in the order of enum array, each
  *                starting at a multiple of 8 bytes, present as the header says (the writer
@@ -296,6 +297,9 @@ static void put_header(buf *b, const fmoe_trace_header *h, const char *config_js
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) buf_i64(b, ints[i]);
     buf_str(b, config_json ? config_json : "");
     buf_str(b, h->activations);
+    const int64_t nl = h->layer_expert_bytes ? h->num_layers : 0;
+    buf_i64(b, nl);
+    for (int64_t l = 0; l < nl; l++) buf_i64(b, h->layer_expert_bytes[l]);
 }
 
 int fmoe__journal_create(fmoe__journal **out, const char *path, const fmoe_trace_header *h,
@@ -311,6 +315,7 @@ int fmoe__journal_create(fmoe__journal **out, const char *path, const fmoe_trace
     j->fd = -1;
     j->h = *h;
     j->h.config_json = NULL;
+    j->h.layer_expert_bytes = NULL;
     put_header(&b, h, config_json, opts);
     if (b.oom) {
         rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
@@ -407,6 +412,7 @@ struct fmoe__journal_reader {
     char *path;
     fmoe_trace_header h;
     char *config_json;
+    int64_t *layer_expert_bytes; /* [L] or NULL */
     uint64_t file_size, at; /* the next record's offset */
     int64_t dropped;        /* bytes of the torn tail */
     int64_t damaged;        /* bytes skipped before the tail (and a damaged last record) */
@@ -643,12 +649,22 @@ static int get_header(fmoe__journal_reader *r, cursor *c, fmoe_trace_write_optio
     /* the activations string ends the record, or nothing does (a journal written before
      * it); the trace writer that recovery opens checks its value */
     if (!c->bad && c->at < c->n) get_str(c, h->activations, sizeof h->activations);
+    /* then the per-layer expert bytes, or nothing (a journal written before them) */
+    const int64_t nl = !c->bad && c->at < c->n ? get_i64(c) : 0;
+    if (nl != 0 && (nl != h->num_layers || nl < 1 || (uint64_t)nl > (c->n - c->at) / 8))
+        c->bad = 1;
+    if (!c->bad && nl > 0) {
+        r->layer_expert_bytes = malloc((size_t)nl * sizeof *r->layer_expert_bytes);
+        if (!r->layer_expert_bytes) return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", r->path);
+        for (int64_t l = 0; l < nl; l++) r->layer_expert_bytes[l] = get_i64(c);
+    }
     if (c->at != c->n) c->bad = 1;
     if (c->bad || h->num_layers < 1 || h->num_experts < 1 || h->top_k < 1 ||
         h->speculative_depth < 0 || h->semantic_dim < 0 || h->hidden_dim < 0 ||
         h->timing_layers < 0 || h->offload_cache_experts < 0)
         return fmoe_error_set(FMOE_EFORMAT, "%s: damaged header record", r->path);
     h->config_json = r->config_json;
+    h->layer_expert_bytes = r->layer_expert_bytes; /* checked by the writer recovery opens */
     return 0;
 }
 
@@ -819,6 +835,7 @@ void fmoe__journal_reader_close(fmoe__journal_reader *r) {
     free(r->payload);
     free(r->window);
     free(r->config_json);
+    free(r->layer_expert_bytes);
     free(r->path);
     free(r);
 }

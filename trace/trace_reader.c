@@ -27,6 +27,7 @@ struct fmoe_trace_reader {
     hid_t file;
     fmoe_trace_header header; /* config_json points at config_json below */
     char *config_json; /* owned; NULL when the file's is empty */
+    int64_t *layer_expert_bytes; /* [L] owned; NULL when every layer's are expert_bytes */
     int64_t num_requests; /* R */
     int64_t num_tokens; /* T */
     fmoe_trace_request_info *requests; /* [R] */
@@ -474,6 +475,7 @@ static void reader_close(fmoe_trace_reader *r) {
     free(r->iterations);
     free(r->requests);
     free(r->config_json);
+    free(r->layer_expert_bytes);
     free(r->path);
     free(r);
 }
@@ -512,6 +514,31 @@ static int check_optional_datasets(fmoe_trace_reader *r) {
                           H5T_INTEGER, 1, outcomes);
 }
 
+/* /model/layer_expert_bytes [L], where a model's layers' experts differ in size: each in
+ * 1..expert_bytes (fmoe/trace.h). Absent: a uniform model, header pointer NULL. */
+static int read_layer_expert_bytes(fmoe_trace_reader *r) {
+    const char *p = r->path, *name = "/model/layer_expert_bytes";
+    const fmoe_trace_header *h = &r->header;
+    const int ex = fmoe__h5_exists(r->file, p, name);
+    if (ex <= 0) return ex;
+    const int64_t want[1] = {h->num_layers};
+    hid_t d = open_checked(r, name, H5T_INTEGER, 0, 0, 1, want, NULL);
+    if (d < 0) return (int)d;
+    r->layer_expert_bytes = malloc((size_t)h->num_layers * sizeof *r->layer_expert_bytes);
+    int rc = r->layer_expert_bytes
+                 ? fmoe__h5_dataset_read_rows(d, p, name, H5T_NATIVE_INT64, 0,
+                                              (hsize_t)h->num_layers, r->layer_expert_bytes)
+                 : fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", p);
+    H5Dclose(d);
+    for (int32_t l = 0; rc == 0 && l < h->num_layers; l++)
+        if (r->layer_expert_bytes[l] < 1 || r->layer_expert_bytes[l] > h->expert_bytes)
+            rc = fmoe_error_set(FMOE_EFORMAT, "%s: %s: layer %d has %lld bytes, expected "
+                                "1..expert_bytes (%lld)", p, name, l,
+                                (long long)r->layer_expert_bytes[l], (long long)h->expert_bytes);
+    if (rc == 0) r->header.layer_expert_bytes = r->layer_expert_bytes;
+    return rc;
+}
+
 static int reader_open(fmoe_trace_reader **out, const char *path, const void *image,
                        size_t size) {
     if (!out || !path) return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_reader_open: NULL argument");
@@ -535,6 +562,7 @@ static int reader_open(fmoe_trace_reader **out, const char *path, const void *im
         r->config_json = NULL;
     }
     r->header.config_json = r->config_json;
+    if ((rc = read_layer_expert_bytes(r)) < 0) goto fail;
     if ((rc = open_datasets(r)) < 0 || (rc = read_requests(r)) < 0 ||
         (rc = build_iterations(r)) < 0 || (rc = check_optional_datasets(r)) < 0)
         goto fail;

@@ -256,6 +256,38 @@ static int flush(fmoe_trace_writer *w) {
     return 0;
 }
 
+/* 1 when the header gives per-layer expert bytes that differ from expert_bytes somewhere
+ * (only then is /model/layer_expert_bytes written: a uniform model's trace is as before). */
+static int layers_differ(const fmoe_trace_header *h) {
+    for (int32_t l = 0; h->layer_expert_bytes && l < h->num_layers; l++)
+        if (h->layer_expert_bytes[l] != h->expert_bytes) return 1;
+    return 0;
+}
+
+/* /model/layer_expert_bytes int64 [L] (fmoe/trace.h), small and written once. */
+static int write_layer_bytes(fmoe_trace_writer *w, const int64_t *bytes) {
+    const char *name = "/model/layer_expert_bytes";
+    const hsize_t dims[1] = {0};
+    fmoe_trace_write_options o = w->opts;
+    o.chunk_tokens = 0;
+    o.compression = FMOE_COMPRESSION_NONE;
+    hid_t d = fmoe__h5_dataset_create_rows(w->file, w->partial, name, H5T_STD_I64LE, 1, dims, &o);
+    if (d < 0) return (int)d;
+    const int rc = fmoe__h5_dataset_append_rows(d, w->partial, name, H5T_NATIVE_INT64,
+                                                (hsize_t)w->header.num_layers, bytes);
+    H5Dclose(d);
+    return rc;
+}
+
+/* The journal of a writer that flushes per request, its header record from the writer's
+ * copy with what is borrowed only during open (the per-layer expert bytes) put back. */
+static int journal_create(fmoe_trace_writer *w, const fmoe_trace_header *header,
+                          const char *config) {
+    fmoe_trace_header h = w->header;
+    h.layer_expert_bytes = layers_differ(header) ? header->layer_expert_bytes : NULL;
+    return fmoe__journal_create(&w->journal, w->journal_path, &h, config, &w->opts);
+}
+
 static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_trace_header *header,
                        const fmoe_trace_write_options *opts) {
     if (!out || !path || !path[0] || !header)
@@ -300,6 +332,7 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
     for (int i = 0; i < DS_COUNT; i++) w->ds[i] = -1;
     w->header = *header;
     w->header.config_json = NULL;
+    w->header.layer_expert_bytes = NULL;
     w->opts = *opts;
     fill_defaults(&w->header);
     int rc = 0;
@@ -353,7 +386,7 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
         goto fail;
     /* the journal first: a kill between the two leaves nothing that recovery misreads */
     if (w->journal_path &&
-        (rc = fmoe__journal_create(&w->journal, w->journal_path, &w->header, config, &w->opts)) < 0)
+        (rc = journal_create(w, header, config)) < 0)
         goto fail;
     w->file = H5Fcreate(w->partial, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
     if (w->file < 0) {
@@ -367,6 +400,8 @@ static int writer_open(fmoe_trace_writer **out, const char *path, const fmoe_tra
     }
     if ((rc = write_root_attributes(w)) < 0) goto fail;
     if ((rc = fmoe__h5_dataset_write_str(w->file, w->partial, "/model/config_json", config)) < 0)
+        goto fail;
+    if (layers_differ(header) && (rc = write_layer_bytes(w, header->layer_expert_bytes)) < 0)
         goto fail;
     if ((rc = create_datasets(w)) < 0) goto fail;
     if ((rc = flush(w)) < 0) goto fail;

@@ -390,6 +390,7 @@ void fmoe_model_free(fmoe_model *m) {
     free(m->owned);
     free(m->layers);
     free(m->expert_pool);
+    free(m->layer_expert_bytes);
     fmoe__arch_free(&m->arch);
     fmoe_safetensors_close(m->st);
     fmoe_gguf_close(m->gguf);
@@ -525,6 +526,7 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
             snprintf(types, sizeof types, "%s, experts %s", dt,
                      e->quant ? fmoe_ggml_type_name(e->quant) : fmoe_st_dtype_name(e->dtype));
     }
+    if ((rc = fmoe__model_count_expert_bytes(m)) < 0) goto fail;
     snprintf(m->describe, sizeof m->describe,
              "%s: %d layers (%d MoE), %d experts top-%d%s, hidden %d, %s, %s", g->model_type,
              g->num_hidden_layers, g->num_moe_layers, g->num_experts, g->top_k,

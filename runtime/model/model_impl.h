@@ -139,10 +139,16 @@ struct fmoe_model {
     fmoe__mat lm_head;        /* [V][h] (the embedding when tied) */
     fmoe__layer *layers;      /* [num_hidden_layers] */
     fmoe__mlp *expert_pool;   /* [L·J] storage for the layers' expert arrays */
+    int64_t *layer_expert_bytes; /* [L] one routed expert of each MoE layer, as stored
+                                    (fmoe_model_layer_expert_bytes) */
     void **owned;             /* converted vectors and realigned matrices */
     int32_t num_owned, cap_owned;
     fmoe__weight_home backend_weights; /* a device backend's copies (mutable cache) */
 };
+
+/* Fills m->layer_expert_bytes once the experts are bound (parts.c). @return 0 or
+ * FMOE_ENOMEM. */
+int fmoe__model_count_expert_bytes(fmoe_model *m);
 
 /* Parses the architecture details of config.json text for a geometry already parsed
  * from it (config.c). @return 0, FMOE_EFORMAT, FMOE_EUNSUPPORTED. */

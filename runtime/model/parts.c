@@ -4,6 +4,7 @@
  * policies at request and iteration start; the conversions are exact, so the values are
  * the forward pass's) and where each routed expert's bytes live (its slow tier).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "fmoe/error.h"
@@ -59,9 +60,35 @@ int64_t fmoe_matrix_view_bytes(const fmoe_matrix_view *v) {
     return v->rows * fmoe__row_bytes(v->dtype, v->quant, v->cols);
 }
 
+/* A GGUF file's experts are as it stores them, and a llama-quantize mix stores some
+ * layers' projections with more bits (Q4_K_M: Q6_K down projections in some layers), so
+ * the bytes are counted per layer from the first expert of each (a layer's experts are
+ * slices of one stacked tensor: alike). A checkpoint's are one dtype throughout. */
+int fmoe__model_count_expert_bytes(fmoe_model *m) {
+    const fmoe_model_geometry *g = &m->geo;
+    const int32_t L = g->num_moe_layers;
+    if (L <= 0) return 0;
+    m->layer_expert_bytes = malloc((size_t)L * sizeof *m->layer_expert_bytes);
+    if (!m->layer_expert_bytes) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    const int64_t uniform = m->gguf ? 0 : fmoe_geometry_expert_bytes(g, g->expert_dtype);
+    for (int32_t l = 0; l < L; l++) {
+        const fmoe__mlp *e = &m->expert_pool[(int64_t)l * g->num_experts];
+        m->layer_expert_bytes[l] =
+            m->gguf ? fmoe__mat_bytes(&e->gate) + fmoe__mat_bytes(&e->up) + fmoe__mat_bytes(&e->down)
+                    : uniform;
+    }
+    return 0;
+}
+
 int64_t fmoe_model_expert_bytes(const fmoe_model *m) {
     const fmoe_model_geometry *g = &m->geo;
-    if (!m->gguf || g->num_moe_layers == 0) return fmoe_geometry_expert_bytes(g, g->expert_dtype);
-    const fmoe__mlp *e = &m->expert_pool[0];
-    return fmoe__mat_bytes(&e->gate) + fmoe__mat_bytes(&e->up) + fmoe__mat_bytes(&e->down);
+    if (!m->layer_expert_bytes) return fmoe_geometry_expert_bytes(g, g->expert_dtype);
+    int64_t most = 0;
+    for (int32_t l = 0; l < g->num_moe_layers; l++)
+        most = m->layer_expert_bytes[l] > most ? m->layer_expert_bytes[l] : most;
+    return most;
+}
+
+const int64_t *fmoe_model_layer_expert_bytes(const fmoe_model *m) {
+    return m ? m->layer_expert_bytes : NULL;
 }

@@ -1,9 +1,13 @@
 /*
  * expert_tier.c - the slow tier of live offloading (expert_tier.h).
  *
- * Every routed expert has the same three shapes and dtype (the families fmoe runs), so an
- * expert is `bytes` = gate + up + down bytes, and a byte range of it maps to at most three
- * pieces of its matrices. host: one block of L·J·bytes filled at open, a read is a memcpy.
+ * The routed experts of one layer have the same three shapes and types (slices of one
+ * stacked tensor, or the same checkpoint dtype); layers may differ (a llama-quantize mix
+ * such as Q4_K_M stores some layers' down projections with more bits), so each layer has
+ * its format: an expert is `bytes` = gate + up + down bytes of its layer, a byte range of
+ * it maps to at most three pieces of its matrices, and its matrices sit in a slot at its
+ * layer's regions. A slot is as large as the largest layer's layout. host: one block of
+ * every expert's bytes, layer after layer, filled at open; a read is a memcpy.
  * file: each matrix's file and offset (fmoe_model_expert_tensors), a read is one pread per
  * matrix piece; with O_DIRECT the range is widened to the device's alignment and read
  * straight into the slot, whose regions keep each matrix's file alignment (no copy: the
@@ -29,9 +33,8 @@
 
 #define DIRECT_ALIGN 4096
 
-struct fmoe_expert_tier {
-    fmoe_tier_kind kind;
-    int32_t L, J;
+/* The format of one layer's experts. */
+typedef struct layer_format {
     fmoe_st_dtype dtype[3];     /* gate, up, down */
     uint32_t quant[3];          /* 0, or the matrix's ggml block type (a GGUF file, where
                                    a row too short for the blocks keeps its float type) */
@@ -40,12 +43,22 @@ struct fmoe_expert_tier {
     int64_t bytes;              /* per expert */
     /* Where matrix i of an expert sits in a slot: at region[i], plus, in place, the
      * matrix's file offset modulo DIRECT_ALIGN (so O_DIRECT reads land in the slot itself,
-     * aligned, with no bounce copy). slot_bytes: a slot's size, a multiple of DIRECT_ALIGN. */
+     * aligned, with no bounce copy). */
     int64_t region[3];
-    int64_t slot_bytes;
+    int64_t host_base;          /* the layer's first expert in the host block */
+} layer_format;
+
+struct fmoe_expert_tier {
+    fmoe_tier_kind kind;
+    int32_t L, J;
+    layer_format *lf;           /* [L] */
+    int64_t bytes;              /* the largest layer's expert */
+    int64_t slot_bytes;         /* a slot's size, a multiple of DIRECT_ALIGN: the largest
+                                   layer's layout */
     int in_place;
     const fmoe_model *m;
-    uint8_t *host;              /* [L·J][bytes] (host) */
+    uint8_t *host;              /* every expert's bytes, layer by layer (host) */
+    int64_t host_bytes;
     /* file */
     int direct;
     int32_t num_files;
@@ -64,6 +77,7 @@ struct fmoe_expert_tier {
 
 void fmoe__expert_tier_close(fmoe_expert_tier *t) {
     if (!t) return;
+    free(t->lf);
     free(t->host);
     for (int32_t i = 0; i < t->num_files; i++) {
         if (t->fds && t->fds[i] >= 0) close(t->fds[i]);
@@ -122,48 +136,62 @@ int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tie
     t->fail_after = fault && fault[0] ? strtoll(fault, NULL, 10) : -1;
     const int64_t n = (int64_t)t->L * t->J;
     int rc = 0;
+    t->lf = calloc((size_t)(t->L > 0 ? t->L : 1), sizeof *t->lf);
+    if (!t->lf) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        goto fail;
+    }
     for (int64_t e = 0; e < n && rc == 0; e++) {
         fmoe_expert_tensors x;
-        rc = fmoe_model_expert_tensors(m, (int32_t)(e / t->J), (int32_t)(e % t->J), &x);
+        const int32_t l = (int32_t)(e / t->J), j = (int32_t)(e % t->J);
+        rc = fmoe_model_expert_tensors(m, l, j, &x);
         if (rc < 0) break;
+        layer_format *f = &t->lf[l];
         const fmoe_expert_tensor *mats[3] = {&x.gate, &x.up, &x.down};
         for (int i = 0; i < 3; i++) {
-            if (e == 0) {
-                t->dtype[i] = mats[i]->view.dtype;
-                t->quant[i] = mats[i]->view.quant;
-                t->rows[i] = mats[i]->view.rows;
-                t->cols[i] = mats[i]->view.cols;
-                t->mat_bytes[i] = fmoe_matrix_view_bytes(&mats[i]->view);
-            } else if (mats[i]->view.dtype != t->dtype[i] ||
-                       mats[i]->view.quant != t->quant[i] || mats[i]->view.rows != t->rows[i] ||
-                       mats[i]->view.cols != t->cols[i]) {
+            if (j == 0) {
+                f->dtype[i] = mats[i]->view.dtype;
+                f->quant[i] = mats[i]->view.quant;
+                f->rows[i] = mats[i]->view.rows;
+                f->cols[i] = mats[i]->view.cols;
+                f->mat_bytes[i] = fmoe_matrix_view_bytes(&mats[i]->view);
+            } else if (mats[i]->view.dtype != f->dtype[i] ||
+                       mats[i]->view.quant != f->quant[i] || mats[i]->view.rows != f->rows[i] ||
+                       mats[i]->view.cols != f->cols[i]) {
                 rc = fmoe_error_set(FMOE_EUNSUPPORTED,
-                                    "expert (%lld, %lld) differs in shape or dtype from expert "
-                                    "(0, 0): offloading needs uniform experts",
-                                    (long long)(e / t->J), (long long)(e % t->J));
+                                    "expert (%d, %d) differs in shape or type from expert "
+                                    "(%d, 0): offloading needs a layer's experts alike",
+                                    l, j, l);
             }
+        }
+        if (j == 0) {
+            f->bytes = f->mat_bytes[0] + f->mat_bytes[1] + f->mat_bytes[2];
+            f->host_base = t->host_bytes;
+            t->host_bytes += (int64_t)t->J * f->bytes;
+            t->bytes = f->bytes > t->bytes ? f->bytes : t->bytes;
         }
     }
     if (rc < 0) goto fail;
-    t->bytes = t->mat_bytes[0] + t->mat_bytes[1] + t->mat_bytes[2];
     if (kind == FMOE_TIER_AUTO)
-        kind = n * t->bytes <= free_ram_bytes() / 2 ? FMOE_TIER_HOST : FMOE_TIER_FILE;
+        kind = t->host_bytes <= free_ram_bytes() / 2 ? FMOE_TIER_HOST : FMOE_TIER_FILE;
     t->kind = kind;
     if (kind == FMOE_TIER_HOST) {
-        t->host = malloc((size_t)(n * t->bytes));
+        t->host = malloc((size_t)t->host_bytes);
         if (!t->host) {
             rc = fmoe_error_set(FMOE_ENOMEM, "host tier of %lld experts (%.1f GiB): use the "
-                                "file tier", (long long)n, (double)(n * t->bytes) / (1 << 30));
+                                "file tier", (long long)n, (double)t->host_bytes / (1 << 30));
             goto fail;
         }
         for (int64_t e = 0; e < n; e++) {
             fmoe_expert_tensors x;
-            fmoe_model_expert_tensors(m, (int32_t)(e / t->J), (int32_t)(e % t->J), &x);
-            uint8_t *dst = t->host + e * t->bytes;
-            memcpy(dst, x.gate.view.data, (size_t)t->mat_bytes[0]);
-            memcpy(dst + t->mat_bytes[0], x.up.view.data, (size_t)t->mat_bytes[1]);
-            memcpy(dst + t->mat_bytes[0] + t->mat_bytes[1], x.down.view.data,
-                   (size_t)t->mat_bytes[2]);
+            const int32_t l = (int32_t)(e / t->J), j = (int32_t)(e % t->J);
+            const layer_format *f = &t->lf[l];
+            fmoe_model_expert_tensors(m, l, j, &x);
+            uint8_t *dst = t->host + f->host_base + j * f->bytes;
+            memcpy(dst, x.gate.view.data, (size_t)f->mat_bytes[0]);
+            memcpy(dst + f->mat_bytes[0], x.up.view.data, (size_t)f->mat_bytes[1]);
+            memcpy(dst + f->mat_bytes[0] + f->mat_bytes[1], x.down.view.data,
+                   (size_t)f->mat_bytes[2]);
         }
     } else {
         t->file_of = malloc((size_t)n * 3 * sizeof *t->file_of);
@@ -186,14 +214,17 @@ int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tie
          * their file offset's alignment, which must suit the dtype. */
         t->in_place = direct_io;
         for (int64_t i = 0; i < n * 3 && t->in_place; i++) {
+            const layer_format *f = &t->lf[i / 3 / t->J];
             const int k = (int)(i % 3); /* blocks need no alignment: memcpy'd / loadu */
-            const int64_t es = t->quant[k] ? 1 : fmoe_st_dtype_size(t->dtype[k]);
+            const int64_t es = f->quant[k] ? 1 : fmoe_st_dtype_size(f->dtype[k]);
             t->in_place = t->offset_of[i] % es == 0;
         }
         if (direct_io && !t->in_place) {
             /* the largest piece of one matrix, widened on both sides to the alignment */
-            int64_t widest = t->mat_bytes[0];
-            for (int i = 1; i < 3; i++) widest = t->mat_bytes[i] > widest ? t->mat_bytes[i] : widest;
+            int64_t widest = 0;
+            for (int32_t l = 0; l < t->L; l++)
+                for (int i = 0; i < 3; i++)
+                    widest = t->lf[l].mat_bytes[i] > widest ? t->lf[l].mat_bytes[i] : widest;
             t->bounce_bytes = (widest + 2 * DIRECT_ALIGN + DIRECT_ALIGN - 1) / DIRECT_ALIGN *
                               DIRECT_ALIGN;
             t->bounce = aligned_alloc(DIRECT_ALIGN, (size_t)t->bounce_bytes);
@@ -204,14 +235,18 @@ int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tie
             }
         }
     }
-    int64_t at = 0;
-    for (int i = 0; i < 3; i++) {
-        t->region[i] = at;
-        at += t->in_place ? (t->mat_bytes[i] + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN +
-                                DIRECT_ALIGN
-                          : t->mat_bytes[i];
+    for (int32_t l = 0; l < t->L; l++) {
+        layer_format *f = &t->lf[l];
+        int64_t at = 0;
+        for (int i = 0; i < 3; i++) {
+            f->region[i] = at;
+            at += t->in_place ? (f->mat_bytes[i] + DIRECT_ALIGN - 1) / DIRECT_ALIGN *
+                                        DIRECT_ALIGN + DIRECT_ALIGN
+                              : f->mat_bytes[i];
+        }
+        at = (at + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
+        t->slot_bytes = at > t->slot_bytes ? at : t->slot_bytes;
     }
-    t->slot_bytes = (at + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
     *out = t;
     return 0;
 fail:
@@ -220,6 +255,9 @@ fail:
 }
 
 int64_t fmoe__expert_tier_expert_bytes(const fmoe_expert_tier *t) { return t->bytes; }
+int64_t fmoe__expert_tier_layer_bytes(const fmoe_expert_tier *t, int32_t l) {
+    return t->lf[l].bytes;
+}
 int64_t fmoe__expert_tier_slot_bytes(const fmoe_expert_tier *t) { return t->slot_bytes; }
 fmoe_tier_kind fmoe__expert_tier_kind(const fmoe_expert_tier *t) { return t->kind; }
 
@@ -295,8 +333,10 @@ static int read_in_place(const fmoe_expert_tier *t, int32_t f, int64_t base, int
 int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t offset,
                            int64_t bytes, void *slot) {
     const int64_t e = (int64_t)l * t->J + j;
+    const layer_format *lf = &t->lf[l];
     if (t->kind == FMOE_TIER_HOST) { /* packed layout: logical offset = slot offset */
-        memcpy((uint8_t *)slot + offset, t->host + e * t->bytes + offset, (size_t)bytes);
+        memcpy((uint8_t *)slot + offset, t->host + lf->host_base + j * lf->bytes + offset,
+               (size_t)bytes);
         return 0;
     }
     if (t->fail_after >= 0 && t->reads++ >= t->fail_after) {
@@ -307,13 +347,13 @@ int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t of
     }
     int64_t start = 0;
     for (int i = 0; i < 3 && bytes > 0; i++) {
-        const int64_t end = start + t->mat_bytes[i];
+        const int64_t end = start + lf->mat_bytes[i];
         if (offset < end) {
             const int64_t within = offset - start;
             const int64_t take = bytes < end - offset ? bytes : end - offset;
             const int32_t f = t->file_of[e * 3 + i];
             const int64_t base = t->offset_of[e * 3 + i];
-            uint8_t *region = (uint8_t *)slot + t->region[i];
+            uint8_t *region = (uint8_t *)slot + lf->region[i];
             FMOE_FORWARD_IF_ERROR(t->in_place
                                       ? read_in_place(t, f, base, within, within + take, region)
                                       : read_matrix(t, f, base, within, take, region + within));
@@ -328,16 +368,17 @@ int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t of
 int32_t fmoe__expert_tier_ranges(const fmoe_expert_tier *t, int32_t l, int32_t j,
                                  int64_t offset, int64_t bytes, fmoe__tier_range out[3]) {
     const int64_t e = (int64_t)l * t->J + j;
+    const layer_format *lf = &t->lf[l];
     int32_t n = 0;
     int64_t start = 0;
     for (int i = 0; i < 3 && bytes > 0; i++) {
-        const int64_t end = start + t->mat_bytes[i];
+        const int64_t end = start + lf->mat_bytes[i];
         if (offset < end) {
             const int64_t within = offset - start;
             const int64_t take = bytes < end - offset ? bytes : end - offset;
             /* as read_in_place and read_matrix place them, and the view describes them */
             const int64_t shift = t->in_place ? t->offset_of[e * 3 + i] % DIRECT_ALIGN : 0;
-            const fmoe__tier_range r = {.slot_offset = t->region[i] + shift + within,
+            const fmoe__tier_range r = {.slot_offset = lf->region[i] + shift + within,
                                         .offset = offset, .bytes = take};
             if (n > 0 && out[n - 1].slot_offset + out[n - 1].bytes == r.slot_offset &&
                 out[n - 1].offset + out[n - 1].bytes == r.offset)
@@ -355,18 +396,23 @@ int32_t fmoe__expert_tier_ranges(const fmoe_expert_tier *t, int32_t l, int32_t j
 int fmoe__expert_tier_host_block(const fmoe_expert_tier *t, uint8_t **p, int64_t *bytes) {
     const int host = t->kind == FMOE_TIER_HOST;
     *p = host ? t->host : NULL;
-    *bytes = host ? (int64_t)t->L * t->J * t->bytes : 0;
+    *bytes = host ? t->host_bytes : 0;
     return host;
+}
+
+int64_t fmoe__expert_tier_host_offset(const fmoe_expert_tier *t, int32_t l, int32_t j) {
+    return t->lf[l].host_base + j * t->lf[l].bytes;
 }
 
 void fmoe__expert_tier_view(const fmoe_expert_tier *t, int32_t l, int32_t j,
                             const uint8_t *base, fmoe_expert_view *out) {
     const int64_t e = (int64_t)l * t->J + j;
+    const layer_format *f = &t->lf[l];
     fmoe_matrix_view *mats[3] = {&out->gate, &out->up, &out->down};
     for (int i = 0; i < 3; i++) {
         const int64_t shift = t->in_place ? t->offset_of[e * 3 + i] % DIRECT_ALIGN : 0;
-        *mats[i] = (fmoe_matrix_view){.data = base + t->region[i] + shift,
-                                      .dtype = t->dtype[i], .rows = t->rows[i],
-                                      .cols = t->cols[i], .quant = t->quant[i]};
+        *mats[i] = (fmoe_matrix_view){.data = base + f->region[i] + shift,
+                                      .dtype = f->dtype[i], .rows = f->rows[i],
+                                      .cols = f->cols[i], .quant = f->quant[i]};
     }
 }

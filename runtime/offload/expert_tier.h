@@ -1,9 +1,11 @@
 /*
  * expert_tier.h - the slow tier of live offloading (fmoe/offload.h): where every routed
  * expert lives, and the one operation the copy engine needs, "bytes [lo, hi) of expert
- * (l, j) into a slot". An expert's bytes are its three matrices in the checkpoint's
- * dtype, gate then up then down, each row-major; a slot holds each matrix in a region of
- * its own and fmoe__expert_tier_view describes them to the forward pass.
+ * (l, j) into a slot". An expert's bytes are its three matrices as stored (the
+ * checkpoint's dtype, or a GGUF file's blocks), gate then up then down, each row-major; a
+ * slot holds each matrix in a region of its own and fmoe__expert_tier_view describes them
+ * to the forward pass. A layer's experts are alike; layers may differ in types and so in
+ * bytes (a llama-quantize mix), and every slot is large enough for any layer's expert.
  *
  * Kinds: host (every routed expert copied once into one RAM block at open) and file
  * (pread from the safetensors files; O_DIRECT through an aligned bounce buffer when
@@ -19,14 +21,16 @@
 
 typedef struct fmoe_expert_tier fmoe_expert_tier;
 
-/* @return 0, FMOE_EUNSUPPORTED (experts of mixed dtypes or shapes), FMOE_EIO (a file
+/* @return 0, FMOE_EUNSUPPORTED (experts of one layer of mixed types or shapes), FMOE_EIO (a file
  * cannot be opened; named), FMOE_ENOMEM. */
 int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tier_kind kind,
                            int direct_io);
 void fmoe__expert_tier_close(fmoe_expert_tier *t);
 
-/* Bytes of one routed expert (all three matrices). */
+/* Bytes of the largest routed expert (all three matrices): what a slot must hold. */
 int64_t fmoe__expert_tier_expert_bytes(const fmoe_expert_tier *t);
+/* Bytes of one routed expert of layer l: what a transfer of it moves. */
+int64_t fmoe__expert_tier_layer_bytes(const fmoe_expert_tier *t, int32_t l);
 /* Bytes of a slot, a multiple of 4096: more than the expert's when O_DIRECT reads land in
  * the slot in place (each matrix keeps its file offset's alignment). Slots must start
  * 4096-aligned. */
@@ -63,10 +67,14 @@ typedef struct fmoe__tier_range {
 int32_t fmoe__expert_tier_ranges(const fmoe_expert_tier *t, int32_t l, int32_t j,
                                  int64_t offset, int64_t bytes, fmoe__tier_range out[3]);
 
-/* The host tier's block: expert (l, j)'s bytes, in order, at (l·J + j)·expert_bytes of
- * *p, *bytes = L·J·expert_bytes in all; read-only after open, alive until close (a device
- * executor pins it and copies to its slots straight from it). @return 1 for the host
- * tier; 0 and NULL, 0 for the file tier. */
+/* The host tier's block: expert (l, j)'s bytes, in order, at
+ * fmoe__expert_tier_host_offset(t, l, j) of *p, *bytes in all (every expert's bytes);
+ * read-only after open, alive until close (a device executor pins it and copies to its
+ * slots straight from it). @return 1 for the host tier; 0 and NULL, 0 for the file
+ * tier. */
 int fmoe__expert_tier_host_block(const fmoe_expert_tier *t, uint8_t **p, int64_t *bytes);
+/* Where expert (l, j) starts in the host block (layers one after another, each layer's
+ * experts at its own size). */
+int64_t fmoe__expert_tier_host_offset(const fmoe_expert_tier *t, int32_t l, int32_t j);
 
 #endif

@@ -131,7 +131,8 @@ struct fmoe_offload {
     const fmoe_model *m;
     fmoe_offload_options opt;
     int32_t L, J, K, N, chunks;
-    int64_t expert_bytes;
+    int64_t expert_bytes;      /* the largest layer's expert (a slot's contents) */
+    const int64_t *layer_bytes; /* [L] one expert of each layer: what its transfer moves */
     int64_t slot_stride;       /* bytes of one slot (the tier's layout) */
     fmoe_expert_tier *tier;
     fmoe_policy policy;
@@ -239,11 +240,16 @@ static void piece_range(int64_t bytes, int32_t chunks, int32_t piece, int64_t *l
     *hi = step * (piece + 1) < bytes ? step * (piece + 1) : bytes;
 }
 
-/* Bytes of pieces [first, last) of an expert. */
-static int64_t job_bytes(const fmoe_offload *x, int32_t first, int32_t last) {
+/* Bytes of expert e (an id l*J+j): its layer's. */
+static int64_t expert_bytes_of(const fmoe_offload *x, int32_t e) {
+    return x->layer_bytes[e / x->J];
+}
+
+/* Bytes of pieces [first, last) of expert e. */
+static int64_t job_bytes(const fmoe_offload *x, int32_t e, int32_t first, int32_t last) {
     int64_t lo, hi, lo2, hi2;
-    piece_range(x->expert_bytes, x->chunks, first, &lo, &hi);
-    piece_range(x->expert_bytes, x->chunks, last - 1, &lo2, &hi2);
+    piece_range(expert_bytes_of(x, e), x->chunks, first, &lo, &hi);
+    piece_range(expert_bytes_of(x, e), x->chunks, last - 1, &lo2, &hi2);
     return hi2 - lo;
 }
 
@@ -260,7 +266,7 @@ static int copy_to_device(fmoe_offload *x, int32_t s, int32_t l, int32_t j, int6
     }
     const uint8_t *expert = NULL;
     if (x->host_block)
-        expert = x->host_block + ((int64_t)l * x->J + j) * x->expert_bytes;
+        expert = x->host_block + fmoe__expert_tier_host_offset(x->tier, l, j);
     else
         FMOE_FORWARD_IF_ERROR(fmoe__expert_tier_read(x->tier, l, j, offset, bytes, x->staging));
     fmoe__tier_range r[3];
@@ -279,8 +285,8 @@ static int copy_to_device(fmoe_offload *x, int32_t s, int32_t l, int32_t j, int6
 /* Copies pieces [first, last) of expert e into slot s, outside the lock. */
 static int copy_pieces(fmoe_offload *x, int32_t s, int32_t e, int32_t first, int32_t last) {
     int64_t lo, hi, lo2, hi2;
-    piece_range(x->expert_bytes, x->chunks, first, &lo, &hi);
-    piece_range(x->expert_bytes, x->chunks, last - 1, &lo2, &hi2);
+    piece_range(expert_bytes_of(x, e), x->chunks, first, &lo, &hi);
+    piece_range(expert_bytes_of(x, e), x->chunks, last - 1, &lo2, &hi2);
     if (x->device) return copy_to_device(x, s, e / x->J, e % x->J, lo, hi2 - lo);
     return fmoe__expert_tier_read(x->tier, e / x->J, e % x->J, lo, hi2 - lo, slot_bytes(x, s));
 }
@@ -299,7 +305,7 @@ static int io_step(fmoe_offload *x) {
         x->dq_head = (x->dq_head + 1) % x->dq_cap;
         x->dq_len--;
         x->data_expert[j.slot] = -1;
-        x->io_copy_bytes = job_bytes(x, j.first, x->chunks);
+        x->io_copy_bytes = job_bytes(x, j.expert, j.first, x->chunks);
         x->io_copy_t0 = clock_of(x);
         pthread_mutex_unlock(&x->mu);
         const double t = fmoe__now_s();
@@ -321,7 +327,7 @@ static int io_step(fmoe_offload *x) {
     const int32_t e = fmoe_slots_expert(x->slots, s);
     if (piece == 0) x->data_expert[s] = -1;
     fmoe_slots_chunk_start(x->slots, s);
-    x->io_copy_bytes = job_bytes(x, piece, piece + 1);
+    x->io_copy_bytes = job_bytes(x, e, piece, piece + 1);
     x->io_copy_t0 = clock_of(x);
     pthread_mutex_unlock(&x->mu);
     const double t = fmoe__now_s();
@@ -465,14 +471,14 @@ static double engine_free_at(const fmoe_offload *x, double now) {
         t += fmax(0, copy_s(x, x->io_copy_bytes) - (now - x->io_copy_t0));
     for (int32_t i = 0; i < x->dq_len; i++) {
         const demand_job *j = &x->dq[(x->dq_head + i) % x->dq_cap];
-        t += copy_s(x, job_bytes(x, j->first, x->chunks));
+        t += copy_s(x, job_bytes(x, j->expert, j->first, x->chunks));
     }
     return t;
 }
 
 /* Whether a miss routed `tokens` tokens ends sooner computed on the host (Fiddler). */
-static int auto_on_host(const fmoe_offload *x, int32_t tokens, double now) {
-    const double ready = engine_free_at(x, now) + copy_s(x, x->expert_bytes);
+static int auto_on_host(const fmoe_offload *x, int32_t layer, int32_t tokens, double now) {
+    const double ready = engine_free_at(x, now) + copy_s(x, x->layer_bytes[layer]);
     const double load_end = fmax(ready, x->lane_s) + cost_s(&x->opt.fast_expert, tokens);
     const double host_end = x->lane_s + cost_s(&x->opt.host_expert, tokens);
     return host_end < load_end;
@@ -520,14 +526,14 @@ static fmoe_access_result exec_claimed(void *ctx, const fmoe_slots_resolved *a) 
         await_engine(x);
         push_demand(x, f->slot, e, 0);
         x->cur_queued = 1;
-        await_bytes(x, x->expert_bytes);
+        await_bytes(x, expert_bytes_of(x, e));
         return FMOE_ACCESS_LATE_HIT;
     }
     if (f->chunks_left > 0) {
         push_demand(x, f->slot, e, x->chunks - f->chunks_left);
         x->cur_queued = 1;
     }
-    await_bytes(x, x->expert_bytes * f->chunks_left / x->chunks);
+    await_bytes(x, expert_bytes_of(x, e) * f->chunks_left / x->chunks);
     return x->data_expert[f->slot] == e && f->chunks_left == 0 ? FMOE_ACCESS_HIT
                                                                 : FMOE_ACCESS_LATE_HIT;
 }
@@ -536,7 +542,7 @@ static fmoe_access_result exec_claimed(void *ctx, const fmoe_slots_resolved *a) 
 static int exec_miss_on_host(void *ctx, const fmoe_slots_resolved *a, int policy_asked) {
     fmoe_offload *x = ctx;
     return policy_asked || x->opt.miss == FMOE_OFFLOAD_MISS_CPU ||
-           (x->opt.miss == FMOE_OFFLOAD_MISS_AUTO && auto_on_host(x, a->tokens, x->env->now_s));
+           (x->opt.miss == FMOE_OFFLOAD_MISS_AUTO && auto_on_host(x, a->layer, a->tokens, x->env->now_s));
 }
 
 /* A host miss runs inline on the executor thread from the model's own weights
@@ -558,7 +564,7 @@ static void exec_demand(void *ctx, const fmoe_slots_resolved *a) {
     await_engine(x);
     push_demand(x, s, a->layer * x->J + a->expert, 0);
     x->cur_queued = 1;
-    await_bytes(x, x->expert_bytes);
+    await_bytes(x, x->layer_bytes[a->layer]);
 }
 
 /* The access's slot for on_expert (a hold on it until its compute ends), its place on
@@ -875,6 +881,7 @@ int fmoe__offload_init_backend(fmoe_offload **out, const fmoe_model *m,
     int rc = fmoe__expert_tier_open(&x->tier, m, o->tier, o->direct_io);
     if (rc < 0) goto fail;
     x->expert_bytes = fmoe__expert_tier_expert_bytes(x->tier);
+    x->layer_bytes = fmoe_model_layer_expert_bytes(m);
     x->slot_stride = fmoe__expert_tier_slot_bytes(x->tier);
     int32_t d = o->prefetch_distance;
     /* a learned predictor's stride is its policy's distance (promoe), as in sim/executor.c */
@@ -897,7 +904,8 @@ int fmoe__offload_init_backend(fmoe_offload **out, const fmoe_model *m,
     if ((rc = fmoe_policy_init_ops(&x->policy, ops, &pc)) < 0) goto fail;
     const fmoe_slots_config sc = {
         .num_layers = x->L, .num_experts = x->J, .capacity = x->N, .chunks = x->chunks,
-        .expert_bytes = x->expert_bytes, .prefetch_delay_s = 0, .policy = &x->policy,
+        .expert_bytes = x->expert_bytes, .layer_expert_bytes = x->layer_bytes,
+        .prefetch_delay_s = 0, .policy = &x->policy,
         .hooks = {.ctx = x, .sync = hook_sync, .queued = hook_queued,
                   .decision = o->decision ? hook_decision : NULL,
                   .link_busy_s = hook_link_busy},

@@ -188,7 +188,7 @@ struct serve_engine {
     const fmoe_model_geometry *geo;
     int32_t V, L, J, K;
     int32_t eos;               /* the tokenizer's EOS, or -1 */
-    int64_t expert_bytes;      /* one routed expert's weights */
+    const int64_t *layer_bytes; /* [L] one routed expert's weights, per MoE layer */
     seq *seqs;                 /* [parallel] */
     fmoe_batch_item *items;    /* [parallel] */
     fmoe_forward_trace *traces;/* [parallel] */
@@ -517,7 +517,7 @@ static void attribute_accesses(serve_engine *e, int32_t count) {
             c.late += acc[a].outcome == FMOE_ACCESS_LATE_HIT;
             c.prefetched += acc[a].prefetched;
             c.misses += acc[a].outcome == FMOE_ACCESS_MISS || acc[a].outcome == 3;
-            c.bytes_loaded += acc[a].outcome == FMOE_ACCESS_MISS ? e->expert_bytes : 0;
+            c.bytes_loaded += acc[a].outcome == FMOE_ACCESS_MISS ? e->layer_bytes[acc[a].layer] : 0;
             c.stall_ms += 1e3 * acc[a].stall_s;
         }
         pthread_mutex_lock(&j->mu);
@@ -776,8 +776,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
                                ? (int32_t)e->geo->max_position_embeddings
                                : 4096;
     /* the stored bytes of one routed expert (quantized GGUF experts included) */
-    const int64_t expert_bytes = fmoe_model_expert_bytes(o->model);
-    e->expert_bytes = expert_bytes > 0 ? expert_bytes : 0;
+    e->layer_bytes = fmoe_model_layer_expert_bytes(o->model);
     e->seqs = calloc((size_t)P, sizeof *e->seqs);
     e->items = calloc((size_t)P, sizeof *e->items);
     e->traces = calloc((size_t)P, sizeof *e->traces);

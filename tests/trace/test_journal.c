@@ -87,12 +87,13 @@ static int spit(const char *path, const unsigned char *b, long n) {
 /* A child that opens a writer on `path` (float16 gates), appends `count` requests of the
  * sample and dies without closing anything, as a SIGKILL right after the last append
  * returned would leave it. */
-static int killed_writer(const char *path, int count) {
+static int killed_writer_with(const char *path, int count, const int64_t *layer_bytes) {
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
         fmoe_trace_header h = sample_header(1);
+        h.layer_expert_bytes = layer_bytes;
         fmoe_trace_writer *w = NULL;
         if (fmoe_trace_writer_open(&w, path, &h, NULL) < 0) _exit(3);
         if (sample_append(w, count) < 0) _exit(4);
@@ -101,6 +102,10 @@ static int killed_writer(const char *path, int count) {
     int status = 0;
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
     return WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static int killed_writer(const char *path, int count) {
+    return killed_writer_with(path, count, NULL);
 }
 
 static void check_recovered(int *harness_failed, const char *path, int nreq) {
@@ -153,6 +158,23 @@ TEST(kill_after_appends_recovers_every_request) {
               FMOE_EIO);
     ASSERT_CONTAINS(fmoe_error_detail(), "exists");
     check_recovered(harness_failed, path, 2);
+}
+
+/* Per-layer expert bytes (a llama-quantize mix) travel in the journal's header record. */
+TEST(recovery_keeps_the_layers_expert_bytes) {
+    int64_t bytes[SAMPLE_L];
+    for (int l = 0; l < SAMPLE_L; l++) bytes[l] = SAMPLE_EXPERT_BYTES - 64 * l;
+    const char *path = tmp_path("layers.h5");
+    ASSERT_OK(killed_writer_with(path, 2, bytes));
+    fmoe_trace_recover_report rep;
+    ASSERT_OK(fmoe_trace_recover(with_suffix(path, ".partial"), NULL, &rep));
+    ASSERT_EQ(rep.from_journal, 1);
+    fmoe_trace_reader *r = NULL;
+    ASSERT_OK(fmoe_trace_reader_open(&r, path));
+    const fmoe_trace_header *h = fmoe_trace_reader_header(r);
+    ASSERT_TRUE(h->layer_expert_bytes != NULL);
+    for (int l = 0; l < SAMPLE_L; l++) ASSERT_EQ(h->layer_expert_bytes[l], bytes[l]);
+    fmoe_trace_reader_close(r);
 }
 
 TEST(journal_cut_anywhere_recovers_the_whole_records) {

@@ -636,6 +636,43 @@ TEST(writer_validates_header) {
     EXPECT_BAD_HEADER(snprintf(h.semantic_kind, sizeof h.semantic_kind, "pooled"), "semantic_kind");
     EXPECT_BAD_HEADER(h.config_json = "{\"x\": \"\xc3\"}", "config_json");
     EXPECT_BAD_HEADER(snprintf(h.activations, sizeof h.activations, "q4"), "activations");
+    int64_t over[SAMPLE_L], zero[SAMPLE_L];
+    for (int l = 0; l < SAMPLE_L; l++) over[l] = zero[l] = SAMPLE_EXPERT_BYTES;
+    over[1] = SAMPLE_EXPERT_BYTES + 1; /* expert_bytes is the largest layer's */
+    zero[SAMPLE_L - 1] = 0;
+    EXPECT_BAD_HEADER(h.layer_expert_bytes = over, "layer_expert_bytes");
+    EXPECT_BAD_HEADER(h.layer_expert_bytes = zero, "layer_expert_bytes");
+}
+
+/* Experts whose bytes differ by layer (a llama-quantize mix): the per-layer figures are
+ * stored and read back; figures equal to expert_bytes everywhere store nothing. */
+TEST(layer_expert_bytes_round_trip) {
+    int64_t mixed[SAMPLE_L], uniform[SAMPLE_L];
+    for (int l = 0; l < SAMPLE_L; l++) {
+        mixed[l] = SAMPLE_EXPERT_BYTES - 1000 * (l % 2);
+        uniform[l] = SAMPLE_EXPERT_BYTES;
+    }
+    const int64_t *cases[2] = {mixed, uniform};
+    for (int c = 0; c < 2; c++) {
+        const char *path = tmp_path(c ? "uniform.h5" : "mixed.h5");
+        fmoe_trace_header h = sample_header(1);
+        h.layer_expert_bytes = cases[c];
+        fmoe_trace_writer *w = NULL;
+        ASSERT_OK(fmoe_trace_writer_open(&w, path, &h, NULL));
+        ASSERT_OK(sample_append(w, 1));
+        ASSERT_OK(fmoe_trace_writer_close(w));
+        fmoe_trace_reader *r = NULL;
+        ASSERT_OK(fmoe_trace_reader_open(&r, path));
+        const fmoe_trace_header *got = fmoe_trace_reader_header(r);
+        ASSERT_EQ(got->expert_bytes, SAMPLE_EXPERT_BYTES);
+        if (c == 1) {
+            ASSERT_TRUE(got->layer_expert_bytes == NULL);
+        } else {
+            ASSERT_TRUE(got->layer_expert_bytes != NULL);
+            for (int l = 0; l < SAMPLE_L; l++) ASSERT_EQ(got->layer_expert_bytes[l], mixed[l]);
+        }
+        fmoe_trace_reader_close(r);
+    }
 }
 
 /* Appends sample request 0 changed by `edit`; expects EINVAL whose detail contains

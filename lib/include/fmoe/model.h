@@ -114,8 +114,15 @@ typedef struct fmoe_expert_tensors {
 /* Bytes of one routed expert as the model stores it, the figure traces record and cache
  * sizes convert with: a GGUF file's three matrices as they are (blocks, and the float
  * type a row too short for blocks kept); a checkpoint's at its expert dtype
- * (fmoe_geometry_expert_bytes). */
+ * (fmoe_geometry_expert_bytes). Where experts differ by layer (a llama-quantize mix such
+ * as Q4_K_M gives some layers' down projections more bits), the largest layer's: one
+ * expert slot's contents (docs/offloading.md, "Experts of different sizes"). */
 int64_t fmoe_model_expert_bytes(const fmoe_model *m);
+
+/* [L] the bytes of one routed expert of each MoE layer as stored, each at most
+ * fmoe_model_expert_bytes; what a transfer of that layer's expert moves. NULL for a
+ * model without MoE layers. Valid until the model is freed. */
+const int64_t *fmoe_model_layer_expert_bytes(const fmoe_model *m);
 
 /* Routed expert j of MoE layer l. @return 0, FMOE_EINVAL (l or j out of range). */
 int fmoe_model_expert_tensors(const fmoe_model *m, int32_t l, int32_t j, fmoe_expert_tensors *out);

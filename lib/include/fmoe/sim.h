@@ -109,7 +109,10 @@ typedef struct fmoe_sim_workload {
     int32_t num_layers;       /* L */
     int32_t num_experts;      /* J */
     int32_t top_k;            /* K */
-    int64_t expert_bytes;     /* bytes of one routed expert */
+    int64_t expert_bytes;     /* bytes of one routed expert (the largest layer's) */
+    int64_t *layer_expert_bytes; /* [L] one expert of each layer, what its transfer moves:
+                                    expert_bytes in every layer (init) unless the trace
+                                    says otherwise (fmoe_trace_header) */
     int32_t prefill_chunk;    /* a run of prefill tokens is split into iterations of this
                                  many tokens (the trace's prefill_chunk); 0: one iteration.
                                  Set before the first request. */

@@ -99,7 +99,10 @@ typedef struct fmoe_slots_config {
     int32_t num_layers, num_experts; /* L, J */
     int32_t capacity;                /* N >= 1 */
     int32_t chunks;                  /* pieces per transfer (>= 1; 0 means 1) */
-    int64_t expert_bytes;            /* bytes of one routed expert */
+    int64_t expert_bytes;            /* bytes of one routed expert (the largest layer's) */
+    /* [L] bytes of one expert of each layer, where layers differ (a llama-quantize mix);
+     * borrowed for the module's life. NULL: every layer's are expert_bytes. */
+    const int64_t *layer_expert_bytes;
     double prefetch_delay_s;         /* a prefetch is eligible this long after issue */
     fmoe_policy *policy;             /* borrowed; its choose_victim picks victims */
     /* 1: feedback-directed prefetching (lib/prefetch_feedback.h): a prefetch that must

@@ -84,6 +84,13 @@ typedef struct fmoe_trace_header {
      * which moves the logits and so the routing. "": not known (an import, a trace
      * written before the attribute), and no attribute written. */
     char activations[8];
+    /* [num_layers] bytes of one routed expert of each MoE layer, where layers differ (a
+     * llama-quantize mix such as Q4_K_M gives some layers' down projections more bits):
+     * each in 1..expert_bytes, and expert_bytes is then the largest (one slot's contents).
+     * NULL: every layer's are expert_bytes. Stored as /model/layer_expert_bytes int64 [L],
+     * written only when the layers differ. The writer borrows it during open, as
+     * config_json; a reader's stays valid until the reader is closed. */
+    const int64_t *layer_expert_bytes;
 } fmoe_trace_header;
 
 /* Iterations of a request in replay order: its prefill chunks, then one per output token. */
