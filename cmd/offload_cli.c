@@ -88,8 +88,38 @@ static int offload_settings(const char *cmd, const cmd_offload_args *a, const ch
     return 0;
 }
 
+/* --memory-gb: the slots that fit beside the non-expert weights (attention, embeddings,
+ * norms, routers, shared experts: resident, read once from the file) in the budget, each
+ * slot the tier's size for the largest expert (O_DIRECT's alignment margins included),
+ * plus the scratch slot. Refused below top-k slots, the least a layer can compute from,
+ * with the minimum in the message. */
+static int slots_of_budget(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,
+                           int quiet, int64_t *n) {
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
+    const int64_t *lb = fmoe_model_layer_expert_bytes(m);
+    int64_t experts = 0;
+    for (int32_t l = 0; lb && l < g->num_moe_layers; l++) experts += lb[l] * g->num_experts;
+    const int64_t other = fmoe_model_weight_bytes(m) - experts;
+    const int64_t page = 4096, eb = fmoe_model_expert_bytes(m);
+    const int64_t slot = (eb + (a->direct_io ? 6 * page : 0) + page - 1) / page * page;
+    const double gib = (double)(1 << 30), budget = a->memory_gb * gib;
+    const double min = (double)other + (double)slot * (g->top_k + 1);
+    if (eb <= 0 || other < 0 || budget < min)
+        return cmd_usage_error(cmd, "--memory-gb %g is below this model's minimum of %.2f: "
+                               "%.2f GiB of non-expert weights and %d expert slots of %.1f MiB "
+                               "(top-k %d and one scratch)", a->memory_gb, min / gib,
+                               (double)other / gib, g->top_k + 1, (double)slot / (1 << 20),
+                               g->top_k);
+    *n = (int64_t)((budget - (double)other) / (double)slot) - 1;
+    if (!quiet)
+        fprintf(stderr, "fmoe %s: --memory-gb %g: %.2f GiB of non-expert weights resident, "
+                        "%lld expert slots of %.1f MiB (and one scratch)\n", cmd, a->memory_gb,
+                (double)other / gib, (long long)*n, (double)slot / (1 << 20));
+    return 0;
+}
+
 int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
-    const int on = a->cache_experts > 0 || a->cache_gb > 0;
+    const int on = a->cache_experts > 0 || a->cache_gb > 0 || a->memory_gb > 0;
     if (a->miss == FMOE_OFFLOAD_MISS_AUTO && !a->profile)
         return cmd_usage_error(cmd, "--miss auto needs --profile P.json (fmoe calibrate) to "
                                     "estimate where each miss ends first");
@@ -103,11 +133,11 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
                                         "--predictor, --decision-log, --direct-io, "
                                         "--sync-transfers, --sync-predictions and --profile "
                                         "need an offloaded run: give "
-                                        "--cache-experts N or --cache-gb X");
+                                        "--cache-experts N, --cache-gb X or --memory-gb X");
         return 0;
     }
-    if (a->cache_experts > 0 && a->cache_gb > 0)
-        return cmd_usage_error(cmd, "give --cache-experts or --cache-gb, not both");
+    if ((a->cache_experts > 0) + (a->cache_gb > 0) + (a->memory_gb > 0) > 1)
+        return cmd_usage_error(cmd, "give one of --cache-experts, --cache-gb and --memory-gb");
     if (a->direct_io && a->tier == FMOE_TIER_HOST)
         return cmd_usage_error(cmd, "--direct-io reads the file tier; it has no meaning with "
                                     "--tier host");
@@ -171,7 +201,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
                      int32_t prefill_chunk, int quiet, cmd_offload *out) {
     memset(out, 0, sizeof *out);
     int rc = cmd_offload_check_args(cmd, a);
-    if (rc != 0 || !(a->cache_experts > 0 || a->cache_gb > 0)) return rc;
+    if (rc != 0 || !(a->cache_experts > 0 || a->cache_gb > 0 || a->memory_gb > 0)) return rc;
     const char *policy = a->policy ? a->policy : "lru";
     out->store_out = a->store_out;
 
@@ -208,6 +238,10 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
             return cmd_usage_error(cmd, "--cache-gb %g holds no expert of %lld bytes",
                                    a->cache_gb, (long long)eb);
         }
+    }
+    if (a->memory_gb > 0 && (rc = slots_of_budget(cmd, a, m, quiet, &n)) != 0) {
+        cmd_offload_close(cmd, out, 0);
+        return rc;
     }
     if (n > total) {
         if (!quiet)

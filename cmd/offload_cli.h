@@ -32,6 +32,8 @@ typedef struct cmd_offload_args {
     const char *policy;
     int32_t cache_experts;     /* 0: not given */
     double cache_gb;           /* 0: not given */
+    double memory_gb;          /* 0: not given; else the weights' budget: resident non-expert
+                                  weights plus the expert slots (cmd_offload_open sizes N) */
     int32_t prefetch_distance; /* 0: the policy's */
     int32_t copy_chunks;
     int32_t tier;              /* fmoe_tier_kind */
@@ -70,6 +72,10 @@ extern const char *const cmd_offload_store_modes[];
     {.name = "cache-gb", .kind = CMD_OPT_DOUBLE, .value_name = "X",                           \
      .help = "offload: a fast tier of X GiB instead (slots = X GiB / expert)",                \
      .offset = offsetof(type, f.cache_gb), .fmin = 1e-9, .fmax = 1e9},                        \
+    {.name = "memory-gb", .kind = CMD_OPT_DOUBLE, .value_name = "X",                          \
+     .help = "offload: the weights get X GiB in all: the non-expert weights resident, the "   \
+             "rest expert slots (KV cache and buffers come on top)",                          \
+     .offset = offsetof(type, f.memory_gb), .fmin = 1e-9, .fmax = 1e9},                       \
     {.name = "prefetch-distance", .kind = CMD_OPT_INT32, .value_name = "D",                   \
      .help = "layers ahead the policy prefetches", .default_text = "the policy's",            \
      .offset = offsetof(type, f.prefetch_distance), .min = 0, .max = 4096},                   \

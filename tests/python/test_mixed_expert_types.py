@@ -204,3 +204,40 @@ def test_layer_bytes_above_expert_bytes_are_refused(fmoe_bin, files, tmp_path):
     assert p.returncode != 0
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "layer_expert_bytes" in err[0] and "layer 2" in err[0], err
+
+
+def weight_bytes(path):
+    """(all tensor bytes, routed-expert tensor bytes) of a GGUF file, from gguf-py."""
+    r = gguf.GGUFReader(str(path))
+    total = sum(int(t.n_bytes) for t in r.tensors)
+    experts = sum(int(t.n_bytes) for t in r.tensors
+                  if t.name.startswith("blk.") and t.name.split(".")[2] in EXPERT_TENSORS)
+    return total, experts
+
+
+def test_memory_gb_sizes_the_slots_beside_the_resident_weights(fmoe_bin, files):
+    """--memory-gb X: the non-expert weights stay resident and count in X; the slots (each
+    the largest expert, rounded to pages) and one scratch slot fill the rest."""
+    total, experts = weight_bytes(files["mixed"])
+    other, slot = total - experts, -(-max(files["bytes"]) // 4096) * 4096
+    want = 10
+    gb = (other + (want + 1.5) * slot) / 2**30
+    p = run_fmoe(fmoe_bin, "generate", "--model", files["mixed"], "--tokenizer", TINY, *GEN,
+                 "--policy", "lru", "--memory-gb", gb)
+    off = json.loads(p.stdout)["offload"]
+    assert off["misses"] > 0 and off["cache_experts"] == want
+
+
+def test_memory_gb_below_the_minimum_is_refused_in_one_line(fmoe_bin, files):
+    total, experts = weight_bytes(files["mixed"])
+    other, slot = total - experts, -(-max(files["bytes"]) // 4096) * 4096
+    top_k = json.loads((TINY / "config.json").read_text())["num_experts_per_tok"]
+    minimum = (other + (top_k + 1) * slot) / 2**30  # top-k slots and the scratch slot
+    p = run_fmoe(fmoe_bin, "generate", "--model", files["mixed"], "--tokenizer", TINY, *GEN,
+                 "--memory-gb", minimum * 0.99, check=False)
+    assert p.returncode == 2
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and "--memory-gb" in err[0] and f"{minimum:.2f}" in err[0], err
+    p = run_fmoe(fmoe_bin, "generate", "--model", files["mixed"], "--tokenizer", TINY, *GEN,
+                 "--memory-gb", minimum * 1.01)
+    assert json.loads(p.stdout)["offload"]["cache_experts"] == top_k
