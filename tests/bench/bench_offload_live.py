@@ -50,76 +50,19 @@ test: run it by hand, put the table in docs/results.md with the machine named.
 """
 import argparse
 import json
-import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from offload_bench_util import live_tpot, mean_profile, run, run_rss  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "datasets" / "samples" / "prompts_100.txt"
 TINY = REPO / "datasets" / "fmoe-tiny"
 OVERHEAD_MIB = 96
-
-
-def run(args):
-    """Runs fmoe; returns (stdout, stderr, seconds), or exits with its error."""
-    t = time.monotonic()
-    p = subprocess.run([str(a) for a in args], capture_output=True, text=True)
-    secs = time.monotonic() - t
-    if p.returncode != 0:
-        sys.exit(f"bench_offload_live: {' '.join(map(str, args))} exited {p.returncode}:\n"
-                 f"{p.stderr}")
-    return p.stdout, p.stderr, secs
-
-
-def run_rss(args):
-    """As run, measuring the child's peak RSS with wait4."""
-    t = time.monotonic()
-    p = subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(p.pid, 0)
-    err = p.stderr.read().decode()
-    p.stderr.close()
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        sys.exit(f"bench_offload_live: {' '.join(map(str, args))} exited {p.returncode}:\n{err}")
-    return ru.ru_maxrss / 1024.0, time.monotonic() - t, err
-
-
-def live_tpot(trace):
-    """Mean over requests of decode seconds per decode token, from /timing/iteration_s
-    (the simulator's TPOT on a trace whose prompts take one chunk each)."""
-    import h5py
-    import hdf5plugin  # noqa: F401
-    import numpy as np
-    with h5py.File(trace, "r") as f:
-        pt = f["/requests/prompt_tokens"][:]
-        ot = f["/requests/output_tokens"][:]
-        it = f["/timing/iteration_s"][:]
-        chunk = int(f.attrs.get("prefill_chunk", 0))
-    tpots, at = [], 0
-    for p, o in zip(pt, ot):
-        pre = -(-int(p) // chunk) if chunk > 0 else 1
-        dec = it[at + pre: at + pre + int(o)]
-        at += pre + int(o)
-        if len(dec) > 0:
-            tpots.append(float(dec.sum()) / len(dec))
-    return float(np.mean(tpots)), None
-
-
-def mean_profile(a, b, key=""):
-    """Two hardware profiles averaged leaf by leaf: times arithmetically, rates (bytes/s,
-    FLOP/s) harmonically, so that the mean profile takes the mean time for any work."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return {k: mean_profile(a[k], b[k], k) if k in b else a[k] for k in a}
-    if isinstance(a, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
-        return a
-    if ("per_s" in key or "flops" in key) and a > 0 and b > 0:
-        return 2.0 / (1.0 / a + 1.0 / b)
-    return 0.5 * (a + b)
 
 
 def main():
