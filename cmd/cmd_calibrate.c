@@ -50,6 +50,7 @@
 #include "fmoe/cuda.h"
 #include "fmoe/error.h"
 #include "files.h"
+#include "preader.h"
 #include "fmoe/geometry.h"
 #include "fmoe/hardware.h"
 #include "fmoe/model.h"
@@ -71,6 +72,7 @@ typedef struct options {
     const char *backend; /* --backend cpu|cuda|auto */
     int32_t activations; /* --activations: fmoe_activations, as the run will compute */
     int32_t threads;
+    int32_t read_depth; /* --read-depth: the file link's requests in flight, as live runs' */
     int quick, quiet;
 } options;
 
@@ -124,6 +126,12 @@ static const cmd_option calibrate_options[] = {
      .help = "time the file link on reads of FILE itself with O_DIRECT (the model's "
              "safetensors: what --tier file --direct-io reads) instead of a scratch file",
      .offset = offsetof(options, link_file)},
+    {.name = "read-depth", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "file link: requests in flight per read, each read split into segments of at "
+             "least 256 KiB, as a live run's --read-depth N reads the file tier; give the "
+             "value those runs are given",
+     .default_text = "4, the live runs' default", .offset = offsetof(options, read_depth),
+     .min = 1, .max = 64},
     {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "OpenBLAS threads",
      .default_text = "OpenBLAS's, all cores", .offset = offsetof(options, threads), .min = 1,
      .max = 1024},
@@ -411,9 +419,11 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
         m->file_cache = FMOE_FILE_CACHE_DIRECT;
         /* 7 repetitions: these reads take about half a second, and the medians of a shared
          * virtual disk steady with more of them */
-        rc = fmoe_calibrate_read_file(o->link_file, fsizes, nf, o->quick ? reps : 7, sec);
+        rc = fmoe_calibrate_read_file(o->link_file, fsizes, nf, o->quick ? reps : 7,
+                                      o->read_depth, sec);
     } else {
-        rc = fmoe_calibrate_copy_file(o->file_dir, fsizes, nf, reps, sec, &m->file_cache);
+        rc = fmoe_calibrate_copy_file(o->file_dir, fsizes, nf, reps, o->read_depth, sec,
+                                      &m->file_cache);
     }
     if (rc < 0) return rc;
     for (int32_t i = 0; i < nf; i++) m->file.x[i] = (double)fsizes[i], m->file.y[i] = sec[i];
@@ -618,6 +628,7 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON *fl = cJSON_GetObjectItemCaseSensitive(links, "file");
     if (fl) {
         cJSON_AddStringToObject(fl, "page_cache", cache_name(m->file_cache));
+        cJSON_AddNumberToObject(fl, "read_depth", o->read_depth);
         if (o->link_file) cJSON_AddStringToObject(fl, "file", o->link_file);
         else cJSON_AddStringToObject(fl, "dir", o->file_dir);
     }
@@ -675,7 +686,7 @@ static void report_compute(const series *s, const char *xlabel) {
 }
 
 static void report(const options *o, const shapes *sh, const measurements *m, const char *link) {
-    char note[128];
+    char note[192];
     /* first, and only with the measurements: a failure stays one line */
     cmd_backend_say(CMD, m->have_gpu ? FMOE_BACKEND_CUDA : FMOE_BACKEND_CPU, o->activations);
     fprintf(stderr, "fmoe calibrate: %ld cpus, OpenBLAS %d threads; CUDA: %s\n",
@@ -684,8 +695,12 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
             sh->hidden, sh->ffn, sh->heads, sh->kv_heads, sh->head_dim,
             o->quick ? " (--quick: an eighth)" : "");
     report_link(&m->ram, "");
-    if (o->link_file) snprintf(note, sizeof note, " (%.100s, O_DIRECT)", o->link_file);
-    else snprintf(note, sizeof note, " (%s, page cache %s)", o->file_dir, cache_name(m->file_cache));
+    if (o->link_file)
+        snprintf(note, sizeof note, " (%.100s, O_DIRECT, read depth %d)", o->link_file,
+                 o->read_depth);
+    else
+        snprintf(note, sizeof note, " (%s, page cache %s, read depth %d)", o->file_dir,
+                 cache_name(m->file_cache), o->read_depth);
     report_link(&m->file, note);
     report_link(&m->h2d, " (pinned)");
     report_compute(&m->expert_cpu, "token");
@@ -738,6 +753,7 @@ int cmd_calibrate(int argc, char **argv) {
     options o;
     memset(&o, 0, sizeof o);
     o.activations = FMOE_ACTIVATIONS_AUTO;
+    o.read_depth = FMOE_PREADER_DEFAULT_DEPTH;
     int rc = parse_options(argc, argv, &o);
     if (rc != 0) return rc < 0 ? CMD_EXIT_OK : rc;
     fmoe_backend_kind backend;

@@ -127,10 +127,10 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
         return cmd_usage_error(cmd, "--profile is read by --miss auto only");
     if (!on) {
         if (a->policy || a->store || a->store_out || a->predictor || a->decision_log ||
-            a->direct_io || a->sync_transfers || a->sync_predictions || a->profile ||
+            a->direct_io || a->read_depth || a->sync_transfers || a->sync_predictions || a->profile ||
             a->policy_opts.n > 0)
             return cmd_usage_error(cmd, "--policy, --policy-opt, --store, --store-out, "
-                                        "--predictor, --decision-log, --direct-io, "
+                                        "--predictor, --decision-log, --direct-io, --read-depth, "
                                         "--sync-transfers, --sync-predictions and --profile "
                                         "need an offloaded run: give "
                                         "--cache-experts N, --cache-gb X or --memory-gb X");
@@ -141,6 +141,9 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a) {
     if (a->direct_io && a->tier == FMOE_TIER_HOST)
         return cmd_usage_error(cmd, "--direct-io reads the file tier; it has no meaning with "
                                     "--tier host");
+    if (a->read_depth && a->tier == FMOE_TIER_HOST)
+        return cmd_usage_error(cmd, "--read-depth sets the file tier's reads; it has no "
+                                    "meaning with --tier host");
     const char *policy = a->policy ? a->policy : "lru";
     const fmoe_policy_ops *ops = fmoe_policy_find(policy);
     if (!ops)
@@ -256,6 +259,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
     o.copy_chunks = a->copy_chunks;
     o.tier = (fmoe_tier_kind)a->tier;
     o.direct_io = a->direct_io;
+    o.read_depth = a->read_depth;
     o.miss = a->miss;
     if (a->miss == FMOE_OFFLOAD_MISS_AUTO && (rc = auto_costs(cmd, a->profile, m, &o))) {
         cmd_offload_close(cmd, out, 0);

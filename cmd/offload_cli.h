@@ -38,6 +38,7 @@ typedef struct cmd_offload_args {
     int32_t copy_chunks;
     int32_t tier;              /* fmoe_tier_kind */
     int32_t direct_io;
+    int32_t read_depth;        /* 0: not given (the tier's default) */
     int32_t miss;              /* fmoe_offload_miss */
     const char *store;
     int32_t store_mode;        /* --store-mode: fmoe_store_mode (store_mode=M) */
@@ -90,6 +91,10 @@ extern const char *const cmd_offload_store_modes[];
      .help = "file tier: read with O_DIRECT (no page cache: a model larger than RAM, and "    \
              "the device's own timings)",                                                     \
      .offset = offsetof(type, f.direct_io)},                                                  \
+    {.name = "read-depth", .kind = CMD_OPT_INT32, .value_name = "N",                          \
+     .help = "file tier: requests in flight per read, each read split into segments of at "   \
+             "least 256 KiB (1: one at a time)",                                             \
+     .default_text = "4", .offset = offsetof(type, f.read_depth), .min = 1, .max = 64},       \
     {.name = "miss", .kind = CMD_OPT_ENUM, .value_name = "load|cpu|auto",                     \
      .help = "a miss is loaded into the cache, or computed from the slow tier uncached "      \
              "(llama.cpp --n-cpu-moe style), or per miss whichever --profile estimates "      \

@@ -15,7 +15,9 @@
  * not fit in RAM: a scratch file is written and synced, and before every read the page
  * cache of the file is dropped (posix_fadvise DONTNEED works for unprivileged users on
  * clean pages), so each pread goes to the device. On tmpfs nothing can be dropped and the
- * caller is told so.
+ * caller is told so. Both file tests read as the live file tier does: each read split into
+ * segments kept `depth` requests deep (lib/preader.h), so the link they measure is the one
+ * a live run at that --read-depth sees.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +36,7 @@
 #include "fmoe/hardware.h"
 #include "fmoe/predictor.h"
 #include "monotonic.h"
+#include "preader.h"
 
 #define MIN_POINT_S 0.02
 #define MAX_REPS 1000
@@ -108,17 +111,33 @@ int fmoe_calibrate_copy_ram(const int64_t *sizes, int32_t n, int32_t reps, doubl
     return 0;
 }
 
+/* Exactly `bytes` of fd at `at` into buf through the reader. @return 0 or -1 with errno
+ * set (EIO when the file ends first). */
+static int read_deep(fmoe__preader *p, int fd, void *buf, int64_t bytes, int64_t at,
+                     int64_t align) {
+    fmoe__pread_extent x = {.fd = fd, .offset = at, .bytes = bytes, .dst = buf};
+    if (fmoe__preader_read(p, &x, 1, align) == 0) return 0;
+    errno = x.err ? x.err : EIO;
+    return -1;
+}
+
 int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, int32_t reps,
-                             double *seconds) {
+                             int32_t depth, double *seconds) {
     enum { ALIGN = 4096 };
+    fmoe__preader *rd = NULL;
+    FMOE_FORWARD_IF_ERROR(fmoe__preader_open(&rd, depth > 0 ? depth : FMOE_PREADER_DEFAULT_DEPTH));
     /* a regular file first (lib/files.h: a FIFO would block this open), then O_DIRECT,
      * which Linux lets fcntl set */
     const int fd = fmoe__open_regular(path);
-    if (fd < 0) return fd;
+    if (fd < 0) {
+        fmoe__preader_close(rd);
+        return fd;
+    }
     const int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_DIRECT) != 0) {
         const int e = errno;
         close(fd);
+        fmoe__preader_close(rd);
         return fmoe_error_set(FMOE_EIO, "%s: cannot open with O_DIRECT: %s", path, strerror(e));
     }
     struct stat st;
@@ -147,7 +166,7 @@ int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, 
                 ((int64_t)(k + 1) * (len + (1 << 20)) + (int64_t)i * (7 << 20)) % span / ALIGN *
                 ALIGN;
             const double t0 = fmoe__now_s();
-            if (fmoe__pread_all(fd, buf, (size_t)len, at) < 0) {
+            if (read_deep(rd, fd, buf, len, at, ALIGN) < 0) {
                 rc = fmoe_error_set(FMOE_EIO, "%s: reading %lld bytes at %lld: %s", path,
                                     (long long)len, (long long)at, strerror(errno));
                 break;
@@ -157,13 +176,14 @@ int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, 
     }
     for (int32_t i = 0; rc == 0 && i < n; i++) seconds[i] = fmoe__median(t + (size_t)i * (size_t)reps, reps);
     close(fd);
+    fmoe__preader_close(rd);
     free(buf);
     free(t);
     return rc;
 }
 
 int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, int32_t reps,
-                             double *seconds, fmoe_file_cache *cache) {
+                             int32_t depth, double *seconds, fmoe_file_cache *cache) {
     int64_t max = 0;
     for (int32_t i = 0; i < n; i++) {
         FMOE_RETURN_ERROR_IF(sizes[i] < 1, FMOE_EINVAL, "read size %lld", (long long)sizes[i]);
@@ -182,7 +202,12 @@ int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, i
         return fmoe_error_set(FMOE_EIO, "%s: cannot create the scratch file: %s", path,
                               strerror(errno));
     unlink(path); /* gone when closed, even if we are killed */
-    int rc = 0;
+    fmoe__preader *rd = NULL;
+    int rc = fmoe__preader_open(&rd, depth > 0 ? depth : FMOE_PREADER_DEFAULT_DEPTH);
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
     const size_t chunk = (size_t)(4 << 20);
     char *buf = malloc(chunk > (size_t)max ? chunk : (size_t)max);
     double *t = malloc((size_t)reps * sizeof *t);
@@ -220,16 +245,12 @@ int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, i
             if (!tmpfs && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) dropped = 0;
             const int64_t off = (int64_t)k * max;
             const double t0 = fmoe__now_s();
-            int64_t got = 0;
-            while (got < sizes[i]) {
-                const ssize_t r = pread(fd, buf + got, (size_t)(sizes[i] - got), off + got);
-                if (r <= 0) {
-                    rc = fmoe_error_set(FMOE_EIO, "%s: reading %lld bytes at %lld: %s", path,
-                                        (long long)sizes[i], (long long)off,
-                                        r < 0 ? strerror(errno) : "end of file");
-                    goto done;
-                }
-                got += r;
+            fmoe__pread_extent x = {.fd = fd, .offset = off, .bytes = sizes[i], .dst = buf};
+            if (fmoe__preader_read(rd, &x, 1, 1) != 0) {
+                rc = fmoe_error_set(FMOE_EIO, "%s: reading %lld bytes at %lld: %s", path,
+                                    (long long)sizes[i], (long long)off,
+                                    x.err ? strerror(x.err) : "end of file");
+                goto done;
             }
             t[k] = fmoe__now_s() - t0;
         }
@@ -239,6 +260,7 @@ int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, i
                                                      : FMOE_FILE_CACHE_WARM;
 done:
     close(fd);
+    fmoe__preader_close(rd);
     free(buf);
     free(t);
     return rc;

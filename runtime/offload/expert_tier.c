@@ -8,8 +8,8 @@
  * it maps to at most three pieces of its matrices, and its matrices sit in a slot at its
  * layer's regions. A slot is as large as the largest layer's layout. host: one block of
  * every expert's bytes, layer after layer, filled at open; a read is a memcpy.
- * file: each matrix's file and offset (fmoe_model_expert_tensors), a read is one pread per
- * matrix piece; with O_DIRECT the range is widened to the device's alignment and read
+ * file: each matrix's file and offset (fmoe_model_expert_tensors), a read is its matrix
+ * pieces read at once, in segments several requests deep (lib/preader.h); with O_DIRECT the range is widened to the device's alignment and read
  * straight into the slot, whose regions keep each matrix's file alignment (no copy: the
  * disk's DMA fills the slot). Only when a matrix's file offset does not suit its dtype is
  * it read through a bounce buffer (one per reading thread: the copy engine has one).
@@ -30,6 +30,7 @@
 
 #include "fmoe/error.h"
 #include "files.h"
+#include "preader.h"
 
 #define DIRECT_ALIGN 4096
 
@@ -68,8 +69,13 @@ struct fmoe_expert_tier {
     int64_t *offset_of;         /* [L·J·3] byte offset of the matrix in its file */
     uint8_t *bounce;            /* O_DIRECT staging */
     int64_t bounce_bytes;
+    /* The reads of one fmoe__expert_tier_read are split into segments, up to `depth` in
+     * flight (lib/preader.h): a disk at queue depth 1 is idle between requests. */
+    fmoe__preader *reader;
     /* Fault injection for the tests of a failing disk: with FMOE_FAULT_READ_EIO_AFTER=n
-     * in the environment, every file-tier read after the first n fails with EIO. */
+     * in the environment, every file-tier read after the first n fails with EIO; with
+     * FMOE_FAULT_READ_EIO_SEGMENT=k, segment k of every read fails with EIO as the disk
+     * would (the others are read, the whole read fails). */
     int64_t reads, fail_after;
 };
 
@@ -88,6 +94,7 @@ void fmoe__expert_tier_close(fmoe_expert_tier *t) {
     free(t->file_of);
     free(t->offset_of);
     free(t->bounce);
+    fmoe__preader_close(t->reader);
     free(t);
 }
 
@@ -123,7 +130,7 @@ static int64_t free_ram_bytes(void) {
 }
 
 int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tier_kind kind,
-                           int direct_io) {
+                           int direct_io, int32_t read_depth) {
     *out = NULL;
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
     fmoe_expert_tier *t = calloc(1, sizeof *t);
@@ -210,6 +217,11 @@ int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tie
             }
         }
         if (rc < 0) goto fail;
+        rc = fmoe__preader_open(&t->reader,
+                                read_depth > 0 ? read_depth : FMOE_PREADER_DEFAULT_DEPTH);
+        if (rc < 0) goto fail;
+        const char *seg = getenv("FMOE_FAULT_READ_EIO_SEGMENT");
+        if (seg && seg[0]) fmoe__preader_inject_eio(t->reader, (int32_t)strtol(seg, NULL, 10));
         /* O_DIRECT straight into the slot needs each matrix's bytes to keep, in memory,
          * their file offset's alignment, which must suit the dtype. */
         t->in_place = direct_io;
@@ -263,19 +275,11 @@ fmoe_tier_kind fmoe__expert_tier_kind(const fmoe_expert_tier *t) { return t->kin
 
 /* ------------------------------------------------------------------ reads */
 
-/* Exactly `bytes` from fd at `offset`, retrying short reads. */
-static int read_fully(const fmoe_expert_tier *t, int32_t f, int64_t offset, int64_t bytes,
-                      uint8_t *dst) {
-    if (fmoe__pread_all(t->fds[f], dst, (size_t)bytes, (long long)offset) < 0)
-        return fmoe_error_set(FMOE_EIO, "%s: read at %lld: %s", t->paths[f], (long long)offset,
-                              strerror(errno)); /* EIO also when the file ends first */
-    return 0;
-}
-
-/* Bytes [offset, offset + bytes) of one matrix stored at file f, byte `base`. */
-static int read_matrix(fmoe_expert_tier *t, int32_t f, int64_t base, int64_t offset,
-                       int64_t bytes, uint8_t *dst) {
-    if (!t->direct) return read_fully(t, f, base + offset, bytes, dst);
+/* Bytes [offset, offset + bytes) of one matrix stored at file f, byte `base`, through the
+ * bounce buffer: O_DIRECT where a matrix's file offset does not suit an in-place read (a
+ * rare layout), one request at a time. */
+static int read_bounced(fmoe_expert_tier *t, int32_t f, int64_t base, int64_t offset,
+                        int64_t bytes, uint8_t *dst) {
     while (bytes > 0) { /* aligned windows through the bounce buffer */
         const int64_t at = base + offset;
         const int64_t lo = at / DIRECT_ALIGN * DIRECT_ALIGN;
@@ -304,29 +308,43 @@ static int read_matrix(fmoe_expert_tier *t, int32_t f, int64_t base, int64_t off
     return 0;
 }
 
-/* O_DIRECT bytes [lo, hi) of a matrix stored at file f, byte `base`, into the slot region
- * `region` that holds it in place: the aligned window around them is read straight into
- * the region (the window's extra bytes land in the region's margins, or are the matrix's
- * own bytes, identical). */
-static int read_in_place(const fmoe_expert_tier *t, int32_t f, int64_t base, int64_t lo,
-                         int64_t hi, uint8_t *region) {
-    const int64_t first = (base + lo) / DIRECT_ALIGN * DIRECT_ALIGN;
-    const int64_t last = (base + hi + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
-    uint8_t *dst = region + (first - base / DIRECT_ALIGN * DIRECT_ALIGN);
-    int64_t got = 0;
-    while (got < last - first) {
-        const ssize_t r = pread(t->fds[f], dst + got, (size_t)(last - first - got),
-                                (off_t)(first + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0)
-            return fmoe_error_set(FMOE_EIO, "%s: read at %lld: %s", t->paths[f],
-                                  (long long)(first + got), strerror(errno));
-        if (r == 0) break; /* O_DIRECT: the file ends inside the last aligned block */
-        got += r;
+/* Bytes [lo, hi) of a matrix stored at file f, byte `base`, whose slot region is `region`,
+ * as one extent of the reader; *need: the file offset the read must reach. In place
+ * (O_DIRECT), the aligned window around them is read straight into the region (the
+ * window's extra bytes land in the region's margins, or are the matrix's own bytes,
+ * identical); else exactly those bytes, at their place in the region. */
+static void piece_extent(const fmoe_expert_tier *t, int32_t f, int64_t base, int64_t lo,
+                         int64_t hi, uint8_t *region, fmoe__pread_extent *x, int64_t *need) {
+    if (t->in_place) {
+        const int64_t first = (base + lo) / DIRECT_ALIGN * DIRECT_ALIGN;
+        const int64_t last = (base + hi + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
+        *x = (fmoe__pread_extent){.fd = t->fds[f], .offset = first, .bytes = last - first,
+                                  .dst = region + (first - base / DIRECT_ALIGN * DIRECT_ALIGN)};
+    } else {
+        *x = (fmoe__pread_extent){.fd = t->fds[f], .offset = base + lo, .bytes = hi - lo,
+                                  .dst = region + lo};
     }
-    if (first + got < base + hi)
-        return fmoe_error_set(FMOE_EIO, "%s: read at %lld: end of file", t->paths[f],
-                              (long long)(first + got));
+    *need = base + hi;
+}
+
+/* The error of a piece read as extent x, the one the single request loop before reads
+ * were split gave: in place, the offset a request failed at, or where the file ended
+ * (O_DIRECT may end inside the last aligned block, past the bytes needed); else the
+ * piece's start, EIO also when the file ends first. */
+static int piece_error(const fmoe_expert_tier *t, int32_t f, const fmoe__pread_extent *x,
+                       int64_t need) {
+    if (t->in_place) {
+        if (x->err)
+            return fmoe_error_set(FMOE_EIO, "%s: read at %lld: %s", t->paths[f],
+                                  (long long)x->err_at, strerror(x->err));
+        if (x->offset + x->got < need)
+            return fmoe_error_set(FMOE_EIO, "%s: read at %lld: end of file", t->paths[f],
+                                  (long long)(x->offset + x->got));
+        return 0;
+    }
+    if (x->err || x->got < x->bytes)
+        return fmoe_error_set(FMOE_EIO, "%s: read at %lld: %s", t->paths[f],
+                              (long long)x->offset, strerror(x->err ? x->err : EIO));
     return 0;
 }
 
@@ -345,6 +363,11 @@ int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t of
                               "FMOE_FAULT_READ_EIO_AFTER)", t->paths[f],
                               (long long)t->offset_of[e * 3], strerror(EIO));
     }
+    /* the pieces of the matrices the range touches, all read at once */
+    fmoe__pread_extent x[3];
+    int32_t file[3];
+    int64_t need[3];
+    int32_t n = 0;
     int64_t start = 0;
     for (int i = 0; i < 3 && bytes > 0; i++) {
         const int64_t end = start + lf->mat_bytes[i];
@@ -354,14 +377,20 @@ int fmoe__expert_tier_read(fmoe_expert_tier *t, int32_t l, int32_t j, int64_t of
             const int32_t f = t->file_of[e * 3 + i];
             const int64_t base = t->offset_of[e * 3 + i];
             uint8_t *region = (uint8_t *)slot + lf->region[i];
-            FMOE_FORWARD_IF_ERROR(t->in_place
-                                      ? read_in_place(t, f, base, within, within + take, region)
-                                      : read_matrix(t, f, base, within, take, region + within));
+            if (t->direct && !t->in_place) {
+                FMOE_FORWARD_IF_ERROR(read_bounced(t, f, base, within, take, region + within));
+            } else {
+                piece_extent(t, f, base, within, within + take, region, &x[n], &need[n]);
+                file[n++] = f;
+            }
             offset += take;
             bytes -= take;
         }
         start = end;
     }
+    if (n == 0 || fmoe__preader_read(t->reader, x, n, t->direct ? DIRECT_ALIGN : 1) == 0)
+        return 0;
+    for (int32_t i = 0; i < n; i++) FMOE_FORWARD_IF_ERROR(piece_error(t, file[i], &x[i], need[i]));
     return 0;
 }
 
@@ -376,7 +405,7 @@ int32_t fmoe__expert_tier_ranges(const fmoe_expert_tier *t, int32_t l, int32_t j
         if (offset < end) {
             const int64_t within = offset - start;
             const int64_t take = bytes < end - offset ? bytes : end - offset;
-            /* as read_in_place and read_matrix place them, and the view describes them */
+            /* as piece_extent and read_bounced place them, and the view describes them */
             const int64_t shift = t->in_place ? t->offset_of[e * 3 + i] % DIRECT_ALIGN : 0;
             const fmoe__tier_range r = {.slot_offset = lf->region[i] + shift + within,
                                         .offset = offset, .bytes = take};

@@ -8,8 +8,9 @@
  * bytes (a llama-quantize mix), and every slot is large enough for any layer's expert.
  *
  * Kinds: host (every routed expert copied once into one RAM block at open) and file
- * (pread from the safetensors files; O_DIRECT through an aligned bounce buffer when
- * asked). Thread safety: reads may run on any thread once open returned.
+ * (pread from the model's files, O_DIRECT when asked, each read split into segments kept
+ * up to read_depth requests deep by reader threads the tier owns: lib/preader.h).
+ * Thread safety: reads may run on any thread once open returned, one at a time.
  */
 #ifndef FMOE_EXPERT_TIER_H
 #define FMOE_EXPERT_TIER_H
@@ -21,10 +22,12 @@
 
 typedef struct fmoe_expert_tier fmoe_expert_tier;
 
-/* @return 0, FMOE_EUNSUPPORTED (experts of one layer of mixed types or shapes), FMOE_EIO (a file
- * cannot be opened; named), FMOE_ENOMEM. */
+/* read_depth: the file tier's requests in flight per read (0: FMOE_PREADER_DEFAULT_DEPTH;
+ * 1: one request per matrix piece, in order, no thread). @return 0, FMOE_EUNSUPPORTED
+ * (experts of one layer of mixed types or shapes), FMOE_EIO (a file cannot be opened;
+ * named), FMOE_EINVAL (a depth over FMOE_PREADER_MAX_DEPTH), FMOE_ENOMEM. */
 int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tier_kind kind,
-                           int direct_io);
+                           int direct_io, int32_t read_depth);
 void fmoe__expert_tier_close(fmoe_expert_tier *t);
 
 /* Bytes of the largest routed expert (all three matrices): what a slot must hold. */

@@ -841,6 +841,8 @@ int fmoe__offload_init_backend(fmoe_offload **out, const fmoe_model *m,
                          "--cache-experts must be at least 1, got %d", o->cache_experts);
     FMOE_RETURN_ERROR_IF(o->copy_chunks < 0 || o->copy_chunks > 1024, FMOE_EINVAL,
                          "--copy-chunks must be in [1, 1024], got %d", o->copy_chunks);
+    FMOE_RETURN_ERROR_IF(o->read_depth < 0 || o->read_depth > 64, FMOE_EINVAL,
+                         "--read-depth must be in [1, 64], got %d", o->read_depth);
     const fmoe_policy_ops *ops = fmoe_policy_find(o->policy ? o->policy : "");
     if (!ops)
         return fmoe_error_set(FMOE_EINVAL, "unknown policy '%s' (valid: %s)",
@@ -878,7 +880,7 @@ int fmoe__offload_init_backend(fmoe_offload **out, const fmoe_model *m,
     x->cur_layer = -1;
     x->iteration = -1;
     x->t0 = fmoe__now_s();
-    int rc = fmoe__expert_tier_open(&x->tier, m, o->tier, o->direct_io);
+    int rc = fmoe__expert_tier_open(&x->tier, m, o->tier, o->direct_io, o->read_depth);
     if (rc < 0) goto fail;
     x->expert_bytes = fmoe__expert_tier_expert_bytes(x->tier);
     x->layer_bytes = fmoe_model_layer_expert_bytes(m);

@@ -252,14 +252,18 @@ def test_compute_is_timed_through_the_backend_table_with_the_layer_overhead(cali
 def test_link_file_times_o_direct_reads_of_the_given_file(calibrate, fmoe, tmp_path):
     """--link-file times the file link on O_DIRECT reads of an existing file (the model's
     safetensors, what `--tier file --direct-io` reads) instead of a scratch file; the
-    profile says which file; a file smaller than the reads, a missing one and another
-    --link are one-line errors."""
+    profile says which file and at which read depth (a live run's --read-depth: 4 unless
+    given); a file smaller than the reads, a missing one and another --link are one-line
+    errors."""
     model = REPO / "datasets" / "fmoe-tiny" / "model.safetensors"
     prof = tmp_path / "p.json"
     calibrate("--quick", "--quiet", "--link-file", model, "-o", prof)
     p = json.loads(prof.read_text())
     fl = p["calibration"]["links"]["file"]
     assert fl["page_cache"] == "O_DIRECT" and fl["file"] == str(model)
+    assert fl["read_depth"] == 4
+    calibrate("--quick", "--quiet", "--link-file", model, "--read-depth", "1", "-o", prof)
+    assert json.loads(prof.read_text())["calibration"]["links"]["file"]["read_depth"] == 1
     assert p["calibration"]["link_used"] == "file"
     assert p["link"]["beta_bytes_per_s"] > 0
     small = tmp_path / "small.bin"

@@ -195,9 +195,9 @@ def test_offloaded_generation_equals_all_resident(fmoe_bin):
                "The dictionary type maps keys to values, and", "--max-new-tokens", 24,
                "--temperature", 0, "--json")
     direct = ["--direct-io"] if direct_io_works(TINY / "model.safetensors") else []
-    for policy, n, tier in (("lru", 3, ["--tier", "file"]),
+    for policy, n, tier in (("lru", 3, ["--tier", "file", "--read-depth", 1]),
                             ("mixtral-offload", 8, ["--tier", "host"]),
-                            ("lfu", 1, ["--tier", "file", *direct]),
+                            ("lfu", 1, ["--tier", "file", *direct, "--read-depth", 8]),
                             ("least-stale", 5, ["--tier", "file", *direct,
                                                   "--copy-chunks", 3])):
         got = run(fmoe_bin, "generate", "--model", TINY, "--prompt",
@@ -205,6 +205,18 @@ def test_offloaded_generation_equals_all_resident(fmoe_bin):
                   "--temperature", 0, "--json", "--policy", policy, "--cache-experts", n,
                   *tier)
         assert json.loads(got.stdout)["generated_ids"] == json.loads(base.stdout)["generated_ids"]
+
+
+def test_read_depth_needs_the_file_tier(fmoe_bin):
+    """--read-depth sets the file tier's reads: without offloading, with --tier host, or
+    out of [1, 64] it is a usage error on one line."""
+    for extra in ([], ["--cache-experts", 4, "--tier", "host"],
+                  ["--cache-experts", 4, "--tier", "file"]):
+        depth = 0 if extra and extra[-1] == "file" else 4
+        p = run(fmoe_bin, "generate", "--model", TINY, "--prompt", "x", "--read-depth", depth,
+                *extra, check=False)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert "--read-depth" in p.stderr
 
 
 def test_cache_zero_and_bad_store_are_one_line_errors(work, fmoe_bin):

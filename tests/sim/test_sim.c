@@ -1003,15 +1003,15 @@ TEST(calibrate_measurements_are_positive) {
     ASSERT_TRUE(all_positive_times(s, 3));
     fmoe_file_cache cache;
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    ASSERT_OK(fmoe_calibrate_copy_file(dir, sizes, 3, 2, s, &cache));
+    ASSERT_OK(fmoe_calibrate_copy_file(dir, sizes, 3, 2, 2, s, &cache));
     ASSERT_TRUE(all_positive_times(s, 3));
     ASSERT_EQ(cache, file_cache_expected(dir));
     struct statfs shm;
     if (statfs("/dev/shm", &shm) == 0 && (unsigned long)shm.f_type == 0x01021994ul) {
-        ASSERT_OK(fmoe_calibrate_copy_file("/dev/shm", sizes, 1, 1, s, &cache));
+        ASSERT_OK(fmoe_calibrate_copy_file("/dev/shm", sizes, 1, 1, 0, s, &cache));
         ASSERT_EQ(cache, FMOE_FILE_CACHE_TMPFS); /* RAM, whatever the page cache does */
     }
-    ASSERT_EQ(fmoe_calibrate_copy_file("/nonexistent/dir", sizes, 3, 2, s, &cache), FMOE_EIO);
+    ASSERT_EQ(fmoe_calibrate_copy_file("/nonexistent/dir", sizes, 3, 2, 0, s, &cache), FMOE_EIO);
     ASSERT_CONTAINS(fmoe_error_detail(), "/nonexistent/dir");
 }
 

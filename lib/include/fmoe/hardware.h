@@ -138,17 +138,22 @@ typedef enum fmoe_file_cache {
  * at k·size + k·1 MiB, wrapped), the median of `reps` reads (after one untimed) each, taken
  * repetition-major (every size once per repetition, so drift slows them alike). What
  * the live run's reads see, including a virtual disk's host-side caching of that file,
- * which a fresh scratch file does not show. @return 0, FMOE_EINVAL (a size above the
- * file's), FMOE_EIO (cannot open or read: the detail names the file), FMOE_ENOMEM. */
+ * which a fresh scratch file does not show. Each read is split and kept `depth` requests
+ * deep exactly as the live file tier reads at --read-depth (lib/preader.h; 0: its
+ * default), so the link measured is the one the live engine sees. @return 0,
+ * FMOE_EINVAL (a size above the file's, a depth out of range), FMOE_EIO (cannot open or
+ * read: the detail names the file), FMOE_ENOMEM. */
 int fmoe_calibrate_read_file(const char *path, const int64_t *sizes, int32_t n, int32_t reps,
-                             double *seconds);
+                             int32_t depth, double *seconds);
 
 /* pread of sizes[n] bytes from a scratch file written in `dir` (removed afterwards),
  * dropping the file's page cache before every read (posix_fadvise DONTNEED after
- * fdatasync) so that the device is measured. *cache says what was achieved.
- * @return 0, FMOE_EIO (cannot write or read the scratch file: detail names it). */
+ * fdatasync) so that the device is measured. *cache says what was achieved. Reads are
+ * kept `depth` requests deep as fmoe_calibrate_read_file's. @return 0, FMOE_EINVAL (a
+ * depth out of range), FMOE_EIO (cannot write or read the scratch file: detail names it),
+ * FMOE_ENOMEM. */
 int fmoe_calibrate_copy_file(const char *dir, const int64_t *sizes, int32_t n, int32_t reps,
-                             double *seconds, fmoe_file_cache *cache);
+                             int32_t depth, double *seconds, fmoe_file_cache *cache);
 
 /* The fMoE matcher (fmoe/expertmap.h) on this CPU: a full store of `capacity` random maps
  * of layers x experts, one query at a time stepping through every layer (the trajectory

@@ -84,6 +84,9 @@ typedef struct fmoe_offload_options {
     int32_t copy_chunks;           /* pieces per transfer; 0: 4 */
     fmoe_tier_kind tier;
     int32_t direct_io;             /* file tier: O_DIRECT */
+    int32_t read_depth;            /* file tier: requests in flight per read, each read
+                                      split into segments of at least 256 KiB (0: 4; 1:
+                                      one request at a time) */
     /* Where the fast tier's slots live: FMOE_BACKEND_CPU host RAM; FMOE_BACKEND_CUDA
      * device memory, filled over the copy engine's own stream (the session computing
      * from them must use the same backend). */
