@@ -5,66 +5,73 @@
         [--type q4_k_m|q4_k] [--seed S] [--skew [S]] [--layers N]
         [--llama-keys-only] [--report FILE.json] [--quiet] -o FILE.gguf
 
-writes a GGUF file with the architecture keys, tensor names, shapes and ggml types that
-llama.cpp's converter (convert_hf_to_gguf.py) followed by `llama-quantize ... Q4_K_M`
-give for Mixtral-8x7B (26.4 GiB... of which ~25 GB experts) or Qwen3-30B-A3B (17.3 GiB),
-with random weights. `--small` keeps the architecture, the vocabulary and the type rules
-but has 8 layers and narrow matrices (about 180 MB, a few seconds): the tests use it.
+writes a GGUF file with the keys, tensor names, extents and ggml types that llama.cpp's
+converter (convert_hf_to_gguf.py) followed by `llama-quantize MODEL OUT Q4_K_M` give
+Mixtral-8x7B (28.4 GB) or Qwen3-30B-A3B (18.6 GB), with random weights, in about 1.5 and
+1 minute on the 2-core development VM with under 400 MB of memory. `--small` keeps the
+architecture, the vocabulary and the type rules with 8 layers and narrow matrices (about
+190 MB, a few seconds): the tests use it (tests/python/test_make_shaped_gguf.py).
+llama.cpp loads these files (`llama-simple`), and re-quantizing one with llama-quantize
+to Q4_K_M gives back the same keys, tensors and types.
 
 What is in the file
 -------------------
-- Keys: general.* (architecture, type, name, size label, file type 15 = Q4_K_M or 14 for
-  `--type q4_k`, quantization version 2), the architecture's hyperparameters under
-  `llama.*` (Mixtral: llama.cpp calls it `llama` with experts) or `qwen3moe.*`, exactly the
-  ones the converter writes from each model's config.json, and the tokenizer as
-  `tokenizer.ggml.*`: Mixtral's SentencePiece vocabulary (`llama`: tokens, scores, token
-  types, bos/eos/unk, add_bos, its chat template), Qwen3's byte-level BPE (`gpt2`, pre
-  `qwen2`: tokens, token types, merges, eos/pad/bos), both read from the real tokenizer
-  files under tests/fixtures/tokenizers/ and padded to the model's vocab_size as the
-  converter pads (`[PAD<i>]`, type UNUSED). Unless `--llama-keys-only`, the tokenizer.json
-  (and Mixtral's tokenizer_config.json) are also embedded as `fmoe.file.*` strings, as
-  `fmoe quantize` does, so `fmoe generate --model FILE.gguf` runs without --tokenizer.
-  (Qwen3's chat template is not in the repository, so that file has none.)
-- Tensors in llama-quantize's order (non-layer tensors, then layer by layer, names
-  sorted), with llama.cpp's names and extents (`blk.N.ffn_gate_exps.weight` is
-  [n_embd, n_ff, n_expert] innermost first).
-- Types: llama.cpp's Q4_K_M choice per tensor (llama_tensor_get_type): Q4_K by default;
-  output.weight Q6_K; ffn_down_exps Q6_K on the layers where use_more_bits(i, n) holds
-  (i < n/8, i >= 7n/8, or (i - n/8) % 3 == 2); attn_v likewise Q6_K on those layers, except
-  that a model with exactly 8 experts (Mixtral) gets Q8_0 for every attn_v and attn_k and
-  Q5_K for attn_output; token_embd Q4_K; norms and ffn_gate_inp (the router) stay F32, as
-  they are never quantized. `--type q4_k`: every matrix llama.cpp would quantize is Q4_K
-  (what `llama-quantize --pure ... Q4_K_S` writes).
+- Keys: general.* (architecture, type, name, size label, quantization version 2, file
+  type 15 = Q4_K_M, or 14 with `--type q4_k`), the hyperparameters the converter writes
+  from each model's config.json under `llama.*` (llama.cpp's name for Mixtral) or
+  `qwen3moe.*`, and the tokenizer as `tokenizer.ggml.*`, made from the real tokenizer files
+  under tests/fixtures/tokenizers/ the way the converter makes it: Mixtral's SentencePiece
+  vocabulary (`llama`: tokens, scores, token types, bos/eos/unk, add_bos, chat template),
+  Qwen3's byte-level BPE (`gpt2`, pre-tokenizer `qwen2`: tokens, token types, merges,
+  eos/pad/bos), padded to vocab_size with `[PAD<i>]` tokens of type UNUSED. Unless
+  `--llama-keys-only`, tokenizer.json (and Mixtral's tokenizer_config.json) are also
+  embedded as `fmoe.file.*` strings, as `fmoe quantize` does, so that `fmoe generate
+  --model FILE.gguf` needs no --tokenizer. Qwen3's chat template is not in the
+  repository, so that file has none.
+- Tensors: llama.cpp's names and extents (`blk.N.ffn_gate_exps.weight` is [n_embd, n_ff,
+  n_expert], innermost first), in the order llama-quantize writes them (the tensors
+  outside the layers, then layer by layer, names sorted).
+- Types, llama-quantize's Q4_K_M choice (llama_tensor_get_type): Q4_K unless said
+  otherwise; output.weight Q6_K; ffn_down_exps Q6_K on the layers i of n where
+  use_more_bits holds (i < n/8, i >= 7n/8, or (i - n/8) % 3 == 2), attn_v likewise; a
+  model with exactly 8 experts (Mixtral) has Q8_0 for every attn_v and attn_k and Q5_K
+  for attn_output; token_embd Q4_K; the norms and the routers (ffn_gate_inp) F32, as
+  llama.cpp never quantizes them. `--type q4_k`: every matrix llama.cpp would quantize is
+  Q4_K (what `llama-quantize --pure MODEL OUT Q4_K_S` writes).
 
 The weights
 -----------
-Blocks are random bytes with their scale fields overwritten: f16 d/dmin finite, the
-6-bit scales and mins chosen so that every sub-block is zero-mean, and d chosen so that a
-matrix's values have standard deviation 1/sqrt(fan_in) (the output projections attn_output
-and ffn_down 1/sqrt(2 n_layer) of that, so the residual stream stays of order 1 through
-every layer). Norm weights are 1 +- 2%. The token embeddings have, besides unit noise, one
-"massive" 32-wide chunk that is the same large negative value in every row, as real
-models' hidden states have a few dominant directions: the routers are built on it.
+Blocks are random bytes with their scale fields overwritten: f16 d and dmin finite, the
+6-bit scales and mins chosen so that each sub-block has mean 0, d so that a matrix's
+values have standard deviation 1/sqrt(fan_in); the output projections (attn_output,
+ffn_down) are scaled down with depth so that all the layers together add about half the
+embeddings' variance to the residual stream: activations stay of order 1 through every
+layer. Norm weights are 1 +- 2%. Besides unit noise, every token embedding has the same
+large negative value in one 32-wide chunk of the hidden state (real models' hidden states
+have such dominant directions). attn_v, ffn_gate_exps and ffn_up_exps read that chunk as
+zeros, so it adds nothing coherent to the residual; the routers are built on it.
 
 Routing
 -------
-Each layer's router row e is random (logit noise of about 1 per token) plus
-skew * b[rank(e)] along the massive chunk's direction, b a standardised Zipf-like profile
-(-log(1 + rank)) over a per-layer random ranking of the experts. The hidden state's
-component along that direction is about the same for every token, so the experts ranked
-first win more often: routing is not uniform. skew 1 (the default) is mildly non-uniform;
-`--skew` alone means 3, strongly skewed, for the caching policies to work on; 0 leaves only
-the random rows. The generator estimates each layer's expert-frequency entropy from random
-hidden states of the same make-up and prints it next to uniform's log2(n_expert); the
-real values come from a recording (`fmoe record` of the file; the test does this).
+Router row e of a layer is random, orthogonal to the chunk (logit noise of about 1 a
+token), plus skew * b[rank of e] along the chunk, b a standardised Zipf-like profile
+(-log(1 + rank)) over a random ranking of the experts per layer. Every token's hidden
+state has about the same component along the chunk, so the experts ranked first win more
+often: routing is not uniform. The default skew 0.5 is mild (about 2.7 of 3 bits of
+expert-frequency entropy for Mixtral, 6.2 of 7 for Qwen3); `--skew` alone means 1.5,
+strongly skewed (about 1.8 of 3 and 4.1 of 7) for the caching policies to work on; 0
+leaves the random rows alone. The generator estimates each layer's entropy from random
+hidden states made the same way and prints it next to uniform's log2(n_expert) (and in
+--report); a recording (`fmoe record` of the file, as the test does) gives the real ones,
+which on the small shapes were within about 0.2 bits of the estimate.
 
 Streaming
 ---------
 Header, keys and tensor infos first, then each tensor's data generated and written in
-chunks of at most 64 MiB: the memory used stays well under 1 GB whatever the file's size.
-The file is written as FILE.partial and renamed when complete; a bad argument is one line
-on stderr and exit status 2 with nothing written. A file of 1 GB or more prints a progress
-line on stderr.
+chunks of at most 64 MiB, so memory stays well under 1 GB whatever the size. The file is
+written as FILE.partial and renamed when complete (SIGINT or SIGTERM remove the partial
+file); a bad argument is one line on stderr and exit status 2 with nothing written. A file
+of 1 GB or more prints a progress line on stderr.
 """
 import argparse
 import json
@@ -72,6 +79,7 @@ import math
 import os
 import pathlib
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -774,7 +782,7 @@ def main(argv=None):
                "2 bad arguments.")
     p.add_argument("--shape", required=True, choices=sorted(SHAPES), help="the model to imitate")
     p.add_argument("--small", action="store_true",
-                   help="8 layers and narrow matrices (about 180 MB): same architecture, "
+                   help="8 layers and narrow matrices (about 190 MB): same architecture, "
                         "vocabulary and type rules")
     p.add_argument("--type", dest="qtype", default="q4_k_m", choices=["q4_k_m", "q4_k"],
                    help="q4_k_m: llama-quantize's Q4_K_M mix (default); q4_k: every "
@@ -799,8 +807,16 @@ def main(argv=None):
         p.error(f"-o {out}: is a folder")
     if not out.parent.is_dir():
         p.error(f"-o {out}: folder {out.parent} does not exist")
-    if args.report and pathlib.Path(args.report).resolve() == out.resolve():
-        p.error("--report and -o name the same file")
+    if args.report:
+        rep = pathlib.Path(args.report)
+        if rep.resolve() == out.resolve():
+            p.error("--report and -o name the same file")
+        if rep.is_dir() or not rep.parent.is_dir():
+            p.error(f"--report {rep}: not a file in an existing folder")
+
+    def terminated(signum, frame):
+        raise KeyboardInterrupt  # write_file removes FILE.partial on its way out
+    signal.signal(signal.SIGTERM, terminated)
 
     t0 = time.monotonic()
     try:
