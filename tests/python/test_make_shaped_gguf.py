@@ -23,7 +23,6 @@ checked with independent readers:
 import importlib.util
 import json
 import math
-import os
 import pathlib
 import signal
 import subprocess
