@@ -377,7 +377,8 @@ class Holder:
 
 class RunResult:
     """What run_measured saw. status: "ok", "exit N", "oom-killed", "signal NAME" or
-    "timeout". peak_rss: bytes, the larger of the sampled VmHWM and wait4's ru_maxrss.
+    "timeout". peak_rss: bytes, the last VmHWM sampled (wait4's ru_maxrss where it ended
+    before the first sample).
     min_available: the lowest MemAvailable sampled while it ran."""
 
     def __init__(self, **kw):
@@ -397,11 +398,11 @@ def _set_oom_adj(adj):
     return f
 
 
-def run_measured(argv, *, oom_adj=0, timeout=None, sample_s=0.05, env=None, cwd=None,
+def run_measured(argv, *, oom_adj=0, timeout=None, sample_s=0.02, env=None, cwd=None,
                  stdin=None):
     """Runs ARGV (its own session, oom_score_adj OOM_ADJ) with stdout and stderr captured,
-    sampling its VmHWM and the machine's MemAvailable every SAMPLE_S; kills its process
-    group after TIMEOUT seconds. Returns a RunResult."""
+    sampling its VmHWM (the peak RSS) and the machine's MemAvailable every SAMPLE_S; kills
+    its process group after TIMEOUT seconds. Returns a RunResult."""
     argv = [str(a) for a in argv]
     oom_before = oom_kills()
     t0 = time.monotonic()
@@ -443,7 +444,11 @@ def run_measured(argv, *, oom_adj=0, timeout=None, sample_s=0.05, env=None, cwd=
         t.join()
     p.stdout.close()
     p.stderr.close()
-    peak = max(hwm, ru.ru_maxrss * 1024)
+    # VmHWM is per address space and starts afresh at exec; wait4's ru_maxrss does not:
+    # Linux carries the forking parent's RSS into it at exec, so a child of a large
+    # process would report the parent's size. It is the fallback for a child gone before
+    # the first sample.
+    peak = hwm if hwm else ru.ru_maxrss * 1024
     oom_after = oom_kills()
     code = p.returncode
     if timed_out:

@@ -3,10 +3,13 @@ bench_bigger_than_ram.py): running fmoe, reading a recorded trace's measured tim
 summary line of an offloaded run, and averaging hardware profiles."""
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 
 def prog():
@@ -26,17 +29,15 @@ def run(args):
 
 
 def run_rss(args):
-    """As run, measuring the child's peak RSS with wait4; returns (MiB, seconds, stderr)."""
-    t = time.monotonic()
-    p = subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(p.pid, 0)
-    err = p.stderr.read().decode()
-    p.stderr.close()
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        sys.exit(f"{prog()}: {' '.join(map(str, args))} exited {p.returncode}:\n{err}")
-    return ru.ru_maxrss / 1024.0, time.monotonic() - t, err
+    """As run, measuring the child's peak RSS; returns (MiB, seconds, stderr). The peak is
+    the child's VmHWM sampled every 20 ms (memory_budget.run_measured), not wait4's
+    ru_maxrss, into which Linux carries the forking parent's RSS at exec: a Python parent
+    with h5py and numpy loaded adds its own 50-100 MiB to every child's figure."""
+    from memory_budget import run_measured
+    r = run_measured(args)
+    if r.returncode != 0:
+        sys.exit(f"{prog()}: {' '.join(map(str, args))} exited {r.returncode}:\n{r.stderr}")
+    return r.peak_rss / 2**20, r.wall_s, r.stderr
 
 
 def trace_phases(trace):
