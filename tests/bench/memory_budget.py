@@ -88,16 +88,20 @@ def oom_kills():
     return None
 
 
-def proc_status(pid, key):
-    """A /proc/PID/status field in bytes (VmRSS, VmHWM ...), or None once it is gone."""
+def proc_status(pid, key, *more):
+    """A /proc/PID/status field in bytes (VmRSS, VmHWM ...), or None once it is gone; with
+    more keys, a tuple of them."""
+    keys = (key,) + more
+    got = dict.fromkeys(keys)
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
+                k = line.split(":", 1)[0]
+                if k in got:
+                    got[k] = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
-        return None
-    return None
+        pass
+    return got[key] if not more else tuple(got[k] for k in keys)
 
 
 def drop_caches(files=()):
@@ -379,7 +383,12 @@ class RunResult:
     """What run_measured saw. status: "ok", "exit N", "oom-killed", "signal NAME" or
     "timeout". peak_rss: bytes, the last VmHWM sampled (wait4's ru_maxrss where it ended
     before the first sample).
-    min_available: the lowest MemAvailable sampled while it ran."""
+    min_available: the lowest MemAvailable sampled while it ran. others_grew: the most
+    MemAvailable fell below its value at the start by more than the program's RSS: memory
+    that other processes (or page cache the program made and did not map) took meanwhile,
+    which a program run against a budget lost. major_faults: page faults
+    that read from the disk (wait4's ru_majflt): pages of the binary, its libraries and its
+    file mappings read again, the mark of a program whose working set does not fit."""
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
@@ -420,17 +429,23 @@ def run_measured(argv, *, oom_adj=0, timeout=None, sample_s=0.02, env=None, cwd=
                threading.Thread(target=reader, args=(p.stderr, "err"), daemon=True)]
     for t in threads:
         t.start()
-    hwm, min_avail, timed_out = 0, mem_available(), False
+    avail0 = mem_available()
+    hwm, min_avail, others, timed_out = 0, avail0, 0, False
     status = ru = None
     while True:
         pid, st, r = os.wait4(p.pid, os.WNOHANG)
         if pid == p.pid:
             status, ru = st, r
             break
-        h = proc_status(p.pid, "VmHWM")
+        h, rss = proc_status(p.pid, "VmHWM", "VmRSS")
         if h:
             hwm = max(hwm, h)
-        min_avail = min(min_avail, mem_available())
+        avail = mem_available()
+        min_avail = min(min_avail, avail)
+        if rss is not None:
+            # how far MemAvailable fell beyond what the program itself holds: memory that
+            # other processes (or the program's own unmapped page cache) took meanwhile
+            others = max(others, avail0 - avail - rss)
         if timeout is not None and time.monotonic() - t0 > timeout and not timed_out:
             timed_out = True
             try:
@@ -465,7 +480,10 @@ def run_measured(argv, *, oom_adj=0, timeout=None, sample_s=0.02, env=None, cwd=
     else:
         what = f"exit {code}"
     return RunResult(argv=argv, returncode=code, status=what, wall_s=wall, peak_rss=peak,
-                     min_available=min_avail, oom_adj=oom_adj,
+                     min_available=min_avail, others_grew=others,
+                     oom_adj=oom_adj, major_faults=ru.ru_majflt,
+                     minor_faults=ru.ru_minflt,
+                     user_s=ru.ru_utime, sys_s=ru.ru_stime,
                      stdout=b"".join(bufs["out"]).decode(errors="replace"),
                      stderr=b"".join(bufs["err"]).decode(errors="replace"))
 
