@@ -114,6 +114,17 @@ int cmd_on_compression(const char *cmd, const cmd_option *opt, void *base, const
     return 0;
 }
 
+int64_t cmd_peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
+    fclose(f);
+    return (int64_t)kib * 1024;
+}
+
 double cmd_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

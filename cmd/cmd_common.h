@@ -66,6 +66,10 @@ void cmd_install_log_sink(int verbose);
 /* Monotonic clock in seconds. */
 double cmd_now(void);
 
+/* The process's peak resident memory so far, bytes (VmHWM of /proc/self/status: this
+ * process's own, from its exec on); 0 when it cannot be read. */
+int64_t cmd_peak_rss_bytes(void);
+
 /* Directory holding libh5zstd.so for HDF5_PLUGIN_PATH: the build tree's trace/ when fmoe
  * runs from its build directory, else the installed plugin directory. */
 const char *cmd_plugin_dir(void);

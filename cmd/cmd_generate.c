@@ -427,7 +427,7 @@ int cmd_generate(int argc, char **argv) {
                    (long long)os.awaited_bytes_decode, (long long)os.wasted_prefetch_bytes,
                    os.stall_s);
         }
-        printf("}\n");
+        printf(", \"peak_rss_bytes\": %lld}\n", (long long)cmd_peak_rss_bytes());
     } else {
         printf("\n");
         fflush(stdout);

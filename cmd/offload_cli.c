@@ -200,7 +200,7 @@ static int load_predictor(const char *cmd, const char *path, const fmoe_model_ge
     return 0;
 }
 
-int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,
+int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
                      int32_t prefill_chunk, int quiet, cmd_offload *out) {
     memset(out, 0, sizeof *out);
     int rc = cmd_offload_check_args(cmd, a);
@@ -301,6 +301,16 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_mode
         }
         o.decision = fmoe_decision_log_write;
         o.decision_ctx = out->log;
+    }
+    /* Experts read from the model's file on the CPU: the weights every token reads become
+     * the process's own, so that the kernel, short of memory, cannot evict them and fault
+     * them back in each token (fmoe_model_own_weights). On a device they live in device
+     * memory; their host pages are read once. */
+    if (a->backend == FMOE_BACKEND_CPU &&
+        fmoe_offload_resolve_tier(m, (fmoe_tier_kind)a->tier) == FMOE_TIER_FILE &&
+        (rc = fmoe_model_own_weights(m)) < 0) {
+        cmd_offload_close(cmd, out, 0);
+        return cmd_fail(cmd, rc);
     }
     if ((rc = fmoe_offload_init(&out->x, m, &o)) < 0) {
         cmd_offload_close(cmd, out, 0);

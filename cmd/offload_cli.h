@@ -164,7 +164,7 @@ int cmd_offload_check_args(const char *cmd, const cmd_offload_args *a);
 /* Validates the options, loads the store and the predictor (for this model), opens the
  * decision log and starts the executor with its slots on a->backend; a clamped capacity is
  * said once on stderr unless quiet. @return 0, 1 (failure, printed) or 2 (usage, printed). */
-int cmd_offload_open(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,
+int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
                      int32_t prefill_chunk, int quiet, cmd_offload *out);
 
 /* Writes the updated store (--store-out) when ok, stops the executor; the decision log is

@@ -690,6 +690,28 @@ int fmoe_gguf_open(const char *path, fmoe_gguf **out) {
     return 0;
 }
 
+/* madvise(MADV_DONTNEED) of the pages [p, p + n) covers whole, inside [map, map + size). */
+static void release_in(void *map, uint64_t size, const void *p, size_t n) {
+    const uintptr_t lo = (uintptr_t)map, hi = lo + (uintptr_t)size, a = (uintptr_t)p;
+    if (!map || a < lo || a + n > hi) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t first = (a + page - 1) / page * page, last = (a + n) / page * page;
+    if (last > first) madvise((void *)first, (size_t)(last - first), MADV_DONTNEED);
+}
+
+void fmoe_gguf_release_range(fmoe_gguf *g, const void *p, size_t n) {
+    if (!g) return;
+    release_in(g->map, g->map_size, p, n);
+    for (int32_t i = 0; g->shards && i < g->n_shards - 1; i++)
+        fmoe_gguf_release_range(g->shards[i], p, n);
+}
+
+void fmoe_gguf_release_pages(fmoe_gguf *g) {
+    if (!g) return;
+    if (g->map) madvise(g->map, (size_t)g->map_size, MADV_DONTNEED);
+    for (int32_t i = 0; g->shards && i < g->n_shards - 1; i++) fmoe_gguf_release_pages(g->shards[i]);
+}
+
 void fmoe_gguf_close(fmoe_gguf *g) {
     if (!g) return;
     if (g->map) munmap(g->map, (size_t)g->map_size);

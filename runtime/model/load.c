@@ -49,7 +49,7 @@
 
 #define NAME_CAP 256
 
-static int keep_owned(fmoe_model *m, void *p) {
+int fmoe__model_keep_owned(fmoe_model *m, void *p) {
     if (m->num_owned == m->cap_owned) {
         int32_t cap = m->cap_owned ? m->cap_owned * 2 : 64;
         void **no = realloc(m->owned, (size_t)cap * sizeof *no);
@@ -134,7 +134,7 @@ static int gguf_vec(fmoe_model *m, const char *name, int64_t n, const float **ou
     const fmoe_gguf_tensor *t;
     FMOE_FORWARD_IF_ERROR(gguf_get(m, name, 0, n, &ref, &t));
     float *v = malloc((size_t)(n ? n : 1) * sizeof *v), *tmp = malloc((size_t)(n ? n : 1) * sizeof *v);
-    if (!v || !tmp || keep_owned(m, v) < 0) {
+    if (!v || !tmp || fmoe__model_keep_owned(m, v) < 0) {
         free(v);
         free(tmp);
         return fmoe_error_set(FMOE_ENOMEM, "out of memory");
@@ -170,7 +170,7 @@ static int gguf_mat(fmoe_model *m, const char *name, int64_t rows, int64_t cols,
     const int64_t es = out->quant ? 1 : fmoe_st_dtype_size(out->dtype);
     if (ref.permute_heads > 0 || (uintptr_t)p % (uintptr_t)es != 0) {
         uint8_t *copy = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
-        if (!copy || keep_owned(m, copy) < 0) {
+        if (!copy || fmoe__model_keep_owned(m, copy) < 0) {
             free(copy);
             return fmoe_error_set(FMOE_ENOMEM, "out of memory");
         }
@@ -186,7 +186,7 @@ static int gguf_mat(fmoe_model *m, const char *name, int64_t rows, int64_t cols,
 /* Converts a 1-D tensor of n values to an owned f32 array. */
 static int to_f32(fmoe_model *m, const fmoe_st_tensor *t, const float **out) {
     float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
-    if (!v || keep_owned(m, v) < 0) {
+    if (!v || fmoe__model_keep_owned(m, v) < 0) {
         free(v);
         return fmoe_error_set(FMOE_ENOMEM, "out of memory");
     }
@@ -233,7 +233,7 @@ static int view(fmoe_model *m, const fmoe_st_tensor *t, int64_t offset, int64_t 
     out->file_offset = t->offset + offset * es;
     if (((uintptr_t)p % (uintptr_t)es) != 0) {
         void *copy = aligned_alloc(64, (size_t)((rows * cols * es + 63) / 64 * 64));
-        if (!copy || keep_owned(m, copy) < 0) {
+        if (!copy || fmoe__model_keep_owned(m, copy) < 0) {
             free(copy);
             return fmoe_error_set(FMOE_ENOMEM, "out of memory");
         }

@@ -146,6 +146,10 @@ struct fmoe_model {
     fmoe__weight_home backend_weights; /* a device backend's copies (mutable cache) */
 };
 
+/* Adds p (malloc'ed) to the allocations the model frees. @return 0 or FMOE_ENOMEM (p is
+ * then not kept: the caller frees it). */
+int fmoe__model_keep_owned(fmoe_model *m, void *p);
+
 /* Fills m->layer_expert_bytes once the experts are bound (parts.c). @return 0 or
  * FMOE_ENOMEM. */
 int fmoe__model_count_expert_bytes(fmoe_model *m);

@@ -119,6 +119,14 @@ int fmoe_gguf_parse(const void *bytes, uint64_t size, const char *name, fmoe_ggu
 /* Unmaps (when opened from a path) and frees; NULL is a no-op. */
 void fmoe_gguf_close(fmoe_gguf *g);
 
+/* Drops the mapped pages of the file (every shard's) from the process: the data stay
+ * readable and fault back in when touched. For a caller that has copied what it reads
+ * out of the mapping. A handle opened from memory: no-op. */
+void fmoe_gguf_release_pages(fmoe_gguf *g);
+/* The same for the whole pages of [p, p + n) only, when they lie in one of the file's
+ * mappings (else nothing: never memory of another kind). */
+void fmoe_gguf_release_range(fmoe_gguf *g, const void *p, size_t n);
+
 uint32_t fmoe_gguf_version(const fmoe_gguf *g);
 uint32_t fmoe_gguf_alignment(const fmoe_gguf *g);
 uint64_t fmoe_gguf_data_offset(const fmoe_gguf *g); /* file offset of the data section */

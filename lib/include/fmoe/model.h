@@ -119,6 +119,16 @@ typedef struct fmoe_expert_tensors {
  * expert slot's contents (docs/offloading.md, "Experts of different sizes"). */
 int64_t fmoe_model_expert_bytes(const fmoe_model *m);
 
+/* Copies every weight a forward pass reads other than the routed experts (attention,
+ * routers, shared experts, dense MLPs, norms, embeddings, the LM head) out of the
+ * checkpoint's file mapping into memory the process owns, then drops the mapping's pages.
+ * For a model whose routed experts are read from its file (the offload file tier) under a
+ * memory budget: mapped pages are the ones the kernel evicts first when memory runs short
+ * (with no swap, owned memory cannot be evicted at all), and every token would fault the
+ * evicted weights back in from the disk. Call after load, before any session; idempotent.
+ * @return 0 or FMOE_ENOMEM (the weights not yet copied stay mapped). */
+int fmoe_model_own_weights(fmoe_model *m);
+
 /* [L] the bytes of one routed expert of each MoE layer as stored, each at most
  * fmoe_model_expert_bytes; what a transfer of that layer's expert moves. NULL for a
  * model without MoE layers. Valid until the model is freed. */

@@ -135,6 +135,12 @@ typedef struct fmoe_offload_options {
 
 fmoe_offload_options fmoe_offload_defaults(void);
 
+/* The tier an executor of `m` given `kind` reads from: kind itself, or for AUTO host when
+ * the routed experts fit in half the free RAM, else file (what fmoe_offload_init will
+ * open, decided now: a caller that reads from the file tier makes the model's other
+ * weights its own first, fmoe_model_own_weights). */
+fmoe_tier_kind fmoe_offload_resolve_tier(const fmoe_model *m, fmoe_tier_kind kind);
+
 /* Loads the slow tier and starts the I/O thread. @return 0, FMOE_EINVAL (capacity < 1, an
  * unknown policy: the detail lists the valid ones; MISS_AUTO with a rate <= 0, a negative
  * or non-finite figure), FMOE_EUNSUPPORTED (a policy that needs

@@ -77,6 +77,10 @@ int fmoe_safetensors_open(const char *path, fmoe_safetensors **out);
 /* Unmaps everything; NULL is a no-op. Pointers from the handle become invalid. */
 void fmoe_safetensors_close(fmoe_safetensors *st);
 
+/* Drops the mapped pages of every file from the process (they fault back in when
+ * touched), as fmoe_gguf_release_pages. */
+void fmoe_safetensors_release_pages(fmoe_safetensors *st);
+
 /* Number of tensors over all shards. */
 int64_t fmoe_safetensors_count(const fmoe_safetensors *st);
 
