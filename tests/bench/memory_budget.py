@@ -275,14 +275,44 @@ class Holder:
         if self.alive() and self.held:
             self._cmd(f"SHRINK {self.held}")
 
-    def hold_to(self, target, tries=40, step=4 * GIB):
+    def hold_to(self, target, tries=40, step=4 * GIB, restarts=3):
         """Grows or shrinks the held memory until MemAvailable is within the tolerance of
-        TARGET bytes; returns the MemAvailable it left. Grows at most STEP at a time and
-        measures again, so that page cache reclaimed on the way is seen before it
-        overshoots. Restarts a holder that died (counted in `restarts`). Where other
+        TARGET bytes; returns the MemAvailable it left. Grows at most STEP at a time, and
+        within 1 GiB of the target by three quarters of the distance, measuring again
+        after each step, so that page cache reclaimed on the way, and what other processes
+        allocate meanwhile, are seen before it overshoots into the OOM killer. A holder
+        that died (the OOM killer's choice when another process needed the memory) is
+        restarted, up to RESTARTS times per call (counted in `restarts`). Where other
         processes keep MemAvailable moving, it returns after TRIES steps whatever it got
         within 4 tolerances (the caller records MemAvailable); raises RuntimeError where
         it cannot get there (a target above what is available, or further off)."""
+        for attempt in range(restarts + 1):
+            try:
+                return self._hold_to(target, tries, step)
+            except HolderDied as e:
+                if attempt == restarts:
+                    raise
+                self.restarts += 1
+                self.log(f"{e}: restarted")
+                self._reap()
+        raise AssertionError("unreachable")
+
+    def _reap(self):
+        """Forgets a dead (or killed) holder process, its pipes closed."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        self.proc = None
+        self.held = 0
+
+    def _hold_to(self, target, tries, step):
         if not self.alive():
             if self.proc is not None:
                 self.restarts += 1
@@ -296,7 +326,8 @@ class Holder:
             if abs(diff) <= tol:
                 return avail
             if diff > 0:
-                self._cmd(f"GROW {min(diff, step)}")
+                grow = min(diff, step) if diff > GIB else max(diff * 3 // 4, tol // 2)
+                self._cmd(f"GROW {grow}")
             elif self.held > 0:
                 self._cmd(f"SHRINK {-diff}")
             else:
