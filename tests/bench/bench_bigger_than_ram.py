@@ -52,9 +52,9 @@ written under --work, and:
    `-lm none` (no mmap: the weights read into RAM) to show what happens then.
 4. Runs are interleaved: --repeat rounds, each one run of every configuration, the
    fastest decode of each kept, among the rounds in which other processes did not take
-   more than max(32 MiB, 10% of the budget) of the memory while it ran (MemAvailable
-   falling below its start by more than the program's own RSS; such a round is counted
-   as disturbed and shown; all rounds' decode rates are in the table). Then both programs with the whole RAM (the ceiling): no
+   more than max(32 MiB, 10% of the budget) of the memory while it ran (the machine's
+   anonymous memory growing beyond the program's own; such a round is counted as
+   disturbed and shown; all rounds' decode rates are in the table). Then both programs with the whole RAM (the ceiling): no
    holder, page cache kept, after one discarded warm-up run each; fmoe all resident when
    the file fits in half of MemAvailable.
 5. **The bound.** fmoe's decode time per token against the bytes it waited for per decode

@@ -414,10 +414,10 @@ class RunResult:
     """What run_measured saw. status: "ok", "exit N", "oom-killed", "signal NAME" or
     "timeout". peak_rss: bytes, the last VmHWM sampled (wait4's ru_maxrss where it ended
     before the first sample).
-    min_available: the lowest MemAvailable sampled while it ran. others_grew: the most
-    MemAvailable fell below its value at the start by more than the program's RSS: memory
-    that other processes (or page cache the program made and did not map) took meanwhile,
-    which a program run against a budget lost. major_faults: page faults
+    min_available: the lowest MemAvailable sampled while it ran. others_grew: the most the
+    machine's anonymous memory (AnonPages) grew beyond the program's own (its RssAnon):
+    memory other processes took meanwhile, which a program run against a budget lost.
+    major_faults: page faults
     that read from the disk (wait4's ru_majflt): pages of the binary, its libraries and its
     file mappings read again, the mark of a program whose working set does not fit."""
 
@@ -460,23 +460,24 @@ def run_measured(argv, *, oom_adj=0, timeout=None, sample_s=0.02, env=None, cwd=
                threading.Thread(target=reader, args=(p.stderr, "err"), daemon=True)]
     for t in threads:
         t.start()
-    avail0 = mem_available()
-    hwm, min_avail, others, timed_out = 0, avail0, 0, False
+    mi0 = meminfo()
+    hwm, min_avail, others, timed_out = 0, mi0["MemAvailable"], 0, False
     status = ru = None
     while True:
         pid, st, r = os.wait4(p.pid, os.WNOHANG)
         if pid == p.pid:
             status, ru = st, r
             break
-        h, rss = proc_status(p.pid, "VmHWM", "VmRSS")
+        h, anon = proc_status(p.pid, "VmHWM", "RssAnon")
         if h:
             hwm = max(hwm, h)
-        avail = mem_available()
-        min_avail = min(min_avail, avail)
-        if rss is not None:
-            # how far MemAvailable fell beyond what the program itself holds: memory that
-            # other processes (or the program's own unmapped page cache) took meanwhile
-            others = max(others, avail0 - avail - rss)
+        mi = meminfo()
+        min_avail = min(min_avail, mi["MemAvailable"])
+        if anon is not None:
+            # anonymous memory that appeared on the machine beyond the program's own: what
+            # other processes took meanwhile (page cache is left out: MemAvailable counts
+            # part of any page cache as unavailable, the program's own readahead included)
+            others = max(others, mi["AnonPages"] - mi0["AnonPages"] - anon)
         if timeout is not None and time.monotonic() - t0 > timeout and not timed_out:
             timed_out = True
             try:
