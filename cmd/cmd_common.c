@@ -18,6 +18,7 @@
 #include "fmoe/log.h"
 #include "fmoe/tokenizer.h"
 #include "fmoe/trace.h"
+#include "files.h"
 #include "fmoe_config.h"
 
 int cmd_fail(const char *cmd, int code) {
@@ -115,13 +116,14 @@ int cmd_on_compression(const char *cmd, const cmd_option *opt, void *base, const
 }
 
 int64_t cmd_peak_rss_bytes(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
+    char *text = NULL;
+    size_t len = 0;
+    if (fmoe__read_file_bounded("/proc/self/status", "a status file", 1 << 20, 0, &text, &len) < 0)
+        return 0;
+    const char *hwm = strstr(text, "VmHWM:");
     long long kib = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
-    fclose(f);
+    if (!hwm || sscanf(hwm, "VmHWM: %lld kB", &kib) != 1) kib = 0;
+    free(text);
     return (int64_t)kib * 1024;
 }
 
