@@ -96,10 +96,7 @@ static int offload_settings(const char *cmd, const cmd_offload_args *a, const ch
 static int slots_of_budget(const char *cmd, const cmd_offload_args *a, const fmoe_model *m,
                            int quiet, int64_t *n) {
     const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
-    const int64_t *lb = fmoe_model_layer_expert_bytes(m);
-    int64_t experts = 0;
-    for (int32_t l = 0; lb && l < g->num_moe_layers; l++) experts += lb[l] * g->num_experts;
-    const int64_t other = fmoe_model_weight_bytes(m) - experts;
+    const int64_t other = fmoe_model_weight_bytes(m) - fmoe_model_routed_expert_bytes(m);
     const int64_t page = 4096, eb = fmoe_model_expert_bytes(m);
     const int64_t slot = (eb + (a->direct_io ? 6 * page : 0) + page - 1) / page * page;
     const double gib = (double)(1 << 30), budget = a->memory_gb * gib;

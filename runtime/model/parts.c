@@ -92,3 +92,10 @@ int64_t fmoe_model_expert_bytes(const fmoe_model *m) {
 const int64_t *fmoe_model_layer_expert_bytes(const fmoe_model *m) {
     return m ? m->layer_expert_bytes : NULL;
 }
+
+int64_t fmoe_model_routed_expert_bytes(const fmoe_model *m) {
+    int64_t bytes = 0;
+    for (int32_t l = 0; m->layer_expert_bytes && l < m->geo.num_moe_layers; l++)
+        bytes += m->layer_expert_bytes[l] * m->geo.num_experts;
+    return bytes;
+}

@@ -131,11 +131,8 @@ static int64_t free_ram_bytes(void) {
 
 fmoe_tier_kind fmoe_offload_resolve_tier(const fmoe_model *m, fmoe_tier_kind kind) {
     if (kind != FMOE_TIER_AUTO) return kind;
-    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
-    const int64_t *lb = fmoe_model_layer_expert_bytes(m);
-    int64_t bytes = 0;
-    for (int32_t l = 0; lb && l < g->num_moe_layers; l++) bytes += lb[l] * g->num_experts;
-    return bytes <= free_ram_bytes() / 2 ? FMOE_TIER_HOST : FMOE_TIER_FILE;
+    return fmoe_model_routed_expert_bytes(m) <= free_ram_bytes() / 2 ? FMOE_TIER_HOST
+                                                                       : FMOE_TIER_FILE;
 }
 
 int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tier_kind kind,

@@ -134,6 +134,10 @@ int fmoe_model_own_weights(fmoe_model *m);
  * model without MoE layers. Valid until the model is freed. */
 const int64_t *fmoe_model_layer_expert_bytes(const fmoe_model *m);
 
+/* Bytes of every routed expert of every layer as stored: what an offloaded run leaves in
+ * its slow tier. 0 for a model without MoE layers. */
+int64_t fmoe_model_routed_expert_bytes(const fmoe_model *m);
+
 /* Routed expert j of MoE layer l. @return 0, FMOE_EINVAL (l or j out of range). */
 int fmoe_model_expert_tensors(const fmoe_model *m, int32_t l, int32_t j, fmoe_expert_tensors *out);
 
