@@ -52,6 +52,7 @@
 #include "files.h"
 #include "preader.h"
 #include "fmoe/geometry.h"
+#include "fmoe/gguf.h"
 #include "fmoe/hardware.h"
 #include "fmoe/model.h"
 #include "fmoe/predictor.h"
@@ -76,12 +77,22 @@ typedef struct options {
     int quick, quiet;
 } options;
 
+/* The non-expert matrices of a layer (layer_mats): q, k, v, o, router, shared expert (3). */
+#define LAYER_MATS 8
+
 typedef struct shapes {
     int32_t hidden, ffn, heads, kv_heads, head_dim, experts, shared_ffn;
     int32_t vocab;         /* the LM head's rows */
     int32_t layers, top_k; /* MoE layers and experts per token: the matcher's maps */
     fmoe_dtype dtype;        /* the checkpoint's: the CPU kernels are timed on it */
     fmoe_dtype expert_dtype; /* its routed experts' (a GGUF's q4_k, ...): the expert chain's */
+    /* Each layer matrix's type (layer_mats' order) and the LM head's: a GGUF file's own,
+     * which a llama-quantize mix chooses per matrix (Q4_K_M: q4_k projections, q6_k
+     * values in some layers, f32 routers, a q6_k head), else dtype. Products at bf16 cost
+     * three to four times those of the 4-bit blocks a GGUF holds, so timing the layer at
+     * the config's dtype overstated a quantized model's decode step. */
+    fmoe_dtype layer_dtype[LAYER_MATS];
+    fmoe_dtype head_dtype;
     char model[192];
 } shapes;
 
@@ -178,6 +189,50 @@ static int parse_options(int argc, char **argv, options *o) {
     return 0;
 }
 
+/* The type most of the MoE layers store tensor blk.<l>.<role>.weight in, into *out; left
+ * as it is when no layer has the tensor or its type has no fmoe dtype. */
+static void gguf_role_dtype(const fmoe_gguf *g, const fmoe_model_geometry *geo,
+                            const char *role, fmoe_dtype *out) {
+    int32_t count[FMOE_DTYPE_Q6_K + 1] = {0};
+    for (int32_t i = 0; i < geo->num_moe_layers; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.%s.weight", geo->moe_layer_index[i], role);
+        const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(g, name);
+        fmoe_dtype d;
+        if (t && fmoe_dtype_of_ggml_type(t->type, &d) == 0 && d <= FMOE_DTYPE_Q6_K) count[d]++;
+    }
+    int32_t best = -1;
+    for (int32_t d = 0; d <= FMOE_DTYPE_Q6_K; d++)
+        if (count[d] > 0 && (best < 0 || count[d] > count[best])) best = d;
+    if (best >= 0) *out = (fmoe_dtype)best;
+}
+
+/* A GGUF --model-config: each layer matrix's and the LM head's type as the file stores
+ * them (shapes.layer_dtype). Not a GGUF (a config.json): nothing to do. */
+static int gguf_matrix_dtypes(const char *path, shapes *s) {
+    const int fd = fmoe__open_regular(path);
+    if (fd < 0) return fd;
+    char magic[4];
+    const int gguf = fmoe__pread_all(fd, magic, 4, 0) == 0 && memcmp(magic, "GGUF", 4) == 0;
+    close(fd);
+    if (!gguf) return 0;
+    fmoe_model_geometry geo;
+    FMOE_FORWARD_IF_ERROR(fmoe_geometry_load(path, &geo));
+    fmoe_gguf *g = NULL;
+    FMOE_FORWARD_IF_ERROR(fmoe_gguf_open(path, &g));
+    /* layer_mats' order */
+    static const char *const roles[LAYER_MATS] = {
+        "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp",
+        "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
+    for (int32_t i = 0; i < LAYER_MATS; i++) gguf_role_dtype(g, &geo, roles[i], &s->layer_dtype[i]);
+    /* the head: output.weight, or the embeddings it is tied to */
+    const fmoe_gguf_tensor *h = fmoe_gguf_find_tensor(g, "output.weight");
+    if (!h) h = fmoe_gguf_find_tensor(g, "token_embd.weight");
+    if (h) (void)fmoe_dtype_of_ggml_type(h->type, &s->head_dtype);
+    fmoe_gguf_close(g);
+    return 0;
+}
+
 static int load_shapes(const options *o, shapes *s) {
     *s = (shapes){.hidden = 4096, .ffn = 14336, .heads = 32, .kv_heads = 8, .head_dim = 128,
                   .experts = 8, .shared_ffn = 0, .vocab = 32000, .layers = 32, .top_k = 2,
@@ -202,6 +257,9 @@ static int load_shapes(const options *o, shapes *s) {
         snprintf(s->model, sizeof s->model, "%s (%.60s)", g.model_type, o->model_config);
         if (s->heads % s->kv_heads) s->kv_heads = s->heads;
     }
+    for (int32_t i = 0; i < LAYER_MATS; i++) s->layer_dtype[i] = s->dtype;
+    s->head_dtype = s->dtype;
+    if (o->model_config) FMOE_FORWARD_IF_ERROR(gguf_matrix_dtypes(o->model_config, s));
     if (o->quick) { /* an eighth of the widths, so it runs in a blink */
         s->hidden = s->hidden / 8 > 64 ? s->hidden / 8 : 64;
         s->ffn = s->ffn / 8 > 64 ? s->ffn / 8 : 64;
@@ -249,7 +307,8 @@ static void fit_link(series *s) {
     s->fit.rms_rel = sqrt(se / s->n);
 }
 
-/* The non-expert matrices of a layer: q, k, v, o, router, shared expert (3). */
+/* The non-expert matrices of a layer (LAYER_MATS at most): q, k, v, o, router, shared
+ * expert (3). */
 static int32_t layer_mats(const shapes *s, int32_t *rows, int32_t *cols) {
     const int32_t q = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim, h = s->hidden;
     int32_t m = 0;
@@ -287,24 +346,34 @@ typedef struct measurements {
 } measurements;
 
 /* A series timed through a backend's table (runtime/model/backend_bench.c): "expert (fmoe
- * cpu q4_k)", what was timed with the backend and the kernels' weight format, and
- * ", activations q8" where the CPU's block kernels took 8-bit inputs; no format for the
- * ops that have none (attention, layer overhead). A format the backends have no kernel for
- * (mxfp4, f8_e4m3) is timed as bf16, and named so. */
+ * cpu q4_k)", what was timed with the backend and the kernels' weight formats (each
+ * distinct one of dtypes[0..n_dtypes), in order: "layer GEMMs (fmoe cpu q4_k/q6_k/f32)"),
+ * and ", activations q8" where the CPU's block kernels took 8-bit inputs; no format for
+ * the ops that have none (attention, layer overhead: n_dtypes 0). A format the backends
+ * have no kernel for (mxfp4, f8_e4m3) is timed as bf16, and named so. */
 static void backend_series(series *s, int32_t n, const char *what, const char *backend,
-                           int has_dtype, fmoe_dtype dtype, int32_t activations) {
-    const int own = dtype == FMOE_DTYPE_F32 || dtype == FMOE_DTYPE_F16 ||
-                    dtype == FMOE_DTYPE_BF16 || dtype == FMOE_DTYPE_Q8_0 ||
-                    dtype == FMOE_DTYPE_Q4_K || dtype == FMOE_DTYPE_Q5_K ||
-                    dtype == FMOE_DTYPE_Q6_K;
-    const int blocks = dtype == FMOE_DTYPE_Q8_0 || dtype == FMOE_DTYPE_Q4_K ||
-                       dtype == FMOE_DTYPE_Q5_K || dtype == FMOE_DTYPE_Q6_K;
+                           const fmoe_dtype *dtypes, int32_t n_dtypes, int32_t activations) {
     *s = (series){.n = n};
-    if (!has_dtype) snprintf(s->what, sizeof s->what, "%s (fmoe %s)", what, backend);
-    else
-        snprintf(s->what, sizeof s->what, "%s (fmoe %s %s%s)", what, backend,
-                 own ? fmoe_dtype_name(dtype) : "bf16",
-                 blocks && activations == FMOE_ACTIVATIONS_Q8 ? ", activations q8" : "");
+    char formats[64] = "";
+    const char *named[LAYER_MATS];
+    int32_t n_named = 0, blocks = 0;
+    for (int32_t i = 0; i < n_dtypes && n_named < LAYER_MATS; i++) {
+        const fmoe_dtype d = dtypes[i];
+        const int block = d == FMOE_DTYPE_Q8_0 || d == FMOE_DTYPE_Q4_K ||
+                          d == FMOE_DTYPE_Q5_K || d == FMOE_DTYPE_Q6_K;
+        const int own = block || d == FMOE_DTYPE_F32 || d == FMOE_DTYPE_F16 ||
+                        d == FMOE_DTYPE_BF16;
+        const char *name = own ? fmoe_dtype_name(d) : "bf16";
+        blocks |= block;
+        int seen = 0;
+        for (int32_t k = 0; k < n_named; k++) seen |= strcmp(named[k], name) == 0;
+        if (seen) continue;
+        named[n_named++] = name;
+        const size_t len = strlen(formats);
+        snprintf(formats + len, sizeof formats - len, "%s%s", len ? "/" : " ", name);
+    }
+    snprintf(s->what, sizeof s->what, "%s (fmoe %s%s%s)", what, backend, formats,
+             blocks && activations == FMOE_ACTIVATIONS_Q8 ? ", activations q8" : "");
 }
 
 /* The points every backend's compute is timed at. */
@@ -340,7 +409,7 @@ static int measure_backend(const options *o, const shapes *sh, fmoe_backend_kind
     const int32_t erows[3] = {sh->ffn, sh->ffn, sh->hidden};
     const int32_t ecols[3] = {sh->hidden, sh->hidden, sh->ffn};
     const double eflops = chain_flops(erows, ecols, 3);
-    int32_t lrows[8], lcols[8];
+    int32_t lrows[LAYER_MATS], lcols[LAYER_MATS];
     const int32_t lm = layer_mats(sh, lrows, lcols);
     const int32_t hrows[1] = {sh->vocab}, hcols[1] = {sh->hidden};
     double sec[MAXPTS];
@@ -351,11 +420,11 @@ static int measure_backend(const options *o, const shapes *sh, fmoe_backend_kind
                                      (fmoe_activations)o->activations);
     /* the experts in their own format (a GGUF's blocks), the rest in the config's dtype,
      * which is what `fmoe quantize --experts-only` leaves */
-    backend_series(expert, nt, "expert", bname, 1, sh->expert_dtype, o->activations);
-    backend_series(layer, nt, "layer GEMMs", bname, 1, sh->dtype, o->activations);
-    backend_series(attn, na, "attention", bname, 0, sh->dtype, o->activations);
-    backend_series(head, nt, "LM head", bname, 1, sh->dtype, o->activations);
-    backend_series(over, nt, "layer overhead", bname, 0, sh->dtype, o->activations);
+    backend_series(expert, nt, "expert", bname, &sh->expert_dtype, 1, o->activations);
+    backend_series(layer, nt, "layer GEMMs", bname, sh->layer_dtype, lm, o->activations);
+    backend_series(attn, na, "attention", bname, NULL, 0, o->activations);
+    backend_series(head, nt, "LM head", bname, &sh->head_dtype, 1, o->activations);
+    backend_series(over, nt, "layer overhead", bname, NULL, 0, o->activations);
     series *all[5] = {expert, layer, attn, head, over};
     for (int i = 0; rc == 0 && i < 5; i++) /* the table's own name: what was timed */
         snprintf(all[i]->ops, sizeof all[i]->ops, "%s", fmoe_backend_bench_backend(b));
@@ -365,7 +434,7 @@ static int measure_backend(const options *o, const shapes *sh, fmoe_backend_kind
         const double f = eflops * tok[i] / sec[i];
         if (f > *peak) *peak = f;
     }
-    if (rc == 0) rc = fmoe_backend_bench_chain(b, lrows, lcols, lm, sh->dtype, tok, nt, reps, sec);
+    if (rc == 0) rc = fmoe_backend_bench_chain(b, lrows, lcols, lm, sh->layer_dtype, tok, nt, reps, sec);
     for (int32_t i = 0; rc == 0 && i < nt; i++) layer->x[i] = tok[i], layer->y[i] = sec[i];
     if (rc == 0) rc = fmoe_backend_bench_attention(b, pt->atok, pt->actx, na, reps, sec);
     for (int32_t i = 0; rc == 0 && i < na; i++) {
@@ -373,7 +442,7 @@ static int measure_backend(const options *o, const shapes *sh, fmoe_backend_kind
         attn->x2[i] = pt->actx[i];
         attn->y[i] = sec[i];
     }
-    if (rc == 0) rc = fmoe_backend_bench_chain(b, hrows, hcols, 1, sh->dtype, tok, nt, reps, sec);
+    if (rc == 0) rc = fmoe_backend_bench_chain(b, hrows, hcols, 1, &sh->head_dtype, tok, nt, reps, sec);
     for (int32_t i = 0; rc == 0 && i < nt; i++) head->x[i] = tok[i], head->y[i] = sec[i];
     if (rc == 0) rc = fmoe_backend_bench_layer_overhead(b, tok, nt, reps, sec);
     for (int32_t i = 0; rc == 0 && i < nt; i++) over->x[i] = tok[i], over->y[i] = sec[i];
@@ -606,6 +675,11 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     cJSON_AddNumberToObject(model, "head_dim", sh->head_dim);
     cJSON_AddNumberToObject(model, "shared_intermediate_size", sh->shared_ffn);
     cJSON_AddNumberToObject(model, "vocab_size", sh->vocab);
+    int32_t lr[LAYER_MATS], lc[LAYER_MATS];
+    cJSON *ldt = cJSON_AddArrayToObject(model, "layer_matrix_dtypes");
+    for (int32_t i = 0; i < layer_mats(sh, lr, lc); i++)
+        cJSON_AddItemToArray(ldt, cJSON_CreateString(fmoe_dtype_name(sh->layer_dtype[i])));
+    cJSON_AddStringToObject(model, "lm_head_dtype", fmoe_dtype_name(sh->head_dtype));
     cJSON *mat = cJSON_AddObjectToObject(cal, "matcher");
     cJSON_AddNumberToObject(mat, "store_entries", MATCHER_STORE);
     cJSON_AddNumberToObject(mat, "layers", sh->layers);

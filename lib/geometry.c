@@ -225,6 +225,19 @@ int fmoe_dtype_parse(const char *name, fmoe_dtype *out) {
                           name);
 }
 
+int fmoe_dtype_of_ggml_type(uint32_t ggml_type, fmoe_dtype *out) {
+    switch (ggml_type) {
+    case FMOE_GGML_F32: *out = FMOE_DTYPE_F32; return 0;
+    case FMOE_GGML_F16: *out = FMOE_DTYPE_F16; return 0;
+    case FMOE_GGML_BF16: *out = FMOE_DTYPE_BF16; return 0;
+    case FMOE_GGML_Q8_0: *out = FMOE_DTYPE_Q8_0; return 0;
+    case FMOE_GGML_Q4_K: *out = FMOE_DTYPE_Q4_K; return 0;
+    case FMOE_GGML_Q5_K: *out = FMOE_DTYPE_Q5_K; return 0;
+    case FMOE_GGML_Q6_K: *out = FMOE_DTYPE_Q6_K; return 0;
+    default: return FMOE_EUNSUPPORTED;
+    }
+}
+
 double fmoe_dtype_bits(fmoe_dtype d) {
     switch (d) {
     case FMOE_DTYPE_F32: return 32.0;
@@ -893,16 +906,8 @@ static int geometry_from_gguf(const char *path, fmoe_model_geometry *out) {
         char name[64];
         snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", geo.moe_layer_index[0]);
         const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(g, name);
-        switch (t ? t->type : UINT32_MAX) {
-        case FMOE_GGML_F32: geo.expert_dtype = FMOE_DTYPE_F32; break;
-        case FMOE_GGML_F16: geo.expert_dtype = FMOE_DTYPE_F16; break;
-        case FMOE_GGML_BF16: geo.expert_dtype = FMOE_DTYPE_BF16; break;
-        case FMOE_GGML_Q8_0: geo.expert_dtype = FMOE_DTYPE_Q8_0; break;
-        case FMOE_GGML_Q4_K: geo.expert_dtype = FMOE_DTYPE_Q4_K; break;
-        case FMOE_GGML_Q5_K: geo.expert_dtype = FMOE_DTYPE_Q5_K; break;
-        case FMOE_GGML_Q6_K: geo.expert_dtype = FMOE_DTYPE_Q6_K; break;
-        default: break; /* absent or another type: the config's */
-        }
+        /* absent or another type: the config's */
+        if (t) (void)fmoe_dtype_of_ggml_type(t->type, &geo.expert_dtype);
     }
     *out = geo;
 done:

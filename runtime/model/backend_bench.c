@@ -380,8 +380,8 @@ static int issue_chain(fmoe_backend_bench *b, const void *arg, int32_t n, int32_
 }
 
 int fmoe_backend_bench_chain(fmoe_backend_bench *b, const int32_t *rows, const int32_t *cols,
-                             int32_t mats, fmoe_dtype dtype, const int32_t *tokens, int32_t n,
-                             int32_t reps, double *seconds) {
+                             int32_t mats, const fmoe_dtype *dtypes, const int32_t *tokens,
+                             int32_t n, int32_t reps, double *seconds) {
     FMOE_RETURN_ERROR_IF(mats < 1 || mats > 16, FMOE_EINVAL, "backend timing: %d matrices",
                          mats);
     FMOE_FORWARD_IF_ERROR(check_tokens(b, tokens, n, "products"));
@@ -396,7 +396,7 @@ int fmoe_backend_bench_chain(fmoe_backend_bench *b, const int32_t *rows, const i
     fmoe__mat w[16];
     for (int32_t i = 0; i < mats; i++) {
         void *data = NULL;
-        FMOE_FORWARD_IF_ERROR(make_matrix(rows[i], cols[i], dtype, &b->seed, &w[i], &data));
+        FMOE_FORWARD_IF_ERROR(make_matrix(rows[i], cols[i], dtypes[i], &b->seed, &w[i], &data));
         FMOE_FORWARD_IF_ERROR(own(b, data));
     }
     const int64_t B = b->sh.max_batch;

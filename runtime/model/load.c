@@ -510,17 +510,10 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         /* A GGUF file's experts are what it quantised; the trace and the simulator's
          * expert bytes follow them (fmoe_geometry_expert_bytes at expert_dtype). */
         const fmoe__mat *e = &m->expert_pool[0].gate;
-        fmoe_dtype ed = g->expert_dtype;
-        switch (e->quant) {
-        case FMOE_GGML_Q8_0: ed = FMOE_DTYPE_Q8_0; break;
-        case FMOE_GGML_Q4_K: ed = FMOE_DTYPE_Q4_K; break;
-        case FMOE_GGML_Q5_K: ed = FMOE_DTYPE_Q5_K; break;
-        case FMOE_GGML_Q6_K: ed = FMOE_DTYPE_Q6_K; break;
-        default:
-            ed = e->dtype == FMOE_ST_F32   ? FMOE_DTYPE_F32
-                 : e->dtype == FMOE_ST_F16 ? FMOE_DTYPE_F16
-                                           : FMOE_DTYPE_BF16;
-        }
+        fmoe_dtype ed = e->dtype == FMOE_ST_F32   ? FMOE_DTYPE_F32
+                        : e->dtype == FMOE_ST_F16 ? FMOE_DTYPE_F16
+                                                  : FMOE_DTYPE_BF16;
+        if (e->quant) (void)fmoe_dtype_of_ggml_type(e->quant, &ed);
         if (gguf) m->geo.expert_dtype = ed;
         if (e->quant != wq->quant || (!e->quant && e->dtype != wq->dtype))
             snprintf(types, sizeof types, "%s, experts %s", dt,

@@ -187,8 +187,9 @@ def test_cpu_gemms_are_timed_with_the_forward_passs_kernels(calibrate, tmp_path)
 
 def test_quantized_experts_are_timed_in_their_block_format(calibrate, fmoe, tmp_path):
     """A GGUF whose routed experts are Q4_K (fmoe quantize --experts-only): the expert chain
-    is timed on Q4_K blocks through the block kernels, the layer GEMMs and the LM head on
-    the config's bf16, as the live run computes them."""
+    is timed on Q4_K blocks through the block kernels, the layer GEMMs and the LM head in
+    the types the file keeps them in (bf16, the router f32), as the live run computes
+    them."""
     gguf = tmp_path / "tiny-q4k.gguf"
     fmoe("quantize", "--type", "q4_k", "--experts-only", REPO / "datasets" / "fmoe-tiny",
          "-o", gguf, "--quiet")
@@ -201,8 +202,46 @@ def test_quantized_experts_are_timed_in_their_block_format(calibrate, fmoe, tmp_
     assert act in ("f32", "q8"), act
     assert comp["expert_cpu"]["what"] == \
         "expert (fmoe cpu q4_k%s)" % (", activations q8" if act == "q8" else "")
-    assert comp["layer_gemms_cpu"]["what"] == "layer GEMMs (fmoe cpu bf16)"
+    assert comp["layer_gemms_cpu"]["what"] == "layer GEMMs (fmoe cpu bf16/f32)"
     assert comp["lm_head_cpu"]["what"] == "LM head (fmoe cpu bf16)"
+
+
+def test_a_llama_quantize_mix_is_timed_in_each_matrixs_own_type(calibrate, tmp_path):
+    """A Q4_K_M file (make_shaped_gguf.py's Mixtral shape: q4_k projections, q6_k values in
+    some layers, f32 routers, a q6_k head): the layer GEMMs are timed on each matrix's type
+    as the file stores it in most layers, and the LM head on its own type - as the live
+    pass computes them - not on the config's bf16, which costs three to four times as
+    much. The expected types come from gguf-py reading the file, not from fmoe."""
+    import collections
+    import sys
+    from gguf import GGUFReader, GGMLQuantizationType as Q
+    f = tmp_path / "mix.gguf"
+    subprocess.run([sys.executable, str(REPO / "tests" / "bench" / "make_shaped_gguf.py"),
+                    "--shape", "mixtral-8x7b", "--small", "--layers", "8", "--quiet",
+                    "-o", str(f)], check=True, timeout=300)
+    names = {Q.F32: "f32", Q.F16: "f16", Q.BF16: "bf16", Q.Q8_0: "q8_0", Q.Q4_K: "q4_k",
+             Q.Q5_K: "q5_k", Q.Q6_K: "q6_k"}
+    r = GGUFReader(str(f))
+    types = {t.name: names[Q(t.tensor_type)] for t in r.tensors}
+    layers = {int(n.split(".")[1]) for n in types if n.startswith("blk.")}
+
+    def mode(role):
+        c = collections.Counter(types[f"blk.{l}.{role}.weight"] for l in sorted(layers))
+        return c.most_common(1)[0][0]
+    expected = [mode(role) for role in
+                ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp")]
+    assert "q4_k" in expected and "f32" in expected  # a mix, not one type
+    head = types.get("output.weight", types["token_embd.weight"])
+    p = json.loads(calibrate("--quick", "--quiet", "--file-dir", tmp_path, "--link", "ram",
+                             "--model-config", f).stdout)
+    model = p["calibration"]["model"]
+    assert model["layer_matrix_dtypes"] == expected
+    assert model["lm_head_dtype"] == head
+    comp = p["calibration"]["compute"]
+    formats = "/".join(dict.fromkeys(expected))  # distinct, in order
+    act = ", activations q8" if p["calibration"]["activations"] == "q8" else ""
+    assert comp["layer_gemms_cpu"]["what"] == f"layer GEMMs (fmoe cpu {formats}{act})"
+    assert comp["lm_head_cpu"]["what"] == f"LM head (fmoe cpu {head}{act})"
 
 
 def test_compute_is_timed_through_the_backend_table_with_the_layer_overhead(calibrate, fmoe,

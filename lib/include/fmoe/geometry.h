@@ -145,6 +145,10 @@ const char *fmoe_geometry_supported_types(void);
  * ("float32", "bfloat16", ...). @return 0 or FMOE_EINVAL. */
 const char *fmoe_dtype_name(fmoe_dtype d);
 int fmoe_dtype_parse(const char *name, fmoe_dtype *out);
+/* The dtype of a GGUF tensor's ggml type number (fmoe/quant.h's fmoe_ggml_type: f32, f16,
+ * bf16, q8_0, q4_k, q5_k, q6_k). @return 0, or FMOE_EUNSUPPORTED for another type (*out
+ * untouched). */
+int fmoe_dtype_of_ggml_type(uint32_t ggml_type, fmoe_dtype *out);
 /* Storage size in bits per parameter; mxfp4 is 4.25 (4-bit values plus one 8-bit scale
  * per block of 32). 0 for an unknown dtype. */
 double fmoe_dtype_bits(fmoe_dtype d);

@@ -381,13 +381,14 @@ int fmoe_backend_bench_init(fmoe_backend_bench **out, fmoe_backend_kind backend,
 void fmoe_backend_bench_free(fmoe_backend_bench *b);
 
 /* The products x[t][cols[i]] · W_iᵀ, i < mats (at most 16), one after another, for each
- * t = tokens[p], p < n, on host weights [rows[i]][cols[i]] stored as `dtype` (f32, f16,
+ * t = tokens[p], p < n, on host weights [rows[i]][cols[i]] stored as dtypes[i] (f32, f16,
  * bf16, a block type; other formats as bf16) that the backend maps as it maps a model's
- * (a layer's projections, the LM head). cols[i] may not exceed the shape's widest matrix.
+ * (a layer's projections, the LM head): a llama-quantize mix stores a layer's projections
+ * in several types. cols[i] may not exceed the shape's widest matrix.
  * @return 0, FMOE_EINVAL, FMOE_ENOMEM, or the backend's error. */
 int fmoe_backend_bench_chain(fmoe_backend_bench *b, const int32_t *rows, const int32_t *cols,
-                             int32_t mats, fmoe_dtype dtype, const int32_t *tokens, int32_t n,
-                             int32_t reps, double *seconds);
+                             int32_t mats, const fmoe_dtype *dtypes, const int32_t *tokens,
+                             int32_t n, int32_t reps, double *seconds);
 
 /* One routed expert for tokens[p] tokens, exactly as the forward pass computes an expert
  * from a slot (fmoe__expert_run: gather, gate and up, SwiGLU, down, scatter_add, and on a
