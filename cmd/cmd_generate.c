@@ -419,13 +419,15 @@ int cmd_generate(int argc, char **argv) {
                    "\"misses\": %lld, \"host_misses\": %lld, \"prefetches\": %lld, "
                    "\"bytes_loaded\": %lld, \"awaited_bytes\": %lld, "
                    "\"awaited_bytes_decode\": %lld, \"wasted_prefetch_bytes\": %lld, "
-                   "\"stall_s\": %.6f}",
+                   "\"stall_s\": %.6f, \"io_bytes\": %lld, \"io_busy_s\": %.6f, "
+                   "\"io_bytes_decode\": %lld, \"io_busy_s_decode\": %.6f}",
                    a.off.policy ? a.off.policy : "lru", fmoe_offload_capacity(off.x),
                    (long long)os.accesses, (long long)os.hits, (long long)os.late_hits,
                    (long long)os.misses, (long long)os.host_misses, (long long)os.prefetches,
                    (long long)os.bytes_loaded, (long long)os.awaited_bytes,
                    (long long)os.awaited_bytes_decode, (long long)os.wasted_prefetch_bytes,
-                   os.stall_s);
+                   os.stall_s, (long long)os.io_bytes, os.io_busy_s,
+                   (long long)os.io_bytes_decode, os.io_busy_s_decode);
         }
         printf(", \"peak_rss_bytes\": %lld}\n", (long long)cmd_peak_rss_bytes());
     } else {

@@ -358,7 +358,7 @@ void cmd_offload_summary(const cmd_offload *o, char *buf, size_t cap) {
     snprintf(buf, cap,
              "offload %d slots: %.1f%% hits (%lld late), %lld misses, %lld prefetches, "
              "%.1f MiB loaded, %.1f MiB awaited (decode %.2f MiB per token), %.3f s stalled, "
-             "link %.2f GiB/s measured",
+             "link %.2f GiB/s measured (decode %.2f)",
              fmoe_offload_capacity(o->x), 100.0 * (double)s.hits / acc, (long long)s.late_hits,
              (long long)s.misses, (long long)s.prefetches, (double)s.bytes_loaded / (1 << 20),
              (double)s.awaited_bytes / (1 << 20),
@@ -366,5 +366,7 @@ void cmd_offload_summary(const cmd_offload *o, char *buf, size_t cap) {
                  ? (double)s.awaited_bytes_decode / (1 << 20) / (double)s.decode_iterations
                  : 0.0,
              s.stall_s,
-             s.io_busy_s > 0 ? (double)s.io_bytes / s.io_busy_s / (1 << 30) : 0.0);
+             s.io_busy_s > 0 ? (double)s.io_bytes / s.io_busy_s / (1 << 30) : 0.0,
+             s.io_busy_s_decode > 0 ? (double)s.io_bytes_decode / s.io_busy_s_decode / (1 << 30)
+                                    : 0.0);
 }

@@ -163,6 +163,8 @@ struct fmoe_offload {
     int io_error;              /* a transfer failed (detail in io_detail) */
     double io_busy_s;          /* seconds the I/O thread spent copying, in all */
     int64_t io_bytes;          /* bytes it copied */
+    double io_busy_s_decode;   /* the same for the copies started in decode iterations */
+    int64_t io_bytes_decode;
     char io_detail[256];
     int32_t *data_expert;      /* [N+1] */
     uint64_t *holds_taken;     /* [N+1] */
@@ -297,6 +299,21 @@ static void io_fail(fmoe_offload *x, int rc) {
     snprintf(x->io_detail, sizeof x->io_detail, "%s", fmoe_error_detail());
 }
 
+/* Counts the copy that just ended (x->io_copy_bytes, `took` seconds, started in an
+ * iteration of `phase`) in the engine's measure of the link, under the lock. Decode's
+ * copies are counted apart too: on the CPU a prefill's products keep every core busy and
+ * the reader threads wait for one, so the link a decode step sees can be twice the
+ * run's average. */
+static void io_account(fmoe_offload *x, double took, int32_t phase) {
+    x->io_busy_s += took;
+    x->io_bytes += x->io_copy_bytes;
+    if (phase == FMOE_PHASE_DECODE) {
+        x->io_busy_s_decode += took;
+        x->io_bytes_decode += x->io_copy_bytes;
+    }
+    x->io_copy_bytes = 0;
+}
+
 /* One unit of work under the lock; @return 0 when there is none the engine may start. */
 static int io_step(fmoe_offload *x) {
     if (x->dq_len > 0) {
@@ -307,14 +324,13 @@ static int io_step(fmoe_offload *x) {
         x->data_expert[j.slot] = -1;
         x->io_copy_bytes = job_bytes(x, j.expert, j.first, x->chunks);
         x->io_copy_t0 = clock_of(x);
+        const int32_t phase = x->phase;
         pthread_mutex_unlock(&x->mu);
         const double t = fmoe__now_s();
         const int rc = copy_pieces(x, j.slot, j.expert, j.first, x->chunks);
         const double took = fmoe__now_s() - t;
         pthread_mutex_lock(&x->mu);
-        x->io_busy_s += took;
-        x->io_bytes += x->io_copy_bytes;
-        x->io_copy_bytes = 0;
+        io_account(x, took, phase);
         if (rc < 0) io_fail(x, rc);
         else x->data_expert[j.slot] = j.expert;
         pthread_cond_broadcast(&x->exec_cv);
@@ -329,14 +345,13 @@ static int io_step(fmoe_offload *x) {
     fmoe_slots_chunk_start(x->slots, s);
     x->io_copy_bytes = job_bytes(x, e, piece, piece + 1);
     x->io_copy_t0 = clock_of(x);
+    const int32_t phase = x->phase;
     pthread_mutex_unlock(&x->mu);
     const double t = fmoe__now_s();
     const int rc = copy_pieces(x, s, e, piece, piece + 1);
     const double took = fmoe__now_s() - t;
     pthread_mutex_lock(&x->mu);
-    x->io_busy_s += took;
-    x->io_bytes += x->io_copy_bytes;
-    x->io_copy_bytes = 0;
+    io_account(x, took, phase);
     if (rc < 0) io_fail(x, rc);
     else if (fmoe_slots_chunk_landed(x->slots, s)) x->data_expert[s] = e;
     pthread_cond_broadcast(&x->exec_cv);
@@ -1145,6 +1160,8 @@ void fmoe_offload_get_stats(const fmoe_offload *x, fmoe_offload_stats *out) {
     *out = x->st;
     out->io_bytes = x->opt.sync_transfers ? 0 : x->io_bytes;
     out->io_busy_s = x->opt.sync_transfers ? 0 : x->io_busy_s;
+    out->io_bytes_decode = x->opt.sync_transfers ? 0 : x->io_bytes_decode;
+    out->io_busy_s_decode = x->opt.sync_transfers ? 0 : x->io_busy_s_decode;
     const fmoe_slots_layer_stats *ms = fmoe_slots_stats(x->slots);
     for (int32_t l = 0; l < x->L; l++) {
         out->prefetches += ms[l].prefetches;

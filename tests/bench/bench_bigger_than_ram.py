@@ -68,8 +68,9 @@ written under --work, and:
    run's own trace with its policy and slots (the gap against live TPOT), and the
    ceiling run's trace (recorded with --speculative 1) with every policy at the same slots:
    the policy it would recommend, against the fastest live; and each run's trace once more
-   with the bandwidth that run's copy engine measured (the "own link" gap: the model's
-   error with the disk's drift since the calibration taken out).
+   with the link that run's copy engine measured in its decode steps, its bytes over its
+   busy seconds (the "own link" gap: the model's error with the disk's drift since the
+   calibration, and prefill's contention for the cores, taken out).
 
 Targets, printed as met or not: decode tokens/s at least 3x llama.cpp's (mmap) and
 prefill at least 1x; live TPOT within 1.2x of the bound; peak RSS (VmHWM sampled every
@@ -535,11 +536,14 @@ class Shape:
                 dm = sim.get("per_phase", {}).get("decode", {}).get("misses")
                 if dm is not None and b.get("decode_tokens"):
                     row["decode_misses_per_token"] = dm / b["decode_tokens"]
-                if b.get("link_bytes_per_s"):
-                    # the same replay with the link this run's copy engine measured: the
-                    # model's error with the disk's drift since the calibration taken out
+                own_rate = b.get("link_decode_bytes_per_s") or b.get("link_bytes_per_s")
+                if own_rate:
+                    # the same replay with the link this run's copy engine measured in
+                    # decode (its bytes over its busy seconds, each read's latency in
+                    # them, so no alpha): the model's error with the disk's drift since
+                    # the calibration, and prefill's contention for the cores, taken out
                     own = json.loads(self.profile.read_text())
-                    own["link"]["beta_bytes_per_s"] = b["link_bytes_per_s"]
+                    own["link"] = {"alpha_s": 0, "beta_bytes_per_s": own_rate}
                     po = self.work / f"profile-own-{p}.json"
                     po.write_text(json.dumps(own))
                     row["sim_own_link"] = simulate_tpot(self.fmoe, b["trace"], po, p, n,
@@ -706,8 +710,9 @@ def report(a, results, env):
         p("(bound: the all-resident decode time plus the awaited bytes per token over the "
           "calibrated disk bandwidth; + reads' latency: plus the calibrated per-read latency "
           "for each miss of a decode token, which weighs where experts are small. gap: "
-          "simulated against live with the calibrated profile; own link: with the bandwidth "
-          "the run's own copy engine measured instead.)")
+          "simulated against live with the calibrated profile; own link: with the link "
+          "the run's own copy engine measured in decode instead, its bytes over its busy "
+          "seconds.)")
         p("")
         p("Targets:")
         p("")

@@ -75,16 +75,20 @@ OFFLOAD_LINE = re.compile(r"offload (\d+) slots: ([0-9.]+)% hits \((\d+) late\),
 def offload_summary(stderr):
     """The figures of an offloaded record/generate run's summary line on stderr: slots,
     hit_pct, late, misses, awaited_decode_bytes_per_token, link_bytes_per_s (the copy
-    engine's bytes over its busy seconds); None for what the line does not hold."""
+    engine's bytes over its busy seconds) and link_decode_bytes_per_s (the same for the
+    copies started in decode iterations); None for what the line does not hold."""
     m = OFFLOAD_LINE.search(stderr)
     md = re.search(r"decode ([0-9.]+) MiB per token", stderr)
     ml = re.search(r"link ([0-9.]+) GiB/s measured", stderr)
+    mld = re.search(r"link [0-9.]+ GiB/s measured \(decode ([0-9.]+)\)", stderr)
     return {"slots": int(m.group(1)) if m else None,
             "hit_pct": float(m.group(2)) if m else None,
             "late": int(m.group(3)) if m else None,
             "misses": int(m.group(4)) if m else None,
             "awaited_decode_bytes_per_token": float(md.group(1)) * 2**20 if md else None,
-            "link_bytes_per_s": float(ml.group(1)) * 2**30 if ml else None}
+            "link_bytes_per_s": float(ml.group(1)) * 2**30 if ml else None,
+            "link_decode_bytes_per_s": float(mld.group(1)) * 2**30
+            if mld and float(mld.group(1)) > 0 else None}
 
 
 def mean_profile(a, b, key=""):

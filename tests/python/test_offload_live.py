@@ -207,6 +207,35 @@ def test_offloaded_generation_equals_all_resident(fmoe_bin):
         assert json.loads(got.stdout)["generated_ids"] == json.loads(base.stdout)["generated_ids"]
 
 
+def test_the_link_of_decode_is_measured_apart(fmoe_bin):
+    """The summary's link: the copy engine's bytes over its busy seconds, in all and for
+    the copies started in decode steps. A run that never decodes has no decode copies
+    (0.00); one whose decode misses (3 slots of 48 experts, 24 tokens) has a positive
+    rate."""
+    import re
+    rates = {}
+    for new in (1, 24):
+        p = run(fmoe_bin, "generate", "--model", TINY, "--prompt",
+                "The dictionary type maps keys to values, and", "--max-new-tokens", new,
+                "--temperature", 0, "--policy", "lru", "--cache-experts", 3,
+                "--tier", "file")
+        m = re.search(r"link ([0-9.]+) GiB/s measured \(decode ([0-9.]+)\)", p.stderr)
+        assert m, p.stderr
+        rates[new] = float(m.group(1)), float(m.group(2))
+        # --json's counts: the decode copies are some of all the copies
+        j = json.loads(run(fmoe_bin, "generate", "--model", TINY, "--prompt",
+                           "The dictionary type maps keys to values, and", "--max-new-tokens",
+                           new, "--temperature", 0, "--policy", "lru", "--cache-experts", 3,
+                           "--tier", "file", "--json").stdout)["offload"]
+        assert 0 < j["io_bytes"] and 0 < j["io_busy_s"]
+        assert j["io_bytes"] == j["bytes_loaded"]  # lru: every copy is a miss's expert
+        assert 0 <= j["io_bytes_decode"] < j["io_bytes"]
+        assert 0 <= j["io_busy_s_decode"] < j["io_busy_s"]
+        assert (j["io_bytes_decode"] > 0) == (new > 1)
+    assert rates[1][0] > 0 and rates[1][1] == 0
+    assert rates[24][0] > 0 and rates[24][1] > 0
+
+
 def test_read_depth_needs_the_file_tier(fmoe_bin):
     """--read-depth sets the file tier's reads: without offloading, with --tier host, or
     out of [1, 64] it is a usage error on one line."""

@@ -196,9 +196,12 @@ typedef struct fmoe_offload_stats {
      * prefetch an access claimed (all, and in decode iterations) */
     int64_t awaited_bytes, awaited_bytes_decode;
     /* the copy engine's own measure of the link: bytes its I/O thread copied and the
-     * seconds it spent copying them (0 with sync transfers) */
+     * seconds it spent copying them (0 with sync transfers); _decode: of the copies it
+     * started during decode iterations */
     int64_t io_bytes;
     double io_busy_s;
+    int64_t io_bytes_decode;
+    double io_busy_s_decode;
 } fmoe_offload_stats;
 
 void fmoe_offload_get_stats(const fmoe_offload *x, fmoe_offload_stats *out);
