@@ -291,8 +291,8 @@ int cmd_serve(int argc, char **argv) {
     serve_http_set_engine(http, engine);
     if (!a.quiet) {
         cmd_backend_say(CMD, backend, a.activations); /* once the engine's sessions run on it */
-        char line[512] = "every expert resident";
-        if (off.x) cmd_offload_summary(&off, line, sizeof line);
+        char line[512];
+        cmd_offload_describe(&off, line, sizeof line); /* nothing has run: no figures */
         serve_engine_info info;
         serve_engine_get_info(engine, &info);
         fprintf(stderr,
@@ -309,6 +309,11 @@ int cmd_serve(int argc, char **argv) {
     serve_http_quiesce(http);
     err = serve_engine_stop(engine, a.grace);
     engine = NULL;
+    if (!a.quiet && off.x) { /* what the requests served made of the cache */
+        char line[512];
+        cmd_offload_summary(&off, line, sizeof line);
+        fprintf(stderr, "fmoe serve: %s\n", line);
+    }
     serve_http_wait_idle(http, 5.0); /* cut streams still send their usage and [DONE] */
     serve_http_stop(http);
     http = NULL;

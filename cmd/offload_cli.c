@@ -309,6 +309,8 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
         cmd_offload_close(cmd, out, 0);
         return cmd_fail(cmd, rc);
     }
+    out->policy = policy;
+    out->sync_transfers = a->sync_transfers;
     if ((rc = fmoe_offload_init(&out->x, m, &o)) < 0) {
         cmd_offload_close(cmd, out, 0);
         return cmd_fail(cmd, rc);
@@ -347,6 +349,15 @@ int cmd_offload_forward(cmd_offload *o, fmoe_session *s, const int32_t *tokens, 
     return fmoe_session_forward(s, tokens, n, trace, logits);
 }
 
+void cmd_offload_describe(const cmd_offload *o, char *buf, size_t cap) {
+    if (!o->x) {
+        snprintf(buf, cap, "every expert resident");
+        return;
+    }
+    snprintf(buf, cap, "offload %d slots, policy %s", fmoe_offload_capacity(o->x),
+             o->policy ? o->policy : "lru");
+}
+
 void cmd_offload_summary(const cmd_offload *o, char *buf, size_t cap) {
     if (!o->x) {
         snprintf(buf, cap, "all experts resident");
@@ -355,18 +366,27 @@ void cmd_offload_summary(const cmd_offload *o, char *buf, size_t cap) {
     fmoe_offload_stats s;
     fmoe_offload_get_stats(o->x, &s);
     const double acc = s.accesses > 0 ? (double)s.accesses : 1;
+    /* the copy engine's own measure: none with untimed copies, none without copies */
+    char link[96];
+    if (o->sync_transfers)
+        snprintf(link, sizeof link, "link not measured (--sync-transfers)");
+    else if (!(s.io_busy_s > 0))
+        snprintf(link, sizeof link, "link not measured (no copies)");
+    else
+        snprintf(link, sizeof link, "link %.2f GiB/s measured (decode %.2f)",
+                 (double)s.io_bytes / s.io_busy_s / (1 << 30),
+                 s.io_busy_s_decode > 0
+                     ? (double)s.io_bytes_decode / s.io_busy_s_decode / (1 << 30)
+                     : 0.0);
     snprintf(buf, cap,
              "offload %d slots: %.1f%% hits (%lld late), %lld misses, %lld prefetches, "
              "%.1f MiB loaded, %.1f MiB awaited (decode %.2f MiB per token), %.3f s stalled, "
-             "link %.2f GiB/s measured (decode %.2f)",
+             "%s",
              fmoe_offload_capacity(o->x), 100.0 * (double)s.hits / acc, (long long)s.late_hits,
              (long long)s.misses, (long long)s.prefetches, (double)s.bytes_loaded / (1 << 20),
              (double)s.awaited_bytes / (1 << 20),
              s.decode_iterations > 0
                  ? (double)s.awaited_bytes_decode / (1 << 20) / (double)s.decode_iterations
                  : 0.0,
-             s.stall_s,
-             s.io_busy_s > 0 ? (double)s.io_bytes / s.io_busy_s / (1 << 30) : 0.0,
-             s.io_busy_s_decode > 0 ? (double)s.io_bytes_decode / s.io_busy_s_decode / (1 << 30)
-                                    : 0.0);
+             s.stall_s, link);
 }

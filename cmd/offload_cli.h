@@ -153,6 +153,8 @@ typedef struct cmd_offload {
     fmoe_store_file *store;
     struct fmoe_predictor *predictor; /* --predictor, read for the executor (borrowed by it) */
     fmoe_decision_log *log;
+    const char *policy;        /* the policy's name (for the lines the commands print) */
+    int sync_transfers;        /* --sync-transfers: the copies are not timed */
 } cmd_offload;
 
 void cmd_offload_args_init(cmd_offload_args *a);
@@ -175,7 +177,11 @@ int cmd_offload_close(const char *cmd, cmd_offload *o, int ok);
 int cmd_offload_forward(cmd_offload *o, fmoe_session *s, const int32_t *tokens, int32_t n,
                         int32_t phase, const fmoe_forward_trace *trace, float *logits);
 
-/* One line of offload figures for a summary ("offload lru 12/48 slots: 83.1% hits, ..."). */
+/* One line of offload figures for a summary ("offload 12 slots: 83.1% hits, ...", ending
+ * in the link the copy engine measured, or why it measured none). */
 void cmd_offload_summary(const cmd_offload *o, char *buf, size_t cap);
+/* The offload as configured, for a line printed before anything ran ("offload 12 slots,
+ * policy lru"; "every expert resident"). */
+void cmd_offload_describe(const cmd_offload *o, char *buf, size_t cap);
 
 #endif

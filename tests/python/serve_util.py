@@ -10,13 +10,13 @@ from conftest import _build_dir
 
 
 class Server:
-    def __init__(self, tmp_path, *args, preexec=None):
+    def __init__(self, tmp_path, *args, preexec=None, quiet=True):
         self.port_file = tmp_path / f"port-{time.monotonic_ns()}"
         exe = _build_dir() / "cmd" / "fmoe"
         assert exe.exists(), f"{exe} not built"
         self.proc = subprocess.Popen(
-            [str(exe), "serve", "--port", "0", "--port-file", str(self.port_file), "--quiet",
-             *map(str, args)],
+            [str(exe), "serve", "--port", "0", "--port-file", str(self.port_file),
+             *(["--quiet"] if quiet else []), *map(str, args)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

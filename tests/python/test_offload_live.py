@@ -234,6 +234,12 @@ def test_the_link_of_decode_is_measured_apart(fmoe_bin):
         assert (j["io_bytes_decode"] > 0) == (new > 1)
     assert rates[1][0] > 0 and rates[1][1] == 0
     assert rates[24][0] > 0 and rates[24][1] > 0
+    # untimed copies measure nothing, and the line says so rather than "0.00 GiB/s"
+    p = run(fmoe_bin, "generate", "--model", TINY, "--prompt", "x", "--max-new-tokens", 4,
+            "--temperature", 0, "--policy", "lru", "--tier", "file", "--cache-experts", 3,
+            "--sync-transfers")
+    assert "link not measured (--sync-transfers)" in p.stderr, p.stderr
+    assert "GiB/s" not in p.stderr, p.stderr
 
 
 def test_read_depth_needs_the_file_tier(fmoe_bin):

@@ -13,6 +13,7 @@ checks the texts.
 import concurrent.futures
 import http.client
 import json
+import re
 import signal
 import socket
 import time
@@ -256,3 +257,24 @@ def test_sustained_streaming_load_no_failure_and_flat_memory(tmp_path):
         assert len(res) >= 8
         assert all(st == 200 and last == "data: [DONE]" for st, last in res), res[:3]
     assert abs(rss2 - rss1) <= 4096, (rss1, rss2)
+
+
+def test_the_ready_line_describes_the_offload_and_the_stop_line_counts_it(tmp_path):
+    """Before any request there are no figures: the ready line says how the cache is set
+    up (slots, policy), not an all-zero summary; the counts of what the requests made of
+    it come when the server stops."""
+    s = Server(tmp_path, "--parallel", 1, "--cache-experts", 6, "--policy", "lfu",
+               "--tier", "file", quiet=False)
+    try:
+        assert s.complete("The dictionary type maps keys to values, and", max_tokens=8)
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err
+    ready = [x for x in err.splitlines() if "ready:" in x]
+    assert len(ready) == 1 and ready[0].endswith("offload 6 slots, policy lfu"), err
+    assert "hits" not in ready[0]
+    done = [x for x in err.splitlines() if x.startswith("fmoe serve: offload 6 slots:")]
+    assert len(done) == 1, err
+    hits, misses = re.search(r"([0-9.]+)% hits \(\d+ late\), (\d+) misses", done[0]).groups()
+    assert int(misses) > 0 and "link" in done[0]
+
