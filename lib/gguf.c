@@ -560,6 +560,33 @@ static void shard_suffix(char *buf, size_t cap, int64_t no, int64_t count) {
     snprintf(buf, cap, "-%05d-of-%05d.gguf", (int)no + 1, (int)count); /* count <= 99999 */
 }
 
+#define SHARD_SUFFIX_LEN 20 /* strlen("-00001-of-00003.gguf") */
+
+/* The number of five decimal digits at s, or -1. */
+static int32_t five_digits(const char *s) {
+    int32_t v = 0;
+    for (int k = 0; k < 5; k++) {
+        if (s[k] < '0' || s[k] > '9') return -1;
+        v = v * 10 + (s[k] - '0');
+    }
+    return v;
+}
+
+int32_t fmoe_gguf_split_path(const char *path, int32_t i, char *buf, size_t cap) {
+    const size_t len = path ? strlen(path) : 0;
+    if (len < SHARD_SUFFIX_LEN) return 0;
+    const char *sfx = path + len - SHARD_SUFFIX_LEN;
+    if (sfx[0] != '-' || memcmp(sfx + 6, "-of-", 4) != 0 || strcmp(sfx + 15, ".gguf") != 0)
+        return 0;
+    const int32_t k = five_digits(sfx + 1), n = five_digits(sfx + 10);
+    if (k < 1 || n < 2 || k > n || i < 0 || i >= n || len + 1 > cap) return 0;
+    char sfx_i[40];
+    shard_suffix(sfx_i, sizeof sfx_i, i, n); /* SHARD_SUFFIX_LEN bytes: n <= 99999 */
+    memcpy(buf, path, len - SHARD_SUFFIX_LEN);
+    memcpy(buf + len - SHARD_SUFFIX_LEN, sfx_i, SHARD_SUFFIX_LEN + 1);
+    return n;
+}
+
 /* split.no and split.count of a shard; *count 0 when the file has no split.count. */
 static int split_keys(const fmoe_gguf *g, int64_t *no, int64_t *count) {
     *no = 0;

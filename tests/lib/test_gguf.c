@@ -469,4 +469,27 @@ TEST(split_model_opens_as_one) {
     rmdir(dir);
 }
 
+TEST(split_path_names_the_shards_by_name_alone) {
+    char b[64];
+    ASSERT_EQ(fmoe_gguf_split_path("d/m-00002-of-00003.gguf", 0, b, sizeof b), 3);
+    ASSERT_STR_EQ(b, "d/m-00001-of-00003.gguf");
+    ASSERT_EQ(fmoe_gguf_split_path("d/m-00002-of-00003.gguf", 2, b, sizeof b), 3);
+    ASSERT_STR_EQ(b, "d/m-00003-of-00003.gguf");
+    ASSERT_EQ(fmoe_gguf_split_path("-00001-of-00012.gguf", 11, b, sizeof b), 12);
+    ASSERT_STR_EQ(b, "-00012-of-00012.gguf");
+    strcpy(b, "unchanged");
+    /* not a shard's name: no split, shard past the count, one shard, other digits or case */
+    static const char *const not_shards[] = {
+        "m.gguf", "m-00004-of-00003.gguf", "m-00000-of-00003.gguf", "m-00001-of-00001.gguf",
+        "m-0001-of-00003.gguf", "m-00001-of-00003.GGUF", "m-00001_of-00003.gguf",
+        "m-0000a-of-00003.gguf", "", "00001-of-00003.gguf"};
+    for (size_t i = 0; i < sizeof not_shards / sizeof not_shards[0]; i++)
+        ASSERT_EQ(fmoe_gguf_split_path(not_shards[i], 0, b, sizeof b), 0);
+    ASSERT_EQ(fmoe_gguf_split_path("m-00001-of-00003.gguf", 3, b, sizeof b), 0);
+    ASSERT_EQ(fmoe_gguf_split_path("m-00001-of-00003.gguf", -1, b, sizeof b), 0);
+    ASSERT_EQ(fmoe_gguf_split_path("m-00001-of-00003.gguf", 0, b, 21), 0); /* no room */
+    ASSERT_STR_EQ(b, "unchanged");
+    ASSERT_EQ(fmoe_gguf_split_path("m-00001-of-00003.gguf", 0, b, 22), 3);
+}
+
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }

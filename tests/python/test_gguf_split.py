@@ -9,9 +9,14 @@ written by gguf-py's GGUFWriter(split_max_tensors=...) load as the one file they
 - Bad shards, each one line and a non-zero exit: a shard deleted, a shard from a split of
   another count, another shard than the first given, shard 1 renamed, a tensor in two
   shards, a total that is not split.tensors.count.
+- No output over a shard: record -o, --decision-log, generate --dump-logits, serve
+  --port-file and --trace-out naming shard 2 or 3 (or a hard link to it) are refused with
+  exit 2 before any work, every shard unchanged byte for byte.
 """
 import json
+import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -213,3 +218,53 @@ def test_tensor_in_two_shards_and_wrong_total(fmoe_bin, split, tmp_path):
     shards[0].write_bytes(bytes(data))
     line = fails(fmoe_bin, shards[0])
     assert f"hold {total} tensors, split.tensors.count says {total + 1}" in line
+
+
+# ---- outputs over shards ------------------------------------------------------------------
+# The model is read from every shard, so no output may name one: before, only shard 1 was
+# an input, and these runs overwrote shard 2 or 3 (or the file behind a hard link to it)
+# and exited 0 (`serve` kept running on the model it had just damaged).
+
+def over_shard_cases(shards, tmp_path):
+    link = tmp_path / "another-name.gguf"
+    os.link(shards[2], link)
+    new = tmp_path / "new.h5"
+    m = ["--model", shards[0], "--tokenizer", TINY]
+    prompt = ["--prompt", "hi", "--max-new-tokens", 2, "--temperature", 0]
+    return [
+        ("record -o shard 2", ["record", *m, "--dataset", "PROMPTS", "--max-new-tokens", 2,
+                               "-o", shards[1], "--quiet"]),
+        ("record -o a hard link to shard 3", ["record", *m, "--dataset", "PROMPTS",
+                                              "--max-new-tokens", 2, "-o", link, "--quiet"]),
+        ("record --decision-log shard 3", ["record", *m, "--dataset", "PROMPTS",
+                                           "--max-new-tokens", 2, "-o", new, "--quiet",
+                                           "--policy", "lru", "--cache-experts", 6,
+                                           "--decision-log", shards[2]]),
+        ("generate --dump-logits shard 2", ["generate", *m, *prompt, "--dump-logits",
+                                            shards[1]]),
+        ("serve --port-file shard 3", ["serve", *m, "--port", 0, "--port-file", shards[2]]),
+        ("serve --trace-out shard 2", ["serve", *m, "--port", 0, "--trace-out", shards[1]]),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_no_output_over_another_shard(fmoe_bin, split, tmp_path, case):
+    shards = copy_shards(split, tmp_path)
+    what, args = over_shard_cases(shards, tmp_path)[case]
+    args = [split["prompts"] if a == "PROMPTS" else a for a in args]
+    before = [s.read_bytes() for s in shards]
+    inodes = [os.stat(s).st_ino for s in shards]
+    p = subprocess.Popen([str(fmoe_bin), *map(str, args)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # a server that started over its model
+        p.kill()
+        out, err = p.communicate()
+    after = [s.read_bytes() for s in shards]
+    assert [a == b for a, b in zip(after, before)] == [True] * len(shards), what
+    assert [os.stat(s).st_ino for s in shards] == inodes, what
+    assert p.returncode == 2, (what, p.returncode, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "output is an input" in lines[0], (what, err)
+    assert not any(s.with_name(s.name + ".partial").exists() for s in shards), what

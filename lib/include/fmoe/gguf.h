@@ -137,6 +137,14 @@ const char *fmoe_gguf_name(const fmoe_gguf *g);     /* the path or name given */
 int32_t fmoe_gguf_shard_count(const fmoe_gguf *g);
 const char *fmoe_gguf_shard_name(const fmoe_gguf *g, int32_t i);
 
+/* The shards a path names by its name alone, as fmoe_gguf_open finds them: when PATH ends in
+ * "-KKKKK-of-NNNNN.gguf" (five digits each, 1 <= K <= N, N >= 2), shard i's path (0-based,
+ * PATH with its suffix's K replaced by i + 1) into buf. For the output check (cmd/outputs.c):
+ * every shard of a split model is read when any of them is given.
+ * @return N and the path, or 0 when PATH is not a shard's name or i is not below N or the path
+ *         does not fit in cap (buf then unchanged). No file is opened. */
+int32_t fmoe_gguf_split_path(const char *path, int32_t i, char *buf, size_t cap);
+
 int64_t fmoe_gguf_kv_count(const fmoe_gguf *g);
 const fmoe_gguf_kv *fmoe_gguf_kv_at(const fmoe_gguf *g, int64_t i); /* file order; NULL past */
 const fmoe_gguf_kv *fmoe_gguf_find_kv(const fmoe_gguf *g, const char *key); /* NULL: absent */
