@@ -32,7 +32,11 @@
  * one handle: the keys are shard 1's, the tensors those of every shard in shard order, each
  * with the file and offset of its own shard. Checked at open: the path given is shard 1 by
  * its name and its split.no, every shard exists and says its own number and the same count,
- * no tensor name is in two shards, and the tensors add up to split.tensors.count.
+ * no tensor name is in two shards, and the tensors add up to split.tensors.count. What ties
+ * a shard to shard 1, so that a shard of another model is refused: the same GGUF version,
+ * the same split.tensors.count, and every key both carry of one value. Nothing else in the
+ * format does: a shard of another model of the same config, split the same way, holding
+ * tensors of the same names, types and shapes, is not told apart (llama.cpp checks less).
  *
  * Thread safety: an open handle is immutable; any number of threads may read it.
  */
@@ -115,6 +119,14 @@ int fmoe_gguf_open(const char *path, fmoe_gguf **out);
  * file only (a split model's shard is parsed as itself, its split.* keys as plain keys).
  * @return as fmoe_gguf_open. */
 int fmoe_gguf_parse(const void *bytes, uint64_t size, const char *name, fmoe_gguf **out);
+
+/* A split model's shards in memory, bytes[i] of sizes[i] bytes for shard i + 1 (borrowed, as
+ * fmoe_gguf_parse), joined and checked as fmoe_gguf_open joins the files: the split model
+ * the fuzz target feeds. `name` is shard 1's (the others are named from it when it ends in
+ * -00001-of-0000N.gguf, else "NAME (shard I)"); n must be shard 1's split.count (1 for a
+ * single file). @return as fmoe_gguf_open, FMOE_EFORMAT also for n other than split.count. */
+int fmoe_gguf_parse_split(const void *const *bytes, const uint64_t *sizes, int32_t n,
+                          const char *name, fmoe_gguf **out);
 
 /* Unmaps (when opened from a path) and frees; NULL is a no-op. */
 void fmoe_gguf_close(fmoe_gguf *g);
