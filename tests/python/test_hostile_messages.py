@@ -399,6 +399,43 @@ def test_generate_nan_weights_is_one_line(fmoe_bin, model):
     assert r.stdout.strip() == ""
 
 
+def test_safetensors_trailing_bytes_are_refused(fmoe_bin, model):
+    """A safetensors file with 10 GB after its last tensor's data (sparse: nothing written)
+    was accepted, mapped whole; the format allows no byte there. No address-space limit
+    here: the old binary mapped the 10 GB and ran."""
+    st = model / "model.safetensors"
+    end = st.stat().st_size
+    os.truncate(st, end + (10 << 30))
+    r = run(fmoe_bin, "generate", "--model", model, "--prompt", "hi", "--max-new-tokens", "2",
+            timeout=120, preexec=None)
+    one_line(r, 1, f"{st}: {10 << 30} bytes after the last tensor's data, from byte {end}")
+    assert r.stdout.strip() == ""
+
+
+def test_tokenizer_json_trailing_bytes_are_refused(fmoe_bin, model):
+    """tokenizer.json followed by 500 MB of NUL bytes (sparse) was read whole (683 MB of
+    RSS) and accepted: cJSON stopped at the object's end. Now its end is looked at first:
+    one line naming the file and the byte, and the file is not read."""
+    tj = model / "tokenizer.json"
+    end = tj.stat().st_size
+    os.truncate(tj, end + 500_000_000)
+    size = end + 500_000_000
+    p = subprocess.Popen([str(fmoe_bin), "tokenize", "--tokenizer", str(model), "--text", "hi"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_limit_memory)
+    out, err = p.stdout.read(), p.stderr.read()  # small: read to the end, then reap
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    one_line(r, 1, f"{tj}: its last byte that is not whitespace, byte {size - 1} of {size}, "
+                   "is 0x00")
+    assert usage.ru_maxrss * 1024 < 200 << 20, f"peak RSS {usage.ru_maxrss} KiB"
+    # and junk that itself ends in '}' is refused where it starts, after the whole read
+    tj.write_bytes(tj.read_bytes()[:end] + b"\n{}")
+    r = run(fmoe_bin, "tokenize", "--tokenizer", model, "--text", "hi")
+    one_line(r, 1, f"{tj}: bytes after the JSON value, from byte {end + 1}")
+
+
 # --------------------------------------------------------------------------- garbage: datasets
 
 def test_malformed_json_dataset_is_refused(fmoe_bin, tmp_path):
