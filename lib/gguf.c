@@ -353,8 +353,21 @@ static void free_contents(fmoe_gguf *g) {
 static int parse(fmoe_gguf *g) {
     cursor c = {.p = g->bytes, .size = g->size, .pos = 0, .name = g->path};
     const char *name = g->path;
-    FMOE_RETURN_ERROR_IF(g->size < 4 || memcmp(g->bytes, GGUF_MAGIC, 4) != 0, FMOE_EFORMAT,
-                         "%s: offset 0: not a GGUF file (no GGUF magic)", name);
+    FMOE_RETURN_ERROR_IF(g->size < 4, FMOE_EFORMAT,
+                         "%s: offset 0: not a GGUF file: %llu bytes, shorter than the magic "
+                         "\"GGUF\"",
+                         name, (unsigned long long)g->size);
+    if (memcmp(g->bytes, GGUF_MAGIC, 4) != 0) {
+        char shown[5];
+        for (int i = 0; i < 4; i++)
+            shown[i] = g->bytes[i] > 0x20 && g->bytes[i] < 0x7f && g->bytes[i] != '"'
+                           ? (char)g->bytes[i] : '.';
+        shown[4] = '\0';
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: offset 0: not a GGUF file: magic %02x %02x %02x %02x "
+                              "(\"%s\"), expected 47 47 55 46 (\"GGUF\")",
+                              name, g->bytes[0], g->bytes[1], g->bytes[2], g->bytes[3], shown);
+    }
     c.pos = 4;
     FMOE_FORWARD_IF_ERROR(read_u32(&c, &g->version, "the version"));
     if (g->version > 0xffff && (g->version & 0xffff) == 0)

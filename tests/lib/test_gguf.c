@@ -192,11 +192,15 @@ TEST(unsupported_type_refused_at_get) {
 TEST(bad_magic_and_versions) {
     buf b;
     good_file(&b);
-    b.b[0] = 'X';
-    expect_fail(harness_failed, &b, FMOE_EFORMAT, "offset 0: not a GGUF file");
+    b.b[3] = 'X';
+    expect_fail(harness_failed, &b, FMOE_EFORMAT,
+                "offset 0: not a GGUF file: magic 47 47 55 58 (\"GGUX\"), expected 47 47 55 46");
+    b.b[0] = 0, b.b[1] = '"';
+    expect_fail(harness_failed, &b, FMOE_EFORMAT, "magic 00 22 55 58 (\"..UX\")");
     good_file(&b);
     b.n = 3;
-    expect_fail(harness_failed, &b, FMOE_EFORMAT, "not a GGUF file");
+    expect_fail(harness_failed, &b, FMOE_EFORMAT,
+                "offset 0: not a GGUF file: 3 bytes, shorter than the magic");
     good_file(&b);
     b.b[4] = 1;
     expect_fail(harness_failed, &b, FMOE_EUNSUPPORTED, "offset 4: GGUF version 1");

@@ -280,6 +280,35 @@ def test_forged_string_heap_object_is_refused(fmoe, fmoe_bin, tmp_path):
     one_line(r, 1, str(t), "attribute 'format'", "damaged string")
 
 
+# ------------------------------------------------------------------ messages: fmoe inspect
+
+GGUF_HEAD = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)  # a whole GGUF file: no keys, no tensors
+
+
+@pytest.mark.parametrize("name,data,says", [
+    # a bad GGUF magic said "not an HDF5 file (no HDF5 signature)"
+    ("bad-magic.gguf", b"GGUX" + GGUF_HEAD[4:],
+     "offset 0: not a GGUF file: magic 47 47 55 58 (\"GGUX\"), expected 47 47 55 46"),
+    ("bad-magic.bin", b"GGUX" + GGUF_HEAD[4:], "offset 0: not a GGUF file: magic 47 47 55 58"),
+    ("lower.bin", b"gguf" + GGUF_HEAD[4:],
+     "offset 0: not a GGUF file: magic 67 67 75 66 (\"gguf\")"),
+    ("zeros.gguf", bytes(24), "offset 0: not a GGUF file: magic 00 00 00 00 (\"....\")"),
+    ("short.gguf", b"GG", "offset 0: not a GGUF file: 2 bytes, shorter than the magic"),
+    ("model.safetensors", struct.pack("<Q", 2) + b"{}", "a safetensors file (a 2-byte JSON "
+     "header), not a GGUF or HDF5 file; fmoe inspect reads GGUF files and fmoe's HDF5"),
+    ("archive.zip", b"PK\x03\x04" + bytes(20), "not a GGUF file (magic \"GGUF\") nor an HDF5 "
+     "file (no HDF5 signature): it starts with 50 4b 03 04 00 00 00 00 (\"PK......\")"),
+    ("empty.h5", b"", "an empty file; fmoe inspect reads GGUF files"),
+])
+def test_inspect_names_what_a_file_is(fmoe_bin, tmp_path, name, data, says):
+    f = tmp_path / name
+    f.write_bytes(data)
+    line = one_line(run(fmoe_bin, "inspect", f, timeout=30), 1, f"{f}: {says}")
+    assert "HDF5 file (no HDF5 signature), expected" not in line
+    (tmp_path / "ok.gguf").write_bytes(GGUF_HEAD)  # and the magic itself is read as GGUF
+    assert run(fmoe_bin, "inspect", tmp_path / "ok.gguf", timeout=30).returncode == 0
+
+
 # ------------------------------------------------------------------- messages, garbage: import
 
 def test_import_probability_error_names_input_and_line(fmoe_bin, tmp_path):
