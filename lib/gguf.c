@@ -630,9 +630,9 @@ static int kv_equal(const fmoe_gguf_kv *a, const fmoe_gguf_kv *b) {
  * split.no and split.count; then what ties it to shard 1, since nothing else in the format
  * does (llama.cpp checks split.no alone): the same GGUF version, split.tensors.count, and
  * every key the two both carry of one value (writers copy into later shards, if anything,
- * the keys of shard 1). A shard of another model of this config, split the same way, passes
- * as long as its total differs: one that agrees on all of these is not told apart
- * (docs/quantization.md). */
+ * the keys of shard 1). A shard of another model is refused when any of these differs; one
+ * of the same config, split the same way, that agrees on all of them (the same tensors,
+ * other weights) is not told apart (docs/quantization.md). */
 static int check_shard(const fmoe_gguf *g, const fmoe_gguf *s, int64_t i, int64_t count,
                        int64_t total) {
     int64_t sno = 0, scount = 0;
