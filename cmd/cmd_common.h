@@ -96,8 +96,8 @@ int cmd_serve(int argc, char **argv);
 int cmd_train_predictor(int argc, char **argv);
 int cmd_quantize(int argc, char **argv); /* cmd/cmd_quantize.c */
 extern const cmd_spec cmd_quantize_spec;
-/* `fmoe inspect` of a GGUF file (cmd/inspect_gguf.c); cmd_is_gguf: FILE starts "GGUF". */
-int cmd_is_gguf(const char *path);
+/* `fmoe inspect` of a GGUF file (cmd/inspect_gguf.c; cmd_inspect.c tells it by its magic
+ * or its name). */
 int cmd_inspect_gguf(const char *path, int json);
 extern const cmd_spec cmd_train_predictor_spec;
 extern const cmd_spec cmd_inspect_spec, cmd_trace_spec, cmd_trace_import_spec, cmd_demo_spec,

@@ -1,21 +1,28 @@
 /*
  * cmd_inspect.c - `fmoe inspect FILE [--json]`: summarise any fmoe file.
  *
- * A GGUF file goes to cmd/inspect_gguf.c. For a trace: model and geometry, requests, tokens by phase, probabilities kind,
- * per-layer expert popularity, and the predictability analysis of the fMoE paper
- * ("fMoE: Fine-Grained Expert Offloading for Large Mixture-of-Experts Serving") §2.4
- * (Fig. 3b/3c): mean Shannon entropy per layer of expert activations at request level
- * (coarse) versus iteration level (fine).
+ * What a file is comes from its first bytes (inspect_sniff): a GGUF file, or one meant to
+ * be (a .gguf name, a magic one byte off), goes to cmd/inspect_gguf.c, whose reader names a
+ * bad magic; a file with HDF5's signature to the readers below; anything else is one line
+ * naming its first bytes (a safetensors file by name). For a trace: model and geometry,
+ * requests, tokens by phase, probabilities kind, per-layer expert popularity, and the
+ * predictability analysis of the fMoE paper ("fMoE: Fine-Grained Expert Offloading for
+ * Large Mixture-of-Experts Serving") §2.4 (Fig. 3b/3c): mean Shannon entropy per layer of
+ * expert activations at request level (coarse) versus iteration level (fine).
  */
 #include <cjson/cJSON.h>
 #include <stddef.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cmd_common.h"
 #include "fmoe/analysis.h"
 #include "fmoe/error.h"
+#include "files.h"
 #include "fmoe/predictor.h"
 #include "fmoe/trace.h"
 
@@ -388,6 +395,95 @@ static int inspect_predictor(const char *path, int json) {
     return CMD_EXIT_OK;
 }
 
+/* ---- what a file is, from its first bytes ---------------------------------------- */
+
+typedef enum inspect_kind {
+    INSPECT_OPEN_FAILS, /* not opened here: the HDF5 reader names why (missing, a FIFO, ...) */
+    INSPECT_GGUF,       /* the GGUF magic, or a file that means to be one (a .gguf name) */
+    INSPECT_HDF5,       /* HDF5's signature at 0 or a user block's end (512, 1024, ...) */
+    INSPECT_OTHER,      /* anything else: named by its first bytes */
+} inspect_kind;
+
+static int ends_with_ci(const char *s, const char *suffix) {
+    const size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcasecmp(s + n - k, suffix) == 0;
+}
+
+/* What PATH is, by its first bytes (head, up to 16 of them, *nhead) and its name. Before,
+ * anything without the GGUF magic went to the HDF5 reader, so a GGUF file with a damaged
+ * magic was "not an HDF5 file". */
+static inspect_kind inspect_sniff(const char *path, unsigned char head[16], size_t *nhead,
+                                  long long *size) {
+    static const unsigned char hdf5[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    *nhead = 0;
+    const int fd = fmoe__open_regular(path); /* lib/files.h: a FIFO must not block */
+    if (fd < 0) {
+        fmoe_error_clear();
+        return INSPECT_OPEN_FAILS;
+    }
+    struct stat st;
+    inspect_kind kind = INSPECT_OTHER;
+    if (fstat(fd, &st) != 0) {
+        kind = INSPECT_OPEN_FAILS;
+        goto done;
+    }
+    *size = (long long)st.st_size;
+    *nhead = (size_t)(*size < 16 ? *size : 16);
+    if (fmoe__pread_all(fd, head, *nhead, 0) != 0) {
+        kind = INSPECT_OPEN_FAILS;
+        goto done;
+    }
+    if (*nhead >= 4 && memcmp(head, "GGUF", 4) == 0) {
+        kind = INSPECT_GGUF;
+        goto done;
+    }
+    /* where libhdf5 looks for its signature (H5FD_locate_signature) */
+    for (long long at = 0; at + 8 <= *size; at = at ? 2 * at : 512) {
+        unsigned char sig[8];
+        if (fmoe__pread_all(fd, sig, 8, at) != 0) break;
+        if (memcmp(sig, hdf5, 8) == 0) {
+            kind = INSPECT_HDF5;
+            goto done;
+        }
+    }
+    /* a file meant to be GGUF: a .gguf name, or a magic one byte off or in another case
+     * (the GGUF reader's line then names the magic it found) */
+    int off = 0;
+    for (size_t i = 0; i < 4 && i < *nhead; i++) off += head[i] != (unsigned char)"GGUF"[i];
+    if ((*nhead >= 4 && (off <= 1 || strncasecmp((const char *)head, "GGUF", 4) == 0)) ||
+        ends_with_ci(path, ".gguf"))
+        kind = INSPECT_GGUF;
+done:
+    close(fd);
+    return kind;
+}
+
+/* The one line for a file fmoe inspect does not read: what it looks like, and its first
+ * bytes. */
+static int inspect_other(const char *path, const unsigned char *head, size_t nhead,
+                         long long size) {
+    static const char reads[] = "fmoe inspect reads GGUF files and fmoe's HDF5 traces, "
+                                "stores and predictors";
+    if (size == 0) return cmd_failf(CMD, "%s: an empty file; %s", path, reads);
+    uint64_t hlen = 0;
+    for (int i = 7; nhead >= 9 && i >= 0; i--) hlen = hlen << 8 | head[i];
+    if (nhead >= 9 && head[8] == '{' && hlen >= 2 && hlen <= (uint64_t)size - 8)
+        return cmd_failf(CMD, "%s: a safetensors file (a %llu-byte JSON header), not a GGUF "
+                              "or HDF5 file; %s",
+                         path, (unsigned long long)hlen, reads);
+    char hex[3 * 8 + 1] = "", text[8 + 1] = "";
+    const size_t n = nhead < 8 ? nhead : 8;
+    int len = 0;
+    for (size_t i = 0; i < n; i++) {
+        len += snprintf(hex + len, sizeof hex - (size_t)len, "%s%02x", i ? " " : "", head[i]);
+        text[i] = head[i] > 0x20 && head[i] < 0x7f && head[i] != '"' ? (char)head[i] : '.';
+        text[i + 1] = '\0';
+    }
+    return cmd_failf(CMD, "%s: not a GGUF file (magic \"GGUF\") nor an HDF5 file (no HDF5 "
+                          "signature): it starts with %s (\"%s\"); %s",
+                     path, hex, text, reads);
+}
+
 int cmd_inspect(int argc, char **argv) {
     inspect_opts o = {0};
     int npos = 0;
@@ -403,7 +499,12 @@ int cmd_inspect(int argc, char **argv) {
     }
     if (npos != 1) return cmd_usage_error(CMD, "expected exactly one FILE");
     const char *path = argv[1];
-    if (cmd_is_gguf(path)) return cmd_inspect_gguf(path, json);
+    unsigned char head[16];
+    size_t nhead = 0;
+    long long size = 0;
+    const inspect_kind kind = inspect_sniff(path, head, &nhead, &size);
+    if (kind == INSPECT_GGUF) return cmd_inspect_gguf(path, json); /* its reader says why not */
+    if (kind == INSPECT_OTHER) return inspect_other(path, head, nhead, size);
     char format[64];
     int rc = fmoe_hdf5_read_format(path, format, sizeof format);
     if (rc < 0) return cmd_fail(CMD, rc);

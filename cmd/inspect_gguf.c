@@ -19,15 +19,6 @@
 
 static const char *const CMD = "inspect";
 
-int cmd_is_gguf(const char *path) {
-    const int fd = fmoe__open_regular(path); /* lib/files.h: a FIFO must not block */
-    if (fd < 0) return 0;
-    char magic[4] = {0};
-    const int ok = fmoe__pread_all(fd, magic, 4, 0) == 0 && memcmp(magic, "GGUF", 4) == 0;
-    close(fd);
-    return ok;
-}
-
 int cmd_inspect_gguf(const char *path, int json) {
     fmoe_gguf *g;
     int rc = fmoe_gguf_open(path, &g);

@@ -13,6 +13,7 @@
 
 #include "cmd_common.h"
 #include "fmoe/error.h"
+#include "fmoe/gguf.h"
 #include "files.h"
 #include "paths.h"
 
@@ -20,9 +21,9 @@ static int same_file(const struct stat *a, const struct stat *b) {
     return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
-/* 1 when `out` is the file `input` or, for a directory input, a file directly in it; an
- * input that names no file but is a pattern (simulate --trace 'runs/run*.h5') stands for each
- * file it matches. */
+/* 1 when `out` is the file `input` (for a shard of a split GGUF model, any of its shards)
+ * or, for a directory input, a file directly in it; an input that names no file but is a
+ * pattern (simulate --trace 'runs/run*.h5') stands for each file it matches. */
 static int is_input(const struct stat *out, const char *input) {
     struct stat in;
     if (stat(input, &in) != 0) {
@@ -35,7 +36,16 @@ static int is_input(const struct stat *out, const char *input) {
         return found;
     }
     if (same_file(out, &in)) return 1;
-    if (!S_ISDIR(in.st_mode)) return 0;
+    if (!S_ISDIR(in.st_mode)) {
+        /* a shard of a split GGUF model (PREFIX-00001-of-00003.gguf): the model is read
+         * from every shard, which fmoe_gguf_open finds by this name */
+        char shard[PATH_MAX];
+        for (int32_t i = 0, n = 1; i < n; i++) {
+            n = fmoe_gguf_split_path(input, i, shard, sizeof shard);
+            if (n > 0 && stat(shard, &in) == 0 && same_file(out, &in)) return 1;
+        }
+        return 0;
+    }
     DIR *d = opendir(input);
     if (!d) return 0;
     int found = 0;

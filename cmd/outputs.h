@@ -11,8 +11,10 @@
 
 /* Checks one OUTPUT against INPUTS. OUTPUT is refused when it is one of INPUTS (the same
  * device and inode, so a hard link or another path to the file counts; an input that is a
- * directory, such as a model directory, stands for every file directly in it, and a
- * pattern naming no file for each file it matches, as simulate --trace expands it), when
+ * directory, such as a model directory, stands for every file directly in it, a shard of a
+ * split GGUF model for every shard of it (fmoe_gguf_split_path: the names fmoe_gguf_open
+ * reads), and a pattern naming no file for each file it matches, as simulate --trace expands
+ * it), when
  * OUTPUT.partial is one of them (the writer replaces its partial), and when OUTPUT exists
  * and is not a regular file (a directory, /dev/null). NULL entries of INPUTS are skipped;
  * "-" (standard output) is never refused. Prints one line, "fmoe CMD: output is an input

@@ -353,8 +353,21 @@ static void free_contents(fmoe_gguf *g) {
 static int parse(fmoe_gguf *g) {
     cursor c = {.p = g->bytes, .size = g->size, .pos = 0, .name = g->path};
     const char *name = g->path;
-    FMOE_RETURN_ERROR_IF(g->size < 4 || memcmp(g->bytes, GGUF_MAGIC, 4) != 0, FMOE_EFORMAT,
-                         "%s: offset 0: not a GGUF file (no GGUF magic)", name);
+    FMOE_RETURN_ERROR_IF(g->size < 4, FMOE_EFORMAT,
+                         "%s: offset 0: not a GGUF file: %llu bytes, shorter than the magic "
+                         "\"GGUF\"",
+                         name, (unsigned long long)g->size);
+    if (memcmp(g->bytes, GGUF_MAGIC, 4) != 0) {
+        char shown[5];
+        for (int i = 0; i < 4; i++)
+            shown[i] = g->bytes[i] > 0x20 && g->bytes[i] < 0x7f && g->bytes[i] != '"'
+                           ? (char)g->bytes[i] : '.';
+        shown[4] = '\0';
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: offset 0: not a GGUF file: magic %02x %02x %02x %02x "
+                              "(\"%s\"), expected 47 47 55 46 (\"GGUF\")",
+                              name, g->bytes[0], g->bytes[1], g->bytes[2], g->bytes[3], shown);
+    }
     c.pos = 4;
     FMOE_FORWARD_IF_ERROR(read_u32(&c, &g->version, "the version"));
     if (g->version > 0xffff && (g->version & 0xffff) == 0)
@@ -560,6 +573,33 @@ static void shard_suffix(char *buf, size_t cap, int64_t no, int64_t count) {
     snprintf(buf, cap, "-%05d-of-%05d.gguf", (int)no + 1, (int)count); /* count <= 99999 */
 }
 
+#define SHARD_SUFFIX_LEN 20 /* strlen("-00001-of-00003.gguf") */
+
+/* The number of five decimal digits at s, or -1. */
+static int32_t five_digits(const char *s) {
+    int32_t v = 0;
+    for (int k = 0; k < 5; k++) {
+        if (s[k] < '0' || s[k] > '9') return -1;
+        v = v * 10 + (s[k] - '0');
+    }
+    return v;
+}
+
+int32_t fmoe_gguf_split_path(const char *path, int32_t i, char *buf, size_t cap) {
+    const size_t len = path ? strlen(path) : 0;
+    if (len < SHARD_SUFFIX_LEN) return 0;
+    const char *sfx = path + len - SHARD_SUFFIX_LEN;
+    if (sfx[0] != '-' || memcmp(sfx + 6, "-of-", 4) != 0 || strcmp(sfx + 15, ".gguf") != 0)
+        return 0;
+    const int32_t k = five_digits(sfx + 1), n = five_digits(sfx + 10);
+    if (k < 1 || n < 2 || k > n || i < 0 || i >= n || len + 1 > cap) return 0;
+    char sfx_i[40];
+    shard_suffix(sfx_i, sizeof sfx_i, i, n); /* SHARD_SUFFIX_LEN bytes: n <= 99999 */
+    memcpy(buf, path, len - SHARD_SUFFIX_LEN);
+    memcpy(buf + len - SHARD_SUFFIX_LEN, sfx_i, SHARD_SUFFIX_LEN + 1);
+    return n;
+}
+
 /* split.no and split.count of a shard; *count 0 when the file has no split.count. */
 static int split_keys(const fmoe_gguf *g, int64_t *no, int64_t *count) {
     *no = 0;
@@ -573,77 +613,77 @@ static int split_keys(const fmoe_gguf *g, int64_t *no, int64_t *count) {
     return 0;
 }
 
-/* Opens shards 2..N of the split model whose shard 1 is g and moves their tensors into g. */
-static int open_shards(fmoe_gguf *g) {
-    int64_t no = 0, count = 0;
-    FMOE_FORWARD_IF_ERROR(split_keys(g, &no, &count));
-    if (count <= 1) return 0; /* a single file, or a "split" of one shard: nothing to join */
-    char want[40];
-    shard_suffix(want, sizeof want, no, count);
-    const size_t len = strlen(g->path), wl = strlen(want);
-    const int named = len > wl && strcmp(g->path + len - wl, want) == 0;
-    if (no != 0) {
-        /* llama.cpp, too, loads a split model from its first shard. */
-        char first[40];
-        shard_suffix(first, sizeof first, 0, count);
-        return fmoe_error_set(FMOE_EFORMAT,
-                              "%s: shard %lld of %lld of a split model; give the first shard, "
-                              "%.*s%s",
-                              g->path, (long long)no + 1, (long long)count,
-                              named ? (int)(len - wl) : 6, named ? g->path : "PREFIX", first);
+/* 1 when two keys hold the same value: type, element type, count and bytes (strings by
+ * their content). */
+static int kv_equal(const fmoe_gguf_kv *a, const fmoe_gguf_kv *b) {
+    if (a->type != b->type || a->elem != b->elem || a->count != b->count) return 0;
+    if (a->elem != FMOE_GGUF_STRING)
+        return memcmp(a->data, b->data, (size_t)a->count * (size_t)value_size(a->elem)) == 0;
+    for (uint64_t i = 0; i < a->count; i++)
+        if (a->strs[i].len != b->strs[i].len ||
+            memcmp(a->strs[i].ptr, b->strs[i].ptr, (size_t)a->strs[i].len) != 0)
+            return 0;
+    return 1;
+}
+
+/* Checks that shard s (0-based no `i`) belongs to the split model whose shard 1 is g: its
+ * split.no and split.count; then what ties it to shard 1, since nothing else in the format
+ * does (llama.cpp checks split.no alone): the same GGUF version, split.tensors.count, and
+ * every key the two both carry of one value (writers copy into later shards, if anything,
+ * the keys of shard 1). A shard of another model is refused when any of these differs; one
+ * of the same config, split the same way, that agrees on all of them (the same tensors,
+ * other weights) is not told apart (docs/quantization.md). */
+static int check_shard(const fmoe_gguf *g, const fmoe_gguf *s, int64_t i, int64_t count,
+                       int64_t total) {
+    int64_t sno = 0, scount = 0;
+    FMOE_FORWARD_IF_ERROR(split_keys(s, &sno, &scount));
+    FMOE_RETURN_ERROR_IF(sno != i || scount != count, FMOE_EFORMAT,
+                         "%s: says it is shard %lld of %lld, expected shard %lld of %lld "
+                         "(the split model %s)",
+                         s->path, (long long)sno + 1, (long long)scount, (long long)i + 1,
+                         (long long)count, g->path);
+    FMOE_RETURN_ERROR_IF(s->version != g->version, FMOE_EFORMAT,
+                         "%s: offset 4: GGUF version %u, but shard 1 (%s) is version %u: a "
+                         "shard of another model",
+                         s->path, s->version, g->path, g->version);
+    const fmoe_gguf_kv *tc = fmoe_gguf_find_kv(s, "split.tensors.count");
+    int64_t stotal = 0;
+    FMOE_RETURN_ERROR_IF(!tc, FMOE_EFORMAT,
+                         "%s: no key split.tensors.count, which every shard of a split model "
+                         "carries (the split model %s)",
+                         s->path, g->path);
+    FMOE_FORWARD_IF_ERROR(fmoe_gguf_get_int(s, "split.tensors.count", &stotal));
+    FMOE_RETURN_ERROR_IF(stotal != total, FMOE_EFORMAT,
+                         "%s: offset %llu: split.tensors.count is %lld, but shard 1 (%s) says "
+                         "%lld: a shard of another model",
+                         s->path, (unsigned long long)tc->offset, (long long)stotal, g->path,
+                         (long long)total);
+    for (int64_t k = 0; k < s->n_kv; k++) {
+        const fmoe_gguf_kv *kv = &s->kvs[k];
+        if (strcmp(kv->key, "split.no") == 0) continue;
+        const fmoe_gguf_kv *first = fmoe_gguf_find_kv(g, kv->key);
+        FMOE_RETURN_ERROR_IF(first && !kv_equal(first, kv), FMOE_EFORMAT,
+                             "%s: offset %llu: key %s differs from shard 1's (%s, offset %llu): "
+                             "a shard of another model",
+                             s->path, (unsigned long long)kv->offset, kv->key, g->path,
+                             (unsigned long long)first->offset);
     }
-    FMOE_RETURN_ERROR_IF(!named, FMOE_EFORMAT,
-                         "%s: shard 1 of %lld of a split model, but its name does not end in "
-                         "%s, so the other shards cannot be found",
-                         g->path, (long long)count, want);
-    int64_t total = 0;
-    FMOE_FORWARD_IF_ERROR(fmoe_gguf_get_int(g, "split.tensors.count", &total));
-    g->shards = calloc((size_t)count - 1, sizeof *g->shards);
-    char *path = malloc(len + 1);
-    int rc = 0;
-    if (!g->shards || !path) {
-        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", g->path);
-        goto done;
-    }
-    g->n_shards = (int32_t)count;
+    return 0;
+}
+
+/* Joins g's shards 2..N, opened into g->shards (g->n_shards set) and each checked against
+ * shard 1 (check_shard): the tensors summed against split.tensors.count, then moved into g
+ * and no name allowed in two shards. */
+static int join_shards(fmoe_gguf *g, int64_t total) {
+    const int64_t count = g->n_shards;
     int64_t n = g->n_tensors;
-    for (int64_t i = 1; i < count; i++) {
-        memcpy(path, g->path, len - wl);
-        shard_suffix(path + len - wl, wl + 1, i, count);
-        struct stat sb;
-        if (stat(path, &sb) != 0) {
-            rc = fmoe_error_set(FMOE_EIO, "%s: shard %lld of %lld is missing: %s: %s", g->path,
-                                (long long)i + 1, (long long)count, path, strerror(errno));
-            goto done;
-        }
-        rc = open_one(path, &g->shards[i - 1]);
-        if (rc < 0) goto done;
-        const fmoe_gguf *s = g->shards[i - 1];
-        int64_t sno = 0, scount = 0;
-        rc = split_keys(s, &sno, &scount);
-        if (rc < 0) goto done;
-        if (sno != i || scount != count) {
-            rc = fmoe_error_set(FMOE_EFORMAT,
-                                "%s: says it is shard %lld of %lld, expected shard %lld of %lld "
-                                "(the split model %s)",
-                                path, (long long)sno + 1, (long long)scount, (long long)i + 1,
-                                (long long)count, g->path);
-            goto done;
-        }
-        n += s->n_tensors;
-    }
-    if (n != total) {
-        rc = fmoe_error_set(FMOE_EFORMAT,
-                            "%s: the %lld shards hold %lld tensors, split.tensors.count says %lld",
-                            g->path, (long long)count, (long long)n, (long long)total);
-        goto done;
-    }
+    for (int64_t i = 1; i < count; i++) n += g->shards[i - 1]->n_tensors;
+    FMOE_RETURN_ERROR_IF(n != total, FMOE_EFORMAT,
+                         "%s: the %lld shards hold %lld tensors, split.tensors.count says %lld",
+                         g->path, (long long)count, (long long)n, (long long)total);
     /* One tensor array: shard 1's, then each shard's, their names moved here. */
     fmoe_gguf_tensor *all = realloc(g->tensors, (size_t)(n ? n : 1) * sizeof *all);
-    if (!all) {
-        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", g->path);
-        goto done;
-    }
+    FMOE_RETURN_ERROR_IF(!all, FMOE_ENOMEM, "%s: out of memory", g->path);
     g->tensors = all;
     for (int32_t k = 0; k < g->n_shards - 1; k++) {
         fmoe_gguf *s = g->shards[k];
@@ -655,24 +695,80 @@ static int open_shards(fmoe_gguf *g) {
         }
     }
     int64_t *idx = realloc(g->tensor_by_name, (size_t)(n ? n : 1) * sizeof *idx);
-    int64_t *tmp = calloc((size_t)(n ? n : 1), sizeof *tmp);
     if (idx) g->tensor_by_name = idx;
+    int64_t *tmp = calloc((size_t)(n ? n : 1), sizeof *tmp);
     if (!idx || !tmp) {
         free(tmp);
-        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", g->path);
-        goto done;
+        return fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", g->path);
     }
     for (int64_t i = 0; i < n; i++) idx[i] = i;
     sort_index(g, idx, tmp, n, by_name);
     free(tmp);
     for (int64_t i = 1; i < n; i++) {
         const fmoe_gguf_tensor *a = &all[idx[i - 1]], *b = &all[idx[i]];
-        if (strcmp(a->name, b->name) == 0) {
-            rc = fmoe_error_set(FMOE_EFORMAT, "%s: tensor %s is in two shards, %s and %s",
-                                g->path, a->name, a->file, b->file);
+        FMOE_RETURN_ERROR_IF(strcmp(a->name, b->name) == 0, FMOE_EFORMAT,
+                             "%s: tensor %s is in two shards, %s and %s", g->path, a->name,
+                             a->file, b->file);
+    }
+    return 0;
+}
+
+/* split.count and split.tensors.count of shard 1 (g); *count <= 1: a single file, or a
+ * "split" of one shard, nothing to join. Another shard than the first is refused. */
+static int split_of_first(const fmoe_gguf *g, int64_t *count, int64_t *total) {
+    int64_t no = 0;
+    *total = 0;
+    FMOE_FORWARD_IF_ERROR(split_keys(g, &no, count));
+    if (*count <= 1) return 0;
+    if (no != 0) {
+        /* llama.cpp, too, loads a split model from its first shard. */
+        char want[40], first[40];
+        shard_suffix(want, sizeof want, no, *count);
+        shard_suffix(first, sizeof first, 0, *count);
+        const size_t len = strlen(g->path), wl = strlen(want);
+        const int named = len > wl && strcmp(g->path + len - wl, want) == 0;
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: shard %lld of %lld of a split model; give the first shard, "
+                              "%.*s%s",
+                              g->path, (long long)no + 1, (long long)*count,
+                              named ? (int)(len - wl) : 6, named ? g->path : "PREFIX", first);
+    }
+    return fmoe_gguf_get_int(g, "split.tensors.count", total);
+}
+
+/* Opens shards 2..N of the split model whose shard 1 is g and moves their tensors into g. */
+static int open_shards(fmoe_gguf *g) {
+    int64_t count = 0, total = 0;
+    FMOE_FORWARD_IF_ERROR(split_of_first(g, &count, &total));
+    if (count <= 1) return 0;
+    char want[40];
+    shard_suffix(want, sizeof want, 0, count);
+    const size_t len = strlen(g->path), wl = strlen(want);
+    FMOE_RETURN_ERROR_IF(len <= wl || strcmp(g->path + len - wl, want) != 0, FMOE_EFORMAT,
+                         "%s: shard 1 of %lld of a split model, but its name does not end in "
+                         "%s, so the other shards cannot be found",
+                         g->path, (long long)count, want);
+    g->shards = calloc((size_t)count - 1, sizeof *g->shards);
+    char *path = malloc(len + 1);
+    int rc = 0;
+    if (!g->shards || !path) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", g->path);
+        goto done;
+    }
+    g->n_shards = (int32_t)count;
+    for (int64_t i = 1; i < count; i++) {
+        memcpy(path, g->path, len - wl);
+        shard_suffix(path + len - wl, wl + 1, i, count);
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            rc = fmoe_error_set(FMOE_EIO, "%s: shard %lld of %lld is missing: %s: %s", g->path,
+                                (long long)i + 1, (long long)count, path, strerror(errno));
             goto done;
         }
+        if ((rc = open_one(path, &g->shards[i - 1])) < 0) goto done;
+        if ((rc = check_shard(g, g->shards[i - 1], i, count, total)) < 0) goto done;
     }
+    rc = join_shards(g, total);
 done:
     free(path);
     return rc;
@@ -688,6 +784,52 @@ int fmoe_gguf_open(const char *path, fmoe_gguf **out) {
     }
     *out = g;
     return 0;
+}
+
+int fmoe_gguf_parse_split(const void *const *bytes, const uint64_t *sizes, int32_t n,
+                          const char *name, fmoe_gguf **out) {
+    FMOE_RETURN_ERROR_IF(n < 1 || !bytes || !sizes, FMOE_EINVAL, "%s: no shards given",
+                         name ? name : "gguf");
+    fmoe_gguf *g;
+    FMOE_FORWARD_IF_ERROR(fmoe_gguf_parse(bytes[0], sizes[0], name, &g));
+    int64_t count = 0, total = 0;
+    int rc = split_of_first(g, &count, &total);
+    const size_t cap = strlen(g->path) + 32;
+    char *path = malloc(cap);
+    if (rc < 0) goto fail;
+    if (!path) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", g->path);
+        goto fail;
+    }
+    if ((count > 1 ? count : 1) != n) {
+        rc = fmoe_error_set(FMOE_EFORMAT, "%s: %d shards given, but split.count says %lld",
+                            g->path, (int)n, (long long)(count > 1 ? count : 1));
+        goto fail;
+    }
+    if (count <= 1) {
+        free(path);
+        *out = g;
+        return 0;
+    }
+    if (!(g->shards = calloc((size_t)count - 1, sizeof *g->shards))) {
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", g->path);
+        goto fail;
+    }
+    g->n_shards = (int32_t)count;
+    for (int32_t i = 1; i < n; i++) {
+        if (fmoe_gguf_split_path(g->path, i, path, cap) == 0)
+            snprintf(path, cap, "%s (shard %d)", g->path, (int)i + 1);
+        if ((rc = fmoe_gguf_parse(bytes[i], sizes[i], path, &g->shards[i - 1])) < 0) goto fail;
+        if ((rc = check_shard(g, g->shards[i - 1], i, count, total)) < 0) goto fail;
+    }
+    if ((rc = join_shards(g, total)) < 0) goto fail;
+    free(path);
+    *out = g;
+    return 0;
+fail:
+    free(path);
+    fmoe_gguf_close(g);
+    return rc;
 }
 
 /* madvise(MADV_DONTNEED) of the pages [p, p + n) covers whole, inside [map, map + size). */

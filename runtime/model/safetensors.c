@@ -15,9 +15,12 @@
  *      [begin, end] with begin <= end <= data size (file size - 8 - N);
  *   4. element count times dtype size equals end - begin, without overflow;
  *   5. no two tensors share bytes (sorted by begin, each starts at or after every earlier
- *      one's end), and no name appears twice.
+ *      one's end), and no name appears twice;
+ *   6. the data area ends with the last tensor's data: no bytes after it (a file of 10 GB
+ *      appended to its tensors was accepted, and mapped whole).
  * The reference implementation also demands that tensors tile the data area with no
- * holes; we accept holes (they are harmless for a reader) but never overlaps.
+ * holes; we accept holes between tensors (they are harmless for a reader) but never
+ * overlaps or trailing bytes.
  */
 #include "fmoe/safetensors.h"
 
@@ -297,6 +300,24 @@ static int parse_file(fmoe_safetensors *st, const uint8_t *bytes, uint64_t size,
     }
     rc = check_overlap(st, first, fname);
     if (rc < 0) goto done;
+    /* The data area ends where the last tensor's data does (the format: "the byte buffer
+     * needs to be entirely indexed"): bytes after it are appended to the file or belong to
+     * tensors the header lost, and a reader cannot tell which. */
+    uint64_t data_end = 0;
+    for (int64_t i = first; i < st->n; i++)
+        if ((uint64_t)(st->tensors[i].offset + st->tensors[i].nbytes) > data_end)
+            data_end = (uint64_t)(st->tensors[i].offset + st->tensors[i].nbytes);
+    if (data_end < data_size) {
+        rc = fmoe_error_set(FMOE_EFORMAT,
+                            "%s: %llu byte%s after the last tensor's data, from byte %llu to "
+                            "the end of the file at %llu (the format allows none: bytes "
+                            "appended, or tensors missing from the header?)",
+                            fname, (unsigned long long)(data_size - data_end),
+                            data_size - data_end == 1 ? "" : "s",
+                            (unsigned long long)(8 + hlen + data_end),
+                            (unsigned long long)size);
+        goto done;
+    }
     for (int64_t i = first; i < st->n; i++) {
         st->tensors[i].offset += (int64_t)(8 + hlen);
         st->data_bytes += st->tensors[i].nbytes;

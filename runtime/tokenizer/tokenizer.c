@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
 #include "files.h"
@@ -117,15 +118,77 @@ static char *dup_n(const char *s, size_t n) {
  * vocabulary with its merges); more is not one, and /dev/zero is not read at all. */
 #define MAX_TOKENIZER_FILE_BYTES ((long long)512 << 20)
 
-/* PATH's bytes (fmoe__read_file_bounded: regular files only, so a FIFO does not block).
+static int is_json_space(unsigned char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* check_json_tail: files of this size or more have their end checked before they are read
+ * (real tokenizer.json files are up to tens of MiB; a smaller one is read and parsed whole,
+ * which names a truncation's line and column), and how much of the end is read. */
+#define JSON_TAIL_CHECK_MIN ((long long)16 << 20)
+#define JSON_TAIL_BYTES 4096
+
+/* A JSON file of the tokenizer (tokenizer.json, tokenizer_config.json) is one object: its
+ * last byte that is not JSON whitespace must be the object's '}'. For a file of
+ * JSON_TAIL_CHECK_MIN bytes or more this is checked on its last JSON_TAIL_BYTES before the
+ * file is read, so that a tokenizer.json followed by hundreds of MB of NUL bytes or other
+ * junk is refused at once instead of read into memory (it was read, 683 MB of RSS for
+ * 500 MB of NULs, and accepted); parse_json finds whatever this lets through, at its byte.
+ * A tail of whitespace only is left to parse_json too. */
+static int check_json_tail(const char *path) {
+    const int fd = fmoe__open_regular(path); /* lib/files.h: a FIFO must not block */
+    if (fd < 0) return fd;
+    struct stat st;
+    unsigned char tail[JSON_TAIL_BYTES];
+    int rc = 0;
+    if (fstat(fd, &st) != 0) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: stat: %s", path, strerror(errno));
+        goto done;
+    }
+    const long long size = (long long)st.st_size;
+    /* small: parse_json says where; too large: the bounded read says so */
+    if (size < JSON_TAIL_CHECK_MIN || size > MAX_TOKENIZER_FILE_BYTES) goto done;
+    if (fmoe__pread_all(fd, tail, JSON_TAIL_BYTES, size - JSON_TAIL_BYTES) != 0) {
+        rc = fmoe_error_set(FMOE_EIO, "%s: read: %s", path, strerror(errno));
+        goto done;
+    }
+    int i = JSON_TAIL_BYTES - 1;
+    while (i >= 0 && is_json_space(tail[i])) i--;
+    if (i >= 0 && tail[i] != '}')
+        rc = fmoe_error_set(FMOE_EFORMAT,
+                            "%s: its last byte that is not whitespace, byte %lld of %lld, is "
+                            "0x%02x, not the '}' that ends a JSON object: bytes after the JSON "
+                            "value, or a truncated file",
+                            path, size - JSON_TAIL_BYTES + i, size, tail[i]);
+done:
+    close(fd);
+    return rc;
+}
+
+/* PATH's bytes (fmoe__read_file_bounded: regular files only, so a FIFO does not block); a
+ * JSON file's end is checked first (check_json_tail).
  * @return 0, 1 when optional and PATH does not exist, or an error. */
-static int read_file(const char *path, char **data, size_t *len, int optional) {
+static int read_file(const char *path, char **data, size_t *len, int optional, int json) {
     *data = NULL;
     *len = 0;
     struct stat st;
     if (optional && stat(path, &st) != 0 && errno == ENOENT) return 1;
+    if (json) FMOE_FORWARD_IF_ERROR(check_json_tail(path));
     return fmoe__read_file_bounded(path, "a tokenizer file", MAX_TOKENIZER_FILE_BYTES, 0, data,
                                    len);
+}
+
+/* The 1-based line and column of byte pos of data. */
+static void line_col(const char *data, size_t pos, long *line, long *col) {
+    *line = *col = 1;
+    for (size_t i = 0; i < pos; i++) {
+        if (data[i] == '\n') {
+            ++*line;
+            *col = 1;
+        } else {
+            ++*col;
+        }
+    }
 }
 
 static int parse_json(const char *path, const char *data, size_t len, cJSON **out) {
@@ -138,20 +201,24 @@ static int parse_json(const char *path, const char *data, size_t len, cJSON **ou
         i += k;
     }
     const char *end = NULL;
+    long line, col;
     cJSON *root = cJSON_ParseWithLengthOpts(data, len, &end, 0);
     if (!root) {
         size_t pos = end && end >= data && end <= data + len ? (size_t)(end - data) : 0;
-        long line = 1, col = 1;
-        for (size_t i = 0; i < pos; i++) {
-            if (data[i] == '\n') {
-                line++;
-                col = 1;
-            } else {
-                col++;
-            }
-        }
+        line_col(data, pos, &line, &col);
         return fmoe_error_set(FMOE_EFORMAT, "%s: invalid JSON at line %ld, column %ld (byte %zu)",
                               path, line, col, pos);
+    }
+    /* and nothing but whitespace after the value (RFC 8259); cJSON stops after the value */
+    size_t pos = (size_t)(end - data);
+    while (pos < len && is_json_space((unsigned char)data[pos])) pos++;
+    if (pos < len) {
+        cJSON_Delete(root);
+        line_col(data, pos, &line, &col);
+        return fmoe_error_set(FMOE_EFORMAT,
+                              "%s: bytes after the JSON value, from byte %zu (line %ld, column "
+                              "%ld): 0x%02x",
+                              path, pos, line, col, (unsigned char)data[pos]);
     }
     *out = root;
     return 0;
@@ -775,7 +842,7 @@ static int read_part(const fmoe_gguf *g, const char *dir, const char *name, char
                      size_t cap, char **data, size_t *len) {
     if (!g) {
         snprintf(shown, cap, "%s/%s", dir, name);
-        return read_file(shown, data, len, 1);
+        return read_file(shown, data, len, 1, strstr(name, ".json") != NULL);
     }
     snprintf(shown, cap, "%s:fmoe.file.%s", fmoe_gguf_name(g), name);
     const int rc = fmoe_gguf_get_file(g, name, data, len);
@@ -981,7 +1048,7 @@ int fmoe_tokenizer_load(const char *path, fmoe_tokenizer **out) {
         if (rc < 0) goto fail;
     } else {
         if ((rc = resolve_paths(path, &tok->path, &dir)) < 0) goto fail;
-        if ((rc = read_file(tok->path, &data, &len, 0)) < 0) goto fail;
+        if ((rc = read_file(tok->path, &data, &len, 0, 1)) < 0) goto fail;
     }
     if ((rc = parse_json(tok->path, data, len, &root)) < 0) goto fail;
     free(data);

@@ -8,7 +8,9 @@
  *     (each input row and the positional argument), is refused by the parse with exit 2 and
  *     "output is an input", also when the input is a directory holding the output, when the
  *     output is another name (a hard link) of the input, when the input is a pattern
- *     matching the output, and when the input is the output's .partial; and the same output given a new file is accepted (the check is not a refusal
+ *     matching the output, when the input is the output's .partial, and when the input is a
+ *     shard of a split GGUF model and the output another shard of it (by name or a hard
+ *     link); and the same output given a new file is accepted (the check is not a refusal
  *     of everything);
  *   - a model option left out stands for the bundled model ($FMOE_BUNDLED_MODEL here).
  */
@@ -139,6 +141,34 @@ static void check_pair(int *harness_failed, const cmd_spec *spec, const cmd_opti
     if (rc != CMD_EXIT_USAGE || !strstr(err, "output is an input"))
         HARNESS_FAIL("%s --%s over a file the input pattern %s matches: exit %d, '%s'",
                      spec->name, out->name, name, rc, err);
+    /* a shard of a split GGUF model stands for every shard (the loader reads them all):
+     * shard 2 by name, shard 3 by a hard link, and the shards of a model given by shard 2 */
+    char s1[512], s2[512], s3[512];
+    snprintf(s1, sizeof s1, "%s/m-00001-of-00003.gguf", dir);
+    snprintf(s2, sizeof s2, "%s/m-00002-of-00003.gguf", dir);
+    snprintf(s3, sizeof s3, "%s/m-00003-of-00003.gguf", dir);
+    touch(s1), touch(s2), touch(s3);
+    snprintf(g, sizeof g, "%s/shard3-link.gguf", dir);
+    unlink(g);
+    ASSERT_EQ(link(s3, g), 0);
+    const char *const shard_cases[][2] = {{s1, s2}, {s1, g}, {s2, s1}, {s2, s3}};
+    for (size_t k = 0; k < sizeof shard_cases / sizeof shard_cases[0]; k++) {
+        rc = run_pair(spec, out, shard_cases[k][1], in, shard_cases[k][0], err, sizeof err);
+        if (rc != CMD_EXIT_USAGE || !strstr(err, "output is an input"))
+            HARNESS_FAIL("%s --%s over %s, a shard of the split model the input %s is a "
+                         "shard of: exit %d, '%s'",
+                         spec->name, out->name, shard_cases[k][1], name, rc, err);
+    }
+    /* ... but a file of another split, or a name that is not a shard's, is not an input */
+    snprintf(g, sizeof g, "%s/m-00002-of-00004.gguf", dir);
+    touch(g);
+    rc = run_pair(spec, out, g, in, s1, err, sizeof err);
+    if (rc != 0)
+        HARNESS_FAIL("%s --%s to %s, a shard of another split than the input %s: exit %d, "
+                     "'%s'",
+                     spec->name, out->name, g, name, rc, err);
+    unlink(g);
+    unlink(s1), unlink(s2), unlink(s3);
     /* the writer replaces OUTPUT.partial: it must not be an input either */
     if (out->io == CMD_IO_OUTPUT) {
         snprintf(g, sizeof g, "%s/new.out", dir);

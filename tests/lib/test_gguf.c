@@ -1,7 +1,8 @@
 /*
  * test_gguf.c - lib/gguf.c on files built byte by byte here: a good file reads back, and
  * every kind of bad input is refused with one line naming the file, the key or tensor and
- * the offset; a split model's shards open as one handle, and each bad split is refused.
+ * the offset; a split model's shards open as one handle (from files and from memory), and
+ * each bad split is refused, a shard of another model among them.
  * (Files written by the gguf Python package are read in tests/python/test_gguf_quants.py and,
  * split, tests/python/test_gguf_split.py.)
  */
@@ -191,11 +192,15 @@ TEST(unsupported_type_refused_at_get) {
 TEST(bad_magic_and_versions) {
     buf b;
     good_file(&b);
-    b.b[0] = 'X';
-    expect_fail(harness_failed, &b, FMOE_EFORMAT, "offset 0: not a GGUF file");
+    b.b[3] = 'X';
+    expect_fail(harness_failed, &b, FMOE_EFORMAT,
+                "offset 0: not a GGUF file: magic 47 47 55 58 (\"GGUX\"), expected 47 47 55 46");
+    b.b[0] = 0, b.b[1] = '"';
+    expect_fail(harness_failed, &b, FMOE_EFORMAT, "magic 00 22 55 58 (\"..UX\")");
     good_file(&b);
     b.n = 3;
-    expect_fail(harness_failed, &b, FMOE_EFORMAT, "not a GGUF file");
+    expect_fail(harness_failed, &b, FMOE_EFORMAT,
+                "offset 0: not a GGUF file: 3 bytes, shorter than the magic");
     good_file(&b);
     b.b[4] = 1;
     expect_fail(harness_failed, &b, FMOE_EUNSUPPORTED, "offset 4: GGUF version 1");
@@ -359,29 +364,45 @@ static void kv_u16(buf *b, const char *k, uint16_t v) {
     put(b, &v, 2);
 }
 
-/* Shard `no` of `count` at DIR/m-0000{no+1}-of-0000{count}.gguf: one F32 tensor [8]
- * named `name` holding no·10 + k; shard 0 also has general.architecture. */
-static void write_shard(const char *dir, int no, int count, int total, const char *name) {
-    buf b;
-    header(&b, 3, 1, no == 0 ? 4 : 3);
-    if (no == 0) kv_str(&b, "general.architecture", "llama");
-    kv_u16(&b, "split.no", (uint16_t)no);
-    kv_u16(&b, "split.count", (uint16_t)count);
-    str(&b, "split.tensors.count");
-    u32(&b, FMOE_GGUF_INT32);
-    u32(&b, (uint32_t)total);
-    tensor_info(&b, name, 1, (uint64_t[]){8}, FMOE_GGML_F32, 0);
-    pad(&b, 32);
+/* Shard `no` of `count`: one F32 tensor [8] named `name` holding no·10 + k, GGUF version
+ * `version`, split.tensors.count `total` (absent when negative) and, when `arch` is not
+ * NULL, general.architecture `arch`. */
+static void build_shard(buf *b, int no, int count, int total, const char *name,
+                        uint32_t version, const char *arch) {
+    header(b, version, 1, 2 + (total >= 0) + (arch != NULL));
+    if (arch) kv_str(b, "general.architecture", arch);
+    kv_u16(b, "split.no", (uint16_t)no);
+    kv_u16(b, "split.count", (uint16_t)count);
+    if (total >= 0) {
+        str(b, "split.tensors.count");
+        u32(b, FMOE_GGUF_INT32);
+        u32(b, (uint32_t)total);
+    }
+    tensor_info(b, name, 1, (uint64_t[]){8}, FMOE_GGML_F32, 0);
+    pad(b, 32);
     for (int k = 0; k < 8; k++) {
         const float f = (float)(no * 10 + k);
-        put(&b, &f, 4);
+        put(b, &f, 4);
     }
+}
+
+/* build_shard at DIR/m-0000{no+1}-of-0000{count}.gguf. */
+static void write_shard_ex(const char *dir, int no, int count, int total, const char *name,
+                           uint32_t version, const char *arch) {
+    buf b;
+    build_shard(&b, no, count, total, name, version, arch);
     char path[256];
     snprintf(path, sizeof path, "%s/m-%05d-of-%05d.gguf", dir, no + 1, count);
     FILE *f = fopen(path, "wb");
     if (!f) abort();
     fwrite(b.b, 1, b.n, f);
     fclose(f);
+}
+
+/* A shard as llama.cpp's llama-gguf-split writes it: version 3, shard 0 with the model's
+ * keys (general.architecture here), the others with the split.* keys alone. */
+static void write_shard(const char *dir, int no, int count, int total, const char *name) {
+    write_shard_ex(dir, no, count, total, name, 3, no == 0 ? "llama" : NULL);
 }
 
 static void write_split(const char *dir, int count) {
@@ -457,16 +478,100 @@ TEST(split_model_opens_as_one) {
     ASSERT_EQ(rename(moved, third), 0);
     expect_split_fail(harness_failed, dir, 1, FMOE_EFORMAT,
                       "says it is shard 3 of 4, expected shard 3 of 3");
-    write_split(dir, 3);
-    write_shard(dir, 0, 3, 4, "t0.weight");
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d.weight", i);
+        write_shard(dir, i, 3, 4, name);
+    }
     expect_split_fail(harness_failed, dir, 1, FMOE_EFORMAT,
                       "the 3 shards hold 3 tensors, split.tensors.count says 4");
+    /* a shard of another model: every check of what ties a shard to shard 1 */
+    write_split(dir, 3);
+    write_shard(dir, 1, 3, 4, "t1.weight"); /* its model has 4 tensors */
+    expect_split_fail(harness_failed, dir, 1, FMOE_EFORMAT,
+                      "m-00002-of-00003.gguf: offset 71: split.tensors.count is 4, but shard 1");
+    expect_split_fail(harness_failed, dir, 1, FMOE_EFORMAT, "says 3: a shard of another model");
+    write_shard_ex(dir, 1, 3, 3, "t1.weight", 2, NULL);
+    expect_split_fail(harness_failed, dir, 1, FMOE_EFORMAT,
+                      "m-00002-of-00003.gguf: offset 4: GGUF version 2, but shard 1");
+    write_shard_ex(dir, 2, 3, 3, "t2.weight", 3, "qwen3moe");
+    write_shard(dir, 1, 3, 3, "t1.weight");
+    expect_split_fail(harness_failed, dir, 1, FMOE_EFORMAT,
+                      "m-00003-of-00003.gguf: offset 24: key general.architecture differs "
+                      "from shard 1's");
+    write_shard_ex(dir, 2, 3, 3, "t2.weight", 3, "llama"); /* the same value: fine */
+    fmoe_gguf *ok = NULL;
+    ASSERT_OK(fmoe_gguf_open(first, &ok));
+    fmoe_gguf_close(ok);
+    write_shard_ex(dir, 2, 3, -1, "t2.weight", 3, NULL);
+    expect_split_fail(harness_failed, dir, 1, FMOE_EFORMAT,
+                      "m-00003-of-00003.gguf: no key split.tensors.count");
     write_split(dir, 3);
     unlink(third);
     expect_split_fail(harness_failed, dir, 1, FMOE_EIO, "shard 3 of 3 is missing");
     expect_split_fail(harness_failed, dir, 1, FMOE_EIO, "m-00003-of-00003.gguf");
     remove_split(dir, 3);
     rmdir(dir);
+}
+
+/* Shards in memory (fmoe_gguf_parse_split, the fuzz target's entry): the same join. */
+TEST(split_model_parses_from_memory) {
+    buf b[3];
+    const void *bytes[3];
+    uint64_t sizes[3];
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d.weight", i);
+        build_shard(&b[i], i, 3, 3, name, 3, i == 0 ? "llama" : NULL);
+        bytes[i] = b[i].b;
+        sizes[i] = b[i].n;
+    }
+    fmoe_gguf *g = NULL;
+    ASSERT_OK(fmoe_gguf_parse_split(bytes, sizes, 3, "x-00001-of-00003.gguf", &g));
+    ASSERT_EQ(fmoe_gguf_tensor_count(g), 3);
+    ASSERT_STR_EQ(fmoe_gguf_shard_name(g, 2), "x-00003-of-00003.gguf");
+    const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(g, "t2.weight");
+    ASSERT_TRUE(t != NULL && t->shard == 2);
+    ASSERT_NEAR(((const float *)t->data)[7], 27, 0);
+    fmoe_gguf_close(g);
+    ASSERT_EQ(fmoe_gguf_parse_split(bytes, sizes, 2, "x.gguf", &g), FMOE_EFORMAT);
+    ASSERT_CONTAINS(fmoe_error_detail(), "x.gguf: 2 shards given, but split.count says 3");
+    ASSERT_EQ(fmoe_gguf_parse_split(bytes + 1, sizes + 1, 2, "x.gguf", &g), FMOE_EFORMAT);
+    ASSERT_CONTAINS(fmoe_error_detail(), "shard 2 of 3 of a split model");
+    build_shard(&b[1], 1, 3, 5, "t1.weight", 3, NULL);
+    ASSERT_EQ(fmoe_gguf_parse_split(bytes, sizes, 3, "x.gguf", &g), FMOE_EFORMAT);
+    ASSERT_CONTAINS(fmoe_error_detail(), "x.gguf (shard 2): offset 71: split.tensors.count is 5");
+    /* a single file is a set of one */
+    buf one;
+    good_file(&one);
+    const void *ob[] = {one.b};
+    const uint64_t os[] = {one.n};
+    ASSERT_OK(fmoe_gguf_parse_split(ob, os, 1, "one.gguf", &g));
+    ASSERT_EQ(fmoe_gguf_shard_count(g), 1);
+    fmoe_gguf_close(g);
+}
+
+TEST(split_path_names_the_shards_by_name_alone) {
+    char b[64];
+    ASSERT_EQ(fmoe_gguf_split_path("d/m-00002-of-00003.gguf", 0, b, sizeof b), 3);
+    ASSERT_STR_EQ(b, "d/m-00001-of-00003.gguf");
+    ASSERT_EQ(fmoe_gguf_split_path("d/m-00002-of-00003.gguf", 2, b, sizeof b), 3);
+    ASSERT_STR_EQ(b, "d/m-00003-of-00003.gguf");
+    ASSERT_EQ(fmoe_gguf_split_path("-00001-of-00012.gguf", 11, b, sizeof b), 12);
+    ASSERT_STR_EQ(b, "-00012-of-00012.gguf");
+    strcpy(b, "unchanged");
+    /* not a shard's name: no split, shard past the count, one shard, other digits or case */
+    static const char *const not_shards[] = {
+        "m.gguf", "m-00004-of-00003.gguf", "m-00000-of-00003.gguf", "m-00001-of-00001.gguf",
+        "m-0001-of-00003.gguf", "m-00001-of-00003.GGUF", "m-00001_of-00003.gguf",
+        "m-0000a-of-00003.gguf", "", "00001-of-00003.gguf"};
+    for (size_t i = 0; i < sizeof not_shards / sizeof not_shards[0]; i++)
+        ASSERT_EQ(fmoe_gguf_split_path(not_shards[i], 0, b, sizeof b), 0);
+    ASSERT_EQ(fmoe_gguf_split_path("m-00001-of-00003.gguf", 3, b, sizeof b), 0);
+    ASSERT_EQ(fmoe_gguf_split_path("m-00001-of-00003.gguf", -1, b, sizeof b), 0);
+    ASSERT_EQ(fmoe_gguf_split_path("m-00001-of-00003.gguf", 0, b, 21), 0); /* no room */
+    ASSERT_STR_EQ(b, "unchanged");
+    ASSERT_EQ(fmoe_gguf_split_path("m-00001-of-00003.gguf", 0, b, 22), 3);
 }
 
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }

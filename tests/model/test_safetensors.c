@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
 #include "harness.h"
@@ -168,11 +169,63 @@ TEST(overlapping_tensors) {
     h = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
         "\"e\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[16,16]},"
         "\"y\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[16,24]}}";
-    raw_file(p, h, strlen(h), data, sizeof data);
+    raw_file(p, h, strlen(h), data, 24);
     fmoe_safetensors *st;
     ASSERT_OK(fmoe_safetensors_open(p, &st));
     ASSERT_EQ(fmoe_safetensors_find(st, "e")->numel, 0);
     fmoe_safetensors_close(st);
+}
+
+/* The data area ends with the last tensor's data: a byte more (a space, a NUL, 10 GB of a
+ * sparse file's zeros) is refused, naming where it starts; a hole between tensors is not. */
+TEST(trailing_bytes_after_the_last_tensor) {
+    const char *p = path_of("trailing.safetensors");
+    const char *h = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+                    "\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    const size_t at = 8 + strlen(h) + 16; /* the end of x's data */
+    uint8_t data[17] = {0};
+    raw_file(p, h, strlen(h), data, 16);
+    fmoe_safetensors *st;
+    ASSERT_OK(fmoe_safetensors_open(p, &st));
+    fmoe_safetensors_close(st);
+    char want[160];
+    snprintf(want, sizeof want, "1 byte after the last tensor's data, from byte %zu to the end "
+             "of the file at %zu", at, at + 1);
+    for (int c = 0; c < 3; c++) {
+        data[16] = (uint8_t)(c == 0 ? ' ' : c == 1 ? 0 : 'x');
+        raw_file(p, h, strlen(h), data, 17);
+        EXPECT_OPEN_FAILS(p, FMOE_EFORMAT, want);
+        ASSERT_CONTAINS(fmoe_error_detail(), "trailing.safetensors: ");
+    }
+    /* 10 GB more, as a sparse file: refused at once, nothing read */
+    raw_file(p, h, strlen(h), data, 16);
+    ASSERT_EQ(truncate(p, (off_t)at + (10ll << 30)), 0);
+    snprintf(want, sizeof want, "%lld bytes after the last tensor's data, from byte %zu",
+             10ll << 30, at);
+    EXPECT_OPEN_FAILS(p, FMOE_EFORMAT, want);
+    unlink(p);
+    /* no tensors at all: no data either */
+    h = "{\"__metadata__\":{\"format\":\"pt\"}}";
+    raw_file(p, h, strlen(h), data, 4);
+    EXPECT_OPEN_FAILS(p, FMOE_EFORMAT, "4 bytes after the last tensor's data");
+    raw_file(p, h, strlen(h), data, 0);
+    ASSERT_OK(fmoe_safetensors_open(p, &st));
+    fmoe_safetensors_close(st);
+    /* a hole between two tensors is accepted (the design comment of safetensors.c) */
+    h = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+        "\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    raw_file(p, h, strlen(h), data, 16);
+    ASSERT_OK(fmoe_safetensors_open(p, &st));
+    fmoe_safetensors_close(st);
+    /* the in-memory validator (the fuzz target's) says the same */
+    uint8_t mem[256];
+    const size_t hl = strlen(h);
+    for (int i = 0; i < 8; i++) mem[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    memcpy(mem + 8, h, hl);
+    memset(mem + 8 + hl, 0, 17);
+    ASSERT_OK(fmoe_safetensors_validate(mem, 8 + hl + 16, "m"));
+    ASSERT_EQ(fmoe_safetensors_validate(mem, 8 + hl + 17, "m"), FMOE_EFORMAT);
+    ASSERT_CONTAINS(fmoe_error_detail(), "m: 1 byte after the last tensor's data");
 }
 
 TEST(dtype_shape_mismatch) {

@@ -8,10 +8,16 @@ written by gguf-py's GGUFWriter(split_max_tensors=...) load as the one file they
   the single file's tokens; `fmoe inspect` lists the shards.
 - Bad shards, each one line and a non-zero exit: a shard deleted, a shard from a split of
   another count, another shard than the first given, shard 1 renamed, a tensor in two
-  shards, a total that is not split.tensors.count.
+  shards, a total that is not split.tensors.count, a shard of another model (its
+  split.tensors.count or a key it shares with shard 1 of another value).
+- No output over a shard: record -o, --decision-log, generate --dump-logits, serve
+  --port-file and --trace-out naming shard 2 or 3 (or a hard link to it) are refused with
+  exit 2 before any work, every shard unchanged byte for byte.
 """
 import json
+import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -24,9 +30,10 @@ import gguf  # noqa: E402  (tests/python/requirements.txt)
 h5py = pytest.importorskip("h5py")
 
 
-def resplit(src, dst, max_tensors, drop=(), extra=None):
+def resplit(src, dst, max_tensors, drop=(), extra=None, swap=None):
     """The GGUF file src rewritten by gguf-py as shards of at most max_tensors tensors:
-    every key (split.* added by the writer) and every tensor's stored bytes and type."""
+    every key (split.* added by the writer) and every tensor's stored bytes and type (swap:
+    two tensor names whose bytes are exchanged, for a model with other weights)."""
     r = gguf.GGUFReader(str(src))
     arch = r.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(str(dst), arch, split_max_tensors=max_tensors)
@@ -37,11 +44,14 @@ def resplit(src, dst, max_tensors, drop=(), extra=None):
             w.add_key_value(name, f.contents(), f.types[0], f.types[-1])
         else:
             w.add_key_value(name, f.contents(), f.types[0])
+    data = {t.name: t.data for t in r.tensors}
+    if swap:
+        data[swap[0]], data[swap[1]] = data[swap[1]], data[swap[0]]
     for t in r.tensors:
         if t.name in drop:
             continue
         # the reader's data is shaped as the writer takes it (bytes per row if quantized)
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        w.add_tensor(t.name, np.asarray(data[t.name]), raw_dtype=t.tensor_type)
     for name, (a, dtype) in (extra or {}).items():
         w.add_tensor(name, a, raw_dtype=dtype)
     w.write_header_to_file()
@@ -188,8 +198,8 @@ def test_shards_swapped(fmoe_bin, split, tmp_path):
 
 def test_tensor_in_two_shards_and_wrong_total(fmoe_bin, split, tmp_path):
     """A copy of a shard-1 tensor under the same name in the last shard (gguf-py refuses
-    duplicates, so the last shard's first tensor is renamed in place, same length); then a
-    shard whose split.tensors.count is off by one (a byte patched in place)."""
+    duplicates, so the last shard's first tensor is renamed in place, same length); then
+    shards whose split.tensors.count is off by one (a byte patched in place in each)."""
     shards = copy_shards(split, tmp_path)
     first = gguf.GGUFReader(str(shards[0])).tensors[-1].name
     last = gguf.GGUFReader(str(shards[-1])).tensors[0].name
@@ -203,13 +213,120 @@ def test_tensor_in_two_shards_and_wrong_total(fmoe_bin, split, tmp_path):
     assert f"tensor {first} is in two shards" in line
 
     shards = copy_shards(split, tmp_path)
-    r = gguf.GGUFReader(str(shards[0]))
-    f = r.fields["split.tensors.count"]
-    total = int(f.contents())
-    at = f.offset + sum(p.nbytes for p in f.parts[:-1])  # the value, after key and type
-    data = bytearray(shards[0].read_bytes())
-    data[at] += 1
-    del r, f  # the reader maps the file
-    shards[0].write_bytes(bytes(data))
+    for s in shards:  # every shard, so that they agree with each other (a shard of its own)
+        r = gguf.GGUFReader(str(s))
+        f = r.fields["split.tensors.count"]
+        total = int(f.contents())
+        at = f.offset + sum(p.nbytes for p in f.parts[:-1])  # the value, after key and type
+        data = bytearray(s.read_bytes())
+        data[at] += 1
+        del r, f  # the reader maps the file
+        s.write_bytes(bytes(data))
     line = fails(fmoe_bin, shards[0])
     assert f"hold {total} tensors, split.tensors.count says {total + 1}" in line
+
+
+def test_shard_of_another_model_is_refused(fmoe_bin, split, tmp_path):
+    """Shard 2 of another model with the same config.json (fmoe.hf_config), split the same
+    way into as many shards, with other weights in shard 2 (two tensors' bytes swapped) and
+    one more tensor in its last shard. Before, it joined the split silently (the tensor
+    count still added up) and the model answered differently; now the shard's
+    split.tensors.count, which is not shard 1's, names it."""
+    shards = copy_shards(split, tmp_path)
+    a, b = "blk.3.attn_q.weight", "blk.3.attn_output.weight"
+    in_two = {t.name for t in gguf.GGUFReader(str(shards[1])).tensors}
+    assert a in in_two and b in in_two
+    (tmp_path / "other").mkdir()
+    extra = {"fmoe_extra.weight": (np.zeros(32, np.float32), gguf.GGMLQuantizationType.F32)}
+    other = resplit(split["bf16"], tmp_path / "other" / "bf16.gguf", 30, extra=extra,
+                    swap=(a, b))
+    assert len(other) == len(shards)
+    assert gguf.GGUFReader(str(other[0])).fields["fmoe.hf_config"].contents() == \
+        gguf.GGUFReader(str(shards[0])).fields["fmoe.hf_config"].contents()
+    total = int(gguf.GGUFReader(str(shards[0])).fields["split.tensors.count"].contents())
+
+    def logits(model, name):
+        out = tmp_path / name
+        run_fmoe(fmoe_bin, "generate", "--model", model, "--tokenizer", TINY, "--prompt",
+                 "What is a context manager?", "--max-new-tokens", 4, "--temperature", 0,
+                 "--dump-logits", out)
+        return np.load(out)
+    # the other model is a whole model of its own, and answers otherwise
+    assert not np.array_equal(logits(other[0], "other.npy"), logits(shards[0], "one.npy"))
+    shutil.copy(other[1], shards[1])
+    line = fails(fmoe_bin, shards[0])
+    assert str(shards[1]) in line, line
+    assert f"split.tensors.count is {total + 1}, but shard 1" in line, line
+    assert f"says {total}: a shard of another model" in line, line
+
+
+def test_shard_with_another_key_value_is_refused(fmoe_bin, split, tmp_path):
+    """A later shard that carries a key of shard 1's with another value (here
+    general.architecture, as a writer copying the model's keys into every shard would) is
+    of another model."""
+    shards = copy_shards(split, tmp_path)
+    r = gguf.GGUFReader(str(shards[2]))
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "olmoe")  # not the model's qwen3moe
+    for name, f in r.fields.items():
+        if not name.startswith("GGUF."):
+            w.add_key_value(name, f.contents(), f.types[0])
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    del r
+    shutil.copy(tmp_path / "x.gguf", shards[2])
+    line = fails(fmoe_bin, shards[0])
+    assert str(shards[2]) in line and "key general.architecture differs from shard 1's" in line
+
+
+# ---- outputs over shards ------------------------------------------------------------------
+# The model is read from every shard, so no output may name one: before, only shard 1 was
+# an input, and these runs overwrote shard 2 or 3 (or the file behind a hard link to it)
+# and exited 0 (`serve` kept running on the model it had just damaged).
+
+def over_shard_cases(shards, tmp_path):
+    link = tmp_path / "another-name.gguf"
+    os.link(shards[2], link)
+    new = tmp_path / "new.h5"
+    m = ["--model", shards[0], "--tokenizer", TINY]
+    prompt = ["--prompt", "hi", "--max-new-tokens", 2, "--temperature", 0]
+    return [
+        ("record -o shard 2", ["record", *m, "--dataset", "PROMPTS", "--max-new-tokens", 2,
+                               "-o", shards[1], "--quiet"]),
+        ("record -o a hard link to shard 3", ["record", *m, "--dataset", "PROMPTS",
+                                              "--max-new-tokens", 2, "-o", link, "--quiet"]),
+        ("record --decision-log shard 3", ["record", *m, "--dataset", "PROMPTS",
+                                           "--max-new-tokens", 2, "-o", new, "--quiet",
+                                           "--policy", "lru", "--cache-experts", 6,
+                                           "--decision-log", shards[2]]),
+        ("generate --dump-logits shard 2", ["generate", *m, *prompt, "--dump-logits",
+                                            shards[1]]),
+        ("serve --port-file shard 3", ["serve", *m, "--port", 0, "--port-file", shards[2]]),
+        ("serve --trace-out shard 2", ["serve", *m, "--port", 0, "--trace-out", shards[1]]),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_no_output_over_another_shard(fmoe_bin, split, tmp_path, case):
+    shards = copy_shards(split, tmp_path)
+    what, args = over_shard_cases(shards, tmp_path)[case]
+    args = [split["prompts"] if a == "PROMPTS" else a for a in args]
+    before = [s.read_bytes() for s in shards]
+    inodes = [os.stat(s).st_ino for s in shards]
+    p = subprocess.Popen([str(fmoe_bin), *map(str, args)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # a server that started over its model
+        p.kill()
+        out, err = p.communicate()
+    after = [s.read_bytes() for s in shards]
+    assert [a == b for a, b in zip(after, before)] == [True] * len(shards), what
+    assert [os.stat(s).st_ino for s in shards] == inodes, what
+    assert p.returncode == 2, (what, p.returncode, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "output is an input" in lines[0], (what, err)
+    assert not any(s.with_name(s.name + ".partial").exists() for s in shards), what

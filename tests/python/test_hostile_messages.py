@@ -280,6 +280,35 @@ def test_forged_string_heap_object_is_refused(fmoe, fmoe_bin, tmp_path):
     one_line(r, 1, str(t), "attribute 'format'", "damaged string")
 
 
+# ------------------------------------------------------------------ messages: fmoe inspect
+
+GGUF_HEAD = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)  # a whole GGUF file: no keys, no tensors
+
+
+@pytest.mark.parametrize("name,data,says", [
+    # a bad GGUF magic said "not an HDF5 file (no HDF5 signature)"
+    ("bad-magic.gguf", b"GGUX" + GGUF_HEAD[4:],
+     "offset 0: not a GGUF file: magic 47 47 55 58 (\"GGUX\"), expected 47 47 55 46"),
+    ("bad-magic.bin", b"GGUX" + GGUF_HEAD[4:], "offset 0: not a GGUF file: magic 47 47 55 58"),
+    ("lower.bin", b"gguf" + GGUF_HEAD[4:],
+     "offset 0: not a GGUF file: magic 67 67 75 66 (\"gguf\")"),
+    ("zeros.gguf", bytes(24), "offset 0: not a GGUF file: magic 00 00 00 00 (\"....\")"),
+    ("short.gguf", b"GG", "offset 0: not a GGUF file: 2 bytes, shorter than the magic"),
+    ("model.safetensors", struct.pack("<Q", 2) + b"{}", "a safetensors file (a 2-byte JSON "
+     "header), not a GGUF or HDF5 file; fmoe inspect reads GGUF files and fmoe's HDF5"),
+    ("archive.zip", b"PK\x03\x04" + bytes(20), "not a GGUF file (magic \"GGUF\") nor an HDF5 "
+     "file (no HDF5 signature): it starts with 50 4b 03 04 00 00 00 00 (\"PK......\")"),
+    ("empty.h5", b"", "an empty file; fmoe inspect reads GGUF files"),
+])
+def test_inspect_names_what_a_file_is(fmoe_bin, tmp_path, name, data, says):
+    f = tmp_path / name
+    f.write_bytes(data)
+    line = one_line(run(fmoe_bin, "inspect", f, timeout=30), 1, f"{f}: {says}")
+    assert "HDF5 file (no HDF5 signature), expected" not in line
+    (tmp_path / "ok.gguf").write_bytes(GGUF_HEAD)  # and the magic itself is read as GGUF
+    assert run(fmoe_bin, "inspect", tmp_path / "ok.gguf", timeout=30).returncode == 0
+
+
 # ------------------------------------------------------------------- messages, garbage: import
 
 def test_import_probability_error_names_input_and_line(fmoe_bin, tmp_path):
@@ -397,6 +426,43 @@ def test_generate_nan_weights_is_one_line(fmoe_bin, model):
             timeout=120)
     one_line(r, 1, "non-finite logit", "nan")
     assert r.stdout.strip() == ""
+
+
+def test_safetensors_trailing_bytes_are_refused(fmoe_bin, model):
+    """A safetensors file with 10 GB after its last tensor's data (sparse: nothing written)
+    was accepted, mapped whole; the format allows no byte there. No address-space limit
+    here: the old binary mapped the 10 GB and ran."""
+    st = model / "model.safetensors"
+    end = st.stat().st_size
+    os.truncate(st, end + (10 << 30))
+    r = run(fmoe_bin, "generate", "--model", model, "--prompt", "hi", "--max-new-tokens", "2",
+            timeout=120, preexec=None)
+    one_line(r, 1, f"{st}: {10 << 30} bytes after the last tensor's data, from byte {end}")
+    assert r.stdout.strip() == ""
+
+
+def test_tokenizer_json_trailing_bytes_are_refused(fmoe_bin, model):
+    """tokenizer.json followed by 500 MB of NUL bytes (sparse) was read whole (683 MB of
+    RSS) and accepted: cJSON stopped at the object's end. Now its end is looked at first:
+    one line naming the file and the byte, and the file is not read."""
+    tj = model / "tokenizer.json"
+    end = tj.stat().st_size
+    os.truncate(tj, end + 500_000_000)
+    size = end + 500_000_000
+    p = subprocess.Popen([str(fmoe_bin), "tokenize", "--tokenizer", str(model), "--text", "hi"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_limit_memory)
+    out, err = p.stdout.read(), p.stderr.read()  # small: read to the end, then reap
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    one_line(r, 1, f"{tj}: its last byte that is not whitespace, byte {size - 1} of {size}, "
+                   "is 0x00")
+    assert usage.ru_maxrss * 1024 < 200 << 20, f"peak RSS {usage.ru_maxrss} KiB"
+    # and junk that itself ends in '}' is refused where it starts, after the whole read
+    tj.write_bytes(tj.read_bytes()[:end] + b"\n{}")
+    r = run(fmoe_bin, "tokenize", "--tokenizer", model, "--text", "hi")
+    one_line(r, 1, f"{tj}: bytes after the JSON value, from byte {end + 1}")
 
 
 # --------------------------------------------------------------------------- garbage: datasets

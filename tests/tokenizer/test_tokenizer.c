@@ -16,8 +16,8 @@
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static fmoe_tokenizer *load_text(const char *json) {
-    const char *path = tiny_write("tokenizer.json", json, strlen(json));
+static fmoe_tokenizer *load_text_n(const char *json, size_t n) {
+    const char *path = tiny_write("tokenizer.json", json, n);
     fmoe_tokenizer *tok = NULL;
     if (fmoe_tokenizer_load(path, &tok) < 0) {
         fprintf(stderr, "  load failed: %s\n", fmoe_error_detail());
@@ -25,6 +25,8 @@ static fmoe_tokenizer *load_text(const char *json) {
     }
     return tok;
 }
+
+static fmoe_tokenizer *load_text(const char *json) { return load_text_n(json, strlen(json)); }
 
 /* Encodes s and compares with the expected ids; returns 1 when equal. */
 static int encodes_to(const fmoe_tokenizer *tok, const char *s, size_t len, int add_special,
@@ -340,6 +342,48 @@ TEST(errors_malformed_json) {
     ASSERT_TRUE(load_fails("{\"model\": \"\xC3\x28\"}", FMOE_EFORMAT, "not valid UTF-8 at byte 11", NULL));
     /* a string quoted from the file cannot break the one-line message */
     ASSERT_TRUE(load_fails("{\"model\": {\"type\": \"Uni\ngram\"}}", FMOE_EUNSUPPORTED, "\"Uni gram\"", NULL));
+}
+
+/* One JSON value and whitespace, nothing more: bytes after it are refused at their byte
+ * (they were ignored). A file of 16 MiB or more has its end checked before it is read: a
+ * sparse 64 MiB of NUL bytes after the object is refused naming its last byte. */
+TEST(errors_bytes_after_the_json_value) {
+    char *json = tiny_sp_json(0, NULL);
+    const size_t n = strlen(json);
+    char *more = malloc(n + 64);
+    ASSERT_TRUE(more);
+    char want[96];
+    static const char *const tails[] = {" x", "\n{}", "\0", "}"};
+    for (size_t t = 0; t < sizeof tails / sizeof tails[0]; t++) {
+        const size_t k = t == 2 ? 1 : strlen(tails[t]);
+        memcpy(more, json, n);
+        memcpy(more + n, tails[t], k);
+        const size_t at = n + (tails[t][0] == ' ' || tails[t][0] == '\n');
+        snprintf(want, sizeof want, "bytes after the JSON value, from byte %zu", at);
+        const char *path = tiny_write("bad.json", more, n + k);
+        fmoe_tokenizer *tok = NULL;
+        ASSERT_EQ(fmoe_tokenizer_load(path, &tok), FMOE_EFORMAT);
+        ASSERT_CONTAINS(fmoe_error_detail(), "bad.json: ");
+        ASSERT_CONTAINS(fmoe_error_detail(), want);
+        ASSERT_TRUE(strchr(fmoe_error_detail(), '\n') == NULL);
+    }
+    /* whitespace after it is JSON */
+    memcpy(more, json, n);
+    memcpy(more + n, " \r\n\t\n", 5);
+    fmoe_tokenizer *tok = load_text_n(more, n + 5);
+    ASSERT_TRUE(tok != NULL);
+    fmoe_tokenizer_free(tok);
+    /* 64 MiB of NUL bytes (a sparse file): refused by its last byte, before it is read */
+    const char *path = tiny_write("big.json", json, n);
+    ASSERT_EQ(truncate(path, (off_t)n + (64 << 20)), 0);
+    ASSERT_EQ(fmoe_tokenizer_load(path, &tok), FMOE_EFORMAT);
+    snprintf(want, sizeof want, "byte %lld of %lld, is 0x00, not the '}'",
+             (long long)n + (64 << 20) - 1, (long long)n + (64 << 20));
+    ASSERT_CONTAINS(fmoe_error_detail(), want);
+    ASSERT_CONTAINS(fmoe_error_detail(), "big.json: ");
+    unlink(path);
+    free(more);
+    free(json);
 }
 
 TEST(errors_bad_fields) {

@@ -32,7 +32,11 @@
  * one handle: the keys are shard 1's, the tensors those of every shard in shard order, each
  * with the file and offset of its own shard. Checked at open: the path given is shard 1 by
  * its name and its split.no, every shard exists and says its own number and the same count,
- * no tensor name is in two shards, and the tensors add up to split.tensors.count.
+ * no tensor name is in two shards, and the tensors add up to split.tensors.count. What ties
+ * a shard to shard 1, so that a shard of another model is refused: the same GGUF version,
+ * the same split.tensors.count, and every key both carry of one value. Nothing else in the
+ * format does: a shard of another model of the same config, split the same way, holding
+ * tensors of the same names, types and shapes, is not told apart (llama.cpp checks less).
  *
  * Thread safety: an open handle is immutable; any number of threads may read it.
  */
@@ -116,6 +120,14 @@ int fmoe_gguf_open(const char *path, fmoe_gguf **out);
  * @return as fmoe_gguf_open. */
 int fmoe_gguf_parse(const void *bytes, uint64_t size, const char *name, fmoe_gguf **out);
 
+/* A split model's shards in memory, bytes[i] of sizes[i] bytes for shard i + 1 (borrowed, as
+ * fmoe_gguf_parse), joined and checked as fmoe_gguf_open joins the files: the split model
+ * the fuzz target feeds. `name` is shard 1's (the others are named from it when it ends in
+ * -00001-of-0000N.gguf, else "NAME (shard I)"); n must be shard 1's split.count (1 for a
+ * single file). @return as fmoe_gguf_open, FMOE_EFORMAT also for n other than split.count. */
+int fmoe_gguf_parse_split(const void *const *bytes, const uint64_t *sizes, int32_t n,
+                          const char *name, fmoe_gguf **out);
+
 /* Unmaps (when opened from a path) and frees; NULL is a no-op. */
 void fmoe_gguf_close(fmoe_gguf *g);
 
@@ -136,6 +148,14 @@ const char *fmoe_gguf_name(const fmoe_gguf *g);     /* the path or name given */
  * is fmoe_gguf_name; NULL past the count). */
 int32_t fmoe_gguf_shard_count(const fmoe_gguf *g);
 const char *fmoe_gguf_shard_name(const fmoe_gguf *g, int32_t i);
+
+/* The shards a path names by its name alone, as fmoe_gguf_open finds them: when PATH ends in
+ * "-KKKKK-of-NNNNN.gguf" (five digits each, 1 <= K <= N, N >= 2), shard i's path (0-based,
+ * PATH with its suffix's K replaced by i + 1) into buf. For the output check (cmd/outputs.c):
+ * every shard of a split model is read when any of them is given.
+ * @return N and the path, or 0 when PATH is not a shard's name or i is not below N or the path
+ *         does not fit in cap (buf then unchanged). No file is opened. */
+int32_t fmoe_gguf_split_path(const char *path, int32_t i, char *buf, size_t cap);
 
 int64_t fmoe_gguf_kv_count(const fmoe_gguf *g);
 const fmoe_gguf_kv *fmoe_gguf_kv_at(const fmoe_gguf *g, int64_t i); /* file order; NULL past */
