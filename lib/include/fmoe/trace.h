@@ -154,7 +154,10 @@ int fmoe_trace_writer_open(fmoe_trace_writer **out, const char *path,
 /* Appends one request and flushes. Validates expert ids < J and array presence. */
 int fmoe_trace_writer_append_request(fmoe_trace_writer *w, const fmoe_trace_request *req);
 
-/* Finishes the file and renames it into place; frees `w` whatever the outcome. */
+/* Finishes the file and renames it into place; frees `w` whatever the outcome. When it
+ * fails, or an append failed before, a writer that keeps a journal leaves the journal and
+ * the .partial for fmoe_trace_recover (a failed close no longer removes the .partial); one
+ * without a journal leaves nothing. @return 0 or FMOE_EIO naming the file and the reason. */
 int fmoe_trace_writer_close(fmoe_trace_writer *w);
 
 /* Removes the partial file (and its journal) and frees `w`. NULL is a no-op. */
