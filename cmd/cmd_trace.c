@@ -247,15 +247,17 @@ const cmd_spec cmd_trace_recover_spec = {
         "Such a writer appends each finished request to TRACE.h5.partial.journal (one\n"
         "checksummed record) before it goes into the HDF5 file, so whatever instant the\n"
         "process died at, the journal holds every request whose append returned, and at\n"
-        "most one torn record at its end, which is dropped. The trace is rebuilt from the\n"
-        "journal; without one, TRACE.h5.partial is kept when it reads as a whole trace.\n"
-        "Afterwards the journal and the .partial are gone.\n"
+        "most one torn record at its end (its checksum still 0), which is dropped. The\n"
+        "trace is rebuilt from the journal; without one, TRACE.h5.partial is kept when it\n"
+        "reads as a whole trace. The journal and the .partial are removed only when the\n"
+        "trace holds everything they did.\n"
         "\n"
-        "Damage anywhere before the journal's end (a flipped bit, a block the disk lost) is\n"
-        "no kill's doing: the records that still check out around it are recovered, the\n"
-        "trace is TRACE.h5.partial's copy instead when that reads and holds all of them and\n"
-        "more, the journal and the .partial are both kept, and the exit status is 1 with\n"
-        "the damaged byte offset on stderr.\n",
+        "Damage anywhere in the journal, its end included (a flipped bit, a block the disk\n"
+        "lost, a length field changed), or a journal cut short beside a .partial listing\n"
+        "requests it lacks, is no kill's doing: the records that still check out are\n"
+        "recovered, the trace is TRACE.h5.partial's copy instead when that reads and holds\n"
+        "all of them and more, the journal and the .partial are both kept as they are, and\n"
+        "the exit status is 1 with the journal's byte offset on stderr.\n",
     .options = recover_options,
     .epilog = "example:\n"
               "  fmoe trace recover sharegpt.h5.partial          # -> sharegpt.h5\n",

@@ -4,16 +4,17 @@
  *
  * Its first use is the shards of `mpirun -n R fmoe record` (OUT.rank-r.h5, rank r holding
  * every R-th request): the merged trace holds the requests of all shards sorted by their
- * dataset index (/requests/id), ties in the order the inputs were given, so it equals a
- * single-process recording of the same requests, dataset for dataset, the measured ones
+ * dataset index (/requests/id), so it equals a single-process recording of the same requests, dataset for dataset, the measured ones
  * (/timing) aside. Any traces of one model and options merge the same way.
  *
  * The inputs must agree on what makes rows comparable: the model (fingerprint and geometry)
  * and every recording option that shapes a dataset or its meaning (probabilities and their
  * storage, semantic rows, speculative depth, gate inputs, timing, prefill chunking, the
  * offloaded recording's cache and policy, served passes). The first disagreement is one
- * line naming both files. Two inputs of one dataset holding the same request id are
- * refused: a shard given twice, or two recordings of one dataset.
+ * line naming both files. A request id held twice is refused, naming both inputs and the
+ * id: a shard given twice, two recordings of one dataset, or traces of different datasets
+ * whose ids overlap (each numbers its requests from 0; the merged trace could not tell
+ * them apart, and renumbering would lose the dataset index the id is).
  *
  * Every dataset is copied request by request: the token rows, the /timing rows of the
  * request's iterations, the access outcomes of its accesses (docs/design.md §7.1: the
@@ -67,10 +68,12 @@ const cmd_spec cmd_trace_merge_spec = {
     .usage = "trace merge IN.h5... -o OUT.h5 [options]",
     .description =
         "Joins traces of one model, recorded with the same options, into one trace with\n"
-        "the requests in dataset order (by request id, ties in input order): the shards\n"
-        "of 'mpirun -n R fmoe record' (OUT.rank-r.h5) become the trace one process would\n"
-        "have recorded. Inputs that differ in model fingerprint, geometry or recording\n"
-        "options are refused with one line naming both.\n",
+        "the requests in dataset order (by request id): the shards of 'mpirun -n R fmoe\n"
+        "record' (OUT.rank-r.h5) become the trace one process would have recorded.\n"
+        "Inputs that differ in model fingerprint, geometry or recording options are\n"
+        "refused with one line naming both, and so is a request id that two inputs hold\n"
+        "(a shard given twice, or traces of different datasets whose ids overlap: a\n"
+        "merged trace holds each id once).\n",
     .options = merge_options,
     .epilog = "example:\n"
               "  fmoe trace merge sharegpt.rank-*.h5 -o sharegpt.h5\n",
@@ -366,17 +369,32 @@ int cmd_trace_merge(int argc, char **argv) {
         at += (int)fmoe_trace_reader_num_requests(readers[k]);
     }
     qsort(sources, (size_t)total, sizeof *sources, cmp_source);
+    /* A merged trace holds each request id once: the id is the request's index in its
+     * dataset, and nothing else in the file says which input a row came from. Two inputs
+     * of different datasets both number their requests from 0, so their ids collide
+     * almost always; renumbering would make /requests/id lie about the dataset index, so
+     * any collision is refused, before the output is created. */
     for (int64_t i = 1; i < total; i++) {
         const source *a = &sources[i - 1], *c = &sources[i];
-        if (a->id == c->id &&
-            strcmp(fmoe_trace_reader_header(readers[a->input])->dataset,
-                   fmoe_trace_reader_header(readers[c->input])->dataset) == 0) {
+        if (a->id != c->id) continue;
+        const char *da = fmoe_trace_reader_header(readers[a->input])->dataset,
+                   *dc = fmoe_trace_reader_header(readers[c->input])->dataset;
+        if (a->input == c->input)
+            exit_code = cmd_failf(CMD, "%s: request id %lld is there twice: a merged trace "
+                                       "holds each request id once",
+                                  inputs[a->input], (long long)c->id);
+        else if (strcmp(da, dc) == 0)
             exit_code = cmd_failf(CMD, "request %lld is in %s and in %s, both of dataset '%s': "
                                        "a shard given twice, or two recordings of one dataset",
-                                  (long long)c->id, inputs[a->input], inputs[c->input],
-                                  fmoe_trace_reader_header(readers[c->input])->dataset);
-            goto done;
-        }
+                                  (long long)c->id, inputs[a->input], inputs[c->input], dc);
+        else
+            exit_code = cmd_failf(CMD, "request id %lld is in %s (dataset '%s') and in %s "
+                                       "(dataset '%s'): a merged trace holds each request id "
+                                       "once, so traces of different datasets merge only when "
+                                       "their ids do not overlap (simulate and build-store take "
+                                       "several --trace as they are)",
+                                  (long long)c->id, inputs[a->input], da, inputs[c->input], dc);
+        goto done;
     }
 
     /* The first input's header; what the inputs do not share is said so. */

@@ -25,9 +25,11 @@
  * So the guarantee: when fmoe_trace_writer_append_request has returned, the request is in
  * the journal, and `fmoe trace recover TRACE.h5.partial` rebuilds a valid trace holding it
  * and every request before it, whatever instant the process was killed at. The HDF5
- * .partial itself usually also reads (it is still flushed per request) but is not relied
- * on. No fsync per request: a killed process loses nothing the kernel has; a power cut may
- * lose the last requests (the checksums still catch the damage).
+ * .partial itself usually also reads (it is still flushed per request) and is read as a
+ * second source, which catches a journal that lost whole records at its end (no kill
+ * does: the .partial never gets a request before the journal). No fsync per request: a
+ * killed process loses nothing the kernel has; a power cut may lose the last requests
+ * (the checksums still catch the damage).
  *
  * Format (native little-endian; the reader refuses another byte order):
  *
@@ -46,7 +48,9 @@
  *
  * A record is written as its 16-byte head with crc 0, then the payload, then the crc in
  * place: until that last 4-byte write the record does not check, so a record is whole
- * exactly when its append returned (or an instant before).
+ * exactly when its append returned (or an instant before), and the record a kill tears
+ * still has crc 0 (torn_tail below: a record with its crc written that does not check is
+ * damage, wherever it is).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -418,6 +422,7 @@ struct fmoe__journal_reader {
     int64_t damaged;        /* bytes skipped before the tail (and a damaged last record) */
     int64_t damaged_at;     /* the first skipped byte, -1 none */
     int32_t damaged_regions;
+    uint64_t whole_end;     /* the end of the last record that checked out */
     unsigned char *payload; /* the current record */
     size_t payload_cap;
     unsigned char *window;  /* [SCAN_WINDOW + SCAN_NEED] bytes the resync scan looks at */
@@ -531,23 +536,31 @@ static int scan_next(fmoe__journal_reader *r, uint64_t from, uint64_t *found) {
     return 0;
 }
 
-/* Whether the bytes from `at` to the end are what a kill leaves of the last record: its
- * head cut short, its payload cut short (the file ends inside it), or all of it written
- * but the checksum, which the append puts in last, still 0. A whole record whose checksum
- * was written and does not hold is damage, even the last one; so are bytes after a
- * record's end. */
+/* Whether the bytes from `at` to the end are what a kill leaves of the last record. The
+ * append writes a record's head with CRC 0 and puts the CRC in last, so the record a kill
+ * cut short still has CRC 0 in its head: the file ends inside it (in its head or its
+ * payload), or all of it is there but the CRC. Its length is then the one it was written
+ * with: at least what is left of the file and, when its fixed fields are there, the size
+ * they give. Anything else is damage, even at the end: a record whose CRC was written was
+ * whole, so a file that ends inside it lost bytes, and a length that points past the end or
+ * does not fit its fields was changed (a flipped bit in the last record's length field
+ * once passed for a torn tail and cost the request). */
 static int torn_tail(fmoe__journal_reader *r, uint64_t at) {
-    unsigned char head[RECORD_HEAD];
+    unsigned char head[RECORD_HEAD + REQUEST_FIXED];
     const uint64_t left = r->file_size - at;
-    if (left < RECORD_HEAD) return 1;
-    if (read_exact(r->fd, head, sizeof head, at) != 0) return 0;
-    uint32_t kind, crc;
+    const size_t have = left < sizeof head ? (size_t)left : sizeof head;
+    if (read_exact(r->fd, head, have, at) != 0) return 0;
+    unsigned char begun[8]; /* the first 8 head bytes as the append writes them: kind, CRC 0 */
+    const uint32_t kind = KIND_REQUEST, zero = 0;
+    memcpy(begun, &kind, 4);
+    memcpy(begun + 4, &zero, 4);
+    if (memcmp(head, begun, have < 8 ? have : 8) != 0) return 0;
+    if (left < RECORD_HEAD) return 1; /* the head cut short: its length is not there */
     uint64_t len;
-    memcpy(&kind, head, 4);
-    memcpy(&crc, head + 4, 4);
     memcpy(&len, head + 8, 8);
-    if (kind != KIND_REQUEST) return 0;
-    return len > left - RECORD_HEAD || (crc == 0 && len == left - RECORD_HEAD);
+    if (len < REQUEST_FIXED || len < left - RECORD_HEAD) return 0;
+    layout lo;
+    return left < RECORD_HEAD + REQUEST_FIXED || request_fits(r, head + RECORD_HEAD, len, &lo);
 }
 
 static void note_damage(fmoe__journal_reader *r, uint64_t from, uint64_t to) {
@@ -719,13 +732,19 @@ int fmoe__journal_reader_open(fmoe__journal_reader **out, const char *path, fmoe
         goto fail;
     }
     if (e == 0 || kind != KIND_HEADER) {
-        /* torn (the file ends inside it) or damaged (all there, but it does not check) */
+        /* torn (the file ends inside it, its CRC still 0: the writer puts it in last) or
+         * damaged (all there but it does not check, or cut short after its CRC was
+         * written) */
         uint64_t want = 0;
-        unsigned char rh[RECORD_HEAD];
-        if (r->file_size >= FILE_HEAD + RECORD_HEAD &&
-            read_exact(fd, rh, sizeof rh, FILE_HEAD) == 0)
+        uint32_t crc = 0;
+        unsigned char rh[RECORD_HEAD] = {0};
+        const uint64_t left = r->file_size - FILE_HEAD;
+        if (left > 0 &&
+            read_exact(fd, rh, left < RECORD_HEAD ? (size_t)left : RECORD_HEAD, FILE_HEAD) == 0) {
+            memcpy(&crc, rh + 4, 4);
             memcpy(&want, rh + 8, 8);
-        if (r->file_size < FILE_HEAD + RECORD_HEAD || want > r->file_size - FILE_HEAD - RECORD_HEAD)
+        }
+        if (crc == 0 && (left < RECORD_HEAD || want > left - RECORD_HEAD))
             rc = fmoe_error_set(FMOE_EFORMAT, "%s: no whole header record (the run was killed "
                                               "while starting): nothing to recover",
                                 path);
@@ -736,7 +755,7 @@ int fmoe__journal_reader_open(fmoe__journal_reader **out, const char *path, fmoe
                                 path, FILE_HEAD);
         goto fail;
     }
-    r->at = FILE_HEAD + RECORD_HEAD + len;
+    r->at = r->whole_end = FILE_HEAD + RECORD_HEAD + len;
     cursor c = {r->payload, (size_t)len, 0, 0};
     if ((rc = get_header(r, &c, opts)) < 0) goto fail;
     *h = r->h;
@@ -775,6 +794,7 @@ int fmoe__journal_reader_next(fmoe__journal_reader *r, fmoe_trace_request *q) {
         r->at = next;
     }
     r->at += RECORD_HEAD + len;
+    r->whole_end = r->at;
     const unsigned char *p = r->payload;
     memset(q, 0, sizeof *q);
     int64_t nacc;
@@ -821,6 +841,10 @@ int fmoe__journal_reader_next(fmoe__journal_reader *r, fmoe_trace_request *q) {
 
 int64_t fmoe__journal_reader_dropped(const fmoe__journal_reader *r) { return r->dropped; }
 
+int64_t fmoe__journal_reader_whole_end(const fmoe__journal_reader *r) {
+    return (int64_t)r->whole_end;
+}
+
 int64_t fmoe__journal_reader_damaged(const fmoe__journal_reader *r, int64_t *first_at,
                                      int32_t *regions) {
     if (first_at) *first_at = r->damaged_at;
@@ -845,10 +869,15 @@ void fmoe__journal_reader_close(fmoe__journal_reader *r) {
  *
  * Nothing is lost to recovery itself: the output is built beside the leftovers (as
  * "OUTPUT.recovering", linked into place when whole), and the journal and the .partial are
- * removed only when the output holds everything they did, i.e. the journal checked out up
- * to at most a torn last record. Damage before that is no kill's doing; the records that
- * still check out are recovered, the .partial (flushed per request, so usually whole) is
- * read as a second source, and both leftovers stay for whoever looks at the damage.
+ * removed only when the output holds everything they did: the journal checked out up to at
+ * most a torn last record, and the .partial lists no request the journal lacks. The
+ * .partial is read every time as the second source. The writer journals each request
+ * before the .partial gets it, so a .partial listing more than the journal means the
+ * journal lost records (cut short at a record boundary, or to its header), which no kill
+ * does; and damage anywhere before a torn tail is no kill's doing either. Then the records
+ * that still check out are recovered, or the .partial's copy when it reads whole and holds
+ * all of them and more; the report says which and where the journal went wrong, and both
+ * leftovers stay for whoever looks at the damage.
  * ------------------------------------------------------------------------------------- */
 
 static int ends_with(const char *s, const char *suffix) {
@@ -871,14 +900,29 @@ static char *concat(const char *a, const char *b) {
     return s;
 }
 
-/* Whether PATH reads as a whole trace: it opens (shapes, tables) and every token's ids,
- * phases, experts and probabilities read back in range. @return its request count with
- * *tokens and *ids (malloc'd, the request ids in order), or -1 (error detail set). */
+/* What a .partial holds, as the second source. */
+typedef struct partial_info {
+    int64_t listed; /* requests its table lists; -1: it does not open as a trace */
+    int whole;      /* 1: it opens and every token's ids, phases, experts and probabilities
+                       read back in range */
+    int64_t tokens;
+    int64_t *ids;   /* [listed] the request ids it lists, in file order (malloc'd) */
+    char why[512];  /* when it does not open or is not whole: the reader's reason */
+} partial_info;
+
+/* Reads PATH as a .partial: *pi (pi->ids to free; *pi is reset first), its tokens too when
+ * `tokens` (else pi->whole stays 0: a clean recovery needs only the ids, and a large trace
+ * is not read twice for nothing). @return 0, or FMOE_ENOMEM; a .partial that does not read
+ * is no error here (pi->listed, pi->whole say how far it read). */
 #define CHECK_BATCH 256
-static int64_t trace_reads(const char *path, int64_t *tokens, int64_t **ids) {
+static int partial_read(const char *path, int tokens, partial_info *pi) {
+    free(pi->ids);
+    *pi = (partial_info){.listed = -1};
     fmoe_trace_reader *tr = NULL;
-    *ids = NULL;
-    if (fmoe_trace_reader_open(&tr, path) < 0) return -1;
+    if (fmoe_trace_reader_open(&tr, path) < 0) {
+        snprintf(pi->why, sizeof pi->why, "%s", fmoe_error_detail());
+        return 0;
+    }
     const fmoe_trace_header *h = fmoe_trace_reader_header(tr);
     const int64_t R = fmoe_trace_reader_num_requests(tr), T = fmoe_trace_reader_num_tokens(tr);
     const int64_t LK = (int64_t)h->num_layers * h->top_k, LJ = (int64_t)h->num_layers * h->num_experts;
@@ -888,33 +932,36 @@ static int64_t trace_reads(const char *path, int64_t *tokens, int64_t **ids) {
     float *probs = h->probs_kind != FMOE_PROBS_NONE
                        ? malloc((size_t)(CHECK_BATCH * LJ) * sizeof *probs)
                        : NULL;
-    int64_t *out = malloc((size_t)(R > 0 ? R : 1) * sizeof *out);
-    int64_t n = -1;
-    if (!tok || !phase || !experts || !out || (h->probs_kind != FMOE_PROBS_NONE && !probs)) {
-        fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
+    pi->ids = malloc((size_t)(R > 0 ? R : 1) * sizeof *pi->ids);
+    int rc = 0;
+    if (!tok || !phase || !experts || !pi->ids || (h->probs_kind != FMOE_PROBS_NONE && !probs)) {
+        free(pi->ids);
+        pi->ids = NULL;
+        rc = fmoe_error_set(FMOE_ENOMEM, "%s: out of memory", path);
         goto done;
     }
-    for (int64_t t0 = 0; t0 < T; t0 += CHECK_BATCH) {
+    const fmoe_trace_request_info *req = fmoe_trace_reader_requests(tr);
+    for (int64_t i = 0; i < R; i++) pi->ids[i] = req[i].id;
+    pi->listed = R;
+    pi->tokens = T;
+    pi->whole = tokens;
+    for (int64_t t0 = 0; tokens && t0 < T; t0 += CHECK_BATCH) {
         fmoe_trace_token_buffers b = {
             .token_id = tok, .phase = phase, .experts = experts, .probs = probs};
         if (fmoe_trace_reader_read_tokens(tr, t0, T - t0 < CHECK_BATCH ? T - t0 : CHECK_BATCH,
-                                          &b) < 0)
-            goto done;
+                                          &b) < 0) {
+            snprintf(pi->why, sizeof pi->why, "%s", fmoe_error_detail());
+            pi->whole = 0;
+            break;
+        }
     }
-    const fmoe_trace_request_info *req = fmoe_trace_reader_requests(tr);
-    for (int64_t i = 0; i < R; i++) out[i] = req[i].id;
-    *tokens = T;
-    *ids = out;
-    out = NULL;
-    n = R;
 done:
-    free(out);
     free(tok);
     free(phase);
     free(experts);
     free(probs);
     fmoe_trace_reader_close(tr);
-    return n;
+    return rc;
 }
 
 static int cmp_i64(const void *a, const void *b) {
@@ -922,17 +969,21 @@ static int cmp_i64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Whether every id of `sub` (n, sorted here) is among `all` (m, sorted here). */
-static int ids_within(int64_t *sub, int64_t n, int64_t *all, int64_t m) {
-    qsort(sub, (size_t)n, sizeof *sub, cmp_i64);
-    qsort(all, (size_t)m, sizeof *all, cmp_i64);
-    int64_t k = 0;
+/* How many ids of `sub` (n, sorted here) are not among `all` (m, sorted here), counted as
+ * multisets (an id twice in `sub` needs it twice in `all`). */
+static int64_t ids_missing(int64_t *sub, int64_t n, int64_t *all, int64_t m) {
+    if (n > 0) qsort(sub, (size_t)n, sizeof *sub, cmp_i64);
+    if (m > 0) qsort(all, (size_t)m, sizeof *all, cmp_i64);
+    int64_t k = 0, missing = 0;
     for (int64_t i = 0; i < n; i++) {
         while (k < m && all[k] < sub[i]) k++;
-        if (k == m || all[k] != sub[i]) return 0;
+        if (k == m || all[k] != sub[i]) {
+            missing++;
+            continue;
+        }
         k++;
     }
-    return 1;
+    return missing;
 }
 
 /* Copies SRC to DST through DST.partial (created here, synced, renamed). */
@@ -1003,8 +1054,9 @@ int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recov
     char *def = strndup(partial, n - strlen(".partial"));
     char *journal = concat(partial, ".journal");
     char *tmp = NULL;
-    int64_t *jids = NULL, *pids = NULL;
+    int64_t *jids = NULL;
     int64_t njids = 0, jids_cap = 0;
+    partial_info pi = {.listed = -1};
     int rc = 0;
     fmoe__journal_reader *jr = NULL;
     fmoe_trace_writer *w = NULL;
@@ -1051,26 +1103,27 @@ int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recov
                             tmp);
         goto done;
     }
+    const int have_partial = exists(partial);
     fmoe_trace_header h;
     fmoe_trace_write_options o;
-    int64_t ptokens = 0, np;
     if ((rc = fmoe__journal_reader_open(&jr, journal, &h, &o)) < 0) {
         /* A journal whose header record is torn or damaged decodes nothing: the .partial
          * is the only source left. */
-        if (rc != FMOE_EFORMAT || !exists(partial)) goto done;
+        if (rc != FMOE_EFORMAT || !have_partial) goto done;
         char why[768];
         snprintf(why, sizeof why, "%s", fmoe_error_detail());
-        if ((np = trace_reads(partial, &ptokens, &pids)) < 0) {
+        if ((rc = partial_read(partial, 1, &pi)) < 0) goto done;
+        if (!pi.whole) {
             rc = fmoe_error_set(FMOE_EFORMAT, "%s; and %s does not read as a trace (%s)", why,
-                                partial, fmoe_error_detail());
+                                partial, pi.why);
             goto done;
         }
         rep->damaged = rep->kept = 1;
         rep->damaged_at = FILE_HEAD;
-        rep->partial_requests = rep->requests = np;
-        rep->tokens = ptokens;
+        rep->partial_requests = rep->requests = pi.listed;
+        rep->tokens = pi.tokens;
         snprintf(rep->damage, sizeof rep->damage, "%s; the trace is %s's %lld requests", why,
-                 partial, (long long)np);
+                 partial, (long long)pi.listed);
         if ((rc = copy_file(partial, tmp)) == 0) rc = publish(tmp, output);
         goto done;
     }
@@ -1102,35 +1155,67 @@ int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recov
     rep->dropped_bytes = fmoe__journal_reader_dropped(jr);
     rep->damaged_bytes =
         fmoe__journal_reader_damaged(jr, &rep->damaged_at, &rep->damaged_regions);
-    if (rep->damaged_bytes > 0) {
+
+    /* The second source, read every time (see above): its ids, and all of it when the
+     * journal turns out to lack something. */
+    if (have_partial && (rc = partial_read(partial, rep->damaged_bytes > 0, &pi)) < 0) goto done;
+    const int64_t lacked = pi.listed > 0 ? ids_missing(pi.ids, pi.listed, jids, njids) : 0;
+    if (have_partial && lacked > 0 && rep->damaged_bytes == 0 &&
+        (rc = partial_read(partial, 1, &pi)) < 0)
+        goto done;
+    rep->partial_requests = pi.whole ? pi.listed : -1;
+    if (rep->damaged_bytes > 0 || lacked > 0) {
         rep->damaged = rep->kept = 1;
-        int len = snprintf(rep->damage, sizeof rep->damage,
+        int len;
+        if (rep->damaged_bytes > 0) {
+            len = snprintf(rep->damage, sizeof rep->damage,
                            "%s: damaged at byte %lld (%lld byte%s in %d stretch%s that do not "
-                           "check out; a kill damages only the end); the other %lld "
-                           "request%s checked out",
+                           "check out, which no kill leaves); the other %lld request%s "
+                           "checked out",
                            journal, (long long)rep->damaged_at, (long long)rep->damaged_bytes,
                            rep->damaged_bytes == 1 ? "" : "s", (int)rep->damaged_regions,
                            rep->damaged_regions == 1 ? "" : "es", (long long)njids,
                            njids == 1 ? "" : "s");
-        /* the second source: the .partial, flushed per request, often holds the requests
-         * the damage cost; it wins when it holds every request the journal gave, and more */
-        const int have_partial = exists(partial);
-        np = have_partial ? trace_reads(partial, &ptokens, &pids) : -1;
-        rep->partial_requests = np;
-        const int use_partial = np > njids && ids_within(jids, njids, pids, np);
-        if (len > 0 && (size_t)len < sizeof rep->damage)
-            snprintf(rep->damage + len, sizeof rep->damage - (size_t)len, "; %s %s",
-                     partial,
-                     !have_partial ? "is not there"
-                     : np < 0      ? "does not read as a trace"
-                     : use_partial ? "holds them and more: the trace is its copy"
-                                   : "holds no more");
+        } else {
+            rep->damaged_at = fmoe__journal_reader_whole_end(jr);
+            len = snprintf(rep->damage, sizeof rep->damage,
+                           "%s: cut short at byte %lld after %lld request%s, and %s lists %lld "
+                           "it lacks (no kill does that: each request is journalled before "
+                           "the .partial gets it)",
+                           journal, (long long)rep->damaged_at, (long long)njids,
+                           njids == 1 ? "" : "s", partial, (long long)lacked);
+        }
+        /* the .partial's copy wins when it reads whole and holds every request the journal
+         * gave, and more */
+        const int use_partial = pi.whole && pi.listed > njids &&
+                                ids_missing(jids, njids, pi.ids, pi.listed) == 0;
+        if (len > 0 && (size_t)len < sizeof rep->damage) {
+            char *at = rep->damage + len;
+            const size_t cap = sizeof rep->damage - (size_t)len;
+            if (use_partial)
+                snprintf(at, cap, "; %s holds them and more: the trace is its copy (%lld "
+                                  "requests)",
+                         partial, (long long)pi.listed);
+            else if (!have_partial)
+                snprintf(at, cap, "; %s is not there", partial);
+            else if (pi.listed < 0)
+                snprintf(at, cap, "; %s does not read as a trace", partial);
+            else if (!pi.whole)
+                snprintf(at, cap, "; %s does not read whole (%s): the trace is the journal's",
+                         partial, pi.why);
+            else if (lacked > 0)
+                snprintf(at, cap, "; %s lacks some of the journal's: the trace is the "
+                                  "journal's",
+                         partial);
+            else
+                snprintf(at, cap, "; %s holds no more", partial);
+        }
         if (use_partial) {
             fmoe_trace_writer_abort(w);
             w = NULL;
             rep->from_journal = 0;
-            rep->requests = np;
-            rep->tokens = ptokens;
+            rep->requests = pi.listed;
+            rep->tokens = pi.tokens;
             if ((rc = copy_file(partial, tmp)) == 0) rc = publish(tmp, output);
             goto done;
         }
@@ -1139,7 +1224,9 @@ int fmoe_trace_recover(const char *partial, const char *output, fmoe_trace_recov
     w = NULL;
     if (rc < 0 || (rc = publish(tmp, output)) < 0) goto done;
     if (!rep->damaged) {
-        /* the trace holds everything they did (the torn tail was no finished request) */
+        /* the trace holds everything they did: the torn tail was no finished request, and
+         * the .partial lists nothing the journal lacks (or does not open at all: a kill in
+         * the middle of an HDF5 write, which the journal is there for) */
         unlink(journal);
         unlink(partial);
     }
@@ -1147,7 +1234,7 @@ done:
     if (w) fmoe_trace_writer_abort(w);
     fmoe__journal_reader_close(jr);
     free(jids);
-    free(pids);
+    free(pi.ids);
     free(tmp);
     free(journal);
     free(def);

@@ -50,11 +50,17 @@ int fmoe__journal_reader_open(fmoe__journal_reader **out, const char *path, fmoe
  * header gives it): 1 with *q (arrays owned by the reader, valid until the next call), 0 at
  * the end, < 0 on a read error. Bytes that do not check are skipped up to the next record
  * that does (fmoe__journal_reader_damaged); when none follows, they are the torn tail a
- * kill leaves (fmoe__journal_reader_dropped) if they look like one, else damage too. */
+ * kill leaves (fmoe__journal_reader_dropped) if they look like one (a request record with
+ * CRC 0, its length at least the bytes left and the one its fixed fields give), else damage
+ * too: a record whose CRC was written was whole, whatever its length field now says. */
 int fmoe__journal_reader_next(fmoe__journal_reader *r, fmoe_trace_request *q);
 
 /* Bytes of the torn last record (a request the kill cut short), once next returned 0. */
 int64_t fmoe__journal_reader_dropped(const fmoe__journal_reader *r);
+
+/* The offset just past the last record that checked out (the header record's end when no
+ * request did): where a journal cut short at a record boundary ends. */
+int64_t fmoe__journal_reader_whole_end(const fmoe__journal_reader *r);
 
 /* Bytes skipped as damage so far; *first_at (may be NULL) the first of them (-1: none),
  * *regions (may be NULL) how many separate stretches. */

@@ -96,6 +96,7 @@ struct fmoe_trace_writer {
     int64_t num_requests;
     int64_t num_tokens; /* T so far = last token_offset */
     int broken; /* an HDF5 write failed mid-append: refuse further appends */
+    char broken_why[256]; /* that failure's detail, for a close that fails after it */
     int32_t unflushed; /* requests appended since the last flush */
     uint16_t *scratch; /* float32 -> binary16 staging, [scratch_cap] */
     size_t scratch_cap;
@@ -631,6 +632,7 @@ static int writer_append(fmoe_trace_writer *w, const fmoe_trace_request *req) {
         int jrc = fmoe__journal_append(w->journal, req);
         if (jrc < 0) {
             w->broken = 1;
+            snprintf(w->broken_why, sizeof w->broken_why, "%s", fmoe_error_detail());
             return jrc;
         }
     }
@@ -695,6 +697,7 @@ fail:
     /* Some datasets may have grown and others not; the file on disk still ends at the
      * last flush, but this writer can no longer extend it consistently. */
     w->broken = 1;
+    snprintf(w->broken_why, sizeof w->broken_why, "%s", fmoe_error_detail());
     return rc;
 }
 
@@ -702,30 +705,45 @@ fail:
  * Close and abort
  * ------------------------------------------------------------------------------------- */
 
-/* What a failed close leaves: with a journal, the journal (every request; recoverable
- * once the disk has room again) and nothing else; without, nothing. */
+/* What a failed close leaves. Without a journal (an importer, a merge: run again),
+ * nothing. With one, the journal and the .partial both, as a kill would leave them: the
+ * journal holds every request, and the .partial (flushed per request) may hold them too;
+ * `fmoe trace recover` reads both and removes them only once its trace holds everything
+ * they do. (It once removed the .partial here, so a journal that was damaged as well left
+ * no second copy.) */
 static int close_failed(fmoe_trace_writer *w, int rc) {
-    unlink(w->partial);
-    if (!w->journal) return rc;
+    if (!w->journal) {
+        unlink(w->partial);
+        return rc;
+    }
     fmoe__journal_close(w->journal, 0);
     w->journal = NULL;
     char why[512];
     snprintf(why, sizeof why, "%s", fmoe_error_detail());
-    return fmoe_error_set(rc, "%s; the requests are kept in %s ('fmoe trace recover %s' "
-                              "rebuilds the trace)",
-                          why, w->journal_path, w->partial);
+    return fmoe_error_set(rc, "%s; the requests are kept in %s and %s ('fmoe trace recover "
+                              "%s' rebuilds the trace)",
+                          why, w->journal_path, w->partial, w->partial);
+}
+
+/* The reason a close failed: after a failed append, that append's (libhdf5's own message
+ * then is about its internal state, "slist already enabled?"), else libhdf5's. */
+static int close_error(fmoe_trace_writer *w) {
+    char msg[256];
+    if (w->broken && w->broken_why[0])
+        return fmoe_error_set(FMOE_EIO, "%s: cannot close after a failed append (%s)",
+                              w->partial, w->broken_why);
+    return fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", w->partial,
+                          fmoe__h5_errmsg(msg, sizeof msg));
 }
 
 static int writer_close(fmoe_trace_writer *w) {
     if (!w) return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_writer_close: NULL writer");
     int rc = 0;
-    char msg[256];
     writer_close_handles(w);
     /* A close that fails (its last flush hit a full disk) leaves HDF5's id dangling; it is
      * never touched again (hdf5_util.c, h5_mutex_init). */
     if (H5Fclose(w->file) < 0) {
-        rc = close_failed(w, fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", w->partial,
-                                            fmoe__h5_errmsg(msg, sizeof msg)));
+        rc = close_failed(w, close_error(w));
     } else if (w->broken) {
         /* Keep the .partial (and the journal): they hold every request appended before the
          * failure. */
@@ -747,11 +765,8 @@ static int writer_close(fmoe_trace_writer *w) {
 static int writer_close_partial(fmoe_trace_writer *w) {
     if (!w) return fmoe_error_set(FMOE_EINVAL, "fmoe_trace_writer_close_partial: NULL writer");
     int rc = 0;
-    char msg[256];
     writer_close_handles(w);
-    if (H5Fclose(w->file) < 0)
-        rc = close_failed(w, fmoe_error_set(FMOE_EIO, "%s: cannot close: %s", w->partial,
-                                            fmoe__h5_errmsg(msg, sizeof msg)));
+    if (H5Fclose(w->file) < 0) rc = close_failed(w, close_error(w));
     writer_free(w); /* keeps the journal */
     return rc;
 }

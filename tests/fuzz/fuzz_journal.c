@@ -9,11 +9,18 @@
  *         records + torn tail + damage <= the file).
  *   odd   the rest is a script: a journal of N requests is written by the real writer
  *         (fmoe__journal_append; sizes and header options from the script), then bytes
- *         are flipped, zeroed or the file cut, as the script says. The invariant: when the
- *         header record is intact, every request record whose bytes are all still there
- *         unchanged is recovered, with its values; nothing else is (no record is made up);
- *         and a loss is always accounted for as torn tail or damage, never silent. A
- *         script that only cuts must report no damage.
+ *         are flipped or zeroed, a record's length field changed (a bit flipped, moved by
+ *         up to 256, or set to end near the end of the file), the file cut as a kill cuts
+ *         it (inside the record being appended, whose CRC is still 0) or as a lost end does
+ *         (the CRC written), as the script says. The invariant: when the header record is
+ *         intact, every request record whose bytes are all still there unchanged is
+ *         recovered, with its values; nothing else is (no record is made up); and a loss
+ *         is always accounted for as torn tail or damage, never silent. A script that only
+ *         cuts as a kill does must report no damage.
+ *   both  a torn tail is claimed only where the append could have left one: a request
+ *         record's head whose CRC field (as far as the file keeps it) is still 0. A record
+ *         whose CRC was written was whole; losing it, whatever its length field says, is
+ *         damage (a flipped bit in the last record's length once passed for a torn tail).
  * Seeds: scripts and journals made by fuzz_seeded_replay below with
  * FMOE_FUZZ_WRITE_SEEDS (tests/fuzz/README.md).
  */
@@ -38,6 +45,24 @@
 static void fail(const char *what) {
     fprintf(stderr, "fuzz_journal: %s (%s)\n", what, fmoe_error_detail());
     abort();
+}
+
+/* A torn tail claimed over the last `dropped` of b[0..n) must begin with what the append
+ * writes first: kind 2 and CRC 0, as far as those bytes are there. */
+static void check_torn_claim(const unsigned char *b, size_t n, int64_t dropped) {
+    if (dropped <= 0) return;
+    if ((uint64_t)dropped > n) fail("a torn tail longer than the file");
+    const size_t at = n - (size_t)dropped;
+    const uint32_t kind = 2, zero = 0;
+    unsigned char begun[8];
+    memcpy(begun, &kind, 4);
+    memcpy(begun + 4, &zero, 4);
+    const size_t have = (size_t)dropped < 8 ? (size_t)dropped : 8;
+    if (memcmp(b + at, begun, have) != 0) {
+        fprintf(stderr, "fuzz_journal: a torn tail claimed at byte %zu, whose head is no "
+                        "record the append was still writing\n", at);
+        abort();
+    }
 }
 
 static const char *work_path(const char *name) {
@@ -77,6 +102,7 @@ static void raw_journal(const uint8_t *data, size_t size) {
         fail("accounted for more bytes than the file has");
     if ((damaged > 0) != (regions > 0) || (damaged > 0) != (first >= 0))
         fail("damage counters disagree");
+    check_torn_claim(data, size, dropped);
     fmoe__journal_reader_close(r);
 }
 
@@ -207,22 +233,55 @@ static void scripted_journal(const uint8_t *data, size_t size) {
     }
     if (at != n) fail("the framing does not add up to the file");
 
-    /* the damage, 3 bytes an edit: op, position (16 bits, scaled to the file) */
+    /* the damage, 3 bytes an edit: op, then two bytes x, y: for the byte edits and the
+     * cuts a position (x << 8 | y, scaled to the file), for a length edit the record (x)
+     * and the amount (y) */
     unsigned char *b = malloc(n);
     memcpy(b, orig, n);
     size_t len = n;
-    int only_cuts = 1;
+    int only_kill_cuts = 1;
     while (s.at + 3 <= s.n) {
-        const unsigned op = next_byte(&s);
-        const size_t pos = ((size_t)next_byte(&s) << 8 | next_byte(&s)) * n / 65536;
-        if (pos >= len) continue;
-        switch (op % 3) {
-        case 0: b[pos] ^= (unsigned char)(1u << (op >> 5)); only_cuts = 0; break;
-        case 1: /* a run of zeros, as a lost block reads */
-            for (size_t i = pos; i < len && i < pos + 1 + (op >> 2); i++) b[i] = 0;
-            only_cuts = 0;
+        const unsigned op = next_byte(&s), x = next_byte(&s), y = next_byte(&s);
+        const size_t pos = ((size_t)x << 8 | y) * n / 65536;
+        int rec = 0; /* the record holding pos, by the writer's framing */
+        while (rec < nrec && end[rec] <= pos) rec++;
+        switch (op % 5) {
+        case 0:
+            if (pos >= len) break;
+            b[pos] ^= (unsigned char)(1u << (op >> 5));
+            only_kill_cuts = 0;
             break;
-        case 2: len = pos; break;
+        case 1: /* a run of zeros, as a lost block reads */
+            if (pos >= len) break;
+            for (size_t i = pos; i < len && i < pos + 1 + (op >> 3); i++) b[i] = 0;
+            only_kill_cuts = 0;
+            break;
+        case 2: /* a kill inside an append: the record it cuts has not got its CRC yet */
+            if (pos >= len) break;
+            for (size_t i = start[rec] + 4; pos > start[rec] && i < start[rec] + 8 && i < pos; i++)
+                b[i] = 0;
+            len = pos;
+            break;
+        case 3: /* the file lost its end: every record before was whole */
+            if (pos >= len) break;
+            len = pos;
+            only_kill_cuts = 0;
+            break;
+        case 4: { /* a record's length field */
+            const size_t at = start[x % (nrec + 1)] + 8;
+            if (at + 8 > len) break;
+            uint64_t v;
+            memcpy(&v, b + at, 8);
+            switch ((op >> 3) % 4) {
+            case 0: v ^= (uint64_t)1 << (y % 64); break;
+            case 1: v += 1 + (uint64_t)y; break;
+            case 2: v -= 1 + (uint64_t)y; break;
+            case 3: v = (uint64_t)(len - (at + 8)) + (uint64_t)(y % 16) - 8; break;
+            }
+            memcpy(b + at, &v, 8);
+            only_kill_cuts = 0;
+            break;
+        }
         }
     }
     const char *path = fuzz_memfile(1, b, len);
@@ -267,7 +326,8 @@ static void scripted_journal(const uint8_t *data, size_t size) {
     int present = 0;
     for (int i = 0; i < nrec; i++) present += start[i + 1] < len;
     if (recovered < present && damaged + dropped == 0) fail("lost a request without saying so");
-    if (only_cuts && damaged != 0) fail("a cut reported as damage");
+    if (only_kill_cuts && damaged != 0) fail("a kill's cut reported as damage");
+    check_torn_claim(b, len, dropped);
     fmoe__journal_reader_close(r);
     free(b);
     free(orig);
@@ -295,6 +355,13 @@ static void seed_out(const void *p, size_t n, int every) {
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(p, 1, n, f) != n) fail("cannot write a seed");
     fclose(f);
+}
+
+/* The script's op byte for edit `kind` (op % 5) and, for a length edit, `way` ((op >> 3) % 4). */
+static uint8_t script_op(unsigned kind, unsigned way) {
+    for (unsigned op = 0; op < 256; op++)
+        if (op % 5 == kind && (op >> 3) % 4 == way) return (uint8_t)op;
+    abort();
 }
 
 /* Seeded scripts (random bytes are a valid script) and raw journals: a scripted one's
@@ -343,6 +410,29 @@ int fuzz_seeded_replay(void) {
     }
     LLVMFuzzerTestOneInput(clean, sizeof clean);
     seed_out(clean, sizeof clean, 1);
+    /* every bit of every record's length field (the header record's too), each way of
+     * changing it, alone and after a kill's cut near the end; the framing oracle and
+     * check_torn_claim say whether each loss was reported, and as what */
+    int lengths = 0;
+    for (unsigned rec = 0; rec <= 6; rec++)
+        for (unsigned way = 0; way < 4; way++)
+            for (unsigned y = 0; y < 64; y += way == 0 ? 1 : 9)
+                for (int cut = 0; cut < 2; cut++) {
+                    uint8_t sc[16] = {1, 2, 5, 0x11, 0x22, 0x33, 0x0f, 0x2a, 0x3c};
+                    size_t k = 9;
+                    if (cut) { /* at 0xff00 of 0x10000 of the file: in the last record */
+                        sc[k++] = script_op(2, 0);
+                        sc[k++] = 0xff;
+                        sc[k++] = 0x00;
+                    }
+                    sc[k++] = script_op(4, way);
+                    sc[k++] = (uint8_t)rec;
+                    sc[k++] = (uint8_t)y;
+                    seed_out(sc, k, 40);
+                    LLVMFuzzerTestOneInput(sc, k);
+                    lengths++;
+                }
+    printf("fuzz_journal: %d length-field edits replayed\n", lengths);
     seed_out(src, n + 1, 1);
     printf("fuzz_journal: 3000 seeded scripts and 2000 mutations of a journal replayed\n");
     free(src);

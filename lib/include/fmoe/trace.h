@@ -154,7 +154,10 @@ int fmoe_trace_writer_open(fmoe_trace_writer **out, const char *path,
 /* Appends one request and flushes. Validates expert ids < J and array presence. */
 int fmoe_trace_writer_append_request(fmoe_trace_writer *w, const fmoe_trace_request *req);
 
-/* Finishes the file and renames it into place; frees `w` whatever the outcome. */
+/* Finishes the file and renames it into place; frees `w` whatever the outcome. When it
+ * fails, or an append failed before, a writer that keeps a journal leaves the journal and
+ * the .partial for fmoe_trace_recover (a failed close no longer removes the .partial); one
+ * without a journal leaves nothing. @return 0 or FMOE_EIO naming the file and the reason. */
 int fmoe_trace_writer_close(fmoe_trace_writer *w);
 
 /* Removes the partial file (and its journal) and frees `w`. NULL is a no-op. */
@@ -181,17 +184,20 @@ typedef struct fmoe_trace_recover_report {
     int64_t dropped_bytes; /* journal bytes of its torn last record (a request the kill cut) */
     char output[4096];     /* the trace written */
     /* Damage: bytes that do not check anywhere but in the torn tail, which a kill cannot
-     * leave (a flipped bit, a block the disk lost). The records that check out around it
-     * are recovered, the .partial is read as a second source, and both leftovers are kept;
-     * the caller should report a failure. */
+     * leave (a flipped bit, a block the disk lost, a length field changed), or a journal
+     * lacking requests the .partial lists (cut short at a record boundary). The records
+     * that check out are recovered, the .partial's copy used when it holds them and more,
+     * and both leftovers are kept; the caller should report a failure. */
     int damaged;              /* 1: damage was found (the fields below say where) */
     int64_t damaged_bytes;    /* journal bytes skipped as damage */
-    int64_t damaged_at;       /* the first of them, -1: none */
+    int64_t damaged_at;       /* the first of them (with none: where a journal lacking
+                                 the .partial's requests ends), -1: no damage */
     int32_t damaged_regions;  /* separate damaged stretches */
     int64_t journal_requests; /* requests that checked out in the journal, -1: its header
                                  record could not be read */
-    int64_t partial_requests; /* requests the .partial holds when it was read as a second
-                                 source and reads as a trace, else -1 */
+    int64_t partial_requests; /* requests the .partial holds when it was read whole as
+                                 the second source (on damage) and reads as a trace,
+                                 else -1 */
     int kept;                 /* 1: the journal and the .partial were left in place */
     char damage[1024];        /* with damaged: one line, what and where */
 } fmoe_trace_recover_report;
@@ -199,10 +205,14 @@ typedef struct fmoe_trace_recover_report {
 /* Turns PARTIAL ("TRACE.h5.partial", left by a killed or interrupted writer) into a valid
  * trace at `output` (NULL: TRACE.h5): from PARTIAL.journal when there is one, else by
  * checking that PARTIAL reads as a whole trace and renaming it. A journal torn only at its
- * end (what a kill leaves) gives every request before the tear, and then the journal and
- * PARTIAL are removed: the output holds everything they did. A journal damaged elsewhere
- * gives the records that still check out, or PARTIAL's requests when PARTIAL reads as a
- * trace holding all of those and more; rep->damaged is set and nothing is removed. The
+ * end (what a kill leaves: a last record with CRC 0) gives every request before the tear;
+ * when PARTIAL lists no request the journal lacks (or does not open), the journal and
+ * PARTIAL are then removed: the output holds everything they did. A journal damaged
+ * anywhere (its end too: a record whose CRC was written was whole), or one that lacks
+ * requests PARTIAL lists (cut short at a record boundary), gives the records that still
+ * check out, or PARTIAL's requests when PARTIAL reads as a trace holding all of those and
+ * more; rep->damaged is set (rep->damaged_at: the damage, or where the short journal
+ * ends), rep->damage says which, and nothing is removed. The
  * output is written as "OUTPUT.recovering" and linked into place; an existing `output`
  * (or OUTPUT.recovering) is never replaced. @return 0 with *rep; FMOE_EINVAL (PARTIAL does
  * not end in .partial), FMOE_EIO (output exists, cannot write), FMOE_EFORMAT (no journal
