@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "backend_cli.h"
+#include "calibrate_link.h"
 #include "cmd_common.h"
 #include "paths.h"
 #include "fmoe/cuda.h"
@@ -134,8 +135,9 @@ static const cmd_option calibrate_options[] = {
              "live on",
      .default_text = "$TMPDIR or /tmp", .offset = offsetof(options, file_dir)},
     {.name = "link-file", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
-     .help = "time the file link on reads of FILE itself with O_DIRECT (the model's "
-             "safetensors: what --tier file --direct-io reads) instead of a scratch file",
+     .help = "time the file link on FILE with O_DIRECT instead of a scratch file: a model "
+             "(a GGUF file or a model directory) on its own experts, read as --tier file "
+             "--direct-io reads them; any other file on reads of its bytes",
      .offset = offsetof(options, link_file)},
     {.name = "read-depth", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "file link: requests in flight per read, each read split into segments of at "
@@ -334,6 +336,8 @@ static double chain_flops(const int32_t *rows, const int32_t *cols, int32_t m) {
 typedef struct measurements {
     series ram, file, h2d;
     fmoe_file_cache file_cache;
+    int32_t file_expert_reads; /* --link-file MODEL: the file link timed on its experts,
+                                  this many reads per point (0: on reads of a file's bytes) */
     series expert_cpu, layer_cpu, attn_cpu, expert_gpu, layer_gpu, attn_gpu;
     series head_cpu, head_gpu; /* the LM head, [vocab x hidden] */
     series over_cpu, over_gpu; /* a MoE layer's other ops and waits (backend_bench.c) */
@@ -484,18 +488,29 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
     const int32_t nf = o->quick ? 3 : 6; /* file: 64 KiB .. 64 MiB (quick: 4 KiB .. 1 MiB) */
     const int64_t *fsizes = sizes;
     m->file = (series){.what = "copy file->RAM", .n = nf};
-    if (o->link_file) {
+    if (o->link_file && calibrate_link_is_model(o->link_file)) {
+        /* a model: its own experts, read as the live file tier reads them */
+        calibrate_expert_reads er;
         m->file_cache = FMOE_FILE_CACHE_DIRECT;
-        /* 7 repetitions: these reads take about half a second, and the medians of a shared
-         * virtual disk steady with more of them */
-        rc = fmoe_calibrate_read_file(o->link_file, fsizes, nf, o->quick ? reps : 7,
-                                      o->read_depth, sec);
+        FMOE_FORWARD_IF_ERROR(calibrate_expert_reads_run(o->link_file, o->read_depth, o->quick,
+                                                         &er));
+        m->file.n = er.n;
+        for (int32_t i = 0; i < er.n; i++) m->file.x[i] = er.bytes[i], m->file.y[i] = er.seconds[i];
+        m->file_expert_reads = er.reads;
     } else {
-        rc = fmoe_calibrate_copy_file(o->file_dir, fsizes, nf, reps, o->read_depth, sec,
-                                      &m->file_cache);
+        if (o->link_file) {
+            m->file_cache = FMOE_FILE_CACHE_DIRECT;
+            /* 7 repetitions: these reads take about half a second, and the medians of a
+             * shared virtual disk steady with more of them */
+            rc = fmoe_calibrate_read_file(o->link_file, fsizes, nf, o->quick ? reps : 7,
+                                          o->read_depth, sec);
+        } else {
+            rc = fmoe_calibrate_copy_file(o->file_dir, fsizes, nf, reps, o->read_depth, sec,
+                                          &m->file_cache);
+        }
+        if (rc < 0) return rc;
+        for (int32_t i = 0; i < nf; i++) m->file.x[i] = (double)fsizes[i], m->file.y[i] = sec[i];
     }
-    if (rc < 0) return rc;
-    for (int32_t i = 0; i < nf; i++) m->file.x[i] = (double)fsizes[i], m->file.y[i] = sec[i];
     fit_link(&m->file);
     if (m->have_gpu) { /* the cuda backend (cmd_calibrate sets it from --backend) */
         static const int64_t gsizes[] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20};
@@ -705,6 +720,11 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
         cJSON_AddNumberToObject(fl, "read_depth", o->read_depth);
         if (o->link_file) cJSON_AddStringToObject(fl, "file", o->link_file);
         else cJSON_AddStringToObject(fl, "dir", o->file_dir);
+        if (m->file_expert_reads) { /* the points are pieces of experts, not file ranges */
+            cJSON_AddStringToObject(fl, "reads", "experts of the model, as the file tier "
+                                                 "reads them: 1/8, 1/4, 1/2, whole");
+            cJSON_AddNumberToObject(fl, "reads_per_point", m->file_expert_reads);
+        }
     }
     add_link(links, "h2d", &m->h2d);
     cJSON *comp = cJSON_AddObjectToObject(cal, "compute");
@@ -769,7 +789,10 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
             sh->hidden, sh->ffn, sh->heads, sh->kv_heads, sh->head_dim,
             o->quick ? " (--quick: an eighth)" : "");
     report_link(&m->ram, "");
-    if (o->link_file)
+    if (o->link_file && m->file_expert_reads)
+        snprintf(note, sizeof note, " (experts of %.100s, O_DIRECT, read depth %d, %d reads a "
+                 "point)", o->link_file, o->read_depth, m->file_expert_reads);
+    else if (o->link_file)
         snprintf(note, sizeof note, " (%.100s, O_DIRECT, read depth %d)", o->link_file,
                  o->read_depth);
     else

@@ -288,6 +288,58 @@ def test_compute_is_timed_through_the_backend_table_with_the_layer_overhead(cali
     assert e2e(prof) > e2e(bare) > 0
 
 
+def test_link_file_of_a_model_times_its_experts_as_the_file_tier_reads_them(calibrate, fmoe,
+                                                                            tmp_path):
+    """--link-file MODEL (a model directory or a GGUF file) times the link on the model's
+    own experts through the live file tier's reads (O_DIRECT, --read-depth): pieces of
+    1/8, 1/4 and 1/2 of an expert and whole experts. The points' bytes are those pieces of
+    the expert size read from the files by safetensors/gguf-py, not from fmoe; the fit
+    has a positive rate; every point took positive time."""
+    import os
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT")
+    import struct
+    from gguf import GGUFReader
+    tiny = REPO / "datasets" / "fmoe-tiny"
+    # the bundled model: expert 0 of layer 0 is its gate, up and down projections, whose
+    # byte ranges the safetensors header gives (8 bytes of length, then JSON)
+    raw = (tiny / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    names = [n for n in header if ".mlp.experts.0." in n and ".layers.0." in n]
+    st_bytes = sum(header[n]["data_offsets"][1] - header[n]["data_offsets"][0] for n in names)
+    assert len(names) == 3
+    gguf = tmp_path / "tiny-q4k.gguf"
+    fmoe("quantize", "--type", "q4_k", "--experts-only", tiny, "-o", gguf, "--quiet")
+    r = GGUFReader(str(gguf))
+    stacked = [t for t in r.tensors if t.name.startswith("blk.0.ffn_") and "_exps" in t.name]
+    assert len(stacked) == 3
+    gguf_bytes = sum(int(t.n_bytes) // int(t.shape[-1]) for t in stacked)  # one expert's
+    for model, expert in ((tiny, st_bytes), (gguf, gguf_bytes)):
+        try:
+            fd = os.open(model if model.is_file() else model / "model.safetensors",
+                         os.O_RDONLY | os.O_DIRECT)
+            os.close(fd)
+        except OSError:
+            pytest.skip("O_DIRECT does not open here (tmpfs)")
+        p = json.loads(calibrate("--quick", "--quiet", "--link-file", model).stdout)
+        fl = p["calibration"]["links"]["file"]
+        assert fl["reads"].startswith("experts of the model") and fl["reads_per_point"] >= 4
+        assert fl["page_cache"] == "O_DIRECT" and fl["read_depth"] == 4
+        pts = fl["points"]
+        assert [round(x["bytes"]) for x in pts][-1] == expert, (pts, expert)
+        for x, pieces in zip(pts, (8, 4, 2, 1)):
+            # a random piece of each read: the mean lies between the short last piece
+            # and ceil(expert / pieces)
+            assert expert - (pieces - 1) * -(-expert // pieces) <= x["bytes"] <= -(-expert // pieces)
+            assert x["seconds"] > 0
+        assert p["link"]["beta_bytes_per_s"] > 0 and p["calibration"]["link_used"] == "file"
+    # a directory that is no model: one line naming what is missing
+    (tmp_path / "empty").mkdir()
+    r = calibrate("--quick", "--quiet", "--link-file", tmp_path / "empty", check=False)
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "empty/config.json" in r.stderr
+
+
 def test_link_file_times_o_direct_reads_of_the_given_file(calibrate, fmoe, tmp_path):
     """--link-file times the file link on O_DIRECT reads of an existing file (the model's
     safetensors, what `--tier file --direct-io` reads) instead of a scratch file; the

@@ -141,6 +141,22 @@ fmoe_offload_options fmoe_offload_defaults(void);
  * weights its own first, fmoe_model_own_weights). */
 fmoe_tier_kind fmoe_offload_resolve_tier(const fmoe_model *m, fmoe_tier_kind kind);
 
+/* Times reads of m's routed experts from its files exactly as the file tier of a live run
+ * reads them (fmoe_offload_options tier FILE, direct_io, read_depth): the link a profile
+ * for live offloading from disk should hold (fmoe calibrate --link-file MODEL). Point i
+ * is a piece of an expert in pieces[i] pieces (1: whole experts; the pieces --copy-chunks
+ * makes), each read at a random layer, expert and piece; a repetition reads each point
+ * once, so the drift of a shared disk slows every point alike; at least min_reps
+ * repetitions, more until min_seconds have passed (at most 1000). Out: bytes[i] the mean
+ * bytes of point i's reads, seconds[i] their mean time with the slowest and fastest tenth
+ * left out (a mean: a run's transfers add up; trimmed: one stall of a shared disk is not
+ * the link), *reps the repetitions made. @return 0, FMOE_EINVAL (no routed experts, a
+ * piece count < 1, n outside [1, 16]), FMOE_EIO (a read failed, named), FMOE_ENOMEM. */
+int fmoe_offload_time_file_reads(const fmoe_model *m, int direct_io, int32_t read_depth,
+                                 const int32_t *pieces, int32_t n, int32_t min_reps,
+                                 double min_seconds, double *bytes, double *seconds,
+                                 int32_t *reps);
+
 /* Loads the slow tier and starts the I/O thread. @return 0, FMOE_EINVAL (capacity < 1, an
  * unknown policy: the detail lists the valid ones; MISS_AUTO with a rate <= 0, a negative
  * or non-finite figure), FMOE_EUNSUPPORTED (a policy that needs
