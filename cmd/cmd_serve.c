@@ -45,7 +45,7 @@ static const char *const CMD = "serve";
 typedef struct serve_args {
     const char *model, *tokenizer, *host, *api_key, *port_file, *model_name, *trace_out, *backend;
     int32_t port, parallel, batch_tokens, max_queue, max_context, threads, timeout;
-    int32_t client_connections;
+    int32_t client_connections, max_connections, header_timeout;
     int32_t activations; /* fmoe_activations */
     int64_t max_body;
     double grace;
@@ -106,6 +106,17 @@ static const cmd_option serve_options[] = {
      .help = "seconds a connection may stay idle, and in which it must send a whole "
              "request (head and body), however slowly it trickles",
      .default_text = "30", .offset = offsetof(serve_args, timeout), .min = 1, .max = 86400},
+    {.name = "header-timeout", .kind = CMD_OPT_INT32, .value_name = "S",
+     .help = "seconds in which a connection must send a whole request head, after it opened "
+             "or after its previous request ended (an idle kept-alive connection is closed "
+             "then too); at most --timeout",
+     .default_text = "10", .offset = offsetof(serve_args, header_timeout), .min = 1,
+     .max = 86400},
+    {.name = "max-connections", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "connections held at once; one more takes the place of the connection that has "
+             "waited longest for its request, or is closed when all are being answered",
+     .default_text = "512", .offset = offsetof(serve_args, max_connections), .min = 1,
+     .max = 1 << 20},
     {.name = "client-connections", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "connections one client address may hold at once (more are closed at once); "
              "0: no limit",
@@ -135,7 +146,8 @@ static void init(void *base) {
     *(serve_args *)base = (serve_args){.host = "127.0.0.1", .port = 8000, .parallel = 4,
                                        .batch_tokens = FMOE_SIM_BATCH_TOKENS,
                                        .max_queue = 64, .max_body = 1 << 20, .timeout = 30,
-                                       .client_connections = 64,
+                                       .client_connections = 64, .max_connections = 512,
+                                       .header_timeout = 10,
                                        .grace = 10, .activations = FMOE_ACTIVATIONS_AUTO};
     cmd_offload_args_init(&((serve_args *)base)->off);
 }
@@ -244,6 +256,8 @@ int cmd_serve(int argc, char **argv) {
     serve_http_options ho = {.host = a.host, .port = a.port, .api_key = a.api_key,
                              .max_body_bytes = (size_t)a.max_body,
                              .connection_timeout_s = (unsigned)a.timeout,
+                             .header_timeout_s = (unsigned)a.header_timeout,
+                             .max_connections = (unsigned)a.max_connections,
                              .max_client_connections = (unsigned)a.client_connections,
                              .tokenizer = tok, .metrics = metrics};
     if ((err = serve_http_start(&ho, &http)) < 0) goto fail;

@@ -12,8 +12,13 @@
  * nothing else happens. The ticker also enforces the request deadline: a connection must
  * deliver a whole request, head and body, within request_timeout_s of its start (or of
  * its previous request's end), however it trickles the bytes; MHD's own timeout only
- * counts idle time, which one byte every few seconds resets (slowloris). One client
- * (address) holds at most max_client_connections connections.
+ * counts idle time, which one byte every few seconds resets (slowloris). The request head
+ * has a shorter deadline of its own (header_timeout_s), which also ends idle kept-alive
+ * connections. One client (address) holds at most max_client_connections connections,
+ * and the server max_connections: one more takes the place of the connection that has
+ * waited longest for a request head, so that connections sending nothing useful, from any
+ * number of addresses, cannot lock a legitimate client out (MHD's own limit, a little
+ * higher, is only a backstop: at it MHD stops accepting, and clients wait in the backlog).
  *
  * The engine pointer and the quiesce/stop flags are atomics; the connection list and the
  * suspension flags are under conn_mu, and MHD's suspend and resume are called with it
@@ -55,6 +60,9 @@ typedef struct conn_entry {
     int fd;
     double deadline;   /* monotonic seconds by which its request must be in; 0: none (a
                           request is being answered) */
+    double head_deadline; /* monotonic seconds by which its request head must be in; 0:
+                             none (the head is in) */
+    double waiting_since; /* monotonic seconds it began waiting for a request head */
     int reaped;        /* shut down for missing the deadline */
     int suspended;     /* suspended by a handler, not yet resumed */
     int news;          /* a wake-up came while not suspended: do not suspend next time */
@@ -77,6 +85,9 @@ struct serve_http {
     atomic_int active;         /* requests begun and not yet completed */
     atomic_uint_fast64_t id_counter; /* mixed into ids if getrandom fails */
     double request_timeout_s;
+    double header_timeout_s;
+    uint32_t max_connections;
+    uint32_t num_conns;        /* in conns */
     pthread_mutex_t conn_mu;   /* conns, every entry's fields, suspended */
     conn_entry *conns;
     int32_t suspended;         /* connections suspended now */
@@ -108,6 +119,35 @@ static double mono_s(void) {
  * Connections: start and end, the request deadline, suspension and wake-ups
  * ------------------------------------------------------------------------------------ */
 
+/* Ends a connection from outside its handlers (conn_mu held): MHD sees the end of the
+ * stream and closes it. */
+static void reap(conn_entry *ce) {
+    if (ce->reaped || ce->fd < 0) return;
+    ce->reaped = 1;
+    shutdown(ce->fd, SHUT_RDWR);
+}
+
+/* Over max_connections (conn_mu held): closes the connection that has waited longest for a
+ * request head (idle or trickling one); if none, the one whose body has been arriving
+ * longest; if none, `fresh`: every other connection is answering a request. Connections
+ * already reaped and not yet closed do not count. */
+static void make_room(serve_http *h, conn_entry *fresh) {
+    uint32_t live = 0;
+    conn_entry *no_head = NULL, *no_body = NULL;
+    for (conn_entry *ce = h->conns; ce; ce = ce->next) {
+        if (ce->reaped) continue;
+        live++;
+        if (ce == fresh || ce->fd < 0) continue;
+        if (ce->head_deadline > 0) {
+            if (!no_head || ce->waiting_since < no_head->waiting_since) no_head = ce;
+        } else if (ce->deadline > 0) {
+            if (!no_body || ce->waiting_since < no_body->waiting_since) no_body = ce;
+        }
+    }
+    if (live <= h->max_connections) return;
+    reap(no_head ? no_head : no_body ? no_body : fresh);
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code) {
     serve_http *h = cls;
@@ -121,11 +161,15 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         ce->c = c;
         ce->refs = 1;
         ce->fd = ci ? ci->connect_fd : -1;
-        ce->deadline = mono_s() + h->request_timeout_s;
+        const double now = mono_s();
+        ce->deadline = now + h->request_timeout_s;
+        ce->head_deadline = now + h->header_timeout_s;
+        ce->waiting_since = now;
         pthread_mutex_lock(&h->conn_mu);
         ce->next = h->conns;
         if (h->conns) h->conns->prev = ce;
         h->conns = ce;
+        if (++h->num_conns > h->max_connections) make_room(h, ce);
         pthread_mutex_unlock(&h->conn_mu);
         return;
     }
@@ -141,6 +185,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     if (ce->prev) ce->prev->next = ce->next;
     else h->conns = ce->next;
     if (ce->next) ce->next->prev = ce->prev;
+    h->num_conns--;
     if (ce->suspended) h->suspended--;
     ce->suspended = 0;
     ce->c = NULL;
@@ -179,7 +224,18 @@ static conn_entry *entry_of(struct MHD_Connection *c) {
 static void set_deadline(serve_http *h, conn_entry *ce, int on) {
     if (!ce) return;
     pthread_mutex_lock(&h->conn_mu);
-    ce->deadline = on ? mono_s() + h->request_timeout_s : 0;
+    const double now = mono_s();
+    ce->deadline = on ? now + h->request_timeout_s : 0;
+    ce->head_deadline = on ? now + h->header_timeout_s : 0;
+    if (on) ce->waiting_since = now;
+    pthread_mutex_unlock(&h->conn_mu);
+}
+
+/* The request head is in: no head deadline; the request deadline still runs. */
+static void head_arrived(serve_http *h, conn_entry *ce) {
+    if (!ce) return;
+    pthread_mutex_lock(&h->conn_mu);
+    ce->head_deadline = 0;
     pthread_mutex_unlock(&h->conn_mu);
 }
 
@@ -244,10 +300,9 @@ static void *ticker_main(void *arg) {
                 h->suspended--;
                 MHD_resume_connection(ce->c);
             }
-            if (ce->deadline > 0 && now > ce->deadline && !ce->reaped && ce->fd >= 0) {
-                ce->reaped = 1;
-                shutdown(ce->fd, SHUT_RDWR);
-            }
+            if ((ce->deadline > 0 && now > ce->deadline) ||
+                (ce->head_deadline > 0 && now > ce->head_deadline))
+                reap(ce);
         }
         pthread_mutex_unlock(&h->conn_mu);
     }
@@ -262,9 +317,10 @@ static const char error_oom[] =
     "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
     "\"code\":null}}";
 
-/* Queues body (malloc'd, taken; NULL: out of memory, answered with a fixed 500). */
-static enum MHD_Result reply(serve_http *h, struct MHD_Connection *c, int status,
-                             const char *content_type, char *body, size_t len) {
+/* Queues body (malloc'd, taken; NULL: out of memory, answered with a fixed 500); close:
+ * "Connection: close", the connection ends after it. */
+static enum MHD_Result reply_ex(serve_http *h, struct MHD_Connection *c, int status,
+                                const char *content_type, char *body, size_t len, int close) {
     struct MHD_Response *r;
     if (body) {
         r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
@@ -280,11 +336,17 @@ static enum MHD_Result reply(serve_http *h, struct MHD_Connection *c, int status
     if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, POST");
-    if (atomic_load(&h->quiesced)) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (close || atomic_load(&h->quiesced))
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     if (ok == MHD_YES) serve_metrics_http_status(h->metrics, status);
     return ok;
+}
+
+static enum MHD_Result reply(serve_http *h, struct MHD_Connection *c, int status,
+                             const char *content_type, char *body, size_t len) {
+    return reply_ex(h, c, status, content_type, body, len, 0);
 }
 
 static enum MHD_Result reply_json(serve_http *h, struct MHD_Connection *c, int status,
@@ -769,10 +831,56 @@ static enum MHD_Result reply_too_large(serve_http *h, struct MHD_Connection *c) 
  * The access handler
  * ------------------------------------------------------------------------------------ */
 
-/* The first call for a request: route, method, auth, declared length. A response queued
- * here means the body is never read. */
+/* What framing_check counts of a request's headers. */
+typedef struct framing {
+    int content_lengths;        /* Content-Length lines */
+    int conflicting;            /* two of them with different values */
+    int transfer_encoding;      /* Transfer-Encoding lines */
+    const char *first_length;   /* the first Content-Length value (MHD's storage) */
+} framing;
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value) {
+    (void)kind;
+    framing *f = cls;
+    if (!key) return MHD_YES;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (f->content_lengths++ == 0) f->first_length = value;
+        else if (strcmp(value ? value : "", f->first_length ? f->first_length : "") != 0)
+            f->conflicting = 1;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        f->transfer_encoding++;
+    }
+    return MHD_YES;
+}
+
+/* Request smuggling material: a body whose length two parsers may read differently.
+ * libmicrohttpd 0.9.75 accepts two Content-Length headers, and Transfer-Encoding beside
+ * Content-Length, reading the body one way where a proxy in front may read it the other;
+ * RFC 9112 section 6.3 makes both an error. @return NULL when the framing is unambiguous, else why not. */
+static const char *framing_check(struct MHD_Connection *c) {
+    framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
+    if (f.conflicting) return "the request has Content-Length headers with different values";
+    if (f.transfer_encoding && f.content_lengths)
+        return "the request has both Transfer-Encoding and Content-Length";
+    if (f.transfer_encoding > 1) return "the request has more than one Transfer-Encoding header";
+    return NULL;
+}
+
+/* The first call for a request: framing, route, method, auth, declared length. A response
+ * queued here means the body is never read. */
 static enum MHD_Result first_call(serve_http *h, struct MHD_Connection *c, const char *url,
                                   const char *method, request *r) {
+    const char *ambiguous = framing_check(c);
+    if (ambiguous) {
+        /* the connection closes after the answer: where its next request starts is what
+         * the two readings disagree on */
+        r->responded = 1;
+        char *json = serve_api_render_error("invalid_request_error", ambiguous, NULL,
+                                            "ambiguous_framing");
+        return reply_ex(h, c, 400, "application/json", json, json ? strlen(json) : 0, 1);
+    }
     int route = -1;
     for (int i = 0; i < NUM_ROUTES; i++)
         if (strcmp(url, routes[i].path) == 0) route = i;
@@ -783,7 +891,10 @@ static enum MHD_Result first_call(serve_http *h, struct MHD_Connection *c, const
         snprintf(msg, sizeof msg, "no such endpoint: %.200s", url);
         return reply_error(h, c, 404, "invalid_request_error", NULL, "not_found", msg);
     }
-    if (strcmp(method, routes[route].method) != 0) {
+    /* HEAD is GET without the body (MHD drops it), as RFC 9110 asks of every GET route */
+    const int head_of_get =
+        strcmp(method, "HEAD") == 0 && strcmp(routes[route].method, "GET") == 0;
+    if (strcmp(method, routes[route].method) != 0 && !head_of_get) {
         r->responded = 1;
         snprintf(msg, sizeof msg, "%s takes %s, not %.32s", routes[route].path,
                  routes[route].method, method);
@@ -837,6 +948,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(r = calloc(1, sizeof *r))) return MHD_NO;
         *con_cls = r;
         atomic_fetch_add(&h->active, 1);
+        head_arrived(h, entry_of(c));
         return first_call(h, c, url, method, r);
     }
     if (*upload_size) {
@@ -900,6 +1012,13 @@ static int listen_on(const char *host, int port, int *fd_out, int *port_out, int
     return 0;
 }
 
+/* MHD's own connection limit: ours plus room for the connections being closed to make
+ * room, spread over the pool's threads (MHD gives each thread an equal share). */
+static unsigned backstop_limit(uint32_t max_connections) {
+    uint64_t n = (uint64_t)max_connections + max_connections / 4 + 16 * POOL_THREADS;
+    return n > 1u << 20 ? 1u << 20 : (unsigned)n;
+}
+
 int serve_http_start(const serve_http_options *o, serve_http **out) {
     *out = NULL;
     FMOE_RETURN_ERROR_IF(!o || !o->tokenizer, FMOE_EINVAL, "serve_http_start: no tokenizer");
@@ -921,6 +1040,9 @@ int serve_http_start(const serve_http_options *o, serve_http **out) {
     const char *host = o->host && o->host[0] ? o->host : "127.0.0.1";
     const unsigned timeout = o->connection_timeout_s ? o->connection_timeout_s : 30;
     h->request_timeout_s = timeout;
+    const unsigned head = o->header_timeout_s ? o->header_timeout_s : 10;
+    h->header_timeout_s = head < timeout ? head : timeout;
+    h->max_connections = o->max_connections ? o->max_connections : 512;
     pthread_mutex_init(&h->conn_mu, NULL);
     int v6 = 0;
     int rc = listen_on(host, o->port, &h->listen_fd, &h->port, &v6);
@@ -944,7 +1066,7 @@ int serve_http_start(const serve_http_options *o, serve_http **out) {
             MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->listen_fd,
             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)POOL_THREADS,
             MHD_OPTION_CONNECTION_TIMEOUT, timeout,
-            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->max_connections ? o->max_connections : 256),
+            MHD_OPTION_CONNECTION_LIMIT, backstop_limit(h->max_connections),
             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_client_connections,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, (void *)h,
             MHD_OPTION_NOTIFY_CONNECTION, on_connection, (void *)h,

@@ -15,7 +15,10 @@
  * Endpoints: POST /v1/chat/completions, POST /v1/completions (openai_api.h has the
  * fields; "stream": true answers with server-sent events), GET /v1/models, GET /health
  * (200 {"status":"ok"}; 503 {"status":"loading"} or {"status":"stopping"}), GET /metrics
- * (Prometheus text 0.0.4). Anything else 404; a known path with another method 405.
+ * (Prometheus text 0.0.4); HEAD on a GET endpoint is GET without the body. Anything else
+ * 404; a known path with another method 405. Ambiguous body framing (two different
+ * Content-Length headers, Transfer-Encoding with Content-Length) 400, and the connection
+ * is closed.
  * Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}; the types
  * used: invalid_request_error (400, 404, 405, 413), authentication_error (401),
  * server_error (500), overloaded_error (503, with Retry-After: 1).
@@ -46,7 +49,14 @@ typedef struct serve_http_options {
                                        is one that has not sent a whole request (head and
                                        body) this long after it opened or after its previous
                                        request ended, however it trickles the bytes */
-    unsigned max_connections;       /* 0: 256 */
+    unsigned header_timeout_s;      /* 0: 10; a connection must send a whole request head
+                                       this long after it opened or after its previous
+                                       request ended (capped at connection_timeout_s): an
+                                       idle kept-alive connection ends then too */
+    unsigned max_connections;       /* 0: 512. A connection beyond it takes the place of
+                                       the one that has waited longest for its request
+                                       head (idle or trickling); when every connection is
+                                       answering a request, the new one is closed */
     unsigned max_client_connections; /* connections one client address may hold; 0: no
                                         limit (more are closed at once) */
     const fmoe_tokenizer *tokenizer; /* borrowed; outlives the server */

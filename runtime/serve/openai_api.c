@@ -138,6 +138,11 @@ static int parse_sampling(const cJSON *root, serve_api_request *r, int32_t *max_
         if (!cJSON_IsNumber(f)) return bad(err, "temperature", "'temperature' must be a number");
         if (!(f->valuedouble >= 0 && f->valuedouble <= 2))
             return bad(err, "temperature", "'temperature' is %g, outside [0, 2]", f->valuedouble);
+        /* as top_p: a positive double that the sampler's float holds as 0 would silently
+         * mean greedy decoding */
+        if (f->valuedouble > 0 && (float)f->valuedouble <= 0.0f)
+            return bad(err, "temperature", "'temperature' is %g, too small for a float: use 0 "
+                                           "for greedy decoding", f->valuedouble);
         s->temperature = (float)f->valuedouble;
     }
     if ((f = field(root, "top_p"))) {
@@ -374,6 +379,35 @@ static int chat_unsupported(const cJSON *root, serve_api_error *err) {
     return 0;
 }
 
+/* 1 when f asks for nothing: an empty array or object, 0, false, "" or "none". */
+static int is_noop(const cJSON *f) {
+    if (cJSON_IsFalse(f)) return 1;
+    if (cJSON_IsNumber(f)) return f->valuedouble == 0;
+    if (cJSON_IsString(f)) return f->valuestring[0] == '\0' || strcmp(f->valuestring, "none") == 0;
+    if (cJSON_IsArray(f) || cJSON_IsObject(f)) return f->child == NULL;
+    return 0;
+}
+
+/* Options of either endpoint that change what is generated and that fmoe does not do yet:
+ * refused with 400 naming the field, never ignored with a 200 that looks like compliance.
+ * A value that asks for nothing (null, [], {}, 0, "none", response_format {"type": "text"})
+ * is accepted. */
+static int either_unsupported(const cJSON *root, serve_api_error *err) {
+    static const char *const refused[] = {"tools", "tool_choice", "functions", "function_call",
+                                          "response_format", "logit_bias", "min_tokens"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        const cJSON *f = field(root, refused[i]);
+        if (!f || is_noop(f)) continue;
+        if (strcmp(refused[i], "response_format") == 0 && cJSON_IsObject(f)) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(f, "type");
+            if (cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0 && !f->child->next)
+                continue;
+        }
+        return bad(err, refused[i], "'%s' is not supported", refused[i]);
+    }
+    return 0;
+}
+
 /* The byte offset of the first JSON escape \u0000 in body, or -1. cJSON decodes it to a
  * NUL byte inside a C string, which would silently cut a prompt, a stop sequence or a role
  * short; a text with a NUL is refused instead. An escaped backslash followed by "u0000"
@@ -426,6 +460,7 @@ int serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_token
         goto fail;
     }
     if ((rc = parse_sampling(root, out, &max_tokens, err)) < 0) goto fail;
+    if ((rc = either_unsupported(root, err)) < 0) goto fail;
     if (kind == SERVE_API_CHAT) {
         if ((rc = chat_unsupported(root, err)) < 0) goto fail;
         rc = chat_prompt(root, tok, out, err);

@@ -127,3 +127,92 @@ def test_malformed_content_length_is_refused_and_the_server_goes_on(server):
     # a well-formed one still works on the same server
     st, _, out = post(server, "/v1/completions", {"model": "m", "prompt": "Hi", "max_tokens": 1})
     assert st == 200, out
+
+
+def test_temperature_below_float_range_is_refused(server):
+    """1e-320 is positive as a double and 0 as the sampler's float, which would silently
+    mean greedy decoding: refused as the same top_p is. 0 itself is greedy, as asked."""
+    for t in (1e-320, 1e-46):
+        st, _, body = post(server, "/v1/completions",
+                           {"model": "m", "prompt": "Hi", "max_tokens": 2, "temperature": t})
+        assert st == 400, (t, body)
+        assert error(body)["param"] == "temperature", body
+    st, _, body = post(server, "/v1/completions",
+                       {"model": "m", "prompt": "Hi", "max_tokens": 2, "temperature": 0})
+    assert st == 200, body
+
+
+UNSUPPORTED = {
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    "tool_choice": "required",
+    "response_format": {"type": "json_object"},
+    "logit_bias": {"15": -100},
+    "min_tokens": 3,
+}
+# values that ask for nothing: accepted, as logprobs false is
+NOOP = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+        "logit_bias": {}, "min_tokens": 0}
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_unsupported_field_is_refused_naming_it(server, name):
+    chat = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    comp = {"model": "m", "prompt": "Hi", "max_tokens": 2}
+    for path, req in (("/v1/chat/completions", chat), ("/v1/completions", comp)):
+        st, _, body = post(server, path, {**req, name: UNSUPPORTED[name]})
+        assert st == 400, (path, name, body)
+        e = error(body)
+        assert e["param"] == name and name in e["message"], (path, body)
+        st, _, body = post(server, path, {**req, name: NOOP[name]})
+        assert st == 200, (path, name, NOOP[name], body)
+
+
+def raw_reply(server, req, timeout=10):
+    """Sends req on a fresh connection and reads until the server closes it (a server that
+    keeps it open fails the test by the socket timeout)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as s:
+        s.sendall(req)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data
+
+
+def test_ambiguous_body_framing_is_refused_and_closed(server):
+    """Two Content-Length headers that disagree, or Transfer-Encoding beside Content-Length,
+    are request smuggling material (a proxy in front may frame the body the other way):
+    400 naming the cause, and the connection is closed, since where the next request would
+    start is what the readings disagree on. No "Connection: close" from the client."""
+    body = json.dumps({"model": "m", "prompt": "Hi", "max_tokens": 1}).encode()
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer sekret\r\n")
+    chunked = b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    cases = {
+        "two lengths": (b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+                        % (len(body), len(body) + 7) + body, b"Content-Length"),
+        "chunked and length": (b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n\r\n"
+                               % len(body) + chunked, b"Transfer-Encoding"),
+        "length and chunked": (b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n"
+                               % len(chunked) + chunked, b"Transfer-Encoding"),
+    }
+    for what, (rest, names) in cases.items():
+        data = raw_reply(server, head + rest)
+        assert data.startswith(b"HTTP/1.1 400 "), (what, data[:300])
+        assert names in data.split(b"\r\n\r\n", 1)[1], (what, data)
+        assert data.count(b"HTTP/1.1 ") == 1, (what, data)  # nothing after it was answered
+    # the same length twice frames the body one way only: served
+    data = raw_reply(server, head + b"Content-Length: %d\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n" % (len(body), len(body)) + body, timeout=60)
+    assert data.startswith(b"HTTP/1.1 200 "), data[:300]
+    st, _, _ = server.request("GET", "/health")
+    assert st == 200
+
+
+def test_head_of_a_get_endpoint_is_answered(server):
+    """HEAD is GET without the body (RFC 9110): load balancers probe /health with it."""
+    for path, key in (("/health", None), ("/v1/models", "sekret"), ("/metrics", None)):
+        st, headers, body = server.request("HEAD", path, None,
+                                           {"Authorization": f"Bearer {key}"} if key else {})
+        assert st == 200 and body == b"", (path, st, body)
+    st, _, _ = server.request("HEAD", "/v1/completions", None, {"Authorization": "Bearer sekret"})
+    assert st == 405
