@@ -136,7 +136,14 @@ static void sort_desc(float *v, int32_t *id, int32_t n) {
 int32_t fmoe_sampler_sample(fmoe_sampler *s, const float *logits) {
     const int32_t V = s->vocab;
     if (s->p.temperature == 0.0f) return fmoe_argmax(logits, V);
+    /* Scaled from the largest logit down: (x - max) / T is at most 0, so a temperature
+     * small enough that x / T overflows (1e-40, a float subnormal, made every logit inf
+     * and the softmax NaN: the last token each step) tends to greedy, as its limit does;
+     * one whose reciprocal overflows is greedy outright. */
     const float invT = 1.0f / s->p.temperature;
+    float lmax = -INFINITY;
+    for (int32_t i = 0; i < V; i++) lmax = logits[i] > lmax ? logits[i] : lmax;
+    if (!isfinite(invT) || !isfinite(lmax)) return fmoe_argmax(logits, V);
     float *val = s->val;
     int32_t *idx = s->idx;
     int32_t n = 0;
@@ -145,7 +152,7 @@ int32_t fmoe_sampler_sample(fmoe_sampler *s, const float *logits) {
     if (s->p.top_k > 0 && s->p.top_k < V) {
         const int32_t k = s->p.top_k;
         for (int32_t i = 0; i < V; i++) {
-            const float x = logits[i] == logits[i] ? logits[i] * invT : -INFINITY;
+            const float x = logits[i] == logits[i] ? (logits[i] - lmax) * invT : -INFINITY;
             if (n < k) {
                 val[n] = x;
                 idx[n] = i;
@@ -162,7 +169,7 @@ int32_t fmoe_sampler_sample(fmoe_sampler *s, const float *logits) {
         sorted = 1;
     } else {
         for (int32_t i = 0; i < V; i++) {
-            val[i] = logits[i] == logits[i] ? logits[i] * invT : -INFINITY;
+            val[i] = logits[i] == logits[i] ? (logits[i] - lmax) * invT : -INFINITY;
             idx[i] = i;
         }
         n = V;

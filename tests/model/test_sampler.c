@@ -87,6 +87,22 @@ TEST(temperature_top_k_top_p_distributions) {
     ASSERT_NEAR(f[0], 1.0, 1e-9);
 }
 
+/* A temperature so small that logit / T overflows a float (1e-40, a subnormal; 1e-38 with
+ * logits of 10) tends to greedy, its limit; before, every scaled logit was inf, the softmax
+ * NaN, and the last token came out each step. */
+TEST(tiny_temperatures_are_greedy) {
+    const float l[6] = {3.0f, 10.0f, -2.0f, 9.5f, 0.0f, -7.0f};
+    const float temps[4] = {1e-40f, 1e-38f, 1e-30f, 1e-20f};
+    for (int t = 0; t < 4; t++)
+        for (int top_k = 0; top_k <= 3; top_k += 3) {
+            fmoe_sampler *s = NULL;
+            ASSERT_EQ(fmoe_sampler_init(&(fmoe_sampler_params){temps[t], top_k, 1.0f, 9}, 6, &s),
+                      0);
+            for (int i = 0; i < 20; i++) ASSERT_EQ(fmoe_sampler_sample(s, l), 1);
+            fmoe_sampler_free(s);
+        }
+}
+
 TEST(bad_parameters_refused) {
     fmoe_sampler *s = NULL;
     ASSERT_EQ(fmoe_sampler_init(&(fmoe_sampler_params){-1.0f, 0, 1.0f, 0}, 10, &s), FMOE_EINVAL);
