@@ -1238,14 +1238,22 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
     const int32_t eamc_capacity =
         u->w.num_requests > 0 && u->w.num_requests < o.eamc_capacity ? (int32_t)u->w.num_requests
                                                                       : o.eamc_capacity;
-    /* A policy that does not prefetch runs once per cache size, whatever the distances. */
+    /* A policy that does not prefetch runs once per cache size, whatever the distances.
+     * A policy that takes the store runs, when --prefetch-distance leaves it to the policy,
+     * at the distance the store was built for (its redundancy scores weight the layers for
+     * it), not at its own default; cmd_sim_store_distance_note says when a given one
+     * differs. */
+    const int32_t store_d = cmd_sim_store_distance(&u->store);
     size_t k = *n;
     for (int p = 0; p < o.n_policies; p++) {
         const fmoe_policy_ops *ops = fmoe_policy_find(o.policies[p]);
+        const int by_store = store_d > 0 && (ops->flags & FMOE_POLICY_TAKES_STORE) &&
+                             (ops->flags & FMOE_POLICY_PREFETCHES);
         int noted = 0;
         for (int c = 0; c < n_caches; c++)
             for (int d = 0; d < o.n_distances; d++) {
                 int32_t dist = o.distances[d];
+                if (dist == 0 && by_store) dist = store_d;
                 if (dist == 0 && (dist = default_distance(o.policies[p], u->w.num_layers,
                                                           &noted)) < 0)
                     continue;
@@ -1275,6 +1283,7 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
         goto done;
     }
     for (size_t i = *n; i < k; i++) cmd_sim_store_apply(&u->store, &(*cells)[i]);
+    if (!notes_off) cmd_sim_store_distance_note(CMD, &u->store, *cells + *n, k - *n);
     u->ncells = k - *n;
     *n = k;
     goto done;

@@ -175,6 +175,48 @@ void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell) {
     }
 }
 
+int32_t cmd_sim_store_distance(const cmd_sim_store *s) {
+    return s->file ? fmoe_expertmap_config_of(s->file->store)->prefetch_distance : 0;
+}
+
+void cmd_sim_store_distance_note(const char *cmd, const cmd_sim_store *s,
+                                 const fmoe_sim_config *cells, size_t n) {
+    if (!s->file) return;
+    const int32_t d = cmd_sim_store_distance(s);
+    char list[256] = "";
+    size_t len = 0;
+    int32_t seen[64];
+    int n_seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        const fmoe_policy_ops *ops = cells[i].policy ? fmoe_policy_find(cells[i].policy) : NULL;
+        if (!ops || !(ops->flags & FMOE_POLICY_TAKES_STORE) ||
+            !(ops->flags & FMOE_POLICY_PREFETCHES))
+            continue;
+        /* 0: the policy's own default, which it runs at */
+        const int32_t ran = cells[i].prefetch_distance > 0 ? cells[i].prefetch_distance
+                                                           : ops->default_distance;
+        int dup = ran == d;
+        for (int k = 0; k < n_seen && !dup; k++) dup = seen[k] == ran;
+        if (dup || n_seen == (int)(sizeof seen / sizeof *seen)) continue;
+        seen[n_seen++] = ran;
+        if (len < sizeof list)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", len ? ", " : "",
+                                    (int)ran);
+    }
+    if (n_seen == 0) return;
+    if (d == 0)
+        fprintf(stderr,
+                "fmoe %s: note: %s was built for prefetch distance 0, which a prefetching "
+                "policy cannot run at; the fmoe policies run at %s\n",
+                cmd, s->path, list);
+    else
+        fprintf(stderr,
+                "fmoe %s: note: %s was built for prefetch distance %d (its redundancy scores "
+                "weight the layers for it); the fmoe policies also run at %s, as "
+                "--prefetch-distance asks\n",
+                cmd, s->path, (int)d, list);
+}
+
 void cmd_sim_store_costs(const cmd_sim_store *s, fmoe_sim_costs *costs) {
     if (s->match_delay_s >= 0) costs->match_delay_s = s->match_delay_s;
 }
