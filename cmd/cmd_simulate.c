@@ -29,6 +29,7 @@
 #include "fmoe/decision_log.h"
 #include "fmoe/error.h"
 #include "files.h"
+#include "sha256.h"
 #include "fmoe/geometry.h"
 #include "fmoe/gguf.h"
 #include "fmoe/hardware.h"
@@ -1159,6 +1160,7 @@ typedef struct sim_unit {
     fmoe_hardware_profile hw;
     int64_t expert_bytes;
     expert_size es;       /* whose it is, for the output */
+    char trace_id[65];    /* the trace's identity in --sweep-out (trace_identity) */
     double *arrivals;
     cmd_sim_store store;
     fmoe_predictor *predictors[MAX_PREDICTORS];
@@ -1192,6 +1194,34 @@ static int reserve_cells(fmoe_sim_config **cells, size_t n, size_t *cap, size_t 
     *cells = g;
     *cap = c;
     return 0;
+}
+
+/* What --sweep-out keys a trace's cells by besides its path, so that a trace replaced
+ * under the same path is not taken for the one the file's cells ran on: sha256 of the
+ * header's `created` time, model fingerprint and dataset, and of the routing replayed
+ * (every token's chosen experts, and the requests' token counts), as read. Hashing the
+ * file would cost a pass over gigabytes on every resume; the routing is in memory already
+ * and is what the cells computed from, and `created` (a new one for every recording and
+ * import) covers the gate probabilities and embeddings, which are not hashed. */
+static void trace_identity(const fmoe_trace_header *h, const fmoe_sim_workload *w,
+                           char hex[65]) {
+    fmoe_sha256 s;
+    fmoe_sha256_init(&s);
+    fmoe_sha256_update(&s, h->created, strlen(h->created) + 1);
+    fmoe_sha256_update(&s, h->model_fingerprint, strlen(h->model_fingerprint) + 1);
+    fmoe_sha256_update(&s, h->dataset, strlen(h->dataset) + 1);
+    const int64_t shape[4] = {w->num_requests, w->num_tokens, w->num_layers, w->top_k};
+    fmoe_sha256_update(&s, shape, sizeof shape);
+    for (int64_t r = 0; r < w->num_requests; r++) {
+        const int64_t n[2] = {w->requests[r].prompt_tokens, w->requests[r].output_tokens};
+        fmoe_sha256_update(&s, n, sizeof n);
+    }
+    fmoe_sha256_update(&s, w->experts,
+                       (size_t)w->num_tokens * (size_t)w->num_layers * (size_t)w->top_k *
+                           sizeof *w->experts);
+    uint8_t d[32];
+    fmoe_sha256_final(&s, d);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
 }
 
 /* Reads the unit's trace (with what its policies need) and appends its cells to
@@ -1264,6 +1294,7 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
             goto fail;
         }
     }
+    if (o.sweep_out) trace_identity(fmoe_trace_reader_header(reader), &u->w, u->trace_id);
     if (o.model_config) { /* its size, not the trace's, per layer as it stores them */
         u->w.expert_bytes = expert_bytes;
         for (int32_t l = 0; l < u->w.num_layers; l++)
@@ -1494,7 +1525,7 @@ typedef struct sim_job {
 static cmd_sweep_key cell_key(const sim_job *j, size_t i) {
     const sim_unit *u = &j->units[j->cell_unit[i]];
     return (cmd_sweep_key){u->trace, u->hw_key, j->cells[i].policy, j->cells[i].cache_experts,
-                           j->cells[i].prefetch_distance};
+                           j->cells[i].prefetch_distance, u->trace_id};
 }
 
 static char *run_cell(void *ctx, size_t i, int *rc) {
