@@ -29,7 +29,9 @@
 #include "fmoe/decision_log.h"
 #include "fmoe/error.h"
 #include "files.h"
+#include "sha256.h"
 #include "fmoe/geometry.h"
+#include "fmoe/gguf.h"
 #include "fmoe/hardware.h"
 #include "fmoe/policy.h"
 #include "fmoe/predictor.h"
@@ -686,8 +688,54 @@ static int load_arrivals(const options *o, const fmoe_sim_workload *w, double **
 
 /* ------------------------------------------------------------------ model and hardware */
 
+/* Whose size of one expert a unit uses, as the output says it: --model-config's (a "what if
+ * the experts were Q4_K" run answers for the file given, not for the trace's recording),
+ * else the trace's, else the size the trace's stored config.json gives. */
+typedef struct expert_size {
+    const char *from;    /* "model-config", "trace" or "trace config.json" */
+    int64_t trace_bytes; /* the trace's expert_bytes attribute, 0 when it has none */
+    int64_t *layers;     /* [L] bytes of one expert of each layer, from a --model-config GGUF
+                            whose layers differ (a llama-quantize mix); NULL: uniform */
+} expert_size;
+
+/* Bytes of one routed expert of each MoE layer of a GGUF file, counted from its stacked
+ * expert tensors as the forward pass stores them (runtime/model/parts.c counts the same):
+ * a llama-quantize mix such as Q4_K_M gives some layers' down projections more bits.
+ * *out NULL (and 0 returned) when a layer's gate, up or down tensor is not found, so the
+ * geometry's uniform size applies. @return 0 or the GGUF reader's error. */
+static int gguf_layer_expert_bytes(const char *path, const fmoe_model_geometry *g,
+                                   int64_t **out) {
+    *out = NULL;
+    fmoe_gguf *f = NULL;
+    int rc = fmoe_gguf_open(path, &f);
+    if (rc < 0) return rc;
+    int64_t *b = calloc((size_t)g->num_moe_layers, sizeof *b);
+    if (!b) {
+        fmoe_gguf_close(f);
+        return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    }
+    static const char *const parts[] = {"gate", "up", "down"};
+    for (int32_t l = 0; l < g->num_moe_layers && b; l++)
+        for (int p = 0; p < 3 && b; p++)
+            for (int bias = 0; bias < 2; bias++) {
+                char name[96];
+                snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.%s", g->moe_layer_index[l],
+                         parts[p], bias ? "bias" : "weight");
+                const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(f, name);
+                if (t) b[l] += t->nbytes / g->num_experts;
+                else if (!bias) { /* not a layout counted here */
+                    free(b);
+                    b = NULL;
+                    break;
+                }
+            }
+    fmoe_gguf_close(f);
+    *out = b;
+    return 0;
+}
+
 static int load_costs(const options *o, fmoe_trace_reader *r, fmoe_sim_costs *costs,
-                      int64_t *expert_bytes, fmoe_hardware_profile *hw) {
+                      int64_t *expert_bytes, expert_size *es, fmoe_hardware_profile *hw) {
     const fmoe_trace_header *h = fmoe_trace_reader_header(r);
     fmoe_model_geometry g;
     int have_g = 0, rc;
@@ -710,7 +758,32 @@ static int load_costs(const options *o, fmoe_trace_reader *r, fmoe_sim_costs *co
                               g.num_moe_layers, g.num_experts, g.top_k, h->num_layers,
                               h->num_experts, h->top_k);
     *expert_bytes = h->expert_bytes;
-    if (*expert_bytes <= 0 && have_g) *expert_bytes = fmoe_geometry_expert_bytes(&g, g.expert_dtype);
+    es->trace_bytes = h->expert_bytes > 0 ? h->expert_bytes : 0;
+    es->from = "trace";
+    if (o->model_config) { /* the file given: its experts' stored type and layers */
+        *expert_bytes = fmoe_geometry_expert_bytes(&g, g.expert_dtype);
+        es->from = "model-config";
+        free(es->layers);
+        es->layers = NULL;
+        if (fmoe_gguf_is_file(o->model_config) &&
+            (rc = gguf_layer_expert_bytes(o->model_config, &g, &es->layers)) < 0)
+            return rc;
+        if (es->layers) {
+            int64_t most = 0, least = INT64_MAX;
+            for (int32_t l = 0; l < g.num_moe_layers; l++) {
+                most = es->layers[l] > most ? es->layers[l] : most;
+                least = es->layers[l] < least ? es->layers[l] : least;
+            }
+            *expert_bytes = most;
+            if (least == most) { /* uniform: one size says it */
+                free(es->layers);
+                es->layers = NULL;
+            }
+        }
+    } else if (*expert_bytes <= 0 && have_g) {
+        *expert_bytes = fmoe_geometry_expert_bytes(&g, g.expert_dtype);
+        es->from = "trace config.json";
+    }
     if (*expert_bytes <= 0)
         return fmoe_error_set(FMOE_EINVAL,
                               "%s: the trace does not say how large an expert is; pass "
@@ -724,6 +797,7 @@ static int load_costs(const options *o, fmoe_trace_reader *r, fmoe_sim_costs *co
     if (rc < 0) return rc;
     fmoe_dtype dt;
     double bits = fmoe_dtype_parse(h->dtype, &dt) == 0 ? fmoe_dtype_bits(dt) : 16;
+    if (o->model_config) bits = fmoe_dtype_bits(g.expert_dtype);
     fmoe_error_clear();
     rc = fmoe_sim_costs_init(costs, hw, have_g ? &g : NULL, *expert_bytes, h->hidden_size, bits);
     if (rc < 0 && o->profile) fmoe_error_prefix("%s", o->profile);
@@ -761,11 +835,23 @@ static cJSON *summary_json(const fmoe_sim_summary *s) {
 
 /* One unit's JSON document (what a sweep of one trace on one hardware prints). */
 static cJSON *unit_json(const options *o, const fmoe_hardware_profile *hw, int64_t expert_bytes,
-                        const fmoe_sim_workload *w, const fmoe_sim_result *res, size_t n) {
+                        const expert_size *es, const fmoe_sim_workload *w,
+                        const fmoe_sim_result *res, size_t n) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "trace", o->trace);
     cJSON_AddStringToObject(root, "hardware", hw->name);
     cJSON_AddNumberToObject(root, "expert_bytes", (double)expert_bytes);
+    /* whose size: the trace's, or --model-config's (then with the trace's, 0: none) */
+    cJSON_AddStringToObject(root, "expert_bytes_from", es->from);
+    if (o->model_config) {
+        cJSON_AddStringToObject(root, "model_config", o->model_config);
+        cJSON_AddNumberToObject(root, "trace_expert_bytes", (double)es->trace_bytes);
+    }
+    if (es->layers) {
+        cJSON *a = cJSON_AddArrayToObject(root, "layer_expert_bytes");
+        for (int32_t l = 0; l < w->num_layers; l++)
+            cJSON_AddItemToArray(a, cJSON_CreateNumber((double)es->layers[l]));
+    }
     cJSON_AddNumberToObject(root, "requests", (double)w->num_requests);
     cJSON_AddNumberToObject(root, "iterations", (double)w->num_iterations);
     cJSON_AddNumberToObject(root, "accesses", (double)w->num_accesses);
@@ -1013,14 +1099,20 @@ static const char *pct(double v, char *buf, size_t cap) {
 }
 
 static void print_table(const options *o, const fmoe_hardware_profile *hw, int64_t expert_bytes,
-                        const fmoe_sim_workload *w, const fmoe_sim_result *res, size_t n,
-                        size_t *order) {
+                        const expert_size *es, const fmoe_sim_workload *w,
+                        const fmoe_sim_result *res, size_t n, size_t *order) {
     char eb[32], cb[32], lb[32], wb[32], gp[16];
-    printf("%s: %lld request%s, %lld iterations, %lld expert accesses; expert %s; hardware %s",
+    printf("%s: %lld request%s, %lld iterations, %lld expert accesses; expert %s",
            o->trace, (long long)w->num_requests, w->num_requests == 1 ? "" : "s",
            (long long)w->num_iterations,
-           (long long)w->num_accesses, cmd_format_bytes((double)expert_bytes, eb, sizeof eb),
-           hw->name);
+           (long long)w->num_accesses, cmd_format_bytes((double)expert_bytes, eb, sizeof eb));
+    if (o->model_config) { /* whose size, when it is not the trace's own */
+        printf(" (%sfrom --model-config %s; the trace's: %s)",
+               es->layers ? "the largest layer's, " : "", o->model_config,
+               es->trace_bytes ? cmd_format_bytes((double)es->trace_bytes, cb, sizeof cb)
+                               : "none");
+    }
+    printf("; hardware %s", hw->name);
     if (o->miss_mode != FMOE_SIM_MISS_LOAD) printf("; misses: %s", miss_name(o->miss_mode));
     if (o->arrivals) printf("; arrivals: %s (FCFS)", o->arrivals);
     if (o->batch > 1) printf("; batch %d (continuous batching, %d tokens an iteration)", o->batch,
@@ -1067,6 +1159,8 @@ typedef struct sim_unit {
     fmoe_sim_costs costs;
     fmoe_hardware_profile hw;
     int64_t expert_bytes;
+    expert_size es;       /* whose it is, for the output */
+    char trace_id[65];    /* the trace's identity in --sweep-out (trace_identity) */
     double *arrivals;
     cmd_sim_store store;
     fmoe_predictor *predictors[MAX_PREDICTORS];
@@ -1075,6 +1169,7 @@ typedef struct sim_unit {
 
 static void unit_free(sim_unit *u) {
     free(u->arrivals);
+    free(u->es.layers);
     fmoe_sim_workload_free(&u->w);
     cmd_sim_store_free(&u->store);
     for (int i = 0; i < MAX_PREDICTORS; i++) fmoe_predictor_free(u->predictors[i]);
@@ -1099,6 +1194,34 @@ static int reserve_cells(fmoe_sim_config **cells, size_t n, size_t *cap, size_t 
     *cells = g;
     *cap = c;
     return 0;
+}
+
+/* What --sweep-out keys a trace's cells by besides its path, so that a trace replaced
+ * under the same path is not taken for the one the file's cells ran on: sha256 of the
+ * header's `created` time, model fingerprint and dataset, and of the routing replayed
+ * (every token's chosen experts, and the requests' token counts), as read. Hashing the
+ * file would cost a pass over gigabytes on every resume; the routing is in memory already
+ * and is what the cells computed from, and `created` (a new one for every recording and
+ * import) covers the gate probabilities and embeddings, which are not hashed. */
+static void trace_identity(const fmoe_trace_header *h, const fmoe_sim_workload *w,
+                           char hex[65]) {
+    fmoe_sha256 s;
+    fmoe_sha256_init(&s);
+    fmoe_sha256_update(&s, h->created, strlen(h->created) + 1);
+    fmoe_sha256_update(&s, h->model_fingerprint, strlen(h->model_fingerprint) + 1);
+    fmoe_sha256_update(&s, h->dataset, strlen(h->dataset) + 1);
+    const int64_t shape[4] = {w->num_requests, w->num_tokens, w->num_layers, w->top_k};
+    fmoe_sha256_update(&s, shape, sizeof shape);
+    for (int64_t r = 0; r < w->num_requests; r++) {
+        const int64_t n[2] = {w->requests[r].prompt_tokens, w->requests[r].output_tokens};
+        fmoe_sha256_update(&s, n, sizeof n);
+    }
+    fmoe_sha256_update(&s, w->experts,
+                       (size_t)w->num_tokens * (size_t)w->num_layers * (size_t)w->top_k *
+                           sizeof *w->experts);
+    uint8_t d[32];
+    fmoe_sha256_final(&s, d);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
 }
 
 /* Reads the unit's trace (with what its policies need) and appends its cells to
@@ -1131,7 +1254,7 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
     exit_code = cmd_sim_store_prepare(CMD, &u->store, o.policies, o.n_policies, o.trace, reader,
                                       &want, o.quiet); /* may add the semantic rows */
     if (exit_code) goto done;
-    rc = load_costs(&o, reader, &u->costs, &u->expert_bytes, &u->hw);
+    rc = load_costs(&o, reader, &u->costs, &u->expert_bytes, &u->es, &u->hw);
     if (rc < 0) goto fail;
     cmd_sim_store_costs(&u->store, &u->costs); /* --match-delay */
     if (o.miss_mode != FMOE_SIM_MISS_LOAD && !fmoe_sim_costs_have_host(&u->costs)) {
@@ -1170,6 +1293,12 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
             if (!strstr(fmoe_error_detail(), o.trace)) fmoe_error_prefix("%s", o.trace);
             goto fail;
         }
+    }
+    if (o.sweep_out) trace_identity(fmoe_trace_reader_header(reader), &u->w, u->trace_id);
+    if (o.model_config) { /* its size, not the trace's, per layer as it stores them */
+        u->w.expert_bytes = expert_bytes;
+        for (int32_t l = 0; l < u->w.num_layers; l++)
+            u->w.layer_expert_bytes[l] = u->es.layers ? u->es.layers[l] : expert_bytes;
     }
     fmoe_trace_reader_close(reader);
     reader = NULL;
@@ -1238,14 +1367,22 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
     const int32_t eamc_capacity =
         u->w.num_requests > 0 && u->w.num_requests < o.eamc_capacity ? (int32_t)u->w.num_requests
                                                                       : o.eamc_capacity;
-    /* A policy that does not prefetch runs once per cache size, whatever the distances. */
+    /* A policy that does not prefetch runs once per cache size, whatever the distances.
+     * A policy that takes the store runs, when --prefetch-distance leaves it to the policy,
+     * at the distance the store was built for (its redundancy scores weight the layers for
+     * it), not at its own default; cmd_sim_store_distance_note says when a given one
+     * differs. */
+    const int32_t store_d = cmd_sim_store_distance(&u->store);
     size_t k = *n;
     for (int p = 0; p < o.n_policies; p++) {
         const fmoe_policy_ops *ops = fmoe_policy_find(o.policies[p]);
+        const int by_store = store_d > 0 && (ops->flags & FMOE_POLICY_TAKES_STORE) &&
+                             (ops->flags & FMOE_POLICY_PREFETCHES);
         int noted = 0;
         for (int c = 0; c < n_caches; c++)
             for (int d = 0; d < o.n_distances; d++) {
                 int32_t dist = o.distances[d];
+                if (dist == 0 && by_store) dist = store_d;
                 if (dist == 0 && (dist = default_distance(o.policies[p], u->w.num_layers,
                                                           &noted)) < 0)
                     continue;
@@ -1275,6 +1412,7 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
         goto done;
     }
     for (size_t i = *n; i < k; i++) cmd_sim_store_apply(&u->store, &(*cells)[i]);
+    if (!notes_off) cmd_sim_store_distance_note(CMD, &u->store, *cells + *n, k - *n);
     u->ncells = k - *n;
     *n = k;
     goto done;
@@ -1387,7 +1525,7 @@ typedef struct sim_job {
 static cmd_sweep_key cell_key(const sim_job *j, size_t i) {
     const sim_unit *u = &j->units[j->cell_unit[i]];
     return (cmd_sweep_key){u->trace, u->hw_key, j->cells[i].policy, j->cells[i].cache_experts,
-                           j->cells[i].prefetch_distance};
+                           j->cells[i].prefetch_distance, u->trace_id};
 }
 
 static char *run_cell(void *ctx, size_t i, int *rc) {
@@ -1639,7 +1777,7 @@ prepared:
         for (int u = 0; u < nunits; u++) {
             const sim_unit *x = &units[u];
             const options uo = unit_options(o, x);
-            doc = unit_json(&uo, &x->hw, x->expert_bytes, &x->w, res + x->cell0, x->ncells);
+            doc = unit_json(&uo, &x->hw, x->expert_bytes, &x->es, &x->w, res + x->cell0, x->ncells);
             if (list) cJSON_AddItemToArray(list, doc);
         }
         if (cmd_print_json(all ? all : doc) != 0) exit_code = cmd_failf(CMD, "out of memory");
@@ -1648,7 +1786,7 @@ prepared:
             const sim_unit *x = &units[u];
             const options uo = unit_options(o, x);
             if (u) printf("\n");
-            print_table(&uo, &x->hw, x->expert_bytes, &x->w, res + x->cell0, x->ncells,
+            print_table(&uo, &x->hw, x->expert_bytes, &x->es, &x->w, res + x->cell0, x->ncells,
                         order + x->cell0);
         }
     }

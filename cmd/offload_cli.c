@@ -197,6 +197,26 @@ static int load_predictor(const char *cmd, const char *path, const fmoe_model_ge
     return 0;
 }
 
+/* The distance a policy that takes the store runs at: --prefetch-distance when given, else
+ * the one the store was built for (its redundancy scores weight the layers for it), as
+ * simulate runs its cells; a given one that differs is said once. 0: the policy's own. */
+static int32_t store_distance(const char *cmd, const cmd_offload_args *a, const char *policy,
+                              const fmoe_store_file *f, int quiet) {
+    const fmoe_policy_ops *ops = fmoe_policy_find(policy);
+    const int32_t d = fmoe_expertmap_config_of(f->store)->prefetch_distance;
+    if (!ops || !(ops->flags & FMOE_POLICY_PREFETCHES)) return a->prefetch_distance;
+    const int32_t ran = a->prefetch_distance > 0 ? a->prefetch_distance
+                        : d > 0                  ? d
+                                                 : ops->default_distance;
+    if (ran != d && !quiet)
+        fprintf(stderr, "fmoe %s: note: %s was built for prefetch distance %d; policy %s runs "
+                        "at %d%s\n",
+                cmd, a->store, (int)d, policy, (int)ran,
+                a->prefetch_distance > 0 ? ", as --prefetch-distance asks"
+                                         : " (its own default: it cannot run at 0)");
+    return a->prefetch_distance > 0 ? a->prefetch_distance : d;
+}
+
 int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
                      int32_t prefill_chunk, int quiet, cmd_offload *out) {
     memset(out, 0, sizeof *out);
@@ -253,6 +273,8 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
     }
     o.cache_experts = (int32_t)n;
     o.prefetch_distance = a->prefetch_distance;
+    if (out->store) /* the distance the store was built for, unless one is given */
+        o.prefetch_distance = store_distance(cmd, a, policy, out->store, quiet);
     o.copy_chunks = a->copy_chunks;
     o.tier = (fmoe_tier_kind)a->tier;
     o.direct_io = a->direct_io;
@@ -290,7 +312,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
     o.predictor = out->predictor;
     if (a->decision_log) {
         char meta[256];
-        cmd_decision_log_meta(meta, sizeof meta, policy, o.cache_experts, a->prefetch_distance,
+        cmd_decision_log_meta(meta, sizeof meta, policy, o.cache_experts, o.prefetch_distance,
                               a->copy_chunks > 0 ? a->copy_chunks : 4);
         if ((rc = fmoe_decision_log_open(&out->log, a->decision_log, cmd, meta)) < 0) {
             cmd_offload_close(cmd, out, 0);

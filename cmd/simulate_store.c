@@ -72,6 +72,45 @@ int cmd_store_check_model(const char *cmd, const char *store_path, const fmoe_st
     return 0;
 }
 
+static const char *base_name(const char *p) {
+    const char *b = strrchr(p, '/');
+    return b ? b + 1 : p;
+}
+
+/* --holdout of a trace that matches none of the store's sources (fmoe_store_find_source:
+ * by `created` and request count). Says what differs: a source of the same file name is
+ * most likely this trace recorded or imported again after the store was built, so its
+ * creation time and request count are set beside the trace's; else the sources are
+ * listed. @return 1 (printed). */
+static int not_a_source(const char *cmd, const cmd_sim_store *s, const fmoe_trace_header *h,
+                        int64_t R, const char *trace_path) {
+    const fmoe_store_file *f = s->file;
+    for (int32_t i = 0; i < f->num_sources; i++) {
+        const fmoe_store_source *src = &f->sources[i];
+        if (strcmp(base_name(src->path), base_name(trace_path)) != 0) continue;
+        return cmd_failf(cmd,
+                         "%s is not the trace %s was built from, though it has its name: the "
+                         "store's source %s was created %s with %lld requests, %s was created "
+                         "%s with %lld (recorded or imported again since the store was "
+                         "built?); --holdout needs the store's own trace: rebuild the store "
+                         "from this one",
+                         trace_path, s->path, src->path, src->created,
+                         (long long)src->num_requests, trace_path,
+                         h->created[0] ? h->created : "(unknown)", (long long)R);
+    }
+    char list[512] = "";
+    size_t len = 0;
+    for (int32_t i = 0; i < f->num_sources && len < sizeof list; i++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s (created %s, %lld requests)",
+                                i ? ", " : "", f->sources[i].path, f->sources[i].created,
+                                (long long)f->sources[i].num_requests);
+    return cmd_failf(cmd,
+                     "%s (created %s, %lld requests) is not one of the traces %s was built from "
+                     "(%s); --holdout needs one of them",
+                     trace_path, h->created[0] ? h->created : "(unknown)", (long long)R,
+                     s->path, f->num_sources ? list : "none");
+}
+
 int cmd_sim_store_prepare(const char *cmd, cmd_sim_store *s, char *const *policies, int n,
                           const char *trace_path, fmoe_trace_reader *r, uint32_t *want,
                           int quiet) {
@@ -94,12 +133,7 @@ int cmd_sim_store_prepare(const char *cmd, cmd_sim_store *s, char *const *polici
     for (int64_t q = 0; q < R; q++) s->tokens += req[q].token_count;
     if (s->holdout) {
         if (src < 0)
-            return cmd_failf(cmd,
-                             "%s is not one of the traces %s was built from (its sources: "
-                             "%s%s); --holdout needs that trace",
-                             trace_path, s->path,
-                             s->file->num_sources ? s->file->sources[0].path : "none",
-                             s->file->num_sources > 1 ? ", ..." : "");
+            return not_a_source(cmd, s, h, R, trace_path);
         s->keep = calloc((size_t)(R ? R : 1), 1);
         if (!s->keep) return cmd_failf(cmd, "out of memory");
         /* request ids are unique within a trace: match the held-out list by id */
@@ -173,6 +207,48 @@ void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell) {
         snprintf(v, sizeof v, "%lld", (long long)cap);
         set_setting(cell, "store_capacity", v);
     }
+}
+
+int32_t cmd_sim_store_distance(const cmd_sim_store *s) {
+    return s->file ? fmoe_expertmap_config_of(s->file->store)->prefetch_distance : 0;
+}
+
+void cmd_sim_store_distance_note(const char *cmd, const cmd_sim_store *s,
+                                 const fmoe_sim_config *cells, size_t n) {
+    if (!s->file) return;
+    const int32_t d = cmd_sim_store_distance(s);
+    char list[256] = "";
+    size_t len = 0;
+    int32_t seen[64];
+    int n_seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        const fmoe_policy_ops *ops = cells[i].policy ? fmoe_policy_find(cells[i].policy) : NULL;
+        if (!ops || !(ops->flags & FMOE_POLICY_TAKES_STORE) ||
+            !(ops->flags & FMOE_POLICY_PREFETCHES))
+            continue;
+        /* 0: the policy's own default, which it runs at */
+        const int32_t ran = cells[i].prefetch_distance > 0 ? cells[i].prefetch_distance
+                                                           : ops->default_distance;
+        int dup = ran == d;
+        for (int k = 0; k < n_seen && !dup; k++) dup = seen[k] == ran;
+        if (dup || n_seen == (int)(sizeof seen / sizeof *seen)) continue;
+        seen[n_seen++] = ran;
+        if (len < sizeof list)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", len ? ", " : "",
+                                    (int)ran);
+    }
+    if (n_seen == 0) return;
+    if (d == 0)
+        fprintf(stderr,
+                "fmoe %s: note: %s was built for prefetch distance 0, which a prefetching "
+                "policy cannot run at; the fmoe policies run at %s\n",
+                cmd, s->path, list);
+    else
+        fprintf(stderr,
+                "fmoe %s: note: %s was built for prefetch distance %d (its redundancy scores "
+                "weight the layers for it); the fmoe policies also run at %s, as "
+                "--prefetch-distance asks\n",
+                cmd, s->path, (int)d, list);
 }
 
 void cmd_sim_store_costs(const cmd_sim_store *s, fmoe_sim_costs *costs) {

@@ -18,6 +18,7 @@
 #ifndef FMOE_CMD_SIMULATE_STORE_H
 #define FMOE_CMD_SIMULATE_STORE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "options.h"
@@ -51,6 +52,17 @@ int cmd_sim_store_validate(const char *cmd, cmd_sim_store *s, char *const *polic
 int cmd_sim_store_prepare(const char *cmd, cmd_sim_store *s, char *const *policies, int n,
                           const char *trace_path, fmoe_trace_reader *r, uint32_t *want,
                           int quiet);
+
+/* The prefetch distance the loaded store was built for (build-store --prefetch-distance),
+ * which the fmoe policies run at unless --prefetch-distance says otherwise; 0 without a
+ * store (or for a store built for distance 0). */
+int32_t cmd_sim_store_distance(const cmd_sim_store *s);
+
+/* One note on stderr when a cell[n] of a policy that takes the store and prefetches runs at
+ * another distance than the store was built for (a --prefetch-distance that differs);
+ * nothing without a store or when they agree. */
+void cmd_sim_store_distance_note(const char *cmd, const cmd_sim_store *s,
+                                 const fmoe_sim_config *cells, size_t n);
 
 /* --match-delay overrides the profile's matcher delay. */
 void cmd_sim_store_costs(const cmd_sim_store *s, fmoe_sim_costs *costs);

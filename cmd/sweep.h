@@ -30,13 +30,15 @@
 /* ------------------------------------------------------------------ cell lines */
 
 /* What names a cell in a result file: the trace, the hardware (preset name or profile
- * path), and the grid point. */
+ * path), and the grid point; and the trace's identity (what it holds, not its path: a
+ * trace replaced under the same path is another trace), which resume compares. */
 typedef struct cmd_sweep_key {
     const char *trace;
     const char *hardware;
     const char *policy;
     int32_t cache_experts;
     int32_t prefetch_distance;
+    const char *trace_id; /* hex digest (cmd_simulate.c says of what); NULL: "" */
 } cmd_sweep_key;
 
 /* The key as one string (fields separated by '\x1f'), into buf. @return buf. */
@@ -60,7 +62,9 @@ typedef struct cmd_sweep_file cmd_sweep_file;
  * cmd_sweep_key_string) and whose other settings read `settings` (one line of text).
  * Without `resume` the file must not exist; it is created with the settings line. With
  * `resume` an existing file must hold the same settings; every whole line whose key is a
- * cell of the sweep fills results[i] and sets done[i] (*n_done counts them); a torn last
+ * cell of the sweep fills results[i] and sets done[i] (*n_done counts them); a line of a
+ * trace path the sweep has under another identity (the trace was replaced) is refused,
+ * naming both identities; a torn last
  * line (a kill mid-write) is cut off; the file is then appended to. A file that does not
  * exist yet is created as without resume. Prints one line and returns 1 (2 for usage:
  * exists without --resume) on failure; 0 with *out. */

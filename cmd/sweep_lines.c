@@ -28,8 +28,9 @@
 #define SWEEP_FORMAT 1
 
 const char *cmd_sweep_key_string(const cmd_sweep_key *k, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s\x1f%s\x1f%s\x1f%d\x1f%d", k->trace, k->hardware, k->policy,
-             (int)k->cache_experts, (int)k->prefetch_distance);
+    snprintf(buf, cap, "%s\x1f%s\x1f%s\x1f%s\x1f%d\x1f%d", k->trace,
+             k->trace_id ? k->trace_id : "", k->hardware, k->policy, (int)k->cache_experts,
+             (int)k->prefetch_distance);
     return buf;
 }
 
@@ -77,6 +78,7 @@ char *cmd_sweep_line(const cmd_sweep_key *k, const fmoe_sim_result *r, double wa
     cJSON *root = cJSON_CreateObject();
     cJSON *cell = cJSON_AddObjectToObject(root, "cell");
     cJSON_AddStringToObject(cell, "trace", k->trace);
+    cJSON_AddStringToObject(cell, "trace_id", k->trace_id ? k->trace_id : "");
     cJSON_AddStringToObject(cell, "hardware", k->hardware);
     cJSON_AddStringToObject(cell, "policy", k->policy);
     cJSON_AddItemToObject(cell, "cache_experts", exact_int(k->cache_experts));
@@ -186,6 +188,8 @@ int cmd_sweep_line_parse(const char *line, char *key, size_t cap, fmoe_sim_resul
     cJSON *root = cJSON_Parse(line);
     const cJSON *cell = cJSON_GetObjectItemCaseSensitive(root, "cell");
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(cell, "trace");
+    /* absent in files written before traces were identified: "", which no trace is */
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(cell, "trace_id");
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(cell, "hardware");
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(cell, "policy");
     double c, d;
@@ -194,7 +198,7 @@ int cmd_sweep_line_parse(const char *line, char *key, size_t cap, fmoe_sim_resul
         get_number(cell, "cache_experts", &c) == 0 && get_number(cell, "prefetch_distance", &d) == 0 &&
         result_from(cJSON_GetObjectItemCaseSensitive(root, "result"), r) == 0) {
         const cmd_sweep_key k = {t->valuestring, h->valuestring, p->valuestring, (int32_t)c,
-                                 (int32_t)d};
+                                 (int32_t)d, cJSON_IsString(id) ? id->valuestring : ""};
         cmd_sweep_key_string(&k, key, cap);
         rc = 0;
     }
@@ -249,6 +253,33 @@ static char *settings_line(const char *settings) {
     return s;
 }
 
+/* A line of a cell not in the sweep is kept, unless its trace is a path of the sweep with
+ * another identity: the trace was replaced after those cells ran, and its rows would be
+ * printed under the new trace's header. @return 0 or 1 (printed). */
+static int other_identity(const char *cmd, const char *path, int64_t lineno, const char *key,
+                          size_t n, char *const *keys) {
+    const char *sep = strchr(key, '\x1f');
+    if (!sep) return 0;
+    const size_t tlen = (size_t)(sep - key);
+    const char *id = sep + 1;
+    const size_t idlen = strcspn(id, "\x1f");
+    for (size_t i = 0; i < n; i++) {
+        if (strncmp(keys[i], key, tlen + 1) != 0) continue; /* another trace path */
+        const char *mine = keys[i] + tlen + 1;
+        const size_t mlen = strcspn(mine, "\x1f");
+        if (mlen == idlen && strncmp(mine, id, idlen) == 0) continue; /* the same trace */
+        return cmd_failf(cmd,
+                         "%s: line %lld is a cell of %.*s as it was when the sweep ran "
+                         "(identity %.*s), but %.*s is now another trace (identity %.*s): "
+                         "it was replaced; resume with the trace the file was written for, or "
+                         "use another file",
+                         path, (long long)lineno, (int)tlen, key,
+                         idlen ? (int)idlen : 4, idlen ? id : "none", (int)tlen, key,
+                         (int)mlen, mine);
+    }
+    return 0;
+}
+
 /* Resumes from the lines of an existing file; sets *keep_bytes to the length of its whole
  * lines. @return 0 or 1 (printed). */
 static int load(const char *cmd, const char *path, const char *settings, FILE *f, size_t n,
@@ -301,6 +332,10 @@ static int load(const char *cmd, const char *path, const char *settings, FILE *f
             }
             const keyed want = {key, 0};
             const keyed *hit = bsearch(&want, sorted, n, sizeof *sorted, cmp_keyed);
+            if (!hit && (rc = other_identity(cmd, path, lineno, key, n, keys)) != 0) {
+                fmoe_sim_result_free(&r);
+                goto out;
+            }
             if (hit) { /* a line of a cell not in this sweep is kept, not used */
                 const size_t i = hit->cell;
                 if (!done[i]) {

@@ -70,7 +70,7 @@ static int same(double a, double b) { return (isnan(a) && isnan(b)) || memcmp(&a
 TEST(lines_read_back_bit_for_bit) {
     for (uint64_t seed = 1; seed <= 50; seed++) {
         fmoe_sim_result r = sample(seed, (int32_t)(seed % 5)), back;
-        const cmd_sweep_key k = {"t,1.h5", "h100-pcie5", "fmoe", 17, 0};
+        const cmd_sweep_key k = {"t,1.h5", "h100-pcie5", "fmoe", 17, 0, "c0ffee"};
         char *line = cmd_sweep_line(&k, &r, 0.25);
         ASSERT_TRUE(line && !strchr(line, '\n'));
         char key[512], want[512];
@@ -103,7 +103,7 @@ TEST(lines_read_back_bit_for_bit) {
 
 TEST(broken_lines_are_refused) {
     fmoe_sim_result r = sample(3, 2), back;
-    const cmd_sweep_key k = {"t.h5", "rtx3090-pcie4", "lru", 4, 1};
+    const cmd_sweep_key k = {"t.h5", "rtx3090-pcie4", "lru", 4, 1, "c0ffee"};
     char *line = cmd_sweep_line(&k, &r, 0);
     char key[256];
     const size_t n = strlen(line);
@@ -150,8 +150,8 @@ TEST(result_file_resumes_its_own_settings_only) {
     char path[256];
     snprintf(path, sizeof path, "%s/s.jsonl", dir);
     char k0[128], k1[128], k2[128];
-    const cmd_sweep_key keys[3] = {{"a.h5", "hw", "lru", 4, 0}, {"a.h5", "hw", "lru", 8, 0},
-                                   {"a.h5", "hw", "lfu", 4, 0}};
+    const cmd_sweep_key keys[3] = {{"a.h5", "hw", "lru", 4, 0, "aa"}, {"a.h5", "hw", "lru", 8, 0, "aa"},
+                                   {"a.h5", "hw", "lfu", 4, 0, "aa"}};
     char *ks[3] = {(char *)cmd_sweep_key_string(&keys[0], k0, sizeof k0),
                    (char *)cmd_sweep_key_string(&keys[1], k1, sizeof k1),
                    (char *)cmd_sweep_key_string(&keys[2], k2, sizeof k2)};
@@ -164,7 +164,7 @@ TEST(result_file_resumes_its_own_settings_only) {
     ASSERT_EQ(n_done, 0);
     /* cells 2 and 0 finish, and a line of a cell of another sweep */
     fmoe_sim_result r = sample(7, 3);
-    const cmd_sweep_key other = {"b.h5", "hw", "lru", 4, 0};
+    const cmd_sweep_key other = {"b.h5", "hw", "lru", 4, 0, "bb"};
     char *l2 = cmd_sweep_line(&keys[2], &r, 1), *l0 = cmd_sweep_line(&keys[0], &r, 1),
          *lo = cmd_sweep_line(&other, &r, 1);
     ASSERT_EQ(cmd_sweep_file_append(f, l2), 0);

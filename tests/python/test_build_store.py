@@ -299,3 +299,30 @@ def test_simulate_eamc_capacity_is_sized_to_the_requests(fmoe_bin, fmoe, tmp_pat
     big = sim(10000000)
     assert big == sim(20)
     assert big[1] > 0  # it prefetched from what it collected: the comparison is not vacuous
+
+
+def test_holdout_of_a_reimported_trace_says_what_differs(fmoe, need_build_store, tmp_path):
+    """The trace imported again after the store was built has the store's source's path
+    but another creation time: the one line says so, with both times and request counts,
+    not "X.h5 is not one of the traces (its sources: X.h5)"."""
+    import time
+    trace = synthetic_trace(fmoe, tmp_path)
+    store = tmp_path / "s.h5"
+    fmoe("build-store", "--trace", trace, "--split", 0.7, "-o", store, "--quiet")
+    before = h5(f"with h5py.File({str(trace)!r}) as f: print(f.attrs['created'])").strip()
+    time.sleep(1.1)  # `created` has seconds
+    trace.unlink()
+    assert synthetic_trace(fmoe, tmp_path) == trace
+    after = h5(f"with h5py.File({str(trace)!r}) as f: print(f.attrs['created'])").strip()
+    assert before != after
+    p = fmoe("simulate", "--trace", trace, "--store", store, "--holdout", "--policy", "lru",
+             "--cache-experts", 4, "--quiet", check=False)
+    one_line_error(p, 1, "--holdout", "though it has its name", f"created {before} with 20",
+                   f"created {after} with 20", "rebuild the store")
+    # another file: the sources are listed with what identifies them
+    other = tmp_path / "other.h5"
+    shutil.copy(trace, other)
+    p = fmoe("simulate", "--trace", other, "--store", store, "--holdout", "--policy", "lru",
+             "--cache-experts", 4, "--quiet", check=False)
+    one_line_error(p, 1, f"{other} (created {after}, 20 requests) is not one of the traces",
+                   f"{trace} (created {before}, 20 requests)")

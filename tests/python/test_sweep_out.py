@@ -9,6 +9,7 @@ is, unit by unit, the plain run of each trace on each preset.
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 
 import pytest
@@ -100,3 +101,34 @@ def test_several_traces_and_presets(fmoe, traces, tmp_path):
     assert p.returncode == 2 and "--plot" in p.stderr
     p = fmoe("simulate", "--trace", str(traces[0].parent / "nothing-*.h5"), *GRID, check=False)
     assert p.returncode == 1 and "no file matches" in p.stderr
+
+
+def test_resume_refuses_a_trace_replaced_under_the_same_path(fmoe, fmoe_bin, traces, tmp_path):
+    """Cells are keyed by the trace's content, not its path: the file's cells of t.h5 were
+    computed on trace a; t.h5 is then replaced by trace b and the sweep resumed. Before, a's
+    rows were printed under b's header, exit 0; now it is refused in one line naming both
+    identities. The same trace (a copy: same content) resumes as before."""
+    t = tmp_path / "t.h5"
+    shutil.copy(traces[0], t)
+    out = tmp_path / "s.jsonl"
+    env = dict(os.environ, FMOE_FAULT_SIGNAL="sweep-cell#3:9")
+    p = subprocess.run([str(fmoe_bin), "simulate", "--trace", str(t), *GRID, "--json",
+                        "--threads", "1", "--sweep-out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == -9
+    saved = out.read_bytes()
+    shutil.copy(traces[1], t)  # another trace, the same path
+    p = fmoe("simulate", "--trace", t, *GRID, "--json", "--sweep-out", out, "--resume",
+             check=False)
+    assert p.returncode == 1 and p.stdout == "", p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "replaced" in lines[0] and str(t) in lines[0], p.stderr
+    assert out.read_bytes() == saved  # nothing appended
+    ids = {json.loads(x)["cell"]["trace_id"] for x in out.read_text().splitlines()[1:]}
+    assert len(ids) == 1 and len(ids.pop()) == 64
+    # the trace the file was written for (a copy of it) resumes to the plain result
+    shutil.copy(traces[0], t)
+    plain = fmoe("simulate", "--trace", t, *GRID, "--json").stdout
+    p = fmoe("simulate", "--trace", t, *GRID, "--json", "--sweep-out", out, "--resume")
+    assert p.stdout == plain
+
