@@ -265,6 +265,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
     o.prefill_chunk = prefill_chunk;
     o.sync_transfers = a->sync_transfers;
     o.sync_predictions = a->sync_predictions;
+    o.probs_f32 = a->probs_f32;
     o.feedback = cmd_feedback_request(a->feedback);
     int32_t mode;
     if ((rc = offload_settings(cmd, a, policy, &o.policy_settings, &mode)) != 0) {

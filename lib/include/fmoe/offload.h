@@ -107,6 +107,12 @@ typedef struct fmoe_offload_options {
      * values a trace recorded with --hidden holds (the simulator's, and the predictor's
      * training data), so live and simulated runs decide alike bit for bit. */
     const struct fmoe_predictor *predictor;
+    /* The gate probabilities and speculative gates the policy is handed: 0 (the default)
+     * rounded to float16 and back, the values a trace recorded without --probs-f32 stores;
+     * 1 float32 as computed, as a --probs-f32 trace stores them. Either way the policy sees
+     * what the run's trace holds, so `fmoe simulate` of it decides alike bit for bit. The
+     * forward pass's own routing always uses the float32 values. */
+    int32_t probs_f32;
     /* Every transfer completion is waited for at the sync points (before each gate and
      * before each prefetch makes room), so the decisions do not depend on the link's
      * speed: the live counterpart of a simulation with zero-time transfers, for the
