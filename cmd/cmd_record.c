@@ -597,6 +597,12 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
         }
         decode_s += cmd_now() - t0;
         if (off.x && (err = fmoe_offload_request_end(off.x)) < 0) goto fail;
+        /* --decision-log: a write that fails (a full disk) stops the run here, as a failed
+         * trace append does, not at close after every request */
+        if (off.x && (err = fmoe_offload_flush_decisions(off.x)) < 0) {
+            write_failed = 1;
+            goto fail;
+        }
         if (stop_signal) break; /* the request is unfinished: not recorded */
 
         fmoe_trace_request q = {

@@ -298,6 +298,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
             return cmd_fail(cmd, rc);
         }
         o.decision = fmoe_decision_log_write;
+        o.decision_flush = fmoe_decision_log_flush;
         o.decision_ctx = out->log;
     }
     /* Experts read from the model's file on the CPU: the weights every token reads become

@@ -224,6 +224,14 @@ static double fault_predict_delay_s(void) {
     return ms > 0 && ms < 1e6 ? ms / 1e3 : 0;
 }
 
+int fmoe_offload_flush_decisions(fmoe_offload *x) {
+    if (!x || !x->opt.decision_flush) return 0;
+    pthread_mutex_lock(&x->mu);
+    const int rc = x->opt.decision_flush(x->opt.decision_ctx);
+    pthread_mutex_unlock(&x->mu);
+    return rc;
+}
+
 fmoe_offload_options fmoe_offload_defaults(void) {
     fmoe_offload_options o;
     memset(&o, 0, sizeof o);

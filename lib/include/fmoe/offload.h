@@ -137,9 +137,20 @@ typedef struct fmoe_offload_options {
     /* the decision log (fmoe/decision_log.h), or NULL */
     void (*decision)(void *ctx, const fmoe_decision *d);
     void *decision_ctx;
+    /* Writes out what `decision` buffered and says whether it could (0, or a negative
+     * code with the detail set): fmoe_decision_log_flush. NULL: nothing to flush. Called by
+     * fmoe_offload_flush_decisions, serialised with `decision`. */
+    int (*decision_flush)(void *ctx);
 } fmoe_offload_options;
 
 fmoe_offload_options fmoe_offload_defaults(void);
+
+/* Writes the decision log's buffered lines out now (options.decision_flush), under the
+ * executor's lock, between forward calls: a live run calls it after each iteration or
+ * request so that a log that cannot be written (a full disk) stops it there, rather than
+ * every request succeeding and the loss showing only at close.
+ * @return 0 (also without a log), or the log's first error with its detail. */
+int fmoe_offload_flush_decisions(fmoe_offload *x);
 
 /* The tier an executor of `m` given `kind` reads from: kind itself, or for AUTO host when
  * the routed experts fit in half the free RAM, else file (what fmoe_offload_init will
