@@ -419,6 +419,7 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
     if ((prc = cmd_activations_resolve(CMD, backend, &a.activations)) != 0) return prc;
     a.off.backend = backend;
+    a.off.probs_f32 = a.probs_f32; /* the policy sees the probabilities the trace stores */
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
     const char *tok_dir = cmd_tokenizer_dir(CMD, dir, a.tokenizer);
@@ -596,6 +597,12 @@ static int record(record_args *ap, const cmd_mpi_world *world) {
         }
         decode_s += cmd_now() - t0;
         if (off.x && (err = fmoe_offload_request_end(off.x)) < 0) goto fail;
+        /* --decision-log: a write that fails (a full disk) stops the run here, as a failed
+         * trace append does, not at close after every request */
+        if (off.x && (err = fmoe_offload_flush_decisions(off.x)) < 0) {
+            write_failed = 1;
+            goto fail;
+        }
         if (stop_signal) break; /* the request is unfinished: not recorded */
 
         fmoe_trace_request q = {

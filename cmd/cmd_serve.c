@@ -225,6 +225,7 @@ int cmd_serve(int argc, char **argv) {
     if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
     if ((prc = cmd_activations_resolve(CMD, backend, &a.activations)) != 0) return prc;
     a.off.backend = backend;
+    a.off.probs_f32 = a.probs_f32; /* the policy sees what --trace-out stores */
     const char *dir = cmd_model_dir_or_default(CMD, a.model);
     if (!dir) return CMD_EXIT_FAILURE;
     const char *tok_dir = cmd_tokenizer_dir(CMD, dir, a.tokenizer);

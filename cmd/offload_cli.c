@@ -287,6 +287,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
     o.prefill_chunk = prefill_chunk;
     o.sync_transfers = a->sync_transfers;
     o.sync_predictions = a->sync_predictions;
+    o.probs_f32 = a->probs_f32;
     o.feedback = cmd_feedback_request(a->feedback);
     int32_t mode;
     if ((rc = offload_settings(cmd, a, policy, &o.policy_settings, &mode)) != 0) {
@@ -319,6 +320,7 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
             return cmd_fail(cmd, rc);
         }
         o.decision = fmoe_decision_log_write;
+        o.decision_flush = fmoe_decision_log_flush;
         o.decision_ctx = out->log;
     }
     /* Experts read from the model's file on the CPU: the weights every token reads become

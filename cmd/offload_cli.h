@@ -53,6 +53,9 @@ typedef struct cmd_offload_args {
     const char *profile;       /* hardware profile JSON for --miss auto */
     fmoe_backend_kind backend; /* where the expert slots live: the session's backend (not an
                                   option: the command sets it from its --backend) */
+    int32_t probs_f32;         /* the policy sees float32 gate probabilities, as a trace
+                                  recorded with --probs-f32 stores them; else float16 (not an
+                                  option: record and serve set it from their --probs-f32) */
 } cmd_offload_args;
 
 extern const char *const cmd_offload_tiers[];

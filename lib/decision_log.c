@@ -50,6 +50,7 @@ struct fmoe_decision_log {
     char *partial;  /* path + ".partial", the file being written */
     char *buffer;   /* [BUFFER_BYTES] whole lines not yet written */
     size_t used;    /* bytes of buffer in use */
+    off_t written;  /* bytes of whole lines in the file (the header's included) */
     int error;      /* the first error (a negative code), 0 none */
     char detail[512]; /* its detail, restored at close (the thread-local one will be stale) */
 };
@@ -66,11 +67,20 @@ static void remember(fmoe_decision_log *log, int code, const char *fmt, ...) {
     log->error = code;
 }
 
-/* Writes out the buffered lines. */
+/* Writes out the buffered lines. A write that fails part way (a full disk takes what fits)
+ * is cut back to the last whole line, so the .partial left ends with a whole decision. */
 static void flush_buffer(fmoe_decision_log *log) {
-    if (log->used == 0 || log->fd < 0) return;
-    if (fmoe__write_all(log->fd, log->buffer, log->used) != 0)
-        remember(log, FMOE_EIO, "%s: cannot write: %s", log->partial, strerror(errno));
+    if (log->used == 0 || log->fd < 0 || log->error) {
+        log->used = 0;
+        return;
+    }
+    if (fmoe__write_all(log->fd, log->buffer, log->used) != 0) {
+        const int e = errno;
+        if (ftruncate(log->fd, log->written) == 0) lseek(log->fd, log->written, SEEK_SET);
+        remember(log, FMOE_EIO, "%s: cannot write: %s", log->partial, strerror(e));
+    } else {
+        log->written += (off_t)log->used;
+    }
     log->used = 0;
 }
 
@@ -209,6 +219,7 @@ int fmoe_decision_log_open(fmoe_decision_log **out, const char *path, const char
         unlink(log->partial);
         goto fail;
     }
+    log->written = (off_t)hn + 1;
     free(header);
     *out = log;
     return 0;
@@ -217,6 +228,14 @@ fail:
     free(header);
     if (log) log_free(log);
     return rc;
+}
+
+int fmoe_decision_log_flush(void *ctx) {
+    fmoe_decision_log *log = ctx;
+    if (!log) return 0;
+    flush_buffer(log);
+    if (log->error) return fmoe_error_set(log->error, "%s", log->detail);
+    return 0;
 }
 
 int fmoe_decision_log_close(fmoe_decision_log *log, int keep) {

@@ -499,13 +499,33 @@ typedef struct writer {
     float *row;                /* [max_cols] for the sequential paths */
 } writer;
 
+/* A tensor kept unquantized must hold finite values too: a NaN or infinity there (a
+ * norm, a router, an F16 matrix) turns every logit it reaches into NaN, which the quantized
+ * path refuses by the block. `row` holds n values widened from source row sr (column
+ * offset c0). @return 0, or FMOE_EFORMAT naming the tensor, row and column. */
+static int check_finite(const fmoe_st_tensor *s, const float *row, int64_t n, int64_t sr,
+                        int64_t c0) {
+    for (int64_t k = 0; k < n; k++)
+        if (!isfinite(row[k]))
+            return fmoe_error_set(FMOE_EFORMAT,
+                                  "%s: tensor %s, row %lld, column %lld is %g: a non-finite "
+                                  "weight (kept unquantized, it would still make every logit "
+                                  "NaN)",
+                                  s->file, s->name, (long long)sr, (long long)(c0 + k),
+                                  (double)row[k]);
+    return 0;
+}
+
 static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *progress,
                         int64_t *done, int64_t total) {
     const int64_t cols = o->ne[0];
     if (o->ndim == 1) { /* one row; a permuted q/k bias moves by element */
         const fmoe_st_tensor *s = o->src[0];
-        for (int64_t k = 0; k < cols; k++)
-            widen(s, permute_row(k, cols, o->permute_heads), 1, w->row + k);
+        for (int64_t k = 0; k < cols; k++) {
+            const int64_t sk = permute_row(k, cols, o->permute_heads);
+            widen(s, sk, 1, w->row + k);
+            FMOE_FORWARD_IF_ERROR(check_finite(s, w->row + k, 1, 0, sk));
+        }
         return write_all(w->f, w->row, (size_t)cols * 4, w->path);
     }
     const int64_t rows = o->ne[1], rb = fmoe_quant_row_bytes(o->type, cols);
@@ -541,12 +561,12 @@ static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *pro
             for (int64_t r = 0; r < rows; r++) {
                 const int64_t sr = permute_row(r, rows, o->permute_heads);
                 const void *out;
-                if (ggml_of(s->dtype) == o->type) { /* kept as is */
+                widen(s, sr * cols, cols, w->row);
+                FMOE_FORWARD_IF_ERROR(check_finite(s, w->row, cols, sr, 0));
+                if (ggml_of(s->dtype) == o->type) /* kept as is */
                     out = (const uint8_t *)s->data + sr * cols * fmoe_st_dtype_size(s->dtype);
-                } else { /* F32 from F16/BF16 */
-                    widen(s, sr * cols, cols, w->row);
+                else /* F32 from F16/BF16 */
                     out = w->row;
-                }
                 FMOE_FORWARD_IF_ERROR(write_all(w->f, out, (size_t)rb, w->path));
             }
         }

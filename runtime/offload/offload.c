@@ -198,6 +198,11 @@ struct fmoe_offload {
                                   would hold them (policies with NEEDS_HIDDEN) */
     int64_t cap_hidden_tokens;
     int32_t hidden_dim;        /* h when the policy reads gate inputs, else 0 */
+    float *probs;              /* [cap_probs_tokens][J] a gate's probabilities as float16
+                                  would hold them (unless opt.probs_f32) */
+    int64_t cap_probs_tokens;
+    float *speculative;        /* [cap_spec_tokens][depth·J] its speculative gates, the same */
+    int64_t cap_spec_tokens;
 
     fmoe_offload_stats st;
     fmoe_offload_layer_stats *lst; /* [L] the executor's per-layer counts (the slots' own
@@ -217,6 +222,14 @@ static double fault_predict_delay_s(void) {
     const char *v = getenv("FMOE_FAULT_PREDICT_DELAY_MS");
     const double ms = v ? strtod(v, NULL) : 0;
     return ms > 0 && ms < 1e6 ? ms / 1e3 : 0;
+}
+
+int fmoe_offload_flush_decisions(fmoe_offload *x) {
+    if (!x || !x->opt.decision_flush) return 0;
+    pthread_mutex_lock(&x->mu);
+    const int rc = x->opt.decision_flush(x->opt.decision_ctx);
+    pthread_mutex_unlock(&x->mu);
+    return rc;
 }
 
 fmoe_offload_options fmoe_offload_defaults(void) {
@@ -499,6 +512,24 @@ static int auto_on_host(const fmoe_offload *x, int32_t layer, int32_t tokens, do
     return host_end < load_end;
 }
 
+/* Rows [n][width] of src (row stride `stride`) rounded to float16 and back into *buf (row
+ * stride width), grown to n rows as needed. @return *buf, or NULL when memory ran out. */
+static const float *round_rows(float **buf, int64_t *cap, const float *src, int64_t stride,
+                               int32_t n, int64_t width) {
+    if (n > *cap) {
+        float *p = realloc(*buf, (size_t)n * (size_t)width * sizeof *p);
+        if (!p) return NULL;
+        *buf = p;
+        *cap = n;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        const float *s = src + (size_t)t * (size_t)stride;
+        float *d = *buf + (size_t)t * (size_t)width;
+        for (int64_t i = 0; i < width; i++) d[i] = fmoe_half_to_float(fmoe_float_to_half(s[i]));
+    }
+    return *buf;
+}
+
 /* The gate's input rows for a policy that reads them, rounded to float16 and back: the
  * bits a trace recorded with --hidden stores (trace_writer.c's fmoe_float_to_half), which
  * the simulator hands the same policy and the predictor was trained on. Handing the raw
@@ -509,18 +540,38 @@ static int auto_on_host(const fmoe_offload *x, int32_t layer, int32_t tokens, do
 static const float *rounded_hidden(fmoe_offload *x, const fmoe_route_event *ev) {
     const int32_t h = x->hidden_dim, n = ev->num_tokens;
     if (h <= 0 || !ev->hidden || n < 1) return NULL;
-    if (n > x->cap_hidden_tokens) {
-        float *p = realloc(x->hidden, (size_t)n * (size_t)h * sizeof *p);
-        if (!p) return NULL;
-        x->hidden = p;
-        x->cap_hidden_tokens = n;
+    return round_rows(&x->hidden, &x->cap_hidden_tokens, ev->hidden, ev->hidden_stride, n, h);
+}
+
+/* The gate probabilities and speculative gates the policy sees: what the trace of this run
+ * stores. A trace stores them as float16 unless --probs-f32 (opt.probs_f32), and the
+ * simulator hands the policy what the trace holds; so, as for the gate inputs above, the
+ * live policy is handed the same values rounded to float16 and back, or a near-tie among
+ * gate probabilities (fmoe's map matching, a score's ordering) falls one way live and the
+ * other in replay (fmoe at 12 slots diverged at decision 251 of 8 requests). The forward
+ * pass's own routing is untouched. Cost: n·J (and n·depth·J) conversions per gate. Sets
+ * *probs and *spec (NULL where the event has none). @return 0, or FMOE_ENOMEM. */
+static int rounded_gates(fmoe_offload *x, const fmoe_route_event *ev, const float **probs,
+                         const float **spec, int64_t *probs_stride, int64_t *spec_stride) {
+    const int32_t n = ev->num_tokens, J = x->J;
+    *probs = ev->probs;
+    *spec = ev->speculative;
+    *probs_stride = ev->probs_stride;
+    *spec_stride = ev->speculative_stride;
+    if (x->opt.probs_f32 || n < 1) return 0;
+    if (ev->probs) {
+        *probs = round_rows(&x->probs, &x->cap_probs_tokens, ev->probs, ev->probs_stride, n, J);
+        if (!*probs) return FMOE_ENOMEM;
+        *probs_stride = J;
     }
-    for (int32_t t = 0; t < n; t++) {
-        const float *src = ev->hidden + (size_t)t * (size_t)ev->hidden_stride;
-        float *dst = x->hidden + (size_t)t * (size_t)h;
-        for (int32_t i = 0; i < h; i++) dst[i] = fmoe_half_to_float(fmoe_float_to_half(src[i]));
+    if (ev->speculative && ev->speculative_depth > 0) {
+        const int64_t w = (int64_t)ev->speculative_depth * J;
+        *spec = round_rows(&x->speculative, &x->cap_spec_tokens, ev->speculative,
+                           ev->speculative_stride, n, w);
+        if (!*spec) return FMOE_ENOMEM;
+        *spec_stride = w;
     }
-    return x->hidden;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ a layer's accesses */
@@ -630,13 +681,20 @@ static int on_route(void *ctx, const fmoe_route_event *ev) {
         pthread_mutex_unlock(&x->mu);
         return fail(x, fmoe_error_set(FMOE_ENOMEM, "gate inputs of %d tokens", ev->num_tokens));
     }
+    const float *probs, *spec;
+    int64_t probs_stride, spec_stride;
+    if (rounded_gates(x, ev, &probs, &spec, &probs_stride, &spec_stride) < 0) {
+        pthread_mutex_unlock(&x->mu);
+        return fail(x, fmoe_error_set(FMOE_ENOMEM, "gate probabilities of %d tokens",
+                                      ev->num_tokens));
+    }
     const fmoe_gate_event gev = {
         .layer = l, .num_tokens = ev->num_tokens, .chosen = ev->chosen,
-        .chosen_stride = ev->chosen_stride, .probs = ev->probs,
-        .probs_stride = ev->probs_stride, .distinct = ev->distinct,
+        .chosen_stride = ev->chosen_stride, .probs = probs,
+        .probs_stride = probs_stride, .distinct = ev->distinct,
         .num_distinct = ev->num_distinct, .phase = x->phase,
         .probs_kind = ev->probs ? FMOE_PROBS_FULL : FMOE_PROBS_NONE,
-        .speculative = ev->speculative, .speculative_stride = ev->speculative_stride,
+        .speculative = spec, .speculative_stride = spec_stride,
         .speculative_depth = ev->speculative ? ev->speculative_depth : 0,
         .group = -1, .position = -1, .hidden = hidden, .hidden_stride = x->hidden_dim,
         .hidden_dim = hidden ? x->hidden_dim : 0};
@@ -829,6 +887,8 @@ void fmoe_offload_free(fmoe_offload *x) {
     free(x->cur_access);
     free(x->semantic);
     free(x->hidden);
+    free(x->probs);
+    free(x->speculative);
     free(x->lst);
     free(x->accesses);
     free(x->outcomes);

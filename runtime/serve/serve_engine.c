@@ -202,10 +202,13 @@ struct serve_engine {
     int64_t admitted;
     int64_t passes;            /* batched forward passes run */
     serve_trace_queue *tq;     /* trace_out's writer thread, or NULL */
-    /* The trace could not be written (a full disk): set once, by the trace queue's thread,
-     * after trace_error; from then on no request is answered that the trace lacks. */
+    /* The trace or the decision log could not be written (a full disk): set once, by the
+     * trace queue's thread or the engine's (output_failed), after trace_error and
+     * failed_output; from then on no request is answered that they lack. */
     atomic_int trace_failed;
+    atomic_int fail_claimed;   /* output_failed's: the first failure writes the two below */
     char trace_error[384];
+    const char *failed_output; /* "trace (--trace-out)" or "decision log (--decision-log)" */
 
     pthread_mutex_t mu;        /* the queue, the flags below, the gauges */
     pthread_cond_t cv;
@@ -300,6 +303,22 @@ typedef struct traced {
     int32_t finish;
 } traced;
 
+/* The first output that cannot be written turns the server degraded: its reason is kept
+ * (for /health and the refusals) and logged at once. Either thread may call it; the first
+ * call wins. */
+static void output_failed(serve_engine *e, const char *what, const char *short_what) {
+    int no = 0;
+    if (!atomic_compare_exchange_strong(&e->fail_claimed, &no, 1)) return;
+    snprintf(e->trace_error, sizeof e->trace_error, "%s", fmoe_error_detail());
+    e->failed_output = what;
+    atomic_store(&e->trace_failed, 1);
+    fmoe_log(FMOE_LOG_ERROR,
+             "serve: the %s cannot be written (%s): requests now fail (507, 503) "
+             "and /health says degraded; the requests %s before are kept",
+             short_what, e->trace_error,
+             strcmp(short_what, "trace") == 0 ? "journalled" : "logged");
+}
+
 /* The trace queue's report (its thread): the request is written, and its client may hear
  * that it finished; or it could not be written, and the request fails with 507, because
  * a request is answered only once it is in the trace (docs/serving.md). The first failure
@@ -310,20 +329,12 @@ static void on_traced(void *ctx, void *tag, int rc) {
     traced *t = tag;
     serve_engine *e = t->e;
     if (rc < 0) {
-        if (!atomic_load(&e->trace_failed)) {
-            snprintf(e->trace_error, sizeof e->trace_error, "%s", fmoe_error_detail());
-            atomic_store(&e->trace_failed, 1);
-            fmoe_log(FMOE_LOG_ERROR,
-                     "serve: the trace cannot be written (%s): requests now fail (507, 503) "
-                     "and /health says degraded; the requests journalled before are kept",
-                     e->trace_error);
-        }
+        output_failed(e, "trace (--trace-out)", "trace");
         if (e->o.metrics) serve_metrics_trace_failure(e->o.metrics);
         if (t->finish) {
             char msg[sizeof ((serve_job_status *)0)->error];
-            snprintf(msg, sizeof msg, "the request could not be recorded in the trace "
-                                      "(--trace-out): %.190s",
-                     e->trace_error);
+            snprintf(msg, sizeof msg, "the request could not be recorded in the %s: %.190s",
+                     e->failed_output, e->trace_error);
             job_finish_status(e, t->job, SERVE_FINISH_ERROR, msg, 507);
         }
     } else if (t->finish) {
@@ -614,6 +625,14 @@ static void run_iteration(serve_engine *e, int32_t count) {
     else
         rc = fmoe_session_forward_batch(e->seqs[0].session, e->items, count);
     const float pass_s = (float)(fmoe__now_s() - t_pass);
+    /* --decision-log: the pass's decisions go out now, so that a log that cannot be
+     * written fails the requests it lacks (507) and degrades the server, as --trace-out
+     * does, rather than every request succeeding and the loss showing at exit */
+    int log_failed = 0;
+    if (rc == 0 && e->o.offload && (rc = fmoe_offload_flush_decisions(e->o.offload)) < 0) {
+        output_failed(e, "decision log (--decision-log)", "decision log");
+        log_failed = 1;
+    }
     for (int32_t c = 0; rc == 0 && e->o.trace_out && c < count; c++) {
         seq *s = &e->seqs[e->item_seq[c]]; /* the batch composition, for the trace */
         for (int32_t t = 0; t < e->items[c].n; t++) {
@@ -624,10 +643,15 @@ static void run_iteration(serve_engine *e, int32_t count) {
     e->passes++;
     if (rc < 0) {
         char msg[256];
-        snprintf(msg, sizeof msg, "the forward pass failed: %s", fmoe_error_detail());
+        if (log_failed)
+            snprintf(msg, sizeof msg, "the request could not be recorded in the decision log "
+                                      "(--decision-log): %.150s", fmoe_error_detail());
+        else
+            snprintf(msg, sizeof msg, "the forward pass failed: %s", fmoe_error_detail());
         for (int32_t c = 0; c < count; c++) {
             seq *s = &e->seqs[e->item_seq[c]];
-            job_finish(e, s->job, SERVE_FINISH_ERROR, msg);
+            job_finish_status(e, s->job, SERVE_FINISH_ERROR, msg, log_failed ? 507 : 0);
+            if (log_failed && e->o.metrics) serve_metrics_trace_failure(e->o.metrics);
             s->state = SEQ_DONE; /* leaves below */
             s->finish = 0;
         }
@@ -893,9 +917,9 @@ serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
         pthread_mutex_unlock(&e->mu);
         job_free(j);
         if (e->o.metrics) serve_metrics_trace_failure(e->o.metrics);
-        REFUSE(503, "the trace (--trace-out) cannot be written (%s): no request is answered "
-                    "that it cannot record",
-               e->trace_error);
+        REFUSE(503, "the %s cannot be written (%s): no request is answered that it cannot "
+                    "record",
+               e->failed_output, e->trace_error);
     }
     if (!e->accepting || e->waiting >= e->o.max_queue + (e->running < e->o.parallel
                                                             ? e->o.parallel - e->running

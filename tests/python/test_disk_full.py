@@ -272,3 +272,108 @@ def test_serve_trace_out_no_space_left(fmoe_bin, small_fs, leave):
     d.mkdir()
     fill(d, leave)
     serve_until_full(fmoe_bin, d, d / "served.h5", None, (d / "filler").unlink)
+
+
+# ---------------------------------------------------------------------------------------
+# --decision-log: a write that fails surfaces while running, not at exit
+# ---------------------------------------------------------------------------------------
+
+def check_whole_lines(partial):
+    """A decision log .partial left by a failure: a header and whole decision lines only."""
+    text = partial.read_bytes()
+    assert text.endswith(b"\n"), f"torn last line: {text[-80:]!r}"
+    lines = text.decode().splitlines()
+    assert json.loads(lines[0])["fmoe_decision_log"] == 1
+    for line in lines[1:]:
+        json.loads(line)
+    return len(lines) - 1
+
+
+def serve_decision_log_until_full(fmoe_bin, tmp_path, log, preexec):
+    """The reported case: serve --decision-log on a full disk answered every request 200,
+    /health said ok, nothing was written until exit 1, and the .partial ended in a torn
+    line. Now the request whose decisions cannot be written fails with 507 naming the log,
+    the error is logged at once, /health says degraded, the next request is refused with
+    503, and at SIGTERM exit 1 leaves a .partial of whole lines."""
+    import select
+
+    from serve_util import Server
+
+    srv = Server(tmp_path, "--model", TINY, "--policy", "lru", "--cache-experts", 12,
+                 "--decision-log", log, preexec=preexec)
+    answered = 0
+    try:
+        for i in range(200):
+            st, _, body = srv.post("/v1/completions", {"model": "m", "prompt": f"request {i}",
+                                                       "max_tokens": 8, "temperature": 0})
+            if st != 200:
+                break
+            answered += 1
+        else:
+            pytest.fail("the decision log never filled the disk")
+        assert st == 507, (st, body)
+        err = json.loads(body)["error"]
+        assert "decision log" in err["message"] and log.name in err["message"], err
+        fd = srv.proc.stderr.fileno()
+        os.set_blocking(fd, False)
+        logged = b""
+        for _ in range(40):
+            if b"decision log cannot be written" in logged:
+                break
+            select.select([fd], [], [], 0.05)
+            logged += os.read(fd, 65536) if select.select([fd], [], [], 0)[0] else b""
+        assert b"decision log cannot be written" in logged, logged
+        st, _, body = srv.request("GET", "/health")
+        assert st == 503 and json.loads(body)["status"] == "degraded", body
+        st, _, body = srv.post("/v1/completions", {"model": "m", "prompt": "after",
+                                                   "max_tokens": 4})
+        assert st == 503 and "decision log" in json.loads(body)["error"]["message"], body
+    finally:
+        os.set_blocking(srv.proc.stderr.fileno(), True)
+        rc, stderr = srv.stop()
+    assert rc == 1, stderr
+    assert f"{log.name}.partial" in stderr, stderr
+    assert not log.exists()
+    assert check_whole_lines(log.parent / f"{log.name}.partial") > 0
+    return answered
+
+
+@pytest.mark.parametrize("limit", [16 << 10, 64 << 10])
+def test_serve_decision_log_file_size_limit(fmoe_bin, tmp_path, limit):
+    serve_decision_log_until_full(fmoe_bin, tmp_path, tmp_path / "live.jsonl",
+                                  limit_file_size(limit))
+
+
+@pytest.mark.parametrize("leave", [16 << 10, 64 << 10])
+def test_serve_decision_log_no_space_left(fmoe_bin, small_fs, leave):
+    d = small_fs / "serve"
+    d.mkdir()
+    fill(d, leave)
+    serve_decision_log_until_full(fmoe_bin, d, d / "live.jsonl", None)
+
+
+def test_record_decision_log_no_space_left(fmoe_bin, small_fs, tmp_path):
+    """record --decision-log whose log cannot be written (the log on the full tmpfs, the
+    trace beside the test, since under RLIMIT_FSIZE the trace's journal fills first): it
+    used to record every request and fail only at close, leaving a torn .partial; now it
+    stops at the first request whose decisions cannot be written, with one line naming the
+    log, exit 1, and nothing left (the full-disk promise of every output)."""
+    d = small_fs / "rec"
+    d.mkdir()
+    log, out = d / "live.jsonl", tmp_path / "rec.h5"
+    log.write_bytes(PREVIOUS)
+    fill(d, 32 << 10)
+    argv = ["record", "--model", TINY, "--dataset", SAMPLES / "prompts_100.txt",
+            "--max-requests", "40", "--max-new-tokens", "8", "--threads", "1", "-q",
+            "--policy", "lru", "--cache-experts", "12", "--log-requests",
+            "--decision-log", log, "-o", "OUT"]
+    p = run(fmoe_bin, argv, out)
+    assert p.returncode == 1, p.stderr
+    lines = [x for x in p.stderr.strip().splitlines() if "recorded (" not in x]
+    assert len(lines) == 1, p.stderr
+    assert f"{log.name}.partial" in lines[0] and "No space left on device" in lines[0], lines[0]
+    assert p.stderr.count("recorded (") < 40, "every request was recorded before it failed"
+    assert log.read_bytes() == PREVIOUS
+    assert not out.exists()
+    left = [x.name for x in [*d.iterdir(), *tmp_path.iterdir()] if ".partial" in x.name]
+    assert not left, left

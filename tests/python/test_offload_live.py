@@ -14,7 +14,9 @@ time; hit versus late hit (data there or still in flight when the compute starts
 compared as one outcome ("found") by `--late-is-hit`, since no policy decides on it.
 The fmoe policy's matcher runs inline (`--sync-predictions`) as in the simulator; on its
 thread (the live default) its prefetches come when its searches finish
-(test_predict_thread.py).
+(test_predict_thread.py). The recordings keep the default float16 gate probabilities: the
+live policy is handed them rounded as the trace stores them, so no `--probs-f32` is needed
+for the identity (it once was: fmoe at 12 slots diverged within 8 requests without it).
 
 Also: the measured outcomes `record` writes beside the routing; belady refused live; a
 cache larger than every expert clamped with one note; a store for another model refused.
@@ -58,7 +60,7 @@ def work(tmp_path_factory, fmoe_bin):
     other = d / "other.txt"
     other.write_text("\n".join(PROMPTS.read_text().splitlines()[40:80]) + "\n")
     run(fmoe_bin, "record", "--model", TINY, "--dataset", other, "--max-new-tokens", 16,
-        "--temperature", 0, "--probs-f32", "-o", d / "store-src.h5", "--quiet")
+        "--temperature", 0, "-o", d / "store-src.h5", "--quiet")
     run(fmoe_bin, "build-store", "--trace", d / "store-src.h5", "-o", d / "store.h5",
         "--prefetch-distance", 1, "--quiet")
     return d
@@ -80,7 +82,7 @@ def live_run(work, fmoe_bin):
         trace = work / f"{policy}-{n}.h5"
         live, sim = work / f"{policy}-{n}-live.jsonl", work / f"{policy}-{n}-sim.jsonl"
         run(fmoe_bin, "record", "--model", TINY, "--dataset", work / "prompts20.txt",
-            "--max-new-tokens", 12, "--temperature", 0, "--probs-f32", *spec,
+            "--max-new-tokens", 12, "--temperature", 0, *spec,
             "--policy", policy, "--cache-experts", n, "--prefetch-distance", 1, *store,
             "--sync-transfers", "--sync-predictions", "--decision-log", live, "-o", trace,
             "--quiet")
@@ -132,6 +134,33 @@ def test_live_and_simulated_decisions_are_identical(live_run, fmoe_bin, policy):
             f"sim {b[first] if first is not None else None}; lengths {len(a)} {len(b)}")
         p = run(fmoe_bin, "compare-logs", live, sim, "--late-is-hit", "--json")
         assert json.loads(p.stdout)["identical"] is True
+
+
+@pytest.mark.parametrize("probs", ["float16", "float32"])
+def test_fmoe_identity_holds_with_either_probability_storage(work, fmoe_bin, probs):
+    """The reported case: fmoe, 8 requests, 12 slots, recorded with the defaults (float16
+    gate probabilities in the trace). The live policy used to see the float32 values while
+    simulate replayed the float16 ones the trace holds, and compare-logs found the logs
+    different (here at decision 13; 251 in the report); with --probs-f32 both see float32."""
+    p8 = work / "prompts8.txt"
+    p8.write_text("\n".join(PROMPTS.read_text().splitlines()[:8]) + "\n")
+    flag = ["--probs-f32"] if probs == "float32" else []
+    trace, live, sim = (work / f"fmoe12-{probs}.h5", work / f"fmoe12-{probs}-live.jsonl",
+                        work / f"fmoe12-{probs}-sim.jsonl")
+    common = ["--policy", "fmoe", "--cache-experts", 12, "--prefetch-distance", 1,
+              "--store", work / "store.h5"]
+    run(fmoe_bin, "record", "--model", TINY, "--dataset", p8, "--max-new-tokens", 12,
+        "--temperature", 0, *flag, *common, "--sync-transfers", "--sync-predictions",
+        "--decision-log", live, "-o", trace, "--quiet")
+    with h5py.File(trace, "r") as f:
+        assert f["/tokens/probs"].dtype == ("float32" if flag else "float16")
+    run(fmoe_bin, "simulate", "--trace", trace, *common, "--profile", work / "zero.json",
+        "--decision-log", sim, "--quiet")
+    _, lrec = read_log(live)
+    assert sum(r["event"] == "prefetch" for r in lrec) > 100
+    p = run(fmoe_bin, "compare-logs", live, sim, "--late-is-hit", "--json", check=False)
+    got = json.loads(p.stdout)
+    assert p.returncode == 0 and got["identical"] is True, got.get("first_divergence")
 
 
 def test_compare_logs_finds_a_changed_victim(work, live_run, fmoe_bin):
@@ -272,7 +301,7 @@ def test_long_prompts_run_in_chunks_on_both_sides(work, fmoe_bin):
         trace, live, sim = (work / f"long-{policy}.h5", work / f"long-{policy}-live.jsonl",
                             work / f"long-{policy}-sim.jsonl")
         run(fmoe_bin, "record", "--model", TINY, "--dataset", long, "--max-new-tokens", 6,
-            "--temperature", 0, "--probs-f32", "--policy", policy, "--cache-experts", 16,
+            "--temperature", 0, "--policy", policy, "--cache-experts", 16,
             "--prefetch-distance", 1, *store, "--sync-transfers", "--sync-predictions",
             "--decision-log", live, "-o", trace, "--quiet")
         with h5py.File(trace, "r") as f:
@@ -340,7 +369,7 @@ def test_store_updated_online_is_written_out_and_matches_the_simulator(work, fmo
     trace, live, sim, out = (work / "upd.h5", work / "upd-live.jsonl", work / "upd-sim.jsonl",
                              work / "store-updated.h5")
     run(fmoe_bin, "record", "--model", TINY, "--dataset", work / "prompts20.txt",
-        "--max-new-tokens", 8, "--temperature", 0, "--probs-f32", "--policy", "fmoe",
+        "--max-new-tokens", 8, "--temperature", 0, "--policy", "fmoe",
         "--cache-experts", 16, "--prefetch-distance", 1, "--store", store,
         "--store-mode", "offline-update", "--store-out", out, "--sync-transfers",
         "--sync-predictions", "--decision-log", live, "-o", trace, "--quiet")

@@ -256,6 +256,25 @@ def test_bad_input_one_line_nothing_left(fmoe_bin, models, tmp_path):
                                 "model.layers.0.self_attn.o_proj.weight, row 5, column 7 is nan: "
                                 "cannot quantize a non-finite value")
     assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
+    # ... and in tensors kept unquantized (a norm vector, the router matrix), which it
+    # used to pass through: the model then printed "" or "::::" with exit 0
+    for name, r, c, v in [("model.norm.weight", None, 3, np.nan),
+                          ("model.layers.1.mlp.gate.weight", 2, 4, np.inf)]:
+        ck = read_checkpoint(d)
+        w = ck[name][0].copy()
+        if r is None:
+            w[c] = v
+        else:
+            w[r, c] = v
+        ck[name] = (w, "F32")
+        tiny.save_safetensors(str(broken / "model.safetensors"),
+                              {k: (x, dt) for k, (x, dt) in ck.items()})
+        p = run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", broken, "-o", out, check=False)
+        assert p.returncode == 1, (name, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"tensor {name}, row {r or 0}, column {c} is " in lines[0], lines
+        assert "non-finite" in lines[0], lines
+        assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
 
 
 def inspect_json(fmoe_bin, path):

@@ -75,10 +75,10 @@ def serve(work, policy, batch_tokens=None):
     tag = policy if batch_tokens is None else f"{policy}-bt{batch_tokens}"
     trace, live = work / f"{tag}.h5", work / f"{tag}-live.jsonl"
     budget = [] if batch_tokens is None else ["--batch-tokens", batch_tokens]
-    # --probs-f32: the fmoe policy reads the gate probabilities; float16 ones in the trace
-    # would shift its match scores (the priorities of its prefetches) from the live ones
+    # default float16 gate probabilities: the live policy is handed them as the trace stores
+    # them (it once needed --probs-f32, or fmoe's match scores shifted in the replay)
     s = Server(work, "--parallel", 4, *budget, *policy_args(work, policy), "--sync-transfers",
-               "--sync-predictions", "--probs-f32", "--decision-log", live, "--trace-out", trace)
+               "--sync-predictions", "--decision-log", live, "--trace-out", trace)
     lengths = [16, 24, 18, 20, 22, 17, 24, 19]
     try:
         with concurrent.futures.ThreadPoolExecutor(8) as ex:

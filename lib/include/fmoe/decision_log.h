@@ -58,8 +58,18 @@ int fmoe_decision_log_open(fmoe_decision_log **out, const char *path, const char
  * later decisions are dropped, and close returns it. NULL log is a no-op. */
 void fmoe_decision_log_write(void *log, const fmoe_decision *d);
 
+/* Writes the buffered lines out now (a live run calls it after each iteration or request,
+ * so that a full disk stops the run where it happens, not at close). A write that fails
+ * part way is cut back to the last whole line. `log` is void * so that the function is an
+ * fmoe_offload_options.decision_flush callback as it is. Not thread-safe against write:
+ * the caller serialises them. NULL is a no-op.
+ * @return 0, or the log's first error (detail set: FMOE_EIO "F.partial: cannot write:
+ *         No space left on device"); once failed, every later call returns it. */
+int fmoe_decision_log_flush(void *log);
+
 /* Flushes and closes. keep = 1: renames "<path>.partial" to path (atomically, replacing
- * it), unless a write failed, when the .partial is left as it is for inspection; keep = 0:
+ * it), unless a write failed, when the .partial is left as it is for inspection (whole
+ * lines: the decisions written before the failure); keep = 0:
  * removes the .partial (a run that failed). Frees the log; NULL is a no-op returning 0.
  * @return 0, or the first error of the log's life: FMOE_EIO naming the file, FMOE_EINVAL
  *         for a decision that could not be written. */

@@ -107,6 +107,12 @@ typedef struct fmoe_offload_options {
      * values a trace recorded with --hidden holds (the simulator's, and the predictor's
      * training data), so live and simulated runs decide alike bit for bit. */
     const struct fmoe_predictor *predictor;
+    /* The gate probabilities and speculative gates the policy is handed: 0 (the default)
+     * rounded to float16 and back, the values a trace recorded without --probs-f32 stores;
+     * 1 float32 as computed, as a --probs-f32 trace stores them. Either way the policy sees
+     * what the run's trace holds, so `fmoe simulate` of it decides alike bit for bit. The
+     * forward pass's own routing always uses the float32 values. */
+    int32_t probs_f32;
     /* Every transfer completion is waited for at the sync points (before each gate and
      * before each prefetch makes room), so the decisions do not depend on the link's
      * speed: the live counterpart of a simulation with zero-time transfers, for the
@@ -131,9 +137,20 @@ typedef struct fmoe_offload_options {
     /* the decision log (fmoe/decision_log.h), or NULL */
     void (*decision)(void *ctx, const fmoe_decision *d);
     void *decision_ctx;
+    /* Writes out what `decision` buffered and says whether it could (0, or a negative
+     * code with the detail set): fmoe_decision_log_flush. NULL: nothing to flush. Called by
+     * fmoe_offload_flush_decisions, serialised with `decision`. */
+    int (*decision_flush)(void *ctx);
 } fmoe_offload_options;
 
 fmoe_offload_options fmoe_offload_defaults(void);
+
+/* Writes the decision log's buffered lines out now (options.decision_flush), under the
+ * executor's lock, between forward calls: a live run calls it after each iteration or
+ * request so that a log that cannot be written (a full disk) stops it there, rather than
+ * every request succeeding and the loss showing only at close.
+ * @return 0 (also without a log), or the log's first error with its detail. */
+int fmoe_offload_flush_decisions(fmoe_offload *x);
 
 /* The tier an executor of `m` given `kind` reads from: kind itself, or for AUTO host when
  * the routed experts fit in half the free RAM, else file (what fmoe_offload_init will
