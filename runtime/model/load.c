@@ -520,6 +520,10 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
                      e->quant ? fmoe_ggml_type_name(e->quant) : fmoe_st_dtype_name(e->dtype));
     }
     if ((rc = fmoe__model_count_expert_bytes(m)) < 0) goto fail;
+    if ((rc = fmoe__model_check_finite(m)) < 0) {
+        fmoe_error_prefix("%s", dir);
+        goto fail;
+    }
     snprintf(m->describe, sizeof m->describe,
              "%s: %d layers (%d MoE), %d experts top-%d%s, hidden %d, %s, %s", g->model_type,
              g->num_hidden_layers, g->num_moe_layers, g->num_experts, g->top_k,

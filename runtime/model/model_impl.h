@@ -149,6 +149,9 @@ struct fmoe_model {
 /* Adds p (malloc'ed) to the allocations the model frees. @return 0 or FMOE_ENOMEM (p is
  * then not kept: the caller frees it). */
 int fmoe__model_keep_owned(fmoe_model *m, void *p);
+/* Every resident (non-expert) weight finite (resident.c), as fmoe_model_load requires.
+ * @return 0 or FMOE_EFORMAT naming the weight, row and column. */
+int fmoe__model_check_finite(fmoe_model *m);
 
 /* Fills m->layer_expert_bytes once the experts are bound (parts.c). @return 0 or
  * FMOE_ENOMEM. */

@@ -1,22 +1,37 @@
 /*
- * resident.c - the non-expert weights in the process's own memory (fmoe_model_own_weights).
+ * resident.c - the non-expert weights: in the process's own memory (fmoe_model_own_weights)
+ * and checked finite at load (fmoe__model_check_finite). One walk lists them
+ * (visit_resident), so the two never disagree on what a model's resident weights are.
  *
- * A model's weights are views into its files' read-only mappings. When the routed experts
- * are offloaded to those files and the process runs under a memory budget, the mapped
- * pages of the weights every token reads (attention, routers, norms, embeddings, the head)
- * are the only memory the kernel can take back (there is no swap for owned memory), so it
- * takes them, and each token faults them back in from the disk, 4 KiB at a time: a decode
- * step many times slower than its expert reads. Owned copies cannot be taken: what the
- * budget must hold is then exactly what the process holds. Each tensor's mapped pages
- * are dropped as soon as it is copied, so the peak is one tensor above the copies.
+ * Owned copies. A model's weights are views into its files' read-only mappings. When the
+ * routed experts are offloaded to those files and the process runs under a memory budget,
+ * the mapped pages of the weights every token reads (attention, routers, norms,
+ * embeddings, the head) are the only memory the kernel can take back (there is no swap
+ * for owned memory), so it takes them, and each token faults them back in from the disk,
+ * 4 KiB at a time: a decode step many times slower than its expert reads. Owned copies
+ * cannot be taken: what the budget must hold is then exactly what the process holds. Each
+ * tensor's mapped pages are dropped as soon as it is copied, so the peak is one tensor
+ * above the copies.
+ *
+ * Finite. A NaN or infinity in a weight every token reads spreads to every later value;
+ * with 8-bit activations a NaN input quantises to some finite garbage, so the run prints
+ * "" or "::::" with exit 0 rather than failing. The resident weights are read in full at
+ * load: float values one by one, a block format's f16 scales (d, and dmin for Q4_K/Q5_K:
+ * its integer quants cannot be non-finite). This reads the non-expert weights once (about
+ * 1 GB for Qwen3-30B-A3B, which every token reads anyway); the routed experts are not
+ * read, since that would read the whole model (tens of GB from disk when offloaded).
  */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fmoe/error.h"
 #include "fmoe/gguf.h"
 #include "fmoe/safetensors.h"
+#include "half.h"
 #include "model_impl.h"
+#include "quant_block.h"
 
 /* 1 when p is the start of an allocation the model already owns. */
 static int owned(const fmoe_model *m, const void *p) {
@@ -53,33 +68,121 @@ static int own_vec(fmoe_model *m, const float **v, int64_t n) {
     return 0;
 }
 
-int fmoe_model_own_weights(fmoe_model *m) {
+/* What visit_resident calls for each resident matrix and f32 vector: `what` names it
+ * ("layer 3 q projection"; a vector of n floats). A non-zero return stops the walk. */
+typedef struct resident_visitor {
+    int (*mat)(fmoe_model *m, fmoe__mat *w, const char *what);
+    int (*vec)(fmoe_model *m, const float **v, int64_t n, const char *what);
+} resident_visitor;
+
+static int visit_resident(fmoe_model *m, const resident_visitor *v) {
     const fmoe_model_geometry *g = &m->geo;
     const int64_t h = g->hidden_size;
     const void *embed = m->embed.data;
-    FMOE_FORWARD_IF_ERROR(own_mat(m, &m->embed));
+    FMOE_FORWARD_IF_ERROR(v->mat(m, &m->embed, "the embeddings"));
     if (m->lm_head.data == embed) m->lm_head.data = m->embed.data; /* tied: one copy */
-    FMOE_FORWARD_IF_ERROR(own_mat(m, &m->lm_head));
-    FMOE_FORWARD_IF_ERROR(own_vec(m, &m->final_norm, h));
+    FMOE_FORWARD_IF_ERROR(v->mat(m, &m->lm_head, "the LM head"));
+    FMOE_FORWARD_IF_ERROR(v->vec(m, &m->final_norm, h, "the final norm"));
+    static const char *const mat_names[] = {"q projection", "k projection", "v projection",
+                                            "o projection", "router", "shared expert gate",
+                                            "shared expert up", "shared expert down",
+                                            "shared expert's gate"};
+    static const char *const vec_names[] = {"attention norm", "FFN norm", "q bias", "k bias",
+                                            "v bias", "o bias", "q norm", "k norm"};
     for (int32_t i = 0; i < g->num_hidden_layers; i++) {
         fmoe__layer *y = &m->layers[i];
         fmoe__mat *mats[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->router,
                              &y->shared.gate, &y->shared.up, &y->shared.down, &y->shared_gate};
-        for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++)
-            FMOE_FORWARD_IF_ERROR(own_mat(m, mats[k]));
+        char what[96];
+        for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) {
+            snprintf(what, sizeof what, "layer %d %s", i, mat_names[k]);
+            FMOE_FORWARD_IF_ERROR(v->mat(m, mats[k], what));
+        }
         /* the vectors' lengths are their matrices' output widths */
-        FMOE_FORWARD_IF_ERROR(own_vec(m, &y->attn_norm, h));
-        FMOE_FORWARD_IF_ERROR(own_vec(m, &y->ffn_norm, h));
-        FMOE_FORWARD_IF_ERROR(own_vec(m, &y->bq, y->wq.rows));
-        FMOE_FORWARD_IF_ERROR(own_vec(m, &y->bk, y->wk.rows));
-        FMOE_FORWARD_IF_ERROR(own_vec(m, &y->bv, y->wv.rows));
-        FMOE_FORWARD_IF_ERROR(own_vec(m, &y->bo, y->wo.rows));
         const int full = m->arch.qk_norm == FMOE__QK_NORM_FULL;
         const int64_t D = g->num_attention_heads > 0 ? y->wq.rows / g->num_attention_heads : 0;
-        FMOE_FORWARD_IF_ERROR(own_vec(m, &y->q_norm, full ? y->wq.rows : D));
-        FMOE_FORWARD_IF_ERROR(own_vec(m, &y->k_norm, full ? y->wk.rows : D));
+        const float **vecs[] = {&y->attn_norm, &y->ffn_norm, &y->bq, &y->bk,
+                                &y->bv,        &y->bo,       &y->q_norm, &y->k_norm};
+        const int64_t lens[] = {h, h, y->wq.rows, y->wk.rows, y->wv.rows, y->wo.rows,
+                                full ? y->wq.rows : D, full ? y->wk.rows : D};
+        for (size_t k = 0; k < sizeof vecs / sizeof vecs[0]; k++) {
+            snprintf(what, sizeof what, "layer %d %s", i, vec_names[k]);
+            FMOE_FORWARD_IF_ERROR(v->vec(m, vecs[k], lens[k], what));
+        }
     }
+    return 0;
+}
+
+static int own_mat_v(fmoe_model *m, fmoe__mat *w, const char *what) {
+    (void)what;
+    return own_mat(m, w);
+}
+
+static int own_vec_v(fmoe_model *m, const float **v, int64_t n, const char *what) {
+    (void)what;
+    return own_vec(m, v, n);
+}
+
+int fmoe_model_own_weights(fmoe_model *m) {
+    static const resident_visitor own_all = {own_mat_v, own_vec_v};
+    FMOE_FORWARD_IF_ERROR(visit_resident(m, &own_all));
     if (m->gguf) fmoe_gguf_release_pages(m->gguf);
     if (m->st) fmoe_safetensors_release_pages(m->st);
     return 0;
+}
+
+/* ------------------------------------------------------------------ finite */
+
+static int not_finite(const char *what, int64_t row, int64_t col, float x) {
+    return fmoe_error_set(FMOE_EFORMAT,
+                          "%s holds a non-finite weight (%g at row %lld, column %lld): the "
+                          "file is damaged or the checkpoint diverged",
+                          what, (double)x, (long long)row, (long long)col);
+}
+
+static int finite_mat(fmoe_model *m, fmoe__mat *w, const char *what) {
+    (void)m;
+    if (!w->data || w->on_backend || w->rows < 1 || w->cols < 1) return 0;
+    const uint8_t *p = w->data;
+    if (w->quant) {
+        /* the f16 scales of each block: d first (Q6_K: last), dmin after d (K-quants) */
+        const int64_t bytes = fmoe__qblock_bytes(w->quant), vals = fmoe__qblock_values(w->quant);
+        if (!bytes || w->cols % vals) return 0; /* a format without a formula here */
+        const int64_t per_row = w->cols / vals;
+        const int64_t d_at = w->quant == FMOE_GGML_Q6_K ? bytes - 2 : 0;
+        const int has_min = w->quant == FMOE_GGML_Q4_K || w->quant == FMOE_GGML_Q5_K;
+        for (int64_t r = 0; r < w->rows; r++)
+            for (int64_t b = 0; b < per_row; b++) {
+                const uint8_t *blk = p + (r * per_row + b) * bytes;
+                const float d = fmoe__qblock_f16(blk + d_at);
+                const float dmin = has_min ? fmoe__qblock_f16(blk + 2) : 0.0f;
+                if (!isfinite(d) || !isfinite(dmin))
+                    return not_finite(what, r, b * vals, isfinite(d) ? dmin : d);
+            }
+        return 0;
+    }
+    const int64_t n = w->rows * w->cols;
+    for (int64_t i = 0; i < n; i++) {
+        float x;
+        switch (w->dtype) {
+        case FMOE_ST_F32: memcpy(&x, p + 4 * i, 4); break;
+        case FMOE_ST_F16: x = fmoe_half_to_float((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8))); break;
+        case FMOE_ST_BF16: x = fmoe_bf16_to_float((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8))); break;
+        default: return 0; /* an 8-bit float: no infinity in e4m3; NaN not looked for */
+        }
+        if (!isfinite(x)) return not_finite(what, i / w->cols, i % w->cols, x);
+    }
+    return 0;
+}
+
+static int finite_vec(fmoe_model *m, const float **v, int64_t n, const char *what) {
+    (void)m;
+    for (int64_t i = 0; *v && i < n; i++)
+        if (!isfinite((*v)[i])) return not_finite(what, 0, i, (*v)[i]);
+    return 0;
+}
+
+int fmoe__model_check_finite(fmoe_model *m) {
+    static const resident_visitor check = {finite_mat, finite_vec};
+    return visit_resident(m, &check);
 }
