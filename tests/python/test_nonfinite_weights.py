@@ -79,3 +79,17 @@ def test_a_gguf_block_with_a_non_finite_scale_is_refused(fmoe_bin, tmp_path):
     assert p.returncode == 1 and p.stdout == ""
     assert f"layer 1 q projection holds a non-finite weight (nan at row 3, column " \
         f"{(blocks - 1) * 256})" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_non_finite_expert_weight_stops_generate_at_its_logit(fmoe_bin, tmp_path):
+    """Routed experts are not read at load; a NaN in every expert of layer 0 reaches the
+    logits (f32 activations), where generate stops in one line with nothing printed."""
+    model = tmp_path / "m"
+    shutil.copytree(TINY, model)
+    for e in range(8):
+        poke_safetensors(model, f"model.layers.0.mlp.experts.{e}.gate_proj.weight", 0, 0x7FC0)
+    p = run_fmoe(fmoe_bin, "generate", "--model", model, "--prompt", "The dictionary type",
+                 "--max-new-tokens", 4, "--temperature", 0, "--activations", "f32",
+                 check=False)
+    assert p.returncode == 1 and p.stdout == "", (p.stdout, p.stderr)
+    assert "non-finite logit" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
