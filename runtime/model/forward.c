@@ -675,6 +675,22 @@ static int embed_and_rope(fmoe_session *s, const segment *sg, int32_t count, int
 /* The lm head: with all_logits every row of a segment into its logits; else the last row
  * of each segment that wants logits, all such rows in one product. @return 0 or the
  * backend's error. */
+/* On a host-memory backend, rows [0, n) of xn (the head's input) finite: a NaN or infinity
+ * there comes from a weight the load does not read (a routed expert's, model_impl.h's
+ * fmoe__model_check_finite), and with 8-bit activations the head would quantise it into
+ * finite garbage logits, text with exit 0. A device backend's activations are f32, so
+ * its logits carry the NaN to the caller's check. */
+static int head_input_finite(const fmoe_session *s, const float *xn, int32_t n, int32_t h) {
+    if (!s->be->host_memory) return 0;
+    for (int64_t i = 0; i < (int64_t)n * h; i++)
+        FMOE_RETURN_ERROR_IF(!isfinite(xn[i]), FMOE_EFORMAT,
+                             "the hidden state entering the LM head is not finite (%g at "
+                             "element %lld of row %lld): a routed expert's weights (not "
+                             "checked at load) hold NaN or infinite values",
+                             (double)xn[i], (long long)(i % h), (long long)(i / h));
+    return 0;
+}
+
 static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
     const fmoe__backend_ops *be = s->be;
     void *c = s->bctx;
@@ -688,6 +704,7 @@ static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
             const segment *e = &sg[i];
             if (!e->logits) continue;
             be->rmsnorm(c, s->xn, s->x + (int64_t)e->row * h, m->final_norm, e->n, h, eps);
+            FMOE_FORWARD_IF_ERROR(head_input_finite(s, s->xn, e->n, h));
             float *dst = e->logits + (int64_t)e->t0 * V;
             if (be->host_memory) {
                 be->matmul(c, &m->lm_head, s->xn, e->n, dst);
@@ -709,6 +726,7 @@ static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
         rows++;
     }
     if (rows == 0) return 0;
+    FMOE_FORWARD_IF_ERROR(head_input_finite(s, s->xn, rows, h));
     const int direct = rows == 1 && be->host_memory;
     be->matmul(c, &m->lm_head, s->xn, rows, direct ? only : s->lbuf);
     if (direct) return 0;

@@ -81,15 +81,38 @@ def test_a_gguf_block_with_a_non_finite_scale_is_refused(fmoe_bin, tmp_path):
         f"{(blocks - 1) * 256})" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-def test_a_non_finite_expert_weight_stops_generate_at_its_logit(fmoe_bin, tmp_path):
+def test_a_non_finite_expert_weight_stops_the_request(fmoe_bin, tmp_path):
     """Routed experts are not read at load; a NaN in every expert of layer 0 reaches the
-    logits (f32 activations), where generate stops in one line with nothing printed."""
+    residual stream, which is checked where it enters the LM head (with 8-bit activations
+    the head would quantise it into finite garbage: text with exit 0). generate stops in one
+    line with nothing printed, with either activations; record writes nothing; serve
+    answers the request with an error and stays up."""
+    from serve_util import Server
     model = tmp_path / "m"
     shutil.copytree(TINY, model)
     for e in range(8):
         poke_safetensors(model, f"model.layers.0.mlp.experts.{e}.gate_proj.weight", 0, 0x7FC0)
-    p = run_fmoe(fmoe_bin, "generate", "--model", model, "--prompt", "The dictionary type",
-                 "--max-new-tokens", 4, "--temperature", 0, "--activations", "f32",
-                 check=False)
-    assert p.returncode == 1 and p.stdout == "", (p.stdout, p.stderr)
-    assert "non-finite logit" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    says = "the hidden state entering the LM head is not finite (nan at element 0 of row 0)"
+    for act in ("q8", "f32"):
+        p = run_fmoe(fmoe_bin, "generate", "--model", model, "--prompt",
+                     "The dictionary type", "--max-new-tokens", 4, "--temperature", 0,
+                     "--activations", act, check=False)
+        assert p.returncode == 1 and p.stdout == "", (p.stdout, p.stderr)
+        assert says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one\ntwo\n")
+    out = tmp_path / "t.h5"
+    p = run_fmoe(fmoe_bin, "record", "--model", model, "--dataset", prompts,
+                 "--dataset-format", "text", "--max-new-tokens", 2, "-o", out, check=False)
+    assert p.returncode == 1 and says in p.stderr, p.stderr
+    assert not list(tmp_path.glob("t.h5*"))
+    srv = Server(tmp_path, "--model", model)
+    try:
+        st, _, data = srv.post("/v1/completions", {"model": "m", "prompt": "hi",
+                                                   "max_tokens": 4, "temperature": 0})
+        text = data.decode() if isinstance(data, bytes) else data
+        assert st == 500 and "not finite" in text, (st, text)
+        assert srv.request("GET", "/health")[0] == 200
+    finally:
+        rc, err = srv.stop()
+    assert rc in (0, 1), err
