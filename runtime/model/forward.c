@@ -675,20 +675,25 @@ static int embed_and_rope(fmoe_session *s, const segment *sg, int32_t count, int
 /* The lm head: with all_logits every row of a segment into its logits; else the last row
  * of each segment that wants logits, all such rows in one product. @return 0 or the
  * backend's error. */
-/* On a host-memory backend, rows [0, n) of xn (the head's input) finite: a NaN or infinity
- * there comes from a weight the load does not read (a routed expert's, model_impl.h's
- * fmoe__model_check_finite), and with 8-bit activations the head would quantise it into
- * finite garbage logits, text with exit 0. A device backend's activations are f32, so
- * its logits carry the NaN to the caller's check. */
-static int head_input_finite(const fmoe_session *s, const float *xn, int32_t n, int32_t h) {
-    if (!s->be->host_memory) return 0;
-    for (int64_t i = 0; i < (int64_t)n * h; i++)
-        FMOE_RETURN_ERROR_IF(!isfinite(xn[i]), FMOE_EFORMAT,
-                             "the hidden state entering the LM head is not finite (%g at "
-                             "element %lld of row %lld): a routed expert's weights (not "
-                             "checked at load) hold NaN or infinite values",
-                             (double)xn[i], (long long)(i % h), (long long)(i / h));
+/* Rows [0, n) of a host array of width w finite, else the request stops: a NaN or
+ * infinity there comes from a weight the load does not read (a routed expert's,
+ * model_impl.h's fmoe__model_check_finite). On a host-memory backend the head's input xn
+ * is checked: with 8-bit activations the head would quantise a NaN into finite garbage
+ * logits, text with exit 0. A device backend's activations are f32, so its logits carry
+ * the NaN and are checked once downloaded. */
+static int rows_finite(const float *v, int32_t n, int64_t w, const char *what) {
+    for (int64_t i = 0; i < (int64_t)n * w; i++)
+        FMOE_RETURN_ERROR_IF(!isfinite(v[i]), FMOE_EFORMAT,
+                             "%s is not finite (%g at element %lld of row %lld): a routed "
+                             "expert's weights (not checked at load) hold NaN or infinite "
+                             "values",
+                             what, (double)v[i], (long long)(i % w), (long long)(i / w));
     return 0;
+}
+
+static int head_input_finite(const fmoe_session *s, const float *xn, int32_t n, int32_t h) {
+    return s->be->host_memory ? rows_finite(xn, n, h, "the hidden state entering the LM head")
+                              : 0;
 }
 
 static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
@@ -711,6 +716,7 @@ static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
             } else {
                 be->matmul(c, &m->lm_head, s->xn, e->n, s->lbuf);
                 FMOE_FORWARD_IF_ERROR(be->download(c, dst, s->lbuf, (int64_t)e->n * V * 4));
+                FMOE_FORWARD_IF_ERROR(rows_finite(dst, e->n, V, "the logits"));
             }
         }
         return 0;
@@ -732,9 +738,11 @@ static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
     if (direct) return 0;
     rows = 0;
     for (int32_t i = 0; i < count; i++)
-        if (sg[i].logits)
+        if (sg[i].logits) {
             FMOE_FORWARD_IF_ERROR(
                 be->download(c, sg[i].logits, s->lbuf + (int64_t)rows++ * V, V * 4));
+            FMOE_FORWARD_IF_ERROR(rows_finite(sg[i].logits, 1, V, "the logits"));
+        }
     return 0;
 }
 
