@@ -12,26 +12,18 @@
  */
 #include "calibrate_link.h"
 
-#include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include "files.h"
 #include "fmoe/error.h"
+#include "fmoe/gguf.h"
 #include "fmoe/model.h"
 #include "fmoe/offload.h"
 
 int calibrate_link_is_model(const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) return 0;
-    if (S_ISDIR(st.st_mode)) return 1;
-    const int fd = fmoe__open_regular(path);
-    if (fd < 0) return 0;
-    char magic[4];
-    const int gguf = fmoe__pread_all(fd, magic, 4, 0) == 0 && memcmp(magic, "GGUF", 4) == 0;
-    close(fd);
-    return gguf;
+    return S_ISDIR(st.st_mode) || fmoe_gguf_is_file(path);
 }
 
 int calibrate_expert_reads_run(const char *path, int32_t depth, int quick,

@@ -211,22 +211,15 @@ static void gguf_role_dtype(const fmoe_gguf *g, const fmoe_model_geometry *geo,
 
 /* A GGUF --model-config: each layer matrix's and the LM head's type as the file stores
  * them (shapes.layer_dtype). Not a GGUF (a config.json): nothing to do. */
-static int gguf_matrix_dtypes(const char *path, shapes *s) {
-    const int fd = fmoe__open_regular(path);
-    if (fd < 0) return fd;
-    char magic[4];
-    const int gguf = fmoe__pread_all(fd, magic, 4, 0) == 0 && memcmp(magic, "GGUF", 4) == 0;
-    close(fd);
-    if (!gguf) return 0;
-    fmoe_model_geometry geo;
-    FMOE_FORWARD_IF_ERROR(fmoe_geometry_load(path, &geo));
+static int gguf_matrix_dtypes(const char *path, const fmoe_model_geometry *geo, shapes *s) {
+    if (!fmoe_gguf_is_file(path)) return 0;
     fmoe_gguf *g = NULL;
     FMOE_FORWARD_IF_ERROR(fmoe_gguf_open(path, &g));
     /* layer_mats' order */
     static const char *const roles[LAYER_MATS] = {
         "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp",
         "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
-    for (int32_t i = 0; i < LAYER_MATS; i++) gguf_role_dtype(g, &geo, roles[i], &s->layer_dtype[i]);
+    for (int32_t i = 0; i < LAYER_MATS; i++) gguf_role_dtype(g, geo, roles[i], &s->layer_dtype[i]);
     /* the head: output.weight, or the embeddings it is tied to */
     const fmoe_gguf_tensor *h = fmoe_gguf_find_tensor(g, "output.weight");
     if (!h) h = fmoe_gguf_find_tensor(g, "token_embd.weight");
@@ -240,8 +233,8 @@ static int load_shapes(const options *o, shapes *s) {
                   .experts = 8, .shared_ffn = 0, .vocab = 32000, .layers = 32, .top_k = 2,
                   .dtype = FMOE_DTYPE_BF16, .expert_dtype = FMOE_DTYPE_BF16};
     snprintf(s->model, sizeof s->model, "Mixtral-8x7B shapes (default)");
+    fmoe_model_geometry g; /* the --model-config's, read once */
     if (o->model_config) {
-        fmoe_model_geometry g;
         int rc = fmoe_geometry_load(o->model_config, &g);
         if (rc < 0) return rc;
         s->hidden = g.hidden_size;
@@ -261,7 +254,7 @@ static int load_shapes(const options *o, shapes *s) {
     }
     for (int32_t i = 0; i < LAYER_MATS; i++) s->layer_dtype[i] = s->dtype;
     s->head_dtype = s->dtype;
-    if (o->model_config) FMOE_FORWARD_IF_ERROR(gguf_matrix_dtypes(o->model_config, s));
+    if (o->model_config) FMOE_FORWARD_IF_ERROR(gguf_matrix_dtypes(o->model_config, &g, s));
     if (o->quick) { /* an eighth of the widths, so it runs in a blink */
         s->hidden = s->hidden / 8 > 64 ? s->hidden / 8 : 64;
         s->ffn = s->ffn / 8 > 64 ? s->ffn / 8 : 64;

@@ -248,12 +248,6 @@ static uint8_t *slot_bytes(const fmoe_offload *x, int32_t s) {
     return (x->device ? x->dev_slots : x->slot_mem) + (size_t)s * (size_t)x->slot_stride;
 }
 
-/* Bytes [lo, hi) of piece `piece` of an expert of `bytes` bytes in `chunks` pieces. */
-static void piece_range(int64_t bytes, int32_t chunks, int32_t piece, int64_t *lo, int64_t *hi) {
-    const int64_t step = (bytes + chunks - 1) / chunks;
-    *lo = step * piece < bytes ? step * piece : bytes;
-    *hi = step * (piece + 1) < bytes ? step * (piece + 1) : bytes;
-}
 
 /* Bytes of expert e (an id l*J+j): its layer's. */
 static int64_t expert_bytes_of(const fmoe_offload *x, int32_t e) {
@@ -263,8 +257,8 @@ static int64_t expert_bytes_of(const fmoe_offload *x, int32_t e) {
 /* Bytes of pieces [first, last) of expert e. */
 static int64_t job_bytes(const fmoe_offload *x, int32_t e, int32_t first, int32_t last) {
     int64_t lo, hi, lo2, hi2;
-    piece_range(expert_bytes_of(x, e), x->chunks, first, &lo, &hi);
-    piece_range(expert_bytes_of(x, e), x->chunks, last - 1, &lo2, &hi2);
+    fmoe__piece_range(expert_bytes_of(x, e), x->chunks, first, &lo, &hi);
+    fmoe__piece_range(expert_bytes_of(x, e), x->chunks, last - 1, &lo2, &hi2);
     return hi2 - lo;
 }
 
@@ -300,8 +294,8 @@ static int copy_to_device(fmoe_offload *x, int32_t s, int32_t l, int32_t j, int6
 /* Copies pieces [first, last) of expert e into slot s, outside the lock. */
 static int copy_pieces(fmoe_offload *x, int32_t s, int32_t e, int32_t first, int32_t last) {
     int64_t lo, hi, lo2, hi2;
-    piece_range(expert_bytes_of(x, e), x->chunks, first, &lo, &hi);
-    piece_range(expert_bytes_of(x, e), x->chunks, last - 1, &lo2, &hi2);
+    fmoe__piece_range(expert_bytes_of(x, e), x->chunks, first, &lo, &hi);
+    fmoe__piece_range(expert_bytes_of(x, e), x->chunks, last - 1, &lo2, &hi2);
     if (x->device) return copy_to_device(x, s, e / x->J, e % x->J, lo, hi2 - lo);
     return fmoe__expert_tier_read(x->tier, e / x->J, e % x->J, lo, hi2 - lo, slot_bytes(x, s));
 }

@@ -18,4 +18,14 @@
 int fmoe__offload_init_backend(fmoe_offload **out, const fmoe_model *m,
                                const fmoe_offload_options *o, const fmoe__backend_ops *be);
 
+/* Bytes [lo, hi) of piece `piece` of an expert of `bytes` bytes in `chunks` pieces: a
+ * --copy-chunks transfer's pieces, ceil(bytes / chunks) each, the last shorter (the copy
+ * engine's, and what fmoe_offload_time_file_reads times). */
+static inline void fmoe__piece_range(int64_t bytes, int32_t chunks, int32_t piece, int64_t *lo,
+                                     int64_t *hi) {
+    const int64_t step = (bytes + chunks - 1) / chunks;
+    *lo = step * piece < bytes ? step * piece : bytes;
+    *hi = step * (piece + 1) < bytes ? step * (piece + 1) : bytes;
+}
+
 #endif

@@ -5,10 +5,10 @@
  *
  * The reads are the live copy engine's own: fmoe__expert_tier_read of bytes [lo, hi) of
  * expert (l, j) into a slot, from the tier opened as fmoe_offload_init opens it, with the
- * byte ranges of its pieces (offload.c's piece_range: ceil(bytes / pieces) each, the last
- * shorter). So a GGUF expert is its three matrices' slices at their own offsets, each read
- * split into segments kept read_depth deep, O_DIRECT widened to the device's alignment -
- * not one contiguous range of the file, which a disk may serve at another rate.
+ * byte ranges of its pieces (fmoe__piece_range, offload_impl.h). So a GGUF expert is its
+ * three matrices' slices at their own offsets, each read split into segments kept
+ * read_depth deep, O_DIRECT widened to the device's alignment - not one contiguous range
+ * of the file, which a disk may serve at another rate.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +17,7 @@
 #include "fmoe/error.h"
 #include "fmoe/offload.h"
 #include "monotonic.h"
+#include "offload_impl.h"
 
 #define MAX_POINTS 16
 #define MAX_REPS 1000
@@ -69,11 +70,9 @@ int fmoe_offload_time_file_reads(const fmoe_model *m, int direct_io, int32_t rea
         for (int32_t i = 0; rc == 0 && i < n; i++) {
             const int32_t l = (int32_t)(next_rand(&seed) % (uint64_t)g->num_moe_layers);
             const int32_t j = (int32_t)(next_rand(&seed) % (uint64_t)g->num_experts);
-            const int64_t all = fmoe__expert_tier_layer_bytes(t, l);
-            const int64_t step = (all + pieces[i] - 1) / pieces[i];
-            const int64_t p = (int64_t)(next_rand(&seed) % (uint64_t)pieces[i]);
-            const int64_t lo = step * p < all ? step * p : all;
-            const int64_t hi = step * (p + 1) < all ? step * (p + 1) : all;
+            const int32_t p = (int32_t)(next_rand(&seed) % (uint64_t)pieces[i]);
+            int64_t lo, hi;
+            fmoe__piece_range(fmoe__expert_tier_layer_bytes(t, l), pieces[i], p, &lo, &hi);
             const double t0 = fmoe__now_s();
             rc = fmoe__expert_tier_read(t, l, j, lo, hi - lo, slot);
             if (rc == 0 && k >= 0) {

@@ -50,6 +50,22 @@ def family_of(name):
     return "deepseek" if name == "deepseek" else tiny.HF_MODELS[name][0]
 
 
+def rewrite_gguf(reader, out, arch, skip=()):
+    """A copy of the GGUF file `reader` reads, as architecture `arch`, by gguf-py: every
+    key but GGUF.* and those in `skip`, every tensor as stored."""
+    w = gguf.GGUFWriter(str(out), arch)
+    for f in reader.fields.values():
+        if not f.name.startswith("GGUF.") and f.name not in skip:
+            w.add_key_value(f.name, f.contents(), f.types[0])
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
 def write_gguf(model_dir, family, out, drop=(), hf_config=True):
     """The checkpoint as a GGUF file in its own dtypes (F32, F16, BF16), by gguf-py."""
     cfg_text = (pathlib.Path(model_dir) / "config.json").read_text()
@@ -265,17 +281,8 @@ def test_llama_cpp_style_file_without_hf_config(tiny_ggufs, driver, tmp_path):
     own config.json does (rms_norm_eps is the file's float32 9.9999997e-07 instead of 1e-6,
     hence a tolerance)."""
     r = gguf.GGUFReader(str(tiny_ggufs["q8_0"]))
-    w = gguf.GGUFWriter(str(tmp_path / "llama.gguf"), "qwen3moe")
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "fmoe.hf_config"):
-            continue
-        w.add_key_value(f.name, f.contents(), f.types[0])
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    rewrite_gguf(r, tmp_path / "llama.gguf", "qwen3moe",
+                 skip=("general.architecture", "fmoe.hf_config"))
     tokens = [int(x) for x in np.random.default_rng(3).integers(3, 4096, 12)]
     a, ra = drive(driver, tiny_ggufs["q8_0"], tokens, 12, tmp_path, "own")
     b, rb = drive(driver, tmp_path / "llama.gguf", tokens, 12, tmp_path, "built")

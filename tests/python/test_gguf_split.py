@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from conftest import run_fmoe
-from test_gguf_model import PROMPTS, TINY, drive, driver, one_line, record, write_gguf  # noqa: F401
+from test_gguf_model import (PROMPTS, TINY, drive, driver, one_line, record,  # noqa: F401
+                             rewrite_gguf, write_gguf)
 
 import gguf  # noqa: E402  (tests/python/requirements.txt)
 
@@ -266,16 +267,7 @@ def test_shard_with_another_key_value_is_refused(fmoe_bin, split, tmp_path):
     of another model."""
     shards = copy_shards(split, tmp_path)
     r = gguf.GGUFReader(str(shards[2]))
-    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "olmoe")  # not the model's qwen3moe
-    for name, f in r.fields.items():
-        if not name.startswith("GGUF."):
-            w.add_key_value(name, f.contents(), f.types[0])
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    rewrite_gguf(r, tmp_path / "x.gguf", "olmoe")  # not the model's qwen3moe
     del r
     shutil.copy(tmp_path / "x.gguf", shards[2])
     line = fails(fmoe_bin, shards[0])
