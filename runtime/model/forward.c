@@ -677,10 +677,10 @@ static int embed_and_rope(fmoe_session *s, const segment *sg, int32_t count, int
  * backend's error. */
 /* Rows [0, n) of a host array of width w finite, else the request stops: a NaN or
  * infinity there comes from a weight the load does not read (a routed expert's,
- * model_impl.h's fmoe__model_check_finite). On a host-memory backend the head's input xn
- * is checked: with 8-bit activations the head would quantise a NaN into finite garbage
- * logits, text with exit 0. A device backend's activations are f32, so its logits carry
- * the NaN and are checked once downloaded. */
+ * model_impl.h's fmoe__model_check_finite). Every command's logits are checked here, once
+ * on the host (V floats a row, beside the head's V x h product); on a host-memory backend
+ * the head's input xn too, since with 8-bit activations the head would quantise a NaN
+ * into finite garbage logits, text with exit 0. */
 static int rows_finite(const float *v, int32_t n, int64_t w, const char *what) {
     for (int64_t i = 0; i < (int64_t)n * w; i++)
         FMOE_RETURN_ERROR_IF(!isfinite(v[i]), FMOE_EFORMAT,
@@ -716,8 +716,8 @@ static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
             } else {
                 be->matmul(c, &m->lm_head, s->xn, e->n, s->lbuf);
                 FMOE_FORWARD_IF_ERROR(be->download(c, dst, s->lbuf, (int64_t)e->n * V * 4));
-                FMOE_FORWARD_IF_ERROR(rows_finite(dst, e->n, V, "the logits"));
             }
+            FMOE_FORWARD_IF_ERROR(rows_finite(dst, e->n, V, "the logits"));
         }
         return 0;
     }
@@ -735,7 +735,7 @@ static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
     FMOE_FORWARD_IF_ERROR(head_input_finite(s, s->xn, rows, h));
     const int direct = rows == 1 && be->host_memory;
     be->matmul(c, &m->lm_head, s->xn, rows, direct ? only : s->lbuf);
-    if (direct) return 0;
+    if (direct) return rows_finite(only, 1, V, "the logits");
     rows = 0;
     for (int32_t i = 0; i < count; i++)
         if (sg[i].logits) {
