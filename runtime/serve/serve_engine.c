@@ -231,14 +231,17 @@ static void job_finish_status(serve_engine *e, serve_job *j, int32_t finish, con
         j->st.http_status = http_status;
         if (error) snprintf(j->st.error, sizeof j->st.error, "%s", error);
         if (finish != SERVE_FINISH_ERROR) j->visible = j->text_len;
+        /* Counted before the waiter wakes: a client that reads /metrics after its answer
+         * must find its request there (the metrics lock is a leaf; nothing holds it while
+         * taking a job's). Once per job: a second finish changes nothing. */
+        if (e->o.metrics) {
+            serve_metrics_observe_e2e(e->o.metrics, t - j->t_submit);
+            serve_metrics_request_done(e->o.metrics, finish);
+        }
     }
     pthread_cond_broadcast(&j->cv);
     if (j->notify) j->notify(j->notify_arg);
     pthread_mutex_unlock(&j->mu);
-    if (e->o.metrics) {
-        serve_metrics_observe_e2e(e->o.metrics, t - j->t_submit);
-        serve_metrics_request_done(e->o.metrics, finish);
-    }
 }
 
 static void job_finish(serve_engine *e, serve_job *j, int32_t finish, const char *error) {

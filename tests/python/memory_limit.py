@@ -33,3 +33,31 @@ def limit_address_space(nbytes):
         if not asan:
             resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
     return preexec
+
+
+# Runs argv[3:] capped at argv[1] bytes of address space (0: no cap) and writes the child's
+# peak RSS in KiB to argv[2]. The child is this small process's child, not pytest's: Linux
+# carries the forking process's RSS into a child's ru_maxrss at exec, so a child forked
+# from pytest (hundreds of MiB once torch or h5py is loaded) reports pytest's size.
+_PEAK_RSS_HELPER = """
+import resource, subprocess, sys
+if int(sys.argv[1]):
+    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]),) * 2)
+rc = subprocess.run(sys.argv[3:]).returncode
+with open(sys.argv[2], "w") as f:
+    f.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(rc if rc >= 0 else 128 - rc)
+"""
+
+
+def run_peak_rss(args, nbytes, timeout=60):
+    """Runs args under an nbytes address-space cap (none under ASan), as limit_address_space;
+    returns (CompletedProcess with text stdout and stderr, the child's peak RSS in bytes)."""
+    import sys
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        peak = pathlib.Path(d) / "peak"
+        p = subprocess.run([sys.executable, "-c", _PEAK_RSS_HELPER,
+                            str(0 if asan_build() else nbytes), str(peak), *map(str, args)],
+                           capture_output=True, text=True, timeout=timeout)
+        return p, int(peak.read_text()) * 1024

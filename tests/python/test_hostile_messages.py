@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from memory_limit import limit_address_space
+from memory_limit import limit_address_space, run_peak_rss
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY = REPO / "datasets" / "fmoe-tiny"
@@ -450,16 +450,10 @@ def test_tokenizer_json_trailing_bytes_are_refused(fmoe_bin, model):
     end = tj.stat().st_size
     os.truncate(tj, end + 500_000_000)
     size = end + 500_000_000
-    p = subprocess.Popen([str(fmoe_bin), "tokenize", "--tokenizer", str(model), "--text", "hi"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=_limit_memory)
-    out, err = p.stdout.read(), p.stderr.read()  # small: read to the end, then reap
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    r, peak = run_peak_rss([fmoe_bin, "tokenize", "--tokenizer", model, "--text", "hi"], 4 << 30)
     one_line(r, 1, f"{tj}: its last byte that is not whitespace, byte {size - 1} of {size}, "
                    "is 0x00")
-    assert usage.ru_maxrss * 1024 < 200 << 20, f"peak RSS {usage.ru_maxrss} KiB"
+    assert peak < 200 << 20, f"peak RSS {peak >> 20} MiB"
     # and junk that itself ends in '}' is refused where it starts, after the whole read
     tj.write_bytes(tj.read_bytes()[:end] + b"\n{}")
     r = run(fmoe_bin, "tokenize", "--tokenizer", model, "--text", "hi")
