@@ -73,13 +73,13 @@ static const cmd_option serve_options[] = {
      .offset = offsetof(serve_args, port_file)},
     {.name = "parallel", .kind = CMD_OPT_INT32, .value_name = "P",
      .help = "sequences decoded together (continuous batching)", .default_text = "4",
-     .offset = offsetof(serve_args, parallel), .min = 1, .max = FMOE_SIM_BATCH_TOKENS_MAX},
+     .offset = offsetof(serve_args, parallel), .min = 1, .max = FMOE_BATCH_TOKENS_MAX},
     {.name = "batch-tokens", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "tokens of one batched iteration (decode tokens plus prompt chunks; also the "
              "longest prompt chunk): more lets a burst of prompts prefill sooner, at the cost "
              "of the running sequences' next tokens; at least --parallel",
-     .default_text = STR(FMOE_SIM_BATCH_TOKENS),
-     .offset = offsetof(serve_args, batch_tokens), .min = 1, .max = FMOE_SIM_BATCH_TOKENS_MAX},
+     .default_text = STR(FMOE_BATCH_TOKENS),
+     .offset = offsetof(serve_args, batch_tokens), .min = 1, .max = FMOE_BATCH_TOKENS_MAX},
     {.name = "max-queue", .kind = CMD_OPT_INT32, .value_name = "Q",
      .help = "requests waiting for a free sequence beyond which new ones get 503",
      .default_text = "64", .offset = offsetof(serve_args, max_queue), .min = 0,
@@ -144,7 +144,7 @@ static const cmd_option serve_options[] = {
 
 static void init(void *base) {
     *(serve_args *)base = (serve_args){.host = "127.0.0.1", .port = 8000, .parallel = 4,
-                                       .batch_tokens = FMOE_SIM_BATCH_TOKENS,
+                                       .batch_tokens = FMOE_BATCH_TOKENS,
                                        .max_queue = 64, .max_body = 1 << 20, .timeout = 30,
                                        .client_connections = 64, .max_connections = 512,
                                        .header_timeout = 10,

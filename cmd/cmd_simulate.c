@@ -94,7 +94,7 @@ typedef struct options {
     int32_t batch;             /* --batch: sequences run together (1: one at a time) */
     int batch_trace;           /* --batch trace: the served trace's own passes */
     int32_t batch_tokens;      /* --batch-tokens (0: the trace's prefill_chunk, else
-                                  FMOE_SIM_BATCH_TOKENS) */
+                                  FMOE_BATCH_TOKENS) */
     cmd_opt_strings predictors; /* --predictor, repeatable: learned predictors (promoe,
                                    duoserve), each for the policy of its kind */
 } options;
@@ -229,7 +229,7 @@ static const cmd_option simulate_options[] = {
      .help = "--batch B's budget of one iteration, in tokens (fmoe serve --batch-tokens), at "
              "least B",
      .default_text = "the trace's prefill_chunk (what fmoe serve ran with), else 64",
-     .offset = offsetof(options, batch_tokens), .min = 1, .max = FMOE_SIM_BATCH_TOKENS_MAX},
+     .offset = offsetof(options, batch_tokens), .min = 1, .max = FMOE_BATCH_TOKENS_MAX},
     {.name = "policy-opt", .kind = CMD_OPT_STRINGS, .io = CMD_IO_TEXT, .value_name = "KEY=VALUE",
      .help = "a setting of the policies that declare KEY (--list-policies lists each "
              "policy's); repeatable; a KEY no --policy declares is refused",
@@ -1340,7 +1340,7 @@ static int prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **cell
         /* the budget: the option, else what the server ran with (its trace's chunk) */
         const int32_t budget = o.batch_tokens         ? o.batch_tokens
                                : u->w.prefill_chunk > 0 ? u->w.prefill_chunk
-                                                        : FMOE_SIM_BATCH_TOKENS;
+                                                        : FMOE_BATCH_TOKENS;
         if (!o.batch_trace && o.batch > budget) {
             exit_code = cmd_usage_error(CMD,
                                         "%s: --batch %d exceeds the trace's %d tokens a pass "

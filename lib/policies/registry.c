@@ -11,7 +11,6 @@
 #include "fmoe/policy.h"
 #include "next_use.h"
 #include "fmoe/predictor.h"
-#include "fmoe/trace.h"
 
 extern const fmoe_policy_ops fmoe_policy_ondemand;
 extern const fmoe_policy_ops fmoe_policy_lru;

@@ -37,7 +37,7 @@
 #include "fmoe/log.h"
 #include "fmoe/safetensors.h"
 #include "fmoe/sampler.h"
-#include "fmoe/sim.h"
+#include "fmoe/slots.h" /* FMOE_BATCH_TOKENS */
 #include "serve_metrics.h"
 #include "serve_text.h"
 #include "trace_queue.h"
@@ -775,7 +775,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
                          "serve: a model and a tokenizer are needed");
     /* 0: the default budget, the one simulate --batch assumes. Every running sequence's
      * decode token goes into each iteration, so the budget must hold one token of each. */
-    const int32_t budget = o->batch_tokens > 0 ? o->batch_tokens : FMOE_SIM_BATCH_TOKENS;
+    const int32_t budget = o->batch_tokens > 0 ? o->batch_tokens : FMOE_BATCH_TOKENS;
     FMOE_RETURN_ERROR_IF(o->batch_tokens < 0, FMOE_EINVAL, "--batch-tokens %d is below 1",
                          o->batch_tokens);
     FMOE_RETURN_ERROR_IF(o->parallel < 1 || o->parallel > budget, FMOE_EINVAL,

@@ -45,7 +45,7 @@ typedef struct serve_engine_options {
     const char *model_name;            /* the `model` field of responses */
     int32_t parallel;                  /* P >= 1 sequences at once, P <= batch_tokens */
     /* Tokens of one batched forward call: decode tokens plus prompt chunks (fmoe serve
-     * --batch-tokens; 0: FMOE_SIM_BATCH_TOKENS, which fmoe simulate --batch mirrors). It
+     * --batch-tokens; 0: FMOE_BATCH_TOKENS, which fmoe simulate --batch mirrors). It
      * sizes the runner session's activations and an offload executor's prefill_chunk
      * must equal it. */
     int32_t batch_tokens;

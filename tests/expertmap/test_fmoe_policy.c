@@ -9,7 +9,7 @@
 #include "fmoe/error.h"
 #include "fmoe/expertmap.h"
 #include "fmoe/policy.h"
-#include "fmoe/trace.h"
+#include "fmoe/routing.h"
 #include "harness.h"
 
 enum { L = 3, J = 4, K = 1, H = 2 };

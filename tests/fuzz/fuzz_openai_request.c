@@ -7,7 +7,7 @@
  * is rendered back as a response and a chunk.
  *
  * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include \
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include -Iruntime/include \
  *     -Iruntime/serve -Itests tests/fuzz/fuzz_openai_request.c runtime/serve/openai_api.c \
  *     runtime/tokenizer/(star).c lib/error.c lib/log.c -lcjson -lpcre2-8 -lm \
  *     -o fuzz_openai_request && FMOE_SOURCE_ROOT=. ./fuzz_openai_request

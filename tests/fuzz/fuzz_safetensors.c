@@ -2,7 +2,7 @@
  * fuzz_safetensors.c - fuzz target for the safetensors header parser.
  *
  * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include \
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include -Iruntime/include \
  *     tests/fuzz/fuzz_safetensors.c runtime/model/safetensors.c lib/error.c -lcjson -lm \
  *     -o fuzz_safetensors && ./fuzz_safetensors
  * Without (the `fuzz` suite of meson test): replays a set of seed files built here (good

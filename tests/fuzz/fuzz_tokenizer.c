@@ -6,7 +6,7 @@
  * hand-made tokenizers of tiny.h.
  *
  * With libFuzzer (or simply meson -Dfuzzing=true, tests/fuzz/README.md):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include \
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER -Ilib/include -Iruntime/include \
  *     -Itests -Iruntime/tokenizer tests/fuzz/fuzz_tokenizer.c runtime/tokenizer/(star).c \
  *     lib/error.c lib/log.c -lcjson -lpcre2-8 -o fuzz_tokenizer && ./fuzz_tokenizer
  * Without (the `fuzz` suite of meson test): replays the hand-made files, prefixes of them,

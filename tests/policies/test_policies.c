@@ -9,7 +9,7 @@
 #include "fmoe/policy.h"
 #include "fmoe/predictor.h"
 #include "fmoe/slots.h"
-#include "fmoe/trace.h"
+#include "fmoe/routing.h"
 
 typedef struct replay_log {
     int64_t hits;

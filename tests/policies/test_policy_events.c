@@ -16,7 +16,7 @@
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
 #include "fmoe/slots.h"
-#include "fmoe/trace.h"
+#include "fmoe/routing.h"
 
 #define MAXLOG 256
 #define MAXJ 64 /* experts per layer in these tests */

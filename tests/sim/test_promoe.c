@@ -105,7 +105,7 @@ TEST(promoe_learns_the_rule_unbatched) {
 TEST(promoe_learns_the_rule_batched) {
     fmoe_sim_workload w, b;
     build(&w, 1);
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 4, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 4, FMOE_BATCH_TOKENS, NULL, NULL));
     ASSERT_EQ(b.hidden_dim, J);
     ASSERT_TRUE(b.hidden != NULL);
     ASSERT_EQ(b.num_tokens, w.num_tokens);

@@ -1096,7 +1096,7 @@ TEST(batch_schedules_as_serve_decode_first_then_oldest_prompt_chunks) {
     const uint16_t ex2[2] = {7, 7};
     const uint8_t ph2[2] = {0, 1};
     ASSERT_OK(fmoe_sim_workload_add_request(&w, 12, 0, 1, 1, 2, ph2, ex2));
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_BATCH_TOKENS, NULL, NULL));
     ASSERT_EQ(b.batch, 2);
     ASSERT_EQ(b.num_iterations, 5);
     ASSERT_EQ(b.num_tokens, w.num_tokens);
@@ -1154,13 +1154,13 @@ TEST(batch_schedules_as_serve_decode_first_then_oldest_prompt_chunks) {
     ASSERT_EQ(g_batch_events.ahead, 0);
     /* batch 1 keeps one request at a time (with serve's 64-token chunks) */
     fmoe_sim_workload one;
-    ASSERT_OK(fmoe_sim_workload_batch(&one, &w, 1, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
+    ASSERT_OK(fmoe_sim_workload_batch(&one, &w, 1, FMOE_BATCH_TOKENS, NULL, NULL));
     for (int64_t i = 0; i < one.num_iterations; i++) ASSERT_EQ(one.iterations[i].num_items, 1);
     ASSERT_EQ(one.num_iterations, 3 + 3 + 2); /* r1's prompt in 64 + 6 */
     fmoe_sim_workload_free(&one);
-    ASSERT_EQ(fmoe_sim_workload_batch(&one, &w, 0, FMOE_SIM_BATCH_TOKENS, NULL, NULL),
+    ASSERT_EQ(fmoe_sim_workload_batch(&one, &w, 0, FMOE_BATCH_TOKENS, NULL, NULL),
               FMOE_EINVAL);
-    ASSERT_EQ(fmoe_sim_workload_batch(&one, &b, 2, FMOE_SIM_BATCH_TOKENS, NULL, NULL),
+    ASSERT_EQ(fmoe_sim_workload_batch(&one, &b, 2, FMOE_BATCH_TOKENS, NULL, NULL),
               FMOE_EINVAL);
     fmoe_sim_workload_free(&b);
     fmoe_sim_workload_free(&w);
@@ -1238,7 +1238,7 @@ TEST(batch_timing_ttft_tpot_queue_by_hand) {
     ASSERT_NEAR(r.total_s, 8e-3, 1e-15);
     ASSERT_EQ(r.batch, 1);
     fmoe_sim_result_free(&r);
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_BATCH_TOKENS, NULL, NULL));
     ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
     ASSERT_EQ(r.batch, 2);
     ASSERT_EQ(r.accesses, 2);
@@ -1253,7 +1253,7 @@ TEST(batch_timing_ttft_tpot_queue_by_hand) {
     fmoe_sim_workload_free(&b);
 
     const double arr[2] = {0, 1e-3};
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, arr, &k));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_BATCH_TOKENS, arr, &k));
     ASSERT_EQ(b.num_iterations, 3);
     ASSERT_EQ(b.requests[1].admit_iteration, 1);
     cfg.arrival_s = arr;
@@ -1270,7 +1270,7 @@ TEST(batch_timing_ttft_tpot_queue_by_hand) {
 
     /* far apart: the clock idles until the second arrives, which then waits for nothing */
     const double far[2] = {0, 10e-3};
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, far, &k));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_BATCH_TOKENS, far, &k));
     cfg.arrival_s = far;
     ASSERT_OK(fmoe_sim_run(&b, &cfg, &r));
     ASSERT_NEAR(r.total_s, 13e-3, 1e-15);
@@ -1278,7 +1278,7 @@ TEST(batch_timing_ttft_tpot_queue_by_hand) {
     ASSERT_NEAR(r.e2e_s.p50, (5e-3 + 3e-3) / 2, 1e-15);
     fmoe_sim_result_free(&r);
     fmoe_sim_workload_free(&b);
-    ASSERT_EQ(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, far, NULL),
+    ASSERT_EQ(fmoe_sim_workload_batch(&b, &w, 2, FMOE_BATCH_TOKENS, far, NULL),
               FMOE_EINVAL);
     fmoe_sim_workload_free(&w);
 }
@@ -1367,7 +1367,7 @@ TEST(batched_hits_equal_naive_replay) {
                       K = 1 + (int32_t)(rng() % 3);
         random_workload(&w, L, J, K, 20);
         ASSERT_OK(
-            fmoe_sim_workload_batch(&b, &w, 2 + trial, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
+            fmoe_sim_workload_batch(&b, &w, 2 + trial, FMOE_BATCH_TOKENS, NULL, NULL));
         ASSERT_EQ(b.num_tokens, w.num_tokens);
         ASSERT_TRUE(b.num_iterations < w.num_iterations);
         const int32_t caps[3] = {1, K, L * J / 2 + 1};
@@ -1406,7 +1406,7 @@ TEST(batch_request_starts_with_its_first_rows) {
     ASSERT_OK(fmoe_sim_workload_add_request(&w, 0, 0, 70, 1, 71, phase, ex));
     const uint8_t ph1[4] = {0, 0, 0, 1};
     ASSERT_OK(fmoe_sim_workload_add_request(&w, 1, 0, 3, 1, 4, ph1, ex));
-    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_SIM_BATCH_TOKENS, NULL, NULL));
+    ASSERT_OK(fmoe_sim_workload_batch(&b, &w, 2, FMOE_BATCH_TOKENS, NULL, NULL));
     ASSERT_EQ(b.num_iterations, 3);
     ASSERT_EQ(b.requests[1].admit_iteration, 1);
     ASSERT_EQ(b.requests[1].first_iteration, 1);

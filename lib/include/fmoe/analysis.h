@@ -19,6 +19,8 @@
 
 #include <stdint.h>
 
+#include "fmoe/routing.h" /* FMOE_PHASE_* */
+
 typedef struct fmoe_routing_stats {
     int32_t num_layers;          /* L */
     int32_t num_experts;         /* J */

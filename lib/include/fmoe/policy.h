@@ -58,6 +58,7 @@
 #include <stdint.h>
 
 #include "fmoe/cache.h"
+#include "fmoe/routing.h"
 
 /* Where the executor receives decisions. ctx is the executor's; each call applies at
  * env->now_s of the event being handled. Layer and expert are (l, j), not expert ids. */
@@ -189,7 +190,7 @@ typedef struct fmoe_policy_config {
      * accesses of `future` (g in [0, future_groups)). Borrowed like `future`. */
     const uint16_t *future_layer_accesses;
     int64_t future_groups;
-    int32_t probs_kind;        /* what on_gate's probs hold: FMOE_PROBS_* of fmoe/trace.h */
+    int32_t probs_kind;        /* what on_gate's probs hold: FMOE_PROBS_* of fmoe/routing.h */
     int32_t speculative_depth; /* S of on_gate's speculative rows; 0: none */
     /* The policy's own settings as the user gave them (its ops->settings declares which):
      * borrowed for init only; NULL: every setting at its default. fmoe_policy_init_ops

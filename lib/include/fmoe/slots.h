@@ -53,6 +53,15 @@
 #include "fmoe/cache.h"
 #include "fmoe/policy.h"
 
+/* Tokens of one batched iteration (decode tokens plus prompt chunks, the longest prompt
+ * chunk too): the default of fmoe serve --batch-tokens, and what fmoe simulate --batch
+ * schedules with when neither the trace (its prefill_chunk) nor --batch-tokens says: here,
+ * below both executors, so that neither includes the other for it. A plain literal: cmd/
+ * prints it as the option's default. */
+#define FMOE_BATCH_TOKENS 64
+/* The largest budget either command accepts. */
+#define FMOE_BATCH_TOKENS_MAX 8192
+
 typedef struct fmoe_slots fmoe_slots;
 
 /* One decision, as the decision log records it (docs/formats/decision-log.md; `fmoe

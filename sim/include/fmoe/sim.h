@@ -97,13 +97,6 @@ typedef struct fmoe_sim_item {
     int32_t last_prompt;      /* 1: the chunk ends the request's prompt (it yields a token) */
 } fmoe_sim_item;
 
-/* Tokens of one batched iteration (decode tokens plus prompt chunks, the longest prompt
- * chunk too): the default of fmoe serve --batch-tokens, and what fmoe simulate --batch
- * schedules with when neither the trace (its prefill_chunk) nor --batch-tokens says. A
- * plain literal: cmd/ prints it as the option's default. */
-#define FMOE_SIM_BATCH_TOKENS 64
-/* The largest budget either command accepts. */
-#define FMOE_SIM_BATCH_TOKENS_MAX 8192
 
 typedef struct fmoe_sim_workload {
     int32_t num_layers;       /* L */

@@ -21,22 +21,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fmoe/routing.h" /* fmoe_probs_kind, FMOE_PHASE_* */
+
 #define FMOE_TRACE_FORMAT "fmoe-trace"
 #define FMOE_TRACE_VERSION 1
 
-typedef enum fmoe_probs_kind {
-    FMOE_PROBS_NONE = 0, /* no /tokens/probs: probabilities unknown */
-    FMOE_PROBS_TOPK = 1, /* only the chosen experts' weights are known; others stored as 0 */
-    FMOE_PROBS_FULL = 2, /* the full gate distribution over J experts */
-} fmoe_probs_kind;
 
 typedef enum fmoe_compression {
     FMOE_COMPRESSION_ZSTD = 0, /* HDF5 filter 32015, level in cd_values[0] */
     FMOE_COMPRESSION_DEFLATE = 1,
     FMOE_COMPRESSION_NONE = 2,
 } fmoe_compression;
-
-enum { FMOE_PHASE_PREFILL = 0, FMOE_PHASE_DECODE = 1 };
 
 /* Root attributes of a trace. Strings are NUL-terminated and truncated to fit. */
 typedef struct fmoe_trace_header {
