@@ -8,7 +8,7 @@
 
 #include "fmoe/error.h"
 
-int prefetch_feedback_init(prefetch_feedback *f, int32_t L, int32_t J) {
+int fmoe__prefetch_feedback_init(prefetch_feedback *f, int32_t L, int32_t J) {
     memset(f, 0, sizeof *f);
     f->L = L;
     f->J = J;
@@ -20,14 +20,14 @@ int prefetch_feedback_init(prefetch_feedback *f, int32_t L, int32_t J) {
     f->scored = calloc((size_t)L * FEEDBACK_RANKS, sizeof *f->scored);
     f->chosen = calloc((size_t)J, 1);
     if (!f->predicted || !f->made || !f->victim || !f->right || !f->scored || !f->chosen) {
-        prefetch_feedback_free(f);
+        fmoe__prefetch_feedback_free(f);
         return fmoe_error_set(FMOE_ENOMEM, "prefetch feedback for %d x %d experts", L, J);
     }
     memset(f->predicted, -1, LJ);
     return 0;
 }
 
-void prefetch_feedback_free(prefetch_feedback *f) {
+void fmoe__prefetch_feedback_free(prefetch_feedback *f) {
     free(f->predicted);
     free(f->made);
     free(f->victim);
@@ -37,7 +37,7 @@ void prefetch_feedback_free(prefetch_feedback *f) {
     memset(f, 0, sizeof *f);
 }
 
-int32_t prefetch_feedback_predict(prefetch_feedback *f, int32_t l, int32_t j) {
+int32_t fmoe__prefetch_feedback_predict(prefetch_feedback *f, int32_t l, int32_t j) {
     int8_t *p = &f->predicted[(size_t)l * f->J + j];
     if (*p < 0) {
         const int32_t r = f->made[l] < FEEDBACK_RANKS - 1 ? f->made[l] : FEEDBACK_RANKS - 1;
@@ -50,26 +50,26 @@ int32_t prefetch_feedback_predict(prefetch_feedback *f, int32_t l, int32_t j) {
 /* (k + 1) / (n + 2) */
 static double laplace(double k, double n) { return (k + 1) / (n + 2); }
 
-double prefetch_feedback_accuracy(const prefetch_feedback *f, int32_t l, int32_t rank) {
+double fmoe__prefetch_feedback_accuracy(const prefetch_feedback *f, int32_t l, int32_t rank) {
     const size_t i = (size_t)l * FEEDBACK_RANKS + (size_t)rank;
     return laplace(f->right[i], f->scored[i]);
 }
 
-double prefetch_feedback_regret(const prefetch_feedback *f) {
+double fmoe__prefetch_feedback_regret(const prefetch_feedback *f) {
     return laplace(f->regrets, f->evictions);
 }
 
 /* a (1 - u) - (1 - a) u - r > 0, i.e. a > u + r (prefetch_feedback.h) */
-int prefetch_feedback_admit(const prefetch_feedback *f, int32_t l, int32_t rank) {
-    const double a = prefetch_feedback_accuracy(f, l, rank);
-    return a - f->link_use - prefetch_feedback_regret(f) > 0;
+int fmoe__prefetch_feedback_admit(const prefetch_feedback *f, int32_t l, int32_t rank) {
+    const double a = fmoe__prefetch_feedback_accuracy(f, l, rank);
+    return a - f->link_use - fmoe__prefetch_feedback_regret(f) > 0;
 }
 
 /* The busy time and the elapsed time are averaged apart and divided, so u is a share of
  * time: averaging each interval's own share would weigh the short interval between two
  * hits like the long one that holds a miss's transfer, and decode's misses come in such
  * bursts (a cache hitting 90% of accesses measured u = 0.1 on a link busy half the time). */
-void prefetch_feedback_link(prefetch_feedback *f, double busy_s, double now) {
+void fmoe__prefetch_feedback_link(prefetch_feedback *f, double busy_s, double now) {
     const double dt = now - f->last_now;
     if (dt > 0) {
         const double w = 1.0 / (f->L + 1); /* about one iteration of gates */
@@ -82,9 +82,9 @@ void prefetch_feedback_link(prefetch_feedback *f, double busy_s, double now) {
     f->last_now = now;
 }
 
-void prefetch_feedback_evicted(prefetch_feedback *f, int32_t e) { f->victim[e] = 1; }
+void fmoe__prefetch_feedback_evicted(prefetch_feedback *f, int32_t e) { f->victim[e] = 1; }
 
-void prefetch_feedback_gate(prefetch_feedback *f, int32_t l, const int32_t *distinct, int32_t n) {
+void fmoe__prefetch_feedback_gate(prefetch_feedback *f, int32_t l, const int32_t *distinct, int32_t n) {
     const int32_t J = f->J;
     for (int32_t q = 0; q < n; q++) f->chosen[distinct[q]] = 1;
     int8_t *pred = f->predicted + (size_t)l * J;

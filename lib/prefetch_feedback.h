@@ -60,27 +60,27 @@ typedef struct prefetch_feedback {
     uint8_t *chosen;          /* [J] scratch: the gate's experts */
 } prefetch_feedback;
 
-int prefetch_feedback_init(prefetch_feedback *f, int32_t L, int32_t J);
-void prefetch_feedback_free(prefetch_feedback *f);
+int fmoe__prefetch_feedback_init(prefetch_feedback *f, int32_t L, int32_t J);
+void fmoe__prefetch_feedback_free(prefetch_feedback *f);
 
 /* A prediction of expert j for layer l: its rank in layer l's cycle (recorded once). */
-int32_t prefetch_feedback_predict(prefetch_feedback *f, int32_t l, int32_t j);
+int32_t fmoe__prefetch_feedback_predict(prefetch_feedback *f, int32_t l, int32_t j);
 
 /* Whether a prediction of rank `rank` for layer l may evict an expert to come in. */
-int prefetch_feedback_admit(const prefetch_feedback *f, int32_t l, int32_t rank);
+int fmoe__prefetch_feedback_admit(const prefetch_feedback *f, int32_t l, int32_t rank);
 
 /* The copy engine had been busy busy_s seconds in all at time now (executor figures). */
-void prefetch_feedback_link(prefetch_feedback *f, double busy_s, double now);
+void fmoe__prefetch_feedback_link(prefetch_feedback *f, double busy_s, double now);
 
 /* Expert e (l*J+j) was evicted. */
-void prefetch_feedback_evicted(prefetch_feedback *f, int32_t e);
+void fmoe__prefetch_feedback_evicted(prefetch_feedback *f, int32_t e);
 
 /* The gate of layer l chose distinct[0..n): scores layer l's pending predictions and
  * victims and starts its next cycle. */
-void prefetch_feedback_gate(prefetch_feedback *f, int32_t l, const int32_t *distinct, int32_t n);
+void fmoe__prefetch_feedback_gate(prefetch_feedback *f, int32_t l, const int32_t *distinct, int32_t n);
 
 /* The estimates, for tests and reports. */
-double prefetch_feedback_accuracy(const prefetch_feedback *f, int32_t l, int32_t rank);
-double prefetch_feedback_regret(const prefetch_feedback *f);
+double fmoe__prefetch_feedback_accuracy(const prefetch_feedback *f, int32_t l, int32_t rank);
+double fmoe__prefetch_feedback_regret(const prefetch_feedback *f);
 
 #endif

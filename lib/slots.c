@@ -111,7 +111,7 @@ static int32_t make_room(fmoe_slots *q, const fmoe_victim_request *req, int32_t 
         return -1;
     }
     *victim = q->view->slot_expert[s];
-    if (q->feedback) prefetch_feedback_evicted(&q->fb, *victim);
+    if (q->feedback) fmoe__prefetch_feedback_evicted(&q->fb, *victim);
     evict_slot(q, s);
     return s;
 }
@@ -134,10 +134,10 @@ static int sink_prefetch(void *ctx, int32_t l, int32_t j, double priority, doubl
      * transfers (where LRU already hits most accesses, the resident ones are the easy,
      * right ones, and counting them made wrong prefetches look worth their link time). */
     if (fmoe_cache_lookup(q->view, e) >= 0) return 0;
-    const int32_t rank = q->feedback ? prefetch_feedback_predict(&q->fb, l, j) : 0;
+    const int32_t rank = q->feedback ? fmoe__prefetch_feedback_predict(&q->fb, l, j) : 0;
     if (q->hooks.sync) q->hooks.sync(q->hooks.ctx, q->env.now_s);
     if (q->feedback && fmoe_cache_free_slot(q->cache) < 0 &&
-        !prefetch_feedback_admit(&q->fb, l, rank)) {
+        !fmoe__prefetch_feedback_admit(&q->fb, l, rank)) {
         /* its expected hits do not pay for the misses its eviction is expected to cause */
         log_decision(q, FMOE_DECISION_DROPPED, e, -1, -1, 0, priority, q->env.now_s);
         return 1;
@@ -219,7 +219,7 @@ void fmoe_slots_free(fmoe_slots *q) {
     free(q->order);
     free(q->stats);
     free(q->layer_bytes);
-    prefetch_feedback_free(&q->fb);
+    fmoe__prefetch_feedback_free(&q->fb);
     free(q);
 }
 
@@ -277,7 +277,7 @@ int fmoe_slots_init(fmoe_slots **out, const fmoe_slots_config *cfg) {
     };
     q->env = (fmoe_policy_env){.now_s = 0, .cache = q->view, .sink = &q->sink};
     q->feedback = cfg->feedback;
-    if (q->feedback && (rc = prefetch_feedback_init(&q->fb, q->L, q->J)) < 0) {
+    if (q->feedback && (rc = fmoe__prefetch_feedback_init(&q->fb, q->L, q->J)) < 0) {
         fmoe_slots_free(q);
         return rc;
     }
@@ -324,8 +324,8 @@ void fmoe_slots_gate(fmoe_slots *q, int32_t l, const int32_t *distinct, int32_t 
         if (!chosen) cancel_queued(q, s);
     }
     if (q->hooks.link_busy_s)
-        prefetch_feedback_link(&q->fb, q->hooks.link_busy_s(q->hooks.ctx), q->env.now_s);
-    prefetch_feedback_gate(&q->fb, l, distinct, n);
+        fmoe__prefetch_feedback_link(&q->fb, q->hooks.link_busy_s(q->hooks.ctx), q->env.now_s);
+    fmoe__prefetch_feedback_gate(&q->fb, l, distinct, n);
 }
 
 /* Looks expert e up for an access and claims it: a QUEUED prefetch leaves the prefetch

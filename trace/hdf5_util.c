@@ -117,6 +117,7 @@ typedef struct errwalk {
 } errwalk;
 
 static herr_t errwalk_cb(unsigned n, const H5E_error2_t *e, void *data) {
+    (void)n; /* the entry's depth in HDF5's stack: the first with a description is enough */
     errwalk *w = data;
     if (w->found || !e->desc || !e->desc[0]) return 0;
     /* A failed system call (the sec2 driver's "file write failed: time = ..., errno = 28,

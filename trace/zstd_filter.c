@@ -117,14 +117,12 @@ static size_t zstd_filter(unsigned int flags, size_t cd_nelmts, const unsigned i
 }
 
 const H5Z_class2_t fmoe__h5z_zstd_class = {
-    /* .version         = */ H5Z_CLASS_T_VERS,
-    /* .id              = */ (H5Z_filter_t)FMOE_H5Z_FILTER_ZSTD,
-    /* .encoder_present = */ 1,
-    /* .decoder_present = */ 1,
-    /* .name            = */ "zstd",
-    /* .can_apply       = */ NULL,
-    /* .set_local       = */ NULL,
-    /* .filter          = */ zstd_filter,
+    .version = H5Z_CLASS_T_VERS,
+    .id = (H5Z_filter_t)FMOE_H5Z_FILTER_ZSTD,
+    .encoder_present = 1,
+    .decoder_present = 1,
+    .name = "zstd",
+    .filter = zstd_filter,
 };
 
 #ifdef FMOE_H5Z_PLUGIN

@@ -1057,24 +1057,21 @@ static const fmoe_expertmap *fm_expert_store(const void *state) {
 
 #define FMOE_OPS_TABLE(symbol, init_fn, vname, summary_text, flag_bits)                           \
     const fmoe_policy_ops symbol = {                                                              \
-        /* .name          = */ vname,                                                             \
-        /* .summary       = */ summary_text,                                                      \
-        /* .flags         = */ (flag_bits) | FMOE_POLICY_TAKES_STORE,                             \
-        /* .init          = */ init_fn,                                                           \
-        /* .free          = */ fm_free,                                                           \
-        /* .on_request_start   = */ fm_on_request_start,                                          \
-        /* .on_iteration_start = */ fm_on_iteration_start,                                        \
-        /* .on_gate       = */ fm_on_gate,                                                        \
-        /* .on_access     = */ fm_on_access,                                                      \
-        /* .on_layer_done = */ fm_on_layer_done,                                                  \
-        /* .choose_victim = */ fm_choose_victim,                                                  \
-        /* .on_iteration_end   = */ fm_on_iteration_end,                                          \
-        /* .on_request_end     = */ NULL,                                                         \
-        /* .default_distance   = */ DEFAULT_DISTANCE,                                             \
-        /* .variants      = */ 0,                                                                 \
-        /* .expert_store  = */ fm_expert_store,                                                   \
-        /* .predictor_kind = */ NULL,                                                            \
-        /* .settings      = */ fm_settings,                                                       \
+        .name = vname,                                                                             \
+        .summary = summary_text,                                                                   \
+        .flags = (flag_bits) | FMOE_POLICY_TAKES_STORE,                                            \
+        .init = init_fn,                                                                           \
+        .free = fm_free,                                                                           \
+        .on_request_start = fm_on_request_start,                                                   \
+        .on_iteration_start = fm_on_iteration_start,                                               \
+        .on_gate = fm_on_gate,                                                                     \
+        .on_access = fm_on_access,                                                                 \
+        .on_layer_done = fm_on_layer_done,                                                         \
+        .choose_victim = fm_choose_victim,                                                         \
+        .on_iteration_end = fm_on_iteration_end,                                                   \
+        .default_distance = DEFAULT_DISTANCE,                                                      \
+        .expert_store = fm_expert_store,                                                           \
+        .settings = fm_settings,                                                                   \
     };
 
 #define FMOE_OPS(ident, vname, summary_text, flag_bits)                                           \

@@ -72,22 +72,10 @@ static int32_t least_stale_choose_victim(void *state, const fmoe_policy_env *env
 }
 
 const fmoe_policy_ops fmoe_policy_least_stale = {
-    /* .name          = */ "least-stale",
-    /* .summary       = */ "SpecMD: evict experts unused in this forward pass first, FIFO",
-    /* .flags         = */ 0,
-    /* .init          = */ least_stale_init,
-    /* .free          = */ least_stale_free,
-    /* .on_request_start   = */ NULL,
-    /* .on_iteration_start = */ least_stale_on_iteration_start,
-    /* .on_gate       = */ NULL,
-    /* .on_access     = */ NULL,
-    /* .on_layer_done = */ NULL,
-    /* .choose_victim = */ least_stale_choose_victim,
-    /* .on_iteration_end   = */ NULL,
-    /* .on_request_end     = */ NULL,
-    /* .default_distance   = */ 0,
-    /* .variants           = */ 0,
-    /* .expert_store       = */ NULL,
-    /* .predictor_kind     = */ NULL,
-    /* .settings           = */ NULL,
+    .name = "least-stale",
+    .summary = "SpecMD: evict experts unused in this forward pass first, FIFO",
+    .init = least_stale_init,
+    .free = least_stale_free,
+    .on_iteration_start = least_stale_on_iteration_start,
+    .choose_victim = least_stale_choose_victim,
 };

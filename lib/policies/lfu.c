@@ -42,22 +42,8 @@ static int32_t lfu_choose_victim(void *state, const fmoe_policy_env *env, const 
 }
 
 const fmoe_policy_ops fmoe_policy_lfu = {
-    /* .name          = */ "lfu",
-    /* .summary       = */ "evict the expert with the fewest accesses since loaded (ties: LRU)",
-    /* .flags         = */ 0,
-    /* .init          = */ lfu_init,
-    /* .free          = */ NULL,
-    /* .on_request_start   = */ NULL,
-    /* .on_iteration_start = */ NULL,
-    /* .on_gate       = */ NULL,
-    /* .on_access     = */ NULL,
-    /* .on_layer_done = */ NULL,
-    /* .choose_victim = */ lfu_choose_victim,
-    /* .on_iteration_end   = */ NULL,
-    /* .on_request_end     = */ NULL,
-    /* .default_distance   = */ 0,
-    /* .variants           = */ 0,
-    /* .expert_store       = */ NULL,
-    /* .predictor_kind     = */ NULL,
-    /* .settings           = */ NULL,
+    .name = "lfu",
+    .summary = "evict the expert with the fewest accesses since loaded (ties: LRU)",
+    .init = lfu_init,
+    .choose_victim = lfu_choose_victim,
 };

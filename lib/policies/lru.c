@@ -27,22 +27,8 @@ static int32_t lru_choose_victim(void *state, const fmoe_policy_env *env, const 
 }
 
 const fmoe_policy_ops fmoe_policy_lru = {
-    /* .name          = */ "lru",
-    /* .summary       = */ "evict the least recently accessed expert; no prefetch",
-    /* .flags         = */ 0,
-    /* .init          = */ lru_init,
-    /* .free          = */ NULL,
-    /* .on_request_start   = */ NULL,
-    /* .on_iteration_start = */ NULL,
-    /* .on_gate       = */ NULL,
-    /* .on_access     = */ NULL,
-    /* .on_layer_done = */ NULL,
-    /* .choose_victim = */ lru_choose_victim,
-    /* .on_iteration_end   = */ NULL,
-    /* .on_request_end     = */ NULL,
-    /* .default_distance   = */ 0,
-    /* .variants           = */ 0,
-    /* .expert_store       = */ NULL,
-    /* .predictor_kind     = */ NULL,
-    /* .settings           = */ NULL,
+    .name = "lru",
+    .summary = "evict the least recently accessed expert; no prefetch",
+    .init = lru_init,
+    .choose_victim = lru_choose_victim,
 };

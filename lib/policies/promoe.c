@@ -401,24 +401,17 @@ static int32_t pm_choose_victim(void *state, const fmoe_policy_env *env,
 }
 
 const fmoe_policy_ops fmoe_policy_promoe = {
-    /* .name          = */ "promoe",
-    /* .summary       = */ "ProMoE: learned stride-k prediction from gate inputs, low-priority "
-                           "prefetch, early preemption, LRU (--predictor)",
-    /* .flags         = */ FMOE_POLICY_NEEDS_HIDDEN | FMOE_POLICY_PREFETCHES |
+    .name = "promoe",
+    .summary = "ProMoE: learned stride-k prediction from gate inputs, low-priority "
+               "prefetch, early preemption, LRU (--predictor)",
+    .flags = FMOE_POLICY_NEEDS_HIDDEN | FMOE_POLICY_PREFETCHES |
                            FMOE_POLICY_REORDER_COMPUTE,
-    /* .init          = */ pm_init,
-    /* .free          = */ pm_free,
-    /* .on_request_start   = */ NULL,
-    /* .on_iteration_start = */ pm_on_iteration_start,
-    /* .on_gate       = */ pm_on_gate,
-    /* .on_access     = */ pm_on_access,
-    /* .on_layer_done = */ pm_on_layer_done,
-    /* .choose_victim = */ pm_choose_victim,
-    /* .on_iteration_end   = */ NULL,
-    /* .on_request_end     = */ NULL,
-    /* .default_distance   = */ 0,
-    /* .variants           = */ 0,
-    /* .expert_store       = */ NULL,
-    /* .predictor_kind     = */ FMOE_PREDICTOR_KIND_PROMOE,
-    /* .settings           = */ NULL,
+    .init = pm_init,
+    .free = pm_free,
+    .on_iteration_start = pm_on_iteration_start,
+    .on_gate = pm_on_gate,
+    .on_access = pm_on_access,
+    .on_layer_done = pm_on_layer_done,
+    .choose_victim = pm_choose_victim,
+    .predictor_kind = FMOE_PREDICTOR_KIND_PROMOE,
 };

@@ -17,9 +17,9 @@ enum { L = 2, J = 8 };
  * again: regret (regretted + 1) / (n + 2). */
 static void evictions(prefetch_feedback *f, int n, int regretted) {
     for (int i = 0; i < n; i++) {
-        prefetch_feedback_evicted(f, i % J);
+        fmoe__prefetch_feedback_evicted(f, i % J);
         const int32_t chosen[1] = {i < regretted ? i % J : (i + 1) % J};
-        prefetch_feedback_gate(f, 0, chosen, 1);
+        fmoe__prefetch_feedback_gate(f, 0, chosen, 1);
     }
 }
 
@@ -27,59 +27,59 @@ static void evictions(prefetch_feedback *f, int n, int regretted) {
  * tries, keeps being scored while it is refused, and resumes once they turn right. */
 TEST(wrong_layer_stops_and_resumes) {
     prefetch_feedback f;
-    ASSERT_OK(prefetch_feedback_init(&f, L, J));
+    ASSERT_OK(fmoe__prefetch_feedback_init(&f, L, J));
     evictions(&f, 10, 2); /* regret 3/12 = 0.25 */
-    ASSERT_NEAR(prefetch_feedback_regret(&f), 0.25, 1e-12);
+    ASSERT_NEAR(fmoe__prefetch_feedback_regret(&f), 0.25, 1e-12);
     const int32_t chosen[2] = {0, 1};
     int tries = 0;
     while (tries < 100) {
-        const int32_t r = prefetch_feedback_predict(&f, 1, 5); /* never chosen */
+        const int32_t r = fmoe__prefetch_feedback_predict(&f, 1, 5); /* never chosen */
         ASSERT_EQ(r, 0);
-        if (!prefetch_feedback_admit(&f, 1, r)) break;
-        prefetch_feedback_gate(&f, 1, chosen, 2);
+        if (!fmoe__prefetch_feedback_admit(&f, 1, r)) break;
+        fmoe__prefetch_feedback_gate(&f, 1, chosen, 2);
         tries++;
     }
     /* (0 + 1) / (n + 2) <= 0.25 from n = 2 wrong predictions on */
     ASSERT_EQ(tries, 2);
-    prefetch_feedback_gate(&f, 1, chosen, 2); /* the refused one is scored too: 1/5 */
-    ASSERT_NEAR(prefetch_feedback_accuracy(&f, 1, 0), 0.2, 1e-12);
+    fmoe__prefetch_feedback_gate(&f, 1, chosen, 2); /* the refused one is scored too: 1/5 */
+    ASSERT_NEAR(fmoe__prefetch_feedback_accuracy(&f, 1, 0), 0.2, 1e-12);
     int right = 0;
     while (right < 100) {
-        const int32_t r = prefetch_feedback_predict(&f, 1, 1); /* chosen from now on */
-        if (prefetch_feedback_admit(&f, 1, r)) break;
-        prefetch_feedback_gate(&f, 1, chosen, 2); /* scored although refused */
+        const int32_t r = fmoe__prefetch_feedback_predict(&f, 1, 1); /* chosen from now on */
+        if (fmoe__prefetch_feedback_admit(&f, 1, r)) break;
+        fmoe__prefetch_feedback_gate(&f, 1, chosen, 2); /* scored although refused */
         right++;
     }
     ASSERT_EQ(right, 1); /* 2 / 6 > 0.25 after one right prediction */
     /* a layer never predicted starts at 1/2: admitted while the regret is below that */
-    ASSERT_TRUE(prefetch_feedback_admit(&f, 0, 0));
-    prefetch_feedback_free(&f);
+    ASSERT_TRUE(fmoe__prefetch_feedback_admit(&f, 0, 0));
+    fmoe__prefetch_feedback_free(&f);
 }
 
 /* When the experts a prefetch evicts are needed again at once (regret near 1), a predictor
  * right half of the time is refused; with free eviction (no regret) it is admitted. */
 TEST(evicting_needed_experts_is_refused) {
     prefetch_feedback f;
-    ASSERT_OK(prefetch_feedback_init(&f, L, J));
+    ASSERT_OK(fmoe__prefetch_feedback_init(&f, L, J));
     evictions(&f, 40, 40);
-    ASSERT_TRUE(prefetch_feedback_regret(&f) > 0.95);
+    ASSERT_TRUE(fmoe__prefetch_feedback_regret(&f) > 0.95);
     const int32_t chosen[1] = {3};
     for (int i = 0; i < 20; i++) {
-        prefetch_feedback_predict(&f, 1, i % 2 ? 3 : 4);
-        prefetch_feedback_gate(&f, 1, chosen, 1);
+        fmoe__prefetch_feedback_predict(&f, 1, i % 2 ? 3 : 4);
+        fmoe__prefetch_feedback_gate(&f, 1, chosen, 1);
     }
-    ASSERT_NEAR(prefetch_feedback_accuracy(&f, 1, 0), 11.0 / 22.0, 1e-12);
-    ASSERT_TRUE(!prefetch_feedback_admit(&f, 1, 0));
+    ASSERT_NEAR(fmoe__prefetch_feedback_accuracy(&f, 1, 0), 11.0 / 22.0, 1e-12);
+    ASSERT_TRUE(!fmoe__prefetch_feedback_admit(&f, 1, 0));
     prefetch_feedback g;
-    ASSERT_OK(prefetch_feedback_init(&g, L, J));
+    ASSERT_OK(fmoe__prefetch_feedback_init(&g, L, J));
     evictions(&g, 40, 0);
     for (int i = 0; i < 20; i++) {
-        prefetch_feedback_predict(&g, 1, i % 2 ? 3 : 4);
-        prefetch_feedback_gate(&g, 1, chosen, 1);
+        fmoe__prefetch_feedback_predict(&g, 1, i % 2 ? 3 : 4);
+        fmoe__prefetch_feedback_gate(&g, 1, chosen, 1);
     }
-    ASSERT_TRUE(prefetch_feedback_admit(&g, 1, 0));
-    prefetch_feedback_free(&f);
-    prefetch_feedback_free(&g);
+    ASSERT_TRUE(fmoe__prefetch_feedback_admit(&g, 1, 0));
+    fmoe__prefetch_feedback_free(&f);
+    fmoe__prefetch_feedback_free(&g);
 }
 
 /* Ranks: the first prediction for a layer in a cycle is rank 0, later ones count up to the
@@ -88,23 +88,23 @@ TEST(evicting_needed_experts_is_refused) {
  * refused on a saturated one (a wrong transfer then delays a needed one). */
 TEST(ranks_and_link_use) {
     prefetch_feedback f;
-    ASSERT_OK(prefetch_feedback_init(&f, L, J));
+    ASSERT_OK(fmoe__prefetch_feedback_init(&f, L, J));
     for (int j = 0; j < J; j++)
-        ASSERT_EQ(prefetch_feedback_predict(&f, 1, j), j < FEEDBACK_RANKS ? j : FEEDBACK_RANKS - 1);
-    ASSERT_EQ(prefetch_feedback_predict(&f, 1, 2), 2);
+        ASSERT_EQ(fmoe__prefetch_feedback_predict(&f, 1, j), j < FEEDBACK_RANKS ? j : FEEDBACK_RANKS - 1);
+    ASSERT_EQ(fmoe__prefetch_feedback_predict(&f, 1, 2), 2);
     const int32_t chosen[1] = {0};
-    prefetch_feedback_gate(&f, 1, chosen, 1);
-    ASSERT_EQ(prefetch_feedback_predict(&f, 1, 6), 0);
-    prefetch_feedback_gate(&f, 1, chosen, 1);
+    fmoe__prefetch_feedback_gate(&f, 1, chosen, 1);
+    ASSERT_EQ(fmoe__prefetch_feedback_predict(&f, 1, 6), 0);
+    fmoe__prefetch_feedback_gate(&f, 1, chosen, 1);
     for (int i = 0; i < 40; i++) { /* rank 0 right 40% of the time */
-        prefetch_feedback_predict(&f, 1, i % 5 < 2 ? 0 : 7);
-        prefetch_feedback_gate(&f, 1, chosen, 1);
+        fmoe__prefetch_feedback_predict(&f, 1, i % 5 < 2 ? 0 : 7);
+        fmoe__prefetch_feedback_gate(&f, 1, chosen, 1);
     }
     evictions(&f, 100, 0);
-    ASSERT_TRUE(prefetch_feedback_admit(&f, 1, 0));
-    for (int i = 1; i <= 40; i++) prefetch_feedback_link(&f, 1.0 * i, 1.0 * i); /* busy */
-    ASSERT_TRUE(!prefetch_feedback_admit(&f, 1, 0));
-    prefetch_feedback_free(&f);
+    ASSERT_TRUE(fmoe__prefetch_feedback_admit(&f, 1, 0));
+    for (int i = 1; i <= 40; i++) fmoe__prefetch_feedback_link(&f, 1.0 * i, 1.0 * i); /* busy */
+    ASSERT_TRUE(!fmoe__prefetch_feedback_admit(&f, 1, 0));
+    fmoe__prefetch_feedback_free(&f);
 }
 
 /* A right prefetch saves time only in idle link time: a 60% predictor with no regret is
@@ -112,21 +112,21 @@ TEST(ranks_and_link_use) {
  * a right transfer mostly reorders the link's queue while a wrong one delays a needed one). */
 TEST(busy_link_needs_accuracy_above_its_load) {
     prefetch_feedback f;
-    ASSERT_OK(prefetch_feedback_init(&f, L, J));
+    ASSERT_OK(fmoe__prefetch_feedback_init(&f, L, J));
     const int32_t chosen[1] = {0};
     for (int i = 0; i < 100; i++) { /* rank 0 right 60% of the time */
-        prefetch_feedback_predict(&f, 1, i % 5 < 3 ? 0 : 7);
-        prefetch_feedback_gate(&f, 1, chosen, 1);
+        fmoe__prefetch_feedback_predict(&f, 1, i % 5 < 3 ? 0 : 7);
+        fmoe__prefetch_feedback_gate(&f, 1, chosen, 1);
     }
     evictions(&f, 126, 0); /* regret 1/128 */
-    ASSERT_NEAR(prefetch_feedback_accuracy(&f, 1, 0), 61.0 / 102.0, 1e-12);
-    for (int i = 1; i <= 200; i++) prefetch_feedback_link(&f, 0.3 * i, 1.0 * i);
+    ASSERT_NEAR(fmoe__prefetch_feedback_accuracy(&f, 1, 0), 61.0 / 102.0, 1e-12);
+    for (int i = 1; i <= 200; i++) fmoe__prefetch_feedback_link(&f, 0.3 * i, 1.0 * i);
     ASSERT_NEAR(f.link_use, 0.3, 1e-3);
-    ASSERT_TRUE(prefetch_feedback_admit(&f, 1, 0));
-    for (int i = 201; i <= 400; i++) prefetch_feedback_link(&f, 60 + 0.7 * (i - 200), 1.0 * i);
+    ASSERT_TRUE(fmoe__prefetch_feedback_admit(&f, 1, 0));
+    for (int i = 201; i <= 400; i++) fmoe__prefetch_feedback_link(&f, 60 + 0.7 * (i - 200), 1.0 * i);
     ASSERT_NEAR(f.link_use, 0.7, 1e-3);
-    ASSERT_TRUE(!prefetch_feedback_admit(&f, 1, 0));
-    prefetch_feedback_free(&f);
+    ASSERT_TRUE(!fmoe__prefetch_feedback_admit(&f, 1, 0));
+    fmoe__prefetch_feedback_free(&f);
 }
 
 /* The link's use is a share of time: one gate interval of 1 s with the link busy all of
@@ -134,19 +134,19 @@ TEST(busy_link_needs_accuracy_above_its_load) {
  * the intervals (decode's misses come in such bursts between runs of hits). */
 TEST(link_use_is_a_share_of_time) {
     prefetch_feedback f;
-    ASSERT_OK(prefetch_feedback_init(&f, 30, J)); /* averages over ~31 gates, 3 cycles */
+    ASSERT_OK(fmoe__prefetch_feedback_init(&f, 30, J)); /* averages over ~31 gates, 3 cycles */
     double now = 0, busy = 0;
     for (int cycle = 0; cycle < 200; cycle++) {
         now += 1.0;
         busy += 1.0;
-        prefetch_feedback_link(&f, busy, now);
+        fmoe__prefetch_feedback_link(&f, busy, now);
         for (int i = 0; i < 9; i++) {
             now += 0.1;
-            prefetch_feedback_link(&f, busy, now);
+            fmoe__prefetch_feedback_link(&f, busy, now);
         }
     }
     ASSERT_TRUE(f.link_use > 0.4 && f.link_use < 0.7); /* 1/1.9 = 0.53; each interval's own share averaged: 0.1 */
-    prefetch_feedback_free(&f);
+    fmoe__prefetch_feedback_free(&f);
 }
 
 static int cancels, prefetches, dropped;
