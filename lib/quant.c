@@ -98,6 +98,23 @@ int fmoe_quant_can_quantize(uint32_t t) {
            t == FMOE_GGML_IQ4_NL;
 }
 
+/* llama.cpp's rule (src/llama-quant.cpp, llama_tensor_get_type's fallback for a row that
+ * is not whole blocks of the requested type), restricted to the types fmoe writes: each
+ * K-quant falls back to the 32-value type of about its bits, one step up so as not to lose
+ * precision (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). */
+uint32_t fmoe_quant_fallback_type(uint32_t t, int64_t cols) {
+    const int32_t bs = fmoe_ggml_block_size(t);
+    if (bs > 0 && cols % bs == 0) return t;
+    uint32_t f = 0;
+    switch (t) {
+    case FMOE_GGML_Q4_K: f = FMOE_GGML_Q5_0; break;
+    case FMOE_GGML_Q5_K: f = FMOE_GGML_Q5_1; break;
+    case FMOE_GGML_Q6_K: f = FMOE_GGML_Q8_0; break;
+    default: return 0; /* a 32-value type already: nothing smaller to fall back to */
+    }
+    return cols % FMOE_QK8_0 == 0 ? f : 0;
+}
+
 int64_t fmoe_quant_row_bytes(uint32_t t, int64_t n) {
     const int32_t bs = fmoe_ggml_block_size(t);
     if (bs == 0 || n < 0 || n % bs != 0) return -1;

@@ -60,6 +60,14 @@ static inline FMOE_HD int32_t fmoe__qblock_bytes(uint32_t type) {
     }
 }
 
+/* 1 for the block types the CUDA backend has kernels for (runtime/cuda/cuda_quant.cu's
+ * fmoe__cuda_quant_has, and the host's refusal of a model before it runs:
+ * runtime/model/backend_types.c): the 32-value Q4_0 .. IQ4_NL are CPU-only so far. */
+static inline FMOE_HD int fmoe__qblock_cuda_has(uint32_t type) {
+    return type == FMOE_GGML_Q8_0 || type == FMOE_GGML_Q4_K || type == FMOE_GGML_Q5_K ||
+           type == FMOE_GGML_Q6_K;
+}
+
 /* The little-endian f16 at p, as f32 (exact). */
 static inline FMOE_HD float fmoe__qblock_f16(const uint8_t *p) {
     return fmoe_half_to_float((uint16_t)(p[0] | (p[1] << 8)));

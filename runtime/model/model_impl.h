@@ -153,6 +153,10 @@ int fmoe__model_keep_owned(fmoe_model *m, void *p);
  * @return 0 or FMOE_EFORMAT naming the weight, row and column. */
 int fmoe__model_check_finite(fmoe_model *m);
 
+/* FMOE_EUNSUPPORTED, in one line naming the first tensor and its type, where `backend` has
+ * no kernels for a block type the GGUF model holds; else 0 (backend_types.c). */
+int fmoe__model_check_backend_types(const fmoe_model *m, fmoe_backend_kind backend);
+
 /* Fills m->layer_expert_bytes once the experts are bound (parts.c). @return 0 or
  * FMOE_ENOMEM. */
 int fmoe__model_count_expert_bytes(fmoe_model *m);

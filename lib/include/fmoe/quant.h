@@ -96,6 +96,13 @@ int fmoe_quant_supported(uint32_t type);
  * Q5_0, Q5_1, IQ4_NL. */
 int fmoe_quant_can_quantize(uint32_t type);
 
+/* The type a row of `cols` values requested as `type` is written in, by llama-quantize's
+ * rule: `type` itself where cols is whole blocks of it; else for a K-quant the 32-value
+ * type llama.cpp falls back to (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0) where cols is
+ * whole blocks of 32; else 0: no block type fits, the row stays a float type (llama.cpp
+ * writes F16 there; `fmoe quantize` keeps the checkpoint's own f16/bf16). */
+uint32_t fmoe_quant_fallback_type(uint32_t type, int64_t cols);
+
 /* Bytes of a row of n values (n a multiple of the block size), or -1 when n is not. */
 int64_t fmoe_quant_row_bytes(uint32_t type, int64_t n);
 
