@@ -109,11 +109,14 @@ int cmd_quantize(int argc, char **argv) {
            cmd_now() - t0);
     printf("  %-10s %lld tensors %s\n", fmoe_ggml_type_name((uint32_t)o.type),
            (long long)r.quantized, o.experts_only ? "(routed experts only)" : "(2-D weights)");
-    if (r.fallback)
-        printf("  fallback   %lld tensors whose rows are not whole %s blocks: %s\n",
+    if (r.fallback) {
+        /* the type llama-quantize falls back to for rows of 32k values, if any */
+        const uint32_t f = fmoe_quant_fallback_type((uint32_t)o.type, FMOE_QK8_0);
+        printf("  fallback   %lld tensors whose rows are not whole %s blocks: %s%s\n",
                (long long)r.fallback, fmoe_ggml_type_name((uint32_t)o.type),
-               o.type == FMOE_GGML_Q8_0 ? "kept in the checkpoint's dtype"
-                                        : "Q8_0, or the checkpoint's dtype");
+               f ? fmoe_ggml_type_name(f) : "kept in the checkpoint's dtype",
+               f ? ", or the checkpoint's dtype" : "");
+    }
     printf("  size       %s of weights -> %s file\n", cmd_format_bytes((double)r.bytes_in, in, sizeof in),
            cmd_format_bytes((double)r.bytes_out, out, sizeof out));
     return CMD_EXIT_OK;
