@@ -51,6 +51,16 @@ static void pack(const uint8_t *q, uint8_t *qs, uint8_t *qh) {
         for (int k = 0; k < 4; k++) qh[k] = (uint8_t)(h >> (8 * k));
 }
 
+/* ggml's code: v (the scaled value plus the offset and one half) truncated, at most
+ * levels - 1. v is in [0, levels + 0.5] for finite blocks; clamping in float first keeps
+ * the conversion defined for what else can come (NaN, or infinity where 1/d overflows
+ * for a subnormal d), whose blocks are unspecified. */
+static uint8_t code(float v, int levels) {
+    if (!(v >= 0.0f)) return 0;
+    if (v >= (float)(levels - 1)) return (uint8_t)(levels - 1);
+    return (uint8_t)(int)v;
+}
+
 /* Q4_0 (levels 16, offset 8) and Q5_0 (32, 16): d = max / -offset, so the extreme value
  * maps to code 0; q = min(levels - 1, trunc(x/d + offset + 0.5)). */
 static void quantize_sym(const float *x, uint8_t *b, int levels) {
@@ -58,10 +68,7 @@ static void quantize_sym(const float *x, uint8_t *b, int levels) {
     const float d = signed_max(x) / (float)-off;
     const float id = d != 0 ? 1.0f / d : 0.0f;
     uint8_t q[32];
-    for (int l = 0; l < 32; l++) {
-        const int v = (int8_t)(x[l] * id + ((float)off + 0.5f));
-        q[l] = (uint8_t)(v < levels - 1 ? v : levels - 1);
-    }
+    for (int l = 0; l < 32; l++) q[l] = code(x[l] * id + ((float)off + 0.5f), levels);
     put_f16(b, d);
     if (levels == 16)
         pack(q, b + 2, NULL);
@@ -80,10 +87,7 @@ static void quantize_affine(const float *x, uint8_t *b, int levels) {
     const float d = (max - min) / (float)(levels - 1);
     const float id = d != 0 ? 1.0f / d : 0.0f;
     uint8_t q[32];
-    for (int l = 0; l < 32; l++) {
-        const int v = (uint8_t)((x[l] - min) * id + 0.5f);
-        q[l] = (uint8_t)(v < levels - 1 ? v : levels - 1);
-    }
+    for (int l = 0; l < 32; l++) q[l] = code((x[l] - min) * id + 0.5f, levels);
     put_f16(b, d);
     put_f16(b + 2, min);
     if (levels == 16)
