@@ -2,7 +2,8 @@
 forward pass, `fmoe quantize`'s llama-quantize fallback, traces and offloading of their
 experts, and their bad input (docs/quantization.md).
 
-- Each type, written by `fmoe quantize --type T` (fmoe-tiny: every 256-wide row in T), and
+- A file whose blocks gguf-py's quantisers wrote, mixing Q4_0, Q4_1, Q5_0 and Q5_1, and
+  each type written by `fmoe quantize --type T` (fmoe-tiny: every 256-wide row in T), and
   the K-quant requests that fall back to them on a model whose rows are 32 or 64 wide
   (tiny DeepSeek: Q4_K -> Q5_0, Q5_K -> Q5_1): the logits equal those of the same file
   dequantised by gguf-py and written as F32, to float rounding (f32 activations, the bar
@@ -102,6 +103,48 @@ def test_q32_model_equals_its_dequantisation(q32_files, models, driver, tmp_path
     print(f"  activations q8: |diff| / std: RMS {rms:.4f}, max {worst:.4f}")
     rms_tol, max_tol = Q8ACT_TOL[model]
     assert 0 < rms < rms_tol and worst < max_tol
+
+
+def gguf_py_mix(src, dst):
+    """src (a GGUF file) with its 2-D weights requantised by gguf-py's own quantisers, the
+    types taken in turn (Q4_0, Q4_1, Q5_0, Q5_1) so that one file mixes them in experts,
+    attention and embeddings alike; routers and rows that are not whole blocks as they
+    were. Written by gguf-py's GGUFWriter: no fmoe code makes the blocks."""
+    r = gguf.GGUFReader(str(src))
+    a = r.fields["general.architecture"]
+    w = gguf.GGUFWriter(str(dst), bytes(a.parts[a.data[0]]).decode())
+    for f in r.fields.values():
+        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
+            w.add_key_value(f.name, f.contents(), f.types[0])
+    cycle, i, kinds = ["Q4_0", "Q4_1", "Q5_0", "Q5_1"], 0, set()
+    for t in r.tensors:
+        shape = [int(x) for x in t.shape[::-1]]
+        if len(shape) >= 2 and shape[-1] % 32 == 0 and "gate_inp" not in t.name:
+            qt = Q[cycle[i % 4]]
+            i += 1
+            x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+            w.add_tensor(t.name, gguf.quants.quantize(x.reshape(shape), qt), raw_dtype=qt)
+            kinds.add(qt.name)
+        else:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return kinds
+
+
+def test_gguf_py_quantized_mix_equals_its_dequantisation(q32_files, driver, tmp_path):
+    """A file whose Q4_0/Q4_1/Q5_0/Q5_1 blocks gguf-py wrote (from fmoe-tiny's Q8_0 file):
+    its logits equal those of its F32 dequantisation by gguf-py, to float rounding."""
+    mix = tmp_path / "mix.gguf"
+    assert gguf_py_mix(q32_files("q8_0", "tiny"), mix) == {"Q4_0", "Q4_1", "Q5_0", "Q5_1"}
+    dequantised_copy(mix, tmp_path / "deq.gguf")
+    tokens = [int(x) for x in np.random.default_rng(9).integers(3, 4096, 12)]
+    f32, rf = drive(driver, tmp_path / "deq.gguf", tokens, 8, tmp_path, "f32")
+    q, rq = drive(driver, mix, tokens, 8, tmp_path, "q")
+    assert float(np.abs(q - f32).max()) <= 1e-3
+    assert rq["generated"] == rf["generated"] and rq["experts"] == rf["experts"]
 
 
 @pytest.mark.parametrize("qtype,model", [("q4_k", "tiny"), ("q4_k", "deepseek"),
