@@ -82,7 +82,7 @@ typedef struct fmoe__mat {
     const void *data;
     fmoe_st_dtype dtype; /* FMOE_ST_U8 when quant is set: the bytes are blocks */
     int64_t rows, cols;
-    uint32_t quant;      /* 0, or the ggml block type of every row (Q8_0, Q4_K, Q5_K, Q6_K) */
+    uint32_t quant;      /* 0, or the ggml block type of every row (fmoe_quant_supported) */
     const char *file;    /* the file the bytes come from, and their offset in it (a */
     int64_t file_offset; /* realigned copy keeps its source's): what a file tier reads */
     int32_t on_backend;  /* data is the backend's memory (a GPU expert slot), not host */
