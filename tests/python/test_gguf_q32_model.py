@@ -257,6 +257,26 @@ def test_bad_block_scale_is_one_line(fmoe_bin, q32_files, tmp_path, qtype, at, v
     assert "non-finite" in line and "bad.gguf" in line, line
 
 
+def test_bad_expert_block_scale_is_one_line(fmoe_bin, q32_files, tmp_path):
+    """Expert weights are not scanned at load (they may live on a tier); a NaN scale in
+    every expert's first Q5_1 block of one layer reaches the routed output, where the
+    forward pass's finite check stops the run in one line."""
+    src = q32_files("q5_1", "tiny")
+    r = gguf.GGUFReader(str(src))
+    t = next(t for t in r.tensors if t.name == "blk.1.ffn_gate_exps.weight")
+    assert t.tensor_type.name == "Q5_1"
+    data = bytearray(pathlib.Path(src).read_bytes())
+    E = int(t.shape[-1])
+    for e in range(E):
+        off = int(t.data_offset) + e * (int(t.n_bytes) // E)
+        data[off:off + 2] = np.array([np.nan], dtype=np.float16).tobytes()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    p = run_fmoe(fmoe_bin, "generate", "--model", bad, "--prompt", "hi",
+                 "--max-new-tokens", 2, check=False)
+    assert "not finite" in one_line(p, 1)
+
+
 def test_truncated_q5_0_file_is_one_line(fmoe_bin, q32_files, tmp_path):
     data = pathlib.Path(q32_files("q5_0", "tiny")).read_bytes()
     bad = tmp_path / "cut.gguf"
