@@ -1,9 +1,11 @@
 /*
  * quant_block.h - the value formula of each ggml block format fmoe computes with (Q8_0,
- * Q4_K, Q5_K, Q6_K, and the 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), written once as plain C that lib/quant.c compiles and the CUDA
- * kernels (runtime/cuda/cuda_forward.cu) include: the GPU dequantises with the very
- * arithmetic that tests/python/test_gguf_quants.py checks bit for bit against gguf-py
- * (internal; FMOE_HD marks every function for host and device under nvcc).
+ * Q4_K, Q5_K, Q6_K, and the 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), written once as
+ * plain C that lib/quant.c compiles and the CUDA kernels (runtime/cuda/cuda_forward.cu)
+ * include: the GPU dequantises with the very arithmetic that
+ * tests/python/test_gguf_quants.py checks bit for bit against gguf-py (internal; FMOE_HD
+ * marks every function for host and device under nvcc). The CUDA backend has kernels
+ * for Q8_0 and the K-quants only so far (fmoe__qblock_cuda_has).
  *
  * The byte layouts are ggml's (ggml-common.h); fmoe/quant.h lists them. Each value is
  * computed on its own, in ggml's order of operations (dequantize_row_*): the block's f16
