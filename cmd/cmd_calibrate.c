@@ -195,16 +195,16 @@ static int parse_options(int argc, char **argv, options *o) {
  * as it is when no layer has the tensor or its type has no fmoe dtype. */
 static void gguf_role_dtype(const fmoe_gguf *g, const fmoe_model_geometry *geo,
                             const char *role, fmoe_dtype *out) {
-    int32_t count[FMOE_DTYPE_Q6_K + 1] = {0};
+    int32_t count[FMOE_DTYPE_LAST + 1] = {0};
     for (int32_t i = 0; i < geo->num_moe_layers; i++) {
         char name[96];
         snprintf(name, sizeof name, "blk.%d.%s.weight", geo->moe_layer_index[i], role);
         const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(g, name);
         fmoe_dtype d;
-        if (t && fmoe_dtype_of_ggml_type(t->type, &d) == 0 && d <= FMOE_DTYPE_Q6_K) count[d]++;
+        if (t && fmoe_dtype_of_ggml_type(t->type, &d) == 0 && d <= FMOE_DTYPE_LAST) count[d]++;
     }
     int32_t best = -1;
-    for (int32_t d = 0; d <= FMOE_DTYPE_Q6_K; d++)
+    for (int32_t d = 0; d <= FMOE_DTYPE_LAST; d++)
         if (count[d] > 0 && (best < 0 || count[d] > count[best])) best = d;
     if (best >= 0) *out = (fmoe_dtype)best;
 }
@@ -356,8 +356,7 @@ static void backend_series(series *s, int32_t n, const char *what, const char *b
     int32_t n_named = 0, blocks = 0;
     for (int32_t i = 0; i < n_dtypes && n_named < LAYER_MATS; i++) {
         const fmoe_dtype d = dtypes[i];
-        const int block = d == FMOE_DTYPE_Q8_0 || d == FMOE_DTYPE_Q4_K ||
-                          d == FMOE_DTYPE_Q5_K || d == FMOE_DTYPE_Q6_K;
+        const int block = fmoe_dtype_ggml_type(d) != 0;
         const int own = block || d == FMOE_DTYPE_F32 || d == FMOE_DTYPE_F16 ||
                         d == FMOE_DTYPE_BF16;
         const char *name = own ? fmoe_dtype_name(d) : "bf16";

@@ -25,13 +25,16 @@ typedef struct options {
     int quiet;
 } options;
 
-static const char *const type_names[] = {"q8_0", "q4_k", "q5_k", "q6_k", NULL};
+static const char *const type_names[] = {"q8_0", "q4_k", "q5_k", "q6_k", "q4_0",
+                                         "q4_1", "q5_0", "q5_1", "iq4_nl", NULL};
 static const int32_t type_values[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
-                                      FMOE_GGML_Q6_K};
+                                      FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
+                                      FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
 
 static const cmd_option quantize_options[] = {
     {.name = "type", .kind = CMD_OPT_ENUM, .value_name = "T",
-     .help = "the block format of the quantized weights: q8_0, q4_k, q5_k or q6_k",
+     .help = "the block format of the quantized weights: q8_0, q4_k, q5_k, q6_k, q4_0, "
+             "q4_1, q5_0, q5_1 or iq4_nl",
      .offset = offsetof(options, type), .choices = type_names, .choice_values = type_values,
      .example = "q4_k"},
     {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
@@ -54,7 +57,8 @@ static void init(void *base) {
 
 const cmd_spec cmd_quantize_spec = {
     .name = "quantize",
-    .usage = "quantize --type q8_0|q4_k|q5_k|q6_k MODEL_DIR -o MODEL.gguf [--experts-only]",
+    .usage = "quantize --type q8_0|q4_k|q5_k|q6_k|q4_0|q4_1|q5_0|q5_1|iq4_nl MODEL_DIR "
+             "-o MODEL.gguf [--experts-only]",
     .description =
         "Write a HuggingFace MoE checkpoint (config.json + safetensors of Mixtral,\n"
         "Qwen2-MoE, Qwen3-MoE, OLMoE or DeepSeek-MoE V1) as a GGUF file, named and laid\n"
@@ -62,8 +66,9 @@ const cmd_spec cmd_quantize_spec = {
         "(norms and routers stay F32).\n",
     .options = quantize_options,
     .epilog = "A tensor whose rows are not whole blocks of the type (256 values for the\n"
-              "K-quants) is written as Q8_0 when its rows are whole blocks of 32, else in\n"
-              "the checkpoint's dtype; the report counts them. generate, record and serve\n"
+              "K-quants) falls back as llama-quantize's does: q4_k to Q5_0, q5_k to Q5_1,\n"
+              "q6_k to Q8_0 when its rows are whole blocks of 32, else the checkpoint's\n"
+              "dtype; the report counts them. generate, record and serve\n"
               "run the file with --model FILE.gguf on the CPU backend; the folder's\n"
               "tokenizer and generation files are embedded (docs/quantization.md).\n",
     .size = sizeof(options),
@@ -78,7 +83,8 @@ int cmd_quantize(int argc, char **argv) {
     int rc = cmd_options_parse(&cmd_quantize_spec, &o, argc, argv, &npos);
     if (rc) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
     if (npos != 1) return cmd_usage_error(CMD, "one MODEL_DIR is required");
-    if (o.type < 0) return cmd_usage_error(CMD, "--type is required (q8_0, q4_k, q5_k or q6_k)");
+    if (o.type < 0) return cmd_usage_error(CMD, "--type is required (q8_0, q4_k, q5_k, q6_k, q4_0, "
+                                               "q4_1, q5_0, q5_1 or iq4_nl)");
     if (!o.output) return cmd_usage_error(CMD, "-o MODEL.gguf is required");
     const char *model = argv[1];
 
@@ -103,11 +109,14 @@ int cmd_quantize(int argc, char **argv) {
            cmd_now() - t0);
     printf("  %-10s %lld tensors %s\n", fmoe_ggml_type_name((uint32_t)o.type),
            (long long)r.quantized, o.experts_only ? "(routed experts only)" : "(2-D weights)");
-    if (r.fallback)
-        printf("  fallback   %lld tensors whose rows are not whole %s blocks: %s\n",
+    if (r.fallback) {
+        /* the type llama-quantize falls back to for rows of 32k values, if any */
+        const uint32_t f = fmoe_quant_fallback_type((uint32_t)o.type, FMOE_QK8_0);
+        printf("  fallback   %lld tensors whose rows are not whole %s blocks: %s%s\n",
                (long long)r.fallback, fmoe_ggml_type_name((uint32_t)o.type),
-               o.type == FMOE_GGML_Q8_0 ? "kept in the checkpoint's dtype"
-                                        : "Q8_0, or the checkpoint's dtype");
+               f ? fmoe_ggml_type_name(f) : "kept in the checkpoint's dtype",
+               f ? ", or the checkpoint's dtype" : "");
+    }
     printf("  size       %s of weights -> %s file\n", cmd_format_bytes((double)r.bytes_in, in, sizeof in),
            cmd_format_bytes((double)r.bytes_out, out, sizeof out));
     return CMD_EXIT_OK;

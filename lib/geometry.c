@@ -190,6 +190,11 @@ const char *fmoe_dtype_name(fmoe_dtype d) {
     case FMOE_DTYPE_Q4_K: return "q4_k";
     case FMOE_DTYPE_Q5_K: return "q5_k";
     case FMOE_DTYPE_Q6_K: return "q6_k";
+    case FMOE_DTYPE_Q4_0: return "q4_0";
+    case FMOE_DTYPE_Q4_1: return "q4_1";
+    case FMOE_DTYPE_Q5_0: return "q5_0";
+    case FMOE_DTYPE_Q5_1: return "q5_1";
+    case FMOE_DTYPE_IQ4_NL: return "iq4_nl";
     }
     return "unknown";
 }
@@ -209,6 +214,9 @@ int fmoe_dtype_parse(const char *name, fmoe_dtype *out) {
         {"f8e4m3", FMOE_DTYPE_F8_E4M3},  {"mxfp4", FMOE_DTYPE_MXFP4},
         {"q8_0", FMOE_DTYPE_Q8_0},       {"q4_k", FMOE_DTYPE_Q4_K},
         {"q5_k", FMOE_DTYPE_Q5_K},       {"q6_k", FMOE_DTYPE_Q6_K},
+        {"q4_0", FMOE_DTYPE_Q4_0},       {"q4_1", FMOE_DTYPE_Q4_1},
+        {"q5_0", FMOE_DTYPE_Q5_0},       {"q5_1", FMOE_DTYPE_Q5_1},
+        {"iq4_nl", FMOE_DTYPE_IQ4_NL},
     };
     if (!name || !out) return fmoe_error_set(FMOE_EINVAL, "dtype name is NULL");
     const char *n = name;
@@ -221,7 +229,7 @@ int fmoe_dtype_parse(const char *name, fmoe_dtype *out) {
     }
     return fmoe_error_set(FMOE_EINVAL,
                           "unknown dtype \"%.64s\" (expected f32, f16, bf16, f8_e4m3, mxfp4, "
-                          "q8_0, q4_k, q5_k, q6_k)",
+                          "q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl)",
                           name);
 }
 
@@ -234,7 +242,27 @@ int fmoe_dtype_of_ggml_type(uint32_t ggml_type, fmoe_dtype *out) {
     case FMOE_GGML_Q4_K: *out = FMOE_DTYPE_Q4_K; return 0;
     case FMOE_GGML_Q5_K: *out = FMOE_DTYPE_Q5_K; return 0;
     case FMOE_GGML_Q6_K: *out = FMOE_DTYPE_Q6_K; return 0;
+    case FMOE_GGML_Q4_0: *out = FMOE_DTYPE_Q4_0; return 0;
+    case FMOE_GGML_Q4_1: *out = FMOE_DTYPE_Q4_1; return 0;
+    case FMOE_GGML_Q5_0: *out = FMOE_DTYPE_Q5_0; return 0;
+    case FMOE_GGML_Q5_1: *out = FMOE_DTYPE_Q5_1; return 0;
+    case FMOE_GGML_IQ4_NL: *out = FMOE_DTYPE_IQ4_NL; return 0;
     default: return FMOE_EUNSUPPORTED;
+    }
+}
+
+uint32_t fmoe_dtype_ggml_type(fmoe_dtype d) {
+    switch (d) {
+    case FMOE_DTYPE_Q8_0: return FMOE_GGML_Q8_0;
+    case FMOE_DTYPE_Q4_K: return FMOE_GGML_Q4_K;
+    case FMOE_DTYPE_Q5_K: return FMOE_GGML_Q5_K;
+    case FMOE_DTYPE_Q6_K: return FMOE_GGML_Q6_K;
+    case FMOE_DTYPE_Q4_0: return FMOE_GGML_Q4_0;
+    case FMOE_DTYPE_Q4_1: return FMOE_GGML_Q4_1;
+    case FMOE_DTYPE_Q5_0: return FMOE_GGML_Q5_0;
+    case FMOE_DTYPE_Q5_1: return FMOE_GGML_Q5_1;
+    case FMOE_DTYPE_IQ4_NL: return FMOE_GGML_IQ4_NL;
+    default: return 0; /* F32 is ggml type 0 too: callers ask only for block dtypes */
     }
 }
 
@@ -249,6 +277,11 @@ double fmoe_dtype_bits(fmoe_dtype d) {
     case FMOE_DTYPE_Q4_K: return 4.5;
     case FMOE_DTYPE_Q5_K: return 5.5;
     case FMOE_DTYPE_Q6_K: return 6.5625;
+    case FMOE_DTYPE_Q4_0: return 4.5;
+    case FMOE_DTYPE_Q4_1: return 5.0;
+    case FMOE_DTYPE_Q5_0: return 5.5;
+    case FMOE_DTYPE_Q5_1: return 6.0;
+    case FMOE_DTYPE_IQ4_NL: return 4.5;
     }
     return 0.0;
 }
@@ -284,12 +317,14 @@ int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtyp
     case FMOE_DTYPE_Q8_0:
     case FMOE_DTYPE_Q4_K:
     case FMOE_DTYPE_Q5_K:
-    case FMOE_DTYPE_Q6_K: {
+    case FMOE_DTYPE_Q6_K:
+    case FMOE_DTYPE_Q4_0:
+    case FMOE_DTYPE_Q4_1:
+    case FMOE_DTYPE_Q5_0:
+    case FMOE_DTYPE_Q5_1:
+    case FMOE_DTYPE_IQ4_NL: {
         /* ggml's blocks along each row's input dimension (fmoe/quant.h) */
-        const uint32_t q = dtype == FMOE_DTYPE_Q8_0   ? FMOE_GGML_Q8_0
-                           : dtype == FMOE_DTYPE_Q4_K ? FMOE_GGML_Q4_K
-                           : dtype == FMOE_DTYPE_Q5_K ? FMOE_GGML_Q5_K
-                                                      : FMOE_GGML_Q6_K;
+        const uint32_t q = fmoe_dtype_ggml_type(dtype);
         const int64_t bs = fmoe_ggml_block_size(q), ts = fmoe_ggml_type_size(q);
         int64_t blocks = 2 * I * ((h + bs - 1) / bs) + h * ((I + bs - 1) / bs);
         return blocks * ts + biases * 2;

@@ -1,5 +1,5 @@
 /*
- * quant.c - ggml's type table, dequantisation of the seven types fmoe computes with, the
+ * quant.c - ggml's type table, dequantisation of the twelve types fmoe computes with, the
  * plain-C dot products, and the run-time choice of the kernel level, plain, AVX2 or
  * AVX-512 (fmoe/quant.h, quant_impl.h).
  *
@@ -37,10 +37,10 @@ static const struct {
 } types[FMOE_GGML_TYPE_END] = {
     [FMOE_GGML_F32] = {"F32", 1, 4},
     [FMOE_GGML_F16] = {"F16", 1, 2},
-    [FMOE_GGML_Q4_0] = {"Q4_0", 32, 18},
-    [FMOE_GGML_Q4_1] = {"Q4_1", 32, 20},
-    [FMOE_GGML_Q5_0] = {"Q5_0", 32, 22},
-    [FMOE_GGML_Q5_1] = {"Q5_1", 32, 24},
+    [FMOE_GGML_Q4_0] = {"Q4_0", 32, FMOE_Q4_0_BYTES},
+    [FMOE_GGML_Q4_1] = {"Q4_1", 32, FMOE_Q4_1_BYTES},
+    [FMOE_GGML_Q5_0] = {"Q5_0", 32, FMOE_Q5_0_BYTES},
+    [FMOE_GGML_Q5_1] = {"Q5_1", 32, FMOE_Q5_1_BYTES},
     [FMOE_GGML_Q8_0] = {"Q8_0", 32, FMOE_Q8_0_BYTES},
     [FMOE_GGML_Q8_1] = {"Q8_1", 32, 40},
     [FMOE_GGML_Q2_K] = {"Q2_K", 256, 84},
@@ -53,7 +53,7 @@ static const struct {
     [FMOE_GGML_IQ2_XS] = {"IQ2_XS", 256, 74},
     [FMOE_GGML_IQ3_XXS] = {"IQ3_XXS", 256, 98},
     [FMOE_GGML_IQ1_S] = {"IQ1_S", 256, 50},
-    [FMOE_GGML_IQ4_NL] = {"IQ4_NL", 32, 18},
+    [FMOE_GGML_IQ4_NL] = {"IQ4_NL", 32, FMOE_IQ4_NL_BYTES},
     [FMOE_GGML_IQ3_S] = {"IQ3_S", 256, 110},
     [FMOE_GGML_IQ2_S] = {"IQ2_S", 256, 82},
     [FMOE_GGML_IQ4_XS] = {"IQ4_XS", 256, 136},
@@ -88,12 +88,31 @@ int fmoe_ggml_type_parse(const char *name, fmoe_ggml_type *out) {
 }
 
 int fmoe_quant_supported(uint32_t t) {
-    return t == FMOE_GGML_F32 || t == FMOE_GGML_F16 || t == FMOE_GGML_BF16 || t == FMOE_GGML_Q8_0 ||
-           t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q6_K;
+    return t == FMOE_GGML_F32 || t == FMOE_GGML_F16 || t == FMOE_GGML_BF16 ||
+           fmoe_quant_can_quantize(t);
 }
 
 int fmoe_quant_can_quantize(uint32_t t) {
-    return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q6_K;
+    return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q6_K ||
+           t == FMOE_GGML_Q4_0 || t == FMOE_GGML_Q4_1 || t == FMOE_GGML_Q5_0 || t == FMOE_GGML_Q5_1 ||
+           t == FMOE_GGML_IQ4_NL;
+}
+
+/* llama.cpp's rule (src/llama-quant.cpp, llama_tensor_get_type's fallback for a row that
+ * is not whole blocks of the requested type), restricted to the types fmoe writes: each
+ * K-quant falls back to the 32-value type of about its bits, one step up so as not to lose
+ * precision (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). */
+uint32_t fmoe_quant_fallback_type(uint32_t t, int64_t cols) {
+    const int32_t bs = fmoe_ggml_block_size(t);
+    if (bs > 0 && cols % bs == 0) return t;
+    uint32_t f = 0;
+    switch (t) {
+    case FMOE_GGML_Q4_K: f = FMOE_GGML_Q5_0; break;
+    case FMOE_GGML_Q5_K: f = FMOE_GGML_Q5_1; break;
+    case FMOE_GGML_Q6_K: f = FMOE_GGML_Q8_0; break;
+    default: return 0; /* a 32-value type already: nothing smaller to fall back to */
+    }
+    return cols % FMOE_QK8_0 == 0 ? f : 0;
 }
 
 int64_t fmoe_quant_row_bytes(uint32_t t, int64_t n) {
@@ -131,6 +150,14 @@ void fmoe_quant_dequantize_row(uint32_t t, const void *row, float *y, int64_t n)
     case FMOE_GGML_Q8_0:
         for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += FMOE_Q8_0_BYTES)
             fmoe__qblock_dequant(FMOE_GGML_Q8_0, b, y + i);
+        return;
+    case FMOE_GGML_Q4_0:
+    case FMOE_GGML_Q4_1:
+    case FMOE_GGML_Q5_0:
+    case FMOE_GGML_Q5_1:
+    case FMOE_GGML_IQ4_NL:
+        for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += types[t].size)
+            fmoe__qblock_dequant(t, b, y + i);
         return;
     case FMOE_GGML_Q4_K:
         for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q4_K_BYTES)

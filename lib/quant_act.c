@@ -23,12 +23,16 @@
 
 int fmoe_quant_act_supported(uint32_t t) {
     return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K ||
-           t == FMOE_GGML_Q6_K;
+           t == FMOE_GGML_Q6_K || fmoe__is_q32(t);
 }
+
+/* The rows of 32-value blocks (Q8_0, Q4_0 .. IQ4_NL) take Q8_0 activations, the
+ * K-quants Q8_K ones. */
+static int act_q8_0(uint32_t t) { return t == FMOE_GGML_Q8_0 || fmoe__is_q32(t); }
 
 int64_t fmoe_quant_act_bytes(uint32_t t, int64_t n) {
     if (!fmoe_quant_act_supported(t) || fmoe_quant_row_bytes(t, n) < 0) return -1;
-    if (t == FMOE_GGML_Q8_0) return n / FMOE_QK8_0 * FMOE_Q8_0_BYTES;
+    if (act_q8_0(t)) return n / FMOE_QK8_0 * FMOE_Q8_0_BYTES;
     return n / FMOE_QK_K * FMOE_Q8_K_BYTES;
 }
 
@@ -68,7 +72,7 @@ void fmoe__quant_q8_k_ref(const float *x, uint8_t *b) {
 
 void fmoe_quant_act_quantize(uint32_t t, const float *x, void *qx, int64_t n) {
     FMOE_ASSERT(fmoe_quant_act_bytes(t, n) >= 0);
-    if (t == FMOE_GGML_Q8_0) { /* ggml's q8_0 reference, the same bytes either way */
+    if (act_q8_0(t)) { /* ggml's q8_0 reference, the same bytes either way */
         if (fmoe_quant_simd())
             fmoe__quant_q8_0_avx2(x, qx, n);
         else
@@ -85,7 +89,7 @@ void fmoe_quant_act_quantize(uint32_t t, const float *x, void *qx, int64_t n) {
 
 void fmoe_quant_act_dequantize(uint32_t t, const void *qx, float *x, int64_t n) {
     FMOE_ASSERT(fmoe_quant_act_bytes(t, n) >= 0);
-    if (t == FMOE_GGML_Q8_0) {
+    if (act_q8_0(t)) {
         fmoe_quant_dequantize_row(FMOE_GGML_Q8_0, qx, x, n);
         return;
     }
@@ -115,6 +119,32 @@ static float dot_q8_0_ref(const uint8_t *w, const uint8_t *a, int64_t n) {
         int32_t sum = 0;
         for (int j = 0; j < FMOE_QK8_0; j++) sum += qw[j] * qa[j];
         s += f16_at(w) * f16_at(a) * (float)sum;
+    }
+    return s;
+}
+
+/* Q4_0, Q5_0, IQ4_NL against Q8_0 activations: Σ code·a exact per block (code with its
+ * offset or level), scaled by dw·da as Q8_0's. Q4_1, Q5_1: d·Σ q·a + m·Σ a, also exact
+ * integer sums, the block adding dw·da·first + m·da·second. ggml pairs these two with
+ * Q8_1 activations, which carry da·Σa precomputed; summing the activation's bytes here
+ * instead keeps one activation format for every 32-value type. */
+static float dot_q32_ref(uint32_t t, const uint8_t *w, const uint8_t *a, int64_t n) {
+    static const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
+    const int64_t wbytes = fmoe_ggml_type_size(t);
+    const int affine = t == FMOE_GGML_Q4_1 || t == FMOE_GGML_Q5_1;
+    const int off = t == FMOE_GGML_Q4_0 ? 8 : t == FMOE_GGML_Q5_0 ? 16 : 0;
+    float s = 0;
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES) {
+        const int8_t *qa = (const int8_t *)(a + 2);
+        int32_t sum = 0, asum = 0;
+        for (int l = 0; l < FMOE_QK8_0; l++) {
+            const int q = fmoe__q32_code(t, w, l);
+            sum += (t == FMOE_GGML_IQ4_NL ? levels[q] : q - off) * qa[l];
+            asum += qa[l];
+        }
+        const float da = f16_at(a);
+        s += f16_at(w) * da * (float)sum;
+        if (affine) s += f16_at(w + 2) * da * (float)asum;
     }
     return s;
 }
@@ -188,14 +218,15 @@ float fmoe_quant_act_dot_ref(uint32_t t, const void *row, const void *qx, int64_
     case FMOE_GGML_Q8_0: return dot_q8_0_ref(row, qx, n);
     case FMOE_GGML_Q4_K: return dot_q45_k_ref(row, qx, n, 4);
     case FMOE_GGML_Q5_K: return dot_q45_k_ref(row, qx, n, 5);
-    default: return dot_q6_k_ref(row, qx, n);
+    case FMOE_GGML_Q6_K: return dot_q6_k_ref(row, qx, n);
+    default: return dot_q32_ref(t, row, qx, n);
     }
 }
 
 void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t rows,
                            const void *qx, int64_t qx_stride, int32_t nx, int64_t n, float *y,
                            int64_t ldy) {
-    FMOE_ASSERT(fmoe_quant_act_supported(t) && n % (t == FMOE_GGML_Q8_0 ? FMOE_QK8_0 : FMOE_QK_K) == 0);
+    FMOE_ASSERT(fmoe_quant_act_supported(t) && n % (act_q8_0(t) ? FMOE_QK8_0 : FMOE_QK_K) == 0);
     switch (fmoe__quant_level()) {
     case FMOE__QUANT_AVX512:
         fmoe__quant_act_rows_avx512(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);

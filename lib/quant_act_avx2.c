@@ -30,6 +30,7 @@
 #include "quant_unpack_avx2.h"
 #include "fmoe/quant_act.h"
 #include "quant_act_impl.h"
+#include "quant_impl.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -202,6 +203,45 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
             const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(load(ak + FMOE__Q8K_BSUMS), sc16), 5);
             acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f32_at(ak) * d),
                                      _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[k], off)), acc[k]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+}
+
+/* Q4_0, Q5_0, IQ4_NL (signed codes, Q8_0's sign trick) and Q4_1, Q5_1 (unsigned codes
+ * straight into maddubs, plus m·Σa with Σa from maddubs against ones) against Q8_0
+ * activations. |code| <= 127 (IQ4_NL's -127), so no int16 pair saturates. */
+SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
+                                 int64_t n, float *y, int64_t ys, uint32_t type) {
+    const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
+    const int64_t wbytes = fmoe_ggml_type_size(type);
+    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
+    __m256 acc[MAXX];
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES) {
+        prefetch(w, 1);
+        const __m256i qw = fmoe__q32_unpack(type, w);
+        const __m256 dw = _mm256_set1_ps(f16_at(w));
+        if (!affine) {
+            const __m256i aw = _mm256_sign_epi8(qw, qw);
+            _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+                const uint8_t *ak = a + k * stride;
+                const __m256i sa = _mm256_sign_epi8(load(ak + 2), qw);
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);
+                const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(ak)));
+                acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[k]);
+            }
+        } else {
+            const __m256 mw = _mm256_set1_ps(f16_at(w + 2));
+            _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+                const uint8_t *ak = a + k * stride;
+                const __m256i qa = load(ak + 2);
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qa), ones);
+                const __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qa), ones);
+                const __m256 da = _mm256_set1_ps(f16_at(ak));
+                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[k]);
+                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(mw, da), _mm256_cvtepi32_ps(sa), acc[k]);
+            }
         }
     }
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);

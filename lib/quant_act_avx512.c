@@ -44,6 +44,8 @@
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 #include "quant_act_impl.h"
+#include "quant_impl.h"
+#include "quant_unpack_avx2.h"
 
 #if defined(__x86_64__)
 #include "simd512.h"
@@ -271,6 +273,61 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
         }
     }
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL against Q8_0 activations                             */
+/* ---------------------------------------------------------------------------------- */
+
+/* Blocks b and b+1 (two) or b alone, as q8_0_step: the codes of each block from the AVX2
+ * unpack (fmoe__q32_unpack) in one half of the register. Signed codes (Q4_0, Q5_0,
+ * IQ4_NL) take Q8_0's |w| and masked negation; Q4_1 and Q5_1's unsigned ones go into
+ * maddubs as they are, plus m·Σa with Σa from maddubs against ones. */
+SIMD static INLINE void q32_step(uint32_t type, const uint8_t *w, const uint8_t *a, int64_t stride,
+                                 int nx, int two, __m512 *acc) {
+    const __m512i ones = _mm512_set1_epi16(1), ones8 = _mm512_set1_epi8(1);
+    const int64_t wb = fmoe_ggml_type_size(type);
+    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
+    const __m256i hi = two ? fmoe__q32_unpack(type, w + wb) : _mm256_setzero_si256();
+    const __m512i qw = _mm512_inserti64x4(_mm512_castsi256_si512(fmoe__q32_unpack(type, w)), hi, 1);
+    const __m512 dw = halves(f16_at(w), two ? f16_at(w + wb) : 0.f);
+    if (!affine) {
+        const __m512i aw = _mm512_abs_epi8(qw);
+        const __mmask64 neg = _mm512_movepi8_mask(qw);
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+            const uint8_t *ak = a + k * stride;
+            const __m512i qa = q8_0_pair(ak + 2, two);
+            const __m512i sa = _mm512_mask_sub_epi8(qa, neg, _mm512_setzero_si512(), qa);
+            const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sa), ones);
+            const __m512 da = halves(f16_at(ak), two ? f16_at(ak + FMOE_Q8_0_BYTES) : 0.f);
+            acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(p), acc[k]);
+        }
+    } else {
+        const __m512 mw = halves(f16_at(w + 2), two ? f16_at(w + wb + 2) : 0.f);
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+            const uint8_t *ak = a + k * stride;
+            const __m512i qa = q8_0_pair(ak + 2, two);
+            const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(qw, qa), ones);
+            const __m512i sa = _mm512_madd_epi16(_mm512_maddubs_epi16(ones8, qa), ones);
+            const __m512 da = halves(f16_at(ak), two ? f16_at(ak + FMOE_Q8_0_BYTES) : 0.f);
+            acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(p), acc[k]);
+            acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(sa), acc[k]);
+        }
+    }
+}
+
+SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
+                                 int64_t n, float *y, int64_t ys, uint32_t type) {
+    const int64_t wb = fmoe_ggml_type_size(type), nb = n / FMOE_QK8_0;
+    __m512 acc[MAXX];
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, w += 2 * wb, a += 2 * FMOE_Q8_0_BYTES) {
+        prefetch(w, 1);
+        q32_step(type, w, a, stride, nx, 1, acc);
+    }
+    if (b < nb) q32_step(type, w, a, stride, nx, 0, acc);
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = _mm512_reduce_add_ps(acc[k]);
 }
 
 /* ---------------------------------------------------------------------------------- */

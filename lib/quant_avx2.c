@@ -3,6 +3,8 @@
  * F16 rows). Compiled for every x86-64 build with target attributes; lib/quant.c calls it
  * only when the CPU has the instructions.
  *
+ * The 32-value types (Q4_0 .. IQ4_NL) unpack a block's codes to signed bytes
+ * (fmoe__q32_unpack) and take Q8_0's path, plus m·Σx for Q4_1 and Q5_1.
  * The K-quants factor their affine form out of the inner loop: a sub-block of 32 values
  * y = d·sc·q - dmin·m contributes d·sc·Σq·x - dmin·m·Σx, so the loop widens the small
  * integers to f32 and accumulates Σq·x (and Σx) in registers, and the scales are applied
@@ -135,8 +137,26 @@ SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
     return fmoe__hsum256(acc);
 }
 
+/* Q4_0, Q5_0, IQ4_NL (signed codes: d·Σq·x a block) and Q4_1, Q5_1 (d·Σq·x + m·Σx). */
+SIMD static float dot_q32(uint32_t type, const uint8_t *b, const float *x, int64_t n) {
+    const int64_t bytes = fmoe_ggml_type_size(type);
+    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += bytes) {
+        const __m256 s = fma32(fmoe__q32_unpack(type, b), x + i, _mm256_setzero_ps());
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b)), s, acc);
+        if (affine) acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b + 2)), sum32(x + i), acc);
+    }
+    return fmoe__hsum256(acc);
+}
+
 float fmoe__quant_dot_avx2(uint32_t type, const void *row, const float *x, int64_t n) {
     switch (type) {
+    case FMOE_GGML_Q4_0:
+    case FMOE_GGML_Q4_1:
+    case FMOE_GGML_Q5_0:
+    case FMOE_GGML_Q5_1:
+    case FMOE_GGML_IQ4_NL: return dot_q32(type, row, x, n);
     case FMOE_GGML_F32: return fmoe__dot_f32_avx2(row, x, n);
     case FMOE_GGML_F16: return fmoe__dot_u16_avx2(row, 0, x, n);
     case FMOE_GGML_BF16: return fmoe__dot_u16_avx2(row, 1, x, n);

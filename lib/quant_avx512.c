@@ -1,5 +1,6 @@
 /*
- * quant_avx512.c - dot products of Q8_0 and K-quant block rows with f32 vectors, AVX-512
+ * quant_avx512.c - dot products of Q8_0, the 32-value types (Q4_0 .. IQ4_NL) and K-quant
+ * block rows with f32 vectors, AVX-512
  * (F, BW, VL, on top of AVX2, FMA and F16C). lib/quant_avx2.c's kernels with 16 f32 lanes
  * instead of 8: the same factoring of the K-quants' affine form (d·sc·Σq·x - dmin·m·Σx per
  * sub-block), each 16 quants widened with one _mm512_cvtepi8_epi32. Compiled for every
@@ -109,8 +110,25 @@ SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
     return _mm512_reduce_add_ps(acc);
 }
 
+/* Q4_0, Q5_0, IQ4_NL and Q4_1, Q5_1 (+ m·Σx): the AVX2 unpack, 16-lane products. */
+SIMD static float dot_q32(uint32_t type, const uint8_t *b, const float *x, int64_t n) {
+    const int64_t bytes = fmoe_ggml_type_size(type);
+    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += bytes) {
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(b)), dot32(fmoe__q32_unpack(type, b), x + i), acc);
+        if (affine) acc = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(b + 2)), sum32(x + i), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 float fmoe__quant_dot_avx512(uint32_t type, const void *row, const float *x, int64_t n) {
     switch (type) {
+    case FMOE_GGML_Q4_0:
+    case FMOE_GGML_Q4_1:
+    case FMOE_GGML_Q5_0:
+    case FMOE_GGML_Q5_1:
+    case FMOE_GGML_IQ4_NL: return dot_q32(type, row, x, n);
     case FMOE_GGML_Q8_0: return dot_q8_0(row, x, n);
     case FMOE_GGML_Q4_K: return dot_q45_k(row, x, n, 4);
     case FMOE_GGML_Q5_K: return dot_q45_k(row, x, n, 5);

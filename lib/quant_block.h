@@ -1,9 +1,11 @@
 /*
  * quant_block.h - the value formula of each ggml block format fmoe computes with (Q8_0,
- * Q4_K, Q5_K, Q6_K), written once as plain C that lib/quant.c compiles and the CUDA
- * kernels (runtime/cuda/cuda_forward.cu) include: the GPU dequantises with the very
- * arithmetic that tests/python/test_gguf_quants.py checks bit for bit against gguf-py
- * (internal; FMOE_HD marks every function for host and device under nvcc).
+ * Q4_K, Q5_K, Q6_K, and the 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), written once as
+ * plain C that lib/quant.c compiles and the CUDA kernels (runtime/cuda/cuda_forward.cu)
+ * include: the GPU dequantises with the very arithmetic that
+ * tests/python/test_gguf_quants.py checks bit for bit against gguf-py (internal; FMOE_HD
+ * marks every function for host and device under nvcc). The CUDA backend has kernels
+ * for Q8_0 and the K-quants only so far (fmoe__qblock_cuda_has).
  *
  * The byte layouts are ggml's (ggml-common.h); fmoe/quant.h lists them. Each value is
  * computed on its own, in ggml's order of operations (dequantize_row_*): the block's f16
@@ -28,9 +30,15 @@
 #include "fmoe/quant.h"
 
 /* Values and bytes of one block of the quantized types with a formula here; 0 for any
- * other type (the CUDA backend's test for "has a kernel"). */
+ * other type. (Whether the CUDA backend has kernels for a type is its own
+ * fmoe__cuda_quant_has: it has none yet for the 32-value Q4_0 .. IQ4_NL.) */
 static inline FMOE_HD int32_t fmoe__qblock_values(uint32_t type) {
     switch (type) {
+    case FMOE_GGML_Q4_0:
+    case FMOE_GGML_Q4_1:
+    case FMOE_GGML_Q5_0:
+    case FMOE_GGML_Q5_1:
+    case FMOE_GGML_IQ4_NL:
     case FMOE_GGML_Q8_0: return FMOE_QK8_0;
     case FMOE_GGML_Q4_K:
     case FMOE_GGML_Q5_K:
@@ -42,11 +50,24 @@ static inline FMOE_HD int32_t fmoe__qblock_values(uint32_t type) {
 static inline FMOE_HD int32_t fmoe__qblock_bytes(uint32_t type) {
     switch (type) {
     case FMOE_GGML_Q8_0: return FMOE_Q8_0_BYTES;
+    case FMOE_GGML_Q4_0: return FMOE_Q4_0_BYTES;
+    case FMOE_GGML_Q4_1: return FMOE_Q4_1_BYTES;
+    case FMOE_GGML_Q5_0: return FMOE_Q5_0_BYTES;
+    case FMOE_GGML_Q5_1: return FMOE_Q5_1_BYTES;
+    case FMOE_GGML_IQ4_NL: return FMOE_IQ4_NL_BYTES;
     case FMOE_GGML_Q4_K: return FMOE_Q4_K_BYTES;
     case FMOE_GGML_Q5_K: return FMOE_Q5_K_BYTES;
     case FMOE_GGML_Q6_K: return FMOE_Q6_K_BYTES;
     default: return 0;
     }
+}
+
+/* 1 for the block types the CUDA backend has kernels for (runtime/cuda/cuda_quant.cu's
+ * fmoe__cuda_quant_has, and the host's refusal of a model before it runs:
+ * runtime/model/backend_types.c): the 32-value Q4_0 .. IQ4_NL are CPU-only so far. */
+static inline FMOE_HD int fmoe__qblock_cuda_has(uint32_t type) {
+    return type == FMOE_GGML_Q8_0 || type == FMOE_GGML_Q4_K || type == FMOE_GGML_Q5_K ||
+           type == FMOE_GGML_Q6_K;
 }
 
 /* The little-endian f16 at p, as f32 (exact). */
@@ -136,6 +157,59 @@ static inline FMOE_HD void fmoe__q6_k_values(const uint8_t *b, int s, int l0, in
 }
 
 /* ---------------------------------------------------------------------------------- */
+/* The 32-value formats of ggml's first generation and IQ4_NL. 16 bytes qs hold the 32  */
+/* 4-bit codes: value l < 16 in the low nibble of qs[l], value l >= 16 in the high      */
+/* nibble of qs[l - 16]. Q5_0/Q5_1 add a little-endian uint32 qh whose bit l is value   */
+/* l's fifth bit. Layouts (offsets of d, m, qh, qs):                                   */
+/*   Q4_0   f16 d @0;             qs @2    x = d·(q - 8)                                */
+/*   Q4_1   f16 d @0, f16 m @2;   qs @4    x = d·q + m                                  */
+/*   Q5_0   f16 d @0; qh @2;      qs @6    x = d·(q - 16)                               */
+/*   Q5_1   f16 d @0, m @2; qh @4; qs @8   x = d·q + m                                  */
+/*   IQ4_NL f16 d @0;             qs @2    x = d·kvalues[q] (a fixed non-linear grid)   */
+/* ---------------------------------------------------------------------------------- */
+
+/* IQ4_NL's 16 levels (ggml-common.h's kvalues_iq4nl): a format constant, not code. */
+#define FMOE__IQ4NL_LEVELS {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+
+/* Offset of qs in a block of `type` (one of the five). */
+static inline FMOE_HD int fmoe__q32_qs_at(uint32_t type) {
+    return type == FMOE_GGML_Q5_1 ? 8 : type == FMOE_GGML_Q5_0 ? 6 : type == FMOE_GGML_Q4_1 ? 4 : 2;
+}
+
+/* The integer code of value l (0..31) of block b: 0..15 for the 4-bit types, 0..31 for
+ * the 5-bit ones (before any offset or grid). */
+static inline FMOE_HD int fmoe__q32_code(uint32_t type, const uint8_t *b, int l) {
+    const uint8_t byte = b[fmoe__q32_qs_at(type) + (l & 15)];
+    int q = l < 16 ? byte & 0xF : byte >> 4;
+    if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
+        const uint8_t *qh = b + (type == FMOE_GGML_Q5_0 ? 2 : 4);
+        q |= ((qh[l >> 3] >> (l & 7)) & 1) << 4;
+    }
+    return q;
+}
+
+/* Values l0..l0+n-1 (l0 + n <= 32) of a block of one of the five types into y[n], in
+ * ggml's order of operations: the code (offset removed, or IQ4_NL's level) as f32 times
+ * d, then (Q4_1, Q5_1) plus m, two roundings. */
+static inline FMOE_HD void fmoe__q32_values(uint32_t type, const uint8_t *b, int l0, int n,
+                                            float *y) {
+    const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
+    const float d = fmoe__qblock_f16(b);
+    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
+    const float m = affine ? fmoe__qblock_f16(b + 2) : 0.0f;
+    const int off = type == FMOE_GGML_Q4_0 ? 8 : type == FMOE_GGML_Q5_0 ? 16 : 0;
+    for (int i = 0; i < n; i++) {
+        const int q = fmoe__q32_code(type, b, l0 + i);
+        if (type == FMOE_GGML_IQ4_NL)
+            y[i] = d * (float)levels[q];
+        else if (affine)
+            y[i] = d * (float)q + m;
+        else
+            y[i] = d * (float)(q - off);
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
 /* Whole blocks, and groups of 8 values                                                 */
 /* ---------------------------------------------------------------------------------- */
 
@@ -144,6 +218,13 @@ static inline FMOE_HD void fmoe__qblock_dequant(uint32_t type, const uint8_t *b,
     switch (type) {
     case FMOE_GGML_Q8_0:
         fmoe__q8_0_values(b, fmoe__qblock_f16(b), 0, FMOE_QK8_0, y);
+        return;
+    case FMOE_GGML_Q4_0:
+    case FMOE_GGML_Q4_1:
+    case FMOE_GGML_Q5_0:
+    case FMOE_GGML_Q5_1:
+    case FMOE_GGML_IQ4_NL:
+        fmoe__q32_values(type, b, 0, FMOE_QK8_0, y);
         return;
     case FMOE_GGML_Q4_K:
     case FMOE_GGML_Q5_K: {
@@ -175,6 +256,13 @@ static inline FMOE_HD void fmoe__qblock_dequant8(uint32_t type, const uint8_t *b
     switch (type) {
     case FMOE_GGML_Q8_0:
         fmoe__q8_0_values(b, fmoe__qblock_f16(b), 8 * k, 8, y);
+        return;
+    case FMOE_GGML_Q4_0:
+    case FMOE_GGML_Q4_1:
+    case FMOE_GGML_Q5_0:
+    case FMOE_GGML_Q5_1:
+    case FMOE_GGML_IQ4_NL:
+        fmoe__q32_values(type, b, 8 * k, 8, y);
         return;
     case FMOE_GGML_Q4_K:
     case FMOE_GGML_Q5_K: {

@@ -23,6 +23,16 @@ static inline int fmoe__nearest_int(float v) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
+/* One block of Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL from x[32] (lib/quant_ref32.c). */
+void fmoe__quantize_q32_block(uint32_t type, const float *x, uint8_t *dst);
+
+/* 1 for the 32-value block types that Q8_0 activations multiply in the 8-bit path, other
+ * than Q8_0 itself: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL. */
+static inline int fmoe__is_q32(uint32_t t) {
+    return t == FMOE_GGML_Q4_0 || t == FMOE_GGML_Q4_1 || t == FMOE_GGML_Q5_0 ||
+           t == FMOE_GGML_Q5_1 || t == FMOE_GGML_IQ4_NL;
+}
+
 /* The kernel levels, lowest first: plain C (the reference), AVX2 (+ FMA, F16C), AVX-512
  * (F, BW and VL on top of AVX2: lib/quant_avx512.c, lib/quant_act_avx512.c). A level runs only on a CPU that
  * has every instruction of it and of the levels below. */

@@ -1,5 +1,6 @@
 /*
- * quant_ref.c - f32 rows to Q8_0, Q4_K, Q5_K and Q6_K blocks, for `fmoe quantize`.
+ * quant_ref.c - f32 rows to Q8_0, Q4_K, Q5_K and Q6_K blocks, for `fmoe quantize` (and
+ * the dispatch to lib/quant_ref32.c's Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL blocks).
  *
  * The algorithms are ggml's reference quantisers (ggml-quants.c: quantize_row_q8_0_ref,
  * quantize_row_q4_K_ref / q5_K / q6_K with make_qkx2_quants and make_qx_quants), written
@@ -310,6 +311,10 @@ void fmoe_quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
         return;
     case FMOE_GGML_Q6_K:
         for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES) quantize_q6_k(src + i, b);
+        return;
+    default: /* the 32-value types (lib/quant_ref32.c) */
+        for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += fmoe_ggml_type_size(t))
+            fmoe__quantize_q32_block(t, src + i, b);
         return;
     }
 }

@@ -1,5 +1,6 @@
 /*
- * quant_unpack_avx2.h - K-quant blocks unpacked into bytes in 256-bit registers: the one
+ * quant_unpack_avx2.h - K-quant blocks (and the 32-value Q4_0 .. IQ4_NL blocks) unpacked
+ * into bytes in 256-bit registers: the one
  * copy that the f32-input kernels of every level (lib/quant_avx2.c, lib/quant_avx512.c)
  * multiply from, and (Q6_K) the AVX2 8-bit dots (lib/quant_act_avx2.c) and the CPU
  * backend's widening to f32 (runtime/cpu/quant_widen.c). Internal; static inline with AVX2's target attribute (dot_avx2.h's
@@ -10,7 +11,10 @@
 
 #include <stdint.h>
 
+#include <string.h>
+
 #include "dot_avx2.h"
+#include "fmoe/quant.h"
 
 #if defined(__x86_64__)
 
@@ -49,6 +53,41 @@ FMOE__AVX2 static inline void fmoe__q6_k_unpack_half(const uint8_t *ql, const ui
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4));
     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
+}
+
+/* The 32 codes of a block of Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL (quant_block.h's layouts) as
+ * 32 signed bytes in value order: bytes 0-15 from the low nibbles of qs, 16-31 from the
+ * high ones. Q4_0 and Q5_0 come with their offset removed (-8..7, -16..15), IQ4_NL as its
+ * levels (-127..113, a byte shuffle through the table), Q4_1 and Q5_1 as they are (0..15,
+ * 0..31: the min is the caller's). The 5-bit types' qh bit l goes to bit 4 of byte l: qh
+ * broadcast, byte l given byte l/8 of it, then tested against bit l%8. */
+FMOE__AVX2 static inline __m256i fmoe__q32_unpack(uint32_t type, const uint8_t *b) {
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    int qs_at = 2;
+    if (type == FMOE_GGML_Q4_1) qs_at = 4;
+    if (type == FMOE_GGML_Q5_0) qs_at = 6;
+    if (type == FMOE_GGML_Q5_1) qs_at = 8;
+    const __m128i qs = _mm_loadu_si128((const __m128i *)(b + qs_at));
+    const __m128i lo = _mm_and_si128(qs, lo4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), lo4);
+    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
+        uint32_t h;
+        memcpy(&h, b + (type == FMOE_GGML_Q5_0 ? 2 : 4), 4);
+        const __m256i spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32((int)h),
+            _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+    if (type == FMOE_GGML_Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    if (type == FMOE_GGML_Q5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    if (type == FMOE_GGML_IQ4_NL) {
+        const __m128i levels = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25,
+                                             38, 53, 69, 89, 113); /* FMOE__IQ4NL_LEVELS */
+        q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels), q);
+    }
+    return q;
 }
 
 #endif /* __x86_64__ */

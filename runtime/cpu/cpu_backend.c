@@ -24,7 +24,7 @@
  *                   in prefill, widening plus OpenBLAS's own packing of the widened block
  *                   cost about 30% of the time, and OpenBLAS 0.3.21 runs its AVX2 kernel
  *                   on AVX-512 parts; gemm_bf16_512 was 2x faster on the 1B bench model
- *   ggml blocks (a GGUF file's Q8_0, Q4_K, Q5_K, Q6_K), n <= SMALL_N
+ *   ggml blocks (a GGUF file's Q8_0, K-quants, Q4_0 .. IQ4_NL), n <= SMALL_N
  *                   fmoe__quant_matvec (quant_matvec.h): block dots, the rows never
  *                   widened in memory (decode reads 8.5 or 4.5 bits a weight)
  *   ggml blocks, n > SMALL_N

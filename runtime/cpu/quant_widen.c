@@ -4,7 +4,7 @@
  * time next to the sgemm it feeds; these loops widen 8 values an instruction.
  *
  * Exactness: each value is computed as lib/quant_block.h computes it for lib/quant.c —
- * Q8_0 d·q; Q4_K/Q5_K (d·sc)·q - dmin·m with d·sc and dmin·m from its own
+ * Q8_0 d·q; Q4_0, Q5_0, IQ4_NL d·code; Q4_1, Q5_1 d·q + m; Q4_K/Q5_K (d·sc)·q - dmin·m with d·sc and dmin·m from its own
  * fmoe__k4_sub_scale; Q6_K (d·sc)·(q - 32) with fmoe__q6_k_sub_scale — as separate
  * multiplies and subtracts (never _mm256_fmadd_ps), and F16C's f16 conversion is exact
  * like fmoe_half_to_float, so the results are the same bits.
@@ -105,8 +105,31 @@ SIMD static void widen_q6_k(const uint8_t *b, float *y, int64_t n) {
     }
 }
 
+/* Q4_0, Q5_0, IQ4_NL: d·code (the code signed: offset removed, or IQ4_NL's level), as
+ * ggml's (float)code·d, one rounding either way; Q4_1, Q5_1: d·q + m, the product rounded
+ * and then the sum, as the plain C (never an FMA). */
+SIMD static void widen_q32(uint32_t type, const uint8_t *b, float *y, int64_t n) {
+    const int64_t bytes = fmoe_ggml_type_size(type);
+    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += bytes) {
+        const __m256i q = fmoe__q32_unpack(type, b);
+        const __m256 d = _mm256_set1_ps(f16_at(b));
+        put32(q, d, y + i);
+        if (affine) {
+            const __m256 m = _mm256_set1_ps(f16_at(b + 2));
+            for (int k = 0; k < 32; k += 8)
+                _mm256_storeu_ps(y + i + k, _mm256_add_ps(_mm256_loadu_ps(y + i + k), m));
+        }
+    }
+}
+
 static int widen_simd(uint32_t type, const uint8_t *row, int64_t cols, float *dst) {
     switch (type) {
+    case FMOE_GGML_Q4_0:
+    case FMOE_GGML_Q4_1:
+    case FMOE_GGML_Q5_0:
+    case FMOE_GGML_Q5_1:
+    case FMOE_GGML_IQ4_NL: widen_q32(type, row, dst, cols); return 1;
     case FMOE_GGML_Q8_0: widen_q8_0(row, dst, cols); return 1;
     case FMOE_GGML_Q4_K: widen_q45_k(row, dst, cols, 4); return 1;
     case FMOE_GGML_Q5_K: widen_q45_k(row, dst, cols, 5); return 1;

@@ -150,10 +150,7 @@ __global__ static void get_rows_kernel(float *y, const uint8_t *W, const int32_t
 /* Launchers                                                                          */
 /* ---------------------------------------------------------------------------------- */
 
-int fmoe__cuda_quant_has(uint32_t type) {
-    return type == FMOE_GGML_Q8_0 || type == FMOE_GGML_Q4_K || type == FMOE_GGML_Q5_K ||
-           type == FMOE_GGML_Q6_K;
-}
+int fmoe__cuda_quant_has(uint32_t type) { return fmoe__qblock_cuda_has(type); }
 
 /* Runs the launch given (of a kernel template at T) for the type's T and returns its
  * status; cudaErrorInvalidValue for a type without kernels (callers check

@@ -55,16 +55,11 @@
 #define MAX_REPS 1000
 
 /* The block type a weight of `dtype` with rows of `cols` values is computed in, or 0 for a
- * float dtype: a K-quant row must be whole super-blocks of 256; a row that is not is kept
- * as Q8_0 when it is whole blocks of 32, else as bf16, as `fmoe quantize` writes it. */
+ * float dtype: where the rows are not whole blocks of it, the type `fmoe quantize` (and
+ * llama-quantize) falls back to (fmoe_quant_fallback_type), else 0 (bf16). */
 static uint32_t block_type(fmoe_dtype dtype, int32_t cols) {
-    uint32_t t = dtype == FMOE_DTYPE_Q8_0   ? FMOE_GGML_Q8_0
-                 : dtype == FMOE_DTYPE_Q4_K ? FMOE_GGML_Q4_K
-                 : dtype == FMOE_DTYPE_Q5_K ? FMOE_GGML_Q5_K
-                 : dtype == FMOE_DTYPE_Q6_K ? FMOE_GGML_Q6_K
-                                            : 0;
-    if (t && cols % fmoe_ggml_block_size(t) != 0) t = cols % FMOE_QK8_0 == 0 ? FMOE_GGML_Q8_0 : 0;
-    return t;
+    const uint32_t t = fmoe_dtype_ggml_type(dtype);
+    return t ? fmoe_quant_fallback_type(t, cols) : 0;
 }
 
 struct fmoe_backend_bench {

@@ -220,9 +220,9 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
                          "activations q8 is the CPU backend's: the %s backend's quantized "
                          "kernels take f32 inputs",
                          fmoe_backend_name(o.backend));
-    /* Quantized weights need no check here: the loader takes only the ggml types both
-     * backends have kernels for (fmoe_quant_supported; runtime/cuda/cuda_quant.cu), and
-     * the CUDA backend refuses any other in one line at its first use. */
+    /* The loader takes every type the CPU backend computes (fmoe_quant_supported); the
+     * CUDA backend lacks some, refused here in one line naming a tensor (backend_types.c). */
+    FMOE_FORWARD_IF_ERROR(fmoe__model_check_backend_types(m, o.backend));
     if (!be) FMOE_FORWARD_IF_ERROR(backend_for(o.backend, &be));
 
     fmoe_session *s = calloc(1, sizeof *s);

@@ -82,7 +82,7 @@ typedef struct fmoe__mat {
     const void *data;
     fmoe_st_dtype dtype; /* FMOE_ST_U8 when quant is set: the bytes are blocks */
     int64_t rows, cols;
-    uint32_t quant;      /* 0, or the ggml block type of every row (Q8_0, Q4_K, Q5_K, Q6_K) */
+    uint32_t quant;      /* 0, or the ggml block type of every row (fmoe_quant_supported) */
     const char *file;    /* the file the bytes come from, and their offset in it (a */
     int64_t file_offset; /* realigned copy keeps its source's): what a file tier reads */
     int32_t on_backend;  /* data is the backend's memory (a GPU expert slot), not host */
@@ -152,6 +152,10 @@ int fmoe__model_keep_owned(fmoe_model *m, void *p);
 /* Every resident (non-expert) weight finite (resident.c), as fmoe_model_load requires.
  * @return 0 or FMOE_EFORMAT naming the weight, row and column. */
 int fmoe__model_check_finite(fmoe_model *m);
+
+/* FMOE_EUNSUPPORTED, in one line naming the first tensor and its type, where `backend` has
+ * no kernels for a block type the GGUF model holds; else 0 (backend_types.c). */
+int fmoe__model_check_backend_types(const fmoe_model *m, fmoe_backend_kind backend);
 
 /* Fills m->layer_expert_bytes once the experts are bound (parts.c). @return 0 or
  * FMOE_ENOMEM. */

@@ -51,6 +51,11 @@ static uint32_t file_type(uint32_t type) {
     case FMOE_GGML_Q4_K: return 14; /* MOSTLY_Q4_K_S: every quantised tensor Q4_K */
     case FMOE_GGML_Q5_K: return 16; /* MOSTLY_Q5_K_S */
     case FMOE_GGML_Q6_K: return 18;
+    case FMOE_GGML_Q4_0: return 2;
+    case FMOE_GGML_Q4_1: return 3;
+    case FMOE_GGML_Q5_0: return 8;
+    case FMOE_GGML_Q5_1: return 9;
+    case FMOE_GGML_IQ4_NL: return 25;
     default: return 0;
     }
 }
@@ -159,7 +164,10 @@ static int add(plan *p, enum kind kind, const char *name, const fmoe_st_tensor *
         o->type = p->type;
         p->report->quantized++;
     } else {
-        o->type = o->ne[0] % FMOE_QK8_0 == 0 ? FMOE_GGML_Q8_0 : own;
+        /* llama-quantize's fallback (fmoe_quant_fallback_type): a 32-value block type
+         * where one fits, never the float dtype for a quantized request when it does */
+        const uint32_t f = fmoe_quant_fallback_type(p->type, o->ne[0]);
+        o->type = f ? f : own;
         p->report->fallback++;
     }
     const int64_t rows = o->ndim == 1 ? 1 : o->ne[1] * o->ne[2];
@@ -623,7 +631,9 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
     FMOE_RETURN_ERROR_IF(!params || !params->model_dir || !params->output || !report,
                          FMOE_EINVAL, "quantize: missing model directory or output");
     FMOE_RETURN_ERROR_IF(!fmoe_quant_can_quantize(params->type), FMOE_EINVAL,
-                         "quantize: cannot write type %u (q8_0, q4_k, q5_k or q6_k)", params->type);
+                         "quantize: cannot write type %u (q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, "
+                         "q5_1 or iq4_nl)",
+                         params->type);
     memset(report, 0, sizeof *report);
     const char *dir = params->model_dir;
     char path[4096], partial[4200];

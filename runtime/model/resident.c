@@ -145,12 +145,14 @@ static int finite_mat(fmoe_model *m, fmoe__mat *w, const char *what) {
     if (!w->data || w->on_backend || w->rows < 1 || w->cols < 1) return 0;
     const uint8_t *p = w->data;
     if (w->quant) {
-        /* the f16 scales of each block: d first (Q6_K: last), dmin after d (K-quants) */
+        /* the f16 scales of each block: d first (Q6_K: last), dmin or m after d (Q4_K,
+         * Q5_K, Q4_1, Q5_1) */
         const int64_t bytes = fmoe__qblock_bytes(w->quant), vals = fmoe__qblock_values(w->quant);
         if (!bytes || w->cols % vals) return 0; /* a format without a formula here */
         const int64_t per_row = w->cols / vals;
         const int64_t d_at = w->quant == FMOE_GGML_Q6_K ? bytes - 2 : 0;
-        const int has_min = w->quant == FMOE_GGML_Q4_K || w->quant == FMOE_GGML_Q5_K;
+        const int has_min = w->quant == FMOE_GGML_Q4_K || w->quant == FMOE_GGML_Q5_K ||
+                            w->quant == FMOE_GGML_Q4_1 || w->quant == FMOE_GGML_Q5_1;
         for (int64_t r = 0; r < w->rows; r++)
             for (int64_t b = 0; b < per_row; b++) {
                 const uint8_t *blk = p + (r * per_row + b) * bytes;

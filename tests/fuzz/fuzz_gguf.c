@@ -2,7 +2,7 @@
  * fuzz_gguf.c - fuzz target for the GGUF reader (lib/gguf.c) and, on what it accepts, the
  * block-format kernels (lib/quant*.c): every key's values are read through the typed
  * accessors, and the first row of every tensor fmoe computes with is dequantised and
- * dotted with a vector, so a validation gap shows up as a read past the input (ASan).
+ * dotted with a vector (f32, and 8-bit where the type has that path), so a validation gap shows up as a read past the input (ASan).
  *
  * With libFuzzer (tests/fuzz/README.md): CC=clang meson setup build-fuzz -Dfuzzing=true ...
  * Without (the `fuzz` suite of meson test): replays corpus/gguf.tar.zst (files written by
@@ -17,6 +17,7 @@
 #include "fmoe/error.h"
 #include "fmoe/gguf.h"
 #include "fmoe/quant.h"
+#include "fmoe/quant_act.h"
 
 #define MAX_ROW 4096 /* values dotted per tensor: the first row, up to this */
 
@@ -63,6 +64,13 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
         for (int64_t k = 0; k < t->ne[0]; k++) x[k] = (float)(k % 7) - 3;
         sink += fmoe_quant_dot(t->type, t->data, x, t->ne[0]);
         sink += fmoe_quant_dot_ref(t->type, t->data, x, t->ne[0]);
+        /* and the 8-bit-activation dots of the types that have them */
+        static uint8_t qx[MAX_ROW / 32 * FMOE_Q8_0_BYTES + MAX_ROW / 256 * FMOE_Q8_K_BYTES];
+        if (fmoe_quant_act_bytes(t->type, t->ne[0]) > 0) {
+            fmoe_quant_act_quantize(t->type, x, qx, t->ne[0]);
+            sink += fmoe_quant_act_dot(t->type, t->data, qx, t->ne[0]);
+            sink += fmoe_quant_act_dot_ref(t->type, t->data, qx, t->ne[0]);
+        }
     }
     fmoe_gguf_close(g);
     free(buf);
@@ -96,16 +104,18 @@ static void str(seedbuf *s, const char *t) {
     put(s, t, strlen(t));
 }
 
-/* A file with a string, an array of strings, a float and tensors of every supported type
- * (one row each, values from a counter). */
+/* A file with a string, an array of strings, a float and tensors of every supported type,
+ * the 32-value Q4_0 .. IQ4_NL included (one row each, values from a counter). */
 static void build_seed(seedbuf *s) {
     static const uint32_t types[] = {FMOE_GGML_F32,  FMOE_GGML_F16,  FMOE_GGML_BF16,
                                      FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
-                                     FMOE_GGML_Q6_K};
+                                     FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
+                                     FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
+    enum { NT = sizeof types / sizeof types[0] };
     s->n = 0;
     put(s, "GGUF", 4);
     u32(s, 3);
-    u64(s, 7);
+    u64(s, NT);
     u64(s, 3);
     str(s, "general.architecture");
     u32(s, FMOE_GGUF_STRING);
@@ -120,7 +130,7 @@ static void build_seed(seedbuf *s) {
     u32(s, FMOE_GGUF_UINT32);
     u32(s, 32);
     uint64_t off = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < NT; i++) {
         char name[16];
         snprintf(name, sizeof name, "t%d", i);
         str(s, name);

@@ -768,6 +768,28 @@ TEST(quantized_expert_bytes) {
     ASSERT_EQ(fmoe_geometry_expert_bytes(&g, FMOE_DTYPE_Q6_K), vals / 256 * 210);
     ASSERT_EQ(fmoe_geometry_expert_bytes(&g, FMOE_DTYPE_Q4_K) * 8,
               (int64_t)(fmoe_dtype_bits(FMOE_DTYPE_Q4_K) * (double)vals));
+    /* the 32-value types: 18, 20, 22, 24, 18 bytes a block, and their bits */
+    static const struct { fmoe_dtype d; int64_t bytes; double bits; const char *name; } q32[] = {
+        {FMOE_DTYPE_Q4_0, 18, 4.5, "q4_0"}, {FMOE_DTYPE_Q4_1, 20, 5.0, "q4_1"},
+        {FMOE_DTYPE_Q5_0, 22, 5.5, "q5_0"}, {FMOE_DTYPE_Q5_1, 24, 6.0, "q5_1"},
+        {FMOE_DTYPE_IQ4_NL, 18, 4.5, "iq4_nl"},
+    };
+    for (int i = 0; i < 5; i++) {
+        ASSERT_EQ(fmoe_geometry_expert_bytes(&g, q32[i].d), vals / 32 * q32[i].bytes);
+        ASSERT_NEAR(fmoe_dtype_bits(q32[i].d), q32[i].bits, 0);
+        ASSERT_EQ(fmoe_geometry_expert_bytes(&g, q32[i].d) * 8,
+                  (int64_t)(fmoe_dtype_bits(q32[i].d) * (double)vals));
+        ASSERT_STR_EQ(fmoe_dtype_name(q32[i].d), q32[i].name);
+        fmoe_dtype back;
+        ASSERT_OK(fmoe_dtype_parse(q32[i].name, &back));
+        ASSERT_EQ((int)back, (int)q32[i].d);
+        ASSERT_EQ(fmoe_dtype_ggml_type(q32[i].d) != 0, 1);
+        ASSERT_OK(fmoe_dtype_of_ggml_type(fmoe_dtype_ggml_type(q32[i].d), &back));
+        ASSERT_EQ((int)back, (int)q32[i].d);
+    }
+    /* a 1408-wide down projection (Qwen1.5-MoE, DeepSeek-MoE): whole blocks of 32, not 256 */
+    g.moe_intermediate_size = 1408;
+    ASSERT_EQ(fmoe_geometry_expert_bytes(&g, FMOE_DTYPE_Q5_0), 3LL * 256 * 1408 / 32 * 22);
 }
 
 /* ---------------------------------------------------------------------------------- */

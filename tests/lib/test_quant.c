@@ -10,7 +10,8 @@
  * by orders of magnitude more).
  *
  * main runs every test at each kernel level the CPU has (quant_levels.h), so "simd"
- * below is the AVX2 or the AVX-512 path (lib/quant_avx512.c: Q8_0 and the K-quants; F32,
+ * below is the AVX2 or the AVX-512 path (lib/quant_avx512.c: Q8_0, Q4_0 .. IQ4_NL and the
+ * K-quants; F32,
  * F16 and BF16 rows stay on the AVX2 dots at that level).
  */
 #include <math.h>
@@ -25,7 +26,8 @@
 
 static const uint32_t all_types[] = {FMOE_GGML_F32,  FMOE_GGML_F16,  FMOE_GGML_BF16,
                                      FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
-                                     FMOE_GGML_Q6_K};
+                                     FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
+                                     FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
 #define NTYPES (sizeof all_types / sizeof all_types[0])
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -61,9 +63,14 @@ static void random_row(uint32_t type, uint8_t *row, int64_t n) {
             memcpy(blk, &h, 2);
             break;
         case FMOE_GGML_Q8_0:
+        case FMOE_GGML_Q4_0:
+        case FMOE_GGML_Q5_0:
+        case FMOE_GGML_IQ4_NL:
             h = fmoe_float_to_half(rndf() * 0.01f);
             memcpy(blk, &h, 2);
             break;
+        case FMOE_GGML_Q4_1:
+        case FMOE_GGML_Q5_1:
         case FMOE_GGML_Q4_K:
         case FMOE_GGML_Q5_K:
             h = fmoe_float_to_half(rndf() * 0.01f);
@@ -115,7 +122,91 @@ TEST(type_table_matches_ggml) {
     ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_Q6_K, 512), 420);
     ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_Q6_K, 100), -1);
     ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_BF16));
-    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_Q4_0));
+    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_Q3_K));
+    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_IQ4_XS));
+    /* the 32-value types (ggml-common.h's static_asserts) */
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q4_0), 18);
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q4_1), 20);
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q5_0), 22);
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q5_1), 24);
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_IQ4_NL), 18);
+    const uint32_t q32[] = {FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
+                            FMOE_GGML_IQ4_NL};
+    for (int i = 0; i < 5; i++) {
+        ASSERT_EQ(fmoe_ggml_block_size(q32[i]), 32);
+        ASSERT_TRUE(fmoe_quant_supported(q32[i]));
+        ASSERT_TRUE(fmoe_quant_can_quantize(q32[i]));
+    }
+    ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_Q5_0, 1408), 1408 / 32 * 22);
+}
+
+/* Hand-made Q5_0 block: d = 0.25, code l (0..31, fifth bit in qh bit l) -> (l - 16)/4;
+ * and the same codes as Q5_1 with m = -1: l/4 - 1. */
+TEST(q5_blocks_by_hand) {
+    uint8_t b0[FMOE_Q5_0_BYTES], b1[FMOE_Q5_1_BYTES];
+    const uint16_t d = fmoe_float_to_half(0.25f), m = fmoe_float_to_half(-1.f);
+    memcpy(b0, &d, 2);
+    memcpy(b1, &d, 2);
+    memcpy(b1 + 2, &m, 2);
+    const uint32_t qh = 0xFFFF0000u; /* codes 16..31 of values 16..31 have bit 4 */
+    for (int k = 0; k < 4; k++) b0[2 + k] = b1[4 + k] = (uint8_t)(qh >> (8 * k));
+    for (int l = 0; l < 16; l++) b0[6 + l] = b1[8 + l] = (uint8_t)(l | (l << 4));
+    float y0[32], y1[32];
+    fmoe_quant_dequantize_row(FMOE_GGML_Q5_0, b0, y0, 32);
+    fmoe_quant_dequantize_row(FMOE_GGML_Q5_1, b1, y1, 32);
+    for (int l = 0; l < 32; l++) {
+        ASSERT_NEAR(y0[l], (l - 16) * 0.25f, 0);
+        ASSERT_NEAR(y1[l], l * 0.25f - 1.f, 0);
+    }
+}
+
+/* Hand-made Q4_0 / IQ4_NL blocks: d = 2, low nibbles l, high 15 - l: Q4_0 gives 2(q - 8),
+ * IQ4_NL 2·level[q] on ggml's grid. */
+TEST(q4_0_iq4_nl_blocks_by_hand) {
+    static const int levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+    uint8_t b[FMOE_Q4_0_BYTES];
+    const uint16_t d = fmoe_float_to_half(2.f);
+    memcpy(b, &d, 2);
+    for (int l = 0; l < 16; l++) b[2 + l] = (uint8_t)(l | ((15 - l) << 4));
+    float y[32];
+    fmoe_quant_dequantize_row(FMOE_GGML_Q4_0, b, y, 32);
+    for (int l = 0; l < 16; l++) {
+        ASSERT_NEAR(y[l], 2.f * (l - 8), 0);
+        ASSERT_NEAR(y[16 + l], 2.f * (15 - l - 8), 0);
+    }
+    fmoe_quant_dequantize_row(FMOE_GGML_IQ4_NL, b, y, 32);
+    for (int l = 0; l < 16; l++) {
+        ASSERT_NEAR(y[l], 2.f * levels[l], 0);
+        ASSERT_NEAR(y[16 + l], 2.f * levels[15 - l], 0);
+    }
+}
+
+/* Rows of an odd count of 32-value blocks, 1408 wide as Qwen1.5-MoE's down projections:
+ * the SIMD paths (AVX-512: a block per 16 lanes twice) against dequantise-then-dot. */
+TEST(dot_q32_odd_rows) {
+    const uint32_t ts[] = {FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
+                           FMOE_GGML_IQ4_NL, FMOE_GGML_Q8_0};
+    const int64_t ns[] = {32, 96, 1408};
+    for (size_t k = 0; k < 6; k++)
+        for (size_t in = 0; in < 3; in++) {
+            const uint32_t t = ts[k];
+            const int64_t n = ns[in];
+            uint8_t *row = malloc((size_t)fmoe_quant_row_bytes(t, n));
+            float *x = malloc((size_t)n * sizeof *x);
+            for (int rep = 0; rep < 5; rep++) {
+                random_row(t, row, n);
+                for (int64_t i = 0; i < n; i++) x[i] = rndf();
+                double a;
+                const double want = dot_double(t, row, x, n, &a);
+                const float got = fmoe_quant_dot(t, row, x, n), ref = fmoe_quant_dot_ref(t, row, x, n);
+                if (!close_enough(got, want, a, n) || !close_enough(ref, want, a, n))
+                    HARNESS_FAIL("%s n=%lld: dot %.9g, ref %.9g, want %.9g\n", fmoe_ggml_type_name(t),
+                                 (long long)n, got, ref, want);
+            }
+            free(row);
+            free(x);
+        }
 }
 
 /* Hand-made Q8_0 block: d = 0.5, q = i - 16 -> x = (i - 16) / 2. */
@@ -236,6 +327,17 @@ TEST(quantise_round_trip_error) {
         {FMOE_GGML_Q6_K, 2.0 / 32},
         {FMOE_GGML_Q5_K, 2.0 / 31},
         {FMOE_GGML_Q4_K, 2.0 / 15},
+        /* Q4_0/Q5_0: d = max/-8 (-16), so the opposite extreme clamps to code 15 (31): one
+         * step off, 1/8 (1/16) of the block's max, plus f16 rounding of d */
+        {FMOE_GGML_Q4_0, 1.0 / 8 + 2e-3},
+        {FMOE_GGML_Q5_0, 1.0 / 16 + 2e-3},
+        /* Q4_1/Q5_1: half a step of (max - min)/15 (31) <= max/15 (max/31), plus the f16
+         * rounding of d (times up to 15 or 31) and of m */
+        {FMOE_GGML_Q4_1, 1.0 / 15 + 4e-3},
+        {FMOE_GGML_Q5_1, 1.0 / 31 + 4e-3},
+        /* IQ4_NL: half the widest gap of its grid (24 of 127 at d = max/127), the refit
+         * moving d by a little */
+        {FMOE_GGML_IQ4_NL, 0.15},
     };
     const int64_t n = 1024;
     float x[1024], y[1024];
@@ -264,8 +366,14 @@ TEST(quantise_round_trip_error) {
         }
         /* Relative RMS error: about 2^-bits of the range; 8-bit ~0.3%, 4-bit ~7%. */
         const double rel = sqrt(rms_err / rms_x);
-        const double limit = cases[c].type == FMOE_GGML_Q4_K ? 0.12
-                             : cases[c].type == FMOE_GGML_Q5_K ? 0.06
+        const uint32_t ct = cases[c].type;
+        /* Q4_0 and Q5_0 fix d at max/-8 (-16), so their grid spans twice the block's
+         * max rather than its range: a little coarser than the affine types' */
+        const double limit = ct == FMOE_GGML_Q4_0 ? 0.15
+                             : ct == FMOE_GGML_Q5_0 ? 0.08
+                             : ct == FMOE_GGML_Q4_K || ct == FMOE_GGML_Q4_1 || ct == FMOE_GGML_IQ4_NL
+                                 ? 0.12
+                             : ct == FMOE_GGML_Q5_K || ct == FMOE_GGML_Q5_1 ? 0.06
                              : cases[c].type == FMOE_GGML_Q6_K ? 0.03 : 0.01;
         if (!(rel < limit))
             HARNESS_FAIL("%s: relative RMS error %.4f >= %.2f\n",
@@ -275,10 +383,12 @@ TEST(quantise_round_trip_error) {
 
 /* All-zero input: every quantiser writes a block that dequantises to zeros. */
 TEST(quantise_zeros) {
-    const uint32_t ts[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
+    const uint32_t ts[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
+                           FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
+                           FMOE_GGML_IQ4_NL};
     float x[256] = {0}, y[256];
     uint8_t q[512]; /* Q8_0: 272 bytes for 256 values */
-    for (size_t k = 0; k < 4; k++) {
+    for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
         memset(y, 0xff, sizeof y);
         fmoe_quant_quantize_row(ts[k], x, q, 256);
         fmoe_quant_dequantize_row(ts[k], q, y, 256);

@@ -29,7 +29,9 @@
 #include "harness.h"
 #include "quant_levels.h"
 
-static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
+static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
+                                 FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
+                                 FMOE_GGML_IQ4_NL};
 #define NTYPES (sizeof types / sizeof types[0])
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -49,7 +51,12 @@ static void random_row(uint32_t type, uint8_t *row, int64_t n) {
     for (int64_t b = 0; b < nb; b += ts) {
         uint16_t h = fmoe_float_to_half(rndf() * 0.01f);
         switch (type) {
-        case FMOE_GGML_Q8_0: memcpy(row + b, &h, 2); break;
+        case FMOE_GGML_Q8_0:
+        case FMOE_GGML_Q4_0:
+        case FMOE_GGML_Q5_0:
+        case FMOE_GGML_IQ4_NL: memcpy(row + b, &h, 2); break;
+        case FMOE_GGML_Q4_1:
+        case FMOE_GGML_Q5_1:
         case FMOE_GGML_Q4_K:
         case FMOE_GGML_Q5_K:
             memcpy(row + b, &h, 2);
@@ -61,7 +68,8 @@ static void random_row(uint32_t type, uint8_t *row, int64_t n) {
     }
 }
 
-static int32_t act_block(uint32_t type) { return type == FMOE_GGML_Q8_0 ? 32 : 256; }
+/* Values per activation block: Q8_0 blocks for the 32-value row types, Q8_K for the rest. */
+static int32_t act_block(uint32_t type) { return fmoe_ggml_block_size(type) == 32 ? 32 : 256; }
 
 static int close_enough(double got, double want, double abs_sum, int64_t n) {
     return fabs(got - want) <= 4 * 1.2e-7 * sqrt((double)n) * abs_sum + 1e-6;
@@ -75,6 +83,11 @@ TEST(sizes) {
     ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_BF16, 256), -1);
     ASSERT_TRUE(fmoe_quant_act_supported(FMOE_GGML_Q5_K));
     ASSERT_TRUE(!fmoe_quant_act_supported(FMOE_GGML_F32));
+    ASSERT_TRUE(!fmoe_quant_act_supported(FMOE_GGML_Q3_K));
+    /* the 32-value types take Q8_0 activations: 34 bytes per 32 values */
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_Q5_0, 96), 3 * FMOE_Q8_0_BYTES);
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_IQ4_NL, 32), FMOE_Q8_0_BYTES);
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_Q4_1, 48), -1);
 }
 
 /* Q8_0 row d = 0.5, q = i - 16 (repeated); x integers with |x| <= 127 and 127 in every
@@ -156,10 +169,11 @@ TEST(q6_k_by_hand) {
 
 /* Both paths against float64 of what the blocks hold (row and activation dequantised). */
 TEST(dots_match_dequantised_float64) {
-    const int64_t ns[] = {256, 768, 4096};
     for (size_t k = 0; k < NTYPES; k++)
         for (size_t in = 0; in < 3; in++) {
             const uint32_t t = types[k];
+            /* 96: an odd count of 32-value blocks (the AVX-512 kernels pair them) */
+            const int64_t ns[] = {act_block(t) == 32 ? 96 : 256, 768, 4096};
             const int64_t n = ns[in];
             uint8_t *row = malloc((size_t)fmoe_quant_row_bytes(t, n));
             uint8_t *qx = malloc((size_t)fmoe_quant_act_bytes(t, n));
@@ -405,7 +419,7 @@ TEST(integer_sums_exact) {
     enum { ROWS = 3, NX = 5 };
     for (size_t k = 0; k < NTYPES; k++) {
         const uint32_t t = types[k];
-        const int64_t ns[2] = {t == FMOE_GGML_Q8_0 ? 32 : 256, t == FMOE_GGML_Q8_0 ? 480 : 512};
+        const int64_t ns[2] = {act_block(t) == 32 ? 32 : 256, act_block(t) == 32 ? 480 : 512};
         for (int in = 0; in < 2; in++) {
             const int64_t n = ns[in], rb = fmoe_quant_row_bytes(t, n), ab = fmoe_quant_act_bytes(t, n);
             const int32_t blk = act_block(t), ts = fmoe_ggml_type_size(t);
@@ -418,7 +432,9 @@ TEST(integer_sums_exact) {
                 random_row(t, row, n);
                 for (int64_t b = 0; b < rb; b += ts) {
                     memcpy(row + b + (t == FMOE_GGML_Q6_K ? 208 : 0), &one, 2);
-                    if (t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K) memcpy(row + b + 2, &half, 2);
+                    if (t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q4_1 ||
+                        t == FMOE_GGML_Q5_1)
+                        memcpy(row + b + 2, &half, 2);
                 }
                 fmoe_quant_dequantize_row(t, row, wf + r * n, n);
             }

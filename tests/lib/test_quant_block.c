@@ -26,8 +26,10 @@ static uint8_t rnd8(void) {
     return (uint8_t)(rng >> 24);
 }
 
-static const uint32_t types[4] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
-                                  FMOE_GGML_Q6_K};
+static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
+                                 FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
+                                 FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
+#define NTYPES (int)(sizeof types / sizeof types[0])
 
 static float f16(const uint8_t *p) {
     uint16_t h;
@@ -37,7 +39,34 @@ static float f16(const uint8_t *p) {
 
 /* ggml's loops (ggml-quants.c, dequantize_row_*), one block into y. */
 static void ggml_block(uint32_t type, const uint8_t *b, float *y) {
-    if (type == FMOE_GGML_Q8_0) {
+    static const int8_t iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
+    if (type == FMOE_GGML_Q4_0 || type == FMOE_GGML_IQ4_NL) {
+        const float d = f16(b);
+        for (int j = 0; j < 16; j++) {
+            const int x0 = b[2 + j] & 0x0F, x1 = b[2 + j] >> 4;
+            y[j] = type == FMOE_GGML_IQ4_NL ? d * iq4nl[x0] : (float)(x0 - 8) * d;
+            y[j + 16] = type == FMOE_GGML_IQ4_NL ? d * iq4nl[x1] : (float)(x1 - 8) * d;
+        }
+    } else if (type == FMOE_GGML_Q4_1) {
+        const float d = f16(b), m = f16(b + 2);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)(b[4 + j] & 0x0F) * d + m;
+            y[j + 16] = (float)(b[4 + j] >> 4) * d + m;
+        }
+    } else if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
+        const int one = type == FMOE_GGML_Q5_1;
+        const float d = f16(b), m = one ? f16(b + 2) : 0.f;
+        uint32_t qh;
+        memcpy(&qh, b + (one ? 4 : 2), 4);
+        const uint8_t *qs = b + (one ? 8 : 6);
+        for (int j = 0; j < 16; j++) {
+            const int xh0 = ((qh >> j) << 4) & 0x10, xh1 = (qh >> (j + 12)) & 0x10;
+            const int x0 = (qs[j] & 0x0F) | xh0, x1 = (qs[j] >> 4) | xh1;
+            y[j] = one ? (float)x0 * d + m : (float)(x0 - 16) * d;
+            y[j + 16] = one ? (float)x1 * d + m : (float)(x1 - 16) * d;
+        }
+    } else if (type == FMOE_GGML_Q8_0) {
         const float d = f16(b);
         for (int i = 0; i < 32; i++) y[i] = (float)(int8_t)b[2 + i] * d;
     } else if (type == FMOE_GGML_Q4_K || type == FMOE_GGML_Q5_K) {
@@ -86,20 +115,20 @@ static int first_diff(const float *a, const float *b, int n) {
 }
 
 TEST(block_geometry_matches_the_type_table) {
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < NTYPES; t++) {
         ASSERT_EQ(fmoe__qblock_values(types[t]), fmoe_ggml_block_size(types[t]));
         ASSERT_EQ(fmoe__qblock_bytes(types[t]), fmoe_ggml_type_size(types[t]));
     }
     /* the float types and every other quant have no formula here */
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_F32), 0);
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_BF16), 0);
-    ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_Q4_0), 0);
+    ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_IQ4_XS), 0);
     ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_Q3_K), 0);
 }
 
 TEST(groups_of_8_equal_the_row_and_ggml_bit_for_bit) {
     enum { BLOCKS = 64 };
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < NTYPES; t++) {
         const uint32_t type = types[t];
         const int bs = fmoe__qblock_values(type), bb = fmoe__qblock_bytes(type);
         const int64_t n = (int64_t)BLOCKS * bs;

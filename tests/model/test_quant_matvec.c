@@ -28,7 +28,8 @@ static float rndf(void) {
 
 TEST(pool_equals_one_thread_and_reference) {
     const uint32_t types[] = {FMOE_GGML_BF16, FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
-                              FMOE_GGML_Q6_K};
+                              FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
+                              FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
     const int64_t rows = 203, cols = 512; /* rows: not a multiple of the chunk */
     const int32_t nx = 5; /* >= QUANT_MATVEC_WIDEN_MIN: BF16 widens when scratch is given */
     const int64_t sfloats = cols; /* 2048 bytes: three 8-bit inputs (1.06-1.14 bytes a value), two passes */
@@ -92,7 +93,8 @@ TEST(pool_equals_one_thread_and_reference) {
  * bits for random blocks, subnormal and zero scales included. */
 TEST(widen_rows_equal_dequantise) {
     const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
-                              FMOE_GGML_BF16};
+                              FMOE_GGML_BF16, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
+                              FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
     const int64_t rows = 7, cols = 1024;
     uint8_t *q = malloc((size_t)(rows * cols * 2));
     float *a = malloc((size_t)(rows * cols) * sizeof *a), *b = malloc((size_t)(rows * cols) * sizeof *b);
@@ -107,7 +109,11 @@ TEST(widen_rows_equal_dequantise) {
                 memcpy(q + i + 208, &h, 2);
             } else if (t != FMOE_GGML_BF16) {
                 memcpy(q + i, &h, 2);
-                if (t != FMOE_GGML_Q8_0) memcpy(q + i + 2, &h, 2);
+                /* the second f16 (K-quants' dmin, Q4_1/Q5_1's m); Q4_0, Q5_0 and IQ4_NL
+                 * have codes or fifth bits there, any bytes of which are valid */
+                if (t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q4_1 ||
+                    t == FMOE_GGML_Q5_1)
+                    memcpy(q + i + 2, &h, 2);
             } else {
                 const uint16_t bf = fmoe_float_to_bf16(rndf());
                 memcpy(q + i, &bf, 2);

@@ -206,6 +206,19 @@ def test_quantized_experts_are_timed_in_their_block_format(calibrate, fmoe, tmp_
     assert comp["lm_head_cpu"]["what"] == "LM head (fmoe cpu bf16)"
 
 
+def test_32_value_block_experts_are_timed_in_their_format(calibrate, fmoe, tmp_path):
+    """Q5_0 routed experts (the 32-value type llama-quantize writes for rows that are not
+    whole Q4_K blocks): timed on Q5_0 blocks through their own kernels, and named so."""
+    gguf = tmp_path / "tiny-q5_0.gguf"
+    fmoe("quantize", "--type", "q5_0", "--experts-only", REPO / "datasets" / "fmoe-tiny",
+         "-o", gguf, "--quiet")
+    p = json.loads(calibrate("--quick", "--quiet", "--file-dir", tmp_path, "--model-config",
+                             gguf).stdout)
+    act = p["calibration"]["activations"]
+    assert p["calibration"]["compute"]["expert_cpu"]["what"] == \
+        "expert (fmoe cpu q5_0%s)" % (", activations q8" if act == "q8" else "")
+
+
 def test_a_llama_quantize_mix_is_timed_in_each_matrixs_own_type(calibrate, tmp_path):
     """A Q4_K_M file (make_shaped_gguf.py's Mixtral shape: q4_k projections, q6_k values in
     some layers, f32 routers, a q6_k head): the layer GEMMs are timed on each matrix's type

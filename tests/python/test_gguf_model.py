@@ -12,8 +12,8 @@
   compared; `--experts-only` Q4_K records its experts' stored bytes and type in the trace;
   live offloading of a Q8_0 model makes the decisions `fmoe simulate` makes on its trace.
 - Bad input: a GGUF missing a tensor, a GGUF --model without --tokenizer: one line,
-  non-zero exit. A quantized model on the CUDA backend without a device fails in one line
-  that names the missing device, not the weights' type (the backend has their kernels).
+  non-zero exit. A Q8_0 model on the CUDA backend without a device fails in one line that
+  names the missing device, not the weights' type (the backend has their kernels).
 """
 import json
 import pathlib
@@ -234,8 +234,8 @@ def test_experts_only_q4_k_trace_has_quantized_expert_bytes(fmoe_bin, tiny_ggufs
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         if cols % block == 0:
             return cols // block * size
-        if cols % 32 == 0:  # quantize's fallback for K-quants
-            return row_bytes(gguf.GGMLQuantizationType.Q8_0, cols, fallback)
+        if cols % 32 == 0:  # quantize's fallback for Q4_K, as llama-quantize's
+            return row_bytes(gguf.GGMLQuantizationType.Q5_0, cols, fallback)
         return cols * fallback  # kept in the checkpoint's dtype (bf16)
     Q4K = gguf.GGMLQuantizationType.Q4_K
     want = 2 * inter * row_bytes(Q4K, h, 2) + h * row_bytes(Q4K, inter, 2)
@@ -361,10 +361,10 @@ def test_gguf_without_tokenizer_is_a_usage_error(fmoe_bin, tiny_ggufs):
 
 
 def test_quantized_model_is_not_refused_by_cuda(driver, tiny_ggufs, tmp_path):
-    """The CUDA backend has kernels for every type the loader takes (runtime/cuda/
-    cuda_quant.cu; tests/gpu checks them on a device): a Q8_0 file on the CUDA backend runs
-    where there is a device, and elsewhere fails in one line for want of one, not of its
-    type."""
+    """The CUDA backend has kernels for Q8_0 and the K-quants (runtime/cuda/cuda_quant.cu;
+    tests/gpu checks them on a device): a Q8_0 file on the CUDA backend runs where there is
+    a device, and elsewhere fails in one line for want of one, not of its type. (The
+    32-value types it refuses: test_gguf_q32_model.py.)"""
     p = drive(driver, tiny_ggufs["q8_0"], [1, 2, 3], 0, tmp_path, "cuda", "--session-backend",
               "cuda", check=False)
     if p.returncode == 0:

@@ -4,8 +4,11 @@ driver tests/lib/quant_tool.c:
 
 - dequantisation of random blocks of every type fmoe computes with equals
   gguf.quants.dequantize bit for bit;
-- Q8_0 quantisation equals gguf.quants.quantize byte for byte (gguf-py has no quantiser for
-  the K-quants: ours are checked by their round-trip error, dequantised by gguf-py);
+- Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 quantisation equals gguf.quants.quantize byte for byte
+  (gguf-py has no quantiser for the K-quants and IQ4_NL: ours are checked by their
+  round-trip error, dequantised by gguf-py);
+- blocks with extreme scales (zero, negative, the largest f16, subnormal, infinite) of the
+  32-value types dequantise as gguf-py's do;
 - dot products (AVX2 path and plain reference) agree with a float64 dot of gguf-py's
   dequantised row within the bound of tests/lib/test_quant.c;
 - a file written by gguf.GGUFWriter (every value type, arrays, tensors of every supported
@@ -21,7 +24,10 @@ import pytest
 import gguf  # noqa: E402  (tests/python/requirements.txt)
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+         "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
+# the 32-value types whose f16 fields are d (offset 0) and, for the "_1" ones, m (offset 2)
+Q32 = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
 
 
 @pytest.fixture(scope="session")
@@ -58,8 +64,11 @@ def random_blocks(rng, qtype, nblocks):
         v = rng.integers(0, 1 << 16, nblocks, dtype=np.uint32)
         v = np.where((v & 0x7F80) == 0x7F80, v & 0x807F, v).astype(np.uint16)
         b = v.view(np.uint8).reshape(nblocks, 2)
-    elif qtype == Q.Q8_0:
+    elif qtype in (Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.IQ4_NL):
         b[:, 0:2] = finite_half(rng, nblocks, 2.0)
+    elif qtype in (Q.Q4_1, Q.Q5_1):
+        b[:, 0:2] = finite_half(rng, nblocks, 2.0)
+        b[:, 2:4] = finite_half(rng, nblocks, 2.0)
     elif qtype in (Q.Q4_K, Q.Q5_K):
         b[:, 0:2] = finite_half(rng, nblocks, 2.0)
         b[:, 2:4] = finite_half(rng, nblocks, 2.0)
@@ -77,7 +86,7 @@ def test_dequantise_equals_gguf_py(tool, tmp_path, name):
     raw = random_blocks(rng, qtype, nblocks)
     # a few special blocks: all-zero bytes, and subnormal f16 scales
     raw[0] = 0
-    if qtype in (Q.Q8_0, Q.Q4_K, Q.Q5_K):
+    if qtype in (Q.Q8_0, Q.Q4_K, Q.Q5_K) or name in Q32:
         raw[1, 0:2] = np.array([0x01, 0x00], dtype=np.uint8)  # smallest subnormal d
     (tmp_path / "in.bin").write_bytes(raw.tobytes())
     run_tool(tool, "dequant", name, tmp_path / "in.bin", tmp_path / "out.f32")
@@ -104,6 +113,79 @@ def test_q8_0_quantise_equals_gguf_py(tool, tmp_path):
     theirs = gguf.quants.quantize(x.reshape(-1, 32 * 64), Q.Q8_0).reshape(-1)
     bad = np.flatnonzero(ours != theirs)
     assert bad.size == 0, f"{bad.size} bytes differ, first in block {bad[0] // 34}"
+
+
+@pytest.mark.parametrize("name", Q32)
+def test_q32_extreme_blocks_dequantise_as_gguf_py(tool, tmp_path, name):
+    """Scales at the ends of f16: zero, -0, negative, +-65504, the smallest subnormal, and
+    infinite (d and, for Q4_1/Q5_1, m): every value equals gguf-py's, NaN where it has NaN
+    (inf times a zero code)."""
+    qtype = Q[name]
+    rng = np.random.default_rng(77 + int(qtype))
+    specials = np.array([0.0, -0.0, -1.5, 65504.0, -65504.0, 6e-8, np.inf, -np.inf],
+                        dtype=np.float16).view(np.uint8).reshape(-1, 2)
+    affine = name in ("Q4_1", "Q5_1")
+    rows = []
+    for d in specials:
+        for m in (specials if affine else specials[:1]):
+            b = random_blocks(rng, qtype, 2)
+            b[:, 0:2] = d
+            if affine:
+                b[:, 2:4] = m
+            b[1, 2 + 2 * affine:] = 0xFF  # every code at its top (and 5th bits set)
+            rows.append(b)
+    raw = np.concatenate(rows)
+    (tmp_path / "in.bin").write_bytes(raw.tobytes())
+    run_tool(tool, "dequant", name, tmp_path / "in.bin", tmp_path / "out.f32")
+    ours = np.fromfile(tmp_path / "out.f32", dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        theirs = gguf.quants.dequantize(raw.reshape(-1), qtype).astype(np.float32).reshape(-1)
+    nan = np.isnan(theirs)
+    assert (np.isnan(ours) == nan).all()
+    assert np.isinf(theirs).any()  # the infinite scales reached the values
+    bad = np.flatnonzero(ours.view(np.uint32)[~nan] != theirs.view(np.uint32)[~nan])
+    assert bad.size == 0, f"{name}: {bad.size} values differ"
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_q32_quantise_equals_gguf_py(tool, tmp_path, name):
+    """gguf-py's quantisers for these are bit-exact ports of ggml's reference ones."""
+    rng = np.random.default_rng(11 + int(Q[name]))
+    x = rng.standard_normal(32 * 4096).astype(np.float32)
+    x[:32] = 0                          # an all-zero block
+    x[32:64] *= 1e-6                    # d in the f16 subnormal range
+    x[64:96] = np.arange(32) - 15.5     # evenly spaced: codes on their rounding edges
+    x[96:128] = -np.abs(x[96:128])      # one sign only
+    x[128:160] *= 1e4
+    x[160:192] = 3.0                    # a constant block (Q4_1/Q5_1: d = 0)
+    (tmp_path / "x.f32").write_bytes(x.tobytes())
+    run_tool(tool, "quant", name, tmp_path / "x.f32", tmp_path / "q.bin")
+    ours = np.fromfile(tmp_path / "q.bin", dtype=np.uint8)
+    theirs = gguf.quants.quantize(x.reshape(-1, 32 * 64), Q[name]).reshape(-1)
+    size = gguf.GGML_QUANT_SIZES[Q[name]][1]
+    bad = np.flatnonzero(ours != theirs)
+    assert bad.size == 0, f"{bad.size} bytes differ, first in block {bad[0] // size}"
+
+
+def test_iq4_nl_quantise_round_trip_by_gguf_py(tool, tmp_path):
+    """Our IQ4_NL quantiser is simpler than ggml's search (lib/quant_ref32.c): its blocks
+    dequantised by gguf-py come within half the grid's widest gap (24/127 of the block's
+    max at d = max/127) of the input, and the RMS error is that of a 4-bit format."""
+    rng = np.random.default_rng(20)
+    x = (rng.standard_normal(32 * 2048) * 0.02).astype(np.float32)
+    x[:32] = 0
+    x[100] = 1.0
+    (tmp_path / "x.f32").write_bytes(x.tobytes())
+    run_tool(tool, "quant", "IQ4_NL", tmp_path / "x.f32", tmp_path / "q.bin")
+    q = np.fromfile(tmp_path / "q.bin", dtype=np.uint8)
+    assert q.size == 2048 * 18
+    y = gguf.quants.dequantize(q, Q.IQ4_NL).reshape(-1)
+    assert (y[:32] == 0).all()
+    bx, by = x.reshape(-1, 32), y.reshape(-1, 32)
+    amax = np.abs(bx).max(axis=1, keepdims=True)
+    assert (np.abs(by - bx) <= 0.15 * amax + 1e-7).all()
+    rel = np.sqrt(((y - x) ** 2).sum() / (x ** 2).sum())
+    assert rel < 0.12, rel
 
 
 @pytest.mark.parametrize("name,bits", [("Q4_K", 4), ("Q5_K", 5), ("Q6_K", 6)])
@@ -183,6 +265,10 @@ def write_sample(path, alignment=None):
     for name in ("Q4_K", "Q5_K", "Q6_K"):
         raw = random_blocks(rng, Q[name], 6).reshape(3, -1)  # 3 rows of 512 values
         tensors[name.lower() + ".weight"] = (raw, Q[name])
+    for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):  # 2 rows of 96 values: 3 blocks each
+        tensors[name.lower() + ".weight"] = (
+            gguf.quants.quantize(rng.standard_normal((2, 96)).astype(np.float32), Q[name]), Q[name])
+    tensors["iq4_nl.weight"] = (random_blocks(rng, Q.IQ4_NL, 6).reshape(2, -1), Q.IQ4_NL)
     tensors["q3_k.weight"] = (rng.integers(0, 256, (1, 110), dtype=np.uint8), Q.Q3_K)
     tensors["i32.weight"] = (np.arange(8, dtype=np.int32), None)
     for name, (data, raw_dtype) in tensors.items():

@@ -6,9 +6,9 @@ experts, the q/k row permutation of the "normal"-RoPE architectures), and every 
 dequantises (by gguf-py) to within its type's error of the checkpoint's weights, or equals
 them exactly where it keeps its dtype.
 
-Inputs are the tiny checkpoints of make_tiny_models.py (rows of 32..96 values: Q8_0 and the
-dtype fallback) and a DeepSeek-MoE checkpoint with rows of 256 values written here, for the
-K-quants.
+Inputs are the tiny checkpoints of make_tiny_models.py (rows of 32..96 values: the 32-value
+types, the K-quants' fallbacks to them and the dtype fallback) and a DeepSeek-MoE
+checkpoint with rows of 256 values written here, for the K-quants.
 """
 import json
 import pathlib
@@ -27,7 +27,11 @@ FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek"]
 ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "olmoe": "olmoe",
         "deepseek": "deepseek"}
 # Relative RMS error bound per type (about 2^-bits of the range; test_quant.c's limits).
-RMS = {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.06, "Q4_K": 0.12}
+RMS = {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.06, "Q4_K": 0.12, "Q4_0": 0.15, "Q4_1": 0.12,
+       "Q5_0": 0.08, "Q5_1": 0.06, "IQ4_NL": 0.12}
+# llama-quantize's fallback for rows that are not whole blocks of a K-quant, when they are
+# whole blocks of 32 (llama.cpp src/llama-quant.cpp); else the checkpoint's dtype
+FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +167,9 @@ def check_file(path, model_dir, family, qtype, experts_only=False):
             assert tname == dtype, name
         else:
             block = gguf.GGML_QUANT_SIZES[Q[qtype.upper()]][0]
+            fb = FALLBACK.get(qtype.upper())
             want_type = qtype.upper() if w.shape[-1] % block == 0 else \
-                "Q8_0" if w.shape[-1] % 32 == 0 else dtype
+                fb if fb and w.shape[-1] % 32 == 0 else dtype
             assert tname == want_type, (name, tname, want_type)
         if tname in ("F32", "F16", "BF16"):
             assert np.array_equal(y, w), name
@@ -215,11 +220,33 @@ def test_k_quants(fmoe_bin, deepseek256, tmp_path, qtype):
     assert counts[qtype.upper()] >= 10 and "Q8_0" not in counts
 
 
+@pytest.mark.parametrize("qtype", ["q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"])
+@pytest.mark.parametrize("name", ["qwen2_moe", "deepseek"])
+def test_32_value_types(fmoe_bin, models, tmp_path, qtype, name):
+    out = tmp_path / "m.gguf"
+    run_fmoe(fmoe_bin, "quantize", "--type", qtype, models(name), "-o", out, "--quiet")
+    counts = check_file(out, models(name), name, qtype)
+    assert counts.get(qtype.upper(), 0) >= 5
+
+
+@pytest.mark.parametrize("qtype", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "deepseek"])
+def test_k_quant_fallbacks_on_narrow_rows(fmoe_bin, models, tmp_path, qtype, name):
+    """Rows of 32..96 values: no whole K-quant blocks, so llama-quantize's fallback type
+    (check_file says which tensor takes which) and never the checkpoint's dtype where a
+    32-value block fits; the report names the fallback."""
+    out = tmp_path / "m.gguf"
+    p = run_fmoe(fmoe_bin, "quantize", "--type", qtype, models(name), "-o", out)
+    counts = check_file(out, models(name), name, qtype)
+    assert counts.get(FALLBACK[qtype.upper()], 0) >= 5
+    assert f"not whole {qtype.upper()} blocks: {FALLBACK[qtype.upper()]}," in p.stdout
+
+
 def test_bad_input_one_line_nothing_left(fmoe_bin, models, tmp_path):
     d = models("olmoe")
     out = tmp_path / "m.gguf"
     cases = [
-        (["quantize", "--type", "q4_0", d, "-o", out], 2, "--type must be"),
+        (["quantize", "--type", "q3_k", d, "-o", out], 2, "--type must be"),
         (["quantize", d, "-o", out], 2, "--type is required"),
         (["quantize", "--type", "q8_0", d], 2, "-o MODEL.gguf is required"),
         (["quantize", "--type", "q8_0", d, "-o", tmp_path], 2, "is a directory"),

@@ -42,7 +42,16 @@ typedef enum fmoe_dtype {
     FMOE_DTYPE_Q4_K = 6,  /* super-blocks of 256 in 144 bytes: 4.5 bits/param */
     FMOE_DTYPE_Q5_K = 7,  /* 256 in 176 bytes: 5.5 bits/param */
     FMOE_DTYPE_Q6_K = 8,  /* 256 in 210 bytes: 6.5625 bits/param */
+    /* ggml's 32-value blocks, which llama-quantize falls back to for rows that are not
+     * whole 256-value super-blocks (and IQ4_NL for i-quant mixes): */
+    FMOE_DTYPE_Q4_0 = 9,   /* 32 in 18 bytes: 4.5 bits/param */
+    FMOE_DTYPE_Q4_1 = 10,  /* 32 in 20 bytes: 5 bits/param */
+    FMOE_DTYPE_Q5_0 = 11,  /* 32 in 22 bytes: 5.5 bits/param */
+    FMOE_DTYPE_Q5_1 = 12,  /* 32 in 24 bytes: 6 bits/param */
+    FMOE_DTYPE_IQ4_NL = 13, /* 32 in 18 bytes: 4.5 bits/param */
 } fmoe_dtype;
+
+#define FMOE_DTYPE_LAST FMOE_DTYPE_IQ4_NL /* the largest value: arrays indexed by dtype */
 
 typedef enum fmoe_router_scoring {
     FMOE_ROUTER_SOFTMAX = 0,
@@ -126,8 +135,8 @@ int fmoe_geometry_generic(int32_t layers, int32_t experts, int32_t top_k, int32_
  * f32/f16/bf16: every value at that width. f8_e4m3: weights 1 byte, biases bf16, block
  * scales not counted. mxfp4: per row of each projection, blocks of 32 values along the
  * input dimension at 17 bytes each (16 bytes of 4-bit values + one 8-bit scale, i.e. 4.25
- * bits/value when the width is a multiple of 32); biases bf16. q8_0, q4_k, q5_k, q6_k:
- * ggml's blocks (32 or 256 values) along each row's input dimension, as a GGUF file holds
+ * bits/value when the width is a multiple of 32); biases bf16. q8_0, q4_k, q5_k, q6_k,
+ * q4_0, q4_1, q5_0, q5_1, iq4_nl: ggml's blocks (32 or 256 values) along each row's input dimension, as a GGUF file holds
  * them. Router and shared experts are not part of a routed expert.
  * @return bytes (>= 0), or FMOE_EINVAL for a NULL geometry or an unknown dtype.
  */
@@ -140,15 +149,19 @@ int64_t fmoe_geometry_expert_params(const fmoe_model_geometry *g);
 /* Comma-separated list of the supported model_type values. */
 const char *fmoe_geometry_supported_types(void);
 
-/* Names: "f32", "f16", "bf16", "f8_e4m3", "mxfp4", "q8_0", "q4_k", "q5_k", "q6_k". parse
+/* Names: "f32", "f16", "bf16", "f8_e4m3", "mxfp4", "q8_0", "q4_k", "q5_k", "q6_k", "q4_0",
+ * "q4_1", "q5_0", "q5_1", "iq4_nl". parse
  * accepts torch names too
  * ("float32", "bfloat16", ...). @return 0 or FMOE_EINVAL. */
 const char *fmoe_dtype_name(fmoe_dtype d);
 int fmoe_dtype_parse(const char *name, fmoe_dtype *out);
 /* The dtype of a GGUF tensor's ggml type number (fmoe/quant.h's fmoe_ggml_type: f32, f16,
- * bf16, q8_0, q4_k, q5_k, q6_k). @return 0, or FMOE_EUNSUPPORTED for another type (*out
+ * bf16, q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl). @return 0, or FMOE_EUNSUPPORTED for another type (*out
  * untouched). */
 int fmoe_dtype_of_ggml_type(uint32_t ggml_type, fmoe_dtype *out);
+/* The ggml block type of a block dtype (q8_0, the K-quants, q4_0 .. iq4_nl); 0 for the
+ * others. */
+uint32_t fmoe_dtype_ggml_type(fmoe_dtype d);
 /* Storage size in bits per parameter; mxfp4 is 4.25 (4-bit values plus one 8-bit scale
  * per block of 32). 0 for an unknown dtype. */
 double fmoe_dtype_bits(fmoe_dtype d);

@@ -47,7 +47,7 @@ typedef struct fmoe_matrix_view {
     int64_t rows, cols;
     int32_t on_device; /* data lies in the session backend's memory (a GPU expert slot);
                           0: host memory */
-    uint32_t quant;    /* 0, or the ggml block type of the rows (Q8_0, Q4_K, Q5_K, Q6_K) */
+    uint32_t quant;    /* 0, or the ggml block type of the rows (Q8_0, K-quants, Q4_0 .. IQ4_NL) */
 } fmoe_matrix_view;
 
 /* Bytes of the matrix's data: rows · cols · dtype size, or rows of blocks. */
@@ -218,7 +218,7 @@ int fmoe_backend_choose(const char *name, fmoe_backend_kind *out);
 const char *fmoe_backend_name(fmoe_backend_kind kind);
 
 /*
- * What the CPU backend multiplies quantized (GGUF block-format: Q8_0, Q4_K, Q5_K, Q6_K)
+ * What the CPU backend multiplies quantized (GGUF block-format: Q8_0, the K-quants, Q4_0 .. IQ4_NL)
  * weights by: the f32 inputs themselves, or the inputs quantised to 8 bits once per product
  * and integer block dots, as llama.cpp's CPU backend does (fmoe/quant_act.h). Q8 is faster
  * in decode and moves the logits several times more than the 8-bit weights themselves do

@@ -14,7 +14,8 @@
  * 2-D weight (embeddings and output head included), or with experts_only the routed
  * experts' gate/up/down only; never the norms, biases and router weights (F32, as
  * llama.cpp keeps them). A tensor whose rows are not whole blocks of the type falls back
- * to Q8_0 when its rows are whole blocks of 32, else to its checkpoint dtype.
+ * as llama-quantize's does (fmoe_quant_fallback_type: Q4_K -> Q5_0, Q5_K -> Q5_1,
+ * Q6_K -> Q8_0) when its rows are whole blocks of 32, else to its checkpoint dtype.
  */
 #ifndef FMOE_QUANTIZE_H
 #define FMOE_QUANTIZE_H
@@ -26,7 +27,8 @@
 typedef struct fmoe_quantize_params {
     const char *model_dir;    /* HF checkpoint: config.json + safetensors */
     const char *output;       /* the .gguf to write (via OUTPUT.partial, renamed at the end) */
-    uint32_t type;            /* FMOE_GGML_Q8_0, _Q4_K, _Q5_K or _Q6_K */
+    uint32_t type;            /* FMOE_GGML_Q8_0, _Q4_K, _Q5_K, _Q6_K, _Q4_0, _Q4_1, _Q5_0,
+                                 _Q5_1 or _IQ4_NL (fmoe_quant_can_quantize) */
     int experts_only;         /* 1: quantise only the routed experts */
     fmoe_progress progress;   /* bytes of tensor data written */
 } fmoe_quantize_params;
@@ -35,7 +37,8 @@ typedef struct fmoe_quantize_report {
     char arch[32];            /* the GGUF architecture written */
     int64_t tensors;          /* tensors written */
     int64_t quantized;        /* of them, in the requested type */
-    int64_t fallback;         /* of them, in Q8_0 or the checkpoint dtype for want of whole blocks */
+    int64_t fallback;         /* of them, in the fallback block type or the checkpoint dtype
+                                 for want of whole blocks */
     int64_t bytes_in;         /* checkpoint bytes of the tensors written */
     int64_t bytes_out;        /* the output file's size */
 } fmoe_quantize_report;
