@@ -58,11 +58,19 @@ static const preset presets[] = {
     {"h100-sxm", 10e-6, 50e9, 989e12, 3.35e12, 10e-6,
      "H100 SXM5: 989 TFLOPS bf16 (dense), 3.35 TB/s (NVIDIA datasheet); "
      "host link PCIe 5.0 x16 at ~50 GB/s effective (assumed)"},
+    /* Not a machine: the simulated side of a live run with --sync-transfers, where every
+     * transfer has completed wherever a completion can be seen, so decisions do not depend
+     * on the link (docs/offloading.md, "Live and simulated, decision for decision"). The
+     * compute terms are rtx3090-pcie4's; with a free link they order nothing. */
+    {"zero-link", 0.0, 1e30, 71e12, 936e9, 10e-6,
+     "transfers take no time: replays a live run made with --sync-transfers decision for "
+     "decision (fmoe compare-logs --late-is-hit)"},
 };
 #define NUM_PRESETS (sizeof presets / sizeof presets[0])
 
 const char *fmoe_hardware_preset_names(void) {
-    return "rtx3090-pcie4, a5000-pcie4, rtx4090-pcie4, a100-pcie4, h100-pcie5, h100-sxm";
+    return "rtx3090-pcie4, a5000-pcie4, rtx4090-pcie4, a100-pcie4, h100-pcie5, h100-sxm, "
+           "zero-link";
 }
 
 int fmoe_hardware_preset(const char *name, fmoe_hardware_profile *out) {

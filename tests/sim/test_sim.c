@@ -885,7 +885,11 @@ TEST(hardware_presets) {
                     p.memory_bandwidth_bytes_per_s > 1e11 && p.source[0]);
         ASSERT_CONTAINS(fmoe_hardware_preset_names(), names[i]);
     }
+    /* the free link that replays a --sync-transfers live run */
     fmoe_hardware_profile p;
+    ASSERT_OK(fmoe_hardware_preset("zero-link", &p));
+    ASSERT_TRUE(p.alpha_s == 0 && p.beta_bytes_per_s >= 1e30 && p.peak_flops > 1e13);
+    ASSERT_CONTAINS(fmoe_hardware_preset_names(), "zero-link");
     ASSERT_EQ(fmoe_hardware_preset("rtx9090", &p), FMOE_ENOTFOUND);
     ASSERT_CONTAINS(fmoe_error_detail(), "presets: rtx3090-pcie4");
 }
