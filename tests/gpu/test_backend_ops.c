@@ -1217,13 +1217,38 @@ TEST(download_after_many_queued_ops) {
     ASSERT_EQ(bad, 0);
 }
 
+/* Products from slot m to queue ahead of the checked ones on a device, so that its compute
+ * stream is still reading the slot when the rewrite is queued: about BUSY_S of work,
+ * sized from the measured time of 4 products (timer marks 0 and 1). Without them the
+ * device finished the few checked products long before the copy began, and a build that
+ * never waited on the fence passed as well. 0 on a host-memory backend, which runs each op
+ * before the call returns. */
+#define BUSY_S 0.02
+static int32_t busy_products(const fmoe__backend_ops *B, void *ctx, const fmoe__mat *m,
+                             const float *x, int32_t n, float *y) {
+    if (B->host_memory) return 0;
+    B->mark(ctx, 0);
+    for (int i = 0; i < 4; i++) B->matmul(ctx, m, x, n, y);
+    B->mark(ctx, 1);
+    double s = 0;
+    if (B->sync(ctx) != 0 || B->elapsed(ctx, 0, 1, &s) != 0 || !(s > 0)) return 4096;
+    const double k = ceil(BUSY_S / (s / 4));
+    return k > 4096 ? 4096 : (int32_t)k;
+}
+
 /*
  * Expert slots: the weights written into a backend buffer with write_slot from a second
  * context (as the offload executor's I/O thread does), then multiplied with on_backend 1.
  * The slot is then rewritten with other weights while products from it are still queued,
  * behind the slot's fence (recorded after the products, waited for by the I/O context's
  * copy stream, as the offload executor does): the products must see the old weights, the
- * product after the rewrite the new ones.
+ * product after the rewrite the new ones. On a device the checked products come after
+ * ~20 ms of other products from the slot (busy_products), so the copy is queued while the
+ * compute stream still reads the slot: removing the wait, waiting on another fence, or not
+ * recording the fence lets the copy overwrite the slot under the checked products, and
+ * their comparison fails. (The offload executor's own use of the fences is checked on the
+ * CPU by tests/model/test_offload_device.c's fake device, which logs every record and
+ * wait.)
  */
 TEST(write_slot_on_backend_matmul) {
     seed(15);
@@ -1258,6 +1283,10 @@ TEST(write_slot_on_backend_matmul) {
             ASSERT_OK(B->fence_wait(io, fence)); /* never recorded: waits for nothing */
             ASSERT_OK(B->write_slot(io, side ? slot.t : slot.r, stage, bytes));
             float *yA = side ? TF(pyA) : RF(pyA), *X = side ? TF(px) : RF(px);
+            const int32_t busy = busy_products(B, ctx, &m, X, n, yA);
+            if (busy) printf("  write_slot %s: %d products (~%.0f ms) ahead of the rewrite\n",
+                             dtype_name(dt), busy, BUSY_S * 1e3);
+            for (int32_t i = 0; i < busy; i++) B->matmul(ctx, &m, X, n, yA);
             for (int rep = 0; rep < 4; rep++) B->matmul(ctx, &m, X, n, yA + (int64_t)rep * n * rows);
             ASSERT_OK(B->fence_record(ctx, fence));
             memcpy(stage, hb.data, (size_t)bytes);
