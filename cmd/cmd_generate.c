@@ -253,8 +253,8 @@ int cmd_generate(int argc, char **argv) {
     if (a.chat) {
         fmoe_chat_message msgs[2];
         size_t nm = 0;
-        if (a.system) msgs[nm++] = (fmoe_chat_message){"system", a.system};
-        msgs[nm++] = (fmoe_chat_message){"user", a.prompt};
+        if (a.system) msgs[nm++] = (fmoe_chat_message){.role = "system", .content = a.system};
+        msgs[nm++] = (fmoe_chat_message){.role = "user", .content = a.prompt};
         fmoe_chat_options co = {.template_name = a.chat_template, .add_generation_prompt = 1};
         if ((err = fmoe_tokenizer_apply_chat_template(tok, msgs, nm, &co, &chat_text, &plen)) < 0)
             goto fail;

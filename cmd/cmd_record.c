@@ -95,7 +95,7 @@ static int encode_prompt(const record_args *a, const fmoe_tokenizer *tok, const 
     free(*chat_text);
     *chat_text = NULL;
     if (a->chat) {
-        fmoe_chat_message msg = {"user", prompt};
+        fmoe_chat_message msg = {.role = "user", .content = prompt};
         fmoe_chat_options co = {.template_name = a->chat_template, .add_generation_prompt = 1};
         const int err = fmoe_tokenizer_apply_chat_template(tok, &msg, 1, &co, chat_text, &len);
         if (err < 0) return err;

@@ -395,9 +395,10 @@ static int run_encode(const fmoe_tokenizer *tok, const options *o) {
         }
         fmoe_chat_message msgs[2];
         size_t n = 0;
-        if (o->system) msgs[n++] = (fmoe_chat_message){"system", o->system};
-        msgs[n++] = (fmoe_chat_message){"user", data};
-        fmoe_chat_options co = {o->chat_template, 1, o->no_think};
+        if (o->system) msgs[n++] = (fmoe_chat_message){.role = "system", .content = o->system};
+        msgs[n++] = (fmoe_chat_message){.role = "user", .content = data};
+        fmoe_chat_options co = {.template_name = o->chat_template, .add_generation_prompt = 1,
+                              .disable_thinking = o->no_think};
         size_t plen;
         int e = fmoe_tokenizer_apply_chat_template(tok, msgs, n, &co, &prompt, &plen);
         if (e < 0) {
