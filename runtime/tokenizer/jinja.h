@@ -28,11 +28,11 @@
 
 /* ---- limits ---------------------------------------------------------------------------- */
 
-#define JJ_MAX_STEPS 20000000u          /* expression/statement evaluations per render */
+#define JJ_MAX_STEPS 5000000u           /* expression/statement evaluations per render */
 #define JJ_MAX_DEPTH 200                /* nesting of parse and of evaluation (macro calls) */
 #define JJ_MAX_OUTPUT (16u << 20)       /* bytes of rendered text (and of any one string) */
-#define JJ_MAX_ARENA ((size_t)512 << 20) /* bytes a render may allocate */
-#define JJ_MAX_RANGE 1000000            /* items range() may produce */
+#define JJ_MAX_ARENA ((size_t)256 << 20) /* bytes a render may allocate */
+#define JJ_MAX_RANGE 100000             /* items range() may produce */
 
 /* ---- arena ----------------------------------------------------------------------------- */
 
@@ -41,6 +41,8 @@ jj_arena *jj_arena_new(void);
 void jj_arena_free(jj_arena *a);
 /* @return zeroed memory, or NULL when out of memory or over JJ_MAX_ARENA. */
 void *jj_alloc(jj_arena *a, size_t n);
+/* Whether an allocation failed for JJ_MAX_ARENA rather than the system's memory. */
+int jj_arena_over(const jj_arena *a);
 char *jj_strndup(jj_arena *a, const char *s, size_t n);
 
 /* ---- values ---------------------------------------------------------------------------- */
@@ -66,6 +68,8 @@ struct jj_scope;
 
 typedef struct jv {
     jv_kind k;
+    int safe; /* JV_STR: markupsafe's Markup (from |safe): "+" with a plain string escapes
+                 that string for HTML, as Markup.__add__ does */
     union {
         int b;
         int64_t i;
@@ -84,6 +88,8 @@ typedef struct jv {
 struct jj_list {
     jv *v;
     size_t n, cap;
+    int tuple; /* prints as (a, b): dict items, tuple literals */
+    int gen;   /* a generator in jinja2 (map, select, ...): always true, no len(), no JSON */
 };
 struct jj_dict {
     jv *key, *val;
@@ -140,9 +146,15 @@ int jv_to_sb(jj_sb *b, jv v);
 int jv_repr_sb(jj_sb *b, jv v);
 /* str(v) into the arena. */
 int jv_to_str(jj_arena *a, jv v, jv *out);
-/* json.dumps(v, ensure_ascii=False, indent=indent (<0: None), separators=default,
- * sort_keys=sort). */
-int jv_tojson(jj_sb *b, jv v, int indent, int sort_keys);
+/* json.dumps(v, ensure_ascii=, indent=indent (<0: None), separators=(item_sep, key_sep)
+ * (NULL: json's defaults), sort_keys=). */
+typedef struct jj_json_opts {
+    int indent;
+    int sort_keys;
+    int ensure_ascii;
+    const char *item_sep, *key_sep;
+} jj_json_opts;
+int jv_tojson(jj_sb *b, jv v, const jj_json_opts *o);
 /* A cJSON tree as values (objects keep their order). */
 int jv_from_cjson(jj_arena *a, const cJSON *j, jv *out);
 
@@ -190,7 +202,7 @@ typedef enum {
     /* expressions */
     JN_LIT,      /* lit */
     JN_NAME,     /* s */
-    JN_LIST,     /* kids */
+    JN_LIST,     /* kids; op 1: a tuple */
     JN_DICT,     /* kids: key, value, key, value, ... */
     JN_ATTR,     /* a . s */
     JN_ITEM,     /* a [ b ] */
@@ -264,6 +276,8 @@ int jj_test(jj_ctx *c, const char *name, const jv *args, size_t nargs, int *resu
 jv jj_method(jj_ctx *c, jv v, const char *name, size_t n);
 int jj_call_builtin(jj_ctx *c, const jj_func *f, const jv *args, size_t nargs,
                     const char *const *kwnames, const jv *kw, size_t nkw, jv *out);
+/* markupsafe.escape(s): & < > " ' as HTML entities; the result is safe. */
+int jj_html_escape(jj_ctx *c, jv s, jv *out);
 /* Iteration: a list's items, a dict's keys, a string's characters. */
 int jj_iterable(jj_ctx *c, jv v, jv *list);
 

@@ -82,6 +82,21 @@ int jj_iterable(jj_ctx *c, jv v, jv *list) {
 
 /* ---- string operations ----------------------------------------------------------------- */
 
+int jj_html_escape(jj_ctx *c, jv s, jv *out) { /* markupsafe.escape */
+    jj_sb sb = {0};
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < s.u.s.n; i++) {
+        char ch = s.u.s.s[i];
+        rc = ch == '&' ? jj_sb_puts(&sb, "&amp;") : ch == '<' ? jj_sb_puts(&sb, "&lt;")
+           : ch == '>' ? jj_sb_puts(&sb, "&gt;") : ch == '"' ? jj_sb_puts(&sb, "&#34;")
+           : ch == '\'' ? jj_sb_puts(&sb, "&#39;") : jj_sb_put(&sb, &ch, 1);
+    }
+    if (rc == 0) *out = arena_str(c, &sb, &rc);
+    free(sb.p);
+    out->safe = 1;
+    return rc;
+}
+
 typedef enum { CASE_UPPER, CASE_LOWER, CASE_TITLE_PY, CASE_TITLE_JINJA, CASE_CAPITALIZE } casing;
 
 static int recase(jj_ctx *c, jv s, casing how, jv *out) {
@@ -395,6 +410,7 @@ static int pairs(jj_ctx *c, jv d, jv *out) {
     for (size_t i = 0; i < d.u.d->n; i++) {
         jv p;
         FMOE_FORWARD_IF_ERROR(jv_list_new(c->A, 2, &p));
+        p.u.l->tuple = 1;
         FMOE_FORWARD_IF_ERROR(jv_list_push(c->A, p, d.u.d->key[i]));
         FMOE_FORWARD_IF_ERROR(jv_list_push(c->A, p, d.u.d->val[i]));
         FMOE_FORWARD_IF_ERROR(jv_list_push(c->A, *out, p));
@@ -703,8 +719,11 @@ static int f_indent(jj_ctx *c, jv s, const argv_t *a, jv *out) {
 /* select/reject/selectattr/rejectattr */
 static int f_select(jj_ctx *c, jv seq, const argv_t *a, int attr, int keep, jv *out) {
     jv items;
-    FMOE_FORWARD_IF_ERROR(jj_iterable(c, seq, &items));
+    /* jinja2 yields nothing for a false value (None included) */
+    if (jv_truthy(seq)) FMOE_FORWARD_IF_ERROR(jj_iterable(c, seq, &items));
+    else FMOE_FORWARD_IF_ERROR(jv_list_new(c->A, 0, &items));
     FMOE_FORWARD_IF_ERROR(jv_list_new(c->A, items.u.l->n, out));
+    out->u.l->gen = 1;
     size_t t0 = attr ? 1 : 0;
     jv tname = t0 < a->nargs ? a->args[t0] : jv_undef();
     if (tname.k != JV_UNDEF) FMOE_FORWARD_IF_ERROR(want_str(c, tname, "select test name"));
@@ -732,8 +751,10 @@ static int f_select(jj_ctx *c, jv seq, const argv_t *a, int attr, int keep, jv *
 
 static int f_map(jj_ctx *c, jv seq, const argv_t *a, jv *out) {
     jv items;
-    FMOE_FORWARD_IF_ERROR(jj_iterable(c, seq, &items));
+    if (jv_truthy(seq)) FMOE_FORWARD_IF_ERROR(jj_iterable(c, seq, &items));
+    else FMOE_FORWARD_IF_ERROR(jv_list_new(c->A, 0, &items));
     FMOE_FORWARD_IF_ERROR(jv_list_new(c->A, items.u.l->n, out));
+    out->u.l->gen = 1;
     jv at = arg(a, 99, "attribute", jv_undef());
     jv def = arg(a, 99, "default", jv_undef());
     for (size_t i = 0; i < items.u.l->n; i++) {
@@ -811,38 +832,45 @@ int jj_filter(jj_ctx *c, const char *f, const jv *args, size_t nargs,
     jv v = args[0];
     argv_t a = {args, nargs, kwnames, kw, nkw};
     jv none = jv_none();
-    if (!strcmp(f, "safe") || !strcmp(f, "string") || !strcmp(f, "e") || !strcmp(f, "escape") ||
-        !strcmp(f, "forceescape")) {
-        if (f[0] == 's' && f[1] == 'a') *out = v;
-        else if (f[0] == 's') FMOE_FORWARD_IF_ERROR(jv_to_str(c->A, v, out));
-        else { /* markupsafe.escape */
-            jv s;
-            FMOE_FORWARD_IF_ERROR(jv_to_str(c->A, v, &s));
-            jj_sb sb = {0};
-            int rc = 0;
-            for (size_t i = 0; rc == 0 && i < s.u.s.n; i++) {
-                char ch = s.u.s.s[i];
-                rc = ch == '&' ? jj_sb_puts(&sb, "&amp;") : ch == '<' ? jj_sb_puts(&sb, "&lt;")
-                   : ch == '>' ? jj_sb_puts(&sb, "&gt;") : ch == '"' ? jj_sb_puts(&sb, "&#34;")
-                   : ch == '\'' ? jj_sb_puts(&sb, "&#39;") : jj_sb_put(&sb, &ch, 1);
-            }
-            if (rc == 0) *out = arena_str(c, &sb, &rc);
-            free(sb.p);
-            FMOE_FORWARD_IF_ERROR(rc);
+    if (!strcmp(f, "safe")) {
+        FMOE_FORWARD_IF_ERROR(jv_to_str(c->A, v, out));
+        out->safe = 1;
+        return 1;
+    }
+    if (!strcmp(f, "string")) {
+        FMOE_FORWARD_IF_ERROR(jv_to_str(c->A, v, out));
+        return 1;
+    }
+    if (!strcmp(f, "e") || !strcmp(f, "escape") || !strcmp(f, "forceescape")) {
+        if (v.k == JV_STR && v.safe && f[0] != 'f') {
+            *out = v;
+            return 1;
         }
+        jv s;
+        FMOE_FORWARD_IF_ERROR(jv_to_str(c->A, v, &s));
+        FMOE_FORWARD_IF_ERROR(jj_html_escape(c, s, out));
         return 1;
     }
     if (!strcmp(f, "tojson")) {
-        jv ind = arg(&a, 2, "indent", none);
-        jv sk = arg(&a, 4, "sort_keys", jv_bool(0));
-        if (jv_truthy(arg(&a, 1, "ensure_ascii", jv_bool(0))) ||
-            arg(&a, 3, "separators", none).k != JV_NONE)
-            return jj_fail(c, FMOE_EUNSUPPORTED, "tojson(ensure_ascii=/separators=)");
-        if (ind.k != JV_NONE && ind.k != JV_INT)
+        /* transformers' tojson(x, ensure_ascii=False, indent=None, separators=None,
+         * sort_keys=False) */
+        jv ind = arg(&a, 2, "indent", none), sep = arg(&a, 3, "separators", none);
+        jj_json_opts jo = {.indent = -1,
+                           .ensure_ascii = jv_truthy(arg(&a, 1, "ensure_ascii", jv_bool(0))),
+                           .sort_keys = jv_truthy(arg(&a, 4, "sort_keys", jv_bool(0)))};
+        if (ind.k == JV_INT) jo.indent = (int)(ind.u.i < 0 ? 0 : ind.u.i > 64 ? 64 : ind.u.i);
+        else if (ind.k != JV_NONE)
             return jj_fail(c, FMOE_EUNSUPPORTED, "tojson(indent=) other than an integer");
+        if (sep.k != JV_NONE) {
+            if (sep.k != JV_LIST || sep.u.l->n != 2 || sep.u.l->v[0].k != JV_STR ||
+                sep.u.l->v[1].k != JV_STR)
+                return jj_fail(c, FMOE_EINVAL, "tojson(separators=) must be two strings");
+            jo.item_sep = jj_strndup(c->A, sep.u.l->v[0].u.s.s, sep.u.l->v[0].u.s.n);
+            jo.key_sep = jj_strndup(c->A, sep.u.l->v[1].u.s.s, sep.u.l->v[1].u.s.n);
+            if (!jo.item_sep || !jo.key_sep) return OOM();
+        }
         jj_sb sb = {0};
-        int rc = jv_tojson(&sb, v, ind.k == JV_INT ? (int)(ind.u.i < 0 ? 0 : ind.u.i) : -1,
-                           jv_truthy(sk));
+        int rc = jv_tojson(&sb, v, &jo);
         if (rc < 0) {
             rc = jj_fail(c, rc, "%s", fmoe_error_detail());
             free(sb.p);
@@ -856,7 +884,12 @@ int jj_filter(jj_ctx *c, const char *f, const jv *args, size_t nargs,
         switch (v.k) {
         case JV_UNDEF: *out = jv_int(0); break;
         case JV_STR: *out = jv_int((int64_t)jj_utf8_len(v.u.s.s, v.u.s.n)); break;
-        case JV_LIST: *out = jv_int((int64_t)v.u.l->n); break;
+        case JV_LIST:
+            if (v.u.l->gen)
+                return jj_fail(c, FMOE_EINVAL, "object of type 'generator' has no len() (add "
+                               "|list)");
+            *out = jv_int((int64_t)v.u.l->n);
+            break;
         case JV_DICT:
         case JV_NS: *out = jv_int((int64_t)v.u.d->n); break;
         default:
@@ -872,7 +905,7 @@ int jj_filter(jj_ctx *c, const char *f, const jv *args, size_t nargs,
     }
     if (!strcmp(f, "list")) {
         FMOE_FORWARD_IF_ERROR(jj_iterable(c, v, out));
-        if (out->k == JV_LIST && out->u.l == v.u.l && v.k == JV_LIST) {
+        if (out->k == JV_LIST && out->u.l == v.u.l && v.k == JV_LIST) { /* a new list */
             jv copy;
             FMOE_FORWARD_IF_ERROR(jv_list_new(c->A, v.u.l->n, &copy));
             for (size_t i = 0; i < v.u.l->n; i++) FMOE_FORWARD_IF_ERROR(jv_list_push(c->A, copy, v.u.l->v[i]));
@@ -918,6 +951,9 @@ int jj_filter(jj_ctx *c, const char *f, const jv *args, size_t nargs,
     }
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
         jv items;
+        if (f[0] == 'l' && v.k == JV_LIST && v.u.l->gen)
+            return jj_fail(c, FMOE_EINVAL, "last of a generator: 'generator' object is not "
+                           "reversible (add |list)");
         FMOE_FORWARD_IF_ERROR(jj_iterable(c, v, &items));
         *out = items.u.l->n ? items.u.l->v[f[0] == 'f' ? 0 : items.u.l->n - 1] : jv_undef();
         return 1;
@@ -983,6 +1019,7 @@ int jj_filter(jj_ctx *c, const char *f, const jv *args, size_t nargs,
         jv seen;
         FMOE_FORWARD_IF_ERROR(jv_list_new(c->A, items.u.l->n, &seen));
         FMOE_FORWARD_IF_ERROR(jv_list_new(c->A, items.u.l->n, out));
+        out->u.l->gen = 1;
         for (size_t i = 0; i < items.u.l->n; i++) {
             jv k = items.u.l->v[i];
             if (at.k != JV_NONE) FMOE_FORWARD_IF_ERROR(attr_path(c, k, at, &k));

@@ -1,9 +1,9 @@
 /*
  * jinja_eval.c - runs a parsed template (see jinja.h): statements, expressions, scopes.
  *
- * Scopes follow jinja2's rules as chat templates meet them: a for loop has its own scope,
- * so a "set" inside it is gone after the loop (templates use namespace() to carry values
- * out), while "if" shares its enclosing scope; a macro runs in a scope whose parent is the
+ * Scopes follow jinja2's rules as chat templates meet them: each iteration of a for loop
+ * has its own scope, so a "set" inside it is gone after the iteration (templates use
+ * namespace() to carry values out), while "if" shares its enclosing scope; a macro runs in a scope whose parent is the
  * one it was defined in. Member access follows jinja2's getattr/getitem: a missing member
  * of a defined value is undefined, a member of an undefined value is an error; on a dict,
  * ".items" is the method and ["items"] the key. "and"/"or" return an operand, as Python's.
@@ -40,8 +40,11 @@ int jj_fail(jj_ctx *c, int code, const char *fmt, ...) {
     return fmoe_error_set(code, "chat template line %d: %s", c->line, msg);
 }
 
+/* The line last evaluated, for the memory-limit error raised after the render unwinds. */
+static _Thread_local int fmoe__jinja_last_line;
+
 static int step(state *S, const jnode *x) {
-    S->c.line = x->line;
+    S->c.line = fmoe__jinja_last_line = x->line;
     if (++S->c.steps > JJ_MAX_STEPS)
         return jj_fail(&S->c, FMOE_ERANGE, "more than %u evaluation steps (a runaway loop?)",
                        JJ_MAX_STEPS);
@@ -110,6 +113,8 @@ static int get_item(state *S, jv obj, jv key, jv *out) {
         return jj_fail(&S->c, FMOE_EINVAL, "subscript of an undefined value (jinja2 raises "
                        "UndefinedError)");
     case JV_LIST:
+        if (obj.u.l->gen)
+            return jj_fail(&S->c, FMOE_EINVAL, "'generator' object is not subscriptable");
         if (index_of(key, obj.u.l->n, &at)) *out = obj.u.l->v[at];
         return 0;
     case JV_STR: {
@@ -247,7 +252,14 @@ static int binop(state *S, int op, jv a, jv b, jv *out) {
         FMOE_FORWARD_IF_ERROR(jv_to_str(S->c.A, b, &sb));
         return concat(S, sa, sb, out);
     }
-    if (op == '+' && a.k == JV_STR && b.k == JV_STR) return concat(S, a, b, out);
+    if (op == '+' && a.k == JV_STR && b.k == JV_STR) {
+        if (a.safe != b.safe) { /* Markup + str escapes the str */
+            FMOE_FORWARD_IF_ERROR(jj_html_escape(&S->c, a.safe ? b : a, a.safe ? &b : &a));
+        }
+        FMOE_FORWARD_IF_ERROR(concat(S, a, b, out));
+        out->safe = a.safe;
+        return 0;
+    }
     if (op == '+' && a.k == JV_LIST && b.k == JV_LIST) {
         FMOE_FORWARD_IF_ERROR(jv_list_new(S->c.A, a.u.l->n + b.u.l->n, out));
         for (size_t i = 0; i < a.u.l->n; i++) FMOE_FORWARD_IF_ERROR(jv_list_push(S->c.A, *out, a.u.l->v[i]));
@@ -524,6 +536,7 @@ static int eval(state *S, const jnode *x, jv *out) {
     case JN_NAME: *out = lookup(S, x->s, x->n); return 0;
     case JN_LIST:
         FMOE_FORWARD_IF_ERROR(jv_list_new(S->c.A, x->nkids, out));
+        out->u.l->tuple = x->op;
         for (size_t i = 0; i < x->nkids; i++) {
             FMOE_FORWARD_IF_ERROR(eval(S, x->kids[i], &a));
             FMOE_FORWARD_IF_ERROR(jv_list_push(S->c.A, *out, a));
@@ -609,12 +622,17 @@ static int unpack(state *S, const jnode *x, jv v) {
     return 0;
 }
 
+/* loop.*: built on the first iteration, then its values updated in place. */
 static int set_loop(state *S, jv items, size_t i, jv *loop) {
     jj_arena *A = S->c.A;
     size_t n = items.u.l->n;
-    FMOE_FORWARD_IF_ERROR(jv_dict_new(A, loop));
-    jj_func *cyc = jj_alloc(A, sizeof *cyc);
-    if (!cyc) return OOM();
+    jj_func *cyc;
+    if (loop->k == JV_DICT) {
+        cyc = jv_dict_getn(*loop, "cycle", 5)->u.fn;
+    } else {
+        FMOE_FORWARD_IF_ERROR(jv_dict_new(A, loop));
+        if (!(cyc = jj_alloc(A, sizeof *cyc))) return OOM();
+    }
     cyc->name = "cycle";
     cyc->self = jv_int((int64_t)i);
     struct {
@@ -634,6 +652,10 @@ static int set_loop(state *S, jv items, size_t i, jv *loop) {
         {"nextitem", i + 1 < n ? items.u.l->v[i + 1] : jv_undef()},
         {"cycle", (jv){.k = JV_FUNC, .u.fn = cyc}},
     };
+    if (loop->u.d->n == sizeof f / sizeof f[0]) { /* keys in place: write the values */
+        for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) loop->u.d->val[k] = f[k].v;
+        return 0;
+    }
     for (size_t k = 0; k < sizeof f / sizeof f[0]; k++)
         FMOE_FORWARD_IF_ERROR(jv_dict_set(A, *loop, jv_str(f[k].k), f[k].v));
     return 0;
@@ -660,9 +682,14 @@ static int run_for(state *S, const jnode *x) {
         }
         items = kept;
     }
+    jv loop = jv_undef();
     for (size_t i = 0; rc == 0 && i < items.u.l->n; i++) {
-        jv loop;
-        rc = unpack(S, x, items.u.l->v[i]);
+        /* each iteration starts afresh: a "set" in the body is seen by the rest of that
+         * iteration only, and reads the enclosing value before it (jinja2's scoping). The
+         * scope's and loop's storage is reused, so a long loop does not grow memory. */
+        S->sc->vars.u.d->n = 0;
+        rc = step(S, x);
+        if (rc == 0) rc = unpack(S, x, items.u.l->v[i]);
         if (rc == 0) rc = set_loop(S, items, i, &loop);
         if (rc == 0) rc = assign(S, "loop", loop);
         if (rc == 0) rc = run_body(S, x->b);
@@ -795,6 +822,10 @@ int fmoe__jinja_render(const char *tmpl, const cJSON *ctx, char **out, size_t *l
         rc = fmoe_error_set(FMOE_EINVAL, "chat template: the variables must be an object");
     if (rc == 0) rc = jj_render(A, root, vars, &sb);
     if (rc == 0 && !sb.p) rc = jj_sb_put(&sb, "", 0);
+    if (rc == FMOE_ENOMEM && jj_arena_over(A))
+        rc = fmoe_error_set(FMOE_ERANGE, "chat template line %d: more than %zu MiB of working "
+                            "memory (a runaway template?)", fmoe__jinja_last_line,
+                            JJ_MAX_ARENA >> 20);
     jj_arena_free(A);
     if (rc < 0) {
         free(sb.p);

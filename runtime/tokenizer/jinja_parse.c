@@ -328,11 +328,13 @@ static int parse_primary(parser *P, jnode **out) {
             P->i++;
             x = node(P, JN_LIST, t->line);
             if (!x) return OOM();
+            x->op = 1; /* a tuple */
         } else {
             FMOE_FORWARD_IF_ERROR(parse_expr(P, 1, &x));
             if (is_op(cur(P), ",")) { /* a tuple */
                 jnode *l = node(P, JN_LIST, t->line);
                 if (!l) return OOM();
+                l->op = 1; /* a tuple */
                 nodes L = {0};
                 FMOE_FORWARD_IF_ERROR(add(P, &L, x));
                 while (is_op(cur(P), ",")) {
@@ -527,6 +529,7 @@ static int parse_tuple(parser *P, int with_cond, jnode **out) {
     if (!is_op(cur(P), ",")) return 0;
     jnode *l = node(P, JN_LIST, (*out)->line);
     if (!l) return OOM();
+    l->op = 1; /* a tuple */
     nodes L = {0};
     FMOE_FORWARD_IF_ERROR(add(P, &L, *out));
     while (is_op(cur(P), ",")) {

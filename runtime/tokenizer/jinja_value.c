@@ -28,7 +28,10 @@ typedef struct chunk {
 struct jj_arena {
     chunk *head;
     size_t total;
+    int over; /* an allocation went past JJ_MAX_ARENA */
 };
+
+int jj_arena_over(const jj_arena *a) { return a->over; }
 
 jj_arena *jj_arena_new(void) { return calloc(1, sizeof(jj_arena)); }
 
@@ -48,7 +51,10 @@ void *jj_alloc(jj_arena *a, size_t n) {
     chunk *c = a->head;
     if (!c || c->cap - c->used < n) {
         size_t cap = n > 65536 ? n : 65536;
-        if (a->total + cap > JJ_MAX_ARENA) return NULL;
+        if (a->total + cap > JJ_MAX_ARENA) {
+            a->over = 1;
+            return NULL;
+        }
         c = malloc(sizeof *c + cap);
         if (!c) return NULL;
         c->used = 0;
@@ -152,7 +158,7 @@ int jv_truthy(jv v) {
     case JV_INT: return v.u.i != 0;
     case JV_FLOAT: return v.u.f != 0;
     case JV_STR: return v.u.s.n > 0;
-    case JV_LIST: return v.u.l->n > 0;
+    case JV_LIST: return v.u.l->gen || v.u.l->n > 0;
     case JV_DICT: return v.u.d->n > 0;
     default: return 1;
     }
@@ -352,12 +358,16 @@ static int to_sb(jj_sb *b, jv v, int repr) {
         return jj_sb_puts(b, buf);
     case JV_STR: return repr ? str_repr(b, v.u.s.s, v.u.s.n) : jj_sb_put(b, v.u.s.s, v.u.s.n);
     case JV_LIST:
-        FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, "["));
+        if (v.u.l->gen)
+            return fmoe_error_set(FMOE_EINVAL, "a generator (from map, select, ...) printed: "
+                                  "jinja2 would print its memory address; add |list");
+        FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, v.u.l->tuple ? "(" : "["));
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i) FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, ", "));
             FMOE_FORWARD_IF_ERROR(to_sb(b, v.u.l->v[i], 1));
         }
-        return jj_sb_puts(b, "]");
+        if (v.u.l->tuple && v.u.l->n == 1) FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, ","));
+        return jj_sb_puts(b, v.u.l->tuple ? ")" : "]");
     case JV_NS:
         FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, "<Namespace "));
         /* fall through */
@@ -371,7 +381,9 @@ static int to_sb(jj_sb *b, jv v, int repr) {
         }
         return jj_sb_puts(b, v.k == JV_NS ? "}>" : "}");
     case JV_MACRO: return jj_sb_puts(b, "<Macro>");
-    case JV_FUNC: return jj_sb_puts(b, "<function>");
+    case JV_FUNC:
+        return fmoe_error_set(FMOE_EINVAL, "a function printed: jinja2 would print its memory "
+                              "address (call it?)");
     }
     return 0;
 }
@@ -397,13 +409,14 @@ int jv_to_str(jj_arena *a, jv v, jv *out) {
 
 /* ---- tojson ---------------------------------------------------------------------------- */
 
-static int json_str(jj_sb *b, const char *s, size_t n) {
+static int json_str(jj_sb *b, const char *s, size_t n, int ascii) {
     FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, "\""));
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
         const char *e = NULL;
-        char u[8];
+        char u[16];
+        size_t skip = 0;
         if (ch == '"') e = "\\\"";
         else if (ch == '\\') e = "\\\\";
         else if (ch == '\n') e = "\\n";
@@ -411,8 +424,21 @@ static int json_str(jj_sb *b, const char *s, size_t n) {
         else if (ch == '\t') e = "\\t";
         else if (ch == '\b') e = "\\b";
         else if (ch == '\f') e = "\\f";
-        else if (ch < 0x20) {
+        else if (ch < 0x20 || (ascii && ch == 0x7f)) {
             snprintf(u, sizeof u, "\\u%04x", ch);
+            e = u;
+        } else if (ascii && ch >= 0x80) { /* \uXXXX, with a surrogate pair above U+FFFF */
+            uint32_t cp = 0;
+            int k = ch >= 0xF0 ? 3 : ch >= 0xE0 ? 2 : 1;
+            cp = ch & (0x3F >> k);
+            for (int j = 1; j <= k && i + (size_t)j < n; j++)
+                cp = (cp << 6) | ((unsigned char)s[i + (size_t)j] & 0x3F);
+            skip = (size_t)k;
+            if (cp >= 0x10000)
+                snprintf(u, sizeof u, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10),
+                         0xDC00 + ((cp - 0x10000) & 0x3FF));
+            else
+                snprintf(u, sizeof u, "\\u%04x", cp);
             e = u;
         }
         if (!e) {
@@ -422,6 +448,7 @@ static int json_str(jj_sb *b, const char *s, size_t n) {
         FMOE_FORWARD_IF_ERROR(jj_sb_put(b, s + i - run, run));
         run = 0;
         FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, e));
+        i += skip;
     }
     FMOE_FORWARD_IF_ERROR(jj_sb_put(b, s + n - run, run));
     return jj_sb_puts(b, "\"");
@@ -433,9 +460,9 @@ static int newline_indent(jj_sb *b, int indent, int level) {
     return 0;
 }
 
-static int json_key(jj_sb *b, jv k) {
+static int json_key(jj_sb *b, jv k, int ascii) {
     switch (k.k) {
-    case JV_STR: return json_str(b, k.u.s.s, k.u.s.n);
+    case JV_STR: return json_str(b, k.u.s.s, k.u.s.n, ascii);
     case JV_NONE: return jj_sb_puts(b, "\"null\"");
     case JV_BOOL: return jj_sb_puts(b, k.u.b ? "\"true\"" : "\"false\"");
     case JV_INT:
@@ -450,7 +477,11 @@ static int json_key(jj_sb *b, jv k) {
     }
 }
 
-static int tojson(jj_sb *b, jv v, int indent, int sort, int level) {
+static int tojson(jj_sb *b, jv v, const jj_json_opts *o, int level) {
+    int indent = o->indent;
+    /* json.dumps: ", " between items without indent, "," with it */
+    const char *isep = o->item_sep ? o->item_sep : indent >= 0 ? "," : ", ";
+    const char *ksep = o->key_sep ? o->key_sep : ": ";
     if (level > JJ_MAX_DEPTH) return fmoe_error_set(FMOE_ERANGE, "tojson: nesting too deep");
     char buf[64];
     switch (v.k) {
@@ -462,14 +493,17 @@ static int tojson(jj_sb *b, jv v, int indent, int sort, int level) {
         if (isinf(v.u.f)) return jj_sb_puts(b, v.u.f < 0 ? "-Infinity" : "Infinity");
         float_repr(v.u.f, buf, sizeof buf);
         return jj_sb_puts(b, buf);
-    case JV_STR: return json_str(b, v.u.s.s, v.u.s.n);
+    case JV_STR: return json_str(b, v.u.s.s, v.u.s.n, o->ensure_ascii);
     case JV_LIST:
+        if (v.u.l->gen)
+            return fmoe_error_set(FMOE_EINVAL, "tojson: Object of type generator is not JSON "
+                                  "serializable (add |list)");
         if (v.u.l->n == 0) return jj_sb_puts(b, "[]");
         FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, "["));
         for (size_t i = 0; i < v.u.l->n; i++) {
-            if (i) FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, indent >= 0 ? "," : ", "));
+            if (i) FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, isep));
             if (indent >= 0) FMOE_FORWARD_IF_ERROR(newline_indent(b, indent, level + 1));
-            FMOE_FORWARD_IF_ERROR(tojson(b, v.u.l->v[i], indent, sort, level + 1));
+            FMOE_FORWARD_IF_ERROR(tojson(b, v.u.l->v[i], o, level + 1));
         }
         if (indent >= 0) FMOE_FORWARD_IF_ERROR(newline_indent(b, indent, level));
         return jj_sb_puts(b, "]");
@@ -479,7 +513,7 @@ static int tojson(jj_sb *b, jv v, int indent, int sort, int level) {
         size_t *ord = malloc(d->n * sizeof *ord);
         if (!ord) return OOM();
         for (size_t i = 0; i < d->n; i++) ord[i] = i;
-        if (sort) /* insertion sort: small dicts, stable */
+        if (o->sort_keys) /* insertion sort: small dicts, stable */
             for (size_t i = 1; i < d->n; i++)
                 for (size_t j = i; j > 0; j--) {
                     int c = 0;
@@ -490,11 +524,11 @@ static int tojson(jj_sb *b, jv v, int indent, int sort, int level) {
                 }
         int rc = jj_sb_puts(b, "{");
         for (size_t i = 0; rc == 0 && i < d->n; i++) {
-            if (i) rc = jj_sb_puts(b, indent >= 0 ? "," : ", ");
+            if (i) rc = jj_sb_puts(b, isep);
             if (rc == 0 && indent >= 0) rc = newline_indent(b, indent, level + 1);
-            if (rc == 0) rc = json_key(b, d->key[ord[i]]);
-            if (rc == 0) rc = jj_sb_puts(b, ": ");
-            if (rc == 0) rc = tojson(b, d->val[ord[i]], indent, sort, level + 1);
+            if (rc == 0) rc = json_key(b, d->key[ord[i]], o->ensure_ascii);
+            if (rc == 0) rc = jj_sb_puts(b, ksep);
+            if (rc == 0) rc = tojson(b, d->val[ord[i]], o, level + 1);
         }
         free(ord);
         FMOE_FORWARD_IF_ERROR(rc);
@@ -507,9 +541,7 @@ static int tojson(jj_sb *b, jv v, int indent, int sort, int level) {
     }
 }
 
-int jv_tojson(jj_sb *b, jv v, int indent, int sort_keys) {
-    return tojson(b, v, indent, sort_keys, 0);
-}
+int jv_tojson(jj_sb *b, jv v, const jj_json_opts *o) { return tojson(b, v, o, 0); }
 
 /* ---- from cJSON ------------------------------------------------------------------------ */
 
