@@ -162,8 +162,8 @@ static const cmd_option generate_options[] = {
     {.name = "system", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "TEXT",
      .help = "with --chat: a system message first", .offset = offsetof(generate_args, system)},
     {.name = "chat-template", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "NAME",
-     .help = "with --chat: mixtral, chatml, qwen3 or olmoe instead of the template detected "
-             "from tokenizer_config.json",
+     .help = "with --chat: a fixed renderer (mixtral, chatml, qwen3, olmoe) instead of the "
+             "model's template as written, or jinja: that template, never a fallback",
      .offset = offsetof(generate_args, chat_template)},
     {.name = "ignore-eos", .kind = CMD_OPT_FLAG, .help = "do not stop at end-of-sequence tokens",
      .offset = offsetof(generate_args, ignore_eos)},
