@@ -32,6 +32,15 @@ static int parse_json_arg(const char *text, int want, const char *what, cJSON **
     return 0;
 }
 
+/* Puts the detached member f into o, in the place of a member of the same name if there is
+ * one (replaced by pointer: replacing by name would copy the name from the string being
+ * freed). */
+static void merge(cJSON *o, cJSON *f) {
+    cJSON *have = cJSON_GetObjectItemCaseSensitive(o, f->string);
+    if (have) cJSON_ReplaceItemViaPointer(o, have, f);
+    else cJSON_AddItemToObject(o, f->string, f);
+}
+
 static int message_json(const fmoe_chat_message *m, size_t i, cJSON **out) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return OOM();
@@ -48,10 +57,7 @@ static int message_json(const fmoe_chat_message *m, size_t i, cJSON **out) {
     /* the extra fields follow role and content; one of those two named again replaces it */
     while (extra->child) {
         cJSON *f = cJSON_DetachItemViaPointer(extra, extra->child);
-        if (cJSON_GetObjectItemCaseSensitive(o, f->string))
-            cJSON_ReplaceItemInObjectCaseSensitive(o, f->string, f);
-        else
-            cJSON_AddItemToObject(o, f->string, f);
+        merge(o, f);
     }
     cJSON_Delete(extra);
     return 0;
@@ -89,10 +95,7 @@ static int build_vars(const fmoe_tokenizer *tok, const fmoe_chat_message *msgs, 
                                              &kw));
         while (kw->child) { /* keyword arguments win, as **kwargs does in transformers */
             cJSON *f = cJSON_DetachItemViaPointer(kw, kw->child);
-            if (cJSON_GetObjectItemCaseSensitive(vars, f->string))
-                cJSON_ReplaceItemInObjectCaseSensitive(vars, f->string, f);
-            else
-                cJSON_AddItemToObject(vars, f->string, f);
+            merge(vars, f);
         }
         cJSON_Delete(kw);
     }

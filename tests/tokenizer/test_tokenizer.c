@@ -638,6 +638,14 @@ TEST(chat_templates) {
     ASSERT_STR_EQ(t, "<user>Hi<assistant>None[{\"type\": \"function\", \"function\": "
                      "{\"name\": \"f\"}}]<bot>/no_think!");
     free(t);
+    /* a field named again replaces in place; a keyword argument wins over a variable */
+    fmoe_chat_message parts[] = {{.role = "user", .content = "x",
+                                  .fields_json = "{\"content\": [{\"type\": \"text\"}]}"}};
+    fmoe_chat_options po = {.add_generation_prompt = 1,
+                            .kwargs_json = "{\"add_generation_prompt\": false}"};
+    ASSERT_OK(fmoe_tokenizer_apply_chat_template(tok, parts, 1, &po, &t, &len));
+    ASSERT_STR_EQ(t, "<user>[{'type': 'text'}]");
+    free(t);
     ko.tools_json = "[{\"type\": \"function\"}, {\"type\": \"function\"}]";
     ASSERT_OK(fmoe_tokenizer_apply_chat_template(tok, calls, 2, &ko, &t, &len));
     ASSERT_STR_EQ(t, "tools=2");
