@@ -29,7 +29,8 @@
 /* ---- limits ---------------------------------------------------------------------------- */
 
 #define JJ_MAX_STEPS 5000000u           /* expression/statement evaluations per render */
-#define JJ_MAX_DEPTH 200                /* nesting of parse and of evaluation (macro calls) */
+#define JJ_MAX_DEPTH 200                /* nesting of parse, of macro calls, of printed values */
+#define JJ_MAX_EVAL_DEPTH 4000          /* expression evaluations on the C stack at once */
 #define JJ_MAX_OUTPUT (16u << 20)       /* bytes of rendered text (and of any one string) */
 #define JJ_MAX_ARENA ((size_t)256 << 20) /* bytes a render may allocate */
 #define JJ_MAX_RANGE 100000             /* items range() may produce */

@@ -27,6 +27,7 @@ enum { FLOW_BREAK = 1, FLOW_CONTINUE = 2 };
 typedef struct {
     jj_ctx c;
     jj_scope *sc;
+    int edepth; /* eval() calls on the C stack */
 } state;
 
 int jj_fail(jj_ctx *c, int code, const char *fmt, ...) {
@@ -270,6 +271,8 @@ static int binop(state *S, int op, jv a, jv b, jv *out) {
         return repeat(S, a, inum(b), out);
     if (op == '*' && (b.k == JV_STR || b.k == JV_LIST) && (a.k == JV_INT || a.k == JV_BOOL))
         return repeat(S, b, inum(a), out);
+    if (op == '%' && a.k == JV_STR)
+        return jj_fail(&S->c, FMOE_EUNSUPPORTED, "'%%' string formatting is not supported");
     if (!is_num(a) || !is_num(b)) {
         static const char *const N[] = {['+'] = "+", ['-'] = "-", ['*'] = "*", ['/'] = "/",
                                         ['%'] = "%", ['F'] = "//", ['P'] = "**"};
@@ -528,7 +531,21 @@ static int eval_test(state *S, const jnode *x, jv *out) {
 
 /* ---- expressions ----------------------------------------------------------------------- */
 
+static int eval_node(state *S, const jnode *x, jv *out);
+
+/* Expressions recurse on the C stack, and a chain like 1+1+...+1 is as deep as it is long:
+ * the depth is bounded here so that a long chain fails instead of overflowing the stack. */
 static int eval(state *S, const jnode *x, jv *out) {
+    if (S->edepth >= JJ_MAX_EVAL_DEPTH)
+        return jj_fail(&S->c, FMOE_ERANGE, "expressions nested more than %d deep",
+                       JJ_MAX_EVAL_DEPTH);
+    S->edepth++;
+    int rc = eval_node(S, x, out);
+    S->edepth--;
+    return rc;
+}
+
+static int eval_node(state *S, const jnode *x, jv *out) {
     FMOE_FORWARD_IF_ERROR(step(S, x));
     jv a, b;
     switch (x->k) {

@@ -170,7 +170,10 @@ static double num(jv v) {
 }
 static int64_t inum(jv v) { return v.k == JV_INT ? v.u.i : v.u.b; }
 
-int jv_eq(jv a, jv b) {
+/* Python raises RecursionError comparing values nested ~1000 deep; past JJ_MAX_DEPTH they
+ * are taken as different, which keeps the C stack bounded. */
+static int eq(jv a, jv b, int level) {
+    if (level > JJ_MAX_DEPTH) return 0;
     if (is_num(a) && is_num(b)) {
         if (a.k != JV_FLOAT && b.k != JV_FLOAT) return inum(a) == inum(b);
         return num(a) == num(b);
@@ -183,13 +186,13 @@ int jv_eq(jv a, jv b) {
     case JV_LIST:
         if (a.u.l->n != b.u.l->n) return 0;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jv_eq(a.u.l->v[i], b.u.l->v[i])) return 0;
+            if (!eq(a.u.l->v[i], b.u.l->v[i], level + 1)) return 0;
         return 1;
     case JV_DICT:
         if (a.u.d->n != b.u.d->n) return 0;
         for (size_t i = 0; i < a.u.d->n; i++) {
             jv *o = jv_dict_get(b, a.u.d->key[i]);
-            if (!o || !jv_eq(a.u.d->val[i], *o)) return 0;
+            if (!o || !eq(a.u.d->val[i], *o, level + 1)) return 0;
         }
         return 1;
     case JV_NS: return a.u.d == b.u.d;
@@ -199,7 +202,12 @@ int jv_eq(jv a, jv b) {
     }
 }
 
-int jv_cmp(jv a, jv b, int *cmp) {
+int jv_eq(jv a, jv b) { return eq(a, b, 0); }
+
+static int cmp_at(jv a, jv b, int *cmp, int level) {
+    if (level > JJ_MAX_DEPTH)
+        return fmoe_error_set(FMOE_ERANGE, "values nested more than %d deep compared",
+                              JJ_MAX_DEPTH);
     if (is_num(a) && is_num(b)) {
         if (a.k != JV_FLOAT && b.k != JV_FLOAT) *cmp = (inum(a) > inum(b)) - (inum(a) < inum(b));
         else *cmp = (num(a) > num(b)) - (num(a) < num(b));
@@ -215,7 +223,7 @@ int jv_cmp(jv a, jv b, int *cmp) {
     if (a.k == JV_LIST && b.k == JV_LIST) {
         for (size_t i = 0; i < a.u.l->n && i < b.u.l->n; i++) {
             if (jv_eq(a.u.l->v[i], b.u.l->v[i])) continue;
-            return jv_cmp(a.u.l->v[i], b.u.l->v[i], cmp);
+            return cmp_at(a.u.l->v[i], b.u.l->v[i], cmp, level + 1);
         }
         *cmp = (a.u.l->n > b.u.l->n) - (a.u.l->n < b.u.l->n);
         return 0;
@@ -223,6 +231,8 @@ int jv_cmp(jv a, jv b, int *cmp) {
     return fmoe_error_set(FMOE_EINVAL, "'<' not supported between %s and %s", jv_kind_name(a),
                           jv_kind_name(b));
 }
+
+int jv_cmp(jv a, jv b, int *cmp) { return cmp_at(a, b, cmp, 0); }
 
 const char *jv_kind_name(jv v) {
     static const char *const N[] = {"undefined", "none", "bool", "int", "float", "str",
@@ -344,8 +354,11 @@ static int str_repr(jj_sb *b, const char *s, size_t n) {
     return jj_sb_put(b, &q, 1);
 }
 
-static int to_sb(jj_sb *b, jv v, int repr) {
+static int to_sb(jj_sb *b, jv v, int repr, int level) {
     char buf[64];
+    if (level > JJ_MAX_DEPTH)
+        return fmoe_error_set(FMOE_ERANGE, "a value nested more than %d deep printed",
+                              JJ_MAX_DEPTH);
     switch (v.k) {
     case JV_UNDEF: return 0;
     case JV_NONE: return jj_sb_puts(b, "None");
@@ -364,7 +377,7 @@ static int to_sb(jj_sb *b, jv v, int repr) {
         FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, v.u.l->tuple ? "(" : "["));
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i) FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, ", "));
-            FMOE_FORWARD_IF_ERROR(to_sb(b, v.u.l->v[i], 1));
+            FMOE_FORWARD_IF_ERROR(to_sb(b, v.u.l->v[i], 1, level + 1));
         }
         if (v.u.l->tuple && v.u.l->n == 1) FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, ","));
         return jj_sb_puts(b, v.u.l->tuple ? ")" : "]");
@@ -375,9 +388,9 @@ static int to_sb(jj_sb *b, jv v, int repr) {
         FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, "{"));
         for (size_t i = 0; i < v.u.d->n; i++) {
             if (i) FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, ", "));
-            FMOE_FORWARD_IF_ERROR(to_sb(b, v.u.d->key[i], 1));
+            FMOE_FORWARD_IF_ERROR(to_sb(b, v.u.d->key[i], 1, level + 1));
             FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, ": "));
-            FMOE_FORWARD_IF_ERROR(to_sb(b, v.u.d->val[i], 1));
+            FMOE_FORWARD_IF_ERROR(to_sb(b, v.u.d->val[i], 1, level + 1));
         }
         return jj_sb_puts(b, v.k == JV_NS ? "}>" : "}");
     case JV_MACRO: return jj_sb_puts(b, "<Macro>");
@@ -388,8 +401,8 @@ static int to_sb(jj_sb *b, jv v, int repr) {
     return 0;
 }
 
-int jv_to_sb(jj_sb *b, jv v) { return to_sb(b, v, 0); }
-int jv_repr_sb(jj_sb *b, jv v) { return to_sb(b, v, 1); }
+int jv_to_sb(jj_sb *b, jv v) { return to_sb(b, v, 0, 0); }
+int jv_repr_sb(jj_sb *b, jv v) { return to_sb(b, v, 1, 0); }
 
 int jv_to_str(jj_arena *a, jv v, jv *out) {
     if (v.k == JV_STR) {
@@ -397,7 +410,7 @@ int jv_to_str(jj_arena *a, jv v, jv *out) {
         return 0;
     }
     jj_sb b = {0};
-    int rc = to_sb(&b, v, 0);
+    int rc = to_sb(&b, v, 0, 0);
     if (rc == 0) {
         char *s = jj_strndup(a, b.p ? b.p : "", b.n);
         if (!s) rc = OOM();
@@ -468,7 +481,7 @@ static int json_key(jj_sb *b, jv k, int ascii) {
     case JV_INT:
     case JV_FLOAT: {
         FMOE_FORWARD_IF_ERROR(jj_sb_puts(b, "\""));
-        FMOE_FORWARD_IF_ERROR(to_sb(b, k, 0));
+        FMOE_FORWARD_IF_ERROR(to_sb(b, k, 0, 0));
         return jj_sb_puts(b, "\"");
     }
     default:
@@ -487,7 +500,7 @@ static int tojson(jj_sb *b, jv v, const jj_json_opts *o, int level) {
     switch (v.k) {
     case JV_NONE: return jj_sb_puts(b, "null");
     case JV_BOOL: return jj_sb_puts(b, v.u.b ? "true" : "false");
-    case JV_INT: return to_sb(b, v, 0);
+    case JV_INT: return to_sb(b, v, 0, 0);
     case JV_FLOAT:
         if (isnan(v.u.f)) return jj_sb_puts(b, "NaN");
         if (isinf(v.u.f)) return jj_sb_puts(b, v.u.f < 0 ? "-Infinity" : "Infinity");

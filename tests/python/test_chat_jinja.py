@@ -229,6 +229,9 @@ HOSTILE = [
     ("endless recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
      "macro calls nested more than"),
     ("big integers", "{{ 2 ** 1000 }}", "integer overflow"),
+    ("long chain", "{{ " + " + ".join(["1"] * 50000) + " }}", "expressions nested more than"),
+    ("deep value", "{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}"
+                   "{% endfor %}{{ ns.x }}", "nested more than"),
 ]
 
 
