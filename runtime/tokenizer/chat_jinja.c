@@ -5,9 +5,9 @@
  * transformers renders with messages=, tools= (None when there are none), documents=None,
  * add_generation_prompt=, the tokenizer's special tokens (bos_token, eos_token) and the
  * caller's extra keyword arguments (chat_template_kwargs, e.g. enable_thinking). The same
- * variables are built here as a cJSON object and handed to the interpreter (jinja.h).
+ * variables are built here as the interpreter's values (jinja.h), the JSON of message
+ * fields, tools and keyword arguments read the way json.loads reads it.
  */
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,86 +18,75 @@
 
 #define OOM() fmoe_error_set(FMOE_ENOMEM, "chat template: out of memory")
 
-/* A JSON text that must parse to `want` (cJSON_Object or cJSON_Array). */
-static int parse_json_arg(const char *text, int want, const char *what, cJSON **out) {
-    *out = cJSON_Parse(text);
-    if (!*out)
-        return fmoe_error_set(FMOE_EINVAL, "chat template: %s is not valid JSON", what);
-    if (((*out)->type & 0xFF) != want) {
-        cJSON_Delete(*out);
-        *out = NULL;
+/* JSON text that must be `want` (JV_DICT or JV_LIST), read as json.loads reads it. */
+static int json_arg(jj_arena *A, const char *text, jv_kind want, const char *what, jv *out) {
+    FMOE_FORWARD_IF_ERROR(jv_parse_json(A, text, strlen(text), what, out));
+    if (out->k != want)
         return fmoe_error_set(FMOE_EINVAL, "chat template: %s must be a JSON %s", what,
-                              want == cJSON_Object ? "object" : "array");
-    }
+                              want == JV_DICT ? "object" : "array");
     return 0;
 }
 
-/* Puts the detached member f into o, in the place of a member of the same name if there is
- * one (replaced by pointer: replacing by name would copy the name from the string being
- * freed). */
-static void merge(cJSON *o, cJSON *f) {
-    cJSON *have = cJSON_GetObjectItemCaseSensitive(o, f->string);
-    if (have) cJSON_ReplaceItemViaPointer(o, have, f);
-    else cJSON_AddItemToObject(o, f->string, f);
+static int set(jj_arena *A, jv d, const char *key, jv v) {
+    return jv_dict_set(A, d, jv_str(key), v);
 }
 
-static int message_json(const fmoe_chat_message *m, size_t i, cJSON **out) {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return OOM();
-    *out = o;
-    if (!cJSON_AddStringToObject(o, "role", m->role ? m->role : "")) return OOM();
-    if (!(m->content ? cJSON_AddStringToObject(o, "content", m->content)
-                     : cJSON_AddNullToObject(o, "content")))
-        return OOM();
+static int str(jj_arena *A, const char *s, jv *out) {
+    size_t n = strlen(s);
+    char *c = jj_strndup(A, s, n);
+    if (!c) return OOM();
+    *out = jv_strn(c, n);
+    return 0;
+}
+
+static int message(jj_arena *A, const fmoe_chat_message *m, size_t i, jv *out) {
+    jv role, content = jv_none();
+    FMOE_FORWARD_IF_ERROR(jv_dict_new(A, out));
+    FMOE_FORWARD_IF_ERROR(str(A, m->role ? m->role : "", &role));
+    if (m->content) FMOE_FORWARD_IF_ERROR(str(A, m->content, &content));
+    FMOE_FORWARD_IF_ERROR(set(A, *out, "role", role));
+    FMOE_FORWARD_IF_ERROR(set(A, *out, "content", content));
     if (!m->fields_json) return 0;
-    cJSON *extra;
+    /* the extra fields follow role and content; one of those named again replaces it */
     char what[64];
     snprintf(what, sizeof what, "message %zu's fields", i);
-    FMOE_FORWARD_IF_ERROR(parse_json_arg(m->fields_json, cJSON_Object, what, &extra));
-    /* the extra fields follow role and content; one of those two named again replaces it */
-    while (extra->child) {
-        cJSON *f = cJSON_DetachItemViaPointer(extra, extra->child);
-        merge(o, f);
-    }
-    cJSON_Delete(extra);
+    jv extra;
+    FMOE_FORWARD_IF_ERROR(json_arg(A, m->fields_json, JV_DICT, what, &extra));
+    for (size_t k = 0; k < extra.u.d->n; k++)
+        FMOE_FORWARD_IF_ERROR(jv_dict_set(A, *out, extra.u.d->key[k], extra.u.d->val[k]));
     return 0;
 }
 
-static int build_vars(const fmoe_tokenizer *tok, const fmoe_chat_message *msgs, size_t n,
-                      const fmoe_chat_options *o, cJSON *vars) {
-    cJSON *arr = cJSON_AddArrayToObject(vars, "messages");
-    if (!arr) return OOM();
+static int build_vars(jj_arena *A, const fmoe_tokenizer *tok, const fmoe_chat_message *msgs,
+                      size_t n, const fmoe_chat_options *o, jv *vars) {
+    jv list, v;
+    FMOE_FORWARD_IF_ERROR(jv_dict_new(A, vars));
+    FMOE_FORWARD_IF_ERROR(jv_list_new(A, n, &list));
     for (size_t i = 0; i < n; i++) {
-        cJSON *m = NULL;
-        int rc = message_json(&msgs[i], i, &m);
-        if (m) cJSON_AddItemToArray(arr, m);
-        FMOE_FORWARD_IF_ERROR(rc);
+        FMOE_FORWARD_IF_ERROR(message(A, &msgs[i], i, &v));
+        FMOE_FORWARD_IF_ERROR(jv_list_push(A, list, v));
     }
-    if (o->tools_json) {
-        cJSON *tools;
-        FMOE_FORWARD_IF_ERROR(parse_json_arg(o->tools_json, cJSON_Array, "tools", &tools));
-        cJSON_AddItemToObject(vars, "tools", tools);
-    } else if (!cJSON_AddNullToObject(vars, "tools")) {
-        return OOM();
-    }
-    if (!cJSON_AddNullToObject(vars, "documents")) return OOM();
-    if (!cJSON_AddBoolToObject(vars, "add_generation_prompt", o->add_generation_prompt))
-        return OOM();
+    FMOE_FORWARD_IF_ERROR(set(A, *vars, "messages", list));
+    v = jv_none();
+    if (o->tools_json) FMOE_FORWARD_IF_ERROR(json_arg(A, o->tools_json, JV_LIST, "tools", &v));
+    FMOE_FORWARD_IF_ERROR(set(A, *vars, "tools", v));
+    FMOE_FORWARD_IF_ERROR(set(A, *vars, "documents", jv_none()));
+    FMOE_FORWARD_IF_ERROR(set(A, *vars, "add_generation_prompt", jv_bool(o->add_generation_prompt)));
     /* transformers passes the special tokens that are set; an unset one stays undefined */
-    if (tok->bos_text && *tok->bos_text && !cJSON_AddStringToObject(vars, "bos_token", tok->bos_text))
-        return OOM();
-    if (tok->eos_text && *tok->eos_text && !cJSON_AddStringToObject(vars, "eos_token", tok->eos_text))
-        return OOM();
-    if (o->disable_thinking && !cJSON_AddFalseToObject(vars, "enable_thinking")) return OOM();
-    if (o->kwargs_json) {
-        cJSON *kw;
-        FMOE_FORWARD_IF_ERROR(parse_json_arg(o->kwargs_json, cJSON_Object, "chat_template_kwargs",
-                                             &kw));
-        while (kw->child) { /* keyword arguments win, as **kwargs does in transformers */
-            cJSON *f = cJSON_DetachItemViaPointer(kw, kw->child);
-            merge(vars, f);
-        }
-        cJSON_Delete(kw);
+    if (tok->bos_text && *tok->bos_text) {
+        FMOE_FORWARD_IF_ERROR(str(A, tok->bos_text, &v));
+        FMOE_FORWARD_IF_ERROR(set(A, *vars, "bos_token", v));
+    }
+    if (tok->eos_text && *tok->eos_text) {
+        FMOE_FORWARD_IF_ERROR(str(A, tok->eos_text, &v));
+        FMOE_FORWARD_IF_ERROR(set(A, *vars, "eos_token", v));
+    }
+    if (o->disable_thinking) FMOE_FORWARD_IF_ERROR(set(A, *vars, "enable_thinking", jv_bool(0)));
+    if (o->kwargs_json) { /* keyword arguments win, as **kwargs does in transformers */
+        jv kw;
+        FMOE_FORWARD_IF_ERROR(json_arg(A, o->kwargs_json, JV_DICT, "chat_template_kwargs", &kw));
+        for (size_t k = 0; k < kw.u.d->n; k++)
+            FMOE_FORWARD_IF_ERROR(jv_dict_set(A, *vars, kw.u.d->key[k], kw.u.d->val[k]));
     }
     return 0;
 }
@@ -105,11 +94,12 @@ static int build_vars(const fmoe_tokenizer *tok, const fmoe_chat_message *msgs, 
 int fmoe__chat_render_jinja(const fmoe_tokenizer *tok, const char *tmpl,
                             const fmoe_chat_message *msgs, size_t n, const fmoe_chat_options *o,
                             char **text, size_t *len) {
-    cJSON *vars = cJSON_CreateObject();
-    if (!vars) return OOM();
-    int rc = build_vars(tok, msgs, n, o, vars);
-    if (rc == 0) rc = fmoe__jinja_render(tmpl, vars, text, len);
-    cJSON_Delete(vars);
+    jj_arena *A = jj_arena_new();
+    if (!A) return OOM();
+    jv vars;
+    int rc = build_vars(A, tok, msgs, n, o, &vars);
+    if (rc == 0) rc = fmoe__jinja_render_vars(A, tmpl, vars, text, len);
+    jj_arena_free(A);
     return rc;
 }
 

@@ -11,7 +11,8 @@
  *                   control (trim_blocks, lstrip_blocks, '-' and '+')
  *   jinja_parse.c   tokens -> syntax tree
  *   jinja_value.c   values (Python's types as Jinja sees them), arena, str()/repr()/tojson,
- *                   equality and ordering, conversion from cJSON
+ *                   equality and ordering
+ *   jinja_json.c    JSON text to values, ints and floats kept apart as json.loads keeps them
  *   jinja_builtins.c  filters, tests, methods of str/dict/list, global functions
  *   jinja_eval.c    runs the tree: statements, expressions, scopes, limits
  *
@@ -22,7 +23,6 @@
 #ifndef FMOE_TOKENIZER_JINJA_H
 #define FMOE_TOKENIZER_JINJA_H
 
-#include <cjson/cJSON.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,7 +30,7 @@
 
 #define JJ_MAX_STEPS 5000000u           /* expression/statement evaluations per render */
 #define JJ_MAX_DEPTH 200                /* nesting of parse, of macro calls, of printed values */
-#define JJ_MAX_EVAL_DEPTH 4000          /* expression evaluations on the C stack at once */
+#define JJ_MAX_EVAL_DEPTH 1000          /* expressions and statements on the C stack at once */
 #define JJ_MAX_OUTPUT (16u << 20)       /* bytes of rendered text (and of any one string) */
 #define JJ_MAX_ARENA ((size_t)256 << 20) /* bytes a render may allocate */
 #define JJ_MAX_RANGE 100000             /* items range() may produce */
@@ -156,8 +156,9 @@ typedef struct jj_json_opts {
     const char *item_sep, *key_sep;
 } jj_json_opts;
 int jv_tojson(jj_sb *b, jv v, const jj_json_opts *o);
-/* A cJSON tree as values (objects keep their order). */
-int jv_from_cjson(jj_arena *a, const cJSON *j, jv *out);
+/* JSON text as values, as json.loads reads it (jinja_json.c); `what` names the text in
+ * errors. @return 0, FMOE_EINVAL (not JSON), FMOE_ERANGE (nested too deep), FMOE_ENOMEM. */
+int jv_parse_json(jj_arena *a, const char *text, size_t n, const char *what, jv *out);
 
 /* ---- tokens and syntax tree ------------------------------------------------------------ */
 
@@ -285,12 +286,15 @@ int jj_iterable(jj_ctx *c, jv v, jv *list);
 /* Renders a parsed template with the variables of `vars` (a JV_DICT). */
 int jj_render(jj_arena *a, const jnode *root, jv vars, jj_sb *out);
 
-/* Everything at once: parse `tmpl` and render it with the variables of the cJSON object
- * `ctx`. @return 0 and *out (malloc'd, NUL-terminated), or a negative FMOE_E* code with a
- * one-line detail: FMOE_EUNSUPPORTED for a construct the interpreter does not implement,
- * FMOE_EFORMAT for a template Jinja would not parse, FMOE_EINVAL for an error the template
- * raised or a failed operation, FMOE_ERANGE for a limit reached. */
-int fmoe__jinja_render(const char *tmpl, const cJSON *ctx, char **out, size_t *len);
+/* Parses `tmpl` and renders it with `vars` (a JV_DICT in arena A, which the render also
+ * allocates from). @return 0 and *out (malloc'd, NUL-terminated), or a negative FMOE_E*
+ * code with a one-line detail: FMOE_EUNSUPPORTED for a construct the interpreter does not
+ * implement, FMOE_EFORMAT for a template Jinja would not parse, FMOE_EINVAL for an error
+ * the template raised or a failed operation, FMOE_ERANGE for a limit reached. */
+int fmoe__jinja_render_vars(jj_arena *A, const char *tmpl, jv vars, char **out, size_t *len);
+
+/* The same with the variables as the JSON text of an object (tests/tokenizer/). */
+int fmoe__jinja_render(const char *tmpl, const char *vars_json, char **out, size_t *len);
 
 /* Parses only (to tell at load whether the template can be interpreted). */
 int fmoe__jinja_check(const char *tmpl);

@@ -27,7 +27,7 @@ enum { FLOW_BREAK = 1, FLOW_CONTINUE = 2 };
 typedef struct {
     jj_ctx c;
     jj_scope *sc;
-    int edepth; /* eval() calls on the C stack */
+    int edepth; /* eval() and run_stmt() calls on the C stack */
 } state;
 
 int jj_fail(jj_ctx *c, int code, const char *fmt, ...) {
@@ -735,7 +735,21 @@ static int run_set(state *S, const jnode *x) {
     return unpack(S, x, v);
 }
 
+static int run_stmt_node(state *S, const jnode *x);
+
+/* Statements count against the same C-stack bound as expressions: a macro that recurses
+ * through deeply nested blocks stacks both. */
 static int run_stmt(state *S, const jnode *x) {
+    if (S->edepth >= JJ_MAX_EVAL_DEPTH)
+        return jj_fail(&S->c, FMOE_ERANGE, "expressions nested more than %d deep",
+                       JJ_MAX_EVAL_DEPTH);
+    S->edepth++;
+    int rc = run_stmt_node(S, x);
+    S->edepth--;
+    return rc;
+}
+
+static int run_stmt_node(state *S, const jnode *x) {
     FMOE_FORWARD_IF_ERROR(step(S, x));
     jv v;
     switch (x->k) {
@@ -825,16 +839,12 @@ int fmoe__jinja_check(const char *tmpl) {
     return rc;
 }
 
-int fmoe__jinja_render(const char *tmpl, const cJSON *ctx, char **out, size_t *len) {
+int fmoe__jinja_render_vars(jj_arena *A, const char *tmpl, jv vars, char **out, size_t *len) {
     *out = NULL;
     if (len) *len = 0;
-    jj_arena *A = jj_arena_new();
-    if (!A) return OOM();
     jnode *root;
-    jv vars;
     jj_sb sb = {0};
     int rc = parse_all(A, tmpl, &root);
-    if (rc == 0) rc = jv_from_cjson(A, ctx, &vars);
     if (rc == 0 && vars.k != JV_DICT)
         rc = fmoe_error_set(FMOE_EINVAL, "chat template: the variables must be an object");
     if (rc == 0) rc = jj_render(A, root, vars, &sb);
@@ -843,7 +853,6 @@ int fmoe__jinja_render(const char *tmpl, const cJSON *ctx, char **out, size_t *l
         rc = fmoe_error_set(FMOE_ERANGE, "chat template line %d: more than %zu MiB of working "
                             "memory (a runaway template?)", fmoe__jinja_last_line,
                             JJ_MAX_ARENA >> 20);
-    jj_arena_free(A);
     if (rc < 0) {
         free(sb.p);
         return rc;
@@ -851,4 +860,15 @@ int fmoe__jinja_render(const char *tmpl, const cJSON *ctx, char **out, size_t *l
     *out = sb.p;
     if (len) *len = sb.n;
     return 0;
+}
+
+int fmoe__jinja_render(const char *tmpl, const char *vars_json, char **out, size_t *len) {
+    *out = NULL;
+    jj_arena *A = jj_arena_new();
+    if (!A) return OOM();
+    jv vars;
+    int rc = jv_parse_json(A, vars_json, strlen(vars_json), "chat template variables", &vars);
+    if (rc == 0) rc = fmoe__jinja_render_vars(A, tmpl, vars, out, len);
+    jj_arena_free(A);
+    return rc;
 }

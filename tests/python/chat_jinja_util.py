@@ -86,11 +86,14 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city, now.",
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string", "description": "City name, e.g. \"Paris\""},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "lat": {"type": "number", "minimum": -90.0, "maximum": 90.0}},
         "required": ["city"]}}}
 
 CALL = {"id": "call_0001", "type": "function",
-        "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}
+        "function": {"name": "get_weather",
+                     "arguments": {"city": "Paris", "unit": "celsius", "days": 2, "lat": 48.0}}}
 
 
 def conversations():

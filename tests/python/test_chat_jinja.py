@@ -230,6 +230,8 @@ HOSTILE = [
      "macro calls nested more than"),
     ("big integers", "{{ 2 ** 1000 }}", "integer overflow"),
     ("long chain", "{{ " + " + ".join(["1"] * 50000) + " }}", "expressions nested more than"),
+    ("deep recursion", "{% macro f(n) %}" + "{% if true %}" * 150 + "{{ f(n) }}" + "{% endif %}" * 150
+                       + "{% endmacro %}{{ f(0) }}", "nested more than"),
     ("deep value", "{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}"
                    "{% endfor %}{{ ns.x }}", "nested more than"),
 ]

@@ -54,12 +54,10 @@ int main(int argc, char **argv) {
         }
         if (len == 0 && ch == EOF) break;
         line[len] = '\0';
-        cJSON *ctx = cJSON_Parse(line);
         cJSON *res = cJSON_CreateObject();
         char *out = NULL;
         size_t olen = 0;
-        int rc = ctx ? fmoe__jinja_render(tmpl, ctx, &out, &olen)
-                     : fmoe_error_set(FMOE_EINVAL, "bad JSON case");
+        int rc = fmoe__jinja_render(tmpl, line, &out, &olen);
         if (rc == 0) {
             cJSON_AddStringToObject(res, "text", out);
         } else {
@@ -72,7 +70,6 @@ int main(int argc, char **argv) {
         free(s);
         free(out);
         cJSON_Delete(res);
-        cJSON_Delete(ctx);
         if (ch == EOF) break;
     }
     free(line);

@@ -4,7 +4,6 @@
  * precedence and refusals, evaluation and its limits. Whole templates against jinja2 are
  * tests/python/test_chat_jinja.py's.
  */
-#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,11 +13,9 @@
 
 /* Renders `tmpl` with the JSON object `vars`; NULL (and the detail set) on error. */
 static char *render(const char *tmpl, const char *vars) {
-    cJSON *v = cJSON_Parse(vars ? vars : "{}");
     char *out = NULL;
     size_t len;
-    int rc = fmoe__jinja_render(tmpl, v, &out, &len);
-    cJSON_Delete(v);
+    int rc = fmoe__jinja_render(tmpl, vars ? vars : "{}", &out, &len);
     return rc == 0 ? out : NULL;
 }
 
@@ -32,13 +29,11 @@ static char *render(const char *tmpl, const char *vars) {
 
 #define REFUSES(tmpl, code, msg)                                                         \
     do {                                                                                 \
-        cJSON *v_ = cJSON_CreateObject();                                                \
         char *out_ = NULL;                                                               \
-        ASSERT_EQ(fmoe__jinja_render((tmpl), v_, &out_, NULL), (code));                  \
+        ASSERT_EQ(fmoe__jinja_render((tmpl), "{}", &out_, NULL), (code));                \
         ASSERT_CONTAINS(fmoe_error_detail(), (msg));                                     \
         ASSERT_TRUE(strchr(fmoe_error_detail(), '\n') == NULL);                          \
         ASSERT_TRUE(out_ == NULL);                                                       \
-        cJSON_Delete(v_);                                                                \
     } while (0)
 
 TEST(lexer_tokens) {
@@ -84,6 +79,9 @@ TEST(tojson_as_transformers) {
     RENDERS("{{ x|tojson(indent=2) }}", "{\"x\": {\"a\": [1], \"b\": []}}",
             "{\n  \"a\": [\n    1\n  ],\n  \"b\": []\n}");
     RENDERS("{{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }}", NULL, "{\"a\": 2, \"b\": 1}");
+    /* the variables' JSON keeps 1.0 a float and 1 an int, as json.loads does */
+    RENDERS("{{ x|tojson }} {{ x }}", "{\"x\": [1.0, 1, 1e2, -0.0, \"\\ud83d\\ude42\\u00e9\"]}",
+            "[1.0, 1, 100.0, -0.0, \"\xF0\x9F\x99\x82\xC3\xA9\"] [1.0, 1, 100.0, -0.0, '\xF0\x9F\x99\x82\xC3\xA9']");
     RENDERS("{{ '\xF0\x9F\x99\x82'|tojson(ensure_ascii=true) }}", NULL, "\"\\ud83d\\ude42\"");
 }
 
@@ -126,6 +124,17 @@ TEST(refusals_name_construct_and_line) {
     REFUSES("{{ raise_exception('no\nway') }}", FMOE_EINVAL, "the template raised: no way");
     REFUSES("{{ u.v }}", FMOE_EINVAL, "undefined");
     REFUSES("{{ [].append(1) }}", FMOE_EINVAL, "sandbox");
+}
+
+TEST(variables_json) {
+    char *out = NULL;
+    ASSERT_EQ(fmoe__jinja_render("x", "{\"a\": }", &out, NULL), FMOE_EINVAL);
+    ASSERT_CONTAINS(fmoe_error_detail(), "not valid JSON at byte 6");
+    ASSERT_EQ(fmoe__jinja_render("x", "{} x", &out, NULL), FMOE_EINVAL);
+    ASSERT_EQ(fmoe__jinja_render("x", "[1]", &out, NULL), FMOE_EINVAL);
+    ASSERT_EQ(fmoe__jinja_render("x", "{\"a\": \"\\u0000\"}", &out, NULL), FMOE_EINVAL);
+    RENDERS("{{ d }}", "{\"d\": {\"k\": 1, \"j\": 2, \"k\": 3}}", "{'k': 3, 'j': 2}");
+    ASSERT_TRUE(out == NULL);
 }
 
 TEST(limits) {
