@@ -853,6 +853,9 @@ int fmoe__jinja_render_vars(jj_arena *A, const char *tmpl, jv vars, char **out, 
         rc = fmoe_error_set(FMOE_ERANGE, "chat template line %d: more than %zu MiB of working "
                             "memory (a runaway template?)", fmoe__jinja_last_line,
                             JJ_MAX_ARENA >> 20);
+    /* the values' own errors (printing, JSON, output size) do not know the line */
+    if (rc < 0 && strncmp(fmoe_error_detail(), "chat template", 13) != 0)
+        fmoe_error_prefix("chat template line %d", fmoe__jinja_last_line);
     if (rc < 0) {
         free(sb.p);
         return rc;
