@@ -129,7 +129,6 @@ int jv_eq(jv a, jv b);
  * FMOE_EINVAL for kinds that do not order. */
 int jv_cmp(jv a, jv b, int *cmp);
 const char *jv_kind_name(jv v);
-int jv_is_seq(jv v);          /* list or string */
 size_t jj_utf8_len(const char *s, size_t n);
 /* Byte offset of code point `cp` in s[0, n) (n when past the end). */
 size_t jj_utf8_off(const char *s, size_t n, size_t cp);
@@ -144,7 +143,6 @@ int jj_sb_puts(jj_sb *b, const char *s);
 
 /* str(v) as Jinja prints it ("None", "True", Python's float repr, list/dict repr). */
 int jv_to_sb(jj_sb *b, jv v);
-int jv_repr_sb(jj_sb *b, jv v);
 /* str(v) into the arena. */
 int jv_to_str(jj_arena *a, jv v, jv *out);
 /* json.dumps(v, ensure_ascii=, indent=indent (<0: None), separators=(item_sep, key_sep)
@@ -263,11 +261,6 @@ int jj_fail(jj_ctx *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-
-/* Calls a value (macro, global, bound method) with positional args and keyword args
- * (kwnames[i] names kw[i]). */
-int jj_call(jj_ctx *c, jv f, const jv *args, size_t nargs, const char *const *kwnames,
-            const jv *kw, size_t nkw, jv *out);
 
 /* Builtins (jinja_builtins.c). @return 1 and *out when name is known, 0 when not, <0 on
  * error. `args[0]` of a filter is the value filtered. */

@@ -448,8 +448,10 @@ static int call_macro(state *S, const jj_macro *m, const jv *args, size_t nargs,
 /* The state behind jj_ctx, for the callbacks from jinja_builtins.c. */
 static state *of(jj_ctx *c) { return (state *)c; }
 
-int jj_call(jj_ctx *c, jv f, const jv *args, size_t nargs, const char *const *kwn,
-            const jv *kw, size_t nkw, jv *out) {
+/* Calls a value (macro, global, bound method) with positional args and keyword args
+ * (kwn[i] names kw[i]). */
+static int jj_call(jj_ctx *c, jv f, const jv *args, size_t nargs, const char *const *kwn,
+                   const jv *kw, size_t nkw, jv *out) {
     *out = jv_undef();
     if (f.k == JV_MACRO) return call_macro(of(c), f.u.m, args, nargs, kwn, kw, nkw, out);
     if (f.k == JV_FUNC) return jj_call_builtin(c, f.u.fn, args, nargs, kwn, kw, nkw, out);

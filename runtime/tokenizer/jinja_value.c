@@ -240,8 +240,6 @@ const char *jv_kind_name(jv v) {
     return N[v.k];
 }
 
-int jv_is_seq(jv v) { return v.k == JV_LIST || v.k == JV_STR; }
-
 size_t jj_utf8_len(const char *s, size_t n) {
     size_t k = 0;
     for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
@@ -402,7 +400,6 @@ static int to_sb(jj_sb *b, jv v, int repr, int level) {
 }
 
 int jv_to_sb(jj_sb *b, jv v) { return to_sb(b, v, 0, 0); }
-int jv_repr_sb(jj_sb *b, jv v) { return to_sb(b, v, 1, 0); }
 
 int jv_to_str(jj_arena *a, jv v, jv *out) {
     if (v.k == JV_STR) {
