@@ -11,6 +11,8 @@ output), each refused in one line and in well under a second.
 import json
 import os
 import pathlib
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -245,3 +247,29 @@ def test_hostile_templates_refused_in_one_line(render_bin, tmp_path, name, templ
     (g,) = fmoe_render(render_bin, p, [{}])
     assert time.monotonic() - t0 < 10
     assert "error" in g and message in g["error"] and "\n" not in g["error"], g
+
+
+def test_refused_template_falls_back_with_one_warning(fmoe_bin, tmp_path):
+    """A template the interpreter refuses, with a family's markers: the fixed renderer, and
+    one warning line saying why; without markers, the refusal is the answer."""
+    tiny = REPO / "datasets" / "fmoe-tiny"
+    shutil.copy(tiny / "tokenizer.json", tmp_path / "tokenizer.json")
+    cfg = json.loads((tiny / "tokenizer_config.json").read_text())
+
+    def tokenize(template, *extra):
+        cfg["chat_template"] = template
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+        return subprocess.run([str(fmoe_bin), "tokenize", "--tokenizer", str(tmp_path), "--chat",
+                               "--text", "hi", "--json", *extra], capture_output=True, text=True)
+
+    p = tokenize("{% include 'x' %}<|im_start|>")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["prompt"] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    warnings = [l for l in p.stderr.splitlines() if "warning" in l]
+    assert len(warnings) == 1 and "line 1: '{% include %}' is not supported" in warnings[0]
+    p = tokenize("{% include 'x' %}<|im_start|>", "--chat-template", "jinja")
+    assert p.returncode == 1 and "'{% include %}' is not supported" in p.stderr
+    p = tokenize("{% include 'x' %}")
+    assert p.returncode == 1 and "'{% include %}' is not supported" in p.stderr
+    p = tokenize("<<{{ messages[0].content|upper }}>>{% if add_generation_prompt %}[bot]{% endif %}")
+    assert p.returncode == 0 and json.loads(p.stdout)["prompt"] == "<<HI>>[bot]", p.stderr
