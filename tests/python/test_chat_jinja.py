@@ -273,3 +273,19 @@ def test_refused_template_falls_back_with_one_warning(fmoe_bin, tmp_path):
     assert p.returncode == 1 and "'{% include %}' is not supported" in p.stderr
     p = tokenize("<<{{ messages[0].content|upper }}>>{% if add_generation_prompt %}[bot]{% endif %}")
     assert p.returncode == 0 and json.loads(p.stdout)["prompt"] == "<<HI>>[bot]", p.stderr
+
+
+def test_gguf_chat_template_key(fmoe_bin, tmp_path):
+    """A GGUF whose embedded files carry no template: its tokenizer.chat_template key."""
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_string("fmoe.file.tokenizer.json", (REPO / "datasets" / "fmoe-tiny" / "tokenizer.json").read_text())
+    w.add_string("tokenizer.chat_template", "[{{ messages[0].content }}]{{ '>' if add_generation_prompt }}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    p = subprocess.run([str(fmoe_bin), "tokenize", "--tokenizer", str(tmp_path / "t.gguf"), "--chat",
+                        "--text", "hi", "--json"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["prompt"] == "[hi]>"
