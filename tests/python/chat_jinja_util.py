@@ -126,6 +126,9 @@ def conversations():
             [tool_turns[0], dict(tool_turns[1], tool_calls=[dict(CALL, function=dict(
                 CALL["function"], arguments=json.dumps(CALL["function"]["arguments"])))])]
             + tool_turns[2:], tools=[WEATHER])),
+        ("content-parts", variables([sys_, {"role": "user", "content": [
+            {"type": "text", "text": "Describe"}, {"type": "text", "text": " this."}]}])),
+        ("assistant-last-nogen", variables([u1, a1], add_generation_prompt=False)),
         ("thinking", variables(think)),
         ("no-thinking", variables(think, enable_thinking=False)),
     ]
