@@ -13,7 +13,9 @@
  *   jinja_value.c   values (Python's types as Jinja sees them), arena, str()/repr()/tojson,
  *                   equality and ordering
  *   jinja_json.c    JSON text to values, ints and floats kept apart as json.loads keeps them
- *   jinja_builtins.c  filters, tests, methods of str/dict/list, global functions
+ *   jinja_strings.c   str methods, and the string helpers filters share
+ *   jinja_builtins.c  dict/list methods, global functions, tests
+ *   jinja_filters.c   filters
  *   jinja_eval.c    runs the tree: statements, expressions, scopes, limits
  *
  * Everything a render allocates lives in one arena freed at the end, so values are plain
@@ -262,8 +264,46 @@ int jj_fail(jj_ctx *c, int code, const char *fmt, ...)
 #endif
     ;
 
-/* Builtins (jinja_builtins.c). @return 1 and *out when name is known, 0 when not, <0 on
- * error. `args[0]` of a filter is the value filtered. */
+/* Arguments of a filter, method or global: positional, and keyword (kwn[i] names kw[i]). */
+typedef struct jj_args {
+    const jv *args;
+    size_t nargs;
+    const char *const *kwn;
+    const jv *kw;
+    size_t nkw;
+} jj_args;
+
+/* ---- strings (jinja_strings.c) --------------------------------------------------------- */
+
+/* The argument at position `pos` or named `name`, else `def`. */
+jv jj_arg(const jj_args *a, size_t pos, const char *name, jv def);
+int jj_want_str(jj_ctx *c, jv v, const char *what);
+/* The builder's text as a string in the arena (the builder is freed); *rc on failure. */
+jv jj_str_out(jj_ctx *c, jj_sb *sb, int *rc);
+int jj_is_space(unsigned char ch); /* Python's ASCII whitespace */
+const char *jj_find(const char *h, size_t hn, const char *n, size_t nn);
+typedef enum {
+    JJ_CASE_UPPER,
+    JJ_CASE_LOWER,
+    JJ_CASE_TITLE_PY,    /* str.title() */
+    JJ_CASE_TITLE_JINJA, /* |title */
+    JJ_CASE_CAPITALIZE,
+} jj_casing;
+int jj_recase(jj_ctx *c, jv s, jj_casing how, jv *out);
+/* str.strip/lstrip/rstrip(chars): chars JV_NONE for whitespace. */
+jv jj_strip(jv s, jv chars, int left, int right);
+int jj_replace(jj_ctx *c, jv s, jv old, jv new_, int64_t count, jv *out);
+int jj_split(jj_ctx *c, jv s, jv sep, int64_t maxsplit, jv *out);
+/* A str method by name (one of those jj_method binds) on s. */
+int jj_str_method(jj_ctx *c, const char *m, jv s, const jj_args *a, jv *out);
+
+/* ---- builtins (jinja_builtins.c, jinja_filters.c) -------------------------------------- */
+
+/* [(key, value), ...] of a dict, as tuples. */
+int jj_pairs(jj_ctx *c, jv d, jv *out);
+
+/* A filter (jinja_filters.c) or test by name. @return 1 and *out / *result when the name is
+ * known, 0 when not, <0 on error. `args[0]` is the value filtered or tested. */
 int jj_filter(jj_ctx *c, const char *name, const jv *args, size_t nargs,
               const char *const *kwnames, const jv *kw, size_t nkw, jv *out);
 int jj_test(jj_ctx *c, const char *name, const jv *args, size_t nargs, int *result);
@@ -271,9 +311,9 @@ int jj_test(jj_ctx *c, const char *name, const jv *args, size_t nargs, int *resu
 jv jj_method(jj_ctx *c, jv v, const char *name, size_t n);
 int jj_call_builtin(jj_ctx *c, const jj_func *f, const jv *args, size_t nargs,
                     const char *const *kwnames, const jv *kw, size_t nkw, jv *out);
-/* markupsafe.escape(s): & < > " ' as HTML entities; the result is safe. */
+/* markupsafe.escape(s): & < > " ' as HTML entities; the result is safe (jinja_strings.c). */
 int jj_html_escape(jj_ctx *c, jv s, jv *out);
-/* Iteration: a list's items, a dict's keys, a string's characters. */
+/* Iteration: a list's items, a dict's keys, a string's characters (jinja_strings.c). */
 int jj_iterable(jj_ctx *c, jv v, jv *list);
 
 /* Renders a parsed template with the variables of `vars` (a JV_DICT). */

@@ -445,7 +445,7 @@ static int call_macro(state *S, const jj_macro *m, const jv *args, size_t nargs,
     return rc;
 }
 
-/* The state behind jj_ctx, for the callbacks from jinja_builtins.c. */
+/* The state behind a jj_ctx (its first member), for calls that come back through one. */
 static state *of(jj_ctx *c) { return (state *)c; }
 
 /* Calls a value (macro, global, bound method) with positional args and keyword args
