@@ -162,8 +162,8 @@ static const cmd_option generate_options[] = {
     {.name = "system", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "TEXT",
      .help = "with --chat: a system message first", .offset = offsetof(generate_args, system)},
     {.name = "chat-template", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "NAME",
-     .help = "with --chat: mixtral, chatml, qwen3 or olmoe instead of the template detected "
-             "from tokenizer_config.json",
+     .help = "with --chat: a fixed renderer (mixtral, chatml, qwen3, olmoe) instead of the "
+             "model's template as written, or jinja: that template, never a fallback",
      .offset = offsetof(generate_args, chat_template)},
     {.name = "ignore-eos", .kind = CMD_OPT_FLAG, .help = "do not stop at end-of-sequence tokens",
      .offset = offsetof(generate_args, ignore_eos)},
@@ -253,8 +253,8 @@ int cmd_generate(int argc, char **argv) {
     if (a.chat) {
         fmoe_chat_message msgs[2];
         size_t nm = 0;
-        if (a.system) msgs[nm++] = (fmoe_chat_message){"system", a.system};
-        msgs[nm++] = (fmoe_chat_message){"user", a.prompt};
+        if (a.system) msgs[nm++] = (fmoe_chat_message){.role = "system", .content = a.system};
+        msgs[nm++] = (fmoe_chat_message){.role = "user", .content = a.prompt};
         fmoe_chat_options co = {.template_name = a.chat_template, .add_generation_prompt = 1};
         if ((err = fmoe_tokenizer_apply_chat_template(tok, msgs, nm, &co, &chat_text, &plen)) < 0)
             goto fail;

@@ -95,7 +95,7 @@ static int encode_prompt(const record_args *a, const fmoe_tokenizer *tok, const 
     free(*chat_text);
     *chat_text = NULL;
     if (a->chat) {
-        fmoe_chat_message msg = {"user", prompt};
+        fmoe_chat_message msg = {.role = "user", .content = prompt};
         fmoe_chat_options co = {.template_name = a->chat_template, .add_generation_prompt = 1};
         const int err = fmoe_tokenizer_apply_chat_template(tok, &msg, 1, &co, chat_text, &len);
         if (err < 0) return err;
@@ -171,7 +171,8 @@ static const cmd_option record_options[] = {
     {.name = "chat", .kind = CMD_OPT_FLAG, .help = "wrap each prompt in the model's chat template",
      .offset = offsetof(record_args, chat)},
     {.name = "chat-template", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "NAME",
-     .help = "with --chat: mixtral, chatml, qwen3 or olmoe",
+     .help = "with --chat: a fixed renderer (mixtral, chatml, qwen3, olmoe) instead of the "
+             "model's template as written, or jinja: that template, never a fallback",
      .offset = offsetof(record_args, chat_template)},
     {.name = "temperature", .kind = CMD_OPT_DOUBLE, .value_name = "T", .help = "0 = greedy",
      .default_text = "0", .offset = offsetof(record_args, temperature), .fmin = 0.0,

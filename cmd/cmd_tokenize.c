@@ -49,11 +49,12 @@ static const cmd_option tokenize_options[] = {
     {.name = "system", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "S",
      .help = "with --chat: a system message before the user message", .offset = OPT(system)},
     {.name = "chat-template", .kind = CMD_OPT_STRING, .io = CMD_IO_TEXT, .value_name = "NAME",
-     .help = "with --chat: mixtral, chatml, qwen3 or olmoe instead of the family detected "
-             "from the tokenizer files",
+     .help = "with --chat: a fixed renderer (mixtral, chatml, qwen3, olmoe) instead of the "
+             "model's template as written, or jinja: that template, never a fallback",
      .offset = OPT(chat_template)},
     {.name = "no-think", .kind = CMD_OPT_FLAG,
-     .help = "with --chat and qwen3: enable_thinking=false", .offset = OPT(no_think)},
+     .help = "with --chat: the template variable enable_thinking=false (Qwen3 reads it)",
+     .offset = OPT(no_think)},
     {.name = "no-special", .kind = CMD_OPT_FLAG,
      .help = "do not add the post-processor's special tokens (BOS ...)",
      .offset = OPT(no_special)},
@@ -395,9 +396,10 @@ static int run_encode(const fmoe_tokenizer *tok, const options *o) {
         }
         fmoe_chat_message msgs[2];
         size_t n = 0;
-        if (o->system) msgs[n++] = (fmoe_chat_message){"system", o->system};
-        msgs[n++] = (fmoe_chat_message){"user", data};
-        fmoe_chat_options co = {o->chat_template, 1, o->no_think};
+        if (o->system) msgs[n++] = (fmoe_chat_message){.role = "system", .content = o->system};
+        msgs[n++] = (fmoe_chat_message){.role = "user", .content = data};
+        fmoe_chat_options co = {.template_name = o->chat_template, .add_generation_prompt = 1,
+                              .disable_thinking = o->no_think};
         size_t plen;
         int e = fmoe_tokenizer_apply_chat_template(tok, msgs, n, &co, &prompt, &plen);
         if (e < 0) {

@@ -237,11 +237,22 @@ static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_r
     int n = cJSON_GetArraySize(msgs);
     if (n == 0) return bad(err, "messages", "'messages' must not be empty");
 
+    /* chat_template_kwargs (vLLM's and SGLang's name): extra template variables, such as
+     * {"enable_thinking": false}, handed to the model's template as they are */
+    const cJSON *kwargs = field(root, "chat_template_kwargs");
+    if (kwargs && !cJSON_IsNull(kwargs) && !cJSON_IsObject(kwargs))
+        return bad(err, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+
     fmoe_chat_message *cm = calloc((size_t)n, sizeof *cm);
     char **contents = calloc((size_t)n, sizeof *contents);
-    char *text = NULL;
+    char **fields = calloc((size_t)n, sizeof *fields);
+    char *text = NULL, *kwargs_json = NULL;
     int rc = 0;
-    if (!cm || !contents) {
+    if (!cm || !contents || !fields) {
+        rc = oom(err);
+        goto done;
+    }
+    if (cJSON_IsObject(kwargs) && !(kwargs_json = cJSON_PrintUnformatted(kwargs))) {
         rc = oom(err);
         goto done;
     }
@@ -272,17 +283,35 @@ static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_r
                                  "assistant or tool", param, role->valuestring);
             goto done;
         }
-        if ((rc = message_content(cJSON_GetObjectItemCaseSensitive(m, "content"), i,
-                                  &contents[i], err)) < 0)
-            goto done;
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if ((rc = message_content(content, i, &contents[i], err)) < 0) goto done;
         cm[i].role = role->valuestring;
-        cm[i].content = contents[i];
+        /* null stays None for the template: an assistant turn that only calls tools */
+        cm[i].content = content && !cJSON_IsNull(content) ? contents[i] : NULL;
+        /* the other fields (tool_calls, tool_call_id, name, reasoning_content, ...) reach
+         * the template as sent */
+        if (m->child && (m->child->next || (strcmp(m->child->string, "role") != 0 &&
+                                            strcmp(m->child->string, "content") != 0))) {
+            cJSON *rest = cJSON_Duplicate(m, 1);
+            if (rest) {
+                cJSON_DeleteItemFromObjectCaseSensitive(rest, "role");
+                cJSON_DeleteItemFromObjectCaseSensitive(rest, "content");
+            }
+            if (!rest || (rest->child && !(fields[i] = cJSON_PrintUnformatted(rest)))) {
+                cJSON_Delete(rest);
+                rc = oom(err);
+                goto done;
+            }
+            cJSON_Delete(rest);
+            cm[i].fields_json = fields[i];
+        }
         i++;
     }
     size_t tlen;
-    rc = fmoe_tokenizer_apply_chat_template(tok, cm, (size_t)n,
-                                            &(fmoe_chat_options){.add_generation_prompt = 1},
-                                            &text, &tlen);
+    rc = fmoe_tokenizer_apply_chat_template(
+        tok, cm, (size_t)n,
+        &(fmoe_chat_options){.add_generation_prompt = 1, .kwargs_json = kwargs_json}, &text,
+        &tlen);
     if (rc == FMOE_ENOMEM) {
         rc = oom(err);
         goto done;
@@ -303,9 +332,13 @@ static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_r
     }
     r->num_prompt = (int32_t)nids;
 done:
-    if (contents)
-        for (int k = 0; k < n; k++) free(contents[k]);
+    for (int k = 0; k < n; k++) {
+        if (contents) free(contents[k]);
+        if (fields) cJSON_free(fields[k]);
+    }
     free(contents);
+    free(fields);
+    cJSON_free(kwargs_json);
     free(cm);
     free(text);
     return rc;

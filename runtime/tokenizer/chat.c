@@ -1,23 +1,31 @@
 /*
- * chat.c - chat templates as fixed renderers, one per family (see fmoe/tokenizer.h).
+ * chat.c - the chat-template entry point, and the fixed renderers kept as its fallback
+ * (see fmoe/tokenizer.h).
  *
- * fmoe does not interpret Jinja. A HuggingFace chat template is recognised by markers that
- * only its family uses, and rendered by C code written to produce the same text for plain
- * messages. The markers: "[INST]" (Mistral/Mixtral), "<|im_start|>" (ChatML: Qwen; with
- * "<think>" or "enable_thinking", Qwen3), "<|user|>" + "<|assistant|>" (OLMoE/Tulu).
- * Template variants inside a family are read from the template text: whether Mixtral's
- * turns start with a space, whether the ChatML template carries a default system message,
- * whether the OLMoE template starts with the BOS token.
+ * A model's template is rendered as written by the Jinja interpreter (chat_jinja.c,
+ * jinja.h). The fixed renderers below predate it: C code for four families that produces
+ * what their templates produce for plain messages. They are used when a caller names one,
+ * when the model has no template text (the family guessed from its special tokens), and
+ * when the interpreter refuses the model's template (a construct it does not implement),
+ * with a one-line warning saying why. A family is recognised by markers only it uses:
+ * "[INST]" (Mistral/Mixtral), "<|im_start|>" (ChatML: Qwen; with "<think>" or
+ * "enable_thinking", Qwen3), "<|user|>" + "<|assistant|>" (OLMoE/Tulu). Variants inside a
+ * family are read from the template text: whether Mixtral's turns start with a space,
+ * whether the ChatML template carries a default system message, whether the OLMoE template
+ * starts with the BOS token.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "fmoe/error.h"
+#include "fmoe/log.h"
+#include "jinja.h"
 #include "tokenizer_impl.h"
 
 #define OOM() fmoe_error_set(FMOE_ENOMEM, "tokenizer: out of memory")
 
-static const char *const TEMPLATE_NAMES[] = {"mixtral", "chatml", "qwen3", "olmoe", NULL};
+/* "jinja": the model's template as written, never a fixed renderer instead */
+static const char *const TEMPLATE_NAMES[] = {"mixtral", "chatml", "qwen3", "olmoe", "jinja", NULL};
 
 const char *const *fmoe_chat_template_names(void) { return TEMPLATE_NAMES; }
 
@@ -58,6 +66,11 @@ static char *chatml_default_system(const char *t) {
 void fmoe__tok_chat_detect(fmoe_tokenizer *tok) {
     const char *t = tok->chat_template_text;
     tok->chat_family = NULL;
+    if (t && fmoe__jinja_check(t) < 0) {
+        /* told once, at load: renders then use the family's fixed renderer, if any */
+        tok->chat_refused = strdup(fmoe_error_detail());
+        fmoe_error_clear();
+    }
     if (t) {
         if (strstr(t, "[INST]")) {
             tok->chat_family = "mixtral";
@@ -70,6 +83,10 @@ void fmoe__tok_chat_detect(fmoe_tokenizer *tok) {
             tok->chat_family = "olmoe";
             tok->chat_bos = strstr(t, "bos_token") != NULL;
         }
+        if (tok->chat_refused)
+            fmoe_log(FMOE_LOG_WARN, "%s: %s; %s", tok->path, tok->chat_refused,
+                     tok->chat_family ? "fmoe's fixed renderer for the family is used instead"
+                                      : "chat requests will fail");
         return;
     }
     /* no template: guess from the special tokens of the vocabulary */
@@ -275,32 +292,20 @@ static int render_olmoe(const fmoe_tokenizer *tok, const fmoe_chat_message *m, s
 
 /* ---- entry point ------------------------------------------------------------------------------ */
 
-int fmoe_tokenizer_apply_chat_template(const fmoe_tokenizer *tok, const fmoe_chat_message *msgs,
-                                       size_t n, const fmoe_chat_options *opt, char **text,
-                                       size_t *len) {
-    *text = NULL;
-    if (len) *len = 0;
-    if (!tok || (!msgs && n)) return fmoe_error_set(FMOE_EINVAL, "chat template: no messages");
-    fmoe_chat_options o = {0};
-    if (opt) o = *opt;
-    const char *name = o.template_name ? o.template_name : tok->chat_family;
-    if (!name)
-        return fmoe_error_set(FMOE_ENOTFOUND,
-                              "%s: no chat template recognised (supported families: mixtral, "
-                              "chatml, qwen3, olmoe); name one to override",
-                              tok->path);
+static int render_fixed(const fmoe_tokenizer *tok, const char *name, const fmoe_chat_message *msgs,
+                        size_t n, const fmoe_chat_options *o, char **text, size_t *len) {
     tok_buf b = {0};
     int rc = fmoe__tok_buf_reserve(&b, 256);
     if (rc == 0) {
         if (strcmp(name, "mixtral") == 0) rc = render_mixtral(tok, msgs, n, &b);
-        else if (strcmp(name, "chatml") == 0) rc = render_chatml(tok, msgs, n, o.add_generation_prompt, &b);
+        else if (strcmp(name, "chatml") == 0) rc = render_chatml(tok, msgs, n, o->add_generation_prompt, &b);
         else if (strcmp(name, "qwen3") == 0)
-            rc = render_qwen3(msgs, n, o.add_generation_prompt, o.disable_thinking, &b);
-        else if (strcmp(name, "olmoe") == 0) rc = render_olmoe(tok, msgs, n, o.add_generation_prompt, &b);
+            rc = render_qwen3(msgs, n, o->add_generation_prompt, o->disable_thinking, &b);
+        else if (strcmp(name, "olmoe") == 0) rc = render_olmoe(tok, msgs, n, o->add_generation_prompt, &b);
         else
             rc = fmoe_error_set(FMOE_EINVAL,
                                 "chat template \"%s\" is unknown (supported: mixtral, chatml, "
-                                "qwen3, olmoe)",
+                                "qwen3, olmoe, jinja)",
                                 name);
     }
     if (rc < 0) {
@@ -310,4 +315,41 @@ int fmoe_tokenizer_apply_chat_template(const fmoe_tokenizer *tok, const fmoe_cha
     *text = b.p;
     if (len) *len = b.len;
     return 0;
+}
+
+int fmoe_tokenizer_apply_chat_template(const fmoe_tokenizer *tok, const fmoe_chat_message *msgs,
+                                       size_t n, const fmoe_chat_options *opt, char **text,
+                                       size_t *len) {
+    *text = NULL;
+    if (len) *len = 0;
+    if (!tok || (!msgs && n)) return fmoe_error_set(FMOE_EINVAL, "chat template: no messages");
+    fmoe_chat_options o = {0};
+    if (opt) o = *opt;
+    const char *tmpl = fmoe__chat_template_for(tok, &o);
+    int as_written = o.template_name && strcmp(o.template_name, "jinja") == 0;
+    if (as_written && !tmpl)
+        return fmoe_error_set(FMOE_ENOTFOUND, "%s: the tokenizer has no chat template text to "
+                              "render", tok->path);
+    /* refused at load with a family to fall back on: said once then, not per render */
+    int refused = tmpl == tok->chat_template_text && tok->chat_refused && tok->chat_family;
+    if (tmpl && (as_written || (!o.template_name && !refused))) {
+        int rc = fmoe__chat_render_jinja(tok, tmpl, msgs, n, &o, text, len);
+        /* a construct the interpreter does not implement: the fixed renderer of the family,
+         * when there is one; any other failure (the template's raise_exception, a limit)
+         * is the answer */
+        if (rc != FMOE_EUNSUPPORTED && rc != FMOE_EFORMAT) return rc;
+        if (as_written || !tok->chat_family) return rc;
+        fmoe_log(FMOE_LOG_WARN, "%s: %s; using fmoe's fixed %s renderer instead", tok->path,
+                 fmoe_error_detail(), tok->chat_family);
+        fmoe_error_clear();
+    }
+    const char *name = o.template_name ? o.template_name : tok->chat_family;
+    if (!name)
+        return fmoe_error_set(FMOE_ENOTFOUND,
+                              "%s: no chat template (none in tokenizer_config.json, "
+                              "chat_template.jinja or the GGUF file, and no family recognised "
+                              "from the special tokens); name one of mixtral, chatml, qwen3, "
+                              "olmoe to override",
+                              tok->path);
+    return render_fixed(tok, name, msgs, n, &o, text, len);
 }

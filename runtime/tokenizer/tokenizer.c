@@ -873,19 +873,27 @@ static int load_config(fmoe_tokenizer *tok, const char *dir, const fmoe_gguf *g)
             if (bos && !(tok->bos_text = dup_n(bos, strlen(bos)))) rc = OOM();
             if (eos && !(tok->eos_text = dup_n(eos, strlen(eos)))) rc = OOM();
             const cJSON *ct = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
-            const char *tmpl = NULL;
+            const char *tmpl = NULL, *tool_use = NULL;
             if (cJSON_IsString(ct)) {
                 tmpl = ct->valuestring;
-            } else if (cJSON_IsArray(ct)) { /* [{"name": ..., "template": ...}]: "default" */
+            } else if (cJSON_IsArray(ct)) {
+                /* [{"name": ..., "template": ...}]: "default" (else the first), and
+                 * "tool_use", which transformers picks when the request has tools */
                 for (const cJSON *e = ct->child; e; e = e->next) {
                     const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
                     const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "template");
                     if (!cJSON_IsString(t)) continue;
-                    if (!tmpl || (cJSON_IsString(name) && strcmp(name->valuestring, "default") == 0))
+                    int named = cJSON_IsString(name);
+                    if (named && strcmp(name->valuestring, "tool_use") == 0)
+                        tool_use = t->valuestring;
+                    if (!tmpl || (named && strcmp(name->valuestring, "default") == 0))
                         tmpl = t->valuestring;
                 }
             }
             if (tmpl && rc == 0 && !(tok->chat_template_text = dup_n(tmpl, strlen(tmpl))))
+                rc = OOM();
+            if (tool_use && rc == 0 &&
+                !(tok->chat_template_tool_use = dup_n(tool_use, strlen(tool_use))))
                 rc = OOM();
         }
         cJSON_Delete(root);
@@ -895,6 +903,14 @@ static int load_config(fmoe_tokenizer *tok, const char *dir, const fmoe_gguf *g)
         rc = read_part(g, dir, "chat_template.jinja", path, sizeof path, &data, &len);
         if (rc < 0) return rc;
         if (rc == 0) tok->chat_template_text = data;
+    }
+    if (!tok->chat_template_text && g) {
+        /* a GGUF converted by llama.cpp's tools carries the template as a key */
+        fmoe_gguf_str s;
+        if (fmoe_gguf_get_str(g, "tokenizer.chat_template", &s) == 0 &&
+            !(tok->chat_template_text = dup_n(s.ptr, (size_t)s.len)))
+            return OOM();
+        fmoe_error_clear();
     }
     return 0;
 }
@@ -1213,6 +1229,8 @@ void fmoe_tokenizer_free(fmoe_tokenizer *tok) {
     free(tok->bos_text);
     free(tok->eos_text);
     free(tok->chat_template_text);
+    free(tok->chat_template_tool_use);
+    free(tok->chat_refused);
     free(tok->chat_default_system);
     memset(tok, 0xA5, sizeof *tok); /* poison: a use after free reads garbage, not stale data */
     free(tok);

@@ -14,7 +14,9 @@
  *                post-processor
  *   decode.c     decoders, token pieces
  *   unicode.c    UTF-8 helpers and NFC/NFD (tables in unicode_tables.h)
- *   chat.c       chat-template renderers
+ *   chat.c       chat-template entry point and the fixed renderers (its fallback)
+ *   chat_jinja.c the variables a template is rendered with
+ *   jinja_*.c    the Jinja interpreter (jinja.h)
  */
 #ifndef FMOE_TOKENIZER_IMPL_H
 #define FMOE_TOKENIZER_IMPL_H
@@ -267,6 +269,9 @@ struct fmoe_tokenizer {
     char *bos_text;            /* bos_token / eos_token text for templates ("" if none) */
     char *eos_text;
     char *chat_template_text;  /* raw template (NULL if none) */
+    char *chat_template_tool_use; /* the "tool_use" one of a list of named templates */
+    char *chat_refused;        /* why the interpreter refuses chat_template_text (NULL: it
+                                  does not) */
     const char *chat_family;   /* detected renderer name, or NULL */
     char *chat_default_system; /* chatml: the template's default system message, or NULL */
     int chat_space_inst;       /* mixtral: ' [INST] ' form */
@@ -304,7 +309,17 @@ int fmoe__tok_build_pieces(fmoe_tokenizer *tok);
 
 /* ---- chat.c ----------------------------------------------------------------------------- */
 
-/* Sets chat_family & co. from chat_template_text or the added tokens. */
+/* Sets chat_family & co. from chat_template_text or the added tokens, and chat_refused when
+ * the interpreter cannot parse the template. */
 void fmoe__tok_chat_detect(fmoe_tokenizer *tok);
+
+/* ---- chat_jinja.c ----------------------------------------------------------------------- */
+
+/* The template text a render uses: "tool_use" when there are tools and the model has one. */
+const char *fmoe__chat_template_for(const fmoe_tokenizer *tok, const fmoe_chat_options *o);
+/* Renders `tmpl` with transformers' variables for these messages and options. */
+int fmoe__chat_render_jinja(const fmoe_tokenizer *tok, const char *tmpl,
+                            const fmoe_chat_message *msgs, size_t n, const fmoe_chat_options *o,
+                            char **text, size_t *len);
 
 #endif

@@ -505,13 +505,16 @@ static const char *write_config(const char *template_json) {
 
 static char *render(const fmoe_tokenizer *tok, const char *name, const fmoe_chat_message *m,
                     size_t n, int gen, int no_think) {
-    fmoe_chat_options o = {name, gen, no_think};
+    fmoe_chat_options o = {.template_name = name, .add_generation_prompt = gen,
+                           .disable_thinking = no_think};
     char *text = NULL;
     size_t len;
     int rc = fmoe_tokenizer_apply_chat_template(tok, m, n, &o, &text, &len);
     if (rc < 0) fprintf(stderr, "  render: %s\n", fmoe_error_detail());
     return text;
 }
+
+#define MSG(r, c) {.role = (r), .content = (c)}
 
 TEST(chat_templates) {
     char *json = tiny_sp_json(0, NULL);
@@ -524,17 +527,25 @@ TEST(chat_templates) {
     fmoe_tokenizer *tok = NULL;
     ASSERT_OK(fmoe_tokenizer_load(dir, &tok));
     ASSERT_STR_EQ(fmoe_tokenizer_chat_template(tok), "mixtral");
-    fmoe_chat_message conv[] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."},
-                                {"user", "Bye"}};
+    fmoe_chat_message conv[] = {MSG("system", "Be brief."), MSG("user", "Hi"),
+                                MSG("assistant", "Hello."), MSG("user", "Bye")};
+    /* the template as written (what transformers renders), then the fixed renderer */
     char *t = render(tok, NULL, conv, 4, 1, 0);
+    ASSERT_STR_EQ(t, "<s>[INST] Be brief. [/INST][INST] Hi [/INST][INST] Hello. [/INST]"
+                     "[INST] Bye [/INST]");
+    free(t);
+    t = render(tok, "jinja", conv, 1, 1, 0);
+    ASSERT_STR_EQ(t, "<s>[INST] Be brief. [/INST]");
+    free(t);
+    t = render(tok, "mixtral", conv, 4, 1, 0);
     ASSERT_STR_EQ(t, "<s>[INST] Be brief.\n\nHi [/INST]Hello.</s>[INST] Bye [/INST]");
     free(t);
-    fmoe_chat_message bad[] = {{"user", "a"}, {"user", "b"}};
-    fmoe_chat_options o = {NULL, 1, 0};
+    fmoe_chat_message bad[] = {MSG("user", "a"), MSG("user", "b")};
+    fmoe_chat_options o = {.template_name = "mixtral", .add_generation_prompt = 1};
     size_t len;
     ASSERT_EQ(fmoe_tokenizer_apply_chat_template(tok, bad, 2, &o, &t, &len), FMOE_EINVAL);
     ASSERT_CONTAINS(fmoe_error_detail(), "alternate");
-    o.template_name = "jinja";
+    o.template_name = "nonesuch";
     ASSERT_EQ(fmoe_tokenizer_apply_chat_template(tok, conv, 4, &o, &t, &len), FMOE_EINVAL);
 
     /* chatml with no default system prompt, and with the Qwen2 one */
@@ -543,8 +554,8 @@ TEST(chat_templates) {
                      "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
     free(t);
     /* qwen3: thinking of earlier turns dropped, kept after the last user message */
-    fmoe_chat_message q[] = {{"user", "Q1"}, {"assistant", "<think>\nr1\n</think>\n\nA1"},
-                             {"user", "Q2"}, {"assistant", "<think>r2</think>A2"}};
+    fmoe_chat_message q[] = {MSG("user", "Q1"), MSG("assistant", "<think>\nr1\n</think>\n\nA1"),
+                             MSG("user", "Q2"), MSG("assistant", "<think>r2</think>A2")};
     t = render(tok, "qwen3", q, 4, 0, 0);
     ASSERT_STR_EQ(t, "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
                      "<|im_start|>user\nQ2<|im_end|>\n"
@@ -553,7 +564,8 @@ TEST(chat_templates) {
     t = render(tok, "qwen3", q, 1, 1, 1);
     ASSERT_STR_EQ(t, "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
     free(t);
-    fmoe_chat_message tool[] = {{"user", "Q"}, {"assistant", "call"}, {"tool", "r1"}, {"tool", "r2"}};
+    fmoe_chat_message tool[] = {MSG("user", "Q"), MSG("assistant", "call"), MSG("tool", "r1"),
+                                MSG("tool", "r2")};
     t = render(tok, "qwen3", tool, 4, 0, 0);
     ASSERT_STR_EQ(t, "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\ncall<|im_end|>\n<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n"
                      "<tool_response>\nr2\n</tool_response><|im_end|>\n");
@@ -564,7 +576,8 @@ TEST(chat_templates) {
     free(t);
     fmoe_tokenizer_free(tok);
 
-    /* detection of chatml with a default system message */
+    /* detection of chatml with a default system message; rendered as written, so with no
+     * generation prompt: this template has none */
     write_config("\"{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
                  "{{ '<|im_start|>system\\\\nYou are a helpful assistant.<|im_end|>\\\\n' }}{% endif %}"
                  "{{'<|im_start|>' + message['role'] + '\\\\n' + message['content'] + '<|im_end|>' + '\\\\n'}}"
@@ -572,6 +585,10 @@ TEST(chat_templates) {
     ASSERT_OK(fmoe_tokenizer_load(dir, &tok));
     ASSERT_STR_EQ(fmoe_tokenizer_chat_template(tok), "chatml");
     t = render(tok, NULL, conv + 1, 1, 1, 0);
+    ASSERT_STR_EQ(t, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                     "<|im_start|>user\nHi<|im_end|>\n");
+    free(t);
+    t = render(tok, "chatml", conv + 1, 1, 1, 0);
     ASSERT_STR_EQ(t, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
                      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     free(t);
@@ -584,8 +601,66 @@ TEST(chat_templates) {
     ASSERT_OK(fmoe_tokenizer_load(dir, &tok));
     ASSERT_STR_EQ(fmoe_tokenizer_chat_template(tok), "olmoe");
     t = render(tok, NULL, conv + 1, 3, 1, 0);
+    ASSERT_STR_EQ(t, "<s><|user|>\nHi\n<|assistant|>\nHello.</s><|user|>\nBye\n");
+    free(t);
+    t = render(tok, "olmoe", conv + 1, 3, 1, 0);
     ASSERT_STR_EQ(t, "<s><|user|>\nHi\n<|assistant|>\nHello.</s>\n<|user|>\nBye\n<|assistant|>\n");
     free(t);
+    fmoe_tokenizer_free(tok);
+
+    /* a template the interpreter refuses: the family's fixed renderer, unless "jinja" */
+    write_config("\"{% include 'x.jinja' %}{% for m in messages %}[INST] {{ m.content }}{% endfor %}\"");
+    ASSERT_OK(fmoe_tokenizer_load(dir, &tok));
+    ASSERT_STR_EQ(fmoe_tokenizer_chat_template(tok), "mixtral");
+    t = render(tok, NULL, conv + 1, 1, 1, 0);
+    ASSERT_STR_EQ(t, "<s>[INST] Hi [/INST]");
+    free(t);
+    o.template_name = "jinja";
+    ASSERT_EQ(fmoe_tokenizer_apply_chat_template(tok, conv, 1, &o, &t, &len), FMOE_EUNSUPPORTED);
+    ASSERT_CONTAINS(fmoe_error_detail(), "line 1: '{% include %}' is not supported");
+    fmoe_tokenizer_free(tok);
+
+    /* an unknown family now chats; message fields, tools and keyword arguments reach it */
+    write_config("[{\"name\": \"default\", \"template\": \"{% for m in messages %}<{{ m.role }}>"
+                 "{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls|tojson }}{% endif %}"
+                 "{% endfor %}{% if add_generation_prompt %}<bot>{% endif %}"
+                 "{% if enable_thinking is false %}/no_think{% endif %}{{ greeting }}\"},"
+                 " {\"name\": \"tool_use\", \"template\": \"tools={{ tools|length }}\"}]");
+    ASSERT_OK(fmoe_tokenizer_load(dir, &tok));
+    ASSERT_TRUE(fmoe_tokenizer_chat_template(tok) == NULL);
+    fmoe_chat_message calls[] = {
+        MSG("user", "Hi"),
+        {.role = "assistant", .content = NULL,
+         .fields_json = "{\"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}"}};
+    fmoe_chat_options ko = {.add_generation_prompt = 1, .disable_thinking = 1,
+                            .kwargs_json = "{\"greeting\": \"!\"}"};
+    ASSERT_OK(fmoe_tokenizer_apply_chat_template(tok, calls, 2, &ko, &t, &len));
+    ASSERT_STR_EQ(t, "<user>Hi<assistant>None[{\"type\": \"function\", \"function\": "
+                     "{\"name\": \"f\"}}]<bot>/no_think!");
+    free(t);
+    /* a field named again replaces in place; a keyword argument wins over a variable */
+    fmoe_chat_message parts[] = {{.role = "user", .content = "x",
+                                  .fields_json = "{\"content\": [{\"type\": \"text\"}]}"}};
+    fmoe_chat_options po = {.add_generation_prompt = 1,
+                            .kwargs_json = "{\"add_generation_prompt\": false}"};
+    ASSERT_OK(fmoe_tokenizer_apply_chat_template(tok, parts, 1, &po, &t, &len));
+    ASSERT_STR_EQ(t, "<user>[{'type': 'text'}]");
+    free(t);
+    ko.tools_json = "[{\"type\": \"function\"}, {\"type\": \"function\"}]";
+    ASSERT_OK(fmoe_tokenizer_apply_chat_template(tok, calls, 2, &ko, &t, &len));
+    ASSERT_STR_EQ(t, "tools=2");
+    free(t);
+    ko.tools_json = "{";
+    ASSERT_EQ(fmoe_tokenizer_apply_chat_template(tok, calls, 2, &ko, &t, &len), FMOE_EINVAL);
+    fmoe_tokenizer_free(tok);
+
+    /* the template's own raise_exception is the answer, in one line */
+    write_config("\"{{ raise_exception('Conversation roles must alternate\\\\nuser/assistant') }}\"");
+    ASSERT_OK(fmoe_tokenizer_load(dir, &tok));
+    o.template_name = NULL;
+    ASSERT_EQ(fmoe_tokenizer_apply_chat_template(tok, conv, 1, &o, &t, &len), FMOE_EINVAL);
+    ASSERT_CONTAINS(fmoe_error_detail(), "line 1: the template raised: Conversation roles must "
+                                         "alternate user/assistant");
     fmoe_tokenizer_free(tok);
 
     /* no template anywhere: not found unless named */
@@ -614,8 +689,8 @@ TEST(mixtral_fixture) {
     ENCODES(tok, "Hello world", 1, 1, 22557, 1526);
     ENCODES(tok, "Hello world!", 0, 22557, 1526, 28808);
     ASSERT_STR_EQ(fmoe_tokenizer_chat_template(tok), "mixtral");
-    fmoe_chat_message m[] = {{"user", "Hi"}};
-    fmoe_chat_options o = {NULL, 1, 0};
+    fmoe_chat_message m[] = {MSG("user", "Hi")};
+    fmoe_chat_options o = {.add_generation_prompt = 1};
     char *t;
     size_t len;
     ASSERT_OK(fmoe_tokenizer_apply_chat_template(tok, m, 1, &o, &t, &len));

@@ -141,54 +141,72 @@ int32_t fmoe_tokenizer_eos_id(const fmoe_tokenizer *tok);
 /* ---------------------------------------------------------------------------------------
  * Chat templates.
  *
- * Jinja is not interpreted: each supported family has a fixed renderer in C that produces
- * exactly what its HuggingFace template produces for plain text messages (no tools, no
- * images). The family is recognised from the chat_template text by distinctive markers
- * (tokenizer_config.json "chat_template", or chat_template.jinja), or, without a template,
- * from the added tokens; a caller may override it by name:
+ * A model's chat template is rendered as written: the Jinja text of tokenizer_config.json
+ * "chat_template" (a string, or a list of named templates: "default", and "tool_use" when
+ * the request has tools), chat_template.jinja, or a GGUF file's tokenizer.chat_template,
+ * run by fmoe's Jinja interpreter with the variables transformers' apply_chat_template
+ * gives: messages, tools (None without), documents (None), add_generation_prompt,
+ * bos_token / eos_token, and the caller's extra keyword arguments (chat_template_kwargs,
+ * e.g. {"enable_thinking": false}). The output is the bytes transformers would produce.
+ *
+ * The fixed renderers are what fmoe had before: C code for four families, producing what
+ * their templates produce for plain text messages. They are used when named, when the model
+ * has no template text (the family is then guessed from its added tokens), and as the
+ * fallback when the interpreter refuses the model's template (a construct it does not
+ * implement), with a one-line warning through fmoe_log saying why:
  *
  *   mixtral  `[INST]` (Mistral/Mixtral v0.1):  <s>[INST] {user} [/INST]{assistant}</s>...
  *            roles must alternate user/assistant; a leading system message is put before
- *            the first user message followed by a blank line, as Mistral's later template
- *            does (the v0.1 template refuses system messages). Templates written with
- *            ' [INST] ' (a space before) are rendered that way.
+ *            the first user message followed by a blank line.
  *   chatml   `<|im_start|>` (Qwen1.5/Qwen2): <|im_start|>{role}\n{content}<|im_end|>\n;
- *            a default system message is added when the template has one (Qwen1.5/2/2.5
- *            "You are a helpful assistant." variants) and the first message is not system.
- *   qwen3    ChatML with Qwen3's thinking rules: the <think>…</think> part of earlier
- *            assistant turns is dropped, the final turn after the last user message keeps it,
- *            `tool` messages become <tool_response> blocks, and disable_thinking appends
- *            an empty <think>\n\n</think>\n\n to the generation prompt.
- *   olmoe    `<|user|>`/`<|assistant|>` (OLMoE/Tulu): {bos}<|user|>\n{content}\n
- *            <|assistant|>\n{content}{eos}\n (no \n after the last message).
+ *            with the template's default system message when it has one.
+ *   qwen3    ChatML with Qwen3's thinking rules (earlier turns' <think> dropped, `tool`
+ *            messages as <tool_response> blocks, disable_thinking: an empty think block).
+ *   olmoe    `<|user|>`/`<|assistant|>` (OLMoE/Tulu).
  * ------------------------------------------------------------------------------------ */
 
 typedef struct fmoe_chat_message {
-    const char *role;    /* "system", "user", "assistant" (qwen3 also "tool") */
-    const char *content; /* UTF-8, NUL-terminated */
+    const char *role;        /* "system", "user", "assistant", "tool", ... */
+    const char *content;     /* UTF-8, NUL-terminated; NULL: the template sees None */
+    const char *fields_json; /* NULL, or a JSON object of more fields the template sees on
+                                the message (tool_calls, name, tool_call_id,
+                                reasoning_content, ...); a "content" here replaces
+                                `content` (e.g. a list of parts). The fixed renderers
+                                ignore it. */
 } fmoe_chat_message;
 
 typedef struct fmoe_chat_options {
-    const char *template_name; /* NULL: the family detected at load; else one of
+    const char *template_name; /* NULL: the model's template as written (a fixed renderer
+                                  only as the fallback); "jinja": as written, never a
+                                  fallback; else a fixed renderer, one of
                                   fmoe_chat_template_names() */
     int add_generation_prompt; /* 1: end with the assistant's turn opening */
-    int disable_thinking;      /* qwen3: enable_thinking=false */
+    int disable_thinking;      /* enable_thinking=false (a template variable; qwen3's fixed
+                                  renderer writes the empty think block) */
+    const char *tools_json;    /* NULL, or a JSON array of tool definitions: `tools` */
+    const char *kwargs_json;   /* NULL, or a JSON object of extra template variables
+                                  (chat_template_kwargs); they win over the others */
 } fmoe_chat_options;
 
-/* @return a NULL-terminated list of the renderer names ("mixtral", "chatml", ...). */
+/* @return a NULL-terminated list of the names a caller may give: the fixed renderers
+ *   ("mixtral", "chatml", "qwen3", "olmoe") and "jinja". */
 const char *const *fmoe_chat_template_names(void);
 
 /* @return the template family detected at load ("mixtral", "chatml", "qwen3", "olmoe"),
- *   or NULL when none was recognised. */
+ *   the fixed renderer that is the fallback, or NULL when none was recognised. */
 const char *fmoe_tokenizer_chat_template(const fmoe_tokenizer *tok);
 
 /*
  * Renders messages to prompt text (to be encoded with add_special = 0: the text carries
- * its own BOS where the family has one). `opt` may be NULL (detected family, no
+ * its own BOS where the template writes one). `opt` may be NULL (the model's template, no
  * generation prompt).
  * @return 0 and *text (malloc'd, NUL-terminated, *len bytes), or FMOE_ENOTFOUND (no
- *   template detected and none named), FMOE_EINVAL (unknown template name, role the family
- *   does not allow, roles not alternating where required), FMOE_ENOMEM.
+ *   template and no family recognised, none named), FMOE_EINVAL (the template raised an
+ *   error, e.g. roles that must alternate; a failed operation; bad fields_json, tools_json
+ *   or kwargs_json; an unknown name), FMOE_EUNSUPPORTED / FMOE_EFORMAT (the interpreter
+ *   refused the template and there is no fallback), FMOE_ERANGE (the template went past a
+ *   limit: steps, nesting, output size), FMOE_ENOMEM. Errors are one line naming the
+ *   template line.
  */
 int fmoe_tokenizer_apply_chat_template(const fmoe_tokenizer *tok, const fmoe_chat_message *msgs,
                                        size_t n, const fmoe_chat_options *opt, char **text,
