@@ -8,7 +8,7 @@
  * (the interpreter's step, depth, output and memory limits).
  *
  * With libFuzzer: clang -g -O1 -fsanitize=fuzzer,address,undefined -DFMOE_LIBFUZZER
- *   -Ilib/include -Iruntime/tokenizer tests/fuzz/fuzz_jinja.c runtime/tokenizer/jinja_*.c
+ *   -Ilib/include -Iruntime/include -Iruntime/tokenizer tests/fuzz/fuzz_jinja.c runtime/tokenizer/jinja_*.c
  *   lib/error.c -lm -o fuzz_jinja && ./fuzz_jinja tests/fuzz/corpus/jinja
  * Without (the `fuzz` suite of meson test): replays corpus/jinja.tar.zst (real chat
  * templates) and seeded mutations of each of its templates (FMOE_FIXTURES/chat_templates).
