@@ -248,7 +248,7 @@ int cmd_serve(int argc, char **argv) {
     int keep_outputs = 0; /* a failed run whose other outputs are whole */
     char name[256];
 
-    if (!(metrics = serve_metrics_new())) {
+    if (!(metrics = fmoe_serve_metrics_new())) {
         err = fmoe_error_set(FMOE_ENOMEM, "out of memory");
         goto fail;
     }
@@ -261,8 +261,8 @@ int cmd_serve(int argc, char **argv) {
                              .max_connections = (unsigned)a.max_connections,
                              .max_client_connections = (unsigned)a.client_connections,
                              .tokenizer = tok, .metrics = metrics};
-    if ((err = serve_http_start(&ho, &http)) < 0) goto fail;
-    const int port = serve_http_port(http);
+    if ((err = fmoe_serve_http_start(&ho, &http)) < 0) goto fail;
+    const int port = fmoe_serve_http_port(http);
     if (a.port_file && write_port_file(a.port_file, port) < 0) {
         rc = cmd_failf(CMD, "%s: cannot write the port file", a.port_file);
         goto done;
@@ -302,14 +302,14 @@ int cmd_serve(int argc, char **argv) {
         .max_context = a.max_context, .threads = a.threads, .stop_ids = gc.stop,
         .num_stop_ids = gc.num_stop, .trace_out = trace, .trace_speculative = trace_speculative,
         .activations = (fmoe_activations)a.activations};
-    if ((err = serve_engine_start(&eo, &engine)) < 0) goto fail;
-    serve_http_set_engine(http, engine);
+    if ((err = fmoe_serve_engine_start(&eo, &engine)) < 0) goto fail;
+    fmoe_serve_http_set_engine(http, engine);
     if (!a.quiet) {
         cmd_backend_say(CMD, backend, a.activations); /* once the engine's sessions run on it */
         char line[512];
         cmd_offload_describe(&off, line, sizeof line); /* nothing has run: no figures */
         serve_engine_info info;
-        serve_engine_get_info(engine, &info);
+        fmoe_serve_engine_get_info(engine, &info);
         fprintf(stderr,
                 "fmoe serve: ready: model %s, %d sequence%s, %d tokens a pass, context %d, "
                 "%s\n",
@@ -321,16 +321,16 @@ int cmd_serve(int argc, char **argv) {
     if (!a.quiet)
         fprintf(stderr, "fmoe serve: %s: finishing requests (up to %.0f s)\n",
                 sig == SIGINT ? "SIGINT" : "SIGTERM", a.grace);
-    serve_http_quiesce(http);
-    err = serve_engine_stop(engine, a.grace);
+    fmoe_serve_http_quiesce(http);
+    err = fmoe_serve_engine_stop(engine, a.grace);
     engine = NULL;
     if (!a.quiet && off.x) { /* what the requests served made of the cache */
         char line[512];
         cmd_offload_summary(&off, line, sizeof line);
         fprintf(stderr, "fmoe serve: %s\n", line);
     }
-    serve_http_wait_idle(http, 5.0); /* cut streams still send their usage and [DONE] */
-    serve_http_stop(http);
+    fmoe_serve_http_wait_idle(http, 5.0); /* cut streams still send their usage and [DONE] */
+    fmoe_serve_http_stop(http);
     http = NULL;
     if (err < 0) {
         /* The trace failed while serving (the engine logged it then, and failed the
@@ -361,14 +361,14 @@ int cmd_serve(int argc, char **argv) {
 fail:
     rc = cmd_fail(CMD, err);
 done:
-    if (http) serve_http_quiesce(http);
-    serve_engine_stop(engine, 0);
-    serve_http_stop(http);
+    if (http) fmoe_serve_http_quiesce(http);
+    fmoe_serve_engine_stop(engine, 0);
+    fmoe_serve_http_stop(http);
     fmoe_trace_writer_abort(trace); /* failed: nothing half-written is left */
     if (off_open && cmd_offload_close(CMD, &off, rc == CMD_EXIT_OK || keep_outputs) != 0)
         rc = CMD_EXIT_FAILURE;
     if (rc == CMD_EXIT_OK && !a.quiet) fprintf(stderr, "fmoe serve: stopped\n");
-    serve_metrics_free(metrics);
+    fmoe_serve_metrics_free(metrics);
     fmoe_tokenizer_free(tok);
     fmoe_model_free(m);
     return rc;

@@ -107,7 +107,7 @@ int demo_live_serve(const char *cmd, const demo_live *l, const char *policy, con
         .model = l->model, .tokenizer = l->tokenizer, .offload = off.x, .model_name = "demo",
         .parallel = 1, .max_queue = l->num_requests + 1, .stop_ids = l->gc.stop,
         .num_stop_ids = l->gc.num_stop};
-    if ((err = serve_engine_start(&eo, &e)) < 0) goto fail;
+    if ((err = fmoe_serve_engine_start(&eo, &e)) < 0) goto fail;
 
     const double t0 = cmd_now();
     for (int32_t r = 0; r < l->num_requests; r++) {
@@ -115,7 +115,7 @@ int demo_live_serve(const char *cmd, const demo_live *l, const char *policy, con
                             .top_p = 1, .ignore_eos = 1, .has_seed = 1};
         int status = 0;
         char msg[256];
-        jobs[r] = serve_engine_submit(e, l->prompts[r], l->prompt_tokens[r], &s, &status, msg,
+        jobs[r] = fmoe_serve_engine_submit(e, l->prompts[r], l->prompt_tokens[r], &s, &status, msg,
                                       sizeof msg);
         if (!jobs[r]) {
             rc = cmd_failf(cmd, "live %s: request %d refused (%d): %s", policy, (int)r, status,
@@ -130,12 +130,12 @@ int demo_live_serve(const char *cmd, const demo_live *l, const char *policy, con
         while (!st.finished) {
             char *text = NULL;
             size_t len = 0;
-            if (serve_job_wait(jobs[r], have, 10.0, &text, &len, &st) == 1) have = len;
+            if (fmoe_serve_job_wait(jobs[r], have, 10.0, &text, &len, &st) == 1) have = len;
             free(text);
         }
         if (st.finished != SERVE_FINISH_LENGTH) {
             rc = cmd_failf(cmd, "live %s: request %d ended '%s'%s%s", policy, (int)r,
-                           serve_finish_name(st.finished), st.error[0] ? ": " : "", st.error);
+                           fmoe_serve_finish_name(st.finished), st.error[0] ? ": " : "", st.error);
             goto done;
         }
         out->requests++;
@@ -143,7 +143,7 @@ int demo_live_serve(const char *cmd, const demo_live *l, const char *policy, con
         out->decode_ms += st.predicted_ms;
     }
     out->wall_s = cmd_now() - t0;
-    err = serve_engine_stop(e, 0);
+    err = fmoe_serve_engine_stop(e, 0);
     e = NULL;
     if (err < 0) goto fail;
 
@@ -163,10 +163,10 @@ int demo_live_serve(const char *cmd, const demo_live *l, const char *policy, con
 fail:
     rc = cmd_fail(cmd, err);
 done:
-    serve_engine_stop(e, 0);
+    fmoe_serve_engine_stop(e, 0);
     if (jobs)
         for (int32_t r = 0; r < l->num_requests; r++)
-            if (jobs[r]) serve_job_release(jobs[r]);
+            if (jobs[r]) fmoe_serve_job_release(jobs[r]);
     free(jobs);
     if (cmd_offload_close(cmd, &off, rc == CMD_EXIT_OK) != 0) rc = CMD_EXIT_FAILURE;
     return rc;

@@ -7,7 +7,7 @@
  * answered whatever the other connections do. Handlers therefore never block: a request
  * waiting for its job (a non-streamed one in the access handler, a stream in its content
  * reader) suspends its connection (MHD_suspend_connection) and is resumed when the engine
- * has news for the job (serve_job_set_notify) and, by the ticker thread, every
+ * has news for the job (fmoe_serve_job_set_notify) and, by the ticker thread, every
  * WAIT_SLICE_S, so that a hang-up, a shutdown or a keep-alive comment is noticed while
  * nothing else happens. The ticker also enforces the request deadline: a connection must
  * deliver a whole request, head and body, within request_timeout_s of its start (or of
@@ -97,7 +97,7 @@ struct serve_http {
     atomic_int ticker_stop;
 };
 
-/* Seconds a stream or a waiting request sleeps per serve_job_wait; the latency of noticing
+/* Seconds a stream or a waiting request sleeps per fmoe_serve_job_wait; the latency of noticing
  * a shutdown or a closed socket. */
 #define WAIT_SLICE_S 0.25
 /* An SSE comment after this long without text, so that proxies and clients with read
@@ -179,7 +179,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
      * descriptor number that a new connection reuses. A job still pointing here (the
      * connection closed before its request ended) is detached first; the request's own
      * end runs on this same thread, so it cannot race with this. */
-    if (ce->job) serve_job_set_notify(ce->job, NULL, NULL);
+    if (ce->job) fmoe_serve_job_set_notify(ce->job, NULL, NULL);
     ce->job = NULL;
     pthread_mutex_lock(&h->conn_mu);
     if (ce->prev) ce->prev->next = ce->next;
@@ -257,9 +257,9 @@ static void wake(void *arg) {
 /* Points job's news at the connection (job NULL: detaches the current one). */
 static void watch(conn_entry *ce, serve_job *job) {
     if (!ce || (!ce->c && job)) return; /* closed: nothing to wake */
-    if (ce->job) serve_job_set_notify(ce->job, NULL, NULL);
+    if (ce->job) fmoe_serve_job_set_notify(ce->job, NULL, NULL);
     ce->job = job;
-    if (job) serve_job_set_notify(job, wake, ce);
+    if (job) fmoe_serve_job_set_notify(job, wake, ce);
 }
 
 /* In a handler with nothing to do yet: suspends the connection until a wake-up. @return
@@ -340,7 +340,7 @@ static enum MHD_Result reply_ex(serve_http *h, struct MHD_Connection *c, int sta
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
-    if (ok == MHD_YES) serve_metrics_http_status(h->metrics, status);
+    if (ok == MHD_YES) fmoe_serve_metrics_http_status(h->metrics, status);
     return ok;
 }
 
@@ -357,7 +357,7 @@ static enum MHD_Result reply_json(serve_http *h, struct MHD_Connection *c, int s
 static enum MHD_Result reply_error(serve_http *h, struct MHD_Connection *c, int status,
                                    const char *type, const char *param, const char *code,
                                    const char *message) {
-    return reply_json(h, c, status, serve_api_render_error(type, message, param, code));
+    return reply_json(h, c, status, fmoe_serve_api_render_error(type, message, param, code));
 }
 
 static enum MHD_Result reply_busy(serve_http *h, struct MHD_Connection *c, const char *why) {
@@ -415,8 +415,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (!r) return;
     if (r->job) { /* the client went away while it waited */
         watch(r->ce, NULL);
-        serve_job_cancel(r->job);
-        serve_job_release(r->job);
+        fmoe_serve_job_cancel(r->job);
+        fmoe_serve_job_release(r->job);
         entry_unref(r->ce);
     }
     atomic_fetch_sub(&h->active, 1);
@@ -448,9 +448,9 @@ static enum MHD_Result get_health(serve_http *h, struct MHD_Connection *c) {
     serve_engine *e = atomic_load(&h->engine);
     int stopping = atomic_load(&h->quiesced) || atomic_load(&h->stopping);
     serve_engine_gauges g = {0};
-    if (e && !stopping) serve_engine_get_gauges(e, &g);
+    if (e && !stopping) fmoe_serve_engine_get_gauges(e, &g);
     if (e && !stopping && g.trace_error) /* serving nothing it cannot record: out of rotation */
-        return reply_json(h, c, 503, serve_api_render_health("degraded", g.trace_error));
+        return reply_json(h, c, 503, fmoe_serve_api_render_health("degraded", g.trace_error));
     if (e && !stopping && g.ready) return reply_json(h, c, 200, dup_str("{\"status\":\"ok\"}"));
     return reply_json(h, c, 503, dup_str(stopping ? "{\"status\":\"stopping\"}"
                                                   : "{\"status\":\"loading\"}"));
@@ -463,17 +463,17 @@ static enum MHD_Result get_metrics(serve_http *h, struct MHD_Connection *c) {
     int32_t L = 0;
     if (e) {
         serve_engine_info info;
-        serve_engine_get_info(e, &info);
-        serve_engine_get_gauges(e, &g);
+        fmoe_serve_engine_get_info(e, &info);
+        fmoe_serve_engine_get_gauges(e, &g);
         L = info.num_layers > 0 ? info.num_layers : 0;
         if (L && !(layers = calloc((size_t)L, sizeof *layers))) return reply_json(h, c, 500, NULL);
-        if (L) serve_engine_get_layers(e, layers);
+        if (L) fmoe_serve_engine_get_layers(e, layers);
     }
     /* Counted before rendering so that this scrape's own 200 shows in it. */
-    serve_metrics_http_status(h->metrics, 200);
+    fmoe_serve_metrics_http_status(h->metrics, 200);
     char *text = NULL;
     size_t len = 0;
-    int rc = serve_metrics_render(h->metrics, &g, layers, L, &text, &len);
+    int rc = fmoe_serve_metrics_render(h->metrics, &g, layers, L, &text, &len);
     free(layers);
     if (rc < 0) return reply_json(h, c, 500, NULL);
     struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
@@ -491,12 +491,12 @@ static enum MHD_Result get_models(serve_http *h, struct MHD_Connection *c) {
     serve_engine *e = atomic_load(&h->engine);
     if (!e) return reply_busy(h, c, "the model is loading");
     serve_engine_info info;
-    serve_engine_get_info(e, &info);
-    return reply_json(h, c, 200, serve_api_render_models(&info));
+    fmoe_serve_engine_get_info(e, &info);
+    return reply_json(h, c, 200, fmoe_serve_api_render_models(&info));
 }
 
 /* ---------------------------------------------------------------------------------------
- * Streams: a content reader producing SSE events from serve_job_wait
+ * Streams: a content reader producing SSE events from fmoe_serve_job_wait
  * ------------------------------------------------------------------------------------ */
 
 /* A read of 0 bytes from a peeked socket: the client closed its end. */
@@ -554,11 +554,11 @@ static int stream_next(stream *s) {
     int chat = s->meta.kind == SERVE_API_CHAT;
     if (chat && !s->role_sent) {
         s->role_sent = 1;
-        return pend_event(s, serve_api_render_chunk(&s->meta, 1, NULL, 0, NULL, s->include_usage));
+        return pend_event(s, fmoe_serve_api_render_chunk(&s->meta, 1, NULL, 0, NULL, s->include_usage));
     }
     const double now = mono_s();
     if (atomic_load(&s->h->stopping)) {
-        if (!s->cancelled) serve_job_cancel(s->job);
+        if (!s->cancelled) fmoe_serve_job_cancel(s->job);
         s->cancelled = 1;
         if (s->stop_since == 0) s->stop_since = now;
         if (now - s->stop_since > STOP_WAIT_S) return -1;
@@ -566,7 +566,7 @@ static int stream_next(stream *s) {
     char *text = NULL;
     size_t len = 0;
     serve_job_status st;
-    int news = serve_job_wait(s->job, s->have, 0, &text, &len, &st); /* never blocks */
+    int news = fmoe_serve_job_wait(s->job, s->have, 0, &text, &len, &st); /* never blocks */
     if (news != 1) {
         free(text);
         /* MHD notices a hang-up only when a write fails, and nothing is written while the
@@ -579,7 +579,7 @@ static int stream_next(stream *s) {
     s->last_sent = now;
     int rc = 0;
     if (len > s->have)
-        rc = pend_event(s, serve_api_render_chunk(&s->meta, 0, text + s->have, len - s->have,
+        rc = pend_event(s, fmoe_serve_api_render_chunk(&s->meta, 0, text + s->have, len - s->have,
                                                   NULL, s->include_usage));
     if (len > s->have) s->have = len;
     free(text);
@@ -587,14 +587,14 @@ static int stream_next(stream *s) {
 
     s->finished = 1;
     if (st.finished == SERVE_FINISH_ERROR) {
-        rc = pend_event(s, serve_api_render_error("server_error", st.error, NULL,
+        rc = pend_event(s, fmoe_serve_api_render_error("server_error", st.error, NULL,
                                                   st.http_status == 507 ? "trace_write_failed"
                                                                         : NULL));
     } else {
-        rc = pend_event(s, serve_api_render_chunk(&s->meta, 0, "", 0,
-                                                  serve_api_finish_reason(st.finished),
+        rc = pend_event(s, fmoe_serve_api_render_chunk(&s->meta, 0, "", 0,
+                                                  fmoe_serve_api_finish_reason(st.finished),
                                                   s->include_usage));
-        if (!rc && s->include_usage) rc = pend_event(s, serve_api_render_usage_chunk(&s->meta, &st));
+        if (!rc && s->include_usage) rc = pend_event(s, fmoe_serve_api_render_usage_chunk(&s->meta, &st));
     }
     if (!rc) rc = pend_add(s, "data: [DONE]\n\n", 14);
     s->done = 1;
@@ -627,8 +627,8 @@ static void stream_free(void *cls) {
     stream *s = cls;
     watch(s->ce, NULL);
     entry_unref(s->ce);
-    if (!s->finished) serve_job_cancel(s->job);
-    serve_job_release(s->job);
+    if (!s->finished) fmoe_serve_job_cancel(s->job);
+    fmoe_serve_job_release(s->job);
     free(s->model);
     free(s->pend);
     free(s);
@@ -640,8 +640,8 @@ static enum MHD_Result start_stream(serve_http *h, struct MHD_Connection *c, ser
     if (s) s->model = strdup(meta->model ? meta->model : "");
     if (!s || !s->model) {
         if (s) free(s);
-        serve_job_cancel(job);
-        serve_job_release(job);
+        fmoe_serve_job_cancel(job);
+        fmoe_serve_job_release(job);
         return reply_json(h, c, 500, NULL);
     }
     s->h = h;
@@ -668,7 +668,7 @@ static enum MHD_Result start_stream(serve_http *h, struct MHD_Connection *c, ser
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
     enum MHD_Result ok = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r); /* stream_free runs when MHD lets go of it */
-    if (ok == MHD_YES) serve_metrics_http_status(h->metrics, 200);
+    if (ok == MHD_YES) fmoe_serve_metrics_http_status(h->metrics, 200);
     return ok;
 }
 
@@ -684,7 +684,7 @@ static void new_id(serve_http *h, int32_t kind, char out[SERVE_API_ID_MAX]) {
         for (int i = 0; i < 8; i++) rnd[i] = (uint8_t)(a >> (8 * i));
         for (int i = 0; i < 4; i++) rnd[8 + i] = (uint8_t)(b >> (8 * i));
     }
-    serve_api_make_id(kind, rnd, out);
+    fmoe_serve_api_make_id(kind, rnd, out);
 }
 
 /* A non-streamed request waiting for its job, in the access handler: answers once the job
@@ -699,12 +699,12 @@ static enum MHD_Result continue_wait(serve_http *h, struct MHD_Connection *c, re
         size_t len = 0;
         serve_job_status st = {0};
         /* have = SIZE_MAX: news only when the job finishes; never blocks */
-        int news = serve_job_wait(r->job, SIZE_MAX, 0, &text, &len, &st);
+        int news = fmoe_serve_job_wait(r->job, SIZE_MAX, 0, &text, &len, &st);
         if (news == 1 && st.finished != SERVE_RUNNING) {
             watch(r->ce, NULL);
             entry_unref(r->ce);
             r->ce = NULL;
-            serve_job_release(r->job);
+            fmoe_serve_job_release(r->job);
             r->job = NULL;
             if (r->cancelled && peer_closed(fd)) {
                 free(text);
@@ -716,13 +716,13 @@ static enum MHD_Result continue_wait(serve_http *h, struct MHD_Connection *c, re
                                  st.http_status == 507 ? "trace_write_failed" : NULL,
                                  st.error[0] ? st.error : "generation failed");
             else
-                ok = reply_json(h, c, 200, serve_api_render_response(&r->meta, text, len, &st));
+                ok = reply_json(h, c, 200, fmoe_serve_api_render_response(&r->meta, text, len, &st));
             free(text);
             return ok;
         }
         free(text);
         if (!r->cancelled && (atomic_load(&h->stopping) || peer_closed(fd))) {
-            serve_job_cancel(r->job);
+            fmoe_serve_job_cancel(r->job);
             r->cancelled = 1;
         }
         if (park(h, r->ce)) return MHD_YES;
@@ -747,27 +747,27 @@ static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, re
     if (!e) return reply_busy(h, c, "the model is loading");
     if (atomic_load(&h->quiesced)) return reply_busy(h, c, "the server is shutting down");
 
-    size_t bad_at = serve_api_utf8_invalid_at(r->body, r->len);
+    size_t bad_at = fmoe_serve_api_utf8_invalid_at(r->body, r->len);
     if (bad_at < r->len) {
         char msg[128];
         snprintf(msg, sizeof msg, "the request body is not valid UTF-8 (byte %zu)", bad_at);
         return reply_error(h, c, 400, "invalid_request_error", NULL, NULL, msg);
     }
     serve_engine_info info;
-    serve_engine_get_info(e, &info);
+    fmoe_serve_engine_get_info(e, &info);
     int32_t kind = r->route == R_CHAT ? SERVE_API_CHAT : SERVE_API_COMPLETION;
     serve_api_request req;
     serve_api_error err;
-    if (serve_api_parse(kind, r->body ? r->body : "", r->len, h->tok, info.max_context, &req,
+    if (fmoe_serve_api_parse(kind, r->body ? r->body : "", r->len, h->tok, info.max_context, &req,
                         &err) < 0)
         return reply_error(h, c, err.status, err.type, err.param, err.code, err.message);
 
     int status = 500;
     char msg[256] = "";
     serve_job *job =
-        serve_engine_submit(e, req.prompt, req.num_prompt, &req.sampling, &status, msg, sizeof msg);
+        fmoe_serve_engine_submit(e, req.prompt, req.num_prompt, &req.sampling, &status, msg, sizeof msg);
     int stream = req.stream, include_usage = req.include_usage;
-    serve_api_request_free(&req); /* submit copied the prompt and the stop strings */
+    fmoe_serve_api_request_free(&req); /* submit copied the prompt and the stop strings */
     if (!job) {
         if (status == 503) return reply_busy(h, c, msg[0] ? msg : "the server is busy");
         if (status == 400)
@@ -877,7 +877,7 @@ static enum MHD_Result first_call(serve_http *h, struct MHD_Connection *c, const
         /* the connection closes after the answer: where its next request starts is what
          * the two readings disagree on */
         r->responded = 1;
-        char *json = serve_api_render_error("invalid_request_error", ambiguous, NULL,
+        char *json = fmoe_serve_api_render_error("invalid_request_error", ambiguous, NULL,
                                             "ambiguous_framing");
         return reply_ex(h, c, 400, "application/json", json, json ? strlen(json) : 0, 1);
     }
@@ -1019,13 +1019,13 @@ static unsigned backstop_limit(uint32_t max_connections) {
     return n > 1u << 20 ? 1u << 20 : (unsigned)n;
 }
 
-int serve_http_start(const serve_http_options *o, serve_http **out) {
+int fmoe_serve_http_start(const serve_http_options *o, serve_http **out) {
     *out = NULL;
-    FMOE_RETURN_ERROR_IF(!o || !o->tokenizer, FMOE_EINVAL, "serve_http_start: no tokenizer");
+    FMOE_RETURN_ERROR_IF(!o || !o->tokenizer, FMOE_EINVAL, "fmoe_serve_http_start: no tokenizer");
     FMOE_RETURN_ERROR_IF(o->port < 0 || o->port > 65535, FMOE_EINVAL,
-                         "serve_http_start: port %d outside [0, 65535]", o->port);
+                         "fmoe_serve_http_start: port %d outside [0, 65535]", o->port);
     serve_http *h = calloc(1, sizeof *h);
-    if (!h) return fmoe_error_set(FMOE_ENOMEM, "serve_http_start: out of memory");
+    if (!h) return fmoe_error_set(FMOE_ENOMEM, "fmoe_serve_http_start: out of memory");
     h->listen_fd = -1;
     h->tok = o->tokenizer;
     h->metrics = o->metrics;
@@ -1033,7 +1033,7 @@ int serve_http_start(const serve_http_options *o, serve_http **out) {
     if (o->api_key && o->api_key[0]) {
         if (!(h->api_key = strdup(o->api_key))) {
             free(h);
-            return fmoe_error_set(FMOE_ENOMEM, "serve_http_start: out of memory");
+            return fmoe_error_set(FMOE_ENOMEM, "fmoe_serve_http_start: out of memory");
         }
         h->api_key_len = strlen(h->api_key);
     }
@@ -1087,19 +1087,19 @@ int serve_http_start(const serve_http_options *o, serve_http **out) {
     return 0;
 }
 
-int serve_http_port(const serve_http *h) { return h ? h->port : 0; }
+int fmoe_serve_http_port(const serve_http *h) { return h ? h->port : 0; }
 
-void serve_http_set_engine(serve_http *h, serve_engine *e) {
+void fmoe_serve_http_set_engine(serve_http *h, serve_engine *e) {
     if (!h) return;
     if (e && h->metrics) {
         serve_engine_info info;
-        serve_engine_get_info(e, &info);
-        (void)serve_metrics_set_model_name(h->metrics, info.model_name); /* best effort */
+        fmoe_serve_engine_get_info(e, &info);
+        (void)fmoe_serve_metrics_set_model_name(h->metrics, info.model_name); /* best effort */
     }
     atomic_store(&h->engine, e);
 }
 
-void serve_http_quiesce(serve_http *h) {
+void fmoe_serve_http_quiesce(serve_http *h) {
     if (!h || atomic_exchange(&h->quiesced, 1)) return;
     MHD_socket fd = MHD_quiesce_daemon(h->daemon);
     /* MHD's thread may still sit in poll() on the socket, which keeps it alive (and
@@ -1111,7 +1111,7 @@ void serve_http_quiesce(serve_http *h) {
     h->listen_fd = -1;
 }
 
-int serve_http_wait_idle(serve_http *h, double seconds) {
+int fmoe_serve_http_wait_idle(serve_http *h, double seconds) {
     if (!h) return 1;
     for (double waited = 0; atomic_load(&h->active) > 0; waited += 0.01) {
         if (waited >= seconds) return 0;
@@ -1120,7 +1120,7 @@ int serve_http_wait_idle(serve_http *h, double seconds) {
     return 1;
 }
 
-void serve_http_stop(serve_http *h) {
+void fmoe_serve_http_stop(serve_http *h) {
     if (!h) return;
     atomic_store(&h->stopping, 1);
     /* MHD must not be stopped with a connection suspended (libmicrohttpd's rule): from

@@ -4,13 +4,13 @@
  * OpenAI-compatible endpoints to the engine.
  *
  *     serve_http *h;
- *     if (serve_http_start(&(serve_http_options){.port = 8080, .tokenizer = tok}, &h) < 0)
+ *     if (fmoe_serve_http_start(&(serve_http_options){.port = 8080, .tokenizer = tok}, &h) < 0)
  *         die(fmoe_error_detail());
- *     serve_http_set_engine(h, engine);   // until then /health says 503 "loading"
+ *     fmoe_serve_http_set_engine(h, engine);   // until then /health says 503 "loading"
  *     ... SIGTERM ...
- *     serve_http_quiesce(h);              // no new connections; streams go on
- *     serve_engine_stop(engine, grace);   // finishes or cuts the jobs the streams read
- *     serve_http_stop(h);
+ *     fmoe_serve_http_quiesce(h);              // no new connections; streams go on
+ *     fmoe_serve_engine_stop(engine, grace);   // finishes or cuts the jobs the streams read
+ *     fmoe_serve_http_stop(h);
  *
  * Endpoints: POST /v1/chat/completions, POST /v1/completions (openai_api.h has the
  * fields; "stream": true answers with server-sent events), GET /v1/models, GET /health
@@ -40,7 +40,7 @@ typedef struct serve_http serve_http;
 
 typedef struct serve_http_options {
     const char *host;               /* NULL: "127.0.0.1"; a name or an IPv4/IPv6 address */
-    int port;                       /* 0: an ephemeral port (serve_http_port tells which) */
+    int port;                       /* 0: an ephemeral port (fmoe_serve_http_port tells which) */
     const char *api_key;            /* NULL or "": no auth; else "Authorization: Bearer KEY"
                                        (compared in constant time), 401 otherwise; /health
                                        and /metrics need no key. Copied. */
@@ -66,28 +66,28 @@ typedef struct serve_http_options {
 /* Binds and listens (threads start at once). @return 0 and *out, or FMOE_EINVAL (no
  * tokenizer), FMOE_EIO (host unknown, bind/listen failed: the detail names host:port and
  * the reason, e.g. "Address already in use"), FMOE_ENOMEM. */
-int serve_http_start(const serve_http_options *o, serve_http **out);
+int fmoe_serve_http_start(const serve_http_options *o, serve_http **out);
 
 /* @return the port listened on (the ephemeral one when options.port was 0). */
-int serve_http_port(const serve_http *h);
+int fmoe_serve_http_port(const serve_http *h);
 
 /* Sets the engine requests go to (borrowed; NULL while loading: /health 503 "loading",
  * API requests 503). Thread-safe. The engine must outlive every request that used it:
- * stop the engine only after serve_http_quiesce, and free it after serve_http_stop. */
-void serve_http_set_engine(serve_http *h, serve_engine *e);
+ * stop the engine only after fmoe_serve_http_quiesce, and free it after fmoe_serve_http_stop. */
+void fmoe_serve_http_set_engine(serve_http *h, serve_engine *e);
 
 /* Stops accepting connections (the listening socket is closed); requests in flight
  * continue, and new API requests on kept-alive connections get 503 with
  * "Connection: close". /health then says 503 "stopping". Idempotent. */
-void serve_http_quiesce(serve_http *h);
+void fmoe_serve_http_quiesce(serve_http *h);
 
 /* Ends every stream still open (their jobs are cancelled), closes all connections, joins
  * the threads and frees. NULL is a no-op. */
 /* After the engine stopped: waits up to `seconds` for the requests in progress to end (a
  * stream sends its last chunks, usage and [DONE] once its job is finished or cut), so
- * serve_http_stop does not close them mid-write. @return 1 when none is left, 0 on timeout. */
-int serve_http_wait_idle(serve_http *h, double seconds);
+ * fmoe_serve_http_stop does not close them mid-write. @return 1 when none is left, 0 on timeout. */
+int fmoe_serve_http_wait_idle(serve_http *h, double seconds);
 
-void serve_http_stop(serve_http *h);
+void fmoe_serve_http_stop(serve_http *h);
 
 #endif

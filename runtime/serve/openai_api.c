@@ -459,7 +459,7 @@ static long long nul_escape_at(const char *body, size_t len) {
     return -1;
 }
 
-int serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_tokenizer *tok,
+int fmoe_serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_tokenizer *tok,
                     int32_t max_context, serve_api_request *out, serve_api_error *err) {
     memset(out, 0, sizeof *out);
     memset(err, 0, sizeof *err);
@@ -523,12 +523,12 @@ int serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_token
     return 0;
 fail:
     cJSON_Delete(root);
-    serve_api_request_free(out);
+    fmoe_serve_api_request_free(out);
     out->kind = kind;
     return rc;
 }
 
-size_t serve_api_utf8_invalid_at(const char *str, size_t n) {
+size_t fmoe_serve_api_utf8_invalid_at(const char *str, size_t n) {
     const unsigned char *s = (const unsigned char *)str;
     size_t i = 0;
     while (i < n) {
@@ -562,7 +562,7 @@ size_t serve_api_utf8_invalid_at(const char *str, size_t n) {
     return n;
 }
 
-void serve_api_request_free(serve_api_request *r) {
+void fmoe_serve_api_request_free(serve_api_request *r) {
     if (!r) return;
     free(r->prompt);
     for (int i = 0; i < SERVE_API_MAX_STOP; i++) free(r->stop_store[i]);
@@ -573,7 +573,7 @@ void serve_api_request_free(serve_api_request *r) {
  * Rendering
  * ------------------------------------------------------------------------------------ */
 
-void serve_api_make_id(int32_t kind, const uint8_t rnd[12], char out[SERVE_API_ID_MAX]) {
+void fmoe_serve_api_make_id(int32_t kind, const uint8_t rnd[12], char out[SERVE_API_ID_MAX]) {
     static const char hex[] = "0123456789abcdef";
     int at = snprintf(out, SERVE_API_ID_MAX, "%s", kind == SERVE_API_CHAT ? "chatcmpl-" : "cmpl-");
     for (int i = 0; i < 12; i++) {
@@ -583,7 +583,7 @@ void serve_api_make_id(int32_t kind, const uint8_t rnd[12], char out[SERVE_API_I
     out[at] = '\0';
 }
 
-const char *serve_api_finish_reason(int32_t finish) {
+const char *fmoe_serve_api_finish_reason(int32_t finish) {
     switch (finish) {
     case SERVE_FINISH_STOP: return "stop";
     case SERVE_FINISH_LENGTH:
@@ -685,7 +685,7 @@ static cJSON *first_choice(cJSON *o) {
     return put_num(c, "index", 0) ? NULL : c;
 }
 
-char *serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
+char *fmoe_serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
                                 const serve_job_status *st) {
     int chat = m->kind == SERVE_API_CHAT;
     cJSON *o = header(m, chat ? "chat.completion" : "text_completion");
@@ -700,7 +700,7 @@ char *serve_api_render_response(const serve_api_meta *m, const char *text, size_
     } else if (put(c, "text", string_n(text, len))) {
         goto fail;
     }
-    if (put_str(c, "finish_reason", serve_api_finish_reason(st->finished)) ||
+    if (put_str(c, "finish_reason", fmoe_serve_api_finish_reason(st->finished)) ||
         put(c, "logprobs", cJSON_CreateNull()) || put_usage(o, st))
         goto fail;
     return finish_json(o);
@@ -709,7 +709,7 @@ fail:
     return NULL;
 }
 
-char *serve_api_render_chunk(const serve_api_meta *m, int role, const char *text, size_t len,
+char *fmoe_serve_api_render_chunk(const serve_api_meta *m, int role, const char *text, size_t len,
                              const char *finish_reason, int usage_null) {
     int chat = m->kind == SERVE_API_CHAT;
     cJSON *o = header(m, chat ? "chat.completion.chunk" : "text_completion");
@@ -735,7 +735,7 @@ fail:
     return NULL;
 }
 
-char *serve_api_render_usage_chunk(const serve_api_meta *m, const serve_job_status *st) {
+char *fmoe_serve_api_render_usage_chunk(const serve_api_meta *m, const serve_job_status *st) {
     cJSON *o = header(m, m->kind == SERVE_API_CHAT ? "chat.completion.chunk" : "text_completion");
     if (!o) return NULL;
     if (put(o, "choices", cJSON_CreateArray()) || put_usage(o, st)) {
@@ -745,7 +745,7 @@ char *serve_api_render_usage_chunk(const serve_api_meta *m, const serve_job_stat
     return finish_json(o);
 }
 
-char *serve_api_render_error(const char *type, const char *message, const char *param,
+char *fmoe_serve_api_render_error(const char *type, const char *message, const char *param,
                              const char *code) {
     cJSON *o = cJSON_CreateObject(), *e = cJSON_CreateObject();
     if (!o) {
@@ -761,7 +761,7 @@ char *serve_api_render_error(const char *type, const char *message, const char *
     return finish_json(o);
 }
 
-char *serve_api_render_health(const char *status, const char *why) {
+char *fmoe_serve_api_render_health(const char *status, const char *why) {
     cJSON *o = cJSON_CreateObject();
     if (!o || put_str(o, "status", status) || put_str(o, "error", why)) {
         cJSON_Delete(o);
@@ -770,7 +770,7 @@ char *serve_api_render_health(const char *status, const char *why) {
     return finish_json(o);
 }
 
-char *serve_api_render_models(const serve_engine_info *info) {
+char *fmoe_serve_api_render_models(const serve_engine_info *info) {
     cJSON *o = cJSON_CreateObject(), *data = cJSON_CreateArray(), *m = cJSON_CreateObject();
     if (!o || put_str(o, "object", "list") || put(o, "data", data)) {
         cJSON_Delete(m);

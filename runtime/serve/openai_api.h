@@ -4,12 +4,12 @@
  * so that they are unit-tested and fuzzed without a server.
  *
  *     serve_api_request r; serve_api_error err;
- *     if (serve_api_parse(SERVE_API_CHAT, body, len, tok, max_context, &r, &err) < 0)
- *         reply(err.status, serve_api_render_error(err.status, err.type, err.message,
+ *     if (fmoe_serve_api_parse(SERVE_API_CHAT, body, len, tok, max_context, &r, &err) < 0)
+ *         reply(err.status, fmoe_serve_api_render_error(err.status, err.type, err.message,
  *                                                  err.param, err.code));
  *     ... submit r.prompt / r.sampling, wait ...
- *     char *json = serve_api_render_response(&meta, text, len, &status);
- *     serve_api_request_free(&r);
+ *     char *json = fmoe_serve_api_render_response(&meta, text, len, &status);
+ *     fmoe_serve_api_request_free(&r);
  *
  * Request fields (unknown fields are ignored; null counts as absent; a wrong type or a
  * value out of range is a 400 naming the field in `param`):
@@ -65,24 +65,24 @@ typedef struct serve_api_error {
  * Parses a request body (UTF-8 already validated by the caller; need not be
  * NUL-terminated) of the given kind, tokenizes its prompt with `tok`, and checks it fits
  * `max_context` positions with its max_tokens. Thread-safe (tok is immutable).
- * @return 0 and *out (free with serve_api_request_free), or FMOE_EINVAL (*err says why:
+ * @return 0 and *out (free with fmoe_serve_api_request_free), or FMOE_EINVAL (*err says why:
  *   status 400) or FMOE_ENOMEM (status 500); *out is then empty and needs no free.
  */
-int serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_tokenizer *tok,
+int fmoe_serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_tokenizer *tok,
                     int32_t max_context, serve_api_request *out, serve_api_error *err);
 
 /* @return the offset of the first byte of s[0..n) that is not part of a well-formed UTF-8
  *   sequence (overlong forms, surrogates and code points past U+10FFFF are ill-formed),
  *   or n when all of it is well-formed. */
-size_t serve_api_utf8_invalid_at(const char *s, size_t n);
+size_t fmoe_serve_api_utf8_invalid_at(const char *s, size_t n);
 
-/* Frees what serve_api_parse allocated; a zeroed request is a no-op. */
-void serve_api_request_free(serve_api_request *r);
+/* Frees what fmoe_serve_api_parse allocated; a zeroed request is a no-op. */
+void fmoe_serve_api_request_free(serve_api_request *r);
 
 /* What every response or chunk of one request repeats. */
 typedef struct serve_api_meta {
     int32_t kind;              /* SERVE_API_CHAT or SERVE_API_COMPLETION */
-    const char *id;            /* "chatcmpl-..." or "cmpl-..." (serve_api_make_id) */
+    const char *id;            /* "chatcmpl-..." or "cmpl-..." (fmoe_serve_api_make_id) */
     int64_t created;           /* unix seconds */
     const char *model;
 } serve_api_meta;
@@ -90,37 +90,37 @@ typedef struct serve_api_meta {
 #define SERVE_API_ID_MAX 40
 
 /* Writes "chatcmpl-" or "cmpl-" and 24 hex digits of rnd[0..12) into out. */
-void serve_api_make_id(int32_t kind, const uint8_t rnd[12], char out[SERVE_API_ID_MAX]);
+void fmoe_serve_api_make_id(int32_t kind, const uint8_t rnd[12], char out[SERVE_API_ID_MAX]);
 
 /* The OpenAI finish_reason of a serve_finish: "stop", "length" (also for CANCELLED: the
  * server cut the text short), NULL while running or for ERROR. */
-const char *serve_api_finish_reason(int32_t finish);
+const char *fmoe_serve_api_finish_reason(int32_t finish);
 
 /* All renderers return malloc'd, NUL-terminated compact JSON, or NULL when out of memory.
  * `text` need not be NUL-terminated (len bytes; an embedded NUL ends it). */
 
 /* A whole (non-streamed) response: choices[0], usage, and the llama.cpp-style `timings`
  * and fmoe's expert-cache figures `fmoe` from st. */
-char *serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
+char *fmoe_serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
                                 const serve_job_status *st);
 
 /* One stream chunk. role: chat's first chunk (delta {"role":"assistant","content":""});
  * else delta text (may be empty) and finish_reason (NULL while running). usage_null: add
  * "usage": null (stream_options.include_usage asks every chunk but the last to carry it). */
-char *serve_api_render_chunk(const serve_api_meta *m, int role, const char *text, size_t len,
+char *fmoe_serve_api_render_chunk(const serve_api_meta *m, int role, const char *text, size_t len,
                              const char *finish_reason, int usage_null);
 
 /* The chunk include_usage adds before [DONE]: "choices": [] and usage, timings, fmoe. */
-char *serve_api_render_usage_chunk(const serve_api_meta *m, const serve_job_status *st);
+char *fmoe_serve_api_render_usage_chunk(const serve_api_meta *m, const serve_job_status *st);
 
 /* {"error": {"message", "type", "param" (NULL or "": null), "code" (NULL: null)}}. */
-char *serve_api_render_error(const char *type, const char *message, const char *param,
+char *fmoe_serve_api_render_error(const char *type, const char *message, const char *param,
                              const char *code);
 
 /* GET /health when it is not plainly ok: {"status": STATUS, "error": WHY}. */
-char *serve_api_render_health(const char *status, const char *why);
+char *fmoe_serve_api_render_health(const char *status, const char *why);
 
 /* GET /v1/models: one model, with fmoe's max_context and parallel. */
-char *serve_api_render_models(const serve_engine_info *info);
+char *fmoe_serve_api_render_models(const serve_engine_info *info);
 
 #endif

@@ -65,11 +65,11 @@ struct serve_job {
     /* times (monotonic seconds; scheduler thread only until finished) */
     double t_submit, t_start, t_first, t_last;
     serve_job *next;           /* the engine's waiting queue */
-    void (*notify)(void *);    /* called with mu held on news (serve_job_set_notify) */
+    void (*notify)(void *);    /* called with mu held on news (fmoe_serve_job_set_notify) */
     void *notify_arg;
 };
 
-const char *serve_finish_name(int32_t finish) {
+const char *fmoe_serve_finish_name(int32_t finish) {
     switch (finish) {
     case SERVE_FINISH_STOP: return "stop";
     case SERVE_FINISH_LENGTH: return "length";
@@ -103,7 +103,7 @@ static void job_free(serve_job *j) {
     free(j);
 }
 
-void serve_job_release(serve_job *j) {
+void fmoe_serve_job_release(serve_job *j) {
     if (!j) return;
     pthread_mutex_lock(&j->mu);
     const int last = --j->refs == 0;
@@ -111,18 +111,18 @@ void serve_job_release(serve_job *j) {
     if (last) job_free(j);
 }
 
-void serve_job_set_notify(serve_job *j, void (*fn)(void *), void *arg) {
+void fmoe_serve_job_set_notify(serve_job *j, void (*fn)(void *), void *arg) {
     pthread_mutex_lock(&j->mu); /* a call in progress holds it: none runs after this */
     j->notify = fn;
     j->notify_arg = arg;
     pthread_mutex_unlock(&j->mu);
 }
 
-void serve_job_cancel(serve_job *j) {
+void fmoe_serve_job_cancel(serve_job *j) {
     if (j) atomic_store(&j->cancel, 1);
 }
 
-int serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, size_t *len,
+int fmoe_serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, size_t *len,
                    serve_job_status *st) {
     const struct timespec until = deadline_after(timeout_s);
     pthread_mutex_lock(&j->mu);
@@ -235,8 +235,8 @@ static void job_finish_status(serve_engine *e, serve_job *j, int32_t finish, con
          * must find its request there (the metrics lock is a leaf; nothing holds it while
          * taking a job's). Once per job: a second finish changes nothing. */
         if (e->o.metrics) {
-            serve_metrics_observe_e2e(e->o.metrics, t - j->t_submit);
-            serve_metrics_request_done(e->o.metrics, finish);
+            fmoe_serve_metrics_observe_e2e(e->o.metrics, t - j->t_submit);
+            fmoe_serve_metrics_request_done(e->o.metrics, finish);
         }
     }
     pthread_cond_broadcast(&j->cv);
@@ -251,7 +251,7 @@ static void job_finish(serve_engine *e, serve_job *j, int32_t finish, const char
 static void seq_clear(serve_engine *e, seq *s) {
     if (s->job) {
         if (e->o.offload && s->begun) fmoe_offload_request_end(e->o.offload);
-        serve_job_release(s->job);
+        fmoe_serve_job_release(s->job);
     }
     s->begun = 0;
     s->job = NULL;
@@ -333,7 +333,7 @@ static void on_traced(void *ctx, void *tag, int rc) {
     serve_engine *e = t->e;
     if (rc < 0) {
         output_failed(e, "trace (--trace-out)", "trace");
-        if (e->o.metrics) serve_metrics_trace_failure(e->o.metrics);
+        if (e->o.metrics) fmoe_serve_metrics_trace_failure(e->o.metrics);
         if (t->finish) {
             char msg[sizeof ((serve_job_status *)0)->error];
             snprintf(msg, sizeof msg, "the request could not be recorded in the %s: %.190s",
@@ -343,7 +343,7 @@ static void on_traced(void *ctx, void *tag, int rc) {
     } else if (t->finish) {
         job_finish(e, t->job, t->finish, NULL);
     }
-    serve_job_release(t->job);
+    fmoe_serve_job_release(t->job);
     free(t);
 }
 
@@ -367,8 +367,8 @@ static int seq_record(serve_engine *e, seq *s, int32_t finish) {
         .experts = s->experts, .probs = s->probs, .semantic = s->semantic,
         .speculative = e->o.trace_speculative > 0 ? s->speculative : NULL,
         .served_iteration = s->served_iteration, .served_s = s->served_s};
-    if (serve_trace_queue_push(e->tq, &q, t) < 0) {
-        serve_job_release(j);
+    if (fmoe_serve_trace_queue_push(e->tq, &q, t) < 0) {
+        fmoe_serve_job_release(j);
         free(t);
         return 0;
     }
@@ -396,7 +396,7 @@ static void admit(serve_engine *e) {
             e->waiting--;
             if (atomic_load(&j->cancel)) {
                 job_finish(e, j, SERVE_FINISH_CANCELLED, NULL);
-                serve_job_release(j);
+                fmoe_serve_job_release(j);
                 j = NULL;
             }
         }
@@ -410,7 +410,7 @@ static void admit(serve_engine *e) {
                                             : e->o.batch_tokens;
         if (seq_reserve(e, s, rows) < 0 || fmoe_sampler_init(&sp, e->V, &s->sampler) < 0) {
             job_finish(e, j, SERVE_FINISH_ERROR, fmoe_error_detail());
-            serve_job_release(j);
+            fmoe_serve_job_release(j);
             i--; /* the slot is still free */
             continue;
         }
@@ -430,7 +430,7 @@ static void admit(serve_engine *e) {
         pthread_mutex_lock(&j->mu);
         j->st.queue_ms = 1e3 * (j->t_start - j->t_submit);
         pthread_mutex_unlock(&j->mu);
-        if (e->o.metrics) serve_metrics_observe_queue(e->o.metrics, j->t_start - j->t_submit);
+        if (e->o.metrics) fmoe_serve_metrics_observe_queue(e->o.metrics, j->t_start - j->t_submit);
     }
 }
 
@@ -450,9 +450,9 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
     const double t = fmoe__now_s();
     if (e->o.metrics) {
         if (s->num_generated == 0)
-            serve_metrics_observe_ttft(e->o.metrics, t - j->t_submit);
+            fmoe_serve_metrics_observe_ttft(e->o.metrics, t - j->t_submit);
         else
-            serve_metrics_observe_itl(e->o.metrics, t - j->t_last);
+            fmoe_serve_metrics_observe_itl(e->o.metrics, t - j->t_last);
     }
     if (s->num_generated == 0) j->t_first = t;
     j->t_last = t;
@@ -466,7 +466,7 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
     }
     s->generated[s->num_generated++] = tok;
     s->next = tok;
-    if (e->o.metrics) serve_metrics_add_tokens(e->o.metrics, 0, 1);
+    if (e->o.metrics) fmoe_serve_metrics_add_tokens(e->o.metrics, 0, 1);
 
     char *text = NULL;
     size_t len = 0;
@@ -477,7 +477,7 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
         return 1;
     }
     const size_t stop_at =
-        serve_text_stop_at(j->sampling.stop, j->sampling.num_stop, text, len);
+        fmoe_serve_text_stop_at(j->sampling.stop, j->sampling.num_stop, text, len);
     int32_t finish = SERVE_RUNNING;
     if (stop_at < len) {
         len = stop_at;
@@ -492,7 +492,7 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
     j->text = text;
     j->text_len = len;
     if (finish == SERVE_RUNNING) {
-        const size_t vis = serve_text_visible(j->sampling.stop, j->sampling.num_stop, text, len);
+        const size_t vis = fmoe_serve_text_visible(j->sampling.stop, j->sampling.num_stop, text, len);
         if (vis > j->visible) j->visible = vis;
     }
     j->st.completion_tokens = s->num_generated;
@@ -654,7 +654,7 @@ static void run_iteration(serve_engine *e, int32_t count) {
         for (int32_t c = 0; c < count; c++) {
             seq *s = &e->seqs[e->item_seq[c]];
             job_finish_status(e, s->job, SERVE_FINISH_ERROR, msg, log_failed ? 507 : 0);
-            if (log_failed && e->o.metrics) serve_metrics_trace_failure(e->o.metrics);
+            if (log_failed && e->o.metrics) fmoe_serve_metrics_trace_failure(e->o.metrics);
             s->state = SEQ_DONE; /* leaves below */
             s->finish = 0;
         }
@@ -667,7 +667,7 @@ static void run_iteration(serve_engine *e, int32_t count) {
         if (s->state == SEQ_PREFILL) {
             s->fed += e->items[c].n;
             if (s->fed < s->job->prompt_tokens) continue;
-            if (e->o.metrics) serve_metrics_add_tokens(e->o.metrics, s->job->prompt_tokens, 0);
+            if (e->o.metrics) fmoe_serve_metrics_add_tokens(e->o.metrics, s->job->prompt_tokens, 0);
             s->state = SEQ_DECODE;
         }
         const int32_t tok = fmoe_sampler_sample(s->sampler, s->logits);
@@ -698,7 +698,7 @@ static void cancel_everything(serve_engine *e) {
         e->q_head = j->next;
         e->waiting--;
         job_finish(e, j, SERVE_FINISH_CANCELLED, "the server is shutting down");
-        serve_job_release(j);
+        fmoe_serve_job_release(j);
     }
     e->q_tail = NULL;
     for (int32_t i = 0; i < e->o.parallel; i++) {
@@ -742,7 +742,7 @@ static void *scheduler_main(void *arg) {
 
 static void engine_free(serve_engine *e) {
     if (!e) return;
-    serve_trace_queue_stop(e->tq);
+    fmoe_serve_trace_queue_stop(e->tq);
     for (int32_t i = 0; e->seqs && i < e->o.parallel; i++) {
         fmoe_session_free(e->seqs[i].session);
         fmoe_sampler_free(e->seqs[i].sampler);
@@ -769,7 +769,7 @@ static void engine_free(serve_engine *e) {
     free(e);
 }
 
-int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
+int fmoe_serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     *out = NULL;
     FMOE_RETURN_ERROR_IF(!o || !o->model || !o->tokenizer, FMOE_EINVAL,
                          "serve: a model and a tokenizer are needed");
@@ -834,7 +834,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         else
             rc = seq_reserve(e, s, budget);
     }
-    if (rc == 0 && o->trace_out) rc = serve_trace_queue_start(o->trace_out, on_traced, e, &e->tq);
+    if (rc == 0 && o->trace_out) rc = fmoe_serve_trace_queue_start(o->trace_out, on_traced, e, &e->tq);
     if (rc < 0) {
         engine_free(e);
         return rc;
@@ -849,7 +849,7 @@ int serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     return 0;
 }
 
-int serve_engine_stop(serve_engine *e, double grace_s) {
+int fmoe_serve_engine_stop(serve_engine *e, double grace_s) {
     if (!e) return 0;
     pthread_mutex_lock(&e->mu);
     e->accepting = 0;
@@ -858,7 +858,7 @@ int serve_engine_stop(serve_engine *e, double grace_s) {
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (e->thread_started) pthread_join(e->thread, NULL);
-    const int rc = serve_trace_queue_stop(e->tq); /* what is queued is written first */
+    const int rc = fmoe_serve_trace_queue_stop(e->tq); /* what is queued is written first */
     e->tq = NULL;
     engine_free(e);
     return rc;
@@ -871,7 +871,7 @@ static char *dup_string(const char *s) {
     return d;
 }
 
-serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
+serve_job *fmoe_serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
                                const serve_sampling *s, int *http_status, char *msg,
                                size_t cap) {
 #define REFUSE(code, ...)                                                                    \
@@ -919,7 +919,7 @@ serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
     if (atomic_load(&e->trace_failed)) {
         pthread_mutex_unlock(&e->mu);
         job_free(j);
-        if (e->o.metrics) serve_metrics_trace_failure(e->o.metrics);
+        if (e->o.metrics) fmoe_serve_metrics_trace_failure(e->o.metrics);
         REFUSE(503, "the %s cannot be written (%s): no request is answered that it cannot "
                     "record",
                e->failed_output, e->trace_error);
@@ -947,7 +947,7 @@ serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
 #undef REFUSE
 }
 
-void serve_engine_get_info(const serve_engine *e, serve_engine_info *out) {
+void fmoe_serve_engine_get_info(const serve_engine *e, serve_engine_info *out) {
     *out = (serve_engine_info){.model_name = e->o.model_name,
                                .max_context = e->o.max_context,
                                .parallel = e->o.parallel,
@@ -957,7 +957,7 @@ void serve_engine_get_info(const serve_engine *e, serve_engine_info *out) {
                                .created = e->created};
 }
 
-void serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out) {
+void fmoe_serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out) {
     pthread_mutex_lock(&e->mu);
     out->running = e->running;
     out->waiting = e->waiting;
@@ -966,7 +966,7 @@ void serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out) {
     out->trace_error = atomic_load(&e->trace_failed) ? e->trace_error : NULL;
 }
 
-void serve_engine_get_layers(serve_engine *e, serve_layer_counters *out) {
+void fmoe_serve_engine_get_layers(serve_engine *e, serve_layer_counters *out) {
     memset(out, 0, (size_t)e->L * sizeof *out);
     if (!e->o.offload) return;
     fmoe_offload_layer_stats *ls = calloc((size_t)e->L, sizeof *ls);

@@ -4,12 +4,12 @@
  * offloaded) model, and jobs the HTTP side reads text from as it is produced.
  *
  *     serve_engine *e;
- *     serve_engine_start(&opts, &e);                      // loads, starts the scheduler
- *     serve_job *j = serve_engine_submit(e, ids, n, &sampling, &status, msg, sizeof msg);
+ *     fmoe_serve_engine_start(&opts, &e);                      // loads, starts the scheduler
+ *     serve_job *j = fmoe_serve_engine_submit(e, ids, n, &sampling, &status, msg, sizeof msg);
  *     size_t have = 0; char *text = NULL; size_t len; serve_job_status st;
- *     while (serve_job_wait(j, have, 1.0, &text, &len, &st) == 0 && ...) { ...; have = len; }
- *     serve_job_release(j);                               // the HTTP side's reference
- *     serve_engine_stop(e, grace_s);                      // finish or cut, then free
+ *     while (fmoe_serve_job_wait(j, have, 1.0, &text, &len, &st) == 0 && ...) { ...; have = len; }
+ *     fmoe_serve_job_release(j);                               // the HTTP side's reference
+ *     fmoe_serve_engine_stop(e, grace_s);                      // finish or cut, then free
  *
  * Threads: submit/wait/cancel/release and the snapshot functions may be called from any
  * thread (libmicrohttpd's connection threads); the model runs only on the scheduler
@@ -92,7 +92,7 @@ typedef enum serve_finish {
 } serve_finish;
 
 /* "stop", "length", "cancelled", "error", or NULL while running (OpenAI finish_reason). */
-const char *serve_finish_name(int32_t finish);
+const char *fmoe_serve_finish_name(int32_t finish);
 
 /* Expert-cache figures of one request: its share of every batched iteration it was in
  * (accesses of an iteration are attributed to each sequence whose tokens routed to the
@@ -119,20 +119,20 @@ typedef struct serve_job_status {
 
 /* Starts the scheduler thread. @return 0, FMOE_EINVAL (bad options), FMOE_ENOMEM (the
  * sessions' KV caches: the detail says how much). */
-int serve_engine_start(const serve_engine_options *o, serve_engine **out);
+int fmoe_serve_engine_start(const serve_engine_options *o, serve_engine **out);
 
 /* Stops accepting (submit says 503), lets running and waiting requests finish for up to
  * grace_s seconds, cancels the rest, joins the scheduler and frees the engine. Jobs still
  * referenced by the HTTP side stay valid until released. NULL is a no-op.
  * @return 0, or the first error appending to trace_out (detail set; later requests were
  *         not written). */
-int serve_engine_stop(serve_engine *e, double grace_s);
+int fmoe_serve_engine_stop(serve_engine *e, double grace_s);
 
 /* Queues a request of prompt ids[0..n). @return the job (two references: the caller's and
  * the engine's), or NULL with *http_status and a one-line message: 503 (queue full, or
  * shutting down), 400 (empty prompt, prompt + max_tokens beyond the context, an id outside
  * the vocabulary), 500 (out of memory); 503 also once the trace could not be written. */
-serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
+serve_job *fmoe_serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
                                const serve_sampling *s, int *http_status, char *msg,
                                size_t cap);
 
@@ -140,21 +140,21 @@ serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
  * finished; then sets *text to a malloc'd copy of the whole text so far (stop strings and
  * a trailing incomplete UTF-8 sequence held back; caller frees; may be NULL when len is 0),
  * *len, and *st. @return 1 when there is news (more text or finished), 0 on timeout. */
-int serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, size_t *len,
+int fmoe_serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, size_t *len,
                    serve_job_status *st);
 
 /* Has the engine call fn(arg) whenever the job has news (more text, or it finished), on
  * the engine's threads with the job's lock held: fn must be quick and must not call into
  * the job (an event-driven server resumes the connection waiting for it). fn NULL: none.
  * Once this returns no call of the previous fn is in progress, so its arg may go. */
-void serve_job_set_notify(serve_job *j, void (*fn)(void *), void *arg);
+void fmoe_serve_job_set_notify(serve_job *j, void (*fn)(void *), void *arg);
 
 /* Asks the engine to stop the job (a client disconnected): its sequence leaves the batch
  * at the end of the current iteration and finishes as SERVE_FINISH_CANCELLED. */
-void serve_job_cancel(serve_job *j);
+void fmoe_serve_job_cancel(serve_job *j);
 
 /* Drops the caller's reference. */
-void serve_job_release(serve_job *j);
+void fmoe_serve_job_release(serve_job *j);
 
 /* What /v1/models, /health and /metrics need. */
 typedef struct serve_engine_info {
@@ -167,7 +167,7 @@ typedef struct serve_engine_info {
     int64_t created;            /* unix seconds the engine started */
 } serve_engine_info;
 
-void serve_engine_get_info(const serve_engine *e, serve_engine_info *out);
+void fmoe_serve_engine_get_info(const serve_engine *e, serve_engine_info *out);
 
 typedef struct serve_engine_gauges {
     int32_t running;
@@ -178,7 +178,7 @@ typedef struct serve_engine_gauges {
                                    503 degraded) */
 } serve_engine_gauges;
 
-void serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out);
+void fmoe_serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out);
 
 /* Per MoE layer expert-cache counters since start (all zero without offloading). */
 typedef struct serve_layer_counters {
@@ -190,6 +190,6 @@ typedef struct serve_layer_counters {
 } serve_layer_counters;
 
 /* Fills out[0..num_layers). */
-void serve_engine_get_layers(serve_engine *e, serve_layer_counters *out);
+void fmoe_serve_engine_get_layers(serve_engine *e, serve_layer_counters *out);
 
 #endif

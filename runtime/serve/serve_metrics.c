@@ -50,7 +50,7 @@ struct serve_metrics {
     char *model_name;
 };
 
-serve_metrics *serve_metrics_new(void) {
+serve_metrics *fmoe_serve_metrics_new(void) {
     serve_metrics *m = calloc(1, sizeof *m);
     if (!m) return NULL;
     if (pthread_mutex_init(&m->mu, NULL) != 0) {
@@ -72,7 +72,7 @@ serve_metrics *serve_metrics_new(void) {
     return m;
 }
 
-void serve_metrics_free(serve_metrics *m) {
+void fmoe_serve_metrics_free(serve_metrics *m) {
     if (!m) return;
     pthread_mutex_destroy(&m->mu);
     free(m->model_name);
@@ -90,12 +90,12 @@ static void observe(serve_metrics *m, int which, double s) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void serve_metrics_observe_ttft(serve_metrics *m, double s) { observe(m, H_TTFT, s); }
-void serve_metrics_observe_itl(serve_metrics *m, double s) { observe(m, H_ITL, s); }
-void serve_metrics_observe_e2e(serve_metrics *m, double s) { observe(m, H_E2E, s); }
-void serve_metrics_observe_queue(serve_metrics *m, double s) { observe(m, H_QUEUE, s); }
+void fmoe_serve_metrics_observe_ttft(serve_metrics *m, double s) { observe(m, H_TTFT, s); }
+void fmoe_serve_metrics_observe_itl(serve_metrics *m, double s) { observe(m, H_ITL, s); }
+void fmoe_serve_metrics_observe_e2e(serve_metrics *m, double s) { observe(m, H_E2E, s); }
+void fmoe_serve_metrics_observe_queue(serve_metrics *m, double s) { observe(m, H_QUEUE, s); }
 
-void serve_metrics_add_tokens(serve_metrics *m, int64_t prompt, int64_t generated) {
+void fmoe_serve_metrics_add_tokens(serve_metrics *m, int64_t prompt, int64_t generated) {
     if (!m) return;
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += prompt > 0 ? prompt : 0;
@@ -103,28 +103,28 @@ void serve_metrics_add_tokens(serve_metrics *m, int64_t prompt, int64_t generate
     pthread_mutex_unlock(&m->mu);
 }
 
-void serve_metrics_request_done(serve_metrics *m, int32_t finish) {
+void fmoe_serve_metrics_request_done(serve_metrics *m, int32_t finish) {
     if (!m || finish < SERVE_FINISH_STOP || finish > SERVE_FINISH_ERROR) return;
     pthread_mutex_lock(&m->mu);
     m->finished[finish]++;
     pthread_mutex_unlock(&m->mu);
 }
 
-void serve_metrics_http_status(serve_metrics *m, int code) {
+void fmoe_serve_metrics_http_status(serve_metrics *m, int code) {
     if (!m || code < MIN_CODE || code > MAX_CODE) return;
     pthread_mutex_lock(&m->mu);
     m->http[code - MIN_CODE]++;
     pthread_mutex_unlock(&m->mu);
 }
 
-void serve_metrics_trace_failure(serve_metrics *m) {
+void fmoe_serve_metrics_trace_failure(serve_metrics *m) {
     if (!m) return;
     pthread_mutex_lock(&m->mu);
     m->trace_failures++;
     pthread_mutex_unlock(&m->mu);
 }
 
-int serve_metrics_set_model_name(serve_metrics *m, const char *name) {
+int fmoe_serve_metrics_set_model_name(serve_metrics *m, const char *name) {
     if (!m) return 0;
     char *copy = NULL;
     if (name && !(copy = strdup(name)))
@@ -136,7 +136,7 @@ int serve_metrics_set_model_name(serve_metrics *m, const char *name) {
     return 0;
 }
 
-size_t serve_metrics_escape_label(const char *v, char *out, size_t cap) {
+size_t fmoe_serve_metrics_escape_label(const char *v, char *out, size_t cap) {
     size_t need = 0, at = 0;
     int full = 0;
     for (const char *p = v ? v : ""; *p; p++) {
@@ -241,7 +241,7 @@ static double l_bytes(const serve_layer_counters *c) { return (double)c->load_by
 static double l_resident(const serve_layer_counters *c) { return (double)c->resident; }
 static double l_stall(const serve_layer_counters *c) { return c->stall_s; }
 
-int serve_metrics_render(serve_metrics *m, const serve_engine_gauges *g,
+int fmoe_serve_metrics_render(serve_metrics *m, const serve_engine_gauges *g,
                          const serve_layer_counters *layers, int32_t num_layers, char **out,
                          size_t *len) {
     buf b = {malloc(8192), 0, 8192, 0};
@@ -277,10 +277,10 @@ int serve_metrics_render(serve_metrics *m, const serve_engine_gauges *g,
                "not record them.");
         bprintf(&b, "fmoe_trace_write_failures_total %lld\n", (long long)snap.trace_failures);
         if (name) {
-            size_t need = serve_metrics_escape_label(name, NULL, 0);
+            size_t need = fmoe_serve_metrics_escape_label(name, NULL, 0);
             char *esc = malloc(need + 1);
             if (esc) {
-                serve_metrics_escape_label(name, esc, need + 1);
+                fmoe_serve_metrics_escape_label(name, esc, need + 1);
                 family(&b, "fmoe_model_info", "gauge", "The served model (always 1).");
                 bprintf(&b, "fmoe_model_info{model=\"%s\"} 1\n", esc);
             } else {

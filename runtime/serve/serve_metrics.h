@@ -20,8 +20,8 @@
  *   fmoe_expert_cache_late_total, fmoe_expert_prefetch_issued_total,
  *   fmoe_expert_prefetch_useful_total, fmoe_expert_load_bytes_total,
  *   fmoe_expert_cache_resident (gauge), fmoe_expert_stall_seconds_total
- *   fmoe_model_info{model="NAME"}  gauge (1), once serve_metrics_set_model_name was called
- * m may be NULL in serve_metrics_render: then only the gauges and per-layer families.
+ *   fmoe_model_info{model="NAME"}  gauge (1), once fmoe_serve_metrics_set_model_name was called
+ * m may be NULL in fmoe_serve_metrics_render: then only the gauges and per-layer families.
  */
 #ifndef FMOE_SERVE_METRICS_H
 #define FMOE_SERVE_METRICS_H
@@ -34,32 +34,32 @@
 typedef struct serve_metrics serve_metrics;
 
 /* @return NULL when out of memory. */
-serve_metrics *serve_metrics_new(void);
-void serve_metrics_free(serve_metrics *m);
+serve_metrics *fmoe_serve_metrics_new(void);
+void fmoe_serve_metrics_free(serve_metrics *m);
 
-void serve_metrics_observe_ttft(serve_metrics *m, double seconds);
-void serve_metrics_observe_itl(serve_metrics *m, double seconds);
-void serve_metrics_observe_e2e(serve_metrics *m, double seconds);
-void serve_metrics_observe_queue(serve_metrics *m, double seconds);
-void serve_metrics_add_tokens(serve_metrics *m, int64_t prompt, int64_t generated);
+void fmoe_serve_metrics_observe_ttft(serve_metrics *m, double seconds);
+void fmoe_serve_metrics_observe_itl(serve_metrics *m, double seconds);
+void fmoe_serve_metrics_observe_e2e(serve_metrics *m, double seconds);
+void fmoe_serve_metrics_observe_queue(serve_metrics *m, double seconds);
+void fmoe_serve_metrics_add_tokens(serve_metrics *m, int64_t prompt, int64_t generated);
 /* finish: serve_finish (SERVE_FINISH_STOP..ERROR) */
-void serve_metrics_request_done(serve_metrics *m, int32_t finish);
-void serve_metrics_http_status(serve_metrics *m, int code);
+void fmoe_serve_metrics_request_done(serve_metrics *m, int32_t finish);
+void fmoe_serve_metrics_http_status(serve_metrics *m, int code);
 /* One request that failed or was refused because the trace could not record it. */
-void serve_metrics_trace_failure(serve_metrics *m);
+void fmoe_serve_metrics_trace_failure(serve_metrics *m);
 
 /* Extensions (the HTTP side calls them): the model's name, rendered as
  * fmoe_model_info{model="NAME"} 1 (copied; NULL clears it). @return 0 or FMOE_ENOMEM. */
-int serve_metrics_set_model_name(serve_metrics *m, const char *name);
+int fmoe_serve_metrics_set_model_name(serve_metrics *m, const char *name);
 
 /* Writes v as a Prometheus label value (backslash, double quote and newline escaped) into
  * out (cap bytes, NUL-terminated, truncated at a whole escape). @return the length the
  * whole escaped value needs, without the NUL. */
-size_t serve_metrics_escape_label(const char *v, char *out, size_t cap);
+size_t fmoe_serve_metrics_escape_label(const char *v, char *out, size_t cap);
 
 /* Renders everything: histograms and counters from m, gauges and per-layer counters as
  * given. @return 0 and *out (malloc'd, NUL-terminated, *len bytes), or FMOE_ENOMEM. */
-int serve_metrics_render(serve_metrics *m, const serve_engine_gauges *g,
+int fmoe_serve_metrics_render(serve_metrics *m, const serve_engine_gauges *g,
                          const serve_layer_counters *layers, int32_t num_layers, char **out,
                          size_t *len);
 

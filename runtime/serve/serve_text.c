@@ -7,7 +7,7 @@
 
 #include "fmoe/tokenizer.h"
 
-size_t serve_text_stop_at(const char *const *stop, int32_t num_stop, const char *text,
+size_t fmoe_serve_text_stop_at(const char *const *stop, int32_t num_stop, const char *text,
                           size_t n) {
     size_t at = n;
     for (int32_t i = 0; i < num_stop; i++) {
@@ -38,7 +38,7 @@ static size_t stop_prefix_tail(const char *const *stop, int32_t num_stop, const 
     return hold;
 }
 
-size_t serve_text_visible(const char *const *stop, int32_t num_stop, const char *text,
+size_t fmoe_serve_text_visible(const char *const *stop, int32_t num_stop, const char *text,
                           size_t n) {
     const size_t stable = fmoe_text_stable_prefix(text, n);
     return stable - stop_prefix_tail(stop, num_stop, text, stable);

@@ -68,7 +68,7 @@ static void *queue_main(void *arg) {
     return NULL;
 }
 
-int serve_trace_queue_start(fmoe_trace_writer *w, serve_trace_done_fn done, void *ctx,
+int fmoe_serve_trace_queue_start(fmoe_trace_writer *w, serve_trace_done_fn done, void *ctx,
                             serve_trace_queue **out) {
     *out = NULL;
     serve_trace_queue *q = calloc(1, sizeof *q);
@@ -88,7 +88,7 @@ int serve_trace_queue_start(fmoe_trace_writer *w, serve_trace_done_fn done, void
     return 0;
 }
 
-int serve_trace_queue_push(serve_trace_queue *q, const fmoe_trace_request *req, void *tag) {
+int fmoe_serve_trace_queue_push(serve_trace_queue *q, const fmoe_trace_request *req, void *tag) {
     entry *e = malloc(sizeof *e);
     if (!e) return fmoe_error_set(FMOE_ENOMEM, "out of memory queueing a request for the trace");
     e->req = *req;
@@ -105,7 +105,7 @@ int serve_trace_queue_push(serve_trace_queue *q, const fmoe_trace_request *req, 
     return 0;
 }
 
-int serve_trace_queue_stop(serve_trace_queue *q) {
+int fmoe_serve_trace_queue_stop(serve_trace_queue *q) {
     if (!q) return 0;
     pthread_mutex_lock(&q->mu);
     q->stop = 1;

@@ -5,10 +5,10 @@
  * reports each one done, so a request's client is told only once it is in the file.
  *
  *     serve_trace_queue *q;
- *     serve_trace_queue_start(writer, on_done, ctx, &q);
- *     serve_trace_queue_push(q, &req, tag);   // req's arrays are the queue's now
+ *     fmoe_serve_trace_queue_start(writer, on_done, ctx, &q);
+ *     fmoe_serve_trace_queue_push(q, &req, tag);   // req's arrays are the queue's now
  *     ...
- *     rc = serve_trace_queue_stop(q);         // appends what is queued, joins, frees
+ *     rc = fmoe_serve_trace_queue_stop(q);         // appends what is queued, joins, frees
  */
 #ifndef FMOE_SERVE_TRACE_QUEUE_H
 #define FMOE_SERVE_TRACE_QUEUE_H
@@ -22,16 +22,16 @@ typedef struct serve_trace_queue serve_trace_queue;
 typedef void (*serve_trace_done_fn)(void *ctx, void *tag, int rc);
 
 /* @return 0, FMOE_ENOMEM (the thread could not start). The writer is borrowed. */
-int serve_trace_queue_start(fmoe_trace_writer *w, serve_trace_done_fn done, void *ctx,
+int fmoe_serve_trace_queue_start(fmoe_trace_writer *w, serve_trace_done_fn done, void *ctx,
                             serve_trace_queue **out);
 
 /* Queues a request. Its arrays token_id, phase, experts, probs, semantic, speculative,
  * served_iteration and served_s must come from malloc: the queue frees them after the
  * append. @return 0 or FMOE_ENOMEM (then nothing was taken: the caller owns the arrays). */
-int serve_trace_queue_push(serve_trace_queue *q, const fmoe_trace_request *req, void *tag);
+int fmoe_serve_trace_queue_push(serve_trace_queue *q, const fmoe_trace_request *req, void *tag);
 
 /* Appends everything queued, stops the thread and frees. NULL is a no-op (0).
  * @return 0 or the first append error (its detail is set on this thread). */
-int serve_trace_queue_stop(serve_trace_queue *q);
+int fmoe_serve_trace_queue_stop(serve_trace_queue *q);
 
 #endif

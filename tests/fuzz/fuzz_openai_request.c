@@ -55,20 +55,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *body = malloc(n ? n : 1);
     if (!body) return 0;
     memcpy(body, data + 1, n);
-    if (serve_api_utf8_invalid_at(body, n) < n) {
+    if (fmoe_serve_api_utf8_invalid_at(body, n) < n) {
         free(body);
         return 0;
     }
     serve_api_request r;
     serve_api_error e;
-    int rc = serve_api_parse(kind, body, n, tok, MAX_CONTEXT, &r, &e);
+    int rc = fmoe_serve_api_parse(kind, body, n, tok, MAX_CONTEXT, &r, &e);
     free(body);
     if (rc < 0) {
         if ((e.status != 400 && e.status != 500) || !e.message[0] || !e.type) {
             fprintf(stderr, "fuzz_openai_request: bad error (rc %d, status %d)\n", rc, e.status);
             abort();
         }
-        char *j = serve_api_render_error(e.type, e.message, e.param, e.code);
+        char *j = fmoe_serve_api_render_error(e.type, e.message, e.param, e.code);
         free(j);
         refused++;
         return 0;
@@ -86,9 +86,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (r.prompt[i] < 0 || r.prompt[i] >= fmoe_tokenizer_vocab_size(tok)) abort();
     serve_api_meta m = {kind, "id", 1, "model"};
     serve_job_status st = {.finished = SERVE_FINISH_STOP, .prompt_tokens = r.num_prompt};
-    free(serve_api_render_response(&m, "text", 4, &st));
-    free(serve_api_render_chunk(&m, 0, "t", 1, "stop", r.include_usage));
-    serve_api_request_free(&r);
+    free(fmoe_serve_api_render_response(&m, "text", 4, &st));
+    free(fmoe_serve_api_render_chunk(&m, 0, "t", 1, "stop", r.include_usage));
+    fmoe_serve_api_request_free(&r);
     parsed++;
     return 0;
 }

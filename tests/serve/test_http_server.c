@@ -53,7 +53,7 @@ static void sleep_s(double s) {
     nanosleep(&ts, NULL);
 }
 
-serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
+serve_job *fmoe_serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
                                const serve_sampling *s, int *http_status, char *msg, size_t cap) {
     (void)ids;
     if (e->submit_status) {
@@ -72,11 +72,11 @@ serve_job *serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t n,
     clock_gettime(CLOCK_MONOTONIC, &j->start);
     atomic_fetch_add(&jobs_live, 1);
     /* The engine's reference is dropped at once: the fake has no scheduler. */
-    serve_job_release(j);
+    fmoe_serve_job_release(j);
     return j;
 }
 
-int serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, size_t *len,
+int fmoe_serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, size_t *len,
                    serve_job_status *st) {
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -105,32 +105,32 @@ int serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, siz
 
 /* The fake tells no news: its jobs' text grows with the clock, so the server's waits move
  * on the ticker's resume every slice, which the real engine's news only shortens. */
-void serve_job_set_notify(serve_job *j, void (*fn)(void *), void *arg) {
+void fmoe_serve_job_set_notify(serve_job *j, void (*fn)(void *), void *arg) {
     (void)j, (void)fn, (void)arg;
 }
 
-void serve_job_cancel(serve_job *j) {
+void fmoe_serve_job_cancel(serve_job *j) {
     if (!atomic_exchange(&j->cancelled, 1)) atomic_fetch_add(&jobs_cancelled, 1);
 }
 
-void serve_job_release(serve_job *j) {
+void fmoe_serve_job_release(serve_job *j) {
     if (atomic_fetch_sub(&j->refs, 1) == 1) {
         atomic_fetch_sub(&jobs_live, 1);
         free(j);
     }
 }
 
-void serve_engine_get_info(const serve_engine *e, serve_engine_info *out) {
+void fmoe_serve_engine_get_info(const serve_engine *e, serve_engine_info *out) {
     (void)e;
     *out = (serve_engine_info){.model_name = "fake-model", .max_context = 1024, .parallel = 2,
                                .num_layers = 3, .created = 1700000000};
 }
 
-void serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out) {
+void fmoe_serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out) {
     *out = (serve_engine_gauges){.running = 1, .waiting = 0, .ready = e->ready};
 }
 
-void serve_engine_get_layers(serve_engine *e, serve_layer_counters *out) {
+void fmoe_serve_engine_get_layers(serve_engine *e, serve_layer_counters *out) {
     (void)e;
     for (int l = 0; l < 3; l++) out[l] = (serve_layer_counters){.hits = 10 * l, .resident = l};
 }
@@ -221,13 +221,13 @@ static serve_http *start(const char *api_key, size_t max_body) {
         char path[4096];
         snprintf(path, sizeof path, "%s/datasets/fmoe-tiny", root ? root : ".");
         if (fmoe_tokenizer_load(path, &tok) < 0) abort();
-        metrics = serve_metrics_new();
+        metrics = fmoe_serve_metrics_new();
     }
     serve_http *h = NULL;
     serve_http_options o = {.port = 0, .api_key = api_key, .max_body_bytes = max_body,
                             .tokenizer = tok, .metrics = metrics};
-    if (serve_http_start(&o, &h) < 0) {
-        fprintf(stderr, "serve_http_start: %s\n", fmoe_error_detail());
+    if (fmoe_serve_http_start(&o, &h) < 0) {
+        fprintf(stderr, "fmoe_serve_http_start: %s\n", fmoe_error_detail());
         abort();
     }
     return h;
@@ -278,15 +278,15 @@ static void sse_text(const char *body, const char *key, char *out, size_t cap) {
 
 TEST(loading_then_ready) {
     serve_http *h = start(NULL, 0);
-    int port = serve_http_port(h);
+    int port = fmoe_serve_http_port(h);
     ASSERT_TRUE(port > 0);
     reply a = get(port, "/health", NULL);
     reply b = post(port, CHAT, "{" MSGS "}", strlen("{" MSGS "}"), NULL);
     serve_engine e = {.ready = 1};
-    serve_http_set_engine(h, &e);
+    fmoe_serve_http_set_engine(h, &e);
     reply c = get(port, "/health", NULL);
     reply d = get(port, "/v1/models", NULL);
-    serve_http_stop(h);
+    fmoe_serve_http_stop(h);
     ASSERT_EQ(a.status, 503);
     ASSERT_CONTAINS(a.body, "\"loading\"");
     ASSERT_EQ(b.status, 503);
@@ -301,8 +301,8 @@ TEST(loading_then_ready) {
 TEST(errors_404_405_400_413) {
     serve_http *h = start(NULL, 1024);
     serve_engine e = {.ready = 1};
-    serve_http_set_engine(h, &e);
-    int port = serve_http_port(h);
+    fmoe_serve_http_set_engine(h, &e);
+    int port = fmoe_serve_http_port(h);
     reply nf = get(port, "/v1/nothing", NULL);
     reply na = get(port, CHAT, NULL);
     const char bad_utf8[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xC3\x28\"}]}";
@@ -329,7 +329,7 @@ TEST(errors_404_405_400_413) {
     n = snprintf(req, sizeof req, "POST " CHAT " HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n"
                                   "Expect: 100-continue\r\nConnection: close\r\n\r\n");
     reply te = http(port, req, (size_t)n);
-    serve_http_stop(h);
+    fmoe_serve_http_stop(h);
     ASSERT_EQ(te.status, 413);
     free(te.raw);
     ASSERT_EQ(nf.status, 404);
@@ -351,8 +351,8 @@ TEST(errors_404_405_400_413) {
 TEST(auth) {
     serve_http *h = start("sekret", 0);
     serve_engine e = {.ready = 1};
-    serve_http_set_engine(h, &e);
-    int port = serve_http_port(h);
+    fmoe_serve_http_set_engine(h, &e);
+    int port = fmoe_serve_http_port(h);
     const char *body = "{\"prompt\":\"x\",\"max_tokens\":4}";
     reply none = post(port, "/v1/completions", body, strlen(body), NULL);
     reply wrong = post(port, "/v1/completions", body, strlen(body), "Authorization: Bearer sekreT\r\n");
@@ -361,7 +361,7 @@ TEST(auth) {
     reply models = get(port, "/v1/models", NULL);
     reply health = get(port, "/health", NULL);
     reply metrics_ = get(port, "/metrics", NULL);
-    serve_http_stop(h);
+    fmoe_serve_http_stop(h);
     ASSERT_EQ(none.status, 401);
     ASSERT_CONTAINS(none.body, "\"code\":\"invalid_api_key\"");
     ASSERT_EQ(wrong.status, 401);
@@ -378,15 +378,15 @@ TEST(auth) {
 TEST(generate_plain_and_streamed) {
     serve_http *h = start(NULL, 0);
     serve_engine e = {.ready = 1};
-    serve_http_set_engine(h, &e);
-    int port = serve_http_port(h);
+    fmoe_serve_http_set_engine(h, &e);
+    int port = fmoe_serve_http_port(h);
     const char *b1 = "{" MSGS ",\"max_tokens\":50}";
     reply plain = post(port, CHAT, b1, strlen(b1), NULL);
     const char *b2 = "{" MSGS ",\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
     reply sse = post(port, CHAT, b2, strlen(b2), NULL);
     const char *b3 = "{\"prompt\":\"x\",\"stream\":true}";
     reply sse2 = post(port, "/v1/completions", b3, strlen(b3), NULL);
-    serve_http_stop(h);
+    fmoe_serve_http_stop(h);
     ASSERT_EQ(plain.status, 200);
     ASSERT_CONTAINS(plain.body, "\"object\":\"chat.completion\"");
     ASSERT_CONTAINS(plain.body, "\"content\":\"Hello, \\\"world\\\"!\\n\"");
@@ -414,13 +414,13 @@ TEST(generate_plain_and_streamed) {
 TEST(engine_refusals) {
     serve_http *h = start(NULL, 0);
     serve_engine e = {.ready = 1, .submit_status = 503};
-    serve_http_set_engine(h, &e);
-    int port = serve_http_port(h);
+    fmoe_serve_http_set_engine(h, &e);
+    int port = fmoe_serve_http_port(h);
     const char *b = "{" MSGS "}";
     reply busy = post(port, CHAT, b, strlen(b), NULL);
     e.submit_status = 400;
     reply bad = post(port, CHAT, b, strlen(b), NULL);
-    serve_http_stop(h);
+    fmoe_serve_http_stop(h);
     ASSERT_EQ(busy.status, 503);
     ASSERT_CONTAINS(busy.raw, "Retry-After: 1");
     ASSERT_CONTAINS(busy.body, "\"type\":\"overloaded_error\"");
@@ -440,8 +440,8 @@ static int wait_for(atomic_int *v, int want, double timeout_s) {
 TEST(disconnect_cancels_the_job) {
     serve_http *h = start(NULL, 0);
     serve_engine e = {.ready = 1};
-    serve_http_set_engine(h, &e);
-    int port = serve_http_port(h);
+    fmoe_serve_http_set_engine(h, &e);
+    int port = fmoe_serve_http_port(h);
     int cancelled0 = atomic_load(&jobs_cancelled);
     /* Streamed: read the headers and the role chunk, then hang up. */
     const char *b = "{" MSGS ",\"max_tokens\":999,\"stream\":true}";
@@ -464,7 +464,7 @@ TEST(disconnect_cancels_the_job) {
     close(fd);
     int plain = wait_for(&jobs_cancelled, cancelled0 + 2, 5.0);
     int released = wait_for(&jobs_live, 0, 5.0);
-    serve_http_stop(h);
+    fmoe_serve_http_stop(h);
     ASSERT_TRUE(got > 0);
     ASSERT_TRUE(streamed);
     ASSERT_TRUE(plain);
@@ -474,8 +474,8 @@ TEST(disconnect_cancels_the_job) {
 TEST(stop_ends_open_streams_and_quiesce_refuses) {
     serve_http *h = start(NULL, 0);
     serve_engine e = {.ready = 1};
-    serve_http_set_engine(h, &e);
-    int port = serve_http_port(h);
+    fmoe_serve_http_set_engine(h, &e);
+    int port = fmoe_serve_http_port(h);
     const char *b = "{" MSGS ",\"max_tokens\":999,\"stream\":true}";
     char req[512];
     int n = snprintf(req, sizeof req, "POST " CHAT " HTTP/1.1\r\nHost: x\r\nContent-Length: "
@@ -484,12 +484,12 @@ TEST(stop_ends_open_streams_and_quiesce_refuses) {
     send_all(fd, req, (size_t)n);
     char buf[4096];
     ssize_t got = recv(fd, buf, sizeof buf - 1, 0);
-    serve_http_quiesce(h);
-    serve_http_quiesce(h); /* idempotent */
+    fmoe_serve_http_quiesce(h);
+    fmoe_serve_http_quiesce(h); /* idempotent */
     int refused = dial(port) < 0;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    serve_http_stop(h); /* the stream is still open: stop must end it */
+    fmoe_serve_http_stop(h); /* the stream is still open: stop must end it */
     double took = since(&t0);
     close(fd);
     ASSERT_TRUE(got > 0);
@@ -501,28 +501,28 @@ TEST(stop_ends_open_streams_and_quiesce_refuses) {
 TEST(port_in_use_is_a_one_line_error) {
     serve_http *a = start(NULL, 0);
     serve_http *b = NULL;
-    serve_http_options o = {.host = "127.0.0.1", .port = serve_http_port(a), .tokenizer = tok};
-    int rc = serve_http_start(&o, &b);
+    serve_http_options o = {.host = "127.0.0.1", .port = fmoe_serve_http_port(a), .tokenizer = tok};
+    int rc = fmoe_serve_http_start(&o, &b);
     char want[64];
-    snprintf(want, sizeof want, "127.0.0.1:%d", serve_http_port(a));
-    serve_http_stop(a);
+    snprintf(want, sizeof want, "127.0.0.1:%d", fmoe_serve_http_port(a));
+    fmoe_serve_http_stop(a);
     ASSERT_EQ(rc, FMOE_EIO);
     ASSERT_TRUE(b == NULL);
     ASSERT_CONTAINS(fmoe_error_detail(), want);
     ASSERT_CONTAINS(fmoe_error_detail(), "in use");
     serve_http_options bad = {.host = "no-such-host.invalid", .port = 0, .tokenizer = tok};
-    ASSERT_TRUE(serve_http_start(&bad, &b) < 0);
+    ASSERT_TRUE(fmoe_serve_http_start(&bad, &b) < 0);
     ASSERT_CONTAINS(fmoe_error_detail(), "no-such-host.invalid:0");
 }
 
 TEST(metrics_count_statuses) {
     serve_http *h = start(NULL, 0);
     serve_engine e = {.ready = 1};
-    serve_http_set_engine(h, &e);
-    int port = serve_http_port(h);
+    fmoe_serve_http_set_engine(h, &e);
+    int port = fmoe_serve_http_port(h);
     free(get(port, "/nope", NULL).raw);
     reply m = get(port, "/metrics", NULL);
-    serve_http_stop(h);
+    fmoe_serve_http_stop(h);
     ASSERT_EQ(m.status, 200);
     ASSERT_CONTAINS(m.raw, "Content-Type: text/plain; version=0.0.4");
     ASSERT_CONTAINS(m.body, "fmoe_http_requests_total{code=\"404\"}");
@@ -535,6 +535,6 @@ TEST(metrics_count_statuses) {
 int main(int argc, char **argv) {
     int rc = RUN_TESTS(argc, argv);
     fmoe_tokenizer_free(tok);
-    serve_metrics_free(metrics);
+    fmoe_serve_metrics_free(metrics);
     return rc;
 }

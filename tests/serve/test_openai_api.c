@@ -32,7 +32,7 @@ static const fmoe_tokenizer *tiny(void) {
 }
 
 static int parse(int32_t kind, const char *body, serve_api_request *r, serve_api_error *e) {
-    return serve_api_parse(kind, body, strlen(body), tiny(), MAX_CONTEXT, r, e);
+    return fmoe_serve_api_parse(kind, body, strlen(body), tiny(), MAX_CONTEXT, r, e);
 }
 
 /* Encodes text with the tiny tokenizer; *n ids, malloc'd. */
@@ -74,7 +74,7 @@ TEST(chat_defaults_and_template) {
     ASSERT_EQ(r.sampling.max_tokens, MAX_CONTEXT - r.num_prompt);
     ASSERT_EQ(r.stream, 0);
     ASSERT_EQ(r.include_usage, 0);
-    serve_api_request_free(&r);
+    fmoe_serve_api_request_free(&r);
 }
 
 TEST(chat_content_parts_concatenate) {
@@ -87,8 +87,8 @@ TEST(chat_content_parts_concatenate) {
     ASSERT_OK(parse(SERVE_API_CHAT,
                     "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello, world\"}]}", &b, &e));
     int same = same_ids(a.prompt, (size_t)a.num_prompt, b.prompt, (size_t)b.num_prompt);
-    serve_api_request_free(&a);
-    serve_api_request_free(&b);
+    fmoe_serve_api_request_free(&a);
+    fmoe_serve_api_request_free(&b);
     ASSERT_TRUE(same);
 }
 
@@ -114,7 +114,7 @@ TEST(chat_every_field) {
     ASSERT_EQ(r.sampling.ignore_eos, 1);
     ASSERT_EQ(r.stream, 1);
     ASSERT_EQ(r.include_usage, 1);
-    serve_api_request_free(&r);
+    fmoe_serve_api_request_free(&r);
 }
 
 TEST(max_completion_tokens_wins_and_nulls_are_absent) {
@@ -128,7 +128,7 @@ TEST(max_completion_tokens_wins_and_nulls_are_absent) {
     ASSERT_EQ(r.sampling.max_tokens, 3);
     ASSERT_NEAR(r.sampling.temperature, 1.0, 0);
     ASSERT_EQ(r.sampling.has_seed, 0);
-    serve_api_request_free(&r);
+    fmoe_serve_api_request_free(&r);
 }
 
 TEST(stop_string_empty_stops_and_negative_seed) {
@@ -141,11 +141,11 @@ TEST(stop_string_empty_stops_and_negative_seed) {
     ASSERT_EQ(r.sampling.has_seed, 1);
     ASSERT_TRUE(r.sampling.seed == UINT64_MAX);
     ASSERT_NEAR(r.sampling.temperature, 0, 0);
-    serve_api_request_free(&r);
+    fmoe_serve_api_request_free(&r);
     ASSERT_OK(parse(SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"\",\"z\",\"\"]}", &r, &e));
     ASSERT_EQ(r.sampling.num_stop, 1);
     ASSERT_STR_EQ(r.sampling.stop[0], "z");
-    serve_api_request_free(&r);
+    fmoe_serve_api_request_free(&r);
 }
 
 TEST(completion_prompt_forms) {
@@ -159,20 +159,20 @@ TEST(completion_prompt_forms) {
     for (int i = 0; i < 2; i++) {
         if (parse(SERVE_API_COMPLETION, forms[i], &r, &e) < 0) ok = 0;
         else ok &= same_ids(r.prompt, (size_t)r.num_prompt, want, n);
-        serve_api_request_free(&r);
+        fmoe_serve_api_request_free(&r);
     }
     free(want);
     ASSERT_TRUE(ok);
     int32_t ids[] = {5, 17, 4095};
     ASSERT_OK(parse(SERVE_API_COMPLETION, "{\"prompt\":[5,17,4095]}", &r, &e));
     ok = same_ids(r.prompt, (size_t)r.num_prompt, ids, 3);
-    serve_api_request_free(&r);
+    fmoe_serve_api_request_free(&r);
     ASSERT_TRUE(ok);
     ASSERT_OK(parse(SERVE_API_COMPLETION, "{\"prompt\":[[5,17,4095]],\"echo\":false,"
                                           "\"logprobs\":null,\"best_of\":1}", &r, &e));
     ok = same_ids(r.prompt, (size_t)r.num_prompt, ids, 3);
     ASSERT_EQ(r.kind, SERVE_API_COMPLETION);
-    serve_api_request_free(&r);
+    fmoe_serve_api_request_free(&r);
     ASSERT_TRUE(ok);
 }
 
@@ -272,7 +272,7 @@ TEST(errors_are_400_with_param) {
                     e.code ? e.code : "null", e.message);
             failures++;
         }
-        serve_api_request_free(&r);
+        fmoe_serve_api_request_free(&r);
     }
     ASSERT_EQ(failures, 0);
 }
@@ -295,7 +295,7 @@ TEST(template_error_is_400_with_its_message) {
                        "{\"role\":\"user\",\"content\":\"b\"}]}";
     serve_api_request r;
     serve_api_error e;
-    int rc = serve_api_parse(SERVE_API_CHAT, body, strlen(body), mix, 4096, &r, &e);
+    int rc = fmoe_serve_api_parse(SERVE_API_CHAT, body, strlen(body), mix, 4096, &r, &e);
     fmoe_tokenizer_free(mix);
     ASSERT_EQ(rc, FMOE_EINVAL);
     ASSERT_EQ(e.status, 400);
@@ -307,7 +307,7 @@ TEST(prompt_filling_the_context_is_refused) {
     serve_api_request r;
     serve_api_error e;
     const char *body = "{\"prompt\":\"one two three four five six seven eight nine ten\"}";
-    ASSERT_EQ(serve_api_parse(SERVE_API_COMPLETION, body, strlen(body), tiny(), 3, &r, &e),
+    ASSERT_EQ(fmoe_serve_api_parse(SERVE_API_COMPLETION, body, strlen(body), tiny(), 3, &r, &e),
               FMOE_EINVAL);
     ASSERT_STR_EQ(e.code, "context_length_exceeded");
     ASSERT_CONTAINS(e.message, "maximum context length is 3");
@@ -317,8 +317,8 @@ TEST(body_need_not_be_nul_terminated) {
     const char text[] = "{\"prompt\":\"x\"}GARBAGE";
     serve_api_request r;
     serve_api_error e;
-    ASSERT_OK(serve_api_parse(SERVE_API_COMPLETION, text, 14, tiny(), MAX_CONTEXT, &r, &e));
-    serve_api_request_free(&r);
+    ASSERT_OK(fmoe_serve_api_parse(SERVE_API_COMPLETION, text, 14, tiny(), MAX_CONTEXT, &r, &e));
+    fmoe_serve_api_request_free(&r);
 }
 
 TEST(utf8_validation) {
@@ -340,7 +340,7 @@ TEST(utf8_validation) {
         {"\xF4\x8F\xBF\xBF", 4, 4},       /* U+10FFFF */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        ASSERT_EQ(serve_api_utf8_invalid_at(cases[i].s, cases[i].n), cases[i].bad);
+        ASSERT_EQ(fmoe_serve_api_utf8_invalid_at(cases[i].s, cases[i].n), cases[i].bad);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -384,7 +384,7 @@ static const cJSON *choice0(const cJSON *o) {
 TEST(render_chat_response) {
     serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-abc", 1700000000, "fmoe-tiny"};
     const char text[] = "say \"hi\"\nand go!XYZ";
-    char *json = serve_api_render_response(&m, text, strlen(text) - 3, sample_status());
+    char *json = fmoe_serve_api_render_response(&m, text, strlen(text) - 3, sample_status());
     ASSERT_TRUE(json != NULL);
     cJSON *o = cJSON_Parse(json);
     free(json);
@@ -424,7 +424,7 @@ TEST(render_chat_response) {
 TEST(render_completion_response_and_zero_times) {
     serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-1", 5, "m"};
     serve_job_status st = {.finished = SERVE_FINISH_STOP, .prompt_tokens = 3};
-    char *json = serve_api_render_response(&m, "", 0, &st);
+    char *json = fmoe_serve_api_render_response(&m, "", 0, &st);
     cJSON *o = json ? cJSON_Parse(json) : NULL;
     free(json);
     ASSERT_TRUE(o != NULL);
@@ -440,9 +440,9 @@ TEST(render_completion_response_and_zero_times) {
 
 TEST(render_chat_chunks) {
     serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-x", 42, "tiny"};
-    char *j1 = serve_api_render_chunk(&m, 1, NULL, 0, NULL, 0);
-    char *j2 = serve_api_render_chunk(&m, 0, "pieceZZ", 5, NULL, 1);
-    char *j3 = serve_api_render_chunk(&m, 0, "", 0, "stop", 0);
+    char *j1 = fmoe_serve_api_render_chunk(&m, 1, NULL, 0, NULL, 0);
+    char *j2 = fmoe_serve_api_render_chunk(&m, 0, "pieceZZ", 5, NULL, 1);
+    char *j3 = fmoe_serve_api_render_chunk(&m, 0, "", 0, "stop", 0);
     cJSON *a = j1 ? cJSON_Parse(j1) : NULL, *b = j2 ? cJSON_Parse(j2) : NULL,
           *c = j3 ? cJSON_Parse(j3) : NULL;
     free(j1), free(j2), free(j3);
@@ -467,8 +467,8 @@ TEST(render_chat_chunks) {
 
 TEST(render_completion_chunk_and_usage_chunk) {
     serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-y", 7, "tiny"};
-    char *j1 = serve_api_render_chunk(&m, 0, "abc", 3, NULL, 0);
-    char *j2 = serve_api_render_usage_chunk(&m, sample_status());
+    char *j1 = fmoe_serve_api_render_chunk(&m, 0, "abc", 3, NULL, 0);
+    char *j2 = fmoe_serve_api_render_usage_chunk(&m, sample_status());
     cJSON *a = j1 ? cJSON_Parse(j1) : NULL, *b = j2 ? cJSON_Parse(j2) : NULL;
     free(j1), free(j2);
     ASSERT_TRUE(a && b);
@@ -484,7 +484,7 @@ TEST(render_completion_chunk_and_usage_chunk) {
 }
 
 TEST(render_error_models_and_ids) {
-    char *j = serve_api_render_error("invalid_request_error", "bad \"x\"", "", NULL);
+    char *j = fmoe_serve_api_render_error("invalid_request_error", "bad \"x\"", "", NULL);
     cJSON *o = j ? cJSON_Parse(j) : NULL;
     free(j);
     ASSERT_TRUE(o != NULL);
@@ -494,7 +494,7 @@ TEST(render_error_models_and_ids) {
     ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(e, "param")));
     ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(e, "code")));
     cJSON_Delete(o);
-    j = serve_api_render_error("overloaded_error", "busy", "n", "queue_full");
+    j = fmoe_serve_api_render_error("overloaded_error", "busy", "n", "queue_full");
     o = j ? cJSON_Parse(j) : NULL;
     free(j);
     e = cJSON_GetObjectItemCaseSensitive(o, "error");
@@ -504,7 +504,7 @@ TEST(render_error_models_and_ids) {
 
     serve_engine_info info = {.model_name = "fmoe-tiny", .max_context = 1024, .parallel = 4,
                               .created = 1234};
-    j = serve_api_render_models(&info);
+    j = fmoe_serve_api_render_models(&info);
     o = j ? cJSON_Parse(j) : NULL;
     free(j);
     ASSERT_STR_EQ(str(o, "object"), "list");
@@ -519,7 +519,7 @@ TEST(render_error_models_and_ids) {
     ASSERT_STR_EQ(str(m0, "backend"), "cpu"); /* unset: the default backend */
     cJSON_Delete(o);
     info.backend = "cuda";
-    j = serve_api_render_models(&info);
+    j = fmoe_serve_api_render_models(&info);
     o = j ? cJSON_Parse(j) : NULL;
     free(j);
     d = cJSON_GetObjectItemCaseSensitive(o, "data");
@@ -528,13 +528,13 @@ TEST(render_error_models_and_ids) {
 
     const uint8_t rnd[12] = {0x00, 0x01, 0x7f, 0x80, 0xab, 0xff, 0x10, 0x20, 0x30, 0x40, 0x50, 0x6e};
     char id[SERVE_API_ID_MAX];
-    serve_api_make_id(SERVE_API_CHAT, rnd, id);
+    fmoe_serve_api_make_id(SERVE_API_CHAT, rnd, id);
     ASSERT_STR_EQ(id, "chatcmpl-00017f80abff10203040506e");
-    serve_api_make_id(SERVE_API_COMPLETION, rnd, id);
+    fmoe_serve_api_make_id(SERVE_API_COMPLETION, rnd, id);
     ASSERT_STR_EQ(id, "cmpl-00017f80abff10203040506e");
-    ASSERT_STR_EQ(serve_api_finish_reason(SERVE_FINISH_STOP), "stop");
-    ASSERT_STR_EQ(serve_api_finish_reason(SERVE_FINISH_LENGTH), "length");
-    ASSERT_TRUE(serve_api_finish_reason(SERVE_RUNNING) == NULL);
+    ASSERT_STR_EQ(fmoe_serve_api_finish_reason(SERVE_FINISH_STOP), "stop");
+    ASSERT_STR_EQ(fmoe_serve_api_finish_reason(SERVE_FINISH_LENGTH), "length");
+    ASSERT_TRUE(fmoe_serve_api_finish_reason(SERVE_RUNNING) == NULL);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -593,22 +593,22 @@ static int check_format(const char *text) {
 }
 
 TEST(metrics_histograms_counters_and_format) {
-    serve_metrics *m = serve_metrics_new();
+    serve_metrics *m = fmoe_serve_metrics_new();
     ASSERT_TRUE(m != NULL);
-    serve_metrics_observe_ttft(m, 0.003);
-    serve_metrics_observe_ttft(m, 0.02);
-    serve_metrics_observe_ttft(m, 0.025); /* on a bound: counted in le="0.025" */
-    serve_metrics_observe_ttft(m, 100);
-    serve_metrics_observe_ttft(m, -1);    /* dropped */
-    serve_metrics_observe_itl(m, 0.0005);
-    serve_metrics_add_tokens(m, 12, 5);
-    serve_metrics_add_tokens(m, 3, 0);
-    serve_metrics_request_done(m, SERVE_FINISH_STOP);
-    serve_metrics_request_done(m, SERVE_FINISH_STOP);
-    serve_metrics_request_done(m, SERVE_FINISH_ERROR);
-    serve_metrics_http_status(m, 200);
-    serve_metrics_http_status(m, 200);
-    serve_metrics_http_status(m, 413);
+    fmoe_serve_metrics_observe_ttft(m, 0.003);
+    fmoe_serve_metrics_observe_ttft(m, 0.02);
+    fmoe_serve_metrics_observe_ttft(m, 0.025); /* on a bound: counted in le="0.025" */
+    fmoe_serve_metrics_observe_ttft(m, 100);
+    fmoe_serve_metrics_observe_ttft(m, -1);    /* dropped */
+    fmoe_serve_metrics_observe_itl(m, 0.0005);
+    fmoe_serve_metrics_add_tokens(m, 12, 5);
+    fmoe_serve_metrics_add_tokens(m, 3, 0);
+    fmoe_serve_metrics_request_done(m, SERVE_FINISH_STOP);
+    fmoe_serve_metrics_request_done(m, SERVE_FINISH_STOP);
+    fmoe_serve_metrics_request_done(m, SERVE_FINISH_ERROR);
+    fmoe_serve_metrics_http_status(m, 200);
+    fmoe_serve_metrics_http_status(m, 200);
+    fmoe_serve_metrics_http_status(m, 413);
     serve_engine_gauges g = {.running = 2, .waiting = 5, .ready = 1};
     serve_layer_counters layers[2] = {
         {.hits = 10, .misses = 2, .late = 1, .prefetch_issued = 4, .prefetch_useful = 3,
@@ -617,8 +617,8 @@ TEST(metrics_histograms_counters_and_format) {
     };
     char *text;
     size_t len;
-    ASSERT_OK(serve_metrics_render(m, &g, layers, 2, &text, &len));
-    serve_metrics_free(m);
+    ASSERT_OK(fmoe_serve_metrics_render(m, &g, layers, 2, &text, &len));
+    fmoe_serve_metrics_free(m);
     ASSERT_EQ(strlen(text), len);
     int problems = check_format(text);
 
@@ -680,13 +680,13 @@ TEST(metrics_histograms_counters_and_format) {
 }
 
 TEST(metrics_buckets_are_cumulative) {
-    serve_metrics *m = serve_metrics_new();
+    serve_metrics *m = fmoe_serve_metrics_new();
     ASSERT_TRUE(m != NULL);
-    for (int i = 0; i < 200; i++) serve_metrics_observe_e2e(m, (double)i * 0.37 / 7.0);
+    for (int i = 0; i < 200; i++) fmoe_serve_metrics_observe_e2e(m, (double)i * 0.37 / 7.0);
     char *text;
     size_t len;
-    ASSERT_OK(serve_metrics_render(m, NULL, NULL, 0, &text, &len));
-    serve_metrics_free(m);
+    ASSERT_OK(fmoe_serve_metrics_render(m, NULL, NULL, 0, &text, &len));
+    fmoe_serve_metrics_free(m);
     double prev = -1, prev_le = -1;
     int n = 0, bad = 0;
     const char *pre = "fmoe_request_latency_seconds_bucket{le=\"";
@@ -708,21 +708,21 @@ TEST(metrics_buckets_are_cumulative) {
 
 TEST(metrics_label_escaping) {
     char out[64];
-    size_t need = serve_metrics_escape_label("a\"b\\c\nd", out, sizeof out);
+    size_t need = fmoe_serve_metrics_escape_label("a\"b\\c\nd", out, sizeof out);
     ASSERT_STR_EQ(out, "a\\\"b\\\\c\\nd");
     ASSERT_EQ(need, strlen("a\\\"b\\\\c\\nd"));
     /* Truncation keeps escapes whole. */
-    need = serve_metrics_escape_label("ab\"", out, 4);
+    need = fmoe_serve_metrics_escape_label("ab\"", out, 4);
     ASSERT_STR_EQ(out, "ab");
     ASSERT_EQ(need, 4);
 
-    serve_metrics *m = serve_metrics_new();
+    serve_metrics *m = fmoe_serve_metrics_new();
     ASSERT_TRUE(m != NULL);
-    ASSERT_OK(serve_metrics_set_model_name(m, "my \"model\"\\v2\n"));
+    ASSERT_OK(fmoe_serve_metrics_set_model_name(m, "my \"model\"\\v2\n"));
     char *text;
     size_t len;
-    ASSERT_OK(serve_metrics_render(m, NULL, NULL, 0, &text, &len));
-    serve_metrics_free(m);
+    ASSERT_OK(fmoe_serve_metrics_render(m, NULL, NULL, 0, &text, &len));
+    fmoe_serve_metrics_free(m);
     double v = sample(text, "fmoe_model_info{model=\"my \\\"model\\\"\\\\v2\\n\"}");
     int problems = check_format(text);
     free(text);
@@ -733,7 +733,7 @@ TEST(metrics_label_escaping) {
 TEST(metrics_null_engine_parts) {
     char *text;
     size_t len;
-    ASSERT_OK(serve_metrics_render(NULL, NULL, NULL, 3, &text, &len));
+    ASSERT_OK(fmoe_serve_metrics_render(NULL, NULL, NULL, 3, &text, &len));
     int problems = check_format(text);
     double run = sample(text, "fmoe_requests_running");
     int has_help = strstr(text, "# TYPE fmoe_expert_cache_hits_total counter\n") != NULL;

@@ -8,11 +8,11 @@
 #include "serve_text.h"
 
 static size_t stop_at(const char *const *stop, int32_t n, const char *text) {
-    return serve_text_stop_at(stop, n, text, strlen(text));
+    return fmoe_serve_text_stop_at(stop, n, text, strlen(text));
 }
 
 static size_t visible(const char *const *stop, int32_t n, const char *text) {
-    return serve_text_visible(stop, n, text, strlen(text));
+    return fmoe_serve_text_visible(stop, n, text, strlen(text));
 }
 
 TEST(stop_at_is_the_earliest_occurrence_of_any) {
@@ -48,12 +48,12 @@ TEST(visible_holds_back_a_tail_that_could_become_a_stop_string) {
 TEST(visible_holds_back_an_incomplete_utf8_sequence) {
     /* decode writes U+FFFD (EF BF BD) for bytes of a character still being generated */
     const char text[] = "ab\xEF\xBF\xBD\xEF\xBF\xBD";
-    ASSERT_EQ(serve_text_visible(NULL, 0, text, sizeof text - 1), 2);
+    ASSERT_EQ(fmoe_serve_text_visible(NULL, 0, text, sizeof text - 1), 2);
     const char done[] = "ab\xC3\xA9"; /* é, complete */
-    ASSERT_EQ(serve_text_visible(NULL, 0, done, sizeof done - 1), 4);
+    ASSERT_EQ(fmoe_serve_text_visible(NULL, 0, done, sizeof done - 1), 4);
     /* both: the stop prefix is looked for before the replacement characters */
     const char *stop[] = {"b!"};
-    ASSERT_EQ(serve_text_visible(stop, 1, text, sizeof text - 1), 1);
+    ASSERT_EQ(fmoe_serve_text_visible(stop, 1, text, sizeof text - 1), 1);
 }
 
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
