@@ -554,7 +554,8 @@ static int stream_next(stream *s) {
     int chat = s->meta.kind == SERVE_API_CHAT;
     if (chat && !s->role_sent) {
         s->role_sent = 1;
-        return pend_event(s, fmoe_serve_api_render_chunk(&s->meta, 1, NULL, 0, NULL, s->include_usage));
+        return pend_event(s, fmoe_serve_api_render_chunk(&s->meta, 1, NULL, 0, NULL,
+                                                         s->include_usage));
     }
     const double now = mono_s();
     if (atomic_load(&s->h->stopping)) {
@@ -594,7 +595,8 @@ static int stream_next(stream *s) {
         rc = pend_event(s, fmoe_serve_api_render_chunk(&s->meta, 0, "", 0,
                                                   fmoe_serve_api_finish_reason(st.finished),
                                                   s->include_usage));
-        if (!rc && s->include_usage) rc = pend_event(s, fmoe_serve_api_render_usage_chunk(&s->meta, &st));
+        if (!rc && s->include_usage)
+            rc = pend_event(s, fmoe_serve_api_render_usage_chunk(&s->meta, &st));
     }
     if (!rc) rc = pend_add(s, "data: [DONE]\n\n", 14);
     s->done = 1;
@@ -716,7 +718,8 @@ static enum MHD_Result continue_wait(serve_http *h, struct MHD_Connection *c, re
                                  st.http_status == 507 ? "trace_write_failed" : NULL,
                                  st.error[0] ? st.error : "generation failed");
             else
-                ok = reply_json(h, c, 200, fmoe_serve_api_render_response(&r->meta, text, len, &st));
+                ok = reply_json(h, c, 200, fmoe_serve_api_render_response(&r->meta, text, len,
+                                                                          &st));
             free(text);
             return ok;
         }
@@ -765,7 +768,8 @@ static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, re
     int status = 500;
     char msg[256] = "";
     serve_job *job =
-        fmoe_serve_engine_submit(e, req.prompt, req.num_prompt, &req.sampling, &status, msg, sizeof msg);
+        fmoe_serve_engine_submit(e, req.prompt, req.num_prompt, &req.sampling, &status, msg,
+                                 sizeof msg);
     int stream = req.stream, include_usage = req.include_usage;
     fmoe_serve_api_request_free(&req); /* submit copied the prompt and the stop strings */
     if (!job) {
@@ -911,7 +915,8 @@ static enum MHD_Result first_call(serve_http *h, struct MHD_Connection *c, const
     case R_MODELS: r->responded = 1; return get_models(h, c);
     default: break;
     }
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
         char *end;
         errno = 0;

@@ -492,7 +492,8 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
     j->text = text;
     j->text_len = len;
     if (finish == SERVE_RUNNING) {
-        const size_t vis = fmoe_serve_text_visible(j->sampling.stop, j->sampling.num_stop, text, len);
+        const size_t vis = fmoe_serve_text_visible(j->sampling.stop, j->sampling.num_stop, text,
+                                                   len);
         if (vis > j->visible) j->visible = vis;
     }
     j->st.completion_tokens = s->num_generated;
@@ -834,7 +835,8 @@ int fmoe_serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         else
             rc = seq_reserve(e, s, budget);
     }
-    if (rc == 0 && o->trace_out) rc = fmoe_serve_trace_queue_start(o->trace_out, on_traced, e, &e->tq);
+    if (rc == 0 && o->trace_out)
+        rc = fmoe_serve_trace_queue_start(o->trace_out, on_traced, e, &e->tq);
     if (rc < 0) {
         engine_free(e);
         return rc;

@@ -12,11 +12,13 @@
 
 /* Where the earliest occurrence of any of stop[0..num_stop) starts in text[0..n), or n.
  * Empty stop strings never match. */
-size_t fmoe_serve_text_stop_at(const char *const *stop, int32_t num_stop, const char *text, size_t n);
+size_t fmoe_serve_text_stop_at(const char *const *stop, int32_t num_stop, const char *text,
+                               size_t n);
 
 /* The bytes of text[0..n) (no stop string in it) a reader may see while generation goes
  * on: without trailing U+FFFD of an incomplete UTF-8 sequence, and without the longest tail
  * that is a proper prefix of a stop string. */
-size_t fmoe_serve_text_visible(const char *const *stop, int32_t num_stop, const char *text, size_t n);
+size_t fmoe_serve_text_visible(const char *const *stop, int32_t num_stop, const char *text,
+                               size_t n);
 
 #endif

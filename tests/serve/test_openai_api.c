@@ -526,7 +526,8 @@ TEST(render_error_models_and_ids) {
     ASSERT_STR_EQ(str(cJSON_GetArrayItem(d, 0), "backend"), "cuda");
     cJSON_Delete(o);
 
-    const uint8_t rnd[12] = {0x00, 0x01, 0x7f, 0x80, 0xab, 0xff, 0x10, 0x20, 0x30, 0x40, 0x50, 0x6e};
+    const uint8_t rnd[12] = {0x00, 0x01, 0x7f, 0x80, 0xab, 0xff,
+                             0x10, 0x20, 0x30, 0x40, 0x50, 0x6e};
     char id[SERVE_API_ID_MAX];
     fmoe_serve_api_make_id(SERVE_API_CHAT, rnd, id);
     ASSERT_STR_EQ(id, "chatcmpl-00017f80abff10203040506e");
