@@ -389,7 +389,409 @@ static void shard_path(const char *output, int rank, char *buf, size_t cap) {
  * The command
  * ------------------------------------------------------------------------------------- */
 
-static int record(record_args *ap, const cmd_mpi_world *world);
+/* One recording run: what it opened (freed by recorder_close, whatever step failed) and
+ * what it counted. The steps return a command exit status: 0 to go on. */
+typedef struct recorder {
+    record_args a;
+    const cmd_mpi_world *world;
+    char shard[4096];
+    fmoe_backend_kind backend;
+    const char *dir, *tok_dir;
+    int64_t wanted;  /* requests to record: --max-requests, or every prompt */
+    int64_t ctx_cap; /* the session's context */
+    fmoe_prompt_set *prompts;
+    fmoe_arrivals *arrivals;
+    fmoe_model *m;
+    const fmoe_model_geometry *g;
+    dims d;
+    fmoe_tokenizer *tok;
+    cmd_generation_config gc;
+    fmoe_session_options so;
+    fmoe_session *s;
+    fmoe_sampler *smp;
+    fmoe_trace_writer *w;
+    int write_failed; /* the trace could not be written: remove it, keep nothing */
+    float *logits;
+    int32_t *ids;
+    char *chat_text;
+    request_buffers b;
+    cmd_offload off;
+    /* counts */
+    int64_t q;         /* recordable prompts so far: a single process's request index */
+    int64_t mine;      /* of the wanted requests, this rank's */
+    int64_t recorded, too_long, total_tokens, prefill_tokens, decode_tokens;
+    double prefill_s, decode_s;
+} recorder;
+
+/* A library error as the command's exit: one line naming it. */
+static int failed(int err) { return cmd_fail(CMD, err); }
+
+/* The shard and GPU of an MPI rank; the backend, activations, model and tokenizer
+ * folders. */
+static int resolve(recorder *r) {
+    record_args *a = &r->a;
+    int rc;
+    if (r->world->size > 1) { /* rank r: its shard, its GPU */
+        shard_path(a->output, r->world->rank, r->shard, sizeof r->shard);
+        a->output = r->shard;
+        char gpu[64];
+        if (cmd_mpi_pin_gpu(r->world, gpu, sizeof gpu) && !a->quiet)
+            fprintf(stderr, "%s: rank %d of %d: CUDA_VISIBLE_DEVICES=%s\n", CMD, r->world->rank,
+                    r->world->size, gpu);
+    }
+    if ((rc = cmd_backend_resolve(CMD, a->backend, &r->backend)) != 0) return rc;
+    if ((rc = cmd_activations_resolve(CMD, r->backend, &a->activations)) != 0) return rc;
+    a->off.backend = r->backend;
+    a->off.probs_f32 = a->probs_f32; /* the policy sees the probabilities the trace stores */
+    if (!(r->dir = cmd_model_dir_or_default(CMD, a->model))) return CMD_EXIT_FAILURE;
+    if (!(r->tok_dir = cmd_tokenizer_dir(CMD, r->dir, a->tokenizer))) return CMD_EXIT_USAGE;
+    return 0;
+}
+
+/* Prompts, arrivals, the model, its tokenizer and generation config. */
+static int load_inputs(recorder *r) {
+    const record_args *a = &r->a;
+    int err;
+    if ((err = fmoe_prompts_load(a->dataset, a->format, &r->prompts)) < 0) return failed(err);
+    if (r->prompts->count == 0) return cmd_failf(CMD, "%s: no prompts", a->dataset);
+    r->wanted = a->max_requests > 0 && a->max_requests < r->prompts->count ? a->max_requests
+                                                                            : r->prompts->count;
+    if (a->arrivals) {
+        if ((err = fmoe_arrivals_load_azure(a->arrivals, &r->arrivals)) < 0) return failed(err);
+        if (r->arrivals->count < r->wanted)
+            return cmd_failf(CMD, "%s: %lld arrivals for %lld requests; pass --max-requests "
+                             "%lld or a longer arrival trace",
+                             a->arrivals, (long long)r->arrivals->count, (long long)r->wanted,
+                             (long long)r->arrivals->count);
+    }
+    if ((err = fmoe_model_load(r->dir, NULL, &r->m)) < 0) return failed(err);
+    if ((err = fmoe_tokenizer_load(r->tok_dir, &r->tok)) < 0) return failed(err);
+    if ((err = cmd_generation_config_load(r->tok_dir, &r->gc)) < 0) return failed(err);
+    cmd_generation_config_add_stop(&r->gc, fmoe_tokenizer_eos_id(r->tok));
+    r->g = fmoe_model_get_geometry(r->m);
+    return 0;
+}
+
+/* What each row records (dims) and the context: --max-context, or the longest request. */
+static int size_rows_and_context(recorder *r) {
+    const record_args *a = &r->a;
+    const fmoe_model_geometry *g = r->g;
+    r->d = (dims){.L = g->num_moe_layers, .J = g->num_experts, .K = g->top_k,
+                  .h = g->hidden_size, .S = a->speculative, .Lh = g->num_hidden_layers,
+                  .hidden = a->hidden, .timing = !a->no_timing};
+    if (r->d.S > r->d.L - 1)
+        return cmd_usage_error(CMD, "--speculative %d: the model has %lld MoE layers, so at "
+                               "most %lld",
+                               a->speculative, (long long)r->d.L, (long long)(r->d.L - 1));
+    const int64_t ctx = g->max_position_embeddings > 0 ? g->max_position_embeddings : 4096;
+    const int64_t model_cap = ctx < (1 << 20) ? ctx : (1 << 20);
+    r->ctx_cap = a->max_context;
+    if (r->ctx_cap > model_cap)
+        return cmd_usage_error(CMD, "--max-context %d: the model has %lld positions at most",
+                               a->max_context, (long long)model_cap);
+    int err;
+    if (r->ctx_cap == 0 &&
+        (err = longest_request(a, r->tok, r->prompts, r->wanted, model_cap, &r->ctx_cap)) < 0)
+        return failed(err);
+    return 0;
+}
+
+/* The session, offloaded when asked, and the buffers that do not grow per request. */
+static int open_session(recorder *r) {
+    const record_args *a = &r->a;
+    fmoe_session_options *so = &r->so;
+    *so = fmoe_session_defaults();
+    so->backend = r->backend;
+    so->max_context = (int32_t)r->ctx_cap;
+    so->threads = a->threads;
+    so->activations = (fmoe_activations)a->activations;
+    so->speculative_depth = a->speculative;
+    int rc = cmd_offload_open(CMD, &a->off, r->m, so->max_batch, a->quiet, &r->off);
+    if (rc != 0) return rc;
+    if (r->off.x) {
+        fmoe_offload_attach(r->off.x, so);
+        if (so->speculative_depth < a->speculative) so->speculative_depth = a->speculative;
+    }
+    int err;
+    if ((err = fmoe_session_init(r->m, so, &r->s)) < 0) return failed(err);
+    r->logits = malloc((size_t)r->g->vocab_size * sizeof *r->logits);
+    r->b.layer_acc = calloc((size_t)r->d.Lh, sizeof *r->b.layer_acc);
+    if (!r->logits || !r->b.layer_acc) return failed(fmoe_error_set(FMOE_ENOMEM, "out of memory"));
+    return 0;
+}
+
+/* The trace's header, the stop signals, and the writer on OUTPUT.partial. */
+static int open_trace(recorder *r) {
+    const record_args *a = &r->a;
+    fmoe_trace_header h;
+    int err;
+    if ((err = cmd_trace_header_for_model(&h, r->m, r->dir, a->model_name, a->probs_f32,
+                                          r->backend, r->so.activations)) < 0)
+        return failed(err);
+    cmd_base_name(a->dataset, h.dataset, sizeof h.dataset);
+    h.speculative_depth = a->speculative;
+    h.hidden_dim = a->hidden ? (int32_t)r->d.h : 0;
+    h.timing_layers = r->d.timing ? (int32_t)r->d.Lh : 0;
+    h.prefill_chunk = r->so.max_batch; /* each chunk of the prompt is its own iteration */
+    if (r->off.x) {
+        h.offload_cache_experts = fmoe_offload_capacity(r->off.x);
+        snprintf(h.offload_policy, sizeof h.offload_policy, "%s", a->off.policy);
+    }
+    fmoe_trace_write_options wo = {.compression = a->compression};
+    stop_signal = 0;
+    if (catch_stop_signals() != 0) return cmd_failf(CMD, "cannot install the signal handler");
+    if ((err = fmoe_trace_writer_open(&r->w, a->output, &h, &wo)) < 0) return failed(err);
+    return 0;
+}
+
+/* Prompt p (n tokens in r->ids, the index-th request of a single process): prefill,
+ * decode, append. A stop signal during it leaves it unrecorded (*kept 0). */
+static int record_request(recorder *r, int64_t p, int64_t index, size_t n, int *kept) {
+    const record_args *a = &r->a;
+    request_buffers *b = &r->b;
+    const dims *d = &r->d;
+    int err;
+    *kept = 0;
+    int64_t max_new = a->max_new_tokens;
+    if ((int64_t)n + max_new > r->ctx_cap) max_new = r->ctx_cap - (int64_t)n;
+    if ((err = buffers_reserve(b, d, (int64_t)n + max_new)) < 0) return failed(err);
+    memcpy(b->token_id, r->ids, n * sizeof *r->ids);
+    memset(b->phase, FMOE_PHASE_PREFILL, n);
+
+    fmoe_sampler_free(r->smp);
+    r->smp = NULL;
+    fmoe_sampler_params sp = {(float)a->temperature, a->top_k, (float)a->top_p,
+                              (uint64_t)(a->seed + p)};
+    if ((err = fmoe_sampler_init(&sp, r->g->vocab_size, &r->smp)) < 0) return failed(err);
+    fmoe_session_reset(r->s);
+    if (r->off.x && (err = fmoe_offload_request_begin(r->off.x, p, r->ids, (int32_t)n)) < 0)
+        return failed(err);
+
+    /* Prefill: chunks of max_batch tokens, each its own iteration (docs/design.md §7.1), as
+     * the header's prefill_chunk tells the replay. Without generation the last chunk's lm
+     * head is skipped. */
+    const int32_t chunk = r->so.max_batch;
+    double t0 = cmd_now();
+    int64_t it = 0;
+    b->n_outcomes = 0;
+    for (int64_t c0 = 0; c0 < (int64_t)n; c0 += chunk, it++) {
+        const int32_t c = (int32_t)((int64_t)n - c0 < chunk ? (int64_t)n - c0 : chunk);
+        const int last = c0 + c == (int64_t)n;
+        if ((err = run_iteration(&r->off, r->s, b, d, c0, c, it,
+                                 last && max_new > 0 ? r->logits : NULL)) < 0)
+            return failed(err);
+    }
+    r->prefill_s += cmd_now() - t0;
+    t0 = cmd_now();
+    int64_t out = 0;
+    while (out < max_new && !stop_signal) {
+        int32_t next = fmoe_sampler_sample(r->smp, r->logits);
+        if (!a->ignore_eos && cmd_generation_config_is_stop(&r->gc, next)) break;
+        const int64_t t = (int64_t)n + out;
+        b->token_id[t] = next;
+        b->phase[t] = FMOE_PHASE_DECODE;
+        out++;
+        /* The last token is fed for its routing only: no lm head. */
+        if ((err = run_iteration(&r->off, r->s, b, d, t, 1, it++,
+                                 out < max_new ? r->logits : NULL)) < 0)
+            return failed(err);
+    }
+    r->decode_s += cmd_now() - t0;
+    if (r->off.x && (err = fmoe_offload_request_end(r->off.x)) < 0) return failed(err);
+    /* --decision-log: a write that fails (a full disk) stops the run here, as a failed
+     * trace append does, not at close after every request */
+    if (r->off.x && (err = fmoe_offload_flush_decisions(r->off.x)) < 0) {
+        r->write_failed = 1;
+        return failed(err);
+    }
+    if (stop_signal) return 0; /* the request is unfinished: not recorded */
+
+    fmoe_trace_request q = {
+        .id = p,
+        .arrival_s = r->arrivals ? r->arrivals->arrival_s[index] : 0.0,
+        .prompt_tokens = (int32_t)n,
+        .output_tokens = (int32_t)out,
+        .token_id = b->token_id,
+        .phase = b->phase,
+        .experts = b->experts,
+        .probs = b->probs,
+        .semantic = b->semantic,
+        .speculative = d->S ? b->speculative : NULL,
+        .hidden = d->hidden ? b->hidden : NULL,
+        .layer_s = d->timing ? b->layer_s : NULL,
+        .iteration_s = d->timing ? b->iteration_s : NULL,
+        .access_outcome = r->off.x ? b->outcomes : NULL,
+        .num_access_outcomes = r->off.x ? b->n_outcomes : 0,
+    };
+    if ((err = fmoe_trace_writer_append_request(r->w, &q)) < 0) {
+        r->write_failed = 1;
+        return failed(err);
+    }
+    r->recorded++;
+    if (a->log_requests)
+        fprintf(stderr, "fmoe record: request %lld recorded (%lld of %lld, %lld tokens)\n",
+                (long long)p, (long long)r->recorded, (long long)r->mine, (long long)n + out);
+    r->prefill_tokens += (int64_t)n;
+    r->decode_tokens += out;
+    r->total_tokens += (int64_t)n + out;
+    *kept = 1;
+    return 0;
+}
+
+/* Every prompt of this rank's share, until the wanted count or a stop signal. The q-th
+ * recordable prompt (the request index a single process gives it) is rank q mod size's (all
+ * of them in a single process). */
+static int record_requests(recorder *r) {
+    const record_args *a = &r->a;
+    cmd_progress_bar bar;
+    char label[96];
+    snprintf(label, sizeof label, "record");
+    cmd_progress_bar_init(&bar, label, a->quiet);
+    fmoe_progress progress = cmd_progress_bar_callback(&bar);
+    const double started = cmd_now();
+    const int64_t R = r->world->size, me = r->world->rank;
+    r->mine = r->wanted > me ? (r->wanted - me + R - 1) / R : 0;
+    int rc = 0;
+    for (int64_t p = 0; p < r->prompts->count && r->q < r->wanted && !stop_signal; p++) {
+        size_t n = 0;
+        int err = encode_prompt(a, r->tok, r->prompts->prompts[p], &r->chat_text, &r->ids, &n);
+        if (err < 0) {
+            rc = failed(err);
+            break;
+        }
+        if (n == 0) continue;
+        if ((int64_t)n + 1 > r->ctx_cap) { /* no room for one generated token */
+            r->too_long++;
+            continue;
+        }
+        const int64_t index = r->q++; /* the request's index in a single process's trace */
+        if (index % R != me) continue; /* another rank's */
+        int kept;
+        if ((rc = record_request(r, p, index, n, &kept)) != 0 || !kept) break;
+        double el = cmd_now() - started;
+        snprintf(label, sizeof label, "record (%.0f tokens/s)",
+                 el > 0 ? r->total_tokens / el : 0.0);
+        fmoe_progress_report(&progress, r->recorded, r->mine, "requests");
+    }
+    cmd_progress_bar_done(&bar);
+    return rc;
+}
+
+/* After the loop: keep the .partial for recover after a stop signal, nothing when no
+ * request was this rank's or none fitted, else the trace renamed into place and the
+ * summary. */
+static int finish(recorder *r) {
+    const record_args *a = &r->a;
+    int err;
+    if (stop_signal) {
+        /* stopped on purpose: keep what is recorded, for recover */
+        const int sig = stop_signal;
+        const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+        if (r->recorded == 0) {
+            fmoe_trace_writer_abort(r->w);
+            r->w = NULL;
+            fprintf(stderr, "fmoe record: %s: stopped before the first request; nothing kept\n",
+                    name);
+        } else {
+            err = fmoe_trace_writer_close_partial(r->w);
+            r->w = NULL;
+            if (err < 0) return failed(err);
+            fprintf(stderr, "fmoe record: %s: stopped after %lld request%s; 'fmoe trace recover "
+                            "%s.partial' makes the trace of them\n",
+                    name, (long long)r->recorded, r->recorded == 1 ? "" : "s", a->output);
+        }
+        return 128 + sig;
+    }
+    if (r->recorded == 0 && r->q > 0) { /* an MPI rank whose share is empty: more ranks than
+                                           requests; no shard, and that is no failure */
+        fmoe_trace_writer_abort(r->w);
+        r->w = NULL;
+        if (!a->quiet)
+            fprintf(stderr, "fmoe record: rank %d: none of the %lld requests is this rank's "
+                            "(%d ranks); no %s\n",
+                    r->world->rank, (long long)r->q, r->world->size, a->output);
+        return CMD_EXIT_OK;
+    }
+    if (r->recorded == 0) {
+        fmoe_trace_writer_abort(r->w);
+        r->w = NULL;
+        return cmd_failf(CMD, "%s: no prompt fits the context of %lld tokens of %s", a->dataset,
+                         (long long)r->ctx_cap, r->dir);
+    }
+    err = fmoe_trace_writer_close(r->w);
+    r->w = NULL;
+    if (err < 0) {
+        r->write_failed = 1;
+        return failed(err);
+    }
+    if (!a->quiet) {
+        /* with the summary: a failure stays one line */
+        cmd_backend_say(CMD, r->backend, a->activations);
+        fprintf(stderr,
+                "fmoe record: %s: %lld request%s, %lld tokens (prefill %lld at %.1f tokens/s, "
+                "decode %lld at %.1f tokens/s), context %lld positions",
+                a->output, (long long)r->recorded, r->recorded == 1 ? "" : "s",
+                (long long)r->total_tokens, (long long)r->prefill_tokens,
+                r->prefill_s > 0 ? r->prefill_tokens / r->prefill_s : 0.0,
+                (long long)r->decode_tokens,
+                r->decode_s > 0 ? r->decode_tokens / r->decode_s : 0.0, (long long)r->ctx_cap);
+        if (r->too_long)
+            fprintf(stderr, "; skipped %lld prompt%s longer than the context (%lld tokens)",
+                    (long long)r->too_long, r->too_long == 1 ? "" : "s", (long long)r->ctx_cap);
+        fprintf(stderr, "\n");
+        if (r->off.x) {
+            char line[512];
+            cmd_offload_summary(&r->off, line, sizeof line);
+            fprintf(stderr, "fmoe record: %s\n", line);
+        }
+    }
+    return CMD_EXIT_OK;
+}
+
+/* Frees what the steps opened. A writer still open means a step failed: with a failed
+ * write (a full disk) or nothing recorded it is removed; after another error the
+ * requests recorded are kept, as a kill or SIGINT would. @return rc, or a failure when
+ * closing the offload executor fails a run that had succeeded. */
+static int recorder_close(recorder *r, int rc) {
+    if (r->w && (r->write_failed || r->recorded == 0)) {
+        fmoe_trace_writer_abort(r->w);
+    } else if (r->w) {
+        if (fmoe_trace_writer_close_partial(r->w) == 0)
+            fprintf(stderr, "fmoe record: the %lld requests recorded before the error are in "
+                            "%s.partial ('fmoe trace recover %s.partial' makes the trace)\n",
+                    (long long)r->recorded, r->a.output, r->a.output);
+    }
+    buffers_free(&r->b);
+    free(r->ids);
+    free(r->chat_text);
+    free(r->logits);
+    fmoe_sampler_free(r->smp);
+    fmoe_session_free(r->s);
+    if (cmd_offload_close(CMD, &r->off, rc == CMD_EXIT_OK) && rc == CMD_EXIT_OK)
+        rc = CMD_EXIT_FAILURE;
+    fmoe_tokenizer_free(r->tok);
+    fmoe_model_free(r->m);
+    fmoe_arrivals_free(r->arrivals);
+    fmoe_prompt_set_free(r->prompts);
+    return rc;
+}
+
+static int record(const record_args *a, const cmd_mpi_world *world) {
+    recorder *r = calloc(1, sizeof *r);
+    if (!r) return cmd_fail(CMD, fmoe_error_set(FMOE_ENOMEM, "out of memory"));
+    r->a = *a;
+    r->world = world;
+    int rc = resolve(r);
+    if (rc == 0) rc = load_inputs(r);
+    if (rc == 0) rc = size_rows_and_context(r);
+    if (rc == 0) rc = open_session(r);
+    if (rc == 0) rc = open_trace(r);
+    if (rc == 0) rc = record_requests(r);
+    if (rc == 0) rc = finish(r);
+    rc = recorder_close(r, rc);
+    free(r);
+    return rc;
+}
 
 int cmd_record(int argc, char **argv) {
     record_args a;
@@ -402,332 +804,4 @@ int cmd_record(int argc, char **argv) {
     prc = record(&a, &world);
     cmd_mpi_finish(&world, prc);
     return prc;
-}
-
-static int record(record_args *ap, const cmd_mpi_world *world) {
-    record_args a = *ap;
-    int prc = 0;
-    char shard[4096];
-    if (world->size > 1) { /* rank r: its shard, its GPU */
-        shard_path(a.output, world->rank, shard, sizeof shard);
-        a.output = shard;
-        char gpu[64];
-        if (cmd_mpi_pin_gpu(world, gpu, sizeof gpu) && !a.quiet)
-            fprintf(stderr, "%s: rank %d of %d: CUDA_VISIBLE_DEVICES=%s\n", CMD, world->rank,
-                    world->size, gpu);
-    }
-    fmoe_backend_kind backend;
-    if ((prc = cmd_backend_resolve(CMD, a.backend, &backend)) != 0) return prc;
-    if ((prc = cmd_activations_resolve(CMD, backend, &a.activations)) != 0) return prc;
-    a.off.backend = backend;
-    a.off.probs_f32 = a.probs_f32; /* the policy sees the probabilities the trace stores */
-    const char *dir = cmd_model_dir_or_default(CMD, a.model);
-    if (!dir) return CMD_EXIT_FAILURE;
-    const char *tok_dir = cmd_tokenizer_dir(CMD, dir, a.tokenizer);
-    if (!tok_dir) return CMD_EXIT_USAGE;
-
-    int rc = CMD_EXIT_FAILURE, err = 0;
-    int write_failed = 0; /* the trace could not be written: remove it, keep nothing */
-    int64_t recorded = 0;
-    fmoe_prompt_set *prompts = NULL;
-    fmoe_arrivals *arrivals = NULL;
-    fmoe_model *m = NULL;
-    fmoe_session *s = NULL;
-    fmoe_tokenizer *tok = NULL;
-    fmoe_sampler *smp = NULL;
-    fmoe_trace_writer *w = NULL;
-    float *logits = NULL;
-    int32_t *ids = NULL;
-    char *chat_text = NULL;
-    request_buffers b = {0};
-    cmd_offload off = {0};
-
-    if ((err = fmoe_prompts_load(a.dataset, a.format, &prompts)) < 0) goto fail;
-    if (prompts->count == 0) {
-        rc = cmd_failf(CMD, "%s: no prompts", a.dataset);
-        goto done;
-    }
-    const int64_t wanted = a.max_requests > 0 && a.max_requests < prompts->count
-                               ? a.max_requests
-                               : prompts->count;
-    if (a.arrivals) {
-        if ((err = fmoe_arrivals_load_azure(a.arrivals, &arrivals)) < 0) goto fail;
-        if (arrivals->count < wanted) {
-            rc = cmd_failf(CMD, "%s: %lld arrivals for %lld requests; pass --max-requests %lld "
-                           "or a longer arrival trace",
-                           a.arrivals, (long long)arrivals->count, (long long)wanted,
-                           (long long)arrivals->count);
-            goto done;
-        }
-    }
-    if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
-    if ((err = fmoe_tokenizer_load(tok_dir, &tok)) < 0) goto fail;
-    cmd_generation_config gc;
-    if ((err = cmd_generation_config_load(tok_dir, &gc)) < 0) goto fail;
-    cmd_generation_config_add_stop(&gc, fmoe_tokenizer_eos_id(tok));
-
-    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
-    dims d = {.L = g->num_moe_layers, .J = g->num_experts, .K = g->top_k, .h = g->hidden_size,
-              .S = a.speculative, .Lh = g->num_hidden_layers, .hidden = a.hidden,
-              .timing = !a.no_timing};
-    if (d.S > d.L - 1) {
-        rc = cmd_usage_error(CMD, "--speculative %d: the model has %lld MoE layers, so at most %lld",
-                             a.speculative, (long long)d.L, (long long)(d.L - 1));
-        goto done;
-    }
-    const int64_t ctx = g->max_position_embeddings > 0 ? g->max_position_embeddings : 4096;
-    const int64_t model_cap = ctx < (1 << 20) ? ctx : (1 << 20);
-    int64_t ctx_cap = a.max_context;
-    if (ctx_cap > model_cap) {
-        rc = cmd_usage_error(CMD, "--max-context %d: the model has %lld positions at most",
-                             a.max_context, (long long)model_cap);
-        goto done;
-    }
-    if (ctx_cap == 0 &&
-        (err = longest_request(&a, tok, prompts, wanted, model_cap, &ctx_cap)) < 0)
-        goto fail;
-
-    fmoe_session_options so = fmoe_session_defaults();
-    so.backend = backend;
-    so.max_context = (int32_t)ctx_cap;
-    so.threads = a.threads;
-    so.activations = (fmoe_activations)a.activations;
-    so.speculative_depth = a.speculative;
-    if ((rc = cmd_offload_open(CMD, &a.off, m, so.max_batch, a.quiet, &off)) != 0) goto done;
-    rc = CMD_EXIT_FAILURE;
-    if (off.x) {
-        fmoe_offload_attach(off.x, &so);
-        if (so.speculative_depth < a.speculative) so.speculative_depth = a.speculative;
-    }
-    if ((err = fmoe_session_init(m, &so, &s)) < 0) goto fail;
-    logits = malloc((size_t)g->vocab_size * sizeof *logits);
-    b.layer_acc = calloc((size_t)d.Lh, sizeof *b.layer_acc);
-    if (!logits || !b.layer_acc) {
-        err = fmoe_error_set(FMOE_ENOMEM, "out of memory");
-        goto fail;
-    }
-
-    /* Trace header. */
-    fmoe_trace_header h;
-    if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32, backend,
-                                          so.activations)) < 0)
-        goto fail;
-    cmd_base_name(a.dataset, h.dataset, sizeof h.dataset);
-    h.speculative_depth = a.speculative;
-    h.hidden_dim = a.hidden ? (int32_t)d.h : 0;
-    h.timing_layers = d.timing ? (int32_t)d.Lh : 0;
-    h.prefill_chunk = so.max_batch; /* each chunk of the prompt is its own iteration */
-    if (off.x) {
-        h.offload_cache_experts = fmoe_offload_capacity(off.x);
-        snprintf(h.offload_policy, sizeof h.offload_policy, "%s", a.off.policy);
-    }
-    fmoe_trace_write_options wo = {.compression = a.compression};
-    stop_signal = 0;
-    if (catch_stop_signals() != 0) {
-        rc = cmd_failf(CMD, "cannot install the signal handler");
-        goto done;
-    }
-    if ((err = fmoe_trace_writer_open(&w, a.output, &h, &wo)) < 0) goto fail;
-
-    /* Requests. */
-    cmd_progress_bar bar;
-    char label[96];
-    snprintf(label, sizeof label, "record");
-    cmd_progress_bar_init(&bar, label, a.quiet);
-    fmoe_progress progress = cmd_progress_bar_callback(&bar);
-    int64_t too_long = 0, total_tokens = 0, prefill_tokens = 0, decode_tokens = 0;
-    double prefill_s = 0, decode_s = 0, started = cmd_now();
-    /* q: recordable prompts so far, the request index a single process gives them; this
-     * rank records those with q mod size == rank (all of them in a single process) */
-    const int64_t R = world->size, me = world->rank;
-    const int64_t mine = wanted > me ? (wanted - me + R - 1) / R : 0;
-    int64_t q = 0;
-    for (int64_t p = 0; p < prompts->count && q < wanted && !stop_signal; p++) {
-        size_t n = 0;
-        if ((err = encode_prompt(&a, tok, prompts->prompts[p], &chat_text, &ids, &n)) < 0)
-            goto fail;
-        if (n == 0) continue;
-        if ((int64_t)n + 1 > ctx_cap) { /* no room for one generated token */
-            too_long++;
-            continue;
-        }
-        const int64_t index = q++; /* the request's index in a single process's trace */
-        if (index % R != me) continue; /* another rank's */
-        int64_t max_new = a.max_new_tokens;
-        if ((int64_t)n + max_new > ctx_cap) max_new = ctx_cap - (int64_t)n;
-        if ((err = buffers_reserve(&b, &d, (int64_t)n + max_new)) < 0) goto fail;
-        memcpy(b.token_id, ids, n * sizeof *ids);
-        memset(b.phase, FMOE_PHASE_PREFILL, n);
-
-        fmoe_sampler_free(smp);
-        smp = NULL;
-        fmoe_sampler_params sp = {(float)a.temperature, a.top_k, (float)a.top_p,
-                                  (uint64_t)(a.seed + p)};
-        if ((err = fmoe_sampler_init(&sp, g->vocab_size, &smp)) < 0) goto fail;
-        fmoe_session_reset(s);
-        if (off.x && (err = fmoe_offload_request_begin(off.x, p, ids, (int32_t)n)) < 0)
-            goto fail;
-
-        /* Prefill: chunks of max_batch tokens, each its own iteration (docs/design.md §7.1), as
-         * the header's prefill_chunk tells the replay. Without generation the last chunk's
-         * lm head is skipped. */
-        double t0 = cmd_now();
-        int64_t it = 0;
-        b.n_outcomes = 0;
-        for (int64_t c0 = 0; c0 < (int64_t)n; c0 += so.max_batch, it++) {
-            const int32_t c = (int32_t)((int64_t)n - c0 < so.max_batch ? (int64_t)n - c0
-                                                                        : so.max_batch);
-            const int last = c0 + c == (int64_t)n;
-            if ((err = run_iteration(&off, s, &b, &d, c0, c, it,
-                                     last && max_new > 0 ? logits : NULL)) < 0)
-                goto fail;
-        }
-        prefill_s += cmd_now() - t0;
-        t0 = cmd_now();
-        int64_t out = 0;
-        while (out < max_new && !stop_signal) {
-            int32_t next = fmoe_sampler_sample(smp, logits);
-            if (!a.ignore_eos && cmd_generation_config_is_stop(&gc, next)) break;
-            const int64_t t = (int64_t)n + out;
-            b.token_id[t] = next;
-            b.phase[t] = FMOE_PHASE_DECODE;
-            out++;
-            /* The last token is fed for its routing only: no lm head. */
-            if ((err = run_iteration(&off, s, &b, &d, t, 1, it++, out < max_new ? logits : NULL)) < 0)
-                goto fail;
-        }
-        decode_s += cmd_now() - t0;
-        if (off.x && (err = fmoe_offload_request_end(off.x)) < 0) goto fail;
-        /* --decision-log: a write that fails (a full disk) stops the run here, as a failed
-         * trace append does, not at close after every request */
-        if (off.x && (err = fmoe_offload_flush_decisions(off.x)) < 0) {
-            write_failed = 1;
-            goto fail;
-        }
-        if (stop_signal) break; /* the request is unfinished: not recorded */
-
-        fmoe_trace_request q = {
-            .id = p,
-            .arrival_s = arrivals ? arrivals->arrival_s[index] : 0.0,
-            .prompt_tokens = (int32_t)n,
-            .output_tokens = (int32_t)out,
-            .token_id = b.token_id,
-            .phase = b.phase,
-            .experts = b.experts,
-            .probs = b.probs,
-            .semantic = b.semantic,
-            .speculative = d.S ? b.speculative : NULL,
-            .hidden = d.hidden ? b.hidden : NULL,
-            .layer_s = d.timing ? b.layer_s : NULL,
-            .iteration_s = d.timing ? b.iteration_s : NULL,
-            .access_outcome = off.x ? b.outcomes : NULL,
-            .num_access_outcomes = off.x ? b.n_outcomes : 0,
-        };
-        if ((err = fmoe_trace_writer_append_request(w, &q)) < 0) {
-            write_failed = 1;
-            goto fail;
-        }
-        recorded++;
-        if (a.log_requests)
-            fprintf(stderr, "fmoe record: request %lld recorded (%lld of %lld, %lld tokens)\n",
-                    (long long)p, (long long)recorded, (long long)mine, (long long)n + out);
-        prefill_tokens += (int64_t)n;
-        decode_tokens += out;
-        total_tokens += (int64_t)n + out;
-        double el = cmd_now() - started;
-        snprintf(label, sizeof label, "record (%.0f tokens/s)", el > 0 ? total_tokens / el : 0.0);
-        fmoe_progress_report(&progress, recorded, mine, "requests");
-    }
-    cmd_progress_bar_done(&bar);
-    if (stop_signal) {
-        /* stopped on purpose: keep what is recorded, for recover */
-        const int sig = stop_signal;
-        const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
-        if (recorded == 0) {
-            fmoe_trace_writer_abort(w);
-            w = NULL;
-            fprintf(stderr, "fmoe record: %s: stopped before the first request; nothing kept\n",
-                    name);
-        } else {
-            err = fmoe_trace_writer_close_partial(w);
-            w = NULL;
-            if (err < 0) goto fail;
-            fprintf(stderr, "fmoe record: %s: stopped after %lld request%s; 'fmoe trace recover "
-                            "%s.partial' makes the trace of them\n",
-                    name, (long long)recorded, recorded == 1 ? "" : "s", a.output);
-        }
-        rc = 128 + sig;
-        goto done;
-    }
-    if (recorded == 0 && q > 0) { /* an MPI rank whose share is empty: more ranks than
-                                     requests; no shard, and that is no failure */
-        fmoe_trace_writer_abort(w);
-        w = NULL;
-        if (!a.quiet)
-            fprintf(stderr, "fmoe record: rank %d: none of the %lld requests is this rank's "
-                            "(%d ranks); no %s\n",
-                    world->rank, (long long)q, world->size, a.output);
-        rc = CMD_EXIT_OK;
-        goto done;
-    }
-    if (recorded == 0) {
-        fmoe_trace_writer_abort(w);
-        w = NULL;
-        rc = cmd_failf(CMD, "%s: no prompt fits the context of %lld tokens of %s", a.dataset,
-                       (long long)ctx_cap, dir);
-        goto done;
-    }
-    err = fmoe_trace_writer_close(w);
-    w = NULL;
-    if (err < 0) {
-        write_failed = 1;
-        goto fail;
-    }
-    if (!a.quiet) {
-        /* with the summary: a failure stays one line */
-        cmd_backend_say(CMD, backend, a.activations);
-        fprintf(stderr,
-                "fmoe record: %s: %lld request%s, %lld tokens (prefill %lld at %.1f tokens/s, "
-                "decode %lld at %.1f tokens/s), context %lld positions",
-                a.output, (long long)recorded, recorded == 1 ? "" : "s",
-                (long long)total_tokens, (long long)prefill_tokens,
-                prefill_s > 0 ? prefill_tokens / prefill_s : 0.0, (long long)decode_tokens,
-                decode_s > 0 ? decode_tokens / decode_s : 0.0, (long long)ctx_cap);
-        if (too_long)
-            fprintf(stderr, "; skipped %lld prompt%s longer than the context (%lld tokens)",
-                    (long long)too_long, too_long == 1 ? "" : "s", (long long)ctx_cap);
-        fprintf(stderr, "\n");
-        if (off.x) {
-            char line[512];
-            cmd_offload_summary(&off, line, sizeof line);
-            fprintf(stderr, "fmoe record: %s\n", line);
-        }
-    }
-    rc = CMD_EXIT_OK;
-    goto done;
-fail:
-    rc = cmd_fail(CMD, err);
-done:
-    if (w && (write_failed || recorded == 0)) {
-        /* The trace cannot be written (a full disk) or holds nothing: remove it all. */
-        fmoe_trace_writer_abort(w);
-    } else if (w) {
-        /* Another error after some requests: keep them, as a kill or SIGINT would. */
-        if (fmoe_trace_writer_close_partial(w) == 0)
-            fprintf(stderr, "fmoe record: the %lld requests recorded before the error are in "
-                            "%s.partial ('fmoe trace recover %s.partial' makes the trace)\n",
-                    (long long)recorded, a.output, a.output);
-    }
-    buffers_free(&b);
-    free(ids);
-    free(chat_text);
-    free(logits);
-    fmoe_sampler_free(smp);
-    fmoe_session_free(s);
-    if (cmd_offload_close(CMD, &off, rc == CMD_EXIT_OK) && rc == CMD_EXIT_OK) rc = CMD_EXIT_FAILURE;
-    fmoe_tokenizer_free(tok);
-    fmoe_model_free(m);
-    fmoe_arrivals_free(arrivals);
-    fmoe_prompt_set_free(prompts);
-    return rc;
 }
