@@ -604,7 +604,10 @@ static int read_deepseek_router(const reader *r, fmoe_model_geometry *g,
             read_i32(r, "topk_group", 0, d->topk_group, 1, MAX_EXPERTS, &g->topk_group));
         FMOE_FORWARD_IF_ERROR(check_groups(r, g));
     }
-    if (g->qk_nope_head_dim + g->qk_rope_head_dim > 0 && !lookup(r, "head_dim"))
+    /* A query/key head is qk_nope + qk_rope wide. transformers >= 5 writes "head_dim" as
+     * qk_rope_head_dim (the width its rotary embedding reads), so that key does not say
+     * the head width here. */
+    if (g->qk_nope_head_dim + g->qk_rope_head_dim > 0)
         g->head_dim = g->qk_nope_head_dim + g->qk_rope_head_dim;
     return 0;
 }

@@ -309,16 +309,35 @@ static int experts(fmoe_model *m, int32_t i, const char *moe, fmoe__mlp *ex) {
     return 0;
 }
 
-static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
+/* DeepSeek-V2/V3's multi-head latent attention projections of layer i (mla.c). */
+static int bind_mla(fmoe_model *m, int32_t i, fmoe__layer *L) {
+    const fmoe_model_geometry *g = &m->geo;
+    const int64_t h = g->hidden_size, H = g->num_attention_heads;
+    const int64_t dn = g->qk_nope_head_dim, dr = g->qk_rope_head_dim, dv = g->v_head_dim;
+    const int64_t r = g->kv_lora_rank, rq = g->q_lora_rank;
+    const char *a = "model.layers.%d.self_attn";
+    char p[NAME_CAP];
+    snprintf(p, sizeof p, a, i);
+    if (rq > 0) {
+        FMOE_FORWARD_IF_ERROR(mat(m, rq, h, &L->wq_a, "%s.q_a_proj.weight", p));
+        FMOE_FORWARD_IF_ERROR(vec(m, rq, &L->q_a_norm, "%s.q_a_layernorm.weight", p));
+        FMOE_FORWARD_IF_ERROR(mat(m, H * (dn + dr), rq, &L->wq_b, "%s.q_b_proj.weight", p));
+    } else {
+        FMOE_FORWARD_IF_ERROR(mat(m, H * (dn + dr), h, &L->wq, "%s.q_proj.weight", p));
+    }
+    FMOE_FORWARD_IF_ERROR(mat(m, r + dr, h, &L->wkv_a, "%s.kv_a_proj_with_mqa.weight", p));
+    FMOE_FORWARD_IF_ERROR(vec(m, r, &L->kv_a_norm, "%s.kv_a_layernorm.weight", p));
+    FMOE_FORWARD_IF_ERROR(mat(m, H * (dn + dv), r, &L->wkv_b, "%s.kv_b_proj.weight", p));
+    return mat(m, h, H * dv, &L->wo, "%s.o_proj.weight", p);
+}
+
+/* The grouped-query attention projections of layer i (every family but MLA's). */
+static int bind_gqa(fmoe_model *m, int32_t i, fmoe__layer *L) {
     const fmoe_model_geometry *g = &m->geo;
     const fmoe__arch *a = &m->arch;
-    fmoe__layer *L = &m->layers[i];
     const int64_t h = g->hidden_size, D = g->head_dim;
     const int64_t qd = (int64_t)g->num_attention_heads * D, kd = (int64_t)g->num_key_value_heads * D;
 
-    FMOE_FORWARD_IF_ERROR(vec(m, h, &L->attn_norm, "model.layers.%d.input_layernorm.weight", i));
-    FMOE_FORWARD_IF_ERROR(
-        vec(m, h, &L->ffn_norm, "model.layers.%d.post_attention_layernorm.weight", i));
     FMOE_FORWARD_IF_ERROR(mat(m, qd, h, &L->wq, "model.layers.%d.self_attn.q_proj.weight", i));
     FMOE_FORWARD_IF_ERROR(mat(m, kd, h, &L->wk, "model.layers.%d.self_attn.k_proj.weight", i));
     FMOE_FORWARD_IF_ERROR(mat(m, kd, h, &L->wv, "model.layers.%d.self_attn.v_proj.weight", i));
@@ -339,6 +358,18 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
         FMOE_FORWARD_IF_ERROR(
             vec(m, kd, &L->k_norm, "model.layers.%d.self_attn.k_norm.weight", i));
     }
+    return 0;
+}
+
+static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
+    const fmoe_model_geometry *g = &m->geo;
+    fmoe__layer *L = &m->layers[i];
+    const int64_t h = g->hidden_size;
+
+    FMOE_FORWARD_IF_ERROR(vec(m, h, &L->attn_norm, "model.layers.%d.input_layernorm.weight", i));
+    FMOE_FORWARD_IF_ERROR(
+        vec(m, h, &L->ffn_norm, "model.layers.%d.post_attention_layernorm.weight", i));
+    FMOE_FORWARD_IF_ERROR(m->arch.mla ? bind_mla(m, i, L) : bind_gqa(m, i, L));
 
     L->moe_index = moe_index;
     if (moe_index < 0) {
@@ -357,6 +388,9 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
         moe = "mlp";
     FMOE_FORWARD_IF_ERROR(
         mat(m, g->num_experts, h, &L->router, "model.layers.%d.%s.gate.weight", i, moe));
+    if (strcmp(g->topk_method, "noaux_tc") == 0)
+        FMOE_FORWARD_IF_ERROR(vec(m, g->num_experts, &L->route_bias,
+                                  "model.layers.%d.%s.gate.e_score_correction_bias", i, moe));
     L->experts = m->expert_pool + (int64_t)moe_index * g->num_experts;
     FMOE_FORWARD_IF_ERROR(experts(m, i, moe, L->experts));
 
@@ -449,17 +483,18 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     case FMOE_FAMILY_QWEN2_MOE:
     case FMOE_FAMILY_QWEN3_MOE:
     case FMOE_FAMILY_OLMOE:
-    case FMOE_FAMILY_DEEPSEEK_V1: break;
+    case FMOE_FAMILY_DEEPSEEK_V1:
+    case FMOE_FAMILY_DEEPSEEK_V2:
+    case FMOE_FAMILY_DEEPSEEK_V3: break;
     default: {
         const char *what = g->family == FMOE_FAMILY_PHIMOE        ? "Phi-3.5-MoE"
-                           : g->family == FMOE_FAMILY_DEEPSEEK_V2 ? "DeepSeek-V2 (MLA)"
-                           : g->family == FMOE_FAMILY_DEEPSEEK_V3 ? "DeepSeek-V3 (MLA)"
                            : g->family == FMOE_FAMILY_GPT_OSS     ? "gpt-oss"
                            : g->family == FMOE_FAMILY_LLAMA4      ? "Llama-4"
                                                                   : "this family";
         rc = fmoe_error_set(FMOE_EUNSUPPORTED,
                             "%s: model_type \"%s\" (%s) is not yet supported by the forward "
-                            "pass (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek)",
+                            "pass (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, "
+                            "deepseek_v2, deepseek_v3)",
                             path, g->model_type, what);
         goto fail;
     }
@@ -468,8 +503,10 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         fmoe_error_prefix("%s", path);
         goto fail;
     }
+    /* Sigmoid scores and expert groups are DeepSeek-V2/V3's (fmoe_route_row_grouped). */
+    const int v23 = g->family == FMOE_FAMILY_DEEPSEEK_V2 || g->family == FMOE_FAMILY_DEEPSEEK_V3;
     if (g->head_dim % 2 != 0 || g->num_attention_heads % g->num_key_value_heads != 0 ||
-        g->scoring != FMOE_ROUTER_SOFTMAX || g->n_group > 1) {
+        (!v23 && (g->scoring != FMOE_ROUTER_SOFTMAX || g->n_group > 1))) {
         rc = fmoe_error_set(FMOE_EUNSUPPORTED,
                             "%s: head_dim %d, %d heads over %d kv heads, %s router: not "
                             "supported (even head_dim, whole kv groups, softmax routing)",

@@ -1,0 +1,99 @@
+/*
+ * cpu_mla.c - the CPU backend's multi-head latent attention (DeepSeek-V2/V3), in the
+ * absorbed form over the latent cache.
+ *
+ * MLA ("DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language
+ * Model", §2.1) caches per token only the normalised latent c (r_kv values) and the
+ * decoupled rotary key k_pe (dr values, shared by all heads). Head h's keys and values are
+ * up-projections of the latent through kv_b_proj's rows for that head, W_uk [dn][r_kv] and
+ * W_uv [dv][r_kv]:
+ *
+ *   k_h,j = [W_uk c_j ; k_pe_j]      v_h,j = W_uv c_j
+ *   score_h,j = scale · (q_nope · W_uk c_j + q_pe · k_pe_j)
+ *             = scale · ((W_ukᵀ q_nope) · c_j + q_pe · k_pe_j)
+ *   out_h = Σ_j p_j W_uv c_j = W_uv (Σ_j p_j c_j)
+ *
+ * The second lines are the paper's "absorbed" form (§2.1.2): W_uk folds into the query
+ * and W_uv into the output, so attention runs over the r_kv + dr cached values directly
+ * and the per-head keys and values are never formed. It is the same sum as the expanded
+ * form, reassociated; tests/model/test_mla.c checks the two agree within 1e-5 relative.
+ *
+ * The rotary dims: transformers' deepseek_v2/v3 take q_pe and k_pe as adjacent pairs
+ * (x[2i], x[2i+1]) rotated by frequency i (V3 permutes them to halves and applies
+ * rotate_half, V2 views them as complex numbers: the same rotation); here they are
+ * permuted to halves (evens then odds) and rotated with fmoe_rope_head, and cached in
+ * that order. Query and key use the same order, so their dot products are unchanged.
+ */
+#include <string.h>
+
+#include "../model/model_impl.h"
+#include "cpu_mla.h"
+#include "rowwise.h"
+
+/* Most rope dims per head (DeepSeek: 64). */
+#define MAX_ROPE 512
+
+/* Rotates one head's dr rope dims in place; adjacent pairs first become halves. */
+static void rope_pe(float *x, const float *c, const float *s, int32_t dr, int interleave) {
+    if (interleave) {
+        float tmp[MAX_ROPE];
+        for (int32_t i = 0; i < dr / 2; i++) {
+            tmp[i] = x[2 * i];
+            tmp[i + dr / 2] = x[2 * i + 1];
+        }
+        memcpy(x, tmp, (size_t)dr * sizeof *x);
+    }
+    fmoe_rope_head(x, c, s, dr);
+}
+
+static float dot(const float *a, const float *b, int32_t n) {
+    float s = 0.0f;
+    for (int32_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void fmoe__cpu_mla_attention(void *ctx, const fmoe__mla_args *a) {
+    const int32_t H = a->n_heads, dn = a->nope, dr = a->rope, dv = a->v_dim, r = a->rank;
+    const int32_t qs = dn + dr, ks = r + dr, half = dr / 2;
+    if (dr > MAX_ROPE) return; /* refused at load (mla.c) */
+    for (int32_t t = 0; t < a->n; t++) {
+        const float *c = a->cos + (int64_t)t * half, *s = a->sin + (int64_t)t * half;
+        for (int32_t h = 0; h < H; h++)
+            rope_pe(a->q + ((int64_t)t * H + h) * qs + dn, c, s, dr, a->interleave);
+        rope_pe(a->kv + (int64_t)t * ks + r, c, s, dr, a->interleave);
+    }
+    memcpy(a->cache + (int64_t)a->pos0 * ks, a->kv, (size_t)a->n * (size_t)ks * sizeof(float));
+
+    float *w = a->scratch;                           /* [dn + dv][r] head h's kv_b rows */
+    float *qlat = w + (int64_t)(dn + dv) * r;        /* [n][r] W_ukᵀ q_nope */
+    float *olat = qlat + (int64_t)a->n * r;          /* [n][r] Σ p_j c_j */
+    float *sc = olat + (int64_t)a->n * r;            /* [pos0 + n] scores */
+    for (int32_t h = 0; h < H; h++) {
+        for (int32_t i = 0; i < dn + dv; i++) {
+            const int32_t row = h * (dn + dv) + i;
+            fmoe__cpu_backend.get_rows(ctx, a->wkv_b, &row, 1, w + (int64_t)i * r);
+        }
+        for (int32_t t = 0; t < a->n; t++) {
+            const float *q = a->q + ((int64_t)t * H + h) * qs;
+            float *ql = qlat + (int64_t)t * r, *ol = olat + (int64_t)t * r;
+            memset(ql, 0, (size_t)r * sizeof *ql);
+            for (int32_t i = 0; i < dn; i++) {
+                const float qi = q[i], *wi = w + (int64_t)i * r;
+                for (int32_t k = 0; k < r; k++) ql[k] += qi * wi[k];
+            }
+            const int32_t m = a->pos0 + t + 1;
+            for (int32_t j = 0; j < m; j++) {
+                const float *cj = a->cache + (int64_t)j * ks;
+                sc[j] = a->scale * (dot(ql, cj, r) + dot(q + dn, cj + r, dr));
+            }
+            fmoe_softmax_row(sc, sc, m);
+            memset(ol, 0, (size_t)r * sizeof *ol);
+            for (int32_t j = 0; j < m; j++) {
+                const float p = sc[j], *cj = a->cache + (int64_t)j * ks;
+                for (int32_t k = 0; k < r; k++) ol[k] += p * cj[k];
+            }
+            float *o = a->out + ((int64_t)t * H + h) * dv;
+            for (int32_t v = 0; v < dv; v++) o[v] = dot(w + (int64_t)(dn + v) * r, ol, r);
+        }
+    }
+}
