@@ -212,6 +212,26 @@ def write_hf_checkpoint(name, outdir):
                          metadata=spec["metadata"])
 
 
+def write_hf_checkpoint_with_vocab(name, outdir, vocab):
+    """NAME's checkpoint (its stored layout, weights drawn as write_hf_checkpoint does) with
+    a vocabulary of VOCAB tokens: for `fmoe generate`/`record` through another model's
+    tokenizer (fmoe-tiny's has 4096). No reference: it runs fmoe against itself."""
+    layout = json.loads(json.dumps(hf_layout(name)))
+    layout["json"]["config.json"]["vocab_size"] = vocab
+    for spec in layout["safetensors"].values():
+        for t in spec["tensors"]:
+            if t[0] in ("model.embed_tokens.weight", "lm_head.weight"):
+                t[2][0] = vocab
+    os.makedirs(outdir, exist_ok=True)
+    for f, doc in layout["json"].items():
+        with open(os.path.join(outdir, f), "w") as fh:
+            json.dump(doc, fh, indent=2)
+    for f, spec in layout["safetensors"].items():
+        save_safetensors(os.path.join(outdir, f),
+                         {t: (_weight(name, t, shape, dt), dt) for t, dt, shape in spec["tensors"]},
+                         metadata=spec["metadata"])
+
+
 def make_hf(name, outdir):
     import hf_reference
     write_hf_checkpoint(name, outdir)
