@@ -183,6 +183,61 @@ static int gguf_mat(fmoe_model *m, const char *name, int64_t rows, int64_t cols,
     return 0;
 }
 
+/* One GGUF tensor [rows][cols] of an MLA split (attn_k_b, attn_v_b), checked. */
+static int gguf_split_part(fmoe_model *m, const char *name, int64_t cols, int64_t rows,
+                           const fmoe_gguf_tensor **out) {
+    const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(m->gguf, name);
+    FMOE_RETURN_ERROR_IF(!t, FMOE_ENOTFOUND, "%s: missing tensor %s", fmoe_gguf_name(m->gguf),
+                         name);
+    FMOE_RETURN_ERROR_IF(t->ne[0] != cols || t->numel != cols * rows, FMOE_EFORMAT,
+                         "%s: tensor %s has %lld values of rows of %lld, expected %lld x %lld",
+                         fmoe_gguf_name(m->gguf), name, (long long)t->numel,
+                         (long long)t->ne[0], (long long)rows, (long long)cols);
+    *out = t;
+    return 0;
+}
+
+/*
+ * kv_b_proj [H(dn + dv)][r] of a GGUF file whose converter split it (llama.cpp's newer
+ * deepseek2 files): attn_k_b [H][r][dn] holds each head's key rows transposed,
+ * attn_v_b [H][dv][r] its value rows. Put back as an owned f32 matrix in HF's layout, so
+ * the forward pass is the one it runs for the checkpoint.
+ */
+static int gguf_kv_b_from_split(fmoe_model *m, int32_t i, fmoe__mat *out) {
+    const fmoe_model_geometry *g = &m->geo;
+    const int64_t H = g->num_attention_heads, dn = g->qk_nope_head_dim, dv = g->v_head_dim;
+    const int64_t r = g->kv_lora_rank, w = dn + dv;
+    char kn[64], vn[64];
+    snprintf(kn, sizeof kn, "blk.%d.attn_k_b.weight", i);
+    snprintf(vn, sizeof vn, "blk.%d.attn_v_b.weight", i);
+    const fmoe_gguf_tensor *kb, *vb;
+    FMOE_FORWARD_IF_ERROR(gguf_split_part(m, kn, dn, H * r, &kb));
+    FMOE_FORWARD_IF_ERROR(gguf_split_part(m, vn, r, H * dv, &vb));
+    float *wkv = malloc((size_t)(H * w * r) * sizeof *wkv);
+    float *row = malloc((size_t)(dn > r ? dn : r) * sizeof *row);
+    if (!wkv || !row || fmoe__model_keep_owned(m, wkv) < 0) {
+        free(wkv);
+        free(row);
+        return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    }
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t c = 0; c < r; c++) { /* k_b[h][c][:] is column c of the key rows */
+            fmoe_quant_dequantize_row(kb->type,
+                                      (const uint8_t *)kb->data + (h * r + c) * kb->row_bytes,
+                                      row, dn);
+            for (int64_t d = 0; d < dn; d++) wkv[(h * w + d) * r + c] = row[d];
+        }
+        for (int64_t v = 0; v < dv; v++)
+            fmoe_quant_dequantize_row(vb->type,
+                                      (const uint8_t *)vb->data + (h * dv + v) * vb->row_bytes,
+                                      wkv + (h * w + dn + v) * r, r);
+    }
+    free(row);
+    /* rebuilt, so no file range holds these bytes (only experts are read from files) */
+    *out = (fmoe__mat){.data = wkv, .dtype = FMOE_ST_F32, .rows = H * w, .cols = r};
+    return 0;
+}
+
 /* Converts a 1-D tensor of n values to an owned f32 array. */
 static int to_f32(fmoe_model *m, const fmoe_st_tensor *t, const float **out) {
     float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
@@ -327,7 +382,10 @@ static int bind_mla(fmoe_model *m, int32_t i, fmoe__layer *L) {
     }
     FMOE_FORWARD_IF_ERROR(mat(m, r + dr, h, &L->wkv_a, "%s.kv_a_proj_with_mqa.weight", p));
     FMOE_FORWARD_IF_ERROR(vec(m, r, &L->kv_a_norm, "%s.kv_a_layernorm.weight", p));
-    FMOE_FORWARD_IF_ERROR(mat(m, H * (dn + dv), r, &L->wkv_b, "%s.kv_b_proj.weight", p));
+    if (m->gguf && !has_tensor(m, "%s.kv_b_proj.weight", p))
+        FMOE_FORWARD_IF_ERROR(gguf_kv_b_from_split(m, i, &L->wkv_b));
+    else
+        FMOE_FORWARD_IF_ERROR(mat(m, H * (dn + dv), r, &L->wkv_b, "%s.kv_b_proj.weight", p));
     return mat(m, h, H * dv, &L->wo, "%s.o_proj.weight", p);
 }
 
