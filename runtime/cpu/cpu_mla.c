@@ -64,14 +64,21 @@ void fmoe__cpu_mla_attention(void *ctx, const fmoe__mla_args *a) {
     }
     memcpy(a->cache + (int64_t)a->pos0 * ks, a->kv, (size_t)a->n * (size_t)ks * sizeof(float));
 
-    float *w = a->scratch;                           /* [dn + dv][r] head h's kv_b rows */
-    float *qlat = w + (int64_t)(dn + dv) * r;        /* [n][r] W_ukᵀ q_nope */
+    float *wbuf = a->scratch;                        /* [dn + dv][r] head h's kv_b rows */
+    float *qlat = wbuf + (int64_t)(dn + dv) * r;     /* [n][r] W_ukᵀ q_nope */
     float *olat = qlat + (int64_t)a->n * r;          /* [n][r] Σ p_j c_j */
     float *sc = olat + (int64_t)a->n * r;            /* [pos0 + n] scores */
+    /* f32 rows are read in place; others widened (or dequantised) once per head and call */
+    const int in_place = !a->wkv_b->quant && a->wkv_b->dtype == FMOE_ST_F32;
     for (int32_t h = 0; h < H; h++) {
-        for (int32_t i = 0; i < dn + dv; i++) {
-            const int32_t row = h * (dn + dv) + i;
-            fmoe__cpu_backend.get_rows(ctx, a->wkv_b, &row, 1, w + (int64_t)i * r);
+        const float *w = wbuf;
+        if (in_place) {
+            w = (const float *)a->wkv_b->data + (int64_t)h * (dn + dv) * r;
+        } else {
+            for (int32_t i = 0; i < dn + dv; i++) {
+                const int32_t row = h * (dn + dv) + i;
+                fmoe__cpu_backend.get_rows(ctx, a->wkv_b, &row, 1, wbuf + (int64_t)i * r);
+            }
         }
         for (int32_t t = 0; t < a->n; t++) {
             const float *q = a->q + ((int64_t)t * H + h) * qs;

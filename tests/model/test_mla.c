@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
+#include "half.h"
 #include "harness.h"
 #include "model_impl.h"
 #include "rowwise.h"
@@ -32,7 +33,8 @@ static void rope_pairs(double *x, int dr, const double *ang) {
 
 /* The absorbed attention of one sequence, in calls of `chunk` tokens (prefill then
  * decode), against the expanded form: relative error of the outputs <= 1e-5. */
-static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r, int T, int chunk, int interleave) {
+static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r, int T,
+                      int chunk, int interleave, int bf16) {
     const int qs = dn + dr, ks = r + dr, half = dr / 2, ctx = T;
     float *wkv = malloc(sizeof(float) * (size_t)H * (dn + dv) * r);
     float *q = malloc(sizeof(float) * (size_t)T * H * qs);
@@ -45,7 +47,13 @@ static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r,
     float *out = calloc((size_t)T * H * dv, sizeof(float));
     float *scratch = malloc(sizeof(float) * (size_t)fmoe__mla_scratch_floats(dn, dv, r, ctx, T));
     double *ang = malloc(sizeof(double) * (size_t)T * half);
-    for (int i = 0; i < H * (dn + dv) * r; i++) wkv[i] = frand() / sqrtf((float)r);
+    uint16_t *wkv16 = malloc(sizeof(uint16_t) * (size_t)H * (dn + dv) * r);
+    for (int i = 0; i < H * (dn + dv) * r; i++) {
+        wkv[i] = frand() / sqrtf((float)r);
+        /* bf16 weights: widened per head by the kernel; the reference uses their values */
+        wkv16[i] = fmoe_float_to_bf16(wkv[i]);
+        if (bf16) wkv[i] = fmoe_bf16_to_float(wkv16[i]);
+    }
     for (int i = 0; i < T * H * qs; i++) q0[i] = frand();
     for (int i = 0; i < T * ks; i++) kv0[i] = frand();
     for (int t = 0; t < T; t++)
@@ -57,7 +65,9 @@ static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r,
     memcpy(q, q0, sizeof(float) * (size_t)T * H * qs);
     memcpy(kv, kv0, sizeof(float) * (size_t)T * ks);
 
-    const fmoe__mat w = {.data = wkv, .dtype = FMOE_ST_F32, .rows = H * (dn + dv), .cols = r};
+    const fmoe__mat w = {.data = bf16 ? (const void *)wkv16 : wkv,
+                         .dtype = bf16 ? FMOE_ST_BF16 : FMOE_ST_F32, .rows = H * (dn + dv),
+                         .cols = r};
     const fmoe__backend_limits lim = {.threads = 1, .max_cols = r > 64 ? r : 64,
                                       .max_batch = T, .max_context = ctx, .max_experts = 1};
     void *c;
@@ -143,15 +153,15 @@ static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r,
     /* The cache holds each token's latent as given and its rotated rope dims. */
     for (int t = 0; t < T; t++)
         for (int k = 0; k < r; k++) ASSERT_NEAR(cache[t * ks + k], kv0[t * ks + k], 0);
-    free(wkv), free(q), free(kv), free(q0), free(kv0), free(cos_t), free(sin_t), free(cache);
+    free(wkv16), free(wkv), free(q), free(kv), free(q0), free(kv0), free(cos_t), free(sin_t), free(cache);
     free(out), free(scratch), free(ang), free(K), free(V), free(Q), free(sc);
 }
 
 TEST(mla_absorbed_equals_expanded) {
-    check_mla(harness_failed, 4, 16, 8, 12, 24, 13, 13, 1);  /* one prefill */
-    check_mla(harness_failed, 4, 16, 8, 12, 24, 13, 1, 1);   /* token by token */
-    check_mla(harness_failed, 3, 8, 4, 20, 10, 9, 4, 0);     /* chunks; dv > dn; halves order */
-    check_mla(harness_failed, 2, 32, 16, 32, 64, 20, 7, 1);
+    check_mla(harness_failed, 4, 16, 8, 12, 24, 13, 13, 1, 0);  /* one prefill */
+    check_mla(harness_failed, 4, 16, 8, 12, 24, 13, 1, 1, 0);   /* token by token */
+    check_mla(harness_failed, 3, 8, 4, 20, 10, 9, 4, 0, 0);     /* chunks; dv > dn; halves */
+    check_mla(harness_failed, 2, 32, 16, 32, 64, 20, 7, 1, 1);  /* bf16 kv_b, widened */
 }
 
 /* transformers' gate in double: V2 (softmax, group max) or V3 (sigmoid + bias, group
