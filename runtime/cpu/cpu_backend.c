@@ -442,6 +442,12 @@ static void attn_task(void *arg, int32_t task, int32_t worker) {
         axpy(j->c, out, sc[p], a->v_cache + (int64_t)(lo + p) * kv_stride + (int64_t)hk * D, D);
 }
 
+int32_t fmoe__cpu_threads(const void *ctx) { return ((const cpu_ctx *)ctx)->threads; }
+
+void fmoe__cpu_run(void *ctx, fmoe__task_fn fn, void *arg, int32_t tasks) {
+    fmoe__pool_run(((cpu_ctx *)ctx)->pool, fn, arg, tasks);
+}
+
 static void cpu_attention(void *ctx, const fmoe__attn_args *a) {
     cpu_ctx *c = ctx;
     attn_job j = {c, a};

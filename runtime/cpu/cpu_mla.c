@@ -52,10 +52,62 @@ static float dot(const float *a, const float *b, int32_t n) {
     return s;
 }
 
-void fmoe__cpu_mla_attention(void *ctx, const fmoe__mla_args *a) {
+typedef struct mla_job {
+    void *ctx;
+    const fmoe__mla_args *a;
+    int64_t slot_floats; /* one worker's scratch */
+} mla_job;
+
+/* Head h of every query row: its kv_b rows, then for each token q_lat = W_ukᵀ q_nope, the
+ * scores over the cached latents and rotary keys, o_lat = Σ p_j c_j, out = W_uv o_lat.
+ * Heads are independent, each summed in the same order whatever the worker. */
+static void head_task(void *arg, int32_t h, int32_t worker) {
+    const mla_job *j = arg;
+    const fmoe__mla_args *a = j->a;
     const int32_t H = a->n_heads, dn = a->nope, dr = a->rope, dv = a->v_dim, r = a->rank;
+    const int32_t qs = dn + dr, ks = r + dr;
+    float *wbuf = a->scratch + (int64_t)worker * j->slot_floats; /* [dn + dv][r] */
+    float *qlat = wbuf + (int64_t)(dn + dv) * r;                  /* [n][r] */
+    float *olat = qlat + (int64_t)a->n * r;                       /* [n][r] */
+    float *sc = olat + (int64_t)a->n * r;                         /* [pos0 + n] */
+    /* f32 rows are read in place; others widened (or dequantised) once per head and call */
+    const float *w = wbuf;
+    if (!a->wkv_b->quant && a->wkv_b->dtype == FMOE_ST_F32) {
+        w = (const float *)a->wkv_b->data + (int64_t)h * (dn + dv) * r;
+    } else {
+        for (int32_t i = 0; i < dn + dv; i++) {
+            const int32_t row = h * (dn + dv) + i;
+            fmoe__cpu_backend.get_rows(j->ctx, a->wkv_b, &row, 1, wbuf + (int64_t)i * r);
+        }
+    }
+    for (int32_t t = 0; t < a->n; t++) {
+        const float *q = a->q + ((int64_t)t * H + h) * qs;
+        float *ql = qlat + (int64_t)t * r, *ol = olat + (int64_t)t * r;
+        memset(ql, 0, (size_t)r * sizeof *ql);
+        for (int32_t i = 0; i < dn; i++) {
+            const float qi = q[i], *wi = w + (int64_t)i * r;
+            for (int32_t k = 0; k < r; k++) ql[k] += qi * wi[k];
+        }
+        const int32_t m = a->pos0 + t + 1;
+        for (int32_t p = 0; p < m; p++) {
+            const float *cj = a->cache + (int64_t)p * ks;
+            sc[p] = a->scale * (dot(ql, cj, r) + dot(q + dn, cj + r, dr));
+        }
+        fmoe_softmax_row(sc, sc, m);
+        memset(ol, 0, (size_t)r * sizeof *ol);
+        for (int32_t p = 0; p < m; p++) {
+            const float pr = sc[p], *cj = a->cache + (int64_t)p * ks;
+            for (int32_t k = 0; k < r; k++) ol[k] += pr * cj[k];
+        }
+        float *o = a->out + ((int64_t)t * H + h) * dv;
+        for (int32_t v = 0; v < dv; v++) o[v] = dot(w + (int64_t)(dn + v) * r, ol, r);
+    }
+}
+
+void fmoe__cpu_mla_attention(void *ctx, const fmoe__mla_args *a) {
+    const int32_t H = a->n_heads, dn = a->nope, dr = a->rope, r = a->rank;
     const int32_t qs = dn + dr, ks = r + dr, half = dr / 2;
-    if (dr > MAX_ROPE) return; /* refused at load (mla.c) */
+    if (dr > MAX_ROPE) return; /* refused at load (config.c) */
     for (int32_t t = 0; t < a->n; t++) {
         const float *c = a->cos + (int64_t)t * half, *s = a->sin + (int64_t)t * half;
         for (int32_t h = 0; h < H; h++)
@@ -64,43 +116,14 @@ void fmoe__cpu_mla_attention(void *ctx, const fmoe__mla_args *a) {
     }
     memcpy(a->cache + (int64_t)a->pos0 * ks, a->kv, (size_t)a->n * (size_t)ks * sizeof(float));
 
-    float *wbuf = a->scratch;                        /* [dn + dv][r] head h's kv_b rows */
-    float *qlat = wbuf + (int64_t)(dn + dv) * r;     /* [n][r] W_ukᵀ q_nope */
-    float *olat = qlat + (int64_t)a->n * r;          /* [n][r] Σ p_j c_j */
-    float *sc = olat + (int64_t)a->n * r;            /* [pos0 + n] scores */
-    /* f32 rows are read in place; others widened (or dequantised) once per head and call */
-    const int in_place = !a->wkv_b->quant && a->wkv_b->dtype == FMOE_ST_F32;
-    for (int32_t h = 0; h < H; h++) {
-        const float *w = wbuf;
-        if (in_place) {
-            w = (const float *)a->wkv_b->data + (int64_t)h * (dn + dv) * r;
-        } else {
-            for (int32_t i = 0; i < dn + dv; i++) {
-                const int32_t row = h * (dn + dv) + i;
-                fmoe__cpu_backend.get_rows(ctx, a->wkv_b, &row, 1, wbuf + (int64_t)i * r);
-            }
-        }
-        for (int32_t t = 0; t < a->n; t++) {
-            const float *q = a->q + ((int64_t)t * H + h) * qs;
-            float *ql = qlat + (int64_t)t * r, *ol = olat + (int64_t)t * r;
-            memset(ql, 0, (size_t)r * sizeof *ql);
-            for (int32_t i = 0; i < dn; i++) {
-                const float qi = q[i], *wi = w + (int64_t)i * r;
-                for (int32_t k = 0; k < r; k++) ql[k] += qi * wi[k];
-            }
-            const int32_t m = a->pos0 + t + 1;
-            for (int32_t j = 0; j < m; j++) {
-                const float *cj = a->cache + (int64_t)j * ks;
-                sc[j] = a->scale * (dot(ql, cj, r) + dot(q + dn, cj + r, dr));
-            }
-            fmoe_softmax_row(sc, sc, m);
-            memset(ol, 0, (size_t)r * sizeof *ol);
-            for (int32_t j = 0; j < m; j++) {
-                const float p = sc[j], *cj = a->cache + (int64_t)j * ks;
-                for (int32_t k = 0; k < r; k++) ol[k] += p * cj[k];
-            }
-            float *o = a->out + ((int64_t)t * H + h) * dv;
-            for (int32_t v = 0; v < dv; v++) o[v] = dot(w + (int64_t)(dn + v) * r, ol, r);
-        }
+    const mla_job j = {.ctx = ctx, .a = a,
+                       .slot_floats = fmoe__mla_scratch_floats(dn, a->v_dim, r, a->max_context,
+                                                               a->max_batch)};
+    /* One scratch slot per pool worker, or the heads run here one after the other. */
+    const double work = (double)H * a->n * (double)(a->pos0 + a->n) * ks;
+    if (a->scratch_slots >= fmoe__cpu_threads(ctx) && work >= (1 << 16)) {
+        fmoe__cpu_run(ctx, head_task, (void *)&j, H);
+        return;
     }
+    for (int32_t h = 0; h < H; h++) head_task((void *)&j, h, 0);
 }

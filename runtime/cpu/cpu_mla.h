@@ -6,8 +6,15 @@
 #define FMOE_CPU_MLA_H
 
 #include "../model/model_impl.h"
+#include "threadpool.h"
 
-/* fmoe__backend_ops.mla_attention on a CPU backend context. */
+/* fmoe__backend_ops.mla_attention on a CPU backend context: heads across the context's
+ * pool when the args carry a scratch slot per pool thread. */
 void fmoe__cpu_mla_attention(void *ctx, const fmoe__mla_args *a);
+
+/* From cpu_backend.c: a CPU context's pool threads (the caller counted), and
+ * fmoe__pool_run on its pool. */
+int32_t fmoe__cpu_threads(const void *ctx);
+void fmoe__cpu_run(void *ctx, fmoe__task_fn fn, void *arg, int32_t tasks);
 
 #endif

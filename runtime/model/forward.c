@@ -46,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
 #include "rowwise.h"
@@ -107,7 +108,8 @@ struct fmoe_session {
     float *k_cache;         /* [layers][max_context][Hkv·D]; MLA: [..][r_kv + dr] latents
                                and rotary keys (mla.c) */
     float *v_cache;         /* [layers][max_context][Hkv·D]; MLA: unused */
-    float *mla_scratch;     /* MLA: fmoe__mla_scratch_floats */
+    float *mla_scratch;     /* MLA: mla_slots × fmoe__mla_scratch_floats */
+    int32_t mla_slots;      /* MLA: scratch slots, one per CPU thread that runs heads */
     /* host memory: what the host reads of a pass, and the index lists it builds */
     void *route_h;          /* route's host mirror, the same layout (on a host_memory
                                backend: route itself) */
@@ -259,8 +261,13 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
         qd = hv > qd ? hv : qd;
         cache_w = ks;
         vcache_w = 0;
-        mla_scratch = fmoe__mla_scratch_floats(g->qk_nope_head_dim, g->v_head_dim,
-                                               g->kv_lora_rank, o.max_context, B);
+        /* a slot per thread of the CPU backend's pool (its rule for threads 0: all cores),
+         * so heads run in parallel there */
+        long cores = o.threads > 0 ? o.threads : sysconf(_SC_NPROCESSORS_ONLN);
+        cores = cores < 1 ? 1 : cores > 256 ? 256 : cores;
+        s->mla_slots = (int32_t)cores;
+        mla_scratch = cores * fmoe__mla_scratch_floats(g->qk_nope_head_dim, g->v_head_dim,
+                                                       g->kv_lora_rank, o.max_context, B);
     }
     int64_t imax = g->moe_intermediate_size;
     if (g->shared_intermediate_size > imax) imax = g->shared_intermediate_size;
@@ -453,7 +460,9 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
                 .cache = sg[i].s->k_cache + (int64_t)li * sg[i].s->opt.max_context * ks};
         const fmoe__mla_bufs b = {.xn = s->xn, .q = s->q, .kv = s->k, .qa = s->v,
                                   .att = s->att, .cos = s->cos, .sin = s->sin,
-                                  .scratch = s->mla_scratch};
+                                  .scratch = s->mla_scratch, .slots = s->mla_slots,
+                                  .max_context = s->opt.max_context,
+                                  .max_batch = s->opt.max_batch};
         fmoe__mla_attention(be, c, m, L, &b, s->mla_seqs, count, n);
         be->matmul(c, &L->wo, s->att, n, s->acc);
         be->add(c, s->x, s->acc, (int64_t)n * h);

@@ -15,7 +15,8 @@ typedef struct fmoe__mla_bufs {
     float *qa;        /* [n][r_q] (q_lora_rank > 0) */
     float *att;       /* [n][H·dv] the heads' outputs, before o_proj */
     const float *cos, *sin; /* [n][dr/2] each row's rope tables */
-    float *scratch;   /* fmoe__mla_scratch_floats */
+    float *scratch;   /* slots × fmoe__mla_scratch_floats(.., max_context, max_batch) */
+    int32_t slots, max_context, max_batch;
 } fmoe__mla_bufs;
 
 /* One sequence's rows [row, row + n) at positions pos0.. and its layer's latent cache

@@ -241,13 +241,16 @@ typedef struct fmoe__mla_args {
     float *cache;          /* [max_context][r_kv + dr]: the rows of kv land at pos0.. */
     const fmoe__mat *wkv_b; /* [H(dn+dv)][r_kv] */
     float *out;            /* [n][H·dv] */
-    float *scratch;        /* fmoe__mla_scratch_floats floats */
+    float *scratch;        /* scratch_slots slots of fmoe__mla_scratch_floats(.., max_context,
+                              max_batch) floats each: one per thread that runs heads */
+    int32_t scratch_slots, max_context, max_batch;
     int32_t n, pos0, n_heads, nope, rope, v_dim, rank;
     int32_t interleave;    /* the rope dims come as adjacent pairs */
     float scale;
 } fmoe__mla_args;
 
-/* Floats of scratch one MLA call needs for a context of max_context positions. */
+/* Floats of scratch one thread of an MLA call needs for a context of max_context positions
+ * and max_batch query rows. */
 static inline int64_t fmoe__mla_scratch_floats(int64_t nope, int64_t v_dim, int64_t rank,
                                                int64_t max_context, int64_t max_batch) {
     return (nope + v_dim) * rank + 2 * max_batch * rank + max_context + 64;

@@ -34,7 +34,7 @@ static void rope_pairs(double *x, int dr, const double *ang) {
 /* The absorbed attention of one sequence, in calls of `chunk` tokens (prefill then
  * decode), against the expanded form: relative error of the outputs <= 1e-5. */
 static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r, int T,
-                      int chunk, int interleave, int bf16) {
+                      int chunk, int interleave, int bf16, int threads) {
     const int qs = dn + dr, ks = r + dr, half = dr / 2, ctx = T;
     float *wkv = malloc(sizeof(float) * (size_t)H * (dn + dv) * r);
     float *q = malloc(sizeof(float) * (size_t)T * H * qs);
@@ -45,7 +45,8 @@ static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r,
     float *sin_t = malloc(sizeof(float) * (size_t)T * half);
     float *cache = calloc((size_t)ctx * ks, sizeof(float));
     float *out = calloc((size_t)T * H * dv, sizeof(float));
-    float *scratch = malloc(sizeof(float) * (size_t)fmoe__mla_scratch_floats(dn, dv, r, ctx, T));
+    float *scratch =
+        malloc(sizeof(float) * (size_t)threads * (size_t)fmoe__mla_scratch_floats(dn, dv, r, ctx, T));
     double *ang = malloc(sizeof(double) * (size_t)T * half);
     uint16_t *wkv16 = malloc(sizeof(uint16_t) * (size_t)H * (dn + dv) * r);
     for (int i = 0; i < H * (dn + dv) * r; i++) {
@@ -68,7 +69,7 @@ static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r,
     const fmoe__mat w = {.data = bf16 ? (const void *)wkv16 : wkv,
                          .dtype = bf16 ? FMOE_ST_BF16 : FMOE_ST_F32, .rows = H * (dn + dv),
                          .cols = r};
-    const fmoe__backend_limits lim = {.threads = 1, .max_cols = r > 64 ? r : 64,
+    const fmoe__backend_limits lim = {.threads = threads, .max_cols = r > 64 ? r : 64,
                                       .max_batch = T, .max_context = ctx, .max_experts = 1};
     void *c;
     ASSERT_OK(fmoe__cpu_backend.init(&lim, &c));
@@ -78,7 +79,8 @@ static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r,
         const fmoe__mla_args a = {
             .q = q + (int64_t)t0 * H * qs, .kv = kv + (int64_t)t0 * ks,
             .cos = cos_t + t0 * half, .sin = sin_t + t0 * half, .cache = cache, .wkv_b = &w,
-            .out = out + (int64_t)t0 * H * dv, .scratch = scratch, .n = n, .pos0 = t0,
+            .out = out + (int64_t)t0 * H * dv, .scratch = scratch, .scratch_slots = threads,
+            .max_context = ctx, .max_batch = T, .n = n, .pos0 = t0,
             .n_heads = H, .nope = dn, .rope = dr, .v_dim = dv, .rank = r,
             .interleave = interleave, .scale = scale};
         fmoe__cpu_backend.mla_attention(c, &a);
@@ -158,10 +160,11 @@ static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r,
 }
 
 TEST(mla_absorbed_equals_expanded) {
-    check_mla(harness_failed, 4, 16, 8, 12, 24, 13, 13, 1, 0);  /* one prefill */
-    check_mla(harness_failed, 4, 16, 8, 12, 24, 13, 1, 1, 0);   /* token by token */
-    check_mla(harness_failed, 3, 8, 4, 20, 10, 9, 4, 0, 0);     /* chunks; dv > dn; halves */
-    check_mla(harness_failed, 2, 32, 16, 32, 64, 20, 7, 1, 1);  /* bf16 kv_b, widened */
+    check_mla(harness_failed, 4, 16, 8, 12, 24, 13, 13, 1, 0, 1);  /* one prefill */
+    check_mla(harness_failed, 4, 16, 8, 12, 24, 13, 1, 1, 0, 1);   /* token by token */
+    check_mla(harness_failed, 3, 8, 4, 20, 10, 9, 4, 0, 0, 1);     /* chunks; dv > dn; halves */
+    check_mla(harness_failed, 2, 32, 16, 32, 64, 20, 7, 1, 1, 1);  /* bf16 kv_b, widened */
+    check_mla(harness_failed, 8, 16, 8, 16, 64, 24, 24, 1, 1, 3);  /* heads on 3 threads */
 }
 
 /* transformers' gate in double: V2 (softmax, group max) or V3 (sigmoid + bias, group
