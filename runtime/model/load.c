@@ -619,10 +619,15 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         fmoe_error_prefix("%s", dir);
         goto fail;
     }
+    char attn[64] = "";
+    if (m->arch.mla) /* what the cache holds per token and layer (mla.c) */
+        snprintf(attn, sizeof attn, ", MLA latent %d + rope %d", g->kv_lora_rank,
+                 g->qk_rope_head_dim);
     snprintf(m->describe, sizeof m->describe,
-             "%s: %d layers (%d MoE), %d experts top-%d%s, hidden %d, %s, %s", g->model_type,
+             "%s: %d layers (%d MoE), %d experts top-%d%s, hidden %d%s, %s, %s", g->model_type,
              g->num_hidden_layers, g->num_moe_layers, g->num_experts, g->top_k,
-             g->num_shared_experts ? " + shared" : "", g->hidden_size, types, m->arch.rope_desc);
+             g->num_shared_experts ? " + shared" : "", g->hidden_size, attn, types,
+             m->arch.rope_desc);
     free(path);
     *out = m;
     return 0;
