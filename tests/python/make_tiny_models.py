@@ -85,6 +85,8 @@ HF_MODELS = {
                                     "topk_group": 1, "routed_scaling_factor": 16.0},
                     "float32", {}),
     "deepseek_v3": ("deepseek_v3", {}, "float32", {}),
+    # bf16 weights: kv_b_proj widened per head by the MLA kernel, not read in place
+    "deepseek_v3_bf16": ("deepseek_v3", {}, "bfloat16", {}),
     "deepseek_v3_yarn": ("deepseek_v3", {
         "rope_interleave": True,
         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,

@@ -3,7 +3,8 @@ forward pass: lib/gguf_names.c's MLA names, lib/gguf_config.c's translation of t
 deepseek2.* keys into a config, and runtime/model/load.c's rebuilding of kv_b_proj from
 the attn_k_b / attn_v_b split newer converters write.
 
-Each tiny MLA checkpoint of make_tiny_models.py is written here as a float32 GGUF by
+Each tiny MLA checkpoint of make_tiny_models.py is written here as a GGUF (F32, or BF16 for
+the bf16 one) by
 gguf-py's own writer (its key and tensor names, llama.cpp's shapes: the split k_b is
 [H][r][dn], each head's key rows transposed), without fmoe's hf_config key, so the config
 is rebuilt from llama.cpp's metadata alone; it must run to exactly the logits, experts and
@@ -81,8 +82,17 @@ def write_deepseek2(model_dir, out, split):
         w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
         w.add_rope_scaling_yarn_log_mul(0.1 * rp["mscale_all_dim"])
 
+    bf16 = cfg.get("dtype", cfg.get("torch_dtype")) == "bfloat16"
+
     def add(name, a):
-        w.add_tensor(name, np.ascontiguousarray(a, np.float32))
+        """In the checkpoint's dtype (the split k_b/v_b too), so the products are the same
+        kernels; norms and biases as GGUF keeps them, F32."""
+        a = np.ascontiguousarray(a, np.float32)
+        if bf16 and a.ndim > 1:
+            w.add_tensor(name, (a.view(np.uint32) >> 16).astype(np.uint16),
+                         raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            w.add_tensor(name, a)
 
     add("token_embd.weight", ck["model.embed_tokens.weight"])
     add("output_norm.weight", ck["model.norm.weight"])
