@@ -444,6 +444,14 @@ static void attn_task(void *arg, int32_t task, int32_t worker) {
 
 int32_t fmoe__cpu_threads(const void *ctx) { return ((const cpu_ctx *)ctx)->threads; }
 
+float fmoe__cpu_dot(const void *ctx, const float *a, const float *b, int64_t n) {
+    return dot_f32(ctx, a, b, n);
+}
+
+void fmoe__cpu_axpy(const void *ctx, float *y, float a, const float *x, int64_t n) {
+    axpy(ctx, y, a, x, n);
+}
+
 void fmoe__cpu_run(void *ctx, fmoe__task_fn fn, void *arg, int32_t tasks) {
     fmoe__pool_run(((cpu_ctx *)ctx)->pool, fn, arg, tasks);
 }

@@ -46,12 +46,6 @@ static void rope_pe(float *x, const float *c, const float *s, int32_t dr, int in
     fmoe_rope_head(x, c, s, dr);
 }
 
-static float dot(const float *a, const float *b, int32_t n) {
-    float s = 0.0f;
-    for (int32_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 typedef struct mla_job {
     void *ctx;
     const fmoe__mla_args *a;
@@ -84,23 +78,20 @@ static void head_task(void *arg, int32_t h, int32_t worker) {
         const float *q = a->q + ((int64_t)t * H + h) * qs;
         float *ql = qlat + (int64_t)t * r, *ol = olat + (int64_t)t * r;
         memset(ql, 0, (size_t)r * sizeof *ql);
-        for (int32_t i = 0; i < dn; i++) {
-            const float qi = q[i], *wi = w + (int64_t)i * r;
-            for (int32_t k = 0; k < r; k++) ql[k] += qi * wi[k];
-        }
+        for (int32_t i = 0; i < dn; i++) fmoe__cpu_axpy(j->ctx, ql, q[i], w + (int64_t)i * r, r);
         const int32_t m = a->pos0 + t + 1;
         for (int32_t p = 0; p < m; p++) {
             const float *cj = a->cache + (int64_t)p * ks;
-            sc[p] = a->scale * (dot(ql, cj, r) + dot(q + dn, cj + r, dr));
+            sc[p] = a->scale * (fmoe__cpu_dot(j->ctx, ql, cj, r) +
+                                fmoe__cpu_dot(j->ctx, q + dn, cj + r, dr));
         }
         fmoe_softmax_row(sc, sc, m);
         memset(ol, 0, (size_t)r * sizeof *ol);
-        for (int32_t p = 0; p < m; p++) {
-            const float pr = sc[p], *cj = a->cache + (int64_t)p * ks;
-            for (int32_t k = 0; k < r; k++) ol[k] += pr * cj[k];
-        }
+        for (int32_t p = 0; p < m; p++)
+            fmoe__cpu_axpy(j->ctx, ol, sc[p], a->cache + (int64_t)p * ks, r);
         float *o = a->out + ((int64_t)t * H + h) * dv;
-        for (int32_t v = 0; v < dv; v++) o[v] = dot(w + (int64_t)(dn + v) * r, ol, r);
+        for (int32_t v = 0; v < dv; v++)
+            o[v] = fmoe__cpu_dot(j->ctx, w + (int64_t)(dn + v) * r, ol, r);
     }
 }
 

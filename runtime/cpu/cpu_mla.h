@@ -12,9 +12,12 @@
  * pool when the args carry a scratch slot per pool thread. */
 void fmoe__cpu_mla_attention(void *ctx, const fmoe__mla_args *a);
 
-/* From cpu_backend.c: a CPU context's pool threads (the caller counted), and
- * fmoe__pool_run on its pool. */
+/* From cpu_backend.c: a CPU context's pool threads (the caller counted), fmoe__pool_run on
+ * its pool, and its vector kernels (AVX2 where the CPU has it), as its attention uses them:
+ * Σ a[i]·b[i], and y += a·x. */
 int32_t fmoe__cpu_threads(const void *ctx);
 void fmoe__cpu_run(void *ctx, fmoe__task_fn fn, void *arg, int32_t tasks);
+float fmoe__cpu_dot(const void *ctx, const float *a, const float *b, int64_t n);
+void fmoe__cpu_axpy(const void *ctx, float *y, float a, const float *x, int64_t n);
 
 #endif

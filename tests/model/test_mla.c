@@ -46,7 +46,8 @@ static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r,
     float *cache = calloc((size_t)ctx * ks, sizeof(float));
     float *out = calloc((size_t)T * H * dv, sizeof(float));
     float *scratch =
-        malloc(sizeof(float) * (size_t)threads * (size_t)fmoe__mla_scratch_floats(dn, dv, r, ctx, T));
+        malloc(sizeof(float) * (size_t)threads *
+               (size_t)fmoe__mla_scratch_floats(dn, dv, r, ctx, T));
     double *ang = malloc(sizeof(double) * (size_t)T * half);
     uint16_t *wkv16 = malloc(sizeof(uint16_t) * (size_t)H * (dn + dv) * r);
     for (int i = 0; i < H * (dn + dv) * r; i++) {
@@ -122,9 +123,11 @@ static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r,
             if (interleave) {
                 rope_pairs(qh + dn, dr, ang + t * half);
             } else {
-                for (int i = 0; i < half; i++) tmp[2 * i] = qh[dn + i], tmp[2 * i + 1] = qh[dn + i + half];
+                for (int i = 0; i < half; i++)
+                    tmp[2 * i] = qh[dn + i], tmp[2 * i + 1] = qh[dn + i + half];
                 rope_pairs(tmp, dr, ang + t * half);
-                for (int i = 0; i < half; i++) qh[dn + i] = tmp[2 * i], qh[dn + i + half] = tmp[2 * i + 1];
+                for (int i = 0; i < half; i++)
+                    qh[dn + i] = tmp[2 * i], qh[dn + i + half] = tmp[2 * i + 1];
             }
         }
     }
@@ -155,7 +158,8 @@ static void check_mla(int *harness_failed, int H, int dn, int dr, int dv, int r,
     /* The cache holds each token's latent as given and its rotated rope dims. */
     for (int t = 0; t < T; t++)
         for (int k = 0; k < r; k++) ASSERT_NEAR(cache[t * ks + k], kv0[t * ks + k], 0);
-    free(wkv16), free(wkv), free(q), free(kv), free(q0), free(kv0), free(cos_t), free(sin_t), free(cache);
+    free(wkv16), free(wkv), free(q), free(kv), free(q0), free(kv0), free(cos_t), free(sin_t);
+    free(cache);
     free(out), free(scratch), free(ang), free(K), free(V), free(Q), free(sc);
 }
 
