@@ -255,3 +255,27 @@ def test_mla_refused_on_cuda(models, driver):
     assert p.returncode == 1, p.stderr
     assert p.stderr.count("\n") == 1, p.stderr
     assert "no multi-head latent attention" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("tensor,what", [
+    ("model.layers.1.self_attn.kv_b_proj.weight", "layer 1 kv_b projection"),
+    ("model.layers.2.self_attn.q_a_proj.weight", "layer 2 q_a projection"),
+    ("model.layers.1.mlp.gate.e_score_correction_bias", "layer 1 router bias"),
+])
+def test_mla_weights_checked_finite_at_load(tensor, what, models, driver, tmp_path):
+    """The MLA projections and V3's router bias are resident weights: a NaN in one is
+    refused at load, naming it, like the other families' attention weights."""
+    from test_quantize import read_checkpoint
+    src = models("deepseek_v3")
+    ck = read_checkpoint(src)
+    a, dt = ck[tensor]
+    a = a.copy()
+    a.reshape(-1)[3] = np.nan
+    ck[tensor] = (a, dt)
+    d = tmp_path / "nan"
+    d.mkdir()
+    (d / "config.json").write_text((src / "config.json").read_text())
+    tiny.save_safetensors(d / "model.safetensors", ck)
+    p = subprocess.run([str(driver), str(d), "--tokens", "1,2"], capture_output=True, text=True)
+    assert p.returncode == 1, p.stderr
+    assert f"{what} holds a non-finite weight" in p.stderr, p.stderr
