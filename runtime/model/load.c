@@ -597,7 +597,8 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         if ((rc = bind_layer(m, i, moe_index)) < 0) goto fail;
     }
 
-    const fmoe__mat *wq = &m->layers[0].wq;
+    /* the query projection's type (MLA with a low-rank query: q_b_proj's) */
+    const fmoe__mat *wq = m->layers[0].wq.data ? &m->layers[0].wq : &m->layers[0].wq_b;
     const char *dt = wq->quant ? fmoe_ggml_type_name(wq->quant) : fmoe_st_dtype_name(wq->dtype);
     char types[64];
     snprintf(types, sizeof types, "%s", dt);
