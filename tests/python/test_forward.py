@@ -279,3 +279,22 @@ def test_mla_weights_checked_finite_at_load(tensor, what, models, driver, tmp_pa
     p = subprocess.run([str(driver), str(d), "--tokens", "1,2"], capture_output=True, text=True)
     assert p.returncode == 1, p.stderr
     assert f"{what} holds a non-finite weight" in p.stderr, p.stderr
+
+
+def test_score_correction_bias_is_exercised(models, driver, tmp_path):
+    """V3's e_score_correction_bias changes which experts the prompt's tokens pick (zeroed,
+    they pick others), so the references' top-k pins that the bias selects."""
+    from test_quantize import read_checkpoint
+    src = models("deepseek_v3")
+    ref = dict(np.load(src / "reference.npz"))
+    ck = read_checkpoint(src)
+    for k, (a, dt) in list(ck.items()):
+        if k.endswith("e_score_correction_bias"):
+            ck[k] = (np.zeros_like(a), dt)
+    d = tmp_path / "nobias"
+    d.mkdir()
+    (d / "config.json").write_text((src / "config.json").read_text())
+    tiny.save_safetensors(d / "model.safetensors", ck)
+    _, routes = run_driver(driver, d, ref, tmp_path)
+    n = len(ref["tokens"])
+    assert (np.asarray(routes["experts"])[:n] != ref["experts"][:n]).any()
