@@ -298,6 +298,31 @@ int64_t fmoe_geometry_expert_params(const fmoe_model_geometry *g) {
     return p;
 }
 
+int64_t fmoe_geometry_attention_params(const fmoe_model_geometry *g) {
+    if (!g) return fmoe_error_set(FMOE_EINVAL, "geometry is NULL");
+    const int64_t h = g->hidden_size, H = g->num_attention_heads > 0 ? g->num_attention_heads : 1;
+    if (g->kv_lora_rank > 0) {
+        /* MLA ("DeepSeek-V2" §2.1): q_a + its norm + q_b (or q_proj), kv_a_proj_with_mqa +
+         * its norm, kv_b, o. */
+        const int64_t dn = g->qk_nope_head_dim, dr = g->qk_rope_head_dim, dv = g->v_head_dim;
+        const int64_t r = g->kv_lora_rank, rq = g->q_lora_rank;
+        const int64_t q = rq > 0 ? rq * h + rq + H * (dn + dr) * rq : H * (dn + dr) * h;
+        return q + (r + dr) * h + r + H * (dn + dv) * r + h * H * dv;
+    }
+    const int64_t hd = g->head_dim > 0 ? g->head_dim : h / H;
+    const int64_t kv = g->num_key_value_heads > 0 ? g->num_key_value_heads : H;
+    return h * H * hd + 2 * h * kv * hd + H * hd * h;
+}
+
+int64_t fmoe_geometry_kv_values_per_token(const fmoe_model_geometry *g) {
+    if (!g) return fmoe_error_set(FMOE_EINVAL, "geometry is NULL");
+    if (g->kv_lora_rank > 0) return (int64_t)g->kv_lora_rank + g->qk_rope_head_dim;
+    const int64_t h = g->hidden_size, H = g->num_attention_heads > 0 ? g->num_attention_heads : 1;
+    const int64_t hd = g->head_dim > 0 ? g->head_dim : h / H;
+    const int64_t kv = g->num_key_value_heads > 0 ? g->num_key_value_heads : H;
+    return 2 * kv * hd;
+}
+
 int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtype) {
     if (!g) return fmoe_error_set(FMOE_EINVAL, "geometry is NULL");
     int64_t h = g->hidden_size, I = g->moe_intermediate_size;
@@ -604,7 +629,10 @@ static int read_deepseek_router(const reader *r, fmoe_model_geometry *g,
             read_i32(r, "topk_group", 0, d->topk_group, 1, MAX_EXPERTS, &g->topk_group));
         FMOE_FORWARD_IF_ERROR(check_groups(r, g));
     }
-    if (g->qk_nope_head_dim + g->qk_rope_head_dim > 0 && !lookup(r, "head_dim"))
+    /* A query/key head is qk_nope + qk_rope wide. transformers >= 5 writes "head_dim" as
+     * qk_rope_head_dim (the width its rotary embedding reads), so that key does not say
+     * the head width here. */
+    if (g->qk_nope_head_dim + g->qk_rope_head_dim > 0)
         g->head_dim = g->qk_nope_head_dim + g->qk_rope_head_dim;
     return 0;
 }

@@ -5,7 +5,7 @@
  * A file written by `fmoe quantize` carries the checkpoint's config.json verbatim in
  * fmoe.hf_config: geometry and fingerprint are then exactly the checkpoint's. A file made
  * by llama.cpp's converter carries only its own metadata keys ({arch}.block_count, ...);
- * for the five architectures fmoe runs we translate them into the keys of the family's
+ * for the architectures fmoe runs we translate them into the keys of the family's
  * config.json. The geometry is then the same as the checkpoint's for every field GGUF
  * carries; the fingerprint is that of the config built here (the original's other keys,
  * such as torch_dtype or architectures, are not in the file), so it differs from the HF
@@ -41,6 +41,106 @@ static int arch_float(const fmoe_gguf *g, const char *arch, const char *suffix, 
         return 0;
     }
     return fmoe_gguf_get_float(g, key, out);
+}
+
+/* {arch}.suffix as a string into buf ("" when absent). */
+static void arch_str(const fmoe_gguf *g, const char *arch, const char *suffix, char *buf,
+                     size_t cap) {
+    char key[128];
+    fmoe_gguf_str s;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    buf[0] = '\0';
+    if (fmoe_gguf_find_kv(g, key) && fmoe_gguf_get_str(g, key, &s) == 0)
+        snprintf(buf, cap, "%.*s", (int)(s.len < cap - 1 ? s.len : cap - 1), s.ptr);
+}
+
+/*
+ * deepseek2 (DeepSeek-V2, V2-Lite, V3, R1), as llama.cpp's converter writes it: the MLA
+ * sizes (attention.q_lora_rank, 0 for V2-Lite's full-rank query; attention.kv_lora_rank;
+ * rope.dimension_count = qk_rope_head_dim; key/value lengths, which newer files give as
+ * the latent's and keep the heads' in key_length_mla / value_length_mla), the router
+ * (expert_gating_func 2 = sigmoid, with the exp_probs_b bias: V3's noaux_tc; groups from
+ * expert_group_count / expert_group_used_count; expert_weights_scale, expert_weights_norm)
+ * and YaRN (rope.scaling.*: yarn_log_multiplier is 0.1 · mscale_all_dim, and the published
+ * configs have mscale equal to it).
+ */
+static int build_deepseek2(const fmoe_gguf *g, const char *arch, cJSON *c) {
+    int64_t q_lora, kv_lora, rope, klen, vlen, klen_mla, vlen_mla, gating, groups, groups_used;
+    int64_t shared, dense, norm, experts, expert_ff, ff;
+    double scale;
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "attention.q_lora_rank", 0, &q_lora));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "attention.kv_lora_rank", -1, &kv_lora));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "rope.dimension_count", -1, &rope));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "attention.key_length", -1, &klen));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "attention.value_length", -1, &vlen));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "attention.key_length_mla", klen, &klen_mla));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "attention.value_length_mla", vlen, &vlen_mla));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_gating_func", 1, &gating));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_group_count", 1, &groups));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_group_used_count", 1, &groups_used));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_shared_count", 0, &shared));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "leading_dense_block_count", 0, &dense));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_weights_norm", 0, &norm));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_count", -1, &experts));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "feed_forward_length", 0, &ff));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_feed_forward_length", ff, &expert_ff));
+    FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "expert_weights_scale", 1.0, &scale));
+    /* the first MoE layer's selection bias, which only V3's router has */
+    char bias[64];
+    snprintf(bias, sizeof bias, "blk.%lld.exp_probs_b.bias", (long long)dense);
+    const int v3 = gating == 2 || fmoe_gguf_find_tensor(g, bias) != NULL;
+    cJSON_AddStringToObject(c, "model_type", v3 ? "deepseek_v3" : "deepseek_v2");
+    cJSON_AddNumberToObject(c, "n_routed_experts", (double)experts);
+    cJSON_AddNumberToObject(c, "n_shared_experts", (double)shared);
+    cJSON_AddNumberToObject(c, "moe_intermediate_size", (double)expert_ff);
+    cJSON_AddNumberToObject(c, "intermediate_size", (double)ff);
+    cJSON_AddNumberToObject(c, "first_k_dense_replace", (double)dense);
+    cJSON_AddNumberToObject(c, "moe_layer_freq", 1);
+    cJSON_AddBoolToObject(c, "norm_topk_prob", norm != 0);
+    cJSON_AddNumberToObject(c, "routed_scaling_factor", scale);
+    cJSON_AddStringToObject(c, "scoring_func", v3 ? "sigmoid" : "softmax");
+    cJSON_AddStringToObject(c, "topk_method", v3            ? "noaux_tc"
+                                              : groups > 1 ? "group_limited_greedy"
+                                                           : "greedy");
+    cJSON_AddNumberToObject(c, "n_group", (double)groups);
+    cJSON_AddNumberToObject(c, "topk_group", (double)groups_used);
+    if (q_lora > 0)
+        cJSON_AddNumberToObject(c, "q_lora_rank", (double)q_lora);
+    else
+        cJSON_AddNullToObject(c, "q_lora_rank");
+    cJSON_AddNumberToObject(c, "kv_lora_rank", (double)kv_lora);
+    cJSON_AddNumberToObject(c, "qk_rope_head_dim", (double)rope);
+    cJSON_AddNumberToObject(c, "qk_nope_head_dim", (double)(klen_mla - rope));
+    cJSON_AddNumberToObject(c, "v_head_dim", (double)vlen_mla);
+    cJSON_DeleteItemFromObject(c, "head_dim");
+    cJSON_AddNumberToObject(c, "head_dim", (double)klen_mla);
+
+    char type[32];
+    arch_str(g, arch, "rope.scaling.type", type, sizeof type);
+    if (strcmp(type, "yarn") == 0) {
+        double factor, log_mul, omp;
+        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.factor", 1.0, &factor));
+        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.yarn_log_multiplier", 0.0,
+                                         &log_mul));
+        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.original_context_length",
+                                         4096.0, &omp));
+        cJSON *rs = cJSON_AddObjectToObject(c, "rope_scaling");
+        FMOE_RETURN_ERROR_IF(!rs, FMOE_ENOMEM, "out of memory");
+        cJSON_AddStringToObject(rs, "type", "yarn");
+        cJSON_AddNumberToObject(rs, "factor", factor);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", omp);
+        cJSON_AddNumberToObject(rs, "mscale", log_mul / 0.1);
+        cJSON_AddNumberToObject(rs, "mscale_all_dim", log_mul / 0.1);
+        double fast, slow;
+        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.yarn_beta_fast", 32.0, &fast));
+        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.yarn_beta_slow", 1.0, &slow));
+        cJSON_AddNumberToObject(rs, "beta_fast", fast);
+        cJSON_AddNumberToObject(rs, "beta_slow", slow);
+    } else if (type[0] && strcmp(type, "none") != 0) {
+        return fmoe_error_set(FMOE_EUNSUPPORTED, "%s: %s.rope.scaling.type %s (fmoe reads yarn)",
+                              fmoe_gguf_name(g), arch, type);
+    }
+    return 0;
 }
 
 static int build(const fmoe_gguf *g, const char *arch, cJSON *c) {
@@ -112,6 +212,8 @@ static int build(const fmoe_gguf *g, const char *arch, cJSON *c) {
         cJSON_AddNumberToObject(c, "num_experts", (double)experts);
         cJSON_AddNumberToObject(c, "intermediate_size", (double)(ff ? ff : expert_ff));
         cJSON_AddBoolToObject(c, "norm_topk_prob", norm != 0);
+    } else if (strcmp(arch, "deepseek2") == 0) {
+        FMOE_FORWARD_IF_ERROR(build_deepseek2(g, arch, c));
     } else { /* deepseek */
         FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_shared_count", 0, &shared));
         FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "leading_dense_block_count", 0, &dense));
@@ -147,10 +249,10 @@ int fmoe_gguf_config_json(const fmoe_gguf *g, char **out, int *exact) {
     snprintf(arch, sizeof arch, "%.*s", (int)(a.len < 31 ? a.len : 31), a.ptr);
     FMOE_RETURN_ERROR_IF(strcmp(arch, "llama") != 0 && strcmp(arch, "qwen2moe") != 0 &&
                              strcmp(arch, "qwen3moe") != 0 && strcmp(arch, "olmoe") != 0 &&
-                             strcmp(arch, "deepseek") != 0,
+                             strcmp(arch, "deepseek") != 0 && strcmp(arch, "deepseek2") != 0,
                          FMOE_EUNSUPPORTED,
                          "%s: architecture %s (fmoe reads llama with experts, qwen2moe, "
-                         "qwen3moe, olmoe and deepseek)",
+                         "qwen3moe, olmoe, deepseek and deepseek2)",
                          fmoe_gguf_name(g), arch);
     cJSON *c = cJSON_CreateObject();
     FMOE_RETURN_ERROR_IF(!c, FMOE_ENOMEM, "out of memory");

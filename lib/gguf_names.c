@@ -1,7 +1,7 @@
 /*
  * gguf_names.c - where a HuggingFace tensor lives in a GGUF file (fmoe/gguf.h,
  * fmoe_gguf_tensor_for): the name map of llama.cpp's converter (gguf-py's tensor_mapping
- * for the five MoE architectures fmoe runs), which `fmoe quantize` writes and a GGUF
+ * for the MoE architectures fmoe runs), which `fmoe quantize` writes and a GGUF
  * loader reads back. Written as a table of name suffixes so the two directions cannot
  * drift: the loader asks for the HF names it already binds (runtime/model/load.c) and gets
  * the GGUF tensor, the expert slice of a stacked *_exps tensor, and whether the rows were
@@ -33,6 +33,15 @@ static const struct {
     {"self_attn.o_proj.bias", "attn_output.bias", 0},
     {"self_attn.q_norm.weight", "attn_q_norm.weight", 0},
     {"self_attn.k_norm.weight", "attn_k_norm.weight", 0},
+    /* deepseek2 (DeepSeek-V2/V3): multi-head latent attention; kv_b_proj may instead be
+     * split into attn_k_b and attn_v_b (runtime/model/load.c puts it back) */
+    {"self_attn.q_a_proj.weight", "attn_q_a.weight", 0},
+    {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight", 0},
+    {"self_attn.q_b_proj.weight", "attn_q_b.weight", 0},
+    {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight", 0},
+    {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight", 0},
+    {"self_attn.kv_b_proj.weight", "attn_kv_b.weight", 0},
+    {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias", 0},
     {"mlp.gate.weight", "ffn_gate_inp.weight", 0},
     {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight", 0},
     {"mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight", 0},

@@ -84,21 +84,60 @@ static inline FMOE_HD void fmoe_topk_row(const float *p, int32_t n, int32_t k, i
     }
 }
 
+/* Most expert groups fmoe_route_row_grouped ranks (DeepSeek-V3: 8). */
+#define FMOE_ROUTE_MAX_GROUPS 64
+
 /*
- * The router of one token: probs[J] = softmax(logits) (or sigmoid(logits) for sigmoid
- * scoring), then the top k into idx/weight, renormalised to sum 1 when `norm` (the
- * denominator gets `norm_eps`, which DeepSeek's code adds and the others do not), then
- * times `scale` (routed_scaling_factor).
+ * The router of one token, DeepSeek-V2/V3's grouped form (each family's plain router is
+ * the case n_group <= 1, bias NULL: fmoe_route_row):
+ *   probs[J]  = softmax(logits), or sigmoid(logits) for sigmoid scoring
+ *   choice[j] = probs[j] + bias[j]          (V3's e_score_correction_bias; else probs)
+ *   groups    (n_group > 1) J splits into n_group equal groups, each scored by its best
+ *             choice (V2 group_limited_greedy) or the sum of its two best (V3 noaux_tc,
+ *             group_top2); the topk_group best groups stay and the others' choices
+ *             become -inf (transformers' V3 masked_fill; V2 fills 0.0, the same choice
+ *             for softmax scores, which are positive)
+ *   idx[K]    the K largest choices, descending (fmoe_topk_row)
+ *   weight[k] = probs[idx[k]] (unbiased: the bias only selects), renormalised to sum 1
+ *             when `norm` (denominator + norm_eps), then times `scale`.
+ * `choice` is [J] scratch, distinct from probs unless n_group <= 1 and bias is NULL
+ * (nothing then changes it; the masking would otherwise zero recorded probabilities).
+ * DeepSeek-V3 technical report §2.1 (routing), DeepSeek-V2 paper §2.2 (device-limited
+ * routing, which group_limited_greedy stands for).
  */
-static inline FMOE_HD void fmoe_route_row(const float *logits, int32_t J, int32_t K,
-                                          int sigmoid, int norm, float norm_eps, float scale,
-                                          float *probs, int32_t *idx, float *weight) {
+static inline FMOE_HD void fmoe_route_row_grouped(const float *logits, int32_t J, int32_t K,
+                                                  int sigmoid, int norm, float norm_eps,
+                                                  float scale, int32_t n_group,
+                                                  int32_t topk_group, int group_top2,
+                                                  const float *bias, float *probs,
+                                                  float *choice, int32_t *idx, float *weight) {
     if (sigmoid) {
         for (int32_t j = 0; j < J; j++) probs[j] = fmoe_sigmoid(logits[j]);
     } else {
         fmoe_softmax_row(probs, logits, J);
     }
-    fmoe_topk_row(probs, J, K, idx, weight);
+    for (int32_t j = 0; j < J; j++) choice[j] = probs[j] + (bias ? bias[j] : 0.0f);
+    if (n_group > 1 && n_group <= FMOE_ROUTE_MAX_GROUPS && topk_group < n_group) {
+        const int32_t per = J / n_group;
+        float gs[FMOE_ROUTE_MAX_GROUPS], gv[FMOE_ROUTE_MAX_GROUPS];
+        int32_t gi[FMOE_ROUTE_MAX_GROUPS];
+        for (int32_t gr = 0; gr < n_group; gr++) {
+            int32_t top[2];
+            float val[2];
+            const int32_t k = group_top2 && per >= 2 ? 2 : 1;
+            fmoe_topk_row(choice + (int64_t)gr * per, per, k, top, val);
+            gs[gr] = k == 2 ? val[0] + val[1] : val[0];
+        }
+        fmoe_topk_row(gs, n_group, topk_group, gi, gv);
+        for (int32_t gr = 0; gr < n_group; gr++) {
+            int kept = 0;
+            for (int32_t t = 0; t < topk_group; t++) kept |= gi[t] == gr;
+            if (!kept)
+                for (int32_t j = gr * per; j < (gr + 1) * per; j++) choice[j] = -INFINITY;
+        }
+    }
+    fmoe_topk_row(choice, J, K, idx, weight);
+    for (int32_t k = 0; k < K; k++) weight[k] = probs[idx[k]];
     if (norm) {
         float sum = 0.0f;
         for (int32_t k = 0; k < K; k++) sum += weight[k];
@@ -107,6 +146,20 @@ static inline FMOE_HD void fmoe_route_row(const float *logits, int32_t J, int32_
     }
     if (scale != 1.0f)
         for (int32_t k = 0; k < K; k++) weight[k] *= scale;
+}
+
+/*
+ * The router of one token: probs[J] = softmax(logits) (or sigmoid(logits) for sigmoid
+ * scoring), then the top k into idx/weight, renormalised to sum 1 when `norm` (the
+ * denominator gets `norm_eps`, which DeepSeek's code adds and the others do not), then
+ * times `scale` (routed_scaling_factor). The ungrouped, unbiased case of
+ * fmoe_route_row_grouped (choice is probs itself: nothing masks it).
+ */
+static inline FMOE_HD void fmoe_route_row(const float *logits, int32_t J, int32_t K,
+                                          int sigmoid, int norm, float norm_eps, float scale,
+                                          float *probs, int32_t *idx, float *weight) {
+    fmoe_route_row_grouped(logits, J, K, sigmoid, norm, norm_eps, scale, 1, 1, 0, NULL, probs,
+                           probs, idx, weight);
 }
 
 #endif

@@ -7,9 +7,10 @@
  * measured linear model from the profile when present, else a roofline,
  *     time = max(FLOPs / peak_flops, bytes / memory_bandwidth) + launch_s,
  * with FLOPs = 2 · params · tokens (+ 4 · heads · head_dim · tokens · context for attention)
- * and bytes = the weights read once (+ the KV cache read for attention). The roofline
- * ignores causal masking (full n × context scores) and MLA's low-rank projections; it is a
- * bound, not a prediction — calibrate for predictions.
+ * and bytes = the weights read once (+ the KV cache read for attention). The weights and
+ * cache follow the attention's kind (MLA: its low-rank projections and latent cache). The
+ * roofline ignores causal masking (full n × context scores) and MLA's absorbed products;
+ * it is a bound, not a prediction — calibrate for predictions.
  *
  * A profile's layer overhead (compute.layer_overhead_s, calibrate's measure of what a live
  * pass pays per MoE layer besides its products, attention and experts: small ops, the
@@ -59,15 +60,16 @@ int fmoe_sim_costs_init(fmoe_sim_costs *c, const fmoe_hardware_profile *hw,
     if (g) {
         const double h = g->hidden_size, H = g->num_attention_heads > 0 ? g->num_attention_heads : 1;
         const double hd = g->head_dim > 0 ? g->head_dim : h / H;
-        const double kv = g->num_key_value_heads > 0 ? g->num_key_value_heads : H;
-        const double attn = h * H * hd + 2 * h * kv * hd + H * hd * h;
+        /* MLA's low-rank projections and its latent cache per token included
+         * (fmoe_geometry_attention_params, fmoe_geometry_kv_values_per_token). */
+        const double attn = (double)fmoe_geometry_attention_params(g);
         const double router = h * g->num_experts;
         const double shared = 3.0 * h * g->shared_intermediate_size;
         const double bits = fmoe_dtype_bits(g->dtype);
         c->bytes_per_param = (bits > 0 ? bits : 16) / 8;
         c->layer_weight_params = attn + router + shared;
         c->attn_flops_per_token_ctx = 4 * H * hd;
-        c->kv_bytes_per_ctx = 2 * kv * hd * c->bytes_per_param;
+        c->kv_bytes_per_ctx = (double)fmoe_geometry_kv_values_per_token(g) * c->bytes_per_param;
         const int64_t ep = fmoe_geometry_expert_params(g);
         c->expert_params = ep > 0 ? (double)ep : 0;
     } else {

@@ -56,6 +56,7 @@
 #include "half.h"
 #include "fmoe/quant_act.h"
 #include "rowwise.h"
+#include "cpu_mla.h"
 #include "quant_matvec.h"
 #include "quant_widen.h"
 #include "threadpool.h"
@@ -441,6 +442,20 @@ static void attn_task(void *arg, int32_t task, int32_t worker) {
         axpy(j->c, out, sc[p], a->v_cache + (int64_t)(lo + p) * kv_stride + (int64_t)hk * D, D);
 }
 
+int32_t fmoe__cpu_threads(const void *ctx) { return ((const cpu_ctx *)ctx)->threads; }
+
+float fmoe__cpu_dot(const void *ctx, const float *a, const float *b, int64_t n) {
+    return dot_f32(ctx, a, b, n);
+}
+
+void fmoe__cpu_axpy(const void *ctx, float *y, float a, const float *x, int64_t n) {
+    axpy(ctx, y, a, x, n);
+}
+
+void fmoe__cpu_run(void *ctx, fmoe__task_fn fn, void *arg, int32_t tasks) {
+    fmoe__pool_run(((cpu_ctx *)ctx)->pool, fn, arg, tasks);
+}
+
 static void cpu_attention(void *ctx, const fmoe__attn_args *a) {
     cpu_ctx *c = ctx;
     attn_job j = {c, a};
@@ -491,9 +506,13 @@ static void cpu_route(void *ctx, const fmoe__route_args *a, const float *logits,
                       int32_t *topk, float *topw) {
     (void)ctx;
     const int64_t J = a->num_experts, K = a->top_k;
+    const int plain = a->n_group <= 1 && !a->bias;
     for (int32_t t = 0; t < a->n; t++)
-        fmoe_route_row(logits + t * J, (int32_t)J, (int32_t)K, a->sigmoid, a->norm,
-                       a->norm_eps, a->scale, probs + t * J, topk + t * K, topw + t * K);
+        fmoe_route_row_grouped(logits + t * J, (int32_t)J, (int32_t)K, a->sigmoid, a->norm,
+                               a->norm_eps, a->scale, a->n_group, a->topk_group,
+                               a->group_top2, a->bias, probs + t * J,
+                               plain ? probs + t * J : a->choice + t * J, topk + t * K,
+                               topw + t * K);
 }
 
 static void cpu_probs(void *ctx, float *y, int64_t y_stride, const float *x, int32_t n,
@@ -756,4 +775,5 @@ const fmoe__backend_ops fmoe__cpu_backend = {
     .fence_free = cpu_fence_free,
     .fence_record = cpu_fence_record,
     .fence_wait = cpu_fence_wait,
+    .mla_attention = fmoe__cpu_mla_attention,
 };

@@ -6,6 +6,7 @@
  * session is created, before the backend is looked up, so that the refusal is one line
  * naming the tensor and its type, and reads the same on a machine without CUDA, instead
  * of a failure at the first product that uses the tensor, part way through a run.
+ * A DeepSeek-V2/V3 model (multi-head latent attention) is refused there the same way.
  */
 #include "fmoe/error.h"
 #include "fmoe/gguf.h"
@@ -14,7 +15,15 @@
 #include "quant_block.h"
 
 int fmoe__model_check_backend_types(const fmoe_model *m, fmoe_backend_kind backend) {
-    if (backend != FMOE_BACKEND_CUDA || !m->gguf) return 0;
+    if (backend != FMOE_BACKEND_CUDA) return 0;
+    /* DeepSeek-V2/V3: the CUDA table has no mla_attention, nor the grouped, biased
+     * router (fmoe_route_row_grouped), this round. */
+    if (m->arch.mla)
+        return fmoe_error_set(FMOE_EUNSUPPORTED,
+                              "model_type %s: the cuda backend has no multi-head latent "
+                              "attention nor grouped routing yet; run it with --backend cpu",
+                              m->geo.model_type);
+    if (!m->gguf) return 0;
     const int64_t n = fmoe_gguf_tensor_count(m->gguf);
     for (int64_t i = 0; i < n; i++) {
         const fmoe_gguf_tensor *t = fmoe_gguf_tensor_at(m->gguf, i);

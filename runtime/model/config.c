@@ -29,6 +29,7 @@
 
 #include "fmoe/error.h"
 #include "model_impl.h"
+#include "rowwise.h"
 
 static const cJSON *get(const cJSON *obj, const char *key) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
@@ -175,6 +176,70 @@ static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rop
     return 0;
 }
 
+/* Most rotary dims per MLA head (runtime/cpu/cpu_mla.c's bound; DeepSeek: 64). */
+#define MLA_MAX_ROPE 512
+
+/*
+ * DeepSeek-V2/V3 (transformers' deepseek_v2, deepseek_v3): multi-head latent attention
+ * (mla.c) and the grouped router. No biases on the attention projections
+ * (attention_bias true is refused); the rope covers the qk_rope_head_dim decoupled dims,
+ * which come as adjacent pairs (rope_interleave, V3's key, default true; V2 always). The
+ * gate renormalises with transformers' 1e-20 guard; V3's noaux_tc ranks a group by the
+ * sum of its two best biased scores, V2's group_limited_greedy by its best.
+ */
+static int parse_mla(const cJSON *root, const fmoe_model_geometry *g, fmoe__arch *out) {
+    int32_t bias = 0, inter = 1;
+    FMOE_FORWARD_IF_ERROR(get_bool(root, "attention_bias", 0, &bias));
+    FMOE_RETURN_ERROR_IF(bias, FMOE_EUNSUPPORTED,
+                         "attention_bias true is not supported for %s (the published "
+                         "checkpoints have none)", g->model_type);
+    FMOE_RETURN_ERROR_IF(g->kv_lora_rank <= 0 || g->qk_rope_head_dim <= 0 ||
+                             g->qk_rope_head_dim % 2 != 0 || g->qk_rope_head_dim > MLA_MAX_ROPE ||
+                             g->qk_nope_head_dim < 0 || g->v_head_dim <= 0,
+                         FMOE_EFORMAT,
+                         "%s: kv_lora_rank %d, qk_rope_head_dim %d, qk_nope_head_dim %d, "
+                         "v_head_dim %d: expected positive sizes, an even rope dim <= %d",
+                         g->model_type, g->kv_lora_rank, g->qk_rope_head_dim,
+                         g->qk_nope_head_dim, g->v_head_dim, MLA_MAX_ROPE);
+    FMOE_RETURN_ERROR_IF(g->n_group > FMOE_ROUTE_MAX_GROUPS, FMOE_EUNSUPPORTED,
+                         "n_group = %d: at most %d expert groups are supported", g->n_group,
+                         FMOE_ROUTE_MAX_GROUPS);
+    if (g->family == FMOE_FAMILY_DEEPSEEK_V3)
+        FMOE_FORWARD_IF_ERROR(get_bool(root, "rope_interleave", 1, &inter));
+    out->mla = 1;
+    out->rope_interleave = inter;
+    /* transformers' deepseek_v2 gate scales the top-k scores and never renormalises them
+     * (every published V2 config has norm_topk_prob false, where the authors' code
+     * agrees); V3's renormalises per norm_topk_prob. */
+    if (g->family == FMOE_FAMILY_DEEPSEEK_V2) out->route_norm = 0;
+    out->route_norm_eps = 1e-20f;
+    out->route_group_top2 = strcmp(g->topk_method, "noaux_tc") == 0;
+    return 0;
+}
+
+/* The MLA softmax scale: 1/sqrt(dn + dr), times mscale(factor, mscale_all_dim)² when the
+ * rope is scaled (any type but default, as transformers' yarn_apply_mscale) with
+ * mscale_all_dim set: YaRN's temperature applied to q·k, while the rope's own attention
+ * factor (1 when mscale equals mscale_all_dim, as in DeepSeek-V3's config) scales cos/sin. */
+static void mla_scale(const cJSON *root, const fmoe_model_geometry *g, fmoe__arch *out) {
+    double scale = 1.0 / sqrt((double)(g->qk_nope_head_dim + g->qk_rope_head_dim));
+    const cJSON *rp = get(root, "rope_parameters");
+    if (!rp) rp = get(root, "rope_scaling");
+    if (out->rope.type != FMOE__ROPE_DEFAULT && rp) {
+        double msa = 0.0;
+        if (get_num(rp, "", "mscale_all_dim", 0.0, &msa) < 0) {
+            fmoe_error_clear();
+            msa = 0.0;
+        }
+        const double f = out->rope.factor;
+        if (msa != 0.0 && f > 1.0) {
+            const double ms = 0.1 * msa * log(f) + 1.0;
+            scale *= ms * ms;
+        }
+    }
+    out->mla_scale = (float)scale;
+}
+
 static const char *rope_name(fmoe__rope_type t) {
     switch (t) {
     case FMOE__ROPE_DEFAULT: return "default";
@@ -213,6 +278,7 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
     }
 
     int32_t bias = 0, window = 0, use_sliding = 0;
+    out->route_norm = g->norm_topk_prob;
     switch (g->family) {
     case FMOE_FAMILY_MIXTRAL:
         /* modeling_mixtral: no biases; sliding_window (null in the published configs)
@@ -276,6 +342,10 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
         out->attn_bias_qkv = out->attn_bias_o = bias;
         out->route_norm_eps = 1e-20f;
         break;
+    case FMOE_FAMILY_DEEPSEEK_V2:
+    case FMOE_FAMILY_DEEPSEEK_V3:
+        if ((rc = parse_mla(root, g, out)) < 0) goto done;
+        break;
     default:
         rc = fmoe_error_set(FMOE_EUNSUPPORTED, "model_type \"%s\" is not yet supported",
                             g->model_type);
@@ -288,6 +358,7 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
         goto done;
     }
     if ((rc = parse_rope(root, g, &out->rope)) < 0) goto done;
+    if (out->mla) mla_scale(root, g, out);
     if (out->rope.type == FMOE__ROPE_DEFAULT)
         snprintf(out->rope_desc, sizeof out->rope_desc, "rope theta %g", out->rope.theta);
     else

@@ -46,9 +46,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fmoe/error.h"
 #include "rowwise.h"
+#include "mla.h"
 #include "model_impl.h"
 
 /*
@@ -100,11 +102,14 @@ struct fmoe_session {
     float *u;               /* [B][imax] up projections */
     float *yg;              /* [B][h] expert (or shared expert) outputs */
     float *sg;              /* [B] shared-expert gate logits */
-    float *cos;             /* [B][D/2] */
-    float *sin;             /* [B][D/2] */
+    float *cos;             /* [B][R/2], R = rope_dim */
+    float *sin;             /* [B][R/2] */
     float *lbuf;            /* [max(max_sequences, all_logits ? B : 0)][V] lm head rows */
-    float *k_cache;         /* [layers][max_context][Hkv·D] */
-    float *v_cache;         /* [layers][max_context][Hkv·D] */
+    float *k_cache;         /* [layers][max_context][Hkv·D]; MLA: [..][r_kv + dr] latents
+                               and rotary keys (mla.c) */
+    float *v_cache;         /* [layers][max_context][Hkv·D]; MLA: unused */
+    float *mla_scratch;     /* MLA: mla_slots × fmoe__mla_scratch_floats */
+    int32_t mla_slots;      /* MLA: scratch slots, one per CPU thread that runs heads */
     /* host memory: what the host reads of a pass, and the index lists it builds */
     void *route_h;          /* route's host mirror, the same layout (on a host_memory
                                backend: route itself) */
@@ -121,7 +126,9 @@ struct fmoe_session {
     int32_t *slots;         /* [J][B·K] (token·K + k) routed to each expert */
     int32_t *rows_h;        /* [B] one expert's token rows */
     float *scale_h;         /* [B] their combine weights */
-    float *inv_freq;        /* [D/2] */
+    float *inv_freq;        /* [R/2] */
+    int32_t rope_dim;       /* R: the rotated dims per head (D; MLA: qk_rope_head_dim) */
+    fmoe__mla_seq *mla_seqs; /* [B] MLA: the segments of a pass */
     float *cos_h;           /* [B][D/2] tables computed here, uploaded to cos/sin */
     float *sin_h;           /* [B][D/2] */
     /* a device backend's host lane: experts given in host memory run on the CPU */
@@ -153,7 +160,8 @@ fmoe_session_options fmoe_session_defaults(void) {
      (void **)&(s)->v, (void **)&(s)->att, (void **)&(s)->acc, (void **)&(s)->rlogits,     \
      (void **)&(s)->spec, (void **)&(s)->xg, (void **)&(s)->g, (void **)&(s)->u,           \
      (void **)&(s)->yg, (void **)&(s)->sg, (void **)&(s)->cos, (void **)&(s)->sin,         \
-     (void **)&(s)->lbuf, (void **)&(s)->k_cache, (void **)&(s)->v_cache}
+     (void **)&(s)->lbuf, (void **)&(s)->k_cache, (void **)&(s)->v_cache,                 \
+     (void **)&(s)->mla_scratch}
 
 void fmoe_session_free(fmoe_session *s) {
     if (!s) return;
@@ -169,7 +177,7 @@ void fmoe_session_free(fmoe_session *s) {
         fmoe__cpu_backend.free(s->hctx);
     }
     void *host[] = {s->chosen, s->distinct, s->corder, s->count, s->slots, s->rows_h,
-                    s->scale_h, s->inv_freq, s->cos_h, s->sin_h, s->segs};
+                    s->scale_h, s->inv_freq, s->cos_h, s->sin_h, s->segs, s->mla_seqs};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     free(s);
 }
@@ -224,6 +232,10 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
      * CUDA backend lacks some, refused here in one line naming a tensor (backend_types.c). */
     FMOE_FORWARD_IF_ERROR(fmoe__model_check_backend_types(m, o.backend));
     if (!be) FMOE_FORWARD_IF_ERROR(backend_for(o.backend, &be));
+    FMOE_RETURN_ERROR_IF(m->arch.mla && !be->mla_attention, FMOE_EUNSUPPORTED,
+                         "model_type %s: the %s backend has no multi-head latent attention "
+                         "(nor DeepSeek's grouped routing) yet; run it with --backend cpu",
+                         g->model_type, be->name);
 
     fmoe_session *s = calloc(1, sizeof *s);
     if (!s) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
@@ -232,15 +244,39 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
     s->be = be;
 
     const int64_t B = o.max_batch, h = g->hidden_size, J = g->num_experts, K = g->top_k;
-    const int64_t D = g->head_dim, qd = (int64_t)g->num_attention_heads * D;
-    const int64_t kd = (int64_t)g->num_key_value_heads * D;
+    const int64_t D = g->head_dim;
+    int64_t qd = (int64_t)g->num_attention_heads * D;
+    int64_t kd = (int64_t)g->num_key_value_heads * D, vd = kd, cache_w = kd, vcache_w = kd;
     const int64_t S = o.speculative_depth;
+    const int mla = m->arch.mla;
+    const int64_t R = mla ? g->qk_rope_head_dim : D;
+    int64_t mla_scratch = 1;
+    if (mla) {
+        /* q: H(dn + dr) = qd; k holds kv_a's rows (r_kv + dr), v q_a's (r_q), att the
+         * heads' dv outputs; the cache one latent and rotary key per token. */
+        const int64_t ks = (int64_t)g->kv_lora_rank + g->qk_rope_head_dim;
+        const int64_t hv = (int64_t)g->num_attention_heads * g->v_head_dim;
+        kd = ks > kd ? ks : kd;
+        vd = g->q_lora_rank > vd ? g->q_lora_rank : vd;
+        qd = hv > qd ? hv : qd;
+        cache_w = ks;
+        vcache_w = 0;
+        /* a slot per thread of the CPU backend's pool (its rule for threads 0: all cores),
+         * so heads run in parallel there */
+        long cores = o.threads > 0 ? o.threads : sysconf(_SC_NPROCESSORS_ONLN);
+        cores = cores < 1 ? 1 : cores > 256 ? 256 : cores;
+        s->mla_slots = (int32_t)cores;
+        mla_scratch = cores * fmoe__mla_scratch_floats(g->qk_nope_head_dim, g->v_head_dim,
+                                                       g->kv_lora_rank, o.max_context, B);
+    }
     int64_t imax = g->moe_intermediate_size;
     if (g->shared_intermediate_size > imax) imax = g->shared_intermediate_size;
     if (g->intermediate_size > imax) imax = g->intermediate_size;
     s->imax = (int32_t)imax;
     int64_t max_cols = h > qd ? h : qd;
     if (imax > max_cols) max_cols = imax;
+    if (vd > max_cols) max_cols = vd; /* MLA: q_b_proj's input (r_q) */
+    if (mla && g->kv_lora_rank > max_cols) max_cols = g->kv_lora_rank;
 
     fmoe__backend_limits lim = {.weights = (fmoe__weight_home *)&m->backend_weights,
                                 .threads = o.threads, .max_cols = max_cols,
@@ -253,14 +289,16 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
         free(s);
         return rc;
     }
-    const int64_t kv = (int64_t)g->num_hidden_layers * o.max_context * kd;
+    const int64_t kv = (int64_t)g->num_hidden_layers * o.max_context * cache_w;
+    const int64_t vkv = (int64_t)g->num_hidden_layers * o.max_context * vcache_w;
     const int64_t lm_rows = o.all_logits && B > o.max_sequences ? B : o.max_sequences;
     const int64_t route_bytes = fmoe__routing_layout_of(B, h, J, K, S).off[FMOE__ROUTE_PARTS];
     const int64_t sizes[] = {B * h * 4,     route_bytes,     B * qd * 4,      B * kd * 4,
-                             B * kd * 4,    B * qd * 4,      B * h * 4,       B * J * 4,
+                             B * vd * 4,    B * qd * 4,      B * h * 4,       B * J * 4,
                              B * J * 4,     B * h * 4,       B * imax * 4,    B * imax * 4,
-                             B * h * 4,     B * 4,           B * (D / 2) * 4, B * (D / 2) * 4,
-                             lm_rows * g->vocab_size * 4,    kv * 4,          kv * 4};
+                             B * h * 4,     B * 4,           B * (R / 2) * 4, B * (R / 2) * 4,
+                             lm_rows * g->vocab_size * 4,    kv * 4,          vkv * 4,
+                             mla_scratch * 4};
     void **bufs[] = BACKEND_BUFFERS(s);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         *bufs[i] = s->be->alloc(s->bctx, sizes[i]);
@@ -270,7 +308,7 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
                      : fmoe_error_set(FMOE_ENOMEM,
                                       "out of memory for the run state (KV cache of %d "
                                       "positions: %.1f MiB)",
-                                      o.max_context, (double)kv * 8 / (1 << 20));
+                                      o.max_context, (double)(kv + vkv) * 4 / (1 << 20));
             goto fail;
         }
     }
@@ -300,14 +338,16 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
     s->slots = malloc((size_t)(J * B * K) * sizeof *s->slots);
     s->rows_h = malloc((size_t)B * sizeof *s->rows_h);
     s->scale_h = malloc((size_t)B * sizeof *s->scale_h);
-    s->inv_freq = malloc((size_t)(D / 2 > 0 ? D / 2 : 1) * sizeof *s->inv_freq);
-    s->cos_h = malloc((size_t)(B * (D / 2) + 1) * sizeof *s->cos_h);
-    s->sin_h = malloc((size_t)(B * (D / 2) + 1) * sizeof *s->sin_h);
+    s->inv_freq = malloc((size_t)(R / 2 > 0 ? R / 2 : 1) * sizeof *s->inv_freq);
+    s->cos_h = malloc((size_t)(B * (R / 2) + 1) * sizeof *s->cos_h);
+    s->sin_h = malloc((size_t)(B * (R / 2) + 1) * sizeof *s->sin_h);
     s->segs = calloc((size_t)B, sizeof *s->segs);
+    s->mla_seqs = calloc((size_t)B, sizeof *s->mla_seqs);
     if (!s->chosen || !s->distinct || !s->corder || !s->count || !s->slots || !s->rows_h ||
-        !s->scale_h || !s->inv_freq || !s->cos_h || !s->sin_h || !s->segs)
+        !s->scale_h || !s->inv_freq || !s->cos_h || !s->sin_h || !s->segs || !s->mla_seqs)
         goto oom;
-    fmoe__rope_inv_freq(&m->arch.rope, g->head_dim, 0, s->inv_freq, &s->rope_scale);
+    s->rope_dim = (int32_t)R;
+    fmoe__rope_inv_freq(&m->arch.rope, s->rope_dim, 0, s->inv_freq, &s->rope_scale);
     s->rope_seq_len = 0;
     *out = s;
     return 0;
@@ -412,6 +452,22 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
     const float eps = (float)g->rms_norm_eps;
 
     be->rmsnorm(c, s->xn, s->x, L->attn_norm, n, h, eps);
+    if (m->arch.mla) {
+        const int64_t ks = (int64_t)g->kv_lora_rank + g->qk_rope_head_dim;
+        for (int32_t i = 0; i < count; i++)
+            s->mla_seqs[i] = (fmoe__mla_seq){
+                .row = sg[i].row, .n = sg[i].n, .pos0 = sg[i].pos0,
+                .cache = sg[i].s->k_cache + (int64_t)li * sg[i].s->opt.max_context * ks};
+        const fmoe__mla_bufs b = {.xn = s->xn, .q = s->q, .kv = s->k, .qa = s->v,
+                                  .att = s->att, .cos = s->cos, .sin = s->sin,
+                                  .scratch = s->mla_scratch, .slots = s->mla_slots,
+                                  .max_context = s->opt.max_context,
+                                  .max_batch = s->opt.max_batch};
+        fmoe__mla_attention(be, c, m, L, &b, s->mla_seqs, count, n);
+        be->matmul(c, &L->wo, s->att, n, s->acc);
+        be->add(c, s->x, s->acc, (int64_t)n * h);
+        return;
+    }
     be->matmul(c, &L->wq, s->xn, n, s->q);
     be->matmul(c, &L->wk, s->xn, n, s->k);
     be->matmul(c, &L->wv, s->xn, n, s->v);
@@ -563,8 +619,10 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
     be->matmul(c, &L->router, s->xn, n, s->rlogits);
     const fmoe__route_args ra = {
         .n = n, .num_experts = J, .top_k = K, .sigmoid = g->scoring == FMOE_ROUTER_SIGMOID,
-        .norm = g->norm_topk_prob, .norm_eps = m->arch.route_norm_eps,
-        .scale = (float)g->routed_scaling_factor};
+        .norm = m->arch.route_norm, .norm_eps = m->arch.route_norm_eps,
+        .scale = (float)g->routed_scaling_factor, .n_group = g->n_group,
+        .topk_group = g->topk_group, .group_top2 = m->arch.route_group_top2,
+        .bias = L->route_bias, .choice = s->spec};
     be->route(c, &ra, s->rlogits, s->probs, s->topk, s->topw);
 
     int want_spec = s->opt.on_route != NULL, want_probs = s->opt.on_route != NULL;
@@ -644,7 +702,7 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
 static int embed_and_rope(fmoe_session *s, const segment *sg, int32_t count, int32_t n) {
     const fmoe_model *m = s->m;
     const fmoe_model_geometry *g = &m->geo;
-    const int32_t h = g->hidden_size, half = g->head_dim / 2;
+    const int32_t h = g->hidden_size, half = s->rope_dim / 2;
     for (int32_t i = 0; i < count; i++) {
         const segment *e = &sg[i];
         fmoe_session *q = e->s;
@@ -654,7 +712,7 @@ static int embed_and_rope(fmoe_session *s, const segment *sg, int32_t count, int
             FMOE_FORWARD_IF_ERROR(s->be->download(s->bctx, e->tr->semantic + (int64_t)e->t0 * h,
                                                   x, (int64_t)e->n * h * 4));
         if (m->arch.rope.type == FMOE__ROPE_DYNAMIC && q->call_seq_len != q->rope_seq_len) {
-            fmoe__rope_inv_freq(&m->arch.rope, g->head_dim, q->call_seq_len, q->inv_freq,
+            fmoe__rope_inv_freq(&m->arch.rope, q->rope_dim, q->call_seq_len, q->inv_freq,
                                 &q->rope_scale);
             q->rope_seq_len = q->call_seq_len;
         }

@@ -183,6 +183,61 @@ static int gguf_mat(fmoe_model *m, const char *name, int64_t rows, int64_t cols,
     return 0;
 }
 
+/* One GGUF tensor [rows][cols] of an MLA split (attn_k_b, attn_v_b), checked. */
+static int gguf_split_part(fmoe_model *m, const char *name, int64_t cols, int64_t rows,
+                           const fmoe_gguf_tensor **out) {
+    const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(m->gguf, name);
+    FMOE_RETURN_ERROR_IF(!t, FMOE_ENOTFOUND, "%s: missing tensor %s", fmoe_gguf_name(m->gguf),
+                         name);
+    FMOE_RETURN_ERROR_IF(t->ne[0] != cols || t->numel != cols * rows, FMOE_EFORMAT,
+                         "%s: tensor %s has %lld values of rows of %lld, expected %lld x %lld",
+                         fmoe_gguf_name(m->gguf), name, (long long)t->numel,
+                         (long long)t->ne[0], (long long)rows, (long long)cols);
+    *out = t;
+    return 0;
+}
+
+/*
+ * kv_b_proj [H(dn + dv)][r] of a GGUF file whose converter split it (llama.cpp's newer
+ * deepseek2 files): attn_k_b [H][r][dn] holds each head's key rows transposed,
+ * attn_v_b [H][dv][r] its value rows. Put back as an owned f32 matrix in HF's layout, so
+ * the forward pass is the one it runs for the checkpoint.
+ */
+static int gguf_kv_b_from_split(fmoe_model *m, int32_t i, fmoe__mat *out) {
+    const fmoe_model_geometry *g = &m->geo;
+    const int64_t H = g->num_attention_heads, dn = g->qk_nope_head_dim, dv = g->v_head_dim;
+    const int64_t r = g->kv_lora_rank, w = dn + dv;
+    char kn[64], vn[64];
+    snprintf(kn, sizeof kn, "blk.%d.attn_k_b.weight", i);
+    snprintf(vn, sizeof vn, "blk.%d.attn_v_b.weight", i);
+    const fmoe_gguf_tensor *kb, *vb;
+    FMOE_FORWARD_IF_ERROR(gguf_split_part(m, kn, dn, H * r, &kb));
+    FMOE_FORWARD_IF_ERROR(gguf_split_part(m, vn, r, H * dv, &vb));
+    float *wkv = malloc((size_t)(H * w * r) * sizeof *wkv);
+    float *row = malloc((size_t)(dn > r ? dn : r) * sizeof *row);
+    if (!wkv || !row || fmoe__model_keep_owned(m, wkv) < 0) {
+        free(wkv);
+        free(row);
+        return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    }
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t c = 0; c < r; c++) { /* k_b[h][c][:] is column c of the key rows */
+            fmoe_quant_dequantize_row(kb->type,
+                                      (const uint8_t *)kb->data + (h * r + c) * kb->row_bytes,
+                                      row, dn);
+            for (int64_t d = 0; d < dn; d++) wkv[(h * w + d) * r + c] = row[d];
+        }
+        for (int64_t v = 0; v < dv; v++)
+            fmoe_quant_dequantize_row(vb->type,
+                                      (const uint8_t *)vb->data + (h * dv + v) * vb->row_bytes,
+                                      wkv + (h * w + dn + v) * r, r);
+    }
+    free(row);
+    /* rebuilt, so no file range holds these bytes (only experts are read from files) */
+    *out = (fmoe__mat){.data = wkv, .dtype = FMOE_ST_F32, .rows = H * w, .cols = r};
+    return 0;
+}
+
 /* Converts a 1-D tensor of n values to an owned f32 array. */
 static int to_f32(fmoe_model *m, const fmoe_st_tensor *t, const float **out) {
     float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
@@ -309,16 +364,38 @@ static int experts(fmoe_model *m, int32_t i, const char *moe, fmoe__mlp *ex) {
     return 0;
 }
 
-static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
+/* DeepSeek-V2/V3's multi-head latent attention projections of layer i (mla.c). */
+static int bind_mla(fmoe_model *m, int32_t i, fmoe__layer *L) {
+    const fmoe_model_geometry *g = &m->geo;
+    const int64_t h = g->hidden_size, H = g->num_attention_heads;
+    const int64_t dn = g->qk_nope_head_dim, dr = g->qk_rope_head_dim, dv = g->v_head_dim;
+    const int64_t r = g->kv_lora_rank, rq = g->q_lora_rank;
+    const char *a = "model.layers.%d.self_attn";
+    char p[NAME_CAP];
+    snprintf(p, sizeof p, a, i);
+    if (rq > 0) {
+        FMOE_FORWARD_IF_ERROR(mat(m, rq, h, &L->wq_a, "%s.q_a_proj.weight", p));
+        FMOE_FORWARD_IF_ERROR(vec(m, rq, &L->q_a_norm, "%s.q_a_layernorm.weight", p));
+        FMOE_FORWARD_IF_ERROR(mat(m, H * (dn + dr), rq, &L->wq_b, "%s.q_b_proj.weight", p));
+    } else {
+        FMOE_FORWARD_IF_ERROR(mat(m, H * (dn + dr), h, &L->wq, "%s.q_proj.weight", p));
+    }
+    FMOE_FORWARD_IF_ERROR(mat(m, r + dr, h, &L->wkv_a, "%s.kv_a_proj_with_mqa.weight", p));
+    FMOE_FORWARD_IF_ERROR(vec(m, r, &L->kv_a_norm, "%s.kv_a_layernorm.weight", p));
+    if (m->gguf && !has_tensor(m, "%s.kv_b_proj.weight", p))
+        FMOE_FORWARD_IF_ERROR(gguf_kv_b_from_split(m, i, &L->wkv_b));
+    else
+        FMOE_FORWARD_IF_ERROR(mat(m, H * (dn + dv), r, &L->wkv_b, "%s.kv_b_proj.weight", p));
+    return mat(m, h, H * dv, &L->wo, "%s.o_proj.weight", p);
+}
+
+/* The grouped-query attention projections of layer i (every family but MLA's). */
+static int bind_gqa(fmoe_model *m, int32_t i, fmoe__layer *L) {
     const fmoe_model_geometry *g = &m->geo;
     const fmoe__arch *a = &m->arch;
-    fmoe__layer *L = &m->layers[i];
     const int64_t h = g->hidden_size, D = g->head_dim;
     const int64_t qd = (int64_t)g->num_attention_heads * D, kd = (int64_t)g->num_key_value_heads * D;
 
-    FMOE_FORWARD_IF_ERROR(vec(m, h, &L->attn_norm, "model.layers.%d.input_layernorm.weight", i));
-    FMOE_FORWARD_IF_ERROR(
-        vec(m, h, &L->ffn_norm, "model.layers.%d.post_attention_layernorm.weight", i));
     FMOE_FORWARD_IF_ERROR(mat(m, qd, h, &L->wq, "model.layers.%d.self_attn.q_proj.weight", i));
     FMOE_FORWARD_IF_ERROR(mat(m, kd, h, &L->wk, "model.layers.%d.self_attn.k_proj.weight", i));
     FMOE_FORWARD_IF_ERROR(mat(m, kd, h, &L->wv, "model.layers.%d.self_attn.v_proj.weight", i));
@@ -339,6 +416,18 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
         FMOE_FORWARD_IF_ERROR(
             vec(m, kd, &L->k_norm, "model.layers.%d.self_attn.k_norm.weight", i));
     }
+    return 0;
+}
+
+static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
+    const fmoe_model_geometry *g = &m->geo;
+    fmoe__layer *L = &m->layers[i];
+    const int64_t h = g->hidden_size;
+
+    FMOE_FORWARD_IF_ERROR(vec(m, h, &L->attn_norm, "model.layers.%d.input_layernorm.weight", i));
+    FMOE_FORWARD_IF_ERROR(
+        vec(m, h, &L->ffn_norm, "model.layers.%d.post_attention_layernorm.weight", i));
+    FMOE_FORWARD_IF_ERROR(m->arch.mla ? bind_mla(m, i, L) : bind_gqa(m, i, L));
 
     L->moe_index = moe_index;
     if (moe_index < 0) {
@@ -357,6 +446,9 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
         moe = "mlp";
     FMOE_FORWARD_IF_ERROR(
         mat(m, g->num_experts, h, &L->router, "model.layers.%d.%s.gate.weight", i, moe));
+    if (strcmp(g->topk_method, "noaux_tc") == 0)
+        FMOE_FORWARD_IF_ERROR(vec(m, g->num_experts, &L->route_bias,
+                                  "model.layers.%d.%s.gate.e_score_correction_bias", i, moe));
     L->experts = m->expert_pool + (int64_t)moe_index * g->num_experts;
     FMOE_FORWARD_IF_ERROR(experts(m, i, moe, L->experts));
 
@@ -449,17 +541,18 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     case FMOE_FAMILY_QWEN2_MOE:
     case FMOE_FAMILY_QWEN3_MOE:
     case FMOE_FAMILY_OLMOE:
-    case FMOE_FAMILY_DEEPSEEK_V1: break;
+    case FMOE_FAMILY_DEEPSEEK_V1:
+    case FMOE_FAMILY_DEEPSEEK_V2:
+    case FMOE_FAMILY_DEEPSEEK_V3: break;
     default: {
         const char *what = g->family == FMOE_FAMILY_PHIMOE        ? "Phi-3.5-MoE"
-                           : g->family == FMOE_FAMILY_DEEPSEEK_V2 ? "DeepSeek-V2 (MLA)"
-                           : g->family == FMOE_FAMILY_DEEPSEEK_V3 ? "DeepSeek-V3 (MLA)"
                            : g->family == FMOE_FAMILY_GPT_OSS     ? "gpt-oss"
                            : g->family == FMOE_FAMILY_LLAMA4      ? "Llama-4"
                                                                   : "this family";
         rc = fmoe_error_set(FMOE_EUNSUPPORTED,
                             "%s: model_type \"%s\" (%s) is not yet supported by the forward "
-                            "pass (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek)",
+                            "pass (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, "
+                            "deepseek_v2, deepseek_v3)",
                             path, g->model_type, what);
         goto fail;
     }
@@ -468,8 +561,10 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         fmoe_error_prefix("%s", path);
         goto fail;
     }
+    /* Sigmoid scores and expert groups are DeepSeek-V2/V3's (fmoe_route_row_grouped). */
+    const int v23 = g->family == FMOE_FAMILY_DEEPSEEK_V2 || g->family == FMOE_FAMILY_DEEPSEEK_V3;
     if (g->head_dim % 2 != 0 || g->num_attention_heads % g->num_key_value_heads != 0 ||
-        g->scoring != FMOE_ROUTER_SOFTMAX || g->n_group > 1) {
+        (!v23 && (g->scoring != FMOE_ROUTER_SOFTMAX || g->n_group > 1))) {
         rc = fmoe_error_set(FMOE_EUNSUPPORTED,
                             "%s: head_dim %d, %d heads over %d kv heads, %s router: not "
                             "supported (even head_dim, whole kv groups, softmax routing)",
@@ -502,7 +597,8 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         if ((rc = bind_layer(m, i, moe_index)) < 0) goto fail;
     }
 
-    const fmoe__mat *wq = &m->layers[0].wq;
+    /* the query projection's type (MLA with a low-rank query: q_b_proj's) */
+    const fmoe__mat *wq = m->layers[0].wq.data ? &m->layers[0].wq : &m->layers[0].wq_b;
     const char *dt = wq->quant ? fmoe_ggml_type_name(wq->quant) : fmoe_st_dtype_name(wq->dtype);
     char types[64];
     snprintf(types, sizeof types, "%s", dt);
@@ -524,10 +620,15 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         fmoe_error_prefix("%s", dir);
         goto fail;
     }
+    char attn[64] = "";
+    if (m->arch.mla) /* what the cache holds per token and layer (mla.c) */
+        snprintf(attn, sizeof attn, ", MLA latent %d + rope %d", g->kv_lora_rank,
+                 g->qk_rope_head_dim);
     snprintf(m->describe, sizeof m->describe,
-             "%s: %d layers (%d MoE), %d experts top-%d%s, hidden %d, %s, %s", g->model_type,
+             "%s: %d layers (%d MoE), %d experts top-%d%s, hidden %d%s, %s, %s", g->model_type,
              g->num_hidden_layers, g->num_moe_layers, g->num_experts, g->top_k,
-             g->num_shared_experts ? " + shared" : "", g->hidden_size, types, m->arch.rope_desc);
+             g->num_shared_experts ? " + shared" : "", g->hidden_size, attn, types,
+             m->arch.rope_desc);
     free(path);
     *out = m;
     return 0;

@@ -58,6 +58,17 @@ typedef struct fmoe__arch {
     int32_t shared_gate;     /* Qwen2-MoE: shared expert scaled by sigmoid(x·w) */
     float route_norm_eps;    /* added to the top-k sum when renormalising (DeepSeek 1e-20) */
     char rope_desc[64];
+    /* DeepSeek-V2/V3 (mla.c): multi-head latent attention. The rope above is over the
+     * qk_rope_head_dim decoupled dims only. */
+    int32_t mla;             /* the layers' attention is MLA */
+    int32_t rope_interleave; /* q_pe/k_pe dims come as adjacent pairs (transformers
+                                permutes them to halves before rotate_half) */
+    float mla_scale;         /* softmax scale: 1/sqrt(qk_nope + qk_rope), times yarn's
+                                mscale(factor, mscale_all_dim)² when configured */
+    int32_t route_norm;      /* renormalise the top k: norm_topk_prob, except DeepSeek-V2
+                                (transformers' deepseek_v2 never does) */
+    /* Grouped routing (DeepSeek-V2 group_limited_greedy, V3 noaux_tc). */
+    int32_t route_group_top2; /* a group's score: the sum of its two best (V3), else its best */
 } fmoe__arch;
 
 /*
@@ -111,6 +122,17 @@ typedef struct fmoe__layer {
     fmoe__mlp shared;         /* shared expert(s) of MoE layers; the MLP of dense layers */
     int32_t has_shared;       /* MoE layer with a shared expert */
     fmoe__mat shared_gate;    /* [1][h] (Qwen2-MoE) */
+    const float *route_bias;  /* [J] DeepSeek-V3's e_score_correction_bias, or NULL */
+    /* Multi-head latent attention (DeepSeek-V2/V3; mla.c), H heads, ranks r_q and r_kv,
+     * per head dn (nope) + dr (rope) query/key dims and dv value dims. wq above is the
+     * full-rank q_proj [H(dn+dr)][h] when q_lora_rank is 0 (V2-Lite). */
+    fmoe__mat wq_a;           /* [r_q][h] q_a_proj */
+    const float *q_a_norm;    /* [r_q] */
+    fmoe__mat wq_b;           /* [H(dn+dr)][r_q] q_b_proj */
+    fmoe__mat wkv_a;          /* [r_kv + dr][h] kv_a_proj_with_mqa */
+    const float *kv_a_norm;   /* [r_kv] */
+    fmoe__mat wkv_b;          /* [H(dn+dv)][r_kv] kv_b_proj: per head dn key rows, dv value
+                                 rows */
 } fmoe__layer;
 
 /* Bytes of one row of a matrix stored as (dtype, quant), and of `rows` rows. */
@@ -154,7 +176,8 @@ int fmoe__model_keep_owned(fmoe_model *m, void *p);
 int fmoe__model_check_finite(fmoe_model *m);
 
 /* FMOE_EUNSUPPORTED, in one line naming the first tensor and its type, where `backend` has
- * no kernels for a block type the GGUF model holds; else 0 (backend_types.c). */
+ * no kernels for a block type the GGUF model holds, or naming the family where it has no
+ * kernels for its attention (MLA on CUDA); else 0 (backend_types.c). */
 int fmoe__model_check_backend_types(const fmoe_model *m, fmoe_backend_kind backend);
 
 /* Fills m->layer_expert_bytes once the experts are bound (parts.c). @return 0 or
@@ -198,7 +221,40 @@ typedef struct fmoe__route_args {
     int32_t sigmoid;       /* sigmoid scoring (DeepSeek-V3 style), else softmax */
     int32_t norm;          /* renormalise the top k to sum 1 */
     float norm_eps, scale; /* route_norm_eps, routed_scaling_factor */
+    /* DeepSeek-V2/V3 selection (fmoe_route_row_grouped); n_group <= 1 and no bias: plain
+     * top-k. The CUDA backend has none of it (the family is refused there). */
+    int32_t n_group, topk_group;
+    int32_t group_top2;    /* group score: sum of its two best (V3), else its best (V2) */
+    const float *bias;     /* [J] model vector added to the scores for selection only, or
+                              NULL */
+    float *choice;         /* [n][J] backend scratch for the biased, masked scores */
 } fmoe__route_args;
+
+/* One multi-head latent attention call (mla.c has the maths): n query tokens of one
+ * sequence at positions pos0.., against its layer's latent cache. Every pointer but wkv_b
+ * (the model's) is a backend buffer. */
+typedef struct fmoe__mla_args {
+    float *q;              /* [n][H][dn + dr]: the rope part is rotated in place */
+    float *kv;             /* [n][r_kv + dr]: normalised latent, then k_pe (rotated in
+                              place) */
+    const float *cos, *sin; /* [n][dr/2] */
+    float *cache;          /* [max_context][r_kv + dr]: the rows of kv land at pos0.. */
+    const fmoe__mat *wkv_b; /* [H(dn+dv)][r_kv] */
+    float *out;            /* [n][H·dv] */
+    float *scratch;        /* scratch_slots slots of fmoe__mla_scratch_floats(.., max_context,
+                              max_batch) floats each: one per thread that runs heads */
+    int32_t scratch_slots, max_context, max_batch;
+    int32_t n, pos0, n_heads, nope, rope, v_dim, rank;
+    int32_t interleave;    /* the rope dims come as adjacent pairs */
+    float scale;
+} fmoe__mla_args;
+
+/* Floats of scratch one thread of an MLA call needs for a context of max_context positions
+ * and max_batch query rows. */
+static inline int64_t fmoe__mla_scratch_floats(int64_t nope, int64_t v_dim, int64_t rank,
+                                               int64_t max_context, int64_t max_batch) {
+    return (nope + v_dim) * rank + 2 * max_batch * rank + max_context + 64;
+}
 
 typedef struct fmoe__backend_limits {
     fmoe__weight_home *weights; /* the model's (never NULL from a session) */
@@ -366,6 +422,12 @@ typedef struct fmoe__backend_ops {
      * issued before this call, is reached. No host wait; any thread, like write_slot.
      * @return 0 or FMOE_EINTERNAL (detail set; not sticky, as write_slot). */
     int (*fence_wait)(void *ctx, void *fence);
+
+    /* ---- added later: NULL in a backend without it (CUDA this round) ---- */
+    /* Multi-head latent attention (DeepSeek-V2/V3): rotates the rope dims of q and kv,
+     * appends kv's rows to the latent cache and attends in the absorbed form (mla.c). A
+     * session refuses an MLA model on a backend where this is NULL. */
+    void (*mla_attention)(void *ctx, const fmoe__mla_args *a);
 } fmoe__backend_ops;
 
 extern const fmoe__backend_ops fmoe__cpu_backend;

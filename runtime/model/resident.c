@@ -86,13 +86,20 @@ static int visit_resident(fmoe_model *m, const resident_visitor *v) {
     static const char *const mat_names[] = {"q projection", "k projection", "v projection",
                                             "o projection", "router", "shared expert gate",
                                             "shared expert up", "shared expert down",
-                                            "shared expert's gate"};
+                                            "shared expert's gate", "q_a projection",
+                                            "q_b projection", "kv_a projection",
+                                            "kv_b projection"};
     static const char *const vec_names[] = {"attention norm", "FFN norm", "q bias", "k bias",
-                                            "v bias", "o bias", "q norm", "k norm"};
+                                            "v bias", "o bias", "q norm", "k norm",
+                                            "q_a norm", "kv_a norm", "router bias"};
     for (int32_t i = 0; i < g->num_hidden_layers; i++) {
         fmoe__layer *y = &m->layers[i];
-        fmoe__mat *mats[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->router,
-                             &y->shared.gate, &y->shared.up, &y->shared.down, &y->shared_gate};
+        /* MLA's (DeepSeek-V2/V3) are unset (NULL data) in other families, and theirs in MLA
+         * models: a walk skips what is absent */
+        fmoe__mat *mats[] = {&y->wq,          &y->wk,        &y->wv,          &y->wo,
+                             &y->router,      &y->shared.gate, &y->shared.up, &y->shared.down,
+                             &y->shared_gate, &y->wq_a,      &y->wq_b,        &y->wkv_a,
+                             &y->wkv_b};
         char what[96];
         for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) {
             snprintf(what, sizeof what, "layer %d %s", i, mat_names[k]);
@@ -101,10 +108,12 @@ static int visit_resident(fmoe_model *m, const resident_visitor *v) {
         /* the vectors' lengths are their matrices' output widths */
         const int full = m->arch.qk_norm == FMOE__QK_NORM_FULL;
         const int64_t D = g->num_attention_heads > 0 ? y->wq.rows / g->num_attention_heads : 0;
-        const float **vecs[] = {&y->attn_norm, &y->ffn_norm, &y->bq, &y->bk,
-                                &y->bv,        &y->bo,       &y->q_norm, &y->k_norm};
+        const float **vecs[] = {&y->attn_norm, &y->ffn_norm, &y->bq,        &y->bk,
+                                &y->bv,        &y->bo,       &y->q_norm,    &y->k_norm,
+                                &y->q_a_norm,  &y->kv_a_norm, &y->route_bias};
         const int64_t lens[] = {h, h, y->wq.rows, y->wk.rows, y->wv.rows, y->wo.rows,
-                                full ? y->wq.rows : D, full ? y->wk.rows : D};
+                                full ? y->wq.rows : D, full ? y->wk.rows : D,
+                                g->q_lora_rank, g->kv_lora_rank, g->num_experts};
         for (size_t k = 0; k < sizeof vecs / sizeof vecs[0]; k++) {
             snprintf(what, sizeof what, "layer %d %s", i, vec_names[k]);
             FMOE_FORWARD_IF_ERROR(v->vec(m, vecs[k], lens[k], what));

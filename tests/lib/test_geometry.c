@@ -269,6 +269,39 @@ TEST(deepseek_r1) {
     ASSERT_EQ(fmoe_geometry_expert_bytes(&g, g.expert_dtype), 3LL * 7168 * 2048);
 }
 
+/* All parameters of a DeepSeek-V2/V3 model from its geometry, and those a token uses (K
+ * routed experts of J), without the embedding: what the papers publish. */
+static void deepseek_params(const fmoe_model_geometry *g, double *total, double *active) {
+    const double h = g->hidden_size, V = g->vocab_size, L = g->num_hidden_layers;
+    const double Lm = g->num_moe_layers, expert = (double)fmoe_geometry_expert_params(g);
+    const double layer = (double)fmoe_geometry_attention_params(g) + 2 * h;
+    const double dense = (L - Lm) * 3 * h * g->intermediate_size;
+    const double shared = 3 * h * g->shared_intermediate_size + g->num_experts * h;
+    *total = 2 * V * h + h + L * layer + dense + Lm * (g->num_experts * expert + shared);
+    *active = V * h + h + L * layer + dense + Lm * (g->top_k * expert + shared);
+}
+
+/* The published sizes: DeepSeek-V2-Lite 15.7B parameters, 2.4B activated per token
+ * ("DeepSeek-V2" paper, appendix B); DeepSeek-V3 (R1's architecture) 671B, 37B activated
+ * (DeepSeek-V3 technical report §1; the checkpoint's 14B multi-token-prediction module
+ * not counted). MLA's low-rank projections are what make these add up: counted as
+ * full-width q/k/v they would be 2.3x (V3) too many. */
+TEST(deepseek_v2_lite_and_v3_parameter_counts) {
+    fmoe_model_geometry g;
+    double total, active;
+    ASSERT_OK(load_fixture("deepseek-ai--DeepSeek-V2-Lite", &g));
+    deepseek_params(&g, &total, &active);
+    ASSERT_NEAR(total / 1e9, 15.7, 0.05);
+    ASSERT_NEAR(active / 1e9, 2.4, 0.06);
+    ASSERT_EQ(fmoe_geometry_kv_values_per_token(&g), 512 + 64);
+    ASSERT_OK(load_fixture("deepseek-ai--DeepSeek-R1", &g));
+    deepseek_params(&g, &total, &active);
+    ASSERT_NEAR(total / 1e9, 671, 0.5);
+    ASSERT_NEAR(active / 1e9, 37, 0.7);
+    ASSERT_EQ(fmoe_geometry_kv_values_per_token(&g), 512 + 64);
+    ASSERT_EQ(fmoe_geometry_attention_params(NULL), FMOE_EINVAL);
+}
+
 /* Phi-3.5-MoE: 32 layers, 16 experts, top-2, h 4096, expert FFN 6400. */
 TEST(phi35_moe) {
     fmoe_model_geometry g;

@@ -3,7 +3,8 @@
  * alone with fmoe_session_forward, on tiny checkpoints of four families written here:
  * Mixtral; Qwen2-MoE (q/k/v biases, a gated shared expert, a dense layer); Qwen3-MoE with
  * per-head qk-norm and dynamic NTK RoPE (whose scaling depends on each sequence's call
- * length); OLMoE (whole-projection qk-norm, clip_qkv).
+ * length); OLMoE (whole-projection qk-norm, clip_qkv); DeepSeek-V3 (multi-head latent
+ * attention over each sequence's latent cache, YaRN, grouped biased routing).
  *
  * Three sequences with prompts of different lengths join the batch at different times, so
  * every batched call mixes prefill and decode rows at different positions; then all three
@@ -30,9 +31,13 @@ enum { SHARED_I = 24, DENSE_I = 20, CTX = 64, NSEQ = 3, GEN = 16 };
 /* Largest |batched - alone| allowed, relative to the largest |logit| of the step. */
 #define TOL 1e-5
 
-typedef enum { FAM_MIXTRAL, FAM_QWEN2, FAM_QWEN3_DYNAMIC, FAM_OLMOE, NUM_FAMS } family;
+typedef enum { FAM_MIXTRAL, FAM_QWEN2, FAM_QWEN3_DYNAMIC, FAM_OLMOE, FAM_DEEPSEEK_V3,
+               NUM_FAMS } family;
 static const char *const fam_names[NUM_FAMS] = {"mixtral", "qwen2_moe", "qwen3_moe+dynamic",
-                                                "olmoe"};
+                                                "olmoe", "deepseek_v3+yarn"};
+/* DeepSeek-V3's multi-head latent attention: per head 8 nope + 4 rope dims, 6 value dims,
+ * latent rank 12, query rank 10; grouped biased routing; a dense first layer. */
+enum { MLA_DN = 8, MLA_DR = 4, MLA_DV = 6, MLA_R = 12, MLA_RQ = 10 };
 
 static uint64_t rng = 1;
 static float frand(void) {
@@ -62,6 +67,17 @@ static const char *config_of(family f) {
                " \"num_experts\": 8, \"num_experts_per_tok\": 2, \"norm_topk_prob\": true,"
                " \"max_position_embeddings\": 12,"
                " \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2.0}}";
+    case FAM_DEEPSEEK_V3:
+        return "{\"model_type\": \"deepseek_v3\", \"vocab_size\": 64, \"hidden_size\": 32,"
+               " \"intermediate_size\": 20, \"moe_intermediate_size\": 16,"
+               " \"num_hidden_layers\": 3, \"first_k_dense_replace\": 1,"
+               " \"num_attention_heads\": 4, \"num_key_value_heads\": 4,"
+               " \"n_routed_experts\": 8, \"n_shared_experts\": 1, \"num_experts_per_tok\": 2,"
+               " \"n_group\": 4, \"topk_group\": 2, \"q_lora_rank\": 10, \"kv_lora_rank\": 12,"
+               " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 6,"
+               " \"max_position_embeddings\": 128,"
+               " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"mscale\": 1.0,"
+               " \"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 4}}";
     default:
         return "{\"model_type\": \"olmoe\", \"vocab_size\": 64, \"hidden_size\": 32,"
                " \"intermediate_size\": 16, \"num_hidden_layers\": 2,"
@@ -108,17 +124,32 @@ static void write_family(char *out, size_t cap, family f) {
     st_builder *b = malloc(sizeof *b);
     stb_init(b);
     g_b = b;
-    const int layers = f == FAM_QWEN2 ? 3 : 2;
+    const int layers = f == FAM_QWEN2 || f == FAM_DEEPSEEK_V3 ? 3 : 2;
     add(V, H, "model.embed_tokens.weight");
     add(H, 0, "model.norm.weight");
     add(V, H, "lm_head.weight");
     for (int l = 0; l < layers; l++) {
         add(H, 0, "model.layers.%d.input_layernorm.weight", l);
         add(H, 0, "model.layers.%d.post_attention_layernorm.weight", l);
-        add(HEADS * D, H, "model.layers.%d.self_attn.q_proj.weight", l);
-        add(KVH * D, H, "model.layers.%d.self_attn.k_proj.weight", l);
-        add(KVH * D, H, "model.layers.%d.self_attn.v_proj.weight", l);
-        add(H, HEADS * D, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (f == FAM_DEEPSEEK_V3) {
+            add(MLA_RQ, H, "model.layers.%d.self_attn.q_a_proj.weight", l);
+            add(MLA_RQ, 0, "model.layers.%d.self_attn.q_a_layernorm.weight", l);
+            add(HEADS * (MLA_DN + MLA_DR), MLA_RQ, "model.layers.%d.self_attn.q_b_proj.weight", l);
+            add(MLA_R + MLA_DR, H, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
+            add(MLA_R, 0, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
+            add(HEADS * (MLA_DN + MLA_DV), MLA_R, "model.layers.%d.self_attn.kv_b_proj.weight", l);
+            add(H, HEADS * MLA_DV, "model.layers.%d.self_attn.o_proj.weight", l);
+            if (l == 0) {
+                add_mlp(DENSE_I, "mlp", l, "");
+                continue;
+            }
+            add(J, -1, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        } else {
+            add(HEADS * D, H, "model.layers.%d.self_attn.q_proj.weight", l);
+            add(KVH * D, H, "model.layers.%d.self_attn.k_proj.weight", l);
+            add(KVH * D, H, "model.layers.%d.self_attn.v_proj.weight", l);
+            add(H, HEADS * D, "model.layers.%d.self_attn.o_proj.weight", l);
+        }
         if (f == FAM_QWEN2) {
             add(HEADS * D, -1, "model.layers.%d.self_attn.q_proj.bias", l);
             add(KVH * D, -1, "model.layers.%d.self_attn.k_proj.bias", l);
@@ -153,6 +184,7 @@ static void write_family(char *out, size_t cap, family f) {
             add_mlp(SHARED_I, "mlp", l, ".shared_expert");
             add(1, H, "model.layers.%d.mlp.shared_expert_gate.weight", l);
         }
+        if (f == FAM_DEEPSEEK_V3) add_mlp(I, "mlp", l, ".shared_experts");
     }
     snprintf(path, sizeof path, "%s/model.safetensors", out);
     stb_write(b, path, 8, 0);

@@ -156,14 +156,16 @@ TEST(families_refused) {
     EXPECT_LOAD_FAILS(d, FMOE_EIO, "config.json");
 }
 
-TEST(deepseek_mla_refused) {
+/* DeepSeek-V2/V3 run (tests/python/test_forward.py); MLA without its head sizes is a
+ * malformed config, named before any weight is read. */
+TEST(deepseek_mla_without_head_sizes_refused) {
     char d[512], p[600];
     make_tmpdir(d, sizeof d, "model");
     snprintf(p, sizeof p, "%s/config.json", d);
     write_text(p, "{\"model_type\": \"deepseek_v2\", \"num_hidden_layers\": 2, \"hidden_size\": 16,"
                   " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2,"
                   " \"moe_intermediate_size\": 8, \"kv_lora_rank\": 8}");
-    EXPECT_LOAD_FAILS(d, FMOE_EUNSUPPORTED, "DeepSeek-V2 (MLA)");
+    EXPECT_LOAD_FAILS(d, FMOE_EFORMAT, "qk_rope_head_dim 0");
 }
 
 /* Runs `n` tokens; logits of every token into out[n][V]. */

@@ -70,8 +70,34 @@ HF_MODELS = {
                                     "sliding_window": 6}, "float32", {}),
     "olmoe": ("olmoe", {"clip_qkv": 4.0}, "float32", {}),
     "olmoe_f16": ("olmoe", {}, "float16", {}),
+    # DeepSeek-V2/V3, multi-head latent attention (runtime/model/mla.c). V2-Lite's shape:
+    # a full-rank q_proj, plain greedy top-k; then V2's low-rank query with
+    # group_limited_greedy, and V3's noaux_tc (sigmoid + e_score_correction_bias, groups
+    # ranked by their two best). The _yarn model scales its rope 4x from 8 positions, so
+    # the 44 positions of prompt and continuation are far past the original context; its
+    # mscale differs from mscale_all_dim, so both the cos/sin factor and the softmax
+    # scale's mscale² matter.
+    "deepseek_v2_lite": ("deepseek_v2", {"q_lora_rank": None, "topk_method": "greedy",
+                                         "routed_scaling_factor": 1.0}, "float32", {}),
+    # group_limited_greedy ranks groups by their best score, so with topk_group >= top_k
+    # it never changes the top-k: one group of four is kept.
+    "deepseek_v2": ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4,
+                                    "topk_group": 1, "routed_scaling_factor": 16.0},
+                    "float32", {}),
+    "deepseek_v3": ("deepseek_v3", {}, "float32", {}),
+    # bf16 weights: kv_b_proj widened per head by the MLA kernel, not read in place
+    "deepseek_v3_bf16": ("deepseek_v3", {}, "bfloat16", {}),
+    "deepseek_v3_yarn": ("deepseek_v3", {
+        "rope_interleave": True,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                            "original_max_position_embeddings": 8, "mscale": 1.0,
+                            "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0}},
+                         "float32", {}),
 }
-ALL = list(HF_MODELS) + ["deepseek"]
+# The DeepSeek-V2/V3 models run on the CPU backend only this round (the CUDA backend has
+# no MLA), and GGUF's deepseek2 is not mapped yet: the GPU and GGUF tests keep to ALL.
+MLA = [k for k, v in HF_MODELS.items() if v[0] in ("deepseek_v2", "deepseek_v3")]
+ALL = [k for k in HF_MODELS if k not in MLA] + ["deepseek"]
 
 
 def base_config(family):
@@ -87,6 +113,14 @@ def base_config(family):
         c.update(intermediate_size=80, moe_intermediate_size=32, num_experts=8)
     elif family == "olmoe":
         c.update(intermediate_size=48, num_experts=8)
+    elif family in ("deepseek_v2", "deepseek_v3"):
+        # dv (12) differs from dn (16) and dn + dr (24), so a mixed-up head width fails.
+        c.update(num_key_value_heads=4, intermediate_size=80, moe_intermediate_size=32,
+                 n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1,
+                 kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                 v_head_dim=12)
+        if family == "deepseek_v3":
+            c.update(n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5)
     return c
 
 
@@ -97,6 +131,8 @@ def _hf_classes(family):
         "qwen2_moe": (transformers.Qwen2MoeForCausalLM, transformers.Qwen2MoeConfig),
         "qwen3_moe": (transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig),
         "olmoe": (transformers.OlmoeForCausalLM, transformers.OlmoeConfig),
+        "deepseek_v2": (transformers.DeepseekV2ForCausalLM, transformers.DeepseekV2Config),
+        "deepseek_v3": (transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config),
     }[family]
 
 
@@ -178,6 +214,26 @@ def write_hf_checkpoint(name, outdir):
                          metadata=spec["metadata"])
 
 
+def write_hf_checkpoint_with_vocab(name, outdir, vocab):
+    """NAME's checkpoint (its stored layout, weights drawn as write_hf_checkpoint does) with
+    a vocabulary of VOCAB tokens: for `fmoe generate`/`record` through another model's
+    tokenizer (fmoe-tiny's has 4096). No reference: it runs fmoe against itself."""
+    layout = json.loads(json.dumps(hf_layout(name)))
+    layout["json"]["config.json"]["vocab_size"] = vocab
+    for spec in layout["safetensors"].values():
+        for t in spec["tensors"]:
+            if t[0] in ("model.embed_tokens.weight", "lm_head.weight"):
+                t[2][0] = vocab
+    os.makedirs(outdir, exist_ok=True)
+    for f, doc in layout["json"].items():
+        with open(os.path.join(outdir, f), "w") as fh:
+            json.dump(doc, fh, indent=2)
+    for f, spec in layout["safetensors"].items():
+        save_safetensors(os.path.join(outdir, f),
+                         {t: (_weight(name, t, shape, dt), dt) for t, dt, shape in spec["tensors"]},
+                         metadata=spec["metadata"])
+
+
 def make_hf(name, outdir):
     import hf_reference
     write_hf_checkpoint(name, outdir)
@@ -211,14 +267,54 @@ def _topk(router_logits, k):
     return np.argsort(-p, axis=-1, kind="stable")[..., :k]
 
 
+class _GateChoices:
+    """DeepSeek-V2/V3's chosen experts, read from the gates themselves (their selection
+    is grouped and biased, not a top-k of router_logits): a forward hook on every MoE
+    layer's gate, which returns (router_logits, topk_weights, topk_indices) with the
+    indices unsorted. Each token's experts are put in fmoe's order: descending by the
+    score they were chosen on (V3: sigmoid + e_score_correction_bias; V2: the softmax),
+    lower index first among equals."""
+
+    def __init__(self, model):
+        self.rows, self.hooks = [], []
+        for layer in model.model.layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None:
+                self.hooks.append(gate.register_forward_hook(self.hook))
+
+    def hook(self, gate, args, out):
+        logits, _, idx = out
+        if hasattr(gate, "e_score_correction_bias"):
+            choice = logits.sigmoid() + gate.e_score_correction_bias
+        else:
+            choice = logits.softmax(dim=-1)
+        choice, idx = choice.float().numpy(), idx.numpy()
+        self.rows.append(np.asarray([sorted(r.tolist(), key=lambda j: (-c[j], j))
+                                     for r, c in zip(idx, choice)]))
+
+    def take(self):
+        """[tokens, MoE layers, K] of the calls since the last take."""
+        rows, self.rows = self.rows, []
+        return list(np.stack(rows, 1))
+
+
 def hf_reference_run(model, tokens, torch):
     k = model.config.num_experts_per_tok
+    gates = _GateChoices(model) if model.config.model_type in (
+        "deepseek_v2", "deepseek_v3") else None
+
+    def routed(out):
+        if gates is not None:
+            return gates.take()
+        return list(np.stack([_topk(r.float().numpy(), k) for r in out.router_logits], 1))
+
     experts = []
+    kw = {} if gates is not None else {"output_router_logits": True}
     with torch.no_grad():
         ids = torch.tensor(tokens[None, :], dtype=torch.long)
-        out = model(input_ids=ids, use_cache=True, output_router_logits=True)
+        out = model(input_ids=ids, use_cache=True, **kw)
         logits = out.logits[0].float().numpy()
-        experts += list(np.stack([_topk(r.float().numpy(), k) for r in out.router_logits], 1))
+        experts += routed(out)
         past = out.past_key_values
         nxt = int(torch.argmax(out.logits[0, -1]))
         generated = []
@@ -227,13 +323,15 @@ def hf_reference_run(model, tokens, torch):
             if i == GENERATE - 1:
                 break
             out = model(input_ids=torch.tensor([[nxt]]), past_key_values=past, use_cache=True,
-                        output_router_logits=True)
-            experts += list(np.stack([_topk(r.float().numpy(), k) for r in out.router_logits], 1))
+                        **kw)
+            experts += routed(out)
             past = out.past_key_values
             nxt = int(torch.argmax(out.logits[0, -1]))
         # generate() must agree with the loop above.
         gen = model.generate(ids, max_new_tokens=GENERATE, do_sample=False, eos_token_id=None,
                              pad_token_id=0)
+        if gates is not None:
+            gates.rows = []  # generate()'s own calls
         assert gen[0, len(tokens):].tolist() == generated, "generate() disagrees"
     return dict(tokens=np.asarray(tokens, dtype=np.int64), logits=logits.astype(np.float32),
                 experts=np.asarray(experts, dtype=np.int64),
@@ -426,6 +524,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     out = sys.argv[1]
-    for name in sys.argv[2:] or ALL:
+    for name in sys.argv[2:] or ALL + MLA:
         make(name, os.path.join(out, name))
         print("wrote", os.path.join(out, name))

@@ -70,7 +70,7 @@ def check(model_dir, ref, logits, routes, name):
         f"{name}: greedy continuation differs:\n ours   {routes['generated']}\n theirs {ref['generated'].tolist()}"
 
 
-@pytest.mark.parametrize("name", tiny.ALL)
+@pytest.mark.parametrize("name", tiny.ALL + tiny.MLA)
 def test_forward_matches_reference(name, models, driver, tmp_path):
     d = models(name)
     ref = dict(np.load(d / "reference.npz"))
@@ -79,7 +79,8 @@ def test_forward_matches_reference(name, models, driver, tmp_path):
 
 
 @pytest.mark.parametrize("mode", [("--stepwise",), ("--batch", "5"), ("--threads", "1")])
-@pytest.mark.parametrize("name", ["qwen2_moe", "mixtral_swa", "qwen2_moe_swa", "qwen3_moe_swa"])
+@pytest.mark.parametrize("name", ["qwen2_moe", "mixtral_swa", "qwen2_moe_swa", "qwen3_moe_swa",
+                                  "deepseek_v2_lite", "deepseek_v3_yarn"])
 def test_cache_and_chunking_agree(name, mode, models, driver, tmp_path):
     """Token-by-token prompts, chunked prefill and one thread give the same answers. With
     a sliding window shorter than the prompt, --stepwise compares the logits of the cached
@@ -175,7 +176,8 @@ def test_bad_model_dirs(driver, tmp_path):
     assert "missing tensor model.layers.2.mlp.experts.5.up_proj.weight" in p.stderr
     assert p.stderr.count("\n") == 1
 
-    cfg = dict(tiny.DEEPSEEK_CONFIG, model_type="deepseek_v3", n_group=1, topk_group=1)
+    cfg = dict(tiny.DEEPSEEK_CONFIG, model_type="phimoe",
+               num_local_experts=tiny.DEEPSEEK_CONFIG["n_routed_experts"])
     (d / "config.json").write_text(json.dumps(cfg))
     p = subprocess.run([str(driver), str(d), "--tokens", "1,2"], capture_output=True, text=True)
     assert p.returncode == 1 and "not yet supported" in p.stderr, p.stderr
@@ -202,3 +204,97 @@ def test_fused_expert_layout(models, driver, tmp_path):
     tiny.save_safetensors(d / "model.safetensors", {k: (v, "F32") for k, v in t.items()})
     logits, routes = run_driver(driver, d, ref, tmp_path)
     check(d, ref, logits, routes, "deepseek (fused experts)")
+
+
+@pytest.mark.parametrize("name,changes", [
+    # YaRN: without it, and with the softmax scale's mscale² left out (mscale_all_dim 0),
+    # and with the cos/sin factor at 1 (mscale = mscale_all_dim)
+    ("deepseek_v3_yarn", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    ("deepseek_v3_yarn", {"rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+        "original_max_position_embeddings": 8, "mscale": 1.0, "mscale_all_dim": 0}}),
+    ("deepseek_v3_yarn", {"rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+        "original_max_position_embeddings": 8, "mscale": 0.8, "mscale_all_dim": 0.8}}),
+    # the rope dims as halves rather than adjacent pairs
+    ("deepseek_v3", {"rope_interleave": False}),
+])
+def test_mla_settings_are_exercised(name, changes, models, driver, tmp_path):
+    """Each of these settings moves the logits of the MLA references far past the
+    tolerance, so test_forward_matches_reference pins it: a YaRN scale, mscale or rope
+    layout computed wrongly fails there."""
+    d = models(name)
+    ref = dict(np.load(d / "reference.npz"))
+    logits, _ = run_driver(driver, with_config(d, tmp_path / "changed", **changes), ref,
+                           tmp_path)
+    assert float(np.abs(logits - ref["logits"]).max()) > 100 * TOL, changes
+
+
+@pytest.mark.parametrize("name,changes", [
+    ("deepseek_v2", {"topk_method": "greedy"}),  # group-limited: two of four groups
+    ("deepseek_v3", {"topk_group": 4}),          # noaux_tc: every group kept
+])
+def test_grouped_routing_is_exercised(name, changes, models, driver, tmp_path):
+    """Without the group limit some token picks other experts, so the references' top-k
+    (read from transformers' gates) pins the grouping."""
+    d = models(name)
+    ref = dict(np.load(d / "reference.npz"))
+    _, routes = run_driver(driver, with_config(d, tmp_path / "changed", **changes), ref,
+                           tmp_path)
+    ours = np.asarray(routes["experts"])
+    assert (ours != ref["experts"]).any(), changes
+
+
+def test_mla_refused_on_cuda(models, driver):
+    """The CUDA backend has no multi-head latent attention yet: a session of a
+    DeepSeek-V2/V3 model there is refused in one line naming what is missing, before the
+    backend is looked up (so the line is the same on a machine without CUDA)."""
+    d = models("deepseek_v2_lite")
+    p = subprocess.run([str(driver), str(d), "--tokens", "1,2", "--session-backend", "cuda"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert "no multi-head latent attention" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("tensor,what", [
+    ("model.layers.1.self_attn.kv_b_proj.weight", "layer 1 kv_b projection"),
+    ("model.layers.2.self_attn.q_a_proj.weight", "layer 2 q_a projection"),
+    ("model.layers.1.mlp.gate.e_score_correction_bias", "layer 1 router bias"),
+])
+def test_mla_weights_checked_finite_at_load(tensor, what, models, driver, tmp_path):
+    """The MLA projections and V3's router bias are resident weights: a NaN in one is
+    refused at load, naming it, like the other families' attention weights."""
+    from test_quantize import read_checkpoint
+    src = models("deepseek_v3")
+    ck = read_checkpoint(src)
+    a, dt = ck[tensor]
+    a = a.copy()
+    a.reshape(-1)[3] = np.nan
+    ck[tensor] = (a, dt)
+    d = tmp_path / "nan"
+    d.mkdir()
+    (d / "config.json").write_text((src / "config.json").read_text())
+    tiny.save_safetensors(d / "model.safetensors", ck)
+    p = subprocess.run([str(driver), str(d), "--tokens", "1,2"], capture_output=True, text=True)
+    assert p.returncode == 1, p.stderr
+    assert f"{what} holds a non-finite weight" in p.stderr, p.stderr
+
+
+def test_score_correction_bias_is_exercised(models, driver, tmp_path):
+    """V3's e_score_correction_bias changes which experts the prompt's tokens pick (zeroed,
+    they pick others), so the references' top-k pins that the bias selects."""
+    from test_quantize import read_checkpoint
+    src = models("deepseek_v3")
+    ref = dict(np.load(src / "reference.npz"))
+    ck = read_checkpoint(src)
+    for k, (a, dt) in list(ck.items()):
+        if k.endswith("e_score_correction_bias"):
+            ck[k] = (np.zeros_like(a), dt)
+    d = tmp_path / "nobias"
+    d.mkdir()
+    (d / "config.json").write_text((src / "config.json").read_text())
+    tiny.save_safetensors(d / "model.safetensors", ck)
+    _, routes = run_driver(driver, d, ref, tmp_path)
+    n = len(ref["tokens"])
+    assert (np.asarray(routes["experts"])[:n] != ref["experts"][:n]).any()

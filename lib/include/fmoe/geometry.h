@@ -146,6 +146,18 @@ int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtyp
  * @return the count, or FMOE_EINVAL for NULL. */
 int64_t fmoe_geometry_expert_params(const fmoe_model_geometry *g);
 
+/* Parameters of one decoder layer's attention projections (norms inside them included,
+ * biases not): q, k, v, o as h·H·D + 2·h·Hkv·D + H·D·h; for multi-head latent attention
+ * (DeepSeek-V2/V3, kv_lora_rank > 0) q_a (+ its norm) and q_b, or q_proj without
+ * q_lora_rank, kv_a_proj_with_mqa (+ its norm), kv_b and o. @return the count, or
+ * FMOE_EINVAL for NULL. */
+int64_t fmoe_geometry_attention_params(const fmoe_model_geometry *g);
+
+/* Values one token keeps in one layer's KV cache: keys and values, 2·Hkv·D; with MLA the
+ * compressed latent and the rotary key, kv_lora_rank + qk_rope_head_dim. @return the
+ * count, or FMOE_EINVAL for NULL. */
+int64_t fmoe_geometry_kv_values_per_token(const fmoe_model_geometry *g);
+
 /* Comma-separated list of the supported model_type values. */
 const char *fmoe_geometry_supported_types(void);
 
