@@ -54,6 +54,19 @@ static void arch_str(const fmoe_gguf *g, const char *arch, const char *suffix, c
         snprintf(buf, cap, "%.*s", (int)(s.len < cap - 1 ? s.len : cap - 1), s.ptr);
 }
 
+/* The MoE keys DeepSeek V1, V2 and V3 configs share (transformers' names). */
+static void add_deepseek_moe(cJSON *c, const char *model_type, int64_t experts, int64_t shared,
+                             int64_t expert_ff, int64_t ff, int64_t dense, int64_t norm) {
+    cJSON_AddStringToObject(c, "model_type", model_type);
+    cJSON_AddNumberToObject(c, "n_routed_experts", (double)experts);
+    cJSON_AddNumberToObject(c, "n_shared_experts", (double)shared);
+    cJSON_AddNumberToObject(c, "moe_intermediate_size", (double)expert_ff);
+    cJSON_AddNumberToObject(c, "intermediate_size", (double)ff);
+    cJSON_AddNumberToObject(c, "first_k_dense_replace", (double)dense);
+    cJSON_AddNumberToObject(c, "moe_layer_freq", 1);
+    cJSON_AddBoolToObject(c, "norm_topk_prob", norm != 0);
+}
+
 /*
  * deepseek2 (DeepSeek-V2, V2-Lite, V3, R1), as llama.cpp's converter writes it: the MLA
  * sizes (attention.q_lora_rank, 0 for V2-Lite's full-rank query; attention.kv_lora_rank;
@@ -89,14 +102,8 @@ static int build_deepseek2(const fmoe_gguf *g, const char *arch, cJSON *c) {
     char bias[64];
     snprintf(bias, sizeof bias, "blk.%lld.exp_probs_b.bias", (long long)dense);
     const int v3 = gating == 2 || fmoe_gguf_find_tensor(g, bias) != NULL;
-    cJSON_AddStringToObject(c, "model_type", v3 ? "deepseek_v3" : "deepseek_v2");
-    cJSON_AddNumberToObject(c, "n_routed_experts", (double)experts);
-    cJSON_AddNumberToObject(c, "n_shared_experts", (double)shared);
-    cJSON_AddNumberToObject(c, "moe_intermediate_size", (double)expert_ff);
-    cJSON_AddNumberToObject(c, "intermediate_size", (double)ff);
-    cJSON_AddNumberToObject(c, "first_k_dense_replace", (double)dense);
-    cJSON_AddNumberToObject(c, "moe_layer_freq", 1);
-    cJSON_AddBoolToObject(c, "norm_topk_prob", norm != 0);
+    add_deepseek_moe(c, v3 ? "deepseek_v3" : "deepseek_v2", experts, shared, expert_ff, ff,
+                     dense, norm);
     cJSON_AddNumberToObject(c, "routed_scaling_factor", scale);
     cJSON_AddStringToObject(c, "scoring_func", v3 ? "sigmoid" : "softmax");
     cJSON_AddStringToObject(c, "topk_method", v3            ? "noaux_tc"
@@ -217,14 +224,7 @@ static int build(const fmoe_gguf *g, const char *arch, cJSON *c) {
     } else { /* deepseek */
         FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_shared_count", 0, &shared));
         FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "leading_dense_block_count", 0, &dense));
-        cJSON_AddStringToObject(c, "model_type", "deepseek");
-        cJSON_AddNumberToObject(c, "n_routed_experts", (double)experts);
-        cJSON_AddNumberToObject(c, "n_shared_experts", (double)shared);
-        cJSON_AddNumberToObject(c, "moe_intermediate_size", (double)expert_ff);
-        cJSON_AddNumberToObject(c, "intermediate_size", (double)ff);
-        cJSON_AddNumberToObject(c, "first_k_dense_replace", (double)dense);
-        cJSON_AddNumberToObject(c, "moe_layer_freq", 1);
-        cJSON_AddBoolToObject(c, "norm_topk_prob", norm != 0);
+        add_deepseek_moe(c, "deepseek", experts, shared, expert_ff, ff, dense, norm);
         cJSON_AddStringToObject(c, "scoring_func", "softmax");
     }
     return 0;

@@ -15,6 +15,7 @@
 
 #include "fmoe/error.h"
 #include "jinja.h"
+#include "tokenizer_impl.h" /* fmoe__utf8_encode */
 
 #define OOM() fmoe_error_set(FMOE_ENOMEM, "chat template: out of memory")
 
@@ -46,29 +47,6 @@ static int hex4(reader *r, uint32_t *cp) {
     }
     r->p += 4;
     return 0;
-}
-
-static size_t utf8_put(char *o, uint32_t cp) {
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 static int string(reader *r, jv *out) {
@@ -118,7 +96,7 @@ static int string(reader *r, jv *out) {
             }
             if (cp == 0) return bad(r, "a NUL character (\\u0000) in a string");
             /* a lone surrogate is written as its 3 bytes, as Python's surrogatepass would */
-            k += utf8_put(o + k, cp);
+            k += fmoe__utf8_encode(cp, o + k);
             break;
         }
         default: return bad(r, "an unknown escape in a string");
