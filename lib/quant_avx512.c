@@ -133,7 +133,8 @@ float fmoe__quant_dot_avx512(uint32_t type, const void *row, const float *x, int
     case FMOE_GGML_Q4_K: return dot_q45_k(row, x, n, 4);
     case FMOE_GGML_Q5_K: return dot_q45_k(row, x, n, 5);
     case FMOE_GGML_Q6_K: return dot_q6_k(row, x, n);
-    default: return fmoe__quant_dot_avx2(type, row, x, n); /* F32, F16, BF16: pinned order */
+    /* F32, F16, BF16 (pinned order) and Q2_K, Q3_K, IQ4_XS (lib/quant_kx.c) */
+    default: return fmoe__quant_dot_avx2(type, row, x, n);
     }
 }
 

@@ -33,6 +33,25 @@ static inline int fmoe__is_q32(uint32_t t) {
            t == FMOE_GGML_Q5_1 || t == FMOE_GGML_IQ4_NL;
 }
 
+/* Q2_K, Q3_K and IQ4_XS rows (lib/quant_kx.c): the AVX2 f32 dot (only called when the CPU
+ * has AVX2, FMA and F16C; the AVX-512 level uses it too), and the dot against Q8_K
+ * activations, its per-block integer sums in AVX2 (avx2 != 0, same CPU condition) or
+ * plain C, the same bits either way. */
+float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *x, int64_t n);
+float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n, int avx2);
+
+/* ggml's make_qkx2_quants (lib/quant_ref.c): an affine n-value grid of nmax+1 levels by
+ * weighted least squares over nstep+1 trial scales; use_mad weighs absolute instead of
+ * squared errors (ggml's Q2_K). Levels into L, -min into *the_min; returns the scale. */
+float fmoe__make_qkx2_quants(int n, int nmax, const float *x, const float *w, uint8_t *L,
+                             float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+                             int use_mad);
+
+/* One block of Q2_K or Q3_K from x[256] (lib/quant_refk.c), of IQ4_XS (lib/quant_ref32.c,
+ * with IQ4_NL's search per 32 values). */
+void fmoe__quantize_k23_block(uint32_t type, const float *x, uint8_t *dst);
+void fmoe__quantize_iq4_xs_block(const float *x, uint8_t *dst);
+
 /* The kernel levels, lowest first: plain C (the reference), AVX2 (+ FMA, F16C), AVX-512
  * (F, BW and VL on top of AVX2: lib/quant_avx512.c, lib/quant_act_avx512.c). A level runs only on a CPU that
  * has every instruction of it and of the levels below. */

@@ -1,0 +1,146 @@
+/*
+ * quant_kx.c - dot products of Q2_K, Q3_K and IQ4_XS rows: with f32 vectors (AVX2; the
+ * plain-C reference is lib/quant.c's dequantise-then-dot) and with Q8_K activations
+ * (fmoe/quant_act.h; plain C and AVX2, the same bits).
+ *
+ * The three share one shape (lib/quant_block.h): sixteen sub-blocks of 16 values, each an
+ * integer scale times small signed integer codes, times the block's d, minus (Q2_K) dmin
+ * times an integer min. So one kernel serves all three: a block is first unpacked, in
+ * plain C, to 256 signed byte codes and 16 integer scales and mins (fmoe__kx_sub, the
+ * very decoding the dequantisation uses); the SIMD part multiplies those bytes. The
+ * unpack is scalar, so these rows run slower than the other K-quants' fully vectorised
+ * kernels: a known cost, which buys kernels that cannot disagree with the dequantisation
+ * on the bit layouts (the part where such kernels go wrong).
+ *
+ * The f32 dot sums d·sc·Σq·x - dmin·m·Σx per sub-block, another order than
+ * dequantise-then-dot: results agree to rounding (tests/lib/test_quant.c's bound). The
+ * 8-bit dot forms, per block, the exact integers Σ_s sc_s·Σ q·a and Σ_s m_s·bsum_s and adds
+ * da·d·first - da·dmin·second in block order at both levels, so the AVX2 path gives the
+ * reference's bits. At the AVX-512 level these rows take the AVX2 kernels.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "dot_avx2.h"
+#include "fmoe/quant.h"
+#include "fmoe/quant_act.h"
+#include "quant_act_impl.h"
+#include "quant_impl.h"
+
+/* A block unpacked: codes, integer scales and mins, d and dmin. */
+typedef struct {
+    int8_t q[FMOE_QK_K];
+    int16_t sc[16], m[16];
+    float d, dmin;
+} kx_block;
+
+static void unpack(uint32_t type, const uint8_t *b, kx_block *u) {
+    for (int s = 0; s < 16; s++) {
+        int sc, m;
+        fmoe__kx_sub(type, b, s, u->q + 16 * s, &sc, &m);
+        u->sc[s] = (int16_t)sc;
+        u->m[s] = (int16_t)m;
+    }
+    fmoe__kx_d(type, b, &u->d, &u->dmin);
+}
+
+/* Σ_s m_s·bsums_s: what Q2_K's mins take from the activation block. */
+static int32_t min_sum(const kx_block *u, const uint8_t *a) {
+    int16_t bsums[16];
+    memcpy(bsums, a + FMOE__Q8K_BSUMS, sizeof bsums);
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++) s += u->m[j] * bsums[j];
+    return s;
+}
+
+static int32_t isum_ref(const kx_block *u, const int8_t *qa) {
+    int32_t sum = 0;
+    for (int s = 0; s < 16; s++) {
+        int32_t sub = 0;
+        for (int i = 0; i < 16; i++) sub += u->q[16 * s + i] * qa[16 * s + i];
+        sum += u->sc[s] * sub;
+    }
+    return sum;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define SIMD __attribute__((target("avx2,fma,f16c")))
+
+/* The same integer as isum_ref: |q| in maddubs's unsigned operand, q's sign moved onto
+ * the activation. No int16 saturates: |q| <= 127 (IQ4_XS's -127), |a| <= 127, so a
+ * pair is at most 2·127·127. Each 128-bit half of a product is one sub-block of 16,
+ * which madd multiplies by that sub-block's scale. */
+SIMD static int32_t isum_avx2(const kx_block *u, const int8_t *qa) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int p = 0; p < 8; p++) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)(u->q + 32 * p));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)(qa + 32 * p));
+        const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+        const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * p + 1]), _mm_set1_epi16(u->sc[2 * p]));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, sc));
+    }
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* acc += 16 signed bytes widened times x[0..16). */
+SIMD static inline __m256 fma16(const int8_t *q, const float *x, __m256 acc) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)q);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_loadu_ps(x), acc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))),
+                           _mm256_loadu_ps(x + 8), acc);
+}
+
+SIMD float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *x, int64_t n) {
+    const int64_t bytes = fmoe_ggml_type_size(type);
+    const uint8_t *b = row;
+    __m256 acc = _mm256_setzero_ps();
+    kx_block u;
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += bytes) {
+        unpack(type, b, &u);
+        const float *xb = x + i;
+        for (int s = 0; s < 16; s++, xb += 16) {
+            const __m256 v = fma16(u.q + 16 * s, xb, _mm256_setzero_ps());
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(u.d * (float)u.sc[s]), v, acc);
+            if (u.m[s])
+                acc = _mm256_fnmadd_ps(_mm256_set1_ps(u.dmin * (float)u.m[s]),
+                                       _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)), acc);
+        }
+    }
+    return fmoe__hsum256(acc);
+}
+
+#define HAVE_AVX2_KX 1
+#else
+#define HAVE_AVX2_KX 0
+
+float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *x, int64_t n) {
+    return fmoe_quant_dot_ref(type, row, x, n);
+}
+#endif
+
+float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n, int avx2) {
+    const int64_t bytes = fmoe_ggml_type_size(type);
+    const uint8_t *w = row, *a = qx;
+    kx_block u;
+    float s = 0;
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, w += bytes, a += FMOE_Q8_K_BYTES) {
+        unpack(type, w, &u);
+        float da;
+        memcpy(&da, a, 4);
+        const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
+#if HAVE_AVX2_KX
+        const int32_t sum = avx2 ? isum_avx2(&u, qa) : isum_ref(&u, qa);
+#else
+        (void)avx2;
+        const int32_t sum = isum_ref(&u, qa);
+#endif
+        const int32_t msum = type == FMOE_GGML_Q2_K ? min_sum(&u, a) : 0;
+        s += da * u.d * (float)sum - da * u.dmin * (float)msum;
+    }
+    return s;
+}
