@@ -238,38 +238,48 @@ static inline FMOE_HD int fmoe__is_kx(uint32_t type) {
     return type == FMOE_GGML_Q2_K || type == FMOE_GGML_Q3_K || type == FMOE_GGML_IQ4_XS;
 }
 
-/* Sub-block s (0..15: values 16s..16s+15) of block b: its 16 signed codes q[16] (Q3_K's
- * offset and IQ4_XS's grid applied), its integer scale *sc (signed: Q3_K and IQ4_XS
- * store it biased by 32) and its integer min *m (Q2_K; 0 otherwise). */
+/* The integer scale *sc (signed: Q3_K and IQ4_XS store it biased by 32) and integer min
+ * *m (Q2_K; 0 otherwise) of sub-block s (0..15: values 16s..16s+15) of block b. */
+static inline FMOE_HD void fmoe__kx_scale(uint32_t type, const uint8_t *b, int s, int *sc,
+                                          int *m) {
+    if (type == FMOE_GGML_Q2_K) {
+        *sc = b[s] & 0xF;
+        *m = b[s] >> 4;
+    } else if (type == FMOE_GGML_Q3_K) {
+        /* low nibble: byte s (s < 8) or the high nibble of byte s - 8; the two high bits:
+         * bits 2(s/4), 2(s/4)+1 of byte 8 + s%4 */
+        const uint8_t *scales = b + 96;
+        const int lo = s < 8 ? scales[s] & 0xF : scales[s - 8] >> 4;
+        const int hi = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+        *sc = (lo | (hi << 4)) - 32;
+        *m = 0;
+    } else { /* IQ4_XS: one scale per 32 values */
+        const int ib = s / 2, sh = b[2] | (b[3] << 8);
+        const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+        *sc = ls - 32;
+        *m = 0;
+    }
+}
+
+/* Sub-block s of block b: its 16 signed codes q[16] (Q3_K's offset and IQ4_XS's grid
+ * applied), with its scale and min as fmoe__kx_scale gives them. */
 static inline FMOE_HD void fmoe__kx_sub(uint32_t type, const uint8_t *b, int s, int8_t *q,
                                         int *sc, int *m) {
     const int h = s / 8, j = (s % 8) / 2, l0 = 16 * (s & 1);
     if (type == FMOE_GGML_Q2_K) {
         const uint8_t *qs = b + 16 + 32 * h + l0;
         for (int i = 0; i < 16; i++) q[i] = (int8_t)((qs[i] >> (2 * j)) & 3);
-        *sc = b[s] & 0xF;
-        *m = b[s] >> 4;
     } else if (type == FMOE_GGML_Q3_K) {
-        const uint8_t *qs = b + 32 + 32 * h + l0, *hm = b + l0, *scales = b + 96;
+        const uint8_t *qs = b + 32 + 32 * h + l0, *hm = b + l0;
         const int hbit = 4 * h + j;
         for (int i = 0; i < 16; i++)
             q[i] = (int8_t)(((qs[i] >> (2 * j)) & 3) - (((hm[i] >> hbit) & 1) ? 0 : 4));
-        /* low nibble: byte s (s < 8) or the high nibble of byte s - 8; the two high bits:
-         * bits 2(s/4), 2(s/4)+1 of byte 8 + s%4 */
-        const int lo = s < 8 ? scales[s] & 0xF : scales[s - 8] >> 4;
-        const int hi = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
-        *sc = (lo | (hi << 4)) - 32;
-        *m = 0;
     } else { /* IQ4_XS */
         const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
-        const int ib = s / 2;
-        const uint8_t *qs = b + 8 + 16 * ib;
+        const uint8_t *qs = b + 8 + 16 * (s / 2);
         for (int i = 0; i < 16; i++) q[i] = levels[(s & 1) ? qs[i] >> 4 : qs[i] & 0xF];
-        const int sh = b[2] | (b[3] << 8);
-        const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
-        *sc = ls - 32;
-        *m = 0;
     }
+    fmoe__kx_scale(type, b, s, sc, m);
 }
 
 /* d and (Q2_K) dmin of a block of one of the three. */

@@ -5,12 +5,12 @@
  *
  * The three share one shape (lib/quant_block.h): sixteen sub-blocks of 16 values, each an
  * integer scale times small signed integer codes, times the block's d, minus (Q2_K) dmin
- * times an integer min. So one kernel serves all three: a block is first unpacked, in
- * plain C, to 256 signed byte codes and 16 integer scales and mins (fmoe__kx_sub, the
- * very decoding the dequantisation uses); the SIMD part multiplies those bytes. The
- * unpack is scalar, so these rows run slower than the other K-quants' fully vectorised
- * kernels: a known cost, which buys kernels that cannot disagree with the dequantisation
- * on the bit layouts (the part where such kernels go wrong).
+ * times an integer min. So one kernel serves all three: a block is first unpacked to 256
+ * signed byte codes and 16 integer scales and mins (plain C: fmoe__kx_sub, the very
+ * decoding the dequantisation uses; AVX2: unpack_avx2, the same bytes by shifts, masks and
+ * a shuffle), and the multiplications run over those bytes. Unpacking through a 256-byte
+ * buffer costs a store and a reload per block that the other K-quants' kernels, which
+ * unpack in registers, do not pay.
  *
  * The f32 dot sums d·sc·Σq·x - dmin·m·Σx per sub-block, another order than
  * dequantise-then-dot: results agree to rounding (tests/lib/test_quant.c's bound). The
@@ -68,6 +68,46 @@ static int32_t isum_ref(const kx_block *u, const int8_t *qa) {
 
 #define SIMD __attribute__((target("avx2,fma,f16c")))
 
+/* unpack's codes with AVX2 (the scales, 16 small integers, stay scalar): Q2_K and Q3_K
+ * shift each 32-byte plane of 2-bit values right by 2j and mask (value 128h + 32j + l is
+ * bits 2j of byte 32h + l), Q3_K adding 4·(its hmask bit) - 4; IQ4_XS looks its nibbles
+ * up in the grid with a byte shuffle. The same bytes as fmoe__kx_sub's: test_quant_act's
+ * exact integer sums and the dots at every level check them. */
+SIMD static void unpack_avx2(uint32_t type, const uint8_t *b, kx_block *u) {
+    if (type == FMOE_GGML_IQ4_XS) {
+        static const int8_t grid[16] = FMOE__IQ4NL_LEVELS;
+        const __m128i g = _mm_loadu_si128((const __m128i *)grid), m4 = _mm_set1_epi8(0xF);
+        for (int ib = 0; ib < 8; ib++) {
+            const __m128i x = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * ib));
+            _mm_storeu_si128((__m128i *)(u->q + 32 * ib), _mm_shuffle_epi8(g, _mm_and_si128(x, m4)));
+            _mm_storeu_si128((__m128i *)(u->q + 32 * ib + 16),
+                             _mm_shuffle_epi8(g, _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
+        }
+    } else {
+        const int q3 = type == FMOE_GGML_Q3_K;
+        const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+        const __m256i hm = q3 ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i qs = _mm256_loadu_si256((const __m256i *)(b + (q3 ? 32 : 16) + 32 * h));
+            for (int j = 0; j < 4; j++) {
+                __m256i v = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), m2);
+                if (q3) {
+                    const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
+                    v = _mm256_sub_epi8(_mm256_add_epi8(v, _mm256_slli_epi16(hb, 2)), four);
+                }
+                _mm256_storeu_si256((__m256i *)(u->q + 128 * h + 32 * j), v);
+            }
+        }
+    }
+    for (int s = 0; s < 16; s++) {
+        int sc, m;
+        fmoe__kx_scale(type, b, s, &sc, &m);
+        u->sc[s] = (int16_t)sc;
+        u->m[s] = (int16_t)m;
+    }
+    fmoe__kx_d(type, b, &u->d, &u->dmin);
+}
+
 /* The same integer as isum_ref: |q| in maddubs's unsigned operand, q's sign moved onto
  * the activation. No int16 saturates: |q| <= 127 (IQ4_XS's -127), |a| <= 127, so a
  * pair is at most 2·127·127. Each 128-bit half of a product is one sub-block of 16,
@@ -101,7 +141,7 @@ SIMD float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *
     __m256 acc = _mm256_setzero_ps();
     kx_block u;
     for (int64_t i = 0; i < n; i += FMOE_QK_K, b += bytes) {
-        unpack(type, b, &u);
+        unpack_avx2(type, b, &u);
         const float *xb = x + i;
         for (int s = 0; s < 16; s++, xb += 16) {
             const __m256 v = fma16(u.q + 16 * s, xb, _mm256_setzero_ps());
@@ -129,7 +169,12 @@ float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int
     kx_block u;
     float s = 0;
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += bytes, a += FMOE_Q8_K_BYTES) {
-        unpack(type, w, &u);
+#if HAVE_AVX2_KX
+        if (avx2)
+            unpack_avx2(type, w, &u);
+        else
+#endif
+            unpack(type, w, &u);
         float da;
         memcpy(&da, a, 4);
         const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
