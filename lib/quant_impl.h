@@ -38,6 +38,17 @@ static inline int fmoe__is_q32(uint32_t t) {
  * activations, its per-block integer sums in AVX2 (avx2 != 0, same CPU condition) or
  * plain C, the same bits either way. */
 float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *x, int64_t n);
+
+/* A Q2_K, Q3_K or IQ4_XS block unpacked: 256 signed codes, the sixteen sub-blocks'
+ * integer scales and mins (fmoe__kx_scale), d and dmin; x[16s + i] = d·sc[s]·q - dmin·m[s]
+ * up to rounding. fmoe__kx_unpack_avx2 fills one with AVX2 (only called when the CPU has
+ * it), the same bytes as fmoe__kx_sub's. */
+typedef struct fmoe__kx_block {
+    int8_t q[FMOE_QK_K];
+    int16_t sc[16], m[16];
+    float d, dmin;
+} fmoe__kx_block;
+void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
 float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n, int avx2);
 
 /* ggml's make_qkx2_quants (lib/quant_ref.c): an affine n-value grid of nmax+1 levels by

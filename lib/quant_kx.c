@@ -16,7 +16,8 @@
  * dequantise-then-dot: results agree to rounding (tests/lib/test_quant.c's bound). The
  * 8-bit dot forms, per block, the exact integers Σ_s sc_s·Σ q·a and Σ_s m_s·bsum_s and adds
  * da·d·first - da·dmin·second in block order at both levels, so the AVX2 path gives the
- * reference's bits. At the AVX-512 level these rows take the AVX2 kernels.
+ * reference's bits. At the AVX-512 level the f32 dot is lib/quant_avx512.c's (one
+ * sub-block of 16 a register, on this file's unpack), the 8-bit one this file's AVX2.
  */
 #include <stdint.h>
 #include <string.h>
@@ -27,12 +28,7 @@
 #include "quant_act_impl.h"
 #include "quant_impl.h"
 
-/* A block unpacked: codes, integer scales and mins, d and dmin. */
-typedef struct {
-    int8_t q[FMOE_QK_K];
-    int16_t sc[16], m[16];
-    float d, dmin;
-} kx_block;
+typedef fmoe__kx_block kx_block;
 
 static void unpack(uint32_t type, const uint8_t *b, kx_block *u) {
     for (int s = 0; s < 16; s++) {
@@ -68,12 +64,12 @@ static int32_t isum_ref(const kx_block *u, const int8_t *qa) {
 
 #define SIMD __attribute__((target("avx2,fma,f16c")))
 
-/* unpack's codes with AVX2 (the scales, 16 small integers, stay scalar): Q2_K and Q3_K
+/* unpack's block with AVX2 (the scales, 16 small integers, stay scalar): Q2_K and Q3_K
  * shift each 32-byte plane of 2-bit values right by 2j and mask (value 128h + 32j + l is
  * bits 2j of byte 32h + l), Q3_K adding 4·(its hmask bit) - 4; IQ4_XS looks its nibbles
  * up in the grid with a byte shuffle. The same bytes as fmoe__kx_sub's: test_quant_act's
  * exact integer sums and the dots at every level check them. */
-SIMD static void unpack_avx2(uint32_t type, const uint8_t *b, kx_block *u) {
+SIMD void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, kx_block *u) {
     if (type == FMOE_GGML_IQ4_XS) {
         static const int8_t grid[16] = FMOE__IQ4NL_LEVELS;
         const __m128i g = _mm_loadu_si128((const __m128i *)grid), m4 = _mm_set1_epi8(0xF);
@@ -141,7 +137,7 @@ SIMD float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *
     __m256 acc = _mm256_setzero_ps();
     kx_block u;
     for (int64_t i = 0; i < n; i += FMOE_QK_K, b += bytes) {
-        unpack_avx2(type, b, &u);
+        fmoe__kx_unpack_avx2(type, b, &u);
         const float *xb = x + i;
         for (int s = 0; s < 16; s++, xb += 16) {
             const __m256 v = fma16(u.q + 16 * s, xb, _mm256_setzero_ps());
@@ -161,6 +157,8 @@ SIMD float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *
 float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *x, int64_t n) {
     return fmoe_quant_dot_ref(type, row, x, n);
 }
+
+void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, kx_block *u) { unpack(type, b, u); }
 #endif
 
 float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n, int avx2) {
@@ -171,7 +169,7 @@ float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += bytes, a += FMOE_Q8_K_BYTES) {
 #if HAVE_AVX2_KX
         if (avx2)
-            unpack_avx2(type, w, &u);
+            fmoe__kx_unpack_avx2(type, w, &u);
         else
 #endif
             unpack(type, w, &u);
