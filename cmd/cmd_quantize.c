@@ -133,7 +133,8 @@ int cmd_quantize(int argc, char **argv) {
                                     .output = o.output,
                                     .type = mix ? 0 : (uint32_t)o.type,
                                     .mix = mix,
-                                    .experts_type = o.experts_type < 0 ? 0 : (uint32_t)o.experts_type,
+                                    .experts_type =
+                                        o.experts_type < 0 ? 0 : (uint32_t)o.experts_type,
                                     .experts_only = o.experts_only,
                                     .progress = cmd_progress_bar_callback(&bar)};
     fmoe_quantize_report r;
@@ -146,7 +147,8 @@ int cmd_quantize(int argc, char **argv) {
            p.experts_type ? ", experts " : "",
            p.experts_type ? fmoe_ggml_type_name(p.experts_type) : "");
     for (uint32_t t = 0; t < FMOE_GGML_TYPE_END; t++)
-        if (r.by_type[t]) printf("  %-10s %lld tensors\n", fmoe_ggml_type_name(t), (long long)r.by_type[t]);
+        if (r.by_type[t])
+            printf("  %-10s %lld tensors\n", fmoe_ggml_type_name(t), (long long)r.by_type[t]);
     if (r.fallback)
         printf("  fallback   %lld tensors whose rows are not whole blocks of their type (in a "
                "32-value type or the checkpoint's dtype)\n",

@@ -234,8 +234,9 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
         const int avx2 = fmoe__quant_level() >= FMOE__QUANT_AVX2;
         for (int64_t r = 0; r < rows; r++)
             for (int32_t k = 0; k < nx; k++)
-                y[k * ldy + r] = fmoe__quant_act_dot_kx(t, (const uint8_t *)W + r * row_bytes,
-                                                        (const uint8_t *)qx + k * qx_stride, n, avx2);
+                y[k * ldy + r] =
+                    fmoe__quant_act_dot_kx(t, (const uint8_t *)W + r * row_bytes,
+                                           (const uint8_t *)qx + k * qx_stride, n, avx2);
         return;
     }
     switch (fmoe__quant_level()) {

@@ -136,7 +136,8 @@ SIMD static float dot_kx(uint32_t type, const uint8_t *b, const float *x, int64_
             acc = _mm512_fmadd_ps(_mm512_set1_ps(u.d * (float)u.sc[s]),
                                   fma16(q, xb, _mm512_setzero_ps()), acc);
             if (u.m[s])
-                acc = _mm512_fnmadd_ps(_mm512_set1_ps(u.dmin * (float)u.m[s]), _mm512_loadu_ps(xb), acc);
+                acc = _mm512_fnmadd_ps(_mm512_set1_ps(u.dmin * (float)u.m[s]),
+                                       _mm512_loadu_ps(xb), acc);
         }
     }
     return _mm512_reduce_add_ps(acc);

@@ -75,13 +75,15 @@ SIMD void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, kx_block *u) {
         const __m128i g = _mm_loadu_si128((const __m128i *)grid), m4 = _mm_set1_epi8(0xF);
         for (int ib = 0; ib < 8; ib++) {
             const __m128i x = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * ib));
-            _mm_storeu_si128((__m128i *)(u->q + 32 * ib), _mm_shuffle_epi8(g, _mm_and_si128(x, m4)));
+            _mm_storeu_si128((__m128i *)(u->q + 32 * ib),
+                             _mm_shuffle_epi8(g, _mm_and_si128(x, m4)));
             _mm_storeu_si128((__m128i *)(u->q + 32 * ib + 16),
                              _mm_shuffle_epi8(g, _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
         }
     } else {
         const int q3 = type == FMOE_GGML_Q3_K;
-        const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+        const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+        const __m256i four = _mm256_set1_epi8(4);
         const __m256i hm = q3 ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             const __m256i qs = _mm256_loadu_si256((const __m256i *)(b + (q3 ? 32 : 16) + 32 * h));
@@ -113,8 +115,10 @@ SIMD static int32_t isum_avx2(const kx_block *u, const int8_t *qa) {
     for (int p = 0; p < 8; p++) {
         const __m256i qw = _mm256_loadu_si256((const __m256i *)(u->q + 32 * p));
         const __m256i qx = _mm256_loadu_si256((const __m256i *)(qa + 32 * p));
-        const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
-        const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * p + 1]), _mm_set1_epi16(u->sc[2 * p]));
+        const __m256i prod =
+            _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+        const __m256i sc =
+            _mm256_set_m128i(_mm_set1_epi16(u->sc[2 * p + 1]), _mm_set1_epi16(u->sc[2 * p]));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, sc));
     }
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
@@ -144,7 +148,8 @@ SIMD float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *
             acc = _mm256_fmadd_ps(_mm256_set1_ps(u.d * (float)u.sc[s]), v, acc);
             if (u.m[s])
                 acc = _mm256_fnmadd_ps(_mm256_set1_ps(u.dmin * (float)u.m[s]),
-                                       _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)), acc);
+                                       _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
+                                       acc);
         }
     }
     return fmoe__hsum256(acc);

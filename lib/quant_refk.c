@@ -52,7 +52,8 @@ static void quantize_q2_k(const float *x, uint8_t *b) {
     memset(b, 0, FMOE_Q2_K_BYTES);
     if (max_scale > 0) {
         const float iscale = 15.f / max_scale;
-        for (int j = 0; j < 16; j++) b[j] = (uint8_t)clampi(fmoe__nearest_int(iscale * scales[j]), 0, 15);
+        for (int j = 0; j < 16; j++)
+            b[j] = (uint8_t)clampi(fmoe__nearest_int(iscale * scales[j]), 0, 15);
         put_f16(b + 80, max_scale / 15.f);
     }
     if (max_min > 0) {

@@ -140,8 +140,8 @@ int fmoe_geometry_generic(int32_t layers, int32_t experts, int32_t top_k, int32_
  * scales not counted. mxfp4: per row of each projection, blocks of 32 values along the
  * input dimension at 17 bytes each (16 bytes of 4-bit values + one 8-bit scale, i.e. 4.25
  * bits/value when the width is a multiple of 32); biases bf16. q8_0, q4_k, q5_k, q6_k,
- * q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, iq4_xs: ggml's blocks (32 or 256 values) along each row's input dimension, as a GGUF file holds
- * them. Router and shared experts are not part of a routed expert.
+ * q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, iq4_xs: ggml's blocks (32 or 256 values)
+ * along each row's input dimension, as a GGUF file holds them. Router and shared experts are not part of a routed expert.
  * @return bytes (>= 0), or FMOE_EINVAL for a NULL geometry or an unknown dtype.
  */
 int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtype);
@@ -160,8 +160,8 @@ const char *fmoe_geometry_supported_types(void);
 const char *fmoe_dtype_name(fmoe_dtype d);
 int fmoe_dtype_parse(const char *name, fmoe_dtype *out);
 /* The dtype of a GGUF tensor's ggml type number (fmoe/quant.h's fmoe_ggml_type: f32, f16,
- * bf16, q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, iq4_xs). @return 0, or FMOE_EUNSUPPORTED for another type (*out
- * untouched). */
+ * bf16, q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, iq4_xs).
+ * @return 0, or FMOE_EUNSUPPORTED for another type (*out untouched). */
 int fmoe_dtype_of_ggml_type(uint32_t ggml_type, fmoe_dtype *out);
 /* The ggml block type of a block dtype (q8_0, the K-quants, q4_0 .. iq4_nl); 0 for the
  * others. */

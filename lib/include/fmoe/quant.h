@@ -1,8 +1,8 @@
 /*
  * fmoe/quant.h - ggml's tensor types: their block geometry, and for the fifteen fmoe
  * computes with (F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the
- * 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) rows dequantised to f32, dot products of a row with an f32 vector, and
- * (for every block type of them) rows quantised from f32.
+ * 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) rows dequantised to f32, dot products of a
+ * row with an f32 vector, and (for every block type of them) rows quantised from f32.
  *
  *     if (!fmoe_quant_supported(t->type)) refuse(fmoe_ggml_type_name(t->type));
  *     float y = fmoe_quant_dot(t->type, row, x, n);         // one output of W·x
@@ -101,9 +101,10 @@ int fmoe_quant_can_quantize(uint32_t type);
 
 /* The type a row of `cols` values requested as `type` is written in, by llama-quantize's
  * rule: `type` itself where cols is whole blocks of it; else for a K-quant the 32-value
- * type llama.cpp falls back to (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0) where cols is
- * whole blocks of 32 (Q2_K -> Q4_0, Q3_K -> Q4_0 as well, IQ4_XS -> IQ4_NL); else 0: no block type fits, the row stays a float type (llama.cpp
- * writes F16 there; `fmoe quantize` keeps the checkpoint's own f16/bf16). */
+ * type llama.cpp falls back to (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; Q2_K, Q3_K and
+ * IQ4_XS -> IQ4_NL) where cols is whole blocks of 32; else 0: no block type fits, the row
+ * stays a float type (llama.cpp writes F16 there; `fmoe quantize` keeps the checkpoint's
+ * own f16/bf16). */
 uint32_t fmoe_quant_fallback_type(uint32_t type, int64_t cols);
 
 /* Bytes of a row of n values (n a multiple of the block size), or -1 when n is not. */
