@@ -34,9 +34,9 @@ static inline int fmoe__is_q32(uint32_t t) {
 }
 
 /* Q2_K, Q3_K and IQ4_XS rows (lib/quant_kx.c): the AVX2 f32 dot (only called when the CPU
- * has AVX2, FMA and F16C; the AVX-512 level uses it too), and the dot against Q8_K
- * activations, its per-block integer sums in AVX2 (avx2 != 0, same CPU condition) or
- * plain C, the same bits either way. */
+ * has AVX2, FMA and F16C), and the dot against Q8_K activations, its per-block integer
+ * sums at kernel level `level` (a FMOE__QUANT_* the CPU has), the same bits at every
+ * level. */
 float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *x, int64_t n);
 
 /* A Q2_K, Q3_K or IQ4_XS block unpacked: 256 signed codes, the sixteen sub-blocks'
@@ -49,7 +49,12 @@ typedef struct fmoe__kx_block {
     float d, dmin;
 } fmoe__kx_block;
 void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
-float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n, int avx2);
+
+/* Σ_s sc_s·Σ_i q·qa over an unpacked block and a Q8_K block's 256 codes, AVX-512
+ * (lib/quant_act_avx512.c; only called at FMOE__QUANT_AVX512): the reference's integer. */
+int32_t fmoe__kx_isum_avx512(const fmoe__kx_block *u, const int8_t *qa);
+float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n,
+                             int level);
 
 /* ggml's make_qkx2_quants (lib/quant_ref.c): an affine n-value grid of nmax+1 levels by
  * weighted least squares over nstep+1 trial scales; use_mad weighs absolute instead of

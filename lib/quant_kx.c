@@ -17,7 +17,8 @@
  * 8-bit dot forms, per block, the exact integers Σ_s sc_s·Σ q·a and Σ_s m_s·bsum_s and adds
  * da·d·first - da·dmin·second in block order at both levels, so the AVX2 path gives the
  * reference's bits. At the AVX-512 level the f32 dot is lib/quant_avx512.c's (one
- * sub-block of 16 a register, on this file's unpack), the 8-bit one this file's AVX2.
+ * sub-block of 16 a register, on this file's unpack) and the 8-bit integer sums
+ * lib/quant_act_avx512.c's (four sub-blocks a register), the same integers.
  */
 #include <stdint.h>
 #include <string.h>
@@ -166,14 +167,15 @@ float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *x, in
 void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, kx_block *u) { unpack(type, b, u); }
 #endif
 
-float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n, int avx2) {
+float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n,
+                             int level) {
     const int64_t bytes = fmoe_ggml_type_size(type);
     const uint8_t *w = row, *a = qx;
     kx_block u;
     float s = 0;
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += bytes, a += FMOE_Q8_K_BYTES) {
 #if HAVE_AVX2_KX
-        if (avx2)
+        if (level >= FMOE__QUANT_AVX2)
             fmoe__kx_unpack_avx2(type, w, &u);
         else
 #endif
@@ -182,9 +184,11 @@ float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int
         memcpy(&da, a, 4);
         const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
 #if HAVE_AVX2_KX
-        const int32_t sum = avx2 ? isum_avx2(&u, qa) : isum_ref(&u, qa);
+        const int32_t sum = level >= FMOE__QUANT_AVX512 ? fmoe__kx_isum_avx512(&u, qa)
+                            : level >= FMOE__QUANT_AVX2 ? isum_avx2(&u, qa)
+                                                        : isum_ref(&u, qa);
 #else
-        (void)avx2;
+        (void)level;
         const int32_t sum = isum_ref(&u, qa);
 #endif
         const int32_t msum = type == FMOE_GGML_Q2_K ? min_sum(&u, a) : 0;
