@@ -20,23 +20,47 @@ static const char *const CMD = "quantize";
 
 typedef struct options {
     int32_t type;
+    int32_t experts_type;
     const char *output;
     int experts_only;
     int quiet;
 } options;
 
-static const char *const type_names[] = {"q8_0", "q4_k", "q5_k", "q6_k", "q4_0",
-                                         "q4_1", "q5_0", "q5_1", "iq4_nl", NULL};
-static const int32_t type_values[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
-                                      FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
-                                      FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
+/* --type: a block type (every quantised tensor in it) or a mix llama-quantize names
+ * (MIX + fmoe_quant_mix: per-tensor types). q2_k is a mix, as llama-quantize's Q2_K is. */
+#define MIX 1000
+static const char *const type_names[] = {
+    "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
+    "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", NULL};
+static const int32_t type_values[] = {
+    FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K, FMOE_GGML_Q3_K,
+    FMOE_GGML_IQ4_XS, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
+    FMOE_GGML_IQ4_NL, MIX + FMOE_MIX_Q2_K, MIX + FMOE_MIX_Q3_K_S, MIX + FMOE_MIX_Q3_K_M,
+    MIX + FMOE_MIX_Q3_K_L, MIX + FMOE_MIX_Q4_K_S, MIX + FMOE_MIX_Q4_K_M, MIX + FMOE_MIX_Q5_K_S,
+    MIX + FMOE_MIX_Q5_K_M};
+
+/* --experts-type: block types only (here q2_k is the Q2_K type itself). */
+static const char *const expert_type_names[] = {"q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+                                                "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1",
+                                                "iq4_nl", NULL};
+static const int32_t expert_type_values[] = {
+    FMOE_GGML_Q8_0, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
+    FMOE_GGML_Q6_K, FMOE_GGML_IQ4_XS, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
+    FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
 
 static const cmd_option quantize_options[] = {
     {.name = "type", .kind = CMD_OPT_ENUM, .value_name = "T",
-     .help = "the block format of the quantized weights: q8_0, q4_k, q5_k, q6_k, q4_0, "
-             "q4_1, q5_0, q5_1 or iq4_nl",
+     .help = "a mix by llama-quantize's name (q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, "
+             "q4_k_m, q5_k_s, q5_k_m: more bits where llama.cpp puts them), or one block "
+             "format for every quantized tensor (q8_0, q3_k, q4_k, q5_k, q6_k, iq4_xs, "
+             "q4_0, q4_1, q5_0, q5_1, iq4_nl)",
      .offset = offsetof(options, type), .choices = type_names, .choice_values = type_values,
-     .example = "q4_k"},
+     .example = "q4_k_m"},
+    {.name = "experts-type", .kind = CMD_OPT_ENUM, .value_name = "T",
+     .help = "the block format of the routed experts (q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
+             "iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl); every other tensor as --type says",
+     .offset = offsetof(options, experts_type), .choices = expert_type_names,
+     .choice_values = expert_type_values, .example = "q3_k"},
     {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
      .value_name = "FILE",
      .help = "the GGUF file to write", .offset = offsetof(options, output)},
@@ -53,22 +77,31 @@ static void init(void *base) {
     options *o = base;
     memset(o, 0, sizeof *o);
     o->type = -1;
+    o->experts_type = -1;
 }
 
 const cmd_spec cmd_quantize_spec = {
     .name = "quantize",
-    .usage = "quantize --type q8_0|q4_k|q5_k|q6_k|q4_0|q4_1|q5_0|q5_1|iq4_nl MODEL_DIR "
-             "-o MODEL.gguf [--experts-only]",
+    .usage = "quantize --type MIX|TYPE MODEL_DIR -o MODEL.gguf [--experts-type TYPE] "
+             "[--experts-only]",
     .description =
         "Write a HuggingFace MoE checkpoint (config.json + safetensors of Mixtral,\n"
         "Qwen2-MoE, Qwen3-MoE, OLMoE or DeepSeek-MoE V1) as a GGUF file, named and laid\n"
         "out as llama.cpp's converter does, with its 2-D weights in a ggml block format\n"
         "(norms and routers stay F32).\n",
     .options = quantize_options,
-    .epilog = "A tensor whose rows are not whole blocks of the type (256 values for the\n"
-              "K-quants) falls back as llama-quantize's does: q4_k to Q5_0, q5_k to Q5_1,\n"
-              "q6_k to Q8_0 when its rows are whole blocks of 32, else the checkpoint's\n"
-              "dtype; the report counts them. generate, record and serve\n"
+    .epilog = "A mix chooses each tensor's type as llama-quantize does for that name: for\n"
+              "q4_k_m, Q6_K for the output head and for ffn_down and attn_v of the first\n"
+              "and last eighth of the layers and every third between, Q4_K elsewhere;\n"
+              "attn_v and attn_k in Q8_0 in models of 8 experts (docs/quantization.md has\n"
+              "the table). --experts-type sets the routed experts apart: they are what an\n"
+              "offloaded model moves, so their type sets its speed; e.g. --type q4_k_m\n"
+              "--experts-type q3_k.\n"
+              "A tensor whose rows are not whole blocks of its type (256 values for the\n"
+              "K-quants and iq4_xs) falls back as llama-quantize's does: Q4_K to Q5_0,\n"
+              "Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/IQ4_XS to IQ4_NL when its rows are\n"
+              "whole blocks of 32, else the checkpoint's dtype; the report counts them.\n"
+              "generate, record and serve\n"
               "run the file with --model FILE.gguf on the CPU backend; the folder's\n"
               "tokenizer and generation files are embedded (docs/quantization.md).\n",
     .size = sizeof(options),
@@ -83,10 +116,11 @@ int cmd_quantize(int argc, char **argv) {
     int rc = cmd_options_parse(&cmd_quantize_spec, &o, argc, argv, &npos);
     if (rc) return rc == CMD_OPTIONS_HELP ? CMD_EXIT_OK : rc;
     if (npos != 1) return cmd_usage_error(CMD, "one MODEL_DIR is required");
-    if (o.type < 0) return cmd_usage_error(CMD, "--type is required (q8_0, q4_k, q5_k, q6_k, q4_0, "
-                                               "q4_1, q5_0, q5_1 or iq4_nl)");
+    if (o.type < 0) return cmd_usage_error(CMD, "--type is required (a mix such as q4_k_m, or a "
+                                               "block type such as q4_k)");
     if (!o.output) return cmd_usage_error(CMD, "-o MODEL.gguf is required");
     const char *model = argv[1];
+    const fmoe_quant_mix mix = o.type >= MIX ? (fmoe_quant_mix)(o.type - MIX) : FMOE_MIX_NONE;
 
     char partial[4200];
     snprintf(partial, sizeof partial, "%s.partial", o.output);
@@ -97,7 +131,10 @@ int cmd_quantize(int argc, char **argv) {
     const double t0 = cmd_now();
     const fmoe_quantize_params p = {.model_dir = model,
                                     .output = o.output,
-                                    .type = (uint32_t)o.type,
+                                    .type = mix ? 0 : (uint32_t)o.type,
+                                    .mix = mix,
+                                    .experts_type =
+                                        o.experts_type < 0 ? 0 : (uint32_t)o.experts_type,
                                     .experts_only = o.experts_only,
                                     .progress = cmd_progress_bar_callback(&bar)};
     fmoe_quantize_report r;
@@ -105,18 +142,17 @@ int cmd_quantize(int argc, char **argv) {
     cmd_progress_bar_done(&bar);
     if (rc < 0) return cmd_fail(CMD, rc);
     char in[32], out[32];
-    printf("%s: %s, %lld tensors in %.1f s\n", o.output, r.arch, (long long)r.tensors,
-           cmd_now() - t0);
-    printf("  %-10s %lld tensors %s\n", fmoe_ggml_type_name((uint32_t)o.type),
-           (long long)r.quantized, o.experts_only ? "(routed experts only)" : "(2-D weights)");
-    if (r.fallback) {
-        /* the type llama-quantize falls back to for rows of 32k values, if any */
-        const uint32_t f = fmoe_quant_fallback_type((uint32_t)o.type, FMOE_QK8_0);
-        printf("  fallback   %lld tensors whose rows are not whole %s blocks: %s%s\n",
-               (long long)r.fallback, fmoe_ggml_type_name((uint32_t)o.type),
-               f ? fmoe_ggml_type_name(f) : "kept in the checkpoint's dtype",
-               f ? ", or the checkpoint's dtype" : "");
-    }
+    printf("%s: %s, %lld tensors in %.1f s (%s%s%s)\n", o.output, r.arch, (long long)r.tensors,
+           cmd_now() - t0, mix ? fmoe_quant_mix_name(mix) : fmoe_ggml_type_name((uint32_t)o.type),
+           p.experts_type ? ", experts " : "",
+           p.experts_type ? fmoe_ggml_type_name(p.experts_type) : "");
+    for (uint32_t t = 0; t < FMOE_GGML_TYPE_END; t++)
+        if (r.by_type[t])
+            printf("  %-10s %lld tensors\n", fmoe_ggml_type_name(t), (long long)r.by_type[t]);
+    if (r.fallback)
+        printf("  fallback   %lld tensors whose rows are not whole blocks of their type (in a "
+               "32-value type or the checkpoint's dtype)\n",
+               (long long)r.fallback);
     printf("  size       %s of weights -> %s file\n", cmd_format_bytes((double)r.bytes_in, in, sizeof in),
            cmd_format_bytes((double)r.bytes_out, out, sizeof out));
     return CMD_EXIT_OK;

@@ -195,6 +195,9 @@ const char *fmoe_dtype_name(fmoe_dtype d) {
     case FMOE_DTYPE_Q5_0: return "q5_0";
     case FMOE_DTYPE_Q5_1: return "q5_1";
     case FMOE_DTYPE_IQ4_NL: return "iq4_nl";
+    case FMOE_DTYPE_Q2_K: return "q2_k";
+    case FMOE_DTYPE_Q3_K: return "q3_k";
+    case FMOE_DTYPE_IQ4_XS: return "iq4_xs";
     }
     return "unknown";
 }
@@ -216,7 +219,8 @@ int fmoe_dtype_parse(const char *name, fmoe_dtype *out) {
         {"q5_k", FMOE_DTYPE_Q5_K},       {"q6_k", FMOE_DTYPE_Q6_K},
         {"q4_0", FMOE_DTYPE_Q4_0},       {"q4_1", FMOE_DTYPE_Q4_1},
         {"q5_0", FMOE_DTYPE_Q5_0},       {"q5_1", FMOE_DTYPE_Q5_1},
-        {"iq4_nl", FMOE_DTYPE_IQ4_NL},
+        {"iq4_nl", FMOE_DTYPE_IQ4_NL},   {"q2_k", FMOE_DTYPE_Q2_K},
+        {"q3_k", FMOE_DTYPE_Q3_K},       {"iq4_xs", FMOE_DTYPE_IQ4_XS},
     };
     if (!name || !out) return fmoe_error_set(FMOE_EINVAL, "dtype name is NULL");
     const char *n = name;
@@ -229,7 +233,8 @@ int fmoe_dtype_parse(const char *name, fmoe_dtype *out) {
     }
     return fmoe_error_set(FMOE_EINVAL,
                           "unknown dtype \"%.64s\" (expected f32, f16, bf16, f8_e4m3, mxfp4, "
-                          "q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl)",
+                          "q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, "
+                          "iq4_xs)",
                           name);
 }
 
@@ -247,6 +252,9 @@ int fmoe_dtype_of_ggml_type(uint32_t ggml_type, fmoe_dtype *out) {
     case FMOE_GGML_Q5_0: *out = FMOE_DTYPE_Q5_0; return 0;
     case FMOE_GGML_Q5_1: *out = FMOE_DTYPE_Q5_1; return 0;
     case FMOE_GGML_IQ4_NL: *out = FMOE_DTYPE_IQ4_NL; return 0;
+    case FMOE_GGML_Q2_K: *out = FMOE_DTYPE_Q2_K; return 0;
+    case FMOE_GGML_Q3_K: *out = FMOE_DTYPE_Q3_K; return 0;
+    case FMOE_GGML_IQ4_XS: *out = FMOE_DTYPE_IQ4_XS; return 0;
     default: return FMOE_EUNSUPPORTED;
     }
 }
@@ -262,6 +270,9 @@ uint32_t fmoe_dtype_ggml_type(fmoe_dtype d) {
     case FMOE_DTYPE_Q5_0: return FMOE_GGML_Q5_0;
     case FMOE_DTYPE_Q5_1: return FMOE_GGML_Q5_1;
     case FMOE_DTYPE_IQ4_NL: return FMOE_GGML_IQ4_NL;
+    case FMOE_DTYPE_Q2_K: return FMOE_GGML_Q2_K;
+    case FMOE_DTYPE_Q3_K: return FMOE_GGML_Q3_K;
+    case FMOE_DTYPE_IQ4_XS: return FMOE_GGML_IQ4_XS;
     default: return 0; /* F32 is ggml type 0 too: callers ask only for block dtypes */
     }
 }
@@ -282,6 +293,9 @@ double fmoe_dtype_bits(fmoe_dtype d) {
     case FMOE_DTYPE_Q5_0: return 5.5;
     case FMOE_DTYPE_Q5_1: return 6.0;
     case FMOE_DTYPE_IQ4_NL: return 4.5;
+    case FMOE_DTYPE_Q2_K: return 2.625;
+    case FMOE_DTYPE_Q3_K: return 3.4375;
+    case FMOE_DTYPE_IQ4_XS: return 4.25;
     }
     return 0.0;
 }
@@ -347,7 +361,10 @@ int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtyp
     case FMOE_DTYPE_Q4_1:
     case FMOE_DTYPE_Q5_0:
     case FMOE_DTYPE_Q5_1:
-    case FMOE_DTYPE_IQ4_NL: {
+    case FMOE_DTYPE_IQ4_NL:
+    case FMOE_DTYPE_Q2_K:
+    case FMOE_DTYPE_Q3_K:
+    case FMOE_DTYPE_IQ4_XS: {
         /* ggml's blocks along each row's input dimension (fmoe/quant.h) */
         const uint32_t q = fmoe_dtype_ggml_type(dtype);
         const int64_t bs = fmoe_ggml_block_size(q), ts = fmoe_ggml_type_size(q);

@@ -1,5 +1,5 @@
 /*
- * quant.c - ggml's type table, dequantisation of the twelve types fmoe computes with, the
+ * quant.c - ggml's type table, dequantisation of the fifteen types fmoe computes with, the
  * plain-C dot products, and the run-time choice of the kernel level, plain, AVX2 or
  * AVX-512 (fmoe/quant.h, quant_impl.h).
  *
@@ -43,8 +43,8 @@ static const struct {
     [FMOE_GGML_Q5_1] = {"Q5_1", 32, FMOE_Q5_1_BYTES},
     [FMOE_GGML_Q8_0] = {"Q8_0", 32, FMOE_Q8_0_BYTES},
     [FMOE_GGML_Q8_1] = {"Q8_1", 32, 40},
-    [FMOE_GGML_Q2_K] = {"Q2_K", 256, 84},
-    [FMOE_GGML_Q3_K] = {"Q3_K", 256, 110},
+    [FMOE_GGML_Q2_K] = {"Q2_K", 256, FMOE_Q2_K_BYTES},
+    [FMOE_GGML_Q3_K] = {"Q3_K", 256, FMOE_Q3_K_BYTES},
     [FMOE_GGML_Q4_K] = {"Q4_K", 256, FMOE_Q4_K_BYTES},
     [FMOE_GGML_Q5_K] = {"Q5_K", 256, FMOE_Q5_K_BYTES},
     [FMOE_GGML_Q6_K] = {"Q6_K", 256, FMOE_Q6_K_BYTES},
@@ -56,7 +56,7 @@ static const struct {
     [FMOE_GGML_IQ4_NL] = {"IQ4_NL", 32, FMOE_IQ4_NL_BYTES},
     [FMOE_GGML_IQ3_S] = {"IQ3_S", 256, 110},
     [FMOE_GGML_IQ2_S] = {"IQ2_S", 256, 82},
-    [FMOE_GGML_IQ4_XS] = {"IQ4_XS", 256, 136},
+    [FMOE_GGML_IQ4_XS] = {"IQ4_XS", 256, FMOE_IQ4_XS_BYTES},
     [FMOE_GGML_I8] = {"I8", 1, 1},
     [FMOE_GGML_I16] = {"I16", 1, 2},
     [FMOE_GGML_I32] = {"I32", 1, 4},
@@ -95,13 +95,15 @@ int fmoe_quant_supported(uint32_t t) {
 int fmoe_quant_can_quantize(uint32_t t) {
     return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q6_K ||
            t == FMOE_GGML_Q4_0 || t == FMOE_GGML_Q4_1 || t == FMOE_GGML_Q5_0 || t == FMOE_GGML_Q5_1 ||
-           t == FMOE_GGML_IQ4_NL;
+           t == FMOE_GGML_IQ4_NL || t == FMOE_GGML_Q2_K || t == FMOE_GGML_Q3_K ||
+           t == FMOE_GGML_IQ4_XS;
 }
 
 /* llama.cpp's rule (src/llama-quant.cpp, llama_tensor_get_type's fallback for a row that
  * is not whole blocks of the requested type), restricted to the types fmoe writes: each
  * K-quant falls back to the 32-value type of about its bits, one step up so as not to lose
- * precision (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). */
+ * precision (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); the low-bit ones (Q2_K, Q3_K, and
+ * IQ4_XS) all go to IQ4_NL, 4.5 bits, the cheapest 32-value type llama.cpp trusts there. */
 uint32_t fmoe_quant_fallback_type(uint32_t t, int64_t cols) {
     const int32_t bs = fmoe_ggml_block_size(t);
     if (bs > 0 && cols % bs == 0) return t;
@@ -110,6 +112,9 @@ uint32_t fmoe_quant_fallback_type(uint32_t t, int64_t cols) {
     case FMOE_GGML_Q4_K: f = FMOE_GGML_Q5_0; break;
     case FMOE_GGML_Q5_K: f = FMOE_GGML_Q5_1; break;
     case FMOE_GGML_Q6_K: f = FMOE_GGML_Q8_0; break;
+    case FMOE_GGML_Q2_K:
+    case FMOE_GGML_Q3_K:
+    case FMOE_GGML_IQ4_XS: f = FMOE_GGML_IQ4_NL; break;
     default: return 0; /* a 32-value type already: nothing smaller to fall back to */
     }
     return cols % FMOE_QK8_0 == 0 ? f : 0;
@@ -170,6 +175,11 @@ void fmoe_quant_dequantize_row(uint32_t t, const void *row, float *y, int64_t n)
     case FMOE_GGML_Q6_K:
         for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES)
             fmoe__qblock_dequant(FMOE_GGML_Q6_K, b, y + i);
+        return;
+    case FMOE_GGML_Q2_K:
+    case FMOE_GGML_Q3_K:
+    case FMOE_GGML_IQ4_XS:
+        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += types[t].size) fmoe__kx_values(t, b, y + i);
         return;
     }
 }

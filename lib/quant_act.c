@@ -23,7 +23,7 @@
 
 int fmoe_quant_act_supported(uint32_t t) {
     return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K ||
-           t == FMOE_GGML_Q6_K || fmoe__is_q32(t);
+           t == FMOE_GGML_Q6_K || fmoe__is_q32(t) || fmoe__is_kx(t);
 }
 
 /* The rows of 32-value blocks (Q8_0, Q4_0 .. IQ4_NL) take Q8_0 activations, the
@@ -219,6 +219,9 @@ float fmoe_quant_act_dot_ref(uint32_t t, const void *row, const void *qx, int64_
     case FMOE_GGML_Q4_K: return dot_q45_k_ref(row, qx, n, 4);
     case FMOE_GGML_Q5_K: return dot_q45_k_ref(row, qx, n, 5);
     case FMOE_GGML_Q6_K: return dot_q6_k_ref(row, qx, n);
+    case FMOE_GGML_Q2_K:
+    case FMOE_GGML_Q3_K:
+    case FMOE_GGML_IQ4_XS: return fmoe__quant_act_dot_kx(t, row, qx, n, FMOE__QUANT_PLAIN);
     default: return dot_q32_ref(t, row, qx, n);
     }
 }
@@ -227,6 +230,15 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
                            const void *qx, int64_t qx_stride, int32_t nx, int64_t n, float *y,
                            int64_t ldy) {
     FMOE_ASSERT(fmoe_quant_act_supported(t) && n % (act_q8_0(t) ? FMOE_QK8_0 : FMOE_QK_K) == 0);
+    if (fmoe__is_kx(t)) { /* Q2_K, Q3_K, IQ4_XS: lib/quant_kx.c, every level the same bits */
+        const int level = fmoe__quant_level();
+        for (int64_t r = 0; r < rows; r++)
+            for (int32_t k = 0; k < nx; k++)
+                y[k * ldy + r] =
+                    fmoe__quant_act_dot_kx(t, (const uint8_t *)W + r * row_bytes,
+                                           (const uint8_t *)qx + k * qx_stride, n, level);
+        return;
+    }
     switch (fmoe__quant_level()) {
     case FMOE__QUANT_AVX512:
         fmoe__quant_act_rows_avx512(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);

@@ -337,7 +337,38 @@ SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t str
 #define QUANT_ACT_ROWS fmoe__quant_act_rows_avx512
 #include "quant_act_rows.inc"
 
+/* Q2_K, Q3_K, IQ4_XS (lib/quant_kx.c): Σ_s sc_s·Σ q·a over a block unpacked to signed
+ * bytes, four sub-blocks of 16 a register; q's sign moved onto the activation as Q8_0's,
+ * each sub-block's 8 int16 pair sums multiplied by its scale. The same integer as the
+ * reference's (no int16 saturates: |q|, |a| <= 127). */
+SIMD int32_t fmoe__kx_isum_avx512(const fmoe__kx_block *u, const int8_t *qa) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++) {
+        const __m512i qw = _mm512_loadu_si512((const void *)(u->q + 64 * p));
+        const __m512i a = _mm512_loadu_si512((const void *)(qa + 64 * p));
+        const __mmask64 neg = _mm512_movepi8_mask(qw);
+        const __m512i sa = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+        const __m512i prod = _mm512_maddubs_epi16(_mm512_abs_epi8(qw), sa);
+        int16_t sc[32];
+        for (int k = 0; k < 32; k++) sc[k] = u->sc[4 * p + k / 8];
+        const __m512i scv = _mm512_loadu_si512((const void *)sc);
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(prod, scv));
+    }
+    /* summed by halves: GCC 12 refuses to inline _mm512_reduce_add_epi32 here */
+    const __m256i h =
+        _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
 #else
+
+int32_t fmoe__kx_isum_avx512(const fmoe__kx_block *u, const int8_t *qa) {
+    (void)u, (void)qa;
+    return 0; /* never called: no AVX-512 level off x86-64 */
+}
 
 void fmoe__quant_act_rows_avx512(uint32_t t, const void *W, int64_t row_bytes, int64_t rows,
                                  const void *qx, int64_t stride, int32_t nx, int64_t n, float *y,

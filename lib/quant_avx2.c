@@ -164,6 +164,9 @@ float fmoe__quant_dot_avx2(uint32_t type, const void *row, const float *x, int64
     case FMOE_GGML_Q4_K: return dot_q4_k(row, x, n);
     case FMOE_GGML_Q5_K: return dot_q5_k(row, x, n);
     case FMOE_GGML_Q6_K: return dot_q6_k(row, x, n);
+    case FMOE_GGML_Q2_K:
+    case FMOE_GGML_Q3_K:
+    case FMOE_GGML_IQ4_XS: return fmoe__quant_dot_kx_avx2(type, row, x, n); /* lib/quant_kx.c */
     default: return fmoe_quant_dot_ref(type, row, x, n);
     }
 }

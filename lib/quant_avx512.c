@@ -1,6 +1,6 @@
 /*
  * quant_avx512.c - dot products of Q8_0, the 32-value types (Q4_0 .. IQ4_NL) and K-quant
- * block rows with f32 vectors, AVX-512
+ * block rows (Q2_K .. Q6_K, IQ4_XS) with f32 vectors, AVX-512
  * (F, BW, VL, on top of AVX2, FMA and F16C). lib/quant_avx2.c's kernels with 16 f32 lanes
  * instead of 8: the same factoring of the K-quants' affine form (d·sc·Σq·x - dmin·m·Σx per
  * sub-block), each 16 quants widened with one _mm512_cvtepi8_epi32. Compiled for every
@@ -122,8 +122,32 @@ SIMD static float dot_q32(uint32_t type, const uint8_t *b, const float *x, int64
     return _mm512_reduce_add_ps(acc);
 }
 
+/* Q2_K, Q3_K, IQ4_XS: the block unpacked by lib/quant_kx.c (AVX2), then one sub-block of
+ * 16 values a register: d·sc·Σq·x, minus (Q2_K) dmin·m·Σx in the same lanes. */
+SIMD static float dot_kx(uint32_t type, const uint8_t *b, const float *x, int64_t n) {
+    const int64_t bytes = fmoe_ggml_type_size(type);
+    __m512 acc = _mm512_setzero_ps();
+    fmoe__kx_block u;
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, b += bytes) {
+        fmoe__kx_unpack_avx2(type, b, &u);
+        const float *xb = x + i;
+        for (int s = 0; s < 16; s++, xb += 16) {
+            const __m128i q = _mm_loadu_si128((const __m128i *)(u.q + 16 * s));
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(u.d * (float)u.sc[s]),
+                                  fma16(q, xb, _mm512_setzero_ps()), acc);
+            if (u.m[s])
+                acc = _mm512_fnmadd_ps(_mm512_set1_ps(u.dmin * (float)u.m[s]),
+                                       _mm512_loadu_ps(xb), acc);
+        }
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 float fmoe__quant_dot_avx512(uint32_t type, const void *row, const float *x, int64_t n) {
     switch (type) {
+    case FMOE_GGML_Q2_K:
+    case FMOE_GGML_Q3_K:
+    case FMOE_GGML_IQ4_XS: return dot_kx(type, row, x, n);
     case FMOE_GGML_Q4_0:
     case FMOE_GGML_Q4_1:
     case FMOE_GGML_Q5_0:

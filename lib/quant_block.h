@@ -1,6 +1,7 @@
 /*
  * quant_block.h - the value formula of each ggml block format fmoe computes with (Q8_0,
- * Q4_K, Q5_K, Q6_K, and the 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), written once as
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and the 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL),
+ * written once as
  * plain C that lib/quant.c compiles and the CUDA kernels (runtime/cuda/cuda_forward.cu)
  * include: the GPU dequantises with the very arithmetic that
  * tests/python/test_gguf_quants.py checks bit for bit against gguf-py (internal; FMOE_HD
@@ -40,9 +41,12 @@ static inline FMOE_HD int32_t fmoe__qblock_values(uint32_t type) {
     case FMOE_GGML_Q5_1:
     case FMOE_GGML_IQ4_NL:
     case FMOE_GGML_Q8_0: return FMOE_QK8_0;
+    case FMOE_GGML_Q2_K:
+    case FMOE_GGML_Q3_K:
     case FMOE_GGML_Q4_K:
     case FMOE_GGML_Q5_K:
-    case FMOE_GGML_Q6_K: return FMOE_QK_K;
+    case FMOE_GGML_Q6_K:
+    case FMOE_GGML_IQ4_XS: return FMOE_QK_K;
     default: return 0;
     }
 }
@@ -58,13 +62,17 @@ static inline FMOE_HD int32_t fmoe__qblock_bytes(uint32_t type) {
     case FMOE_GGML_Q4_K: return FMOE_Q4_K_BYTES;
     case FMOE_GGML_Q5_K: return FMOE_Q5_K_BYTES;
     case FMOE_GGML_Q6_K: return FMOE_Q6_K_BYTES;
+    case FMOE_GGML_Q2_K: return FMOE_Q2_K_BYTES;
+    case FMOE_GGML_Q3_K: return FMOE_Q3_K_BYTES;
+    case FMOE_GGML_IQ4_XS: return FMOE_IQ4_XS_BYTES;
     default: return 0;
     }
 }
 
 /* 1 for the block types the CUDA backend has kernels for (runtime/cuda/cuda_quant.cu's
  * fmoe__cuda_quant_has, and the host's refusal of a model before it runs:
- * runtime/model/backend_types.c): the 32-value Q4_0 .. IQ4_NL are CPU-only so far. */
+ * runtime/model/backend_types.c): the 32-value Q4_0 .. IQ4_NL, Q2_K, Q3_K and IQ4_XS are
+ * CPU-only so far. */
 static inline FMOE_HD int fmoe__qblock_cuda_has(uint32_t type) {
     return type == FMOE_GGML_Q8_0 || type == FMOE_GGML_Q4_K || type == FMOE_GGML_Q5_K ||
            type == FMOE_GGML_Q6_K;
@@ -210,6 +218,92 @@ static inline FMOE_HD void fmoe__q32_values(uint32_t type, const uint8_t *b, int
 }
 
 /* ---------------------------------------------------------------------------------- */
+/* Q2_K, Q3_K, IQ4_XS: 256 values in sixteen sub-blocks of 16 (IQ4_XS: eight of 32,     */
+/* seen here as pairs of 16 sharing a scale). Each value is an integer scale times a    */
+/* small signed integer code, times the block's f16 d (minus, for Q2_K, dmin times an    */
+/* integer min). Layouts (ggml-common.h):                                               */
+/*   Q2_K   scales[16] @0 (low nibble scale, high nibble min); qs[64] @16; d @80,       */
+/*          dmin @82. Value 128h + 32j + l (l < 32) is bits 2j, 2j+1 of qs[32h + l].     */
+/*          x = (d·sc)·q - dmin·m, q in 0..3.                                            */
+/*   Q3_K   hmask[32] @0; qs[64] @32; 12 bytes of 6-bit scales @96; d @108. Value        */
+/*          128h + 32j + l: low 2 bits as Q2_K's, its third bit is bit 4h + j of         */
+/*          hmask[l] and a CLEAR bit subtracts 4: q in -4..3. x = (d·(sc - 32))·q.        */
+/*   IQ4_XS d @0; uint16 scales_h @2 (2 high bits per 32); scales_l[4] @4 (a nibble per  */
+/*          32); qs[128] @8, 16 bytes per 32 values laid out as IQ4_NL's block.          */
+/*          x = (d·(ls - 32))·kvalues[code].                                             */
+/* ---------------------------------------------------------------------------------- */
+
+/* 1 for the three types below. */
+static inline FMOE_HD int fmoe__is_kx(uint32_t type) {
+    return type == FMOE_GGML_Q2_K || type == FMOE_GGML_Q3_K || type == FMOE_GGML_IQ4_XS;
+}
+
+/* The integer scale *sc (signed: Q3_K and IQ4_XS store it biased by 32) and integer min
+ * *m (Q2_K; 0 otherwise) of sub-block s (0..15: values 16s..16s+15) of block b. */
+static inline FMOE_HD void fmoe__kx_scale(uint32_t type, const uint8_t *b, int s, int *sc,
+                                          int *m) {
+    if (type == FMOE_GGML_Q2_K) {
+        *sc = b[s] & 0xF;
+        *m = b[s] >> 4;
+    } else if (type == FMOE_GGML_Q3_K) {
+        /* low nibble: byte s (s < 8) or the high nibble of byte s - 8; the two high bits:
+         * bits 2(s/4), 2(s/4)+1 of byte 8 + s%4 */
+        const uint8_t *scales = b + 96;
+        const int lo = s < 8 ? scales[s] & 0xF : scales[s - 8] >> 4;
+        const int hi = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+        *sc = (lo | (hi << 4)) - 32;
+        *m = 0;
+    } else { /* IQ4_XS: one scale per 32 values */
+        const int ib = s / 2, sh = b[2] | (b[3] << 8);
+        const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+        *sc = ls - 32;
+        *m = 0;
+    }
+}
+
+/* Sub-block s of block b: its 16 signed codes q[16] (Q3_K's offset and IQ4_XS's grid
+ * applied), with its scale and min as fmoe__kx_scale gives them. */
+static inline FMOE_HD void fmoe__kx_sub(uint32_t type, const uint8_t *b, int s, int8_t *q,
+                                        int *sc, int *m) {
+    const int h = s / 8, j = (s % 8) / 2, l0 = 16 * (s & 1);
+    if (type == FMOE_GGML_Q2_K) {
+        const uint8_t *qs = b + 16 + 32 * h + l0;
+        for (int i = 0; i < 16; i++) q[i] = (int8_t)((qs[i] >> (2 * j)) & 3);
+    } else if (type == FMOE_GGML_Q3_K) {
+        const uint8_t *qs = b + 32 + 32 * h + l0, *hm = b + l0;
+        const int hbit = 4 * h + j;
+        for (int i = 0; i < 16; i++)
+            q[i] = (int8_t)(((qs[i] >> (2 * j)) & 3) - (((hm[i] >> hbit) & 1) ? 0 : 4));
+    } else { /* IQ4_XS */
+        const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
+        const uint8_t *qs = b + 8 + 16 * (s / 2);
+        for (int i = 0; i < 16; i++) q[i] = levels[(s & 1) ? qs[i] >> 4 : qs[i] & 0xF];
+    }
+    fmoe__kx_scale(type, b, s, sc, m);
+}
+
+/* d and (Q2_K) dmin of a block of one of the three. */
+static inline FMOE_HD void fmoe__kx_d(uint32_t type, const uint8_t *b, float *d, float *dmin) {
+    *d = fmoe__qblock_f16(b + (type == FMOE_GGML_Q2_K ? 80 : type == FMOE_GGML_Q3_K ? 108 : 0));
+    *dmin = type == FMOE_GGML_Q2_K ? fmoe__qblock_f16(b + 82) : 0.0f;
+}
+
+/* The 256 values of a block of one of the three into y, in ggml's order of operations:
+ * d times the integer scale, rounded to f32, times the code, minus dmin times the min
+ * (rounded the same way), two roundings as gguf-py's numpy does. */
+static inline FMOE_HD void fmoe__kx_values(uint32_t type, const uint8_t *b, float *y) {
+    float d, dmin;
+    fmoe__kx_d(type, b, &d, &dmin);
+    for (int s = 0; s < 16; s++) {
+        int8_t q[16];
+        int sc, m;
+        fmoe__kx_sub(type, b, s, q, &sc, &m);
+        const float dl = d * (float)sc, ml = dmin * (float)m;
+        for (int i = 0; i < 16; i++) y[16 * s + i] = dl * (float)q[i] - ml;
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
 /* Whole blocks, and groups of 8 values                                                 */
 /* ---------------------------------------------------------------------------------- */
 
@@ -245,6 +339,11 @@ static inline FMOE_HD void fmoe__qblock_dequant(uint32_t type, const uint8_t *b,
             fmoe__q6_k_values(b, s, 0, 16, fmoe__q6_k_sub_scale(b, s, d), y + 16 * s);
         return;
     }
+    case FMOE_GGML_Q2_K:
+    case FMOE_GGML_Q3_K:
+    case FMOE_GGML_IQ4_XS:
+        fmoe__kx_values(type, b, y);
+        return;
     default: return;
     }
 }

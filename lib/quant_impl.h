@@ -33,6 +33,41 @@ static inline int fmoe__is_q32(uint32_t t) {
            t == FMOE_GGML_Q5_1 || t == FMOE_GGML_IQ4_NL;
 }
 
+/* Q2_K, Q3_K and IQ4_XS rows (lib/quant_kx.c): the AVX2 f32 dot (only called when the CPU
+ * has AVX2, FMA and F16C), and the dot against Q8_K activations, its per-block integer
+ * sums at kernel level `level` (a FMOE__QUANT_* the CPU has), the same bits at every
+ * level. */
+float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *x, int64_t n);
+
+/* A Q2_K, Q3_K or IQ4_XS block unpacked: 256 signed codes, the sixteen sub-blocks'
+ * integer scales and mins (fmoe__kx_scale), d and dmin; x[16s + i] = d·sc[s]·q - dmin·m[s]
+ * up to rounding. fmoe__kx_unpack_avx2 fills one with AVX2 (only called when the CPU has
+ * it), the same bytes as fmoe__kx_sub's. */
+typedef struct fmoe__kx_block {
+    int8_t q[FMOE_QK_K];
+    int16_t sc[16], m[16];
+    float d, dmin;
+} fmoe__kx_block;
+void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
+
+/* Σ_s sc_s·Σ_i q·qa over an unpacked block and a Q8_K block's 256 codes, AVX-512
+ * (lib/quant_act_avx512.c; only called at FMOE__QUANT_AVX512): the reference's integer. */
+int32_t fmoe__kx_isum_avx512(const fmoe__kx_block *u, const int8_t *qa);
+float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n,
+                             int level);
+
+/* ggml's make_qkx2_quants (lib/quant_ref.c): an affine n-value grid of nmax+1 levels by
+ * weighted least squares over nstep+1 trial scales; use_mad weighs absolute instead of
+ * squared errors (ggml's Q2_K). Levels into L, -min into *the_min; returns the scale. */
+float fmoe__make_qkx2_quants(int n, int nmax, const float *x, const float *w, uint8_t *L,
+                             float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+                             int use_mad);
+
+/* One block of Q2_K or Q3_K from x[256] (lib/quant_refk.c), of IQ4_XS (lib/quant_ref32.c,
+ * with IQ4_NL's search per 32 values). */
+void fmoe__quantize_k23_block(uint32_t type, const float *x, uint8_t *dst);
+void fmoe__quantize_iq4_xs_block(const float *x, uint8_t *dst);
+
 /* The kernel levels, lowest first: plain C (the reference), AVX2 (+ FMA, F16C), AVX-512
  * (F, BW and VL on top of AVX2: lib/quant_avx512.c, lib/quant_act_avx512.c). A level runs only on a CPU that
  * has every instruction of it and of the levels below. */

@@ -1,6 +1,7 @@
 /*
  * quant_ref.c - f32 rows to Q8_0, Q4_K, Q5_K and Q6_K blocks, for `fmoe quantize` (and
- * the dispatch to lib/quant_ref32.c's Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL blocks).
+ * the dispatch to lib/quant_ref32.c's Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS blocks and
+ * lib/quant_refk.c's Q2_K and Q3_K).
  *
  * The algorithms are ggml's reference quantisers (ggml-quants.c: quantize_row_q8_0_ref,
  * quantize_row_q4_K_ref / q5_K / q6_K with make_qkx2_quants and make_qx_quants), written
@@ -55,9 +56,9 @@ static void quantize_q8_0(const float *x, uint8_t *b) {
 /* over nstep+1 trial scales around nmax / (max - min).                                */
 /* ---------------------------------------------------------------------------------- */
 
-static float make_qkx2_quants(int n, int nmax, const float *x, const float *w, uint8_t *L,
-                              float *the_min, uint8_t *Laux, float rmin, float rdelta,
-                              int nstep) {
+float fmoe__make_qkx2_quants(int n, int nmax, const float *x, const float *w, uint8_t *L,
+                             float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+                             int use_mad) {
     float min = x[0], max = x[0];
     float sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < n; i++) {
@@ -79,7 +80,7 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *w, u
         const int l = fmoe__nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)clampi(l, 0, nmax);
         const float diff = scale * L[i] + min - x[i];
-        best_error += w[i] * (diff * diff);
+        best_error += w[i] * (use_mad ? fabsf(diff) : diff * diff);
     }
     for (int is = 0; is <= nstep; is++) {
         iscale = (rmin + rdelta * is + nmax) / (max - min);
@@ -102,7 +103,7 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *w, u
             float cur_error = 0;
             for (int i = 0; i < n; i++) {
                 const float diff = this_scale * Laux[i] + this_min - x[i];
-                cur_error += w[i] * (diff * diff);
+                cur_error += w[i] * (use_mad ? fabsf(diff) : diff * diff);
             }
             if (cur_error < best_error) {
                 memcpy(L, Laux, (size_t)n);
@@ -134,8 +135,8 @@ static void quantize_k_affine(const float *x, uint8_t *b, int nmax, uint8_t *L) 
         for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
         const float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
-        scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
-                                     rmin, 0.1f, nstep);
+        scales[j] = fmoe__make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j],
+                                           Laux, rmin, 0.1f, nstep, 0);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -311,6 +312,15 @@ void fmoe_quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
         return;
     case FMOE_GGML_Q6_K:
         for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_Q6_K_BYTES) quantize_q6_k(src + i, b);
+        return;
+    case FMOE_GGML_Q2_K:
+    case FMOE_GGML_Q3_K: /* lib/quant_refk.c */
+        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += fmoe_ggml_type_size(t))
+            fmoe__quantize_k23_block(t, src + i, b);
+        return;
+    case FMOE_GGML_IQ4_XS: /* lib/quant_ref32.c */
+        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_IQ4_XS_BYTES)
+            fmoe__quantize_iq4_xs_block(src + i, b);
         return;
     default: /* the 32-value types (lib/quant_ref32.c) */
         for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += fmoe_ggml_type_size(t))

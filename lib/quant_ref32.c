@@ -1,6 +1,7 @@
 /*
  * quant_ref32.c - f32 values to one block of the 32-value formats Q4_0, Q4_1, Q5_0, Q5_1
- * and IQ4_NL, for `fmoe quantize` (lib/quant_ref.c's fmoe_quant_quantize_row calls it).
+ * and IQ4_NL, and of IQ4_XS (IQ4_NL's grid in 256-value super-blocks), for `fmoe quantize`
+ * (lib/quant_ref.c's fmoe_quant_quantize_row calls it).
  *
  * Q4_0 .. Q5_1 are ggml's reference quantisers (quantize_row_q4_0_ref ... q5_1_ref),
  * written out again: the scale from the block's extremes, each code truncated after
@@ -120,10 +121,11 @@ static float assign_iq4(const int8_t *levels, const float *x, float d, uint8_t *
     return err;
 }
 
-static void quantize_iq4_nl(const float *x, uint8_t *b) {
-    const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
+/* IQ4_NL's scale for x[32] and its codes q[32]: d0 = max/-127, then the least-squares
+ * refit where it lowers the squared error. */
+static float iq4_search(const int8_t *levels, const float *x, uint8_t *q) {
     float d = signed_max(x) / (float)levels[0];
-    uint8_t q[32], q2[32];
+    uint8_t q2[32];
     float err = assign_iq4(levels, x, d, q);
     double sxv = 0, svv = 0; /* the least-squares scale for these codes */
     for (int l = 0; l < 32; l++) {
@@ -135,13 +137,55 @@ static void quantize_iq4_nl(const float *x, uint8_t *b) {
         const float err2 = assign_iq4(levels, x, d2, q2);
         if (err2 < err) {
             d = d2;
-            memcpy(q, q2, sizeof q);
+            memcpy(q, q2, sizeof q2);
         }
     }
+    return d;
+}
+
+static void quantize_iq4_nl(const float *x, uint8_t *b) {
+    const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
+    uint8_t q[32];
+    const float d = iq4_search(levels, x, q);
     /* the block stores d as f16: the codes were chosen for the f32 d, which is what ggml
      * does too (its search is in f32 and rounds d on store) */
     put_f16(b, d);
     pack(q, b + 2, NULL);
+}
+
+/* IQ4_XS: eight 32-value sub-blocks of IQ4_NL's grid under one f16 d and 6-bit signed
+ * scales. Each sub-block's own scale comes from IQ4_NL's search above (not ggml's
+ * quantize_iq4_xs search, which tries more scales: ours is simpler, as IQ4_NL's is);
+ * then, as ggml does, d = -max/32 for the scale of largest magnitude (so it lands on
+ * -32, the 6-bit range's longer end), each scale rounded to d's steps, and the codes
+ * reassigned against the scale the reader will compute from the stored f16 d. */
+void fmoe__quantize_iq4_xs_block(const float *x, uint8_t *b) {
+    const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
+    float scales[8], max = 0, amax = 0;
+    uint8_t q[32];
+    for (int ib = 0; ib < 8; ib++) {
+        scales[ib] = iq4_search(levels, x + 32 * ib, q);
+        if (fabsf(scales[ib]) > amax) {
+            amax = fabsf(scales[ib]);
+            max = scales[ib];
+        }
+    }
+    memset(b, 0, FMOE_IQ4_XS_BYTES);
+    put_f16(b, -max / 32);
+    const float d = fmoe__qblock_f16(b);
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    uint16_t sh = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        int l = fmoe__nearest_int(id * scales[ib]);
+        l = l < -32 ? -32 : l > 31 ? 31 : l;
+        const int ls = l + 32;
+        b[4 + ib / 2] |= (uint8_t)((ls & 0xF) << (4 * (ib % 2)));
+        sh |= (uint16_t)((ls >> 4) << (2 * ib));
+        assign_iq4(levels, x + 32 * ib, d * (float)l, q);
+        pack(q, b + 8 + 16 * ib, NULL);
+    }
+    b[2] = (uint8_t)sh;
+    b[3] = (uint8_t)(sh >> 8);
 }
 
 void fmoe__quantize_q32_block(uint32_t t, const float *x, uint8_t *b) {

@@ -2,7 +2,8 @@
  * backend_types.c - a GGUF model's tensor types against the kernels of the backend a
  * session asks for: the CPU backend computes every type the loader takes
  * (fmoe_quant_supported); the CUDA backend has none yet for the 32-value Q4_0, Q4_1,
- * Q5_0, Q5_1 and IQ4_NL (lib/quant_block.h, fmoe__qblock_cuda_has). Checked when the
+ * Q5_0, Q5_1 and IQ4_NL, nor for Q2_K, Q3_K and IQ4_XS (lib/quant_block.h,
+ * fmoe__qblock_cuda_has). Checked when the
  * session is created, before the backend is looked up, so that the refusal is one line
  * naming the tensor and its type, and reads the same on a machine without CUDA, instead
  * of a failure at the first product that uses the tensor, part way through a run.

@@ -56,6 +56,9 @@ static uint32_t file_type(uint32_t type) {
     case FMOE_GGML_Q5_0: return 8;
     case FMOE_GGML_Q5_1: return 9;
     case FMOE_GGML_IQ4_NL: return 25;
+    case FMOE_GGML_Q2_K: return 10; /* MOSTLY_Q2_K (the name of its mix too) */
+    case FMOE_GGML_Q3_K: return 11; /* MOSTLY_Q3_K_S: every quantised tensor Q3_K */
+    case FMOE_GGML_IQ4_XS: return 30;
     default: return 0;
     }
 }
@@ -81,6 +84,9 @@ typedef struct plan {
     const fmoe_model_geometry *g;
     const char *dir;
     uint32_t type;
+    fmoe_quant_mix mix;            /* FMOE_MIX_NONE: every quantised tensor in type */
+    fmoe_quant_mix_model mixmodel; /* what the mix's rules look at */
+    uint32_t experts_type;         /* 0, or the routed experts' type */
     int experts_only;
     int permute;                   /* the architecture wants q/k rows permuted */
     out_tensor *t;
@@ -160,16 +166,21 @@ static int add(plan *p, enum kind kind, const char *name, const fmoe_st_tensor *
         o->type = FMOE_GGML_F32;
     } else if (!quantize) {
         o->type = own;
-    } else if (o->ne[0] % fmoe_ggml_block_size(p->type) == 0) {
-        o->type = p->type;
-        p->report->quantized++;
     } else {
-        /* llama-quantize's fallback (fmoe_quant_fallback_type): a 32-value block type
-         * where one fits, never the float dtype for a quantized request when it does */
-        const uint32_t f = fmoe_quant_fallback_type(p->type, o->ne[0]);
+        /* the routed experts' own type, else the mix's rule for this tensor, else the
+         * one type; then llama-quantize's fallback (fmoe_quant_fallback_type): a 32-value
+         * block type where one fits, the checkpoint's float dtype where none does */
+        const uint32_t want = kind == KIND_EXPERT && p->experts_type ? p->experts_type
+                              : p->mix ? fmoe_quant_mix_type(p->mix, &p->mixmodel, name, o->ne[0])
+                                       : p->type;
+        const uint32_t f = fmoe_quant_fallback_type(want, o->ne[0]);
         o->type = f ? f : own;
-        p->report->fallback++;
+        if (f == want)
+            p->report->quantized++;
+        else
+            p->report->fallback++;
     }
+    p->report->by_type[o->type]++;
     const int64_t rows = o->ndim == 1 ? 1 : o->ne[1] * o->ne[2];
     o->nbytes = rows * fmoe_quant_row_bytes(o->type, o->ne[0]);
     for (int32_t i = 0; i < n; i++) p->report->bytes_in += src[i]->nbytes;
@@ -371,7 +382,7 @@ static void metadata(kvs *k, const plan *p, const char *config, size_t config_le
     const char *base = strrchr(p->dir, '/');
     base = base && base[1] ? base + 1 : p->dir;
     kv_str(k, "general.name", base, strlen(base));
-    kv_u32(k, "general.file_type", file_type(p->type));
+    kv_u32(k, "general.file_type", p->mix ? fmoe_quant_mix_ftype(p->mix) : file_type(p->type));
     kv_u32(k, "general.quantization_version", 2);
     kv_u32(k, ".vocab_size", (uint32_t)g->vocab_size);
     kv_u32(k, ".context_length", (uint32_t)g->max_position_embeddings);
@@ -630,10 +641,16 @@ static char *read_text(const char *path, size_t *len) {
 int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report *report) {
     FMOE_RETURN_ERROR_IF(!params || !params->model_dir || !params->output || !report,
                          FMOE_EINVAL, "quantize: missing model directory or output");
-    FMOE_RETURN_ERROR_IF(!fmoe_quant_can_quantize(params->type), FMOE_EINVAL,
-                         "quantize: cannot write type %u (q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, "
-                         "q5_1 or iq4_nl)",
-                         params->type);
+    const uint32_t type = params->mix ? fmoe_quant_mix_base(params->mix) : params->type;
+    FMOE_RETURN_ERROR_IF(params->mix && !type, FMOE_EINVAL, "quantize: unknown mix %d",
+                         (int)params->mix);
+    FMOE_RETURN_ERROR_IF(!fmoe_quant_can_quantize(type), FMOE_EINVAL,
+                         "quantize: cannot write type %u (q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
+                         "iq4_xs, q4_0, q4_1, q5_0, q5_1 or iq4_nl)",
+                         type);
+    FMOE_RETURN_ERROR_IF(params->experts_type && !fmoe_quant_can_quantize(params->experts_type),
+                         FMOE_EINVAL, "quantize: cannot write experts type %u",
+                         params->experts_type);
     memset(report, 0, sizeof *report);
     const char *dir = params->model_dir;
     char path[4096], partial[4200];
@@ -662,7 +679,18 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
     p.st = st;
     p.g = g;
     p.dir = dir;
-    p.type = params->type;
+    p.type = type;
+    p.mix = params->mix;
+    p.experts_type = params->experts_type;
+    p.mixmodel = (fmoe_quant_mix_model){
+        .n_layer = g->num_hidden_layers,
+        .n_head = g->num_attention_heads,
+        .n_kv_head = g->num_key_value_heads,
+        .n_expert = g->num_experts,
+        /* llama.cpp gives the token embeddings the output head's type where the file has
+         * no separate head */
+        .has_output = fmoe_safetensors_find(st, "lm_head.weight") != NULL,
+    };
     p.experts_only = params->experts_only;
     p.report = report;
     snprintf(report->arch, sizeof report->arch, "%s", k.arch);

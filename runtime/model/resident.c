@@ -155,7 +155,7 @@ static int finite_mat(fmoe_model *m, fmoe__mat *w, const char *what) {
     const uint8_t *p = w->data;
     if (w->quant) {
         /* the f16 scales of each block: d first (Q6_K: last), dmin or m after d (Q4_K,
-         * Q5_K, Q4_1, Q5_1) */
+         * Q5_K, Q4_1, Q5_1); Q2_K, Q3_K, IQ4_XS where fmoe__kx_d reads them */
         const int64_t bytes = fmoe__qblock_bytes(w->quant), vals = fmoe__qblock_values(w->quant);
         if (!bytes || w->cols % vals) return 0; /* a format without a formula here */
         const int64_t per_row = w->cols / vals;
@@ -165,8 +165,10 @@ static int finite_mat(fmoe_model *m, fmoe__mat *w, const char *what) {
         for (int64_t r = 0; r < w->rows; r++)
             for (int64_t b = 0; b < per_row; b++) {
                 const uint8_t *blk = p + (r * per_row + b) * bytes;
-                const float d = fmoe__qblock_f16(blk + d_at);
-                const float dmin = has_min ? fmoe__qblock_f16(blk + 2) : 0.0f;
+                float d = fmoe__qblock_f16(blk + d_at);
+                float dmin = has_min ? fmoe__qblock_f16(blk + 2) : 0.0f;
+                if (fmoe__is_kx(w->quant)) /* Q2_K's d, dmin and Q3_K's d are at the end */
+                    fmoe__kx_d(w->quant, blk, &d, &dmin);
                 if (!isfinite(d) || !isfinite(dmin))
                     return not_finite(what, r, b * vals, isfinite(d) ? dmin : d);
             }

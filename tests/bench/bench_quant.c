@@ -55,7 +55,8 @@ int main(int argc, char **argv) {
     const uint32_t ts[] = {FMOE_GGML_F32,  FMOE_GGML_BF16, FMOE_GGML_Q8_0,
                            FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
                            FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
-                           FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
+                           FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K,
+                           FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
     for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
         const uint32_t t = ts[k];
         const int64_t rb = fmoe_quant_row_bytes(t, cols);
@@ -106,7 +107,7 @@ int main(int argc, char **argv) {
     printf("| type | level | f32 input | 8-bit, 1 input | 8-bit, %d inputs |\n|---|---|---|---|---|\n", NX);
     const uint32_t qts[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
                             FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
-                            FMOE_GGML_IQ4_NL};
+                            FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
     for (size_t k = 0; k < sizeof qts / sizeof qts[0]; k++) {
         const uint32_t t = qts[k];
         const int64_t rb = fmoe_quant_row_bytes(t, cols), ab = fmoe_quant_act_bytes(t, cols);

@@ -820,6 +820,22 @@ TEST(quantized_expert_bytes) {
         ASSERT_OK(fmoe_dtype_of_ggml_type(fmoe_dtype_ggml_type(q32[i].d), &back));
         ASSERT_EQ((int)back, (int)q32[i].d);
     }
+    /* the low-bit K-quants: 84, 110, 136 bytes a 256-value block */
+    static const struct { fmoe_dtype d; int64_t bytes; double bits; const char *name; } kx[] = {
+        {FMOE_DTYPE_Q2_K, 84, 2.625, "q2_k"}, {FMOE_DTYPE_Q3_K, 110, 3.4375, "q3_k"},
+        {FMOE_DTYPE_IQ4_XS, 136, 4.25, "iq4_xs"},
+    };
+    for (int i = 0; i < 3; i++) {
+        ASSERT_EQ(fmoe_geometry_expert_bytes(&g, kx[i].d), vals / 256 * kx[i].bytes);
+        ASSERT_EQ(fmoe_geometry_expert_bytes(&g, kx[i].d) * 8,
+                  (int64_t)(fmoe_dtype_bits(kx[i].d) * (double)vals));
+        ASSERT_STR_EQ(fmoe_dtype_name(kx[i].d), kx[i].name);
+        fmoe_dtype back;
+        ASSERT_OK(fmoe_dtype_parse(kx[i].name, &back));
+        ASSERT_EQ((int)back, (int)kx[i].d);
+        ASSERT_OK(fmoe_dtype_of_ggml_type(fmoe_dtype_ggml_type(kx[i].d), &back));
+        ASSERT_EQ((int)back, (int)kx[i].d);
+    }
     /* a 1408-wide down projection (Qwen1.5-MoE, DeepSeek-MoE): whole blocks of 32, not 256 */
     g.moe_intermediate_size = 1408;
     ASSERT_EQ(fmoe_geometry_expert_bytes(&g, FMOE_DTYPE_Q5_0), 3LL * 256 * 1408 / 32 * 22);

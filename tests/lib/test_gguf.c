@@ -174,16 +174,16 @@ TEST(unsupported_type_refused_at_get) {
     buf b;
     header(&b, 3, 1, 0);
     const uint64_t ne[] = {256};
-    tensor_info(&b, "blk.0.ffn_down_exps.weight", 1, ne, FMOE_GGML_Q3_K, 0);
+    tensor_info(&b, "blk.0.ffn_down_exps.weight", 1, ne, FMOE_GGML_IQ2_XS, 0);
     pad(&b, 32);
-    memset(b.b + b.n, 0, 110);
-    b.n += 110;
+    memset(b.b + b.n, 0, 74);
+    b.n += 74;
     fmoe_gguf *g;
     ASSERT_OK(parse(&b, &g));
     const fmoe_gguf_tensor *t;
     ASSERT_EQ(fmoe_gguf_get_tensor(g, "blk.0.ffn_down_exps.weight", 1, (int64_t[]){256}, &t),
               FMOE_EUNSUPPORTED);
-    ASSERT_CONTAINS(fmoe_error_detail(), "t.gguf: tensor blk.0.ffn_down_exps.weight has type Q3_K");
+    ASSERT_CONTAINS(fmoe_error_detail(), "t.gguf: tensor blk.0.ffn_down_exps.weight has type IQ2_XS");
     fmoe_gguf_close(g);
 }
 

@@ -27,7 +27,8 @@
 static const uint32_t all_types[] = {FMOE_GGML_F32,  FMOE_GGML_F16,  FMOE_GGML_BF16,
                                      FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
                                      FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
-                                     FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
+                                     FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL,
+                                     FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
 #define NTYPES (sizeof all_types / sizeof all_types[0])
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -82,6 +83,20 @@ static void random_row(uint32_t type, uint8_t *row, int64_t n) {
             h = fmoe_float_to_half(rndf() * 0.001f);
             memcpy(blk + 208, &h, 2);
             break;
+        case FMOE_GGML_Q2_K: /* d and dmin at the end */
+            h = fmoe_float_to_half(rndf() * 0.01f);
+            memcpy(blk + 80, &h, 2);
+            h = fmoe_float_to_half(rndf() * 0.01f);
+            memcpy(blk + 82, &h, 2);
+            break;
+        case FMOE_GGML_Q3_K:
+            h = fmoe_float_to_half(rndf() * 0.001f);
+            memcpy(blk + 108, &h, 2);
+            break;
+        case FMOE_GGML_IQ4_XS:
+            h = fmoe_float_to_half(rndf() * 0.0001f);
+            memcpy(blk, &h, 2);
+            break;
         }
     }
 }
@@ -122,8 +137,18 @@ TEST(type_table_matches_ggml) {
     ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_Q6_K, 512), 420);
     ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_Q6_K, 100), -1);
     ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_BF16));
-    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_Q3_K));
-    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_IQ4_XS));
+    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_IQ2_XS));
+    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_MXFP4));
+    /* the low-bit K-quants: 84, 110 and 136 bytes a 256-value block; their fallback */
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q2_K), 84);
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q3_K), 110);
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_IQ4_XS), 136);
+    ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_Q3_K) && fmoe_quant_can_quantize(FMOE_GGML_Q2_K) &&
+                fmoe_quant_can_quantize(FMOE_GGML_IQ4_XS));
+    ASSERT_EQ(fmoe_quant_fallback_type(FMOE_GGML_Q2_K, 1408), FMOE_GGML_IQ4_NL);
+    ASSERT_EQ(fmoe_quant_fallback_type(FMOE_GGML_Q3_K, 96), FMOE_GGML_IQ4_NL);
+    ASSERT_EQ(fmoe_quant_fallback_type(FMOE_GGML_IQ4_XS, 512), FMOE_GGML_IQ4_XS);
+    ASSERT_EQ(fmoe_quant_fallback_type(FMOE_GGML_IQ4_XS, 100), 0);
     /* the 32-value types (ggml-common.h's static_asserts) */
     ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q4_0), 18);
     ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q4_1), 20);
@@ -338,6 +363,12 @@ TEST(quantise_round_trip_error) {
         /* IQ4_NL: half the widest gap of its grid (24 of 127 at d = max/127), the refit
          * moving d by a little */
         {FMOE_GGML_IQ4_NL, 0.15},
+        /* Q2_K: four levels over a sub-block of 16, the scale and min on a 4-bit grid of
+         * the block's largest (an outlier in the block makes the others' step coarse);
+         * Q3_K: eight levels, a 6-bit scale; IQ4_XS: IQ4_NL's grid under 6-bit scales */
+        {FMOE_GGML_Q2_K, 0.75},
+        {FMOE_GGML_Q3_K, 0.35},
+        {FMOE_GGML_IQ4_XS, 0.2},
     };
     const int64_t n = 1024;
     float x[1024], y[1024];
@@ -374,7 +405,10 @@ TEST(quantise_round_trip_error) {
                              : ct == FMOE_GGML_Q4_K || ct == FMOE_GGML_Q4_1 || ct == FMOE_GGML_IQ4_NL
                                  ? 0.12
                              : ct == FMOE_GGML_Q5_K || ct == FMOE_GGML_Q5_1 ? 0.06
-                             : cases[c].type == FMOE_GGML_Q6_K ? 0.03 : 0.01;
+                             : cases[c].type == FMOE_GGML_Q6_K ? 0.03
+                             : ct == FMOE_GGML_Q2_K ? 0.45
+                             : ct == FMOE_GGML_Q3_K ? 0.2
+                             : ct == FMOE_GGML_IQ4_XS ? 0.12 : 0.01;
         if (!(rel < limit))
             HARNESS_FAIL("%s: relative RMS error %.4f >= %.2f\n",
                          fmoe_ggml_type_name(cases[c].type), rel, limit);
@@ -385,7 +419,7 @@ TEST(quantise_round_trip_error) {
 TEST(quantise_zeros) {
     const uint32_t ts[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
                            FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
-                           FMOE_GGML_IQ4_NL};
+                           FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
     float x[256] = {0}, y[256];
     uint8_t q[512]; /* Q8_0: 272 bytes for 256 values */
     for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {

@@ -31,7 +31,7 @@
 
 static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
                                  FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
-                                 FMOE_GGML_IQ4_NL};
+                                 FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
 #define NTYPES (sizeof types / sizeof types[0])
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -64,6 +64,13 @@ static void random_row(uint32_t type, uint8_t *row, int64_t n) {
             memcpy(row + b + 2, &h, 2);
             break;
         case FMOE_GGML_Q6_K: memcpy(row + b + 208, &h, 2); break;
+        case FMOE_GGML_Q2_K:
+            memcpy(row + b + 80, &h, 2);
+            h = fmoe_float_to_half(rndf() * 0.01f);
+            memcpy(row + b + 82, &h, 2);
+            break;
+        case FMOE_GGML_Q3_K: memcpy(row + b + 108, &h, 2); break;
+        case FMOE_GGML_IQ4_XS: memcpy(row + b, &h, 2); break;
         }
     }
 }
@@ -83,7 +90,10 @@ TEST(sizes) {
     ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_BF16, 256), -1);
     ASSERT_TRUE(fmoe_quant_act_supported(FMOE_GGML_Q5_K));
     ASSERT_TRUE(!fmoe_quant_act_supported(FMOE_GGML_F32));
-    ASSERT_TRUE(!fmoe_quant_act_supported(FMOE_GGML_Q3_K));
+    ASSERT_TRUE(!fmoe_quant_act_supported(FMOE_GGML_IQ2_XS));
+    /* Q2_K, Q3_K, IQ4_XS take Q8_K activations as the other K-quants */
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_Q3_K, 512), 2 * FMOE_Q8_K_BYTES);
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_IQ4_XS, 256), FMOE_Q8_K_BYTES);
     /* the 32-value types take Q8_0 activations: 34 bytes per 32 values */
     ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_Q5_0, 96), 3 * FMOE_Q8_0_BYTES);
     ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_IQ4_NL, 32), FMOE_Q8_0_BYTES);
@@ -431,10 +441,14 @@ TEST(integer_sums_exact) {
                 uint8_t *row = w + r * rb;
                 random_row(t, row, n);
                 for (int64_t b = 0; b < rb; b += ts) {
-                    memcpy(row + b + (t == FMOE_GGML_Q6_K ? 208 : 0), &one, 2);
+                    const int d_at = t == FMOE_GGML_Q6_K   ? 208
+                                     : t == FMOE_GGML_Q2_K ? 80
+                                     : t == FMOE_GGML_Q3_K ? 108
+                                                           : 0;
+                    memcpy(row + b + d_at, &one, 2);
                     if (t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q4_1 ||
-                        t == FMOE_GGML_Q5_1)
-                        memcpy(row + b + 2, &half, 2);
+                        t == FMOE_GGML_Q5_1 || t == FMOE_GGML_Q2_K)
+                        memcpy(row + b + d_at + 2, &half, 2);
                 }
                 fmoe_quant_dequantize_row(t, row, wf + r * n, n);
             }

@@ -122,8 +122,11 @@ TEST(block_geometry_matches_the_type_table) {
     /* the float types and every other quant have no formula here */
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_F32), 0);
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_BF16), 0);
-    ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_IQ4_XS), 0);
-    ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_Q3_K), 0);
+    ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_IQ2_XS), 0);
+    ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_MXFP4), 0);
+    /* Q2_K, Q3_K, IQ4_XS have formulas (the CPU computes them), no CUDA kernels */
+    ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_Q3_K), 110);
+    ASSERT_TRUE(!fmoe__qblock_cuda_has(FMOE_GGML_Q2_K) && !fmoe__qblock_cuda_has(FMOE_GGML_IQ4_XS));
 }
 
 TEST(groups_of_8_equal_the_row_and_ggml_bit_for_bit) {

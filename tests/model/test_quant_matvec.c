@@ -29,7 +29,8 @@ static float rndf(void) {
 TEST(pool_equals_one_thread_and_reference) {
     const uint32_t types[] = {FMOE_GGML_BF16, FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
                               FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
-                              FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
+                              FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K,
+                              FMOE_GGML_IQ4_XS};
     const int64_t rows = 203, cols = 512; /* rows: not a multiple of the chunk */
     const int32_t nx = 5; /* >= QUANT_MATVEC_WIDEN_MIN: BF16 widens when scratch is given */
     const int64_t sfloats = cols; /* 2048 bytes: three 8-bit inputs (1.06-1.14 bytes a value), two passes */

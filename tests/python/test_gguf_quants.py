@@ -25,9 +25,11 @@ import gguf  # noqa: E402  (tests/python/requirements.txt)
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
-         "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
+         "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "IQ4_XS"]
 # the 32-value types whose f16 fields are d (offset 0) and, for the "_1" ones, m (offset 2)
 Q32 = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
+# the low-bit K-quants of part 2 and where their f16 fields are: d (and Q2_K's dmin)
+KX = {"Q2_K": (80, 82), "Q3_K": (108,), "IQ4_XS": (0,)}
 
 
 @pytest.fixture(scope="session")
@@ -74,6 +76,9 @@ def random_blocks(rng, qtype, nblocks):
         b[:, 2:4] = finite_half(rng, nblocks, 2.0)
     elif qtype == Q.Q6_K:
         b[:, 208:210] = finite_half(rng, nblocks, 2.0)
+    elif qtype.name in KX:
+        for at in KX[qtype.name]:
+            b[:, at:at + 2] = finite_half(rng, nblocks, 2.0)
     return b
 
 
@@ -88,6 +93,8 @@ def test_dequantise_equals_gguf_py(tool, tmp_path, name):
     raw[0] = 0
     if qtype in (Q.Q8_0, Q.Q4_K, Q.Q5_K) or name in Q32:
         raw[1, 0:2] = np.array([0x01, 0x00], dtype=np.uint8)  # smallest subnormal d
+    if name in KX:
+        raw[1, KX[name][0]:KX[name][0] + 2] = np.array([0x01, 0x00], dtype=np.uint8)
     (tmp_path / "in.bin").write_bytes(raw.tobytes())
     run_tool(tool, "dequant", name, tmp_path / "in.bin", tmp_path / "out.f32")
     ours = np.fromfile(tmp_path / "out.f32", dtype=np.float32)
@@ -143,6 +150,40 @@ def test_q32_extreme_blocks_dequantise_as_gguf_py(tool, tmp_path, name):
     nan = np.isnan(theirs)
     assert (np.isnan(ours) == nan).all()
     assert np.isinf(theirs).any()  # the infinite scales reached the values
+    bad = np.flatnonzero(ours.view(np.uint32)[~nan] != theirs.view(np.uint32)[~nan])
+    assert bad.size == 0, f"{name}: {bad.size} values differ"
+
+
+@pytest.mark.parametrize("name", list(KX))
+def test_kx_extreme_blocks_dequantise_as_gguf_py(tool, tmp_path, name):
+    """Q2_K, Q3_K, IQ4_XS with d (and Q2_K's dmin) at the ends of f16, the codes and
+    scales all zero bits or all one bits: every value equals gguf-py's, NaN where it has
+    NaN (an infinite scale times a zero code)."""
+    qtype = Q[name]
+    rng = np.random.default_rng(99 + int(qtype))
+    specials = np.array([0.0, -0.0, -1.5, 65504.0, -65504.0, 6e-8, np.inf, -np.inf],
+                        dtype=np.float16).view(np.uint8).reshape(-1, 2)
+    at = KX[name]
+    rows = []
+    for d in specials:
+        for m in (specials if len(at) > 1 else specials[:1]):
+            b = random_blocks(rng, qtype, 3)
+            for k in range(3):
+                keep = {a: (d if i == 0 else m) for i, a in enumerate(at)}
+                if k:  # every other byte all zeros, then all ones
+                    b[k, :] = 0 if k == 1 else 0xFF
+                for a, v in keep.items():
+                    b[k, a:a + 2] = v
+            rows.append(b)
+    raw = np.concatenate(rows)
+    (tmp_path / "in.bin").write_bytes(raw.tobytes())
+    run_tool(tool, "dequant", name, tmp_path / "in.bin", tmp_path / "out.f32")
+    ours = np.fromfile(tmp_path / "out.f32", dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        theirs = gguf.quants.dequantize(raw.reshape(-1), qtype).astype(np.float32).reshape(-1)
+    nan = np.isnan(theirs)
+    assert (np.isnan(ours) == nan).all()
+    assert np.isinf(theirs).any()
     bad = np.flatnonzero(ours.view(np.uint32)[~nan] != theirs.view(np.uint32)[~nan])
     assert bad.size == 0, f"{name}: {bad.size} values differ"
 
@@ -210,6 +251,30 @@ def test_k_quantise_round_trip_by_gguf_py(tool, tmp_path, name, bits):
     assert rel < {4: 0.12, 5: 0.06, 6: 0.03}[bits], rel
 
 
+@pytest.mark.parametrize("name,step,rms", [("Q2_K", 0.75, 0.45), ("Q3_K", 0.35, 0.2),
+                                           ("IQ4_XS", 0.2, 0.12)])
+def test_kx_quantise_round_trip_by_gguf_py(tool, tmp_path, name, step, rms):
+    """Ours quantises Q2_K, Q3_K and IQ4_XS (lib/quant_refk.c, lib/quant_ref32.c), gguf-py
+    dequantises: each value within `step` of its block's largest magnitude, and the
+    relative RMS error that of a 2-, 3- or 4-bit format (llama.cpp's own blocks measure
+    about 0.33, 0.17 and 0.09 on Gaussian data)."""
+    rng = np.random.default_rng(30 + int(Q[name]))
+    x = (rng.standard_normal(256 * 512) * 0.02).astype(np.float32)
+    x[:256] = 0
+    x[1000] = 1.0  # an outlier in one block
+    (tmp_path / "x.f32").write_bytes(x.tobytes())
+    run_tool(tool, "quant", name, tmp_path / "x.f32", tmp_path / "q.bin")
+    q = np.fromfile(tmp_path / "q.bin", dtype=np.uint8)
+    assert q.size == 512 * gguf.GGML_QUANT_SIZES[Q[name]][1]
+    y = gguf.quants.dequantize(q, Q[name]).reshape(-1)
+    assert (y[:256] == 0).all()
+    bx, by = x.reshape(-1, 256), y.reshape(-1, 256)
+    amax = np.abs(bx).max(axis=1, keepdims=True)
+    assert (np.abs(by - bx) <= step * amax + 1e-7).all()
+    rel = np.sqrt(((y[256:] - x[256:]) ** 2).sum() / (x[256:] ** 2).sum())
+    assert rel < rms, rel
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_dot_matches_float64_reference(tool, tmp_path, name):
     qtype = Q[name]
@@ -269,7 +334,9 @@ def write_sample(path, alignment=None):
         tensors[name.lower() + ".weight"] = (
             gguf.quants.quantize(rng.standard_normal((2, 96)).astype(np.float32), Q[name]), Q[name])
     tensors["iq4_nl.weight"] = (random_blocks(rng, Q.IQ4_NL, 6).reshape(2, -1), Q.IQ4_NL)
-    tensors["q3_k.weight"] = (rng.integers(0, 256, (1, 110), dtype=np.uint8), Q.Q3_K)
+    for name in KX:  # 2 rows of 512 values
+        tensors[name.lower() + ".weight"] = (random_blocks(rng, Q[name], 4).reshape(2, -1), Q[name])
+    tensors["iq2_xs.weight"] = (rng.integers(0, 256, (1, 74), dtype=np.uint8), Q.IQ2_XS)
     tensors["i32.weight"] = (np.arange(8, dtype=np.int32), None)
     for name, (data, raw_dtype) in tensors.items():
         w.add_tensor(name, data, raw_dtype=raw_dtype)
@@ -319,7 +386,7 @@ def test_reads_file_written_by_gguf_py(tool, tmp_path, alignment):
         assert mine["nbytes"] == t.n_bytes
         f = out / (t.name + ".f32")
         if t.tensor_type.name not in TYPES:
-            assert not f.exists()  # listed, not computed with (Q3_K, I32)
+            assert not f.exists()  # listed, not computed with (IQ2_XS, I32)
             continue
         ours = np.fromfile(f, dtype=np.float32)
         theirs = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32).reshape(-1)

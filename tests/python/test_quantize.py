@@ -28,10 +28,10 @@ ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "o
         "deepseek": "deepseek"}
 # Relative RMS error bound per type (about 2^-bits of the range; test_quant.c's limits).
 RMS = {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.06, "Q4_K": 0.12, "Q4_0": 0.15, "Q4_1": 0.12,
-       "Q5_0": 0.08, "Q5_1": 0.06, "IQ4_NL": 0.12}
+       "Q5_0": 0.08, "Q5_1": 0.06, "IQ4_NL": 0.12, "Q2_K": 0.45, "Q3_K": 0.2, "IQ4_XS": 0.12}
 # llama-quantize's fallback for rows that are not whole blocks of a K-quant, when they are
 # whole blocks of 32 (llama.cpp src/llama-quant.cpp); else the checkpoint's dtype
-FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL"}
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +212,7 @@ def deepseek256(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("qtype", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("qtype", ["q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs"])
 def test_k_quants(fmoe_bin, deepseek256, tmp_path, qtype):
     out = tmp_path / "m.gguf"
     run_fmoe(fmoe_bin, "quantize", "--type", qtype, deepseek256, "-o", out, "--quiet")
@@ -239,14 +239,17 @@ def test_k_quant_fallbacks_on_narrow_rows(fmoe_bin, models, tmp_path, qtype, nam
     p = run_fmoe(fmoe_bin, "quantize", "--type", qtype, models(name), "-o", out)
     counts = check_file(out, models(name), name, qtype)
     assert counts.get(FALLBACK[qtype.upper()], 0) >= 5
-    assert f"not whole {qtype.upper()} blocks: {FALLBACK[qtype.upper()]}," in p.stdout
+    fb = FALLBACK[qtype.upper()]
+    assert f"  {fb:<10} {counts[fb]} tensors" in p.stdout and "fallback" in p.stdout, p.stdout
 
 
 def test_bad_input_one_line_nothing_left(fmoe_bin, models, tmp_path):
     d = models("olmoe")
     out = tmp_path / "m.gguf"
     cases = [
-        (["quantize", "--type", "q3_k", d, "-o", out], 2, "--type must be"),
+        (["quantize", "--type", "q7_k", d, "-o", out], 2, "--type must be"),
+        (["quantize", "--type", "q4_k_m", "--experts-type", "q4_k_m", d, "-o", out], 2,
+         "--experts-type must be"),
         (["quantize", d, "-o", out], 2, "--type is required"),
         (["quantize", "--type", "q8_0", d], 2, "-o MODEL.gguf is required"),
         (["quantize", "--type", "q8_0", d, "-o", tmp_path], 2, "is a directory"),

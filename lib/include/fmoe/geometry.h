@@ -49,9 +49,13 @@ typedef enum fmoe_dtype {
     FMOE_DTYPE_Q5_0 = 11,  /* 32 in 22 bytes: 5.5 bits/param */
     FMOE_DTYPE_Q5_1 = 12,  /* 32 in 24 bytes: 6 bits/param */
     FMOE_DTYPE_IQ4_NL = 13, /* 32 in 18 bytes: 4.5 bits/param */
+    /* the low-bit K-quants of the Q2_K / Q3_K mixes and "dynamic" expert quantizations: */
+    FMOE_DTYPE_Q2_K = 14,   /* 256 in 84 bytes: 2.625 bits/param */
+    FMOE_DTYPE_Q3_K = 15,   /* 256 in 110 bytes: 3.4375 bits/param */
+    FMOE_DTYPE_IQ4_XS = 16, /* 256 in 136 bytes: 4.25 bits/param */
 } fmoe_dtype;
 
-#define FMOE_DTYPE_LAST FMOE_DTYPE_IQ4_NL /* the largest value: arrays indexed by dtype */
+#define FMOE_DTYPE_LAST FMOE_DTYPE_IQ4_XS /* the largest value: arrays indexed by dtype */
 
 typedef enum fmoe_router_scoring {
     FMOE_ROUTER_SOFTMAX = 0,
@@ -136,8 +140,8 @@ int fmoe_geometry_generic(int32_t layers, int32_t experts, int32_t top_k, int32_
  * scales not counted. mxfp4: per row of each projection, blocks of 32 values along the
  * input dimension at 17 bytes each (16 bytes of 4-bit values + one 8-bit scale, i.e. 4.25
  * bits/value when the width is a multiple of 32); biases bf16. q8_0, q4_k, q5_k, q6_k,
- * q4_0, q4_1, q5_0, q5_1, iq4_nl: ggml's blocks (32 or 256 values) along each row's input dimension, as a GGUF file holds
- * them. Router and shared experts are not part of a routed expert.
+ * q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, iq4_xs: ggml's blocks (32 or 256 values)
+ * along each row's input dimension, as a GGUF file holds them. Router and shared experts are not part of a routed expert.
  * @return bytes (>= 0), or FMOE_EINVAL for a NULL geometry or an unknown dtype.
  */
 int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtype);
@@ -162,14 +166,14 @@ int64_t fmoe_geometry_kv_values_per_token(const fmoe_model_geometry *g);
 const char *fmoe_geometry_supported_types(void);
 
 /* Names: "f32", "f16", "bf16", "f8_e4m3", "mxfp4", "q8_0", "q4_k", "q5_k", "q6_k", "q4_0",
- * "q4_1", "q5_0", "q5_1", "iq4_nl". parse
+ * "q4_1", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "iq4_xs". parse
  * accepts torch names too
  * ("float32", "bfloat16", ...). @return 0 or FMOE_EINVAL. */
 const char *fmoe_dtype_name(fmoe_dtype d);
 int fmoe_dtype_parse(const char *name, fmoe_dtype *out);
 /* The dtype of a GGUF tensor's ggml type number (fmoe/quant.h's fmoe_ggml_type: f32, f16,
- * bf16, q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl). @return 0, or FMOE_EUNSUPPORTED for another type (*out
- * untouched). */
+ * bf16, q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, iq4_xs).
+ * @return 0, or FMOE_EUNSUPPORTED for another type (*out untouched). */
 int fmoe_dtype_of_ggml_type(uint32_t ggml_type, fmoe_dtype *out);
 /* The ggml block type of a block dtype (q8_0, the K-quants, q4_0 .. iq4_nl); 0 for the
  * others. */

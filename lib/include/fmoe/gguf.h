@@ -194,9 +194,9 @@ double fmoe_gguf_kv_number(const fmoe_gguf_kv *kv, uint64_t i);
  * The tensor `name`, checked for use: present, of a type fmoe computes with
  * (fmoe_quant_supported), with `ndim` dimensions equal to `ne` (innermost first; -1
  * matches any extent).
- * @return 0 and *out, FMOE_ENOTFOUND, FMOE_EUNSUPPORTED ("FILE: tensor T has type Q3_K;
- *         fmoe computes with F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0,
- *         Q5_1, IQ4_NL"), FMOE_EMISMATCH.
+ * @return 0 and *out, FMOE_ENOTFOUND, FMOE_EUNSUPPORTED ("FILE: tensor T has type IQ2_XS;
+ *         fmoe computes with F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
+ *         Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL"), FMOE_EMISMATCH.
  */
 int fmoe_gguf_get_tensor(const fmoe_gguf *g, const char *name, int32_t ndim, const int64_t *ne,
                          const fmoe_gguf_tensor **out);

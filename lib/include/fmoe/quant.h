@@ -1,8 +1,8 @@
 /*
- * fmoe/quant.h - ggml's tensor types: their block geometry, and for the twelve fmoe
- * computes with (F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K and the 32-value Q4_0, Q4_1, Q5_0,
- * Q5_1, IQ4_NL) rows dequantised to f32, dot products of a row with an f32 vector, and
- * (for every block type of them) rows quantised from f32.
+ * fmoe/quant.h - ggml's tensor types: their block geometry, and for the fifteen fmoe
+ * computes with (F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the
+ * 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) rows dequantised to f32, dot products of a
+ * row with an f32 vector, and (for every block type of them) rows quantised from f32.
  *
  *     if (!fmoe_quant_supported(t->type)) refuse(fmoe_ggml_type_name(t->type));
  *     float y = fmoe_quant_dot(t->type, row, x, n);         // one output of W·x
@@ -77,6 +77,9 @@ enum {
     FMOE_Q4_K_BYTES = 2 + 2 + 12 + 128,       /* f16 d, dmin; 6-bit scales, mins; 4-bit q */
     FMOE_Q5_K_BYTES = 2 + 2 + 12 + 32 + 128,  /* as Q4_K plus the 5th bits qh[32] */
     FMOE_Q6_K_BYTES = 128 + 64 + 16 + 2,      /* ql[128], qh[64], int8 scales[16], f16 d */
+    FMOE_Q2_K_BYTES = 16 + 64 + 2 + 2,        /* 4-bit scale|min [16]; 2-bit q; f16 d, dmin */
+    FMOE_Q3_K_BYTES = 32 + 64 + 12 + 2,       /* hmask[32]; 2-bit q; 6-bit scales; f16 d */
+    FMOE_IQ4_XS_BYTES = 2 + 2 + 4 + 128,      /* f16 d; 6-bit scales (high, low); 4-bit codes */
 };
 
 /* "Q4_K", "BF16", ... as ggml names them; NULL for a number ggml does not define. */
@@ -89,18 +92,19 @@ int fmoe_ggml_type_parse(const char *name, fmoe_ggml_type *out);
 int32_t fmoe_ggml_block_size(uint32_t type);
 int32_t fmoe_ggml_type_size(uint32_t type);
 
-/* 1 for the twelve types fmoe dequantises and computes dot products with. */
+/* 1 for the fifteen types fmoe dequantises and computes dot products with. */
 int fmoe_quant_supported(uint32_t type);
 
-/* 1 for the types fmoe_quant_quantize_row writes: Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1,
- * Q5_0, Q5_1, IQ4_NL. */
+/* 1 for the types fmoe_quant_quantize_row writes: Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+ * IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL. */
 int fmoe_quant_can_quantize(uint32_t type);
 
 /* The type a row of `cols` values requested as `type` is written in, by llama-quantize's
  * rule: `type` itself where cols is whole blocks of it; else for a K-quant the 32-value
- * type llama.cpp falls back to (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0) where cols is
- * whole blocks of 32; else 0: no block type fits, the row stays a float type (llama.cpp
- * writes F16 there; `fmoe quantize` keeps the checkpoint's own f16/bf16). */
+ * type llama.cpp falls back to (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; Q2_K, Q3_K and
+ * IQ4_XS -> IQ4_NL) where cols is whole blocks of 32; else 0: no block type fits, the row
+ * stays a float type (llama.cpp writes F16 there; `fmoe quantize` keeps the checkpoint's
+ * own f16/bf16). */
 uint32_t fmoe_quant_fallback_type(uint32_t type, int64_t cols);
 
 /* Bytes of a row of n values (n a multiple of the block size), or -1 when n is not. */

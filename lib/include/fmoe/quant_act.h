@@ -2,7 +2,8 @@
  * fmoe/quant_act.h - dot products of ggml block rows with activations quantised to 8 bits,
  * the way llama.cpp's CPU backend multiplies quantized weights: the input vector is
  * quantised once per matrix product (Q8_0 blocks against rows of the 32-value types Q8_0,
- * Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL; Q8_K blocks against Q4_K/Q5_K/Q6_K rows), and each
+ * Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL; Q8_K blocks against Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_XS
+ * rows), and each
  * block's dot is an integer sum scaled once.
  *
  *     uint8_t qx[fmoe_quant_act_bytes(type, n)];
@@ -31,8 +32,8 @@
 
 #define FMOE_Q8_K_BYTES (4 + 256 + 2 * 16) /* f32 d; int8 q[256]; int16 bsums[16] */
 
-/* 1 for the weight types with an 8-bit-activation dot: Q8_0, Q4_K, Q5_K, Q6_K, Q4_0,
- * Q4_1, Q5_0, Q5_1, IQ4_NL. */
+/* 1 for the weight types with an 8-bit-activation dot: Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+ * IQ4_XS (against Q8_K inputs), Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (against Q8_0). */
 int fmoe_quant_act_supported(uint32_t wtype);
 
 /* Bytes of one quantised input of n values for rows of wtype (n whole blocks of the
