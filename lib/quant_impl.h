@@ -1,6 +1,7 @@
 /*
- * quant_impl.h - what lib/quant.c, lib/quant_avx2.c, lib/quant_avx512.c, lib/quant_ref.c and
- * lib/quant_act.c share (internal).
+ * quant_impl.h - what lib/quant.c, the kernels (quant_avx2.c, quant_avx512.c, quant_kx.c),
+ * the quantisers (quant_ref.c, quant_ref32.c, quant_refk.c) and lib/quant_act.c share
+ * (internal).
  */
 #ifndef FMOE_QUANT_IMPL_H
 #define FMOE_QUANT_IMPL_H
@@ -8,7 +9,19 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "half.h"
 #include "quant_block.h" /* the block formats' value formulas, fmoe__scale_min_k4 */
+
+/* A group whose largest magnitude is below this quantises to zeros (ggml's GROUP_MAX_EPS). */
+#define FMOE_QUANT_GROUP_MAX_EPS 1e-15f
+
+static inline int fmoe__clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* A block's f16 field at p (unaligned). */
+static inline void fmoe__put_f16(uint8_t *p, float f) {
+    const uint16_t h = fmoe_float_to_half(f);
+    memcpy(p, &h, 2);
+}
 
 /* ggml's nearest_int: round to nearest, ties to even, through the 1.5·2^23 trick, for
  * |v| <= 2^22. Values outside (only from non-finite or absurd inputs, whose blocks are

@@ -29,15 +29,6 @@
 #include "fmoe/quant.h"
 #include "quant_impl.h"
 
-#define GROUP_MAX_EPS 1e-15f
-
-static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
-
-static void put_f16(uint8_t *p, float f) {
-    const uint16_t h = fmoe_float_to_half(f);
-    memcpy(p, &h, 2);
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* Q8_0: d = max|x| / 127, q = round(x / d) (half away from zero, as ggml's roundf)    */
 /* ---------------------------------------------------------------------------------- */
@@ -47,7 +38,7 @@ static void quantize_q8_0(const float *x, uint8_t *b) {
     for (int i = 0; i < FMOE_QK8_0; i++) amax = fmaxf(amax, fabsf(x[i]));
     const float d = amax / 127.f;
     const float id = d != 0 ? 1.0f / d : 0.0f;
-    put_f16(b, d);
+    fmoe__put_f16(b, d);
     for (int i = 0; i < FMOE_QK8_0; i++) b[2 + i] = (uint8_t)(int8_t)roundf(x[i] * id);
 }
 
@@ -78,7 +69,7 @@ float fmoe__make_qkx2_quants(int n, int nmax, const float *x, const float *w, ui
     float best_error = 0;
     for (int i = 0; i < n; i++) {
         const int l = fmoe__nearest_int(iscale * (x[i] - min));
-        L[i] = (uint8_t)clampi(l, 0, nmax);
+        L[i] = (uint8_t)fmoe__clampi(l, 0, nmax);
         const float diff = scale * L[i] + min - x[i];
         best_error += w[i] * (use_mad ? fabsf(diff) : diff * diff);
     }
@@ -86,7 +77,7 @@ float fmoe__make_qkx2_quants(int n, int nmax, const float *x, const float *w, ui
         iscale = (rmin + rdelta * is + nmax) / (max - min);
         float sum_l = 0, sum_l2 = 0, sum_xl = 0;
         for (int i = 0; i < n; i++) {
-            const int l = clampi(fmoe__nearest_int(iscale * (x[i] - min)), 0, nmax);
+            const int l = fmoe__clampi(fmoe__nearest_int(iscale * (x[i] - min)), 0, nmax);
             Laux[i] = (uint8_t)l;
             sum_l += w[i] * l;
             sum_l2 += w[i] * l * l;
@@ -158,14 +149,14 @@ static void quantize_k_affine(const float *x, uint8_t *b, int nmax, uint8_t *L) 
             sc[j] |= (uint8_t)((lm >> 4) << 6);
         }
     }
-    put_f16(b, max_scale / 63.f);
-    put_f16(b + 2, max_min / 63.f);
+    fmoe__put_f16(b, max_scale / 63.f);
+    fmoe__put_f16(b + 2, max_min / 63.f);
     for (int j = 0; j < 8; j++) {
         float d, dm; /* as the reader will compute them */
         fmoe__k4_sub_scale(b, j, fmoe__qblock_f16(b), fmoe__qblock_f16(b + 2), &d, &dm);
         if (d == 0) continue;
         for (int ii = 0; ii < 32; ii++)
-            L[32 * j + ii] = (uint8_t)clampi(fmoe__nearest_int((x[32 * j + ii] + dm) / d), 0, nmax);
+            L[32 * j + ii] = (uint8_t)fmoe__clampi(fmoe__nearest_int((x[32 * j + ii] + dm) / d), 0, nmax);
     }
 }
 
@@ -216,14 +207,14 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
             max = x[i];
         }
     }
-    if (amax < GROUP_MAX_EPS) {
+    if (amax < FMOE_QUANT_GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.f;
     }
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
-        const int l = clampi(fmoe__nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        const int l = fmoe__clampi(fmoe__nearest_int(iscale * x[i]), -nmax, nmax - 1);
         L[i] = (int8_t)(l + nmax);
         const float w = x[i] * x[i];
         sumlx += w * x[i] * l;
@@ -236,7 +227,7 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
         iscale = -(nmax + 0.1f * is) / max;
         sumlx = suml2 = 0;
         for (int i = 0; i < n; i++) {
-            const int l = clampi(fmoe__nearest_int(iscale * x[i]), -nmax, nmax - 1);
+            const int l = fmoe__clampi(fmoe__nearest_int(iscale * x[i]), -nmax, nmax - 1);
             const float w = x[i] * x[i];
             sumlx += w * x[i] * l;
             suml2 += w * l * l;
@@ -244,7 +235,7 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
             for (int i = 0; i < n; i++) {
                 const int l = fmoe__nearest_int(iscale * x[i]);
-                L[i] = (int8_t)(nmax + clampi(l, -nmax, nmax - 1));
+                L[i] = (int8_t)(nmax + fmoe__clampi(l, -nmax, nmax - 1));
             }
             scale = sumlx / suml2;
             best = scale * sumlx;
@@ -268,13 +259,13 @@ static void quantize_q6_k(const float *x, uint8_t *b) {
     }
     uint8_t *ql = b, *qh = b + 128;
     int8_t *sc = (int8_t *)(b + 192);
-    if (max_abs_scale < GROUP_MAX_EPS) {
+    if (max_abs_scale < FMOE_QUANT_GROUP_MAX_EPS) {
         memset(b, 0, FMOE_Q6_K_BYTES);
-        put_f16(b + 208, 0.f);
+        fmoe__put_f16(b + 208, 0.f);
         return;
     }
     const float iscale = -128.f / max_scale;
-    put_f16(b + 208, 1 / iscale);
+    fmoe__put_f16(b + 208, 1 / iscale);
     for (int ib = 0; ib < 16; ib++) {
         const int v = fmoe__nearest_int(iscale * scales[ib]);
         sc[ib] = (int8_t)(v < 127 ? v : 127);
@@ -283,7 +274,7 @@ static void quantize_q6_k(const float *x, uint8_t *b) {
         const float d = fmoe__q6_k_sub_scale(b, j, fmoe__qblock_f16(b + 208));
         if (d == 0) continue;
         for (int ii = 0; ii < 16; ii++)
-            L[16 * j + ii] = (int8_t)(clampi(fmoe__nearest_int(x[16 * j + ii] / d), -32, 31) + 32);
+            L[16 * j + ii] = (int8_t)(fmoe__clampi(fmoe__nearest_int(x[16 * j + ii] / d), -32, 31) + 32);
     }
     for (int j = 0; j < FMOE_QK_K; j += 128, ql += 64, qh += 32) {
         for (int l = 0; l < 32; l++) {

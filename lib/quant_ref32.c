@@ -26,11 +26,6 @@
 #include "fmoe/quant.h"
 #include "quant_impl.h"
 
-static void put_f16(uint8_t *p, float f) {
-    const uint16_t h = fmoe_float_to_half(f);
-    memcpy(p, &h, 2);
-}
-
 /* The value of largest magnitude, its sign kept (the first of equals, as ggml's strict >). */
 static float signed_max(const float *x) {
     float amax = 0, max = 0;
@@ -70,7 +65,7 @@ static void quantize_sym(const float *x, uint8_t *b, int levels) {
     const float id = d != 0 ? 1.0f / d : 0.0f;
     uint8_t q[32];
     for (int l = 0; l < 32; l++) q[l] = code(x[l] * id + ((float)off + 0.5f), levels);
-    put_f16(b, d);
+    fmoe__put_f16(b, d);
     if (levels == 16)
         pack(q, b + 2, NULL);
     else
@@ -89,8 +84,8 @@ static void quantize_affine(const float *x, uint8_t *b, int levels) {
     const float id = d != 0 ? 1.0f / d : 0.0f;
     uint8_t q[32];
     for (int l = 0; l < 32; l++) q[l] = code((x[l] - min) * id + 0.5f, levels);
-    put_f16(b, d);
-    put_f16(b + 2, min);
+    fmoe__put_f16(b, d);
+    fmoe__put_f16(b + 2, min);
     if (levels == 16)
         pack(q, b + 4, NULL);
     else
@@ -149,7 +144,7 @@ static void quantize_iq4_nl(const float *x, uint8_t *b) {
     const float d = iq4_search(levels, x, q);
     /* the block stores d as f16: the codes were chosen for the f32 d, which is what ggml
      * does too (its search is in f32 and rounds d on store) */
-    put_f16(b, d);
+    fmoe__put_f16(b, d);
     pack(q, b + 2, NULL);
 }
 
@@ -171,7 +166,7 @@ void fmoe__quantize_iq4_xs_block(const float *x, uint8_t *b) {
         }
     }
     memset(b, 0, FMOE_IQ4_XS_BYTES);
-    put_f16(b, -max / 32);
+    fmoe__put_f16(b, -max / 32);
     const float d = fmoe__qblock_f16(b);
     const float id = d != 0 ? 1.0f / d : 0.0f;
     uint16_t sh = 0;

@@ -19,15 +19,6 @@
 #include "fmoe/quant.h"
 #include "quant_impl.h"
 
-#define GROUP_MAX_EPS 1e-15f
-
-static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
-
-static void put_f16(uint8_t *p, float f) {
-    const uint16_t h = fmoe_float_to_half(f);
-    memcpy(p, &h, 2);
-}
-
 /* Levels L[256] (0..3) into Q2_K/Q3_K's qs[64]: value 128h + 32j + l at bits 2j of
  * qs[32h + l]. */
 static void pack2(const uint8_t *L, uint8_t *qs) {
@@ -53,14 +44,14 @@ static void quantize_q2_k(const float *x, uint8_t *b) {
     if (max_scale > 0) {
         const float iscale = 15.f / max_scale;
         for (int j = 0; j < 16; j++)
-            b[j] = (uint8_t)clampi(fmoe__nearest_int(iscale * scales[j]), 0, 15);
-        put_f16(b + 80, max_scale / 15.f);
+            b[j] = (uint8_t)fmoe__clampi(fmoe__nearest_int(iscale * scales[j]), 0, 15);
+        fmoe__put_f16(b + 80, max_scale / 15.f);
     }
     if (max_min > 0) {
         const float iscale = 15.f / max_min;
         for (int j = 0; j < 16; j++)
-            b[j] |= (uint8_t)(clampi(fmoe__nearest_int(iscale * mins[j]), 0, 15) << 4);
-        put_f16(b + 82, max_min / 15.f);
+            b[j] |= (uint8_t)(fmoe__clampi(fmoe__nearest_int(iscale * mins[j]), 0, 15) << 4);
+        fmoe__put_f16(b + 82, max_min / 15.f);
     }
     const float d = fmoe__qblock_f16(b + 80), dmin = fmoe__qblock_f16(b + 82);
     for (int j = 0; j < 16; j++) {
@@ -68,7 +59,7 @@ static void quantize_q2_k(const float *x, uint8_t *b) {
         if (dl == 0) continue;
         const float ml = dmin * (float)(b[j] >> 4);
         for (int i = 0; i < 16; i++)
-            L[16 * j + i] = (uint8_t)clampi(fmoe__nearest_int((x[16 * j + i] + ml) / dl), 0, 3);
+            L[16 * j + i] = (uint8_t)fmoe__clampi(fmoe__nearest_int((x[16 * j + i] + ml) / dl), 0, 3);
     }
     pack2(L, b + 16);
 }
@@ -85,14 +76,14 @@ static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
             max = x[i];
         }
     }
-    if (amax < GROUP_MAX_EPS) {
+    if (amax < FMOE_QUANT_GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.f;
     }
     const float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
-        const int l = clampi(fmoe__nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        const int l = fmoe__clampi(fmoe__nearest_int(iscale * x[i]), -nmax, nmax - 1);
         L[i] = (int8_t)l;
         const float w = x[i] * x[i];
         sumlx += w * x[i] * l;
@@ -105,7 +96,7 @@ static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
             float slx = sumlx - w * x[i] * L[i];
             if (slx > 0) {
                 float sl2 = suml2 - w * L[i] * L[i];
-                const int nl = clampi(fmoe__nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+                const int nl = fmoe__clampi(fmoe__nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
                 if (nl != L[i]) {
                     slx += w * x[i] * nl;
                     sl2 += w * nl * nl;
@@ -141,14 +132,14 @@ static void quantize_q3_k(const float *x, uint8_t *b) {
     if (max_scale != 0) {
         const float iscale = -32.f / max_scale;
         for (int j = 0; j < 16; j++) {
-            const int l = clampi(fmoe__nearest_int(iscale * scales[j]), -32, 31) + 32;
+            const int l = fmoe__clampi(fmoe__nearest_int(iscale * scales[j]), -32, 31) + 32;
             if (j < 8)
                 sc[j] = (uint8_t)(l & 0xF);
             else
                 sc[j - 8] |= (uint8_t)((l & 0xF) << 4);
             sc[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
         }
-        put_f16(b + 108, 1 / iscale);
+        fmoe__put_f16(b + 108, 1 / iscale);
     }
     float d, dmin;
     fmoe__kx_d(FMOE_GGML_Q3_K, b, &d, &dmin);
@@ -159,7 +150,7 @@ static void quantize_q3_k(const float *x, uint8_t *b) {
         const float dl = d * (float)s;
         if (dl == 0) continue;
         for (int i = 0; i < 16; i++)
-            L[16 * j + i] = (int8_t)(clampi(fmoe__nearest_int(x[16 * j + i] / dl), -4, 3) + 4);
+            L[16 * j + i] = (int8_t)(fmoe__clampi(fmoe__nearest_int(x[16 * j + i] / dl), -4, 3) + 4);
     }
     /* the third bit into hmask (value 128h + 32j + l: bit 4h + j of hmask[l]), the low two
      * into qs */
