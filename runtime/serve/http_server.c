@@ -521,6 +521,8 @@ typedef struct stream {
     int fd;                    /* the connection's socket, peeked for a hang-up; -1: unknown */
     conn_entry *ce;            /* what wakes it (referenced), or NULL */
     size_t have;               /* bytes of the job's text sent */
+    int32_t lp_sent;           /* tokens whose logprobs were sent (meta.logprobs) */
+    uint64_t lp_end;           /* where the last of them ended in the text */
     double last_sent;          /* monotonic seconds of the last event or keep-alive */
     double stop_since;         /* monotonic seconds it first saw the shutdown, 0: not yet */
     char *pend;                /* [pend_len] bytes to send, from pend_off */
@@ -579,9 +581,24 @@ static int stream_next(stream *s) {
     }
     s->last_sent = now;
     int rc = 0;
-    if (len > s->have)
-        rc = pend_event(s, fmoe_serve_api_render_chunk(&s->meta, 0, text + s->have, len - s->have,
-                                                  NULL, s->include_usage));
+    /* a chunk carries the logprobs of the tokens whose text it completes (all that are
+     * left once the job finished): their strings concatenate to the chunks' text */
+    serve_token_logprob *lp = NULL;
+    int32_t nlp = 0, take = 0;
+    if (s->meta.logprobs && fmoe_serve_job_logprobs(s->job, s->lp_sent, &lp, &nlp) < 0) {
+        free(text);
+        return -1;
+    }
+    while (take < nlp && (st.finished != SERVE_RUNNING || lp[take].text_end <= len)) take++;
+    if (len > s->have || take > 0) {
+        rc = pend_event(s, fmoe_serve_api_render_chunk_lp(&s->meta, 0, text + s->have,
+                                                          len > s->have ? len - s->have : 0,
+                                                          NULL, s->include_usage, lp, take,
+                                                          (size_t)s->lp_end));
+        s->lp_sent += take;
+        if (take > 0) s->lp_end = lp[take - 1].text_end;
+    }
+    free(lp);
     if (len > s->have) s->have = len;
     free(text);
     if (rc < 0 || st.finished == SERVE_RUNNING) return rc;
@@ -703,6 +720,12 @@ static enum MHD_Result continue_wait(serve_http *h, struct MHD_Connection *c, re
         /* have = SIZE_MAX: news only when the job finishes; never blocks */
         int news = fmoe_serve_job_wait(r->job, SIZE_MAX, 0, &text, &len, &st);
         if (news == 1 && st.finished != SERVE_RUNNING) {
+            /* the logprobs before the job goes; -1: out of memory */
+            serve_token_logprob *lp = NULL;
+            int32_t nlp = 0;
+            const int lp_rc = r->meta.logprobs && st.finished != SERVE_FINISH_ERROR
+                                  ? fmoe_serve_job_logprobs(r->job, 0, &lp, &nlp)
+                                  : 0;
             watch(r->ce, NULL);
             entry_unref(r->ce);
             r->ce = NULL;
@@ -710,6 +733,7 @@ static enum MHD_Result continue_wait(serve_http *h, struct MHD_Connection *c, re
             r->job = NULL;
             if (r->cancelled && peer_closed(fd)) {
                 free(text);
+                free(lp);
                 return MHD_NO; /* nobody to answer */
             }
             enum MHD_Result ok;
@@ -717,9 +741,14 @@ static enum MHD_Result continue_wait(serve_http *h, struct MHD_Connection *c, re
                 ok = reply_error(h, c, st.http_status ? st.http_status : 500, "server_error", NULL,
                                  st.http_status == 507 ? "trace_write_failed" : NULL,
                                  st.error[0] ? st.error : "generation failed");
-            else
-                ok = reply_json(h, c, 200, fmoe_serve_api_render_response(&r->meta, text, len,
-                                                                          &st));
+            else {
+                if (lp_rc < 0)
+                    ok = reply_error(h, c, 500, "server_error", NULL, NULL, "out of memory");
+                else
+                    ok = reply_json(h, c, 200, fmoe_serve_api_render_response_lp(
+                                                   &r->meta, text, len, &st, lp, nlp));
+                free(lp);
+            }
             free(text);
             return ok;
         }
@@ -771,6 +800,7 @@ static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, re
         fmoe_serve_engine_submit(e, req.prompt, req.num_prompt, &req.sampling, &status, msg,
                                  sizeof msg);
     int stream = req.stream, include_usage = req.include_usage;
+    const int32_t logprobs = req.sampling.logprobs;
     fmoe_serve_api_request_free(&req); /* submit copied the prompt and the stop strings */
     if (!job) {
         if (status == 503) return reply_busy(h, c, msg[0] ? msg : "the server is busy");
@@ -781,7 +811,8 @@ static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, re
 
     char id[SERVE_API_ID_MAX];
     new_id(h, kind, id);
-    serve_api_meta meta = {kind, id, (int64_t)time(NULL), info.model_name ? info.model_name : ""};
+    serve_api_meta meta = {kind, id, (int64_t)time(NULL), info.model_name ? info.model_name : "",
+                           logprobs, h->tok};
     if (stream) return start_stream(h, c, job, &meta, include_usage);
     return begin_wait(h, c, r, job, &meta);
 }

@@ -103,6 +103,14 @@ int fmoe_serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text
     }
 }
 
+/* The fake records no log-probabilities (the live tests check them). */
+int fmoe_serve_job_logprobs(serve_job *j, int32_t from, serve_token_logprob **out, int32_t *n) {
+    (void)j, (void)from;
+    *out = NULL;
+    *n = 0;
+    return 0;
+}
+
 /* The fake tells no news: its jobs' text grows with the clock, so the server's waits move
  * on the ticker's resume every slice, which the real engine's news only shortens. */
 void fmoe_serve_job_set_notify(serve_job *j, void (*fn)(void *), void *arg) {
