@@ -164,8 +164,10 @@ static int parse_sampling(const cJSON *root, serve_api_request *r, int32_t *max_
         s->seed = d < 0 ? (uint64_t)(int64_t)d : d >= 18446744073709551615.0 ? UINT64_MAX
                                                                               : (uint64_t)d;
     }
-    if ((rc = get_int(root, "n", -INFINITY, INFINITY, &d, err)) < 0) return rc;
-    if (rc && d != 1) return bad(err, "n", "'n' must be 1: one choice per request is supported");
+    /* n choices are n sequences (the prompt run n times): bounded, as the queue is */
+    r->n = 1;
+    if ((rc = get_int(root, "n", 1, SERVE_API_MAX_N, &d, err)) < 0) return rc;
+    if (rc) r->n = (int32_t)d;
     int b;
     if ((rc = get_bool(root, "ignore_eos", &b, err)) < 0) return rc;
     if (rc) s->ignore_eos = b;
@@ -683,18 +685,21 @@ static char *finish_json(cJSON *o) {
     return s;
 }
 
-/* o.choices = [{"index": 0}]. @return that choice, or NULL when out of memory. */
-static cJSON *first_choice(cJSON *o) {
-    cJSON *choices = cJSON_CreateArray(), *c = cJSON_CreateObject();
-    if (put(o, "choices", choices)) {
-        cJSON_Delete(c);
-        return NULL;
-    }
+/* Appends {"index": index} to the array choices. @return it, or NULL out of memory. */
+static cJSON *add_choice(cJSON *choices, int32_t index) {
+    cJSON *c = cJSON_CreateObject();
     if (!c || !cJSON_AddItemToArray(choices, c)) {
         cJSON_Delete(c);
         return NULL;
     }
-    return put_num(c, "index", 0) ? NULL : c;
+    return put_num(c, "index", index) ? NULL : c;
+}
+
+/* o.choices = [{"index": index}]. @return that choice, or NULL when out of memory. */
+static cJSON *first_choice(cJSON *o, int32_t index) {
+    cJSON *choices = cJSON_CreateArray();
+    if (put(o, "choices", choices)) return NULL;
+    return add_choice(choices, index);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -854,22 +859,33 @@ char *fmoe_serve_api_render_response(const serve_api_meta *m, const char *text, 
 char *fmoe_serve_api_render_response_lp(const serve_api_meta *m, const char *text, size_t len,
                                         const serve_job_status *st,
                                         const serve_token_logprob *lp, int32_t num_lp) {
+    const serve_api_choice c = {text, len, st->finished, lp, num_lp};
+    return fmoe_serve_api_render_response_n(m, &c, 1, st);
+}
+
+char *fmoe_serve_api_render_response_n(const serve_api_meta *m, const serve_api_choice *ch,
+                                       int32_t n, const serve_job_status *st) {
     int chat = m->kind == SERVE_API_CHAT;
     cJSON *o = header(m, chat ? "chat.completion" : "text_completion");
     if (!o) return NULL;
-    cJSON *c = first_choice(o);
-    if (!c) goto fail;
-    if (chat) {
-        cJSON *msg = cJSON_CreateObject();
-        if (put(c, "message", msg) || put_str(msg, "role", "assistant") ||
-            put(msg, "content", string_n(text, len)))
+    cJSON *choices = cJSON_CreateArray();
+    if (put(o, "choices", choices)) goto fail;
+    for (int32_t i = 0; i < n; i++) {
+        cJSON *c = add_choice(choices, i);
+        if (!c) goto fail;
+        if (chat) {
+            cJSON *msg = cJSON_CreateObject();
+            if (put(c, "message", msg) || put_str(msg, "role", "assistant") ||
+                put(msg, "content", string_n(ch[i].text, ch[i].len)))
+                goto fail;
+        } else if (put(c, "text", string_n(ch[i].text, ch[i].len))) {
             goto fail;
-    } else if (put(c, "text", string_n(text, len))) {
-        goto fail;
+        }
+        if (put_str(c, "finish_reason", fmoe_serve_api_finish_reason(ch[i].finished)) ||
+            put_logprobs(c, m, ch[i].lp, ch[i].num_lp, 0))
+            goto fail;
     }
-    if (put_str(c, "finish_reason", fmoe_serve_api_finish_reason(st->finished)) ||
-        put_logprobs(c, m, lp, num_lp, 0) || put_usage(o, st))
-        goto fail;
+    if (put_usage(o, st)) goto fail;
     return finish_json(o);
 fail:
     cJSON_Delete(o);
@@ -878,18 +894,19 @@ fail:
 
 char *fmoe_serve_api_render_chunk(const serve_api_meta *m, int role, const char *text, size_t len,
                              const char *finish_reason, int usage_null) {
-    return fmoe_serve_api_render_chunk_lp(m, role, text, len, finish_reason, usage_null, NULL, 0,
-                                          0);
+    return fmoe_serve_api_render_chunk_lp(m, 0, role, text, len, finish_reason, usage_null, NULL,
+                                          0, 0);
 }
 
-char *fmoe_serve_api_render_chunk_lp(const serve_api_meta *m, int role, const char *text,
+char *fmoe_serve_api_render_chunk_lp(const serve_api_meta *m, int32_t index, int role,
+                                     const char *text,
                                      size_t len, const char *finish_reason, int usage_null,
                                      const serve_token_logprob *lp, int32_t num_lp,
                                      size_t start) {
     int chat = m->kind == SERVE_API_CHAT;
     cJSON *o = header(m, chat ? "chat.completion.chunk" : "text_completion");
     if (!o) return NULL;
-    cJSON *c = first_choice(o);
+    cJSON *c = first_choice(o, index);
     if (!c) goto fail;
     if (chat) {
         cJSON *delta = cJSON_CreateObject();

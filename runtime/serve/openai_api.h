@@ -16,7 +16,7 @@
  *   both      model (any), max_tokens / max_completion_tokens (int >= 1; the latter wins;
  *             absent: the context left), temperature [0, 2] (absent: 1), top_p (0, 1],
  *             top_k (int >= 0, a llama.cpp extension), seed (int), stop (string or up to 4
- *             strings; empty strings are dropped), n (1 only), stream (bool),
+ *             strings; empty strings are dropped), n (1..8), stream (bool),
  *             stream_options.include_usage (bool), ignore_eos (bool, a vLLM/llama.cpp
  *             extension); tools, tool_choice, functions, function_call, response_format,
  *             logit_bias, min_tokens -> 400 naming the field unless the value asks for
@@ -43,6 +43,8 @@
 enum { SERVE_API_CHAT = 0, SERVE_API_COMPLETION = 1 };
 
 #define SERVE_API_MAX_STOP 4
+/* The most choices (`n`) a request may ask for: each is a sequence of its own. */
+#define SERVE_API_MAX_N 8
 
 typedef struct serve_api_request {
     int32_t kind;              /* SERVE_API_CHAT or SERVE_API_COMPLETION */
@@ -53,6 +55,7 @@ typedef struct serve_api_request {
     const char *stop_ptrs[SERVE_API_MAX_STOP];
     int32_t stream;            /* 1: server-sent events */
     int32_t include_usage;     /* stream_options.include_usage */
+    int32_t n;                 /* choices, 1..SERVE_API_MAX_N */
 } serve_api_request;
 
 typedef struct serve_api_error {
@@ -117,15 +120,30 @@ char *fmoe_serve_api_render_response_lp(const serve_api_meta *m, const char *tex
                                         const serve_job_status *st,
                                         const serve_token_logprob *lp, int32_t num_lp);
 
+/* One choice of a response of n (the request's `n`). */
+typedef struct serve_api_choice {
+    const char *text;
+    size_t len;
+    int32_t finished;                 /* serve_finish: its finish_reason */
+    const serve_token_logprob *lp;    /* [num_lp] (m->logprobs) */
+    int32_t num_lp;
+} serve_api_choice;
+
+/* A whole response of n choices (index 0..n-1); st: the usage (completion tokens of all
+ * the choices), timings and expert-cache figures. */
+char *fmoe_serve_api_render_response_n(const serve_api_meta *m, const serve_api_choice *ch,
+                                       int32_t n, const serve_job_status *st);
+
 /* One stream chunk. role: chat's first chunk (delta {"role":"assistant","content":""});
  * else delta text (may be empty) and finish_reason (NULL while running). usage_null: add
  * "usage": null (stream_options.include_usage asks every chunk but the last to carry it). */
 char *fmoe_serve_api_render_chunk(const serve_api_meta *m, int role, const char *text, size_t len,
                              const char *finish_reason, int usage_null);
 
-/* The same with the log-probabilities of the chunk's tokens (as render_response_lp);
- * start: the text offset of the first one (completions' text_offset). */
-char *fmoe_serve_api_render_chunk_lp(const serve_api_meta *m, int role, const char *text,
+/* The same for choice `index`, with the log-probabilities of the chunk's tokens (as
+ * render_response_lp); start: the text offset of the first one (completions' text_offset). */
+char *fmoe_serve_api_render_chunk_lp(const serve_api_meta *m, int32_t index, int role,
+                                     const char *text,
                                      size_t len, const char *finish_reason, int usage_null,
                                      const serve_token_logprob *lp, int32_t num_lp,
                                      size_t start);

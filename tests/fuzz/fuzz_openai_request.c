@@ -96,7 +96,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         lp[i].text_end = 2 * (uint64_t)(i + 1);
     }
     free(fmoe_serve_api_render_response_lp(&m, "text", 4, &st, lp, nlp));
-    free(fmoe_serve_api_render_chunk_lp(&m, 0, "t", 1, "stop", r.include_usage, lp, nlp, 0));
+    free(fmoe_serve_api_render_chunk_lp(&m, 0, 0, "t", 1, "stop", r.include_usage, lp, nlp, 0));
     fmoe_serve_api_request_free(&r);
     parsed++;
     return 0;

@@ -316,7 +316,7 @@ TEST(errors_404_405_400_413) {
     const char bad_utf8[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xC3\x28\"}]}";
     reply bu = post(port, CHAT, bad_utf8, strlen(bad_utf8), NULL);
     reply bj = post(port, CHAT, "{\"messages\":", 12, NULL);
-    reply bn = post(port, CHAT, "{" MSGS ",\"n\":2}", strlen("{" MSGS ",\"n\":2}"), NULL);
+    reply bn = post(port, CHAT, "{" MSGS ",\"n\":9}", strlen("{" MSGS ",\"n\":9}"), NULL);
     char big[2048];
     memset(big, ' ', sizeof big);
     big[0] = '{', big[sizeof big - 1] = '}';

@@ -205,7 +205,8 @@ static const struct {
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stop\":5}", "stop", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stop\":[\"a\",1]}", "stop", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", NULL},
-    {SERVE_API_CHAT, "{" CHAT_MSG ",\"n\":2}", "n", NULL},
+    {SERVE_API_CHAT, "{" CHAT_MSG ",\"n\":9}", "n", NULL},
+    {SERVE_API_CHAT, "{" CHAT_MSG ",\"n\":0}", "n", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"n\":\"1\"}", "n", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stream\":\"yes\"}", "stream", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stream\":1}", "stream", NULL},
@@ -254,7 +255,7 @@ static const struct {
     {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs", NULL},
     {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":1e300}", "logprobs", NULL},
     {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"best_of\":2}", "best_of", NULL},
-    {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"n\":2}", "n", NULL},
+    {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"n\":1e9}", "n", NULL},
     {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"suffix\":\"y\"}", "suffix", NULL},
     {SERVE_API_COMPLETION, "", "", NULL},
     {SERVE_API_COMPLETION, "{\"prompt\":", "", NULL},
@@ -788,6 +789,44 @@ TEST(logprobs_parsed) {
     fmoe_serve_api_request_free(&r);
 }
 
+TEST(n_parsed) {
+    serve_api_request r;
+    serve_api_error e;
+    ASSERT_OK(parse(SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"n\":8}", &r, &e));
+    ASSERT_EQ(r.n, 8);
+    fmoe_serve_api_request_free(&r);
+    ASSERT_OK(parse(SERVE_API_COMPLETION, "{\"prompt\":\"x\"}", &r, &e));
+    ASSERT_EQ(r.n, 1);
+    fmoe_serve_api_request_free(&r);
+}
+
+TEST(render_response_of_n_choices) {
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-n", 1, "tiny", 0, NULL};
+    const serve_api_choice ch[2] = {{"ab", 2, SERVE_FINISH_STOP, NULL, 0},
+                                    {"cde", 3, SERVE_FINISH_LENGTH, NULL, 0}};
+    serve_job_status st = {.finished = SERVE_FINISH_LENGTH, .prompt_tokens = 4,
+                           .completion_tokens = 9};
+    char *json = fmoe_serve_api_render_response_n(&m, ch, 2, &st);
+    cJSON *o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    ASSERT_TRUE(o != NULL);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "choices");
+    ASSERT_TRUE(cJSON_IsArray(c) && cJSON_GetArraySize(c) == 2);
+    const cJSON *c1 = cJSON_GetArrayItem(c, 1);
+    ASSERT_EQ(num(c1, "index"), 1);
+    ASSERT_STR_EQ(str(cJSON_GetObjectItemCaseSensitive(c1, "message"), "content"), "cde");
+    ASSERT_STR_EQ(str(c1, "finish_reason"), "length");
+    ASSERT_STR_EQ(str(cJSON_GetArrayItem(c, 0), "finish_reason"), "stop");
+    ASSERT_EQ(num(o, "usage.total_tokens"), 13);
+    cJSON_Delete(o);
+    json = fmoe_serve_api_render_chunk_lp(&m, 3, 0, "x", 1, NULL, 0, NULL, 0, 0);
+    o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    ASSERT_TRUE(o != NULL);
+    ASSERT_EQ(num(choice0(o), "index"), 3);
+    cJSON_Delete(o);
+}
+
 TEST(logprobs_of_a_row) {
     /* log_softmax by hand: logits {1, 3, 2, NaN, 3} -> the two 3s tie (lower id first) */
     const float logits[5] = {1, 3, 2, NAN, 3};
@@ -871,7 +910,7 @@ TEST(render_completion_logprobs_chunk) {
     int32_t a, b;
     two_tokens(lp, &a, &b);
     /* a chunk holding the second token only, which starts where the first ended */
-    char *json = fmoe_serve_api_render_chunk_lp(&m, 0, " world", 6, NULL, 0, lp + 1, 1, 3);
+    char *json = fmoe_serve_api_render_chunk_lp(&m, 0, 0, " world", 6, NULL, 0, lp + 1, 1, 3);
     cJSON *o = json ? cJSON_Parse(json) : NULL;
     free(json);
     ASSERT_TRUE(o != NULL);
@@ -900,7 +939,7 @@ TEST(render_completion_logprobs_chunk) {
     ASSERT_TRUE(cJSON_GetArrayItem(tops, 1)->child == NULL);
     cJSON_Delete(o);
     /* the final chunk with nothing left: null */
-    json = fmoe_serve_api_render_chunk_lp(&m, 0, "", 0, "stop", 0, NULL, 0, 9);
+    json = fmoe_serve_api_render_chunk_lp(&m, 0, 0, "", 0, "stop", 0, NULL, 0, 9);
     o = json ? cJSON_Parse(json) : NULL;
     free(json);
     ASSERT_TRUE(o && cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs")));
