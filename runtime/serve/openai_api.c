@@ -847,8 +847,9 @@ fail:
 static int put_logprobs(cJSON *c, const serve_api_meta *m, const serve_token_logprob *lp,
                         int32_t n, size_t start) {
     if (!m->logprobs) return put(c, "logprobs", cJSON_CreateNull());
-    return put(c, "logprobs", m->kind == SERVE_API_CHAT ? chat_logprobs_json(m, lp, n)
-                                                        : completion_logprobs_json(m, lp, n, start));
+    return put(c, "logprobs", m->kind == SERVE_API_CHAT
+                                  ? chat_logprobs_json(m, lp, n)
+                                  : completion_logprobs_json(m, lp, n, start));
 }
 
 char *fmoe_serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
@@ -920,8 +921,9 @@ char *fmoe_serve_api_render_chunk_lp(const serve_api_meta *m, int32_t index, int
     }
     /* only chunks that carry tokens carry their logprobs (role and final chunks: null) */
     const int with_lp = !role && (len > 0 || num_lp > 0);
-    if ((with_lp ? put_logprobs(c, m, lp, num_lp, start) : put(c, "logprobs", cJSON_CreateNull())) ||
-        put_str(c, "finish_reason", finish_reason))
+    const int lp_rc = with_lp ? put_logprobs(c, m, lp, num_lp, start)
+                              : put(c, "logprobs", cJSON_CreateNull());
+    if (lp_rc || put_str(c, "finish_reason", finish_reason))
         goto fail;
     if (usage_null && put(o, "usage", cJSON_CreateNull())) goto fail;
     return finish_json(o);

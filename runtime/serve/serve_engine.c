@@ -11,7 +11,9 @@
  *   one batched forward (fmoe_offload_forward_batch, or fmoe_session_forward_batch when
  *           every expert is resident): each chosen expert is loaded and run once per layer
  *           for the whole batch
- *   per item with logits: sample, append, detokenise, check EOS / stop strings / limits
+ *   per item with logits: sample, the token's logprobs when the request asked for them
+ *           (serve_logprobs.h: of the raw logits), append, detokenise, check EOS / stop
+ *           strings / limits
  *   finished and cancelled sequences leave; their slots are free for the next admission
  *
  * Sequence slot 0's session is the runner of every batched call: it was made with the

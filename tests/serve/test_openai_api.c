@@ -918,8 +918,8 @@ TEST(render_completion_logprobs_chunk) {
     const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(l, "tokens");
     ASSERT_TRUE(cJSON_IsArray(tokens) && cJSON_GetArraySize(tokens) == 1);
     ASSERT_STR_EQ(cJSON_GetArrayItem(tokens, 0)->valuestring, " world");
-    ASSERT_EQ(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(l, "text_offset"), 0)->valuedouble,
-              3);
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(l, "text_offset");
+    ASSERT_EQ(cJSON_GetArrayItem(off, 0)->valuedouble, 3);
     cJSON_Delete(o);
     /* the whole response: top_logprobs as {piece: logprob}, offsets from 0 */
     serve_job_status st = {.finished = SERVE_FINISH_LENGTH};
