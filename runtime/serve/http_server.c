@@ -66,7 +66,8 @@ typedef struct conn_entry {
     int reaped;        /* shut down for missing the deadline */
     int suspended;     /* suspended by a handler, not yet resumed */
     int news;          /* a wake-up came while not suspended: do not suspend next time */
-    serve_job *job;    /* the job whose notify points here, or NULL */
+    serve_job *jobs[SERVE_API_MAX_N]; /* the jobs whose notify points here */
+    int32_t njobs;
     int refs;          /* MHD's (until closed) and a stream's or waiting request's */
 } conn_entry;
 
@@ -179,8 +180,8 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
      * descriptor number that a new connection reuses. A job still pointing here (the
      * connection closed before its request ended) is detached first; the request's own
      * end runs on this same thread, so it cannot race with this. */
-    if (ce->job) fmoe_serve_job_set_notify(ce->job, NULL, NULL);
-    ce->job = NULL;
+    for (int32_t i = 0; i < ce->njobs; i++) fmoe_serve_job_set_notify(ce->jobs[i], NULL, NULL);
+    ce->njobs = 0;
     pthread_mutex_lock(&h->conn_mu);
     if (ce->prev) ce->prev->next = ce->next;
     else h->conns = ce->next;
@@ -254,12 +255,43 @@ static void wake(void *arg) {
     pthread_mutex_unlock(&h->conn_mu);
 }
 
-/* Points job's news at the connection (job NULL: detaches the current one). */
-static void watch(conn_entry *ce, serve_job *job) {
-    if (!ce || (!ce->c && job)) return; /* closed: nothing to wake */
-    if (ce->job) fmoe_serve_job_set_notify(ce->job, NULL, NULL);
-    ce->job = job;
-    if (job) fmoe_serve_job_set_notify(job, wake, ce);
+/* Points the news of jobs[0..n) (a request's choices) at the connection (n 0: detaches
+ * the current ones). */
+static void watch(conn_entry *ce, serve_job *const *jobs, int32_t n) {
+    if (!ce || (!ce->c && n)) return; /* closed: nothing to wake */
+    for (int32_t i = 0; i < ce->njobs; i++) fmoe_serve_job_set_notify(ce->jobs[i], NULL, NULL);
+    ce->njobs = n;
+    for (int32_t i = 0; i < n; i++) {
+        ce->jobs[i] = jobs[i];
+        fmoe_serve_job_set_notify(jobs[i], wake, ce);
+    }
+}
+
+/* Cancels and releases jobs[0..n). */
+static void drop_jobs(serve_job *const *jobs, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        fmoe_serve_job_cancel(jobs[i]);
+        fmoe_serve_job_release(jobs[i]);
+    }
+}
+
+/* The usage of n choices: the prompt once (as OpenAI counts it), the completion tokens and
+ * expert-cache figures of them all, the times of the slowest. */
+static serve_job_status sum_status(const serve_job_status *st, int32_t n) {
+    serve_job_status t = st[0];
+    for (int32_t i = 1; i < n; i++) {
+        t.completion_tokens += st[i].completion_tokens;
+        t.cache.hits += st[i].cache.hits;
+        t.cache.misses += st[i].cache.misses;
+        t.cache.late += st[i].cache.late;
+        t.cache.prefetched += st[i].cache.prefetched;
+        t.cache.bytes_loaded += st[i].cache.bytes_loaded;
+        t.cache.stall_ms += st[i].cache.stall_ms;
+        if (st[i].predicted_ms > t.predicted_ms) t.predicted_ms = st[i].predicted_ms;
+        if (st[i].prompt_ms > t.prompt_ms) t.prompt_ms = st[i].prompt_ms;
+        if (st[i].queue_ms > t.queue_ms) t.queue_ms = st[i].queue_ms;
+    }
+    return t;
 }
 
 /* In a handler with nothing to do yet: suspends the connection until a wake-up. @return
@@ -395,9 +427,10 @@ typedef struct request {
     uint64_t discarded; /* bytes of a too large body read and dropped */
     char *body;        /* [len] bytes received so far (cap allocated) */
     size_t len, cap;
-    /* a non-streamed request waiting for its job (wait_and_reply) */
-    serve_job *job;
-    conn_entry *ce;    /* referenced while job is set */
+    /* a non-streamed request waiting for its jobs, one per choice (continue_wait) */
+    serve_job *jobs[SERVE_API_MAX_N];
+    int32_t njobs;
+    conn_entry *ce;    /* referenced while njobs > 0 */
     serve_api_meta meta;
     char id[SERVE_API_ID_MAX];
     char *model;
@@ -413,10 +446,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     /* the next request on a kept-alive connection gets the whole deadline again */
     set_deadline(h, entry_of(c), 1);
     if (!r) return;
-    if (r->job) { /* the client went away while it waited */
-        watch(r->ce, NULL);
-        fmoe_serve_job_cancel(r->job);
-        fmoe_serve_job_release(r->job);
+    if (r->njobs) { /* the client went away while it waited */
+        watch(r->ce, NULL, 0);
+        drop_jobs(r->jobs, r->njobs);
         entry_unref(r->ce);
     }
     atomic_fetch_sub(&h->active, 1);
@@ -507,20 +539,29 @@ static int peer_closed(int fd) {
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+/* One choice of a stream. */
+typedef struct stream_choice {
+    serve_job *job;
+    int finished;              /* its job finished (its last chunk went out) */
+    serve_job_status st;       /* once finished: for the usage chunk */
+    size_t have;               /* bytes of the job's text sent */
+    int32_t lp_sent;           /* tokens whose logprobs were sent (meta.logprobs) */
+    uint64_t lp_end;           /* where the last of them ended in the text */
+} stream_choice;
+
 typedef struct stream {
     serve_http *h;
-    serve_job *job;
+    stream_choice ch[SERVE_API_MAX_N];
+    int32_t n;
     serve_api_meta meta;
     char id[SERVE_API_ID_MAX];
     char *model;               /* owned copy: the engine's string may go before we do */
     int include_usage;
-    int role_sent;             /* chat: the first chunk ({"role":"assistant"}) went out */
-    int finished;              /* the job finished: nothing to cancel */
+    int role_sent;             /* chat: the first chunks ({"role":"assistant"}) went out */
     int done;                  /* [DONE] is in pend: end after it */
     int cancelled;
     int fd;                    /* the connection's socket, peeked for a hang-up; -1: unknown */
     conn_entry *ce;            /* what wakes it (referenced), or NULL */
-    size_t have;               /* bytes of the job's text sent */
     double last_sent;          /* monotonic seconds of the last event or keep-alive */
     double stop_since;         /* monotonic seconds it first saw the shutdown, 0: not yet */
     char *pend;                /* [pend_len] bytes to send, from pend_off */
@@ -548,28 +589,86 @@ static int pend_event(stream *s, char *json) {
     return rc ? -1 : 0;
 }
 
+/* The events of choice i's news, if any: its new text (with the logprobs of its tokens)
+ * and, once it finished, its last chunk or the error. @return 1 news, 0 none, -1 out of
+ * memory; *failed 1 when the job failed (the stream ends). */
+static int choice_next(stream *s, int32_t i, int *failed) {
+    stream_choice *ch = &s->ch[i];
+    char *text = NULL;
+    size_t len = 0;
+    serve_job_status st;
+    int news = fmoe_serve_job_wait(ch->job, ch->have, 0, &text, &len, &st); /* never blocks */
+    if (news != 1) {
+        free(text);
+        return 0;
+    }
+    int rc = 0;
+    /* a chunk carries the logprobs of the tokens whose text it completes (all that are
+     * left once the job finished): their strings concatenate to the chunks' text */
+    serve_token_logprob *lp = NULL;
+    int32_t nlp = 0, take = 0;
+    if (s->meta.logprobs && fmoe_serve_job_logprobs(ch->job, ch->lp_sent, &lp, &nlp) < 0) {
+        free(text);
+        return -1;
+    }
+    while (take < nlp && (st.finished != SERVE_RUNNING || lp[take].text_end <= len)) take++;
+    if (len > ch->have || take > 0) {
+        rc = pend_event(s, fmoe_serve_api_render_chunk_lp(&s->meta, i, 0, text + ch->have,
+                                                          len > ch->have ? len - ch->have : 0,
+                                                          NULL, s->include_usage, lp, take,
+                                                          (size_t)ch->lp_end));
+        ch->lp_sent += take;
+        if (take > 0) ch->lp_end = lp[take - 1].text_end;
+    }
+    free(lp);
+    if (len > ch->have) ch->have = len;
+    free(text);
+    if (rc < 0 || st.finished == SERVE_RUNNING) return rc < 0 ? -1 : 1;
+
+    ch->finished = 1;
+    ch->st = st;
+    if (st.finished == SERVE_FINISH_ERROR) {
+        *failed = 1;
+        rc = pend_event(s, fmoe_serve_api_render_error("server_error", st.error, NULL,
+                                                  st.http_status == 507 ? "trace_write_failed"
+                                                                        : NULL));
+    } else {
+        rc = pend_event(s, fmoe_serve_api_render_chunk_lp(
+                               &s->meta, i, 0, "", 0, fmoe_serve_api_finish_reason(st.finished),
+                               s->include_usage, NULL, 0, 0));
+    }
+    return rc < 0 ? -1 : 1;
+}
+
 /* Produces the next events into pend (possibly none, after a wait slice). @return 0 or
  * -1 (out of memory, or the engine did not end a cancelled job in time). */
 static int stream_next(stream *s) {
     int chat = s->meta.kind == SERVE_API_CHAT;
     if (chat && !s->role_sent) {
         s->role_sent = 1;
-        return pend_event(s, fmoe_serve_api_render_chunk(&s->meta, 1, NULL, 0, NULL,
-                                                         s->include_usage));
+        for (int32_t i = 0; i < s->n; i++)
+            if (pend_event(s, fmoe_serve_api_render_chunk_lp(&s->meta, i, 1, NULL, 0, NULL,
+                                                             s->include_usage, NULL, 0, 0)) < 0)
+                return -1;
+        return 0;
     }
     const double now = mono_s();
     if (atomic_load(&s->h->stopping)) {
-        if (!s->cancelled) fmoe_serve_job_cancel(s->job);
+        if (!s->cancelled)
+            for (int32_t i = 0; i < s->n; i++) fmoe_serve_job_cancel(s->ch[i].job);
         s->cancelled = 1;
         if (s->stop_since == 0) s->stop_since = now;
         if (now - s->stop_since > STOP_WAIT_S) return -1;
     }
-    char *text = NULL;
-    size_t len = 0;
-    serve_job_status st;
-    int news = fmoe_serve_job_wait(s->job, s->have, 0, &text, &len, &st); /* never blocks */
-    if (news != 1) {
-        free(text);
+    int any = 0, failed = 0, all = 1;
+    for (int32_t i = 0; i < s->n && !failed; i++) {
+        if (s->ch[i].finished) continue;
+        const int rc = choice_next(s, i, &failed);
+        if (rc < 0) return -1;
+        any |= rc;
+        all &= s->ch[i].finished;
+    }
+    if (!any) {
         /* MHD notices a hang-up only when a write fails, and nothing is written while the
          * job is queued or between slow tokens: look at the socket ourselves. */
         if (peer_closed(s->fd)) return -1;
@@ -578,25 +677,13 @@ static int stream_next(stream *s) {
         return pend_add(s, ": keep-alive\n\n", 14);
     }
     s->last_sent = now;
+    if (!failed && !all) return 0;
     int rc = 0;
-    if (len > s->have)
-        rc = pend_event(s, fmoe_serve_api_render_chunk(&s->meta, 0, text + s->have, len - s->have,
-                                                  NULL, s->include_usage));
-    if (len > s->have) s->have = len;
-    free(text);
-    if (rc < 0 || st.finished == SERVE_RUNNING) return rc;
-
-    s->finished = 1;
-    if (st.finished == SERVE_FINISH_ERROR) {
-        rc = pend_event(s, fmoe_serve_api_render_error("server_error", st.error, NULL,
-                                                  st.http_status == 507 ? "trace_write_failed"
-                                                                        : NULL));
-    } else {
-        rc = pend_event(s, fmoe_serve_api_render_chunk(&s->meta, 0, "", 0,
-                                                  fmoe_serve_api_finish_reason(st.finished),
-                                                  s->include_usage));
-        if (!rc && s->include_usage)
-            rc = pend_event(s, fmoe_serve_api_render_usage_chunk(&s->meta, &st));
+    if (!failed && s->include_usage) {
+        serve_job_status st[SERVE_API_MAX_N];
+        for (int32_t i = 0; i < s->n; i++) st[i] = s->ch[i].st;
+        const serve_job_status sum = sum_status(st, s->n);
+        rc = pend_event(s, fmoe_serve_api_render_usage_chunk(&s->meta, &sum));
     }
     if (!rc) rc = pend_add(s, "data: [DONE]\n\n", 14);
     s->done = 1;
@@ -627,34 +714,37 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
  * went away (then the job is still running and is cancelled). */
 static void stream_free(void *cls) {
     stream *s = cls;
-    watch(s->ce, NULL);
+    watch(s->ce, NULL, 0);
     entry_unref(s->ce);
-    if (!s->finished) fmoe_serve_job_cancel(s->job);
-    fmoe_serve_job_release(s->job);
+    for (int32_t i = 0; i < s->n; i++) {
+        if (!s->ch[i].finished) fmoe_serve_job_cancel(s->ch[i].job);
+        fmoe_serve_job_release(s->ch[i].job);
+    }
     free(s->model);
     free(s->pend);
     free(s);
 }
 
-static enum MHD_Result start_stream(serve_http *h, struct MHD_Connection *c, serve_job *job,
+static enum MHD_Result start_stream(serve_http *h, struct MHD_Connection *c,
+                                    serve_job *const *jobs, int32_t n,
                                     const serve_api_meta *meta, int include_usage) {
     stream *s = calloc(1, sizeof *s);
     if (s) s->model = strdup(meta->model ? meta->model : "");
     if (!s || !s->model) {
         if (s) free(s);
-        fmoe_serve_job_cancel(job);
-        fmoe_serve_job_release(job);
+        drop_jobs(jobs, n);
         return reply_json(h, c, 500, NULL);
     }
     s->h = h;
-    s->job = job;
+    s->n = n;
+    for (int32_t i = 0; i < n; i++) s->ch[i].job = jobs[i];
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     s->fd = ci ? ci->connect_fd : -1;
     s->include_usage = include_usage;
     s->last_sent = mono_s();
     s->ce = entry_ref(entry_of(c));
-    watch(s->ce, job);
+    watch(s->ce, jobs, n);
     s->meta = *meta;
     snprintf(s->id, sizeof s->id, "%s", meta->id);
     s->meta.id = s->id;
@@ -696,36 +786,59 @@ static enum MHD_Result continue_wait(serve_http *h, struct MHD_Connection *c, re
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     const int fd = ci ? ci->connect_fd : -1;
+    const int32_t n = r->njobs;
     for (;;) {
-        char *text = NULL;
-        size_t len = 0;
-        serve_job_status st = {0};
-        /* have = SIZE_MAX: news only when the job finishes; never blocks */
-        int news = fmoe_serve_job_wait(r->job, SIZE_MAX, 0, &text, &len, &st);
-        if (news == 1 && st.finished != SERVE_RUNNING) {
-            watch(r->ce, NULL);
+        char *text[SERVE_API_MAX_N] = {0};
+        size_t len[SERVE_API_MAX_N] = {0};
+        serve_job_status st[SERVE_API_MAX_N] = {{0}};
+        int all = 1;
+        /* have = SIZE_MAX: news only when a job finishes; never blocks */
+        for (int32_t i = 0; i < n && all; i++)
+            all = fmoe_serve_job_wait(r->jobs[i], SIZE_MAX, 0, &text[i], &len[i], &st[i]) == 1 &&
+                  st[i].finished != SERVE_RUNNING;
+        if (all) {
+            /* the logprobs before the jobs go; -1: out of memory */
+            serve_token_logprob *lp[SERVE_API_MAX_N] = {0};
+            int32_t nlp[SERVE_API_MAX_N] = {0};
+            int lp_rc = 0, failed = -1;
+            for (int32_t i = 0; i < n; i++) {
+                if (st[i].finished == SERVE_FINISH_ERROR && failed < 0) failed = i;
+                if (r->meta.logprobs && st[i].finished != SERVE_FINISH_ERROR && lp_rc == 0)
+                    lp_rc = fmoe_serve_job_logprobs(r->jobs[i], 0, &lp[i], &nlp[i]);
+            }
+            watch(r->ce, NULL, 0);
             entry_unref(r->ce);
             r->ce = NULL;
-            fmoe_serve_job_release(r->job);
-            r->job = NULL;
-            if (r->cancelled && peer_closed(fd)) {
-                free(text);
-                return MHD_NO; /* nobody to answer */
+            for (int32_t i = 0; i < n; i++) fmoe_serve_job_release(r->jobs[i]);
+            r->njobs = 0;
+            enum MHD_Result ok = MHD_NO; /* nobody to answer */
+            if (!(r->cancelled && peer_closed(fd))) {
+                if (failed >= 0) {
+                    const serve_job_status *f = &st[failed];
+                    ok = reply_error(h, c, f->http_status ? f->http_status : 500, "server_error",
+                                     NULL, f->http_status == 507 ? "trace_write_failed" : NULL,
+                                     f->error[0] ? f->error : "generation failed");
+                } else if (lp_rc < 0) {
+                    ok = reply_error(h, c, 500, "server_error", NULL, NULL, "out of memory");
+                } else {
+                    serve_api_choice ch[SERVE_API_MAX_N];
+                    for (int32_t i = 0; i < n; i++)
+                        ch[i] = (serve_api_choice){text[i], len[i], st[i].finished, lp[i],
+                                                   nlp[i]};
+                    const serve_job_status sum = sum_status(st, n);
+                    ok = reply_json(h, c, 200,
+                                    fmoe_serve_api_render_response_n(&r->meta, ch, n, &sum));
+                }
             }
-            enum MHD_Result ok;
-            if (st.finished == SERVE_FINISH_ERROR)
-                ok = reply_error(h, c, st.http_status ? st.http_status : 500, "server_error", NULL,
-                                 st.http_status == 507 ? "trace_write_failed" : NULL,
-                                 st.error[0] ? st.error : "generation failed");
-            else
-                ok = reply_json(h, c, 200, fmoe_serve_api_render_response(&r->meta, text, len,
-                                                                          &st));
-            free(text);
+            for (int32_t i = 0; i < n; i++) {
+                free(text[i]);
+                free(lp[i]);
+            }
             return ok;
         }
-        free(text);
+        for (int32_t i = 0; i < n; i++) free(text[i]);
         if (!r->cancelled && (atomic_load(&h->stopping) || peer_closed(fd))) {
-            fmoe_serve_job_cancel(r->job);
+            for (int32_t i = 0; i < n; i++) fmoe_serve_job_cancel(r->jobs[i]);
             r->cancelled = 1;
         }
         if (park(h, r->ce)) return MHD_YES;
@@ -733,15 +846,16 @@ static enum MHD_Result continue_wait(serve_http *h, struct MHD_Connection *c, re
 }
 
 static enum MHD_Result begin_wait(serve_http *h, struct MHD_Connection *c, request *r,
-                                  serve_job *job, const serve_api_meta *meta) {
-    r->job = job;
+                                  serve_job *const *jobs, int32_t n, const serve_api_meta *meta) {
+    for (int32_t i = 0; i < n; i++) r->jobs[i] = jobs[i];
+    r->njobs = n;
     r->meta = *meta;
     snprintf(r->id, sizeof r->id, "%s", meta->id);
     r->meta.id = r->id;
     r->model = strdup(meta->model ? meta->model : ""); /* the engine's may go before us */
     r->meta.model = r->model ? r->model : "";
     r->ce = entry_ref(entry_of(c));
-    watch(r->ce, job);
+    watch(r->ce, jobs, n);
     return continue_wait(h, c, r);
 }
 
@@ -765,12 +879,24 @@ static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, re
                         &err) < 0)
         return reply_error(h, c, err.status, err.type, err.param, err.code, err.message);
 
+    /* n choices are n sequences, each running the prompt (no KV cache shared between
+     * them), with seeds seed, seed+1, ... when the request gives one (else the engine's
+     * distinct ones); all are submitted or none. */
     int status = 500;
     char msg[256] = "";
-    serve_job *job =
-        fmoe_serve_engine_submit(e, req.prompt, req.num_prompt, &req.sampling, &status, msg,
-                                 sizeof msg);
+    serve_job *jobs[SERVE_API_MAX_N] = {0};
+    int32_t n = 0;
+    for (; n < req.n; n++) {
+        serve_sampling sp = req.sampling;
+        sp.seed += (uint64_t)n;
+        jobs[n] = fmoe_serve_engine_submit(e, req.prompt, req.num_prompt, &sp, &status, msg,
+                                           sizeof msg);
+        if (!jobs[n]) break;
+    }
+    serve_job *job = n == req.n ? jobs[0] : NULL;
+    if (!job) drop_jobs(jobs, n);
     int stream = req.stream, include_usage = req.include_usage;
+    const int32_t logprobs = req.sampling.logprobs;
     fmoe_serve_api_request_free(&req); /* submit copied the prompt and the stop strings */
     if (!job) {
         if (status == 503) return reply_busy(h, c, msg[0] ? msg : "the server is busy");
@@ -781,9 +907,10 @@ static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, re
 
     char id[SERVE_API_ID_MAX];
     new_id(h, kind, id);
-    serve_api_meta meta = {kind, id, (int64_t)time(NULL), info.model_name ? info.model_name : ""};
-    if (stream) return start_stream(h, c, job, &meta, include_usage);
-    return begin_wait(h, c, r, job, &meta);
+    serve_api_meta meta = {kind, id, (int64_t)time(NULL), info.model_name ? info.model_name : "",
+                           logprobs, h->tok};
+    if (stream) return start_stream(h, c, jobs, n, &meta, include_usage);
+    return begin_wait(h, c, r, jobs, n, &meta);
 }
 
 /* How much of a too large body is read and dropped so that the client, still sending,
@@ -962,7 +1089,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (r->responded) return MHD_YES;
         return take_body(h, c, r, upload_data, n);
     }
-    if (r->job) return continue_wait(h, c, r); /* resumed */
+    if (r->njobs) return continue_wait(h, c, r); /* resumed */
     if (r->responded) return MHD_YES;
     r->responded = 1;
     set_deadline(h, entry_of(c), 0); /* the whole request is in: no deadline to answer */

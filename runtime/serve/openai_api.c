@@ -164,8 +164,10 @@ static int parse_sampling(const cJSON *root, serve_api_request *r, int32_t *max_
         s->seed = d < 0 ? (uint64_t)(int64_t)d : d >= 18446744073709551615.0 ? UINT64_MAX
                                                                               : (uint64_t)d;
     }
-    if ((rc = get_int(root, "n", -INFINITY, INFINITY, &d, err)) < 0) return rc;
-    if (rc && d != 1) return bad(err, "n", "'n' must be 1: one choice per request is supported");
+    /* n choices are n sequences (the prompt run n times): bounded, as the queue is */
+    r->n = 1;
+    if ((rc = get_int(root, "n", 1, SERVE_API_MAX_N, &d, err)) < 0) return rc;
+    if (rc) r->n = (int32_t)d;
     int b;
     if ((rc = get_bool(root, "ignore_eos", &b, err)) < 0) return rc;
     if (rc) s->ignore_eos = b;
@@ -390,14 +392,20 @@ static int completion_prompt(const cJSON *root, const fmoe_tokenizer *tok,
 
 /* Options of the legacy endpoint that change the response's shape: refused, not ignored,
  * so that a client does not read a field that is not there. */
-static int completion_unsupported(const cJSON *root, serve_api_error *err) {
+static int completion_unsupported(const cJSON *root, serve_api_request *r,
+                                  serve_api_error *err) {
     int b, rc;
     double d;
     if ((rc = get_bool(root, "echo", &b, err)) < 0) return rc;
     if (rc && b) return bad(err, "echo", "'echo' is not supported");
+    /* logprobs: the number of alternatives per token, 0..5 as OpenAI's legacy API; 0
+     * still reports each chosen token's own logprob. false (as null) asks for none. */
     const cJSON *f = field(root, "logprobs");
-    if (f && !(cJSON_IsNumber(f) && f->valuedouble == 0) && !cJSON_IsFalse(f))
-        return bad(err, "logprobs", "'logprobs' is not supported");
+    if (f && !cJSON_IsFalse(f)) {
+        if ((rc = get_int(root, "logprobs", 0, 5, &d, err)) < 0) return rc;
+        r->sampling.logprobs = 1;
+        r->sampling.top_logprobs = (int32_t)d;
+    }
     if ((rc = get_int(root, "best_of", -INFINITY, INFINITY, &d, err)) < 0) return rc;
     if (rc && d != 1) return bad(err, "best_of", "'best_of' must be 1");
     if ((f = field(root, "suffix")) && !(cJSON_IsString(f) && f->valuestring[0] == '\0'))
@@ -405,10 +413,16 @@ static int completion_unsupported(const cJSON *root, serve_api_error *err) {
     return 0;
 }
 
-static int chat_unsupported(const cJSON *root, serve_api_error *err) {
-    int b, rc;
+/* logprobs (bool) and top_logprobs (0..20, only with logprobs true, as OpenAI says). */
+static int chat_logprobs(const cJSON *root, serve_api_request *r, serve_api_error *err) {
+    int b = 0, rc;
+    double d;
     if ((rc = get_bool(root, "logprobs", &b, err)) < 0) return rc;
-    if (rc && b) return bad(err, "logprobs", "'logprobs' is not supported");
+    if ((rc = get_int(root, "top_logprobs", 0, SERVE_MAX_TOP_LOGPROBS, &d, err)) < 0) return rc;
+    if (rc && !b)
+        return bad(err, "top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
+    r->sampling.logprobs = b;
+    r->sampling.top_logprobs = rc ? (int32_t)d : 0;
     return 0;
 }
 
@@ -495,10 +509,10 @@ int fmoe_serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_
     if ((rc = parse_sampling(root, out, &max_tokens, err)) < 0) goto fail;
     if ((rc = either_unsupported(root, err)) < 0) goto fail;
     if (kind == SERVE_API_CHAT) {
-        if ((rc = chat_unsupported(root, err)) < 0) goto fail;
+        if ((rc = chat_logprobs(root, out, err)) < 0) goto fail;
         rc = chat_prompt(root, tok, out, err);
     } else {
-        if ((rc = completion_unsupported(root, err)) < 0) goto fail;
+        if ((rc = completion_unsupported(root, out, err)) < 0) goto fail;
         rc = completion_prompt(root, tok, out, err);
     }
     if (rc < 0) goto fail;
@@ -671,38 +685,208 @@ static char *finish_json(cJSON *o) {
     return s;
 }
 
-/* o.choices = [{"index": 0}]. @return that choice, or NULL when out of memory. */
-static cJSON *first_choice(cJSON *o) {
-    cJSON *choices = cJSON_CreateArray(), *c = cJSON_CreateObject();
-    if (put(o, "choices", choices)) {
-        cJSON_Delete(c);
-        return NULL;
-    }
+/* Appends {"index": index} to the array choices. @return it, or NULL out of memory. */
+static cJSON *add_choice(cJSON *choices, int32_t index) {
+    cJSON *c = cJSON_CreateObject();
     if (!c || !cJSON_AddItemToArray(choices, c)) {
         cJSON_Delete(c);
         return NULL;
     }
-    return put_num(c, "index", 0) ? NULL : c;
+    return put_num(c, "index", index) ? NULL : c;
+}
+
+/* o.choices = [{"index": index}]. @return that choice, or NULL when out of memory. */
+static cJSON *first_choice(cJSON *o, int32_t index) {
+    cJSON *choices = cJSON_CreateArray();
+    if (put(o, "choices", choices)) return NULL;
+    return add_choice(choices, index);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Log-probabilities
+ * ------------------------------------------------------------------------------------ */
+
+/* A logprob as JSON: -inf (a token the model gives no chance) is -9999, OpenAI's floor,
+ * since JSON has no infinity. */
+static cJSON *logprob_num(float lp) { return cJSON_CreateNumber(lp >= -9999.0f ? lp : -9999.0); }
+
+/* The token's piece (the bytes it adds to the text) as a JSON string: a piece that is part
+ * of a UTF-8 sequence has its stray bytes as U+FFFD; `bytes` carries them exactly. */
+static cJSON *piece_string(const serve_api_meta *m, int32_t id) {
+    const char *p = "";
+    size_t n = 0;
+    if (m->tok && fmoe_tokenizer_token_to_piece(m->tok, id, &p, &n) < 0) {
+        p = "";
+        n = 0;
+    }
+    char *out = malloc(3 * n + 1); /* each stray byte becomes 3 */
+    if (!out) return NULL;
+    size_t at = 0, i = 0;
+    while (i < n) {
+        const size_t ok = fmoe_serve_api_utf8_invalid_at(p + i, n - i);
+        memcpy(out + at, p + i, ok);
+        at += ok;
+        i += ok;
+        if (i < n) {
+            memcpy(out + at, "\xEF\xBF\xBD", 3);
+            at += 3;
+            i++;
+        }
+    }
+    out[at] = '\0';
+    cJSON *j = cJSON_CreateString(out);
+    free(out);
+    return j;
+}
+
+static cJSON *piece_bytes(const serve_api_meta *m, int32_t id) {
+    const char *p = "";
+    size_t n = 0;
+    if (m->tok && fmoe_tokenizer_token_to_piece(m->tok, id, &p, &n) < 0) n = 0;
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++) {
+        cJSON *b = cJSON_CreateNumber((unsigned char)p[i]);
+        if (!b || !cJSON_AddItemToArray(a, b)) {
+            cJSON_Delete(b);
+            cJSON_Delete(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+static int push(cJSON *arr, cJSON *item) {
+    if (!item) return -1;
+    if (!cJSON_AddItemToArray(arr, item)) {
+        cJSON_Delete(item);
+        return -1;
+    }
+    return 0;
+}
+
+/* {token, logprob, bytes}, chat's shape of one token. */
+static cJSON *chat_token(const serve_api_meta *m, int32_t id, float lp) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o || put(o, "token", piece_string(m, id)) || put(o, "logprob", logprob_num(lp)) ||
+        put(o, "bytes", piece_bytes(m, id))) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]} */
+static cJSON *chat_logprobs_json(const serve_api_meta *m, const serve_token_logprob *lp,
+                                 int32_t n) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o || put(o, "content", cJSON_CreateArray())) goto fail;
+    cJSON *content = cJSON_GetObjectItemCaseSensitive(o, "content");
+    for (int32_t i = 0; i < n; i++) {
+        cJSON *t = chat_token(m, lp[i].id, lp[i].logprob), *top = cJSON_CreateArray();
+        if (push(content, t)) {
+            cJSON_Delete(top);
+            goto fail;
+        }
+        if (put(t, "top_logprobs", top)) goto fail;
+        for (int32_t k = 0; k < lp[i].num_top; k++)
+            if (push(top, chat_token(m, lp[i].top_id[k], lp[i].top_logprob[k]))) goto fail;
+    }
+    return o;
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+/* completions: {tokens, token_logprobs, top_logprobs: [{piece: logprob}], text_offset};
+ * the first token's text starts at `start`, each next one where the previous ended. */
+static cJSON *completion_logprobs_json(const serve_api_meta *m, const serve_token_logprob *lp,
+                                       int32_t n, size_t start) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON *tokens = cJSON_CreateArray(), *lps = cJSON_CreateArray(), *tops = cJSON_CreateArray(),
+          *offs = cJSON_CreateArray();
+    /* put deletes what it could not add; the rest are deleted here */
+    if (put(o, "tokens", tokens)) {
+        cJSON_Delete(lps), cJSON_Delete(tops), cJSON_Delete(offs);
+        goto fail;
+    }
+    if (put(o, "token_logprobs", lps)) {
+        cJSON_Delete(tops), cJSON_Delete(offs);
+        goto fail;
+    }
+    if (put(o, "top_logprobs", tops)) {
+        cJSON_Delete(offs);
+        goto fail;
+    }
+    if (put(o, "text_offset", offs)) goto fail;
+    for (int32_t i = 0; i < n; i++) {
+        cJSON *d = cJSON_CreateObject();
+        if (push(tops, d) || push(tokens, piece_string(m, lp[i].id)) ||
+            push(lps, logprob_num(lp[i].logprob)) ||
+            push(offs, cJSON_CreateNumber((double)(i ? lp[i - 1].text_end : start))))
+            goto fail;
+        for (int32_t k = 0; k < lp[i].num_top; k++) {
+            cJSON *key = piece_string(m, lp[i].top_id[k]);
+            if (!key) goto fail;
+            /* two ids with the same piece: the likelier (first) keeps the key */
+            if (!cJSON_GetObjectItemCaseSensitive(d, key->valuestring) &&
+                put(d, key->valuestring, logprob_num(lp[i].top_logprob[k]))) {
+                cJSON_Delete(key);
+                goto fail;
+            }
+            cJSON_Delete(key);
+        }
+    }
+    return o;
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+/* choice.logprobs: null unless the request asked for them. */
+static int put_logprobs(cJSON *c, const serve_api_meta *m, const serve_token_logprob *lp,
+                        int32_t n, size_t start) {
+    if (!m->logprobs) return put(c, "logprobs", cJSON_CreateNull());
+    return put(c, "logprobs", m->kind == SERVE_API_CHAT
+                                  ? chat_logprobs_json(m, lp, n)
+                                  : completion_logprobs_json(m, lp, n, start));
 }
 
 char *fmoe_serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
                                 const serve_job_status *st) {
+    return fmoe_serve_api_render_response_lp(m, text, len, st, NULL, 0);
+}
+
+char *fmoe_serve_api_render_response_lp(const serve_api_meta *m, const char *text, size_t len,
+                                        const serve_job_status *st,
+                                        const serve_token_logprob *lp, int32_t num_lp) {
+    const serve_api_choice c = {text, len, st->finished, lp, num_lp};
+    return fmoe_serve_api_render_response_n(m, &c, 1, st);
+}
+
+char *fmoe_serve_api_render_response_n(const serve_api_meta *m, const serve_api_choice *ch,
+                                       int32_t n, const serve_job_status *st) {
     int chat = m->kind == SERVE_API_CHAT;
     cJSON *o = header(m, chat ? "chat.completion" : "text_completion");
     if (!o) return NULL;
-    cJSON *c = first_choice(o);
-    if (!c) goto fail;
-    if (chat) {
-        cJSON *msg = cJSON_CreateObject();
-        if (put(c, "message", msg) || put_str(msg, "role", "assistant") ||
-            put(msg, "content", string_n(text, len)))
+    cJSON *choices = cJSON_CreateArray();
+    if (put(o, "choices", choices)) goto fail;
+    for (int32_t i = 0; i < n; i++) {
+        cJSON *c = add_choice(choices, i);
+        if (!c) goto fail;
+        if (chat) {
+            cJSON *msg = cJSON_CreateObject();
+            if (put(c, "message", msg) || put_str(msg, "role", "assistant") ||
+                put(msg, "content", string_n(ch[i].text, ch[i].len)))
+                goto fail;
+        } else if (put(c, "text", string_n(ch[i].text, ch[i].len))) {
             goto fail;
-    } else if (put(c, "text", string_n(text, len))) {
-        goto fail;
+        }
+        if (put_str(c, "finish_reason", fmoe_serve_api_finish_reason(ch[i].finished)) ||
+            put_logprobs(c, m, ch[i].lp, ch[i].num_lp, 0))
+            goto fail;
     }
-    if (put_str(c, "finish_reason", fmoe_serve_api_finish_reason(st->finished)) ||
-        put(c, "logprobs", cJSON_CreateNull()) || put_usage(o, st))
-        goto fail;
+    if (put_usage(o, st)) goto fail;
     return finish_json(o);
 fail:
     cJSON_Delete(o);
@@ -711,10 +895,19 @@ fail:
 
 char *fmoe_serve_api_render_chunk(const serve_api_meta *m, int role, const char *text, size_t len,
                              const char *finish_reason, int usage_null) {
+    return fmoe_serve_api_render_chunk_lp(m, 0, role, text, len, finish_reason, usage_null, NULL,
+                                          0, 0);
+}
+
+char *fmoe_serve_api_render_chunk_lp(const serve_api_meta *m, int32_t index, int role,
+                                     const char *text,
+                                     size_t len, const char *finish_reason, int usage_null,
+                                     const serve_token_logprob *lp, int32_t num_lp,
+                                     size_t start) {
     int chat = m->kind == SERVE_API_CHAT;
     cJSON *o = header(m, chat ? "chat.completion.chunk" : "text_completion");
     if (!o) return NULL;
-    cJSON *c = first_choice(o);
+    cJSON *c = first_choice(o, index);
     if (!c) goto fail;
     if (chat) {
         cJSON *delta = cJSON_CreateObject();
@@ -726,7 +919,11 @@ char *fmoe_serve_api_render_chunk(const serve_api_meta *m, int role, const char 
     } else if (put(c, "text", string_n(text, len))) {
         goto fail;
     }
-    if (put(c, "logprobs", cJSON_CreateNull()) || put_str(c, "finish_reason", finish_reason))
+    /* only chunks that carry tokens carry their logprobs (role and final chunks: null) */
+    const int with_lp = !role && (len > 0 || num_lp > 0);
+    const int lp_rc = with_lp ? put_logprobs(c, m, lp, num_lp, start)
+                              : put(c, "logprobs", cJSON_CreateNull());
+    if (lp_rc || put_str(c, "finish_reason", finish_reason))
         goto fail;
     if (usage_null && put(o, "usage", cJSON_CreateNull())) goto fail;
     return finish_json(o);

@@ -16,7 +16,7 @@
  *   both      model (any), max_tokens / max_completion_tokens (int >= 1; the latter wins;
  *             absent: the context left), temperature [0, 2] (absent: 1), top_p (0, 1],
  *             top_k (int >= 0, a llama.cpp extension), seed (int), stop (string or up to 4
- *             strings; empty strings are dropped), n (1 only), stream (bool),
+ *             strings; empty strings are dropped), n (1..8), stream (bool),
  *             stream_options.include_usage (bool), ignore_eos (bool, a vLLM/llama.cpp
  *             extension); tools, tool_choice, functions, function_call, response_format,
  *             logit_bias, min_tokens -> 400 naming the field unless the value asks for
@@ -24,9 +24,11 @@
  *             temperature or top_p positive but 0 as a float (1e-320) -> 400
  *   chat      messages: non-empty array of {role: string, content: string | null | array
  *             of {type: "text", text}} rendered by the tokenizer's chat template with the
- *             generation prompt and encoded without special tokens; logprobs true -> 400
+ *             generation prompt and encoded without special tokens; logprobs (bool),
+ *             top_logprobs (int 0..20; present without logprobs true -> 400)
  *   completion prompt: a string, [string], [ids...] or [[ids...]] (one prompt per request);
- *             strings encoded with special tokens; echo true, logprobs, best_of > 1 -> 400
+ *             strings encoded with special tokens; logprobs (int 0..5, or false/null);
+ *             echo true, best_of > 1 -> 400
  * Errors follow OpenAI: {"error": {"message", "type", "param", "code"}}.
  */
 #ifndef FMOE_SERVE_OPENAI_API_H
@@ -41,6 +43,8 @@
 enum { SERVE_API_CHAT = 0, SERVE_API_COMPLETION = 1 };
 
 #define SERVE_API_MAX_STOP 4
+/* The most choices (`n`) a request may ask for: each is a sequence of its own. */
+#define SERVE_API_MAX_N 8
 
 typedef struct serve_api_request {
     int32_t kind;              /* SERVE_API_CHAT or SERVE_API_COMPLETION */
@@ -51,6 +55,7 @@ typedef struct serve_api_request {
     const char *stop_ptrs[SERVE_API_MAX_STOP];
     int32_t stream;            /* 1: server-sent events */
     int32_t include_usage;     /* stream_options.include_usage */
+    int32_t n;                 /* choices, 1..SERVE_API_MAX_N */
 } serve_api_request;
 
 typedef struct serve_api_error {
@@ -85,6 +90,10 @@ typedef struct serve_api_meta {
     const char *id;            /* "chatcmpl-..." or "cmpl-..." (fmoe_serve_api_make_id) */
     int64_t created;           /* unix seconds */
     const char *model;
+    /* logprobs asked (serve_sampling.logprobs): choices carry `logprobs`, whose token
+     * strings come from tok's pieces; 0: "logprobs": null */
+    int32_t logprobs;
+    const fmoe_tokenizer *tok;
 } serve_api_meta;
 
 #define SERVE_API_ID_MAX 40
@@ -104,11 +113,40 @@ const char *fmoe_serve_api_finish_reason(int32_t finish);
 char *fmoe_serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
                                 const serve_job_status *st);
 
+/* The same with the generated tokens' log-probabilities lp[0..num_lp) (m->logprobs): chat
+ * {"content": [{token, logprob, bytes, top_logprobs}]}, completions {tokens,
+ * token_logprobs, top_logprobs, text_offset}. A logprob of -inf is rendered as -9999. */
+char *fmoe_serve_api_render_response_lp(const serve_api_meta *m, const char *text, size_t len,
+                                        const serve_job_status *st,
+                                        const serve_token_logprob *lp, int32_t num_lp);
+
+/* One choice of a response of n (the request's `n`). */
+typedef struct serve_api_choice {
+    const char *text;
+    size_t len;
+    int32_t finished;                 /* serve_finish: its finish_reason */
+    const serve_token_logprob *lp;    /* [num_lp] (m->logprobs) */
+    int32_t num_lp;
+} serve_api_choice;
+
+/* A whole response of n choices (index 0..n-1); st: the usage (completion tokens of all
+ * the choices), timings and expert-cache figures. */
+char *fmoe_serve_api_render_response_n(const serve_api_meta *m, const serve_api_choice *ch,
+                                       int32_t n, const serve_job_status *st);
+
 /* One stream chunk. role: chat's first chunk (delta {"role":"assistant","content":""});
  * else delta text (may be empty) and finish_reason (NULL while running). usage_null: add
  * "usage": null (stream_options.include_usage asks every chunk but the last to carry it). */
 char *fmoe_serve_api_render_chunk(const serve_api_meta *m, int role, const char *text, size_t len,
                              const char *finish_reason, int usage_null);
+
+/* The same for choice `index`, with the log-probabilities of the chunk's tokens (as
+ * render_response_lp); start: the text offset of the first one (completions' text_offset). */
+char *fmoe_serve_api_render_chunk_lp(const serve_api_meta *m, int32_t index, int role,
+                                     const char *text,
+                                     size_t len, const char *finish_reason, int usage_null,
+                                     const serve_token_logprob *lp, int32_t num_lp,
+                                     size_t start);
 
 /* The chunk include_usage adds before [DONE]: "choices": [] and usage, timings, fmoe. */
 char *fmoe_serve_api_render_usage_chunk(const serve_api_meta *m, const serve_job_status *st);

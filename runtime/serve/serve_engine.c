@@ -11,7 +11,9 @@
  *   one batched forward (fmoe_offload_forward_batch, or fmoe_session_forward_batch when
  *           every expert is resident): each chosen expert is loaded and run once per layer
  *           for the whole batch
- *   per item with logits: sample, append, detokenise, check EOS / stop strings / limits
+ *   per item with logits: sample, the token's logprobs when the request asked for them
+ *           (serve_logprobs.h: of the raw logits), append, detokenise, check EOS / stop
+ *           strings / limits
  *   finished and cancelled sequences leave; their slots are free for the next admission
  *
  * Sequence slot 0's session is the runner of every batched call: it was made with the
@@ -62,6 +64,8 @@ struct serve_job {
     size_t text_len;
     size_t visible;            /* bytes readers may see */
     serve_job_status st;
+    serve_token_logprob *lp;   /* [lp_len] of the generated tokens (sampling.logprobs) */
+    int32_t lp_len, lp_cap;
     /* times (monotonic seconds; scheduler thread only until finished) */
     double t_submit, t_start, t_first, t_last;
     serve_job *next;           /* the engine's waiting queue */
@@ -98,6 +102,7 @@ static void job_free(serve_job *j) {
     free(j->stop_copy);
     free(j->prompt);
     free(j->text);
+    free(j->lp);
     pthread_cond_destroy(&j->cv);
     pthread_mutex_destroy(&j->mu);
     free(j);
@@ -144,6 +149,26 @@ int fmoe_serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text
     *st = j->st;
     pthread_mutex_unlock(&j->mu);
     return news;
+}
+
+int fmoe_serve_job_logprobs(serve_job *j, int32_t from, serve_token_logprob **out, int32_t *n) {
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&j->mu);
+    const int32_t f = from < 0 ? 0 : from;
+    const int32_t k = j->lp_len > f ? j->lp_len - f : 0;
+    int rc = 0;
+    if (k > 0) {
+        *out = malloc((size_t)k * sizeof **out);
+        if (*out) {
+            memcpy(*out, j->lp + f, (size_t)k * sizeof **out);
+            *n = k;
+        } else {
+            rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    return rc;
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -445,7 +470,7 @@ static int is_stop_token(const serve_engine *e, int32_t id) {
  * token, a stop string, max_tokens or the context ends the job (s->finish says how; the
  * job is told when the sequence leaves, after it is in the trace), or on an error (the job
  * is told at once and s->finish is 0). */
-static int take_token(serve_engine *e, seq *s, int32_t tok) {
+static int take_token(serve_engine *e, seq *s, int32_t tok, serve_token_logprob *lp) {
     serve_job *j = s->job;
     const double t = fmoe__now_s();
     if (e->o.metrics) {
@@ -491,6 +516,22 @@ static int take_token(serve_engine *e, seq *s, int32_t tok) {
     free(j->text);
     j->text = text;
     j->text_len = len;
+    if (lp) {
+        /* grown by doubling: at most max_tokens records (<= the context) */
+        if (j->lp_len == j->lp_cap) {
+            const int32_t cap = j->lp_cap ? 2 * j->lp_cap : 16;
+            serve_token_logprob *g = realloc(j->lp, (size_t)cap * sizeof *g);
+            if (g) {
+                j->lp = g;
+                j->lp_cap = cap;
+            }
+        }
+        if (j->lp_len < j->lp_cap) { /* out of memory: the record is dropped, not the job */
+            const size_t stable = fmoe_text_stable_prefix(text, len);
+            lp->text_end = stable;
+            j->lp[j->lp_len++] = *lp;
+        }
+    }
     if (finish == SERVE_RUNNING) {
         const size_t vis = fmoe_serve_text_visible(j->sampling.stop, j->sampling.num_stop, text,
                                                    len);
@@ -672,7 +713,10 @@ static void run_iteration(serve_engine *e, int32_t count) {
             s->state = SEQ_DECODE;
         }
         const int32_t tok = fmoe_sampler_sample(s->sampler, s->logits);
-        if (take_token(e, s, tok)) s->state = SEQ_DONE;
+        serve_token_logprob lp;
+        if (s->job->sampling.logprobs)
+            fmoe_serve_logprobs_of(s->logits, e->V, tok, s->job->sampling.top_logprobs, &lp);
+        if (take_token(e, s, tok, s->job->sampling.logprobs ? &lp : NULL)) s->state = SEQ_DONE;
     }
     /* Done and cancelled sequences leave (outside e->mu: only this thread touches the
      * sequences). With --trace-out a request goes to the trace queue, whose thread tells

@@ -32,6 +32,7 @@
 #include "fmoe/offload.h"
 #include "fmoe/tokenizer.h"
 #include "fmoe/trace.h"
+#include "serve_logprobs.h"
 
 typedef struct serve_engine serve_engine;
 typedef struct serve_job serve_job;
@@ -81,6 +82,10 @@ typedef struct serve_sampling {
                                 the first occurrence, which is not part of the text */
     int32_t num_stop;
     int32_t ignore_eos;
+    /* 1: record each generated token's log-probability (serve_logprobs.h: of the raw
+     * distribution) and its top_logprobs alternatives, for fmoe_serve_job_logprobs */
+    int32_t logprobs;
+    int32_t top_logprobs; /* [0, SERVE_MAX_TOP_LOGPROBS] */
 } serve_sampling;
 
 typedef enum serve_finish {
@@ -142,6 +147,12 @@ serve_job *fmoe_serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t
  * *len, and *st. @return 1 when there is news (more text or finished), 0 on timeout. */
 int fmoe_serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text, size_t *len,
                    serve_job_status *st);
+
+/* The log-probabilities of generated tokens from..(all so far) of a request that asked for
+ * them (serve_sampling.logprobs): *out a malloc'd copy of *n records (NULL when 0; caller
+ * frees), each with text_end, the text's length once that token was decoded.
+ * @return 0, or FMOE_ENOMEM (*n 0). */
+int fmoe_serve_job_logprobs(serve_job *j, int32_t from, serve_token_logprob **out, int32_t *n);
 
 /* Has the engine call fn(arg) whenever the job has news (more text, or it finished), on
  * the engine's threads with the job's lock held: fn must be quick and must not call into

@@ -84,10 +84,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (strlen(r.sampling.stop[i]) == 0) abort();
     for (int i = 0; i < r.num_prompt; i++)
         if (r.prompt[i] < 0 || r.prompt[i] >= fmoe_tokenizer_vocab_size(tok)) abort();
-    serve_api_meta m = {kind, "id", 1, "model"};
+    serve_api_meta m = {kind, "id", 1, "model", r.sampling.logprobs, tok};
     serve_job_status st = {.finished = SERVE_FINISH_STOP, .prompt_tokens = r.num_prompt};
-    free(fmoe_serve_api_render_response(&m, "text", 4, &st));
-    free(fmoe_serve_api_render_chunk(&m, 0, "t", 1, "stop", r.include_usage));
+    /* the prompt's first ids as if generated, with logprobs of a made-up row of logits */
+    float logits[64];
+    for (int i = 0; i < 64; i++) logits[i] = (float)((i * 37) % 11) - 5.0f;
+    serve_token_logprob lp[2];
+    const int32_t nlp = r.num_prompt < 2 ? r.num_prompt : 2;
+    for (int32_t i = 0; i < nlp; i++) {
+        fmoe_serve_logprobs_of(logits, 64, r.prompt[i] % 64, r.sampling.top_logprobs, &lp[i]);
+        lp[i].text_end = 2 * (uint64_t)(i + 1);
+    }
+    free(fmoe_serve_api_render_response_lp(&m, "text", 4, &st, lp, nlp));
+    free(fmoe_serve_api_render_chunk_lp(&m, 0, 0, "t", 1, "stop", r.include_usage, lp, nlp, 0));
     fmoe_serve_api_request_free(&r);
     parsed++;
     return 0;

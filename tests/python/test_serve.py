@@ -172,7 +172,7 @@ def test_seed_reproducible(server):
 def test_bad_request_through_client(server):
     cl = server.client()
     with pytest.raises(openai.BadRequestError) as e:
-        cl.chat.completions.create(model="m", messages=MSGS, n=2)
+        cl.chat.completions.create(model="m", messages=MSGS, n=9)
     assert e.value.status_code == 400
     body = e.value.body
     err = body.get("error", body) if isinstance(body, dict) else {}

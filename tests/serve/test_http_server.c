@@ -103,6 +103,14 @@ int fmoe_serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text
     }
 }
 
+/* The fake records no log-probabilities (the live tests check them). */
+int fmoe_serve_job_logprobs(serve_job *j, int32_t from, serve_token_logprob **out, int32_t *n) {
+    (void)j, (void)from;
+    *out = NULL;
+    *n = 0;
+    return 0;
+}
+
 /* The fake tells no news: its jobs' text grows with the clock, so the server's waits move
  * on the ticker's resume every slice, which the real engine's news only shortens. */
 void fmoe_serve_job_set_notify(serve_job *j, void (*fn)(void *), void *arg) {
@@ -308,7 +316,7 @@ TEST(errors_404_405_400_413) {
     const char bad_utf8[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\xC3\x28\"}]}";
     reply bu = post(port, CHAT, bad_utf8, strlen(bad_utf8), NULL);
     reply bj = post(port, CHAT, "{\"messages\":", 12, NULL);
-    reply bn = post(port, CHAT, "{" MSGS ",\"n\":2}", strlen("{" MSGS ",\"n\":2}"), NULL);
+    reply bn = post(port, CHAT, "{" MSGS ",\"n\":9}", strlen("{" MSGS ",\"n\":9}"), NULL);
     char big[2048];
     memset(big, ' ', sizeof big);
     big[0] = '{', big[sizeof big - 1] = '}';

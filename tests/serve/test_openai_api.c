@@ -205,7 +205,8 @@ static const struct {
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stop\":5}", "stop", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stop\":[\"a\",1]}", "stop", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", NULL},
-    {SERVE_API_CHAT, "{" CHAT_MSG ",\"n\":2}", "n", NULL},
+    {SERVE_API_CHAT, "{" CHAT_MSG ",\"n\":9}", "n", NULL},
+    {SERVE_API_CHAT, "{" CHAT_MSG ",\"n\":0}", "n", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"n\":\"1\"}", "n", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stream\":\"yes\"}", "stream", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stream\":1}", "stream", NULL},
@@ -213,7 +214,12 @@ static const struct {
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"stream_options\":{\"include_usage\":1}}",
      "stream_options.include_usage", NULL},
     {SERVE_API_CHAT, "{" CHAT_MSG ",\"ignore_eos\":\"no\"}", "ignore_eos", NULL},
-    {SERVE_API_CHAT, "{" CHAT_MSG ",\"logprobs\":true}", "logprobs", NULL},
+    {SERVE_API_CHAT, "{" CHAT_MSG ",\"logprobs\":1}", "logprobs", NULL},
+    {SERVE_API_CHAT, "{" CHAT_MSG ",\"logprobs\":true,\"top_logprobs\":21}", "top_logprobs", NULL},
+    {SERVE_API_CHAT, "{" CHAT_MSG ",\"logprobs\":true,\"top_logprobs\":-1}", "top_logprobs", NULL},
+    {SERVE_API_CHAT, "{" CHAT_MSG ",\"logprobs\":true,\"top_logprobs\":1.5}", "top_logprobs", NULL},
+    {SERVE_API_CHAT, "{" CHAT_MSG ",\"top_logprobs\":2}", "top_logprobs", NULL},
+    {SERVE_API_CHAT, "{" CHAT_MSG ",\"logprobs\":false,\"top_logprobs\":0}", "top_logprobs", NULL},
     {SERVE_API_CHAT, "{\"model\":\"m\"}", "messages", NULL},
     {SERVE_API_CHAT, "{\"messages\":null}", "messages", NULL},
     {SERVE_API_CHAT, "{\"messages\":\"hi\"}", "messages", NULL},
@@ -244,9 +250,12 @@ static const struct {
     {SERVE_API_COMPLETION, "{\"prompt\":[1,\"a\"]}", "prompt", NULL},
     {SERVE_API_COMPLETION, "{\"prompt\":[{}]}", "prompt", NULL},
     {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"echo\":true}", "echo", NULL},
-    {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":2}", "logprobs", NULL},
+    {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":6}", "logprobs", NULL},
+    {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":-1}", "logprobs", NULL},
+    {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs", NULL},
+    {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":1e300}", "logprobs", NULL},
     {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"best_of\":2}", "best_of", NULL},
-    {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"n\":2}", "n", NULL},
+    {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"n\":1e9}", "n", NULL},
     {SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"suffix\":\"y\"}", "suffix", NULL},
     {SERVE_API_COMPLETION, "", "", NULL},
     {SERVE_API_COMPLETION, "{\"prompt\":", "", NULL},
@@ -382,7 +391,7 @@ static const cJSON *choice0(const cJSON *o) {
 }
 
 TEST(render_chat_response) {
-    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-abc", 1700000000, "fmoe-tiny"};
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-abc", 1700000000, "fmoe-tiny", 0, NULL};
     const char text[] = "say \"hi\"\nand go!XYZ";
     char *json = fmoe_serve_api_render_response(&m, text, strlen(text) - 3, sample_status());
     ASSERT_TRUE(json != NULL);
@@ -422,7 +431,7 @@ TEST(render_chat_response) {
 }
 
 TEST(render_completion_response_and_zero_times) {
-    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-1", 5, "m"};
+    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-1", 5, "m", 0, NULL};
     serve_job_status st = {.finished = SERVE_FINISH_STOP, .prompt_tokens = 3};
     char *json = fmoe_serve_api_render_response(&m, "", 0, &st);
     cJSON *o = json ? cJSON_Parse(json) : NULL;
@@ -439,7 +448,7 @@ TEST(render_completion_response_and_zero_times) {
 }
 
 TEST(render_chat_chunks) {
-    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-x", 42, "tiny"};
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-x", 42, "tiny", 0, NULL};
     char *j1 = fmoe_serve_api_render_chunk(&m, 1, NULL, 0, NULL, 0);
     char *j2 = fmoe_serve_api_render_chunk(&m, 0, "pieceZZ", 5, NULL, 1);
     char *j3 = fmoe_serve_api_render_chunk(&m, 0, "", 0, "stop", 0);
@@ -466,7 +475,7 @@ TEST(render_chat_chunks) {
 }
 
 TEST(render_completion_chunk_and_usage_chunk) {
-    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-y", 7, "tiny"};
+    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-y", 7, "tiny", 0, NULL};
     char *j1 = fmoe_serve_api_render_chunk(&m, 0, "abc", 3, NULL, 0);
     char *j2 = fmoe_serve_api_render_usage_chunk(&m, sample_status());
     cJSON *a = j1 ? cJSON_Parse(j1) : NULL, *b = j2 ? cJSON_Parse(j2) : NULL;
@@ -742,6 +751,199 @@ TEST(metrics_null_engine_parts) {
     ASSERT_EQ(problems, 0);
     ASSERT_EQ(run, 0);
     ASSERT_TRUE(has_help);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * logprobs
+ * ------------------------------------------------------------------------------------ */
+
+#define LP_CHAT "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+
+TEST(logprobs_parsed) {
+    serve_api_request r;
+    serve_api_error e;
+    ASSERT_OK(parse(SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":5}", &r, &e));
+    ASSERT_EQ(r.sampling.logprobs, 1);
+    ASSERT_EQ(r.sampling.top_logprobs, 5);
+    fmoe_serve_api_request_free(&r);
+    /* 0: each chosen token's own logprob, no alternatives */
+    ASSERT_OK(parse(SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":0}", &r, &e));
+    ASSERT_EQ(r.sampling.logprobs, 1);
+    ASSERT_EQ(r.sampling.top_logprobs, 0);
+    fmoe_serve_api_request_free(&r);
+    ASSERT_OK(parse(SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":false}", &r, &e));
+    ASSERT_EQ(r.sampling.logprobs, 0);
+    fmoe_serve_api_request_free(&r);
+    ASSERT_OK(parse(SERVE_API_CHAT, "{" LP_CHAT ",\"logprobs\":true,\"top_logprobs\":20}", &r,
+                    &e));
+    ASSERT_EQ(r.sampling.logprobs, 1);
+    ASSERT_EQ(r.sampling.top_logprobs, 20);
+    fmoe_serve_api_request_free(&r);
+    ASSERT_OK(parse(SERVE_API_CHAT, "{" LP_CHAT ",\"logprobs\":true}", &r, &e));
+    ASSERT_EQ(r.sampling.logprobs, 1);
+    ASSERT_EQ(r.sampling.top_logprobs, 0);
+    fmoe_serve_api_request_free(&r);
+    ASSERT_OK(parse(SERVE_API_CHAT, "{" LP_CHAT ",\"logprobs\":false,\"top_logprobs\":null}",
+                    &r, &e));
+    ASSERT_EQ(r.sampling.logprobs, 0);
+    fmoe_serve_api_request_free(&r);
+}
+
+TEST(n_parsed) {
+    serve_api_request r;
+    serve_api_error e;
+    ASSERT_OK(parse(SERVE_API_COMPLETION, "{\"prompt\":\"x\",\"n\":8}", &r, &e));
+    ASSERT_EQ(r.n, 8);
+    fmoe_serve_api_request_free(&r);
+    ASSERT_OK(parse(SERVE_API_COMPLETION, "{\"prompt\":\"x\"}", &r, &e));
+    ASSERT_EQ(r.n, 1);
+    fmoe_serve_api_request_free(&r);
+}
+
+TEST(render_response_of_n_choices) {
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-n", 1, "tiny", 0, NULL};
+    const serve_api_choice ch[2] = {{"ab", 2, SERVE_FINISH_STOP, NULL, 0},
+                                    {"cde", 3, SERVE_FINISH_LENGTH, NULL, 0}};
+    serve_job_status st = {.finished = SERVE_FINISH_LENGTH, .prompt_tokens = 4,
+                           .completion_tokens = 9};
+    char *json = fmoe_serve_api_render_response_n(&m, ch, 2, &st);
+    cJSON *o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    ASSERT_TRUE(o != NULL);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "choices");
+    ASSERT_TRUE(cJSON_IsArray(c) && cJSON_GetArraySize(c) == 2);
+    const cJSON *c1 = cJSON_GetArrayItem(c, 1);
+    ASSERT_EQ(num(c1, "index"), 1);
+    ASSERT_STR_EQ(str(cJSON_GetObjectItemCaseSensitive(c1, "message"), "content"), "cde");
+    ASSERT_STR_EQ(str(c1, "finish_reason"), "length");
+    ASSERT_STR_EQ(str(cJSON_GetArrayItem(c, 0), "finish_reason"), "stop");
+    ASSERT_EQ(num(o, "usage.total_tokens"), 13);
+    cJSON_Delete(o);
+    json = fmoe_serve_api_render_chunk_lp(&m, 3, 0, "x", 1, NULL, 0, NULL, 0, 0);
+    o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    ASSERT_TRUE(o != NULL);
+    ASSERT_EQ(num(choice0(o), "index"), 3);
+    cJSON_Delete(o);
+}
+
+TEST(logprobs_of_a_row) {
+    /* log_softmax by hand: logits {1, 3, 2, NaN, 3} -> the two 3s tie (lower id first) */
+    const float logits[5] = {1, 3, 2, NAN, 3};
+    const double lse = log(exp(1.0) + 2 * exp(3.0) + exp(2.0));
+    serve_token_logprob t;
+    fmoe_serve_logprobs_of(logits, 5, 2, 3, &t);
+    ASSERT_EQ(t.id, 2);
+    ASSERT_NEAR(t.logprob, 2 - lse, 1e-6);
+    ASSERT_EQ(t.num_top, 3);
+    ASSERT_EQ(t.top_id[0], 1);
+    ASSERT_EQ(t.top_id[1], 4);
+    ASSERT_EQ(t.top_id[2], 2);
+    ASSERT_NEAR(t.top_logprob[0], 3 - lse, 1e-6);
+    ASSERT_NEAR(t.top_logprob[2], 2 - lse, 1e-6);
+    fmoe_serve_logprobs_of(logits, 5, 3, 99, &t); /* k clamped to V; NaN is -inf */
+    ASSERT_EQ(t.num_top, 5);
+    ASSERT_TRUE(isinf(t.logprob) && t.logprob < 0);
+    ASSERT_EQ(t.top_id[4], 3);
+    /* huge logits: no overflow */
+    const float big[3] = {1e30f, 1e30f, -1e30f};
+    fmoe_serve_logprobs_of(big, 3, 0, 0, &t);
+    ASSERT_NEAR(t.logprob, -log(2.0), 1e-6);
+    ASSERT_EQ(t.num_top, 0);
+}
+
+/* Two generated tokens "The" and " world" of the tiny tokenizer, made-up logprobs. */
+static void two_tokens(serve_token_logprob lp[2], int32_t *a, int32_t *b) {
+    size_t n;
+    int32_t *ids = encode("The world", 0, &n);
+    if (n != 2) abort();
+    *a = ids[0], *b = ids[1];
+    free(ids);
+    memset(lp, 0, 2 * sizeof *lp);
+    lp[0] = (serve_token_logprob){.id = *a, .logprob = -0.5f, .num_top = 2,
+                                  .top_id = {*a, *b}, .top_logprob = {-0.5f, -1.5f},
+                                  .text_end = 3};
+    lp[1] = (serve_token_logprob){.id = *b, .logprob = -INFINITY, .num_top = 0, .text_end = 9};
+}
+
+TEST(render_chat_logprobs) {
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-l", 1, "tiny", 1, tiny()};
+    serve_token_logprob lp[2];
+    int32_t a, b;
+    two_tokens(lp, &a, &b);
+    serve_job_status st = {.finished = SERVE_FINISH_STOP};
+    char *json = fmoe_serve_api_render_response_lp(&m, "The world", 9, &st, lp, 2);
+    cJSON *o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    ASSERT_TRUE(o != NULL);
+    const cJSON *content =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs"),
+                                         "content");
+    ASSERT_TRUE(cJSON_IsArray(content) && cJSON_GetArraySize(content) == 2);
+    const cJSON *t0 = cJSON_GetArrayItem(content, 0), *t1 = cJSON_GetArrayItem(content, 1);
+    ASSERT_STR_EQ(str(t0, "token"), "The");
+    ASSERT_NEAR(num(t0, "logprob"), -0.5, 1e-6);
+    const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(t0, "bytes");
+    ASSERT_TRUE(cJSON_IsArray(bytes) && cJSON_GetArraySize(bytes) == 3);
+    ASSERT_EQ(cJSON_GetArrayItem(bytes, 0)->valuedouble, 'T');
+    const cJSON *top = cJSON_GetObjectItemCaseSensitive(t0, "top_logprobs");
+    ASSERT_TRUE(cJSON_IsArray(top) && cJSON_GetArraySize(top) == 2);
+    ASSERT_STR_EQ(str(cJSON_GetArrayItem(top, 1), "token"), " world");
+    ASSERT_NEAR(num(cJSON_GetArrayItem(top, 1), "logprob"), -1.5, 1e-6);
+    ASSERT_STR_EQ(str(t1, "token"), " world");
+    ASSERT_EQ(num(t1, "logprob"), -9999); /* -inf: OpenAI's floor, JSON has no infinity */
+    top = cJSON_GetObjectItemCaseSensitive(t1, "top_logprobs");
+    ASSERT_TRUE(cJSON_IsArray(top) && cJSON_GetArraySize(top) == 0);
+    cJSON_Delete(o);
+    /* asked for none: null */
+    m.logprobs = 0;
+    json = fmoe_serve_api_render_response_lp(&m, "The world", 9, &st, lp, 2);
+    o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    ASSERT_TRUE(o && cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs")));
+    cJSON_Delete(o);
+}
+
+TEST(render_completion_logprobs_chunk) {
+    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-l", 1, "tiny", 1, tiny()};
+    serve_token_logprob lp[2];
+    int32_t a, b;
+    two_tokens(lp, &a, &b);
+    /* a chunk holding the second token only, which starts where the first ended */
+    char *json = fmoe_serve_api_render_chunk_lp(&m, 0, 0, " world", 6, NULL, 0, lp + 1, 1, 3);
+    cJSON *o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    ASSERT_TRUE(o != NULL);
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs");
+    const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(l, "tokens");
+    ASSERT_TRUE(cJSON_IsArray(tokens) && cJSON_GetArraySize(tokens) == 1);
+    ASSERT_STR_EQ(cJSON_GetArrayItem(tokens, 0)->valuestring, " world");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(l, "text_offset");
+    ASSERT_EQ(cJSON_GetArrayItem(off, 0)->valuedouble, 3);
+    cJSON_Delete(o);
+    /* the whole response: top_logprobs as {piece: logprob}, offsets from 0 */
+    serve_job_status st = {.finished = SERVE_FINISH_LENGTH};
+    json = fmoe_serve_api_render_response_lp(&m, "The world", 9, &st, lp, 2);
+    o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    ASSERT_TRUE(o != NULL);
+    l = cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs");
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(l, "text_offset");
+    ASSERT_EQ(cJSON_GetArrayItem(offs, 0)->valuedouble, 0);
+    ASSERT_EQ(cJSON_GetArrayItem(offs, 1)->valuedouble, 3);
+    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(l, "token_logprobs");
+    ASSERT_NEAR(cJSON_GetArrayItem(tl, 0)->valuedouble, -0.5, 1e-6);
+    const cJSON *tops = cJSON_GetObjectItemCaseSensitive(l, "top_logprobs");
+    ASSERT_NEAR(num(cJSON_GetArrayItem(tops, 0), "The"), -0.5, 1e-6);
+    ASSERT_NEAR(num(cJSON_GetArrayItem(tops, 0), " world"), -1.5, 1e-6);
+    ASSERT_TRUE(cJSON_GetArrayItem(tops, 1)->child == NULL);
+    cJSON_Delete(o);
+    /* the final chunk with nothing left: null */
+    json = fmoe_serve_api_render_chunk_lp(&m, 0, 0, "", 0, "stop", 0, NULL, 0, 9);
+    o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    ASSERT_TRUE(o && cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs")));
+    cJSON_Delete(o);
 }
 
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
