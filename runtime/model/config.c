@@ -346,6 +346,27 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
     case FMOE_FAMILY_DEEPSEEK_V3:
         if ((rc = parse_mla(root, g, out)) < 0) goto done;
         break;
+    case FMOE_FAMILY_PHIMOE: {
+        /* modeling_phimoe: attention_bias on q/k/v/o; nn.LayerNorm (weight and bias, eps
+         * rms_norm_eps) for every norm; lm_head_bias; sparsemixer top-2 routing with
+         * router_jitter_noise (default 0.01) as its threshold; sliding_window on every
+         * layer (null in Phi-3.5-MoE's config). */
+        if ((rc = get_bool(root, "attention_bias", 0, &bias)) < 0) goto done;
+        out->attn_bias_qkv = out->attn_bias_o = bias;
+        if ((rc = get_bool(root, "lm_head_bias", 0, &out->lm_head_bias)) < 0) goto done;
+        double jitter;
+        if ((rc = get_num(root, "", "router_jitter_noise", 0.01, &jitter)) < 0) goto done;
+        if (!(jitter >= 0)) {
+            rc = fmoe_error_set(FMOE_EFORMAT, "router_jitter_noise must be >= 0");
+            goto done;
+        }
+        out->layernorm = out->sparsemixer = 1;
+        out->jitter_eps = (float)jitter;
+        out->route_norm = 0;
+        if ((rc = get_window(root, &window)) < 0) goto done;
+        for (int32_t i = 0; i < n; i++) out->sliding_window[i] = window;
+        break;
+    }
     default:
         rc = fmoe_error_set(FMOE_EUNSUPPORTED, "model_type \"%s\" is not yet supported",
                             g->model_type);

@@ -70,7 +70,7 @@ def check(model_dir, ref, logits, routes, name):
         f"{name}: greedy continuation differs:\n ours   {routes['generated']}\n theirs {ref['generated'].tolist()}"
 
 
-@pytest.mark.parametrize("name", tiny.ALL + tiny.MLA)
+@pytest.mark.parametrize("name", tiny.ALL + tiny.MLA + tiny.PHIMOE)
 def test_forward_matches_reference(name, models, driver, tmp_path):
     d = models(name)
     ref = dict(np.load(d / "reference.npz"))
@@ -80,7 +80,7 @@ def test_forward_matches_reference(name, models, driver, tmp_path):
 
 @pytest.mark.parametrize("mode", [("--stepwise",), ("--batch", "5"), ("--threads", "1")])
 @pytest.mark.parametrize("name", ["qwen2_moe", "mixtral_swa", "qwen2_moe_swa", "qwen3_moe_swa",
-                                  "deepseek_v2_lite", "deepseek_v3_yarn"])
+                                  "deepseek_v2_lite", "deepseek_v3_yarn", "phimoe"])
 def test_cache_and_chunking_agree(name, mode, models, driver, tmp_path):
     """Token-by-token prompts, chunked prefill and one thread give the same answers. With
     a sliding window shorter than the prompt, --stepwise compares the logits of the cached
@@ -176,7 +176,7 @@ def test_bad_model_dirs(driver, tmp_path):
     assert "missing tensor model.layers.2.mlp.experts.5.up_proj.weight" in p.stderr
     assert p.stderr.count("\n") == 1
 
-    cfg = dict(tiny.DEEPSEEK_CONFIG, model_type="phimoe",
+    cfg = dict(tiny.DEEPSEEK_CONFIG, model_type="gpt_oss",
                num_local_experts=tiny.DEEPSEEK_CONFIG["n_routed_experts"])
     (d / "config.json").write_text(json.dumps(cfg))
     p = subprocess.run([str(driver), str(d), "--tokens", "1,2"], capture_output=True, text=True)
