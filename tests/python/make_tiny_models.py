@@ -236,7 +236,7 @@ def write_hf_checkpoint_with_vocab(name, outdir, vocab):
     layout["json"]["config.json"]["vocab_size"] = vocab
     for spec in layout["safetensors"].values():
         for t in spec["tensors"]:
-            if t[0] in ("model.embed_tokens.weight", "lm_head.weight"):
+            if t[0] in ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias"):
                 t[2][0] = vocab
     os.makedirs(outdir, exist_ok=True)
     for f, doc in layout["json"].items():

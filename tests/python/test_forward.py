@@ -257,6 +257,33 @@ def test_mla_refused_on_cuda(models, driver):
     assert "no multi-head latent attention" in p.stderr, p.stderr
 
 
+def test_phimoe_refused_on_cuda(models, driver):
+    """The CUDA backend has no LayerNorm with bias nor sparsemixer routing yet: a
+    Phi-3.5-MoE session there is refused in one line naming both, before the backend is
+    looked up."""
+    d = models("phimoe")
+    p = subprocess.run([str(driver), str(d), "--tokens", "1,2", "--session-backend", "cuda"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert "LayerNorm with bias" in p.stderr and "sparsemixer" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("jitter", [0.01, 10.0])
+def test_phimoe_threshold_is_exercised(jitter, models, driver, tmp_path):
+    """The phimoe reference (router_jitter_noise 0.3) pins sparsemixer's threshold: with
+    another jitter the first layer's chosen experts (the top 2 of the logits) stay the same
+    and the logits move far past the tolerance, so a threshold that masked too much or too
+    little fails test_forward_matches_reference."""
+    d = models("phimoe")
+    ref = dict(np.load(d / "reference.npz"))
+    other = with_config(d, tmp_path / "other", router_jitter_noise=jitter)
+    logits, routes = run_driver(driver, other, ref, tmp_path)
+    n = len(ref["tokens"])  # the first layer's choices on the prompt: same inputs
+    assert np.array_equal(np.asarray(routes["experts"])[:n, 0], ref["experts"][:n, 0])
+    assert np.abs(logits - ref["logits"]).max() > 100 * TOL
+
+
 @pytest.mark.parametrize("tensor,what", [
     ("model.layers.1.self_attn.kv_b_proj.weight", "layer 1 kv_b projection"),
     ("model.layers.2.self_attn.q_a_proj.weight", "layer 2 q_a projection"),
