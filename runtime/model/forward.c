@@ -712,8 +712,9 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
 }
 
 /* Embeddings (traced as the semantic rows) and RoPE tables of every segment's rows.
- * Dynamic NTK depends on the length of a sequence's whole call, as transformers computes
- * it from the call's largest position: each segment's session keeps its own inv_freq.
+ * Dynamic NTK and longrope depend on the length of a sequence's whole call, as
+ * transformers computes it from the call's largest position: each segment's session keeps
+ * its own inv_freq.
  * @return 0 or the backend's error. */
 static int embed_and_rope(fmoe_session *s, const segment *sg, int32_t count, int32_t n) {
     const fmoe_model *m = s->m;
@@ -727,7 +728,22 @@ static int embed_and_rope(fmoe_session *s, const segment *sg, int32_t count, int
         if (e->tr && e->tr->semantic)
             FMOE_FORWARD_IF_ERROR(s->be->download(s->bctx, e->tr->semantic + (int64_t)e->t0 * h,
                                                   x, (int64_t)e->n * h * 4));
-        if (m->arch.rope.type == FMOE__ROPE_DYNAMIC && q->call_seq_len != q->rope_seq_len) {
+        /* longrope switches factors and mscale once the sequence passes
+         * original_max_position_embeddings, and transformers then recomputes the whole
+         * cache (PhimoeForCausalLM.prepare_inputs_for_generation): a cache filled below
+         * the switch would be stale. Not done yet: such a call is refused; one that starts
+         * from an empty cache (or past the switch) is exact. */
+        const fmoe__rope *rp = &m->arch.rope;
+        FMOE_RETURN_ERROR_IF(rp->type == FMOE__ROPE_LONGROPE && e->pos0 > 0 &&
+                                 e->pos0 <= rp->original_max_position &&
+                                 q->call_seq_len > rp->original_max_position,
+                             FMOE_EUNSUPPORTED,
+                             "longrope: the sequence passes original_max_position_embeddings "
+                             "(%lld) with %d positions cached below it, which would need the "
+                             "cache recomputed (not yet supported); run it in one call",
+                             (long long)rp->original_max_position, e->pos0);
+        if ((rp->type == FMOE__ROPE_DYNAMIC || rp->type == FMOE__ROPE_LONGROPE) &&
+            q->call_seq_len != q->rope_seq_len) {
             fmoe__rope_inv_freq(&m->arch.rope, q->rope_dim, q->call_seq_len, q->inv_freq,
                                 &q->rope_scale);
             q->rope_seq_len = q->call_seq_len;

@@ -28,7 +28,11 @@ typedef enum fmoe__rope_type {
     FMOE__ROPE_DYNAMIC = 2, /* NTK: base grows once the sequence passes max_position */
     FMOE__ROPE_YARN = 3,
     FMOE__ROPE_LLAMA3 = 4,
+    FMOE__ROPE_LONGROPE = 5, /* Phi-3.5-MoE ("su"): per-frequency factors, short or long */
 } fmoe__rope_type;
+
+/* Most frequencies (head_dim / 2) a longrope config may list factors for. */
+#define FMOE__ROPE_MAX_FACTORS 256
 
 typedef enum fmoe__qk_norm {
     FMOE__QK_NORM_NONE = 0,
@@ -46,6 +50,11 @@ typedef struct fmoe__rope {
     double beta_fast, beta_slow;              /* yarn */
     double attention_factor;                  /* yarn: cos/sin scale (1 otherwise) */
     int truncate;                             /* yarn */
+    /* longrope: frequency i divided by short_factor[i] while the call's sequence length is
+     * at most original_max_position, else by long_factor[i]; cos/sin scaled by
+     * short_mscale or long_mscale alike */
+    double short_factor[FMOE__ROPE_MAX_FACTORS], long_factor[FMOE__ROPE_MAX_FACTORS];
+    double short_mscale, long_mscale;
 } fmoe__rope;
 
 typedef struct fmoe__arch {

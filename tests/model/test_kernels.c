@@ -154,6 +154,22 @@ TEST(layernorm_row) {
         ASSERT_NEAR(y[i], w[i] * (x[i] - mean) / sqrt(var + 1e-5) + b[i], 1e-6);
 }
 
+/* longrope (Phi-3.5-MoE): short factors and mscale up to original_max_position, long
+ * ones past it (Microsoft's code, transformers' _compute_longrope_parameters). */
+TEST(rope_longrope_switch) {
+    fmoe__rope r = {.type = FMOE__ROPE_LONGROPE, .theta = 10000, .factor = 1,
+                    .original_max_position = 16, .short_mscale = 1.1, .long_mscale = 1.4};
+    for (int i = 0; i < 4; i++) r.short_factor[i] = 1.0 + i, r.long_factor[i] = 10.0 * (i + 1);
+    float inv[4], scale;
+    fmoe__rope_inv_freq(&r, 8, 16, inv, &scale);
+    ASSERT_NEAR(scale, 1.1, 1e-6);
+    for (int i = 0; i < 4; i++) ASSERT_NEAR(inv[i] * (1.0 + i) * pow(10000, i / 4.0), 1.0, 1e-6);
+    fmoe__rope_inv_freq(&r, 8, 17, inv, &scale);
+    ASSERT_NEAR(scale, 1.4, 1e-6);
+    for (int i = 0; i < 4; i++)
+        ASSERT_NEAR(inv[i] * 10.0 * (i + 1) * pow(10000, i / 4.0), 1.0, 1e-6);
+}
+
 TEST(rope_frequencies_per_scaling_type) {
     fmoe__rope r = {.type = FMOE__ROPE_DEFAULT, .theta = 10000, .factor = 1,
                     .max_position = 100, .original_max_position = 100, .attention_factor = 1,

@@ -98,6 +98,23 @@ HF_MODELS = {
     # of one and several experts over the run, and the threshold is tested both ways.
     "phimoe": ("phimoe", {"attention_bias": True, "lm_head_bias": True,
                           "router_jitter_noise": 0.3}, "float32", {}),
+    # longrope (Phi-3.5-MoE's rope_scaling). transformers recomputes the whole cache when a
+    # sequence first passes original_max_position_embeddings (fmoe refuses that crossing
+    # in a cached session), so each model stays on one side: _long switches at 8 positions,
+    # before the 12-token prompt ends; _short at 64, past the 44-position run. The mscales
+    # differ, so using the wrong one fails. transformers 5.23's PhimoeRotaryEmbedding
+    # computes inv_freq without the sequence length (short_factor always, where
+    # Microsoft's code and transformers 4.x switch to long_factor), so the lists are equal
+    # here and the factor switch is checked by tests/model/test_kernels.c.
+    **{f"phimoe_longrope_{side}": (
+        "phimoe", {"attention_bias": True, "router_jitter_noise": 0.3,
+                   "rope_parameters": {
+                       "rope_type": "longrope", "rope_theta": 10000.0,
+                       "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 3.0, 4.5, 6.0],
+                       "long_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 3.0, 4.5, 6.0],
+                       "short_mscale": 1.1, "long_mscale": 1.35,
+                       "original_max_position_embeddings": omp}},
+        "float32", {}) for side, omp in (("long", 8), ("short", 64))},
     # the published threshold: mostly weight-1 choices
     "phimoe_jitter": ("phimoe", {"attention_bias": True, "lm_head_bias": True,
                                  "router_jitter_noise": 0.01}, "float32", {}),

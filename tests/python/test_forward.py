@@ -284,6 +284,34 @@ def test_phimoe_threshold_is_exercised(jitter, models, driver, tmp_path):
     assert np.abs(logits - ref["logits"]).max() > 100 * TOL
 
 
+@pytest.mark.parametrize("side", ["long", "short"])
+def test_phimoe_longrope(side, models, driver, tmp_path):
+    """longrope: prefill in chunks of 5 below the switch matches; with the
+    mscales swapped the logits move far past the tolerance; on the _long model a
+    token-by-token prompt crosses original_max_position_embeddings with positions cached
+    below it, which transformers answers by recomputing the cache and fmoe refuses in one
+    line."""
+    name = f"phimoe_longrope_{side}"
+    d = models(name)
+    ref = dict(np.load(d / "reference.npz"))
+    if side == "short":  # on _long, chunks of 5 are calls that cross the switch
+        logits, routes = run_driver(driver, d, ref, tmp_path, "--batch", "5")
+        check(d, ref, logits, routes, f"{name} --batch 5")
+    cfg = json.loads((d / "config.json").read_text())
+    rp = dict(cfg["rope_parameters"], short_mscale=cfg["rope_parameters"]["long_mscale"],
+              long_mscale=cfg["rope_parameters"]["short_mscale"])
+    swapped = with_config(d, tmp_path / "swapped", rope_parameters=rp)
+    logits, _ = run_driver(driver, swapped, ref, tmp_path)
+    assert np.abs(logits - ref["logits"]).max() > 100 * TOL
+    if side == "long":
+        toks = ",".join(map(str, ref["tokens"].tolist()))
+        p = subprocess.run([str(driver), str(d), "--tokens", toks, "--stepwise"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1, p.stderr
+        assert p.stderr.count("\n") == 1 and "original_max_position_embeddings" in p.stderr, \
+            p.stderr
+
+
 @pytest.mark.parametrize("tensor,what", [
     ("model.layers.1.self_attn.kv_b_proj.weight", "layer 1 kv_b projection"),
     ("model.layers.2.self_attn.q_a_proj.weight", "layer 2 q_a projection"),
