@@ -797,7 +797,8 @@ static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
         for (int32_t i = 0; i < count; i++) {
             const segment *e = &sg[i];
             if (!e->logits) continue;
-            norm_rows(s, s->xn, s->x + (int64_t)e->row * h, m->final_norm, m->final_norm_b, e->n);
+            norm_rows(s, s->xn, s->x + (int64_t)e->row * h, m->final_norm, m->final_norm_b,
+                      e->n);
             FMOE_FORWARD_IF_ERROR(head_input_finite(s, s->xn, e->n, h));
             float *dst = e->logits + (int64_t)e->t0 * V;
             if (be->host_memory) {

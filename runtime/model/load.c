@@ -330,7 +330,8 @@ static int mlp(fmoe_model *m, const char *prefix, int64_t I, fmoe__mlp *out) {
 static int experts(fmoe_model *m, int32_t i, const char *moe, fmoe__mlp *ex) {
     const int64_t h = m->geo.hidden_size, I = m->geo.moe_intermediate_size;
     const int32_t J = m->geo.num_experts;
-    const int mixtral = m->geo.family == FMOE_FAMILY_MIXTRAL || m->geo.family == FMOE_FAMILY_PHIMOE;
+    const int mixtral =
+        m->geo.family == FMOE_FAMILY_MIXTRAL || m->geo.family == FMOE_FAMILY_PHIMOE;
     if (has_tensor(m, "model.layers.%d.%s.experts.gate_up_proj", i, moe) ||
         (mixtral && has_tensor(m, "model.layers.%d.mlp.experts.gate_up_proj", i))) {
         const char *blk = has_tensor(m, "model.layers.%d.%s.experts.gate_up_proj", i, moe)
@@ -447,7 +448,8 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
     }
 
     /* Phi-3.5-MoE keeps Mixtral's names (block_sparse_moe, experts.e.w1/w2/w3) */
-    const int mixtral_names = g->family == FMOE_FAMILY_MIXTRAL || g->family == FMOE_FAMILY_PHIMOE;
+    const int mixtral_names =
+        g->family == FMOE_FAMILY_MIXTRAL || g->family == FMOE_FAMILY_PHIMOE;
     const char *moe = mixtral_names ? "block_sparse_moe" : "mlp";
     /* transformers >= 5 may save Mixtral's block as "mlp" */
     if (mixtral_names &&
@@ -595,7 +597,8 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     }
     if ((rc = mat(m, V, h, &m->embed, "model.embed_tokens.weight")) < 0) goto fail;
     if ((rc = vec(m, h, &m->final_norm, "model.norm.weight")) < 0) goto fail;
-    if (m->arch.layernorm && (rc = vec(m, h, &m->final_norm_b, "model.norm.bias")) < 0) goto fail;
+    if (m->arch.layernorm && (rc = vec(m, h, &m->final_norm_b, "model.norm.bias")) < 0)
+        goto fail;
     if (g->tie_word_embeddings) /* as transformers ties them, whatever the file holds */
         m->lm_head = m->embed;
     else if ((rc = mat(m, V, h, &m->lm_head, "lm_head.weight")) < 0)

@@ -10,8 +10,9 @@ reference.npz:
                                   generated token fed back (T = n + G - 1), descending
     generated   int64 [G]         the greedy continuation
 
-Families in transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3, Phi-3.5-MoE): the checkpoint has the
-layout transformers' own save_pretrained(safe_serialization=True) writes for the family
+Families in transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3,
+Phi-3.5-MoE): the checkpoint has the layout transformers' own
+save_pretrained(safe_serialization=True) writes for the family
 (file names, tensor names, dtypes, shapes, config.json), with weights drawn here by numpy
 from a seed, and the reference is the model's forward pass in transformers with a KV cache,
 token by token, exactly as generate() decodes (and generate()'s own greedy output is checked
