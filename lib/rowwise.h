@@ -27,6 +27,20 @@ static inline FMOE_HD void fmoe_rmsnorm_row(float *y, const float *x, const floa
     for (int32_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * inv);
 }
 
+/* y[i] = w[i] * (x[i] - mean) / sqrt(var + eps) + b[i], i < n: torch's LayerNorm (biased
+ * variance), Phi-3.5-MoE's norm. y may alias x. Mean and variance are accumulated in
+ * double, as fmoe_rmsnorm_row's sum, so the result does not depend on summation order. */
+static inline FMOE_HD void fmoe_layernorm_row(float *y, const float *x, const float *w,
+                                              const float *b, int32_t n, float eps) {
+    double sum = 0.0, ss = 0.0;
+    for (int32_t i = 0; i < n; i++) sum += (double)x[i];
+    const double mean = sum / (double)n;
+    for (int32_t i = 0; i < n; i++) ss += ((double)x[i] - mean) * ((double)x[i] - mean);
+    const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    const float mu = (float)mean;
+    for (int32_t i = 0; i < n; i++) y[i] = w[i] * ((x[i] - mu) * inv) + b[i];
+}
+
 /*
  * Rotates one head in place: x[D] with cos/sin [D/2] of its position (the table for
  * frequency i serves dims i and i + D/2):
@@ -84,6 +98,33 @@ static inline FMOE_HD void fmoe_topk_row(const float *p, int32_t n, int32_t k, i
     }
 }
 
+/*
+ * One choice of Phi-3.5-MoE's sparsemixer at inference (transformers' modeling_phimoe.py
+ * `sparsemixer`, eval branch; Phi-3 Technical Report, Phi-3.5-MoE; GRIN-MoE,
+ * arXiv 2409.12136): `s` are the logits with the experts already chosen at -inf, `logits`
+ * the unmasked ones. The choice is the argmax m of s (first of equals, as torch.max).
+ * Expert j stays in a softmax iff (m - logits[j]) / max(|logits[j]|, m) <= 2·eps (a 0/0
+ * is NaN, which the comparison keeps, as torch's does), and the choice's weight is that
+ * softmax at the choice. The choice is the softmax's maximum, so the weight is
+ * 1 / sum(exp(s[j] - m)) over the kept j: no scratch row.
+ */
+static inline FMOE_HD void fmoe__sparsemixer_pick(const float *logits, const float *s,
+                                                  int32_t J, float eps, int32_t *idx,
+                                                  float *weight) {
+    int32_t best = 0;
+    for (int32_t j = 1; j < J; j++)
+        if (s[j] > s[best]) best = j;
+    const float m = s[best];
+    float sum = 0.0f;
+    for (int32_t j = 0; j < J; j++) {
+        const float a = fabsf(logits[j]);
+        const float factor = a > m ? a : m;
+        if (!((m - logits[j]) / factor > 2.0f * eps)) sum += expf(s[j] - m);
+    }
+    *idx = best;
+    *weight = 1.0f / sum;
+}
+
 /* Most expert groups fmoe_route_row_grouped ranks (DeepSeek-V3: 8). */
 #define FMOE_ROUTE_MAX_GROUPS 64
 
@@ -100,8 +141,11 @@ static inline FMOE_HD void fmoe_topk_row(const float *p, int32_t n, int32_t k, i
  *   idx[K]    the K largest choices, descending (fmoe_topk_row)
  *   weight[k] = probs[idx[k]] (unbiased: the bias only selects), renormalised to sum 1
  *             when `norm` (denominator + norm_eps), then times `scale`.
- * `choice` is [J] scratch, distinct from probs unless n_group <= 1 and bias is NULL
- * (nothing then changes it; the masking would otherwise zero recorded probabilities).
+ * `sparsemixer` (Phi-3.5-MoE) replaces the selection and weights after probs by
+ * fmoe__sparsemixer_pick, K times, with `jitter_eps` (router_jitter_noise); groups, bias,
+ * norm and scale do not apply.
+ * `choice` is [J] scratch, distinct from probs unless n_group <= 1, bias is NULL and not
+ * sparsemixer (nothing then changes it; masking would otherwise zero recorded probs).
  * DeepSeek-V3 technical report §2.1 (routing), DeepSeek-V2 paper §2.2 (device-limited
  * routing, which group_limited_greedy stands for).
  */
@@ -109,12 +153,25 @@ static inline FMOE_HD void fmoe_route_row_grouped(const float *logits, int32_t J
                                                   int sigmoid, int norm, float norm_eps,
                                                   float scale, int32_t n_group,
                                                   int32_t topk_group, int group_top2,
-                                                  const float *bias, float *probs,
+                                                  const float *bias, int sparsemixer,
+                                                  float jitter_eps, float *probs,
                                                   float *choice, int32_t *idx, float *weight) {
     if (sigmoid) {
         for (int32_t j = 0; j < J; j++) probs[j] = fmoe_sigmoid(logits[j]);
     } else {
         fmoe_softmax_row(probs, logits, J);
+    }
+    if (sparsemixer) {
+        /* Phi-3.5-MoE: probs stay the plain softmax (what policies and traces see); each
+         * of the K choices (2 in transformers) masks the ones before it (its scatter of
+         * -inf into `choice`, the logits) and weighs itself by a softmax of its own, not
+         * renormalised nor scaled. */
+        for (int32_t j = 0; j < J; j++) choice[j] = logits[j];
+        for (int32_t k = 0; k < K; k++) {
+            fmoe__sparsemixer_pick(logits, choice, J, jitter_eps, &idx[k], &weight[k]);
+            choice[idx[k]] = -INFINITY;
+        }
+        return;
     }
     for (int32_t j = 0; j < J; j++) choice[j] = probs[j] + (bias ? bias[j] : 0.0f);
     if (n_group > 1 && n_group <= FMOE_ROUTE_MAX_GROUPS && topk_group < n_group) {
@@ -158,8 +215,8 @@ static inline FMOE_HD void fmoe_route_row_grouped(const float *logits, int32_t J
 static inline FMOE_HD void fmoe_route_row(const float *logits, int32_t J, int32_t K,
                                           int sigmoid, int norm, float norm_eps, float scale,
                                           float *probs, int32_t *idx, float *weight) {
-    fmoe_route_row_grouped(logits, J, K, sigmoid, norm, norm_eps, scale, 1, 1, 0, NULL, probs,
-                           probs, idx, weight);
+    fmoe_route_row_grouped(logits, J, K, sigmoid, norm, norm_eps, scale, 1, 1, 0, NULL, 0, 0.0f,
+                           probs, probs, idx, weight);
 }
 
 #endif

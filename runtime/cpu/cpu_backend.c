@@ -502,15 +502,23 @@ static void cpu_rope(void *ctx, float *x, int32_t n, int32_t heads, int32_t head
                            sin + (int64_t)t * half, head_dim);
 }
 
+static void cpu_layernorm(void *ctx, float *y, const float *x, const float *w, const float *b,
+                          int64_t rows, int32_t dim, float eps) {
+    (void)ctx;
+    for (int64_t r = 0; r < rows; r++)
+        fmoe_layernorm_row(y + r * dim, x + r * dim, w, b, dim, eps);
+}
+
 static void cpu_route(void *ctx, const fmoe__route_args *a, const float *logits, float *probs,
                       int32_t *topk, float *topw) {
     (void)ctx;
     const int64_t J = a->num_experts, K = a->top_k;
-    const int plain = a->n_group <= 1 && !a->bias;
+    const int plain = a->n_group <= 1 && !a->bias && !a->sparsemixer;
     for (int32_t t = 0; t < a->n; t++)
         fmoe_route_row_grouped(logits + t * J, (int32_t)J, (int32_t)K, a->sigmoid, a->norm,
                                a->norm_eps, a->scale, a->n_group, a->topk_group,
-                               a->group_top2, a->bias, probs + t * J,
+                               a->group_top2, a->bias, a->sparsemixer, a->jitter_eps,
+                               probs + t * J,
                                plain ? probs + t * J : a->choice + t * J, topk + t * K,
                                topw + t * K);
 }
@@ -762,6 +770,7 @@ const fmoe__backend_ops fmoe__cpu_backend = {
     .rope = cpu_rope,
     .attention = cpu_attention,
     .route = cpu_route,
+    .layernorm = cpu_layernorm,
     .probs = cpu_probs,
     .swiglu = cpu_swiglu,
     .gather_rows = cpu_gather_rows,

@@ -73,6 +73,24 @@ static int get_window(const cJSON *obj, int32_t *out) {
     return 0;
 }
 
+/* A longrope factor list: `n` positive numbers. */
+static int get_factors(const cJSON *obj, const char *prefix, const char *key, int32_t n,
+                       double *out) {
+    const cJSON *a = get(obj, key);
+    FMOE_RETURN_ERROR_IF(!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n ||
+                             n > FMOE__ROPE_MAX_FACTORS,
+                         FMOE_EFORMAT, "%s%s must be a list of head_dim/2 = %d numbers", prefix,
+                         key, n);
+    int32_t i = 0;
+    for (const cJSON *it = a->child; it; it = it->next, i++) {
+        FMOE_RETURN_ERROR_IF(!cJSON_IsNumber(it) || !(it->valuedouble > 0) ||
+                                 !isfinite(it->valuedouble),
+                             FMOE_EFORMAT, "%s%s[%d] must be a positive number", prefix, key, i);
+        out[i] = it->valuedouble;
+    }
+    return 0;
+}
+
 static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rope *r) {
     memset(r, 0, sizeof *r);
     r->type = FMOE__ROPE_DEFAULT;
@@ -163,13 +181,33 @@ static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rop
             get_num(rp, prefix, "high_freq_factor", 4.0, &r->high_freq_factor));
         FMOE_RETURN_ERROR_IF(r->high_freq_factor == r->low_freq_factor, FMOE_EFORMAT,
                              "%shigh_freq_factor equals low_freq_factor", prefix);
+    } else if (strcmp(type, "longrope") == 0 || strcmp(type, "su") == 0) {
+        /* modeling_phimoe takes the mscales as given (configuration_phimoe requires
+         * them); other families' longrope derives an attention factor instead */
+        FMOE_RETURN_ERROR_IF(g->family != FMOE_FAMILY_PHIMOE, FMOE_EUNSUPPORTED,
+                             "%srope_type \"%s\" is not supported for %s (phimoe only)",
+                             prefix, type, g->model_type);
+        r->type = FMOE__ROPE_LONGROPE;
+        FMOE_FORWARD_IF_ERROR(get_factors(rp, prefix, "short_factor", g->head_dim / 2,
+                                          r->short_factor));
+        FMOE_FORWARD_IF_ERROR(get_factors(rp, prefix, "long_factor", g->head_dim / 2,
+                                          r->long_factor));
+        FMOE_RETURN_ERROR_IF(!get(rp, "short_mscale") || !get(rp, "long_mscale"),
+                             FMOE_EFORMAT, "%sshort_mscale and long_mscale are required",
+                             prefix);
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "short_mscale", 1.0, &r->short_mscale));
+        FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "long_mscale", 1.0, &r->long_mscale));
+        FMOE_RETURN_ERROR_IF(r->original_max_position <= 0, FMOE_EFORMAT,
+                             "%soriginal_max_position_embeddings must be positive", prefix);
     } else {
         return fmoe_error_set(FMOE_EUNSUPPORTED,
                               "%srope_type \"%.32s\" is not supported (supported: default, "
-                              "linear, dynamic, yarn, llama3)",
+                              "linear, dynamic, yarn, llama3, longrope)",
                               prefix, type);
     }
-    FMOE_RETURN_ERROR_IF(r->type != FMOE__ROPE_DEFAULT && !(r->factor > 0), FMOE_EFORMAT,
+    FMOE_RETURN_ERROR_IF(r->type != FMOE__ROPE_DEFAULT && r->type != FMOE__ROPE_LONGROPE &&
+                             !(r->factor > 0),
+                         FMOE_EFORMAT,
                          "%sfactor must be positive", prefix);
     FMOE_RETURN_ERROR_IF(r->type == FMOE__ROPE_DYNAMIC && g->head_dim <= 2, FMOE_EFORMAT,
                          "dynamic rope needs head_dim > 2");
@@ -247,6 +285,7 @@ static const char *rope_name(fmoe__rope_type t) {
     case FMOE__ROPE_DYNAMIC: return "dynamic";
     case FMOE__ROPE_YARN: return "yarn";
     case FMOE__ROPE_LLAMA3: return "llama3";
+    case FMOE__ROPE_LONGROPE: return "longrope";
     }
     return "?";
 }
@@ -346,6 +385,27 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
     case FMOE_FAMILY_DEEPSEEK_V3:
         if ((rc = parse_mla(root, g, out)) < 0) goto done;
         break;
+    case FMOE_FAMILY_PHIMOE: {
+        /* modeling_phimoe: attention_bias on q/k/v/o; nn.LayerNorm (weight and bias, eps
+         * rms_norm_eps) for every norm; lm_head_bias; sparsemixer top-2 routing with
+         * router_jitter_noise (default 0.01) as its threshold; sliding_window on every
+         * layer (null in Phi-3.5-MoE's config). */
+        if ((rc = get_bool(root, "attention_bias", 0, &bias)) < 0) goto done;
+        out->attn_bias_qkv = out->attn_bias_o = bias;
+        if ((rc = get_bool(root, "lm_head_bias", 0, &out->lm_head_bias)) < 0) goto done;
+        double jitter;
+        if ((rc = get_num(root, "", "router_jitter_noise", 0.01, &jitter)) < 0) goto done;
+        if (!(jitter >= 0)) {
+            rc = fmoe_error_set(FMOE_EFORMAT, "router_jitter_noise must be >= 0");
+            goto done;
+        }
+        out->layernorm = out->sparsemixer = 1;
+        out->jitter_eps = (float)jitter;
+        out->route_norm = 0;
+        if ((rc = get_window(root, &window)) < 0) goto done;
+        for (int32_t i = 0; i < n; i++) out->sliding_window[i] = window;
+        break;
+    }
     default:
         rc = fmoe_error_set(FMOE_EUNSUPPORTED, "model_type \"%s\" is not yet supported",
                             g->model_type);
@@ -361,6 +421,9 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
     if (out->mla) mla_scale(root, g, out);
     if (out->rope.type == FMOE__ROPE_DEFAULT)
         snprintf(out->rope_desc, sizeof out->rope_desc, "rope theta %g", out->rope.theta);
+    else if (out->rope.type == FMOE__ROPE_LONGROPE)
+        snprintf(out->rope_desc, sizeof out->rope_desc, "rope theta %g, longrope past %lld",
+                 out->rope.theta, (long long)out->rope.original_max_position);
     else
         snprintf(out->rope_desc, sizeof out->rope_desc, "rope theta %g, %s x%g",
                  out->rope.theta, rope_name(out->rope.type), out->rope.factor);
@@ -394,6 +457,15 @@ void fmoe__rope_inv_freq(const fmoe__rope *r, int32_t head_dim, int64_t seq_len,
         case FMOE__ROPE_DEFAULT:
         case FMOE__ROPE_DYNAMIC: break;
         case FMOE__ROPE_LINEAR: inv /= r->factor; break;
+        case FMOE__ROPE_LONGROPE: {
+            /* Microsoft's Phi-3.5-MoE code and transformers' _compute_longrope_parameters:
+             * long factors once the call's sequence (largest position + 1) passes
+             * original_max_position_embeddings, with modeling_phimoe's mscale switch */
+            const int lng = seq_len > r->original_max_position;
+            inv = 1.0 / ((lng ? r->long_factor[i] : r->short_factor[i]) * pos_freq);
+            *scale = (float)(lng ? r->long_mscale : r->short_mscale);
+            break;
+        }
         case FMOE__ROPE_YARN: {
             /* transformers' _compute_yarn_parameters. */
             const double two_pi = 2.0 * M_PI, omp = (double)r->original_max_position;

@@ -236,6 +236,10 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
                          "model_type %s: the %s backend has no multi-head latent attention "
                          "(nor DeepSeek's grouped routing) yet; run it with --backend cpu",
                          g->model_type, be->name);
+    FMOE_RETURN_ERROR_IF(m->arch.layernorm && !be->layernorm, FMOE_EUNSUPPORTED,
+                         "model_type %s: the %s backend has no LayerNorm with bias (nor "
+                         "sparsemixer routing) yet; run it with --backend cpu",
+                         g->model_type, be->name);
 
     fmoe_session *s = calloc(1, sizeof *s);
     if (!s) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
@@ -435,6 +439,17 @@ int fmoe__routing_to_host(const fmoe__backend_ops *be, void *ctx, const fmoe__ro
     return be->download(ctx, (char *)r->host + lo, (const char *)r->buf + lo, hi - lo);
 }
 
+/* The model's norm of `rows` rows of h values: RMSNorm, or LayerNorm with bias `b` when
+ * the family has it (Phi-3.5-MoE: every norm, the final one too). */
+static void norm_rows(fmoe_session *s, float *y, const float *x, const float *w, const float *b,
+                      int64_t rows) {
+    const fmoe_model_geometry *g = &s->m->geo;
+    if (s->m->arch.layernorm)
+        s->be->layernorm(s->bctx, y, x, w, b, rows, g->hidden_size, (float)g->rms_norm_eps);
+    else
+        s->be->rmsnorm(s->bctx, y, x, w, rows, g->hidden_size, (float)g->rms_norm_eps);
+}
+
 /* Attention block of decoder layer li over the n rows of all segments; adds its output to
  * s->x. Projections, norms and RoPE (s->cos/s->sin hold each row's position) run over all
  * rows; each segment writes its keys and values to its own session's cache and attends
@@ -451,7 +466,7 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
     const int64_t qd = (int64_t)Hq * D, kd = (int64_t)Hk * D;
     const float eps = (float)g->rms_norm_eps;
 
-    be->rmsnorm(c, s->xn, s->x, L->attn_norm, n, h, eps);
+    norm_rows(s, s->xn, s->x, L->attn_norm, L->attn_norm_b, n);
     if (m->arch.mla) {
         const int64_t ks = (int64_t)g->kv_lora_rank + g->qk_rope_head_dim;
         for (int32_t i = 0; i < count; i++)
@@ -622,7 +637,8 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
         .norm = m->arch.route_norm, .norm_eps = m->arch.route_norm_eps,
         .scale = (float)g->routed_scaling_factor, .n_group = g->n_group,
         .topk_group = g->topk_group, .group_top2 = m->arch.route_group_top2,
-        .bias = L->route_bias, .choice = s->spec};
+        .bias = L->route_bias, .choice = s->spec, .sparsemixer = m->arch.sparsemixer,
+        .jitter_eps = m->arch.jitter_eps};
     be->route(c, &ra, s->rlogits, s->probs, s->topk, s->topw);
 
     int want_spec = s->opt.on_route != NULL, want_probs = s->opt.on_route != NULL;
@@ -696,8 +712,9 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
 }
 
 /* Embeddings (traced as the semantic rows) and RoPE tables of every segment's rows.
- * Dynamic NTK depends on the length of a sequence's whole call, as transformers computes
- * it from the call's largest position: each segment's session keeps its own inv_freq.
+ * Dynamic NTK and longrope depend on the length of a sequence's whole call, as
+ * transformers computes it from the call's largest position: each segment's session keeps
+ * its own inv_freq.
  * @return 0 or the backend's error. */
 static int embed_and_rope(fmoe_session *s, const segment *sg, int32_t count, int32_t n) {
     const fmoe_model *m = s->m;
@@ -711,7 +728,22 @@ static int embed_and_rope(fmoe_session *s, const segment *sg, int32_t count, int
         if (e->tr && e->tr->semantic)
             FMOE_FORWARD_IF_ERROR(s->be->download(s->bctx, e->tr->semantic + (int64_t)e->t0 * h,
                                                   x, (int64_t)e->n * h * 4));
-        if (m->arch.rope.type == FMOE__ROPE_DYNAMIC && q->call_seq_len != q->rope_seq_len) {
+        /* longrope switches factors and mscale once the sequence passes
+         * original_max_position_embeddings, and transformers then recomputes the whole
+         * cache (PhimoeForCausalLM.prepare_inputs_for_generation): a cache filled below
+         * the switch would be stale. Not done yet: such a call is refused; one that starts
+         * from an empty cache (or past the switch) is exact. */
+        const fmoe__rope *rp = &m->arch.rope;
+        FMOE_RETURN_ERROR_IF(rp->type == FMOE__ROPE_LONGROPE && e->pos0 > 0 &&
+                                 e->pos0 <= rp->original_max_position &&
+                                 q->call_seq_len > rp->original_max_position,
+                             FMOE_EUNSUPPORTED,
+                             "longrope: the sequence passes original_max_position_embeddings "
+                             "(%lld) with %d positions cached below it, which would need the "
+                             "cache recomputed (not yet supported); run it in one call",
+                             (long long)rp->original_max_position, e->pos0);
+        if ((rp->type == FMOE__ROPE_DYNAMIC || rp->type == FMOE__ROPE_LONGROPE) &&
+            q->call_seq_len != q->rope_seq_len) {
             fmoe__rope_inv_freq(&m->arch.rope, q->rope_dim, q->call_seq_len, q->inv_freq,
                                 &q->rope_scale);
             q->rope_seq_len = q->call_seq_len;
@@ -761,18 +793,20 @@ static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
     const fmoe_model_geometry *g = &m->geo;
     const int32_t h = g->hidden_size;
     const int64_t V = g->vocab_size;
-    const float eps = (float)g->rms_norm_eps;
     if (s->opt.all_logits) {
         for (int32_t i = 0; i < count; i++) {
             const segment *e = &sg[i];
             if (!e->logits) continue;
-            be->rmsnorm(c, s->xn, s->x + (int64_t)e->row * h, m->final_norm, e->n, h, eps);
+            norm_rows(s, s->xn, s->x + (int64_t)e->row * h, m->final_norm, m->final_norm_b,
+                      e->n);
             FMOE_FORWARD_IF_ERROR(head_input_finite(s, s->xn, e->n, h));
             float *dst = e->logits + (int64_t)e->t0 * V;
             if (be->host_memory) {
                 be->matmul(c, &m->lm_head, s->xn, e->n, dst);
+                if (m->lm_head_b) be->add_bias(c, dst, m->lm_head_b, e->n, V);
             } else {
                 be->matmul(c, &m->lm_head, s->xn, e->n, s->lbuf);
+                if (m->lm_head_b) be->add_bias(c, s->lbuf, m->lm_head_b, e->n, V);
                 FMOE_FORWARD_IF_ERROR(be->download(c, dst, s->lbuf, (int64_t)e->n * V * 4));
             }
             FMOE_FORWARD_IF_ERROR(rows_finite(dst, e->n, V, "the logits"));
@@ -784,8 +818,8 @@ static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
     for (int32_t i = 0; i < count; i++) {
         const segment *e = &sg[i];
         if (!e->logits) continue;
-        be->rmsnorm(c, s->xn + (int64_t)rows * h, s->x + (int64_t)(e->row + e->n - 1) * h,
-                    m->final_norm, 1, h, eps);
+        norm_rows(s, s->xn + (int64_t)rows * h, s->x + (int64_t)(e->row + e->n - 1) * h,
+                  m->final_norm, m->final_norm_b, 1);
         only = e->logits;
         rows++;
     }
@@ -793,6 +827,7 @@ static int lm_head(fmoe_session *s, const segment *sg, int32_t count) {
     FMOE_FORWARD_IF_ERROR(head_input_finite(s, s->xn, rows, h));
     const int direct = rows == 1 && be->host_memory;
     be->matmul(c, &m->lm_head, s->xn, rows, direct ? only : s->lbuf);
+    if (m->lm_head_b) be->add_bias(c, direct ? only : s->lbuf, m->lm_head_b, rows, V);
     if (direct) return rows_finite(only, 1, V, "the logits");
     rows = 0;
     for (int32_t i = 0; i < count; i++)
@@ -828,7 +863,7 @@ static int forward_pass(fmoe_session *s, const segment *sg, int32_t count, int32
     for (int32_t li = 0; li < g->num_hidden_layers; li++) {
         const fmoe__layer *L = &m->layers[li];
         attention_block(s, li, sg, count, n);
-        s->be->rmsnorm(s->bctx, s->xn, s->x, L->ffn_norm, n, h, (float)g->rms_norm_eps);
+        norm_rows(s, s->xn, s->x, L->ffn_norm, L->ffn_norm_b, n);
         if (L->moe_index >= 0) {
             FMOE_FORWARD_IF_ERROR(moe_block(s, L, sg, count, n));
         } else {

@@ -10,6 +10,8 @@
  *                model.layers.i.self_attn.{q,k,v,o}_proj.weight (+ .bias per family)
  *   qwen3_moe    self_attn.{q,k}_norm.weight [D]
  *   olmoe        self_attn.q_norm.weight [Hq·D], self_attn.k_norm.weight [Hkv·D]
+ *   phimoe       {input_layernorm,post_attention_layernorm}.bias, model.norm.bias [h]
+ *                (LayerNorm), lm_head.bias [V] (lm_head_bias), experts as mixtral
  *   mixtral      block_sparse_moe.gate.weight [J,h],
  *                block_sparse_moe.experts.e.{w1 (gate), w3 (up)} [I,h], w2 (down) [h,I]
  *   qwen2_moe,   mlp.gate.weight [J,h], mlp.experts.e.{gate,up}_proj.weight [I,h],
@@ -328,7 +330,8 @@ static int mlp(fmoe_model *m, const char *prefix, int64_t I, fmoe__mlp *out) {
 static int experts(fmoe_model *m, int32_t i, const char *moe, fmoe__mlp *ex) {
     const int64_t h = m->geo.hidden_size, I = m->geo.moe_intermediate_size;
     const int32_t J = m->geo.num_experts;
-    const int mixtral = m->geo.family == FMOE_FAMILY_MIXTRAL;
+    const int mixtral =
+        m->geo.family == FMOE_FAMILY_MIXTRAL || m->geo.family == FMOE_FAMILY_PHIMOE;
     if (has_tensor(m, "model.layers.%d.%s.experts.gate_up_proj", i, moe) ||
         (mixtral && has_tensor(m, "model.layers.%d.mlp.experts.gate_up_proj", i))) {
         const char *blk = has_tensor(m, "model.layers.%d.%s.experts.gate_up_proj", i, moe)
@@ -427,6 +430,12 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
     FMOE_FORWARD_IF_ERROR(vec(m, h, &L->attn_norm, "model.layers.%d.input_layernorm.weight", i));
     FMOE_FORWARD_IF_ERROR(
         vec(m, h, &L->ffn_norm, "model.layers.%d.post_attention_layernorm.weight", i));
+    if (m->arch.layernorm) {
+        FMOE_FORWARD_IF_ERROR(
+            vec(m, h, &L->attn_norm_b, "model.layers.%d.input_layernorm.bias", i));
+        FMOE_FORWARD_IF_ERROR(
+            vec(m, h, &L->ffn_norm_b, "model.layers.%d.post_attention_layernorm.bias", i));
+    }
     FMOE_FORWARD_IF_ERROR(m->arch.mla ? bind_mla(m, i, L) : bind_gqa(m, i, L));
 
     L->moe_index = moe_index;
@@ -438,9 +447,12 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
         return mlp(m, prefix, g->intermediate_size, &L->shared);
     }
 
-    const char *moe = g->family == FMOE_FAMILY_MIXTRAL ? "block_sparse_moe" : "mlp";
+    /* Phi-3.5-MoE keeps Mixtral's names (block_sparse_moe, experts.e.w1/w2/w3) */
+    const int mixtral_names =
+        g->family == FMOE_FAMILY_MIXTRAL || g->family == FMOE_FAMILY_PHIMOE;
+    const char *moe = mixtral_names ? "block_sparse_moe" : "mlp";
     /* transformers >= 5 may save Mixtral's block as "mlp" */
-    if (g->family == FMOE_FAMILY_MIXTRAL &&
+    if (mixtral_names &&
         !has_tensor(m, "model.layers.%d.block_sparse_moe.gate.weight", i) &&
         has_tensor(m, "model.layers.%d.mlp.gate.weight", i))
         moe = "mlp";
@@ -543,16 +555,16 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     case FMOE_FAMILY_OLMOE:
     case FMOE_FAMILY_DEEPSEEK_V1:
     case FMOE_FAMILY_DEEPSEEK_V2:
-    case FMOE_FAMILY_DEEPSEEK_V3: break;
+    case FMOE_FAMILY_DEEPSEEK_V3:
+    case FMOE_FAMILY_PHIMOE: break;
     default: {
-        const char *what = g->family == FMOE_FAMILY_PHIMOE        ? "Phi-3.5-MoE"
-                           : g->family == FMOE_FAMILY_GPT_OSS     ? "gpt-oss"
+        const char *what = g->family == FMOE_FAMILY_GPT_OSS     ? "gpt-oss"
                            : g->family == FMOE_FAMILY_LLAMA4      ? "Llama-4"
                                                                   : "this family";
         rc = fmoe_error_set(FMOE_EUNSUPPORTED,
                             "%s: model_type \"%s\" (%s) is not yet supported by the forward "
                             "pass (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, "
-                            "deepseek_v2, deepseek_v3)",
+                            "deepseek_v2, deepseek_v3, phimoe)",
                             path, g->model_type, what);
         goto fail;
     }
@@ -585,10 +597,13 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     }
     if ((rc = mat(m, V, h, &m->embed, "model.embed_tokens.weight")) < 0) goto fail;
     if ((rc = vec(m, h, &m->final_norm, "model.norm.weight")) < 0) goto fail;
+    if (m->arch.layernorm && (rc = vec(m, h, &m->final_norm_b, "model.norm.bias")) < 0)
+        goto fail;
     if (g->tie_word_embeddings) /* as transformers ties them, whatever the file holds */
         m->lm_head = m->embed;
     else if ((rc = mat(m, V, h, &m->lm_head, "lm_head.weight")) < 0)
         goto fail;
+    if (m->arch.lm_head_bias && (rc = vec(m, V, &m->lm_head_b, "lm_head.bias")) < 0) goto fail;
 
     int32_t l = 0;
     for (int32_t i = 0; i < g->num_hidden_layers; i++) {

@@ -28,7 +28,11 @@ typedef enum fmoe__rope_type {
     FMOE__ROPE_DYNAMIC = 2, /* NTK: base grows once the sequence passes max_position */
     FMOE__ROPE_YARN = 3,
     FMOE__ROPE_LLAMA3 = 4,
+    FMOE__ROPE_LONGROPE = 5, /* Phi-3.5-MoE ("su"): per-frequency factors, short or long */
 } fmoe__rope_type;
+
+/* Most frequencies (head_dim / 2) a longrope config may list factors for. */
+#define FMOE__ROPE_MAX_FACTORS 256
 
 typedef enum fmoe__qk_norm {
     FMOE__QK_NORM_NONE = 0,
@@ -46,6 +50,11 @@ typedef struct fmoe__rope {
     double beta_fast, beta_slow;              /* yarn */
     double attention_factor;                  /* yarn: cos/sin scale (1 otherwise) */
     int truncate;                             /* yarn */
+    /* longrope: frequency i divided by short_factor[i] while the call's sequence length is
+     * at most original_max_position, else by long_factor[i]; cos/sin scaled by
+     * short_mscale or long_mscale alike */
+    double short_factor[FMOE__ROPE_MAX_FACTORS], long_factor[FMOE__ROPE_MAX_FACTORS];
+    double short_mscale, long_mscale;
 } fmoe__rope;
 
 typedef struct fmoe__arch {
@@ -69,6 +78,11 @@ typedef struct fmoe__arch {
                                 (transformers' deepseek_v2 never does) */
     /* Grouped routing (DeepSeek-V2 group_limited_greedy, V3 noaux_tc). */
     int32_t route_group_top2; /* a group's score: the sum of its two best (V3), else its best */
+    /* Phi-3.5-MoE */
+    int32_t layernorm;       /* LayerNorm with weight and bias (every norm), not RMSNorm */
+    int32_t lm_head_bias;    /* lm_head carries a bias */
+    int32_t sparsemixer;     /* sparsemixer top-2 routing (fmoe_route_row_grouped) */
+    float jitter_eps;        /* its router_jitter_noise */
 } fmoe__arch;
 
 /*
@@ -109,6 +123,7 @@ typedef struct fmoe__mlp {
 typedef struct fmoe__layer {
     const float *attn_norm;   /* [h] f32 (converted at load) */
     const float *ffn_norm;    /* [h] */
+    const float *attn_norm_b, *ffn_norm_b; /* [h] LayerNorm biases (arch.layernorm), or NULL */
     fmoe__mat wq;             /* [Hq·D][h] */
     fmoe__mat wk;             /* [Hkv·D][h] */
     fmoe__mat wv;             /* [Hkv·D][h] */
@@ -158,7 +173,9 @@ struct fmoe_model {
     char describe[256];
     fmoe__mat embed;          /* [V][h] */
     const float *final_norm;  /* [h] */
+    const float *final_norm_b; /* [h] LayerNorm bias (arch.layernorm), or NULL */
     fmoe__mat lm_head;        /* [V][h] (the embedding when tied) */
+    const float *lm_head_b;   /* [V] (arch.lm_head_bias), or NULL */
     fmoe__layer *layers;      /* [num_hidden_layers] */
     fmoe__mlp *expert_pool;   /* [L·J] storage for the layers' expert arrays */
     int64_t *layer_expert_bytes; /* [L] one routed expert of each MoE layer, as stored
@@ -228,6 +245,10 @@ typedef struct fmoe__route_args {
     const float *bias;     /* [J] model vector added to the scores for selection only, or
                               NULL */
     float *choice;         /* [n][J] backend scratch for the biased, masked scores */
+    /* Phi-3.5-MoE's sparsemixer top-k (fmoe_route_row_grouped); the CUDA backend has none
+     * of it (the family is refused there). */
+    int32_t sparsemixer;
+    float jitter_eps;      /* router_jitter_noise */
 } fmoe__route_args;
 
 /* One multi-head latent attention call (mla.c has the maths): n query tokens of one
@@ -428,6 +449,10 @@ typedef struct fmoe__backend_ops {
      * appends kv's rows to the latent cache and attends in the absorbed form (mla.c). A
      * session refuses an MLA model on a backend where this is NULL. */
     void (*mla_attention)(void *ctx, const fmoe__mla_args *a);
+    /* y[r] = fmoe_layernorm_row(x[r], w, b) for r < rows (Phi-3.5-MoE; y may be x). A
+     * session refuses a LayerNorm model on a backend where this is NULL. */
+    void (*layernorm)(void *ctx, float *y, const float *x, const float *w, const float *b,
+                      int64_t rows, int32_t dim, float eps);
 } fmoe__backend_ops;
 
 extern const fmoe__backend_ops fmoe__cpu_backend;

@@ -114,6 +114,62 @@ TEST(route_renormalises_per_family) {
     ASSERT_NEAR(w[0], 2.5 / (1 + exp(-2.0)), 1e-5);
 }
 
+/* Phi-3.5-MoE's sparsemixer (transformers' modeling_phimoe.py, eval branch), worked by
+ * hand: each choice's weight is a softmax over the logits within 2·eps (relative to
+ * max(|logit|, the choice's logit)) of it, the first choice masked from the second. */
+TEST(route_sparsemixer) {
+    const float logits[4] = {2.0f, 1.9f, 0.5f, -1.0f};
+    float probs[4], choice[4], w[2];
+    int32_t idx[2];
+    /* eps 0.1: the first softmax keeps 2.0 and 1.9 ((2 - 0.5)/2 > 0.2), the second only
+     * 1.9 ((1.9 - 0.5)/1.9 > 0.2) */
+    fmoe_route_row_grouped(logits, 4, 2, 0, 1, 0.0f, 3.0f, 1, 1, 0, NULL, 1, 0.1f, probs,
+                           choice, idx, w);
+    ASSERT_EQ(idx[0], 0);
+    ASSERT_EQ(idx[1], 1);
+    ASSERT_NEAR(w[0], 1.0 / (1.0 + exp(-0.1)), 1e-6); /* neither renormalised nor scaled */
+    ASSERT_NEAR(w[1], 1.0, 1e-6);
+    double s = 0;
+    for (int j = 0; j < 4; j++) s += exp(logits[j]);
+    ASSERT_NEAR(probs[2], exp(0.5) / s, 1e-6); /* probs: the plain softmax */
+    /* eps 0.5: the first keeps logits >= 0; the second keeps 0.5 (1.4/1.9 <= 1), drops
+     * -1 (2.9/1.9 > 1), and the first choice stays out though within reach */
+    fmoe_route_row_grouped(logits, 4, 2, 0, 0, 0.0f, 1.0f, 1, 1, 0, NULL, 1, 0.5f, probs,
+                           choice, idx, w);
+    ASSERT_EQ(idx[0], 0);
+    ASSERT_EQ(idx[1], 1);
+    ASSERT_NEAR(w[0], 1.0 / (1.0 + exp(-0.1) + exp(-1.5)), 1e-6);
+    ASSERT_NEAR(w[1], 1.0 / (1.0 + exp(-1.4)), 1e-6);
+    ASSERT_NEAR(probs[0] + probs[1] + probs[2] + probs[3], 1.0, 1e-6);
+}
+
+/* torch's LayerNorm: biased variance, weight then bias. */
+TEST(layernorm_row) {
+    const float x[4] = {1.0f, 2.0f, 3.0f, 6.0f}, w[4] = {1.0f, 2.0f, 0.5f, 1.0f},
+                b[4] = {0.1f, -0.2f, 0.0f, 1.0f};
+    float y[4];
+    fmoe_layernorm_row(y, x, w, b, 4, 1e-5f);
+    const double mean = 3.0, var = (4.0 + 1.0 + 0.0 + 9.0) / 4.0;
+    for (int i = 0; i < 4; i++)
+        ASSERT_NEAR(y[i], w[i] * (x[i] - mean) / sqrt(var + 1e-5) + b[i], 1e-6);
+}
+
+/* longrope (Phi-3.5-MoE): short factors and mscale up to original_max_position, long
+ * ones past it (Microsoft's code, transformers' _compute_longrope_parameters). */
+TEST(rope_longrope_switch) {
+    fmoe__rope r = {.type = FMOE__ROPE_LONGROPE, .theta = 10000, .factor = 1,
+                    .original_max_position = 16, .short_mscale = 1.1, .long_mscale = 1.4};
+    for (int i = 0; i < 4; i++) r.short_factor[i] = 1.0 + i, r.long_factor[i] = 10.0 * (i + 1);
+    float inv[4], scale;
+    fmoe__rope_inv_freq(&r, 8, 16, inv, &scale);
+    ASSERT_NEAR(scale, 1.1, 1e-6);
+    for (int i = 0; i < 4; i++) ASSERT_NEAR(inv[i] * (1.0 + i) * pow(10000, i / 4.0), 1.0, 1e-6);
+    fmoe__rope_inv_freq(&r, 8, 17, inv, &scale);
+    ASSERT_NEAR(scale, 1.4, 1e-6);
+    for (int i = 0; i < 4; i++)
+        ASSERT_NEAR(inv[i] * 10.0 * (i + 1) * pow(10000, i / 4.0), 1.0, 1e-6);
+}
+
 TEST(rope_frequencies_per_scaling_type) {
     fmoe__rope r = {.type = FMOE__ROPE_DEFAULT, .theta = 10000, .factor = 1,
                     .max_position = 100, .original_max_position = 100, .attention_factor = 1,

@@ -236,7 +236,7 @@ TEST(grouped_routing_matches_transformers_gates) {
         if (round % 7 == 0)
             for (int j = 0; j < J; j++) bias[j] = -1.5f + 0.1f * frand();
         fmoe_route_row_grouped(logits, J, K, v3, norm, 1e-20f, (float)scale, G, TG, v3,
-                               v3 ? bias : NULL, probs, choice, idx, w);
+                               v3 ? bias : NULL, 0, 0.0f, probs, choice, idx, w);
         ref_route(logits, J, K, v3, G, TG, v3 ? bias : NULL, norm, scale, ridx, rw);
         for (int k = 0; k < K; k++) {
             if (idx[k] != ridx[k])

@@ -10,8 +10,9 @@ reference.npz:
                                   generated token fed back (T = n + G - 1), descending
     generated   int64 [G]         the greedy continuation
 
-Families in transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): the checkpoint has the
-layout transformers' own save_pretrained(safe_serialization=True) writes for the family
+Families in transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3,
+Phi-3.5-MoE): the checkpoint has the layout transformers' own
+save_pretrained(safe_serialization=True) writes for the family
 (file names, tensor names, dtypes, shapes, config.json), with weights drawn here by numpy
 from a seed, and the reference is the model's forward pass in transformers with a KV cache,
 token by token, exactly as generate() decodes (and generate()'s own greedy output is checked
@@ -93,11 +94,39 @@ HF_MODELS = {
                             "original_max_position_embeddings": 8, "mscale": 1.0,
                             "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0}},
                          "float32", {}),
+    # Phi-3.5-MoE: LayerNorm with biases, q/k/v/o and lm_head biases, sparsemixer top-2.
+    # router_jitter_noise 0.3 (published: 0.01) so that each choice's softmax keeps a mix
+    # of one and several experts over the run, and the threshold is tested both ways.
+    "phimoe": ("phimoe", {"attention_bias": True, "lm_head_bias": True,
+                          "router_jitter_noise": 0.3}, "float32", {}),
+    # longrope (Phi-3.5-MoE's rope_scaling). transformers recomputes the whole cache when a
+    # sequence first passes original_max_position_embeddings (fmoe refuses that crossing
+    # in a cached session), so each model stays on one side: _long switches at 8 positions,
+    # before the 12-token prompt ends; _short at 64, past the 44-position run. The mscales
+    # differ, so using the wrong one fails. transformers 5.23's PhimoeRotaryEmbedding
+    # computes inv_freq without the sequence length (short_factor always, where
+    # Microsoft's code and transformers 4.x switch to long_factor), so the lists are equal
+    # here and the factor switch is checked by tests/model/test_kernels.c.
+    **{f"phimoe_longrope_{side}": (
+        "phimoe", {"attention_bias": True, "router_jitter_noise": 0.3,
+                   "rope_parameters": {
+                       "rope_type": "longrope", "rope_theta": 10000.0,
+                       "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 3.0, 4.5, 6.0],
+                       "long_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 3.0, 4.5, 6.0],
+                       "short_mscale": 1.1, "long_mscale": 1.35,
+                       "original_max_position_embeddings": omp}},
+        "float32", {}) for side, omp in (("long", 8), ("short", 64))},
+    # the published threshold: mostly weight-1 choices
+    "phimoe_jitter": ("phimoe", {"attention_bias": True, "lm_head_bias": True,
+                                 "router_jitter_noise": 0.01}, "float32", {}),
 }
 # The DeepSeek-V2/V3 models run on the CPU backend only this round (the CUDA backend has
 # no MLA), and GGUF's deepseek2 is not mapped yet: the GPU and GGUF tests keep to ALL.
 MLA = [k for k, v in HF_MODELS.items() if v[0] in ("deepseek_v2", "deepseek_v3")]
-ALL = [k for k in HF_MODELS if k not in MLA] + ["deepseek"]
+# Phi-3.5-MoE likewise runs on the CPU backend only (no LayerNorm-with-bias nor sparsemixer
+# kernel on CUDA) and has no GGUF mapping yet.
+PHIMOE = [k for k, v in HF_MODELS.items() if v[0] == "phimoe"]
+ALL = [k for k in HF_MODELS if k not in MLA and k not in PHIMOE] + ["deepseek"]
 
 
 def base_config(family):
@@ -113,6 +142,8 @@ def base_config(family):
         c.update(intermediate_size=80, moe_intermediate_size=32, num_experts=8)
     elif family == "olmoe":
         c.update(intermediate_size=48, num_experts=8)
+    elif family == "phimoe":
+        c.update(intermediate_size=48, num_local_experts=8)
     elif family in ("deepseek_v2", "deepseek_v3"):
         # dv (12) differs from dn (16) and dn + dr (24), so a mixed-up head width fails.
         c.update(num_key_value_heads=4, intermediate_size=80, moe_intermediate_size=32,
@@ -131,6 +162,7 @@ def _hf_classes(family):
         "qwen2_moe": (transformers.Qwen2MoeForCausalLM, transformers.Qwen2MoeConfig),
         "qwen3_moe": (transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig),
         "olmoe": (transformers.OlmoeForCausalLM, transformers.OlmoeConfig),
+        "phimoe": (transformers.PhimoeForCausalLM, transformers.PhimoeConfig),
         "deepseek_v2": (transformers.DeepseekV2ForCausalLM, transformers.DeepseekV2Config),
         "deepseek_v3": (transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config),
     }[family]
@@ -222,7 +254,7 @@ def write_hf_checkpoint_with_vocab(name, outdir, vocab):
     layout["json"]["config.json"]["vocab_size"] = vocab
     for spec in layout["safetensors"].values():
         for t in spec["tensors"]:
-            if t[0] in ("model.embed_tokens.weight", "lm_head.weight"):
+            if t[0] in ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias"):
                 t[2][0] = vocab
     os.makedirs(outdir, exist_ok=True)
     for f, doc in layout["json"].items():
@@ -524,6 +556,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     out = sys.argv[1]
-    for name in sys.argv[2:] or ALL + MLA:
+    for name in sys.argv[2:] or ALL + MLA + PHIMOE:
         make(name, os.path.join(out, name))
         print("wrote", os.path.join(out, name))

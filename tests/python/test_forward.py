@@ -70,7 +70,7 @@ def check(model_dir, ref, logits, routes, name):
         f"{name}: greedy continuation differs:\n ours   {routes['generated']}\n theirs {ref['generated'].tolist()}"
 
 
-@pytest.mark.parametrize("name", tiny.ALL + tiny.MLA)
+@pytest.mark.parametrize("name", tiny.ALL + tiny.MLA + tiny.PHIMOE)
 def test_forward_matches_reference(name, models, driver, tmp_path):
     d = models(name)
     ref = dict(np.load(d / "reference.npz"))
@@ -80,7 +80,7 @@ def test_forward_matches_reference(name, models, driver, tmp_path):
 
 @pytest.mark.parametrize("mode", [("--stepwise",), ("--batch", "5"), ("--threads", "1")])
 @pytest.mark.parametrize("name", ["qwen2_moe", "mixtral_swa", "qwen2_moe_swa", "qwen3_moe_swa",
-                                  "deepseek_v2_lite", "deepseek_v3_yarn"])
+                                  "deepseek_v2_lite", "deepseek_v3_yarn", "phimoe"])
 def test_cache_and_chunking_agree(name, mode, models, driver, tmp_path):
     """Token-by-token prompts, chunked prefill and one thread give the same answers. With
     a sliding window shorter than the prompt, --stepwise compares the logits of the cached
@@ -176,7 +176,7 @@ def test_bad_model_dirs(driver, tmp_path):
     assert "missing tensor model.layers.2.mlp.experts.5.up_proj.weight" in p.stderr
     assert p.stderr.count("\n") == 1
 
-    cfg = dict(tiny.DEEPSEEK_CONFIG, model_type="phimoe",
+    cfg = dict(tiny.DEEPSEEK_CONFIG, model_type="gpt_oss",
                num_local_experts=tiny.DEEPSEEK_CONFIG["n_routed_experts"])
     (d / "config.json").write_text(json.dumps(cfg))
     p = subprocess.run([str(driver), str(d), "--tokens", "1,2"], capture_output=True, text=True)
@@ -255,6 +255,61 @@ def test_mla_refused_on_cuda(models, driver):
     assert p.returncode == 1, p.stderr
     assert p.stderr.count("\n") == 1, p.stderr
     assert "no multi-head latent attention" in p.stderr, p.stderr
+
+
+def test_phimoe_refused_on_cuda(models, driver):
+    """The CUDA backend has no LayerNorm with bias nor sparsemixer routing yet: a
+    Phi-3.5-MoE session there is refused in one line naming both, before the backend is
+    looked up."""
+    d = models("phimoe")
+    p = subprocess.run([str(driver), str(d), "--tokens", "1,2", "--session-backend", "cuda"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert "LayerNorm with bias" in p.stderr and "sparsemixer" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("jitter", [0.01, 10.0])
+def test_phimoe_threshold_is_exercised(jitter, models, driver, tmp_path):
+    """The phimoe reference (router_jitter_noise 0.3) pins sparsemixer's threshold: with
+    another jitter the first layer's chosen experts (the top 2 of the logits) stay the same
+    and the logits move far past the tolerance, so a threshold that masked too much or too
+    little fails test_forward_matches_reference."""
+    d = models("phimoe")
+    ref = dict(np.load(d / "reference.npz"))
+    other = with_config(d, tmp_path / "other", router_jitter_noise=jitter)
+    logits, routes = run_driver(driver, other, ref, tmp_path)
+    n = len(ref["tokens"])  # the first layer's choices on the prompt: same inputs
+    assert np.array_equal(np.asarray(routes["experts"])[:n, 0], ref["experts"][:n, 0])
+    assert np.abs(logits - ref["logits"]).max() > 100 * TOL
+
+
+@pytest.mark.parametrize("side", ["long", "short"])
+def test_phimoe_longrope(side, models, driver, tmp_path):
+    """longrope: prefill in chunks of 5 below the switch matches; with the
+    mscales swapped the logits move far past the tolerance; on the _long model a
+    token-by-token prompt crosses original_max_position_embeddings with positions cached
+    below it, which transformers answers by recomputing the cache and fmoe refuses in one
+    line."""
+    name = f"phimoe_longrope_{side}"
+    d = models(name)
+    ref = dict(np.load(d / "reference.npz"))
+    if side == "short":  # on _long, chunks of 5 are calls that cross the switch
+        logits, routes = run_driver(driver, d, ref, tmp_path, "--batch", "5")
+        check(d, ref, logits, routes, f"{name} --batch 5")
+    cfg = json.loads((d / "config.json").read_text())
+    rp = dict(cfg["rope_parameters"], short_mscale=cfg["rope_parameters"]["long_mscale"],
+              long_mscale=cfg["rope_parameters"]["short_mscale"])
+    swapped = with_config(d, tmp_path / "swapped", rope_parameters=rp)
+    logits, _ = run_driver(driver, swapped, ref, tmp_path)
+    assert np.abs(logits - ref["logits"]).max() > 100 * TOL
+    if side == "long":
+        toks = ",".join(map(str, ref["tokens"].tolist()))
+        p = subprocess.run([str(driver), str(d), "--tokens", toks, "--stepwise"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1, p.stderr
+        assert p.stderr.count("\n") == 1 and "original_max_position_embeddings" in p.stderr, \
+            p.stderr
 
 
 @pytest.mark.parametrize("tensor,what", [
