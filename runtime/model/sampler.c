@@ -133,6 +133,29 @@ static void sort_desc(float *v, int32_t *id, int32_t n) {
     }
 }
 
+int32_t fmoe_top_k(const float *x, int32_t n, int32_t k, float shift, float scale, float *val,
+                   int32_t *idx) {
+    if (k > n) k = n;
+    if (k <= 0) return 0;
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const float v = x[i] == x[i] ? (x[i] - shift) * scale : -INFINITY;
+        if (m < k) {
+            val[m] = v;
+            idx[m] = i;
+            m++;
+            if (m == k)
+                for (int32_t j = k / 2 - 1; j >= 0; j--) sift_down(val, idx, k, j);
+        } else if (before(v, i, val[0], idx[0])) {
+            val[0] = v;
+            idx[0] = i;
+            sift_down(val, idx, k, 0);
+        }
+    }
+    sort_desc(val, idx, m);
+    return m;
+}
+
 int32_t fmoe_sampler_sample(fmoe_sampler *s, const float *logits) {
     const int32_t V = s->vocab;
     if (s->p.temperature == 0.0f) return fmoe_argmax(logits, V);
@@ -150,22 +173,7 @@ int32_t fmoe_sampler_sample(fmoe_sampler *s, const float *logits) {
     int sorted = 0;
 
     if (s->p.top_k > 0 && s->p.top_k < V) {
-        const int32_t k = s->p.top_k;
-        for (int32_t i = 0; i < V; i++) {
-            const float x = logits[i] == logits[i] ? (logits[i] - lmax) * invT : -INFINITY;
-            if (n < k) {
-                val[n] = x;
-                idx[n] = i;
-                n++;
-                if (n == k)
-                    for (int32_t j = k / 2 - 1; j >= 0; j--) sift_down(val, idx, k, j);
-            } else if (before(x, i, val[0], idx[0])) {
-                val[0] = x;
-                idx[0] = i;
-                sift_down(val, idx, k, 0);
-            }
-        }
-        sort_desc(val, idx, n);
+        n = fmoe_top_k(logits, V, s->p.top_k, lmax, invT, val, idx);
         sorted = 1;
     } else {
         for (int32_t i = 0; i < V; i++) {

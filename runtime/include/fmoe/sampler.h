@@ -36,6 +36,13 @@ int32_t fmoe_sampler_sample(fmoe_sampler *s, const float *logits);
 /* The argmax of `logits` [n]; the lowest index wins ties. */
 int32_t fmoe_argmax(const float *logits, int32_t n);
 
+/* The k largest of (x[i] - shift) · scale over i < n (scale > 0; a NaN x counts as
+ * -infinity), best first and the lower index first among equals, into val[k] and idx[k],
+ * by a bounded heap: O(n log k), nothing allocated. The sampler's top-k and the server's
+ * top logprobs. @return min(k, n) (0 when k <= 0). */
+int32_t fmoe_top_k(const float *x, int32_t n, int32_t k, float shift, float scale, float *val,
+                   int32_t *idx);
+
 /* The random generator, for tests and for other seeded parts. */
 typedef struct fmoe_rng {
     uint64_t s[4];
