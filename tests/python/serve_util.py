@@ -33,6 +33,12 @@ class Server:
     def port(self):
         return int(self.port_file.read_text())
 
+    def client(self, api_key="none"):
+        """The openai client on this server (the tests that call it skip without openai)."""
+        import openai
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=api_key,
+                             max_retries=0, timeout=120)
+
     def conn(self, timeout=120):
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
 
@@ -75,3 +81,11 @@ class Server:
             self.proc.kill()
             raise
         return rc, self.proc.stderr.read()
+
+
+def module_server(tmp_path_factory, name, *args):
+    """A module fixture's body: a server with args, stopped at the end, which must exit 0."""
+    s = Server(tmp_path_factory.mktemp(name), *args)
+    yield s
+    s.stop()
+    assert s.proc.returncode == 0, s.proc.stderr.read()

@@ -261,26 +261,38 @@ def test_bad_expert_block_scale_is_one_line(fmoe_bin, q32_files, tmp_path):
     """Expert weights are not scanned at load (they may live on a tier); a NaN scale in
     every expert's first Q5_1 block of one layer reaches the routed output, where the
     forward pass's finite check stops the run in one line."""
-    src = q32_files("q5_1", "tiny")
-    r = gguf.GGUFReader(str(src))
-    t = next(t for t in r.tensors if t.name == "blk.1.ffn_gate_exps.weight")
-    assert t.tensor_type.name == "Q5_1"
-    data = bytearray(pathlib.Path(src).read_bytes())
-    E = int(t.shape[-1])
-    for e in range(E):
-        off = int(t.data_offset) + e * (int(t.n_bytes) // E)
-        data[off:off + 2] = np.array([np.nan], dtype=np.float16).tobytes()
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(bytes(data))
+    bad = nan_expert_scales(q32_files("q5_1", "tiny"), tmp_path, "Q5_1", 0)
     p = run_fmoe(fmoe_bin, "generate", "--model", bad, "--prompt", "hi",
                  "--max-new-tokens", 2, check=False)
     assert "not finite" in one_line(p, 1)
 
 
-def test_truncated_q5_0_file_is_one_line(fmoe_bin, q32_files, tmp_path):
-    data = pathlib.Path(q32_files("q5_0", "tiny")).read_bytes()
+def nan_expert_scales(src, tmp_path, type_name, scale_at):
+    """A copy of src (tmp_path/bad.gguf) whose blk.1 gate experts, of type type_name, each
+    have their first block's f16 scale at byte scale_at set to NaN."""
+    r = gguf.GGUFReader(str(src))
+    t = next(t for t in r.tensors if t.name == "blk.1.ffn_gate_exps.weight")
+    assert t.tensor_type.name == type_name
+    data = bytearray(pathlib.Path(src).read_bytes())
+    E = int(t.shape[-1])
+    for e in range(E):
+        off = int(t.data_offset) + e * (int(t.n_bytes) // E) + scale_at
+        data[off:off + 2] = np.array([np.nan], dtype=np.float16).tobytes()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    return bad
+
+
+def truncated(src, tmp_path):
+    """A copy of src (tmp_path/cut.gguf) without its last 1000 bytes."""
+    data = pathlib.Path(src).read_bytes()
     bad = tmp_path / "cut.gguf"
     bad.write_bytes(data[: len(data) - 1000])
+    return bad
+
+
+def test_truncated_q5_0_file_is_one_line(fmoe_bin, q32_files, tmp_path):
+    bad = truncated(q32_files("q5_0", "tiny"), tmp_path)
     p = run_fmoe(fmoe_bin, "generate", "--model", bad, "--prompt", "hi", check=False)
     assert "cut.gguf" in one_line(p, 1)
 

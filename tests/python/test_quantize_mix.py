@@ -24,6 +24,7 @@ import pytest
 import make_tiny_models as tiny
 from conftest import run_fmoe
 from test_gguf_model import TINY, dequantised_copy, drive, driver, one_line  # noqa: F401
+from test_gguf_q32_model import nan_expert_scales, truncated
 
 import gguf  # noqa: E402  (tests/python/requirements.txt)
 
@@ -318,26 +319,16 @@ def test_bad_block_scale_is_one_line(fmoe_bin, tiny_files, tmp_path, args, qtype
 def test_bad_expert_block_scale_is_one_line(fmoe_bin, tiny_files, tmp_path):
     """Experts are not scanned at load; a NaN d in every expert's first Q3_K block of a
     layer reaches the routed output, where the forward pass's finite check stops it."""
-    src = tiny_files("--type", "q4_k_m", "--experts-type", "q3_k")
-    r = gguf.GGUFReader(str(src))
-    t = next(t for t in r.tensors if t.name == "blk.1.ffn_gate_exps.weight")
-    assert t.tensor_type.name == "Q3_K"
-    data = bytearray(pathlib.Path(src).read_bytes())
-    E = int(t.shape[-1])
-    for e in range(E):
-        off = int(t.data_offset) + e * (int(t.n_bytes) // E) + 108
-        data[off:off + 2] = np.array([np.nan], dtype=np.float16).tobytes()
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(bytes(data))
+    # Q3_K's f16 d is the block's last 2 bytes (108 of 110)
+    bad = nan_expert_scales(tiny_files("--type", "q4_k_m", "--experts-type", "q3_k"), tmp_path,
+                            "Q3_K", 108)
     p = run_fmoe(fmoe_bin, "generate", "--model", bad, "--prompt", "hi",
                  "--max-new-tokens", 2, check=False)
     assert "not finite" in one_line(p, 1)
 
 
 def test_truncated_q2_k_file_is_one_line(fmoe_bin, tiny_files, tmp_path):
-    data = pathlib.Path(tiny_files("--type", "q2_k")).read_bytes()
-    bad = tmp_path / "cut.gguf"
-    bad.write_bytes(data[: len(data) - 1000])
+    bad = truncated(tiny_files("--type", "q2_k"), tmp_path)
     p = run_fmoe(fmoe_bin, "generate", "--model", bad, "--prompt", "hi", check=False)
     assert "cut.gguf" in one_line(p, 1)
 

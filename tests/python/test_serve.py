@@ -25,10 +25,6 @@ TINY = REPO / "datasets" / "fmoe-tiny"
 
 
 class Server(serve_util.Server):
-    def client(self, api_key="none"):
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=api_key,
-                             max_retries=0, timeout=120)
-
     def metrics(self):
         status, headers, body = self.request("GET", "/metrics")
         assert status == 200

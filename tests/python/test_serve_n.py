@@ -11,18 +11,9 @@ openai = pytest.importorskip("openai")
 MSGS = [{"role": "user", "content": "Say something about lists."}]
 
 
-class Server(serve_util.Server):
-    def client(self):
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
-                             max_retries=0, timeout=120)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("serve-n"), "--parallel", "2")
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+    yield from serve_util.module_server(tmp_path_factory, "serve-n", "--parallel", "2")
 
 
 def test_n_sampled_distinct_and_seeded(server):
