@@ -173,7 +173,8 @@ static inline FMOE_HD void fmoe_route_row_grouped(const float *logits, int32_t J
         }
         return;
     }
-    for (int32_t j = 0; j < J; j++) choice[j] = probs[j] + (bias ? bias[j] : 0.0f);
+    if (choice != probs || bias) /* the plain router selects on probs themselves */
+        for (int32_t j = 0; j < J; j++) choice[j] = probs[j] + (bias ? bias[j] : 0.0f);
     if (n_group > 1 && n_group <= FMOE_ROUTE_MAX_GROUPS && topk_group < n_group) {
         const int32_t per = J / n_group;
         float gs[FMOE_ROUTE_MAX_GROUPS], gv[FMOE_ROUTE_MAX_GROUPS];
