@@ -823,8 +823,22 @@ def targets(r):
                    f"of {len(go)} ({min(go) * 100:+.1f}% to {max(go) * 100:+.1f}%)")
     if r["live_best"]:
         same = r["live_best"] == r["sim_best"]
-        out.append(f"best policy live {r['live_best']}, simulated (ceiling trace) "
-                   f"{r['sim_best']}: {'the same' if same else 'NOT the same'}")
+        line = (f"best policy live {r['live_best']}, simulated (ceiling trace) "
+                f"{r['sim_best']}: {'the same' if same else 'NOT the same'}")
+        by = {row["policy"]: row["run"] for row in ok}
+        if not same and r["sim_best"] in by:
+            # how far apart the two are live, against how far one policy's own rounds are
+            # apart: a ranking finer than the rounds' spread is not one the runs can show
+            lb, sb = by[r["live_best"]], by[r["sim_best"]]
+            apart = sb["tpot_s"] / lb["tpot_s"] - 1
+            spreads = [max(d) / min(d) - 1 for d in
+                       ([x for x in b.get("decode_all", []) if x] for b in by.values())
+                       if len(d) > 1]
+            if spreads:
+                line += (f"; live, {r['sim_best']} is {apart * 100:.1f}% slower than "
+                         f"{r['live_best']}, where one policy's rounds differ by up to "
+                         f"{max(spreads) * 100:.1f}%")
+        out.append(line)
     nm = r["llama_no_mmap"]
     if nm:
         out.append(f"llama.cpp without mmap under the budget: {nm['status']}, peak RSS "
