@@ -379,6 +379,24 @@ void fmoe_session_reset(fmoe_session *s) {
 
 int32_t fmoe_session_position(const fmoe_session *s) { return s ? s->pos : 0; }
 
+int fmoe_model_prefix_reusable(const fmoe_model *m) {
+    /* the keys of a dynamic-NTK or longrope model are rotated with frequencies of the
+     * call's whole length: kept ones would differ from a fresh run's */
+    const fmoe__rope_type t = m->arch.rope.type;
+    return t != FMOE__ROPE_DYNAMIC && t != FMOE__ROPE_LONGROPE;
+}
+
+int fmoe_session_keep_prefix(fmoe_session *s, int32_t n) {
+    FMOE_RETURN_ERROR_IF(n < 0 || n > s->pos, FMOE_EINVAL,
+                         "keep_prefix: %d positions asked, the cache holds %d", n, s->pos);
+    FMOE_RETURN_ERROR_IF(!fmoe_model_prefix_reusable(s->m), FMOE_EUNSUPPORTED,
+                         "keep_prefix: the rotary embedding (%s) depends on the whole call's "
+                         "length, so a kept prefix would differ from a fresh run",
+                         s->m->arch.rope_desc);
+    s->pos = n;
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* Blocks                                                                             */
 /* ---------------------------------------------------------------------------------- */

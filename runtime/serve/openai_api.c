@@ -653,12 +653,18 @@ static int put_usage(cJSON *o, const serve_job_status *st) {
         put_num(u, "completion_tokens", st->completion_tokens) ||
         put_num(u, "total_tokens", (double)st->prompt_tokens + st->completion_tokens))
         return -1;
+    /* OpenAI's report of prompt tokens served from its prompt cache: here the prefix cache */
+    cJSON *pd = cJSON_CreateObject();
+    if (put(u, "prompt_tokens_details", pd) || put_num(pd, "cached_tokens", st->cached_tokens))
+        return -1;
 
     /* llama.cpp's server `timings`: per-token ms and tokens per second of each phase. */
     cJSON *t = cJSON_CreateObject();
     if (put(o, "timings", t)) return -1;
-    double pn = st->prompt_tokens, gn = st->completion_tokens;
-    if (put_num(t, "prompt_n", pn) || put_num(t, "prompt_ms", st->prompt_ms) ||
+    /* as llama-server: prompt_n the prompt tokens run, cache_n those the cache spared */
+    double pn = st->prompt_tokens - st->cached_tokens, gn = st->completion_tokens;
+    if (put_num(t, "cache_n", st->cached_tokens) || put_num(t, "prompt_n", pn) ||
+        put_num(t, "prompt_ms", st->prompt_ms) ||
         put_num(t, "prompt_per_token_ms", pn > 0 ? st->prompt_ms / pn : 0) ||
         put_num(t, "prompt_per_second", st->prompt_ms > 0 ? 1e3 * pn / st->prompt_ms : 0) ||
         put_num(t, "predicted_n", gn) || put_num(t, "predicted_ms", st->predicted_ms) ||

@@ -206,6 +206,13 @@ typedef struct seq {
     int64_t order;             /* admission order: prefill goes oldest first */
     int32_t finish;            /* SEQ_DONE: the job's serve_finish, or 0 when already told */
     int begun;                 /* the executor was told the request started */
+    /* Prefix reuse: the tokens whose keys and values the free slot's session holds, from
+     * the request that last ran in it ([max_context]; num_cached 0: nothing kept), and
+     * when it left (admissions: the least recently used slot goes first when none shares
+     * a prefix). */
+    int32_t *cached;
+    int32_t num_cached;
+    int64_t left_at;
 } seq;
 
 struct serve_engine {
@@ -245,6 +252,8 @@ struct serve_engine {
     int draining;
     double drain_deadline;
     uint64_t seed_counter;
+    int reuse_prefix;          /* o.prefix_cache, and the model and options allow it */
+    int64_t cleared;           /* sequences that left: seq.left_at's clock */
 };
 
 static void job_finish_status(serve_engine *e, serve_job *j, int32_t finish, const char *error,
@@ -273,7 +282,24 @@ static void job_finish(serve_engine *e, serve_job *j, int32_t finish, const char
     job_finish_status(e, j, finish, error, 0);
 }
 
+/* Keeps what the finished sequence's session holds for a later prompt that starts the same
+ * way: prompt[0..fed) and the generated tokens run after it, when that is exactly what its
+ * cache holds (a failed pass or a cut prefill may leave it otherwise: then nothing). */
+static void seq_keep_cache(serve_engine *e, seq *s) {
+    s->num_cached = 0;
+    if (!e->reuse_prefix || !s->job || s->finish == SERVE_FINISH_ERROR) return;
+    const int32_t n = s->fed + s->decoded;
+    if (n != fmoe_session_position(s->session) || n > e->o.max_context ||
+        s->decoded > s->num_generated)
+        return;
+    memcpy(s->cached, s->job->prompt, (size_t)s->fed * sizeof *s->cached);
+    memcpy(s->cached + s->fed, s->generated, (size_t)s->decoded * sizeof *s->cached);
+    s->num_cached = n;
+}
+
 static void seq_clear(serve_engine *e, seq *s) {
+    seq_keep_cache(e, s);
+    s->left_at = ++e->cleared;
     if (s->job) {
         if (e->o.offload && s->begun) fmoe_offload_request_end(e->o.offload);
         fmoe_serve_job_release(s->job);
@@ -285,7 +311,47 @@ static void seq_clear(serve_engine *e, seq *s) {
     s->state = SEQ_FREE;
     s->fed = 0;
     s->num_generated = 0;
-    fmoe_session_reset(s->session);
+    if (!s->num_cached) fmoe_session_reset(s->session);
+}
+
+/* The prompt tokens a free slot's kept cache can spare job j: its common prefix with the
+ * prompt, less one (the last prompt token always runs: its logits give the first token). */
+static int32_t reusable(const seq *s, const serve_job *j) {
+    const int32_t most = s->num_cached < j->prompt_tokens - 1 ? s->num_cached
+                                                              : j->prompt_tokens - 1;
+    int32_t n = 0;
+    while (n < most && s->cached[n] == j->prompt[n]) n++;
+    return n;
+}
+
+/* The free slot for job j. Taking a slot spares the prompt the tokens it shares with the
+ * slot's kept cache and forgets the rest of that cache, which the request it came from
+ * (the same chat's next turn) may still ask for. So a slot is worth what it spares less
+ * half of what it forgets: the next turn of a chat goes back to its own slot (it spares
+ * everything and forgets a few generated tokens at most), and a new chat that shares a
+ * three-token role header with every cache does not take another chat's slot while one
+ * is empty or older. When no slot is worth more than nothing, the least recently left
+ * (empty slots first), with what it spares. Without prefix reuse, the first free slot.
+ * -1: none free. */
+static int32_t pick_slot(const serve_engine *e, const serve_job *j, int32_t *keep) {
+    int32_t best = -1, lru = -1;
+    double best_worth = 0;
+    *keep = 0;
+    for (int32_t i = 0; i < e->o.parallel; i++) {
+        const seq *s = &e->seqs[i];
+        if (s->state != SEQ_FREE) continue;
+        if (!e->reuse_prefix) return i;
+        if (lru < 0 || s->left_at < e->seqs[lru].left_at) lru = i;
+        const int32_t k = reusable(s, j);
+        const double worth = k - 0.5 * (s->num_cached - k);
+        if (worth > best_worth) {
+            best = i;
+            best_worth = worth;
+        }
+    }
+    if (best < 0) best = lru;
+    if (best >= 0) *keep = reusable(&e->seqs[best], j);
+    return best;
 }
 
 /* Grows sequence s's routing rows to hold `rows` tokens. @return 0 or FMOE_ENOMEM. */
@@ -411,8 +477,7 @@ static int seq_record(serve_engine *e, seq *s, int32_t finish) {
 
 /* Under e->mu: moves waiting jobs into free slots; cancelled waiting jobs finish. */
 static void admit(serve_engine *e) {
-    for (int32_t i = 0; i < e->o.parallel && e->q_head; i++) {
-        if (e->seqs[i].state != SEQ_FREE) continue;
+    while (e->q_head && e->running < e->o.parallel) {
         serve_job *j = NULL;
         while (e->q_head && !j) {
             j = e->q_head;
@@ -426,6 +491,15 @@ static void admit(serve_engine *e) {
             }
         }
         if (!j) break;
+        int32_t keep = 0;
+        const int32_t i = pick_slot(e, j, &keep);
+        if (i < 0) { /* not reached: running < parallel leaves a slot free */
+            j->next = e->q_head;
+            e->q_head = j;
+            if (!e->q_tail) e->q_tail = j;
+            e->waiting++;
+            break;
+        }
         seq *s = &e->seqs[i];
         const fmoe_sampler_params sp = {
             .temperature = j->sampling.temperature, .top_k = j->sampling.top_k,
@@ -436,13 +510,16 @@ static void admit(serve_engine *e) {
         if (seq_reserve(e, s, rows) < 0 || fmoe_sampler_init(&sp, e->V, &s->sampler) < 0) {
             job_finish(e, j, SERVE_FINISH_ERROR, fmoe_error_detail());
             fmoe_serve_job_release(j);
-            i--; /* the slot is still free */
-            continue;
+            continue; /* the slot is still free */
         }
+        /* the kept cache: its shared prefix stays, the rest is forgotten */
+        if (keep > 0 && fmoe_session_keep_prefix(s->session, keep) < 0) keep = 0;
+        if (keep == 0) fmoe_session_reset(s->session);
+        s->num_cached = 0;
         s->job = j;
         s->state = SEQ_PREFILL;
         s->finish = 0;
-        s->fed = 0;
+        s->fed = keep;
         s->decoded = 0;
         s->num_generated = 0;
         if (e->o.trace_out) {
@@ -453,9 +530,13 @@ static void admit(serve_engine *e) {
         e->running++;
         j->t_start = fmoe__now_s();
         pthread_mutex_lock(&j->mu);
+        j->st.cached_tokens = keep;
         j->st.queue_ms = 1e3 * (j->t_start - j->t_submit);
         pthread_mutex_unlock(&j->mu);
-        if (e->o.metrics) fmoe_serve_metrics_observe_queue(e->o.metrics, j->t_start - j->t_submit);
+        if (e->o.metrics) {
+            fmoe_serve_metrics_observe_queue(e->o.metrics, j->t_start - j->t_submit);
+            fmoe_serve_metrics_add_cached_tokens(e->o.metrics, keep);
+        }
     }
 }
 
@@ -792,6 +873,7 @@ static void engine_free(serve_engine *e) {
         fmoe_session_free(e->seqs[i].session);
         fmoe_sampler_free(e->seqs[i].sampler);
         free(e->seqs[i].generated);
+        free(e->seqs[i].cached);
         free(e->seqs[i].experts);
         free(e->seqs[i].probs);
         free(e->seqs[i].semantic);
@@ -843,6 +925,7 @@ int fmoe_serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     e->created = (int64_t)time(NULL);
     e->t0 = fmoe__now_s();
     const int32_t P = o->parallel;
+    e->reuse_prefix = o->prefix_cache && !o->trace_out && fmoe_model_prefix_reusable(o->model);
     if (e->o.max_context <= 0)
         e->o.max_context = e->geo->max_position_embeddings < 4096
                                ? (int32_t)e->geo->max_position_embeddings
@@ -873,8 +956,9 @@ int fmoe_serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         if (rc < 0) break;
         seq *s = &e->seqs[i];
         s->generated = malloc((size_t)e->o.max_context * sizeof *s->generated);
+        s->cached = malloc((size_t)e->o.max_context * sizeof *s->cached);
         s->logits = malloc((size_t)e->V * sizeof *s->logits);
-        if (!s->generated || !s->logits)
+        if (!s->generated || !s->cached || !s->logits)
             rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
         else
             rc = seq_reserve(e, s, budget);

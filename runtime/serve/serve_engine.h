@@ -68,6 +68,12 @@ typedef struct serve_engine_options {
      * sets it), so a replay of the trace can run that policy. */
     int32_t trace_speculative;
     fmoe_activations activations;      /* the sessions' fmoe_session_options.activations */
+    /* Prefix reuse (fmoe serve --no-prefix-cache turns it off): a finished sequence's slot
+     * keeps its KV cache and the tokens it holds; a new request goes to the free slot whose
+     * tokens share the longest prefix with its prompt and prefills only the rest
+     * (fmoe_session_keep_prefix). Off by itself with trace_out (a trace holds every prompt
+     * row) and for models whose rotary embedding depends on the call's length. */
+    int32_t prefix_cache;
 } serve_engine_options;
 
 /* Sampling and limits of one request, as the API layer parsed them. */
@@ -113,6 +119,8 @@ typedef struct serve_job_status {
     int32_t finished;           /* serve_finish */
     int32_t prompt_tokens;
     int32_t completion_tokens;
+    int32_t cached_tokens;      /* prompt tokens whose KV was reused, not run (prefix_cache;
+                                   OpenAI's usage.prompt_tokens_details.cached_tokens) */
     double queue_ms;            /* submit -> first forward of the request */
     double prompt_ms;           /* first forward -> first token sampled */
     double predicted_ms;        /* first token -> last token */

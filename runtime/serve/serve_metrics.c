@@ -44,6 +44,7 @@ struct serve_metrics {
     pthread_mutex_t mu;
     histogram h[NUM_HIST];
     int64_t prompt_tokens, generation_tokens;
+    int64_t cached_tokens; /* prompt tokens served from the prefix cache */
     int64_t finished[SERVE_FINISH_ERROR + 1];         /* by serve_finish */
     int64_t http[MAX_CODE - MIN_CODE + 1];            /* by status code - MIN_CODE */
     int64_t trace_failures;
@@ -100,6 +101,13 @@ void fmoe_serve_metrics_add_tokens(serve_metrics *m, int64_t prompt, int64_t gen
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += prompt > 0 ? prompt : 0;
     m->generation_tokens += generated > 0 ? generated : 0;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void fmoe_serve_metrics_add_cached_tokens(serve_metrics *m, int64_t cached) {
+    if (!m || cached <= 0) return;
+    pthread_mutex_lock(&m->mu);
+    m->cached_tokens += cached;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -262,6 +270,10 @@ int fmoe_serve_metrics_render(serve_metrics *m, const serve_engine_gauges *g,
         bprintf(&b, "fmoe_prompt_tokens_total %lld\n", (long long)snap.prompt_tokens);
         family(&b, "fmoe_generation_tokens_total", "counter", "Generated tokens.");
         bprintf(&b, "fmoe_generation_tokens_total %lld\n", (long long)snap.generation_tokens);
+        family(&b, "fmoe_prefix_cache_hit_tokens_total", "counter",
+               "Prompt tokens not run: their keys and values were kept from an earlier "
+               "request with the same prefix.");
+        bprintf(&b, "fmoe_prefix_cache_hit_tokens_total %lld\n", (long long)snap.cached_tokens);
         family(&b, "fmoe_requests_total", "counter", "Finished requests by finish reason.");
         static const char *const reasons[] = {NULL, "stop", "length", "cancelled", "error"};
         for (int f = SERVE_FINISH_STOP; f <= SERVE_FINISH_ERROR; f++)

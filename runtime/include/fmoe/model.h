@@ -305,6 +305,22 @@ void fmoe_session_reset(fmoe_session *s);
 int32_t fmoe_session_position(const fmoe_session *s);
 
 /*
+ * Keeps the first n positions of the KV cache and forgets the rest: the next token gets
+ * position n, as if only those n tokens had been run. Prefix reuse (fmoe serve's prefix
+ * cache): a sequence whose cache holds the keys and values of tokens t[0..p) continues
+ * with any token sequence that begins with t[0..n), n <= p, without running t[0..n) again.
+ * The kept entries are what a fresh run computes, up to the rounding of products of
+ * another batch shape, except where the rotary embedding depends on the length of the
+ * whole call (dynamic NTK, longrope: transformers recomputes those per call); there it is
+ * FMOE_EUNSUPPORTED and nothing changes (fmoe_model_prefix_reusable says so in advance).
+ * @return 0, FMOE_EINVAL (n outside [0, position]), FMOE_EUNSUPPORTED.
+ */
+int fmoe_session_keep_prefix(fmoe_session *s, int32_t n);
+
+/* 1 when fmoe_session_keep_prefix can keep a prefix of this model's sequences. */
+int fmoe_model_prefix_reusable(const fmoe_model *m);
+
+/*
  * Runs tokens[0..n) at positions position..position+n-1 (chunks of max_batch), appending
  * to the KV cache. `logits` (may be NULL: the lm head is skipped) receives [n][V] floats
  * with all_logits, else [V] for the last token. `trace` may be NULL.
