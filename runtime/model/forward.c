@@ -108,6 +108,7 @@ struct fmoe_session {
     float *k_cache;         /* [layers][max_context][Hkv·D]; MLA: [..][r_kv + dr] latents
                                and rotary keys (mla.c) */
     float *v_cache;         /* [layers][max_context][Hkv·D]; MLA: unused */
+    int64_t cache_w, vcache_w; /* floats of a position's row in k_cache and v_cache (MLA: 0) */
     float *mla_scratch;     /* MLA: mla_slots × fmoe__mla_scratch_floats */
     int32_t mla_slots;      /* MLA: scratch slots, one per CPU thread that runs heads */
     /* host memory: what the host reads of a pass, and the index lists it builds */
@@ -293,6 +294,8 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
         free(s);
         return rc;
     }
+    s->cache_w = cache_w;
+    s->vcache_w = vcache_w;
     const int64_t kv = (int64_t)g->num_hidden_layers * o.max_context * cache_w;
     const int64_t vkv = (int64_t)g->num_hidden_layers * o.max_context * vcache_w;
     const int64_t lm_rows = o.all_logits && B > o.max_sequences ? B : o.max_sequences;
@@ -394,6 +397,38 @@ int fmoe_session_keep_prefix(fmoe_session *s, int32_t n) {
                          "length, so a kept prefix would differ from a fresh run",
                          s->m->arch.rope_desc);
     s->pos = n;
+    return 0;
+}
+
+int64_t fmoe_session_kv_bytes(const fmoe_session *s) {
+    return (int64_t)s->m->geo.num_hidden_layers * s->opt.max_context *
+           (s->cache_w + s->vcache_w) * (int64_t)sizeof(float);
+}
+
+int fmoe_session_copy_prefix(fmoe_session *dst, const fmoe_session *src, int32_t n) {
+    FMOE_RETURN_ERROR_IF(dst->m != src->m, FMOE_EINVAL, "copy_prefix: sessions of two models");
+    FMOE_RETURN_ERROR_IF(n < 0 || n > src->pos || n > dst->opt.max_context, FMOE_EINVAL,
+                         "copy_prefix: %d positions asked, the source holds %d and the "
+                         "destination's context is %d", n, src->pos, dst->opt.max_context);
+    FMOE_RETURN_ERROR_IF(!fmoe_model_prefix_reusable(dst->m), FMOE_EUNSUPPORTED,
+                         "copy_prefix: the rotary embedding (%s) depends on the whole call's "
+                         "length", dst->m->arch.rope_desc);
+    /* two contexts' buffers: plain host memory on a host backend; a device's would need
+     * the source's stream ordered before the destination's copy */
+    FMOE_RETURN_ERROR_IF(!dst->be->host_memory || !src->be->host_memory, FMOE_EUNSUPPORTED,
+                         "copy_prefix: only between sessions in host memory (the CPU "
+                         "backend)");
+    const int64_t L = dst->m->geo.num_hidden_layers;
+    for (int64_t l = 0; l < L; l++) {
+        dst->be->copy(dst->bctx, dst->k_cache + l * dst->opt.max_context * dst->cache_w,
+                      src->k_cache + l * src->opt.max_context * src->cache_w,
+                      (int64_t)n * dst->cache_w * 4);
+        if (dst->vcache_w)
+            dst->be->copy(dst->bctx, dst->v_cache + l * dst->opt.max_context * dst->vcache_w,
+                          src->v_cache + l * src->opt.max_context * src->vcache_w,
+                          (int64_t)n * dst->vcache_w * 4);
+    }
+    dst->pos = n;
     return 0;
 }
 

@@ -41,6 +41,7 @@
 #include "fmoe/sampler.h"
 #include "fmoe/slots.h" /* FMOE_BATCH_TOKENS */
 #include "serve_metrics.h"
+#include "serve_prefix.h"
 #include "serve_text.h"
 #include "trace_queue.h"
 #include "monotonic.h"
@@ -253,6 +254,7 @@ struct serve_engine {
     double drain_deadline;
     uint64_t seed_counter;
     int reuse_prefix;          /* o.prefix_cache, and the model and options allow it */
+    serve_prefix_pool *pool;   /* o.prefix_cache_bytes' kept caches, or NULL */
     int64_t cleared;           /* sequences that left: seq.left_at's clock */
 };
 
@@ -317,11 +319,7 @@ static void seq_clear(serve_engine *e, seq *s) {
 /* The prompt tokens a free slot's kept cache can spare job j: its common prefix with the
  * prompt, less one (the last prompt token always runs: its logits give the first token). */
 static int32_t reusable(const seq *s, const serve_job *j) {
-    const int32_t most = s->num_cached < j->prompt_tokens - 1 ? s->num_cached
-                                                              : j->prompt_tokens - 1;
-    int32_t n = 0;
-    while (n < most && s->cached[n] == j->prompt[n]) n++;
-    return n;
+    return fmoe_serve_common_prefix(s->cached, s->num_cached, j->prompt, j->prompt_tokens - 1);
 }
 
 /* The free slot for job j. Taking a slot spares the prompt the tokens it shares with the
@@ -476,6 +474,29 @@ static int seq_record(serve_engine *e, seq *s, int32_t finish) {
 }
 
 /* Under e->mu: moves waiting jobs into free slots; cancelled waiting jobs finish. */
+/* Readies slot s's session for job j, which its own cache spares `keep` tokens: a kept
+ * cache beyond the slots (e->pool) that spares more is copied in instead; the slot's own
+ * cache, about to be forgotten past what j shares with it, is first saved there. @return
+ * the prompt tokens the session holds for j. */
+static int32_t take_cache(serve_engine *e, seq *s, const serve_job *j, int32_t keep) {
+    int32_t pool_keep = 0;
+    const int32_t from = e->pool ? fmoe_serve_prefix_pool_best(e->pool, j->prompt,
+                                                               j->prompt_tokens, &pool_keep)
+                                 : -1;
+    if (e->pool && s->num_cached > keep &&
+        fmoe_serve_prefix_pool_save(e->pool, s->session, s->cached, s->num_cached,
+                                    pool_keep > keep ? from : -1) < 0)
+        fmoe_log(FMOE_LOG_WARN, "prefix cache: could not keep a finished request's cache: %s",
+                      fmoe_error_detail());
+    if (from >= 0 && pool_keep > keep &&
+        fmoe_serve_prefix_pool_load(e->pool, from, s->session, pool_keep) == 0)
+        return pool_keep;
+    /* the slot's own cache: its shared prefix stays, the rest is forgotten */
+    if (keep > 0 && fmoe_session_keep_prefix(s->session, keep) < 0) keep = 0;
+    if (keep == 0) fmoe_session_reset(s->session);
+    return keep;
+}
+
 static void admit(serve_engine *e) {
     while (e->q_head && e->running < e->o.parallel) {
         serve_job *j = NULL;
@@ -512,9 +533,7 @@ static void admit(serve_engine *e) {
             fmoe_serve_job_release(j);
             continue; /* the slot is still free */
         }
-        /* the kept cache: its shared prefix stays, the rest is forgotten */
-        if (keep > 0 && fmoe_session_keep_prefix(s->session, keep) < 0) keep = 0;
-        if (keep == 0) fmoe_session_reset(s->session);
+        keep = take_cache(e, s, j, keep);
         s->num_cached = 0;
         s->job = j;
         s->state = SEQ_PREFILL;
@@ -869,6 +888,7 @@ static void *scheduler_main(void *arg) {
 static void engine_free(serve_engine *e) {
     if (!e) return;
     fmoe_serve_trace_queue_stop(e->tq);
+    fmoe_serve_prefix_pool_free(e->pool);
     for (int32_t i = 0; e->seqs && i < e->o.parallel; i++) {
         fmoe_session_free(e->seqs[i].session);
         fmoe_sampler_free(e->seqs[i].sampler);
@@ -962,6 +982,18 @@ int fmoe_serve_engine_start(const serve_engine_options *o, serve_engine **out) {
             rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
         else
             rc = seq_reserve(e, s, budget);
+    }
+    if (rc == 0 && o->prefix_cache_bytes > 0 && o->backend != FMOE_BACKEND_CPU)
+        rc = fmoe_error_set(FMOE_EUNSUPPORTED, "--prefix-cache-gb: the CPU backend only, for "
+                                               "now (the slots' own caches are reused on "
+                                               "every backend)");
+    if (rc == 0 && e->reuse_prefix && o->prefix_cache_bytes > 0) {
+        fmoe_session_options so = fmoe_session_defaults();
+        so.backend = o->backend;
+        so.max_context = e->o.max_context;
+        so.threads = o->threads;
+        so.activations = o->activations;
+        rc = fmoe_serve_prefix_pool_new(o->model, &so, o->prefix_cache_bytes, &e->pool);
     }
     if (rc == 0 && o->trace_out)
         rc = fmoe_serve_trace_queue_start(o->trace_out, on_traced, e, &e->tq);
@@ -1093,6 +1125,11 @@ void fmoe_serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out) {
     out->waiting = e->waiting;
     out->ready = e->accepting;
     pthread_mutex_unlock(&e->mu);
+    serve_prefix_stats ps;
+    fmoe_serve_prefix_pool_stats(e->pool, &ps);
+    out->prefix_cache_bytes = ps.bytes;
+    out->prefix_cache_tokens = ps.held_tokens;
+    out->prefix_cache_evictions = ps.evictions;
     out->trace_error = atomic_load(&e->trace_failed) ? e->trace_error : NULL;
 }
 

@@ -74,6 +74,10 @@ typedef struct serve_engine_options {
      * (fmoe_session_keep_prefix). Off by itself with trace_out (a trace holds every prompt
      * row) and for models whose rotary embedding depends on the call's length. */
     int32_t prefix_cache;
+    /* Bytes of KV caches kept beyond the slots (fmoe serve --prefix-cache-gb;
+     * serve_prefix.h), so that more conversations than `parallel` keep their prefixes; 0:
+     * the slots' own caches only. CPU backend only (a copy between sessions). */
+    int64_t prefix_cache_bytes;
 } serve_engine_options;
 
 /* Sampling and limits of one request, as the API layer parsed them. */
@@ -195,6 +199,9 @@ typedef struct serve_engine_gauges {
     const char *trace_error;    /* non-NULL once --trace-out could not be written: why
                                    (the engine's string, valid while it runs; /health:
                                    503 degraded) */
+    int64_t prefix_cache_bytes;     /* KV memory kept for prefixes beyond the slots */
+    int64_t prefix_cache_tokens;    /* tokens it holds now */
+    int64_t prefix_cache_evictions; /* kept prefixes replaced by another conversation's */
 } serve_engine_gauges;
 
 void fmoe_serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out);

@@ -307,6 +307,15 @@ int fmoe_serve_metrics_render(serve_metrics *m, const serve_engine_gauges *g,
     bprintf(&b, "fmoe_requests_running %d\n", g ? (int)g->running : 0);
     family(&b, "fmoe_requests_waiting", "gauge", "Requests queued for a batch slot.");
     bprintf(&b, "fmoe_requests_waiting %d\n", g ? (int)g->waiting : 0);
+    family(&b, "fmoe_prefix_cache_bytes", "gauge",
+           "KV memory kept for prompt prefixes beyond the sequence slots (--prefix-cache-gb).");
+    bprintf(&b, "fmoe_prefix_cache_bytes %lld\n", g ? (long long)g->prefix_cache_bytes : 0);
+    family(&b, "fmoe_prefix_cache_tokens", "gauge", "Tokens those kept prefixes hold.");
+    bprintf(&b, "fmoe_prefix_cache_tokens %lld\n", g ? (long long)g->prefix_cache_tokens : 0);
+    family(&b, "fmoe_prefix_cache_evictions_total", "counter",
+           "Kept prefixes replaced by another conversation's.");
+    bprintf(&b, "fmoe_prefix_cache_evictions_total %lld\n",
+            g ? (long long)g->prefix_cache_evictions : 0);
 
     int32_t L = layers ? num_layers : 0;
     render_layers(&b, "fmoe_expert_cache_hits_total", "counter",

@@ -579,7 +579,7 @@ TEST(refusals_change_nothing) {
     remove_tree(d);
 }
 
-/* fmoe_session_keep_prefix: a sequence that ran tokens A, kept to their first n, then given
+/* fmoe_session_keep_prefix and _copy_prefix: a sequence that ran tokens A, kept to their first n, then given
  * B's tail gives B's logits and cache (its next decode steps too) as a fresh run of B, for
  * every family; the mismatched control (the kept tokens differ from B's head) moves the
  * logits far beyond the tolerance; a count past the cache and the dynamic-NTK family
@@ -623,6 +623,24 @@ TEST(keep_prefix_continues_as_a_fresh_run) {
             }
             if (!(worst <= TOL))
                 HARNESS_FAIL("%s: kept prefix moved logits by %g", fam_names[f], worst);
+            /* the same prefix copied into a third session (a different context length,
+             * so the rows move between strides) continues as the fresh run too */
+            fmoe_session *c = open_session(m, CTX / 2, 16, 0);
+            ASSERT_TRUE(c != NULL);
+            fmoe_session_reset(a);
+            ASSERT_OK(fmoe_session_forward(a, ta, NA, NULL, NULL));
+            ASSERT_EQ(fmoe_session_copy_prefix(c, a, NA + 1), FMOE_EINVAL);
+            ASSERT_OK(fmoe_session_copy_prefix(c, a, KEEP));
+            ASSERT_EQ(fmoe_session_position(c), KEEP);
+            ASSERT_EQ(fmoe_session_position(a), NA);
+            ASSERT_OK(fmoe_session_forward(c, tb + KEEP, NB - KEEP, NULL, la));
+            fmoe_session_reset(b);
+            ASSERT_OK(fmoe_session_forward(b, tb, NB, NULL, lb));
+            if (!(rel_diff(la, lb) <= TOL))
+                HARNESS_FAIL("%s: copied prefix moved logits by %g", fam_names[f],
+                             rel_diff(la, lb));
+            ASSERT_TRUE(fmoe_session_kv_bytes(c) * 2 == fmoe_session_kv_bytes(a));
+            fmoe_session_free(c);
             /* control: a cache holding other tokens than B's head */
             fmoe_session_reset(a);
             int32_t other[KEEP];

@@ -42,6 +42,17 @@ def cached_total(server):
     raise AssertionError("no fmoe_prefix_cache_hit_tokens_total in /metrics")
 
 
+def same_answers(a, b):
+    """Texts equal, and every step's log-probabilities within 1e-4 (the products of
+    another batch shape round differently, 1e-6 relative: tests/model/test_batch.c)."""
+    assert [x[0] for x in a] == [x[0] for x in b]
+    for (_, la), (_, lb) in zip(a, b):
+        assert len(la) == len(lb)
+        for sa, sb in zip(la, lb):
+            assert [t for t, _ in sa] == [t for t, _ in sb]
+            assert max(abs(x - y) for (_, x), (_, y) in zip(sa, sb)) < 1e-4, (sa, sb)
+
+
 def run_conversations(server, seed, turns=3, conversations=3):
     """Interleaved multi-turn chats, greedy: turn t of every conversation, then t + 1.
     Returns every answer and every response's usage, in order."""
@@ -53,9 +64,13 @@ def run_conversations(server, seed, turns=3, conversations=3):
     for t in range(turns):
         for msgs in convs:
             r = cl.chat.completions.create(model="m", messages=msgs, max_tokens=6,
-                                           temperature=0)
+                                           temperature=0, logprobs=True, top_logprobs=3)
             text = r.choices[0].message.content
-            answers.append(text)
+            # the text, and the distributions it came from: a tiny model may answer every
+            # prompt alike, but its log-probabilities follow the whole context
+            answers.append((text, [[(t.token, t.logprob)] + [(a.token, a.logprob)
+                                                             for a in t.top_logprobs]
+                                   for t in r.choices[0].logprobs.content]))
             usages.append(r.usage)
             msgs.append({"role": "assistant", "content": text})
             msgs.append({"role": "user", "content": " ".join(rng.choices(WORDS, k=4))})
@@ -66,7 +81,7 @@ def test_multi_turn_answers_equal_without_the_cache(cached, plain):
     before = cached_total(cached)
     a_on, u_on = run_conversations(cached, seed=3)
     a_off, u_off = run_conversations(plain, seed=3)
-    assert a_on == a_off
+    same_answers(a_on, a_off)
     assert [u.prompt_tokens for u in u_on] == [u.prompt_tokens for u in u_off]
     assert all(u.prompt_tokens_details.cached_tokens == 0 for u in u_off)
     hits = [u.prompt_tokens_details.cached_tokens for u in u_on]
@@ -121,3 +136,56 @@ def test_each_chat_returns_to_its_own_cache(cached):
         for c in range(2):
             now, before = usages[2 * t + c], usages[2 * (t - 1) + c]
             assert now.prompt_tokens_details.cached_tokens >= before.prompt_tokens, (t, c)
+
+
+def kv_bytes(ctx):
+    """One sequence's KV cache of fmoe-tiny at `ctx` positions, from its config: every
+    layer's keys and values, float32."""
+    import json
+    c = json.loads((TINY / "config.json").read_text())
+    hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return c["num_hidden_layers"] * ctx * 2 * c["num_key_value_heads"] * hd * 4
+
+
+def gauge(server, name):
+    for line in server.metrics_text().splitlines():
+        if line.startswith(name + " "):
+            return int(float(line.split()[1]))
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_pool_keeps_more_conversations_than_slots(tmp_path):
+    """--prefix-cache-gb: one sequence and room for three kept caches. Three interleaved
+    chats then each find their previous turn (in the pool, copied into the slot), with the
+    same greedy answers as without any cache; the pool's memory is three caches (from the
+    model's config); with room for fewer than the chats need, the oldest are evicted and
+    counted. Without the pool, one slot keeps only the last chat's cache."""
+    ctx = 256
+    three = 3 * kv_bytes(ctx) / 2**30
+    for d in ("pool", "bare", "small"):
+        (tmp_path / d).mkdir()
+    pooled = serve_util.Server(tmp_path / "pool", "--parallel", "1", "--max-context", ctx,
+                               "--prefix-cache-gb", f"{three * 1.01:.9f}")
+    bare = serve_util.Server(tmp_path / "bare", "--parallel", "1", "--max-context", ctx)
+    small = serve_util.Server(tmp_path / "small", "--parallel", "1", "--max-context", ctx,
+                              "--prefix-cache-gb", f"{three / 3 * 1.01:.9f}")
+    try:
+        assert gauge(pooled, "fmoe_prefix_cache_bytes") == 3 * kv_bytes(ctx)
+        a_pool, u_pool = run_conversations(pooled, seed=5)
+        a_bare, u_bare = run_conversations(bare, seed=5)
+        a_small, u_small = run_conversations(small, seed=5)
+        same_answers(a_pool, a_bare)
+        same_answers(a_small, a_bare)
+        for t in range(1, 3):
+            for c in range(3):
+                now, before = u_pool[3 * t + c], u_pool[3 * (t - 1) + c]
+                assert now.prompt_tokens_details.cached_tokens >= before.prompt_tokens
+                # one slot, three chats: the slot holds another chat's tokens
+                assert u_bare[3 * t + c].prompt_tokens_details.cached_tokens < 8
+        assert gauge(pooled, "fmoe_prefix_cache_evictions_total") == 0
+        assert gauge(pooled, "fmoe_prefix_cache_tokens") > 0
+        assert gauge(small, "fmoe_prefix_cache_evictions_total") > 0
+        assert gauge(bare, "fmoe_prefix_cache_bytes") == 0
+    finally:
+        for s in (pooled, bare, small):
+            assert s.stop()[0] == 0

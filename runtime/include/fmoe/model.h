@@ -320,6 +320,16 @@ int fmoe_session_keep_prefix(fmoe_session *s, int32_t n);
 /* 1 when fmoe_session_keep_prefix can keep a prefix of this model's sequences. */
 int fmoe_model_prefix_reusable(const fmoe_model *m);
 
+/* Makes dst's cache the first n positions of src's (sessions of one model; dst's previous
+ * contents forgotten; its position n), for a prefix kept in another session than the one
+ * that continues it. Exact as fmoe_session_keep_prefix. @return 0, FMOE_EINVAL (another
+ * model; n beyond src's position or dst's context), FMOE_EUNSUPPORTED (as keep_prefix;
+ * or a session not in host memory: the CPU backend only, for now). */
+int fmoe_session_copy_prefix(fmoe_session *dst, const fmoe_session *src, int32_t n);
+
+/* Bytes of the session's KV cache (every layer, max_context positions). */
+int64_t fmoe_session_kv_bytes(const fmoe_session *s);
+
 /*
  * Runs tokens[0..n) at positions position..position+n-1 (chunks of max_batch), appending
  * to the KV cache. `logits` (may be NULL: the lm head is skipped) receives [n][V] floats
