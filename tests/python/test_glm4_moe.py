@@ -143,3 +143,15 @@ def test_bad_partial_rotary_factor(prf, models, driver, tmp_path):
     assert p.returncode == 1, p.stderr
     assert p.stderr.count("\n") == 1, p.stderr
     assert "rope_parameters.partial_rotary_factor" in p.stderr, p.stderr
+
+
+def test_partial_rotary_refused_for_other_families(models, driver, tmp_path):
+    """Only glm4_moe rotates part of a head: another family's checkpoint asking for it is
+    refused in one line naming the key and the family, not run with the whole head."""
+    d = models("qwen3_moe")
+    bad = with_config(d, tmp_path / "bad", partial_rotary_factor=0.5)
+    p = subprocess.run([str(driver), str(bad), "--tokens", "1,2"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert "partial_rotary_factor = 0.5" in p.stderr and "qwen3_moe" in p.stderr, p.stderr
