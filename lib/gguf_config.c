@@ -184,6 +184,12 @@ static int build_glm4moe(const fmoe_gguf *g, const char *arch, cJSON *c, int64_t
                          "%s: %s.nextn_predict_layers %lld of %lld blocks, head_dim %lld",
                          fmoe_gguf_name(g), arch, (long long)nextn, (long long)layers,
                          (long long)head_dim);
+    char type[32];
+    arch_str(g, arch, "rope.scaling.type", type, sizeof type);
+    FMOE_RETURN_ERROR_IF(type[0] && strcmp(type, "none") != 0, FMOE_EUNSUPPORTED,
+                         "%s: %s.rope.scaling.type %s (fmoe reads glm4moe files without rope "
+                         "scaling, as the published GLM-4.5 models have)",
+                         fmoe_gguf_name(g), arch, type);
     add_deepseek_moe(c, "glm4_moe", experts, shared, eff, ff, dense, norm);
     cJSON_DeleteItemFromObject(c, "moe_layer_freq"); /* not a glm4_moe key */
     cJSON_DeleteItemFromObject(c, "num_hidden_layers");

@@ -125,6 +125,11 @@ HF_MODELS = {
     # RMSNorm (use_qk_norm); the plain one is GLM-4.5-Air's attention (none).
     "glm4_moe": ("glm4_moe", {}, "float32", {}),
     "glm4_moe_qk_norm": ("glm4_moe", {"use_qk_norm": True}, "float32", {}),
+    # YaRN over the rotated part (transformers' _compute_yarn_parameters takes the
+    # frequencies of a head_dim · partial_rotary_factor wide head), 4x from 16 positions
+    "glm4_moe_yarn": ("glm4_moe", {"rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}, "float32", {}),
 }
 # The DeepSeek-V2/V3 models run on the CPU backend only this round (the CUDA backend has
 # no MLA), and GGUF's deepseek2 is not mapped yet: the GPU and GGUF tests keep to ALL.
@@ -135,6 +140,7 @@ PHIMOE = [k for k, v in HF_MODELS.items() if v[0] == "phimoe"]
 # GLM-4.5 too (no partial rotary nor biased sigmoid routing on CUDA); its GGUF glm4moe
 # has its own test (test_glm4_moe.py).
 GLM4_MOE = [k for k, v in HF_MODELS.items() if v[0] == "glm4_moe"]
+GLM4_MOE_PLAIN = ["glm4_moe", "glm4_moe_qk_norm"]  # no rope scaling: the GGUF and live tests
 ALL = [k for k in HF_MODELS if k not in MLA and k not in PHIMOE and k not in GLM4_MOE] + [
     "deepseek"]
 

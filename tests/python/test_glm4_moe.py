@@ -1,16 +1,16 @@
 """GLM-4.5 (transformers' glm4_moe) on fmoe's CPU forward pass, against transformers.
 
-Two tiny random checkpoints written by transformers' own Glm4MoeForCausalLM
-(make_tiny_models.py: glm4_moe, GLM-4.5-Air's attention without q/k norms, and
-glm4_moe_qk_norm, GLM-4.5's with them): q/k/v biases, partial rotary 0.5 (16 of 32 dims
-per head), DeepSeek-V3's biased sigmoid router over 4 groups of 2 (2 kept), a shared
-expert, one dense first layer. The bar is test_forward.py's: max |logit difference| <= 1e-3
-in float32, the same top-k experts at every MoE layer for every token (read from
-transformers' gates), the same 32-token greedy continuation, for a prefill, a prefill in
-chunks of 5 and a token-by-token prompt. Then each GLM setting is shown to matter (changed,
-the logits or routes leave the reference), the multi-token-prediction layer a real
-checkpoint carries is shown to be skipped, and the CUDA backend refuses the family in one
-line.
+Three tiny random checkpoints written by transformers' own Glm4MoeForCausalLM
+(make_tiny_models.py): glm4_moe (GLM-4.5-Air's attention, without q/k norms),
+glm4_moe_qk_norm (GLM-4.5's, with them) and glm4_moe_yarn (YaRN over the rotated part).
+All have q/k/v biases, partial rotary 0.5 (16 of 32 dims per head), DeepSeek-V3's biased
+sigmoid router over 4 groups of 2 (2 kept), a shared expert and one dense first layer.
+The bar is test_forward.py's: max |logit difference| <= 1e-3 in float32, the same top-k
+experts at every MoE layer for every token (read from transformers' gates), the same
+32-token greedy continuation, for a prefill, a prefill in chunks of 5 and a token-by-token
+prompt. Then each GLM setting is shown to matter (changed, the logits or routes leave the
+reference), the multi-token-prediction layer a real checkpoint carries is shown to be
+skipped, and the CUDA backend refuses the family in one line.
 """
 import json
 import os
@@ -55,6 +55,9 @@ def test_forward_matches_transformers(name, mode, models, driver, tmp_path):
     # the whole head rotated instead of its first half
     ("glm4_moe", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                       "partial_rotary_factor": 1.0}}),
+    # YaRN left out
+    ("glm4_moe_yarn", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                           "partial_rotary_factor": 0.5}}),
     # the q/k/v biases left out
     ("glm4_moe", {"attention_bias": False}),
     # the per-head q/k norms left out
