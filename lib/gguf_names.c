@@ -116,7 +116,8 @@ int fmoe_gguf_tensor_for(const char *arch, int32_t n_head, int32_t n_head_kv,
             s++;
             for (size_t i = 0; i < sizeof arch_map / sizeof arch_map[0]; i++)
                 if (strcmp(arch, arch_map[i].arch) == 0 && strcmp(s, arch_map[i].hf) == 0) {
-                    snprintf(out->name, sizeof out->name, "blk.%ld.%s", layer, arch_map[i].gguf);
+                    snprintf(out->name, sizeof out->name, "blk.%ld.%s", layer,
+                             arch_map[i].gguf);
                     return 0;
                 }
             for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++) {

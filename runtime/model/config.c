@@ -234,8 +234,8 @@ static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rop
                              !(r->factor > 0),
                          FMOE_EFORMAT,
                          "%sfactor must be positive", prefix);
-    FMOE_RETURN_ERROR_IF(r->type == FMOE__ROPE_DYNAMIC && g->head_dim <= 2, FMOE_EFORMAT,
-                         "dynamic rope needs head_dim > 2");
+    FMOE_RETURN_ERROR_IF(r->type == FMOE__ROPE_DYNAMIC && floor(g->head_dim * *partial) <= 2,
+                         FMOE_EFORMAT, "dynamic rope needs more than 2 rotated dims per head");
     return 0;
 }
 

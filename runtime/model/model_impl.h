@@ -87,7 +87,7 @@ typedef struct fmoe__arch {
     int32_t rope_dim;        /* dims rotated per GQA head, head_dim · partial_rotary_factor:
                                 the first rope_dim of each head, as halves (transformers'
                                 apply_rotary_pos_emb on q[..., :rotary_dim]); the rest pass
-                                through. head_dim for every other family. */
+                                through. MLA: qk_rope_head_dim; others: head_dim. */
 } fmoe__arch;
 
 /*

@@ -6,8 +6,8 @@
  * experts, sizes, bytes per routed expert at a dtype, and the router's semantics.
  *
  * Families: Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE, OLMoE, DeepSeek-MoE V1/V2/V3,
- * Phi-3.5-MoE, gpt-oss, Llama-4, GLM-4.5. An unknown model_type is FMOE_EUNSUPPORTED with a detail
- * listing the supported ones.
+ * Phi-3.5-MoE, gpt-oss, Llama-4, GLM-4.5. An unknown model_type is FMOE_EUNSUPPORTED with
+ * a detail listing the supported ones.
  */
 #ifndef FMOE_GEOMETRY_H
 #define FMOE_GEOMETRY_H
