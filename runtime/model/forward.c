@@ -128,7 +128,8 @@ struct fmoe_session {
     int32_t *rows_h;        /* [B] one expert's token rows */
     float *scale_h;         /* [B] their combine weights */
     float *inv_freq;        /* [R/2] */
-    int32_t rope_dim;       /* R: the rotated dims per head (D; MLA: qk_rope_head_dim) */
+    int32_t rope_dim;       /* R: the rotated dims per head (D; MLA: qk_rope_head_dim;
+                               GLM-4.5: D · partial_rotary_factor) */
     fmoe__mla_seq *mla_seqs; /* [B] MLA: the segments of a pass */
     float *cos_h;           /* [B][D/2] tables computed here, uploaded to cos/sin */
     float *sin_h;           /* [B][D/2] */
@@ -237,6 +238,11 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
                          "model_type %s: the %s backend has no multi-head latent attention "
                          "(nor DeepSeek's grouped routing) yet; run it with --backend cpu",
                          g->model_type, be->name);
+    FMOE_RETURN_ERROR_IF(!m->arch.mla && m->arch.rope_dim < g->head_dim && !be->rope_partial,
+                         FMOE_EUNSUPPORTED,
+                         "model_type %s: the %s backend has no partial rotary embedding yet; "
+                         "run it with --backend cpu",
+                         g->model_type, be->name);
     FMOE_RETURN_ERROR_IF(m->arch.layernorm && !be->layernorm, FMOE_EUNSUPPORTED,
                          "model_type %s: the %s backend has no LayerNorm with bias (nor "
                          "sparsemixer routing) yet; run it with --backend cpu",
@@ -254,7 +260,8 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
     int64_t kd = (int64_t)g->num_key_value_heads * D, vd = kd, cache_w = kd, vcache_w = kd;
     const int64_t S = o.speculative_depth;
     const int mla = m->arch.mla;
-    const int64_t R = mla ? g->qk_rope_head_dim : D;
+    /* rotated dims per head: MLA's decoupled rope dims, GLM-4.5's partial share, else D */
+    const int64_t R = m->arch.rope_dim > 0 ? m->arch.rope_dim : mla ? g->qk_rope_head_dim : D;
     int64_t mla_scratch = 1;
     if (mla) {
         /* q: H(dn + dr) = qd; k holds kv_a's rows (r_kv + dr), v q_a's (r_q), att the
@@ -554,8 +561,13 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
         be->clamp(c, s->k, n * kd, m->arch.clip_qkv);
         be->clamp(c, s->v, n * kd, m->arch.clip_qkv);
     }
-    be->rope(c, s->q, n, Hq, D, s->cos, s->sin);
-    be->rope(c, s->k, n, Hk, D, s->cos, s->sin);
+    if (s->rope_dim < D) { /* GLM-4.5: the first rope_dim of each head */
+        be->rope_partial(c, s->q, n, Hq, D, s->rope_dim, s->cos, s->sin);
+        be->rope_partial(c, s->k, n, Hk, D, s->rope_dim, s->cos, s->sin);
+    } else {
+        be->rope(c, s->q, n, Hq, D, s->cos, s->sin);
+        be->rope(c, s->k, n, Hk, D, s->cos, s->sin);
+    }
     for (int32_t i = 0; i < count; i++) {
         const segment *e = &sg[i];
         const int64_t ctx = e->s->opt.max_context;

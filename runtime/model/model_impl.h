@@ -83,6 +83,11 @@ typedef struct fmoe__arch {
     int32_t lm_head_bias;    /* lm_head carries a bias */
     int32_t sparsemixer;     /* sparsemixer top-2 routing (fmoe_route_row_grouped) */
     float jitter_eps;        /* its router_jitter_noise */
+    /* GLM-4.5 (glm4_moe): partial rotary embedding. */
+    int32_t rope_dim;        /* dims rotated per GQA head, head_dim · partial_rotary_factor:
+                                the first rope_dim of each head, as halves (transformers'
+                                apply_rotary_pos_emb on q[..., :rotary_dim]); the rest pass
+                                through. MLA: qk_rope_head_dim; others: head_dim. */
 } fmoe__arch;
 
 /*
@@ -453,6 +458,11 @@ typedef struct fmoe__backend_ops {
      * session refuses a LayerNorm model on a backend where this is NULL. */
     void (*layernorm)(void *ctx, float *y, const float *x, const float *w, const float *b,
                       int64_t rows, int32_t dim, float eps);
+    /* rope with only the first rot_dim of each head_dim-wide head rotated (fmoe_rope_head
+     * over rot_dim, tables cos/sin [n][rot_dim/2]), the rest left as they are (GLM-4.5's
+     * partial rotary). A session refuses such a model on a backend where this is NULL. */
+    void (*rope_partial)(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
+                         int32_t rot_dim, const float *cos, const float *sin);
 } fmoe__backend_ops;
 
 extern const fmoe__backend_ops fmoe__cpu_backend;
