@@ -391,7 +391,7 @@ static const cJSON *choice0(const cJSON *o) {
 }
 
 TEST(render_chat_response) {
-    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-abc", 1700000000, "fmoe-tiny", 0, NULL};
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-abc", 1700000000, "fmoe-tiny", 0, NULL, {0}};
     const char text[] = "say \"hi\"\nand go!XYZ";
     char *json = fmoe_serve_api_render_response(&m, text, strlen(text) - 3, sample_status());
     ASSERT_TRUE(json != NULL);
@@ -431,7 +431,7 @@ TEST(render_chat_response) {
 }
 
 TEST(render_completion_response_and_zero_times) {
-    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-1", 5, "m", 0, NULL};
+    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-1", 5, "m", 0, NULL, {0}};
     serve_job_status st = {.finished = SERVE_FINISH_STOP, .prompt_tokens = 3};
     char *json = fmoe_serve_api_render_response(&m, "", 0, &st);
     cJSON *o = json ? cJSON_Parse(json) : NULL;
@@ -448,7 +448,7 @@ TEST(render_completion_response_and_zero_times) {
 }
 
 TEST(render_chat_chunks) {
-    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-x", 42, "tiny", 0, NULL};
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-x", 42, "tiny", 0, NULL, {0}};
     char *j1 = fmoe_serve_api_render_chunk(&m, 1, NULL, 0, NULL, 0);
     char *j2 = fmoe_serve_api_render_chunk(&m, 0, "pieceZZ", 5, NULL, 1);
     char *j3 = fmoe_serve_api_render_chunk(&m, 0, "", 0, "stop", 0);
@@ -475,7 +475,7 @@ TEST(render_chat_chunks) {
 }
 
 TEST(render_completion_chunk_and_usage_chunk) {
-    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-y", 7, "tiny", 0, NULL};
+    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-y", 7, "tiny", 0, NULL, {0}};
     char *j1 = fmoe_serve_api_render_chunk(&m, 0, "abc", 3, NULL, 0);
     char *j2 = fmoe_serve_api_render_usage_chunk(&m, sample_status());
     cJSON *a = j1 ? cJSON_Parse(j1) : NULL, *b = j2 ? cJSON_Parse(j2) : NULL;
@@ -801,9 +801,9 @@ TEST(n_parsed) {
 }
 
 TEST(render_response_of_n_choices) {
-    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-n", 1, "tiny", 0, NULL};
-    const serve_api_choice ch[2] = {{"ab", 2, SERVE_FINISH_STOP, NULL, 0},
-                                    {"cde", 3, SERVE_FINISH_LENGTH, NULL, 0}};
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-n", 1, "tiny", 0, NULL, {0}};
+    const serve_api_choice ch[2] = {{"ab", 2, SERVE_FINISH_STOP, NULL, 0, NULL},
+                                    {"cde", 3, SERVE_FINISH_LENGTH, NULL, 0, NULL}};
     serve_job_status st = {.finished = SERVE_FINISH_LENGTH, .prompt_tokens = 4,
                            .completion_tokens = 9};
     char *json = fmoe_serve_api_render_response_n(&m, ch, 2, &st);
@@ -867,7 +867,7 @@ static void two_tokens(serve_token_logprob lp[2], int32_t *a, int32_t *b) {
 }
 
 TEST(render_chat_logprobs) {
-    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-l", 1, "tiny", 1, tiny()};
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-l", 1, "tiny", 1, tiny(), {0}};
     serve_token_logprob lp[2];
     int32_t a, b;
     two_tokens(lp, &a, &b);
@@ -905,7 +905,7 @@ TEST(render_chat_logprobs) {
 }
 
 TEST(render_completion_logprobs_chunk) {
-    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-l", 1, "tiny", 1, tiny()};
+    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-l", 1, "tiny", 1, tiny(), {0}};
     serve_token_logprob lp[2];
     int32_t a, b;
     two_tokens(lp, &a, &b);
