@@ -345,6 +345,11 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
     const char *tmpl = fmoe_tokenizer_chat_template_text(tok, 1);
     r->tools.format = fmoe_serve_tools_detect(tmpl);
     if (r->tools.format == SERVE_TOOLS_NONE) {
+        const char *other = fmoe_serve_tools_unsupported(tmpl);
+        if (other)
+            return bad(err, "tools", "'tools' is not supported for this model: its chat template "
+                                     "writes tool calls as %s, a format fmoe does not parse yet",
+                       other);
         if (!tmpl)
             return bad(err, "tools", "this model has no chat template text (its fixed '%s' "
                                      "renderer offers no tools), so 'tools' is not supported",
@@ -358,7 +363,7 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
                                  "begin\xEF\xBD\x9C>)");
     }
     if ((mode == REQUIRED || mode == NAMED) &&
-        fmoe_serve_tools_forced_prefix(r->tools.format, named, r->tools.prefix) < 0)
+        fmoe_serve_tools_forced_prefix(r->tools.format, named, tmpl, r->tools.prefix) < 0)
         return bad(err, "tool_choice", "'tool_choice': the function name is too long");
     /* the markers are special tokens in some vocabularies (Mistral's [TOOL_CALLS]) */
     r->sampling.keep_special = 1;

@@ -40,8 +40,27 @@
  * Choosing the format
  * ------------------------------------------------------------------------------------ */
 
+/* Markup of formats fmoe does not read, found before the ones it does, so that such a
+ * template is refused by name rather than read wrongly (Qwen3-Coder's XML calls also sit
+ * in <tool_call> blocks; Mistral's newer templates also start with [TOOL_CALLS]). */
+static const struct {
+    const char *marker, *name;
+} unsupported[] = {
+    {"<function=", "Qwen3-Coder's XML calls (<tool_call><function=...>)"},
+    {"[ARGS]", "Mistral's [TOOL_CALLS]name[ARGS]{...}"},
+    {"<|python_tag|>", "Llama 3's <|python_tag|>"},
+    {"<|call|>", "gpt-oss's harmony channels (<|call|>)"},
+    {"<|tool_call|>", "<|tool_call|> (Granite, Phi-4)"},
+};
+
+const char *fmoe_serve_tools_unsupported(const char *t) {
+    for (size_t i = 0; t && i < sizeof unsupported / sizeof unsupported[0]; i++)
+        if (strstr(t, unsupported[i].marker)) return unsupported[i].name;
+    return NULL;
+}
+
 serve_tools_format fmoe_serve_tools_detect(const char *t) {
-    if (!t) return SERVE_TOOLS_NONE;
+    if (!t || fmoe_serve_tools_unsupported(t)) return SERVE_TOOLS_NONE;
     if (strstr(t, DS_CALLS_BEGIN))
         /* V3's template writes the ```json fence around the arguments; V3.1's does not */
         return strstr(t, "```json") ? SERVE_TOOLS_DEEPSEEK_V3 : SERVE_TOOLS_DEEPSEEK_V31;
@@ -60,9 +79,12 @@ const char *fmoe_serve_tools_format_name(int32_t format) {
     }
 }
 
-int fmoe_serve_tools_forced_prefix(int32_t format, const char *name,
+int fmoe_serve_tools_forced_prefix(int32_t format, const char *name, const char *template_text,
                                    char out[SERVE_TOOLS_PREFIX_MAX]) {
     int n;
+    /* Mistral v0.3's template writes "[TOOL_CALLS] [", Nemo's "[TOOL_CALLS][" */
+    const char *mistral_open = template_text && strstr(template_text, MISTRAL_OPEN " [")
+                                   ? MISTRAL_OPEN " [" : MISTRAL_OPEN "[";
     /* what the families' templates write for an earlier call, up to where the model's
      * choice begins: the name (name NULL) or the arguments */
     switch (format) {
@@ -72,9 +94,9 @@ int fmoe_serve_tools_forced_prefix(int32_t format, const char *name,
                  : snprintf(out, SERVE_TOOLS_PREFIX_MAX, HERMES_OPEN "\n{\"name\": \"");
         break;
     case SERVE_TOOLS_MISTRAL:
-        n = name ? snprintf(out, SERVE_TOOLS_PREFIX_MAX,
-                            MISTRAL_OPEN "[{\"name\": \"%s\", \"arguments\": ", name)
-                 : snprintf(out, SERVE_TOOLS_PREFIX_MAX, MISTRAL_OPEN "[{\"name\": \"");
+        n = name ? snprintf(out, SERVE_TOOLS_PREFIX_MAX, "%s{\"name\": \"%s\", \"arguments\": ",
+                            mistral_open, name)
+                 : snprintf(out, SERVE_TOOLS_PREFIX_MAX, "%s{\"name\": \"", mistral_open);
         break;
     case SERVE_TOOLS_DEEPSEEK_V3:
         n = name ? snprintf(out, SERVE_TOOLS_PREFIX_MAX,

@@ -80,16 +80,22 @@ typedef struct serve_tools_parse {
 } serve_tools_parse;
 
 /* @return the format whose markup the chat template text shows (SERVE_TOOLS_NONE when it
- *   shows none, or text is NULL). */
+ *   shows none, shows a format fmoe does not read, or text is NULL). */
 serve_tools_format fmoe_serve_tools_detect(const char *template_text);
+
+/* @return the name of a tool-call format the template text shows that fmoe does not read
+ *   (Qwen3-Coder's XML, Mistral's [ARGS], Llama 3's, gpt-oss's, Granite's), for the
+ *   error message; NULL when none. */
+const char *fmoe_serve_tools_unsupported(const char *template_text);
 
 /* @return the format's name for messages ("hermes", "mistral", "deepseek_v3", ...). */
 const char *fmoe_serve_tools_format_name(int32_t format);
 
 /* Writes into out the opening markup that makes the model's next words a call: of
- * function `name` (its arguments follow), or of a function it names itself (name NULL).
+ * function `name` (its arguments follow), or of a function it names itself (name NULL),
+ * spaced as template_text (may be NULL) writes an earlier call.
  * @return 0, or -1 when it does not fit or the format has none. */
-int fmoe_serve_tools_forced_prefix(int32_t format, const char *name,
+int fmoe_serve_tools_forced_prefix(int32_t format, const char *name, const char *template_text,
                                    char out[SERVE_TOOLS_PREFIX_MAX]);
 
 /* Splits cfg->prefix followed by text[0..len) (need not be NUL-terminated). final 0: more

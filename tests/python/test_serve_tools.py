@@ -263,3 +263,19 @@ def test_mistral_ids_and_tool_messages(tmp_path_factory):
         assert s.request("GET", "/health")[0] == 200
     finally:
         s.stop()
+
+
+def test_template_of_a_format_fmoe_does_not_read_is_400_naming_it(tmp_path_factory):
+    """Granite's template writes <|tool_call|>, which fmoe does not parse: tools are refused
+    with the format named (not read as another), and chat without tools still works."""
+    granite = (TEMPLATES / "ibm-granite-granite-3.3-2B-Instruct.jinja").read_text()
+    s = serve_util.Server(tmp_path_factory.mktemp("serve-granite"), "--model",
+                          model_with(tmp_path_factory, "granite", granite), "--parallel", "1")
+    try:
+        st, body = error_of(s, {"model": "m", "messages": ASK, "tools": TOOLS, "max_tokens": 2})
+        assert st == 400 and body["error"]["param"] == "tools", body
+        assert "<|tool_call|>" in body["error"]["message"], body
+        st, body = error_of(s, {"model": "m", "messages": ASK, "max_tokens": 2})
+        assert st == 200, body
+    finally:
+        s.stop()

@@ -200,12 +200,12 @@ TEST(hermes_block_that_is_no_call_stays_text) {
 
 TEST(hermes_forced_prefix_of_a_named_function) {
     serve_tools_config cfg = config(SERVE_TOOLS_HERMES, SERVE_REASONING_NONE, 1);
-    ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_HERMES, "get_weather", cfg.prefix));
+    ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_HERMES, "get_weather", NULL, cfg.prefix));
     ASSERT_STR_EQ(cfg.prefix, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ");
     const want_call w[] = {{"get_weather", "{\"city\": \"Oslo\"}"}};
     CHECK_PARSE(cfg, "{\"city\": \"Oslo\"}}\n</tool_call>", "", NULL, w, 1);
     /* "required": the model names the function */
-    ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_HERMES, NULL, cfg.prefix));
+    ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_HERMES, NULL, NULL, cfg.prefix));
     CHECK_PARSE(cfg, "get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", "", NULL,
                 w, 1);
 }
@@ -300,7 +300,24 @@ TEST(format_from_the_template_text) {
         free(t);
     }
     ASSERT_EQ(fmoe_serve_tools_detect(NULL), SERVE_TOOLS_NONE);
+    /* formats fmoe does not read are named, not read as their look-alikes */
+    const char *coder = "{{- '<tool_call>\n<function=' + tool_call.name + '>' }}";
+    ASSERT_EQ(fmoe_serve_tools_detect(coder), SERVE_TOOLS_NONE);
+    ASSERT_CONTAINS(fmoe_serve_tools_unsupported(coder), "Qwen3-Coder");
+    const char *small = "{{- '[TOOL_CALLS]' + tool.function.name + '[ARGS]' }}";
+    ASSERT_EQ(fmoe_serve_tools_detect(small), SERVE_TOOLS_NONE);
+    ASSERT_CONTAINS(fmoe_serve_tools_unsupported(small), "[ARGS]");
+    ASSERT_TRUE(fmoe_serve_tools_unsupported("[TOOL_CALLS] [") == NULL);
     ASSERT_EQ(fmoe_serve_tools_detect("x " DS_CALLS_BEGIN " ```json"), SERVE_TOOLS_DEEPSEEK_V3);
+}
+
+TEST(mistral_forced_prefix_spaced_as_the_template) {
+    char p[SERVE_TOOLS_PREFIX_MAX];
+    ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_MISTRAL, "f", "{{ '[TOOL_CALLS] [' }}", p));
+    ASSERT_STR_EQ(p, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": ");
+    ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_MISTRAL, "f", "{{ '[TOOL_CALLS][' }}", p));
+    ASSERT_STR_EQ(p, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": ");
+    ASSERT_EQ(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_NONE, "f", NULL, p), -1);
 }
 
 TEST(call_ids) {
