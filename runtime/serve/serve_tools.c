@@ -3,7 +3,8 @@
  *
  * The parser reads the whole output from the start every time (a stream calls it once per
  * chunk: O(n) per chunk, O(n^2) bytes over a response, which for the few kilobytes of a
- * chat answer is far below the cost of one forward pass). Every rule is written so that
+ * chat answer is far below the cost of one forward pass: 0.7 us a chunk for a 3.5 KB
+ * answer streamed 4 bytes at a time, docs/serving.md#tool-calls). Every rule is written so that
  * a parse of a shorter text is a prefix of the parse of a longer one:
  *   - a tail that is the start of a marker (`<tool_c`) is held back, not emitted;
  *   - whitespace-only text next to tool calls is held while it is whitespace-only and
