@@ -595,8 +595,8 @@ static int take_token(serve_engine *e, seq *s, int32_t tok, serve_token_logprob 
 
     char *text = NULL;
     size_t len = 0;
-    if (fmoe_tokenizer_decode(e->o.tokenizer, s->generated, (size_t)s->num_generated, 1, &text,
-                              &len) < 0) {
+    if (fmoe_tokenizer_decode(e->o.tokenizer, s->generated, (size_t)s->num_generated,
+                              !j->sampling.keep_special, &text, &len) < 0) {
         job_finish(e, j, SERVE_FINISH_ERROR, "out of memory decoding the output");
         s->finish = 0;
         return 1;

@@ -96,6 +96,9 @@ typedef struct serve_sampling {
      * distribution) and its top_logprobs alternatives, for fmoe_serve_job_logprobs */
     int32_t logprobs;
     int32_t top_logprobs; /* [0, SERVE_MAX_TOP_LOGPROBS] */
+    /* 1: special tokens stay in the text (tool-call markers such as Mistral's [TOOL_CALLS]
+     * are special tokens, which the text otherwise skips) */
+    int32_t keep_special;
 } serve_sampling;
 
 typedef enum serve_finish {

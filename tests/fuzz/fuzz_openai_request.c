@@ -84,7 +84,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (strlen(r.sampling.stop[i]) == 0) abort();
     for (int i = 0; i < r.num_prompt; i++)
         if (r.prompt[i] < 0 || r.prompt[i] >= fmoe_tokenizer_vocab_size(tok)) abort();
-    serve_api_meta m = {kind, "id", 1, "model", r.sampling.logprobs, tok};
+    serve_api_meta m = {kind, "id", 1, "model", r.sampling.logprobs, tok, r.tools};
     serve_job_status st = {.finished = SERVE_FINISH_STOP, .prompt_tokens = r.num_prompt};
     /* the prompt's first ids as if generated, with logprobs of a made-up row of logits */
     float logits[64];
@@ -97,6 +97,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     free(fmoe_serve_api_render_response_lp(&m, "text", 4, &st, lp, nlp));
     free(fmoe_serve_api_render_chunk_lp(&m, 0, 0, "t", 1, "stop", r.include_usage, lp, nlp, 0));
+    if (fmoe_serve_api_splits_output(&m)) { /* tools or <think>: the split renderers */
+        static const char out[] = "<think>a</think>b<tool_call>{\"name\": \"f\", "
+                                  "\"arguments\": {}}</tool_call>";
+        serve_tools_parse p;
+        if (fmoe_serve_tools_parse(&m.tools, out, sizeof out - 1, 1, &p) == 0) {
+            const serve_api_choice c = {out, sizeof out - 1, SERVE_FINISH_STOP, lp, nlp, &p};
+            free(fmoe_serve_api_render_response_n(&m, &c, 1, &st));
+            fmoe_serve_tools_parse_free(&p);
+        }
+    }
     fmoe_serve_api_request_free(&r);
     parsed++;
     return 0;
