@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fmoe/json_constraint.h"
 #include "fmoe/model.h"
 #include "fmoe/offload.h"
 #include "fmoe/tokenizer.h"
@@ -86,6 +87,12 @@ typedef struct serve_sampling {
      * distribution) and its top_logprobs alternatives, for fmoe_serve_job_logprobs */
     int32_t logprobs;
     int32_t top_logprobs; /* [0, SERVE_MAX_TOP_LOGPROBS] */
+    /* Structured output (response_format): each step samples only among the tokens that
+     * keep the text a prefix of a document of this schema, and an end-of-sequence token
+     * is admitted, then forced, once the document is whole (fmoe/json_constraint.h);
+     * ignore_eos does not apply then. Borrowed from the caller; submit takes a reference
+     * of its own. NULL: free text. */
+    fmoe_json_schema *json;
 } serve_sampling;
 
 typedef enum serve_finish {
