@@ -7,6 +7,7 @@ json.loads; schemas with keywords fmoe does not do are a 400 of OpenAI's error s
 names the keyword and its path, and the server goes on serving.
 """
 import json
+import subprocess
 
 import pytest
 
@@ -202,3 +203,43 @@ def test_bad_response_format_shapes_and_server_unharmed(server):
                                    response_format=schema_format({"type": "object",
                                                                   "properties": {}}))
     assert r.choices[0].message.content == "{}"
+
+
+# ---------------------------------------------------------------------------------------
+# fmoe generate --json-schema FILE / --json-object
+# ---------------------------------------------------------------------------------------
+
+def generate(*args):
+    exe = serve_util._build_dir() / "cmd" / "fmoe"
+    return subprocess.run([str(exe), "generate", "--prompt", "Data:", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_generate_json_schema_over_seeds(tmp_path):
+    path = tmp_path / "person.json"
+    path.write_text(json.dumps(SHAPES))
+    done = 0
+    for seed in range(4):
+        p = generate("--json-schema", path, "--temperature", 1, "--seed", seed,
+                     "--max-new-tokens", 128, "--json")
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        if out["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(out["text"]), SHAPES)
+            done += 1
+    assert done >= 2
+    p = generate("--json-object", "--temperature", 1, "--seed", 1, "--json")
+    assert p.returncode == 0, p.stderr
+    assert isinstance(json.loads(json.loads(p.stdout)["text"]), dict)
+
+
+def test_generate_refuses_unsupported_schema_in_one_line(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"type": "object",
+                                "properties": {"d": {"type": "string", "format": "date"}}}))
+    p = generate("--json-schema", path)
+    assert p.returncode != 0 and p.stdout == ""
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert f"{path}: 'format' at $.properties.d is not supported" in p.stderr
+    p = generate("--json-schema", path, "--json-object")
+    assert p.returncode == 2 and "exclude each other" in p.stderr
