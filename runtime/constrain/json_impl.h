@@ -95,6 +95,10 @@ int fmoe__json_step(const fmoe_json_schema *s, json_state *st, uint8_t c);
 /* @return 1 when st is a whole document. */
 int fmoe__json_complete(const fmoe_json_schema *s, const json_state *st);
 
+/* @return 1 when st is inside the body of a string (not in an escape or a UTF-8
+ * sequence): plain string bytes leave it as it is. */
+int fmoe__json_in_string_body(const fmoe_json_schema *s, const json_state *st);
+
 /* Copies the frames in use. */
 static inline void json_state_copy(json_state *dst, const json_state *src) {
     dst->depth = src->depth;

@@ -436,3 +436,9 @@ int fmoe__json_complete(const fmoe_json_schema *s, const json_state *st) {
     default: return 0;
     }
 }
+
+int fmoe__json_in_string_body(const fmoe_json_schema *s, const json_state *st) {
+    if (st->depth == 0) return 0;
+    const json_frame *f = &st->f[st->depth - 1];
+    return s->nodes[f->node].kind == JSON_STRING && f->phase == 1;
+}

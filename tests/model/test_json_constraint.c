@@ -2,7 +2,8 @@
  * test_json_constraint - the JSON schema automaton (runtime/constrain) on accept and
  * reject strings written by hand, its refusals of unsupported keywords, and the trie mask
  * on the bundled fmoe-tiny tokenizer checked against feeding every token's bytes one by
- * one (the mask's trie walk and a plain per-token feed must agree).
+ * one (the mask's trie walks, and its shortcut for string bodies, must agree with a plain
+ * per-token feed).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -158,6 +159,13 @@ TEST(unsupported_keywords_are_refused_with_their_path) {
 /* The mask on a real vocabulary                                                      */
 /* ---------------------------------------------------------------------------------- */
 
+/* 1 when one of the bytes of set occurs in p[0..n). */
+static int strpbrk_n(const char *p, size_t n, const char *set) {
+    for (size_t i = 0; i < n; i++)
+        if (strchr(set, p[i]) && p[i]) return 1;
+    return 0;
+}
+
 static fmoe_tokenizer *tiny(void) {
     const char *root = getenv("FMOE_SOURCE_ROOT");
     char dir[4096];
@@ -212,12 +220,20 @@ static void random_walks(const char *schema, int steps_max, int *harness_failed)
                 ASSERT_EQ(allowed[id], want);
             }
             ASSERT_EQ(count, n);
-            /* prefer to finish in the second half, so that walks end */
+            /* uniform among the allowed tokens, but after the first quarter the end id,
+             * or a token that closes something, when one comes up in 256 draws: a string
+             * would else run on (few of the tokens a string admits hold a quote) */
             int32_t pick = -1;
             if (allowed[end] && step > steps_max / 4) pick = end;
-            while (pick < 0) {
+            for (int draw = 0; pick < 0; draw++) {
                 const int32_t id = (int32_t)(fmoe_rng_next(&rng) % (uint64_t)V);
-                if (allowed[id]) pick = id;
+                if (!allowed[id]) continue;
+                const char *piece;
+                size_t plen;
+                if (draw >= 256 || step <= steps_max / 4 ||
+                    (fmoe_tokenizer_token_to_piece(tok, id, &piece, &plen) == 0 &&
+                     strpbrk_n(piece, plen, "\"]}")))
+                    pick = id;
             }
             if (pick == end) {
                 ended = 1;
@@ -247,8 +263,9 @@ static void random_walks(const char *schema, int steps_max, int *harness_failed)
 
 TEST(mask_equals_per_token_feed_on_fmoe_tiny) {
     random_walks("{\"type\":\"object\",\"properties\":{\"k\":{\"enum\":[\"red\",\"green\"]},"
-                 "\"n\":{\"type\":\"number\"},\"b\":{\"type\":\"boolean\"}},"
-                 "\"required\":[\"k\",\"n\",\"b\"],\"additionalProperties\":false}",
+                 "\"n\":{\"type\":\"number\"},\"s\":{\"type\":\"string\"},"
+                 "\"b\":{\"type\":\"boolean\"}},"
+                 "\"required\":[\"k\",\"n\",\"s\",\"b\"],\"additionalProperties\":false}",
                  60, harness_failed);
 }
 
