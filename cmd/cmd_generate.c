@@ -369,6 +369,7 @@ int cmd_generate(int argc, char **argv) {
     streamer st = {.tok = tok, .out = a.json ? NULL : stdout};
     const char *finish = "length";
     int32_t n_gen = 0;
+    int stop_token = 0; /* the last generated id is a stop token, not text */
     double t0 = cmd_now(), t_prefill = 0, t_decode = 0;
     if (max_new > 0) {
         if ((err = cmd_offload_forward(&off, s, prompt, (int32_t)n_prompt, FMOE_PHASE_PREFILL,
@@ -377,22 +378,26 @@ int cmd_generate(int argc, char **argv) {
         t_prefill = cmd_now() - t0;
         double t1 = cmd_now();
         for (;;) {
+            /* structured output: a whole document with no end id to say so (a tokenizer
+             * without EOS) ends here, before this step's logits are written */
+            const int32_t admitted = jm ? fmoe_json_matcher_mask(jm, allowed) : 1;
+            if (admitted == 0 && fmoe_json_matcher_is_complete(jm)) {
+                finish = "stop";
+                break;
+            }
+            if (admitted == 0) {
+                rc = cmd_failf(CMD, "no token of the vocabulary continues the JSON document");
+                goto done;
+            }
             if (npy && fwrite(logits, sizeof *logits, (size_t)V, npy) != (size_t)V) {
                 rc = cmd_failf(CMD, "%s: cannot write: %s", npy_partial, strerror(errno));
                 goto done;
             }
             /* non-finite logits never come here: the forward pass stops on them (a
              * resident weight at load, an expert's where the hidden state enters the head) */
-            if (jm) {
-                /* the raw logits went to --dump-logits; the mask applies to sampling */
-                if (fmoe_json_matcher_mask(jm, allowed) == 0) {
-                    rc = cmd_failf(CMD, "no token of the vocabulary continues the JSON "
-                                        "document");
-                    goto done;
-                }
+            if (jm) /* after --dump-logits took the raw logits */
                 for (int32_t i = 0; i < V; i++)
                     if (!allowed[i]) logits[i] = -INFINITY;
-            }
             int32_t next = fmoe_sampler_sample(smp, logits);
             gen[n_gen++] = next;
             if (jm && !fmoe_json_matcher_is_end(jm, next) &&
@@ -400,6 +405,7 @@ int cmd_generate(int argc, char **argv) {
                 goto fail;
             if ((!a.ignore_eos || jm) && cmd_generation_config_is_stop(&gc, next)) {
                 finish = "stop";
+                stop_token = 1;
                 break;
             }
             if ((err = streamer_push(&st, gen, (size_t)n_gen, 0)) < 0) goto fail;
@@ -433,7 +439,7 @@ int cmd_generate(int argc, char **argv) {
     const double decode_tps = t_decode > 0 && steps > 0 ? steps / t_decode : 0.0;
     if (a.json) {
         size_t keep = (size_t)n_gen;
-        if (!strcmp(finish, "stop")) keep--; /* the stop token is not text */
+        if (stop_token) keep--; /* the stop token is not text */
         if ((err = fmoe_tokenizer_decode(tok, gen, keep, 1, &text, &text_len)) < 0) goto fail;
         printf("{\"model\": ");
         json_string(stdout, dir, strlen(dir));

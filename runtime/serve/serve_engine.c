@@ -752,10 +752,15 @@ static void run_iteration(serve_engine *e, int32_t count) {
         const float *logits = s->logits;
         if (s->json) {
             if (fmoe_json_matcher_mask(s->json, s->allowed) == 0) {
-                job_finish(e, s->job, SERVE_FINISH_ERROR,
-                           "no token of the vocabulary continues the JSON document");
+                /* a whole document and no end id to say so (a tokenizer without EOS):
+                 * it ends here; else the schema needs bytes no token has */
                 s->state = SEQ_DONE;
-                s->finish = 0;
+                s->finish = SERVE_FINISH_STOP;
+                if (!fmoe_json_matcher_is_complete(s->json)) {
+                    job_finish(e, s->job, SERVE_FINISH_ERROR,
+                               "no token of the vocabulary continues the JSON document");
+                    s->finish = 0;
+                }
                 continue;
             }
             for (int32_t i = 0; i < e->V; i++)
@@ -763,9 +768,15 @@ static void run_iteration(serve_engine *e, int32_t count) {
             logits = s->masked;
         }
         const int32_t tok = fmoe_sampler_sample(s->sampler, logits);
-        /* the mask admitted tok: accept cannot fail (an end id is not fed) */
-        if (s->json && !fmoe_json_matcher_is_end(s->json, tok))
-            FMOE_ASSERT(fmoe_json_matcher_accept(s->json, tok) == 0);
+        /* the mask admitted tok, so accept does not fail (an end id is not fed); were
+         * it to, the request fails, not the server */
+        if (s->json && !fmoe_json_matcher_is_end(s->json, tok) &&
+            fmoe_json_matcher_accept(s->json, tok) < 0) {
+            job_finish(e, s->job, SERVE_FINISH_ERROR, fmoe_error_detail());
+            s->state = SEQ_DONE;
+            s->finish = 0;
+            continue;
+        }
         serve_token_logprob lp;
         if (s->job->sampling.logprobs)
             fmoe_serve_logprobs_of(s->logits, e->V, tok, s->job->sampling.top_logprobs, &lp);
