@@ -124,10 +124,15 @@ static int schema_new(fmoe_json_schema **out) {
 /* Compiling                                                                          */
 /* ---------------------------------------------------------------------------------- */
 
-/* The JSON path of the schema node being compiled ("$.properties.name.items"). */
+/* Where the compiler is: the JSON path of the schema node being compiled
+ * ("$.properties.name.items", "$.properties.home->#/$defs/Address.properties.zip" inside a
+ * reference), the document's root (for "$ref") and the references being expanded. */
 typedef struct path {
     char buf[256];
     size_t len;
+    const cJSON *root;
+    const char *refs[JSON_MAX_SCHEMA_DEPTH + 1];
+    int num_refs;
 } path;
 
 /* Appends "<prefix><name>" (name NULL: "<prefix>[index]"); @return the length to pop to. */
@@ -147,15 +152,24 @@ static void path_pop(path *p, size_t was) {
 
 static const char *const supported_keywords[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-    "enum", "const", "anyOf",
-    /* annotations: they describe, they do not constrain */
+    "enum", "const", "anyOf", "$ref",
+    /* definitions, read through "$ref" */
+    "$defs", "definitions"};
+
+/* annotations: they describe, they do not constrain */
+static const char *const annotations[] = {
     "title", "description", "$schema", "$id", "$comment", "default", "examples", "deprecated",
     "readOnly", "writeOnly"};
 
-static int known_keyword(const char *k) {
-    for (size_t i = 0; i < sizeof supported_keywords / sizeof *supported_keywords; i++)
-        if (strcmp(k, supported_keywords[i]) == 0) return 1;
+static int in_list(const char *k, const char *const *list, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(k, list[i]) == 0) return 1;
     return 0;
+}
+
+static int known_keyword(const char *k) {
+    return in_list(k, supported_keywords, sizeof supported_keywords / sizeof *supported_keywords) ||
+           in_list(k, annotations, sizeof annotations / sizeof *annotations);
 }
 
 static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int32_t *out);
@@ -383,6 +397,48 @@ static int anyof_node(fmoe_json_schema *s, const int32_t *br, int32_t n, path *p
     return 0;
 }
 
+/* "$ref": "#/$defs/NAME" (or "#/definitions/NAME") of the document's root, expanded in
+ * place, as pydantic's nested models are written. Beside it only annotations (and
+ * definitions) may stand; a reference to itself, directly or through others, is refused:
+ * the automaton has no recursion. */
+static int compile_ref(fmoe_json_schema *s, const cJSON *j, const cJSON *ref, path *p, int depth,
+                       int32_t *out) {
+    for (const cJSON *k = j->child; k; k = k->next)
+        FMOE_RETURN_ERROR_IF(strcmp(k->string, "$ref") && strcmp(k->string, "$defs") &&
+                                 strcmp(k->string, "definitions") &&
+                                 !in_list(k->string, annotations,
+                                          sizeof annotations / sizeof *annotations),
+                             FMOE_EUNSUPPORTED, "'%s' beside '$ref' at %s is not supported",
+                             k->string, p->buf);
+    FMOE_RETURN_ERROR_IF(!cJSON_IsString(ref), FMOE_EINVAL, "'$ref' at %s must be a string",
+                         p->buf);
+    const char *r = ref->valuestring, *name = NULL, *where = NULL;
+    if (!strncmp(r, "#/$defs/", 8)) name = r + 8, where = "$defs";
+    else if (!strncmp(r, "#/definitions/", 14)) name = r + 14, where = "definitions";
+    FMOE_RETURN_ERROR_IF(!name || !*name || strchr(name, '/') || strchr(name, '~'),
+                         FMOE_EUNSUPPORTED,
+                         "'$ref' at %s: \"%.64s\" is not supported (only \"#/$defs/NAME\" and "
+                         "\"#/definitions/NAME\")", p->buf, r);
+    const cJSON *defs = cJSON_GetObjectItemCaseSensitive(p->root, where);
+    const cJSON *target = cJSON_IsObject(defs) ? cJSON_GetObjectItemCaseSensitive(defs, name)
+                                               : NULL;
+    FMOE_RETURN_ERROR_IF(!target, FMOE_EINVAL, "'$ref' at %s: \"%.64s\" is not defined", p->buf,
+                         r);
+    for (int i = 0; i < p->num_refs; i++)
+        FMOE_RETURN_ERROR_IF(!strcmp(p->refs[i], r), FMOE_EUNSUPPORTED,
+                             "'$ref' at %s: \"%.64s\" refers to itself; recursive schemas are "
+                             "not supported", p->buf, r);
+    FMOE_RETURN_ERROR_IF(p->num_refs > JSON_MAX_SCHEMA_DEPTH, FMOE_EUNSUPPORTED,
+                         "'$ref' at %s: references nest deeper than %d", p->buf,
+                         JSON_MAX_SCHEMA_DEPTH);
+    p->refs[p->num_refs++] = r;
+    const size_t was = path_push(p, "->", r, 0);
+    const int rc = compile(s, target, p, depth + 1, out);
+    path_pop(p, was);
+    p->num_refs--;
+    return rc;
+}
+
 static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int32_t *out) {
     FMOE_RETURN_ERROR_IF(depth > JSON_MAX_SCHEMA_DEPTH, FMOE_EUNSUPPORTED,
                          "the schema at %s nests deeper than %d levels", p->buf,
@@ -396,6 +452,8 @@ static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int3
     for (const cJSON *k = j->child; k; k = k->next)
         FMOE_RETURN_ERROR_IF(!known_keyword(k->string), FMOE_EUNSUPPORTED,
                              "'%s' at %s is not supported", k->string, p->buf);
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(j, "$ref");
+    if (ref) return compile_ref(s, j, ref, p, depth, out);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
     const cJSON *anyof = cJSON_GetObjectItemCaseSensitive(j, "anyOf");
     if (type) {
@@ -466,7 +524,7 @@ int fmoe_json_schema_compile(const char *text, size_t len, fmoe_json_schema **ou
     fmoe_json_schema *s = NULL;
     int rc = schema_new(&s);
     if (rc == 0) {
-        path p = {.buf = "$", .len = 1};
+        path p = {.buf = "$", .len = 1, .root = root};
         rc = compile(s, root, &p, 0, &s->root);
     }
     cJSON_Delete(root);

@@ -140,6 +140,10 @@ int fuzz_seeded_replay(void) {
         "{\"c\":{\"type\":\"boolean\"}},\"required\":[\"c\"],\"additionalProperties\":false}},"
         "\"required\":[\"a\"]}}}}",
         "\1{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"}}",
+        "\1{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"name\":\"r\",\"schema\":{\"$defs\":{\"A\":{\"type\":\"object\",\"properties\":"
+        "{\"b\":{\"$ref\":\"#/$defs/B\"}}},\"B\":{\"enum\":[1,\"x\"]}},\"type\":\"array\","
+        "\"items\":{\"$ref\":\"#/$defs/A\"}}}}}",
     };
     static const char *const tokens[] = {
         "{", "}", "[", "]", ",", ":", "\"", "null", "true", "false", "-1", "0", "1e309",
@@ -147,7 +151,8 @@ int fuzz_seeded_replay(void) {
         "\"max_tokens\"", "\"n\"", "\"seed\"", "\"top_p\"", "\"stream_options\"", "\"text\"",
         "\"type\"", "\\u0000", "\\ud800", "\xC3\xA9", "   ", "\"properties\"", "\"items\"",
         "\"anyOf\"", "\"enum\"", "\"const\"", "\"required\"", "\"object\"", "\"array\"",
-        "\"string\"", "\"integer\"", "\"json_schema\"", "\"schema\""};
+        "\"string\"", "\"integer\"", "\"json_schema\"", "\"schema\"", "\"$ref\"",
+        "\"#/$defs/A\"", "\"#/$defs/B\""};
     fuzz_mutator m = {0x9e3779b97f4a7c15ull, tokens, sizeof tokens / sizeof tokens[0]};
     long runs = 0;
     for (size_t s = 0; s < sizeof seeds / sizeof seeds[0]; s++) {

@@ -130,6 +130,21 @@ TEST(any_of_and_any_object) {
     ASSERT_EQ(prefix("{\"type\":\"object\",\"properties\":{\"a\":{}}}", deep), 0);
 }
 
+TEST(refs_to_definitions_expand_in_place) {
+    const char *r = "{\"$defs\":{\"Addr\":{\"type\":\"object\",\"properties\":"
+                    "{\"zip\":{\"type\":\"integer\"}},\"required\":[\"zip\"],"
+                    "\"additionalProperties\":false,\"title\":\"Addr\"}},"
+                    "\"definitions\":{\"C\":{\"enum\":[\"r\",\"g\"]}},"
+                    "\"type\":\"object\",\"properties\":{\"home\":{\"$ref\":\"#/$defs/Addr\","
+                    "\"description\":\"d\"},\"work\":{\"anyOf\":[{\"$ref\":\"#/$defs/Addr\"},"
+                    "{\"type\":\"null\"}]},\"c\":{\"$ref\":\"#/definitions/C\"}},"
+                    "\"required\":[\"home\",\"work\",\"c\"],\"additionalProperties\":false}";
+    ASSERT_EQ(doc(r, "{\"home\":{\"zip\":1},\"work\":null,\"c\":\"g\"}"), 1);
+    ASSERT_EQ(doc(r, "{\"home\":{\"zip\":1},\"work\":{\"zip\":2},\"c\":\"r\"}"), 1);
+    ASSERT_EQ(doc(r, "{\"home\":{\"zip\":\"1\"},\"work\":null,\"c\":\"g\"}"), 0);
+    ASSERT_EQ(doc(r, "{\"home\":{\"zip\":1},\"work\":null,\"c\":\"b\"}"), 0);
+}
+
 /* The refusal's detail names the keyword and the JSON path. */
 static void refused(const char *schema, int code, const char *needle, int *harness_failed) {
     fmoe_json_schema *s = NULL;
@@ -140,8 +155,16 @@ static void refused(const char *schema, int code, const char *needle, int *harne
 TEST(unsupported_keywords_are_refused_with_their_path) {
     refused("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\",\"pattern\":\"a\"}}}",
             FMOE_EUNSUPPORTED, "'pattern' at $.properties.n is not supported", harness_failed);
-    refused("{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/x\"}}", FMOE_EUNSUPPORTED,
-            "'$ref' at $.items", harness_failed);
+    refused("{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/x\"}}", FMOE_EINVAL,
+            "'$ref' at $.items: \"#/$defs/x\" is not defined", harness_failed);
+    refused("{\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{\"next\":"
+            "{\"$ref\":\"#/$defs/N\"}}}},\"$ref\":\"#/$defs/N\"}", FMOE_EUNSUPPORTED,
+            "'$ref' at $->#/$defs/N.properties.next: \"#/$defs/N\" refers to itself",
+            harness_failed);
+    refused("{\"$defs\":{\"A\":{}},\"$ref\":\"#/$defs/A\",\"type\":\"object\"}",
+            FMOE_EUNSUPPORTED, "'type' beside '$ref' at $", harness_failed);
+    refused("{\"$ref\":\"other.json#/x\"}", FMOE_EUNSUPPORTED, "only \"#/$defs/NAME\"",
+            harness_failed);
     refused("{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}",
             FMOE_EUNSUPPORTED, "'anyOf' at $: branches 0 and 1 both start with '{'",
             harness_failed);

@@ -68,8 +68,25 @@ OPTIONAL = {
                    "c": {"type": "number"}},
     "required": ["b"],
 }
+# as pydantic writes nested models (openai's client.beta.chat.completions.parse): $defs and
+# $ref, titles; jsonschema resolves the references itself
+PYDANTIC = {
+    "$defs": {
+        "Color": {"enum": ["red", "green"], "title": "Color", "type": "string"},
+        "Point": {"properties": {"x": {"title": "X", "type": "number"},
+                                 "y": {"title": "Y", "type": "number"}},
+                  "required": ["x", "y"], "title": "Point", "type": "object",
+                  "additionalProperties": False},
+    },
+    "properties": {"color": {"$ref": "#/$defs/Color"},
+                   "points": {"items": {"$ref": "#/$defs/Point"}, "title": "Points",
+                              "type": "array", "maxItems": 2},
+                   "origin": {"anyOf": [{"$ref": "#/$defs/Point"}, {"type": "null"}]}},
+    "required": ["color", "points", "origin"], "title": "Shape", "type": "object",
+    "additionalProperties": False,
+}
 SCHEMAS = {"person": PERSON, "shapes": SHAPES, "escapes": ESCAPES, "items": ITEMS,
-           "optional": OPTIONAL}
+           "optional": OPTIONAL, "pydantic": PYDANTIC}
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +178,8 @@ BAD = [
     ({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}},
      "'format' at $.properties.d"),
     ({"type": "array", "items": {"$ref": "#/$defs/node"}}, "'$ref' at $.items"),
-    ({"$defs": {"node": {}}, "type": "object"}, "'$defs' at $"),
+    ({"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}},
+      "$ref": "#/$defs/N"}, "recursive schemas are not supported"),
     ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}},
      "'minimum' at $.properties.n"),
     ({"oneOf": [{"type": "string"}]}, "'oneOf' at $"),

@@ -29,15 +29,18 @@
  *   anyOf         branches that a document tells apart by its first byte (string vs
  *                 number vs object vs array vs true/false vs null; two object branches,
  *                 or number with integer, are refused)
+ *   $ref          "#/$defs/NAME" or "#/definitions/NAME" of the root, expanded in place;
+ *                 only annotations beside it; a schema that refers to itself is refused
  *   annotations   title, description, $schema, $id, $comment, default, examples,
  *                 deprecated, readOnly, writeOnly: ignored
- * Refused: $ref/$defs, pattern, format, minLength/maxLength, minimum/maximum, multipleOf,
+ * Refused: recursion and other $ref forms, pattern, format, minLength/maxLength,
+ * minimum/maximum, multipleOf,
  * oneOf/allOf/not, patternProperties, prefixItems, uniqueItems, if/then/else, ... .
  *
  * What is generated: no whitespace before the document or after it; at most
  * FMOE_JSON_MAX_WS whitespace bytes in a row between tokens of the document (so that
  * the model cannot loop on spaces); numbers of at most 15 integer digits, 15 fraction
- * digits and 3 exponent digits; strings of well-formed UTF-8 with the JSON escapes;
+ * digits and 2 exponent digits; strings of well-formed UTF-8 with the JSON escapes;
  * "any JSON" (json_object and unconstrained values) nested at most FMOE_JSON_MAX_NEST
  * deep. The end ids are admitted exactly when the document is complete, and then they
  * are the only tokens admitted unless a number could still go on.
