@@ -261,3 +261,37 @@ def test_generate_refuses_unsupported_schema_in_one_line(tmp_path):
     assert f"{path}: 'format' at $.properties.d is not supported" in p.stderr
     p = generate("--json-schema", path, "--json-object")
     assert p.returncode == 2 and "exclude each other" in p.stderr
+
+
+def test_openai_parse_with_a_pydantic_model(server):
+    """openai's own structured-output helper: it writes the schema from pydantic models
+    ($defs, $ref, an enum, an Optional) and parses the reply back into them."""
+    import enum
+    from typing import List, Optional
+
+    pydantic = pytest.importorskip("pydantic")
+
+    class Color(str, enum.Enum):
+        red = "red"
+        green = "green"
+
+    class Point(pydantic.BaseModel):
+        x: float
+        y: int
+
+    class Shape(pydantic.BaseModel):
+        name: str
+        color: Color
+        points: List[Point]
+        origin: Optional[Point]
+
+    parsed = []
+    for seed in range(6):
+        try:
+            r = server.client().beta.chat.completions.parse(
+                model="m", messages=MSGS, response_format=Shape, temperature=1.0, seed=seed,
+                max_tokens=150)
+        except openai.LengthFinishReasonError:
+            continue
+        parsed.append(r.choices[0].message.parsed)
+    assert parsed and all(isinstance(p, Shape) for p in parsed)
