@@ -638,18 +638,65 @@ static int is_noop(const cJSON *f) {
  * A value that asks for nothing (null, [], {}, 0, "none", response_format {"type": "text"})
  * is accepted. */
 static int either_unsupported(const cJSON *root, serve_api_error *err) {
-    static const char *const refused[] = {"functions", "function_call", "response_format",
+    static const char *const refused[] = {"functions", "function_call",
                                           "logit_bias", "min_tokens"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         const cJSON *f = field(root, refused[i]);
         if (!f || is_noop(f)) continue;
-        if (strcmp(refused[i], "response_format") == 0 && cJSON_IsObject(f)) {
-            const cJSON *t = cJSON_GetObjectItemCaseSensitive(f, "type");
-            if (cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0 && !f->child->next)
-                continue;
-        }
         return bad(err, refused[i], "'%s' is not supported", refused[i]);
     }
+    return 0;
+}
+
+/* response_format (either endpoint; the legacy completions API has none, vLLM's has it):
+ * {"type": "text"} asks for nothing; {"type": "json_object"} any JSON object;
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}} a
+ * document of the schema (fmoe/json_constraint.h says what a schema may say; a keyword
+ * it does not do is a 400 naming the keyword and its path). Errors name the param
+ * "response_format", as OpenAI's do. Sets r->sampling.json. */
+static int parse_response_format(const cJSON *root, serve_api_request *r, serve_api_error *err) {
+    const cJSON *f = field(root, "response_format");
+    if (!f) return 0;
+    if (!cJSON_IsObject(f))
+        return bad(err, "response_format", "'response_format' must be an object");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(f, "type");
+    if (!cJSON_IsString(t))
+        return bad(err, "response_format", "'response_format.type' must be a string: "
+                                                "\"text\", \"json_object\" or \"json_schema\"");
+    if (strcmp(t->valuestring, "text") == 0) return 0;
+    if (strcmp(t->valuestring, "json_object") == 0) {
+        if (fmoe_json_schema_any_object(&r->sampling.json) < 0) return oom(err);
+        return 0;
+    }
+    if (strcmp(t->valuestring, "json_schema") != 0)
+        return bad(err, "response_format",
+                   "'response_format.type' \"%.64s\" is not one of \"text\", \"json_object\", "
+                   "\"json_schema\"", t->valuestring);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(f, "json_schema");
+    if (!cJSON_IsObject(js))
+        return bad(err, "response_format",
+                   "'response_format.json_schema' must be an object with 'name' and 'schema'");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    if (!cJSON_IsString(name) || !name->valuestring[0])
+        return bad(err, "response_format",
+                   "'response_format.json_schema.name' must be a non-empty string");
+    const cJSON *strict = field(js, "strict");
+    if (strict && !cJSON_IsBool(strict))
+        return bad(err, "response_format",
+                   "'response_format.json_schema.strict' must be a boolean");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!cJSON_IsObject(schema))
+        return bad(err, "response_format",
+                   "'response_format.json_schema.schema' must be a JSON schema object");
+    char *text = cJSON_PrintUnformatted(schema);
+    if (!text) return oom(err);
+    const int rc = fmoe_json_schema_compile(text, strlen(text), &r->sampling.json);
+    free(text);
+    if (rc == FMOE_ENOMEM) return oom(err);
+    if (rc < 0)
+        return bad(err, "response_format",
+                   "Invalid schema for response_format '%.64s': %s", name->valuestring,
+                   fmoe_error_detail());
     return 0;
 }
 
@@ -706,6 +753,7 @@ int fmoe_serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_
     }
     if ((rc = parse_sampling(root, out, &max_tokens, err)) < 0) goto fail;
     if ((rc = either_unsupported(root, err)) < 0) goto fail;
+    if ((rc = parse_response_format(root, out, err)) < 0) goto fail;
     if (kind == SERVE_API_CHAT) {
         if ((rc = chat_logprobs(root, out, err)) < 0) goto fail;
         if ((rc = chat_tools(root, tok, out, err)) < 0) goto fail;
@@ -778,6 +826,7 @@ size_t fmoe_serve_api_utf8_invalid_at(const char *str, size_t n) {
 void fmoe_serve_api_request_free(serve_api_request *r) {
     if (!r) return;
     free(r->prompt);
+    fmoe_json_schema_free(r->sampling.json);
     for (int i = 0; i < SERVE_API_MAX_STOP; i++) free(r->stop_store[i]);
     cJSON_free(r->tools_json);
     memset(r, 0, sizeof *r);

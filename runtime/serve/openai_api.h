@@ -18,9 +18,11 @@
  *             top_k (int >= 0, a llama.cpp extension), seed (int), stop (string or up to 4
  *             strings; empty strings are dropped), n (1..8), stream (bool),
  *             stream_options.include_usage (bool), ignore_eos (bool, a vLLM/llama.cpp
- *             extension); functions, function_call, response_format,
- *             logit_bias, min_tokens -> 400 naming the field unless the value asks for
- *             nothing (null, [], {}, 0, "none", response_format {"type": "text"});
+ *             extension); response_format {"type": "text" | "json_object" |
+ *             "json_schema", "json_schema": {name, schema, strict}} (structured output:
+ *             serve_sampling.json; a schema keyword fmoe does not do -> 400 naming it and
+ *             its path); functions, function_call, logit_bias, min_tokens -> 400 naming
+ *             the field unless the value asks for nothing (null, [], {}, 0, "none");
  *             temperature or top_p positive but 0 as a float (1e-320) -> 400
  *   chat      messages: non-empty array of {role: string, content: string | null | array
  *             of {type: "text", text}} rendered by the tokenizer's chat template with the

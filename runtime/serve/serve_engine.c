@@ -11,7 +11,8 @@
  *   one batched forward (fmoe_offload_forward_batch, or fmoe_session_forward_batch when
  *           every expert is resident): each chosen expert is loaded and run once per layer
  *           for the whole batch
- *   per item with logits: sample, the token's logprobs when the request asked for them
+ *   per item with logits: (structured output) mask the tokens the JSON schema refuses,
+ *           sample, the token's logprobs when the request asked for them
  *           (serve_logprobs.h: of the raw logits), append, detokenise, check EOS / stop
  *           strings / limits
  *   finished and cancelled sequences leave; their slots are free for the next admission
@@ -28,6 +29,7 @@
 #include "serve_engine.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -99,6 +101,7 @@ static struct timespec deadline_after(double seconds) {
 }
 
 static void job_free(serve_job *j) {
+    fmoe_json_schema_free(j->sampling.json);
     for (int32_t i = 0; i < j->sampling.num_stop; i++) free(j->stop_copy[i]);
     free(j->stop_copy);
     free(j->prompt);
@@ -185,6 +188,11 @@ typedef struct seq {
     serve_job *job;
     fmoe_session *session;
     fmoe_sampler *sampler;
+    /* structured output (sampling.json): the request's matcher, NULL without one; the
+     * mask and the masked logits, allocated by the first such request in this slot */
+    fmoe_json_matcher *json;
+    uint8_t *allowed;          /* [max(V, tokenizer vocabulary)] */
+    float *masked;             /* [V] */
     int32_t fed;               /* prompt tokens already run */
     int32_t *generated;        /* [max_context] */
     int32_t num_generated;
@@ -221,6 +229,9 @@ struct serve_engine {
     const fmoe_model_geometry *geo;
     int32_t V, L, J, K;
     int32_t eos;               /* the tokenizer's EOS, or -1 */
+    /* the token trie of structured output, built by the first request that asks for it
+     * (scheduler thread only), shared by all */
+    fmoe_json_vocab *json_vocab;
     const int64_t *layer_bytes; /* [L] one routed expert's weights, per MoE layer */
     seq *seqs;                 /* [parallel] */
     fmoe_batch_item *items;    /* [parallel] */
@@ -310,6 +321,8 @@ static void seq_clear(serve_engine *e, seq *s) {
     s->job = NULL;
     fmoe_sampler_free(s->sampler);
     s->sampler = NULL;
+    fmoe_json_matcher_free(s->json);
+    s->json = NULL;
     s->state = SEQ_FREE;
     s->fed = 0;
     s->num_generated = 0;
@@ -473,6 +486,26 @@ static int seq_record(serve_engine *e, seq *s, int32_t finish) {
     return 1;
 }
 
+/* Structured output for slot s: the shared trie (built once), the slot's mask buffers
+ * (once), a matcher for the request. @return 0 or a negative FMOE_E* (detail set). */
+static int seq_json_begin(serve_engine *e, seq *s, const fmoe_json_schema *schema) {
+    if (!e->json_vocab) {
+        int32_t ends[65];
+        int32_t n = 0;
+        if (e->eos >= 0) ends[n++] = e->eos;
+        for (int32_t i = 0; i < e->o.num_stop_ids && n < 65; i++) ends[n++] = e->o.stop_ids[i];
+        FMOE_FORWARD_IF_ERROR(fmoe_json_vocab_init(e->o.tokenizer, ends, n, &e->json_vocab));
+    }
+    if (!s->allowed) {
+        const int32_t vt = fmoe_json_vocab_size(e->json_vocab);
+        s->allowed = calloc((size_t)(vt > e->V ? vt : e->V), 1);
+        s->masked = malloc((size_t)e->V * sizeof *s->masked);
+        if (!s->allowed || !s->masked)
+            return fmoe_error_set(FMOE_ENOMEM, "out of memory for the JSON mask");
+    }
+    return fmoe_json_matcher_init(schema, e->json_vocab, &s->json);
+}
+
 /* Under e->mu: moves waiting jobs into free slots; cancelled waiting jobs finish. */
 /* Readies slot s's session for job j, which its own cache spares `keep` tokens: a kept
  * cache beyond the slots (e->pool) that spares more is copied in instead; the slot's own
@@ -528,7 +561,10 @@ static void admit(serve_engine *e) {
             .seed = j->sampling.has_seed ? j->sampling.seed : 0x5eed0000ULL + e->seed_counter++};
         const int64_t rows = e->o.trace_out ? (int64_t)j->prompt_tokens + j->sampling.max_tokens
                                             : e->o.batch_tokens;
-        if (seq_reserve(e, s, rows) < 0 || fmoe_sampler_init(&sp, e->V, &s->sampler) < 0) {
+        if (seq_reserve(e, s, rows) < 0 || fmoe_sampler_init(&sp, e->V, &s->sampler) < 0 ||
+            (j->sampling.json && seq_json_begin(e, s, j->sampling.json) < 0)) {
+            fmoe_sampler_free(s->sampler);
+            s->sampler = NULL;
             job_finish(e, j, SERVE_FINISH_ERROR, fmoe_error_detail());
             fmoe_serve_job_release(j);
             continue; /* the slot is still free */
@@ -581,7 +617,8 @@ static int take_token(serve_engine *e, seq *s, int32_t tok, serve_token_logprob 
     }
     if (s->num_generated == 0) j->t_first = t;
     j->t_last = t;
-    if (!j->sampling.ignore_eos && is_stop_token(e, tok)) {
+    /* a document's end token ends it, whatever ignore_eos says */
+    if ((!j->sampling.ignore_eos || s->json) && is_stop_token(e, tok)) {
         pthread_mutex_lock(&j->mu);
         j->st.predicted_ms = 1e3 * (j->t_last - j->t_first);
         j->st.prompt_ms = 1e3 * (j->t_first - j->t_start);
@@ -812,7 +849,34 @@ static void run_iteration(serve_engine *e, int32_t count) {
             if (e->o.metrics) fmoe_serve_metrics_add_tokens(e->o.metrics, s->job->prompt_tokens, 0);
             s->state = SEQ_DECODE;
         }
-        const int32_t tok = fmoe_sampler_sample(s->sampler, s->logits);
+        const float *logits = s->logits;
+        if (s->json) {
+            if (fmoe_json_matcher_mask(s->json, s->allowed) == 0) {
+                /* a whole document and no end id to say so (a tokenizer without EOS):
+                 * it ends here; else the schema needs bytes no token has */
+                s->state = SEQ_DONE;
+                s->finish = SERVE_FINISH_STOP;
+                if (!fmoe_json_matcher_is_complete(s->json)) {
+                    job_finish(e, s->job, SERVE_FINISH_ERROR,
+                               "no token of the vocabulary continues the JSON document");
+                    s->finish = 0;
+                }
+                continue;
+            }
+            for (int32_t i = 0; i < e->V; i++)
+                s->masked[i] = s->allowed[i] ? s->logits[i] : -INFINITY;
+            logits = s->masked;
+        }
+        const int32_t tok = fmoe_sampler_sample(s->sampler, logits);
+        /* the mask admitted tok, so accept does not fail (an end id is not fed); were
+         * it to, the request fails, not the server */
+        if (s->json && !fmoe_json_matcher_is_end(s->json, tok) &&
+            fmoe_json_matcher_accept(s->json, tok) < 0) {
+            job_finish(e, s->job, SERVE_FINISH_ERROR, fmoe_error_detail());
+            s->state = SEQ_DONE;
+            s->finish = 0;
+            continue;
+        }
         serve_token_logprob lp;
         if (s->job->sampling.logprobs)
             fmoe_serve_logprobs_of(s->logits, e->V, tok, s->job->sampling.top_logprobs, &lp);
@@ -892,6 +956,9 @@ static void engine_free(serve_engine *e) {
     for (int32_t i = 0; e->seqs && i < e->o.parallel; i++) {
         fmoe_session_free(e->seqs[i].session);
         fmoe_sampler_free(e->seqs[i].sampler);
+        fmoe_json_matcher_free(e->seqs[i].json);
+        free(e->seqs[i].allowed);
+        free(e->seqs[i].masked);
         free(e->seqs[i].generated);
         free(e->seqs[i].cached);
         free(e->seqs[i].experts);
@@ -911,6 +978,7 @@ static void engine_free(serve_engine *e) {
     free(e->by_age);
     free(e->age);
     free(e->touched);
+    fmoe_json_vocab_free(e->json_vocab);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -1060,6 +1128,7 @@ serve_job *fmoe_serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t
     j->prompt = malloc((size_t)n * sizeof *j->prompt);
     j->sampling = *s;
     j->sampling.num_stop = 0;
+    j->sampling.json = NULL; /* referenced below, once the job is whole */
     j->stop_copy = s->num_stop > 0 ? calloc((size_t)s->num_stop, sizeof(char *)) : NULL;
     int ok = j->prompt && (s->num_stop == 0 || j->stop_copy);
     for (int32_t i = 0; ok && i < s->num_stop; i++) {
@@ -1072,6 +1141,7 @@ serve_job *fmoe_serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t
         REFUSE(500, "out of memory");
     }
     j->sampling.stop = (const char *const *)j->stop_copy;
+    j->sampling.json = fmoe_json_schema_retain(s->json);
     memcpy(j->prompt, ids, (size_t)n * sizeof *ids);
     j->prompt_tokens = n;
     j->st.prompt_tokens = n;

@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fmoe/json_constraint.h"
 #include "fmoe/model.h"
 #include "fmoe/offload.h"
 #include "fmoe/tokenizer.h"
@@ -99,6 +100,12 @@ typedef struct serve_sampling {
     /* 1: special tokens stay in the text (tool-call markers such as Mistral's [TOOL_CALLS]
      * are special tokens, which the text otherwise skips) */
     int32_t keep_special;
+    /* Structured output (response_format): each step samples only among the tokens that
+     * keep the text a prefix of a document of this schema, and an end-of-sequence token
+     * is admitted, then forced, once the document is whole (fmoe/json_constraint.h);
+     * ignore_eos does not apply then. Borrowed from the caller; submit takes a reference
+     * of its own. NULL: free text. */
+    fmoe_json_schema *json;
 } serve_sampling;
 
 typedef enum serve_finish {
