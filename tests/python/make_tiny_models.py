@@ -119,6 +119,17 @@ HF_MODELS = {
     # the published threshold: mostly weight-1 choices
     "phimoe_jitter": ("phimoe", {"attention_bias": True, "lm_head_bias": True,
                                  "router_jitter_noise": 0.01}, "float32", {}),
+    # gpt-oss: q/k/v/o biases, attention sinks, sliding_window 4 on the even layers (the
+    # default layer_types) so that the 12-token prompt and its continuation drop keys,
+    # YaRN from 16 positions (truncate false, as published), experts with biases and the
+    # clamped SwiGLU. swiglu_limit 1.5 (published: 7) so that the clamp bites on these
+    # weights: without it the logits move (test_forward.py checks).
+    "gpt_oss": ("gpt_oss", {"sliding_window": 4, "swiglu_limit": 1.5,
+                            "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                                "beta_fast": 32.0, "beta_slow": 1.0,
+                                                "truncate": False, "rope_theta": 150000.0,
+                                                "original_max_position_embeddings": 16}},
+                "float32", {}),
 }
 # The DeepSeek-V2/V3 models run on the CPU backend only this round (the CUDA backend has
 # no MLA), and GGUF's deepseek2 is not mapped yet: the GPU and GGUF tests keep to ALL.
@@ -126,7 +137,10 @@ MLA = [k for k, v in HF_MODELS.items() if v[0] in ("deepseek_v2", "deepseek_v3")
 # Phi-3.5-MoE likewise runs on the CPU backend only (no LayerNorm-with-bias nor sparsemixer
 # kernel on CUDA) and has no GGUF mapping yet.
 PHIMOE = [k for k, v in HF_MODELS.items() if v[0] == "phimoe"]
-ALL = [k for k in HF_MODELS if k not in MLA and k not in PHIMOE] + ["deepseek"]
+# gpt-oss: CPU only too (no attention sinks nor clamped SwiGLU on CUDA).
+GPT_OSS = [k for k, v in HF_MODELS.items() if v[0] == "gpt_oss"]
+ALL = [k for k in HF_MODELS if k not in MLA and k not in PHIMOE and k not in GPT_OSS] + \
+    ["deepseek"]
 
 
 def base_config(family):
@@ -144,6 +158,8 @@ def base_config(family):
         c.update(intermediate_size=48, num_experts=8)
     elif family == "phimoe":
         c.update(intermediate_size=48, num_local_experts=8)
+    elif family == "gpt_oss":  # head_dim is its own key there (default 64)
+        c.update(intermediate_size=48, num_local_experts=8, head_dim=16)
     elif family in ("deepseek_v2", "deepseek_v3"):
         # dv (12) differs from dn (16) and dn + dr (24), so a mixed-up head width fails.
         c.update(num_key_value_heads=4, intermediate_size=80, moe_intermediate_size=32,
@@ -163,6 +179,7 @@ def _hf_classes(family):
         "qwen3_moe": (transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig),
         "olmoe": (transformers.OlmoeForCausalLM, transformers.OlmoeConfig),
         "phimoe": (transformers.PhimoeForCausalLM, transformers.PhimoeConfig),
+        "gpt_oss": (transformers.GptOssForCausalLM, transformers.GptOssConfig),
         "deepseek_v2": (transformers.DeepseekV2ForCausalLM, transformers.DeepseekV2Config),
         "deepseek_v3": (transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config),
     }[family]
@@ -556,6 +573,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     out = sys.argv[1]
-    for name in sys.argv[2:] or ALL + MLA + PHIMOE:
+    for name in sys.argv[2:] or ALL + MLA + PHIMOE + GPT_OSS:
         make(name, os.path.join(out, name))
         print("wrote", os.path.join(out, name))
