@@ -16,6 +16,22 @@
  * once at load: no file range holds those bytes, so a live executor serves them from its
  * host tier (the file tier needs each matrix's bytes in a file, as stored). The biases
  * are owned f32 vectors and stay resident (fmoe__mlp).
+ *
+ * OpenAI's published checkpoints (quantization_config mxfp4; transformers'
+ * integrations/mxfp4.py reads them) store the expert matrices output-major as MXFP4:
+ *
+ *   *.experts.gate_up_proj_blocks [J,2I,h/32,16] U8   rows interleaved gate, up as above
+ *   *.experts.gate_up_proj_scales [J,2I,h/32]    U8   E8M0: 2^(s - 127)
+ *   *.experts.down_proj_blocks    [J,h,I/32,16]  U8
+ *   *.experts.down_proj_scales    [J,h,I/32]     U8
+ *
+ * A block of 32 values is 16 bytes whose byte k holds value 2k in its low nibble and
+ * 2k + 1 in its high one (convert_moe_packed_tensors: sub[:, 0::2] = lut[lo]), each an
+ * E2M1 number times 2^(s - 127). ggml's MXFP4 block (quant_block.h) is the same numbers in
+ * another order: the scale byte, then value l < 16 in the low nibble of byte l and value
+ * l + 16 in its high one; its doubled levels with a halved scale are the same values.
+ * Each row is repacked into ggml blocks (owned, 17 bytes per 32 values: nothing is
+ * dequantised) and the forward pass multiplies them with the MXFP4 kernels.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,6 +40,7 @@
 
 #include "family_gptoss.h"
 #include "fmoe/error.h"
+#include "fmoe/quant.h"
 #include "half.h"
 
 #define NAME_CAP 256
@@ -96,6 +113,73 @@ static int transposed(fmoe_model *m, const fmoe_st_tensor *t, int64_t base, int6
     return 0;
 }
 
+/* Output rows r0, r0 + step, ... (`rows` of them) of an MXFP4 matrix of `cols` inputs,
+ * from the published layout (blocks [..][cols/32][16], scales [..][cols/32], starting at
+ * output row `base` of each), repacked as ggml MXFP4 rows into an owned matrix. */
+static int mxfp4_rows(fmoe_model *m, const fmoe_st_tensor *blocks, const fmoe_st_tensor *scales,
+                      int64_t base, int64_t step, int64_t rows, int64_t cols, fmoe__mat *out) {
+    const int64_t G = cols / 32, rb = G * FMOE_MXFP4_BYTES;
+    uint8_t *p = owned(m, rows * rb);
+    if (!p) return FMOE_ENOMEM;
+    const uint8_t *bl = blocks->data, *sc = scales->data;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t src = base + r * step;
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *in = bl + (src * G + g) * 16;
+            uint8_t *o = p + r * rb + g * FMOE_MXFP4_BYTES;
+            o[0] = sc[src * G + g];
+            for (int l = 0; l < 16; l++) { /* value l from byte l/2, value l+16 from 8+l/2 */
+                const uint8_t lo = (in[l / 2] >> (4 * (l & 1))) & 0xF;
+                const uint8_t hi = (in[8 + l / 2] >> (4 * (l & 1))) & 0xF;
+                o[1 + l] = (uint8_t)(lo | (hi << 4));
+            }
+        }
+    }
+    *out = (fmoe__mat){.data = p, .dtype = FMOE_ST_U8, .rows = rows, .cols = cols,
+                       .quant = FMOE_GGML_MXFP4};
+    if (!m->quant) m->quant = FMOE_GGML_MXFP4;
+    return 0;
+}
+
+/* A U8 tensor of the given shape (the MXFP4 blocks and scales). */
+static int get_u8(const fmoe_model *m, int32_t ndim, const int64_t *shape,
+                  const fmoe_st_tensor **out, const char *pre, const char *what) {
+    char name[NAME_CAP];
+    snprintf(name, sizeof name, "%s.experts.%s", pre, what);
+    const fmoe_st_tensor *t = fmoe_safetensors_find(m->st, name);
+    FMOE_RETURN_ERROR_IF(!t, FMOE_ENOTFOUND, "missing tensor %s", name);
+    int ok = t->dtype == FMOE_ST_U8 && t->ndim == ndim;
+    for (int32_t d = 0; ok && d < ndim; d++) ok = t->shape[d] == shape[d];
+    FMOE_RETURN_ERROR_IF(!ok, FMOE_EFORMAT,
+                         "tensor %s: expected U8 of %d dimensions [%lld, %lld, %lld%s] (MXFP4)",
+                         name, ndim, (long long)shape[0], (long long)shape[1],
+                         (long long)shape[2], ndim == 4 ? ", 16" : "");
+    *out = t;
+    return 0;
+}
+
+/* The experts of layer i from the published MXFP4 layout (matrices), with their biases. */
+static int bind_mxfp4_experts(fmoe_model *m, const char *pre, fmoe__layer *L) {
+    const fmoe_model_geometry *g = &m->geo;
+    const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
+    FMOE_RETURN_ERROR_IF(h % 32 != 0 || I % 32 != 0, FMOE_EFORMAT,
+                         "MXFP4 experts need hidden_size (%lld) and intermediate_size (%lld) "
+                         "in whole blocks of 32", (long long)h, (long long)I);
+    const fmoe_st_tensor *gb, *gs, *db, *ds;
+    const int64_t gbs[4] = {J, 2 * I, h / 32, 16}, dbs[4] = {J, h, I / 32, 16};
+    FMOE_FORWARD_IF_ERROR(get_u8(m, 4, gbs, &gb, pre, "gate_up_proj_blocks"));
+    FMOE_FORWARD_IF_ERROR(get_u8(m, 3, gbs, &gs, pre, "gate_up_proj_scales"));
+    FMOE_FORWARD_IF_ERROR(get_u8(m, 4, dbs, &db, pre, "down_proj_blocks"));
+    FMOE_FORWARD_IF_ERROR(get_u8(m, 3, dbs, &ds, pre, "down_proj_scales"));
+    for (int64_t e = 0; e < J; e++) {
+        fmoe__mlp *x = &L->experts[e];
+        FMOE_FORWARD_IF_ERROR(mxfp4_rows(m, gb, gs, e * 2 * I, 2, I, h, &x->gate));
+        FMOE_FORWARD_IF_ERROR(mxfp4_rows(m, gb, gs, e * 2 * I + 1, 2, I, h, &x->up));
+        FMOE_FORWARD_IF_ERROR(mxfp4_rows(m, db, ds, e * h, 1, h, I, &x->down));
+    }
+    return 0;
+}
+
 int fmoe__gptoss_bind_sinks(fmoe_model *m, int32_t i, fmoe__layer *L) {
     const int64_t H = m->geo.num_attention_heads;
     const fmoe_st_tensor *t;
@@ -114,10 +198,17 @@ int fmoe__gptoss_bind_moe(fmoe_model *m, int32_t i, fmoe__layer *L) {
     snprintf(pre, sizeof pre, p, i);
     FMOE_FORWARD_IF_ERROR(get(m, 2, rws, &rw, "%s.router.weight", pre));
     FMOE_FORWARD_IF_ERROR(get(m, 1, &J, &rb, "%s.router.bias", pre));
-    FMOE_FORWARD_IF_ERROR(get(m, 3, gus, &gu, "%s.experts.gate_up_proj", pre));
     FMOE_FORWARD_IF_ERROR(get(m, 2, gubs, &gub, "%s.experts.gate_up_proj_bias", pre));
-    FMOE_FORWARD_IF_ERROR(get(m, 3, dns, &dn, "%s.experts.down_proj", pre));
     FMOE_FORWARD_IF_ERROR(get(m, 2, dnbs, &dnb, "%s.experts.down_proj_bias", pre));
+    char blocks[NAME_CAP];
+    snprintf(blocks, sizeof blocks, "%s.experts.gate_up_proj_blocks", pre);
+    const int mxfp4 = fmoe_safetensors_find(m->st, blocks) != NULL;
+    if (mxfp4) {
+        FMOE_FORWARD_IF_ERROR(bind_mxfp4_experts(m, pre, L));
+    } else {
+        FMOE_FORWARD_IF_ERROR(get(m, 3, gus, &gu, "%s.experts.gate_up_proj", pre));
+        FMOE_FORWARD_IF_ERROR(get(m, 3, dns, &dn, "%s.experts.down_proj", pre));
+    }
 
     /* the router is output-major already ([J][h]); an owned copy keeps it aligned */
     FMOE_FORWARD_IF_ERROR(transposed(m, rw, 0, h, 1, J, h, &L->router));
@@ -125,9 +216,11 @@ int fmoe__gptoss_bind_moe(fmoe_model *m, int32_t i, fmoe__layer *L) {
     for (int64_t e = 0; e < J; e++) {
         fmoe__mlp *x = &L->experts[e];
         const int64_t gbase = e * h * 2 * I; /* gate_up_proj[e][c][2r (+1)] */
-        FMOE_FORWARD_IF_ERROR(transposed(m, gu, gbase, 2, 2 * I, I, h, &x->gate));
-        FMOE_FORWARD_IF_ERROR(transposed(m, gu, gbase + 1, 2, 2 * I, I, h, &x->up));
-        FMOE_FORWARD_IF_ERROR(transposed(m, dn, e * I * h, 1, h, h, I, &x->down));
+        if (!mxfp4) {
+            FMOE_FORWARD_IF_ERROR(transposed(m, gu, gbase, 2, 2 * I, I, h, &x->gate));
+            FMOE_FORWARD_IF_ERROR(transposed(m, gu, gbase + 1, 2, 2 * I, I, h, &x->up));
+            FMOE_FORWARD_IF_ERROR(transposed(m, dn, e * I * h, 1, h, h, I, &x->down));
+        }
         FMOE_FORWARD_IF_ERROR(strided_vec(m, gub, e * 2 * I, 2, I, &x->gate_b));
         FMOE_FORWARD_IF_ERROR(strided_vec(m, gub, e * 2 * I + 1, 2, I, &x->up_b));
         FMOE_FORWARD_IF_ERROR(strided_vec(m, dnb, e * h, 1, h, &x->down_b));

@@ -80,7 +80,8 @@ def test_forward_matches_reference(name, models, driver, tmp_path):
 
 @pytest.mark.parametrize("mode", [("--stepwise",), ("--batch", "5"), ("--threads", "1")])
 @pytest.mark.parametrize("name", ["qwen2_moe", "mixtral_swa", "qwen2_moe_swa", "qwen3_moe_swa",
-                                  "deepseek_v2_lite", "deepseek_v3_yarn", "phimoe", "gpt_oss"])
+                                  "deepseek_v2_lite", "deepseek_v3_yarn", "phimoe", "gpt_oss",
+                                  "gpt_oss_mxfp4"])
 def test_cache_and_chunking_agree(name, mode, models, driver, tmp_path):
     """Token-by-token prompts, chunked prefill and one thread give the same answers. With
     a sliding window shorter than the prompt, --stepwise compares the logits of the cached
@@ -404,3 +405,17 @@ def test_gpt_oss_features_are_exercised(change, models, driver, tmp_path):
         assert (diff[4:] > 100 * TOL).all(), diff.tolist()
     else:
         assert diff.max() > 100 * TOL, diff.tolist()
+
+
+def test_gpt_oss_mxfp4_with_8bit_activations(models, driver, tmp_path):
+    """The MXFP4 experts against inputs quantised to 8 bits (Q8_0 blocks, the CPU's default
+    for quantized weights): the logits stay within a few percent of the f32-input run that
+    matches transformers (test_forward_matches_reference), and move (the q8 kernel ran)."""
+    d = models("gpt_oss_mxfp4")
+    ref = dict(np.load(d / "reference.npz"))
+    logits, _ = run_driver(driver, d, ref, tmp_path, "--activations", "q8")
+    dd = np.abs(logits - ref["logits"])
+    rms, worst = float(np.sqrt((dd ** 2).mean()) / ref["logits"].std()), \
+        float(dd.max() / ref["logits"].std())
+    print(f"gpt_oss_mxfp4 activations q8: |diff| / std: RMS {rms:.4f}, max {worst:.4f}")
+    assert 0 < rms < 0.05 and worst < 0.3, (rms, worst)

@@ -8,7 +8,10 @@ tokenizer (its logits are checked against transformers in test_forward.py).
   all of them (gpt-oss weighs the chosen by a softmax over their logits alone: the same
   weights);
 - live offloading with a cache of fewer experts than a layer has computes exactly what
-  the all-resident run computes, and its decisions equal the simulator's on its trace.
+  the all-resident run computes, and its decisions equal the simulator's on its trace;
+  also with the experts in MXFP4 (OpenAI's published layout, repacked as ggml blocks at
+  load: 17 bytes per 32 values move, not widened floats);
+- the file tier is refused (the experts are rebuilt at load, no file holds them).
 """
 import json
 import os
@@ -31,22 +34,26 @@ import hdf5plugin  # noqa: F401,E402
 def work(tmp_path_factory):
     d = tmp_path_factory.mktemp("gptoss-live")
     tiny.write_hf_checkpoint_with_vocab("gpt_oss", d / "gpt_oss", 4096)
+    tiny.write_gpt_oss_mxfp4(d / "gpt_oss_mxfp4", 4096)
     (d / "prompts.txt").write_text("\n".join(PROMPTS.read_text().splitlines()[:6]) + "\n")
     (d / "zero.json").write_text(json.dumps(ZERO_LINK))
     return d
 
 
-def record(fmoe_bin, work, out, *extra):
-    run_fmoe(fmoe_bin, "record", "--model", work / "gpt_oss", "--tokenizer", TINY, "--dataset",
+# What an executor moves per expert: gate, up and down, h x I values each (the biases stay
+# resident), as float32 or as MXFP4 blocks of 32 values in 17 bytes; the live/simulated
+# agreement below depends on it.
+H, I = 64, 64
+EXPERT_BYTES = {"gpt_oss": 3 * H * I * 4, "gpt_oss_mxfp4": 3 * H * I // 32 * 17}
+
+
+def record(fmoe_bin, work, out, *extra, model="gpt_oss"):
+    run_fmoe(fmoe_bin, "record", "--model", work / model, "--tokenizer", TINY, "--dataset",
              work / "prompts.txt", "--max-new-tokens", 8, "--temperature", 0, "--ignore-eos",
              "--backend", "cpu", "-o", out, "--quiet", *extra)
     with h5py.File(out) as f:
-        out = {k: f[k][:] for k in ("tokens/experts", "tokens/probs", "tokens/token_id")}
-        # what an executor moves per expert: gate, up and down of h x I float32 values (the
-        # biases stay resident); the live/simulated agreement below depends on it
-        h, I = 64, 48
-        assert int(f.attrs["expert_bytes"]) == 3 * h * I * 4
-        return out
+        assert int(f.attrs["expert_bytes"]) == EXPERT_BYTES[model]
+        return {k: f[k][:] for k in ("tokens/experts", "tokens/probs", "tokens/token_id")}
 
 
 def test_generate_runs(work, fmoe_bin):
@@ -67,14 +74,16 @@ def test_record_trace(work, fmoe_bin, tmp_path):
     assert np.array_equal(ex, top2)
 
 
+@pytest.mark.parametrize("model", ["gpt_oss", "gpt_oss_mxfp4"])
 @pytest.mark.parametrize("policy", ["lru", "least-stale"])
-def test_live_offloading_is_exact_and_matches_the_simulator(work, fmoe_bin, policy, tmp_path):
-    resident = record(fmoe_bin, work, tmp_path / "resident.h5")
+def test_live_offloading_is_exact_and_matches_the_simulator(work, fmoe_bin, policy, model,
+                                                             tmp_path):
+    resident = record(fmoe_bin, work, tmp_path / "resident.h5", model=model)
     live_log, sim_log = tmp_path / "live.jsonl", tmp_path / "sim.jsonl"
     trace = tmp_path / "live.h5"
     live = record(fmoe_bin, work, trace, "--policy", policy, "--cache-experts", 5,
                   "--prefetch-distance", 1, "--sync-transfers", "--sync-predictions",
-                  "--decision-log", live_log)
+                  "--decision-log", live_log, model=model)
     for k in resident:
         assert np.array_equal(resident[k], live[k]), k
     run_fmoe(fmoe_bin, "simulate", "--trace", trace, "--policy", policy, "--cache-experts", 5,
