@@ -106,6 +106,11 @@ int fmoe_gguf_tensor_for(const char *arch, int32_t n_head, int32_t n_head_kv,
         while (*s >= '0' && *s <= '9' && digits < 7) layer = layer * 10 + (*s++ - '0'), digits++;
         if (digits > 0 && *s == '.') {
             s++;
+            /* gpt-oss: llama.cpp names the post-attention norm ATTN_POST_NORM there */
+            if (strcmp(arch, "gpt-oss") == 0 && strcmp(s, "post_attention_layernorm.weight") == 0) {
+                snprintf(out->name, sizeof out->name, "blk.%ld.post_attention_norm.weight", layer);
+                return 0;
+            }
             for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++) {
                 int32_t e = -1;
                 if (!match(s, layer_map[i].hf, &e)) continue;

@@ -32,6 +32,13 @@
  * l + 16 in its high one; its doubled levels with a halved scale are the same values.
  * Each row is repacked into ggml blocks (owned, 17 bytes per 32 values: nothing is
  * dequantised) and the forward pass multiplies them with the MXFP4 kernels.
+ *
+ * A GGUF file of architecture gpt-oss (llama.cpp's converter; gguf-py's MODEL_ARCH.GPT_OSS
+ * names) has these as blk.N.attn_sinks.weight [Hq], blk.N.ffn_gate_inp.{weight,bias} and
+ * the experts split and stacked output-major, ggml's [J][rows][cols]:
+ * blk.N.ffn_{gate,up}_exps.weight [J][I][h] (MXFP4 in the published conversions) with
+ * .bias [J][I], blk.N.ffn_down_exps.weight [J][h][I] with .bias [J][h]. Expert e is read
+ * in place, a slice of the stacked tensor (so a file tier reads its true bytes).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,6 +47,7 @@
 
 #include "family_gptoss.h"
 #include "fmoe/error.h"
+#include "fmoe/gguf.h"
 #include "fmoe/quant.h"
 #include "half.h"
 
@@ -55,8 +63,6 @@ static int get(const fmoe_model *m, int32_t ndim, const int64_t *shape,
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    FMOE_RETURN_ERROR_IF(!m->st, FMOE_EUNSUPPORTED,
-                         "gpt-oss from a GGUF file is not yet supported (%s)", name);
     return fmoe_safetensors_get(m->st, name, ndim, shape, out);
 }
 
@@ -180,7 +186,98 @@ static int bind_mxfp4_experts(fmoe_model *m, const char *pre, fmoe__layer *L) {
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* GGUF                                                                               */
+/* ---------------------------------------------------------------------------------- */
+
+/* GGUF tensor blk.i.<what> with extents ne (innermost first; ndim of them), checked. */
+static int gguf_tensor(const fmoe_model *m, int32_t i, const char *what, int32_t ndim,
+                       const int64_t *ne, const fmoe_gguf_tensor **out) {
+    char name[NAME_CAP];
+    snprintf(name, sizeof name, "blk.%d.%s", i, what);
+    return fmoe_gguf_get_tensor(m->gguf, name, ndim, ne, out);
+}
+
+/* Row r0.. (rows of them) of a GGUF tensor whose rows hold `cols` values, as f32 vectors
+ * into an owned array of rows·cols. */
+static int gguf_f32(fmoe_model *m, const fmoe_gguf_tensor *t, int64_t r0, int64_t rows,
+                    int64_t cols, const float **out) {
+    float *v = owned(m, rows * cols * 4);
+    if (!v) return FMOE_ENOMEM;
+    for (int64_t r = 0; r < rows; r++)
+        fmoe_quant_dequantize_row(t->type, (const uint8_t *)t->data + (r0 + r) * t->row_bytes,
+                                  v + r * cols, cols);
+    *out = v;
+    return 0;
+}
+
+/* Slice e of a stacked GGUF tensor [J][rows][cols] (e = 0, J = 1: the whole of a 2-D
+ * one), read in place: its bytes and their place in the file. */
+static int gguf_slice(fmoe_model *m, const fmoe_gguf_tensor *t, int64_t e, int64_t rows,
+                      int64_t cols, fmoe__mat *out) {
+    const int64_t at = e * rows * t->row_bytes;
+    *out = (fmoe__mat){.data = (const uint8_t *)t->data + at, .rows = rows, .cols = cols,
+                       .file = t->file, .file_offset = (int64_t)t->offset + at};
+    switch (t->type) {
+    case FMOE_GGML_F32: out->dtype = FMOE_ST_F32; break;
+    case FMOE_GGML_F16: out->dtype = FMOE_ST_F16; break;
+    case FMOE_GGML_BF16: out->dtype = FMOE_ST_BF16; break;
+    default:
+        out->dtype = FMOE_ST_U8;
+        out->quant = t->type;
+        if (!m->quant) m->quant = t->type;
+        break;
+    }
+    const int64_t es = out->quant ? 1 : fmoe_st_dtype_size(out->dtype);
+    FMOE_RETURN_ERROR_IF((uintptr_t)out->data % (uintptr_t)es != 0, FMOE_EFORMAT,
+                         "%s: tensor %s is misaligned for its type", fmoe_gguf_name(m->gguf),
+                         t->name);
+    return 0;
+}
+
+static int gguf_sinks(fmoe_model *m, int32_t i, fmoe__layer *L) {
+    const int64_t H = m->geo.num_attention_heads;
+    const fmoe_gguf_tensor *t;
+    FMOE_FORWARD_IF_ERROR(gguf_tensor(m, i, "attn_sinks.weight", 1, &H, &t));
+    return gguf_f32(m, t, 0, 1, H, &L->sinks);
+}
+
+static int gguf_moe(fmoe_model *m, int32_t i, fmoe__layer *L) {
+    const fmoe_model_geometry *g = &m->geo;
+    const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
+    const fmoe_gguf_tensor *rw, *rb, *gw, *gb, *uw, *ub, *dw, *db;
+    const int64_t rws[2] = {h, J}, ups[3] = {h, I, J}, dns[3] = {I, h, J};
+    const int64_t ubs[2] = {I, J}, dbs[2] = {h, J};
+    FMOE_FORWARD_IF_ERROR(gguf_tensor(m, i, "ffn_gate_inp.weight", 2, rws, &rw));
+    FMOE_FORWARD_IF_ERROR(gguf_tensor(m, i, "ffn_gate_inp.bias", 1, &J, &rb));
+    FMOE_FORWARD_IF_ERROR(gguf_tensor(m, i, "ffn_gate_exps.weight", 3, ups, &gw));
+    FMOE_FORWARD_IF_ERROR(gguf_tensor(m, i, "ffn_gate_exps.bias", 2, ubs, &gb));
+    FMOE_FORWARD_IF_ERROR(gguf_tensor(m, i, "ffn_up_exps.weight", 3, ups, &uw));
+    FMOE_FORWARD_IF_ERROR(gguf_tensor(m, i, "ffn_up_exps.bias", 2, ubs, &ub));
+    FMOE_FORWARD_IF_ERROR(gguf_tensor(m, i, "ffn_down_exps.weight", 3, dns, &dw));
+    FMOE_FORWARD_IF_ERROR(gguf_tensor(m, i, "ffn_down_exps.bias", 2, dbs, &db));
+    FMOE_FORWARD_IF_ERROR(gguf_slice(m, rw, 0, J, h, &L->router));
+    FMOE_FORWARD_IF_ERROR(gguf_f32(m, rb, 0, 1, J, &L->router_b));
+    for (int64_t e = 0; e < J; e++) {
+        fmoe__mlp *x = &L->experts[e];
+        FMOE_FORWARD_IF_ERROR(gguf_slice(m, gw, e, I, h, &x->gate));
+        FMOE_FORWARD_IF_ERROR(gguf_slice(m, uw, e, I, h, &x->up));
+        FMOE_FORWARD_IF_ERROR(gguf_slice(m, dw, e, h, I, &x->down));
+        FMOE_FORWARD_IF_ERROR(gguf_f32(m, gb, e, 1, I, &x->gate_b));
+        FMOE_FORWARD_IF_ERROR(gguf_f32(m, ub, e, 1, I, &x->up_b));
+        FMOE_FORWARD_IF_ERROR(gguf_f32(m, db, e, 1, h, &x->down_b));
+        x->glu_alpha = m->arch.glu_alpha;
+        x->glu_limit = m->arch.glu_limit;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Both                                                                               */
+/* ---------------------------------------------------------------------------------- */
+
 int fmoe__gptoss_bind_sinks(fmoe_model *m, int32_t i, fmoe__layer *L) {
+    if (m->gguf) return gguf_sinks(m, i, L);
     const int64_t H = m->geo.num_attention_heads;
     const fmoe_st_tensor *t;
     FMOE_FORWARD_IF_ERROR(get(m, 1, &H, &t, "model.layers.%d.self_attn.sinks", i));
@@ -188,6 +285,7 @@ int fmoe__gptoss_bind_sinks(fmoe_model *m, int32_t i, fmoe__layer *L) {
 }
 
 int fmoe__gptoss_bind_moe(fmoe_model *m, int32_t i, fmoe__layer *L) {
+    if (m->gguf) return gguf_moe(m, i, L);
     const fmoe_model_geometry *g = &m->geo;
     const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
     const fmoe_st_tensor *rw, *rb, *gu, *gub, *dn, *dnb;

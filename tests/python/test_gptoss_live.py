@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import make_tiny_models as tiny  # noqa: E402
 from conftest import run_fmoe  # noqa: E402
 from test_deepseek_live import PROMPTS, TINY, ZERO_LINK  # noqa: E402
+from test_gguf_gptoss import write_gpt_oss  # noqa: E402
 
 h5py = pytest.importorskip("h5py")
 import hdf5plugin  # noqa: F401,E402
@@ -35,6 +36,7 @@ def work(tmp_path_factory):
     d = tmp_path_factory.mktemp("gptoss-live")
     tiny.write_hf_checkpoint_with_vocab("gpt_oss", d / "gpt_oss", 4096)
     tiny.write_gpt_oss_mxfp4(d / "gpt_oss_mxfp4", 4096)
+    write_gpt_oss(d / "gpt_oss_mxfp4", d / "gpt_oss_mxfp4.gguf")
     (d / "prompts.txt").write_text("\n".join(PROMPTS.read_text().splitlines()[:6]) + "\n")
     (d / "zero.json").write_text(json.dumps(ZERO_LINK))
     return d
@@ -44,7 +46,8 @@ def work(tmp_path_factory):
 # resident), as float32 or as MXFP4 blocks of 32 values in 17 bytes; the live/simulated
 # agreement below depends on it.
 H, I = 64, 64
-EXPERT_BYTES = {"gpt_oss": 3 * H * I * 4, "gpt_oss_mxfp4": 3 * H * I // 32 * 17}
+EXPERT_BYTES = {"gpt_oss": 3 * H * I * 4, "gpt_oss_mxfp4": 3 * H * I // 32 * 17,
+                "gpt_oss_mxfp4.gguf": 3 * H * I // 32 * 17}
 
 
 def record(fmoe_bin, work, out, *extra, model="gpt_oss"):
@@ -104,3 +107,21 @@ def test_file_tier_refused(work, fmoe_bin, tmp_path):
                  "--tier", "file", check=False)
     assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
     assert "--tier host" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("tier", ["host", "file"])
+def test_gguf_mxfp4_experts_offloaded_from_their_file(work, fmoe_bin, tier, tmp_path):
+    """A GGUF file's MXFP4 experts are slices of its stacked tensors, read in place: the
+    file tier reads their 17-byte blocks from the file itself, and the live run equals
+    the resident one and the simulator's decisions."""
+    m = "gpt_oss_mxfp4.gguf"
+    resident = record(fmoe_bin, work, tmp_path / "resident.h5", model=m)
+    live_log, sim_log, trace = tmp_path / "live.jsonl", tmp_path / "sim.jsonl", tmp_path / "l.h5"
+    live = record(fmoe_bin, work, trace, "--policy", "lru", "--cache-experts", 5, "--tier",
+                  tier, "--sync-transfers", "--decision-log", live_log, model=m)
+    for k in resident:
+        assert np.array_equal(resident[k], live[k]), k
+    run_fmoe(fmoe_bin, "simulate", "--trace", trace, "--policy", "lru", "--cache-experts", 5,
+             "--profile", work / "zero.json", "--decision-log", sim_log, "--quiet")
+    p = run_fmoe(fmoe_bin, "compare-logs", live_log, sim_log, "--late-is-hit", "--json")
+    assert json.loads(p.stdout)["identical"] is True
