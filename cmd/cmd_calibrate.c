@@ -69,6 +69,7 @@ static const char *const CMD = "calibrate";
 typedef struct options {
     const char *output, *model_config, *name, *file_dir;
     const char *link_file; /* --link-file: time O_DIRECT reads of this file instead */
+    const char *base;      /* --base: measure the link only, the rest copied from this */
     const char *link;   /* auto|h2d|file|ram */
     int32_t link_index; /* in link_names */
     const char *backend; /* --backend cpu|cuda|auto */
@@ -139,6 +140,11 @@ static const cmd_option calibrate_options[] = {
              "(a GGUF file or a model directory) on its own experts, read as --tier file "
              "--direct-io reads them; any other file on reads of its bytes",
      .offset = offsetof(options, link_file)},
+    {.name = "base", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "PROFILE",
+     .help = "measure the link only, in seconds: write PROFILE (a profile) with its link "
+             "replaced by this measurement and every other figure kept, to re-measure a "
+             "disk whose speed drifts just before a simulation",
+     .offset = offsetof(options, base)},
     {.name = "read-depth", .kind = CMD_OPT_INT32, .value_name = "N",
      .help = "file link: requests in flight per read, each read split into segments of at "
              "least 256 KiB, as a live run's --read-depth N reads the file tier; give the "
@@ -453,30 +459,13 @@ static int measure_backend(const options *o, const shapes *sh, fmoe_backend_kind
     return 0;
 }
 
-static int measure(const options *o, const shapes *sh, measurements *m) {
-    /* RAM: expert-sized copies (below 256 KiB they run in the CPU caches, which experts
-     * never do); file: from 64 KiB, where the device's latency still shows. */
-    static const int64_t sizes_full[] = {65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20,
-                                         256 << 20};
-    static const int64_t sizes_quick[] = {4096, 65536, 1 << 20};
-    static const int32_t tok_full[] = {1, 4, 16, 64}, tok_quick[] = {1, 4, 16};
-    static const int32_t at_tok_full[] = {1, 1, 16, 64}, at_ctx_full[] = {512, 2048, 2048, 2048};
-    static const int32_t at_tok_quick[] = {1, 4, 8}, at_ctx_quick[] = {64, 256, 256};
-    const int64_t *sizes = o->quick ? sizes_quick : sizes_full;
-    const int32_t ns = o->quick ? 3 : 7;
-    const int32_t *tok = o->quick ? tok_quick : tok_full, nt = o->quick ? 3 : 4;
-    const int32_t *atok = o->quick ? at_tok_quick : at_tok_full;
-    const int32_t *actx = o->quick ? at_ctx_quick : at_ctx_full, na = o->quick ? 3 : 4;
-    const int32_t reps = o->quick ? 2 : 3;
+/* The file link: a model's own experts read as the live file tier reads them
+ * (--link-file MODEL), O_DIRECT reads of another file (--link-file FILE), or a scratch
+ * file in --file-dir. */
+static int measure_file_link(const options *o, const int64_t *sizes, int32_t reps,
+                             measurements *m) {
     double sec[MAXPTS];
     int rc;
-
-    /* copies */
-    const int32_t r0 = o->quick ? 0 : 1; /* RAM from 256 KiB */
-    m->ram = (series){.what = "copy RAM->RAM", .n = ns - r0};
-    FMOE_FORWARD_IF_ERROR(fmoe_calibrate_copy_ram(sizes + r0, ns - r0, reps, sec));
-    for (int32_t i = 0; i < ns - r0; i++) m->ram.x[i] = (double)sizes[r0 + i], m->ram.y[i] = sec[i];
-    fit_link(&m->ram);
     const int32_t nf = o->quick ? 3 : 6; /* file: 64 KiB .. 64 MiB (quick: 4 KiB .. 1 MiB) */
     const int64_t *fsizes = sizes;
     m->file = (series){.what = "copy file->RAM", .n = nf};
@@ -504,7 +493,33 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
         for (int32_t i = 0; i < nf; i++) m->file.x[i] = (double)fsizes[i], m->file.y[i] = sec[i];
     }
     fit_link(&m->file);
-    if (m->have_gpu) { /* the cuda backend (cmd_calibrate sets it from --backend) */
+    return 0;
+}
+
+/* The copies: RAM->RAM, file->RAM and, with the cuda backend, host->device; `only`
+ * (with --base) names the one link to time, NULL all of them. */
+static int measure_links(const options *o, const char *only, measurements *m) {
+    /* RAM: expert-sized copies (below 256 KiB they run in the CPU caches, which experts
+     * never do); file: from 64 KiB, where the device's latency still shows. */
+    static const int64_t sizes_full[] = {65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20,
+                                         256 << 20};
+    static const int64_t sizes_quick[] = {4096, 65536, 1 << 20};
+    const int64_t *sizes = o->quick ? sizes_quick : sizes_full;
+    const int32_t ns = o->quick ? 3 : 7;
+    const int32_t reps = o->quick ? 2 : 3;
+    double sec[MAXPTS];
+
+    const int32_t r0 = o->quick ? 0 : 1; /* RAM from 256 KiB */
+    if (!only || strcmp(only, "ram") == 0) {
+        m->ram = (series){.what = "copy RAM->RAM", .n = ns - r0};
+        FMOE_FORWARD_IF_ERROR(fmoe_calibrate_copy_ram(sizes + r0, ns - r0, reps, sec));
+        for (int32_t i = 0; i < ns - r0; i++)
+            m->ram.x[i] = (double)sizes[r0 + i], m->ram.y[i] = sec[i];
+        fit_link(&m->ram);
+    }
+    if (!only || strcmp(only, "file") == 0)
+        FMOE_FORWARD_IF_ERROR(measure_file_link(o, sizes, reps, m));
+    if (m->have_gpu && (!only || strcmp(only, "h2d") == 0)) { /* the cuda backend */
         static const int64_t gsizes[] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20};
         m->h2d = (series){.what = "copy host->device", .n = o->quick ? 4 : 6};
         FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_h2d(gsizes, m->h2d.n, reps, sec));
@@ -513,6 +528,21 @@ static int measure(const options *o, const shapes *sh, measurements *m) {
         FMOE_FORWARD_IF_ERROR(fmoe_cuda_calibrate_d2d(o->quick ? 16 << 20 : 256 << 20, reps,
                                                       &m->gpu_membw));
     }
+    return 0;
+}
+
+/* The links, then each backend's compute at the model's shapes, the matcher and the
+ * predictors. */
+static int measure(const options *o, const shapes *sh, measurements *m) {
+    static const int32_t tok_full[] = {1, 4, 16, 64}, tok_quick[] = {1, 4, 16};
+    static const int32_t at_tok_full[] = {1, 1, 16, 64}, at_ctx_full[] = {512, 2048, 2048, 2048};
+    static const int32_t at_tok_quick[] = {1, 4, 8}, at_ctx_quick[] = {64, 256, 256};
+    const int32_t *tok = o->quick ? tok_quick : tok_full, nt = o->quick ? 3 : 4;
+    const int32_t *atok = o->quick ? at_tok_quick : at_tok_full;
+    const int32_t *actx = o->quick ? at_ctx_quick : at_ctx_full, na = o->quick ? 3 : 4;
+    const int32_t reps = o->quick ? 2 : 3;
+    int rc;
+    FMOE_FORWARD_IF_ERROR(measure_links(o, NULL, m));
 
     /* compute: each backend's own ops at the model's shapes */
     const points pt = {.tok = tok, .nt = nt, .atok = atok, .actx = actx, .na = na, .reps = reps};
@@ -738,6 +768,71 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     return *json ? 0 : fmoe_error_set(FMOE_ENOMEM, "profile JSON");
 }
 
+/* --base PROFILE: PROFILE's JSON with its link and the measured link's calibration record
+ * replaced by this run's (every other figure, and fields this version does not know,
+ * kept as they were). The base must parse as a profile, so a typo is refused before the
+ * link is timed. */
+static int load_base(const char *path, cJSON **root) {
+    char *text = NULL;
+    size_t len = 0;
+    FMOE_FORWARD_IF_ERROR(fmoe__read_file_bounded(path, "a hardware profile", 64ll << 20, 0,
+                                                  &text, &len));
+    fmoe_hardware_profile p;
+    int rc = fmoe_hardware_parse(text, len, path, &p);
+    if (rc >= 0) {
+        *root = cJSON_ParseWithLength(text, len);
+        if (!*root) rc = fmoe_error_set(FMOE_ENOMEM, "%s: parsing it again", path);
+    }
+    free(text);
+    return rc;
+}
+
+static void replace_item(cJSON *obj, const char *key, cJSON *item) {
+    if (cJSON_GetObjectItemCaseSensitive(obj, key))
+        cJSON_ReplaceItemInObjectCaseSensitive(obj, key, item);
+    else
+        cJSON_AddItemToObject(obj, key, item);
+}
+
+static cJSON *object_in(cJSON *obj, const char *key) {
+    cJSON *o = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (cJSON_IsObject(o)) return o;
+    o = cJSON_CreateObject();
+    replace_item(obj, key, o);
+    return o;
+}
+
+static int build_relinked_profile(const options *o, const measurements *m, const char *link,
+                                  char **json) {
+    const series *ls = strcmp(link, "h2d") == 0 ? &m->h2d : strcmp(link, "ram") == 0 ? &m->ram
+                                                                                       : &m->file;
+    FMOE_RETURN_ERROR_IF(!ls->ok || !(ls->fit.b > 0), FMOE_EINTERNAL,
+                         "%s: the measurements do not fit alpha + bytes / beta", ls->what);
+    cJSON *root = NULL;
+    FMOE_FORWARD_IF_ERROR(load_base(o->base, &root));
+    cJSON *l = cJSON_CreateObject();
+    cJSON_AddNumberToObject(l, "alpha_s", nonneg(ls->fit.a));
+    cJSON_AddNumberToObject(l, "beta_bytes_per_s", 1.0 / ls->fit.b);
+    replace_item(root, "link", l);
+    if (o->name) replace_item(root, "name", cJSON_CreateString(o->name));
+    cJSON *cal = object_in(root, "calibration");
+    cJSON *links = object_in(cal, "links");
+    cJSON_DeleteItemFromObjectCaseSensitive(links, link);
+    add_link(links, link, ls);
+    cJSON *fl = strcmp(link, "file") == 0 ? cJSON_GetObjectItemCaseSensitive(links, "file") : NULL;
+    if (fl) {
+        cJSON_AddStringToObject(fl, "page_cache", cache_name(m->file_cache));
+        cJSON_AddNumberToObject(fl, "read_depth", o->read_depth);
+        if (o->link_file) cJSON_AddStringToObject(fl, "file", o->link_file);
+        else cJSON_AddStringToObject(fl, "dir", o->file_dir);
+    }
+    replace_item(cal, "link_used", cJSON_CreateString(link));
+    replace_item(cal, "link_remeasured_from", cJSON_CreateString(o->base));
+    *json = cJSON_Print(root);
+    cJSON_Delete(root);
+    return *json ? 0 : fmoe_error_set(FMOE_ENOMEM, "profile JSON");
+}
+
 /* ------------------------------------------------------------------ report */
 
 static const char *human_s(double s, char *buf, size_t cap) {
@@ -771,15 +866,8 @@ static void report_compute(const series *s, const char *xlabel) {
             human_s(nonneg(s->fit.b), b, sizeof b), 100 * s->fit.rms_rel, 100 * s->fit.max_rel);
 }
 
-static void report(const options *o, const shapes *sh, const measurements *m, const char *link) {
+static void report_links(const options *o, const measurements *m) {
     char note[192];
-    /* first, and only with the measurements: a failure stays one line */
-    cmd_backend_say(CMD, m->have_gpu ? FMOE_BACKEND_CUDA : FMOE_BACKEND_CPU, o->activations);
-    fprintf(stderr, "fmoe calibrate: %ld cpus, OpenBLAS %d threads; CUDA: %s\n",
-            sysconf(_SC_NPROCESSORS_ONLN), openblas_get_num_threads(), fmoe_cuda_describe());
-    fprintf(stderr, "shapes: %s: hidden %d, expert %d, %d heads (%d KV) of %d%s\n", sh->model,
-            sh->hidden, sh->ffn, sh->heads, sh->kv_heads, sh->head_dim,
-            o->quick ? " (--quick: an eighth)" : "");
     report_link(&m->ram, "");
     if (o->link_file && m->file_expert_reads)
         snprintf(note, sizeof note, " (experts of %.100s, O_DIRECT, read depth %d, %d reads a "
@@ -792,6 +880,17 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
                  cache_name(m->file_cache), o->read_depth);
     report_link(&m->file, note);
     report_link(&m->h2d, " (pinned)");
+}
+
+static void report(const options *o, const shapes *sh, const measurements *m, const char *link) {
+    /* first, and only with the measurements: a failure stays one line */
+    cmd_backend_say(CMD, m->have_gpu ? FMOE_BACKEND_CUDA : FMOE_BACKEND_CPU, o->activations);
+    fprintf(stderr, "fmoe calibrate: %ld cpus, OpenBLAS %d threads; CUDA: %s\n",
+            sysconf(_SC_NPROCESSORS_ONLN), openblas_get_num_threads(), fmoe_cuda_describe());
+    fprintf(stderr, "shapes: %s: hidden %d, expert %d, %d heads (%d KV) of %d%s\n", sh->model,
+            sh->hidden, sh->ffn, sh->heads, sh->kv_heads, sh->head_dim,
+            o->quick ? " (--quick: an eighth)" : "");
+    report_links(o, m);
     report_compute(&m->expert_cpu, "token");
     report_compute(&m->layer_cpu, "token");
     report_compute(&m->attn_cpu, "tok*ctx");
@@ -849,7 +948,8 @@ int cmd_calibrate(int argc, char **argv) {
     if ((rc = cmd_backend_resolve(CMD, o.backend, &backend)) != 0) return rc;
     if ((rc = cmd_activations_resolve(CMD, backend, &o.activations)) != 0) return rc;
     shapes sh;
-    rc = load_shapes(&o, &sh);
+    memset(&sh, 0, sizeof sh);
+    rc = o.base ? 0 : load_shapes(&o, &sh); /* --base times no compute */
     if (rc < 0) return cmd_fail(CMD, rc);
     if (strcmp(o.link, "h2d") == 0 && backend != FMOE_BACKEND_CUDA) /* auto found no device */
         return cmd_failf(CMD, "--link h2d needs a CUDA device (%s)", fmoe_cuda_describe());
@@ -872,10 +972,20 @@ int cmd_calibrate(int argc, char **argv) {
     memset(&m, 0, sizeof m);
     m.have_gpu = backend == FMOE_BACKEND_CUDA;
     const double t0 = cmd_now();
-    rc = measure(&o, &sh, &m);
     const char *link = NULL;
     char *json = NULL;
-    if (rc >= 0) rc = build_profile(&o, &sh, &m, &link, &json);
+    if (o.base) {
+        /* the base is checked before the link is timed: a typo fails in a moment */
+        cJSON *base = NULL;
+        rc = load_base(o.base, &base);
+        cJSON_Delete(base);
+        link = strcmp(o.link, "auto") == 0 ? (m.have_gpu ? "h2d" : "file") : o.link;
+        if (rc >= 0) rc = measure_links(&o, link, &m);
+        if (rc >= 0) rc = build_relinked_profile(&o, &m, link, &json);
+    } else {
+        rc = measure(&o, &sh, &m);
+        if (rc >= 0) rc = build_profile(&o, &sh, &m, &link, &json);
+    }
     if (rc < 0) {
         if (out) {
             fclose(out);
@@ -883,7 +993,11 @@ int cmd_calibrate(int argc, char **argv) {
         }
         return cmd_fail(CMD, rc);
     }
-    if (!o.quiet) {
+    if (!o.quiet && o.base) {
+        report_links(&o, &m);
+        fprintf(stderr, "profile: link = %s, measured now; everything else from %s\n", link,
+                o.base);
+    } else if (!o.quiet) {
         report(&o, &sh, &m, link);
         fprintf(stderr, "measured in %.1f s\n", cmd_now() - t0);
     }

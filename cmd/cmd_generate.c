@@ -11,6 +11,12 @@
  * back a trailing incomplete UTF-8 sequence, so the printed text is exactly
  * decode(generated ids).
  *
+ * Structured output: --json-schema FILE (or --json-object: any JSON object) samples each
+ * token among those that keep the text a prefix of a document of the schema, and stops
+ * with the end-of-sequence token once the document is whole (fmoe/json_constraint.h);
+ * --ignore-eos does not apply then. The text is the document, or its start when
+ * --max-new-tokens ends it first (stop: length).
+ *
  * Sampling: temperature 0 is greedy. Without --temperature/--top-p/--top-k the model's
  * generation_config.json decides (do_sample false, or absent: greedy; else its
  * temperature/top_p/top_k), as transformers' generate() does.
@@ -30,6 +36,7 @@
 #include "fmoe/error.h"
 #include "files.h"
 #include "fmoe/model.h"
+#include "fmoe/json_constraint.h"
 #include "fmoe/sampler.h"
 #include "fmoe/tokenizer.h"
 #include "paths.h"
@@ -119,6 +126,8 @@ static void json_ids(FILE *f, const int32_t *ids, size_t n) {
 
 typedef struct generate_args {
     const char *model, *tokenizer, *prompt, *system, *chat_template, *dump_logits, *backend;
+    const char *json_schema;
+    int json_object;
     int32_t max_new_tokens, top_k, threads;
     int32_t activations; /* fmoe_activations */
     double temperature, top_p;
@@ -176,6 +185,13 @@ static const cmd_option generate_options[] = {
      .help = "write the logits of every generated token, float32 [generated, vocab], as a "
              "NumPy .npy file",
      .offset = offsetof(generate_args, dump_logits)},
+    {.name = "json-schema", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
+     .help = "structured output: generate a JSON document of the JSON schema in FILE "
+             "(docs/serving.md lists the keywords supported)",
+     .offset = offsetof(generate_args, json_schema)},
+    {.name = "json-object", .kind = CMD_OPT_FLAG,
+     .help = "structured output: generate any JSON object (OpenAI's json_object)",
+     .offset = offsetof(generate_args, json_object)},
     {.name = "json", .kind = CMD_OPT_FLAG,
      .help = "print one JSON object (ids, text, timings) instead of streaming",
      .offset = offsetof(generate_args, json)},
@@ -207,6 +223,8 @@ static int parse_args(int argc, char **argv, generate_args *a) {
     if (!a->prompt) return cmd_usage_error(CMD, "--prompt TEXT is required");
     if ((a->system || a->chat_template) && !a->chat)
         return cmd_usage_error(CMD, "--system and --chat-template need --chat");
+    if (a->json_schema && a->json_object)
+        return cmd_usage_error(CMD, "--json-schema and --json-object exclude each other");
     return cmd_check_chat_template(CMD, a->chat_template);
 }
 
@@ -232,6 +250,11 @@ int cmd_generate(int argc, char **argv) {
     fmoe_sampler *smp = NULL;
     int32_t *prompt = NULL, *gen = NULL;
     float *logits = NULL;
+    fmoe_json_schema *schema = NULL;
+    fmoe_json_vocab *jvocab = NULL;
+    fmoe_json_matcher *jm = NULL;
+    uint8_t *allowed = NULL;
+    char *schema_text = NULL;
     char *chat_text = NULL, *text = NULL;
     FILE *npy = NULL; /* on npy_partial, renamed to a.dump_logits when complete */
     char npy_partial[PATH_MAX + 16] = "";
@@ -239,6 +262,19 @@ int cmd_generate(int argc, char **argv) {
     cmd_offload off = {0};
     char offload_line[512];
 
+    /* the schema first: a refused keyword costs no model load */
+    if (a.json_schema) {
+        size_t schema_len;
+        if ((err = fmoe__read_file_bounded(a.json_schema, "a JSON schema", 16ll << 20, 0,
+                                           &schema_text, &schema_len)) < 0)
+            goto fail;
+        if ((err = fmoe_json_schema_compile(schema_text, schema_len, &schema)) < 0) {
+            fmoe_error_prefix("%s", a.json_schema);
+            goto fail;
+        }
+    } else if (a.json_object && (err = fmoe_json_schema_any_object(&schema)) < 0) {
+        goto fail;
+    }
     if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
     if ((err = fmoe_tokenizer_load(tok_dir, &tok)) < 0) goto fail;
     cmd_generation_config gc;
@@ -307,6 +343,17 @@ int cmd_generate(int argc, char **argv) {
         err = fmoe_error_set(FMOE_ENOMEM, "out of memory for %d logits", V);
         goto fail;
     }
+    if (schema) {
+        if ((err = fmoe_json_vocab_init(tok, gc.stop, gc.num_stop, &jvocab)) < 0 ||
+            (err = fmoe_json_matcher_init(schema, jvocab, &jm)) < 0)
+            goto fail;
+        const int32_t vt = fmoe_json_vocab_size(jvocab);
+        allowed = calloc((size_t)(vt > V ? vt : V), 1);
+        if (!allowed) {
+            err = fmoe_error_set(FMOE_ENOMEM, "out of memory for the JSON mask");
+            goto fail;
+        }
+    }
     if (a.dump_logits) {
         snprintf(npy_partial, sizeof npy_partial, "%s.partial", a.dump_logits);
         if ((err = fmoe__partial_fopen(a.dump_logits, npy_partial, "wb+", &npy)) < 0) goto fail;
@@ -322,6 +369,7 @@ int cmd_generate(int argc, char **argv) {
     streamer st = {.tok = tok, .out = a.json ? NULL : stdout};
     const char *finish = "length";
     int32_t n_gen = 0;
+    int stop_token = 0; /* the last generated id is a stop token, not text */
     double t0 = cmd_now(), t_prefill = 0, t_decode = 0;
     if (max_new > 0) {
         if ((err = cmd_offload_forward(&off, s, prompt, (int32_t)n_prompt, FMOE_PHASE_PREFILL,
@@ -330,16 +378,34 @@ int cmd_generate(int argc, char **argv) {
         t_prefill = cmd_now() - t0;
         double t1 = cmd_now();
         for (;;) {
+            /* structured output: a whole document with no end id to say so (a tokenizer
+             * without EOS) ends here, before this step's logits are written */
+            const int32_t admitted = jm ? fmoe_json_matcher_mask(jm, allowed) : 1;
+            if (admitted == 0 && fmoe_json_matcher_is_complete(jm)) {
+                finish = "stop";
+                break;
+            }
+            if (admitted == 0) {
+                rc = cmd_failf(CMD, "no token of the vocabulary continues the JSON document");
+                goto done;
+            }
             if (npy && fwrite(logits, sizeof *logits, (size_t)V, npy) != (size_t)V) {
                 rc = cmd_failf(CMD, "%s: cannot write: %s", npy_partial, strerror(errno));
                 goto done;
             }
             /* non-finite logits never come here: the forward pass stops on them (a
              * resident weight at load, an expert's where the hidden state enters the head) */
+            if (jm) /* after --dump-logits took the raw logits */
+                for (int32_t i = 0; i < V; i++)
+                    if (!allowed[i]) logits[i] = -INFINITY;
             int32_t next = fmoe_sampler_sample(smp, logits);
             gen[n_gen++] = next;
-            if (!a.ignore_eos && cmd_generation_config_is_stop(&gc, next)) {
+            if (jm && !fmoe_json_matcher_is_end(jm, next) &&
+                (err = fmoe_json_matcher_accept(jm, next)) < 0)
+                goto fail;
+            if ((!a.ignore_eos || jm) && cmd_generation_config_is_stop(&gc, next)) {
                 finish = "stop";
+                stop_token = 1;
                 break;
             }
             if ((err = streamer_push(&st, gen, (size_t)n_gen, 0)) < 0) goto fail;
@@ -373,7 +439,7 @@ int cmd_generate(int argc, char **argv) {
     const double decode_tps = t_decode > 0 && steps > 0 ? steps / t_decode : 0.0;
     if (a.json) {
         size_t keep = (size_t)n_gen;
-        if (!strcmp(finish, "stop")) keep--; /* the stop token is not text */
+        if (stop_token) keep--; /* the stop token is not text */
         if ((err = fmoe_tokenizer_decode(tok, gen, keep, 1, &text, &text_len)) < 0) goto fail;
         printf("{\"model\": ");
         json_string(stdout, dir, strlen(dir));
@@ -445,6 +511,11 @@ done:
     free(prompt);
     free(gen);
     free(logits);
+    free(allowed);
+    free(schema_text);
+    fmoe_json_matcher_free(jm);
+    fmoe_json_vocab_free(jvocab);
+    fmoe_json_schema_free(schema);
     fmoe_sampler_free(smp);
     fmoe_session_free(s);
     if (cmd_offload_close(CMD, &off, rc == CMD_EXIT_OK) && rc == CMD_EXIT_OK) rc = CMD_EXIT_FAILURE;

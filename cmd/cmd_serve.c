@@ -51,6 +51,8 @@ typedef struct serve_args {
     double grace;
     int quiet;
     int probs_f32;
+    int no_prefix_cache;
+    double prefix_cache_gb;
     cmd_offload_args off;
 } serve_args;
 
@@ -136,6 +138,18 @@ static const cmd_option serve_options[] = {
              "simulate --batch trace needs to replay a policy that reads them, such as fmoe, "
              "decision for decision)",
      .offset = offsetof(serve_args, probs_f32)},
+    {.name = "no-prefix-cache", .kind = CMD_OPT_FLAG,
+     .help = "run every prompt whole: by default a request goes to the free sequence whose "
+             "kept cache shares the longest prefix with its prompt (the previous turn of a "
+             "chat, a shared system prompt) and prefills only the rest; off with --trace-out "
+             "anyway",
+     .offset = offsetof(serve_args, no_prefix_cache)},
+    {.name = "prefix-cache-gb", .kind = CMD_OPT_DOUBLE, .value_name = "X",
+     .help = "also keep finished requests' KV caches in X GiB beyond the sequences' own, so "
+             "that more conversations than --parallel keep their prefixes between turns "
+             "(CPU backend; allocated at start)",
+     .default_text = "0", .offset = offsetof(serve_args, prefix_cache_gb), .fmin = 0,
+     .fmax = 1 << 20},
     {.name = "quiet", .kind = CMD_OPT_FLAG, .help = "no startup and shutdown lines",
      .offset = offsetof(serve_args, quiet)},
     CMD_OFFLOAD_OPTIONS(serve_args, off),
@@ -301,7 +315,8 @@ int cmd_serve(int argc, char **argv) {
         .max_queue = a.max_queue,
         .max_context = a.max_context, .threads = a.threads, .stop_ids = gc.stop,
         .num_stop_ids = gc.num_stop, .trace_out = trace, .trace_speculative = trace_speculative,
-        .activations = (fmoe_activations)a.activations};
+        .activations = (fmoe_activations)a.activations, .prefix_cache = !a.no_prefix_cache,
+        .prefix_cache_bytes = (int64_t)(a.prefix_cache_gb * (double)(1 << 30))};
     if ((err = fmoe_serve_engine_start(&eo, &engine)) < 0) goto fail;
     fmoe_serve_http_set_engine(http, engine);
     if (!a.quiet) {

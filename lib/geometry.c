@@ -36,6 +36,9 @@
  *   gpt_oss      top-k of the logits (router has a bias), softmax over those k
  *   llama4       top-k of the logits, sigmoid of each chosen logit, not renormalised;
  *                plus one shared expert
+ *   glm4_moe     DeepSeek-V3's noaux_tc (sigmoid, e_score_correction_bias, groups by their
+ *                two best; the published configs have one group), renormalised iff
+ *                norm_topk_prob (default true), times routed_scaling_factor
  */
 #include "fmoe/geometry.h"
 
@@ -669,6 +672,27 @@ static int parse_deepseek_v3(const reader *r, fmoe_model_geometry *g, uint8_t *m
     return read_deepseek_router(r, g, &deepseek_v3);
 }
 
+/* modeling_glm4_moe (GLM-4.5, GLM-4.5-Air): DeepSeek-V3's layer rule and shared experts
+ * (Glm4MoeDecoderLayer: MoE iff layer >= first_k_dense_replace, default 1; one shared MLP of
+ * n_shared_experts * moe_intermediate_size) and its router (Glm4MoeTopkRouter: sigmoid,
+ * e_score_correction_bias for selection, groups ranked by their two best), with GQA
+ * attention instead of MLA. It has no scoring_func nor topk_method key: sigmoid and
+ * noaux_tc always. num_nextn_predict_layers (the multi-token-prediction layer after the
+ * last decoder layer) is not a decoder layer: inference skips it, as transformers does. */
+static const deepseek_defaults glm4_moe = {1, 1, 10944, 1, "sigmoid", 1.0, "noaux_tc", 1, 1};
+
+static int parse_glm4_moe(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
+    FMOE_FORWARD_IF_ERROR(read_deepseek_moe(r, g, moe, &glm4_moe));
+    g->scoring = FMOE_ROUTER_SIGMOID; /* whatever a stray scoring_func says, as transformers */
+    FMOE_FORWARD_IF_ERROR(read_double(r, "routed_scaling_factor",
+                                      glm4_moe.routed_scaling_factor,
+                                      &g->routed_scaling_factor));
+    copy_string(g->topk_method, sizeof g->topk_method, glm4_moe.topk_method);
+    FMOE_FORWARD_IF_ERROR(read_i32(r, "n_group", 0, 1, 1, MAX_EXPERTS, &g->n_group));
+    FMOE_FORWARD_IF_ERROR(read_i32(r, "topk_group", 0, 1, 1, MAX_EXPERTS, &g->topk_group));
+    return check_groups(r, g);
+}
+
 /* modeling_phimoe: every layer sparse; sparsemixer top-2 routing (see the top of this
  * file). */
 static int parse_phimoe(const reader *r, fmoe_model_geometry *g, uint8_t *moe) {
@@ -765,6 +789,11 @@ static const family_spec families[] = {
     {.model_type = "phimoe", .family = FMOE_FAMILY_PHIMOE, .parse = parse_phimoe,
      .experts_key = "num_local_experts", .width_key = "intermediate_size",
      .defaults = {32064, 32, 8, 0, 4096 * 32, 1e6, 1e-5}},
+    /* glm4_moe: n_routed_experts (num_local_experts is transformers' attribute_map alias) */
+    {.model_type = "glm4_moe", .family = FMOE_FAMILY_GLM4_MOE, .parse = parse_glm4_moe,
+     .experts_key = "n_routed_experts", .experts_alias = "num_local_experts",
+     .width_key = "moe_intermediate_size",
+     .defaults = {151552, 96, 8, 0, 131072, 10000.0, 1e-5}},
     /* gpt_oss: num_experts is transformers' attribute_map alias; experts_per_token the
      * name in OpenAI's original config. */
     {.model_type = "gpt_oss", .family = FMOE_FAMILY_GPT_OSS, .parse = parse_gpt_oss,
@@ -789,7 +818,7 @@ static const char *const dense_types[] = {
 
 const char *fmoe_geometry_supported_types(void) {
     return "mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, deepseek_v2, deepseek_v3, "
-           "phimoe, gpt_oss, llama4, llama4_text";
+           "phimoe, glm4_moe, gpt_oss, llama4, llama4_text";
 }
 
 static const family_spec *find_family(const char *model_type) {

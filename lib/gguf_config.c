@@ -188,6 +188,62 @@ static int build_gpt_oss(const fmoe_gguf *g, const char *arch, cJSON *c, int64_t
     return 0;
 }
 
+/*
+ * glm4moe (GLM-4.5, GLM-4.5-Air), as llama.cpp's converter writes it (conversion/glm.py,
+ * Glm4MoeModel): block_count counts the num_nextn_predict_layers multi-token-prediction
+ * layers after the decoder's (their blk.L.* and blk.L.nextn.* tensors are never bound);
+ * rope.dimension_count is the rotated share of a head (head_dim · partial_rotary_factor);
+ * the router is sigmoid with the exp_probs_b bias (expert_gating_func 2, the only one
+ * transformers' glm4_moe has), expert_weights_scale and expert_weights_norm; groups from
+ * expert_group_count / expert_group_used_count when present (the converter writes none:
+ * GLM-4.5's one group). attention_bias and use_qk_norm have no keys: the first layer's
+ * attn_q.bias and attn_q_norm.weight say them, as llama.cpp's loader finds them.
+ */
+static int build_glm4moe(const fmoe_gguf *g, const char *arch, cJSON *c, int64_t layers,
+                         int64_t head_dim) {
+    int64_t nextn, rope, gating, groups, groups_used, shared, dense, norm, experts, ff, eff;
+    double scale;
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "nextn_predict_layers", 0, &nextn));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "rope.dimension_count", head_dim / 2, &rope));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_gating_func", 2, &gating));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_group_count", 1, &groups));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_group_used_count", 1, &groups_used));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_shared_count", 0, &shared));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "leading_dense_block_count", 0, &dense));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_weights_norm", 0, &norm));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_count", -1, &experts));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "feed_forward_length", 0, &ff));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_feed_forward_length", ff, &eff));
+    FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "expert_weights_scale", 1.0, &scale));
+    FMOE_RETURN_ERROR_IF(gating != 0 && gating != 2, FMOE_EUNSUPPORTED,
+                         "%s: %s.expert_gating_func %lld (glm4_moe routes by sigmoid, 2)",
+                         fmoe_gguf_name(g), arch, (long long)gating);
+    FMOE_RETURN_ERROR_IF(nextn < 0 || nextn >= layers || head_dim <= 0, FMOE_EFORMAT,
+                         "%s: %s.nextn_predict_layers %lld of %lld blocks, head_dim %lld",
+                         fmoe_gguf_name(g), arch, (long long)nextn, (long long)layers,
+                         (long long)head_dim);
+    char type[32];
+    arch_str(g, arch, "rope.scaling.type", type, sizeof type);
+    FMOE_RETURN_ERROR_IF(type[0] && strcmp(type, "none") != 0, FMOE_EUNSUPPORTED,
+                         "%s: %s.rope.scaling.type %s (fmoe reads glm4moe files without rope "
+                         "scaling, as the published GLM-4.5 models have)",
+                         fmoe_gguf_name(g), arch, type);
+    add_deepseek_moe(c, "glm4_moe", experts, shared, eff, ff, dense, norm);
+    cJSON_DeleteItemFromObject(c, "moe_layer_freq"); /* not a glm4_moe key */
+    cJSON_DeleteItemFromObject(c, "num_hidden_layers");
+    cJSON_AddNumberToObject(c, "num_hidden_layers", (double)(layers - nextn));
+    cJSON_AddNumberToObject(c, "num_nextn_predict_layers", (double)nextn);
+    cJSON_AddNumberToObject(c, "routed_scaling_factor", scale);
+    cJSON_AddNumberToObject(c, "n_group", (double)groups);
+    cJSON_AddNumberToObject(c, "topk_group", (double)groups_used);
+    cJSON_AddNumberToObject(c, "partial_rotary_factor", (double)rope / (double)head_dim);
+    cJSON_AddBoolToObject(c, "attention_bias",
+                          fmoe_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL);
+    cJSON_AddBoolToObject(c, "use_qk_norm",
+                          fmoe_gguf_find_tensor(g, "blk.0.attn_q_norm.weight") != NULL);
+    return 0;
+}
+
 static int build(const fmoe_gguf *g, const char *arch, cJSON *c) {
     int64_t layers, hidden, heads, kv_heads, ff, experts, used, ctx, vocab, head_dim;
     double theta, eps;
@@ -259,6 +315,8 @@ static int build(const fmoe_gguf *g, const char *arch, cJSON *c) {
         cJSON_AddBoolToObject(c, "norm_topk_prob", norm != 0);
     } else if (strcmp(arch, "deepseek2") == 0) {
         FMOE_FORWARD_IF_ERROR(build_deepseek2(g, arch, c));
+    } else if (strcmp(arch, "glm4moe") == 0) {
+        FMOE_FORWARD_IF_ERROR(build_glm4moe(g, arch, c, layers, head_dim));
     } else if (strcmp(arch, "gpt-oss") == 0) {
         FMOE_FORWARD_IF_ERROR(build_gpt_oss(g, arch, c, experts, expert_ff));
     } else { /* deepseek */
@@ -290,10 +348,10 @@ int fmoe_gguf_config_json(const fmoe_gguf *g, char **out, int *exact) {
     FMOE_RETURN_ERROR_IF(strcmp(arch, "llama") != 0 && strcmp(arch, "qwen2moe") != 0 &&
                              strcmp(arch, "qwen3moe") != 0 && strcmp(arch, "olmoe") != 0 &&
                              strcmp(arch, "deepseek") != 0 && strcmp(arch, "deepseek2") != 0 &&
-                             strcmp(arch, "gpt-oss") != 0,
+                             strcmp(arch, "glm4moe") != 0 && strcmp(arch, "gpt-oss") != 0,
                          FMOE_EUNSUPPORTED,
                          "%s: architecture %s (fmoe reads llama with experts, qwen2moe, "
-                         "qwen3moe, olmoe, deepseek, deepseek2 and gpt-oss)",
+                         "qwen3moe, olmoe, deepseek, deepseek2, glm4moe and gpt-oss)",
                          fmoe_gguf_name(g), arch);
     cJSON *c = cJSON_CreateObject();
     FMOE_RETURN_ERROR_IF(!c, FMOE_ENOMEM, "out of memory");

@@ -65,6 +65,16 @@ static const struct {
     {"mlp.down_proj.weight", "ffn_down.weight", 0},
 };
 
+/* Where one architecture names a tensor otherwise: glm4moe's and gpt-oss's post-attention
+ * norm is llama.cpp's ATTN_POST_NORM (gguf-py's MODEL_TENSORS[GLM4_MOE] and [GPT_OSS] have
+ * no ffn_norm). */
+static const struct {
+    const char *arch, *hf, *gguf;
+} arch_map[] = {
+    {"glm4moe", "post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"gpt-oss", "post_attention_layernorm.weight", "post_attention_norm.weight"},
+};
+
 /* Matches `s` against `pat`, where '*' is a decimal number (stored in *num). */
 static int match(const char *s, const char *pat, int32_t *num) {
     while (*pat) {
@@ -106,11 +116,12 @@ int fmoe_gguf_tensor_for(const char *arch, int32_t n_head, int32_t n_head_kv,
         while (*s >= '0' && *s <= '9' && digits < 7) layer = layer * 10 + (*s++ - '0'), digits++;
         if (digits > 0 && *s == '.') {
             s++;
-            /* gpt-oss: llama.cpp names the post-attention norm ATTN_POST_NORM there */
-            if (strcmp(arch, "gpt-oss") == 0 && strcmp(s, "post_attention_layernorm.weight") == 0) {
-                snprintf(out->name, sizeof out->name, "blk.%ld.post_attention_norm.weight", layer);
-                return 0;
-            }
+            for (size_t i = 0; i < sizeof arch_map / sizeof arch_map[0]; i++)
+                if (strcmp(arch, arch_map[i].arch) == 0 && strcmp(s, arch_map[i].hf) == 0) {
+                    snprintf(out->name, sizeof out->name, "blk.%ld.%s", layer,
+                             arch_map[i].gguf);
+                    return 0;
+                }
             for (size_t i = 0; i < sizeof layer_map / sizeof layer_map[0]; i++) {
                 int32_t e = -1;
                 if (!match(s, layer_map[i].hf, &e)) continue;

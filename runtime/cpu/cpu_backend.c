@@ -494,15 +494,22 @@ static void cpu_clamp(void *ctx, float *y, int64_t count, float c) {
     for (int64_t i = 0; i < count; i++) y[i] = y[i] < -c ? -c : y[i] > c ? c : y[i];
 }
 
-static void cpu_rope(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
-                     const float *cos, const float *sin) {
+/* fmoe_rope_head over the first rot_dim of each head: the rotate-half pairs (i, i +
+ * rot_dim/2) of that part, as transformers' apply_rotary_pos_emb on q[..., :rotary_dim]. */
+static void cpu_rope_partial(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
+                             int32_t rot_dim, const float *cos, const float *sin) {
     (void)ctx;
-    const int32_t half = head_dim / 2;
+    const int32_t half = rot_dim / 2;
     const int64_t stride = (int64_t)heads * head_dim;
     for (int32_t t = 0; t < n; t++)
         for (int32_t hh = 0; hh < heads; hh++)
             fmoe_rope_head(x + t * stride + (int64_t)hh * head_dim, cos + (int64_t)t * half,
-                           sin + (int64_t)t * half, head_dim);
+                           sin + (int64_t)t * half, rot_dim);
+}
+
+static void cpu_rope(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
+                     const float *cos, const float *sin) {
+    cpu_rope_partial(ctx, x, n, heads, head_dim, head_dim, cos, sin);
 }
 
 static void cpu_layernorm(void *ctx, float *y, const float *x, const float *w, const float *b,
@@ -795,4 +802,5 @@ const fmoe__backend_ops fmoe__cpu_backend = {
     .fence_wait = cpu_fence_wait,
     .mla_attention = fmoe__cpu_mla_attention,
     .swiglu_clamped = cpu_swiglu_clamped,
+    .rope_partial = cpu_rope_partial,
 };

@@ -1329,6 +1329,7 @@ static const fmoe__backend_ops cuda_ops = {
     /* .mla_attention   = */ NULL, /* DeepSeek-V2/V3 refused first (backend_types.c) */
     /* .layernorm       = */ NULL, /* Phi-3.5-MoE refused first (backend_types.c) */
     /* .swiglu_clamped  = */ NULL, /* gpt-oss refused first (backend_types.c) */
+    /* .rope_partial    = */ NULL, /* GLM-4.5 refused first (backend_types.c) */
 };
 
 extern "C" const fmoe__backend_ops *fmoe__cuda_module_backend_ops(void) { return &cuda_ops; }

@@ -10,6 +10,11 @@
  * every kind these families' published configs use (all of them: none) and the ones
  * their users add for long context. Others (longrope, ...) are refused by name.
  *
+ * Partial rotary (GLM-4.5's partial_rotary_factor, 0.5 by default there, 1 and nothing
+ * else for the other families): the first head_dim · factor dims of each head rotate, as
+ * halves of that part, and the rest pass through (transformers' glm4_moe
+ * apply_rotary_pos_emb); the frequencies are those of a head that wide.
+ *
  * Sliding windows: a window W lets the query at position i attend to the keys at
  * positions j with i - W < j <= i, W keys counting its own. That is transformers'
  * masking_utils.py (sliding_window_overlay: kv_idx > q_idx - sliding_window) for prefill,
@@ -91,7 +96,29 @@ static int get_factors(const cJSON *obj, const char *prefix, const char *key, in
     return 0;
 }
 
-static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rope *r) {
+/* partial_rotary_factor: 1 (every dim rotates) for every family but GLM-4.5, whose
+ * configuration_glm4_moe defaults it to 0.5 and whose attention rotates the first
+ * head_dim · factor dims of each head (fmoe__arch.rope_dim). */
+static int check_partial(const fmoe_model_geometry *g, const char *prefix, double prf) {
+    if (g->family == FMOE_FAMILY_GLM4_MOE) {
+        const double dim = floor((double)g->head_dim * prf); /* int() in transformers */
+        FMOE_RETURN_ERROR_IF(!(prf > 0 && prf <= 1) || dim < 2 || fmod(dim, 2.0) != 0,
+                             FMOE_EFORMAT,
+                             "%spartial_rotary_factor = %g: head_dim %d times it must be an "
+                             "even number of dims in [2, head_dim]",
+                             prefix, prf, g->head_dim);
+        return 0;
+    }
+    FMOE_RETURN_ERROR_IF(prf != 1.0, FMOE_EUNSUPPORTED,
+                         "%spartial_rotary_factor = %g is not supported for %s (only 1)",
+                         prefix, prf, g->model_type);
+    return 0;
+}
+
+/* `partial`: the rotary factor, rope_parameters' over the top level's over the family's
+ * default (transformers 5 moves the top-level key into rope_parameters). */
+static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rope *r,
+                      double *partial) {
     memset(r, 0, sizeof *r);
     r->type = FMOE__ROPE_DEFAULT;
     r->theta = g->rope_theta;
@@ -104,10 +131,9 @@ static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rop
      * transformers would divide by it without a word. */
     FMOE_RETURN_ERROR_IF(!(r->theta > 0), FMOE_EFORMAT,
                          "rope_theta = %g, expected a positive number", r->theta);
-    double prf;
-    FMOE_FORWARD_IF_ERROR(get_num(root, "", "partial_rotary_factor", 1.0, &prf));
-    FMOE_RETURN_ERROR_IF(prf != 1.0, FMOE_EUNSUPPORTED,
-                         "partial_rotary_factor = %g is not supported (only 1)", prf);
+    const double prf_default = g->family == FMOE_FAMILY_GLM4_MOE ? 0.5 : 1.0;
+    FMOE_FORWARD_IF_ERROR(get_num(root, "", "partial_rotary_factor", prf_default, partial));
+    FMOE_FORWARD_IF_ERROR(check_partial(g, "", *partial));
 
     const char *prefix = "rope_parameters.";
     const cJSON *rp = get(root, "rope_parameters");
@@ -133,9 +159,8 @@ static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rop
     FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "rope_theta", r->theta, &r->theta));
     FMOE_RETURN_ERROR_IF(!(r->theta > 0), FMOE_EFORMAT,
                          "%srope_theta = %g, expected a positive number", prefix, r->theta);
-    FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "partial_rotary_factor", 1.0, &prf));
-    FMOE_RETURN_ERROR_IF(prf != 1.0, FMOE_EUNSUPPORTED,
-                         "%spartial_rotary_factor = %g is not supported (only 1)", prefix, prf);
+    FMOE_FORWARD_IF_ERROR(get_num(rp, prefix, "partial_rotary_factor", *partial, partial));
+    FMOE_FORWARD_IF_ERROR(check_partial(g, prefix, *partial));
     double omp_root;
     FMOE_FORWARD_IF_ERROR(get_num(root, "", "original_max_position_embeddings",
                                   (double)g->max_position_embeddings, &omp_root));
@@ -209,8 +234,8 @@ static int parse_rope(const cJSON *root, const fmoe_model_geometry *g, fmoe__rop
                              !(r->factor > 0),
                          FMOE_EFORMAT,
                          "%sfactor must be positive", prefix);
-    FMOE_RETURN_ERROR_IF(r->type == FMOE__ROPE_DYNAMIC && g->head_dim <= 2, FMOE_EFORMAT,
-                         "dynamic rope needs head_dim > 2");
+    FMOE_RETURN_ERROR_IF(r->type == FMOE__ROPE_DYNAMIC && floor(g->head_dim * *partial) <= 2,
+                         FMOE_EFORMAT, "dynamic rope needs more than 2 rotated dims per head");
     return 0;
 }
 
@@ -319,6 +344,24 @@ static int parse_gpt_oss_arch(const cJSON *root, const fmoe_model_geometry *g,
         }
         out->sliding_window[i] = sliding ? window : 0;
     }
+    return 0;
+}
+
+/*
+ * GLM-4.5 (transformers' glm4_moe): grouped-query attention with q/k/v biases
+ * (attention_bias; none on o), RMSNorm per head on q and k when use_qk_norm, and a partial
+ * rotary embedding (parse_rope); DeepSeek-V3's router (sigmoid scores, the
+ * e_score_correction_bias for selection, groups ranked by their two best, the 1e-20 guard
+ * when renormalising) and shared experts added without a gate.
+ */
+static int parse_glm4_moe(const cJSON *root, fmoe__arch *out) {
+    int32_t bias = 0, qk_norm = 0;
+    FMOE_FORWARD_IF_ERROR(get_bool(root, "attention_bias", 0, &bias));
+    FMOE_FORWARD_IF_ERROR(get_bool(root, "use_qk_norm", 0, &qk_norm));
+    out->attn_bias_qkv = bias;
+    out->qk_norm = qk_norm ? FMOE__QK_NORM_HEAD : FMOE__QK_NORM_NONE;
+    out->route_norm_eps = 1e-20f;
+    out->route_group_top2 = 1;
     return 0;
 }
 
@@ -453,6 +496,9 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
     case FMOE_FAMILY_GPT_OSS:
         if ((rc = parse_gpt_oss_arch(root, g, out)) < 0) goto done;
         break;
+    case FMOE_FAMILY_GLM4_MOE:
+        if ((rc = parse_glm4_moe(root, out)) < 0) goto done;
+        break;
     default:
         rc = fmoe_error_set(FMOE_EUNSUPPORTED, "model_type \"%s\" is not yet supported",
                             g->model_type);
@@ -464,9 +510,14 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
                             g->rms_norm_eps);
         goto done;
     }
-    if ((rc = parse_rope(root, g, &out->rope)) < 0) goto done;
+    double partial = 1.0;
+    if ((rc = parse_rope(root, g, &out->rope, &partial)) < 0) goto done;
+    out->rope_dim = out->mla ? g->qk_rope_head_dim : (int32_t)floor(g->head_dim * partial);
     if (out->mla) mla_scale(root, g, out);
-    if (out->rope.type == FMOE__ROPE_DEFAULT)
+    if (out->rope.type == FMOE__ROPE_DEFAULT && !out->mla && out->rope_dim < g->head_dim)
+        snprintf(out->rope_desc, sizeof out->rope_desc, "rope theta %g on %d of %d dims",
+                 out->rope.theta, out->rope_dim, g->head_dim);
+    else if (out->rope.type == FMOE__ROPE_DEFAULT)
         snprintf(out->rope_desc, sizeof out->rope_desc, "rope theta %g", out->rope.theta);
     else if (out->rope.type == FMOE__ROPE_LONGROPE)
         snprintf(out->rope_desc, sizeof out->rope_desc, "rope theta %g, longrope past %lld",

@@ -108,6 +108,7 @@ struct fmoe_session {
     float *k_cache;         /* [layers][max_context][Hkv·D]; MLA: [..][r_kv + dr] latents
                                and rotary keys (mla.c) */
     float *v_cache;         /* [layers][max_context][Hkv·D]; MLA: unused */
+    int64_t cache_w, vcache_w; /* floats of a position's row in k_cache and v_cache (MLA: 0) */
     float *mla_scratch;     /* MLA: mla_slots × fmoe__mla_scratch_floats */
     int32_t mla_slots;      /* MLA: scratch slots, one per CPU thread that runs heads */
     /* host memory: what the host reads of a pass, and the index lists it builds */
@@ -127,7 +128,8 @@ struct fmoe_session {
     int32_t *rows_h;        /* [B] one expert's token rows */
     float *scale_h;         /* [B] their combine weights */
     float *inv_freq;        /* [R/2] */
-    int32_t rope_dim;       /* R: the rotated dims per head (D; MLA: qk_rope_head_dim) */
+    int32_t rope_dim;       /* R: the rotated dims per head (D; MLA: qk_rope_head_dim;
+                               GLM-4.5: D · partial_rotary_factor) */
     fmoe__mla_seq *mla_seqs; /* [B] MLA: the segments of a pass */
     float *cos_h;           /* [B][D/2] tables computed here, uploaded to cos/sin */
     float *sin_h;           /* [B][D/2] */
@@ -236,6 +238,11 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
                          "model_type %s: the %s backend has no multi-head latent attention "
                          "(nor DeepSeek's grouped routing) yet; run it with --backend cpu",
                          g->model_type, be->name);
+    FMOE_RETURN_ERROR_IF(!m->arch.mla && m->arch.rope_dim < g->head_dim && !be->rope_partial,
+                         FMOE_EUNSUPPORTED,
+                         "model_type %s: the %s backend has no partial rotary embedding yet; "
+                         "run it with --backend cpu",
+                         g->model_type, be->name);
     FMOE_RETURN_ERROR_IF(m->arch.layernorm && !be->layernorm, FMOE_EUNSUPPORTED,
                          "model_type %s: the %s backend has no LayerNorm with bias (nor "
                          "sparsemixer routing) yet; run it with --backend cpu",
@@ -257,7 +264,8 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
     int64_t kd = (int64_t)g->num_key_value_heads * D, vd = kd, cache_w = kd, vcache_w = kd;
     const int64_t S = o.speculative_depth;
     const int mla = m->arch.mla;
-    const int64_t R = mla ? g->qk_rope_head_dim : D;
+    /* rotated dims per head: MLA's decoupled rope dims, GLM-4.5's partial share, else D */
+    const int64_t R = m->arch.rope_dim > 0 ? m->arch.rope_dim : mla ? g->qk_rope_head_dim : D;
     int64_t mla_scratch = 1;
     if (mla) {
         /* q: H(dn + dr) = qd; k holds kv_a's rows (r_kv + dr), v q_a's (r_q), att the
@@ -297,6 +305,8 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
         free(s);
         return rc;
     }
+    s->cache_w = cache_w;
+    s->vcache_w = vcache_w;
     const int64_t kv = (int64_t)g->num_hidden_layers * o.max_context * cache_w;
     const int64_t vkv = (int64_t)g->num_hidden_layers * o.max_context * vcache_w;
     const int64_t lm_rows = o.all_logits && B > o.max_sequences ? B : o.max_sequences;
@@ -382,6 +392,56 @@ void fmoe_session_reset(fmoe_session *s) {
 }
 
 int32_t fmoe_session_position(const fmoe_session *s) { return s ? s->pos : 0; }
+
+int fmoe_model_prefix_reusable(const fmoe_model *m) {
+    /* the keys of a dynamic-NTK or longrope model are rotated with frequencies of the
+     * call's whole length: kept ones would differ from a fresh run's */
+    const fmoe__rope_type t = m->arch.rope.type;
+    return t != FMOE__ROPE_DYNAMIC && t != FMOE__ROPE_LONGROPE;
+}
+
+int fmoe_session_keep_prefix(fmoe_session *s, int32_t n) {
+    FMOE_RETURN_ERROR_IF(n < 0 || n > s->pos, FMOE_EINVAL,
+                         "keep_prefix: %d positions asked, the cache holds %d", n, s->pos);
+    FMOE_RETURN_ERROR_IF(!fmoe_model_prefix_reusable(s->m), FMOE_EUNSUPPORTED,
+                         "keep_prefix: the rotary embedding (%s) depends on the whole call's "
+                         "length, so a kept prefix would differ from a fresh run",
+                         s->m->arch.rope_desc);
+    s->pos = n;
+    return 0;
+}
+
+int64_t fmoe_session_kv_bytes(const fmoe_session *s) {
+    return (int64_t)s->m->geo.num_hidden_layers * s->opt.max_context *
+           (s->cache_w + s->vcache_w) * (int64_t)sizeof(float);
+}
+
+int fmoe_session_copy_prefix(fmoe_session *dst, const fmoe_session *src, int32_t n) {
+    FMOE_RETURN_ERROR_IF(dst->m != src->m, FMOE_EINVAL, "copy_prefix: sessions of two models");
+    FMOE_RETURN_ERROR_IF(n < 0 || n > src->pos || n > dst->opt.max_context, FMOE_EINVAL,
+                         "copy_prefix: %d positions asked, the source holds %d and the "
+                         "destination's context is %d", n, src->pos, dst->opt.max_context);
+    FMOE_RETURN_ERROR_IF(!fmoe_model_prefix_reusable(dst->m), FMOE_EUNSUPPORTED,
+                         "copy_prefix: the rotary embedding (%s) depends on the whole call's "
+                         "length", dst->m->arch.rope_desc);
+    /* two contexts' buffers: plain host memory on a host backend; a device's would need
+     * the source's stream ordered before the destination's copy */
+    FMOE_RETURN_ERROR_IF(!dst->be->host_memory || !src->be->host_memory, FMOE_EUNSUPPORTED,
+                         "copy_prefix: only between sessions in host memory (the CPU "
+                         "backend)");
+    const int64_t L = dst->m->geo.num_hidden_layers;
+    for (int64_t l = 0; l < L; l++) {
+        dst->be->copy(dst->bctx, dst->k_cache + l * dst->opt.max_context * dst->cache_w,
+                      src->k_cache + l * src->opt.max_context * src->cache_w,
+                      (int64_t)n * dst->cache_w * 4);
+        if (dst->vcache_w)
+            dst->be->copy(dst->bctx, dst->v_cache + l * dst->opt.max_context * dst->vcache_w,
+                          src->v_cache + l * src->opt.max_context * src->vcache_w,
+                          (int64_t)n * dst->vcache_w * 4);
+    }
+    dst->pos = n;
+    return 0;
+}
 
 /* ---------------------------------------------------------------------------------- */
 /* Blocks                                                                             */
@@ -512,8 +572,13 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
         be->clamp(c, s->k, n * kd, m->arch.clip_qkv);
         be->clamp(c, s->v, n * kd, m->arch.clip_qkv);
     }
-    be->rope(c, s->q, n, Hq, D, s->cos, s->sin);
-    be->rope(c, s->k, n, Hk, D, s->cos, s->sin);
+    if (s->rope_dim < D) { /* GLM-4.5: the first rope_dim of each head */
+        be->rope_partial(c, s->q, n, Hq, D, s->rope_dim, s->cos, s->sin);
+        be->rope_partial(c, s->k, n, Hk, D, s->rope_dim, s->cos, s->sin);
+    } else {
+        be->rope(c, s->q, n, Hq, D, s->cos, s->sin);
+        be->rope(c, s->k, n, Hk, D, s->cos, s->sin);
+    }
     for (int32_t i = 0; i < count; i++) {
         const segment *e = &sg[i];
         const int64_t ctx = e->s->opt.max_context;

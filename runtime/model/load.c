@@ -10,6 +10,11 @@
  *                model.layers.i.self_attn.{q,k,v,o}_proj.weight (+ .bias per family)
  *   qwen3_moe    self_attn.{q,k}_norm.weight [D]
  *   olmoe        self_attn.q_norm.weight [Hq·D], self_attn.k_norm.weight [Hkv·D]
+ *   glm4_moe     self_attn.{q,k,v}_proj.bias (attention_bias), self_attn.{q,k}_norm.weight
+ *                [D] (use_qk_norm); MoE and dense layers as deepseek, plus
+ *                mlp.gate.e_score_correction_bias [J]. The multi-token-prediction layers
+ *                (model.layers.L.. for L = num_hidden_layers, num_nextn_predict_layers of
+ *                them) are in the files and never bound: inference skips them.
  *   gpt_oss      self_attn.sinks [Hq], mlp.router.{weight,bias}, fused input-major experts
  *                with biases (family_gptoss.c)
  *   phimoe       {input_layernorm,post_attention_layernorm}.bias, model.norm.bias [h]
@@ -565,13 +570,14 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     case FMOE_FAMILY_DEEPSEEK_V2:
     case FMOE_FAMILY_DEEPSEEK_V3:
     case FMOE_FAMILY_PHIMOE:
+    case FMOE_FAMILY_GLM4_MOE: break;
     case FMOE_FAMILY_GPT_OSS: break;
     default: {
         const char *what = g->family == FMOE_FAMILY_LLAMA4 ? "Llama-4" : "this family";
         rc = fmoe_error_set(FMOE_EUNSUPPORTED,
                             "%s: model_type \"%s\" (%s) is not yet supported by the forward "
                             "pass (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, "
-                            "deepseek_v2, deepseek_v3, phimoe, gpt_oss)",
+                            "deepseek_v2, deepseek_v3, phimoe, glm4_moe, gpt_oss)",
                             path, g->model_type, what);
         goto fail;
     }
@@ -580,8 +586,10 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
         fmoe_error_prefix("%s", path);
         goto fail;
     }
-    /* Sigmoid scores and expert groups are DeepSeek-V2/V3's (fmoe_route_row_grouped). */
-    const int v23 = g->family == FMOE_FAMILY_DEEPSEEK_V2 || g->family == FMOE_FAMILY_DEEPSEEK_V3;
+    /* Sigmoid scores and expert groups are DeepSeek-V2/V3's and GLM-4.5's
+     * (fmoe_route_row_grouped). */
+    const int v23 = g->family == FMOE_FAMILY_DEEPSEEK_V2 ||
+                    g->family == FMOE_FAMILY_DEEPSEEK_V3 || g->family == FMOE_FAMILY_GLM4_MOE;
     if (g->head_dim % 2 != 0 || g->num_attention_heads % g->num_key_value_heads != 0 ||
         (!v23 && (g->scoring != FMOE_ROUTER_SOFTMAX || g->n_group > 1))) {
         rc = fmoe_error_set(FMOE_EUNSUPPORTED,

@@ -86,6 +86,11 @@ typedef struct fmoe__arch {
     /* gpt-oss (family_gptoss.c) */
     int32_t attn_sinks;      /* a learned sink logit per head in the attention softmax */
     float glu_alpha, glu_limit; /* experts' clamped SwiGLU (swiglu_alpha, swiglu_limit) */
+    /* GLM-4.5 (glm4_moe): partial rotary embedding. */
+    int32_t rope_dim;        /* dims rotated per GQA head, head_dim · partial_rotary_factor:
+                                the first rope_dim of each head, as halves (transformers'
+                                apply_rotary_pos_emb on q[..., :rotary_dim]); the rest pass
+                                through. MLA: qk_rope_head_dim; others: head_dim. */
 } fmoe__arch;
 
 /*
@@ -468,6 +473,11 @@ typedef struct fmoe__backend_ops {
      * refuses a gpt-oss model on a backend where this is NULL. */
     void (*swiglu_clamped)(void *ctx, float *g, const float *u, int64_t count, float alpha,
                            float limit);
+    /* rope with only the first rot_dim of each head_dim-wide head rotated (fmoe_rope_head
+     * over rot_dim, tables cos/sin [n][rot_dim/2]), the rest left as they are (GLM-4.5's
+     * partial rotary). A session refuses such a model on a backend where this is NULL. */
+    void (*rope_partial)(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
+                         int32_t rot_dim, const float *cos, const float *sin);
 } fmoe__backend_ops;
 
 extern const fmoe__backend_ops fmoe__cpu_backend;

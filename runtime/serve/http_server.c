@@ -547,6 +547,8 @@ typedef struct stream_choice {
     size_t have;               /* bytes of the job's text sent */
     int32_t lp_sent;           /* tokens whose logprobs were sent (meta.logprobs) */
     uint64_t lp_end;           /* where the last of them ended in the text */
+    serve_tools_stream split;  /* tools or <think> (fmoe_serve_api_splits_output): what of
+                                  the split text went out */
 } stream_choice;
 
 typedef struct stream {
@@ -612,7 +614,18 @@ static int choice_next(stream *s, int32_t i, int *failed) {
         return -1;
     }
     while (take < nlp && (st.finished != SERVE_RUNNING || lp[take].text_end <= len)) take++;
-    if (len > ch->have || take > 0) {
+    if (fmoe_serve_api_splits_output(&s->meta)) {
+        /* the split text's new parts; the last parse (finished) lets go of held tails */
+        serve_tools_delta d;
+        rc = fmoe_serve_tools_stream_next(&ch->split, text ? text : "", len,
+                                          st.finished != SERVE_RUNNING, &d);
+        if (rc == 0 && (d.content_len || d.reasoning_len || d.num_calls || take > 0))
+            rc = pend_event(s, fmoe_serve_api_render_chunk_tools(&s->meta, i, &d, NULL,
+                                                                 s->include_usage, lp, take,
+                                                                 (size_t)ch->lp_end));
+        ch->lp_sent += take;
+        if (take > 0) ch->lp_end = lp[take - 1].text_end;
+    } else if (len > ch->have || take > 0) {
         rc = pend_event(s, fmoe_serve_api_render_chunk_lp(&s->meta, i, 0, text + ch->have,
                                                           len > ch->have ? len - ch->have : 0,
                                                           NULL, s->include_usage, lp, take,
@@ -633,9 +646,10 @@ static int choice_next(stream *s, int32_t i, int *failed) {
                                                   st.http_status == 507 ? "trace_write_failed"
                                                                         : NULL));
     } else {
-        rc = pend_event(s, fmoe_serve_api_render_chunk_lp(
-                               &s->meta, i, 0, "", 0, fmoe_serve_api_finish_reason(st.finished),
-                               s->include_usage, NULL, 0, 0));
+        const char *finish = fmoe_serve_api_finish_reason(st.finished);
+        if (ch->split.calls_sent > 0 && st.finished == SERVE_FINISH_STOP) finish = "tool_calls";
+        rc = pend_event(s, fmoe_serve_api_render_chunk_lp(&s->meta, i, 0, "", 0, finish,
+                                                          s->include_usage, NULL, 0, 0));
     }
     return rc < 0 ? -1 : 1;
 }
@@ -719,6 +733,7 @@ static void stream_free(void *cls) {
     for (int32_t i = 0; i < s->n; i++) {
         if (!s->ch[i].finished) fmoe_serve_job_cancel(s->ch[i].job);
         fmoe_serve_job_release(s->ch[i].job);
+        fmoe_serve_tools_stream_free(&s->ch[i].split);
     }
     free(s->model);
     free(s->pend);
@@ -737,7 +752,10 @@ static enum MHD_Result start_stream(serve_http *h, struct MHD_Connection *c,
     }
     s->h = h;
     s->n = n;
-    for (int32_t i = 0; i < n; i++) s->ch[i].job = jobs[i];
+    for (int32_t i = 0; i < n; i++) {
+        s->ch[i].job = jobs[i];
+        fmoe_serve_tools_stream_init(&s->ch[i].split, &meta->tools);
+    }
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     s->fd = ci ? ci->connect_fd : -1;
@@ -821,13 +839,24 @@ static enum MHD_Result continue_wait(serve_http *h, struct MHD_Connection *c, re
                 } else if (lp_rc < 0) {
                     ok = reply_error(h, c, 500, "server_error", NULL, NULL, "out of memory");
                 } else {
+                    /* tools or <think>: each choice's text split (serve_tools.h) */
+                    serve_tools_parse parsed[SERVE_API_MAX_N];
+                    const int split = fmoe_serve_api_splits_output(&r->meta);
+                    int32_t nparsed = 0;
+                    while (split && nparsed < n &&
+                           fmoe_serve_tools_parse(&r->meta.tools, text[nparsed], len[nparsed], 1,
+                                                  &parsed[nparsed]) == 0)
+                        nparsed++;
                     serve_api_choice ch[SERVE_API_MAX_N];
                     for (int32_t i = 0; i < n; i++)
                         ch[i] = (serve_api_choice){text[i], len[i], st[i].finished, lp[i],
-                                                   nlp[i]};
+                                                   nlp[i], split ? &parsed[i] : NULL};
                     const serve_job_status sum = sum_status(st, n);
-                    ok = reply_json(h, c, 200,
-                                    fmoe_serve_api_render_response_n(&r->meta, ch, n, &sum));
+                    ok = split && nparsed < n
+                             ? reply_error(h, c, 500, "server_error", NULL, NULL, "out of memory")
+                             : reply_json(h, c, 200,
+                                          fmoe_serve_api_render_response_n(&r->meta, ch, n, &sum));
+                    for (int32_t i = 0; i < nparsed; i++) fmoe_serve_tools_parse_free(&parsed[i]);
                 }
             }
             for (int32_t i = 0; i < n; i++) {
@@ -897,6 +926,7 @@ static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, re
     if (!job) drop_jobs(jobs, n);
     int stream = req.stream, include_usage = req.include_usage;
     const int32_t logprobs = req.sampling.logprobs;
+    const serve_tools_config tools = req.tools;
     fmoe_serve_api_request_free(&req); /* submit copied the prompt and the stop strings */
     if (!job) {
         if (status == 503) return reply_busy(h, c, msg[0] ? msg : "the server is busy");
@@ -908,7 +938,7 @@ static enum MHD_Result post_generate(serve_http *h, struct MHD_Connection *c, re
     char id[SERVE_API_ID_MAX];
     new_id(h, kind, id);
     serve_api_meta meta = {kind, id, (int64_t)time(NULL), info.model_name ? info.model_name : "",
-                           logprobs, h->tok};
+                           logprobs, h->tok, tools};
     if (stream) return start_stream(h, c, jobs, n, &meta, include_usage);
     return begin_wait(h, c, r, jobs, n, &meta);
 }

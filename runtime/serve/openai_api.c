@@ -231,6 +231,192 @@ static int message_content(const cJSON *c, int i, char **out, serve_api_error *e
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Tools (docs/serving.md#tool-calls)
+ * ------------------------------------------------------------------------------------ */
+
+/* OpenAI's rule for function names (a-z, A-Z, 0-9, _ and -, at most 64), with '.' as
+ * vLLM accepts; it also keeps a name safe to write into the forced call prefix. */
+static int function_name_ok(const char *s) {
+    size_t n = 0;
+    for (; s[n]; n++) {
+        const char c = s[n];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
+            return 0;
+    }
+    return n >= 1 && n <= 64;
+}
+
+/* tools[i] = {"type": "function", "function": {"name", "description"?, "parameters"?}}. */
+static int check_tool(const cJSON *t, int i, serve_api_error *err) {
+    char param[64];
+    snprintf(param, sizeof param, "tools[%d]", i);
+    if (!cJSON_IsObject(t)) return bad(err, param, "'%s' must be an object", param);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0) {
+        snprintf(param, sizeof param, "tools[%d].type", i);
+        return bad(err, param, "'%s' must be \"function\" (the only tool type)", param);
+    }
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+    if (!cJSON_IsObject(f)) {
+        snprintf(param, sizeof param, "tools[%d].function", i);
+        return bad(err, param, "'%s' must be an object", param);
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+    snprintf(param, sizeof param, "tools[%d].function.name", i);
+    if (!cJSON_IsString(name)) return bad(err, param, "'%s' is required (a string)", param);
+    if (!function_name_ok(name->valuestring))
+        return bad(err, param, "'%s' is '%.64s'; a function name is 1 to 64 letters, digits, "
+                               "'_', '-' or '.'", param, name->valuestring);
+    const cJSON *desc = field(f, "description"), *params = field(f, "parameters");
+    if (desc && !cJSON_IsString(desc)) {
+        snprintf(param, sizeof param, "tools[%d].function.description", i);
+        return bad(err, param, "'%s' must be a string", param);
+    }
+    if (params && !cJSON_IsObject(params)) {
+        snprintf(param, sizeof param, "tools[%d].function.parameters", i);
+        return bad(err, param, "'%s' must be an object (a JSON Schema)", param);
+    }
+    return 0;
+}
+
+/* tools, tool_choice and parallel_tool_calls: what the template is given (r->tools_json)
+ * and how the output is read (r->tools.format, .parallel, .prefix). The format is the one
+ * whose markup the model's template shows; forcing a call appends its opening to the
+ * prompt (chat_output_prefix). */
+static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_request *r,
+                      serve_api_error *err) {
+    const cJSON *tools = field(root, "tools"), *choice = field(root, "tool_choice");
+    if (tools && !cJSON_IsArray(tools))
+        return bad(err, "tools", "'tools' must be an array of function tools");
+    const int n = tools ? cJSON_GetArraySize(tools) : 0;
+    int i = 0, rc;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        if ((rc = check_tool(t, i, err)) < 0) return rc;
+        i++;
+    }
+    r->tools.parallel = 1;
+    int b;
+    if ((rc = get_bool(root, "parallel_tool_calls", &b, err)) < 0) return rc;
+    if (rc) r->tools.parallel = b;
+
+    /* tool_choice: "none" | "auto" (the default with tools) | "required" | a function */
+    enum { NONE, AUTO, REQUIRED, NAMED } mode = n ? AUTO : NONE;
+    const char *named = NULL;
+    if (choice && cJSON_IsString(choice)) {
+        const char *c = choice->valuestring;
+        if (strcmp(c, "none") == 0) mode = NONE;
+        else if (strcmp(c, "auto") == 0) mode = n ? AUTO : NONE;
+        else if (strcmp(c, "required") == 0) mode = REQUIRED;
+        else
+            return bad(err, "tool_choice", "'tool_choice' is '%.32s'; expected \"none\", "
+                                           "\"auto\", \"required\" or a function", c);
+    } else if (choice) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(choice, "type");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+        const cJSON *name = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "name") : NULL;
+        if (!cJSON_IsObject(choice) || !cJSON_IsString(type) ||
+            strcmp(type->valuestring, "function") != 0 || !cJSON_IsString(name))
+            return bad(err, "tool_choice", "'tool_choice' must be \"none\", \"auto\", "
+                                           "\"required\" or {\"type\": \"function\", "
+                                           "\"function\": {\"name\": ...}}");
+        mode = NAMED;
+        named = name->valuestring;
+    }
+    if ((mode == REQUIRED || mode == NAMED) && n == 0)
+        return bad(err, "tool_choice", "'tool_choice' asks for a call but 'tools' is empty");
+    if (mode == NAMED) {
+        int found = 0;
+        cJSON_ArrayForEach(t, tools) {
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+            found |= strcmp(nm->valuestring, named) == 0;
+        }
+        if (!found)
+            return bad(err, "tool_choice", "'tool_choice' names '%.64s', which is not one of "
+                                           "'tools'", named);
+    }
+    /* "none": the tools are not offered and nothing is parsed (vLLM offers them unless
+     * told not to; a model shown tools may still write a call, which would then be text) */
+    if (mode == NONE) return 0;
+
+    const char *tmpl = fmoe_tokenizer_chat_template_text(tok, 1);
+    r->tools.format = fmoe_serve_tools_detect(tmpl);
+    if (r->tools.format == SERVE_TOOLS_NONE) {
+        const char *other = fmoe_serve_tools_unsupported(tmpl);
+        if (other)
+            return bad(err, "tools", "'tools' is not supported for this model: its chat template "
+                                     "writes tool calls as %s, a format fmoe does not parse yet",
+                       other);
+        if (!tmpl)
+            return bad(err, "tools", "this model has no chat template text (its fixed '%s' "
+                                     "renderer offers no tools), so 'tools' is not supported",
+                       fmoe_tokenizer_chat_template(tok) ? fmoe_tokenizer_chat_template(tok)
+                                                         : "none");
+        return bad(err, "tools", "'tools' is not supported for this model: its chat template "
+                                 "writes tool calls in no format fmoe parses (it knows "
+                                 "<tool_call> (Hermes, Qwen), "
+                                 "[TOOL_CALLS] (Mistral) and DeepSeek V3/V3.1's "
+                                 "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81"
+                                 "begin\xEF\xBD\x9C>)");
+    }
+    if ((mode == REQUIRED || mode == NAMED) &&
+        fmoe_serve_tools_forced_prefix(r->tools.format, named, tmpl, r->tools.prefix) < 0)
+        return bad(err, "tool_choice", "'tool_choice': the function name is too long");
+    /* the markers are special tokens in some vocabularies (Mistral's [TOOL_CALLS]) */
+    r->sampling.keep_special = 1;
+    r->tools_json = cJSON_PrintUnformatted(tools);
+    return r->tools_json ? 0 : oom(err);
+}
+
+/* An assistant message's tool_calls[].function.arguments, sent as OpenAI's API has them
+ * (a JSON string), become the object they hold: transformers' templates expect a dict
+ * (Mistral's writes arguments|tojson) and vLLM converts them the same way. A string that
+ * is not a JSON object stays a string. */
+static void tool_call_arguments_as_objects(cJSON *msg) {
+    cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    cJSON *call;
+    if (!cJSON_IsArray(calls)) return;
+    cJSON_ArrayForEach(call, calls) {
+        cJSON *f = cJSON_GetObjectItemCaseSensitive(call, "function");
+        cJSON *a = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "arguments") : NULL;
+        if (!cJSON_IsString(a)) continue;
+        cJSON *obj = cJSON_Parse(a->valuestring);
+        if (!cJSON_IsObject(obj) || !cJSON_ReplaceItemInObjectCaseSensitive(f, "arguments", obj))
+            cJSON_Delete(obj);
+    }
+}
+
+/* After the template rendered the prompt text: how the output reads (<think> when the
+ * template uses it; inside it already when the prompt ends with <think>), and the forced
+ * call's opening appended to the prompt (*text grows). */
+static int chat_output_prefix(const fmoe_tokenizer *tok, serve_api_request *r, char **text,
+                              size_t *tlen, serve_api_error *err) {
+    const char *tmpl = fmoe_tokenizer_chat_template_text(tok, r->tools_json != NULL);
+    const char *t = *text;
+    size_t e = *tlen;
+    while (e > 0 && strchr(" \t\r\n", t[e - 1])) e--;
+    const int open = e >= 7 && memcmp(t + e - 7, "<think>", 7) == 0;
+    const int closed = e >= 8 && memcmp(t + e - 8, "</think>", 8) == 0;
+    if (tmpl && strstr(tmpl, "</think>") && !closed)
+        r->tools.reasoning = open ? SERVE_REASONING_OPEN : SERVE_REASONING_TAG;
+    const size_t np = strlen(r->tools.prefix);
+    if (np == 0) return 0;
+    /* a forced call comes first: a think block the prompt opened is closed before it */
+    const char *close = r->tools.reasoning == SERVE_REASONING_OPEN ? "\n</think>\n\n" : "";
+    r->tools.reasoning = SERVE_REASONING_NONE;
+    const size_t nc = strlen(close);
+    char *g = realloc(*text, *tlen + nc + np + 1);
+    if (!g) return oom(err);
+    memcpy(g + *tlen, close, nc);
+    memcpy(g + *tlen + nc, r->tools.prefix, np + 1);
+    *text = g;
+    *tlen += nc + np;
+    return 0;
+}
+
 static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_request *r,
                        serve_api_error *err) {
     const cJSON *msgs = field(root, "messages");
@@ -298,6 +484,8 @@ static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_r
             if (rest) {
                 cJSON_DeleteItemFromObjectCaseSensitive(rest, "role");
                 cJSON_DeleteItemFromObjectCaseSensitive(rest, "content");
+                if (strcmp(role->valuestring, "assistant") == 0)
+                    tool_call_arguments_as_objects(rest);
             }
             if (!rest || (rest->child && !(fields[i] = cJSON_PrintUnformatted(rest)))) {
                 cJSON_Delete(rest);
@@ -312,8 +500,9 @@ static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_r
     size_t tlen;
     rc = fmoe_tokenizer_apply_chat_template(
         tok, cm, (size_t)n,
-        &(fmoe_chat_options){.add_generation_prompt = 1, .kwargs_json = kwargs_json}, &text,
-        &tlen);
+        &(fmoe_chat_options){.add_generation_prompt = 1, .tools_json = r->tools_json,
+                             .kwargs_json = kwargs_json},
+        &text, &tlen);
     if (rc == FMOE_ENOMEM) {
         rc = oom(err);
         goto done;
@@ -322,6 +511,7 @@ static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_r
         rc = bad(err, "messages", "%s", fmoe_error_detail());
         goto done;
     }
+    if ((rc = chat_output_prefix(tok, r, &text, &tlen, err)) < 0) goto done;
     size_t nids;
     rc = fmoe_tokenizer_encode_alloc(tok, text, tlen, 0, &r->prompt, &nids);
     if (rc < 0) {
@@ -390,6 +580,8 @@ static int completion_prompt(const cJSON *root, const fmoe_tokenizer *tok,
     return 0;
 }
 
+static int is_noop(const cJSON *f);
+
 /* Options of the legacy endpoint that change the response's shape: refused, not ignored,
  * so that a client does not read a field that is not there. */
 static int completion_unsupported(const cJSON *root, serve_api_request *r,
@@ -410,6 +602,12 @@ static int completion_unsupported(const cJSON *root, serve_api_request *r,
     if (rc && d != 1) return bad(err, "best_of", "'best_of' must be 1");
     if ((f = field(root, "suffix")) && !(cJSON_IsString(f) && f->valuestring[0] == '\0'))
         return bad(err, "suffix", "'suffix' is not supported");
+    /* tools are a chat feature (OpenAI's legacy endpoint has none) */
+    static const char *const chat_only[] = {"tools", "tool_choice"};
+    for (size_t i = 0; i < 2; i++)
+        if ((f = field(root, chat_only[i])) && !is_noop(f))
+            return bad(err, chat_only[i], "'%s' is not supported on /v1/completions",
+                       chat_only[i]);
     return 0;
 }
 
@@ -440,18 +638,65 @@ static int is_noop(const cJSON *f) {
  * A value that asks for nothing (null, [], {}, 0, "none", response_format {"type": "text"})
  * is accepted. */
 static int either_unsupported(const cJSON *root, serve_api_error *err) {
-    static const char *const refused[] = {"tools", "tool_choice", "functions", "function_call",
-                                          "response_format", "logit_bias", "min_tokens"};
+    static const char *const refused[] = {"functions", "function_call",
+                                          "logit_bias", "min_tokens"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         const cJSON *f = field(root, refused[i]);
         if (!f || is_noop(f)) continue;
-        if (strcmp(refused[i], "response_format") == 0 && cJSON_IsObject(f)) {
-            const cJSON *t = cJSON_GetObjectItemCaseSensitive(f, "type");
-            if (cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0 && !f->child->next)
-                continue;
-        }
         return bad(err, refused[i], "'%s' is not supported", refused[i]);
     }
+    return 0;
+}
+
+/* response_format (either endpoint; the legacy completions API has none, vLLM's has it):
+ * {"type": "text"} asks for nothing; {"type": "json_object"} any JSON object;
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}} a
+ * document of the schema (fmoe/json_constraint.h says what a schema may say; a keyword
+ * it does not do is a 400 naming the keyword and its path). Errors name the param
+ * "response_format", as OpenAI's do. Sets r->sampling.json. */
+static int parse_response_format(const cJSON *root, serve_api_request *r, serve_api_error *err) {
+    const cJSON *f = field(root, "response_format");
+    if (!f) return 0;
+    if (!cJSON_IsObject(f))
+        return bad(err, "response_format", "'response_format' must be an object");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(f, "type");
+    if (!cJSON_IsString(t))
+        return bad(err, "response_format", "'response_format.type' must be a string: "
+                                                "\"text\", \"json_object\" or \"json_schema\"");
+    if (strcmp(t->valuestring, "text") == 0) return 0;
+    if (strcmp(t->valuestring, "json_object") == 0) {
+        if (fmoe_json_schema_any_object(&r->sampling.json) < 0) return oom(err);
+        return 0;
+    }
+    if (strcmp(t->valuestring, "json_schema") != 0)
+        return bad(err, "response_format",
+                   "'response_format.type' \"%.64s\" is not one of \"text\", \"json_object\", "
+                   "\"json_schema\"", t->valuestring);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(f, "json_schema");
+    if (!cJSON_IsObject(js))
+        return bad(err, "response_format",
+                   "'response_format.json_schema' must be an object with 'name' and 'schema'");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    if (!cJSON_IsString(name) || !name->valuestring[0])
+        return bad(err, "response_format",
+                   "'response_format.json_schema.name' must be a non-empty string");
+    const cJSON *strict = field(js, "strict");
+    if (strict && !cJSON_IsBool(strict))
+        return bad(err, "response_format",
+                   "'response_format.json_schema.strict' must be a boolean");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!cJSON_IsObject(schema))
+        return bad(err, "response_format",
+                   "'response_format.json_schema.schema' must be a JSON schema object");
+    char *text = cJSON_PrintUnformatted(schema);
+    if (!text) return oom(err);
+    const int rc = fmoe_json_schema_compile(text, strlen(text), &r->sampling.json);
+    free(text);
+    if (rc == FMOE_ENOMEM) return oom(err);
+    if (rc < 0)
+        return bad(err, "response_format",
+                   "Invalid schema for response_format '%.64s': %s", name->valuestring,
+                   fmoe_error_detail());
     return 0;
 }
 
@@ -508,8 +753,10 @@ int fmoe_serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_
     }
     if ((rc = parse_sampling(root, out, &max_tokens, err)) < 0) goto fail;
     if ((rc = either_unsupported(root, err)) < 0) goto fail;
+    if ((rc = parse_response_format(root, out, err)) < 0) goto fail;
     if (kind == SERVE_API_CHAT) {
         if ((rc = chat_logprobs(root, out, err)) < 0) goto fail;
+        if ((rc = chat_tools(root, tok, out, err)) < 0) goto fail;
         rc = chat_prompt(root, tok, out, err);
     } else {
         if ((rc = completion_unsupported(root, out, err)) < 0) goto fail;
@@ -579,7 +826,9 @@ size_t fmoe_serve_api_utf8_invalid_at(const char *str, size_t n) {
 void fmoe_serve_api_request_free(serve_api_request *r) {
     if (!r) return;
     free(r->prompt);
+    fmoe_json_schema_free(r->sampling.json);
     for (int i = 0; i < SERVE_API_MAX_STOP; i++) free(r->stop_store[i]);
+    cJSON_free(r->tools_json);
     memset(r, 0, sizeof *r);
 }
 
@@ -653,12 +902,18 @@ static int put_usage(cJSON *o, const serve_job_status *st) {
         put_num(u, "completion_tokens", st->completion_tokens) ||
         put_num(u, "total_tokens", (double)st->prompt_tokens + st->completion_tokens))
         return -1;
+    /* OpenAI's report of prompt tokens served from its prompt cache: here the prefix cache */
+    cJSON *pd = cJSON_CreateObject();
+    if (put(u, "prompt_tokens_details", pd) || put_num(pd, "cached_tokens", st->cached_tokens))
+        return -1;
 
     /* llama.cpp's server `timings`: per-token ms and tokens per second of each phase. */
     cJSON *t = cJSON_CreateObject();
     if (put(o, "timings", t)) return -1;
-    double pn = st->prompt_tokens, gn = st->completion_tokens;
-    if (put_num(t, "prompt_n", pn) || put_num(t, "prompt_ms", st->prompt_ms) ||
+    /* as llama-server: prompt_n the prompt tokens run, cache_n those the cache spared */
+    double pn = st->prompt_tokens - st->cached_tokens, gn = st->completion_tokens;
+    if (put_num(t, "cache_n", st->cached_tokens) || put_num(t, "prompt_n", pn) ||
+        put_num(t, "prompt_ms", st->prompt_ms) ||
         put_num(t, "prompt_per_token_ms", pn > 0 ? st->prompt_ms / pn : 0) ||
         put_num(t, "prompt_per_second", st->prompt_ms > 0 ? 1e3 * pn / st->prompt_ms : 0) ||
         put_num(t, "predicted_n", gn) || put_num(t, "predicted_ms", st->predicted_ms) ||
@@ -852,6 +1107,89 @@ static int put_logprobs(cJSON *c, const serve_api_meta *m, const serve_token_log
                                   : completion_logprobs_json(m, lp, n, start));
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Split outputs: reasoning, tool calls, content
+ * ------------------------------------------------------------------------------------ */
+
+/* {"id", "type": "function", "function": {"name", "arguments"}} (with index in a chunk:
+ * index >= 0; a later chunk of the same call has only index and function.arguments). */
+static cJSON *tool_call_json(const serve_api_meta *m, int32_t choice, int32_t index, int chunk,
+                             const char *name, const char *args, size_t args_len) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    if (chunk && put_num(o, "index", index)) goto fail;
+    if (name) {
+        char id[SERVE_TOOLS_ID_MAX];
+        fmoe_serve_tools_call_id(m->tools.format, m->id, choice, index, id);
+        if (put_str(o, "id", id) || put_str(o, "type", "function")) goto fail;
+    }
+    cJSON *f = cJSON_CreateObject();
+    if (put(o, "function", f)) goto fail; /* put deleted f */
+    if ((name && put_str(f, "name", name)) || put(f, "arguments", string_n(args, args_len)))
+        goto fail;
+    return o;
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+/* choice.message of a split output: content (null when the answer is only calls),
+ * reasoning_content (when the template thinks; null when there was none), tool_calls. */
+static int put_split_message(cJSON *c, const serve_api_meta *m, int32_t choice,
+                             const serve_tools_parse *p) {
+    cJSON *msg = cJSON_CreateObject();
+    if (put(c, "message", msg) || put_str(msg, "role", "assistant")) return -1;
+    if (put(msg, "content", p->content_len == 0 && p->num_calls > 0
+                                ? cJSON_CreateNull()
+                                : string_n(p->content, p->content_len)))
+        return -1;
+    if (m->tools.reasoning != SERVE_REASONING_NONE &&
+        put(msg, "reasoning_content", p->has_reasoning ? string_n(p->reasoning, p->reasoning_len)
+                                                       : cJSON_CreateNull()))
+        return -1;
+    if (p->num_calls == 0) return 0;
+    cJSON *calls = cJSON_CreateArray();
+    if (put(msg, "tool_calls", calls)) return -1;
+    for (int32_t k = 0; k < p->num_calls; k++)
+        if (push(calls, tool_call_json(m, choice, k, 0, p->calls[k].name, p->calls[k].arguments,
+                                       p->calls[k].arguments_len)))
+            return -1;
+    return 0;
+}
+
+char *fmoe_serve_api_render_chunk_tools(const serve_api_meta *m, int32_t index,
+                                        const serve_tools_delta *d, const char *finish_reason,
+                                        int usage_null, const serve_token_logprob *lp,
+                                        int32_t num_lp, size_t start) {
+    cJSON *o = header(m, "chat.completion.chunk");
+    if (!o) return NULL;
+    cJSON *c = first_choice(o, index), *delta = cJSON_CreateObject();
+    if (!c || put(c, "delta", delta)) goto fail;
+    if (d && d->content_len && put(delta, "content", string_n(d->content, d->content_len)))
+        goto fail;
+    if (d && d->reasoning_len &&
+        put(delta, "reasoning_content", string_n(d->reasoning, d->reasoning_len)))
+        goto fail;
+    if (d && d->num_calls) {
+        cJSON *calls = cJSON_CreateArray();
+        if (put(delta, "tool_calls", calls)) goto fail;
+        for (int32_t k = 0; k < d->num_calls; k++) {
+            const serve_tools_call_delta *cd = &d->calls[k];
+            if (push(calls, tool_call_json(m, index, cd->index, 1, cd->name, cd->arguments,
+                                           cd->arguments_len)))
+                goto fail;
+        }
+    }
+    const int lp_rc = num_lp > 0 ? put_logprobs(c, m, lp, num_lp, start)
+                                 : put(c, "logprobs", cJSON_CreateNull());
+    if (lp_rc || put_str(c, "finish_reason", finish_reason)) goto fail;
+    if (usage_null && put(o, "usage", cJSON_CreateNull())) goto fail;
+    return finish_json(o);
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
 char *fmoe_serve_api_render_response(const serve_api_meta *m, const char *text, size_t len,
                                 const serve_job_status *st) {
     return fmoe_serve_api_render_response_lp(m, text, len, st, NULL, 0);
@@ -860,7 +1198,7 @@ char *fmoe_serve_api_render_response(const serve_api_meta *m, const char *text, 
 char *fmoe_serve_api_render_response_lp(const serve_api_meta *m, const char *text, size_t len,
                                         const serve_job_status *st,
                                         const serve_token_logprob *lp, int32_t num_lp) {
-    const serve_api_choice c = {text, len, st->finished, lp, num_lp};
+    const serve_api_choice c = {text, len, st->finished, lp, num_lp, NULL};
     return fmoe_serve_api_render_response_n(m, &c, 1, st);
 }
 
@@ -874,7 +1212,12 @@ char *fmoe_serve_api_render_response_n(const serve_api_meta *m, const serve_api_
     for (int32_t i = 0; i < n; i++) {
         cJSON *c = add_choice(choices, i);
         if (!c) goto fail;
-        if (chat) {
+        const char *finish = fmoe_serve_api_finish_reason(ch[i].finished);
+        if (chat && ch[i].parsed) {
+            if (put_split_message(c, m, i, ch[i].parsed)) goto fail;
+            if (ch[i].parsed->num_calls > 0 && ch[i].finished == SERVE_FINISH_STOP)
+                finish = "tool_calls";
+        } else if (chat) {
             cJSON *msg = cJSON_CreateObject();
             if (put(c, "message", msg) || put_str(msg, "role", "assistant") ||
                 put(msg, "content", string_n(ch[i].text, ch[i].len)))
@@ -882,7 +1225,7 @@ char *fmoe_serve_api_render_response_n(const serve_api_meta *m, const serve_api_
         } else if (put(c, "text", string_n(ch[i].text, ch[i].len))) {
             goto fail;
         }
-        if (put_str(c, "finish_reason", fmoe_serve_api_finish_reason(ch[i].finished)) ||
+        if (put_str(c, "finish_reason", finish) ||
             put_logprobs(c, m, ch[i].lp, ch[i].num_lp, 0))
             goto fail;
     }

@@ -18,14 +18,24 @@
  *             top_k (int >= 0, a llama.cpp extension), seed (int), stop (string or up to 4
  *             strings; empty strings are dropped), n (1..8), stream (bool),
  *             stream_options.include_usage (bool), ignore_eos (bool, a vLLM/llama.cpp
- *             extension); tools, tool_choice, functions, function_call, response_format,
- *             logit_bias, min_tokens -> 400 naming the field unless the value asks for
- *             nothing (null, [], {}, 0, "none", response_format {"type": "text"});
+ *             extension); response_format {"type": "text" | "json_object" |
+ *             "json_schema", "json_schema": {name, schema, strict}} (structured output:
+ *             serve_sampling.json; a schema keyword fmoe does not do -> 400 naming it and
+ *             its path); functions, function_call, logit_bias, min_tokens -> 400 naming
+ *             the field unless the value asks for nothing (null, [], {}, 0, "none");
  *             temperature or top_p positive but 0 as a float (1e-320) -> 400
  *   chat      messages: non-empty array of {role: string, content: string | null | array
  *             of {type: "text", text}} rendered by the tokenizer's chat template with the
  *             generation prompt and encoded without special tokens; logprobs (bool),
- *             top_logprobs (int 0..20; present without logprobs true -> 400)
+ *             top_logprobs (int 0..20; present without logprobs true -> 400);
+ *             tools (array of {type: "function", function: {name: [A-Za-z0-9_.-]{1,64},
+ *             description?, parameters?: object}}), tool_choice ("none", "auto",
+ *             "required", {type: "function", function: {name}} naming one of tools),
+ *             parallel_tool_calls (bool): tools need a template whose tool-call markup
+ *             serve_tools knows, else 400 naming it; an assistant message's
+ *             tool_calls[].function.arguments given as a JSON string of an object reach
+ *             the template as that object (as vLLM passes them)
+ *   completion tools, tool_choice -> 400 unless they ask for nothing
  *   completion prompt: a string, [string], [ids...] or [[ids...]] (one prompt per request);
  *             strings encoded with special tokens; logprobs (int 0..5, or false/null);
  *             echo true, best_of > 1 -> 400
@@ -39,6 +49,7 @@
 
 #include "fmoe/tokenizer.h"
 #include "serve_engine.h"
+#include "serve_tools.h"
 
 enum { SERVE_API_CHAT = 0, SERVE_API_COMPLETION = 1 };
 
@@ -56,6 +67,9 @@ typedef struct serve_api_request {
     int32_t stream;            /* 1: server-sent events */
     int32_t include_usage;     /* stream_options.include_usage */
     int32_t n;                 /* choices, 1..SERVE_API_MAX_N */
+    char *tools_json;          /* chat: the `tools` handed to the template (NULL: none) */
+    serve_tools_config tools;  /* chat: how the output splits into reasoning, tool calls and
+                                  content (format SERVE_TOOLS_NONE: no calls parsed) */
 } serve_api_request;
 
 typedef struct serve_api_error {
@@ -94,7 +108,15 @@ typedef struct serve_api_meta {
      * strings come from tok's pieces; 0: "logprobs": null */
     int32_t logprobs;
     const fmoe_tokenizer *tok;
+    serve_tools_config tools;  /* chat: the request's (fmoe_serve_api_splits_output) */
 } serve_api_meta;
+
+/* 1 when a chat response's text is split by serve_tools (tool calls or reasoning): choices
+ * then carry a serve_tools_parse, streams a serve_tools_stream. */
+static inline int fmoe_serve_api_splits_output(const serve_api_meta *m) {
+    return m->kind == SERVE_API_CHAT &&
+           (m->tools.format != SERVE_TOOLS_NONE || m->tools.reasoning != SERVE_REASONING_NONE);
+}
 
 #define SERVE_API_ID_MAX 40
 
@@ -127,6 +149,10 @@ typedef struct serve_api_choice {
     int32_t finished;                 /* serve_finish: its finish_reason */
     const serve_token_logprob *lp;    /* [num_lp] (m->logprobs) */
     int32_t num_lp;
+    /* the text split (fmoe_serve_api_splits_output), or NULL: message.content is text;
+     * else content, reasoning_content and tool_calls (ids from m->id, the choice and the
+     * call's index), finish_reason "tool_calls" when it made calls and stopped */
+    const serve_tools_parse *parsed;
 } serve_api_choice;
 
 /* A whole response of n choices (index 0..n-1); st: the usage (completion tokens of all
@@ -147,6 +173,15 @@ char *fmoe_serve_api_render_chunk_lp(const serve_api_meta *m, int32_t index, int
                                      size_t len, const char *finish_reason, int usage_null,
                                      const serve_token_logprob *lp, int32_t num_lp,
                                      size_t start);
+
+/* A chat chunk of a split output (fmoe_serve_api_splits_output): delta {content,
+ * reasoning_content, tool_calls: [{index, id, type, function: {name, arguments}}]} with
+ * only the parts d has (a call's id, type and name in its first delta only), logprobs as
+ * render_chunk_lp; d NULL: an empty delta (the final chunk). */
+char *fmoe_serve_api_render_chunk_tools(const serve_api_meta *m, int32_t index,
+                                        const serve_tools_delta *d, const char *finish_reason,
+                                        int usage_null, const serve_token_logprob *lp,
+                                        int32_t num_lp, size_t start);
 
 /* The chunk include_usage adds before [DONE]: "choices": [] and usage, timings, fmoe. */
 char *fmoe_serve_api_render_usage_chunk(const serve_api_meta *m, const serve_job_status *st);

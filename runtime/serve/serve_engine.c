@@ -11,7 +11,8 @@
  *   one batched forward (fmoe_offload_forward_batch, or fmoe_session_forward_batch when
  *           every expert is resident): each chosen expert is loaded and run once per layer
  *           for the whole batch
- *   per item with logits: sample, the token's logprobs when the request asked for them
+ *   per item with logits: (structured output) mask the tokens the JSON schema refuses,
+ *           sample, the token's logprobs when the request asked for them
  *           (serve_logprobs.h: of the raw logits), append, detokenise, check EOS / stop
  *           strings / limits
  *   finished and cancelled sequences leave; their slots are free for the next admission
@@ -28,6 +29,7 @@
 #include "serve_engine.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -41,6 +43,7 @@
 #include "fmoe/sampler.h"
 #include "fmoe/slots.h" /* FMOE_BATCH_TOKENS */
 #include "serve_metrics.h"
+#include "serve_prefix.h"
 #include "serve_text.h"
 #include "trace_queue.h"
 #include "monotonic.h"
@@ -98,6 +101,7 @@ static struct timespec deadline_after(double seconds) {
 }
 
 static void job_free(serve_job *j) {
+    fmoe_json_schema_free(j->sampling.json);
     for (int32_t i = 0; i < j->sampling.num_stop; i++) free(j->stop_copy[i]);
     free(j->stop_copy);
     free(j->prompt);
@@ -184,6 +188,11 @@ typedef struct seq {
     serve_job *job;
     fmoe_session *session;
     fmoe_sampler *sampler;
+    /* structured output (sampling.json): the request's matcher, NULL without one; the
+     * mask and the masked logits, allocated by the first such request in this slot */
+    fmoe_json_matcher *json;
+    uint8_t *allowed;          /* [max(V, tokenizer vocabulary)] */
+    float *masked;             /* [V] */
     int32_t fed;               /* prompt tokens already run */
     int32_t *generated;        /* [max_context] */
     int32_t num_generated;
@@ -206,6 +215,13 @@ typedef struct seq {
     int64_t order;             /* admission order: prefill goes oldest first */
     int32_t finish;            /* SEQ_DONE: the job's serve_finish, or 0 when already told */
     int begun;                 /* the executor was told the request started */
+    /* Prefix reuse: the tokens whose keys and values the free slot's session holds, from
+     * the request that last ran in it ([max_context]; num_cached 0: nothing kept), and
+     * when it left (admissions: the least recently used slot goes first when none shares
+     * a prefix). */
+    int32_t *cached;
+    int32_t num_cached;
+    int64_t left_at;
 } seq;
 
 struct serve_engine {
@@ -213,6 +229,9 @@ struct serve_engine {
     const fmoe_model_geometry *geo;
     int32_t V, L, J, K;
     int32_t eos;               /* the tokenizer's EOS, or -1 */
+    /* the token trie of structured output, built by the first request that asks for it
+     * (scheduler thread only), shared by all */
+    fmoe_json_vocab *json_vocab;
     const int64_t *layer_bytes; /* [L] one routed expert's weights, per MoE layer */
     seq *seqs;                 /* [parallel] */
     fmoe_batch_item *items;    /* [parallel] */
@@ -245,6 +264,9 @@ struct serve_engine {
     int draining;
     double drain_deadline;
     uint64_t seed_counter;
+    int reuse_prefix;          /* o.prefix_cache, and the model and options allow it */
+    serve_prefix_pool *pool;   /* o.prefix_cache_bytes' kept caches, or NULL */
+    int64_t cleared;           /* sequences that left: seq.left_at's clock */
 };
 
 static void job_finish_status(serve_engine *e, serve_job *j, int32_t finish, const char *error,
@@ -273,7 +295,24 @@ static void job_finish(serve_engine *e, serve_job *j, int32_t finish, const char
     job_finish_status(e, j, finish, error, 0);
 }
 
+/* Keeps what the finished sequence's session holds for a later prompt that starts the same
+ * way: prompt[0..fed) and the generated tokens run after it, when that is exactly what its
+ * cache holds (a failed pass or a cut prefill may leave it otherwise: then nothing). */
+static void seq_keep_cache(serve_engine *e, seq *s) {
+    s->num_cached = 0;
+    if (!e->reuse_prefix || !s->job || s->finish == SERVE_FINISH_ERROR) return;
+    const int32_t n = s->fed + s->decoded;
+    if (n != fmoe_session_position(s->session) || n > e->o.max_context ||
+        s->decoded > s->num_generated)
+        return;
+    memcpy(s->cached, s->job->prompt, (size_t)s->fed * sizeof *s->cached);
+    memcpy(s->cached + s->fed, s->generated, (size_t)s->decoded * sizeof *s->cached);
+    s->num_cached = n;
+}
+
 static void seq_clear(serve_engine *e, seq *s) {
+    seq_keep_cache(e, s);
+    s->left_at = ++e->cleared;
     if (s->job) {
         if (e->o.offload && s->begun) fmoe_offload_request_end(e->o.offload);
         fmoe_serve_job_release(s->job);
@@ -282,10 +321,48 @@ static void seq_clear(serve_engine *e, seq *s) {
     s->job = NULL;
     fmoe_sampler_free(s->sampler);
     s->sampler = NULL;
+    fmoe_json_matcher_free(s->json);
+    s->json = NULL;
     s->state = SEQ_FREE;
     s->fed = 0;
     s->num_generated = 0;
-    fmoe_session_reset(s->session);
+    if (!s->num_cached) fmoe_session_reset(s->session);
+}
+
+/* The prompt tokens a free slot's kept cache can spare job j: its common prefix with the
+ * prompt, less one (the last prompt token always runs: its logits give the first token). */
+static int32_t reusable(const seq *s, const serve_job *j) {
+    return fmoe_serve_common_prefix(s->cached, s->num_cached, j->prompt, j->prompt_tokens - 1);
+}
+
+/* The free slot for job j. Taking a slot spares the prompt the tokens it shares with the
+ * slot's kept cache and forgets the rest of that cache, which the request it came from
+ * (the same chat's next turn) may still ask for. So a slot is worth what it spares less
+ * half of what it forgets: the next turn of a chat goes back to its own slot (it spares
+ * everything and forgets a few generated tokens at most), and a new chat that shares a
+ * three-token role header with every cache does not take another chat's slot while one
+ * is empty or older. When no slot is worth more than nothing, the least recently left
+ * (empty slots first), with what it spares. Without prefix reuse, the first free slot.
+ * -1: none free. */
+static int32_t pick_slot(const serve_engine *e, const serve_job *j, int32_t *keep) {
+    int32_t best = -1, lru = -1;
+    double best_worth = 0;
+    *keep = 0;
+    for (int32_t i = 0; i < e->o.parallel; i++) {
+        const seq *s = &e->seqs[i];
+        if (s->state != SEQ_FREE) continue;
+        if (!e->reuse_prefix) return i;
+        if (lru < 0 || s->left_at < e->seqs[lru].left_at) lru = i;
+        const int32_t k = reusable(s, j);
+        const double worth = k - 0.5 * (s->num_cached - k);
+        if (worth > best_worth) {
+            best = i;
+            best_worth = worth;
+        }
+    }
+    if (best < 0) best = lru;
+    if (best >= 0) *keep = reusable(&e->seqs[best], j);
+    return best;
 }
 
 /* Grows sequence s's routing rows to hold `rows` tokens. @return 0 or FMOE_ENOMEM. */
@@ -409,10 +486,52 @@ static int seq_record(serve_engine *e, seq *s, int32_t finish) {
     return 1;
 }
 
+/* Structured output for slot s: the shared trie (built once), the slot's mask buffers
+ * (once), a matcher for the request. @return 0 or a negative FMOE_E* (detail set). */
+static int seq_json_begin(serve_engine *e, seq *s, const fmoe_json_schema *schema) {
+    if (!e->json_vocab) {
+        int32_t ends[65];
+        int32_t n = 0;
+        if (e->eos >= 0) ends[n++] = e->eos;
+        for (int32_t i = 0; i < e->o.num_stop_ids && n < 65; i++) ends[n++] = e->o.stop_ids[i];
+        FMOE_FORWARD_IF_ERROR(fmoe_json_vocab_init(e->o.tokenizer, ends, n, &e->json_vocab));
+    }
+    if (!s->allowed) {
+        const int32_t vt = fmoe_json_vocab_size(e->json_vocab);
+        s->allowed = calloc((size_t)(vt > e->V ? vt : e->V), 1);
+        s->masked = malloc((size_t)e->V * sizeof *s->masked);
+        if (!s->allowed || !s->masked)
+            return fmoe_error_set(FMOE_ENOMEM, "out of memory for the JSON mask");
+    }
+    return fmoe_json_matcher_init(schema, e->json_vocab, &s->json);
+}
+
 /* Under e->mu: moves waiting jobs into free slots; cancelled waiting jobs finish. */
+/* Readies slot s's session for job j, which its own cache spares `keep` tokens: a kept
+ * cache beyond the slots (e->pool) that spares more is copied in instead; the slot's own
+ * cache, about to be forgotten past what j shares with it, is first saved there. @return
+ * the prompt tokens the session holds for j. */
+static int32_t take_cache(serve_engine *e, seq *s, const serve_job *j, int32_t keep) {
+    int32_t pool_keep = 0;
+    const int32_t from = e->pool ? fmoe_serve_prefix_pool_best(e->pool, j->prompt,
+                                                               j->prompt_tokens, &pool_keep)
+                                 : -1;
+    if (e->pool && s->num_cached > keep &&
+        fmoe_serve_prefix_pool_save(e->pool, s->session, s->cached, s->num_cached,
+                                    pool_keep > keep ? from : -1) < 0)
+        fmoe_log(FMOE_LOG_WARN, "prefix cache: could not keep a finished request's cache: %s",
+                      fmoe_error_detail());
+    if (from >= 0 && pool_keep > keep &&
+        fmoe_serve_prefix_pool_load(e->pool, from, s->session, pool_keep) == 0)
+        return pool_keep;
+    /* the slot's own cache: its shared prefix stays, the rest is forgotten */
+    if (keep > 0 && fmoe_session_keep_prefix(s->session, keep) < 0) keep = 0;
+    if (keep == 0) fmoe_session_reset(s->session);
+    return keep;
+}
+
 static void admit(serve_engine *e) {
-    for (int32_t i = 0; i < e->o.parallel && e->q_head; i++) {
-        if (e->seqs[i].state != SEQ_FREE) continue;
+    while (e->q_head && e->running < e->o.parallel) {
         serve_job *j = NULL;
         while (e->q_head && !j) {
             j = e->q_head;
@@ -426,6 +545,15 @@ static void admit(serve_engine *e) {
             }
         }
         if (!j) break;
+        int32_t keep = 0;
+        const int32_t i = pick_slot(e, j, &keep);
+        if (i < 0) { /* not reached: running < parallel leaves a slot free */
+            j->next = e->q_head;
+            e->q_head = j;
+            if (!e->q_tail) e->q_tail = j;
+            e->waiting++;
+            break;
+        }
         seq *s = &e->seqs[i];
         const fmoe_sampler_params sp = {
             .temperature = j->sampling.temperature, .top_k = j->sampling.top_k,
@@ -433,16 +561,20 @@ static void admit(serve_engine *e) {
             .seed = j->sampling.has_seed ? j->sampling.seed : 0x5eed0000ULL + e->seed_counter++};
         const int64_t rows = e->o.trace_out ? (int64_t)j->prompt_tokens + j->sampling.max_tokens
                                             : e->o.batch_tokens;
-        if (seq_reserve(e, s, rows) < 0 || fmoe_sampler_init(&sp, e->V, &s->sampler) < 0) {
+        if (seq_reserve(e, s, rows) < 0 || fmoe_sampler_init(&sp, e->V, &s->sampler) < 0 ||
+            (j->sampling.json && seq_json_begin(e, s, j->sampling.json) < 0)) {
+            fmoe_sampler_free(s->sampler);
+            s->sampler = NULL;
             job_finish(e, j, SERVE_FINISH_ERROR, fmoe_error_detail());
             fmoe_serve_job_release(j);
-            i--; /* the slot is still free */
-            continue;
+            continue; /* the slot is still free */
         }
+        keep = take_cache(e, s, j, keep);
+        s->num_cached = 0;
         s->job = j;
         s->state = SEQ_PREFILL;
         s->finish = 0;
-        s->fed = 0;
+        s->fed = keep;
         s->decoded = 0;
         s->num_generated = 0;
         if (e->o.trace_out) {
@@ -453,9 +585,13 @@ static void admit(serve_engine *e) {
         e->running++;
         j->t_start = fmoe__now_s();
         pthread_mutex_lock(&j->mu);
+        j->st.cached_tokens = keep;
         j->st.queue_ms = 1e3 * (j->t_start - j->t_submit);
         pthread_mutex_unlock(&j->mu);
-        if (e->o.metrics) fmoe_serve_metrics_observe_queue(e->o.metrics, j->t_start - j->t_submit);
+        if (e->o.metrics) {
+            fmoe_serve_metrics_observe_queue(e->o.metrics, j->t_start - j->t_submit);
+            fmoe_serve_metrics_add_cached_tokens(e->o.metrics, keep);
+        }
     }
 }
 
@@ -481,7 +617,8 @@ static int take_token(serve_engine *e, seq *s, int32_t tok, serve_token_logprob 
     }
     if (s->num_generated == 0) j->t_first = t;
     j->t_last = t;
-    if (!j->sampling.ignore_eos && is_stop_token(e, tok)) {
+    /* a document's end token ends it, whatever ignore_eos says */
+    if ((!j->sampling.ignore_eos || s->json) && is_stop_token(e, tok)) {
         pthread_mutex_lock(&j->mu);
         j->st.predicted_ms = 1e3 * (j->t_last - j->t_first);
         j->st.prompt_ms = 1e3 * (j->t_first - j->t_start);
@@ -495,8 +632,8 @@ static int take_token(serve_engine *e, seq *s, int32_t tok, serve_token_logprob 
 
     char *text = NULL;
     size_t len = 0;
-    if (fmoe_tokenizer_decode(e->o.tokenizer, s->generated, (size_t)s->num_generated, 1, &text,
-                              &len) < 0) {
+    if (fmoe_tokenizer_decode(e->o.tokenizer, s->generated, (size_t)s->num_generated,
+                              !j->sampling.keep_special, &text, &len) < 0) {
         job_finish(e, j, SERVE_FINISH_ERROR, "out of memory decoding the output");
         s->finish = 0;
         return 1;
@@ -712,7 +849,34 @@ static void run_iteration(serve_engine *e, int32_t count) {
             if (e->o.metrics) fmoe_serve_metrics_add_tokens(e->o.metrics, s->job->prompt_tokens, 0);
             s->state = SEQ_DECODE;
         }
-        const int32_t tok = fmoe_sampler_sample(s->sampler, s->logits);
+        const float *logits = s->logits;
+        if (s->json) {
+            if (fmoe_json_matcher_mask(s->json, s->allowed) == 0) {
+                /* a whole document and no end id to say so (a tokenizer without EOS):
+                 * it ends here; else the schema needs bytes no token has */
+                s->state = SEQ_DONE;
+                s->finish = SERVE_FINISH_STOP;
+                if (!fmoe_json_matcher_is_complete(s->json)) {
+                    job_finish(e, s->job, SERVE_FINISH_ERROR,
+                               "no token of the vocabulary continues the JSON document");
+                    s->finish = 0;
+                }
+                continue;
+            }
+            for (int32_t i = 0; i < e->V; i++)
+                s->masked[i] = s->allowed[i] ? s->logits[i] : -INFINITY;
+            logits = s->masked;
+        }
+        const int32_t tok = fmoe_sampler_sample(s->sampler, logits);
+        /* the mask admitted tok, so accept does not fail (an end id is not fed); were
+         * it to, the request fails, not the server */
+        if (s->json && !fmoe_json_matcher_is_end(s->json, tok) &&
+            fmoe_json_matcher_accept(s->json, tok) < 0) {
+            job_finish(e, s->job, SERVE_FINISH_ERROR, fmoe_error_detail());
+            s->state = SEQ_DONE;
+            s->finish = 0;
+            continue;
+        }
         serve_token_logprob lp;
         if (s->job->sampling.logprobs)
             fmoe_serve_logprobs_of(s->logits, e->V, tok, s->job->sampling.top_logprobs, &lp);
@@ -788,10 +952,15 @@ static void *scheduler_main(void *arg) {
 static void engine_free(serve_engine *e) {
     if (!e) return;
     fmoe_serve_trace_queue_stop(e->tq);
+    fmoe_serve_prefix_pool_free(e->pool);
     for (int32_t i = 0; e->seqs && i < e->o.parallel; i++) {
         fmoe_session_free(e->seqs[i].session);
         fmoe_sampler_free(e->seqs[i].sampler);
+        fmoe_json_matcher_free(e->seqs[i].json);
+        free(e->seqs[i].allowed);
+        free(e->seqs[i].masked);
         free(e->seqs[i].generated);
+        free(e->seqs[i].cached);
         free(e->seqs[i].experts);
         free(e->seqs[i].probs);
         free(e->seqs[i].semantic);
@@ -809,6 +978,7 @@ static void engine_free(serve_engine *e) {
     free(e->by_age);
     free(e->age);
     free(e->touched);
+    fmoe_json_vocab_free(e->json_vocab);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -843,6 +1013,7 @@ int fmoe_serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     e->created = (int64_t)time(NULL);
     e->t0 = fmoe__now_s();
     const int32_t P = o->parallel;
+    e->reuse_prefix = o->prefix_cache && !o->trace_out && fmoe_model_prefix_reusable(o->model);
     if (e->o.max_context <= 0)
         e->o.max_context = e->geo->max_position_embeddings < 4096
                                ? (int32_t)e->geo->max_position_embeddings
@@ -873,11 +1044,24 @@ int fmoe_serve_engine_start(const serve_engine_options *o, serve_engine **out) {
         if (rc < 0) break;
         seq *s = &e->seqs[i];
         s->generated = malloc((size_t)e->o.max_context * sizeof *s->generated);
+        s->cached = malloc((size_t)e->o.max_context * sizeof *s->cached);
         s->logits = malloc((size_t)e->V * sizeof *s->logits);
-        if (!s->generated || !s->logits)
+        if (!s->generated || !s->cached || !s->logits)
             rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
         else
             rc = seq_reserve(e, s, budget);
+    }
+    if (rc == 0 && o->prefix_cache_bytes > 0 && o->backend != FMOE_BACKEND_CPU)
+        rc = fmoe_error_set(FMOE_EUNSUPPORTED, "--prefix-cache-gb: the CPU backend only, for "
+                                               "now (the slots' own caches are reused on "
+                                               "every backend)");
+    if (rc == 0 && e->reuse_prefix && o->prefix_cache_bytes > 0) {
+        fmoe_session_options so = fmoe_session_defaults();
+        so.backend = o->backend;
+        so.max_context = e->o.max_context;
+        so.threads = o->threads;
+        so.activations = o->activations;
+        rc = fmoe_serve_prefix_pool_new(o->model, &so, o->prefix_cache_bytes, &e->pool);
     }
     if (rc == 0 && o->trace_out)
         rc = fmoe_serve_trace_queue_start(o->trace_out, on_traced, e, &e->tq);
@@ -944,6 +1128,7 @@ serve_job *fmoe_serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t
     j->prompt = malloc((size_t)n * sizeof *j->prompt);
     j->sampling = *s;
     j->sampling.num_stop = 0;
+    j->sampling.json = NULL; /* referenced below, once the job is whole */
     j->stop_copy = s->num_stop > 0 ? calloc((size_t)s->num_stop, sizeof(char *)) : NULL;
     int ok = j->prompt && (s->num_stop == 0 || j->stop_copy);
     for (int32_t i = 0; ok && i < s->num_stop; i++) {
@@ -956,6 +1141,7 @@ serve_job *fmoe_serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t
         REFUSE(500, "out of memory");
     }
     j->sampling.stop = (const char *const *)j->stop_copy;
+    j->sampling.json = fmoe_json_schema_retain(s->json);
     memcpy(j->prompt, ids, (size_t)n * sizeof *ids);
     j->prompt_tokens = n;
     j->st.prompt_tokens = n;
@@ -1009,6 +1195,11 @@ void fmoe_serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out) {
     out->waiting = e->waiting;
     out->ready = e->accepting;
     pthread_mutex_unlock(&e->mu);
+    serve_prefix_stats ps;
+    fmoe_serve_prefix_pool_stats(e->pool, &ps);
+    out->prefix_cache_bytes = ps.bytes;
+    out->prefix_cache_tokens = ps.held_tokens;
+    out->prefix_cache_evictions = ps.evictions;
     out->trace_error = atomic_load(&e->trace_failed) ? e->trace_error : NULL;
 }
 

@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fmoe/json_constraint.h"
 #include "fmoe/model.h"
 #include "fmoe/offload.h"
 #include "fmoe/tokenizer.h"
@@ -68,6 +69,16 @@ typedef struct serve_engine_options {
      * sets it), so a replay of the trace can run that policy. */
     int32_t trace_speculative;
     fmoe_activations activations;      /* the sessions' fmoe_session_options.activations */
+    /* Prefix reuse (fmoe serve --no-prefix-cache turns it off): a finished sequence's slot
+     * keeps its KV cache and the tokens it holds; a new request goes to the free slot whose
+     * tokens share the longest prefix with its prompt and prefills only the rest
+     * (fmoe_session_keep_prefix). Off by itself with trace_out (a trace holds every prompt
+     * row) and for models whose rotary embedding depends on the call's length. */
+    int32_t prefix_cache;
+    /* Bytes of KV caches kept beyond the slots (fmoe serve --prefix-cache-gb;
+     * serve_prefix.h), so that more conversations than `parallel` keep their prefixes; 0:
+     * the slots' own caches only. CPU backend only (a copy between sessions). */
+    int64_t prefix_cache_bytes;
 } serve_engine_options;
 
 /* Sampling and limits of one request, as the API layer parsed them. */
@@ -86,6 +97,15 @@ typedef struct serve_sampling {
      * distribution) and its top_logprobs alternatives, for fmoe_serve_job_logprobs */
     int32_t logprobs;
     int32_t top_logprobs; /* [0, SERVE_MAX_TOP_LOGPROBS] */
+    /* 1: special tokens stay in the text (tool-call markers such as Mistral's [TOOL_CALLS]
+     * are special tokens, which the text otherwise skips) */
+    int32_t keep_special;
+    /* Structured output (response_format): each step samples only among the tokens that
+     * keep the text a prefix of a document of this schema, and an end-of-sequence token
+     * is admitted, then forced, once the document is whole (fmoe/json_constraint.h);
+     * ignore_eos does not apply then. Borrowed from the caller; submit takes a reference
+     * of its own. NULL: free text. */
+    fmoe_json_schema *json;
 } serve_sampling;
 
 typedef enum serve_finish {
@@ -113,6 +133,8 @@ typedef struct serve_job_status {
     int32_t finished;           /* serve_finish */
     int32_t prompt_tokens;
     int32_t completion_tokens;
+    int32_t cached_tokens;      /* prompt tokens whose KV was reused, not run (prefix_cache;
+                                   OpenAI's usage.prompt_tokens_details.cached_tokens) */
     double queue_ms;            /* submit -> first forward of the request */
     double prompt_ms;           /* first forward -> first token sampled */
     double predicted_ms;        /* first token -> last token */
@@ -187,6 +209,9 @@ typedef struct serve_engine_gauges {
     const char *trace_error;    /* non-NULL once --trace-out could not be written: why
                                    (the engine's string, valid while it runs; /health:
                                    503 degraded) */
+    int64_t prefix_cache_bytes;     /* KV memory kept for prefixes beyond the slots */
+    int64_t prefix_cache_tokens;    /* tokens it holds now */
+    int64_t prefix_cache_evictions; /* kept prefixes replaced by another conversation's */
 } serve_engine_gauges;
 
 void fmoe_serve_engine_get_gauges(serve_engine *e, serve_engine_gauges *out);

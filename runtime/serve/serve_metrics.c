@@ -44,6 +44,7 @@ struct serve_metrics {
     pthread_mutex_t mu;
     histogram h[NUM_HIST];
     int64_t prompt_tokens, generation_tokens;
+    int64_t cached_tokens; /* prompt tokens served from the prefix cache */
     int64_t finished[SERVE_FINISH_ERROR + 1];         /* by serve_finish */
     int64_t http[MAX_CODE - MIN_CODE + 1];            /* by status code - MIN_CODE */
     int64_t trace_failures;
@@ -100,6 +101,13 @@ void fmoe_serve_metrics_add_tokens(serve_metrics *m, int64_t prompt, int64_t gen
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += prompt > 0 ? prompt : 0;
     m->generation_tokens += generated > 0 ? generated : 0;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void fmoe_serve_metrics_add_cached_tokens(serve_metrics *m, int64_t cached) {
+    if (!m || cached <= 0) return;
+    pthread_mutex_lock(&m->mu);
+    m->cached_tokens += cached;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -262,6 +270,10 @@ int fmoe_serve_metrics_render(serve_metrics *m, const serve_engine_gauges *g,
         bprintf(&b, "fmoe_prompt_tokens_total %lld\n", (long long)snap.prompt_tokens);
         family(&b, "fmoe_generation_tokens_total", "counter", "Generated tokens.");
         bprintf(&b, "fmoe_generation_tokens_total %lld\n", (long long)snap.generation_tokens);
+        family(&b, "fmoe_prefix_cache_hit_tokens_total", "counter",
+               "Prompt tokens not run: their keys and values were kept from an earlier "
+               "request with the same prefix.");
+        bprintf(&b, "fmoe_prefix_cache_hit_tokens_total %lld\n", (long long)snap.cached_tokens);
         family(&b, "fmoe_requests_total", "counter", "Finished requests by finish reason.");
         static const char *const reasons[] = {NULL, "stop", "length", "cancelled", "error"};
         for (int f = SERVE_FINISH_STOP; f <= SERVE_FINISH_ERROR; f++)
@@ -295,6 +307,15 @@ int fmoe_serve_metrics_render(serve_metrics *m, const serve_engine_gauges *g,
     bprintf(&b, "fmoe_requests_running %d\n", g ? (int)g->running : 0);
     family(&b, "fmoe_requests_waiting", "gauge", "Requests queued for a batch slot.");
     bprintf(&b, "fmoe_requests_waiting %d\n", g ? (int)g->waiting : 0);
+    family(&b, "fmoe_prefix_cache_bytes", "gauge",
+           "KV memory kept for prompt prefixes beyond the sequence slots (--prefix-cache-gb).");
+    bprintf(&b, "fmoe_prefix_cache_bytes %lld\n", g ? (long long)g->prefix_cache_bytes : 0);
+    family(&b, "fmoe_prefix_cache_tokens", "gauge", "Tokens those kept prefixes hold.");
+    bprintf(&b, "fmoe_prefix_cache_tokens %lld\n", g ? (long long)g->prefix_cache_tokens : 0);
+    family(&b, "fmoe_prefix_cache_evictions_total", "counter",
+           "Kept prefixes replaced by another conversation's.");
+    bprintf(&b, "fmoe_prefix_cache_evictions_total %lld\n",
+            g ? (long long)g->prefix_cache_evictions : 0);
 
     int32_t L = layers ? num_layers : 0;
     render_layers(&b, "fmoe_expert_cache_hits_total", "counter",

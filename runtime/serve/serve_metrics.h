@@ -42,6 +42,8 @@ void fmoe_serve_metrics_observe_itl(serve_metrics *m, double seconds);
 void fmoe_serve_metrics_observe_e2e(serve_metrics *m, double seconds);
 void fmoe_serve_metrics_observe_queue(serve_metrics *m, double seconds);
 void fmoe_serve_metrics_add_tokens(serve_metrics *m, int64_t prompt, int64_t generated);
+/* Prompt tokens a request did not run: their KV came from the prefix cache. */
+void fmoe_serve_metrics_add_cached_tokens(serve_metrics *m, int64_t cached);
 /* finish: serve_finish (SERVE_FINISH_STOP..ERROR) */
 void fmoe_serve_metrics_request_done(serve_metrics *m, int32_t finish);
 void fmoe_serve_metrics_http_status(serve_metrics *m, int code);

@@ -33,6 +33,12 @@ const char *fmoe_tokenizer_chat_template(const fmoe_tokenizer *tok) {
     return tok ? tok->chat_family : NULL;
 }
 
+const char *fmoe_tokenizer_chat_template_text(const fmoe_tokenizer *tok, int with_tools) {
+    if (!tok) return NULL;
+    const fmoe_chat_options o = {.tools_json = with_tools ? "[]" : NULL};
+    return fmoe__chat_template_for(tok, &o);
+}
+
 /* The default system message a ChatML template writes when the conversation has none:
  * the literal text between "<|im_start|>system\n" and "<|im_end|>" (Qwen1.5/2/2.5). */
 static char *chatml_default_system(const char *t) {

@@ -55,8 +55,9 @@ written under --work, and:
    more than max(32 MiB, 10% of the budget) of the memory while it ran (the machine's
    anonymous memory growing beyond the program's own; such a round is counted as
    disturbed and shown; all rounds' decode rates are in the table). Then both programs with the whole RAM (the ceiling): no
-   holder, page cache kept, after one discarded warm-up run each; fmoe all resident when
-   the file fits in half of MemAvailable.
+   holder, page cache kept, after one discarded warm-up run each; fmoe all resident (the
+   file mapped and read in place, as llama.cpp's mmap) when the file fits in 85% of
+   MemAvailable, else offloaded with four fifths of it in slots.
 5. **The bound.** fmoe's decode time per token against the bytes it waited for per decode
    token (its summary line) over the disk bandwidth `fmoe calibrate --link-file` measured
    on O_DIRECT reads of the file, plus the decode time with every expert resident (the
@@ -70,7 +71,9 @@ written under --work, and:
    the policy it would recommend, against the fastest live; and each run's trace once more
    with the link that run's copy engine measured in its decode steps, its bytes over its
    busy seconds (the "own link" gap: the model's error with the disk's drift since the
-   calibration, and prefill's contention for the cores, taken out).
+   calibration, and prefill's contention for the cores, taken out); and with the link
+   measured again seconds before each run, under the holder, by `fmoe calibrate --base`
+   (the first calibration's compute, this minute's disk).
 
 Targets, printed as met or not: decode tokens/s at least 3x llama.cpp's (mmap) and
 prefill at least 1x; live TPOT within 1.2x of the bound; peak RSS (VmHWM sampled every
@@ -270,12 +273,31 @@ class Shape:
         log(s)
         self.notes.append(s)
 
-    def measured(self, label, cfg, argv, phase, rnd, holder=None, trace=None):
+    def relink(self, out):
+        """The disk measured again, under the same conditions as the run that follows (the
+        holder in place, the page cache dropped), a few seconds before it: `fmoe calibrate
+        --base` keeps the first calibration's compute and replaces its link. The disk of a
+        shared VM drifts by a third within an hour; a profile is as good as the minutes it
+        was measured in."""
+        cmd = [self.fmoe, "calibrate", "--base", self.profile, "--link-file", self.model,
+               "-o", out, "--quiet"]
+        note_cmd("re-measure the link before a run", cmd)
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        if r.returncode != 0:
+            self.note(f"calibrate --base failed ({r.stderr.strip()}); that run has no fresh "
+                      f"profile")
+            return None
+        drop_caches([self.model])
+        return out
+
+    def measured(self, label, cfg, argv, phase, rnd, holder=None, trace=None, relink=None):
         """One run under the memory conditions of PHASE (budget: page cache dropped,
-        MemAvailable brought to the budget; ceiling: nothing done)."""
+        MemAvailable brought to the budget; ceiling: nothing done). RELINK: a path for a
+        profile with the link measured just before the run (self.relink)."""
         a = self.a
         note_cmd(f"{label}", argv)
         avail = None
+        fresh = None
         if phase == "budget":
             drop_caches([self.model])
             try:
@@ -283,6 +305,8 @@ class Shape:
             except HolderDied as e:
                 self.note(f"{e}; restarting it")
                 avail = holder.hold_to_budget(self.budget)
+            if relink:
+                fresh = self.relink(relink)
         else:
             avail = mem_available()
         r = run_measured(argv, oom_adj=holder.program_oom_adj if holder else 0,
@@ -293,7 +317,8 @@ class Shape:
                "disturbed": phase == "budget"
                and r.others_grew > max(32 * MIB, self.budget // 10),
                "major_faults": r.major_faults,
-               "user_s": r.user_s, "sys_s": r.sys_s, "argv": [str(x) for x in argv]}
+               "user_s": r.user_s, "sys_s": r.sys_s, "argv": [str(x) for x in argv],
+               "fresh_profile": str(fresh) if fresh else None}
         if r.status == "ok":
             if cfg.startswith("llama"):
                 m = parse_llama(r.stderr)
@@ -340,7 +365,11 @@ class Shape:
         lines = PROMPTS.read_text().splitlines()
         self.other = w / "other.txt"
         self.other.write_text("\n".join(lines[50:50 + a.store_prompts]) + "\n")
-        fits = self.size < 0.5 * mem_available()
+        # the ceiling runs fmoe all resident, its GGUF mapped and read in place, as
+        # llama.cpp runs, when the page cache can hold the file beside the rest of the
+        # process: offloaded with --direct-io, it would read every expert from the disk
+        # each run while llama.cpp's come from the warm page cache
+        fits = self.size < 0.85 * mem_available()
         self.all_resident_fits = fits
 
         log(f"{self.shape}: fmoe calibrate --link-file {self.model.name} ...")
@@ -466,7 +495,8 @@ class Shape:
                     t = self.work / f"live-{p}-{rnd}.h5"
                     t.unlink(missing_ok=True)
                     self.measured(f"fmoe {p}, budget", f"fmoe {p}", self.fmoe_cfg(p, t),
-                                  "budget", rnd, holder, trace=t)
+                                  "budget", rnd, holder, trace=t,
+                                  relink=self.work / f"profile-fresh-{p}-{rnd}.json")
             if self.bins:
                 self.measured("llama.cpp mmap, budget", "llama.cpp mmap",
                               llama_cmd(a, self.bins, self.model, self.ctx, "mmap", False),
@@ -549,6 +579,12 @@ class Shape:
                     row["sim_own_link"] = simulate_tpot(self.fmoe, b["trace"], po, p, n,
                                                         extra)["tpot_s"]["mean"]
                     row["gap_own_link"] = (row["sim_own_link"] - b["tpot_s"]) / b["tpot_s"]
+                if b.get("fresh_profile"):
+                    fp = pathlib.Path(b["fresh_profile"])
+                    row["fresh_beta"] = json.loads(fp.read_text())["link"]["beta_bytes_per_s"]
+                    row["sim_fresh"] = simulate_tpot(self.fmoe, b["trace"], fp, p, n,
+                                                     extra)["tpot_s"]["mean"]
+                    row["gap_fresh"] = (row["sim_fresh"] - b["tpot_s"]) / b["tpot_s"]
                 if plan:
                     row["sim_plan"] = simulate_tpot(self.fmoe, plan, self.profile, p, n,
                                                     extra)["tpot_s"]["mean"]
@@ -683,9 +719,9 @@ def report(a, results, env):
         p("")
         p("| policy | slots | hits | awaited MiB / token | misses / token | live TPOT ms "
           "| bound ms | live / bound | bound + reads' latency ms | live / that "
-          "| simulated ms (own trace) | gap | gap, own link | simulated ms (ceiling trace) "
-          "| live TPOT ms, same slots, no holder |")
-        p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| simulated ms (own trace) | gap | gap, link measured just before | gap, own link "
+          "| simulated ms (ceiling trace) | live TPOT ms, same slots, no holder |")
+        p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
         def ms(v):
             return fmt(v and v * 1e3, ".2f")
@@ -695,22 +731,27 @@ def report(a, results, env):
             nh = ms(row.get("unheld_tpot_s"))
             if b["status"] != "ok":
                 p(f"| {row['policy']} | - | - | - | - | {b['status']} | - | - | - | - | - | - "
-                  f"| - | - | {nh} |")
+                  f"| - | - | - | {nh} |")
                 continue
             aw = b.get("awaited_decode_bytes_per_token")
             go = row.get("gap_own_link")
+            gf = row.get("gap_fresh")
+            gf = "-" if gf is None else \
+                f"{gf * 100:+.1f}% ({row['fresh_beta'] / GIB:.2f} GiB/s)"
             p(f"| {row['policy']} | {row['slots']} | {fmt(b.get('hit_pct'))}% | "
               f"{fmt(aw and aw / MIB, '.2f')} | {fmt(row.get('decode_misses_per_token'))} | "
               f"{b['tpot_s'] * 1e3:.2f} | {ms(row.get('bound'))} | "
               f"{fmt(row.get('live_over_bound'), '.2f')} | {ms(row.get('bound_alpha'))} | "
               f"{fmt(row.get('live_over_bound_alpha'), '.2f')} | {row['sim_own'] * 1e3:.2f} | "
-              f"{row['gap'] * 100:+.1f}% | {'-' if go is None else f'{go * 100:+.1f}%'} | "
+              f"{row['gap'] * 100:+.1f}% | {gf} | {'-' if go is None else f'{go * 100:+.1f}%'} | "
               f"{ms(row.get('sim_plan'))} | {nh} |")
         p("")
         p("(bound: the all-resident decode time plus the awaited bytes per token over the "
           "calibrated disk bandwidth; + reads' latency: plus the calibrated per-read latency "
           "for each miss of a decode token, which weighs where experts are small. gap: "
-          "simulated against live with the calibrated profile; own link: with the link "
+          "simulated against live with the calibrated profile; link measured just before: "
+          "with that profile's link measured again (`fmoe calibrate --base`) under the "
+          "holder seconds before the run, its rate in brackets; own link: with the link "
           "the run's own copy engine measured in decode instead, its bytes over its busy "
           "seconds.)")
         p("")
@@ -771,14 +812,33 @@ def targets(r):
         out.append(f"simulated TPOT within 15% of live: {sum(abs(g) <= 0.15 for g in gaps)} "
                    f"of {len(gaps)} policies (gaps {min(gaps) * 100:+.1f}% to "
                    f"{max(gaps) * 100:+.1f}%)")
+    gf = [row["gap_fresh"] for row in ok if "gap_fresh" in row]
+    if gf:
+        out.append(f"the same with the link measured just before each run (calibrate --base): "
+                   f"{sum(abs(g) <= 0.15 for g in gf)} of {len(gf)} ({min(gf) * 100:+.1f}% to "
+                   f"{max(gf) * 100:+.1f}%)")
     go = [row["gap_own_link"] for row in ok if "gap_own_link" in row]
     if go:
         out.append(f"the same with the link each run measured: {sum(abs(g) <= 0.15 for g in go)} "
                    f"of {len(go)} ({min(go) * 100:+.1f}% to {max(go) * 100:+.1f}%)")
     if r["live_best"]:
         same = r["live_best"] == r["sim_best"]
-        out.append(f"best policy live {r['live_best']}, simulated (ceiling trace) "
-                   f"{r['sim_best']}: {'the same' if same else 'NOT the same'}")
+        line = (f"best policy live {r['live_best']}, simulated (ceiling trace) "
+                f"{r['sim_best']}: {'the same' if same else 'NOT the same'}")
+        by = {row["policy"]: row["run"] for row in ok}
+        if not same and r["sim_best"] in by:
+            # how far apart the two are live, against how far one policy's own rounds are
+            # apart: a ranking finer than the rounds' spread is not one the runs can show
+            lb, sb = by[r["live_best"]], by[r["sim_best"]]
+            apart = sb["tpot_s"] / lb["tpot_s"] - 1
+            spreads = [max(d) / min(d) - 1 for d in
+                       ([x for x in b.get("decode_all", []) if x] for b in by.values())
+                       if len(d) > 1]
+            if spreads:
+                line += (f"; live, {r['sim_best']} is {apart * 100:.1f}% slower than "
+                         f"{r['live_best']}, where one policy's rounds differ by up to "
+                         f"{max(spreads) * 100:.1f}%")
+        out.append(line)
     nm = r["llama_no_mmap"]
     if nm:
         out.append(f"llama.cpp without mmap under the budget: {nm['status']}, peak RSS "

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
+#include "fmoe/json_constraint.h"
 #include "fmoe/tokenizer.h"
 #include "fuzz_mutate.h"
 #include "openai_api.h"
@@ -84,7 +85,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (strlen(r.sampling.stop[i]) == 0) abort();
     for (int i = 0; i < r.num_prompt; i++)
         if (r.prompt[i] < 0 || r.prompt[i] >= fmoe_tokenizer_vocab_size(tok)) abort();
-    serve_api_meta m = {kind, "id", 1, "model", r.sampling.logprobs, tok};
+    serve_api_meta m = {kind, "id", 1, "model", r.sampling.logprobs, tok, r.tools};
     serve_job_status st = {.finished = SERVE_FINISH_STOP, .prompt_tokens = r.num_prompt};
     /* the prompt's first ids as if generated, with logprobs of a made-up row of logits */
     float logits[64];
@@ -97,6 +98,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     free(fmoe_serve_api_render_response_lp(&m, "text", 4, &st, lp, nlp));
     free(fmoe_serve_api_render_chunk_lp(&m, 0, 0, "t", 1, "stop", r.include_usage, lp, nlp, 0));
+    if (fmoe_serve_api_splits_output(&m)) { /* tools or <think>: the split renderers */
+        static const char out[] = "<think>a</think>b<tool_call>{\"name\": \"f\", "
+                                  "\"arguments\": {}}</tool_call>";
+        serve_tools_parse p;
+        if (fmoe_serve_tools_parse(&m.tools, out, sizeof out - 1, 1, &p) == 0) {
+            const serve_api_choice c = {out, sizeof out - 1, SERVE_FINISH_STOP, lp, nlp, &p};
+            free(fmoe_serve_api_render_response_n(&m, &c, 1, &st));
+            fmoe_serve_tools_parse_free(&p);
+        }
+    }
+    if (r.sampling.json) {
+        /* the compiled schema's automaton over a document of every kind of value, byte by
+         * byte (feed stops at the first byte refused) */
+        static const char doc[] = "{\"a\":[1,-2.5e3,\"x\\n\\u00e9\",true,null,{}],\"b\":{\"c\":false}}";
+        fmoe_json_matcher *jm;
+        if (fmoe_json_matcher_init(r.sampling.json, NULL, &jm) == 0) {
+            for (size_t i = 0; i < sizeof doc - 1; i++)
+                if (fmoe_json_matcher_feed(jm, doc + i, 1) < 0) break;
+            (void)fmoe_json_matcher_is_complete(jm);
+            fmoe_json_matcher_free(jm);
+        }
+    }
     fmoe_serve_api_request_free(&r);
     parsed++;
     return 0;
@@ -119,12 +142,27 @@ int fuzz_seeded_replay(void) {
         "\"ignore_eos\":true}",
         "\1{\"prompt\":[[1,2,3,4095]],\"best_of\":1,\"logprobs\":null,\"seed\":-5}",
         "\1{\"prompt\":[\"caf\xC3\xA9 \\u00e9 \\ud83d\\ude00\"],\"temperature\":0}",
+        "\0{\"messages\":[{\"role\":\"user\",\"content\":\"j\"}],\"response_format\":{\"type\":"
+        "\"json_schema\",\"json_schema\":{\"name\":\"x\",\"strict\":true,\"schema\":{\"type\":"
+        "\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":"
+        "\"number\"},{\"type\":\"string\"},{\"enum\":[true,null]},{\"type\":\"object\"}]},"
+        "\"minItems\":1,\"maxItems\":9},\"b\":{\"type\":[\"object\",\"null\"],\"properties\":"
+        "{\"c\":{\"type\":\"boolean\"}},\"required\":[\"c\"],\"additionalProperties\":false}},"
+        "\"required\":[\"a\"]}}}}",
+        "\1{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"}}",
+        "\1{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"name\":\"r\",\"schema\":{\"$defs\":{\"A\":{\"type\":\"object\",\"properties\":"
+        "{\"b\":{\"$ref\":\"#/$defs/B\"}}},\"B\":{\"enum\":[1,\"x\"]}},\"type\":\"array\","
+        "\"items\":{\"$ref\":\"#/$defs/A\"}}}}}",
     };
     static const char *const tokens[] = {
         "{", "}", "[", "]", ",", ":", "\"", "null", "true", "false", "-1", "0", "1e309",
         "2.5", "4096", "\"messages\"", "\"prompt\"", "\"role\"", "\"content\"", "\"stop\"",
         "\"max_tokens\"", "\"n\"", "\"seed\"", "\"top_p\"", "\"stream_options\"", "\"text\"",
-        "\"type\"", "\\u0000", "\\ud800", "\xC3\xA9", "   "};
+        "\"type\"", "\\u0000", "\\ud800", "\xC3\xA9", "   ", "\"properties\"", "\"items\"",
+        "\"anyOf\"", "\"enum\"", "\"const\"", "\"required\"", "\"object\"", "\"array\"",
+        "\"string\"", "\"integer\"", "\"json_schema\"", "\"schema\"", "\"$ref\"",
+        "\"#/$defs/A\"", "\"#/$defs/B\""};
     fuzz_mutator m = {0x9e3779b97f4a7c15ull, tokens, sizeof tokens / sizeof tokens[0]};
     long runs = 0;
     for (size_t s = 0; s < sizeof seeds / sizeof seeds[0]; s++) {

@@ -302,6 +302,104 @@ TEST(deepseek_v2_lite_and_v3_parameter_counts) {
     ASSERT_EQ(fmoe_geometry_attention_params(NULL), FMOE_EINVAL);
 }
 
+/* GLM-4.5 (glm4_moe): 92 layers of which the first 3 are dense (89 MoE), 160 routed + 1
+ * shared expert, top-8 by sigmoid with the selection bias (noaux_tc, one group), scaling
+ * 2.5, GQA 96 heads of 128 over 8 KV heads (wider than h 5120 / 96), expert FFN 1536; the
+ * multi-token-prediction layer (num_nextn_predict_layers) is not a decoder layer.
+ * GLM-4.5-Air: 46 layers, 1 dense, 128 experts, h 4096, expert FFN 1408, scaling 1. */
+TEST(glm4_5_and_air) {
+    fmoe_model_geometry g;
+    ASSERT_OK(load_fixture("zai-org--GLM-4.5", &g));
+    ASSERT_EQ(g.family, FMOE_FAMILY_GLM4_MOE);
+    ASSERT_EQ(g.num_hidden_layers, 92);
+    ASSERT_MOE_LAYERS(g, 3, 1);
+    ASSERT_EQ(g.num_moe_layers, 89);
+    ASSERT_EQ(g.num_experts, 160);
+    ASSERT_EQ(g.top_k, 8);
+    ASSERT_EQ(g.num_shared_experts, 1);
+    ASSERT_EQ(g.shared_intermediate_size, 1536);
+    ASSERT_EQ(g.hidden_size, 5120);
+    ASSERT_EQ(g.moe_intermediate_size, 1536);
+    ASSERT_EQ(g.intermediate_size, 12288);
+    ASSERT_EQ(g.num_attention_heads, 96);
+    ASSERT_EQ(g.num_key_value_heads, 8);
+    ASSERT_EQ(g.head_dim, 128);
+    ASSERT_EQ(g.scoring, FMOE_ROUTER_SIGMOID);
+    ASSERT_STR_EQ(g.topk_method, "noaux_tc");
+    ASSERT_EQ(g.n_group, 1);
+    ASSERT_EQ(g.topk_group, 1);
+    ASSERT_NEAR(g.routed_scaling_factor, 2.5, 0);
+    ASSERT_EQ(g.norm_topk_prob, 1);
+    ASSERT_EQ(g.kv_lora_rank, 0);
+    ASSERT_EQ(fmoe_geometry_kv_values_per_token(&g), 2 * 8 * 128);
+    ASSERT_EQ(fmoe_geometry_expert_bytes(&g, FMOE_DTYPE_BF16), 3LL * 5120 * 1536 * 2);
+    ASSERT_OK(load_fixture("zai-org--GLM-4.5-Air", &g));
+    ASSERT_EQ(g.family, FMOE_FAMILY_GLM4_MOE);
+    ASSERT_EQ(g.num_hidden_layers, 46);
+    ASSERT_MOE_LAYERS(g, 1, 1);
+    ASSERT_EQ(g.num_experts, 128);
+    ASSERT_EQ(g.top_k, 8);
+    ASSERT_EQ(g.shared_intermediate_size, 1408);
+    ASSERT_EQ(g.hidden_size, 4096);
+    ASSERT_EQ(g.moe_intermediate_size, 1408);
+    ASSERT_EQ(g.intermediate_size, 10944);
+    ASSERT_NEAR(g.routed_scaling_factor, 1.0, 0);
+    /* transformers' defaults where the keys are absent */
+    ASSERT_OK(parse_str("{\"model_type\":\"glm4_moe\",\"num_hidden_layers\":3,"
+                        "\"hidden_size\":64,\"n_routed_experts\":8,"
+                        "\"num_experts_per_tok\":2,\"moe_intermediate_size\":32}",
+                        &g));
+    ASSERT_MOE_LAYERS(g, 1, 1);
+    ASSERT_EQ(g.num_shared_experts, 1);
+    ASSERT_EQ(g.norm_topk_prob, 1);
+    ASSERT_EQ(g.scoring, FMOE_ROUTER_SIGMOID);
+    ASSERT_STR_EQ(g.topk_method, "noaux_tc");
+    ASSERT_EQ(g.intermediate_size, 10944);
+    ASSERT_EQ(parse_str("{\"model_type\":\"glm4_moe\",\"num_hidden_layers\":3,"
+                        "\"hidden_size\":64,\"n_routed_experts\":8,\"n_group\":3,"
+                        "\"num_experts_per_tok\":2,\"moe_intermediate_size\":32}",
+                        &g),
+              FMOE_ERANGE);
+}
+
+/* Every parameter of a GLM-4.5 model from its geometry, as transformers'
+ * Glm4MoeForCausalLM holds them (q/k/v biases, per-head q/k norms when use_qk_norm: 2·D
+ * per layer, `qk_norm` here; e_score_correction_bias is a buffer, not a parameter), and
+ * those a token uses apart from the embeddings (K routed experts of J). */
+static void glm4_moe_params(const fmoe_model_geometry *g, int qk_norm, double *total,
+                            double *active) {
+    const double h = g->hidden_size, V = g->vocab_size, L = g->num_hidden_layers;
+    const double H = g->num_attention_heads, Hkv = g->num_key_value_heads, D = g->head_dim;
+    const double Lm = g->num_moe_layers, expert = (double)fmoe_geometry_expert_params(g);
+    const double layer = (double)fmoe_geometry_attention_params(g) + (H + 2 * Hkv) * D +
+                         (qk_norm ? 2 * D : 0) + 2 * h;
+    const double dense = (L - Lm) * 3 * h * g->intermediate_size;
+    const double shared = 3 * h * g->shared_intermediate_size + g->num_experts * h;
+    *total = 2 * V * h + h + L * layer + dense + Lm * (g->num_experts * expert + shared);
+    *active = *total - 2 * V * h - Lm * (g->num_experts - g->top_k) * expert;
+}
+
+/* The published sizes (GLM-4.5 technical report, arXiv 2508.06471, and the model cards):
+ * GLM-4.5 355B parameters, 32B activated; GLM-4.5-Air 106B, 12B. transformers 5.23's
+ * Glm4MoeForCausalLM built on the meta device from these configs holds exactly
+ * 352797814784 and 106852245504 parameters (the MTP layer, which it does not build, left
+ * out), which the sums here equal; activated, the embeddings left out, 32.08B and 12.18B.
+ * The published totals are rounded within 1% of these. */
+TEST(glm4_5_parameter_counts) {
+    fmoe_model_geometry g;
+    double total, active;
+    ASSERT_OK(load_fixture("zai-org--GLM-4.5", &g));
+    glm4_moe_params(&g, 1, &total, &active);
+    ASSERT_NEAR(total, 352797814784.0, 0.5);
+    ASSERT_NEAR(total / 1e9, 355, 355 * 0.01);
+    ASSERT_NEAR(active / 1e9, 32, 0.1);
+    ASSERT_OK(load_fixture("zai-org--GLM-4.5-Air", &g));
+    glm4_moe_params(&g, 0, &total, &active);
+    ASSERT_NEAR(total, 106852245504.0, 0.5);
+    ASSERT_NEAR(total / 1e9, 106, 106 * 0.01);
+    ASSERT_NEAR(active / 1e9, 12, 0.2);
+}
+
 /* Phi-3.5-MoE: 32 layers, 16 experts, top-2, h 4096, expert FFN 6400. */
 TEST(phi35_moe) {
     fmoe_model_geometry g;

@@ -579,4 +579,85 @@ TEST(refusals_change_nothing) {
     remove_tree(d);
 }
 
+/* fmoe_session_keep_prefix and _copy_prefix: a sequence that ran tokens A, kept to their first n, then given
+ * B's tail gives B's logits and cache (its next decode steps too) as a fresh run of B, for
+ * every family; the mismatched control (the kept tokens differ from B's head) moves the
+ * logits far beyond the tolerance; a count past the cache and the dynamic-NTK family
+ * (whose keys depend on the whole call's length) are refused with nothing changed. */
+TEST(keep_prefix_continues_as_a_fresh_run) {
+    for (int f = 0; f < NUM_FAMS; f++) {
+        char d[512];
+        write_family(d, sizeof d, (family)f);
+        fmoe_model *m;
+        ASSERT_OK(fmoe_model_load(d, NULL, &m));
+        fmoe_session *a = open_session(m, CTX, 16, 0), *b = open_session(m, CTX, 16, 0);
+        ASSERT_TRUE(a && b);
+        enum { NA = 11, KEEP = 6, NB = 10 };
+        int32_t ta[NA], tb[NB];
+        for (int t = 0; t < NA; t++) ta[t] = prompt_tok(0, t);
+        for (int t = 0; t < NB; t++) tb[t] = t < KEEP ? ta[t] : prompt_tok(2, t);
+        float la[V], lb[V];
+        ASSERT_OK(fmoe_session_forward(a, ta, NA, NULL, la));
+        if (f == FAM_QWEN3_DYNAMIC) {
+            ASSERT_EQ(fmoe_model_prefix_reusable(m), 0);
+            ASSERT_EQ(fmoe_session_keep_prefix(a, KEEP), FMOE_EUNSUPPORTED);
+            ASSERT_CONTAINS(fmoe_error_detail(), "whole call's length");
+            ASSERT_EQ(fmoe_session_position(a), NA);
+        } else {
+            ASSERT_EQ(fmoe_model_prefix_reusable(m), 1);
+            ASSERT_EQ(fmoe_session_keep_prefix(a, NA + 1), FMOE_EINVAL);
+            ASSERT_EQ(fmoe_session_position(a), NA);
+            ASSERT_OK(fmoe_session_keep_prefix(a, KEEP));
+            ASSERT_EQ(fmoe_session_position(a), KEEP);
+            ASSERT_OK(fmoe_session_forward(a, tb + KEEP, NB - KEEP, NULL, la));
+            ASSERT_OK(fmoe_session_forward(b, tb, NB, NULL, lb));
+            double worst = rel_diff(la, lb);
+            /* and three decode steps on the kept cache */
+            int32_t ga = argmax(la), gb = argmax(lb);
+            for (int step = 0; step < 3; step++) {
+                ASSERT_EQ(ga, gb);
+                ASSERT_OK(fmoe_session_forward(a, &ga, 1, NULL, la));
+                ASSERT_OK(fmoe_session_forward(b, &gb, 1, NULL, lb));
+                worst = fmax(worst, rel_diff(la, lb));
+                ga = argmax(la), gb = argmax(lb);
+            }
+            if (!(worst <= TOL))
+                HARNESS_FAIL("%s: kept prefix moved logits by %g", fam_names[f], worst);
+            /* the same prefix copied into a third session (a different context length,
+             * so the rows move between strides) continues as the fresh run too */
+            fmoe_session *c = open_session(m, CTX / 2, 16, 0);
+            ASSERT_TRUE(c != NULL);
+            fmoe_session_reset(a);
+            ASSERT_OK(fmoe_session_forward(a, ta, NA, NULL, NULL));
+            ASSERT_EQ(fmoe_session_copy_prefix(c, a, NA + 1), FMOE_EINVAL);
+            ASSERT_OK(fmoe_session_copy_prefix(c, a, KEEP));
+            ASSERT_EQ(fmoe_session_position(c), KEEP);
+            ASSERT_EQ(fmoe_session_position(a), NA);
+            ASSERT_OK(fmoe_session_forward(c, tb + KEEP, NB - KEEP, NULL, la));
+            fmoe_session_reset(b);
+            ASSERT_OK(fmoe_session_forward(b, tb, NB, NULL, lb));
+            if (!(rel_diff(la, lb) <= TOL))
+                HARNESS_FAIL("%s: copied prefix moved logits by %g", fam_names[f],
+                             rel_diff(la, lb));
+            ASSERT_TRUE(fmoe_session_kv_bytes(c) * 2 == fmoe_session_kv_bytes(a));
+            fmoe_session_free(c);
+            /* control: a cache holding other tokens than B's head */
+            fmoe_session_reset(a);
+            int32_t other[KEEP];
+            for (int t = 0; t < KEEP; t++) other[t] = prompt_tok(1, t);
+            ASSERT_OK(fmoe_session_forward(a, other, KEEP, NULL, NULL));
+            ASSERT_OK(fmoe_session_forward(a, tb + KEEP, NB - KEEP, NULL, la));
+            fmoe_session_reset(b);
+            ASSERT_OK(fmoe_session_forward(b, tb, NB, NULL, lb));
+            if (!(rel_diff(la, lb) > 100 * TOL))
+                HARNESS_FAIL("%s: control moved logits by only %g", fam_names[f],
+                             rel_diff(la, lb));
+        }
+        fmoe_session_free(a);
+        fmoe_session_free(b);
+        fmoe_model_free(m);
+        remove_tree(d);
+    }
+}
+
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }

@@ -11,7 +11,7 @@ reference.npz:
     generated   int64 [G]         the greedy continuation
 
 Families in transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3,
-Phi-3.5-MoE): the checkpoint has the layout transformers' own
+Phi-3.5-MoE, GLM-4.5): the checkpoint has the layout transformers' own
 save_pretrained(safe_serialization=True) writes for the family
 (file names, tensor names, dtypes, shapes, config.json), with weights drawn here by numpy
 from a seed, and the reference is the model's forward pass in transformers with a KV cache,
@@ -130,6 +130,17 @@ HF_MODELS = {
                                                 "truncate": False, "rope_theta": 150000.0,
                                                 "original_max_position_embeddings": 16}},
                 "float32", {}),
+    # GLM-4.5 (glm4_moe): GQA with q/k/v biases, partial rotary 0.5 (the first 16 of 32
+    # dims per head rotate), DeepSeek-V3's biased sigmoid router over 4 groups of 2 (2
+    # kept), a shared expert, one dense first layer. _qk_norm is GLM-4.5's per-head q/k
+    # RMSNorm (use_qk_norm); the plain one is GLM-4.5-Air's attention (none).
+    "glm4_moe": ("glm4_moe", {}, "float32", {}),
+    "glm4_moe_qk_norm": ("glm4_moe", {"use_qk_norm": True}, "float32", {}),
+    # YaRN over the rotated part (transformers' _compute_yarn_parameters takes the
+    # frequencies of a head_dim · partial_rotary_factor wide head), 4x from 16 positions
+    "glm4_moe_yarn": ("glm4_moe", {"rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}, "float32", {}),
 }
 # The DeepSeek-V2/V3 models run on the CPU backend only this round (the CUDA backend has
 # no MLA), and GGUF's deepseek2 is not mapped yet: the GPU and GGUF tests keep to ALL.
@@ -137,10 +148,15 @@ MLA = [k for k, v in HF_MODELS.items() if v[0] in ("deepseek_v2", "deepseek_v3")
 # Phi-3.5-MoE likewise runs on the CPU backend only (no LayerNorm-with-bias nor sparsemixer
 # kernel on CUDA) and has no GGUF mapping yet.
 PHIMOE = [k for k, v in HF_MODELS.items() if v[0] == "phimoe"]
+# GLM-4.5 too (no partial rotary nor biased sigmoid routing on CUDA); its GGUF glm4moe
+# has its own test (test_glm4_moe.py).
+GLM4_MOE = [k for k, v in HF_MODELS.items() if v[0] == "glm4_moe"]
+GLM4_MOE_PLAIN = ["glm4_moe", "glm4_moe_qk_norm"]  # no rope scaling: the GGUF and live tests
 # gpt-oss: CPU only too (no attention sinks nor clamped SwiGLU on CUDA).
 GPT_OSS = [k for k, v in HF_MODELS.items() if v[0] == "gpt_oss"] + ["gpt_oss_mxfp4"]
-ALL = [k for k in HF_MODELS if k not in MLA and k not in PHIMOE and k not in GPT_OSS] + \
-    ["deepseek"]
+ALL = [k for k in HF_MODELS
+       if k not in MLA and k not in PHIMOE and k not in GLM4_MOE and k not in GPT_OSS] + [
+    "deepseek"]
 
 
 def base_config(family):
@@ -169,6 +185,12 @@ def base_config(family):
                  v_head_dim=12)
         if family == "deepseek_v3":
             c.update(n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5)
+    elif family == "glm4_moe":
+        # head_dim 32 (not h/H = 16) so that a head width taken from hidden_size fails
+        c.update(intermediate_size=80, moe_intermediate_size=32, n_routed_experts=8,
+                 n_shared_experts=1, first_k_dense_replace=1, head_dim=32, n_group=4,
+                 topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+                 attention_bias=True, use_qk_norm=False, partial_rotary_factor=0.5)
     return c
 
 
@@ -183,6 +205,7 @@ def _hf_classes(family):
         "gpt_oss": (transformers.GptOssForCausalLM, transformers.GptOssConfig),
         "deepseek_v2": (transformers.DeepseekV2ForCausalLM, transformers.DeepseekV2Config),
         "deepseek_v3": (transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config),
+        "glm4_moe": (transformers.Glm4MoeForCausalLM, transformers.Glm4MoeConfig),
     }[family]
 
 
@@ -351,7 +374,7 @@ class _GateChoices:
 def hf_reference_run(model, tokens, torch):
     k = model.config.num_experts_per_tok
     gates = _GateChoices(model) if model.config.model_type in (
-        "deepseek_v2", "deepseek_v3") else None
+        "deepseek_v2", "deepseek_v3", "glm4_moe") else None
 
     def routed(out):
         if gates is not None:
@@ -666,6 +689,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     out = sys.argv[1]
-    for name in sys.argv[2:] or ALL + MLA + PHIMOE + GPT_OSS:
+    for name in sys.argv[2:] or ALL + MLA + PHIMOE + GLM4_MOE + GPT_OSS:
         make(name, os.path.join(out, name))
         print("wrote", os.path.join(out, name))

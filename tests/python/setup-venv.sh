@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 torch=0
 [ "${1:-}" = "--torch" ] && torch=1
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import h5py, hdf5plugin, numpy, pytest, tokenizers, sentencepiece, openai, prometheus_client, gguf' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import h5py, hdf5plugin, numpy, pytest, tokenizers, sentencepiece, openai, prometheus_client, gguf, jsonschema' 2>/dev/null; then
   /usr/bin/python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r tests/python/requirements.txt
 fi

@@ -378,3 +378,44 @@ def test_link_file_times_o_direct_reads_of_the_given_file(calibrate, fmoe, tmp_p
     assert r.returncode == 1 and "none" in r.stderr and len(r.stderr.splitlines()) == 1
     r = calibrate("--quick", "--quiet", "--link", "ram", "--link-file", model, check=False)
     assert r.returncode == 2 and "--link-file" in r.stderr
+
+
+def test_base_remeasures_the_link_only(calibrate, tmp_path):
+    """--base PROFILE measures the link alone and writes PROFILE with its link replaced:
+    every other figure (compute, host, matcher, predictors, and a field this version does
+    not know) is kept exactly, the link is this run's, and the calibration record names
+    the base. A base that is no profile is refused in one line before anything is timed;
+    the output is then not written."""
+    model = REPO / "datasets" / "fmoe-tiny" / "model.safetensors"
+    base = tmp_path / "base.json"
+    calibrate("--quick", "--quiet", "-o", base)
+    p = json.loads(base.read_text())
+    # a link no disk has, and a field of a later version: neither may survive / both must
+    p["link"] = {"alpha_s": 0.5, "beta_bytes_per_s": 1.0}
+    p["x_later_field"] = {"kept": [1, 2, 3]}
+    base.write_text(json.dumps(p))
+    out = tmp_path / "fresh.json"
+    r = calibrate("--quick", "--base", base, "--link-file", model, "-o", out)
+    assert "everything else from" in r.stderr and "copy file->RAM" in r.stderr
+    q = json.loads(out.read_text())
+    assert q["link"]["beta_bytes_per_s"] > 1e6 and q["link"]["alpha_s"] < 0.5
+    fl = q["calibration"]["links"]["file"]
+    assert fl["file"] == str(model) and fl["page_cache"] == "O_DIRECT"
+    assert q["link"]["beta_bytes_per_s"] == pytest.approx(fl["beta_bytes_per_s"])
+    assert q["calibration"]["link_remeasured_from"] == str(base)
+    for key in set(p) - {"link", "calibration"}:
+        assert q[key] == p[key], key
+    for key in set(p["calibration"]) - {"links", "link_used"}:
+        assert q["calibration"][key] == p["calibration"][key], key
+    assert q["calibration"]["links"]["ram"] == p["calibration"]["links"]["ram"]
+    # --name renames; nothing else changes
+    calibrate("--quick", "--quiet", "--base", base, "--name", "fresh", "-o", out)
+    assert json.loads(out.read_text())["name"] == "fresh"
+    # a base that is not a profile: refused, one line, no output written
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "fmoe-hardware", "version": 1}))
+    out2 = tmp_path / "never.json"
+    r = calibrate("--quick", "--quiet", "--base", bad, "-o", out2, check=False)
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "bad.json" in r.stderr and not out2.exists()
+    assert not (tmp_path / "never.json.partial").exists()

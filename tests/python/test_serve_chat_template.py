@@ -43,9 +43,21 @@ def server(tmp_path_factory, model):
     s.stop()
 
 
+def as_objects(messages):
+    """Tool-call arguments given as a JSON string of an object reach the template as the
+    object, as vLLM hands them to transformers (its chat_utils._postprocess_messages)."""
+    messages = json.loads(json.dumps(messages))
+    for m in messages:
+        for c in m.get("tool_calls") or []:
+            args = json.loads(c["function"]["arguments"])
+            if isinstance(args, dict):
+                c["function"]["arguments"] = args
+    return messages
+
+
 def prompt_tokens(messages, **kwargs):
     hf = tokenizers.Tokenizer.from_file(str(TINY / "tokenizer.json"))
-    v = variables(messages, **kwargs)
+    v = variables(as_objects(messages), **kwargs)
     v.pop("bos_token")  # fmoe-tiny has none
     v["eos_token"] = "<|im_end|>"
     (want,) = reference(TEMPLATE, [v])

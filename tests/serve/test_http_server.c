@@ -5,7 +5,9 @@
  * end-to-end test with the real engine is tests/python/test_serve.py.
  *
  * The fake engine's job "generates" FAKE_TEXT one byte every 5 ms from its submit; a
- * request with max_tokens 999 generates nothing and runs until cancelled.
+ * request with max_tokens 999 generates nothing and runs until cancelled; a request with
+ * tools (the server keeps special tokens for those) "generates" FAKE_TOOL_TEXT, a Qwen3
+ * answer that thinks, says a few words and calls a tool.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -16,12 +18,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "fmoe/error.h"
 #include "fmoe/tokenizer.h"
 #include "harness.h"
 #include "http_server.h"
 
 #define FAKE_TEXT "Hello, \"world\"!\n"
+#define FAKE_TOOL_TEXT                                                                     \
+    "<think>\nweather\n</think>\n\nLet me look.\n<tool_call>\n{\"name\": \"get_weather\", " \
+    "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
 #define FAKE_STEP_S 0.005
 
 /* ---------------------------------------------------------------------------------------
@@ -37,6 +44,7 @@ struct serve_job {
     atomic_int refs;
     atomic_int cancelled;
     int endless;
+    const char *text; /* what it "generates" */
     struct timespec start;
 };
 
@@ -69,6 +77,7 @@ serve_job *fmoe_serve_engine_submit(serve_engine *e, const int32_t *ids, int32_t
     serve_job *j = calloc(1, sizeof *j);
     atomic_store(&j->refs, 2);
     j->endless = s->max_tokens == 999;
+    j->text = s->keep_special ? FAKE_TOOL_TEXT : FAKE_TEXT;
     clock_gettime(CLOCK_MONOTONIC, &j->start);
     atomic_fetch_add(&jobs_live, 1);
     /* The engine's reference is dropped at once: the fake has no scheduler. */
@@ -80,7 +89,7 @@ int fmoe_serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text
                    serve_job_status *st) {
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    const size_t full = strlen(FAKE_TEXT);
+    const size_t full = strlen(j->text);
     for (;;) {
         size_t made = j->endless ? 0 : (size_t)(since(&j->start) / FAKE_STEP_S);
         if (made > full) made = full;
@@ -88,7 +97,7 @@ int fmoe_serve_job_wait(serve_job *j, size_t have, double timeout_s, char **text
         int finished = cancelled ? SERVE_FINISH_CANCELLED : made == full ? SERVE_FINISH_STOP : 0;
         if (made > have || finished) {
             *text = malloc(made + 1);
-            memcpy(*text, FAKE_TEXT, made);
+            memcpy(*text, j->text, made);
             *len = made;
             memset(st, 0, sizeof *st);
             st->finished = finished;
@@ -538,6 +547,136 @@ TEST(metrics_count_statuses) {
     ASSERT_CONTAINS(m.body, "fmoe_model_info{model=\"fake-model\"} 1\n");
     ASSERT_CONTAINS(m.body, "fmoe_requests_running 1\n");
     free(m.raw);
+}
+
+/* fmoe-tiny's tokenizer with Qwen3's chat template (tests/fixtures/chat_templates), which
+ * offers tools and writes <tool_call> and <think>: in a fresh folder beside the build. */
+static fmoe_tokenizer *qwen3_tokenizer(void) {
+    const char *root = getenv("FMOE_SOURCE_ROOT");
+    root = root ? root : ".";
+    char dir[] = "/tmp/fmoe-http-qwen3-XXXXXX", path[4096], src[4096];
+    if (!mkdtemp(dir)) abort();
+    snprintf(src, sizeof src, "%s/datasets/fmoe-tiny/tokenizer.json", root);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (symlink(src, path) != 0) abort();
+    snprintf(src, sizeof src, "%s/tests/fixtures/chat_templates/Qwen-Qwen3-0.6B.jinja", root);
+    FILE *f = fopen(src, "rb");
+    if (!f) abort();
+    static char tmpl[1 << 16];
+    tmpl[fread(tmpl, 1, sizeof tmpl - 1, f)] = '\0';
+    fclose(f);
+    snprintf(src, sizeof src, "%s/datasets/fmoe-tiny/tokenizer_config.json", root);
+    f = fopen(src, "rb");
+    static char cfg_text[1 << 16];
+    cfg_text[f ? fread(cfg_text, 1, sizeof cfg_text - 1, f) : 0] = '\0';
+    if (f) fclose(f);
+    cJSON *cfg = cJSON_Parse(cfg_text);
+    cJSON_ReplaceItemInObjectCaseSensitive(cfg, "chat_template", cJSON_CreateString(tmpl));
+    char *out = cJSON_PrintUnformatted(cfg);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    f = fopen(path, "wb");
+    fputs(out, f);
+    fclose(f);
+    cJSON_free(out);
+    cJSON_Delete(cfg);
+    fmoe_tokenizer *t = NULL;
+    if (fmoe_tokenizer_load(dir, &t) < 0) abort();
+    unlink(path);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    unlink(path);
+    rmdir(dir);
+    return t;
+}
+
+static const char *jstr(const cJSON *o, const char *name) {
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, name);
+    return cJSON_IsString(s) ? s->valuestring : NULL;
+}
+
+/* A model's tool call, streamed and whole, through the HTTP layer: the stream's deltas
+ * (the first of a call with id, type and name, then argument pieces) put together equal
+ * the whole response's message, and the markup is in neither's content. */
+TEST(tool_call_streamed_and_whole) {
+    fmoe_tokenizer *qt = qwen3_tokenizer();
+    if (!metrics) metrics = fmoe_serve_metrics_new();
+    serve_http *h = NULL;
+    serve_http_options o = {.port = 0, .tokenizer = qt, .metrics = metrics};
+    ASSERT_OK(fmoe_serve_http_start(&o, &h));
+    serve_engine e = {.ready = 1};
+    fmoe_serve_http_set_engine(h, &e);
+    const int port = fmoe_serve_http_port(h);
+    const char *tools = ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+                        "\"get_weather\",\"parameters\":{\"type\":\"object\"}}}]";
+    char b1[512], b2[512];
+    snprintf(b1, sizeof b1, "{" MSGS "%s}", tools);
+    snprintf(b2, sizeof b2, "{" MSGS "%s,\"stream\":true}", tools);
+    reply whole = post(port, CHAT, b1, strlen(b1), NULL);
+    reply sse = post(port, CHAT, b2, strlen(b2), NULL);
+    fmoe_serve_http_stop(h);
+    fmoe_tokenizer_free(qt);
+
+    ASSERT_EQ(whole.status, 200);
+    cJSON *w = cJSON_Parse(whole.body);
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(w, "choices"), 0);
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(c, "message");
+    ASSERT_STR_EQ(jstr(c, "finish_reason"), "tool_calls");
+    ASSERT_STR_EQ(jstr(msg, "content"), "\n\nLet me look.\n");
+    ASSERT_STR_EQ(jstr(msg, "reasoning_content"), "\nweather\n");
+    const cJSON *call = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(msg, "tool_calls"), 0);
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+    ASSERT_STR_EQ(jstr(fn, "name"), "get_weather");
+    ASSERT_STR_EQ(jstr(fn, "arguments"), "{\"city\": \"Paris\"}");
+    ASSERT_TRUE(jstr(call, "id") && strncmp(jstr(call, "id"), "call_", 5) == 0);
+
+    ASSERT_EQ(sse.status, 200);
+    dechunk(sse.body);
+    char content[256] = "", reasoning[256] = "", args[256] = "", name[64] = "";
+    int firsts = 0, events = 0;
+    const char *finish = NULL;
+    static char finish_buf[32];
+    for (char *p = strstr(sse.body, "data: {"); p; p = strstr(p + 1, "data: {")) {
+        char *end = strstr(p, "\n\n");
+        if (!end) break;
+        *end = '\0';
+        cJSON *ev = cJSON_Parse(p + 6);
+        *end = '\n';
+        ASSERT_TRUE(ev != NULL);
+        events++;
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ev, "choices"), 0);
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(ch, "delta");
+        if (jstr(ch, "finish_reason")) {
+            snprintf(finish_buf, sizeof finish_buf, "%s", jstr(ch, "finish_reason"));
+            finish = finish_buf;
+        }
+        if (jstr(d, "content")) strncat(content, jstr(d, "content"), 255 - strlen(content));
+        if (jstr(d, "reasoning_content"))
+            strncat(reasoning, jstr(d, "reasoning_content"), 255 - strlen(reasoning));
+        const cJSON *tc;
+        cJSON_ArrayForEach(tc, cJSON_GetObjectItemCaseSensitive(d, "tool_calls")) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
+            ASSERT_EQ(cJSON_GetObjectItemCaseSensitive(tc, "index")->valuedouble, 0);
+            if (jstr(f, "name")) { /* the first delta of the call: id, type, name */
+                firsts++;
+                ASSERT_TRUE(jstr(tc, "id") != NULL);
+                ASSERT_STR_EQ(jstr(tc, "type"), "function");
+                snprintf(name, sizeof name, "%s", jstr(f, "name"));
+            } else {
+                ASSERT_TRUE(jstr(tc, "id") == NULL);
+            }
+            if (jstr(f, "arguments")) strncat(args, jstr(f, "arguments"), 255 - strlen(args));
+        }
+        cJSON_Delete(ev);
+    }
+    ASSERT_EQ(firsts, 1);
+    ASSERT_TRUE(events >= 3); /* the role, the text (in as many pieces as the waits saw), the end */
+    ASSERT_STR_EQ(content, jstr(msg, "content"));
+    ASSERT_STR_EQ(reasoning, jstr(msg, "reasoning_content"));
+    ASSERT_STR_EQ(name, "get_weather");
+    ASSERT_STR_EQ(args, jstr(fn, "arguments"));
+    ASSERT_STR_EQ(finish, "tool_calls");
+    ASSERT_TRUE(strstr(sse.body, "tool_call>") == NULL && strstr(sse.body, "think>") == NULL);
+    cJSON_Delete(w);
+    free(whole.raw), free(sse.raw);
 }
 
 int main(int argc, char **argv) {

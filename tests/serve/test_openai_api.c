@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "fmoe/error.h"
+#include "fmoe/json_constraint.h"
 #include "fmoe/tokenizer.h"
 #include "harness.h"
 #include "openai_api.h"
@@ -286,6 +287,53 @@ TEST(errors_are_400_with_param) {
     ASSERT_EQ(failures, 0);
 }
 
+/* response_format: text asks for nothing, json_object and json_schema compile a schema the
+ * request owns (fmoe_serve_api_request_free drops it: ASan's leak check sees a miss);
+ * shapes and keywords it cannot do are 400s naming response_format. */
+TEST(response_format_parsed_into_a_schema) {
+    serve_api_request r;
+    serve_api_error e;
+    ASSERT_OK(parse(SERVE_API_CHAT,
+                    "{\"messages\":[{\"role\":\"user\",\"content\":\"j\"}],"
+                    "\"response_format\":{\"type\":\"text\"}}", &r, &e));
+    ASSERT_TRUE(r.sampling.json == NULL);
+    fmoe_serve_api_request_free(&r);
+    ASSERT_OK(parse(SERVE_API_COMPLETION,
+                    "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"}}", &r,
+                    &e));
+    ASSERT_TRUE(r.sampling.json != NULL);
+    fmoe_serve_api_request_free(&r);
+    ASSERT_OK(parse(SERVE_API_CHAT,
+                    "{\"messages\":[{\"role\":\"user\",\"content\":\"j\"}],"
+                    "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":"
+                    "\"p\",\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":"
+                    "{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}}", &r, &e));
+    ASSERT_TRUE(r.sampling.json != NULL);
+    /* the compiled schema takes {"a":7} and not {"b":7} */
+    fmoe_json_matcher *m;
+    ASSERT_OK(fmoe_json_matcher_init(r.sampling.json, NULL, &m));
+    ASSERT_EQ(fmoe_json_matcher_feed(m, "{\"b\"", 4), FMOE_EINVAL);
+    ASSERT_OK(fmoe_json_matcher_feed(m, "{\"a\":7}", 7));
+    ASSERT_TRUE(fmoe_json_matcher_is_complete(m));
+    fmoe_json_matcher_free(m);
+    fmoe_serve_api_request_free(&r);
+    static const char *const bad[] = {
+        "{\"type\":\"yaml\"}", "{\"type\":\"json_schema\"}", "\"json_object\"",
+        "{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}",
+        "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":"
+        "{\"type\":\"string\",\"minLength\":2}}}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"prompt\":\"p\",\"response_format\":%s}", bad[i]);
+        ASSERT_EQ(parse(SERVE_API_COMPLETION, body, &r, &e), FMOE_EINVAL);
+        ASSERT_EQ(e.status, 400);
+        ASSERT_STR_EQ(e.param, "response_format");
+        ASSERT_TRUE(r.sampling.json == NULL);
+    }
+    ASSERT_CONTAINS(e.message, "'minLength' at $ is not supported");
+}
+
 TEST(invalid_json_message_names_a_byte) {
     serve_api_request r;
     serve_api_error e;
@@ -391,7 +439,7 @@ static const cJSON *choice0(const cJSON *o) {
 }
 
 TEST(render_chat_response) {
-    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-abc", 1700000000, "fmoe-tiny", 0, NULL};
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-abc", 1700000000, "fmoe-tiny", 0, NULL, {0}};
     const char text[] = "say \"hi\"\nand go!XYZ";
     char *json = fmoe_serve_api_render_response(&m, text, strlen(text) - 3, sample_status());
     ASSERT_TRUE(json != NULL);
@@ -431,7 +479,7 @@ TEST(render_chat_response) {
 }
 
 TEST(render_completion_response_and_zero_times) {
-    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-1", 5, "m", 0, NULL};
+    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-1", 5, "m", 0, NULL, {0}};
     serve_job_status st = {.finished = SERVE_FINISH_STOP, .prompt_tokens = 3};
     char *json = fmoe_serve_api_render_response(&m, "", 0, &st);
     cJSON *o = json ? cJSON_Parse(json) : NULL;
@@ -448,7 +496,7 @@ TEST(render_completion_response_and_zero_times) {
 }
 
 TEST(render_chat_chunks) {
-    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-x", 42, "tiny", 0, NULL};
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-x", 42, "tiny", 0, NULL, {0}};
     char *j1 = fmoe_serve_api_render_chunk(&m, 1, NULL, 0, NULL, 0);
     char *j2 = fmoe_serve_api_render_chunk(&m, 0, "pieceZZ", 5, NULL, 1);
     char *j3 = fmoe_serve_api_render_chunk(&m, 0, "", 0, "stop", 0);
@@ -474,8 +522,115 @@ TEST(render_chat_chunks) {
     cJSON_Delete(a), cJSON_Delete(b), cJSON_Delete(c);
 }
 
+/* A split output (tools, <think>): message.content / reasoning_content / tool_calls in
+ * OpenAI's shapes, read back with cJSON. */
+TEST(render_tool_calls_and_reasoning) {
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-t", 1, "tiny", 0, NULL, {0}};
+    m.tools.format = SERVE_TOOLS_HERMES;
+    m.tools.reasoning = SERVE_REASONING_TAG;
+    m.tools.parallel = 1;
+    static const char out[] = "<think>why</think>\n<tool_call>\n{\"name\": \"get_weather\", "
+                              "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    serve_tools_parse p;
+    ASSERT_OK(fmoe_serve_tools_parse(&m.tools, out, sizeof out - 1, 1, &p));
+    const serve_api_choice ch = {out, sizeof out - 1, SERVE_FINISH_STOP, NULL, 0, &p};
+    char *json = fmoe_serve_api_render_response_n(&m, &ch, 1, sample_status());
+    cJSON *o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    fmoe_serve_tools_parse_free(&p);
+    ASSERT_TRUE(o != NULL);
+    const cJSON *c = choice0(o), *msg = cJSON_GetObjectItemCaseSensitive(c, "message");
+    ASSERT_STR_EQ(str(c, "finish_reason"), "tool_calls");
+    ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(msg, "content")));
+    ASSERT_STR_EQ(str(msg, "reasoning_content"), "why");
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    ASSERT_EQ(cJSON_GetArraySize(calls), 1);
+    const cJSON *call = cJSON_GetArrayItem(calls, 0);
+    char id[SERVE_TOOLS_ID_MAX];
+    fmoe_serve_tools_call_id(SERVE_TOOLS_HERMES, "chatcmpl-t", 0, 0, id);
+    ASSERT_STR_EQ(str(call, "id"), id);
+    ASSERT_STR_EQ(str(call, "type"), "function");
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(call, "function");
+    ASSERT_STR_EQ(str(f, "name"), "get_weather");
+    ASSERT_STR_EQ(str(f, "arguments"), "{\"city\": \"Paris\"}"); /* a string of JSON */
+    ASSERT_TRUE(cJSON_GetObjectItemCaseSensitive(call, "index") == NULL);
+    cJSON_Delete(o);
+
+    /* the same cut by max_tokens: finish_reason stays "length" */
+    ASSERT_OK(fmoe_serve_tools_parse(&m.tools, out, sizeof out - 1, 1, &p));
+    const serve_api_choice cut = {out, sizeof out - 1, SERVE_FINISH_LENGTH, NULL, 0, &p};
+    json = fmoe_serve_api_render_response_n(&m, &cut, 1, sample_status());
+    o = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    fmoe_serve_tools_parse_free(&p);
+    ASSERT_STR_EQ(str(choice0(o), "finish_reason"), "length");
+    cJSON_Delete(o);
+}
+
+TEST(render_tool_call_chunks) {
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-s", 1, "tiny", 0, NULL, {0}};
+    m.tools.format = SERVE_TOOLS_HERMES;
+    serve_tools_call_delta first = {0, "get_weather", "{\"ci", 4}, more = {0, NULL, "ty\"", 3};
+    serve_tools_delta d1 = {"Sure.", 5, NULL, 0, &first, 1}, d2 = {NULL, 0, "hm", 2, &more, 1};
+    char *j1 = fmoe_serve_api_render_chunk_tools(&m, 0, &d1, NULL, 0, NULL, 0, 0);
+    char *j2 = fmoe_serve_api_render_chunk_tools(&m, 0, &d2, NULL, 1, NULL, 0, 0);
+    cJSON *a = j1 ? cJSON_Parse(j1) : NULL, *b = j2 ? cJSON_Parse(j2) : NULL;
+    free(j1), free(j2);
+    ASSERT_TRUE(a && b);
+    const cJSON *da = cJSON_GetObjectItemCaseSensitive(choice0(a), "delta");
+    ASSERT_STR_EQ(str(da, "content"), "Sure.");
+    ASSERT_TRUE(cJSON_GetObjectItemCaseSensitive(da, "reasoning_content") == NULL);
+    const cJSON *ca = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(da, "tool_calls"), 0);
+    ASSERT_EQ(num(ca, "index"), 0);
+    ASSERT_TRUE(str(ca, "id") != NULL);
+    ASSERT_STR_EQ(str(ca, "type"), "function");
+    ASSERT_STR_EQ(str(cJSON_GetObjectItemCaseSensitive(ca, "function"), "name"), "get_weather");
+    ASSERT_STR_EQ(str(cJSON_GetObjectItemCaseSensitive(ca, "function"), "arguments"), "{\"ci");
+    const cJSON *db = cJSON_GetObjectItemCaseSensitive(choice0(b), "delta");
+    ASSERT_TRUE(cJSON_GetObjectItemCaseSensitive(db, "content") == NULL);
+    ASSERT_STR_EQ(str(db, "reasoning_content"), "hm");
+    const cJSON *cb = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(db, "tool_calls"), 0);
+    ASSERT_TRUE(str(cb, "id") == NULL && str(cb, "type") == NULL);
+    ASSERT_TRUE(str(cJSON_GetObjectItemCaseSensitive(cb, "function"), "name") == NULL);
+    ASSERT_STR_EQ(str(cJSON_GetObjectItemCaseSensitive(cb, "function"), "arguments"), "ty\"");
+    ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(b, "usage")));
+    cJSON_Delete(a), cJSON_Delete(b);
+}
+
+/* fmoe-tiny's template writes no tool calls: tools are refused naming the field, the
+ * completions endpoint refuses them too, and a bad tool list is named before that. */
+TEST(tools_refused_where_the_template_has_no_format) {
+    serve_api_request r;
+    serve_api_error e;
+    const char *cases[][2] = {
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"tools\":[{\"type\":"
+         "\"function\",\"function\":{\"name\":\"f\"}}]}", "tools"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"tools\":[{\"type\":"
+         "\"function\",\"function\":{}}]}", "tools[0].function.name"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"tools\":[{\"type\":"
+         "\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\","
+         "\"function\":{\"name\":\"g\"}}}", "tool_choice"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"tools\":\"f\"}", "tools"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ASSERT_EQ(parse(SERVE_API_CHAT, cases[i][0], &r, &e), FMOE_EINVAL);
+        ASSERT_EQ(e.status, 400);
+        ASSERT_STR_EQ(e.param, cases[i][1]);
+    }
+    ASSERT_EQ(parse(SERVE_API_COMPLETION, "{\"prompt\":\"Hi\",\"tools\":[{\"type\":\"function\","
+                                          "\"function\":{\"name\":\"f\"}}]}", &r, &e),
+              FMOE_EINVAL);
+    ASSERT_STR_EQ(e.param, "tools");
+    /* asking for nothing is fine: tool_choice none, an empty list */
+    ASSERT_OK(parse(SERVE_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                                    "\"tools\":[],\"tool_choice\":\"none\"}", &r, &e));
+    ASSERT_EQ(r.tools.format, SERVE_TOOLS_NONE);
+    ASSERT_TRUE(r.tools_json == NULL);
+    fmoe_serve_api_request_free(&r);
+}
+
 TEST(render_completion_chunk_and_usage_chunk) {
-    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-y", 7, "tiny", 0, NULL};
+    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-y", 7, "tiny", 0, NULL, {0}};
     char *j1 = fmoe_serve_api_render_chunk(&m, 0, "abc", 3, NULL, 0);
     char *j2 = fmoe_serve_api_render_usage_chunk(&m, sample_status());
     cJSON *a = j1 ? cJSON_Parse(j1) : NULL, *b = j2 ? cJSON_Parse(j2) : NULL;
@@ -801,9 +956,9 @@ TEST(n_parsed) {
 }
 
 TEST(render_response_of_n_choices) {
-    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-n", 1, "tiny", 0, NULL};
-    const serve_api_choice ch[2] = {{"ab", 2, SERVE_FINISH_STOP, NULL, 0},
-                                    {"cde", 3, SERVE_FINISH_LENGTH, NULL, 0}};
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-n", 1, "tiny", 0, NULL, {0}};
+    const serve_api_choice ch[2] = {{"ab", 2, SERVE_FINISH_STOP, NULL, 0, NULL},
+                                    {"cde", 3, SERVE_FINISH_LENGTH, NULL, 0, NULL}};
     serve_job_status st = {.finished = SERVE_FINISH_LENGTH, .prompt_tokens = 4,
                            .completion_tokens = 9};
     char *json = fmoe_serve_api_render_response_n(&m, ch, 2, &st);
@@ -867,7 +1022,7 @@ static void two_tokens(serve_token_logprob lp[2], int32_t *a, int32_t *b) {
 }
 
 TEST(render_chat_logprobs) {
-    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-l", 1, "tiny", 1, tiny()};
+    serve_api_meta m = {SERVE_API_CHAT, "chatcmpl-l", 1, "tiny", 1, tiny(), {0}};
     serve_token_logprob lp[2];
     int32_t a, b;
     two_tokens(lp, &a, &b);
@@ -905,7 +1060,7 @@ TEST(render_chat_logprobs) {
 }
 
 TEST(render_completion_logprobs_chunk) {
-    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-l", 1, "tiny", 1, tiny()};
+    serve_api_meta m = {SERVE_API_COMPLETION, "cmpl-l", 1, "tiny", 1, tiny(), {0}};
     serve_token_logprob lp[2];
     int32_t a, b;
     two_tokens(lp, &a, &b);

@@ -6,8 +6,8 @@
  * experts, sizes, bytes per routed expert at a dtype, and the router's semantics.
  *
  * Families: Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE, OLMoE, DeepSeek-MoE V1/V2/V3,
- * Phi-3.5-MoE, gpt-oss, Llama-4. An unknown model_type is FMOE_EUNSUPPORTED with a detail
- * listing the supported ones.
+ * Phi-3.5-MoE, gpt-oss, Llama-4, GLM-4.5. An unknown model_type is FMOE_EUNSUPPORTED with
+ * a detail listing the supported ones.
  */
 #ifndef FMOE_GEOMETRY_H
 #define FMOE_GEOMETRY_H
@@ -29,6 +29,7 @@ typedef enum fmoe_family {
     FMOE_FAMILY_GPT_OSS = 8,
     FMOE_FAMILY_LLAMA4 = 9,
     FMOE_FAMILY_GENERIC = 10, /* geometry given by hand (--layers/--experts/--top-k) */
+    FMOE_FAMILY_GLM4_MOE = 11, /* GLM-4.5, GLM-4.5-Air */
 } fmoe_family;
 
 typedef enum fmoe_dtype {

@@ -13,10 +13,10 @@
  *     fmoe_session_free(s); fmoe_model_free(m);
  *
  * Families: Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE, OLMoE, DeepSeek-MoE V1, and on the
- * CPU backend DeepSeek-V2/V3 (MLA), Phi-3.5-MoE and gpt-oss (its experts transposed, or
- * repacked from MXFP4, at load: runtime/model/family_gptoss.c), each following its
- * transformers (or, for DeepSeek V1, its authors') modeling code. Llama-4 is refused as
- * not yet supported.
+ * CPU backend DeepSeek-V2/V3 (MLA), Phi-3.5-MoE, GLM-4.5 and gpt-oss (its experts
+ * transposed, or repacked from MXFP4, at load: runtime/model/family_gptoss.c), each
+ * following its transformers (or, for DeepSeek V1, its authors') modeling code. Llama-4 is
+ * refused as not yet supported.
  *
  * Weights: the safetensors files stay memory-mapped; matrices are used in place in their
  * stored dtype (F32, BF16 or F16: the CPU backend converts BF16/F16 rows as it multiplies),
@@ -304,6 +304,32 @@ void fmoe_session_reset(fmoe_session *s);
 
 /* Tokens in the KV cache: the position the next token gets. */
 int32_t fmoe_session_position(const fmoe_session *s);
+
+/*
+ * Keeps the first n positions of the KV cache and forgets the rest: the next token gets
+ * position n, as if only those n tokens had been run. Prefix reuse (fmoe serve's prefix
+ * cache): a sequence whose cache holds the keys and values of tokens t[0..p) continues
+ * with any token sequence that begins with t[0..n), n <= p, without running t[0..n) again.
+ * The kept entries are what a fresh run computes, up to the rounding of products of
+ * another batch shape, except where the rotary embedding depends on the length of the
+ * whole call (dynamic NTK, longrope: transformers recomputes those per call); there it is
+ * FMOE_EUNSUPPORTED and nothing changes (fmoe_model_prefix_reusable says so in advance).
+ * @return 0, FMOE_EINVAL (n outside [0, position]), FMOE_EUNSUPPORTED.
+ */
+int fmoe_session_keep_prefix(fmoe_session *s, int32_t n);
+
+/* 1 when fmoe_session_keep_prefix can keep a prefix of this model's sequences. */
+int fmoe_model_prefix_reusable(const fmoe_model *m);
+
+/* Makes dst's cache the first n positions of src's (sessions of one model; dst's previous
+ * contents forgotten; its position n), for a prefix kept in another session than the one
+ * that continues it. Exact as fmoe_session_keep_prefix. @return 0, FMOE_EINVAL (another
+ * model; n beyond src's position or dst's context), FMOE_EUNSUPPORTED (as keep_prefix;
+ * or a session not in host memory: the CPU backend only, for now). */
+int fmoe_session_copy_prefix(fmoe_session *dst, const fmoe_session *src, int32_t n);
+
+/* Bytes of the session's KV cache (every layer, max_context positions). */
+int64_t fmoe_session_kv_bytes(const fmoe_session *s);
 
 /*
  * Runs tokens[0..n) at positions position..position+n-1 (chunks of max_batch), appending

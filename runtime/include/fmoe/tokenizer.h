@@ -196,6 +196,11 @@ const char *const *fmoe_chat_template_names(void);
  *   the fixed renderer that is the fallback, or NULL when none was recognised. */
 const char *fmoe_tokenizer_chat_template(const fmoe_tokenizer *tok);
 
+/* @return the Jinja text a render uses (with_tools: the "tool_use" one of a list of named
+ *   templates, when there is one), owned by tok; NULL when the model has none. The server
+ *   reads the tool-call markup and the <think> tags a model's output will hold from it. */
+const char *fmoe_tokenizer_chat_template_text(const fmoe_tokenizer *tok, int with_tools);
+
 /*
  * Renders messages to prompt text (to be encoded with add_special = 0: the text carries
  * its own BOS where the template writes one). `opt` may be NULL (the model's template, no

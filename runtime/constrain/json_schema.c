@@ -1,0 +1,560 @@
+/*
+ * json_schema.c - a JSON schema compiled to the node table the byte automaton runs
+ * (json_impl.h); fmoe/json_constraint.h lists what a schema may say.
+ *
+ * Keywords are taken from a list: a keyword that changes what is valid and is not on it
+ * is refused with its JSON path, never ignored, so that a 200 reply never pretends to
+ * honour a constraint it did not apply. anyOf branches must differ in the first byte of
+ * their values, so that the automaton stays deterministic (one stack, no backtracking):
+ * a value's first byte picks its branch.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "fmoe/error.h"
+#include "json_impl.h"
+
+/* Nesting of a schema (objects within arrays within ...): each level is a frame. */
+#define JSON_MAX_SCHEMA_DEPTH 24
+
+/* ---------------------------------------------------------------------------------- */
+/* Tables                                                                             */
+/* ---------------------------------------------------------------------------------- */
+
+#define GROW(arr, num, cap)                                                              \
+    do {                                                                                 \
+        if ((num) == (cap)) {                                                            \
+            int32_t ncap_ = (cap) ? 2 * (cap) : 16;                                      \
+            void *g_ = realloc((arr), (size_t)ncap_ * sizeof *(arr));                    \
+            if (!g_) return fmoe_error_set(FMOE_ENOMEM, "out of memory compiling a schema"); \
+            (arr) = g_;                                                                  \
+            (cap) = ncap_;                                                               \
+        }                                                                                \
+    } while (0)
+
+static void starts_add(json_node *n, unsigned c) { n->starts[c >> 6] |= 1ull << (c & 63); }
+
+static int new_node(fmoe_json_schema *s, int32_t kind, int32_t *out) {
+    GROW(s->nodes, s->num_nodes, s->cap_nodes);
+    json_node *n = &s->nodes[s->num_nodes];
+    memset(n, 0, sizeof *n);
+    n->kind = kind;
+    n->max_items = -1;
+    switch (kind) {
+    case JSON_OBJECT:
+    case JSON_ANY_OBJECT: starts_add(n, '{'); break;
+    case JSON_ARRAY: starts_add(n, '['); break;
+    case JSON_STRING: starts_add(n, '"'); break;
+    case JSON_NUMBER:
+    case JSON_INTEGER:
+        starts_add(n, '-');
+        for (unsigned c = '0'; c <= '9'; c++) starts_add(n, c);
+        break;
+    case JSON_ANY:
+        for (const char *p = "{[\"-0123456789tfn"; *p; p++) starts_add(n, (unsigned char)*p);
+        break;
+    default: break; /* LITERALS and ANYOF: from their members */
+    }
+    *out = s->num_nodes++;
+    return 0;
+}
+
+static int add_literal(fmoe_json_schema *s, const char *text, size_t len, int32_t *out) {
+    FMOE_RETURN_ERROR_IF(len == 0 || len > (1u << 20), FMOE_EINVAL, "a literal of %zu bytes", len);
+    while ((size_t)s->pool_len + len > (size_t)s->pool_cap) {
+        int32_t ncap = s->pool_cap ? 2 * s->pool_cap : 256;
+        char *g = realloc(s->pool, (size_t)ncap);
+        if (!g) return fmoe_error_set(FMOE_ENOMEM, "out of memory compiling a schema");
+        s->pool = g;
+        s->pool_cap = ncap;
+    }
+    GROW(s->lits, s->num_lits, s->cap_lits);
+    memcpy(s->pool + s->pool_len, text, len);
+    s->lits[s->num_lits] = (json_lit){.off = s->pool_len, .len = (int32_t)len};
+    s->pool_len += (int32_t)len;
+    *out = s->num_lits++;
+    return 0;
+}
+
+/* A LITERALS node of the given compact JSON texts. */
+static int literal_node(fmoe_json_schema *s, const char *const *texts, int32_t n, int32_t *out) {
+    int32_t id;
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_LITERALS, &id));
+    s->nodes[id].first = s->num_lits;
+    s->nodes[id].count = n;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t lit;
+        FMOE_FORWARD_IF_ERROR(add_literal(s, texts[i], strlen(texts[i]), &lit));
+        starts_add(&s->nodes[id], (unsigned char)texts[i][0]);
+    }
+    *out = id;
+    return 0;
+}
+
+static int builtins(fmoe_json_schema *s) {
+    static const char *const t[] = {"true"}, *const f[] = {"false"}, *const nul[] = {"null"};
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_ANY, &s->any));
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_ANY_OBJECT, &s->any_object));
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_ARRAY, &s->any_array));
+    s->nodes[s->any_array].item = s->any;
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_STRING, &s->string));
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_NUMBER, &s->number));
+    FMOE_FORWARD_IF_ERROR(literal_node(s, t, 1, &s->lit_true));
+    FMOE_FORWARD_IF_ERROR(literal_node(s, f, 1, &s->lit_false));
+    return literal_node(s, nul, 1, &s->lit_null);
+}
+
+static int schema_new(fmoe_json_schema **out) {
+    fmoe_json_schema *s = calloc(1, sizeof *s);
+    if (!s) return fmoe_error_set(FMOE_ENOMEM, "out of memory compiling a schema");
+    atomic_init(&s->refs, 1);
+    int rc = builtins(s);
+    if (rc < 0) {
+        fmoe_json_schema_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Compiling                                                                          */
+/* ---------------------------------------------------------------------------------- */
+
+/* Where the compiler is: the JSON path of the schema node being compiled
+ * ("$.properties.name.items", "$.properties.home->#/$defs/Address.properties.zip" inside a
+ * reference), the document's root (for "$ref") and the references being expanded. */
+typedef struct path {
+    char buf[256];
+    size_t len;
+    const cJSON *root;
+    const char *refs[JSON_MAX_SCHEMA_DEPTH + 1];
+    int num_refs;
+} path;
+
+/* Appends "<prefix><name>" (name NULL: "<prefix>[index]"); @return the length to pop to. */
+static size_t path_push(path *p, const char *prefix, const char *name, int index) {
+    const size_t was = p->len;
+    const size_t room = sizeof p->buf - p->len;
+    const int n = name ? snprintf(p->buf + p->len, room, "%s%s", prefix, name)
+                       : snprintf(p->buf + p->len, room, "%s[%d]", prefix, index);
+    if (n > 0) p->len += (size_t)n < room ? (size_t)n : room - 1;
+    return was;
+}
+
+static void path_pop(path *p, size_t was) {
+    p->len = was;
+    p->buf[was] = '\0';
+}
+
+static const char *const supported_keywords[] = {
+    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+    "enum", "const", "anyOf", "$ref",
+    /* definitions, read through "$ref" */
+    "$defs", "definitions"};
+
+/* annotations: they describe, they do not constrain */
+static const char *const annotations[] = {
+    "title", "description", "$schema", "$id", "$comment", "default", "examples", "deprecated",
+    "readOnly", "writeOnly"};
+
+static int in_list(const char *k, const char *const *list, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(k, list[i]) == 0) return 1;
+    return 0;
+}
+
+static int known_keyword(const char *k) {
+    return in_list(k, supported_keywords, sizeof supported_keywords / sizeof *supported_keywords) ||
+           in_list(k, annotations, sizeof annotations / sizeof *annotations);
+}
+
+static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int32_t *out);
+
+/* Does a value of JSON type name `type` hold v? ("integer": a number with no fraction.) */
+static int has_type(const cJSON *v, const char *type) {
+    if (!strcmp(type, "object")) return cJSON_IsObject(v);
+    if (!strcmp(type, "array")) return cJSON_IsArray(v);
+    if (!strcmp(type, "string")) return cJSON_IsString(v);
+    if (!strcmp(type, "number")) return cJSON_IsNumber(v);
+    if (!strcmp(type, "integer"))
+        return cJSON_IsNumber(v) && v->valuedouble == (double)(long long)v->valuedouble;
+    if (!strcmp(type, "boolean")) return cJSON_IsBool(v);
+    if (!strcmp(type, "null")) return cJSON_IsNull(v);
+    return 0;
+}
+
+static int valid_type_name(const char *t) {
+    static const char *const names[] = {"object", "array", "string", "number", "integer",
+                                        "boolean", "null"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strcmp(t, names[i])) return 1;
+    return 0;
+}
+
+/* enum / const: the values (filtered by `type` when the schema has one) as literals. */
+static int compile_literals(fmoe_json_schema *s, const cJSON *j, path *p, int32_t *out) {
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(j, "enum");
+    const cJSON *co = cJSON_GetObjectItemCaseSensitive(j, "const");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
+    FMOE_RETURN_ERROR_IF(en && co, FMOE_EUNSUPPORTED,
+                         "'enum' together with 'const' at %s is not supported", p->buf);
+    FMOE_RETURN_ERROR_IF(en && (!cJSON_IsArray(en) || !en->child), FMOE_EINVAL,
+                         "'enum' at %s must be a non-empty array", p->buf);
+    const char *texts[JSON_MAX_ALTS];
+    char *owned[JSON_MAX_ALTS];
+    int32_t n = 0;
+    int rc = 0;
+    const cJSON *v = en ? en->child : co;
+    for (; v; v = en ? v->next : NULL) {
+        int keep = 1;
+        if (cJSON_IsString(type)) keep = has_type(v, type->valuestring);
+        if (cJSON_IsArray(type)) {
+            keep = 0;
+            for (const cJSON *t = type->child; t; t = t->next)
+                keep |= cJSON_IsString(t) && has_type(v, t->valuestring);
+        }
+        if (!keep) continue;
+        if (n == JSON_MAX_ALTS) {
+            rc = fmoe_error_set(FMOE_EUNSUPPORTED, "'enum' at %s has more than %d values",
+                                p->buf, JSON_MAX_ALTS);
+            goto done;
+        }
+        char *t = cJSON_PrintUnformatted(v);
+        if (!t) {
+            rc = fmoe_error_set(FMOE_ENOMEM, "out of memory compiling a schema");
+            goto done;
+        }
+        for (int32_t k = 0; k < n; k++)
+            if (!strcmp(texts[k], t)) { /* a duplicate value: one literal is enough */
+                free(t);
+                t = NULL;
+                break;
+            }
+        if (!t) continue;
+        owned[n] = t;
+        texts[n++] = t;
+    }
+    if (n == 0) {
+        rc = fmoe_error_set(FMOE_EINVAL, "'%s' at %s has no value of the schema's 'type'",
+                            en ? "enum" : "const", p->buf);
+        goto done;
+    }
+    rc = literal_node(s, texts, n, out);
+done:
+    for (int32_t k = 0; k < n; k++) free(owned[k]);
+    return rc;
+}
+
+static int get_count(const cJSON *j, const char *name, path *p, int32_t *out) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, name);
+    if (!f) return 0;
+    FMOE_RETURN_ERROR_IF(!cJSON_IsNumber(f) || f->valuedouble < 0 || f->valuedouble > 1e6 ||
+                             f->valuedouble != (double)(int32_t)f->valuedouble,
+                         FMOE_EINVAL, "'%s' at %s must be an integer in [0, 1000000]", name,
+                         p->buf);
+    *out = (int32_t)f->valuedouble;
+    return 1;
+}
+
+static int compile_object(fmoe_json_schema *s, const cJSON *j, path *p, int depth,
+                          int32_t *out) {
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(j, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(j, "required");
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(j, "additionalProperties");
+    FMOE_RETURN_ERROR_IF(props && !cJSON_IsObject(props), FMOE_EINVAL,
+                         "'properties' at %s must be an object", p->buf);
+    FMOE_RETURN_ERROR_IF(req && !cJSON_IsArray(req), FMOE_EINVAL,
+                         "'required' at %s must be an array of strings", p->buf);
+    FMOE_RETURN_ERROR_IF(add && !cJSON_IsBool(add) && !(cJSON_IsObject(add) && !add->child),
+                         FMOE_EUNSUPPORTED,
+                         "'additionalProperties' at %s is not supported unless true or false",
+                         p->buf);
+    if (!props && !cJSON_IsFalse(add)) {
+        FMOE_RETURN_ERROR_IF(req && req->child, FMOE_EINVAL,
+                             "'required' at %s names properties the schema does not list",
+                             p->buf);
+        *out = s->any_object;
+        return 0;
+    }
+    int32_t count = cJSON_GetArraySize(props);
+    FMOE_RETURN_ERROR_IF(count > JSON_MAX_ALTS, FMOE_EUNSUPPORTED,
+                         "'properties' at %s has more than %d properties", p->buf,
+                         JSON_MAX_ALTS);
+    for (const cJSON *r = req ? req->child : NULL; r; r = r->next) {
+        FMOE_RETURN_ERROR_IF(!cJSON_IsString(r), FMOE_EINVAL,
+                             "'required' at %s must be an array of strings", p->buf);
+        FMOE_RETURN_ERROR_IF(!cJSON_GetObjectItemCaseSensitive(props, r->valuestring),
+                             FMOE_EINVAL, "'required' at %s names '%s', not in 'properties'",
+                             p->buf, r->valuestring);
+    }
+    /* Children first (they append props of their own), then this object's props. */
+    json_prop tmp[JSON_MAX_ALTS];
+    int32_t i = 0;
+    for (const cJSON *pr = props ? props->child : NULL; pr; pr = pr->next, i++) {
+        for (const cJSON *q = props->child; q != pr; q = q->next)
+            FMOE_RETURN_ERROR_IF(!strcmp(q->string, pr->string), FMOE_EINVAL,
+                                 "'properties' at %s lists '%s' twice", p->buf, pr->string);
+        const size_t was = path_push(p, ".properties.", pr->string, 0);
+        int32_t value;
+        int rc = compile(s, pr, p, depth + 1, &value);
+        path_pop(p, was);
+        if (rc < 0) return rc;
+        cJSON *name = cJSON_CreateString(pr->string);
+        char *key = name ? cJSON_PrintUnformatted(name) : NULL;
+        cJSON_Delete(name);
+        if (!key) return fmoe_error_set(FMOE_ENOMEM, "out of memory compiling a schema");
+        int32_t lit;
+        rc = add_literal(s, key, strlen(key), &lit);
+        free(key);
+        if (rc < 0) return rc;
+        int required = 0;
+        for (const cJSON *r = req ? req->child : NULL; r; r = r->next)
+            required |= !strcmp(r->valuestring, pr->string);
+        tmp[i] = (json_prop){.key = lit, .value = value, .required = required};
+    }
+    int32_t id;
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_OBJECT, &id));
+    s->nodes[id].first = s->num_props;
+    s->nodes[id].count = count;
+    for (i = 0; i < count; i++) {
+        GROW(s->props, s->num_props, s->cap_props);
+        s->props[s->num_props++] = tmp[i];
+    }
+    *out = id;
+    return 0;
+}
+
+static int compile_array(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int32_t *out) {
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(j, "items");
+    int32_t item = s->any, lo = 0, hi = -1;
+    if (items) {
+        const size_t was = path_push(p, ".items", "", 0);
+        int rc = compile(s, items, p, depth + 1, &item);
+        path_pop(p, was);
+        if (rc < 0) return rc;
+    }
+    int rc = get_count(j, "minItems", p, &lo);
+    if (rc < 0) return rc;
+    if ((rc = get_count(j, "maxItems", p, &hi)) < 0) return rc;
+    FMOE_RETURN_ERROR_IF(hi >= 0 && hi < lo, FMOE_EINVAL, "'maxItems' %d < 'minItems' %d at %s",
+                         hi, lo, p->buf);
+    if (item == s->any && lo == 0 && hi < 0) {
+        *out = s->any_array;
+        return 0;
+    }
+    int32_t id;
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_ARRAY, &id));
+    s->nodes[id].item = item;
+    s->nodes[id].min_items = lo;
+    s->nodes[id].max_items = hi;
+    *out = id;
+    return 0;
+}
+
+static int compile_type(fmoe_json_schema *s, const cJSON *j, const char *type, path *p,
+                        int depth, int32_t *out) {
+    if (!strcmp(type, "object")) return compile_object(s, j, p, depth, out);
+    if (!strcmp(type, "array")) return compile_array(s, j, p, depth, out);
+    if (!strcmp(type, "string")) *out = s->string;
+    else if (!strcmp(type, "number")) *out = s->number;
+    else if (!strcmp(type, "integer")) return new_node(s, JSON_INTEGER, out);
+    else if (!strcmp(type, "boolean")) {
+        static const char *const tf[] = {"true", "false"};
+        return literal_node(s, tf, 2, out);
+    } else if (!strcmp(type, "null")) *out = s->lit_null;
+    else return fmoe_error_set(FMOE_EINVAL, "'type' at %s: unknown type '%s'", p->buf, type);
+    return 0;
+}
+
+/* An ANYOF node of branches[n]; refused when two branches may start with the same byte. */
+static int anyof_node(fmoe_json_schema *s, const int32_t *br, int32_t n, path *p,
+                      const char *keyword, int32_t *out) {
+    for (int32_t a = 0; a < n; a++)
+        for (int32_t b = a + 1; b < n; b++)
+            for (int w = 0; w < 4; w++) {
+                const uint64_t both = s->nodes[br[a]].starts[w] & s->nodes[br[b]].starts[w];
+                if (!both) continue;
+                const int c = w * 64 + __builtin_ctzll(both);
+                return fmoe_error_set(FMOE_EUNSUPPORTED,
+                                      "'%s' at %s: branches %d and %d both start with '%c'; "
+                                      "only branches of different first bytes are supported",
+                                      keyword, p->buf, a, b, c);
+            }
+    int32_t id;
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_ANYOF, &id));
+    s->nodes[id].first = s->num_branches;
+    s->nodes[id].count = n;
+    for (int32_t i = 0; i < n; i++) {
+        GROW(s->branches, s->num_branches, s->cap_branches);
+        s->branches[s->num_branches++] = br[i];
+        for (int w = 0; w < 4; w++) s->nodes[id].starts[w] |= s->nodes[br[i]].starts[w];
+    }
+    *out = id;
+    return 0;
+}
+
+/* "$ref": "#/$defs/NAME" (or "#/definitions/NAME") of the document's root, expanded in
+ * place, as pydantic's nested models are written. Beside it only annotations (and
+ * definitions) may stand; a reference to itself, directly or through others, is refused:
+ * the automaton has no recursion. */
+static int compile_ref(fmoe_json_schema *s, const cJSON *j, const cJSON *ref, path *p, int depth,
+                       int32_t *out) {
+    for (const cJSON *k = j->child; k; k = k->next)
+        FMOE_RETURN_ERROR_IF(strcmp(k->string, "$ref") && strcmp(k->string, "$defs") &&
+                                 strcmp(k->string, "definitions") &&
+                                 !in_list(k->string, annotations,
+                                          sizeof annotations / sizeof *annotations),
+                             FMOE_EUNSUPPORTED, "'%s' beside '$ref' at %s is not supported",
+                             k->string, p->buf);
+    FMOE_RETURN_ERROR_IF(!cJSON_IsString(ref), FMOE_EINVAL, "'$ref' at %s must be a string",
+                         p->buf);
+    const char *r = ref->valuestring, *name = NULL, *where = NULL;
+    if (!strncmp(r, "#/$defs/", 8)) name = r + 8, where = "$defs";
+    else if (!strncmp(r, "#/definitions/", 14)) name = r + 14, where = "definitions";
+    FMOE_RETURN_ERROR_IF(!name || !*name || strchr(name, '/') || strchr(name, '~'),
+                         FMOE_EUNSUPPORTED,
+                         "'$ref' at %s: \"%.64s\" is not supported (only \"#/$defs/NAME\" and "
+                         "\"#/definitions/NAME\")", p->buf, r);
+    const cJSON *defs = cJSON_GetObjectItemCaseSensitive(p->root, where);
+    const cJSON *target = cJSON_IsObject(defs) ? cJSON_GetObjectItemCaseSensitive(defs, name)
+                                               : NULL;
+    FMOE_RETURN_ERROR_IF(!target, FMOE_EINVAL, "'$ref' at %s: \"%.64s\" is not defined", p->buf,
+                         r);
+    for (int i = 0; i < p->num_refs; i++)
+        FMOE_RETURN_ERROR_IF(!strcmp(p->refs[i], r), FMOE_EUNSUPPORTED,
+                             "'$ref' at %s: \"%.64s\" refers to itself; recursive schemas are "
+                             "not supported", p->buf, r);
+    FMOE_RETURN_ERROR_IF(p->num_refs > JSON_MAX_SCHEMA_DEPTH, FMOE_EUNSUPPORTED,
+                         "'$ref' at %s: references nest deeper than %d", p->buf,
+                         JSON_MAX_SCHEMA_DEPTH);
+    p->refs[p->num_refs++] = r;
+    const size_t was = path_push(p, "->", r, 0);
+    const int rc = compile(s, target, p, depth + 1, out);
+    path_pop(p, was);
+    p->num_refs--;
+    return rc;
+}
+
+static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int32_t *out) {
+    FMOE_RETURN_ERROR_IF(depth > JSON_MAX_SCHEMA_DEPTH, FMOE_EUNSUPPORTED,
+                         "the schema at %s nests deeper than %d levels", p->buf,
+                         JSON_MAX_SCHEMA_DEPTH);
+    if (cJSON_IsTrue(j)) {
+        *out = s->any;
+        return 0;
+    }
+    FMOE_RETURN_ERROR_IF(!cJSON_IsObject(j), FMOE_EINVAL, "the schema at %s must be an object",
+                         p->buf);
+    for (const cJSON *k = j->child; k; k = k->next)
+        FMOE_RETURN_ERROR_IF(!known_keyword(k->string), FMOE_EUNSUPPORTED,
+                             "'%s' at %s is not supported", k->string, p->buf);
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(j, "$ref");
+    if (ref) return compile_ref(s, j, ref, p, depth, out);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
+    const cJSON *anyof = cJSON_GetObjectItemCaseSensitive(j, "anyOf");
+    if (type) {
+        FMOE_RETURN_ERROR_IF(!cJSON_IsString(type) && !(cJSON_IsArray(type) && type->child),
+                             FMOE_EINVAL,
+                             "'type' at %s must be a string or a non-empty array of strings",
+                             p->buf);
+        for (const cJSON *t = cJSON_IsArray(type) ? type->child : type; t;
+             t = cJSON_IsArray(type) ? t->next : NULL)
+            FMOE_RETURN_ERROR_IF(!cJSON_IsString(t) || !valid_type_name(t->valuestring),
+                                 FMOE_EINVAL, "'type' at %s: unknown type", p->buf);
+    }
+    if (cJSON_GetObjectItemCaseSensitive(j, "enum") || cJSON_GetObjectItemCaseSensitive(j, "const")) {
+        FMOE_RETURN_ERROR_IF(anyof, FMOE_EUNSUPPORTED,
+                             "'anyOf' together with 'enum' or 'const' at %s is not supported",
+                             p->buf);
+        return compile_literals(s, j, p, out);
+    }
+    if (anyof) {
+        FMOE_RETURN_ERROR_IF(type, FMOE_EUNSUPPORTED,
+                             "'anyOf' together with 'type' at %s is not supported", p->buf);
+        FMOE_RETURN_ERROR_IF(!cJSON_IsArray(anyof) || !anyof->child, FMOE_EINVAL,
+                             "'anyOf' at %s must be a non-empty array", p->buf);
+        int32_t br[JSON_MAX_ALTS], n = 0;
+        for (const cJSON *b = anyof->child; b; b = b->next, n++) {
+            FMOE_RETURN_ERROR_IF(n == JSON_MAX_ALTS, FMOE_EUNSUPPORTED,
+                                 "'anyOf' at %s has more than %d branches", p->buf,
+                                 JSON_MAX_ALTS);
+            const size_t was = path_push(p, ".anyOf", NULL, n);
+            int rc = compile(s, b, p, depth + 1, &br[n]);
+            path_pop(p, was);
+            if (rc < 0) return rc;
+        }
+        if (n == 1) {
+            *out = br[0];
+            return 0;
+        }
+        return anyof_node(s, br, n, p, "anyOf", out);
+    }
+    if (cJSON_IsString(type)) return compile_type(s, j, type->valuestring, p, depth, out);
+    if (cJSON_IsArray(type)) {
+        int32_t br[8], n = 0;
+        for (const cJSON *t = type->child; t && n < 8; t = t->next)
+            FMOE_FORWARD_IF_ERROR(compile_type(s, j, t->valuestring, p, depth, &br[n++]));
+        if (n == 1) {
+            *out = br[0];
+            return 0;
+        }
+        return anyof_node(s, br, n, p, "type", out);
+    }
+    /* No type: what its keywords imply, else any value. */
+    if (cJSON_GetObjectItemCaseSensitive(j, "properties") ||
+        cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "additionalProperties")))
+        return compile_object(s, j, p, depth, out);
+    if (cJSON_GetObjectItemCaseSensitive(j, "items")) return compile_array(s, j, p, depth, out);
+    *out = s->any;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Public                                                                             */
+/* ---------------------------------------------------------------------------------- */
+
+int fmoe_json_schema_compile(const char *text, size_t len, fmoe_json_schema **out) {
+    if (!text || !out) return fmoe_error_set(FMOE_EINVAL, "schema text or output is NULL");
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root) return fmoe_error_set(FMOE_EINVAL, "the schema is not valid JSON");
+    fmoe_json_schema *s = NULL;
+    int rc = schema_new(&s);
+    if (rc == 0) {
+        path p = {.buf = "$", .len = 1, .root = root};
+        rc = compile(s, root, &p, 0, &s->root);
+    }
+    cJSON_Delete(root);
+    if (rc < 0) {
+        fmoe_json_schema_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int fmoe_json_schema_any_object(fmoe_json_schema **out) {
+    fmoe_json_schema *s = NULL;
+    FMOE_FORWARD_IF_ERROR(schema_new(&s));
+    s->root = s->any_object;
+    *out = s;
+    return 0;
+}
+
+fmoe_json_schema *fmoe_json_schema_retain(fmoe_json_schema *s) {
+    if (s) atomic_fetch_add(&s->refs, 1);
+    return s;
+}
+
+void fmoe_json_schema_free(fmoe_json_schema *s) {
+    if (!s || atomic_fetch_sub(&s->refs, 1) > 1) return;
+    free(s->nodes);
+    free(s->props);
+    free(s->lits);
+    free(s->branches);
+    free(s->pool);
+    free(s);
+}

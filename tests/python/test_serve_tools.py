@@ -1,0 +1,281 @@
+"""Tool calls and reasoning through `fmoe serve`, with the openai client.
+
+fmoe-tiny's weights under real chat templates (Qwen3's: <tool_call> and <think>;
+DeepSeek-R1-Distill's: a prompt that ends inside <think>; Mistral-Nemo's: [TOOL_CALLS]
+and 9-character call ids). A random tiny model writes no tool call of its own, so the
+calls here are forced: a named tool_choice appends the call's opening markup to the
+prompt and the model must write the arguments. What comes back is checked against
+independent sources: the prompt against jinja2's rendering of the same template encoded
+by HuggingFace `tokenizers` (prompt_tokens), the arguments against the text the same
+model generates from that prompt on /v1/completions, a stream against the whole
+response. The parser itself is tested on real model-format strings, split at every byte,
+in tests/serve/test_serve_tools.c.
+"""
+import json
+
+import pytest
+
+import serve_util
+from chat_jinja_util import reference, variables
+from conftest import REPO
+
+tokenizers = pytest.importorskip("tokenizers")
+openai = pytest.importorskip("openai")
+
+TINY = REPO / "datasets" / "fmoe-tiny"
+TEMPLATES = REPO / "tests" / "fixtures" / "chat_templates"
+QWEN3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+R1 = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+NEMO = (TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text()
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+FORCE = {"type": "function", "function": {"name": "get_weather"}}
+QWEN_PREFIX = '<tool_call>\n{"name": "get_weather", "arguments": '
+
+
+def model_with(tmp_path_factory, name, template):
+    d = tmp_path_factory.mktemp(name)
+    for f in TINY.iterdir():
+        if f.name != "tokenizer_config.json":
+            (d / f.name).symlink_to(f)
+    cfg = json.loads((TINY / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    s = serve_util.Server(tmp_path_factory.mktemp("serve"), "--model",
+                          model_with(tmp_path_factory, "qwen3", QWEN3), "--parallel", "2")
+    yield s
+    s.stop()
+
+
+def rendered(template, messages, tools=None, **kwargs):
+    """The prompt text transformers would render (tool-call arguments as dicts, as vLLM and
+    fmoe hand them to the template)."""
+    msgs = json.loads(json.dumps(messages))
+    for m in msgs:
+        for c in m.get("tool_calls") or []:
+            try:
+                args = json.loads(c["function"]["arguments"])
+            except ValueError:
+                continue
+            if isinstance(args, dict):
+                c["function"]["arguments"] = args
+    v = variables(msgs, tools=tools, **kwargs)
+    v.pop("bos_token")  # fmoe-tiny has none
+    v["eos_token"] = "<|im_end|>"
+    (out,) = reference(template, [v])
+    assert "text" in out, out
+    return out["text"]
+
+
+def ids(text):
+    hf = tokenizers.Tokenizer.from_file(str(TINY / "tokenizer.json"))
+    return hf.encode(text, add_special_tokens=False).ids
+
+
+def greedy(server, prompt_ids, max_tokens):
+    st, _, body = server.post("/v1/completions", {"model": "m", "prompt": prompt_ids,
+                                                  "max_tokens": max_tokens, "temperature": 0})
+    assert st == 200, body
+    return json.loads(body)["choices"][0]["text"]
+
+
+def test_named_tool_choice_forces_a_call(qwen):
+    c = qwen.client()
+    r = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=FORCE,
+                                  max_tokens=8, temperature=0)
+    msg, ch = r.choices[0].message, r.choices[0]
+    # the prompt: Qwen3's template with the tools, then the forced opening
+    want = ids(rendered(QWEN3, ASK, tools=TOOLS) + QWEN_PREFIX)
+    assert r.usage.prompt_tokens == len(want)
+    (call,) = msg.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert call.id.startswith("call_") and len(call.id) == 29
+    assert isinstance(call.function.arguments, str) and call.function.arguments
+    # the arguments are the bytes the model wrote after the opening (a random model writes
+    # no JSON, and no closing tag: cut by max_tokens), none of it in content
+    generated = greedy(qwen, want, 8)
+    assert generated.startswith(call.function.arguments), (generated, call.function.arguments)
+    assert msg.content is None
+    assert ch.finish_reason in ("length", "tool_calls")
+    # a forced call comes first: no think block is parsed before it
+    assert getattr(msg, "reasoning_content", None) is None
+
+
+def test_stream_reassembles_the_whole_response(qwen):
+    c = qwen.client()
+    kw = dict(model="m", messages=ASK, tools=TOOLS, tool_choice=FORCE, max_tokens=8,
+              temperature=0)
+    whole = c.chat.completions.create(**kw).choices[0]
+    calls, content, finish, firsts = {}, "", None, []
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        content += d.content or ""
+        for tc in d.tool_calls or []:
+            if tc.index not in calls:  # the first delta of a call: id, type and name
+                assert tc.id and tc.type == "function" and tc.function.name
+                calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": ""}
+                firsts.append(tc.index)
+            else:
+                assert tc.id is None and tc.function.name is None
+            calls[tc.index]["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert firsts == [0]
+    w = whole.message.tool_calls[0]
+    assert calls[0]["id"].startswith("call_")  # ids are per response
+    assert (calls[0]["name"], calls[0]["arguments"]) == (w.function.name, w.function.arguments)
+    assert content == "" and finish == whole.finish_reason
+
+
+def test_round_trip_call_result_answer(qwen):
+    """The call comes back as an assistant message and the tool's result follows it: the
+    prompt is the template's rendering of exactly that conversation."""
+    c = qwen.client()
+    r = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=FORCE,
+                                  max_tokens=8, temperature=0)
+    call = r.choices[0].message.tool_calls[0]
+    # content "", not null: Qwen3's template tests `'</think>' in message.content`, which
+    # fails on None under transformers as it does here
+    convo = ASK + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+    # arguments that are a JSON object reach the template as the object, as with vLLM
+    good = json.loads(json.dumps(convo))
+    good[1]["tool_calls"][0]["function"]["arguments"] = '{"city": "Paris"}'
+    for messages in (convo, good):
+        a = c.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=4,
+                                      temperature=0)
+        assert a.usage.prompt_tokens == len(ids(rendered(QWEN3, messages, tools=TOOLS)))
+        assert a.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    assert '"city": "Paris"' in rendered(QWEN3, good, tools=TOOLS)
+
+
+def test_auto_none_and_required_prompts(qwen):
+    c = qwen.client()
+    for choice, want in (("auto", rendered(QWEN3, ASK, tools=TOOLS)),
+                         ("none", rendered(QWEN3, ASK)),
+                         ("required", rendered(QWEN3, ASK, tools=TOOLS)
+                          + '<tool_call>\n{"name": "')):
+        r = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=choice,
+                                      max_tokens=4, temperature=0)
+        assert r.usage.prompt_tokens == len(ids(want)), choice
+        if choice == "none":
+            assert r.choices[0].message.tool_calls is None
+
+
+def test_parallel_tool_calls_false_is_accepted(qwen):
+    r = qwen.client().chat.completions.create(
+        model="m", messages=ASK, tools=TOOLS, tool_choice=FORCE, parallel_tool_calls=False,
+        max_tokens=4, temperature=0)
+    assert len(r.choices[0].message.tool_calls) == 1
+
+
+def test_reasoning_content_when_the_prompt_opens_think(tmp_path_factory):
+    """DeepSeek-R1's template ends the prompt inside <think> when thinking is on: the whole
+    answer so far is reasoning_content, exactly the text the model generates."""
+    s = serve_util.Server(tmp_path_factory.mktemp("serve-r1"), "--model",
+                          model_with(tmp_path_factory, "r1", R1), "--parallel", "1")
+    try:
+        kw = dict(model="m", messages=ASK, max_tokens=6, temperature=0,
+                  extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        c = s.client()
+        r = c.chat.completions.create(**kw)
+        text = rendered(R1, ASK, enable_thinking=True)
+        assert text.endswith("<think>\n")
+        assert r.usage.prompt_tokens == len(ids(text))
+        msg = r.choices[0].message
+        generated = greedy(s, ids(text), 6)
+        assert msg.reasoning_content == generated and msg.content == ""
+        streamed = "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or ""
+                           for ch in c.chat.completions.create(stream=True, **kw)
+                           if ch.choices)
+        assert streamed == generated
+        # thinking off: the prompt closes </think>, the text is content
+        r = c.chat.completions.create(**{**kw, "extra_body": {}})
+        assert r.choices[0].message.content == greedy(s, ids(rendered(R1, ASK)), 6)
+    finally:
+        s.stop()
+
+
+def error_of(server, body):
+    st, _, data = server.post("/v1/chat/completions", body)
+    return st, json.loads(data)
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"tools": {"type": "function"}}, "tools"),
+    ({"tools": [{"type": "function", "function": {"description": "no name"}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+])
+def test_bad_tools_are_400_naming_the_field(qwen, extra, param):
+    st, body = error_of(qwen, {"model": "m", "messages": ASK, "max_tokens": 2, **extra})
+    assert st == 400, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["param"] == param, body
+    assert qwen.request("GET", "/health")[0] == 200
+
+
+def test_mistral_ids_and_tool_messages(tmp_path_factory):
+    """Mistral-Nemo's template: [TOOL_CALLS] calls with 9-character ids, which the template
+    insists on when they come back; a tool result without tool_call_id is the template's
+    400, and the server goes on."""
+    s = serve_util.Server(tmp_path_factory.mktemp("serve-nemo"), "--model",
+                          model_with(tmp_path_factory, "nemo", NEMO), "--parallel", "1")
+    try:
+        c = s.client()
+        r = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=FORCE,
+                                      max_tokens=6, temperature=0)
+        call = r.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        assert len(call.id) == 9 and call.id.isalnum()
+        assert r.usage.prompt_tokens == len(ids(
+            rendered(NEMO, ASK, tools=TOOLS) + '[TOOL_CALLS][{"name": "get_weather", '
+                                               '"arguments": '))
+        turn = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+        ok = ASK + [turn, {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+        a = c.chat.completions.create(model="m", messages=ok, tools=TOOLS, max_tokens=2)
+        assert a.usage.prompt_tokens == len(ids(rendered(NEMO, ok, tools=TOOLS)))
+        st, body = error_of(s, {"model": "m", "tools": TOOLS, "max_tokens": 2,
+                                "messages": ASK + [turn, {"role": "tool", "content": "sunny"}]})
+        assert st == 400 and "Tool call IDs" in body["error"]["message"], body
+        assert s.request("GET", "/health")[0] == 200
+    finally:
+        s.stop()
+
+
+def test_template_of_a_format_fmoe_does_not_read_is_400_naming_it(tmp_path_factory):
+    """Granite's template writes <|tool_call|>, which fmoe does not parse: tools are refused
+    with the format named (not read as another), and chat without tools still works."""
+    granite = (TEMPLATES / "ibm-granite-granite-3.3-2B-Instruct.jinja").read_text()
+    s = serve_util.Server(tmp_path_factory.mktemp("serve-granite"), "--model",
+                          model_with(tmp_path_factory, "granite", granite), "--parallel", "1")
+    try:
+        st, body = error_of(s, {"model": "m", "messages": ASK, "tools": TOOLS, "max_tokens": 2})
+        assert st == 400 and body["error"]["param"] == "tools", body
+        assert "<|tool_call|>" in body["error"]["message"], body
+        st, body = error_of(s, {"model": "m", "messages": ASK, "max_tokens": 2})
+        assert st == 200, body
+    finally:
+        s.stop()
