@@ -258,6 +258,7 @@ int fmoe_dtype_of_ggml_type(uint32_t ggml_type, fmoe_dtype *out) {
     case FMOE_GGML_Q2_K: *out = FMOE_DTYPE_Q2_K; return 0;
     case FMOE_GGML_Q3_K: *out = FMOE_DTYPE_Q3_K; return 0;
     case FMOE_GGML_IQ4_XS: *out = FMOE_DTYPE_IQ4_XS; return 0;
+    case FMOE_GGML_MXFP4: *out = FMOE_DTYPE_MXFP4; return 0;
     default: return FMOE_EUNSUPPORTED;
     }
 }

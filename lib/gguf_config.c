@@ -151,6 +151,44 @@ static int build_deepseek2(const fmoe_gguf *g, const char *arch, cJSON *c) {
 }
 
 /*
+ * gpt-oss, as llama.cpp's converter writes it (convert_hf_to_gguf.py GptOssModel): the
+ * experts' width as expert_feed_forward_length, attention.sliding_window (on the even
+ * layers: configuration_gpt_oss's default layer_types, llama.cpp's swa pattern 2) and
+ * YaRN from rope.scaling.{factor, original_context_length}, with OpenAI's truncate false
+ * (its published config; llama.cpp's ggml_rope_yarn_corr_dims rounds the ramp's ends).
+ * q/k/v/o biases when the file has them. No key carries swiglu_limit or swiglu_alpha:
+ * llama.cpp fixes them at 7 and 1.702, the defaults here too.
+ */
+static int build_gpt_oss(const fmoe_gguf *g, const char *arch, cJSON *c, int64_t experts,
+                         int64_t expert_ff) {
+    int64_t window;
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "attention.sliding_window", 0, &window));
+    cJSON_AddStringToObject(c, "model_type", "gpt_oss");
+    cJSON_AddNumberToObject(c, "num_local_experts", (double)experts);
+    cJSON_AddNumberToObject(c, "intermediate_size", (double)expert_ff);
+    if (window > 0) cJSON_AddNumberToObject(c, "sliding_window", (double)window);
+    cJSON_AddBoolToObject(c, "attention_bias", fmoe_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL);
+    char type[32];
+    arch_str(g, arch, "rope.scaling.type", type, sizeof type);
+    if (strcmp(type, "yarn") == 0) {
+        double factor, omp;
+        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.factor", 1.0, &factor));
+        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.original_context_length",
+                                         4096.0, &omp));
+        cJSON *rs = cJSON_AddObjectToObject(c, "rope_scaling");
+        FMOE_RETURN_ERROR_IF(!rs, FMOE_ENOMEM, "out of memory");
+        cJSON_AddStringToObject(rs, "rope_type", "yarn");
+        cJSON_AddNumberToObject(rs, "factor", factor);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", omp);
+        cJSON_AddBoolToObject(rs, "truncate", 0);
+    } else if (type[0] && strcmp(type, "none") != 0) {
+        return fmoe_error_set(FMOE_EUNSUPPORTED, "%s: %s.rope.scaling.type %s (fmoe reads yarn)",
+                              fmoe_gguf_name(g), arch, type);
+    }
+    return 0;
+}
+
+/*
  * glm4moe (GLM-4.5, GLM-4.5-Air), as llama.cpp's converter writes it (conversion/glm.py,
  * Glm4MoeModel): block_count counts the num_nextn_predict_layers multi-token-prediction
  * layers after the decoder's (their blk.L.* and blk.L.nextn.* tensors are never bound);
@@ -279,6 +317,8 @@ static int build(const fmoe_gguf *g, const char *arch, cJSON *c) {
         FMOE_FORWARD_IF_ERROR(build_deepseek2(g, arch, c));
     } else if (strcmp(arch, "glm4moe") == 0) {
         FMOE_FORWARD_IF_ERROR(build_glm4moe(g, arch, c, layers, head_dim));
+    } else if (strcmp(arch, "gpt-oss") == 0) {
+        FMOE_FORWARD_IF_ERROR(build_gpt_oss(g, arch, c, experts, expert_ff));
     } else { /* deepseek */
         FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_shared_count", 0, &shared));
         FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "leading_dense_block_count", 0, &dense));
@@ -308,10 +348,10 @@ int fmoe_gguf_config_json(const fmoe_gguf *g, char **out, int *exact) {
     FMOE_RETURN_ERROR_IF(strcmp(arch, "llama") != 0 && strcmp(arch, "qwen2moe") != 0 &&
                              strcmp(arch, "qwen3moe") != 0 && strcmp(arch, "olmoe") != 0 &&
                              strcmp(arch, "deepseek") != 0 && strcmp(arch, "deepseek2") != 0 &&
-                             strcmp(arch, "glm4moe") != 0,
+                             strcmp(arch, "glm4moe") != 0 && strcmp(arch, "gpt-oss") != 0,
                          FMOE_EUNSUPPORTED,
                          "%s: architecture %s (fmoe reads llama with experts, qwen2moe, "
-                         "qwen3moe, olmoe, deepseek, deepseek2 and glm4moe)",
+                         "qwen3moe, olmoe, deepseek, deepseek2, glm4moe and gpt-oss)",
                          fmoe_gguf_name(g), arch);
     cJSON *c = cJSON_CreateObject();
     FMOE_RETURN_ERROR_IF(!c, FMOE_ENOMEM, "out of memory");

@@ -65,12 +65,14 @@ static const struct {
     {"mlp.down_proj.weight", "ffn_down.weight", 0},
 };
 
-/* Where one architecture names a tensor otherwise: glm4moe's post-attention norm is
- * llama.cpp's ATTN_POST_NORM (gguf-py's MODEL_TENSORS[GLM4_MOE] has no ffn_norm). */
+/* Where one architecture names a tensor otherwise: glm4moe's and gpt-oss's post-attention
+ * norm is llama.cpp's ATTN_POST_NORM (gguf-py's MODEL_TENSORS[GLM4_MOE] and [GPT_OSS] have
+ * no ffn_norm). */
 static const struct {
     const char *arch, *hf, *gguf;
 } arch_map[] = {
     {"glm4moe", "post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"gpt-oss", "post_attention_layernorm.weight", "post_attention_norm.weight"},
 };
 
 /* Matches `s` against `pat`, where '*' is a decimal number (stored in *num). */

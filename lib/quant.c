@@ -66,7 +66,7 @@ static const struct {
     [FMOE_GGML_BF16] = {"BF16", 1, 2},
     [FMOE_GGML_TQ1_0] = {"TQ1_0", 256, 54},
     [FMOE_GGML_TQ2_0] = {"TQ2_0", 256, 66},
-    [FMOE_GGML_MXFP4] = {"MXFP4", 32, 17},
+    [FMOE_GGML_MXFP4] = {"MXFP4", 32, FMOE_MXFP4_BYTES},
 };
 
 const char *fmoe_ggml_type_name(uint32_t t) { return t < FMOE_GGML_TYPE_END ? types[t].name : NULL; }
@@ -89,7 +89,7 @@ int fmoe_ggml_type_parse(const char *name, fmoe_ggml_type *out) {
 
 int fmoe_quant_supported(uint32_t t) {
     return t == FMOE_GGML_F32 || t == FMOE_GGML_F16 || t == FMOE_GGML_BF16 ||
-           fmoe_quant_can_quantize(t);
+           t == FMOE_GGML_MXFP4 || fmoe_quant_can_quantize(t);
 }
 
 int fmoe_quant_can_quantize(uint32_t t) {
@@ -161,6 +161,7 @@ void fmoe_quant_dequantize_row(uint32_t t, const void *row, float *y, int64_t n)
     case FMOE_GGML_Q5_0:
     case FMOE_GGML_Q5_1:
     case FMOE_GGML_IQ4_NL:
+    case FMOE_GGML_MXFP4:
         for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += types[t].size)
             fmoe__qblock_dequant(t, b, y + i);
         return;

@@ -23,12 +23,14 @@
 
 int fmoe_quant_act_supported(uint32_t t) {
     return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K ||
-           t == FMOE_GGML_Q6_K || fmoe__is_q32(t) || fmoe__is_kx(t);
+           t == FMOE_GGML_Q6_K || fmoe__is_q32(t) || fmoe__is_kx(t) || t == FMOE_GGML_MXFP4;
 }
 
-/* The rows of 32-value blocks (Q8_0, Q4_0 .. IQ4_NL) take Q8_0 activations, the
+/* The rows of 32-value blocks (Q8_0, Q4_0 .. IQ4_NL, MXFP4) take Q8_0 activations, the
  * K-quants Q8_K ones. */
-static int act_q8_0(uint32_t t) { return t == FMOE_GGML_Q8_0 || fmoe__is_q32(t); }
+static int act_q8_0(uint32_t t) {
+    return t == FMOE_GGML_Q8_0 || fmoe__is_q32(t) || t == FMOE_GGML_MXFP4;
+}
 
 int64_t fmoe_quant_act_bytes(uint32_t t, int64_t n) {
     if (!fmoe_quant_act_supported(t) || fmoe_quant_row_bytes(t, n) < 0) return -1;
@@ -149,6 +151,22 @@ static float dot_q32_ref(uint32_t t, const uint8_t *w, const uint8_t *a, int64_t
     return s;
 }
 
+/* MXFP4 against Q8_0 activations: Σ level·a exact per block (levels are the doubled E2M1
+ * integers, |level| <= 12), scaled by the block's 2^(e-128) times da, as ggml's
+ * ggml_vec_dot_mxfp4_q8_0 does (E8M0 half times f16 da, then times the sum). */
+static float dot_mxfp4_ref(const uint8_t *w, const uint8_t *a, int64_t n) {
+    static const int8_t levels[16] = FMOE__MXFP4_LEVELS;
+    float s = 0;
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += FMOE_MXFP4_BYTES, a += FMOE_Q8_0_BYTES) {
+        const int8_t *qa = (const int8_t *)(a + 2);
+        int32_t sum = 0;
+        for (int l = 0; l < 16; l++)
+            sum += levels[w[1 + l] & 0xF] * qa[l] + levels[w[1 + l] >> 4] * qa[l + 16];
+        s += fmoe__e8m0_half(w[0]) * f16_at(a) * (float)sum;
+    }
+    return s;
+}
+
 /* Q4_K and Q5_K: Σ_j sc_j·Σ q·a and Σ_j m_j·(bsums of sub-block j), both exact integers;
  * the block adds d·da·first - dmin·da·second. bits: 4 or 5 (qh at w + 16). */
 static float dot_q45_k_ref(const uint8_t *w, const uint8_t *a, int64_t n, int bits) {
@@ -222,6 +240,7 @@ float fmoe_quant_act_dot_ref(uint32_t t, const void *row, const void *qx, int64_
     case FMOE_GGML_Q2_K:
     case FMOE_GGML_Q3_K:
     case FMOE_GGML_IQ4_XS: return fmoe__quant_act_dot_kx(t, row, qx, n, FMOE__QUANT_PLAIN);
+    case FMOE_GGML_MXFP4: return dot_mxfp4_ref(row, qx, n);
     default: return dot_q32_ref(t, row, qx, n);
     }
 }
@@ -230,6 +249,17 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
                            const void *qx, int64_t qx_stride, int32_t nx, int64_t n, float *y,
                            int64_t ldy) {
     FMOE_ASSERT(fmoe_quant_act_supported(t) && n % (act_q8_0(t) ? FMOE_QK8_0 : FMOE_QK_K) == 0);
+    if (t == FMOE_GGML_MXFP4) { /* the AVX2 kernel at both SIMD levels (no AVX-512 form) */
+        if (fmoe__quant_level() >= FMOE__QUANT_AVX2) {
+            fmoe__quant_act_rows_avx2(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
+            return;
+        }
+        for (int64_t r = 0; r < rows; r++)
+            for (int32_t k = 0; k < nx; k++)
+                y[k * ldy + r] = dot_mxfp4_ref((const uint8_t *)W + r * row_bytes,
+                                               (const uint8_t *)qx + k * qx_stride, n);
+        return;
+    }
     if (fmoe__is_kx(t)) { /* Q2_K, Q3_K, IQ4_XS: lib/quant_kx.c, every level the same bits */
         const int level = fmoe__quant_level();
         for (int64_t r = 0; r < rows; r++)

@@ -208,7 +208,7 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
 }
 
-/* Q4_0, Q5_0, IQ4_NL (signed codes, Q8_0's sign trick) and Q4_1, Q5_1 (unsigned codes
+/* Q4_0, Q5_0, IQ4_NL, MXFP4 (signed codes, Q8_0's sign trick) and Q4_1, Q5_1 (unsigned codes
  * straight into maddubs, plus m·Σa with Σa from maddubs against ones) against Q8_0
  * activations. |code| <= 127 (IQ4_NL's -127), so no int16 pair saturates. */
 SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
@@ -221,7 +221,8 @@ SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t str
     for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES) {
         prefetch(w, 1);
         const __m256i qw = fmoe__q32_unpack(type, w);
-        const __m256 dw = _mm256_set1_ps(f16_at(w));
+        const __m256 dw =
+            _mm256_set1_ps(type == FMOE_GGML_MXFP4 ? fmoe__e8m0_half(w[0]) : f16_at(w));
         if (!affine) {
             const __m256i aw = _mm256_sign_epi8(qw, qw);
             _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
@@ -248,6 +249,7 @@ SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t str
 }
 
 #define QUANT_ACT_ROWS fmoe__quant_act_rows_avx2
+#define QUANT_ACT_ROWS_MXFP4 /* this level's dots_q32 takes MXFP4 (the AVX-512 one not) */
 #include "quant_act_rows.inc"
 
 /* roundf (half away from zero) of 8 floats of magnitude below 2^23: truncate, then step

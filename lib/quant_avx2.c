@@ -137,14 +137,16 @@ SIMD static float dot_q6_k(const uint8_t *b, const float *x, int64_t n) {
     return fmoe__hsum256(acc);
 }
 
-/* Q4_0, Q5_0, IQ4_NL (signed codes: d·Σq·x a block) and Q4_1, Q5_1 (d·Σq·x + m·Σx). */
+/* Q4_0, Q5_0, IQ4_NL, MXFP4 (signed codes: d·Σq·x a block; MXFP4's d its E8M0 half) and
+ * Q4_1, Q5_1 (d·Σq·x + m·Σx). */
 SIMD static float dot_q32(uint32_t type, const uint8_t *b, const float *x, int64_t n) {
     const int64_t bytes = fmoe_ggml_type_size(type);
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += bytes) {
         const __m256 s = fma32(fmoe__q32_unpack(type, b), x + i, _mm256_setzero_ps());
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b)), s, acc);
+        const float d = type == FMOE_GGML_MXFP4 ? fmoe__e8m0_half(b[0]) : f16_at(b);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
         if (affine) acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b + 2)), sum32(x + i), acc);
     }
     return fmoe__hsum256(acc);
@@ -157,6 +159,7 @@ float fmoe__quant_dot_avx2(uint32_t type, const void *row, const float *x, int64
     case FMOE_GGML_Q5_0:
     case FMOE_GGML_Q5_1:
     case FMOE_GGML_IQ4_NL: return dot_q32(type, row, x, n);
+    case FMOE_GGML_MXFP4: return dot_q32(FMOE_GGML_MXFP4, row, x, n);
     case FMOE_GGML_F32: return fmoe__dot_f32_avx2(row, x, n);
     case FMOE_GGML_F16: return fmoe__dot_u16_avx2(row, 0, x, n);
     case FMOE_GGML_BF16: return fmoe__dot_u16_avx2(row, 1, x, n);

@@ -1,6 +1,7 @@
 /*
  * quant_block.h - the value formula of each ggml block format fmoe computes with (Q8_0,
- * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and the 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL),
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and the 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+ * MXFP4),
  * written once as
  * plain C that lib/quant.c compiles and the CUDA kernels (runtime/cuda/cuda_forward.cu)
  * include: the GPU dequantises with the very arithmetic that
@@ -40,6 +41,7 @@ static inline FMOE_HD int32_t fmoe__qblock_values(uint32_t type) {
     case FMOE_GGML_Q5_0:
     case FMOE_GGML_Q5_1:
     case FMOE_GGML_IQ4_NL:
+    case FMOE_GGML_MXFP4:
     case FMOE_GGML_Q8_0: return FMOE_QK8_0;
     case FMOE_GGML_Q2_K:
     case FMOE_GGML_Q3_K:
@@ -65,6 +67,7 @@ static inline FMOE_HD int32_t fmoe__qblock_bytes(uint32_t type) {
     case FMOE_GGML_Q2_K: return FMOE_Q2_K_BYTES;
     case FMOE_GGML_Q3_K: return FMOE_Q3_K_BYTES;
     case FMOE_GGML_IQ4_XS: return FMOE_IQ4_XS_BYTES;
+    case FMOE_GGML_MXFP4: return FMOE_MXFP4_BYTES;
     default: return 0;
     }
 }
@@ -218,6 +221,42 @@ static inline FMOE_HD void fmoe__q32_values(uint32_t type, const uint8_t *b, int
 }
 
 /* ---------------------------------------------------------------------------------- */
+/* MXFP4 (OCP Microscaling v1.0, as ggml stores it: block_mxfp4 in ggml-common.h): an  */
+/* E8M0 scale byte e @0, then qs[16] @1 laid out as IQ4_NL's: value l < 16 in the low   */
+/* nibble of qs[l], value l >= 16 in the high nibble of qs[l - 16]. Each nibble is an  */
+/* E2M1 number (sign, 2-bit exponent, 1-bit mantissa); ggml keeps them doubled as the   */
+/* integers kvalues_mxfp4 and halves the scale instead: x = kvalues[q] · 2^(e - 128)    */
+/* (GGML_E8M0_TO_FP32_HALF; e < 2 gives the subnormal 2^-128 and 2^-127). One product, */
+/* one rounding (exact here: a small integer times a power of two).                    */
+/* ---------------------------------------------------------------------------------- */
+
+/* MXFP4's 16 levels, doubled E2M1 (ggml-common.h's kvalues_mxfp4): a format constant. */
+#define FMOE__MXFP4_LEVELS {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+
+/* Half the value of the E8M0 scale e, 2^(e - 128), as ggml_e8m0_to_fp32_half builds its
+ * bits: (e - 1) << 23 for e >= 2 (a normal float), 0x00200000 << e below (subnormal). */
+static inline FMOE_HD float fmoe__e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.u = bits;
+    return v.f;
+}
+
+/* Values l0..l0+n-1 (l0 + n <= 32) of an MXFP4 block into y[n]. */
+static inline FMOE_HD void fmoe__mxfp4_values(const uint8_t *b, int l0, int n, float *y) {
+    const int8_t levels[16] = FMOE__MXFP4_LEVELS;
+    const float d = fmoe__e8m0_half(b[0]);
+    for (int i = 0; i < n; i++) {
+        const int l = l0 + i;
+        const uint8_t byte = b[1 + (l & 15)];
+        y[i] = (float)levels[l < 16 ? byte & 0xF : byte >> 4] * d;
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
 /* Q2_K, Q3_K, IQ4_XS: 256 values in sixteen sub-blocks of 16 (IQ4_XS: eight of 32,     */
 /* seen here as pairs of 16 sharing a scale). Each value is an integer scale times a    */
 /* small signed integer code, times the block's f16 d (minus, for Q2_K, dmin times an    */
@@ -344,6 +383,9 @@ static inline FMOE_HD void fmoe__qblock_dequant(uint32_t type, const uint8_t *b,
     case FMOE_GGML_IQ4_XS:
         fmoe__kx_values(type, b, y);
         return;
+    case FMOE_GGML_MXFP4:
+        fmoe__mxfp4_values(b, 0, FMOE_QK8_0, y);
+        return;
     default: return;
     }
 }
@@ -362,6 +404,9 @@ static inline FMOE_HD void fmoe__qblock_dequant8(uint32_t type, const uint8_t *b
     case FMOE_GGML_Q5_1:
     case FMOE_GGML_IQ4_NL:
         fmoe__q32_values(type, b, 8 * k, 8, y);
+        return;
+    case FMOE_GGML_MXFP4:
+        fmoe__mxfp4_values(b, 8 * k, 8, y);
         return;
     case FMOE_GGML_Q4_K:
     case FMOE_GGML_Q5_K: {

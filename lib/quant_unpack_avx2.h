@@ -55,7 +55,9 @@ FMOE__AVX2 static inline void fmoe__q6_k_unpack_half(const uint8_t *ql, const ui
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4));
 }
 
-/* The 32 codes of a block of Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL (quant_block.h's layouts) as
+/* The 32 codes of a block of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or MXFP4 (quant_block.h's
+ * layouts; MXFP4's qs after its scale byte, its doubled E2M1 levels -12..12 by the same
+ * shuffle as IQ4_NL's) as
  * 32 signed bytes in value order: bytes 0-15 from the low nibbles of qs, 16-31 from the
  * high ones. Q4_0 and Q5_0 come with their offset removed (-8..7, -16..15), IQ4_NL as its
  * levels (-127..113, a byte shuffle through the table), Q4_1 and Q5_1 as they are (0..15,
@@ -64,6 +66,7 @@ FMOE__AVX2 static inline void fmoe__q6_k_unpack_half(const uint8_t *ql, const ui
 FMOE__AVX2 static inline __m256i fmoe__q32_unpack(uint32_t type, const uint8_t *b) {
     const __m128i lo4 = _mm_set1_epi8(0x0F);
     int qs_at = 2;
+    if (type == FMOE_GGML_MXFP4) qs_at = 1;
     if (type == FMOE_GGML_Q4_1) qs_at = 4;
     if (type == FMOE_GGML_Q5_0) qs_at = 6;
     if (type == FMOE_GGML_Q5_1) qs_at = 8;
@@ -85,6 +88,11 @@ FMOE__AVX2 static inline __m256i fmoe__q32_unpack(uint32_t type, const uint8_t *
     if (type == FMOE_GGML_IQ4_NL) {
         const __m128i levels = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25,
                                              38, 53, 69, 89, 113); /* FMOE__IQ4NL_LEVELS */
+        q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels), q);
+    }
+    if (type == FMOE_GGML_MXFP4) {
+        const __m128i levels = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8,
+                                             -12); /* FMOE__MXFP4_LEVELS */
         q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels), q);
     }
     return q;

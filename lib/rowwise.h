@@ -75,6 +75,23 @@ static inline FMOE_HD void fmoe_softmax_row(float *y, const float *x, int32_t n)
     for (int32_t i = 0; i < n; i++) y[i] *= inv;
 }
 
+/* y = the first n values of softmax([x, sink]) over n + 1 logits: gpt-oss's attention
+ * sink, a learned logit per head that takes a share of the probability and brings no
+ * value (transformers' modeling_gpt_oss eager_attention_forward drops its column after the
+ * softmax). y may alias x. */
+static inline FMOE_HD void fmoe_softmax_row_sink(float *y, const float *x, int32_t n,
+                                                 float sink) {
+    float mx = sink;
+    for (int32_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    float sum = expf(sink - mx);
+    for (int32_t i = 0; i < n; i++) {
+        y[i] = expf(x[i] - mx);
+        sum += y[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int32_t i = 0; i < n; i++) y[i] *= inv;
+}
+
 /* Logistic sigmoid. */
 static inline FMOE_HD float fmoe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 

@@ -435,7 +435,10 @@ static void attn_task(void *arg, int32_t task, int32_t worker) {
     for (int32_t p = 0; p < m; p++)
         sc[p] = dot_f32(j->c, q, a->k_cache + (int64_t)(lo + p) * kv_stride + (int64_t)hk * D, D) *
                 a->scale;
-    fmoe_softmax_row(sc, sc, m);
+    if (a->sinks)
+        fmoe_softmax_row_sink(sc, sc, m, a->sinks[hq]);
+    else
+        fmoe_softmax_row(sc, sc, m);
     float *out = a->out + (int64_t)t * a->n_heads * D + (int64_t)hq * D;
     memset(out, 0, (size_t)D * sizeof *out);
     for (int32_t p = 0; p < m; p++)
@@ -546,6 +549,12 @@ static void cpu_probs(void *ctx, float *y, int64_t y_stride, const float *x, int
 static void cpu_swiglu(void *ctx, float *g, const float *u, int64_t count) {
     (void)ctx;
     for (int64_t i = 0; i < count; i++) g[i] = fmoe_swiglu(g[i], u[i]);
+}
+
+static void cpu_swiglu_clamped(void *ctx, float *g, const float *u, int64_t count, float alpha,
+                               float limit) {
+    (void)ctx;
+    for (int64_t i = 0; i < count; i++) g[i] = fmoe_swiglu_clamped(g[i], u[i], alpha, limit);
 }
 
 static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int32_t *rows_host,
@@ -792,5 +801,6 @@ const fmoe__backend_ops fmoe__cpu_backend = {
     .fence_record = cpu_fence_record,
     .fence_wait = cpu_fence_wait,
     .mla_attention = fmoe__cpu_mla_attention,
+    .swiglu_clamped = cpu_swiglu_clamped,
     .rope_partial = cpu_rope_partial,
 };

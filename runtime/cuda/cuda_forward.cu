@@ -1328,6 +1328,7 @@ static const fmoe__backend_ops cuda_ops = {
     /* .fence_wait      = */ cuda_fence_wait,
     /* .mla_attention   = */ NULL, /* DeepSeek-V2/V3 refused first (backend_types.c) */
     /* .layernorm       = */ NULL, /* Phi-3.5-MoE refused first (backend_types.c) */
+    /* .swiglu_clamped  = */ NULL, /* gpt-oss refused first (backend_types.c) */
     /* .rope_partial    = */ NULL, /* GLM-4.5 refused first (backend_types.c) */
 };
 

@@ -8,8 +8,8 @@
  * naming the tensor and its type, and reads the same on a machine without CUDA, instead
  * of a failure at the first product that uses the tensor, part way through a run.
  * A DeepSeek-V2/V3 model (multi-head latent attention) and a Phi-3.5-MoE model (LayerNorm,
- * sparsemixer) and a GLM-4.5 model (partial rotary embedding, biased sigmoid routing) are
- * refused there the same way.
+ * sparsemixer), a GLM-4.5 model (partial rotary embedding, biased sigmoid routing) and a
+ * gpt-oss model (attention sinks, clamped SwiGLU) are refused there the same way.
  */
 #include "fmoe/error.h"
 #include "fmoe/gguf.h"
@@ -37,6 +37,12 @@ int fmoe__model_check_backend_types(const fmoe_model *m, fmoe_backend_kind backe
         return fmoe_error_set(FMOE_EUNSUPPORTED,
                               "model_type %s: the cuda backend has no partial rotary embedding "
                               "nor biased sigmoid routing yet; run it with --backend cpu",
+                              m->geo.model_type);
+    /* gpt-oss: no attention sinks nor clamped SwiGLU kernels on CUDA yet. */
+    if (m->arch.attn_sinks)
+        return fmoe_error_set(FMOE_EUNSUPPORTED,
+                              "model_type %s: the cuda backend has no attention sinks nor "
+                              "clamped SwiGLU experts yet; run it with --backend cpu",
                               m->geo.model_type);
     if (!m->gguf) return 0;
     const int64_t n = fmoe_gguf_tensor_count(m->gguf);

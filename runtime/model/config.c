@@ -304,6 +304,50 @@ static void mla_scale(const cJSON *root, const fmoe_model_geometry *g, fmoe__arc
 }
 
 /*
+ * gpt-oss (transformers' modeling_gpt_oss, configuration_gpt_oss): biases on q/k/v/o
+ * (attention_bias, default true); a sink logit per head; sliding_window (128) on the
+ * layers layer_types marks "sliding_attention", by default the even ones (i + 1 odd);
+ * experts with the clamped SwiGLU of swiglu_alpha (1.702) and swiglu_limit (7.0). The
+ * router softmaxes its top-k logits: the renormalised top k of the full softmax, the
+ * same weights (route_norm, whatever norm_topk_prob says).
+ */
+static int parse_gpt_oss_arch(const cJSON *root, const fmoe_model_geometry *g,
+                              fmoe__arch *out) {
+    int32_t bias = 1, window = 0;
+    FMOE_FORWARD_IF_ERROR(get_bool(root, "attention_bias", 1, &bias));
+    out->attn_bias_qkv = out->attn_bias_o = bias;
+    out->attn_sinks = 1;
+    out->route_norm = 1;
+    double alpha, limit;
+    FMOE_FORWARD_IF_ERROR(get_num(root, "", "swiglu_alpha", 1.702, &alpha));
+    FMOE_FORWARD_IF_ERROR(get_num(root, "", "swiglu_limit", 7.0, &limit));
+    FMOE_RETURN_ERROR_IF(!(limit > 0), FMOE_EFORMAT, "swiglu_limit = %g, expected > 0", limit);
+    out->glu_alpha = (float)alpha;
+    out->glu_limit = (float)limit;
+    FMOE_FORWARD_IF_ERROR(get_window(root, &window));
+    const cJSON *lt = get(root, "layer_types");
+    FMOE_RETURN_ERROR_IF(lt && (!cJSON_IsArray(lt) ||
+                                cJSON_GetArraySize(lt) != g->num_hidden_layers),
+                         FMOE_EFORMAT, "layer_types must be a list of %d strings",
+                         g->num_hidden_layers);
+    for (int32_t i = 0; i < g->num_hidden_layers; i++) {
+        int sliding = (i + 1) % 2;
+        if (lt) {
+            const cJSON *it = cJSON_GetArrayItem(lt, i);
+            FMOE_RETURN_ERROR_IF(!cJSON_IsString(it) ||
+                                     (strcmp(it->valuestring, "sliding_attention") != 0 &&
+                                      strcmp(it->valuestring, "full_attention") != 0),
+                                 FMOE_EFORMAT,
+                                 "layer_types[%d] must be \"sliding_attention\" or "
+                                 "\"full_attention\"", i);
+            sliding = strcmp(it->valuestring, "sliding_attention") == 0;
+        }
+        out->sliding_window[i] = sliding ? window : 0;
+    }
+    return 0;
+}
+
+/*
  * GLM-4.5 (transformers' glm4_moe): grouped-query attention with q/k/v biases
  * (attention_bias; none on o), RMSNorm per head on q and k when use_qk_norm, and a partial
  * rotary embedding (parse_rope); DeepSeek-V3's router (sigmoid scores, the
@@ -449,6 +493,9 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
         for (int32_t i = 0; i < n; i++) out->sliding_window[i] = window;
         break;
     }
+    case FMOE_FAMILY_GPT_OSS:
+        if ((rc = parse_gpt_oss_arch(root, g, out)) < 0) goto done;
+        break;
     case FMOE_FAMILY_GLM4_MOE:
         if ((rc = parse_glm4_moe(root, out)) < 0) goto done;
         break;

@@ -9,10 +9,10 @@
  *     q, k, v = xn·Wqᵀ (+b), xn·Wkᵀ (+b), xn·Wvᵀ (+b)
  *     q, k = qk-norm (Qwen3: per head; OLMoE: whole projection), clamp (OLMoE clip_qkv)
  *     q, k = rope(q, k); k, v -> KV cache
- *     x += attention(q, cache)·Woᵀ (+b)
+ *     x += attention(q, cache)·Woᵀ (+b)                    gpt-oss: a sink logit per head
  *     xn = rmsnorm(x)                                     gate input (traced)
  *     dense layer: x += mlp(xn)
- *     MoE layer:   probs = softmax(xn·Wrᵀ); top-k; renormalise per family   (traced)
+ *     MoE layer:   probs = softmax(xn·Wrᵀ (+b)); top-k; renormalise per family (traced)
  *                  x += Σ_k w_k · expert_k(xn)  [+ shared(xn), Qwen2: · sigmoid(xn·w)]
  *   logits = rmsnorm(x)·W_lmᵀ
  *
@@ -247,6 +247,10 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
                          "model_type %s: the %s backend has no LayerNorm with bias (nor "
                          "sparsemixer routing) yet; run it with --backend cpu",
                          g->model_type, be->name);
+    FMOE_RETURN_ERROR_IF(m->arch.attn_sinks && !be->swiglu_clamped, FMOE_EUNSUPPORTED,
+                         "model_type %s: the %s backend has no attention sinks nor clamped "
+                         "SwiGLU experts yet; run it with --backend cpu",
+                         g->model_type, be->name);
 
     fmoe_session *s = calloc(1, sizeof *s);
     if (!s) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
@@ -462,14 +466,21 @@ static void routing_views(fmoe_session *s, int32_t n) {
     s->specrows_h = fmoe__routing_part(s->route_h, l, FMOE__ROUTE_SPEC);
 }
 
-/* y[n][h] = mlp(x[n][h]) through the session's g/u scratch, on backend `be`. */
+/* y[n][h] = mlp(x[n][h]) through the session's g/u scratch, on backend `be`; with
+ * gpt-oss's biases and clamped SwiGLU where the MLP has them. */
 static void run_mlp_on(const fmoe__backend_ops *be, void *ctx, const fmoe__mlp *w,
                        const float *x, int32_t n, float *g, float *u, float *y) {
     const int64_t I = w->gate.rows;
     be->matmul(ctx, &w->gate, x, n, g);
     be->matmul(ctx, &w->up, x, n, u);
-    be->swiglu(ctx, g, u, (int64_t)n * I);
+    if (w->gate_b) be->add_bias(ctx, g, w->gate_b, n, I);
+    if (w->up_b) be->add_bias(ctx, u, w->up_b, n, I);
+    if (w->glu_limit > 0)
+        be->swiglu_clamped(ctx, g, u, (int64_t)n * I, w->glu_alpha, w->glu_limit);
+    else
+        be->swiglu(ctx, g, u, (int64_t)n * I);
     be->matmul(ctx, &w->down, g, n, y);
+    if (w->down_b) be->add_bias(ctx, y, w->down_b, n, w->down.rows);
 }
 
 static void run_mlp(fmoe_session *s, const fmoe__mlp *w, const float *x, int32_t n, float *y) {
@@ -580,6 +591,7 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
             .q = s->q + e->row * qd, .k_cache = kc, .v_cache = vc, .out = s->att + e->row * qd,
             .n = e->n, .pos0 = e->pos0, .n_heads = Hq, .n_kv_heads = Hk, .head_dim = D,
             .window = m->arch.sliding_window[li], .scale = 1.0f / sqrtf((float)D),
+            .sinks = L->sinks,
         };
         be->attention(c, &a);
     }
@@ -603,7 +615,9 @@ static void speculative_rows(fmoe_session *s, int32_t l, int32_t n) {
                 s->be->zero(s->bctx, dst + (int64_t)t * S * J, (int64_t)J * sizeof(float));
             continue;
         }
-        s->be->matmul(s->bctx, &m->layers[g->moe_layer_index[l + sd]].router, s->xn, n, s->spec);
+        const fmoe__layer *Ls = &m->layers[g->moe_layer_index[l + sd]];
+        s->be->matmul(s->bctx, &Ls->router, s->xn, n, s->spec);
+        if (Ls->router_b) s->be->add_bias(s->bctx, s->spec, Ls->router_b, n, J);
         s->be->probs(s->bctx, dst, (int64_t)S * J, s->spec, n, J,
                      g->scoring == FMOE_ROUTER_SIGMOID);
     }
@@ -697,6 +711,7 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
     const int32_t l = L->moe_index, S = s->opt.speculative_depth;
 
     be->matmul(c, &L->router, s->xn, n, s->rlogits);
+    if (L->router_b) be->add_bias(c, s->rlogits, L->router_b, n, J);
     const fmoe__route_args ra = {
         .n = n, .num_experts = J, .top_k = K, .sigmoid = g->scoring == FMOE_ROUTER_SIGMOID,
         .norm = m->arch.route_norm, .norm_eps = m->arch.route_norm_eps,

@@ -15,6 +15,8 @@
  *                mlp.gate.e_score_correction_bias [J]. The multi-token-prediction layers
  *                (model.layers.L.. for L = num_hidden_layers, num_nextn_predict_layers of
  *                them) are in the files and never bound: inference skips them.
+ *   gpt_oss      self_attn.sinks [Hq], mlp.router.{weight,bias}, fused input-major experts
+ *                with biases (family_gptoss.c)
  *   phimoe       {input_layernorm,post_attention_layernorm}.bias, model.norm.bias [h]
  *                (LayerNorm), lm_head.bias [V] (lm_head_bias), experts as mixtral
  *   mixtral      block_sparse_moe.gate.weight [J,h],
@@ -51,6 +53,7 @@
 #include "fmoe/error.h"
 #include "files.h"
 #include "fmoe/gguf.h"
+#include "family_gptoss.h"
 #include "half.h"
 #include "model_impl.h"
 
@@ -442,6 +445,7 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
             vec(m, h, &L->ffn_norm_b, "model.layers.%d.post_attention_layernorm.bias", i));
     }
     FMOE_FORWARD_IF_ERROR(m->arch.mla ? bind_mla(m, i, L) : bind_gqa(m, i, L));
+    if (m->arch.attn_sinks) FMOE_FORWARD_IF_ERROR(fmoe__gptoss_bind_sinks(m, i, L));
 
     L->moe_index = moe_index;
     if (moe_index < 0) {
@@ -452,6 +456,10 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
         return mlp(m, prefix, g->intermediate_size, &L->shared);
     }
 
+    if (g->family == FMOE_FAMILY_GPT_OSS) { /* its own layout (family_gptoss.c) */
+        L->experts = m->expert_pool + (int64_t)moe_index * g->num_experts;
+        return fmoe__gptoss_bind_moe(m, i, L);
+    }
     /* Phi-3.5-MoE keeps Mixtral's names (block_sparse_moe, experts.e.w1/w2/w3) */
     const int mixtral_names =
         g->family == FMOE_FAMILY_MIXTRAL || g->family == FMOE_FAMILY_PHIMOE;
@@ -563,14 +571,13 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     case FMOE_FAMILY_DEEPSEEK_V3:
     case FMOE_FAMILY_PHIMOE:
     case FMOE_FAMILY_GLM4_MOE: break;
+    case FMOE_FAMILY_GPT_OSS: break;
     default: {
-        const char *what = g->family == FMOE_FAMILY_GPT_OSS     ? "gpt-oss"
-                           : g->family == FMOE_FAMILY_LLAMA4      ? "Llama-4"
-                                                                  : "this family";
+        const char *what = g->family == FMOE_FAMILY_LLAMA4 ? "Llama-4" : "this family";
         rc = fmoe_error_set(FMOE_EUNSUPPORTED,
                             "%s: model_type \"%s\" (%s) is not yet supported by the forward "
                             "pass (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, "
-                            "deepseek_v2, deepseek_v3, phimoe, glm4_moe)",
+                            "deepseek_v2, deepseek_v3, phimoe, glm4_moe, gpt_oss)",
                             path, g->model_type, what);
         goto fail;
     }

@@ -83,6 +83,9 @@ typedef struct fmoe__arch {
     int32_t lm_head_bias;    /* lm_head carries a bias */
     int32_t sparsemixer;     /* sparsemixer top-2 routing (fmoe_route_row_grouped) */
     float jitter_eps;        /* its router_jitter_noise */
+    /* gpt-oss (family_gptoss.c) */
+    int32_t attn_sinks;      /* a learned sink logit per head in the attention softmax */
+    float glu_alpha, glu_limit; /* experts' clamped SwiGLU (swiglu_alpha, swiglu_limit) */
     /* GLM-4.5 (glm4_moe): partial rotary embedding. */
     int32_t rope_dim;        /* dims rotated per GQA head, head_dim · partial_rotary_factor:
                                 the first rope_dim of each head, as halves (transformers'
@@ -118,11 +121,15 @@ typedef struct fmoe__mat {
     int32_t on_backend;  /* data is the backend's memory (a GPU expert slot), not host */
 } fmoe__mat;
 
-/* A SwiGLU MLP: down(silu(gate(x)) * up(x)). */
+/* A SwiGLU MLP: down(silu(gate(x)) * up(x)); gpt-oss's experts add biases and clamp
+ * (fmoe_swiglu_clamped when glu_limit > 0). An executor's copy of an expert replaces the
+ * three matrices only: the biases are small and stay the model's. */
 typedef struct fmoe__mlp {
     fmoe__mat gate; /* [I][h] */
     fmoe__mat up;   /* [I][h] */
     fmoe__mat down; /* [h][I] */
+    const float *gate_b, *up_b, *down_b; /* [I], [I], [h] (gpt-oss), or NULL */
+    float glu_alpha, glu_limit;          /* gpt-oss's clamped SwiGLU; limit 0: plain */
 } fmoe__mlp;
 
 typedef struct fmoe__layer {
@@ -143,6 +150,8 @@ typedef struct fmoe__layer {
     int32_t has_shared;       /* MoE layer with a shared expert */
     fmoe__mat shared_gate;    /* [1][h] (Qwen2-MoE) */
     const float *route_bias;  /* [J] DeepSeek-V3's e_score_correction_bias, or NULL */
+    const float *router_b;    /* [J] gpt-oss: bias added to the router logits, or NULL */
+    const float *sinks;       /* [Hq] gpt-oss: each head's attention sink logit, or NULL */
     /* Multi-head latent attention (DeepSeek-V2/V3; mla.c), H heads, ranks r_q and r_kv,
      * per head dn (nope) + dr (rope) query/key dims and dv value dims. wq above is the
      * full-rank q_proj [H(dn+dr)][h] when q_lora_rank is 0 (V2-Lite). */
@@ -235,6 +244,7 @@ typedef struct fmoe__attn_args {
     int32_t n_heads, n_kv_heads, head_dim;
     int32_t window;        /* 0: full causal attention; else keys j > pos - window */
     float scale;           /* 1/sqrt(D) */
+    const float *sinks;    /* [n_heads] sink logits (gpt-oss; a model vector), or NULL */
 } fmoe__attn_args;
 
 /* One router call over n rows of logits [n][J] (fmoe_route_row's arguments). */
@@ -458,6 +468,11 @@ typedef struct fmoe__backend_ops {
      * session refuses a LayerNorm model on a backend where this is NULL. */
     void (*layernorm)(void *ctx, float *y, const float *x, const float *w, const float *b,
                       int64_t rows, int32_t dim, float eps);
+    /* g[i] = fmoe_swiglu_clamped(g[i], u[i], alpha, limit), i < count (gpt-oss's experts),
+     * with attention sinks (fmoe__attn_args.sinks) honoured by `attention`. A session
+     * refuses a gpt-oss model on a backend where this is NULL. */
+    void (*swiglu_clamped)(void *ctx, float *g, const float *u, int64_t count, float alpha,
+                           float limit);
     /* rope with only the first rot_dim of each head_dim-wide head rotated (fmoe_rope_head
      * over rot_dim, tables cos/sin [n][rot_dim/2]), the rest left as they are (GLM-4.5's
      * partial rotary). A session refuses such a model on a backend where this is NULL. */

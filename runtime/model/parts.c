@@ -70,12 +70,16 @@ int fmoe__model_count_expert_bytes(fmoe_model *m) {
     if (L <= 0) return 0;
     m->layer_expert_bytes = malloc((size_t)L * sizeof *m->layer_expert_bytes);
     if (!m->layer_expert_bytes) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
-    const int64_t uniform = m->gguf ? 0 : fmoe_geometry_expert_bytes(g, g->expert_dtype);
+    const int64_t uniform = fmoe_geometry_expert_bytes(g, g->expert_dtype);
     for (int32_t l = 0; l < L; l++) {
         const fmoe__mlp *e = &m->expert_pool[(int64_t)l * g->num_experts];
+        /* gpt-oss's expert biases stay resident (fmoe__mlp): what moves, and what an
+         * executor's pieces and the simulator count, is the three matrices */
+        const int as_stored = m->gguf || e->gate_b;
         m->layer_expert_bytes[l] =
-            m->gguf ? fmoe__mat_bytes(&e->gate) + fmoe__mat_bytes(&e->up) + fmoe__mat_bytes(&e->down)
-                    : uniform;
+            as_stored ? fmoe__mat_bytes(&e->gate) + fmoe__mat_bytes(&e->up) +
+                            fmoe__mat_bytes(&e->down)
+                      : uniform;
     }
     return 0;
 }

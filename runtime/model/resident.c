@@ -91,7 +91,8 @@ static int visit_resident(fmoe_model *m, const resident_visitor *v) {
                                             "kv_b projection"};
     static const char *const vec_names[] = {"attention norm", "FFN norm", "q bias", "k bias",
                                             "v bias", "o bias", "q norm", "k norm",
-                                            "q_a norm", "kv_a norm", "router bias"};
+                                            "q_a norm", "kv_a norm", "router bias",
+                                            "router logit bias", "attention sinks"};
     for (int32_t i = 0; i < g->num_hidden_layers; i++) {
         fmoe__layer *y = &m->layers[i];
         /* MLA's (DeepSeek-V2/V3) are unset (NULL data) in other families, and theirs in MLA
@@ -110,10 +111,12 @@ static int visit_resident(fmoe_model *m, const resident_visitor *v) {
         const int64_t D = g->num_attention_heads > 0 ? y->wq.rows / g->num_attention_heads : 0;
         const float **vecs[] = {&y->attn_norm, &y->ffn_norm, &y->bq,        &y->bk,
                                 &y->bv,        &y->bo,       &y->q_norm,    &y->k_norm,
-                                &y->q_a_norm,  &y->kv_a_norm, &y->route_bias};
+                                &y->q_a_norm,  &y->kv_a_norm, &y->route_bias,
+                                &y->router_b,  &y->sinks};
         const int64_t lens[] = {h, h, y->wq.rows, y->wk.rows, y->wv.rows, y->wo.rows,
                                 full ? y->wq.rows : D, full ? y->wk.rows : D,
-                                g->q_lora_rank, g->kv_lora_rank, g->num_experts};
+                                g->q_lora_rank, g->kv_lora_rank, g->num_experts,
+                                g->num_experts, g->num_attention_heads};
         for (size_t k = 0; k < sizeof vecs / sizeof vecs[0]; k++) {
             snprintf(what, sizeof what, "layer %d %s", i, vec_names[k]);
             FMOE_FORWARD_IF_ERROR(v->vec(m, vecs[k], lens[k], what));

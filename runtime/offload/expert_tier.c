@@ -217,6 +217,15 @@ int fmoe__expert_tier_open(fmoe_expert_tier **out, const fmoe_model *m, fmoe_tie
             fmoe_model_expert_tensors(m, (int32_t)(e / t->J), (int32_t)(e % t->J), &x);
             const fmoe_expert_tensor *mats[3] = {&x.gate, &x.up, &x.down};
             for (int i = 0; i < 3 && rc == 0; i++) {
+                /* a matrix rebuilt at load (gpt-oss's transposed experts) has no file
+                 * range holding its bytes */
+                if (!mats[i]->file) {
+                    rc = fmoe_error_set(FMOE_EUNSUPPORTED,
+                                        "expert (%lld, %lld): its weights were rebuilt at "
+                                        "load, so no file holds them as used; use --tier host",
+                                        (long long)(e / t->J), (long long)(e % t->J));
+                    break;
+                }
                 rc = file_index(t, mats[i]->file, &t->file_of[e * 3 + i]);
                 t->offset_of[e * 3 + i] = mats[i]->offset;
             }

@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
                            FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
                            FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
                            FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K,
-                           FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
+                           FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS, FMOE_GGML_MXFP4};
     for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
         const uint32_t t = ts[k];
         const int64_t rb = fmoe_quant_row_bytes(t, cols);
@@ -69,6 +69,12 @@ int main(int argc, char **argv) {
                     const uint16_t h = fmoe_float_to_bf16(w[r * cols + c]);
                     memcpy(q + r * rb + 2 * c, &h, 2);
                 }
+            } else if (t == FMOE_GGML_MXFP4) { /* read only: blocks of hashed bytes, scales
+                                                 2^-8 .. 2^-1 (its quantise column times this) */
+                for (int64_t b = 0; b < rb; b++)
+                    q[r * rb + b] = (uint8_t)(((uint64_t)(r * rb + b) * 2654435761u) >> 13);
+                for (int64_t b = 0; b < rb; b += FMOE_MXFP4_BYTES)
+                    q[r * rb + b] = (uint8_t)(120 + (r + b) % 8);
             } else {
                 fmoe_quant_quantize_row(t, w + r * cols, q + r * rb, cols);
             }

@@ -28,7 +28,8 @@ static const uint32_t all_types[] = {FMOE_GGML_F32,  FMOE_GGML_F16,  FMOE_GGML_B
                                      FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
                                      FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
                                      FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL,
-                                     FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
+                                     FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS,
+                                     FMOE_GGML_MXFP4};
 #define NTYPES (sizeof all_types / sizeof all_types[0])
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -69,6 +70,9 @@ static void random_row(uint32_t type, uint8_t *row, int64_t n) {
         case FMOE_GGML_IQ4_NL:
             h = fmoe_float_to_half(rndf() * 0.01f);
             memcpy(blk, &h, 2);
+            break;
+        case FMOE_GGML_MXFP4: /* E8M0 scales 2^-12 .. 2^-5 (values up to 12·2^-6) */
+            blk[0] = (uint8_t)(116 + rnd() % 8);
             break;
         case FMOE_GGML_Q4_1:
         case FMOE_GGML_Q5_1:
@@ -138,7 +142,7 @@ TEST(type_table_matches_ggml) {
     ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_Q6_K, 100), -1);
     ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_BF16));
     ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_IQ2_XS));
-    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_MXFP4));
+    ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_MXFP4)); /* read, not written */
     /* the low-bit K-quants: 84, 110 and 136 bytes a 256-value block; their fallback */
     ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q2_K), 84);
     ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q3_K), 110);
@@ -205,6 +209,31 @@ TEST(q4_0_iq4_nl_blocks_by_hand) {
         ASSERT_NEAR(y[l], 2.f * levels[l], 0);
         ASSERT_NEAR(y[16 + l], 2.f * levels[15 - l], 0);
     }
+}
+
+/* A hand-made MXFP4 block (OCP MX v1.0 E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+ * negatives, times 2^(e - 127)): e = 128 (scale 2), low nibbles l, high 15 - l; then the
+ * E8M0 ends: e = 0 and 1 (subnormal 2^-127, 2^-126 scales, exact), and 252 (2^125: 6·2^125
+ * is the largest a block of finite floats reaches below e = 253). */
+TEST(mxfp4_block_by_hand) {
+    static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f,
+                                   -2, -3, -4, -6};
+    uint8_t b[FMOE_MXFP4_BYTES];
+    for (int l = 0; l < 16; l++) b[1 + l] = (uint8_t)(l | ((15 - l) << 4));
+    float y[32];
+    const int es[] = {128, 0, 1, 252};
+    for (int k = 0; k < 4; k++) {
+        b[0] = (uint8_t)es[k];
+        const float scale = ldexpf(1.0f, es[k] - 127);
+        fmoe_quant_dequantize_row(FMOE_GGML_MXFP4, b, y, 32);
+        for (int l = 0; l < 16; l++) {
+            ASSERT_NEAR(y[l], e2m1[l] * scale, 0);
+            ASSERT_NEAR(y[16 + l], e2m1[15 - l] * scale, 0);
+        }
+    }
+    ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_MXFP4), 17);
+    ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_MXFP4, 2880), 90 * 17);
+    ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_MXFP4) && !fmoe_quant_can_quantize(FMOE_GGML_MXFP4));
 }
 
 /* Rows of an odd count of 32-value blocks, 1408 wide as Qwen1.5-MoE's down projections:

@@ -31,7 +31,8 @@
 
 static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
                                  FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
-                                 FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
+                                 FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS,
+                                 FMOE_GGML_MXFP4};
 #define NTYPES (sizeof types / sizeof types[0])
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -71,6 +72,7 @@ static void random_row(uint32_t type, uint8_t *row, int64_t n) {
             break;
         case FMOE_GGML_Q3_K: memcpy(row + b + 108, &h, 2); break;
         case FMOE_GGML_IQ4_XS: memcpy(row + b, &h, 2); break;
+        case FMOE_GGML_MXFP4: row[b] = (uint8_t)(116 + rnd() % 8); break; /* 2^-12..2^-5 */
         }
     }
 }

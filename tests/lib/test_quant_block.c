@@ -28,7 +28,8 @@ static uint8_t rnd8(void) {
 
 static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
                                  FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
-                                 FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
+                                 FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL,
+                                 FMOE_GGML_MXFP4};
 #define NTYPES (int)(sizeof types / sizeof types[0])
 
 static float f16(const uint8_t *p) {
@@ -65,6 +66,17 @@ static void ggml_block(uint32_t type, const uint8_t *b, float *y) {
             const int x0 = (qs[j] & 0x0F) | xh0, x1 = (qs[j] >> 4) | xh1;
             y[j] = one ? (float)x0 * d + m : (float)(x0 - 16) * d;
             y[j + 16] = one ? (float)x1 * d + m : (float)(x1 - 16) * d;
+        }
+    } else if (type == FMOE_GGML_MXFP4) { /* dequantize_row_mxfp4, ggml_e8m0_to_fp32_half */
+        static const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12,
+                                                 0, -1, -2, -3, -4, -6, -8, -12};
+        const uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;
+        float d;
+        memcpy(&d, &bits, 4);
+        for (int j = 0; j < 16; j++) {
+            const int8_t x0 = kvalues_mxfp4[b[1 + j] & 0x0F], x1 = kvalues_mxfp4[b[1 + j] >> 4];
+            y[j] = x0 * d;
+            y[j + 16] = x1 * d;
         }
     } else if (type == FMOE_GGML_Q8_0) {
         const float d = f16(b);
@@ -123,7 +135,9 @@ TEST(block_geometry_matches_the_type_table) {
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_F32), 0);
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_BF16), 0);
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_IQ2_XS), 0);
-    ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_MXFP4), 0);
+    ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_TQ2_0), 0);
+    /* MXFP4: a formula (the CPU computes it), no CUDA kernel */
+    ASSERT_TRUE(!fmoe__qblock_cuda_has(FMOE_GGML_MXFP4));
     /* Q2_K, Q3_K, IQ4_XS have formulas (the CPU computes them), no CUDA kernels */
     ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_Q3_K), 110);
     ASSERT_TRUE(!fmoe__qblock_cuda_has(FMOE_GGML_Q2_K) && !fmoe__qblock_cuda_has(FMOE_GGML_IQ4_XS));

@@ -308,6 +308,27 @@ TEST(cpu_matmul_all_dtypes_and_paths) {
     unsetenv("FMOE_NO_AVX512");
 }
 
+/* gpt-oss's clamped SwiGLU, worked by hand from transformers' GptOssExperts._apply_gate:
+ * the gate clamped above only, up to [-limit, limit], (up + 1) · g · sigmoid(alpha · g). */
+TEST(swiglu_clamped_by_hand) {
+    const float alpha = 1.702f, limit = 7.0f;
+    const float cases[][2] = {{1.0f, 2.0f}, {9.0f, 0.5f}, {-9.0f, 0.5f}, {0.3f, 12.0f},
+                              {0.3f, -12.0f}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const double g = fmin(cases[k][0], limit);
+        const double u = fmax(fmin(cases[k][1], limit), -limit);
+        const double want = (u + 1) * g / (1 + exp(-alpha * g));
+        ASSERT_NEAR(fmoe_swiglu_clamped(cases[k][0], cases[k][1], alpha, limit), want, 1e-5);
+    }
+    /* the CPU backend's op is the same function over a buffer */
+    float g[2] = {9.0f, -0.5f}, u[2] = {-12.0f, 3.0f};
+    fmoe__cpu_backend.swiglu_clamped(NULL, g, u, 2, alpha, limit);
+    ASSERT_NEAR(g[0], (-7.0 + 1) * 7.0 / (1 + exp(-alpha * 7.0)), 1e-4);
+    ASSERT_NEAR(g[1], 4.0 * -0.5 / (1 + exp(alpha * 0.5)), 1e-6);
+}
+
+/* With sinks (gpt-oss): each head's sink logit joins the softmax's max and denominator
+ * and brings no value, so the weights of the real keys sum to less than one. */
 TEST(cpu_attention_gqa_causal_and_window) {
     const fmoe__backend_ops *be = &fmoe__cpu_backend;
     const int32_t Hq = 4, Hk = 2, D = 8, ctxlen = 40, n = 6, pos0 = 30;
@@ -318,8 +339,13 @@ TEST(cpu_attention_gqa_causal_and_window) {
     float q[6 * 4 * 8], out[6 * 4 * 8];
     for (int i = 0; i < ctxlen * Hk * D; i++) kc[i] = frand(), vc[i] = frand();
     for (int i = 0; i < n * Hq * D; i++) q[i] = frand();
+    const float sinks[4] = {-1.0f, 0.5f, 3.0f, 20.0f}; /* the last outweighs every key */
+    for (int sink = 0; sink <= 1; sink++)
     for (int window = 0; window <= 5; window += 5) {
-        fmoe__attn_args a = {q, kc, vc, out, n, pos0, Hq, Hk, D, window, 1.0f / sqrtf((float)D)};
+        fmoe__attn_args a = {.q = q, .k_cache = kc, .v_cache = vc, .out = out, .n = n,
+                             .pos0 = pos0, .n_heads = Hq, .n_kv_heads = Hk, .head_dim = D,
+                             .window = window, .scale = 1.0f / sqrtf((float)D),
+                             .sinks = sink ? sinks : NULL};
         be->attention(ctx, &a);
         for (int t = 0; t < n; t++)
             for (int h = 0; h < Hq; h++) {
@@ -333,7 +359,9 @@ TEST(cpu_attention_gqa_causal_and_window) {
                     sc[p] = d / sqrt(D);
                     mx = fmax(mx, sc[p]);
                 }
+                if (sink) mx = fmax(mx, sinks[h]);
                 for (int p = lo; p <= pos; p++) sum += exp(sc[p] - mx);
+                if (sink) sum += exp(sinks[h] - mx);
                 for (int i = 0; i < D; i++) {
                     double o = 0;
                     for (int p = lo; p <= pos; p++)

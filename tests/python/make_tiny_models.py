@@ -119,6 +119,17 @@ HF_MODELS = {
     # the published threshold: mostly weight-1 choices
     "phimoe_jitter": ("phimoe", {"attention_bias": True, "lm_head_bias": True,
                                  "router_jitter_noise": 0.01}, "float32", {}),
+    # gpt-oss: q/k/v/o biases, attention sinks, sliding_window 4 on the even layers (the
+    # default layer_types) so that the 12-token prompt and its continuation drop keys,
+    # YaRN from 16 positions (truncate false, as published), experts with biases and the
+    # clamped SwiGLU. swiglu_limit 1.5 (published: 7) so that the clamp bites on these
+    # weights: without it the logits move (test_forward.py checks).
+    "gpt_oss": ("gpt_oss", {"sliding_window": 4, "swiglu_limit": 1.5,
+                            "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                                "beta_fast": 32.0, "beta_slow": 1.0,
+                                                "truncate": False, "rope_theta": 150000.0,
+                                                "original_max_position_embeddings": 16}},
+                "float32", {}),
     # GLM-4.5 (glm4_moe): GQA with q/k/v biases, partial rotary 0.5 (the first 16 of 32
     # dims per head rotate), DeepSeek-V3's biased sigmoid router over 4 groups of 2 (2
     # kept), a shared expert, one dense first layer. _qk_norm is GLM-4.5's per-head q/k
@@ -141,7 +152,10 @@ PHIMOE = [k for k, v in HF_MODELS.items() if v[0] == "phimoe"]
 # has its own test (test_glm4_moe.py).
 GLM4_MOE = [k for k, v in HF_MODELS.items() if v[0] == "glm4_moe"]
 GLM4_MOE_PLAIN = ["glm4_moe", "glm4_moe_qk_norm"]  # no rope scaling: the GGUF and live tests
-ALL = [k for k in HF_MODELS if k not in MLA and k not in PHIMOE and k not in GLM4_MOE] + [
+# gpt-oss: CPU only too (no attention sinks nor clamped SwiGLU on CUDA).
+GPT_OSS = [k for k, v in HF_MODELS.items() if v[0] == "gpt_oss"] + ["gpt_oss_mxfp4"]
+ALL = [k for k in HF_MODELS
+       if k not in MLA and k not in PHIMOE and k not in GLM4_MOE and k not in GPT_OSS] + [
     "deepseek"]
 
 
@@ -160,6 +174,9 @@ def base_config(family):
         c.update(intermediate_size=48, num_experts=8)
     elif family == "phimoe":
         c.update(intermediate_size=48, num_local_experts=8)
+    elif family == "gpt_oss":  # head_dim is its own key (default 64); widths in whole
+        # MXFP4 blocks of 32 for gpt_oss_mxfp4
+        c.update(intermediate_size=64, num_local_experts=8, head_dim=16)
     elif family in ("deepseek_v2", "deepseek_v3"):
         # dv (12) differs from dn (16) and dn + dr (24), so a mixed-up head width fails.
         c.update(num_key_value_heads=4, intermediate_size=80, moe_intermediate_size=32,
@@ -185,6 +202,7 @@ def _hf_classes(family):
         "qwen3_moe": (transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig),
         "olmoe": (transformers.OlmoeForCausalLM, transformers.OlmoeConfig),
         "phimoe": (transformers.PhimoeForCausalLM, transformers.PhimoeConfig),
+        "gpt_oss": (transformers.GptOssForCausalLM, transformers.GptOssConfig),
         "deepseek_v2": (transformers.DeepseekV2ForCausalLM, transformers.DeepseekV2Config),
         "deepseek_v3": (transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config),
         "glm4_moe": (transformers.Glm4MoeForCausalLM, transformers.Glm4MoeConfig),
@@ -555,9 +573,101 @@ def make_deepseek(outdir):
     return ref
 
 
+# ---------------------------------------------------------------------------------------
+# gpt-oss with MXFP4 experts, in OpenAI's published layout
+# ---------------------------------------------------------------------------------------
+
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def mxfp4_pack(w):
+    """w [..., rows, cols] float32 -> (blocks [..., rows, cols/32, 16], scales [..., rows,
+    cols/32]) uint8 as OpenAI's checkpoints store them: E8M0 scale s (2^(s - 127)) from
+    gguf-py's rule (floor(log2 max|x|) - 2 + 127), each value the nearest E2M1 level, two
+    per byte, value 2k in the low nibble of byte k (transformers' mxfp4.py reads
+    sub[:, 0::2] = lut[lo])."""
+    *pre, rows, cols = w.shape
+    x = w.reshape(*pre, rows, cols // 32, 32).astype(np.float32)
+    amax = np.abs(x).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0).astype(np.uint8)
+    scale = np.ldexp(np.float32(1), e.astype(np.int32) - 127).astype(np.float32)
+    idx = np.abs(x[..., None] - scale[..., None] * E2M1).argmin(-1).astype(np.uint8)
+    blocks = idx[..., 0::2] | (idx[..., 1::2] << 4)
+    return blocks, e[..., 0]
+
+
+def write_gpt_oss_mxfp4(outdir, vocab=None):
+    """The tiny gpt_oss checkpoint with its experts in MXFP4 (quantization_config mxfp4,
+    *_blocks and *_scales as U8, the rest as written by write_hf_checkpoint), optionally
+    with a vocabulary of VOCAB tokens (write_hf_checkpoint_with_vocab's use). Returns the
+    tensors written."""
+    layout = json.loads(json.dumps(hf_layout("gpt_oss")))
+    if vocab:
+        layout["json"]["config.json"]["vocab_size"] = vocab
+        for spec in layout["safetensors"].values():
+            for t in spec["tensors"]:
+                if t[0] in ("model.embed_tokens.weight", "lm_head.weight"):
+                    t[2][0] = vocab
+    cfg = dict(layout["json"]["config.json"])
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"]}
+    (spec,) = layout["safetensors"].values()
+    tensors = {}
+    for t, dt, shape in spec["tensors"]:
+        x = _weight("gpt_oss", t, shape, dt)
+        if t.endswith("experts.gate_up_proj") or t.endswith("experts.down_proj"):
+            blocks, scales = mxfp4_pack(np.swapaxes(x, 1, 2))  # output-major rows
+            tensors[t + "_blocks"], tensors[t + "_scales"] = (blocks, "U8"), (scales, "U8")
+        else:
+            tensors[t] = (x, dt)
+    os.makedirs(outdir, exist_ok=True)
+    for f, doc in layout["json"].items():
+        with open(os.path.join(outdir, f), "w") as fh:
+            json.dump(cfg if f == "config.json" else doc, fh, indent=2)
+    save_safetensors(os.path.join(outdir, "model.safetensors"), tensors)
+    return tensors
+
+
+def make_gpt_oss_mxfp4(outdir):
+    """write_gpt_oss_mxfp4's checkpoint and its reference: transformers on the same weights
+    with the experts dequantised by transformers' own
+    integrations.mxfp4.convert_moe_packed_tensors."""
+    import tempfile
+
+    import hf_reference
+    tensors = write_gpt_oss_mxfp4(outdir)
+
+    def compute():
+        import torch
+        from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+        cls, _ = _hf_classes("gpt_oss")
+        with tempfile.TemporaryDirectory() as plain:
+            write_hf_checkpoint("gpt_oss", plain)
+            model = cls.from_pretrained(plain, dtype=torch.float32).eval()
+        model.config._attn_implementation = "eager"
+        with torch.no_grad():
+            for i, layer in enumerate(model.model.layers):
+                for proj in ("gate_up_proj", "down_proj"):
+                    p = f"model.layers.{i}.mlp.experts.{proj}"
+                    w = convert_moe_packed_tensors(torch.from_numpy(tensors[p + "_blocks"][0]),
+                                                   torch.from_numpy(tensors[p + "_scales"][0]),
+                                                   dtype=torch.float32)
+                    getattr(layer.mlp.experts, proj).copy_(w)
+        rng = np.random.default_rng(zlib.crc32(b"gpt_oss_mxfp4"))
+        return hf_reference_run(model, rng.integers(0, VOCAB, size=PROMPT_LEN), torch)
+
+    ref = hf_reference.stored_or_fresh("tiny-gpt_oss_mxfp4", compute, atol=1e-5)
+    np.savez(os.path.join(outdir, "reference.npz"), **ref)
+    return ref
+
+
 def make(name, outdir):
     if name == "deepseek":
         return make_deepseek(outdir)
+    if name == "gpt_oss_mxfp4":
+        return make_gpt_oss_mxfp4(outdir)
     return make_hf(name, outdir)
 
 
@@ -579,6 +689,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     out = sys.argv[1]
-    for name in sys.argv[2:] or ALL + MLA + PHIMOE + GLM4_MOE:
+    for name in sys.argv[2:] or ALL + MLA + PHIMOE + GLM4_MOE + GPT_OSS:
         make(name, os.path.join(out, name))
         print("wrote", os.path.join(out, name))

@@ -70,7 +70,7 @@ def check(model_dir, ref, logits, routes, name):
         f"{name}: greedy continuation differs:\n ours   {routes['generated']}\n theirs {ref['generated'].tolist()}"
 
 
-@pytest.mark.parametrize("name", tiny.ALL + tiny.MLA + tiny.PHIMOE)
+@pytest.mark.parametrize("name", tiny.ALL + tiny.MLA + tiny.PHIMOE + tiny.GPT_OSS)
 def test_forward_matches_reference(name, models, driver, tmp_path):
     d = models(name)
     ref = dict(np.load(d / "reference.npz"))
@@ -80,7 +80,8 @@ def test_forward_matches_reference(name, models, driver, tmp_path):
 
 @pytest.mark.parametrize("mode", [("--stepwise",), ("--batch", "5"), ("--threads", "1")])
 @pytest.mark.parametrize("name", ["qwen2_moe", "mixtral_swa", "qwen2_moe_swa", "qwen3_moe_swa",
-                                  "deepseek_v2_lite", "deepseek_v3_yarn", "phimoe"])
+                                  "deepseek_v2_lite", "deepseek_v3_yarn", "phimoe", "gpt_oss",
+                                  "gpt_oss_mxfp4"])
 def test_cache_and_chunking_agree(name, mode, models, driver, tmp_path):
     """Token-by-token prompts, chunked prefill and one thread give the same answers. With
     a sliding window shorter than the prompt, --stepwise compares the logits of the cached
@@ -176,7 +177,7 @@ def test_bad_model_dirs(driver, tmp_path):
     assert "missing tensor model.layers.2.mlp.experts.5.up_proj.weight" in p.stderr
     assert p.stderr.count("\n") == 1
 
-    cfg = dict(tiny.DEEPSEEK_CONFIG, model_type="gpt_oss",
+    cfg = dict(tiny.DEEPSEEK_CONFIG, model_type="llama4_text", intermediate_size_mlp=96,
                num_local_experts=tiny.DEEPSEEK_CONFIG["n_routed_experts"])
     (d / "config.json").write_text(json.dumps(cfg))
     p = subprocess.run([str(driver), str(d), "--tokens", "1,2"], capture_output=True, text=True)
@@ -353,3 +354,68 @@ def test_score_correction_bias_is_exercised(models, driver, tmp_path):
     _, routes = run_driver(driver, d, ref, tmp_path)
     n = len(ref["tokens"])
     assert (np.asarray(routes["experts"])[:n] != ref["experts"][:n]).any()
+
+
+def test_gpt_oss_refused_on_cuda(models, driver):
+    """The CUDA backend has no attention sinks nor clamped SwiGLU yet: a gpt-oss session
+    there is refused in one line naming both, before the backend is looked up."""
+    d = models("gpt_oss")
+    p = subprocess.run([str(driver), str(d), "--tokens", "1,2", "--session-backend", "cuda"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert "attention sinks" in p.stderr and "clamped SwiGLU" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("change", ["limit", "window", "yarn", "sinks"])
+def test_gpt_oss_features_are_exercised(change, models, driver, tmp_path):
+    """Each gpt-oss detail moves the logits far past the tolerance when changed, so the
+    reference pins it: the clamp (swiglu_limit 1.5 -> 7), the window (4 -> 5: the first 4
+    positions see their whole prefix either way and still match), YaRN's factor (4 -> 2)
+    and the sinks (set to -1e4: no sink)."""
+    d = models("gpt_oss")
+    ref = dict(np.load(d / "reference.npz"))
+    if change == "sinks":
+        other = tmp_path / "nosink"
+        os.makedirs(other)
+        for f in os.listdir(d):
+            if f != "model.safetensors":
+                os.symlink(d / f, other / f)
+        path = d / "model.safetensors"
+        header = tiny._read_safetensors_header(path)
+        header.pop("__metadata__", None)
+        start = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+        raw = path.read_bytes()
+        tensors = {}
+        for k, v in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            a, b = v["data_offsets"]
+            x = np.frombuffer(raw[start + a:start + b], dtype="<f4").reshape(v["shape"])
+            tensors[k] = (np.full_like(x, -1e4) if k.endswith("sinks") else x, "F32")
+        tiny.save_safetensors(other / "model.safetensors", tensors)
+    else:
+        cfg = json.loads((d / "config.json").read_text())
+        rope = dict(cfg["rope_parameters"], factor=2.0)
+        changes = {"limit": {"swiglu_limit": 7.0}, "window": {"sliding_window": 5},
+                   "yarn": {"rope_parameters": rope}}[change]
+        other = with_config(d, tmp_path / "other", **changes)
+    logits, _ = run_driver(driver, other, ref, tmp_path)
+    diff = np.abs(logits - ref["logits"]).max(-1)
+    if change == "window":
+        assert (diff[:4] <= TOL).all(), diff.tolist()
+        assert (diff[4:] > 100 * TOL).all(), diff.tolist()
+    else:
+        assert diff.max() > 100 * TOL, diff.tolist()
+
+
+def test_gpt_oss_mxfp4_with_8bit_activations(models, driver, tmp_path):
+    """The MXFP4 experts against inputs quantised to 8 bits (Q8_0 blocks, the CPU's default
+    for quantized weights): the logits stay within a few percent of the f32-input run that
+    matches transformers (test_forward_matches_reference), and move (the q8 kernel ran)."""
+    d = models("gpt_oss_mxfp4")
+    ref = dict(np.load(d / "reference.npz"))
+    logits, _ = run_driver(driver, d, ref, tmp_path, "--activations", "q8")
+    dd = np.abs(logits - ref["logits"])
+    rms, worst = float(np.sqrt((dd ** 2).mean()) / ref["logits"].std()), \
+        float(dd.max() / ref["logits"].std())
+    print(f"gpt_oss_mxfp4 activations q8: |diff| / std: RMS {rms:.4f}, max {worst:.4f}")
+    assert 0 < rms < 0.05 and worst < 0.3, (rms, worst)

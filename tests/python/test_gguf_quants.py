@@ -25,7 +25,7 @@ import gguf  # noqa: E402  (tests/python/requirements.txt)
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
-         "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "IQ4_XS"]
+         "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "IQ4_XS", "MXFP4"]
 # the 32-value types whose f16 fields are d (offset 0) and, for the "_1" ones, m (offset 2)
 Q32 = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
 # the low-bit K-quants of part 2 and where their f16 fields are: d (and Q2_K's dmin)
@@ -79,6 +79,8 @@ def random_blocks(rng, qtype, nblocks):
     elif qtype.name in KX:
         for at in KX[qtype.name]:
             b[:, at:at + 2] = finite_half(rng, nblocks, 2.0)
+    elif qtype == Q.MXFP4:  # E8M0 scales 2^-12 .. 2^3: every value finite, sums too
+        b[:, 0] = rng.integers(116, 132, nblocks)
     return b
 
 
@@ -95,6 +97,8 @@ def test_dequantise_equals_gguf_py(tool, tmp_path, name):
         raw[1, 0:2] = np.array([0x01, 0x00], dtype=np.uint8)  # smallest subnormal d
     if name in KX:
         raw[1, KX[name][0]:KX[name][0] + 2] = np.array([0x01, 0x00], dtype=np.uint8)
+    if name == "MXFP4":  # the subnormal scales 2^-128 and 2^-127 (ggml's e < 2 branch)
+        raw[1, 0], raw[2, 0] = 0, 1
     (tmp_path / "in.bin").write_bytes(raw.tobytes())
     run_tool(tool, "dequant", name, tmp_path / "in.bin", tmp_path / "out.f32")
     ours = np.fromfile(tmp_path / "out.f32", dtype=np.float32)
@@ -152,6 +156,26 @@ def test_q32_extreme_blocks_dequantise_as_gguf_py(tool, tmp_path, name):
     assert np.isinf(theirs).any()  # the infinite scales reached the values
     bad = np.flatnonzero(ours.view(np.uint32)[~nan] != theirs.view(np.uint32)[~nan])
     assert bad.size == 0, f"{name}: {bad.size} values differ"
+
+
+def test_mxfp4_every_scale_dequantises_as_gguf_py(tool, tmp_path):
+    """MXFP4 with each of the 256 E8M0 scales (subnormal, normal, 2^127 where 12·2^126
+    overflows to infinity) and every code: each value equals gguf-py's bit for bit, NaN
+    where it has NaN."""
+    rng = np.random.default_rng(39)
+    raw = random_blocks(rng, Q.MXFP4, 512)
+    raw[:, 0] = np.arange(512) % 256
+    raw[256:, 1:] = np.arange(16, dtype=np.uint8) * 17  # codes q, q (both nibbles)
+    (tmp_path / "in.bin").write_bytes(raw.tobytes())
+    run_tool(tool, "dequant", "MXFP4", tmp_path / "in.bin", tmp_path / "out.f32")
+    ours = np.fromfile(tmp_path / "out.f32", dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        theirs = gguf.quants.dequantize(raw.reshape(-1), Q.MXFP4).astype(np.float32).reshape(-1)
+    nan = np.isnan(theirs)
+    assert (np.isnan(ours) == nan).all()
+    assert np.isinf(theirs).any() and (theirs[theirs != 0] != 0).all()
+    bad = np.flatnonzero(ours.view(np.uint32)[~nan] != theirs.view(np.uint32)[~nan])
+    assert bad.size == 0, f"MXFP4: {bad.size} values differ"
 
 
 @pytest.mark.parametrize("name", list(KX))
@@ -336,6 +360,7 @@ def write_sample(path, alignment=None):
     tensors["iq4_nl.weight"] = (random_blocks(rng, Q.IQ4_NL, 6).reshape(2, -1), Q.IQ4_NL)
     for name in KX:  # 2 rows of 512 values
         tensors[name.lower() + ".weight"] = (random_blocks(rng, Q[name], 4).reshape(2, -1), Q[name])
+    tensors["mxfp4.weight"] = (random_blocks(rng, Q.MXFP4, 6).reshape(2, -1), Q.MXFP4)
     tensors["iq2_xs.weight"] = (rng.integers(0, 256, (1, 74), dtype=np.uint8), Q.IQ2_XS)
     tensors["i32.weight"] = (np.arange(8, dtype=np.int32), None)
     for name, (data, raw_dtype) in tensors.items():

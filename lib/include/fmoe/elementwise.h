@@ -21,4 +21,13 @@ static inline FMOE_HD float fmoe_silu(float x) { return x / (1.0f + expf(-x)); }
 /* SwiGLU expert activation: silu(gate) * up. */
 static inline FMOE_HD float fmoe_swiglu(float gate, float up) { return fmoe_silu(gate) * up; }
 
+/* gpt-oss's clamped SwiGLU (transformers' GptOssExperts._apply_gate, OpenAI's
+ * gpt_oss/torch/model.py swiglu): the gate clamped above at `limit`, the up projection to
+ * [-limit, limit], then (up + 1) · gate · sigmoid(alpha · gate). */
+static inline FMOE_HD float fmoe_swiglu_clamped(float gate, float up, float alpha, float limit) {
+    gate = gate > limit ? limit : gate;
+    up = up > limit ? limit : up < -limit ? -limit : up;
+    return (up + 1.0f) * (gate / (1.0f + expf(-alpha * gate)));
+}
+
 #endif

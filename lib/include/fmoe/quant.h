@@ -1,8 +1,9 @@
 /*
- * fmoe/quant.h - ggml's tensor types: their block geometry, and for the fifteen fmoe
+ * fmoe/quant.h - ggml's tensor types: their block geometry, and for the sixteen fmoe
  * computes with (F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the
- * 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) rows dequantised to f32, dot products of a
- * row with an f32 vector, and (for every block type of them) rows quantised from f32.
+ * 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4) rows dequantised to f32, dot products of
+ * a row with an f32 vector, and (for every block type of them but MXFP4) rows quantised
+ * from f32.
  *
  *     if (!fmoe_quant_supported(t->type)) refuse(fmoe_ggml_type_name(t->type));
  *     float y = fmoe_quant_dot(t->type, row, x, n);         // one output of W·x
@@ -80,6 +81,7 @@ enum {
     FMOE_Q2_K_BYTES = 16 + 64 + 2 + 2,        /* 4-bit scale|min [16]; 2-bit q; f16 d, dmin */
     FMOE_Q3_K_BYTES = 32 + 64 + 12 + 2,       /* hmask[32]; 2-bit q; 6-bit scales; f16 d */
     FMOE_IQ4_XS_BYTES = 2 + 2 + 4 + 128,      /* f16 d; 6-bit scales (high, low); 4-bit codes */
+    FMOE_MXFP4_BYTES = 1 + 16,                /* E8M0 e; 4-bit E2M1 codes: x = 2^(e-128)·2v */
 };
 
 /* "Q4_K", "BF16", ... as ggml names them; NULL for a number ggml does not define. */
@@ -92,7 +94,8 @@ int fmoe_ggml_type_parse(const char *name, fmoe_ggml_type *out);
 int32_t fmoe_ggml_block_size(uint32_t type);
 int32_t fmoe_ggml_type_size(uint32_t type);
 
-/* 1 for the fifteen types fmoe dequantises and computes dot products with. */
+/* 1 for the sixteen types fmoe dequantises and computes dot products with (the types
+ * fmoe_quant_can_quantize writes, F32, F16, BF16, and MXFP4, read only). */
 int fmoe_quant_supported(uint32_t type);
 
 /* 1 for the types fmoe_quant_quantize_row writes: Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,

@@ -13,8 +13,9 @@
  *     fmoe_session_free(s); fmoe_model_free(m);
  *
  * Families: Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE, OLMoE, DeepSeek-MoE V1, and on the
- * CPU backend DeepSeek-V2/V3 (MLA), Phi-3.5-MoE and GLM-4.5, each following its
- * transformers (or, for DeepSeek V1, its authors') modeling code. gpt-oss and Llama-4 are
+ * CPU backend DeepSeek-V2/V3 (MLA), Phi-3.5-MoE, GLM-4.5 and gpt-oss (its experts
+ * transposed, or repacked from MXFP4, at load: runtime/model/family_gptoss.c), each
+ * following its transformers (or, for DeepSeek V1, its authors') modeling code. Llama-4 is
  * refused as not yet supported.
  *
  * Weights: the safetensors files stay memory-mapped; matrices are used in place in their
