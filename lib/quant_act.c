@@ -261,12 +261,8 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
         return;
     }
     if (fmoe__is_kx(t)) { /* Q2_K, Q3_K, IQ4_XS: lib/quant_kx.c, every level the same bits */
-        const int level = fmoe__quant_level();
-        for (int64_t r = 0; r < rows; r++)
-            for (int32_t k = 0; k < nx; k++)
-                y[k * ldy + r] =
-                    fmoe__quant_act_dot_kx(t, (const uint8_t *)W + r * row_bytes,
-                                           (const uint8_t *)qx + k * qx_stride, n, level);
+        fmoe__quant_act_rows_kx(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy,
+                                fmoe__quant_level());
         return;
     }
     switch (fmoe__quant_level()) {

@@ -343,15 +343,20 @@ SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t str
  * reference's (no int16 saturates: |q|, |a| <= 127). */
 SIMD int32_t fmoe__kx_isum_avx512(const fmoe__kx_block *u, const int8_t *qa) {
     __m512i acc = _mm512_setzero_si512();
+    /* the 16 scales in the low half of a register; lane j of part p's product (8 pairs a
+     * sub-block) takes scale 4p + j / 8, picked by a permute rather than built in memory */
+    const __m512i sc16 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)u->sc));
+    const __m512i eighth = _mm512_srli_epi16(
+        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
+                         13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
     for (int p = 0; p < 4; p++) {
         const __m512i qw = _mm512_loadu_si512((const void *)(u->q + 64 * p));
         const __m512i a = _mm512_loadu_si512((const void *)(qa + 64 * p));
         const __mmask64 neg = _mm512_movepi8_mask(qw);
         const __m512i sa = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
         const __m512i prod = _mm512_maddubs_epi16(_mm512_abs_epi8(qw), sa);
-        int16_t sc[32];
-        for (int k = 0; k < 32; k++) sc[k] = u->sc[4 * p + k / 8];
-        const __m512i scv = _mm512_loadu_si512((const void *)sc);
+        const __m512i scv = _mm512_permutexvar_epi16(
+            _mm512_add_epi16(eighth, _mm512_set1_epi16((short)(4 * p))), sc16);
         acc = _mm512_add_epi32(acc, _mm512_madd_epi16(prod, scv));
     }
     /* summed by halves: GCC 12 refuses to inline _mm512_reduce_add_epi32 here */

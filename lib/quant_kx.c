@@ -167,6 +167,34 @@ float fmoe__quant_dot_kx_avx2(uint32_t type, const void *row, const float *x, in
 void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, kx_block *u) { unpack(type, b, u); }
 #endif
 
+/* One unpacked block against input k's Q8_K block `a`: da·d·Σ sc·q·a - da·dmin·Σ m·bsum. */
+static float block_dot(uint32_t type, const kx_block *u, const uint8_t *a, int level) {
+    float da;
+    memcpy(&da, a, 4);
+    const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
+#if HAVE_AVX2_KX
+    const int32_t sum = level >= FMOE__QUANT_AVX512 ? fmoe__kx_isum_avx512(u, qa)
+                        : level >= FMOE__QUANT_AVX2 ? isum_avx2(u, qa)
+                                                    : isum_ref(u, qa);
+#else
+    (void)level;
+    const int32_t sum = isum_ref(u, qa);
+#endif
+    const int32_t msum = type == FMOE_GGML_Q2_K ? min_sum(u, a) : 0;
+    return da * u->d * (float)sum - da * u->dmin * (float)msum;
+}
+
+static void unpack_at(uint32_t type, const uint8_t *w, kx_block *u, int level) {
+#if HAVE_AVX2_KX
+    if (level >= FMOE__QUANT_AVX2) {
+        fmoe__kx_unpack_avx2(type, w, u);
+        return;
+    }
+#endif
+    (void)level;
+    unpack(type, w, u);
+}
+
 float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n,
                              int level) {
     const int64_t bytes = fmoe_ggml_type_size(type);
@@ -174,25 +202,29 @@ float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int
     kx_block u;
     float s = 0;
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += bytes, a += FMOE_Q8_K_BYTES) {
-#if HAVE_AVX2_KX
-        if (level >= FMOE__QUANT_AVX2)
-            fmoe__kx_unpack_avx2(type, w, &u);
-        else
-#endif
-            unpack(type, w, &u);
-        float da;
-        memcpy(&da, a, 4);
-        const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
-#if HAVE_AVX2_KX
-        const int32_t sum = level >= FMOE__QUANT_AVX512 ? fmoe__kx_isum_avx512(&u, qa)
-                            : level >= FMOE__QUANT_AVX2 ? isum_avx2(&u, qa)
-                                                        : isum_ref(&u, qa);
-#else
-        (void)level;
-        const int32_t sum = isum_ref(&u, qa);
-#endif
-        const int32_t msum = type == FMOE_GGML_Q2_K ? min_sum(&u, a) : 0;
-        s += da * u.d * (float)sum - da * u.dmin * (float)msum;
+        unpack_at(type, w, &u, level);
+        s += block_dot(type, &u, a, level);
     }
     return s;
+}
+
+/* Each block of a row is unpacked once for all nx inputs (the inputs of a prefill chunk
+ * share it), each input's sum kept in y and added to in block order: the same float
+ * operations in the same order as fmoe__quant_act_dot_kx's, so the same bits. */
+void fmoe__quant_act_rows_kx(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                             const void *qx, int64_t stride, int32_t nx, int64_t n, float *y,
+                             int64_t ldy, int level) {
+    const int64_t bytes = fmoe_ggml_type_size(type);
+    kx_block u;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *w = (const uint8_t *)W + r * row_bytes;
+        for (int32_t k = 0; k < nx; k++) y[k * ldy + r] = 0;
+        for (int64_t i = 0, b = 0; i < n; i += FMOE_QK_K, b++, w += bytes) {
+            unpack_at(type, w, &u, level);
+            for (int32_t k = 0; k < nx; k++)
+                y[k * ldy + r] += block_dot(type, &u,
+                                            (const uint8_t *)qx + k * stride + b * FMOE_Q8_K_BYTES,
+                                            level);
+        }
+    }
 }
