@@ -507,11 +507,15 @@ static int seq_json_begin(serve_engine *e, seq *s, const fmoe_json_schema *schem
 }
 
 /* Under e->mu: moves waiting jobs into free slots; cancelled waiting jobs finish. */
-/* Readies slot s's session for job j, which its own cache spares `keep` tokens: a kept
- * cache beyond the slots (e->pool) that spares more is copied in instead; the slot's own
- * cache, about to be forgotten past what j shares with it, is first saved there. @return
- * the prompt tokens the session holds for j. */
+/* Readies slot s's session for job j, which its own cache spares `keep` tokens: a running
+ * sequence's prompt rows or a kept cache beyond the slots (e->pool) that spare more are
+ * copied in instead; the slot's own cache, about to be forgotten past what j shares with
+ * it, is first saved in the pool. @return the prompt tokens the session holds for j. */
 static int32_t take_cache(serve_engine *e, seq *s, const serve_job *j, int32_t keep) {
+    if (!e->reuse_prefix) {
+        fmoe_session_reset(s->session);
+        return 0;
+    }
     int32_t pool_keep = 0;
     const int32_t from = e->pool ? fmoe_serve_prefix_pool_best(e->pool, j->prompt,
                                                                j->prompt_tokens, &pool_keep)
@@ -521,6 +525,24 @@ static int32_t take_cache(serve_engine *e, seq *s, const serve_job *j, int32_t k
                                     pool_keep > keep ? from : -1) < 0)
         fmoe_log(FMOE_LOG_WARN, "prefix cache: could not keep a finished request's cache: %s",
                       fmoe_error_detail());
+    /* a running sequence whose prompt, as far as it has run, starts the same way (two
+     * concurrent chats with one system prompt): its rows are final, copied between
+     * passes; host memory only (fmoe_session_copy_prefix) */
+    int32_t run_keep = 0;
+    const seq *run = NULL;
+    for (int32_t i = 0; e->o.backend == FMOE_BACKEND_CPU && i < e->o.parallel; i++) {
+        const seq *r = &e->seqs[i];
+        if (r == s || (r->state != SEQ_PREFILL && r->state != SEQ_DECODE)) continue;
+        const int32_t k = fmoe_serve_common_prefix(r->job->prompt, r->fed, j->prompt,
+                                                   j->prompt_tokens - 1);
+        if (k > run_keep) {
+            run_keep = k;
+            run = r;
+        }
+    }
+    if (run && run_keep > keep && run_keep > pool_keep &&
+        fmoe_session_copy_prefix(s->session, run->session, run_keep) == 0)
+        return run_keep;
     if (from >= 0 && pool_keep > keep &&
         fmoe_serve_prefix_pool_load(e->pool, from, s->session, pool_keep) == 0)
         return pool_keep;

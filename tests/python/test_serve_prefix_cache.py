@@ -189,3 +189,47 @@ def test_pool_keeps_more_conversations_than_slots(tmp_path):
     finally:
         for s in (pooled, bare, small):
             assert s.stop()[0] == 0
+
+
+def test_a_running_request_shares_its_prompt(tmp_path):
+    """Two chats with one long system prompt, the second sent while the first is still
+    decoding: the second copies the system prompt's rows from the running sequence
+    (cached_tokens at least the tokens the two prompts share, counted by HF tokenizers on
+    the same rendering), and its log-probabilities equal those of a server without the
+    cache."""
+    tok = tokenizers.Tokenizer.from_file(str(TINY / "tokenizer.json"))
+    system = " ".join(WORDS * 4)
+    msgs = [[{"role": "system", "content": system}, {"role": "user", "content": u}]
+            for u in ("sorting lists", "graphs and trees")]
+    chatml = ["".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in ms)
+              + "<|im_start|>assistant\n" for ms in msgs]
+    a_ids, b_ids = (tok.encode(t).ids for t in chatml)
+    shared = 0
+    while a_ids[shared] == b_ids[shared]:
+        shared += 1
+    results = {}
+    for name, extra in (("on", []), ("off", ["--no-prefix-cache"])):
+        (tmp_path / name).mkdir()
+        s = serve_util.Server(tmp_path / name, "--parallel", "2", "--max-context", 1024, *extra)
+        try:
+            cl = s.client()
+            first = cl.chat.completions.create(model="m", messages=msgs[0], max_tokens=600,
+                                               temperature=0, stream=True,
+                                               extra_body={"ignore_eos": True})
+            chunks = iter(first)
+            while not next(chunks).choices[0].delta.content:  # the role chunk comes first
+                pass  # a token: its prompt has run, it is decoding now
+            b = cl.chat.completions.create(model="m", messages=msgs[1], max_tokens=6,
+                                           temperature=0, logprobs=True, top_logprobs=3)
+            for _ in chunks:  # let it finish
+                pass
+            results[name] = b
+        finally:
+            assert s.stop()[0] == 0
+    on, off = results["on"], results["off"]
+    assert on.usage.prompt_tokens == len(b_ids)
+    assert on.usage.prompt_tokens_details.cached_tokens >= shared > 40
+    assert off.usage.prompt_tokens_details.cached_tokens == 0
+    assert on.choices[0].message.content == off.choices[0].message.content
+    for x, y in zip(on.choices[0].logprobs.content, off.choices[0].logprobs.content):
+        assert x.token == y.token and abs(x.logprob - y.logprob) < 1e-4
