@@ -552,6 +552,22 @@ static int32_t take_cache(serve_engine *e, seq *s, const serve_job *j, int32_t k
     return keep;
 }
 
+/* 1 when a running sequence is still prefilling the very prompt of job j (the choices
+ * of one request with n > 1 arrive together): j then waits at the head of the queue until
+ * that prefill is done and copies its rows (take_cache), rather than running the same
+ * prompt again beside it. CPU backend (the copy's). */
+static int same_prompt_running(const serve_engine *e, const serve_job *j) {
+    if (!e->reuse_prefix || e->o.backend != FMOE_BACKEND_CPU || j->prompt_tokens < 2) return 0;
+    for (int32_t i = 0; i < e->o.parallel; i++) {
+        const seq *r = &e->seqs[i];
+        if (r->state == SEQ_PREFILL && r->job->prompt_tokens == j->prompt_tokens &&
+            !atomic_load(&r->job->cancel) &&
+            memcmp(r->job->prompt, j->prompt, (size_t)j->prompt_tokens * sizeof *j->prompt) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 static void admit(serve_engine *e) {
     while (e->q_head && e->running < e->o.parallel) {
         serve_job *j = NULL;
@@ -568,8 +584,8 @@ static void admit(serve_engine *e) {
         }
         if (!j) break;
         int32_t keep = 0;
-        const int32_t i = pick_slot(e, j, &keep);
-        if (i < 0) { /* not reached: running < parallel leaves a slot free */
+        const int32_t i = same_prompt_running(e, j) ? -1 : pick_slot(e, j, &keep);
+        if (i < 0) { /* back to the head: it waits for that prefill (or, not reached, a slot) */
             j->next = e->q_head;
             e->q_head = j;
             if (!e->q_tail) e->q_tail = j;

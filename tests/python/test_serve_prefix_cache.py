@@ -233,3 +233,25 @@ def test_a_running_request_shares_its_prompt(tmp_path):
     assert on.choices[0].message.content == off.choices[0].message.content
     for x, y in zip(on.choices[0].logprobs.content, off.choices[0].logprobs.content):
         assert x.token == y.token and abs(x.logprob - y.logprob) < 1e-4
+
+
+def test_n_choices_prefill_the_prompt_once(tmp_path, plain):
+    """A request with n = 4 on a server with four sequences: the first choice runs the
+    prompt, the three others wait for it and copy its rows (all but the last prompt
+    token, which each runs for its own logits), so the prefix counter grows by exactly
+    3 (prompt - 1) on a fresh server; the choices' greedy texts and log-probabilities
+    equal those of a server that runs the prompt four times."""
+    msgs = [{"role": "user", "content": "Name three sorting algorithms and compare them."}]
+    kw = dict(model="m", messages=msgs, max_tokens=5, temperature=0, n=4, logprobs=True,
+              top_logprobs=2)
+    s = serve_util.Server(tmp_path, "--parallel", "4")
+    try:
+        on = s.client().chat.completions.create(**kw)
+        assert cached_total(s) == 3 * (on.usage.prompt_tokens - 1)
+    finally:
+        assert s.stop()[0] == 0
+    off = plain.client().chat.completions.create(**kw)
+    for a, b in zip(on.choices, off.choices):
+        assert a.message.content == b.message.content
+        for x, y in zip(a.logprobs.content, b.logprobs.content):
+            assert x.token == y.token and abs(x.logprob - y.logprob) < 1e-4
