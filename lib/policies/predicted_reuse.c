@@ -1,0 +1,290 @@
+/*
+ * predicted_reuse.c - eviction by predicted next use, guarded by recency; no prefetch
+ * (docs/policies.md#predicted-reuse).
+ *
+ * Belady's rule (belady.c) evicts the resident expert whose next use is furthest away and
+ * closes most of the gap between LRU and the optimum on real routing; prefetching closes
+ * little of it. This policy applies Belady's rule to a *prediction* of each expert's next
+ * use, made when the expert is accessed and kept per expert:
+ *
+ *   estimate=perfect  the true next use, read from the trace's future as belady.c does
+ *                     (simulate only): the rule is then Belady's, hit for hit (a test).
+ *   estimate=random   a uniformly random time in (now, now + 2 g], g the layer's mean
+ *                     inter-access gap: a prediction that knows nothing (the test that
+ *                     bounds what a useless predictor costs against LRU).
+ *   estimate=reuse    an online estimate from per-expert reuse statistics: next use =
+ *                     last access + an exponentially weighted mean of the expert's own
+ *                     inter-access gaps (in cache ticks), shrunk towards the layer's mean
+ *                     gap by its confidence c = n / (n + reuse_prior), n the gaps seen
+ *                     (an expert reused often is predicted back soon: MoE-Infinity §4.2's
+ *                     observation that experts are reused with a skewed frequency, here
+ *                     per expert rather than per request). An expert with no history
+ *                     gets the layer's mean gap, so among such experts the order is LRU's.
+ *
+ * Ties in predicted next use go to the least recently accessed, then the lowest slot, as in
+ * belady.c.
+ *
+ * The guard (guard=lru, the default) bounds what a wrong prediction costs. Whenever the
+ * prediction's victim p and LRU's victim q differ, the pair is remembered; the first of the
+ * two to be accessed again settles it: p first means the prediction was wrong (it chose to
+ * drop the expert needed sooner), q first that LRU would have been. The outcomes are kept
+ * as two exponentially decayed counts (half-life guard_half_life outcomes), and the victim
+ * is the prediction's while its wrong count is at most LRU's, LRU's otherwise. This is the
+ * regret-weighted choice between two experts of LeCaR (Vietri et al., "Driving Cache
+ * Replacement with ML-based LeCaR", HotStorage 2018), made deterministic and judged by
+ * pairwise outcomes instead of ghost lists. A perfect prediction is never wrong in a pair
+ * (p's next use is the furthest), so the guard never overrides it and estimate=perfect stays
+ * Belady with the guard on.
+ *
+ * Bookkeeping without lists: LRU's victim is often the same expert q over many misses
+ * while the predictions are followed, so q may be in many pending pairs and each p in one.
+ * p keeps its partner and the tick of pairing; q keeps a count of its pending pairs. An
+ * access to q settles all of them at once (LRU wrong); an access to p settles its pair
+ * (prediction wrong) only if q has not been accessed since the pairing, else it was
+ * counted then.
+ *
+ * Pure and deterministic: predictions depend on cache ticks and the trace's positions only,
+ * the random estimate is a hash of (seed, tick, expert), so the simulated and live runs
+ * decide the same. Cost: O(1) per access, one O(N) scan per miss; O(L·J) memory, and for
+ * estimate=perfect 4 bytes per access of the trace (belady.c's next-use table).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "fmoe/error.h"
+#include "fmoe/policy.h"
+#include "next_use.h"
+
+enum { EST_PERFECT = 0, EST_RANDOM = 1, EST_REUSE = 2 };
+enum { GUARD_NONE = 0, GUARD_LRU = 1 };
+
+static const char *const estimates[] = {"perfect", "random", "reuse", NULL};
+static const char *const guards[] = {"none", "lru", NULL};
+static const fmoe_policy_setting pr_settings[] = {
+    {.name = "estimate", .type = FMOE_SETTING_CHOICE, .def = EST_REUSE, .choices = estimates,
+     .help = "next-use estimate: perfect (the trace's future, simulate only), random, or "
+             "reuse (per-expert decayed inter-access gap)"},
+    {.name = "guard", .type = FMOE_SETTING_CHOICE, .def = GUARD_LRU, .choices = guards,
+     .help = "lru: evict LRU's choice while the predictions lose more victim pairs than LRU "
+             "(LeCaR-style regret); none: always the prediction's"},
+    {.name = "guard_half_life", .type = FMOE_SETTING_DOUBLE, .def = 64, .min = 1, .max = 1e9,
+     .help = "half-life of the guard's pair outcomes, in outcomes"},
+    {.name = "guard_tolerance", .type = FMOE_SETTING_DOUBLE, .def = 1, .min = 1, .max = 1e9,
+     .help = "guard=lru: follow the predictions while they lose at most this many times as "
+             "many pairs as LRU"},
+    {.name = "reuse_half_life", .type = FMOE_SETTING_DOUBLE, .def = 4, .min = 0.5, .max = 1e9,
+     .help = "estimate=reuse: half-life of an expert's mean inter-access gap, in gaps"},
+    {.name = "reuse_prior", .type = FMOE_SETTING_DOUBLE, .def = 2, .min = 0, .max = 1e9,
+     .help = "estimate=reuse: gaps an expert needs for half confidence in its own mean gap "
+             "(the rest is the layer's mean)"},
+    {.name = "seed", .type = FMOE_SETTING_INT, .def = 1, .min = 0, .max = 2147483647.0,
+     .help = "estimate=random: the seed of the predictions"},
+    {0},
+};
+
+typedef struct predicted_reuse_state {
+    int32_t estimate, guard, J;
+    double reuse_alpha;     /* weight of a new gap in an expert's mean */
+    double reuse_prior;
+    double guard_decay;     /* factor on the outcome counts per outcome */
+    double guard_tolerance;
+    uint64_t seed;
+    double *predicted;      /* [L*J] predicted next use, in ticks (perfect: positions) */
+    double *gap_mean;       /* [L*J] decayed mean inter-access gap, ticks */
+    uint32_t *gaps_seen;    /* [L*J] gaps observed (saturating) */
+    uint64_t *prev_tick;    /* [L*J] tick of the previous access, 0 = none */
+    double *layer_gap;      /* [L] decayed mean gap over the layer's experts, ticks */
+    int32_t *partner;       /* [L*J] as the prediction's victim: LRU's victim of the pair, -1 */
+    uint64_t *paired_at;    /* [L*J] tick at which that pair was made */
+    uint32_t *pending_lru;  /* [L*J] pending pairs with the expert as LRU's victim */
+    double wrong_predicted, wrong_lru; /* decayed counts of lost pairs */
+    uint32_t *next;         /* perfect: [A] next position of the same expert (belady.c) */
+    int64_t len;
+} predicted_reuse_state;
+
+static void pr_free(void *state) {
+    predicted_reuse_state *s = state;
+    if (!s) return;
+    free(s->predicted);
+    free(s->gap_mean);
+    free(s->gaps_seen);
+    free(s->prev_tick);
+    free(s->layer_gap);
+    free(s->partner);
+    free(s->paired_at);
+    free(s->pending_lru);
+    free(s->next);
+    free(s);
+}
+
+static int pr_init(void **state, const fmoe_policy_config *cfg) {
+    *state = NULL;
+    const int32_t estimate = fmoe_policy_setting_choice(cfg, pr_settings, "estimate");
+    FMOE_RETURN_ERROR_IF(estimate == EST_PERFECT && !cfg->future, FMOE_EUNSUPPORTED,
+                         "policy predicted-reuse: estimate=perfect reads the trace's future "
+                         "(fmoe simulate only)");
+    const size_t ne = (size_t)cfg->num_layers * (size_t)cfg->num_experts;
+    predicted_reuse_state *s = calloc(1, sizeof *s);
+    if (!s) return fmoe_error_set(FMOE_ENOMEM, "predicted-reuse state");
+    s->estimate = estimate;
+    s->guard = fmoe_policy_setting_choice(cfg, pr_settings, "guard");
+    s->J = cfg->num_experts;
+    s->reuse_alpha = 1.0 - exp2(-1.0 / fmoe_policy_setting_double(cfg, pr_settings,
+                                                                   "reuse_half_life"));
+    s->reuse_prior = fmoe_policy_setting_double(cfg, pr_settings, "reuse_prior");
+    s->guard_decay = exp2(-1.0 / fmoe_policy_setting_double(cfg, pr_settings,
+                                                             "guard_half_life"));
+    s->guard_tolerance = fmoe_policy_setting_double(cfg, pr_settings, "guard_tolerance");
+    s->seed = (uint64_t)fmoe_policy_setting_int(cfg, pr_settings, "seed");
+    s->predicted = calloc(ne, sizeof *s->predicted);
+    s->gap_mean = calloc(ne, sizeof *s->gap_mean);
+    s->gaps_seen = calloc(ne, sizeof *s->gaps_seen);
+    s->prev_tick = calloc(ne, sizeof *s->prev_tick);
+    s->layer_gap = calloc((size_t)cfg->num_layers, sizeof *s->layer_gap);
+    s->partner = malloc(ne * sizeof *s->partner);
+    s->paired_at = calloc(ne, sizeof *s->paired_at);
+    s->pending_lru = calloc(ne, sizeof *s->pending_lru);
+    if (!s->predicted || !s->gap_mean || !s->gaps_seen || !s->prev_tick || !s->layer_gap ||
+        !s->partner || !s->paired_at || !s->pending_lru) {
+        pr_free(s);
+        return fmoe_error_set(FMOE_ENOMEM, "predicted-reuse: tables for %zu experts", ne);
+    }
+    for (size_t e = 0; e < ne; e++) s->partner[e] = -1;
+    if (estimate == EST_PERFECT) {
+        const size_t a = (size_t)(cfg->future_len > 0 ? cfg->future_len : 0);
+        uint32_t *first = malloc(ne * sizeof *first);
+        s->next = malloc((a ? a : 1) * sizeof *s->next);
+        s->len = cfg->future_len;
+        if (!first || !s->next) {
+            free(first);
+            pr_free(s);
+            return fmoe_error_set(FMOE_ENOMEM, "predicted-reuse: next-use table for %zu accesses", a);
+        }
+        int rc = fmoe__policy_next_use(cfg, s->next, first);
+        /* Before its first access an expert's next use is that access (belady.c). */
+        for (size_t e = 0; rc == 0 && e < ne; e++)
+            s->predicted[e] = first[e] == UINT32_MAX ? INFINITY : (double)first[e];
+        free(first);
+        if (rc < 0) {
+            pr_free(s);
+            fmoe_error_prefix("predicted-reuse");
+            return rc;
+        }
+    }
+    *state = s;
+    return 0;
+}
+
+/* splitmix64's finaliser: a well-mixed 64-bit value of its input. */
+static uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* Adds k outcomes, `predicted_wrong` of them against the predictions, to the decayed counts. */
+static void guard_count(predicted_reuse_state *s, uint32_t k, int predicted_wrong) {
+    const double d = k == 1 ? s->guard_decay : pow(s->guard_decay, (double)k);
+    s->wrong_predicted *= d;
+    s->wrong_lru *= d;
+    if (predicted_wrong) s->wrong_predicted += (double)k;
+    else s->wrong_lru += (double)k;
+}
+
+/* e is accessed at the current tick (its previous access at prev): the pairs it settles. */
+static void pairs_settle(predicted_reuse_state *s, int32_t e) {
+    if (s->pending_lru[e]) {
+        guard_count(s, s->pending_lru[e], 0);
+        s->pending_lru[e] = 0;
+    }
+    const int32_t q = s->partner[e];
+    if (q < 0) return;
+    s->partner[e] = -1;
+    /* q accessed since the pairing: the pair was settled then */
+    if (s->prev_tick[q] > s->paired_at[e]) return;
+    guard_count(s, 1, 1);
+    if (s->pending_lru[q]) s->pending_lru[q]--;
+}
+
+static void pr_on_access(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev) {
+    predicted_reuse_state *s = state;
+    const int32_t e = ev->layer * s->J + ev->expert;
+    pairs_settle(s, e);
+    const uint64_t now = env->cache->tick;
+    /* The layer's mean gap: the prior of experts without history, the random estimate's
+     * scale. Gaps are measured in ticks (accesses), so they are the same live and simulated. */
+    if (s->prev_tick[e] > 0 && now > s->prev_tick[e]) {
+        const double gap = (double)(now - s->prev_tick[e]);
+        double *lg = &s->layer_gap[ev->layer];
+        *lg = *lg > 0 ? *lg + (gap - *lg) / 64.0 : gap;
+        s->gap_mean[e] = s->gaps_seen[e] ? s->gap_mean[e] + s->reuse_alpha * (gap - s->gap_mean[e])
+                                         : gap;
+        if (s->gaps_seen[e] < UINT32_MAX) s->gaps_seen[e]++;
+    }
+    s->prev_tick[e] = now;
+    const double g = s->layer_gap[ev->layer] > 0 ? s->layer_gap[ev->layer] : 1.0;
+    switch (s->estimate) {
+    case EST_PERFECT:
+        if (ev->position >= 0 && ev->position < s->len) {
+            const uint32_t nx = s->next[ev->position];
+            s->predicted[e] = nx == UINT32_MAX ? INFINITY : (double)nx;
+        }
+        break;
+    case EST_RANDOM: {
+        const uint64_t h = mix64(s->seed ^ mix64(now ^ ((uint64_t)e << 40)));
+        const double u = (double)((h >> 11) + 1) * 0x1.0p-53; /* (0, 1] */
+        s->predicted[e] = (double)now + 2.0 * g * u;
+        break;
+    }
+    default: {
+        const double n = (double)s->gaps_seen[e];
+        const double c = n + s->reuse_prior > 0 ? n / (n + s->reuse_prior) : 1.0;
+        s->predicted[e] = (double)now + c * s->gap_mean[e] + (1.0 - c) * g;
+        break;
+    }
+    }
+}
+
+static int32_t pr_choose_victim(void *state, const fmoe_policy_env *env,
+                                const fmoe_victim_request *req) {
+    (void)req;
+    predicted_reuse_state *s = state;
+    const fmoe_cache_view *v = env->cache;
+    int32_t p = -1, q = -1;
+    double p_next = 0;
+    uint64_t p_tick = UINT64_MAX, q_tick = UINT64_MAX;
+    for (int32_t slot = 0; slot < v->capacity; slot++) {
+        if (!fmoe_cache_evictable(v, slot)) continue;
+        const double nx = s->predicted[v->slot_expert[slot]];
+        const uint64_t t = v->slot_last_access[slot];
+        if (p < 0 || nx > p_next || (nx == p_next && t < p_tick)) {
+            p_next = nx;
+            p_tick = t;
+            p = slot;
+        }
+        if (t < q_tick) {
+            q_tick = t;
+            q = slot;
+        }
+    }
+    if (p < 0 || p == q || s->guard == GUARD_NONE) return p;
+    const int32_t ep = v->slot_expert[p], eq = v->slot_expert[q];
+    if (s->partner[ep] < 0 && s->pending_lru[eq] < UINT32_MAX) {
+        s->partner[ep] = eq;
+        s->paired_at[ep] = v->tick;
+        s->pending_lru[eq]++;
+    }
+    return s->wrong_predicted <= s->guard_tolerance * s->wrong_lru ? p : q;
+}
+
+const fmoe_policy_ops fmoe_policy_predicted_reuse = {
+    .name = "predicted-reuse",
+    .summary = "evict the expert predicted to be needed last (Belady on predictions), "
+               "guarded by LRU; no prefetch",
+    .init = pr_init,
+    .free = pr_free,
+    .on_access = pr_on_access,
+    .choose_victim = pr_choose_victim,
+    .settings = pr_settings,
+};
