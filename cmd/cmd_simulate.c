@@ -322,6 +322,7 @@ prepared:
             if (u) printf("\n");
             simulate_print_table(&uo, &x->hw, x->expert_bytes, &x->es, &x->w, res + x->cell0, x->ncells,
                         order + x->cell0);
+            if (uo.gap_split) simulate_print_gap_split(res + x->cell0, x->ncells, order + x->cell0);
         }
     }
     goto done;
