@@ -4,9 +4,12 @@ Belady's eviction rule on predicted next uses, guarded by LRU.
 - With perfect predictions (estimate=perfect) its hit counts equal Belady's exactly, with
   the guard on and off, as replayed by the independent Python reference
   (tests/python/reference_cache.py), on random traces.
-- With random predictions (estimate=random) and the guard on it loses at most
-  RANDOM_MARGIN of LRU's hits (the reference's LRU) on random traces; the guard is what
-  bounds it (checked by the unguarded random rule losing more on one of them).
+- With random predictions (estimate=random) the default guard (guard=lru: follow the
+  predictions while this cache has missed at most 1 + guard_margin times what an LRU cache
+  would have) misses at most guard_margin x LRU's misses + N + 1 more than LRU (N the
+  slots: what following LRU from other contents can cost), LRU's hits counted by the
+  reference; the unguarded rule breaks that bound on some trace, so the guard is what holds
+  it. guard=pairs (LeCaR-style pairwise regret) keeps at least 88% of LRU's hits there.
 - estimate=perfect is refused live (it reads the trace's future), with a one-line error.
 The decision-log identity of live and simulated runs is in test_offload_live.py.
 """
@@ -17,11 +20,10 @@ import pytest
 from reference_cache import hits, sequence
 from test_simulate_reference import random_requests, simulate, write_trace
 
-# The stated bound: the guarded rule with useless predictions keeps at least 88% of LRU's
-# hits on these traces (measured: the worst of the 8 traces and 4 sizes is 0.896: trace 13
-# at 11 slots, 164 against 183; on the real Qwen1.5-MoE decode trace the guarded random rule keeps
-# 99.6-101.9% of LRU's hits at 10-75% caches, docs/policies.md#predicted-reuse).
-RANDOM_MARGIN = 0.12
+GUARD_MARGIN = 0.01  # guard_margin's default
+# guard=pairs' stated bound: at least 88% of LRU's hits on these traces (measured: the
+# worst of the 8 traces and 4 sizes is 0.896: trace 13 at 11 slots, 164 against 183).
+PAIRS_MARGIN = 0.12
 
 
 def make(tmp_path, seed):
@@ -39,7 +41,7 @@ def opts(*kv):
     return [x for o in kv for x in ("--policy-opt", o)]
 
 
-@pytest.mark.parametrize("guard", ["lru", "none"])
+@pytest.mark.parametrize("guard", ["lru", "pairs", "none"])
 @pytest.mark.parametrize("seed", range(6))
 def test_perfect_predictions_are_belady(fmoe, tmp_path, seed, guard):
     trace, seq, caches = make(tmp_path, seed)
@@ -50,20 +52,22 @@ def test_perfect_predictions_are_belady(fmoe, tmp_path, seed, guard):
 
 
 def test_random_predictions_bounded_by_lru(fmoe, tmp_path):
-    worst, unguarded_worst = 1.0, 1.0
+    broken, pairs_worst = 0, 1.0
     for seed in range(10, 18):
         trace, seq, caches = make(tmp_path, seed)
-        guarded = simulate(fmoe, trace, caches, ["predicted-reuse"], opts("estimate=random"))
-        bare = simulate(fmoe, trace, caches, ["predicted-reuse"],
-                        opts("estimate=random", "guard=none"))
+        run = {g: simulate(fmoe, trace, caches, ["predicted-reuse"],
+                           opts("estimate=random", f"guard={g}"))
+               for g in ("lru", "pairs", "none")}
         for c in caches:
             lru = hits(seq, c, "lru")
-            if lru == 0:
-                continue
-            worst = min(worst, guarded[("predicted-reuse", c)]["hits"] / lru)
-            unguarded_worst = min(unguarded_worst, bare[("predicted-reuse", c)]["hits"] / lru)
-    assert worst >= 1 - RANDOM_MARGIN, worst
-    assert unguarded_worst < worst, (unguarded_worst, worst)
+            allowed = GUARD_MARGIN * (len(seq) - lru) + c + 1
+            got = run["lru"][("predicted-reuse", c)]["hits"]
+            assert got >= lru - allowed, (seed, c, got, lru)
+            broken += run["none"][("predicted-reuse", c)]["hits"] < lru - allowed
+            if lru:
+                pairs_worst = min(pairs_worst, run["pairs"][("predicted-reuse", c)]["hits"] / lru)
+    assert broken > 0
+    assert pairs_worst >= 1 - PAIRS_MARGIN, pairs_worst
 
 
 def test_perfect_is_refused_live(fmoe_bin, tmp_path):
