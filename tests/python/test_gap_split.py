@@ -30,7 +30,8 @@ Trace B, every transfer takes 1 s (compute microseconds), spec = 0, 0 over two t
   gap 0 = eviction -1 + wrong 0 + late 1 (the prefetch turned a cold miss into a late hit).
 Also: for a policy without prefetching the gap is all eviction and equals belady's hits
 minus the policy's as the independent Python replay (reference_cache.py) counts them; the
-flag refuses --decision-log (it adds belady beside the policy).
+flag refuses --decision-log (it adds belady beside the policy) and --sweep-out (the count
+is not part of a sweep line).
 """
 import json
 import random
@@ -114,3 +115,6 @@ def test_table_and_refusal(fmoe, tmp_path):
                "--gap-split", "--decision-log", tmp_path / "x.jsonl", check=False)
     assert bad.returncode == 2 and "--gap-split" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    bad = fmoe("simulate", "--trace", trace, "--policy", "lru", "--cache-experts", 2,
+               "--gap-split", "--sweep-out", tmp_path / "s.jsonl", check=False)
+    assert bad.returncode == 2 and "--gap-split" in bad.stderr and "--sweep-out" in bad.stderr
