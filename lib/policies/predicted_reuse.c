@@ -75,6 +75,7 @@
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
 #include "next_use.h"
+#include "reuse_estimate.h"
 
 enum { EST_PERFECT = 0, EST_RANDOM = 1, EST_REUSE = 2 };
 enum { GUARD_NONE = 0, GUARD_LRU = 1, GUARD_PAIRS = 2 };
@@ -111,18 +112,13 @@ static const fmoe_policy_setting pr_settings[] = {
 
 typedef struct predicted_reuse_state {
     int32_t estimate, guard, J;
-    double reuse_alpha;     /* weight of a new gap in an expert's mean */
-    double reuse_prior;
-    double reuse_overdue;
     double guard_decay;     /* factor on the outcome counts per outcome */
     double guard_tolerance;
     uint64_t seed;
-    double *predicted;      /* [L*J] predicted next use, in ticks (perfect: positions);
-                               reuse: the predicted gap after the last access */
-    double *gap_mean;       /* [L*J] decayed mean inter-access gap, ticks */
-    uint32_t *gaps_seen;    /* [L*J] gaps observed (saturating) */
-    uint64_t *prev_tick;    /* [L*J] tick of the previous access, 0 = none */
-    double *layer_gap;      /* [L] decayed mean gap over the layer's experts, ticks */
+    double *predicted;      /* [L*J] perfect, random: predicted next use, in ticks
+                               (perfect: positions) */
+    fmoe__reuse_estimate reuse; /* the reuse statistics (every estimate keeps them: random
+                                   takes its scale, guard=pairs its ticks from them) */
     int32_t *partner;       /* [L*J] as the prediction's victim: LRU's victim of the pair, -1 */
     uint64_t *paired_at;    /* [L*J] tick at which that pair was made */
     uint32_t *pending_lru;  /* [L*J] pending pairs with the expert as LRU's victim */
@@ -142,10 +138,7 @@ static void pr_free(void *state) {
     predicted_reuse_state *s = state;
     if (!s) return;
     free(s->predicted);
-    free(s->gap_mean);
-    free(s->gaps_seen);
-    free(s->prev_tick);
-    free(s->layer_gap);
+    fmoe__reuse_estimate_free(&s->reuse);
     free(s->partner);
     free(s->paired_at);
     free(s->pending_lru);
@@ -168,19 +161,11 @@ static int pr_init(void **state, const fmoe_policy_config *cfg) {
     s->estimate = estimate;
     s->guard = fmoe_policy_setting_choice(cfg, pr_settings, "guard");
     s->J = cfg->num_experts;
-    s->reuse_alpha = 1.0 - exp2(-1.0 / fmoe_policy_setting_double(cfg, pr_settings,
-                                                                   "reuse_half_life"));
-    s->reuse_prior = fmoe_policy_setting_double(cfg, pr_settings, "reuse_prior");
-    s->reuse_overdue = fmoe_policy_setting_double(cfg, pr_settings, "reuse_overdue");
     s->guard_decay = exp2(-1.0 / fmoe_policy_setting_double(cfg, pr_settings,
                                                              "guard_half_life"));
     s->guard_tolerance = fmoe_policy_setting_double(cfg, pr_settings, "guard_tolerance");
     s->seed = (uint64_t)fmoe_policy_setting_int(cfg, pr_settings, "seed");
     s->predicted = calloc(ne, sizeof *s->predicted);
-    s->gap_mean = calloc(ne, sizeof *s->gap_mean);
-    s->gaps_seen = calloc(ne, sizeof *s->gaps_seen);
-    s->prev_tick = calloc(ne, sizeof *s->prev_tick);
-    s->layer_gap = calloc((size_t)cfg->num_layers, sizeof *s->layer_gap);
     s->partner = malloc(ne * sizeof *s->partner);
     s->paired_at = calloc(ne, sizeof *s->paired_at);
     s->pending_lru = calloc(ne, sizeof *s->pending_lru);
@@ -190,9 +175,17 @@ static int pr_init(void **state, const fmoe_policy_config *cfg) {
     s->lru_head = s->lru_tail = -1;
     s->capacity = cfg->capacity;
     s->guard_margin = fmoe_policy_setting_double(cfg, pr_settings, "guard_margin");
-    if (!s->predicted || !s->gap_mean || !s->gaps_seen || !s->prev_tick || !s->layer_gap ||
-        !s->partner || !s->paired_at || !s->pending_lru || !s->lru_prev || !s->lru_next ||
-        !s->in_lru) {
+    const int rc_reuse = fmoe__reuse_estimate_init(
+        &s->reuse, cfg->num_layers, cfg->num_experts,
+        fmoe_policy_setting_double(cfg, pr_settings, "reuse_half_life"),
+        fmoe_policy_setting_double(cfg, pr_settings, "reuse_prior"),
+        fmoe_policy_setting_double(cfg, pr_settings, "reuse_overdue"));
+    if (rc_reuse < 0) {
+        pr_free(s);
+        return rc_reuse;
+    }
+    if (!s->predicted || !s->partner || !s->paired_at || !s->pending_lru || !s->lru_prev ||
+        !s->lru_next || !s->in_lru) {
         pr_free(s);
         return fmoe_error_set(FMOE_ENOMEM, "predicted-reuse: tables for %zu experts", ne);
     }
@@ -249,7 +242,7 @@ static void pairs_settle(predicted_reuse_state *s, int32_t e) {
     if (q < 0) return;
     s->partner[e] = -1;
     /* q accessed since the pairing: the pair was settled then */
-    if (s->prev_tick[q] > s->paired_at[e]) return;
+    if (s->reuse.prev_tick[q] > s->paired_at[e]) return;
     guard_count(s, 1, 1);
     if (s->pending_lru[q]) s->pending_lru[q]--;
 }
@@ -293,18 +286,8 @@ static void pr_on_access(void *state, const fmoe_policy_env *env, const fmoe_acc
     }
     if (s->guard == GUARD_PAIRS) pairs_settle(s, e);
     const uint64_t now = env->cache->tick;
-    /* The layer's mean gap: the prior of experts without history, the random estimate's
-     * scale. Gaps are measured in ticks (accesses), so they are the same live and simulated. */
-    if (s->prev_tick[e] > 0 && now > s->prev_tick[e]) {
-        const double gap = (double)(now - s->prev_tick[e]);
-        double *lg = &s->layer_gap[ev->layer];
-        *lg = *lg > 0 ? *lg + (gap - *lg) / 64.0 : gap;
-        s->gap_mean[e] = s->gaps_seen[e] ? s->gap_mean[e] + s->reuse_alpha * (gap - s->gap_mean[e])
-                                         : gap;
-        if (s->gaps_seen[e] < UINT32_MAX) s->gaps_seen[e]++;
-    }
-    s->prev_tick[e] = now;
-    const double g = s->layer_gap[ev->layer] > 0 ? s->layer_gap[ev->layer] : 1.0;
+    fmoe__reuse_estimate_observe(&s->reuse, ev->layer, e, now);
+    const double g = fmoe__reuse_estimate_layer_gap(&s->reuse, ev->layer);
     switch (s->estimate) {
     case EST_PERFECT:
         if (ev->position >= 0 && ev->position < s->len) {
@@ -318,12 +301,8 @@ static void pr_on_access(void *state, const fmoe_policy_env *env, const fmoe_acc
         s->predicted[e] = (double)now + 2.0 * g * u;
         break;
     }
-    default: {
-        const double n = (double)s->gaps_seen[e];
-        const double c = n + s->reuse_prior > 0 ? n / (n + s->reuse_prior) : 1.0;
-        s->predicted[e] = c * s->gap_mean[e] + (1.0 - c) * g;
+    default: /* read at the victim choice: it depends on the time since */
         break;
-    }
     }
 }
 
@@ -339,11 +318,9 @@ static int32_t pr_choose_victim(void *state, const fmoe_policy_env *env,
         if (!fmoe_cache_evictable(v, slot)) continue;
         const int32_t e = v->slot_expert[slot];
         const uint64_t t = v->slot_last_access[slot];
-        double nx = s->predicted[e];
-        if (s->estimate == EST_REUSE) { /* last use + the gap, or later when overdue */
-            const double last = (double)s->prev_tick[e], idle = (double)v->tick - last;
-            nx = last + fmax(nx, s->reuse_overdue * idle);
-        }
+        const double nx = s->estimate == EST_REUSE
+                              ? fmoe__reuse_estimate_next(&s->reuse, e, v->tick)
+                              : s->predicted[e];
         if (p < 0 || nx > p_next || (nx == p_next && t < p_tick)) {
             p_next = nx;
             p_tick = t;
