@@ -15,7 +15,8 @@ Traces, with the cache at 10, 25, 50 and 75% of all routed experts:
     - synthetic B, C and D of prefetch_vs_lru.py
 Each trace gets a 1000-entry store from 70% of its requests (d = 3, split seed 0), and every
 policy is replayed on the other 30% (--holdout) on rtx3090-pcie4 at d = 3: lru, belady,
-oracle, fmoe, moe-infinity-fb and predicted-reuse (its defaults), with --gap-split. The
+oracle, fmoe, moe-infinity-fb and predicted-reuse (its defaults), with --gap-split, and
+moe-infinity-fb with --policy-opt evict=predicted-reuse ("mifb-pr"). The
 one-layer OLMoE trace cannot prefetch at d = 3: lru, belady and predicted-reuse replay all of
 it (one prefill request, one decode stream).
 Printed per trace and size: hit rate and TPOT p50 of each, the share of the LRU -> optimum
@@ -38,6 +39,8 @@ from prefetch_vs_lru import SYNTHETIC, make_synthetic  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 POLICIES = ["lru", "belady", "oracle", "fmoe", "moe-infinity-fb", "predicted-reuse"]
+# and moe-infinity-fb --policy-opt evict=predicted-reuse, reported as mifb-pr
+REPORTED = POLICIES + ["mifb-pr"]
 SHARES = [0.1, 0.25, 0.5, 0.75]
 QWEN_BYTES = 3 * 2048 * 1408 * 2
 
@@ -93,7 +96,7 @@ def main():
     traces += [(title, name) for title, name, _ in SYNTHETIC[1:]]
     out = []
     print(f"{'trace':<30}{'cache':>6}  {'hit% lru/bel/fmoe/mifb/pr':<34}"
-          f"{'TPOT ms lru/opt/fmoe/mifb/pr':<38}{'TPOT gap closed fmoe/mifb/pr':<30}"
+          f"{'TPOT ms lru/opt/fmoe/mifb/pr':<38}{'TPOT gap closed fmoe/mifb/pr/mifb-pr':<38}"
           f"{'pr hit gap':>10}")
     for title, name in traces:
         src = a.work / name
@@ -113,19 +116,27 @@ def main():
                             ",".join(map(str, caches)), "--hardware", "rtx3090-pcie4",
                             "--gap-split", "--json", "--quiet").stdout)["results"]
         r = {(x["policy"], x["cache_experts"]): x for x in res}
+        if L > 3:  # moe-infinity-fb with predicted-reuse on the recency side of its duel
+            for x in json.loads(sh(fmoe, "simulate", "--trace", src, *run[:3], "--policy",
+                                   "moe-infinity-fb", "--policy-opt", "evict=predicted-reuse",
+                                   "--prefetch-distance", 3, "--cache-experts",
+                                   ",".join(map(str, caches)), "--hardware", "rtx3090-pcie4",
+                                   "--json", "--quiet").stdout)["results"]:
+                r[("mifb-pr", x["cache_experts"])] = x
         for c in caches:
-            tp = {p: r[(p, c)]["tpot_s"]["p50"] * 1e3 for p in POLICIES if (p, c) in r}
-            hit = {p: r[(p, c)]["hit_rate"] * 100 for p in POLICIES if (p, c) in r}
+            tp = {p: r[(p, c)]["tpot_s"]["p50"] * 1e3 for p in REPORTED if (p, c) in r}
+            hit = {p: r[(p, c)]["hit_rate"] * 100 for p in REPORTED if (p, c) in r}
             opt = min(tp[p] for p in ("oracle", "belady") if p in tp)
             gaps = {p: closed(tp["lru"], opt, tp[p]) for p in ("fmoe", "moe-infinity-fb",
-                                                                "predicted-reuse") if p in tp}
+                                                                "predicted-reuse", "mifb-pr")
+                    if p in tp}
             hit_gap = closed(-r[("lru", c)]["hits"], -r[("belady", c)]["hits"],
                              -r[("predicted-reuse", c)]["hits"])
             fmt = lambda d, ks: "/".join(f"{d[k]:.1f}" if k in d else "-" for k in ks)  # noqa: E731
             print(f"{title:<30}{c:>6}  "
                   f"{fmt(hit, ['lru', 'belady', 'fmoe', 'moe-infinity-fb', 'predicted-reuse']):<34}"
                   f"{'/'.join(f'{v:.2f}' for v in [tp['lru'], opt]) + '/' + fmt(tp, ['fmoe', 'moe-infinity-fb', 'predicted-reuse']):<38}"
-                  f"{'/'.join(f'{gaps[k] * 100:.0f}%' if k in gaps else '-' for k in ['fmoe', 'moe-infinity-fb', 'predicted-reuse']):<30}"
+                  f"{'/'.join(f'{gaps[k] * 100:.0f}%' if k in gaps else '-' for k in ['fmoe', 'moe-infinity-fb', 'predicted-reuse', 'mifb-pr']):<38}"
                   f"{hit_gap * 100:>9.0f}%")
             out.append({"trace": title, "cache_experts": c, "share": SHARES[caches.index(c)],
                         "hit_rate": hit, "tpot_p50_ms": tp, "tpot_opt_ms": opt,

@@ -77,3 +77,34 @@ def test_perfect_is_refused_live(fmoe_bin, tmp_path):
                  "estimate=perfect", "--cache-experts", 8, check=False)
     assert p.returncode != 0
     assert "estimate=perfect" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+@pytest.mark.parametrize("n", [6, 16])
+def test_moe_infinity_fb_evict_option_live_equals_simulated(fmoe_bin, tmp_path, n):
+    """moe-infinity-fb --policy-opt evict=predicted-reuse: a live greedy run of fmoe-tiny
+    (`fmoe record`, --sync-transfers) and `fmoe simulate` of its trace on a link that takes
+    no time make the same decisions (fmoe compare-logs --late-is-hit, as test_offload_live.py
+    does for every policy at its defaults), and the option changes decisions (its log
+    differs from the default's)."""
+    import json
+
+    from conftest import run_fmoe
+    from test_offload_live import PROMPTS, TINY, ZERO_LINK
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(PROMPTS.read_text().splitlines()[:12]) + "\n")
+    (tmp_path / "zero.json").write_text(json.dumps(ZERO_LINK))
+    logs = {}
+    for ev in ("predicted-reuse", "recency"):
+        common = ["--policy", "moe-infinity-fb", "--policy-opt", f"evict={ev}",
+                  "--cache-experts", n, "--prefetch-distance", 1]
+        trace, live, sim = (tmp_path / f"{ev}.h5", tmp_path / f"{ev}-live.jsonl",
+                            tmp_path / f"{ev}-sim.jsonl")
+        run_fmoe(fmoe_bin, "record", "--model", TINY, "--dataset", prompts, "--max-new-tokens",
+                 12, "--temperature", 0, *common, "--sync-transfers", "--decision-log", live,
+                 "-o", trace, "--quiet")
+        run_fmoe(fmoe_bin, "simulate", "--trace", trace, *common, "--profile",
+                 tmp_path / "zero.json", "--decision-log", sim, "--quiet")
+        p = run_fmoe(fmoe_bin, "compare-logs", live, sim, "--late-is-hit", "--json")
+        assert json.loads(p.stdout)["identical"] is True, (ev, n)
+        logs[ev] = live.read_text().splitlines()[1:]
+    assert logs["predicted-reuse"] != logs["recency"]
