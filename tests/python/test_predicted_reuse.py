@@ -11,7 +11,8 @@ Belady's eviction rule on predicted next uses, guarded by LRU.
   reference; the unguarded rule breaks that bound on some trace, so the guard is what holds
   it. guard=pairs (LeCaR-style pairwise regret) keeps at least 88% of LRU's hits there.
 - estimate=perfect is refused live (it reads the trace's future), with a one-line error.
-The decision-log identity of live and simulated runs is in test_offload_live.py.
+- Live and simulated runs make identical decisions: the defaults in test_offload_live.py,
+  other settings here, and moe-infinity-fb's evict=predicted-reuse option here.
 """
 import random
 
@@ -79,13 +80,12 @@ def test_perfect_is_refused_live(fmoe_bin, tmp_path):
     assert "estimate=perfect" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-@pytest.mark.parametrize("n", [6, 16])
-def test_moe_infinity_fb_evict_option_live_equals_simulated(fmoe_bin, tmp_path, n):
-    """moe-infinity-fb --policy-opt evict=predicted-reuse: a live greedy run of fmoe-tiny
-    (`fmoe record`, --sync-transfers) and `fmoe simulate` of its trace on a link that takes
-    no time make the same decisions (fmoe compare-logs --late-is-hit, as test_offload_live.py
-    does for every policy at its defaults), and the option changes decisions (its log
-    differs from the default's)."""
+def live_and_simulated(fmoe_bin, tmp_path, name, common):
+    """`fmoe record` of 12 prompts with fmoe-tiny (greedy, --sync-transfers) and `fmoe
+    simulate` of its trace on a link that takes no time, both with `common`; asserts that
+    fmoe compare-logs --late-is-hit finds their decision logs identical (as
+    test_offload_live.py does for every policy at its defaults). @return the live log's
+    decision lines."""
     import json
 
     from conftest import run_fmoe
@@ -93,18 +93,34 @@ def test_moe_infinity_fb_evict_option_live_equals_simulated(fmoe_bin, tmp_path, 
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(PROMPTS.read_text().splitlines()[:12]) + "\n")
     (tmp_path / "zero.json").write_text(json.dumps(ZERO_LINK))
+    trace, live, sim = (tmp_path / f"{name}.h5", tmp_path / f"{name}-live.jsonl",
+                        tmp_path / f"{name}-sim.jsonl")
+    run_fmoe(fmoe_bin, "record", "--model", TINY, "--dataset", prompts, "--max-new-tokens",
+             12, "--temperature", 0, *common, "--sync-transfers", "--decision-log", live,
+             "-o", trace, "--quiet")
+    run_fmoe(fmoe_bin, "simulate", "--trace", trace, *common, "--profile",
+             tmp_path / "zero.json", "--decision-log", sim, "--quiet")
+    p = run_fmoe(fmoe_bin, "compare-logs", live, sim, "--late-is-hit", "--json")
+    assert json.loads(p.stdout)["identical"] is True, (name, common)
+    return live.read_text().splitlines()[1:]
+
+
+@pytest.mark.parametrize("settings", [("estimate=random", "guard=pairs"),
+                                      ("estimate=reuse", "guard=none")])
+def test_other_settings_live_equal_simulated(fmoe_bin, tmp_path, settings):
+    """The settings test_offload_live.py's defaults leave out, at 8 of the 48 experts."""
+    common = ["--policy", "predicted-reuse", *opts(*settings), "--cache-experts", 8]
+    assert live_and_simulated(fmoe_bin, tmp_path, "pr", common)
+
+
+@pytest.mark.parametrize("n", [6, 16])
+def test_moe_infinity_fb_evict_option_live_equals_simulated(fmoe_bin, tmp_path, n):
+    """moe-infinity-fb --policy-opt evict=predicted-reuse: live and simulated runs decide the
+    same (live_and_simulated), and the option changes decisions (its log differs from the
+    default's)."""
     logs = {}
     for ev in ("predicted-reuse", "recency"):
         common = ["--policy", "moe-infinity-fb", "--policy-opt", f"evict={ev}",
                   "--cache-experts", n, "--prefetch-distance", 1]
-        trace, live, sim = (tmp_path / f"{ev}.h5", tmp_path / f"{ev}-live.jsonl",
-                            tmp_path / f"{ev}-sim.jsonl")
-        run_fmoe(fmoe_bin, "record", "--model", TINY, "--dataset", prompts, "--max-new-tokens",
-                 12, "--temperature", 0, *common, "--sync-transfers", "--decision-log", live,
-                 "-o", trace, "--quiet")
-        run_fmoe(fmoe_bin, "simulate", "--trace", trace, *common, "--profile",
-                 tmp_path / "zero.json", "--decision-log", sim, "--quiet")
-        p = run_fmoe(fmoe_bin, "compare-logs", live, sim, "--late-is-hit", "--json")
-        assert json.loads(p.stdout)["identical"] is True, (ev, n)
-        logs[ev] = live.read_text().splitlines()[1:]
+        logs[ev] = live_and_simulated(fmoe_bin, tmp_path, ev, common)
     assert logs["predicted-reuse"] != logs["recency"]
