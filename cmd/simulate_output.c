@@ -90,7 +90,7 @@ static gap_parts gap_split_of(const fmoe_sim_result *r, const fmoe_sim_result *b
 }
 
 void simulate_print_gap_split(const fmoe_sim_result *res, size_t n, const size_t *order) {
-    printf("\ngap to belady (accesses belady hits and the policy does not) = eviction + "
+    printf("\ngap to belady (its hits minus the policy's, in accesses) = eviction + "
            "wrong prefetch + late prefetch\n");
     printf("%-17s %6s %2s %9s %9s %9s %9s\n", "policy", "cache", "d", "gap", "eviction",
            "wrong", "late");
