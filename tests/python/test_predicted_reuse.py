@@ -12,7 +12,8 @@ Belady's eviction rule on predicted next uses, guarded by LRU.
   it. guard=pairs (LeCaR-style pairwise regret) keeps at least 88% of LRU's hits there.
 - estimate=perfect is refused live (it reads the trace's future), with a one-line error.
 - Live and simulated runs make identical decisions: the defaults in test_offload_live.py,
-  other settings here, and moe-infinity-fb's evict=predicted-reuse option here.
+  other settings here, and the evict=predicted-reuse option of moe-infinity-fb and fmoe
+  here.
 """
 import random
 
@@ -80,7 +81,7 @@ def test_perfect_is_refused_live(fmoe_bin, tmp_path):
     assert "estimate=perfect" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-def live_and_simulated(fmoe_bin, tmp_path, name, common):
+def live_and_simulated(fmoe_bin, tmp_path, name, common, live_only=()):
     """`fmoe record` of 12 prompts with fmoe-tiny (greedy, --sync-transfers) and `fmoe
     simulate` of its trace on a link that takes no time, both with `common`; asserts that
     fmoe compare-logs --late-is-hit finds their decision logs identical (as
@@ -96,8 +97,8 @@ def live_and_simulated(fmoe_bin, tmp_path, name, common):
     trace, live, sim = (tmp_path / f"{name}.h5", tmp_path / f"{name}-live.jsonl",
                         tmp_path / f"{name}-sim.jsonl")
     run_fmoe(fmoe_bin, "record", "--model", TINY, "--dataset", prompts, "--max-new-tokens",
-             12, "--temperature", 0, *common, "--sync-transfers", "--decision-log", live,
-             "-o", trace, "--quiet")
+             12, "--temperature", 0, *common, *live_only, "--sync-transfers", "--decision-log",
+             live, "-o", trace, "--quiet")
     run_fmoe(fmoe_bin, "simulate", "--trace", trace, *common, "--profile",
              tmp_path / "zero.json", "--decision-log", sim, "--quiet")
     p = run_fmoe(fmoe_bin, "compare-logs", live, sim, "--late-is-hit", "--json")
@@ -123,4 +124,25 @@ def test_moe_infinity_fb_evict_option_live_equals_simulated(fmoe_bin, tmp_path, 
         common = ["--policy", "moe-infinity-fb", "--policy-opt", f"evict={ev}",
                   "--cache-experts", n, "--prefetch-distance", 1]
         logs[ev] = live_and_simulated(fmoe_bin, tmp_path, ev, common)
+    assert logs["predicted-reuse"] != logs["recency"]
+
+
+def test_fmoe_evict_option_live_equals_simulated(fmoe_bin, tmp_path):
+    """fmoe --policy-opt evict=predicted-reuse (a third side of its eviction duel), with a
+    store built from an all-resident recording of other prompts and the matcher inline
+    (--sync-predictions), as test_offload_live.py runs fmoe: live = simulated, and the option
+    changes decisions."""
+    from conftest import run_fmoe
+    from test_offload_live import PROMPTS, TINY
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(PROMPTS.read_text().splitlines()[40:60]) + "\n")
+    run_fmoe(fmoe_bin, "record", "--model", TINY, "--dataset", other, "--max-new-tokens", 12,
+             "--temperature", 0, "-o", tmp_path / "src.h5", "--quiet")
+    run_fmoe(fmoe_bin, "build-store", "--trace", tmp_path / "src.h5", "-o", tmp_path / "st.h5",
+             "--prefetch-distance", 1, "--quiet")
+    logs = {}
+    for ev in ("predicted-reuse", "recency"):
+        common = ["--policy", "fmoe", "--policy-opt", f"evict={ev}", "--cache-experts", 12,
+                  "--prefetch-distance", 1, "--store", tmp_path / "st.h5"]
+        logs[ev] = live_and_simulated(fmoe_bin, tmp_path, ev, common, ["--sync-predictions"])
     assert logs["predicted-reuse"] != logs["recency"]
