@@ -164,7 +164,7 @@ typedef struct mi_state {
     shadow sh_reuse;        /* evict=predicted-reuse: a third, by predicted reuse */
     uint64_t sh_tick, sh_gate_tick; /* ticks: the last access, the last one before the gate */
     double sh_miss_alg1, sh_miss_lru, sh_miss_reuse;
-    int evict_reuse;        /* evict=predicted-reuse: the recency side (its shadow too) ranks by it */
+    int evict_reuse;        /* evict=predicted-reuse: a third side of the duel ranks by it */
     uint64_t tick;          /* the cache's tick at the last access (the shadow's "now") */
     fmoe__reuse_estimate reuse;
 } mi_state;
