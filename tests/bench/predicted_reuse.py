@@ -49,9 +49,9 @@ def import_real(fmoe, data, work):
     q, o = work / "qwen.h5", work / "olmoe.h5"
     if not q.exists():
         d = data / "qwen1.5-moe-a2.7b-vllm-logger"
+        logs = [d / f"moe_layer{l:02d}.jsonl" for l in (0, 8, 12, 18, 23)]
         sh(sys.executable, REPO / "datasets" / "vllm_logger_to_jsonl.py", "--preset",
-           "qwen1.5-moe-a2.7b-gsm8k25", *[d / f"moe_layer{l:02d}.jsonl" for l in (0, 8, 12, 18, 23)],
-           "-o", work / "qwen.jsonl")
+           "qwen1.5-moe-a2.7b-gsm8k25", *logs, "-o", work / "qwen.jsonl")
         sh(fmoe, "trace", "import", "--format", "jsonl", "--layers", 5, "--experts", 60,
            "--top-k", 4, "--expert-bytes", QWEN_BYTES, "--hidden-size", 2048, "--model-name",
            "Qwen1.5-MoE-A2.7B-Chat (layers 0,8,12,18,23)", work / "qwen.jsonl", "-o", q, "--quiet")
@@ -132,12 +132,14 @@ def main():
                     if p in tp}
             hit_gap = closed(-r[("lru", c)]["hits"], -r[("belady", c)]["hits"],
                              -r[("predicted-reuse", c)]["hits"])
-            fmt = lambda d, ks: "/".join(f"{d[k]:.1f}" if k in d else "-" for k in ks)  # noqa: E731
-            print(f"{title:<30}{c:>6}  "
-                  f"{fmt(hit, ['lru', 'belady', 'fmoe', 'moe-infinity-fb', 'predicted-reuse']):<34}"
-                  f"{'/'.join(f'{v:.2f}' for v in [tp['lru'], opt]) + '/' + fmt(tp, ['fmoe', 'moe-infinity-fb', 'predicted-reuse']):<38}"
-                  f"{'/'.join(f'{gaps[k] * 100:.0f}%' if k in gaps else '-' for k in ['fmoe', 'moe-infinity-fb', 'predicted-reuse', 'mifb-pr']):<38}"
-                  f"{hit_gap * 100:>9.0f}%")
+            three = ["fmoe", "moe-infinity-fb", "predicted-reuse"]
+            hits_s = "/".join(f"{hit[k]:.1f}" if k in hit else "-"
+                              for k in ["lru", "belady", *three])
+            tpot_s = "/".join([f"{tp['lru']:.2f}", f"{opt:.2f}"] +
+                              [f"{tp[k]:.1f}" if k in tp else "-" for k in three])
+            gaps_s = "/".join(f"{gaps[k] * 100:.0f}%" if k in gaps else "-"
+                              for k in [*three, "mifb-pr"])
+            print(f"{title:<30}{c:>6}  {hits_s:<34}{tpot_s:<38}{gaps_s:<38}{hit_gap * 100:>9.0f}%")
             out.append({"trace": title, "cache_experts": c, "share": SHARES[caches.index(c)],
                         "hit_rate": hit, "tpot_p50_ms": tp, "tpot_opt_ms": opt,
                         "tpot_gap_closed": gaps, "predicted_reuse_hit_gap_closed": hit_gap,
@@ -150,7 +152,8 @@ def main():
         x = json.loads(sh(fmoe, "simulate", "--trace", big, "--policy", p, "--cache-experts",
                           768, "--threads", 1, "--json", "--quiet").stdout)
         dt = time.perf_counter() - t0
-        print(f"speed {p}: {x['accesses']} accesses in {dt:.3f} s = {x['accesses'] / dt / 1e6:.2f} M/s")
+        rate = x["accesses"] / dt / 1e6
+        print(f"speed {p}: {x['accesses']} accesses in {dt:.3f} s = {rate:.2f} M/s")
         out.append({"speed": p, "accesses": x["accesses"], "seconds": dt})
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
