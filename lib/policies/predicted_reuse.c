@@ -69,7 +69,7 @@
  * the random estimate is a hash of (seed, tick, expert), so the simulated and live runs
  * decide the same. Cost: O(1) per access (the shadow LRU is a linked list over expert ids),
  * one O(N) scan per miss; O(L·J) memory, and for estimate=perfect 4 bytes per access of the
- * trace (belady.c's next-use table). 3.5 M accesses/s per core in bench_simulate
+ * trace (belady.c's next-use table). 2.6-3.5 M accesses/s per core in bench_simulate
  * (docs/results.md, "Eviction by predicted reuse").
  */
 #include <math.h>
