@@ -223,6 +223,11 @@ static int simulate(options *o, const cmd_mpi_world *world) {
                                          "--sweep-out, no mpirun");
         goto prepared;
     }
+    if (o->gap_split && (o->sweep_out || world->size > 1)) { /* its count is not in a line */
+        exit_code = cmd_usage_error(CMD, "--gap-split is for one process's table or --json: no "
+                                         "--sweep-out, no mpirun");
+        goto prepared;
+    }
     /* every file written was checked against every file read by the parse (cmd/outputs.h) */
     units = calloc((size_t)nunits, sizeof *units);
     if (!units) {
@@ -322,6 +327,7 @@ prepared:
             if (u) printf("\n");
             simulate_print_table(&uo, &x->hw, x->expert_bytes, &x->es, &x->w, res + x->cell0, x->ncells,
                         order + x->cell0);
+            if (uo.gap_split) simulate_print_gap_split(res + x->cell0, x->ncells, order + x->cell0);
         }
     }
     goto done;

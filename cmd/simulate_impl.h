@@ -72,6 +72,7 @@ typedef struct options {
     int32_t feedback;          /* index into feedback_names: auto, on, off */
     const char *plot;
     const char *decision_log;
+    int gap_split;             /* --gap-split: each policy's gap to belady in parts */
     int32_t batch;             /* --batch: sequences run together (1: one at a time) */
     int batch_trace;           /* --batch trace: the served trace's own passes */
     int32_t batch_tokens;      /* --batch-tokens (0: the trace's prefill_chunk, else
@@ -189,6 +190,10 @@ int simulate_write_plot(const char *path, const char *trace, const fmoe_sim_resu
  * trace and hardware. */
 int simulate_write_csv(const char *path, const fmoe_sim_result *res, size_t n,
                      const char *const *prefix);
+
+/* --gap-split: the table of each policy's gap to belady at the same cache size, in
+ * parts (docs/simulating.md#the-gap-to-belady-in-parts). */
+void simulate_print_gap_split(const fmoe_sim_result *res, size_t n, const size_t *order);
 
 void simulate_print_table(const options *o, const fmoe_hardware_profile *hw, int64_t expert_bytes,
                         const expert_size *es, const fmoe_sim_workload *w,

@@ -228,6 +228,11 @@ static const cmd_option simulate_options[] = {
      .help = "write every decision of the run, one JSON line each, in the format live runs "
              "write (fmoe compare-logs); one policy, cache size and distance only",
      .offset = offsetof(options, decision_log)},
+    {.name = "gap-split", .kind = CMD_OPT_FLAG,
+     .help = "split each policy's hits short of belady's (run beside it at each size) into "
+             "misses a better eviction would avoid, wrong prefetches' misses and late "
+             "prefetches",
+     .offset = offsetof(options, gap_split)},
     {.name = "plot", .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT, .value_name = "FILE.svg",
      .help = "also draw hit rate and TPOT (TTFT for prefill-only traces) against cache size, "
              "one line per policy (and distance), as an SVG file",
@@ -389,6 +394,17 @@ int simulate_parse_options(int argc, char **argv, options *o) {
         if (!fmoe_policy_find(o->policies[i]))
             return cmd_usage_error(CMD, "unknown policy '%s' (valid: %s)", o->policies[i],
                                    fmoe_policy_names());
+    if (o->gap_split) { /* the split is measured against belady at the same size */
+        if (o->decision_log)
+            return cmd_usage_error(CMD, "--gap-split runs belady beside each policy; "
+                                        "--decision-log runs one policy: give one of them");
+        int have = 0;
+        for (int i = 0; i < o->n_policies; i++) have |= strcmp(o->policies[i], "belady") == 0;
+        if (!have && o->n_policies == MAX_LIST)
+            return cmd_usage_error(CMD, "--gap-split adds belady: give at most %d policies",
+                                   MAX_LIST - 1);
+        if (!have) o->policies[o->n_policies++] = "belady";
+    }
     /* the policies that predict with a learned predictor (ops->predictor_kind): each needs
      * one of its kind; which file is of which kind is known once they are read
      * (load_predictors) */

@@ -64,6 +64,46 @@ static cJSON *summary_json(const fmoe_sim_summary *s) {
 }
 
 /* One unit's JSON document (what a sweep of one trace on one hardware prints). */
+/* --gap-split: belady's result at r's cache size among res[0..n), or NULL. */
+static const fmoe_sim_result *belady_at(const fmoe_sim_result *res, size_t n,
+                                        const fmoe_sim_result *r) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(res[i].policy, "belady") == 0 && res[i].cache_experts == r->cache_experts)
+            return &res[i];
+    return NULL;
+}
+
+/* The gap of r to belady in accesses (hits short of belady's), in parts that sum to it
+ * (docs/simulating.md#the-gap-to-belady-in-parts): late = accesses found in flight, wrong =
+ * misses of an expert displaced by a prefetch unused by then, eviction = the rest (the
+ * misses beyond belady's that neither explains: what a better eviction would avoid; it is
+ * negative where prefetching saved more misses than it cost). */
+typedef struct gap_parts {
+    int64_t total, eviction, wrong, late;
+} gap_parts;
+
+static gap_parts gap_split_of(const fmoe_sim_result *r, const fmoe_sim_result *b) {
+    gap_parts g = {.total = b->hits - r->hits, .late = r->late_hits,
+                   .wrong = r->wrong_prefetch_misses > 0 ? r->wrong_prefetch_misses : 0};
+    g.eviction = g.total - g.late - g.wrong;
+    return g;
+}
+
+void simulate_print_gap_split(const fmoe_sim_result *res, size_t n, const size_t *order) {
+    printf("\ngap to belady (its hits minus the policy's, in accesses) = eviction + "
+           "wrong prefetch + late prefetch\n");
+    printf("%-17s %6s %2s %9s %9s %9s %9s\n", "policy", "cache", "d", "gap", "eviction",
+           "wrong", "late");
+    for (size_t k = 0; k < n; k++) {
+        const fmoe_sim_result *r = &res[order[k]], *b = belady_at(res, n, r);
+        if (!b || r == b) continue;
+        const gap_parts g = gap_split_of(r, b);
+        printf("%-17s %6d %2d %9lld %9lld %9lld %9lld\n", r->policy, r->cache_experts,
+               r->prefetch_distance, (long long)g.total, (long long)g.eviction,
+               (long long)g.wrong, (long long)g.late);
+    }
+}
+
 cJSON *simulate_unit_json(const options *o, const fmoe_hardware_profile *hw, int64_t expert_bytes,
                         const expert_size *es, const fmoe_sim_workload *w,
                         const fmoe_sim_result *res, size_t n) {
@@ -114,6 +154,16 @@ cJSON *simulate_unit_json(const options *o, const fmoe_hardware_profile *hw, int
         cJSON_AddNumberToObject(x, "bypassed", (double)r->bypassed);
         cJSON_AddNumberToObject(x, "bytes_loaded", (double)r->bytes_loaded);
         cJSON_AddNumberToObject(x, "wasted_prefetch_bytes", (double)r->wasted_prefetch_bytes);
+        const fmoe_sim_result *bel = o->gap_split ? belady_at(res, n, r) : NULL;
+        if (bel && bel != r) {
+            const gap_parts g = gap_split_of(r, bel);
+            cJSON *gs = cJSON_AddObjectToObject(x, "gap_split");
+            cJSON_AddNumberToObject(gs, "belady_hits", (double)bel->hits);
+            cJSON_AddNumberToObject(gs, "total", (double)g.total);
+            cJSON_AddNumberToObject(gs, "eviction", (double)g.eviction);
+            cJSON_AddNumberToObject(gs, "wrong_prefetch", (double)g.wrong);
+            cJSON_AddNumberToObject(gs, "late_prefetch", (double)g.late);
+        }
         add_ratio(x, "prefetch_precision", r->prefetch_precision);
         add_ratio(x, "prefetch_recall", r->prefetch_recall);
         add_ratio(x, "goodpred", r->goodpred);

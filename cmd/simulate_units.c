@@ -264,6 +264,7 @@ int simulate_prepare_unit(const options *base, sim_unit *u, fmoe_sim_config **ce
                         .miss_mode = o.miss_mode, .arrival_s = u->arrivals,
                         .copy_chunks = o.copy_chunks,
                         .feedback = cmd_feedback_request(o.feedback),
+                        .gap_split = o.gap_split,
                         /* each policy the predictor of its kind */
                         .predictor = simulate_predictor_for(o.policies[p], u->predictors)};
                     /* each policy the settings it declares */

@@ -30,6 +30,7 @@
 #include "fmoe/predictor.h"
 #include "fmoe/sim.h"
 #include "fmoe/slots.h"
+#include "gap_split.h"
 #include "monotonic.h"
 
 typedef struct sim_state {
@@ -68,6 +69,8 @@ typedef struct sim_state {
     fmoe_slots_executor exec; /* the modelled device's part of each layer (exec_*) */
     void (*decision)(void *ctx, const fmoe_decision *d); /* the decision log, or NULL */
     void *decision_ctx;
+    int gap_on;               /* cfg->gap_split: count wrong prefetches' misses */
+    sim_gap_split gap;
     int error;
 } sim_state;
 
@@ -100,7 +103,8 @@ static void engine_advance(sim_state *S, double t) {
 
 static void hook_decision(void *ctx, const fmoe_decision *d) {
     sim_state *S = ctx;
-    S->decision(S->decision_ctx, d);
+    if (S->gap_on) sim_gap_split_observe(&S->gap, d);
+    if (S->decision) S->decision(S->decision_ctx, d);
 }
 
 static void hook_sync(void *ctx, double now) {
@@ -214,6 +218,7 @@ static double exec_placed(void *ctx, const fmoe_slots_resolved *a) {
 static void run_free(sim_state *S) {
     fmoe_slots_free(S->slots);
     fmoe_policy_free(&S->policy);
+    sim_gap_split_free(&S->gap);
     free(S->slot_free_at);
     free(S->xfer_s);
     free(S->chunk_s);
@@ -329,6 +334,10 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     snprintf(r->policy, sizeof r->policy, "%s", S->policy.ops->name);
     S->decision = cfg->decision;
     S->decision_ctx = cfg->decision_ctx;
+    if (cfg->gap_split) {
+        FMOE_FORWARD_IF_ERROR(sim_gap_split_init(&S->gap, S->L, S->J));
+        S->gap_on = 1;
+    }
     const fmoe_slots_config sc = {
         .num_layers = S->L,
         .num_experts = S->J,
@@ -341,7 +350,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
         .prefetch_delay_s = prediction_delay_s(S->costs, ops, cfg->predictor),
         .policy = &S->policy,
         .hooks = {.ctx = S, .sync = hook_sync, .queued = NULL,
-                  .decision = cfg->decision ? hook_decision : NULL,
+                  .decision = cfg->decision || cfg->gap_split ? hook_decision : NULL,
                   .link_busy_s = hook_link_busy},
         .feedback = fmoe_policy_feedback(ops, cfg->feedback),
     };
@@ -679,6 +688,7 @@ static int run_variant(const fmoe_sim_workload *w, const fmoe_sim_config *cfg, i
         r->e2e_s = summarise(S.e2e, w->num_requests);
         r->tpot_s = summarise(S.tpot, S.n_tpot);
         r->queue_s = summarise(S.qdelay, w->num_requests);
+        r->wrong_prefetch_misses = S.gap_on ? S.gap.wrong_prefetch_misses : -1;
     }
     run_free(&S);
     if (rc < 0) fmoe_sim_result_free(out);

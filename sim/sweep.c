@@ -19,7 +19,7 @@ typedef struct sweep {
     const fmoe_sim_config *cells;
     fmoe_sim_result *results;
     int *codes;
-    char (*details)[256];
+    char (*details)[512]; /* per cell; an unknown policy's detail lists every policy name */
     size_t n;
     atomic_size_t next;
     atomic_size_t done;

@@ -49,6 +49,11 @@
  *   - at most max(K, N / (d + 1)) experts are prefetched per target layer, so that the d
  *     layers in flight and the current one fit in N slots.
  *
+ * The setting evict=predicted-reuse (fmoe's duel only) adds a third shadow evicting by
+ * predicted-reuse's per-expert reuse estimate (reuse_estimate.h), and the duel's recency
+ * side evicts by that estimate while its shadow missed less than recency's (off by
+ * default; docs/policies.md#fmoe).
+ *
  * Variants (§6.5): fmoe (semantic + trajectory + delta, p·freq), fmoe-map-t
  * (trajectory only, the first d layers from popularity; K experts per query), fmoe-map-ts
  * (trajectory + semantic; K per query), fmoe-hitcount (request-level expert hit counts:
@@ -103,6 +108,7 @@
 #include "fmoe/expertmap.h"
 #include "fmoe/policy.h"
 #include "expertmap/matcher_internal.h"
+#include "reuse_estimate.h"
 
 #define MAX_QUERIES 64
 #define DEFAULT_STORE 1000
@@ -112,6 +118,7 @@
  * store_capacity=C, or simulate's shorthands --store-mode and --store-capacity. The
  * choices are fmoe_store_mode's, in its order. */
 static const char *const store_modes[] = {"offline", "online", "offline-update", NULL};
+static const char *const fm_evict_rules[] = {"recency", "predicted-reuse", NULL};
 static const fmoe_policy_setting fm_settings[] = {
     {.name = "store_mode", .type = FMOE_SETTING_CHOICE, .def = FMOE_STORE_OFFLINE,
      .choices = store_modes,
@@ -121,13 +128,17 @@ static const fmoe_policy_setting fm_settings[] = {
     {.name = "store_capacity", .type = FMOE_SETTING_INT, .def = 0, .min = 0, .max = INT32_MAX,
      .help = "entries online mode's store holds, or offline-update grows the given store to, "
              "deduplicating once full (§4.4); 0: online 1000, offline-update the store's own"},
+    {.name = "evict", .type = FMOE_SETTING_CHOICE, .def = 0, .choices = fm_evict_rules,
+     .help = "fmoe (its eviction duel): the duel's recency side evicts by recency (LRU), or "
+             "by predicted-reuse's per-expert reuse estimate while a third shadow says it "
+             "missed less"},
     {0},
 };
 
 /* EVICT_DUEL: p x freq or recency, whichever a shadow directory of each says would have
  * missed less lately (set dueling: Qureshi et al., ISCA 2007; the cyclic layer-by-layer
  * reuse of decode favours recency when nearly every expert fits, p x freq when few do) */
-typedef enum { EVICT_PFREQ, EVICT_LRU, EVICT_LFU, EVICT_DUEL } evict_rule;
+typedef enum { EVICT_PFREQ, EVICT_LRU, EVICT_LFU, EVICT_DUEL, EVICT_REUSE } evict_rule;
 
 /* the shadows' miss counts are halved when together they reach this many: a horizon
  * counted in misses, as DIP's PSEL counter moves only on misses (counted in accesses,
@@ -211,6 +222,13 @@ typedef struct fm_state {
     shadow sh_lru, sh_pf;
     uint64_t sh_tick;
     double sh_miss_lru, sh_miss_pf;
+    /* evict=predicted-reuse (EVICT_DUEL only): a third shadow evicting by the reuse estimate
+     * (reuse_estimate.h, fed every access; tick: the cache's at the last one) */
+    int evict_reuse;
+    fmoe__reuse_estimate reuse;
+    shadow sh_reuse;
+    double sh_miss_reuse;
+    uint64_t tick;
     /* what cur_p and protect were made from changes with every event: gen counts them, and
      * choose_victim_pfreq keeps its smallest unprotected value while neither they nor the
      * cache (its version) changed */
@@ -261,11 +279,12 @@ static void fm_free(void *state) {
     free(S->memo_semrows);
     free(S->memo_score);
     free(S->victim_keys);
-    shadow *shadows[2] = {&S->sh_lru, &S->sh_pf};
-    for (int i = 0; i < 2; i++) {
+    shadow *shadows[3] = {&S->sh_lru, &S->sh_pf, &S->sh_reuse};
+    for (int i = 0; i < 3; i++) {
         free(shadows[i]->stamp);
         free(shadows[i]->member);
     }
+    fmoe__reuse_estimate_free(&S->reuse);
     free(S);
 }
 
@@ -348,9 +367,11 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
     S->memo_semrows = S->h ? calloc((size_t)Q * (size_t)S->h, sizeof *S->memo_semrows) : NULL;
     S->victim_keys = calloc(2 * (size_t)(S->N > 0 ? S->N : 1), sizeof *S->victim_keys);
     if (v->evict == EVICT_DUEL) {
-        shadow *shadows[2] = {&S->sh_lru, &S->sh_pf};
-        int bad = 0;
-        for (int i = 0; i < 2; i++) {
+        /* predicted-reuse's defaults (reuse_half_life 4, reuse_prior 2, reuse_overdue 2) */
+        S->evict_reuse = fmoe_policy_setting_choice(cfg, fm_settings, "evict") == 1;
+        shadow *shadows[3] = {&S->sh_lru, &S->sh_pf, &S->sh_reuse};
+        int bad = S->evict_reuse && fmoe__reuse_estimate_init(&S->reuse, S->L, S->J, 4, 2, 2) < 0;
+        for (int i = 0; i < 2 + S->evict_reuse; i++) {
             shadows[i]->stamp = calloc(S->LJ, sizeof *shadows[i]->stamp);
             shadows[i]->member = calloc((size_t)(S->N > 0 ? S->N : 1), sizeof(int32_t));
             bad |= !shadows[i]->stamp || !shadows[i]->member;
@@ -722,9 +743,9 @@ static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
 }
 
 /* One access of expert e to a shadow directory: a miss inserts it, evicting the member with
- * the smallest key (p x freq, or its stamp for recency; ties: the older stamp, and stamps
- * are unique). @return 1 on a miss. */
-static int shadow_access(fm_state *S, const fmoe_cache_view *v, shadow *d, int by_pfreq,
+ * the smallest key (rule 1: p x freq; 0: its stamp, recency; 2: minus its predicted next
+ * use; ties: the older stamp, and stamps are unique). @return 1 on a miss. */
+static int shadow_access(fm_state *S, const fmoe_cache_view *v, shadow *d, int rule,
                          int32_t e) {
     const int miss = d->stamp[e] == 0;
     if (miss && d->n == S->N) {
@@ -732,9 +753,11 @@ static int shadow_access(fm_state *S, const fmoe_cache_view *v, shadow *d, int b
         double vk = 0;
         for (int32_t i = 0; i < d->n; i++) {
             const int32_t x = d->member[i];
-            const double k = by_pfreq ? fmoe_expertmap_keep_value(
-                                            S->cur_p[x], (double)v->expert_accesses[x] + 1.0)
-                                      : (double)d->stamp[x];
+            const double k =
+                rule == 1   ? fmoe_expertmap_keep_value(S->cur_p[x],
+                                                        (double)v->expert_accesses[x] + 1.0)
+                : rule == 2 ? -fmoe__reuse_estimate_next(&S->reuse, x, S->tick)
+                            : (double)d->stamp[x];
             if (vi < 0 || k < vk || (k == vk && d->stamp[x] < d->stamp[d->member[vi]])) {
                 vi = i;
                 vk = k;
@@ -756,9 +779,11 @@ static void duel_observe(fm_state *S, const fmoe_cache_view *v, const fmoe_gate_
         S->sh_tick++;
         S->sh_miss_lru += shadow_access(S, v, &S->sh_lru, 0, e);
         S->sh_miss_pf += shadow_access(S, v, &S->sh_pf, 1, e);
-        if (S->sh_miss_lru + S->sh_miss_pf >= DUEL_WINDOW) {
+        if (S->evict_reuse) S->sh_miss_reuse += shadow_access(S, v, &S->sh_reuse, 2, e);
+        if (S->sh_miss_lru + S->sh_miss_pf + S->sh_miss_reuse >= DUEL_WINDOW) {
             S->sh_miss_lru /= 2;
             S->sh_miss_pf /= 2;
+            S->sh_miss_reuse /= 2;
         }
     }
 }
@@ -868,9 +893,13 @@ static void fm_on_layer_done(void *state, const fmoe_policy_env *env, int32_t la
 }
 
 static void fm_on_access(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev) {
-    (void)ev;
     fm_state *S = state;
     if (S->worker) take_matches(S, env);
+    if (S->evict_reuse) {
+        S->tick = env->cache->tick;
+        fmoe__reuse_estimate_observe(&S->reuse, ev->layer, ev->layer * S->J + ev->expert,
+                                     S->tick);
+    }
 }
 
 static void fm_on_iteration_end(void *state, const fmoe_policy_env *env,
@@ -905,6 +934,7 @@ static int32_t choose_victim_plain(fm_state *S, const fmoe_cache_view *v, int pr
         switch (rule) {
         case EVICT_LRU: k = (double)v->slot_last_access[s]; break;
         case EVICT_LFU: k = (double)v->slot_accesses[s]; break;
+        case EVICT_REUSE: k = -fmoe__reuse_estimate_next(&S->reuse, e, v->tick); break;
         default: k = keep_value(S, v, s); break;
         }
         const uint64_t t = v->slot_last_access[s];
@@ -1012,12 +1042,17 @@ static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env,
     const double keep = prefetching ? fmoe_expertmap_keep_value(req->value, 1.0) : 0;
     evict_rule rule = S->v.evict;
     if (rule == EVICT_DUEL) {
-        if (!(S->sh_miss_lru < S->sh_miss_pf)) {
+        const int reuse_leads = S->evict_reuse && S->sh_miss_reuse < S->sh_miss_pf;
+        if (!(S->sh_miss_lru < S->sh_miss_pf) && !reuse_leads) {
             rule = EVICT_PFREQ;
         } else {
-            /* by recency; a prefetch still passes p x freq's value test on its victim (by
-             * recency alone, prefetches evict freely and thrash a small cache) */
-            const int32_t s = choose_victim_plain(S, env->cache, prefetching, keep, EVICT_LRU);
+            /* by recency (evict=predicted-reuse: by the reuse estimate while its shadow
+             * missed less than recency's); a prefetch still passes p x freq's value test on
+             * its victim (by recency alone, prefetches evict freely and thrash a small
+             * cache) */
+            const evict_rule side =
+                reuse_leads && S->sh_miss_reuse < S->sh_miss_lru ? EVICT_REUSE : EVICT_LRU;
+            const int32_t s = choose_victim_plain(S, env->cache, prefetching, keep, side);
             if (prefetching && s >= 0 && keep_value(S, env->cache, s) > keep) return -1;
             return s;
         }

@@ -64,7 +64,10 @@
  *     matched rEAM is a poor guide to which experts recur next (Qwen1.5-MoE, 5 of 24
  *     layers logged: 1.05 x LRU at 90% without the duel). In recency mode a prefetch's
  *     victim must still pass Algorithm 1's value test above. Cost: O(N) per shadow miss,
- *     2·L·J stamps and 2·N members.
+ *     2·L·J stamps and 2·N members. The setting evict=predicted-reuse adds a third
+ *     shadow, evicting by predicted-reuse's per-expert reuse estimate (reuse_estimate.h),
+ *     and the real cache's recency side evicts by that estimate while its shadow missed
+ *     less than recency's (docs/policies.md#moe-infinity; off by default).
  * No constant was fitted: DUEL_WINDOW is fmoe's, the feedback's constants are the
  * executor's. (Checked, not tuned: 64 keeps every trace of docs/results.md within 1.02 x LRU as 256
  * does; 1024, more misses than Qwen1.5-MoE's replay has at 90% of the experts, lets the
@@ -84,15 +87,21 @@
 
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
+#include "reuse_estimate.h"
 
 #define EPS 1e-6
 
 /* The policy's own settings (fmoe/policy.h): --policy-opt eamc_capacity=C, or simulate's
  * --eamc-capacity C. Shared by moe-infinity and moe-infinity-fb. */
+static const char *const mi_evict_rules[] = {"recency", "predicted-reuse", NULL};
 static const fmoe_policy_setting mi_settings[] = {
     {.name = "eamc_capacity", .type = FMOE_SETTING_INT, .def = 1000, .min = 1, .max = 10000000,
      .help = "rEAMs in each Expert Activation Matrix Collection, prefill and decode (§4.3; "
              "full: the most similar entry is replaced, App. B.1)"},
+    {.name = "evict", .type = FMOE_SETTING_CHOICE, .def = 0, .choices = mi_evict_rules,
+     .help = "moe-infinity-fb: what the recency side of its eviction duel evicts by: recency "
+             "(LRU), or predicted-reuse (the expert predicted to be needed last, by "
+             "predicted-reuse's per-expert reuse estimate)"},
     {0},
 };
 
@@ -152,8 +161,12 @@ typedef struct mi_state {
     int32_t N;
     int held;               /* this gate's plan waits for the layer's misses (on_layer_done) */
     shadow sh_alg1, sh_lru; /* Algorithm 1's and recency's shadow caches */
+    shadow sh_reuse;        /* evict=predicted-reuse: a third, by predicted reuse */
     uint64_t sh_tick, sh_gate_tick; /* ticks: the last access, the last one before the gate */
-    double sh_miss_alg1, sh_miss_lru;
+    double sh_miss_alg1, sh_miss_lru, sh_miss_reuse;
+    int evict_reuse;        /* evict=predicted-reuse: a third side of the duel ranks by it */
+    uint64_t tick;          /* the cache's tick at the last access (the shadow's "now") */
+    fmoe__reuse_estimate reuse;
 } mi_state;
 
 static void mi_free(void *state) {
@@ -178,6 +191,9 @@ static void mi_free(void *state) {
     free(m->sh_alg1.member);
     free(m->sh_lru.stamp);
     free(m->sh_lru.member);
+    free(m->sh_reuse.stamp);
+    free(m->sh_reuse.member);
+    fmoe__reuse_estimate_free(&m->reuse);
     free(m);
 }
 
@@ -221,6 +237,14 @@ static int mi_init_variant(void **state, const fmoe_policy_config *cfg, int impr
             sh[i]->member = calloc((size_t)(m->N > 0 ? m->N : 1), sizeof *sh[i]->member);
             ok &= sh[i]->stamp && sh[i]->member;
         }
+    }
+    /* predicted-reuse's defaults (reuse_half_life 4, reuse_prior 2, reuse_overdue 2) */
+    m->evict_reuse = improved && fmoe_policy_setting_choice(cfg, mi_settings, "evict") == 1;
+    if (m->evict_reuse) {
+        if (fmoe__reuse_estimate_init(&m->reuse, m->L, m->J, 4, 2, 2) < 0) ok = 0;
+        m->sh_reuse.stamp = calloc(m->LJ, sizeof *m->sh_reuse.stamp);
+        m->sh_reuse.member = calloc((size_t)(m->N > 0 ? m->N : 1), sizeof *m->sh_reuse.member);
+        ok &= m->sh_reuse.stamp && m->sh_reuse.member;
     }
     if (!ok || !m->ieam || !m->mrow || !m->mscale || !m->count || !m->pending || !m->in_plan ||
         !m->plan || !m->prev) {
@@ -351,7 +375,8 @@ static void issue_plan(mi_state *m, const fmoe_policy_env *env) {
  * by Algorithm 1 (lowest p under the current match; experts this gate already touched
  * kept while others remain, as the real cache keeps the layer's pending experts) or by
  * recency. Ties go to the older stamp (stamps are unique). @return 1 on a miss. */
-static int shadow_access(mi_state *m, shadow *d, int alg1, int32_t e) {
+/* rule: 0 recency, 1 Algorithm 1, 2 predicted reuse (evict=predicted-reuse) */
+static int shadow_access(mi_state *m, shadow *d, int rule, int32_t e) {
     const int miss = d->stamp[e] == 0;
     if (miss && d->n == m->N) {
         int32_t vi = -1;
@@ -360,7 +385,9 @@ static int shadow_access(mi_state *m, shadow *d, int alg1, int32_t e) {
         for (int32_t i = 0; i < d->n; i++) {
             const int32_t x = d->member[i];
             const int old = d->stamp[x] <= m->sh_gate_tick; /* not touched at this gate */
-            const double k = alg1 ? priority(m, x, EPS) : (double)d->stamp[x];
+            const double k = rule == 1 ? priority(m, x, EPS)
+                             : rule == 2 ? -fmoe__reuse_estimate_next(&m->reuse, x, m->tick)
+                                         : (double)d->stamp[x];
             if (vi < 0 || old > vi_old ||
                 (old == vi_old && (k < vk || (k == vk && d->stamp[x] < d->stamp[d->member[vi]])))) {
                 vi = i;
@@ -385,9 +412,11 @@ static void duel_observe(mi_state *m, const fmoe_gate_event *ev) {
         m->sh_tick++;
         m->sh_miss_alg1 += shadow_access(m, &m->sh_alg1, 1, e);
         m->sh_miss_lru += shadow_access(m, &m->sh_lru, 0, e);
-        if (m->sh_miss_alg1 + m->sh_miss_lru >= DUEL_WINDOW) {
+        if (m->evict_reuse) m->sh_miss_reuse += shadow_access(m, &m->sh_reuse, 2, e);
+        if (m->sh_miss_alg1 + m->sh_miss_lru + m->sh_miss_reuse >= DUEL_WINDOW) {
             m->sh_miss_alg1 /= 2;
             m->sh_miss_lru /= 2;
+            m->sh_miss_reuse /= 2;
         }
     }
 }
@@ -481,9 +510,13 @@ static void mi_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
 }
 
 static void mi_on_access(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev) {
-    (void)env;
     mi_state *m = state;
     m->pending[(size_t)ev->layer * m->J + ev->expert] = 0;
+    if (m->evict_reuse) {
+        m->tick = env->cache->tick;
+        fmoe__reuse_estimate_observe(&m->reuse, ev->layer, ev->layer * m->J + ev->expert,
+                                     m->tick);
+    }
 }
 
 static void mi_on_layer_done(void *state, const fmoe_policy_env *env, int32_t layer) {
@@ -504,7 +537,11 @@ static int32_t mi_choose_victim(void *state, const fmoe_policy_env *env,
     mi_state *m = state;
     const int prefetching = req->kind == FMOE_LOAD_PREFETCH;
     const fmoe_cache_view *v = env->cache;
-    const int by_recency = m->improved && m->sh_miss_lru < m->sh_miss_alg1;
+    const int by_recency = m->improved && (m->sh_miss_lru < m->sh_miss_alg1 ||
+                                           (m->evict_reuse && m->sh_miss_reuse < m->sh_miss_alg1));
+    /* evict=predicted-reuse: the recency side by predicted reuse while its shadow missed
+     * less than recency's (ties: recency) */
+    const int by_reuse = by_recency && m->evict_reuse && m->sh_miss_reuse < m->sh_miss_lru;
     for (int pass = 0; pass < 2; pass++) {
         int32_t best = -1;
         double best_p = 0;
@@ -513,7 +550,11 @@ static int32_t mi_choose_victim(void *state, const fmoe_policy_env *env,
             if (!fmoe_cache_evictable(v, s)) continue;
             const int32_t e = v->slot_expert[s];
             if (pass == 0 && (m->pending[e] || (prefetching && m->in_plan[e]))) continue;
-            const double p = by_recency ? 0 : priority(m, e, EPS);
+            /* recency: all equal, the least recently accessed goes; predicted-reuse: the
+             * latest predicted next use goes (its ties too to the least recent) */
+            const double p = !by_recency ? priority(m, e, EPS)
+                             : by_reuse  ? -fmoe__reuse_estimate_next(&m->reuse, e, v->tick)
+                                         : 0;
             const uint64_t t = v->slot_last_access[s];
             if (best < 0 || p < best_p || (p == best_p && t < best_tick)) {
                 best = s;

@@ -18,6 +18,7 @@ extern const fmoe_policy_ops fmoe_policy_lfu;
 extern const fmoe_policy_ops fmoe_policy_belady;
 extern const fmoe_policy_ops fmoe_policy_oracle;
 extern const fmoe_policy_ops fmoe_policy_least_stale;
+extern const fmoe_policy_ops fmoe_policy_predicted_reuse;
 extern const fmoe_policy_ops fmoe_policy_mixtral_offload;
 extern const fmoe_policy_ops fmoe_policy_moe_infinity;
 extern const fmoe_policy_ops fmoe_policy_moe_infinity_code;
@@ -40,6 +41,7 @@ static const fmoe_policy_ops *const registry[] = {
     &fmoe_policy_belady,
     &fmoe_policy_oracle,
     &fmoe_policy_least_stale,
+    &fmoe_policy_predicted_reuse,
     &fmoe_policy_mixtral_offload,
     &fmoe_policy_moe_infinity,
     &fmoe_policy_moe_infinity_code,

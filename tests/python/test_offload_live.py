@@ -35,7 +35,7 @@ import hdf5plugin  # noqa: F401,E402
 from conftest import run_fmoe  # noqa: E402
 
 POLICIES = ["lru", "lfu", "ondemand", "least-stale", "mixtral-offload", "moe-infinity",
-            "moe-infinity-fb", "fmoe"]
+            "moe-infinity-fb", "fmoe", "predicted-reuse"]
 CACHES = [6, 16, 32]  # of 6 x 8 = 48 routed experts
 
 ZERO_LINK = {

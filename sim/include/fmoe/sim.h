@@ -366,6 +366,10 @@ typedef struct fmoe_sim_config {
      * cells run on several threads). NULL: none. */
     void (*decision)(void *ctx, const struct fmoe_decision *d);
     void *decision_ctx;
+    /* 1: count the misses that wrong prefetches caused (fmoe_sim_result.
+     * wrong_prefetch_misses), the part of the gap to Belady that `fmoe simulate
+     * --gap-split` attributes to them (docs/simulating.md). 0: not counted (-1). */
+    int32_t gap_split;
 } fmoe_sim_config;
 
 typedef struct fmoe_sim_layer_stats {
@@ -414,6 +418,9 @@ typedef struct fmoe_sim_result {
     int32_t variant;        /* the policy variant reported (ops->variants > 1: least stall) */
     fmoe_sim_layer_stats per_phase[2]; /* [0] prefill, [1] decode iterations, all layers */
     int32_t batch;          /* requests run together at most (the workload's batch, or 1) */
+    /* With fmoe_sim_config.gap_split: misses of an expert whose last eviction made room for
+     * a prefetch not used by the time of the miss; -1 when not counted. */
+    int64_t wrong_prefetch_misses;
 } fmoe_sim_result;
 
 /* Runs one cell (a policy with several variants, the oracle, runs each and reports the
