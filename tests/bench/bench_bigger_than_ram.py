@@ -590,11 +590,18 @@ class Shape:
                                                     extra)["tpot_s"]["mean"]
                 aw = b.get("awaited_decode_bytes_per_token")
                 if aw is not None and res_tpot:
-                    row["bound"] = res_tpot + aw / self.beta
+                    # the disk as measured seconds before the run, where it was (a shared
+                    # disk drifts: a bound from an hour-old rate says little)
+                    beta, alpha = self.beta, self.alpha
+                    if b.get("fresh_profile"):
+                        fl = json.loads(pathlib.Path(b["fresh_profile"]).read_text())["link"]
+                        beta, alpha = fl["beta_bytes_per_s"], fl["alpha_s"]
+                    row["bound_beta"] = beta
+                    row["bound"] = res_tpot + aw / beta
                     row["live_over_bound"] = b["tpot_s"] / row["bound"]
                     if "decode_misses_per_token" in row:
-                        # plus the calibrated latency of each read a decode token waited for
-                        row["bound_alpha"] = row["bound"] + self.alpha * row["decode_misses_per_token"]
+                        # plus the measured latency of each read a decode token waited for
+                        row["bound_alpha"] = row["bound"] + alpha * row["decode_misses_per_token"]
                         row["live_over_bound_alpha"] = b["tpot_s"] / row["bound_alpha"]
                 if llama and llama["status"] == "ok":
                     row["decode_ratio"] = b["decode_tok_s"] / llama["decode_tok_s"]
@@ -705,7 +712,7 @@ def report(a, results, env):
         line("llama.cpp, mmap", bud, llama, ratios=False)
         line("llama.cpp, no mmap", bud, r["llama_no_mmap"], ratios=False)
         cf = r["ceiling_fmoe"]
-        line("fmoe " + ("all resident" if "all resident" in (r["resident_tpot_source"] or "")
+        line("fmoe " + ("all resident" if (r["resident_tpot_source"] or "").startswith("measured")
                         else "lru, whole RAM"), "whole RAM", cf, ref=r["ceiling_llama"])
         line("llama.cpp, mmap", "whole RAM", r["ceiling_llama"], ratios=False)
         p("")
@@ -747,7 +754,8 @@ def report(a, results, env):
               f"{ms(row.get('sim_plan'))} | {nh} |")
         p("")
         p("(bound: the all-resident decode time plus the awaited bytes per token over the "
-          "calibrated disk bandwidth; + reads' latency: plus the calibrated per-read latency "
+          "disk bandwidth measured just before the run (else the calibrated one); + reads' "
+          "latency: plus that measurement's per-read latency "
           "for each miss of a decode token, which weighs where experts are small. gap: "
           "simulated against live with the calibrated profile; link measured just before: "
           "with that profile's link measured again (`fmoe calibrate --base`) under the "
