@@ -14,6 +14,7 @@
  */
 #include <string.h>
 
+#include "fmoe/utf8.h"
 #include "json_impl.h"
 
 enum { R_REJECT = 0, R_OK, R_POP, R_POP_REFEED, R_PUSH };
@@ -250,21 +251,11 @@ static int string_step(json_frame *f, uint8_t c) {
         }
         if (c < 0x20) return R_REJECT;
         if (c < 0x80) return R_OK;
-        int32_t left, lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) left = 1;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            left = 2;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            left = 3;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            return R_REJECT;
-        }
-        f->a = left;
-        f->b = lo | hi << 8;
+        unsigned lo, hi;
+        const int k = fmoe_utf8_lead(c, &lo, &hi);
+        if (k == 0) return R_REJECT;
+        f->a = k - 1; /* continuation bytes to come */
+        f->b = (int32_t)(lo | hi << 8);
         f->phase = 4;
         return R_OK;
     }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "fmoe/error.h"
+#include "fmoe/utf8.h"
 #include "json_impl.h"
 
 typedef struct trie_node {
@@ -120,21 +121,9 @@ static int plain_string_bytes(const uint8_t *p, size_t len) {
             i++;
             continue;
         }
-        size_t k;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) k = 2;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            k = 3;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            k = 4;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            return 0;
-        }
-        if (i + k > len || p[i + 1] < lo || p[i + 1] > hi) return 0;
+        unsigned lo, hi;
+        const size_t k = (size_t)fmoe_utf8_lead(c, &lo, &hi);
+        if (k == 0 || i + k > len || p[i + 1] < lo || p[i + 1] > hi) return 0;
         for (size_t j = 2; j < k; j++)
             if ((p[i + j] & 0xC0) != 0x80) return 0;
         i += k;

@@ -15,6 +15,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "fmoe/utf8.h"
 #include "fmoe/error.h"
 
 /* ---------------------------------------------------------------------------------------
@@ -798,23 +799,9 @@ size_t fmoe_serve_api_utf8_invalid_at(const char *str, size_t n) {
             i++;
             continue;
         }
-        /* The second byte's range excludes overlong forms (E0, F0), surrogates (ED) and
-         * code points past U+10FFFF (F4), as in the Unicode standard's table 3-7. */
-        size_t k;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) k = 2;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            k = 3;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            k = 4;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            return i;
-        }
-        if (i + k > n) return i;
+        unsigned lo, hi;
+        const size_t k = (size_t)fmoe_utf8_lead(c, &lo, &hi); /* table 3-7's ranges */
+        if (k == 0 || i + k > n) return i;
         if (s[i + 1] < lo || s[i + 1] > hi) return i;
         for (size_t j = 2; j < k; j++)
             if ((s[i + j] & 0xC0) != 0x80) return i;
