@@ -67,6 +67,31 @@ static void add_deepseek_moe(cJSON *c, const char *model_type, int64_t experts, 
     cJSON_AddBoolToObject(c, "norm_topk_prob", norm != 0);
 }
 
+/* rope.scaling of a GGUF file into c's rope_scaling: *rs the new object with the type under
+ * `type_key` (transformers' configs say "type" or "rope_type"), factor and
+ * original_max_position_embeddings, for the caller's family-specific keys; NULL when the
+ * file has no scaling. A type other than yarn is refused. */
+static int yarn_scaling(const fmoe_gguf *g, const char *arch, cJSON *c, const char *type_key,
+                        cJSON **rs) {
+    *rs = NULL;
+    char type[32];
+    arch_str(g, arch, "rope.scaling.type", type, sizeof type);
+    if (!type[0] || strcmp(type, "none") == 0) return 0;
+    FMOE_RETURN_ERROR_IF(strcmp(type, "yarn") != 0, FMOE_EUNSUPPORTED,
+                         "%s: %s.rope.scaling.type %s (fmoe reads yarn)", fmoe_gguf_name(g),
+                         arch, type);
+    double factor, omp;
+    FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.factor", 1.0, &factor));
+    FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.original_context_length", 4096.0,
+                                     &omp));
+    *rs = cJSON_AddObjectToObject(c, "rope_scaling");
+    FMOE_RETURN_ERROR_IF(!*rs, FMOE_ENOMEM, "out of memory");
+    cJSON_AddStringToObject(*rs, type_key, "yarn");
+    cJSON_AddNumberToObject(*rs, "factor", factor);
+    cJSON_AddNumberToObject(*rs, "original_max_position_embeddings", omp);
+    return 0;
+}
+
 /*
  * deepseek2 (DeepSeek-V2, V2-Lite, V3, R1), as llama.cpp's converter writes it: the MLA
  * sizes (attention.q_lora_rank, 0 for V2-Lite's full-rank query; attention.kv_lora_rank;
@@ -122,30 +147,18 @@ static int build_deepseek2(const fmoe_gguf *g, const char *arch, cJSON *c) {
     cJSON_DeleteItemFromObject(c, "head_dim");
     cJSON_AddNumberToObject(c, "head_dim", (double)klen_mla);
 
-    char type[32];
-    arch_str(g, arch, "rope.scaling.type", type, sizeof type);
-    if (strcmp(type, "yarn") == 0) {
-        double factor, log_mul, omp;
-        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.factor", 1.0, &factor));
+    cJSON *rs;
+    FMOE_FORWARD_IF_ERROR(yarn_scaling(g, arch, c, "type", &rs));
+    if (rs) {
+        double log_mul, fast, slow;
         FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.yarn_log_multiplier", 0.0,
                                          &log_mul));
-        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.original_context_length",
-                                         4096.0, &omp));
-        cJSON *rs = cJSON_AddObjectToObject(c, "rope_scaling");
-        FMOE_RETURN_ERROR_IF(!rs, FMOE_ENOMEM, "out of memory");
-        cJSON_AddStringToObject(rs, "type", "yarn");
-        cJSON_AddNumberToObject(rs, "factor", factor);
-        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", omp);
-        cJSON_AddNumberToObject(rs, "mscale", log_mul / 0.1);
-        cJSON_AddNumberToObject(rs, "mscale_all_dim", log_mul / 0.1);
-        double fast, slow;
         FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.yarn_beta_fast", 32.0, &fast));
         FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.yarn_beta_slow", 1.0, &slow));
+        cJSON_AddNumberToObject(rs, "mscale", log_mul / 0.1);
+        cJSON_AddNumberToObject(rs, "mscale_all_dim", log_mul / 0.1);
         cJSON_AddNumberToObject(rs, "beta_fast", fast);
         cJSON_AddNumberToObject(rs, "beta_slow", slow);
-    } else if (type[0] && strcmp(type, "none") != 0) {
-        return fmoe_error_set(FMOE_EUNSUPPORTED, "%s: %s.rope.scaling.type %s (fmoe reads yarn)",
-                              fmoe_gguf_name(g), arch, type);
     }
     return 0;
 }
@@ -168,23 +181,9 @@ static int build_gpt_oss(const fmoe_gguf *g, const char *arch, cJSON *c, int64_t
     cJSON_AddNumberToObject(c, "intermediate_size", (double)expert_ff);
     if (window > 0) cJSON_AddNumberToObject(c, "sliding_window", (double)window);
     cJSON_AddBoolToObject(c, "attention_bias", fmoe_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL);
-    char type[32];
-    arch_str(g, arch, "rope.scaling.type", type, sizeof type);
-    if (strcmp(type, "yarn") == 0) {
-        double factor, omp;
-        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.factor", 1.0, &factor));
-        FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.original_context_length",
-                                         4096.0, &omp));
-        cJSON *rs = cJSON_AddObjectToObject(c, "rope_scaling");
-        FMOE_RETURN_ERROR_IF(!rs, FMOE_ENOMEM, "out of memory");
-        cJSON_AddStringToObject(rs, "rope_type", "yarn");
-        cJSON_AddNumberToObject(rs, "factor", factor);
-        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", omp);
-        cJSON_AddBoolToObject(rs, "truncate", 0);
-    } else if (type[0] && strcmp(type, "none") != 0) {
-        return fmoe_error_set(FMOE_EUNSUPPORTED, "%s: %s.rope.scaling.type %s (fmoe reads yarn)",
-                              fmoe_gguf_name(g), arch, type);
-    }
+    cJSON *rs;
+    FMOE_FORWARD_IF_ERROR(yarn_scaling(g, arch, c, "rope_type", &rs));
+    if (rs) cJSON_AddBoolToObject(rs, "truncate", 0);
     return 0;
 }
 

@@ -265,6 +265,8 @@ struct serve_engine {
     double drain_deadline;
     uint64_t seed_counter;
     int reuse_prefix;          /* o.prefix_cache, and the model and options allow it */
+    int copy_prefix;           /* reuse_prefix and rows may be copied between sessions (the
+                                  CPU backend: fmoe_session_copy_prefix) */
     serve_prefix_pool *pool;   /* o.prefix_cache_bytes' kept caches, or NULL */
     int64_t cleared;           /* sequences that left: seq.left_at's clock */
 };
@@ -345,7 +347,7 @@ static int32_t reusable(const seq *s, const serve_job *j) {
  * (empty slots first), with what it spares. Without prefix reuse, the first free slot.
  * -1: none free. */
 static int32_t pick_slot(const serve_engine *e, const serve_job *j, int32_t *keep) {
-    int32_t best = -1, lru = -1;
+    int32_t best = -1, lru = -1, best_keep = 0;
     double best_worth = 0;
     *keep = 0;
     for (int32_t i = 0; i < e->o.parallel; i++) {
@@ -358,10 +360,14 @@ static int32_t pick_slot(const serve_engine *e, const serve_job *j, int32_t *kee
         if (worth > best_worth) {
             best = i;
             best_worth = worth;
+            best_keep = k;
         }
     }
-    if (best < 0) best = lru;
-    if (best >= 0) *keep = reusable(&e->seqs[best], j);
+    if (best < 0 && lru >= 0) {
+        best = lru;
+        best_keep = reusable(&e->seqs[lru], j);
+    }
+    *keep = best_keep;
     return best;
 }
 
@@ -530,7 +536,7 @@ static int32_t take_cache(serve_engine *e, seq *s, const serve_job *j, int32_t k
      * passes; host memory only (fmoe_session_copy_prefix) */
     int32_t run_keep = 0;
     const seq *run = NULL;
-    for (int32_t i = 0; e->o.backend == FMOE_BACKEND_CPU && i < e->o.parallel; i++) {
+    for (int32_t i = 0; e->copy_prefix && i < e->o.parallel; i++) {
         const seq *r = &e->seqs[i];
         if (r == s || (r->state != SEQ_PREFILL && r->state != SEQ_DECODE)) continue;
         const int32_t k = fmoe_serve_common_prefix(r->job->prompt, r->fed, j->prompt,
@@ -557,7 +563,7 @@ static int32_t take_cache(serve_engine *e, seq *s, const serve_job *j, int32_t k
  * that prefill is done and copies its rows (take_cache), rather than running the same
  * prompt again beside it. CPU backend (the copy's). */
 static int same_prompt_running(const serve_engine *e, const serve_job *j) {
-    if (!e->reuse_prefix || e->o.backend != FMOE_BACKEND_CPU || j->prompt_tokens < 2) return 0;
+    if (!e->copy_prefix || j->prompt_tokens < 2) return 0;
     for (int32_t i = 0; i < e->o.parallel; i++) {
         const seq *r = &e->seqs[i];
         if (r->state == SEQ_PREFILL && r->job->prompt_tokens == j->prompt_tokens &&
@@ -1052,6 +1058,7 @@ int fmoe_serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     e->t0 = fmoe__now_s();
     const int32_t P = o->parallel;
     e->reuse_prefix = o->prefix_cache && !o->trace_out && fmoe_model_prefix_reusable(o->model);
+    e->copy_prefix = e->reuse_prefix && o->backend == FMOE_BACKEND_CPU;
     if (e->o.max_context <= 0)
         e->o.max_context = e->geo->max_position_embeddings < 4096
                                ? (int32_t)e->geo->max_position_embeddings
