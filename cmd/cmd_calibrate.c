@@ -76,6 +76,7 @@ typedef struct options {
     int32_t activations; /* --activations: fmoe_activations, as the run will compute */
     int32_t threads;
     int32_t read_depth; /* --read-depth: the file link's requests in flight, as live runs' */
+    double link_decode_gb; /* --link-decode-gb: the file link timed in an offloaded decode */
     int quick, quiet;
 } options;
 
@@ -151,7 +152,15 @@ static const cmd_option calibrate_options[] = {
              "value those runs are given",
      .default_text = "4, the live runs' default", .offset = offsetof(options, read_depth),
      .min = 1, .max = 64},
-    {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N", .help = "OpenBLAS threads",
+    {.name = "link-decode-gb", .kind = CMD_OPT_DOUBLE, .value_name = "X",
+     .help = "with --link-file MODEL: the profile's link is the one a decode of MODEL "
+             "offloaded from its file sees, with X GiB of expert slots (--cache-gb X --tier "
+             "file --direct-io, lru, --threads' compute beside the reads): the copy engine's "
+             "bytes over its busy seconds, alpha 0. Give the --cache-gb of the runs it is to "
+             "predict. The reads on an idle CPU are still measured and recorded",
+     .offset = offsetof(options, link_decode_gb), .fmin = 0, .fmax = 1e6},
+    {.name = "threads", .kind = CMD_OPT_INT32, .value_name = "N",
+     .help = "OpenBLAS threads, and the compute threads of --link-decode-gb's decode",
      .default_text = "OpenBLAS's, all cores", .offset = offsetof(options, threads), .min = 1,
      .max = 1024},
     {.name = "quick", .kind = CMD_OPT_FLAG,
@@ -192,6 +201,12 @@ static int parse_options(int argc, char **argv, options *o) {
     if (strcmp(o->link, "h2d") == 0 && o->backend && strcmp(o->backend, "cpu") == 0)
         return cmd_usage_error(CMD, "--link h2d is the cuda backend's link: not with "
                                     "--backend cpu");
+    if (o->link_decode_gb > 0 && !(o->link_file && calibrate_link_is_model(o->link_file)))
+        return cmd_usage_error(CMD, "--link-decode-gb times a decode of the model: give the "
+                                    "model with --link-file MODEL");
+    if (o->link_decode_gb > 0 && strcmp(o->link, "file") != 0)
+        return cmd_usage_error(CMD, "--link-decode-gb measures the file link: not with --link %s",
+                               o->link);
     if (!o->file_dir) o->file_dir = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR")
                                                                              : "/tmp";
     return 0;
@@ -346,6 +361,7 @@ typedef struct measurements {
     double promoe_s;               /* its pass over one token */
     double duoserve_s;             /* DuoServe's ExpertMLP of the default widths, one token */
     int have_gpu; /* the cuda backend: the GPU is measured and its figures are the profile's */
+    calibrate_decode_link decode; /* --link-decode-gb: the file link in a decode (tokens > 0) */
 } measurements;
 
 /* A series timed through a backend's table (runtime/model/backend_bench.c): "expert (fmoe
@@ -636,6 +652,42 @@ static void add_link(cJSON *links, const char *key, const series *s) {
     cJSON_AddItemToObject(links, key, o);
 }
 
+/* The profile's link: the measured series' fit, or with --link-decode-gb the file link a
+ * decode saw, alpha 0 and its bytes over its busy seconds (a decode's transfers, whole
+ * experts and their pieces, add up to that time: the same figure a run's "link ... GiB/s
+ * measured (decode X)" reports, with which simulate was within 13% of every live run in
+ * docs/results.md). */
+static void profile_link(const measurements *m, const char *link, const series *ls,
+                         double *alpha, double *beta) {
+    if (m->decode.tokens > 0 && strcmp(link, "file") == 0) {
+        *alpha = 0;
+        *beta = (double)m->decode.bytes / m->decode.busy_s;
+        return;
+    }
+    *alpha = nonneg(ls->fit.a);
+    *beta = 1.0 / ls->fit.b;
+}
+
+/* The calibration record of --link-decode-gb's decode, in the file link's. */
+static void add_decode_record(cJSON *file_link, const measurements *m) {
+    const calibrate_decode_link *d = &m->decode;
+    if (!file_link || d->tokens <= 0) return;
+    cJSON *o = cJSON_AddObjectToObject(file_link, "decode");
+    cJSON_AddStringToObject(o, "what", "the copy engine's bytes over its busy seconds in the "
+                                       "decode iterations of an offloaded run: the "
+                                       "profile's link");
+    cJSON_AddNumberToObject(o, "cache_gb", d->cache_gb);
+    cJSON_AddStringToObject(o, "policy", "lru");
+    cJSON_AddNumberToObject(o, "slots", d->slots);
+    cJSON_AddNumberToObject(o, "threads", d->threads);
+    cJSON_AddNumberToObject(o, "tokens", d->tokens);
+    cJSON_AddNumberToObject(o, "decode_s", d->decode_s);
+    cJSON_AddNumberToObject(o, "hit_pct", d->hit_pct);
+    cJSON_AddNumberToObject(o, "bytes", (double)d->bytes);
+    cJSON_AddNumberToObject(o, "busy_s", d->busy_s);
+    cJSON_AddNumberToObject(o, "beta_bytes_per_s", (double)d->bytes / d->busy_s);
+}
+
 /* Builds the profile and its JSON (with the "calibration" record). */
 static int build_profile(const options *o, const shapes *sh, const measurements *m,
                          const char **link_used, char **json) {
@@ -654,8 +706,7 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
     FMOE_RETURN_ERROR_IF(!ls->ok || !(ls->fit.b > 0), FMOE_EINTERNAL,
                          "%s: the measurements do not fit alpha + bytes / beta", ls->what);
     *link_used = link;
-    p.alpha_s = nonneg(ls->fit.a);
-    p.beta_bytes_per_s = 1.0 / ls->fit.b;
+    profile_link(m, link, ls, &p.alpha_s, &p.beta_bytes_per_s);
     /* Memory bandwidth: the largest copy's rate, bytes read plus written (the smaller
      * copies partly run in the CPU caches). */
     const int32_t last = m->ram.n - 1;
@@ -747,6 +798,7 @@ static int build_profile(const options *o, const shapes *sh, const measurements 
                                                  "reads them: 1/8, 1/4, 1/2, whole");
             cJSON_AddNumberToObject(fl, "reads_per_point", m->file_expert_reads);
         }
+        add_decode_record(fl, m);
     }
     add_link(links, "h2d", &m->h2d);
     cJSON *comp = cJSON_AddObjectToObject(cal, "compute");
@@ -811,8 +863,10 @@ static int build_relinked_profile(const options *o, const measurements *m, const
     cJSON *root = NULL;
     FMOE_FORWARD_IF_ERROR(load_base(o->base, &root));
     cJSON *l = cJSON_CreateObject();
-    cJSON_AddNumberToObject(l, "alpha_s", nonneg(ls->fit.a));
-    cJSON_AddNumberToObject(l, "beta_bytes_per_s", 1.0 / ls->fit.b);
+    double alpha, beta;
+    profile_link(m, link, ls, &alpha, &beta);
+    cJSON_AddNumberToObject(l, "alpha_s", alpha);
+    cJSON_AddNumberToObject(l, "beta_bytes_per_s", beta);
     replace_item(root, "link", l);
     if (o->name) replace_item(root, "name", cJSON_CreateString(o->name));
     cJSON *cal = object_in(root, "calibration");
@@ -825,6 +879,7 @@ static int build_relinked_profile(const options *o, const measurements *m, const
         cJSON_AddNumberToObject(fl, "read_depth", o->read_depth);
         if (o->link_file) cJSON_AddStringToObject(fl, "file", o->link_file);
         else cJSON_AddStringToObject(fl, "dir", o->file_dir);
+        add_decode_record(fl, m);
     }
     replace_item(cal, "link_used", cJSON_CreateString(link));
     replace_item(cal, "link_remeasured_from", cJSON_CreateString(o->base));
@@ -879,6 +934,12 @@ static void report_links(const options *o, const measurements *m) {
         snprintf(note, sizeof note, " (%s, page cache %s, read depth %d)", o->file_dir,
                  cache_name(m->file_cache), o->read_depth);
     report_link(&m->file, note);
+    const calibrate_decode_link *d = &m->decode;
+    if (d->tokens > 0)
+        fprintf(stderr, "  %-28s beta %7.2f GB/s  (the profile's link: %d decode tokens, "
+                        "--cache-gb %g: %d slots, %.1f%% hits, lru, %.0f MiB in %.2f s busy)\n",
+                "copy file->RAM in decode", (double)d->bytes / d->busy_s * 1e-9, d->tokens,
+                d->cache_gb, d->slots, d->hit_pct, (double)d->bytes / (1 << 20), d->busy_s);
     report_link(&m->h2d, " (pinned)");
 }
 
@@ -915,6 +976,15 @@ static void report(const options *o, const shapes *sh, const measurements *m, co
 }
 
 /* ------------------------------------------------------------------ main */
+
+/* --link-decode-gb: the decode after the other measurements (its model's weights, loaded
+ * and made the process's own, would otherwise sit in the memory the compute timings use).
+ * @return a command exit code (0, or printed). */
+static int measure_decode_link(const options *o, measurements *m) {
+    if (!(o->link_decode_gb > 0)) return CMD_EXIT_OK;
+    return calibrate_decode_link_run(CMD, o->link_file, o->read_depth, o->link_decode_gb,
+                                     o->threads, o->activations, o->quick, &m->decode);
+}
 
 /* Writes the profile into the partial opened before measuring (so a bad -o fails in
  * a moment, not after the measurements) and makes it the output. Every failure names
@@ -971,6 +1041,7 @@ int cmd_calibrate(int argc, char **argv) {
     measurements m;
     memset(&m, 0, sizeof m);
     m.have_gpu = backend == FMOE_BACKEND_CUDA;
+    int exit_code = CMD_EXIT_OK;
     const double t0 = cmd_now();
     const char *link = NULL;
     char *json = NULL;
@@ -981,9 +1052,11 @@ int cmd_calibrate(int argc, char **argv) {
         cJSON_Delete(base);
         link = strcmp(o.link, "auto") == 0 ? (m.have_gpu ? "h2d" : "file") : o.link;
         if (rc >= 0) rc = measure_links(&o, link, &m);
+        if (rc >= 0 && (exit_code = measure_decode_link(&o, &m)) != 0) goto done;
         if (rc >= 0) rc = build_relinked_profile(&o, &m, link, &json);
     } else {
         rc = measure(&o, &sh, &m);
+        if (rc >= 0 && (exit_code = measure_decode_link(&o, &m)) != 0) goto done;
         if (rc >= 0) rc = build_profile(&o, &sh, &m, &link, &json);
     }
     if (rc < 0) {
@@ -1001,7 +1074,6 @@ int cmd_calibrate(int argc, char **argv) {
         report(&o, &sh, &m, link);
         fprintf(stderr, "measured in %.1f s\n", cmd_now() - t0);
     }
-    int exit_code = CMD_EXIT_OK;
     if (o.output) {
         exit_code = write_profile(out, partial, o.output, json);
         if (!exit_code && !o.quiet) fprintf(stderr, "wrote %s\n", o.output);
@@ -1009,5 +1081,11 @@ int cmd_calibrate(int argc, char **argv) {
         puts(json);
     }
     free(json);
+    return exit_code;
+done: /* the decode's failure, printed */
+    if (out) {
+        fclose(out);
+        remove(partial);
+    }
     return exit_code;
 }

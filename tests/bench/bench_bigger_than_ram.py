@@ -59,8 +59,10 @@ written under --work, and:
    file mapped and read in place, as llama.cpp's mmap) when the file fits in 85% of
    MemAvailable, else offloaded with four fifths of it in slots.
 5. **The bound.** fmoe's decode time per token against the bytes it waited for per decode
-   token (its summary line) over the disk bandwidth `fmoe calibrate --link-file` measured
-   on O_DIRECT reads of the file, plus the decode time with every expert resident (the
+   token (its summary line) over the disk bandwidth `fmoe calibrate --link-file
+   --link-decode-gb X` measured in a short decode with the runs' slots and threads (the
+   reads a decode step makes, beside its products on the same cores: on two cores 8-12%
+   slower than reads timed on an idle CPU), plus the decode time with every expert resident (the
    ceiling run when it is all resident, else the simulator's, with the calibrated
    profile, on the ceiling's trace). Beside it, the same plus the calibrated per-read
    latency for each miss of a decode token (the simulator's count on the run's trace):
@@ -72,8 +74,8 @@ written under --work, and:
    with the link that run's copy engine measured in its decode steps, its bytes over its
    busy seconds (the "own link" gap: the model's error with the disk's drift since the
    calibration, and prefill's contention for the cores, taken out); and with the link
-   measured again seconds before each run, under the holder, by `fmoe calibrate --base`
-   (the first calibration's compute, this minute's disk).
+   measured again seconds before each run, under the holder, by `fmoe calibrate --base
+   --link-decode-gb X` (the first calibration's compute, this minute's disk).
 
 Targets, printed as met or not: decode tokens/s at least 3x llama.cpp's (mmap) and
 prefill at least 1x; live TPOT within 1.2x of the bound; peak RSS (VmHWM sampled every
@@ -280,7 +282,7 @@ class Shape:
         shared VM drifts by a third within an hour; a profile is as good as the minutes it
         was measured in."""
         cmd = [self.fmoe, "calibrate", "--base", self.profile, "--link-file", self.model,
-               "-o", out, "--quiet"]
+               *self.decode_link_args(), "-o", out, "--quiet"]
         note_cmd("re-measure the link before a run", cmd)
         r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
         if r.returncode != 0:
@@ -372,17 +374,6 @@ class Shape:
         fits = self.size < 0.85 * mem_available()
         self.all_resident_fits = fits
 
-        log(f"{self.shape}: fmoe calibrate --link-file {self.model.name} ...")
-        drop_caches([self.model])
-        self.profile = w / "profile.json"
-        runc("calibrate (disk and compute)",
-             [self.fmoe, "calibrate", "--backend", "cpu", "--model-config", self.model,
-              "--link-file", self.model, "--threads", a.threads, "-o", self.profile,
-              "--quiet"])
-        prof = json.loads(self.profile.read_text())
-        self.alpha = prof["link"]["alpha_s"]
-        self.beta = prof["link"]["beta_bytes_per_s"]
-
         log(f"{self.shape}: recording {a.store_prompts} other prompts for the store ...")
         src = w / "store-src.h5"
         src.unlink(missing_ok=True)
@@ -428,6 +419,31 @@ class Shape:
         if not self.fmoe_can_run:
             self.note(f"fmoe cannot run under the budget: room for {self.n_slots} slots, "
                       f"fewer than top-k = {k}")
+
+        # the profile, after the sizing: its link is the one a decode with the runs' slots
+        # and threads sees (--link-decode-gb), the reads on an idle CPU kept in its record
+        log(f"{self.shape}: fmoe calibrate --link-file {self.model.name} "
+            f"{' '.join(map(str, self.decode_link_args()))} ...")
+        drop_caches([self.model])
+        self.profile = w / "profile.json"
+        runc("calibrate (disk in decode, and compute)",
+             [self.fmoe, "calibrate", "--backend", "cpu", "--model-config", self.model,
+              "--link-file", self.model, *self.decode_link_args(), "-o", self.profile,
+              "--quiet"])
+        drop_caches([self.model])
+        prof = json.loads(self.profile.read_text())
+        self.alpha = prof["link"]["alpha_s"]
+        self.beta = prof["link"]["beta_bytes_per_s"]
+        fl = prof["calibration"]["links"]["file"]
+        self.idle_beta = 1.0 / fl["slope_s"] if fl.get("slope_s") else None
+
+    def decode_link_args(self):
+        """calibrate's link as the runs' decode sees it: their slots and compute threads
+        (none when fmoe cannot run under the budget: the idle reads then)."""
+        t = ["--threads", self.a.threads]
+        if self.fmoe_can_run:
+            t += ["--link-decode-gb", self.cache_args()[1]]
+        return t
 
     def cache_args(self):
         # a hair over N slots, so that fmoe's division gives N whatever its rounding
@@ -535,6 +551,7 @@ class Shape:
                "cache_gb": self.cache_gb, "sizing": self.sizing,
                "fixed_bytes": self.fixed, "probe_rss": self.probe_rss,
                "link_alpha_s": self.alpha, "link_beta_bytes_per_s": self.beta,
+               "link_idle_beta_bytes_per_s": self.idle_beta,
                "ctx": self.ctx, "notes": self.notes, "runs": self.runs,
                "capacity": getattr(self, "capacity", None)}
         ceil_f = self.best("fmoe ceiling", "ceiling")
@@ -653,8 +670,15 @@ def report(a, results, env):
           f"file {r['file_bytes'] / MIB:.0f} MiB ({', '.join(f'{k} {v}' for k, v in sorted(L['types'].items()))} tensors). "
           f"Budget {r['budget_bytes'] / MIB:.0f} MiB = a third of the file"
           + (f" + {a.budget_extra_mib} MiB" if a.budget_extra_mib else "") + ". "
-          f"Disk (calibrate, O_DIRECT reads of the file): {r['link_beta_bytes_per_s'] / GIB:.2f} "
-          f"GiB/s, {r['link_alpha_s'] * 1e6:.0f} us per read. Context {r['ctx']} positions.")
+          + (f"Disk (calibrate --link-decode-gb: a decode's O_DIRECT reads of the file, the "
+             f"runs' slots and threads): {r['link_beta_bytes_per_s'] / GIB:.2f} GiB/s"
+             + (f"; reads on an idle CPU {r['link_idle_beta_bytes_per_s'] / GIB:.2f} GiB/s"
+                if r.get("link_idle_beta_bytes_per_s") else "")
+             if r["link_alpha_s"] == 0 and r.get("link_idle_beta_bytes_per_s") else
+             f"Disk (calibrate, O_DIRECT reads of the file): "
+             f"{r['link_beta_bytes_per_s'] / GIB:.2f} GiB/s, {r['link_alpha_s'] * 1e6:.0f} us "
+             f"per read")
+          + f". Context {r['ctx']} positions.")
         p("")
         c = r["capacity"]
         if c:

@@ -380,6 +380,68 @@ def test_link_file_times_o_direct_reads_of_the_given_file(calibrate, fmoe, tmp_p
     assert r.returncode == 2 and "--link-file" in r.stderr
 
 
+def test_link_decode_gb_measures_the_link_in_an_offloaded_decode(calibrate, tmp_path):
+    """--link-decode-gb X (with --link-file MODEL) runs a short decode of MODEL offloaded
+    from its file (--cache-gb X, LRU, O_DIRECT) and makes the copy engine's bytes over its
+    busy seconds in decode the profile's link (alpha 0); the idle reads stay in the record.
+    fmoe-tiny (6 layers, top-2 of 8, experts of 3 x 176 x 256 bf16 by its config) with 4
+    slots: each token routes 12 experts, none seen again before 4 others, so LRU misses
+    every access and --quick's 2 decode tokens copy exactly 24 experts."""
+    import os
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT")
+    tiny = REPO / "datasets" / "fmoe-tiny"
+    cfg = json.loads((tiny / "config.json").read_text())
+    expert = 3 * cfg["moe_intermediate_size"] * cfg["hidden_size"] * 2
+    layers, k = cfg["num_hidden_layers"], cfg["num_experts_per_tok"]
+    gb = 4.5 * expert / 2**30
+    try:
+        fd = os.open(tiny / "model.safetensors", os.O_RDONLY | os.O_DIRECT)
+        os.close(fd)
+    except OSError:
+        pytest.skip("O_DIRECT does not open here (tmpfs)")
+    prof = tmp_path / "p.json"
+    r = calibrate("--quick", "--link-file", tiny, "--link-decode-gb", gb, "--threads", 1,
+                  "-o", prof)
+    assert "copy file->RAM in decode" in r.stderr and "4 slots" in r.stderr, r.stderr
+    p = json.loads(prof.read_text())
+    fl = p["calibration"]["links"]["file"]
+    d = fl["decode"]
+    assert d["slots"] == 4 and d["tokens"] == 2 and d["policy"] == "lru"
+    assert d["bytes"] == 2 * layers * k * expert, d
+    assert d["hit_pct"] == 0 and d["busy_s"] > 0 and d["cache_gb"] == pytest.approx(gb)
+    assert p["link"]["alpha_s"] == 0
+    assert p["link"]["beta_bytes_per_s"] == pytest.approx(d["bytes"] / d["busy_s"])
+    assert d["beta_bytes_per_s"] == pytest.approx(d["bytes"] / d["busy_s"])
+    # the reads on an idle CPU are measured as without the option
+    assert fl["reads"].startswith("experts of the model") and len(fl["points"]) == 4
+    # --base re-measures it the same way, every other figure kept
+    out = tmp_path / "fresh.json"
+    calibrate("--quick", "--quiet", "--base", prof, "--link-file", tiny, "--link-decode-gb",
+              gb, "-o", out)
+    q = json.loads(out.read_text())
+    qd = q["calibration"]["links"]["file"]["decode"]
+    assert qd["bytes"] == d["bytes"] and q["link"]["alpha_s"] == 0
+    assert q["link"]["beta_bytes_per_s"] == pytest.approx(qd["bytes"] / qd["busy_s"])
+    for key in set(p) - {"link", "calibration"}:
+        assert q[key] == p[key], key
+    # what it needs: a model to decode, the file link; one line each, nothing written
+    never = tmp_path / "never.json"
+    for args, what in ((["--link-decode-gb", gb], "--link-file MODEL"),
+                       (["--link-file", tiny / "model.safetensors", "--link-decode-gb", gb],
+                        "--link-file MODEL"),
+                       (["--link", "ram", "--link-file", tiny, "--link-decode-gb", gb],
+                        "--link")):
+        r = calibrate("--quick", "--quiet", *args, "-o", never, check=False)
+        assert r.returncode == 2 and what in r.stderr, (args, r.stderr)
+        assert not never.exists()
+    # a cache too small for a layer's top-k: the offload's own one-line refusal, no output
+    r = calibrate("--quick", "--quiet", "--base", prof, "--link-file", tiny, "--link-decode-gb",
+                  0.5 * expert / 2**30, "-o", never, check=False)
+    assert r.returncode != 0 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not never.exists() and not (tmp_path / "never.json.partial").exists()
+
+
 def test_base_remeasures_the_link_only(calibrate, tmp_path):
     """--base PROFILE measures the link alone and writes PROFILE with its link replaced:
     every other figure (compute, host, matcher, predictors, and a field this version does
