@@ -447,6 +447,7 @@ static const char *rope_name(fmoe__rope_type t) {
     case FMOE__ROPE_YARN: return "yarn";
     case FMOE__ROPE_LLAMA3: return "llama3";
     case FMOE__ROPE_LONGROPE: return "longrope";
+    case FMOE__ROPE_FACTORS: return "rope_freqs";
     }
     return "?";
 }
@@ -647,6 +648,7 @@ void fmoe__rope_inv_freq(const fmoe__rope *r, int32_t head_dim, int64_t seq_len,
         case FMOE__ROPE_DEFAULT:
         case FMOE__ROPE_DYNAMIC: break;
         case FMOE__ROPE_LINEAR: inv /= r->factor; break;
+        case FMOE__ROPE_FACTORS: inv /= r->short_factor[i]; break;
         case FMOE__ROPE_LONGROPE: {
             /* Microsoft's Phi-3.5-MoE code and transformers' _compute_longrope_parameters:
              * long factors once the call's sequence (largest position + 1) passes

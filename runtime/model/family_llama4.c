@@ -35,6 +35,8 @@
 
 #include "family_llama4.h"
 #include "fmoe/error.h"
+#include "fmoe/gguf.h"
+#include "fmoe/quant.h"
 
 #define NAME_CAP 256
 
@@ -125,6 +127,30 @@ int fmoe__llama4_bind_experts(fmoe_model *m, int32_t i, fmoe__mlp *ex) {
         ex[e].up = (fmoe__mat){.data = up, .dtype = gu->dtype, .rows = I, .cols = h};
         ex[e].down = (fmoe__mat){.data = down, .dtype = gu->dtype, .rows = h, .cols = I};
     }
+    return 0;
+}
+
+int fmoe__llama4_gguf_rope(fmoe_model *m) {
+    const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(m->gguf, "rope_freqs.weight");
+    if (!t) return 0;
+    const int64_t half = m->geo.head_dim / 2;
+    FMOE_RETURN_ERROR_IF(t->numel != half || half > FMOE__ROPE_MAX_FACTORS ||
+                             !fmoe_quant_supported(t->type),
+                         FMOE_EFORMAT, "%s: rope_freqs.weight has %lld values, expected "
+                         "head_dim/2 = %lld floats", fmoe_gguf_name(m->gguf),
+                         (long long)t->numel, (long long)half);
+    float f[FMOE__ROPE_MAX_FACTORS];
+    fmoe_quant_dequantize_row(t->type, t->data, f, half);
+    fmoe__rope *r = &m->arch.rope;
+    for (int64_t i = 0; i < half; i++) {
+        FMOE_RETURN_ERROR_IF(!(f[i] > 0), FMOE_EFORMAT, "%s: rope_freqs.weight[%lld] = %g, "
+                             "expected a positive divisor", fmoe_gguf_name(m->gguf),
+                             (long long)i, (double)f[i]);
+        r->short_factor[i] = f[i];
+    }
+    r->type = FMOE__ROPE_FACTORS;
+    snprintf(m->arch.rope_desc, sizeof m->arch.rope_desc, "rope theta %g, rope_freqs",
+             r->theta);
     return 0;
 }
 

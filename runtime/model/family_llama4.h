@@ -21,6 +21,11 @@ int fmoe__llama4_bind_attention(fmoe_model *m, int32_t i, fmoe__layer *L, int ro
  * FMOE_EUNSUPPORTED (the detail names the tensor), FMOE_ENOMEM. */
 int fmoe__llama4_bind_experts(fmoe_model *m, int32_t i, fmoe__mlp *ex);
 
+/* A GGUF file's rope_freqs.weight [head_dim/2] (llama.cpp's converter writes Llama 4's
+ * llama3 scaling as these per-frequency divisors), when it has one, as the model's rope.
+ * @return 0, FMOE_EFORMAT (its size named). */
+int fmoe__llama4_gguf_rope(fmoe_model *m);
+
 /*
  * One segment's attention on layer li, as `a` describes it for the whole segment (cache
  * rows of kv_width floats): on a chunked layer each query attends only to the keys of its

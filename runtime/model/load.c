@@ -633,6 +633,8 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     }
 
     if (!gguf && (rc = fmoe_safetensors_open(dir, &m->st)) < 0) goto fail;
+    if (gguf && g->family == FMOE_FAMILY_LLAMA4 && (rc = fmoe__llama4_gguf_rope(m)) < 0)
+        goto fail;
     /* Llama 4's multimodal checkpoints (Llama4ForConditionalGeneration) keep the text
      * model under language_model.; the vision tower's tensors are never bound */
     if (!gguf && g->family == FMOE_FAMILY_LLAMA4 &&

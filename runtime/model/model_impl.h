@@ -29,6 +29,8 @@ typedef enum fmoe__rope_type {
     FMOE__ROPE_YARN = 3,
     FMOE__ROPE_LLAMA3 = 4,
     FMOE__ROPE_LONGROPE = 5, /* Phi-3.5-MoE ("su"): per-frequency factors, short or long */
+    FMOE__ROPE_FACTORS = 6,  /* a GGUF file's rope_freqs (llama.cpp's llama3 scaling):
+                                frequency i divided by short_factor[i] (family_llama4.c) */
 } fmoe__rope_type;
 
 /* Most frequencies (head_dim / 2) a longrope config may list factors for. */
