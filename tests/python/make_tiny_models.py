@@ -155,6 +155,11 @@ HF_MODELS = {
                                               "original_max_position_embeddings": 16,
                                               "rope_theta": 500000.0}},
                "float32", {}),
+    # Scout's shape, smaller: every layer MoE (interleave_moe_layer_step 1), 16 experts,
+    # 8 layers (NoPE at 3 and 7), the published chunk and temperature defaults. The
+    # Llama-4 trace of tests/bench/prefetch_vs_lru.py is recorded from it.
+    "llama4_scout": ("llama4", {"num_hidden_layers": 8, "interleave_moe_layer_step": 1,
+                                "num_local_experts": 16}, "float32", {}),
 }
 # The DeepSeek-V2/V3 models run on the CPU backend only this round (the CUDA backend has
 # no MLA), and GGUF's deepseek2 is not mapped yet: the GPU and GGUF tests keep to ALL.
