@@ -243,6 +243,46 @@ static int build_glm4moe(const fmoe_gguf *g, const char *arch, cJSON *c, int64_t
     return 0;
 }
 
+/*
+ * llama4 (Llama 4 Scout, Maverick), as llama.cpp's converter writes it (conversion/
+ * llama.py Llama4Model) and its loader reads it (src/models/llama4.cpp): the routed
+ * experts' width as expert_feed_forward_length, the dense layers' as feed_forward_length
+ * (intermediate_size_mlp), interleave_moe_layer_step. No key carries the attention
+ * details: llama.cpp fixes chunks of 8192, a NoPE layer every 4th, the query temperature
+ * (floor_scale 8192, attn_scale 0.1) and the QK norm on every model but the 128-expert
+ * one (Maverick), and turns all of it off when attention.sliding_window is 0 (MobileLLM).
+ * Those are its defaults here too. llama3 rope scaling comes as the rope_freqs tensor
+ * (runtime/model/family_llama4.c reads it).
+ */
+static int build_llama4(const fmoe_gguf *g, const char *arch, cJSON *c, int64_t experts,
+                        int64_t expert_ff, int64_t ff) {
+    int64_t step, window, layers;
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "interleave_moe_layer_step", 1, &step));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "attention.sliding_window", 1, &window));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "block_count", -1, &layers));
+    cJSON_AddStringToObject(c, "model_type", "llama4_text");
+    cJSON_AddNumberToObject(c, "num_local_experts", (double)experts);
+    cJSON_AddNumberToObject(c, "intermediate_size", (double)expert_ff);
+    cJSON_AddNumberToObject(c, "intermediate_size_mlp", (double)ff);
+    cJSON_AddNumberToObject(c, "interleave_moe_layer_step", (double)step);
+    cJSON_AddBoolToObject(c, "use_qk_norm", experts != 128);
+    cJSON_AddBoolToObject(c, "attention_bias",
+                          fmoe_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL);
+    if (window == 0) { /* every layer rotary, full attention, no temperature */
+        cJSON_AddNullToObject(c, "attention_chunk_size");
+        cJSON *rope = cJSON_AddArrayToObject(c, "no_rope_layers"); /* 1: rotary */
+        for (int64_t i = 0; i < layers && rope; i++)
+            cJSON_AddItemToArray(rope, cJSON_CreateNumber(1));
+        cJSON_AddBoolToObject(c, "attn_temperature_tuning", 0);
+    } else {
+        cJSON_AddNumberToObject(c, "attention_chunk_size", 8192);
+        cJSON_AddNumberToObject(c, "no_rope_layer_interval", 4);
+        cJSON_AddNumberToObject(c, "floor_scale", 8192);
+        cJSON_AddNumberToObject(c, "attn_scale", 0.1);
+    }
+    return 0;
+}
+
 static int build(const fmoe_gguf *g, const char *arch, cJSON *c) {
     int64_t layers, hidden, heads, kv_heads, ff, experts, used, ctx, vocab, head_dim;
     double theta, eps;
@@ -318,6 +358,8 @@ static int build(const fmoe_gguf *g, const char *arch, cJSON *c) {
         FMOE_FORWARD_IF_ERROR(build_glm4moe(g, arch, c, layers, head_dim));
     } else if (strcmp(arch, "gpt-oss") == 0) {
         FMOE_FORWARD_IF_ERROR(build_gpt_oss(g, arch, c, experts, expert_ff));
+    } else if (strcmp(arch, "llama4") == 0) {
+        FMOE_FORWARD_IF_ERROR(build_llama4(g, arch, c, experts, expert_ff, ff));
     } else { /* deepseek */
         FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "expert_shared_count", 0, &shared));
         FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "leading_dense_block_count", 0, &dense));
@@ -347,10 +389,11 @@ int fmoe_gguf_config_json(const fmoe_gguf *g, char **out, int *exact) {
     FMOE_RETURN_ERROR_IF(strcmp(arch, "llama") != 0 && strcmp(arch, "qwen2moe") != 0 &&
                              strcmp(arch, "qwen3moe") != 0 && strcmp(arch, "olmoe") != 0 &&
                              strcmp(arch, "deepseek") != 0 && strcmp(arch, "deepseek2") != 0 &&
-                             strcmp(arch, "glm4moe") != 0 && strcmp(arch, "gpt-oss") != 0,
+                             strcmp(arch, "glm4moe") != 0 && strcmp(arch, "gpt-oss") != 0 &&
+                             strcmp(arch, "llama4") != 0,
                          FMOE_EUNSUPPORTED,
                          "%s: architecture %s (fmoe reads llama with experts, qwen2moe, "
-                         "qwen3moe, olmoe, deepseek, deepseek2, glm4moe and gpt-oss)",
+                         "qwen3moe, olmoe, deepseek, deepseek2, glm4moe, gpt-oss and llama4)",
                          fmoe_gguf_name(g), arch);
     cJSON *c = cJSON_CreateObject();
     FMOE_RETURN_ERROR_IF(!c, FMOE_ENOMEM, "out of memory");

@@ -5,7 +5,8 @@
  * loader reads back. Written as a table of name suffixes so the two directions cannot
  * drift: the loader asks for the HF names it already binds (runtime/model/load.c) and gets
  * the GGUF tensor, the expert slice of a stacked *_exps tensor, and whether the rows were
- * permuted for ggml's adjacent-pair RoPE (llama, deepseek: undo it, or rotate pairs).
+ * permuted for ggml's adjacent-pair RoPE (llama, deepseek: undo it, or rotate pairs;
+ * llama4, whose checkpoint rows are adjacent pairs already, the same).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,17 @@ static const struct {
     {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
     {"mlp.up_proj.weight", "ffn_up.weight", 0},
     {"mlp.down_proj.weight", "ffn_down.weight", 0},
+    /* llama4: the block is "feed_forward" (router, experts, shared_expert, dense MLP) */
+    {"feed_forward.router.weight", "ffn_gate_inp.weight", 0},
+    {"feed_forward.experts.*.gate_proj.weight", "ffn_gate_exps.weight", 0},
+    {"feed_forward.experts.*.up_proj.weight", "ffn_up_exps.weight", 0},
+    {"feed_forward.experts.*.down_proj.weight", "ffn_down_exps.weight", 0},
+    {"feed_forward.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight", 0},
+    {"feed_forward.shared_expert.up_proj.weight", "ffn_up_shexp.weight", 0},
+    {"feed_forward.shared_expert.down_proj.weight", "ffn_down_shexp.weight", 0},
+    {"feed_forward.gate_proj.weight", "ffn_gate.weight", 0},
+    {"feed_forward.up_proj.weight", "ffn_up.weight", 0},
+    {"feed_forward.down_proj.weight", "ffn_down.weight", 0},
 };
 
 /* Where one architecture names a tensor otherwise: glm4moe's and gpt-oss's post-attention
@@ -95,7 +107,10 @@ int fmoe_gguf_tensor_for(const char *arch, int32_t n_head, int32_t n_head_kv,
                          const char *hf_name, fmoe_gguf_tensor_ref *out) {
     memset(out, 0, sizeof *out);
     out->expert = -1;
-    const int permutes = strcmp(arch, "llama") == 0 || strcmp(arch, "deepseek") == 0;
+    /* llama4: the converter keeps HF's rows (undo_permute False), but Llama 4's own are
+     * adjacent rotary pairs, as llama's permuted ones are */
+    const int permutes = strcmp(arch, "llama") == 0 || strcmp(arch, "deepseek") == 0 ||
+                         strcmp(arch, "llama4") == 0;
     if (strcmp(hf_name, "model.embed_tokens.weight") == 0) {
         snprintf(out->name, sizeof out->name, "token_embd.weight");
         return 0;

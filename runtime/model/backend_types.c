@@ -9,7 +9,8 @@
  * of a failure at the first product that uses the tensor, part way through a run.
  * A DeepSeek-V2/V3 model (multi-head latent attention) and a Phi-3.5-MoE model (LayerNorm,
  * sparsemixer), a GLM-4.5 model (partial rotary embedding, biased sigmoid routing) and a
- * gpt-oss model (attention sinks, clamped SwiGLU) are refused there the same way.
+ * gpt-oss model (attention sinks, clamped SwiGLU) and a Llama 4 model are refused there the
+ * same way.
  */
 #include "fmoe/error.h"
 #include "fmoe/gguf.h"
@@ -43,6 +44,15 @@ int fmoe__model_check_backend_types(const fmoe_model *m, fmoe_backend_kind backe
         return fmoe_error_set(FMOE_EUNSUPPORTED,
                               "model_type %s: the cuda backend has no attention sinks nor "
                               "clamped SwiGLU experts yet; run it with --backend cpu",
+                              m->geo.model_type);
+    /* Llama 4: its ops are the table's own (chunked attention is a moved cache pointer,
+     * scaled expert inputs a gather and two scatters), but it has been checked against
+     * transformers on the CPU only. */
+    if (m->arch.scale_expert_input)
+        return fmoe_error_set(FMOE_EUNSUPPORTED,
+                              "model_type %s: the cuda backend does not run Llama 4 yet "
+                              "(chunked attention, scaled expert inputs); run it with "
+                              "--backend cpu",
                               m->geo.model_type);
     if (!m->gguf) return 0;
     const int64_t n = fmoe_gguf_tensor_count(m->gguf);

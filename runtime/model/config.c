@@ -365,6 +365,80 @@ static int parse_glm4_moe(const cJSON *root, fmoe__arch *out) {
     return 0;
 }
 
+/*
+ * Llama 4 (transformers' configuration_llama4, modeling_llama4; family_llama4.c has the
+ * maths). no_rope_layers[i] is 1 where layer i USES the rotary embedding (the name says
+ * the opposite); absent or empty, every no_rope_layer_interval-th layer (default 4) goes
+ * without. layer_types (default: "chunked_attention" on the rotary layers, else
+ * "full_attention") picks the mask, chunks of attention_chunk_size (8192; null: none).
+ * use_qk_norm (true): the rotary layers' weightless L2 norm of q and k per head.
+ * attn_temperature_tuning (true) with attn_scale (0.1) and floor_scale (8192): the NoPE
+ * layers' query scale. attention_bias (false) on q/k/v/o. The router's weights are not
+ * renormalised and multiply the experts' inputs. Rope scaling must keep cos/sin unscaled
+ * (the L2 norm is applied before the rotation here, after it in transformers: the same
+ * only for a pure rotation), so yarn is refused; Scout's llama3 is one.
+ */
+static int parse_llama4_arch(const cJSON *root, const fmoe_model_geometry *g,
+                             fmoe__arch *out) {
+    const int32_t n = g->num_hidden_layers;
+    int32_t bias = 0, qk = 1, tuning = 1;
+    FMOE_FORWARD_IF_ERROR(get_bool(root, "attention_bias", 0, &bias));
+    FMOE_FORWARD_IF_ERROR(get_bool(root, "use_qk_norm", 1, &qk));
+    FMOE_FORWARD_IF_ERROR(get_bool(root, "attn_temperature_tuning", 1, &tuning));
+    double interval, chunk, attn_scale, floor_scale;
+    FMOE_FORWARD_IF_ERROR(get_num(root, "", "no_rope_layer_interval", 4, &interval));
+    /* absent: 8192; null: no chunking */
+    const int chunk_key = cJSON_GetObjectItemCaseSensitive(root, "attention_chunk_size") != NULL;
+    FMOE_FORWARD_IF_ERROR(get_num(root, "", "attention_chunk_size", chunk_key ? 0 : 8192, &chunk));
+    FMOE_FORWARD_IF_ERROR(get_num(root, "", "attn_scale", 0.1, &attn_scale));
+    FMOE_FORWARD_IF_ERROR(get_num(root, "", "floor_scale", 8192, &floor_scale));
+    FMOE_RETURN_ERROR_IF(interval < 1 || interval != floor(interval), FMOE_EFORMAT,
+                         "no_rope_layer_interval = %g, expected a positive integer", interval);
+    FMOE_RETURN_ERROR_IF(chunk < 0 || chunk != floor(chunk) || chunk > 2147483647.0,
+                         FMOE_EFORMAT,
+                         "attention_chunk_size = %g, expected a non-negative integer", chunk);
+    FMOE_RETURN_ERROR_IF(tuning && !(floor_scale > 0), FMOE_EFORMAT,
+                         "floor_scale = %g, expected a positive number", floor_scale);
+    out->layer_nope = calloc((size_t)n, sizeof *out->layer_nope);
+    out->attn_chunk = calloc((size_t)n, sizeof *out->attn_chunk);
+    FMOE_RETURN_ERROR_IF(!out->layer_nope || !out->attn_chunk, FMOE_ENOMEM, "out of memory");
+    const cJSON *nr = get(root, "no_rope_layers"), *lt = get(root, "layer_types");
+    if (nr && cJSON_IsArray(nr) && cJSON_GetArraySize(nr) == 0) nr = NULL; /* `or` default */
+    FMOE_RETURN_ERROR_IF(nr && (!cJSON_IsArray(nr) || cJSON_GetArraySize(nr) != n),
+                         FMOE_EFORMAT, "no_rope_layers must be a list of %d integers", n);
+    FMOE_RETURN_ERROR_IF(lt && (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != n),
+                         FMOE_EFORMAT, "layer_types must be a list of %d strings", n);
+    for (int32_t i = 0; i < n; i++) {
+        int rope = (i + 1) % (int32_t)interval != 0;
+        if (nr) {
+            const cJSON *it = cJSON_GetArrayItem(nr, i);
+            FMOE_RETURN_ERROR_IF(!cJSON_IsNumber(it) && !cJSON_IsBool(it), FMOE_EFORMAT,
+                                 "no_rope_layers[%d] must be 0 or 1", i);
+            rope = cJSON_IsBool(it) ? cJSON_IsTrue(it) : it->valuedouble != 0;
+        }
+        int chunked = rope;
+        if (lt) {
+            const cJSON *it = cJSON_GetArrayItem(lt, i);
+            FMOE_RETURN_ERROR_IF(!cJSON_IsString(it) ||
+                                     (strcmp(it->valuestring, "chunked_attention") != 0 &&
+                                      strcmp(it->valuestring, "full_attention") != 0),
+                                 FMOE_EFORMAT,
+                                 "layer_types[%d] must be \"chunked_attention\" or "
+                                 "\"full_attention\"", i);
+            chunked = strcmp(it->valuestring, "chunked_attention") == 0;
+        }
+        out->layer_nope[i] = !rope;
+        out->attn_chunk[i] = chunked ? (int32_t)chunk : 0;
+    }
+    out->attn_bias_qkv = out->attn_bias_o = bias;
+    out->qk_norm = qk ? FMOE__QK_NORM_HEAD : FMOE__QK_NORM_NONE;
+    out->attn_temp_scale = tuning ? (float)attn_scale : 0.0f;
+    out->attn_floor_scale = (float)floor_scale;
+    out->scale_expert_input = 1;
+    out->route_norm = 0;
+    return 0;
+}
+
 static const char *rope_name(fmoe__rope_type t) {
     switch (t) {
     case FMOE__ROPE_DEFAULT: return "default";
@@ -373,6 +447,7 @@ static const char *rope_name(fmoe__rope_type t) {
     case FMOE__ROPE_YARN: return "yarn";
     case FMOE__ROPE_LLAMA3: return "llama3";
     case FMOE__ROPE_LONGROPE: return "longrope";
+    case FMOE__ROPE_FACTORS: return "rope_freqs";
     }
     return "?";
 }
@@ -386,6 +461,11 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
         return fmoe_error_set(FMOE_EFORMAT, "malformed JSON");
     }
     int rc = 0;
+    /* llama4 (the multimodal checkpoints) keeps the text model's keys under text_config;
+     * the rest of its config (vision) is not read */
+    const cJSON *whole = root;
+    const cJSON *tc = get(whole, "text_config");
+    if (g->family == FMOE_FAMILY_LLAMA4 && tc && cJSON_IsObject(tc)) root = (cJSON *)tc;
     const int32_t n = g->num_hidden_layers;
     out->sliding_window = calloc((size_t)n, sizeof *out->sliding_window);
     if (!out->sliding_window) {
@@ -499,6 +579,9 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
     case FMOE_FAMILY_GLM4_MOE:
         if ((rc = parse_glm4_moe(root, out)) < 0) goto done;
         break;
+    case FMOE_FAMILY_LLAMA4:
+        if ((rc = parse_llama4_arch(root, g, out)) < 0) goto done;
+        break;
     default:
         rc = fmoe_error_set(FMOE_EUNSUPPORTED, "model_type \"%s\" is not yet supported",
                             g->model_type);
@@ -512,6 +595,12 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
     }
     double partial = 1.0;
     if ((rc = parse_rope(root, g, &out->rope, &partial)) < 0) goto done;
+    if (g->family == FMOE_FAMILY_LLAMA4 && out->rope.type == FMOE__ROPE_YARN) {
+        rc = fmoe_error_set(FMOE_EUNSUPPORTED,
+                            "rope_type yarn is not supported for llama4 (its cos/sin scale "
+                            "would not commute with the QK L2 norm)");
+        goto done;
+    }
     out->rope_dim = out->mla ? g->qk_rope_head_dim : (int32_t)floor(g->head_dim * partial);
     if (out->mla) mla_scale(root, g, out);
     if (out->rope.type == FMOE__ROPE_DEFAULT && !out->mla && out->rope_dim < g->head_dim)
@@ -526,7 +615,7 @@ int fmoe__arch_parse(const char *json, size_t len, const fmoe_model_geometry *g,
         snprintf(out->rope_desc, sizeof out->rope_desc, "rope theta %g, %s x%g",
                  out->rope.theta, rope_name(out->rope.type), out->rope.factor);
 done:
-    cJSON_Delete(root);
+    cJSON_Delete((cJSON *)whole);
     if (rc < 0) fmoe__arch_free(out);
     return rc;
 }
@@ -535,6 +624,10 @@ void fmoe__arch_free(fmoe__arch *a) {
     if (!a) return;
     free(a->sliding_window);
     a->sliding_window = NULL;
+    free(a->layer_nope);
+    a->layer_nope = NULL;
+    free(a->attn_chunk);
+    a->attn_chunk = NULL;
 }
 
 void fmoe__rope_inv_freq(const fmoe__rope *r, int32_t head_dim, int64_t seq_len,
@@ -555,6 +648,7 @@ void fmoe__rope_inv_freq(const fmoe__rope *r, int32_t head_dim, int64_t seq_len,
         case FMOE__ROPE_DEFAULT:
         case FMOE__ROPE_DYNAMIC: break;
         case FMOE__ROPE_LINEAR: inv /= r->factor; break;
+        case FMOE__ROPE_FACTORS: inv /= r->short_factor[i]; break;
         case FMOE__ROPE_LONGROPE: {
             /* Microsoft's Phi-3.5-MoE code and transformers' _compute_longrope_parameters:
              * long factors once the call's sequence (largest position + 1) passes

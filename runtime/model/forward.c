@@ -50,6 +50,7 @@
 
 #include "fmoe/error.h"
 #include "rowwise.h"
+#include "family_llama4.h"
 #include "mla.h"
 #include "model_impl.h"
 
@@ -127,6 +128,9 @@ struct fmoe_session {
     int32_t *slots;         /* [J][B·K] (token·K + k) routed to each expert */
     int32_t *rows_h;        /* [B] one expert's token rows */
     float *scale_h;         /* [B] their combine weights */
+    int32_t *ident_h;       /* [B] 0, 1, 2, ... and */
+    float *ones_h;          /* [B] 1, 1, 1, ...: the row lists of an expert whose input is
+                               scaled (fmoe__arch.scale_expert_input) */
     float *inv_freq;        /* [R/2] */
     int32_t rope_dim;       /* R: the rotated dims per head (D; MLA: qk_rope_head_dim;
                                GLM-4.5: D · partial_rotary_factor) */
@@ -179,7 +183,8 @@ void fmoe_session_free(fmoe_session *s) {
         fmoe__cpu_backend.free(s->hctx);
     }
     void *host[] = {s->chosen, s->distinct, s->corder, s->count, s->slots, s->rows_h,
-                    s->scale_h, s->inv_freq, s->cos_h, s->sin_h, s->segs, s->mla_seqs};
+                    s->scale_h, s->inv_freq, s->cos_h, s->sin_h, s->segs, s->mla_seqs,
+                    s->ident_h, s->ones_h};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     free(s);
 }
@@ -361,9 +366,16 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
     s->sin_h = malloc((size_t)(B * (R / 2) + 1) * sizeof *s->sin_h);
     s->segs = calloc((size_t)B, sizeof *s->segs);
     s->mla_seqs = calloc((size_t)B, sizeof *s->mla_seqs);
+    s->ident_h = malloc((size_t)B * sizeof *s->ident_h);
+    s->ones_h = malloc((size_t)B * sizeof *s->ones_h);
     if (!s->chosen || !s->distinct || !s->corder || !s->count || !s->slots || !s->rows_h ||
-        !s->scale_h || !s->inv_freq || !s->cos_h || !s->sin_h || !s->segs || !s->mla_seqs)
+        !s->scale_h || !s->inv_freq || !s->cos_h || !s->sin_h || !s->segs || !s->mla_seqs ||
+        !s->ident_h || !s->ones_h)
         goto oom;
+    for (int64_t r = 0; r < B; r++) {
+        s->ident_h[r] = (int32_t)r;
+        s->ones_h[r] = 1.0f;
+    }
     s->rope_dim = (int32_t)R;
     fmoe__rope_inv_freq(&m->arch.rope, s->rope_dim, 0, s->inv_freq, &s->rope_scale);
     s->rope_seq_len = 0;
@@ -560,7 +572,7 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
     if (L->bq) be->add_bias(c, s->q, L->bq, n, qd);
     if (L->bk) be->add_bias(c, s->k, L->bk, n, kd);
     if (L->bv) be->add_bias(c, s->v, L->bv, n, kd);
-    if (m->arch.qk_norm == FMOE__QK_NORM_HEAD) {
+    if (m->arch.qk_norm == FMOE__QK_NORM_HEAD && L->q_norm) { /* Llama 4: rotary layers */
         be->rmsnorm(c, s->q, s->q, L->q_norm, (int64_t)n * Hq, D, eps);
         be->rmsnorm(c, s->k, s->k, L->k_norm, (int64_t)n * Hk, D, eps);
     } else if (m->arch.qk_norm == FMOE__QK_NORM_FULL) {
@@ -572,7 +584,10 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
         be->clamp(c, s->k, n * kd, m->arch.clip_qkv);
         be->clamp(c, s->v, n * kd, m->arch.clip_qkv);
     }
-    if (s->rope_dim < D) { /* GLM-4.5: the first rope_dim of each head */
+    const int nope = m->arch.layer_nope && m->arch.layer_nope[li]; /* Llama 4 */
+    if (nope) {
+        /* no rotary embedding on this layer */
+    } else if (s->rope_dim < D) { /* GLM-4.5: the first rope_dim of each head */
         be->rope_partial(c, s->q, n, Hq, D, s->rope_dim, s->cos, s->sin);
         be->rope_partial(c, s->k, n, Hk, D, s->rope_dim, s->cos, s->sin);
     } else {
@@ -593,7 +608,10 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
             .window = m->arch.sliding_window[li], .scale = 1.0f / sqrtf((float)D),
             .sinks = L->sinks,
         };
-        be->attention(c, &a);
+        if (m->arch.layer_nope) /* Llama 4: chunks, query temperature */
+            fmoe__llama4_attention(be, c, &m->arch, li, &a, kd);
+        else
+            be->attention(c, &a);
     }
     be->matmul(c, &L->wo, s->att, n, s->acc);
     if (L->bo) be->add_bias(c, s->acc, L->bo, n, h);
@@ -689,6 +707,19 @@ static int run_expert(fmoe_session *s, const fmoe__mlp *w, expert_home home, voi
         be->upload(s->bctx, s->yg, s->hy, (int64_t)c * h * 4);
         be->scatter_add(s->bctx, s->acc, s->yg, s->rows_h, s->scale_h, c, h);
         return 0;
+    }
+    if (s->m->arch.scale_expert_input) {
+        /* Llama 4 (Llama4TextMoe): the expert runs on its rows of xn times their weights,
+         * and its outputs add unweighted. The rows are gathered into yg and weighted into
+         * xg by a scatter onto zeros (row r to row r: the backend has no row-scale op,
+         * and this keeps every step one the device backends have too). */
+        be->gather_rows(s->bctx, s->yg, s->xn, s->rows_h, c, h);
+        be->zero(s->bctx, s->xg, (int64_t)c * h * (int64_t)sizeof(float));
+        be->scatter_add(s->bctx, s->xg, s->yg, s->ident_h, s->scale_h, c, h);
+        run_mlp(s, w, s->xg, c, s->yg);
+        be->scatter_add(s->bctx, s->acc, s->yg, s->rows_h, s->ones_h, c, h);
+        if (home != EXPERT_SLOT || be->host_memory) return 0;
+        return fence ? be->fence_record(s->bctx, fence) : be->sync(s->bctx);
     }
     const fmoe__expert_io io = {.xn = s->xn, .xg = s->xg, .g = s->g, .u = s->u, .yg = s->yg,
                                 .acc = s->acc, .rows_h = s->rows_h, .scale_h = s->scale_h};

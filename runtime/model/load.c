@@ -54,6 +54,7 @@
 #include "files.h"
 #include "fmoe/gguf.h"
 #include "family_gptoss.h"
+#include "family_llama4.h"
 #include "half.h"
 #include "model_impl.h"
 
@@ -418,7 +419,8 @@ static int bind_gqa(fmoe_model *m, int32_t i, fmoe__layer *L) {
     }
     if (a->attn_bias_o)
         FMOE_FORWARD_IF_ERROR(vec(m, h, &L->bo, "model.layers.%d.self_attn.o_proj.bias", i));
-    if (a->qk_norm == FMOE__QK_NORM_HEAD) {
+    if (a->qk_norm == FMOE__QK_NORM_HEAD && g->family != FMOE_FAMILY_LLAMA4) {
+        /* (Llama 4's L2 norm has no weight: fmoe__llama4_bind_attention) */
         FMOE_FORWARD_IF_ERROR(vec(m, D, &L->q_norm, "model.layers.%d.self_attn.q_norm.weight", i));
         FMOE_FORWARD_IF_ERROR(vec(m, D, &L->k_norm, "model.layers.%d.self_attn.k_norm.weight", i));
     } else if (a->qk_norm == FMOE__QK_NORM_FULL) {
@@ -428,6 +430,30 @@ static int bind_gqa(fmoe_model *m, int32_t i, fmoe__layer *L) {
             vec(m, kd, &L->k_norm, "model.layers.%d.self_attn.k_norm.weight", i));
     }
     return 0;
+}
+
+/* Llama 4's MoE block (feed_forward.*): router, routed experts (fused input-major in a
+ * checkpoint: family_llama4.c; stacked in a GGUF file, read in place) and the shared
+ * expert of the routed width. */
+static int bind_llama4_moe(fmoe_model *m, int32_t i, fmoe__layer *L, int32_t moe_index) {
+    const fmoe_model_geometry *g = &m->geo;
+    const int64_t h = g->hidden_size, I = g->moe_intermediate_size;
+    FMOE_FORWARD_IF_ERROR(mat(m, g->num_experts, h, &L->router,
+                              "model.layers.%d.feed_forward.router.weight", i));
+    L->experts = m->expert_pool + (int64_t)moe_index * g->num_experts;
+    if (m->gguf) {
+        for (int32_t e = 0; e < g->num_experts; e++) {
+            char prefix[NAME_CAP];
+            snprintf(prefix, sizeof prefix, "model.layers.%d.feed_forward.experts.%d", i, e);
+            FMOE_FORWARD_IF_ERROR(mlp(m, prefix, I, &L->experts[e]));
+        }
+    } else {
+        FMOE_FORWARD_IF_ERROR(fmoe__llama4_bind_experts(m, i, L->experts));
+    }
+    char prefix[NAME_CAP];
+    snprintf(prefix, sizeof prefix, "model.layers.%d.feed_forward.shared_expert", i);
+    L->has_shared = 1;
+    return mlp(m, prefix, g->shared_intermediate_size, &L->shared);
 }
 
 static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
@@ -446,11 +472,13 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
     }
     FMOE_FORWARD_IF_ERROR(m->arch.mla ? bind_mla(m, i, L) : bind_gqa(m, i, L));
     if (m->arch.attn_sinks) FMOE_FORWARD_IF_ERROR(fmoe__gptoss_bind_sinks(m, i, L));
+    const int llama4 = g->family == FMOE_FAMILY_LLAMA4;
+    if (llama4) FMOE_FORWARD_IF_ERROR(fmoe__llama4_bind_attention(m, i, L, m->gguf != NULL));
 
     L->moe_index = moe_index;
     if (moe_index < 0) {
         char prefix[NAME_CAP];
-        snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", i);
+        snprintf(prefix, sizeof prefix, "model.layers.%d.%s", i, llama4 ? "feed_forward" : "mlp");
         FMOE_RETURN_ERROR_IF(g->intermediate_size <= 0, FMOE_EFORMAT,
                              "layer %d is dense but intermediate_size is 0", i);
         return mlp(m, prefix, g->intermediate_size, &L->shared);
@@ -460,6 +488,7 @@ static int bind_layer(fmoe_model *m, int32_t i, int32_t moe_index) {
         L->experts = m->expert_pool + (int64_t)moe_index * g->num_experts;
         return fmoe__gptoss_bind_moe(m, i, L);
     }
+    if (llama4) return bind_llama4_moe(m, i, L, moe_index);
     /* Phi-3.5-MoE keeps Mixtral's names (block_sparse_moe, experts.e.w1/w2/w3) */
     const int mixtral_names =
         g->family == FMOE_FAMILY_MIXTRAL || g->family == FMOE_FAMILY_PHIMOE;
@@ -572,12 +601,13 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     case FMOE_FAMILY_PHIMOE:
     case FMOE_FAMILY_GLM4_MOE: break;
     case FMOE_FAMILY_GPT_OSS: break;
+    case FMOE_FAMILY_LLAMA4: break;
     default: {
         const char *what = g->family == FMOE_FAMILY_LLAMA4 ? "Llama-4" : "this family";
         rc = fmoe_error_set(FMOE_EUNSUPPORTED,
                             "%s: model_type \"%s\" (%s) is not yet supported by the forward "
                             "pass (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, "
-                            "deepseek_v2, deepseek_v3, phimoe, glm4_moe, gpt_oss)",
+                            "deepseek_v2, deepseek_v3, phimoe, glm4_moe, gpt_oss, llama4)",
                             path, g->model_type, what);
         goto fail;
     }
@@ -590,8 +620,10 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
      * (fmoe_route_row_grouped). */
     const int v23 = g->family == FMOE_FAMILY_DEEPSEEK_V2 ||
                     g->family == FMOE_FAMILY_DEEPSEEK_V3 || g->family == FMOE_FAMILY_GLM4_MOE;
+    /* Llama 4: sigmoid of the chosen logits, no groups */
+    const int sig_ok = v23 || (g->family == FMOE_FAMILY_LLAMA4 && g->n_group <= 1);
     if (g->head_dim % 2 != 0 || g->num_attention_heads % g->num_key_value_heads != 0 ||
-        (!v23 && (g->scoring != FMOE_ROUTER_SOFTMAX || g->n_group > 1))) {
+        (!sig_ok && (g->scoring != FMOE_ROUTER_SOFTMAX || g->n_group > 1))) {
         rc = fmoe_error_set(FMOE_EUNSUPPORTED,
                             "%s: head_dim %d, %d heads over %d kv heads, %s router: not "
                             "supported (even head_dim, whole kv groups, softmax routing)",
@@ -601,6 +633,13 @@ int fmoe_model_load(const char *dir, const void *options, fmoe_model **out) {
     }
 
     if (!gguf && (rc = fmoe_safetensors_open(dir, &m->st)) < 0) goto fail;
+    if (gguf && g->family == FMOE_FAMILY_LLAMA4 && (rc = fmoe__llama4_gguf_rope(m)) < 0)
+        goto fail;
+    /* Llama 4's multimodal checkpoints (Llama4ForConditionalGeneration) keep the text
+     * model under language_model.; the vision tower's tensors are never bound */
+    if (!gguf && g->family == FMOE_FAMILY_LLAMA4 &&
+        (rc = fmoe_safetensors_strip_prefix(m->st, "language_model.")) < 0)
+        goto fail;
 
     const int64_t V = g->vocab_size, h = g->hidden_size;
     m->layers = calloc((size_t)g->num_hidden_layers, sizeof *m->layers);

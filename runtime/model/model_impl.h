@@ -29,6 +29,8 @@ typedef enum fmoe__rope_type {
     FMOE__ROPE_YARN = 3,
     FMOE__ROPE_LLAMA3 = 4,
     FMOE__ROPE_LONGROPE = 5, /* Phi-3.5-MoE ("su"): per-frequency factors, short or long */
+    FMOE__ROPE_FACTORS = 6,  /* a GGUF file's rope_freqs (llama.cpp's llama3 scaling):
+                                frequency i divided by short_factor[i] (family_llama4.c) */
 } fmoe__rope_type;
 
 /* Most frequencies (head_dim / 2) a longrope config may list factors for. */
@@ -91,6 +93,16 @@ typedef struct fmoe__arch {
                                 the first rope_dim of each head, as halves (transformers'
                                 apply_rotary_pos_emb on q[..., :rotary_dim]); the rest pass
                                 through. MLA: qk_rope_head_dim; others: head_dim. */
+    /* Llama 4 (family_llama4.c); the arrays are NULL for the other families. */
+    int32_t *layer_nope;     /* [num_hidden_layers] 1: no rotary embedding (NoPE), full
+                                causal attention, temperature-tuned queries */
+    int32_t *attn_chunk;     /* [num_hidden_layers] chunked attention over chunks of this
+                                many positions (attention_chunk_size), 0: none */
+    float attn_temp_scale;   /* NoPE queries scaled by 1 + attn_scale · log1p(floor((pos +
+                                1) / floor_scale)); 0: no tuning */
+    float attn_floor_scale;
+    int32_t scale_expert_input; /* a routed expert's weight multiplies its input, not its
+                                   output (Llama4TextMoe) */
 } fmoe__arch;
 
 /*

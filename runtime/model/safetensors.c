@@ -573,6 +573,20 @@ const fmoe_st_tensor *fmoe_safetensors_find(const fmoe_safetensors *st, const ch
     return NULL;
 }
 
+int64_t fmoe_safetensors_strip_prefix(fmoe_safetensors *st, const char *prefix) {
+    if (!st || !prefix) return fmoe_error_set(FMOE_EINVAL, "NULL argument");
+    const size_t len = strlen(prefix);
+    int64_t renamed = 0;
+    for (int64_t i = 0; i < st->n; i++)
+        if (strncmp(st->tensors[i].name, prefix, len) == 0) {
+            st->tensors[i].name += len; /* into the owned string names[] keeps for free */
+            renamed++;
+        }
+    if (renamed == 0) return 0;
+    FMOE_FORWARD_IF_ERROR(sort_and_check_names(st));
+    return renamed;
+}
+
 static void format_shape(char *buf, size_t cap, int32_t ndim, const int64_t *shape) {
     size_t n = (size_t)snprintf(buf, cap, "[");
     for (int32_t i = 0; i < ndim && n < cap; i++)

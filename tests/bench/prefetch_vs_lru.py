@@ -1,7 +1,7 @@
 """Does prefetching ever lose to LRU? Every trace at hand, with and without probabilities.
 
     .venv/bin/python tests/bench/prefetch_vs_lru.py --build BUILD [--work /tmp/fmoe-vs-baselines]
-        [--copy-chunks C] [--json OUT]
+        [--copy-chunks C] [--json OUT] [--only TEXT]
 
 Takes the traces tests/bench/fmoe_vs_baselines.py leaves in --work (Qwen1.5-MoE, FLAME-MoE,
 fmoe-tiny records) when they are there, and makes four synthetic top-1/top-2 traces with
@@ -9,7 +9,12 @@ datasets/synth_routing.py (seeded, so the same on every machine) in the regime w
 already hits most accesses: many experts per layer, short prompts, long decodes. Synthetic
 A set the regime (its generator parameters were chosen so that LRU hits ~83/86/91/94% at
 10/25/50/75%) and is the trace the prefetch admission was tuned on; B, C and D have other
-shapes and seeds and are reported as held out. Each trace also gets an ids-only copy
+shapes and seeds and are reported as held out. It also records a Llama-4 trace: the tiny
+random Llama 4 checkpoint llama4_scout of tests/python/make_tiny_models.py (Scout's shape,
+smaller: 8 layers all MoE, top-1 sigmoid routing over 16 experts, a shared expert), widened
+to fmoe-tiny's vocabulary, over prompts_100.txt, greedy, <= 64 new tokens (fmoe record on
+the CPU), simulated with Scout's expert size (--model-config: hidden 5120, experts 8192
+wide, bf16: 240 MiB an expert; the tiny one's 24 KiB would make every transfer free). Each trace also gets an ids-only copy
 (probabilities dropped, probs_kind none, as the large public routing logs are); a
 1000-entry store is built from 70% of the requests (d = 3) and the held-out 30% replayed
 at 10%..90% of all experts (and 25%, 75%; the synthetic ones at 10/25/50/75%) on
@@ -44,6 +49,26 @@ SYNTHETIC = [
      "--noise 0.8 --request-topics 5 --stay 0.9"),
 ]
 EXPERT_BYTES = 3 * 2048 * 1408 * 2  # a Qwen1.5-MoE-sized expert, bf16
+LLAMA4 = ("Llama-4 tiny 8x16 top-1", "llama4-tiny.h5")
+
+
+def record_llama4(fmoe, work):
+    """Records the tiny Llama 4 checkpoint over prompts_100 unless work has the trace."""
+    dst = work / LLAMA4[1]
+    if dst.exists():
+        return
+    sys.path.insert(0, str(REPO / "tests" / "python"))
+    import make_tiny_models as tiny
+    model = work / "llama4-tiny"
+    tiny.write_hf_checkpoint_with_vocab("llama4_scout", model, 4096)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg.update(hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
+               head_dim=128, num_attention_heads=40, num_key_value_heads=8,
+               torch_dtype="bfloat16", dtype="bfloat16")
+    (work / "llama4-scout-sized.json").write_text(json.dumps(cfg))
+    sh(fmoe, "record", "--model", model, "--tokenizer", REPO / "datasets" / "fmoe-tiny",
+       "--dataset", REPO / "datasets" / "samples" / "prompts_100.txt", "--max-new-tokens", 64,
+       "--temperature", 0, "--backend", "cpu", "-o", dst, "--quiet")
 
 
 def make_synthetic(fmoe, work):
@@ -79,14 +104,20 @@ def main():
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/fmoe-vs-baselines"))
     ap.add_argument("--json", type=pathlib.Path)
     ap.add_argument("--copy-chunks", type=int, default=1)
+    ap.add_argument("--only", default="", help="run only the traces whose title has TEXT")
     a = ap.parse_args()
     fmoe = a.build / "cmd" / "fmoe"
     a.work.mkdir(parents=True, exist_ok=True)
-    make_synthetic(fmoe, a.work)
+    if any(a.only in title for title, _, _ in SYNTHETIC):
+        make_synthetic(fmoe, a.work)
+    if a.only in LLAMA4[0]:
+        record_llama4(fmoe, a.work)
     traces = [("Qwen1.5-MoE", "qwen.h5", "tpot_s"), ("FLAME-MoE", "flame.h5", "ttft_s"),
               ("fmoe-tiny prompts100", "tiny-prompts100.h5", "tpot_s"),
-              ("fmoe-tiny ShareGPT", "tiny-sharegpt300.h5", "tpot_s")]
+              ("fmoe-tiny ShareGPT", "tiny-sharegpt300.h5", "tpot_s"),
+              (LLAMA4[0], LLAMA4[1], "tpot_s")]
     traces += [(title, name, "tpot_s") for title, name, _ in SYNTHETIC]
+    traces = [t for t in traces if a.only in t[0]]
     out = []
     print(f"{'trace':<28}{'probs':<7}{'policy':<17}{'worst / lru':>12}{'at':>6}"
           f"{'fmoe hit >= lru':>17}{'min margin':>12}{'gap closed':>12}{'lru hit 10/25/50%':>20}")
@@ -107,7 +138,9 @@ def main():
             store = a.work / (trace.stem + "-pvl-store.h5")
             sh(fmoe, "build-store", "--trace", trace, "--capacity", 1000, "--prefetch-distance",
                3, "--split", 0.7, "--seed", 0, "-o", store, "--quiet")
-            res = json.loads(sh(fmoe, "simulate", "--trace", trace, "--store", store,
+            sized = ["--model-config", a.work / "llama4-scout-sized.json"] \
+                if name == LLAMA4[1] else []
+            res = json.loads(sh(fmoe, "simulate", "--trace", trace, "--store", store, *sized,
                                 "--holdout", "--policy", ",".join(POLICIES), "--cache-experts",
                                 ",".join(map(str, caches)), "--prefetch-distance", 3,
                                 "--hardware", "rtx3090-pcie4", "--copy-chunks", a.copy_chunks, "--json",

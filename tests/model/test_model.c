@@ -146,9 +146,11 @@ TEST(families_refused) {
     /* gpt_oss runs; its attention biases are read, so a Mixtral-shaped file lacks one */
     write_model(d, sizeof d, "gpt_oss", "F32", NULL, NULL, ", \"head_dim\": 8", 0);
     EXPECT_LOAD_FAILS(d, FMOE_ENOTFOUND, "missing tensor model.layers.0.self_attn.q_proj.bias");
+    /* llama4_text runs; its MoE block is feed_forward.*, which a Mixtral-shaped file
+     * lacks */
     write_model(d, sizeof d, "llama4_text", "F32", NULL, NULL,
-                ", \"intermediate_size_mlp\": 24", 0);
-    EXPECT_LOAD_FAILS(d, FMOE_EUNSUPPORTED, "(Llama-4) is not yet supported");
+                ", \"intermediate_size_mlp\": 24, \"head_dim\": 8", 0);
+    EXPECT_LOAD_FAILS(d, FMOE_ENOTFOUND, "missing tensor model.layers.0.feed_forward.router.weight");
     write_model(d, sizeof d, "mixtral", "F32", NULL, NULL,
                 ", \"rope_scaling\": {\"type\": \"longrope\", \"factor\": 2}", 0);
     EXPECT_LOAD_FAILS(d, FMOE_EUNSUPPORTED,

@@ -81,6 +81,38 @@ TEST(good_file_opens_and_reads) {
     fmoe_safetensors_close(NULL);
 }
 
+/* A multimodal checkpoint's text model (Llama 4's language_model.) found by its own
+ * names; a renamed tensor that collides with another is refused, naming it. */
+TEST(strip_prefix_renames_and_refuses_collisions) {
+    const char *p = path_of("prefixed.safetensors");
+    st_builder b;
+    stb_init(&b);
+    const float v[2] = {1, 2};
+    stb_add_f(&b, "lm.model.w", "F32", 1, (int64_t[]){2}, v);
+    stb_add_f(&b, "vision.w", "F32", 1, (int64_t[]){2}, v);
+    stb_write(&b, p, 8, 0);
+    stb_free(&b);
+    fmoe_safetensors *st;
+    ASSERT_OK(fmoe_safetensors_open(p, &st));
+    ASSERT_EQ(fmoe_safetensors_strip_prefix(st, "lm."), 1);
+    ASSERT_TRUE(fmoe_safetensors_find(st, "model.w") != NULL);
+    ASSERT_TRUE(fmoe_safetensors_find(st, "lm.model.w") == NULL);
+    ASSERT_TRUE(fmoe_safetensors_find(st, "vision.w") != NULL);
+    ASSERT_EQ(fmoe_safetensors_strip_prefix(st, "absent."), 0);
+    fmoe_safetensors_close(st);
+
+    p = path_of("colliding.safetensors");
+    stb_init(&b);
+    stb_add_f(&b, "lm.w", "F32", 1, (int64_t[]){2}, v);
+    stb_add_f(&b, "w", "F32", 1, (int64_t[]){2}, v);
+    stb_write(&b, p, 8, 0);
+    stb_free(&b);
+    ASSERT_OK(fmoe_safetensors_open(p, &st));
+    ASSERT_EQ(fmoe_safetensors_strip_prefix(st, "lm."), FMOE_EFORMAT);
+    ASSERT_CONTAINS(fmoe_error_detail(), "tensor \"w\" appears twice");
+    fmoe_safetensors_close(st);
+}
+
 TEST(directory_with_single_file) {
     char sub[600];
     snprintf(sub, sizeof sub, "%s", path_of("single"));

@@ -141,6 +141,25 @@ HF_MODELS = {
     "glm4_moe_yarn": ("glm4_moe", {"rope_parameters": {
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
         "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}, "float32", {}),
+    # Llama 4 (Llama4ForCausalLM, model_type llama4_text): MoE on layers 1 and 3
+    # (interleave_moe_layer_step 2; dense layers of intermediate_size_mlp 48), top-1
+    # sigmoid routing onto the expert's input plus a shared expert; rotary with the
+    # weightless QK L2 norm on layers 0-2 and chunked attention in chunks of 8 positions
+    # (the 12-token prompt and its continuation span 6 chunks), layer 3 NoPE with full
+    # attention and query temperature tuning (floor_scale 4, attn_scale 0.5 where Scout has
+    # 8192 and 0.1, so that the factor changes every 4 positions); llama3 rope scaling 4x
+    # from 16 positions, as Scout's config has (16x from 8192).
+    "llama4": ("llama4", {"attention_chunk_size": 8, "floor_scale": 4, "attn_scale": 0.5,
+                          "rope_parameters": {"rope_type": "llama3", "factor": 4.0,
+                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                              "original_max_position_embeddings": 16,
+                                              "rope_theta": 500000.0}},
+               "float32", {}),
+    # Scout's shape, smaller: every layer MoE (interleave_moe_layer_step 1), 16 experts,
+    # 8 layers (NoPE at 3 and 7), the published chunk and temperature defaults. The
+    # Llama-4 trace of tests/bench/prefetch_vs_lru.py is recorded from it.
+    "llama4_scout": ("llama4", {"num_hidden_layers": 8, "interleave_moe_layer_step": 1,
+                                "num_local_experts": 16}, "float32", {}),
 }
 # The DeepSeek-V2/V3 models run on the CPU backend only this round (the CUDA backend has
 # no MLA), and GGUF's deepseek2 is not mapped yet: the GPU and GGUF tests keep to ALL.
@@ -154,8 +173,11 @@ GLM4_MOE = [k for k, v in HF_MODELS.items() if v[0] == "glm4_moe"]
 GLM4_MOE_PLAIN = ["glm4_moe", "glm4_moe_qk_norm"]  # no rope scaling: the GGUF and live tests
 # gpt-oss: CPU only too (no attention sinks nor clamped SwiGLU on CUDA).
 GPT_OSS = [k for k, v in HF_MODELS.items() if v[0] == "gpt_oss"] + ["gpt_oss_mxfp4"]
+# Llama 4: CPU only (the CUDA backend refuses it; not checked there yet).
+LLAMA4 = [k for k, v in HF_MODELS.items() if v[0] == "llama4"]
 ALL = [k for k in HF_MODELS
-       if k not in MLA and k not in PHIMOE and k not in GLM4_MOE and k not in GPT_OSS] + [
+       if k not in MLA and k not in PHIMOE and k not in GLM4_MOE and k not in GPT_OSS
+       and k not in LLAMA4] + [
     "deepseek"]
 
 
@@ -177,6 +199,12 @@ def base_config(family):
     elif family == "gpt_oss":  # head_dim is its own key (default 64); widths in whole
         # MXFP4 blocks of 32 for gpt_oss_mxfp4
         c.update(intermediate_size=64, num_local_experts=8, head_dim=16)
+    elif family == "llama4":
+        # intermediate_size is the experts' (and the shared expert's) width,
+        # intermediate_size_mlp the dense layers'; 4 layers so that layer 3 is NoPE
+        c.update(num_hidden_layers=4, head_dim=16, intermediate_size=32,
+                 intermediate_size_mlp=48, num_local_experts=8, num_experts_per_tok=1,
+                 interleave_moe_layer_step=2)
     elif family in ("deepseek_v2", "deepseek_v3"):
         # dv (12) differs from dn (16) and dn + dr (24), so a mixed-up head width fails.
         c.update(num_key_value_heads=4, intermediate_size=80, moe_intermediate_size=32,
@@ -206,6 +234,7 @@ def _hf_classes(family):
         "deepseek_v2": (transformers.DeepseekV2ForCausalLM, transformers.DeepseekV2Config),
         "deepseek_v3": (transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config),
         "glm4_moe": (transformers.Glm4MoeForCausalLM, transformers.Glm4MoeConfig),
+        "llama4": (transformers.Llama4ForCausalLM, transformers.Llama4TextConfig),
     }[family]
 
 
@@ -689,6 +718,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     out = sys.argv[1]
-    for name in sys.argv[2:] or ALL + MLA + PHIMOE + GLM4_MOE + GPT_OSS:
+    for name in sys.argv[2:] or ALL + MLA + PHIMOE + GLM4_MOE + GPT_OSS + LLAMA4:
         make(name, os.path.join(out, name))
         print("wrote", os.path.join(out, name))

@@ -87,6 +87,13 @@ int64_t fmoe_safetensors_count(const fmoe_safetensors *st);
 /* The i-th tensor in name order (0 <= i < count), or NULL. */
 const fmoe_st_tensor *fmoe_safetensors_at(const fmoe_safetensors *st, int64_t i);
 
+/* Renames every tensor whose name starts with `prefix` to the rest of its name (a
+ * multimodal checkpoint's text model, "language_model.model.norm.weight" ->
+ * "model.norm.weight"), so that it is found by that name; the others keep theirs.
+ * @return the number renamed, or FMOE_EFORMAT when a new name is already taken (the
+ * checkpoint is then unusable: close it). */
+int64_t fmoe_safetensors_strip_prefix(fmoe_safetensors *st, const char *prefix);
+
 /* The tensor called `name`, or NULL when absent (no error detail is set). O(log n). */
 const fmoe_st_tensor *fmoe_safetensors_find(const fmoe_safetensors *st, const char *name);
 
