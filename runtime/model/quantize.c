@@ -86,15 +86,27 @@ typedef struct out_tensor {
     const fmoe_st_tensor **src;    /* [nsrc] sources, each [rows][cols] (or [cols] for 1-D) */
     int32_t nsrc;
     int32_t permute_heads;         /* > 0: rows are heads of head_dim, rotate-half -> pairs */
-    int32_t split;                 /* SPLIT_*: src[0] is kv_b_proj, this one part of it */
+    const struct strided *view;    /* NULL, or the sources read through this view */
     uint64_t offset;               /* in the data section */
     int64_t nbytes;
 } out_tensor;
 
-/* llama.cpp's deepseek2 files hold kv_b_proj [H(dn + dv)][r] as two tensors, for MLA's
- * absorbed form (convert_hf_to_gguf DeepseekV2Model.modify_tensors): attn_k_b [H][r][dn],
- * each head's key rows transposed, and attn_v_b [H][dv][r], its value rows. */
-enum { SPLIT_NONE, SPLIT_K_B, SPLIT_V_B };
+/*
+ * An output tensor whose values are a strided gather of its source rather than its rows:
+ * value (x, r, c) (x the expert or head, r the row, c the column of the output's
+ * [ne2][ne1][ne0]) is source element off + x·e + r·row + c·col, x counted from the
+ * source's index among the output's sources when there are several (each one expert).
+ * What llama.cpp's converter does with a transpose, a split or a stride:
+ *   deepseek2 attn_k_b [H][r][dn] from kv_b_proj [H(dn + dv)][r]: e = (dn + dv)·r, row 1,
+ *     col r (each head's key rows transposed); attn_v_b [H][dv][r]: off dn·r, row r, col 1;
+ *   gpt-oss's input-major fused experts [J][h][2I] (gate and up columns interleaved) to
+ *     output-major ffn_{gate,up}_exps [J][I][h]: e = 2Ih, row 2, col 2I, off 0 / 1; down
+ *     [J][I][h] to [J][h][I]: e = Ih, row 1, col h; biases [J][2I] to [J][I]: row 2I,
+ *     col 2, off 0 / 1.
+ */
+typedef struct strided {
+    int64_t off, e, row, col;
+} strided;
 
 typedef struct plan {
     const fmoe_safetensors *st;
@@ -108,6 +120,8 @@ typedef struct plan {
     int permute;                   /* the architecture wants q/k rows permuted */
     const cJSON *config;           /* config.json, for the keys the geometry lacks */
     int has_fp8;                   /* some source is F8_E4M3 (fp8_block.h) */
+    strided kv_split[2];           /* deepseek2's attn_k_b, attn_v_b (the same every layer) */
+    strided gptoss[5];             /* gpt-oss's gate, up, down, gate bias, up bias */
     out_tensor *t;
     int64_t n, cap;
     fmoe_quantize_report *report;
@@ -153,9 +167,11 @@ static int find(plan *p, int required, const fmoe_st_tensor **out, const char *f
 enum kind { KIND_NORM, KIND_ROUTER, KIND_WEIGHT, KIND_EXPERT };
 
 /* Adds output `name` from `n` sources of one shape; chooses its type by kind. */
-/* add(), or (split != SPLIT_NONE) one part of kv_b_proj src[0] with its extents `ne`. */
+/* add(), or (view != NULL) a strided gather of the sources with extents `ne` (ndim 3 when
+ * ne[2] > 1 or there are several sources, else 2). `view` must outlive the plan. */
 static int add_shaped(plan *p, enum kind kind, const char *name, const fmoe_st_tensor **src,
-                      int32_t n, int32_t permute_heads, int32_t split, const int64_t ne[3]) {
+                      int32_t n, int32_t permute_heads, const strided *view,
+                      const int64_t ne[3]) {
     for (int32_t i = 1; i < n; i++)
         FMOE_RETURN_ERROR_IF(src[i]->ndim != src[0]->ndim || src[i]->shape[0] != src[0]->shape[0] ||
                                  (src[0]->ndim == 2 && src[i]->shape[1] != src[0]->shape[1]),
@@ -188,9 +204,9 @@ static int add_shaped(plan *p, enum kind kind, const char *name, const fmoe_st_t
         o->ne[2] = n;
         if (o->ndim == 2) o->ne[2] = 1;
     }
-    if (split != SPLIT_NONE) {
-        o->split = split;
-        o->ndim = 3;
+    if (view) {
+        o->view = view;
+        o->ndim = ne[2] > 1 || n > 1 ? 3 : 2;
         memcpy(o->ne, ne, sizeof o->ne);
     }
     const uint32_t own = s->dtype == FMOE_ST_F8_E4M3 ? FMOE_GGML_BF16 : ggml_of(s->dtype);
@@ -219,13 +235,14 @@ static int add_shaped(plan *p, enum kind kind, const char *name, const fmoe_st_t
     p->report->by_type[o->type]++;
     const int64_t rows = o->ndim == 1 ? 1 : o->ne[1] * o->ne[2];
     o->nbytes = rows * fmoe_quant_row_bytes(o->type, o->ne[0]);
-    for (int32_t i = 0; i < n; i++) p->report->bytes_in += src[i]->nbytes;
+    for (int32_t i = 0; i < n && !view; i++) /* views: their caller counts the source once */
+        p->report->bytes_in += src[i]->nbytes;
     return 0;
 }
 
 static int add(plan *p, enum kind kind, const char *name, const fmoe_st_tensor **src, int32_t n,
                int32_t permute_heads) {
-    return add_shaped(p, kind, name, src, n, permute_heads, SPLIT_NONE, NULL);
+    return add_shaped(p, kind, name, src, n, permute_heads, NULL, NULL);
 }
 
 /* One checkpoint tensor into one output tensor; absent optional ones are skipped. */
@@ -309,8 +326,8 @@ static int add_experts(plan *p, int32_t i) {
 }
 
 /* DeepSeek-V2/V3's multi-head latent attention of layer i, named as llama.cpp's deepseek2
- * (gguf-py's MODEL_TENSORS[DEEPSEEK2]); kv_b_proj is written split (SPLIT_K_B, SPLIT_V_B)
- * as the converter writes it today. */
+ * (gguf-py's MODEL_TENSORS[DEEPSEEK2]); kv_b_proj is written split into attn_k_b and
+ * attn_v_b (strided views), as the converter writes it today. */
 static int add_mla(plan *p, int32_t i) {
     const fmoe_model_geometry *g = p->g;
     const int lora = g->q_lora_rank > 0; /* V2-Lite: a full-rank q_proj */
@@ -345,10 +362,90 @@ static int add_mla(plan *p, int32_t i) {
                          (long long)(kv->ndim > 1 ? kv->shape[1] : 0), (long long)(H * (dn + dv)),
                          (long long)r);
     const int64_t kb[3] = {dn, r, H}, vb[3] = {r, dv, H};
+    p->report->bytes_in += kv->nbytes;
+    p->kv_split[0] = (strided){.off = 0, .e = (dn + dv) * r, .row = 1, .col = r};
+    p->kv_split[1] = (strided){.off = dn * r, .e = (dn + dv) * r, .row = r, .col = 1};
     snprintf(name, sizeof name, "blk.%d.attn_k_b.weight", i);
-    FMOE_FORWARD_IF_ERROR(add_shaped(p, KIND_WEIGHT, name, &kv, 1, 0, SPLIT_K_B, kb));
+    FMOE_FORWARD_IF_ERROR(add_shaped(p, KIND_WEIGHT, name, &kv, 1, 0, &p->kv_split[0], kb));
     snprintf(name, sizeof name, "blk.%d.attn_v_b.weight", i);
-    return add_shaped(p, KIND_WEIGHT, name, &kv, 1, 0, SPLIT_V_B, vb);
+    return add_shaped(p, KIND_WEIGHT, name, &kv, 1, 0, &p->kv_split[1], vb);
+}
+
+/* A float tensor of the checkpoint with the given shape (-1: any extent). */
+static int find_shaped(plan *p, const fmoe_st_tensor **out, int32_t ndim, const int64_t *shape,
+                       const char *name) {
+    const fmoe_st_tensor *t = fmoe_safetensors_find(p->st, name);
+    FMOE_RETURN_ERROR_IF(!t, FMOE_ENOTFOUND, "%s: missing tensor %s", p->dir, name);
+    FMOE_RETURN_ERROR_IF(t->dtype != FMOE_ST_F32 && t->dtype != FMOE_ST_F16 &&
+                             t->dtype != FMOE_ST_BF16,
+                         FMOE_EUNSUPPORTED, "%s: tensor %s has dtype %s (F32, F16 or BF16 needed)",
+                         t->file, name, fmoe_st_dtype_name(t->dtype));
+    int ok = t->ndim == ndim;
+    for (int32_t d = 0; ok && d < ndim; d++) ok = t->shape[d] == shape[d];
+    FMOE_RETURN_ERROR_IF(!ok, FMOE_EMISMATCH, "%s: tensor %s has %d dimensions [%lld, ...], "
+                         "expected %d [%lld, ...]", t->file, name, t->ndim,
+                         (long long)(t->ndim ? t->shape[0] : 0), ndim, (long long)shape[0]);
+    *out = t;
+    return 0;
+}
+
+/*
+ * gpt-oss's attention sinks and MoE block of layer i, as llama.cpp's GptOssModel writes a
+ * float checkpoint (family_gptoss.c has the layouts): self_attn.sinks as attn_sinks.weight,
+ * the router and its bias as ffn_gate_inp, the fused input-major experts de-interleaved and
+ * transposed into ffn_{gate,up,down}_exps [J][rows][cols] and their biases into
+ * ffn_{gate,up,down}_exps.bias [J][rows] (strided views). OpenAI's published MXFP4 experts
+ * (_blocks, _scales) are refused: repacking them is not done here.
+ */
+static int add_gptoss(plan *p, int32_t i) {
+    const fmoe_model_geometry *g = p->g;
+    const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
+    char name[64], hf[NAME_CAP];
+    snprintf(name, sizeof name, "blk.%d.attn_sinks.weight", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.self_attn.sinks", i));
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.mlp.router.weight", i));
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.bias", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.mlp.router.bias", i));
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_blocks", i);
+    FMOE_RETURN_ERROR_IF(fmoe_safetensors_find(p->st, hf) != NULL, FMOE_EUNSUPPORTED,
+                         "%s: layer %d stores its experts in MXFP4 (%s): fmoe quantize reads "
+                         "float gpt-oss checkpoints (fmoe runs the MXFP4 files directly)",
+                         p->dir, i, hf);
+    const fmoe_st_tensor *gu, *dn, *gub;
+    const int64_t gus[3] = {J, h, 2 * I}, dns[3] = {J, I, h}, gubs[2] = {J, 2 * I};
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gu, 3, gus, hf));
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &dn, 3, dns, hf));
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_bias", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gub, 2, gubs, hf));
+    p->report->bytes_in += gu->nbytes + dn->nbytes + gub->nbytes;
+    strided *v = p->gptoss;
+    v[0] = (strided){.off = 0, .e = 2 * I * h, .row = 2, .col = 2 * I}; /* gate */
+    v[1] = (strided){.off = 1, .e = 2 * I * h, .row = 2, .col = 2 * I}; /* up */
+    v[2] = (strided){.off = 0, .e = I * h, .row = 1, .col = h};         /* down */
+    v[3] = (strided){.off = 0, .e = 0, .row = 2 * I, .col = 2};         /* gate bias */
+    v[4] = (strided){.off = 1, .e = 0, .row = 2 * I, .col = 2};         /* up bias */
+    const fmoe_st_tensor **src = malloc((size_t)J * sizeof *src);
+    FMOE_RETURN_ERROR_IF(!src, FMOE_ENOMEM, "out of memory");
+    static const char *const gg[3] = {"gate", "up", "down"};
+    int rc = 0;
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        const int64_t ne[3] = {k < 2 ? h : I, k < 2 ? I : h, J};
+        for (int64_t e = 0; e < J; e++) src[e] = k < 2 ? gu : dn;
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i, gg[k]);
+        rc = add_shaped(p, KIND_EXPERT, name, src, (int32_t)J, 0, &v[k], ne);
+    }
+    free(src);
+    FMOE_FORWARD_IF_ERROR(rc);
+    const int64_t nb[3] = {I, J, 1};
+    for (int k = 0; k < 2; k++) {
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.bias", i, gg[k]);
+        FMOE_FORWARD_IF_ERROR(add_shaped(p, KIND_NORM, name, &gub, 1, 0, &v[3 + k], nb));
+    }
+    snprintf(name, sizeof name, "blk.%d.ffn_down_exps.bias", i);
+    return add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.mlp.experts.down_proj_bias", i);
 }
 
 static int build_plan(plan *p) {
@@ -358,9 +455,12 @@ static int build_plan(plan *p) {
     int8_t moe[FMOE_MAX_LAYERS] = {0};
     for (int32_t l = 0; l < g->num_moe_layers; l++) moe[g->moe_layer_index[l]] = 1;
     const int mla = g->family == FMOE_FAMILY_DEEPSEEK_V2 || g->family == FMOE_FAMILY_DEEPSEEK_V3;
-    /* glm4moe's post-attention norm is llama.cpp's ATTN_POST_NORM (lib/gguf_names.c) */
+    /* glm4moe's and gpt-oss's post-attention norm is llama.cpp's ATTN_POST_NORM
+     * (lib/gguf_names.c) */
     const char *ffn_norm =
-        g->family == FMOE_FAMILY_GLM4_MOE ? "post_attention_norm" : "ffn_norm";
+        g->family == FMOE_FAMILY_GLM4_MOE || g->family == FMOE_FAMILY_GPT_OSS
+            ? "post_attention_norm"
+            : "ffn_norm";
     static const char *const attn[4][2] = {
         {"q_proj", "attn_q"}, {"k_proj", "attn_k"}, {"v_proj", "attn_v"}, {"o_proj", "attn_output"}};
     for (int32_t i = 0; i < g->num_hidden_layers; i++) {
@@ -390,7 +490,9 @@ static int build_plan(plan *p) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", i, ffn_norm);
         FMOE_FORWARD_IF_ERROR(
             add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.post_attention_layernorm.weight", i));
-        if (moe[i]) {
+        if (g->family == FMOE_FAMILY_GPT_OSS) {
+            FMOE_FORWARD_IF_ERROR(add_gptoss(p, i));
+        } else if (moe[i]) {
             FMOE_FORWARD_IF_ERROR(add_experts(p, i));
         } else {
             char prefix[NAME_CAP];
@@ -519,20 +621,23 @@ static void metadata_mla(kvs *k, const plan *p) {
     if (g->q_lora_rank > 0) kv_u32(k, ".attention.q_lora_rank", (uint32_t)g->q_lora_rank);
     kv_u32(k, ".attention.kv_lora_rank", (uint32_t)g->kv_lora_rank);
     kv_u32(k, ".rope.dimension_count", (uint32_t)g->qk_rope_head_dim);
-    if (cfg_yarn(p->config)) {
-        static const char yarn[] = "yarn";
-        kv_str(k, ".rope.scaling.type", yarn, sizeof yarn - 1);
-        kv_f32(k, ".rope.scaling.factor", (float)cfg_number(p->config, "factor", 1.0));
-        kv_u32(k, ".rope.scaling.original_context_length",
-               (uint32_t)cfg_number(p->config, "original_max_position_embeddings", 4096));
-        const double fast = cfg_number(p->config, "beta_fast", -1);
-        const double slow = cfg_number(p->config, "beta_slow", -1);
-        const double mscale_all = cfg_number(p->config, "mscale_all_dim", -1);
-        if (fast >= 0) kv_f32(k, ".rope.scaling.yarn_beta_fast", (float)fast);
-        if (slow >= 0) kv_f32(k, ".rope.scaling.yarn_beta_slow", (float)slow);
-        if (mscale_all >= 0)
-            kv_f32(k, ".rope.scaling.yarn_log_multiplier", (float)(0.1 * mscale_all));
-    }
+    const double mscale_all = cfg_number(p->config, "mscale_all_dim", -1);
+    if (cfg_yarn(p->config) && mscale_all >= 0)
+        kv_f32(k, ".rope.scaling.yarn_log_multiplier", (float)(0.1 * mscale_all));
+}
+
+/* YaRN's keys, as llama.cpp's TextModel.set_gguf_parameters writes them. */
+static void metadata_yarn(kvs *k, const plan *p) {
+    if (!cfg_yarn(p->config)) return;
+    static const char yarn[] = "yarn";
+    kv_str(k, ".rope.scaling.type", yarn, sizeof yarn - 1);
+    kv_f32(k, ".rope.scaling.factor", (float)cfg_number(p->config, "factor", 1.0));
+    kv_u32(k, ".rope.scaling.original_context_length",
+           (uint32_t)cfg_number(p->config, "original_max_position_embeddings", 4096));
+    const double fast = cfg_number(p->config, "beta_fast", -1);
+    const double slow = cfg_number(p->config, "beta_slow", -1);
+    if (fast >= 0) kv_f32(k, ".rope.scaling.yarn_beta_fast", (float)fast);
+    if (slow >= 0) kv_f32(k, ".rope.scaling.yarn_beta_slow", (float)slow);
 }
 
 /* The router and layer keys deepseek2 and glm4moe share (llama.cpp's TextModel base and
@@ -591,6 +696,10 @@ static void metadata(kvs *k, const plan *p, const char *config, size_t config_le
         kv_f32(k, ".expert_weights_scale", (float)g->routed_scaling_factor);
     }
     if (mla || g->family == FMOE_FAMILY_GLM4_MOE) metadata_grouped_moe(k, p);
+    if (mla || g->family == FMOE_FAMILY_GPT_OSS) metadata_yarn(k, p);
+    const double window = cfg_number(p->config, "sliding_window", 0);
+    if (g->family == FMOE_FAMILY_GPT_OSS && window > 0)
+        kv_u32(k, ".attention.sliding_window", (uint32_t)window);
     kv_str(k, "fmoe.hf_config", config, config_len);
 }
 
@@ -700,8 +809,9 @@ typedef struct writer {
     uint16_t *row16;           /* [max_cols] a row narrowed to F16/BF16 */
     const fmoe_safetensors *st;
     int64_t fp8_bm, fp8_bn;    /* FP8 sources' block size (fp8_block.h) */
-    float *src_f32, *split_f32; /* a source not read in place, as f32 (source_rows) */
-    int64_t src_cap, split_cap;
+    float *src_f32, *view_f32; /* a source not read in place, as f32 (source_rows) */
+    int64_t src_cap, view_cap;
+    const fmoe_st_tensor *widened; /* the source src_f32 holds */
 } writer;
 
 /* Grows *buf to hold n floats. */
@@ -715,47 +825,50 @@ static int reserve(float **buf, int64_t *cap, int64_t n, const char *what) {
 }
 
 /*
- * Source s of output o, as the rows the writer reads: s itself, or (an FP8 weight, or one
- * part of a split kv_b_proj) an f32 copy in the writer's buffers described by *tmp.
- * SPLIT_K_B: row (h, c) is column c of head h's dn key rows; SPLIT_V_B: row (h, v) is head
- * h's value row v (llama.cpp's k_b = kv_b.view(H, dn + dv, r)[:, :dn].transpose(1, 2)).
+ * Source e of output o, as the rows the writer reads: the source itself, or (an FP8 weight,
+ * a strided view) an f32 copy in the writer's buffers described by *tmp. A source widened
+ * once is kept for the next outputs that read it (gpt-oss's fused experts: J views each).
  */
-static int source_rows(writer *w, const out_tensor *o, const fmoe_st_tensor *s,
-                       fmoe_st_tensor *tmp, const fmoe_st_tensor **out) {
+static int source_rows(writer *w, const out_tensor *o, int32_t e, fmoe_st_tensor *tmp,
+                       const fmoe_st_tensor **out) {
+    const fmoe_st_tensor *s = o->src[e];
     *out = s;
-    if (s->dtype != FMOE_ST_F8_E4M3 && o->split == SPLIT_NONE) return 0;
-    FMOE_FORWARD_IF_ERROR(reserve(&w->src_f32, &w->src_cap, s->numel, s->name));
-    if (s->dtype == FMOE_ST_F8_E4M3)
-        FMOE_FORWARD_IF_ERROR(
-            fmoe__fp8_dequantize(w->st, s, w->fp8_bm, w->fp8_bn, FMOE_ST_F32, w->src_f32));
-    else
-        widen(s, 0, s->numel, w->src_f32);
+    if (s->dtype != FMOE_ST_F8_E4M3 && !o->view) return 0;
+    if (w->widened != s) {
+        FMOE_FORWARD_IF_ERROR(reserve(&w->src_f32, &w->src_cap, s->numel, s->name));
+        w->widened = NULL;
+        if (s->dtype == FMOE_ST_F8_E4M3)
+            FMOE_FORWARD_IF_ERROR(
+                fmoe__fp8_dequantize(w->st, s, w->fp8_bm, w->fp8_bn, FMOE_ST_F32, w->src_f32));
+        else
+            widen(s, 0, s->numel, w->src_f32);
+        w->widened = s;
+    }
     *tmp = *s;
     tmp->dtype = FMOE_ST_F32;
     tmp->data = w->src_f32;
     tmp->nbytes = s->numel * 4;
-    if (o->split != SPLIT_NONE) {
-        const int64_t H = o->ne[2], r = s->shape[1], w_head = s->shape[0] / H;
-        const int64_t dn = o->split == SPLIT_K_B ? o->ne[0] : w_head - o->ne[1];
-        const int64_t dv = w_head - dn;
-        FMOE_FORWARD_IF_ERROR(reserve(&w->split_f32, &w->split_cap, s->numel, s->name));
-        float *d = w->split_f32;
-        const float *kv = w->src_f32;
-        for (int64_t h = 0; h < H; h++) {
-            if (o->split == SPLIT_K_B) {
-                for (int64_t c = 0; c < r; c++)
-                    for (int64_t j = 0; j < dn; j++)
-                        *d++ = kv[(h * w_head + j) * r + c];
-            } else {
-                memcpy(d, kv + (h * w_head + dn) * r, (size_t)(dv * r) * sizeof *d);
-                d += dv * r;
-            }
-        }
-        tmp->data = w->split_f32;
-        tmp->numel = (d - w->split_f32);
-        tmp->nbytes = tmp->numel * 4;
-        tmp->shape[0] = o->ne[1] * o->ne[2];
-        tmp->shape[1] = o->ne[0];
+    if (o->view) {
+        const strided *v = o->view;
+        const int64_t nx = o->nsrc == 1 ? o->ne[2] : 1, x0 = o->nsrc == 1 ? 0 : e;
+        const int64_t rows = o->ne[1], cols = o->ne[0], n = nx * rows * cols;
+        FMOE_FORWARD_IF_ERROR(reserve(&w->view_f32, &w->view_cap, n, s->name));
+        float *d = w->view_f32;
+        for (int64_t x = x0; x < x0 + nx; x++)
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < cols; c++) {
+                    const int64_t at = v->off + x * v->e + r * v->row + c * v->col;
+                    FMOE_RETURN_ERROR_IF(at < 0 || at >= s->numel, FMOE_EFORMAT,
+                                         "%s: tensor %s is too small for %s", s->file, s->name,
+                                         o->name);
+                    *d++ = w->src_f32[at];
+                }
+        tmp->data = w->view_f32;
+        tmp->ndim = 2;
+        tmp->numel = n;
+        tmp->nbytes = n * 4;
+        tmp->shape[0] = nx * rows;
+        tmp->shape[1] = cols;
     }
     *out = tmp;
     return 0;
@@ -797,7 +910,7 @@ static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *pro
     for (int32_t e = 0; e < o->nsrc; e++) {
         fmoe_st_tensor tmp;
         const fmoe_st_tensor *s;
-        FMOE_FORWARD_IF_ERROR(source_rows(w, o, o->src[e], &tmp, &s));
+        FMOE_FORWARD_IF_ERROR(source_rows(w, o, e, &tmp, &s));
         if (quantised) {
             if (rows * rb > w->out_cap) {
                 uint8_t *nb = realloc(w->out, (size_t)(rows * rb));
@@ -862,11 +975,12 @@ static int arch_of(const fmoe_model_geometry *g, const char *dir, char arch[32],
     case FMOE_FAMILY_DEEPSEEK_V2:
     case FMOE_FAMILY_DEEPSEEK_V3: strcpy(arch, "deepseek2"); return 0; /* no permutation */
     case FMOE_FAMILY_GLM4_MOE: strcpy(arch, "glm4moe"); return 0;      /* neox rope already */
+    case FMOE_FAMILY_GPT_OSS: strcpy(arch, "gpt-oss"); return 0;
     default:
         return fmoe_error_set(FMOE_EUNSUPPORTED,
                               "%s: model_type %s: fmoe quantize writes mixtral, qwen2_moe, "
-                              "qwen3_moe, olmoe, deepseek, deepseek_v2, deepseek_v3 and "
-                              "glm4_moe checkpoints",
+                              "qwen3_moe, olmoe, deepseek, deepseek_v2, deepseek_v3, "
+                              "glm4_moe and gpt_oss checkpoints",
                               dir, g->model_type);
     }
 }
@@ -1051,7 +1165,7 @@ done:
     free(wr.row);
     free(wr.row16);
     free(wr.src_f32);
-    free(wr.split_f32);
+    free(wr.view_f32);
     free(wr.out);
     cJSON_Delete(cfg);
     free(config);

@@ -1,5 +1,5 @@
-"""`fmoe quantize` for DeepSeek-V2/V3 (GGUF deepseek2) and GLM-4.5 (glm4moe), and from
-FP8 block-scaled checkpoints (runtime/model/quantize.c, fp8_block.c).
+"""`fmoe quantize` for DeepSeek-V2/V3 (GGUF deepseek2), GLM-4.5 (glm4moe) and gpt-oss
+(gpt-oss, from float checkpoints), and from FP8 block-scaled checkpoints (runtime/model/quantize.c, fp8_block.c).
 
 - The tiny checkpoints written as F32 GGUF run to exactly the logits, routes and greedy
   tokens of the safetensors directory; the bf16 one written as BF16 (every byte kept) to
@@ -8,9 +8,10 @@ FP8 block-scaled checkpoints (runtime/model/quantize.c, fp8_block.c).
 - The file carries config.json verbatim (so geometry and fingerprint are the checkpoint's),
   and llama.cpp's keys alone (fmoe.hf_config renamed away) rebuild the same geometry
   through lib/gguf_config.c, which reads the keys llama.cpp's converter writes.
-- Names and extents are the converter's (DeepseekV2Model / Glm4MoeModel, gguf-py's
-  MODEL_TENSORS): kv_b_proj split into attn_k_b [H][r][dn] and attn_v_b [H][dv][r], as
-  NumPy splits it here from the checkpoint.
+- Names and extents are the converter's (DeepseekV2Model / Glm4MoeModel / GptOssModel,
+  gguf-py's MODEL_TENSORS): kv_b_proj split into attn_k_b [H][r][dn] and attn_v_b
+  [H][dv][r], gpt-oss's fused experts de-interleaved and transposed, as NumPy does it here
+  from the checkpoint; OpenAI's MXFP4 experts are refused in one line.
 - An FP8 checkpoint (test_fp8_weights.py's writer) converts to F32 holding exactly the
   NumPy dequantisation fp8 · scale_inv of every block, edge blocks included.
 """
@@ -29,7 +30,8 @@ import gguf  # noqa: E402  (tests/python/requirements.txt)
 
 CASES = {"deepseek_v2": ("deepseek2", "f32"), "deepseek_v3": ("deepseek2", "f32"),
          "deepseek_v3_yarn": ("deepseek2", "f32"), "deepseek_v3_bf16": ("deepseek2", "bf16"),
-         "glm4_moe": ("glm4moe", "f32"), "glm4_moe_qk_norm": ("glm4moe", "f32")}
+         "glm4_moe": ("glm4moe", "f32"), "glm4_moe_qk_norm": ("glm4moe", "f32"),
+         "gpt_oss": ("gpt-oss", "f32")}
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +106,11 @@ def test_config_kept_and_keys_rebuild_the_geometry(name, models, fmoe_bin, tmp_p
 def expected_layout(cfg, ck, arch):
     """{GGUF name: (numpy shape, values)} as llama.cpp's converter lays the checkpoint out
     (numpy shape = reversed ggml extents)."""
-    L, J = cfg["num_hidden_layers"], cfg["n_routed_experts"]
+    L = cfg["num_hidden_layers"]
+    J = cfg.get("n_routed_experts") or cfg.get("num_local_experts")
     out = {"token_embd.weight": ck["model.embed_tokens.weight"],
            "output_norm.weight": ck["model.norm.weight"], "output.weight": ck["lm_head.weight"]}
-    post = "post_attention_norm" if arch == "glm4moe" else "ffn_norm"
+    post = "post_attention_norm" if arch in ("glm4moe", "gpt-oss") else "ffn_norm"
     for i in range(L):
         p = f"model.layers.{i}."
         out[f"blk.{i}.attn_norm.weight"] = ck[p + "input_layernorm.weight"]
@@ -119,7 +122,8 @@ def expected_layout(cfg, ck, arch):
                  "v_proj.weight": "attn_v.weight", "o_proj.weight": "attn_output.weight",
                  "q_proj.bias": "attn_q.bias", "k_proj.bias": "attn_k.bias",
                  "v_proj.bias": "attn_v.bias", "q_norm.weight": "attn_q_norm.weight",
-                 "k_norm.weight": "attn_k_norm.weight"}
+                 "k_norm.weight": "attn_k_norm.weight", "o_proj.bias": "attn_output.bias",
+                 "sinks": "attn_sinks.weight"}
         for hf, gg in names.items():
             if p + "self_attn." + hf in ck:
                 out[f"blk.{i}.{gg}"] = ck[p + "self_attn." + hf]
@@ -128,7 +132,17 @@ def expected_layout(cfg, ck, arch):
             kv = ck[p + "self_attn.kv_b_proj.weight"].reshape(H, dn + dv, -1)
             out[f"blk.{i}.attn_k_b.weight"] = kv[:, :dn].transpose(0, 2, 1)
             out[f"blk.{i}.attn_v_b.weight"] = kv[:, dn:]
-        if p + "mlp.gate.weight" in ck:
+        if p + "mlp.router.weight" in ck:  # gpt-oss: fused input-major, gate/up interleaved
+            out[f"blk.{i}.ffn_gate_inp.weight"] = ck[p + "mlp.router.weight"]
+            out[f"blk.{i}.ffn_gate_inp.bias"] = ck[p + "mlp.router.bias"]
+            gu, gub = ck[p + "mlp.experts.gate_up_proj"], ck[p + "mlp.experts.gate_up_proj_bias"]
+            out[f"blk.{i}.ffn_gate_exps.weight"] = gu.transpose(0, 2, 1)[:, ::2]
+            out[f"blk.{i}.ffn_up_exps.weight"] = gu.transpose(0, 2, 1)[:, 1::2]
+            out[f"blk.{i}.ffn_down_exps.weight"] = ck[p + "mlp.experts.down_proj"].transpose(0, 2, 1)
+            out[f"blk.{i}.ffn_gate_exps.bias"] = gub[:, ::2]
+            out[f"blk.{i}.ffn_up_exps.bias"] = gub[:, 1::2]
+            out[f"blk.{i}.ffn_down_exps.bias"] = ck[p + "mlp.experts.down_proj_bias"]
+        elif p + "mlp.gate.weight" in ck:
             out[f"blk.{i}.ffn_gate_inp.weight"] = ck[p + "mlp.gate.weight"]
             if p + "mlp.gate.e_score_correction_bias" in ck:
                 out[f"blk.{i}.exp_probs_b.bias"] = ck[p + "mlp.gate.e_score_correction_bias"]
@@ -156,7 +170,7 @@ def tensors(path):
     return out
 
 
-@pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v3", "glm4_moe_qk_norm"])
+@pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v3", "glm4_moe_qk_norm", "gpt_oss"])
 def test_names_and_values_are_the_converters(name, models, fmoe_bin, tmp_path):
     d = models(name)
     cfg = json.loads((d / "config.json").read_text())
@@ -209,4 +223,14 @@ def test_fp8_missing_scale_refused(models, fmoe_bin, tmp_path):
     assert p.returncode == 1, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{w}_scale_inv are missing" in lines[0], lines
+    assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
+
+
+def test_gptoss_mxfp4_refused(models, fmoe_bin, tmp_path):
+    out = tmp_path / "m.gguf"
+    p = run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", models("gpt_oss_mxfp4"), "-o", out,
+                 check=False)
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gate_up_proj_blocks" in lines[0] and "MXFP4" in lines[0], lines
     assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
