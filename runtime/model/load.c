@@ -319,10 +319,12 @@ static int view(fmoe_model *m, const fmoe_st_tensor *t, int64_t offset, int64_t 
  * bytes, so a live executor serves them from its host tier. */
 static int fp8_mat(fmoe_model *m, const fmoe_st_tensor *t, int64_t rows, int64_t cols,
                    fmoe__mat *out) {
-    FMOE_RETURN_ERROR_IF(t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols,
-                         FMOE_EMISMATCH, "%s: tensor %s has %d dimensions [%lld,...], expected "
-                         "[%lld,%lld]",
-                         t->file, t->name, t->ndim, (long long)(t->ndim ? t->shape[0] : 0),
+    FMOE_RETURN_ERROR_IF(t->ndim != 2, FMOE_EMISMATCH,
+                         "%s: tensor %s has %d dimensions, expected 2: [%lld,%lld]", t->file,
+                         t->name, t->ndim, (long long)rows, (long long)cols);
+    FMOE_RETURN_ERROR_IF(t->shape[0] != rows || t->shape[1] != cols, FMOE_EMISMATCH,
+                         "%s: tensor %s has shape [%lld,%lld], expected [%lld,%lld]", t->file,
+                         t->name, (long long)t->shape[0], (long long)t->shape[1],
                          (long long)rows, (long long)cols);
     int64_t bm, bn;
     FMOE_FORWARD_IF_ERROR(fmoe__fp8_block_size(m->config_json, strlen(m->config_json), &bm, &bn));
