@@ -31,13 +31,14 @@ typedef struct options {
 #define MIX 1000
 static const char *const type_names[] = {
     "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
-    "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", NULL};
+    "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "f32", "f16",
+    "bf16", NULL};
 static const int32_t type_values[] = {
     FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K, FMOE_GGML_Q3_K,
     FMOE_GGML_IQ4_XS, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
     FMOE_GGML_IQ4_NL, MIX + FMOE_MIX_Q2_K, MIX + FMOE_MIX_Q3_K_S, MIX + FMOE_MIX_Q3_K_M,
     MIX + FMOE_MIX_Q3_K_L, MIX + FMOE_MIX_Q4_K_S, MIX + FMOE_MIX_Q4_K_M, MIX + FMOE_MIX_Q5_K_S,
-    MIX + FMOE_MIX_Q5_K_M};
+    MIX + FMOE_MIX_Q5_K_M, FMOE_GGML_F32, FMOE_GGML_F16, FMOE_GGML_BF16};
 
 /* --experts-type: block types only (here q2_k is the Q2_K type itself). */
 static const char *const expert_type_names[] = {"q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
@@ -53,7 +54,8 @@ static const cmd_option quantize_options[] = {
      .help = "a mix by llama-quantize's name (q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, "
              "q4_k_m, q5_k_s, q5_k_m: more bits where llama.cpp puts them), or one block "
              "format for every quantized tensor (q8_0, q3_k, q4_k, q5_k, q6_k, iq4_xs, "
-             "q4_0, q4_1, q5_0, q5_1, iq4_nl)",
+             "q4_0, q4_1, q5_0, q5_1, iq4_nl), or a float type for every matrix (f32, f16, bf16: "
+             "a conversion, nothing quantized)",
      .offset = offsetof(options, type), .choices = type_names, .choice_values = type_values,
      .example = "q4_k_m"},
     {.name = "experts-type", .kind = CMD_OPT_ENUM, .value_name = "T",

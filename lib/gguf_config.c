@@ -19,6 +19,7 @@
 
 #include "fmoe/error.h"
 #include "fmoe/gguf.h"
+#include "fmoe/quant.h"
 
 /* {arch}.suffix as an integer, or `def` when absent (def < 0: required). */
 static int arch_int(const fmoe_gguf *g, const char *arch, const char *suffix, int64_t def,
@@ -283,6 +284,72 @@ static int build_llama4(const fmoe_gguf *g, const char *arch, cJSON *c, int64_t 
     return 0;
 }
 
+/* An F32 vector tensor [n] of the file as a JSON array added to `o` under `key`. */
+static int add_f32_list(const fmoe_gguf *g, const fmoe_gguf_tensor *t, int64_t n, cJSON *o,
+                        const char *key) {
+    FMOE_RETURN_ERROR_IF(t->type != FMOE_GGML_F32 || t->numel != n, FMOE_EFORMAT,
+                         "%s: tensor %s holds %lld values of type %u, expected %lld F32 (half "
+                         "a head's rotary dimensions)",
+                         fmoe_gguf_name(g), t->name, (long long)t->numel, t->type,
+                         (long long)n);
+    cJSON *a = cJSON_AddArrayToObject(o, key);
+    FMOE_RETURN_ERROR_IF(!a, FMOE_ENOMEM, "out of memory");
+    for (int64_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, (const uint8_t *)t->data + 4 * i, 4);
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v));
+    }
+    return 0;
+}
+
+/*
+ * phimoe (Phi-3.5-MoE), as llama.cpp's converter writes it (conversion/phi.py PhiMoeModel
+ * over Phi3MiniModel): the experts' width is feed_forward_length (Mixtral's
+ * intermediate_size), the LayerNorm epsilon layer_norm_rms_eps (the config's rms_norm_eps),
+ * sliding_window 0 for none, and longrope as two tensors rope_factors_long/short
+ * [rotary dims / 2] with rope.scaling.original_context_length and one
+ * rope.scaling.attn_factor, sqrt(1 + ln(ctx / omp) / ln omp), where the HF config has
+ * short_mscale and long_mscale (Phi-3.5-MoE's: 1.2432, the file's 1.1902): both are taken
+ * as the file's factor, which is what llama.cpp computes with. No key carries
+ * router_jitter_noise (the sparsemixer's threshold): the published 0.01, configuration_phimoe's
+ * default, is assumed. attention_bias and lm_head_bias: the tensors present.
+ */
+static int build_phimoe(const fmoe_gguf *g, const char *arch, cJSON *c, int64_t experts,
+                        int64_t ff, int64_t head_dim) {
+    int64_t window, omp, rope_dims;
+    double attn_factor;
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "attention.sliding_window", 0, &window));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "rope.dimension_count", head_dim, &rope_dims));
+    FMOE_FORWARD_IF_ERROR(arch_int(g, arch, "rope.scaling.original_context_length", 0, &omp));
+    FMOE_FORWARD_IF_ERROR(arch_float(g, arch, "rope.scaling.attn_factor", 1.0, &attn_factor));
+    FMOE_RETURN_ERROR_IF(rope_dims != head_dim, FMOE_EUNSUPPORTED,
+                         "%s: %s.rope.dimension_count %lld of a head of %lld (fmoe's phimoe "
+                         "rotates whole heads, as Phi-3.5-MoE does)",
+                         fmoe_gguf_name(g), arch, (long long)rope_dims, (long long)head_dim);
+    cJSON_AddStringToObject(c, "model_type", "phimoe");
+    cJSON_AddNumberToObject(c, "num_local_experts", (double)experts);
+    cJSON_AddNumberToObject(c, "intermediate_size", (double)ff);
+    if (window > 0) cJSON_AddNumberToObject(c, "sliding_window", (double)window);
+    cJSON_AddBoolToObject(c, "attention_bias", fmoe_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL);
+    cJSON_AddBoolToObject(c, "lm_head_bias", fmoe_gguf_find_tensor(g, "output.bias") != NULL);
+    const fmoe_gguf_tensor *lf = fmoe_gguf_find_tensor(g, "rope_factors_long.weight");
+    const fmoe_gguf_tensor *sf = fmoe_gguf_find_tensor(g, "rope_factors_short.weight");
+    if (!lf && !sf) return 0;
+    FMOE_RETURN_ERROR_IF(!lf || !sf || omp <= 0, FMOE_EFORMAT,
+                         "%s: longrope needs rope_factors_long.weight, rope_factors_short.weight "
+                         "and %s.rope.scaling.original_context_length",
+                         fmoe_gguf_name(g), arch);
+    cJSON *rs = cJSON_AddObjectToObject(c, "rope_scaling");
+    FMOE_RETURN_ERROR_IF(!rs, FMOE_ENOMEM, "out of memory");
+    cJSON_AddStringToObject(rs, "type", "longrope");
+    FMOE_FORWARD_IF_ERROR(add_f32_list(g, lf, head_dim / 2, rs, "long_factor"));
+    FMOE_FORWARD_IF_ERROR(add_f32_list(g, sf, head_dim / 2, rs, "short_factor"));
+    cJSON_AddNumberToObject(rs, "long_mscale", attn_factor);
+    cJSON_AddNumberToObject(rs, "short_mscale", attn_factor);
+    cJSON_AddNumberToObject(rs, "original_max_position_embeddings", (double)omp);
+    return 0;
+}
+
 static int build(const fmoe_gguf *g, const char *arch, cJSON *c) {
     int64_t layers, hidden, heads, kv_heads, ff, experts, used, ctx, vocab, head_dim;
     double theta, eps;
@@ -356,6 +423,8 @@ static int build(const fmoe_gguf *g, const char *arch, cJSON *c) {
         FMOE_FORWARD_IF_ERROR(build_deepseek2(g, arch, c));
     } else if (strcmp(arch, "glm4moe") == 0) {
         FMOE_FORWARD_IF_ERROR(build_glm4moe(g, arch, c, layers, head_dim));
+    } else if (strcmp(arch, "phimoe") == 0) {
+        FMOE_FORWARD_IF_ERROR(build_phimoe(g, arch, c, experts, ff, head_dim));
     } else if (strcmp(arch, "gpt-oss") == 0) {
         FMOE_FORWARD_IF_ERROR(build_gpt_oss(g, arch, c, experts, expert_ff));
     } else if (strcmp(arch, "llama4") == 0) {
@@ -390,10 +459,11 @@ int fmoe_gguf_config_json(const fmoe_gguf *g, char **out, int *exact) {
                              strcmp(arch, "qwen3moe") != 0 && strcmp(arch, "olmoe") != 0 &&
                              strcmp(arch, "deepseek") != 0 && strcmp(arch, "deepseek2") != 0 &&
                              strcmp(arch, "glm4moe") != 0 && strcmp(arch, "gpt-oss") != 0 &&
-                             strcmp(arch, "llama4") != 0,
+                             strcmp(arch, "llama4") != 0 && strcmp(arch, "phimoe") != 0,
                          FMOE_EUNSUPPORTED,
                          "%s: architecture %s (fmoe reads llama with experts, qwen2moe, "
-                         "qwen3moe, olmoe, deepseek, deepseek2, glm4moe, gpt-oss and llama4)",
+                         "qwen3moe, olmoe, deepseek, deepseek2, glm4moe, gpt-oss, llama4 and "
+                         "phimoe)",
                          fmoe_gguf_name(g), arch);
     cJSON *c = cJSON_CreateObject();
     FMOE_RETURN_ERROR_IF(!c, FMOE_ENOMEM, "out of memory");

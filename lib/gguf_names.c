@@ -24,6 +24,9 @@ static const struct {
 } layer_map[] = {
     {"input_layernorm.weight", "attn_norm.weight", 0},
     {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+    /* phimoe's LayerNorm biases (gguf-py: the bias of ATTN_NORM, FFN_NORM) */
+    {"input_layernorm.bias", "attn_norm.bias", 0},
+    {"post_attention_layernorm.bias", "ffn_norm.bias", 0},
     {"self_attn.q_proj.weight", "attn_q.weight", 1},
     {"self_attn.k_proj.weight", "attn_k.weight", 2},
     {"self_attn.v_proj.weight", "attn_v.weight", 0},
@@ -121,6 +124,14 @@ int fmoe_gguf_tensor_for(const char *arch, int32_t n_head, int32_t n_head_kv,
     }
     if (strcmp(hf_name, "lm_head.weight") == 0) {
         snprintf(out->name, sizeof out->name, "output.weight");
+        return 0;
+    }
+    if (strcmp(hf_name, "model.norm.bias") == 0) { /* phimoe's LayerNorm */
+        snprintf(out->name, sizeof out->name, "output_norm.bias");
+        return 0;
+    }
+    if (strcmp(hf_name, "lm_head.bias") == 0) { /* phimoe's lm_head_bias */
+        snprintf(out->name, sizeof out->name, "output.bias");
         return 0;
     }
     const char *p = "model.layers.";

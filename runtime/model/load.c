@@ -34,6 +34,10 @@
  * mlp.experts.down_proj [J,h,I]); a checkpoint saved in that layout is read too: expert
  * e's gate is rows [0, I) of gate_up_proj[e], its up rows [I, 2I).
  *
+ * DeepSeek-V3/R1's and GLM-4.5-FP8's official files store the linear weights as F8_E4M3
+ * with block scales (W_scale_inv, fp8_block.h): those are dequantised on load into owned
+ * BF16 matrices (fp8_mat); the other tensors are read as usual.
+ *
  * A GGUF file (llama.cpp's layout, or fmoe quantize's) is bound through the same HF names:
  * fmoe_gguf_tensor_for gives each one's GGUF tensor and, for routed experts, the slice of
  * the stacked blk.N.ffn_*_exps tensor [J][rows][cols] (a view at e·rows·row_bytes, read in
@@ -55,6 +59,7 @@
 #include "fmoe/gguf.h"
 #include "family_gptoss.h"
 #include "family_llama4.h"
+#include "fp8_block.h"
 #include "half.h"
 #include "model_impl.h"
 
@@ -310,6 +315,30 @@ static int view(fmoe_model *m, const fmoe_st_tensor *t, int64_t offset, int64_t 
     return 0;
 }
 
+/* An FP8 block-scaled weight [rows][cols] (DeepSeek-V3's and GLM-4.5-FP8's official
+ * files, fp8_block.h), dequantised into an owned BF16 matrix: no file range holds those
+ * bytes, so a live executor serves them from its host tier. */
+static int fp8_mat(fmoe_model *m, const fmoe_st_tensor *t, int64_t rows, int64_t cols,
+                   fmoe__mat *out) {
+    FMOE_RETURN_ERROR_IF(t->ndim != 2, FMOE_EMISMATCH,
+                         "%s: tensor %s has %d dimensions, expected 2: [%lld,%lld]", t->file,
+                         t->name, t->ndim, (long long)rows, (long long)cols);
+    FMOE_RETURN_ERROR_IF(t->shape[0] != rows || t->shape[1] != cols, FMOE_EMISMATCH,
+                         "%s: tensor %s has shape [%lld,%lld], expected [%lld,%lld]", t->file,
+                         t->name, (long long)t->shape[0], (long long)t->shape[1],
+                         (long long)rows, (long long)cols);
+    int64_t bm, bn;
+    FMOE_FORWARD_IF_ERROR(fmoe__fp8_block_size(m->config_json, strlen(m->config_json), &bm, &bn));
+    uint16_t *w = aligned_alloc(64, (size_t)((rows * cols * 2 + 63) / 64 * 64));
+    if (!w || fmoe__model_keep_owned(m, w) < 0) {
+        free(w);
+        return fmoe_error_set(FMOE_ENOMEM, "out of memory for tensor %s", t->name);
+    }
+    FMOE_FORWARD_IF_ERROR(fmoe__fp8_dequantize(m->st, t, bm, bn, FMOE_ST_BF16, w));
+    *out = (fmoe__mat){.data = w, .dtype = FMOE_ST_BF16, .rows = rows, .cols = cols};
+    return 0;
+}
+
 /* A matrix [rows][cols]. */
 static int mat(fmoe_model *m, int64_t rows, int64_t cols, fmoe__mat *out, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -321,7 +350,8 @@ static int mat(fmoe_model *m, int64_t rows, int64_t cols, fmoe__mat *out, const 
     va_end(ap);
     if (m->gguf) return gguf_mat(m, name, rows, cols, out);
     const int64_t shape[2] = {rows, cols};
-    const fmoe_st_tensor *t;
+    const fmoe_st_tensor *t = fmoe_safetensors_find(m->st, name);
+    if (t && t->dtype == FMOE_ST_F8_E4M3) return fp8_mat(m, t, rows, cols, out);
     FMOE_FORWARD_IF_ERROR(fmoe_safetensors_get(m->st, name, 2, shape, &t));
     return view(m, t, 0, rows, cols, out);
 }

@@ -19,6 +19,12 @@
  * the router (ffn_gate_inp) in F32. For the architectures whose GGUF RoPE is ggml's
  * "normal" (adjacent pairs: llama for Mixtral, deepseek), the converter permutes the rows
  * of q_proj and k_proj from HuggingFace's rotate-half order; we do the same (permute_row).
+ * DeepSeek-V2/V3 are written as llama.cpp's deepseek2 (MLA tensors, kv_b_proj split into
+ * attn_k_b/attn_v_b as its converter splits it today, the latent's key lengths) and GLM-4.5
+ * as glm4moe (post_attention_norm; its multi-token-prediction layers are left out, as the
+ * converter's --no-mtp leaves them). FP8 block-scaled sources (fp8_block.h) are
+ * dequantised to f32 as they are written; --type f32/f16/bf16 writes every matrix in that
+ * float type (a conversion: nothing quantised).
  * config.json itself is kept in the key fmoe.hf_config, so fmoe can rebuild the exact
  * geometry and fingerprint of the checkpoint from the file.
  */
@@ -32,8 +38,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "fmoe/error.h"
 #include "files.h"
+#include "fp8_block.h"
 #include "fmoe/geometry.h"
 #include "half.h"
 #include "fmoe/quant.h"
@@ -59,7 +68,9 @@ static uint32_t file_type(uint32_t type) {
     case FMOE_GGML_Q2_K: return 10; /* MOSTLY_Q2_K (the name of its mix too) */
     case FMOE_GGML_Q3_K: return 11; /* MOSTLY_Q3_K_S: every quantised tensor Q3_K */
     case FMOE_GGML_IQ4_XS: return 30;
-    default: return 0;
+    case FMOE_GGML_F16: return 1;   /* MOSTLY_F16 */
+    case FMOE_GGML_BF16: return 32; /* MOSTLY_BF16 */
+    default: return 0;              /* ALL_F32, and the unknown */
     }
 }
 
@@ -75,9 +86,27 @@ typedef struct out_tensor {
     const fmoe_st_tensor **src;    /* [nsrc] sources, each [rows][cols] (or [cols] for 1-D) */
     int32_t nsrc;
     int32_t permute_heads;         /* > 0: rows are heads of head_dim, rotate-half -> pairs */
+    const struct strided *view;    /* NULL, or the sources read through this view */
     uint64_t offset;               /* in the data section */
     int64_t nbytes;
 } out_tensor;
+
+/*
+ * An output tensor whose values are a strided gather of its source rather than its rows:
+ * value (x, r, c) (x the expert or head, r the row, c the column of the output's
+ * [ne2][ne1][ne0]) is source element off + x·e + r·row + c·col, x counted from the
+ * source's index among the output's sources when there are several (each one expert).
+ * What llama.cpp's converter does with a transpose, a split or a stride:
+ *   deepseek2 attn_k_b [H][r][dn] from kv_b_proj [H(dn + dv)][r]: e = (dn + dv)·r, row 1,
+ *     col r (each head's key rows transposed); attn_v_b [H][dv][r]: off dn·r, row r, col 1;
+ *   gpt-oss's input-major fused experts [J][h][2I] (gate and up columns interleaved) to
+ *     output-major ffn_{gate,up}_exps [J][I][h]: e = 2Ih, row 2, col 2I, off 0 / 1; down
+ *     [J][I][h] to [J][h][I]: e = Ih, row 1, col h; biases [J][2I] to [J][I]: row 2I,
+ *     col 2, off 0 / 1.
+ */
+typedef struct strided {
+    int64_t off, e, row, col;
+} strided;
 
 typedef struct plan {
     const fmoe_safetensors *st;
@@ -89,19 +118,28 @@ typedef struct plan {
     uint32_t experts_type;         /* 0, or the routed experts' type */
     int experts_only;
     int permute;                   /* the architecture wants q/k rows permuted */
+    const cJSON *config;           /* config.json, for the keys the geometry lacks */
+    int has_fp8;                   /* some source is F8_E4M3 (fp8_block.h) */
+    strided kv_split[2];           /* deepseek2's attn_k_b, attn_v_b (the same every layer) */
+    strided gptoss[5];             /* gpt-oss's gate, up, down, gate bias, up bias */
     out_tensor *t;
     int64_t n, cap;
     fmoe_quantize_report *report;
 } plan;
+
+/* --type f32/f16/bf16: every matrix in that float type, nothing quantised */
+static int is_float_type(uint32_t t) {
+    return t == FMOE_GGML_F32 || t == FMOE_GGML_F16 || t == FMOE_GGML_BF16;
+}
 
 static uint32_t ggml_of(fmoe_st_dtype d) {
     return d == FMOE_ST_F16 ? FMOE_GGML_F16 : d == FMOE_ST_BF16 ? FMOE_GGML_BF16 : FMOE_GGML_F32;
 }
 
 /* The checkpoint tensor called fmt..., or NULL (required: an error when absent). */
-static int find(const plan *p, int required, const fmoe_st_tensor **out, const char *fmt, ...)
+static int find(plan *p, int required, const fmoe_st_tensor **out, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static int find(const plan *p, int required, const fmoe_st_tensor **out, const char *fmt, ...) {
+static int find(plan *p, int required, const fmoe_st_tensor **out, const char *fmt, ...) {
     char name[NAME_CAP];
     va_list ap;
     va_start(ap, fmt);
@@ -113,10 +151,14 @@ static int find(const plan *p, int required, const fmoe_st_tensor **out, const c
         FMOE_RETURN_ERROR_IF(required, FMOE_ENOTFOUND, "%s: missing tensor %s", p->dir, name);
         return 0;
     }
+    /* FP8 block-scaled weights are dequantised as they are written (source_rows) */
+    const int fp8 = t->dtype == FMOE_ST_F8_E4M3 && t->ndim == 2;
     FMOE_RETURN_ERROR_IF(t->dtype != FMOE_ST_F32 && t->dtype != FMOE_ST_F16 &&
-                             t->dtype != FMOE_ST_BF16,
-                         FMOE_EUNSUPPORTED, "%s: tensor %s has dtype %s (F32, F16 or BF16 needed)",
+                             t->dtype != FMOE_ST_BF16 && !fp8,
+                         FMOE_EUNSUPPORTED,
+                         "%s: tensor %s has dtype %s (F32, F16, BF16 or 2-D F8_E4M3 needed)",
                          t->file, name, fmoe_st_dtype_name(t->dtype));
+    p->has_fp8 |= fp8;
     FMOE_RETURN_ERROR_IF(t->ndim < 1 || t->ndim > 2, FMOE_EUNSUPPORTED,
                          "%s: tensor %s has %d dimensions (1 or 2 expected)", t->file, name, t->ndim);
     return 1;
@@ -125,8 +167,11 @@ static int find(const plan *p, int required, const fmoe_st_tensor **out, const c
 enum kind { KIND_NORM, KIND_ROUTER, KIND_WEIGHT, KIND_EXPERT };
 
 /* Adds output `name` from `n` sources of one shape; chooses its type by kind. */
-static int add(plan *p, enum kind kind, const char *name, const fmoe_st_tensor **src, int32_t n,
-               int32_t permute_heads) {
+/* add(), or (view != NULL) a strided gather of the sources with extents `ne` (ndim 3 when
+ * ne[2] > 1 or there are several sources, else 2). `view` must outlive the plan. */
+static int add_shaped(plan *p, enum kind kind, const char *name, const fmoe_st_tensor **src,
+                      int32_t n, int32_t permute_heads, const strided *view,
+                      const int64_t ne[3]) {
     for (int32_t i = 1; i < n; i++)
         FMOE_RETURN_ERROR_IF(src[i]->ndim != src[0]->ndim || src[i]->shape[0] != src[0]->shape[0] ||
                                  (src[0]->ndim == 2 && src[i]->shape[1] != src[0]->shape[1]),
@@ -159,7 +204,12 @@ static int add(plan *p, enum kind kind, const char *name, const fmoe_st_tensor *
         o->ne[2] = n;
         if (o->ndim == 2) o->ne[2] = 1;
     }
-    const uint32_t own = ggml_of(s->dtype);
+    if (view) {
+        o->view = view;
+        o->ndim = ne[2] > 1 || n > 1 ? 3 : 2;
+        memcpy(o->ne, ne, sizeof o->ne);
+    }
+    const uint32_t own = s->dtype == FMOE_ST_F8_E4M3 ? FMOE_GGML_BF16 : ggml_of(s->dtype);
     const int quantize = o->ndim >= 2 && kind != KIND_ROUTER && kind != KIND_NORM &&
                          (kind == KIND_EXPERT || !p->experts_only);
     if (o->ndim == 1 || kind == KIND_ROUTER || kind == KIND_NORM) {
@@ -173,9 +223,11 @@ static int add(plan *p, enum kind kind, const char *name, const fmoe_st_tensor *
         const uint32_t want = kind == KIND_EXPERT && p->experts_type ? p->experts_type
                               : p->mix ? fmoe_quant_mix_type(p->mix, &p->mixmodel, name, o->ne[0])
                                        : p->type;
-        const uint32_t f = fmoe_quant_fallback_type(want, o->ne[0]);
-        o->type = f ? f : own;
-        if (f == want)
+        const uint32_t f = is_float_type(want) ? want : fmoe_quant_fallback_type(want, o->ne[0]);
+        o->type = is_float_type(want) ? want : f ? f : own; /* FMOE_GGML_F32 is 0 */
+        if (is_float_type(f))
+            ;
+        else if (f == want)
             p->report->quantized++;
         else
             p->report->fallback++;
@@ -183,8 +235,14 @@ static int add(plan *p, enum kind kind, const char *name, const fmoe_st_tensor *
     p->report->by_type[o->type]++;
     const int64_t rows = o->ndim == 1 ? 1 : o->ne[1] * o->ne[2];
     o->nbytes = rows * fmoe_quant_row_bytes(o->type, o->ne[0]);
-    for (int32_t i = 0; i < n; i++) p->report->bytes_in += src[i]->nbytes;
+    for (int32_t i = 0; i < n && !view; i++) /* views: their caller counts the source once */
+        p->report->bytes_in += src[i]->nbytes;
     return 0;
+}
+
+static int add(plan *p, enum kind kind, const char *name, const fmoe_st_tensor **src, int32_t n,
+               int32_t permute_heads) {
+    return add_shaped(p, kind, name, src, n, permute_heads, NULL, NULL);
 }
 
 /* One checkpoint tensor into one output tensor; absent optional ones are skipped. */
@@ -231,6 +289,10 @@ static int add_experts(plan *p, int32_t i) {
     snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
     FMOE_FORWARD_IF_ERROR(
         add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.%s.gate.weight", i, moe));
+    /* DeepSeek-V3's and GLM-4.5's selection bias (noaux_tc) */
+    snprintf(name, sizeof name, "blk.%d.exp_probs_b.bias", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 0, 0, name,
+                               "model.layers.%d.%s.gate.e_score_correction_bias", i, moe));
     static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"};
     static const char *const mx[3] = {"w1", "w3", "w2"};
     static const char *const gg[3] = {"gate", "up", "down"};
@@ -263,12 +325,142 @@ static int add_experts(plan *p, int32_t i) {
     return 0;
 }
 
+/* DeepSeek-V2/V3's multi-head latent attention of layer i, named as llama.cpp's deepseek2
+ * (gguf-py's MODEL_TENSORS[DEEPSEEK2]); kv_b_proj is written split into attn_k_b and
+ * attn_v_b (strided views), as the converter writes it today. */
+static int add_mla(plan *p, int32_t i) {
+    const fmoe_model_geometry *g = p->g;
+    const int lora = g->q_lora_rank > 0; /* V2-Lite: a full-rank q_proj */
+    static const struct {
+        const char *hf, *gguf;
+        int lora; /* 1: only with q_lora_rank, -1: only without, 0: always */
+    } map[] = {
+        {"q_a_proj.weight", "attn_q_a.weight", 1},
+        {"q_a_layernorm.weight", "attn_q_a_norm.weight", 1},
+        {"q_b_proj.weight", "attn_q_b.weight", 1},
+        {"q_proj.weight", "attn_q.weight", -1},
+        {"kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight", 0},
+        {"kv_a_layernorm.weight", "attn_kv_a_norm.weight", 0},
+        {"o_proj.weight", "attn_output.weight", 0},
+    };
+    char name[64];
+    for (size_t k = 0; k < sizeof map / sizeof map[0]; k++) {
+        if ((map[k].lora == 1 && !lora) || (map[k].lora == -1 && lora)) continue;
+        snprintf(name, sizeof name, "blk.%d.%s", i, map[k].gguf);
+        FMOE_FORWARD_IF_ERROR(add1(p, strstr(map[k].hf, "layernorm") ? KIND_NORM : KIND_WEIGHT,
+                                   1, 0, name, "model.layers.%d.self_attn.%s", i, map[k].hf));
+    }
+    const int64_t H = g->num_attention_heads, dn = g->qk_nope_head_dim, dv = g->v_head_dim;
+    const int64_t r = g->kv_lora_rank;
+    const fmoe_st_tensor *kv;
+    FMOE_FORWARD_IF_ERROR(find(p, 1, &kv, "model.layers.%d.self_attn.kv_b_proj.weight", i));
+    FMOE_RETURN_ERROR_IF(kv->ndim != 2 || kv->shape[0] != H * (dn + dv) || kv->shape[1] != r,
+                         FMOE_EMISMATCH,
+                         "%s: tensor %s has shape [%lld,%lld], expected [%lld,%lld] "
+                         "(heads x (qk_nope_head_dim + v_head_dim), kv_lora_rank)",
+                         kv->file, kv->name, (long long)kv->shape[0],
+                         (long long)(kv->ndim > 1 ? kv->shape[1] : 0), (long long)(H * (dn + dv)),
+                         (long long)r);
+    const int64_t kb[3] = {dn, r, H}, vb[3] = {r, dv, H};
+    p->report->bytes_in += kv->nbytes;
+    p->kv_split[0] = (strided){.off = 0, .e = (dn + dv) * r, .row = 1, .col = r};
+    p->kv_split[1] = (strided){.off = dn * r, .e = (dn + dv) * r, .row = r, .col = 1};
+    snprintf(name, sizeof name, "blk.%d.attn_k_b.weight", i);
+    FMOE_FORWARD_IF_ERROR(add_shaped(p, KIND_WEIGHT, name, &kv, 1, 0, &p->kv_split[0], kb));
+    snprintf(name, sizeof name, "blk.%d.attn_v_b.weight", i);
+    return add_shaped(p, KIND_WEIGHT, name, &kv, 1, 0, &p->kv_split[1], vb);
+}
+
+/* A float tensor of the checkpoint with the given shape (-1: any extent). */
+static int find_shaped(plan *p, const fmoe_st_tensor **out, int32_t ndim, const int64_t *shape,
+                       const char *name) {
+    const fmoe_st_tensor *t = fmoe_safetensors_find(p->st, name);
+    FMOE_RETURN_ERROR_IF(!t, FMOE_ENOTFOUND, "%s: missing tensor %s", p->dir, name);
+    FMOE_RETURN_ERROR_IF(t->dtype != FMOE_ST_F32 && t->dtype != FMOE_ST_F16 &&
+                             t->dtype != FMOE_ST_BF16,
+                         FMOE_EUNSUPPORTED, "%s: tensor %s has dtype %s (F32, F16 or BF16 needed)",
+                         t->file, name, fmoe_st_dtype_name(t->dtype));
+    int ok = t->ndim == ndim;
+    for (int32_t d = 0; ok && d < ndim; d++) ok = t->shape[d] == shape[d];
+    FMOE_RETURN_ERROR_IF(!ok, FMOE_EMISMATCH, "%s: tensor %s has %d dimensions [%lld, ...], "
+                         "expected %d [%lld, ...]", t->file, name, t->ndim,
+                         (long long)(t->ndim ? t->shape[0] : 0), ndim, (long long)shape[0]);
+    *out = t;
+    return 0;
+}
+
+/*
+ * gpt-oss's attention sinks and MoE block of layer i, as llama.cpp's GptOssModel writes a
+ * float checkpoint (family_gptoss.c has the layouts): self_attn.sinks as attn_sinks.weight,
+ * the router and its bias as ffn_gate_inp, the fused input-major experts de-interleaved and
+ * transposed into ffn_{gate,up,down}_exps [J][rows][cols] and their biases into
+ * ffn_{gate,up,down}_exps.bias [J][rows] (strided views). OpenAI's published MXFP4 experts
+ * (_blocks, _scales) are refused: repacking them is not done here.
+ */
+static int add_gptoss(plan *p, int32_t i) {
+    const fmoe_model_geometry *g = p->g;
+    const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
+    char name[64], hf[NAME_CAP];
+    snprintf(name, sizeof name, "blk.%d.attn_sinks.weight", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.self_attn.sinks", i));
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.mlp.router.weight", i));
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.bias", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.mlp.router.bias", i));
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_blocks", i);
+    FMOE_RETURN_ERROR_IF(fmoe_safetensors_find(p->st, hf) != NULL, FMOE_EUNSUPPORTED,
+                         "%s: layer %d stores its experts in MXFP4 (%s): fmoe quantize reads "
+                         "float gpt-oss checkpoints (fmoe runs the MXFP4 files directly)",
+                         p->dir, i, hf);
+    const fmoe_st_tensor *gu, *dn, *gub;
+    const int64_t gus[3] = {J, h, 2 * I}, dns[3] = {J, I, h}, gubs[2] = {J, 2 * I};
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gu, 3, gus, hf));
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &dn, 3, dns, hf));
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_bias", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gub, 2, gubs, hf));
+    p->report->bytes_in += gu->nbytes + dn->nbytes + gub->nbytes;
+    strided *v = p->gptoss;
+    v[0] = (strided){.off = 0, .e = 2 * I * h, .row = 2, .col = 2 * I}; /* gate */
+    v[1] = (strided){.off = 1, .e = 2 * I * h, .row = 2, .col = 2 * I}; /* up */
+    v[2] = (strided){.off = 0, .e = I * h, .row = 1, .col = h};         /* down */
+    v[3] = (strided){.off = 0, .e = 0, .row = 2 * I, .col = 2};         /* gate bias */
+    v[4] = (strided){.off = 1, .e = 0, .row = 2 * I, .col = 2};         /* up bias */
+    const fmoe_st_tensor **src = malloc((size_t)J * sizeof *src);
+    FMOE_RETURN_ERROR_IF(!src, FMOE_ENOMEM, "out of memory");
+    static const char *const gg[3] = {"gate", "up", "down"};
+    int rc = 0;
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        const int64_t ne[3] = {k < 2 ? h : I, k < 2 ? I : h, J};
+        for (int64_t e = 0; e < J; e++) src[e] = k < 2 ? gu : dn;
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i, gg[k]);
+        rc = add_shaped(p, KIND_EXPERT, name, src, (int32_t)J, 0, &v[k], ne);
+    }
+    free(src);
+    FMOE_FORWARD_IF_ERROR(rc);
+    const int64_t nb[3] = {I, J, 1};
+    for (int k = 0; k < 2; k++) {
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.bias", i, gg[k]);
+        FMOE_FORWARD_IF_ERROR(add_shaped(p, KIND_NORM, name, &gub, 1, 0, &v[3 + k], nb));
+    }
+    snprintf(name, sizeof name, "blk.%d.ffn_down_exps.bias", i);
+    return add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.mlp.experts.down_proj_bias", i);
+}
+
 static int build_plan(plan *p) {
     const fmoe_model_geometry *g = p->g;
     FMOE_FORWARD_IF_ERROR(
         add1(p, KIND_WEIGHT, 1, 0, "token_embd.weight", "model.embed_tokens.weight"));
     int8_t moe[FMOE_MAX_LAYERS] = {0};
     for (int32_t l = 0; l < g->num_moe_layers; l++) moe[g->moe_layer_index[l]] = 1;
+    const int mla = g->family == FMOE_FAMILY_DEEPSEEK_V2 || g->family == FMOE_FAMILY_DEEPSEEK_V3;
+    /* glm4moe's and gpt-oss's post-attention norm is llama.cpp's ATTN_POST_NORM
+     * (lib/gguf_names.c) */
+    const char *ffn_norm =
+        g->family == FMOE_FAMILY_GLM4_MOE || g->family == FMOE_FAMILY_GPT_OSS
+            ? "post_attention_norm"
+            : "ffn_norm";
     static const char *const attn[4][2] = {
         {"q_proj", "attn_q"}, {"k_proj", "attn_k"}, {"v_proj", "attn_v"}, {"o_proj", "attn_output"}};
     for (int32_t i = 0; i < g->num_hidden_layers; i++) {
@@ -276,7 +468,8 @@ static int build_plan(plan *p) {
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", i);
         FMOE_FORWARD_IF_ERROR(
             add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.input_layernorm.weight", i));
-        for (int k = 0; k < 4; k++) {
+        if (mla) FMOE_FORWARD_IF_ERROR(add_mla(p, i));
+        for (int k = 0; k < 4 && !mla; k++) {
             const int32_t heads = !p->permute ? 0
                                   : k == 0    ? g->num_attention_heads
                                   : k == 1    ? g->num_key_value_heads
@@ -294,10 +487,12 @@ static int build_plan(plan *p) {
         snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", i);
         FMOE_FORWARD_IF_ERROR(
             add1(p, KIND_NORM, 0, 0, name, "model.layers.%d.self_attn.k_norm.weight", i));
-        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", i);
+        snprintf(name, sizeof name, "blk.%d.%s.weight", i, ffn_norm);
         FMOE_FORWARD_IF_ERROR(
             add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.post_attention_layernorm.weight", i));
-        if (moe[i]) {
+        if (g->family == FMOE_FAMILY_GPT_OSS) {
+            FMOE_FORWARD_IF_ERROR(add_gptoss(p, i));
+        } else if (moe[i]) {
             FMOE_FORWARD_IF_ERROR(add_experts(p, i));
         } else {
             char prefix[NAME_CAP];
@@ -376,6 +571,91 @@ static void kv_str(kvs *k, const char *name, const char *s, size_t n) {
     put_str(&k->b, s, n);
 }
 
+/* A number of config.json: under rope_parameters (transformers >= 5), rope_scaling, or at
+ * the top level; `def` when none has it. */
+static double cfg_number(const cJSON *cfg, const char *key, double def) {
+    static const char *const where[] = {"rope_parameters", "rope_scaling", NULL};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *o = where[i] ? cJSON_GetObjectItemCaseSensitive(cfg, where[i]) : cfg;
+        const cJSON *v = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+        if (cJSON_IsNumber(v)) return v->valuedouble;
+    }
+    return def;
+}
+
+/* The config's rope type is yarn (rope_parameters.rope_type or rope_scaling.type). */
+static int cfg_yarn(const cJSON *cfg) {
+    static const char *const where[] = {"rope_parameters", "rope_scaling"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *o = cJSON_GetObjectItemCaseSensitive(cfg, where[i]);
+        if (!cJSON_IsObject(o)) continue;
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "rope_type");
+        if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(o, "type");
+        if (cJSON_IsString(t)) return strcmp(t->valuestring, "yarn") == 0;
+    }
+    return 0;
+}
+
+/* The rotated dimensions of a head: GLM-4.5 rotates partial_rotary_factor of it
+ * (llama.cpp's Glm4MoeModel: rope.dimension_count, default factor 0.5). */
+static int32_t rotary_dims(const plan *p) {
+    const fmoe_model_geometry *g = p->g;
+    if (g->family != FMOE_FAMILY_GLM4_MOE) return g->head_dim;
+    return (int32_t)(g->head_dim * cfg_number(p->config, "partial_rotary_factor", 0.5));
+}
+
+/*
+ * deepseek2's attention keys, as llama.cpp's DeepseekV2Model writes them: MLA stored as
+ * one shared latent "head" (head_count_kv 1, key_length kv_lora_rank + qk_rope_head_dim,
+ * value_length kv_lora_rank) with the per-head sizes in key_length_mla/value_length_mla;
+ * the ranks; rope.dimension_count = qk_rope_head_dim; YaRN with yarn_log_multiplier =
+ * 0.1 · mscale_all_dim (the converter's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]).
+ */
+static void metadata_mla(kvs *k, const plan *p) {
+    const fmoe_model_geometry *g = p->g;
+    kv_u32(k, ".attention.head_count_kv", 1);
+    kv_u32(k, ".attention.key_length", (uint32_t)(g->kv_lora_rank + g->qk_rope_head_dim));
+    kv_u32(k, ".attention.value_length", (uint32_t)g->kv_lora_rank);
+    kv_u32(k, ".attention.key_length_mla", (uint32_t)(g->qk_nope_head_dim + g->qk_rope_head_dim));
+    kv_u32(k, ".attention.value_length_mla", (uint32_t)g->v_head_dim);
+    if (g->q_lora_rank > 0) kv_u32(k, ".attention.q_lora_rank", (uint32_t)g->q_lora_rank);
+    kv_u32(k, ".attention.kv_lora_rank", (uint32_t)g->kv_lora_rank);
+    kv_u32(k, ".rope.dimension_count", (uint32_t)g->qk_rope_head_dim);
+    const double mscale_all = cfg_number(p->config, "mscale_all_dim", -1);
+    if (cfg_yarn(p->config) && mscale_all >= 0)
+        kv_f32(k, ".rope.scaling.yarn_log_multiplier", (float)(0.1 * mscale_all));
+}
+
+/* YaRN's keys, as llama.cpp's TextModel.set_gguf_parameters writes them. */
+static void metadata_yarn(kvs *k, const plan *p) {
+    if (!cfg_yarn(p->config)) return;
+    static const char yarn[] = "yarn";
+    kv_str(k, ".rope.scaling.type", yarn, sizeof yarn - 1);
+    kv_f32(k, ".rope.scaling.factor", (float)cfg_number(p->config, "factor", 1.0));
+    kv_u32(k, ".rope.scaling.original_context_length",
+           (uint32_t)cfg_number(p->config, "original_max_position_embeddings", 4096));
+    const double fast = cfg_number(p->config, "beta_fast", -1);
+    const double slow = cfg_number(p->config, "beta_slow", -1);
+    if (fast >= 0) kv_f32(k, ".rope.scaling.yarn_beta_fast", (float)fast);
+    if (slow >= 0) kv_f32(k, ".rope.scaling.yarn_beta_slow", (float)slow);
+}
+
+/* The router and layer keys deepseek2 and glm4moe share (llama.cpp's TextModel base and
+ * DeepseekV2Model / Glm4MoeModel): dense leading layers, shared experts, the scaling
+ * factor, the scoring function (1 softmax, 2 sigmoid) and the expert groups. */
+static void metadata_grouped_moe(kvs *k, const plan *p) {
+    const fmoe_model_geometry *g = p->g;
+    kv_u32(k, ".leading_dense_block_count",
+           (uint32_t)(g->num_moe_layers > 0 ? g->moe_layer_index[0] : g->num_hidden_layers));
+    kv_u32(k, ".expert_shared_count", (uint32_t)g->num_shared_experts);
+    kv_f32(k, ".expert_weights_scale", (float)g->routed_scaling_factor);
+    kv_u32(k, ".expert_gating_func", g->scoring == FMOE_ROUTER_SOFTMAX ? 1 : 2);
+    if (cJSON_GetObjectItemCaseSensitive(p->config, "n_group")) {
+        kv_u32(k, ".expert_group_count", (uint32_t)g->n_group);
+        kv_u32(k, ".expert_group_used_count", (uint32_t)g->topk_group);
+    }
+}
+
 static void metadata(kvs *k, const plan *p, const char *config, size_t config_len) {
     const fmoe_model_geometry *g = p->g;
     kv_str(k, "general.architecture", k->arch, strlen(k->arch));
@@ -391,10 +671,15 @@ static void metadata(kvs *k, const plan *p, const char *config, size_t config_le
     kv_u32(k, ".feed_forward_length",
            (uint32_t)(g->intermediate_size > 0 ? g->intermediate_size : g->moe_intermediate_size));
     kv_u32(k, ".attention.head_count", (uint32_t)g->num_attention_heads);
-    kv_u32(k, ".attention.head_count_kv", (uint32_t)g->num_key_value_heads);
-    kv_u32(k, ".attention.key_length", (uint32_t)g->head_dim);
-    kv_u32(k, ".attention.value_length", (uint32_t)g->head_dim);
-    kv_u32(k, ".rope.dimension_count", (uint32_t)g->head_dim);
+    const int mla = g->family == FMOE_FAMILY_DEEPSEEK_V2 || g->family == FMOE_FAMILY_DEEPSEEK_V3;
+    if (mla) {
+        metadata_mla(k, p);
+    } else {
+        kv_u32(k, ".attention.head_count_kv", (uint32_t)g->num_key_value_heads);
+        kv_u32(k, ".attention.key_length", (uint32_t)g->head_dim);
+        kv_u32(k, ".attention.value_length", (uint32_t)g->head_dim);
+        kv_u32(k, ".rope.dimension_count", (uint32_t)rotary_dims(p));
+    }
     kv_f32(k, ".rope.freq_base", (float)g->rope_theta);
     kv_f32(k, ".attention.layer_norm_rms_epsilon", (float)g->rms_norm_eps);
     kv_u32(k, ".expert_count", (uint32_t)g->num_experts);
@@ -410,6 +695,11 @@ static void metadata(kvs *k, const plan *p, const char *config, size_t config_le
         kv_u32(k, ".expert_shared_count", (uint32_t)g->num_shared_experts);
         kv_f32(k, ".expert_weights_scale", (float)g->routed_scaling_factor);
     }
+    if (mla || g->family == FMOE_FAMILY_GLM4_MOE) metadata_grouped_moe(k, p);
+    if (mla || g->family == FMOE_FAMILY_GPT_OSS) metadata_yarn(k, p);
+    const double window = cfg_number(p->config, "sliding_window", 0);
+    if (g->family == FMOE_FAMILY_GPT_OSS && window > 0)
+        kv_u32(k, ".attention.sliding_window", (uint32_t)window);
     kv_str(k, "fmoe.hf_config", config, config_len);
 }
 
@@ -516,7 +806,73 @@ typedef struct writer {
     uint8_t *out;              /* one quantised source matrix */
     int64_t out_cap;
     float *row;                /* [max_cols] for the sequential paths */
+    uint16_t *row16;           /* [max_cols] a row narrowed to F16/BF16 */
+    const fmoe_safetensors *st;
+    int64_t fp8_bm, fp8_bn;    /* FP8 sources' block size (fp8_block.h) */
+    float *src_f32, *view_f32; /* a source not read in place, as f32 (source_rows) */
+    int64_t src_cap, view_cap;
+    const fmoe_st_tensor *widened; /* the source src_f32 holds */
 } writer;
+
+/* Grows *buf to hold n floats. */
+static int reserve(float **buf, int64_t *cap, int64_t n, const char *what) {
+    if (n <= *cap) return 0;
+    float *nb = realloc(*buf, (size_t)n * sizeof *nb);
+    FMOE_RETURN_ERROR_IF(!nb, FMOE_ENOMEM, "out of memory for tensor %s", what);
+    *buf = nb;
+    *cap = n;
+    return 0;
+}
+
+/*
+ * Source e of output o, as the rows the writer reads: the source itself, or (an FP8 weight,
+ * a strided view) an f32 copy in the writer's buffers described by *tmp. A source widened
+ * once is kept for the next outputs that read it (gpt-oss's fused experts: J views each).
+ */
+static int source_rows(writer *w, const out_tensor *o, int32_t e, fmoe_st_tensor *tmp,
+                       const fmoe_st_tensor **out) {
+    const fmoe_st_tensor *s = o->src[e];
+    *out = s;
+    if (s->dtype != FMOE_ST_F8_E4M3 && !o->view) return 0;
+    if (w->widened != s) {
+        FMOE_FORWARD_IF_ERROR(reserve(&w->src_f32, &w->src_cap, s->numel, s->name));
+        w->widened = NULL;
+        if (s->dtype == FMOE_ST_F8_E4M3)
+            FMOE_FORWARD_IF_ERROR(
+                fmoe__fp8_dequantize(w->st, s, w->fp8_bm, w->fp8_bn, FMOE_ST_F32, w->src_f32));
+        else
+            widen(s, 0, s->numel, w->src_f32);
+        w->widened = s;
+    }
+    *tmp = *s;
+    tmp->dtype = FMOE_ST_F32;
+    tmp->data = w->src_f32;
+    tmp->nbytes = s->numel * 4;
+    if (o->view) {
+        const strided *v = o->view;
+        const int64_t nx = o->nsrc == 1 ? o->ne[2] : 1, x0 = o->nsrc == 1 ? 0 : e;
+        const int64_t rows = o->ne[1], cols = o->ne[0], n = nx * rows * cols;
+        FMOE_FORWARD_IF_ERROR(reserve(&w->view_f32, &w->view_cap, n, s->name));
+        float *d = w->view_f32;
+        for (int64_t x = x0; x < x0 + nx; x++)
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < cols; c++) {
+                    const int64_t at = v->off + x * v->e + r * v->row + c * v->col;
+                    FMOE_RETURN_ERROR_IF(at < 0 || at >= s->numel, FMOE_EFORMAT,
+                                         "%s: tensor %s is too small for %s", s->file, s->name,
+                                         o->name);
+                    *d++ = w->src_f32[at];
+                }
+        tmp->data = w->view_f32;
+        tmp->ndim = 2;
+        tmp->numel = n;
+        tmp->nbytes = n * 4;
+        tmp->shape[0] = nx * rows;
+        tmp->shape[1] = cols;
+    }
+    *out = tmp;
+    return 0;
+}
 
 /* A tensor kept unquantized must hold finite values too: a NaN or infinity there (a
  * norm, a router, an F16 matrix) turns every logit it reaches into NaN, which the quantized
@@ -547,11 +903,14 @@ static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *pro
         }
         return write_all(w->f, w->row, (size_t)cols * 4, w->path);
     }
-    const int64_t rows = o->ne[1], rb = fmoe_quant_row_bytes(o->type, cols);
-    const int quantised = o->type != FMOE_GGML_F32 && o->type != FMOE_GGML_F16 &&
-                          o->type != FMOE_GGML_BF16;
+    /* rows of one source: one of nsrc stacked experts, or all of a lone 3-D tensor */
+    const int64_t rows = o->ne[1] * (o->nsrc == 1 ? o->ne[2] : 1);
+    const int64_t rb = fmoe_quant_row_bytes(o->type, cols);
+    const int quantised = !is_float_type(o->type);
     for (int32_t e = 0; e < o->nsrc; e++) {
-        const fmoe_st_tensor *s = o->src[e];
+        fmoe_st_tensor tmp;
+        const fmoe_st_tensor *s;
+        FMOE_FORWARD_IF_ERROR(source_rows(w, o, e, &tmp, &s));
         if (quantised) {
             if (rows * rb > w->out_cap) {
                 uint8_t *nb = realloc(w->out, (size_t)(rows * rb));
@@ -582,10 +941,16 @@ static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *pro
                 const void *out;
                 widen(s, sr * cols, cols, w->row);
                 FMOE_FORWARD_IF_ERROR(check_finite(s, w->row, cols, sr, 0));
-                if (ggml_of(s->dtype) == o->type) /* kept as is */
+                if (ggml_of(s->dtype) == o->type) { /* kept as is */
                     out = (const uint8_t *)s->data + sr * cols * fmoe_st_dtype_size(s->dtype);
-                else /* F32 from F16/BF16 */
+                } else if (o->type == FMOE_GGML_F32) { /* F32 from F16/BF16 */
                     out = w->row;
+                } else { /* F16/BF16 from another dtype (--type f16/bf16, FP8 kept) */
+                    for (int64_t c = 0; c < cols; c++)
+                        w->row16[c] = o->type == FMOE_GGML_F16 ? fmoe_float_to_half(w->row[c])
+                                                               : fmoe_float_to_bf16(w->row[c]);
+                    out = w->row16;
+                }
                 FMOE_FORWARD_IF_ERROR(write_all(w->f, out, (size_t)rb, w->path));
             }
         }
@@ -607,10 +972,15 @@ static int arch_of(const fmoe_model_geometry *g, const char *dir, char arch[32],
     case FMOE_FAMILY_QWEN3_MOE: strcpy(arch, "qwen3moe"); return 0;
     case FMOE_FAMILY_OLMOE: strcpy(arch, "olmoe"); return 0;
     case FMOE_FAMILY_DEEPSEEK_V1: strcpy(arch, "deepseek"), *permute = 1; return 0;
+    case FMOE_FAMILY_DEEPSEEK_V2:
+    case FMOE_FAMILY_DEEPSEEK_V3: strcpy(arch, "deepseek2"); return 0; /* no permutation */
+    case FMOE_FAMILY_GLM4_MOE: strcpy(arch, "glm4moe"); return 0;      /* neox rope already */
+    case FMOE_FAMILY_GPT_OSS: strcpy(arch, "gpt-oss"); return 0;
     default:
         return fmoe_error_set(FMOE_EUNSUPPORTED,
                               "%s: model_type %s: fmoe quantize writes mixtral, qwen2_moe, "
-                              "qwen3_moe, olmoe and deepseek (V1) checkpoints",
+                              "qwen3_moe, olmoe, deepseek, deepseek_v2, deepseek_v3, "
+                              "glm4_moe and gpt_oss checkpoints",
                               dir, g->model_type);
     }
 }
@@ -644,9 +1014,9 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
     const uint32_t type = params->mix ? fmoe_quant_mix_base(params->mix) : params->type;
     FMOE_RETURN_ERROR_IF(params->mix && !type, FMOE_EINVAL, "quantize: unknown mix %d",
                          (int)params->mix);
-    FMOE_RETURN_ERROR_IF(!fmoe_quant_can_quantize(type), FMOE_EINVAL,
-                         "quantize: cannot write type %u (q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
-                         "iq4_xs, q4_0, q4_1, q5_0, q5_1 or iq4_nl)",
+    FMOE_RETURN_ERROR_IF(!fmoe_quant_can_quantize(type) && !is_float_type(type), FMOE_EINVAL,
+                         "quantize: cannot write type %u (f32, f16, bf16, q8_0, q2_k, q3_k, "
+                         "q4_k, q5_k, q6_k, iq4_xs, q4_0, q4_1, q5_0, q5_1 or iq4_nl)",
                          type);
     FMOE_RETURN_ERROR_IF(params->experts_type && !fmoe_quant_can_quantize(params->experts_type),
                          FMOE_EINVAL, "quantize: cannot write experts type %u",
@@ -660,6 +1030,7 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
     fmoe_model_geometry *g = calloc(1, sizeof *g);
     fmoe_safetensors *st = NULL;
     char *config = NULL;
+    cJSON *cfg = NULL;
     size_t config_len = 0;
     plan p = {0};
     kvs k = {0};
@@ -675,8 +1046,13 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
         rc = FMOE_EIO;
         goto fail;
     }
+    if (!(cfg = cJSON_ParseWithLength(config, config_len))) {
+        rc = fmoe_error_set(FMOE_EFORMAT, "%s: malformed JSON", path);
+        goto fail;
+    }
     if ((rc = fmoe_safetensors_open(dir, &st)) < 0) goto fail;
     p.st = st;
+    p.config = cfg;
     p.g = g;
     p.dir = dir;
     p.type = type;
@@ -695,6 +1071,11 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
     p.report = report;
     snprintf(report->arch, sizeof report->arch, "%s", k.arch);
     if ((rc = build_plan(&p)) < 0) goto fail;
+    wr.st = st;
+    if (p.has_fp8 && (rc = fmoe__fp8_block_size(config, config_len, &wr.fp8_bm, &wr.fp8_bn)) < 0) {
+        fmoe_error_prefix("%s", dir);
+        goto fail;
+    }
 
     /* header: magic, version, counts, key-value pairs, tensor infos, padding */
     metadata(&k, &p, config, config_len);
@@ -727,8 +1108,9 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     wr.workers = (int32_t)(ncpu < 1 ? 1 : ncpu > 256 ? 256 : ncpu);
     wr.row = malloc((size_t)max_cols * sizeof *wr.row);
+    wr.row16 = malloc((size_t)max_cols * sizeof *wr.row16);
     wr.scratch = calloc((size_t)wr.workers, sizeof *wr.scratch);
-    if (!wr.row || !wr.scratch) {
+    if (!wr.row || !wr.row16 || !wr.scratch) {
         rc = fmoe_error_set(FMOE_ENOMEM, "out of memory");
         goto fail;
     }
@@ -781,7 +1163,11 @@ done:
     for (int32_t k = 0; wr.scratch && k < wr.workers; k++) free(wr.scratch[k]);
     free(wr.scratch);
     free(wr.row);
+    free(wr.row16);
+    free(wr.src_f32);
+    free(wr.view_f32);
     free(wr.out);
+    cJSON_Delete(cfg);
     free(config);
     fmoe_safetensors_close(st);
     free(g);

@@ -12,5 +12,5 @@ build=${1:-build}
 bash tests/python/setup-venv.sh --torch
 FMOE_BUILD_DIR="$build" FMOE_TEST_TIER=full FMOE_REGENERATE_REFERENCES=1 \
   .venv/bin/python -m pytest -q -p no:cacheprovider \
-  tests/python/test_forward.py tests/python/test_generate_record.py tests/python/test_glm4_moe.py \
+  tests/python/test_forward.py tests/python/test_generate_record.py tests/python/test_glm4_moe.py tests/python/test_fp8_weights.py \
   -k "reference or transformers"
