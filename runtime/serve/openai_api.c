@@ -359,7 +359,9 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
         return bad(err, "tools", "'tools' is not supported for this model: its chat template "
                                  "writes tool calls in no format fmoe parses (it knows "
                                  "<tool_call> (Hermes, Qwen), "
-                                 "[TOOL_CALLS] (Mistral) and DeepSeek V3/V3.1's "
+                                 "[TOOL_CALLS] and [ARGS] (Mistral), Llama 3's JSON and "
+                                 "<|python_tag|>, gpt-oss's harmony channels and DeepSeek "
+                                 "V3/V3.1's "
                                  "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81"
                                  "begin\xEF\xBD\x9C>)");
     }
@@ -401,13 +403,21 @@ static int chat_output_prefix(const fmoe_tokenizer *tok, serve_api_request *r, c
     while (e > 0 && strchr(" \t\r\n", t[e - 1])) e--;
     const int open = e >= 7 && memcmp(t + e - 7, "<think>", 7) == 0;
     const int closed = e >= 8 && memcmp(t + e - 8, "</think>", 8) == 0;
-    if (tmpl && strstr(tmpl, "</think>") && !closed)
+    /* harmony (gpt-oss) answers on channels whether tools are offered or not: the output
+     * is always split, and its header tokens must reach the parser */
+    const int harmony = fmoe_serve_tools_detect(tmpl) == SERVE_TOOLS_HARMONY;
+    if (harmony) {
+        r->tools.format = SERVE_TOOLS_HARMONY;
+        r->tools.reasoning = SERVE_REASONING_CHANNELS;
+        r->sampling.keep_special = 1;
+    } else if (tmpl && strstr(tmpl, "</think>") && !closed) {
         r->tools.reasoning = open ? SERVE_REASONING_OPEN : SERVE_REASONING_TAG;
+    }
     const size_t np = strlen(r->tools.prefix);
     if (np == 0) return 0;
     /* a forced call comes first: a think block the prompt opened is closed before it */
     const char *close = r->tools.reasoning == SERVE_REASONING_OPEN ? "\n</think>\n\n" : "";
-    r->tools.reasoning = SERVE_REASONING_NONE;
+    if (!harmony) r->tools.reasoning = SERVE_REASONING_NONE;
     const size_t nc = strlen(close);
     char *g = realloc(*text, *tlen + nc + np + 1);
     if (!g) return oom(err);
