@@ -374,6 +374,76 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
     return r->tools_json ? 0 : oom(err);
 }
 
+/* The deprecated `functions` and `function_call` fields of OpenAI's chat API, which it still
+ * accepts, rewritten in root as the `tools` and `tool_choice` they stand for:
+ * functions[i] = {name, description?, parameters?} becomes {"type": "function",
+ * "function": functions[i]}; function_call "none" / "auto" / {"name": N} becomes
+ * tool_choice "none" / "auto" / {"type": "function", "function": {"name": N}}. A request
+ * with both forms is refused. The reply is in the tools form (message.tool_calls). */
+static int legacy_functions(cJSON *root, serve_api_error *err) {
+    cJSON *fns = cJSON_GetObjectItemCaseSensitive(root, "functions");
+    cJSON *fc = cJSON_GetObjectItemCaseSensitive(root, "function_call");
+    if (cJSON_IsNull(fns)) fns = NULL;
+    if (cJSON_IsNull(fc)) fc = NULL;
+    if (!fns && !fc) return 0;
+    if (field(root, "tools") || field(root, "tool_choice"))
+        return bad(err, fns ? "functions" : "function_call",
+                   "'%s' is the deprecated form of 'tools' and 'tool_choice'; send one form, "
+                   "not both", fns ? "functions" : "function_call");
+    if (fns && !cJSON_IsArray(fns))
+        return bad(err, "functions", "'functions' must be an array of functions");
+    if (fc && !(cJSON_IsString(fc) && (strcmp(fc->valuestring, "none") == 0 ||
+                                       strcmp(fc->valuestring, "auto") == 0)) &&
+        !(cJSON_IsObject(fc) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(fc, "name"))))
+        return bad(err, "function_call", "'function_call' must be \"none\", \"auto\" or "
+                                         "{\"name\": ...}");
+    cJSON *tools = fns ? cJSON_CreateArray() : NULL;
+    int i = 0;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, fns) {
+        char param[64];
+        snprintf(param, sizeof param, "functions[%d]", i++);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsObject(f) || !cJSON_IsString(name) || !function_name_ok(name->valuestring)) {
+            cJSON_Delete(tools);
+            return bad(err, param, "'%s' must be an object with a 'name' of 1 to 64 letters, "
+                                   "digits, '_', '-' or '.'", param);
+        }
+        cJSON *t = cJSON_CreateObject();
+        if (!t || !cJSON_AddItemToArray(tools, t) || !cJSON_AddStringToObject(t, "type", "function") ||
+            !cJSON_AddItemToObject(t, "function", cJSON_Duplicate(f, 1))) {
+            cJSON_Delete(tools);
+            return oom(err);
+        }
+    }
+    cJSON *choice = NULL;
+    if (cJSON_IsString(fc)) {
+        choice = cJSON_CreateString(fc->valuestring);
+    } else if (fc) {
+        choice = cJSON_CreateObject();
+        cJSON *fn = cJSON_AddObjectToObject(choice, "function");
+        if (!cJSON_AddStringToObject(choice, "type", "function") || !fn ||
+            !cJSON_AddStringToObject(fn, "name",
+                                     cJSON_GetObjectItemCaseSensitive(fc, "name")->valuestring)) {
+            cJSON_Delete(choice);
+            cJSON_Delete(tools);
+            return oom(err);
+        }
+    }
+    if ((fc && !choice) || (fns && !tools)) {
+        cJSON_Delete(choice);
+        cJSON_Delete(tools);
+        return oom(err);
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "functions");
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "function_call");
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "tools");
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "tool_choice");
+    if (tools) cJSON_AddItemToObject(root, "tools", tools);
+    if (choice) cJSON_AddItemToObject(root, "tool_choice", choice);
+    return 0;
+}
+
 /* An assistant message's tool_calls[].function.arguments, sent as OpenAI's API has them
  * (a JSON string), become the object they hold: transformers' templates expect a dict
  * (Mistral's writes arguments|tojson) and vLLM converts them the same way. A string that
@@ -614,8 +684,9 @@ static int completion_unsupported(const cJSON *root, serve_api_request *r,
     if ((f = field(root, "suffix")) && !(cJSON_IsString(f) && f->valuestring[0] == '\0'))
         return bad(err, "suffix", "'suffix' is not supported");
     /* tools are a chat feature (OpenAI's legacy endpoint has none) */
-    static const char *const chat_only[] = {"tools", "tool_choice"};
-    for (size_t i = 0; i < 2; i++)
+    static const char *const chat_only[] = {"tools", "tool_choice", "functions", "function_call",
+                                            "parallel_tool_calls"};
+    for (size_t i = 0; i < sizeof chat_only / sizeof chat_only[0]; i++)
         if ((f = field(root, chat_only[i])) && !is_noop(f))
             return bad(err, chat_only[i], "'%s' is not supported on /v1/completions",
                        chat_only[i]);
@@ -649,8 +720,7 @@ static int is_noop(const cJSON *f) {
  * A value that asks for nothing (null, [], {}, 0, "none", response_format {"type": "text"})
  * is accepted. */
 static int either_unsupported(const cJSON *root, serve_api_error *err) {
-    static const char *const refused[] = {"functions", "function_call",
-                                          "logit_bias", "min_tokens"};
+    static const char *const refused[] = {"logit_bias", "min_tokens"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         const cJSON *f = field(root, refused[i]);
         if (!f || is_noop(f)) continue;
@@ -767,6 +837,7 @@ int fmoe_serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_
     if ((rc = parse_response_format(root, out, err)) < 0) goto fail;
     if (kind == SERVE_API_CHAT) {
         if ((rc = chat_logprobs(root, out, err)) < 0) goto fail;
+        if ((rc = legacy_functions(root, err)) < 0) goto fail;
         if ((rc = chat_tools(root, tok, out, err)) < 0) goto fail;
         rc = chat_prompt(root, tok, out, err);
     } else {

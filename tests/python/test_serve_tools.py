@@ -279,3 +279,50 @@ def test_template_of_a_format_fmoe_does_not_read_is_400_naming_it(tmp_path_facto
         assert st == 200, body
     finally:
         s.stop()
+
+
+def test_legacy_functions_are_tools(qwen):
+    """OpenAI's deprecated functions / function_call: the same prompt and the same call as
+    the tools / tool_choice they stand for."""
+    legacy = dict(functions=[t["function"] for t in TOOLS],
+                  function_call={"name": "get_weather"})
+    st, _, body = qwen.post("/v1/chat/completions", {"model": "m", "messages": ASK,
+                                                     "max_tokens": 8, "temperature": 0,
+                                                     **legacy})
+    assert st == 200, body
+    old = json.loads(body)
+    new = qwen.client().chat.completions.create(model="m", messages=ASK, tools=TOOLS,
+                                                tool_choice=FORCE, max_tokens=8, temperature=0)
+    assert old["usage"]["prompt_tokens"] == new.usage.prompt_tokens == len(
+        ids(rendered(QWEN3, ASK, tools=TOOLS) + QWEN_PREFIX))
+    (call,) = old["choices"][0]["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather",
+                                "arguments": new.choices[0].message.tool_calls[0].function.arguments}
+    # function_call "none": no tools offered
+    st, _, body = qwen.post("/v1/chat/completions", {"model": "m", "messages": ASK,
+                                                     "max_tokens": 2, "function_call": "none",
+                                                     "functions": legacy["functions"]})
+    assert st == 200 and json.loads(body)["usage"]["prompt_tokens"] == len(
+        ids(rendered(QWEN3, ASK)))
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"functions": TOOLS[:1], "tools": TOOLS}, "functions"),
+    ({"functions": [{"description": "no name"}]}, "functions[0]"),
+    ({"functions": [t["function"] for t in TOOLS], "function_call": "sometimes"},
+     "function_call"),
+])
+def test_bad_legacy_functions_are_400(qwen, extra, param):
+    st, body = error_of(qwen, {"model": "m", "messages": ASK, "max_tokens": 2, **extra})
+    assert st == 400 and body["error"]["param"] == param, body
+
+
+@pytest.mark.parametrize("name", ["tools", "tool_choice", "functions", "function_call"])
+def test_tools_on_completions_are_400_naming_the_field(qwen, name):
+    value = {"tools": TOOLS, "tool_choice": "required",
+             "functions": [t["function"] for t in TOOLS], "function_call": "auto"}[name]
+    st, _, data = qwen.post("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2,
+                                                name: value})
+    body = json.loads(data)
+    assert st == 400 and body["error"]["param"] == name, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
