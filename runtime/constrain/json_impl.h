@@ -40,7 +40,10 @@ typedef struct json_node {
      * schema->branches */
     int32_t first, count;
     int32_t item;      /* ARRAY: the items' node */
-    int32_t min_items, max_items; /* ARRAY; max_items -1: no limit */
+    int32_t min_items, max_items; /* ARRAY: items; STRING: characters (minLength,
+                                     maxLength); max_items -1: no limit */
+    int32_t bounded;   /* INTEGER: 1 when lo and hi apply */
+    int64_t lo, hi;    /* INTEGER: the values allowed (minimum, maximum, exclusive*) */
     uint64_t starts[4]; /* the bytes a value of this node may begin with (256 bits) */
 } json_node;
 
