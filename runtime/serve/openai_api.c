@@ -282,6 +282,45 @@ static int check_tool(const cJSON *t, int i, serve_api_error *err) {
     return 0;
 }
 
+/* A forced call's arguments written under the function's `parameters` schema (the
+ * structured-output automaton, fmoe/json_constraint.h), as vLLM's guided decoding does
+ * for a named tool_choice: they are then always a document of the schema. No parameters:
+ * any JSON object. A schema the automaton cannot compile is a 400 when the function says
+ * "strict": true, else the arguments are written unconstrained (docs/serving.md). */
+static int constrain_arguments(const cJSON *tools, const char *named, serve_api_request *r,
+                               serve_api_error *err) {
+    if (r->sampling.json)
+        return bad(err, "response_format", "'response_format' cannot be combined with a forced "
+                                           "tool call (tool_choice \"required\" or a function): "
+                                           "the call's arguments follow the tool's parameters");
+    const cJSON *t, *f = NULL;
+    int i = 0, at = 0;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, named) == 0) {
+            f = fn;
+            at = i;
+        }
+        i++;
+    }
+    const cJSON *params = field(f, "parameters");
+    if (!params) return fmoe_json_schema_any_object(&r->sampling.json) < 0 ? oom(err) : 0;
+    char *text = cJSON_PrintUnformatted(params);
+    if (!text) return oom(err);
+    const int rc = fmoe_json_schema_compile(text, strlen(text), &r->sampling.json);
+    free(text);
+    if (rc == FMOE_ENOMEM) return oom(err);
+    if (rc < 0) {
+        r->sampling.json = NULL;
+        if (cJSON_IsTrue(field(f, "strict"))) {
+            char param[64];
+            snprintf(param, sizeof param, "tools[%d].function.parameters", at);
+            return bad(err, param, "'%s' cannot be enforced: %s", param, fmoe_error_detail());
+        }
+    }
+    return 0;
+}
+
 /* tools, tool_choice and parallel_tool_calls: what the template is given (r->tools_json)
  * and how the output is read (r->tools.format, .parallel, .prefix). The format is the one
  * whose markup the model's template shows; forcing a call appends its opening to the
@@ -365,9 +404,17 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
                                  "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81"
                                  "begin\xEF\xBD\x9C>)");
     }
+    /* "required" with one tool can only call that one: forced as if named, so that its
+     * arguments are constrained too */
+    if (mode == REQUIRED && n == 1) {
+        mode = NAMED;
+        named = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(tools->child, "function"), "name")->valuestring;
+    }
     if ((mode == REQUIRED || mode == NAMED) &&
         fmoe_serve_tools_forced_prefix(r->tools.format, named, tmpl, r->tools.prefix) < 0)
         return bad(err, "tool_choice", "'tool_choice': the function name is too long");
+    if (mode == NAMED && (rc = constrain_arguments(tools, named, r, err)) < 0) return rc;
     /* the markers are special tokens in some vocabularies (Mistral's [TOOL_CALLS]) */
     r->sampling.keep_special = 1;
     r->tools_json = cJSON_PrintUnformatted(tools);

@@ -127,10 +127,12 @@ def ids(model, text):
     return hf.encode(text, add_special_tokens=False).ids
 
 
-def greedy_ids(server, prompt_ids, max_tokens):
+def greedy_ids(server, prompt_ids, max_tokens, schema=None):
+    fmt = {"response_format": {"type": "json_schema",
+                               "json_schema": {"name": "args", "schema": schema}}} if schema else {}
     st, _, body = server.post("/v1/completions", {
         "model": "m", "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0,
-        "logprobs": 0})
+        "logprobs": 0, **fmt})
     assert st == 200, body
     return json.loads(body)["choices"][0]
 
@@ -171,10 +173,11 @@ def test_named_call_and_its_stream(server, model):
     msg = r.choices[0].message
     (call,) = msg.tool_calls
     assert call.function.name == "get_weather" and call.id.startswith("call_")
-    # the arguments: the text the model writes after the header (no harmony token in it,
-    # or it would have ended the body; special tokens are not text on /v1/completions)
-    generated = greedy_ids(server, prompt, 8)["text"]
-    assert call.function.arguments and generated.startswith(call.function.arguments)
+    # the arguments: the text the model writes after the header under the tool's
+    # parameters schema (a forced call's arguments are constrained), cut by max_tokens
+    params = TOOLS[0]["function"]["parameters"]
+    assert call.function.arguments == greedy_ids(server, prompt, 8, params)["text"]
+    assert call.function.arguments.startswith('{"city"')
     assert msg.content is None and msg.reasoning_content is None
     calls, content = {}, ""
     for chunk in c.chat.completions.create(stream=True, **kw):
@@ -201,8 +204,15 @@ def test_output_without_harmony_is_the_content(server, model):
     assert streamed == want
 
 
+# a schema the automaton does not do ("not"), without "strict": the arguments are written
+# unconstrained, so the model's own choice of <|call|> is what ends them
+FREE = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "not": {"required": ["x"]}}}}]
+
+
 def test_generation_stops_at_call(server, model, tmp_path_factory):
-    prompt = ids(model, rendered(ASK, tools=TOOLS) + CALL_HEADER)
+    prompt = ids(model, rendered(ASK, tools=FREE) + CALL_HEADER)
     toks = greedy_ids(server, prompt, 12)["logprobs"]["tokens"]
     hf = tokenizers.Tokenizer.from_file(str(model / "tokenizer.json"))
     by_text = {}
@@ -218,7 +228,7 @@ def test_generation_stops_at_call(server, model, tmp_path_factory):
     m2 = write_model(tmp_path_factory.mktemp("harmony-stop") / "m", patch)
     s = serve_util.Server(tmp_path_factory.mktemp("serve-stop"), "--model", m2)
     try:
-        r = s.client().chat.completions.create(model="m", messages=ASK, tools=TOOLS,
+        r = s.client().chat.completions.create(model="m", messages=ASK, tools=FREE,
                                                tool_choice=FORCE, max_tokens=12,
                                                temperature=0)
         ch, k = r.choices[0], r.usage.completion_tokens
