@@ -497,10 +497,11 @@ int fmoe__json_complete(const fmoe_json_schema *s, const json_state *st) {
     }
 }
 
-int fmoe__json_in_string_body(const fmoe_json_schema *s, const json_state *st) {
-    if (st->depth == 0) return 0;
+int64_t fmoe__json_string_room(const fmoe_json_schema *s, const json_state *st) {
+    if (st->depth == 0) return -1;
     const json_frame *f = &st->f[st->depth - 1];
-    /* a string with a length bound counts its characters: every byte matters */
-    return s->nodes[f->node].kind == JSON_STRING && f->phase == 1 &&
-           !string_bounded(&s->nodes[f->node]);
+    const json_node *n = &s->nodes[f->node];
+    if (n->kind != JSON_STRING || f->phase != 1) return -1;
+    if (n->max_items < 0) return INT64_MAX;
+    return (int64_t)n->max_items - (int64_t)f->alive;
 }
