@@ -545,8 +545,20 @@ static int chat_output_prefix(const fmoe_tokenizer *tok, serve_api_request *r, c
     return 0;
 }
 
+/* gpt-oss's template reads an assistant turn's reasoning from `thinking`; what serve
+ * returns as `reasoning_content` comes back under that name, so it is handed over as
+ * `thinking` unless the message has one (the template then renders it before a call, as
+ * the model wrote it). A copy that fails for memory leaves the message as it was. */
+static void reasoning_as_thinking(cJSON *msg) {
+    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
+    if (cJSON_IsString(rc) && !cJSON_GetObjectItemCaseSensitive(msg, "thinking"))
+        cJSON_AddStringToObject(msg, "thinking", rc->valuestring);
+}
+
 static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_request *r,
                        serve_api_error *err) {
+    const int harmony = fmoe_serve_tools_detect(fmoe_tokenizer_chat_template_text(
+                            tok, r->tools_json != NULL)) == SERVE_TOOLS_HARMONY;
     const cJSON *msgs = field(root, "messages");
     if (!msgs) return bad(err, "messages", "'messages' is required");
     if (!cJSON_IsArray(msgs)) return bad(err, "messages", "'messages' must be an array");
@@ -612,8 +624,10 @@ static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_r
             if (rest) {
                 cJSON_DeleteItemFromObjectCaseSensitive(rest, "role");
                 cJSON_DeleteItemFromObjectCaseSensitive(rest, "content");
-                if (strcmp(role->valuestring, "assistant") == 0)
+                if (strcmp(role->valuestring, "assistant") == 0) {
                     tool_call_arguments_as_objects(rest);
+                    if (harmony) reasoning_as_thinking(rest);
+                }
             }
             if (!rest || (rest->child && !(fields[i] = cJSON_PrintUnformatted(rest)))) {
                 cJSON_Delete(rest);

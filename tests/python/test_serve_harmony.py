@@ -109,6 +109,8 @@ def server(tmp_path_factory, model):
 def rendered(messages, tools=None, **kwargs):
     msgs = json.loads(json.dumps(messages))
     for m in msgs:
+        if "reasoning_content" in m:  # what the caller of apply_chat_template would pass
+            m["thinking"] = m["reasoning_content"]
         for c in m.get("tool_calls") or []:
             try:
                 c["function"]["arguments"] = json.loads(c["function"]["arguments"])
@@ -153,6 +155,12 @@ def test_the_tokenizer_has_harmony_tokens(model):
             {"id": "call_1", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}], TOOLS, {}),
+    # the reasoning serve returned, sent back: rendered as the template's `thinking`
+    (ASK + [
+        {"role": "assistant", "content": "", "reasoning_content": "Need the weather.",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "rain"}], TOOLS, {}),
 ])
 def test_prompt_is_the_templates_rendering(server, model, convo, tools, kwargs):
     r = server.client().chat.completions.create(
@@ -160,6 +168,8 @@ def test_prompt_is_the_templates_rendering(server, model, convo, tools, kwargs):
         temperature=0, extra_body={"chat_template_kwargs": kwargs} if kwargs else {})
     text = rendered(convo, tools=tools, **kwargs)
     assert text.endswith("<|start|>assistant")
+    if any("reasoning_content" in m for m in convo):
+        assert "<|channel|>analysis<|message|>Need the weather.<|end|>" in text
     assert r.usage.prompt_tokens == len(ids(model, text))
 
 
