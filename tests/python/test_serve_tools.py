@@ -418,3 +418,34 @@ def test_strict_tool_schema_that_cannot_be_enforced_is_400(qwen):
                                "tool_choice": "required",
                                "response_format": {"type": "json_object"}})
     assert st == 400 and body["error"]["param"] == "response_format", body
+
+
+def test_mistral_small_args_format(tmp_path_factory):
+    """Mistral Small 3.2's template: [TOOL_CALLS]name[ARGS]{...}, 9-character ids that its
+    [CALL_ID] insists on when they come back; the forced call's prompt against jinja2's
+    rendering, its arguments constrained by the schema (jsonschema), and the round trip."""
+    small = (TEMPLATES / "mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja").read_text()
+    s = serve_util.Server(tmp_path_factory.mktemp("serve-small"), "--model",
+                          model_with(tmp_path_factory, "small", small), "--parallel", "1")
+    try:
+        c = s.client()
+        r = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=FORCE,
+                                      max_tokens=48, temperature=0)
+        want = ids(rendered(small, ASK, tools=TOOLS) + "[TOOL_CALLS]get_weather[ARGS]")
+        assert r.usage.prompt_tokens == len(want)
+        call = r.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather" and len(call.id) == 9 and call.id.isalnum()
+        params = TOOLS[0]["function"]["parameters"]
+        assert call.function.arguments == greedy(s, want, 48, params)
+        if r.choices[0].finish_reason == "tool_calls":
+            jsonschema.validate(json.loads(call.function.arguments), params)
+        turn = {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
+        convo = ASK + [turn, {"role": "tool", "tool_call_id": call.id, "content": "rain"}]
+        a = c.chat.completions.create(model="m", messages=convo, tools=TOOLS, max_tokens=2)
+        text = rendered(small, convo, tools=TOOLS)
+        assert f"[TOOL_CALLS]get_weather[CALL_ID]{call.id}[ARGS]" in text
+        assert a.usage.prompt_tokens == len(ids(text))
+    finally:
+        s.stop()

@@ -404,6 +404,7 @@ TEST(format_from_the_template_text) {
         {"mistralai-Mistral-Nemo-Instruct-2407.jinja", SERVE_TOOLS_MISTRAL},
         {"deepseek-ai-DeepSeek-V3.1.jinja", SERVE_TOOLS_DEEPSEEK_V31},
         {"openai-gpt-oss-120b.jinja", SERVE_TOOLS_HARMONY},
+        {"mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja", SERVE_TOOLS_MISTRAL_ARGS},
         {"olmoe-tulu.jinja", SERVE_TOOLS_NONE},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
