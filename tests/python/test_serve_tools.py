@@ -449,3 +449,43 @@ def test_mistral_small_args_format(tmp_path_factory):
         assert a.usage.prompt_tokens == len(ids(text))
     finally:
         s.stop()
+
+
+# Written for this test in the layout of Llama 3.1's template (whose licence keeps it out
+# of the fixtures): tools as JSON in the user turn, an earlier call as
+# <|python_tag|>{"name": ..., "parameters": ...}<|eom_id|>, turns closed by <|eot_id|>.
+LLAMA3_LIKE = (
+    "{%- for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+    "{%- if m.role == 'user' and tools %}{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "{%- endif %}"
+    "{%- if m.tool_calls %}{% for c in m.tool_calls %}<|python_tag|>"
+    "{{ '{\"name\": \"' + c.function.name + '\", \"parameters\": ' }}"
+    "{{ c.function.arguments | tojson }}}<|eom_id|>{% endfor %}"
+    "{%- else %}{{ m.content }}<|eot_id|>{% endif %}{% endfor %}"
+    "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    "{%- endif %}")
+
+
+def test_llama3_json_format(tmp_path_factory):
+    s = serve_util.Server(tmp_path_factory.mktemp("serve-llama3"), "--model",
+                          model_with(tmp_path_factory, "llama3", LLAMA3_LIKE), "--parallel", "1")
+    try:
+        c = s.client()
+        r = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=FORCE,
+                                      max_tokens=48, temperature=0)
+        want = ids(rendered(LLAMA3_LIKE, ASK, tools=TOOLS)
+                   + '{"name": "get_weather", "parameters": ')
+        assert r.usage.prompt_tokens == len(want)
+        call = r.choices[0].message.tool_calls[0]
+        params = TOOLS[0]["function"]["parameters"]
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        assert call.function.arguments == greedy(s, want, 48, params)
+        assert r.choices[0].message.content is None
+        # the model's own answer, not a call, is content
+        a = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, max_tokens=6,
+                                      temperature=0)
+        text = greedy(s, ids(rendered(LLAMA3_LIKE, ASK, tools=TOOLS)), 6)
+        if not text.lstrip().startswith("{"):
+            assert a.choices[0].message.content == text
+    finally:
+        s.stop()
