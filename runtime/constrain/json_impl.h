@@ -40,7 +40,10 @@ typedef struct json_node {
      * schema->branches */
     int32_t first, count;
     int32_t item;      /* ARRAY: the items' node */
-    int32_t min_items, max_items; /* ARRAY; max_items -1: no limit */
+    int32_t min_items, max_items; /* ARRAY: items; STRING: characters (minLength,
+                                     maxLength); max_items -1: no limit */
+    int32_t bounded;   /* INTEGER: 1 when lo and hi apply */
+    int64_t lo, hi;    /* INTEGER: the values allowed (minimum, maximum, exclusive*) */
     uint64_t starts[4]; /* the bytes a value of this node may begin with (256 bits) */
 } json_node;
 
@@ -95,9 +98,11 @@ int fmoe__json_step(const fmoe_json_schema *s, json_state *st, uint8_t c);
 /* @return 1 when st is a whole document. */
 int fmoe__json_complete(const fmoe_json_schema *s, const json_state *st);
 
-/* @return 1 when st is inside the body of a string (not in an escape or a UTF-8
- * sequence): plain string bytes leave it as it is. */
-int fmoe__json_in_string_body(const fmoe_json_schema *s, const json_state *st);
+/* @return -1 when st is not inside the body of a string (or is in an escape or a UTF-8
+ * sequence); else the characters the string may still take: INT64_MAX without maxLength
+ * (plain string bytes then leave the state as it is), else maxLength minus those so far
+ * (plain bytes only count up). */
+int64_t fmoe__json_string_room(const fmoe_json_schema *s, const json_state *st);
 
 /* Copies the frames in use. */
 static inline void json_state_copy(json_state *dst, const json_state *src) {

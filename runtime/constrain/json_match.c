@@ -237,7 +237,7 @@ static int array_step(const fmoe_json_schema *s, json_state *st, json_frame *f, 
  * (a: continuation bytes left; b: the next byte's range lo | hi << 8). The ranges are
  * those of well-formed UTF-8 (Unicode §3.9, table 3-7): no overlong forms, surrogates,
  * or code points past U+10FFFF. Control characters must be escaped (RFC 8259 §7). */
-static int string_step(json_frame *f, uint8_t c) {
+static int string_bytes(json_frame *f, uint8_t c) {
     switch (f->phase) {
     case 0:
         if (c != '"') return R_REJECT;
@@ -279,6 +279,27 @@ static int string_step(json_frame *f, uint8_t c) {
         return R_OK;
     }
     return R_REJECT;
+}
+
+static int string_bounded(const json_node *n) { return n->min_items > 0 || n->max_items >= 0; }
+
+/* A string of minLength / maxLength (n->min_items, n->max_items) characters, counted as
+ * JSON Schema counts them (code points, §6.3.1 of its validation spec): a character
+ * starts at a plain ASCII byte, at a UTF-8 lead byte and at a backslash. \u escapes are
+ * not written in such a string (a surrogate pair would be two escapes for one code
+ * point); every character has a plain or short-escape spelling. alive: characters so far. */
+static int string_step(const json_node *n, json_frame *f, uint8_t c) {
+    if (!string_bounded(n)) return string_bytes(f, c);
+    if (f->phase == 1) {
+        if (c == '"' && f->alive < (uint64_t)n->min_items) return R_REJECT;
+        if (c != '"' && n->max_items >= 0 && f->alive >= (uint64_t)n->max_items) return R_REJECT;
+        /* in the body every other byte starts a character (continuation bytes are
+         * phase 4; a byte string_bytes refuses leaves the frame unused) */
+        if (c != '"') f->alive++;
+    } else if (f->phase == 2 && c == 'u') {
+        return R_REJECT;
+    }
+    return string_bytes(f, c);
 }
 
 /* RFC 8259 §6: -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?, digits bounded;
@@ -347,6 +368,54 @@ static int number_can_end(const json_frame *f) {
            f->phase == N_EXP_DIGITS;
 }
 
+/* Integers between n->lo and n->hi (minimum, maximum, exclusive*): the frame keeps the
+ * sign (b) and the value of the digits so far (alive); a byte is taken only when some
+ * integer of at most NUM_MAX_INT_DIGITS digits that starts with the bytes so far is in
+ * range, and the number ends only in range. */
+static int64_t pow10_of(int m) {
+    int64_t p = 1;
+    while (m-- > 0) p *= 10;
+    return p;
+}
+
+static int in_range(const json_node *n, int64_t v) { return v >= n->lo && v <= n->hi; }
+
+/* Some completion of the frame's digits lies in [lo, hi]. */
+static int integer_feasible(const json_node *n, const json_frame *f) {
+    const int neg = f->b;
+    if (f->phase == N_START || f->phase == N_MINUS) {
+        const int64_t most = pow10_of(NUM_MAX_INT_DIGITS) - 1;
+        return neg ? n->lo <= 0 && n->hi >= -most : n->hi >= 0 && n->lo <= most;
+    }
+    const int64_t v = (int64_t)f->alive;
+    if (f->phase == N_ZERO) return in_range(n, 0);
+    for (int m = 0; f->a + m <= NUM_MAX_INT_DIGITS; m++) {
+        const int64_t p = pow10_of(m), a = v * p, b = v * p + p - 1;
+        const int64_t lo = neg ? -b : a, hi = neg ? -a : b;
+        if (hi >= n->lo && lo <= n->hi) return 1;
+    }
+    return 0;
+}
+
+static int integer_step(const json_node *n, json_frame *f, uint8_t c) {
+    if (!n->bounded) return number_step(f, 1, c);
+    json_frame g = *f;
+    const int r = number_step(&g, 1, c);
+    if (r == R_POP_REFEED)
+        return in_range(n, f->b ? -(int64_t)f->alive : (int64_t)f->alive) ? r : R_REJECT;
+    if (r != R_OK) return r;
+    if (c == '-') g.b = 1;
+    else g.alive = g.alive * 10 + (uint64_t)(c - '0');
+    if (!integer_feasible(n, &g)) return R_REJECT;
+    *f = g;
+    return R_OK;
+}
+
+static int integer_can_end(const json_node *n, const json_frame *f) {
+    if (!number_can_end(f)) return 0;
+    return !n->bounded || in_range(n, f->b ? -(int64_t)f->alive : (int64_t)f->alive);
+}
+
 /* b: bytes matched; alive: the literals that match them. */
 static int literal_can_end(const fmoe_json_schema *s, const json_frame *f) {
     const json_node *n = &s->nodes[f->node];
@@ -383,9 +452,9 @@ static int frame_step(const fmoe_json_schema *s, json_state *st, uint8_t c) {
     case JSON_OBJECT: return object_step(s, st, f, c);
     case JSON_ANY_OBJECT: return any_object_step(s, st, f, c);
     case JSON_ARRAY: return array_step(s, st, f, c);
-    case JSON_STRING: return string_step(f, c);
+    case JSON_STRING: return string_step(&s->nodes[f->node], f, c);
     case JSON_NUMBER: return number_step(f, 0, c);
-    case JSON_INTEGER: return number_step(f, 1, c);
+    case JSON_INTEGER: return integer_step(&s->nodes[f->node], f, c);
     case JSON_LITERALS: return literal_step(s, f, c);
     }
     return R_REJECT; /* ANY and ANYOF frames are never pushed */
@@ -421,15 +490,18 @@ int fmoe__json_complete(const fmoe_json_schema *s, const json_state *st) {
     if (st->depth > 1) return 0;
     const json_frame *f = &st->f[0];
     switch (s->nodes[f->node].kind) {
-    case JSON_NUMBER:
-    case JSON_INTEGER: return number_can_end(f);
+    case JSON_NUMBER: return number_can_end(f);
+    case JSON_INTEGER: return integer_can_end(&s->nodes[f->node], f);
     case JSON_LITERALS: return f->b > 0 && literal_can_end(s, f);
     default: return 0;
     }
 }
 
-int fmoe__json_in_string_body(const fmoe_json_schema *s, const json_state *st) {
-    if (st->depth == 0) return 0;
+int64_t fmoe__json_string_room(const fmoe_json_schema *s, const json_state *st) {
+    if (st->depth == 0) return -1;
     const json_frame *f = &st->f[st->depth - 1];
-    return s->nodes[f->node].kind == JSON_STRING && f->phase == 1;
+    const json_node *n = &s->nodes[f->node];
+    if (n->kind != JSON_STRING || f->phase != 1) return -1;
+    if (n->max_items < 0) return INT64_MAX;
+    return (int64_t)n->max_items - (int64_t)f->alive;
 }

@@ -8,6 +8,7 @@
  * their values, so that the automaton stays deterministic (one stack, no backtracking):
  * a value's first byte picks its branch.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,7 +153,8 @@ static void path_pop(path *p, size_t was) {
 
 static const char *const supported_keywords[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-    "enum", "const", "anyOf", "$ref",
+    "enum", "const", "anyOf", "$ref", "minLength", "maxLength", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "oneOf", "allOf",
     /* definitions, read through "$ref" */
     "$defs", "definitions"};
 
@@ -355,13 +357,76 @@ static int compile_array(fmoe_json_schema *s, const cJSON *j, path *p, int depth
     return 0;
 }
 
+/* The integers the bounds allow, [*lo, *hi] (JSON Schema 2020-12 validation §6.2: minimum
+ * and maximum inclusive, exclusiveMinimum and exclusiveMaximum numbers, not draft 4's
+ * booleans), clamped to the integers the automaton writes (15 digits). @return 1 when
+ * some bound is given, 0 when none, or an error. */
+#define INT_LIMIT 999999999999999.0 /* NUM_MAX_INT_DIGITS nines */
+static int integer_bounds(const cJSON *j, path *p, int64_t *lo, int64_t *hi) {
+    static const char *const keys[] = {"minimum", "exclusiveMinimum", "maximum",
+                                       "exclusiveMaximum"};
+    double l = -INT_LIMIT, h = INT_LIMIT;
+    int any = 0;
+    for (int k = 0; k < 4; k++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, keys[k]);
+        if (!f) continue;
+        FMOE_RETURN_ERROR_IF(!cJSON_IsNumber(f), FMOE_EINVAL, "'%s' at %s must be a number",
+                             keys[k], p->buf);
+        const double v = f->valuedouble;
+        any = 1;
+        /* the smallest / largest integer the bound admits */
+        double b = k == 0 ? ceil(v) : k == 1 ? floor(v) + 1 : k == 2 ? floor(v) : ceil(v) - 1;
+        if (k < 2 && b > l) l = b;
+        if (k >= 2 && b < h) h = b;
+    }
+    FMOE_RETURN_ERROR_IF(l > h, FMOE_EINVAL,
+                         "the bounds at %s admit no integer of at most 15 digits", p->buf);
+    *lo = (int64_t)l;
+    *hi = (int64_t)h;
+    return any;
+}
+
 static int compile_type(fmoe_json_schema *s, const cJSON *j, const char *type, path *p,
                         int depth, int32_t *out) {
+    static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum",
+                                         "exclusiveMaximum"};
     if (!strcmp(type, "object")) return compile_object(s, j, p, depth, out);
     if (!strcmp(type, "array")) return compile_array(s, j, p, depth, out);
-    if (!strcmp(type, "string")) *out = s->string;
-    else if (!strcmp(type, "number")) *out = s->number;
-    else if (!strcmp(type, "integer")) return new_node(s, JSON_INTEGER, out);
+    if (!strcmp(type, "string")) {
+        int32_t lo = 0, hi = -1;
+        const int has_lo = get_count(j, "minLength", p, &lo);
+        const int has_hi = has_lo < 0 ? has_lo : get_count(j, "maxLength", p, &hi);
+        if (has_lo < 0 || has_hi < 0) return has_lo < 0 ? has_lo : has_hi;
+        FMOE_RETURN_ERROR_IF(has_hi && lo > hi, FMOE_EINVAL,
+                             "'minLength' at %s is above 'maxLength'", p->buf);
+        if (!has_lo && !has_hi) {
+            *out = s->string;
+            return 0;
+        }
+        FMOE_FORWARD_IF_ERROR(new_node(s, JSON_STRING, out));
+        s->nodes[*out].min_items = lo;
+        s->nodes[*out].max_items = has_hi ? hi : -1;
+        return 0;
+    }
+    if (!strcmp(type, "number")) {
+        for (int k = 0; k < 4; k++)
+            FMOE_RETURN_ERROR_IF(cJSON_GetObjectItemCaseSensitive(j, bounds[k]),
+                                 FMOE_EUNSUPPORTED,
+                                 "'%s' at %s is not supported on a number (only on an "
+                                 "integer)", bounds[k], p->buf);
+        *out = s->number;
+    } else if (!strcmp(type, "integer")) {
+        int64_t lo = 0, hi = 0;
+        const int b = integer_bounds(j, p, &lo, &hi);
+        if (b < 0) return b;
+        FMOE_FORWARD_IF_ERROR(new_node(s, JSON_INTEGER, out));
+        json_node *n = &s->nodes[*out];
+        n->bounded = b;
+        n->lo = lo;
+        n->hi = hi;
+        if (b && lo > 0) n->starts[0] &= ~(1ull << '-'); /* "-" leads to no allowed value */
+        return 0;
+    }
     else if (!strcmp(type, "boolean")) {
         static const char *const tf[] = {"true", "false"};
         return literal_node(s, tf, 2, out);
@@ -454,8 +519,36 @@ static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int3
                              "'%s' at %s is not supported", k->string, p->buf);
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(j, "$ref");
     if (ref) return compile_ref(s, j, ref, p, depth, out);
+    /* allOf of one schema is that schema (pydantic writes a $ref so, with annotations) */
+    const cJSON *allof = cJSON_GetObjectItemCaseSensitive(j, "allOf");
+    if (allof) {
+        FMOE_RETURN_ERROR_IF(!cJSON_IsArray(allof) || !allof->child || allof->child->next,
+                             FMOE_EUNSUPPORTED,
+                             "'allOf' at %s is supported only with one schema", p->buf);
+        for (const cJSON *k = j->child; k; k = k->next)
+            FMOE_RETURN_ERROR_IF(strcmp(k->string, "allOf") && strcmp(k->string, "$defs") &&
+                                     strcmp(k->string, "definitions") &&
+                                     !in_list(k->string, annotations,
+                                              sizeof annotations / sizeof *annotations),
+                                 FMOE_EUNSUPPORTED, "'%s' beside 'allOf' at %s is not supported",
+                                 k->string, p->buf);
+        const size_t was = path_push(p, ".allOf", NULL, 0);
+        const int rc = compile(s, allof->child, p, depth + 1, out);
+        path_pop(p, was);
+        return rc;
+    }
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
+    /* oneOf is anyOf when no document can match two branches: here, when the branches
+     * start with different bytes (anyof_node refuses the others, naming oneOf) */
+    const cJSON *oneof = cJSON_GetObjectItemCaseSensitive(j, "oneOf");
     const cJSON *anyof = cJSON_GetObjectItemCaseSensitive(j, "anyOf");
+    const char *anyof_name = "anyOf";
+    if (oneof) {
+        FMOE_RETURN_ERROR_IF(anyof, FMOE_EUNSUPPORTED,
+                             "'oneOf' together with 'anyOf' at %s is not supported", p->buf);
+        anyof = oneof;
+        anyof_name = "oneOf";
+    }
     if (type) {
         FMOE_RETURN_ERROR_IF(!cJSON_IsString(type) && !(cJSON_IsArray(type) && type->child),
                              FMOE_EINVAL,
@@ -468,21 +561,22 @@ static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int3
     }
     if (cJSON_GetObjectItemCaseSensitive(j, "enum") || cJSON_GetObjectItemCaseSensitive(j, "const")) {
         FMOE_RETURN_ERROR_IF(anyof, FMOE_EUNSUPPORTED,
-                             "'anyOf' together with 'enum' or 'const' at %s is not supported",
-                             p->buf);
+                             "'%s' together with 'enum' or 'const' at %s is not supported",
+                             anyof_name, p->buf);
         return compile_literals(s, j, p, out);
     }
     if (anyof) {
         FMOE_RETURN_ERROR_IF(type, FMOE_EUNSUPPORTED,
-                             "'anyOf' together with 'type' at %s is not supported", p->buf);
+                             "'%s' together with 'type' at %s is not supported", anyof_name,
+                             p->buf);
         FMOE_RETURN_ERROR_IF(!cJSON_IsArray(anyof) || !anyof->child, FMOE_EINVAL,
-                             "'anyOf' at %s must be a non-empty array", p->buf);
+                             "'%s' at %s must be a non-empty array", anyof_name, p->buf);
         int32_t br[JSON_MAX_ALTS], n = 0;
         for (const cJSON *b = anyof->child; b; b = b->next, n++) {
             FMOE_RETURN_ERROR_IF(n == JSON_MAX_ALTS, FMOE_EUNSUPPORTED,
-                                 "'anyOf' at %s has more than %d branches", p->buf,
+                                 "'%s' at %s has more than %d branches", anyof_name, p->buf,
                                  JSON_MAX_ALTS);
-            const size_t was = path_push(p, ".anyOf", NULL, n);
+            const size_t was = path_push(p, oneof ? ".oneOf" : ".anyOf", NULL, n);
             int rc = compile(s, b, p, depth + 1, &br[n]);
             path_pop(p, was);
             if (rc < 0) return rc;
@@ -491,7 +585,7 @@ static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int3
             *out = br[0];
             return 0;
         }
-        return anyof_node(s, br, n, p, "anyOf", out);
+        return anyof_node(s, br, n, p, anyof_name, out);
     }
     if (cJSON_IsString(type)) return compile_type(s, j, type->valuestring, p, depth, out);
     if (cJSON_IsArray(type)) {
@@ -504,7 +598,13 @@ static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int3
         }
         return anyof_node(s, br, n, p, "type", out);
     }
-    /* No type: what its keywords imply, else any value. */
+    /* No type: what its keywords imply, else any value. A length or a bound without a
+     * type would apply to only some of the values "any" writes: refused. */
+    static const char *const typed[] = {"minLength", "maxLength", "minimum", "maximum",
+                                        "exclusiveMinimum", "exclusiveMaximum"};
+    for (int k = 0; k < 6; k++)
+        FMOE_RETURN_ERROR_IF(cJSON_GetObjectItemCaseSensitive(j, typed[k]), FMOE_EUNSUPPORTED,
+                             "'%s' at %s is supported only beside 'type'", typed[k], p->buf);
     if (cJSON_GetObjectItemCaseSensitive(j, "properties") ||
         cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "additionalProperties")))
         return compile_object(s, j, p, depth, out);

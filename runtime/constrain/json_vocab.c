@@ -41,6 +41,8 @@ struct fmoe_json_vocab {
     /* the admissible tokens in two tries: those of plain string bytes, and the rest */
     trie plain_trie, rest;
     uint8_t *plain;    /* [V] 1: a token of plain string bytes (the mask of plain_trie) */
+    uint8_t *plain_chars; /* [V] a plain token's characters (UTF-8 sequences), 255 for 255
+                             or more: for strings with maxLength */
     int32_t num_plain;
     int32_t *token_next; /* [V] the next token with the same bytes, -1: none */
     int32_t max_len;   /* the longest token, in bytes: the walk's depth */
@@ -141,11 +143,12 @@ int fmoe_json_vocab_init(const fmoe_tokenizer *tok, const int32_t *end_ids, int3
     v->V = fmoe_tokenizer_vocab_size(tok);
     if ((rc = trie_init(&v->plain_trie)) < 0 || (rc = trie_init(&v->rest)) < 0) goto fail;
     v->plain = calloc((size_t)(v->V > 0 ? v->V : 1), 1);
+    v->plain_chars = calloc((size_t)(v->V > 0 ? v->V : 1), 1);
     v->token_next = malloc((size_t)(v->V > 0 ? v->V : 1) * sizeof *v->token_next);
     v->end_ids = malloc((size_t)(num_end > 0 ? num_end : 1) * sizeof *v->end_ids);
     v->token_off = calloc((size_t)(v->V > 0 ? v->V : 1), sizeof *v->token_off);
     v->token_len = calloc((size_t)(v->V > 0 ? v->V : 1), sizeof *v->token_len);
-    if (!v->plain || !v->token_next || !v->end_ids || !v->token_off || !v->token_len) {
+    if (!v->plain || !v->plain_chars || !v->token_next || !v->end_ids || !v->token_off || !v->token_len) {
         rc = fmoe_error_set(FMOE_ENOMEM, "out of memory building the token trie");
         goto fail;
     }
@@ -177,6 +180,11 @@ int fmoe_json_vocab_init(const fmoe_tokenizer *tok, const int32_t *end_ids, int3
         v->num_bytes += (int64_t)len;
         v->plain[id] = (uint8_t)plain_string_bytes((const uint8_t *)piece, len);
         v->num_plain += v->plain[id];
+        if (v->plain[id]) {
+            int32_t chars = 0;
+            for (size_t b = 0; b < len; b++) chars += ((uint8_t)piece[b] & 0xC0) != 0x80;
+            v->plain_chars[id] = (uint8_t)(chars < 255 ? chars : 255);
+        }
         /* same bytes, same trie: plainness depends on the bytes only */
         if ((rc = trie_add(v, v->plain[id] ? &v->plain_trie : &v->rest, id, piece, len)) < 0)
             goto fail;
@@ -194,6 +202,7 @@ void fmoe_json_vocab_free(fmoe_json_vocab *v) {
     free(v->plain_trie.nodes);
     free(v->rest.nodes);
     free(v->plain);
+    free(v->plain_chars);
     free(v->token_next);
     free(v->end_ids);
     free(v->bytes);
@@ -252,9 +261,17 @@ int32_t fmoe_json_matcher_mask(fmoe_json_matcher *m, uint8_t *allowed) {
     const fmoe_json_vocab *v = m->vocab;
     m->allowed = allowed;
     json_state_copy(&m->walk[0], &m->state);
-    if (fmoe__json_in_string_body(m->schema, &m->state)) {
+    const int64_t room = fmoe__json_string_room(m->schema, &m->state);
+    if (room == INT64_MAX) {
         memcpy(allowed, v->plain, (size_t)v->V);
         m->count = v->num_plain;
+    } else if (room >= 0) {
+        /* maxLength: a plain token fits when its characters do (255: too many to count) */
+        m->count = 0;
+        for (int32_t i = 0; i < v->V; i++) {
+            allowed[i] = v->plain[i] && v->plain_chars[i] < 255 && v->plain_chars[i] <= room;
+            m->count += allowed[i];
+        }
     } else {
         memset(allowed, 0, (size_t)v->V);
         m->count = 0;

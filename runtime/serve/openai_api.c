@@ -282,6 +282,45 @@ static int check_tool(const cJSON *t, int i, serve_api_error *err) {
     return 0;
 }
 
+/* A forced call's arguments written under the function's `parameters` schema (the
+ * structured-output automaton, fmoe/json_constraint.h), as vLLM's guided decoding does
+ * for a named tool_choice: they are then always a document of the schema. No parameters:
+ * any JSON object. A schema the automaton cannot compile is a 400 when the function says
+ * "strict": true, else the arguments are written unconstrained (docs/serving.md). */
+static int constrain_arguments(const cJSON *tools, const char *named, serve_api_request *r,
+                               serve_api_error *err) {
+    if (r->sampling.json)
+        return bad(err, "response_format", "'response_format' cannot be combined with a forced "
+                                           "tool call (tool_choice \"required\" or a function): "
+                                           "the call's arguments follow the tool's parameters");
+    const cJSON *t, *f = NULL;
+    int i = 0, at = 0;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, named) == 0) {
+            f = fn;
+            at = i;
+        }
+        i++;
+    }
+    const cJSON *params = field(f, "parameters");
+    if (!params) return fmoe_json_schema_any_object(&r->sampling.json) < 0 ? oom(err) : 0;
+    char *text = cJSON_PrintUnformatted(params);
+    if (!text) return oom(err);
+    const int rc = fmoe_json_schema_compile(text, strlen(text), &r->sampling.json);
+    free(text);
+    if (rc == FMOE_ENOMEM) return oom(err);
+    if (rc < 0) {
+        r->sampling.json = NULL;
+        if (cJSON_IsTrue(field(f, "strict"))) {
+            char param[64];
+            snprintf(param, sizeof param, "tools[%d].function.parameters", at);
+            return bad(err, param, "'%s' cannot be enforced: %s", param, fmoe_error_detail());
+        }
+    }
+    return 0;
+}
+
 /* tools, tool_choice and parallel_tool_calls: what the template is given (r->tools_json)
  * and how the output is read (r->tools.format, .parallel, .prefix). The format is the one
  * whose markup the model's template shows; forcing a call appends its opening to the
@@ -359,17 +398,97 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
         return bad(err, "tools", "'tools' is not supported for this model: its chat template "
                                  "writes tool calls in no format fmoe parses (it knows "
                                  "<tool_call> (Hermes, Qwen), "
-                                 "[TOOL_CALLS] (Mistral) and DeepSeek V3/V3.1's "
+                                 "[TOOL_CALLS] and [ARGS] (Mistral), Llama 3's JSON and "
+                                 "<|python_tag|>, gpt-oss's harmony channels and DeepSeek "
+                                 "V3/V3.1's "
                                  "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81"
                                  "begin\xEF\xBD\x9C>)");
+    }
+    /* "required" with one tool can only call that one: forced as if named, so that its
+     * arguments are constrained too */
+    if (mode == REQUIRED && n == 1) {
+        mode = NAMED;
+        named = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(tools->child, "function"), "name")->valuestring;
     }
     if ((mode == REQUIRED || mode == NAMED) &&
         fmoe_serve_tools_forced_prefix(r->tools.format, named, tmpl, r->tools.prefix) < 0)
         return bad(err, "tool_choice", "'tool_choice': the function name is too long");
+    if (mode == NAMED && (rc = constrain_arguments(tools, named, r, err)) < 0) return rc;
     /* the markers are special tokens in some vocabularies (Mistral's [TOOL_CALLS]) */
     r->sampling.keep_special = 1;
     r->tools_json = cJSON_PrintUnformatted(tools);
     return r->tools_json ? 0 : oom(err);
+}
+
+/* The deprecated `functions` and `function_call` fields of OpenAI's chat API, which it still
+ * accepts, rewritten in root as the `tools` and `tool_choice` they stand for:
+ * functions[i] = {name, description?, parameters?} becomes {"type": "function",
+ * "function": functions[i]}; function_call "none" / "auto" / {"name": N} becomes
+ * tool_choice "none" / "auto" / {"type": "function", "function": {"name": N}}. A request
+ * with both forms is refused. The reply is in the tools form (message.tool_calls). */
+static int legacy_functions(cJSON *root, serve_api_error *err) {
+    cJSON *fns = cJSON_GetObjectItemCaseSensitive(root, "functions");
+    cJSON *fc = cJSON_GetObjectItemCaseSensitive(root, "function_call");
+    if (cJSON_IsNull(fns)) fns = NULL;
+    if (cJSON_IsNull(fc)) fc = NULL;
+    if (!fns && !fc) return 0;
+    if (field(root, "tools") || field(root, "tool_choice"))
+        return bad(err, fns ? "functions" : "function_call",
+                   "'%s' is the deprecated form of 'tools' and 'tool_choice'; send one form, "
+                   "not both", fns ? "functions" : "function_call");
+    if (fns && !cJSON_IsArray(fns))
+        return bad(err, "functions", "'functions' must be an array of functions");
+    if (fc && !(cJSON_IsString(fc) && (strcmp(fc->valuestring, "none") == 0 ||
+                                       strcmp(fc->valuestring, "auto") == 0)) &&
+        !(cJSON_IsObject(fc) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(fc, "name"))))
+        return bad(err, "function_call", "'function_call' must be \"none\", \"auto\" or "
+                                         "{\"name\": ...}");
+    cJSON *tools = fns ? cJSON_CreateArray() : NULL;
+    int i = 0;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, fns) {
+        char param[64];
+        snprintf(param, sizeof param, "functions[%d]", i++);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsObject(f) || !cJSON_IsString(name) || !function_name_ok(name->valuestring)) {
+            cJSON_Delete(tools);
+            return bad(err, param, "'%s' must be an object with a 'name' of 1 to 64 letters, "
+                                   "digits, '_', '-' or '.'", param);
+        }
+        cJSON *t = cJSON_CreateObject();
+        if (!t || !cJSON_AddItemToArray(tools, t) || !cJSON_AddStringToObject(t, "type", "function") ||
+            !cJSON_AddItemToObject(t, "function", cJSON_Duplicate(f, 1))) {
+            cJSON_Delete(tools);
+            return oom(err);
+        }
+    }
+    cJSON *choice = NULL;
+    if (cJSON_IsString(fc)) {
+        choice = cJSON_CreateString(fc->valuestring);
+    } else if (fc) {
+        choice = cJSON_CreateObject();
+        cJSON *fn = cJSON_AddObjectToObject(choice, "function");
+        if (!cJSON_AddStringToObject(choice, "type", "function") || !fn ||
+            !cJSON_AddStringToObject(fn, "name",
+                                     cJSON_GetObjectItemCaseSensitive(fc, "name")->valuestring)) {
+            cJSON_Delete(choice);
+            cJSON_Delete(tools);
+            return oom(err);
+        }
+    }
+    if ((fc && !choice) || (fns && !tools)) {
+        cJSON_Delete(choice);
+        cJSON_Delete(tools);
+        return oom(err);
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "functions");
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "function_call");
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "tools");
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "tool_choice");
+    if (tools) cJSON_AddItemToObject(root, "tools", tools);
+    if (choice) cJSON_AddItemToObject(root, "tool_choice", choice);
+    return 0;
 }
 
 /* An assistant message's tool_calls[].function.arguments, sent as OpenAI's API has them
@@ -401,13 +520,21 @@ static int chat_output_prefix(const fmoe_tokenizer *tok, serve_api_request *r, c
     while (e > 0 && strchr(" \t\r\n", t[e - 1])) e--;
     const int open = e >= 7 && memcmp(t + e - 7, "<think>", 7) == 0;
     const int closed = e >= 8 && memcmp(t + e - 8, "</think>", 8) == 0;
-    if (tmpl && strstr(tmpl, "</think>") && !closed)
+    /* harmony (gpt-oss) answers on channels whether tools are offered or not: the output
+     * is always split, and its header tokens must reach the parser */
+    const int harmony = fmoe_serve_tools_detect(tmpl) == SERVE_TOOLS_HARMONY;
+    if (harmony) {
+        r->tools.format = SERVE_TOOLS_HARMONY;
+        r->tools.reasoning = SERVE_REASONING_CHANNELS;
+        r->sampling.keep_special = 1;
+    } else if (tmpl && strstr(tmpl, "</think>") && !closed) {
         r->tools.reasoning = open ? SERVE_REASONING_OPEN : SERVE_REASONING_TAG;
+    }
     const size_t np = strlen(r->tools.prefix);
     if (np == 0) return 0;
     /* a forced call comes first: a think block the prompt opened is closed before it */
     const char *close = r->tools.reasoning == SERVE_REASONING_OPEN ? "\n</think>\n\n" : "";
-    r->tools.reasoning = SERVE_REASONING_NONE;
+    if (!harmony) r->tools.reasoning = SERVE_REASONING_NONE;
     const size_t nc = strlen(close);
     char *g = realloc(*text, *tlen + nc + np + 1);
     if (!g) return oom(err);
@@ -418,8 +545,20 @@ static int chat_output_prefix(const fmoe_tokenizer *tok, serve_api_request *r, c
     return 0;
 }
 
+/* gpt-oss's template reads an assistant turn's reasoning from `thinking`; what serve
+ * returns as `reasoning_content` comes back under that name, so it is handed over as
+ * `thinking` unless the message has one (the template then renders it before a call, as
+ * the model wrote it). A copy that fails for memory leaves the message as it was. */
+static void reasoning_as_thinking(cJSON *msg) {
+    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
+    if (cJSON_IsString(rc) && !cJSON_GetObjectItemCaseSensitive(msg, "thinking"))
+        cJSON_AddStringToObject(msg, "thinking", rc->valuestring);
+}
+
 static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_request *r,
                        serve_api_error *err) {
+    const int harmony = fmoe_serve_tools_detect(fmoe_tokenizer_chat_template_text(
+                            tok, r->tools_json != NULL)) == SERVE_TOOLS_HARMONY;
     const cJSON *msgs = field(root, "messages");
     if (!msgs) return bad(err, "messages", "'messages' is required");
     if (!cJSON_IsArray(msgs)) return bad(err, "messages", "'messages' must be an array");
@@ -485,8 +624,10 @@ static int chat_prompt(const cJSON *root, const fmoe_tokenizer *tok, serve_api_r
             if (rest) {
                 cJSON_DeleteItemFromObjectCaseSensitive(rest, "role");
                 cJSON_DeleteItemFromObjectCaseSensitive(rest, "content");
-                if (strcmp(role->valuestring, "assistant") == 0)
+                if (strcmp(role->valuestring, "assistant") == 0) {
                     tool_call_arguments_as_objects(rest);
+                    if (harmony) reasoning_as_thinking(rest);
+                }
             }
             if (!rest || (rest->child && !(fields[i] = cJSON_PrintUnformatted(rest)))) {
                 cJSON_Delete(rest);
@@ -604,8 +745,9 @@ static int completion_unsupported(const cJSON *root, serve_api_request *r,
     if ((f = field(root, "suffix")) && !(cJSON_IsString(f) && f->valuestring[0] == '\0'))
         return bad(err, "suffix", "'suffix' is not supported");
     /* tools are a chat feature (OpenAI's legacy endpoint has none) */
-    static const char *const chat_only[] = {"tools", "tool_choice"};
-    for (size_t i = 0; i < 2; i++)
+    static const char *const chat_only[] = {"tools", "tool_choice", "functions", "function_call",
+                                            "parallel_tool_calls"};
+    for (size_t i = 0; i < sizeof chat_only / sizeof chat_only[0]; i++)
         if ((f = field(root, chat_only[i])) && !is_noop(f))
             return bad(err, chat_only[i], "'%s' is not supported on /v1/completions",
                        chat_only[i]);
@@ -639,8 +781,7 @@ static int is_noop(const cJSON *f) {
  * A value that asks for nothing (null, [], {}, 0, "none", response_format {"type": "text"})
  * is accepted. */
 static int either_unsupported(const cJSON *root, serve_api_error *err) {
-    static const char *const refused[] = {"functions", "function_call",
-                                          "logit_bias", "min_tokens"};
+    static const char *const refused[] = {"logit_bias", "min_tokens"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         const cJSON *f = field(root, refused[i]);
         if (!f || is_noop(f)) continue;
@@ -757,6 +898,7 @@ int fmoe_serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_
     if ((rc = parse_response_format(root, out, err)) < 0) goto fail;
     if (kind == SERVE_API_CHAT) {
         if ((rc = chat_logprobs(root, out, err)) < 0) goto fail;
+        if ((rc = legacy_functions(root, err)) < 0) goto fail;
         if ((rc = chat_tools(root, tok, out, err)) < 0) goto fail;
         rc = chat_prompt(root, tok, out, err);
     } else {

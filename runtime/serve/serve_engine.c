@@ -229,6 +229,8 @@ struct serve_engine {
     const fmoe_model_geometry *geo;
     int32_t V, L, J, K;
     int32_t eos;               /* the tokenizer's EOS, or -1 */
+    int32_t *stop_ids;         /* o.stop_ids and the chat format's own ends (harmony_stops);
+                                  o.stop_ids points here */
     /* the token trie of structured output, built by the first request that asks for it
      * (scheduler thread only), shared by all */
     fmoe_json_vocab *json_vocab;
@@ -494,6 +496,26 @@ static int seq_record(serve_engine *e, seq *s, int32_t finish) {
 
 /* Structured output for slot s: the shared trie (built once), the slot's mask buffers
  * (once), a matcher for the request. @return 0 or a negative FMOE_E* (detail set). */
+/* gpt-oss's harmony format ends an answer with <|return|> and a tool call with <|call|>
+ * (<|end|> only ends one message of several): both end generation even when the
+ * generation config does not list them (a converted GGUF, a test tokenizer). */
+static int harmony_stops(serve_engine *e) {
+    const char *tmpl = fmoe_tokenizer_chat_template_text(e->o.tokenizer, 1);
+    if (!tmpl || !strstr(tmpl, "<|channel|>") || !strstr(tmpl, "<|message|>")) return 0;
+    e->stop_ids = malloc(((size_t)e->o.num_stop_ids + 2) * sizeof *e->stop_ids);
+    if (!e->stop_ids) return FMOE_ENOMEM;
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->o.num_stop_ids; i++) e->stop_ids[n++] = e->o.stop_ids[i];
+    static const char *const ends[] = {"<|return|>", "<|call|>"};
+    for (int k = 0; k < 2; k++) {
+        const int32_t id = fmoe_tokenizer_token_to_id(e->o.tokenizer, ends[k]);
+        if (id >= 0) e->stop_ids[n++] = id;
+    }
+    e->o.stop_ids = e->stop_ids;
+    e->o.num_stop_ids = n;
+    return 0;
+}
+
 static int seq_json_begin(serve_engine *e, seq *s, const fmoe_json_schema *schema) {
     if (!e->json_vocab) {
         int32_t ends[65];
@@ -1023,6 +1045,7 @@ static void engine_free(serve_engine *e) {
     free(e->age);
     free(e->touched);
     fmoe_json_vocab_free(e->json_vocab);
+    free(e->stop_ids);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -1054,6 +1077,10 @@ int fmoe_serve_engine_start(const serve_engine_options *o, serve_engine **out) {
     e->J = e->geo->num_experts;
     e->K = e->geo->top_k;
     e->eos = fmoe_tokenizer_eos_id(o->tokenizer);
+    if (harmony_stops(e) < 0) {
+        free(e);
+        return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    }
     e->created = (int64_t)time(NULL);
     e->t0 = fmoe__now_s();
     const int32_t P = o->parallel;

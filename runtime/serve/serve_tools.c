@@ -36,6 +36,17 @@
 #define DS_CALL_BEGIN "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "begin\xEF\xBD\x9C>"
 #define DS_CALL_END "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "end\xEF\xBD\x9C>"
 #define DS_SEP "<\xEF\xBD\x9Ctool\xE2\x96\x81" "sep\xEF\xBD\x9C>"
+/* Llama 3.1's marker of a tool call (its templates also write calls as bare JSON) */
+#define PYTHON_TAG "<|python_tag|>"
+#define MISTRAL_ARGS "[ARGS]"
+#define MISTRAL_CALL_ID "[CALL_ID]"
+/* OpenAI harmony's special tokens (the gpt-oss chat template, openai/harmony's format doc) */
+#define H_START "<|start|>"
+#define H_CHANNEL "<|channel|>"
+#define H_MESSAGE "<|message|>"
+#define H_END "<|end|>"
+#define H_RETURN "<|return|>"
+#define H_CALL "<|call|>"
 
 /* ---------------------------------------------------------------------------------------
  * Choosing the format
@@ -48,9 +59,6 @@ static const struct {
     const char *marker, *name;
 } unsupported[] = {
     {"<function=", "Qwen3-Coder's XML calls (<tool_call><function=...>)"},
-    {"[ARGS]", "Mistral's [TOOL_CALLS]name[ARGS]{...}"},
-    {"<|python_tag|>", "Llama 3's <|python_tag|>"},
-    {"<|call|>", "gpt-oss's harmony channels (<|call|>)"},
     {"<|tool_call|>", "<|tool_call|> (Granite, Phi-4)"},
 };
 
@@ -62,6 +70,14 @@ const char *fmoe_serve_tools_unsupported(const char *t) {
 
 serve_tools_format fmoe_serve_tools_detect(const char *t) {
     if (!t || fmoe_serve_tools_unsupported(t)) return SERVE_TOOLS_NONE;
+    /* gpt-oss: the harmony header tokens; checked first, its template names no other */
+    if (strstr(t, H_CHANNEL) && strstr(t, H_MESSAGE)) return SERVE_TOOLS_HARMONY;
+    /* Mistral's newer templates write the name before [ARGS]; the older ones a JSON list */
+    if (strstr(t, MISTRAL_OPEN) && strstr(t, MISTRAL_ARGS)) return SERVE_TOOLS_MISTRAL_ARGS;
+    /* Llama 3.1/3.3 name <|python_tag|>; 3.2 only asks for {"name": ..., "parameters": ...}
+     * and closes turns with <|eot_id|> */
+    if (strstr(t, PYTHON_TAG) || (strstr(t, "\"parameters\": ") && strstr(t, "<|eot_id|>")))
+        return SERVE_TOOLS_LLAMA3;
     if (strstr(t, DS_CALLS_BEGIN))
         /* V3's template writes the ```json fence around the arguments; V3.1's does not */
         return strstr(t, "```json") ? SERVE_TOOLS_DEEPSEEK_V3 : SERVE_TOOLS_DEEPSEEK_V31;
@@ -76,6 +92,9 @@ const char *fmoe_serve_tools_format_name(int32_t format) {
     case SERVE_TOOLS_MISTRAL: return "mistral";
     case SERVE_TOOLS_DEEPSEEK_V3: return "deepseek_v3";
     case SERVE_TOOLS_DEEPSEEK_V31: return "deepseek_v31";
+    case SERVE_TOOLS_HARMONY: return "harmony";
+    case SERVE_TOOLS_LLAMA3: return "llama3_json";
+    case SERVE_TOOLS_MISTRAL_ARGS: return "mistral_args";
     default: return "none";
     }
 }
@@ -110,6 +129,23 @@ int fmoe_serve_tools_forced_prefix(int32_t format, const char *name, const char 
                             name)
                  : snprintf(out, SERVE_TOOLS_PREFIX_MAX, DS_CALLS_BEGIN DS_CALL_BEGIN);
         break;
+    case SERVE_TOOLS_HARMONY:
+        /* the prompt ends with <|start|>assistant; the call's header as gpt-oss writes it
+         * (the recipient after the channel, the arguments' type after <|constrain|>) */
+        n = name ? snprintf(out, SERVE_TOOLS_PREFIX_MAX,
+                            H_CHANNEL "commentary to=functions.%s <|constrain|>json" H_MESSAGE,
+                            name)
+                 : snprintf(out, SERVE_TOOLS_PREFIX_MAX, H_CHANNEL "commentary to=functions.");
+        break;
+    case SERVE_TOOLS_LLAMA3:
+        /* as Llama 3's templates write an earlier call */
+        n = name ? snprintf(out, SERVE_TOOLS_PREFIX_MAX, "{\"name\": \"%s\", \"parameters\": ", name)
+                 : snprintf(out, SERVE_TOOLS_PREFIX_MAX, "{\"name\": \"");
+        break;
+    case SERVE_TOOLS_MISTRAL_ARGS:
+        n = name ? snprintf(out, SERVE_TOOLS_PREFIX_MAX, MISTRAL_OPEN "%s" MISTRAL_ARGS, name)
+                 : snprintf(out, SERVE_TOOLS_PREFIX_MAX, MISTRAL_OPEN);
+        break;
     default: return -1;
     }
     return n > 0 && n < SERVE_TOOLS_PREFIX_MAX ? 0 : -1;
@@ -125,7 +161,7 @@ void fmoe_serve_tools_call_id(int32_t format, const char *response_id, int32_t c
     h ^= ((uint64_t)(uint32_t)choice << 32) | (uint32_t)index;
     char digits[24];
     static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    const int mistral = format == SERVE_TOOLS_MISTRAL;
+    const int mistral = format == SERVE_TOOLS_MISTRAL || format == SERVE_TOOLS_MISTRAL_ARGS;
     for (int i = 0; i < (mistral ? 9 : 24); i++) {
         h += 0x9E3779B97F4A7C15ull;
         uint64_t z = h;
@@ -554,10 +590,161 @@ bad:
     return DONE;
 }
 
+/* A function name as OpenAI allows them (serve's request check), at most 64 bytes. */
+static int name_ok(const char *s, size_t a, size_t b) {
+    if (b <= a || b - a > 64) return 0;
+    for (size_t i = a; i < b; i++) {
+        const char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+/* [TOOL_CALLS]N[ARGS]A from p past [TOOL_CALLS] (Mistral Small 3.2's template; its v11
+ * form puts [CALL_ID]id between the name and [ARGS]). The next call opens with its own
+ * [TOOL_CALLS], found by parse_all. */
+static int mistral_args_block(parser *P, size_t m, size_t p, size_t *pos) {
+    const char *s = P->s;
+    const size_t n = P->n;
+    size_t q = p;
+    while (q < n && s[q] != '[') q++;
+    if (q == n || (!P->final && (prefix_of(s, n, q, MISTRAL_ARGS) ||
+                                 prefix_of(s, n, q, MISTRAL_CALL_ID)))) {
+        /* the name is not whole yet: held while it can still be one */
+        if (!P->final && (q == n ? q - p <= 64 : 1) && (q == p || name_ok(s, p, q)))
+            return MORE;
+        goto bad;
+    }
+    if (!name_ok(s, p, q)) goto bad;
+    size_t v = q;
+    if (starts(s, n, v, MISTRAL_CALL_ID)) {
+        v = find(s, n, v, MISTRAL_ARGS);
+        if (v == n) {
+            if (!P->final) return MORE;
+            goto bad;
+        }
+    }
+    if (!starts(s, n, v, MISTRAL_ARGS)) goto bad;
+    v = skip_ws(s, n, v + strlen(MISTRAL_ARGS));
+    if (v >= n && !P->final) return MORE;
+    size_t vend;
+    const int whole = scan_value(P, v, NULL, &vend);
+    if (add_call(P, s + p, q - p, s + v, vend - v) < 0) return FMOE_ENOMEM;
+    if (!whole) return MORE;
+    *pos = P->stop ? n : vend;
+    return DONE;
+bad:
+    if (!P->final) return MORE;
+    if (raw_block(P, m, n) < 0) return FMOE_ENOMEM;
+    *pos = n;
+    return DONE;
+}
+
+/* Llama 3: the output is a call when it starts (after <|python_tag|> or not) with a JSON
+ * object {"name": N, "parameters": A}; calls may follow each other after ";" (vLLM's
+ * llama3_json reading). Anything else is the answer. */
+static int llama3_all(parser *P, size_t pos) {
+    const char *s = P->s;
+    const size_t n = P->n;
+    size_t p = skip_ws(s, n, pos);
+    if (!P->final && (p == n || prefix_of(s, n, p, PYTHON_TAG))) return 0; /* not known yet */
+    if (starts(s, n, p, PYTHON_TAG)) p = skip_ws(s, n, p + strlen(PYTHON_TAG));
+    if (p < n && s[p] != '{') return buf_add(&P->content, s + pos, n - pos);
+    for (;;) {
+        size_t e;
+        const int r = scan_call_object(P, p, NULL, &e);
+        if (r < 0) return FMOE_ENOMEM;
+        if (r == CALL_OPEN || (r == CALL_NEED && !P->final)) return 0;
+        if (r == CALL_BAD || r == CALL_NEED) {
+            /* another key order, say: read whole at the end; not a call: the answer */
+            if (!P->final) return 0;
+            const int ok = P->out->num_calls == 0 ? opaque_call(P, p, n) : 0;
+            if (ok < 0) return FMOE_ENOMEM;
+            return ok ? 0 : buf_add(&P->content, s + p, n - p);
+        }
+        P->blocks++;
+        if (P->stop) return 0;
+        p = skip_ws(s, n, e);
+        if (p < n && s[p] == ';') p = skip_ws(s, n, p + 1);
+        if (p >= n) return 0;
+        if (s[p] != '{') return buf_add(&P->content, s + p, n - p);
+    }
+}
+
+/* Harmony (gpt-oss): messages header <|message|> body, each ended by <|end|> (another
+ * message follows, opened by <|start|>assistant) or by <|return|> / <|call|> (the stop
+ * tokens, usually not in the text). The header holds the channel after <|channel|> and a
+ * recipient after "to=" (before or after the channel). A header is read once its
+ * <|message|> came; a body grows into the part its header says. */
+static void harmony_word(const char *s, size_t a, size_t b, const char *key, size_t *wa,
+                         size_t *wb) {
+    *wa = *wb = 0;
+    const size_t at = find(s, b, a, key);
+    if (at == b) return;
+    size_t e = at + strlen(key);
+    *wa = e;
+    while (e < b && s[e] != ' ' && s[e] != '<') e++;
+    *wb = e;
+}
+
+static int harmony_all(parser *P) {
+    const char *s = P->s;
+    const size_t n = P->n;
+    static const char *const ends[] = {H_END, H_RETURN, H_CALL};
+    size_t pos = 0;
+    while (!P->stop && pos < n) {
+        if (starts(s, n, pos, H_START)) pos += strlen(H_START);
+        const size_t m = find(s, n, pos, H_MESSAGE);
+        if (m == n) {
+            /* a header still being written; at the end, text that never was harmony is
+             * the answer as written */
+            if (P->final && P->blocks == 0) return buf_add(&P->content, s + pos, n - pos);
+            return 0;
+        }
+        size_t ca, cb, ra, rb;
+        harmony_word(s, pos, m, H_CHANNEL, &ca, &cb);
+        harmony_word(s, pos, m, "to=", &ra, &rb);
+        const size_t b = m + strlen(H_MESSAGE);
+        size_t e = n, hold = 0, tlen = 0;
+        for (int k = 0; k < 3; k++) {
+            const size_t f = find(s, n, b, ends[k]);
+            if (f < e) {
+                e = f;
+                tlen = strlen(ends[k]);
+            }
+        }
+        if (e == n && !P->final)
+            for (int k = 0; k < 3; k++) {
+                const size_t h = tail_hold(s, n, b, ends[k]);
+                if (h > hold) hold = h;
+            }
+        const size_t be = e - hold;
+        int rc;
+        if (rb > ra + 10 && memcmp(s + ra, "functions.", 10) == 0) {
+            rc = add_call(P, s + ra + 10, rb - ra - 10, s + b, be - b);
+        } else if (rb > ra || (cb - ca == 8 && memcmp(s + ca, "analysis", 8) == 0)) {
+            /* the reasoning, and calls to the built-in tools (browser, python), which
+             * serve does not run: the model's own working */
+            P->out->has_reasoning = 1;
+            rc = buf_add(&P->reasoning, s + b, be - b);
+        } else {
+            rc = buf_add(&P->content, s + b, be - b); /* final, commentary to the user */
+        }
+        if (rc < 0) return rc;
+        if (e == n) return 0;
+        P->blocks++;
+        pos = e + tlen;
+    }
+    return 0;
+}
+
 static const char *open_marker(int32_t format) {
     switch (format) {
     case SERVE_TOOLS_HERMES: return HERMES_OPEN;
-    case SERVE_TOOLS_MISTRAL: return MISTRAL_OPEN;
+    case SERVE_TOOLS_MISTRAL:
+    case SERVE_TOOLS_MISTRAL_ARGS: return MISTRAL_OPEN;
     case SERVE_TOOLS_DEEPSEEK_V3:
     case SERVE_TOOLS_DEEPSEEK_V31: return DS_CALLS_BEGIN;
     default: return NULL;
@@ -600,6 +787,8 @@ static int parse_all(parser *P) {
     size_t pos;
     int rc = reasoning_part(P, &pos);
     if (rc < 0 || pos > n) return rc;
+    if (P->cfg->format == SERVE_TOOLS_HARMONY) return harmony_all(P);
+    if (P->cfg->format == SERVE_TOOLS_LLAMA3) return llama3_all(P, pos);
     const char *marker = open_marker(P->cfg->format);
     if (!marker) return buf_add(&P->content, s + pos, n - pos);
     while (!P->stop) {
@@ -613,6 +802,7 @@ static int parse_all(parser *P) {
         switch (P->cfg->format) {
         case SERVE_TOOLS_HERMES: rc = hermes_block(P, m, p, &pos); break;
         case SERVE_TOOLS_MISTRAL: rc = mistral_block(P, m, p, &pos); break;
+        case SERVE_TOOLS_MISTRAL_ARGS: rc = mistral_args_block(P, m, p, &pos); break;
         default: rc = deepseek_block(P, m, p, &pos); break;
         }
         if (rc <= 0) return rc; /* MORE: wait for the rest; or out of memory */

@@ -11,6 +11,18 @@
  *                                      <｜tool▁calls▁end｜>
  *   DEEPSEEK_V31 DeepSeek-V3.1:        the same without "function" and the fence:
  *                                      <｜tool▁call▁begin｜>N<｜tool▁sep｜>A<｜tool▁call▁end｜>
+ *   HARMONY      gpt-oss:              messages on channels after the prompt's
+ *                                      <|start|>assistant: <|channel|>analysis<|message|>R
+ *                                      <|end|><|start|>assistant<|channel|>final<|message|>C,
+ *                                      a call <|channel|>commentary to=functions.N
+ *                                      <|constrain|>json<|message|>A (the recipient may also
+ *                                      stand before <|channel|>); generation stops at
+ *                                      <|return|> or <|call|>. analysis is the reasoning,
+ *                                      final (and commentary to no one) the content.
+ *   LLAMA3       Llama 3.1/3.2/3.3:    an output that is {"name": N, "parameters": A}
+ *                                      (after <|python_tag|> or not; several joined by ";")
+ *   MISTRAL_ARGS Mistral Small 3.2, Devstral, Magistral: [TOOL_CALLS]N[ARGS]A, once per
+ *                                      call ([CALL_ID]id between them is skipped)
  *
  * One pure function parses the whole text generated so far; a stream calls it again on
  * each longer text and sends the difference. That is correct because the parse of a text
@@ -39,6 +51,9 @@ typedef enum serve_tools_format {
     SERVE_TOOLS_MISTRAL = 2,
     SERVE_TOOLS_DEEPSEEK_V3 = 3,
     SERVE_TOOLS_DEEPSEEK_V31 = 4,
+    SERVE_TOOLS_HARMONY = 5,
+    SERVE_TOOLS_LLAMA3 = 6,
+    SERVE_TOOLS_MISTRAL_ARGS = 7,
 } serve_tools_format;
 
 typedef enum serve_reasoning {
@@ -46,6 +61,7 @@ typedef enum serve_reasoning {
     SERVE_REASONING_TAG = 1,  /* the output may open with <think> (Qwen3) */
     SERVE_REASONING_OPEN = 2, /* the prompt ended with <think>: the output starts inside it
                                  (DeepSeek-R1, V3.1 thinking, Qwen3-Thinking) */
+    SERVE_REASONING_CHANNELS = 3, /* the format's own channels say it (HARMONY: analysis) */
 } serve_reasoning;
 
 /* The longest forced prefix: the opening markup and a function name (64 bytes at most,
@@ -84,8 +100,7 @@ typedef struct serve_tools_parse {
 serve_tools_format fmoe_serve_tools_detect(const char *template_text);
 
 /* @return the name of a tool-call format the template text shows that fmoe does not read
- *   (Qwen3-Coder's XML, Mistral's [ARGS], Llama 3's, gpt-oss's, Granite's), for the
- *   error message; NULL when none. */
+ *   (Qwen3-Coder's XML, Granite's <|tool_call|>), for the error message; NULL when none. */
 const char *fmoe_serve_tools_unsupported(const char *template_text);
 
 /* @return the format's name for messages ("hermes", "mistral", "deepseek_v3", ...). */
@@ -107,7 +122,7 @@ int fmoe_serve_tools_parse(const serve_tools_config *cfg, const char *text, size
 void fmoe_serve_tools_parse_free(serve_tools_parse *p);
 
 /* Call ids: "call_" and 24 hex digits derived from the response id, the choice and the
- * call's index, unique as the response id is; for MISTRAL 9 letters and digits, which
+ * call's index, unique as the response id is; for MISTRAL(_ARGS) 9 letters and digits, which
  * Mistral's templates insist on when the id comes back with the tool's result. */
 #define SERVE_TOOLS_ID_MAX 40
 void fmoe_serve_tools_call_id(int32_t format, const char *response_id, int32_t choice,

@@ -33,8 +33,11 @@ int main(int argc, char **argv) {
     static const char schema_text[] =
         "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
         "\"age\":{\"type\":\"integer\"},\"color\":{\"enum\":[\"red\",\"green\",\"blue\"]},"
-        "\"xs\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}}},"
-        "\"required\":[\"name\",\"age\",\"color\",\"xs\"],\"additionalProperties\":false}";
+        "\"xs\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},"
+        "\"code\":{\"type\":\"string\",\"maxLength\":40},"
+        "\"lvl\":{\"type\":\"integer\",\"minimum\":-50,\"maximum\":5000}},"
+        "\"required\":[\"name\",\"age\",\"color\",\"xs\",\"code\",\"lvl\"],"
+        "\"additionalProperties\":false}";
     static const struct {
         const char *name, *prefix;
     } states[] = {
@@ -45,6 +48,11 @@ int main(int argc, char **argv) {
         {"in_integer", "{\"name\":\"Al\",\"age\":4"},
         {"enum", "{\"name\":\"Al\",\"age\":4,\"color\":"},
         {"in_array", "{\"name\":\"Al\",\"age\":4,\"color\":\"red\",\"xs\":[1.5,"},
+        /* maxLength: every byte counts, so no in-string shortcut */
+        {"in_bounded_string", "{\"name\":\"Al\",\"age\":4,\"color\":\"red\",\"xs\":[],"
+                              "\"code\":\"ab"},
+        {"in_bounded_integer", "{\"name\":\"Al\",\"age\":4,\"color\":\"red\",\"xs\":[],"
+                               "\"code\":\"\",\"lvl\":12"},
     };
     fmoe_tokenizer *tok;
     fmoe_json_schema *schema;

@@ -1,8 +1,8 @@
 /*
  * fuzz_serve_tools.c - fuzz target for the reading of model outputs into reasoning, tool
  * calls and content (runtime/serve/serve_tools.c), on which a stream's deltas rest.
- * Input: byte 0 picks the format (% 5), the reasoning mode (/ 5 % 3) and
- * parallel_tool_calls (/ 15 % 2); the rest is the output.
+ * Input: byte 0 picks the format (% 8), the reasoning mode (/ 8 % 4) and
+ * parallel_tool_calls (/ 32 % 2); the rest is the output.
  * Invariants: every string is as long as it says and NUL-terminated; the parse of each
  * prefix (not final) is a prefix of the whole parse (content, reasoning, the calls' names
  * equal and their arguments prefixes), the promise streaming rests on; with
@@ -36,9 +36,9 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
     if (size < 1 || size > 4096) return 0;
     serve_tools_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.format = data[0] % 5;
-    cfg.reasoning = data[0] / 5 % 3;
-    cfg.parallel = data[0] / 15 % 2;
+    cfg.format = data[0] % 8;
+    cfg.reasoning = data[0] / 8 % 4;
+    cfg.parallel = data[0] / 32 % 2;
     const char *text = (const char *)data + 1;
     const size_t n = size - 1;
     serve_tools_parse whole;

@@ -146,6 +146,66 @@ TEST(refs_to_definitions_expand_in_place) {
 }
 
 /* The refusal's detail names the keyword and the JSON path. */
+TEST(integer_bounds_at_their_edges) {
+    /* JSON Schema 2020-12 validation §6.2: minimum/maximum inclusive, exclusive* not */
+    const char *age = "{\"type\":\"integer\",\"minimum\":18,\"maximum\":99}";
+    ASSERT_EQ(doc(age, "18"), 1);
+    ASSERT_EQ(doc(age, "99"), 1);
+    ASSERT_EQ(doc(age, "17"), 0);
+    ASSERT_EQ(doc(age, "100"), 0);
+    ASSERT_EQ(doc(age, "1"), 0);       /* a prefix of 18..19, not a document */
+    ASSERT_EQ(prefix(age, "1"), 1);
+    ASSERT_EQ(prefix(age, "-"), 0);    /* no negative value is allowed */
+    ASSERT_EQ(prefix(age, "0"), 0);
+    ASSERT_EQ(prefix(age, "100"), 0);
+    const char *cold = "{\"type\":\"integer\",\"exclusiveMinimum\":-40,\"exclusiveMaximum\":-3}";
+    ASSERT_EQ(doc(cold, "-39"), 1);
+    ASSERT_EQ(doc(cold, "-4"), 1);
+    ASSERT_EQ(doc(cold, "-40"), 0);
+    ASSERT_EQ(doc(cold, "-3"), 0);
+    ASSERT_EQ(prefix(cold, "5"), 0);
+    ASSERT_EQ(doc(cold, "-0"), 0);
+    /* fractional bounds: the integers inside them */
+    ASSERT_EQ(doc("{\"type\":\"integer\",\"minimum\":2.5,\"maximum\":3.5}", "3"), 1);
+    ASSERT_EQ(doc("{\"type\":\"integer\",\"minimum\":2.5,\"maximum\":3.5}", "2"), 0);
+    /* one bound: the other side runs to 15 digits */
+    ASSERT_EQ(doc("{\"type\":\"integer\",\"minimum\":1000}", "123456789012345"), 1);
+    ASSERT_EQ(doc("{\"type\":\"integer\",\"minimum\":1000}", "999"), 0);
+    /* inside an object the bound is checked where the number ends */
+    const char *obj = "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\","
+                      "\"maximum\":5}},\"required\":[\"n\"],\"additionalProperties\":false}";
+    ASSERT_EQ(doc(obj, "{\"n\":5}"), 1);
+    ASSERT_EQ(doc(obj, "{\"n\":6}"), 0);
+    ASSERT_EQ(doc(obj, "{\"n\":-12}"), 1);
+}
+
+TEST(string_lengths_count_characters) {
+    const char *code = "{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}";
+    ASSERT_EQ(doc(code, "\"ab\""), 1);
+    ASSERT_EQ(doc(code, "\"abc\""), 1);
+    ASSERT_EQ(doc(code, "\"a\""), 0);
+    ASSERT_EQ(prefix(code, "\"abcd"), 0);
+    /* characters, not bytes: two-byte é and three-byte € count one each; an escape one */
+    ASSERT_EQ(doc(code, "\"\xC3\xA9\xE2\x82\xAC\""), 1);
+    ASSERT_EQ(doc(code, "\"\\n\\\"x\""), 1);
+    ASSERT_EQ(doc(code, "\"\\n\\\"xy\""), 0);
+    /* \u escapes are not written in a bounded string */
+    ASSERT_EQ(prefix(code, "\"\\u"), 0);
+    ASSERT_EQ(doc("{\"type\":\"string\",\"maxLength\":0}", "\"\""), 1);
+}
+
+TEST(one_of_and_all_of_of_one) {
+    const char *one = "{\"oneOf\":[{\"type\":\"string\",\"maxLength\":1},{\"type\":\"integer\","
+                      "\"minimum\":5,\"maximum\":7}]}";
+    ASSERT_EQ(doc(one, "\"x\""), 1);
+    ASSERT_EQ(doc(one, "6"), 1);
+    ASSERT_EQ(doc(one, "8"), 0);
+    const char *all = "{\"$defs\":{\"D\":{\"type\":\"integer\",\"maximum\":9}},"
+                      "\"allOf\":[{\"$ref\":\"#/$defs/D\"}],\"description\":\"a digit\"}";
+    ASSERT_EQ(doc(all, "9"), 1);
+    ASSERT_EQ(doc(all, "10"), 0);
+}
+
 static void refused(const char *schema, int code, const char *needle, int *harness_failed) {
     fmoe_json_schema *s = NULL;
     ASSERT_EQ(fmoe_json_schema_compile(schema, strlen(schema), &s), code);
@@ -176,6 +236,18 @@ TEST(unsupported_keywords_are_refused_with_their_path) {
     refused("[1", FMOE_EINVAL, "not valid JSON", harness_failed);
     refused("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", FMOE_EINVAL, "'maxItems' 2",
             harness_failed);
+    refused("{\"type\":\"number\",\"minimum\":1}", FMOE_EUNSUPPORTED,
+            "'minimum' at $ is not supported on a number", harness_failed);
+    refused("{\"maxLength\":3}", FMOE_EUNSUPPORTED, "'maxLength' at $ is supported only beside",
+            harness_failed);
+    refused("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}", FMOE_EUNSUPPORTED,
+            "'oneOf' at $: branches 0 and 1", harness_failed);
+    refused("{\"allOf\":[{\"type\":\"integer\"},{\"minimum\":1}]}", FMOE_EUNSUPPORTED,
+            "'allOf' at $ is supported only with one schema", harness_failed);
+    refused("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", FMOE_EINVAL,
+            "admit no integer", harness_failed);
+    refused("{\"type\":\"string\",\"minLength\":5,\"maxLength\":4}", FMOE_EINVAL,
+            "'minLength' at $ is above", harness_failed);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -293,6 +365,15 @@ TEST(mask_equals_per_token_feed_on_fmoe_tiny) {
 }
 
 TEST(mask_any_object_on_fmoe_tiny) { random_walks(NULL, 40, harness_failed); }
+
+TEST(mask_equals_per_token_feed_with_bounds) {
+    random_walks("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\","
+                 "\"minimum\":-20,\"maximum\":300},\"s\":{\"type\":\"string\",\"minLength\":2,"
+                 "\"maxLength\":6},\"o\":{\"oneOf\":[{\"type\":\"integer\",\"minimum\":100},"
+                 "{\"type\":\"null\"}]}},\"required\":[\"a\",\"s\",\"o\"],"
+                 "\"additionalProperties\":false}",
+                 60, harness_failed);
+}
 
 TEST(accept_refuses_a_token_the_mask_refuses) {
     fmoe_tokenizer *tok = tiny();

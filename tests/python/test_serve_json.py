@@ -85,7 +85,24 @@ PYDANTIC = {
     "required": ["color", "points", "origin"], "title": "Shape", "type": "object",
     "additionalProperties": False,
 }
-SCHEMAS = {"person": PERSON, "shapes": SHAPES, "escapes": ESCAPES, "items": ITEMS,
+# lengths, integer bounds, oneOf of distinct first bytes, allOf of one
+BOUNDS = {
+    "$defs": {"Digit": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "type": "object",
+    "properties": {
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "cold": {"type": "integer", "exclusiveMinimum": -40, "exclusiveMaximum": -3},
+        "big": {"type": "integer", "minimum": 1000},
+        "code": {"type": "string", "minLength": 3, "maxLength": 5},
+        "tag": {"type": "string", "maxLength": 2},
+        "pick": {"oneOf": [{"type": "string", "maxLength": 3},
+                           {"type": "integer", "minimum": 5, "maximum": 7}]},
+        "digit": {"allOf": [{"$ref": "#/$defs/Digit"}], "description": "one digit"},
+    },
+    "required": ["age", "cold", "big", "code", "tag", "pick", "digit"],
+    "additionalProperties": False,
+}
+SCHEMAS = {"bounds": BOUNDS, "person": PERSON, "shapes": SHAPES, "escapes": ESCAPES, "items": ITEMS,
            "optional": OPTIONAL, "pydantic": PYDANTIC}
 
 
@@ -180,9 +197,11 @@ BAD = [
     ({"type": "array", "items": {"$ref": "#/$defs/node"}}, "'$ref' at $.items"),
     ({"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}},
       "$ref": "#/$defs/N"}, "recursive schemas are not supported"),
-    ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}},
+    ({"type": "object", "properties": {"n": {"type": "number", "minimum": 3}}},
      "'minimum' at $.properties.n"),
-    ({"oneOf": [{"type": "string"}]}, "'oneOf' at $"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "'oneOf' at $"),
+    ({"allOf": [{"type": "integer"}, {"maximum": 3}]}, "'allOf' at $"),
+    ({"type": "object", "properties": {"s": {"maxLength": 3}}}, "'maxLength' at $.properties.s"),
     ({"anyOf": [{"type": "integer"}, {"type": "number"}]}, "'anyOf' at $"),
     ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "'required' at $"),
     ({"type": "strng"}, "unknown type"),

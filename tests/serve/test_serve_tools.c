@@ -267,6 +267,118 @@ TEST(deepseek_v31_reasoning_then_call) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * gpt-oss harmony: as the gpt-oss template writes earlier turns, and as the model writes
+ * the answer after the prompt's <|start|>assistant (openai/harmony's format doc)
+ * ------------------------------------------------------------------------------------ */
+
+TEST(harmony_analysis_then_final) {
+    const serve_tools_config cfg = config(SERVE_TOOLS_HARMONY, SERVE_REASONING_CHANNELS, 1);
+    const want_call none[] = {{"", ""}};
+    CHECK_PARSE(cfg,
+                "<|channel|>analysis<|message|>User asks 2+2. Simple.<|end|>"
+                "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.",
+                "2 + 2 = 4.", "User asks 2+2. Simple.", none, 0);
+    /* <|return|> left in the text (a stop id the engine did not know) ends it too */
+    CHECK_PARSE(cfg, "<|channel|>final<|message|>Hi <b>there</b><|return|>", "Hi <b>there</b>",
+                NULL, none, 0);
+    /* commentary to no one is a preamble for the user: content */
+    CHECK_PARSE(cfg,
+                "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant"
+                "<|channel|>final<|message|>Done.",
+                "Checking.Done.", NULL, none, 0);
+    /* a model that does not write harmony: its text is the answer, at the end */
+    CHECK_PARSE(cfg, "just words <|end", "just words <|end", NULL, none, 0);
+}
+
+TEST(harmony_tool_calls_both_header_orders) {
+    const serve_tools_config cfg = config(SERVE_TOOLS_HARMONY, SERVE_REASONING_CHANNELS, 1);
+    const want_call w[] = {{"get_weather", "{\"city\":\"Paris\"}"}};
+    /* the recipient after the channel, <|constrain|>json: how gpt-oss writes a call */
+    CHECK_PARSE(cfg,
+                "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant"
+                "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                "<|message|>{\"city\":\"Paris\"}<|call|>",
+                "", "Need weather.", w, 1);
+    ASSERT_TRUE(valid_json(w[0].arguments));
+    /* the recipient before the channel: how the template renders an earlier call */
+    CHECK_PARSE(cfg,
+                " to=functions.get_weather<|channel|>commentary json<|message|>"
+                "{\"city\":\"Paris\"}",
+                "", NULL, w, 1);
+    /* a built-in tool (browser) is not a function: its call stays in the reasoning */
+    const want_call none[] = {{"", ""}};
+    CHECK_PARSE(cfg,
+                "<|channel|>analysis to=browser.search code<|message|>{\"query\":\"x\"}<|end|>"
+                "<|start|>assistant<|channel|>final<|message|>ok",
+                "ok", "{\"query\":\"x\"}", none, 0);
+}
+
+TEST(harmony_forced_prefix_and_parallel_false) {
+    char p[SERVE_TOOLS_PREFIX_MAX];
+    ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_HARMONY, "f", NULL, p));
+    ASSERT_STR_EQ(p, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>");
+    serve_tools_config cfg = config(SERVE_TOOLS_HARMONY, SERVE_REASONING_CHANNELS, 0);
+    ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_HARMONY, NULL, NULL, cfg.prefix));
+    const want_call w[] = {{"get_time", "{}"}};
+    CHECK_PARSE(cfg,
+                "get_time <|constrain|>json<|message|>{}<|end|><|start|>assistant<|channel|>"
+                "commentary to=functions.other <|constrain|>json<|message|>{}",
+                "", NULL, w, 1);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Llama 3.x: {"name": N, "parameters": A} (Llama 3.1-3.3's templates), <|python_tag|>
+ * ------------------------------------------------------------------------------------ */
+
+TEST(llama3_json_calls) {
+    const serve_tools_config cfg = config(SERVE_TOOLS_LLAMA3, SERVE_REASONING_NONE, 1);
+    const want_call w[] = {{"get_weather", "{\"city\": \"Paris\"}"},
+                           {"get_time", "{\"tz\": \"CET\"}"}};
+    CHECK_PARSE(cfg, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "",
+                NULL, w, 1);
+    CHECK_PARSE(cfg,
+                "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": "
+                "\"Paris\"}}; {\"name\": \"get_time\", \"parameters\": {\"tz\": \"CET\"}}",
+                "", NULL, w, 2);
+    /* keys in another order: read whole at the end, the arguments printed compactly */
+    const want_call w2[] = {{"get_time", "{\"tz\":\"CET\"}"}};
+    CHECK_PARSE(cfg, "{\"parameters\": {\"tz\": \"CET\"}, \"name\": \"get_time\"}", "", NULL,
+                w2, 1);
+    const want_call none[] = {{"", ""}};
+    CHECK_PARSE(cfg, "The weather is {mostly} fine.", "The weather is {mostly} fine.", NULL,
+                none, 0);
+    CHECK_PARSE(cfg, "{\"answer\": 4}", "{\"answer\": 4}", NULL, none, 0);
+    char p[SERVE_TOOLS_PREFIX_MAX];
+    ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_LLAMA3, "f", NULL, p));
+    ASSERT_STR_EQ(p, "{\"name\": \"f\", \"parameters\": ");
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Mistral's [TOOL_CALLS]N[ARGS]A (Mistral Small 3.2, Devstral, Magistral)
+ * ------------------------------------------------------------------------------------ */
+
+TEST(mistral_args_calls) {
+    const serve_tools_config cfg = config(SERVE_TOOLS_MISTRAL_ARGS, SERVE_REASONING_NONE, 1);
+    const want_call w[] = {{"get_weather", "{\"city\": \"Paris\"}"}, {"get_time", "{}"}};
+    CHECK_PARSE(cfg,
+                "Sure.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}"
+                "[TOOL_CALLS]get_time[ARGS]{}",
+                "Sure.", NULL, w, 2);
+    /* the v11 form with [CALL_ID] */
+    CHECK_PARSE(cfg, "[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{\"city\": \"Paris\"}", "",
+                NULL, w, 1);
+    const want_call none[] = {{"", ""}};
+    CHECK_PARSE(cfg, "[TOOL_CALLS]not a name![ARGS]{}", "[TOOL_CALLS]not a name![ARGS]{}", NULL,
+                none, 0);
+    char p[SERVE_TOOLS_PREFIX_MAX];
+    ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_MISTRAL_ARGS, "f", NULL, p));
+    ASSERT_STR_EQ(p, "[TOOL_CALLS]f[ARGS]");
+    char id[SERVE_TOOLS_ID_MAX];
+    fmoe_serve_tools_call_id(SERVE_TOOLS_MISTRAL_ARGS, "chatcmpl-1", 0, 0, id);
+    ASSERT_EQ(strlen(id), 9);
+}
+
+/* ---------------------------------------------------------------------------------------
  * Formats, prefixes and ids
  * ------------------------------------------------------------------------------------ */
 
@@ -291,6 +403,8 @@ TEST(format_from_the_template_text) {
         {"Qwen-Qwen2.5-7B-Instruct.jinja", SERVE_TOOLS_HERMES},
         {"mistralai-Mistral-Nemo-Instruct-2407.jinja", SERVE_TOOLS_MISTRAL},
         {"deepseek-ai-DeepSeek-V3.1.jinja", SERVE_TOOLS_DEEPSEEK_V31},
+        {"openai-gpt-oss-120b.jinja", SERVE_TOOLS_HARMONY},
+        {"mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja", SERVE_TOOLS_MISTRAL_ARGS},
         {"olmoe-tulu.jinja", SERVE_TOOLS_NONE},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -305,8 +419,14 @@ TEST(format_from_the_template_text) {
     ASSERT_EQ(fmoe_serve_tools_detect(coder), SERVE_TOOLS_NONE);
     ASSERT_CONTAINS(fmoe_serve_tools_unsupported(coder), "Qwen3-Coder");
     const char *small = "{{- '[TOOL_CALLS]' + tool.function.name + '[ARGS]' }}";
-    ASSERT_EQ(fmoe_serve_tools_detect(small), SERVE_TOOLS_NONE);
-    ASSERT_CONTAINS(fmoe_serve_tools_unsupported(small), "[ARGS]");
+    ASSERT_EQ(fmoe_serve_tools_detect(small), SERVE_TOOLS_MISTRAL_ARGS);
+    ASSERT_TRUE(fmoe_serve_tools_unsupported(small) == NULL);
+    /* Llama 3.1's (<|python_tag|>) and 3.2's (only the JSON, turns closed by <|eot_id|>) */
+    ASSERT_EQ(fmoe_serve_tools_detect("{{- '<|python_tag|>' + tool_call.name }}"),
+              SERVE_TOOLS_LLAMA3);
+    ASSERT_EQ(fmoe_serve_tools_detect("{{- '\"parameters\": ' }}{{ '<|eot_id|>' }}"),
+              SERVE_TOOLS_LLAMA3);
+    ASSERT_TRUE(fmoe_serve_tools_unsupported("<|tool_call|>") != NULL);
     ASSERT_TRUE(fmoe_serve_tools_unsupported("[TOOL_CALLS] [") == NULL);
     ASSERT_EQ(fmoe_serve_tools_detect("x " DS_CALLS_BEGIN " ```json"), SERVE_TOOLS_DEEPSEEK_V3);
 }

@@ -29,13 +29,21 @@
  *   anyOf         branches that a document tells apart by its first byte (string vs
  *                 number vs object vs array vs true/false vs null; two object branches,
  *                 or number with integer, are refused)
+ *   oneOf         as anyOf, under the same condition (such branches never both match)
+ *   allOf         of one schema (annotations and definitions beside it)
+ *   minimum, maximum, exclusiveMinimum, exclusiveMaximum
+ *                 on integers (numbers as bounds): a digit is taken only when some
+ *                 integer that starts so is in range; on "number" refused
+ *   minLength, maxLength
+ *                 on strings, in code points; such a string is written without \u
+ *                 escapes
  *   $ref          "#/$defs/NAME" or "#/definitions/NAME" of the root, expanded in place;
  *                 only annotations beside it; a schema that refers to itself is refused
  *   annotations   title, description, $schema, $id, $comment, default, examples,
  *                 deprecated, readOnly, writeOnly: ignored
- * Refused: recursion and other $ref forms, pattern, format, minLength/maxLength,
- * minimum/maximum, multipleOf,
- * oneOf/allOf/not, patternProperties, prefixItems, uniqueItems, if/then/else, ... .
+ * Refused: recursion and other $ref forms, pattern, format, bounds on numbers, lengths
+ * or bounds without a type, multipleOf, oneOf of overlapping branches, allOf of several,
+ * not, patternProperties, prefixItems, uniqueItems, if/then/else, ... .
  *
  * What is generated: no whitespace before the document or after it; at most
  * FMOE_JSON_MAX_WS whitespace bytes in a row between tokens of the document (so that
