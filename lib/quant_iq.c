@@ -48,18 +48,55 @@ static inline uint8_t ksigns(uint32_t seven) {
     return (uint8_t)(seven | ((uint32_t)__builtin_parity(seven) << 7));
 }
 
-/* n (8 or 4) grid values of `point` into q, each negated where its bit of `signs` is set. */
-static inline void put_signed(int8_t *q, uint64_t point, uint8_t signs, int n) {
-    for (int j = 0; j < n; j++) {
-        const int v = (int)((point >> (8 * j)) & 0xFF);
-        q[j] = (int8_t)((signs >> j) & 1 ? -v : v);
-    }
+/* Eight grid values are handled as one uint64, byte j value j (lib/iq_grids.h), with byte
+ * arithmetic that never carries from one byte into the next: cheaper than eight separate
+ * values in plain C, and what the compiler keeps in one register. */
+#define ONES64 0x0101010101010101ull
+
+/* The 8 bytes of v into q[0..8), byte j to q[j]. */
+static inline void store8(int8_t *q, uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(q, &v, 8);
+#else
+    for (int j = 0; j < 8; j++) q[j] = (int8_t)(uint8_t)(v >> (8 * j));
+#endif
+}
+
+/* 0xFF in byte j where bit j of `bits` is set, else 0x00: bit j isolated in byte j by a
+ * multiply and mask, then moved to the byte's top bit by adding 0x7F (no carry: the byte
+ * is at most 0x80), to its low bit by a shift, and spread over the byte. */
+static inline uint64_t byte_mask8(uint8_t bits) {
+    const uint64_t x = ((uint64_t)bits * ONES64) & 0x8040201008040201ull;
+    return (((x + 0x7F7F7F7F7F7F7F7Full) >> 7) & ONES64) * 0xFF;
+}
+
+/* Grid values (positive, below 128) negated where the mask byte is 0xFF: -g = ~g + 1, and
+ * ~g + 1 <= 0xF8 never carries. */
+static inline uint64_t negate_where(uint64_t g, uint64_t m) { return (g ^ m) + (m & ONES64); }
+
+/* 8 grid values of `point` into q, each negated where its bit of `signs` is set. */
+static inline void put_signed8(int8_t *q, uint64_t point, uint8_t signs) {
+    store8(q, negate_where(point, byte_mask8(signs)));
+}
+
+/* Two 4-value points (IQ3) into q[0..8), value j negated where bit j of `signs` is set. */
+static inline void put_signed4x2(int8_t *q, uint32_t lo, uint32_t hi, uint8_t signs) {
+    put_signed8(q, (uint64_t)lo | ((uint64_t)hi << 32), signs);
 }
 
 /* 8 IQ1 grid values (-1, 0, 1 as signed bytes) of `point` into q as 8g + 1, or 8g - 1
- * when `minus` (ggml's delta -IQ1S_DELTA). */
+ * when `minus` (ggml's delta -IQ1S_DELTA). 8g is the bytes shifted left 3 with what
+ * crossed into the next byte masked off; 8g + 1 sets the low bit 8g leaves clear; and
+ * 8g - 1 = ~(8·(-g)), -g swapping the bytes 0x01 and 0xFF (an XOR with 0xFE where the
+ * low bit is set). */
 static inline void put_iq1(int8_t *q, uint64_t point, int minus) {
-    for (int j = 0; j < 8; j++) q[j] = (int8_t)(8 * (int8_t)(point >> (8 * j)) + (minus ? -1 : 1));
+    const uint64_t low3 = 0xF8F8F8F8F8F8F8F8ull;
+    if (!minus) {
+        store8(q, ((point << 3) & low3) | ONES64);
+        return;
+    }
+    const uint64_t neg = point ^ ((point & ONES64) * 0xFE);
+    store8(q, ~((neg << 3) & low3));
 }
 
 /* Both 16-value scales of 32-value group ib set to sc. */
@@ -74,7 +111,7 @@ static void unpack_iq2_xxs(const uint8_t *b, fmoe__kx_block *u) {
         const uint8_t *g = b + 2 + 8 * ib;
         const uint32_t aux = le32(g + 4);
         for (int l = 0; l < 4; l++)
-            put_signed(u->q + 32 * ib + 8 * l, fmoe__iq2xxs_grid[g[l]], ksigns(aux >> (7 * l)), 8);
+            put_signed8(u->q + 32 * ib + 8 * l, fmoe__iq2xxs_grid[g[l]], ksigns(aux >> (7 * l)));
         scale32(u, ib, 2 * (int)(aux >> 28) + 1);
     }
     u->d = fmoe__qblock_f16(b) * 0.125f;
@@ -84,7 +121,7 @@ static void unpack_iq2_xs(const uint8_t *b, fmoe__kx_block *u) {
     /* per 8 values a uint16: 9-bit grid index, 7 sign bits; a 4-bit scale per 16 */
     for (int k = 0; k < 32; k++) {
         const uint16_t v = le16(b + 2 + 2 * k);
-        put_signed(u->q + 8 * k, fmoe__iq2xs_grid[v & 511], ksigns(v >> 9), 8);
+        put_signed8(u->q + 8 * k, fmoe__iq2xs_grid[v & 511], ksigns(v >> 9));
     }
     for (int s = 0; s < 16; s++) u->sc[s] = (int16_t)(2 * ((b[66 + s / 2] >> (4 * (s & 1))) & 0xF) + 1);
     u->d = fmoe__qblock_f16(b) * 0.125f;
@@ -96,7 +133,7 @@ static void unpack_iq2_s(const uint8_t *b, fmoe__kx_block *u) {
     const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66, *scales = b + 74;
     for (int k = 0; k < 32; k++) {
         const int idx = qs[k] | (((qh[k / 4] >> (2 * (k % 4))) & 3) << 8);
-        put_signed(u->q + 8 * k, fmoe__iq2s_grid[idx], signs[k], 8);
+        put_signed8(u->q + 8 * k, fmoe__iq2s_grid[idx], signs[k]);
     }
     for (int s = 0; s < 16; s++) u->sc[s] = (int16_t)(2 * ((scales[s / 2] >> (4 * (s & 1))) & 0xF) + 1);
     u->d = fmoe__qblock_f16(b) * 0.125f;
@@ -108,12 +145,9 @@ static void unpack_iq3_xxs(const uint8_t *b, fmoe__kx_block *u) {
     const uint8_t *qs = b + 2;
     for (int ib = 0; ib < 8; ib++) {
         const uint32_t aux = le32(b + 66 + 4 * ib);
-        for (int l = 0; l < 4; l++) {
-            const uint8_t s = ksigns(aux >> (7 * l));
-            int8_t *q = u->q + 32 * ib + 8 * l;
-            put_signed(q, fmoe__iq3xxs_grid[qs[8 * ib + 2 * l]], s, 4);
-            put_signed(q + 4, fmoe__iq3xxs_grid[qs[8 * ib + 2 * l + 1]], (uint8_t)(s >> 4), 4);
-        }
+        for (int l = 0; l < 4; l++)
+            put_signed4x2(u->q + 32 * ib + 8 * l, fmoe__iq3xxs_grid[qs[8 * ib + 2 * l]],
+                          fmoe__iq3xxs_grid[qs[8 * ib + 2 * l + 1]], ksigns(aux >> (7 * l)));
         scale32(u, ib, 2 * (int)(aux >> 28) + 1);
     }
     u->d = fmoe__qblock_f16(b) * 0.25f;
@@ -123,9 +157,10 @@ static void unpack_iq3_s(const uint8_t *b, fmoe__kx_block *u) {
     /* per 4 values a 9-bit index: qs[k] and bit k % 8 of qh[k / 8]; sign bits 8 a byte;
      * a 4-bit scale per 32 values */
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
-    for (int k = 0; k < 64; k++) {
-        const int idx = qs[k] | (((qh[k / 8] >> (k % 8)) & 1) << 8);
-        put_signed(u->q + 4 * k, fmoe__iq3s_grid[idx], (uint8_t)(signs[k / 2] >> (4 * (k & 1))), 4);
+    for (int k = 0; k < 64; k += 2) {
+        const int lo = qs[k] | (((qh[k / 8] >> (k % 8)) & 1) << 8);
+        const int hi = qs[k + 1] | (((qh[k / 8] >> (k % 8 + 1)) & 1) << 8);
+        put_signed4x2(u->q + 4 * k, fmoe__iq3s_grid[lo], fmoe__iq3s_grid[hi], signs[k / 2]);
     }
     for (int ib = 0; ib < 8; ib++) scale32(u, ib, 2 * ((scales[ib / 2] >> (4 * (ib & 1))) & 0xF) + 1);
     u->d = fmoe__qblock_f16(b);
