@@ -7,13 +7,14 @@ gate and up projections (256-wide rows: one block each) replaced by random block
 seven types in turn, every block's f16 scale set so that its RMS is the RMS of the row it
 replaces; and layer 1's query projection, a resident (not offloadable) weight, as IQ1_M.
 gguf-py's GGUFWriter writes the file; the down projections (176-wide rows, no whole
-256-value block) stay Q8_0, as llama.cpp would give them a 32-value type.
+block of 32 or 256) stay BF16, as `fmoe quantize` left them.
 
 - its logits, with f32 activations, equal those of the same file dequantised by gguf-py
   and written as F32, to float rounding (the bar of test_gguf_model.py), through the
   forward driver and through `fmoe generate` (the same tokens too);
 - with the CPU's 8-bit activations (Q8_K blocks against the i-quant rows) they stay within
   a stated fraction of the logits' spread;
+- record's trace names the experts' type and carries their bytes as the file stores them;
 - a NaN or infinite scale in an i-quant block is refused in one line (a resident weight at
   load; experts, which are not scanned at load, when the routed output is not finite),
   and so is the CUDA backend (no kernels for these types).
@@ -177,3 +178,16 @@ def test_cuda_refuses_iq_model_in_one_line(driver, iq_model, tmp_path):
               check=False)
     line = one_line(p, 1)
     assert "tensor " in line and "IQ" in line and "cuda" in line, line
+
+
+def test_trace_carries_the_iq_expert_type_and_bytes(fmoe_bin, iq_model, tmp_path):
+    """record's trace names the experts' type (layer 0's gate: IQ2_XXS, lib/geometry.c's
+    iq2_xxs) and the bytes of the largest expert as the file stores them (gguf-py; the
+    layers mix types, so they differ: layer 5's IQ3_XXS/IQ3_S experts are the largest)."""
+    from test_gguf_q32_model import file_expert_bytes, record_attrs
+    got, types = file_expert_bytes(iq_model[0])
+    assert types == {"ffn_gate_exps": "IQ2_XXS", "ffn_up_exps": "IQ2_XS", "ffn_down_exps": "BF16"}
+    a = record_attrs(fmoe_bin, iq_model[0], tmp_path)
+    assert a["dtype"] == "iq2_xxs"
+    assert int(a["expert_bytes"]) == max(file_expert_bytes(iq_model[0], L)[0] for L in range(6))
+    assert got < int(a["expert_bytes"])
