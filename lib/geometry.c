@@ -201,6 +201,13 @@ const char *fmoe_dtype_name(fmoe_dtype d) {
     case FMOE_DTYPE_Q2_K: return "q2_k";
     case FMOE_DTYPE_Q3_K: return "q3_k";
     case FMOE_DTYPE_IQ4_XS: return "iq4_xs";
+    case FMOE_DTYPE_IQ2_XXS: return "iq2_xxs";
+    case FMOE_DTYPE_IQ2_XS: return "iq2_xs";
+    case FMOE_DTYPE_IQ2_S: return "iq2_s";
+    case FMOE_DTYPE_IQ3_XXS: return "iq3_xxs";
+    case FMOE_DTYPE_IQ3_S: return "iq3_s";
+    case FMOE_DTYPE_IQ1_S: return "iq1_s";
+    case FMOE_DTYPE_IQ1_M: return "iq1_m";
     }
     return "unknown";
 }
@@ -224,6 +231,10 @@ int fmoe_dtype_parse(const char *name, fmoe_dtype *out) {
         {"q5_0", FMOE_DTYPE_Q5_0},       {"q5_1", FMOE_DTYPE_Q5_1},
         {"iq4_nl", FMOE_DTYPE_IQ4_NL},   {"q2_k", FMOE_DTYPE_Q2_K},
         {"q3_k", FMOE_DTYPE_Q3_K},       {"iq4_xs", FMOE_DTYPE_IQ4_XS},
+        {"iq2_xxs", FMOE_DTYPE_IQ2_XXS}, {"iq2_xs", FMOE_DTYPE_IQ2_XS},
+        {"iq2_s", FMOE_DTYPE_IQ2_S},     {"iq3_xxs", FMOE_DTYPE_IQ3_XXS},
+        {"iq3_s", FMOE_DTYPE_IQ3_S},     {"iq1_s", FMOE_DTYPE_IQ1_S},
+        {"iq1_m", FMOE_DTYPE_IQ1_M},
     };
     if (!name || !out) return fmoe_error_set(FMOE_EINVAL, "dtype name is NULL");
     const char *n = name;
@@ -237,7 +248,7 @@ int fmoe_dtype_parse(const char *name, fmoe_dtype *out) {
     return fmoe_error_set(FMOE_EINVAL,
                           "unknown dtype \"%.64s\" (expected f32, f16, bf16, f8_e4m3, mxfp4, "
                           "q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, "
-                          "iq4_xs)",
+                          "iq4_xs, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m)",
                           name);
 }
 
@@ -258,6 +269,13 @@ int fmoe_dtype_of_ggml_type(uint32_t ggml_type, fmoe_dtype *out) {
     case FMOE_GGML_Q2_K: *out = FMOE_DTYPE_Q2_K; return 0;
     case FMOE_GGML_Q3_K: *out = FMOE_DTYPE_Q3_K; return 0;
     case FMOE_GGML_IQ4_XS: *out = FMOE_DTYPE_IQ4_XS; return 0;
+    case FMOE_GGML_IQ2_XXS: *out = FMOE_DTYPE_IQ2_XXS; return 0;
+    case FMOE_GGML_IQ2_XS: *out = FMOE_DTYPE_IQ2_XS; return 0;
+    case FMOE_GGML_IQ2_S: *out = FMOE_DTYPE_IQ2_S; return 0;
+    case FMOE_GGML_IQ3_XXS: *out = FMOE_DTYPE_IQ3_XXS; return 0;
+    case FMOE_GGML_IQ3_S: *out = FMOE_DTYPE_IQ3_S; return 0;
+    case FMOE_GGML_IQ1_S: *out = FMOE_DTYPE_IQ1_S; return 0;
+    case FMOE_GGML_IQ1_M: *out = FMOE_DTYPE_IQ1_M; return 0;
     case FMOE_GGML_MXFP4: *out = FMOE_DTYPE_MXFP4; return 0;
     default: return FMOE_EUNSUPPORTED;
     }
@@ -277,6 +295,13 @@ uint32_t fmoe_dtype_ggml_type(fmoe_dtype d) {
     case FMOE_DTYPE_Q2_K: return FMOE_GGML_Q2_K;
     case FMOE_DTYPE_Q3_K: return FMOE_GGML_Q3_K;
     case FMOE_DTYPE_IQ4_XS: return FMOE_GGML_IQ4_XS;
+    case FMOE_DTYPE_IQ2_XXS: return FMOE_GGML_IQ2_XXS;
+    case FMOE_DTYPE_IQ2_XS: return FMOE_GGML_IQ2_XS;
+    case FMOE_DTYPE_IQ2_S: return FMOE_GGML_IQ2_S;
+    case FMOE_DTYPE_IQ3_XXS: return FMOE_GGML_IQ3_XXS;
+    case FMOE_DTYPE_IQ3_S: return FMOE_GGML_IQ3_S;
+    case FMOE_DTYPE_IQ1_S: return FMOE_GGML_IQ1_S;
+    case FMOE_DTYPE_IQ1_M: return FMOE_GGML_IQ1_M;
     default: return 0; /* F32 is ggml type 0 too: callers ask only for block dtypes */
     }
 }
@@ -300,6 +325,13 @@ double fmoe_dtype_bits(fmoe_dtype d) {
     case FMOE_DTYPE_Q2_K: return 2.625;
     case FMOE_DTYPE_Q3_K: return 3.4375;
     case FMOE_DTYPE_IQ4_XS: return 4.25;
+    case FMOE_DTYPE_IQ2_XXS: return 2.0625;
+    case FMOE_DTYPE_IQ2_XS: return 2.3125;
+    case FMOE_DTYPE_IQ2_S: return 2.5625;
+    case FMOE_DTYPE_IQ3_XXS: return 3.0625;
+    case FMOE_DTYPE_IQ3_S: return 3.4375;
+    case FMOE_DTYPE_IQ1_S: return 1.5625;
+    case FMOE_DTYPE_IQ1_M: return 1.75;
     }
     return 0.0;
 }
@@ -368,7 +400,15 @@ int64_t fmoe_geometry_expert_bytes(const fmoe_model_geometry *g, fmoe_dtype dtyp
     case FMOE_DTYPE_IQ4_NL:
     case FMOE_DTYPE_Q2_K:
     case FMOE_DTYPE_Q3_K:
-    case FMOE_DTYPE_IQ4_XS: {
+    case FMOE_DTYPE_IQ4_XS:
+    case FMOE_DTYPE_IQ2_XXS:
+    case FMOE_DTYPE_IQ2_XS:
+    case FMOE_DTYPE_IQ2_S:
+    case FMOE_DTYPE_IQ3_XXS:
+    case FMOE_DTYPE_IQ3_S:
+    case FMOE_DTYPE_IQ1_S:
+    case FMOE_DTYPE_IQ1_M:
+    {
         /* ggml's blocks along each row's input dimension (fmoe/quant.h) */
         const uint32_t q = fmoe_dtype_ggml_type(dtype);
         const int64_t bs = fmoe_ggml_block_size(q), ts = fmoe_ggml_type_size(q);

@@ -1018,7 +1018,7 @@ int fmoe_gguf_get_tensor(const fmoe_gguf *g, const char *name, int32_t ndim, con
     FMOE_RETURN_ERROR_IF(!fmoe_quant_supported(t->type), FMOE_EUNSUPPORTED,
                          "%s: tensor %s has type %s; fmoe computes with F32, F16, BF16, Q8_0, "
                          "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, "
-                         "MXFP4",
+                         "MXFP4, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M",
                          g->path, name, fmoe_ggml_type_name(t->type));
     int ok = t->ndim == ndim;
     for (int32_t d = 0; ok && d < ndim; d++) ok = ne[d] < 0 || ne[d] == t->ne[d];

@@ -1,7 +1,7 @@
 /*
- * quant.c - ggml's type table, dequantisation of the fifteen types fmoe computes with, the
- * plain-C dot products, and the run-time choice of the kernel level, plain, AVX2 or
- * AVX-512 (fmoe/quant.h, quant_impl.h).
+ * quant.c - ggml's type table, dequantisation of the types fmoe computes with (the
+ * i-quants' through lib/quant_iq.c), the plain-C dot products, and the run-time choice of
+ * the kernel level, plain, AVX2 or AVX-512 (fmoe/quant.h, quant_impl.h).
  *
  * Dequantisation follows ggml's dequantize_row_* operation for operation: a block's f16
  * scale times the sub-block's integer scale, rounded to f32, times the quantised value,
@@ -49,20 +49,20 @@ static const struct {
     [FMOE_GGML_Q5_K] = {"Q5_K", 256, FMOE_Q5_K_BYTES},
     [FMOE_GGML_Q6_K] = {"Q6_K", 256, FMOE_Q6_K_BYTES},
     [FMOE_GGML_Q8_K] = {"Q8_K", 256, 292},
-    [FMOE_GGML_IQ2_XXS] = {"IQ2_XXS", 256, 66},
-    [FMOE_GGML_IQ2_XS] = {"IQ2_XS", 256, 74},
-    [FMOE_GGML_IQ3_XXS] = {"IQ3_XXS", 256, 98},
-    [FMOE_GGML_IQ1_S] = {"IQ1_S", 256, 50},
+    [FMOE_GGML_IQ2_XXS] = {"IQ2_XXS", 256, FMOE_IQ2_XXS_BYTES},
+    [FMOE_GGML_IQ2_XS] = {"IQ2_XS", 256, FMOE_IQ2_XS_BYTES},
+    [FMOE_GGML_IQ3_XXS] = {"IQ3_XXS", 256, FMOE_IQ3_XXS_BYTES},
+    [FMOE_GGML_IQ1_S] = {"IQ1_S", 256, FMOE_IQ1_S_BYTES},
     [FMOE_GGML_IQ4_NL] = {"IQ4_NL", 32, FMOE_IQ4_NL_BYTES},
-    [FMOE_GGML_IQ3_S] = {"IQ3_S", 256, 110},
-    [FMOE_GGML_IQ2_S] = {"IQ2_S", 256, 82},
+    [FMOE_GGML_IQ3_S] = {"IQ3_S", 256, FMOE_IQ3_S_BYTES},
+    [FMOE_GGML_IQ2_S] = {"IQ2_S", 256, FMOE_IQ2_S_BYTES},
     [FMOE_GGML_IQ4_XS] = {"IQ4_XS", 256, FMOE_IQ4_XS_BYTES},
     [FMOE_GGML_I8] = {"I8", 1, 1},
     [FMOE_GGML_I16] = {"I16", 1, 2},
     [FMOE_GGML_I32] = {"I32", 1, 4},
     [FMOE_GGML_I64] = {"I64", 1, 8},
     [FMOE_GGML_F64] = {"F64", 1, 8},
-    [FMOE_GGML_IQ1_M] = {"IQ1_M", 256, 56},
+    [FMOE_GGML_IQ1_M] = {"IQ1_M", 256, FMOE_IQ1_M_BYTES},
     [FMOE_GGML_BF16] = {"BF16", 1, 2},
     [FMOE_GGML_TQ1_0] = {"TQ1_0", 256, 54},
     [FMOE_GGML_TQ2_0] = {"TQ2_0", 256, 66},
@@ -89,7 +89,7 @@ int fmoe_ggml_type_parse(const char *name, fmoe_ggml_type *out) {
 
 int fmoe_quant_supported(uint32_t t) {
     return t == FMOE_GGML_F32 || t == FMOE_GGML_F16 || t == FMOE_GGML_BF16 ||
-           t == FMOE_GGML_MXFP4 || fmoe_quant_can_quantize(t);
+           t == FMOE_GGML_MXFP4 || fmoe__is_iq(t) || fmoe_quant_can_quantize(t);
 }
 
 int fmoe_quant_can_quantize(uint32_t t) {
@@ -181,6 +181,15 @@ void fmoe_quant_dequantize_row(uint32_t t, const void *row, float *y, int64_t n)
     case FMOE_GGML_Q3_K:
     case FMOE_GGML_IQ4_XS:
         for (int64_t i = 0; i < n; i += FMOE_QK_K, b += types[t].size) fmoe__kx_values(t, b, y + i);
+        return;
+    case FMOE_GGML_IQ2_XXS:
+    case FMOE_GGML_IQ2_XS:
+    case FMOE_GGML_IQ2_S:
+    case FMOE_GGML_IQ3_XXS:
+    case FMOE_GGML_IQ3_S:
+    case FMOE_GGML_IQ1_S:
+    case FMOE_GGML_IQ1_M: /* lib/quant_iq.c */
+        for (int64_t i = 0; i < n; i += FMOE_QK_K, b += types[t].size) fmoe__iq_values(t, b, y + i);
         return;
     }
 }

@@ -23,7 +23,8 @@
 
 int fmoe_quant_act_supported(uint32_t t) {
     return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K ||
-           t == FMOE_GGML_Q6_K || fmoe__is_q32(t) || fmoe__is_kx(t) || t == FMOE_GGML_MXFP4;
+           t == FMOE_GGML_Q6_K || fmoe__is_q32(t) || fmoe__is_kx(t) || fmoe__is_iq(t) ||
+           t == FMOE_GGML_MXFP4;
 }
 
 /* The rows of 32-value blocks (Q8_0, Q4_0 .. IQ4_NL, MXFP4) take Q8_0 activations, the
@@ -239,7 +240,14 @@ float fmoe_quant_act_dot_ref(uint32_t t, const void *row, const void *qx, int64_
     case FMOE_GGML_Q6_K: return dot_q6_k_ref(row, qx, n);
     case FMOE_GGML_Q2_K:
     case FMOE_GGML_Q3_K:
-    case FMOE_GGML_IQ4_XS: return fmoe__quant_act_dot_kx(t, row, qx, n, FMOE__QUANT_PLAIN);
+    case FMOE_GGML_IQ4_XS:
+    case FMOE_GGML_IQ2_XXS:
+    case FMOE_GGML_IQ2_XS:
+    case FMOE_GGML_IQ2_S:
+    case FMOE_GGML_IQ3_XXS:
+    case FMOE_GGML_IQ3_S:
+    case FMOE_GGML_IQ1_S:
+    case FMOE_GGML_IQ1_M: return fmoe__quant_act_dot_kx(t, row, qx, n, FMOE__QUANT_PLAIN);
     case FMOE_GGML_MXFP4: return dot_mxfp4_ref(row, qx, n);
     default: return dot_q32_ref(t, row, qx, n);
     }
@@ -260,7 +268,8 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
                                                (const uint8_t *)qx + k * qx_stride, n);
         return;
     }
-    if (fmoe__is_kx(t)) { /* Q2_K, Q3_K, IQ4_XS: lib/quant_kx.c, every level the same bits */
+    if (fmoe__is_kx(t) || fmoe__is_iq(t)) { /* Q2_K, Q3_K, IQ4_XS, the i-quants:
+                                             * lib/quant_kx.c, every level the same bits */
         fmoe__quant_act_rows_kx(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy,
                                 fmoe__quant_level());
         return;

@@ -169,7 +169,14 @@ float fmoe__quant_dot_avx2(uint32_t type, const void *row, const float *x, int64
     case FMOE_GGML_Q6_K: return dot_q6_k(row, x, n);
     case FMOE_GGML_Q2_K:
     case FMOE_GGML_Q3_K:
-    case FMOE_GGML_IQ4_XS: return fmoe__quant_dot_kx_avx2(type, row, x, n); /* lib/quant_kx.c */
+    case FMOE_GGML_IQ4_XS:
+    case FMOE_GGML_IQ2_XXS:
+    case FMOE_GGML_IQ2_XS:
+    case FMOE_GGML_IQ2_S:
+    case FMOE_GGML_IQ3_XXS:
+    case FMOE_GGML_IQ3_S:
+    case FMOE_GGML_IQ1_S:
+    case FMOE_GGML_IQ1_M: return fmoe__quant_dot_kx_avx2(type, row, x, n); /* lib/quant_kx.c */
     default: return fmoe_quant_dot_ref(type, row, x, n);
     }
 }

@@ -147,7 +147,14 @@ float fmoe__quant_dot_avx512(uint32_t type, const void *row, const float *x, int
     switch (type) {
     case FMOE_GGML_Q2_K:
     case FMOE_GGML_Q3_K:
-    case FMOE_GGML_IQ4_XS: return dot_kx(type, row, x, n);
+    case FMOE_GGML_IQ4_XS:
+    case FMOE_GGML_IQ2_XXS:
+    case FMOE_GGML_IQ2_XS:
+    case FMOE_GGML_IQ2_S:
+    case FMOE_GGML_IQ3_XXS:
+    case FMOE_GGML_IQ3_S:
+    case FMOE_GGML_IQ1_S:
+    case FMOE_GGML_IQ1_M: return dot_kx(type, row, x, n);
     case FMOE_GGML_Q4_0:
     case FMOE_GGML_Q4_1:
     case FMOE_GGML_Q5_0:

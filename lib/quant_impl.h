@@ -46,6 +46,14 @@ static inline int fmoe__is_q32(uint32_t t) {
            t == FMOE_GGML_Q5_1 || t == FMOE_GGML_IQ4_NL;
 }
 
+/* 1 for the codebook i-quants of lib/quant_iq.c: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
+ * IQ1_S, IQ1_M (256-value blocks, computed as the Q2_K/Q3_K/IQ4_XS family below). */
+static inline int fmoe__is_iq(uint32_t t) {
+    return t == FMOE_GGML_IQ2_XXS || t == FMOE_GGML_IQ2_XS || t == FMOE_GGML_IQ2_S ||
+           t == FMOE_GGML_IQ3_XXS || t == FMOE_GGML_IQ3_S || t == FMOE_GGML_IQ1_S ||
+           t == FMOE_GGML_IQ1_M;
+}
+
 /* Q2_K, Q3_K and IQ4_XS rows (lib/quant_kx.c): the AVX2 f32 dot (only called when the CPU
  * has AVX2, FMA and F16C), and the dot against Q8_K activations, its per-block integer
  * sums at kernel level `level` (a FMOE__QUANT_* the CPU has), the same bits at every
@@ -62,6 +70,15 @@ typedef struct fmoe__kx_block {
     float d, dmin;
 } fmoe__kx_block;
 void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
+
+/* An i-quant block (fmoe__is_iq) unpacked into the same shape (lib/quant_iq.c): codes
+ * with their signs (IQ1: 8·g ± 1), the integer scales, d the block's f16 scale times the
+ * type's power of two; m and dmin zero. Value 16s + i is (d·sc[s])·q[16s + i], which
+ * fmoe__iq_values writes for the block's 256 values, bit for bit ggml's dequantisation.
+ * fmoe__iq_d is the block's f16 d as stored (IQ1_M: assembled from its scale words). */
+void fmoe__iq_unpack(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
+void fmoe__iq_values(uint32_t type, const uint8_t *b, float *y);
+float fmoe__iq_d(uint32_t type, const uint8_t *b);
 
 /* Σ_s sc_s·Σ_i q·qa over an unpacked block and a Q8_K block's 256 codes, AVX-512
  * (lib/quant_act_avx512.c; only called at FMOE__QUANT_AVX512): the reference's integer. */

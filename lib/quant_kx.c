@@ -1,5 +1,6 @@
 /*
- * quant_kx.c - dot products of Q2_K, Q3_K and IQ4_XS rows: with f32 vectors (AVX2; the
+ * quant_kx.c - dot products of Q2_K, Q3_K and IQ4_XS rows, and of the i-quants IQ2_XXS ..
+ * IQ1_M unpacked into the same shape by lib/quant_iq.c: with f32 vectors (AVX2; the
  * plain-C reference is lib/quant.c's dequantise-then-dot) and with Q8_K activations
  * (fmoe/quant_act.h; plain C and AVX2, the same bits).
  *
@@ -32,6 +33,10 @@
 typedef fmoe__kx_block kx_block;
 
 static void unpack(uint32_t type, const uint8_t *b, kx_block *u) {
+    if (fmoe__is_iq(type)) { /* the i-quants: lib/quant_iq.c */
+        fmoe__iq_unpack(type, b, u);
+        return;
+    }
     for (int s = 0; s < 16; s++) {
         int sc, m;
         fmoe__kx_sub(type, b, s, u->q + 16 * s, &sc, &m);
@@ -71,6 +76,10 @@ static int32_t isum_ref(const kx_block *u, const int8_t *qa) {
  * up in the grid with a byte shuffle. The same bytes as fmoe__kx_sub's: test_quant_act's
  * exact integer sums and the dots at every level check them. */
 SIMD void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, kx_block *u) {
+    if (fmoe__is_iq(type)) { /* no AVX2 unpacking of the codebook types yet: plain C */
+        fmoe__iq_unpack(type, b, u);
+        return;
+    }
     if (type == FMOE_GGML_IQ4_XS) {
         static const int8_t grid[16] = FMOE__IQ4NL_LEVELS;
         const __m128i g = _mm_loadu_si128((const __m128i *)grid), m4 = _mm_set1_epi8(0xF);

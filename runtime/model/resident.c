@@ -32,6 +32,7 @@
 #include "half.h"
 #include "model_impl.h"
 #include "quant_block.h"
+#include "quant_impl.h" /* fmoe__is_iq, fmoe__iq_d */
 
 /* 1 when p is the start of an allocation the model already owns. */
 static int owned(const fmoe_model *m, const void *p) {
@@ -158,8 +159,11 @@ static int finite_mat(fmoe_model *m, fmoe__mat *w, const char *what) {
     const uint8_t *p = w->data;
     if (w->quant) {
         /* the f16 scales of each block: d first (Q6_K: last), dmin or m after d (Q4_K,
-         * Q5_K, Q4_1, Q5_1); Q2_K, Q3_K, IQ4_XS where fmoe__kx_d reads them */
-        const int64_t bytes = fmoe__qblock_bytes(w->quant), vals = fmoe__qblock_values(w->quant);
+         * Q5_K, Q4_1, Q5_1); Q2_K, Q3_K, IQ4_XS where fmoe__kx_d reads them; the
+         * i-quants' d where fmoe__iq_d does (IQ1_M's is spread over its scale words) */
+        const int iq = fmoe__is_iq(w->quant);
+        const int64_t bytes = iq ? fmoe_ggml_type_size(w->quant) : fmoe__qblock_bytes(w->quant),
+                      vals = iq ? FMOE_QK_K : fmoe__qblock_values(w->quant);
         if (!bytes || w->cols % vals) return 0; /* a format without a formula here */
         const int64_t per_row = w->cols / vals;
         const int64_t d_at = w->quant == FMOE_GGML_Q6_K ? bytes - 2 : 0;
@@ -172,6 +176,7 @@ static int finite_mat(fmoe_model *m, fmoe__mat *w, const char *what) {
                 float dmin = has_min ? fmoe__qblock_f16(blk + 2) : 0.0f;
                 if (fmoe__is_kx(w->quant)) /* Q2_K's d, dmin and Q3_K's d are at the end */
                     fmoe__kx_d(w->quant, blk, &d, &dmin);
+                if (iq) d = fmoe__iq_d(w->quant, blk);
                 if (!isfinite(d) || !isfinite(dmin))
                     return not_finite(what, r, b * vals, isfinite(d) ? dmin : d);
             }

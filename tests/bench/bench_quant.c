@@ -4,7 +4,9 @@
  * product with fmoe_quant_dot (AVX2 when the CPU has it) and fmoe_quant_dot_ref (plain C),
  * as milliseconds and GB/s of weight bytes read, and for the block types the product with
  * the vector quantised to 8 bits (fmoe/quant_act.h: the vector's quantisation included,
- * once per product, as the CPU backend does it). Not a test (no timed tests); the numbers
+ * once per product, as the CPU backend does it). The types fmoe reads but does not write
+ * (MXFP4, the i-quants IQ2_XXS .. IQ1_M) are timed on blocks of hashed bytes, their
+ * "quantise" column being that fill. Not a test (no timed tests); the numbers
  * in docs/quantization.md come from it.
  *
  * Then the block types at each SIMD kernel level the CPU has (avx2, avx512: forced in
@@ -24,6 +26,33 @@
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 #include "quant_impl.h"
+
+/* Row r of a type fmoe reads but does not write (MXFP4, the i-quants): blocks of hashed
+ * bytes with small scales (MXFP4 2^-8 .. 2^-1; the i-quants' f16 d 1/64, IQ1_M's in the
+ * top nibbles of its scale words), rb bytes into dst. */
+static void hashed_row(uint32_t t, int64_t r, int64_t rb, uint8_t *dst) {
+    for (int64_t b = 0; b < rb; b++) dst[b] = (uint8_t)(((uint64_t)(r * rb + b) * 2654435761u) >> 13);
+    const int64_t bs = fmoe_ggml_type_size(t);
+    for (int64_t b = 0; b < rb; b += bs) {
+        if (t == FMOE_GGML_MXFP4) {
+            dst[b] = (uint8_t)(120 + (r + b) % 8);
+        } else if (t == FMOE_GGML_IQ1_M) { /* 0x2400 = 1/64 in f16: nibbles 0, 0, 4, 2 */
+            for (int k = 0; k < 4; k++)
+                dst[b + 49 + 2 * k] = (uint8_t)((dst[b + 49 + 2 * k] & 0x0F) | (((0x2400 >> (4 * k)) & 0xF) << 4));
+        } else {
+            dst[b] = 0x00;
+            dst[b + 1] = 0x24;
+        }
+    }
+}
+
+/* Row r of w quantised to t, or for a read-only type hashed blocks. */
+static void make_row(uint32_t t, const float *w, int64_t r, int64_t cols, int64_t rb, uint8_t *dst) {
+    if (fmoe_quant_can_quantize(t))
+        fmoe_quant_quantize_row(t, w + r * cols, dst, cols);
+    else
+        hashed_row(t, r, rb, dst);
+}
 
 static double now(void) {
     struct timespec t;
@@ -56,7 +85,10 @@ int main(int argc, char **argv) {
                            FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
                            FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
                            FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K,
-                           FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS, FMOE_GGML_MXFP4};
+                           FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS, FMOE_GGML_MXFP4,
+                           FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ2_S,
+                           FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S, FMOE_GGML_IQ1_S,
+                           FMOE_GGML_IQ1_M};
     for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
         const uint32_t t = ts[k];
         const int64_t rb = fmoe_quant_row_bytes(t, cols);
@@ -69,14 +101,8 @@ int main(int argc, char **argv) {
                     const uint16_t h = fmoe_float_to_bf16(w[r * cols + c]);
                     memcpy(q + r * rb + 2 * c, &h, 2);
                 }
-            } else if (t == FMOE_GGML_MXFP4) { /* read only: blocks of hashed bytes, scales
-                                                 2^-8 .. 2^-1 (its quantise column times this) */
-                for (int64_t b = 0; b < rb; b++)
-                    q[r * rb + b] = (uint8_t)(((uint64_t)(r * rb + b) * 2654435761u) >> 13);
-                for (int64_t b = 0; b < rb; b += FMOE_MXFP4_BYTES)
-                    q[r * rb + b] = (uint8_t)(120 + (r + b) % 8);
-            } else {
-                fmoe_quant_quantize_row(t, w + r * cols, q + r * rb, cols);
+            } else { /* read-only types: their quantise column times hashed_row */
+                make_row(t, w, r, cols, rb, q + r * rb);
             }
         }
         tq = now() - tq;
@@ -113,11 +139,13 @@ int main(int argc, char **argv) {
     printf("| type | level | f32 input | 8-bit, 1 input | 8-bit, %d inputs |\n|---|---|---|---|---|\n", NX);
     const uint32_t qts[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
                             FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
-                            FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
+                            FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS,
+                            FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ2_S,
+                            FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S, FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
     for (size_t k = 0; k < sizeof qts / sizeof qts[0]; k++) {
         const uint32_t t = qts[k];
         const int64_t rb = fmoe_quant_row_bytes(t, cols), ab = fmoe_quant_act_bytes(t, cols);
-        for (int64_t r = 0; r < rows; r++) fmoe_quant_quantize_row(t, w + r * cols, q + r * rb, cols);
+        for (int64_t r = 0; r < rows; r++) make_row(t, w, r, cols, rb, q + r * rb);
         for (int v = 0; v < NX; v++) fmoe_quant_act_quantize(t, x, qxs + v * ab, cols);
         for (int level = FMOE__QUANT_AVX2; level <= best; level++) {
             fmoe__quant_force_level(level);

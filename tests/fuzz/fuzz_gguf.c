@@ -105,14 +105,17 @@ static void str(seedbuf *s, const char *t) {
 }
 
 /* A file with a string, an array of strings, a float and tensors of every supported type,
- * the 32-value Q4_0 .. IQ4_NL and the low-bit Q2_K, Q3_K, IQ4_XS included (one row each,
- * values from a counter). */
+ * the 32-value Q4_0 .. IQ4_NL, the low-bit Q2_K, Q3_K, IQ4_XS and the i-quants IQ2_XXS ..
+ * IQ1_M included (one row each, values from a counter). */
 static void build_seed(seedbuf *s) {
     static const uint32_t types[] = {FMOE_GGML_F32,  FMOE_GGML_F16,  FMOE_GGML_BF16,
                                      FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
                                      FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
                                      FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL,
-                                     FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
+                                     FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS,
+                                     FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ2_S,
+                                     FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S, FMOE_GGML_IQ1_S,
+                                     FMOE_GGML_IQ1_M};
     enum { NT = sizeof types / sizeof types[0] };
     s->n = 0;
     put(s, "GGUF", 4);

@@ -922,8 +922,13 @@ TEST(quantized_expert_bytes) {
     static const struct { fmoe_dtype d; int64_t bytes; double bits; const char *name; } kx[] = {
         {FMOE_DTYPE_Q2_K, 84, 2.625, "q2_k"}, {FMOE_DTYPE_Q3_K, 110, 3.4375, "q3_k"},
         {FMOE_DTYPE_IQ4_XS, 136, 4.25, "iq4_xs"},
+        /* the i-quants (ggml-common.h's block sizes) */
+        {FMOE_DTYPE_IQ2_XXS, 66, 2.0625, "iq2_xxs"}, {FMOE_DTYPE_IQ2_XS, 74, 2.3125, "iq2_xs"},
+        {FMOE_DTYPE_IQ2_S, 82, 2.5625, "iq2_s"},     {FMOE_DTYPE_IQ3_XXS, 98, 3.0625, "iq3_xxs"},
+        {FMOE_DTYPE_IQ3_S, 110, 3.4375, "iq3_s"},    {FMOE_DTYPE_IQ1_S, 50, 1.5625, "iq1_s"},
+        {FMOE_DTYPE_IQ1_M, 56, 1.75, "iq1_m"},
     };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < (int)(sizeof kx / sizeof kx[0]); i++) {
         ASSERT_EQ(fmoe_geometry_expert_bytes(&g, kx[i].d), vals / 256 * kx[i].bytes);
         ASSERT_EQ(fmoe_geometry_expert_bytes(&g, kx[i].d) * 8,
                   (int64_t)(fmoe_dtype_bits(kx[i].d) * (double)vals));

@@ -174,16 +174,16 @@ TEST(unsupported_type_refused_at_get) {
     buf b;
     header(&b, 3, 1, 0);
     const uint64_t ne[] = {256};
-    tensor_info(&b, "blk.0.ffn_down_exps.weight", 1, ne, FMOE_GGML_IQ2_XS, 0);
+    tensor_info(&b, "blk.0.ffn_down_exps.weight", 1, ne, FMOE_GGML_TQ1_0, 0);
     pad(&b, 32);
-    memset(b.b + b.n, 0, 74);
-    b.n += 74;
+    memset(b.b + b.n, 0, 54);
+    b.n += 54;
     fmoe_gguf *g;
     ASSERT_OK(parse(&b, &g));
     const fmoe_gguf_tensor *t;
     ASSERT_EQ(fmoe_gguf_get_tensor(g, "blk.0.ffn_down_exps.weight", 1, (int64_t[]){256}, &t),
               FMOE_EUNSUPPORTED);
-    ASSERT_CONTAINS(fmoe_error_detail(), "t.gguf: tensor blk.0.ffn_down_exps.weight has type IQ2_XS");
+    ASSERT_CONTAINS(fmoe_error_detail(), "t.gguf: tensor blk.0.ffn_down_exps.weight has type TQ1_0");
     fmoe_gguf_close(g);
 }
 

@@ -29,7 +29,9 @@ static const uint32_t all_types[] = {FMOE_GGML_F32,  FMOE_GGML_F16,  FMOE_GGML_B
                                      FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
                                      FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL,
                                      FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS,
-                                     FMOE_GGML_MXFP4};
+                                     FMOE_GGML_MXFP4, FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS,
+                                     FMOE_GGML_IQ2_S, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S,
+                                     FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
 #define NTYPES (sizeof all_types / sizeof all_types[0])
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -40,6 +42,11 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng_state >> 16);
 }
 static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.f - 1.f; } /* [-1, 1] */
+
+/* IQ1_M keeps its f16 d in the top nibbles of the four scale words at byte 48. */
+static void iq1_m_set_d(uint8_t *blk, uint16_t h) {
+    for (int k = 0; k < 4; k++) blk[49 + 2 * k] = (uint8_t)((blk[49 + 2 * k] & 0x0F) | (((h >> (4 * k)) & 0xF) << 4));
+}
 
 /* Random bytes for a row of `type`, with sane f16 scales (random bits would give NaN and
  * infinities, whose sums compare as NaN): every f16 field is rewritten as a small value. */
@@ -101,6 +108,16 @@ static void random_row(uint32_t type, uint8_t *row, int64_t n) {
             h = fmoe_float_to_half(rndf() * 0.0001f);
             memcpy(blk, &h, 2);
             break;
+        case FMOE_GGML_IQ2_XXS: /* the i-quants: d first, values up to 62·31·d/4 */
+        case FMOE_GGML_IQ2_XS:
+        case FMOE_GGML_IQ2_S:
+        case FMOE_GGML_IQ3_XXS:
+        case FMOE_GGML_IQ3_S:
+        case FMOE_GGML_IQ1_S:
+            h = fmoe_float_to_half(rndf() * 0.001f);
+            memcpy(blk, &h, 2);
+            break;
+        case FMOE_GGML_IQ1_M: iq1_m_set_d(blk, fmoe_float_to_half(rndf() * 0.001f)); break;
         }
     }
 }
@@ -141,7 +158,16 @@ TEST(type_table_matches_ggml) {
     ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_Q6_K, 512), 420);
     ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_Q6_K, 100), -1);
     ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_BF16));
-    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_IQ2_XS));
+    ASSERT_TRUE(!fmoe_quant_supported(FMOE_GGML_TQ1_0));
+    /* the i-quants (ggml-common.h's static_asserts): read, not written */
+    const uint32_t iq[7] = {FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ2_S, FMOE_GGML_IQ3_XXS,
+                            FMOE_GGML_IQ3_S,   FMOE_GGML_IQ1_S,  FMOE_GGML_IQ1_M};
+    const int32_t iq_bytes[7] = {66, 74, 82, 98, 110, 50, 56};
+    for (int i = 0; i < 7; i++) {
+        ASSERT_EQ(fmoe_ggml_type_size(iq[i]), iq_bytes[i]);
+        ASSERT_EQ(fmoe_ggml_block_size(iq[i]), 256);
+        ASSERT_TRUE(fmoe_quant_supported(iq[i]) && !fmoe_quant_can_quantize(iq[i]));
+    }
     ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_MXFP4)); /* read, not written */
     /* the low-bit K-quants: 84, 110 and 136 bytes a 256-value block; their fallback */
     ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_Q2_K), 84);

@@ -32,7 +32,9 @@
 static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
                                  FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
                                  FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS,
-                                 FMOE_GGML_MXFP4};
+                                 FMOE_GGML_MXFP4, FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS,
+                                 FMOE_GGML_IQ2_S, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S,
+                                 FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
 #define NTYPES (sizeof types / sizeof types[0])
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -43,6 +45,16 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng_state >> 16);
 }
 static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.f - 1.f; } /* [-1, 1] */
+
+/* The f16 d of a block of the i-quants: first, or (IQ1_M) in the top nibbles of the four
+ * scale words at byte 48. */
+static void iq_set_d(uint32_t type, uint8_t *blk, uint16_t h) {
+    if (type != FMOE_GGML_IQ1_M) {
+        memcpy(blk, &h, 2);
+        return;
+    }
+    for (int k = 0; k < 4; k++) blk[49 + 2 * k] = (uint8_t)((blk[49 + 2 * k] & 0x0F) | (((h >> (4 * k)) & 0xF) << 4));
+}
 
 /* Random bytes for a row, every f16 scale field rewritten as a small finite value. */
 static void random_row(uint32_t type, uint8_t *row, int64_t n) {
@@ -73,6 +85,13 @@ static void random_row(uint32_t type, uint8_t *row, int64_t n) {
         case FMOE_GGML_Q3_K: memcpy(row + b + 108, &h, 2); break;
         case FMOE_GGML_IQ4_XS: memcpy(row + b, &h, 2); break;
         case FMOE_GGML_MXFP4: row[b] = (uint8_t)(116 + rnd() % 8); break; /* 2^-12..2^-5 */
+        case FMOE_GGML_IQ2_XXS:
+        case FMOE_GGML_IQ2_XS:
+        case FMOE_GGML_IQ2_S:
+        case FMOE_GGML_IQ3_XXS:
+        case FMOE_GGML_IQ3_S:
+        case FMOE_GGML_IQ1_S:
+        case FMOE_GGML_IQ1_M: iq_set_d(type, row + b, h); break;
         }
     }
 }
@@ -92,7 +111,10 @@ TEST(sizes) {
     ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_BF16, 256), -1);
     ASSERT_TRUE(fmoe_quant_act_supported(FMOE_GGML_Q5_K));
     ASSERT_TRUE(!fmoe_quant_act_supported(FMOE_GGML_F32));
-    ASSERT_TRUE(!fmoe_quant_act_supported(FMOE_GGML_IQ2_XS));
+    ASSERT_TRUE(!fmoe_quant_act_supported(FMOE_GGML_TQ1_0));
+    /* the i-quants take Q8_K activations */
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_IQ2_XS, 512), 2 * FMOE_Q8_K_BYTES);
+    ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_IQ1_M, 256), FMOE_Q8_K_BYTES);
     /* Q2_K, Q3_K, IQ4_XS take Q8_K activations as the other K-quants */
     ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_Q3_K, 512), 2 * FMOE_Q8_K_BYTES);
     ASSERT_EQ(fmoe_quant_act_bytes(FMOE_GGML_IQ4_XS, 256), FMOE_Q8_K_BYTES);
@@ -423,7 +445,9 @@ TEST(q8_0_long_rows_many_inputs) {
  * integers themselves), weight scales d = 1 and dmin = 0.5. Every partial sum any path
  * forms, in any order, is then a multiple of 0.5 below 2^23 in magnitude (Q4_K/Q5_K, the
  * largest: per block Σ(|sc·q| + |m|)·|a| <= (63·31 + 63)·(127 + 255·3) < 1.8M, two
- * blocks; the bound is asserted below), so the result must equal the float64 dot of what
+ * blocks; the i-quants' values, multiples of 1/8 (IQ3_XXS: 1/4) at most 62·31/4 = 480,
+ * keep every sum below 2^20; the bound is asserted below), so the result must equal the
+ * float64 dot of what
  * the blocks hold exactly, at every level, whatever the rows (several, so the row loop
  * runs), the inputs (five: a pass of four and one of one) and an odd count of Q8_0
  * blocks (the AVX-512 kernel takes them two at a time). */
@@ -447,7 +471,10 @@ TEST(integer_sums_exact) {
                                      : t == FMOE_GGML_Q2_K ? 80
                                      : t == FMOE_GGML_Q3_K ? 108
                                                            : 0;
-                    memcpy(row + b + d_at, &one, 2);
+                    if (t == FMOE_GGML_IQ1_M)
+                        iq_set_d(t, row + b, one);
+                    else
+                        memcpy(row + b + d_at, &one, 2);
                     if (t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q4_1 ||
                         t == FMOE_GGML_Q5_1 || t == FMOE_GGML_Q2_K)
                         memcpy(row + b + d_at + 2, &half, 2);

@@ -90,6 +90,63 @@ TEST(pool_equals_one_thread_and_reference) {
     fmoe__pool_free(pool);
 }
 
+/* The i-quants (lib/quant_iq.c), which fmoe reads but does not write: random blocks with
+ * small finite scales, the pool's products equal one thread's bit for bit, the f32 path is
+ * within the dot bound of the plain reference, the 8-bit path within it of
+ * fmoe_quant_act_dot_ref. */
+TEST(iquants_pool_equals_one_thread_and_reference) {
+    const uint32_t types[] = {FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ2_S,
+                              FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S,  FMOE_GGML_IQ1_S,
+                              FMOE_GGML_IQ1_M};
+    const int64_t rows = 67, cols = 512;
+    const int32_t nx = 5;
+    fmoe__pool *pool;
+    ASSERT_OK(fmoe__pool_init(3, &pool));
+    uint8_t *q = malloc((size_t)(rows * cols)), *qx = malloc((size_t)(nx * cols * 2));
+    float *x = malloc((size_t)(nx * cols) * sizeof *x), *w = malloc((size_t)cols * sizeof *w);
+    float *y1 = malloc((size_t)(nx * rows) * sizeof *y1), *y3 = malloc((size_t)(nx * rows) * sizeof *y3);
+    float *scratch[3];
+    for (int k = 0; k < 3; k++) scratch[k] = malloc((size_t)cols * 2 * sizeof **scratch);
+    for (int64_t i = 0; i < nx * cols; i++) x[i] = rndf();
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const uint32_t t = types[k];
+        const int64_t rb = fmoe_quant_row_bytes(t, cols), bs = fmoe_ggml_type_size(t);
+        for (int64_t i = 0; i < rows * rb; i++) q[i] = (uint8_t)(rndf() * 127.f + 128.f);
+        for (int64_t i = 0; i < rows * rb; i += bs) {
+            const uint16_t h = fmoe_float_to_half(rndf() * 0.001f);
+            if (t != FMOE_GGML_IQ1_M) {
+                memcpy(q + i, &h, 2);
+            } else { /* IQ1_M: d in the top nibbles of the scale words at byte 48 */
+                for (int s = 0; s < 4; s++)
+                    q[i + 49 + 2 * s] = (uint8_t)((q[i + 49 + 2 * s] & 0x0F) | (((h >> (4 * s)) & 0xF) << 4));
+            }
+        }
+        const int64_t qb = fmoe_quant_act_bytes(t, cols);
+        for (int32_t i = 0; i < nx; i++) fmoe_quant_act_quantize(t, x + i * cols, qx + i * qb, cols);
+        for (int act8 = 0; act8 < 2; act8++) {
+            fmoe__quant_matvec(NULL, t, q, rows, cols, x, nx, cols, y1, rows, act8 ? scratch : NULL,
+                               act8 ? cols * 2 : 0, act8);
+            fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, y3, rows, act8 ? scratch : NULL,
+                               act8 ? cols * 2 : 0, act8);
+            ASSERT_TRUE(memcmp(y1, y3, (size_t)(nx * rows) * sizeof *y1) == 0);
+            for (int64_t r = 0; r < rows; r++) {
+                fmoe_quant_dequantize_row(t, q + r * rb, w, cols);
+                for (int32_t i = 0; i < nx; i++) {
+                    double abs_sum = 0;
+                    for (int64_t c = 0; c < cols; c++) abs_sum += fabs((double)w[c] * x[i * cols + c]);
+                    const double tol = 4 * 1.2e-7 * sqrt((double)cols) * abs_sum + 1e-6;
+                    const float ref = act8 ? fmoe_quant_act_dot_ref(t, q + r * rb, qx + i * qb, cols)
+                                           : fmoe_quant_dot_ref(t, q + r * rb, x + i * cols, cols);
+                    ASSERT_NEAR(y3[i * rows + r], ref, tol);
+                }
+            }
+        }
+    }
+    free(q), free(qx), free(x), free(w), free(y1), free(y3);
+    for (int k = 0; k < 3; k++) free(scratch[k]);
+    fmoe__pool_free(pool);
+}
+
 /* fmoe__quant_widen_rows (AVX2 where the CPU has it) gives fmoe_quant_dequantize_row's
  * bits for random blocks, subnormal and zero scales included. */
 TEST(widen_rows_equal_dequantise) {

@@ -361,7 +361,7 @@ def write_sample(path, alignment=None):
     for name in KX:  # 2 rows of 512 values
         tensors[name.lower() + ".weight"] = (random_blocks(rng, Q[name], 4).reshape(2, -1), Q[name])
     tensors["mxfp4.weight"] = (random_blocks(rng, Q.MXFP4, 6).reshape(2, -1), Q.MXFP4)
-    tensors["iq2_xs.weight"] = (rng.integers(0, 256, (1, 74), dtype=np.uint8), Q.IQ2_XS)
+    tensors["tq2_0.weight"] = (rng.integers(0, 256, (1, 66), dtype=np.uint8), Q.TQ2_0)
     tensors["i32.weight"] = (np.arange(8, dtype=np.int32), None)
     for name, (data, raw_dtype) in tensors.items():
         w.add_tensor(name, data, raw_dtype=raw_dtype)
@@ -411,7 +411,7 @@ def test_reads_file_written_by_gguf_py(tool, tmp_path, alignment):
         assert mine["nbytes"] == t.n_bytes
         f = out / (t.name + ".f32")
         if t.tensor_type.name not in TYPES:
-            assert not f.exists()  # listed, not computed with (IQ2_XS, I32)
+            assert not f.exists()  # listed, not computed with (TQ2_0, I32)
             continue
         ours = np.fromfile(f, dtype=np.float32)
         theirs = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32).reshape(-1)

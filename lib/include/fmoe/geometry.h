@@ -54,9 +54,17 @@ typedef enum fmoe_dtype {
     FMOE_DTYPE_Q2_K = 14,   /* 256 in 84 bytes: 2.625 bits/param */
     FMOE_DTYPE_Q3_K = 15,   /* 256 in 110 bytes: 3.4375 bits/param */
     FMOE_DTYPE_IQ4_XS = 16, /* 256 in 136 bytes: 4.25 bits/param */
+    /* the codebook i-quants of those expert quantizations (read only: fmoe/quant.h): */
+    FMOE_DTYPE_IQ2_XXS = 17, /* 256 in 66 bytes: 2.0625 bits/param */
+    FMOE_DTYPE_IQ2_XS = 18,  /* 256 in 74 bytes: 2.3125 bits/param */
+    FMOE_DTYPE_IQ2_S = 19,   /* 256 in 82 bytes: 2.5625 bits/param */
+    FMOE_DTYPE_IQ3_XXS = 20, /* 256 in 98 bytes: 3.0625 bits/param */
+    FMOE_DTYPE_IQ3_S = 21,   /* 256 in 110 bytes: 3.4375 bits/param */
+    FMOE_DTYPE_IQ1_S = 22,   /* 256 in 50 bytes: 1.5625 bits/param */
+    FMOE_DTYPE_IQ1_M = 23,   /* 256 in 56 bytes: 1.75 bits/param */
 } fmoe_dtype;
 
-#define FMOE_DTYPE_LAST FMOE_DTYPE_IQ4_XS /* the largest value: arrays indexed by dtype */
+#define FMOE_DTYPE_LAST FMOE_DTYPE_IQ1_M /* the largest value: arrays indexed by dtype */
 
 typedef enum fmoe_router_scoring {
     FMOE_ROUTER_SOFTMAX = 0,

@@ -1,9 +1,10 @@
 /*
- * fmoe/quant.h - ggml's tensor types: their block geometry, and for the sixteen fmoe
- * computes with (F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the
- * 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4) rows dequantised to f32, dot products of
- * a row with an f32 vector, and (for every block type of them but MXFP4) rows quantised
- * from f32.
+ * fmoe/quant.h - ggml's tensor types: their block geometry, and for the twenty-three fmoe
+ * computes with (F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the 32-value
+ * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, and the codebook i-quants IQ2_XXS, IQ2_XS, IQ2_S,
+ * IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) rows dequantised to f32, dot products of a row with an f32
+ * vector, and (for every block type of them but MXFP4 and the codebook i-quants) rows
+ * quantised from f32.
  *
  *     if (!fmoe_quant_supported(t->type)) refuse(fmoe_ggml_type_name(t->type));
  *     float y = fmoe_quant_dot(t->type, row, x, n);         // one output of W·x
@@ -14,7 +15,8 @@
  * those of ggml (ggml-common.h): the byte layout has to match theirs bit for bit, since
  * the point is reading the files llama.cpp users have. Dequantisation computes in the same
  * order as ggml's reference code, so it equals gguf-py's gguf.quants.dequantize exactly
- * (tests/python/test_gguf_quants.py checks every type).
+ * (tests/python/test_gguf_quants.py and, for the i-quants, test_gguf_iquants.py check
+ * every type).
  *
  * Dot kernels: a plain-C reference (fmoe_quant_dot_ref) and an AVX2+FMA path chosen at run
  * time when the CPU has it (fmoe_quant_dot). Both sum in f32 in their own order, so they
@@ -82,6 +84,14 @@ enum {
     FMOE_Q3_K_BYTES = 32 + 64 + 12 + 2,       /* hmask[32]; 2-bit q; 6-bit scales; f16 d */
     FMOE_IQ4_XS_BYTES = 2 + 2 + 4 + 128,      /* f16 d; 6-bit scales (high, low); 4-bit codes */
     FMOE_MXFP4_BYTES = 1 + 16,                /* E8M0 e; 4-bit E2M1 codes: x = 2^(e-128)·2v */
+    /* the i-quants: grid indices into fixed codebooks, signs, 3- or 4-bit scales */
+    FMOE_IQ2_XXS_BYTES = 2 + 64,              /* f16 d; uint16 qs[32] */
+    FMOE_IQ2_XS_BYTES = 2 + 64 + 8,           /* f16 d; uint16 qs[32]; scales[8] */
+    FMOE_IQ2_S_BYTES = 2 + 64 + 8 + 8,        /* f16 d; qs[64] (indices, signs); qh[8]; scales[8] */
+    FMOE_IQ3_XXS_BYTES = 2 + 96,              /* f16 d; qs[64]; uint32 scales_and_signs[8] */
+    FMOE_IQ3_S_BYTES = 2 + 64 + 8 + 32 + 4,   /* f16 d; qs[64]; qh[8]; signs[32]; scales[4] */
+    FMOE_IQ1_S_BYTES = 2 + 32 + 16,           /* f16 d; qs[32]; uint16 qh[8] */
+    FMOE_IQ1_M_BYTES = 32 + 16 + 8,           /* qs[32]; qh[16]; uint16 scales[4], d inside */
 };
 
 /* "Q4_K", "BF16", ... as ggml names them; NULL for a number ggml does not define. */
@@ -94,8 +104,9 @@ int fmoe_ggml_type_parse(const char *name, fmoe_ggml_type *out);
 int32_t fmoe_ggml_block_size(uint32_t type);
 int32_t fmoe_ggml_type_size(uint32_t type);
 
-/* 1 for the sixteen types fmoe dequantises and computes dot products with (the types
- * fmoe_quant_can_quantize writes, F32, F16, BF16, and MXFP4, read only). */
+/* 1 for the twenty-three types fmoe dequantises and computes dot products with (the types
+ * fmoe_quant_can_quantize writes, F32, F16, BF16; and, read only, MXFP4 and the i-quants
+ * IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M). */
 int fmoe_quant_supported(uint32_t type);
 
 /* 1 for the types fmoe_quant_quantize_row writes: Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,

@@ -3,7 +3,7 @@
  * the way llama.cpp's CPU backend multiplies quantized weights: the input vector is
  * quantised once per matrix product (Q8_0 blocks against rows of the 32-value types Q8_0,
  * Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL; Q8_K blocks against Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_XS
- * rows), and each
+ * rows and the i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M), and each
  * block's dot is an integer sum scaled once.
  *
  *     uint8_t qx[fmoe_quant_act_bytes(type, n)];
@@ -33,7 +33,8 @@
 #define FMOE_Q8_K_BYTES (4 + 256 + 2 * 16) /* f32 d; int8 q[256]; int16 bsums[16] */
 
 /* 1 for the weight types with an 8-bit-activation dot: Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
- * IQ4_XS (against Q8_K inputs), Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (against Q8_0). */
+ * IQ4_XS and the i-quants IQ2_XXS .. IQ1_M (against Q8_K inputs), Q4_0, Q4_1, Q5_0, Q5_1,
+ * IQ4_NL, MXFP4 (against Q8_0). */
 int fmoe_quant_act_supported(uint32_t wtype);
 
 /* Bytes of one quantised input of n values for rows of wtype (n whole blocks of the
