@@ -262,10 +262,11 @@ static int add_cells(const options *o, sim_unit *u, const int32_t *caches, int n
                         .predictor = simulate_predictor_for(o->policies[p], u->predictors)};
                     /* each policy the settings it declares */
                     fmoe_policy_settings_select(&cell->policy_settings, ops, &o->settings);
-                    if (fmoe_policy_settings_get(&cell->policy_settings, "eamc_capacity")) {
+                    const char *eamc_key = cmd_policy_opt_key("--eamc-capacity");
+                    if (fmoe_policy_settings_get(&cell->policy_settings, eamc_key)) {
                         char v[24];
                         snprintf(v, sizeof v, "%d", (int)eamc_capacity);
-                        fmoe_policy_settings_set(&cell->policy_settings, "eamc_capacity", v);
+                        fmoe_policy_settings_set(&cell->policy_settings, eamc_key, v);
                     }
                 }
             }
@@ -394,8 +395,9 @@ void simulate_sweep_settings(const options *o, char *buf, size_t cap) {
     /* the settings besides the shorthands' (written above as they always were) */
     for (int32_t i = 0; i < o->settings.n; i++) {
         const char *key = o->settings.item[i].key;
-        if (strcmp(key, "eamc_capacity") && strcmp(key, "store_mode") &&
-            strcmp(key, "store_capacity"))
+        if (strcmp(key, cmd_policy_opt_key("--eamc-capacity")) &&
+            strcmp(key, cmd_policy_opt_key("--store-mode")) &&
+            strcmp(key, cmd_policy_opt_key("--store-capacity")))
             ADD(" policy-opt=%s=%s", key, o->settings.item[i].value);
     }
 #undef ADD

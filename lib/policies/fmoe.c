@@ -124,10 +124,12 @@ static const fmoe_policy_setting fm_settings[] = {
      .choices = store_modes,
      .help = "offline: the expert-map store as built, frozen (§6.1-§6.2); online: start "
              "empty and add each finished token's map (§6.3); offline-update: as built, and "
-             "add"},
+             "add",
+     .option = "store-mode"},
     {.name = "store_capacity", .type = FMOE_SETTING_INT, .def = 0, .min = 0, .max = INT32_MAX,
      .help = "entries online mode's store holds, or offline-update grows the given store to, "
-             "deduplicating once full (§4.4); 0: online 1000, offline-update the store's own"},
+             "deduplicating once full (§4.4); 0: online 1000, offline-update the store's own",
+     .option = "store-capacity"},
     {.name = "evict", .type = FMOE_SETTING_CHOICE, .def = 0, .choices = fm_evict_rules,
      .help = "fmoe (its eviction duel): the duel's recency side evicts by recency (LRU), or "
              "by predicted-reuse's per-expert reuse estimate while a third shadow says it "
