@@ -308,180 +308,198 @@ static int by_hand_commands(char *cmds[NUM_COMMANDS], const char *d, const demo_
         }                                                                                      \
     } while (0)
 
-/* Part 2: record -> build-store -> record held out -> simulate -> serve live, on the
- * bundled model (no download). Adds the figures to `root` under "fmoe_tiny". */
-static int demo_fmoe_tiny(const char *dir, const char *samples, const demo_sizes *z, int json,
-                          int quiet, cJSON *root) {
-    const char *model = cmd_model_dir_or_default(CMD, NULL);
-    if (!model) return CMD_EXIT_FAILURE;
+/* Part 2's files, in the output folder (the prompts file is the bundled sample). */
+typedef struct tiny_paths {
     char prompts[PATH_MAX], train_prompts[PATH_MAX + 48], heldout_prompts[PATH_MAX + 48];
     char trace[PATH_MAX + 48], store[PATH_MAX + 48], heldout[PATH_MAX + 48];
     char sim_json[PATH_MAX + 48];
-    snprintf(prompts, sizeof prompts, "%.4000s/prompts_100.txt", samples);
-    snprintf(train_prompts, sizeof train_prompts, "%s/prompts-train.jsonl", dir);
-    snprintf(heldout_prompts, sizeof heldout_prompts, "%s/prompts-heldout.jsonl", dir);
-    snprintf(trace, sizeof trace, "%s/fmoe-tiny.h5", dir);
-    snprintf(store, sizeof store, "%s/fmoe-tiny-store.h5", dir);
-    snprintf(heldout, sizeof heldout, "%s/fmoe-tiny-heldout.h5", dir);
-    snprintf(sim_json, sizeof sim_json, "%s/simulate-heldout.json", dir);
-    if (!json)
-        printf("\n--- the whole pipeline on the bundled model fmoe-tiny (%s) ---\n", model);
+} tiny_paths;
 
-    /* The split: the first `train` prompts build the store, the last `heldout` are served. */
+static void tiny_paths_init(tiny_paths *p, const char *dir, const char *samples) {
+    snprintf(p->prompts, sizeof p->prompts, "%.4000s/prompts_100.txt", samples);
+    snprintf(p->train_prompts, sizeof p->train_prompts, "%s/prompts-train.jsonl", dir);
+    snprintf(p->heldout_prompts, sizeof p->heldout_prompts, "%s/prompts-heldout.jsonl", dir);
+    snprintf(p->trace, sizeof p->trace, "%s/fmoe-tiny.h5", dir);
+    snprintf(p->store, sizeof p->store, "%s/fmoe-tiny-store.h5", dir);
+    snprintf(p->heldout, sizeof p->heldout, "%s/fmoe-tiny-heldout.h5", dir);
+    snprintf(p->sim_json, sizeof p->sim_json, "%s/simulate-heldout.json", dir);
+}
+
+/* The split: the first `train` prompts build the store, the last `heldout` are served. */
+static int split_prompts(const tiny_paths *p, const demo_sizes *z) {
     fmoe_prompt_set *set = NULL;
-    int err = fmoe_prompts_load(prompts, FMOE_PROMPTS_TEXT, &set);
+    int err = fmoe_prompts_load(p->prompts, FMOE_PROMPTS_TEXT, &set);
     if (err < 0) return cmd_fail(CMD, err);
     int rc = 0;
     if (set->count < z->train + z->heldout)
-        rc = cmd_failf(CMD, "%s: %lld prompts, the demo needs %d", prompts,
+        rc = cmd_failf(CMD, "%s: %lld prompts, the demo needs %d", p->prompts,
                        (long long)set->count, z->train + z->heldout);
-    if (!rc) rc = write_prompts(set, 0, z->train, train_prompts);
-    if (!rc) rc = write_prompts(set, set->count - z->heldout, z->heldout, heldout_prompts);
+    if (!rc) rc = write_prompts(set, 0, z->train, p->train_prompts);
+    if (!rc) rc = write_prompts(set, set->count - z->heldout, z->heldout, p->heldout_prompts);
     fmoe_prompt_set_free(set);
-    if (rc) return rc;
+    return rc;
+}
 
+/* record the training prompts -> build-store -> record the held-out prompts. */
+static int record_and_build(const char *model, const tiny_paths *p, const demo_sizes *z,
+                            int json, int quiet) {
+    int rc;
     char new_tokens[16];
     snprintf(new_tokens, sizeof new_tokens, "%d", z->new_tokens);
     PROGRESS("recording %d prompts through fmoe-tiny (%d new tokens each)", z->train,
              z->new_tokens);
-    char *record_argv[] = {"record", "--model", (char *)model, "--dataset", train_prompts,
-                           "--max-new-tokens", new_tokens, "--ignore-eos", "--speculative", "1",
-                           "-o", trace, "--quiet", NULL};
+    char *record_argv[] = {"record", "--model", (char *)model, "--dataset",
+                           (char *)p->train_prompts, "--max-new-tokens", new_tokens,
+                           "--ignore-eos", "--speculative", "1", "-o", (char *)p->trace,
+                           "--quiet", NULL};
     if ((rc = run_step(cmd_record, 13, record_argv, json, quiet))) return rc;
     PROGRESS("building the expert-map store");
-    char *build_argv[] = {"build-store", "--trace", trace, "--prefetch-distance",
-                          TINY_PREFETCH_DISTANCE, "-o", store, "--quiet", NULL};
+    char *build_argv[] = {"build-store", "--trace", (char *)p->trace, "--prefetch-distance",
+                          TINY_PREFETCH_DISTANCE, "-o", (char *)p->store, "--quiet", NULL};
     if ((rc = run_step(cmd_build_store, 8, build_argv, json, quiet))) return rc;
     PROGRESS("recording the %d held-out prompts", z->heldout);
-    char *heldout_argv[] = {"record", "--model", (char *)model, "--dataset", heldout_prompts,
-                            "--max-new-tokens", new_tokens, "--ignore-eos", "--speculative",
-                            "1", "-o", heldout, "--quiet", NULL};
-    if ((rc = run_step(cmd_record, 13, heldout_argv, json, quiet))) return rc;
+    char *heldout_argv[] = {"record", "--model", (char *)model, "--dataset",
+                            (char *)p->heldout_prompts, "--max-new-tokens", new_tokens,
+                            "--ignore-eos", "--speculative", "1", "-o", (char *)p->heldout,
+                            "--quiet", NULL};
+    return run_step(cmd_record, 13, heldout_argv, json, quiet);
+}
 
-    /* A fast tier of 25% of the routed experts, L x J from the held-out trace. */
+/* A fast tier of 25% of the routed experts, L x J from the held-out trace. */
+static int tiny_cache_size(const char *heldout, int32_t *cache, int32_t *total) {
     fmoe_trace_reader *r = NULL;
+    int err;
     if ((err = fmoe_trace_reader_open(&r, heldout)) < 0) return cmd_fail(CMD, err);
     const fmoe_trace_header *h = fmoe_trace_reader_header(r);
-    const int32_t total = h->num_layers * h->num_experts;
+    *total = h->num_layers * h->num_experts;
     fmoe_trace_reader_close(r);
-    int32_t cache = (int32_t)lround(0.25 * total);
-    if (cache < 1) cache = 1;
+    *cache = (int32_t)lround(0.25 * *total);
+    if (*cache < 1) *cache = 1;
+    return 0;
+}
+
+/* simulate the held-out trace with TINY_POLICIES into sim_json (the command line shown
+ * first without --json); *sim: its document. */
+static int simulate_heldout(const tiny_paths *p, int32_t cache, int32_t total, int json,
+                            int quiet, cJSON **sim) {
+    int rc;
     char cache_text[16];
     snprintf(cache_text, sizeof cache_text, "%d", (int)cache);
-
     PROGRESS("simulating the held-out requests with " TINY_POLICIES " at %d of %d experts",
              (int)cache, (int)total);
-    char *simulate_argv[] = {"simulate", "--trace", heldout, "--store", store,
-                             "--policy", TINY_POLICIES, "--cache-experts", cache_text,
-                             "--prefetch-distance", TINY_PREFETCH_DISTANCE, "--json",
-                             "--quiet", NULL};
+    char *simulate_argv[] = {"simulate", "--trace", (char *)p->heldout, "--store",
+                             (char *)p->store, "--policy", TINY_POLICIES, "--cache-experts",
+                             cache_text, "--prefetch-distance", TINY_PREFETCH_DISTANCE,
+                             "--json", "--quiet", NULL};
     if (!json) {
         printf("\n$ fmoe");
         for (int i = 0; i < 13; i++) printf(" %s", simulate_argv[i]);
-        printf(" > %s\n", sim_json);
+        printf(" > %s\n", p->sim_json);
     }
-    if ((rc = run_into_file(cmd_simulate, 13, simulate_argv, sim_json))) return rc;
-    cJSON *sim = read_json(sim_json);
-    if (!sim) return CMD_EXIT_FAILURE;
+    if ((rc = run_into_file(cmd_simulate, 13, simulate_argv, p->sim_json))) return rc;
+    if (!(*sim = read_json(p->sim_json))) return CMD_EXIT_FAILURE;
+    return 0;
+}
 
-    demo_live live = {0};
-    cJSON *out = NULL;
-    char *cmds[NUM_COMMANDS] = {0};
-    const cJSON *results = cJSON_GetObjectItemCaseSensitive(sim, "results");
-    const int n = cJSON_GetArraySize(results);
+/* The simulated rows, one per policy in the order asked (DEMO_BASELINE's first), and the
+ * best by simulated decode TPOT. */
+typedef struct tiny_table {
     sim_row rows[16];
-    int num_rows = 0;
-    for (int i = 0; i < n && num_rows < 16; i++)
-        rows[num_rows++] = sim_row_of(cJSON_GetArrayItem(results, i));
-    const int best = pick_best(rows, num_rows);
-    const int lru = num_rows > 0 ? 0 : -1; /* DEMO_BASELINE's row */
-    if (best < 0 || lru < 0) {
-        rc = cmd_failf(CMD, "%s: no decode TPOT for the policies, or no " DEMO_BASELINE " row",
-                       sim_json);
-        goto done;
-    }
-    const char *hardware = json_string(sim, "hardware");
-    if (!json) {
-        printf("%s: %d requests, %.0f expert accesses; cache %d of %d experts; simulated "
-               "hardware %s\n\n",
-               heldout, (int)json_number(sim, "requests"), json_number(sim, "accesses"),
-               (int)cache, (int)total, hardware);
-        printf("%-16s %8s %8s %8s %9s %10s %10s\n", "policy", "hit%", "late", "misses",
-               "stall s", "TTFT mean", "TPOT mean");
-        for (int i = 0; i < num_rows; i++)
-            printf("%-16s %7.2f%% %8lld %8lld %9.3f %8.2fms %8.3fms%s\n", rows[i].policy,
-                   100 * rows[i].hit_rate, (long long)rows[i].late_hits,
-                   (long long)rows[i].misses, rows[i].stall_s, 1e3 * rows[i].ttft_s,
-                   1e3 * rows[i].tpot_s, i == best ? "  <- best" : "");
-        printf("\nbest by simulated decode TPOT: %s\n", rows[best].policy);
-    }
+    int num_rows, best, lru;
+    int32_t cache, total;
+    const char *hardware;
+} tiny_table;
 
-    /* Live: the held-out requests again, through the serve engine, best policy and lru. */
-    if ((rc = demo_live_open(CMD, model, heldout, &live))) goto done;
-    const int policies[2] = {best, lru};
-    const int num_live = best == lru ? 1 : 2;
+static void print_simulated(const tiny_table *t, const cJSON *sim, const char *heldout) {
+    printf("%s: %d requests, %.0f expert accesses; cache %d of %d experts; simulated "
+           "hardware %s\n\n",
+           heldout, (int)json_number(sim, "requests"), json_number(sim, "accesses"),
+           (int)t->cache, (int)t->total, t->hardware);
+    printf("%-16s %8s %8s %8s %9s %10s %10s\n", "policy", "hit%", "late", "misses",
+           "stall s", "TTFT mean", "TPOT mean");
+    for (int i = 0; i < t->num_rows; i++) {
+        const sim_row *r = &t->rows[i];
+        printf("%-16s %7.2f%% %8lld %8lld %9.3f %8.2fms %8.3fms%s\n", r->policy,
+               100 * r->hit_rate, (long long)r->late_hits, (long long)r->misses, r->stall_s,
+               1e3 * r->ttft_s, 1e3 * r->tpot_s, i == t->best ? "  <- best" : "");
+    }
+    printf("\nbest by simulated decode TPOT: %s\n", t->rows[t->best].policy);
+}
+
+/* The live rows: the held-out requests served in-process with the best policy and lru
+ * (once when they are the same). */
+typedef struct tiny_live {
+    int policies[2], num_live;
     demo_live_result res[2];
-    for (int k = 0; k < num_live; k++) {
+} tiny_live;
+
+static int serve_live(demo_live *live, const tiny_table *t, const char *store, int quiet,
+                      tiny_live *out) {
+    int rc;
+    out->policies[0] = t->best;
+    out->policies[1] = t->lru;
+    out->num_live = t->best == t->lru ? 1 : 2;
+    for (int k = 0; k < out->num_live; k++) {
+        const char *policy = t->rows[out->policies[k]].policy;
         PROGRESS("serving the %d held-out prompts live with %s (%d of %d experts cached)",
-                 live.num_requests, rows[policies[k]].policy, (int)cache, (int)total);
-        if ((rc = demo_live_serve(CMD, &live, rows[policies[k]].policy, store, cache,
-                                  atoi(TINY_PREFETCH_DISTANCE), quiet, &res[k])))
-            goto done;
+                 live->num_requests, policy, (int)t->cache, (int)t->total);
+        if ((rc = demo_live_serve(CMD, live, policy, store, t->cache,
+                                  atoi(TINY_PREFETCH_DISTANCE), quiet, &out->res[k])))
+            return rc;
     }
-    if (!json) {
-        printf("\nlive: the %d held-out prompts served again in-process by the serve engine "
-               "(parallel 1, greedy, %d of %d experts cached, the rest loaded on demand)\n\n",
-               live.num_requests, (int)cache, (int)total);
-        printf("%-16s %9s %9s %10s %15s %22s\n", "policy", "accesses", "(sim)", "live hit%",
-               "simulated hit%", "live decode ms/token");
-        for (int k = 0; k < num_live; k++) {
-            const sim_row *s = &rows[policies[k]];
-            printf("%-16s %9lld %9lld %9.2f%% %14.2f%% %22.3f\n", s->policy,
-                   (long long)res[k].accesses, (long long)s->accesses, 100 * res[k].hit_rate,
-                   100 * s->hit_rate,
-                   res[k].decode_tokens ? res[k].decode_ms / (double)res[k].decode_tokens : 0);
-        }
-        printf("\nhit rates compare; the simulated TPOT is for the %s profile, not this "
-               "machine: compare TPOT after 'fmoe calibrate -o profile.json' and 'fmoe "
-               "simulate --profile profile.json'.\n",
-               hardware);
-    }
+    return 0;
+}
 
-    const fmoe_policy_ops *ops = fmoe_policy_find(rows[best].policy);
-    const int takes_store = ops && (ops->flags & FMOE_POLICY_TAKES_STORE);
-    if ((rc = by_hand_commands(cmds, dir, z, cache, rows[best].policy, takes_store))) goto done;
-    if (!json) {
-        printf("\nthe same by hand:\n");
-        for (int i = 0; i < NUM_COMMANDS; i++) printf("  %s\n", cmds[i]);
+static void print_live(const tiny_table *t, const tiny_live *lv, int num_requests) {
+    printf("\nlive: the %d held-out prompts served again in-process by the serve engine "
+           "(parallel 1, greedy, %d of %d experts cached, the rest loaded on demand)\n\n",
+           num_requests, (int)t->cache, (int)t->total);
+    printf("%-16s %9s %9s %10s %15s %22s\n", "policy", "accesses", "(sim)", "live hit%",
+           "simulated hit%", "live decode ms/token");
+    for (int k = 0; k < lv->num_live; k++) {
+        const sim_row *s = &t->rows[lv->policies[k]];
+        const demo_live_result *r = &lv->res[k];
+        printf("%-16s %9lld %9lld %9.2f%% %14.2f%% %22.3f\n", s->policy,
+               (long long)r->accesses, (long long)s->accesses, 100 * r->hit_rate,
+               100 * s->hit_rate, r->decode_tokens ? r->decode_ms / (double)r->decode_tokens : 0);
     }
+    printf("\nhit rates compare; the simulated TPOT is for the %s profile, not this "
+           "machine: compare TPOT after 'fmoe calibrate -o profile.json' and 'fmoe "
+           "simulate --profile profile.json'.\n",
+           t->hardware);
+}
 
-    /* The figures, for --json. */
-    out = cJSON_CreateObject();
+/* The figures, for --json, added to `root` under "fmoe_tiny". */
+static int add_tiny_json(cJSON *root, const char *model, const tiny_paths *p,
+                         const demo_sizes *z, const cJSON *sim, const tiny_table *t,
+                         const tiny_live *lv, char *const cmds[NUM_COMMANDS]) {
+    cJSON *out = cJSON_CreateObject();
     cJSON *files = cJSON_AddObjectToObject(out, "files");
     cJSON *table = cJSON_AddArrayToObject(out, "simulated");
-    cJSON *lv = cJSON_AddArrayToObject(out, "live");
+    cJSON *live = cJSON_AddArrayToObject(out, "live");
     cJSON *cmd_list = cJSON_AddArrayToObject(out, "commands");
-    if (!files || !table || !lv || !cmd_list) {
-        rc = cmd_failf(CMD, "out of memory");
-        goto done;
+    if (!files || !table || !live || !cmd_list) {
+        cJSON_Delete(out);
+        return cmd_failf(CMD, "out of memory");
     }
+    const sim_row *rows = t->rows;
     cJSON_AddStringToObject(out, "model", model);
     cJSON_AddNumberToObject(out, "train_prompts", z->train);
     cJSON_AddNumberToObject(out, "heldout_prompts", z->heldout);
     cJSON_AddNumberToObject(out, "max_new_tokens", z->new_tokens);
-    cJSON_AddNumberToObject(out, "total_experts", total);
-    cJSON_AddNumberToObject(out, "cache_experts", cache);
+    cJSON_AddNumberToObject(out, "total_experts", t->total);
+    cJSON_AddNumberToObject(out, "cache_experts", t->cache);
     cJSON_AddNumberToObject(out, "prefetch_distance", atoi(TINY_PREFETCH_DISTANCE));
-    cJSON_AddStringToObject(out, "hardware", hardware);
+    cJSON_AddStringToObject(out, "hardware", t->hardware);
     cJSON_AddNumberToObject(out, "simulated_accesses", json_number(sim, "accesses"));
-    cJSON_AddStringToObject(out, "best_policy", rows[best].policy);
-    cJSON_AddStringToObject(files, "train_prompts", train_prompts);
-    cJSON_AddStringToObject(files, "heldout_prompts", heldout_prompts);
-    cJSON_AddStringToObject(files, "trace", trace);
-    cJSON_AddStringToObject(files, "store", store);
-    cJSON_AddStringToObject(files, "heldout_trace", heldout);
-    cJSON_AddStringToObject(files, "simulate_json", sim_json);
-    for (int i = 0; i < num_rows; i++) {
+    cJSON_AddStringToObject(out, "best_policy", rows[t->best].policy);
+    cJSON_AddStringToObject(files, "train_prompts", p->train_prompts);
+    cJSON_AddStringToObject(files, "heldout_prompts", p->heldout_prompts);
+    cJSON_AddStringToObject(files, "trace", p->trace);
+    cJSON_AddStringToObject(files, "store", p->store);
+    cJSON_AddStringToObject(files, "heldout_trace", p->heldout);
+    cJSON_AddStringToObject(files, "simulate_json", p->sim_json);
+    for (int i = 0; i < t->num_rows; i++) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddItemToArray(table, o);
         cJSON_AddStringToObject(o, "policy", rows[i].policy);
@@ -494,21 +512,72 @@ static int demo_fmoe_tiny(const char *dir, const char *samples, const demo_sizes
         cJSON_AddNumberToObject(o, "ttft_s", rows[i].ttft_s);
         cJSON_AddNumberToObject(o, "tpot_s", rows[i].tpot_s);
     }
-    for (int k = 0; k < num_live; k++)
-        cJSON_AddItemToArray(lv, live_json(rows[policies[k]].policy, &res[k], &rows[policies[k]]));
-    if (best == lru) /* the same run is lru's */
-        cJSON_AddItemToArray(lv, live_json(DEMO_BASELINE, &res[0], &rows[lru]));
+    for (int k = 0; k < lv->num_live; k++)
+        cJSON_AddItemToArray(live, live_json(rows[lv->policies[k]].policy, &lv->res[k],
+                                             &rows[lv->policies[k]]));
+    if (t->best == t->lru) /* the same run is lru's */
+        cJSON_AddItemToArray(live, live_json(DEMO_BASELINE, &lv->res[0], &rows[t->lru]));
     for (int i = 0; i < NUM_COMMANDS; i++)
         cJSON_AddItemToArray(cmd_list, cJSON_CreateString(cmds[i]));
     if (!cJSON_AddItemToObject(root, "fmoe_tiny", out)) {
-        rc = cmd_failf(CMD, "out of memory");
+        cJSON_Delete(out);
+        return cmd_failf(CMD, "out of memory");
+    }
+    return 0;
+}
+
+/* Part 2: record -> build-store -> record held out -> simulate -> serve live, on the
+ * bundled model (no download). Adds the figures to `root` under "fmoe_tiny". */
+static int demo_fmoe_tiny(const char *dir, const char *samples, const demo_sizes *z, int json,
+                          int quiet, cJSON *root) {
+    const char *model = cmd_model_dir_or_default(CMD, NULL);
+    if (!model) return CMD_EXIT_FAILURE;
+    tiny_paths p;
+    tiny_paths_init(&p, dir, samples);
+    if (!json)
+        printf("\n--- the whole pipeline on the bundled model fmoe-tiny (%s) ---\n", model);
+    int rc;
+    if ((rc = split_prompts(&p, z))) return rc;
+    if ((rc = record_and_build(model, &p, z, json, quiet))) return rc;
+    tiny_table t = {0};
+    if ((rc = tiny_cache_size(p.heldout, &t.cache, &t.total))) return rc;
+    cJSON *sim = NULL;
+    if ((rc = simulate_heldout(&p, t.cache, t.total, json, quiet, &sim))) return rc;
+
+    demo_live live = {0};
+    tiny_live lv = {0};
+    char *cmds[NUM_COMMANDS] = {0};
+    const cJSON *results = cJSON_GetObjectItemCaseSensitive(sim, "results");
+    const int n = cJSON_GetArraySize(results);
+    for (int i = 0; i < n && t.num_rows < 16; i++)
+        t.rows[t.num_rows++] = sim_row_of(cJSON_GetArrayItem(results, i));
+    t.best = pick_best(t.rows, t.num_rows);
+    t.lru = t.num_rows > 0 ? 0 : -1; /* DEMO_BASELINE's row */
+    if (t.best < 0 || t.lru < 0) {
+        rc = cmd_failf(CMD, "%s: no decode TPOT for the policies, or no " DEMO_BASELINE " row",
+                       p.sim_json);
         goto done;
     }
-    out = NULL;
+    t.hardware = json_string(sim, "hardware");
+    if (!json) print_simulated(&t, sim, p.heldout);
+
+    /* Live: the held-out requests again, through the serve engine, best policy and lru. */
+    if ((rc = demo_live_open(CMD, model, p.heldout, &live))) goto done;
+    if ((rc = serve_live(&live, &t, p.store, quiet, &lv))) goto done;
+    if (!json) print_live(&t, &lv, live.num_requests);
+
+    const fmoe_policy_ops *ops = fmoe_policy_find(t.rows[t.best].policy);
+    const int takes_store = ops && (ops->flags & FMOE_POLICY_TAKES_STORE);
+    if ((rc = by_hand_commands(cmds, dir, z, t.cache, t.rows[t.best].policy, takes_store)))
+        goto done;
+    if (!json) {
+        printf("\nthe same by hand:\n");
+        for (int i = 0; i < NUM_COMMANDS; i++) printf("  %s\n", cmds[i]);
+    }
+    rc = add_tiny_json(root, model, &p, z, sim, &t, &lv, cmds);
 
 done:
     for (int i = 0; i < NUM_COMMANDS; i++) free(cmds[i]);
-    cJSON_Delete(out);
     demo_live_close(&live);
     cJSON_Delete(sim);
     return rc;

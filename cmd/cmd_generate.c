@@ -228,6 +228,348 @@ static int parse_args(int argc, char **argv, generate_args *a) {
     return cmd_check_chat_template(CMD, a->chat_template);
 }
 
+/* One run's state, owned here and freed by generation_close: each step below fills its
+ * part and returns 0, or the exit code (a failure already printed in one line). */
+typedef struct generation {
+    const generate_args *a;
+    fmoe_backend_kind backend;
+    const char *dir;
+    fmoe_model *m;
+    fmoe_session *s;
+    fmoe_tokenizer *tok;
+    fmoe_sampler *smp;
+    cmd_generation_config gc;
+    fmoe_session_options so;
+    fmoe_sampler_params sp;
+    int32_t V, max_new;
+    int32_t *prompt, *gen;
+    size_t n_prompt;
+    const char *ptext; /* the prompt as encoded: a.prompt, or chat_text */
+    size_t plen;
+    float *logits;
+    fmoe_json_schema *schema;
+    fmoe_json_vocab *jvocab;
+    fmoe_json_matcher *jm;
+    uint8_t *allowed;
+    char *schema_text, *chat_text, *text;
+    size_t text_len;
+    FILE *npy; /* on npy_partial, renamed to a.dump_logits when complete */
+    char npy_partial[PATH_MAX + 16];
+    cmd_offload off;
+    char offload_line[512];
+    /* the run's outcome */
+    const char *finish;
+    int32_t n_gen;
+    int stop_token; /* the last generated id is a stop token, not text */
+    double t_prefill, t_decode;
+} generation;
+
+/* The schema first: a refused keyword costs no model load. */
+static int load_schema(generation *r) {
+    int err = 0;
+    if (r->a->json_schema) {
+        size_t schema_len;
+        if ((err = fmoe__read_file_bounded(r->a->json_schema, "a JSON schema", 16ll << 20, 0,
+                                           &r->schema_text, &schema_len)) < 0)
+            return cmd_fail(CMD, err);
+        if ((err = fmoe_json_schema_compile(r->schema_text, schema_len, &r->schema)) < 0) {
+            fmoe_error_prefix("%s", r->a->json_schema);
+            return cmd_fail(CMD, err);
+        }
+    } else if (r->a->json_object && (err = fmoe_json_schema_any_object(&r->schema)) < 0) {
+        return cmd_fail(CMD, err);
+    }
+    return 0;
+}
+
+/* Model, tokenizer and generation_config.json (whose stop ids gain the tokenizer's EOS). */
+static int load_model(generation *r, const char *tok_dir) {
+    int err;
+    if ((err = fmoe_model_load(r->dir, NULL, &r->m)) < 0) return cmd_fail(CMD, err);
+    if ((err = fmoe_tokenizer_load(tok_dir, &r->tok)) < 0) return cmd_fail(CMD, err);
+    if ((err = cmd_generation_config_load(tok_dir, &r->gc)) < 0) return cmd_fail(CMD, err);
+    cmd_generation_config_add_stop(&r->gc, fmoe_tokenizer_eos_id(r->tok));
+    r->V = fmoe_model_get_geometry(r->m)->vocab_size;
+    return 0;
+}
+
+/* The prompt's ids (through the chat template with --chat), and how many tokens the
+ * context leaves to generate. */
+static int encode_prompt(generation *r) {
+    const generate_args *a = r->a;
+    const fmoe_model_geometry *g = fmoe_model_get_geometry(r->m);
+    int err;
+    r->ptext = a->prompt;
+    r->plen = strlen(a->prompt);
+    if (a->chat) {
+        fmoe_chat_message msgs[2];
+        size_t nm = 0;
+        if (a->system) msgs[nm++] = (fmoe_chat_message){.role = "system", .content = a->system};
+        msgs[nm++] = (fmoe_chat_message){.role = "user", .content = a->prompt};
+        fmoe_chat_options co = {.template_name = a->chat_template, .add_generation_prompt = 1};
+        if ((err = fmoe_tokenizer_apply_chat_template(r->tok, msgs, nm, &co, &r->chat_text,
+                                                      &r->plen)) < 0)
+            return cmd_fail(CMD, err);
+        r->ptext = r->chat_text;
+    }
+    if ((err = fmoe_tokenizer_encode_alloc(r->tok, r->ptext, r->plen, !a->chat, &r->prompt,
+                                           &r->n_prompt)) < 0)
+        return cmd_fail(CMD, err);
+    if (r->n_prompt == 0) return cmd_failf(CMD, "the prompt encodes to no tokens");
+    const int64_t ctx = g->max_position_embeddings > 0 ? g->max_position_embeddings : 4096;
+    if ((int64_t)r->n_prompt > ctx)
+        return cmd_failf(CMD, "prompt of %zu tokens exceeds the context of %lld tokens of %s",
+                         r->n_prompt, (long long)ctx, r->dir);
+    /* The last generated token is never fed back, so a full context still yields one. */
+    int64_t room = ctx - (int64_t)r->n_prompt + 1;
+    r->max_new = a->max_new_tokens;
+    if (r->max_new > room) r->max_new = (int32_t)room;
+    return 0;
+}
+
+/* Sampling: explicit options win, else generation_config.json. */
+static void choose_sampling(generation *r) {
+    const generate_args *a = r->a;
+    r->sp = (fmoe_sampler_params){0.0f, 0, 1.0f, (uint64_t)a->seed};
+    if (r->gc.do_sample) {
+        r->sp.temperature = r->gc.temperature;
+        r->sp.top_p = r->gc.top_p;
+        r->sp.top_k = r->gc.top_k;
+    }
+    if (a->set_temperature) r->sp.temperature = (float)a->temperature;
+    if (a->set_top_p) r->sp.top_p = (float)a->top_p;
+    if (a->set_top_k) r->sp.top_k = a->top_k;
+}
+
+/* The offload executor (with --cache-*), the session sized for prompt and continuation,
+ * the sampler, the buffers and, with a schema, the JSON matcher and its mask. */
+static int open_session(generation *r, cmd_offload_args *off_args) {
+    const generate_args *a = r->a;
+    int err, rc;
+    r->so = fmoe_session_defaults();
+    r->so.backend = r->backend;
+    int64_t need = (int64_t)r->n_prompt + (r->max_new > 0 ? r->max_new - 1 : 0);
+    r->so.max_context = (int32_t)(need > 0 ? need : 1);
+    r->so.threads = a->threads;
+    r->so.activations = (fmoe_activations)a->activations;
+    if ((rc = cmd_offload_open(CMD, off_args, r->m, r->so.max_batch, a->json, &r->off)) != 0)
+        return rc;
+    if (r->off.x) fmoe_offload_attach(r->off.x, &r->so);
+    if ((err = fmoe_session_init(r->m, &r->so, &r->s)) < 0) return cmd_fail(CMD, err);
+    if (r->off.x &&
+        (err = fmoe_offload_request_begin(r->off.x, 0, r->prompt, (int32_t)r->n_prompt)) < 0)
+        return cmd_fail(CMD, err);
+    if ((err = fmoe_sampler_init(&r->sp, r->V, &r->smp)) < 0) return cmd_fail(CMD, err);
+    r->logits = malloc((size_t)r->V * sizeof *r->logits);
+    r->gen = malloc((size_t)(r->max_new > 0 ? r->max_new : 1) * sizeof *r->gen);
+    if (!r->logits || !r->gen)
+        return cmd_fail(CMD, fmoe_error_set(FMOE_ENOMEM, "out of memory for %d logits", r->V));
+    if (r->schema) {
+        if ((err = fmoe_json_vocab_init(r->tok, r->gc.stop, r->gc.num_stop, &r->jvocab)) < 0 ||
+            (err = fmoe_json_matcher_init(r->schema, r->jvocab, &r->jm)) < 0)
+            return cmd_fail(CMD, err);
+        const int32_t vt = fmoe_json_vocab_size(r->jvocab);
+        r->allowed = calloc((size_t)(vt > r->V ? vt : r->V), 1);
+        if (!r->allowed)
+            return cmd_fail(CMD, fmoe_error_set(FMOE_ENOMEM, "out of memory for the JSON mask"));
+    }
+    return 0;
+}
+
+/* --dump-logits: the .partial file with a header for 0 rows. */
+static int open_logits_dump(generation *r) {
+    const char *path = r->a->dump_logits;
+    int err;
+    if (!path) return 0;
+    snprintf(r->npy_partial, sizeof r->npy_partial, "%s.partial", path);
+    if ((err = fmoe__partial_fopen(path, r->npy_partial, "wb+", &r->npy)) < 0)
+        return cmd_fail(CMD, err);
+    /* interrupted: no .partial left (logits of half a generation are worth nothing) */
+    const char *cleanup[] = {r->npy_partial};
+    cmd_remove_on_signal(cleanup, 1);
+    if (npy_write_header(r->npy, 0, r->V) < 0)
+        return cmd_failf(CMD, "%s: cannot write: %s", r->npy_partial, strerror(errno));
+    return 0;
+}
+
+/* Prefill, then sample and decode until a stop token, a whole JSON document or max_new
+ * tokens, streaming the text (without --json) and writing each step's logits. */
+static int run_generation(generation *r) {
+    const generate_args *a = r->a;
+    const int32_t V = r->V;
+    int err;
+    streamer st = {.tok = r->tok, .out = a->json ? NULL : stdout};
+    r->finish = "length";
+    double t0 = cmd_now();
+    if (r->max_new > 0) {
+        if ((err = cmd_offload_forward(&r->off, r->s, r->prompt, (int32_t)r->n_prompt,
+                                       FMOE_PHASE_PREFILL, NULL, r->logits)) < 0)
+            return cmd_fail(CMD, err);
+        r->t_prefill = cmd_now() - t0;
+        double t1 = cmd_now();
+        for (;;) {
+            /* structured output: a whole document with no end id to say so (a tokenizer
+             * without EOS) ends here, before this step's logits are written */
+            const int32_t admitted = r->jm ? fmoe_json_matcher_mask(r->jm, r->allowed) : 1;
+            if (admitted == 0 && fmoe_json_matcher_is_complete(r->jm)) {
+                r->finish = "stop";
+                break;
+            }
+            if (admitted == 0)
+                return cmd_failf(CMD, "no token of the vocabulary continues the JSON document");
+            if (r->npy && fwrite(r->logits, sizeof *r->logits, (size_t)V, r->npy) != (size_t)V)
+                return cmd_failf(CMD, "%s: cannot write: %s", r->npy_partial, strerror(errno));
+            /* non-finite logits never come here: the forward pass stops on them (a
+             * resident weight at load, an expert's where the hidden state enters the head) */
+            if (r->jm) /* after --dump-logits took the raw logits */
+                for (int32_t i = 0; i < V; i++)
+                    if (!r->allowed[i]) r->logits[i] = -INFINITY;
+            int32_t next = fmoe_sampler_sample(r->smp, r->logits);
+            r->gen[r->n_gen++] = next;
+            if (r->jm && !fmoe_json_matcher_is_end(r->jm, next) &&
+                (err = fmoe_json_matcher_accept(r->jm, next)) < 0)
+                return cmd_fail(CMD, err);
+            if ((!a->ignore_eos || r->jm) && cmd_generation_config_is_stop(&r->gc, next)) {
+                r->finish = "stop";
+                r->stop_token = 1;
+                break;
+            }
+            if ((err = streamer_push(&st, r->gen, (size_t)r->n_gen, 0)) < 0)
+                return cmd_fail(CMD, err);
+            if (r->n_gen >= r->max_new) break;
+            if ((err = cmd_offload_forward(&r->off, r->s, &next, 1, FMOE_PHASE_DECODE, NULL,
+                                           r->logits)) < 0)
+                return cmd_fail(CMD, err);
+        }
+        r->t_decode = cmd_now() - t1;
+    }
+    if ((err = streamer_push(&st, r->gen, (size_t)r->n_gen, 1)) < 0) return cmd_fail(CMD, err);
+    if (r->off.x && (err = fmoe_offload_request_end(r->off.x)) < 0) return cmd_fail(CMD, err);
+    cmd_offload_summary(&r->off, r->offload_line, sizeof r->offload_line);
+    return 0;
+}
+
+/* --dump-logits: the header rewritten with the rows written, the file synced and renamed
+ * from .partial to its name. */
+static int finish_logits_dump(generation *r) {
+    int err;
+    if (!r->npy) return 0;
+    const int bad = npy_write_header(r->npy, r->n_gen, r->V) < 0 || ferror(r->npy);
+    const int close_failed = fclose(r->npy) != 0;
+    r->npy = NULL;
+    if (bad || close_failed) {
+        int rc = cmd_failf(CMD, "%s: cannot write: %s", r->npy_partial, strerror(errno));
+        unlink(r->npy_partial);
+        return rc;
+    }
+    if ((err = fmoe__partial_commit(r->npy_partial, r->a->dump_logits)) < 0) { /* synced */
+        unlink(r->npy_partial);
+        return cmd_fail(CMD, err);
+    }
+    return 0;
+}
+
+/* --json: one object with the ids, the text, the timings and the offload counters. */
+static int print_json_result(generation *r, double prefill_tps, int32_t steps,
+                             double decode_tps) {
+    int err;
+    size_t keep = (size_t)r->n_gen;
+    if (r->stop_token) keep--; /* the stop token is not text */
+    if ((err = fmoe_tokenizer_decode(r->tok, r->gen, keep, 1, &r->text, &r->text_len)) < 0)
+        return cmd_fail(CMD, err);
+    printf("{\"model\": ");
+    json_string(stdout, r->dir, strlen(r->dir));
+    printf(", \"backend\": \"%s\", \"activations\": \"%s\"", fmoe_backend_name(r->backend),
+           fmoe_activations_name(r->so.activations));
+    if (r->backend == FMOE_BACKEND_CUDA) {
+        char dev[160];
+        cmd_cuda_device_name(fmoe_cuda_describe(), dev, sizeof dev);
+        printf(", \"device\": ");
+        json_string(stdout, dev, strlen(dev));
+    }
+    printf(", \"describe\": ");
+    json_string(stdout, fmoe_model_describe(r->m), strlen(fmoe_model_describe(r->m)));
+    printf(", \"prompt\": ");
+    json_string(stdout, r->ptext, r->plen);
+    printf(", \"prompt_ids\": ");
+    json_ids(stdout, r->prompt, r->n_prompt);
+    printf(", \"generated_ids\": ");
+    json_ids(stdout, r->gen, (size_t)r->n_gen);
+    printf(", \"text\": ");
+    json_string(stdout, r->text, r->text_len);
+    printf(", \"finish_reason\": \"%s\", \"temperature\": %g, \"top_p\": %g, \"top_k\": %d, "
+           "\"seed\": %lld, \"prefill_tokens\": %zu, \"prefill_s\": %.6f, "
+           "\"prefill_tok_s\": %.2f, \"decode_steps\": %d, \"decode_s\": %.6f, "
+           "\"decode_tok_s\": %.2f",
+           r->finish, r->sp.temperature, r->sp.top_p, r->sp.top_k, (long long)r->a->seed,
+           r->n_prompt, r->t_prefill, prefill_tps, steps, r->t_decode, decode_tps);
+    if (r->off.x) {
+        fmoe_offload_stats os;
+        fmoe_offload_get_stats(r->off.x, &os);
+        printf(", \"offload\": {\"policy\": \"%s\", \"cache_experts\": %d, "
+               "\"accesses\": %lld, \"hits\": %lld, \"late_hits\": %lld, "
+               "\"misses\": %lld, \"host_misses\": %lld, \"prefetches\": %lld, "
+               "\"bytes_loaded\": %lld, \"awaited_bytes\": %lld, "
+               "\"awaited_bytes_decode\": %lld, \"wasted_prefetch_bytes\": %lld, "
+               "\"stall_s\": %.6f, \"io_bytes\": %lld, \"io_busy_s\": %.6f, "
+               "\"io_bytes_decode\": %lld, \"io_busy_s_decode\": %.6f}",
+               r->a->off.policy ? r->a->off.policy : "lru", fmoe_offload_capacity(r->off.x),
+               (long long)os.accesses, (long long)os.hits, (long long)os.late_hits,
+               (long long)os.misses, (long long)os.host_misses, (long long)os.prefetches,
+               (long long)os.bytes_loaded, (long long)os.awaited_bytes,
+               (long long)os.awaited_bytes_decode, (long long)os.wasted_prefetch_bytes,
+               os.stall_s, (long long)os.io_bytes, os.io_busy_s,
+               (long long)os.io_bytes_decode, os.io_busy_s_decode);
+    }
+    printf(", \"peak_rss_bytes\": %lld}\n", (long long)cmd_peak_rss_bytes());
+    return 0;
+}
+
+/* The result: the JSON object, or the newline after the streamed text and the figures on
+ * stderr (after the run, so that a failure before stays one line). */
+static int report(generation *r) {
+    /* Decode steps: each generated token after the first is one forward of one token. */
+    const int32_t steps = r->n_gen > 1 ? r->n_gen - 1 : 0;
+    const double prefill_tps = r->t_prefill > 0 ? (double)r->n_prompt / r->t_prefill : 0.0;
+    const double decode_tps = r->t_decode > 0 && steps > 0 ? steps / r->t_decode : 0.0;
+    if (r->a->json) return print_json_result(r, prefill_tps, steps, decode_tps);
+    printf("\n");
+    fflush(stdout);
+    cmd_backend_say(CMD, r->backend, r->a->activations);
+    fprintf(stderr,
+            "fmoe generate: prefill %zu tokens in %.3f s (%.1f tokens/s), decode %d tokens "
+            "in %.3f s (%.1f tokens/s), stop: %s\n",
+            r->n_prompt, r->t_prefill, prefill_tps, steps, r->t_decode, decode_tps, r->finish);
+    if (r->off.x) fprintf(stderr, "fmoe generate: %s\n", r->offload_line);
+    return 0;
+}
+
+/* Frees what the steps made; rc is the run's exit code so far, returned, or a failure
+ * when closing the offload executor fails after a successful run. */
+static int generation_close(generation *r, int rc) {
+    if (r->npy) {
+        fclose(r->npy);
+        unlink(r->npy_partial); /* ours; a.dump_logits itself was never touched */
+    }
+    free(r->text);
+    free(r->chat_text);
+    free(r->prompt);
+    free(r->gen);
+    free(r->logits);
+    free(r->allowed);
+    free(r->schema_text);
+    fmoe_json_matcher_free(r->jm);
+    fmoe_json_vocab_free(r->jvocab);
+    fmoe_json_schema_free(r->schema);
+    fmoe_sampler_free(r->smp);
+    fmoe_session_free(r->s);
+    if (cmd_offload_close(CMD, &r->off, rc == CMD_EXIT_OK) && rc == CMD_EXIT_OK)
+        rc = CMD_EXIT_FAILURE;
+    fmoe_tokenizer_free(r->tok);
+    fmoe_model_free(r->m);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv) {
     generate_args a;
     init(&a);
@@ -243,283 +585,14 @@ int cmd_generate(int argc, char **argv) {
     const char *tok_dir = cmd_tokenizer_dir(CMD, dir, a.tokenizer);
     if (!tok_dir) return CMD_EXIT_USAGE;
 
-    int rc = CMD_EXIT_FAILURE, err = 0;
-    fmoe_model *m = NULL;
-    fmoe_session *s = NULL;
-    fmoe_tokenizer *tok = NULL;
-    fmoe_sampler *smp = NULL;
-    int32_t *prompt = NULL, *gen = NULL;
-    float *logits = NULL;
-    fmoe_json_schema *schema = NULL;
-    fmoe_json_vocab *jvocab = NULL;
-    fmoe_json_matcher *jm = NULL;
-    uint8_t *allowed = NULL;
-    char *schema_text = NULL;
-    char *chat_text = NULL, *text = NULL;
-    FILE *npy = NULL; /* on npy_partial, renamed to a.dump_logits when complete */
-    char npy_partial[PATH_MAX + 16] = "";
-    size_t n_prompt = 0, text_len = 0;
-    cmd_offload off = {0};
-    char offload_line[512];
-
-    /* the schema first: a refused keyword costs no model load */
-    if (a.json_schema) {
-        size_t schema_len;
-        if ((err = fmoe__read_file_bounded(a.json_schema, "a JSON schema", 16ll << 20, 0,
-                                           &schema_text, &schema_len)) < 0)
-            goto fail;
-        if ((err = fmoe_json_schema_compile(schema_text, schema_len, &schema)) < 0) {
-            fmoe_error_prefix("%s", a.json_schema);
-            goto fail;
-        }
-    } else if (a.json_object && (err = fmoe_json_schema_any_object(&schema)) < 0) {
-        goto fail;
+    generation r = {.a = &a, .backend = backend, .dir = dir};
+    int rc;
+    if ((rc = load_schema(&r)) == 0 && (rc = load_model(&r, tok_dir)) == 0 &&
+        (rc = encode_prompt(&r)) == 0) {
+        choose_sampling(&r);
+        if ((rc = open_session(&r, &a.off)) == 0 && (rc = open_logits_dump(&r)) == 0 &&
+            (rc = run_generation(&r)) == 0 && (rc = finish_logits_dump(&r)) == 0)
+            rc = report(&r);
     }
-    if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
-    if ((err = fmoe_tokenizer_load(tok_dir, &tok)) < 0) goto fail;
-    cmd_generation_config gc;
-    if ((err = cmd_generation_config_load(tok_dir, &gc)) < 0) goto fail;
-    cmd_generation_config_add_stop(&gc, fmoe_tokenizer_eos_id(tok));
-    const fmoe_model_geometry *g = fmoe_model_get_geometry(m);
-    const int32_t V = g->vocab_size;
-
-    /* Encode. */
-    const char *ptext = a.prompt;
-    size_t plen = strlen(a.prompt);
-    if (a.chat) {
-        fmoe_chat_message msgs[2];
-        size_t nm = 0;
-        if (a.system) msgs[nm++] = (fmoe_chat_message){.role = "system", .content = a.system};
-        msgs[nm++] = (fmoe_chat_message){.role = "user", .content = a.prompt};
-        fmoe_chat_options co = {.template_name = a.chat_template, .add_generation_prompt = 1};
-        if ((err = fmoe_tokenizer_apply_chat_template(tok, msgs, nm, &co, &chat_text, &plen)) < 0)
-            goto fail;
-        ptext = chat_text;
-    }
-    if ((err = fmoe_tokenizer_encode_alloc(tok, ptext, plen, !a.chat, &prompt, &n_prompt)) < 0)
-        goto fail;
-    if (n_prompt == 0) {
-        rc = cmd_failf(CMD, "the prompt encodes to no tokens");
-        goto done;
-    }
-    const int64_t ctx = g->max_position_embeddings > 0 ? g->max_position_embeddings : 4096;
-    if ((int64_t)n_prompt > ctx) {
-        rc = cmd_failf(CMD, "prompt of %zu tokens exceeds the context of %lld tokens of %s",
-                       n_prompt, (long long)ctx, dir);
-        goto done;
-    }
-    /* The last generated token is never fed back, so a full context still yields one. */
-    int64_t room = ctx - (int64_t)n_prompt + 1;
-    int32_t max_new = a.max_new_tokens;
-    if (max_new > room) max_new = (int32_t)room;
-
-    /* Sampling: explicit options win, else generation_config.json. */
-    fmoe_sampler_params sp = {0.0f, 0, 1.0f, (uint64_t)a.seed};
-    if (gc.do_sample) {
-        sp.temperature = gc.temperature;
-        sp.top_p = gc.top_p;
-        sp.top_k = gc.top_k;
-    }
-    if (a.set_temperature) sp.temperature = (float)a.temperature;
-    if (a.set_top_p) sp.top_p = (float)a.top_p;
-    if (a.set_top_k) sp.top_k = a.top_k;
-
-    fmoe_session_options so = fmoe_session_defaults();
-    so.backend = backend;
-    int64_t need = (int64_t)n_prompt + (max_new > 0 ? max_new - 1 : 0);
-    so.max_context = (int32_t)(need > 0 ? need : 1);
-    so.threads = a.threads;
-    so.activations = (fmoe_activations)a.activations;
-    if ((rc = cmd_offload_open(CMD, &a.off, m, so.max_batch, a.json, &off)) != 0) goto done;
-    rc = CMD_EXIT_FAILURE;
-    if (off.x) fmoe_offload_attach(off.x, &so);
-    if ((err = fmoe_session_init(m, &so, &s)) < 0) goto fail;
-    if (off.x && (err = fmoe_offload_request_begin(off.x, 0, prompt, (int32_t)n_prompt)) < 0)
-        goto fail;
-    if ((err = fmoe_sampler_init(&sp, V, &smp)) < 0) goto fail;
-    logits = malloc((size_t)V * sizeof *logits);
-    gen = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *gen);
-    if (!logits || !gen) {
-        err = fmoe_error_set(FMOE_ENOMEM, "out of memory for %d logits", V);
-        goto fail;
-    }
-    if (schema) {
-        if ((err = fmoe_json_vocab_init(tok, gc.stop, gc.num_stop, &jvocab)) < 0 ||
-            (err = fmoe_json_matcher_init(schema, jvocab, &jm)) < 0)
-            goto fail;
-        const int32_t vt = fmoe_json_vocab_size(jvocab);
-        allowed = calloc((size_t)(vt > V ? vt : V), 1);
-        if (!allowed) {
-            err = fmoe_error_set(FMOE_ENOMEM, "out of memory for the JSON mask");
-            goto fail;
-        }
-    }
-    if (a.dump_logits) {
-        snprintf(npy_partial, sizeof npy_partial, "%s.partial", a.dump_logits);
-        if ((err = fmoe__partial_fopen(a.dump_logits, npy_partial, "wb+", &npy)) < 0) goto fail;
-        /* interrupted: no .partial left (logits of half a generation are worth nothing) */
-        const char *cleanup[] = {npy_partial};
-        cmd_remove_on_signal(cleanup, 1);
-        if (npy_write_header(npy, 0, V) < 0) {
-            rc = cmd_failf(CMD, "%s: cannot write: %s", npy_partial, strerror(errno));
-            goto done;
-        }
-    }
-
-    streamer st = {.tok = tok, .out = a.json ? NULL : stdout};
-    const char *finish = "length";
-    int32_t n_gen = 0;
-    int stop_token = 0; /* the last generated id is a stop token, not text */
-    double t0 = cmd_now(), t_prefill = 0, t_decode = 0;
-    if (max_new > 0) {
-        if ((err = cmd_offload_forward(&off, s, prompt, (int32_t)n_prompt, FMOE_PHASE_PREFILL,
-                                       NULL, logits)) < 0)
-            goto fail;
-        t_prefill = cmd_now() - t0;
-        double t1 = cmd_now();
-        for (;;) {
-            /* structured output: a whole document with no end id to say so (a tokenizer
-             * without EOS) ends here, before this step's logits are written */
-            const int32_t admitted = jm ? fmoe_json_matcher_mask(jm, allowed) : 1;
-            if (admitted == 0 && fmoe_json_matcher_is_complete(jm)) {
-                finish = "stop";
-                break;
-            }
-            if (admitted == 0) {
-                rc = cmd_failf(CMD, "no token of the vocabulary continues the JSON document");
-                goto done;
-            }
-            if (npy && fwrite(logits, sizeof *logits, (size_t)V, npy) != (size_t)V) {
-                rc = cmd_failf(CMD, "%s: cannot write: %s", npy_partial, strerror(errno));
-                goto done;
-            }
-            /* non-finite logits never come here: the forward pass stops on them (a
-             * resident weight at load, an expert's where the hidden state enters the head) */
-            if (jm) /* after --dump-logits took the raw logits */
-                for (int32_t i = 0; i < V; i++)
-                    if (!allowed[i]) logits[i] = -INFINITY;
-            int32_t next = fmoe_sampler_sample(smp, logits);
-            gen[n_gen++] = next;
-            if (jm && !fmoe_json_matcher_is_end(jm, next) &&
-                (err = fmoe_json_matcher_accept(jm, next)) < 0)
-                goto fail;
-            if ((!a.ignore_eos || jm) && cmd_generation_config_is_stop(&gc, next)) {
-                finish = "stop";
-                stop_token = 1;
-                break;
-            }
-            if ((err = streamer_push(&st, gen, (size_t)n_gen, 0)) < 0) goto fail;
-            if (n_gen >= max_new) break;
-            if ((err = cmd_offload_forward(&off, s, &next, 1, FMOE_PHASE_DECODE, NULL,
-                                           logits)) < 0)
-                goto fail;
-        }
-        t_decode = cmd_now() - t1;
-    }
-    if ((err = streamer_push(&st, gen, (size_t)n_gen, 1)) < 0) goto fail;
-    if (off.x && (err = fmoe_offload_request_end(off.x)) < 0) goto fail;
-    cmd_offload_summary(&off, offload_line, sizeof offload_line);
-    if (npy) {
-        const int bad = npy_write_header(npy, n_gen, V) < 0 || ferror(npy);
-        const int close_failed = fclose(npy) != 0;
-        npy = NULL;
-        if (bad || close_failed) {
-            rc = cmd_failf(CMD, "%s: cannot write: %s", npy_partial, strerror(errno));
-            unlink(npy_partial);
-            goto done;
-        }
-        if ((err = fmoe__partial_commit(npy_partial, a.dump_logits)) < 0) { /* synced */
-            unlink(npy_partial);
-            goto fail;
-        }
-    }
-    /* Decode steps: each generated token after the first is one forward of one token. */
-    const int32_t steps = n_gen > 1 ? n_gen - 1 : 0;
-    const double prefill_tps = t_prefill > 0 ? (double)n_prompt / t_prefill : 0.0;
-    const double decode_tps = t_decode > 0 && steps > 0 ? steps / t_decode : 0.0;
-    if (a.json) {
-        size_t keep = (size_t)n_gen;
-        if (stop_token) keep--; /* the stop token is not text */
-        if ((err = fmoe_tokenizer_decode(tok, gen, keep, 1, &text, &text_len)) < 0) goto fail;
-        printf("{\"model\": ");
-        json_string(stdout, dir, strlen(dir));
-        printf(", \"backend\": \"%s\", \"activations\": \"%s\"", fmoe_backend_name(backend),
-               fmoe_activations_name(so.activations));
-        if (backend == FMOE_BACKEND_CUDA) {
-            char dev[160];
-            cmd_cuda_device_name(fmoe_cuda_describe(), dev, sizeof dev);
-            printf(", \"device\": ");
-            json_string(stdout, dev, strlen(dev));
-        }
-        printf(", \"describe\": ");
-        json_string(stdout, fmoe_model_describe(m), strlen(fmoe_model_describe(m)));
-        printf(", \"prompt\": ");
-        json_string(stdout, ptext, plen);
-        printf(", \"prompt_ids\": ");
-        json_ids(stdout, prompt, n_prompt);
-        printf(", \"generated_ids\": ");
-        json_ids(stdout, gen, (size_t)n_gen);
-        printf(", \"text\": ");
-        json_string(stdout, text, text_len);
-        printf(", \"finish_reason\": \"%s\", \"temperature\": %g, \"top_p\": %g, \"top_k\": %d, "
-               "\"seed\": %lld, \"prefill_tokens\": %zu, \"prefill_s\": %.6f, "
-               "\"prefill_tok_s\": %.2f, \"decode_steps\": %d, \"decode_s\": %.6f, "
-               "\"decode_tok_s\": %.2f",
-               finish, sp.temperature, sp.top_p, sp.top_k, (long long)a.seed, n_prompt,
-               t_prefill, prefill_tps, steps, t_decode, decode_tps);
-        if (off.x) {
-            fmoe_offload_stats os;
-            fmoe_offload_get_stats(off.x, &os);
-            printf(", \"offload\": {\"policy\": \"%s\", \"cache_experts\": %d, "
-                   "\"accesses\": %lld, \"hits\": %lld, \"late_hits\": %lld, "
-                   "\"misses\": %lld, \"host_misses\": %lld, \"prefetches\": %lld, "
-                   "\"bytes_loaded\": %lld, \"awaited_bytes\": %lld, "
-                   "\"awaited_bytes_decode\": %lld, \"wasted_prefetch_bytes\": %lld, "
-                   "\"stall_s\": %.6f, \"io_bytes\": %lld, \"io_busy_s\": %.6f, "
-                   "\"io_bytes_decode\": %lld, \"io_busy_s_decode\": %.6f}",
-                   a.off.policy ? a.off.policy : "lru", fmoe_offload_capacity(off.x),
-                   (long long)os.accesses, (long long)os.hits, (long long)os.late_hits,
-                   (long long)os.misses, (long long)os.host_misses, (long long)os.prefetches,
-                   (long long)os.bytes_loaded, (long long)os.awaited_bytes,
-                   (long long)os.awaited_bytes_decode, (long long)os.wasted_prefetch_bytes,
-                   os.stall_s, (long long)os.io_bytes, os.io_busy_s,
-                   (long long)os.io_bytes_decode, os.io_busy_s_decode);
-        }
-        printf(", \"peak_rss_bytes\": %lld}\n", (long long)cmd_peak_rss_bytes());
-    } else {
-        printf("\n");
-        fflush(stdout);
-        /* with the figures, after the run: a failure before stays one line */
-        cmd_backend_say(CMD, backend, a.activations);
-        fprintf(stderr,
-                "fmoe generate: prefill %zu tokens in %.3f s (%.1f tokens/s), decode %d tokens "
-                "in %.3f s (%.1f tokens/s), stop: %s\n",
-                n_prompt, t_prefill, prefill_tps, steps, t_decode, decode_tps, finish);
-        if (off.x) fprintf(stderr, "fmoe generate: %s\n", offload_line);
-    }
-    rc = CMD_EXIT_OK;
-    goto done;
-fail:
-    rc = cmd_fail(CMD, err);
-done:
-    if (npy) {
-        fclose(npy);
-        unlink(npy_partial); /* ours; a.dump_logits itself was never touched */
-    }
-    free(text);
-    free(chat_text);
-    free(prompt);
-    free(gen);
-    free(logits);
-    free(allowed);
-    free(schema_text);
-    fmoe_json_matcher_free(jm);
-    fmoe_json_vocab_free(jvocab);
-    fmoe_json_schema_free(schema);
-    fmoe_sampler_free(smp);
-    fmoe_session_free(s);
-    if (cmd_offload_close(CMD, &off, rc == CMD_EXIT_OK) && rc == CMD_EXIT_OK) rc = CMD_EXIT_FAILURE;
-    fmoe_tokenizer_free(tok);
-    fmoe_model_free(m);
-    return rc;
+    return generation_close(&r, rc);
 }

@@ -226,6 +226,179 @@ static int write_port_file(const char *path, int port) {
     return 0;
 }
 
+/* One server's state, owned here and freed by server_close: each step below fills its
+ * part and returns 0, or the exit code (a failure already printed in one line). */
+typedef struct server {
+    serve_args *a;
+    fmoe_backend_kind backend;
+    const char *dir, *tok_dir;
+    fmoe_model *m;
+    fmoe_tokenizer *tok;
+    cmd_generation_config gc;
+    serve_metrics *metrics;
+    serve_http *http;
+    serve_engine *engine;
+    cmd_offload off;
+    int off_open;
+    fmoe_trace_writer *trace;
+    int32_t trace_speculative;
+    int keep_outputs; /* a failed run whose other outputs are whole */
+    char name[256];
+} server;
+
+/* Listen first: /health says "loading" while the model loads. */
+static int start_listening(server *v) {
+    const serve_args *a = v->a;
+    int err;
+    if (!(v->metrics = fmoe_serve_metrics_new()))
+        return cmd_fail(CMD, fmoe_error_set(FMOE_ENOMEM, "out of memory"));
+    if ((err = fmoe_tokenizer_load(v->tok_dir, &v->tok)) < 0) return cmd_fail(CMD, err);
+    serve_http_options ho = {.host = a->host, .port = a->port, .api_key = a->api_key,
+                             .max_body_bytes = (size_t)a->max_body,
+                             .connection_timeout_s = (unsigned)a->timeout,
+                             .header_timeout_s = (unsigned)a->header_timeout,
+                             .max_connections = (unsigned)a->max_connections,
+                             .max_client_connections = (unsigned)a->client_connections,
+                             .tokenizer = v->tok, .metrics = v->metrics};
+    if ((err = fmoe_serve_http_start(&ho, &v->http)) < 0) return cmd_fail(CMD, err);
+    const int port = fmoe_serve_http_port(v->http);
+    if (a->port_file && write_port_file(a->port_file, port) < 0)
+        return cmd_failf(CMD, "%s: cannot write the port file", a->port_file);
+    if (!a->quiet) fprintf(stderr, "fmoe serve: listening on http://%s:%d (loading %s)\n",
+                           a->host, port, v->dir);
+    return 0;
+}
+
+/* The model, generation_config.json and the offloading executor (--cache-*). */
+static int load_model(server *v) {
+    serve_args *a = v->a;
+    int err, rc;
+    if ((err = fmoe_model_load(v->dir, NULL, &v->m)) < 0) return cmd_fail(CMD, err);
+    if ((err = cmd_generation_config_load(v->tok_dir, &v->gc)) < 0) return cmd_fail(CMD, err);
+    if ((rc = cmd_offload_open(CMD, &a->off, v->m, a->batch_tokens, a->quiet, &v->off)) != 0)
+        return rc;
+    v->off_open = 1;
+    if (!a->model_name) a->model_name = cmd_base_name(v->dir, v->name, sizeof v->name);
+    return 0;
+}
+
+/* --trace-out: the trace writer, its header saying how the server runs. */
+static int open_trace(server *v) {
+    const serve_args *a = v->a;
+    int err;
+    if (!a->trace_out) return 0;
+    fmoe_trace_header h;
+    if ((err = cmd_trace_header_for_model(&h, v->m, v->dir, a->model_name, a->probs_f32,
+                                          v->backend, (fmoe_activations)a->activations)) < 0)
+        return cmd_fail(CMD, err);
+    snprintf(h.dataset, sizeof h.dataset, "serve");
+    /* a prompt's chunks, as the engine runs a lone request, and the iteration's token
+     * budget, which fmoe simulate --batch P replays with */
+    h.prefill_chunk = a->batch_tokens;
+    h.served = 1;         /* and each token's batched pass and its time */
+    /* a policy that reads speculative gates gets them recorded, for its replay */
+    const fmoe_policy_ops *ops = v->off.x ? fmoe_policy_find(a->off.policy ? a->off.policy
+                                                                           : "lru")
+                                          : NULL;
+    v->trace_speculative = ops && (ops->flags & FMOE_POLICY_NEEDS_SPECULATIVE) ? 1 : 0;
+    h.speculative_depth = v->trace_speculative;
+    if ((err = fmoe_trace_writer_open(&v->trace, a->trace_out, &h, NULL)) < 0)
+        return cmd_fail(CMD, err);
+    return 0;
+}
+
+/* The engine, its sessions and executor, handed to the HTTP side; then the ready line. */
+static int start_engine(server *v) {
+    const serve_args *a = v->a;
+    int err;
+    serve_engine_options eo = {
+        .model = v->m, .tokenizer = v->tok, .offload = v->off.x, .metrics = v->metrics,
+        .backend = v->backend, .model_name = a->model_name, .parallel = a->parallel,
+        .batch_tokens = a->batch_tokens, .max_queue = a->max_queue,
+        .max_context = a->max_context, .threads = a->threads, .stop_ids = v->gc.stop,
+        .num_stop_ids = v->gc.num_stop, .trace_out = v->trace,
+        .trace_speculative = v->trace_speculative,
+        .activations = (fmoe_activations)a->activations, .prefix_cache = !a->no_prefix_cache,
+        .prefix_cache_bytes = (int64_t)(a->prefix_cache_gb * (double)(1 << 30))};
+    if ((err = fmoe_serve_engine_start(&eo, &v->engine)) < 0) return cmd_fail(CMD, err);
+    fmoe_serve_http_set_engine(v->http, v->engine);
+    if (!a->quiet) {
+        cmd_backend_say(CMD, v->backend, a->activations); /* once the engine's sessions run on it */
+        char line[512];
+        cmd_offload_describe(&v->off, line, sizeof line); /* nothing has run: no figures */
+        serve_engine_info info;
+        fmoe_serve_engine_get_info(v->engine, &info);
+        fprintf(stderr,
+                "fmoe serve: ready: model %s, %d sequence%s, %d tokens a pass, context %d, "
+                "%s\n",
+                info.model_name, info.parallel, info.parallel == 1 ? "" : "s", a->batch_tokens,
+                info.max_context, line);
+    }
+    return 0;
+}
+
+/* Serves until SIGINT or SIGTERM, then lets running requests finish for --grace seconds,
+ * closes the HTTP side and the trace. */
+static int serve_until_stopped(server *v) {
+    const serve_args *a = v->a;
+    const int sig = wait_stop_signal();
+    if (!a->quiet)
+        fprintf(stderr, "fmoe serve: %s: finishing requests (up to %.0f s)\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM", a->grace);
+    fmoe_serve_http_quiesce(v->http);
+    int err = fmoe_serve_engine_stop(v->engine, a->grace);
+    v->engine = NULL;
+    if (!a->quiet && v->off.x) { /* what the requests served made of the cache */
+        char line[512];
+        cmd_offload_summary(&v->off, line, sizeof line);
+        fprintf(stderr, "fmoe serve: %s\n", line);
+    }
+    fmoe_serve_http_wait_idle(v->http, 5.0); /* cut streams still send their usage and [DONE] */
+    fmoe_serve_http_stop(v->http);
+    v->http = NULL;
+    if (err < 0) {
+        /* The trace failed while serving (the engine logged it then, and failed the
+         * requests it could not record). Everything written stays: the journal holds every
+         * request journalled before the failure, and a broken writer's close keeps it and
+         * the .partial; the decision log and --store-out are closed as in a clean stop. */
+        int rc = cmd_fail(CMD, err);
+        if (v->trace) {
+            err = fmoe_trace_writer_close(v->trace);
+            v->trace = NULL;
+            if (err < 0) cmd_fail(CMD, err);
+            fprintf(stderr, "fmoe serve: the requests answered before the failure are in "
+                            "%s.partial.journal: 'fmoe trace recover %s.partial' rebuilds the "
+                            "trace\n",
+                    a->trace_out, a->trace_out);
+        }
+        v->keep_outputs = 1;
+        return rc;
+    }
+    if (v->trace) {
+        err = fmoe_trace_writer_close(v->trace);
+        v->trace = NULL;
+        if (err < 0) return cmd_fail(CMD, err);
+    }
+    return 0;
+}
+
+/* Stops and frees what the steps started; rc is the run's exit code so far. Closing the
+ * offloading executor writes --store-out and the decision log: kept after a clean run (or
+ * a failed one whose outputs are whole), and its failure fails the run. */
+static int server_close(server *v, int rc) {
+    if (v->http) fmoe_serve_http_quiesce(v->http);
+    fmoe_serve_engine_stop(v->engine, 0);
+    fmoe_serve_http_stop(v->http);
+    fmoe_trace_writer_abort(v->trace); /* failed: nothing half-written is left */
+    if (v->off_open && cmd_offload_close(CMD, &v->off, rc == CMD_EXIT_OK || v->keep_outputs) != 0)
+        rc = CMD_EXIT_FAILURE;
+    if (rc == CMD_EXIT_OK && !v->a->quiet) fprintf(stderr, "fmoe serve: stopped\n");
+    fmoe_serve_metrics_free(v->metrics);
+    fmoe_tokenizer_free(v->tok);
+    fmoe_model_free(v->m);
+    return rc;
+}
+
 int cmd_serve(int argc, char **argv) {
     serve_args a;
     init(&a);
@@ -249,142 +422,10 @@ int cmd_serve(int argc, char **argv) {
     if (catch_stop_signals() != 0) return cmd_failf(CMD, "cannot install the signal handler");
     signal(SIGPIPE, SIG_IGN);
 
-    int rc = CMD_EXIT_FAILURE, err = 0;
-    fmoe_model *m = NULL;
-    fmoe_tokenizer *tok = NULL;
-    serve_metrics *metrics = NULL;
-    serve_http *http = NULL;
-    serve_engine *engine = NULL;
-    cmd_offload off = {0};
-    int off_open = 0;
-    fmoe_trace_writer *trace = NULL;
-    int32_t trace_speculative = 0;
-    int keep_outputs = 0; /* a failed run whose other outputs are whole */
-    char name[256];
-
-    if (!(metrics = fmoe_serve_metrics_new())) {
-        err = fmoe_error_set(FMOE_ENOMEM, "out of memory");
-        goto fail;
-    }
-    /* Listen first: /health says "loading" while the model loads. */
-    if ((err = fmoe_tokenizer_load(tok_dir, &tok)) < 0) goto fail;
-    serve_http_options ho = {.host = a.host, .port = a.port, .api_key = a.api_key,
-                             .max_body_bytes = (size_t)a.max_body,
-                             .connection_timeout_s = (unsigned)a.timeout,
-                             .header_timeout_s = (unsigned)a.header_timeout,
-                             .max_connections = (unsigned)a.max_connections,
-                             .max_client_connections = (unsigned)a.client_connections,
-                             .tokenizer = tok, .metrics = metrics};
-    if ((err = fmoe_serve_http_start(&ho, &http)) < 0) goto fail;
-    const int port = fmoe_serve_http_port(http);
-    if (a.port_file && write_port_file(a.port_file, port) < 0) {
-        rc = cmd_failf(CMD, "%s: cannot write the port file", a.port_file);
-        goto done;
-    }
-    if (!a.quiet) fprintf(stderr, "fmoe serve: listening on http://%s:%d (loading %s)\n",
-                          a.host, port, dir);
-
-    if ((err = fmoe_model_load(dir, NULL, &m)) < 0) goto fail;
-    cmd_generation_config gc;
-    if ((err = cmd_generation_config_load(tok_dir, &gc)) < 0) goto fail;
-    if ((rc = cmd_offload_open(CMD, &a.off, m, a.batch_tokens, a.quiet, &off)) != 0) goto done;
-    off_open = 1;
-    rc = CMD_EXIT_FAILURE;
-    if (!a.model_name) a.model_name = cmd_base_name(dir, name, sizeof name);
-    if (a.trace_out) {
-        fmoe_trace_header h;
-        if ((err = cmd_trace_header_for_model(&h, m, dir, a.model_name, a.probs_f32,
-                                              backend, (fmoe_activations)a.activations)) < 0)
-            goto fail;
-        snprintf(h.dataset, sizeof h.dataset, "serve");
-        /* a prompt's chunks, as the engine runs a lone request, and the iteration's token
-         * budget, which fmoe simulate --batch P replays with */
-        h.prefill_chunk = a.batch_tokens;
-        h.served = 1;         /* and each token's batched pass and its time */
-        /* a policy that reads speculative gates gets them recorded, for its replay */
-        const fmoe_policy_ops *ops = off.x ? fmoe_policy_find(a.off.policy ? a.off.policy : "lru")
-                                           : NULL;
-        trace_speculative = ops && (ops->flags & FMOE_POLICY_NEEDS_SPECULATIVE) ? 1 : 0;
-        h.speculative_depth = trace_speculative;
-        if ((err = fmoe_trace_writer_open(&trace, a.trace_out, &h, NULL)) < 0) goto fail;
-    }
-
-    serve_engine_options eo = {
-        .model = m, .tokenizer = tok, .offload = off.x, .metrics = metrics, .backend = backend,
-        .model_name = a.model_name, .parallel = a.parallel, .batch_tokens = a.batch_tokens,
-        .max_queue = a.max_queue,
-        .max_context = a.max_context, .threads = a.threads, .stop_ids = gc.stop,
-        .num_stop_ids = gc.num_stop, .trace_out = trace, .trace_speculative = trace_speculative,
-        .activations = (fmoe_activations)a.activations, .prefix_cache = !a.no_prefix_cache,
-        .prefix_cache_bytes = (int64_t)(a.prefix_cache_gb * (double)(1 << 30))};
-    if ((err = fmoe_serve_engine_start(&eo, &engine)) < 0) goto fail;
-    fmoe_serve_http_set_engine(http, engine);
-    if (!a.quiet) {
-        cmd_backend_say(CMD, backend, a.activations); /* once the engine's sessions run on it */
-        char line[512];
-        cmd_offload_describe(&off, line, sizeof line); /* nothing has run: no figures */
-        serve_engine_info info;
-        fmoe_serve_engine_get_info(engine, &info);
-        fprintf(stderr,
-                "fmoe serve: ready: model %s, %d sequence%s, %d tokens a pass, context %d, "
-                "%s\n",
-                info.model_name, info.parallel, info.parallel == 1 ? "" : "s", a.batch_tokens,
-                info.max_context, line);
-    }
-
-    const int sig = wait_stop_signal();
-    if (!a.quiet)
-        fprintf(stderr, "fmoe serve: %s: finishing requests (up to %.0f s)\n",
-                sig == SIGINT ? "SIGINT" : "SIGTERM", a.grace);
-    fmoe_serve_http_quiesce(http);
-    err = fmoe_serve_engine_stop(engine, a.grace);
-    engine = NULL;
-    if (!a.quiet && off.x) { /* what the requests served made of the cache */
-        char line[512];
-        cmd_offload_summary(&off, line, sizeof line);
-        fprintf(stderr, "fmoe serve: %s\n", line);
-    }
-    fmoe_serve_http_wait_idle(http, 5.0); /* cut streams still send their usage and [DONE] */
-    fmoe_serve_http_stop(http);
-    http = NULL;
-    if (err < 0) {
-        /* The trace failed while serving (the engine logged it then, and failed the
-         * requests it could not record). Everything written stays: the journal holds every
-         * request journalled before the failure, and a broken writer's close keeps it and
-         * the .partial; the decision log and --store-out are closed as in a clean stop. */
-        rc = cmd_fail(CMD, err);
-        if (trace) {
-            err = fmoe_trace_writer_close(trace);
-            trace = NULL;
-            if (err < 0) cmd_fail(CMD, err);
-            fprintf(stderr, "fmoe serve: the requests answered before the failure are in "
-                            "%s.partial.journal: 'fmoe trace recover %s.partial' rebuilds the "
-                            "trace\n",
-                    a.trace_out, a.trace_out);
-        }
-        keep_outputs = 1;
-        goto done;
-    }
-    if (trace) {
-        err = fmoe_trace_writer_close(trace);
-        trace = NULL;
-        if (err < 0) goto fail;
-    }
-    rc = CMD_EXIT_OK;
-    goto done;
-
-fail:
-    rc = cmd_fail(CMD, err);
-done:
-    if (http) fmoe_serve_http_quiesce(http);
-    fmoe_serve_engine_stop(engine, 0);
-    fmoe_serve_http_stop(http);
-    fmoe_trace_writer_abort(trace); /* failed: nothing half-written is left */
-    if (off_open && cmd_offload_close(CMD, &off, rc == CMD_EXIT_OK || keep_outputs) != 0)
-        rc = CMD_EXIT_FAILURE;
-    if (rc == CMD_EXIT_OK && !a.quiet) fprintf(stderr, "fmoe serve: stopped\n");
-    fmoe_serve_metrics_free(metrics);
-    fmoe_tokenizer_free(tok);
-    fmoe_model_free(m);
-    return rc;
+    server v = {.a = &a, .backend = backend, .dir = dir, .tok_dir = tok_dir};
+    int rc;
+    if ((rc = start_listening(&v)) == 0 && (rc = load_model(&v)) == 0 &&
+        (rc = open_trace(&v)) == 0 && (rc = start_engine(&v)) == 0)
+        rc = serve_until_stopped(&v);
+    return server_close(&v, rc);
 }

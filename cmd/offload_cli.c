@@ -69,7 +69,7 @@ static int auto_costs(const char *cmd, const char *path, const fmoe_model *m,
     return 0;
 }
 
-/* --policy-opt with the --store-mode shorthand folded in (store_mode=M), for `policy`:
+/* --policy-opt with the --store-mode shorthand folded in (its key: cmd_policy_opt_key), for `policy`:
  * *settings the keys it declares, *mode the store mode they say. @return 0 or 2 (printed). */
 static int offload_settings(const char *cmd, const cmd_offload_args *a, const char *policy,
                             fmoe_policy_settings *settings, int32_t *mode) {
@@ -78,10 +78,10 @@ static int offload_settings(const char *cmd, const cmd_offload_args *a, const ch
     int rc = cmd_policy_opts_parse(cmd, &a->policy_opts, policies, 1, &all);
     *mode = a->store_mode;
     if (rc == 0 && a->store_mode_given)
-        rc = cmd_policy_opt_shorthand(cmd, &all, "--store-mode", "store_mode",
+        rc = cmd_policy_opt_shorthand(cmd, &all, "--store-mode",
                                       cmd_offload_store_modes[a->store_mode]);
     if (rc) return rc;
-    const char *m = fmoe_policy_settings_get(&all, "store_mode");
+    const char *m = fmoe_policy_settings_get(&all, cmd_policy_opt_key("--store-mode"));
     for (int32_t i = 0; m && cmd_offload_store_modes[i]; i++)
         if (strcmp(cmd_offload_store_modes[i], m) == 0) *mode = i;
     fmoe_policy_settings_select(settings, fmoe_policy_find(policy), &all);
@@ -298,14 +298,14 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
         o.expert_store = out->store->store;
         /* the store's settings, as simulate hands them to its cells: the mode (the
          * --store-mode default included), and the capacity build-store was asked for
-         * unless --policy-opt store_capacity=N says otherwise */
+         * unless --policy-opt gives the --store-capacity setting */
         char v[24];
         snprintf(v, sizeof v, "%d", (int)out->store->capacity_asked);
-        if (fmoe_policy_settings_set(&o.policy_settings, "store_mode",
+        if (fmoe_policy_settings_set(&o.policy_settings, cmd_policy_opt_key("--store-mode"),
                                      cmd_offload_store_modes[mode]) < 0 ||
-            (!fmoe_policy_settings_get(&o.policy_settings, "store_capacity") &&
+            (!fmoe_policy_settings_get(&o.policy_settings, cmd_policy_opt_key("--store-capacity")) &&
              out->store->capacity_asked > 0 &&
-             fmoe_policy_settings_set(&o.policy_settings, "store_capacity", v) < 0)) {
+             fmoe_policy_settings_set(&o.policy_settings, cmd_policy_opt_key("--store-capacity"), v) < 0)) {
             cmd_offload_close(cmd, out, 0);
             return cmd_fail(cmd, FMOE_EINVAL);
         }

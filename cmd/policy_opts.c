@@ -1,6 +1,7 @@
 /* policy_opts.c - --policy-opt KEY=VALUE and its shorthands (contract in policy_opts.h). */
 #include "policy_opts.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -50,8 +51,15 @@ int cmd_policy_opts_parse(const char *cmd, const cmd_opt_strings *opts, char *co
     return 0;
 }
 
+const char *cmd_policy_opt_key(const char *option) {
+    const fmoe_policy_setting *row = fmoe_policy_setting_of_option(option + 2);
+    assert(option[0] == '-' && option[1] == '-' && row);
+    return row->name;
+}
+
 int cmd_policy_opt_shorthand(const char *cmd, fmoe_policy_settings *s, const char *option,
-                             const char *key, const char *value) {
+                             const char *value) {
+    const char *key = cmd_policy_opt_key(option);
     const char *given = fmoe_policy_settings_get(s, key);
     if (given && strcmp(given, value) != 0)
         return cmd_usage_error(cmd, "%s %s and --policy-opt %s=%s disagree; give one", option,

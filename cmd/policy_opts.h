@@ -16,9 +16,14 @@
 int cmd_policy_opts_parse(const char *cmd, const cmd_opt_strings *opts, char *const *policies,
                           int n, fmoe_policy_settings *out);
 
+/* The KEY of the setting that `option` ("--store-mode") is the shorthand of: the policies'
+ * tables say it (fmoe_policy_setting.option), so no command names a policy's key. The
+ * option must be declared by some built-in policy (asserted). */
+const char *cmd_policy_opt_key(const char *option);
+
 /* A shorthand option for a setting (--store-mode M is store_mode=M): adds KEY=VALUE to s,
  * a usage error when --policy-opt gave the key another value. @return 0 or 2 (printed). */
 int cmd_policy_opt_shorthand(const char *cmd, fmoe_policy_settings *s, const char *option,
-                             const char *key, const char *value);
+                             const char *value);
 
 #endif

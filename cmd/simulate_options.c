@@ -324,9 +324,9 @@ const cmd_spec cmd_simulate_spec = {
 };
 
 /* --policy-opt and its shorthands into o->settings, one list for every policy of the run
- * (each cell takes the keys its policy declares). A shorthand is the same setting:
- * --eamc-capacity N is eamc_capacity=N, --store-mode M store_mode=M, --store-capacity N
- * store_capacity=N. The store's mode and capacity, and the EAMC's size, are then read back
+ * (each cell takes the keys its policy declares). A shorthand is the same setting, its key
+ * the one whose row in the policies' tables names the option (--store-mode M is
+ * store_mode=M: fmoe_policy_setting.option). The store's mode and capacity, and the EAMC's size, are then read back
  * from the settings, whichever way they came, into the fields that the store's checks
  * (simulate_store.c) and the sizing to the trace (prepare_unit) use. @return 0 or 2. */
 static int policy_settings(options *o) {
@@ -335,22 +335,21 @@ static int policy_settings(options *o) {
     char v[24];
     if (rc == 0 && o->eamc_capacity > 0) {
         snprintf(v, sizeof v, "%d", (int)o->eamc_capacity);
-        rc = cmd_policy_opt_shorthand(CMD, &o->settings, "--eamc-capacity", "eamc_capacity", v);
+        rc = cmd_policy_opt_shorthand(CMD, &o->settings, "--eamc-capacity", v);
     }
     for (int32_t i = 0; rc == 0 && o->store.mode_given && store_mode_names[i]; i++)
         if (store_mode_values[i] == o->store.mode)
-            rc = cmd_policy_opt_shorthand(CMD, &o->settings, "--store-mode", "store_mode",
+            rc = cmd_policy_opt_shorthand(CMD, &o->settings, "--store-mode",
                                           store_mode_names[i]);
     if (rc == 0 && o->store.capacity > 0) {
         snprintf(v, sizeof v, "%d", (int)o->store.capacity);
-        rc = cmd_policy_opt_shorthand(CMD, &o->settings, "--store-capacity", "store_capacity",
-                                      v);
+        rc = cmd_policy_opt_shorthand(CMD, &o->settings, "--store-capacity", v);
     }
     if (rc) return rc;
     /* the values were checked against the policies' tables: plain conversions suffice */
-    const char *e = fmoe_policy_settings_get(&o->settings, "eamc_capacity");
-    const char *m = fmoe_policy_settings_get(&o->settings, "store_mode");
-    const char *c = fmoe_policy_settings_get(&o->settings, "store_capacity");
+    const char *e = fmoe_policy_settings_get(&o->settings, cmd_policy_opt_key("--eamc-capacity"));
+    const char *m = fmoe_policy_settings_get(&o->settings, cmd_policy_opt_key("--store-mode"));
+    const char *c = fmoe_policy_settings_get(&o->settings, cmd_policy_opt_key("--store-capacity"));
     if (e) o->eamc_capacity = (int32_t)strtol(e, NULL, 10);
     if (c) o->store.capacity = (int32_t)strtol(c, NULL, 10);
     for (int32_t i = 0; m && store_mode_names[i]; i++)

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cmd_common.h"
+#include "policy_opts.h"
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
 
@@ -177,8 +178,8 @@ int cmd_sim_store_prepare(const char *cmd, cmd_sim_store *s, char *const *polici
     return 0;
 }
 
-/* Sets a setting the cell's policy declares (the fmoe policies' store_mode and
- * store_capacity); the values are in range, so this cannot fail. */
+/* Sets a setting the cell's policy declares (the fmoe policies' settings behind
+ * --store-mode and --store-capacity); the values are in range, so this cannot fail. */
 static void set_setting(fmoe_sim_config *cell, const char *key, const char *value) {
     const int rc = fmoe_policy_settings_set(&cell->policy_settings, key, value);
     (void)rc;
@@ -188,7 +189,7 @@ static void set_setting(fmoe_sim_config *cell, const char *key, const char *valu
 void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell) {
     if (!cell->policy || !takes_store(cell->policy)) return;
     cell->expert_store = s->file ? s->file->store : NULL;
-    set_setting(cell, "store_mode", mode_name(s->mode));
+    set_setting(cell, cmd_policy_opt_key("--store-mode"), mode_name(s->mode));
     int64_t cap = 0;
     if (s->capacity > 0)
         cap = s->capacity;
@@ -205,7 +206,7 @@ void cmd_sim_store_apply(const cmd_sim_store *s, fmoe_sim_config *cell) {
     if (cap > 0) { /* 0: the policy's default */
         char v[24];
         snprintf(v, sizeof v, "%lld", (long long)cap);
-        set_setting(cell, "store_capacity", v);
+        set_setting(cell, cmd_policy_opt_key("--store-capacity"), v);
     }
 }
 

@@ -69,6 +69,15 @@ const fmoe_policy_setting *fmoe_policy_setting_find(const fmoe_policy_ops *ops,
 }
 
 /* "a, b or c" */
+const fmoe_policy_setting *fmoe_policy_setting_of_option(const char *option) {
+    const fmoe_policy_ops *const *all;
+    const size_t n = fmoe_policy_registry(&all);
+    for (size_t i = 0; option && i < n; i++)
+        for (const fmoe_policy_setting *r = all[i]->settings; r && r->name; r++)
+            if (r->option && strcmp(r->option, option) == 0) return r;
+    return NULL;
+}
+
 static void choice_list(const char *const *choices, char *buf, size_t cap) {
     size_t at = 0, n = 0;
     while (choices[n]) n++;
@@ -147,6 +156,14 @@ void fmoe_policy_settings_select(fmoe_policy_settings *out, const fmoe_policy_op
         if (fmoe_policy_setting_find(ops, all->item[i].key)) out->item[out->n++] = all->item[i];
 }
 
+/* A command-line option's name: [a-z0-9-], starting with a letter. */
+static int option_ok(const char *option) {
+    if (!(*option >= 'a' && *option <= 'z')) return 0;
+    for (const char *c = option; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-')) return 0;
+    return 1;
+}
+
 int fmoe_policy_settings_table_check(const fmoe_policy_ops *ops) {
     int32_t n = 0;
     for (const fmoe_policy_setting *r = ops->settings; r && r->name; r++, n++) {
@@ -157,6 +174,13 @@ int fmoe_policy_settings_table_check(const fmoe_policy_ops *ops) {
                                  "policy %s: setting %s declared twice", ops->name, r->name);
         FMOE_RETURN_ERROR_IF(!r->help || !*r->help, FMOE_EINVAL,
                              "policy %s: setting %s has no help line", ops->name, r->name);
+        FMOE_RETURN_ERROR_IF(r->option && !option_ok(r->option), FMOE_EINVAL,
+                             "policy %s: setting %s's option '%s' is not of [a-z0-9-]",
+                             ops->name, r->name, r->option);
+        for (const fmoe_policy_setting *q = ops->settings; r->option && q != r; q++)
+            FMOE_RETURN_ERROR_IF(q->option && strcmp(q->option, r->option) == 0, FMOE_EINVAL,
+                                 "policy %s: settings %s and %s share the option --%s",
+                                 ops->name, q->name, r->name, r->option);
         switch (r->type) {
         case FMOE_SETTING_INT:
             FMOE_RETURN_ERROR_IF(r->min != floor(r->min) || r->max != floor(r->max) ||

@@ -81,7 +81,7 @@
  * scores plus MAX_QUERIES·(L·J + h) of observed rows, and MAX_QUERIES·2·L for
  * the searches made ahead. No allocation after init.
  *
- * Speed without changing a decision (tests/expertmap/test_fmoe_equivalence.c runs every
+ * Speed without changing a decision (tests/policies/test_fmoe_equivalence.c runs every
  * variant against its fmoe__policy_<v>_reference twin, which takes none of these, and
  * compares every prefetch and victim):
  *   - cur_p's rows for the layers ahead are a function of the best entries and the
@@ -124,10 +124,12 @@ static const fmoe_policy_setting fm_settings[] = {
      .choices = store_modes,
      .help = "offline: the expert-map store as built, frozen (§6.1-§6.2); online: start "
              "empty and add each finished token's map (§6.3); offline-update: as built, and "
-             "add"},
+             "add",
+     .option = "store-mode"},
     {.name = "store_capacity", .type = FMOE_SETTING_INT, .def = 0, .min = 0, .max = INT32_MAX,
      .help = "entries online mode's store holds, or offline-update grows the given store to, "
-             "deduplicating once full (§4.4); 0: online 1000, offline-update the store's own"},
+             "deduplicating once full (§4.4); 0: online 1000, offline-update the store's own",
+     .option = "store-capacity"},
     {.name = "evict", .type = FMOE_SETTING_CHOICE, .def = 0, .choices = fm_evict_rules,
      .help = "fmoe (its eviction duel): the duel's recency side evicts by recency (LRU), or "
              "by predicted-reuse's per-expert reuse estimate while a third shadow says it "
@@ -612,7 +614,7 @@ static void row_from_chosen(float *row, int32_t J, int32_t K, const uint16_t *ch
  * bound by that read (docs/results.md, "Matcher and store benchmarks": 78 K against 118 K
  * token-iterations/s for 16 at once). The step does the same arithmetic for each query
  * whatever their number, so the results are the very values the live searches would
- * give (tests/expertmap/test_fmoe_equivalence.c compares every decision with the
+ * give (tests/policies/test_fmoe_equivalence.c compares every decision with the
  * reference twin, which searches live); on_gate checks that each gate shows the rows the
  * batch used and searches live otherwise. */
 static void memo_prepare(fm_state *S, const fmoe_iteration_event *ev) {
@@ -1065,7 +1067,7 @@ static int32_t fm_choose_victim(void *state, const fmoe_policy_env *env,
 /* ------------------------------------------------------------------ the variants */
 
 /* Each variant comes twice: the policy, and fmoe__policy_<ident>_reference for the
- * differential tests (tests/expertmap/test_fmoe_equivalence.c): the same decisions made
+ * differential tests (tests/policies/test_fmoe_equivalence.c): the same decisions made
  * the slow way, with the matcher's scalar reference path and without this file's
  * shortcuts (cached cur_p rows, no search after the last layer). Not in the registry. */
 #define FMOE_VARIANT(ident, vname, sem, dlt, pred, ev)                                            \

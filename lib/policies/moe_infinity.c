@@ -97,7 +97,8 @@ static const char *const mi_evict_rules[] = {"recency", "predicted-reuse", NULL}
 static const fmoe_policy_setting mi_settings[] = {
     {.name = "eamc_capacity", .type = FMOE_SETTING_INT, .def = 1000, .min = 1, .max = 10000000,
      .help = "rEAMs in each Expert Activation Matrix Collection, prefill and decode (§4.3; "
-             "full: the most similar entry is replaced, App. B.1)"},
+             "full: the most similar entry is replaced, App. B.1)",
+     .option = "eamc-capacity"},
     {.name = "evict", .type = FMOE_SETTING_CHOICE, .def = 0, .choices = mi_evict_rules,
      .help = "moe-infinity-fb: what the recency side of its eviction duel evicts by: recency "
              "(LRU), or predicted-reuse (the expert predicted to be needed last, by "

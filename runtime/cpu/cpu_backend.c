@@ -50,7 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../model/model_impl.h"
+#include "../backend/backend_impl.h"
 #include "dot_avx2.h"
 #include "fmoe/error.h"
 #include "half.h"
@@ -59,7 +59,7 @@
 #include "cpu_mla.h"
 #include "quant_matvec.h"
 #include "quant_widen.h"
-#include "threadpool.h"
+#include "../backend/threadpool.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -656,7 +656,7 @@ static int cpu_host_register(void *ctx, void *p, int64_t bytes) {
 
 static void cpu_host_unregister(void *ctx, void *p) { (void)ctx, (void)p; }
 
-/* Slot fences (model_impl.h): every op has run when it returns, so a slot's reads are over
+/* Slot fences (backend_impl.h): every op has run when it returns, so a slot's reads are over
  * before anyone could rewrite it. fence_new hands out one placeholder, never NULL. */
 static char cpu_fence_placeholder;
 

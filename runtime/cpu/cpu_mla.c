@@ -26,7 +26,7 @@
  */
 #include <string.h>
 
-#include "../model/model_impl.h"
+#include "../backend/backend_impl.h"
 #include "cpu_mla.h"
 #include "rowwise.h"
 

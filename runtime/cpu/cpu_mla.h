@@ -5,8 +5,8 @@
 #ifndef FMOE_CPU_MLA_H
 #define FMOE_CPU_MLA_H
 
-#include "../model/model_impl.h"
-#include "threadpool.h"
+#include "../backend/backend_impl.h"
+#include "../backend/threadpool.h"
 
 /* fmoe__backend_ops.mla_attention on a CPU backend context: heads across the context's
  * pool when the args carry a scratch slot per pool thread. */

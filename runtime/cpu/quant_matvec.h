@@ -21,7 +21,7 @@
 
 #include <stdint.h>
 
-#include "threadpool.h"
+#include "../backend/threadpool.h"
 
 #define QUANT_MATVEC_WIDEN_MIN 4
 

@@ -1,5 +1,5 @@
 // cuda_forward.cu - the CUDA backend of the forward pass: every operation of
-// fmoe__backend_ops (runtime/model/model_impl.h) on device 0, through cuBLAS for the matrix
+// fmoe__backend_ops (runtime/backend/backend_impl.h) on device 0, through cuBLAS for the matrix
 // products and our own kernels for the rest. The per-row arithmetic is lib/rowwise.h and
 // fmoe/elementwise.h, the same C the CPU backend runs (the CPU op is the reference each
 // GPU op must match).
@@ -42,7 +42,7 @@
 // The first op that uses one uploads it into an open-addressing hash map keyed by the host
 // address; later uses find the device copy. A mat with on_backend 1 is already device
 // memory (an expert slot) and is used as is. The map is the model's, not the context's
-// (limits->weights, model_impl.h): every context of one model (a server's sessions, an
+// (limits->weights, backend_impl.h): every context of one model (a server's sessions, an
 // executor's) shares it, so each weight is copied once per process. It is created by the
 // first init under `home_lock`, guarded by its own mutex, and freed by fmoe_model_free
 // through cache_free; a context given no home (unit tests) owns a private one. Because
@@ -60,7 +60,7 @@
 // executor hands to the compute thread afterwards is complete. The other direction is the
 // hazard: compute is queued, so when the pass tells the executor that expert (l, j) has
 // run (on_expert_done), its GEMMs may still be pending, and a write_slot that reuses the
-// slot could overwrite weights a queued GEMM has yet to read. A slot fence (model_impl.h)
+// slot could overwrite weights a queued GEMM has yet to read. A slot fence (backend_impl.h)
 // is a cudaEvent without timing: the pass records the slot's after the expert's ops on
 // the compute stream (fence_record), and the I/O thread makes its copy stream wait for it
 // (fence_wait, cudaStreamWaitEvent) before the slot's write_slot, so the copy waits on the
@@ -116,7 +116,7 @@
 
 extern "C" {
 #include "quant_block.h"
-#include "../model/model_impl.h"
+#include "../backend/backend_impl.h"
 #include "cuda_module.h"
 #include "fmoe/error.h"
 #include "rowwise.h"
@@ -913,7 +913,7 @@ static int cuda_sync(void *ctx) {
 // A mark is a timing event recorded on the compute stream: the device stamps it when the
 // ops before it have finished, and the host does not wait. The forward pass marks each
 // layer's end and reads the intervals after its last sync, so timing a record costs no
-// host round trip per layer (model_impl.h). Misuse (a slot out of range, an elapsed read
+// host round trip per layer (backend_impl.h). Misuse (a slot out of range, an elapsed read
 // before its marks were reached) is the caller's error, not the device's: not sticky.
 
 static void cuda_mark(void *ctx, int32_t slot) {

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../model/model_impl.h"
+#include "../backend/backend_impl.h"
 #include "cuda_module.h"
 #include "fmoe/cuda.h"
 #include "fmoe/error.h"

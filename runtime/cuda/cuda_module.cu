@@ -3,7 +3,7 @@
 extern "C" {
 #include "fmoe/cuda.h"
 #include "fmoe/error.h"
-#include "../model/model_impl.h"
+#include "../backend/backend_impl.h"
 #include "cuda_module.h"
 }
 

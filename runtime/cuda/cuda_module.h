@@ -9,13 +9,13 @@
  * the caller's thread. Bump FMOE_CUDA_MODULE_ABI when the table changes.
  *
  * ABI 2 adds the forward pass's backend (cuda_forward.cu): backend_ops is its
- * fmoe__backend_ops table (model_impl.h), whose failing entries leave their detail in
+ * fmoe__backend_ops table (backend_impl.h), whose failing entries leave their detail in
  * error_detail() of the calling thread; backend_probe says whether device 0 can run it.
  *
  * ABI 3 adds backend_layout: the sizes and offsets of the structs the binary and the
  * module share (FMOE_CUDA_BACKEND_LAYOUT). A struct changed without the ABI number bumped
  * (a field inserted into fmoe__mat, say) then refuses to load instead of misreading every
- * matrix. Expand the macro where runtime/model/model_impl.h is included.
+ * matrix. Expand the macro where runtime/backend/backend_impl.h is included.
  *
  * ABI 4 drops the GEMM-chain and attention stand-ins: calibrate times the backend's own
  * ops through backend_ops.
@@ -43,7 +43,7 @@
      (uint64_t)sizeof(fmoe__backend_ops) << 24 | (uint64_t)sizeof(fmoe__attn_args) << 40 | \
      ((uint64_t)sizeof(fmoe__route_args) ^ (uint64_t)sizeof(fmoe__backend_limits) << 6) << 52)
 
-struct fmoe__backend_ops; /* runtime/model/model_impl.h */
+struct fmoe__backend_ops; /* runtime/backend/backend_impl.h */
 
 typedef struct fmoe_cuda_module_api {
     int abi; /* FMOE_CUDA_MODULE_ABI */
@@ -54,7 +54,7 @@ typedef struct fmoe_cuda_module_api {
     int (*calibrate_h2d)(const int64_t *sizes, int32_t n, int32_t reps, double *seconds);
     int (*calibrate_d2d)(int64_t bytes, int32_t reps, double *bytes_per_s);
     const char *(*error_detail)(void); /* the module thread's last detail string */
-    /* The forward pass's backend table (runtime/model/model_impl.h), name "cuda". */
+    /* The forward pass's backend table (runtime/backend/backend_impl.h), name "cuda". */
     const struct fmoe__backend_ops *(*backend_ops)(void);
     /* 0 when device 0 can run that backend, else FMOE_EUNSUPPORTED with why ("no CUDA
      * device", a driver older than the runtime). */

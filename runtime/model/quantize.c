@@ -48,7 +48,7 @@
 #include "fmoe/quant.h"
 #include "fmoe/safetensors.h"
 
-#include "../cpu/threadpool.h"
+#include "../backend/threadpool.h"
 
 #define ALIGN 32
 #define NAME_CAP 160

@@ -1247,7 +1247,7 @@ static int32_t busy_products(const fmoe__backend_ops *B, void *ctx, const fmoe__
  * compute stream still reads the slot: removing the wait, waiting on another fence, or not
  * recording the fence lets the copy overwrite the slot under the checked products, and
  * their comparison fails. (The offload executor's own use of the fences is checked on the
- * CPU by tests/model/test_offload_device.c's fake device, which logs every record and
+ * CPU by tests/offload/test_offload_device.c's fake device, which logs every record and
  * wait.)
  */
 TEST(write_slot_on_backend_matmul) {

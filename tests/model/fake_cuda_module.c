@@ -2,7 +2,7 @@
  * (test_cuda_loader.c) points FMOE_CUDA_MODULE at: the loader's checks of the module's ABI
  * number and struct layout need no CUDA device. FAKE_LAYOUT_DELTA != 0 builds a module
  * that claims the right ABI from other headers; FAKE_ABI_DELTA a module of another ABI. */
-#include "../../runtime/model/model_impl.h"
+#include "../../runtime/backend/backend_impl.h"
 #include "../../runtime/cuda/cuda_module.h"
 
 static int fake_device_count(void) { return 3; }

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../runtime/cpu/threadpool.h"
+#include "../../runtime/backend/threadpool.h"
 #include "fmoe/error.h"
 #include "half.h"
 #include "rowwise.h"

@@ -18,7 +18,7 @@
 #include "lib/quant_levels.h"
 #include "quant_matvec.h"
 #include "quant_widen.h"
-#include "threadpool.h"
+#include "../../runtime/backend/threadpool.h"
 
 static uint64_t state = 12345;
 static float rndf(void) {

@@ -63,12 +63,50 @@ TEST(table_check_refuses_bad_rows) {
         {.name = "Key", .type = FMOE_SETTING_INT, .def = 1, .min = 1, .max = 3, .help = "h"}, {0}};
     const fmoe_policy_setting nohelp[] = {
         {.name = "k", .type = FMOE_SETTING_INT, .def = 1, .min = 1, .max = 3}, {0}};
-    const fmoe_policy_setting *bad[] = {outside, twice, fraction, choice, upper, nohelp};
+    const fmoe_policy_setting option_case[] = {
+        {.name = "k", .type = FMOE_SETTING_INT, .def = 1, .min = 1, .max = 3, .help = "h",
+         .option = "K-opt"}, {0}};
+    const fmoe_policy_setting option_twice[] = {
+        {.name = "k", .type = FMOE_SETTING_INT, .def = 1, .min = 1, .max = 3, .help = "h",
+         .option = "k-opt"},
+        {.name = "j", .type = FMOE_SETTING_INT, .def = 1, .min = 1, .max = 3, .help = "h",
+         .option = "k-opt"}, {0}};
+    const fmoe_policy_setting *bad[] = {outside, twice, fraction, choice, upper, nohelp,
+                                        option_case, option_twice};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const fmoe_policy_ops ops = {.name = "t", .settings = bad[i]};
         ASSERT_EQ(fmoe_policy_settings_table_check(&ops), FMOE_EINVAL);
         ASSERT_CONTAINS(fmoe_error_detail(), "policy t");
     }
+}
+
+/* The alias column: each shorthand option the commands have (simulate's --eamc-capacity,
+ * --store-mode, --store-capacity; the live commands' --store-mode) finds its setting in the
+ * tables, and every table that declares a key with an option gives it the same option, so
+ * which policy's row the lookup meets first does not matter. */
+TEST(shorthand_options_name_one_key_across_the_registry) {
+    static const char *const shorthands[][2] = {{"eamc-capacity", "eamc_capacity"},
+                                                {"store-mode", "store_mode"},
+                                                {"store-capacity", "store_capacity"}};
+    for (size_t i = 0; i < 3; i++) {
+        const fmoe_policy_setting *row = fmoe_policy_setting_of_option(shorthands[i][0]);
+        ASSERT_TRUE(row != NULL);
+        ASSERT_STR_EQ(row->name, shorthands[i][1]);
+    }
+    ASSERT_TRUE(fmoe_policy_setting_of_option("no-such-option") == NULL);
+    ASSERT_TRUE(fmoe_policy_setting_of_option(NULL) == NULL);
+    const fmoe_policy_ops *const *all = NULL;
+    const size_t n = fmoe_policy_registry(&all);
+    for (size_t i = 0; i < n; i++)
+        for (const fmoe_policy_setting *r = all[i]->settings; r && r->name; r++)
+            for (size_t j = 0; j < n; j++) {
+                const fmoe_policy_setting *q = fmoe_policy_setting_find(all[j], r->name);
+                if (!q) continue;
+                if ((q->option == NULL) != (r->option == NULL) ||
+                    (q->option && strcmp(q->option, r->option) != 0))
+                    HARNESS_FAIL("%s of %s and of %s: options differ", r->name,
+                                 all[i]->name, all[j]->name);
+            }
 }
 
 /* ------------------------------------------------------------------ KEY=VALUE lists */

@@ -3,8 +3,11 @@ public include folder and those below it, so including a header of a layer above
 compile error. Checked from the compile commands meson wrote, and by planting an upward
 include and compiling it with a real source file's flags."""
 import json
+import os
 import pathlib
+import re
 import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -103,3 +106,60 @@ def test_a_planted_upward_include_does_not_compile(commands, tmp_path, source, h
     # and the same flags compile a header the layer may see: the failure is the layering's
     ok = _compile_with_flags_of(commands, source, '#include "fmoe/error.h"\n', tmp_path)
     assert ok.returncode == 0, ok.stderr
+
+
+# Inside runtime/, the folders that share one library: which of them each may include from
+# (by a relative "../x/y.h" include; docs/design.md §8.1). The backends implement the
+# contract in backend/backend_impl.h and never see the model's internals (model_impl.h);
+# the model reaches the backends only through that table, so no two folders include each
+# other.
+RUNTIME_MAY_INCLUDE = {
+    "backend": {"backend"},
+    "cpu": {"backend", "cpu"},
+    "cuda": {"backend", "cuda"},
+    "model": {"backend", "model"},
+    "offload": {"backend", "model", "offload"},
+}
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def runtime_folder_violations(runtime):
+    """Every quoted include in runtime/<folder>/ that reaches a folder it may not (or names
+    model_impl.h from a backend), as 'file: "header" (folder -> other)'."""
+    runtime = pathlib.Path(runtime)
+    found = []
+    for folder, allowed in sorted(RUNTIME_MAY_INCLUDE.items()):
+        for src in sorted((runtime / folder).glob("*")):
+            if src.suffix not in (".c", ".h", ".cu"):
+                continue
+            for header in _QUOTED_INCLUDE.findall(src.read_text(errors="replace")):
+                target = os.path.normpath(src.parent / header)
+                rel = pathlib.PurePath(os.path.relpath(target, runtime)).parts
+                other = rel[0] if len(rel) > 1 and rel[0] != ".." else None
+                if other is not None and other not in allowed:
+                    found.append(f'{src.relative_to(runtime)}: "{header}" ({folder} -> {other})')
+                elif folder != "model" and folder != "offload" and \
+                        pathlib.PurePath(header).name == "model_impl.h":
+                    found.append(f'{src.relative_to(runtime)}: "{header}" (a backend sees '
+                                 "the model's internals)")
+    return found
+
+
+def test_runtime_folders_include_without_a_cycle():
+    assert runtime_folder_violations(REPO / "runtime") == []
+
+
+@pytest.mark.parametrize("folder,planted", [
+    ("cpu", '#include "../model/model_impl.h"\n'),     # the cycle this rule removed
+    ("cuda", '#include "../model/model_impl.h"\n'),
+    ("model", '#include "../cpu/threadpool.h"\n'),     # where the pool used to be
+    ("backend", '#include "../model/model_impl.h"\n'),
+])
+def test_a_planted_runtime_include_is_found(tmp_path, folder, planted):
+    copy = tmp_path / "runtime"
+    for name in RUNTIME_MAY_INCLUDE:
+        shutil.copytree(REPO / "runtime" / name, copy / name)
+    assert runtime_folder_violations(copy) == []
+    (copy / folder / "planted.c").write_text(planted)
+    found = runtime_folder_violations(copy)
+    assert len(found) == 1 and found[0].startswith(f"{folder}/planted.c"), found

@@ -154,6 +154,11 @@ typedef struct fmoe_policy_setting {
     double min, max;            /* INT, DOUBLE: the range, both ends allowed */
     const char *const *choices; /* CHOICE: the names, NULL-terminated */
     const char *help;           /* one line; cites the paper section it comes from */
+    /* The commands' option that is a shorthand for this setting (its name without the
+     * dashes: "store-mode" makes --store-mode M the same as --policy-opt store_mode=M), or
+     * NULL. Every table declaring the key gives the same option; the commands find the
+     * key from the option (fmoe_policy_setting_of_option), never by naming it. */
+    const char *option;
 } fmoe_policy_setting;
 
 #define FMOE_POLICY_MAX_SETTINGS 16
@@ -413,6 +418,10 @@ const char *fmoe_policy_settings_get(const fmoe_policy_settings *s, const char *
 const fmoe_policy_setting *fmoe_policy_setting_find(const fmoe_policy_ops *ops,
                                                     const char *key);
 
+/* The first row, in the built-in policies' tables in registry order, whose `option` is
+ * `option` (without the dashes), or NULL when no policy declares it. */
+const fmoe_policy_setting *fmoe_policy_setting_of_option(const char *option);
+
 /* Parses `text` as a value of `row`: INT and DOUBLE as numbers in [min, max], CHOICE as one
  * of the names (*out its index). @return 0, or FMOE_EINVAL with a detail naming the key,
  * the value and what it must be ("eamc_capacity=0: expected an integer in [1, 10000000]"). */
@@ -432,7 +441,8 @@ void fmoe_policy_settings_select(fmoe_policy_settings *out, const fmoe_policy_op
                                  const fmoe_policy_settings *all);
 
 /* Checks that a table is well-formed: names of [a-z0-9_], unique, a type, min <= def <= max
- * (an INT's bounds integers), a CHOICE's default one of at least one choice, a help line.
+ * (an INT's bounds integers), a CHOICE's default one of at least one choice, a help line,
+ * an option (when given) of [a-z0-9-] that no other row of the table has.
  * @return 0 or FMOE_EINVAL naming the policy and the row. (Tests run it on the registry.) */
 int fmoe_policy_settings_table_check(const fmoe_policy_ops *ops);
 

@@ -1,13 +1,15 @@
 /*
- * threadpool.h - a fixed pool of worker threads for the CPU backend (internal).
+ * threadpool.h - a fixed pool of worker threads for the CPU backend and `fmoe quantize`
+ * (internal). It lives beside the backend contract, not in cpu/, so that model/quantize.c
+ * can use it without model/ and cpu/ including each other.
  *
  * fmoe__pool_run(pool, fn, ctx, ntasks) calls fn(ctx, task, worker) for every task in
  * [0, ntasks) across the pool's threads (the caller is worker 0) and returns when all are
  * done. Workers spin briefly before sleeping, so the many small jobs of a decode step do
  * not pay a futex wake-up each. One job at a time: run is not reentrant.
  */
-#ifndef FMOE_CPU_THREADPOOL_H
-#define FMOE_CPU_THREADPOOL_H
+#ifndef FMOE_BACKEND_THREADPOOL_H
+#define FMOE_BACKEND_THREADPOOL_H
 
 #include <stdint.h>
 
