@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Real-shape MoE models without a download: GGUF files with random weights.
 
-    tests/bench/make_shaped_gguf.py --shape mixtral-8x7b|qwen3-30b-a3b [--small]
+    tests/bench/make_shaped_gguf.py --shape mixtral-8x7b|qwen3-30b-a3b|deepseek-v2-lite|
+                                            gpt-oss-20b [--small]
         [--type q4_k_m|q4_k] [--seed S] [--skew [S]] [--layers N]
         [--llama-keys-only] [--report FILE.json] [--quiet] -o FILE.gguf
 
@@ -11,6 +12,10 @@ Mixtral-8x7B (28.4 GB) or Qwen3-30B-A3B (18.6 GB), with random weights, in about
 1 minute on the 2-core development VM with under 400 MB of memory. `--small` keeps the
 architecture, the vocabulary and the type rules with 8 layers and narrow matrices (about
 190 MB, a few seconds): the tests use it (tests/python/test_make_shaped_gguf.py).
+DeepSeek-V2-Lite (10.4 GB) and gpt-oss-20b (11.6 GB, its experts MXFP4 as the converter
+keeps them) follow the same rules with their architectures' tensors; their small variants
+are checked by tests/python/test_shaped_families.py, and docs/bench-models.md says where
+each number comes from and how rows that are not whole 256-blocks fall back to Q5_0/Q8_0.
 llama.cpp loads these files (`llama-simple`), and re-quantizing one with llama-quantize
 to Q4_K_M gives back the same keys, tensors and types.
 
@@ -794,6 +799,7 @@ class Model:
         out = []
         for layer in range(L):
             if not is_moe_layer(cfg, layer):
+                out.append(None)  # a dense layer (DeepSeek's first): no router
                 continue
             # the layers before have added noise of variance GROWTH * layer / n_layer
             x = base + math.sqrt(GROWTH * layer / L) * noise
@@ -1027,7 +1033,8 @@ def skew_float(s):
 def main(argv=None):
     p = Parser(prog=PROG, description=(
         "Write a GGUF file with the keys, tensor names, shapes and types llama.cpp's "
-        "converter and llama-quantize give Mixtral-8x7B or Qwen3-30B-A3B, random weights, "
+        "converter and llama-quantize give Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V2-Lite or "
+        "gpt-oss-20b, random weights, "
         "the real tokenizer, and routers that do not route uniformly."),
         epilog="Exit status: 0 written, 1 failed while writing (nothing left behind), "
                "2 bad arguments.")
@@ -1096,8 +1103,9 @@ def main(argv=None):
         sys.stderr.write(f"{PROG}: estimated routing entropy per layer, bits (uniform "
                          f"{uniform:.2f}), skew {args.skew:g}:\n")
         for i in range(0, len(entropies), 8):
-            sys.stderr.write("   " + " ".join(f"L{j}={entropies[j]:.2f}"
-                                              for j in range(i, min(i + 8, len(entropies)))) + "\n")
+            sys.stderr.write("   " + " ".join(
+                f"L{j}=" + ("dense" if entropies[j] is None else f"{entropies[j]:.2f}")
+                for j in range(i, min(i + 8, len(entropies)))) + "\n")
     if args.report:
         rep = dict(shape=args.shape, small=args.small, type=args.qtype, seed=args.seed,
                    skew=args.skew, config={k: v for k, v in cfg.items()},
