@@ -1040,8 +1040,9 @@ def main(argv=None):
                "2 bad arguments.")
     p.add_argument("--shape", required=True, choices=sorted(SHAPES), help="the model to imitate")
     p.add_argument("--small", action="store_true",
-                   help="8 layers and narrow matrices (about 190 MB): same architecture, "
-                        "vocabulary and type rules")
+                   help="narrow matrices and fewer layers (8; DeepSeek-V2-Lite keeps its 27, "
+                        "which llama.cpp needs): same architecture, vocabulary and type "
+                        "rules, a few hundred MB")
     p.add_argument("--type", dest="qtype", default="q4_k_m", choices=["q4_k_m", "q4_k"],
                    help="q4_k_m: llama-quantize's Q4_K_M mix (default); q4_k: every "
                         "quantized matrix Q4_K")

@@ -14,7 +14,8 @@ openai/gpt-oss-20b) and llama.cpp's rules, not from the generator's output:
 - MXFP4 and Q5_0 blocks dequantised by gguf.quants: finite, of the scale 1/sqrt(fan_in);
 - gpt-oss's vocabulary against HF tokenizers reading the fixture's tokenizer.json;
 - fmoe: `fmoe generate` of each small file gives finite logits (so activations stay
-  finite through every layer);
+  finite through every layer), and `fmoe record` routes below uniform, near the
+  generator's estimate;
 - with FMOE_LLAMA_CPP=DIR (a llama.cpp build; skipped otherwise): llama-completion runs
   both files, and `llama-quantize --dry-run --allow-requantize ... Q4_K_M` would change no
   tensor but gpt-oss's MXFP4 experts.
@@ -37,6 +38,7 @@ gguf = pytest.importorskip("gguf")
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GEN = REPO / "tests" / "bench" / "make_shaped_gguf.py"
 TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"
+PROMPTS = REPO / "datasets" / "samples" / "prompts_100.txt"
 T = gguf.GGMLQuantizationType
 
 # config.json of the two checkpoints (names as there), and the small variants' widths
@@ -221,8 +223,9 @@ def made(tmp_path_factory):
     out = {}
     for shape in FULL:
         f = d / f"{shape}.gguf"
-        generate(f, "--shape", shape, "--small", "--seed", "3", "--quiet")
-        out[shape] = (f, Reader(f))
+        rep = d / f"{shape}.json"
+        generate(f, "--shape", shape, "--small", "--seed", "3", "--quiet", "--report", rep)
+        out[shape] = (f, Reader(f), json.loads(rep.read_text()))
     return out
 
 
@@ -232,7 +235,7 @@ def fields(r):
 
 @pytest.mark.parametrize("shape", sorted(FULL))
 def test_keys(made, shape):
-    path, r = made[shape]
+    path, r, _ = made[shape]
     f = fields(r)
     c = config(shape, True)
     a = c["arch"]
@@ -281,7 +284,7 @@ def test_keys(made, shape):
 
 @pytest.mark.parametrize("shape", sorted(FULL))
 def test_tensors_and_types(made, shape):
-    _, r = made[shape]
+    _, r, _ = made[shape]
     c = config(shape, True)
     want = expected_tensors(c)
     got = {t.name: t for t in r.tensors}
@@ -314,7 +317,7 @@ def test_full_plan(shape):
 
 def test_blocks_dequantise_finite_and_scaled(made):
     for shape in FULL:
-        _, r = made[shape]
+        _, r, _ = made[shape]
         for t in r.tensors:
             if t.tensor_type == T.F32 or t.name == "token_embd.weight":
                 assert np.isfinite(np.asarray(t.data)).all() or t.tensor_type != T.F32
@@ -344,7 +347,7 @@ def test_gpt_oss_vocabulary(made):
 
 @pytest.mark.parametrize("shape", sorted(FULL))
 def test_fmoe_runs_it(made, fmoe, tmp_path, shape):
-    path, _ = made[shape]
+    path, _, rep = made[shape]
     logits = tmp_path / "logits.npy"
     p = fmoe("generate", "--model", path, "--prompt", "Hello world", "--max-new-tokens", 6,
              "--ignore-eos", "--json", "--dump-logits", logits)
@@ -352,6 +355,26 @@ def test_fmoe_runs_it(made, fmoe, tmp_path, shape):
     a = np.load(logits)
     assert a.shape == (6, FULL[shape]["vocab_size"]) and np.isfinite(a).all()
     assert (a.std(axis=1) > 0.1).all() and (a.std(axis=1) < 100).all()
+
+    # the routes of a short recording: skewed (below uniform), near the generator's estimate
+    h5py = pytest.importorskip("h5py")
+    import hdf5plugin  # noqa: F401
+    trace = tmp_path / "t.h5"
+    fmoe("record", "--model", path, "--dataset", PROMPTS, "--max-requests", 4,
+         "--max-new-tokens", 8, "-o", trace)
+    with h5py.File(trace, "r") as f:
+        ex = f["/tokens/experts"][:]
+        n = int(f.attrs["num_experts"])
+    h = []
+    for layer in range(ex.shape[1]):
+        p = np.bincount(ex[:, layer, :].ravel(), minlength=n) / ex[:, layer, :].size
+        p = p[p > 0]
+        h.append(float(-(p * np.log2(p)).sum()))
+    est = [e for e in rep["estimated_entropy"] if e is not None]
+    assert len(h) == len(est)  # DeepSeek's dense first layer has no routes
+    uniform = math.log2(n)
+    assert np.mean(h) < uniform - 0.3, h
+    assert abs(np.mean(h) - np.mean(est)) < 0.1 * uniform, (h, est)
 
 
 def llama_bins():
@@ -367,7 +390,7 @@ def llama_bins():
 @pytest.mark.parametrize("shape", sorted(FULL))
 def test_llama_cpp_runs_and_requantizes_it_the_same(made, tmp_path, shape):
     bins = llama_bins()
-    path, _ = made[shape]
+    path, _, _ = made[shape]
     p = subprocess.run([str(a) for a in (bins / "llama-completion", "-m", path, "-n", 4, "-p",
                                          "hi", "-no-cnv", "-t", 2, "--temp", 0)],
                        capture_output=True, text=True, timeout=600)
@@ -379,3 +402,5 @@ def test_llama_cpp_runs_and_requantizes_it_the_same(made, tmp_path, shape):
     assert p.returncode == 0, p.stderr[-2000:]
     changed = re.findall(r"\]\s+(\S+)\s+- \[.*MiB \((\w+)\)", p.stdout + p.stderr)
     assert all(shape == "gpt-oss-20b" and "_exps.weight" in n for n, _t in changed), changed
+    if shape == "gpt-oss-20b":  # the lines are parsed: the MXFP4 experts are listed
+        assert {t for _n, t in changed} == {"q5_0", "q8_0"}, changed
