@@ -858,10 +858,16 @@ def key_values(model, llama_only):
                (f"{a}.expert_feed_forward_length", cfg["n_ff_exp"]),
                (f"{a}.expert_shared_count", cfg["n_expert_shared"]),
                (f"{a}.expert_weights_scale", 1.0),
+               # config.json's n_group 1, topk_group 1, scoring_func softmax (TextModel.
+               # set_gguf_parameters writes them for any model that has them)
+               (f"{a}.expert_group_count", 1), (f"{a}.expert_group_used_count", 1),
+               (f"{a}.expert_gating_func", 1),
                (f"{a}.rope.dimension_count", cfg["qk_rope"]),
                (f"{a}.rope.scaling.type", "yarn"),
                (f"{a}.rope.scaling.factor", y["factor"]),
                (f"{a}.rope.scaling.original_context_length", y["original"]),
+               (f"{a}.rope.scaling.yarn_beta_fast", 32.0),
+               (f"{a}.rope.scaling.yarn_beta_slow", 1.0),
                (f"{a}.rope.scaling.yarn_log_multiplier", 0.1 * y["mscale_all_dim"])]
     elif a == "gpt-oss":  # GptOssModel.set_gguf_parameters
         y = cfg["yarn"]
@@ -870,6 +876,8 @@ def key_values(model, llama_only):
                (f"{a}.rope.scaling.type", "yarn"),
                (f"{a}.rope.scaling.factor", y["factor"]),
                (f"{a}.rope.scaling.original_context_length", y["original"]),
+               (f"{a}.rope.scaling.yarn_beta_fast", 32.0),
+               (f"{a}.rope.scaling.yarn_beta_slow", 1.0),
                (f"{a}.attention.sliding_window", cfg["sliding_window"]),
                (f"{a}.expert_feed_forward_length", cfg["n_ff_exp"])]
     elif a == "qwen3moe":  # config.json has head_dim and moe_intermediate_size
@@ -899,7 +907,7 @@ UINT32_KEYS = ("block_count", "context_length", "embedding_length", "feed_forwar
                "dimension_count", "token_id", "quantization_version", "file_type",
                "leading_dense_block_count", "kv_lora_rank", "key_length_mla",
                "value_length_mla", "expert_shared_count", "sliding_window",
-               "original_context_length")
+               "original_context_length", "group_count", "group_used_count", "gating_func")
 
 
 def add_kv(w, key, val):

@@ -190,10 +190,11 @@ class Reader:
         assert bytes(mv[:4]) == b"GGUF" and struct.unpack_from("<I", mv, 4)[0] == 3
         self.pos = 8
         n_tensors, n_kv = unpack("<Q"), unpack("<Q")
-        self.fields = {}
+        self.fields, self.types = {}, {}
         for _ in range(n_kv):
             k = string()
-            self.fields[k] = value(unpack("<I"))
+            self.types[k] = unpack("<I")
+            self.fields[k] = value(self.types[k])
         infos = []
         for _ in range(n_tensors):
             name = string()
@@ -248,7 +249,9 @@ def test_keys(made, shape):
             "rope.freq_base": c["rope_theta"],
             "attention.layer_norm_rms_epsilon": c["rms_norm_eps"],
             "rope.scaling.type": "yarn", "rope.scaling.factor": c["factor"],
-            "rope.scaling.original_context_length": c["original"]}
+            "rope.scaling.original_context_length": c["original"],
+            # both configs' rope_scaling: beta_fast 32, beta_slow 1
+            "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0}
     if a == "deepseek2":
         kvl, rope = c["kv_lora_rank"], c["qk_rope_head_dim"]
         want.update({"attention.head_count_kv": 1,  # MLA written as MQA
@@ -261,6 +264,9 @@ def test_keys(made, shape):
                      "expert_feed_forward_length": c["moe_intermediate_size"],
                      "expert_shared_count": c["n_shared_experts"],
                      "rope.dimension_count": rope, "vocab_size": c["vocab_size"],
+                     # n_group 1, topk_group 1, scoring_func softmax (1)
+                     "expert_group_count": 1, "expert_group_used_count": 1,
+                     "expert_gating_func": 1,
                      "rope.scaling.yarn_log_multiplier": 0.1 * c["mscale_all_dim"]})
         assert f"{a}.attention.q_lora_rank" not in f  # V2-Lite has none
         assert f["tokenizer.ggml.pre"] == "deepseek-llm"
@@ -276,6 +282,8 @@ def test_keys(made, shape):
         assert f["tokenizer.ggml.pre"] == "gpt-4o"
     for k, v in want.items():
         got = f[f"{a}.{k}"]
+        # the converter's writers: add_uint32 for counts and lengths, add_float32, strings
+        assert r.types[f"{a}.{k}"] == {int: 4, float: 6, str: 8}[type(v)], k
         assert got == (pytest.approx(v, rel=1e-6) if isinstance(v, float) else v), k
     assert len(f["tokenizer.ggml.tokens"]) == c["vocab_size"]
     assert "fmoe.file.tokenizer.json" in f
