@@ -466,7 +466,16 @@ def deepseek_tokenizer(vocab):
           "normalizer": None,
           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
                             "trim_offsets": True, "use_regex": True},
-          "post_processor": None,
+          # DeepSeek's own tokenizer.json adds the BOS (as add_bos_token says to llama.cpp)
+          "post_processor": {
+              "type": "TemplateProcessing",
+              "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                         {"Sequence": {"id": "A", "type_id": 0}}],
+              "pair": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": bos, "type_id": 1}},
+                       {"Sequence": {"id": "B", "type_id": 1}}],
+              "special_tokens": {bos: {"id": bos, "ids": [DEEPSEEK_BOS], "tokens": [bos]}}},
           "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
                       "use_regex": True},
           "model": {"type": "BPE", "dropout": None, "unk_token": None,

@@ -355,11 +355,19 @@ def test_gpt_oss_vocabulary(made):
 
 @pytest.mark.parametrize("shape", sorted(FULL))
 def test_fmoe_runs_it(made, fmoe, tmp_path, shape):
-    path, _, rep = made[shape]
+    path, r, rep = made[shape]
     logits = tmp_path / "logits.npy"
     p = fmoe("generate", "--model", path, "--prompt", "Hello world", "--max-new-tokens", 6,
              "--ignore-eos", "--json", "--dump-logits", logits)
-    assert len(json.loads(p.stdout)["generated_ids"]) == 6
+    out = json.loads(p.stdout)
+    assert len(out["generated_ids"]) == 6
+    # the prompt as HF tokenizers encodes it with the embedded tokenizer.json (DeepSeek's
+    # starts with its BOS, 100000, as llama.cpp's add_bos_token does)
+    tok = pytest.importorskip("tokenizers")
+    hf = tok.Tokenizer.from_str(r.fields["fmoe.file.tokenizer.json"])
+    assert out["prompt_ids"] == hf.encode("Hello world").ids
+    if shape == "deepseek-v2-lite":
+        assert out["prompt_ids"][0] == 100000
     a = np.load(logits)
     assert a.shape == (6, FULL[shape]["vocab_size"]) and np.isfinite(a).all()
     assert (a.std(axis=1) > 0.1).all() and (a.std(axis=1) < 100).all()
