@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Real-shape MoE models without a download: GGUF files with random weights.
 
-    tests/bench/make_shaped_gguf.py --shape mixtral-8x7b|qwen3-30b-a3b [--small]
+    tests/bench/make_shaped_gguf.py --shape mixtral-8x7b|qwen3-30b-a3b|deepseek-v2-lite|
+                                            gpt-oss-20b [--small]
         [--type q4_k_m|q4_k] [--seed S] [--skew [S]] [--layers N]
         [--llama-keys-only] [--report FILE.json] [--quiet] -o FILE.gguf
 
@@ -11,6 +12,10 @@ Mixtral-8x7B (28.4 GB) or Qwen3-30B-A3B (18.6 GB), with random weights, in about
 1 minute on the 2-core development VM with under 400 MB of memory. `--small` keeps the
 architecture, the vocabulary and the type rules with 8 layers and narrow matrices (about
 190 MB, a few seconds): the tests use it (tests/python/test_make_shaped_gguf.py).
+DeepSeek-V2-Lite (10.4 GB) and gpt-oss-20b (11.6 GB, its experts MXFP4 as the converter
+keeps them) follow the same rules with their architectures' tensors; their small variants
+are checked by tests/python/test_shaped_families.py, and docs/bench-models.md says where
+each number comes from and how rows that are not whole 256-blocks fall back to Q5_0/Q8_0.
 llama.cpp loads these files (`llama-simple`), and re-quantizing one with llama-quantize
 to Q4_K_M gives back the same keys, tensors and types.
 
@@ -116,6 +121,28 @@ SHAPES = {
         n_expert_used=8, ctx=40960, rope_theta=1e6, rms_eps=1e-6, qk_norm=True,
         tokenizer="qwen3",
         small=dict(n_layer=8, n_embd=256, n_head=8, n_head_kv=1, n_ff=768, n_ff_exp=256)),
+    # deepseek-ai/DeepSeek-V2-Lite config.json: MLA without a query LoRA, the first layer
+    # dense, 2 shared experts. The small variant keeps 27 layers (llama.cpp tells V2-Lite from
+    # V2 by n_layer 27 and then reads no q_lora_rank) and the same remainders of each width
+    # modulo 256, so that llama-quantize's fallback types are the same as the full model's.
+    "deepseek-v2-lite": dict(
+        arch="deepseek2", name="DeepSeek-V2-Lite", vocab=102400, n_layer=27, n_embd=2048,
+        n_head=16, n_head_kv=16, head_dim=192, n_ff=10944, n_ff_exp=1408, n_expert=64,
+        n_expert_used=6, n_expert_shared=2, n_dense=1, kv_lora=512, qk_nope=128, qk_rope=64,
+        v_head=128, ctx=163840, rope_theta=10000.0, rms_eps=1e-6, qk_norm=False,
+        yarn=dict(factor=40.0, original=4096, mscale_all_dim=0.707),
+        tokenizer="deepseek",
+        small=dict(n_embd=256, n_head=4, n_head_kv=4, head_dim=96, n_ff=448, n_ff_exp=128,
+                   kv_lora=128, qk_nope=64, qk_rope=32, v_head=64)),
+    # openai/gpt-oss-20b config.json: sinks, sliding window 128 on even layers, biases,
+    # MXFP4 experts. Widths 2880 are not whole 256-blocks: llama-quantize falls back.
+    "gpt-oss-20b": dict(
+        arch="gpt-oss", name="gpt-oss-20b", vocab=201088, n_layer=24, n_embd=2880,
+        n_head=64, n_head_kv=8, head_dim=64, n_ff=2880, n_ff_exp=2880, n_expert=32,
+        n_expert_used=4, ctx=131072, rope_theta=150000.0, rms_eps=1e-5, qk_norm=False,
+        sliding_window=128, yarn=dict(factor=32.0, original=4096),
+        tokenizer="gpt-oss",
+        small=dict(n_layer=8, n_embd=576, n_head=8, n_head_kv=2, n_ff=576, n_ff_exp=576)),
 }
 
 # ggml token types (gguf.TokenType)
@@ -132,7 +159,8 @@ SKEW_DEFAULT = 0.5
 SKEW_STRONG = 1.5
 # The matrices that read the hidden state's massive chunk as zeros, so that only the
 # routers (and the attention scores) see it: it adds nothing coherent to the residual.
-DEAD_TO_MASSIVE = ("attn_v.weight", "ffn_gate_exps", "ffn_up_exps")
+DEAD_TO_MASSIVE = ("attn_v.weight", "ffn_gate_exps", "ffn_up_exps", "ffn_gate.weight",
+                   "ffn_up.weight", "ffn_gate_shexp", "ffn_up_shexp", "attn_kv_a_mqa")
 CHUNK_BYTES = 64 << 20
 PROGRESS_MIN_BYTES = 1 << 30
 
@@ -148,14 +176,23 @@ def use_more_bits(i, n):
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def tensor_type(name, ne, layer, n_layer, n_expert, qtype):
+# llama-quantize's fallback when a row is not whole blocks of the type it chose
+# (tensor_type_fallback in src/llama-quant.cpp): the 32-wide type nearest in bits
+FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+
+
+def tensor_type(name, ne, layer, n_layer, n_expert, qtype, arch="llama"):
     """The ggml type of one tensor after convert_hf_to_gguf.py + llama-quantize."""
-    if len(ne) < 2 or name.endswith("_norm.weight") or "ffn_gate_inp" in name:
+    if (len(ne) < 2 or name.endswith("_norm.weight") or "ffn_gate_inp" in name
+            or name.endswith(".bias") or "attn_sinks" in name):
         return T.F32  # never quantized (the converter writes these in F32)
+    if arch == "gpt-oss" and "_exps." in name:
+        return T.MXFP4  # the converter repacks OpenAI's MXFP4 blocks; they stay as they are
     if qtype == "q4_k":
         t = T.Q4_K
     elif name == "output.weight":
-        t = T.Q6_K
+        # a row that is not whole Q6_K blocks makes the output Q8_0 outright
+        t = T.Q6_K if ne[0] % QK_K == 0 else T.Q8_0
     elif name == "token_embd.weight":
         t = T.Q4_K
     elif "attn_v.weight" in name:
@@ -170,8 +207,10 @@ def tensor_type(name, ne, layer, n_layer, n_expert, qtype):
         t = T.Q6_K if use_more_bits(layer, n_layer) else T.Q4_K
     else:
         t = T.Q4_K
+    if ne[0] % gguf.GGML_QUANT_SIZES[t][0]:
+        t = FALLBACK.get(t, t)
     block = gguf.GGML_QUANT_SIZES[t][0]
-    if ne[0] % block:  # llama.cpp falls back to other types; our shapes never need it
+    if ne[0] % block:  # llama.cpp would fall back to F16; our shapes never need it
         raise UsageError(f"{name}: rows of {ne[0]} values are not whole {t.name} blocks")
     return t
 
@@ -188,32 +227,89 @@ def model_config(shape, small, layers):
     return s
 
 
+def layer_tensors(cfg, i):
+    """[(name, ne)] of layer i, llama.cpp's names and extents (innermost first)."""
+    h, hd, E, a = cfg["n_embd"], cfg["head_dim"], cfg["n_expert"], cfg["arch"]
+    ff = cfg["n_ff_exp"] or cfg["n_ff"]
+    b = f"blk.{i}."
+    if a == "deepseek2":
+        # multi-head latent attention, as the converter splits kv_b (DeepseekV2Model.
+        # modify_tensors): k_b transposed per head [qk_nope, kv_lora, n_head], v_b
+        # [kv_lora, v_head, n_head]; no q LoRA (V2-Lite), so one attn_q
+        nh, kvl, rope = cfg["n_head"], cfg["kv_lora"], cfg["qk_rope"]
+        out = [(b + "attn_norm.weight", (h,)),
+               (b + "attn_q.weight", (h, nh * (cfg["qk_nope"] + rope))),
+               (b + "attn_kv_a_mqa.weight", (h, kvl + rope)),
+               (b + "attn_kv_a_norm.weight", (kvl,)),
+               (b + "attn_k_b.weight", (cfg["qk_nope"], kvl, nh)),
+               (b + "attn_v_b.weight", (kvl, cfg["v_head"], nh)),
+               (b + "attn_output.weight", (nh * cfg["v_head"], h)),
+               (b + "ffn_norm.weight", (h,))]
+        if i < cfg["n_dense"]:
+            return out + [(b + "ffn_gate.weight", (h, cfg["n_ff"])),
+                          (b + "ffn_up.weight", (h, cfg["n_ff"])),
+                          (b + "ffn_down.weight", (cfg["n_ff"], h))]
+        sh = ff * cfg["n_expert_shared"]
+        return out + [(b + "ffn_gate_inp.weight", (h, E)),
+                      (b + "ffn_gate_exps.weight", (h, ff, E)),
+                      (b + "ffn_up_exps.weight", (h, ff, E)),
+                      (b + "ffn_down_exps.weight", (ff, h, E)),
+                      (b + "ffn_gate_shexp.weight", (h, sh)),
+                      (b + "ffn_up_shexp.weight", (h, sh)),
+                      (b + "ffn_down_shexp.weight", (sh, h))]
+    q, kv = cfg["n_head"] * hd, cfg["n_head_kv"] * hd
+    if a == "gpt-oss":
+        # src/models/openai-moe.cpp: biases everywhere, per-head sinks, the FFN's norm
+        # named post_attention_norm
+        return [(b + "attn_norm.weight", (h,)),
+                (b + "attn_q.weight", (h, q)), (b + "attn_q.bias", (q,)),
+                (b + "attn_k.weight", (h, kv)), (b + "attn_k.bias", (kv,)),
+                (b + "attn_v.weight", (h, kv)), (b + "attn_v.bias", (kv,)),
+                (b + "attn_output.weight", (q, h)), (b + "attn_output.bias", (h,)),
+                (b + "attn_sinks.weight", (cfg["n_head"],)),
+                (b + "post_attention_norm.weight", (h,)),
+                (b + "ffn_gate_inp.weight", (h, E)), (b + "ffn_gate_inp.bias", (E,)),
+                (b + "ffn_gate_exps.weight", (h, ff, E)), (b + "ffn_gate_exps.bias", (ff, E)),
+                (b + "ffn_up_exps.weight", (h, ff, E)), (b + "ffn_up_exps.bias", (ff, E)),
+                (b + "ffn_down_exps.weight", (ff, h, E)), (b + "ffn_down_exps.bias", (h, E))]
+    out = [(b + "attn_norm.weight", (h,)),
+           (b + "attn_q.weight", (h, q)),
+           (b + "attn_k.weight", (h, kv)),
+           (b + "attn_v.weight", (h, kv)),
+           (b + "attn_output.weight", (q, h)),
+           (b + "ffn_norm.weight", (h,)),
+           (b + "ffn_gate_inp.weight", (h, E)),
+           (b + "ffn_gate_exps.weight", (h, ff, E)),
+           (b + "ffn_up_exps.weight", (h, ff, E)),
+           (b + "ffn_down_exps.weight", (ff, h, E))]
+    if cfg["qk_norm"]:
+        out += [(b + "attn_q_norm.weight", (hd,)), (b + "attn_k_norm.weight", (hd,))]
+    return out
+
+
 def plan(cfg, qtype):
     """The tensors, in the order llama-quantize writes them: [(name, ne, type, layer)]."""
-    h, hd, E = cfg["n_embd"], cfg["head_dim"], cfg["n_expert"]
-    ff = cfg["n_ff_exp"] or cfg["n_ff"]
-    q, kv = cfg["n_head"] * hd, cfg["n_head_kv"] * hd
+    h = cfg["n_embd"]
     out = [("token_embd.weight", (h, cfg["vocab"]), None),
            ("output_norm.weight", (h,), None),
            ("output.weight", (h, cfg["vocab"]), None)]
     for i in range(cfg["n_layer"]):
-        b = f"blk.{i}."
-        out += [(b + "attn_norm.weight", (h,), i),
-                (b + "attn_q.weight", (h, q), i),
-                (b + "attn_k.weight", (h, kv), i),
-                (b + "attn_v.weight", (h, kv), i),
-                (b + "attn_output.weight", (q, h), i),
-                (b + "ffn_norm.weight", (h,), i),
-                (b + "ffn_gate_inp.weight", (h, E), i),
-                (b + "ffn_gate_exps.weight", (h, ff, E), i),
-                (b + "ffn_up_exps.weight", (h, ff, E), i),
-                (b + "ffn_down_exps.weight", (ff, h, E), i)]
-        if cfg["qk_norm"]:
-            out += [(b + "attn_q_norm.weight", (hd,), i), (b + "attn_k_norm.weight", (hd,), i)]
+        out += [(n, ne, i) for n, ne in layer_tensors(cfg, i)]
     # llama_model_loader sorts by layer (none first), then by name; quantize keeps that order
     out.sort(key=lambda t: (-1 if t[2] is None else t[2], t[0]))
-    return [(n, ne, tensor_type(n, ne, -1 if i is None else i, cfg["n_layer"], E, qtype), i)
+    return [(n, ne, tensor_type(n, ne, -1 if i is None else i, cfg["n_layer"],
+                                cfg["n_expert"], qtype, cfg["arch"]), i)
             for n, ne, i in out]
+
+
+def ffn_norm_name(cfg, layer):
+    """The norm in front of layer's FFN (and router)."""
+    return f"blk.{layer}." + ("post_attention_norm.weight" if cfg["arch"] == "gpt-oss"
+                              else "ffn_norm.weight")
+
+
+def is_moe_layer(cfg, layer):
+    return layer >= cfg.get("n_dense", 0)
 
 
 def nbytes_of(ne, t):
@@ -314,7 +410,83 @@ def mixtral_tokenizer(vocab):
 
 
 def qwen3_tokenizer(vocab):
-    path = TOKENIZERS / "qwen3" / "tokenizer.json.zst"
+    return bpe_tokenizer(vocab, "qwen3", "qwen2", eos="<|im_end|>", pad="<|endoftext|>",
+                         bos="<|endoftext|>")
+
+
+def gpt_oss_tokenizer(vocab):
+    # o200k_harmony; ids as its tokenizer_config.json names them; pre-tokenizer gpt-4o
+    return bpe_tokenizer(vocab, "gpt-oss", "gpt-4o", eos="<|return|>", pad="<|endoftext|>",
+                         bos="<|startoftext|>")
+
+
+DEEPSEEK_BOS, DEEPSEEK_EOS = 100000, 100001
+
+
+def byte_level_chars():
+    """GPT-2's bytes_to_unicode: the printable stand-in for each byte."""
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
+
+
+def deepseek_tokenizer(vocab):
+    """DeepSeek-V2's tokenizer is not in the repository: a small byte-level BPE (the 256
+    byte tokens and a few merges of common English pairs), padded to the vocabulary with
+    UNUSED tokens, with DeepSeek's bos/eos at their ids 100000/100001 and pre-tokenizer
+    deepseek-llm (what the converter names V2's)."""
+    chars = byte_level_chars()
+    tokens = list(chars)
+    merges = []
+    for a, b in [("\u0120", "t"), ("h", "e"), ("i", "n"), ("\u0120", "a"), ("e", "r"),
+                 ("o", "n"), ("\u0120t", "he"), ("r", "e"), ("a", "n"), ("o", "r")]:
+        merges.append(f"{a} {b}")
+        tokens.append(a + b)
+    ttypes = [NORMAL] * len(tokens) + [UNUSED] * (vocab - len(tokens))
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab)]
+    bos, eos = "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"
+    tokens[DEEPSEEK_BOS], tokens[DEEPSEEK_EOS] = bos, eos
+    ttypes[DEEPSEEK_BOS] = ttypes[DEEPSEEK_EOS] = CONTROL
+    kv = [("tokenizer.ggml.model", "gpt2"), ("tokenizer.ggml.pre", "deepseek-llm"),
+          ("tokenizer.ggml.tokens", tokens), ("tokenizer.ggml.token_type", ttypes),
+          ("tokenizer.ggml.merges", merges),
+          ("tokenizer.ggml.bos_token_id", DEEPSEEK_BOS),
+          ("tokenizer.ggml.eos_token_id", DEEPSEEK_EOS),
+          ("tokenizer.ggml.padding_token_id", DEEPSEEK_EOS),
+          ("tokenizer.ggml.add_bos_token", True), ("tokenizer.ggml.add_eos_token", False)]
+    tj = {"version": "1.0", "truncation": None, "padding": None,
+          "added_tokens": [{"id": i, "content": tokens[i], "single_word": False,
+                            "lstrip": False, "rstrip": False, "normalized": False,
+                            "special": True} for i in (DEEPSEEK_BOS, DEEPSEEK_EOS)],
+          "normalizer": None,
+          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
+                            "trim_offsets": True, "use_regex": True},
+          # DeepSeek's own tokenizer.json adds the BOS (as add_bos_token says to llama.cpp)
+          "post_processor": {
+              "type": "TemplateProcessing",
+              "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                         {"Sequence": {"id": "A", "type_id": 0}}],
+              "pair": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": bos, "type_id": 1}},
+                       {"Sequence": {"id": "B", "type_id": 1}}],
+              "special_tokens": {bos: {"id": bos, "ids": [DEEPSEEK_BOS], "tokens": [bos]}}},
+          "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                      "use_regex": True},
+          "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                    "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                    "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                    "vocab": {t: i for i, t in enumerate(tokens)}, "merges": merges}}
+    return kv, {"tokenizer.json": json.dumps(tj, ensure_ascii=False)}
+
+
+def bpe_tokenizer(vocab, folder, pre, eos, pad, bos):
+    path = TOKENIZERS / folder / "tokenizer.json.zst"
     if not shutil.which("zstd"):
         raise RuntimeError(f"{path} needs the zstd command (Debian package zstd)")
     text = subprocess.run(["zstd", "-dc", str(path)], check=True, capture_output=True).stdout
@@ -339,14 +511,14 @@ def qwen3_tokenizer(vocab):
               " ".join(p.replace(" ", chr(ord(" ") + 256)) for p in m)
               for m in tj["model"]["merges"]]
     ids = {t: i for i, t in enumerate(tokens)}
-    # ids as Qwen3's tokenizer_config.json (eos <|im_end|>, pad <|endoftext|>) and
+    # Qwen3: ids as its tokenizer_config.json (eos <|im_end|>, pad <|endoftext|>) and
     # config.json (bos_token_id 151643) give them; its ByteLevel post-processor adds nothing
-    kv = [("tokenizer.ggml.model", "gpt2"), ("tokenizer.ggml.pre", "qwen2"),
+    kv = [("tokenizer.ggml.model", "gpt2"), ("tokenizer.ggml.pre", pre),
           ("tokenizer.ggml.tokens", tokens), ("tokenizer.ggml.token_type", types),
           ("tokenizer.ggml.merges", merges),
-          ("tokenizer.ggml.eos_token_id", ids["<|im_end|>"]),
-          ("tokenizer.ggml.padding_token_id", ids["<|endoftext|>"]),
-          ("tokenizer.ggml.bos_token_id", ids["<|endoftext|>"]),
+          ("tokenizer.ggml.eos_token_id", ids[eos]),
+          ("tokenizer.ggml.padding_token_id", ids[pad]),
+          ("tokenizer.ggml.bos_token_id", ids[bos]),
           ("tokenizer.ggml.add_bos_token", False),
           ("tokenizer.ggml.add_eos_token", False)]
     return kv, {"tokenizer.json": text}
@@ -450,6 +622,49 @@ def q8_0_blocks(rng, nblk, sigma, dead=None):
     return b
 
 
+Q5_0_RMS = math.sqrt((32 * 32 - 1) / 12 + 0.25)
+# MXFP4 (OCP microscaling): e2m1 values; ggml stores them doubled (kvalues_mxfp4) and
+# halves the e8m0 scale 2^(e-127)
+MXFP4_RMS = math.sqrt(np.mean(np.square([0, 1, 2, 3, 4, 6, 8, 12])))
+
+
+def q5_0_blocks(rng, nblk, sigma, dead=None):
+    b = rand_bytes(rng, nblk * 22).reshape(nblk, 22)
+    d = block_jitter(rng, nblk) * np.float32(sigma / Q5_0_RMS)
+    if dead is not None:
+        d[dead[1]::dead[2]] = 0
+    b[:, 0:2] = f16_bytes(d)
+    return b
+
+
+def q5_0_from_float(x):
+    """ggml's Q5_0 of x [nblk, 32]: d = max-magnitude value / -16, q = round(x/d) + 16."""
+    idx = np.argmax(np.abs(x), axis=1)
+    mx = x[np.arange(x.shape[0]), idx]
+    d = (mx / -16).astype(np.float32)
+    inv = np.where(d != 0, 1 / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(x * inv[:, None]) + 16, 0, 31).astype(np.uint32)
+    out = np.empty((x.shape[0], 22), np.uint8)
+    out[:, 0:2] = f16_bytes(d)
+    hi = (q >> 4) & 1
+    qh = (hi[:, :16] << np.arange(16, dtype=np.uint32)).sum(1) | \
+         (hi[:, 16:] << np.arange(16, 32, dtype=np.uint32)).sum(1)
+    out[:, 2:6] = qh.astype("<u4").view(np.uint8).reshape(-1, 4)
+    out[:, 6:22] = ((q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)).astype(np.uint8)
+    return out
+
+
+def mxfp4_blocks(rng, nblk, sigma, dead=None):
+    b = rand_bytes(rng, nblk * 17).reshape(nblk, 17)
+    # value RMS MXFP4_RMS * 2^(e-128): the nearest power of two to sigma, one step of jitter
+    e = np.rint(np.log2(sigma / MXFP4_RMS)) + 128 + rng.integers(-1, 1, nblk, endpoint=True)
+    e = np.clip(e, 1, 254).astype(np.uint8)
+    if dead is not None:
+        e[dead[1]::dead[2]] = 0
+    b[:, 0] = e
+    return b
+
+
 def quant_chunks(rng, t, ne, sigma, massive=None, dead=None):
     """The tensor's bytes, chunk by chunk (each a whole number of rows). massive =
     (column, value): in every row, the 32 values from that column on have mean value.
@@ -469,8 +684,20 @@ def quant_chunks(rng, t, ne, sigma, massive=None, dead=None):
                 col, value = massive
                 mb = ((col % block) // 32, col // block, per_row, value)
             yield kquant_blocks(rng, t, n, sigma, mb, place)
+        elif massive is not None and t == T.Q5_0:
+            # random blocks, but the one holding the massive chunk in each row quantized
+            # from noise plus the value (a random Q5_0 block cannot carry an offset)
+            col, value = massive
+            b = q5_0_blocks(rng, n, sigma)
+            x = sigma * rng.standard_normal((n // per_row, 32), dtype=np.float32)
+            b[col // 32::per_row] = q5_0_from_float(x + np.float32(value))
+            yield b
         elif massive is not None:
             raise ValueError(f"no massive values in {t.name}")
+        elif t == T.Q5_0:
+            yield q5_0_blocks(rng, n, sigma, place)
+        elif t == T.MXFP4:
+            yield mxfp4_blocks(rng, n, sigma, place)
         elif t == T.Q6_K:
             yield q6k_blocks(rng, n, sigma, place)
         elif t == T.Q8_0:
@@ -502,11 +729,15 @@ class Model:
             if t != T.F32:
                 continue
             rng = rng_for(seed, name)
-            if "ffn_gate_inp" in name:
+            if name.endswith("ffn_gate_inp.weight"):
+                continue
+            if name.endswith(".bias") or "attn_sinks" in name:
+                # small biases; sinks near 0 (a sink logit of 0 takes a share of 1/(n+1))
+                self.small[name] = (0.02 * rng.standard_normal(math.prod(ne))).astype(np.float32)
                 continue
             self.small[name] = (1 + 0.02 * rng.standard_normal(ne[0])).astype(np.float32)
         for name, ne, t, layer in self.tensors:
-            if "ffn_gate_inp" in name:
+            if name.endswith("ffn_gate_inp.weight"):
                 self.small[name] = self.router(name, layer)
 
     def direction(self):
@@ -526,7 +757,7 @@ class Model:
         # the bias it gives at the first layer's strength
         beta = self.skew * b[rank] * (self.rho(0) / self.rho(layer))
         self.rankings[layer] = np.argsort(rank).tolist()  # experts, most popular first
-        gamma = self.small[f"blk.{layer}.ffn_norm.weight"]
+        gamma = self.small[ffn_norm_name(self.cfg, layer)]
         u = self.direction() * gamma
         u /= np.linalg.norm(u)
         # the random part sees only what differs between tokens: without this, the
@@ -576,10 +807,13 @@ class Model:
         noise = g.standard_normal((tokens, h), dtype=np.float32)
         out = []
         for layer in range(L):
+            if not is_moe_layer(cfg, layer):
+                out.append(None)  # a dense layer (DeepSeek's first): no router
+                continue
             # the layers before have added noise of variance GROWTH * layer / n_layer
             x = base + math.sqrt(GROWTH * layer / L) * noise
             x /= np.sqrt(np.mean(x * x, axis=1, keepdims=True) + cfg["rms_eps"])
-            x *= self.small[f"blk.{layer}.ffn_norm.weight"]
+            x *= self.small[ffn_norm_name(cfg, layer)]
             logits = x @ self.small[f"blk.{layer}.ffn_gate_inp.weight"].T
             top = np.argpartition(-logits, K - 1, axis=1)[:, :K]
             f = np.bincount(top.ravel(), minlength=E) / top.size
@@ -596,7 +830,7 @@ def size_label(tensors):
     for name, ne, t, layer in tensors:
         n = math.prod(ne)
         total += n
-        if "_exps." in name:
+        if "_exps." in name and len(ne) == 3:
             expert += n // ne[2]
             n_exp = ne[2]
         else:
@@ -620,7 +854,42 @@ def key_values(model, llama_only):
           (f"{a}.attention.layer_norm_rms_epsilon", float(cfg["rms_eps"])),
           (f"{a}.expert_count", cfg["n_expert"]),
           (f"{a}.expert_used_count", cfg["n_expert_used"])]
-    if a == "qwen3moe":  # config.json has head_dim and moe_intermediate_size
+    if a == "deepseek2":  # DeepseekV2Model.set_gguf_parameters: MLA as MQA, one kv head
+        hp[5] = (f"{a}.attention.head_count_kv", 1)
+        y = cfg["yarn"]
+        hp += [(f"{a}.leading_dense_block_count", cfg["n_dense"]),
+               (f"{a}.vocab_size", cfg["vocab"]),
+               (f"{a}.attention.kv_lora_rank", cfg["kv_lora"]),
+               (f"{a}.attention.key_length", cfg["kv_lora"] + cfg["qk_rope"]),
+               (f"{a}.attention.value_length", cfg["kv_lora"]),
+               (f"{a}.attention.key_length_mla", cfg["qk_nope"] + cfg["qk_rope"]),
+               (f"{a}.attention.value_length_mla", cfg["v_head"]),
+               (f"{a}.expert_feed_forward_length", cfg["n_ff_exp"]),
+               (f"{a}.expert_shared_count", cfg["n_expert_shared"]),
+               (f"{a}.expert_weights_scale", 1.0),
+               # config.json's n_group 1, topk_group 1, scoring_func softmax (TextModel.
+               # set_gguf_parameters writes them for any model that has them)
+               (f"{a}.expert_group_count", 1), (f"{a}.expert_group_used_count", 1),
+               (f"{a}.expert_gating_func", 1),
+               (f"{a}.rope.dimension_count", cfg["qk_rope"]),
+               (f"{a}.rope.scaling.type", "yarn"),
+               (f"{a}.rope.scaling.factor", y["factor"]),
+               (f"{a}.rope.scaling.original_context_length", y["original"]),
+               (f"{a}.rope.scaling.yarn_beta_fast", 32.0),
+               (f"{a}.rope.scaling.yarn_beta_slow", 1.0),
+               (f"{a}.rope.scaling.yarn_log_multiplier", 0.1 * y["mscale_all_dim"])]
+    elif a == "gpt-oss":  # GptOssModel.set_gguf_parameters
+        y = cfg["yarn"]
+        hp += [(f"{a}.attention.key_length", cfg["head_dim"]),
+               (f"{a}.attention.value_length", cfg["head_dim"]),
+               (f"{a}.rope.scaling.type", "yarn"),
+               (f"{a}.rope.scaling.factor", y["factor"]),
+               (f"{a}.rope.scaling.original_context_length", y["original"]),
+               (f"{a}.rope.scaling.yarn_beta_fast", 32.0),
+               (f"{a}.rope.scaling.yarn_beta_slow", 1.0),
+               (f"{a}.attention.sliding_window", cfg["sliding_window"]),
+               (f"{a}.expert_feed_forward_length", cfg["n_ff_exp"])]
+    elif a == "qwen3moe":  # config.json has head_dim and moe_intermediate_size
         hp += [(f"{a}.attention.key_length", cfg["head_dim"]),
                (f"{a}.attention.value_length", cfg["head_dim"]),
                (f"{a}.expert_feed_forward_length", cfg["n_ff_exp"])]
@@ -628,7 +897,9 @@ def key_values(model, llama_only):
         hp += [(f"{a}.vocab_size", cfg["vocab"]),
                (f"{a}.rope.dimension_count", cfg["n_embd"] // cfg["n_head"])]
     kv += hp
-    tok_kv, files = (mixtral_tokenizer if cfg["tokenizer"] == "mixtral" else qwen3_tokenizer)(cfg["vocab"])
+    tok_kv, files = {"mixtral": mixtral_tokenizer, "qwen3": qwen3_tokenizer,
+                     "deepseek": deepseek_tokenizer,
+                     "gpt-oss": gpt_oss_tokenizer}[cfg["tokenizer"]](cfg["vocab"])
     kv += tok_kv
     if not llama_only:
         kv += [(f"fmoe.file.{n}", text) for n, text in files.items()]
@@ -642,7 +913,10 @@ def key_values(model, llama_only):
 UINT32_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
                "head_count", "head_count_kv", "expert_count", "expert_used_count",
                "key_length", "value_length", "expert_feed_forward_length", "vocab_size",
-               "dimension_count", "token_id", "quantization_version", "file_type")
+               "dimension_count", "token_id", "quantization_version", "file_type",
+               "leading_dense_block_count", "kv_lora_rank", "key_length_mla",
+               "value_length_mla", "expert_shared_count", "sliding_window",
+               "original_context_length", "group_count", "group_used_count", "gating_func")
 
 
 def add_kv(w, key, val):
@@ -776,14 +1050,16 @@ def skew_float(s):
 def main(argv=None):
     p = Parser(prog=PROG, description=(
         "Write a GGUF file with the keys, tensor names, shapes and types llama.cpp's "
-        "converter and llama-quantize give Mixtral-8x7B or Qwen3-30B-A3B, random weights, "
+        "converter and llama-quantize give Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V2-Lite or "
+        "gpt-oss-20b, random weights, "
         "the real tokenizer, and routers that do not route uniformly."),
         epilog="Exit status: 0 written, 1 failed while writing (nothing left behind), "
                "2 bad arguments.")
     p.add_argument("--shape", required=True, choices=sorted(SHAPES), help="the model to imitate")
     p.add_argument("--small", action="store_true",
-                   help="8 layers and narrow matrices (about 190 MB): same architecture, "
-                        "vocabulary and type rules")
+                   help="narrow matrices and fewer layers (8; DeepSeek-V2-Lite keeps its 27, "
+                        "which llama.cpp needs): same architecture, vocabulary and type "
+                        "rules, a few hundred MB")
     p.add_argument("--type", dest="qtype", default="q4_k_m", choices=["q4_k_m", "q4_k"],
                    help="q4_k_m: llama-quantize's Q4_K_M mix (default); q4_k: every "
                         "quantized matrix Q4_K")
@@ -845,8 +1121,9 @@ def main(argv=None):
         sys.stderr.write(f"{PROG}: estimated routing entropy per layer, bits (uniform "
                          f"{uniform:.2f}), skew {args.skew:g}:\n")
         for i in range(0, len(entropies), 8):
-            sys.stderr.write("   " + " ".join(f"L{j}={entropies[j]:.2f}"
-                                              for j in range(i, min(i + 8, len(entropies)))) + "\n")
+            sys.stderr.write("   " + " ".join(
+                f"L{j}=" + ("dense" if entropies[j] is None else f"{entropies[j]:.2f}")
+                for j in range(i, min(i + 8, len(entropies)))) + "\n")
     if args.report:
         rep = dict(shape=args.shape, small=args.small, type=args.qtype, seed=args.seed,
                    skew=args.skew, config={k: v for k, v in cfg.items()},
