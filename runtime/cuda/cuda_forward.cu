@@ -1291,45 +1291,47 @@ static int cuda_fence_wait(void *ctx, void *fence) {
 /* The table                                                                          */
 /* ---------------------------------------------------------------------------------- */
 
+/* C++20 designated initializers: in declaration order (a misordered or unknown field is a
+ * compile error; -Wextra's missing-field-initializers names a field left out). */
 static const fmoe__backend_ops cuda_ops = {
-    /* .name            = */ "cuda",
-    /* .host_memory     = */ 0,
-    /* .init            = */ cuda_init,
-    /* .free            = */ cuda_free,
-    /* .alloc           = */ cuda_alloc,
-    /* .release         = */ cuda_release,
-    /* .upload          = */ cuda_upload,
-    /* .download        = */ cuda_download,
-    /* .copy            = */ cuda_copy,
-    /* .zero            = */ cuda_zero,
-    /* .sync            = */ cuda_sync,
-    /* .mark            = */ cuda_mark,
-    /* .elapsed         = */ cuda_elapsed,
-    /* .get_rows        = */ cuda_get_rows,
-    /* .rmsnorm         = */ cuda_rmsnorm,
-    /* .matmul          = */ cuda_matmul,
-    /* .add_bias        = */ cuda_add_bias,
-    /* .clamp           = */ cuda_clamp,
-    /* .rope            = */ cuda_rope,
-    /* .attention       = */ cuda_attention,
-    /* .route           = */ cuda_route,
-    /* .probs           = */ cuda_probs,
-    /* .swiglu          = */ cuda_swiglu,
-    /* .gather_rows     = */ cuda_gather_rows,
-    /* .scatter_add     = */ cuda_scatter_add,
-    /* .add             = */ cuda_add,
-    /* .add_gated       = */ cuda_add_gated,
-    /* .write_slot      = */ cuda_write_slot,
-    /* .host_register   = */ cuda_host_register,
-    /* .host_unregister = */ cuda_host_unregister,
-    /* .fence_new       = */ cuda_fence_new,
-    /* .fence_free      = */ cuda_fence_free,
-    /* .fence_record    = */ cuda_fence_record,
-    /* .fence_wait      = */ cuda_fence_wait,
-    /* .mla_attention   = */ NULL, /* DeepSeek-V2/V3 refused first (backend_types.c) */
-    /* .layernorm       = */ NULL, /* Phi-3.5-MoE refused first (backend_types.c) */
-    /* .swiglu_clamped  = */ NULL, /* gpt-oss refused first (backend_types.c) */
-    /* .rope_partial    = */ NULL, /* GLM-4.5 refused first (backend_types.c) */
+    .name = "cuda",
+    .host_memory = 0,
+    .init = cuda_init,
+    .free = cuda_free,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .zero = cuda_zero,
+    .sync = cuda_sync,
+    .mark = cuda_mark,
+    .elapsed = cuda_elapsed,
+    .get_rows = cuda_get_rows,
+    .rmsnorm = cuda_rmsnorm,
+    .matmul = cuda_matmul,
+    .add_bias = cuda_add_bias,
+    .clamp = cuda_clamp,
+    .rope = cuda_rope,
+    .attention = cuda_attention,
+    .route = cuda_route,
+    .probs = cuda_probs,
+    .swiglu = cuda_swiglu,
+    .gather_rows = cuda_gather_rows,
+    .scatter_add = cuda_scatter_add,
+    .add = cuda_add,
+    .add_gated = cuda_add_gated,
+    .write_slot = cuda_write_slot,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
+    .fence_new = cuda_fence_new,
+    .fence_free = cuda_fence_free,
+    .fence_record = cuda_fence_record,
+    .fence_wait = cuda_fence_wait,
+    .mla_attention = NULL,  /* DeepSeek-V2/V3 refused first (backend_types.c) */
+    .layernorm = NULL,      /* Phi-3.5-MoE refused first (backend_types.c) */
+    .swiglu_clamped = NULL, /* gpt-oss refused first (backend_types.c) */
+    .rope_partial = NULL,   /* GLM-4.5 refused first (backend_types.c) */
 };
 
 extern "C" const fmoe__backend_ops *fmoe__cuda_module_backend_ops(void) { return &cuda_ops; }
