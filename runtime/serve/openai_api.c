@@ -380,7 +380,10 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
     }
     /* "none": the tools are not offered and nothing is parsed (vLLM offers them unless
      * told not to; a model shown tools may still write a call, which would then be text) */
-    if (mode == NONE) return 0;
+    if (mode == NONE) {
+        r->tools.no_calls = 1;
+        return 0;
+    }
 
     const char *tmpl = fmoe_tokenizer_chat_template_text(tok, 1);
     r->tools.format = fmoe_serve_tools_detect(tmpl);

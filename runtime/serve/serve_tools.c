@@ -722,7 +722,12 @@ static int harmony_all(parser *P) {
             }
         const size_t be = e - hold;
         int rc;
-        if (rb > ra + 10 && memcmp(s + ra, "functions.", 10) == 0) {
+        const int function = rb > ra + 10 && memcmp(s + ra, "functions.", 10) == 0;
+        if (function && P->cfg->no_calls) {
+            /* tool_choice "none": OpenAI's API returns no call then, so one the model
+             * wrote anyway is text, like commentary to no one */
+            rc = buf_add(&P->content, s + b, be - b);
+        } else if (function) {
             rc = add_call(P, s + ra + 10, rb - ra - 10, s + b, be - b);
         } else if (rb > ra || (cb - ca == 8 && memcmp(s + ca, "analysis", 8) == 0)) {
             /* the reasoning, and calls to the built-in tools (browser, python), which

@@ -72,6 +72,14 @@ typedef struct serve_tools_config {
     int32_t format;           /* serve_tools_format */
     int32_t reasoning;        /* serve_reasoning */
     int32_t parallel;         /* 0: only the first call is kept (parallel_tool_calls false) */
+    /* 1: no call may be returned (tool_choice "none", or no tools): a HARMONY call the
+     * model writes anyway is read as text, its body joining the content as a commentary
+     * message to no one does (the other formats are not parsed at all then) */
+    int32_t no_calls;
+    /* 1: the request used the deprecated `functions`: the reply carries one call as
+     * message.function_call (finish_reason "function_call"), so parallel is 0. Read by
+     * the renderer (openai_api.c), not by the parse. */
+    int32_t legacy;
     /* text the model's output continues: the opening markup the server appended to the
      * prompt to force a call (tool_choice "required" or a named function); parsed as if
      * the model had written it. "" for none. */
