@@ -429,7 +429,8 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
  * functions[i] = {name, description?, parameters?} becomes {"type": "function",
  * "function": functions[i]}; function_call "none" / "auto" / {"name": N} becomes
  * tool_choice "none" / "auto" / {"type": "function", "function": {"name": N}}. A request
- * with both forms is refused. The reply is in the tools form (message.tool_calls). */
+ * with both forms is refused. @return 1 when root used them (the reply then answers in
+ * their form: message.function_call), 0 when not, or a negative error. */
 static int legacy_functions(cJSON *root, serve_api_error *err) {
     cJSON *fns = cJSON_GetObjectItemCaseSensitive(root, "functions");
     cJSON *fc = cJSON_GetObjectItemCaseSensitive(root, "function_call");
@@ -491,7 +492,7 @@ static int legacy_functions(cJSON *root, serve_api_error *err) {
     cJSON_DeleteItemFromObjectCaseSensitive(root, "tool_choice");
     if (tools) cJSON_AddItemToObject(root, "tools", tools);
     if (choice) cJSON_AddItemToObject(root, "tool_choice", choice);
-    return 0;
+    return 1;
 }
 
 /* An assistant message's tool_calls[].function.arguments, sent as OpenAI's API has them
@@ -902,7 +903,13 @@ int fmoe_serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_
     if (kind == SERVE_API_CHAT) {
         if ((rc = chat_logprobs(root, out, err)) < 0) goto fail;
         if ((rc = legacy_functions(root, err)) < 0) goto fail;
+        const int legacy = rc;
         if ((rc = chat_tools(root, tok, out, err)) < 0) goto fail;
+        /* the legacy reply has room for one call: function_call, not a list */
+        if (legacy) {
+            out->tools.legacy = 1;
+            out->tools.parallel = 0;
+        }
         rc = chat_prompt(root, tok, out, err);
     } else {
         if ((rc = completion_unsupported(root, out, err)) < 0) goto fail;
@@ -1280,6 +1287,14 @@ static int put_split_message(cJSON *c, const serve_api_meta *m, int32_t choice,
                                                        : cJSON_CreateNull()))
         return -1;
     if (p->num_calls == 0) return 0;
+    if (m->tools.legacy) { /* {"name", "arguments"}: no id, no type (OpenAI's older form) */
+        cJSON *f = cJSON_CreateObject();
+        return put(msg, "function_call", f) || put_str(f, "name", p->calls[0].name) ||
+                       put(f, "arguments", string_n(p->calls[0].arguments,
+                                                    p->calls[0].arguments_len))
+                   ? -1
+                   : 0;
+    }
     cJSON *calls = cJSON_CreateArray();
     if (put(msg, "tool_calls", calls)) return -1;
     for (int32_t k = 0; k < p->num_calls; k++)
@@ -1302,7 +1317,15 @@ char *fmoe_serve_api_render_chunk_tools(const serve_api_meta *m, int32_t index,
     if (d && d->reasoning_len &&
         put(delta, "reasoning_content", string_n(d->reasoning, d->reasoning_len)))
         goto fail;
-    if (d && d->num_calls) {
+    if (d && d->num_calls && m->tools.legacy) {
+        /* the legacy stream: delta.function_call, its name in the first delta only, then
+         * pieces of its arguments (one call: parallel is 0) */
+        const serve_tools_call_delta *cd = &d->calls[0];
+        cJSON *f = cJSON_CreateObject();
+        if (put(delta, "function_call", f) || (cd->name && put_str(f, "name", cd->name)) ||
+            put(f, "arguments", string_n(cd->arguments, cd->arguments_len)))
+            goto fail;
+    } else if (d && d->num_calls) {
         cJSON *calls = cJSON_CreateArray();
         if (put(delta, "tool_calls", calls)) goto fail;
         for (int32_t k = 0; k < d->num_calls; k++) {
@@ -1348,7 +1371,7 @@ char *fmoe_serve_api_render_response_n(const serve_api_meta *m, const serve_api_
         if (chat && ch[i].parsed) {
             if (put_split_message(c, m, i, ch[i].parsed)) goto fail;
             if (ch[i].parsed->num_calls > 0 && ch[i].finished == SERVE_FINISH_STOP)
-                finish = "tool_calls";
+                finish = m->tools.legacy ? "function_call" : "tool_calls";
         } else if (chat) {
             cJSON *msg = cJSON_CreateObject();
             if (put(c, "message", msg) || put_str(msg, "role", "assistant") ||

@@ -294,29 +294,57 @@ def test_template_of_a_format_fmoe_does_not_read_is_400_naming_it(tmp_path_facto
         s.stop()
 
 
-def test_legacy_functions_are_tools(qwen):
+def test_legacy_functions_answer_in_their_form(qwen):
     """OpenAI's deprecated functions / function_call: the same prompt and the same call as
-    the tools / tool_choice they stand for."""
-    legacy = dict(functions=[t["function"] for t in TOOLS],
-                  function_call={"name": "get_weather"})
-    st, _, body = qwen.post("/v1/chat/completions", {"model": "m", "messages": ASK,
-                                                     "max_tokens": 8, "temperature": 0,
-                                                     **legacy})
-    assert st == 200, body
-    old = json.loads(body)
-    new = qwen.client().chat.completions.create(model="m", messages=ASK, tools=TOOLS,
-                                                tool_choice=FORCE, max_tokens=8, temperature=0)
-    assert old["usage"]["prompt_tokens"] == new.usage.prompt_tokens == len(
+    the tools / tool_choice they stand for, answered as OpenAI answers such a request
+    (message.function_call {name, arguments}, finish_reason "function_call"), read back
+    by the openai client's own models; a stream's function_call deltas reassemble to it."""
+    c = qwen.client()
+    legacy = dict(model="m", messages=ASK, functions=[t["function"] for t in TOOLS],
+                  function_call={"name": "get_weather"}, max_tokens=8, temperature=0)
+    old = c.chat.completions.create(**legacy)
+    new = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=FORCE,
+                                    max_tokens=8, temperature=0)
+    assert old.usage.prompt_tokens == new.usage.prompt_tokens == len(
         ids(rendered(QWEN3, ASK, tools=TOOLS) + QWEN_PREFIX))
-    (call,) = old["choices"][0]["message"]["tool_calls"]
-    assert call["function"] == {"name": "get_weather",
-                                "arguments": new.choices[0].message.tool_calls[0].function.arguments}
+    msg, want = old.choices[0].message, new.choices[0].message.tool_calls[0].function
+    assert msg.tool_calls is None and msg.content is None
+    assert msg.function_call.name == "get_weather"
+    assert msg.function_call.arguments == want.arguments
+    assert old.choices[0].finish_reason == new.choices[0].finish_reason.replace(
+        "tool_calls", "function_call")
+    name, args, finish = "", "", None
+    for chunk in c.chat.completions.create(stream=True, **legacy):
+        if chunk.choices:
+            d = chunk.choices[0].delta
+            assert not d.tool_calls
+            if d.function_call:
+                name += d.function_call.name or ""
+                args += d.function_call.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert (name, args, finish) == ("get_weather", want.arguments,
+                                    old.choices[0].finish_reason)
     # function_call "none": no tools offered
     st, _, body = qwen.post("/v1/chat/completions", {"model": "m", "messages": ASK,
                                                      "max_tokens": 2, "function_call": "none",
                                                      "functions": legacy["functions"]})
     assert st == 200 and json.loads(body)["usage"]["prompt_tokens"] == len(
         ids(rendered(QWEN3, ASK)))
+
+
+def test_legacy_functions_call_that_stops(qwen):
+    """A call that ends before max_tokens: finish_reason "function_call", the arguments
+    a whole JSON object of the function's parameters (the forced arguments are
+    constrained, so the enum closes the object within a few tokens)."""
+    r = qwen.client().chat.completions.create(
+        model="m", messages=ASK, functions=[t["function"] for t in TOOLS],
+        function_call={"name": "get_weather"}, max_tokens=60, temperature=0)
+    ch = r.choices[0]
+    if ch.finish_reason == "length":
+        pytest.skip("the tiny model did not close its call within 60 tokens")
+    assert ch.finish_reason == "function_call", ch
+    jsonschema.validate(json.loads(ch.message.function_call.arguments),
+                        TOOLS[0]["function"]["parameters"])
 
 
 @pytest.mark.parametrize("extra,param", [
