@@ -31,15 +31,20 @@ typedef enum json_kind {
     JSON_INTEGER,
     JSON_LITERALS,     /* one of a few JSON texts: enum, const, true/false, null */
     JSON_ANYOF,        /* branches told apart by their first byte */
+    JSON_TAGGED,       /* object branches told apart by their first property's string const
+                          (a tagged union): the tag key and value are read here, then the
+                          frame becomes the branch whose const it was */
 } json_kind;
 
 typedef struct json_node {
     int32_t kind;      /* json_kind */
     /* OBJECT: props [first, first + count) of schema->props; LITERALS: literals
-     * [first, first + count) of schema->lits; ANYOF: branches [first, first + count) of
-     * schema->branches */
+     * [first, first + count) of schema->lits; ANYOF, TAGGED: branches [first, first +
+     * count) of schema->branches (TAGGED: OBJECT nodes sharing their first, required
+     * property's key) */
     int32_t first, count;
-    int32_t item;      /* ARRAY: the items' node */
+    int32_t item;      /* ARRAY: the items' node; TAGGED: the LITERALS node of the tag
+                          values, literal i being branch i's */
     int32_t min_items, max_items; /* ARRAY: items; STRING: characters (minLength,
                                      maxLength); max_items -1: no limit */
     int32_t bounded;   /* INTEGER: 1 when lo and hi apply */

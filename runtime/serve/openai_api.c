@@ -321,6 +321,63 @@ static int constrain_arguments(const cJSON *tools, const char *named, serve_api_
     return 0;
 }
 
+/* tool_choice "required" with several tools, in a format whose call is one JSON object
+ * {"name": N, KEY: A}: the opening markup goes into r->tools.prefix and the object is
+ * constrained to a call of one of the tools, as the anyOf of one object per tool whose
+ * "name" is that tool's const and whose KEY follows its parameters (the automaton joins
+ * such branches as a tagged union: json_schema.c). @return 1 when constrained; 0 when the
+ * format has no such object, or a tool's parameters do not compile and none says
+ * "strict" (the caller then lets the model name the function, unconstrained); <0: 400. */
+static int constrain_union(const cJSON *tools, const char *tmpl, serve_api_request *r,
+                           serve_api_error *err) {
+    const char *key;
+    char opening[SERVE_TOOLS_PREFIX_MAX];
+    if (fmoe_serve_tools_call_opening(r->tools.format, tmpl, opening, &key) < 0) return 0;
+    if (r->sampling.json)
+        return bad(err, "response_format", "'response_format' cannot be combined with a forced "
+                                           "tool call (tool_choice \"required\" or a function): "
+                                           "the call's arguments follow the tool's parameters");
+    cJSON *any = cJSON_CreateObject(), *branches = cJSON_AddArrayToObject(any, "anyOf");
+    const cJSON *t;
+    int strict = 0, ok = branches != NULL;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *params = field(fn, "parameters");
+        strict |= cJSON_IsTrue(field(fn, "strict"));
+        cJSON *b = cJSON_CreateObject();
+        if (!branches || !b || !cJSON_AddItemToArray(branches, b)) {
+            cJSON_Delete(b);
+            ok = 0;
+            break;
+        }
+        cJSON *props = cJSON_AddObjectToObject(b, "properties");
+        cJSON *name = cJSON_AddObjectToObject(props, "name");
+        cJSON *req = cJSON_AddArrayToObject(b, "required");
+        ok = ok && cJSON_AddStringToObject(b, "type", "object") && name &&
+             cJSON_AddStringToObject(name, "const",
+                                     cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring) &&
+             cJSON_AddItemToObject(props, key, params ? cJSON_Duplicate(params, 1)
+                                                      : cJSON_CreateObject()) &&
+             req && cJSON_AddItemToArray(req, cJSON_CreateString("name")) &&
+             cJSON_AddItemToArray(req, cJSON_CreateString(key));
+    }
+    char *text = ok ? cJSON_PrintUnformatted(any) : NULL;
+    cJSON_Delete(any);
+    if (!text) return oom(err);
+    const int rc = fmoe_json_schema_compile(text, strlen(text), &r->sampling.json);
+    free(text);
+    if (rc == FMOE_ENOMEM) return oom(err);
+    if (rc < 0) {
+        r->sampling.json = NULL;
+        if (strict)
+            return bad(err, "tools", "'tools' cannot be enforced with tool_choice \"required\": "
+                                     "%s", fmoe_error_detail());
+        return 0;
+    }
+    memcpy(r->tools.prefix, opening, sizeof opening);
+    return 1;
+}
+
 /* tools, tool_choice and parallel_tool_calls: what the template is given (r->tools_json)
  * and how the output is read (r->tools.format, .parallel, .prefix). The format is the one
  * whose markup the model's template shows; forcing a call appends its opening to the
@@ -414,7 +471,9 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
         named = cJSON_GetObjectItemCaseSensitive(
             cJSON_GetObjectItemCaseSensitive(tools->child, "function"), "name")->valuestring;
     }
-    if ((mode == REQUIRED || mode == NAMED) &&
+    if (mode == REQUIRED && (rc = constrain_union(tools, tmpl, r, err)) != 0) {
+        if (rc < 0) return rc;
+    } else if ((mode == REQUIRED || mode == NAMED) &&
         fmoe_serve_tools_forced_prefix(r->tools.format, named, tmpl, r->tools.prefix) < 0)
         return bad(err, "tool_choice", "'tool_choice': the function name is too long");
     if (mode == NAMED && (rc = constrain_arguments(tools, named, r, err)) < 0) return rc;

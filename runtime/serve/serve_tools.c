@@ -151,6 +151,25 @@ int fmoe_serve_tools_forced_prefix(int32_t format, const char *name, const char 
     return n > 0 && n < SERVE_TOOLS_PREFIX_MAX ? 0 : -1;
 }
 
+int fmoe_serve_tools_call_opening(int32_t format, const char *template_text,
+                                  char out[SERVE_TOOLS_PREFIX_MAX], const char **args_key) {
+    *args_key = "arguments";
+    switch (format) {
+    case SERVE_TOOLS_HERMES: snprintf(out, SERVE_TOOLS_PREFIX_MAX, HERMES_OPEN "\n"); return 0;
+    case SERVE_TOOLS_MISTRAL:
+        /* as fmoe_serve_tools_forced_prefix opens the list */
+        snprintf(out, SERVE_TOOLS_PREFIX_MAX, "%s",
+                 template_text && strstr(template_text, MISTRAL_OPEN " [") ? MISTRAL_OPEN " ["
+                                                                          : MISTRAL_OPEN "[");
+        return 0;
+    case SERVE_TOOLS_LLAMA3:
+        out[0] = '\0'; /* the output is the call */
+        *args_key = "parameters";
+        return 0;
+    default: return -1;
+    }
+}
+
 void fmoe_serve_tools_call_id(int32_t format, const char *response_id, int32_t choice,
                               int32_t index, char out[SERVE_TOOLS_ID_MAX]) {
     /* FNV-1a over the response id, then splitmix64 steps: unique as the (random) response

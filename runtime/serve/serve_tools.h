@@ -121,6 +121,14 @@ const char *fmoe_serve_tools_format_name(int32_t format);
 int fmoe_serve_tools_forced_prefix(int32_t format, const char *name, const char *template_text,
                                    char out[SERVE_TOOLS_PREFIX_MAX]);
 
+/* Writes into out the markup that opens a call whose whole {"name": N, KEY: A} object the
+ * model then writes (tool_choice "required" with several tools: that object is
+ * constrained to a call of one of them), and into *args_key KEY ("arguments", Llama 3's
+ * "parameters"). @return 0, or -1 for a format whose calls are not such an object
+ * (harmony, DeepSeek, Mistral's [ARGS]). */
+int fmoe_serve_tools_call_opening(int32_t format, const char *template_text,
+                                  char out[SERVE_TOOLS_PREFIX_MAX], const char **args_key);
+
 /* Splits cfg->prefix followed by text[0..len) (need not be NUL-terminated). final 0: more
  * may come, so what could still become markup is held back; 1: the output ended.
  * @return 0 and *out (free with fmoe_serve_tools_parse_free), or FMOE_ENOMEM. */

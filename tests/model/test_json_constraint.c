@@ -212,6 +212,41 @@ static void refused(const char *schema, int code, const char *needle, int *harne
     ASSERT_CONTAINS(fmoe_error_detail(), needle);
 }
 
+/* Calls to one of several functions, as tool_choice "required" constrains them: an anyOf
+ * of objects whose first, required property is a string const of its own (a tagged
+ * union); the rest of the object follows the branch that const names. */
+static const char *CALLS =
+    "{\"anyOf\":["
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"get\"},"
+    "\"arguments\":{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}},"
+    "\"required\":[\"n\"]}},\"required\":[\"name\",\"arguments\"]},"
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"get_all\"},"
+    "\"arguments\":{\"type\":\"object\",\"properties\":{\"s\":{\"enum\":[\"a\",\"b\"]}},"
+    "\"required\":[\"s\"]}},\"required\":[\"name\",\"arguments\"]},"
+    "{\"type\":\"string\"}]}";
+
+TEST(tagged_union_of_objects_follows_the_named_branch) {
+    ASSERT_EQ(doc(CALLS, "{\"name\":\"get\",\"arguments\":{\"n\":5}}"), 1);
+    ASSERT_EQ(doc(CALLS, "{ \"name\": \"get_all\", \"arguments\": {\"s\": \"b\"}}"), 1);
+    ASSERT_EQ(doc(CALLS, "\"a string branch\""), 1);
+    /* the other branch's arguments, an unknown name, the tag not first, not whole */
+    ASSERT_EQ(doc(CALLS, "{\"name\":\"get\",\"arguments\":{\"s\":\"a\"}}"), 0);
+    ASSERT_EQ(doc(CALLS, "{\"name\":\"get_all\",\"arguments\":{\"n\":1}}"), 0);
+    ASSERT_EQ(doc(CALLS, "{\"name\":\"got\",\"arguments\":{}}"), 0);
+    ASSERT_EQ(doc(CALLS, "{\"arguments\":{\"n\":5},\"name\":\"get\"}"), 0);
+    ASSERT_EQ(doc(CALLS, "{\"name\":\"get\"}"), 0);
+    ASSERT_EQ(prefix(CALLS, "{\"name\":\"get"), 1);
+    /* branches whose first keys differ, or whose tag is not a const, stay refused */
+    refused("{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\"}},"
+            "\"required\":[\"a\"]},{\"type\":\"object\",\"properties\":{\"b\":"
+            "{\"const\":\"y\"}},\"required\":[\"b\"]}]}",
+            FMOE_EUNSUPPORTED, "both start with '{'", harness_failed);
+    refused("{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\"}},"
+            "\"required\":[\"a\"]},{\"type\":\"object\",\"properties\":{\"a\":"
+            "{\"type\":\"string\"}},\"required\":[\"a\"]}]}",
+            FMOE_EUNSUPPORTED, "both start with '{'", harness_failed);
+}
+
 TEST(unsupported_keywords_are_refused_with_their_path) {
     refused("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\",\"pattern\":\"a\"}}}",
             FMOE_EUNSUPPORTED, "'pattern' at $.properties.n is not supported", harness_failed);
@@ -365,6 +400,8 @@ TEST(mask_equals_per_token_feed_on_fmoe_tiny) {
 }
 
 TEST(mask_any_object_on_fmoe_tiny) { random_walks(NULL, 40, harness_failed); }
+
+TEST(mask_equals_per_token_feed_on_a_tagged_union) { random_walks(CALLS, 60, harness_failed); }
 
 TEST(mask_equals_per_token_feed_with_bounds) {
     random_walks("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\","

@@ -173,14 +173,15 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
 
 
 def test_auto_none_and_required_prompts(qwen):
-    """required with one tool is that tool forced; with several the model names one."""
+    """required with one tool is that tool forced; with several the call's opening, the
+    model then writing the whole {"name", "arguments"} object (constrained)."""
     c = qwen.client()
     for choice, tools, want in (
             ("auto", TOOLS, rendered(QWEN3, ASK, tools=TOOLS)),
             ("none", TOOLS, rendered(QWEN3, ASK)),
             ("required", TOOLS, rendered(QWEN3, ASK, tools=TOOLS) + QWEN_PREFIX),
             ("required", TOOLS + [TIME], rendered(QWEN3, ASK, tools=TOOLS + [TIME])
-             + '<tool_call>\n{"name": "')):
+             + '<tool_call>\n')):
         r = c.chat.completions.create(model="m", messages=ASK, tools=tools, tool_choice=choice,
                                       max_tokens=4, temperature=0)
         assert r.usage.prompt_tokens == len(ids(want)), choice
@@ -426,6 +427,47 @@ def test_forced_arguments_follow_the_tool_schema_over_seeds(qwen, tool):
             jsonschema.validate(json.loads(ch["text"]), params)
             valid += 1
         except (ValueError, jsonschema.ValidationError):
+            pass
+    assert valid < 8
+
+
+def test_required_with_several_tools_calls_one_of_them_over_seeds(qwen):
+    """tool_choice "required" with several tools: the model writes the whole call object
+    under the union of the tools (a tagged union on "name"): at temperature 1 over 16 seeds
+    every finished call names one of the tools and its arguments validate by jsonschema
+    against that tool's parameters; the same prompt unconstrained (/v1/completions, same
+    seeds) writes no such call."""
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in SCHEMA_TOOLS}
+    c = qwen.client()
+    done, names = 0, set()
+    for seed in range(2):
+        r = c.chat.completions.create(model="m", messages=ASK, tools=SCHEMA_TOOLS, n=8,
+                                      seed=seed, temperature=1.0, max_tokens=96,
+                                      tool_choice="required")
+        for ch in r.choices:
+            (call,) = ch.message.tool_calls
+            assert call.function.name in by_name, call
+            if ch.finish_reason == "tool_calls":
+                jsonschema.validate(json.loads(call.function.arguments),
+                                    by_name[call.function.name])
+                done += 1
+                names.add(call.function.name)
+            else:
+                assert ch.finish_reason == "length", ch
+    assert done >= 12, f"only {done} of 16 calls finished within max_tokens"
+    assert len(names) >= 2, names  # the model chose, not the server
+    prompt = ids(rendered(QWEN3, ASK, tools=SCHEMA_TOOLS) + '<tool_call>\n')
+    st, _, body = qwen.post("/v1/completions", {"model": "m", "prompt": prompt, "n": 8,
+                                                "seed": 0, "temperature": 1.0,
+                                                "max_tokens": 48})
+    assert st == 200, body
+    valid = 0
+    for ch in json.loads(body)["choices"]:
+        try:
+            call = json.loads(ch["text"])
+            jsonschema.validate(call["arguments"], by_name[call["name"]])
+            valid += 1
+        except (ValueError, KeyError, TypeError, jsonschema.ValidationError):
             pass
     assert valid < 8
 

@@ -27,8 +27,10 @@
  *   array         items, minItems, maxItems
  *   enum, const   any JSON values (at most 64), matched as their compact JSON text
  *   anyOf         branches that a document tells apart by its first byte (string vs
- *                 number vs object vs array vs true/false vs null; two object branches,
- *                 or number with integer, are refused)
+ *                 number vs object vs array vs true/false vs null; number with integer is
+ *                 refused); several object branches only as a tagged union: each begins
+ *                 with the same required property whose value is a string const of its
+ *                 own, and the rest follows the branch that value names
  *   oneOf         as anyOf, under the same condition (such branches never both match)
  *   allOf         of one schema (annotations and definitions beside it)
  *   minimum, maximum, exclusiveMinimum, exclusiveMaximum
