@@ -321,6 +321,22 @@ static int string_bytes(json_frame *f, uint8_t c) {
     return R_REJECT;
 }
 
+/* A string of a `pattern` (json_regex.c): its body written without escapes, ASCII only,
+ * each byte one character the automaton takes; alive: the set of positions reached. */
+static int pattern_step(const json_regex *re, json_frame *f, uint8_t c) {
+    if (f->phase == 0) {
+        if (c != '"') return R_REJECT;
+        f->phase = 1;
+        f->alive = JSON_REGEX_START;
+        return R_OK;
+    }
+    if (c == '"') return fmoe__json_regex_accepts(re, f->alive) ? R_POP : R_REJECT;
+    const uint64_t next = fmoe__json_regex_step(re, f->alive, c);
+    if (!next) return R_REJECT;
+    f->alive = next;
+    return R_OK;
+}
+
 static int string_bounded(const json_node *n) { return n->min_items > 0 || n->max_items >= 0; }
 
 /* A string of minLength / maxLength (n->min_items, n->max_items) characters, counted as
@@ -328,7 +344,9 @@ static int string_bounded(const json_node *n) { return n->min_items > 0 || n->ma
  * starts at a plain ASCII byte, at a UTF-8 lead byte and at a backslash. \u escapes are
  * not written in such a string (a surrogate pair would be two escapes for one code
  * point); every character has a plain or short-escape spelling. alive: characters so far. */
-static int string_step(const json_node *n, json_frame *f, uint8_t c) {
+static int string_step(const fmoe_json_schema *s, const json_node *n, json_frame *f,
+                       uint8_t c) {
+    if (n->pattern >= 0) return pattern_step(&s->regexes[n->pattern], f, c);
     if (!string_bounded(n)) return string_bytes(f, c);
     if (f->phase == 1) {
         if (c == '"' && f->alive < (uint64_t)n->min_items) return R_REJECT;
@@ -492,7 +510,7 @@ static int frame_step(const fmoe_json_schema *s, json_state *st, uint8_t c) {
     case JSON_OBJECT: return object_step(s, st, f, c);
     case JSON_ANY_OBJECT: return any_object_step(s, st, f, c);
     case JSON_ARRAY: return array_step(s, st, f, c);
-    case JSON_STRING: return string_step(&s->nodes[f->node], f, c);
+    case JSON_STRING: return string_step(s, &s->nodes[f->node], f, c);
     case JSON_NUMBER: return number_step(f, 0, c);
     case JSON_INTEGER: return integer_step(&s->nodes[f->node], f, c);
     case JSON_LITERALS: return literal_step(s, f, c);
@@ -555,7 +573,7 @@ int64_t fmoe__json_string_room(const fmoe_json_schema *s, const json_state *st) 
     if (st->depth == 0) return -1;
     const json_frame *f = &st->f[st->depth - 1];
     const json_node *n = &s->nodes[f->node];
-    if (n->kind != JSON_STRING || f->phase != 1) return -1;
+    if (n->kind != JSON_STRING || f->phase != 1 || n->pattern >= 0) return -1;
     if (n->max_items < 0) return INT64_MAX;
     return (int64_t)n->max_items - (int64_t)f->alive;
 }

@@ -44,6 +44,7 @@ static int new_node(fmoe_json_schema *s, int32_t kind, int32_t *out) {
     memset(n, 0, sizeof *n);
     n->kind = kind;
     n->max_items = -1;
+    n->pattern = -1;
     switch (kind) {
     case JSON_OBJECT:
     case JSON_ANY_OBJECT: starts_add(n, '{'); break;
@@ -154,7 +155,7 @@ static void path_pop(path *p, size_t was) {
 static const char *const supported_keywords[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
     "enum", "const", "anyOf", "$ref", "minLength", "maxLength", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "oneOf", "allOf",
+    "exclusiveMinimum", "exclusiveMaximum", "oneOf", "allOf", "pattern",
     /* definitions, read through "$ref" */
     "$defs", "definitions"};
 
@@ -399,6 +400,20 @@ static int compile_type(fmoe_json_schema *s, const cJSON *j, const char *type, p
         if (has_lo < 0 || has_hi < 0) return has_lo < 0 ? has_lo : has_hi;
         FMOE_RETURN_ERROR_IF(has_hi && lo > hi, FMOE_EINVAL,
                              "'minLength' at %s is above 'maxLength'", p->buf);
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
+        if (pat) {
+            FMOE_RETURN_ERROR_IF(!cJSON_IsString(pat), FMOE_EINVAL,
+                                 "'pattern' at %s must be a string", p->buf);
+            FMOE_RETURN_ERROR_IF(has_lo || has_hi, FMOE_EUNSUPPORTED,
+                                 "'pattern' together with 'minLength' or 'maxLength' at %s "
+                                 "is not supported", p->buf);
+            GROW(s->regexes, s->num_regexes, s->cap_regexes);
+            FMOE_FORWARD_IF_ERROR(fmoe__json_regex_compile(
+                pat->valuestring, strlen(pat->valuestring), p->buf, &s->regexes[s->num_regexes]));
+            FMOE_FORWARD_IF_ERROR(new_node(s, JSON_STRING, out));
+            s->nodes[*out].pattern = s->num_regexes++;
+            return 0;
+        }
         if (!has_lo && !has_hi) {
             *out = s->string;
             return 0;
@@ -673,8 +688,8 @@ static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int3
     /* No type: what its keywords imply, else any value. A length or a bound without a
      * type would apply to only some of the values "any" writes: refused. */
     static const char *const typed[] = {"minLength", "maxLength", "minimum", "maximum",
-                                        "exclusiveMinimum", "exclusiveMaximum"};
-    for (int k = 0; k < 6; k++)
+                                        "exclusiveMinimum", "exclusiveMaximum", "pattern"};
+    for (int k = 0; k < 7; k++)
         FMOE_RETURN_ERROR_IF(cJSON_GetObjectItemCaseSensitive(j, typed[k]), FMOE_EUNSUPPORTED,
                              "'%s' at %s is supported only beside 'type'", typed[k], p->buf);
     if (cJSON_GetObjectItemCaseSensitive(j, "properties") ||
@@ -728,5 +743,6 @@ void fmoe_json_schema_free(fmoe_json_schema *s) {
     free(s->lits);
     free(s->branches);
     free(s->pool);
+    free(s->regexes);
     free(s);
 }

@@ -247,9 +247,62 @@ TEST(tagged_union_of_objects_follows_the_named_branch) {
             FMOE_EUNSUPPORTED, "both start with '{'", harness_failed);
 }
 
+/* A string schema of pattern pat (C text, JSON-escaped by the caller). */
+#define PAT(pat) "{\"type\":\"string\",\"pattern\":\"" pat "\"}"
+
+/* Whole matches of the pattern, worked out by hand (JSON Schema searches unanchored; a
+ * whole match is one such match, and generation writes whole ones). */
+TEST(pattern_strings_are_whole_matches) {
+    ASSERT_EQ(doc(PAT("^[a-z][a-z0-9_]{2,4}$"), "\"ab_1\""), 1);
+    ASSERT_EQ(doc(PAT("^[a-z][a-z0-9_]{2,4}$"), "\"ab\""), 0);       /* too short */
+    ASSERT_EQ(doc(PAT("^[a-z][a-z0-9_]{2,4}$"), "\"abcdef\""), 0);   /* too long */
+    ASSERT_EQ(doc(PAT("^[a-z][a-z0-9_]{2,4}$"), "\"1bc\""), 0);
+    ASSERT_EQ(doc(PAT("\\\\d{3}-\\\\d{4}"), "\"555-1234\""), 1);
+    ASSERT_EQ(doc(PAT("\\\\d{3}-\\\\d{4}"), "\"555-123\""), 0);
+    ASSERT_EQ(doc(PAT("(cat|dog)s?"), "\"dogs\""), 1);
+    ASSERT_EQ(doc(PAT("(cat|dog)s?"), "\"cat\""), 1);
+    ASSERT_EQ(doc(PAT("(cat|dog)s?"), "\"cow\""), 0);
+    ASSERT_EQ(doc(PAT("a*b+"), "\"b\""), 1);
+    ASSERT_EQ(doc(PAT("a*b+"), "\"aab\""), 1);
+    ASSERT_EQ(doc(PAT("a*b+"), "\"aa\""), 0);
+    ASSERT_EQ(doc(PAT("x?"), "\"\""), 1);
+    ASSERT_EQ(doc(PAT("\\\\w+\\\\s\\\\w+"), "\"hi there\""), 1);
+    ASSERT_EQ(doc(PAT("[^0-9]{2}"), "\"a1\""), 0);
+    ASSERT_EQ(doc(PAT("[^0-9]{2}"), "\"ab\""), 1);
+    ASSERT_EQ(doc(PAT("v\\\\.[0-9]+(\\\\.[0-9]+){0,2}"), "\"v.1.22.3\""), 1);
+    ASSERT_EQ(doc(PAT("v\\\\.[0-9]+(\\\\.[0-9]+){0,2}"), "\"v.1.2.3.4\""), 0);
+    ASSERT_EQ(doc(PAT("a{2,}"), "\"aaaaa\""), 1);
+    ASSERT_EQ(doc(PAT("a{2,}"), "\"a\""), 0);
+    /* characters that need escapes in JSON are not written: a backslash escape or a
+     * quote inside never comes, even where `.` would allow it */
+    ASSERT_EQ(prefix(PAT(".+"), "\"a\\n"), 0);
+    /* a pattern inside an object */
+    ASSERT_EQ(doc("{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\","
+                  "\"pattern\":\"^[A-Z]{2}[0-9]{2}$\"}},\"required\":[\"id\"]}",
+                  "{\"id\":\"AB12\"}"), 1);
+}
+
+TEST(patterns_outside_the_subset_are_refused_naming_the_construct) {
+    refused(PAT("(a)\\\\1"), FMOE_EUNSUPPORTED, "a back-reference", harness_failed);
+    refused(PAT("(?=a)b"), FMOE_EUNSUPPORTED, "'(?'", harness_failed);
+    refused(PAT("\\\\bword"), FMOE_EUNSUPPORTED, "a word boundary", harness_failed);
+    refused(PAT("a*?"), FMOE_EUNSUPPORTED, "lazy", harness_failed);
+    refused(PAT("a^b"), FMOE_EUNSUPPORTED, "an anchor inside", harness_failed);
+    refused(PAT("[\\\\\\\"]"), FMOE_EUNSUPPORTED, "matches no character", harness_failed);
+    refused(PAT("a{70}"), FMOE_EUNSUPPORTED, "more than 63", harness_failed);
+    refused("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", FMOE_EUNSUPPORTED,
+            "'pattern' together with", harness_failed);
+    refused("{\"pattern\":\"a\"}", FMOE_EUNSUPPORTED, "'pattern' at $ is supported only beside",
+            harness_failed);
+    refused("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\","
+            "\"pattern\":\"\\\\p{L}\"}}}",
+            FMOE_EUNSUPPORTED, "'pattern' at $.properties.n: this escape at offset 1",
+            harness_failed);
+}
+
 TEST(unsupported_keywords_are_refused_with_their_path) {
-    refused("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\",\"pattern\":\"a\"}}}",
-            FMOE_EUNSUPPORTED, "'pattern' at $.properties.n is not supported", harness_failed);
+    refused("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\",\"format\":\"date\"}}}",
+            FMOE_EUNSUPPORTED, "'format' at $.properties.n is not supported", harness_failed);
     refused("{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/x\"}}", FMOE_EINVAL,
             "'$ref' at $.items: \"#/$defs/x\" is not defined", harness_failed);
     refused("{\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{\"next\":"
@@ -402,6 +455,16 @@ TEST(mask_equals_per_token_feed_on_fmoe_tiny) {
 TEST(mask_any_object_on_fmoe_tiny) { random_walks(NULL, 40, harness_failed); }
 
 TEST(mask_equals_per_token_feed_on_a_tagged_union) { random_walks(CALLS, 60, harness_failed); }
+
+TEST(mask_equals_per_token_feed_with_patterns) {
+    random_walks("{\"type\":\"object\",\"properties\":{"
+                 "\"id\":{\"type\":\"string\",\"pattern\":\"^[a-z][a-z0-9_]{1,8}$\"},"
+                 "\"tel\":{\"type\":\"string\",\"pattern\":\"\\\\d{3}-\\\\d{2,4}\"},"
+                 "\"w\":{\"type\":\"string\",\"pattern\":\"(red|green)( \\\\w+)*\"},"
+                 "\"any\":{\"type\":\"string\",\"pattern\":\".*\"}},"
+                 "\"required\":[\"id\",\"tel\",\"w\",\"any\"],\"additionalProperties\":false}",
+                 60, harness_failed);
+}
 
 TEST(mask_equals_per_token_feed_with_bounds) {
     random_walks("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\","
