@@ -559,3 +559,30 @@ def test_llama3_json_format(tmp_path_factory):
             assert a.choices[0].message.content == text
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("family", ["nemo", "llama3"])
+def test_required_with_several_tools_in_mistral_and_llama3_formats(tmp_path_factory, family):
+    """The union constraint of tool_choice "required" in the other formats whose call is
+    one JSON object: Mistral-Nemo's [TOOL_CALLS][{...}] and Llama 3's bare {"name",
+    "parameters"}: every call names one of the tools, a finished one's arguments validate
+    by jsonschema against that tool's parameters."""
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in SCHEMA_TOOLS}
+    template = NEMO if family == "nemo" else LLAMA3_LIKE
+    s = serve_util.Server(tmp_path_factory.mktemp("serve-req-" + family), "--model",
+                          model_with(tmp_path_factory, family, template), "--parallel", "1")
+    try:
+        r = s.client().chat.completions.create(model="m", messages=ASK, tools=SCHEMA_TOOLS,
+                                               n=4, seed=3, temperature=1.0, max_tokens=96,
+                                               tool_choice="required")
+        done = 0
+        for ch in r.choices:
+            (call,) = ch.message.tool_calls
+            assert call.function.name in by_name, call
+            if ch.finish_reason == "tool_calls":
+                jsonschema.validate(json.loads(call.function.arguments),
+                                    by_name[call.function.name])
+                done += 1
+        assert done >= 2, r
+    finally:
+        s.stop()
