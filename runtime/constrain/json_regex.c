@@ -52,9 +52,13 @@ typedef struct parser {
     json_regex *re;
     const char *where;  /* the JSON path, for errors */
     int depth;
+    int atoms;          /* atoms parsed, copies included */
 } parser;
 
 #define REGEX_MAX_NEST 16
+/* Repetitions of repetitions of empty groups add no position but are parsed again for
+ * each copy ("((){999}){999}"): the work is bounded by the atoms parsed instead. */
+#define REGEX_MAX_ATOMS 4096
 
 static int unsupported(const parser *P, const char *what) {
     return fmoe_error_set(FMOE_EUNSUPPORTED,
@@ -189,6 +193,7 @@ static int parse_alt(parser *P, frag *out);
 
 static int parse_atom(parser *P, frag *out) {
     const unsigned char c = (unsigned char)P->src[P->pos];
+    if (++P->atoms > REGEX_MAX_ATOMS) return unsupported(P, "repetition this large");
     uint64_t cls[2] = {0, 0};
     if (c == '(') {
         P->pos++;

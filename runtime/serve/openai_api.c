@@ -357,7 +357,7 @@ static int constrain_union(const cJSON *tools, const char *tmpl, serve_api_reque
              cJSON_AddStringToObject(name, "const",
                                      cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring) &&
              cJSON_AddItemToObject(props, key, params ? cJSON_Duplicate(params, 1)
-                                                      : cJSON_CreateObject()) &&
+                                                      : cJSON_Parse("{\"type\":\"object\"}")) &&
              req && cJSON_AddItemToArray(req, cJSON_CreateString("name")) &&
              cJSON_AddItemToArray(req, cJSON_CreateString(key));
     }

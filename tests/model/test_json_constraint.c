@@ -290,6 +290,8 @@ TEST(patterns_outside_the_subset_are_refused_naming_the_construct) {
     refused(PAT("a^b"), FMOE_EUNSUPPORTED, "an anchor inside", harness_failed);
     refused(PAT("[\\\\\\\"]"), FMOE_EUNSUPPORTED, "matches no character", harness_failed);
     refused(PAT("a{70}"), FMOE_EUNSUPPORTED, "more than 63", harness_failed);
+    refused(PAT("((()){999}){999}"), FMOE_EUNSUPPORTED, "repetition this large",
+            harness_failed);
     refused("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", FMOE_EUNSUPPORTED,
             "'pattern' together with", harness_failed);
     refused("{\"pattern\":\"a\"}", FMOE_EUNSUPPORTED, "'pattern' at $ is supported only beside",

@@ -470,6 +470,14 @@ def test_required_with_several_tools_calls_one_of_them_over_seeds(qwen):
         except (ValueError, KeyError, TypeError, jsonschema.ValidationError):
             pass
     assert valid < 8
+    # a tool without parameters takes any JSON object as its arguments (not any value)
+    ping = {"type": "function", "function": {"name": "ping"}}
+    r = c.chat.completions.create(model="m", messages=ASK, tools=[ping, TIME], n=8, seed=0,
+                                  temperature=1.0, max_tokens=64, tool_choice="required")
+    finished = [ch for ch in r.choices if ch.finish_reason == "tool_calls"]
+    assert finished
+    for ch in finished:
+        assert isinstance(json.loads(ch.message.tool_calls[0].function.arguments), dict)
 
 
 def test_strict_tool_schema_that_cannot_be_enforced_is_400(qwen):
