@@ -5,6 +5,7 @@
  * one (the mask's trie walks, and its shortcut for string bodies, must agree with a plain
  * per-token feed).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -300,6 +301,35 @@ TEST(patterns_outside_the_subset_are_refused_naming_the_construct) {
             "\"pattern\":\"\\\\p{L}\"}}}",
             FMOE_EUNSUPPORTED, "'pattern' at $.properties.n: this escape at offset 1",
             harness_failed);
+}
+
+/* Random patterns of the subset against Python's re.fullmatch, whose verdicts
+ * tests/fixtures/patterns/make_pattern_cases.py wrote (an independent regex engine). */
+TEST(patterns_agree_with_python_re_on_random_cases) {
+    const char *fixtures = getenv("FMOE_FIXTURES");
+    char path[4096], line[1024];
+    snprintf(path, sizeof path, "%s/patterns/pattern_cases.tsv",
+             fixtures ? fixtures : "tests/fixtures");
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    int cases = 0, matches = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *t1 = strchr(line, '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL;
+        ASSERT_TRUE(t2 != NULL);
+        *t1 = *t2 = '\0';
+        char schema[1200], text[600];
+        snprintf(schema, sizeof schema, "{\"type\":\"string\",\"pattern\":%s}", line);
+        snprintf(text, sizeof text, "\"%s\"", t1 + 1);
+        const int want = t2[1] == '1', got = doc(schema, text);
+        if (got != want) fprintf(stderr, "pattern %s on \"%s\": fmoe %d, re %d\n", line,
+                                 t1 + 1, got, want);
+        ASSERT_EQ(got, want);
+        cases++;
+        matches += want;
+    }
+    fclose(f);
+    ASSERT_TRUE(cases > 1000 && matches > 300);
 }
 
 TEST(unsupported_keywords_are_refused_with_their_path) {
