@@ -11,6 +11,7 @@
 #define FMOE_JSON_IMPL_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "fmoe/json_constraint.h"
@@ -31,18 +32,24 @@ typedef enum json_kind {
     JSON_INTEGER,
     JSON_LITERALS,     /* one of a few JSON texts: enum, const, true/false, null */
     JSON_ANYOF,        /* branches told apart by their first byte */
+    JSON_TAGGED,       /* object branches told apart by their first property's string const
+                          (a tagged union): the tag key and value are read here, then the
+                          frame becomes the branch whose const it was */
 } json_kind;
 
 typedef struct json_node {
     int32_t kind;      /* json_kind */
     /* OBJECT: props [first, first + count) of schema->props; LITERALS: literals
-     * [first, first + count) of schema->lits; ANYOF: branches [first, first + count) of
-     * schema->branches */
+     * [first, first + count) of schema->lits; ANYOF, TAGGED: branches [first, first +
+     * count) of schema->branches (TAGGED: OBJECT nodes sharing their first, required
+     * property's key) */
     int32_t first, count;
-    int32_t item;      /* ARRAY: the items' node */
+    int32_t item;      /* ARRAY: the items' node; TAGGED: the LITERALS node of the tag
+                          values, literal i being branch i's */
     int32_t min_items, max_items; /* ARRAY: items; STRING: characters (minLength,
                                      maxLength); max_items -1: no limit */
     int32_t bounded;   /* INTEGER: 1 when lo and hi apply */
+    int32_t pattern;   /* STRING: its `pattern` in schema->regexes, or -1 */
     int64_t lo, hi;    /* INTEGER: the values allowed (minimum, maximum, exclusive*) */
     uint64_t starts[4]; /* the bytes a value of this node may begin with (256 bits) */
 } json_node;
@@ -57,6 +64,29 @@ typedef struct json_lit {
     int32_t off, len;  /* bytes in schema->pool */
 } json_lit;
 
+/* A string's `pattern` as a position automaton (json_regex.c): positions 0..npos-1,
+ * each one character class of ASCII bytes; a set of positions is a 64-bit mask, and
+ * JSON_REGEX_START (bit 63, never a position) the set before the first character. */
+#define JSON_REGEX_MAX_POS 63
+#define JSON_REGEX_START (1ull << 63)
+typedef struct json_regex {
+    int32_t npos;
+    int32_t nullable;           /* the empty string matches */
+    uint64_t first, last;       /* positions a match starts at / ends at */
+    uint64_t follow[JSON_REGEX_MAX_POS];  /* positions that may come after each one */
+    uint64_t cls[JSON_REGEX_MAX_POS][2];  /* the bytes (0..127) each one matches */
+} json_regex;
+
+/* Compiles pattern src[0..len) (where: its JSON path, for the error). @return 0, or
+ * FMOE_EUNSUPPORTED naming the construct the subset does not have. */
+int fmoe__json_regex_compile(const char *src, size_t len, const char *where, json_regex *re);
+
+/* @return the set of positions after byte c from set `at` (0: c refused). */
+uint64_t fmoe__json_regex_step(const json_regex *re, uint64_t at, uint8_t c);
+
+/* @return 1 when a match may end at set `at`. */
+int fmoe__json_regex_accepts(const json_regex *re, uint64_t at);
+
 struct fmoe_json_schema {
     atomic_int refs;
     json_node *nodes;
@@ -69,6 +99,8 @@ struct fmoe_json_schema {
     int32_t num_branches, cap_branches;
     char *pool;
     int32_t pool_len, pool_cap;
+    json_regex *regexes;
+    int32_t num_regexes, cap_regexes;
     int32_t root;
     /* built-in nodes every schema has, for "any JSON" values and object keys */
     int32_t any, any_object, any_array, string, number, lit_true, lit_false, lit_null;

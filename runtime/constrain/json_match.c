@@ -199,6 +199,46 @@ static int any_object_step(const fmoe_json_schema *s, json_state *st, json_frame
     return R_REJECT;
 }
 
+/* A tagged union (anyOf of objects whose first, required property is a string const
+ * of its own, like OpenAI's {"name": N, "arguments": ...} of a call to one of several
+ * functions): phases 0 '{', 1 the key's '"', 2 in the key (b: bytes matched), 3 ':', 4
+ * the tag's value, pushed as the LITERALS node of all branches' consts. When that literal
+ * ends, pop_frame turns this frame into the branch it named, past its first property. */
+static int tagged_step(const fmoe_json_schema *s, json_state *st, json_frame *f, uint8_t c) {
+    const json_node *n = &s->nodes[f->node];
+    const json_node *first = &s->nodes[s->branches[n->first]];
+    const json_lit *key = &s->lits[s->props[first->first].key];
+    switch (f->phase) {
+    case 0:
+        if (c != '{') return R_REJECT;
+        f->phase = 1;
+        return R_OK;
+    case 1:
+        if (is_ws(c)) return take_ws(f);
+        if (c != '"') return R_REJECT;
+        f->ws = 0;
+        f->b = 1;
+        f->phase = 2;
+        return R_OK;
+    case 2:
+        if (f->b >= key->len || (uint8_t)s->pool[key->off + f->b] != c) return R_REJECT;
+        if (++f->b == key->len) f->phase = 3;
+        return R_OK;
+    case 3:
+        if (is_ws(c)) return take_ws(f);
+        if (c != ':') return R_REJECT;
+        f->ws = 0;
+        f->phase = 4;
+        return R_OK;
+    case 4:
+        if (is_ws(c)) return take_ws(f);
+        f->ws = 0;
+        f->phase = 5; /* until the literal ends */
+        return push_value(s, st, n->item, c);
+    }
+    return R_REJECT;
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* Arrays, strings, numbers, literals                                                 */
 /* ---------------------------------------------------------------------------------- */
@@ -281,6 +321,22 @@ static int string_bytes(json_frame *f, uint8_t c) {
     return R_REJECT;
 }
 
+/* A string of a `pattern` (json_regex.c): its body written without escapes, ASCII only,
+ * each byte one character the automaton takes; alive: the set of positions reached. */
+static int pattern_step(const json_regex *re, json_frame *f, uint8_t c) {
+    if (f->phase == 0) {
+        if (c != '"') return R_REJECT;
+        f->phase = 1;
+        f->alive = JSON_REGEX_START;
+        return R_OK;
+    }
+    if (c == '"') return fmoe__json_regex_accepts(re, f->alive) ? R_POP : R_REJECT;
+    const uint64_t next = fmoe__json_regex_step(re, f->alive, c);
+    if (!next) return R_REJECT;
+    f->alive = next;
+    return R_OK;
+}
+
 static int string_bounded(const json_node *n) { return n->min_items > 0 || n->max_items >= 0; }
 
 /* A string of minLength / maxLength (n->min_items, n->max_items) characters, counted as
@@ -288,7 +344,9 @@ static int string_bounded(const json_node *n) { return n->min_items > 0 || n->ma
  * starts at a plain ASCII byte, at a UTF-8 lead byte and at a backslash. \u escapes are
  * not written in such a string (a surrogate pair would be two escapes for one code
  * point); every character has a plain or short-escape spelling. alive: characters so far. */
-static int string_step(const json_node *n, json_frame *f, uint8_t c) {
+static int string_step(const fmoe_json_schema *s, const json_node *n, json_frame *f,
+                       uint8_t c) {
+    if (n->pattern >= 0) return pattern_step(&s->regexes[n->pattern], f, c);
     if (!string_bounded(n)) return string_bytes(f, c);
     if (f->phase == 1) {
         if (c == '"' && f->alive < (uint64_t)n->min_items) return R_REJECT;
@@ -452,12 +510,26 @@ static int frame_step(const fmoe_json_schema *s, json_state *st, uint8_t c) {
     case JSON_OBJECT: return object_step(s, st, f, c);
     case JSON_ANY_OBJECT: return any_object_step(s, st, f, c);
     case JSON_ARRAY: return array_step(s, st, f, c);
-    case JSON_STRING: return string_step(&s->nodes[f->node], f, c);
+    case JSON_STRING: return string_step(s, &s->nodes[f->node], f, c);
     case JSON_NUMBER: return number_step(f, 0, c);
     case JSON_INTEGER: return integer_step(&s->nodes[f->node], f, c);
     case JSON_LITERALS: return literal_step(s, f, c);
+    case JSON_TAGGED: return tagged_step(s, st, f, c);
     }
     return R_REJECT; /* ANY and ANYOF frames are never pushed */
+}
+
+/* Ends the top frame. A tag's literal ending under a TAGGED frame picks the branch: the
+ * tags are strings, distinct, so their closing quote leaves exactly one literal alive. */
+static void pop_frame(const fmoe_json_schema *s, json_state *st) {
+    const json_frame *top = &st->f[--st->depth];
+    if (st->depth == 0) return;
+    json_frame *parent = &st->f[st->depth - 1];
+    const json_node *pn = &s->nodes[parent->node];
+    if (pn->kind != JSON_TAGGED) return;
+    const int32_t branch = s->branches[pn->first + __builtin_ctzll(top->alive)];
+    /* as the branch's object frame is after its first property's value */
+    *parent = (json_frame){.node = (uint16_t)branch, .phase = 5, .a = 1};
 }
 
 void fmoe__json_state_start(const fmoe_json_schema *s, json_state *st) {
@@ -475,8 +547,8 @@ int fmoe__json_step(const fmoe_json_schema *s, json_state *st, uint8_t c) {
     while (st->depth > 0) {
         switch (frame_step(s, st, c)) {
         case R_OK: return 1;
-        case R_POP: st->depth--; return 1;
-        case R_POP_REFEED: st->depth--; break;
+        case R_POP: pop_frame(s, st); return 1;
+        case R_POP_REFEED: pop_frame(s, st); break;
         case R_PUSH: break;
         default: return 0;
         }
@@ -501,7 +573,7 @@ int64_t fmoe__json_string_room(const fmoe_json_schema *s, const json_state *st) 
     if (st->depth == 0) return -1;
     const json_frame *f = &st->f[st->depth - 1];
     const json_node *n = &s->nodes[f->node];
-    if (n->kind != JSON_STRING || f->phase != 1) return -1;
+    if (n->kind != JSON_STRING || f->phase != 1 || n->pattern >= 0) return -1;
     if (n->max_items < 0) return INT64_MAX;
     return (int64_t)n->max_items - (int64_t)f->alive;
 }

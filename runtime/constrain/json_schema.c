@@ -44,6 +44,7 @@ static int new_node(fmoe_json_schema *s, int32_t kind, int32_t *out) {
     memset(n, 0, sizeof *n);
     n->kind = kind;
     n->max_items = -1;
+    n->pattern = -1;
     switch (kind) {
     case JSON_OBJECT:
     case JSON_ANY_OBJECT: starts_add(n, '{'); break;
@@ -154,7 +155,7 @@ static void path_pop(path *p, size_t was) {
 static const char *const supported_keywords[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
     "enum", "const", "anyOf", "$ref", "minLength", "maxLength", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "oneOf", "allOf",
+    "exclusiveMinimum", "exclusiveMaximum", "oneOf", "allOf", "pattern",
     /* definitions, read through "$ref" */
     "$defs", "definitions"};
 
@@ -399,6 +400,20 @@ static int compile_type(fmoe_json_schema *s, const cJSON *j, const char *type, p
         if (has_lo < 0 || has_hi < 0) return has_lo < 0 ? has_lo : has_hi;
         FMOE_RETURN_ERROR_IF(has_hi && lo > hi, FMOE_EINVAL,
                              "'minLength' at %s is above 'maxLength'", p->buf);
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
+        if (pat) {
+            FMOE_RETURN_ERROR_IF(!cJSON_IsString(pat), FMOE_EINVAL,
+                                 "'pattern' at %s must be a string", p->buf);
+            FMOE_RETURN_ERROR_IF(has_lo || has_hi, FMOE_EUNSUPPORTED,
+                                 "'pattern' together with 'minLength' or 'maxLength' at %s "
+                                 "is not supported", p->buf);
+            GROW(s->regexes, s->num_regexes, s->cap_regexes);
+            FMOE_FORWARD_IF_ERROR(fmoe__json_regex_compile(
+                pat->valuestring, strlen(pat->valuestring), p->buf, &s->regexes[s->num_regexes]));
+            FMOE_FORWARD_IF_ERROR(new_node(s, JSON_STRING, out));
+            s->nodes[*out].pattern = s->num_regexes++;
+            return 0;
+        }
         if (!has_lo && !has_hi) {
             *out = s->string;
             return 0;
@@ -435,9 +450,81 @@ static int compile_type(fmoe_json_schema *s, const cJSON *j, const char *type, p
     return 0;
 }
 
-/* An ANYOF node of branches[n]; refused when two branches may start with the same byte. */
-static int anyof_node(fmoe_json_schema *s, const int32_t *br, int32_t n, path *p,
+/* The literal of an OBJECT node's first property's value when that property is
+ * required and its value a single string const; else -1. */
+static int32_t tag_of(const fmoe_json_schema *s, int32_t node) {
+    const json_node *n = &s->nodes[node];
+    if (n->kind != JSON_OBJECT || n->count == 0 || !s->props[n->first].required) return -1;
+    const json_node *v = &s->nodes[s->props[n->first].value];
+    if (v->kind != JSON_LITERALS || v->count != 1 || s->pool[s->lits[v->first].off] != '"')
+        return -1;
+    return v->first;
+}
+
+static int same_lit(const fmoe_json_schema *s, int32_t a, int32_t b) {
+    return s->lits[a].len == s->lits[b].len &&
+           !memcmp(s->pool + s->lits[a].off, s->pool + s->lits[b].off, (size_t)s->lits[a].len);
+}
+
+/* The object branches of an anyOf (br[n]) joined into one TAGGED node, which replaces
+ * the first of them in br (*n shrinks), when there are several and each begins with the
+ * same required key whose value is a string const of its own: the value written there
+ * then names the branch, and the automaton stays deterministic. Anything else is left as
+ * it was (anyof_node refuses two branches that both start with '{'). */
+static int join_tagged(fmoe_json_schema *s, int32_t *br, int32_t *n) {
+    int32_t objs[JSON_MAX_ALTS], k = 0;
+    for (int32_t i = 0; i < *n; i++)
+        if (s->nodes[br[i]].kind == JSON_OBJECT) objs[k++] = i;
+    if (k < 2) return 0;
+    for (int32_t i = 0; i < k; i++) {
+        const int32_t t = tag_of(s, br[objs[i]]);
+        if (t < 0) return 0;
+        const json_node *o = &s->nodes[br[objs[i]]], *o0 = &s->nodes[br[objs[0]]];
+        if (!same_lit(s, s->props[o->first].key, s->props[o0->first].key)) return 0;
+        for (int32_t j = 0; j < i; j++)
+            if (same_lit(s, t, tag_of(s, br[objs[j]]))) return 0;
+    }
+    int32_t lits, id;
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_LITERALS, &lits));
+    s->nodes[lits].first = s->num_lits;
+    s->nodes[lits].count = k;
+    starts_add(&s->nodes[lits], '"');
+    for (int32_t i = 0; i < k; i++) { /* consecutive copies: a node's literals are a range */
+        GROW(s->lits, s->num_lits, s->cap_lits);
+        s->lits[s->num_lits] = s->lits[tag_of(s, br[objs[i]])];
+        s->num_lits++;
+    }
+    FMOE_FORWARD_IF_ERROR(new_node(s, JSON_TAGGED, &id));
+    s->nodes[id].item = lits;
+    s->nodes[id].first = s->num_branches;
+    s->nodes[id].count = k;
+    starts_add(&s->nodes[id], '{');
+    for (int32_t i = 0; i < k; i++) {
+        GROW(s->branches, s->num_branches, s->cap_branches);
+        s->branches[s->num_branches++] = br[objs[i]];
+    }
+    /* br without the joined objects, the TAGGED node where the first one was */
+    int32_t m = 0;
+    for (int32_t i = 0, j = 0; i < *n; i++) {
+        if (j < k && objs[j] == i) {
+            if (j++ == 0) br[m++] = id;
+            continue;
+        }
+        br[m++] = br[i];
+    }
+    *n = m;
+    return 0;
+}
+
+/* An ANYOF node of branches[n]; refused when two branches may start with the same byte
+ * (object branches are first joined as a tagged union when they can be). */
+static int anyof_node(fmoe_json_schema *s, int32_t *br, int32_t n, path *p,
                       const char *keyword, int32_t *out) {
+    FMOE_FORWARD_IF_ERROR(join_tagged(s, br, &n));
+    if (n == 1) {
+        *out = br[0];
+        return 0;
+    }
     for (int32_t a = 0; a < n; a++)
         for (int32_t b = a + 1; b < n; b++)
             for (int w = 0; w < 4; w++) {
@@ -601,8 +688,8 @@ static int compile(fmoe_json_schema *s, const cJSON *j, path *p, int depth, int3
     /* No type: what its keywords imply, else any value. A length or a bound without a
      * type would apply to only some of the values "any" writes: refused. */
     static const char *const typed[] = {"minLength", "maxLength", "minimum", "maximum",
-                                        "exclusiveMinimum", "exclusiveMaximum"};
-    for (int k = 0; k < 6; k++)
+                                        "exclusiveMinimum", "exclusiveMaximum", "pattern"};
+    for (int k = 0; k < 7; k++)
         FMOE_RETURN_ERROR_IF(cJSON_GetObjectItemCaseSensitive(j, typed[k]), FMOE_EUNSUPPORTED,
                              "'%s' at %s is supported only beside 'type'", typed[k], p->buf);
     if (cJSON_GetObjectItemCaseSensitive(j, "properties") ||
@@ -656,5 +743,6 @@ void fmoe_json_schema_free(fmoe_json_schema *s) {
     free(s->lits);
     free(s->branches);
     free(s->pool);
+    free(s->regexes);
     free(s);
 }

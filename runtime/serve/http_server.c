@@ -647,7 +647,8 @@ static int choice_next(stream *s, int32_t i, int *failed) {
                                                                         : NULL));
     } else {
         const char *finish = fmoe_serve_api_finish_reason(st.finished);
-        if (ch->split.calls_sent > 0 && st.finished == SERVE_FINISH_STOP) finish = "tool_calls";
+        if (ch->split.calls_sent > 0 && st.finished == SERVE_FINISH_STOP)
+            finish = s->meta.tools.legacy ? "function_call" : "tool_calls";
         rc = pend_event(s, fmoe_serve_api_render_chunk_lp(&s->meta, i, 0, "", 0, finish,
                                                           s->include_usage, NULL, 0, 0));
     }

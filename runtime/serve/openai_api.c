@@ -321,6 +321,63 @@ static int constrain_arguments(const cJSON *tools, const char *named, serve_api_
     return 0;
 }
 
+/* tool_choice "required" with several tools, in a format whose call is one JSON object
+ * {"name": N, KEY: A}: the opening markup goes into r->tools.prefix and the object is
+ * constrained to a call of one of the tools, as the anyOf of one object per tool whose
+ * "name" is that tool's const and whose KEY follows its parameters (the automaton joins
+ * such branches as a tagged union: json_schema.c). @return 1 when constrained; 0 when the
+ * format has no such object, or a tool's parameters do not compile and none says
+ * "strict" (the caller then lets the model name the function, unconstrained); <0: 400. */
+static int constrain_union(const cJSON *tools, const char *tmpl, serve_api_request *r,
+                           serve_api_error *err) {
+    const char *key;
+    char opening[SERVE_TOOLS_PREFIX_MAX];
+    if (fmoe_serve_tools_call_opening(r->tools.format, tmpl, opening, &key) < 0) return 0;
+    if (r->sampling.json)
+        return bad(err, "response_format", "'response_format' cannot be combined with a forced "
+                                           "tool call (tool_choice \"required\" or a function): "
+                                           "the call's arguments follow the tool's parameters");
+    cJSON *any = cJSON_CreateObject(), *branches = cJSON_AddArrayToObject(any, "anyOf");
+    const cJSON *t;
+    int strict = 0, ok = branches != NULL;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *params = field(fn, "parameters");
+        strict |= cJSON_IsTrue(field(fn, "strict"));
+        cJSON *b = cJSON_CreateObject();
+        if (!branches || !b || !cJSON_AddItemToArray(branches, b)) {
+            cJSON_Delete(b);
+            ok = 0;
+            break;
+        }
+        cJSON *props = cJSON_AddObjectToObject(b, "properties");
+        cJSON *name = cJSON_AddObjectToObject(props, "name");
+        cJSON *req = cJSON_AddArrayToObject(b, "required");
+        ok = ok && cJSON_AddStringToObject(b, "type", "object") && name &&
+             cJSON_AddStringToObject(name, "const",
+                                     cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring) &&
+             cJSON_AddItemToObject(props, key, params ? cJSON_Duplicate(params, 1)
+                                                      : cJSON_Parse("{\"type\":\"object\"}")) &&
+             req && cJSON_AddItemToArray(req, cJSON_CreateString("name")) &&
+             cJSON_AddItemToArray(req, cJSON_CreateString(key));
+    }
+    char *text = ok ? cJSON_PrintUnformatted(any) : NULL;
+    cJSON_Delete(any);
+    if (!text) return oom(err);
+    const int rc = fmoe_json_schema_compile(text, strlen(text), &r->sampling.json);
+    free(text);
+    if (rc == FMOE_ENOMEM) return oom(err);
+    if (rc < 0) {
+        r->sampling.json = NULL;
+        if (strict)
+            return bad(err, "tools", "'tools' cannot be enforced with tool_choice \"required\": "
+                                     "%s", fmoe_error_detail());
+        return 0;
+    }
+    memcpy(r->tools.prefix, opening, sizeof opening);
+    return 1;
+}
+
 /* tools, tool_choice and parallel_tool_calls: what the template is given (r->tools_json)
  * and how the output is read (r->tools.format, .parallel, .prefix). The format is the one
  * whose markup the model's template shows; forcing a call appends its opening to the
@@ -380,7 +437,10 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
     }
     /* "none": the tools are not offered and nothing is parsed (vLLM offers them unless
      * told not to; a model shown tools may still write a call, which would then be text) */
-    if (mode == NONE) return 0;
+    if (mode == NONE) {
+        r->tools.no_calls = 1;
+        return 0;
+    }
 
     const char *tmpl = fmoe_tokenizer_chat_template_text(tok, 1);
     r->tools.format = fmoe_serve_tools_detect(tmpl);
@@ -411,7 +471,9 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
         named = cJSON_GetObjectItemCaseSensitive(
             cJSON_GetObjectItemCaseSensitive(tools->child, "function"), "name")->valuestring;
     }
-    if ((mode == REQUIRED || mode == NAMED) &&
+    if (mode == REQUIRED && (rc = constrain_union(tools, tmpl, r, err)) != 0) {
+        if (rc < 0) return rc;
+    } else if ((mode == REQUIRED || mode == NAMED) &&
         fmoe_serve_tools_forced_prefix(r->tools.format, named, tmpl, r->tools.prefix) < 0)
         return bad(err, "tool_choice", "'tool_choice': the function name is too long");
     if (mode == NAMED && (rc = constrain_arguments(tools, named, r, err)) < 0) return rc;
@@ -426,7 +488,8 @@ static int chat_tools(const cJSON *root, const fmoe_tokenizer *tok, serve_api_re
  * functions[i] = {name, description?, parameters?} becomes {"type": "function",
  * "function": functions[i]}; function_call "none" / "auto" / {"name": N} becomes
  * tool_choice "none" / "auto" / {"type": "function", "function": {"name": N}}. A request
- * with both forms is refused. The reply is in the tools form (message.tool_calls). */
+ * with both forms is refused. @return 1 when root used them (the reply then answers in
+ * their form: message.function_call), 0 when not, or a negative error. */
 static int legacy_functions(cJSON *root, serve_api_error *err) {
     cJSON *fns = cJSON_GetObjectItemCaseSensitive(root, "functions");
     cJSON *fc = cJSON_GetObjectItemCaseSensitive(root, "function_call");
@@ -488,7 +551,7 @@ static int legacy_functions(cJSON *root, serve_api_error *err) {
     cJSON_DeleteItemFromObjectCaseSensitive(root, "tool_choice");
     if (tools) cJSON_AddItemToObject(root, "tools", tools);
     if (choice) cJSON_AddItemToObject(root, "tool_choice", choice);
-    return 0;
+    return 1;
 }
 
 /* An assistant message's tool_calls[].function.arguments, sent as OpenAI's API has them
@@ -899,7 +962,13 @@ int fmoe_serve_api_parse(int32_t kind, const char *body, size_t len, const fmoe_
     if (kind == SERVE_API_CHAT) {
         if ((rc = chat_logprobs(root, out, err)) < 0) goto fail;
         if ((rc = legacy_functions(root, err)) < 0) goto fail;
+        const int legacy = rc;
         if ((rc = chat_tools(root, tok, out, err)) < 0) goto fail;
+        /* the legacy reply has room for one call: function_call, not a list */
+        if (legacy) {
+            out->tools.legacy = 1;
+            out->tools.parallel = 0;
+        }
         rc = chat_prompt(root, tok, out, err);
     } else {
         if ((rc = completion_unsupported(root, out, err)) < 0) goto fail;
@@ -1277,6 +1346,14 @@ static int put_split_message(cJSON *c, const serve_api_meta *m, int32_t choice,
                                                        : cJSON_CreateNull()))
         return -1;
     if (p->num_calls == 0) return 0;
+    if (m->tools.legacy) { /* {"name", "arguments"}: no id, no type (OpenAI's older form) */
+        cJSON *f = cJSON_CreateObject();
+        return put(msg, "function_call", f) || put_str(f, "name", p->calls[0].name) ||
+                       put(f, "arguments", string_n(p->calls[0].arguments,
+                                                    p->calls[0].arguments_len))
+                   ? -1
+                   : 0;
+    }
     cJSON *calls = cJSON_CreateArray();
     if (put(msg, "tool_calls", calls)) return -1;
     for (int32_t k = 0; k < p->num_calls; k++)
@@ -1299,7 +1376,15 @@ char *fmoe_serve_api_render_chunk_tools(const serve_api_meta *m, int32_t index,
     if (d && d->reasoning_len &&
         put(delta, "reasoning_content", string_n(d->reasoning, d->reasoning_len)))
         goto fail;
-    if (d && d->num_calls) {
+    if (d && d->num_calls && m->tools.legacy) {
+        /* the legacy stream: delta.function_call, its name in the first delta only, then
+         * pieces of its arguments (one call: parallel is 0) */
+        const serve_tools_call_delta *cd = &d->calls[0];
+        cJSON *f = cJSON_CreateObject();
+        if (put(delta, "function_call", f) || (cd->name && put_str(f, "name", cd->name)) ||
+            put(f, "arguments", string_n(cd->arguments, cd->arguments_len)))
+            goto fail;
+    } else if (d && d->num_calls) {
         cJSON *calls = cJSON_CreateArray();
         if (put(delta, "tool_calls", calls)) goto fail;
         for (int32_t k = 0; k < d->num_calls; k++) {
@@ -1345,7 +1430,7 @@ char *fmoe_serve_api_render_response_n(const serve_api_meta *m, const serve_api_
         if (chat && ch[i].parsed) {
             if (put_split_message(c, m, i, ch[i].parsed)) goto fail;
             if (ch[i].parsed->num_calls > 0 && ch[i].finished == SERVE_FINISH_STOP)
-                finish = "tool_calls";
+                finish = m->tools.legacy ? "function_call" : "tool_calls";
         } else if (chat) {
             cJSON *msg = cJSON_CreateObject();
             if (put(c, "message", msg) || put_str(msg, "role", "assistant") ||

@@ -21,7 +21,7 @@
  *             extension); response_format {"type": "text" | "json_object" |
  *             "json_schema", "json_schema": {name, schema, strict}} (structured output:
  *             serve_sampling.json; a schema keyword fmoe does not do -> 400 naming it and
- *             its path); functions, function_call, logit_bias, min_tokens -> 400 naming
+ *             its path); logit_bias, min_tokens -> 400 naming
  *             the field unless the value asks for nothing (null, [], {}, 0, "none");
  *             temperature or top_p positive but 0 as a float (1e-320) -> 400
  *   chat      messages: non-empty array of {role: string, content: string | null | array
@@ -34,7 +34,9 @@
  *             parallel_tool_calls (bool): tools need a template whose tool-call markup
  *             serve_tools knows, else 400 naming it; an assistant message's
  *             tool_calls[].function.arguments given as a JSON string of an object reach
- *             the template as that object (as vLLM passes them)
+ *             the template as that object (as vLLM passes them); the deprecated
+ *             functions / function_call read as tools / tool_choice, answered in their
+ *             own form (one message.function_call, finish_reason "function_call")
  *   completion tools, tool_choice -> 400 unless they ask for nothing
  *   completion prompt: a string, [string], [ids...] or [[ids...]] (one prompt per request);
  *             strings encoded with special tokens; logprobs (int 0..5, or false/null);

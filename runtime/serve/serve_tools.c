@@ -151,6 +151,25 @@ int fmoe_serve_tools_forced_prefix(int32_t format, const char *name, const char 
     return n > 0 && n < SERVE_TOOLS_PREFIX_MAX ? 0 : -1;
 }
 
+int fmoe_serve_tools_call_opening(int32_t format, const char *template_text,
+                                  char out[SERVE_TOOLS_PREFIX_MAX], const char **args_key) {
+    *args_key = "arguments";
+    switch (format) {
+    case SERVE_TOOLS_HERMES: snprintf(out, SERVE_TOOLS_PREFIX_MAX, HERMES_OPEN "\n"); return 0;
+    case SERVE_TOOLS_MISTRAL:
+        /* as fmoe_serve_tools_forced_prefix opens the list */
+        snprintf(out, SERVE_TOOLS_PREFIX_MAX, "%s",
+                 template_text && strstr(template_text, MISTRAL_OPEN " [") ? MISTRAL_OPEN " ["
+                                                                          : MISTRAL_OPEN "[");
+        return 0;
+    case SERVE_TOOLS_LLAMA3:
+        out[0] = '\0'; /* the output is the call */
+        *args_key = "parameters";
+        return 0;
+    default: return -1;
+    }
+}
+
 void fmoe_serve_tools_call_id(int32_t format, const char *response_id, int32_t choice,
                               int32_t index, char out[SERVE_TOOLS_ID_MAX]) {
     /* FNV-1a over the response id, then splitmix64 steps: unique as the (random) response
@@ -722,7 +741,12 @@ static int harmony_all(parser *P) {
             }
         const size_t be = e - hold;
         int rc;
-        if (rb > ra + 10 && memcmp(s + ra, "functions.", 10) == 0) {
+        const int function = rb > ra + 10 && memcmp(s + ra, "functions.", 10) == 0;
+        if (function && P->cfg->no_calls) {
+            /* tool_choice "none": OpenAI's API returns no call then, so one the model
+             * wrote anyway is text, like commentary to no one */
+            rc = buf_add(&P->content, s + b, be - b);
+        } else if (function) {
             rc = add_call(P, s + ra + 10, rb - ra - 10, s + b, be - b);
         } else if (rb > ra || (cb - ca == 8 && memcmp(s + ca, "analysis", 8) == 0)) {
             /* the reasoning, and calls to the built-in tools (browser, python), which

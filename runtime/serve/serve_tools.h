@@ -72,6 +72,14 @@ typedef struct serve_tools_config {
     int32_t format;           /* serve_tools_format */
     int32_t reasoning;        /* serve_reasoning */
     int32_t parallel;         /* 0: only the first call is kept (parallel_tool_calls false) */
+    /* 1: no call may be returned (tool_choice "none", or no tools): a HARMONY call the
+     * model writes anyway is read as text, its body joining the content as a commentary
+     * message to no one does (the other formats are not parsed at all then) */
+    int32_t no_calls;
+    /* 1: the request used the deprecated `functions`: the reply carries one call as
+     * message.function_call (finish_reason "function_call"), so parallel is 0. Read by
+     * the renderer (openai_api.c), not by the parse. */
+    int32_t legacy;
     /* text the model's output continues: the opening markup the server appended to the
      * prompt to force a call (tool_choice "required" or a named function); parsed as if
      * the model had written it. "" for none. */
@@ -112,6 +120,14 @@ const char *fmoe_serve_tools_format_name(int32_t format);
  * @return 0, or -1 when it does not fit or the format has none. */
 int fmoe_serve_tools_forced_prefix(int32_t format, const char *name, const char *template_text,
                                    char out[SERVE_TOOLS_PREFIX_MAX]);
+
+/* Writes into out the markup that opens a call whose whole {"name": N, KEY: A} object the
+ * model then writes (tool_choice "required" with several tools: that object is
+ * constrained to a call of one of them), and into *args_key KEY ("arguments", Llama 3's
+ * "parameters"). @return 0, or -1 for a format whose calls are not such an object
+ * (harmony, DeepSeek, Mistral's [ARGS]). */
+int fmoe_serve_tools_call_opening(int32_t format, const char *template_text,
+                                  char out[SERVE_TOOLS_PREFIX_MAX], const char **args_key);
 
 /* Splits cfg->prefix followed by text[0..len) (need not be NUL-terminated). final 0: more
  * may come, so what could still become markup is held back; 1: the output ended.

@@ -35,8 +35,9 @@ int main(int argc, char **argv) {
         "\"age\":{\"type\":\"integer\"},\"color\":{\"enum\":[\"red\",\"green\",\"blue\"]},"
         "\"xs\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},"
         "\"code\":{\"type\":\"string\",\"maxLength\":40},"
-        "\"lvl\":{\"type\":\"integer\",\"minimum\":-50,\"maximum\":5000}},"
-        "\"required\":[\"name\",\"age\",\"color\",\"xs\",\"code\",\"lvl\"],"
+        "\"lvl\":{\"type\":\"integer\",\"minimum\":-50,\"maximum\":5000},"
+        "\"id\":{\"type\":\"string\",\"pattern\":\"^[a-z][a-z0-9_]*(-[0-9]{2,4})?$\"}},"
+        "\"required\":[\"name\",\"age\",\"color\",\"xs\",\"code\",\"lvl\",\"id\"],"
         "\"additionalProperties\":false}";
     static const struct {
         const char *name, *prefix;
@@ -53,6 +54,9 @@ int main(int argc, char **argv) {
                               "\"code\":\"ab"},
         {"in_bounded_integer", "{\"name\":\"Al\",\"age\":4,\"color\":\"red\",\"xs\":[],"
                                "\"code\":\"\",\"lvl\":12"},
+        /* pattern: the position automaton steps on every byte, no shortcut */
+        {"in_pattern_string", "{\"name\":\"Al\",\"age\":4,\"color\":\"red\",\"xs\":[],"
+                              "\"code\":\"\",\"lvl\":12,\"id\":\"ab"},
     };
     fmoe_tokenizer *tok;
     fmoe_json_schema *schema;

@@ -5,6 +5,7 @@
  * one (the mask's trie walks, and its shortcut for string bodies, must agree with a plain
  * per-token feed).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,9 +213,128 @@ static void refused(const char *schema, int code, const char *needle, int *harne
     ASSERT_CONTAINS(fmoe_error_detail(), needle);
 }
 
+/* Calls to one of several functions, as tool_choice "required" constrains them: an anyOf
+ * of objects whose first, required property is a string const of its own (a tagged
+ * union); the rest of the object follows the branch that const names. */
+static const char *CALLS =
+    "{\"anyOf\":["
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"get\"},"
+    "\"arguments\":{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}},"
+    "\"required\":[\"n\"]}},\"required\":[\"name\",\"arguments\"]},"
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"get_all\"},"
+    "\"arguments\":{\"type\":\"object\",\"properties\":{\"s\":{\"enum\":[\"a\",\"b\"]}},"
+    "\"required\":[\"s\"]}},\"required\":[\"name\",\"arguments\"]},"
+    "{\"type\":\"string\"}]}";
+
+TEST(tagged_union_of_objects_follows_the_named_branch) {
+    ASSERT_EQ(doc(CALLS, "{\"name\":\"get\",\"arguments\":{\"n\":5}}"), 1);
+    ASSERT_EQ(doc(CALLS, "{ \"name\": \"get_all\", \"arguments\": {\"s\": \"b\"}}"), 1);
+    ASSERT_EQ(doc(CALLS, "\"a string branch\""), 1);
+    /* the other branch's arguments, an unknown name, the tag not first, not whole */
+    ASSERT_EQ(doc(CALLS, "{\"name\":\"get\",\"arguments\":{\"s\":\"a\"}}"), 0);
+    ASSERT_EQ(doc(CALLS, "{\"name\":\"get_all\",\"arguments\":{\"n\":1}}"), 0);
+    ASSERT_EQ(doc(CALLS, "{\"name\":\"got\",\"arguments\":{}}"), 0);
+    ASSERT_EQ(doc(CALLS, "{\"arguments\":{\"n\":5},\"name\":\"get\"}"), 0);
+    ASSERT_EQ(doc(CALLS, "{\"name\":\"get\"}"), 0);
+    ASSERT_EQ(prefix(CALLS, "{\"name\":\"get"), 1);
+    /* branches whose first keys differ, or whose tag is not a const, stay refused */
+    refused("{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\"}},"
+            "\"required\":[\"a\"]},{\"type\":\"object\",\"properties\":{\"b\":"
+            "{\"const\":\"y\"}},\"required\":[\"b\"]}]}",
+            FMOE_EUNSUPPORTED, "both start with '{'", harness_failed);
+    refused("{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\"}},"
+            "\"required\":[\"a\"]},{\"type\":\"object\",\"properties\":{\"a\":"
+            "{\"type\":\"string\"}},\"required\":[\"a\"]}]}",
+            FMOE_EUNSUPPORTED, "both start with '{'", harness_failed);
+}
+
+/* A string schema of pattern pat (C text, JSON-escaped by the caller). */
+#define PAT(pat) "{\"type\":\"string\",\"pattern\":\"" pat "\"}"
+
+/* Whole matches of the pattern, worked out by hand (JSON Schema searches unanchored; a
+ * whole match is one such match, and generation writes whole ones). */
+TEST(pattern_strings_are_whole_matches) {
+    ASSERT_EQ(doc(PAT("^[a-z][a-z0-9_]{2,4}$"), "\"ab_1\""), 1);
+    ASSERT_EQ(doc(PAT("^[a-z][a-z0-9_]{2,4}$"), "\"ab\""), 0);       /* too short */
+    ASSERT_EQ(doc(PAT("^[a-z][a-z0-9_]{2,4}$"), "\"abcdef\""), 0);   /* too long */
+    ASSERT_EQ(doc(PAT("^[a-z][a-z0-9_]{2,4}$"), "\"1bc\""), 0);
+    ASSERT_EQ(doc(PAT("\\\\d{3}-\\\\d{4}"), "\"555-1234\""), 1);
+    ASSERT_EQ(doc(PAT("\\\\d{3}-\\\\d{4}"), "\"555-123\""), 0);
+    ASSERT_EQ(doc(PAT("(cat|dog)s?"), "\"dogs\""), 1);
+    ASSERT_EQ(doc(PAT("(cat|dog)s?"), "\"cat\""), 1);
+    ASSERT_EQ(doc(PAT("(cat|dog)s?"), "\"cow\""), 0);
+    ASSERT_EQ(doc(PAT("a*b+"), "\"b\""), 1);
+    ASSERT_EQ(doc(PAT("a*b+"), "\"aab\""), 1);
+    ASSERT_EQ(doc(PAT("a*b+"), "\"aa\""), 0);
+    ASSERT_EQ(doc(PAT("x?"), "\"\""), 1);
+    ASSERT_EQ(doc(PAT("\\\\w+\\\\s\\\\w+"), "\"hi there\""), 1);
+    ASSERT_EQ(doc(PAT("[^0-9]{2}"), "\"a1\""), 0);
+    ASSERT_EQ(doc(PAT("[^0-9]{2}"), "\"ab\""), 1);
+    ASSERT_EQ(doc(PAT("v\\\\.[0-9]+(\\\\.[0-9]+){0,2}"), "\"v.1.22.3\""), 1);
+    ASSERT_EQ(doc(PAT("v\\\\.[0-9]+(\\\\.[0-9]+){0,2}"), "\"v.1.2.3.4\""), 0);
+    ASSERT_EQ(doc(PAT("a{2,}"), "\"aaaaa\""), 1);
+    ASSERT_EQ(doc(PAT("a{2,}"), "\"a\""), 0);
+    /* characters that need escapes in JSON are not written: a backslash escape or a
+     * quote inside never comes, even where `.` would allow it */
+    ASSERT_EQ(prefix(PAT(".+"), "\"a\\n"), 0);
+    /* a pattern inside an object */
+    ASSERT_EQ(doc("{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\","
+                  "\"pattern\":\"^[A-Z]{2}[0-9]{2}$\"}},\"required\":[\"id\"]}",
+                  "{\"id\":\"AB12\"}"), 1);
+}
+
+TEST(patterns_outside_the_subset_are_refused_naming_the_construct) {
+    refused(PAT("(a)\\\\1"), FMOE_EUNSUPPORTED, "a back-reference", harness_failed);
+    refused(PAT("(?=a)b"), FMOE_EUNSUPPORTED, "'(?'", harness_failed);
+    refused(PAT("\\\\bword"), FMOE_EUNSUPPORTED, "a word boundary", harness_failed);
+    refused(PAT("a*?"), FMOE_EUNSUPPORTED, "lazy", harness_failed);
+    refused(PAT("a^b"), FMOE_EUNSUPPORTED, "an anchor inside", harness_failed);
+    refused(PAT("[\\\\\\\"]"), FMOE_EUNSUPPORTED, "matches no character", harness_failed);
+    refused(PAT("a{70}"), FMOE_EUNSUPPORTED, "more than 63", harness_failed);
+    refused(PAT("((()){999}){999}"), FMOE_EUNSUPPORTED, "repetition this large",
+            harness_failed);
+    refused("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", FMOE_EUNSUPPORTED,
+            "'pattern' together with", harness_failed);
+    refused("{\"pattern\":\"a\"}", FMOE_EUNSUPPORTED, "'pattern' at $ is supported only beside",
+            harness_failed);
+    refused("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\","
+            "\"pattern\":\"\\\\p{L}\"}}}",
+            FMOE_EUNSUPPORTED, "'pattern' at $.properties.n: this escape at offset 1",
+            harness_failed);
+}
+
+/* Random patterns of the subset against Python's re.fullmatch, whose verdicts
+ * tests/fixtures/patterns/make_pattern_cases.py wrote (an independent regex engine). */
+TEST(patterns_agree_with_python_re_on_random_cases) {
+    const char *fixtures = getenv("FMOE_FIXTURES");
+    char path[4096], line[1024];
+    snprintf(path, sizeof path, "%s/patterns/pattern_cases.tsv",
+             fixtures ? fixtures : "tests/fixtures");
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    int cases = 0, matches = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *t1 = strchr(line, '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL;
+        ASSERT_TRUE(t2 != NULL);
+        *t1 = *t2 = '\0';
+        char schema[1200], text[600];
+        snprintf(schema, sizeof schema, "{\"type\":\"string\",\"pattern\":%s}", line);
+        snprintf(text, sizeof text, "\"%s\"", t1 + 1);
+        const int want = t2[1] == '1', got = doc(schema, text);
+        if (got != want) fprintf(stderr, "pattern %s on \"%s\": fmoe %d, re %d\n", line,
+                                 t1 + 1, got, want);
+        ASSERT_EQ(got, want);
+        cases++;
+        matches += want;
+    }
+    fclose(f);
+    ASSERT_TRUE(cases > 1000 && matches > 300);
+}
+
 TEST(unsupported_keywords_are_refused_with_their_path) {
-    refused("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\",\"pattern\":\"a\"}}}",
-            FMOE_EUNSUPPORTED, "'pattern' at $.properties.n is not supported", harness_failed);
+    refused("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\",\"format\":\"date\"}}}",
+            FMOE_EUNSUPPORTED, "'format' at $.properties.n is not supported", harness_failed);
     refused("{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/x\"}}", FMOE_EINVAL,
             "'$ref' at $.items: \"#/$defs/x\" is not defined", harness_failed);
     refused("{\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{\"next\":"
@@ -365,6 +485,18 @@ TEST(mask_equals_per_token_feed_on_fmoe_tiny) {
 }
 
 TEST(mask_any_object_on_fmoe_tiny) { random_walks(NULL, 40, harness_failed); }
+
+TEST(mask_equals_per_token_feed_on_a_tagged_union) { random_walks(CALLS, 60, harness_failed); }
+
+TEST(mask_equals_per_token_feed_with_patterns) {
+    random_walks("{\"type\":\"object\",\"properties\":{"
+                 "\"id\":{\"type\":\"string\",\"pattern\":\"^[a-z][a-z0-9_]{1,8}$\"},"
+                 "\"tel\":{\"type\":\"string\",\"pattern\":\"\\\\d{3}-\\\\d{2,4}\"},"
+                 "\"w\":{\"type\":\"string\",\"pattern\":\"(red|green)( \\\\w+)*\"},"
+                 "\"any\":{\"type\":\"string\",\"pattern\":\".*\"}},"
+                 "\"required\":[\"id\",\"tel\",\"w\",\"any\"],\"additionalProperties\":false}",
+                 60, harness_failed);
+}
 
 TEST(mask_equals_per_token_feed_with_bounds) {
     random_walks("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\","

@@ -248,3 +248,19 @@ def test_generation_stops_at_call(server, model, tmp_path_factory):
         assert ch.message.tool_calls[0].function.arguments == "".join(toks[:k])
     finally:
         s.stop()
+
+
+def test_tool_choice_none_offers_no_tools_and_returns_no_call(server, model):
+    """tool_choice "none": the template gets no tools (jinja2's rendering without them)
+    and the reply has no tool_calls, streamed or not; that a call the model writes anyway
+    becomes content is checked on the parser (test_serve_tools.c,
+    harmony_call_under_tool_choice_none_is_content)."""
+    c = server.client()
+    kw = dict(model="m", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=6,
+              temperature=0)
+    r = c.chat.completions.create(**kw)
+    assert r.usage.prompt_tokens == len(ids(model, rendered(ASK)))
+    assert r.choices[0].message.tool_calls is None
+    assert r.choices[0].finish_reason in ("stop", "length")
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        assert not (chunk.choices and chunk.choices[0].delta.tool_calls)

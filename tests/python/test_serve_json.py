@@ -102,8 +102,24 @@ BOUNDS = {
     "required": ["age", "cold", "big", "code", "tag", "pick", "digit"],
     "additionalProperties": False,
 }
+# pattern: the regex subset (literals, classes, \d \w \s, quantifiers, groups, |);
+# jsonschema checks it with Python's re.search, independent of fmoe's automaton
+PATTERNS = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[a-z][a-z0-9_]{2,7}$"},
+        "phone": {"type": "string", "pattern": "^\\d{3}-\\d{3,4}$"},
+        "pet": {"type": "string", "pattern": "^(cat|dog|bird)s?$"},
+        "words": {"type": "string", "pattern": "^\\w+( \\w+){0,2}$"},
+        "version": {"type": "string", "pattern": "^v[0-9]+(\\.[0-9]+)?[^a-z]?$"},
+        "tags": {"type": "array", "maxItems": 2,
+                 "items": {"type": "string", "pattern": "^#[A-Z]+$"}},
+    },
+    "required": ["id", "phone", "pet", "words", "version", "tags"],
+    "additionalProperties": False,
+}
 SCHEMAS = {"bounds": BOUNDS, "person": PERSON, "shapes": SHAPES, "escapes": ESCAPES, "items": ITEMS,
-           "optional": OPTIONAL, "pydantic": PYDANTIC}
+           "optional": OPTIONAL, "pydantic": PYDANTIC, "patterns": PATTERNS}
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +206,9 @@ def test_stream_and_completions_endpoint(server):
 
 
 BAD = [
-    ({"type": "object", "properties": {"name": {"type": "string", "pattern": "^a"}}},
-     "'pattern' at $.properties.name"),
+    ({"type": "object", "properties": {"name": {"type": "string", "pattern": "(?i)a"}}},
+     "'pattern' at $.properties.name: '(?' at offset 1 is not supported"),
+    ({"type": "string", "pattern": "(a)\\1"}, "'pattern' at $: a back-reference"),
     ({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}},
      "'format' at $.properties.d"),
     ({"type": "array", "items": {"$ref": "#/$defs/node"}}, "'$ref' at $.items"),

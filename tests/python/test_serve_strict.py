@@ -148,7 +148,7 @@ UNSUPPORTED = {
     # structured output is supported (test_serve_json.py); a schema keyword it does not do
     # is refused as the other fields are
     "response_format": {"type": "json_schema",
-                        "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}}},
+                        "json_schema": {"name": "x", "schema": {"type": "string", "format": "date"}}},
     "logit_bias": {"15": -100},
     "min_tokens": 3,
 }

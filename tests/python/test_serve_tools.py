@@ -173,14 +173,15 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
 
 
 def test_auto_none_and_required_prompts(qwen):
-    """required with one tool is that tool forced; with several the model names one."""
+    """required with one tool is that tool forced; with several the call's opening, the
+    model then writing the whole {"name", "arguments"} object (constrained)."""
     c = qwen.client()
     for choice, tools, want in (
             ("auto", TOOLS, rendered(QWEN3, ASK, tools=TOOLS)),
             ("none", TOOLS, rendered(QWEN3, ASK)),
             ("required", TOOLS, rendered(QWEN3, ASK, tools=TOOLS) + QWEN_PREFIX),
             ("required", TOOLS + [TIME], rendered(QWEN3, ASK, tools=TOOLS + [TIME])
-             + '<tool_call>\n{"name": "')):
+             + '<tool_call>\n')):
         r = c.chat.completions.create(model="m", messages=ASK, tools=tools, tool_choice=choice,
                                       max_tokens=4, temperature=0)
         assert r.usage.prompt_tokens == len(ids(want)), choice
@@ -294,29 +295,57 @@ def test_template_of_a_format_fmoe_does_not_read_is_400_naming_it(tmp_path_facto
         s.stop()
 
 
-def test_legacy_functions_are_tools(qwen):
+def test_legacy_functions_answer_in_their_form(qwen):
     """OpenAI's deprecated functions / function_call: the same prompt and the same call as
-    the tools / tool_choice they stand for."""
-    legacy = dict(functions=[t["function"] for t in TOOLS],
-                  function_call={"name": "get_weather"})
-    st, _, body = qwen.post("/v1/chat/completions", {"model": "m", "messages": ASK,
-                                                     "max_tokens": 8, "temperature": 0,
-                                                     **legacy})
-    assert st == 200, body
-    old = json.loads(body)
-    new = qwen.client().chat.completions.create(model="m", messages=ASK, tools=TOOLS,
-                                                tool_choice=FORCE, max_tokens=8, temperature=0)
-    assert old["usage"]["prompt_tokens"] == new.usage.prompt_tokens == len(
+    the tools / tool_choice they stand for, answered as OpenAI answers such a request
+    (message.function_call {name, arguments}, finish_reason "function_call"), read back
+    by the openai client's own models; a stream's function_call deltas reassemble to it."""
+    c = qwen.client()
+    legacy = dict(model="m", messages=ASK, functions=[t["function"] for t in TOOLS],
+                  function_call={"name": "get_weather"}, max_tokens=8, temperature=0)
+    old = c.chat.completions.create(**legacy)
+    new = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=FORCE,
+                                    max_tokens=8, temperature=0)
+    assert old.usage.prompt_tokens == new.usage.prompt_tokens == len(
         ids(rendered(QWEN3, ASK, tools=TOOLS) + QWEN_PREFIX))
-    (call,) = old["choices"][0]["message"]["tool_calls"]
-    assert call["function"] == {"name": "get_weather",
-                                "arguments": new.choices[0].message.tool_calls[0].function.arguments}
+    msg, want = old.choices[0].message, new.choices[0].message.tool_calls[0].function
+    assert msg.tool_calls is None and msg.content is None
+    assert msg.function_call.name == "get_weather"
+    assert msg.function_call.arguments == want.arguments
+    assert old.choices[0].finish_reason == new.choices[0].finish_reason.replace(
+        "tool_calls", "function_call")
+    name, args, finish = "", "", None
+    for chunk in c.chat.completions.create(stream=True, **legacy):
+        if chunk.choices:
+            d = chunk.choices[0].delta
+            assert not d.tool_calls
+            if d.function_call:
+                name += d.function_call.name or ""
+                args += d.function_call.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert (name, args, finish) == ("get_weather", want.arguments,
+                                    old.choices[0].finish_reason)
     # function_call "none": no tools offered
     st, _, body = qwen.post("/v1/chat/completions", {"model": "m", "messages": ASK,
                                                      "max_tokens": 2, "function_call": "none",
                                                      "functions": legacy["functions"]})
     assert st == 200 and json.loads(body)["usage"]["prompt_tokens"] == len(
         ids(rendered(QWEN3, ASK)))
+
+
+def test_legacy_functions_call_that_stops(qwen):
+    """A call that ends before max_tokens: finish_reason "function_call", the arguments
+    a whole JSON object of the function's parameters (the forced arguments are
+    constrained, so the enum closes the object within a few tokens)."""
+    r = qwen.client().chat.completions.create(
+        model="m", messages=ASK, functions=[t["function"] for t in TOOLS],
+        function_call={"name": "get_weather"}, max_tokens=60, temperature=0)
+    ch = r.choices[0]
+    if ch.finish_reason == "length":
+        pytest.skip("the tiny model did not close its call within 60 tokens")
+    assert ch.finish_reason == "function_call", ch
+    jsonschema.validate(json.loads(ch.message.function_call.arguments),
+                        TOOLS[0]["function"]["parameters"])
 
 
 @pytest.mark.parametrize("extra,param", [
@@ -400,6 +429,55 @@ def test_forced_arguments_follow_the_tool_schema_over_seeds(qwen, tool):
         except (ValueError, jsonschema.ValidationError):
             pass
     assert valid < 8
+
+
+def test_required_with_several_tools_calls_one_of_them_over_seeds(qwen):
+    """tool_choice "required" with several tools: the model writes the whole call object
+    under the union of the tools (a tagged union on "name"): at temperature 1 over 16 seeds
+    every finished call names one of the tools and its arguments validate by jsonschema
+    against that tool's parameters; the same prompt unconstrained (/v1/completions, same
+    seeds) writes no such call."""
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in SCHEMA_TOOLS}
+    c = qwen.client()
+    done, names = 0, set()
+    for seed in range(2):
+        r = c.chat.completions.create(model="m", messages=ASK, tools=SCHEMA_TOOLS, n=8,
+                                      seed=seed, temperature=1.0, max_tokens=96,
+                                      tool_choice="required")
+        for ch in r.choices:
+            (call,) = ch.message.tool_calls
+            assert call.function.name in by_name, call
+            if ch.finish_reason == "tool_calls":
+                jsonschema.validate(json.loads(call.function.arguments),
+                                    by_name[call.function.name])
+                done += 1
+                names.add(call.function.name)
+            else:
+                assert ch.finish_reason == "length", ch
+    assert done >= 12, f"only {done} of 16 calls finished within max_tokens"
+    assert len(names) >= 2, names  # the model chose, not the server
+    prompt = ids(rendered(QWEN3, ASK, tools=SCHEMA_TOOLS) + '<tool_call>\n')
+    st, _, body = qwen.post("/v1/completions", {"model": "m", "prompt": prompt, "n": 8,
+                                                "seed": 0, "temperature": 1.0,
+                                                "max_tokens": 48})
+    assert st == 200, body
+    valid = 0
+    for ch in json.loads(body)["choices"]:
+        try:
+            call = json.loads(ch["text"])
+            jsonschema.validate(call["arguments"], by_name[call["name"]])
+            valid += 1
+        except (ValueError, KeyError, TypeError, jsonschema.ValidationError):
+            pass
+    assert valid < 8
+    # a tool without parameters takes any JSON object as its arguments (not any value)
+    ping = {"type": "function", "function": {"name": "ping"}}
+    r = c.chat.completions.create(model="m", messages=ASK, tools=[ping, TIME], n=8, seed=0,
+                                  temperature=1.0, max_tokens=64, tool_choice="required")
+    finished = [ch for ch in r.choices if ch.finish_reason == "tool_calls"]
+    assert finished
+    for ch in finished:
+        assert isinstance(json.loads(ch.message.tool_calls[0].function.arguments), dict)
 
 
 def test_strict_tool_schema_that_cannot_be_enforced_is_400(qwen):
@@ -487,5 +565,32 @@ def test_llama3_json_format(tmp_path_factory):
         text = greedy(s, ids(rendered(LLAMA3_LIKE, ASK, tools=TOOLS)), 6)
         if not text.lstrip().startswith("{"):
             assert a.choices[0].message.content == text
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("family", ["nemo", "llama3"])
+def test_required_with_several_tools_in_mistral_and_llama3_formats(tmp_path_factory, family):
+    """The union constraint of tool_choice "required" in the other formats whose call is
+    one JSON object: Mistral-Nemo's [TOOL_CALLS][{...}] and Llama 3's bare {"name",
+    "parameters"}: every call names one of the tools, a finished one's arguments validate
+    by jsonschema against that tool's parameters."""
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in SCHEMA_TOOLS}
+    template = NEMO if family == "nemo" else LLAMA3_LIKE
+    s = serve_util.Server(tmp_path_factory.mktemp("serve-req-" + family), "--model",
+                          model_with(tmp_path_factory, family, template), "--parallel", "1")
+    try:
+        r = s.client().chat.completions.create(model="m", messages=ASK, tools=SCHEMA_TOOLS,
+                                               n=4, seed=3, temperature=1.0, max_tokens=96,
+                                               tool_choice="required")
+        done = 0
+        for ch in r.choices:
+            (call,) = ch.message.tool_calls
+            assert call.function.name in by_name, call
+            if ch.finish_reason == "tool_calls":
+                jsonschema.validate(json.loads(call.function.arguments),
+                                    by_name[call.function.name])
+                done += 1
+        assert done >= 2, r
     finally:
         s.stop()

@@ -313,6 +313,23 @@ TEST(harmony_tool_calls_both_header_orders) {
                 "ok", "{\"query\":\"x\"}", none, 0);
 }
 
+/* tool_choice "none" (no_calls): a call the model writes anyway is not returned as one;
+ * its body is text, as a commentary message to no one is, and the reasoning stays apart */
+TEST(harmony_call_under_tool_choice_none_is_content) {
+    serve_tools_config cfg = config(SERVE_TOOLS_HARMONY, SERVE_REASONING_CHANNELS, 1);
+    cfg.no_calls = 1;
+    const want_call none[] = {{"", ""}};
+    CHECK_PARSE(cfg,
+                "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant"
+                "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                "<|message|>{\"city\":\"Paris\"}<|call|>",
+                "{\"city\":\"Paris\"}", "Need weather.", none, 0);
+    CHECK_PARSE(cfg,
+                " to=functions.get_weather<|channel|>commentary json<|message|>{}<|end|>"
+                "<|start|>assistant<|channel|>final<|message|>Sunny.",
+                "{}Sunny.", NULL, none, 0);
+}
+
 TEST(harmony_forced_prefix_and_parallel_false) {
     char p[SERVE_TOOLS_PREFIX_MAX];
     ASSERT_OK(fmoe_serve_tools_forced_prefix(SERVE_TOOLS_HARMONY, "f", NULL, p));

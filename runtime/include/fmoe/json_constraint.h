@@ -27,8 +27,10 @@
  *   array         items, minItems, maxItems
  *   enum, const   any JSON values (at most 64), matched as their compact JSON text
  *   anyOf         branches that a document tells apart by its first byte (string vs
- *                 number vs object vs array vs true/false vs null; two object branches,
- *                 or number with integer, are refused)
+ *                 number vs object vs array vs true/false vs null; number with integer is
+ *                 refused); several object branches only as a tagged union: each begins
+ *                 with the same required property whose value is a string const of its
+ *                 own, and the rest follows the branch that value names
  *   oneOf         as anyOf, under the same condition (such branches never both match)
  *   allOf         of one schema (annotations and definitions beside it)
  *   minimum, maximum, exclusiveMinimum, exclusiveMaximum
@@ -37,11 +39,17 @@
  *   minLength, maxLength
  *                 on strings, in code points; such a string is written without \u
  *                 escapes
+ *   pattern       on strings, a subset of regular expressions (json_regex.c): literals,
+ *                 ., [classes], \d \w \s (\D \W \S), escaped punctuation, ? * + {m}
+ *                 {m,} {m,n}, groups and |, ^ and $ at the ends (whole matches are
+ *                 written either way); at most 63 character positions once repetitions
+ *                 are expanded; such a string is written unescaped, in printable ASCII
+ *                 but '"' and '\'; not together with minLength/maxLength
  *   $ref          "#/$defs/NAME" or "#/definitions/NAME" of the root, expanded in place;
  *                 only annotations beside it; a schema that refers to itself is refused
  *   annotations   title, description, $schema, $id, $comment, default, examples,
  *                 deprecated, readOnly, writeOnly: ignored
- * Refused: recursion and other $ref forms, pattern, format, bounds on numbers, lengths
+ * Refused: recursion and other $ref forms, patterns outside the subset, format, bounds on numbers, lengths
  * or bounds without a type, multipleOf, oneOf of overlapping branches, allOf of several,
  * not, patternProperties, prefixItems, uniqueItems, if/then/else, ... .
  *
@@ -78,7 +86,7 @@ typedef struct fmoe_json_matcher fmoe_json_matcher;
 /* Compiles a JSON schema (text[0..len), UTF-8 JSON). @return 0 and *out (one reference;
  * fmoe_json_schema_free drops it), FMOE_EINVAL (not JSON, or a keyword with a wrong
  * value), FMOE_EUNSUPPORTED (a keyword this module does not do); the detail is one line
- * naming the keyword and its JSON path ("'pattern' at $.properties.name is not
+ * naming the keyword and its JSON path ("'format' at $.properties.date is not
  * supported"). FMOE_ENOMEM. */
 int fmoe_json_schema_compile(const char *text, size_t len, fmoe_json_schema **out);
 
