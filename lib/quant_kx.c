@@ -76,8 +76,8 @@ static int32_t isum_ref(const kx_block *u, const int8_t *qa) {
  * up in the grid with a byte shuffle. The same bytes as fmoe__kx_sub's: test_quant_act's
  * exact integer sums and the dots at every level check them. */
 SIMD void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, kx_block *u) {
-    if (fmoe__is_iq(type)) { /* no AVX2 unpacking of the codebook types yet: plain C */
-        fmoe__iq_unpack(type, b, u);
+    if (fmoe__is_iq(type)) { /* the codebook types: lib/quant_iq_avx2.c */
+        fmoe__iq_unpack_avx2(type, b, u);
         return;
     }
     if (type == FMOE_GGML_IQ4_XS) {

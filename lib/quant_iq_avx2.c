@@ -1,0 +1,178 @@
+/*
+ * quant_iq_avx2.c - the codebook i-quants' blocks (lib/quant_iq.c) unpacked with AVX2: the
+ * same 256 signed byte codes as the plain-C unpack, 32 of them (four groups of 8) a
+ * register, for lib/quant_kx.c's kernels at the AVX2 and AVX-512 levels. The scales and
+ * d stay lib/quant_iq.c's fmoe__iq_scales.
+ *
+ * The approach is ggml's (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_iq*_q8_K): grid points
+ * fetched as 64-bit (IQ2, IQ1) or 32-bit (IQ3, by a gather) table loads into one register;
+ * the 32 sign bits of those values spread one per byte (byte j of the register gets sign
+ * byte j/8, then a compare against bit j%8) and applied as (g ^ m) - m, which is -g where
+ * m is all ones. Here the result is stored as bytes instead of multiplied at once, so one
+ * unpack serves the f32 and the 8-bit dots of both levels, and the plain C and this file
+ * can be compared byte for byte (tests/lib/test_quant_iq_unpack.c).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "fmoe/quant.h"
+#include "iq_grids.h"
+#include "quant_impl.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define SIMD __attribute__((target("avx2,fma,f16c")))
+
+/* ggml's ksigns_iq2xs as a table: 7 stored sign bits, the eighth making the count of
+ * minus signs even (bit 7 the parity of bits 0-6). */
+#define KS(x) ((x) | ((((x) ^ (x) >> 1 ^ (x) >> 2 ^ (x) >> 3 ^ (x) >> 4 ^ (x) >> 5 ^ (x) >> 6) & 1) << 7))
+#define KS4(x) KS(x), KS((x) + 1), KS((x) + 2), KS((x) + 3)
+#define KS16(x) KS4(x), KS4((x) + 4), KS4((x) + 8), KS4((x) + 12)
+#define KS64(x) KS16(x), KS16((x) + 16), KS16((x) + 32), KS16((x) + 48)
+static const uint8_t ksigns[128] = {KS64(0), KS64(64)};
+
+static inline uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* The four 8-bit sign sets of a uint32 of four 7-bit ones (IQ2_XXS, IQ3_XXS), lowest
+ * first, as one uint32. */
+static inline uint32_t ksigns4(uint32_t aux) {
+    return (uint32_t)ksigns[aux & 127] | (uint32_t)ksigns[(aux >> 7) & 127] << 8 |
+           (uint32_t)ksigns[(aux >> 14) & 127] << 16 | (uint32_t)ksigns[(aux >> 21) & 127] << 24;
+}
+
+/* g with value j negated where bit j of `signs` is set: byte j of `signs` broadcast
+ * to bytes 8j..8j+7, tested against bit j%8, and (g ^ m) - m. */
+SIMD static inline __m256i apply_signs(__m256i g, uint32_t signs) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)signs),
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i m = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_sub_epi8(_mm256_xor_si256(g, m), m);
+}
+
+/* Four 8-value grid points as 32 bytes, the first lowest. */
+SIMD static inline __m256i points4(const uint64_t *grid, unsigned i0, unsigned i1, unsigned i2,
+                                   unsigned i3) {
+    return _mm256_set_epi64x((long long)grid[i3], (long long)grid[i2], (long long)grid[i1],
+                             (long long)grid[i0]);
+}
+
+/* Eight 4-value IQ3 points whose indices are idx's 32-bit lanes, by one gather. */
+SIMD static inline __m256i points8(const uint32_t *grid, __m256i idx) {
+    return _mm256_i32gather_epi32((const int *)grid, idx, 4);
+}
+
+/* IQ1's codes 8g ± 1 from grid values g in {-1, 0, 1}: 8g by a 16-bit shift whose bits
+ * crossing into the next byte are masked off (-1 = 0xFF gives 0xF8 = -8), then the
+ * delta's ±1 per 8 values added (bytes, no carry between them). */
+SIMD static inline __m256i iq1_codes(__m256i g, __m256i delta) {
+    const __m256i g8 = _mm256_and_si256(_mm256_slli_epi16(g, 3), _mm256_set1_epi8((char)0xF8));
+    return _mm256_add_epi8(g8, delta);
+}
+
+/* +1 in every byte of a group of 8, or -1 (every byte 0xFF) where `minus`. */
+static inline long long delta8(int minus) { return minus ? -1LL : 0x0101010101010101LL; }
+
+SIMD static void codes_iq2_xxs(const uint8_t *b, int8_t *q) {
+    for (int ib = 0; ib < 8; ib++) {
+        const uint8_t *g = b + 2 + 8 * ib;
+        const __m256i v = points4(fmoe__iq2xxs_grid, g[0], g[1], g[2], g[3]);
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), apply_signs(v, ksigns4(le32(g + 4))));
+    }
+}
+
+SIMD static void codes_iq2_xs(const uint8_t *b, int8_t *q) {
+    for (int ib = 0; ib < 8; ib++) {
+        uint16_t v[4];
+        for (int l = 0; l < 4; l++) v[l] = le16(b + 2 + 8 * ib + 2 * l);
+        const __m256i g = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
+        const uint32_t signs = (uint32_t)ksigns[v[0] >> 9] | (uint32_t)ksigns[v[1] >> 9] << 8 |
+                               (uint32_t)ksigns[v[2] >> 9] << 16 | (uint32_t)ksigns[v[3] >> 9] << 24;
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), apply_signs(g, signs));
+    }
+}
+
+SIMD static void codes_iq2_s(const uint8_t *b, int8_t *q) {
+    /* index k: qs[k] and bits 2(k % 4) of qh[k / 4]; 32 values are one qh byte */
+    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned h = qh[ib];
+        const uint8_t *s = qs + 4 * ib;
+        const __m256i g = points4(fmoe__iq2s_grid, s[0] | (h & 3) << 8, s[1] | (h & 12) << 6,
+                                  s[2] | (h & 48) << 4, s[3] | (h & 192) << 2);
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), apply_signs(g, le32(signs + 4 * ib)));
+    }
+}
+
+SIMD static void codes_iq3_xxs(const uint8_t *b, int8_t *q) {
+    const uint8_t *qs = b + 2;
+    for (int ib = 0; ib < 8; ib++) {
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * ib)));
+        const __m256i g = points8(fmoe__iq3xxs_grid, idx);
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), apply_signs(g, ksigns4(le32(b + 66 + 4 * ib))));
+    }
+}
+
+SIMD static void codes_iq3_s(const uint8_t *b, int8_t *q) {
+    /* index 8ib + j: qs[8ib + j] and bit j of qh[ib], moved to bit 8 by a per-lane shift */
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
+    const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
+    for (int ib = 0; ib < 8; ib++) {
+        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * ib)));
+        const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[ib]), lane), bit8);
+        const __m256i g = points8(fmoe__iq3s_grid, _mm256_or_si256(lo, hi));
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), apply_signs(g, le32(signs + 4 * ib)));
+    }
+}
+
+SIMD static void codes_iq1_s(const uint8_t *b, int8_t *q) {
+    const uint8_t *qs = b + 2;
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned h = le16(b + 34 + 2 * ib);
+        const uint8_t *s = qs + 4 * ib;
+        const __m256i g = points4(fmoe__iq1s_grid, s[0] | (h & 7) << 8, s[1] | (h & 0x38) << 5,
+                                  s[2] | (h & 0x1C0) << 2, s[3] | (h & 0xE00) >> 1);
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), iq1_codes(g, _mm256_set1_epi64x(delta8(h & 0x8000))));
+    }
+}
+
+SIMD static void codes_iq1_m(const uint8_t *b, int8_t *q) {
+    /* group k: qs[k], and the nibble k % 2 of qh[k / 2]: index top 3 bits, delta sign */
+    const uint8_t *qs = b, *qh = b + 32;
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned h0 = qh[2 * ib], h1 = qh[2 * ib + 1];
+        const uint8_t *s = qs + 4 * ib;
+        const __m256i g = points4(fmoe__iq1s_grid, s[0] | (h0 & 7) << 8, s[1] | (h0 & 0x70) << 4,
+                                  s[2] | (h1 & 7) << 8, s[3] | (h1 & 0x70) << 4);
+        const __m256i delta = _mm256_setr_epi64x(delta8(h0 & 8), delta8(h0 & 0x80), delta8(h1 & 8),
+                                                 delta8(h1 & 0x80));
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), iq1_codes(g, delta));
+    }
+}
+
+SIMD void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u) {
+    switch (type) {
+    case FMOE_GGML_IQ2_XXS: codes_iq2_xxs(b, u->q); break;
+    case FMOE_GGML_IQ2_XS: codes_iq2_xs(b, u->q); break;
+    case FMOE_GGML_IQ2_S: codes_iq2_s(b, u->q); break;
+    case FMOE_GGML_IQ3_XXS: codes_iq3_xxs(b, u->q); break;
+    case FMOE_GGML_IQ3_S: codes_iq3_s(b, u->q); break;
+    case FMOE_GGML_IQ1_S: codes_iq1_s(b, u->q); break;
+    case FMOE_GGML_IQ1_M: codes_iq1_m(b, u->q); break;
+    default: break;
+    }
+    fmoe__iq_scales(type, b, u);
+}
+
+#else
+
+void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u) {
+    fmoe__iq_unpack(type, b, u);
+}
+
+#endif
