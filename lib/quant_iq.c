@@ -118,39 +118,42 @@ static uint16_t iq1_m_d_bits(const uint8_t *b) {
 
 /* The codes of each type (below: signed grid values, IQ1's 8g ± 1) are written by
  * iq_codes here and by lib/quant_iq_avx2.c; the scales and d, sixteen small integers and
- * one float, by fmoe__iq_scales for both. */
+ * one float, by fmoe__iq_scales (and, the integers, lib/quant_iq_avx2.c again). */
+float fmoe__iq_block_d(uint32_t type, const uint8_t *b) {
+    switch (type) {
+    case FMOE_GGML_IQ3_XXS: return fmoe__qblock_f16(b) * 0.25f;
+    case FMOE_GGML_IQ3_S: return fmoe__qblock_f16(b);
+    case FMOE_GGML_IQ1_M: return fmoe_half_to_float(iq1_m_d_bits(b)) * 0.125f;
+    default: return fmoe__qblock_f16(b) * 0.125f; /* the IQ2 types, IQ1_S */
+    }
+}
+
 void fmoe__iq_scales(uint32_t type, const uint8_t *b, fmoe__kx_block *u) {
     memset(u->m, 0, sizeof u->m);
     u->dmin = 0;
+    u->d = fmoe__iq_block_d(type, b);
     switch (type) {
     case FMOE_GGML_IQ2_XXS: /* the top 4 bits of each 32 values' sign word */
         for (int ib = 0; ib < 8; ib++) scale32(u, ib, 2 * (int)(le32(b + 6 + 8 * ib) >> 28) + 1);
-        u->d = fmoe__qblock_f16(b) * 0.125f;
         return;
     case FMOE_GGML_IQ2_XS:
         for (int s = 0; s < 16; s++) u->sc[s] = nibble_scale(b + 66, s);
-        u->d = fmoe__qblock_f16(b) * 0.125f;
         return;
     case FMOE_GGML_IQ2_S:
         for (int s = 0; s < 16; s++) u->sc[s] = nibble_scale(b + 74, s);
-        u->d = fmoe__qblock_f16(b) * 0.125f;
         return;
     case FMOE_GGML_IQ3_XXS: /* as IQ2_XXS, the sign words after the 64 index bytes */
         for (int ib = 0; ib < 8; ib++) scale32(u, ib, 2 * (int)(le32(b + 66 + 4 * ib) >> 28) + 1);
-        u->d = fmoe__qblock_f16(b) * 0.25f;
         return;
     case FMOE_GGML_IQ3_S: /* a 4-bit scale per 32 values */
         for (int ib = 0; ib < 8; ib++) scale32(u, ib, nibble_scale(b + 106, ib));
-        u->d = fmoe__qblock_f16(b);
         return;
     case FMOE_GGML_IQ1_S: /* bits 12-14 of each 32 values' qh */
         for (int ib = 0; ib < 8; ib++) scale32(u, ib, 2 * ((le16(b + 34 + 2 * ib) >> 12) & 7) + 1);
-        u->d = fmoe__qblock_f16(b) * 0.125f;
         return;
     case FMOE_GGML_IQ1_M: /* 3 bits per 16 values, four to a scale word */
         for (int s = 0; s < 16; s++)
             u->sc[s] = (int16_t)(2 * ((le16(b + 48 + 2 * (s / 4)) >> (3 * (s % 4))) & 7) + 1);
-        u->d = fmoe_half_to_float(iq1_m_d_bits(b)) * 0.125f;
         return;
     default: return;
     }

@@ -24,24 +24,38 @@
 
 #define SIMD __attribute__((target("avx2,fma,f16c")))
 
-/* ggml's ksigns_iq2xs as a table: 7 stored sign bits, the eighth making the count of
- * minus signs even (bit 7 the parity of bits 0-6). */
+/* ggml's ksigns_iq2xs: 7 stored sign bits, the eighth making the count of minus signs
+ * even (bit 7 the parity of bits 0-6); KSMASK spreads such a sign byte to a uint64 mask,
+ * byte j 0xFF where value j is negative. The table of the 128 masks (1 KiB, ggml's
+ * keven_signs_q2xs in mask form) is built by the preprocessor. */
 #define KS(x) ((x) | ((((x) ^ (x) >> 1 ^ (x) >> 2 ^ (x) >> 3 ^ (x) >> 4 ^ (x) >> 5 ^ (x) >> 6) & 1) << 7))
-#define KS4(x) KS(x), KS((x) + 1), KS((x) + 2), KS((x) + 3)
+#define KB(s, j) ((uint64_t)(((s) >> (j)) & 1) * 0xFFull << (8 * (j)))
+#define KSMASK(x) (KB(KS(x), 0) | KB(KS(x), 1) | KB(KS(x), 2) | KB(KS(x), 3) | KB(KS(x), 4) | \
+                   KB(KS(x), 5) | KB(KS(x), 6) | KB(KS(x), 7))
+#define KS4(x) KSMASK(x), KSMASK((x) + 1), KSMASK((x) + 2), KSMASK((x) + 3)
 #define KS16(x) KS4(x), KS4((x) + 4), KS4((x) + 8), KS4((x) + 12)
 #define KS64(x) KS16(x), KS16((x) + 16), KS16((x) + 32), KS16((x) + 48)
-static const uint8_t ksigns[128] = {KS64(0), KS64(64)};
+static const uint64_t ksign_masks[128] = {KS64(0), KS64(64)};
 
 static inline uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
-/* The four 8-bit sign sets of a uint32 of four 7-bit ones (IQ2_XXS, IQ3_XXS), lowest
- * first, as one uint32. */
-static inline uint32_t ksigns4(uint32_t aux) {
-    return (uint32_t)ksigns[aux & 127] | (uint32_t)ksigns[(aux >> 7) & 127] << 8 |
-           (uint32_t)ksigns[(aux >> 14) & 127] << 16 | (uint32_t)ksigns[(aux >> 21) & 127] << 24;
+/* (g ^ m) - m: g where m's byte is 0, -g where it is 0xFF. */
+SIMD static inline __m256i negate_masked(__m256i g, __m256i m) {
+    return _mm256_sub_epi8(_mm256_xor_si256(g, m), m);
+}
+
+/* The sign masks of four 7-bit sign sets s0..s3 (ksigns), one per 8 values. */
+SIMD static inline __m256i ksign_mask4(unsigned s0, unsigned s1, unsigned s2, unsigned s3) {
+    return _mm256_set_epi64x((long long)ksign_masks[s3 & 127], (long long)ksign_masks[s2 & 127],
+                             (long long)ksign_masks[s1 & 127], (long long)ksign_masks[s0 & 127]);
+}
+
+/* The same for a uint32 of four 7-bit sets, the lowest first (IQ2_XXS, IQ3_XXS). */
+SIMD static inline __m256i ksign_mask_aux(uint32_t aux) {
+    return ksign_mask4(aux, aux >> 7, aux >> 14, aux >> 21);
 }
 
 /* g with value j negated where bit j of `signs` is set: byte j of `signs` broadcast
@@ -51,8 +65,7 @@ SIMD static inline __m256i apply_signs(__m256i g, uint32_t signs) {
         _mm256_set1_epi32((int)signs),
         _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i m = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    return _mm256_sub_epi8(_mm256_xor_si256(g, m), m);
+    return negate_masked(g, _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit));
 }
 
 /* Four 8-value grid points as 32 bytes, the first lowest. */
@@ -82,7 +95,7 @@ SIMD static void codes_iq2_xxs(const uint8_t *b, int8_t *q) {
     for (int ib = 0; ib < 8; ib++) {
         const uint8_t *g = b + 2 + 8 * ib;
         const __m256i v = points4(fmoe__iq2xxs_grid, g[0], g[1], g[2], g[3]);
-        _mm256_storeu_si256((__m256i *)(q + 32 * ib), apply_signs(v, ksigns4(le32(g + 4))));
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), negate_masked(v, ksign_mask_aux(le32(g + 4))));
     }
 }
 
@@ -91,9 +104,8 @@ SIMD static void codes_iq2_xs(const uint8_t *b, int8_t *q) {
         uint16_t v[4];
         for (int l = 0; l < 4; l++) v[l] = le16(b + 2 + 8 * ib + 2 * l);
         const __m256i g = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
-        const uint32_t signs = (uint32_t)ksigns[v[0] >> 9] | (uint32_t)ksigns[v[1] >> 9] << 8 |
-                               (uint32_t)ksigns[v[2] >> 9] << 16 | (uint32_t)ksigns[v[3] >> 9] << 24;
-        _mm256_storeu_si256((__m256i *)(q + 32 * ib), apply_signs(g, signs));
+        const __m256i m = ksign_mask4(v[0] >> 9, v[1] >> 9, v[2] >> 9, v[3] >> 9);
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), negate_masked(g, m));
     }
 }
 
@@ -114,7 +126,7 @@ SIMD static void codes_iq3_xxs(const uint8_t *b, int8_t *q) {
     for (int ib = 0; ib < 8; ib++) {
         const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * ib)));
         const __m256i g = points8(fmoe__iq3xxs_grid, idx);
-        _mm256_storeu_si256((__m256i *)(q + 32 * ib), apply_signs(g, ksigns4(le32(b + 66 + 4 * ib))));
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), negate_masked(g, ksign_mask_aux(le32(b + 66 + 4 * ib))));
     }
 }
 
@@ -155,6 +167,68 @@ SIMD static void codes_iq1_m(const uint8_t *b, int8_t *q) {
     }
 }
 
+/* The sixteen scales 2ls + 1 from eight 32-bit lanes holding the 4-bit ls of each 32
+ * values (bits 0-3; both 16-value halves of a 32 take it): lane v as (v << 16) | v is
+ * the int16 pair sc[2ib], sc[2ib + 1]. */
+SIMD static inline void store_scales32(int16_t *sc, __m256i ls) {
+    const __m256i v = _mm256_add_epi32(_mm256_slli_epi32(ls, 1), _mm256_set1_epi32(1));
+    _mm256_storeu_si256((__m256i *)sc, _mm256_or_si256(v, _mm256_slli_epi32(v, 16)));
+}
+
+/* Sixteen 4-bit scales, two a byte low nibble first (IQ2_XS, IQ2_S), as 2ls + 1. */
+SIMD static inline void store_scales_nibbles(int16_t *sc, const uint8_t *p) {
+    const __m128i x = _mm_loadl_epi64((const __m128i *)p), lo4 = _mm_set1_epi8(0xF);
+    const __m128i ls = _mm_unpacklo_epi8(_mm_and_si128(x, lo4), _mm_and_si128(_mm_srli_epi16(x, 4), lo4));
+    const __m256i v = _mm256_cvtepu8_epi16(ls);
+    _mm256_storeu_si256((__m256i *)sc,
+                        _mm256_add_epi16(_mm256_slli_epi16(v, 1), _mm256_set1_epi16(1)));
+}
+
+/* fmoe__iq_scales's integers without its scalar loops: where each type keeps its scale
+ * bits is lib/quant_iq.c's (there in plain C). */
+SIMD static void scales_avx2(uint32_t type, const uint8_t *b, int16_t *sc) {
+    const __m256i lo4 = _mm256_set1_epi32(0xF), lo3 = _mm256_set1_epi32(7);
+    switch (type) {
+    case FMOE_GGML_IQ2_XXS: /* the top nibbles of the sign words at 6 + 8ib */
+        store_scales32(sc, _mm256_srli_epi32(
+                               _mm256_i32gather_epi32((const int *)(b + 6),
+                                                      _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56), 1),
+                               28));
+        return;
+    case FMOE_GGML_IQ2_XS: store_scales_nibbles(sc, b + 66); return;
+    case FMOE_GGML_IQ2_S: store_scales_nibbles(sc, b + 74); return;
+    case FMOE_GGML_IQ3_XXS: /* the top nibbles of the eight sign words at 66 */
+        store_scales32(sc, _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(b + 66)), 28));
+        return;
+    case FMOE_GGML_IQ3_S: { /* nibble ib of the 4 bytes at 106 */
+        uint32_t w;
+        memcpy(&w, b + 106, 4);
+        store_scales32(sc, _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w),
+                                                              _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                            lo4));
+        return;
+    }
+    case FMOE_GGML_IQ1_S: { /* bits 12-14 of the eight qh words at 34 */
+        const __m256i qh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 34)));
+        store_scales32(sc, _mm256_and_si256(_mm256_srli_epi32(qh, 12), lo3));
+        return;
+    }
+    case FMOE_GGML_IQ1_M: { /* scale s: bits 3(s % 4) of word s / 4 at 48 */
+        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)(b + 48)));
+        const __m256i shift = _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9);
+        const __m256i s0 = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)), shift), lo3);
+        const __m256i s1 = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)), shift), lo3);
+        /* packs interleaves the 128-bit lanes (s0 lo, s1 lo, s0 hi, s1 hi): 0xD8 restores order */
+        const __m256i v = _mm256_permute4x64_epi64(_mm256_packs_epi32(s0, s1), 0xD8);
+        _mm256_storeu_si256((__m256i *)sc, _mm256_add_epi16(_mm256_slli_epi16(v, 1), _mm256_set1_epi16(1)));
+        return;
+    }
+    default: return;
+    }
+}
+
 SIMD void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u) {
     switch (type) {
     case FMOE_GGML_IQ2_XXS: codes_iq2_xxs(b, u->q); break;
@@ -164,9 +238,12 @@ SIMD void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *
     case FMOE_GGML_IQ3_S: codes_iq3_s(b, u->q); break;
     case FMOE_GGML_IQ1_S: codes_iq1_s(b, u->q); break;
     case FMOE_GGML_IQ1_M: codes_iq1_m(b, u->q); break;
-    default: break;
+    default: fmoe__iq_unpack(type, b, u); return; /* not an i-quant: left to the plain unpack */
     }
-    fmoe__iq_scales(type, b, u);
+    scales_avx2(type, b, u->sc);
+    memset(u->m, 0, sizeof u->m);
+    u->d = fmoe__iq_block_d(type, b);
+    u->dmin = 0;
 }
 
 #else
