@@ -91,80 +91,92 @@ SIMD static inline __m256i iq1_codes(__m256i g, __m256i delta) {
 /* +1 in every byte of a group of 8, or -1 (every byte 0xFF) where `minus`. */
 static inline long long delta8(int minus) { return minus ? -1LL : 0x0101010101010101LL; }
 
-SIMD static void codes_iq2_xxs(const uint8_t *b, int8_t *q) {
-    for (int ib = 0; ib < 8; ib++) {
-        const uint8_t *g = b + 2 + 8 * ib;
-        const __m256i v = points4(fmoe__iq2xxs_grid, g[0], g[1], g[2], g[3]);
-        _mm256_storeu_si256((__m256i *)(q + 32 * ib), negate_masked(v, ksign_mask_aux(le32(g + 4))));
-    }
+/* The 32 codes of values 32ib .. 32ib + 31, one function per type. */
+SIMD static inline __m256i code32_iq2_xxs(const uint8_t *b, int ib) {
+    const uint8_t *g = b + 2 + 8 * ib;
+    const __m256i v = points4(fmoe__iq2xxs_grid, g[0], g[1], g[2], g[3]);
+    return negate_masked(v, ksign_mask_aux(le32(g + 4)));
 }
 
-SIMD static void codes_iq2_xs(const uint8_t *b, int8_t *q) {
-    for (int ib = 0; ib < 8; ib++) {
-        uint16_t v[4];
-        for (int l = 0; l < 4; l++) v[l] = le16(b + 2 + 8 * ib + 2 * l);
-        const __m256i g = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
-        const __m256i m = ksign_mask4(v[0] >> 9, v[1] >> 9, v[2] >> 9, v[3] >> 9);
-        _mm256_storeu_si256((__m256i *)(q + 32 * ib), negate_masked(g, m));
-    }
+SIMD static inline __m256i code32_iq2_xs(const uint8_t *b, int ib) {
+    uint16_t v[4];
+    for (int l = 0; l < 4; l++) v[l] = le16(b + 2 + 8 * ib + 2 * l);
+    const __m256i g = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
+    return negate_masked(g, ksign_mask4(v[0] >> 9, v[1] >> 9, v[2] >> 9, v[3] >> 9));
 }
 
-SIMD static void codes_iq2_s(const uint8_t *b, int8_t *q) {
+SIMD static inline __m256i code32_iq2_s(const uint8_t *b, int ib) {
     /* index k: qs[k] and bits 2(k % 4) of qh[k / 4]; 32 values are one qh byte */
     const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
-    for (int ib = 0; ib < 8; ib++) {
-        const unsigned h = qh[ib];
-        const uint8_t *s = qs + 4 * ib;
-        const __m256i g = points4(fmoe__iq2s_grid, s[0] | (h & 3) << 8, s[1] | (h & 12) << 6,
-                                  s[2] | (h & 48) << 4, s[3] | (h & 192) << 2);
-        _mm256_storeu_si256((__m256i *)(q + 32 * ib), apply_signs(g, le32(signs + 4 * ib)));
-    }
+    const unsigned h = qh[ib];
+    const uint8_t *s = qs + 4 * ib;
+    const __m256i g = points4(fmoe__iq2s_grid, s[0] | (h & 3) << 8, s[1] | (h & 12) << 6,
+                              s[2] | (h & 48) << 4, s[3] | (h & 192) << 2);
+    return apply_signs(g, le32(signs + 4 * ib));
 }
 
-SIMD static void codes_iq3_xxs(const uint8_t *b, int8_t *q) {
-    const uint8_t *qs = b + 2;
-    for (int ib = 0; ib < 8; ib++) {
-        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * ib)));
-        const __m256i g = points8(fmoe__iq3xxs_grid, idx);
-        _mm256_storeu_si256((__m256i *)(q + 32 * ib), negate_masked(g, ksign_mask_aux(le32(b + 66 + 4 * ib))));
-    }
+SIMD static inline __m256i code32_iq3_xxs(const uint8_t *b, int ib) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * ib)));
+    return negate_masked(points8(fmoe__iq3xxs_grid, idx), ksign_mask_aux(le32(b + 66 + 4 * ib)));
 }
 
-SIMD static void codes_iq3_s(const uint8_t *b, int8_t *q) {
+SIMD static inline __m256i code32_iq3_s(const uint8_t *b, int ib) {
     /* index 8ib + j: qs[8ib + j] and bit j of qh[ib], moved to bit 8 by a per-lane shift */
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
     const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
-    for (int ib = 0; ib < 8; ib++) {
-        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * ib)));
-        const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[ib]), lane), bit8);
-        const __m256i g = points8(fmoe__iq3s_grid, _mm256_or_si256(lo, hi));
-        _mm256_storeu_si256((__m256i *)(q + 32 * ib), apply_signs(g, le32(signs + 4 * ib)));
-    }
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * ib)));
+    const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[ib]), lane), bit8);
+    return apply_signs(points8(fmoe__iq3s_grid, _mm256_or_si256(lo, hi)), le32(signs + 4 * ib));
 }
 
-SIMD static void codes_iq1_s(const uint8_t *b, int8_t *q) {
-    const uint8_t *qs = b + 2;
-    for (int ib = 0; ib < 8; ib++) {
-        const unsigned h = le16(b + 34 + 2 * ib);
-        const uint8_t *s = qs + 4 * ib;
-        const __m256i g = points4(fmoe__iq1s_grid, s[0] | (h & 7) << 8, s[1] | (h & 0x38) << 5,
-                                  s[2] | (h & 0x1C0) << 2, s[3] | (h & 0xE00) >> 1);
-        _mm256_storeu_si256((__m256i *)(q + 32 * ib), iq1_codes(g, _mm256_set1_epi64x(delta8(h & 0x8000))));
-    }
+SIMD static inline __m256i code32_iq1_s(const uint8_t *b, int ib) {
+    const unsigned h = le16(b + 34 + 2 * ib);
+    const uint8_t *s = b + 2 + 4 * ib;
+    const __m256i g = points4(fmoe__iq1s_grid, s[0] | (h & 7) << 8, s[1] | (h & 0x38) << 5,
+                              s[2] | (h & 0x1C0) << 2, s[3] | (h & 0xE00) >> 1);
+    return iq1_codes(g, _mm256_set1_epi64x(delta8(h & 0x8000)));
 }
 
-SIMD static void codes_iq1_m(const uint8_t *b, int8_t *q) {
+SIMD static inline __m256i code32_iq1_m(const uint8_t *b, int ib) {
     /* group k: qs[k], and the nibble k % 2 of qh[k / 2]: index top 3 bits, delta sign */
-    const uint8_t *qs = b, *qh = b + 32;
-    for (int ib = 0; ib < 8; ib++) {
-        const unsigned h0 = qh[2 * ib], h1 = qh[2 * ib + 1];
-        const uint8_t *s = qs + 4 * ib;
-        const __m256i g = points4(fmoe__iq1s_grid, s[0] | (h0 & 7) << 8, s[1] | (h0 & 0x70) << 4,
-                                  s[2] | (h1 & 7) << 8, s[3] | (h1 & 0x70) << 4);
-        const __m256i delta = _mm256_setr_epi64x(delta8(h0 & 8), delta8(h0 & 0x80), delta8(h1 & 8),
-                                                 delta8(h1 & 0x80));
-        _mm256_storeu_si256((__m256i *)(q + 32 * ib), iq1_codes(g, delta));
+    const uint8_t *s = b + 4 * ib, *qh = b + 32;
+    const unsigned h0 = qh[2 * ib], h1 = qh[2 * ib + 1];
+    const __m256i g = points4(fmoe__iq1s_grid, s[0] | (h0 & 7) << 8, s[1] | (h0 & 0x70) << 4,
+                              s[2] | (h1 & 7) << 8, s[3] | (h1 & 0x70) << 4);
+    const __m256i delta =
+        _mm256_setr_epi64x(delta8(h0 & 8), delta8(h0 & 0x80), delta8(h1 & 8), delta8(h1 & 0x80));
+    return iq1_codes(g, delta);
+}
+
+/* code32 of any i-quant: inlined into callers that pass `type` as a constant (the
+ * dispatch switches below), so the switch folds away and each type gets its own loop. */
+#define INLINE __attribute__((always_inline)) inline
+SIMD static INLINE __m256i code32(uint32_t type, const uint8_t *b, int ib) {
+    switch (type) {
+    case FMOE_GGML_IQ2_XXS: return code32_iq2_xxs(b, ib);
+    case FMOE_GGML_IQ2_XS: return code32_iq2_xs(b, ib);
+    case FMOE_GGML_IQ2_S: return code32_iq2_s(b, ib);
+    case FMOE_GGML_IQ3_XXS: return code32_iq3_xxs(b, ib);
+    case FMOE_GGML_IQ3_S: return code32_iq3_s(b, ib);
+    case FMOE_GGML_IQ1_S: return code32_iq1_s(b, ib);
+    default: return code32_iq1_m(b, ib);
     }
+}
+
+/* Calls F(T, ...) with T the i-quant `type` as a constant. */
+#define EACH_IQ(type, F, ...)                                                         \
+    switch (type) {                                                                   \
+    case FMOE_GGML_IQ2_XXS: F(FMOE_GGML_IQ2_XXS, __VA_ARGS__); break;                  \
+    case FMOE_GGML_IQ2_XS: F(FMOE_GGML_IQ2_XS, __VA_ARGS__); break;                    \
+    case FMOE_GGML_IQ2_S: F(FMOE_GGML_IQ2_S, __VA_ARGS__); break;                      \
+    case FMOE_GGML_IQ3_XXS: F(FMOE_GGML_IQ3_XXS, __VA_ARGS__); break;                  \
+    case FMOE_GGML_IQ3_S: F(FMOE_GGML_IQ3_S, __VA_ARGS__); break;                      \
+    case FMOE_GGML_IQ1_S: F(FMOE_GGML_IQ1_S, __VA_ARGS__); break;                      \
+    default: F(FMOE_GGML_IQ1_M, __VA_ARGS__); break;                                  \
+    }
+
+SIMD static INLINE void codes_t(uint32_t type, const uint8_t *b, int8_t *q) {
+    for (int ib = 0; ib < 8; ib++) _mm256_storeu_si256((__m256i *)(q + 32 * ib), code32(type, b, ib));
 }
 
 /* The sixteen scales 2ls + 1 from eight 32-bit lanes holding the 4-bit ls of each 32
@@ -230,26 +242,60 @@ SIMD static void scales_avx2(uint32_t type, const uint8_t *b, int16_t *sc) {
 }
 
 SIMD void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u) {
-    switch (type) {
-    case FMOE_GGML_IQ2_XXS: codes_iq2_xxs(b, u->q); break;
-    case FMOE_GGML_IQ2_XS: codes_iq2_xs(b, u->q); break;
-    case FMOE_GGML_IQ2_S: codes_iq2_s(b, u->q); break;
-    case FMOE_GGML_IQ3_XXS: codes_iq3_xxs(b, u->q); break;
-    case FMOE_GGML_IQ3_S: codes_iq3_s(b, u->q); break;
-    case FMOE_GGML_IQ1_S: codes_iq1_s(b, u->q); break;
-    case FMOE_GGML_IQ1_M: codes_iq1_m(b, u->q); break;
-    default: fmoe__iq_unpack(type, b, u); return; /* not an i-quant: left to the plain unpack */
+    if (!fmoe__is_iq(type)) { /* not an i-quant: left to the plain unpack */
+        fmoe__iq_unpack(type, b, u);
+        return;
     }
+    EACH_IQ(type, codes_t, b, u->q)
     scales_avx2(type, b, u->sc);
     memset(u->m, 0, sizeof u->m);
     u->d = fmoe__iq_block_d(type, b);
     u->dmin = 0;
 }
 
+/* Σ_s sc_s·Σ_i q·qa for one block straight from its bytes: each register of codes goes
+ * into the multiply instead of through fmoe__kx_block, as lib/quant_kx.c's isum_avx2
+ * does it (|q| unsigned, q's sign moved onto the activation; a maddubs pair is at most
+ * 2·62·127, no int16 saturates; madd by the 16-value scales). The same integer. */
+SIMD static INLINE void isum_t(uint32_t type, const uint8_t *b, const int8_t *qa, int32_t *out) {
+    int16_t sc[16];
+    scales_avx2(type, b, sc);
+    __m256i acc = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ib++) {
+        const __m256i qw = code32(type, b, ib);
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)(qa + 32 * ib));
+        const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+        const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * ib + 1]), _mm_set1_epi16(sc[2 * ib]));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, s));
+    }
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+    *out = _mm_cvtsi128_si32(r);
+}
+
+SIMD int32_t fmoe__iq_isum_avx2(uint32_t type, const uint8_t *b, const int8_t *qa) {
+    int32_t sum = 0;
+    EACH_IQ(type, isum_t, b, qa, &sum)
+    return sum;
+}
+
 #else
 
 void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u) {
     fmoe__iq_unpack(type, b, u);
+}
+
+int32_t fmoe__iq_isum_avx2(uint32_t type, const uint8_t *b, const int8_t *qa) {
+    fmoe__kx_block u;
+    fmoe__iq_unpack(type, b, &u);
+    int32_t sum = 0;
+    for (int s = 0; s < 16; s++) {
+        int32_t sub = 0;
+        for (int i = 0; i < 16; i++) sub += u.q[16 * s + i] * qa[16 * s + i];
+        sum += u.sc[s] * sub;
+    }
+    return sum;
 }
 
 #endif
