@@ -7,6 +7,9 @@
  * 256 signed byte codes, sixteen integer scales (one per 16 values) and one f32 factor d,
  * value = (d·sc)·q. That one shape serves the dequantisation and every dot (f32 and 8-bit
  * activations, at every kernel level): the i-quants then need no kernels of their own.
+ * This file is the plain-C unpack (the reference); lib/quant_iq_avx2.c writes the same
+ * bytes with AVX2 for the AVX2 and AVX-512 levels, and for one 8-bit input sums straight
+ * from its registers.
  *
  * The formats (ggml-common.h's block_iq*; ggml-quants.c's dequantize_row_iq*): groups of
  * 8 values (4 for IQ3) are one grid point of lib/iq_grids.h (all values positive for

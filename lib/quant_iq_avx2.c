@@ -28,10 +28,12 @@
  * even (bit 7 the parity of bits 0-6); KSMASK spreads such a sign byte to a uint64 mask,
  * byte j 0xFF where value j is negative. The table of the 128 masks (1 KiB, ggml's
  * keven_signs_q2xs in mask form) is built by the preprocessor. */
-#define KS(x) ((x) | ((((x) ^ (x) >> 1 ^ (x) >> 2 ^ (x) >> 3 ^ (x) >> 4 ^ (x) >> 5 ^ (x) >> 6) & 1) << 7))
+#define KS(x)                                                                                      \
+    ((x) | ((((x) ^ (x) >> 1 ^ (x) >> 2 ^ (x) >> 3 ^ (x) >> 4 ^ (x) >> 5 ^ (x) >> 6) & 1) << 7))
 #define KB(s, j) ((uint64_t)(((s) >> (j)) & 1) * 0xFFull << (8 * (j)))
-#define KSMASK(x) (KB(KS(x), 0) | KB(KS(x), 1) | KB(KS(x), 2) | KB(KS(x), 3) | KB(KS(x), 4) | \
-                   KB(KS(x), 5) | KB(KS(x), 6) | KB(KS(x), 7))
+#define KSMASK(x)                                                                                  \
+    (KB(KS(x), 0) | KB(KS(x), 1) | KB(KS(x), 2) | KB(KS(x), 3) | KB(KS(x), 4) | KB(KS(x), 5) |     \
+     KB(KS(x), 6) | KB(KS(x), 7))
 #define KS4(x) KSMASK(x), KSMASK((x) + 1), KSMASK((x) + 2), KSMASK((x) + 3)
 #define KS16(x) KS4(x), KS4((x) + 4), KS4((x) + 8), KS4((x) + 12)
 #define KS64(x) KS16(x), KS16((x) + 16), KS16((x) + 32), KS16((x) + 48)
@@ -100,7 +102,8 @@ SIMD static inline __m256i code32_iq2_xxs(const uint8_t *b, int ib) {
 
 SIMD static inline __m256i code32_iq2_xs(const uint8_t *b, int ib) {
     uint16_t v[4];
-    for (int l = 0; l < 4; l++) v[l] = le16(b + 2 + 8 * ib + 2 * l);
+    for (int l = 0; l < 4; l++)
+        v[l] = le16(b + 2 + 8 * ib + 2 * l);
     const __m256i g = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
     return negate_masked(g, ksign_mask4(v[0] >> 9, v[1] >> 9, v[2] >> 9, v[3] >> 9));
 }
@@ -164,19 +167,20 @@ SIMD static INLINE __m256i code32(uint32_t type, const uint8_t *b, int ib) {
 }
 
 /* Calls F(T, ...) with T the i-quant `type` as a constant. */
-#define EACH_IQ(type, F, ...)                                                         \
-    switch (type) {                                                                   \
-    case FMOE_GGML_IQ2_XXS: F(FMOE_GGML_IQ2_XXS, __VA_ARGS__); break;                  \
-    case FMOE_GGML_IQ2_XS: F(FMOE_GGML_IQ2_XS, __VA_ARGS__); break;                    \
-    case FMOE_GGML_IQ2_S: F(FMOE_GGML_IQ2_S, __VA_ARGS__); break;                      \
-    case FMOE_GGML_IQ3_XXS: F(FMOE_GGML_IQ3_XXS, __VA_ARGS__); break;                  \
-    case FMOE_GGML_IQ3_S: F(FMOE_GGML_IQ3_S, __VA_ARGS__); break;                      \
-    case FMOE_GGML_IQ1_S: F(FMOE_GGML_IQ1_S, __VA_ARGS__); break;                      \
-    default: F(FMOE_GGML_IQ1_M, __VA_ARGS__); break;                                  \
+#define EACH_IQ(type, F, ...)                                                                      \
+    switch (type) {                                                                                \
+    case FMOE_GGML_IQ2_XXS: F(FMOE_GGML_IQ2_XXS, __VA_ARGS__); break;                              \
+    case FMOE_GGML_IQ2_XS: F(FMOE_GGML_IQ2_XS, __VA_ARGS__); break;                                \
+    case FMOE_GGML_IQ2_S: F(FMOE_GGML_IQ2_S, __VA_ARGS__); break;                                  \
+    case FMOE_GGML_IQ3_XXS: F(FMOE_GGML_IQ3_XXS, __VA_ARGS__); break;                              \
+    case FMOE_GGML_IQ3_S: F(FMOE_GGML_IQ3_S, __VA_ARGS__); break;                                  \
+    case FMOE_GGML_IQ1_S: F(FMOE_GGML_IQ1_S, __VA_ARGS__); break;                                  \
+    default: F(FMOE_GGML_IQ1_M, __VA_ARGS__); break;                                               \
     }
 
 SIMD static INLINE void codes_t(uint32_t type, const uint8_t *b, int8_t *q) {
-    for (int ib = 0; ib < 8; ib++) _mm256_storeu_si256((__m256i *)(q + 32 * ib), code32(type, b, ib));
+    for (int ib = 0; ib < 8; ib++)
+        _mm256_storeu_si256((__m256i *)(q + 32 * ib), code32(type, b, ib));
 }
 
 /* The sixteen scales 2ls + 1 from eight 32-bit lanes holding the 4-bit ls of each 32
@@ -190,7 +194,8 @@ SIMD static inline void store_scales32(int16_t *sc, __m256i ls) {
 /* Sixteen 4-bit scales, two a byte low nibble first (IQ2_XS, IQ2_S), as 2ls + 1. */
 SIMD static inline void store_scales_nibbles(int16_t *sc, const uint8_t *p) {
     const __m128i x = _mm_loadl_epi64((const __m128i *)p), lo4 = _mm_set1_epi8(0xF);
-    const __m128i ls = _mm_unpacklo_epi8(_mm_and_si128(x, lo4), _mm_and_si128(_mm_srli_epi16(x, 4), lo4));
+    const __m128i ls =
+        _mm_unpacklo_epi8(_mm_and_si128(x, lo4), _mm_and_si128(_mm_srli_epi16(x, 4), lo4));
     const __m256i v = _mm256_cvtepu8_epi16(ls);
     _mm256_storeu_si256((__m256i *)sc,
                         _mm256_add_epi16(_mm256_slli_epi16(v, 1), _mm256_set1_epi16(1)));
@@ -202,10 +207,11 @@ SIMD static void scales_avx2(uint32_t type, const uint8_t *b, int16_t *sc) {
     const __m256i lo4 = _mm256_set1_epi32(0xF), lo3 = _mm256_set1_epi32(7);
     switch (type) {
     case FMOE_GGML_IQ2_XXS: /* the top nibbles of the sign words at 6 + 8ib */
-        store_scales32(sc, _mm256_srli_epi32(
-                               _mm256_i32gather_epi32((const int *)(b + 6),
-                                                      _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56), 1),
-                               28));
+        store_scales32(
+            sc, _mm256_srli_epi32(
+                    _mm256_i32gather_epi32((const int *)(b + 6),
+                                           _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56), 1),
+                    28));
         return;
     case FMOE_GGML_IQ2_XS: store_scales_nibbles(sc, b + 66); return;
     case FMOE_GGML_IQ2_S: store_scales_nibbles(sc, b + 74); return;
@@ -215,9 +221,10 @@ SIMD static void scales_avx2(uint32_t type, const uint8_t *b, int16_t *sc) {
     case FMOE_GGML_IQ3_S: { /* nibble ib of the 4 bytes at 106 */
         uint32_t w;
         memcpy(&w, b + 106, 4);
-        store_scales32(sc, _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w),
-                                                              _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                            lo4));
+        store_scales32(
+            sc, _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w),
+                                                   _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                 lo4));
         return;
     }
     case FMOE_GGML_IQ1_S: { /* bits 12-14 of the eight qh words at 34 */
@@ -229,12 +236,17 @@ SIMD static void scales_avx2(uint32_t type, const uint8_t *b, int16_t *sc) {
         const __m256i w = _mm256_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)(b + 48)));
         const __m256i shift = _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9);
         const __m256i s0 = _mm256_and_si256(
-            _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)), shift), lo3);
+            _mm256_srlv_epi32(
+                _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)), shift),
+            lo3);
         const __m256i s1 = _mm256_and_si256(
-            _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)), shift), lo3);
+            _mm256_srlv_epi32(
+                _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)), shift),
+            lo3);
         /* packs interleaves the 128-bit lanes (s0 lo, s1 lo, s0 hi, s1 hi): 0xD8 restores order */
         const __m256i v = _mm256_permute4x64_epi64(_mm256_packs_epi32(s0, s1), 0xD8);
-        _mm256_storeu_si256((__m256i *)sc, _mm256_add_epi16(_mm256_slli_epi16(v, 1), _mm256_set1_epi16(1)));
+        _mm256_storeu_si256((__m256i *)sc,
+                            _mm256_add_epi16(_mm256_slli_epi16(v, 1), _mm256_set1_epi16(1)));
         return;
     }
     default: return;
@@ -264,8 +276,10 @@ SIMD static INLINE void isum_t(uint32_t type, const uint8_t *b, const int8_t *qa
     for (int ib = 0; ib < 8; ib++) {
         const __m256i qw = code32(type, b, ib);
         const __m256i qx = _mm256_loadu_si256((const __m256i *)(qa + 32 * ib));
-        const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
-        const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * ib + 1]), _mm_set1_epi16(sc[2 * ib]));
+        const __m256i prod =
+            _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+        const __m256i s =
+            _mm256_set_m128i(_mm_set1_epi16(sc[2 * ib + 1]), _mm_set1_epi16(sc[2 * ib]));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, s));
     }
     __m128i r = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
@@ -292,7 +306,8 @@ int32_t fmoe__iq_isum_avx2(uint32_t type, const uint8_t *b, const int8_t *qa) {
     int32_t sum = 0;
     for (int s = 0; s < 16; s++) {
         int32_t sub = 0;
-        for (int i = 0; i < 16; i++) sub += u.q[16 * s + i] * qa[16 * s + i];
+        for (int i = 0; i < 16; i++)
+            sub += u.q[16 * s + i] * qa[16 * s + i];
         sum += u.sc[s] * sub;
     }
     return sum;

@@ -1,6 +1,8 @@
 /*
  * quant_kx.c - dot products of Q2_K, Q3_K and IQ4_XS rows, and of the i-quants IQ2_XXS ..
- * IQ1_M unpacked into the same shape by lib/quant_iq.c: with f32 vectors (AVX2; the
+ * IQ1_M unpacked into the same shape by lib/quant_iq.c (lib/quant_iq_avx2.c at the AVX2
+ * and AVX-512 levels, whose direct block sum serves their one-input 8-bit dots): with
+ * f32 vectors (AVX2; the
  * plain-C reference is lib/quant.c's dequantise-then-dot) and with Q8_K activations
  * (fmoe/quant_act.h; plain C and AVX2, the same bits).
  *
