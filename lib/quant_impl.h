@@ -77,6 +77,17 @@ void fmoe__kx_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
  * fmoe__iq_values writes for the block's 256 values, bit for bit ggml's dequantisation.
  * fmoe__iq_d is the block's f16 d as stored (IQ1_M: assembled from its scale words). */
 void fmoe__iq_unpack(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
+/* fmoe__iq_scales: the part of fmoe__iq_unpack that fills sc, m, d and dmin (plain C).
+ * fmoe__iq_unpack_avx2 (lib/quant_iq_avx2.c; only called when the CPU has AVX2): the
+ * whole block, codes and scales by AVX2, the same bytes as fmoe__iq_unpack's. */
+void fmoe__iq_scales(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
+/* The unpacked block's d alone (the f16 scale times the type's power of two). */
+float fmoe__iq_block_d(uint32_t type, const uint8_t *b);
+void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
+/* Σ_s sc_s·Σ_i q·qa of an i-quant block's bytes b and a Q8_K block's 256 codes, without
+ * the unpacked block (lib/quant_iq_avx2.c, AVX2; only called when the CPU has it): the
+ * integer fmoe__quant_act_dot_kx's block sums compute from fmoe__iq_unpack's block. */
+int32_t fmoe__iq_isum_avx2(uint32_t type, const uint8_t *b, const int8_t *qa);
 void fmoe__iq_values(uint32_t type, const uint8_t *b, float *y);
 float fmoe__iq_d(uint32_t type, const uint8_t *b);
 

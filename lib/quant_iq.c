@@ -7,6 +7,9 @@
  * 256 signed byte codes, sixteen integer scales (one per 16 values) and one f32 factor d,
  * value = (d·sc)·q. That one shape serves the dequantisation and every dot (f32 and 8-bit
  * activations, at every kernel level): the i-quants then need no kernels of their own.
+ * This file is the plain-C unpack (the reference); lib/quant_iq_avx2.c writes the same
+ * bytes with AVX2 for the AVX2 and AVX-512 levels, and for one 8-bit input sums straight
+ * from its registers.
  *
  * The formats (ggml-common.h's block_iq*; ggml-quants.c's dequantize_row_iq*): groups of
  * 8 values (4 for IQ3) are one grid point of lib/iq_grids.h (all values positive for
@@ -104,81 +107,9 @@ static inline void scale32(fmoe__kx_block *u, int ib, int sc) {
     u->sc[2 * ib] = u->sc[2 * ib + 1] = (int16_t)sc;
 }
 
-static void unpack_iq2_xxs(const uint8_t *b, fmoe__kx_block *u) {
-    /* per 32 values, 8 bytes: 4 grid indices, then a uint32 of four 7-bit sign sets and
-     * the 4-bit scale on top */
-    for (int ib = 0; ib < 8; ib++) {
-        const uint8_t *g = b + 2 + 8 * ib;
-        const uint32_t aux = le32(g + 4);
-        for (int l = 0; l < 4; l++)
-            put_signed8(u->q + 32 * ib + 8 * l, fmoe__iq2xxs_grid[g[l]], ksigns(aux >> (7 * l)));
-        scale32(u, ib, 2 * (int)(aux >> 28) + 1);
-    }
-    u->d = fmoe__qblock_f16(b) * 0.125f;
-}
-
-static void unpack_iq2_xs(const uint8_t *b, fmoe__kx_block *u) {
-    /* per 8 values a uint16: 9-bit grid index, 7 sign bits; a 4-bit scale per 16 */
-    for (int k = 0; k < 32; k++) {
-        const uint16_t v = le16(b + 2 + 2 * k);
-        put_signed8(u->q + 8 * k, fmoe__iq2xs_grid[v & 511], ksigns(v >> 9));
-    }
-    for (int s = 0; s < 16; s++) u->sc[s] = (int16_t)(2 * ((b[66 + s / 2] >> (4 * (s & 1))) & 0xF) + 1);
-    u->d = fmoe__qblock_f16(b) * 0.125f;
-}
-
-static void unpack_iq2_s(const uint8_t *b, fmoe__kx_block *u) {
-    /* per 8 values: the low 8 bits of a 10-bit index in qs[k], its top 2 bits in
-     * qh[k / 4] (bits 2(k % 4)), and 8 plain sign bits in qs[32 + k] */
-    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66, *scales = b + 74;
-    for (int k = 0; k < 32; k++) {
-        const int idx = qs[k] | (((qh[k / 4] >> (2 * (k % 4))) & 3) << 8);
-        put_signed8(u->q + 8 * k, fmoe__iq2s_grid[idx], signs[k]);
-    }
-    for (int s = 0; s < 16; s++) u->sc[s] = (int16_t)(2 * ((scales[s / 2] >> (4 * (s & 1))) & 0xF) + 1);
-    u->d = fmoe__qblock_f16(b) * 0.125f;
-}
-
-static void unpack_iq3_xxs(const uint8_t *b, fmoe__kx_block *u) {
-    /* a grid index (4 values) a byte; per 32 values a uint32 of four 7-bit sign sets (one
-     * per 8 values) and the 4-bit scale on top */
-    const uint8_t *qs = b + 2;
-    for (int ib = 0; ib < 8; ib++) {
-        const uint32_t aux = le32(b + 66 + 4 * ib);
-        for (int l = 0; l < 4; l++)
-            put_signed4x2(u->q + 32 * ib + 8 * l, fmoe__iq3xxs_grid[qs[8 * ib + 2 * l]],
-                          fmoe__iq3xxs_grid[qs[8 * ib + 2 * l + 1]], ksigns(aux >> (7 * l)));
-        scale32(u, ib, 2 * (int)(aux >> 28) + 1);
-    }
-    u->d = fmoe__qblock_f16(b) * 0.25f;
-}
-
-static void unpack_iq3_s(const uint8_t *b, fmoe__kx_block *u) {
-    /* per 4 values a 9-bit index: qs[k] and bit k % 8 of qh[k / 8]; sign bits 8 a byte;
-     * a 4-bit scale per 32 values */
-    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
-    for (int k = 0; k < 64; k += 2) {
-        const int lo = qs[k] | (((qh[k / 8] >> (k % 8)) & 1) << 8);
-        const int hi = qs[k + 1] | (((qh[k / 8] >> (k % 8 + 1)) & 1) << 8);
-        put_signed4x2(u->q + 4 * k, fmoe__iq3s_grid[lo], fmoe__iq3s_grid[hi], signs[k / 2]);
-    }
-    for (int ib = 0; ib < 8; ib++) scale32(u, ib, 2 * ((scales[ib / 2] >> (4 * (ib & 1))) & 0xF) + 1);
-    u->d = fmoe__qblock_f16(b);
-}
-
-static void unpack_iq1_s(const uint8_t *b, fmoe__kx_block *u) {
-    /* per 32 values a uint16 qh: four 3-bit index tops, a 3-bit scale, the delta's sign;
-     * per 8 values the index's low 8 bits in qs */
-    const uint8_t *qs = b + 2;
-    for (int ib = 0; ib < 8; ib++) {
-        const uint16_t qh = le16(b + 34 + 2 * ib);
-        for (int l = 0; l < 4; l++) {
-            const int idx = qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8);
-            put_iq1(u->q + 32 * ib + 8 * l, fmoe__iq1s_grid[idx], qh & 0x8000);
-        }
-        scale32(u, ib, 2 * ((qh >> 12) & 7) + 1);
-    }
-    u->d = fmoe__qblock_f16(b) * 0.125f;
+/* The 4-bit scale of 16-value sub-block s from a nibble-per-scale array (IQ2_XS, IQ2_S). */
+static inline int16_t nibble_scale(const uint8_t *scales, int s) {
+    return (int16_t)(2 * ((scales[s / 2] >> (4 * (s & 1))) & 0xF) + 1);
 }
 
 /* IQ1_M's f16 d: the top nibbles of its four scale words, lowest word first. */
@@ -188,32 +119,141 @@ static uint16_t iq1_m_d_bits(const uint8_t *b) {
                       ((le16(sc + 4) >> 4) & 0x0F00) | (le16(sc + 6) & 0xF000));
 }
 
-static void unpack_iq1_m(const uint8_t *b, fmoe__kx_block *u) {
+/* The codes of each type (below: signed grid values, IQ1's 8g ± 1) are written by
+ * iq_codes here and by lib/quant_iq_avx2.c; the scales and d, sixteen small integers and
+ * one float, by fmoe__iq_scales (and, the integers, lib/quant_iq_avx2.c again). */
+float fmoe__iq_block_d(uint32_t type, const uint8_t *b) {
+    switch (type) {
+    case FMOE_GGML_IQ3_XXS: return fmoe__qblock_f16(b) * 0.25f;
+    case FMOE_GGML_IQ3_S: return fmoe__qblock_f16(b);
+    case FMOE_GGML_IQ1_M: return fmoe_half_to_float(iq1_m_d_bits(b)) * 0.125f;
+    default: return fmoe__qblock_f16(b) * 0.125f; /* the IQ2 types, IQ1_S */
+    }
+}
+
+void fmoe__iq_scales(uint32_t type, const uint8_t *b, fmoe__kx_block *u) {
+    memset(u->m, 0, sizeof u->m);
+    u->dmin = 0;
+    u->d = fmoe__iq_block_d(type, b);
+    switch (type) {
+    case FMOE_GGML_IQ2_XXS: /* the top 4 bits of each 32 values' sign word */
+        for (int ib = 0; ib < 8; ib++) scale32(u, ib, 2 * (int)(le32(b + 6 + 8 * ib) >> 28) + 1);
+        return;
+    case FMOE_GGML_IQ2_XS:
+        for (int s = 0; s < 16; s++) u->sc[s] = nibble_scale(b + 66, s);
+        return;
+    case FMOE_GGML_IQ2_S:
+        for (int s = 0; s < 16; s++) u->sc[s] = nibble_scale(b + 74, s);
+        return;
+    case FMOE_GGML_IQ3_XXS: /* as IQ2_XXS, the sign words after the 64 index bytes */
+        for (int ib = 0; ib < 8; ib++) scale32(u, ib, 2 * (int)(le32(b + 66 + 4 * ib) >> 28) + 1);
+        return;
+    case FMOE_GGML_IQ3_S: /* a 4-bit scale per 32 values */
+        for (int ib = 0; ib < 8; ib++) scale32(u, ib, nibble_scale(b + 106, ib));
+        return;
+    case FMOE_GGML_IQ1_S: /* bits 12-14 of each 32 values' qh */
+        for (int ib = 0; ib < 8; ib++) scale32(u, ib, 2 * ((le16(b + 34 + 2 * ib) >> 12) & 7) + 1);
+        return;
+    case FMOE_GGML_IQ1_M: /* 3 bits per 16 values, four to a scale word */
+        for (int s = 0; s < 16; s++)
+            u->sc[s] = (int16_t)(2 * ((le16(b + 48 + 2 * (s / 4)) >> (3 * (s % 4))) & 7) + 1);
+        return;
+    default: return;
+    }
+}
+
+static void codes_iq2_xxs(const uint8_t *b, int8_t *q) {
+    /* per 32 values, 8 bytes: 4 grid indices, then a uint32 of four 7-bit sign sets and
+     * the 4-bit scale on top */
+    for (int ib = 0; ib < 8; ib++) {
+        const uint8_t *g = b + 2 + 8 * ib;
+        const uint32_t aux = le32(g + 4);
+        for (int l = 0; l < 4; l++)
+            put_signed8(q + 32 * ib + 8 * l, fmoe__iq2xxs_grid[g[l]], ksigns(aux >> (7 * l)));
+    }
+}
+
+static void codes_iq2_xs(const uint8_t *b, int8_t *q) {
+    /* per 8 values a uint16: 9-bit grid index, 7 sign bits; a 4-bit scale per 16 */
+    for (int k = 0; k < 32; k++) {
+        const uint16_t v = le16(b + 2 + 2 * k);
+        put_signed8(q + 8 * k, fmoe__iq2xs_grid[v & 511], ksigns(v >> 9));
+    }
+}
+
+static void codes_iq2_s(const uint8_t *b, int8_t *q) {
+    /* per 8 values: the low 8 bits of a 10-bit index in qs[k], its top 2 bits in
+     * qh[k / 4] (bits 2(k % 4)), and 8 plain sign bits in qs[32 + k] */
+    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
+    for (int k = 0; k < 32; k++) {
+        const int idx = qs[k] | (((qh[k / 4] >> (2 * (k % 4))) & 3) << 8);
+        put_signed8(q + 8 * k, fmoe__iq2s_grid[idx], signs[k]);
+    }
+}
+
+static void codes_iq3_xxs(const uint8_t *b, int8_t *q) {
+    /* a grid index (4 values) a byte; per 32 values a uint32 of four 7-bit sign sets (one
+     * per 8 values) and the 4-bit scale on top */
+    const uint8_t *qs = b + 2;
+    for (int ib = 0; ib < 8; ib++) {
+        const uint32_t aux = le32(b + 66 + 4 * ib);
+        for (int l = 0; l < 4; l++)
+            put_signed4x2(q + 32 * ib + 8 * l, fmoe__iq3xxs_grid[qs[8 * ib + 2 * l]],
+                          fmoe__iq3xxs_grid[qs[8 * ib + 2 * l + 1]], ksigns(aux >> (7 * l)));
+    }
+}
+
+static void codes_iq3_s(const uint8_t *b, int8_t *q) {
+    /* per 4 values a 9-bit index: qs[k] and bit k % 8 of qh[k / 8]; sign bits 8 a byte;
+     * a 4-bit scale per 32 values */
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
+    for (int k = 0; k < 64; k += 2) {
+        const int lo = qs[k] | (((qh[k / 8] >> (k % 8)) & 1) << 8);
+        const int hi = qs[k + 1] | (((qh[k / 8] >> (k % 8 + 1)) & 1) << 8);
+        put_signed4x2(q + 4 * k, fmoe__iq3s_grid[lo], fmoe__iq3s_grid[hi], signs[k / 2]);
+    }
+}
+
+static void codes_iq1_s(const uint8_t *b, int8_t *q) {
+    /* per 32 values a uint16 qh: four 3-bit index tops, a 3-bit scale, the delta's sign;
+     * per 8 values the index's low 8 bits in qs */
+    const uint8_t *qs = b + 2;
+    for (int ib = 0; ib < 8; ib++) {
+        const uint16_t qh = le16(b + 34 + 2 * ib);
+        for (int l = 0; l < 4; l++) {
+            const int idx = qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8);
+            put_iq1(q + 32 * ib + 8 * l, fmoe__iq1s_grid[idx], qh & 0x8000);
+        }
+    }
+}
+
+static void codes_iq1_m(const uint8_t *b, int8_t *q) {
     /* per 8 values: index low bits in qs[k], a nibble of qh (k even: low) holding the
      * index's top 3 bits and the delta's sign (bit 3); a 3-bit scale per 16 values,
      * four to a scale word */
-    const uint8_t *qs = b, *qh = b + 32, *sc = b + 48;
+    const uint8_t *qs = b, *qh = b + 32;
     for (int k = 0; k < 32; k++) {
         const int nib = (qh[k / 2] >> (4 * (k & 1))) & 0xF;
-        put_iq1(u->q + 8 * k, fmoe__iq1s_grid[qs[k] | ((nib & 7) << 8)], nib & 8);
+        put_iq1(q + 8 * k, fmoe__iq1s_grid[qs[k] | ((nib & 7) << 8)], nib & 8);
     }
-    for (int s = 0; s < 16; s++) u->sc[s] = (int16_t)(2 * ((le16(sc + 2 * (s / 4)) >> (3 * (s % 4))) & 7) + 1);
-    u->d = fmoe_half_to_float(iq1_m_d_bits(b)) * 0.125f;
+}
+
+static void iq_codes(uint32_t type, const uint8_t *b, int8_t *q) {
+    switch (type) {
+    case FMOE_GGML_IQ2_XXS: codes_iq2_xxs(b, q); return;
+    case FMOE_GGML_IQ2_XS: codes_iq2_xs(b, q); return;
+    case FMOE_GGML_IQ2_S: codes_iq2_s(b, q); return;
+    case FMOE_GGML_IQ3_XXS: codes_iq3_xxs(b, q); return;
+    case FMOE_GGML_IQ3_S: codes_iq3_s(b, q); return;
+    case FMOE_GGML_IQ1_S: codes_iq1_s(b, q); return;
+    case FMOE_GGML_IQ1_M: codes_iq1_m(b, q); return;
+    default: return;
+    }
 }
 
 void fmoe__iq_unpack(uint32_t type, const uint8_t *b, fmoe__kx_block *u) {
-    memset(u->m, 0, sizeof u->m);
-    u->dmin = 0;
-    switch (type) {
-    case FMOE_GGML_IQ2_XXS: unpack_iq2_xxs(b, u); return;
-    case FMOE_GGML_IQ2_XS: unpack_iq2_xs(b, u); return;
-    case FMOE_GGML_IQ2_S: unpack_iq2_s(b, u); return;
-    case FMOE_GGML_IQ3_XXS: unpack_iq3_xxs(b, u); return;
-    case FMOE_GGML_IQ3_S: unpack_iq3_s(b, u); return;
-    case FMOE_GGML_IQ1_S: unpack_iq1_s(b, u); return;
-    case FMOE_GGML_IQ1_M: unpack_iq1_m(b, u); return;
-    default: return;
-    }
+    iq_codes(type, b, u->q);
+    fmoe__iq_scales(type, b, u);
 }
 
 float fmoe__iq_d(uint32_t type, const uint8_t *b) {
