@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prefill and decode tokens/s of fmoe against llama.cpp on the same GGUF file, for the
-DeepSeek-V2-Lite and gpt-oss-20b shapes (issues 35 and 38: target >= 1x llama.cpp's decode
-tokens/s on the CPU).
+DeepSeek-V2-Lite and gpt-oss-20b shapes (the target: at least llama.cpp's decode tokens/s
+on the CPU).
 
     tests/bench/bench_family_decode.py --shape deepseek-v2-lite|gpt-oss-20b [--small]
         --llama-cpp DIR [--threads N] [--tokens N] [--repeat N] [--work DIR]

@@ -152,7 +152,7 @@ class Tensor:
 
 
 class Reader:
-    """A minimal GGUF v3 reader (the format of gguf-py's docs/gguf.md): gguf-py's
+    """A minimal GGUF v3 reader (the GGUF format as gguf-py documents it): gguf-py's
     GGUFReader takes about 25 s over gpt-oss's 200,000 tokens and 450,000 merges, too slow
     for the quick tier. Keys -> Python values; tensors with their data as numpy views."""
     SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
