@@ -321,7 +321,7 @@ TEST(response_format_parsed_into_a_schema) {
         "{\"type\":\"yaml\"}", "{\"type\":\"json_schema\"}", "\"json_object\"",
         "{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}",
         "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":"
-        "{\"type\":\"string\",\"pattern\":\"^a\"}}}",
+        "{\"type\":\"string\",\"format\":\"date\"}}}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char body[512];
@@ -331,7 +331,7 @@ TEST(response_format_parsed_into_a_schema) {
         ASSERT_STR_EQ(e.param, "response_format");
         ASSERT_TRUE(r.sampling.json == NULL);
     }
-    ASSERT_CONTAINS(e.message, "'pattern' at $ is not supported");
+    ASSERT_CONTAINS(e.message, "'format' at $ is not supported");
 }
 
 TEST(invalid_json_message_names_a_byte) {
