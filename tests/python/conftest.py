@@ -110,3 +110,13 @@ def cuda_devices(fmoe_bin):
 def have_cuda_device(fmoe_bin):
     """True where `--backend cuda` can run (and `--backend auto` chooses it)."""
     return cuda_devices(fmoe_bin) > 0
+
+
+@pytest.fixture(scope="session")
+def driver(build_dir):
+    """tests/model/forward_driver, built (the forward pass over given tokens: logits and
+    routes to files)."""
+    exe = build_dir / "tests" / "model" / "forward_driver"
+    if not exe.exists():
+        pytest.fail(f"{exe} not built")
+    return exe

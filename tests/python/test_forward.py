@@ -30,14 +30,6 @@ TOL = 1e-3
 
 
 @pytest.fixture(scope="session")
-def driver(build_dir):
-    exe = build_dir / "tests" / "model" / "forward_driver"
-    if not exe.exists():
-        pytest.fail(f"{exe} not built")
-    return exe
-
-
-@pytest.fixture(scope="session")
 def models(tmp_path_factory):
     return tiny.maker(tmp_path_factory.mktemp("tiny-models"))
 

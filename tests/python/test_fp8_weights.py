@@ -19,6 +19,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from forward_driver import drive
+
 import hf_reference
 import make_tiny_models as tiny
 from test_quantize import read_checkpoint
@@ -111,24 +113,6 @@ def write_pair(src, fp8_dir, bf16_dir, bm, bn, seed=0):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     return tiny.maker(tmp_path_factory.mktemp("tiny-fp8"))
-
-
-@pytest.fixture(scope="session")
-def driver(build_dir):
-    exe = build_dir / "tests" / "model" / "forward_driver"
-    if not exe.exists():
-        pytest.fail(f"{exe} not built")
-    return exe
-
-
-def drive(driver, model, ref, tmp_path, tag):
-    logits, routes = tmp_path / f"{tag}.f32", tmp_path / f"{tag}.json"
-    p = subprocess.run([str(driver), str(model), "--tokens",
-                        ",".join(str(int(t)) for t in ref["tokens"]), "--generate",
-                        str(len(ref["generated"])), "--logits", str(logits), "--routes",
-                        str(routes)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    return np.fromfile(logits, dtype="<f4"), json.loads(routes.read_text())
 
 
 @pytest.mark.parametrize("block", [(128, 128), (16, 32)], ids=["128x128", "16x32"])

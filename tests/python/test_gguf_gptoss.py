@@ -33,14 +33,6 @@ def models(tmp_path_factory):
     return tiny.maker(tmp_path_factory.mktemp("tiny-models"))
 
 
-@pytest.fixture(scope="session")
-def driver(build_dir):
-    exe = build_dir / "tests" / "model" / "forward_driver"
-    if not exe.exists():
-        pytest.fail(f"{exe} not built")
-    return exe
-
-
 def read_raw(d):
     """Every tensor of d/model.safetensors as numpy (F32 as float32, U8 as uint8)."""
     raw = (pathlib.Path(d) / "model.safetensors").read_bytes()

@@ -37,14 +37,6 @@ def models(tmp_path_factory):
     return tiny.maker(tmp_path_factory.mktemp("tiny-models"))
 
 
-@pytest.fixture(scope="session")
-def driver(build_dir):
-    exe = build_dir / "tests" / "model" / "forward_driver"
-    if not exe.exists():
-        pytest.fail(f"{exe} not built")
-    return exe
-
-
 def rope_factors(cfg):
     """conversion/llama.py LlamaModel.generate_extra_tensors, in numpy float32."""
     rp = cfg["rope_parameters"]

@@ -96,14 +96,6 @@ def models(tmp_path_factory):
     return tiny.maker(tmp_path_factory.mktemp("tiny-models"))
 
 
-@pytest.fixture(scope="session")
-def driver(build_dir):
-    exe = build_dir / "tests" / "model" / "forward_driver"
-    if not exe.exists():
-        pytest.fail(f"{exe} not built")
-    return exe
-
-
 def drive(driver, model, tokens, generate, tmp_path, tag, *extra, check=True):
     logits_path, routes_path = tmp_path / f"{tag}.f32", tmp_path / f"{tag}.json"
     p = subprocess.run([str(driver), str(model), "--tokens", ",".join(map(str, tokens)),

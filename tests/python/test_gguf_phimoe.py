@@ -21,6 +21,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from forward_driver import drive
+
 import make_tiny_models as tiny
 from test_quantize import read_checkpoint
 
@@ -30,14 +32,6 @@ import gguf  # noqa: E402  (tests/python/requirements.txt)
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     return tiny.maker(tmp_path_factory.mktemp("tiny-phimoe-gguf"))
-
-
-@pytest.fixture(scope="session")
-def driver(build_dir):
-    exe = build_dir / "tests" / "model" / "forward_driver"
-    if not exe.exists():
-        pytest.fail(f"{exe} not built")
-    return exe
 
 
 def rope_params(cfg):
@@ -108,16 +102,6 @@ def write_phimoe(model_dir, out):
     w.write_tensors_to_file()
     w.close()
     return attn_factor
-
-
-def drive(driver, model, ref, tmp_path, tag):
-    logits, routes = tmp_path / f"{tag}.f32", tmp_path / f"{tag}.json"
-    p = subprocess.run([str(driver), str(model), "--tokens",
-                        ",".join(str(int(t)) for t in ref["tokens"]), "--generate",
-                        str(len(ref["generated"])), "--logits", str(logits), "--routes",
-                        str(routes)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    return np.fromfile(logits, dtype="<f4"), json.loads(routes.read_text())
 
 
 def test_phimoe_gguf_runs_exactly_as_the_checkpoint(models, driver, tmp_path):

@@ -26,14 +26,6 @@ from test_forward import TOL, check, run_driver, with_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def driver(build_dir):
-    exe = build_dir / "tests" / "model" / "forward_driver"
-    if not exe.exists():
-        pytest.fail(f"{exe} not built")
-    return exe
-
-
-@pytest.fixture(scope="module")
 def models(tmp_path_factory):
     return tiny.maker(tmp_path_factory.mktemp("tiny-glm4-moe"))
 

@@ -29,14 +29,6 @@ from test_forward import TOL, check, run_driver, with_config  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def driver(build_dir):
-    exe = build_dir / "tests" / "model" / "forward_driver"
-    if not exe.exists():
-        pytest.fail(f"{exe} not built")
-    return exe
-
-
-@pytest.fixture(scope="session")
 def llama4(tmp_path_factory):
     d = tiny.maker(tmp_path_factory.mktemp("tiny-llama4"))("llama4")
     return d, dict(np.load(d / "reference.npz"))

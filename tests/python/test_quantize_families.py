@@ -21,6 +21,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from forward_driver import drive
+
 import make_tiny_models as tiny
 from conftest import run_fmoe
 from test_fp8_weights import decode, write_pair
@@ -37,24 +39,6 @@ CASES = {"deepseek_v2": ("deepseek2", "f32"), "deepseek_v3": ("deepseek2", "f32"
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     return tiny.maker(tmp_path_factory.mktemp("tiny-quantize-families"))
-
-
-@pytest.fixture(scope="session")
-def driver(build_dir):
-    exe = build_dir / "tests" / "model" / "forward_driver"
-    if not exe.exists():
-        pytest.fail(f"{exe} not built")
-    return exe
-
-
-def drive(driver, model, ref, tmp_path, tag):
-    logits, routes = tmp_path / f"{tag}.f32", tmp_path / f"{tag}.json"
-    p = subprocess.run([str(driver), str(model), "--tokens",
-                        ",".join(str(int(t)) for t in ref["tokens"]), "--generate",
-                        str(len(ref["generated"])), "--logits", str(logits), "--routes",
-                        str(routes)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    return np.fromfile(logits, dtype="<f4"), json.loads(routes.read_text())
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
