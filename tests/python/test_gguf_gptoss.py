@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import make_tiny_models as tiny
-from test_gguf_deepseek2 import drive, with_config
+from forward_driver import drive
+from test_gguf_deepseek2 import with_config
 
 import gguf  # noqa: E402  (tests/python/requirements.txt)
 

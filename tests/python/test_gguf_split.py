@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import run_fmoe
-from test_gguf_model import (PROMPTS, TINY, drive, driver, one_line, record,  # noqa: F401
+from test_gguf_model import (PROMPTS, TINY, drive, one_line, record,  # noqa: F401
                              rewrite_gguf, write_gguf)
 
 import gguf  # noqa: E402  (tests/python/requirements.txt)

@@ -23,7 +23,7 @@ import pytest
 
 import make_tiny_models as tiny
 from conftest import run_fmoe
-from test_gguf_model import TINY, dequantised_copy, drive, driver, one_line  # noqa: F401
+from test_gguf_model import TINY, dequantised_copy, drive, one_line  # noqa: F401
 from test_gguf_q32_model import nan_expert_scales, truncated
 
 import gguf  # noqa: E402  (tests/python/requirements.txt)
