@@ -35,6 +35,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import bench_bigger_than_ram as bbr  # noqa: E402
 from bench_bigger_than_ram import PROMPT, llama_bins, llama_version, log, parse_llama  # noqa: E402
+from make_shaped_gguf import positive_int as positive  # noqa: E402
 
 PROG = "bench_family_decode"
 SHAPES = ("deepseek-v2-lite", "gpt-oss-20b")
@@ -135,14 +136,6 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def positive(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {s!r}")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {s}")
-    return v
 
 
 def main(argv=None):
