@@ -96,14 +96,16 @@ int fmoe_quant_can_quantize(uint32_t t) {
     return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q6_K ||
            t == FMOE_GGML_Q4_0 || t == FMOE_GGML_Q4_1 || t == FMOE_GGML_Q5_0 || t == FMOE_GGML_Q5_1 ||
            t == FMOE_GGML_IQ4_NL || t == FMOE_GGML_Q2_K || t == FMOE_GGML_Q3_K ||
-           t == FMOE_GGML_IQ4_XS;
+           t == FMOE_GGML_IQ4_XS || t == FMOE_GGML_IQ3_XXS || t == FMOE_GGML_IQ3_S ||
+           t == FMOE_GGML_IQ2_S;
 }
 
 /* llama.cpp's rule (src/llama-quant.cpp, llama_tensor_get_type's fallback for a row that
  * is not whole blocks of the requested type), restricted to the types fmoe writes: each
  * K-quant falls back to the 32-value type of about its bits, one step up so as not to lose
- * precision (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); the low-bit ones (Q2_K, Q3_K, and
- * IQ4_XS) all go to IQ4_NL, 4.5 bits, the cheapest 32-value type llama.cpp trusts there. */
+ * precision (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); the low-bit ones (Q2_K, Q3_K,
+ * IQ4_XS and the i-quants IQ3_XXS, IQ3_S, IQ2_S) all go to IQ4_NL, 4.5 bits, the cheapest
+ * 32-value type llama.cpp trusts there. */
 uint32_t fmoe_quant_fallback_type(uint32_t t, int64_t cols) {
     const int32_t bs = fmoe_ggml_block_size(t);
     if (bs > 0 && cols % bs == 0) return t;
@@ -114,7 +116,10 @@ uint32_t fmoe_quant_fallback_type(uint32_t t, int64_t cols) {
     case FMOE_GGML_Q6_K: f = FMOE_GGML_Q8_0; break;
     case FMOE_GGML_Q2_K:
     case FMOE_GGML_Q3_K:
-    case FMOE_GGML_IQ4_XS: f = FMOE_GGML_IQ4_NL; break;
+    case FMOE_GGML_IQ4_XS:
+    case FMOE_GGML_IQ3_XXS:
+    case FMOE_GGML_IQ3_S:
+    case FMOE_GGML_IQ2_S: f = FMOE_GGML_IQ4_NL; break;
     default: return 0; /* a 32-value type already: nothing smaller to fall back to */
     }
     return cols % FMOE_QK8_0 == 0 ? f : 0;

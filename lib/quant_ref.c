@@ -1,7 +1,7 @@
 /*
  * quant_ref.c - f32 rows to Q8_0, Q4_K, Q5_K and Q6_K blocks, for `fmoe quantize` (and
- * the dispatch to lib/quant_ref32.c's Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS blocks and
- * lib/quant_refk.c's Q2_K and Q3_K).
+ * the dispatch to lib/quant_ref32.c's Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS blocks,
+ * lib/quant_refk.c's Q2_K and Q3_K, and lib/quant_iq_quantize.c's IQ3_XXS, IQ3_S, IQ2_S).
  *
  * The algorithms are ggml's reference quantisers (ggml-quants.c: quantize_row_q8_0_ref,
  * quantize_row_q4_K_ref / q5_K / q6_K with make_qkx2_quants and make_qx_quants), written
@@ -27,6 +27,7 @@
 #include "fmoe/error.h"
 #include "half.h"
 #include "fmoe/quant.h"
+#include "iq_search.h"
 #include "quant_impl.h"
 
 /* ---------------------------------------------------------------------------------- */
@@ -288,6 +289,11 @@ static void quantize_q6_k(const float *x, uint8_t *b) {
     }
 }
 
+int fmoe_quant_prepare(uint32_t t) {
+    if (t != FMOE_GGML_IQ3_XXS && t != FMOE_GGML_IQ3_S && t != FMOE_GGML_IQ2_S) return 0;
+    return fmoe__iq_search_get(t) ? 0 : FMOE_ENOMEM;
+}
+
 void fmoe_quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n) {
     FMOE_ASSERT(fmoe_quant_can_quantize(t) && n % fmoe_ggml_block_size(t) == 0);
     uint8_t *b = dst;
@@ -308,6 +314,11 @@ void fmoe_quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
     case FMOE_GGML_Q3_K: /* lib/quant_refk.c */
         for (int64_t i = 0; i < n; i += FMOE_QK_K, b += fmoe_ggml_type_size(t))
             fmoe__quantize_k23_block(t, src + i, b);
+        return;
+    case FMOE_GGML_IQ3_XXS:
+    case FMOE_GGML_IQ3_S:
+    case FMOE_GGML_IQ2_S: /* lib/quant_iq_quantize.c; fails only out of memory */
+        FMOE_ASSERT(fmoe__quantize_iq_row(t, src, b, n) == 0);
         return;
     case FMOE_GGML_IQ4_XS: /* lib/quant_ref32.c */
         for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_IQ4_XS_BYTES)

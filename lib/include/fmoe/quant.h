@@ -3,7 +3,8 @@
  * computes with (F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the 32-value
  * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, and the codebook i-quants IQ2_XXS, IQ2_XS, IQ2_S,
  * IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) rows dequantised to f32, dot products of a row with an f32
- * vector, and (for every block type of them but MXFP4 and the codebook i-quants) rows
+ * vector, and (for every block type of them but MXFP4 and the i-quants IQ2_XXS, IQ2_XS,
+ * IQ1_S and IQ1_M, which llama.cpp quantises only with an importance matrix) rows
  * quantised from f32.
  *
  *     if (!fmoe_quant_supported(t->type)) refuse(fmoe_ggml_type_name(t->type));
@@ -110,15 +111,23 @@ int32_t fmoe_ggml_type_size(uint32_t type);
 int fmoe_quant_supported(uint32_t type);
 
 /* 1 for the types fmoe_quant_quantize_row writes: Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
- * IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL. */
+ * IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, and the i-quants that need no importance matrix,
+ * IQ3_XXS, IQ3_S, IQ2_S. */
 int fmoe_quant_can_quantize(uint32_t type);
+
+/* Builds what quantising to `type` needs before its first row: for IQ3_XXS, IQ3_S and
+ * IQ2_S the search tables of their codebooks (once per process, thread-safe, some
+ * milliseconds); nothing for the other types. fmoe_quant_quantize_row builds them too, but
+ * can only stop the process (FMOE_ASSERT) where memory runs out: call this first to get
+ * the error. @return 0, or FMOE_ENOMEM (fmoe_error_detail says which type). */
+int fmoe_quant_prepare(uint32_t type);
 
 /* The type a row of `cols` values requested as `type` is written in, by llama-quantize's
  * rule: `type` itself where cols is whole blocks of it; else for a K-quant the 32-value
- * type llama.cpp falls back to (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; Q2_K, Q3_K and
- * IQ4_XS -> IQ4_NL) where cols is whole blocks of 32; else 0: no block type fits, the row
- * stays a float type (llama.cpp writes F16 there; `fmoe quantize` keeps the checkpoint's
- * own f16/bf16). */
+ * type llama.cpp falls back to (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; Q2_K, Q3_K,
+ * IQ4_XS, IQ3_XXS, IQ3_S and IQ2_S -> IQ4_NL) where cols is whole blocks of 32; else 0:
+ * no block type fits, the row stays a float type (llama.cpp writes F16 there;
+ * `fmoe quantize` keeps the checkpoint's own f16/bf16). */
 uint32_t fmoe_quant_fallback_type(uint32_t type, int64_t cols);
 
 /* Bytes of a row of n values (n a multiple of the block size), or -1 when n is not. */

@@ -1,0 +1,341 @@
+/*
+ * quant_iq_quantize.c - f32 values to IQ3_XXS, IQ3_S and IQ2_S blocks (256 values), for
+ * `fmoe quantize` (lib/quant_ref.c's fmoe_quant_quantize_row calls it).
+ *
+ * The algorithm is ggml's (ggml-quants.c: quantize_row_iq3_xxs_impl, quantize_row_iq3_s_impl,
+ * quantize_row_iq2_s_impl) without an importance matrix, written again; llama-quantize
+ * runs these three without one, weighting each value by x² (IQ3) or σ²/2 + x² (IQ2_S, σ² the
+ * block's mean square). Per sub-block of 32 (IQ3) or 16 (IQ2_S) values:
+ *   1. signs come off (stored apart; IQ3_XXS keeps 7 of each 8 and makes the count of minus
+ *      signs even by flipping the value that costs least, as its format's eighth sign is
+ *      implied), leaving magnitudes xval;
+ *   2. for 31 (IQ3_XXS) or 19 trial scales around max/(2·kmax - 1), every value is rounded
+ *      to its level l (value 2l + 1 in units of the scale); a group of 4 or 8 levels that is
+ *      not a codebook point becomes the best of its nearest codebook points
+ *      (lib/iq_search.h) by weighted squared error; the trial whose least-squares scale
+ *      Σwxq/Σwq² explains the most (Σwxq)²/Σwq² is kept;
+ *   3. the groups that were off the codebook (IQ3_S: all groups) are chosen again at that
+ *      scale, and the scale refitted;
+ * then the block's d = max scale / 31 times a fudge factor (1.0125, 1.033, 0.9875: ggml's
+ * constants), and each sub-block's 4-bit scale ls rounds (scale/d - 1)/2.
+ * The arithmetic is ggml's in the same order, in f32, without contraction (our build is ISO
+ * C, which turns it off; ggml's shared library is built for plain x86-64, which has no FMA),
+ * so the blocks are llama.cpp's byte for byte: tests/python/test_iquant_quantise.py compares
+ * them with blocks libggml-base wrote (tests/fixtures/iquants). Two places differ on
+ * purpose: ggml's IQ3_S leaves its index and sign pointers where they were after an
+ * all-zero sub-block, so every later sub-block of that block lands one slot early and the
+ * last slot is left zero (its blocks then decode wrongly); ours writes each sub-block in its
+ * own slot. And where no candidate point has a finite error (values near FLT_MAX), ggml
+ * aborts; ours takes the first candidate. Non-finite inputs give unspecified blocks.
+ */
+#include <float.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#include "fmoe/error.h"
+#include "fmoe/quant.h"
+#include "iq_search.h"
+#include "quant_impl.h"
+
+/* One type's search parameters (ggml's constants). */
+typedef struct iq_params {
+    int n;            /* values per sub-block with its own scale: 32, or 16 (IQ2_S) */
+    int kmax;         /* levels: 8 (IQ3), 3 (IQ2_S) */
+    int nstep;        /* trial scales (2·kmax - 1 + is·step)/max for is in -nstep .. nstep */
+    float step;
+    int start_on_grid; /* is_on_grid before any trial is kept: 1, but 0 for IQ3_S */
+    int redo_all;      /* step 3 redoes every group (IQ3_S), not only those off the codebook */
+} iq_params;
+
+static const iq_params IQ3_XXS_P = {32, 8, 15, 0.2f, 1, 0};
+static const iq_params IQ3_S_P = {32, 8, 9, 0.2f, 0, 1};
+static const iq_params IQ2_S_P = {16, 3, 9, 0.1f, 1, 0};
+
+static inline float maxf(float a, float b) { return a > b ? a : b; } /* ggml's MAX */
+
+/* The lattice key of a group's levels. */
+static inline int32_t key_of(const fmoe__iq_search *t, const int8_t *L) {
+    int32_t u = 0;
+    for (int i = 0; i < t->group; i++) u |= (int32_t)L[i] << (t->bits * i);
+    return u;
+}
+
+/* Of the codebook points listed for an off-codebook key (neighbours: count, indices), the
+ * one nearest to xval at `scale` by Σ w·(scale·(2l + 1) - x)²; its levels into L. */
+static int best_neighbour(const fmoe__iq_search *t, const uint16_t *neighbours, const float *xval,
+                          const float *w, float scale, int8_t *L) {
+    const int count = neighbours[0];
+    float best_d2 = FLT_MAX;
+    int best = neighbours[1]; /* ggml aborts when no error is below FLT_MAX */
+    for (int j = 1; j <= count; j++) {
+        const uint8_t *lv = t->levels + (size_t)neighbours[j] * (size_t)t->group;
+        float d2 = 0;
+        for (int i = 0; i < t->group; i++) {
+            const float q = (float)(2 * lv[i] + 1);
+            const float diff = scale * q - xval[i];
+            d2 += w[i] * diff * diff;
+        }
+        if (d2 < best_d2) {
+            best_d2 = d2;
+            best = neighbours[j];
+        }
+    }
+    const uint8_t *lv = t->levels + (size_t)best * (size_t)t->group;
+    for (int i = 0; i < t->group; i++) L[i] = (int8_t)lv[i];
+    return best;
+}
+
+/* Group k's levels at inverse scale id, snapped to the codebook (neighbours judged at
+ * `scale`); @return 1 when the rounded levels were a codebook point already. */
+static int snap_group(const fmoe__iq_search *t, const iq_params *p, const float *xval,
+                      const float *waux, float id, float scale, int8_t *L) {
+    for (int i = 0; i < t->group; i++)
+        L[i] = (int8_t)fmoe__clampi(fmoe__nearest_int(0.5f * (id * xval[i] - 1)), 0, p->kmax - 1);
+    const int32_t g = t->map[key_of(t, L)];
+    if (g >= 0) return 1;
+    best_neighbour(t, t->neighbours - g - 1, xval, waux, scale, L);
+    return 0;
+}
+
+/* Σ w·x·q and Σ w·q² over a sub-block's levels (q = 2l + 1), in ggml's order. */
+static void sums(const iq_params *p, const float *xval, const float *w, const int8_t *L,
+                 float *sumqx, float *sumq2) {
+    float a = 0, b = 0;
+    for (int i = 0; i < p->n; i++) {
+        const float q = (float)(2 * L[i] + 1);
+        a += w[i] * xval[i] * q;
+        b += w[i] * q * q;
+    }
+    *sumqx = a;
+    *sumq2 = b;
+}
+
+/* Steps 2 and 3 of the head comment for one sub-block whose largest xval is max > 0:
+ * levels into L[p->n] (each group a codebook point), @return its scale. */
+static float search(const fmoe__iq_search *t, const iq_params *p, const float *xval,
+                    const float *weight, const float *waux, float max, int8_t *L) {
+    const int ngroups = p->n / t->group;
+    int8_t Laux[32];
+    int on_grid[8], on_grid_aux[8];
+    float best = 0, scale = max / (float)(2 * p->kmax - 1);
+    for (int k = 0; k < ngroups; k++) on_grid[k] = p->start_on_grid;
+    for (int is = -p->nstep; is <= p->nstep; is++) {
+        const float id = ((float)(2 * p->kmax - 1) + (float)is * p->step) / max;
+        const float this_scale = 1 / id;
+        for (int k = 0; k < ngroups; k++) {
+            const int o = k * t->group;
+            on_grid_aux[k] = snap_group(t, p, xval + o, waux + o, id, this_scale, Laux + o);
+        }
+        float sumqx, sumq2;
+        sums(p, xval, weight, Laux, &sumqx, &sumq2);
+        if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+            memcpy(L, Laux, (size_t)p->n);
+            memcpy(on_grid, on_grid_aux, sizeof on_grid);
+        }
+    }
+    int off_grid = 0;
+    for (int k = 0; k < ngroups; k++) off_grid += !on_grid[k];
+    if (off_grid > 0 && scale > 0) {
+        const float id = 1 / scale;
+        for (int k = 0; k < ngroups; k++) {
+            if (on_grid[k] && !p->redo_all) continue;
+            const int o = k * t->group;
+            snap_group(t, p, xval + o, waux + o, id, scale, L + o);
+        }
+        float sumqx, sumq2;
+        sums(p, xval, weight, L, &sumqx, &sumq2);
+        if (sumq2 > 0) scale = sumqx / sumq2;
+    }
+    return scale;
+}
+
+/* Magnitudes of x[8] into xval, their sign bits (bit i: x[i] < 0) returned. */
+static uint8_t split_signs(const float *x, float *xval) {
+    uint8_t s = 0;
+    for (int i = 0; i < 8; i++) {
+        if (x[i] >= 0) {
+            xval[i] = x[i];
+        } else {
+            xval[i] = -x[i];
+            s |= (uint8_t)(1 << i);
+        }
+    }
+    return s;
+}
+
+/* The codebook index of a group's levels (a codebook point by construction). */
+static int32_t index_of(const fmoe__iq_search *t, const int8_t *L) {
+    const int32_t g = t->map[key_of(t, L)];
+    FMOE_ASSERT(g >= 0);
+    return g;
+}
+
+/* The 4-bit scale of a sub-block: (scale/d - 1)/2 rounded, 0 .. 15. */
+static inline uint8_t scale_code(float id, float scale) {
+    return (uint8_t)fmoe__clampi(fmoe__nearest_int(0.5f * (id * scale - 1)), 0, 15);
+}
+
+/* IQ3_XXS: f16 d; qs[64] one-byte indices of 4-value points; per 32 values a uint32 of
+ * four 7-bit sign sets and the 4-bit scale on top. */
+static void quantize_iq3_xxs(const fmoe__iq_search *t, const float *x, uint8_t *b) {
+    const iq_params *p = &IQ3_XXS_P;
+    float scales[8], weight[32], waux[32], xval[32], max_scale = 0;
+    uint32_t sas[8] = {0};
+    int8_t L[32];
+    memset(b, 0, FMOE_IQ3_XXS_BYTES);
+    for (int ib = 0; ib < 8; ib++) {
+        const float *xb = x + 32 * ib;
+        for (int i = 0; i < 32; i++) weight[i] = xb[i] * xb[i];
+        for (int i = 0; i < 32; i++) waux[i] = sqrtf(weight[i]);
+        uint8_t signs[4];
+        for (int k = 0; k < 4; k++) {
+            uint8_t s = split_signs(xb + 8 * k, xval + 8 * k);
+            if (__builtin_parity(s)) { /* flip the value whose w·x² is least */
+                int imin = 0;
+                float min = weight[8 * k] * xb[8 * k] * xb[8 * k];
+                for (int i = 1; i < 8; i++) {
+                    const float ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
+                    if (ax < min) {
+                        min = ax;
+                        imin = i;
+                    }
+                }
+                xval[8 * k + imin] = -xval[8 * k + imin];
+                s ^= (uint8_t)(1 << imin);
+            }
+            signs[k] = s & 127;
+        }
+        float max = xval[0];
+        for (int i = 1; i < 32; i++) max = maxf(max, xval[i]);
+        if (max < 1e-8f) { /* ggml's GROUP_MAX_EPS_IQ3_XXS */
+            scales[ib] = 0;
+            continue;
+        }
+        float scale = search(t, p, xval, weight, waux, max, L);
+        if (scale < 0) { /* cannot happen with these weights; ggml's guard kept */
+            scale = -scale;
+            for (int k = 0; k < 4; k++) signs[k] = (uint8_t)(~signs[k] & 127);
+        }
+        for (int k = 0; k < 8; k++) b[2 + 8 * ib + k] = (uint8_t)index_of(t, L + 4 * k);
+        sas[ib] = signs[0] | ((uint32_t)signs[1] << 7) | ((uint32_t)signs[2] << 14) |
+                  ((uint32_t)signs[3] << 21);
+        scales[ib] = scale;
+        max_scale = maxf(max_scale, scale);
+    }
+    if (!max_scale) {
+        memset(b, 0, FMOE_IQ3_XXS_BYTES);
+        return;
+    }
+    const float d = max_scale / 31;
+    fmoe__put_f16(b, d * 1.0125f);
+    const float id = 1 / d;
+    for (int ib = 0; ib < 8; ib++) {
+        const uint32_t v = sas[ib] | ((uint32_t)scale_code(id, scales[ib]) << 28);
+        for (int j = 0; j < 4; j++) b[66 + 4 * ib + j] = (uint8_t)(v >> (8 * j));
+    }
+}
+
+/* IQ3_S: f16 d; qs[64] index low bytes; qh[8] their ninth bits; signs[32]; scales[4]
+ * (two 4-bit scales a byte, one per 32 values). */
+static void quantize_iq3_s(const fmoe__iq_search *t, const float *x, uint8_t *b) {
+    const iq_params *p = &IQ3_S_P;
+    float scales[8], weight[32], waux[32], xval[32], max_scale = 0;
+    int8_t L[32];
+    uint8_t *qs = b + 2, *qh = b + 66, *sg = b + 74, *sc = b + 106;
+    memset(b, 0, FMOE_IQ3_S_BYTES);
+    for (int ib = 0; ib < 8; ib++) {
+        const float *xb = x + 32 * ib;
+        for (int i = 0; i < 32; i++) weight[i] = xb[i] * xb[i];
+        for (int i = 0; i < 32; i++) waux[i] = sqrtf(weight[i]);
+        uint8_t signs[4];
+        for (int k = 0; k < 4; k++) signs[k] = split_signs(xb + 8 * k, xval + 8 * k);
+        float max = xval[0];
+        for (int i = 1; i < 32; i++) max = maxf(max, xval[i]);
+        if (!max) {
+            scales[ib] = 0;
+            continue;
+        }
+        float scale = search(t, p, xval, weight, waux, max, L);
+        if (scale < 0) {
+            scale = -scale;
+            for (int k = 0; k < 4; k++) signs[k] = (uint8_t)~signs[k];
+        }
+        for (int k = 0; k < 8; k++) {
+            const int32_t g = index_of(t, L + 4 * k);
+            qs[8 * ib + k] = (uint8_t)(g & 255);
+            qh[ib] |= (uint8_t)((g >> 8) << k);
+        }
+        memcpy(sg + 4 * ib, signs, 4);
+        scales[ib] = scale;
+        max_scale = maxf(max_scale, scale);
+    }
+    if (!max_scale) return;
+    const float d = max_scale / 31;
+    fmoe__put_f16(b, d * 1.033f);
+    const float id = 1 / d;
+    for (int ib = 0; ib < 8; ib += 2)
+        sc[ib / 2] = (uint8_t)(scale_code(id, scales[ib]) | (scale_code(id, scales[ib + 1]) << 4));
+}
+
+/* IQ2_S: f16 d; qs[32] index low bytes, then 32 sign bytes; qh[8] the indices' two high
+ * bits (four a byte); scales[8] (two 4-bit scales a byte, one per 16 values). */
+static void quantize_iq2_s(const fmoe__iq_search *t, const float *x, uint8_t *b) {
+    const iq_params *p = &IQ2_S_P;
+    float scales[16], weight[16], waux[16], xval[16], max_scale = 0;
+    int8_t L[16];
+    uint8_t *qs = b + 2, *qh = b + 66, *sc = b + 74;
+    memset(b, 0, FMOE_IQ2_S_BYTES);
+    float sumx2 = 0;
+    for (int i = 0; i < FMOE_QK_K; i++) sumx2 += x[i] * x[i];
+    const float sigma2 = 2 * sumx2 / FMOE_QK_K;
+    for (int ib = 0; ib < 16; ib++) {
+        const float *xb = x + 16 * ib;
+        for (int i = 0; i < 16; i++) weight[i] = 0.25f * sigma2 + xb[i] * xb[i];
+        for (int i = 0; i < 16; i++) waux[i] = sqrtf(weight[i]);
+        uint8_t signs[2];
+        for (int k = 0; k < 2; k++) signs[k] = split_signs(xb + 8 * k, xval + 8 * k);
+        float max = xval[0];
+        for (int i = 1; i < 16; i++) max = maxf(max, xval[i]);
+        if (max < 1e-8f) { /* ggml's GROUP_MAX_EPS_IQ2_S */
+            scales[ib] = 0;
+            continue;
+        }
+        float scale = search(t, p, xval, weight, waux, max, L);
+        if (scale < 0) {
+            scale = -scale;
+            for (int k = 0; k < 2; k++) signs[k] = (uint8_t)~signs[k];
+        }
+        for (int k = 0; k < 2; k++) {
+            const int32_t g = index_of(t, L + 8 * k);
+            const int i8 = 2 * ib + k;
+            qs[i8] = (uint8_t)(g & 255);
+            qh[i8 / 4] |= (uint8_t)((g >> 8) << 2 * (i8 % 4));
+            qs[32 + i8] = signs[k];
+        }
+        scales[ib] = scale;
+        max_scale = maxf(max_scale, scale);
+    }
+    if (!max_scale) return;
+    const float d = max_scale / 31;
+    fmoe__put_f16(b, d * 0.9875f);
+    const float id = 1 / d;
+    for (int ib = 0; ib < 16; ib += 2)
+        sc[ib / 2] = (uint8_t)(scale_code(id, scales[ib]) | (scale_code(id, scales[ib + 1]) << 4));
+}
+
+int fmoe__quantize_iq_row(uint32_t type, const float *src, uint8_t *dst, int64_t n) {
+    const fmoe__iq_search *t = fmoe__iq_search_get(type);
+    if (!t) return FMOE_ENOMEM;
+    const int32_t size = fmoe_ggml_type_size(type);
+    for (int64_t i = 0; i < n; i += FMOE_QK_K, dst += size) {
+        switch (type) {
+        case FMOE_GGML_IQ3_XXS: quantize_iq3_xxs(t, src + i, dst); break;
+        case FMOE_GGML_IQ3_S: quantize_iq3_s(t, src + i, dst); break;
+        default: quantize_iq2_s(t, src + i, dst); break;
+        }
+    }
+    return 0;
+}
