@@ -29,38 +29,56 @@ typedef struct options {
 /* --type: a block type (every quantised tensor in it) or a mix llama-quantize names
  * (MIX + fmoe_quant_mix: per-tensor types). q2_k is a mix, as llama-quantize's Q2_K is. */
 #define MIX 1000
+/* The i-quants llama.cpp quantises only with an importance matrix (ggml_quantize_chunk
+ * asserts one for IQ2_XXS, IQ2_XS, IQ1_S; llama-quantize bails out for IQ1_M too): named
+ * so that they are refused in one line saying why, not as unknown words. */
+#define NEEDS_IMATRIX 2000
 static const char *const type_names[] = {
     "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
     "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "f32", "f16",
-    "bf16", NULL};
+    "bf16", "iq3_xxs", "iq3_s", "iq2_s", "iq2_xxs", "iq2_xs", "iq1_s", "iq1_m", NULL};
 static const int32_t type_values[] = {
     FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K, FMOE_GGML_Q3_K,
     FMOE_GGML_IQ4_XS, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
     FMOE_GGML_IQ4_NL, MIX + FMOE_MIX_Q2_K, MIX + FMOE_MIX_Q3_K_S, MIX + FMOE_MIX_Q3_K_M,
     MIX + FMOE_MIX_Q3_K_L, MIX + FMOE_MIX_Q4_K_S, MIX + FMOE_MIX_Q4_K_M, MIX + FMOE_MIX_Q5_K_S,
-    MIX + FMOE_MIX_Q5_K_M, FMOE_GGML_F32, FMOE_GGML_F16, FMOE_GGML_BF16};
+    MIX + FMOE_MIX_Q5_K_M, FMOE_GGML_F32, FMOE_GGML_F16, FMOE_GGML_BF16, FMOE_GGML_IQ3_XXS,
+    FMOE_GGML_IQ3_S, FMOE_GGML_IQ2_S, NEEDS_IMATRIX + FMOE_GGML_IQ2_XXS,
+    NEEDS_IMATRIX + FMOE_GGML_IQ2_XS, NEEDS_IMATRIX + FMOE_GGML_IQ1_S,
+    NEEDS_IMATRIX + FMOE_GGML_IQ1_M};
 
 /* --experts-type: block types only (here q2_k is the Q2_K type itself). */
-static const char *const expert_type_names[] = {"q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-                                                "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1",
-                                                "iq4_nl", NULL};
+static const char *const expert_type_names[] = {
+    "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1",
+    "iq4_nl", "iq3_xxs", "iq3_s", "iq2_s", "iq2_xxs", "iq2_xs", "iq1_s", "iq1_m", NULL};
 static const int32_t expert_type_values[] = {
     FMOE_GGML_Q8_0, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
     FMOE_GGML_Q6_K, FMOE_GGML_IQ4_XS, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
-    FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL};
+    FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S, FMOE_GGML_IQ2_S,
+    NEEDS_IMATRIX + FMOE_GGML_IQ2_XXS, NEEDS_IMATRIX + FMOE_GGML_IQ2_XS,
+    NEEDS_IMATRIX + FMOE_GGML_IQ1_S, NEEDS_IMATRIX + FMOE_GGML_IQ1_M};
+
+/* The i-quants llama-quantize refuses without an importance matrix although its quantiser
+ * runs without one (src/llama-quant.cpp, tensor_requires_imatrix: IQ3_XXS and IQ2_S, but
+ * not IQ3_S); fmoe writes them, the blocks llama.cpp's quantiser makes without one, and
+ * says so (docs/quantization.md, "The i-quant quantisers"). */
+static int llama_quantize_wants_imatrix(int32_t t) {
+    return t == FMOE_GGML_IQ3_XXS || t == FMOE_GGML_IQ2_S;
+}
 
 static const cmd_option quantize_options[] = {
     {.name = "type", .kind = CMD_OPT_ENUM, .value_name = "T",
      .help = "a mix by llama-quantize's name (q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, "
              "q4_k_m, q5_k_s, q5_k_m: more bits where llama.cpp puts them), or one block "
              "format for every quantized tensor (q8_0, q3_k, q4_k, q5_k, q6_k, iq4_xs, "
-             "q4_0, q4_1, q5_0, q5_1, iq4_nl), or a float type for every matrix (f32, f16, bf16: "
-             "a conversion, nothing quantized)",
+             "q4_0, q4_1, q5_0, q5_1, iq4_nl, iq3_xxs, iq3_s, iq2_s), or a float type for every "
+             "matrix (f32, f16, bf16: a conversion, nothing quantized)",
      .offset = offsetof(options, type), .choices = type_names, .choice_values = type_values,
      .example = "q4_k_m"},
     {.name = "experts-type", .kind = CMD_OPT_ENUM, .value_name = "T",
      .help = "the block format of the routed experts (q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
-             "iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl); every other tensor as --type says",
+             "iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq3_xxs, iq3_s, iq2_s); every other "
+             "tensor as --type says",
      .offset = offsetof(options, experts_type), .choices = expert_type_names,
      .choice_values = expert_type_values, .example = "q3_k"},
     {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
@@ -98,11 +116,15 @@ const cmd_spec cmd_quantize_spec = {
               "attn_v and attn_k in Q8_0 in models of 8 experts (docs/quantization.md has\n"
               "the table). --experts-type sets the routed experts apart: they are what an\n"
               "offloaded model moves, so their type sets its speed; e.g. --type q4_k_m\n"
-              "--experts-type q3_k.\n"
+              "--experts-type q3_k, or --experts-type iq3_s for the 3.44-bit i-quant.\n"
+              "iq3_xxs and iq2_s are the blocks llama.cpp's quantiser makes without an\n"
+              "importance matrix; llama-quantize itself refuses them without one (a note\n"
+              "on stderr says so). iq2_xxs, iq2_xs, iq1_s and iq1_m need one: not written.\n"
               "A tensor whose rows are not whole blocks of its type (256 values for the\n"
-              "K-quants and iq4_xs) falls back as llama-quantize's does: Q4_K to Q5_0,\n"
-              "Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/IQ4_XS to IQ4_NL when its rows are\n"
-              "whole blocks of 32, else the checkpoint's dtype; the report counts them.\n"
+              "K-quants, iq4_xs and the i-quants) falls back as llama-quantize's does: Q4_K\n"
+              "to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/IQ4_XS and the i-quants to\n"
+              "IQ4_NL when its rows are whole blocks of 32, else the checkpoint's dtype;\n"
+              "the report counts them.\n"
               "generate, record and serve\n"
               "run the file with --model FILE.gguf on the CPU backend; the folder's\n"
               "tokenizer and generation files are embedded (docs/quantization.md).\n",
@@ -121,6 +143,21 @@ int cmd_quantize(int argc, char **argv) {
     if (o.type < 0) return cmd_usage_error(CMD, "--type is required (a mix such as q4_k_m, or a "
                                                "block type such as q4_k)");
     if (!o.output) return cmd_usage_error(CMD, "-o MODEL.gguf is required");
+    const int32_t asked[2] = {o.type, o.experts_type};
+    for (int i = 0; i < 2; i++) {
+        if (asked[i] < NEEDS_IMATRIX) continue;
+        const char *name = fmoe_ggml_type_name((uint32_t)(asked[i] - NEEDS_IMATRIX));
+        return cmd_usage_error(CMD,
+                               "%s %s needs an importance matrix (llama-quantize refuses it "
+                               "without one) and fmoe reads none; use iq3_s, iq3_xxs or iq2_s",
+                               i ? "--experts-type" : "--type", name);
+    }
+    for (int i = 0; i < 2; i++)
+        if (llama_quantize_wants_imatrix(asked[i]))
+            fprintf(stderr,
+                    "%s: note: llama-quantize refuses %s without an importance matrix; these "
+                    "are the blocks its quantiser makes without one (docs/quantization.md)\n",
+                    CMD, fmoe_ggml_type_name((uint32_t)asked[i]));
     const char *model = argv[1];
     const fmoe_quant_mix mix = o.type >= MIX ? (fmoe_quant_mix)(o.type - MIX) : FMOE_MIX_NONE;
 

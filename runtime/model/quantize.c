@@ -68,6 +68,9 @@ static uint32_t file_type(uint32_t type) {
     case FMOE_GGML_Q2_K: return 10; /* MOSTLY_Q2_K (the name of its mix too) */
     case FMOE_GGML_Q3_K: return 11; /* MOSTLY_Q3_K_S: every quantised tensor Q3_K */
     case FMOE_GGML_IQ4_XS: return 30;
+    case FMOE_GGML_IQ3_XXS: return 23; /* MOSTLY_IQ3_XXS */
+    case FMOE_GGML_IQ3_S: return 26;   /* MOSTLY_IQ3_S */
+    case FMOE_GGML_IQ2_S: return 28;   /* MOSTLY_IQ2_S */
     case FMOE_GGML_F16: return 1;   /* MOSTLY_F16 */
     case FMOE_GGML_BF16: return 32; /* MOSTLY_BF16 */
     default: return 0;              /* ALL_F32, and the unknown */
@@ -1016,11 +1019,16 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
                          (int)params->mix);
     FMOE_RETURN_ERROR_IF(!fmoe_quant_can_quantize(type) && !is_float_type(type), FMOE_EINVAL,
                          "quantize: cannot write type %u (f32, f16, bf16, q8_0, q2_k, q3_k, "
-                         "q4_k, q5_k, q6_k, iq4_xs, q4_0, q4_1, q5_0, q5_1 or iq4_nl)",
+                         "q4_k, q5_k, q6_k, iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq3_xxs, "
+                         "iq3_s or iq2_s)",
                          type);
     FMOE_RETURN_ERROR_IF(params->experts_type && !fmoe_quant_can_quantize(params->experts_type),
                          FMOE_EINVAL, "quantize: cannot write experts type %u",
                          params->experts_type);
+    /* the i-quants' search tables, built here so that running out of memory is an error
+     * rather than an abort inside the thread pool */
+    FMOE_FORWARD_IF_ERROR(fmoe_quant_prepare(type));
+    if (params->experts_type) FMOE_FORWARD_IF_ERROR(fmoe_quant_prepare(params->experts_type));
     memset(report, 0, sizeof *report);
     const char *dir = params->model_dir;
     char path[4096], partial[4200];

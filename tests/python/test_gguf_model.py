@@ -197,7 +197,7 @@ def dequantised_copy(src, dst):
 
 @pytest.mark.parametrize("qtype,model", [("q8_0", "tiny"), ("q4_k", "tiny"), ("q5_k", "tiny"),
                                          ("q6_k", "tiny"), ("q8_0", "mixtral"),
-                                         ("q8_0", "deepseek")])
+                                         ("q8_0", "deepseek"), ("iq3_s", "tiny")])
 def test_quantized_equals_its_dequantisation(fmoe_bin, driver, models, tmp_path, qtype, model):
     """The quantized matmuls compute what the weights say: a quantized file against the
     same file dequantised by gguf-py and written as F32 (OpenBLAS's f32 path), to float

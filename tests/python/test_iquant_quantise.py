@@ -9,6 +9,7 @@ every later sub-block sits one slot early in llama.cpp's bytes. The fixture's la
 one; the test checks that this shift is the whole difference, and that gguf-py decodes
 our block closer to the input than llama.cpp's.
 """
+import json
 import pathlib
 import subprocess
 
@@ -81,3 +82,65 @@ def test_zero_row_is_zero_and_rows_decode_near(quantised, name):
     g = slice(0, 12)
     rel = np.sqrt(((y[g] - x[g]) ** 2).sum() / (x[g] ** 2).sum())
     assert rel < {"IQ3_XXS": 0.25, "IQ3_S": 0.2, "IQ2_S": 0.3}[name], rel
+
+
+# ---- fmoe quantize: the experts in an i-quant, the rest Q4_K ----------------------------
+
+@pytest.fixture(scope="module")
+def tiny_iq_experts(fmoe_bin, tmp_path_factory):
+    """fmoe-tiny with --type q4_k --experts-type iq2_s, and its gguf-py dequantisation to
+    F32 (written by test_gguf_model's dequantised_copy)."""
+    from conftest import run_fmoe
+    from test_gguf_model import TINY, dequantised_copy
+    d = tmp_path_factory.mktemp("tiny-iq")
+    q, deq = d / "q.gguf", d / "deq.gguf"
+    p = run_fmoe(fmoe_bin, "quantize", "--type", "q4_k", "--experts-type", "iq2_s", TINY,
+                 "-o", q, "--quiet")
+    kinds = dequantised_copy(q, deq)
+    return q, deq, p, kinds
+
+
+def test_experts_type_iq2_s_file(fmoe_bin, tiny_iq_experts):
+    """The types as asked (gguf-py reads them; fmoe inspect shows them), the fallback of
+    the 176-wide down projections (no whole block of 32: BF16, as for every type), and the
+    one-line note that llama-quantize wants an importance matrix for IQ2_S."""
+    from conftest import run_fmoe
+    q, _, p, kinds = tiny_iq_experts
+    r = gguf.GGUFReader(str(q))
+    types = {t.name: t.tensor_type.name for t in r.tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == "IQ2_S"
+    assert types["blk.5.ffn_up_exps.weight"] == "IQ2_S"
+    assert types["blk.0.ffn_down_exps.weight"] == "BF16"
+    assert types["blk.0.attn_q.weight"] == "Q4_K"
+    assert {"IQ2_S", "Q4_K"} <= kinds
+    notes = [x for x in p.stderr.splitlines() if x]
+    assert len(notes) == 1 and "llama-quantize refuses IQ2_S" in notes[0], p.stderr
+    info = json.loads(run_fmoe(fmoe_bin, "inspect", q, "--json").stdout)
+    assert info["model"]["expert_types"] == {"ffn_gate_exps": "IQ2_S", "ffn_up_exps": "IQ2_S",
+                                             "ffn_down_exps": "BF16"}
+    assert info["types"]["IQ2_S"]["tensors"] == 12 and info["types"]["IQ2_S"]["supported"]
+
+
+def test_experts_type_iq2_s_generates_as_its_dequantisation(fmoe_bin, tiny_iq_experts, tmp_path):
+    """fmoe generate on the file, f32 activations: the logits of the same file dequantised by
+    gguf-py to F32, to float rounding (the bar of test_gguf_model.py), and the same tokens."""
+    from test_gguf_iquant_model import generate
+    q, deq, _, _ = tiny_iq_experts
+    got, lq = generate(fmoe_bin, q, tmp_path, "iq")
+    want, lf = generate(fmoe_bin, deq, tmp_path, "deq")
+    assert got["generated_ids"] == want["generated_ids"] and len(got["generated_ids"]) == 8
+    assert lq.shape == lf.shape and float(np.abs(lq - lf).max()) <= 1e-3
+
+
+@pytest.mark.parametrize("flag,name", [("--type", "iq2_xxs"), ("--experts-type", "iq1_m"),
+                                       ("--type", "iq1_s"), ("--experts-type", "iq2_xs")])
+def test_imatrix_types_refused_in_one_line(fmoe_bin, tmp_path, flag, name):
+    from conftest import run_fmoe
+    from test_gguf_model import TINY
+    out = tmp_path / "m.gguf"
+    args = ["--type", "q4_k"] if flag == "--experts-type" else []
+    p = run_fmoe(fmoe_bin, "quantize", *args, flag, name, TINY, "-o", out, check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert f"{flag} {name.upper()} needs an importance matrix" in lines[0], lines
+    assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
