@@ -5,7 +5,7 @@
  * as milliseconds and GB/s of weight bytes read, and for the block types the product with
  * the vector quantised to 8 bits (fmoe/quant_act.h: the vector's quantisation included,
  * once per product, as the CPU backend does it). The types fmoe reads but does not write
- * (MXFP4, the i-quants IQ2_XXS .. IQ1_M) are timed on blocks of hashed bytes, their
+ * (MXFP4, the i-quants IQ2_XXS, IQ2_XS, IQ1_S, IQ1_M) are timed on blocks of hashed bytes, their
  * "quantise" column being that fill. Not a test (no timed tests); the numbers
  * in docs/quantization.md come from it.
  *
@@ -27,8 +27,8 @@
 #include "fmoe/quant_act.h"
 #include "quant_impl.h"
 
-/* Row r of a type fmoe reads but does not write (MXFP4, the i-quants): blocks of hashed
- * bytes with small scales (MXFP4 2^-8 .. 2^-1; the i-quants' f16 d 1/64, IQ1_M's in the
+/* Row r of a type fmoe reads but does not write (MXFP4, four of the i-quants): blocks of
+ * hashed bytes with small scales (MXFP4 2^-8 .. 2^-1; the i-quants' f16 d 1/64, IQ1_M's in the
  * top nibbles of its scale words), rb bytes into dst. */
 static void hashed_row(uint32_t t, int64_t r, int64_t rb, uint8_t *dst) {
     for (int64_t b = 0; b < rb; b++) dst[b] = (uint8_t)(((uint64_t)(r * rb + b) * 2654435761u) >> 13);
