@@ -115,9 +115,11 @@ void fmoe__quantize_k23_block(uint32_t type, const float *x, uint8_t *dst);
 void fmoe__quantize_iq4_xs_block(const float *x, uint8_t *dst);
 
 /* A row of n values (whole 256-value blocks) of IQ3_XXS, IQ3_S or IQ2_S into dst
- * (lib/quant_iq_quantize.c, ggml's quantisers without an importance matrix). @return 0, or
- * FMOE_ENOMEM where the type's search tables (lib/iq_search.h) could not be built. */
-int fmoe__quantize_iq_row(uint32_t type, const float *src, uint8_t *dst, int64_t n);
+ * (lib/quant_iq_quantize.c, ggml's quantisers), weighted by importance[n] where not NULL.
+ * @return 0, or FMOE_ENOMEM where the type's search tables (lib/iq_search.h) could not be
+ * built. */
+int fmoe__quantize_iq_row(uint32_t type, const float *src, const float *importance,
+                          uint8_t *dst, int64_t n);
 
 /* The kernel levels, lowest first: plain C (the reference), AVX2 (+ FMA, F16C), AVX-512
  * (F, BW and VL on top of AVX2: lib/quant_avx512.c, lib/quant_act_avx512.c). A level runs only on a CPU that

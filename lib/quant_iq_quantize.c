@@ -3,9 +3,10 @@
  * `fmoe quantize` (lib/quant_ref.c's fmoe_quant_quantize_row calls it).
  *
  * The algorithm is ggml's (ggml-quants.c: quantize_row_iq3_xxs_impl, quantize_row_iq3_s_impl,
- * quantize_row_iq2_s_impl) without an importance matrix, written again; llama-quantize
- * runs these three without one, weighting each value by x² (IQ3) or σ²/2 + x² (IQ2_S, σ² the
- * block's mean square). Per sub-block of 32 (IQ3) or 16 (IQ2_S) values:
+ * quantize_row_iq2_s_impl), written again. Each value has a weight: with an importance
+ * matrix (the mean squared activation of its column, from llama.cpp's imatrix)
+ * imp·sqrt(σ² + x²), σ² twice the block's mean square; without one x² (IQ3) or
+ * σ²/4 + x² (IQ2_S), which ggml's quantiser accepts for these three types. Per sub-block of 32 (IQ3) or 16 (IQ2_S) values:
  *   1. signs come off (stored apart; IQ3_XXS keeps 7 of each 8 and makes the count of minus
  *      signs even by flipping the value that costs least, as its format's eighth sign is
  *      implied), leaving magnitudes xval;
@@ -21,7 +22,7 @@
  * The arithmetic is ggml's in the same order, in f32, without contraction (our build is ISO
  * C, which turns it off; ggml's shared library is built for plain x86-64, which has no FMA),
  * so the blocks are llama.cpp's byte for byte: tests/python/test_iquant_quantise.py compares
- * them with blocks libggml-base wrote (tests/fixtures/iquants). Two places differ on
+ * them with blocks libggml-base wrote (tests/fixtures/iquants), without and with a matrix. Two places differ on
  * purpose: ggml's IQ3_S leaves its index and sign pointers where they were after an
  * all-zero sub-block, so every later sub-block of that block lands one slot early and the
  * last slot is left zero (its blocks then decode wrongly); ours writes each sub-block in its
@@ -119,6 +120,9 @@ static float search(const fmoe__iq_search *t, const iq_params *p, const float *x
     int8_t Laux[32];
     int on_grid[8], on_grid_aux[8];
     float best = 0, scale = max / (float)(2 * p->kmax - 1);
+    /* all level 0 (a codebook point in every grid) where no trial is kept: Σwxq = 0 when
+     * the importance matrix gives the block's nonzero values no weight */
+    memset(L, 0, (size_t)p->n);
     for (int k = 0; k < ngroups; k++) on_grid[k] = p->start_on_grid;
     for (int is = -p->nstep; is <= p->nstep; is++) {
         const float id = ((float)(2 * p->kmax - 1) + (float)is * p->step) / max;
@@ -166,6 +170,22 @@ static uint8_t split_signs(const float *x, float *xval) {
     return s;
 }
 
+/* ggml's σ² of a block for its weights: k·Σx²/256 (k = 2 for these three types). */
+static float block_sigma2(const float *x, int k) {
+    float sumx2 = 0;
+    for (int i = 0; i < FMOE_QK_K; i++) sumx2 += x[i] * x[i];
+    return (float)k * sumx2 / FMOE_QK_K;
+}
+
+/* The weights of n values: with an importance matrix's entries qw, qw·sqrt(σ² + x²)
+ * (ggml's, for every i-quant); without, x² (the IQ3 types' own). */
+static void importance_weights(const float *xb, const float *qw, float sigma2, int n, float *w) {
+    if (qw)
+        for (int i = 0; i < n; i++) w[i] = qw[i] * sqrtf(sigma2 + xb[i] * xb[i]);
+    else
+        for (int i = 0; i < n; i++) w[i] = xb[i] * xb[i];
+}
+
 /* The codebook index of a group's levels (a codebook point by construction). */
 static int32_t index_of(const fmoe__iq_search *t, const int8_t *L) {
     const int32_t g = t->map[key_of(t, L)];
@@ -180,15 +200,17 @@ static inline uint8_t scale_code(float id, float scale) {
 
 /* IQ3_XXS: f16 d; qs[64] one-byte indices of 4-value points; per 32 values a uint32 of
  * four 7-bit sign sets and the 4-bit scale on top. */
-static void quantize_iq3_xxs(const fmoe__iq_search *t, const float *x, uint8_t *b) {
+static void quantize_iq3_xxs(const fmoe__iq_search *t, const float *x, const float *qw,
+                             uint8_t *b) {
     const iq_params *p = &IQ3_XXS_P;
     float scales[8], weight[32], waux[32], xval[32], max_scale = 0;
     uint32_t sas[8] = {0};
     int8_t L[32];
     memset(b, 0, FMOE_IQ3_XXS_BYTES);
+    const float sigma2 = block_sigma2(x, 2);
     for (int ib = 0; ib < 8; ib++) {
         const float *xb = x + 32 * ib;
-        for (int i = 0; i < 32; i++) weight[i] = xb[i] * xb[i];
+        importance_weights(xb, qw ? qw + 32 * ib : NULL, sigma2, 32, weight);
         for (int i = 0; i < 32; i++) waux[i] = sqrtf(weight[i]);
         uint8_t signs[4];
         for (int k = 0; k < 4; k++) {
@@ -240,15 +262,17 @@ static void quantize_iq3_xxs(const fmoe__iq_search *t, const float *x, uint8_t *
 
 /* IQ3_S: f16 d; qs[64] index low bytes; qh[8] their ninth bits; signs[32]; scales[4]
  * (two 4-bit scales a byte, one per 32 values). */
-static void quantize_iq3_s(const fmoe__iq_search *t, const float *x, uint8_t *b) {
+static void quantize_iq3_s(const fmoe__iq_search *t, const float *x, const float *qw,
+                           uint8_t *b) {
     const iq_params *p = &IQ3_S_P;
     float scales[8], weight[32], waux[32], xval[32], max_scale = 0;
     int8_t L[32];
     uint8_t *qs = b + 2, *qh = b + 66, *sg = b + 74, *sc = b + 106;
     memset(b, 0, FMOE_IQ3_S_BYTES);
+    const float sigma2 = block_sigma2(x, 2);
     for (int ib = 0; ib < 8; ib++) {
         const float *xb = x + 32 * ib;
-        for (int i = 0; i < 32; i++) weight[i] = xb[i] * xb[i];
+        importance_weights(xb, qw ? qw + 32 * ib : NULL, sigma2, 32, weight);
         for (int i = 0; i < 32; i++) waux[i] = sqrtf(weight[i]);
         uint8_t signs[4];
         for (int k = 0; k < 4; k++) signs[k] = split_signs(xb + 8 * k, xval + 8 * k);
@@ -282,18 +306,20 @@ static void quantize_iq3_s(const fmoe__iq_search *t, const float *x, uint8_t *b)
 
 /* IQ2_S: f16 d; qs[32] index low bytes, then 32 sign bytes; qh[8] the indices' two high
  * bits (four a byte); scales[8] (two 4-bit scales a byte, one per 16 values). */
-static void quantize_iq2_s(const fmoe__iq_search *t, const float *x, uint8_t *b) {
+static void quantize_iq2_s(const fmoe__iq_search *t, const float *x, const float *qw,
+                           uint8_t *b) {
     const iq_params *p = &IQ2_S_P;
     float scales[16], weight[16], waux[16], xval[16], max_scale = 0;
     int8_t L[16];
     uint8_t *qs = b + 2, *qh = b + 66, *sc = b + 74;
     memset(b, 0, FMOE_IQ2_S_BYTES);
-    float sumx2 = 0;
-    for (int i = 0; i < FMOE_QK_K; i++) sumx2 += x[i] * x[i];
-    const float sigma2 = 2 * sumx2 / FMOE_QK_K;
+    const float sigma2 = block_sigma2(x, 2);
     for (int ib = 0; ib < 16; ib++) {
         const float *xb = x + 16 * ib;
-        for (int i = 0; i < 16; i++) weight[i] = 0.25f * sigma2 + xb[i] * xb[i];
+        if (qw)
+            importance_weights(xb, qw + 16 * ib, sigma2, 16, weight);
+        else /* IQ2_S's own weights without a matrix */
+            for (int i = 0; i < 16; i++) weight[i] = 0.25f * sigma2 + xb[i] * xb[i];
         for (int i = 0; i < 16; i++) waux[i] = sqrtf(weight[i]);
         uint8_t signs[2];
         for (int k = 0; k < 2; k++) signs[k] = split_signs(xb + 8 * k, xval + 8 * k);
@@ -326,15 +352,17 @@ static void quantize_iq2_s(const fmoe__iq_search *t, const float *x, uint8_t *b)
         sc[ib / 2] = (uint8_t)(scale_code(id, scales[ib]) | (scale_code(id, scales[ib + 1]) << 4));
 }
 
-int fmoe__quantize_iq_row(uint32_t type, const float *src, uint8_t *dst, int64_t n) {
+int fmoe__quantize_iq_row(uint32_t type, const float *src, const float *importance,
+                          uint8_t *dst, int64_t n) {
     const fmoe__iq_search *t = fmoe__iq_search_get(type);
     if (!t) return FMOE_ENOMEM;
     const int32_t size = fmoe_ggml_type_size(type);
     for (int64_t i = 0; i < n; i += FMOE_QK_K, dst += size) {
+        const float *qw = importance ? importance + i : NULL;
         switch (type) {
-        case FMOE_GGML_IQ3_XXS: quantize_iq3_xxs(t, src + i, dst); break;
-        case FMOE_GGML_IQ3_S: quantize_iq3_s(t, src + i, dst); break;
-        default: quantize_iq2_s(t, src + i, dst); break;
+        case FMOE_GGML_IQ3_XXS: quantize_iq3_xxs(t, src + i, qw, dst); break;
+        case FMOE_GGML_IQ3_S: quantize_iq3_s(t, src + i, qw, dst); break;
+        default: quantize_iq2_s(t, src + i, qw, dst); break;
         }
     }
     return 0;

@@ -295,6 +295,11 @@ int fmoe_quant_prepare(uint32_t t) {
 }
 
 void fmoe_quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n) {
+    fmoe_quant_quantize_row_weighted(t, src, NULL, dst, n);
+}
+
+void fmoe_quant_quantize_row_weighted(uint32_t t, const float *src, const float *importance,
+                                      void *dst, int64_t n) {
     FMOE_ASSERT(fmoe_quant_can_quantize(t) && n % fmoe_ggml_block_size(t) == 0);
     uint8_t *b = dst;
     switch (t) {
@@ -318,7 +323,7 @@ void fmoe_quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
     case FMOE_GGML_IQ3_XXS:
     case FMOE_GGML_IQ3_S:
     case FMOE_GGML_IQ2_S: /* lib/quant_iq_quantize.c; fails only out of memory */
-        FMOE_ASSERT(fmoe__quantize_iq_row(t, src, b, n) == 0);
+        FMOE_ASSERT(fmoe__quantize_iq_row(t, src, importance, b, n) == 0);
         return;
     case FMOE_GGML_IQ4_XS: /* lib/quant_ref32.c */
         for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_IQ4_XS_BYTES)

@@ -3,7 +3,9 @@
  * tests/python/test_gguf_quants.py, which compares them with the gguf Python package.
  *
  *   quant_tool dequant TYPE IN OUT   raw blocks of TYPE -> f32 (little-endian) values
- *   quant_tool quant TYPE IN OUT     f32 values -> raw blocks of TYPE
+ *   quant_tool quant TYPE IN OUT [IMPORTANCE]
+ *                                    f32 values -> raw blocks of TYPE (IMPORTANCE: f32
+ *                                    importance-matrix entries, one per value)
  *   quant_tool dot TYPE ROWS X OUT   for each row of ROWS (rows of len(X) values):
  *                                    fmoe_quant_dot and fmoe_quant_dot_ref, two f32 each
  *   quant_tool map ARCH NHEAD NKV NAME...
@@ -172,8 +174,17 @@ int main(int argc, char **argv) {
             free(in);
             return 2;
         }
+        long wlen = 0;
+        float *w = argc > 5 ? slurp(argv[5], &wlen) : NULL;
+        if (argc > 5 && (!w || wlen != len)) {
+            fprintf(stderr, "quant_tool: %s is not one importance value per input value\n", argv[5]);
+            free(in);
+            free(w);
+            return 2;
+        }
         uint8_t *q = malloc((size_t)(nb ? nb : 1));
-        fmoe_quant_quantize_row(t, (const float *)in, q, n);
+        fmoe_quant_quantize_row_weighted(t, (const float *)in, w, q, n);
+        free(w);
         rc = spill(argv[4], q, (size_t)nb) != 0;
         free(q);
     } else if (strcmp(argv[1], "dot") == 0 && argc == 6) {

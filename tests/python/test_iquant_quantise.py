@@ -1,7 +1,8 @@
 """fmoe's i-quant quantisers (lib/quant_iq_quantize.c: IQ3_XXS, IQ3_S, IQ2_S) against
 llama.cpp's own: the blocks libggml-base's ggml_quantize_chunk wrote for fixed rows
-(tests/fixtures/iquants, made by its make_iquants.py) must come out of fmoe byte for byte,
-through the test driver tests/lib/quant_tool.c.
+(tests/fixtures/iquants, made by its make_iquants.py), without and with an importance
+matrix, must come out of fmoe byte for byte, through the test driver
+tests/lib/quant_tool.c.
 
 One documented exception (lib/quant_iq_quantize.c's head comment): ggml's IQ3_S does not
 move its index and sign pointers past an all-zero 32-value sub-block, so in such a block
@@ -25,34 +26,48 @@ SIZES = {"IQ3_XXS": 98, "IQ3_S": 110, "IQ2_S": 82}
 
 @pytest.fixture(scope="module")
 def quantised(build_dir, tmp_path_factory):
-    """Our blocks of the fixture's rows, per type."""
+    """Our blocks of the fixture's rows, per type, without ("") and with (".imatrix") the
+    fixture's importance entries (one per column: repeated for every row)."""
     tool = build_dir / "tests" / "lib" / "quant_tool"
     if not tool.exists():
         pytest.fail(f"{tool} not built")
     out = {}
     d = tmp_path_factory.mktemp("iq")
+    rows = np.fromfile(FIX / "input.f32", dtype=np.float32).size // 256
+    imat = np.tile(np.fromfile(FIX / "importance.f32", dtype=np.float32), rows)
+    imat.tofile(d / "imat.f32")
     for name in SIZES:
-        p = subprocess.run([str(tool), "quant", name, str(FIX / "input.f32"), str(d / name)],
-                           capture_output=True, text=True, timeout=60)
-        assert p.returncode == 0, p.stderr
-        out[name] = np.fromfile(d / name, dtype=np.uint8).reshape(-1, SIZES[name])
+        for w in ("", ".imatrix"):
+            p = subprocess.run([str(tool), "quant", name, str(FIX / "input.f32"), str(d / name),
+                                *([str(d / "imat.f32")] if w else [])],
+                               capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0, p.stderr
+            out[name + w] = np.fromfile(d / name, dtype=np.uint8).reshape(-1, SIZES[name])
     return out
 
 
-def theirs(name):
-    return np.fromfile(FIX / f"{name.lower()}.bin", dtype=np.uint8).reshape(-1, SIZES[name])
+def theirs(name, w=""):
+    return np.fromfile(FIX / f"{name.lower()}{w}.bin", dtype=np.uint8).reshape(-1, SIZES[name])
 
 
+@pytest.mark.parametrize("w", ["", ".imatrix"])
 @pytest.mark.parametrize("name", ["IQ3_XXS", "IQ2_S"])
-def test_quantise_equals_llama_cpp(quantised, name):
-    ours, ref = quantised[name], theirs(name)
+def test_quantise_equals_llama_cpp(quantised, name, w):
+    ours, ref = quantised[name + w], theirs(name, w)
     assert ours.shape == ref.shape == (31, SIZES[name])
     bad = np.flatnonzero((ours != ref).any(axis=1))
-    assert bad.size == 0, f"{name}: blocks {bad.tolist()} differ from llama.cpp's"
+    assert bad.size == 0, f"{name}{w}: blocks {bad.tolist()} differ from llama.cpp's"
 
 
-def test_iq3_s_equals_llama_cpp_but_its_zero_sub_block_shift(quantised):
-    ours, ref = quantised["IQ3_S"], theirs("IQ3_S")
+def test_importance_changes_the_blocks(quantised):
+    """The matrix is used: most blocks differ from the unweighted ones (llama.cpp's too)."""
+    for name in SIZES:
+        assert (quantised[name] != quantised[name + ".imatrix"]).any(axis=1).mean() > 0.5
+
+
+@pytest.mark.parametrize("w", ["", ".imatrix"])
+def test_iq3_s_equals_llama_cpp_but_its_zero_sub_block_shift(quantised, w):
+    ours, ref = quantised["IQ3_S" + w], theirs("IQ3_S", w)
     assert ours.shape == ref.shape == (31, 110)
     bad = np.flatnonzero((ours != ref).any(axis=1))
     assert bad.tolist() == [30], f"blocks {bad.tolist()} differ from llama.cpp's"

@@ -154,4 +154,12 @@ int fmoe_quant_simd(void);
  * The type must be one fmoe_quant_can_quantize says yes to (FMOE_ASSERT otherwise). */
 void fmoe_quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 
+/* The same with an importance matrix's entries for the row's columns (importance[n], the
+ * mean squared activation of each column, as llama.cpp's imatrix files hold them; NULL:
+ * none): the i-quant quantisers (IQ3_XXS, IQ3_S, IQ2_S) weigh each value by
+ * importance·sqrt(σ² + x²) as llama.cpp's do; the other types' quantisers, which follow
+ * llama.cpp's algorithms without a matrix only, ignore it. */
+void fmoe_quant_quantize_row_weighted(uint32_t type, const float *src, const float *importance,
+                                      void *dst, int64_t n);
+
 #endif
