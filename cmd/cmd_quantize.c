@@ -22,6 +22,7 @@ typedef struct options {
     int32_t type;
     int32_t experts_type;
     const char *output;
+    const char *imatrix;
     int experts_only;
     int quiet;
 } options;
@@ -84,6 +85,11 @@ static const cmd_option quantize_options[] = {
     {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
      .value_name = "FILE",
      .help = "the GGUF file to write", .offset = offsetof(options, output)},
+    {.name = "imatrix", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
+     .help = "llama.cpp's importance matrix (llama-imatrix's GGUF file) for the tensors in "
+             "iq3_xxs, iq3_s or iq2_s, as llama-quantize uses it; the other types' quantizers "
+             "here do not use one (the report counts those tensors)",
+     .offset = offsetof(options, imatrix)},
     {.name = "experts-only", .kind = CMD_OPT_FLAG,
      .help = "quantize only the routed experts; attention, embeddings, shared experts and "
              "the output head keep the checkpoint's dtype",
@@ -103,7 +109,7 @@ static void init(void *base) {
 const cmd_spec cmd_quantize_spec = {
     .name = "quantize",
     .usage = "quantize --type MIX|TYPE MODEL_DIR -o MODEL.gguf [--experts-type TYPE] "
-             "[--experts-only]",
+             "[--imatrix FILE] [--experts-only]",
     .description =
         "Write a HuggingFace MoE checkpoint (config.json + safetensors of Mixtral,\n"
         "Qwen2-MoE, Qwen3-MoE, OLMoE or DeepSeek-MoE V1) as a GGUF file, named and laid\n"
@@ -117,9 +123,10 @@ const cmd_spec cmd_quantize_spec = {
               "the table). --experts-type sets the routed experts apart: they are what an\n"
               "offloaded model moves, so their type sets its speed; e.g. --type q4_k_m\n"
               "--experts-type q3_k, or --experts-type iq3_s for the 3.44-bit i-quant.\n"
-              "iq3_xxs and iq2_s are the blocks llama.cpp's quantiser makes without an\n"
-              "importance matrix; llama-quantize itself refuses them without one (a note\n"
-              "on stderr says so). iq2_xxs, iq2_xs, iq1_s and iq1_m need one: not written.\n"
+              "iq3_xxs and iq2_s without --imatrix are the blocks llama.cpp's quantizer\n"
+              "makes without an importance matrix; llama-quantize itself refuses them\n"
+              "without one (a note on stderr says so). iq2_xxs, iq2_xs, iq1_s and iq1_m\n"
+              "are not written.\n"
               "A tensor whose rows are not whole blocks of its type (256 values for the\n"
               "K-quants, iq4_xs and the i-quants) falls back as llama-quantize's does: Q4_K\n"
               "to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/IQ4_XS and the i-quants to\n"
@@ -148,15 +155,16 @@ int cmd_quantize(int argc, char **argv) {
         if (asked[i] < NEEDS_IMATRIX) continue;
         const char *name = fmoe_ggml_type_name((uint32_t)(asked[i] - NEEDS_IMATRIX));
         return cmd_usage_error(CMD,
-                               "%s %s needs an importance matrix (llama-quantize refuses it "
-                               "without one) and fmoe reads none; use iq3_s, iq3_xxs or iq2_s",
+                               "%s %s: fmoe has no quantizer for it (llama.cpp's needs an "
+                               "importance matrix); use iq3_s, iq3_xxs or iq2_s",
                                i ? "--experts-type" : "--type", name);
     }
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2 && !o.imatrix; i++)
         if (llama_quantize_wants_imatrix(asked[i]))
             fprintf(stderr,
-                    "%s: note: llama-quantize refuses %s without an importance matrix; these "
-                    "are the blocks its quantiser makes without one (docs/quantization.md)\n",
+                    "%s: note: llama-quantize refuses %s without an importance matrix "
+                    "(--imatrix); these are the blocks its quantizer makes without one "
+                    "(docs/quantization.md)\n",
                     CMD, fmoe_ggml_type_name((uint32_t)asked[i]));
     const char *model = argv[1];
     const fmoe_quant_mix mix = o.type >= MIX ? (fmoe_quant_mix)(o.type - MIX) : FMOE_MIX_NONE;
@@ -175,6 +183,7 @@ int cmd_quantize(int argc, char **argv) {
                                     .experts_type =
                                         o.experts_type < 0 ? 0 : (uint32_t)o.experts_type,
                                     .experts_only = o.experts_only,
+                                    .imatrix = o.imatrix,
                                     .progress = cmd_progress_bar_callback(&bar)};
     fmoe_quantize_report r;
     rc = fmoe_quantize_model(&p, &r);
@@ -192,6 +201,12 @@ int cmd_quantize(int argc, char **argv) {
         printf("  fallback   %lld tensors whose rows are not whole blocks of their type (in a "
                "32-value type or the checkpoint's dtype)\n",
                (long long)r.fallback);
+    if (o.imatrix)
+        printf("  imatrix    %lld tensors weighed by it, %lld quantized without it in a type "
+               "whose quantizer here uses none (llama-quantize would use it), %lld in an "
+               "i-quant with no entry in it\n",
+               (long long)r.importance_used, (long long)r.importance_ignored,
+               (long long)r.importance_missing);
     printf("  size       %s of weights -> %s file\n", cmd_format_bytes((double)r.bytes_in, in, sizeof in),
            cmd_format_bytes((double)r.bytes_out, out, sizeof out));
     return CMD_EXIT_OK;

@@ -100,6 +100,10 @@ int fmoe_quant_can_quantize(uint32_t t) {
            t == FMOE_GGML_IQ2_S;
 }
 
+int fmoe_quant_uses_importance(uint32_t t) {
+    return t == FMOE_GGML_IQ3_XXS || t == FMOE_GGML_IQ3_S || t == FMOE_GGML_IQ2_S;
+}
+
 /* llama.cpp's rule (src/llama-quant.cpp, llama_tensor_get_type's fallback for a row that
  * is not whole blocks of the requested type), restricted to the types fmoe writes: each
  * K-quant falls back to the 32-value type of about its bits, one step up so as not to lose

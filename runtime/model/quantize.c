@@ -47,6 +47,7 @@
 #include "half.h"
 #include "fmoe/quant.h"
 #include "fmoe/safetensors.h"
+#include "quantize_imatrix.h"
 
 #include "../backend/threadpool.h"
 
@@ -771,6 +772,9 @@ typedef struct quant_job {
     const fmoe_st_tensor *s;
     int64_t rows, cols, rb;
     uint8_t *out;              /* [rows][rb] */
+    const float *importance;   /* NULL, or [experts][cols]: row r's are those of expert
+                                  expert0 + r / rows_per_expert */
+    int64_t expert0, rows_per_expert;
     float **scratch;           /* [workers][cols] */
     int64_t *bad_row;          /* [workers] first row with a non-finite value, or -1 */
     int64_t *bad_col;
@@ -795,7 +799,10 @@ static void quant_rows(void *ctx, int32_t task, int32_t worker) {
                 memset(row, 0, (size_t)j->cols * sizeof *row);
                 break;
             }
-        fmoe_quant_quantize_row(j->o->type, row, j->out + r * j->rb, j->cols);
+        const float *imp = j->importance
+                               ? j->importance + (j->expert0 + r / j->rows_per_expert) * j->cols
+                               : NULL;
+        fmoe_quant_quantize_row_weighted(j->o->type, row, imp, j->out + r * j->rb, j->cols);
     }
 }
 
@@ -815,6 +822,8 @@ typedef struct writer {
     float *src_f32, *view_f32; /* a source not read in place, as f32 (source_rows) */
     int64_t src_cap, view_cap;
     const fmoe_st_tensor *widened; /* the source src_f32 holds */
+    const fmoe__imatrix *imatrix;  /* NULL, or --imatrix's file */
+    fmoe_quantize_report *report;
 } writer;
 
 /* Grows *buf to hold n floats. */
@@ -894,6 +903,10 @@ static int check_finite(const fmoe_st_tensor *s, const float *row, int64_t n, in
     return 0;
 }
 
+static int write_source(writer *w, const out_tensor *o, int32_t e, int64_t rows, int64_t rb,
+                        const float *importance, const fmoe_progress *progress, int64_t *done,
+                        int64_t total);
+
 static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *progress,
                         int64_t *done, int64_t total) {
     const int64_t cols = o->ne[0];
@@ -910,7 +923,36 @@ static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *pro
     const int64_t rows = o->ne[1] * (o->nsrc == 1 ? o->ne[2] : 1);
     const int64_t rb = fmoe_quant_row_bytes(o->type, cols);
     const int quantised = !is_float_type(o->type);
-    for (int32_t e = 0; e < o->nsrc; e++) {
+    float *importance = NULL; /* [experts][cols], as llama-quantize hands it to ggml */
+    if (quantised && w->imatrix) {
+        FMOE_FORWARD_IF_ERROR(fmoe__imatrix_get(w->imatrix, o->name, cols,
+                                                o->ndim == 3 ? o->ne[2] : 1, &importance));
+        const int uses = fmoe_quant_uses_importance(o->type);
+        if (importance && !uses) {
+            free(importance);
+            importance = NULL;
+            w->report->importance_ignored++;
+        } else if (importance) {
+            w->report->importance_used++;
+        } else if (uses) {
+            w->report->importance_missing++;
+        }
+    }
+    int rc = 0;
+    for (int32_t e = 0; e < o->nsrc && rc == 0; e++)
+        rc = write_source(w, o, e, rows, rb, importance, progress, done, total);
+    free(importance);
+    return rc;
+}
+
+/* Source e of o (one expert of stacked ones, or the whole tensor): its rows quantised or
+ * converted, and written. */
+static int write_source(writer *w, const out_tensor *o, int32_t e, int64_t rows, int64_t rb,
+                        const float *importance, const fmoe_progress *progress, int64_t *done,
+                        int64_t total) {
+    const int64_t cols = o->ne[0];
+    const int quantised = !is_float_type(o->type);
+    {
         fmoe_st_tensor tmp;
         const fmoe_st_tensor *s;
         FMOE_FORWARD_IF_ERROR(source_rows(w, o, e, &tmp, &s));
@@ -923,7 +965,9 @@ static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *pro
             }
             for (int32_t k = 0; k < w->workers; k++) w->bad_row[k] = w->bad_col[k] = -1;
             quant_job j = {.o = o, .s = s, .rows = rows, .cols = cols, .rb = rb, .out = w->out,
-                           .scratch = w->scratch, .bad_row = w->bad_row, .bad_col = w->bad_col};
+                           .importance = importance, .expert0 = o->nsrc > 1 ? e : 0,
+                           .rows_per_expert = o->ne[1], .scratch = w->scratch,
+                           .bad_row = w->bad_row, .bad_col = w->bad_col};
             fmoe__pool_run(w->pool, quant_rows, &j, (int32_t)((rows + QUANT_CHUNK - 1) / QUANT_CHUNK));
             int64_t br = -1, bc = -1;
             for (int32_t k = 0; k < w->workers; k++)
@@ -1029,6 +1073,8 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
      * rather than an abort inside the thread pool */
     FMOE_FORWARD_IF_ERROR(fmoe_quant_prepare(type));
     if (params->experts_type) FMOE_FORWARD_IF_ERROR(fmoe_quant_prepare(params->experts_type));
+    fmoe__imatrix *imatrix = NULL; /* opened first: a bad file fails before any work */
+    if (params->imatrix) FMOE_FORWARD_IF_ERROR(fmoe__imatrix_open(params->imatrix, &imatrix));
     memset(report, 0, sizeof *report);
     const char *dir = params->model_dir;
     char path[4096], partial[4200];
@@ -1047,7 +1093,10 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
     writer wr = {0};
     int created = 0; /* the partial is ours to remove on failure */
     int rc;
-    if (!g) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    if (!g) {
+        fmoe__imatrix_close(imatrix);
+        return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    }
     if ((rc = fmoe_geometry_load(path, g)) < 0) goto fail;
     if ((rc = arch_of(g, dir, k.arch, &p.permute)) < 0) goto fail;
     if (!(config = read_text(path, &config_len))) {
@@ -1077,6 +1126,8 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
     };
     p.experts_only = params->experts_only;
     p.report = report;
+    wr.imatrix = imatrix;
+    wr.report = report;
     snprintf(report->arch, sizeof report->arch, "%s", k.arch);
     if ((rc = build_plan(&p)) < 0) goto fail;
     wr.st = st;
@@ -1178,6 +1229,7 @@ done:
     cJSON_Delete(cfg);
     free(config);
     fmoe_safetensors_close(st);
+    fmoe__imatrix_close(imatrix);
     free(g);
     return rc;
 }

@@ -157,5 +157,105 @@ def test_imatrix_types_refused_in_one_line(fmoe_bin, tmp_path, flag, name):
     p = run_fmoe(fmoe_bin, "quantize", *args, flag, name, TINY, "-o", out, check=False)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1, p.stderr
-    assert f"{flag} {name.upper()} needs an importance matrix" in lines[0], lines
+    assert f"{flag} {name.upper()}: fmoe has no quantizer for it" in lines[0], lines
     assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
+
+
+# ---- --imatrix: llama.cpp's importance matrix ------------------------------------------
+
+def write_imatrix(path, entries, meta=True):
+    """An importance-matrix GGUF as llama-imatrix writes it: NAME.in_sum2 [n_mat][cols] and
+    NAME.counts [n_mat][1], both F32, and the three imatrix.* keys (meta=True)."""
+    w = gguf.GGUFWriter(str(path), "imatrix")
+    if meta:
+        w.add_array("imatrix.datasets", ["test.txt"])
+        w.add_uint32("imatrix.chunk_count", 10)
+        w.add_uint32("imatrix.chunk_size", 512)
+    for name, (sums, counts) in entries.items():
+        w.add_tensor(name + ".in_sum2", sums.astype(np.float32))
+        w.add_tensor(name + ".counts", counts.astype(np.float32).reshape(-1, 1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_imatrix(tmp_path_factory):
+    """Entries for fmoe-tiny's expert gate and up projections (8 experts x 256 columns;
+    expert 3's count 0: llama-quantize then uses 1s) and its attention query projections
+    (Q4_K below: a type whose quantiser here takes none)."""
+    rng = np.random.default_rng(9)
+    entries = {}
+    for layer in range(6):
+        for kind in ("gate", "up"):
+            counts = rng.integers(1, 400, 8).astype(np.float64) + 0.3  # rounded on load
+            counts[3] = 0
+            sums = np.exp(rng.standard_normal((8, 256))) * counts[:, None]
+            entries[f"blk.{layer}.ffn_{kind}_exps.weight"] = (sums, counts)
+        entries[f"blk.{layer}.attn_q.weight"] = (np.ones((1, 256)), np.ones(1))
+    d = tmp_path_factory.mktemp("imatrix")
+    return write_imatrix(d / "tiny.imatrix.gguf", entries), entries
+
+
+def test_imatrix_weighs_the_experts_as_llama_quantize(fmoe_bin, build_dir, tiny_imatrix, tmp_path):
+    """fmoe quantize --imatrix: each expert's rows are quantised with that expert's entry,
+    normalised as llama-quantize normalises it (sums / round(count), 1s for a count of 0):
+    the file's blocks equal those quant_tool makes of the checkpoint's rows with the
+    entry computed here (quant_tool's blocks are llama.cpp's: the tests above). No note on
+    stderr; the report counts the tensors."""
+    from conftest import run_fmoe
+    from test_gguf_model import TINY
+    from test_quantize import read_checkpoint
+    path, entries = tiny_imatrix
+    out = tmp_path / "q.gguf"
+    p = run_fmoe(fmoe_bin, "quantize", "--type", "q4_k", "--experts-type", "iq3_xxs",
+                 "--imatrix", path, TINY, "-o", out, "--quiet")
+    assert p.stderr.strip() == "", p.stderr
+    assert "imatrix    12 tensors weighed by it, 6 quantized without it" in p.stdout, p.stdout
+    r = gguf.GGUFReader(str(out))
+    t = next(x for x in r.tensors if x.name == "blk.4.ffn_up_exps.weight")
+    assert t.tensor_type.name == "IQ3_XXS"
+    blocks = np.asarray(t.data).reshape(8, -1)  # [expert][rows · row bytes]
+    ck = read_checkpoint(TINY)
+    sums, counts = entries["blk.4.ffn_up_exps.weight"]
+    tool = build_dir / "tests" / "lib" / "quant_tool"
+    for e in (0, 3, 7):
+        w = ck[f"model.layers.4.mlp.experts.{e}.up_proj.weight"][0]  # [176][256]
+        c = np.float32(np.round(counts[e]))
+        imp = (sums[e].astype(np.float32) / c) if c > 0 else np.ones(256, np.float32)
+        w.astype(np.float32).tofile(tmp_path / "x.f32")
+        np.tile(imp.astype(np.float32), w.shape[0]).tofile(tmp_path / "w.f32")
+        subprocess.run([str(tool), "quant", "IQ3_XXS", str(tmp_path / "x.f32"),
+                        str(tmp_path / "q.bin"), str(tmp_path / "w.f32")], check=True)
+        want = np.fromfile(tmp_path / "q.bin", dtype=np.uint8)
+        assert (blocks[e] == want).all(), f"expert {e}"
+    # and the matrix mattered: without it the experts' blocks are others
+    plain = tmp_path / "plain.gguf"
+    run_fmoe(fmoe_bin, "quantize", "--type", "q4_k", "--experts-type", "iq3_xxs", TINY,
+             "-o", plain, "--quiet")
+    t2 = next(x for x in gguf.GGUFReader(str(plain)).tensors if x.name == t.name)
+    assert (np.asarray(t2.data).reshape(8, -1) != blocks).any(axis=1).all()
+
+
+def test_bad_imatrix_one_line(fmoe_bin, tiny_imatrix, tmp_path):
+    from conftest import run_fmoe
+    from test_gguf_model import TINY
+    _, entries = tiny_imatrix
+    small = {"blk.0.ffn_gate_exps.weight": (np.ones((8, 128)), np.ones(8))}
+    dat = tmp_path / "old.dat"
+    dat.write_bytes(b"\x01\x00\x00\x00" + b"\x00" * 60)
+    cases = [
+        (write_imatrix(tmp_path / "small.gguf", small), "has 1024 values; the tensor has 256 "
+         "columns x 8 experts"),
+        (write_imatrix(tmp_path / "nometa.gguf", small, meta=False), "no key imatrix.datasets"),
+        (dat, "legacy .dat format is not read"),
+    ]
+    for path, needle in cases:
+        out = tmp_path / "m.gguf"
+        p = run_fmoe(fmoe_bin, "quantize", "--type", "iq3_s", "--imatrix", path, TINY, "-o", out,
+                     check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 1 and len(lines) == 1 and needle in lines[0], (path, p.stderr)
+        assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()

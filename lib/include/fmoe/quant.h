@@ -162,4 +162,7 @@ void fmoe_quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t
 void fmoe_quant_quantize_row_weighted(uint32_t type, const float *src, const float *importance,
                                       void *dst, int64_t n);
 
+/* 1 for the types whose quantiser uses an importance matrix (IQ3_XXS, IQ3_S, IQ2_S). */
+int fmoe_quant_uses_importance(uint32_t type);
+
 #endif

@@ -75,6 +75,10 @@ typedef struct fmoe_quantize_params {
                                  the mix or type says for the rest */
     int experts_only;         /* 1: quantise only the routed experts */
     fmoe_progress progress;   /* bytes of tensor data written */
+    const char *imatrix;      /* NULL, or llama.cpp's importance-matrix GGUF file
+                                 (llama-imatrix's): the quantisers that use one
+                                 (fmoe_quant_uses_importance) weigh each tensor's columns by
+                                 its entry; the others ignore it */
 } fmoe_quantize_params;
 
 typedef struct fmoe_quantize_report {
@@ -86,6 +90,10 @@ typedef struct fmoe_quantize_report {
     int64_t bytes_in;         /* checkpoint bytes of the tensors written */
     int64_t bytes_out;        /* the output file's size */
     int64_t by_type[FMOE_GGML_TYPE_END]; /* tensors written in each ggml type */
+    /* with params->imatrix, quantised tensors: weighed by their entry; with an entry their
+     * type's quantiser ignores (llama-quantize uses it for every type); in a type that
+     * uses one but without an entry in the file (quantised without) */
+    int64_t importance_used, importance_ignored, importance_missing;
 } fmoe_quantize_report;
 
 /*
