@@ -52,6 +52,8 @@ typedef struct iq_params {
 static const iq_params IQ3_XXS_P = {32, 8, 15, 0.2f, 1, 0};
 static const iq_params IQ3_S_P = {32, 8, 9, 0.2f, 0, 1};
 static const iq_params IQ2_S_P = {16, 3, 9, 0.1f, 1, 0};
+static const iq_params IQ2_XS_P = {16, 3, 9, 0.1f, 1, 0};
+static const iq_params IQ2_XXS_P = {32, 3, 6, 0.1f, 0, 1}; /* trials around make_qp's scale */
 
 static inline float maxf(float a, float b) { return a > b ? a : b; } /* ggml's MAX */
 
@@ -186,6 +188,95 @@ static void importance_weights(const float *xb, const float *qw, float sigma2, i
         for (int i = 0; i < n; i++) w[i] = xb[i] * xb[i];
 }
 
+/* Signs of x[8] as a 7-bit set whose implied eighth sign makes the count of minus signs
+ * even (IQ3_XXS, IQ2_XXS, IQ2_XS): where the count is odd, the value whose w·x² is least
+ * keeps its sign flipped (its magnitude in xval goes negative, as in ggml). */
+static uint8_t split_signs_even(const float *x, const float *w, float *xval) {
+    uint8_t s = split_signs(x, xval);
+    if (__builtin_parity(s)) {
+        int imin = 0;
+        float min = w[0] * x[0] * x[0];
+        for (int i = 1; i < 8; i++) {
+            const float ax = w[i] * x[i] * x[i];
+            if (ax < min) {
+                min = ax;
+                imin = i;
+            }
+        }
+        xval[imin] = -xval[imin];
+        s ^= (uint8_t)(1 << imin);
+    }
+    return s & 127;
+}
+
+/* ggml's make_qp_quants: a scale for n non-negative values on the levels 0 .. nmax by
+ * weighted least squares (9 trial scales, then up to 5 passes moving single levels).
+ * Levels are kept in bytes as ggml keeps them, so a value the parity flip made negative
+ * rounds to a level that wraps (-1 -> 255) where ggml's does: the passes read it so. */
+static float make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *w) {
+    float max = 0;
+    for (int i = 0; i < n; i++) max = maxf(max, x[i]);
+    if (max < FMOE_QUANT_GROUP_MAX_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
+    float iscale = (float)nmax / max;
+    for (int i = 0; i < n; i++) L[i] = (uint8_t)fmoe__nearest_int(iscale * x[i]);
+    const float scale = 1 / iscale;
+    float best_mse = 0;
+    for (int i = 0; i < n; i++) {
+        const float diff = x[i] - scale * (float)L[i];
+        best_mse += w[i] * diff * diff;
+    }
+    for (int is = -4; is <= 4; is++) {
+        if (is == 0) continue;
+        const float iscale_is = (0.1f * (float)is + (float)nmax) / max;
+        const float scale_is = 1 / iscale_is;
+        float mse = 0;
+        for (int i = 0; i < n; i++) {
+            int l = fmoe__nearest_int(iscale_is * x[i]);
+            if (l > nmax) l = nmax;
+            const float diff = x[i] - scale_is * (float)l;
+            mse += w[i] * diff * diff;
+        }
+        if (mse < best_mse) {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = fmoe__nearest_int(iscale * x[i]);
+        if (l > nmax) l = nmax;
+        L[i] = (uint8_t)l;
+        sumlx += w[i] * x[i] * (float)l;
+        suml2 += w[i] * (float)l * (float)l;
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int n_changed = 0;
+        for (int i = 0; i < n; i++) {
+            float slx = sumlx - w[i] * x[i] * (float)L[i];
+            float sl2 = suml2 - w[i] * (float)L[i] * (float)L[i];
+            if (slx > 0 && sl2 > 0) {
+                int new_l = fmoe__nearest_int(x[i] * sl2 / slx);
+                if (new_l > nmax) new_l = nmax;
+                if (new_l != L[i]) {
+                    slx += w[i] * x[i] * (float)new_l;
+                    sl2 += w[i] * (float)new_l * (float)new_l;
+                    if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (uint8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed++;
+                    }
+                }
+            }
+        }
+        if (!n_changed) break;
+    }
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
 /* The codebook index of a group's levels (a codebook point by construction). */
 static int32_t index_of(const fmoe__iq_search *t, const int8_t *L) {
     const int32_t g = t->map[key_of(t, L)];
@@ -213,23 +304,8 @@ static void quantize_iq3_xxs(const fmoe__iq_search *t, const float *x, const flo
         importance_weights(xb, qw ? qw + 32 * ib : NULL, sigma2, 32, weight);
         for (int i = 0; i < 32; i++) waux[i] = sqrtf(weight[i]);
         uint8_t signs[4];
-        for (int k = 0; k < 4; k++) {
-            uint8_t s = split_signs(xb + 8 * k, xval + 8 * k);
-            if (__builtin_parity(s)) { /* flip the value whose w·x² is least */
-                int imin = 0;
-                float min = weight[8 * k] * xb[8 * k] * xb[8 * k];
-                for (int i = 1; i < 8; i++) {
-                    const float ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
-                    if (ax < min) {
-                        min = ax;
-                        imin = i;
-                    }
-                }
-                xval[8 * k + imin] = -xval[8 * k + imin];
-                s ^= (uint8_t)(1 << imin);
-            }
-            signs[k] = s & 127;
-        }
+        for (int k = 0; k < 4; k++)
+            signs[k] = split_signs_even(xb + 8 * k, weight + 8 * k, xval + 8 * k);
         float max = xval[0];
         for (int i = 1; i < 32; i++) max = maxf(max, xval[i]);
         if (max < 1e-8f) { /* ggml's GROUP_MAX_EPS_IQ3_XXS */
@@ -352,6 +428,124 @@ static void quantize_iq2_s(const fmoe__iq_search *t, const float *x, const float
         sc[ib / 2] = (uint8_t)(scale_code(id, scales[ib]) | (scale_code(id, scales[ib + 1]) << 4));
 }
 
+/* IQ2_XXS (an importance matrix required, as ggml's): f16 d; per 32 values a uint32 of
+ * four one-byte indices into the 256-point grid and a uint32 of four 7-bit sign sets with
+ * the 4-bit scale on top. The scale search starts from make_qp_quants' fit on 4 levels and
+ * tries 13 scales around it; every group is then snapped again at the kept scale. */
+static void quantize_iq2_xxs(const fmoe__iq_search *t, const float *x, const float *qw,
+                             uint8_t *b) {
+    const iq_params *p = &IQ2_XXS_P;
+    float scales[8], weight[32], waux[32], xval[32], max_scale = 0;
+    uint32_t q2[16] = {0};
+    int8_t L[32], Laux[32];
+    memset(b, 0, FMOE_IQ2_XXS_BYTES);
+    const float sigma2 = block_sigma2(x, 1);
+    for (int ib = 0; ib < 8; ib++) {
+        const float *xb = x + 32 * ib;
+        importance_weights(xb, qw + 32 * ib, sigma2, 32, weight);
+        for (int i = 0; i < 32; i++) waux[i] = sqrtf(weight[i]);
+        uint8_t signs[4];
+        for (int k = 0; k < 4; k++)
+            signs[k] = split_signs_even(xb + 8 * k, weight + 8 * k, xval + 8 * k);
+        float max = xval[0];
+        for (int i = 1; i < 32; i++) max = maxf(max, xval[i]);
+        if (max < FMOE_QUANT_GROUP_MAX_EPS) {
+            scales[ib] = 0;
+            continue;
+        }
+        float scale = make_qp_quants(32, p->kmax + 1, xval, (uint8_t *)L, weight);
+        const float eff_max = scale * (float)p->kmax;
+        if (eff_max <= 0) {
+            scales[ib] = 0;
+            continue;
+        }
+        float best = 0;
+        for (int is = -p->nstep; is <= p->nstep; is++) {
+            const float id = ((float)(2 * p->kmax - 1) + (float)is * p->step) / eff_max;
+            const float this_scale = 1 / id;
+            for (int k = 0; k < 4; k++)
+                snap_group(t, p, xval + 8 * k, waux + 8 * k, id, this_scale, Laux + 8 * k);
+            float sumqx, sumq2;
+            sums(p, xval, weight, Laux, &sumqx, &sumq2);
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                scale = sumqx / sumq2;
+                best = scale * sumqx;
+                memcpy(L, Laux, 32);
+            }
+        }
+        if (scale > 0) {
+            const float id = 1 / scale;
+            for (int k = 0; k < 4; k++) snap_group(t, p, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
+            float sumqx, sumq2;
+            sums(p, xval, weight, L, &sumqx, &sumq2);
+            if (sumq2 > 0) scale = sumqx / sumq2;
+        }
+        if (scale < 0) {
+            scale = -scale;
+            for (int k = 0; k < 4; k++) signs[k] = (uint8_t)(~signs[k] & 127);
+        }
+        for (int k = 0; k < 4; k++) {
+            q2[2 * ib] |= (uint32_t)index_of(t, L + 8 * k) << (8 * k);
+            q2[2 * ib + 1] |= (uint32_t)signs[k] << (7 * k);
+        }
+        scales[ib] = scale;
+        max_scale = maxf(max_scale, scale);
+    }
+    if (!max_scale) return;
+    const float d = max_scale / 31;
+    fmoe__put_f16(b, d);
+    const float id = 1 / d;
+    for (int ib = 0; ib < 8; ib++) q2[2 * ib + 1] |= (uint32_t)scale_code(id, scales[ib]) << 28;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 4; j++) b[2 + 4 * i + j] = (uint8_t)(q2[i] >> (8 * j));
+}
+
+/* IQ2_XS (an importance matrix required): f16 d; per 8 values a uint16 of a 9-bit index
+ * into the 512-point grid and 7 signs; scales[8] (two 4-bit scales a byte, one per 16). */
+static void quantize_iq2_xs(const fmoe__iq_search *t, const float *x, const float *qw,
+                            uint8_t *b) {
+    const iq_params *p = &IQ2_XS_P;
+    float scales[16], weight[16], waux[16], xval[16], max_scale = 0;
+    uint16_t q2[32] = {0};
+    int8_t L[16];
+    uint8_t *sc = b + 66;
+    memset(b, 0, FMOE_IQ2_XS_BYTES);
+    const float sigma2 = block_sigma2(x, 1);
+    for (int ib = 0; ib < 16; ib++) {
+        const float *xb = x + 16 * ib;
+        importance_weights(xb, qw + 16 * ib, sigma2, 16, weight);
+        for (int i = 0; i < 16; i++) waux[i] = sqrtf(weight[i]);
+        uint8_t signs[2];
+        for (int k = 0; k < 2; k++)
+            signs[k] = split_signs_even(xb + 8 * k, weight + 8 * k, xval + 8 * k);
+        float max = xval[0];
+        for (int i = 1; i < 16; i++) max = maxf(max, xval[i]);
+        if (max < FMOE_QUANT_GROUP_MAX_EPS) {
+            scales[ib] = 0;
+            continue;
+        }
+        float scale = search(t, p, xval, weight, waux, max, L);
+        if (scale < 0) {
+            scale = -scale;
+            for (int k = 0; k < 2; k++) signs[k] = (uint8_t)(~signs[k] & 127);
+        }
+        for (int k = 0; k < 2; k++)
+            q2[2 * ib + k] = (uint16_t)(index_of(t, L + 8 * k) | (signs[k] << 9));
+        scales[ib] = scale;
+        max_scale = maxf(max_scale, scale);
+    }
+    if (!max_scale) return;
+    const float d = max_scale / 31;
+    fmoe__put_f16(b, d);
+    const float id = 1 / d;
+    for (int ib = 0; ib < 16; ib += 2)
+        sc[ib / 2] = (uint8_t)(scale_code(id, scales[ib]) | (scale_code(id, scales[ib + 1]) << 4));
+    for (int i = 0; i < 32; i++) {
+        b[2 + 2 * i] = (uint8_t)q2[i];
+        b[3 + 2 * i] = (uint8_t)(q2[i] >> 8);
+    }
+}
+
 int fmoe__quantize_iq_row(uint32_t type, const float *src, const float *importance,
                           uint8_t *dst, int64_t n) {
     const fmoe__iq_search *t = fmoe__iq_search_get(type);
@@ -362,6 +556,8 @@ int fmoe__quantize_iq_row(uint32_t type, const float *src, const float *importan
         switch (type) {
         case FMOE_GGML_IQ3_XXS: quantize_iq3_xxs(t, src + i, qw, dst); break;
         case FMOE_GGML_IQ3_S: quantize_iq3_s(t, src + i, qw, dst); break;
+        case FMOE_GGML_IQ2_XXS: quantize_iq2_xxs(t, src + i, qw, dst); break;
+        case FMOE_GGML_IQ2_XS: quantize_iq2_xs(t, src + i, qw, dst); break;
         default: quantize_iq2_s(t, src + i, qw, dst); break;
         }
     }

@@ -290,7 +290,7 @@ static void quantize_q6_k(const float *x, uint8_t *b) {
 }
 
 int fmoe_quant_prepare(uint32_t t) {
-    if (t != FMOE_GGML_IQ3_XXS && t != FMOE_GGML_IQ3_S && t != FMOE_GGML_IQ2_S) return 0;
+    if (!fmoe_quant_uses_importance(t)) return 0; /* the codebook types, which search */
     return fmoe__iq_search_get(t) ? 0 : FMOE_ENOMEM;
 }
 
@@ -300,7 +300,8 @@ void fmoe_quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
 
 void fmoe_quant_quantize_row_weighted(uint32_t t, const float *src, const float *importance,
                                       void *dst, int64_t n) {
-    FMOE_ASSERT(fmoe_quant_can_quantize(t) && n % fmoe_ggml_block_size(t) == 0);
+    FMOE_ASSERT((fmoe_quant_can_quantize(t) || (fmoe_quant_needs_importance(t) && importance)) &&
+                n % fmoe_ggml_block_size(t) == 0);
     uint8_t *b = dst;
     switch (t) {
     case FMOE_GGML_Q8_0:
@@ -322,7 +323,9 @@ void fmoe_quant_quantize_row_weighted(uint32_t t, const float *src, const float 
         return;
     case FMOE_GGML_IQ3_XXS:
     case FMOE_GGML_IQ3_S:
-    case FMOE_GGML_IQ2_S: /* lib/quant_iq_quantize.c; fails only out of memory */
+    case FMOE_GGML_IQ2_S:
+    case FMOE_GGML_IQ2_XXS:
+    case FMOE_GGML_IQ2_XS: /* lib/quant_iq_quantize.c; fails only out of memory */
         FMOE_ASSERT(fmoe__quantize_iq_row(t, src, importance, b, n) == 0);
         return;
     case FMOE_GGML_IQ4_XS: /* lib/quant_ref32.c */

@@ -162,7 +162,7 @@ int main(int argc, char **argv) {
         rc = spill(argv[4], y, (size_t)n * sizeof *y) != 0;
         free(y);
     } else if (strcmp(argv[1], "quant") == 0) {
-        if (!fmoe_quant_can_quantize(t)) {
+        if (!fmoe_quant_can_quantize(t) && !(fmoe_quant_needs_importance(t) && argc > 5)) {
             fprintf(stderr, "quant_tool: cannot quantize to %s\n", argv[2]);
             free(in);
             return 2;

@@ -115,8 +115,8 @@ int fmoe_quant_supported(uint32_t type);
  * IQ3_XXS, IQ3_S, IQ2_S. */
 int fmoe_quant_can_quantize(uint32_t type);
 
-/* Builds what quantising to `type` needs before its first row: for IQ3_XXS, IQ3_S and
- * IQ2_S the search tables of their codebooks (once per process, thread-safe, some
+/* Builds what quantising to `type` needs before its first row: for IQ3_XXS, IQ3_S, IQ2_S,
+ * IQ2_XXS and IQ2_XS the search tables of their codebooks (once per process, thread-safe, some
  * milliseconds); nothing for the other types. fmoe_quant_quantize_row builds them too, but
  * can only stop the process (FMOE_ASSERT) where memory runs out: call this first to get
  * the error. @return 0, or FMOE_ENOMEM (fmoe_error_detail says which type). */
@@ -125,7 +125,7 @@ int fmoe_quant_prepare(uint32_t type);
 /* The type a row of `cols` values requested as `type` is written in, by llama-quantize's
  * rule: `type` itself where cols is whole blocks of it; else for a K-quant the 32-value
  * type llama.cpp falls back to (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; Q2_K, Q3_K,
- * IQ4_XS, IQ3_XXS, IQ3_S and IQ2_S -> IQ4_NL) where cols is whole blocks of 32; else 0:
+ * IQ4_XS and the i-quants fmoe writes -> IQ4_NL) where cols is whole blocks of 32; else 0:
  * no block type fits, the row stays a float type (llama.cpp writes F16 there;
  * `fmoe quantize` keeps the checkpoint's own f16/bf16). */
 uint32_t fmoe_quant_fallback_type(uint32_t type, int64_t cols);
@@ -158,11 +158,17 @@ void fmoe_quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t
  * mean squared activation of each column, as llama.cpp's imatrix files hold them; NULL:
  * none): the i-quant quantisers (IQ3_XXS, IQ3_S, IQ2_S) weigh each value by
  * importance·sqrt(σ² + x²) as llama.cpp's do; the other types' quantisers, which follow
- * llama.cpp's algorithms without a matrix only, ignore it. */
+ * llama.cpp's algorithms without a matrix only, ignore it. Also writes the types that need
+ * one (fmoe_quant_needs_importance: IQ2_XXS, IQ2_XS), importance not NULL (FMOE_ASSERT). */
 void fmoe_quant_quantize_row_weighted(uint32_t type, const float *src, const float *importance,
                                       void *dst, int64_t n);
 
-/* 1 for the types whose quantiser uses an importance matrix (IQ3_XXS, IQ3_S, IQ2_S). */
+/* 1 for the types whose quantiser uses an importance matrix (IQ3_XXS, IQ3_S, IQ2_S, and
+ * those that need one). */
 int fmoe_quant_uses_importance(uint32_t type);
+
+/* 1 for the types fmoe_quant_quantize_row_weighted writes only with an importance matrix,
+ * as llama.cpp's quantiser (IQ2_XXS, IQ2_XS); fmoe_quant_can_quantize says 0 for them. */
+int fmoe_quant_needs_importance(uint32_t type);
 
 #endif
