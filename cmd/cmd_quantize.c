@@ -30,10 +30,13 @@ typedef struct options {
 /* --type: a block type (every quantised tensor in it) or a mix llama-quantize names
  * (MIX + fmoe_quant_mix: per-tensor types). q2_k is a mix, as llama-quantize's Q2_K is. */
 #define MIX 1000
-/* The i-quants llama.cpp quantises only with an importance matrix (ggml_quantize_chunk
- * asserts one for IQ2_XXS, IQ2_XS, IQ1_S; llama-quantize bails out for IQ1_M too): named
- * so that they are refused in one line saying why, not as unknown words. */
-#define NEEDS_IMATRIX 2000
+/* Types named so that they are refused in one line saying why, not as unknown words:
+ * NO_QUANTIZER + t, the i-quants fmoe has no quantiser for (IQ1_S, IQ1_M, which llama.cpp
+ * quantises only with an importance matrix); EXPERTS_ONLY + t, IQ2_XXS and IQ2_XS as
+ * --type (their quantiser needs an importance matrix, which has no entry for the token
+ * embeddings: they are written for the routed experts, --experts-type with --imatrix). */
+#define NO_QUANTIZER 2000
+#define EXPERTS_ONLY 3000
 static const char *const type_names[] = {
     "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
     "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "f32", "f16",
@@ -44,9 +47,9 @@ static const int32_t type_values[] = {
     FMOE_GGML_IQ4_NL, MIX + FMOE_MIX_Q2_K, MIX + FMOE_MIX_Q3_K_S, MIX + FMOE_MIX_Q3_K_M,
     MIX + FMOE_MIX_Q3_K_L, MIX + FMOE_MIX_Q4_K_S, MIX + FMOE_MIX_Q4_K_M, MIX + FMOE_MIX_Q5_K_S,
     MIX + FMOE_MIX_Q5_K_M, FMOE_GGML_F32, FMOE_GGML_F16, FMOE_GGML_BF16, FMOE_GGML_IQ3_XXS,
-    FMOE_GGML_IQ3_S, FMOE_GGML_IQ2_S, NEEDS_IMATRIX + FMOE_GGML_IQ2_XXS,
-    NEEDS_IMATRIX + FMOE_GGML_IQ2_XS, NEEDS_IMATRIX + FMOE_GGML_IQ1_S,
-    NEEDS_IMATRIX + FMOE_GGML_IQ1_M};
+    FMOE_GGML_IQ3_S, FMOE_GGML_IQ2_S, EXPERTS_ONLY + FMOE_GGML_IQ2_XXS,
+    EXPERTS_ONLY + FMOE_GGML_IQ2_XS, NO_QUANTIZER + FMOE_GGML_IQ1_S,
+    NO_QUANTIZER + FMOE_GGML_IQ1_M};
 
 /* --experts-type: block types only (here q2_k is the Q2_K type itself). */
 static const char *const expert_type_names[] = {
@@ -56,8 +59,8 @@ static const int32_t expert_type_values[] = {
     FMOE_GGML_Q8_0, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
     FMOE_GGML_Q6_K, FMOE_GGML_IQ4_XS, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
     FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S, FMOE_GGML_IQ2_S,
-    NEEDS_IMATRIX + FMOE_GGML_IQ2_XXS, NEEDS_IMATRIX + FMOE_GGML_IQ2_XS,
-    NEEDS_IMATRIX + FMOE_GGML_IQ1_S, NEEDS_IMATRIX + FMOE_GGML_IQ1_M};
+    FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, NO_QUANTIZER + FMOE_GGML_IQ1_S,
+    NO_QUANTIZER + FMOE_GGML_IQ1_M};
 
 /* The i-quants llama-quantize refuses without an importance matrix although its quantiser
  * runs without one (src/llama-quant.cpp, tensor_requires_imatrix: IQ3_XXS and IQ2_S, but
@@ -78,8 +81,8 @@ static const cmd_option quantize_options[] = {
      .example = "q4_k_m"},
     {.name = "experts-type", .kind = CMD_OPT_ENUM, .value_name = "T",
      .help = "the block format of the routed experts (q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
-             "iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq3_xxs, iq3_s, iq2_s); every other "
-             "tensor as --type says",
+             "iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq3_xxs, iq3_s, iq2_s; with --imatrix "
+             "also iq2_xs, iq2_xxs); every other tensor as --type says",
      .offset = offsetof(options, experts_type), .choices = expert_type_names,
      .choice_values = expert_type_values, .example = "q3_k"},
     {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
@@ -87,8 +90,8 @@ static const cmd_option quantize_options[] = {
      .help = "the GGUF file to write", .offset = offsetof(options, output)},
     {.name = "imatrix", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "llama.cpp's importance matrix (llama-imatrix's GGUF file) for the tensors in "
-             "iq3_xxs, iq3_s or iq2_s, as llama-quantize uses it; the other types' quantizers "
-             "here do not use one (the report counts those tensors)",
+             "iq2_xxs, iq2_xs, iq2_s, iq3_xxs or iq3_s, as llama-quantize uses it; the other "
+             "types' quantizers here do not use one (the report counts those tensors)",
      .offset = offsetof(options, imatrix)},
     {.name = "experts-only", .kind = CMD_OPT_FLAG,
      .help = "quantize only the routed experts; attention, embeddings, shared experts and "
@@ -125,8 +128,9 @@ const cmd_spec cmd_quantize_spec = {
               "--experts-type q3_k, or --experts-type iq3_s for the 3.44-bit i-quant.\n"
               "iq3_xxs and iq2_s without --imatrix are the blocks llama.cpp's quantizer\n"
               "makes without an importance matrix; llama-quantize itself refuses them\n"
-              "without one (a note on stderr says so). iq2_xxs, iq2_xs, iq1_s and iq1_m\n"
-              "are not written.\n"
+              "without one (a note on stderr says so). iq2_xxs and iq2_xs are written for\n"
+              "the routed experts with --imatrix (--experts-type iq2_xxs --imatrix FILE);\n"
+              "iq1_s and iq1_m are not written.\n"
               "A tensor whose rows are not whole blocks of its type (256 values for the\n"
               "K-quants, iq4_xs and the i-quants) falls back as llama-quantize's does: Q4_K\n"
               "to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/IQ4_XS and the i-quants to\n"
@@ -152,13 +156,26 @@ int cmd_quantize(int argc, char **argv) {
     if (!o.output) return cmd_usage_error(CMD, "-o MODEL.gguf is required");
     const int32_t asked[2] = {o.type, o.experts_type};
     for (int i = 0; i < 2; i++) {
-        if (asked[i] < NEEDS_IMATRIX) continue;
-        const char *name = fmoe_ggml_type_name((uint32_t)(asked[i] - NEEDS_IMATRIX));
+        if (asked[i] < NO_QUANTIZER) continue;
+        const int experts_only = asked[i] >= EXPERTS_ONLY;
+        const char *name = fmoe_ggml_type_name(
+            (uint32_t)(asked[i] - (experts_only ? EXPERTS_ONLY : NO_QUANTIZER)));
+        if (experts_only)
+            return cmd_usage_error(CMD,
+                                   "--type %s: written only for the routed experts "
+                                   "(--experts-type %s --imatrix FILE), as its quantizer needs "
+                                   "an importance matrix",
+                                   name, name);
         return cmd_usage_error(CMD,
                                "%s %s: fmoe has no quantizer for it (llama.cpp's needs an "
-                               "importance matrix); use iq3_s, iq3_xxs or iq2_s",
+                               "importance matrix); use iq2_xxs, iq2_xs, iq2_s, iq3_xxs or iq3_s",
                                i ? "--experts-type" : "--type", name);
     }
+    if (o.experts_type > 0 && fmoe_quant_needs_importance((uint32_t)o.experts_type) && !o.imatrix)
+        return cmd_usage_error(CMD,
+                               "--experts-type %s needs --imatrix FILE (llama.cpp's quantizer "
+                               "requires an importance matrix for it)",
+                               fmoe_ggml_type_name((uint32_t)o.experts_type));
     for (int i = 0; i < 2 && !o.imatrix; i++)
         if (llama_quantize_wants_imatrix(asked[i]))
             fprintf(stderr,

@@ -823,6 +823,7 @@ typedef struct writer {
     int64_t src_cap, view_cap;
     const fmoe_st_tensor *widened; /* the source src_f32 holds */
     const fmoe__imatrix *imatrix;  /* NULL, or --imatrix's file */
+    const char *imatrix_path;
     fmoe_quantize_report *report;
 } writer;
 
@@ -907,6 +908,7 @@ static int write_source(writer *w, const out_tensor *o, int32_t e, int64_t rows,
                         const float *importance, const fmoe_progress *progress, int64_t *done,
                         int64_t total);
 
+
 static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *progress,
                         int64_t *done, int64_t total) {
     const int64_t cols = o->ne[0];
@@ -934,6 +936,11 @@ static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *pro
             w->report->importance_ignored++;
         } else if (importance) {
             w->report->importance_used++;
+        } else if (fmoe_quant_needs_importance(o->type)) {
+            return fmoe_error_set(FMOE_EFORMAT,
+                                  "%s: no importance for tensor %s, which is %s: its quantizer "
+                                  "needs one (llama-quantize's error too)",
+                                  w->imatrix_path, o->name, fmoe_ggml_type_name(o->type));
         } else if (uses) {
             w->report->importance_missing++;
         }
@@ -1066,9 +1073,16 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
                          "q4_k, q5_k, q6_k, iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq3_xxs, "
                          "iq3_s or iq2_s)",
                          type);
-    FMOE_RETURN_ERROR_IF(params->experts_type && !fmoe_quant_can_quantize(params->experts_type),
+    FMOE_RETURN_ERROR_IF(params->experts_type && !fmoe_quant_can_quantize(params->experts_type) &&
+                             !fmoe_quant_needs_importance(params->experts_type),
                          FMOE_EINVAL, "quantize: cannot write experts type %u",
                          params->experts_type);
+    FMOE_RETURN_ERROR_IF(params->experts_type && fmoe_quant_needs_importance(params->experts_type) &&
+                             !params->imatrix,
+                         FMOE_EINVAL,
+                         "quantize: experts type %s needs an importance matrix (--imatrix), as "
+                         "llama.cpp's quantizer does",
+                         fmoe_ggml_type_name(params->experts_type));
     /* the i-quants' search tables, built here so that running out of memory is an error
      * rather than an abort inside the thread pool */
     FMOE_FORWARD_IF_ERROR(fmoe_quant_prepare(type));
@@ -1127,6 +1141,7 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
     p.experts_only = params->experts_only;
     p.report = report;
     wr.imatrix = imatrix;
+    wr.imatrix_path = params->imatrix;
     wr.report = report;
     snprintf(report->arch, sizeof report->arch, "%s", k.arch);
     if ((rc = build_plan(&p)) < 0) goto fail;
