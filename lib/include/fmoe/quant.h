@@ -3,9 +3,8 @@
  * computes with (F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the 32-value
  * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, and the codebook i-quants IQ2_XXS, IQ2_XS, IQ2_S,
  * IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) rows dequantised to f32, dot products of a row with an f32
- * vector, and (for every block type of them but MXFP4 and the i-quants IQ2_XXS, IQ2_XS,
- * IQ1_S and IQ1_M, which llama.cpp quantises only with an importance matrix) rows
- * quantised from f32.
+ * vector, and (for every block type of them but MXFP4, IQ1_S and IQ1_M; IQ2_XXS and IQ2_XS
+ * only with an importance matrix, as llama.cpp) rows quantised from f32.
  *
  *     if (!fmoe_quant_supported(t->type)) refuse(fmoe_ggml_type_name(t->type));
  *     float y = fmoe_quant_dot(t->type, row, x, n);         // one output of W·x
