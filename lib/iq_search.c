@@ -24,7 +24,7 @@
 #include "fmoe/quant.h"
 #include "iq_grids.h"
 
-enum { SLOT_IQ3_XXS, SLOT_IQ3_S, SLOT_IQ2_S, SLOT_IQ2_XXS, SLOT_IQ2_XS, NSLOT };
+enum { SLOT_IQ3_XXS, SLOT_IQ3_S, SLOT_IQ2_S, SLOT_IQ2_XXS, SLOT_IQ2_XS, SLOT_IQ1_S, NSLOT };
 
 /* Per type: the codebook (as bytes of grid values) and which value each level is. */
 typedef struct type_desc {
@@ -42,6 +42,8 @@ static const type_desc descs[NSLOT] = {
     [SLOT_IQ2_S] = {FMOE_GGML_IQ2_S, 8, 2, 1024, 3, 1, fmoe__iq2s_grid, {8, 25, 43}},
     [SLOT_IQ2_XXS] = {FMOE_GGML_IQ2_XXS, 8, 2, 256, 3, 2, fmoe__iq2xxs_grid, {8, 25, 43}},
     [SLOT_IQ2_XS] = {FMOE_GGML_IQ2_XS, 8, 2, 512, 3, 2, fmoe__iq2xs_grid, {8, 25, 43}},
+    /* IQ1_S's grid values -1, 0, 1 as bytes */
+    [SLOT_IQ1_S] = {FMOE_GGML_IQ1_S, 8, 2, 2048, 3, 3, fmoe__iq1s_grid, {0xFF, 0, 1}},
 };
 
 static fmoe__iq_search tables[NSLOT];

@@ -30,6 +30,7 @@
  * aborts; ours takes the first candidate. Non-finite inputs give unspecified blocks.
  */
 #include <float.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -546,6 +547,156 @@ static void quantize_iq2_xs(const fmoe__iq_search *t, const float *x, const floa
     }
 }
 
+/* IQ1_S (an importance matrix required): values on the levels -1, 0, 1, shifted by ±1/8
+ * per 32 (ggml's IQ1S_DELTA), under a 3-bit scale. With three levels the weighted
+ * least-squares split is found exactly: the values sorted, every pair of split points and
+ * both shifts tried through prefix sums (ggml's quantize_row_iq1_s_impl). The sort is the
+ * C library's qsort on (value, index) pairs with ggml's comparator, as ggml's: values that
+ * compare equal keep the order qsort leaves them in, so blocks with ties equal llama.cpp's
+ * where both use the same qsort (the fixture's were made with this glibc, 2.36). */
+typedef struct sort_pair {
+    float x;
+    int32_t i;
+} sort_pair;
+
+static int by_value(const void *a, const void *b) {
+    const float l = ((const sort_pair *)a)->x, r = ((const sort_pair *)b)->x;
+    return l < r ? -1 : l > r ? 1 : 0;
+}
+
+/* Of the codebook points listed for a key, the nearest to xval at `scale`, the levels
+ * valued xx[l] (IQ1's shifted levels); its levels into L (ggml's iq1_find_best_neighbour2). */
+static int iq1_best_neighbour(const fmoe__iq_search *t, const uint16_t *neighbours,
+                              const float *xval, const float *w, float scale, const float *xx,
+                              int8_t *L) {
+    const int count = neighbours[0];
+    float best_d2 = FLT_MAX;
+    int best = neighbours[1]; /* ggml searches the whole grid, then aborts, past FLT_MAX */
+    for (int j = 1; j <= count; j++) {
+        const uint8_t *lv = t->levels + (size_t)neighbours[j] * 8;
+        float d2 = 0;
+        for (int i = 0; i < 8; i++) {
+            const float diff = scale * xx[lv[i]] - xval[i];
+            d2 += w[i] * diff * diff;
+        }
+        if (d2 < best_d2) {
+            best_d2 = d2;
+            best = neighbours[j];
+        }
+    }
+    const uint8_t *lv = t->levels + (size_t)best * 8;
+    for (int i = 0; i < 8; i++) L[i] = (int8_t)lv[i];
+    return best;
+}
+
+static void quantize_iq1_s(const fmoe__iq_search *t, const float *x, const float *qw,
+                           uint8_t *b) {
+    static const float x_p[3] = {-1 + 0.125f, 0.125f, 1 + 0.125f};
+    static const float x_m[3] = {-1 - 0.125f, -0.125f, 1 - 0.125f};
+    float scales[8], weight[32], sumx[33], sumw[33], max_scale = 0;
+    int8_t L[32], shifts[8];
+    sort_pair pairs[32];
+    uint16_t qh[8] = {0};
+    memset(b, 0, FMOE_IQ1_S_BYTES);
+    const float sigma2 = block_sigma2(x, 2);
+    for (int ib = 0; ib < 8; ib++) {
+        const float *xb = x + 32 * ib;
+        importance_weights(xb, qw + 32 * ib, sigma2, 32, weight);
+        float max = fabsf(xb[0]);
+        for (int i = 1; i < 32; i++) max = maxf(max, fabsf(xb[i]));
+        if (max < 1e-12f) { /* ggml's GROUP_MAX_EPS_IQ1_S */
+            scales[ib] = 0;
+            shifts[ib] = 1;
+            continue;
+        }
+        for (int j = 0; j < 32; j++) pairs[j] = (sort_pair){xb[j], j};
+        qsort(pairs, 32, sizeof pairs[0], by_value);
+        sumx[0] = sumw[0] = 0;
+        for (int j = 0; j < 32; j++) {
+            const int i = pairs[j].i;
+            sumx[j + 1] = sumx[j] + weight[i] * xb[i];
+            sumw[j + 1] = sumw[j] + weight[i];
+        }
+        float best_score = -FLT_MAX, scale = max;
+        int besti1 = -1, besti2 = -1, best_shift = 0;
+        for (int i1 = 0; i1 <= 32; i1++) {
+            for (int i2 = i1; i2 <= 32; i2++) {
+                for (int sh = 1; sh >= -1; sh -= 2) {
+                    const float *v = sh == 1 ? x_p : x_m;
+                    const float sumqx = (sumx[i1] - sumx[0]) * v[0] + (sumx[i2] - sumx[i1]) * v[1] +
+                                        (sumx[32] - sumx[i2]) * v[2];
+                    const float sumq2 = (sumw[i1] - sumw[0]) * v[0] * v[0] +
+                                        (sumw[i2] - sumw[i1]) * v[1] * v[1] +
+                                        (sumw[32] - sumw[i2]) * v[2] * v[2];
+                    if (sumq2 > 0 && sumqx * sumqx > best_score * sumq2) {
+                        scale = sumqx / sumq2;
+                        best_score = scale * sumqx;
+                        besti1 = i1;
+                        besti2 = i2;
+                        best_shift = sh;
+                    }
+                }
+            }
+        }
+        if (besti1 < 0 || besti2 < 0 || best_shift == 0) {
+            scales[ib] = 0;
+            shifts[ib] = 1;
+            continue;
+        }
+        for (int j = 0; j < 32; j++) L[pairs[j].i] = (int8_t)(j < besti1 ? 0 : j < besti2 ? 1 : 2);
+        if (scale < 0) {
+            for (int j = 0; j < 32; j++) L[j] = (int8_t)(2 - L[j]);
+            scale = -scale;
+            best_shift = -best_shift;
+        }
+        const float *xx = best_shift == 1 ? x_p : x_m;
+        int all_on_grid = 1;
+        int32_t index[4];
+        for (int k = 0; k < 4; k++) {
+            const int32_t g = t->map[key_of(t, L + 8 * k)];
+            if (g >= 0) {
+                index[k] = g;
+            } else {
+                all_on_grid = 0;
+                index[k] = iq1_best_neighbour(t, t->neighbours - g - 1, xb + 8 * k, weight + 8 * k,
+                                              scale, xx, L + 8 * k);
+            }
+        }
+        if (!all_on_grid) {
+            float sumqx = 0, sumq2 = 0;
+            for (int k = 0; k < 4; k++) {
+                const uint8_t *lv = t->levels + (size_t)index[k] * 8;
+                for (int j = 0; j < 8; j++) {
+                    const float w = weight[8 * k + j], q = xx[lv[j]];
+                    sumqx += w * q * xb[8 * k + j];
+                    sumq2 += w * q * q;
+                }
+            }
+            if (sumqx > 0 && sumq2 > 0) scale = sumqx / sumq2;
+        }
+        for (int k = 0; k < 4; k++) {
+            b[2 + 4 * ib + k] = (uint8_t)(index[k] & 255);
+            qh[ib] |= (uint16_t)((index[k] >> 8) << 3 * k);
+        }
+        scales[ib] = scale;
+        shifts[ib] = (int8_t)best_shift;
+        max_scale = maxf(max_scale, scale);
+    }
+    if (!max_scale) return;
+    const float d = max_scale / 15;
+    fmoe__put_f16(b, d * 1.125f);
+    const float id = 1 / d;
+    for (int ib = 0; ib < 8; ib++) {
+        int l = fmoe__clampi(fmoe__nearest_int(0.5f * (id * scales[ib] - 1)), 0, 7);
+        if (shifts[ib] == -1) l |= 8;
+        qh[ib] |= (uint16_t)(l << 12);
+    }
+    for (int ib = 0; ib < 8; ib++) {
+        b[34 + 2 * ib] = (uint8_t)qh[ib];
+        b[35 + 2 * ib] = (uint8_t)(qh[ib] >> 8);
+    }
+}
+
 int fmoe__quantize_iq_row(uint32_t type, const float *src, const float *importance,
                           uint8_t *dst, int64_t n) {
     const fmoe__iq_search *t = fmoe__iq_search_get(type);
@@ -558,6 +709,7 @@ int fmoe__quantize_iq_row(uint32_t type, const float *src, const float *importan
         case FMOE_GGML_IQ3_S: quantize_iq3_s(t, src + i, qw, dst); break;
         case FMOE_GGML_IQ2_XXS: quantize_iq2_xxs(t, src + i, qw, dst); break;
         case FMOE_GGML_IQ2_XS: quantize_iq2_xs(t, src + i, qw, dst); break;
+        case FMOE_GGML_IQ1_S: quantize_iq1_s(t, src + i, qw, dst); break;
         default: quantize_iq2_s(t, src + i, qw, dst); break;
         }
     }

@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 FIX = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "iquants"
 SIZES = {"IQ3_XXS": 98, "IQ3_S": 110, "IQ2_S": 82}
-NEEDS_IMATRIX = {"IQ2_XXS": 66, "IQ2_XS": 74}  # llama.cpp's quantiser requires one
+NEEDS_IMATRIX = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ1_S": 50}  # llama.cpp's quantiser requires one
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def theirs(name, w=""):
 
 @pytest.mark.parametrize("name,w", [("IQ3_XXS", ""), ("IQ3_XXS", ".imatrix"), ("IQ2_S", ""),
                                     ("IQ2_S", ".imatrix"), ("IQ2_XXS", ".imatrix"),
-                                    ("IQ2_XS", ".imatrix")])
+                                    ("IQ2_XS", ".imatrix"), ("IQ1_S", ".imatrix")])
 def test_quantise_equals_llama_cpp(quantised, name, w):
     ours, ref = quantised[name + w], theirs(name, w)
     assert ours.shape == ref.shape == (31, {**SIZES, **NEEDS_IMATRIX}[name])
@@ -153,7 +153,7 @@ def test_experts_type_iq2_s_generates_as_its_dequantisation(fmoe_bin, tiny_iq_ex
 @pytest.mark.parametrize("flag,name,needle", [
     ("--type", "iq2_xxs", "--type IQ2_XXS: written only for the routed experts"),
     ("--experts-type", "iq1_m", "--experts-type IQ1_M: fmoe has no quantizer for it"),
-    ("--type", "iq1_s", "--type IQ1_S: fmoe has no quantizer for it"),
+    ("--type", "iq1_s", "--type IQ1_S: written only for the routed experts"),
     ("--experts-type", "iq2_xs", "--experts-type IQ2_XS needs --imatrix FILE")])
 def test_imatrix_types_refused_in_one_line(fmoe_bin, tmp_path, flag, name, needle):
     from conftest import run_fmoe
