@@ -31,11 +31,8 @@ typedef struct options {
  * (MIX + fmoe_quant_mix: per-tensor types). q2_k is a mix, as llama-quantize's Q2_K is. */
 #define MIX 1000
 /* Types named so that they are refused in one line saying why, not as unknown words:
- * NO_QUANTIZER + t, the i-quant fmoe has no quantiser for (IQ1_M, which llama.cpp
- * quantises only with an importance matrix); EXPERTS_ONLY + t, IQ2_XXS, IQ2_XS and IQ1_S
- * as --type (their quantiser needs an importance matrix, which has no entry for the token
+ * EXPERTS_ONLY + t, IQ2_XXS, IQ2_XS, IQ1_S and IQ1_M as --type (their quantiser needs an importance matrix, which has no entry for the token
  * embeddings: they are written for the routed experts, --experts-type with --imatrix). */
-#define NO_QUANTIZER 2000
 #define EXPERTS_ONLY 3000
 static const char *const type_names[] = {
     "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
@@ -49,7 +46,7 @@ static const int32_t type_values[] = {
     MIX + FMOE_MIX_Q5_K_M, FMOE_GGML_F32, FMOE_GGML_F16, FMOE_GGML_BF16, FMOE_GGML_IQ3_XXS,
     FMOE_GGML_IQ3_S, FMOE_GGML_IQ2_S, EXPERTS_ONLY + FMOE_GGML_IQ2_XXS,
     EXPERTS_ONLY + FMOE_GGML_IQ2_XS, EXPERTS_ONLY + FMOE_GGML_IQ1_S,
-    NO_QUANTIZER + FMOE_GGML_IQ1_M};
+    EXPERTS_ONLY + FMOE_GGML_IQ1_M};
 
 /* --experts-type: block types only (here q2_k is the Q2_K type itself). */
 static const char *const expert_type_names[] = {
@@ -59,7 +56,7 @@ static const int32_t expert_type_values[] = {
     FMOE_GGML_Q8_0, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
     FMOE_GGML_Q6_K, FMOE_GGML_IQ4_XS, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
     FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S, FMOE_GGML_IQ2_S,
-    FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ1_S, NO_QUANTIZER + FMOE_GGML_IQ1_M};
+    FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
 
 /* The i-quants llama-quantize refuses without an importance matrix although its quantiser
  * runs without one (src/llama-quant.cpp, tensor_requires_imatrix: IQ3_XXS and IQ2_S, but
@@ -81,7 +78,7 @@ static const cmd_option quantize_options[] = {
     {.name = "experts-type", .kind = CMD_OPT_ENUM, .value_name = "T",
      .help = "the block format of the routed experts (q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
              "iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq3_xxs, iq3_s, iq2_s; with --imatrix "
-             "also iq2_xs, iq2_xxs, iq1_s); every other tensor as --type says",
+             "also iq2_xs, iq2_xxs, iq1_s, iq1_m); every other tensor as --type says",
      .offset = offsetof(options, experts_type), .choices = expert_type_names,
      .choice_values = expert_type_values, .example = "q3_k"},
     {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
@@ -89,8 +86,9 @@ static const cmd_option quantize_options[] = {
      .help = "the GGUF file to write", .offset = offsetof(options, output)},
     {.name = "imatrix", .kind = CMD_OPT_STRING, .io = CMD_IO_INPUT, .value_name = "FILE",
      .help = "llama.cpp's importance matrix (llama-imatrix's GGUF file) for the tensors in "
-             "iq1_s, iq2_xxs, iq2_xs, iq2_s, iq3_xxs or iq3_s, as llama-quantize uses it; the "
-             "other types' quantizers here do not use one (the report counts those tensors)",
+             "iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs or iq3_s, as llama-quantize uses it; "
+             "the other types' quantizers here do not use one (the report counts those "
+             "tensors)",
      .offset = offsetof(options, imatrix)},
     {.name = "experts-only", .kind = CMD_OPT_FLAG,
      .help = "quantize only the routed experts; attention, embeddings, shared experts and "
@@ -127,9 +125,9 @@ const cmd_spec cmd_quantize_spec = {
               "--experts-type q3_k, or --experts-type iq3_s for the 3.44-bit i-quant.\n"
               "iq3_xxs and iq2_s without --imatrix are the blocks llama.cpp's quantizer\n"
               "makes without an importance matrix; llama-quantize itself refuses them\n"
-              "without one (a note on stderr says so). iq2_xxs, iq2_xs and iq1_s are\n"
-              "written for the routed experts with --imatrix (--experts-type iq2_xxs\n"
-              "--imatrix FILE); iq1_m is not written.\n"
+              "without one (a note on stderr says so). iq2_xxs, iq2_xs, iq1_s and iq1_m\n"
+              "are written for the routed experts with --imatrix (--experts-type iq2_xxs\n"
+              "--imatrix FILE).\n"
               "A tensor whose rows are not whole blocks of its type (256 values for the\n"
               "K-quants, iq4_xs and the i-quants) falls back as llama-quantize's does: Q4_K\n"
               "to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/IQ4_XS and the i-quants to\n"
@@ -153,23 +151,13 @@ int cmd_quantize(int argc, char **argv) {
     if (o.type < 0) return cmd_usage_error(CMD, "--type is required (a mix such as q4_k_m, or a "
                                                "block type such as q4_k)");
     if (!o.output) return cmd_usage_error(CMD, "-o MODEL.gguf is required");
-    const int32_t asked[2] = {o.type, o.experts_type};
-    for (int i = 0; i < 2; i++) {
-        if (asked[i] < NO_QUANTIZER) continue;
-        const int experts_only = asked[i] >= EXPERTS_ONLY;
-        const char *name = fmoe_ggml_type_name(
-            (uint32_t)(asked[i] - (experts_only ? EXPERTS_ONLY : NO_QUANTIZER)));
-        if (experts_only)
-            return cmd_usage_error(CMD,
-                                   "--type %s: written only for the routed experts "
-                                   "(--experts-type %s --imatrix FILE), as its quantizer needs "
-                                   "an importance matrix",
-                                   name, name);
+    const int32_t asked[2] = {o.type, o.experts_type}; /* for the note below */
+    if (o.type >= EXPERTS_ONLY) {
+        const char *name = fmoe_ggml_type_name((uint32_t)(o.type - EXPERTS_ONLY));
         return cmd_usage_error(CMD,
-                               "%s %s: fmoe has no quantizer for it (llama.cpp's needs an "
-                               "importance matrix); use iq1_s, iq2_xxs, iq2_xs, iq2_s, iq3_xxs "
-                               "or iq3_s",
-                               i ? "--experts-type" : "--type", name);
+                               "--type %s: written only for the routed experts (--experts-type "
+                               "%s --imatrix FILE), as its quantizer needs an importance matrix",
+                               name, name);
     }
     if (o.experts_type > 0 && fmoe_quant_needs_importance((uint32_t)o.experts_type) && !o.imatrix)
         return cmd_usage_error(CMD,

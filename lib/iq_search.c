@@ -51,6 +51,7 @@ static _Atomic int ready[NSLOT];
 static pthread_mutex_t build_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int slot_of(uint32_t type) {
+    if (type == FMOE_GGML_IQ1_M) return SLOT_IQ1_S; /* IQ1_M shares IQ1_S's codebook */
     for (int s = 0; s < NSLOT; s++)
         if (descs[s].type == type) return s;
     return -1;

@@ -28,7 +28,8 @@ typedef struct fmoe__iq_search {
     const uint16_t *neighbours;
 } fmoe__iq_search;
 
-/* The tables of an i-quant type fmoe quantises (IQ3_XXS, IQ3_S, IQ2_S, IQ2_XXS, IQ2_XS, IQ1_S),
+/* The tables of an i-quant type fmoe quantises (IQ3_XXS, IQ3_S, IQ2_S, IQ2_XXS, IQ2_XS,
+ * IQ1_S, and IQ1_M, which shares IQ1_S's),
  * built on the first call (thread-safe; up to about 40 ms) and kept for the life of the
  * process. @return the tables, or NULL where memory ran out (fmoe_error_detail says so)
  * or the type has none. */

@@ -106,7 +106,8 @@ int fmoe_quant_uses_importance(uint32_t t) {
 }
 
 int fmoe_quant_needs_importance(uint32_t t) {
-    return t == FMOE_GGML_IQ2_XXS || t == FMOE_GGML_IQ2_XS || t == FMOE_GGML_IQ1_S;
+    return t == FMOE_GGML_IQ2_XXS || t == FMOE_GGML_IQ2_XS || t == FMOE_GGML_IQ1_S ||
+           t == FMOE_GGML_IQ1_M;
 }
 
 /* llama.cpp's rule (src/llama-quant.cpp, llama_tensor_get_type's fallback for a row that
@@ -131,7 +132,8 @@ uint32_t fmoe_quant_fallback_type(uint32_t t, int64_t cols) {
     case FMOE_GGML_IQ2_S:
     case FMOE_GGML_IQ2_XXS:
     case FMOE_GGML_IQ2_XS:
-    case FMOE_GGML_IQ1_S: f = FMOE_GGML_IQ4_NL; break;
+    case FMOE_GGML_IQ1_S:
+    case FMOE_GGML_IQ1_M: f = FMOE_GGML_IQ4_NL; break;
     default: return 0; /* a 32-value type already: nothing smaller to fall back to */
     }
     return cols % FMOE_QK8_0 == 0 ? f : 0;

@@ -116,7 +116,7 @@ void fmoe__quantize_iq4_xs_block(const float *x, uint8_t *dst);
 
 /* A row of n values (whole 256-value blocks) of IQ3_XXS, IQ3_S or IQ2_S into dst
  * (lib/quant_iq_quantize.c, ggml's quantisers), weighted by importance[n] where not NULL;
- * of IQ2_XXS, IQ2_XS or IQ1_S, importance not NULL.
+ * of IQ2_XXS, IQ2_XS, IQ1_S or IQ1_M, importance not NULL.
  * @return 0, or FMOE_ENOMEM where the type's search tables (lib/iq_search.h) could not be
  * built. */
 int fmoe__quantize_iq_row(uint32_t type, const float *src, const float *importance,

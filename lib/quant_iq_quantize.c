@@ -697,6 +697,163 @@ static void quantize_iq1_s(const fmoe__iq_search *t, const float *x, const float
     }
 }
 
+/* IQ1_M (an importance matrix required, as llama-quantize): IQ1_S's exact split per 16
+ * values, each half of 8 with its own ±1/8 shift (four combinations scored at once from
+ * prefix sums kept per half: ggml's quantize_row_iq1_m_impl), 3-bit scales; the block's d
+ * is then refitted over all 256 values by least squares and its f16 bits spread over the
+ * top nibbles of the four scale words. Layout: qs[32] index low bytes; qh[16] per 16
+ * values two nibbles, each the index's 3 high bits and the shift's sign (bit 3); scales
+ * as four little-endian uint16. */
+static void quantize_iq1_m(const fmoe__iq_search *t, const float *x, const float *qw,
+                           uint8_t *b) {
+    static const float x_p[3] = {-1 + 0.125f, 0.125f, 1 + 0.125f};
+    static const float x_m[3] = {-1 - 0.125f, -0.125f, 1 - 0.125f};
+    static const uint8_t masks[4] = {0x00, 0x80, 0x08, 0x88};
+    float scales[16], weight[16], max_scale = 0;
+    int8_t L[16], shifts[16];
+    sort_pair pairs[16];
+    uint8_t *qs = b, *qh = b + 32;
+    uint16_t sc[4] = {0};
+    memset(b, 0, FMOE_IQ1_M_BYTES);
+    const float sigma2 = block_sigma2(x, 2);
+    for (int ib = 0; ib < 16; ib++) {
+        const float *xb = x + 16 * ib;
+        importance_weights(xb, qw + 16 * ib, sigma2, 16, weight);
+        float max = fabsf(xb[0]);
+        for (int i = 1; i < 16; i++) max = maxf(max, fabsf(xb[i]));
+        if (max < 1e-7f) { /* ggml's GROUP_MAX_EPS_IQ1_M */
+            scales[ib] = 0;
+            shifts[ib] = 0;
+            continue;
+        }
+        for (int j = 0; j < 16; j++) pairs[j] = (sort_pair){xb[j], j};
+        qsort(pairs, 16, sizeof pairs[0], by_value);
+        float best_score = -FLT_MAX, scale = max;
+        int besti1 = -1, besti2 = -1, best_k = -1;
+        /* k: the shifts of the two halves, 0 (+, +), 1 (+, -), 2 (-, +), 3 (-, -); since
+         * the levels step by 1 under either shift, a split's Σwxq collapses to
+         * T·v[2] - px[i1] - px[i2] per half (ggml's rewriting, kept for its rounding) */
+        float px[2][17], pw[2][17];
+        px[0][0] = px[1][0] = pw[0][0] = pw[1][0] = 0;
+        for (int j = 0; j < 16; j++) {
+            const int i = pairs[j].i, h = i < 8 ? 0 : 1;
+            px[h][j + 1] = px[h][j] + weight[i] * xb[i];
+            px[1 - h][j + 1] = px[1 - h][j];
+            pw[h][j + 1] = pw[h][j] + weight[i];
+            pw[1 - h][j + 1] = pw[1 - h][j];
+        }
+        const float txs[2] = {px[0][16], px[1][16]}, tws[2] = {pw[0][16], pw[1][16]};
+        const float p2 = x_p[2], m2 = x_m[2];
+        const float cp1 = x_p[0] * x_p[0] - x_p[1] * x_p[1];
+        const float cp2 = x_p[1] * x_p[1] - x_p[2] * x_p[2];
+        const float cm1 = x_m[0] * x_m[0] - x_m[1] * x_m[1];
+        const float cm2 = x_m[1] * x_m[1] - x_m[2] * x_m[2];
+        for (int i1 = 0; i1 <= 16; i1++) {
+            for (int i2 = i1; i2 <= 16; i2++) {
+                float qx_p[2], qx_m[2], q2_p[2], q2_m[2], sumqx[4], sumq2[4];
+                for (int h = 0; h < 2; h++) {
+                    const float sx = px[h][i1] + px[h][i2];
+                    qx_p[h] = txs[h] * p2 - sx;
+                    qx_m[h] = txs[h] * m2 - sx;
+                    q2_p[h] = tws[h] * p2 * p2 + pw[h][i1] * cp1 + pw[h][i2] * cp2;
+                    q2_m[h] = tws[h] * m2 * m2 + pw[h][i1] * cm1 + pw[h][i2] * cm2;
+                }
+                sumqx[0] = qx_p[0] + qx_p[1];
+                sumqx[1] = qx_p[0] + qx_m[1];
+                sumqx[2] = qx_m[0] + qx_p[1];
+                sumqx[3] = qx_m[0] + qx_m[1];
+                sumq2[0] = q2_p[0] + q2_p[1];
+                sumq2[1] = q2_p[0] + q2_m[1];
+                sumq2[2] = q2_m[0] + q2_p[1];
+                sumq2[3] = q2_m[0] + q2_m[1];
+                for (int k = 0; k < 4; k++) {
+                    if (sumq2[k] > 0 && sumqx[k] * sumqx[k] > best_score * sumq2[k]) {
+                        scale = sumqx[k] / sumq2[k];
+                        best_score = scale * sumqx[k];
+                        besti1 = i1;
+                        besti2 = i2;
+                        best_k = k;
+                    }
+                }
+            }
+        }
+        if (besti1 < 0 || besti2 < 0 || best_k < 0) {
+            scales[ib] = 0;
+            shifts[ib] = 0;
+            continue;
+        }
+        for (int j = 0; j < 16; j++) L[pairs[j].i] = (int8_t)(j < besti1 ? 0 : j < besti2 ? 1 : 2);
+        if (scale < 0) {
+            for (int j = 0; j < 16; j++) L[j] = (int8_t)(2 - L[j]);
+            scale = -scale;
+            best_k = 3 - best_k;
+        }
+        int all_on_grid = 1;
+        int32_t index[2];
+        for (int k = 0; k < 2; k++) {
+            const float *xx = (k == 0 ? best_k < 2 : best_k % 2 == 0) ? x_p : x_m;
+            const int32_t g = t->map[key_of(t, L + 8 * k)];
+            if (g >= 0) {
+                index[k] = g;
+            } else {
+                all_on_grid = 0;
+                index[k] = iq1_best_neighbour(t, t->neighbours - g - 1, xb + 8 * k, weight + 8 * k,
+                                              scale, xx, L + 8 * k);
+            }
+        }
+        if (!all_on_grid) {
+            float sumqx = 0, sumq2 = 0;
+            for (int k = 0; k < 2; k++) {
+                const float *xx = (k == 0 ? best_k < 2 : best_k % 2 == 0) ? x_p : x_m;
+                const uint8_t *lv = t->levels + (size_t)index[k] * 8;
+                for (int j = 0; j < 8; j++) {
+                    const float w = weight[8 * k + j], q = xx[lv[j]];
+                    sumqx += w * q * xb[8 * k + j];
+                    sumq2 += w * q * q;
+                }
+            }
+            if (sumqx > 0 && sumq2 > 0) scale = sumqx / sumq2;
+        }
+        qs[2 * ib] = (uint8_t)(index[0] & 255);
+        qs[2 * ib + 1] = (uint8_t)(index[1] & 255);
+        qh[ib] = (uint8_t)((index[0] >> 8) | ((index[1] >> 8) << 4));
+        scales[ib] = scale;
+        shifts[ib] = (int8_t)best_k;
+        max_scale = maxf(max_scale, scale);
+    }
+    if (!max_scale) return;
+    float d = max_scale / 15;
+    const float id = 1 / d;
+    float sumqx = 0, sumq2 = 0;
+    for (int ib = 0; ib < 16; ib++) {
+        const int l = fmoe__clampi(fmoe__nearest_int(0.5f * (id * scales[ib] - 1)), 0, 7);
+        sc[ib / 4] |= (uint16_t)(l << 3 * (ib % 4));
+        qh[ib] |= masks[shifts[ib]];
+        const float *xb = x + 16 * ib;
+        importance_weights(xb, qw + 16 * ib, sigma2, 16, weight);
+        for (int k = 0; k < 2; k++) {
+            const float *xx = (k == 0 ? shifts[ib] < 2 : shifts[ib] % 2 == 0) ? x_p : x_m;
+            const int32_t g = qs[2 * ib + k] + ((qh[ib] << (8 - 4 * k)) & 0x700);
+            const uint8_t *lv = t->levels + (size_t)g * 8;
+            for (int j = 0; j < 8; j++) {
+                const float w = weight[8 * k + j], q = xx[lv[j]] * (float)(2 * l + 1);
+                sumqx += w * q * xb[8 * k + j];
+                sumq2 += w * q * q;
+            }
+        }
+    }
+    if (sumq2 > 0) d = sumqx / sumq2;
+    const uint16_t h = fmoe_float_to_half(d * 1.1125f);
+    sc[0] |= (uint16_t)((h & 0x000f) << 12);
+    sc[1] |= (uint16_t)((h & 0x00f0) << 8);
+    sc[2] |= (uint16_t)((h & 0x0f00) << 4);
+    sc[3] |= (uint16_t)(h & 0xf000);
+    for (int i = 0; i < 4; i++) {
+        b[48 + 2 * i] = (uint8_t)sc[i];
+        b[49 + 2 * i] = (uint8_t)(sc[i] >> 8);
+    }
+}
+
 int fmoe__quantize_iq_row(uint32_t type, const float *src, const float *importance,
                           uint8_t *dst, int64_t n) {
     const fmoe__iq_search *t = fmoe__iq_search_get(type);
@@ -710,6 +867,7 @@ int fmoe__quantize_iq_row(uint32_t type, const float *src, const float *importan
         case FMOE_GGML_IQ2_XXS: quantize_iq2_xxs(t, src + i, qw, dst); break;
         case FMOE_GGML_IQ2_XS: quantize_iq2_xs(t, src + i, qw, dst); break;
         case FMOE_GGML_IQ1_S: quantize_iq1_s(t, src + i, qw, dst); break;
+        case FMOE_GGML_IQ1_M: quantize_iq1_m(t, src + i, qw, dst); break;
         default: quantize_iq2_s(t, src + i, qw, dst); break;
         }
     }

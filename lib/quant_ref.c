@@ -326,7 +326,8 @@ void fmoe_quant_quantize_row_weighted(uint32_t t, const float *src, const float 
     case FMOE_GGML_IQ2_S:
     case FMOE_GGML_IQ2_XXS:
     case FMOE_GGML_IQ2_XS:
-    case FMOE_GGML_IQ1_S: /* lib/quant_iq_quantize.c; fails only out of memory */
+    case FMOE_GGML_IQ1_S:
+    case FMOE_GGML_IQ1_M: /* lib/quant_iq_quantize.c; fails only out of memory */
         FMOE_ASSERT(fmoe__quantize_iq_row(t, src, importance, b, n) == 0);
         return;
     case FMOE_GGML_IQ4_XS: /* lib/quant_ref32.c */

@@ -171,9 +171,9 @@ TEST(type_table_matches_ggml) {
         ASSERT_EQ(fmoe_ggml_block_size(iq[i]), 256);
         ASSERT_TRUE(fmoe_quant_supported(iq[i]));
         ASSERT_EQ(fmoe_quant_can_quantize(iq[i]), iq_written[i]);
-        /* IQ2_XXS, IQ2_XS, IQ1_S: with an importance matrix only; IQ1_M: not at all */
-        ASSERT_EQ(fmoe_quant_needs_importance(iq[i]), i < 2 || i == 5);
-        ASSERT_EQ(fmoe_quant_uses_importance(iq[i]), i < 6);
+        /* IQ2_XXS, IQ2_XS, IQ1_S, IQ1_M: with an importance matrix only */
+        ASSERT_EQ(fmoe_quant_needs_importance(iq[i]), i < 2 || i >= 5);
+        ASSERT_TRUE(fmoe_quant_uses_importance(iq[i]));
         if (iq_written[i] || fmoe_quant_needs_importance(iq[i])) {
             ASSERT_EQ(fmoe_quant_prepare(iq[i]), 0);
             ASSERT_EQ(fmoe_quant_fallback_type(iq[i], 1408), FMOE_GGML_IQ4_NL);

@@ -22,7 +22,8 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 FIX = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "iquants"
 SIZES = {"IQ3_XXS": 98, "IQ3_S": 110, "IQ2_S": 82}
-NEEDS_IMATRIX = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ1_S": 50}  # llama.cpp's quantiser requires one
+# llama.cpp's quantiser requires one (IQ1_M: llama-quantize does)
+NEEDS_IMATRIX = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ1_S": 50, "IQ1_M": 56}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,8 @@ def theirs(name, w=""):
 
 @pytest.mark.parametrize("name,w", [("IQ3_XXS", ""), ("IQ3_XXS", ".imatrix"), ("IQ2_S", ""),
                                     ("IQ2_S", ".imatrix"), ("IQ2_XXS", ".imatrix"),
-                                    ("IQ2_XS", ".imatrix"), ("IQ1_S", ".imatrix")])
+                                    ("IQ2_XS", ".imatrix"), ("IQ1_S", ".imatrix"),
+                                    ("IQ1_M", ".imatrix")])
 def test_quantise_equals_llama_cpp(quantised, name, w):
     ours, ref = quantised[name + w], theirs(name, w)
     assert ours.shape == ref.shape == (31, {**SIZES, **NEEDS_IMATRIX}[name])
@@ -152,7 +154,7 @@ def test_experts_type_iq2_s_generates_as_its_dequantisation(fmoe_bin, tiny_iq_ex
 
 @pytest.mark.parametrize("flag,name,needle", [
     ("--type", "iq2_xxs", "--type IQ2_XXS: written only for the routed experts"),
-    ("--experts-type", "iq1_m", "--experts-type IQ1_M: fmoe has no quantizer for it"),
+    ("--experts-type", "iq1_m", "--experts-type IQ1_M needs --imatrix FILE"),
     ("--type", "iq1_s", "--type IQ1_S: written only for the routed experts"),
     ("--experts-type", "iq2_xs", "--experts-type IQ2_XS needs --imatrix FILE")])
 def test_imatrix_types_refused_in_one_line(fmoe_bin, tmp_path, flag, name, needle):

@@ -3,7 +3,7 @@
  * computes with (F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the 32-value
  * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, and the codebook i-quants IQ2_XXS, IQ2_XS, IQ2_S,
  * IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) rows dequantised to f32, dot products of a row with an f32
- * vector, and (for every block type of them but MXFP4 and IQ1_M; IQ2_XXS, IQ2_XS and IQ1_S
+ * vector, and (for every block type of them but MXFP4; IQ2_XXS, IQ2_XS, IQ1_S and IQ1_M
  * only with an importance matrix, as llama.cpp) rows quantised from f32.
  *
  *     if (!fmoe_quant_supported(t->type)) refuse(fmoe_ggml_type_name(t->type));
@@ -158,7 +158,7 @@ void fmoe_quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t
  * none): the i-quant quantisers (IQ3_XXS, IQ3_S, IQ2_S) weigh each value by
  * importance·sqrt(σ² + x²) as llama.cpp's do; the other types' quantisers, which follow
  * llama.cpp's algorithms without a matrix only, ignore it. Also writes the types that need
- * one (fmoe_quant_needs_importance: IQ2_XXS, IQ2_XS, IQ1_S), importance not NULL
+ * one (fmoe_quant_needs_importance: IQ2_XXS, IQ2_XS, IQ1_S, IQ1_M), importance not NULL
  * (FMOE_ASSERT). */
 void fmoe_quant_quantize_row_weighted(uint32_t type, const float *src, const float *importance,
                                       void *dst, int64_t n);
@@ -168,8 +168,8 @@ void fmoe_quant_quantize_row_weighted(uint32_t type, const float *src, const flo
 int fmoe_quant_uses_importance(uint32_t type);
 
 /* 1 for the types fmoe_quant_quantize_row_weighted writes only with an importance matrix,
- * as llama.cpp's quantiser (IQ2_XXS, IQ2_XS, IQ1_S); fmoe_quant_can_quantize says 0 for
- * them. */
+ * as llama.cpp's quantiser (IQ2_XXS, IQ2_XS, IQ1_S; IQ1_M as llama-quantize);
+ * fmoe_quant_can_quantize says 0 for them. */
 int fmoe_quant_needs_importance(uint32_t type);
 
 #endif
