@@ -207,7 +207,7 @@ def tiny_imatrix(tmp_path_factory):
     return write_imatrix(d / "tiny.imatrix.gguf", entries), entries
 
 
-@pytest.mark.parametrize("qtype", ["iq3_xxs", "iq2_xxs"])
+@pytest.mark.parametrize("qtype", ["iq3_xxs", "iq1_m"])
 def test_imatrix_weighs_the_experts_as_llama_quantize(fmoe_bin, build_dir, tiny_imatrix, tmp_path,
                                                       qtype):
     """fmoe quantize --imatrix: each expert's rows are quantised with that expert's entry,
@@ -215,7 +215,8 @@ def test_imatrix_weighs_the_experts_as_llama_quantize(fmoe_bin, build_dir, tiny_
     the file's blocks equal those quant_tool makes of the checkpoint's rows with the
     entry computed here (quant_tool's blocks are llama.cpp's: the tests above; that the
     entries change the blocks, test_importance_changes_the_blocks). No note on stderr; the
-    report counts the tensors."""
+    report counts the tensors. The IQ1_M file also runs in fmoe generate (f32 activations)
+    to the logits of its gguf-py dequantisation within 1e-3, with the same tokens."""
     from conftest import run_fmoe
     from test_gguf_model import TINY
     from test_quantize import read_checkpoint
@@ -242,6 +243,14 @@ def test_imatrix_weighs_the_experts_as_llama_quantize(fmoe_bin, build_dir, tiny_
                         str(tmp_path / "q.bin"), str(tmp_path / "w.f32")], check=True)
         want = np.fromfile(tmp_path / "q.bin", dtype=np.uint8)
         assert (blocks[e] == want).all(), f"expert {e}"
+    if qtype == "iq1_m":  # and the file runs: fmoe generate as its gguf-py dequantisation
+        from test_gguf_iquant_model import generate
+        from test_gguf_model import dequantised_copy
+        assert "IQ1_M" in dequantised_copy(out, tmp_path / "deq.gguf")
+        got, lq = generate(fmoe_bin, out, tmp_path, "iq")
+        want, lf = generate(fmoe_bin, tmp_path / "deq.gguf", tmp_path, "deq")
+        assert got["generated_ids"] == want["generated_ids"]
+        assert float(np.abs(lq - lf).max()) <= 1e-3
 
 
 def test_bad_imatrix_one_line(fmoe_bin, tiny_imatrix, tmp_path):
