@@ -30,9 +30,10 @@ typedef struct options {
 /* --type: a block type (every quantised tensor in it) or a mix llama-quantize names
  * (MIX + fmoe_quant_mix: per-tensor types). q2_k is a mix, as llama-quantize's Q2_K is. */
 #define MIX 1000
-/* Types named so that they are refused in one line saying why, not as unknown words:
- * EXPERTS_ONLY + t, IQ2_XXS, IQ2_XS, IQ1_S and IQ1_M as --type (their quantiser needs an importance matrix, which has no entry for the token
- * embeddings: they are written for the routed experts, --experts-type with --imatrix). */
+/* EXPERTS_ONLY + t: IQ2_XXS, IQ2_XS, IQ1_S and IQ1_M as --type, named so that they are
+ * refused in one line saying why, not as unknown words: their quantiser needs an
+ * importance matrix, which has no entry for the token embeddings; they are written for
+ * the routed experts (--experts-type with --imatrix). */
 #define EXPERTS_ONLY 3000
 static const char *const type_names[] = {
     "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",

@@ -1,15 +1,17 @@
 /*
- * quant_iq_quantize.c - f32 values to IQ3_XXS, IQ3_S and IQ2_S blocks (256 values), for
- * `fmoe quantize` (lib/quant_ref.c's fmoe_quant_quantize_row calls it).
+ * quant_iq_quantize.c - f32 values to the seven codebook i-quants (256-value blocks), for
+ * `fmoe quantize` (lib/quant_ref.c's fmoe_quant_quantize_row_weighted calls it).
  *
- * The algorithm is ggml's (ggml-quants.c: quantize_row_iq3_xxs_impl, quantize_row_iq3_s_impl,
- * quantize_row_iq2_s_impl), written again. Each value has a weight: with an importance
- * matrix (the mean squared activation of its column, from llama.cpp's imatrix)
- * imp·sqrt(σ² + x²), σ² twice the block's mean square; without one x² (IQ3) or
- * σ²/4 + x² (IQ2_S), which ggml's quantiser accepts for these three types. Per sub-block of 32 (IQ3) or 16 (IQ2_S) values:
- *   1. signs come off (stored apart; IQ3_XXS keeps 7 of each 8 and makes the count of minus
- *      signs even by flipping the value that costs least, as its format's eighth sign is
- *      implied), leaving magnitudes xval;
+ * The algorithms are ggml's (ggml-quants.c: quantize_row_iq3_xxs_impl, _iq3_s_impl,
+ * _iq2_s_impl, _iq2_xxs_impl, _iq2_xs_impl, _iq1_s_impl, _iq1_m_impl), written again.
+ * Each value has a weight: with an importance matrix (the mean squared activation of its
+ * column, from llama.cpp's imatrix) imp·sqrt(σ² + x²), σ² twice the block's mean square
+ * (IQ2_XXS, IQ2_XS: once); without one x² (IQ3) or σ²/4 + x² (IQ2_S), which ggml's
+ * quantiser accepts for these three types only. For IQ3_XXS, IQ3_S, IQ2_S and IQ2_XS, per
+ * sub-block of 32 (IQ3) or 16 (IQ2) values:
+ *   1. signs come off (stored apart; IQ3_XXS and IQ2_XS keep 7 of each 8 and make the count
+ *      of minus signs even by flipping the value that costs least, as the format's eighth
+ *      sign is implied), leaving magnitudes xval;
  *   2. for 31 (IQ3_XXS) or 19 trial scales around max/(2·kmax - 1), every value is rounded
  *      to its level l (value 2l + 1 in units of the scale); a group of 4 or 8 levels that is
  *      not a codebook point becomes the best of its nearest codebook points
@@ -17,17 +19,20 @@
  *      Σwxq/Σwq² explains the most (Σwxq)²/Σwq² is kept;
  *   3. the groups that were off the codebook (IQ3_S: all groups) are chosen again at that
  *      scale, and the scale refitted;
- * then the block's d = max scale / 31 times a fudge factor (1.0125, 1.033, 0.9875: ggml's
- * constants), and each sub-block's 4-bit scale ls rounds (scale/d - 1)/2.
+ * then the block's d = max scale / 31 (times ggml's fudge factor: 1.0125, 1.033, 0.9875
+ * for IQ3_XXS, IQ3_S, IQ2_S), and each sub-block's 4-bit scale ls rounds (scale/d - 1)/2.
+ * IQ2_XXS starts step 2 from make_qp_quants' fit; IQ1_S and IQ1_M find their three-level
+ * split exactly (their own comments say how).
  * The arithmetic is ggml's in the same order, in f32, without contraction (our build is ISO
  * C, which turns it off; ggml's shared library is built for plain x86-64, which has no FMA),
  * so the blocks are llama.cpp's byte for byte: tests/python/test_iquant_quantise.py compares
- * them with blocks libggml-base wrote (tests/fixtures/iquants), without and with a matrix. Two places differ on
- * purpose: ggml's IQ3_S leaves its index and sign pointers where they were after an
- * all-zero sub-block, so every later sub-block of that block lands one slot early and the
- * last slot is left zero (its blocks then decode wrongly); ours writes each sub-block in its
- * own slot. And where no candidate point has a finite error (values near FLT_MAX), ggml
- * aborts; ours takes the first candidate. Non-finite inputs give unspecified blocks.
+ * them with blocks libggml-base wrote (tests/fixtures/iquants), without and with a matrix.
+ * Two places differ on purpose: ggml's IQ3_S leaves its index and sign pointers where they
+ * were after an all-zero sub-block, so every later sub-block of that block lands one slot
+ * early and the last slot is left zero (its blocks then decode wrongly); ours writes each
+ * sub-block in its own slot. And where no candidate point has a finite error (values near
+ * FLT_MAX), ggml aborts; ours takes the first candidate. Non-finite inputs give
+ * unspecified blocks.
  */
 #include <float.h>
 #include <stdlib.h>
@@ -476,7 +481,8 @@ static void quantize_iq2_xxs(const fmoe__iq_search *t, const float *x, const flo
         }
         if (scale > 0) {
             const float id = 1 / scale;
-            for (int k = 0; k < 4; k++) snap_group(t, p, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
+            for (int k = 0; k < 4; k++)
+                snap_group(t, p, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
             float sumqx, sumq2;
             sums(p, xval, weight, L, &sumqx, &sumq2);
             if (sumq2 > 0) scale = sumqx / sumq2;

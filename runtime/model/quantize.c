@@ -1077,8 +1077,8 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
                              !fmoe_quant_needs_importance(params->experts_type),
                          FMOE_EINVAL, "quantize: cannot write experts type %u",
                          params->experts_type);
-    FMOE_RETURN_ERROR_IF(params->experts_type && fmoe_quant_needs_importance(params->experts_type) &&
-                             !params->imatrix,
+    FMOE_RETURN_ERROR_IF(params->experts_type && !params->imatrix &&
+                             fmoe_quant_needs_importance(params->experts_type),
                          FMOE_EINVAL,
                          "quantize: experts type %s needs an importance matrix (--imatrix), as "
                          "llama.cpp's quantizer does",
