@@ -286,7 +286,7 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
 SIMD static INLINE void q32_step(uint32_t type, const uint8_t *w, const uint8_t *a, int64_t stride,
                                  int nx, int two, __m512 *acc) {
     const __m512i ones = _mm512_set1_epi16(1), ones8 = _mm512_set1_epi8(1);
-    const int64_t wb = fmoe_ggml_type_size(type);
+    const int64_t wb = fmoe__q32_block_bytes(type);
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
     const __m256i hi = two ? fmoe__q32_unpack(type, w + wb) : _mm256_setzero_si256();
     const __m512i qw = _mm512_inserti64x4(_mm512_castsi256_si512(fmoe__q32_unpack(type, w)), hi, 1);
@@ -318,7 +318,7 @@ SIMD static INLINE void q32_step(uint32_t type, const uint8_t *w, const uint8_t 
 
 SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
                                  int64_t n, float *y, int64_t ys, uint32_t type) {
-    const int64_t wb = fmoe_ggml_type_size(type), nb = n / FMOE_QK8_0;
+    const int64_t wb = fmoe__q32_block_bytes(type), nb = n / FMOE_QK8_0;
     __m512 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm512_setzero_ps();
     int64_t b = 0;
