@@ -249,7 +249,6 @@ SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t str
 }
 
 #define QUANT_ACT_ROWS fmoe__quant_act_rows_avx2
-#define QUANT_ACT_ROWS_MXFP4 /* this level's dots_q32 takes MXFP4 (the AVX-512 one not) */
 #include "quant_act_rows.inc"
 
 /* roundf (half away from zero) of 8 floats of magnitude below 2^23: truncate, then step

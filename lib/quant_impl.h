@@ -127,6 +127,14 @@ int fmoe__quant_level(void);
  * (plain C) and FMOE_NO_AVX512 (at most AVX2) in the environment honoured. */
 int fmoe__quant_level_max(void);
 
+/* The level the 8-bit products of the 32-value blocks (Q8_0, Q4_0 .. IQ4_NL, MXFP4) run at:
+ * the forced level if one is, else the best, except AVX2's kernels on an AMD CPU with
+ * AVX-512. Zen 4 executes a 512-bit operation as two 256-bit halves, and on the development
+ * VM's EPYC these kernels' AVX2 forms took 15-20% less time than their AVX-512 ones, one
+ * input or eight, where the K-quants' two forms ran alike (docs/quantization.md "Speed").
+ * Per CPU, fixed for the process: the products' bits do not depend on timing. */
+int fmoe__quant_q32_level(void);
+
 /* For tests and benchmarks, which compare the levels in one process: level (a
  * FMOE__QUANT_* value) from now on, or -1 for fmoe__quant_level_max() again. @return 0,
  * or -1 (nothing changed) where level is above fmoe__quant_level_max(). Not for use while
