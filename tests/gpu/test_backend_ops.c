@@ -1,6 +1,6 @@
 /*
- * test_backend_ops - every operation of fmoe__backend_ops (runtime/model/model_impl.h) run
- * on two backends over the same random inputs (fixed seeds) and compared, op by op and
+ * test_backend_ops - every operation of fmoe__backend_ops (runtime/backend/backend_impl.h)
+ * run on two backends over the same random inputs (fixed seeds) and compared, op by op and
  * shape by shape: a differential test in the manner of ggml's test-backend-ops. The reference is
  * the CPU table fmoe__cpu_backend; the backend under test is the CUDA table.
  *
