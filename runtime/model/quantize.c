@@ -23,7 +23,8 @@
  * attn_k_b/attn_v_b as its converter splits it today, the latent's key lengths) and GLM-4.5
  * as glm4moe (post_attention_norm; its multi-token-prediction layers are left out, as the
  * converter's --no-mtp leaves them). FP8 block-scaled sources (fp8_block.h) are
- * dequantised to f32 as they are written; --type f32/f16/bf16 writes every matrix in that
+ * dequantised to f32 as they are written; gpt-oss's MXFP4 experts are copied as ggml
+ * MXFP4 blocks, their numbers unchanged (add_gptoss_mxfp4); --type f32/f16/bf16 writes every matrix in that
  * float type (a conversion: nothing quantised).
  * config.json itself is kept in the key fmoe.hf_config, so fmoe can rebuild the exact
  * geometry and fingerprint of the checkpoint from the file.
@@ -87,6 +88,8 @@ typedef struct out_tensor {
     int32_t nsrc;
     int32_t permute_heads;         /* > 0: rows are heads of head_dim, rotate-half -> pairs */
     const struct strided *view;    /* NULL, or the sources read through this view */
+    const fmoe_st_tensor *mx_scales; /* non-NULL: src[0] is MXFP4 blocks copied (repack_mxfp4) */
+    int64_t mx_first, mx_step;     /* output row r of expert x is source row x·R + first + r·step */
     uint64_t offset;               /* in the data section */
     int64_t nbytes;
 } out_tensor;
@@ -166,17 +169,8 @@ static int find(plan *p, int required, const fmoe_st_tensor **out, const char *f
 
 enum kind { KIND_NORM, KIND_ROUTER, KIND_WEIGHT, KIND_EXPERT };
 
-/* Adds output `name` from `n` sources of one shape; chooses its type by kind. */
-/* add(), or (view != NULL) a strided gather of the sources with extents `ne` (ndim 3 when
- * ne[2] > 1 or there are several sources, else 2). `view` must outlive the plan. */
-static int add_shaped(plan *p, enum kind kind, const char *name, const fmoe_st_tensor **src,
-                      int32_t n, int32_t permute_heads, const strided *view,
-                      const int64_t ne[3]) {
-    for (int32_t i = 1; i < n; i++)
-        FMOE_RETURN_ERROR_IF(src[i]->ndim != src[0]->ndim || src[i]->shape[0] != src[0]->shape[0] ||
-                                 (src[0]->ndim == 2 && src[i]->shape[1] != src[0]->shape[1]),
-                             FMOE_EFORMAT, "%s: tensor %s differs in shape from %s", p->dir,
-                             src[i]->name, src[0]->name);
+/* A new zeroed output tensor at the plan's end reading the `n` sources `src`. */
+static int push(plan *p, const fmoe_st_tensor **src, int32_t n, out_tensor **out) {
     if (p->n == p->cap) {
         const int64_t cap = p->cap ? p->cap * 2 : 256;
         out_tensor *t = realloc(p->t, (size_t)cap * sizeof *t);
@@ -191,6 +185,23 @@ static int add_shaped(plan *p, enum kind kind, const char *name, const fmoe_st_t
     p->n++;
     memcpy(o->src, src, (size_t)n * sizeof *src);
     o->nsrc = n;
+    *out = o;
+    return 0;
+}
+
+/* Adds output `name` from `n` sources of one shape; chooses its type by kind. */
+/* add(), or (view != NULL) a strided gather of the sources with extents `ne` (ndim 3 when
+ * ne[2] > 1 or there are several sources, else 2). `view` must outlive the plan. */
+static int add_shaped(plan *p, enum kind kind, const char *name, const fmoe_st_tensor **src,
+                      int32_t n, int32_t permute_heads, const strided *view,
+                      const int64_t ne[3]) {
+    for (int32_t i = 1; i < n; i++)
+        FMOE_RETURN_ERROR_IF(src[i]->ndim != src[0]->ndim || src[i]->shape[0] != src[0]->shape[0] ||
+                                 (src[0]->ndim == 2 && src[i]->shape[1] != src[0]->shape[1]),
+                             FMOE_EFORMAT, "%s: tensor %s differs in shape from %s", p->dir,
+                             src[i]->name, src[0]->name);
+    out_tensor *o;
+    FMOE_FORWARD_IF_ERROR(push(p, src, n, &o));
     o->permute_heads = permute_heads;
     snprintf(o->name, sizeof o->name, "%s", name);
     const fmoe_st_tensor *s = src[0];
@@ -389,44 +400,23 @@ static int find_shaped(plan *p, const fmoe_st_tensor **out, int32_t ndim, const 
     return 0;
 }
 
-/*
- * gpt-oss's attention sinks and MoE block of layer i, as llama.cpp's GptOssModel writes a
- * float checkpoint (family_gptoss.c has the layouts): self_attn.sinks as attn_sinks.weight,
- * the router and its bias as ffn_gate_inp, the fused input-major experts de-interleaved and
- * transposed into ffn_{gate,up,down}_exps [J][rows][cols] and their biases into
- * ffn_{gate,up,down}_exps.bias [J][rows] (strided views). OpenAI's published MXFP4 experts
- * (_blocks, _scales) are refused: repacking them is not done here.
- */
-static int add_gptoss(plan *p, int32_t i) {
+/* gpt-oss's float experts of layer i: the fused input-major tensors de-interleaved and
+ * transposed (strided views) into ffn_{gate,up,down}_exps, then quantised as asked. */
+static int add_gptoss_float(plan *p, int32_t i) {
     const fmoe_model_geometry *g = p->g;
     const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
     char name[64], hf[NAME_CAP];
-    snprintf(name, sizeof name, "blk.%d.attn_sinks.weight", i);
-    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.self_attn.sinks", i));
-    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
-    FMOE_FORWARD_IF_ERROR(add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.mlp.router.weight", i));
-    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.bias", i);
-    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.mlp.router.bias", i));
-    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_blocks", i);
-    FMOE_RETURN_ERROR_IF(fmoe_safetensors_find(p->st, hf) != NULL, FMOE_EUNSUPPORTED,
-                         "%s: layer %d stores its experts in MXFP4 (%s): fmoe quantize reads "
-                         "float gpt-oss checkpoints (fmoe runs the MXFP4 files directly)",
-                         p->dir, i, hf);
-    const fmoe_st_tensor *gu, *dn, *gub;
-    const int64_t gus[3] = {J, h, 2 * I}, dns[3] = {J, I, h}, gubs[2] = {J, 2 * I};
+    const fmoe_st_tensor *gu, *dn;
+    const int64_t gus[3] = {J, h, 2 * I}, dns[3] = {J, I, h};
     snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj", i);
     FMOE_FORWARD_IF_ERROR(find_shaped(p, &gu, 3, gus, hf));
     snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj", i);
     FMOE_FORWARD_IF_ERROR(find_shaped(p, &dn, 3, dns, hf));
-    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_bias", i);
-    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gub, 2, gubs, hf));
-    p->report->bytes_in += gu->nbytes + dn->nbytes + gub->nbytes;
+    p->report->bytes_in += gu->nbytes + dn->nbytes;
     strided *v = p->gptoss;
     v[0] = (strided){.off = 0, .e = 2 * I * h, .row = 2, .col = 2 * I}; /* gate */
     v[1] = (strided){.off = 1, .e = 2 * I * h, .row = 2, .col = 2 * I}; /* up */
     v[2] = (strided){.off = 0, .e = I * h, .row = 1, .col = h};         /* down */
-    v[3] = (strided){.off = 0, .e = 0, .row = 2 * I, .col = 2};         /* gate bias */
-    v[4] = (strided){.off = 1, .e = 0, .row = 2 * I, .col = 2};         /* up bias */
     const fmoe_st_tensor **src = malloc((size_t)J * sizeof *src);
     FMOE_RETURN_ERROR_IF(!src, FMOE_ENOMEM, "out of memory");
     static const char *const gg[3] = {"gate", "up", "down"};
@@ -438,7 +428,105 @@ static int add_gptoss(plan *p, int32_t i) {
         rc = add_shaped(p, KIND_EXPERT, name, src, (int32_t)J, 0, &v[k], ne);
     }
     free(src);
-    FMOE_FORWARD_IF_ERROR(rc);
+    return rc;
+}
+
+/*
+ * gpt-oss's MXFP4 experts of layer i (OpenAI's layout: family_gptoss.c), written as
+ * llama.cpp's GptOssModel.repack_mxfp4 writes them: ffn_gate_exps and ffn_up_exps [J][I][h]
+ * from the even and odd rows of gate_up_proj_blocks/_scales, ffn_down_exps [J][h][I] from
+ * down_proj's, each block repacked into ggml's order (repack_mxfp4_row) with its scale byte,
+ * never requantised: the file holds the checkpoint's numbers exactly. Another
+ * --experts-type would requantise already-quantised numbers; that is refused.
+ */
+static int add_gptoss_mxfp4(plan *p, int32_t i) {
+    const fmoe_model_geometry *g = p->g;
+    const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
+    FMOE_RETURN_ERROR_IF(p->experts_type && p->experts_type != FMOE_GGML_MXFP4,
+                         FMOE_EUNSUPPORTED,
+                         "%s: the experts are MXFP4 in the checkpoint and are copied as such: "
+                         "--experts-type %s would requantise quantised numbers (use mxfp4 or "
+                         "leave it out)",
+                         p->dir, fmoe_ggml_type_name(p->experts_type));
+    FMOE_RETURN_ERROR_IF(h % 32 != 0 || I % 32 != 0, FMOE_EFORMAT,
+                         "%s: MXFP4 experts need hidden_size (%lld) and intermediate_size "
+                         "(%lld) in whole blocks of 32",
+                         p->dir, (long long)h, (long long)I);
+    static const char *const hf[2] = {"gate_up_proj", "down_proj"};
+    const int64_t rows[2] = {2 * I, h}, cols[2] = {h, I};
+    const fmoe_st_tensor *bl[2], *sc[2];
+    for (int k = 0; k < 2; k++) {
+        const int64_t want[4] = {J, rows[k], cols[k] / 32, 16};
+        for (int part = 0; part < 2; part++) {
+            char name[NAME_CAP];
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s_%s", i, hf[k],
+                     part ? "scales" : "blocks");
+            const fmoe_st_tensor *t = fmoe_safetensors_find(p->st, name);
+            FMOE_RETURN_ERROR_IF(!t, FMOE_ENOTFOUND, "%s: missing tensor %s", p->dir, name);
+            const int32_t nd = part ? 3 : 4;
+            int ok = t->dtype == FMOE_ST_U8 && t->ndim == nd;
+            for (int32_t d = 0; ok && d < nd; d++) ok = t->shape[d] == want[d];
+            FMOE_RETURN_ERROR_IF(!ok, FMOE_EMISMATCH,
+                                 "%s: tensor %s: expected U8 [%lld, %lld, %lld%s] (MXFP4 %s)",
+                                 t->file, name, (long long)want[0], (long long)want[1],
+                                 (long long)want[2], part ? "" : ", 16", part ? "scales" : "blocks");
+            *(part ? &sc[k] : &bl[k]) = t;
+            p->report->bytes_in += t->nbytes;
+        }
+    }
+    static const char *const gg[3] = {"gate", "up", "down"};
+    for (int k = 0; k < 3; k++) {
+        const int m = k < 2 ? 0 : 1; /* gate and up: rows 0, 2, 4 ... and 1, 3, 5 ... */
+        out_tensor *o;
+        FMOE_FORWARD_IF_ERROR(push(p, &bl[m], 1, &o));
+        snprintf(o->name, sizeof o->name, "blk.%d.ffn_%s_exps.weight", i, gg[k]);
+        o->ndim = 3;
+        o->ne[0] = cols[m];
+        o->ne[1] = m ? h : I;
+        o->ne[2] = J;
+        o->type = FMOE_GGML_MXFP4;
+        o->mx_scales = sc[m];
+        o->mx_first = k == 1;
+        o->mx_step = m ? 1 : 2;
+        o->nbytes = J * o->ne[1] * fmoe_quant_row_bytes(FMOE_GGML_MXFP4, o->ne[0]);
+        p->report->by_type[FMOE_GGML_MXFP4]++;
+    }
+    return 0;
+}
+
+/*
+ * gpt-oss's attention sinks and MoE block of layer i, as llama.cpp's GptOssModel writes a
+ * float checkpoint (family_gptoss.c has the layouts): self_attn.sinks as attn_sinks.weight,
+ * the router and its bias as ffn_gate_inp, the fused input-major experts de-interleaved and
+ * transposed into ffn_{gate,up,down}_exps [J][rows][cols] and their biases into
+ * ffn_{gate,up,down}_exps.bias [J][rows] (strided views); OpenAI's published MXFP4 experts
+ * (_blocks, _scales) copied as ggml MXFP4 blocks, as the converter's repack_mxfp4 does.
+ */
+static int add_gptoss(plan *p, int32_t i) {
+    const fmoe_model_geometry *g = p->g;
+    const int64_t I = g->moe_intermediate_size, J = g->num_experts;
+    char name[64], hf[NAME_CAP];
+    snprintf(name, sizeof name, "blk.%d.attn_sinks.weight", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.self_attn.sinks", i));
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.mlp.router.weight", i));
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.bias", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.mlp.router.bias", i));
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_blocks", i);
+    if (fmoe_safetensors_find(p->st, hf)) {
+        FMOE_FORWARD_IF_ERROR(add_gptoss_mxfp4(p, i));
+    } else {
+        FMOE_FORWARD_IF_ERROR(add_gptoss_float(p, i));
+    }
+    const fmoe_st_tensor *gub;
+    const int64_t gubs[2] = {J, 2 * I};
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_bias", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gub, 2, gubs, hf));
+    p->report->bytes_in += gub->nbytes;
+    strided *v = p->gptoss;
+    v[3] = (strided){.off = 0, .e = 0, .row = 2 * I, .col = 2}; /* gate bias */
+    v[4] = (strided){.off = 1, .e = 0, .row = 2 * I, .col = 2}; /* up bias */
+    static const char *const gg[2] = {"gate", "up"};
     const int64_t nb[3] = {I, J, 1};
     for (int k = 0; k < 2; k++) {
         snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.bias", i, gg[k]);
@@ -891,9 +979,52 @@ static int check_finite(const fmoe_st_tensor *s, const float *row, int64_t n, in
     return 0;
 }
 
+/* One row of G MXFP4 blocks from OpenAI's layout (blocks [G][16]: value 2k in the low
+ * nibble of byte k, 2k + 1 in the high one; scales [G]) into ggml's (per block the scale
+ * byte, then value l < 16 in the low nibble of byte l and l + 16 in its high one): the
+ * nibbles move, no number changes (family_gptoss.c reads them alike). */
+static void repack_mxfp4_row(const uint8_t *blocks, const uint8_t *scales, int64_t G,
+                             uint8_t *out) {
+    for (int64_t g = 0; g < G; g++, out += FMOE_MXFP4_BYTES) {
+        const uint8_t *in = blocks + g * 16;
+        out[0] = scales[g];
+        for (int l = 0; l < 16; l++) {
+            const uint8_t lo = (in[l / 2] >> (4 * (l & 1))) & 0xF;
+            const uint8_t hi = (in[8 + l / 2] >> (4 * (l & 1))) & 0xF;
+            out[1 + l] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
+/* An MXFP4 output copied from the checkpoint's blocks (add_gptoss_mxfp4). */
+static int write_mxfp4_copy(writer *w, const out_tensor *o) {
+    const fmoe_st_tensor *bl = o->src[0], *sc = o->mx_scales;
+    const int64_t G = o->ne[0] / 32, R = bl->shape[1], rb = G * FMOE_MXFP4_BYTES;
+    if (rb > w->out_cap) {
+        uint8_t *nb = realloc(w->out, (size_t)rb);
+        FMOE_RETURN_ERROR_IF(!nb, FMOE_ENOMEM, "out of memory for tensor %s", o->name);
+        w->out = nb;
+        w->out_cap = rb;
+    }
+    for (int64_t x = 0; x < o->ne[2]; x++)
+        for (int64_t r = 0; r < o->ne[1]; r++) {
+            const int64_t sr = x * R + o->mx_first + r * o->mx_step;
+            repack_mxfp4_row((const uint8_t *)bl->data + sr * G * 16,
+                             (const uint8_t *)sc->data + sr * G, G, w->out);
+            FMOE_FORWARD_IF_ERROR(write_all(w->f, w->out, (size_t)rb, w->path));
+        }
+    return 0;
+}
+
 static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *progress,
                         int64_t *done, int64_t total) {
     const int64_t cols = o->ne[0];
+    if (o->mx_scales) {
+        FMOE_FORWARD_IF_ERROR(write_mxfp4_copy(w, o));
+        *done += o->nbytes;
+        fmoe_progress_report(progress, *done, total, "bytes");
+        return 0;
+    }
     if (o->ndim == 1) { /* one row; a permuted q/k bias moves by element */
         const fmoe_st_tensor *s = o->src[0];
         for (int64_t k = 0; k < cols; k++) {
