@@ -89,9 +89,10 @@ const cmd_spec cmd_quantize_spec = {
              "[--experts-only]",
     .description =
         "Write a HuggingFace MoE checkpoint (config.json + safetensors of Mixtral,\n"
-        "Qwen2-MoE, Qwen3-MoE, OLMoE or DeepSeek-MoE V1) as a GGUF file, named and laid\n"
-        "out as llama.cpp's converter does, with its 2-D weights in a ggml block format\n"
-        "(norms and routers stay F32).\n",
+        "Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-MoE V1/V2/V3, GLM-4.5, gpt-oss (float or\n"
+        "MXFP4 experts), Phi-3.5-MoE or Llama 4's text model) as a GGUF file, named and\n"
+        "laid out as llama.cpp's converter does, with its 2-D weights in a ggml block\n"
+        "format (norms and routers stay F32; gpt-oss's MXFP4 experts are copied as is).\n",
     .options = quantize_options,
     .epilog = "A mix chooses each tensor's type as llama-quantize does for that name: for\n"
               "q4_k_m, Q6_K for the output head and for ffn_down and attn_v of the first\n"

@@ -125,6 +125,10 @@ typedef struct plan {
     int has_fp8;                   /* some source is F8_E4M3 (fp8_block.h) */
     strided kv_split[2];           /* deepseek2's attn_k_b, attn_v_b (the same every layer) */
     strided gptoss[5];             /* gpt-oss's gate, up, down, gate bias, up bias */
+    strided llama4[3];             /* llama4's gate, up, down (the same every MoE layer) */
+    const cJSON *text;             /* llama4: config.json's text_config, else config itself */
+    fmoe_st_tensor made[2];        /* tensors computed from config.json (rope factors) */
+    float *made_data[2];           /* [n] owned values of made[k] */
     out_tensor *t;
     int64_t n, cap;
     fmoe_quantize_report *report;
@@ -286,10 +290,12 @@ static int add_mlp(plan *p, int32_t i, const char *prefix, const char *suffix) {
 
 static int add_experts(plan *p, int32_t i) {
     const fmoe_model_geometry *g = p->g;
-    const int mixtral = g->family == FMOE_FAMILY_MIXTRAL;
+    /* Phi-3.5-MoE names its experts as Mixtral does (block_sparse_moe, w1/w3/w2) */
+    const int mixtral = g->family == FMOE_FAMILY_MIXTRAL || g->family == FMOE_FAMILY_PHIMOE;
     const char *moe = mixtral ? "block_sparse_moe" : "mlp";
     const fmoe_st_tensor *probe;
-    if (mixtral && !fmoe_safetensors_find(p->st, "model.layers.0.block_sparse_moe.gate.weight"))
+    if (mixtral && !fmoe_safetensors_find(p->st, "model.layers.0.block_sparse_moe.gate.weight") &&
+        fmoe_safetensors_find(p->st, "model.layers.0.mlp.gate.weight"))
         moe = "mlp"; /* transformers >= 5 may save Mixtral's block as "mlp" */
     FMOE_FORWARD_IF_ERROR(find(p, 0, &probe, "model.layers.%d.%s.experts.gate_up_proj", i, moe));
     FMOE_RETURN_ERROR_IF(probe != NULL, FMOE_EUNSUPPORTED,
@@ -536,6 +542,139 @@ static int add_gptoss(plan *p, int32_t i) {
     return add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.mlp.experts.down_proj_bias", i);
 }
 
+/*
+ * Llama 4's MoE block of layer i, as llama.cpp's Llama4Model writes it: the router
+ * (feed_forward.router) as ffn_gate_inp, the shared expert as ffn_{gate,up,down}_shexp, and
+ * the fused input-major experts (family_llama4.c: gate_up_proj [J,h,2I], gate the first I
+ * columns, up the last I; down_proj [J,I,h]) transposed and split into
+ * ffn_{gate,up,down}_exps [J][rows][cols] (strided views).
+ */
+static int add_llama4_moe(plan *p, int32_t i) {
+    const fmoe_model_geometry *g = p->g;
+    const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
+    char name[64], hf[NAME_CAP];
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
+    FMOE_FORWARD_IF_ERROR(
+        add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.feed_forward.router.weight", i));
+    snprintf(hf, sizeof hf, "model.layers.%d.feed_forward.shared_expert", i);
+    FMOE_FORWARD_IF_ERROR(add_mlp(p, i, hf, "_shexp"));
+    const fmoe_st_tensor *gu, *dn;
+    const int64_t gus[3] = {J, h, 2 * I}, dns[3] = {J, I, h};
+    snprintf(hf, sizeof hf, "model.layers.%d.feed_forward.experts.gate_up_proj", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gu, 3, gus, hf));
+    snprintf(hf, sizeof hf, "model.layers.%d.feed_forward.experts.down_proj", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &dn, 3, dns, hf));
+    p->report->bytes_in += gu->nbytes + dn->nbytes;
+    strided *v = p->llama4;
+    v[0] = (strided){.off = 0, .e = 2 * I * h, .row = 1, .col = 2 * I}; /* gate */
+    v[1] = (strided){.off = I, .e = 2 * I * h, .row = 1, .col = 2 * I}; /* up */
+    v[2] = (strided){.off = 0, .e = I * h, .row = 1, .col = h};         /* down */
+    const fmoe_st_tensor **src = malloc((size_t)J * sizeof *src);
+    FMOE_RETURN_ERROR_IF(!src, FMOE_ENOMEM, "out of memory");
+    static const char *const gg[3] = {"gate", "up", "down"};
+    int rc = 0;
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        const int64_t ne[3] = {k < 2 ? h : I, k < 2 ? I : h, J};
+        for (int64_t e = 0; e < J; e++) src[e] = k < 2 ? gu : dn;
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i, gg[k]);
+        rc = add_shaped(p, KIND_EXPERT, name, src, (int32_t)J, 0, &v[k], ne);
+    }
+    free(src);
+    return rc;
+}
+
+/* A number of the object `o` (NULL or not a number: def). */
+static double json_number(const cJSON *o, const char *key, double def) {
+    const cJSON *v = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+/* The rope parameters object of a config (transformers >= 5: rope_parameters; before:
+ * rope_scaling), or NULL. */
+static const cJSON *rope_object(const cJSON *cfg) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    if (!cJSON_IsObject(o)) o = cJSON_GetObjectItemCaseSensitive(cfg, "rope_scaling");
+    return cJSON_IsObject(o) ? o : NULL;
+}
+
+/* A 1-D F32 tensor `name` of n values computed from config.json, kept by the plan (slot k)
+ * and written as an F32 output of that name. @return 0, FMOE_ENOMEM. */
+static int add_made(plan *p, int k, const char *name, const float *v, int64_t n) {
+    float *d = malloc((size_t)n * sizeof *d);
+    FMOE_RETURN_ERROR_IF(!d, FMOE_ENOMEM, "out of memory");
+    memcpy(d, v, (size_t)n * sizeof *d);
+    p->made_data[k] = d;
+    p->made[k] = (fmoe_st_tensor){.name = name, .file = p->dir, .dtype = FMOE_ST_F32, .ndim = 1,
+                                  .shape = {n}, .numel = n, .nbytes = n * 4, .data = d};
+    const fmoe_st_tensor *t = &p->made[k];
+    return add(p, KIND_NORM, name, &t, 1, 0);
+}
+
+/*
+ * llama3 rope scaling as the rope_freqs tensor of per-frequency divisors, as llama.cpp's
+ * LlamaModel.generate_extra_tensors computes it (Llama 3.1's scaling: frequencies of
+ * wavelength under original/high_freq_factor kept, over original/low_freq_factor divided
+ * by factor, a smooth mix between). Nothing when the config has no llama3 scaling.
+ */
+static int add_rope_freqs(plan *p) {
+    const cJSON *r = rope_object(p->text);
+    const cJSON *t = r ? cJSON_GetObjectItemCaseSensitive(r, "rope_type") : NULL;
+    if (!cJSON_IsString(t)) t = r ? cJSON_GetObjectItemCaseSensitive(r, "type") : NULL;
+    if (!cJSON_IsString(t) || strcmp(t->valuestring, "llama3") != 0) return 0;
+    const fmoe_model_geometry *g = p->g;
+    const double base = json_number(r, "rope_theta", g->rope_theta);
+    const double factor = json_number(r, "factor", 8.0);
+    const double lo = json_number(r, "low_freq_factor", 1.0);
+    const double hi = json_number(r, "high_freq_factor", 4.0);
+    const double old = json_number(r, "original_max_position_embeddings", 8192);
+    const int64_t D = g->head_dim, n = D / 2;
+    float f[512];
+    FMOE_RETURN_ERROR_IF(n > 512, FMOE_EUNSUPPORTED, "%s: head_dim %lld: at most 1024 for "
+                         "rope_freqs", p->dir, (long long)D);
+    for (int64_t k = 0; k < n; k++) {
+        const double freq = 1.0 / pow(base, (double)(2 * k) / (double)D);
+        const double wl = 2 * M_PI / freq;
+        if (wl < old / hi) {
+            f[k] = 1.0f;
+        } else if (wl > old / lo) {
+            f[k] = (float)factor;
+        } else {
+            const double smooth = (old / wl - lo) / (hi - lo);
+            f[k] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+    return add_made(p, 0, "rope_freqs.weight", f, n);
+}
+
+/*
+ * Phi-3.5-MoE's longrope as llama.cpp's Phi3MiniModel writes it: the long and short factor
+ * lists as rope_factors_long/short.weight [head_dim/2] F32 (metadata_phimoe adds the
+ * attention factor). Nothing when the config has no long_factor.
+ */
+static int add_longrope(plan *p) {
+    const cJSON *r = rope_object(p->config);
+    static const char *const keys[2] = {"long_factor", "short_factor"};
+    static const char *const names[2] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+    const int64_t n = p->g->head_dim / 2;
+    for (int k = 0; k < 2; k++) {
+        const cJSON *a = r ? cJSON_GetObjectItemCaseSensitive(r, keys[k]) : NULL;
+        if (!a && k == 0) return 0;
+        FMOE_RETURN_ERROR_IF(!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n || n > 512,
+                             FMOE_EFORMAT, "%s: config.json: rope %s must be a list of "
+                             "head_dim/2 = %lld numbers", p->dir, keys[k], (long long)n);
+        float f[512];
+        for (int64_t j = 0; j < n; j++) {
+            const cJSON *v = cJSON_GetArrayItem(a, (int)j);
+            FMOE_RETURN_ERROR_IF(!cJSON_IsNumber(v), FMOE_EFORMAT,
+                                 "%s: config.json: rope %s[%lld] is not a number", p->dir,
+                                 keys[k], (long long)j);
+            f[j] = (float)v->valuedouble;
+        }
+        FMOE_FORWARD_IF_ERROR(add_made(p, k, names[k], f, n));
+    }
+    return 0;
+}
+
 static int build_plan(plan *p) {
     const fmoe_model_geometry *g = p->g;
     FMOE_FORWARD_IF_ERROR(
@@ -556,6 +695,10 @@ static int build_plan(plan *p) {
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", i);
         FMOE_FORWARD_IF_ERROR(
             add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.input_layernorm.weight", i));
+        /* Phi-3.5-MoE's LayerNorms have biases */
+        snprintf(name, sizeof name, "blk.%d.attn_norm.bias", i);
+        FMOE_FORWARD_IF_ERROR(
+            add1(p, KIND_NORM, 0, 0, name, "model.layers.%d.input_layernorm.bias", i));
         if (mla) FMOE_FORWARD_IF_ERROR(add_mla(p, i));
         for (int k = 0; k < 4 && !mla; k++) {
             const int32_t heads = !p->permute ? 0
@@ -578,8 +721,15 @@ static int build_plan(plan *p) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", i, ffn_norm);
         FMOE_FORWARD_IF_ERROR(
             add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.post_attention_layernorm.weight", i));
+        snprintf(name, sizeof name, "blk.%d.%s.bias", i, ffn_norm);
+        FMOE_FORWARD_IF_ERROR(
+            add1(p, KIND_NORM, 0, 0, name, "model.layers.%d.post_attention_layernorm.bias", i));
         if (g->family == FMOE_FAMILY_GPT_OSS) {
             FMOE_FORWARD_IF_ERROR(add_gptoss(p, i));
+        } else if (g->family == FMOE_FAMILY_LLAMA4) {
+            char prefix[NAME_CAP];
+            snprintf(prefix, sizeof prefix, "model.layers.%d.feed_forward", i);
+            FMOE_FORWARD_IF_ERROR(moe[i] ? add_llama4_moe(p, i) : add_mlp(p, i, prefix, ""));
         } else if (moe[i]) {
             FMOE_FORWARD_IF_ERROR(add_experts(p, i));
         } else {
@@ -589,8 +739,12 @@ static int build_plan(plan *p) {
         }
     }
     FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, "output_norm.weight", "model.norm.weight"));
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 0, 0, "output_norm.bias", "model.norm.bias"));
     FMOE_FORWARD_IF_ERROR(add1(p, KIND_WEIGHT, !g->tie_word_embeddings, 0, "output.weight",
                                "lm_head.weight"));
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 0, 0, "output.bias", "lm_head.bias"));
+    if (g->family == FMOE_FAMILY_LLAMA4) FMOE_FORWARD_IF_ERROR(add_rope_freqs(p));
+    if (g->family == FMOE_FAMILY_PHIMOE) FMOE_FORWARD_IF_ERROR(add_longrope(p));
     return 0;
 }
 
@@ -744,6 +898,39 @@ static void metadata_grouped_moe(kvs *k, const plan *p) {
     }
 }
 
+/* Phi-3.5-MoE's keys beyond the common ones (llama.cpp's Phi3MiniModel and PhiMoeModel):
+ * the sliding window (0 for none), the original context and, with longrope, the one
+ * attention factor sqrt(1 + ln(ctx / original) / ln original) (1 when ctx <= original). */
+static void metadata_phimoe(kvs *k, const plan *p, double window) {
+    const fmoe_model_geometry *g = p->g;
+    kv_u32(k, ".attention.sliding_window", (uint32_t)(window > 0 ? window : 0));
+    const cJSON *r = rope_object(p->config);
+    const double omp = json_number(r, "original_max_position_embeddings",
+                                   json_number(p->config, "original_max_position_embeddings",
+                                               g->max_position_embeddings));
+    kv_u32(k, ".rope.scaling.original_context_length", (uint32_t)omp);
+    if (r && cJSON_GetObjectItemCaseSensitive(r, "long_factor")) {
+        const double scale = g->max_position_embeddings / omp;
+        kv_f32(k, ".rope.scaling.attn_factor",
+               scale > 1 ? (float)sqrt(1 + log(scale) / log(omp)) : 1.0f);
+    }
+}
+
+/* Llama 4's keys beyond the common ones (llama.cpp's Llama4Model): the MoE interleave step;
+ * sliding_window 0 where every layer is full attention (MobileLLM's layer_types), which
+ * tells llama.cpp to drop chunks, NoPE layers and the temperature. */
+static void metadata_llama4(kvs *k, const plan *p) {
+    kv_u32(k, ".interleave_moe_layer_step",
+           (uint32_t)json_number(p->text, "interleave_moe_layer_step", 1));
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(p->text, "layer_types");
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) == 0) return;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, types) {
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "full_attention") != 0) return;
+    }
+    kv_u32(k, ".attention.sliding_window", 0);
+}
+
 static void metadata(kvs *k, const plan *p, const char *config, size_t config_len) {
     const fmoe_model_geometry *g = p->g;
     kv_str(k, "general.architecture", k->arch, strlen(k->arch));
@@ -773,7 +960,8 @@ static void metadata(kvs *k, const plan *p, const char *config, size_t config_le
     kv_u32(k, ".expert_count", (uint32_t)g->num_experts);
     kv_u32(k, ".expert_used_count", (uint32_t)g->top_k);
     kv_bool(k, ".expert_weights_norm", g->norm_topk_prob);
-    if (g->family != FMOE_FAMILY_MIXTRAL && g->family != FMOE_FAMILY_OLMOE)
+    if (g->family != FMOE_FAMILY_MIXTRAL && g->family != FMOE_FAMILY_OLMOE &&
+        g->family != FMOE_FAMILY_PHIMOE)
         kv_u32(k, ".expert_feed_forward_length", (uint32_t)g->moe_intermediate_size);
     if (g->family == FMOE_FAMILY_QWEN2_MOE)
         kv_u32(k, ".expert_shared_feed_forward_length", (uint32_t)g->shared_intermediate_size);
@@ -788,6 +976,8 @@ static void metadata(kvs *k, const plan *p, const char *config, size_t config_le
     const double window = cfg_number(p->config, "sliding_window", 0);
     if (g->family == FMOE_FAMILY_GPT_OSS && window > 0)
         kv_u32(k, ".attention.sliding_window", (uint32_t)window);
+    if (g->family == FMOE_FAMILY_PHIMOE) metadata_phimoe(k, p, window);
+    if (g->family == FMOE_FAMILY_LLAMA4) metadata_llama4(k, p);
     kv_str(k, "fmoe.hf_config", config, config_len);
 }
 
@@ -1107,11 +1297,13 @@ static int arch_of(const fmoe_model_geometry *g, const char *dir, char arch[32],
     case FMOE_FAMILY_DEEPSEEK_V3: strcpy(arch, "deepseek2"); return 0; /* no permutation */
     case FMOE_FAMILY_GLM4_MOE: strcpy(arch, "glm4moe"); return 0;      /* neox rope already */
     case FMOE_FAMILY_GPT_OSS: strcpy(arch, "gpt-oss"); return 0;
+    case FMOE_FAMILY_PHIMOE: strcpy(arch, "phimoe"); return 0;  /* neox rope: no permutation */
+    case FMOE_FAMILY_LLAMA4: strcpy(arch, "llama4"); return 0;  /* undo_permute False */
     default:
         return fmoe_error_set(FMOE_EUNSUPPORTED,
                               "%s: model_type %s: fmoe quantize writes mixtral, qwen2_moe, "
                               "qwen3_moe, olmoe, deepseek, deepseek_v2, deepseek_v3, "
-                              "glm4_moe and gpt_oss checkpoints",
+                              "glm4_moe, gpt_oss, phimoe and llama4 checkpoints",
                               dir, g->model_type);
     }
 }
@@ -1182,8 +1374,16 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
         goto fail;
     }
     if ((rc = fmoe_safetensors_open(dir, &st)) < 0) goto fail;
+    /* Llama 4's multimodal checkpoints keep the text model under language_model. and its
+     * config under text_config; the vision tower is not written (llama.cpp's converter
+     * writes it to a separate mmproj file) */
+    if (g->family == FMOE_FAMILY_LLAMA4 &&
+        (rc = (int)fmoe_safetensors_strip_prefix(st, "language_model.")) < 0)
+        goto fail;
     p.st = st;
     p.config = cfg;
+    p.text = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
+    if (!cJSON_IsObject(p.text)) p.text = cfg;
     p.g = g;
     p.dir = dir;
     p.type = type;
@@ -1288,6 +1488,8 @@ fail:
 done:
     for (int64_t i = 0; i < p.n; i++) free(p.t[i].src);
     free(p.t);
+    free(p.made_data[0]);
+    free(p.made_data[1]);
     free(k.b.b);
     free(hdr.b);
     fmoe__pool_free(wr.pool);
