@@ -11,7 +11,9 @@
   NumPy: experts stacked (phimoe) or transposed and split from the fused input-major
   gate_up_proj (llama4), LayerNorm and lm_head biases, longrope's factor lists as
   rope_factors_long/short, llama3 scaling as rope_freqs (test_gguf_llama4.rope_factors).
-- llama.cpp's keys alone (fmoe.hf_config renamed away) rebuild the geometry.
+- Every key test_gguf_phimoe.py's and test_gguf_llama4.py's writers (the converters'
+  set_gguf_parameters written again with gguf-py) put in a file is in ours with the same
+  value; llama.cpp's keys alone (fmoe.hf_config renamed away) rebuild the geometry.
 - A multimodal Llama 4 checkpoint (config under text_config, tensors under
   language_model., a vision tower beside) gives the same file's tensors as its text model.
 """
@@ -24,7 +26,8 @@ import pytest
 import make_tiny_models as tiny
 from conftest import run_fmoe
 from forward_driver import drive
-from test_gguf_llama4 import rope_factors
+from test_gguf_llama4 import rope_factors, write_llama4
+from test_gguf_phimoe import write_phimoe
 from test_quantize import read_checkpoint
 
 import gguf  # noqa: E402  (tests/python/requirements.txt)
@@ -127,6 +130,25 @@ def test_names_and_values_are_the_converters(name, models, converted):
             assert np.allclose(got[k], v, rtol=1e-6, atol=0), (got[k], v)
         else:
             assert np.array_equal(got[k], v), k
+
+
+def fields(path):
+    r = gguf.GGUFReader(str(path))
+    return {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_keys_are_the_converters(name, models, converted, tmp_path):
+    d = models(name)
+    theirs = tmp_path / "theirs.gguf"
+    (write_phimoe if MODELS[name] == "phimoe" else write_llama4)(d, theirs)
+    want, got = fields(theirs), fields(converted(name))
+    for k, v in want.items():
+        assert k in got, k
+        if isinstance(v, float):
+            assert got[k] == pytest.approx(v, rel=1e-6), (k, got[k], v)
+        else:
+            assert got[k] == v, (k, got[k], v)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
