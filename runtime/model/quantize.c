@@ -48,6 +48,7 @@
 #include "half.h"
 #include "fmoe/quant.h"
 #include "fmoe/safetensors.h"
+#include "quant_block.h"
 
 #include "../backend/threadpool.h"
 
@@ -441,8 +442,9 @@ static int add_gptoss_float(plan *p, int32_t i) {
  * gpt-oss's MXFP4 experts of layer i (OpenAI's layout: family_gptoss.c), written as
  * llama.cpp's GptOssModel.repack_mxfp4 writes them: ffn_gate_exps and ffn_up_exps [J][I][h]
  * from the even and odd rows of gate_up_proj_blocks/_scales, ffn_down_exps [J][h][I] from
- * down_proj's, each block repacked into ggml's order (repack_mxfp4_row) with its scale byte,
- * never requantised: the file holds the checkpoint's numbers exactly. Another
+ * down_proj's, each block with its scale byte repacked into ggml's order
+ * (fmoe__mxfp4_from_openai), never requantised: the file holds the checkpoint's numbers
+ * exactly. Another
  * --experts-type would requantise already-quantised numbers; that is refused.
  */
 static int add_gptoss_mxfp4(plan *p, int32_t i) {
@@ -1169,24 +1171,8 @@ static int check_finite(const fmoe_st_tensor *s, const float *row, int64_t n, in
     return 0;
 }
 
-/* One row of G MXFP4 blocks from OpenAI's layout (blocks [G][16]: value 2k in the low
- * nibble of byte k, 2k + 1 in the high one; scales [G]) into ggml's (per block the scale
- * byte, then value l < 16 in the low nibble of byte l and l + 16 in its high one): the
- * nibbles move, no number changes (family_gptoss.c reads them alike). */
-static void repack_mxfp4_row(const uint8_t *blocks, const uint8_t *scales, int64_t G,
-                             uint8_t *out) {
-    for (int64_t g = 0; g < G; g++, out += FMOE_MXFP4_BYTES) {
-        const uint8_t *in = blocks + g * 16;
-        out[0] = scales[g];
-        for (int l = 0; l < 16; l++) {
-            const uint8_t lo = (in[l / 2] >> (4 * (l & 1))) & 0xF;
-            const uint8_t hi = (in[8 + l / 2] >> (4 * (l & 1))) & 0xF;
-            out[1 + l] = (uint8_t)(lo | hi << 4);
-        }
-    }
-}
-
-/* An MXFP4 output copied from the checkpoint's blocks (add_gptoss_mxfp4). */
+/* An MXFP4 output copied from the checkpoint's blocks (add_gptoss_mxfp4): each block's
+ * nibbles moved into ggml's order (quant_block.h), no number changed. */
 static int write_mxfp4_copy(writer *w, const out_tensor *o) {
     const fmoe_st_tensor *bl = o->src[0], *sc = o->mx_scales;
     const int64_t G = o->ne[0] / 32, R = bl->shape[1], rb = G * FMOE_MXFP4_BYTES;
@@ -1199,8 +1185,10 @@ static int write_mxfp4_copy(writer *w, const out_tensor *o) {
     for (int64_t x = 0; x < o->ne[2]; x++)
         for (int64_t r = 0; r < o->ne[1]; r++) {
             const int64_t sr = x * R + o->mx_first + r * o->mx_step;
-            repack_mxfp4_row((const uint8_t *)bl->data + sr * G * 16,
-                             (const uint8_t *)sc->data + sr * G, G, w->out);
+            const uint8_t *in = (const uint8_t *)bl->data + sr * G * 16;
+            const uint8_t *scale = (const uint8_t *)sc->data + sr * G;
+            for (int64_t g = 0; g < G; g++)
+                fmoe__mxfp4_from_openai(in + g * 16, scale[g], w->out + g * FMOE_MXFP4_BYTES);
             FMOE_FORWARD_IF_ERROR(write_all(w->f, w->out, (size_t)rb, w->path));
         }
     return 0;
