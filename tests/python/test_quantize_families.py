@@ -276,6 +276,22 @@ def test_gptoss_mxfp4_not_requantised(models, fmoe_bin, tmp_path):
     assert types["blk.0.attn_q.weight"] == Q.Q8_0
 
 
+def test_gptoss_mxfp4_bad_scales_refused(fmoe_bin, tmp_path):
+    """Scales of the wrong shape: one line naming the tensor and the shape expected, no
+    file left."""
+    d = tmp_path / "bad"
+    tensors = tiny.write_gpt_oss_mxfp4(d)
+    w = "model.layers.1.mlp.experts.down_proj_scales"
+    tensors[w] = (tensors[w][0][:, :, :1], "U8")
+    tiny.save_safetensors(d / "model.safetensors", tensors)
+    out = tmp_path / "m.gguf"
+    p = run_fmoe(fmoe_bin, "quantize", "--type", "f32", d, "-o", out, check=False)
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and w in lines[0] and "MXFP4 scales" in lines[0], lines
+    assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
+
+
 @pytest.mark.parametrize("name", ["qwen3_moe", "gpt_oss"])
 def test_experts_type_mxfp4_is_gguf_pys_quantiser(name, models, driver, fmoe_bin, tmp_path):
     """--experts-type mxfp4 on float experts: each stacked expert tensor is gguf-py's
