@@ -633,16 +633,19 @@ static int add_rope_freqs(plan *p) {
     float f[512];
     FMOE_RETURN_ERROR_IF(n > 512, FMOE_EUNSUPPORTED, "%s: head_dim %lld: at most 1024 for "
                          "rope_freqs", p->dir, (long long)D);
+    /* in float32, step by step, as the converter's torch arithmetic runs (its frequencies
+     * are a float32 tensor, so every value derived from one is float32 too, and the
+     * Python numbers it meets are rounded to float32 first) */
     for (int64_t k = 0; k < n; k++) {
-        const double freq = 1.0 / pow(base, (double)(2 * k) / (double)D);
-        const double wl = 2 * M_PI / freq;
-        if (wl < old / hi) {
+        const float freq = 1.0f / powf((float)base, (float)(2 * k) / (float)D);
+        const float wl = (float)(2 * M_PI) / freq;
+        if (wl < (float)(old / hi)) {
             f[k] = 1.0f;
-        } else if (wl > old / lo) {
+        } else if (wl > (float)(old / lo)) {
             f[k] = (float)factor;
         } else {
-            const double smooth = (old / wl - lo) / (hi - lo);
-            f[k] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+            const float smooth = ((float)old / wl - (float)lo) / (float)(hi - lo);
+            f[k] = 1.0f / ((1.0f - smooth) / (float)factor + smooth);
         }
     }
     return add_made(p, 0, "rope_freqs.weight", f, n);

@@ -14,10 +14,14 @@
 - Every key test_gguf_phimoe.py's and test_gguf_llama4.py's writers (the converters'
   set_gguf_parameters written again with gguf-py) put in a file is in ours with the same
   value; llama.cpp's keys alone (fmoe.hf_config renamed away) rebuild the geometry.
+- rope_freqs is bit for bit the converter's float32 torch arithmetic (replayed in NumPy
+  float32, which gives torch's bits on Llama 3.1's parameters), on the 64 frequencies of a
+  128-wide head with Llama 3.1's scaling (six in the smooth band).
 - A multimodal Llama 4 checkpoint (config under text_config, tensors under
   language_model., a vision tower beside) gives the same file's tensors as its text model.
 """
 import json
+import math
 import shutil
 
 import numpy as np
@@ -194,3 +198,38 @@ def test_llama4_multimodal_checkpoint_writes_its_text_model(models, converted, f
     assert sorted(got) == sorted(want)
     for k in want:
         assert np.array_equal(got[k], want[k]), k
+
+
+def converter_rope_freqs(rp, dim):
+    """LlamaModel.generate_extra_tensors in NumPy float32: its frequencies are a float32
+    torch tensor, so each value derived from one is float32 and the Python numbers it meets
+    are rounded to float32 first."""
+    f32 = np.float32
+    freqs = f32(1) / np.power(f32(rp["rope_theta"]), np.arange(0, dim, 2, dtype=f32) / f32(dim))
+    factor, lo, hi = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+    old = rp["original_max_position_embeddings"]
+    out = []
+    for fr in freqs:
+        wl = f32(2 * math.pi) / fr
+        if wl < f32(old / hi):
+            out.append(f32(1))
+        elif wl > f32(old / lo):
+            out.append(f32(factor))
+        else:
+            sm = (f32(old) / wl - f32(lo)) / f32(hi - lo)
+            out.append(f32(1) / ((f32(1) - sm) / f32(factor) + sm))
+    return np.array(out, f32)
+
+
+def test_llama4_rope_freqs_bit_exact(models, fmoe_bin, tmp_path):
+    from test_gguf_deepseek2 import with_config
+    rp = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+          "rope_theta": 500000.0}
+    d = with_config(models("llama4"), tmp_path / "l31", head_dim=128, rope_parameters=rp)
+    out = tmp_path / "m.gguf"
+    run_fmoe(fmoe_bin, "quantize", "--type", "f32", d, "-o", out, "--quiet")
+    got = f32_tensors(out)["rope_freqs.weight"]
+    want = converter_rope_freqs(rp, 128)
+    assert ((want > 1) & (want < 8)).sum() >= 4  # the smooth band is exercised
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (got, want)
