@@ -89,14 +89,14 @@ int fmoe_ggml_type_parse(const char *name, fmoe_ggml_type *out) {
 
 int fmoe_quant_supported(uint32_t t) {
     return t == FMOE_GGML_F32 || t == FMOE_GGML_F16 || t == FMOE_GGML_BF16 ||
-           t == FMOE_GGML_MXFP4 || fmoe__is_iq(t) || fmoe_quant_can_quantize(t);
+           fmoe__is_iq(t) || fmoe_quant_can_quantize(t);
 }
 
 int fmoe_quant_can_quantize(uint32_t t) {
     return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q6_K ||
            t == FMOE_GGML_Q4_0 || t == FMOE_GGML_Q4_1 || t == FMOE_GGML_Q5_0 || t == FMOE_GGML_Q5_1 ||
            t == FMOE_GGML_IQ4_NL || t == FMOE_GGML_Q2_K || t == FMOE_GGML_Q3_K ||
-           t == FMOE_GGML_IQ4_XS;
+           t == FMOE_GGML_IQ4_XS || t == FMOE_GGML_MXFP4;
 }
 
 /* llama.cpp's rule (src/llama-quant.cpp, llama_tensor_get_type's fallback for a row that

@@ -245,6 +245,19 @@ static inline FMOE_HD float fmoe__e8m0_half(uint8_t e) {
     return v.f;
 }
 
+/* One block of OpenAI's MXFP4 layout (gpt-oss checkpoints; transformers'
+ * integrations/mxfp4.py: 16 bytes, value 2k in the low nibble of byte k and 2k + 1 in its
+ * high one) with its E8M0 scale byte, as a ggml block out[17]: the same numbers, the
+ * nibbles moved (llama.cpp's converter does this in GptOssModel.repack_mxfp4). */
+static inline void fmoe__mxfp4_from_openai(const uint8_t *in, uint8_t scale, uint8_t *out) {
+    out[0] = scale;
+    for (int l = 0; l < 16; l++) { /* value l from byte l/2, value l + 16 from 8 + l/2 */
+        const uint8_t lo = (in[l / 2] >> (4 * (l & 1))) & 0xF;
+        const uint8_t hi = (in[8 + l / 2] >> (4 * (l & 1))) & 0xF;
+        out[1 + l] = (uint8_t)(lo | hi << 4);
+    }
+}
+
 /* Values l0..l0+n-1 (l0 + n <= 32) of an MXFP4 block into y[n]. */
 static inline FMOE_HD void fmoe__mxfp4_values(const uint8_t *b, int l0, int n, float *y) {
     const int8_t levels[16] = FMOE__MXFP4_LEVELS;

@@ -114,6 +114,9 @@ float fmoe__make_qkx2_quants(int n, int nmax, const float *x, const float *w, ui
 void fmoe__quantize_k23_block(uint32_t type, const float *x, uint8_t *dst);
 void fmoe__quantize_iq4_xs_block(const float *x, uint8_t *dst);
 
+/* One MXFP4 block from x[32] (lib/quant_mxfp4.c: ggml's reference quantiser). */
+void fmoe__quantize_mxfp4_block(const float *x, uint8_t *dst);
+
 /* The kernel levels, lowest first: plain C (the reference), AVX2 (+ FMA, F16C), AVX-512
  * (F, BW and VL on top of AVX2: lib/quant_avx512.c, lib/quant_act_avx512.c). A level runs only on a CPU that
  * has every instruction of it and of the levels below. */
