@@ -94,6 +94,15 @@
 // CPU's by summation order only. Other ggml types have no kernel and are refused in one
 // line (mat_data).
 //
+// The ops of the families added later (docs/gpu.md, "New model families"): route runs
+// fmoe_route_row_grouped (DeepSeek-V2/V3 and GLM-4.5's groups and score correction bias,
+// Phi-3.5-MoE's sparsemixer) as the CPU does, one thread per token, the bias mapped like
+// any model vector; rope_partial is the rope kernel over the first rot_dim of each head;
+// layernorm is rmsnorm's block per row with fmoe_layernorm_row's sums; attention takes
+// gpt-oss's sinks (one more logit in the max and the denominator); swiglu_clamped is
+// element-wise; mla_attention checks its arguments here and queues cuda_mla.cu's kernels.
+// Written to be checked first, like the rest; none of them has run on a GPU yet.
+//
 // Rounding. The module is compiled with --fmad=false (runtime/meson.build), so a*b+c in
 // the shared row functions rounds twice, as on the CPU (gcc does not contract into FMA
 // without -mfma); where the CPU's SIMD code fuses (attention's dot and axpy) the kernels
