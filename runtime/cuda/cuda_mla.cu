@@ -8,8 +8,9 @@
 //
 // Three steps queued on the compute stream, the CPU's order:
 //   1. rotary dims: one thread per query head row and per kv row runs
-//      fmoe_rope_head_pairs (lib/rowwise.h), the very C cpu_mla.c runs, so the rotated
-//      values are the CPU's bit for bit (--fmad=false: a·c - b·s rounds twice on both);
+//      fmoe_rope_head_pairs (lib/rowwise.h), the very C cpu_mla.c runs, with the same
+//      roundings (--fmad=false: a·c - b·s rounds twice, as in the CPU's ISO C build);
+//      test_backend_ops compares them under rope's tolerance, claiming no more;
 //   2. kv's n rows into the latent cache at pos0 (a device-to-device copy);
 //   3. heads: one block per head, at most scratch_slots blocks (each loops over heads
 //      h = blockIdx.x, blockIdx.x + gridDim.x, ...), each using its own slot of the

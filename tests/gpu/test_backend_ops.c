@@ -1208,14 +1208,16 @@ TEST(swiglu_clamped) {
 
 /* gpt-oss's attention sinks: a logit per head in the softmax, no value. Large sinks take
  * most of the probability (outputs near 0), small ones little; windows and GQA groups as
- * gpt-oss has them, and the long-context path (scores in global memory) once. */
+ * gpt-oss has them. The sink is added after the scores wherever they are kept, so the
+ * long-context path (scores in global memory, TEST(attention)'s 60000 keys) is left out
+ * here: under memcheck_ops it would cost seconds for no new line of the kernel. */
 TEST(attention_sinks) {
     seed(23);
     int bad = 0;
     /* n, pos0, Hq, Hkv, D, window, sink scale */
     static const int32_t cases[][7] = {
         {1, 37, 4, 4, 64, 0, 2},  {13, 0, 8, 2, 64, 0, 2},  {1, 100, 8, 2, 64, 4, 8},
-        {9, 30, 4, 1, 64, 4, 1},  {1, 0, 2, 2, 64, 0, 8},   {2, 60000, 2, 1, 64, 0, 2},
+        {9, 30, 4, 1, 64, 4, 1},  {1, 0, 2, 2, 64, 0, 8},   {3, 5, 6, 3, 128, 100, 2},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int32_t n = cases[c][0], pos0 = cases[c][1], Hq = cases[c][2], Hkv = cases[c][3];
