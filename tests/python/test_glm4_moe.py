@@ -10,7 +10,7 @@ experts at every MoE layer for every token (read from transformers' gates), the 
 32-token greedy continuation, for a prefill, a prefill in chunks of 5 and a token-by-token
 prompt. Then each GLM setting is shown to matter (changed, the logits or routes leave the
 reference), the multi-token-prediction layer a real checkpoint carries is shown to be
-skipped, and the CUDA backend refuses the family in one line.
+skipped, and the CUDA backend no longer refuses the family (its kernels: docs/gpu.md).
 """
 import json
 import os

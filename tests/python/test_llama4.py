@@ -6,7 +6,7 @@ QK L2 norm, layer 3 NoPE with query temperature tuning, llama3 rope scaling). It
 prefill, chunked prefill and token-by-token decode are test_forward.py's
 (test_forward_matches_reference, test_cache_and_chunking_agree); here: each feature is
 shown to matter (a config without it moves the logits far past the tolerance), the
-multimodal checkpoint's layout, and the CUDA refusal.
+multimodal checkpoint's layout, and that the CUDA backend no longer refuses it.
 
 Two features have no config switch, and were checked by hand on this reference (the
 tolerance is 1e-3; fmoe's maximum difference is 1e-5): applying the router weight to the
