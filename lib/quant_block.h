@@ -7,7 +7,7 @@
  * include: the GPU dequantises with the very arithmetic that
  * tests/python/test_gguf_quants.py checks bit for bit against gguf-py (internal; FMOE_HD
  * marks every function for host and device under nvcc). The CUDA backend has kernels
- * for Q8_0 and the K-quants only so far (fmoe__qblock_cuda_has).
+ * for Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 only so far (fmoe__qblock_cuda_has).
  *
  * The byte layouts are ggml's (ggml-common.h); fmoe/quant.h lists them. Each value is
  * computed on its own, in ggml's order of operations (dequantize_row_*): the block's f16
@@ -75,10 +75,10 @@ static inline FMOE_HD int32_t fmoe__qblock_bytes(uint32_t type) {
 /* 1 for the block types the CUDA backend has kernels for (runtime/cuda/cuda_quant.cu's
  * fmoe__cuda_quant_has, and the host's refusal of a model before it runs:
  * runtime/model/backend_types.c): the 32-value Q4_0 .. IQ4_NL, Q2_K, Q3_K and IQ4_XS are
- * CPU-only so far. */
+ * CPU-only so far. MXFP4 (gpt-oss's experts) has them, compiled but not yet run on a GPU. */
 static inline FMOE_HD int fmoe__qblock_cuda_has(uint32_t type) {
     return type == FMOE_GGML_Q8_0 || type == FMOE_GGML_Q4_K || type == FMOE_GGML_Q5_K ||
-           type == FMOE_GGML_Q6_K;
+           type == FMOE_GGML_Q6_K || type == FMOE_GGML_MXFP4;
 }
 
 /* The little-endian f16 at p, as f32 (exact). */
