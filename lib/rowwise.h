@@ -72,11 +72,12 @@ static inline FMOE_HD void fmoe_rope_head_pairs(float *x, const float *c, const 
                                                 int32_t dr, int interleave) {
     if (interleave) {
         float tmp[FMOE_ROPE_PAIRS_MAX];
-        for (int32_t i = 0; i < dr / 2; i++) {
+        const int32_t half = dr / 2; /* dr is even: the loops name the 2·half values they set */
+        for (int32_t i = 0; i < half; i++) {
             tmp[i] = x[2 * i];
-            tmp[i + dr / 2] = x[2 * i + 1];
+            tmp[i + half] = x[2 * i + 1];
         }
-        for (int32_t i = 0; i < dr; i++) x[i] = tmp[i];
+        for (int32_t i = 0; i < 2 * half; i++) x[i] = tmp[i];
     }
     fmoe_rope_head(x, c, s, dr);
 }
