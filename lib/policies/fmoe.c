@@ -52,7 +52,8 @@
  * The setting evict=predicted-reuse (fmoe's duel only) adds a third shadow evicting by
  * predicted-reuse's per-expert reuse estimate (reuse_estimate.h), and the duel's recency
  * side evicts by that estimate while its shadow missed less than recency's (off by
- * default; docs/policies.md#fmoe).
+ * default; docs/policies.md#fmoe). evict=request-reuse does the same with the
+ * request-level estimate, its prior K · p from the eviction's p (map_rate).
  *
  * Variants (§6.5): fmoe (semantic + trajectory + delta, p·freq), fmoe-map-t
  * (trajectory only, the first d layers from popularity; K experts per query), fmoe-map-ts

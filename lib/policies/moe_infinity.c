@@ -67,7 +67,9 @@
  *     2·L·J stamps and 2·N members. The setting evict=predicted-reuse adds a third
  *     shadow, evicting by predicted-reuse's per-expert reuse estimate (reuse_estimate.h),
  *     and the real cache's recency side evicts by that estimate while its shadow missed
- *     less than recency's (docs/policies.md#moe-infinity; off by default).
+ *     less than recency's (docs/policies.md#moe-infinity; off by default); evict=
+ *     request-reuse the same with the request-level estimate, its prior the matched
+ *     rEAM's rate of each expert (matched_rate).
  * No constant was fitted: DUEL_WINDOW is fmoe's, the feedback's constants are the
  * executor's. (Checked, not tuned: 64 keeps every trace of docs/results.md within 1.02 x LRU as 256
  * does; 1024, more misses than Qwen1.5-MoE's replay has at 90% of the experts, lets the

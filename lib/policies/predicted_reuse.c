@@ -27,6 +27,12 @@
  *                     it (reuse_overdue=0) an expert hot long ago keeps its slot for good:
  *                     unguarded, that lost 31% of LRU's hits on synthetic A (a tuning trace
  *                     of docs/results.md).
+ *   estimate=request  the request-level signal of MoE-Infinity §4.2 (a request reuses a few
+ *                     experts far more than the model does overall): next use = last access
+ *                     + (mean accesses per iteration) / r, r the expert's share of this
+ *                     request's iterations, shrunk towards its share of all iterations by
+ *                     request_weight iterations; the same overdue rule (reuse_estimate.h,
+ *                     where a policy can also plug in its own predicted rate).
  *
  * Ties in predicted next use go to the least recently accessed, then the lowest slot, as in
  * belady.c.
@@ -323,7 +329,8 @@ static void pr_on_iteration_start(void *state, const fmoe_policy_env *env,
                                   const fmoe_iteration_event *ev) {
     (void)ev;
     predicted_reuse_state *s = state;
-    if (s->estimate == EST_REQUEST) fmoe__reuse_estimate_iteration_start(&s->reuse, env->cache->tick);
+    if (s->estimate == EST_REQUEST)
+        fmoe__reuse_estimate_iteration_start(&s->reuse, env->cache->tick);
 }
 
 const fmoe_policy_ops fmoe_policy_predicted_reuse = {

@@ -17,7 +17,8 @@ int fmoe__reuse_evict_init(fmoe__reuse_evict *x, fmoe__evict_rule rule,
     /* predicted-reuse's defaults: reuse_half_life 4, reuse_prior 2, reuse_overdue 2,
      * guard_margin 0.01, request_weight 4 */
     int rc = fmoe__lru_guard_init(&x->guard, ne, cfg->capacity, 0.01);
-    if (rc == 0) rc = fmoe__reuse_estimate_init(&x->est, cfg->num_layers, cfg->num_experts, 4, 2, 2);
+    if (rc == 0)
+        rc = fmoe__reuse_estimate_init(&x->est, cfg->num_layers, cfg->num_experts, 4, 2, 2);
     if (rc == 0 && rule == FMOE__EVICT_REQUEST)
         rc = fmoe__reuse_estimate_use_request(&x->est, cfg->num_layers, 4);
     if (rc < 0) fmoe__reuse_evict_free(x);
