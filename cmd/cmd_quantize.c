@@ -52,12 +52,13 @@ static const int32_t type_values[] = {
 /* --experts-type: block types only (here q2_k is the Q2_K type itself). */
 static const char *const expert_type_names[] = {
     "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1",
-    "iq4_nl", "iq3_xxs", "iq3_s", "iq2_s", "iq2_xxs", "iq2_xs", "iq1_s", "iq1_m", NULL};
+    "iq4_nl", "mxfp4", "iq3_xxs", "iq3_s", "iq2_s", "iq2_xxs", "iq2_xs", "iq1_s", "iq1_m",
+    NULL};
 static const int32_t expert_type_values[] = {
     FMOE_GGML_Q8_0, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
     FMOE_GGML_Q6_K, FMOE_GGML_IQ4_XS, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
-    FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S, FMOE_GGML_IQ2_S,
-    FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
+    FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_MXFP4, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S,
+    FMOE_GGML_IQ2_S, FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
 
 /* The i-quants llama-quantize refuses without an importance matrix although its quantiser
  * runs without one (src/llama-quant.cpp, tensor_requires_imatrix: IQ3_XXS and IQ2_S, but
@@ -78,8 +79,8 @@ static const cmd_option quantize_options[] = {
      .example = "q4_k_m"},
     {.name = "experts-type", .kind = CMD_OPT_ENUM, .value_name = "T",
      .help = "the block format of the routed experts (q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
-             "iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq3_xxs, iq3_s, iq2_s; with --imatrix "
-             "also iq2_xs, iq2_xxs, iq1_s, iq1_m); every other tensor as --type says",
+             "iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, iq3_xxs, iq3_s, iq2_s; with "
+             "--imatrix also iq2_xs, iq2_xxs, iq1_s, iq1_m); every other tensor as --type says",
      .offset = offsetof(options, experts_type), .choices = expert_type_names,
      .choice_values = expert_type_values, .example = "q3_k"},
     {.name = "output", .short_name = 'o', .kind = CMD_OPT_STRING, .io = CMD_IO_OUTPUT,
@@ -113,9 +114,10 @@ const cmd_spec cmd_quantize_spec = {
              "[--imatrix FILE] [--experts-only]",
     .description =
         "Write a HuggingFace MoE checkpoint (config.json + safetensors of Mixtral,\n"
-        "Qwen2-MoE, Qwen3-MoE, OLMoE or DeepSeek-MoE V1) as a GGUF file, named and laid\n"
-        "out as llama.cpp's converter does, with its 2-D weights in a ggml block format\n"
-        "(norms and routers stay F32).\n",
+        "Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-MoE V1/V2/V3, GLM-4.5, gpt-oss (float or\n"
+        "MXFP4 experts), Phi-3.5-MoE or Llama 4's text model) as a GGUF file, named and\n"
+        "laid out as llama.cpp's converter does, with its 2-D weights in a ggml block\n"
+        "format (norms and routers stay F32; gpt-oss's MXFP4 experts are copied as is).\n",
     .options = quantize_options,
     .epilog = "A mix chooses each tensor's type as llama-quantize does for that name: for\n"
               "q4_k_m, Q6_K for the output head and for ffn_down and attn_v of the first\n"

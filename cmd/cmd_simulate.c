@@ -200,6 +200,69 @@ done:
 
 /* ------------------------------------------------------------------ main */
 
+/* The one cell of --decision-log, its decisions written to the log as they are made.
+ * @return 0 or a negative FMOE_E* code (detail set). */
+static int run_logged_cell(const options *o, sim_unit *u, fmoe_sim_config *cell,
+                           fmoe_sim_result *res) {
+    fmoe_decision_log *log = NULL;
+    char meta[256];
+    cmd_decision_log_meta(meta, sizeof meta, cell->policy, cell->cache_experts,
+                          cell->prefetch_distance, o->copy_chunks);
+    int rc = fmoe_decision_log_open(&log, o->decision_log, "simulate", meta);
+    if (rc < 0) return rc;
+    cell->decision = fmoe_decision_log_write;
+    cell->decision_ctx = log;
+    rc = fmoe_sim_run(&u->w, cell, res);
+    const int rc2 = fmoe_decision_log_close(log, rc == 0);
+    return rc == 0 ? rc2 : rc;
+}
+
+/* The results as asked: --csv, --plot, then --json or the table (per unit, in order;
+ * order[n] is the table's scratch for its sorting).
+ * @return the exit status. */
+static int print_results(const options *o, const sim_unit *units, int nunits,
+                         const fmoe_sim_result *res, size_t n, size_t *order) {
+    if (o->csv) {
+        const char **prefix = NULL;
+        if (nunits > 1 && !(prefix = calloc(2 * n, sizeof *prefix)))
+            return cmd_failf(CMD, "out of memory");
+        for (int u = 0; prefix && u < nunits; u++)
+            for (size_t i = units[u].cell0; i < units[u].cell0 + units[u].ncells; i++) {
+                prefix[2 * i] = units[u].trace;
+                prefix[2 * i + 1] = units[u].hw_key;
+            }
+        const int exit_code = simulate_write_csv(o->csv, res, n, prefix);
+        free(prefix);
+        if (exit_code) return exit_code;
+    }
+    int rc;
+    if (o->plot && (rc = simulate_write_plot(o->plot, units[0].trace, res, n)) < 0)
+        return cmd_fail(CMD, rc);
+    if (o->json) {
+        /* one unit: its document, as ever; several: {"sweeps": [one per unit]} */
+        cJSON *all = nunits > 1 ? cJSON_CreateObject() : NULL;
+        cJSON *list = all ? cJSON_AddArrayToObject(all, "sweeps") : NULL;
+        cJSON *doc = NULL;
+        for (int u = 0; u < nunits; u++) {
+            const sim_unit *x = &units[u];
+            const options uo = simulate_unit_options(o, x);
+            doc = simulate_unit_json(&uo, &x->hw, x->expert_bytes, &x->es, &x->w, res + x->cell0, x->ncells);
+            if (list) cJSON_AddItemToArray(list, doc);
+        }
+        if (cmd_print_json(all ? all : doc) != 0) return cmd_failf(CMD, "out of memory");
+    } else if (!o->csv || strcmp(o->csv, "-") != 0) {
+        for (int u = 0; u < nunits; u++) {
+            const sim_unit *x = &units[u];
+            const options uo = simulate_unit_options(o, x);
+            if (u) printf("\n");
+            simulate_print_table(&uo, &x->hw, x->expert_bytes, &x->es, &x->w, res + x->cell0, x->ncells,
+                        order + x->cell0);
+            if (uo.gap_split) simulate_print_gap_split(res + x->cell0, x->ncells, order + x->cell0);
+        }
+    }
+    return CMD_EXIT_OK;
+}
+
 static int simulate(options *o, const cmd_mpi_world *world) {
     char **traces = NULL;
     int ntraces = 0, nunits = 0;
@@ -267,17 +330,7 @@ prepared:
                                              "and one distance (%zu runs asked)", n);
             goto done;
         }
-        fmoe_decision_log *log = NULL;
-        char meta[256];
-        cmd_decision_log_meta(meta, sizeof meta, cells[0].policy, cells[0].cache_experts,
-                              cells[0].prefetch_distance, o->copy_chunks);
-        if ((rc = fmoe_decision_log_open(&log, o->decision_log, "simulate", meta)) < 0) goto fail;
-        cells[0].decision = fmoe_decision_log_write;
-        cells[0].decision_ctx = log;
-        rc = fmoe_sim_run(&units[0].w, &cells[0], &res[0]);
-        const int rc2 = fmoe_decision_log_close(log, rc == 0);
-        if (rc == 0) rc = rc2;
-        if (rc < 0) goto fail;
+        if ((rc = run_logged_cell(o, &units[0], &cells[0], &res[0])) < 0) goto fail;
     } else if (o->sweep_out || world->size > 1) {
         if ((exit_code = run_job(o, world, units, nunits, cells, n, res)) != 0) goto done;
     } else {
@@ -291,45 +344,8 @@ prepared:
             if (rc < 0) goto fail;
         }
     }
-    if (world->rank != 0) goto done; /* rank 0 prints the one result */
-    if (o->csv) {
-        const char **prefix = NULL;
-        if (nunits > 1 && !(prefix = calloc(2 * n, sizeof *prefix))) {
-            exit_code = cmd_failf(CMD, "out of memory");
-            goto done;
-        }
-        for (int u = 0; prefix && u < nunits; u++)
-            for (size_t i = units[u].cell0; i < units[u].cell0 + units[u].ncells; i++) {
-                prefix[2 * i] = units[u].trace;
-                prefix[2 * i + 1] = units[u].hw_key;
-            }
-        exit_code = simulate_write_csv(o->csv, res, n, prefix);
-        free(prefix);
-        if (exit_code) goto done;
-    }
-    if (o->plot && (rc = simulate_write_plot(o->plot, units[0].trace, res, n)) < 0) goto fail;
-    if (o->json) {
-        /* one unit: its document, as ever; several: {"sweeps": [one per unit]} */
-        cJSON *all = nunits > 1 ? cJSON_CreateObject() : NULL;
-        cJSON *list = all ? cJSON_AddArrayToObject(all, "sweeps") : NULL;
-        cJSON *doc = NULL;
-        for (int u = 0; u < nunits; u++) {
-            const sim_unit *x = &units[u];
-            const options uo = simulate_unit_options(o, x);
-            doc = simulate_unit_json(&uo, &x->hw, x->expert_bytes, &x->es, &x->w, res + x->cell0, x->ncells);
-            if (list) cJSON_AddItemToArray(list, doc);
-        }
-        if (cmd_print_json(all ? all : doc) != 0) exit_code = cmd_failf(CMD, "out of memory");
-    } else if (!o->csv || strcmp(o->csv, "-") != 0) {
-        for (int u = 0; u < nunits; u++) {
-            const sim_unit *x = &units[u];
-            const options uo = simulate_unit_options(o, x);
-            if (u) printf("\n");
-            simulate_print_table(&uo, &x->hw, x->expert_bytes, &x->es, &x->w, res + x->cell0, x->ncells,
-                        order + x->cell0);
-            if (uo.gap_split) simulate_print_gap_split(res + x->cell0, x->ncells, order + x->cell0);
-        }
-    }
+    if (world->rank == 0) /* rank 0 prints the one result */
+        exit_code = print_results(o, units, nunits, res, n, order);
     goto done;
 fail:
     exit_code = cmd_fail(CMD, rc);

@@ -216,8 +216,8 @@ const cmd_spec cmd_trace_spec = {
         "  recover  what a killed record or serve --trace-out left -> a valid trace\n"
         "  merge    traces of one model and options (record's MPI shards) -> one trace\n",
     .options = trace_options,
-    .epilog = "Run 'fmoe trace import --help' or 'fmoe trace recover --help' for their "
-              "options.\n",
+    .epilog = "Run 'fmoe trace import --help', 'fmoe trace recover --help' or 'fmoe trace "
+              "merge --help' for their options.\n",
 };
 
 /* ------------------------------------------------------------------ recover */

@@ -423,6 +423,106 @@ static void print_report(const options *o, const ctx *c, const cmd_train_traces 
                c->S);
 }
 
+/* The geometry the training reads: the first trace's, with the speculative depth and
+ * the probabilities that every trace has. */
+static void trace_geometry(ctx *c, const cmd_train_traces *tt, int32_t num_traces) {
+    c->readers = tt->readers;
+    const fmoe_trace_header *h0 = tt->h0;
+    c->L = h0->num_layers;
+    c->J = h0->num_experts;
+    c->K = h0->top_k;
+    c->h = h0->hidden_dim;
+    c->S = h0->speculative_depth;
+    c->probs_kind = h0->probs_kind;
+    for (int32_t s = 1; s < num_traces; s++) {
+        const fmoe_trace_header *h = fmoe_trace_reader_header(tt->readers[s]);
+        if (h->speculative_depth < c->S) c->S = h->speculative_depth;
+        if (h->probs_kind == FMOE_PROBS_NONE) c->probs_kind = FMOE_PROBS_NONE;
+    }
+}
+
+/* One request's token buffers, sized for the longest request of any trace. @return 0 or
+ * -1 (out of memory). */
+static int alloc_token_buffers(ctx *c, const cmd_train_traces *tt, int32_t num_traces) {
+    if (c->S > 0)
+        for (int32_t s = 0; s < num_traces; s++)
+            if (fmoe_trace_reader_header(tt->readers[s])->speculative_depth != c->S) {
+                c->S = 0; /* differing depths: the [L][S][J] rows would not line up */
+                break;
+            }
+    for (int32_t s = 0; s < num_traces; s++) {
+        const fmoe_trace_request_info *ri = fmoe_trace_reader_requests(tt->readers[s]);
+        for (int64_t r = 0; r < fmoe_trace_reader_num_requests(tt->readers[s]); r++)
+            if (ri[r].token_count > c->max_req_tokens) c->max_req_tokens = ri[r].token_count;
+    }
+    const size_t M = (size_t)(c->max_req_tokens > 0 ? c->max_req_tokens : 1), L = (size_t)c->L;
+    c->hid = malloc(M * L * (size_t)c->h * sizeof(float));
+    c->probs =
+        c->probs_kind != FMOE_PROBS_NONE ? malloc(M * L * (size_t)c->J * sizeof(float)) : NULL;
+    c->ex = malloc(M * L * (size_t)c->K * sizeof(uint16_t));
+    c->tok = malloc(M * sizeof(int32_t));
+    c->spec = c->S > 0 ? malloc(M * L * (size_t)c->S * (size_t)c->J * sizeof(float)) : NULL;
+    if (!c->hid || !c->ex || !c->tok || (c->probs_kind != FMOE_PROBS_NONE && !c->probs) ||
+        (c->S > 0 && !c->spec))
+        return -1;
+    return 0;
+}
+
+static void free_token_buffers(ctx *c) {
+    free(c->hid);
+    free(c->probs);
+    free(c->ex);
+    free(c->tok);
+    free(c->spec);
+}
+
+/* Trains and scores predictor layers 1..L-1 in turn, each on its own rows gathered from
+ * the training requests and validated on the held-out ones; *train_rows and *val_rows
+ * are the last layer's. @return 0 or a negative FMOE_E* code (detail set). */
+static int train_layers(ctx *c, const options *o, const cmd_train_traces *tt,
+                        fmoe_predictor *pred, layer_result *res, int64_t *train_rows,
+                        int64_t *val_rows) {
+    rows train = {0}, val = {0};
+    int rc = 0;
+    openblas_set_num_threads(o->threads);
+    progress_ctx prog = {.num_layers = c->L, .max_epochs = o->epochs};
+    cmd_train_progress_start(&prog.bar, "training", o->quiet);
+    for (int32_t i = 1; i < c->L; i++) {
+        const int32_t from = fmoe_promoe_source_layer(i, o->stride);
+        res[i].source_layer = from;
+        if ((rc = gather(c, i, from, tt->reqs, tt->num_train, &train)) < 0 ||
+            (rc = gather(c, i, from, tt->reqs + tt->num_train, tt->num_requests - tt->num_train,
+                         &val)) < 0)
+            break;
+        *train_rows = train.n;
+        *val_rows = val.n;
+        if (train.n < 1) {
+            rc = fmoe_error_set(FMOE_EINVAL, "the training requests hold no tokens");
+            break;
+        }
+        prog.layer = i;
+        const fmoe_mlp_train_params tp = {.batch = o->batch,
+                                          .max_epochs = o->epochs,
+                                          .patience = o->patience,
+                                          .lr = o->lr,
+                                          /* one stream per layer from the one seed */
+                                          .seed = (uint64_t)o->seed * 0x100000001B3ull + (uint64_t)i,
+                                          .on_epoch = on_epoch,
+                                          .ctx = &prog};
+        if ((rc = fmoe_mlp_train(&pred->layers[i], train.x, train.t, train.n, val.x, val.t, val.n,
+                                 &tp, &res[i].train)) < 0 ||
+            (rc = score_layer(&pred->layers[i], &val, &train, c->J, c->K, &res[i])) < 0)
+            break;
+        pred->val_accuracy[i] = (float)res[i].learned;
+        rows_free(&train);
+        rows_free(&val);
+    }
+    cmd_progress_bar_done(&prog.bar.bar);
+    rows_free(&train);
+    rows_free(&val);
+    return rc;
+}
+
 int cmd_train_predictor(int argc, char **argv) {
     options o;
     init(&o);
@@ -450,24 +550,11 @@ int cmd_train_predictor(int argc, char **argv) {
     cmd_train_traces tt;
     layer_result *res = NULL;
     fmoe_predictor *pred = NULL;
-    rows train = {0}, val = {0};
     int exit_code =
         cmd_train_traces_open(CMD, (const char *const *)o.traces.items, o.traces.n, 1, &tt);
     if (exit_code != 0) goto done;
     exit_code = CMD_EXIT_FAILURE;
-    c.readers = tt.readers;
-    const fmoe_trace_header *h0 = tt.h0;
-    c.L = h0->num_layers;
-    c.J = h0->num_experts;
-    c.K = h0->top_k;
-    c.h = h0->hidden_dim;
-    c.S = h0->speculative_depth;
-    c.probs_kind = h0->probs_kind;
-    for (int32_t s = 1; s < o.traces.n; s++) {
-        const fmoe_trace_header *h = fmoe_trace_reader_header(tt.readers[s]);
-        if (h->speculative_depth < c.S) c.S = h->speculative_depth;
-        if (h->probs_kind == FMOE_PROBS_NONE) c.probs_kind = FMOE_PROBS_NONE;
-    }
+    trace_geometry(&c, &tt, o.traces.n);
     if (o.stride >= c.L) {
         exit_code = cmd_usage_error(CMD, "--stride must be below the number of MoE layers (%d in "
                                          "%s), got %d",
@@ -476,31 +563,8 @@ int cmd_train_predictor(int argc, char **argv) {
     }
     if ((exit_code = cmd_train_traces_split(CMD, &tt, o.split, o.seed)) != 0) goto done;
     exit_code = CMD_EXIT_FAILURE;
-    if (c.S > 0)
-        for (int32_t s = 0; s < o.traces.n; s++)
-            if (fmoe_trace_reader_header(tt.readers[s])->speculative_depth != c.S) {
-                c.S = 0; /* differing depths: the [L][S][J] rows would not line up */
-                break;
-            }
-    for (int32_t s = 0; s < o.traces.n; s++) {
-        const fmoe_trace_request_info *ri = fmoe_trace_reader_requests(tt.readers[s]);
-        for (int64_t r = 0; r < fmoe_trace_reader_num_requests(tt.readers[s]); r++)
-            if (ri[r].token_count > c.max_req_tokens) c.max_req_tokens = ri[r].token_count;
-    }
     res = calloc((size_t)c.L, sizeof *res);
-    if (!res) {
-        exit_code = cmd_failf(CMD, "out of memory");
-        goto done;
-    }
-
-    const size_t M = (size_t)(c.max_req_tokens > 0 ? c.max_req_tokens : 1), L = (size_t)c.L;
-    c.hid = malloc(M * L * (size_t)c.h * sizeof(float));
-    c.probs = c.probs_kind != FMOE_PROBS_NONE ? malloc(M * L * (size_t)c.J * sizeof(float)) : NULL;
-    c.ex = malloc(M * L * (size_t)c.K * sizeof(uint16_t));
-    c.tok = malloc(M * sizeof(int32_t));
-    c.spec = c.S > 0 ? malloc(M * L * (size_t)c.S * (size_t)c.J * sizeof(float)) : NULL;
-    if (!c.hid || !c.ex || !c.tok || (c.probs_kind != FMOE_PROBS_NONE && !c.probs) ||
-        (c.S > 0 && !c.spec)) {
+    if (!res || alloc_token_buffers(&c, &tt, o.traces.n) < 0) {
         exit_code = cmd_failf(CMD, "out of memory");
         goto done;
     }
@@ -515,43 +579,9 @@ int cmd_train_predictor(int argc, char **argv) {
     }
     cmd_train_label_predictor(&tt, pred, fmoe_probs_kind_name(c.probs_kind), o.seed, o.split);
 
-    openblas_set_num_threads(o.threads);
-    progress_ctx prog = {.num_layers = c.L, .max_epochs = o.epochs};
-    cmd_train_progress_start(&prog.bar, "training", o.quiet);
     const double t0 = cmd_now();
     int64_t train_rows = 0, val_rows = 0;
-    for (int32_t i = 1; i < c.L; i++) {
-        const int32_t from = fmoe_promoe_source_layer(i, o.stride);
-        res[i].source_layer = from;
-        if ((rc = gather(&c, i, from, tt.reqs, tt.num_train, &train)) < 0 ||
-            (rc = gather(&c, i, from, tt.reqs + tt.num_train, tt.num_requests - tt.num_train,
-                         &val)) < 0)
-            break;
-        train_rows = train.n;
-        val_rows = val.n;
-        if (train.n < 1) {
-            rc = fmoe_error_set(FMOE_EINVAL, "the training requests hold no tokens");
-            break;
-        }
-        prog.layer = i;
-        const fmoe_mlp_train_params tp = {.batch = o.batch,
-                                          .max_epochs = o.epochs,
-                                          .patience = o.patience,
-                                          .lr = o.lr,
-                                          /* one stream per layer from the one seed */
-                                          .seed = (uint64_t)o.seed * 0x100000001B3ull + (uint64_t)i,
-                                          .on_epoch = on_epoch,
-                                          .ctx = &prog};
-        if ((rc = fmoe_mlp_train(&pred->layers[i], train.x, train.t, train.n, val.x, val.t, val.n,
-                                 &tp, &res[i].train)) < 0 ||
-            (rc = score_layer(&pred->layers[i], &val, &train, c.J, c.K, &res[i])) < 0)
-            break;
-        pred->val_accuracy[i] = (float)res[i].learned;
-        rows_free(&train);
-        rows_free(&val);
-    }
-    cmd_progress_bar_done(&prog.bar.bar);
-    if (rc < 0) {
+    if ((rc = train_layers(&c, &o, &tt, pred, res, &train_rows, &val_rows)) < 0) {
         exit_code = cmd_fail(CMD, rc);
         goto done;
     }
@@ -563,14 +593,8 @@ int cmd_train_predictor(int argc, char **argv) {
     print_report(&o, &c, &tt, pred, res, train_rows, val_rows, secs);
     exit_code = CMD_EXIT_OK;
 done:
-    rows_free(&train);
-    rows_free(&val);
     fmoe_predictor_free(pred);
-    free(c.hid);
-    free(c.probs);
-    free(c.ex);
-    free(c.tok);
-    free(c.spec);
+    free_token_buffers(&c);
     free(res);
     cmd_train_traces_close(&tt);
     return exit_code;

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Synthetic MoE routing with the locality of real decode traffic, as fmoe's JSON Lines
-(docs/design.md §4.1), for `fmoe trace import --format jsonl`.
+(docs/design.md §4.1), for `fmoe trace import --format jsonl`. It needs numpy: run it with
+the project's `.venv/bin/python` (tests/run.sh makes it), not a bare python3.
 
-    python3 datasets/synth_routing.py --layers 24 --experts 128 --top-k 1 \\
+    .venv/bin/python datasets/synth_routing.py --layers 24 --experts 128 --top-k 1 \\
         --requests 200 --seed 1 -o synth.jsonl
     fmoe trace import --layers 24 --experts 128 --top-k 1 --expert-bytes 17301504 \\
         synth.jsonl -o synth.h5

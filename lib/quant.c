@@ -89,15 +89,15 @@ int fmoe_ggml_type_parse(const char *name, fmoe_ggml_type *out) {
 
 int fmoe_quant_supported(uint32_t t) {
     return t == FMOE_GGML_F32 || t == FMOE_GGML_F16 || t == FMOE_GGML_BF16 ||
-           t == FMOE_GGML_MXFP4 || fmoe__is_iq(t) || fmoe_quant_can_quantize(t);
+           fmoe__is_iq(t) || fmoe_quant_can_quantize(t);
 }
 
 int fmoe_quant_can_quantize(uint32_t t) {
     return t == FMOE_GGML_Q8_0 || t == FMOE_GGML_Q4_K || t == FMOE_GGML_Q5_K || t == FMOE_GGML_Q6_K ||
            t == FMOE_GGML_Q4_0 || t == FMOE_GGML_Q4_1 || t == FMOE_GGML_Q5_0 || t == FMOE_GGML_Q5_1 ||
            t == FMOE_GGML_IQ4_NL || t == FMOE_GGML_Q2_K || t == FMOE_GGML_Q3_K ||
-           t == FMOE_GGML_IQ4_XS || t == FMOE_GGML_IQ3_XXS || t == FMOE_GGML_IQ3_S ||
-           t == FMOE_GGML_IQ2_S;
+           t == FMOE_GGML_IQ4_XS || t == FMOE_GGML_MXFP4 || t == FMOE_GGML_IQ3_XXS ||
+           t == FMOE_GGML_IQ3_S || t == FMOE_GGML_IQ2_S;
 }
 
 int fmoe_quant_uses_importance(uint32_t t) {
@@ -236,6 +236,7 @@ float fmoe_quant_dot_ref(uint32_t t, const void *row, const float *x, int64_t n)
 static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
 static int level_max;              /* FMOE__QUANT_*: the best this CPU has */
 static _Atomic int level_forced = -1; /* fmoe__quant_force_level's, or -1 */
+static int cpu_amd;                /* AMD's AVX-512 (Zen 4) runs 512-bit operations in halves */
 
 /* The one place that decides which kernels may run. AVX-512 needs F (the 512-bit
  * registers and masks), BW (byte and word lanes: maddubs, the byte masks) and VL (their
@@ -257,6 +258,7 @@ static void simd_probe(void) {
     const int avx512 = avx2 && getenv("FMOE_NO_AVX512") == NULL;
 #endif
     level_max = avx512 ? FMOE__QUANT_AVX512 : avx2 ? FMOE__QUANT_AVX2 : FMOE__QUANT_PLAIN;
+    cpu_amd = __builtin_cpu_is("amd");
 #endif
 }
 
@@ -268,6 +270,13 @@ int fmoe__quant_level_max(void) {
 int fmoe__quant_level(void) {
     const int forced = level_forced;
     return forced >= 0 ? forced : fmoe__quant_level_max();
+}
+
+int fmoe__quant_q32_level(void) {
+    const int forced = level_forced;
+    if (forced >= 0) return forced;
+    const int best = fmoe__quant_level_max();
+    return best == FMOE__QUANT_AVX512 && cpu_amd ? FMOE__QUANT_AVX2 : best;
 }
 
 int fmoe__quant_force_level(int level) {

@@ -257,24 +257,13 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
                            const void *qx, int64_t qx_stride, int32_t nx, int64_t n, float *y,
                            int64_t ldy) {
     FMOE_ASSERT(fmoe_quant_act_supported(t) && n % (act_q8_0(t) ? FMOE_QK8_0 : FMOE_QK_K) == 0);
-    if (t == FMOE_GGML_MXFP4) { /* the AVX2 kernel at both SIMD levels (no AVX-512 form) */
-        if (fmoe__quant_level() >= FMOE__QUANT_AVX2) {
-            fmoe__quant_act_rows_avx2(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
-            return;
-        }
-        for (int64_t r = 0; r < rows; r++)
-            for (int32_t k = 0; k < nx; k++)
-                y[k * ldy + r] = dot_mxfp4_ref((const uint8_t *)W + r * row_bytes,
-                                               (const uint8_t *)qx + k * qx_stride, n);
-        return;
-    }
     if (fmoe__is_kx(t) || fmoe__is_iq(t)) { /* Q2_K, Q3_K, IQ4_XS, the i-quants:
                                              * lib/quant_kx.c, every level the same bits */
         fmoe__quant_act_rows_kx(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy,
                                 fmoe__quant_level());
         return;
     }
-    switch (fmoe__quant_level()) {
+    switch (act_q8_0(t) ? fmoe__quant_q32_level() : fmoe__quant_level()) {
     case FMOE__QUANT_AVX512:
         fmoe__quant_act_rows_avx512(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
         return;

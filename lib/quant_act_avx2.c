@@ -214,7 +214,7 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
 SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
                                  int64_t n, float *y, int64_t ys, uint32_t type) {
     const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
-    const int64_t wbytes = fmoe_ggml_type_size(type);
+    const int64_t wbytes = fmoe__q32_block_bytes(type);
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
@@ -249,7 +249,6 @@ SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t str
 }
 
 #define QUANT_ACT_ROWS fmoe__quant_act_rows_avx2
-#define QUANT_ACT_ROWS_MXFP4 /* this level's dots_q32 takes MXFP4 (the AVX-512 one not) */
 #include "quant_act_rows.inc"
 
 /* roundf (half away from zero) of 8 floats of magnitude below 2^23: truncate, then step

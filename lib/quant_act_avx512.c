@@ -276,21 +276,23 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
 }
 
 /* ---------------------------------------------------------------------------------- */
-/* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL against Q8_0 activations                             */
+/* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 against Q8_0 activations                      */
 /* ---------------------------------------------------------------------------------- */
 
 /* Blocks b and b+1 (two) or b alone, as q8_0_step: the codes of each block from the AVX2
  * unpack (fmoe__q32_unpack) in one half of the register. Signed codes (Q4_0, Q5_0,
- * IQ4_NL) take Q8_0's |w| and masked negation; Q4_1 and Q5_1's unsigned ones go into
+ * IQ4_NL, MXFP4's doubled E2M1 levels, its E8M0 scale halved as the reference's) take Q8_0's |w| and masked negation; Q4_1 and Q5_1's unsigned ones go into
  * maddubs as they are, plus m·Σa with Σa from maddubs against ones. */
 SIMD static INLINE void q32_step(uint32_t type, const uint8_t *w, const uint8_t *a, int64_t stride,
                                  int nx, int two, __m512 *acc) {
     const __m512i ones = _mm512_set1_epi16(1), ones8 = _mm512_set1_epi8(1);
-    const int64_t wb = fmoe_ggml_type_size(type);
+    const int64_t wb = fmoe__q32_block_bytes(type);
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
     const __m256i hi = two ? fmoe__q32_unpack(type, w + wb) : _mm256_setzero_si256();
     const __m512i qw = _mm512_inserti64x4(_mm512_castsi256_si512(fmoe__q32_unpack(type, w)), hi, 1);
-    const __m512 dw = halves(f16_at(w), two ? f16_at(w + wb) : 0.f);
+    const __m512 dw = type == FMOE_GGML_MXFP4
+                          ? halves(fmoe__e8m0_half(w[0]), two ? fmoe__e8m0_half(w[wb]) : 0.f)
+                          : halves(f16_at(w), two ? f16_at(w + wb) : 0.f);
     if (!affine) {
         const __m512i aw = _mm512_abs_epi8(qw);
         const __mmask64 neg = _mm512_movepi8_mask(qw);
@@ -318,7 +320,7 @@ SIMD static INLINE void q32_step(uint32_t type, const uint8_t *w, const uint8_t 
 
 SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
                                  int64_t n, float *y, int64_t ys, uint32_t type) {
-    const int64_t wb = fmoe_ggml_type_size(type), nb = n / FMOE_QK8_0;
+    const int64_t wb = fmoe__q32_block_bytes(type), nb = n / FMOE_QK8_0;
     __m512 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm512_setzero_ps();
     int64_t b = 0;

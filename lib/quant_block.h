@@ -7,7 +7,7 @@
  * include: the GPU dequantises with the very arithmetic that
  * tests/python/test_gguf_quants.py checks bit for bit against gguf-py (internal; FMOE_HD
  * marks every function for host and device under nvcc). The CUDA backend has kernels
- * for Q8_0 and the K-quants only so far (fmoe__qblock_cuda_has).
+ * for Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 only so far (fmoe__qblock_cuda_has).
  *
  * The byte layouts are ggml's (ggml-common.h); fmoe/quant.h lists them. Each value is
  * computed on its own, in ggml's order of operations (dequantize_row_*): the block's f16
@@ -75,10 +75,10 @@ static inline FMOE_HD int32_t fmoe__qblock_bytes(uint32_t type) {
 /* 1 for the block types the CUDA backend has kernels for (runtime/cuda/cuda_quant.cu's
  * fmoe__cuda_quant_has, and the host's refusal of a model before it runs:
  * runtime/model/backend_types.c): the 32-value Q4_0 .. IQ4_NL, Q2_K, Q3_K and IQ4_XS are
- * CPU-only so far. */
+ * CPU-only so far. MXFP4 (gpt-oss's experts) has them, compiled but not yet run on a GPU. */
 static inline FMOE_HD int fmoe__qblock_cuda_has(uint32_t type) {
     return type == FMOE_GGML_Q8_0 || type == FMOE_GGML_Q4_K || type == FMOE_GGML_Q5_K ||
-           type == FMOE_GGML_Q6_K;
+           type == FMOE_GGML_Q6_K || type == FMOE_GGML_MXFP4;
 }
 
 /* The little-endian f16 at p, as f32 (exact). */
@@ -243,6 +243,19 @@ static inline FMOE_HD float fmoe__e8m0_half(uint8_t e) {
     } v;
     v.u = bits;
     return v.f;
+}
+
+/* One block of OpenAI's MXFP4 layout (gpt-oss checkpoints; transformers'
+ * integrations/mxfp4.py: 16 bytes, value 2k in the low nibble of byte k and 2k + 1 in its
+ * high one) with its E8M0 scale byte, as a ggml block out[17]: the same numbers, the
+ * nibbles moved (llama.cpp's converter does this in GptOssModel.repack_mxfp4). */
+static inline void fmoe__mxfp4_from_openai(const uint8_t *in, uint8_t scale, uint8_t *out) {
+    out[0] = scale;
+    for (int l = 0; l < 16; l++) { /* value l from byte l/2, value l + 16 from 8 + l/2 */
+        const uint8_t lo = (in[l / 2] >> (4 * (l & 1))) & 0xF;
+        const uint8_t hi = (in[8 + l / 2] >> (4 * (l & 1))) & 0xF;
+        out[1 + l] = (uint8_t)(lo | hi << 4);
+    }
 }
 
 /* Values l0..l0+n-1 (l0 + n <= 32) of an MXFP4 block into y[n]. */

@@ -114,6 +114,9 @@ float fmoe__make_qkx2_quants(int n, int nmax, const float *x, const float *w, ui
 void fmoe__quantize_k23_block(uint32_t type, const float *x, uint8_t *dst);
 void fmoe__quantize_iq4_xs_block(const float *x, uint8_t *dst);
 
+/* One MXFP4 block from x[32] (lib/quant_mxfp4.c: ggml's reference quantiser). */
+void fmoe__quantize_mxfp4_block(const float *x, uint8_t *dst);
+
 /* A row of n values (whole 256-value blocks) of IQ3_XXS, IQ3_S or IQ2_S into dst
  * (lib/quant_iq_quantize.c, ggml's quantisers), weighted by importance[n] where not NULL;
  * of IQ2_XXS, IQ2_XS, IQ1_S or IQ1_M, importance not NULL.
@@ -134,6 +137,14 @@ int fmoe__quant_level(void);
 /* The best level this CPU has, decided once (__builtin_cpu_supports) with FMOE_NO_AVX2
  * (plain C) and FMOE_NO_AVX512 (at most AVX2) in the environment honoured. */
 int fmoe__quant_level_max(void);
+
+/* The level the 8-bit products of the 32-value blocks (Q8_0, Q4_0 .. IQ4_NL, MXFP4) run at:
+ * the forced level if one is, else the best, except AVX2's kernels on an AMD CPU with
+ * AVX-512. Zen 4 executes a 512-bit operation as two 256-bit halves, and on the development
+ * VM's EPYC these kernels' AVX2 forms took 15-20% less time than their AVX-512 ones, one
+ * input or eight, where the K-quants' two forms ran alike (docs/quantization.md "Speed").
+ * Per CPU, fixed for the process: the products' bits do not depend on timing. */
+int fmoe__quant_q32_level(void);
 
 /* For tests and benchmarks, which compare the levels in one process: level (a
  * FMOE__QUANT_* value) from now on, or -1 for fmoe__quant_level_max() again. @return 0,

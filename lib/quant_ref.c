@@ -334,6 +334,9 @@ void fmoe_quant_quantize_row_weighted(uint32_t t, const float *src, const float 
         for (int64_t i = 0; i < n; i += FMOE_QK_K, b += FMOE_IQ4_XS_BYTES)
             fmoe__quantize_iq4_xs_block(src + i, b);
         return;
+    case FMOE_GGML_MXFP4: /* lib/quant_mxfp4.c */
+        for (int64_t i = 0; i < n; i += 32, b += FMOE_MXFP4_BYTES) fmoe__quantize_mxfp4_block(src + i, b);
+        return;
     default: /* the 32-value types (lib/quant_ref32.c) */
         for (int64_t i = 0; i < n; i += FMOE_QK8_0, b += fmoe_ggml_type_size(t))
             fmoe__quantize_q32_block(t, src + i, b);

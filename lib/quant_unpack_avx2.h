@@ -63,6 +63,18 @@ FMOE__AVX2 static inline void fmoe__q6_k_unpack_half(const uint8_t *ql, const ui
  * levels (-127..113, a byte shuffle through the table), Q4_1 and Q5_1 as they are (0..15,
  * 0..31: the min is the caller's). The 5-bit types' qh bit l goes to bit 4 of byte l: qh
  * broadcast, byte l given byte l/8 of it, then tested against bit l%8. */
+/* The bytes of one 32-value block of the types fmoe__q32_unpack takes, as a constant where
+ * the type is one: fmoe_ggml_type_size is a call the kernels' loops cannot fold. */
+static inline int64_t fmoe__q32_block_bytes(uint32_t type) {
+    switch (type) {
+    case FMOE_GGML_Q4_1: return 20;  /* d, m, 16 bytes of nibbles */
+    case FMOE_GGML_Q5_0: return 22;  /* d, 4 bytes of fifth bits, nibbles */
+    case FMOE_GGML_Q5_1: return 24;  /* d, m, fifth bits, nibbles */
+    case FMOE_GGML_MXFP4: return 17; /* e8m0 scale, nibbles */
+    default: return 18;              /* Q4_0, IQ4_NL: d, nibbles */
+    }
+}
+
 FMOE__AVX2 static inline __m256i fmoe__q32_unpack(uint32_t type, const uint8_t *b) {
     const __m128i lo4 = _mm_set1_epi8(0x0F);
     int qs_at = 2;

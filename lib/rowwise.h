@@ -57,6 +57,31 @@ static inline FMOE_HD void fmoe_rope_head(float *x, const float *c, const float 
     }
 }
 
+/* Most rotary dims fmoe_rope_head_pairs takes (DeepSeek: 64; config.c refuses more). */
+#define FMOE_ROPE_PAIRS_MAX 512
+
+/*
+ * Multi-head latent attention's decoupled rotary part of one head, x[dr] in place
+ * (runtime/cpu/cpu_mla.c and the CUDA backend's MLA kernel both run it): with
+ * `interleave` the dims come as adjacent pairs (x[2i], x[2i+1]) rotated by frequency i
+ * (transformers' deepseek_v2/v3) and are first permuted to halves (evens, then odds);
+ * then fmoe_rope_head. Query and key go through the same permutation, so their dot
+ * products are unchanged. dr <= FMOE_ROPE_PAIRS_MAX.
+ */
+static inline FMOE_HD void fmoe_rope_head_pairs(float *x, const float *c, const float *s,
+                                                int32_t dr, int interleave) {
+    if (interleave) {
+        float tmp[FMOE_ROPE_PAIRS_MAX];
+        const int32_t half = dr / 2; /* dr is even: the loops name the 2·half values they set */
+        for (int32_t i = 0; i < half; i++) {
+            tmp[i] = x[2 * i];
+            tmp[i + half] = x[2 * i + 1];
+        }
+        for (int32_t i = 0; i < 2 * half; i++) x[i] = tmp[i];
+    }
+    fmoe_rope_head(x, c, s, dr);
+}
+
 /* y = softmax(x) over n values; y may alias x. -inf entries get 0; an all -inf row gets
  * all 0 (a fully masked row). */
 static inline FMOE_HD void fmoe_softmax_row(float *y, const float *x, int32_t n) {

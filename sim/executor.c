@@ -103,7 +103,7 @@ static void engine_advance(sim_state *S, double t) {
 
 static void hook_decision(void *ctx, const fmoe_decision *d) {
     sim_state *S = ctx;
-    if (S->gap_on) sim_gap_split_observe(&S->gap, d);
+    if (S->gap_on) fmoe__gap_split_observe(&S->gap, d);
     if (S->decision) S->decision(S->decision_ctx, d);
 }
 
@@ -218,7 +218,7 @@ static double exec_placed(void *ctx, const fmoe_slots_resolved *a) {
 static void run_free(sim_state *S) {
     fmoe_slots_free(S->slots);
     fmoe_policy_free(&S->policy);
-    sim_gap_split_free(&S->gap);
+    fmoe__gap_split_free(&S->gap);
     free(S->slot_free_at);
     free(S->xfer_s);
     free(S->chunk_s);
@@ -335,7 +335,7 @@ static int run_init(sim_state *S, const fmoe_sim_workload *w, const fmoe_sim_con
     S->decision = cfg->decision;
     S->decision_ctx = cfg->decision_ctx;
     if (cfg->gap_split) {
-        FMOE_FORWARD_IF_ERROR(sim_gap_split_init(&S->gap, S->L, S->J));
+        FMOE_FORWARD_IF_ERROR(fmoe__gap_split_init(&S->gap, S->L, S->J));
         S->gap_on = 1;
     }
     const fmoe_slots_config sc = {

@@ -15,27 +15,27 @@
 #include "fmoe/error.h"
 #include "gap_split.h"
 
-int sim_gap_split_init(sim_gap_split *g, int32_t num_layers, int32_t num_experts) {
+int fmoe__gap_split_init(sim_gap_split *g, int32_t num_layers, int32_t num_experts) {
     const size_t ne = (size_t)num_layers * (size_t)num_experts;
     memset(g, 0, sizeof *g);
     g->J = num_experts;
     g->displaced_by = malloc(ne * sizeof *g->displaced_by);
     g->unused = calloc(ne, sizeof *g->unused);
     if (!g->displaced_by || !g->unused) {
-        sim_gap_split_free(g);
+        fmoe__gap_split_free(g);
         return fmoe_error_set(FMOE_ENOMEM, "gap split: tables for %zu experts", ne);
     }
     for (size_t e = 0; e < ne; e++) g->displaced_by[e] = -1;
     return 0;
 }
 
-void sim_gap_split_free(sim_gap_split *g) {
+void fmoe__gap_split_free(sim_gap_split *g) {
     free(g->displaced_by);
     free(g->unused);
     memset(g, 0, sizeof *g);
 }
 
-void sim_gap_split_observe(sim_gap_split *g, const fmoe_decision *d) {
+void fmoe__gap_split_observe(sim_gap_split *g, const fmoe_decision *d) {
     const int32_t e = d->layer * g->J + d->expert;
     switch (d->kind) {
     case FMOE_DECISION_PREFETCH:

@@ -24,12 +24,12 @@ typedef struct sim_gap_split {
 } sim_gap_split;
 
 /* Allocates the tables for L x J experts. @return 0 or FMOE_ENOMEM. */
-int sim_gap_split_init(sim_gap_split *g, int32_t num_layers, int32_t num_experts);
+int fmoe__gap_split_init(sim_gap_split *g, int32_t num_layers, int32_t num_experts);
 
 /* Frees the tables; a zeroed struct is a no-op. */
-void sim_gap_split_free(sim_gap_split *g);
+void fmoe__gap_split_free(sim_gap_split *g);
 
 /* Takes one decision of the run, in order. Never allocates. */
-void sim_gap_split_observe(sim_gap_split *g, const fmoe_decision *d);
+void fmoe__gap_split_observe(sim_gap_split *g, const fmoe_decision *d);
 
 #endif

@@ -29,26 +29,44 @@ meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-mul
 [ -f build/build.ninja ] || meson setup build -Dcuda=$cuda
 meson compile -C build -j "$jobs"
 
-# the Python cross-checks against this build, transformers references recomputed
-FMOE_TEST_TIER=full meson test -C build --suite python --print-errorlogs --timeout-multiplier 2
+# Two Python passes, run at the same time: each is one pytest process that keeps about one
+# of CI's two cores busy (waiting on the fmoe processes it starts), so side by side they take
+# the longer one's time instead of the sum (about 8 minutes saved). Each writes its own log
+# (build/, build-asan/), printed when both are done; the run fails if either failed. Tests
+# use free ports (--port 0) and their own pytest temporary folders, so the passes share
+# nothing but the read-only fixtures.
+#
+# 1. The Python cross-checks against build/, transformers references recomputed.
+FMOE_TEST_TIER=full meson test -C build --suite python --print-errorlogs --timeout-multiplier 3 \
+  > build/python-full.log 2>&1 &
+full_pid=$!
 
-# The whole Python suite once more against the ASan+UBSan binary, LeakSanitizer included:
+# 2. The whole Python suite once more against the ASan+UBSan binary, LeakSanitizer included:
 # a leak or an overflow on any command's success or error path fails the run. h5py in the
 # test process loads the plain build's HDF5 filter plugin (FMOE_PLUGIN_DIR; an ASan plugin
 # cannot load into an uninstrumented Python). An ASan binary cannot run under RLIMIT_AS, so
 # the hostile-input tests' 4 GiB address-space cap becomes ASan's own allocation ceiling,
 # returning NULL as glibc does (tests/python/memory_limit.py). Left out: the memory-flatness
 # test (ASan's quarantine grows RSS by design). The references are read from the fixtures
-# here (quick tier): the run above has just checked them.
-# The Python suite again against the ASan binary, less the modules whose subject is the
-# benchmarks' Python tooling (the shaped-GGUF generator and the bench harnesses: they ran
-# above against the plain build, and under ASan they spend a minute generating files).
+# here (quick tier): pass 1 checks them against transformers. Also left out, the modules
+# whose subject is the benchmarks' Python tooling (the shaped-GGUF generator and the bench
+# harnesses: pass 1 runs them, and under ASan they spend a minute generating files).
 FMOE_TEST_TIER=quick FMOE_BUILD_DIR=build-asan FMOE_PLUGIN_DIR=build/trace \
   ASAN_OPTIONS=allocator_may_return_null=1:max_allocation_size_mb=4096:detect_leaks=1 \
   .venv/bin/python -m pytest -q -p no:cacheprovider -k "not sustained" \
   --ignore=tests/python/test_make_shaped_gguf.py --ignore=tests/python/test_shaped_families.py \
   --ignore=tests/python/test_bench_family_decode.py --ignore=tests/python/test_bigger_than_ram.py \
-  tests/python
+  tests/python > build-asan/python-asan.log 2>&1 &
+asan_pid=$!
+
+full_rc=0 asan_rc=0
+wait "$full_pid" || full_rc=$?
+wait "$asan_pid" || asan_rc=$?
+echo "=== Python cross-checks against build/ (exit $full_rc)"
+cat build/python-full.log
+echo "=== Python suite against build-asan/ (exit $asan_rc)"
+cat build-asan/python-asan.log
+if [ "$full_rc" != 0 ] || [ "$asan_rc" != 0 ]; then exit 1; fi
 
 # With FMOE_GPU_REHEARSAL=1 (and the toolkit installed), the GPU device check's rehearsal
 # (tests/gpu/README.md): the carried release build packed as for a device, then every stage

@@ -57,6 +57,7 @@
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
 #include "fmoe/predictor.h"
+#include "reuse_evict.h"
 
 enum {
     DS_PENDING = 1,   /* chosen at the current layer's gate, not accessed yet */
@@ -78,7 +79,18 @@ typedef struct ds_state {
     int32_t pending;              /* accesses of the current layer not resolved yet */
     int32_t decoding;             /* the current iteration has one token */
     int32_t ready;                /* a prediction for the next layer waits in `top` */
+    fmoe__reuse_evict evict;      /* the order among the experts it may evict (setting evict) */
 } ds_state;
+
+static const fmoe_policy_setting ds_settings[] = {
+    {.name = "evict", .type = FMOE_SETTING_CHOICE, .def = FMOE__EVICT_RECENCY,
+     .choices = fmoe__evict_rule_names,
+     .help = "among the experts its ring may evict: the least recently used (our reading of "
+             "DuoServe-MoE 5.3), or the one predicted-reuse predicts is needed last, by its "
+             "per-expert gaps (predicted-reuse) or the request's use rates (request-reuse), "
+             "LRU-guarded"},
+    {0},
+};
 
 static void ds_free(void *state) {
     ds_state *d = state;
@@ -91,6 +103,7 @@ static void ds_free(void *state) {
     free(d->flag);
     free(d->predicted);
     free(d->num_predicted);
+    fmoe__reuse_evict_free(&d->evict);
     free(d);
 }
 
@@ -131,6 +144,10 @@ static int ds_init(void **state, const fmoe_policy_config *cfg) {
         !d->num_predicted)
         rc = fmoe_error_set(FMOE_ENOMEM, "duoserve state");
     if (rc == 0) rc = fmoe_expert_mlp_work_init(&d->work, p->expert_mlp, 1);
+    if (rc == 0)
+        rc = fmoe__reuse_evict_init(
+            &d->evict, (fmoe__evict_rule)fmoe_policy_setting_choice(cfg, ds_settings, "evict"),
+            cfg);
     if (rc < 0) {
         ds_free(d);
         return rc;
@@ -147,10 +164,17 @@ static void predict_next(ds_state *d, int32_t l) {
     d->ready = 1;
 }
 
+static void ds_on_request_start(void *state, const fmoe_policy_env *env,
+                                const fmoe_request_event *ev) {
+    (void)env;
+    (void)ev;
+    fmoe__reuse_evict_request_start(&((ds_state *)state)->evict);
+}
+
 static void ds_on_iteration_start(void *state, const fmoe_policy_env *env,
                                   const fmoe_iteration_event *ev) {
-    (void)env;
     ds_state *d = state;
+    fmoe__reuse_evict_iteration_start(&d->evict, env);
     d->decoding = ev->num_tokens == 1;
     d->ready = 0;
 }
@@ -200,6 +224,7 @@ static void ds_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
 static void ds_on_access(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev) {
     ds_state *d = state;
     d->flag[(size_t)ev->layer * d->J + ev->expert] &= (uint8_t)~DS_PENDING;
+    fmoe__reuse_evict_access(&d->evict, env, ev);
     if (--d->pending == 0 && d->ready) prefetch_next(d, env, ev->layer);
 }
 
@@ -210,20 +235,17 @@ static void ds_on_layer_done(void *state, const fmoe_policy_env *env, int32_t la
     for (int32_t j = 0; j < d->J; j++) fl[j] &= (uint8_t)~(DS_PENDING | DS_MISPREDICTED);
 }
 
-/* The least recently used evictable slot whose expert has none of the `avoid` bits and,
- * when `want` is not 0, has one of them; -1 when none. */
+/* The first in evict's order (recency: the least recently used) of the evictable slots
+ * whose expert has none of the `avoid` bits and, when `want` is not 0, has one of them;
+ * -1 when none. */
 static int32_t lru_where(const ds_state *d, const fmoe_cache_view *v, uint8_t avoid,
                          uint8_t want) {
     int32_t best = -1;
-    uint64_t best_tick = UINT64_MAX;
     for (int32_t s = 0; s < v->capacity; s++) {
         if (!fmoe_cache_evictable(v, s)) continue;
         const uint8_t f = d->flag[v->slot_expert[s]];
         if ((f & avoid) || (want && !(f & want))) continue;
-        if (v->slot_last_access[s] < best_tick) {
-            best_tick = v->slot_last_access[s];
-            best = s;
-        }
+        if (fmoe__reuse_evict_before(&d->evict, v, s, best)) best = s;
     }
     return best;
 }
@@ -237,7 +259,7 @@ static int32_t ds_choose_victim(void *state, const fmoe_policy_env *env,
     int32_t s = lru_where(d, v, DS_PENDING, DS_MISPREDICTED); /* the re-fetch's slot */
     if (s < 0) s = lru_where(d, v, DS_PENDING | DS_PREDICTED, 0);
     if (s < 0) s = lru_where(d, v, DS_PENDING, 0);
-    if (s < 0) s = fmoe_policy_victim_lru(v); /* fewer slots than the layer's experts */
+    if (s < 0) s = lru_where(d, v, 0, 0); /* fewer slots than the layer's experts */
     return s;
 }
 
@@ -248,6 +270,7 @@ const fmoe_policy_ops fmoe_policy_duoserve = {
     .flags = FMOE_POLICY_PREFETCHES,
     .init = ds_init,
     .free = ds_free,
+    .on_request_start = ds_on_request_start,
     .on_iteration_start = ds_on_iteration_start,
     .on_gate = ds_on_gate,
     .on_access = ds_on_access,
@@ -255,4 +278,5 @@ const fmoe_policy_ops fmoe_policy_duoserve = {
     .choose_victim = ds_choose_victim,
     .default_distance = 1,
     .predictor_kind = FMOE_PREDICTOR_KIND_DUOSERVE,
+    .settings = ds_settings,
 };

@@ -52,7 +52,8 @@
  * The setting evict=predicted-reuse (fmoe's duel only) adds a third shadow evicting by
  * predicted-reuse's per-expert reuse estimate (reuse_estimate.h), and the duel's recency
  * side evicts by that estimate while its shadow missed less than recency's (off by
- * default; docs/policies.md#fmoe).
+ * default; docs/policies.md#fmoe). evict=request-reuse does the same with the
+ * request-level estimate, its prior K · p from the eviction's p (map_rate).
  *
  * Variants (§6.5): fmoe (semantic + trajectory + delta, p·freq), fmoe-map-t
  * (trajectory only, the first d layers from popularity; K experts per query), fmoe-map-ts
@@ -118,7 +119,8 @@
  * store_capacity=C, or simulate's shorthands --store-mode and --store-capacity. The
  * choices are fmoe_store_mode's, in its order. */
 static const char *const store_modes[] = {"offline", "online", "offline-update", NULL};
-static const char *const fm_evict_rules[] = {"recency", "predicted-reuse", NULL};
+static const char *const fm_evict_rules[] = {"recency", "predicted-reuse", "request-reuse",
+                                             NULL};
 static const fmoe_policy_setting fm_settings[] = {
     {.name = "store_mode", .type = FMOE_SETTING_CHOICE, .def = FMOE_STORE_OFFLINE,
      .choices = store_modes,
@@ -132,8 +134,9 @@ static const fmoe_policy_setting fm_settings[] = {
      .option = "store-capacity"},
     {.name = "evict", .type = FMOE_SETTING_CHOICE, .def = 0, .choices = fm_evict_rules,
      .help = "fmoe (its eviction duel): the duel's recency side evicts by recency (LRU), or "
-             "by predicted-reuse's per-expert reuse estimate while a third shadow says it "
-             "missed less"},
+             "while a third shadow says it missed less by predicted-reuse's per-expert reuse "
+             "estimate (predicted-reuse) or by the matched maps' p, refined by the request's "
+             "own uses (request-reuse)"},
     {0},
 };
 
@@ -290,6 +293,14 @@ static void fm_free(void *state) {
     free(S);
 }
 
+/* evict=request-reuse's prediction (reuse_estimate.h): expert e's rate in the current
+ * request as fmoe's eviction sees it, K · p (p: the observed gate row for the layers this
+ * iteration reached, the matched maps' row for those ahead; each token picks K experts). */
+static double map_rate(const void *ctx, int32_t e) {
+    const fm_state *S = ctx;
+    return fmin(1.0, (double)S->K * (double)S->cur_p[e]);
+}
+
 static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const variant *v) {
     *state = NULL;
     const fmoe_expertmap *given = cfg->expert_store;
@@ -369,10 +380,17 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
     S->memo_semrows = S->h ? calloc((size_t)Q * (size_t)S->h, sizeof *S->memo_semrows) : NULL;
     S->victim_keys = calloc(2 * (size_t)(S->N > 0 ? S->N : 1), sizeof *S->victim_keys);
     if (v->evict == EVICT_DUEL) {
-        /* predicted-reuse's defaults (reuse_half_life 4, reuse_prior 2, reuse_overdue 2) */
-        S->evict_reuse = fmoe_policy_setting_choice(cfg, fm_settings, "evict") == 1;
+        /* predicted-reuse's defaults (reuse_half_life 4, reuse_prior 2, reuse_overdue 2,
+         * request_weight 4) */
+        const int32_t evict = fmoe_policy_setting_choice(cfg, fm_settings, "evict");
+        S->evict_reuse = evict >= 1;
         shadow *shadows[3] = {&S->sh_lru, &S->sh_pf, &S->sh_reuse};
         int bad = S->evict_reuse && fmoe__reuse_estimate_init(&S->reuse, S->L, S->J, 4, 2, 2) < 0;
+        if (!bad && evict == 2) {
+            bad = fmoe__reuse_estimate_use_request(&S->reuse, S->L, 4) < 0;
+            S->reuse.predict = map_rate;
+            S->reuse.predict_ctx = S;
+        }
         for (int i = 0; i < 2 + S->evict_reuse; i++) {
             shadows[i]->stamp = calloc(S->LJ, sizeof *shadows[i]->stamp);
             shadows[i]->member = calloc((size_t)(S->N > 0 ? S->N : 1), sizeof(int32_t));
@@ -578,6 +596,7 @@ static void fm_on_request_start(void *state, const fmoe_policy_env *env,
     fm_state *S = state;
     S->gen++;
     memset(S->req_counts, 0, S->LJ * sizeof *S->req_counts);
+    if (S->reuse.req_used) fmoe__reuse_estimate_request_start(&S->reuse);
 }
 
 static void begin_iteration(fm_state *S, int32_t n, const float *sem, int32_t sem_dim) {
@@ -704,6 +723,7 @@ static void fm_on_iteration_start(void *state, const fmoe_policy_env *env,
                                   const fmoe_iteration_event *ev) {
     fm_state *S = state;
     S->gen++;
+    if (S->reuse.req_used) fmoe__reuse_estimate_iteration_start(&S->reuse, env->cache->tick);
     memo_prepare(S, ev);
     begin_iteration(S, ev->num_tokens, ev->semantic, ev->semantic_dim);
     const uint32_t *pop = fmoe_expertmap_popularity(S->store);

@@ -67,7 +67,9 @@
  *     2·L·J stamps and 2·N members. The setting evict=predicted-reuse adds a third
  *     shadow, evicting by predicted-reuse's per-expert reuse estimate (reuse_estimate.h),
  *     and the real cache's recency side evicts by that estimate while its shadow missed
- *     less than recency's (docs/policies.md#moe-infinity; off by default).
+ *     less than recency's (docs/policies.md#moe-infinity; off by default); evict=
+ *     request-reuse the same with the request-level estimate, its prior the matched
+ *     rEAM's rate of each expert (matched_rate).
  * No constant was fitted: DUEL_WINDOW is fmoe's, the feedback's constants are the
  * executor's. (Checked, not tuned: 64 keeps every trace of docs/results.md within 1.02 x LRU as 256
  * does; 1024, more misses than Qwen1.5-MoE's replay has at 90% of the experts, lets the
@@ -93,7 +95,8 @@
 
 /* The policy's own settings (fmoe/policy.h): --policy-opt eamc_capacity=C, or simulate's
  * --eamc-capacity C. Shared by moe-infinity and moe-infinity-fb. */
-static const char *const mi_evict_rules[] = {"recency", "predicted-reuse", NULL};
+static const char *const mi_evict_rules[] = {"recency", "predicted-reuse", "request-reuse",
+                                             NULL};
 static const fmoe_policy_setting mi_settings[] = {
     {.name = "eamc_capacity", .type = FMOE_SETTING_INT, .def = 1000, .min = 1, .max = 10000000,
      .help = "rEAMs in each Expert Activation Matrix Collection, prefill and decode (§4.3; "
@@ -101,8 +104,9 @@ static const fmoe_policy_setting mi_settings[] = {
      .option = "eamc-capacity"},
     {.name = "evict", .type = FMOE_SETTING_CHOICE, .def = 0, .choices = mi_evict_rules,
      .help = "moe-infinity-fb: what the recency side of its eviction duel evicts by: recency "
-             "(LRU), or predicted-reuse (the expert predicted to be needed last, by "
-             "predicted-reuse's per-expert reuse estimate)"},
+             "(LRU), or the expert predicted to be needed last: by predicted-reuse's "
+             "per-expert reuse estimate (predicted-reuse), or by the expert's rate in the "
+             "matched rEAM, refined by the request's own uses (request-reuse)"},
     {0},
 };
 
@@ -165,7 +169,8 @@ typedef struct mi_state {
     shadow sh_reuse;        /* evict=predicted-reuse: a third, by predicted reuse */
     uint64_t sh_tick, sh_gate_tick; /* ticks: the last access, the last one before the gate */
     double sh_miss_alg1, sh_miss_lru, sh_miss_reuse;
-    int evict_reuse;        /* evict=predicted-reuse: a third side of the duel ranks by it */
+    int evict_reuse;        /* evict=predicted-reuse or request-reuse: a third side of the
+                               duel ranks by `reuse` */
     uint64_t tick;          /* the cache's tick at the last access (the shadow's "now") */
     fmoe__reuse_estimate reuse;
 } mi_state;
@@ -196,6 +201,17 @@ static void mi_free(void *state) {
     free(m->sh_reuse.member);
     fmoe__reuse_estimate_free(&m->reuse);
     free(m);
+}
+
+/* evict=request-reuse's prediction (reuse_estimate.h): expert e's rate in the current
+ * request as the matched rEAM has it, its tokens per token of the request: K · M[l][j] /
+ * ntoken(l), ntoken(l) = sum_j M[l][j] (each token adds K); -1 without a match. */
+static double matched_rate(const void *ctx, int32_t e) {
+    const mi_state *m = ctx;
+    const int32_t l = e / m->J;
+    if (m->match < 0 || m->mscale[l] <= 0) return -1.0;
+    const double ntoken = (1.0 - (double)l / (double)m->L) / m->mscale[l];
+    return fmin(1.0, (double)m->K * (double)m->mrow[e] / ntoken);
 }
 
 static int mi_init_variant(void **state, const fmoe_policy_config *cfg, int improved) {
@@ -239,10 +255,18 @@ static int mi_init_variant(void **state, const fmoe_policy_config *cfg, int impr
             ok &= sh[i]->stamp && sh[i]->member;
         }
     }
-    /* predicted-reuse's defaults (reuse_half_life 4, reuse_prior 2, reuse_overdue 2) */
-    m->evict_reuse = improved && fmoe_policy_setting_choice(cfg, mi_settings, "evict") == 1;
+    /* predicted-reuse's defaults (reuse_half_life 4, reuse_prior 2, reuse_overdue 2,
+     * request_weight 4) */
+    const int32_t evict = improved ? fmoe_policy_setting_choice(cfg, mi_settings, "evict") : 0;
+    m->evict_reuse = evict >= 1;
     if (m->evict_reuse) {
-        if (fmoe__reuse_estimate_init(&m->reuse, m->L, m->J, 4, 2, 2) < 0) ok = 0;
+        if (fmoe__reuse_estimate_init(&m->reuse, m->L, m->J, 4, 2, 2) < 0 ||
+            (evict == 2 && fmoe__reuse_estimate_use_request(&m->reuse, m->L, 4) < 0))
+            ok = 0;
+        if (evict == 2) {
+            m->reuse.predict = matched_rate;
+            m->reuse.predict_ctx = m;
+        }
         m->sh_reuse.stamp = calloc(m->LJ, sizeof *m->sh_reuse.stamp);
         m->sh_reuse.member = calloc((size_t)(m->N > 0 ? m->N : 1), sizeof *m->sh_reuse.member);
         ok &= m->sh_reuse.stamp && m->sh_reuse.member;
@@ -316,6 +340,7 @@ static void mi_on_request_start(void *state, const fmoe_policy_env *env,
         memset(m->ream[c], 0, m->LJ * sizeof(float));
         m->ream_used[c] = 0;
     }
+    if (m->reuse.req_used) fmoe__reuse_estimate_request_start(&m->reuse);
 }
 
 static void mi_on_request_end(void *state, const fmoe_policy_env *env,
@@ -329,9 +354,9 @@ static void mi_on_request_end(void *state, const fmoe_policy_env *env,
 
 static void mi_on_iteration_start(void *state, const fmoe_policy_env *env,
                                   const fmoe_iteration_event *ev) {
-    (void)env;
     mi_state *m = state;
     const int ph = ev->phase ? 1 : 0;
+    if (m->reuse.req_used) fmoe__reuse_estimate_iteration_start(&m->reuse, env->cache->tick);
     memset(m->ieam, 0, m->LJ * sizeof(float));
     m->ieam_sq = 0;
     m->use = m->coll[ph].size > 0 ? ph : (m->coll[1 - ph].size > 0 ? 1 - ph : -1);

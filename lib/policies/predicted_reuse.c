@@ -27,6 +27,12 @@
  *                     it (reuse_overdue=0) an expert hot long ago keeps its slot for good:
  *                     unguarded, that lost 31% of LRU's hits on synthetic A (a tuning trace
  *                     of docs/results.md).
+ *   estimate=request  the request-level signal of MoE-Infinity §4.2 (a request reuses a few
+ *                     experts far more than the model does overall): next use = last access
+ *                     + (mean accesses per iteration) / r, r the expert's share of this
+ *                     request's iterations, shrunk towards its share of all iterations by
+ *                     request_weight iterations; the same overdue rule (reuse_estimate.h,
+ *                     where a policy can also plug in its own predicted rate).
  *
  * Ties in predicted next use go to the least recently accessed, then the lowest slot, as in
  * belady.c.
@@ -77,18 +83,20 @@
 
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
+#include "lru_guard.h"
 #include "next_use.h"
 #include "reuse_estimate.h"
 
-enum { EST_PERFECT = 0, EST_RANDOM = 1, EST_REUSE = 2 };
+enum { EST_PERFECT = 0, EST_RANDOM = 1, EST_REUSE = 2, EST_REQUEST = 3 };
 enum { GUARD_NONE = 0, GUARD_LRU = 1, GUARD_PAIRS = 2 };
 
-static const char *const estimates[] = {"perfect", "random", "reuse", NULL};
+static const char *const estimates[] = {"perfect", "random", "reuse", "request", NULL};
 static const char *const guards[] = {"none", "lru", "pairs", NULL};
 static const fmoe_policy_setting pr_settings[] = {
     {.name = "estimate", .type = FMOE_SETTING_CHOICE, .def = EST_REUSE, .choices = estimates,
-     .help = "next-use estimate: perfect (the trace's future, simulate only), random, or "
-             "reuse (per-expert decayed inter-access gap)"},
+     .help = "next-use estimate: perfect (the trace's future, simulate only), random, "
+             "reuse (per-expert decayed inter-access gap), or request (the expert's use rate "
+             "in the current request, MoE-Infinity 4.2's request-level activations)"},
     {.name = "guard", .type = FMOE_SETTING_CHOICE, .def = GUARD_LRU, .choices = guards,
      .help = "lru: evict LRU's choice while this cache has missed more than (1 + guard_margin) "
              "times an LRU cache would have; pairs: while the predictions lose more victim "
@@ -108,6 +116,9 @@ static const fmoe_policy_setting pr_settings[] = {
     {.name = "reuse_overdue", .type = FMOE_SETTING_DOUBLE, .def = 2, .min = 0, .max = 1e9,
      .help = "estimate=reuse: an expert unused for t ticks is predicted back no sooner than "
              "this times t after its last use (0: never re-estimated)"},
+    {.name = "request_weight", .type = FMOE_SETTING_DOUBLE, .def = 4, .min = 0, .max = 1e9,
+     .help = "estimate=request: iterations of the all-requests rate an expert's rate in the "
+             "request starts from"},
     {.name = "seed", .type = FMOE_SETTING_INT, .def = 1, .min = 0, .max = 2147483647.0,
      .help = "estimate=random: the seed of the predictions"},
     {0},
@@ -126,13 +137,7 @@ typedef struct predicted_reuse_state {
     uint64_t *paired_at;    /* [L*J] tick at which that pair was made */
     uint32_t *pending_lru;  /* [L*J] pending pairs with the expert as LRU's victim */
     double wrong_predicted, wrong_lru; /* guard=pairs: decayed counts of lost pairs */
-    /* guard=lru: an LRU cache of the same capacity fed the same accesses, as a list of
-     * expert ids most recent first, and both caches' misses */
-    int32_t *lru_prev, *lru_next; /* [L*J] neighbours in the list, -1 none */
-    uint8_t *in_lru;              /* [L*J] 1: in the shadow LRU cache */
-    int32_t lru_head, lru_tail, lru_size, capacity;
-    uint64_t lru_misses, misses;
-    double guard_margin;
+    fmoe__lru_guard lru;    /* guard=lru: the shadow LRU cache and both caches' misses */
     uint32_t *next;         /* perfect: [A] next position of the same expert (belady.c) */
     int64_t len;
 } predicted_reuse_state;
@@ -146,9 +151,7 @@ static void pr_free(void *state) {
     free(s->paired_at);
     free(s->pending_lru);
     free(s->next);
-    free(s->lru_prev);
-    free(s->lru_next);
-    free(s->in_lru);
+    fmoe__lru_guard_free(&s->lru);
     free(s);
 }
 
@@ -172,23 +175,23 @@ static int pr_init(void **state, const fmoe_policy_config *cfg) {
     s->partner = malloc(ne * sizeof *s->partner);
     s->paired_at = calloc(ne, sizeof *s->paired_at);
     s->pending_lru = calloc(ne, sizeof *s->pending_lru);
-    s->lru_prev = malloc(ne * sizeof *s->lru_prev);
-    s->lru_next = malloc(ne * sizeof *s->lru_next);
-    s->in_lru = calloc(ne, sizeof *s->in_lru);
-    s->lru_head = s->lru_tail = -1;
-    s->capacity = cfg->capacity;
-    s->guard_margin = fmoe_policy_setting_double(cfg, pr_settings, "guard_margin");
-    const int rc_reuse = fmoe__reuse_estimate_init(
-        &s->reuse, cfg->num_layers, cfg->num_experts,
-        fmoe_policy_setting_double(cfg, pr_settings, "reuse_half_life"),
-        fmoe_policy_setting_double(cfg, pr_settings, "reuse_prior"),
-        fmoe_policy_setting_double(cfg, pr_settings, "reuse_overdue"));
-    if (rc_reuse < 0) {
+    int rc = fmoe__lru_guard_init(&s->lru, ne, cfg->capacity,
+                                  fmoe_policy_setting_double(cfg, pr_settings, "guard_margin"));
+    if (rc == 0)
+        rc = fmoe__reuse_estimate_init(
+            &s->reuse, cfg->num_layers, cfg->num_experts,
+            fmoe_policy_setting_double(cfg, pr_settings, "reuse_half_life"),
+            fmoe_policy_setting_double(cfg, pr_settings, "reuse_prior"),
+            fmoe_policy_setting_double(cfg, pr_settings, "reuse_overdue"));
+    if (rc == 0 && estimate == EST_REQUEST)
+        rc = fmoe__reuse_estimate_use_request(
+            &s->reuse, cfg->num_layers,
+            fmoe_policy_setting_double(cfg, pr_settings, "request_weight"));
+    if (rc < 0) {
         pr_free(s);
-        return rc_reuse;
+        return rc;
     }
-    if (!s->predicted || !s->partner || !s->paired_at || !s->pending_lru || !s->lru_prev ||
-        !s->lru_next || !s->in_lru) {
+    if (!s->predicted || !s->partner || !s->paired_at || !s->pending_lru) {
         pr_free(s);
         return fmoe_error_set(FMOE_ENOMEM, "predicted-reuse: tables for %zu experts", ne);
     }
@@ -204,7 +207,7 @@ static int pr_init(void **state, const fmoe_policy_config *cfg) {
             return fmoe_error_set(FMOE_ENOMEM, "predicted-reuse: next-use table for %zu accesses",
                                   a);
         }
-        int rc = fmoe__policy_next_use(cfg, s->next, first);
+        rc = fmoe__policy_next_use(cfg, s->next, first);
         /* Before its first access an expert's next use is that access (belady.c). */
         for (size_t e = 0; rc == 0 && e < ne; e++)
             s->predicted[e] = first[e] == UINT32_MAX ? INFINITY : (double)first[e];
@@ -251,43 +254,10 @@ static void pairs_settle(predicted_reuse_state *s, int32_t e) {
     if (s->pending_lru[q]) s->pending_lru[q]--;
 }
 
-/* The shadow LRU cache (guard=lru): e accessed; counts its miss. O(1). */
-static void lru_unlink(predicted_reuse_state *s, int32_t e) {
-    const int32_t a = s->lru_prev[e], b = s->lru_next[e];
-    if (a >= 0) s->lru_next[a] = b;
-    else s->lru_head = b;
-    if (b >= 0) s->lru_prev[b] = a;
-    else s->lru_tail = a;
-}
-
-static void lru_access(predicted_reuse_state *s, int32_t e) {
-    if (s->in_lru[e]) {
-        lru_unlink(s, e);
-    } else {
-        s->lru_misses++;
-        if (s->lru_size == s->capacity) { /* the least recent leaves */
-            const int32_t old = s->lru_tail;
-            lru_unlink(s, old);
-            s->in_lru[old] = 0;
-        } else {
-            s->lru_size++;
-        }
-        s->in_lru[e] = 1;
-    }
-    s->lru_prev[e] = -1;
-    s->lru_next[e] = s->lru_head;
-    if (s->lru_head >= 0) s->lru_prev[s->lru_head] = e;
-    s->lru_head = e;
-    if (s->lru_tail < 0) s->lru_tail = e;
-}
-
 static void pr_on_access(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev) {
     predicted_reuse_state *s = state;
     const int32_t e = ev->layer * s->J + ev->expert;
-    if (s->guard == GUARD_LRU) {
-        if (ev->result == FMOE_ACCESS_MISS) s->misses++;
-        lru_access(s, e);
-    }
+    if (s->guard == GUARD_LRU) fmoe__lru_guard_access(&s->lru, e, ev->result == FMOE_ACCESS_MISS);
     if (s->guard == GUARD_PAIRS) pairs_settle(s, e);
     const uint64_t now = env->cache->tick;
     fmoe__reuse_estimate_observe(&s->reuse, ev->layer, e, now);
@@ -322,7 +292,7 @@ static int32_t pr_choose_victim(void *state, const fmoe_policy_env *env,
         if (!fmoe_cache_evictable(v, slot)) continue;
         const int32_t e = v->slot_expert[slot];
         const uint64_t t = v->slot_last_access[slot];
-        const double nx = s->estimate == EST_REUSE
+        const double nx = s->estimate >= EST_REUSE
                               ? fmoe__reuse_estimate_next(&s->reuse, e, v->tick)
                               : s->predicted[e];
         if (p < 0 || nx > p_next || (nx == p_next && t < p_tick)) {
@@ -337,7 +307,7 @@ static int32_t pr_choose_victim(void *state, const fmoe_policy_env *env,
     }
     if (p < 0 || p == q || s->guard == GUARD_NONE) return p;
     if (s->guard == GUARD_LRU)
-        return (double)s->misses <= (1.0 + s->guard_margin) * (double)s->lru_misses ? p : q;
+        return fmoe__lru_guard_trusts(&s->lru) ? p : q;
     const int32_t ep = v->slot_expert[p], eq = v->slot_expert[q];
     if (s->partner[ep] < 0 && s->pending_lru[eq] < UINT32_MAX) {
         s->partner[ep] = eq;
@@ -347,12 +317,30 @@ static int32_t pr_choose_victim(void *state, const fmoe_policy_env *env,
     return s->wrong_predicted <= s->guard_tolerance * s->wrong_lru ? p : q;
 }
 
+static void pr_on_request_start(void *state, const fmoe_policy_env *env,
+                                const fmoe_request_event *ev) {
+    (void)env;
+    (void)ev;
+    predicted_reuse_state *s = state;
+    if (s->estimate == EST_REQUEST) fmoe__reuse_estimate_request_start(&s->reuse);
+}
+
+static void pr_on_iteration_start(void *state, const fmoe_policy_env *env,
+                                  const fmoe_iteration_event *ev) {
+    (void)ev;
+    predicted_reuse_state *s = state;
+    if (s->estimate == EST_REQUEST)
+        fmoe__reuse_estimate_iteration_start(&s->reuse, env->cache->tick);
+}
+
 const fmoe_policy_ops fmoe_policy_predicted_reuse = {
     .name = "predicted-reuse",
     .summary = "evict the expert predicted to be needed last (Belady on predictions), "
                "guarded by LRU; no prefetch",
     .init = pr_init,
     .free = pr_free,
+    .on_request_start = pr_on_request_start,
+    .on_iteration_start = pr_on_iteration_start,
     .on_access = pr_on_access,
     .choose_victim = pr_choose_victim,
     .settings = pr_settings,

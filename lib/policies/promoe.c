@@ -59,6 +59,7 @@
 #include "fmoe/error.h"
 #include "fmoe/policy.h"
 #include "fmoe/predictor.h"
+#include "reuse_evict.h"
 #include "worker.h"
 
 #define PM_BATCH 64 /* predictor rows per forward pass; most tokens a thread job holds */
@@ -103,7 +104,17 @@ typedef struct pm_state {
     int32_t *issued;             /* [L][J] experts predicted (and cached or in flight) for
                                     layer i in this iteration */
     int32_t *num_issued;         /* [L] */
+    fmoe__reuse_evict evict;     /* the order among the experts it may evict (setting evict) */
 } pm_state;
+
+static const fmoe_policy_setting pm_settings[] = {
+    {.name = "evict", .type = FMOE_SETTING_CHOICE, .def = FMOE__EVICT_RECENCY,
+     .choices = fmoe__evict_rule_names,
+     .help = "among the experts it may evict: the least recently used (ProMoE's base), or "
+             "the one predicted-reuse predicts is needed last, by its per-expert gaps "
+             "(predicted-reuse) or the request's use rates (request-reuse), LRU-guarded"},
+    {0},
+};
 
 static void scratch_free(pm_scratch *s) {
     fmoe_mlp_work_free(&s->work);
@@ -138,6 +149,7 @@ static void pm_free(void *state) {
     free(m->flag);
     free(m->issued);
     free(m->num_issued);
+    fmoe__reuse_evict_free(&m->evict);
     free(m);
 }
 
@@ -178,7 +190,9 @@ static int pm_init(void **state, const fmoe_policy_config *cfg) {
     m->flag = calloc(L * J, 1);
     m->issued = calloc(L * J, sizeof *m->issued);
     m->num_issued = calloc(L, sizeof *m->num_issued);
-    int rc = 0;
+    int rc = fmoe__reuse_evict_init(
+        &m->evict, (fmoe__evict_rule)fmoe_policy_setting_choice(cfg, pm_settings, "evict"), cfg);
+    if (rc < 0) goto fail;
     if (!m->targets || !m->num_targets || !m->flag || !m->issued || !m->num_issued) {
         rc = fmoe_error_set(FMOE_ENOMEM, "promoe state");
         goto fail;
@@ -318,11 +332,18 @@ static void take_predictions(pm_state *m, const fmoe_policy_env *env) {
     }
 }
 
-static void pm_on_iteration_start(void *state, const fmoe_policy_env *env,
-                                  const fmoe_iteration_event *ev) {
+static void pm_on_request_start(void *state, const fmoe_policy_env *env,
+                                const fmoe_request_event *ev) {
     (void)env;
     (void)ev;
+    fmoe__reuse_evict_request_start(&((pm_state *)state)->evict);
+}
+
+static void pm_on_iteration_start(void *state, const fmoe_policy_env *env,
+                                  const fmoe_iteration_event *ev) {
+    (void)ev;
     pm_state *m = state;
+    fmoe__reuse_evict_iteration_start(&m->evict, env);
     m->cur_layer = -1;
     if (m->worker) fmoe_worker_epoch(m->worker, ++m->epoch);
 }
@@ -369,6 +390,7 @@ static void pm_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_
 static void pm_on_access(void *state, const fmoe_policy_env *env, const fmoe_access_event *ev) {
     pm_state *m = state;
     m->flag[(size_t)ev->layer * m->J + ev->expert] = 0;
+    fmoe__reuse_evict_access(&m->evict, env, ev);
     if (m->worker) take_predictions(m, env);
 }
 
@@ -379,8 +401,9 @@ static void pm_on_layer_done(void *state, const fmoe_policy_env *env, int32_t la
     if (m->worker) take_predictions(m, env);
 }
 
-/* LRU; a demand miss spares predicted experts while it can, a prefetch always and also the
- * current layer's experts still to be accessed (then it takes nothing). */
+/* LRU (or evict's order); a demand miss spares predicted experts while it can, a prefetch
+ * always and also the current layer's experts still to be accessed (then it takes
+ * nothing). */
 static int32_t pm_choose_victim(void *state, const fmoe_policy_env *env,
                                 const fmoe_victim_request *req) {
     const pm_state *m = state;
@@ -388,16 +411,14 @@ static int32_t pm_choose_victim(void *state, const fmoe_policy_env *env,
     const uint8_t spare = req->kind == FMOE_LOAD_PREFETCH ? PM_PREDICTED | PM_PENDING
                                                           : PM_PREDICTED;
     int32_t best = -1;
-    uint64_t best_tick = UINT64_MAX;
     for (int32_t s = 0; s < v->capacity; s++) {
         if (!fmoe_cache_evictable(v, s) || (m->flag[v->slot_expert[s]] & spare)) continue;
-        if (v->slot_last_access[s] < best_tick) {
-            best_tick = v->slot_last_access[s];
-            best = s;
-        }
+        if (fmoe__reuse_evict_before(&m->evict, v, s, best)) best = s;
     }
     if (best >= 0 || req->kind == FMOE_LOAD_PREFETCH) return best;
-    return fmoe_policy_victim_lru(v);
+    for (int32_t s = 0; s < v->capacity; s++)
+        if (fmoe_cache_evictable(v, s) && fmoe__reuse_evict_before(&m->evict, v, s, best)) best = s;
+    return best;
 }
 
 const fmoe_policy_ops fmoe_policy_promoe = {
@@ -408,10 +429,12 @@ const fmoe_policy_ops fmoe_policy_promoe = {
                            FMOE_POLICY_REORDER_COMPUTE,
     .init = pm_init,
     .free = pm_free,
+    .on_request_start = pm_on_request_start,
     .on_iteration_start = pm_on_iteration_start,
     .on_gate = pm_on_gate,
     .on_access = pm_on_access,
     .on_layer_done = pm_on_layer_done,
     .choose_victim = pm_choose_victim,
     .predictor_kind = FMOE_PREDICTOR_KIND_PROMOE,
+    .settings = pm_settings,
 };

@@ -1,7 +1,8 @@
 /*
  * reuse_estimate.h - internal: the per-expert reuse estimate of predicted-reuse
  * (predicted_reuse.c's design comment, docs/policies.md#predicted-reuse), shared with the
- * policies that take it as an eviction option (moe-infinity-fb's evict=predicted-reuse).
+ * policies that take it as an eviction option (evict=predicted-reuse of moe-infinity-fb,
+ * fmoe, promoe and duoserve).
  *
  * Each access of expert e at cache tick t updates e's exponentially weighted mean gap
  * between accesses and the layer's mean gap; e's predicted gap is its own mean shrunk
@@ -9,6 +10,19 @@
  * use at tick `now` is last + max(predicted gap, overdue x (now - last)): an expert idle
  * for longer than predicted decays into recency order. Ticks are the cache's, the same
  * live and simulated. O(1) per access; no allocation after init.
+ *
+ * The request source (fmoe__reuse_estimate_use_request) predicts the gap from how often the
+ * *current request* uses the expert instead: MoE-Infinity §4.2's request-level activation
+ * matrix (its EAM, one row per layer), which finds that a request reuses a few experts far
+ * more than the model does overall. Its rate r_e (iterations of the request that accessed
+ * e, per iteration) is the request's own count shrunk towards a prior by w iterations:
+ *     r_e = (used_e + w · prior_e) / (iterations + w),
+ * prior_e the rate a policy predicts for this request from its own predictions (the
+ * callback `predict`: a matched expert map, an EAMC entry), or where it predicts none the
+ * expert's rate over all requests so far; its predicted gap is ticks-per-iteration / r_e (a
+ * geometric wait of mean 1/r_e iterations, each of about the mean number of accesses).
+ * The overdue rule is the same. This is how a policy plugs its prediction into Belady's
+ * rule: a rate per expert for the request, refined by what the request does.
  */
 #ifndef FMOE_POLICIES_REUSE_ESTIMATE_H
 #define FMOE_POLICIES_REUSE_ESTIMATE_H
@@ -26,14 +40,39 @@ typedef struct fmoe__reuse_estimate {
     uint64_t *prev_tick; /* [L*J] tick of the last access, 0 = none */
     double *gap_pred;   /* [L*J] the predicted gap after the last access */
     double *layer_gap;  /* [L] decayed mean gap over the layer's experts, ticks; 0 none yet */
+    /* the request source (NULL tables: off) */
+    double request_weight;   /* w: iterations of prior */
+    uint64_t request;        /* the current request's number, from 1 */
+    uint64_t *req_stamp;     /* [L*J] request of req_used (older: 0 uses) */
+    uint32_t *req_used;      /* [L*J] iterations of the request that accessed e */
+    /* The policy's prediction of expert e's rate in the current request (a share of its
+     * iterations, in [0, 1]), or < 0 for none; NULL: none. Read at victim choices. */
+    double (*predict)(const void *ctx, int32_t e);
+    const void *predict_ctx;
+    uint64_t *all_used;      /* [L*J] iterations of every request that accessed e */
+    uint64_t all_iterations; /* iterations of every request */
+    double req_iterations;   /* iterations of the current request */
+    double ticks_per_iteration; /* decayed mean accesses per iteration; 0 before one */
+    uint64_t iteration_tick; /* tick at the current iteration's start */
 } fmoe__reuse_estimate;
 
 /* half_life: of an expert's mean gap, in gaps (> 0). @return 0 or FMOE_ENOMEM. */
 int fmoe__reuse_estimate_init(fmoe__reuse_estimate *r, int32_t num_layers, int32_t num_experts,
                               double half_life, double prior, double overdue);
 
+/* Switches r to the request source with w = request_weight (>= 0) iterations of prior;
+ * the caller then reports request and iteration starts. @return 0 or FMOE_ENOMEM. */
+int fmoe__reuse_estimate_use_request(fmoe__reuse_estimate *r, int32_t num_layers,
+                                     double request_weight);
+
 /* Frees the tables; a zeroed struct is a no-op. */
 void fmoe__reuse_estimate_free(fmoe__reuse_estimate *r);
+
+/* Request source: a request starts (its counts and predicted rates begin empty). O(1). */
+void fmoe__reuse_estimate_request_start(fmoe__reuse_estimate *r);
+
+/* Request source: an iteration starts at cache tick `now`. */
+void fmoe__reuse_estimate_iteration_start(fmoe__reuse_estimate *r, uint64_t now);
 
 /* Expert e = layer * J + j accessed at cache tick `now` (ticks increase). */
 void fmoe__reuse_estimate_observe(fmoe__reuse_estimate *r, int32_t layer, int32_t e,
@@ -45,11 +84,15 @@ static inline double fmoe__reuse_estimate_layer_gap(const fmoe__reuse_estimate *
     return r->layer_gap[layer] > 0 ? r->layer_gap[layer] : 1.0;
 }
 
+/* Request source: e's predicted gap in ticks (see the top of this file). */
+double fmoe__reuse_estimate_request_gap(const fmoe__reuse_estimate *r, int32_t e);
+
 /* The predicted next use of expert e, in ticks, as seen at tick `now`. */
 static inline double fmoe__reuse_estimate_next(const fmoe__reuse_estimate *r, int32_t e,
                                                uint64_t now) {
     const double last = (double)r->prev_tick[e], idle = (double)now - last;
-    return last + fmax(r->gap_pred[e], r->overdue * idle);
+    const double gap = r->req_used ? fmoe__reuse_estimate_request_gap(r, e) : r->gap_pred[e];
+    return last + fmax(gap, r->overdue * idle);
 }
 
 #endif

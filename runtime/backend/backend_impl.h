@@ -77,14 +77,13 @@ typedef struct fmoe__route_args {
     int32_t norm;          /* renormalise the top k to sum 1 */
     float norm_eps, scale; /* route_norm_eps, routed_scaling_factor */
     /* DeepSeek-V2/V3 selection (fmoe_route_row_grouped); n_group <= 1 and no bias: plain
-     * top-k. The CUDA backend has none of it (the family is refused there). */
+     * top-k. */
     int32_t n_group, topk_group;
     int32_t group_top2;    /* group score: sum of its two best (V3), else its best (V2) */
     const float *bias;     /* [J] model vector added to the scores for selection only, or
                               NULL */
     float *choice;         /* [n][J] backend scratch for the biased, masked scores */
-    /* Phi-3.5-MoE's sparsemixer top-k (fmoe_route_row_grouped); the CUDA backend has none
-     * of it (the family is refused there). */
+    /* Phi-3.5-MoE's sparsemixer top-k (fmoe_route_row_grouped). */
     int32_t sparsemixer;
     float jitter_eps;      /* router_jitter_noise */
 } fmoe__route_args;
@@ -282,7 +281,8 @@ typedef struct fmoe__backend_ops {
      * @return 0 or FMOE_EINTERNAL (detail set; not sticky, as write_slot). */
     int (*fence_wait)(void *ctx, void *fence);
 
-    /* ---- added later: NULL in a backend without it (CUDA this round) ---- */
+    /* ---- added later: NULL in a backend without it (both tables have them; CUDA's are
+     * compiled, not yet run on a GPU: docs/gpu.md) ---- */
     /* Multi-head latent attention (DeepSeek-V2/V3): rotates the rope dims of q and kv,
      * appends kv's rows to the latent cache and attends in the absorbed form (mla.c). A
      * session refuses an MLA model on a backend where this is NULL. */

@@ -21,7 +21,8 @@
  * The rotary dims: transformers' deepseek_v2/v3 take q_pe and k_pe as adjacent pairs
  * (x[2i], x[2i+1]) rotated by frequency i (V3 permutes them to halves and applies
  * rotate_half, V2 views them as complex numbers: the same rotation); here they are
- * permuted to halves (evens then odds) and rotated with fmoe_rope_head, and cached in
+ * permuted to halves (evens then odds) and rotated with fmoe_rope_head
+ * (lib/rowwise.h fmoe_rope_head_pairs, which the CUDA backend runs too), and cached in
  * that order. Query and key use the same order, so their dot products are unchanged.
  */
 #include <string.h>
@@ -29,22 +30,6 @@
 #include "../backend/backend_impl.h"
 #include "cpu_mla.h"
 #include "rowwise.h"
-
-/* Most rope dims per head (DeepSeek: 64). */
-#define MAX_ROPE 512
-
-/* Rotates one head's dr rope dims in place; adjacent pairs first become halves. */
-static void rope_pe(float *x, const float *c, const float *s, int32_t dr, int interleave) {
-    if (interleave) {
-        float tmp[MAX_ROPE];
-        for (int32_t i = 0; i < dr / 2; i++) {
-            tmp[i] = x[2 * i];
-            tmp[i + dr / 2] = x[2 * i + 1];
-        }
-        memcpy(x, tmp, (size_t)dr * sizeof *x);
-    }
-    fmoe_rope_head(x, c, s, dr);
-}
 
 typedef struct mla_job {
     void *ctx;
@@ -98,12 +83,12 @@ static void head_task(void *arg, int32_t h, int32_t worker) {
 void fmoe__cpu_mla_attention(void *ctx, const fmoe__mla_args *a) {
     const int32_t H = a->n_heads, dn = a->nope, dr = a->rope, r = a->rank;
     const int32_t qs = dn + dr, ks = r + dr, half = dr / 2;
-    if (dr > MAX_ROPE) return; /* refused at load (config.c) */
+    if (dr > FMOE_ROPE_PAIRS_MAX) return; /* refused at load (config.c) */
     for (int32_t t = 0; t < a->n; t++) {
         const float *c = a->cos + (int64_t)t * half, *s = a->sin + (int64_t)t * half;
         for (int32_t h = 0; h < H; h++)
-            rope_pe(a->q + ((int64_t)t * H + h) * qs + dn, c, s, dr, a->interleave);
-        rope_pe(a->kv + (int64_t)t * ks + r, c, s, dr, a->interleave);
+            fmoe_rope_head_pairs(a->q + ((int64_t)t * H + h) * qs + dn, c, s, dr, a->interleave);
+        fmoe_rope_head_pairs(a->kv + (int64_t)t * ks + r, c, s, dr, a->interleave);
     }
     memcpy(a->cache + (int64_t)a->pos0 * ks, a->kv, (size_t)a->n * (size_t)ks * sizeof(float));
 

@@ -83,7 +83,7 @@
 // A block keeps 128 threads whatever head_dim is: a correct kernel first; a tiled
 // flash-style kernel (several queries of a KV head per block) is the fast one to come.
 //
-// Quantized weights (GGUF's Q8_0, Q4_K, Q5_K, Q6_K; cuda_quant.cu). A mat with quant set
+// Quantized weights (GGUF's Q8_0, Q4_K, Q5_K, Q6_K, MXFP4; cuda_quant.cu). A mat with quant set
 // is cached, or sits in an expert slot, as the file's bytes: rows of ggml blocks, never
 // repacked. matmul with at most FMOE_CUDA_QMV_MAX_N rows of x (decode) runs a kernel that
 // dequantises each weight on the fly and sums in f32 in a fixed order, one warp per
@@ -93,6 +93,15 @@
 // C, the CPU's dequantisation, so it is the CPU's bit for bit; products differ from the
 // CPU's by summation order only. Other ggml types have no kernel and are refused in one
 // line (mat_data).
+//
+// The ops of the families added later (docs/gpu.md, "New model families"): route runs
+// fmoe_route_row_grouped (DeepSeek-V2/V3 and GLM-4.5's groups and score correction bias,
+// Phi-3.5-MoE's sparsemixer) as the CPU does, one thread per token, the bias mapped like
+// any model vector; rope_partial is the rope kernel over the first rot_dim of each head;
+// layernorm is rmsnorm's block per row with fmoe_layernorm_row's sums; attention takes
+// gpt-oss's sinks (one more logit in the max and the denominator); swiglu_clamped is
+// element-wise; mla_attention checks its arguments here and queues cuda_mla.cu's kernels.
+// Written to be checked first, like the rest; none of them has run on a GPU yet.
 //
 // Rounding. The module is compiled with --fmad=false (runtime/meson.build), so a*b+c in
 // the shared row functions rounds twice, as on the CPU (gcc does not contract into FMA
@@ -121,6 +130,7 @@ extern "C" {
 #include "fmoe/error.h"
 #include "rowwise.h"
 }
+#include "cuda_mla.h"
 #include "cuda_quant.h"
 
 #define ATTN_THREADS 128
@@ -385,7 +395,7 @@ static const void *mat_data(cuda_ctx *c, const fmoe__mat *w, const char *what) {
         if (!fmoe__cuda_quant_has(w->quant)) {
             /* the number, not fmoe_ggml_type_name: this module links lib/error.c only */
             set_error(c, FMOE_EUNSUPPORTED, "%s: weights of ggml type %u: the CUDA backend "
-                      "has kernels for Q8_0, Q4_K, Q5_K, Q6_K, f32, f16 and bf16 only", what,
+                      "has kernels for Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, f32, f16 and bf16 only", what,
                       (unsigned)w->quant);
             return NULL;
         }
@@ -540,23 +550,52 @@ __global__ static void clamp_kernel(float *y, int64_t count, float c) {
         y[i] = y[i] < -c ? -c : y[i] > c ? c : y[i];
 }
 
-/* fmoe_rope_head per (t, head): one thread each. */
+/* fmoe_rope_head over the first rot_dim of each head_dim-wide head, per (t, head): one
+ * thread each (rot_dim = head_dim: the whole head; less: GLM-4.5's partial rotary). */
 __global__ static void rope_kernel(float *x, int32_t n, int32_t heads, int32_t head_dim,
-                                   const float *cos, const float *sin) {
+                                   int32_t rot_dim, const float *cos, const float *sin) {
     const int64_t task = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (task >= (int64_t)n * heads) return;
-    const int64_t t = task / heads, half = head_dim / 2;
-    fmoe_rope_head(x + task * head_dim, cos + t * half, sin + t * half, head_dim);
+    const int64_t t = task / heads, half = rot_dim / 2;
+    fmoe_rope_head(x + task * head_dim, cos + t * half, sin + t * half, rot_dim);
 }
 
-/* fmoe_route_row per row: one thread each; probs, topk, topw written in place. */
+/* fmoe_layernorm_row with a block per row: mean and squared deviations summed in double,
+ * as the row function (whose comment says why the order then does not change the float
+ * result), then its roundings. */
+__global__ static void layernorm_kernel(float *y, const float *x, const float *w,
+                                        const float *b, int64_t rows, int32_t dim, float eps) {
+    __shared__ double red[32];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + r * dim;
+        float *yr = y + r * dim; /* may be xr: every value is read before any is written */
+        double sum = 0.0;
+        for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) sum += (double)xr[i];
+        const double mean = block_sum_d(sum, red) / (double)dim;
+        double ss = 0.0;
+        for (int32_t i = threadIdx.x; i < dim; i += blockDim.x)
+            ss += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+        ss = block_sum_d(ss, red);
+        const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+        const float mu = (float)mean;
+        for (int32_t i = threadIdx.x; i < dim; i += blockDim.x)
+            yr[i] = w[i] * ((xr[i] - mu) * inv) + b[i];
+    }
+}
+
+/* fmoe_route_row_grouped per row, as the CPU's cpu_route calls it: one thread each;
+ * probs, topk, topw written in place, a.choice the biased, masked scores (a.bias: the
+ * device copy of the model's vector). */
 __global__ static void route_kernel(fmoe__route_args a, const float *logits, float *probs,
                                     int32_t *topk, float *topw) {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= a.n) return;
     const int64_t J = a.num_experts, K = a.top_k;
-    fmoe_route_row(logits + t * J, a.num_experts, a.top_k, a.sigmoid, a.norm, a.norm_eps,
-                   a.scale, probs + t * J, topk + t * K, topw + t * K);
+    const int plain = a.n_group <= 1 && !a.bias && !a.sparsemixer;
+    fmoe_route_row_grouped(logits + t * J, a.num_experts, a.top_k, a.sigmoid, a.norm,
+                           a.norm_eps, a.scale, a.n_group, a.topk_group, a.group_top2, a.bias,
+                           a.sparsemixer, a.jitter_eps, probs + t * J,
+                           plain ? probs + t * J : a.choice + t * J, topk + t * K, topw + t * K);
 }
 
 /* Gate probabilities per row: one thread each. */
@@ -576,6 +615,13 @@ __global__ static void swiglu_kernel(float *g, const float *u, int64_t count) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (int64_t)gridDim.x * blockDim.x)
         g[i] = fmoe_swiglu(g[i], u[i]);
+}
+
+__global__ static void swiglu_clamped_kernel(float *g, const float *u, int64_t count,
+                                             float alpha, float limit) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x)
+        g[i] = fmoe_swiglu_clamped(g[i], u[i], alpha, limit);
 }
 
 /* dst[i] = src[idx[i]]: one block per row. */
@@ -652,6 +698,10 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         float mx = -INFINITY;
         for (int32_t p = threadIdx.x; p < m; p += blockDim.x) mx = sc[p] > mx ? sc[p] : mx;
         mx = block_max(mx, red);
+        /* gpt-oss's sink (fmoe_softmax_row_sink): one more logit in the max and the sum,
+         * no value; with it a row is never fully masked */
+        const float sink = a.sinks ? a.sinks[hq] : -INFINITY;
+        if (a.sinks) mx = mx > sink ? mx : sink;
         float *out = a.out + qoff;
         if (mx == -INFINITY) { /* a fully masked row: fmoe_softmax_row gives zeros */
             for (int32_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = 0.0f;
@@ -663,6 +713,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
                 sum += e;
             }
             sum = block_sum(sum, red);
+            if (a.sinks) sum += expf(sink - mx);
             const float inv = 1.0f / sum;
             for (int32_t p = threadIdx.x; p < m; p += blockDim.x) sc[p] *= inv;
             __syncthreads();
@@ -1085,14 +1136,35 @@ static void cuda_clamp(void *ctx, float *y, int64_t count, float cl) {
     CHECK_LAUNCH(c, clamp_kernel);
 }
 
-static void cuda_rope(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
-                      const float *cos, const float *sin) {
+static void cuda_rope_partial(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
+                              int32_t rot_dim, const float *cos, const float *sin) {
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (c->err || n <= 0 || heads <= 0 || head_dim <= 0) return;
+    if (rot_dim <= 0 || rot_dim > head_dim || rot_dim % 2 != 0) {
+        set_error(c, FMOE_EINVAL, "rope: %d rotated dims of a head of %d", rot_dim, head_dim);
+        return;
+    }
     const int64_t tasks = (int64_t)n * heads;
     rope_kernel<<<(unsigned)((tasks + ROW_FN_THREADS - 1) / ROW_FN_THREADS), ROW_FN_THREADS, 0,
-                  c->stream>>>(x, n, heads, head_dim, cos, sin);
+                  c->stream>>>(x, n, heads, head_dim, rot_dim, cos, sin);
     CHECK_LAUNCH(c, rope_kernel);
+}
+
+static void cuda_rope(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
+                      const float *cos, const float *sin) {
+    cuda_rope_partial(ctx, x, n, heads, head_dim, head_dim, cos, sin);
+}
+
+static void cuda_layernorm(void *ctx, float *y, const float *x, const float *w, const float *b,
+                           int64_t rows, int32_t dim, float eps) {
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (c->err || rows <= 0 || dim <= 0) return;
+    const float *W = (const float *)weight(c, w, (int64_t)dim * 4, "layernorm weight");
+    const float *B = W ? (const float *)weight(c, b, (int64_t)dim * 4, "layernorm bias") : NULL;
+    if (!B) return;
+    const unsigned grid = (unsigned)(rows < 65535 ? rows : 65535);
+    layernorm_kernel<<<grid, NORM_THREADS, 0, c->stream>>>(y, x, W, B, rows, dim, eps);
+    CHECK_LAUNCH(c, layernorm_kernel);
 }
 
 static void cuda_attention(void *ctx, const fmoe__attn_args *a) {
@@ -1112,14 +1184,18 @@ static void cuda_attention(void *ctx, const fmoe__attn_args *a) {
         set_error(c, FMOE_EINVAL, "attention: %lld (token, head) pairs", (long long)tasks);
         return;
     }
+    fmoe__attn_args da = *a;
+    if (a->sinks && !(da.sinks = (const float *)weight(c, a->sinks, (int64_t)a->n_heads * 4,
+                                                       "attention sinks")))
+        return;
     const int64_t fixed = ((int64_t)a->head_dim + 32) * 4;
     if (fixed + keys * 4 <= c->smem_optin) {
         attention_kernel<<<(unsigned)tasks, ATTN_THREADS, (size_t)(fixed + keys * 4),
-                           c->stream>>>(*a, NULL, 0, (int32_t)tasks);
+                           c->stream>>>(da, NULL, 0, (int32_t)tasks);
     } else if (c->scores && keys <= c->max_context && fixed <= c->smem_optin) {
         const int64_t grid = tasks < c->attn_blocks ? tasks : c->attn_blocks;
         attention_kernel<<<(unsigned)grid, ATTN_THREADS, (size_t)fixed, c->stream>>>(
-            *a, c->scores, c->max_context, (int32_t)tasks);
+            da, c->scores, c->max_context, (int32_t)tasks);
     } else {
         set_error(c, FMOE_EUNSUPPORTED,
                   "attention: %lld keys of head_dim %d exceed the scratch (max_context %d, %d "
@@ -1138,8 +1214,24 @@ static void cuda_route(void *ctx, const fmoe__route_args *a, const float *logits
         set_error(c, FMOE_EINVAL, "route: top %d of %d experts", a->top_k, a->num_experts);
         return;
     }
+    const int plain = a->n_group <= 1 && !a->bias && !a->sparsemixer;
+    if (!plain && !a->choice) {
+        set_error(c, FMOE_EINVAL, "route: grouped, biased or sparsemixer routing without a "
+                  "choice buffer");
+        return;
+    }
+    if (a->n_group > 1 && (a->n_group > FMOE_ROUTE_MAX_GROUPS ||
+                           a->num_experts % a->n_group != 0 || a->topk_group < 1)) {
+        set_error(c, FMOE_EINVAL, "route: %d experts in %d groups, %d kept (at most %d groups)",
+                  a->num_experts, a->n_group, a->topk_group, FMOE_ROUTE_MAX_GROUPS);
+        return;
+    }
+    fmoe__route_args da = *a;
+    if (a->bias && !(da.bias = (const float *)weight(c, a->bias, (int64_t)a->num_experts * 4,
+                                                     "router score correction bias")))
+        return;
     route_kernel<<<(unsigned)((a->n + ROW_FN_THREADS - 1) / ROW_FN_THREADS), ROW_FN_THREADS, 0,
-                   c->stream>>>(*a, logits, probs, topk, topw);
+                   c->stream>>>(da, logits, probs, topk, topw);
     CHECK_LAUNCH(c, route_kernel);
 }
 
@@ -1157,6 +1249,39 @@ static void cuda_swiglu(void *ctx, float *g, const float *u, int64_t count) {
     if (c->err || count <= 0) return;
     swiglu_kernel<<<blocks_for(count, EW_THREADS), EW_THREADS, 0, c->stream>>>(g, u, count);
     CHECK_LAUNCH(c, swiglu_kernel);
+}
+
+static void cuda_swiglu_clamped(void *ctx, float *g, const float *u, int64_t count, float alpha,
+                                float limit) {
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (c->err || count <= 0) return;
+    swiglu_clamped_kernel<<<blocks_for(count, EW_THREADS), EW_THREADS, 0, c->stream>>>(
+        g, u, count, alpha, limit);
+    CHECK_LAUNCH(c, swiglu_clamped_kernel);
+}
+
+/* Multi-head latent attention (cuda_mla.cu has the kernels): the arguments checked here,
+ * where a refusal can say which, and kv_b_proj mapped to its device copy. */
+static void cuda_mla_attention(void *ctx, const fmoe__mla_args *a) {
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (c->err || a->n <= 0) return;
+    if (a->n_heads <= 0 || a->rank <= 0 || a->rope <= 0 || a->rope % 2 != 0 ||
+        a->rope > FMOE_ROPE_PAIRS_MAX || a->nope < 0 || a->v_dim <= 0 || a->pos0 < 0 ||
+        a->n > a->max_batch || (int64_t)a->pos0 + a->n > a->max_context ||
+        a->scratch_slots < 1 || !a->scratch || !a->wkv_b ||
+        a->wkv_b->rows != (int64_t)a->n_heads * (a->nope + a->v_dim) ||
+        a->wkv_b->cols != a->rank) {
+        set_error(c, FMOE_EINVAL,
+                  "mla_attention: n %d pos0 %d (max_batch %d, max_context %d), %d heads of "
+                  "nope %d rope %d v %d, rank %d, %d scratch slots, kv_b %lld x %lld",
+                  a->n, a->pos0, a->max_batch, a->max_context, a->n_heads, a->nope, a->rope,
+                  a->v_dim, a->rank, a->scratch_slots, a->wkv_b ? (long long)a->wkv_b->rows : 0,
+                  a->wkv_b ? (long long)a->wkv_b->cols : 0);
+        return;
+    }
+    const void *W = mat_data(c, a->wkv_b, "kv_b_proj");
+    if (!W) return;
+    CHECK_CUDA(c, fmoe__cuda_mla_attention(c->stream, a, W));
 }
 
 static void cuda_gather_rows(void *ctx, float *dst, const float *src, const int32_t *rows_host,
@@ -1328,10 +1453,10 @@ static const fmoe__backend_ops cuda_ops = {
     .fence_free = cuda_fence_free,
     .fence_record = cuda_fence_record,
     .fence_wait = cuda_fence_wait,
-    .mla_attention = NULL,  /* DeepSeek-V2/V3 refused first (backend_types.c) */
-    .layernorm = NULL,      /* Phi-3.5-MoE refused first (backend_types.c) */
-    .swiglu_clamped = NULL, /* gpt-oss refused first (backend_types.c) */
-    .rope_partial = NULL,   /* GLM-4.5 refused first (backend_types.c) */
+    .mla_attention = cuda_mla_attention,
+    .layernorm = cuda_layernorm,
+    .swiglu_clamped = cuda_swiglu_clamped,
+    .rope_partial = cuda_rope_partial,
 };
 
 extern "C" const fmoe__backend_ops *fmoe__cuda_module_backend_ops(void) { return &cuda_ops; }

@@ -1,4 +1,5 @@
-// cuda_quant.cu - kernels for weights stored as ggml blocks (Q8_0, Q4_K, Q5_K, Q6_K):
+// cuda_quant.cu - kernels for weights stored as ggml blocks (Q8_0, Q4_K, Q5_K, Q6_K, and
+// gpt-oss's MXFP4):
 // a matrix-vector product that dequantises on the fly, a tile dequantiser feeding cuBLAS,
 // and embedding rows (cuda_quant.h). The value of every weight comes from
 // lib/quant_block.h, the C the CPU's fmoe_quant_dequantize_row runs (tests/python/
@@ -14,7 +15,8 @@
 // covers 256 consecutive values of a row per step, lane l values 8l..8l+7, so its reads
 // of x are contiguous across the warp. A thread decodes its sub-block's scale and min
 // once for its 8 values; the f16 block scales are read by the 32 (or 4) threads of a
-// block from the same bytes (one broadcast load).
+// block from the same bytes (one broadcast load). MXFP4's blocks of 32 go as Q8_0's (4
+// groups a block, fmoe__mxfp4_values: a level times the E8M0 scale, exact).
 //
 // quant_matvec (decode: n <= FMOE_CUDA_QMV_MAX_N rows of x). One warp per output row,
 // QMV_WARPS rows per block. Each thread dequantises its 8 weights once per step and
@@ -48,9 +50,11 @@ extern "C" {
 
 /* Values and bytes of a block of type T, as compile-time constants. */
 template <uint32_t T> struct qblock {
-    static constexpr int64_t values = T == FMOE_GGML_Q8_0 ? FMOE_QK8_0 : FMOE_QK_K;
-    static constexpr int64_t bytes = T == FMOE_GGML_Q8_0   ? FMOE_Q8_0_BYTES
-                                     : T == FMOE_GGML_Q4_K ? FMOE_Q4_K_BYTES
+    static constexpr int64_t values =
+        T == FMOE_GGML_Q8_0 || T == FMOE_GGML_MXFP4 ? FMOE_QK8_0 : FMOE_QK_K;
+    static constexpr int64_t bytes = T == FMOE_GGML_Q8_0    ? FMOE_Q8_0_BYTES
+                                     : T == FMOE_GGML_MXFP4 ? FMOE_MXFP4_BYTES
+                                     : T == FMOE_GGML_Q4_K  ? FMOE_Q4_K_BYTES
                                      : T == FMOE_GGML_Q5_K ? FMOE_Q5_K_BYTES
                                                            : FMOE_Q6_K_BYTES;
 };
@@ -162,6 +166,7 @@ int fmoe__cuda_quant_has(uint32_t type) { return fmoe__qblock_cuda_has(type); }
         case FMOE_GGML_Q4_K: { constexpr uint32_t T = FMOE_GGML_Q4_K; __VA_ARGS__; break; } \
         case FMOE_GGML_Q5_K: { constexpr uint32_t T = FMOE_GGML_Q5_K; __VA_ARGS__; break; } \
         case FMOE_GGML_Q6_K: { constexpr uint32_t T = FMOE_GGML_Q6_K; __VA_ARGS__; break; } \
+        case FMOE_GGML_MXFP4: { constexpr uint32_t T = FMOE_GGML_MXFP4; __VA_ARGS__; break; } \
         default: return cudaErrorInvalidValue;                                            \
         }                                                                                 \
         return cudaGetLastError();                                                        \

@@ -20,7 +20,7 @@
  * more rows dequantise tiles of W into f32 and call cuBLAS (cuda_forward.cu). */
 #define FMOE_CUDA_QMV_MAX_N 8
 
-/* 1 when the kernels below handle ggml type `type` (Q8_0, Q4_K, Q5_K, Q6_K). */
+/* 1 when the kernels below handle ggml type `type` (Q8_0, Q4_K, Q5_K, Q6_K, MXFP4). */
 int fmoe__cuda_quant_has(uint32_t type);
 
 /* y[t][rows] = x[t][cols] · Wᵀ for t < n <= FMOE_CUDA_QMV_MAX_N: one warp per row,

@@ -50,6 +50,7 @@
 #include "fmoe/gguf.h"
 #include "fmoe/quant.h"
 #include "half.h"
+#include "quant_block.h"
 
 #define NAME_CAP 256
 
@@ -130,16 +131,9 @@ static int mxfp4_rows(fmoe_model *m, const fmoe_st_tensor *blocks, const fmoe_st
     const uint8_t *bl = blocks->data, *sc = scales->data;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t src = base + r * step;
-        for (int64_t g = 0; g < G; g++) {
-            const uint8_t *in = bl + (src * G + g) * 16;
-            uint8_t *o = p + r * rb + g * FMOE_MXFP4_BYTES;
-            o[0] = sc[src * G + g];
-            for (int l = 0; l < 16; l++) { /* value l from byte l/2, value l+16 from 8+l/2 */
-                const uint8_t lo = (in[l / 2] >> (4 * (l & 1))) & 0xF;
-                const uint8_t hi = (in[8 + l / 2] >> (4 * (l & 1))) & 0xF;
-                o[1 + l] = (uint8_t)(lo | (hi << 4));
-            }
-        }
+        for (int64_t g = 0; g < G; g++)
+            fmoe__mxfp4_from_openai(bl + (src * G + g) * 16, sc[src * G + g],
+                                    p + r * rb + g * FMOE_MXFP4_BYTES);
     }
     *out = (fmoe__mat){.data = p, .dtype = FMOE_ST_U8, .rows = rows, .cols = cols,
                        .quant = FMOE_GGML_MXFP4};

@@ -23,7 +23,8 @@
  * attn_k_b/attn_v_b as its converter splits it today, the latent's key lengths) and GLM-4.5
  * as glm4moe (post_attention_norm; its multi-token-prediction layers are left out, as the
  * converter's --no-mtp leaves them). FP8 block-scaled sources (fp8_block.h) are
- * dequantised to f32 as they are written; --type f32/f16/bf16 writes every matrix in that
+ * dequantised to f32 as they are written; gpt-oss's MXFP4 experts are copied as ggml
+ * MXFP4 blocks, their numbers unchanged (add_gptoss_mxfp4); --type f32/f16/bf16 writes every matrix in that
  * float type (a conversion: nothing quantised).
  * config.json itself is kept in the key fmoe.hf_config, so fmoe can rebuild the exact
  * geometry and fingerprint of the checkpoint from the file.
@@ -47,6 +48,7 @@
 #include "half.h"
 #include "fmoe/quant.h"
 #include "fmoe/safetensors.h"
+#include "quant_block.h"
 #include "quantize_imatrix.h"
 
 #include "../backend/threadpool.h"
@@ -91,6 +93,8 @@ typedef struct out_tensor {
     int32_t nsrc;
     int32_t permute_heads;         /* > 0: rows are heads of head_dim, rotate-half -> pairs */
     const struct strided *view;    /* NULL, or the sources read through this view */
+    const fmoe_st_tensor *mx_scales; /* non-NULL: src[0] is MXFP4 blocks copied (repack_mxfp4) */
+    int64_t mx_first, mx_step;     /* output row r of expert x is source row x·R + first + r·step */
     uint64_t offset;               /* in the data section */
     int64_t nbytes;
 } out_tensor;
@@ -126,6 +130,10 @@ typedef struct plan {
     int has_fp8;                   /* some source is F8_E4M3 (fp8_block.h) */
     strided kv_split[2];           /* deepseek2's attn_k_b, attn_v_b (the same every layer) */
     strided gptoss[5];             /* gpt-oss's gate, up, down, gate bias, up bias */
+    strided llama4[3];             /* llama4's gate, up, down (the same every MoE layer) */
+    const cJSON *text;             /* llama4: config.json's text_config, else config itself */
+    fmoe_st_tensor made[2];        /* tensors computed from config.json (rope factors) */
+    float *made_data[2];           /* [n] owned values of made[k] */
     out_tensor *t;
     int64_t n, cap;
     fmoe_quantize_report *report;
@@ -170,17 +178,8 @@ static int find(plan *p, int required, const fmoe_st_tensor **out, const char *f
 
 enum kind { KIND_NORM, KIND_ROUTER, KIND_WEIGHT, KIND_EXPERT };
 
-/* Adds output `name` from `n` sources of one shape; chooses its type by kind. */
-/* add(), or (view != NULL) a strided gather of the sources with extents `ne` (ndim 3 when
- * ne[2] > 1 or there are several sources, else 2). `view` must outlive the plan. */
-static int add_shaped(plan *p, enum kind kind, const char *name, const fmoe_st_tensor **src,
-                      int32_t n, int32_t permute_heads, const strided *view,
-                      const int64_t ne[3]) {
-    for (int32_t i = 1; i < n; i++)
-        FMOE_RETURN_ERROR_IF(src[i]->ndim != src[0]->ndim || src[i]->shape[0] != src[0]->shape[0] ||
-                                 (src[0]->ndim == 2 && src[i]->shape[1] != src[0]->shape[1]),
-                             FMOE_EFORMAT, "%s: tensor %s differs in shape from %s", p->dir,
-                             src[i]->name, src[0]->name);
+/* A new zeroed output tensor at the plan's end reading the `n` sources `src`. */
+static int push(plan *p, const fmoe_st_tensor **src, int32_t n, out_tensor **out) {
     if (p->n == p->cap) {
         const int64_t cap = p->cap ? p->cap * 2 : 256;
         out_tensor *t = realloc(p->t, (size_t)cap * sizeof *t);
@@ -195,6 +194,23 @@ static int add_shaped(plan *p, enum kind kind, const char *name, const fmoe_st_t
     p->n++;
     memcpy(o->src, src, (size_t)n * sizeof *src);
     o->nsrc = n;
+    *out = o;
+    return 0;
+}
+
+/* Adds output `name` from `n` sources of one shape; chooses its type by kind. */
+/* add(), or (view != NULL) a strided gather of the sources with extents `ne` (ndim 3 when
+ * ne[2] > 1 or there are several sources, else 2). `view` must outlive the plan. */
+static int add_shaped(plan *p, enum kind kind, const char *name, const fmoe_st_tensor **src,
+                      int32_t n, int32_t permute_heads, const strided *view,
+                      const int64_t ne[3]) {
+    for (int32_t i = 1; i < n; i++)
+        FMOE_RETURN_ERROR_IF(src[i]->ndim != src[0]->ndim || src[i]->shape[0] != src[0]->shape[0] ||
+                                 (src[0]->ndim == 2 && src[i]->shape[1] != src[0]->shape[1]),
+                             FMOE_EFORMAT, "%s: tensor %s differs in shape from %s", p->dir,
+                             src[i]->name, src[0]->name);
+    out_tensor *o;
+    FMOE_FORWARD_IF_ERROR(push(p, src, n, &o));
     o->permute_heads = permute_heads;
     snprintf(o->name, sizeof o->name, "%s", name);
     const fmoe_st_tensor *s = src[0];
@@ -279,10 +295,12 @@ static int add_mlp(plan *p, int32_t i, const char *prefix, const char *suffix) {
 
 static int add_experts(plan *p, int32_t i) {
     const fmoe_model_geometry *g = p->g;
-    const int mixtral = g->family == FMOE_FAMILY_MIXTRAL;
+    /* Phi-3.5-MoE names its experts as Mixtral does (block_sparse_moe, w1/w3/w2) */
+    const int mixtral = g->family == FMOE_FAMILY_MIXTRAL || g->family == FMOE_FAMILY_PHIMOE;
     const char *moe = mixtral ? "block_sparse_moe" : "mlp";
     const fmoe_st_tensor *probe;
-    if (mixtral && !fmoe_safetensors_find(p->st, "model.layers.0.block_sparse_moe.gate.weight"))
+    if (mixtral && !fmoe_safetensors_find(p->st, "model.layers.0.block_sparse_moe.gate.weight") &&
+        fmoe_safetensors_find(p->st, "model.layers.0.mlp.gate.weight"))
         moe = "mlp"; /* transformers >= 5 may save Mixtral's block as "mlp" */
     FMOE_FORWARD_IF_ERROR(find(p, 0, &probe, "model.layers.%d.%s.experts.gate_up_proj", i, moe));
     FMOE_RETURN_ERROR_IF(probe != NULL, FMOE_EUNSUPPORTED,
@@ -393,44 +411,23 @@ static int find_shaped(plan *p, const fmoe_st_tensor **out, int32_t ndim, const 
     return 0;
 }
 
-/*
- * gpt-oss's attention sinks and MoE block of layer i, as llama.cpp's GptOssModel writes a
- * float checkpoint (family_gptoss.c has the layouts): self_attn.sinks as attn_sinks.weight,
- * the router and its bias as ffn_gate_inp, the fused input-major experts de-interleaved and
- * transposed into ffn_{gate,up,down}_exps [J][rows][cols] and their biases into
- * ffn_{gate,up,down}_exps.bias [J][rows] (strided views). OpenAI's published MXFP4 experts
- * (_blocks, _scales) are refused: repacking them is not done here.
- */
-static int add_gptoss(plan *p, int32_t i) {
+/* gpt-oss's float experts of layer i: the fused input-major tensors de-interleaved and
+ * transposed (strided views) into ffn_{gate,up,down}_exps, then quantised as asked. */
+static int add_gptoss_float(plan *p, int32_t i) {
     const fmoe_model_geometry *g = p->g;
     const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
     char name[64], hf[NAME_CAP];
-    snprintf(name, sizeof name, "blk.%d.attn_sinks.weight", i);
-    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.self_attn.sinks", i));
-    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
-    FMOE_FORWARD_IF_ERROR(add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.mlp.router.weight", i));
-    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.bias", i);
-    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.mlp.router.bias", i));
-    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_blocks", i);
-    FMOE_RETURN_ERROR_IF(fmoe_safetensors_find(p->st, hf) != NULL, FMOE_EUNSUPPORTED,
-                         "%s: layer %d stores its experts in MXFP4 (%s): fmoe quantize reads "
-                         "float gpt-oss checkpoints (fmoe runs the MXFP4 files directly)",
-                         p->dir, i, hf);
-    const fmoe_st_tensor *gu, *dn, *gub;
-    const int64_t gus[3] = {J, h, 2 * I}, dns[3] = {J, I, h}, gubs[2] = {J, 2 * I};
+    const fmoe_st_tensor *gu, *dn;
+    const int64_t gus[3] = {J, h, 2 * I}, dns[3] = {J, I, h};
     snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj", i);
     FMOE_FORWARD_IF_ERROR(find_shaped(p, &gu, 3, gus, hf));
     snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj", i);
     FMOE_FORWARD_IF_ERROR(find_shaped(p, &dn, 3, dns, hf));
-    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_bias", i);
-    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gub, 2, gubs, hf));
-    p->report->bytes_in += gu->nbytes + dn->nbytes + gub->nbytes;
+    p->report->bytes_in += gu->nbytes + dn->nbytes;
     strided *v = p->gptoss;
     v[0] = (strided){.off = 0, .e = 2 * I * h, .row = 2, .col = 2 * I}; /* gate */
     v[1] = (strided){.off = 1, .e = 2 * I * h, .row = 2, .col = 2 * I}; /* up */
     v[2] = (strided){.off = 0, .e = I * h, .row = 1, .col = h};         /* down */
-    v[3] = (strided){.off = 0, .e = 0, .row = 2 * I, .col = 2};         /* gate bias */
-    v[4] = (strided){.off = 1, .e = 0, .row = 2 * I, .col = 2};         /* up bias */
     const fmoe_st_tensor **src = malloc((size_t)J * sizeof *src);
     FMOE_RETURN_ERROR_IF(!src, FMOE_ENOMEM, "out of memory");
     static const char *const gg[3] = {"gate", "up", "down"};
@@ -442,7 +439,106 @@ static int add_gptoss(plan *p, int32_t i) {
         rc = add_shaped(p, KIND_EXPERT, name, src, (int32_t)J, 0, &v[k], ne);
     }
     free(src);
-    FMOE_FORWARD_IF_ERROR(rc);
+    return rc;
+}
+
+/*
+ * gpt-oss's MXFP4 experts of layer i (OpenAI's layout: family_gptoss.c), written as
+ * llama.cpp's GptOssModel.repack_mxfp4 writes them: ffn_gate_exps and ffn_up_exps [J][I][h]
+ * from the even and odd rows of gate_up_proj_blocks/_scales, ffn_down_exps [J][h][I] from
+ * down_proj's, each block with its scale byte repacked into ggml's order
+ * (fmoe__mxfp4_from_openai), never requantised: the file holds the checkpoint's numbers
+ * exactly. Another
+ * --experts-type would requantise already-quantised numbers; that is refused.
+ */
+static int add_gptoss_mxfp4(plan *p, int32_t i) {
+    const fmoe_model_geometry *g = p->g;
+    const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
+    FMOE_RETURN_ERROR_IF(p->experts_type && p->experts_type != FMOE_GGML_MXFP4,
+                         FMOE_EUNSUPPORTED,
+                         "%s: the experts are MXFP4 in the checkpoint and are copied as such: "
+                         "--experts-type %s would requantise quantised numbers (use mxfp4 or "
+                         "leave it out)",
+                         p->dir, fmoe_ggml_type_name(p->experts_type));
+    FMOE_RETURN_ERROR_IF(h % 32 != 0 || I % 32 != 0, FMOE_EFORMAT,
+                         "%s: MXFP4 experts need hidden_size (%lld) and intermediate_size "
+                         "(%lld) in whole blocks of 32",
+                         p->dir, (long long)h, (long long)I);
+    static const char *const hf[2] = {"gate_up_proj", "down_proj"};
+    const int64_t rows[2] = {2 * I, h}, cols[2] = {h, I};
+    const fmoe_st_tensor *bl[2], *sc[2];
+    for (int k = 0; k < 2; k++) {
+        const int64_t want[4] = {J, rows[k], cols[k] / 32, 16};
+        for (int part = 0; part < 2; part++) {
+            char name[NAME_CAP];
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s_%s", i, hf[k],
+                     part ? "scales" : "blocks");
+            const fmoe_st_tensor *t = fmoe_safetensors_find(p->st, name);
+            FMOE_RETURN_ERROR_IF(!t, FMOE_ENOTFOUND, "%s: missing tensor %s", p->dir, name);
+            const int32_t nd = part ? 3 : 4;
+            int ok = t->dtype == FMOE_ST_U8 && t->ndim == nd;
+            for (int32_t d = 0; ok && d < nd; d++) ok = t->shape[d] == want[d];
+            FMOE_RETURN_ERROR_IF(!ok, FMOE_EMISMATCH,
+                                 "%s: tensor %s: expected U8 [%lld, %lld, %lld%s] (MXFP4 %s)",
+                                 t->file, name, (long long)want[0], (long long)want[1],
+                                 (long long)want[2], part ? "" : ", 16", part ? "scales" : "blocks");
+            *(part ? &sc[k] : &bl[k]) = t;
+            p->report->bytes_in += t->nbytes;
+        }
+    }
+    static const char *const gg[3] = {"gate", "up", "down"};
+    for (int k = 0; k < 3; k++) {
+        const int m = k < 2 ? 0 : 1; /* gate and up: rows 0, 2, 4 ... and 1, 3, 5 ... */
+        out_tensor *o;
+        FMOE_FORWARD_IF_ERROR(push(p, &bl[m], 1, &o));
+        snprintf(o->name, sizeof o->name, "blk.%d.ffn_%s_exps.weight", i, gg[k]);
+        o->ndim = 3;
+        o->ne[0] = cols[m];
+        o->ne[1] = m ? h : I;
+        o->ne[2] = J;
+        o->type = FMOE_GGML_MXFP4;
+        o->mx_scales = sc[m];
+        o->mx_first = k == 1;
+        o->mx_step = m ? 1 : 2;
+        o->nbytes = J * o->ne[1] * fmoe_quant_row_bytes(FMOE_GGML_MXFP4, o->ne[0]);
+        p->report->by_type[FMOE_GGML_MXFP4]++;
+    }
+    return 0;
+}
+
+/*
+ * gpt-oss's attention sinks and MoE block of layer i, as llama.cpp's GptOssModel writes a
+ * float checkpoint (family_gptoss.c has the layouts): self_attn.sinks as attn_sinks.weight,
+ * the router and its bias as ffn_gate_inp, the fused input-major experts de-interleaved and
+ * transposed into ffn_{gate,up,down}_exps [J][rows][cols] and their biases into
+ * ffn_{gate,up,down}_exps.bias [J][rows] (strided views); OpenAI's published MXFP4 experts
+ * (_blocks, _scales) copied as ggml MXFP4 blocks, as the converter's repack_mxfp4 does.
+ */
+static int add_gptoss(plan *p, int32_t i) {
+    const fmoe_model_geometry *g = p->g;
+    const int64_t I = g->moe_intermediate_size, J = g->num_experts;
+    char name[64], hf[NAME_CAP];
+    snprintf(name, sizeof name, "blk.%d.attn_sinks.weight", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.self_attn.sinks", i));
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.mlp.router.weight", i));
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.bias", i);
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.mlp.router.bias", i));
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_blocks", i);
+    if (fmoe_safetensors_find(p->st, hf)) {
+        FMOE_FORWARD_IF_ERROR(add_gptoss_mxfp4(p, i));
+    } else {
+        FMOE_FORWARD_IF_ERROR(add_gptoss_float(p, i));
+    }
+    const fmoe_st_tensor *gub;
+    const int64_t gubs[2] = {J, 2 * I};
+    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_bias", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gub, 2, gubs, hf));
+    p->report->bytes_in += gub->nbytes;
+    strided *v = p->gptoss;
+    v[3] = (strided){.off = 0, .e = 0, .row = 2 * I, .col = 2}; /* gate bias */
+    v[4] = (strided){.off = 1, .e = 0, .row = 2 * I, .col = 2}; /* up bias */
+    static const char *const gg[2] = {"gate", "up"};
     const int64_t nb[3] = {I, J, 1};
     for (int k = 0; k < 2; k++) {
         snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.bias", i, gg[k]);
@@ -450,6 +546,142 @@ static int add_gptoss(plan *p, int32_t i) {
     }
     snprintf(name, sizeof name, "blk.%d.ffn_down_exps.bias", i);
     return add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.mlp.experts.down_proj_bias", i);
+}
+
+/*
+ * Llama 4's MoE block of layer i, as llama.cpp's Llama4Model writes it: the router
+ * (feed_forward.router) as ffn_gate_inp, the shared expert as ffn_{gate,up,down}_shexp, and
+ * the fused input-major experts (family_llama4.c: gate_up_proj [J,h,2I], gate the first I
+ * columns, up the last I; down_proj [J,I,h]) transposed and split into
+ * ffn_{gate,up,down}_exps [J][rows][cols] (strided views).
+ */
+static int add_llama4_moe(plan *p, int32_t i) {
+    const fmoe_model_geometry *g = p->g;
+    const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
+    char name[64], hf[NAME_CAP];
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
+    FMOE_FORWARD_IF_ERROR(
+        add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.feed_forward.router.weight", i));
+    snprintf(hf, sizeof hf, "model.layers.%d.feed_forward.shared_expert", i);
+    FMOE_FORWARD_IF_ERROR(add_mlp(p, i, hf, "_shexp"));
+    const fmoe_st_tensor *gu, *dn;
+    const int64_t gus[3] = {J, h, 2 * I}, dns[3] = {J, I, h};
+    snprintf(hf, sizeof hf, "model.layers.%d.feed_forward.experts.gate_up_proj", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gu, 3, gus, hf));
+    snprintf(hf, sizeof hf, "model.layers.%d.feed_forward.experts.down_proj", i);
+    FMOE_FORWARD_IF_ERROR(find_shaped(p, &dn, 3, dns, hf));
+    p->report->bytes_in += gu->nbytes + dn->nbytes;
+    strided *v = p->llama4;
+    v[0] = (strided){.off = 0, .e = 2 * I * h, .row = 1, .col = 2 * I}; /* gate */
+    v[1] = (strided){.off = I, .e = 2 * I * h, .row = 1, .col = 2 * I}; /* up */
+    v[2] = (strided){.off = 0, .e = I * h, .row = 1, .col = h};         /* down */
+    const fmoe_st_tensor **src = malloc((size_t)J * sizeof *src);
+    FMOE_RETURN_ERROR_IF(!src, FMOE_ENOMEM, "out of memory");
+    static const char *const gg[3] = {"gate", "up", "down"};
+    int rc = 0;
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        const int64_t ne[3] = {k < 2 ? h : I, k < 2 ? I : h, J};
+        for (int64_t e = 0; e < J; e++) src[e] = k < 2 ? gu : dn;
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i, gg[k]);
+        rc = add_shaped(p, KIND_EXPERT, name, src, (int32_t)J, 0, &v[k], ne);
+    }
+    free(src);
+    return rc;
+}
+
+/* A number of the object `o` (NULL or not a number: def). */
+static double json_number(const cJSON *o, const char *key, double def) {
+    const cJSON *v = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+/* The rope parameters object of a config (transformers >= 5: rope_parameters; before:
+ * rope_scaling), or NULL. */
+static const cJSON *rope_object(const cJSON *cfg) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    if (!cJSON_IsObject(o)) o = cJSON_GetObjectItemCaseSensitive(cfg, "rope_scaling");
+    return cJSON_IsObject(o) ? o : NULL;
+}
+
+/* A 1-D F32 tensor `name` of n values computed from config.json, kept by the plan (slot k)
+ * and written as an F32 output of that name. @return 0, FMOE_ENOMEM. */
+static int add_made(plan *p, int k, const char *name, const float *v, int64_t n) {
+    float *d = malloc((size_t)n * sizeof *d);
+    FMOE_RETURN_ERROR_IF(!d, FMOE_ENOMEM, "out of memory");
+    memcpy(d, v, (size_t)n * sizeof *d);
+    p->made_data[k] = d;
+    p->made[k] = (fmoe_st_tensor){.name = name, .file = p->dir, .dtype = FMOE_ST_F32, .ndim = 1,
+                                  .shape = {n}, .numel = n, .nbytes = n * 4, .data = d};
+    const fmoe_st_tensor *t = &p->made[k];
+    return add(p, KIND_NORM, name, &t, 1, 0);
+}
+
+/*
+ * llama3 rope scaling as the rope_freqs tensor of per-frequency divisors, as llama.cpp's
+ * LlamaModel.generate_extra_tensors computes it (Llama 3.1's scaling: frequencies of
+ * wavelength under original/high_freq_factor kept, over original/low_freq_factor divided
+ * by factor, a smooth mix between). Nothing when the config has no llama3 scaling.
+ */
+static int add_rope_freqs(plan *p) {
+    const cJSON *r = rope_object(p->text);
+    const cJSON *t = r ? cJSON_GetObjectItemCaseSensitive(r, "rope_type") : NULL;
+    if (!cJSON_IsString(t)) t = r ? cJSON_GetObjectItemCaseSensitive(r, "type") : NULL;
+    if (!cJSON_IsString(t) || strcmp(t->valuestring, "llama3") != 0) return 0;
+    const fmoe_model_geometry *g = p->g;
+    const double base = json_number(r, "rope_theta", g->rope_theta);
+    const double factor = json_number(r, "factor", 8.0);
+    const double lo = json_number(r, "low_freq_factor", 1.0);
+    const double hi = json_number(r, "high_freq_factor", 4.0);
+    const double old = json_number(r, "original_max_position_embeddings", 8192);
+    const int64_t D = g->head_dim, n = D / 2;
+    float f[512];
+    FMOE_RETURN_ERROR_IF(n > 512, FMOE_EUNSUPPORTED, "%s: head_dim %lld: at most 1024 for "
+                         "rope_freqs", p->dir, (long long)D);
+    /* in float32, step by step, as the converter's torch arithmetic runs (its frequencies
+     * are a float32 tensor, so every value derived from one is float32 too, and the
+     * Python numbers it meets are rounded to float32 first) */
+    for (int64_t k = 0; k < n; k++) {
+        const float freq = 1.0f / powf((float)base, (float)(2 * k) / (float)D);
+        const float wl = (float)(2 * M_PI) / freq;
+        if (wl < (float)(old / hi)) {
+            f[k] = 1.0f;
+        } else if (wl > (float)(old / lo)) {
+            f[k] = (float)factor;
+        } else {
+            const float smooth = ((float)old / wl - (float)lo) / (float)(hi - lo);
+            f[k] = 1.0f / ((1.0f - smooth) / (float)factor + smooth);
+        }
+    }
+    return add_made(p, 0, "rope_freqs.weight", f, n);
+}
+
+/*
+ * Phi-3.5-MoE's longrope as llama.cpp's Phi3MiniModel writes it: the long and short factor
+ * lists as rope_factors_long/short.weight [head_dim/2] F32 (metadata_phimoe adds the
+ * attention factor). Nothing when the config has no long_factor.
+ */
+static int add_longrope(plan *p) {
+    const cJSON *r = rope_object(p->config);
+    static const char *const keys[2] = {"long_factor", "short_factor"};
+    static const char *const names[2] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+    const int64_t n = p->g->head_dim / 2;
+    for (int k = 0; k < 2; k++) {
+        const cJSON *a = r ? cJSON_GetObjectItemCaseSensitive(r, keys[k]) : NULL;
+        if (!a && k == 0) return 0;
+        FMOE_RETURN_ERROR_IF(!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n || n > 512,
+                             FMOE_EFORMAT, "%s: config.json: rope %s must be a list of "
+                             "head_dim/2 = %lld numbers", p->dir, keys[k], (long long)n);
+        float f[512];
+        for (int64_t j = 0; j < n; j++) {
+            const cJSON *v = cJSON_GetArrayItem(a, (int)j);
+            FMOE_RETURN_ERROR_IF(!cJSON_IsNumber(v), FMOE_EFORMAT,
+                                 "%s: config.json: rope %s[%lld] is not a number", p->dir,
+                                 keys[k], (long long)j);
+            f[j] = (float)v->valuedouble;
+        }
+        FMOE_FORWARD_IF_ERROR(add_made(p, k, names[k], f, n));
+    }
+    return 0;
 }
 
 static int build_plan(plan *p) {
@@ -472,6 +704,10 @@ static int build_plan(plan *p) {
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", i);
         FMOE_FORWARD_IF_ERROR(
             add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.input_layernorm.weight", i));
+        /* Phi-3.5-MoE's LayerNorms have biases */
+        snprintf(name, sizeof name, "blk.%d.attn_norm.bias", i);
+        FMOE_FORWARD_IF_ERROR(
+            add1(p, KIND_NORM, 0, 0, name, "model.layers.%d.input_layernorm.bias", i));
         if (mla) FMOE_FORWARD_IF_ERROR(add_mla(p, i));
         for (int k = 0; k < 4 && !mla; k++) {
             const int32_t heads = !p->permute ? 0
@@ -494,8 +730,15 @@ static int build_plan(plan *p) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", i, ffn_norm);
         FMOE_FORWARD_IF_ERROR(
             add1(p, KIND_NORM, 1, 0, name, "model.layers.%d.post_attention_layernorm.weight", i));
+        snprintf(name, sizeof name, "blk.%d.%s.bias", i, ffn_norm);
+        FMOE_FORWARD_IF_ERROR(
+            add1(p, KIND_NORM, 0, 0, name, "model.layers.%d.post_attention_layernorm.bias", i));
         if (g->family == FMOE_FAMILY_GPT_OSS) {
             FMOE_FORWARD_IF_ERROR(add_gptoss(p, i));
+        } else if (g->family == FMOE_FAMILY_LLAMA4) {
+            char prefix[NAME_CAP];
+            snprintf(prefix, sizeof prefix, "model.layers.%d.feed_forward", i);
+            FMOE_FORWARD_IF_ERROR(moe[i] ? add_llama4_moe(p, i) : add_mlp(p, i, prefix, ""));
         } else if (moe[i]) {
             FMOE_FORWARD_IF_ERROR(add_experts(p, i));
         } else {
@@ -505,8 +748,12 @@ static int build_plan(plan *p) {
         }
     }
     FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 1, 0, "output_norm.weight", "model.norm.weight"));
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 0, 0, "output_norm.bias", "model.norm.bias"));
     FMOE_FORWARD_IF_ERROR(add1(p, KIND_WEIGHT, !g->tie_word_embeddings, 0, "output.weight",
                                "lm_head.weight"));
+    FMOE_FORWARD_IF_ERROR(add1(p, KIND_NORM, 0, 0, "output.bias", "lm_head.bias"));
+    if (g->family == FMOE_FAMILY_LLAMA4) FMOE_FORWARD_IF_ERROR(add_rope_freqs(p));
+    if (g->family == FMOE_FAMILY_PHIMOE) FMOE_FORWARD_IF_ERROR(add_longrope(p));
     return 0;
 }
 
@@ -660,6 +907,39 @@ static void metadata_grouped_moe(kvs *k, const plan *p) {
     }
 }
 
+/* Phi-3.5-MoE's keys beyond the common ones (llama.cpp's Phi3MiniModel and PhiMoeModel):
+ * the sliding window (0 for none), the original context and, with longrope, the one
+ * attention factor sqrt(1 + ln(ctx / original) / ln original) (1 when ctx <= original). */
+static void metadata_phimoe(kvs *k, const plan *p, double window) {
+    const fmoe_model_geometry *g = p->g;
+    kv_u32(k, ".attention.sliding_window", (uint32_t)(window > 0 ? window : 0));
+    const cJSON *r = rope_object(p->config);
+    const double omp = json_number(r, "original_max_position_embeddings",
+                                   json_number(p->config, "original_max_position_embeddings",
+                                               g->max_position_embeddings));
+    kv_u32(k, ".rope.scaling.original_context_length", (uint32_t)omp);
+    if (r && cJSON_GetObjectItemCaseSensitive(r, "long_factor")) {
+        const double scale = g->max_position_embeddings / omp;
+        kv_f32(k, ".rope.scaling.attn_factor",
+               scale > 1 ? (float)sqrt(1 + log(scale) / log(omp)) : 1.0f);
+    }
+}
+
+/* Llama 4's keys beyond the common ones (llama.cpp's Llama4Model): the MoE interleave step;
+ * sliding_window 0 where every layer is full attention (MobileLLM's layer_types), which
+ * tells llama.cpp to drop chunks, NoPE layers and the temperature. */
+static void metadata_llama4(kvs *k, const plan *p) {
+    kv_u32(k, ".interleave_moe_layer_step",
+           (uint32_t)json_number(p->text, "interleave_moe_layer_step", 1));
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(p->text, "layer_types");
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) == 0) return;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, types) {
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "full_attention") != 0) return;
+    }
+    kv_u32(k, ".attention.sliding_window", 0);
+}
+
 static void metadata(kvs *k, const plan *p, const char *config, size_t config_len) {
     const fmoe_model_geometry *g = p->g;
     kv_str(k, "general.architecture", k->arch, strlen(k->arch));
@@ -689,7 +969,8 @@ static void metadata(kvs *k, const plan *p, const char *config, size_t config_le
     kv_u32(k, ".expert_count", (uint32_t)g->num_experts);
     kv_u32(k, ".expert_used_count", (uint32_t)g->top_k);
     kv_bool(k, ".expert_weights_norm", g->norm_topk_prob);
-    if (g->family != FMOE_FAMILY_MIXTRAL && g->family != FMOE_FAMILY_OLMOE)
+    if (g->family != FMOE_FAMILY_MIXTRAL && g->family != FMOE_FAMILY_OLMOE &&
+        g->family != FMOE_FAMILY_PHIMOE)
         kv_u32(k, ".expert_feed_forward_length", (uint32_t)g->moe_intermediate_size);
     if (g->family == FMOE_FAMILY_QWEN2_MOE)
         kv_u32(k, ".expert_shared_feed_forward_length", (uint32_t)g->shared_intermediate_size);
@@ -704,6 +985,8 @@ static void metadata(kvs *k, const plan *p, const char *config, size_t config_le
     const double window = cfg_number(p->config, "sliding_window", 0);
     if (g->family == FMOE_FAMILY_GPT_OSS && window > 0)
         kv_u32(k, ".attention.sliding_window", (uint32_t)window);
+    if (g->family == FMOE_FAMILY_PHIMOE) metadata_phimoe(k, p, window);
+    if (g->family == FMOE_FAMILY_LLAMA4) metadata_llama4(k, p);
     kv_str(k, "fmoe.hf_config", config, config_len);
 }
 
@@ -904,6 +1187,29 @@ static int check_finite(const fmoe_st_tensor *s, const float *row, int64_t n, in
     return 0;
 }
 
+/* An MXFP4 output copied from the checkpoint's blocks (add_gptoss_mxfp4): each block's
+ * nibbles moved into ggml's order (quant_block.h), no number changed. */
+static int write_mxfp4_copy(writer *w, const out_tensor *o) {
+    const fmoe_st_tensor *bl = o->src[0], *sc = o->mx_scales;
+    const int64_t G = o->ne[0] / 32, R = bl->shape[1], rb = G * FMOE_MXFP4_BYTES;
+    if (rb > w->out_cap) {
+        uint8_t *nb = realloc(w->out, (size_t)rb);
+        FMOE_RETURN_ERROR_IF(!nb, FMOE_ENOMEM, "out of memory for tensor %s", o->name);
+        w->out = nb;
+        w->out_cap = rb;
+    }
+    for (int64_t x = 0; x < o->ne[2]; x++)
+        for (int64_t r = 0; r < o->ne[1]; r++) {
+            const int64_t sr = x * R + o->mx_first + r * o->mx_step;
+            const uint8_t *in = (const uint8_t *)bl->data + sr * G * 16;
+            const uint8_t *scale = (const uint8_t *)sc->data + sr * G;
+            for (int64_t g = 0; g < G; g++)
+                fmoe__mxfp4_from_openai(in + g * 16, scale[g], w->out + g * FMOE_MXFP4_BYTES);
+            FMOE_FORWARD_IF_ERROR(write_all(w->f, w->out, (size_t)rb, w->path));
+        }
+    return 0;
+}
+
 static int write_source(writer *w, const out_tensor *o, int32_t e, int64_t rows, int64_t rb,
                         const float *importance, const fmoe_progress *progress, int64_t *done,
                         int64_t total);
@@ -912,6 +1218,12 @@ static int write_source(writer *w, const out_tensor *o, int32_t e, int64_t rows,
 static int write_tensor(writer *w, const out_tensor *o, const fmoe_progress *progress,
                         int64_t *done, int64_t total) {
     const int64_t cols = o->ne[0];
+    if (o->mx_scales) {
+        FMOE_FORWARD_IF_ERROR(write_mxfp4_copy(w, o));
+        *done += o->nbytes;
+        fmoe_progress_report(progress, *done, total, "bytes");
+        return 0;
+    }
     if (o->ndim == 1) { /* one row; a permuted q/k bias moves by element */
         const fmoe_st_tensor *s = o->src[0];
         for (int64_t k = 0; k < cols; k++) {
@@ -1030,11 +1342,13 @@ static int arch_of(const fmoe_model_geometry *g, const char *dir, char arch[32],
     case FMOE_FAMILY_DEEPSEEK_V3: strcpy(arch, "deepseek2"); return 0; /* no permutation */
     case FMOE_FAMILY_GLM4_MOE: strcpy(arch, "glm4moe"); return 0;      /* neox rope already */
     case FMOE_FAMILY_GPT_OSS: strcpy(arch, "gpt-oss"); return 0;
+    case FMOE_FAMILY_PHIMOE: strcpy(arch, "phimoe"); return 0;  /* neox rope: no permutation */
+    case FMOE_FAMILY_LLAMA4: strcpy(arch, "llama4"); return 0;  /* undo_permute False */
     default:
         return fmoe_error_set(FMOE_EUNSUPPORTED,
                               "%s: model_type %s: fmoe quantize writes mixtral, qwen2_moe, "
                               "qwen3_moe, olmoe, deepseek, deepseek_v2, deepseek_v3, "
-                              "glm4_moe and gpt_oss checkpoints",
+                              "glm4_moe, gpt_oss, phimoe and llama4 checkpoints",
                               dir, g->model_type);
     }
 }
@@ -1070,8 +1384,8 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
                          (int)params->mix);
     FMOE_RETURN_ERROR_IF(!fmoe_quant_can_quantize(type) && !is_float_type(type), FMOE_EINVAL,
                          "quantize: cannot write type %u (f32, f16, bf16, q8_0, q2_k, q3_k, "
-                         "q4_k, q5_k, q6_k, iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq3_xxs, "
-                         "iq3_s or iq2_s)",
+                         "q4_k, q5_k, q6_k, iq4_xs, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, "
+                         "iq3_xxs, iq3_s or iq2_s)",
                          type);
     FMOE_RETURN_ERROR_IF(params->experts_type && !fmoe_quant_can_quantize(params->experts_type) &&
                              !fmoe_quant_needs_importance(params->experts_type),
@@ -1122,8 +1436,16 @@ int fmoe_quantize_model(const fmoe_quantize_params *params, fmoe_quantize_report
         goto fail;
     }
     if ((rc = fmoe_safetensors_open(dir, &st)) < 0) goto fail;
+    /* Llama 4's multimodal checkpoints keep the text model under language_model. and its
+     * config under text_config; the vision tower is not written (llama.cpp's converter
+     * writes it to a separate mmproj file) */
+    if (g->family == FMOE_FAMILY_LLAMA4 &&
+        (rc = (int)fmoe_safetensors_strip_prefix(st, "language_model.")) < 0)
+        goto fail;
     p.st = st;
     p.config = cfg;
+    p.text = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
+    if (!cJSON_IsObject(p.text)) p.text = cfg;
     p.g = g;
     p.dir = dir;
     p.type = type;
@@ -1231,6 +1553,8 @@ fail:
 done:
     for (int64_t i = 0; i < p.n; i++) free(p.t[i].src);
     free(p.t);
+    free(p.made_data[0]);
+    free(p.made_data[1]);
     free(k.b.b);
     free(hdr.b);
     fmoe__pool_free(wr.pool);

@@ -139,8 +139,8 @@ int main(int argc, char **argv) {
     printf("| type | level | f32 input | 8-bit, 1 input | 8-bit, %d inputs |\n|---|---|---|---|---|\n", NX);
     const uint32_t qts[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
                             FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1,
-                            FMOE_GGML_IQ4_NL, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS,
-                            FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ2_S,
+                            FMOE_GGML_IQ4_NL, FMOE_GGML_MXFP4, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K,
+                            FMOE_GGML_IQ4_XS, FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ2_S,
                             FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S, FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
     for (size_t k = 0; k < sizeof qts / sizeof qts[0]; k++) {
         const uint32_t t = qts[k];

@@ -15,16 +15,19 @@ Traces, with the cache at 10, 25, 50 and 75% of all routed experts:
     - synthetic B, C and D of prefetch_vs_lru.py
 Each trace gets a 1000-entry store from 70% of its requests (d = 3, split seed 0), and every
 policy is replayed on the other 30% (--holdout) on rtx3090-pcie4 at d = 3: lru, belady,
-oracle, fmoe, moe-infinity-fb and predicted-reuse (its defaults), with --gap-split, and
-moe-infinity-fb with --policy-opt evict=predicted-reuse ("mifb-pr"). The
-one-layer OLMoE trace cannot prefetch at d = 3: lru, belady and predicted-reuse replay all of
-it (one prefill request, one decode stream).
+oracle, fmoe, moe-infinity-fb and predicted-reuse (its defaults), with --gap-split, and the
+options of EXTRA: moe-infinity-fb with --policy-opt evict=predicted-reuse ("mifb-pr") and
+evict=request-reuse ("mifb-req": the matched rEAM's rates), fmoe with evict=request-reuse
+("fmoe-req": the matched maps' p) and predicted-reuse with estimate=request ("pr-req"). The
+one-layer OLMoE trace cannot prefetch at d = 3: lru, belady, predicted-reuse and pr-req
+replay all of it (one prefill request, one decode stream).
 Printed per trace and size: hit rate and TPOT p50 of each, the share of the LRU -> optimum
-TPOT gap that fmoe, moe-infinity-fb and predicted-reuse close (the optimum: the lower TPOT
-of oracle and belady; oracle cannot run on a one-layer trace), and predicted-reuse's share
-of the LRU -> belady hit gap. Last, predicted-reuse's and lru's simulation speed (one
-thread, accesses per second over the whole run, trace reading included) on the largest
-trace.
+TPOT gap that each policy closes (the optimum: the lower TPOT of oracle and belady; oracle
+cannot run on a one-layer trace), and predicted-reuse's share of the LRU -> belady hit gap;
+then, per trace and size, the best shipped policy's share (all but belady and oracle) and
+the highest TPOT / LRU's of the prefetching ones (the target: >= 30% and <= 1.02). Last,
+predicted-reuse's and lru's simulation speed (one thread, accesses per second over the
+whole run, trace reading included) on the largest trace.
 """
 import argparse
 import json
@@ -39,8 +42,14 @@ from prefetch_vs_lru import SYNTHETIC, make_synthetic  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 POLICIES = ["lru", "belady", "oracle", "fmoe", "moe-infinity-fb", "predicted-reuse"]
-# and moe-infinity-fb --policy-opt evict=predicted-reuse, reported as mifb-pr
-REPORTED = POLICIES + ["mifb-pr"]
+# label: (policy, --policy-opt, prefetches)
+EXTRA = {"mifb-pr": ("moe-infinity-fb", "evict=predicted-reuse", True),
+         "mifb-req": ("moe-infinity-fb", "evict=request-reuse", True),
+         "fmoe-req": ("fmoe", "evict=request-reuse", True),
+         "pr-req": ("predicted-reuse", "estimate=request", False)}
+REPORTED = POLICIES + list(EXTRA)
+SHIPPED = ["fmoe", "moe-infinity-fb", "predicted-reuse", *EXTRA]
+PREFETCHING = ["fmoe", "moe-infinity-fb"] + [k for k, v in EXTRA.items() if v[2]]
 SHARES = [0.1, 0.25, 0.5, 0.75]
 QWEN_BYTES = 3 * 2048 * 1408 * 2
 
@@ -96,7 +105,8 @@ def main():
     traces += [(title, name) for title, name, _ in SYNTHETIC[1:]]
     out = []
     print(f"{'trace':<30}{'cache':>6}  {'hit% lru/bel/fmoe/mifb/pr':<34}"
-          f"{'TPOT ms lru/opt/fmoe/mifb/pr':<38}{'TPOT gap closed fmoe/mifb/pr/mifb-pr':<38}"
+          f"{'TPOT ms lru/opt/fmoe/mifb/pr':<38}"
+          f"{'TPOT gap closed ' + '/'.join(SHIPPED):<38}"
           f"{'pr hit gap':>10}")
     for title, name in traces:
         src = a.work / name
@@ -116,20 +126,22 @@ def main():
                             ",".join(map(str, caches)), "--hardware", "rtx3090-pcie4",
                             "--gap-split", "--json", "--quiet").stdout)["results"]
         r = {(x["policy"], x["cache_experts"]): x for x in res}
-        if L > 3:  # moe-infinity-fb with predicted-reuse on the recency side of its duel
-            for x in json.loads(sh(fmoe, "simulate", "--trace", src, *run[:3], "--policy",
-                                   "moe-infinity-fb", "--policy-opt", "evict=predicted-reuse",
-                                   "--prefetch-distance", 3, "--cache-experts",
+        for label, (policy, opt, prefetches) in EXTRA.items():
+            if prefetches and L <= 3:
+                continue
+            base = [*run[:3], "--prefetch-distance", 3] if L > 3 else []
+            for x in json.loads(sh(fmoe, "simulate", "--trace", src, *base, "--policy", policy,
+                                   "--policy-opt", opt, "--cache-experts",
                                    ",".join(map(str, caches)), "--hardware", "rtx3090-pcie4",
                                    "--json", "--quiet").stdout)["results"]:
-                r[("mifb-pr", x["cache_experts"])] = x
+                r[(label, x["cache_experts"])] = x
         for c in caches:
             tp = {p: r[(p, c)]["tpot_s"]["p50"] * 1e3 for p in REPORTED if (p, c) in r}
             hit = {p: r[(p, c)]["hit_rate"] * 100 for p in REPORTED if (p, c) in r}
             opt = min(tp[p] for p in ("oracle", "belady") if p in tp)
-            gaps = {p: closed(tp["lru"], opt, tp[p]) for p in ("fmoe", "moe-infinity-fb",
-                                                                "predicted-reuse", "mifb-pr")
-                    if p in tp}
+            gaps = {p: closed(tp["lru"], opt, tp[p]) for p in SHIPPED if p in tp}
+            best = max(gaps, key=lambda p: gaps[p])
+            worst_pf = max((tp[p] / tp["lru"] for p in PREFETCHING if p in tp), default=None)
             hit_gap = closed(-r[("lru", c)]["hits"], -r[("belady", c)]["hits"],
                              -r[("predicted-reuse", c)]["hits"])
             three = ["fmoe", "moe-infinity-fb", "predicted-reuse"]
@@ -137,12 +149,16 @@ def main():
                               for k in ["lru", "belady", *three])
             tpot_s = "/".join([f"{tp['lru']:.2f}", f"{opt:.2f}"] +
                               [f"{tp[k]:.1f}" if k in tp else "-" for k in three])
-            gaps_s = "/".join(f"{gaps[k] * 100:.0f}%" if k in gaps else "-"
-                              for k in [*three, "mifb-pr"])
+            gaps_s = "/".join(f"{gaps[k] * 100:.0f}%" if k in gaps else "-" for k in SHIPPED)
             print(f"{title:<30}{c:>6}  {hits_s:<34}{tpot_s:<38}{gaps_s:<38}{hit_gap * 100:>9.0f}%")
+            extra_s = " ".join(f"{k} {hit[k]:.1f}%/{tp[k]:.2f}ms" for k in EXTRA if k in tp)
+            worst_s = f"{worst_pf:.3f}" if worst_pf else "-"
+            print(f"{'':<36}{extra_s}; best {best} {gaps[best] * 100:.0f}%, "
+                  f"worst prefetching {worst_s} x lru")
             out.append({"trace": title, "cache_experts": c, "share": SHARES[caches.index(c)],
                         "hit_rate": hit, "tpot_p50_ms": tp, "tpot_opt_ms": opt,
                         "tpot_gap_closed": gaps, "predicted_reuse_hit_gap_closed": hit_gap,
+                        "best_shipped": best, "worst_prefetching_vs_lru": worst_pf,
                         "gap_split": {p: r[(p, c)].get("gap_split") for p in POLICIES
                                       if (p, c) in r}})
     # speed: one thread, one cell, the largest trace (synthetic A)

@@ -14,6 +14,7 @@
 
 #include "backend_cli.h"
 #include "cmd_common.h"
+#include "fmoe/policy.h"
 #include "harness.h"
 #include "options.h"
 
@@ -21,7 +22,7 @@ static const cmd_spec *const specs[] = {
     &cmd_simulate_spec, &cmd_generate_spec, &cmd_record_spec,       &cmd_build_store_spec,
     &cmd_inspect_spec,  &cmd_trace_spec,    &cmd_trace_import_spec, &cmd_tokenize_spec,
     &cmd_calibrate_spec, &cmd_demo_spec, &cmd_compare_logs_spec, &cmd_serve_spec, &cmd_train_predictor_spec,
-    &cmd_trace_recover_spec,
+    &cmd_trace_recover_spec, &cmd_trace_merge_spec, &cmd_quantize_spec,
 };
 #define NUM_SPECS (sizeof specs / sizeof specs[0])
 
@@ -118,6 +119,30 @@ TEST(every_option_is_documented) {
         ASSERT_CONTAINS(text, "-h, --help");
         free(text);
     }
+}
+
+/* An option whose help says which --policy-opt key it stands for ("... (--policy-opt
+ * store_mode=M)") names the key that the policies' settings tables give that option
+ * (fmoe_policy_setting.option): a key renamed in a policy's table cannot leave a help line
+ * naming the old one, and the key is never the command's own choice. */
+TEST(policy_opt_keys_in_help_are_the_tables) {
+    int seen = 0;
+    for (size_t s = 0; s < NUM_SPECS; s++)
+        for (const cmd_option *o = specs[s]->options; o->name; o++) {
+            const char *p = o->help ? strstr(o->help, "--policy-opt ") : NULL;
+            if (!p) continue;
+            p += strlen("--policy-opt ");
+            const size_t n = strcspn(p, "=");
+            const fmoe_policy_setting *row = fmoe_policy_setting_of_option(o->name);
+            if (!row)
+                HARNESS_FAIL("%s --%s: its help names --policy-opt, but no policy's table "
+                             "gives option '%s'", specs[s]->name, o->name, o->name);
+            if (strlen(row->name) != n || strncmp(row->name, p, n) != 0)
+                HARNESS_FAIL("%s --%s: its help names key '%.*s', the tables '%s'",
+                             specs[s]->name, o->name, (int)n, p, row->name);
+            seen++;
+        }
+    ASSERT_TRUE(seen > 0); /* simulate's --eamc-capacity, --store-mode, --store-capacity */
 }
 
 TEST(names_are_unique) {

@@ -78,7 +78,7 @@ wanted=(
     runtime/libfmoe-cuda.so
     trace/libh5zstd.so
     tests/gpu/test_backend_ops
-    tests/unit/test_cuda
+    tests/gpu/test_cuda
     tests/model/test_cuda_ops
     tests/model/forward_driver
     tests/model/test_quant_matvec

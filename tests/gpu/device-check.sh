@@ -297,7 +297,7 @@ run_test_binary() {
     return $rc
 }
 
-stage_selftest() { run_test_binary tests/unit/test_cuda selftest; }
+stage_selftest() { run_test_binary tests/gpu/test_cuda selftest; }
 
 # The host CPU's AVX-512 block-format dots (lib/quant_act_avx512.c for 8-bit inputs,
 # lib/quant_avx512.c for f32 ones), which the build machine cannot run: test_quant_act,

@@ -1,6 +1,6 @@
 /*
- * test_backend_ops - every operation of fmoe__backend_ops (runtime/model/model_impl.h) run
- * on two backends over the same random inputs (fixed seeds) and compared, op by op and
+ * test_backend_ops - every operation of fmoe__backend_ops (runtime/backend/backend_impl.h)
+ * run on two backends over the same random inputs (fixed seeds) and compared, op by op and
  * shape by shape: a differential test in the manner of ggml's test-backend-ops. The reference is
  * the CPU table fmoe__cpu_backend; the backend under test is the CUDA table.
  *
@@ -40,6 +40,7 @@
 #include "half.h"
 #include "fmoe/quant.h"
 #include "harness.h"
+#include "family_llama4.h"
 #include "model_impl.h"
 
 /* ---------------------------------------------------------------------------------- */
@@ -82,6 +83,9 @@ static const tol_row tolerances[] = {
     {"route.topk", 0, 0, "identical ids, except near ties (TIE_GAP = 1e-5 in probability)"},
     {"attention", 1e-4, 1, "outputs are convex combinations of v (|v| <= 1): absolute 1e-4; "
                            "parallel sums of scores and of the softmax denominator"},
+    {"layernorm", 1e-5, 1, "same C row function; mean and deviations in double, order differs"},
+    {"mla_attention", 1e-4, 1, "absorbed MLA: W_uv times a convex combination of latents; "
+                               "parallel sums of scores, softmax denominator and dots"},
     {"matmul.f32", 1e-5, 0, "scale: sum_k |w*x| of the element; cuBLAS vs OpenBLAS order, "
                             "no TF32"},
     {"matmul.bf16", 1e-2, 0, "scale: sum_k |w*x|; the CUDA path rounds x to bf16 "
@@ -605,8 +609,10 @@ TEST(matmul) {
 /* Quantized weights (GGUF's ggml blocks)                                             */
 /* ---------------------------------------------------------------------------------- */
 
-static const uint32_t qtypes[4] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
-                                   FMOE_GGML_Q6_K};
+/* MXFP4 (gpt-oss's experts) goes through the same kernels as Q8_0's blocks of 32. */
+#define NQTYPES 5
+static const uint32_t qtypes[NQTYPES] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
+                                         FMOE_GGML_Q6_K, FMOE_GGML_MXFP4};
 
 /*
  * A [rows][cols] matrix of ggml blocks of `type`, its data a weight: random bytes (every
@@ -619,6 +625,10 @@ static void make_qmat(fmoe__mat *m, uint32_t type, int64_t rows, int64_t cols, f
     uint8_t *d = weight_alloc((size_t)(rows * rb));
     for (int64_t i = 0; i < rows * rb; i++) d[i] = (uint8_t)(irand(256));
     for (int64_t b = 0; b < rows * rb; b += bb) {
+        if (type == FMOE_GGML_MXFP4) { /* an E8M0 scale byte: 2^(e - 128), e in 118..125 */
+            d[b] = (uint8_t)(118 + irand(8));
+            continue;
+        }
         const uint16_t h1 = fmoe_float_to_half(0.02f * frand());
         const uint16_t h2 = fmoe_float_to_half(0.02f * frand());
         if (type == FMOE_GGML_Q6_K) {
@@ -667,7 +677,7 @@ static float gpu_order_dot(const float *w, const float *x, int64_t cols) {
 static int check_quant_product(const char *shape, uint32_t type, pair py, int64_t off,
                                const float *w, int64_t rows, int64_t cols, const float *x,
                                int32_t n) {
-    const int64_t m = (int64_t)n * rows, xb = type == FMOE_GGML_Q8_0 ? 32 : 256;
+    const int64_t m = (int64_t)n * rows, xb = fmoe_ggml_block_size(type) == 32 ? 32 : 256;
     double *s1 = malloc((size_t)m * sizeof *s1), *s8 = malloc((size_t)m * sizeof *s8);
     float *exact = malloc((size_t)m * 4), *order = malloc((size_t)m * 4);
     for (int32_t t = 0; t < n; t++)
@@ -727,7 +737,7 @@ TEST(matmul_quantized) {
         {2048, 4096, 1, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
-        for (int q = 0; q < 4; q++) {
+        for (int q = 0; q < NQTYPES; q++) {
             const uint32_t type = qtypes[q];
             const int64_t bs = fmoe_ggml_block_size(type);
             const int64_t rows = cases[c][0], off = cases[c][3];
@@ -761,7 +771,7 @@ TEST(get_rows_quantized) {
     int bad = 0;
     const int64_t V = 97;
     const int32_t rows8[8] = {0, 96, 5, 5, 41, 96, 0, 13};
-    for (int q = 0; q < 4; q++)
+    for (int q = 0; q < NQTYPES; q++)
         for (int64_t cols = 256; cols <= 2048; cols *= 8)
             for (int32_t n = 1; n <= 8; n += 7) {
                 const uint32_t type = qtypes[q];
@@ -804,7 +814,7 @@ TEST(matmul_quantized_from_slot) {
     seed(18);
     int bad = 0;
     const int64_t rows = 512, cols = 1024;
-    for (int q = 0; q < 4; q++) {
+    for (int q = 0; q < NQTYPES; q++) {
         const uint32_t type = qtypes[q];
         const int64_t bytes = rows * fmoe_quant_row_bytes(type, cols);
         float *deq;
@@ -1088,6 +1098,331 @@ TEST(route) {
         free(logits);
     }
     bad += sides_ok("route");
+    ASSERT_EQ(bad, 0);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The ops of the families added later: DeepSeek-V2/V3 (MLA, grouped routing), GLM-4.5 */
+/* (partial rotary, biased sigmoid routing), Phi-3.5-MoE (LayerNorm, sparsemixer),      */
+/* gpt-oss (sinks, clamped SwiGLU; MXFP4 is in the quantized tests above), Llama 4      */
+/* (chunked and temperature-tuned attention, a composition of attention calls)          */
+/* ---------------------------------------------------------------------------------- */
+
+TEST(layernorm) {
+    seed(20);
+    int bad = 0;
+    const int32_t dims[4] = {1, 63, 1024, 4095};
+    for (int d = 0; d < 4; d++)
+        for (int64_t rows = 1; rows <= 6; rows += 5)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                const int32_t dim = dims[d];
+                float *x = rand_host(rows * dim, 3);
+                for (int64_t i = 0; i < rows * dim; i++) x[i] += 0.75f; /* a mean to remove */
+                const float *w = weight_vec(dim, 0.5f, 1.0f), *b = weight_vec(dim, 0.5f, 0.0f);
+                pair px, py;
+                ASSERT_OK(pair_alloc(&px, rows * dim * 4, x));
+                ASSERT_OK(pair_alloc(&py, rows * dim * 4, NULL));
+                pair out = inplace ? px : py;
+                R->layernorm(rctx, RF(out), RF(px), w, b, rows, dim, 1e-5f);
+                T->layernorm(tctx, TF(out), TF(px), w, b, rows, dim, 1e-5f);
+                char shape[64];
+                snprintf(shape, sizeof shape, "rows=%lld dim=%d%s", (long long)rows, dim,
+                         inplace ? " in place" : "");
+                bad += compare("layernorm", shape, out, 0, rows * dim, NULL);
+                pair_free(&px), pair_free(&py);
+                free(x);
+            }
+    bad += sides_ok("layernorm");
+    ASSERT_EQ(bad, 0);
+}
+
+/* GLM-4.5's partial rotary: the first rot_dim of each head rotate, the rest must come back
+ * untouched (compared with the rest; rot_dim = head_dim is plain rope through this entry). */
+TEST(rope_partial) {
+    seed(21);
+    int bad = 0;
+    /* head_dim, rot_dim */
+    static const int32_t cases[][2] = {{32, 16}, {64, 32}, {128, 64}, {128, 128}, {96, 2}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int32_t n = 1; n <= 5; n += 4)
+            for (int32_t heads = 1; heads <= 8; heads += 7) {
+                const int32_t D = cases[c][0], rd = cases[c][1], half = rd / 2;
+                float *x = rand_host((int64_t)n * heads * D, 2);
+                float *cs = malloc((size_t)(n * half) * 4), *sn = malloc((size_t)(n * half) * 4);
+                for (int32_t i = 0; i < n * half; i++) {
+                    const float ang = 40 * frand();
+                    cs[i] = cosf(ang), sn[i] = sinf(ang);
+                }
+                pair px, pc, ps;
+                ASSERT_OK(pair_alloc(&px, (int64_t)n * heads * D * 4, x));
+                ASSERT_OK(pair_alloc(&pc, n * half * 4, cs));
+                ASSERT_OK(pair_alloc(&ps, n * half * 4, sn));
+                R->rope_partial(rctx, RF(px), n, heads, D, rd, RF(pc), RF(ps));
+                T->rope_partial(tctx, TF(px), n, heads, D, rd, TF(pc), TF(ps));
+                char shape[64];
+                snprintf(shape, sizeof shape, "n=%d heads=%d head_dim=%d rot=%d", n, heads, D,
+                         rd);
+                bad += compare("rope", shape, px, 0, (int64_t)n * heads * D, NULL);
+                if (rd < D) { /* the reference itself: the unrotated dims are the input's */
+                    float *got = fetch(R, rctx, RF(px), (int64_t)n * heads * D * 4);
+                    int64_t moved = 0;
+                    for (int64_t r = 0; got && r < (int64_t)n * heads; r++)
+                        for (int32_t i = rd; i < D; i++) moved += got[r * D + i] != x[r * D + i];
+                    if (!got || moved) printf("  rope_partial: %lld unrotated dims moved\n",
+                                              (long long)moved), bad++;
+                    free(got);
+                }
+                pair_free(&px), pair_free(&pc), pair_free(&ps);
+                free(x), free(cs), free(sn);
+            }
+    bad += sides_ok("rope_partial");
+    ASSERT_EQ(bad, 0);
+}
+
+/* gpt-oss's experts: gates past the limit, ups past ±limit, both clamps and the sigmoid's
+ * alpha (1.702, published) exercised. */
+TEST(swiglu_clamped) {
+    seed(22);
+    int bad = 0;
+    const int64_t counts[3] = {1, 1001, 65536};
+    const float limits[2] = {7.0f, 1.5f};
+    for (int c = 0; c < 3; c++)
+        for (int l = 0; l < 2; l++) {
+            const int64_t count = counts[c];
+            float *g = rand_host(count, 12), *u = rand_host(count, 12);
+            pair pg, pu;
+            ASSERT_OK(pair_alloc(&pg, count * 4, g));
+            ASSERT_OK(pair_alloc(&pu, count * 4, u));
+            R->swiglu_clamped(rctx, RF(pg), RF(pu), count, 1.702f, limits[l]);
+            T->swiglu_clamped(tctx, TF(pg), TF(pu), count, 1.702f, limits[l]);
+            char shape[64];
+            snprintf(shape, sizeof shape, "count=%lld limit=%g in [-12,12)", (long long)count,
+                     (double)limits[l]);
+            bad += compare("swiglu", shape, pg, 0, count, NULL);
+            pair_free(&pg), pair_free(&pu);
+            free(g), free(u);
+        }
+    bad += sides_ok("swiglu_clamped");
+    ASSERT_EQ(bad, 0);
+}
+
+/* gpt-oss's attention sinks: a logit per head in the softmax, no value. Large sinks take
+ * most of the probability (outputs near 0), small ones little; windows and GQA groups as
+ * gpt-oss has them. The sink is added after the scores wherever they are kept, so the
+ * long-context path (scores in global memory, TEST(attention)'s 60000 keys) is left out
+ * here: under memcheck_ops it would cost seconds for no new line of the kernel. */
+TEST(attention_sinks) {
+    seed(23);
+    int bad = 0;
+    /* n, pos0, Hq, Hkv, D, window, sink scale */
+    static const int32_t cases[][7] = {
+        {1, 37, 4, 4, 64, 0, 2},  {13, 0, 8, 2, 64, 0, 2},  {1, 100, 8, 2, 64, 4, 8},
+        {9, 30, 4, 1, 64, 4, 1},  {1, 0, 2, 2, 64, 0, 8},   {3, 5, 6, 3, 128, 100, 2},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int32_t n = cases[c][0], pos0 = cases[c][1], Hq = cases[c][2], Hkv = cases[c][3];
+        const int32_t D = cases[c][4], window = cases[c][5];
+        const int64_t ctx_len = pos0 + n, qn = (int64_t)n * Hq * D;
+        float *q = rand_host(qn, 1);
+        float *k = rand_host(ctx_len * Hkv * D, 1), *v = rand_host(ctx_len * Hkv * D, 1);
+        const float *sinks = weight_vec(Hq, (float)cases[c][6], 0.0f);
+        pair pq, pk, pv, po;
+        ASSERT_OK(pair_alloc(&pq, qn * 4, q));
+        ASSERT_OK(pair_alloc(&pk, ctx_len * Hkv * D * 4, k));
+        ASSERT_OK(pair_alloc(&pv, ctx_len * Hkv * D * 4, v));
+        ASSERT_OK(pair_alloc(&po, qn * 4, NULL));
+        fmoe__attn_args a = {.n = n, .pos0 = pos0, .n_heads = Hq, .n_kv_heads = Hkv,
+                             .head_dim = D, .window = window, .scale = 1.0f / sqrtf((float)D),
+                             .sinks = sinks};
+        a.q = RF(pq), a.k_cache = RF(pk), a.v_cache = RF(pv), a.out = RF(po);
+        R->attention(rctx, &a);
+        a.q = TF(pq), a.k_cache = TF(pk), a.v_cache = TF(pv), a.out = TF(po);
+        T->attention(tctx, &a);
+        char shape[80];
+        snprintf(shape, sizeof shape, "sinks n=%d pos0=%d Hq=%d Hkv=%d D=%d window=%d", n, pos0,
+                 Hq, Hkv, D, window);
+        bad += compare("attention", shape, po, 0, qn, NULL);
+        pair_free(&pq), pair_free(&pk), pair_free(&pv), pair_free(&po);
+        free(q), free(k), free(v);
+    }
+    bad += sides_ok("attention_sinks");
+    ASSERT_EQ(bad, 0);
+}
+
+/* Llama 4's attention as the forward pass issues it (family_llama4.c): chunks of 8 and a
+ * NoPE layer's query temperature, each a run of rows issued as one attention call with the
+ * cache pointers moved; the device side sees only offsets into its buffers. */
+TEST(llama4_attention) {
+    seed(24);
+    int bad = 0;
+    int32_t nope[2] = {0, 1}, chunk[2] = {8, 0};
+    const fmoe__arch arch = {.layer_nope = nope, .attn_chunk = chunk, .attn_temp_scale = 0.5f,
+                             .attn_floor_scale = 4.0f};
+    /* n, pos0, layer (0: chunked, 1: NoPE with temperature) */
+    static const int32_t cases[][3] = {{12, 0, 0}, {1, 21, 0}, {5, 14, 0},
+                                       {12, 0, 1}, {1, 43, 1}, {6, 9, 1}};
+    const int32_t Hq = 4, Hkv = 2, D = 64;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int32_t n = cases[c][0], pos0 = cases[c][1], li = cases[c][2];
+        const int64_t kd = (int64_t)Hkv * D, ctx_len = pos0 + n, qn = (int64_t)n * Hq * D;
+        float *q = rand_host(qn, 1), *k = rand_host(ctx_len * kd, 1);
+        float *v = rand_host(ctx_len * kd, 1);
+        pair pq, pk, pv, po;
+        ASSERT_OK(pair_alloc(&pq, qn * 4, q));
+        ASSERT_OK(pair_alloc(&pk, ctx_len * kd * 4, k));
+        ASSERT_OK(pair_alloc(&pv, ctx_len * kd * 4, v));
+        ASSERT_OK(pair_alloc(&po, qn * 4, NULL));
+        fmoe__attn_args a = {.n = n, .pos0 = pos0, .n_heads = Hq, .n_kv_heads = Hkv,
+                             .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
+        a.q = RF(pq), a.k_cache = RF(pk), a.v_cache = RF(pv), a.out = RF(po);
+        fmoe__llama4_attention(R, rctx, &arch, li, &a, kd);
+        a.q = TF(pq), a.k_cache = TF(pk), a.v_cache = TF(pv), a.out = TF(po);
+        fmoe__llama4_attention(T, tctx, &arch, li, &a, kd);
+        char shape[80];
+        snprintf(shape, sizeof shape, "llama4 %s n=%d pos0=%d Hq=%d Hkv=%d D=%d",
+                 li ? "nope+temp" : "chunk 8", n, pos0, Hq, Hkv, D);
+        bad += compare("attention", shape, po, 0, qn, NULL);
+        pair_free(&pq), pair_free(&pk), pair_free(&pv), pair_free(&po);
+        free(q), free(k), free(v);
+    }
+    bad += sides_ok("llama4_attention");
+    ASSERT_EQ(bad, 0);
+}
+
+/* DeepSeek-V2 (softmax, groups ranked by their best), V3 and GLM-4.5 (sigmoid, the score
+ * correction bias, groups ranked by their two best, renormalised and scaled) and
+ * Phi-3.5-MoE's sparsemixer (both jitter thresholds), through route's `choice` scratch. */
+TEST(route_grouped) {
+    seed(25);
+    int bad = 0;
+    /* J, K, n, sigmoid, norm, scale, n_group, topk_group, group_top2, bias, sparsemixer,
+     * jitter */
+    static const float cases[][12] = {
+        {64, 6, 9, 0, 0, 16, 8, 3, 0, 0, 0, 0},   /* V2: group_limited_greedy */
+        {16, 4, 9, 0, 1, 1, 4, 1, 0, 0, 0, 0},    /* V2, one group of four kept */
+        {256, 8, 5, 1, 1, 2.5f, 8, 4, 1, 1, 0, 0}, /* V3: noaux_tc */
+        {8, 2, 9, 1, 1, 1, 4, 2, 1, 1, 0, 0},     /* GLM-4.5's tiny shape */
+        {128, 8, 9, 1, 1, 2.5f, 1, 1, 0, 1, 0, 0}, /* bias without groups */
+        {16, 2, 9, 0, 0, 1, 1, 1, 0, 0, 1, 0.3f}, /* Phi-3.5-MoE, wide threshold */
+        {16, 2, 9, 0, 0, 1, 1, 1, 0, 0, 1, 0.01f}, /* Phi-3.5-MoE, published */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const float *k = cases[c];
+        fmoe__route_args a = {.num_experts = (int32_t)k[0], .top_k = (int32_t)k[1],
+                              .n = (int32_t)k[2], .sigmoid = (int32_t)k[3],
+                              .norm = (int32_t)k[4], .scale = k[5], .n_group = (int32_t)k[6],
+                              .topk_group = (int32_t)k[7], .group_top2 = (int32_t)k[8],
+                              .sparsemixer = (int32_t)k[10], .jitter_eps = k[11]};
+        a.norm_eps = a.sigmoid ? 1e-20f : 0;
+        const int32_t J = a.num_experts, K = a.top_k, n = a.n;
+        if (k[9] != 0) a.bias = weight_vec(J, 0.5f, 0.0f);
+        float *logits = rand_host((int64_t)n * J, 4);
+        if (n > 1 && K > 1) /* exact ties in row 1: the lower index must come first */
+            logits[J + 3] = logits[J + 5] = logits[J + J - 1] = 4.5f;
+        pair pl, pp, pk, pw, pc;
+        ASSERT_OK(pair_alloc(&pl, (int64_t)n * J * 4, logits));
+        ASSERT_OK(pair_alloc(&pp, (int64_t)n * J * 4, NULL));
+        ASSERT_OK(pair_alloc(&pk, (int64_t)n * K * 4, NULL));
+        ASSERT_OK(pair_alloc(&pw, (int64_t)n * K * 4, NULL));
+        ASSERT_OK(pair_alloc(&pc, (int64_t)n * J * 4, NULL));
+        a.choice = RF(pc);
+        R->route(rctx, &a, RF(pl), RF(pp), (int32_t *)pk.r, RF(pw));
+        a.choice = TF(pc);
+        T->route(tctx, &a, TF(pl), TF(pp), (int32_t *)pk.t, TF(pw));
+        char shape[80];
+        snprintf(shape, sizeof shape, "J=%d K=%d n=%d %s g=%d/%d%s%s%s", J, K, n,
+                 a.sigmoid ? "sigmoid" : "softmax", a.n_group, a.topk_group,
+                 a.group_top2 ? " top2" : "", a.bias ? " bias" : "",
+                 a.sparsemixer ? " sparsemixer" : "");
+        bad += compare("route.probs", shape, pp, 0, (int64_t)n * J, NULL);
+        float *rp = fetch(R, rctx, pp.r, (int64_t)n * J * 4);
+        int32_t *rk = fetch(R, rctx, pk.r, (int64_t)n * K * 4);
+        int32_t *tk = fetch(T, tctx, pk.t, (int64_t)n * K * 4);
+        float *rw = fetch(R, rctx, pw.r, (int64_t)n * K * 4);
+        float *tw = fetch(T, tctx, pw.t, (int64_t)n * K * 4);
+        if (rp && rk && tk && rw && tw)
+            bad += route_ids_compare(shape, &a, logits, rp, rk, tk, rw, tw);
+        else
+            bad++;
+        free(rp), free(rk), free(tk), free(rw), free(tw);
+        pair_free(&pl), pair_free(&pp), pair_free(&pk), pair_free(&pw), pair_free(&pc);
+        free(logits);
+    }
+    bad += sides_ok("route_grouped");
+    ASSERT_EQ(bad, 0);
+}
+
+/*
+ * DeepSeek-V2/V3's multi-head latent attention: q's rope dims rotated in place, kv's rows
+ * rotated and appended to a latent cache already holding pos0 rows, and the heads'
+ * outputs. kv_b_proj in f32 (read in place by the CPU), bf16 (widened per head) and Q8_0
+ * (dequantised per head); the rope dims as halves and as adjacent pairs (rope_interleave);
+ * one scratch slot (the device's heads one after the other) and three (heads in turn).
+ */
+TEST(mla_attention) {
+    seed(26);
+    int bad = 0;
+    /* n, pos0, H, nope, rope, v_dim, rank, interleave, dtype (0 f32, 1 bf16, 2 q8_0), slots */
+    static const int32_t cases[][10] = {
+        {1, 37, 4, 16, 8, 16, 32, 0, 0, 1},    {5, 0, 4, 16, 8, 16, 32, 1, 0, 3},
+        {3, 20, 8, 32, 16, 24, 64, 1, 1, 3},   {1, 90, 2, 128, 64, 128, 512, 1, 1, 1},
+        {4, 11, 3, 16, 8, 16, 64, 0, 2, 2},    {1, 60, 16, 32, 64, 32, 128, 1, 2, 3},
+    };
+    const int32_t max_context = 96, max_batch = 8;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int32_t *k = cases[c];
+        const int32_t n = k[0], pos0 = k[1], H = k[2], dn = k[3], dr = k[4], dv = k[5];
+        const int32_t r = k[6], interleave = k[7], kind = k[8], slots = k[9];
+        const int64_t qs = dn + dr, ks = r + dr, half = dr / 2, qn = (int64_t)n * H * qs;
+        float *q = rand_host(qn, 1), *kv = rand_host((int64_t)n * ks, 1);
+        float *cache = rand_host((int64_t)max_context * ks, 1); /* rows < pos0: earlier ones */
+        float *w = rand_host((int64_t)H * (dn + dv) * r, 0.2f);
+        float *cs = malloc((size_t)(n * half) * 4), *sn = malloc((size_t)(n * half) * 4);
+        for (int64_t i = 0; i < n * half; i++) {
+            const float ang = 40 * frand();
+            cs[i] = cosf(ang), sn[i] = sinf(ang);
+        }
+        fmoe__mat wkv_b;
+        float *deq = NULL;
+        if (kind == 2)
+            make_qmat(&wkv_b, FMOE_GGML_Q8_0, (int64_t)H * (dn + dv), r, &deq);
+        else
+            make_mat(&wkv_b, kind ? FMOE_ST_BF16 : FMOE_ST_F32, (int64_t)H * (dn + dv), r, w);
+        const int64_t slot = fmoe__mla_scratch_floats(dn, dv, r, max_context, max_batch);
+        pair pq, pkv, pc, ps, pcache, pout, pscr;
+        ASSERT_OK(pair_alloc(&pq, qn * 4, q));
+        ASSERT_OK(pair_alloc(&pkv, (int64_t)n * ks * 4, kv));
+        ASSERT_OK(pair_alloc(&pc, n * half * 4, cs));
+        ASSERT_OK(pair_alloc(&ps, n * half * 4, sn));
+        ASSERT_OK(pair_alloc(&pcache, (int64_t)max_context * ks * 4, cache));
+        ASSERT_OK(pair_alloc(&pout, (int64_t)n * H * dv * 4, NULL));
+        ASSERT_OK(pair_alloc(&pscr, slots * slot * 4, NULL));
+        fmoe__mla_args a = {.wkv_b = &wkv_b, .scratch_slots = slots, .max_context = max_context,
+                            .max_batch = max_batch, .n = n, .pos0 = pos0, .n_heads = H,
+                            .nope = dn, .rope = dr, .v_dim = dv, .rank = r,
+                            .interleave = interleave, .scale = 1.0f / sqrtf((float)qs)};
+        for (int side = 0; side < 2; side++) {
+            a.q = side ? TF(pq) : RF(pq), a.kv = side ? TF(pkv) : RF(pkv);
+            a.cos = side ? TF(pc) : RF(pc), a.sin = side ? TF(ps) : RF(ps);
+            a.cache = side ? TF(pcache) : RF(pcache), a.out = side ? TF(pout) : RF(pout);
+            a.scratch = side ? TF(pscr) : RF(pscr);
+            (side ? T : R)->mla_attention(side ? tctx : rctx, &a);
+        }
+        char shape[96];
+        snprintf(shape, sizeof shape, "n=%d pos0=%d H=%d dn=%d dr=%d dv=%d r=%d %s%s slots=%d",
+                 n, pos0, H, dn, dr, dv, r, kind == 2 ? "q8_0" : kind ? "bf16" : "f32",
+                 interleave ? " pairs" : "", slots);
+        bad += compare("mla_attention", shape, pout, 0, (int64_t)n * H * dv, NULL);
+        char sub[128];
+        snprintf(sub, sizeof sub, "%s [q rotated]", shape);
+        bad += compare("rope", sub, pq, 0, qn, NULL);
+        snprintf(sub, sizeof sub, "%s [cache]", shape);
+        bad += compare("rope", sub, pcache, 0, (int64_t)(pos0 + n) * ks, NULL);
+        pair_free(&pq), pair_free(&pkv), pair_free(&pc), pair_free(&ps);
+        pair_free(&pcache), pair_free(&pout), pair_free(&pscr);
+        free(q), free(kv), free(cache), free(w), free(cs), free(sn), free(deq);
+    }
+    bad += sides_ok("mla_attention");
     ASSERT_EQ(bad, 0);
 }
 

@@ -32,6 +32,15 @@ the CPU backend, and against the simulator, through the commands a user runs.
    both give the CPU's greedy tokens.
 10. `fmoe serve --backend cuda` answers a chat request (greedy, at most 8 tokens) and
    lists its backend in /v1/models.
+11. The families added later, one tiny float32 checkpoint each (DeepSeek-V2 and V3:
+   multi-head latent attention, grouped routing, V3's YaRN with rope pairs; GLM-4.5:
+   partial rotary, biased sigmoid routing, q/k norm; Phi-3.5-MoE: LayerNorm, sparsemixer;
+   gpt-oss: attention sinks, clamped SwiGLU, MXFP4 experts; Llama 4: chunked and
+   temperature-tuned attention, scaled expert inputs) through tests/model/forward_driver:
+   the greedy continuation equals the CPU backend's token for token, every decisive
+   untainted row routes alike, and the prompt's logits agree within float32's "cpu" bound.
+   Written with the CUDA kernels for these families, none of which has run on a GPU yet:
+   the first device run is their first check (docs/gpu.md, "New model families").
 
 Tolerances: why they are what they are
 ---------------------------------------
@@ -252,6 +261,40 @@ def test_router_topk_matches_cpu(name, tiny_models, tokenize, driver_runs, devic
           f"{len(cpu['generated'])} steps)")
     assert r["decisive"] > 0, f"{name}: no decisive row to compare"
     assert dp <= tol["prob"], f"{name}: max |gate prob diff| {dp} > {tol['prob']}"
+
+
+# ---------------------------------------------------------------------------------------
+# 11: the families added later, greedy against the CPU backend
+# ---------------------------------------------------------------------------------------
+
+# One checkpoint per family and per op set (make_tiny_models.py has what each exercises);
+# all float32, so the two backends differ by summation order and expf only.
+NEW_FAMILIES = ["deepseek_v2", "deepseek_v3_yarn", "glm4_moe_qk_norm", "phimoe",
+                "gpt_oss_mxfp4", "llama4"]
+
+
+@pytest.mark.parametrize("name", NEW_FAMILIES)
+def test_new_family_greedy_equals_cpu(name, tiny_models, driver_runs, device):
+    d = tiny_models(name)
+    toks = dict(np.load(d / "reference.npz"))["tokens"]
+    tol = TOL["float32"]
+    dev = driver_runs(d, toks, GENERATE, device)
+    cpu = driver_runs(d, toks, GENERATE, "cpu")
+    n = len(toks)
+    k = _first_difference(list(dev["generated"]), list(cpu["generated"]))
+    g = len(cpu["generated"])
+    assert k is None and len(dev["generated"]) == g, (
+        f"{name}: greedy continuation differs from the CPU's at step {k}:\n"
+        f" {device} {dev['generated'].tolist()}\n cpu  {cpu['generated'].tolist()}")
+    r = compare_routes(dev["experts"], cpu["experts"], cpu["probs"], tol["margin"])
+    assert r["decisive"] > 0, f"{name}: no decisive row to compare"
+    upto = min(r["first_token"], n)
+    assert upto >= 1, f"{name}: top-k differs from the CPU's at the first token"
+    diff = float(np.abs(dev["logits"][:upto] - cpu["logits"][:upto]).max())
+    print(f"{name}: {device} greedy equals cpu for {g} steps; {r['decisive']} decisive rows "
+          f"of {r['rows']}; max |logit diff| vs cpu {diff:.3g} over {upto} of {n} positions "
+          f"(tol {tol['cpu']})")
+    assert diff <= tol["cpu"], f"{name}: max |logit diff| vs cpu {diff} > {tol['cpu']}"
 
 
 # ---------------------------------------------------------------------------------------

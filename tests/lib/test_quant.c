@@ -271,7 +271,28 @@ TEST(mxfp4_block_by_hand) {
     }
     ASSERT_EQ(fmoe_ggml_type_size(FMOE_GGML_MXFP4), 17);
     ASSERT_EQ(fmoe_quant_row_bytes(FMOE_GGML_MXFP4, 2880), 90 * 17);
-    ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_MXFP4) && !fmoe_quant_can_quantize(FMOE_GGML_MXFP4));
+    ASSERT_TRUE(fmoe_quant_supported(FMOE_GGML_MXFP4) && fmoe_quant_can_quantize(FMOE_GGML_MXFP4));
+}
+
+/* Values already on MXFP4's grid (E2M1 levels times a power of two, the largest magnitude 6
+ * times it, so the shared exponent is that power) come back exactly from a quantise and
+ * dequantise; and the exponent byte is floor(log2 amax) - 2 + 127. gguf-py's quantiser is
+ * the byte-for-byte check (test_gguf_quants.py). */
+TEST(mxfp4_quantise_grid_round_trip) {
+    static const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    float x[64], y[64];
+    uint8_t q[2 * 17];
+    for (int i = 0; i < 64; i++) {
+        const float s = ldexpf(1.0f, i < 32 ? -3 : 5);
+        x[i] = (i % 3 == 1 ? -1 : 1) * e2m1[(i * 5) % 8] * s;
+    }
+    x[7] = 6 * ldexpf(1.0f, -3);
+    x[40] = -6 * ldexpf(1.0f, 5);
+    fmoe_quant_quantize_row(FMOE_GGML_MXFP4, x, q, 64);
+    ASSERT_EQ(q[0], 127 - 3); /* amax 6·2^-3: floor(log2) = -1 */
+    ASSERT_EQ(q[17], 127 + 5);
+    fmoe_quant_dequantize_row(FMOE_GGML_MXFP4, q, y, 64);
+    for (int i = 0; i < 64; i++) ASSERT_NEAR(y[i], x[i], 0);
 }
 
 /* Rows of an odd count of 32-value blocks, 1408 wide as Qwen1.5-MoE's down projections:

@@ -136,8 +136,9 @@ TEST(block_geometry_matches_the_type_table) {
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_BF16), 0);
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_IQ2_XS), 0);
     ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_TQ2_0), 0);
-    /* MXFP4: a formula (the CPU computes it), no CUDA kernel */
-    ASSERT_TRUE(!fmoe__qblock_cuda_has(FMOE_GGML_MXFP4));
+    /* MXFP4: a formula, and CUDA kernels (gpt-oss's experts; compiled, not yet run on a
+     * device: tests/gpu/test_backend_ops.c checks them there) */
+    ASSERT_TRUE(fmoe__qblock_cuda_has(FMOE_GGML_MXFP4));
     /* Q2_K, Q3_K, IQ4_XS have formulas (the CPU computes them), no CUDA kernels */
     ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_Q3_K), 110);
     ASSERT_TRUE(!fmoe__qblock_cuda_has(FMOE_GGML_Q2_K) && !fmoe__qblock_cuda_has(FMOE_GGML_IQ4_XS));

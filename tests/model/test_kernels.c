@@ -5,6 +5,7 @@
  */
 #include <math.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -329,6 +330,33 @@ TEST(swiglu_clamped_by_hand) {
 
 /* With sinks (gpt-oss): each head's sink logit joins the softmax's max and denominator
  * and brings no value, so the weights of the real keys sum to less than one. */
+/* The byte offset of the first NULL entry of table t, or -1 when every entry is set. The
+ * fields after host_memory are all function pointers (backend_impl.h). */
+static long first_null_op(const fmoe__backend_ops *t) {
+    typedef void (*any_fn)(void);
+    const unsigned char *p = (const unsigned char *)t;
+    for (size_t off = offsetof(fmoe__backend_ops, init); off + sizeof(any_fn) <= sizeof *t;
+         off += sizeof(any_fn)) {
+        any_fn fn;
+        memcpy(&fn, p + off, sizeof fn);
+        if (!fn) return (long)off;
+    }
+    return -1;
+}
+
+/* The CPU backend is the reference every op must have (docs/design.md 8.2), and C leaves
+ * a field missing from designated initializers NULL without a word: so every entry of its
+ * table is checked here, and the check is shown to find a planted gap. */
+TEST(cpu_backend_table_has_every_op) {
+    ASSERT_EQ(first_null_op(&fmoe__cpu_backend), -1);
+    fmoe__backend_ops planted = fmoe__cpu_backend;
+    planted.add_gated = NULL;
+    ASSERT_EQ(first_null_op(&planted), (long)offsetof(fmoe__backend_ops, add_gated));
+    planted = fmoe__cpu_backend;
+    planted.rope_partial = NULL; /* one of the entries added later */
+    ASSERT_EQ(first_null_op(&planted), (long)offsetof(fmoe__backend_ops, rope_partial));
+}
+
 TEST(cpu_attention_gqa_causal_and_window) {
     const fmoe__backend_ops *be = &fmoe__cpu_backend;
     const int32_t Hq = 4, Hk = 2, D = 8, ctxlen = 40, n = 6, pos0 = 30;

@@ -83,6 +83,16 @@ def assert_same_decisions(fmoe_bin, n, live, sim, lrec, srec):
     assert json.loads(p.stdout)["identical"] is True
 
 
+def assert_option_changes_decisions(work, fmoe_bin, policy, predictor, n, srec, sim_args=()):
+    """The trace live_and_simulated recorded at n, simulated with `policy`'s defaults (no
+    --policy-opt in sim_args), decides otherwise than srec: the option did something."""
+    default = work / f"sim-{n}-default.jsonl"
+    run_fmoe(fmoe_bin, "simulate", "--trace", work / f"live-{n}.h5", "--policy", policy,
+             "--predictor", work / predictor, "--cache-experts", n, *sim_args, "--profile",
+             work / "zero.json", "--decision-log", default, "--quiet")
+    assert decisions(read_log(default)[1]) != decisions(srec)
+
+
 def assert_offloaded_generation_equals_all_resident(fmoe_bin, policy, predictor, runs):
     """A greedy generation under `policy` at each (cache experts, tier) of runs gives the
     all-resident generation's tokens."""

@@ -2,11 +2,18 @@
 
 A command block in README.md or docs/ that the line `<!-- runnable -->` directly precedes
 (an HTML comment: GitHub shows nothing) is run here by bash with `set -eo pipefail`, in a
-fresh folder where `datasets/` (and `.venv/`) are the repository's, with one substitution: `fmoe` and
-`build/cmd/fmoe` at the start of a command become the binary under test. An example that
+folder where `datasets/`, `tests/` (and `.venv/`) are the repository's, with one
+substitution: `fmoe` and `build/cmd/fmoe` at the start of a command become the binary
+under test. An example that
 drifts from the code (an option renamed, a default changed, an output that no longer
 exists) then fails here instead of on a reader. A block fails if any command exits
 non-zero; it may check its own outputs (`grep -q`, `test -s`).
+
+The blocks of one page run in one folder, in page order, so a block may use the files an
+earlier block of its page made (a trace recorded once serves the page's later examples, as
+it would a reader following the page). A block selected alone (`-k`) first runs the page's
+earlier blocks. `mpirun [flags] fmoe` and `VAR=value fmoe` are substituted too; a block
+that runs `mpirun` is skipped where the binary was built without MPI or mpirun is missing.
 
 A block written as a transcript (commands after `$ `, each followed by the output it
 prints) runs command by command, and each command's stdout must be the lines shown under
@@ -15,6 +22,7 @@ it, exactly; a command shown without output is only required to succeed.
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -57,15 +65,23 @@ BLOCKS = runnable_blocks()
 
 
 def _substitute(text, fmoe_bin):
-    # only where a command starts: the line's start, or after |, &&, ||, ;, $( or a backslash
-    # continuation's indentation
-    return re.sub(r"(^|[|;&(]\s*|\$\(\s*)(?:build/cmd/)?fmoe(?=\s)",
-                  lambda m: m.group(1) + str(fmoe_bin), text, flags=re.M)
+    # only where a command starts: the line's start, or after |, &&, ||, ;, $(, a backslash
+    # continuation's indentation, or mpirun and its flags
+    return re.sub(r"(^|[|;&(]\s*|\$\(\s*|\bmpirun(?:\s+(?:-\S+|\d+))*\s+)"
+                  r"((?:[A-Za-z_]\w*=\S*\s+)*)(?:build/cmd/)?fmoe(?=\s)",
+                  lambda m: m.group(1) + m.group(2) + str(fmoe_bin), text, flags=re.M)
+
+
+def _has_mpi(fmoe_bin):
+    if shutil.which("mpirun") is None:
+        return False
+    r = subprocess.run([str(fmoe_bin), "version"], capture_output=True, text=True)
+    return "mpi: not compiled" not in r.stdout
 
 
 def test_the_docs_have_runnable_examples():
     # the examples marked so far (grow this as blocks are marked; never shrink it)
-    assert len(BLOCKS) >= 11, [f"{f}:{n}" for f, n, _ in BLOCKS]
+    assert len(BLOCKS) >= 28, [f"{f}:{n}" for f, n, _ in BLOCKS]
 
 
 def transcript(text):
@@ -95,20 +111,40 @@ def _bash(script, cwd):
                           capture_output=True, text=True, timeout=300, env=env)
 
 
-@pytest.mark.parametrize("path,line,text", BLOCKS, ids=[f"{f}:{n}" for f, n, _ in BLOCKS])
-def test_runnable_example(fmoe_bin, tmp_path, path, line, text):
-    (tmp_path / "datasets").symlink_to(REPO / "datasets")
-    if (REPO / ".venv").exists():  # `.venv/bin/python` as the docs write it
-        (tmp_path / ".venv").symlink_to((REPO / ".venv").resolve())
+def _run_block(fmoe_bin, folder, path, line, text):
     steps = transcript(text) or [(text, [])]
     for cmd, shown in steps:
         script = _substitute(cmd, fmoe_bin)
-        r = _bash(script, tmp_path)
+        r = _bash(script, folder)
         assert r.returncode == 0, (f"{path}:{line} exited {r.returncode}\n--- script\n"
                                    f"{script}\n--- stderr\n{r.stderr[-3000:]}")
         if shown:
             got = [ln.rstrip() for ln in r.stdout.rstrip("\n").split("\n")]
             assert got == shown, f"{path}:{line}: `{cmd}` printed\n{r.stdout}"
+
+
+_pages = {}  # page -> [folder, index of the next block to run there]
+
+
+@pytest.mark.parametrize("path,line,text", BLOCKS, ids=[f"{f}:{n}" for f, n, _ in BLOCKS])
+def test_runnable_example(fmoe_bin, tmp_path_factory, path, line, text):
+    if re.search(r"^\s*mpirun\s", text, flags=re.M) and not _has_mpi(fmoe_bin):
+        pytest.skip("needs an MPI build and mpirun")
+    page = [b for b in BLOCKS if b[0] == path]
+    me = page.index((path, line, text))
+    state = _pages.get(path)
+    if state is None or state[1] > me:  # a fresh folder; also when a block runs again
+        folder = tmp_path_factory.mktemp(path.stem)
+        (folder / "datasets").symlink_to(REPO / "datasets")
+        (folder / "tests").symlink_to(REPO / "tests")  # the tests' model generator
+        if (REPO / ".venv").exists():  # `.venv/bin/python` as the docs write it
+            (folder / ".venv").symlink_to((REPO / ".venv").resolve())
+        state = _pages[path] = [folder, 0]
+    while state[1] < me:  # the page's earlier blocks, when this one was selected alone
+        _run_block(fmoe_bin, state[0], *page[state[1]])
+        state[1] += 1
+    state[1] = me + 1  # a failure here still lets the page's later blocks try
+    _run_block(fmoe_bin, state[0], path, line, text)
 
 
 def test_a_transcript_is_split_into_commands_and_outputs():
@@ -120,6 +156,10 @@ def test_a_transcript_is_split_into_commands_and_outputs():
 def test_substitution_touches_only_commands(tmp_path):
     b = pathlib.Path("/x/fmoe")
     got = _substitute("fmoe record -o a.h5 && fmoe simulate --trace a.h5 | grep fmoe\n"
-                      "build/cmd/fmoe serve --model fmoe-tiny\n", b)
+                      "build/cmd/fmoe serve --model fmoe-tiny\n"
+                      "mpirun --oversubscribe -n 2 fmoe simulate --note fmoe\n"
+                      "X=1 Y=2 fmoe trace recover a; P=$(fmoe inspect --plugin-path) h5dump\n", b)
     assert got == ("/x/fmoe record -o a.h5 && /x/fmoe simulate --trace a.h5 | grep fmoe\n"
-                   "/x/fmoe serve --model fmoe-tiny\n")
+                   "/x/fmoe serve --model fmoe-tiny\n"
+                   "mpirun --oversubscribe -n 2 /x/fmoe simulate --note fmoe\n"
+                   "X=1 Y=2 /x/fmoe trace recover a; P=$(/x/fmoe inspect --plugin-path) h5dump\n")

@@ -35,6 +35,17 @@ def test_live_and_simulated_duoserve_decide_alike(work, fmoe_bin, n):
     policy_live.assert_same_decisions(fmoe_bin, n, live, sim, lrec, srec)
 
 
+def test_duoserve_evict_option_live_equals_simulated(work, fmoe_bin):
+    """--policy-opt evict=predicted-reuse (reuse_evict.h: Belady's rule on predicted-reuse's
+    per-expert estimate among the experts the ring may evict, LRU-guarded): live =
+    simulated, and the option changes decisions."""
+    opt = ("--policy-opt", "evict=predicted-reuse")
+    live, sim, lrec, srec = policy_live.live_and_simulated(work, fmoe_bin, "duoserve", "d.h5",
+                                                           8, opt, opt)
+    policy_live.assert_same_decisions(fmoe_bin, 8, live, sim, lrec, srec)
+    policy_live.assert_option_changes_decisions(work, fmoe_bin, "duoserve", "d.h5", 8, srec)
+
+
 def test_offloaded_duoserve_generation_equals_all_resident(work, fmoe_bin):
     policy_live.assert_offloaded_generation_equals_all_resident(
         fmoe_bin, "duoserve", work / "d.h5", ((2, "file"), (12, "host")))

@@ -237,28 +237,34 @@ def test_grouped_routing_is_exercised(name, changes, models, driver, tmp_path):
     assert (ours != ref["experts"]).any(), changes
 
 
-def test_mla_refused_on_cuda(models, driver):
-    """The CUDA backend has no multi-head latent attention yet: a session of a
-    DeepSeek-V2/V3 model there is refused in one line naming what is missing, before the
-    backend is looked up (so the line is the same on a machine without CUDA)."""
+def test_mla_not_refused_by_cuda(models, driver):
+    """DeepSeek-V2/V3 (multi-head latent attention, grouped routing): the CUDA backend has every
+    op of the family now (compiled, not yet run on a GPU: docs/gpu.md), so a session there is
+    no longer refused for the family: with a device it runs, without one it fails in one line
+    for want of the backend, nothing else."""
     d = models("deepseek_v2_lite")
     p = subprocess.run([str(driver), str(d), "--tokens", "1,2", "--session-backend", "cuda"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode == 0:  # a device: the CUDA backend ran it (tests/gpu compares the result)
+        return
     assert p.returncode == 1, p.stderr
     assert p.stderr.count("\n") == 1, p.stderr
-    assert "no multi-head latent attention" in p.stderr, p.stderr
+    assert "CUDA backend unavailable" in p.stderr, p.stderr
 
 
-def test_phimoe_refused_on_cuda(models, driver):
-    """The CUDA backend has no LayerNorm with bias nor sparsemixer routing yet: a
-    Phi-3.5-MoE session there is refused in one line naming both, before the backend is
-    looked up."""
+def test_phimoe_not_refused_by_cuda(models, driver):
+    """Phi-3.5-MoE (LayerNorm with bias, sparsemixer): the CUDA backend has every op of the family
+    now (compiled, not yet run on a GPU: docs/gpu.md), so a session there is no longer refused
+    for the family: with a device it runs, without one it fails in one line for want of the
+    backend, nothing else."""
     d = models("phimoe")
     p = subprocess.run([str(driver), str(d), "--tokens", "1,2", "--session-backend", "cuda"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode == 0:  # a device: the CUDA backend ran it (tests/gpu compares the result)
+        return
     assert p.returncode == 1, p.stderr
     assert p.stderr.count("\n") == 1, p.stderr
-    assert "LayerNorm with bias" in p.stderr and "sparsemixer" in p.stderr, p.stderr
+    assert "CUDA backend unavailable" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("jitter", [0.01, 10.0])
@@ -347,15 +353,19 @@ def test_score_correction_bias_is_exercised(models, driver, tmp_path):
     assert (np.asarray(routes["experts"])[:n] != ref["experts"][:n]).any()
 
 
-def test_gpt_oss_refused_on_cuda(models, driver):
-    """The CUDA backend has no attention sinks nor clamped SwiGLU yet: a gpt-oss session
-    there is refused in one line naming both, before the backend is looked up."""
+def test_gpt_oss_not_refused_by_cuda(models, driver):
+    """gpt-oss (attention sinks, clamped SwiGLU, MXFP4 experts): the CUDA backend has every op of
+    the family now (compiled, not yet run on a GPU: docs/gpu.md), so a session there is no
+    longer refused for the family: with a device it runs, without one it fails in one line for
+    want of the backend, nothing else."""
     d = models("gpt_oss")
     p = subprocess.run([str(driver), str(d), "--tokens", "1,2", "--session-backend", "cuda"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode == 0:  # a device: the CUDA backend ran it (tests/gpu compares the result)
+        return
     assert p.returncode == 1, p.stderr
     assert p.stderr.count("\n") == 1, p.stderr
-    assert "attention sinks" in p.stderr and "clamped SwiGLU" in p.stderr, p.stderr
+    assert "CUDA backend unavailable" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("change", ["limit", "window", "yarn", "sinks"])

@@ -4,7 +4,8 @@ driver tests/lib/quant_tool.c:
 
 - dequantisation of random blocks of every type fmoe computes with equals
   gguf.quants.dequantize bit for bit;
-- Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 quantisation equals gguf.quants.quantize byte for byte
+- Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 quantisation equals gguf.quants.quantize byte
+  for byte
   (gguf-py has no quantiser for the K-quants and IQ4_NL: ours are checked by their
   round-trip error, dequantised by gguf-py);
 - blocks with extreme scales (zero, negative, the largest f16, subnormal, infinite) of the
@@ -230,6 +231,27 @@ def test_q32_quantise_equals_gguf_py(tool, tmp_path, name):
     size = gguf.GGML_QUANT_SIZES[Q[name]][1]
     bad = np.flatnonzero(ours != theirs)
     assert bad.size == 0, f"{bad.size} bytes differ, first in block {bad[0] // size}"
+
+
+def test_mxfp4_quantise_equals_gguf_py(tool, tmp_path):
+    """Ours (lib/quant_mxfp4.c) and gguf-py's MXFP4.quantize_blocks are both ggml's
+    quantize_row_mxfp4_ref; blocks on the exponent's edges (powers of two, values just
+    under them) and on the levels' midpoints (ties: the first level, +0 before -0)."""
+    rng = np.random.default_rng(39)
+    x = rng.standard_normal(32 * 2048).astype(np.float32)
+    x[:32] = 0                                          # e = 0
+    x[32:64] = np.ldexp(1.0, rng.integers(-20, 20, 32))  # powers of two: amax exactly 2^k
+    x[64:96] = np.nextafter(np.float32(4.0), np.float32(0)) * np.sign(x[64:96])
+    x[96:128] = (np.arange(32) % 8 - 3.5) * 0.25        # midpoints of the levels at scale 1/4
+    x[128:160] *= 1e-30                                 # small normal exponents
+    x[160:192] *= 1e30
+    x[192:224] = -np.abs(x[192:224])
+    (tmp_path / "x.f32").write_bytes(x.tobytes())
+    run_tool(tool, "quant", "MXFP4", tmp_path / "x.f32", tmp_path / "q.bin")
+    ours = np.fromfile(tmp_path / "q.bin", dtype=np.uint8)
+    theirs = gguf.quants.quantize(x.reshape(-1, 32 * 64), Q.MXFP4).reshape(-1)
+    bad = np.flatnonzero(ours != theirs)
+    assert bad.size == 0, f"{bad.size} bytes differ, first in block {bad[0] // 17}"
 
 
 def test_iq4_nl_quantise_round_trip_by_gguf_py(tool, tmp_path):

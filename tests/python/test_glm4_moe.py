@@ -10,7 +10,7 @@ experts at every MoE layer for every token (read from transformers' gates), the 
 32-token greedy continuation, for a prefill, a prefill in chunks of 5 and a token-by-token
 prompt. Then each GLM setting is shown to matter (changed, the logits or routes leave the
 reference), the multi-token-prediction layer a real checkpoint carries is shown to be
-skipped, and the CUDA backend refuses the family in one line.
+skipped, and the CUDA backend no longer refuses the family (its kernels: docs/gpu.md).
 """
 import json
 import os
@@ -114,16 +114,19 @@ def test_mtp_layer_is_skipped(models, driver, tmp_path):
     check(m, ref, logits, routes, "glm4_moe with an MTP layer")
 
 
-def test_refused_on_cuda(models, driver):
-    """No partial rotary embedding nor biased sigmoid router on the CUDA backend yet: a
-    session there is refused in one line, before the backend is looked up (so the line is
-    the same on a machine without CUDA)."""
+def test_not_refused_by_cuda(models, driver):
+    """GLM-4.5 (partial rotary embedding, biased sigmoid routing): the CUDA backend has every op
+    of the family now (compiled, not yet run on a GPU: docs/gpu.md), so a session there is no
+    longer refused for the family: with a device it runs, without one it fails in one line for
+    want of the backend, nothing else."""
     d = models("glm4_moe")
     p = subprocess.run([str(driver), str(d), "--tokens", "1,2", "--session-backend", "cuda"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode == 0:  # a device: the CUDA backend ran it (tests/gpu compares the result)
+        return
     assert p.returncode == 1, p.stderr
     assert p.stderr.count("\n") == 1, p.stderr
-    assert "glm4_moe" in p.stderr and "partial rotary" in p.stderr, p.stderr
+    assert "CUDA backend unavailable" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("prf", [0.3, 0.0, 1.5])

@@ -6,7 +6,7 @@ QK L2 norm, layer 3 NoPE with query temperature tuning, llama3 rope scaling). It
 prefill, chunked prefill and token-by-token decode are test_forward.py's
 (test_forward_matches_reference, test_cache_and_chunking_agree); here: each feature is
 shown to matter (a config without it moves the logits far past the tolerance), the
-multimodal checkpoint's layout, and the CUDA refusal.
+multimodal checkpoint's layout, and that the CUDA backend no longer refuses it.
 
 Two features have no config switch, and were checked by hand on this reference (the
 tolerance is 1e-3; fmoe's maximum difference is 1e-5): applying the router weight to the
@@ -96,12 +96,16 @@ def test_multimodal_checkpoint(llama4, driver, tmp_path):
     check(mm, ref, logits, routes, "llama4 multimodal")
 
 
-def test_refused_on_cuda(llama4, driver):
-    """The CUDA backend does not run Llama 4 yet: refused in one line, before the backend
-    is looked up (so the same on a machine without CUDA)."""
+def test_not_refused_by_cuda(llama4, driver):
+    """Llama 4 (chunked and temperature-tuned attention, scaled expert inputs): the CUDA
+    backend has every op of the family now (compiled, not yet run on a GPU: docs/gpu.md), so
+    a session there is no longer refused for the family: with a device it runs, without one
+    it fails in one line for want of the backend, nothing else."""
     d, _ = llama4
     p = subprocess.run([str(driver), str(d), "--tokens", "1,2", "--session-backend", "cuda"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode == 0:  # a device: the CUDA backend ran it (tests/gpu compares the result)
+        return
     assert p.returncode == 1, p.stderr
     assert p.stderr.count("\n") == 1, p.stderr
-    assert "does not run Llama 4" in p.stderr and "--backend cpu" in p.stderr, p.stderr
+    assert "CUDA backend unavailable" in p.stderr, p.stderr

@@ -10,10 +10,13 @@ Belady's eviction rule on predicted next uses, guarded by LRU.
   slots: what following LRU from other contents can cost), LRU's hits counted by the
   reference; the unguarded rule breaks that bound on some trace, so the guard is what holds
   it. guard=pairs (LeCaR-style pairwise regret) keeps at least 88% of LRU's hits there.
+- With the request-level estimate (estimate=request, guard=none) its hit counts equal a
+  plain Python replay of the rule as docs/policies.md#predicted-reuse states it
+  (request_reuse_hits below), on random traces; with guard=lru it keeps the bound above.
 - estimate=perfect is refused live (it reads the trace's future), with a one-line error.
 - Live and simulated runs make identical decisions: the defaults in test_offload_live.py,
-  other settings here, and the evict=predicted-reuse option of moe-infinity-fb and fmoe
-  here.
+  other settings here, and the evict options (predicted-reuse, request-reuse) of
+  moe-infinity-fb, fmoe, promoe and duoserve here.
 """
 import random
 
@@ -72,6 +75,79 @@ def test_random_predictions_bounded_by_lru(fmoe, tmp_path):
     assert pairs_worst >= 1 - PAIRS_MARGIN, pairs_worst
 
 
+REQUEST_WEIGHT = 4  # request_weight's default
+
+
+def request_reuse_hits(seq, iters, reqs, capacity, w=REQUEST_WEIGHT, overdue=2.0):
+    """Belady's rule on the request-level estimate, no guard, written from the docs: ticks
+    count accesses (an access at position p is at tick p + 1; a miss chooses its victim at
+    tick p); an expert's rate in the request is (iterations of the request that used it +
+    w x its rate over all iterations so far) / (the request's iterations + w); its predicted
+    next use is its last tick + max(ticks per iteration / rate, overdue x idle ticks), the
+    ticks per iteration a running mean (weight 1/64) of the iterations' access counts; the
+    latest predicted next use goes, ties to the least recently used."""
+    cache = {}  # expert -> last tick
+    used_req, used_all = {}, {}
+    all_iters = req_iters = 0
+    per_iter, iter_tick = 0.0, 0
+    n_hits = 0
+    for p, e in enumerate(seq):
+        if p == 0 or iters[p] != iters[p - 1]:
+            if p == 0 or reqs[p] != reqs[p - 1]:
+                used_req, req_iters = {}, 0
+            if req_iters > 0 or all_iters > 0:
+                n = p - iter_tick
+                per_iter = per_iter + (n - per_iter) / 64.0 if per_iter > 0 else float(n)
+            iter_tick = p
+            req_iters += 1
+            all_iters += 1
+        if e in cache:
+            n_hits += 1
+        elif len(cache) >= capacity:
+            def predicted(x):
+                prior = used_all[x] / all_iters
+                rate = (used_req.get(x, 0) + w * prior) / (req_iters + w)
+                gap = (per_iter if per_iter > 0 else 1.0) / rate
+                return cache[x] + max(gap, overdue * (p - cache[x]))
+            del cache[max(cache, key=lambda x: (predicted(x), -cache[x]))]
+        cache[e] = p + 1
+        used_req[e] = used_req.get(e, 0) + 1
+        used_all[e] = used_all.get(e, 0) + 1
+    return n_hits
+
+
+def test_request_estimate_matches_reference(fmoe, tmp_path):
+    differs = 0  # cells where the rule is not LRU's under another name
+    for seed in range(4):
+        rng = random.Random(100 + seed)
+        L, J = rng.randint(1, 3), rng.randint(6, 16)
+        K = rng.randint(1, min(3, J))
+        reqs = random_requests(rng, rng.randint(4, 10), L, J, K)
+        trace = tmp_path / f"q{seed}.h5"
+        write_trace(trace, reqs, L, J, K)
+        seq, iters, rq = sequence(reqs)
+        caches = sorted({K, max(K, L * J // 4), L * J // 2})
+        got = simulate(fmoe, trace, caches, ["predicted-reuse"],
+                       opts("estimate=request", "guard=none"))
+        for c in caches:
+            want = request_reuse_hits(seq, iters, rq, c)
+            assert got[("predicted-reuse", c)]["hits"] == want, (seed, c)
+            differs += want != hits(seq, c, "lru")
+    assert differs > 0
+
+
+def test_request_estimate_bounded_by_lru(fmoe, tmp_path):
+    """Any estimate under guard=lru keeps test_random_predictions_bounded_by_lru's bound;
+    the request-level one on the same traces."""
+    for seed in range(10, 14):
+        trace, seq, caches = make(tmp_path, seed)
+        got = simulate(fmoe, trace, caches, ["predicted-reuse"], opts("estimate=request"))
+        for c in caches:
+            lru = hits(seq, c, "lru")
+            allowed = GUARD_MARGIN * (len(seq) - lru) + c + 1
+            assert got[("predicted-reuse", c)]["hits"] >= lru - allowed, (seed, c)
+
+
 def test_perfect_is_refused_live(fmoe_bin, tmp_path):
     from conftest import run_fmoe
     p = run_fmoe(fmoe_bin, "generate", "--model", "datasets/fmoe-tiny", "--prompt", "hi",
@@ -107,27 +183,30 @@ def live_and_simulated(fmoe_bin, tmp_path, name, common, live_only=()):
 
 
 @pytest.mark.parametrize("settings", [("estimate=random", "guard=pairs"),
-                                      ("estimate=reuse", "guard=none")])
+                                      ("estimate=reuse", "guard=none"),
+                                      ("estimate=request",)])
 def test_other_settings_live_equal_simulated(fmoe_bin, tmp_path, settings):
     """The settings test_offload_live.py's defaults leave out, at 8 of the 48 experts."""
     common = ["--policy", "predicted-reuse", *opts(*settings), "--cache-experts", 8]
     assert live_and_simulated(fmoe_bin, tmp_path, "pr", common)
 
 
-@pytest.mark.parametrize("n", [6, 16])
-def test_moe_infinity_fb_evict_option_live_equals_simulated(fmoe_bin, tmp_path, n):
-    """moe-infinity-fb --policy-opt evict=predicted-reuse: live and simulated runs decide the
-    same (live_and_simulated), and the option changes decisions (its log differs from the
-    default's)."""
+@pytest.mark.parametrize("n,evict", [(6, "predicted-reuse"), (16, "predicted-reuse"),
+                                     (16, "request-reuse")])
+def test_moe_infinity_fb_evict_option_live_equals_simulated(fmoe_bin, tmp_path, n, evict):
+    """moe-infinity-fb --policy-opt evict=predicted-reuse or request-reuse (the matched
+    rEAM's rates): live and simulated runs decide the same (live_and_simulated), and the
+    option changes decisions (its log differs from the default's)."""
     logs = {}
-    for ev in ("predicted-reuse", "recency"):
+    for ev in (evict, "recency"):
         common = ["--policy", "moe-infinity-fb", "--policy-opt", f"evict={ev}",
                   "--cache-experts", n, "--prefetch-distance", 1]
         logs[ev] = live_and_simulated(fmoe_bin, tmp_path, ev, common)
-    assert logs["predicted-reuse"] != logs["recency"]
+    assert logs[evict] != logs["recency"]
 
 
-def test_fmoe_evict_option_live_equals_simulated(fmoe_bin, tmp_path):
+@pytest.mark.parametrize("evict", ["predicted-reuse", "request-reuse"])
+def test_fmoe_evict_option_live_equals_simulated(fmoe_bin, tmp_path, evict):
     """fmoe --policy-opt evict=predicted-reuse (a third side of its eviction duel), with a
     store built from an all-resident recording of other prompts and the matcher inline
     (--sync-predictions), as test_offload_live.py runs fmoe: live = simulated, and the option
@@ -141,8 +220,8 @@ def test_fmoe_evict_option_live_equals_simulated(fmoe_bin, tmp_path):
     run_fmoe(fmoe_bin, "build-store", "--trace", tmp_path / "src.h5", "-o", tmp_path / "st.h5",
              "--prefetch-distance", 1, "--quiet")
     logs = {}
-    for ev in ("predicted-reuse", "recency"):
+    for ev in (evict, "recency"):
         common = ["--policy", "fmoe", "--policy-opt", f"evict={ev}", "--cache-experts", 12,
                   "--prefetch-distance", 1, "--store", tmp_path / "st.h5"]
         logs[ev] = live_and_simulated(fmoe_bin, tmp_path, ev, common, ["--sync-predictions"])
-    assert logs["predicted-reuse"] != logs["recency"]
+    assert logs[evict] != logs["recency"]

@@ -39,6 +39,20 @@ def test_live_and_simulated_promoe_decide_alike(work, fmoe_bin, n):
     policy_live.assert_same_decisions(fmoe_bin, n, live, sim, lrec, srec)
 
 
+def test_promoe_evict_option_live_equals_simulated(work, fmoe_bin):
+    """--policy-opt evict=request-reuse (reuse_evict.h: Belady's rule on the request-level
+    estimate among the experts promoe may evict, LRU-guarded): live = simulated, and the
+    option changes decisions."""
+    opt = ("--policy-opt", "evict=request-reuse")
+    live, sim, lrec, srec = policy_live.live_and_simulated(
+        work, fmoe_bin, "promoe", "p.h5", 8,
+        live_args=("--hidden", "--prefetch-distance", 1, "--sync-predictions", *opt),
+        sim_args=("--prefetch-distance", 1, *opt))
+    policy_live.assert_same_decisions(fmoe_bin, 8, live, sim, lrec, srec)
+    policy_live.assert_option_changes_decisions(work, fmoe_bin, "promoe", "p.h5", 8, srec,
+                                                ("--prefetch-distance", 1))
+
+
 def test_offloaded_promoe_generation_equals_all_resident(work, fmoe_bin):
     # no --prefetch-distance: the predictor's stride is the policy's
     policy_live.assert_offloaded_generation_equals_all_resident(

@@ -1,5 +1,5 @@
 """`fmoe quantize` for DeepSeek-V2/V3 (GGUF deepseek2), GLM-4.5 (glm4moe) and gpt-oss
-(gpt-oss, from float checkpoints), and from FP8 block-scaled checkpoints (runtime/model/quantize.c, fp8_block.c).
+(gpt-oss, from float and MXFP4 checkpoints), and from FP8 block-scaled checkpoints (runtime/model/quantize.c, fp8_block.c).
 
 - The tiny checkpoints written as F32 GGUF run to exactly the logits, routes and greedy
   tokens of the safetensors directory; the bf16 one written as BF16 (every byte kept) to
@@ -11,7 +11,9 @@
 - Names and extents are the converter's (DeepseekV2Model / Glm4MoeModel / GptOssModel,
   gguf-py's MODEL_TENSORS): kv_b_proj split into attn_k_b [H][r][dn] and attn_v_b
   [H][dv][r], gpt-oss's fused experts de-interleaved and transposed, as NumPy does it here
-  from the checkpoint; OpenAI's MXFP4 experts are refused in one line.
+  from the checkpoint.
+- gpt-oss's MXFP4 experts (OpenAI's layout) are copied block for block, never requantised;
+  --experts-type mxfp4 on float experts equals gguf-py's MXFP4 quantiser byte for byte.
 - An FP8 checkpoint (test_fp8_weights.py's writer) converts to F32 holding exactly the
   NumPy dequantisation fp8 · scale_inv of every block, edge blocks included.
 """
@@ -210,11 +212,113 @@ def test_fp8_missing_scale_refused(models, fmoe_bin, tmp_path):
     assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
 
 
-def test_gptoss_mxfp4_refused(models, fmoe_bin, tmp_path):
+def e2m1_values(blocks, scales):
+    """OpenAI's MXFP4 blocks [..., G, 16] and scales [..., G] as float64 [..., G·32]: value
+    2k from the low nibble of byte k, 2k + 1 from its high one (transformers'
+    convert_moe_packed_tensors), each an E2M1 number times 2^(s - 127)."""
+    idx = np.stack([blocks & 0xF, blocks >> 4], -1).reshape(*blocks.shape[:-1], 32)
+    v = tiny.E2M1.astype(np.float64)[idx] * np.ldexp(1.0, scales.astype(np.int64) - 127)[..., None]
+    return v.reshape(*v.shape[:-2], -1)
+
+
+def test_gptoss_mxfp4_experts_copied_exactly(models, driver, fmoe_bin, tmp_path):
+    """OpenAI's MXFP4 experts go into the file as MXFP4, block for block (the converter's
+    repack_mxfp4, written here by test_gguf_gptoss.ggml_mxfp4 and checked again through
+    gguf-py's dequantiser against the E2M1 values of the checkpoint's nibbles); the rest as
+    --type says; the file runs exactly as the directory."""
+    from test_gguf_gptoss import ggml_mxfp4, read_raw
+    d = models("gpt_oss_mxfp4")
+    ref = dict(np.load(d / "reference.npz"))
     out = tmp_path / "m.gguf"
-    p = run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", models("gpt_oss_mxfp4"), "-o", out,
+    run_fmoe(fmoe_bin, "quantize", "--type", "f32", d, "-o", out, "--quiet")
+    ck = read_raw(d)
+    cfg = json.loads((d / "config.json").read_text())
+    r = gguf.GGUFReader(str(out))
+    got = {t.name: t for t in r.tensors}
+    Q = gguf.GGMLQuantizationType
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}.mlp.experts."
+        gu = (ck[p + "gate_up_proj_blocks"], ck[p + "gate_up_proj_scales"])
+        dn = (ck[p + "down_proj_blocks"], ck[p + "down_proj_scales"])
+        want = {"gate": (gu[0][:, ::2], gu[1][:, ::2]), "up": (gu[0][:, 1::2], gu[1][:, 1::2]),
+                "down": dn}
+        for w, (bl, sc) in want.items():
+            t = got[f"blk.{i}.ffn_{w}_exps.weight"]
+            assert t.tensor_type == Q.MXFP4, w
+            raw = np.asarray(t.data).reshape(-1)
+            assert np.array_equal(raw, ggml_mxfp4(bl, sc).reshape(-1)), (i, w)
+            ours = gguf.quants.dequantize(raw, Q.MXFP4).reshape(-1)
+            assert np.array_equal(ours, e2m1_values(bl, sc).reshape(-1)), (i, w)
+        assert got[f"blk.{i}.attn_q.weight"].tensor_type == Q.F32
+    l1, r1 = drive(driver, d, ref, tmp_path, "dir")
+    l2, r2 = drive(driver, out, ref, tmp_path, "gguf")
+    assert np.array_equal(l1, l2), f"max |diff| {np.abs(l1 - l2).max()}"
+    assert r1 == r2
+    assert r2["generated"] == ref["generated"].tolist()
+
+
+def test_gptoss_mxfp4_not_requantised(models, fmoe_bin, tmp_path):
+    """--experts-type other than mxfp4 on MXFP4 experts is refused in one line; mxfp4 is
+    the copy; --type q8_0 quantises the rest and keeps the experts."""
+    d = models("gpt_oss_mxfp4")
+    out = tmp_path / "m.gguf"
+    p = run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", "--experts-type", "q4_k", d, "-o", out,
                  check=False)
     assert p.returncode == 1, p.stderr
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and "gate_up_proj_blocks" in lines[0] and "MXFP4" in lines[0], lines
+    assert len(lines) == 1 and "MXFP4" in lines[0] and "q4_k" in lines[0].lower(), lines
     assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
+    run_fmoe(fmoe_bin, "quantize", "--type", "q8_0", "--experts-type", "mxfp4", d, "-o", out,
+             "--quiet")
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(str(out)).tensors}
+    Q = gguf.GGMLQuantizationType
+    assert types["blk.0.ffn_down_exps.weight"] == Q.MXFP4
+    assert types["blk.0.attn_q.weight"] == Q.Q8_0
+
+
+def test_gptoss_mxfp4_bad_scales_refused(fmoe_bin, tmp_path):
+    """Scales of the wrong shape: one line naming the tensor and the shape expected, no
+    file left."""
+    d = tmp_path / "bad"
+    tensors = tiny.write_gpt_oss_mxfp4(d)
+    w = "model.layers.1.mlp.experts.down_proj_scales"
+    tensors[w] = (tensors[w][0][:, :, :1], "U8")
+    tiny.save_safetensors(d / "model.safetensors", tensors)
+    out = tmp_path / "m.gguf"
+    p = run_fmoe(fmoe_bin, "quantize", "--type", "f32", d, "-o", out, check=False)
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and w in lines[0] and "MXFP4 scales" in lines[0], lines
+    assert not out.exists() and not (tmp_path / "m.gguf.partial").exists()
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "gpt_oss"])
+def test_experts_type_mxfp4_is_gguf_pys_quantiser(name, models, driver, fmoe_bin, tmp_path):
+    """--experts-type mxfp4 on float experts: each stacked expert tensor is gguf-py's
+    MXFP4 quantisation of the converter's layout, byte for byte; the file runs."""
+    d = models(name)
+    cfg = json.loads((d / "config.json").read_text())
+    ck = {k: v[0] for k, v in read_checkpoint(d).items()}
+    if name == "gpt_oss":
+        want = expected_layout(cfg, ck, "gpt-oss")
+    else:  # one [rows, cols] tensor per expert, stacked
+        want = {f"blk.{i}.ffn_{w}_exps.weight": np.stack(
+            [ck[f"model.layers.{i}.mlp.experts.{e}.{w}_proj.weight"]
+             for e in range(cfg["num_local_experts"])])
+            for i in range(cfg["num_hidden_layers"]) for w in ("gate", "up", "down")}
+    out = tmp_path / "m.gguf"
+    run_fmoe(fmoe_bin, "quantize", "--type", "f32", "--experts-type", "mxfp4", d, "-o", out,
+             "--quiet")
+    Q = gguf.GGMLQuantizationType
+    n = 0
+    for t in gguf.GGUFReader(str(out)).tensors:
+        if "_exps.weight" not in t.name:
+            continue
+        assert t.tensor_type == Q.MXFP4, t.name
+        theirs = gguf.quants.quantize(np.ascontiguousarray(want[t.name], np.float32), Q.MXFP4)
+        assert np.array_equal(np.asarray(t.data).reshape(-1), theirs.reshape(-1)), t.name
+        n += 1
+    assert n == 3 * len([k for k in want if k.endswith("ffn_down_exps.weight")]) > 0
+    ref = dict(np.load(d / "reference.npz"))
+    _, routes = drive(driver, out, ref, tmp_path, "gguf")
+    assert len(routes["generated"]) == len(ref["generated"])

@@ -105,13 +105,13 @@ int32_t fmoe_ggml_block_size(uint32_t type);
 int32_t fmoe_ggml_type_size(uint32_t type);
 
 /* 1 for the twenty-three types fmoe dequantises and computes dot products with (the types
- * fmoe_quant_can_quantize writes, F32, F16, BF16; and, read only, MXFP4 and the i-quants
+ * fmoe_quant_can_quantize writes, F32, F16, BF16; and, read only, the i-quants
  * IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M). */
 int fmoe_quant_supported(uint32_t type);
 
 /* 1 for the types fmoe_quant_quantize_row writes: Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
- * IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, and the i-quants that need no importance matrix,
- * IQ3_XXS, IQ3_S, IQ2_S. */
+ * IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, and the i-quants that need no importance
+ * matrix, IQ3_XXS, IQ3_S, IQ2_S. */
 int fmoe_quant_can_quantize(uint32_t type);
 
 /* Builds what quantising to `type` needs before its first row: for IQ3_XXS, IQ3_S, IQ2_S,

@@ -10,9 +10,11 @@
  *     if (fmoe_quantize_model(&p, &r) < 0) fail(fmoe_error_detail());
  *
  * Families: Mixtral (GGUF architecture "llama"), Qwen2-MoE ("qwen2moe"), Qwen3-MoE
- * ("qwen3moe"), OLMoE ("olmoe"), DeepSeek-MoE V1 ("deepseek"). What is quantised: every
- * 2-D weight (embeddings and output head included), or with experts_only the routed
- * experts' gate/up/down only; never the norms, biases and router weights (F32, as
+ * ("qwen3moe"), OLMoE ("olmoe"), DeepSeek-MoE V1 ("deepseek"), DeepSeek-V2/V3
+ * ("deepseek2"), GLM-4.5 ("glm4moe"), gpt-oss ("gpt-oss"; OpenAI's MXFP4 experts copied
+ * as MXFP4, never requantised), Phi-3.5-MoE ("phimoe"), Llama 4's text model ("llama4").
+ * What is quantised: every 2-D weight (embeddings and output head included), or with
+ * experts_only the routed experts' gate/up/down only; never the norms, biases and router weights (F32, as
  * llama.cpp keeps them). A tensor whose rows are not whole blocks of the type falls back
  * as llama-quantize's does (fmoe_quant_fallback_type: Q4_K -> Q5_0, Q5_K -> Q5_1,
  * Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS -> IQ4_NL) when its rows are whole blocks of 32, else
