@@ -107,6 +107,12 @@ def transcript(text):
 
 def _bash(script, cwd):
     env = dict(os.environ, PATH=f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}")
+    if "mpirun" in script and "ASAN_OPTIONS" in env:
+        # the ASan build under mpirun: Open MPI's own leaks suppressed, as test_mpi.py does
+        # (tests/python/lsan-openmpi.supp; the ranks inherit mpirun's environment)
+        env["ASAN_OPTIONS"] += ":fast_unwind_on_malloc=0"
+        supp = f"suppressions={pathlib.Path(__file__).parent / 'lsan-openmpi.supp'}"
+        env["LSAN_OPTIONS"] = ":".join(x for x in (env.get("LSAN_OPTIONS"), supp) if x)
     return subprocess.run(["bash", "-c", "set -eo pipefail\n" + script], cwd=cwd,
                           capture_output=True, text=True, timeout=300, env=env)
 
