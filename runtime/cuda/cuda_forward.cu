@@ -395,7 +395,7 @@ static const void *mat_data(cuda_ctx *c, const fmoe__mat *w, const char *what) {
         if (!fmoe__cuda_quant_has(w->quant)) {
             /* the number, not fmoe_ggml_type_name: this module links lib/error.c only */
             set_error(c, FMOE_EUNSUPPORTED, "%s: weights of ggml type %u: the CUDA backend "
-                      "has kernels for Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, f32, f16 and bf16 only", what,
+                      "has no kernels for it; run this model with --backend cpu", what,
                       (unsigned)w->quant);
             return NULL;
         }
