@@ -7,7 +7,8 @@
  * include: the GPU dequantises with the very arithmetic that
  * tests/python/test_gguf_quants.py checks bit for bit against gguf-py (internal; FMOE_HD
  * marks every function for host and device under nvcc). The CUDA backend has kernels
- * for every type here (fmoe__qblock_cuda_has).
+ * for every type here (fmoe__qblock_cuda_has), and for the i-quants of
+ * lib/quant_iq_block.h.
  *
  * The byte layouts are ggml's (ggml-common.h); fmoe/quant.h lists them. Each value is
  * computed on its own, in ggml's order of operations (dequantize_row_*): the block's f16
@@ -30,6 +31,7 @@
 #include "fmoe/elementwise.h" /* FMOE_HD */
 #include "half.h"
 #include "fmoe/quant.h"
+#include "quant_iq_block.h" /* the i-quants' groups of 8, with their grids */
 
 /* Values and bytes of one block of the quantized types with a formula here; 0 for any
  * other type. */
@@ -48,7 +50,7 @@ static inline FMOE_HD int32_t fmoe__qblock_values(uint32_t type) {
     case FMOE_GGML_Q5_K:
     case FMOE_GGML_Q6_K:
     case FMOE_GGML_IQ4_XS: return FMOE_QK_K;
-    default: return 0;
+    default: return fmoe__is_iq_type(type) ? FMOE_QK_K : 0;
     }
 }
 
@@ -67,15 +69,21 @@ static inline FMOE_HD int32_t fmoe__qblock_bytes(uint32_t type) {
     case FMOE_GGML_Q3_K: return FMOE_Q3_K_BYTES;
     case FMOE_GGML_IQ4_XS: return FMOE_IQ4_XS_BYTES;
     case FMOE_GGML_MXFP4: return FMOE_MXFP4_BYTES;
+    case FMOE_GGML_IQ2_XXS: return FMOE_IQ2_XXS_BYTES;
+    case FMOE_GGML_IQ2_XS: return FMOE_IQ2_XS_BYTES;
+    case FMOE_GGML_IQ2_S: return FMOE_IQ2_S_BYTES;
+    case FMOE_GGML_IQ3_XXS: return FMOE_IQ3_XXS_BYTES;
+    case FMOE_GGML_IQ3_S: return FMOE_IQ3_S_BYTES;
+    case FMOE_GGML_IQ1_S: return FMOE_IQ1_S_BYTES;
+    case FMOE_GGML_IQ1_M: return FMOE_IQ1_M_BYTES;
     default: return 0;
     }
 }
 
 /* 1 for the block types the CUDA backend has kernels for (runtime/cuda/cuda_quant.cu's
  * fmoe__cuda_quant_has, and the host's refusal of a model before it runs:
- * runtime/model/backend_types.c): every type with a formula here. All but Q8_0, Q4_K,
- * Q5_K and Q6_K are compiled but not yet run on a GPU (MXFP4, the 32-value Q4_0 ..
- * IQ4_NL, Q2_K, Q3_K, IQ4_XS); the i-quants have no formula here and no kernels. */
+ * runtime/model/backend_types.c): every type with a formula here, the i-quants
+ * (lib/quant_iq_block.h) included. All are compiled; none has yet run on a GPU. */
 static inline FMOE_HD int fmoe__qblock_cuda_has(uint32_t type) {
     return fmoe__qblock_values(type) != 0;
 }
@@ -411,7 +419,10 @@ static inline FMOE_HD void fmoe__qblock_dequant(uint32_t type, const uint8_t *b,
     case FMOE_GGML_MXFP4:
         fmoe__mxfp4_values(b, 0, FMOE_QK8_0, y);
         return;
-    default: return;
+    default: /* the i-quants (the CPU's own path is lib/quant_iq.c) */
+        if (fmoe__is_iq_type(type))
+            for (int k = 0; k < FMOE_QK_K / 8; k++) fmoe__iq_group8(type, b, k, y + 8 * k);
+        return;
     }
 }
 
@@ -458,7 +469,9 @@ static inline FMOE_HD void fmoe__qblock_dequant8(uint32_t type, const uint8_t *b
         fmoe__kx_sub_values(type, b, k / 2, 8 * (k % 2), 8, d, dmin, y);
         return;
     }
-    default: return;
+    default:
+        fmoe__iq_group8(type, b, k, y); /* the i-quants; nothing for any other type */
+        return;
     }
 }
 

@@ -83,8 +83,8 @@
 // A block keeps 128 threads whatever head_dim is: a correct kernel first; a tiled
 // flash-style kernel (several queries of a KV head per block) is the fast one to come.
 //
-// Quantized weights (GGUF's block types with a formula in lib/quant_block.h, Q8_0 .. IQ4_XS
-// and MXFP4; not the i-quants; cuda_quant.cu). A mat with quant set
+// Quantized weights (GGUF's block types with a formula in lib/quant_block.h: Q8_0 .. IQ4_XS,
+// MXFP4 and the i-quants; cuda_quant.cu). A mat with quant set
 // is cached, or sits in an expert slot, as the file's bytes: rows of ggml blocks, never
 // repacked. matmul with at most FMOE_CUDA_QMV_MAX_N rows of x (decode) runs a kernel that
 // dequantises each weight on the fly and sums in f32 in a fixed order, one warp per

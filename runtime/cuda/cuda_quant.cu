@@ -1,6 +1,7 @@
 // cuda_quant.cu - kernels for weights stored as ggml blocks (every type lib/quant_block.h
 // has a formula for: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, gpt-oss's MXFP4, Q2_K, Q3_K,
-// Q4_K, Q5_K, Q6_K, IQ4_XS; the i-quants IQ2_XXS .. IQ1_M have none yet):
+// Q4_K, Q5_K, Q6_K, IQ4_XS, and the i-quants IQ2_XXS .. IQ1_M of lib/quant_iq_block.h,
+// whose grids are device copies in global memory):
 // a matrix-vector product that dequantises on the fly, a tile dequantiser feeding cuBLAS,
 // and embedding rows (cuda_quant.h). The value of every weight comes from
 // lib/quant_block.h, the C the CPU's fmoe_quant_dequantize_row runs (tests/python/
@@ -11,7 +12,8 @@
 // Design
 //
 // Work unit. One thread produces 8 consecutive values of one block
-// (fmoe__qblock_dequant8): a block of 256 values (Q2_K .. Q6_K, IQ4_XS) is 32 groups,
+// (fmoe__qblock_dequant8): a block of 256 values (Q2_K .. Q6_K, IQ4_XS, the i-quants:
+// for those a group is one grid point, looked up per thread) is 32 groups,
 // one per lane of a warp; a block of 32 (Q8_0, Q4_0 .. IQ4_NL, MXFP4) is 4 groups, so a
 // warp covers 8 blocks. Either way a warp covers 256 consecutive values of a row per
 // step, lane l values 8l..8l+7, so its reads of x are contiguous across the warp. A
@@ -53,7 +55,11 @@ extern "C" {
  * fmoe__qblock_values and fmoe__qblock_bytes, which are not constexpr: C has none;
  * tests/lib/test_quant_block.c checks those against the type table). */
 template <uint32_t T> struct qblock {
-    static constexpr bool k256 = T == FMOE_GGML_Q2_K || T == FMOE_GGML_Q3_K ||
+    static constexpr bool iq = T == FMOE_GGML_IQ2_XXS || T == FMOE_GGML_IQ2_XS ||
+                               T == FMOE_GGML_IQ2_S || T == FMOE_GGML_IQ3_XXS ||
+                               T == FMOE_GGML_IQ3_S || T == FMOE_GGML_IQ1_S ||
+                               T == FMOE_GGML_IQ1_M;
+    static constexpr bool k256 = iq || T == FMOE_GGML_Q2_K || T == FMOE_GGML_Q3_K ||
                                  T == FMOE_GGML_Q4_K || T == FMOE_GGML_Q5_K ||
                                  T == FMOE_GGML_Q6_K || T == FMOE_GGML_IQ4_XS;
     static constexpr int64_t values = k256 ? FMOE_QK_K : FMOE_QK8_0;
@@ -70,6 +76,13 @@ template <uint32_t T> struct qblock {
                                      : T == FMOE_GGML_Q5_K   ? FMOE_Q5_K_BYTES
                                      : T == FMOE_GGML_Q6_K   ? FMOE_Q6_K_BYTES
                                      : T == FMOE_GGML_IQ4_XS ? FMOE_IQ4_XS_BYTES
+                                     : T == FMOE_GGML_IQ2_XXS ? FMOE_IQ2_XXS_BYTES
+                                     : T == FMOE_GGML_IQ2_XS ? FMOE_IQ2_XS_BYTES
+                                     : T == FMOE_GGML_IQ2_S  ? FMOE_IQ2_S_BYTES
+                                     : T == FMOE_GGML_IQ3_XXS ? FMOE_IQ3_XXS_BYTES
+                                     : T == FMOE_GGML_IQ3_S  ? FMOE_IQ3_S_BYTES
+                                     : T == FMOE_GGML_IQ1_S  ? FMOE_IQ1_S_BYTES
+                                     : T == FMOE_GGML_IQ1_M  ? FMOE_IQ1_M_BYTES
                                                              : 0;
     static_assert(bytes > 0, "a block type without kernels");
 };
@@ -190,6 +203,13 @@ int fmoe__cuda_quant_has(uint32_t type) { return fmoe__qblock_cuda_has(type); }
         case FMOE_GGML_Q5_K: { constexpr uint32_t T = FMOE_GGML_Q5_K; __VA_ARGS__; break; } \
         case FMOE_GGML_Q6_K: { constexpr uint32_t T = FMOE_GGML_Q6_K; __VA_ARGS__; break; } \
         case FMOE_GGML_IQ4_XS: { constexpr uint32_t T = FMOE_GGML_IQ4_XS; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ2_XXS: { constexpr uint32_t T = FMOE_GGML_IQ2_XXS; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ2_XS: { constexpr uint32_t T = FMOE_GGML_IQ2_XS; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ2_S: { constexpr uint32_t T = FMOE_GGML_IQ2_S; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ3_XXS: { constexpr uint32_t T = FMOE_GGML_IQ3_XXS; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ3_S: { constexpr uint32_t T = FMOE_GGML_IQ3_S; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ1_S: { constexpr uint32_t T = FMOE_GGML_IQ1_S; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ1_M: { constexpr uint32_t T = FMOE_GGML_IQ1_M; __VA_ARGS__; break; } \
         default: return cudaErrorInvalidValue;                                            \
         }                                                                                 \
         return cudaGetLastError();                                                        \

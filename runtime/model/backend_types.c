@@ -1,8 +1,9 @@
 /*
  * backend_types.c - a GGUF model's tensor types against the kernels of the backend a
  * session asks for: the CPU backend computes every type the loader takes
- * (fmoe_quant_supported); the CUDA backend has none yet for the i-quants IQ2_XXS ..
- * IQ1_M (lib/quant_block.h, fmoe__qblock_cuda_has: their grids have no device copy). Checked when the session is created, before
+ * (fmoe_quant_supported); the CUDA backend has kernels for every block type with a
+ * formula in lib/quant_block.h (fmoe__qblock_cuda_has), which today are all the types the
+ * loader takes: this check stays for a type added to the loader before its kernels. Checked when the session is created, before
  * the backend is looked up, so that the refusal is one line naming the tensor and its type,
  * and reads the same on a machine without CUDA, instead of a failure at the first product
  * that uses the tensor, part way through a run.
@@ -23,14 +24,11 @@ int fmoe__model_check_backend_types(const fmoe_model *m, fmoe_backend_kind backe
     const int64_t n = fmoe_gguf_tensor_count(m->gguf);
     for (int64_t i = 0; i < n; i++) {
         const fmoe_gguf_tensor *t = fmoe_gguf_tensor_at(m->gguf, i);
-        /* every block type (block size > 1) without a formula in quant_block.h: the
-         * i-quants */
+        /* every block type (block size > 1) without a formula in quant_block.h */
         if (fmoe_ggml_block_size(t->type) > 1 && !fmoe__qblock_cuda_has(t->type))
             return fmoe_error_set(FMOE_EUNSUPPORTED,
                                   "%s: tensor %s is %s, which the cuda backend has no kernels "
-                                  "for (it computes F32, F16, BF16 and the block types up to "
-                                  "IQ4_XS, not the i-quants IQ2_XXS .. IQ1_M); run this model "
-                                  "with --backend cpu",
+                                  "for; run this model with --backend cpu",
                                   fmoe_gguf_name(m->gguf), t->name, fmoe_ggml_type_name(t->type));
     }
     return 0;

@@ -611,11 +611,12 @@ TEST(matmul) {
 
 /* Every type with CUDA kernels (fmoe__qblock_cuda_has). The blocks of 32 (Q8_0, Q4_0 ..
  * IQ4_NL, MXFP4) go through the kernels with 4 threads a block, the blocks of 256 with 32. */
-#define NQTYPES 13
+#define NQTYPES 20
 static const uint32_t qtypes[NQTYPES] = {
     FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K, FMOE_GGML_MXFP4,
     FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL,
-    FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS};
+    FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS, FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS,
+    FMOE_GGML_IQ2_S, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S, FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
 
 /*
  * A [rows][cols] matrix of ggml blocks of `type`, its data a weight: random bytes (every
@@ -634,6 +635,12 @@ static void make_qmat(fmoe__mat *m, uint32_t type, int64_t rows, int64_t cols, f
         }
         const uint16_t h1 = fmoe_float_to_half(0.02f * frand());
         const uint16_t h2 = fmoe_float_to_half(0.02f * frand());
+        if (type == FMOE_GGML_IQ1_M) { /* d in the top nibbles of the 4 scale words @48 */
+            for (int w = 0; w < 4; w++)
+                d[b + 48 + 2 * w + 1] = (uint8_t)((d[b + 48 + 2 * w + 1] & 0x0F) |
+                                                  (((h1 >> (4 * w)) & 0xF) << 4));
+            continue;
+        }
         /* d (Q6_K, Q2_K, Q3_K: at the block's end) and the types' second f16, a min */
         const int64_t d_at = type == FMOE_GGML_Q6_K   ? 208
                              : type == FMOE_GGML_Q2_K ? 80

@@ -30,7 +30,13 @@ static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
                                  FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
                                  FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL,
                                  FMOE_GGML_MXFP4, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K,
-                                 FMOE_GGML_IQ4_XS};
+                                 FMOE_GGML_IQ4_XS, FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS,
+                                 FMOE_GGML_IQ2_S, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S,
+                                 FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
+/* The i-quants: the row's values come from lib/quant_iq.c (byte tricks over whole
+ * blocks, checked against gguf-py by tests/python/test_gguf_iquants.py), the groups of 8
+ * from lib/quant_iq_block.h; ggml_block has no transcription of them. */
+#define FIRST_IQ 13
 #define NTYPES (int)(sizeof types / sizeof types[0])
 
 static float f16(const uint8_t *p) {
@@ -195,17 +201,20 @@ TEST(block_geometry_matches_the_type_table) {
     /* the float types and every other quant have no formula here */
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_F32), 0);
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_BF16), 0);
-    ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_IQ2_XS), 0);
+    ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_TQ1_0), 0);
     ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_TQ2_0), 0);
+    ASSERT_EQ(types[FIRST_IQ], FMOE_GGML_IQ2_XXS);
     /* MXFP4: a formula, and CUDA kernels (gpt-oss's experts; compiled, not yet run on a
      * device: tests/gpu/test_backend_ops.c checks them there) */
     ASSERT_TRUE(fmoe__qblock_cuda_has(FMOE_GGML_MXFP4));
-    /* every type with a formula has CUDA kernels (the ones after Q6_K compiled, not yet
-     * run on a device); the i-quants have neither */
+    /* every type with a formula has CUDA kernels (compiled, not yet run on a device) */
     ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_Q3_K), 110);
     for (int t = 0; t < NTYPES; t++) ASSERT_TRUE(fmoe__qblock_cuda_has(types[t]));
-    ASSERT_TRUE(!fmoe__qblock_cuda_has(FMOE_GGML_IQ2_XXS) && !fmoe__qblock_cuda_has(FMOE_GGML_IQ1_M));
-    ASSERT_TRUE(!fmoe__qblock_cuda_has(FMOE_GGML_F16));
+    ASSERT_TRUE(!fmoe__qblock_cuda_has(FMOE_GGML_F16) && !fmoe__qblock_cuda_has(FMOE_GGML_TQ1_0));
+    /* ... which are all the block types the loader takes (runtime/model/backend_types.c
+     * refuses none today) */
+    for (uint32_t t = 0; t < 64; t++)
+        if (fmoe_quant_supported(t) && fmoe_ggml_block_size(t) > 1) ASSERT_TRUE(fmoe__qblock_cuda_has(t));
 }
 
 TEST(groups_of_8_equal_the_row_and_ggml_bit_for_bit) {
@@ -224,7 +233,12 @@ TEST(groups_of_8_equal_the_row_and_ggml_bit_for_bit) {
             memcpy(blk + d_at(type), &h, 2);
         }
         fmoe_quant_dequantize_row(type, row, want, n);
-        for (int k = 0; k < BLOCKS; k++) ggml_block(type, row + (int64_t)k * bb, ref + k * bs);
+        for (int k = 0; k < BLOCKS; k++) {
+            if (t >= FIRST_IQ) /* the whole-block path of quant_block.h instead */
+                fmoe__qblock_dequant(type, row + (int64_t)k * bb, ref + k * bs);
+            else
+                ggml_block(type, row + (int64_t)k * bb, ref + k * bs);
+        }
         const int d = first_diff(want, ref, (int)n);
         if (d >= 0) printf("  type %u value %d: row %.9g, ggml %.9g\n", type, d, want[d], ref[d]);
         ASSERT_EQ(d, -1);
