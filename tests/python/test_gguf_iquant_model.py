@@ -176,7 +176,10 @@ def test_cuda_takes_iq_model(driver, iq_model, tmp_path):
     a CUDA build) it fails later, at the backend, in a line that names no tensor type."""
     p = drive(driver, iq_model[0], [5, 6], 0, tmp_path, "cuda", "--session-backend", "cuda",
               check=False)
-    assert "no kernels" not in p.stderr and "IQ" not in p.stderr, p.stderr
+    if p.returncode == 0:
+        return
+    line = one_line(p, 1)
+    assert "CUDA backend unavailable" in line and "IQ" not in line, line
 
 
 def test_trace_carries_the_iq_expert_type_and_bytes(fmoe_bin, iq_model, tmp_path):
