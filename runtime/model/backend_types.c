@@ -3,7 +3,8 @@
  * session asks for: the CPU backend computes every type the loader takes
  * (fmoe_quant_supported); the CUDA backend has kernels for every block type with a
  * formula in lib/quant_block.h (fmoe__qblock_cuda_has), which today are all the types the
- * loader takes: this check stays for a type added to the loader before its kernels. Checked when the session is created, before
+ * loader takes (tests/lib/test_quant_block.c checks it): this check stays for a type
+ * added to the loader before its kernels. Checked when the session is created, before
  * the backend is looked up, so that the refusal is one line naming the tensor and its type,
  * and reads the same on a machine without CUDA, instead of a failure at the first product
  * that uses the tensor, part way through a run.

@@ -610,7 +610,8 @@ TEST(matmul) {
 /* ---------------------------------------------------------------------------------- */
 
 /* Every type with CUDA kernels (fmoe__qblock_cuda_has). The blocks of 32 (Q8_0, Q4_0 ..
- * IQ4_NL, MXFP4) go through the kernels with 4 threads a block, the blocks of 256 with 32. */
+ * IQ4_NL, MXFP4) go through the kernels with 4 threads a block, the blocks of 256 (the
+ * K-quants, IQ4_XS, the i-quants with their device grids) with 32. */
 #define NQTYPES 20
 static const uint32_t qtypes[NQTYPES] = {
     FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K, FMOE_GGML_MXFP4,
