@@ -72,9 +72,9 @@ static inline FMOE_HD uint32_t fmoe__iq_ksigns(uint32_t seven) {
 static inline FMOE_HD float fmoe__iq_dprime(uint32_t type, const uint8_t *b) {
     if (type == FMOE_GGML_IQ1_M) { /* the top nibbles of the four scale words, lowest first */
         const uint8_t *sc = b + 48;
-        const uint32_t bits = (fmoe__iq_le16(sc) >> 12) | ((fmoe__iq_le16(sc + 2) >> 8) & 0x00F0) |
-                              ((fmoe__iq_le16(sc + 4) >> 4) & 0x0F00) |
-                              (fmoe__iq_le16(sc + 6) & 0xF000);
+        const uint32_t bits =
+            (fmoe__iq_le16(sc) >> 12) | ((fmoe__iq_le16(sc + 2) >> 8) & 0x00F0) |
+            ((fmoe__iq_le16(sc + 4) >> 4) & 0x0F00) | (fmoe__iq_le16(sc + 6) & 0xF000);
         return fmoe_half_to_float((uint16_t)bits) * 0.125f;
     }
     const float d = fmoe_half_to_float((uint16_t)fmoe__iq_le16(b));

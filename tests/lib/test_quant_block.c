@@ -47,7 +47,10 @@ static float f16(const uint8_t *p) {
 
 /* Offset of a block's f16 d (the field the test sets to a modest scale). */
 static int d_at(uint32_t type) {
-    return type == FMOE_GGML_Q6_K ? 208 : type == FMOE_GGML_Q2_K ? 80 : type == FMOE_GGML_Q3_K ? 108 : 0;
+    return type == FMOE_GGML_Q6_K   ? 208
+           : type == FMOE_GGML_Q2_K ? 80
+           : type == FMOE_GGML_Q3_K ? 108
+                                    : 0;
 }
 
 static const int8_t iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
@@ -95,7 +98,8 @@ static void ggml_block_kx(uint32_t type, const uint8_t *b, float *y) {
         const uint16_t scales_h = (uint16_t)(b[2] | (b[3] << 8));
         const uint8_t *qs = b + 8;
         for (int ib = 0; ib < 8; ib++, y += 32, qs += 16) {
-            const int ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 0xf) | (((scales_h >> 2 * ib) & 3) << 4);
+            const int ls =
+                ((b[4 + ib / 2] >> 4 * (ib % 2)) & 0xf) | (((scales_h >> 2 * ib) & 3) << 4);
             const float dl = d * (ls - 32);
             for (int j = 0; j < 16; j++) {
                 y[j] = dl * iq4nl[qs[j] & 0xf];
@@ -214,7 +218,8 @@ TEST(block_geometry_matches_the_type_table) {
     /* ... which are all the block types the loader takes (runtime/model/backend_types.c
      * refuses none today) */
     for (uint32_t t = 0; t < 64; t++)
-        if (fmoe_quant_supported(t) && fmoe_ggml_block_size(t) > 1) ASSERT_TRUE(fmoe__qblock_cuda_has(t));
+        if (fmoe_quant_supported(t) && fmoe_ggml_block_size(t) > 1)
+            ASSERT_TRUE(fmoe__qblock_cuda_has(t));
 }
 
 TEST(groups_of_8_equal_the_row_and_ggml_bit_for_bit) {
