@@ -3,11 +3,12 @@
  * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and the 32-value Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
  * MXFP4),
  * written once as
- * plain C that lib/quant.c compiles and the CUDA kernels (runtime/cuda/cuda_forward.cu)
+ * plain C that lib/quant.c compiles and the CUDA kernels (runtime/cuda/cuda_quant.cu)
  * include: the GPU dequantises with the very arithmetic that
  * tests/python/test_gguf_quants.py checks bit for bit against gguf-py (internal; FMOE_HD
  * marks every function for host and device under nvcc). The CUDA backend has kernels
- * for Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 only so far (fmoe__qblock_cuda_has).
+ * for every type here (fmoe__qblock_cuda_has), and for the i-quants of
+ * lib/quant_iq_block.h.
  *
  * The byte layouts are ggml's (ggml-common.h); fmoe/quant.h lists them. Each value is
  * computed on its own, in ggml's order of operations (dequantize_row_*): the block's f16
@@ -30,10 +31,10 @@
 #include "fmoe/elementwise.h" /* FMOE_HD */
 #include "half.h"
 #include "fmoe/quant.h"
+#include "quant_iq_block.h" /* the i-quants' groups of 8, with their grids */
 
 /* Values and bytes of one block of the quantized types with a formula here; 0 for any
- * other type. (Whether the CUDA backend has kernels for a type is its own
- * fmoe__cuda_quant_has: it has none yet for the 32-value Q4_0 .. IQ4_NL.) */
+ * other type. */
 static inline FMOE_HD int32_t fmoe__qblock_values(uint32_t type) {
     switch (type) {
     case FMOE_GGML_Q4_0:
@@ -49,7 +50,7 @@ static inline FMOE_HD int32_t fmoe__qblock_values(uint32_t type) {
     case FMOE_GGML_Q5_K:
     case FMOE_GGML_Q6_K:
     case FMOE_GGML_IQ4_XS: return FMOE_QK_K;
-    default: return 0;
+    default: return fmoe__is_iq_type(type) ? FMOE_QK_K : 0;
     }
 }
 
@@ -68,17 +69,23 @@ static inline FMOE_HD int32_t fmoe__qblock_bytes(uint32_t type) {
     case FMOE_GGML_Q3_K: return FMOE_Q3_K_BYTES;
     case FMOE_GGML_IQ4_XS: return FMOE_IQ4_XS_BYTES;
     case FMOE_GGML_MXFP4: return FMOE_MXFP4_BYTES;
+    case FMOE_GGML_IQ2_XXS: return FMOE_IQ2_XXS_BYTES;
+    case FMOE_GGML_IQ2_XS: return FMOE_IQ2_XS_BYTES;
+    case FMOE_GGML_IQ2_S: return FMOE_IQ2_S_BYTES;
+    case FMOE_GGML_IQ3_XXS: return FMOE_IQ3_XXS_BYTES;
+    case FMOE_GGML_IQ3_S: return FMOE_IQ3_S_BYTES;
+    case FMOE_GGML_IQ1_S: return FMOE_IQ1_S_BYTES;
+    case FMOE_GGML_IQ1_M: return FMOE_IQ1_M_BYTES;
     default: return 0;
     }
 }
 
 /* 1 for the block types the CUDA backend has kernels for (runtime/cuda/cuda_quant.cu's
  * fmoe__cuda_quant_has, and the host's refusal of a model before it runs:
- * runtime/model/backend_types.c): the 32-value Q4_0 .. IQ4_NL, Q2_K, Q3_K and IQ4_XS are
- * CPU-only so far. MXFP4 (gpt-oss's experts) has them, compiled but not yet run on a GPU. */
+ * runtime/model/backend_types.c): every type with a formula here, the i-quants
+ * (lib/quant_iq_block.h) included. All are compiled; none has yet run on a GPU. */
 static inline FMOE_HD int fmoe__qblock_cuda_has(uint32_t type) {
-    return type == FMOE_GGML_Q8_0 || type == FMOE_GGML_Q4_K || type == FMOE_GGML_Q5_K ||
-           type == FMOE_GGML_Q6_K || type == FMOE_GGML_MXFP4;
+    return fmoe__qblock_values(type) != 0;
 }
 
 /* The little-endian f16 at p, as f32 (exact). */
@@ -313,24 +320,31 @@ static inline FMOE_HD void fmoe__kx_scale(uint32_t type, const uint8_t *b, int s
     }
 }
 
-/* Sub-block s of block b: its 16 signed codes q[16] (Q3_K's offset and IQ4_XS's grid
- * applied), with its scale and min as fmoe__kx_scale gives them. */
-static inline FMOE_HD void fmoe__kx_sub(uint32_t type, const uint8_t *b, int s, int8_t *q,
-                                        int *sc, int *m) {
-    const int h = s / 8, j = (s % 8) / 2, l0 = 16 * (s & 1);
+/* Codes l0..l0+n-1 (l0 + n <= 16) of sub-block s of block b into q[n], signed: Q3_K's
+ * offset and IQ4_XS's grid applied. */
+static inline FMOE_HD void fmoe__kx_codes(uint32_t type, const uint8_t *b, int s, int l0,
+                                          int n, int8_t *q) {
+    const int h = s / 8, j = (s % 8) / 2, o = 16 * (s & 1) + l0;
     if (type == FMOE_GGML_Q2_K) {
-        const uint8_t *qs = b + 16 + 32 * h + l0;
-        for (int i = 0; i < 16; i++) q[i] = (int8_t)((qs[i] >> (2 * j)) & 3);
+        const uint8_t *qs = b + 16 + 32 * h + o;
+        for (int i = 0; i < n; i++) q[i] = (int8_t)((qs[i] >> (2 * j)) & 3);
     } else if (type == FMOE_GGML_Q3_K) {
-        const uint8_t *qs = b + 32 + 32 * h + l0, *hm = b + l0;
+        const uint8_t *qs = b + 32 + 32 * h + o, *hm = b + o;
         const int hbit = 4 * h + j;
-        for (int i = 0; i < 16; i++)
+        for (int i = 0; i < n; i++)
             q[i] = (int8_t)(((qs[i] >> (2 * j)) & 3) - (((hm[i] >> hbit) & 1) ? 0 : 4));
     } else { /* IQ4_XS */
         const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
-        const uint8_t *qs = b + 8 + 16 * (s / 2);
-        for (int i = 0; i < 16; i++) q[i] = levels[(s & 1) ? qs[i] >> 4 : qs[i] & 0xF];
+        const uint8_t *qs = b + 8 + 16 * (s / 2) + l0;
+        for (int i = 0; i < n; i++) q[i] = levels[(s & 1) ? qs[i] >> 4 : qs[i] & 0xF];
     }
+}
+
+/* Sub-block s of block b: its 16 signed codes q[16], with its scale and min as
+ * fmoe__kx_scale gives them. */
+static inline FMOE_HD void fmoe__kx_sub(uint32_t type, const uint8_t *b, int s, int8_t *q,
+                                        int *sc, int *m) {
+    fmoe__kx_codes(type, b, s, 0, 16, q);
     fmoe__kx_scale(type, b, s, sc, m);
 }
 
@@ -340,19 +354,25 @@ static inline FMOE_HD void fmoe__kx_d(uint32_t type, const uint8_t *b, float *d,
     *dmin = type == FMOE_GGML_Q2_K ? fmoe__qblock_f16(b + 82) : 0.0f;
 }
 
-/* The 256 values of a block of one of the three into y, in ggml's order of operations:
- * d times the integer scale, rounded to f32, times the code, minus dmin times the min
- * (rounded the same way), two roundings as gguf-py's numpy does. */
+/* Values l0..l0+n-1 (l0 + n <= 16) of sub-block s of block b (d, dmin: fmoe__kx_d's)
+ * into y[n], in ggml's order of operations: d times the integer scale, rounded to f32,
+ * times the code, minus dmin times the min (rounded the same way), two roundings as
+ * gguf-py's numpy does. */
+static inline FMOE_HD void fmoe__kx_sub_values(uint32_t type, const uint8_t *b, int s, int l0,
+                                               int n, float d, float dmin, float *y) {
+    int8_t q[16];
+    int sc, m;
+    fmoe__kx_codes(type, b, s, l0, n, q);
+    fmoe__kx_scale(type, b, s, &sc, &m);
+    const float dl = d * (float)sc, ml = dmin * (float)m;
+    for (int i = 0; i < n; i++) y[i] = dl * (float)q[i] - ml;
+}
+
+/* The 256 values of a block of one of the three into y. */
 static inline FMOE_HD void fmoe__kx_values(uint32_t type, const uint8_t *b, float *y) {
     float d, dmin;
     fmoe__kx_d(type, b, &d, &dmin);
-    for (int s = 0; s < 16; s++) {
-        int8_t q[16];
-        int sc, m;
-        fmoe__kx_sub(type, b, s, q, &sc, &m);
-        const float dl = d * (float)sc, ml = dmin * (float)m;
-        for (int i = 0; i < 16; i++) y[16 * s + i] = dl * (float)q[i] - ml;
-    }
+    for (int s = 0; s < 16; s++) fmoe__kx_sub_values(type, b, s, 0, 16, d, dmin, y + 16 * s);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -399,7 +419,10 @@ static inline FMOE_HD void fmoe__qblock_dequant(uint32_t type, const uint8_t *b,
     case FMOE_GGML_MXFP4:
         fmoe__mxfp4_values(b, 0, FMOE_QK8_0, y);
         return;
-    default: return;
+    default: /* the i-quants (the CPU's own path is lib/quant_iq.c) */
+        if (fmoe__is_iq_type(type))
+            for (int k = 0; k < FMOE_QK_K / 8; k++) fmoe__iq_group8(type, b, k, y + 8 * k);
+        return;
     }
 }
 
@@ -438,7 +461,17 @@ static inline FMOE_HD void fmoe__qblock_dequant8(uint32_t type, const uint8_t *b
                           fmoe__q6_k_sub_scale(b, s, fmoe__qblock_f16(b + 208)), y);
         return;
     }
-    default: return;
+    case FMOE_GGML_Q2_K:
+    case FMOE_GGML_Q3_K:
+    case FMOE_GGML_IQ4_XS: {
+        float d, dmin;
+        fmoe__kx_d(type, b, &d, &dmin);
+        fmoe__kx_sub_values(type, b, k / 2, 8 * (k % 2), 8, d, dmin, y);
+        return;
+    }
+    default:
+        fmoe__iq_group8(type, b, k, y); /* the i-quants; nothing for any other type */
+        return;
     }
 }
 

@@ -83,7 +83,8 @@
 // A block keeps 128 threads whatever head_dim is: a correct kernel first; a tiled
 // flash-style kernel (several queries of a KV head per block) is the fast one to come.
 //
-// Quantized weights (GGUF's Q8_0, Q4_K, Q5_K, Q6_K, MXFP4; cuda_quant.cu). A mat with quant set
+// Quantized weights (GGUF's block types with a formula in lib/quant_block.h: Q8_0 .. IQ4_XS,
+// MXFP4 and the i-quants; cuda_quant.cu). A mat with quant set
 // is cached, or sits in an expert slot, as the file's bytes: rows of ggml blocks, never
 // repacked. matmul with at most FMOE_CUDA_QMV_MAX_N rows of x (decode) runs a kernel that
 // dequantises each weight on the fly and sums in f32 in a fixed order, one warp per
@@ -395,7 +396,7 @@ static const void *mat_data(cuda_ctx *c, const fmoe__mat *w, const char *what) {
         if (!fmoe__cuda_quant_has(w->quant)) {
             /* the number, not fmoe_ggml_type_name: this module links lib/error.c only */
             set_error(c, FMOE_EUNSUPPORTED, "%s: weights of ggml type %u: the CUDA backend "
-                      "has kernels for Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, f32, f16 and bf16 only", what,
+                      "has no kernels for it; run this model with --backend cpu", what,
                       (unsigned)w->quant);
             return NULL;
         }

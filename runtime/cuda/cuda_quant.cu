@@ -1,5 +1,7 @@
-// cuda_quant.cu - kernels for weights stored as ggml blocks (Q8_0, Q4_K, Q5_K, Q6_K, and
-// gpt-oss's MXFP4):
+// cuda_quant.cu - kernels for weights stored as ggml blocks (every type lib/quant_block.h
+// has a formula for: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, gpt-oss's MXFP4, Q2_K, Q3_K,
+// Q4_K, Q5_K, Q6_K, IQ4_XS, and the i-quants IQ2_XXS .. IQ1_M of lib/quant_iq_block.h,
+// whose grids are device copies in global memory):
 // a matrix-vector product that dequantises on the fly, a tile dequantiser feeding cuBLAS,
 // and embedding rows (cuda_quant.h). The value of every weight comes from
 // lib/quant_block.h, the C the CPU's fmoe_quant_dequantize_row runs (tests/python/
@@ -10,13 +12,14 @@
 // Design
 //
 // Work unit. One thread produces 8 consecutive values of one block
-// (fmoe__qblock_dequant8): a K-quant block of 256 values is 32 groups, one per lane of a
-// warp; a Q8_0 block of 32 is 4 groups, so a warp covers 8 blocks. Either way a warp
-// covers 256 consecutive values of a row per step, lane l values 8l..8l+7, so its reads
-// of x are contiguous across the warp. A thread decodes its sub-block's scale and min
-// once for its 8 values; the f16 block scales are read by the 32 (or 4) threads of a
-// block from the same bytes (one broadcast load). MXFP4's blocks of 32 go as Q8_0's (4
-// groups a block, fmoe__mxfp4_values: a level times the E8M0 scale, exact).
+// (fmoe__qblock_dequant8): a block of 256 values (Q2_K .. Q6_K, IQ4_XS, the i-quants:
+// for those a group is one grid point, looked up per thread) is 32 groups,
+// one per lane of a warp; a block of 32 (Q8_0, Q4_0 .. IQ4_NL, MXFP4) is 4 groups, so a
+// warp covers 8 blocks. Either way a warp covers 256 consecutive values of a row per
+// step, lane l values 8l..8l+7, so its reads of x are contiguous across the warp. A
+// thread decodes its sub-block's scale and min once for its 8 values; the f16 block
+// scales are read by the 32 (or 4) threads of a block from the same bytes (one broadcast
+// load). Blocks of 32 of 18 to 24 bytes lie at any byte offset; all reads are bytes.
 //
 // quant_matvec (decode: n <= FMOE_CUDA_QMV_MAX_N rows of x). One warp per output row,
 // QMV_WARPS rows per block. Each thread dequantises its 8 weights once per step and
@@ -48,15 +51,40 @@ extern "C" {
 #define DQ_THREADS 256 /* threads per block of the tile dequantiser */
 #define GR_THREADS 128 /* threads per block of get_rows */
 
-/* Values and bytes of a block of type T, as compile-time constants. */
+/* Values and bytes of a block of type T, as compile-time constants (the same numbers as
+ * fmoe__qblock_values and fmoe__qblock_bytes, which are not constexpr: C has none;
+ * tests/lib/test_quant_block.c checks those against the type table). */
 template <uint32_t T> struct qblock {
-    static constexpr int64_t values =
-        T == FMOE_GGML_Q8_0 || T == FMOE_GGML_MXFP4 ? FMOE_QK8_0 : FMOE_QK_K;
-    static constexpr int64_t bytes = T == FMOE_GGML_Q8_0    ? FMOE_Q8_0_BYTES
-                                     : T == FMOE_GGML_MXFP4 ? FMOE_MXFP4_BYTES
-                                     : T == FMOE_GGML_Q4_K  ? FMOE_Q4_K_BYTES
-                                     : T == FMOE_GGML_Q5_K ? FMOE_Q5_K_BYTES
-                                                           : FMOE_Q6_K_BYTES;
+    static constexpr bool iq = T == FMOE_GGML_IQ2_XXS || T == FMOE_GGML_IQ2_XS ||
+                               T == FMOE_GGML_IQ2_S || T == FMOE_GGML_IQ3_XXS ||
+                               T == FMOE_GGML_IQ3_S || T == FMOE_GGML_IQ1_S ||
+                               T == FMOE_GGML_IQ1_M;
+    static constexpr bool k256 = iq || T == FMOE_GGML_Q2_K || T == FMOE_GGML_Q3_K ||
+                                 T == FMOE_GGML_Q4_K || T == FMOE_GGML_Q5_K ||
+                                 T == FMOE_GGML_Q6_K || T == FMOE_GGML_IQ4_XS;
+    static constexpr int64_t values = k256 ? FMOE_QK_K : FMOE_QK8_0;
+    static constexpr int64_t bytes = T == FMOE_GGML_Q8_0     ? FMOE_Q8_0_BYTES
+                                     : T == FMOE_GGML_Q4_0   ? FMOE_Q4_0_BYTES
+                                     : T == FMOE_GGML_Q4_1   ? FMOE_Q4_1_BYTES
+                                     : T == FMOE_GGML_Q5_0   ? FMOE_Q5_0_BYTES
+                                     : T == FMOE_GGML_Q5_1   ? FMOE_Q5_1_BYTES
+                                     : T == FMOE_GGML_IQ4_NL ? FMOE_IQ4_NL_BYTES
+                                     : T == FMOE_GGML_MXFP4  ? FMOE_MXFP4_BYTES
+                                     : T == FMOE_GGML_Q2_K   ? FMOE_Q2_K_BYTES
+                                     : T == FMOE_GGML_Q3_K   ? FMOE_Q3_K_BYTES
+                                     : T == FMOE_GGML_Q4_K   ? FMOE_Q4_K_BYTES
+                                     : T == FMOE_GGML_Q5_K   ? FMOE_Q5_K_BYTES
+                                     : T == FMOE_GGML_Q6_K   ? FMOE_Q6_K_BYTES
+                                     : T == FMOE_GGML_IQ4_XS ? FMOE_IQ4_XS_BYTES
+                                     : T == FMOE_GGML_IQ2_XXS ? FMOE_IQ2_XXS_BYTES
+                                     : T == FMOE_GGML_IQ2_XS ? FMOE_IQ2_XS_BYTES
+                                     : T == FMOE_GGML_IQ2_S  ? FMOE_IQ2_S_BYTES
+                                     : T == FMOE_GGML_IQ3_XXS ? FMOE_IQ3_XXS_BYTES
+                                     : T == FMOE_GGML_IQ3_S  ? FMOE_IQ3_S_BYTES
+                                     : T == FMOE_GGML_IQ1_S  ? FMOE_IQ1_S_BYTES
+                                     : T == FMOE_GGML_IQ1_M  ? FMOE_IQ1_M_BYTES
+                                                             : 0;
+    static_assert(bytes > 0, "a block type without kernels");
 };
 
 /* Values v..v+7 (v a multiple of 8) of the row at wr into w[8]. */
@@ -163,10 +191,25 @@ int fmoe__cuda_quant_has(uint32_t type) { return fmoe__qblock_cuda_has(type); }
     do {                                                                                  \
         switch (type) {                                                                   \
         case FMOE_GGML_Q8_0: { constexpr uint32_t T = FMOE_GGML_Q8_0; __VA_ARGS__; break; } \
+        case FMOE_GGML_Q4_0: { constexpr uint32_t T = FMOE_GGML_Q4_0; __VA_ARGS__; break; } \
+        case FMOE_GGML_Q4_1: { constexpr uint32_t T = FMOE_GGML_Q4_1; __VA_ARGS__; break; } \
+        case FMOE_GGML_Q5_0: { constexpr uint32_t T = FMOE_GGML_Q5_0; __VA_ARGS__; break; } \
+        case FMOE_GGML_Q5_1: { constexpr uint32_t T = FMOE_GGML_Q5_1; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ4_NL: { constexpr uint32_t T = FMOE_GGML_IQ4_NL; __VA_ARGS__; break; } \
+        case FMOE_GGML_MXFP4: { constexpr uint32_t T = FMOE_GGML_MXFP4; __VA_ARGS__; break; } \
+        case FMOE_GGML_Q2_K: { constexpr uint32_t T = FMOE_GGML_Q2_K; __VA_ARGS__; break; } \
+        case FMOE_GGML_Q3_K: { constexpr uint32_t T = FMOE_GGML_Q3_K; __VA_ARGS__; break; } \
         case FMOE_GGML_Q4_K: { constexpr uint32_t T = FMOE_GGML_Q4_K; __VA_ARGS__; break; } \
         case FMOE_GGML_Q5_K: { constexpr uint32_t T = FMOE_GGML_Q5_K; __VA_ARGS__; break; } \
         case FMOE_GGML_Q6_K: { constexpr uint32_t T = FMOE_GGML_Q6_K; __VA_ARGS__; break; } \
-        case FMOE_GGML_MXFP4: { constexpr uint32_t T = FMOE_GGML_MXFP4; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ4_XS: { constexpr uint32_t T = FMOE_GGML_IQ4_XS; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ2_XXS: { constexpr uint32_t T = FMOE_GGML_IQ2_XXS; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ2_XS: { constexpr uint32_t T = FMOE_GGML_IQ2_XS; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ2_S: { constexpr uint32_t T = FMOE_GGML_IQ2_S; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ3_XXS: { constexpr uint32_t T = FMOE_GGML_IQ3_XXS; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ3_S: { constexpr uint32_t T = FMOE_GGML_IQ3_S; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ1_S: { constexpr uint32_t T = FMOE_GGML_IQ1_S; __VA_ARGS__; break; } \
+        case FMOE_GGML_IQ1_M: { constexpr uint32_t T = FMOE_GGML_IQ1_M; __VA_ARGS__; break; } \
         default: return cudaErrorInvalidValue;                                            \
         }                                                                                 \
         return cudaGetLastError();                                                        \

@@ -20,7 +20,8 @@
  * more rows dequantise tiles of W into f32 and call cuBLAS (cuda_forward.cu). */
 #define FMOE_CUDA_QMV_MAX_N 8
 
-/* 1 when the kernels below handle ggml type `type` (Q8_0, Q4_K, Q5_K, Q6_K, MXFP4). */
+/* 1 when the kernels below handle ggml type `type` (fmoe__qblock_cuda_has: every type
+ * with a formula in lib/quant_block.h). */
 int fmoe__cuda_quant_has(uint32_t type);
 
 /* y[t][rows] = x[t][cols] · Wᵀ for t < n <= FMOE_CUDA_QMV_MAX_N: one warp per row,

@@ -1,9 +1,10 @@
 /*
  * backend_types.c - a GGUF model's tensor types against the kernels of the backend a
  * session asks for: the CPU backend computes every type the loader takes
- * (fmoe_quant_supported); the CUDA backend has none yet for the 32-value Q4_0, Q4_1,
- * Q5_0, Q5_1 and IQ4_NL, nor for Q2_K, Q3_K, IQ4_XS and the i-quants IQ2_XXS .. IQ1_M
- * (lib/quant_block.h, fmoe__qblock_cuda_has). Checked when the session is created, before
+ * (fmoe_quant_supported); the CUDA backend has kernels for every block type with a
+ * formula in lib/quant_block.h (fmoe__qblock_cuda_has), which today are all the types the
+ * loader takes (tests/lib/test_quant_block.c checks it): this check stays for a type
+ * added to the loader before its kernels. Checked when the session is created, before
  * the backend is looked up, so that the refusal is one line naming the tensor and its type,
  * and reads the same on a machine without CUDA, instead of a failure at the first product
  * that uses the tensor, part way through a run.
@@ -24,13 +25,11 @@ int fmoe__model_check_backend_types(const fmoe_model *m, fmoe_backend_kind backe
     const int64_t n = fmoe_gguf_tensor_count(m->gguf);
     for (int64_t i = 0; i < n; i++) {
         const fmoe_gguf_tensor *t = fmoe_gguf_tensor_at(m->gguf, i);
-        /* every block type (block size > 1): the i-quants have no formula in
-         * quant_block.h, and no CUDA kernels either */
+        /* every block type (block size > 1) without a formula in quant_block.h */
         if (fmoe_ggml_block_size(t->type) > 1 && !fmoe__qblock_cuda_has(t->type))
             return fmoe_error_set(FMOE_EUNSUPPORTED,
                                   "%s: tensor %s is %s, which the cuda backend has no kernels "
-                                  "for (it computes Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, F32, F16, "
-                                  "BF16); run this model with --backend cpu",
+                                  "for; run this model with --backend cpu",
                                   fmoe_gguf_name(m->gguf), t->name, fmoe_ggml_type_name(t->type));
     }
     return 0;

@@ -17,7 +17,7 @@
  *
  * Each side's buffers come from its own context's alloc; inputs are uploaded to both,
  * the op runs on both, and the results are downloaded and compared. Weights (fmoe__mat:
- * f32, bf16, f16, or GGUF's Q8_0/Q4_K/Q5_K/Q6_K blocks) and model vectors are host memory
+ * f32, bf16, f16, or GGUF's ggml blocks) and model vectors are host memory
  * handed to both sides, and stay alive (and unchanged) until the contexts are freed,
  * because the CUDA backend caches its device copies by host address. Every comparison
  * prints one line:
@@ -609,10 +609,15 @@ TEST(matmul) {
 /* Quantized weights (GGUF's ggml blocks)                                             */
 /* ---------------------------------------------------------------------------------- */
 
-/* MXFP4 (gpt-oss's experts) goes through the same kernels as Q8_0's blocks of 32. */
-#define NQTYPES 5
-static const uint32_t qtypes[NQTYPES] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
-                                         FMOE_GGML_Q6_K, FMOE_GGML_MXFP4};
+/* Every type with CUDA kernels (fmoe__qblock_cuda_has). The blocks of 32 (Q8_0, Q4_0 ..
+ * IQ4_NL, MXFP4) go through the kernels with 4 threads a block, the blocks of 256 (the
+ * K-quants, IQ4_XS, the i-quants with their device grids) with 32. */
+#define NQTYPES 20
+static const uint32_t qtypes[NQTYPES] = {
+    FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K, FMOE_GGML_MXFP4,
+    FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL,
+    FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_IQ4_XS, FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS,
+    FMOE_GGML_IQ2_S, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S, FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
 
 /*
  * A [rows][cols] matrix of ggml blocks of `type`, its data a weight: random bytes (every
@@ -631,12 +636,22 @@ static void make_qmat(fmoe__mat *m, uint32_t type, int64_t rows, int64_t cols, f
         }
         const uint16_t h1 = fmoe_float_to_half(0.02f * frand());
         const uint16_t h2 = fmoe_float_to_half(0.02f * frand());
-        if (type == FMOE_GGML_Q6_K) {
-            memcpy(d + b + 208, &h1, 2);
-        } else {
-            memcpy(d + b, &h1, 2);
-            if (type != FMOE_GGML_Q8_0) memcpy(d + b + 2, &h2, 2);
+        if (type == FMOE_GGML_IQ1_M) { /* d in the top nibbles of the 4 scale words @48 */
+            for (int w = 0; w < 4; w++)
+                d[b + 48 + 2 * w + 1] = (uint8_t)((d[b + 48 + 2 * w + 1] & 0x0F) |
+                                                  (((h1 >> (4 * w)) & 0xF) << 4));
+            continue;
         }
+        /* d (Q6_K, Q2_K, Q3_K: at the block's end) and the types' second f16, a min */
+        const int64_t d_at = type == FMOE_GGML_Q6_K   ? 208
+                             : type == FMOE_GGML_Q2_K ? 80
+                             : type == FMOE_GGML_Q3_K ? 108
+                                                      : 0;
+        const int has_min = type == FMOE_GGML_Q4_K || type == FMOE_GGML_Q5_K ||
+                            type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1 ||
+                            type == FMOE_GGML_Q2_K;
+        memcpy(d + b + d_at, &h1, 2);
+        if (has_min) memcpy(d + b + d_at + 2, &h2, 2);
     }
     memset(m, 0, sizeof *m);
     m->data = d, m->dtype = FMOE_ST_U8, m->quant = type, m->rows = rows, m->cols = cols;

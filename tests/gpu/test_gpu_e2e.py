@@ -20,8 +20,9 @@ the CPU backend, and against the simulator, through the commands a user runs.
    every layer timing positive.
 6. `--miss cpu` on the GPU: misses computed on the host, the rest on the device; the
    greedy tokens equal the CPU backend's.
-7. A quantized GGUF: fmoe-tiny through `fmoe quantize --type q8_0` (Q8_0 matrices, the
-   few whose rows are not whole blocks kept in bf16); `fmoe generate --backend cuda`, all
+7. Quantized GGUFs: fmoe-tiny through `fmoe quantize --type q8_0` and `--type q5_0`
+   (the few matrices whose rows are not whole blocks kept in bf16, or a fallback type);
+   `fmoe generate --backend cuda`, all
    resident and offloaded (lru, 16 device slots), equals `--backend cpu --activations f32`
    token for token (f32 inputs on both sides: the CPU's default, auto, would be q8).
 8. The file tier with O_DIRECT: `--tier file --direct-io` (experts read from the
@@ -91,13 +92,14 @@ prompts of the largest per-prompt change); they check the margins from the CPU's
 --dump-logits first (at least GREEDY_MARGIN = 0.1) and say so if a prompt no longer
 qualifies.
 
-Test 7: the CUDA backend multiplies Q8_0 weights dequantised exactly as the CPU does
+Test 7: the CUDA backend multiplies Q8_0 (Q5_0) weights dequantised exactly as the CPU does
 (lib/quant_block.h) by float32 activations, and so does the CPU with --activations f32
 (asked for explicitly: its default, auto, quantises them to 8 bits on the CPU,
 fmoe/quant_act.h, as llama.cpp does, which moves the logits several times more): per-logit
 differences well under the bf16 row of the table. It runs bundled prompts in the order of GREEDY_PROMPTS and takes the
-first whose 32 CPU greedy steps on the Q8_0 file all keep a margin of GREEDY_MARGIN (on a
-CPU without a GPU, 0.169 to 0.236 for the three), saying so if none does.
+first whose 32 CPU greedy steps on the file all keep a margin of GREEDY_MARGIN (on a
+CPU without a GPU, 0.169 to 0.236 for the three on the Q8_0 file; on the Q5_0 file 0.068,
+0.250, 0.271, so prompt 39), saying so if none does.
 
 Test 4 runs a float32 copy of fmoe-tiny (make_f32_copy): with SGEMM the gate probabilities
 agree to ~1e-6, so both backends route alike and the two live runs can be compared
@@ -376,62 +378,84 @@ def test_miss_cpu_on_the_device(policy, n, fmoe_bin, backend_args, cpu_greedy, d
 
 
 # ---------------------------------------------------------------------------------------
-# 7: a Q8_0 GGUF of fmoe-tiny
+# 7: Q8_0 and Q5_0 GGUFs of fmoe-tiny
 # ---------------------------------------------------------------------------------------
 
+# Q8_0 (blocks of 32, the first kernels), Q5_0 (blocks of 32 with a fifth bit: the fallback
+# type of llama.cpp's Q4_K_M files for rows of 1,408 values).
+QUANT_TYPES = ["q8_0", "q5_0"]
+
+
 @pytest.fixture(scope="session")
-def tiny_q8_0(fmoe_bin, tmp_path_factory):
-    out = tmp_path_factory.mktemp("gguf") / "fmoe-tiny-q8_0.gguf"
-    run(fmoe_bin, "quantize", "--type", "q8_0", TINY, "-o", out, "--quiet")
-    return out
+def tiny_quant(fmoe_bin, tmp_path_factory):
+    """qtype -> fmoe-tiny quantized to it (made once per session)."""
+    files = {}
+
+    def get(qtype):
+        if qtype not in files:
+            out = tmp_path_factory.mktemp("gguf") / f"fmoe-tiny-{qtype}.gguf"
+            run(fmoe_bin, "quantize", "--type", qtype, TINY, "-o", out, "--quiet")
+            files[qtype] = out
+        return files[qtype]
+    return get
 
 
-def _generate_q8_0(fmoe_bin, backend_args, model, prompt, kind, *extra):
+def _generate_quant(fmoe_bin, backend_args, model, qtype, prompt, kind, *extra):
     p = run(fmoe_bin, "generate", "--model", model, "--prompt", prompt, "--max-new-tokens",
             GENERATE, "--temperature", 0, "--ignore-eos", "--json", "--activations", "f32",
             *extra, *backend_args("generate", kind))
     out = json.loads(p.stdout)
     assert out.get("backend", kind) == kind, out.get("backend")
     assert out.get("activations", "f32") == "f32", out.get("activations")
-    assert "Q8_0" in out.get("describe", "Q8_0"), out.get("describe")
+    assert qtype.upper() in out.get("describe", qtype.upper()), out.get("describe")
     return out
 
 
 @pytest.fixture(scope="session")
-def q8_0_cpu_greedy(fmoe_bin, backend_args, tiny_q8_0, tmp_path_factory):
-    """(prompt index, prompt, CPU greedy ids, per-step margins) of the first prompt of
-    GREEDY_PROMPTS whose greedy steps on the Q8_0 file are all decisive on the CPU."""
-    root = tmp_path_factory.mktemp("q8_0")
-    lows = []
-    for i in GREEDY_PROMPTS:
-        prompt = prompt_lines()[i]
-        dump = root / f"logits{i}.npy"
-        want = _generate_q8_0(fmoe_bin, backend_args, tiny_q8_0, prompt, "cpu",
-                              "--dump-logits", dump)["generated_ids"]
-        top2 = -np.sort(-np.load(dump), axis=-1)[:, :2]
-        margins = top2[:, 0] - top2[:, 1]
-        if margins.min() >= GREEDY_MARGIN:
-            return i, prompt, want, margins
-        lows.append(f"{i}: {margins.min():.4f}")
-    pytest.fail(f"no prompt of {GREEDY_PROMPTS} has decisive greedy steps on the Q8_0 file "
-                f"(least margins {', '.join(lows)} < {GREEDY_MARGIN}): pick another prompt")
+def quant_cpu_greedy(fmoe_bin, backend_args, tiny_quant, tmp_path_factory):
+    """qtype -> (prompt index, prompt, CPU greedy ids, per-step margins) of the first
+    prompt of GREEDY_PROMPTS whose greedy steps on that file are all decisive on the CPU."""
+    found = {}
+
+    def get(qtype):
+        if qtype in found:
+            return found[qtype]
+        root = tmp_path_factory.mktemp(qtype)
+        lows = []
+        for i in GREEDY_PROMPTS:
+            prompt = prompt_lines()[i]
+            dump = root / f"logits{i}.npy"
+            want = _generate_quant(fmoe_bin, backend_args, tiny_quant(qtype), qtype, prompt,
+                                   "cpu", "--dump-logits", dump)["generated_ids"]
+            top2 = -np.sort(-np.load(dump), axis=-1)[:, :2]
+            margins = top2[:, 0] - top2[:, 1]
+            if margins.min() >= GREEDY_MARGIN:
+                found[qtype] = i, prompt, want, margins
+                return found[qtype]
+            lows.append(f"{i}: {margins.min():.4f}")
+        pytest.fail(f"no prompt of {GREEDY_PROMPTS} has decisive greedy steps on the "
+                    f"{qtype} file (least margins {', '.join(lows)} < {GREEDY_MARGIN}): "
+                    "pick another prompt")
+    return get
 
 
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
 @pytest.mark.parametrize("mode", ["resident", "offloaded"])
-def test_q8_0_gguf_greedy_equals_cpu(mode, fmoe_bin, backend_args, device, tiny_q8_0,
-                                     q8_0_cpu_greedy):
+def test_quant_gguf_greedy_equals_cpu(qtype, mode, fmoe_bin, backend_args, device, tiny_quant,
+                                      quant_cpu_greedy):
     """All resident, and offloaded (lru, 16 of 48 slots: quantized experts written into
     device slots and multiplied there), against the CPU's all-resident tokens."""
-    i, prompt, want, margins = q8_0_cpu_greedy
+    i, prompt, want, margins = quant_cpu_greedy(qtype)
     extra = ["--policy", "lru", "--cache-experts", 16] if mode == "offloaded" else []
-    out = _generate_q8_0(fmoe_bin, backend_args, tiny_q8_0, prompt, device, *extra)
+    out = _generate_quant(fmoe_bin, backend_args, tiny_quant(qtype), qtype, prompt, device,
+                          *extra)
     if mode == "offloaded":
         assert out["offload"]["misses"] > 0, out["offload"]
     got = out["generated_ids"]
     k = _first_difference(got, want)
-    assert got == want, (f"Q8_0 {mode}, prompt {i}: {device} greedy differs from cpu at step "
-                         f"{k} (cpu margin there {margins[k]:.3f}):\n {device} {got}\n cpu  "
-                         f"{want}")
+    assert got == want, (f"{qtype} {mode}, prompt {i}: {device} greedy differs from cpu at "
+                         f"step {k} (cpu margin there {margins[k]:.3f}):\n {device} {got}\n "
+                         f"cpu  {want}")
 
 
 # ---------------------------------------------------------------------------------------

@@ -29,7 +29,14 @@ static uint8_t rnd8(void) {
 static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K,
                                  FMOE_GGML_Q6_K, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1,
                                  FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL,
-                                 FMOE_GGML_MXFP4};
+                                 FMOE_GGML_MXFP4, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K,
+                                 FMOE_GGML_IQ4_XS, FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS,
+                                 FMOE_GGML_IQ2_S, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S,
+                                 FMOE_GGML_IQ1_S, FMOE_GGML_IQ1_M};
+/* The i-quants: the row's values come from lib/quant_iq.c (byte tricks over whole
+ * blocks, checked against gguf-py by tests/python/test_gguf_iquants.py), the groups of 8
+ * from lib/quant_iq_block.h; ggml_block has no transcription of them. */
+#define FIRST_IQ 13
 #define NTYPES (int)(sizeof types / sizeof types[0])
 
 static float f16(const uint8_t *p) {
@@ -38,11 +45,75 @@ static float f16(const uint8_t *p) {
     return fmoe_half_to_float(h);
 }
 
+/* Offset of a block's f16 d (the field the test sets to a modest scale). */
+static int d_at(uint32_t type) {
+    return type == FMOE_GGML_Q6_K   ? 208
+           : type == FMOE_GGML_Q2_K ? 80
+           : type == FMOE_GGML_Q3_K ? 108
+                                    : 0;
+}
+
+static const int8_t iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+
+/* ggml's dequantize_row_q2_K, q3_K and iq4_xs for one block (ggml-quants.c: the walk in
+ * halves of 128 and shifts, and Q3_K's scales unpacked through four uint32 words). */
+static void ggml_block_kx(uint32_t type, const uint8_t *b, float *y) {
+    if (type == FMOE_GGML_Q2_K) {
+        const float d = f16(b + 80), min = f16(b + 82);
+        const uint8_t *q = b + 16;
+        int is = 0;
+        for (int n = 0; n < 256; n += 128, q += 32)
+            for (int j = 0, shift = 0; j < 4; j++, shift += 2)
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t sc = b[is++];
+                    const float dl = d * (sc & 0xF), ml = min * (sc >> 4);
+                    for (int l = 0; l < 16; l++)
+                        *y++ = dl * (int8_t)((q[l + 16 * half] >> shift) & 3) - ml;
+                }
+    } else if (type == FMOE_GGML_Q3_K) {
+        const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+        uint32_t aux[4];
+        memcpy(aux, b + 96, 12);
+        const uint32_t tmp = aux[2];
+        aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+        aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+        aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+        aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+        int8_t scales[16];
+        memcpy(scales, aux, 16);
+        const float d_all = f16(b + 108);
+        const uint8_t *q = b + 32, *hm = b;
+        uint8_t m = 1;
+        int is = 0;
+        for (int n = 0; n < 256; n += 128, q += 32)
+            for (int j = 0, shift = 0; j < 4; j++, shift += 2, m <<= 1)
+                for (int half = 0; half < 2; half++) {
+                    const float dl = d_all * (scales[is++] - 32);
+                    for (int l = 16 * half; l < 16 * half + 16; l++)
+                        *y++ = dl * ((int8_t)((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+                }
+    } else { /* IQ4_XS */
+        const float d = f16(b);
+        const uint16_t scales_h = (uint16_t)(b[2] | (b[3] << 8));
+        const uint8_t *qs = b + 8;
+        for (int ib = 0; ib < 8; ib++, y += 32, qs += 16) {
+            const int ls =
+                ((b[4 + ib / 2] >> 4 * (ib % 2)) & 0xf) | (((scales_h >> 2 * ib) & 3) << 4);
+            const float dl = d * (ls - 32);
+            for (int j = 0; j < 16; j++) {
+                y[j] = dl * iq4nl[qs[j] & 0xf];
+                y[j + 16] = dl * iq4nl[qs[j] >> 4];
+            }
+        }
+    }
+}
+
 /* ggml's loops (ggml-quants.c, dequantize_row_*), one block into y. */
 static void ggml_block(uint32_t type, const uint8_t *b, float *y) {
-    static const int8_t iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                     1,    13,   25,  38,  53,  69,  89,  113};
-    if (type == FMOE_GGML_Q4_0 || type == FMOE_GGML_IQ4_NL) {
+    if (type == FMOE_GGML_Q2_K || type == FMOE_GGML_Q3_K || type == FMOE_GGML_IQ4_XS) {
+        ggml_block_kx(type, b, y);
+    } else if (type == FMOE_GGML_Q4_0 || type == FMOE_GGML_IQ4_NL) {
         const float d = f16(b);
         for (int j = 0; j < 16; j++) {
             const int x0 = b[2 + j] & 0x0F, x1 = b[2 + j] >> 4;
@@ -134,14 +205,21 @@ TEST(block_geometry_matches_the_type_table) {
     /* the float types and every other quant have no formula here */
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_F32), 0);
     ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_BF16), 0);
-    ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_IQ2_XS), 0);
+    ASSERT_EQ(fmoe__qblock_values(FMOE_GGML_TQ1_0), 0);
     ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_TQ2_0), 0);
+    ASSERT_EQ(types[FIRST_IQ], FMOE_GGML_IQ2_XXS);
     /* MXFP4: a formula, and CUDA kernels (gpt-oss's experts; compiled, not yet run on a
      * device: tests/gpu/test_backend_ops.c checks them there) */
     ASSERT_TRUE(fmoe__qblock_cuda_has(FMOE_GGML_MXFP4));
-    /* Q2_K, Q3_K, IQ4_XS have formulas (the CPU computes them), no CUDA kernels */
+    /* every type with a formula has CUDA kernels (compiled, not yet run on a device) */
     ASSERT_EQ(fmoe__qblock_bytes(FMOE_GGML_Q3_K), 110);
-    ASSERT_TRUE(!fmoe__qblock_cuda_has(FMOE_GGML_Q2_K) && !fmoe__qblock_cuda_has(FMOE_GGML_IQ4_XS));
+    for (int t = 0; t < NTYPES; t++) ASSERT_TRUE(fmoe__qblock_cuda_has(types[t]));
+    ASSERT_TRUE(!fmoe__qblock_cuda_has(FMOE_GGML_F16) && !fmoe__qblock_cuda_has(FMOE_GGML_TQ1_0));
+    /* ... which are all the block types the loader takes (runtime/model/backend_types.c
+     * refuses none today) */
+    for (uint32_t t = 0; t < 64; t++)
+        if (fmoe_quant_supported(t) && fmoe_ggml_block_size(t) > 1)
+            ASSERT_TRUE(fmoe__qblock_cuda_has(t));
 }
 
 TEST(groups_of_8_equal_the_row_and_ggml_bit_for_bit) {
@@ -157,10 +235,15 @@ TEST(groups_of_8_equal_the_row_and_ggml_bit_for_bit) {
         for (int k = 0; k < BLOCKS; k += 2) {
             const uint16_t h = fmoe_float_to_half((float)(k + 1) * 1e-3f);
             uint8_t *blk = row + (int64_t)k * bb;
-            memcpy(type == FMOE_GGML_Q6_K ? blk + 208 : blk, &h, 2);
+            memcpy(blk + d_at(type), &h, 2);
         }
         fmoe_quant_dequantize_row(type, row, want, n);
-        for (int k = 0; k < BLOCKS; k++) ggml_block(type, row + (int64_t)k * bb, ref + k * bs);
+        for (int k = 0; k < BLOCKS; k++) {
+            if (t >= FIRST_IQ) /* the whole-block path of quant_block.h instead */
+                fmoe__qblock_dequant(type, row + (int64_t)k * bb, ref + k * bs);
+            else
+                ggml_block(type, row + (int64_t)k * bb, ref + k * bs);
+        }
         const int d = first_diff(want, ref, (int)n);
         if (d >= 0) printf("  type %u value %d: row %.9g, ggml %.9g\n", type, d, want[d], ref[d]);
         ASSERT_EQ(d, -1);

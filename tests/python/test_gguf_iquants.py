@@ -126,8 +126,11 @@ def test_grid_tables_equal_gguf_py(name):
     cls = gguf.quants.__dict__[name]
     cls.init_grid()
     theirs = cls.grid.reshape(cls.grid_shape).astype(np.int64)
-    text = (REPO / "lib" / "iq_grids.c").read_text()
-    body = re.search(GRIDS[name] + r"\[\d+\] = \{(.*?)\};", text, re.S).group(1)
+    # the one copy of the numbers: lib/iq_grids_data.h's initializers (lib/iq_grids.c and
+    # the CUDA kernels' device copies are defined from them)
+    text = (REPO / "lib" / "iq_grids_data.h").read_text()
+    macro = GRIDS[name].replace("fmoe__", "FMOE__").upper() + "_DATA"
+    body = re.search(r"#define " + macro + r" \\\s*\{(.*?)\}", text, re.S).group(1)
     words = [int(w, 16) for w in re.findall(r"0x[0-9a-f]+", body)]
     width = theirs.shape[1]
     ours = np.array([[np.int8(np.uint8((w >> (8 * i)) & 0xFF)) for i in range(width)] for w in words])

@@ -353,10 +353,11 @@ def test_gguf_without_tokenizer_is_a_usage_error(fmoe_bin, tiny_ggufs):
 
 
 def test_quantized_model_is_not_refused_by_cuda(driver, tiny_ggufs, tmp_path):
-    """The CUDA backend has kernels for Q8_0 and the K-quants (runtime/cuda/cuda_quant.cu;
-    tests/gpu checks them on a device): a Q8_0 file on the CUDA backend runs where there is
-    a device, and elsewhere fails in one line for want of one, not of its type. (The
-    32-value types it refuses: test_gguf_q32_model.py.)"""
+    """The CUDA backend has kernels for every block type the loader takes
+    (runtime/cuda/cuda_quant.cu; tests/gpu checks them on a device): a Q8_0 file on the
+    CUDA backend runs where there is a device, and elsewhere fails in one line for want of
+    one, not of its type. (The 32-value types: test_gguf_q32_model.py; the i-quants:
+    test_gguf_iquant_model.py.)"""
     p = drive(driver, tiny_ggufs["q8_0"], [1, 2, 3], 0, tmp_path, "cuda", "--session-backend",
               "cuda", check=False)
     if p.returncode == 0:
