@@ -6,7 +6,8 @@
  * Each block is unpacked into the shape lib/quant_kx.c computes with (fmoe__kx_block):
  * 256 signed byte codes, sixteen integer scales (one per 16 values) and one f32 factor d,
  * value = (d·sc)·q. That one shape serves the dequantisation and every dot (f32 and 8-bit
- * activations, at every kernel level): the i-quants then need no kernels of their own.
+ * activations, at every CPU kernel level): the i-quants then need no CPU kernels of their
+ * own. (The CUDA backend computes a grid point at a time instead: lib/quant_iq_block.h.)
  * This file is the plain-C unpack (the reference); lib/quant_iq_avx2.c writes the same
  * bytes with AVX2 for the AVX2 and AVX-512 levels, and for one 8-bit input sums straight
  * from its registers.
