@@ -333,8 +333,13 @@ def test_truncated_q2_k_file_is_one_line(fmoe_bin, tiny_files, tmp_path):
     assert "cut.gguf" in one_line(p, 1)
 
 
-def test_cuda_refuses_q3_k_in_one_line(driver, tiny_files, tmp_path):
+def test_cuda_takes_q3_k(driver, tiny_files, tmp_path):
+    """The CUDA backend has Q3_K kernels (runtime/cuda/cuda_quant.cu; tests/gpu checks them
+    on a device): a q3_k_m file runs there where there is a device, and elsewhere fails in
+    one line for want of one, not of its type."""
     p = drive(driver, tiny_files("--type", "q3_k_m"), [1, 2, 3], 0, tmp_path, "cuda",
               "--session-backend", "cuda", check=False)
+    if p.returncode == 0:
+        return
     line = one_line(p, 1)
-    assert "Q3_K" in line and "tensor " in line and "cuda" in line, line
+    assert "CUDA backend unavailable" in line and "Q3_K" not in line, line
