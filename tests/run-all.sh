@@ -27,6 +27,7 @@ meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-mul
   --no-suite python
 
 [ -f build/build.ninja ] || meson setup build -Dcuda=$cuda
+meson configure build -Dcuda=$cuda # a build/ the quick tier made without it gets it back
 meson compile -C build -j "$jobs"
 
 # Two Python passes, run at the same time: each is one pytest process that keeps about one

@@ -12,7 +12,12 @@ bash tests/install-deps.sh
 bash tests/python/setup-venv.sh
 
 jobs=$(nproc)
-[ -f build/build.ninja ] || meson setup build
+# The CUDA module only where a device can run it (nvidia-smi lists one): elsewhere its tests
+# skip, and compiling it is a minute of nvcc on two cores for nothing. The full tier (CI's,
+# tests/run-all.sh) compiles it wherever the toolkit is installed.
+cuda=disabled
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && cuda=auto
+[ -f build/build.ninja ] || meson setup build -Dcuda=$cuda
 meson compile -C build -j "$jobs"
 # the C suites (unit, fuzz replays; gpu skips without a device), then the Python
 # cross-checks with their transformers references read from the fixtures
