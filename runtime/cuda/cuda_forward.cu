@@ -423,57 +423,7 @@ static const void *mat_data(cuda_ctx *c, const fmoe__mat *w, const char *what) {
 /* Device helpers                                                                     */
 /* ---------------------------------------------------------------------------------- */
 
-__device__ static inline float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ static inline double warp_sum_d(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* The comparison of fmoe_softmax_row's max (a NaN never replaces the running value). */
-__device__ static inline float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) {
-        const float u = __shfl_xor_sync(0xffffffffu, v, o);
-        v = u > v ? u : v;
-    }
-    return v;
-}
-
-/* Block reductions over blockDim.x (a multiple of 32, at most 1024) threads; every thread
- * gets the result. red: [32] shared. Each warp reduces the per-warp partials itself, in
- * the same order, so no broadcast is needed; the closing barrier lets `red` be reused. */
-__device__ static float block_max(float v, float *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = warp_max(lane < nw ? red[lane] : -INFINITY);
-    __syncthreads();
-    return v;
-}
-
-__device__ static float block_sum(float v, float *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = warp_sum(lane < nw ? red[lane] : 0.0f);
-    __syncthreads();
-    return v;
-}
-
-__device__ static double block_sum_d(double v, double *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_d(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = warp_sum_d(lane < nw ? red[lane] : 0.0);
-    __syncthreads();
-    return v;
-}
+#include "cuda_reduce.cuh"
 
 /* Blocks for a grid-stride loop over `count` items. */
 static unsigned int blocks_for(int64_t count, int threads) {

@@ -46,40 +46,7 @@ extern "C" {
 #define MLA_THREADS 256
 #define MLA_ROPE_THREADS 64
 
-// The reductions of cuda_forward.cu's attention kernel (static there): fixed butterflies,
-// every thread gets the result; red: [32] shared; the closing barrier lets it be reused.
-__device__ static inline float mla_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ static inline float mla_warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) {
-        const float u = __shfl_xor_sync(0xffffffffu, v, o);
-        v = u > v ? u : v;
-    }
-    return v;
-}
-
-__device__ static float mla_block_max(float v, float *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = mla_warp_max(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = mla_warp_max(lane < nw ? red[lane] : -INFINITY);
-    __syncthreads();
-    return v;
-}
-
-__device__ static float mla_block_sum(float v, float *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = mla_warp_sum(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = mla_warp_sum(lane < nw ? red[lane] : 0.0f);
-    __syncthreads();
-    return v;
-}
+#include "cuda_reduce.cuh"
 
 /* Step 1: task < n·H rotates query row (t, h)'s rope dims, task >= n·H kv row t's. */
 __global__ static void mla_rope_kernel(float *q, float *kv, const float *cos, const float *sin,
@@ -149,14 +116,14 @@ __global__ static void __launch_bounds__(MLA_THREADS)
                 float s1 = 0.0f, s2 = 0.0f;
                 for (int32_t i = lane; i < r; i += 32) s1 = fmaf(ql[i], cj[i], s1);
                 for (int32_t d = lane; d < dr; d += 32) s2 = fmaf(q[dn + d], cj[r + d], s2);
-                s1 = mla_warp_sum(s1);
-                s2 = mla_warp_sum(s2);
+                s1 = warp_sum(s1);
+                s2 = warp_sum(s2);
                 if (lane == 0) sc[p] = a.scale * (s1 + s2);
             }
             __syncthreads();
             float mx = -INFINITY;
             for (int32_t p = threadIdx.x; p < m; p += blockDim.x) mx = sc[p] > mx ? sc[p] : mx;
-            mx = mla_block_max(mx, red);
+            mx = block_max(mx, red);
             if (mx == -INFINITY) { /* fmoe_softmax_row's all-masked row: zeros */
                 for (int32_t p = threadIdx.x; p < m; p += blockDim.x) sc[p] = 0.0f;
             } else {
@@ -166,7 +133,7 @@ __global__ static void __launch_bounds__(MLA_THREADS)
                     sc[p] = e;
                     sum += e;
                 }
-                sum = mla_block_sum(sum, red);
+                sum = block_sum(sum, red);
                 const float inv = 1.0f / sum;
                 for (int32_t p = threadIdx.x; p < m; p += blockDim.x) sc[p] *= inv;
             }
@@ -182,7 +149,7 @@ __global__ static void __launch_bounds__(MLA_THREADS)
                 const float *wv = wbuf + (int64_t)(dn + v) * r;
                 float s = 0.0f;
                 for (int32_t i = lane; i < r; i += 32) s = fmaf(wv[i], ol[i], s);
-                s = mla_warp_sum(s);
+                s = warp_sum(s);
                 if (lane == 0) o[v] = s;
             }
             __syncthreads(); /* qlat, olat and sc are rewritten by the next row */

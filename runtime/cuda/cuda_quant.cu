@@ -95,10 +95,7 @@ __device__ static inline void group_of_8(const uint8_t *wr, int64_t v, float *w)
                           (int)((v - blk * qblock<T>::values) / 8), w);
 }
 
-__device__ static inline float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
+#include "cuda_reduce.cuh"
 
 static unsigned int grid_for(int64_t items, int64_t per_block) {
     int64_t b = (items + per_block - 1) / per_block;
