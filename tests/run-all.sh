@@ -32,7 +32,7 @@ meson compile -C build -j "$jobs"
 
 # Two Python passes, run at the same time: each is one pytest process that keeps about one
 # of CI's two cores busy (waiting on the fmoe processes it starts), so side by side they take
-# less than the sum (from a fresh clone at 490c373: 12.7 and 15.1 minutes side by side,
+# less than the sum (from a fresh clone at cb7ff70: 12.7 and 15.1 minutes side by side,
 # against 6.5 and 11.3 one after the other at the stop before). Each writes its own log
 # (build/, build-asan/), printed when both are done; the run fails if either failed. Tests
 # use free ports (--port 0) and their own pytest temporary folders, so the passes share
