@@ -27,6 +27,10 @@ from serve_util import Server
 SLOW = 60
 PER_CLIENT = 8
 DEADLINE_S = 2
+# The legitimate client's latency bounds are for a plain build; an ASan build serves 2-3x
+# slower (and in CI its pass runs beside another), so they stretch by 3 there. The lock-out
+# these tests guard against held a client for the whole --timeout (30 s): still far above.
+LATENCY_SCALE = 3 if "ASAN_OPTIONS" in os.environ else 1
 SLOW_ADDR = "127.0.0.2"
 
 
@@ -101,7 +105,7 @@ def test_slow_heads_do_not_block_the_server(server):
                 except OSError:
                     pass
         t = time.monotonic()
-        st, _, body = server.request("GET", "/health", timeout=1)
+        st, _, body = server.request("GET", "/health", timeout=1 * LATENCY_SCALE)
         health_worst = max(health_worst, time.monotonic() - t)
         assert st == 200, (st, body, time.monotonic() - t0)
         max_threads = max(max_threads, threads_of(pid))
@@ -121,7 +125,7 @@ def test_slow_heads_do_not_block_the_server(server):
     print(f"\n/health worst {health_worst * 1e3:.0f} ms; threads {base_threads} -> "
           f"{max_threads}; slow connections open at 1 s: {open_at_1s}, after the deadline: "
           f"{still_open}")
-    assert health_worst < 1.0
+    assert health_worst < 1.0 * LATENCY_SCALE
     assert open_at_1s is not None and open_at_1s <= PER_CLIENT, open_at_1s
     assert still_open == 0, f"{still_open} slow connections outlived the {DEADLINE_S} s deadline"
     assert max_threads <= base_threads + 2, (base_threads, max_threads)
@@ -175,11 +179,11 @@ def hold_lockout(server, addrs, per_addr, seconds, reconnect, limit=None):
                 else:
                     slow[i] = (a, None)
         t = time.monotonic()
-        st, _, body = server.request("GET", "/health", timeout=3)
+        st, _, body = server.request("GET", "/health", timeout=3 * LATENCY_SCALE)
         assert st == 200, ("health", st, body, time.monotonic() - t0)
         st, _, body = server.post("/v1/completions", {"model": "m", "prompt": "Hi",
                                                       "max_tokens": 2, "temperature": 0},
-                                  timeout=3)
+                                  timeout=3 * LATENCY_SCALE)
         assert st == 200, ("completion", st, body, time.monotonic() - t0)
         worst = max(worst, time.monotonic() - t)
         # counted a while after the last (re)connections, once the server has accepted
@@ -209,7 +213,7 @@ def test_four_addresses_cannot_lock_out_a_client(tmp_path):
     finally:
         server.stop()
     print(f"\nlegitimate client worst {worst * 1e3:.0f} ms; slow connections open: {most_open}")
-    assert worst < 2.0, worst
+    assert worst < 2.0 * LATENCY_SCALE, worst
 
 
 def test_full_table_makes_room_for_a_client(tmp_path):
@@ -231,7 +235,7 @@ def test_full_table_makes_room_for_a_client(tmp_path):
         server.stop()
     print(f"\nlegitimate client worst {worst * 1e3:.0f} ms; slow connections open at most "
           f"{most_open} of {opened} opened")
-    assert worst < 2.0, worst
+    assert worst < 2.0 * LATENCY_SCALE, worst
     assert most_open <= limit, most_open
     assert opened > 4 * limit  # the slow client did keep coming back
 
