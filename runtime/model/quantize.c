@@ -411,23 +411,26 @@ static int find_shaped(plan *p, const fmoe_st_tensor **out, int32_t ndim, const 
     return 0;
 }
 
-/* gpt-oss's float experts of layer i: the fused input-major tensors de-interleaved and
- * transposed (strided views) into ffn_{gate,up,down}_exps, then quantised as asked. */
-static int add_gptoss_float(plan *p, int32_t i) {
+/* Layer i's routed experts from the fused, input-major checkpoint tensors PREFIX.gate_up_proj
+ * [J,h,2I] and PREFIX.down_proj [J,I,h], transposed and split (strided views, kept in v[3],
+ * which must outlive the plan) into ffn_{gate,up,down}_exps [J][rows][cols]. gpt-oss
+ * interleaves gate and up columns (gate even, up odd); Llama 4 puts gate's I columns first. */
+static int add_fused_experts(plan *p, int32_t i, const char *prefix, int interleaved,
+                             strided *v) {
     const fmoe_model_geometry *g = p->g;
     const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
     char name[64], hf[NAME_CAP];
     const fmoe_st_tensor *gu, *dn;
     const int64_t gus[3] = {J, h, 2 * I}, dns[3] = {J, I, h};
-    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj", i);
+    snprintf(hf, sizeof hf, "%s.gate_up_proj", prefix);
     FMOE_FORWARD_IF_ERROR(find_shaped(p, &gu, 3, gus, hf));
-    snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj", i);
+    snprintf(hf, sizeof hf, "%s.down_proj", prefix);
     FMOE_FORWARD_IF_ERROR(find_shaped(p, &dn, 3, dns, hf));
     p->report->bytes_in += gu->nbytes + dn->nbytes;
-    strided *v = p->gptoss;
-    v[0] = (strided){.off = 0, .e = 2 * I * h, .row = 2, .col = 2 * I}; /* gate */
-    v[1] = (strided){.off = 1, .e = 2 * I * h, .row = 2, .col = 2 * I}; /* up */
-    v[2] = (strided){.off = 0, .e = I * h, .row = 1, .col = h};         /* down */
+    const int64_t step = interleaved ? 2 : 1;
+    v[0] = (strided){.off = 0, .e = 2 * I * h, .row = step, .col = 2 * I};                 /* gate */
+    v[1] = (strided){.off = interleaved ? 1 : I, .e = 2 * I * h, .row = step, .col = 2 * I}; /* up */
+    v[2] = (strided){.off = 0, .e = I * h, .row = 1, .col = h};                            /* down */
     const fmoe_st_tensor **src = malloc((size_t)J * sizeof *src);
     FMOE_RETURN_ERROR_IF(!src, FMOE_ENOMEM, "out of memory");
     static const char *const gg[3] = {"gate", "up", "down"};
@@ -440,6 +443,14 @@ static int add_gptoss_float(plan *p, int32_t i) {
     }
     free(src);
     return rc;
+}
+
+/* gpt-oss's float experts of layer i: the fused input-major tensors de-interleaved and
+ * transposed (strided views) into ffn_{gate,up,down}_exps, then quantised as asked. */
+static int add_gptoss_float(plan *p, int32_t i) {
+    char prefix[NAME_CAP];
+    snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.experts", i);
+    return add_fused_experts(p, i, prefix, 1, p->gptoss);
 }
 
 /*
@@ -556,37 +567,14 @@ static int add_gptoss(plan *p, int32_t i) {
  * ffn_{gate,up,down}_exps [J][rows][cols] (strided views).
  */
 static int add_llama4_moe(plan *p, int32_t i) {
-    const fmoe_model_geometry *g = p->g;
-    const int64_t h = g->hidden_size, I = g->moe_intermediate_size, J = g->num_experts;
     char name[64], hf[NAME_CAP];
     snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
     FMOE_FORWARD_IF_ERROR(
         add1(p, KIND_ROUTER, 1, 0, name, "model.layers.%d.feed_forward.router.weight", i));
     snprintf(hf, sizeof hf, "model.layers.%d.feed_forward.shared_expert", i);
     FMOE_FORWARD_IF_ERROR(add_mlp(p, i, hf, "_shexp"));
-    const fmoe_st_tensor *gu, *dn;
-    const int64_t gus[3] = {J, h, 2 * I}, dns[3] = {J, I, h};
-    snprintf(hf, sizeof hf, "model.layers.%d.feed_forward.experts.gate_up_proj", i);
-    FMOE_FORWARD_IF_ERROR(find_shaped(p, &gu, 3, gus, hf));
-    snprintf(hf, sizeof hf, "model.layers.%d.feed_forward.experts.down_proj", i);
-    FMOE_FORWARD_IF_ERROR(find_shaped(p, &dn, 3, dns, hf));
-    p->report->bytes_in += gu->nbytes + dn->nbytes;
-    strided *v = p->llama4;
-    v[0] = (strided){.off = 0, .e = 2 * I * h, .row = 1, .col = 2 * I}; /* gate */
-    v[1] = (strided){.off = I, .e = 2 * I * h, .row = 1, .col = 2 * I}; /* up */
-    v[2] = (strided){.off = 0, .e = I * h, .row = 1, .col = h};         /* down */
-    const fmoe_st_tensor **src = malloc((size_t)J * sizeof *src);
-    FMOE_RETURN_ERROR_IF(!src, FMOE_ENOMEM, "out of memory");
-    static const char *const gg[3] = {"gate", "up", "down"};
-    int rc = 0;
-    for (int k = 0; k < 3 && rc == 0; k++) {
-        const int64_t ne[3] = {k < 2 ? h : I, k < 2 ? I : h, J};
-        for (int64_t e = 0; e < J; e++) src[e] = k < 2 ? gu : dn;
-        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i, gg[k]);
-        rc = add_shaped(p, KIND_EXPERT, name, src, (int32_t)J, 0, &v[k], ne);
-    }
-    free(src);
-    return rc;
+    snprintf(hf, sizeof hf, "model.layers.%d.feed_forward.experts", i);
+    return add_fused_experts(p, i, hf, 0, p->llama4);
 }
 
 /* A number of the object `o` (NULL or not a number: def). */
