@@ -55,7 +55,7 @@ full_pid=$!
 # harnesses: pass 1 runs them, and under ASan they spend a minute generating files).
 FMOE_TEST_TIER=quick FMOE_BUILD_DIR=build-asan FMOE_PLUGIN_DIR=build/trace \
   ASAN_OPTIONS=allocator_may_return_null=1:max_allocation_size_mb=4096:detect_leaks=1 \
-  .venv/bin/python -m pytest -q -p no:cacheprovider -k "not sustained" \
+  .venv/bin/python -m pytest -q -p no:cacheprovider -k "not sustained" --durations=20 \
   --ignore=tests/python/test_make_shaped_gguf.py --ignore=tests/python/test_shaped_families.py \
   --ignore=tests/python/test_bench_family_decode.py --ignore=tests/python/test_bigger_than_ram.py \
   tests/python > build-asan/python-asan.log 2>&1 &
