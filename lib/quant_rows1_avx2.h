@@ -1,0 +1,112 @@
+/*
+ * quant_rows1_avx2.h - internal: what the one-input 8-bit row kernels of the 256-value
+ * types that lib/quant_kx.c otherwise serves share (lib/quant_iq_dot_avx2.c for the
+ * codebook i-quants, lib/quant_kx_dot_avx2.c for Q2_K, Q3_K and IQ4_XS): a block's
+ * integer vector reduced exactly, the sixteen sub-block scales placed per 32 values, and
+ * the block loop's float steps, which are the plain reference's (lib/quant_kx.c's
+ * block_dot: s += da·d·sum - da·dmin·msum, in block order), so every kernel built on it
+ * gives the reference's bits. Static inline with a target attribute: included only by
+ * files whose callers check the CPU first.
+ */
+#ifndef FMOE_QUANT_ROWS1_AVX2_H
+#define FMOE_QUANT_ROWS1_AVX2_H
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FMOE__R1 __attribute__((target("avx2,fma,f16c")))
+#define FMOE__R1_INLINE __attribute__((always_inline)) inline
+
+/* Each block asks for the weight bytes this far ahead (a matrix's rows are one stream), as
+ * lib/quant_act_avx2.c's kernels do; prefetches past the end do not fault. */
+#define FMOE__R1_PREFETCH 2048
+
+static FMOE__R1_INLINE uint32_t fmoe__r1_le32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static FMOE__R1_INLINE uint16_t fmoe__r1_le16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* F16C's conversion: exact, as lib/half.h's. */
+FMOE__R1 static FMOE__R1_INLINE float fmoe__r1_f16(const uint8_t *p) {
+    return _cvtsh_ss(fmoe__r1_le16(p));
+}
+
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_load(const void *p) {
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+FMOE__R1 static FMOE__R1_INLINE int32_t fmoe__r1_hsum(__m256i acc) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+    return _mm_cvtsi128_si32(r);
+}
+
+/* The totals of two integer vectors in one reduction: *x of x, *y of y. */
+FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_hsum2(__m256i x, __m256i y, int32_t *sx, int32_t *sy) {
+    const __m256i t = _mm256_hadd_epi32(x, y); /* x01 x23 y01 y23 | x45 x67 y45 y67 */
+    __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    u = _mm_hadd_epi32(u, u); /* x y x y */
+    *sx = _mm_cvtsi128_si32(u);
+    *sy = _mm_extract_epi32(u, 1);
+}
+
+/* With the sixteen scales as int16 ordered even ones in the low 128-bit lane, odd ones in
+ * the high lane (s0 s2 .. s14 | s1 s3 .. s15), fmoe__r1_pick[k] as a byte shuffle puts
+ * scale 2k in every word of the low lane and 2k + 1 in the high one: the scales of values
+ * 32k .. 32k + 15 and 32k + 16 .. 32k + 31, the two halves of a 32-byte product. */
+#define FMOE__R1_P(k)                                                                              \
+    {2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1,      \
+     2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1,      \
+     2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1,      \
+     2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1}
+static const uint8_t fmoe__r1_pick[8][32] __attribute__((aligned(32))) = {
+    FMOE__R1_P(0), FMOE__R1_P(1), FMOE__R1_P(2), FMOE__R1_P(3),
+    FMOE__R1_P(4), FMOE__R1_P(5), FMOE__R1_P(6), FMOE__R1_P(7)};
+#undef FMOE__R1_P
+
+/* acc + the int16 pair sums times the scales of 32-value group k (fmoe__r1_pick). */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_madd_pick(__m256i acc, __m256i pairs,
+                                                          __m256i scales, int k) {
+    const __m256i sc = _mm256_shuffle_epi8(scales, fmoe__r1_load(fmoe__r1_pick[k]));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, sc));
+}
+
+/* Sixteen scale bytes (scale s in byte s, at most 127) as the int16 even/odd lane order. */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_scales_even_odd(__m128i bytes) {
+    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(bytes, split));
+}
+
+/* One row's blocks against one Q8_K input in the reference's float steps: ISUM(w, a,
+ * &msum) is the block's integer Σ sc·Σ q·a (and msum its Σ m·bsums, 0 without mins), D(w)
+ * and DMIN(w) the block's f32 factors. A macro so each kernel's block function inlines. */
+#define FMOE__R1_ROW(y, w0, a0, nb, bytes, ISUM, D, DMIN)                                          \
+    do {                                                                                           \
+        const uint8_t *w_ = (w0), *a_ = (a0);                                                      \
+        float s_ = 0;                                                                              \
+        for (int64_t i_ = 0; i_ < (nb); i_++, w_ += (bytes), a_ += FMOE_Q8_K_BYTES) {              \
+            for (int l_ = 0; l_ < (int)(((bytes) + 63) / 64); l_++)                                \
+                _mm_prefetch((const char *)w_ + FMOE__R1_PREFETCH + 64 * l_, _MM_HINT_T0);         \
+            float da_;                                                                             \
+            memcpy(&da_, a_, 4);                                                                   \
+            int32_t msum_ = 0;                                                                     \
+            const int32_t sum_ = ISUM(w_, a_, &msum_);                                             \
+            const float d_ = D(w_), dmin_ = DMIN(w_);                                              \
+            s_ += da_ * d_ * (float)sum_ - da_ * dmin_ * (float)msum_;                             \
+        }                                                                                          \
+        (y) = s_;                                                                                  \
+    } while (0)
+
+#endif
+#endif
