@@ -87,7 +87,7 @@ SIMD static INLINE __m256i points8v(const uint32_t *grid, __m256i idx) {
 }
 
 /* Eight 4-value IQ3 points by scalar loads. */
-SIMD static INLINE __m256i points8(const uint32_t *grid, const unsigned *i) {
+SIMD static INLINE __m256i points8(const uint32_t *grid, const uint32_t *i) {
     return _mm256_setr_epi32((int)grid[i[0]], (int)grid[i[1]], (int)grid[i[2]], (int)grid[i[3]],
                              (int)grid[i[4]], (int)grid[i[5]], (int)grid[i[6]], (int)grid[i[7]]);
 }
@@ -181,8 +181,8 @@ SIMD static INLINE int32_t isum_iq3_xxs(const uint8_t *b, const int8_t *qa) {
     const uint8_t *q = b + 2, *aux = b + 66;
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ib += 2, q += 16, aux += 8, qa += 64) {
-        const unsigned i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
-        const unsigned i1[8] = {q[8], q[9], q[10], q[11], q[12], q[13], q[14], q[15]};
+        const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
+        const uint32_t i1[8] = {q[8], q[9], q[10], q[11], q[12], q[13], q[14], q[15]};
         const uint32_t a0 = fmoe__r1_le32(aux), a1 = fmoe__r1_le32(aux + 4);
         const __m256i g0 = points8(fmoe__iq3xxs_grid, i0), g1 = points8(fmoe__iq3xxs_grid, i1);
         acc0 = madd_scale(acc0, dot_signed(g0, fmoe__r1_load(qa), ksigns4(a0)), 2 * (int)(a0 >> 28) + 1);
@@ -203,8 +203,10 @@ SIMD static INLINE int32_t isum_iq3_s(const uint8_t *b, const int8_t *qa) {
         const __m256i lo1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
         const __m256i hi0 = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[ib]), lane), bit8);
         const __m256i hi1 = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[ib + 1]), lane), bit8);
-        const __m256i g0 = points8v(fmoe__iq3s_grid, _mm256_or_si256(lo0, hi0));
-        const __m256i g1 = points8v(fmoe__iq3s_grid, _mm256_or_si256(lo1, hi1));
+        uint32_t idx[16] __attribute__((aligned(32)));
+        _mm256_store_si256((__m256i *)idx, _mm256_or_si256(lo0, hi0));
+        _mm256_store_si256((__m256i *)(idx + 8), _mm256_or_si256(lo1, hi1));
+        const __m256i g0 = points8(fmoe__iq3s_grid, idx), g1 = points8(fmoe__iq3s_grid, idx + 8);
         const unsigned ls = scales[ib / 2];
         acc0 = madd_scale(acc0, dot_signed(g0, fmoe__r1_load(qa), signs32(fmoe__r1_le32(signs))),
                           2 * (int)(ls & 15) + 1);

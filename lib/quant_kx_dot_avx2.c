@@ -70,19 +70,18 @@ SIMD static INLINE float dmin_q2_k(const uint8_t *b) { return fmoe__r1_f16(b + 8
 SIMD static INLINE int32_t isum_q3_k(const uint8_t *b, const uint8_t *a, int32_t *msum) {
     (void)msum;
     const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
-    uint32_t aux[4];
-    memcpy(aux, b + 96, 12);
-    const uint32_t lo4 = 0x0F0F0F0F, lo2 = 0x03030303, tmp = aux[2];
-    aux[2] = ((aux[0] >> 4) & lo4) | (((tmp >> 4) & lo2) << 4);
-    aux[3] = ((aux[1] >> 4) & lo4) | (((tmp >> 6) & lo2) << 4);
-    aux[0] = (aux[0] & lo4) | ((tmp & lo2) << 4);
-    aux[1] = (aux[1] & lo4) | (((tmp >> 2) & lo2) << 4);
-    const __m128i sc8 = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)aux), _mm_set1_epi8(32));
+    const uint32_t a0 = fmoe__r1_le32(b + 96), a1 = fmoe__r1_le32(b + 100);
+    const uint32_t tmp = fmoe__r1_le32(b + 104), lo4 = 0x0F0F0F0F, lo2 = 0x03030303;
+    const __m128i sc8 = _mm_sub_epi8(
+        _mm_setr_epi32((int)((a0 & lo4) | ((tmp & lo2) << 4)),
+                       (int)((a1 & lo4) | (((tmp >> 2) & lo2) << 4)),
+                       (int)(((a0 >> 4) & lo4) | (((tmp >> 4) & lo2) << 4)),
+                       (int)(((a1 >> 4) & lo4) | (((tmp >> 6) & lo2) << 4))),
+        _mm_set1_epi8(32));
     const __m256i scales = fmoe__r1_scales_even_odd(sc8);
-    /* 4·Σ_s sc_s·bsum_s: the codes' -4, taken out of the maddubs */
-    const __m256i sc_in_order = _mm256_cvtepi8_epi16(sc8);
-    const int32_t offset =
-        fmoe__r1_hsum(_mm256_madd_epi16(sc_in_order, fmoe__r1_load(a + FMOE__Q8K_BSUMS)));
+    /* Σ_s sc_s·bsum_s, whose 4 times is the codes' -4 taken out of the maddubs */
+    const __m256i sc_bsums =
+        _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), fmoe__r1_load(a + FMOE__Q8K_BSUMS));
     const __m256i m3 = _mm256_set1_epi8(3), hmask = fmoe__r1_load(b);
     const __m256i four = _mm256_set1_epi8(4);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
@@ -107,7 +106,9 @@ SIMD static INLINE int32_t isum_q3_k(const uint8_t *b, const uint8_t *a, int32_t
     Q3_PART(1, 2, acc0);
     Q3_PART(1, 3, acc1);
 #undef Q3_PART
-    return fmoe__r1_hsum(_mm256_add_epi32(acc0, acc1)) - 4 * offset;
+    int32_t sum, offset;
+    fmoe__r1_hsum2(_mm256_add_epi32(acc0, acc1), sc_bsums, &sum, &offset);
+    return sum - 4 * offset;
 }
 
 SIMD static INLINE float d_q3_k(const uint8_t *b) { return fmoe__r1_f16(b + 108); }
