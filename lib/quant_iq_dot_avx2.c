@@ -120,9 +120,10 @@ SIMD static INLINE __m256i nibble_scales(const uint8_t *p) {
 
 /* IQ2_XXS: per 32 values 8 bytes, four grid indices then a uint32 of four 7-bit sign sets
  * and the 4-bit scale on top. */
-SIMD static INLINE int32_t isum_iq2_xxs(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE __m256i isum_iq2_xxs(const uint8_t *b, const int8_t *qa) {
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     const uint8_t *q = b + 2;
+    _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16, qa += 64) {
         const uint32_t a1 = fmoe__r1_le32(q + 4), a3 = fmoe__r1_le32(q + 12);
         const __m256i g0 = points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3]);
@@ -130,15 +131,16 @@ SIMD static INLINE int32_t isum_iq2_xxs(const uint8_t *b, const int8_t *qa) {
         acc0 = madd_scale(acc0, dot_signed(g0, fmoe__r1_load(qa), ksigns4(a1)), 2 * (int)(a1 >> 28) + 1);
         acc1 = madd_scale(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), ksigns4(a3)), 2 * (int)(a3 >> 28) + 1);
     }
-    return fmoe__r1_hsum(_mm256_add_epi32(acc0, acc1));
+    return _mm256_add_epi32(acc0, acc1);
 }
 
 /* IQ2_XS: per 8 values a uint16, a 9-bit grid index under 7 sign bits; a 4-bit scale per
  * 16 values at 66. */
-SIMD static INLINE int32_t isum_iq2_xs(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE __m256i isum_iq2_xs(const uint8_t *b, const int8_t *qa) {
     const __m256i scales = nibble_scales(b + 66);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     const uint8_t *q = b + 2;
+    _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16, qa += 64) {
         uint16_t v[8];
         memcpy(v, q, 16);
@@ -153,15 +155,16 @@ SIMD static INLINE int32_t isum_iq2_xs(const uint8_t *b, const int8_t *qa) {
         acc0 = fmoe__r1_madd_pick(acc0, dot_signed(g0, fmoe__r1_load(qa), s0), scales, ib);
         acc1 = fmoe__r1_madd_pick(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), s1), scales, ib + 1);
     }
-    return fmoe__r1_hsum(_mm256_add_epi32(acc0, acc1));
+    return _mm256_add_epi32(acc0, acc1);
 }
 
 /* IQ2_S: per 8 values the low 8 bits of a 10-bit index in qs[k], its top 2 bits in
  * qh[k / 4] (bits 2(k % 4)), 8 plain sign bits in qs[32 + k]; scales as IQ2_XS at 74. */
-SIMD static INLINE int32_t isum_iq2_s(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE __m256i isum_iq2_s(const uint8_t *b, const int8_t *qa) {
     const __m256i scales = nibble_scales(b + 74);
     const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8, qa += 64) {
         const unsigned h0 = qh[ib], h1 = qh[ib + 1];
         const __m256i g0 = points4(fmoe__iq2s_grid, qs[0] | (h0 & 3) << 8, qs[1] | (h0 & 12) << 6,
@@ -172,14 +175,15 @@ SIMD static INLINE int32_t isum_iq2_s(const uint8_t *b, const int8_t *qa) {
         acc1 = fmoe__r1_madd_pick(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), signs32(fmoe__r1_le32(signs + 4))), scales,
                          ib + 1);
     }
-    return fmoe__r1_hsum(_mm256_add_epi32(acc0, acc1));
+    return _mm256_add_epi32(acc0, acc1);
 }
 
 /* IQ3_XXS: a grid index (4 values) a byte; per 32 values a uint32 at 66 + 4ib of four
  * 7-bit sign sets and the 4-bit scale on top. */
-SIMD static INLINE int32_t isum_iq3_xxs(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE __m256i isum_iq3_xxs(const uint8_t *b, const int8_t *qa) {
     const uint8_t *q = b + 2, *aux = b + 66;
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16, aux += 8, qa += 64) {
         const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
         const uint32_t i1[8] = {q[8], q[9], q[10], q[11], q[12], q[13], q[14], q[15]};
@@ -188,16 +192,17 @@ SIMD static INLINE int32_t isum_iq3_xxs(const uint8_t *b, const int8_t *qa) {
         acc0 = madd_scale(acc0, dot_signed(g0, fmoe__r1_load(qa), ksigns4(a0)), 2 * (int)(a0 >> 28) + 1);
         acc1 = madd_scale(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), ksigns4(a1)), 2 * (int)(a1 >> 28) + 1);
     }
-    return fmoe__r1_hsum(_mm256_add_epi32(acc0, acc1));
+    return _mm256_add_epi32(acc0, acc1);
 }
 
 /* IQ3_S: per 4 values a 9-bit index, qs[k] and bit k % 8 of qh[k / 8]; sign bits 8 a byte
  * at 74; a 4-bit scale per 32 values at 106. */
-SIMD static INLINE int32_t isum_iq3_s(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE __m256i isum_iq3_s(const uint8_t *b, const int8_t *qa) {
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
     /* index 8ib + j: qs[8ib + j] and bit j of qh[ib], moved to bit 8 by a per-lane shift */
     const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 16, signs += 8, qa += 64) {
         const __m256i lo0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
         const __m256i lo1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
@@ -213,17 +218,18 @@ SIMD static INLINE int32_t isum_iq3_s(const uint8_t *b, const int8_t *qa) {
         acc1 = madd_scale(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), signs32(fmoe__r1_le32(signs + 4))),
                           2 * (int)(ls >> 4) + 1);
     }
-    return fmoe__r1_hsum(_mm256_add_epi32(acc0, acc1));
+    return _mm256_add_epi32(acc0, acc1);
 }
 
 /* IQ1_S: per 32 values a uint16 qh at 34 + 2ib (four 3-bit index tops, a 3-bit scale at
  * bit 12, the offset's sign at bit 15), per 8 values the index's low 8 bits. The code is
  * 8g + δ (δ = ±1 per 32 values): Σ sc·Σ(8g + δ)·a = 8·Σ sc·Σ g·a + Σ sc·δ·Σ a, the last
  * from the input's sums of 16 (bsums). */
-SIMD static INLINE int32_t isum_iq1_s(const uint8_t *b, const int8_t *qa, const int16_t *bsums) {
+SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const int16_t *bsums) {
     const uint8_t *qs = b + 2;
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     int32_t offset = 0;
+    _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qa += 64) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
         const __m256i g0 = points4(fmoe__iq1s_grid, qs[0] | (h0 & 7) << 8, qs[1] | (h0 & 0x38) << 5,
@@ -240,14 +246,15 @@ SIMD static INLINE int32_t isum_iq1_s(const uint8_t *b, const int8_t *qa, const 
         const int32_t s1 = bsums[2 * ib + 2] + bsums[2 * ib + 3];
         offset += sc0 * (h0 & 0x8000 ? -s0 : s0) + sc1 * (h1 & 0x8000 ? -s1 : s1);
     }
-    return 8 * fmoe__r1_hsum(_mm256_add_epi32(acc0, acc1)) + offset;
+    return _mm256_add_epi32(_mm256_slli_epi32(_mm256_add_epi32(acc0, acc1), 3),
+                            _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
 }
 
 /* IQ1_M: per 8 values the index's low 8 bits in qs[k] and a nibble of qh (k even: the low
  * one) holding its top 3 bits and the offset's sign (bit 3); a 3-bit scale per 16 values,
  * four to each uint16 at 48 (their top nibbles are d). Per pair of values the int16
  * 8·Σ g·a + Σ δ·a (δ = ±1 per 8 values), then madd by the scale of its 16. */
-SIMD static INLINE int32_t isum_iq1_m(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
     const uint8_t *qs = b, *qh = b + 32;
     /* scale s = bits 3(s % 4) of word s / 4, as int16 2ls + 1, even s in the low lane */
     uint64_t words;
@@ -267,6 +274,7 @@ SIMD static INLINE int32_t isum_iq1_m(const uint8_t *b, const int8_t *qa) {
                                             0x0808080808080808, (long long)0x8080808080808080ULL);
     const __m256i one = _mm256_set1_epi8(1);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4, qa += 64) {
         const unsigned h0 = qh[0], h1 = qh[1], h2 = qh[2], h3 = qh[3];
         const __m256i g0 = points4(fmoe__iq1s_grid, qs[0] | (h0 & 7) << 8, qs[1] | (h0 & 0x70) << 4,
@@ -288,28 +296,28 @@ SIMD static INLINE int32_t isum_iq1_m(const uint8_t *b, const int8_t *qa) {
         acc0 = fmoe__r1_madd_pick(acc0, p0, scales, ib);
         acc1 = fmoe__r1_madd_pick(acc1, p1, scales, ib + 1);
     }
-    return fmoe__r1_hsum(_mm256_add_epi32(acc0, acc1));
+    return _mm256_add_epi32(acc0, acc1);
 }
 
 /* ---------------------------------------------------------------------------------- */
 /* The rows                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-/* The block integer with the ROW macro's signature (msum stays 0: no mins). */
-#define ISUM_QA(name)                                                                              \
-    SIMD static INLINE int32_t name##_row(const uint8_t *b, const uint8_t *a, int32_t *msum) {     \
-        (void)msum;                                                                                \
+/* The block vectors with the ROW macro's signature (no mins: m zero). */
+#define VEC_QA(name)                                                                               \
+    SIMD static INLINE __m256i name##_vec(const uint8_t *b, const uint8_t *a, __m256i *m) {        \
+        *m = _mm256_setzero_si256();                                                               \
         return name(b, (const int8_t *)(a + FMOE__Q8K_Q));                                         \
     }
-ISUM_QA(isum_iq2_xxs)
-ISUM_QA(isum_iq2_xs)
-ISUM_QA(isum_iq2_s)
-ISUM_QA(isum_iq3_xxs)
-ISUM_QA(isum_iq3_s)
-ISUM_QA(isum_iq1_m)
+VEC_QA(isum_iq2_xxs)
+VEC_QA(isum_iq2_xs)
+VEC_QA(isum_iq2_s)
+VEC_QA(isum_iq3_xxs)
+VEC_QA(isum_iq3_s)
+VEC_QA(isum_iq1_m)
 
-SIMD static INLINE int32_t isum_iq1_s_row(const uint8_t *b, const uint8_t *a, int32_t *msum) {
-    (void)msum;
+SIMD static INLINE __m256i isum_iq1_s_vec(const uint8_t *b, const uint8_t *a, __m256i *m) {
+    *m = _mm256_setzero_si256();
     int16_t bsums[16];
     memcpy(bsums, a + FMOE__Q8K_BSUMS, sizeof bsums);
     return isum_iq1_s(b, (const int8_t *)(a + FMOE__Q8K_Q), bsums);
@@ -339,13 +347,13 @@ static INLINE float no_dmin(const uint8_t *b) {
         for (int64_t r = 0; r < rows; r++)                                                         \
             FMOE__R1_ROW(y[r], W + r * row_bytes, qx, n / FMOE_QK_K, bytes, ISUM, D, no_dmin);     \
     }
-ROWS(rows_iq2_xxs, FMOE_IQ2_XXS, isum_iq2_xxs_row, d_eighth)
-ROWS(rows_iq2_xs, FMOE_IQ2_XS, isum_iq2_xs_row, d_eighth)
-ROWS(rows_iq2_s, FMOE_IQ2_S, isum_iq2_s_row, d_eighth)
-ROWS(rows_iq3_xxs, FMOE_IQ3_XXS, isum_iq3_xxs_row, d_iq3_xxs)
-ROWS(rows_iq3_s, FMOE_IQ3_S, isum_iq3_s_row, d_iq3_s)
-ROWS(rows_iq1_s, FMOE_IQ1_S, isum_iq1_s_row, d_eighth)
-ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_row, d_iq1_m)
+ROWS(rows_iq2_xxs, FMOE_IQ2_XXS, isum_iq2_xxs_vec, d_eighth)
+ROWS(rows_iq2_xs, FMOE_IQ2_XS, isum_iq2_xs_vec, d_eighth)
+ROWS(rows_iq2_s, FMOE_IQ2_S, isum_iq2_s_vec, d_eighth)
+ROWS(rows_iq3_xxs, FMOE_IQ3_XXS, isum_iq3_xxs_vec, d_iq3_xxs)
+ROWS(rows_iq3_s, FMOE_IQ3_S, isum_iq3_s_vec, d_iq3_s)
+ROWS(rows_iq1_s, FMOE_IQ1_S, isum_iq1_s_vec, d_eighth)
+ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m)
 
 void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                          const void *qx, int64_t n, float *y) {

@@ -33,14 +33,15 @@
 
 /* Q2_K (84 bytes): scales[16] (low nibble the scale, high the min of each 16 values),
  * qs[64] at 16 (value 128h + 32j + l: bits 2j of byte 32h + l), f16 d at 80, dmin at 82. */
-SIMD static INLINE int32_t isum_q2_k(const uint8_t *b, const uint8_t *a, int32_t *msum) {
+SIMD static INLINE __m256i isum_q2_k(const uint8_t *b, const uint8_t *a, __m256i *msum) {
     const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
     const __m128i packed = _mm_loadu_si128((const __m128i *)b), m4 = _mm_set1_epi8(0xF);
     const __m256i scales = fmoe__r1_scales_even_odd(_mm_and_si128(packed, m4));
     const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4));
-    const __m256i mprod = _mm256_madd_epi16(mins, fmoe__r1_load(a + FMOE__Q8K_BSUMS));
+    *msum = _mm256_madd_epi16(mins, fmoe__r1_load(a + FMOE__Q8K_BSUMS));
     const __m256i m3 = _mm256_set1_epi8(3);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
     for (int h = 0; h < 2; h++, qa += 128) {
         const __m256i qs = fmoe__r1_load(b + 16 + 32 * h);
         const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(qs, m3), fmoe__r1_load(qa));
@@ -55,9 +56,7 @@ SIMD static INLINE int32_t isum_q2_k(const uint8_t *b, const uint8_t *a, int32_t
         acc0 = fmoe__r1_madd_pick(acc0, p2, scales, 4 * h + 2);
         acc1 = fmoe__r1_madd_pick(acc1, p3, scales, 4 * h + 3);
     }
-    int32_t sum;
-    fmoe__r1_hsum2(_mm256_add_epi32(acc0, acc1), mprod, &sum, msum);
-    return sum;
+    return _mm256_add_epi32(acc0, acc1);
 }
 
 SIMD static INLINE float d_q2_k(const uint8_t *b) { return fmoe__r1_f16(b + 80); }
@@ -67,8 +66,8 @@ SIMD static INLINE float dmin_q2_k(const uint8_t *b) { return fmoe__r1_f16(b + 8
  * (as Q2_K's), twelve bytes of 6-bit scales at 96 (biased by 32: lib/quant_block.h's
  * fmoe__kx_scale), f16 d at 108. The sixteen scales are unpacked four bytes at a time as
  * ggml's q3_K dot does. */
-SIMD static INLINE int32_t isum_q3_k(const uint8_t *b, const uint8_t *a, int32_t *msum) {
-    (void)msum;
+SIMD static INLINE __m256i isum_q3_k(const uint8_t *b, const uint8_t *a, __m256i *msum) {
+    *msum = _mm256_setzero_si256();
     const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
     const uint32_t a0 = fmoe__r1_le32(b + 96), a1 = fmoe__r1_le32(b + 100);
     const uint32_t tmp = fmoe__r1_le32(b + 104), lo4 = 0x0F0F0F0F, lo2 = 0x03030303;
@@ -106,9 +105,7 @@ SIMD static INLINE int32_t isum_q3_k(const uint8_t *b, const uint8_t *a, int32_t
     Q3_PART(1, 2, acc0);
     Q3_PART(1, 3, acc1);
 #undef Q3_PART
-    int32_t sum, offset;
-    fmoe__r1_hsum2(_mm256_add_epi32(acc0, acc1), sc_bsums, &sum, &offset);
-    return sum - 4 * offset;
+    return _mm256_sub_epi32(_mm256_add_epi32(acc0, acc1), _mm256_slli_epi32(sc_bsums, 2));
 }
 
 SIMD static INLINE float d_q3_k(const uint8_t *b) { return fmoe__r1_f16(b + 108); }
@@ -116,8 +113,8 @@ SIMD static INLINE float d_q3_k(const uint8_t *b) { return fmoe__r1_f16(b + 108)
 /* IQ4_XS (136 bytes): f16 d, uint16 scales_h at 2 (bits 2ib, 2ib + 1: the scale's top two
  * bits), scales_l[4] at 4 (nibble ib: its low four), qs[128] at 8 (values 32ib + l and
  * 32ib + 16 + l: the low and high nibble of byte 16ib + l); scale ls - 32 per 32 values. */
-SIMD static INLINE int32_t isum_iq4_xs(const uint8_t *b, const uint8_t *a, int32_t *msum) {
-    (void)msum;
+SIMD static INLINE __m256i isum_iq4_xs(const uint8_t *b, const uint8_t *a, __m256i *msum) {
+    *msum = _mm256_setzero_si256();
     static const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
     const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
     const __m128i grid = _mm_loadu_si128((const __m128i *)levels), m4 = _mm_set1_epi8(0xF);
@@ -125,6 +122,7 @@ SIMD static INLINE int32_t isum_iq4_xs(const uint8_t *b, const uint8_t *a, int32
     unsigned sh = fmoe__r1_le16(b + 2);
     uint32_t sl = fmoe__r1_le32(b + 4);
     const uint8_t *q = b + 8;
+    _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 32, qa += 64, sh >>= 4, sl >>= 8) {
         const __m128i x0 = _mm_loadu_si128((const __m128i *)q);
         const __m128i x1 = _mm_loadu_si128((const __m128i *)(q + 16));
@@ -140,7 +138,7 @@ SIMD static INLINE int32_t isum_iq4_xs(const uint8_t *b, const uint8_t *a, int32
         acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(p0, _mm256_set1_epi16((short)ls0)));
         acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(p1, _mm256_set1_epi16((short)ls1)));
     }
-    return fmoe__r1_hsum(_mm256_add_epi32(acc0, acc1));
+    return _mm256_add_epi32(acc0, acc1);
 }
 
 SIMD static INLINE float d_iq4_xs(const uint8_t *b) { return fmoe__r1_f16(b); }
