@@ -19,7 +19,8 @@
  * lanes across blocks; here the integer is reduced per block and added as the reference
  * (lib/quant_kx.c's block_dot, lib/quant_act.c's fmoe_quant_act_dot_ref) adds it,
  * s += da·d·sum - da·dmin·msum with dmin and msum zero, so the result is the plain C's
- * bits. tests/lib/test_quant_iq_unpack.c compares each row with the reference.
+ * bits. tests/lib/test_quant_rows1.c compares each row with the reference; the speed
+ * against ggml's is docs/quantization.md's (tests/bench/bench_vs_ggml.c).
  */
 #include <stdint.h>
 #include <string.h>
@@ -79,14 +80,8 @@ SIMD static INLINE __m256i points4(const uint64_t *grid, unsigned i0, unsigned i
                              (long long)grid[i0]);
 }
 
-/* Eight 4-value IQ3 points whose indices are idx's 32-bit lanes, by one gather (on the
- * development VM's EPYC faster than eight loads for IQ3_S; ggml found the opposite on a
- * Ryzen 7950X). */
-SIMD static INLINE __m256i points8v(const uint32_t *grid, __m256i idx) {
-    return _mm256_i32gather_epi32((const int *)grid, idx, 4);
-}
-
-/* Eight 4-value IQ3 points by scalar loads. */
+/* Eight 4-value IQ3 points by scalar loads (an AVX2 gather was slower here for IQ3_S:
+ * 131 against 127 ps a multiply-add on the development VM's EPYC). */
 SIMD static INLINE __m256i points8(const uint32_t *grid, const uint32_t *i) {
     return _mm256_setr_epi32((int)grid[i[0]], (int)grid[i[1]], (int)grid[i[2]], (int)grid[i[3]],
                              (int)grid[i[4]], (int)grid[i[5]], (int)grid[i[6]], (int)grid[i[7]]);
