@@ -117,19 +117,20 @@ SIMD static INLINE __m256i isum_iq4_xs(const uint8_t *b, const uint8_t *a, __m25
     *msum = _mm256_setzero_si256();
     static const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
     const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
-    const __m128i grid = _mm_loadu_si128((const __m128i *)levels), m4 = _mm_set1_epi8(0xF);
+    /* the 16 bytes of 32 values in both 128-bit lanes, the high lane shifted right by 4:
+     * masked, each lane's nibbles are its 16 values' grid indices */
+    const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
+    const __m256i m4 = _mm256_set1_epi8(0xF), lane_shift = _mm256_setr_epi64x(0, 0, 4, 4);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     unsigned sh = fmoe__r1_le16(b + 2);
     uint32_t sl = fmoe__r1_le32(b + 4);
     const uint8_t *q = b + 8;
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 32, qa += 64, sh >>= 4, sl >>= 8) {
-        const __m128i x0 = _mm_loadu_si128((const __m128i *)q);
-        const __m128i x1 = _mm_loadu_si128((const __m128i *)(q + 16));
-        const __m256i g0 = _mm256_set_m128i(_mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(x0, 4), m4)),
-                                            _mm_shuffle_epi8(grid, _mm_and_si128(x0, m4)));
-        const __m256i g1 = _mm256_set_m128i(_mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(x1, 4), m4)),
-                                            _mm_shuffle_epi8(grid, _mm_and_si128(x1, m4)));
+        const __m256i x0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q));
+        const __m256i x1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + 16)));
+        const __m256i g0 = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srlv_epi64(x0, lane_shift), m4));
+        const __m256i g1 = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srlv_epi64(x1, lane_shift), m4));
         const __m256i a0 = fmoe__r1_load(qa), a1 = fmoe__r1_load(qa + 32);
         const __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(g0, g0), _mm256_sign_epi8(a0, g0));
         const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(g1, g1), _mm256_sign_epi8(a1, g1));
