@@ -79,52 +79,68 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_scales_even_odd(__m128i bytes) 
     return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(bytes, split));
 }
 
-/* The four totals of v0, v1, m0, m1 in one reduction, as [v0 v1 m0 m1]. */
-FMOE__R1 static FMOE__R1_INLINE __m128i fmoe__r1_hsum4(__m256i v0, __m256i v1, __m256i m0, __m256i m1) {
-    const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(m0, m1));
+/* The totals of four vectors as the four lanes of one, in order. */
+FMOE__R1 static FMOE__R1_INLINE __m128i fmoe__r1_hsum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
     return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* Four f32 values at p, p + stride, p + 2 stride, p + 3 stride. */
+FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_t stride) {
+    float f[4];
+    for (int k = 0; k < 4; k++) memcpy(&f[k], p + k * stride, 4);
+    return _mm_loadu_ps(f);
 }
 
 /* One row's blocks against one Q8_K input in the reference's float steps. VEC(w, a, &m)
  * returns the block's integer vector, whose lanes add up to Σ sc·Σ q·a, and sets m to the
  * vector of Σ m·bsums (zero without mins); D(w) and DMIN(w) are the block's f32 factors.
- * Two blocks a step, their four totals reduced together and their float steps after both
- * blocks' integer work, so a block's reduction and float tail overlap the next block's
- * loads (one block a step, that tail kept the rows 10-25% slower); then, in block order,
- * s += da·d·sum - da·dmin·msum as the reference. A macro so each kernel inlines. */
-#define FMOE__R1_BLOCK_F32(s, w, a, sum, msum, D, DMIN)                                            \
-    do {                                                                                           \
-        float da_;                                                                                 \
-        memcpy(&da_, (a), 4);                                                                      \
-        const float d_ = D(w), dmin_ = DMIN(w);                                                    \
-        (s) += da_ * d_ * (float)(sum) - da_ * dmin_ * (float)(msum);                              \
-    } while (0)
+ * Four blocks a step: their totals reduced together, and each block's
+ * t = da·d·sum - da·dmin·msum formed in its own lane of one vector (the same f32
+ * operations on the same operands as the reference's scalar ones, so the same bits), then
+ * s += t block by block in block order, as the reference adds. One block a step, the
+ * per-block reduction and scalar tail kept the rows 10-25% slower than ggml's, which
+ * accumulates f32 vectors across blocks instead (another summation order). A macro so each
+ * kernel inlines. */
 #define FMOE__R1_PREFETCH_BLOCK(w, bytes)                                                          \
     for (int l_ = 0; l_ < (int)(((bytes) + 63) / 64); l_++)                                        \
     _mm_prefetch((const char *)(w) + FMOE__R1_PREFETCH + 64 * l_, _MM_HINT_T0)
 #define FMOE__R1_ROW(y, w0, a0, nb, bytes, VEC, D, DMIN)                                           \
     do {                                                                                           \
         const uint8_t *w_ = (w0), *a_ = (a0);                                                      \
+        const int64_t ab_ = FMOE_Q8_K_BYTES;                                                       \
         float s_ = 0;                                                                              \
         int64_t i_ = 0;                                                                            \
-        for (; i_ + 1 < (nb); i_ += 2, w_ += 2 * (bytes), a_ += 2 * FMOE_Q8_K_BYTES) {             \
-            FMOE__R1_PREFETCH_BLOCK(w_, 2 * (bytes));                                              \
-            __m256i m0_, m1_;                                                                      \
+        for (; i_ + 3 < (nb); i_ += 4, w_ += 4 * (bytes), a_ += 4 * ab_) {                         \
+            FMOE__R1_PREFETCH_BLOCK(w_, 4 * (bytes));                                              \
+            __m256i m0_, m1_, m2_, m3_;                                                            \
             const __m256i v0_ = VEC(w_, a_, &m0_);                                                 \
-            const __m256i v1_ = VEC(w_ + (bytes), a_ + FMOE_Q8_K_BYTES, &m1_);                     \
-            const __m128i t_ = fmoe__r1_hsum4(v0_, v1_, m0_, m1_);                                 \
-            FMOE__R1_BLOCK_F32(s_, w_, a_, _mm_cvtsi128_si32(t_), _mm_extract_epi32(t_, 2), D,     \
-                               DMIN);                                                              \
-            FMOE__R1_BLOCK_F32(s_, w_ + (bytes), a_ + FMOE_Q8_K_BYTES, _mm_extract_epi32(t_, 1),   \
-                               _mm_extract_epi32(t_, 3), D, DMIN);                                 \
+            const __m256i v1_ = VEC(w_ + (bytes), a_ + ab_, &m1_);                                 \
+            const __m256i v2_ = VEC(w_ + 2 * (bytes), a_ + 2 * ab_, &m2_);                         \
+            const __m256i v3_ = VEC(w_ + 3 * (bytes), a_ + 3 * ab_, &m3_);                         \
+            const __m128 sum_ = _mm_cvtepi32_ps(fmoe__r1_hsum4(v0_, v1_, v2_, v3_));               \
+            const __m128 msum_ = _mm_cvtepi32_ps(fmoe__r1_hsum4(m0_, m1_, m2_, m3_));              \
+            const __m128 da_ = fmoe__r1_gather4(a_, ab_);                                          \
+            const __m128 d_ = _mm_setr_ps(D(w_), D(w_ + (bytes)), D(w_ + 2 * (bytes)),             \
+                                          D(w_ + 3 * (bytes)));                                    \
+            const __m128 dmin_ = _mm_setr_ps(DMIN(w_), DMIN(w_ + (bytes)), DMIN(w_ + 2 * (bytes)), \
+                                             DMIN(w_ + 3 * (bytes)));                              \
+            const __m128 t_ = _mm_sub_ps(_mm_mul_ps(_mm_mul_ps(da_, d_), sum_),                    \
+                                         _mm_mul_ps(_mm_mul_ps(da_, dmin_), msum_));               \
+            s_ += _mm_cvtss_f32(t_);                                                               \
+            s_ += _mm_cvtss_f32(_mm_shuffle_ps(t_, t_, 1));                                        \
+            s_ += _mm_cvtss_f32(_mm_shuffle_ps(t_, t_, 2));                                        \
+            s_ += _mm_cvtss_f32(_mm_shuffle_ps(t_, t_, 3));                                        \
         }                                                                                          \
-        if (i_ < (nb)) {                                                                           \
+        for (; i_ < (nb); i_++, w_ += (bytes), a_ += ab_) {                                        \
             __m256i m0_;                                                                           \
             const __m256i v0_ = VEC(w_, a_, &m0_);                                                 \
-            const __m128i t_ = fmoe__r1_hsum4(v0_, _mm256_setzero_si256(), m0_,                   \
-                                              _mm256_setzero_si256());                             \
-            FMOE__R1_BLOCK_F32(s_, w_, a_, _mm_cvtsi128_si32(t_), _mm_extract_epi32(t_, 2), D,     \
-                               DMIN);                                                              \
+            const __m128i t_ = fmoe__r1_hsum4(v0_, m0_, v0_, m0_);                                 \
+            float da1_;                                                                            \
+            memcpy(&da1_, a_, 4);                                                                  \
+            const float d1_ = D(w_), dmin1_ = DMIN(w_);                                            \
+            s_ += da1_ * d1_ * (float)_mm_cvtsi128_si32(t_) -                                      \
+                  da1_ * dmin1_ * (float)_mm_extract_epi32(t_, 1);                                 \
         }                                                                                          \
         (y) = s_;                                                                                  \
     } while (0)
