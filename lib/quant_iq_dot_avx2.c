@@ -219,11 +219,18 @@ SIMD static INLINE __m256i isum_iq3_s(const uint8_t *b, const int8_t *qa) {
 /* IQ1_S: per 32 values a uint16 qh at 34 + 2ib (four 3-bit index tops, a 3-bit scale at
  * bit 12, the offset's sign at bit 15), per 8 values the index's low 8 bits. The code is
  * 8g + δ (δ = ±1 per 32 values): Σ sc·Σ(8g + δ)·a = 8·Σ sc·Σ g·a + Σ sc·δ·Σ a, the last
- * from the input's sums of 16 (bsums). */
-SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const int16_t *bsums) {
+ * a madd of the input's sums of 16 (bsums) with sc·δ for each 16, formed from the eight qh
+ * words at once. */
+SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const uint8_t *bsums) {
     const uint8_t *qs = b + 2;
+    const __m128i qh = _mm_loadu_si128((const __m128i *)(b + 34));
+    const __m128i sc = _mm_add_epi16(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1),
+                                     _mm_set1_epi16(1));
+    /* sc·δ: δ = -1 where qh's bit 15 (its int16 sign) is set; qh | 1 is never 0 */
+    const __m128i scd = _mm_sign_epi16(sc, _mm_or_si128(qh, _mm_set1_epi16(1)));
+    const __m256i scd16 = _mm256_set_m128i(_mm_unpackhi_epi16(scd, scd), _mm_unpacklo_epi16(scd, scd));
+    const __m256i offset = _mm256_madd_epi16(scd16, fmoe__r1_load(bsums));
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-    int32_t offset = 0;
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qa += 64) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
@@ -237,12 +244,8 @@ SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const 
                           sc0);
         acc1 = madd_scale(acc1, _mm256_maddubs_epi16(_mm256_sign_epi8(g1, g1), _mm256_sign_epi8(a1, g1)),
                           sc1);
-        const int32_t s0 = bsums[2 * ib] + bsums[2 * ib + 1];
-        const int32_t s1 = bsums[2 * ib + 2] + bsums[2 * ib + 3];
-        offset += sc0 * (h0 & 0x8000 ? -s0 : s0) + sc1 * (h1 & 0x8000 ? -s1 : s1);
     }
-    return _mm256_add_epi32(_mm256_slli_epi32(_mm256_add_epi32(acc0, acc1), 3),
-                            _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+    return _mm256_add_epi32(_mm256_slli_epi32(_mm256_add_epi32(acc0, acc1), 3), offset);
 }
 
 /* IQ1_M: per 8 values the index's low 8 bits in qs[k] and a nibble of qh (k even: the low
@@ -313,9 +316,7 @@ VEC_QA(isum_iq1_m)
 
 SIMD static INLINE __m256i isum_iq1_s_vec(const uint8_t *b, const uint8_t *a, __m256i *m) {
     *m = _mm256_setzero_si256();
-    int16_t bsums[16];
-    memcpy(bsums, a + FMOE__Q8K_BSUMS, sizeof bsums);
-    return isum_iq1_s(b, (const int8_t *)(a + FMOE__Q8K_Q), bsums);
+    return isum_iq1_s(b, (const int8_t *)(a + FMOE__Q8K_Q), a + FMOE__Q8K_BSUMS);
 }
 
 SIMD static INLINE float d_iq3_xxs(const uint8_t *b) { return fmoe__r1_f16(b) * 0.25f; }
