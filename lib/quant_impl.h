@@ -88,6 +88,14 @@ void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
  * the unpacked block (lib/quant_iq_avx2.c, AVX2; only called when the CPU has it): the
  * integer fmoe__quant_act_dot_kx's block sums compute from fmoe__iq_unpack's block. */
 int32_t fmoe__iq_isum_avx2(uint32_t type, const uint8_t *b, const int8_t *qa);
+/* rows x one Q8_K input of an i-quant (fmoe__is_iq) into y[r], rows row_bytes apart
+ * (lib/quant_iq_dot_avx2.c; only called when the CPU has AVX2): the bits of
+ * fmoe__quant_act_dot_kx at any level, each row's blocks summed straight from their bytes. */
+void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t n, float *y);
+/* The same for Q2_K, Q3_K and IQ4_XS rows (lib/quant_kx_dot_avx2.c). */
+void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t n, float *y);
 void fmoe__iq_values(uint32_t type, const uint8_t *b, float *y);
 float fmoe__iq_d(uint32_t type, const uint8_t *b);
 

@@ -9,8 +9,8 @@
  * activations, at every CPU kernel level): the i-quants then need no CPU kernels of their
  * own. (The CUDA backend computes a grid point at a time instead: lib/quant_iq_block.h.)
  * This file is the plain-C unpack (the reference); lib/quant_iq_avx2.c writes the same
- * bytes with AVX2 for the AVX2 and AVX-512 levels, and for one 8-bit input sums straight
- * from its registers.
+ * bytes with AVX2 for the AVX2 and AVX-512 levels; a row times one 8-bit input takes
+ * lib/quant_iq_dot_avx2.c's kernels, which never write the unpacked block.
  *
  * The formats (ggml-common.h's block_iq*; ggml-quants.c's dequantize_row_iq*): groups of
  * 8 values (4 for IQ3) are one grid point of lib/iq_grids.h (all values positive for

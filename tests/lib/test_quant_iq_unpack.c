@@ -5,8 +5,10 @@
  * sixteen scales and mins, d and dmin equal byte for byte. Random bytes are valid blocks
  * for these types (every index lands in its grid; signs and scales take any bits), and
  * they reach every grid index, sign pattern, scale and IQ1 delta the kernels distinguish.
- * And the 8-bit block sum taken straight from the block's bytes (fmoe__iq_isum_avx2, the
- * one-input 8-bit dot's) against the integer computed here from the plain unpack. The
+ * And the 8-bit block sum taken straight from the block's bytes (fmoe__iq_isum_avx2, which
+ * lib/quant_kx.c's one-input dot uses at the AVX2 level; fmoe_quant_act_matvec takes
+ * lib/quant_iq_dot_avx2.c's row kernels instead, tests/lib/test_quant_rows1.c) against the
+ * integer computed here from the plain unpack. The
  * dots built on them are tests/lib/test_quant*.c's. Skipped without AVX2.
  */
 #include <stdint.h>

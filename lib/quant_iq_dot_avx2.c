@@ -1,0 +1,376 @@
+/*
+ * quant_iq_dot_avx2.c - the codebook i-quants' rows (lib/quant_iq.c's formats) times one
+ * Q8_K input, AVX2: a decode step's product, for the AVX2 and AVX-512 levels.
+ *
+ * One loop per type over a row's blocks, after ggml's x86 vec_dots
+ * (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_iq*_q8_K): the grid points, all of whose
+ * values are non-negative for the IQ2 and IQ3 types, go into maddubs's unsigned operand as
+ * they are looked up, and the stored signs are moved onto the activation bytes
+ * (_mm256_sign_epi8 by a byte that is +1 or -1), so a group's codes are never negated nor
+ * written anywhere. The IQ1 types' values g are -1, 0 or 1: |g| and g's sign on the
+ * activation as the other K-quants do, and the ±1/8 offset as a separate sum of the
+ * activations (Q8_K's bsums for IQ1_S's 32-value groups; a maddubs of ±1 for IQ1_M's
+ * 8-value ones). The sub-block scales multiply the int16 pair sums by madd.
+ *
+ * The block's integer is lib/quant_iq.c's, Σ_s sc_s·Σ_i q_i·a_i with q = g·s (IQ1:
+ * 8g ± 1): the same integer by another grouping of exact integer sums (maddubs pairs are
+ * at most 2·62·127, no int16 saturates; IQ1_M's 8·pair + offset pair at most
+ * 8·2·127 + 2·127). ggml then scales each block's integer vector in f32 lanes and adds
+ * lanes across blocks; here the integer is reduced per block and added as the reference
+ * (lib/quant_kx.c's block_dot, lib/quant_act.c's fmoe_quant_act_dot_ref) adds it,
+ * s += da·d·sum - da·dmin·msum with dmin and msum zero, so the result is the plain C's
+ * bits. tests/lib/test_quant_rows1.c compares each row with the reference; the speed
+ * against ggml's is docs/quantization.md's (tests/bench/bench_vs_ggml.c).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/quant.h"
+#include "fmoe/quant_act.h"
+#include "iq_grids.h"
+#include "quant_act_impl.h"
+#include "quant_impl.h"
+
+#if defined(__x86_64__)
+#include "quant_rows1_avx2.h"
+
+#define SIMD FMOE__R1
+#define INLINE FMOE__R1_INLINE
+
+/* ggml's ksigns_iq2xs as bytes for _mm256_sign_epi8: 7 stored sign bits, the eighth the
+ * parity of the seven (the quantiser only writes an even count of minus signs); byte j
+ * of entry x is 0xFF (-1) where value j is negative, else 0x01. ggml's keven_signs_q2xs;
+ * built by the preprocessor. */
+#define KS(x)                                                                                      \
+    ((x) | ((((x) ^ (x) >> 1 ^ (x) >> 2 ^ (x) >> 3 ^ (x) >> 4 ^ (x) >> 5 ^ (x) >> 6) & 1) << 7))
+#define KB(s, j) ((uint64_t)((((s) >> (j)) & 1) ? 0xFFull : 0x01ull) << (8 * (j)))
+#define KSIGN(x)                                                                                   \
+    (KB(KS(x), 0) | KB(KS(x), 1) | KB(KS(x), 2) | KB(KS(x), 3) | KB(KS(x), 4) | KB(KS(x), 5) |     \
+     KB(KS(x), 6) | KB(KS(x), 7))
+#define KS4(x) KSIGN(x), KSIGN((x) + 1), KSIGN((x) + 2), KSIGN((x) + 3)
+#define KS16(x) KS4(x), KS4((x) + 4), KS4((x) + 8), KS4((x) + 12)
+#define KS64(x) KS16(x), KS16((x) + 16), KS16((x) + 32), KS16((x) + 48)
+static const uint64_t ksign_bytes[128] = {KS64(0), KS64(64)};
+
+/* Four sign sets of 7 bits (the lowest first) as _mm256_sign_epi8 bytes for 32 values. */
+SIMD static INLINE __m256i ksigns4(uint32_t aux) {
+    return _mm256_set_epi64x((long long)ksign_bytes[(aux >> 21) & 127],
+                             (long long)ksign_bytes[(aux >> 14) & 127],
+                             (long long)ksign_bytes[(aux >> 7) & 127],
+                             (long long)ksign_bytes[aux & 127]);
+}
+
+/* Four plain sign bytes (value j of 32 negative where bit j % 8 of byte j / 8 is set) as
+ * sign bytes: each byte broadcast over its 8 values, compared with the value's bit, then
+ * -1 or +1. */
+SIMD static INLINE __m256i signs32(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                           _mm256_set1_epi8(1));
+}
+
+/* Four 8-value grid points, the first lowest. */
+SIMD static INLINE __m256i points4(const uint64_t *grid, unsigned i0, unsigned i1, unsigned i2,
+                                   unsigned i3) {
+    return _mm256_set_epi64x((long long)grid[i3], (long long)grid[i2], (long long)grid[i1],
+                             (long long)grid[i0]);
+}
+
+/* Eight 4-value IQ3 points by scalar loads (an AVX2 gather was slower here for IQ3_S:
+ * 131 against 127 ps a multiply-add on the development VM's EPYC). */
+SIMD static INLINE __m256i points8(const uint32_t *grid, const uint32_t *i) {
+    return _mm256_setr_epi32((int)grid[i[0]], (int)grid[i[1]], (int)grid[i[2]], (int)grid[i[3]],
+                             (int)grid[i[4]], (int)grid[i[5]], (int)grid[i[6]], (int)grid[i[7]]);
+}
+
+/* The int16 pair sums of unsigned grid values g times the activation bytes a with signs s
+ * (+1/-1 bytes) applied. */
+SIMD static INLINE __m256i dot_signed(__m256i g, __m256i a, __m256i s) {
+    return _mm256_maddubs_epi16(g, _mm256_sign_epi8(a, s));
+}
+
+/* The same where one scale sc multiplies all 32 values, added to acc. */
+SIMD static INLINE __m256i madd_scale(__m256i acc, __m256i pairs, int sc) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16((short)sc)));
+}
+
+/* Sixteen 4-bit scales two a byte (low nibble first: IQ2_XS, IQ2_S) as 2ls + 1 in the
+ * even/odd lane order scale_pick expects. */
+SIMD static INLINE __m256i nibble_scales(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    const __m128i ls = _mm_and_si128(_mm_set_epi64x((long long)(v >> 4), (long long)v), m4);
+    const __m128i sc = _mm_add_epi8(_mm_add_epi8(ls, ls), _mm_set1_epi8(1));
+    return _mm256_cvtepu8_epi16(sc); /* low nibbles (even scales) first: the pick order */
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The block integers, one function per type                                          */
+/* ---------------------------------------------------------------------------------- */
+
+/* IQ2_XXS: per 32 values 8 bytes, four grid indices then a uint32 of four 7-bit sign sets
+ * and the 4-bit scale on top. */
+SIMD static INLINE __m256i isum_iq2_xxs(const uint8_t *b, const int8_t *qa) {
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    const uint8_t *q = b + 2;
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, q += 16, qa += 64) {
+        const uint32_t a1 = fmoe__r1_le32(q + 4), a3 = fmoe__r1_le32(q + 12);
+        const __m256i g0 = points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3]);
+        const __m256i g1 = points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]);
+        acc0 = madd_scale(acc0, dot_signed(g0, fmoe__r1_load(qa), ksigns4(a1)), 2 * (int)(a1 >> 28) + 1);
+        acc1 = madd_scale(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), ksigns4(a3)), 2 * (int)(a3 >> 28) + 1);
+    }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+/* IQ2_XS: per 8 values a uint16, a 9-bit grid index under 7 sign bits; a 4-bit scale per
+ * 16 values at 66. */
+SIMD static INLINE __m256i isum_iq2_xs(const uint8_t *b, const int8_t *qa) {
+    const __m256i scales = nibble_scales(b + 66);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    const uint8_t *q = b + 2;
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, q += 16, qa += 64) {
+        uint16_t v[8];
+        memcpy(v, q, 16);
+        const __m256i g0 = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
+        const __m256i g1 = points4(fmoe__iq2xs_grid, v[4] & 511, v[5] & 511, v[6] & 511, v[7] & 511);
+        const __m256i s0 = _mm256_set_epi64x(
+            (long long)ksign_bytes[v[3] >> 9], (long long)ksign_bytes[v[2] >> 9],
+            (long long)ksign_bytes[v[1] >> 9], (long long)ksign_bytes[v[0] >> 9]);
+        const __m256i s1 = _mm256_set_epi64x(
+            (long long)ksign_bytes[v[7] >> 9], (long long)ksign_bytes[v[6] >> 9],
+            (long long)ksign_bytes[v[5] >> 9], (long long)ksign_bytes[v[4] >> 9]);
+        acc0 = fmoe__r1_madd_pick(acc0, dot_signed(g0, fmoe__r1_load(qa), s0), scales, ib);
+        acc1 = fmoe__r1_madd_pick(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), s1), scales, ib + 1);
+    }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+/* IQ2_S: per 8 values the low 8 bits of a 10-bit index in qs[k], its top 2 bits in
+ * qh[k / 4] (bits 2(k % 4)), 8 plain sign bits in qs[32 + k]; scales as IQ2_XS at 74. */
+SIMD static INLINE __m256i isum_iq2_s(const uint8_t *b, const int8_t *qa) {
+    const __m256i scales = nibble_scales(b + 74);
+    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8, qa += 64) {
+        const unsigned h0 = qh[ib], h1 = qh[ib + 1];
+        const __m256i g0 = points4(fmoe__iq2s_grid, qs[0] | (h0 & 3) << 8, qs[1] | (h0 & 12) << 6,
+                                   qs[2] | (h0 & 48) << 4, qs[3] | (h0 & 192) << 2);
+        const __m256i g1 = points4(fmoe__iq2s_grid, qs[4] | (h1 & 3) << 8, qs[5] | (h1 & 12) << 6,
+                                   qs[6] | (h1 & 48) << 4, qs[7] | (h1 & 192) << 2);
+        acc0 = fmoe__r1_madd_pick(acc0, dot_signed(g0, fmoe__r1_load(qa), signs32(fmoe__r1_le32(signs))), scales, ib);
+        acc1 = fmoe__r1_madd_pick(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), signs32(fmoe__r1_le32(signs + 4))), scales,
+                         ib + 1);
+    }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+/* IQ3_XXS: a grid index (4 values) a byte; per 32 values a uint32 at 66 + 4ib of four
+ * 7-bit sign sets and the 4-bit scale on top. */
+SIMD static INLINE __m256i isum_iq3_xxs(const uint8_t *b, const int8_t *qa) {
+    const uint8_t *q = b + 2, *aux = b + 66;
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, q += 16, aux += 8, qa += 64) {
+        const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
+        const uint32_t i1[8] = {q[8], q[9], q[10], q[11], q[12], q[13], q[14], q[15]};
+        const uint32_t a0 = fmoe__r1_le32(aux), a1 = fmoe__r1_le32(aux + 4);
+        const __m256i g0 = points8(fmoe__iq3xxs_grid, i0), g1 = points8(fmoe__iq3xxs_grid, i1);
+        acc0 = madd_scale(acc0, dot_signed(g0, fmoe__r1_load(qa), ksigns4(a0)), 2 * (int)(a0 >> 28) + 1);
+        acc1 = madd_scale(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), ksigns4(a1)), 2 * (int)(a1 >> 28) + 1);
+    }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+/* IQ3_S: per 4 values a 9-bit index, qs[k] and bit k % 8 of qh[k / 8]; sign bits 8 a byte
+ * at 74; a 4-bit scale per 32 values at 106. */
+SIMD static INLINE __m256i isum_iq3_s(const uint8_t *b, const int8_t *qa) {
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
+    /* index 8ib + j: qs[8ib + j] and bit j of qh[ib], moved to bit 8 by a per-lane shift */
+    const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, qs += 16, signs += 8, qa += 64) {
+        const __m256i lo0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+        const __m256i lo1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
+        const __m256i hi0 = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[ib]), lane), bit8);
+        const __m256i hi1 = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[ib + 1]), lane), bit8);
+        uint32_t idx[16] __attribute__((aligned(32)));
+        _mm256_store_si256((__m256i *)idx, _mm256_or_si256(lo0, hi0));
+        _mm256_store_si256((__m256i *)(idx + 8), _mm256_or_si256(lo1, hi1));
+        const __m256i g0 = points8(fmoe__iq3s_grid, idx), g1 = points8(fmoe__iq3s_grid, idx + 8);
+        const unsigned ls = scales[ib / 2];
+        acc0 = madd_scale(acc0, dot_signed(g0, fmoe__r1_load(qa), signs32(fmoe__r1_le32(signs))),
+                          2 * (int)(ls & 15) + 1);
+        acc1 = madd_scale(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), signs32(fmoe__r1_le32(signs + 4))),
+                          2 * (int)(ls >> 4) + 1);
+    }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+/* IQ1_S: per 32 values a uint16 qh at 34 + 2ib (four 3-bit index tops, a 3-bit scale at
+ * bit 12, the offset's sign at bit 15), per 8 values the index's low 8 bits. The code is
+ * 8g + δ (δ = ±1 per 32 values): Σ sc·Σ(8g + δ)·a = 8·Σ sc·Σ g·a + Σ sc·δ·Σ a, the last
+ * a madd of the input's sums of 16 (bsums) with sc·δ for each 16, formed from the eight qh
+ * words at once. */
+SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const uint8_t *bsums) {
+    const uint8_t *qs = b + 2;
+    const __m128i qh = _mm_loadu_si128((const __m128i *)(b + 34));
+    const __m128i sc = _mm_add_epi16(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1),
+                                     _mm_set1_epi16(1));
+    /* sc·δ: δ = -1 where qh's bit 15 (its int16 sign) is set; qh | 1 is never 0 */
+    const __m128i scd = _mm_sign_epi16(sc, _mm_or_si128(qh, _mm_set1_epi16(1)));
+    const __m256i scd16 = _mm256_set_m128i(_mm_unpackhi_epi16(scd, scd), _mm_unpacklo_epi16(scd, scd));
+    const __m256i offset = _mm256_madd_epi16(scd16, fmoe__r1_load(bsums));
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, qs += 8, qa += 64) {
+        const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
+        const __m256i g0 = points4(fmoe__iq1s_grid, qs[0] | (h0 & 7) << 8, qs[1] | (h0 & 0x38) << 5,
+                                   qs[2] | (h0 & 0x1C0) << 2, qs[3] | (h0 & 0xE00) >> 1);
+        const __m256i g1 = points4(fmoe__iq1s_grid, qs[4] | (h1 & 7) << 8, qs[5] | (h1 & 0x38) << 5,
+                                   qs[6] | (h1 & 0x1C0) << 2, qs[7] | (h1 & 0xE00) >> 1);
+        const int sc0 = 2 * (int)((h0 >> 12) & 7) + 1, sc1 = 2 * (int)((h1 >> 12) & 7) + 1;
+        const __m256i a0 = fmoe__r1_load(qa), a1 = fmoe__r1_load(qa + 32);
+        acc0 = madd_scale(acc0, _mm256_maddubs_epi16(_mm256_sign_epi8(g0, g0), _mm256_sign_epi8(a0, g0)),
+                          sc0);
+        acc1 = madd_scale(acc1, _mm256_maddubs_epi16(_mm256_sign_epi8(g1, g1), _mm256_sign_epi8(a1, g1)),
+                          sc1);
+    }
+    return _mm256_add_epi32(_mm256_slli_epi32(_mm256_add_epi32(acc0, acc1), 3), offset);
+}
+
+/* IQ1_M: per 8 values the index's low 8 bits in qs[k] and a nibble of qh (k even: the low
+ * one) holding its top 3 bits and the offset's sign (bit 3); a 3-bit scale per 16 values,
+ * four to each uint16 at 48 (their top nibbles are d). Per pair of values the int16
+ * 8·Σ g·a + Σ δ·a (δ = ±1 per 8 values), then madd by the scale of its 16. */
+SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
+    const uint8_t *qs = b, *qh = b + 32;
+    /* scale s = bits 3(s % 4) of word s / 4, as int16 2ls + 1, even s in the low lane */
+    uint64_t words;
+    memcpy(&words, b + 48, 8);
+    const __m256i sh = _mm256_setr_epi64x(0, 6, 3, 9); /* s % 4 = 0, 2 low; 1, 3 high */
+    const __m256i w4 = _mm256_srlv_epi64(_mm256_set1_epi64x((long long)words), sh);
+    /* lane 64-bit j holds, in its four 16-bit words, scales 4w + (0, 2, 1, 3)[j] of word w */
+    const __m256i ls = _mm256_and_si256(w4, _mm256_set1_epi16(7));
+    /* even/odd lanes: low lane scales 0 2 4 .. 14 = words (j=0: s 0,4,8,12; j=1: 2,6,10,14) */
+    const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                           0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    const __m256i sc16 = _mm256_shuffle_epi8(ls, order);
+    const __m256i scales = _mm256_add_epi16(_mm256_add_epi16(sc16, sc16), _mm256_set1_epi16(1));
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m256i dbit = _mm256_setr_epi64x(0x0808080808080808, (long long)0x8080808080808080ULL,
+                                            0x0808080808080808, (long long)0x8080808080808080ULL);
+    const __m256i one = _mm256_set1_epi8(1);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4, qa += 64) {
+        const unsigned h0 = qh[0], h1 = qh[1], h2 = qh[2], h3 = qh[3];
+        const __m256i g0 = points4(fmoe__iq1s_grid, qs[0] | (h0 & 7) << 8, qs[1] | (h0 & 0x70) << 4,
+                                   qs[2] | (h1 & 7) << 8, qs[3] | (h1 & 0x70) << 4);
+        const __m256i g1 = points4(fmoe__iq1s_grid, qs[4] | (h2 & 7) << 8, qs[5] | (h2 & 0x70) << 4,
+                                   qs[6] | (h3 & 7) << 8, qs[7] | (h3 & 0x70) << 4);
+        /* δ bytes: qh byte (group / 2) broadcast over its two groups, bit 3 or 7 tested */
+        const __m256i q0 = _mm256_shuffle_epi8(_mm256_set1_epi16((short)(h0 | h1 << 8)), spread);
+        const __m256i q1 = _mm256_shuffle_epi8(_mm256_set1_epi16((short)(h2 | h3 << 8)), spread);
+        const __m256i d0 = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q0, dbit), dbit), one);
+        const __m256i d1 = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q1, dbit), dbit), one);
+        const __m256i a0 = fmoe__r1_load(qa), a1 = fmoe__r1_load(qa + 32);
+        const __m256i p0 = _mm256_add_epi16(
+            _mm256_slli_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(g0, g0), _mm256_sign_epi8(a0, g0)), 3),
+            _mm256_maddubs_epi16(one, _mm256_sign_epi8(a0, d0)));
+        const __m256i p1 = _mm256_add_epi16(
+            _mm256_slli_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(g1, g1), _mm256_sign_epi8(a1, g1)), 3),
+            _mm256_maddubs_epi16(one, _mm256_sign_epi8(a1, d1)));
+        acc0 = fmoe__r1_madd_pick(acc0, p0, scales, ib);
+        acc1 = fmoe__r1_madd_pick(acc1, p1, scales, ib + 1);
+    }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The rows                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+/* The block vectors with the ROW macro's signature (no mins: m zero). */
+#define VEC_QA(name)                                                                               \
+    SIMD static INLINE __m256i name##_vec(const uint8_t *b, const uint8_t *a, __m256i *m) {        \
+        *m = _mm256_setzero_si256();                                                               \
+        return name(b, (const int8_t *)(a + FMOE__Q8K_Q));                                         \
+    }
+VEC_QA(isum_iq2_xxs)
+VEC_QA(isum_iq2_xs)
+VEC_QA(isum_iq2_s)
+VEC_QA(isum_iq3_xxs)
+VEC_QA(isum_iq3_s)
+VEC_QA(isum_iq1_m)
+
+SIMD static INLINE __m256i isum_iq1_s_vec(const uint8_t *b, const uint8_t *a, __m256i *m) {
+    *m = _mm256_setzero_si256();
+    return isum_iq1_s(b, (const int8_t *)(a + FMOE__Q8K_Q), a + FMOE__Q8K_BSUMS);
+}
+
+SIMD static INLINE float d_iq3_xxs(const uint8_t *b) { return fmoe__r1_f16(b) * 0.25f; }
+SIMD static INLINE float d_iq3_s(const uint8_t *b) { return fmoe__r1_f16(b); }
+SIMD static INLINE float d_eighth(const uint8_t *b) { return fmoe__r1_f16(b) * 0.125f; }
+SIMD static INLINE float d_iq1_m(const uint8_t *b) {
+    const uint8_t *sc = b + 48;
+    const uint16_t bits = (uint16_t)((fmoe__r1_le16(sc) >> 12) | ((fmoe__r1_le16(sc + 2) >> 8) & 0x00F0) |
+                                     ((fmoe__r1_le16(sc + 4) >> 4) & 0x0F00) |
+                                     (fmoe__r1_le16(sc + 6) & 0xF000));
+    return _cvtsh_ss(bits) * 0.125f;
+}
+static INLINE float no_dmin(const uint8_t *b) {
+    (void)b;
+    return 0;
+}
+
+/* rows x one input, one loop per type: d as lib/quant_iq.c's fmoe__iq_block_d (the f16
+ * scale times the type's power of two), dmin 0. */
+#define ROWS(name, type, ISUM, D)                                                                  \
+    SIMD static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,    \
+                          int64_t n, float *y) {                                                   \
+        const int64_t bytes = type##_BYTES;                                                        \
+        for (int64_t r = 0; r < rows; r++)                                                         \
+            FMOE__R1_ROW(y[r], W + r * row_bytes, qx, n / FMOE_QK_K, bytes, ISUM, D, no_dmin);     \
+    }
+ROWS(rows_iq2_xxs, FMOE_IQ2_XXS, isum_iq2_xxs_vec, d_eighth)
+ROWS(rows_iq2_xs, FMOE_IQ2_XS, isum_iq2_xs_vec, d_eighth)
+ROWS(rows_iq2_s, FMOE_IQ2_S, isum_iq2_s_vec, d_eighth)
+ROWS(rows_iq3_xxs, FMOE_IQ3_XXS, isum_iq3_xxs_vec, d_iq3_xxs)
+ROWS(rows_iq3_s, FMOE_IQ3_S, isum_iq3_s_vec, d_iq3_s)
+ROWS(rows_iq1_s, FMOE_IQ1_S, isum_iq1_s_vec, d_eighth)
+ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m)
+
+void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t n, float *y) {
+    switch (type) {
+    case FMOE_GGML_IQ2_XXS: rows_iq2_xxs(W, row_bytes, rows, qx, n, y); return;
+    case FMOE_GGML_IQ2_XS: rows_iq2_xs(W, row_bytes, rows, qx, n, y); return;
+    case FMOE_GGML_IQ2_S: rows_iq2_s(W, row_bytes, rows, qx, n, y); return;
+    case FMOE_GGML_IQ3_XXS: rows_iq3_xxs(W, row_bytes, rows, qx, n, y); return;
+    case FMOE_GGML_IQ3_S: rows_iq3_s(W, row_bytes, rows, qx, n, y); return;
+    case FMOE_GGML_IQ1_S: rows_iq1_s(W, row_bytes, rows, qx, n, y); return;
+    case FMOE_GGML_IQ1_M: rows_iq1_m(W, row_bytes, rows, qx, n, y); return;
+    default: FMOE_ASSERT(!"fmoe__iq_rows1_avx2: not a codebook i-quant");
+    }
+}
+
+#else
+void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t n, float *y) {
+    for (int64_t r = 0; r < rows; r++)
+        y[r] = fmoe__quant_act_dot_kx(type, (const uint8_t *)W + r * row_bytes, qx, n,
+                                      FMOE__QUANT_PLAIN);
+}
+
+#endif

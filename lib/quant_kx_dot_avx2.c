@@ -1,0 +1,182 @@
+/*
+ * quant_kx_dot_avx2.c - Q2_K, Q3_K and IQ4_XS rows times one Q8_K input, AVX2: a decode
+ * step's product, for the AVX2 and AVX-512 levels (lib/quant_kx.c keeps the several-input
+ * products, which unpack a block once for all inputs, and the plain reference).
+ *
+ * One loop per type over a row's blocks, the codes formed in registers and fed to maddubs
+ * as ggml's x86 vec_dots do (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_{q2_K,q3_K,iq4_xs}
+ * _q8_K), never written to lib/quant_kx.c's 256-byte buffer. Each block's integers are
+ * those of the reference (lib/quant_kx.c: Σ_s sc_s·Σ q·a and, Q2_K, Σ_s m_s·bsum_s),
+ * grouped otherwise but exact:
+ *   Q2_K    codes 0..3 unsigned straight into maddubs;
+ *   Q3_K    code q' - 4 with q' = low 2 bits + 4·high bit in 0..7: Σ sc·Σ q'·a minus
+ *           4·Σ sc·bsum (the input's sums of 16), so maddubs takes q' unsigned;
+ *   IQ4_XS  grid values (-127..113) by a byte shuffle, |g| unsigned and g's sign moved
+ *           onto the activation (a pair at most 2·127·127, no int16 saturates).
+ * The block results are added as the reference adds them (lib/quant_rows1_avx2.h), so the
+ * bits are the plain C's.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "fmoe/error.h"
+#include "fmoe/quant.h"
+#include "fmoe/quant_act.h"
+#include "quant_act_impl.h"
+#include "quant_impl.h"
+
+#if defined(__x86_64__)
+#include "quant_rows1_avx2.h"
+
+#define SIMD FMOE__R1
+#define INLINE FMOE__R1_INLINE
+
+/* Q2_K (84 bytes): scales[16] (low nibble the scale, high the min of each 16 values),
+ * qs[64] at 16 (value 128h + 32j + l: bits 2j of byte 32h + l), f16 d at 80, dmin at 82. */
+SIMD static INLINE __m256i isum_q2_k(const uint8_t *b, const uint8_t *a, __m256i *msum) {
+    const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
+    const __m128i packed = _mm_loadu_si128((const __m128i *)b), m4 = _mm_set1_epi8(0xF);
+    const __m256i scales = fmoe__r1_scales_even_odd(_mm_and_si128(packed, m4));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4));
+    *msum = _mm256_madd_epi16(mins, fmoe__r1_load(a + FMOE__Q8K_BSUMS));
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int h = 0; h < 2; h++, qa += 128) {
+        const __m256i qs = fmoe__r1_load(b + 16 + 32 * h);
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(qs, m3), fmoe__r1_load(qa));
+        const __m256i p1 =
+            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3), fmoe__r1_load(qa + 32));
+        const __m256i p2 =
+            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3), fmoe__r1_load(qa + 64));
+        const __m256i p3 =
+            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3), fmoe__r1_load(qa + 96));
+        acc0 = fmoe__r1_madd_pick(acc0, p0, scales, 4 * h);
+        acc1 = fmoe__r1_madd_pick(acc1, p1, scales, 4 * h + 1);
+        acc0 = fmoe__r1_madd_pick(acc0, p2, scales, 4 * h + 2);
+        acc1 = fmoe__r1_madd_pick(acc1, p3, scales, 4 * h + 3);
+    }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+SIMD static INLINE float d_q2_k(const uint8_t *b) { return fmoe__r1_f16(b + 80); }
+SIMD static INLINE float dmin_q2_k(const uint8_t *b) { return fmoe__r1_f16(b + 82); }
+
+/* Q3_K (110 bytes): hmask[32] (value 128h + 32j + l: bit 4h + j of byte l), qs[64] at 32
+ * (as Q2_K's), twelve bytes of 6-bit scales at 96 (biased by 32: lib/quant_block.h's
+ * fmoe__kx_scale), f16 d at 108. The sixteen scales are unpacked four bytes at a time as
+ * ggml's q3_K dot does. */
+SIMD static INLINE __m256i isum_q3_k(const uint8_t *b, const uint8_t *a, __m256i *msum) {
+    *msum = _mm256_setzero_si256();
+    const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
+    const uint32_t a0 = fmoe__r1_le32(b + 96), a1 = fmoe__r1_le32(b + 100);
+    const uint32_t tmp = fmoe__r1_le32(b + 104), lo4 = 0x0F0F0F0F, lo2 = 0x03030303;
+    const __m128i sc8 = _mm_sub_epi8(
+        _mm_setr_epi32((int)((a0 & lo4) | ((tmp & lo2) << 4)),
+                       (int)((a1 & lo4) | (((tmp >> 2) & lo2) << 4)),
+                       (int)(((a0 >> 4) & lo4) | (((tmp >> 4) & lo2) << 4)),
+                       (int)(((a1 >> 4) & lo4) | (((tmp >> 6) & lo2) << 4))),
+        _mm_set1_epi8(32));
+    const __m256i scales = fmoe__r1_scales_even_odd(sc8);
+    /* Σ_s sc_s·bsum_s, whose 4 times is the codes' -4 taken out of the maddubs */
+    const __m256i sc_bsums =
+        _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), fmoe__r1_load(a + FMOE__Q8K_BSUMS));
+    const __m256i m3 = _mm256_set1_epi8(3), hmask = fmoe__r1_load(b);
+    const __m256i four = _mm256_set1_epi8(4);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    /* value 128h + 32j + l: bit 4h + j of hmask byte l, moved to bit 2 (value 4) */
+#define Q3_PART(h, j, acc)                                                                         \
+    do {                                                                                           \
+        const __m256i hi_ = _mm256_and_si256(                                                      \
+            _mm256_slli_epi16(_mm256_srli_epi16(hmask, 4 * (h) + (j)), 2), four);                  \
+        const __m256i q_ = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * (j)), m3), hi_); \
+        acc = fmoe__r1_madd_pick(acc, _mm256_maddubs_epi16(q_, fmoe__r1_load(qa + 32 * (j))),      \
+                                 scales, 4 * (h) + (j));                                           \
+    } while (0)
+    __m256i qs = fmoe__r1_load(b + 32);
+    Q3_PART(0, 0, acc0);
+    Q3_PART(0, 1, acc1);
+    Q3_PART(0, 2, acc0);
+    Q3_PART(0, 3, acc1);
+    qs = fmoe__r1_load(b + 64);
+    qa += 128;
+    Q3_PART(1, 0, acc0);
+    Q3_PART(1, 1, acc1);
+    Q3_PART(1, 2, acc0);
+    Q3_PART(1, 3, acc1);
+#undef Q3_PART
+    return _mm256_sub_epi32(_mm256_add_epi32(acc0, acc1), _mm256_slli_epi32(sc_bsums, 2));
+}
+
+SIMD static INLINE float d_q3_k(const uint8_t *b) { return fmoe__r1_f16(b + 108); }
+
+/* IQ4_XS (136 bytes): f16 d, uint16 scales_h at 2 (bits 2ib, 2ib + 1: the scale's top two
+ * bits), scales_l[4] at 4 (nibble ib: its low four), qs[128] at 8 (values 32ib + l and
+ * 32ib + 16 + l: the low and high nibble of byte 16ib + l); scale ls - 32 per 32 values. */
+SIMD static INLINE __m256i isum_iq4_xs(const uint8_t *b, const uint8_t *a, __m256i *msum) {
+    *msum = _mm256_setzero_si256();
+    static const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
+    const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
+    /* the 16 bytes of 32 values in both 128-bit lanes, the high lane shifted right by 4:
+     * masked, each lane's nibbles are its 16 values' grid indices */
+    const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
+    const __m256i m4 = _mm256_set1_epi8(0xF), lane_shift = _mm256_setr_epi64x(0, 0, 4, 4);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    unsigned sh = fmoe__r1_le16(b + 2);
+    uint32_t sl = fmoe__r1_le32(b + 4);
+    const uint8_t *q = b + 8;
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, q += 32, qa += 64, sh >>= 4, sl >>= 8) {
+        const __m256i x0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q));
+        const __m256i x1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + 16)));
+        const __m256i g0 = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srlv_epi64(x0, lane_shift), m4));
+        const __m256i g1 = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srlv_epi64(x1, lane_shift), m4));
+        const __m256i a0 = fmoe__r1_load(qa), a1 = fmoe__r1_load(qa + 32);
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(g0, g0), _mm256_sign_epi8(a0, g0));
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(g1, g1), _mm256_sign_epi8(a1, g1));
+        const int ls0 = (int)((sl & 0xF) | ((sh << 4) & 0x30)) - 32;
+        const int ls1 = (int)(((sl >> 4) & 0xF) | ((sh << 2) & 0x30)) - 32;
+        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(p0, _mm256_set1_epi16((short)ls0)));
+        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(p1, _mm256_set1_epi16((short)ls1)));
+    }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+SIMD static INLINE float d_iq4_xs(const uint8_t *b) { return fmoe__r1_f16(b); }
+
+static INLINE float no_dmin(const uint8_t *b) {
+    (void)b;
+    return 0;
+}
+
+#define ROWS(name, type, ISUM, D, DMIN)                                                            \
+    SIMD static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,    \
+                          int64_t n, float *y) {                                                   \
+        const int64_t bytes = type##_BYTES;                                                        \
+        for (int64_t r = 0; r < rows; r++)                                                         \
+            FMOE__R1_ROW(y[r], W + r * row_bytes, qx, n / FMOE_QK_K, bytes, ISUM, D, DMIN);        \
+    }
+ROWS(rows_q2_k, FMOE_Q2_K, isum_q2_k, d_q2_k, dmin_q2_k)
+ROWS(rows_q3_k, FMOE_Q3_K, isum_q3_k, d_q3_k, no_dmin)
+ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin)
+
+void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t n, float *y) {
+    switch (type) {
+    case FMOE_GGML_Q2_K: rows_q2_k(W, row_bytes, rows, qx, n, y); return;
+    case FMOE_GGML_Q3_K: rows_q3_k(W, row_bytes, rows, qx, n, y); return;
+    case FMOE_GGML_IQ4_XS: rows_iq4_xs(W, row_bytes, rows, qx, n, y); return;
+    default: FMOE_ASSERT(!"fmoe__kx_rows1_avx2: not Q2_K, Q3_K or IQ4_XS");
+    }
+}
+
+#else
+
+void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t n, float *y) {
+    for (int64_t r = 0; r < rows; r++)
+        y[r] = fmoe__quant_act_dot_kx(type, (const uint8_t *)W + r * row_bytes, qx, n,
+                                      FMOE__QUANT_PLAIN);
+}
+
+#endif

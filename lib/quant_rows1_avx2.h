@@ -1,0 +1,149 @@
+/*
+ * quant_rows1_avx2.h - internal: what the one-input 8-bit row kernels of the 256-value
+ * types that lib/quant_kx.c otherwise serves share (lib/quant_iq_dot_avx2.c for the
+ * codebook i-quants, lib/quant_kx_dot_avx2.c for Q2_K, Q3_K and IQ4_XS): a block's
+ * integer vector reduced exactly, the sixteen sub-block scales placed per 32 values, and
+ * the block loop's float steps, which are the plain reference's (lib/quant_kx.c's
+ * block_dot: s += da·d·sum - da·dmin·msum, in block order), so every kernel built on it
+ * gives the reference's bits. Static inline with a target attribute: included only by
+ * files whose callers check the CPU first.
+ */
+#ifndef FMOE_QUANT_ROWS1_AVX2_H
+#define FMOE_QUANT_ROWS1_AVX2_H
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FMOE__R1 __attribute__((target("avx2,fma,f16c")))
+#define FMOE__R1_INLINE __attribute__((always_inline)) inline
+
+/* Each block asks for the weight bytes this far ahead (a matrix's rows are one stream), as
+ * lib/quant_act_avx2.c's kernels do; prefetches past the end do not fault. */
+#define FMOE__R1_PREFETCH 2048
+
+static FMOE__R1_INLINE uint32_t fmoe__r1_le32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static FMOE__R1_INLINE uint16_t fmoe__r1_le16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* F16C's conversion: exact, as lib/half.h's. */
+FMOE__R1 static FMOE__R1_INLINE float fmoe__r1_f16(const uint8_t *p) {
+    return _cvtsh_ss(fmoe__r1_le16(p));
+}
+
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_load(const void *p) {
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+FMOE__R1 static FMOE__R1_INLINE int32_t fmoe__r1_hsum(__m256i acc) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+    return _mm_cvtsi128_si32(r);
+}
+
+/* With the sixteen scales as int16 ordered even ones in the low 128-bit lane, odd ones in
+ * the high lane (s0 s2 .. s14 | s1 s3 .. s15), fmoe__r1_pick[k] as a byte shuffle puts
+ * scale 2k in every word of the low lane and 2k + 1 in the high one: the scales of values
+ * 32k .. 32k + 15 and 32k + 16 .. 32k + 31, the two halves of a 32-byte product. */
+#define FMOE__R1_P(k)                                                                              \
+    {2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1,      \
+     2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1,      \
+     2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1,      \
+     2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1}
+static const uint8_t fmoe__r1_pick[8][32] __attribute__((aligned(32))) = {
+    FMOE__R1_P(0), FMOE__R1_P(1), FMOE__R1_P(2), FMOE__R1_P(3),
+    FMOE__R1_P(4), FMOE__R1_P(5), FMOE__R1_P(6), FMOE__R1_P(7)};
+#undef FMOE__R1_P
+
+/* acc + the int16 pair sums times the scales of 32-value group k (fmoe__r1_pick). */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_madd_pick(__m256i acc, __m256i pairs,
+                                                          __m256i scales, int k) {
+    const __m256i sc = _mm256_shuffle_epi8(scales, fmoe__r1_load(fmoe__r1_pick[k]));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, sc));
+}
+
+/* Sixteen scale bytes (scale s in byte s, at most 127) as the int16 even/odd lane order. */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_scales_even_odd(__m128i bytes) {
+    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(bytes, split));
+}
+
+/* The totals of four vectors as the four lanes of one, in order. */
+FMOE__R1 static FMOE__R1_INLINE __m128i fmoe__r1_hsum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* Four f32 values at p, p + stride, p + 2 stride, p + 3 stride. */
+FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_t stride) {
+    float f[4];
+    for (int k = 0; k < 4; k++) memcpy(&f[k], p + k * stride, 4);
+    return _mm_loadu_ps(f);
+}
+
+/* One row's blocks against one Q8_K input in the reference's float steps. VEC(w, a, &m)
+ * returns the block's integer vector, whose lanes add up to Σ sc·Σ q·a, and sets m to the
+ * vector of Σ m·bsums (zero without mins); D(w) and DMIN(w) are the block's f32 factors.
+ * Four blocks a step: their totals reduced together, and each block's
+ * t = da·d·sum - da·dmin·msum formed in its own lane of one vector (the same f32
+ * operations on the same operands as the reference's scalar ones, so the same bits), then
+ * s += t block by block in block order, as the reference adds. One block a step, the
+ * per-block reduction and scalar tail kept the rows 10-25% slower than ggml's, which
+ * accumulates f32 vectors across blocks instead (another summation order). A macro so each
+ * kernel inlines. */
+#define FMOE__R1_PREFETCH_BLOCK(w, bytes)                                                          \
+    for (int l_ = 0; l_ < (int)(((bytes) + 63) / 64); l_++)                                        \
+    _mm_prefetch((const char *)(w) + FMOE__R1_PREFETCH + 64 * l_, _MM_HINT_T0)
+#define FMOE__R1_ROW(y, w0, a0, nb, bytes, VEC, D, DMIN)                                           \
+    do {                                                                                           \
+        const uint8_t *w_ = (w0), *a_ = (a0);                                                      \
+        const int64_t ab_ = FMOE_Q8_K_BYTES;                                                       \
+        float s_ = 0;                                                                              \
+        int64_t i_ = 0;                                                                            \
+        for (; i_ + 3 < (nb); i_ += 4, w_ += 4 * (bytes), a_ += 4 * ab_) {                         \
+            FMOE__R1_PREFETCH_BLOCK(w_, 4 * (bytes));                                              \
+            __m256i m0_, m1_, m2_, m3_;                                                            \
+            const __m256i v0_ = VEC(w_, a_, &m0_);                                                 \
+            const __m256i v1_ = VEC(w_ + (bytes), a_ + ab_, &m1_);                                 \
+            const __m256i v2_ = VEC(w_ + 2 * (bytes), a_ + 2 * ab_, &m2_);                         \
+            const __m256i v3_ = VEC(w_ + 3 * (bytes), a_ + 3 * ab_, &m3_);                         \
+            const __m128 sum_ = _mm_cvtepi32_ps(fmoe__r1_hsum4(v0_, v1_, v2_, v3_));               \
+            const __m128 msum_ = _mm_cvtepi32_ps(fmoe__r1_hsum4(m0_, m1_, m2_, m3_));              \
+            const __m128 da_ = fmoe__r1_gather4(a_, ab_);                                          \
+            const __m128 d_ = _mm_setr_ps(D(w_), D(w_ + (bytes)), D(w_ + 2 * (bytes)),             \
+                                          D(w_ + 3 * (bytes)));                                    \
+            const __m128 dmin_ = _mm_setr_ps(DMIN(w_), DMIN(w_ + (bytes)), DMIN(w_ + 2 * (bytes)), \
+                                             DMIN(w_ + 3 * (bytes)));                              \
+            const __m128 t_ = _mm_sub_ps(_mm_mul_ps(_mm_mul_ps(da_, d_), sum_),                    \
+                                         _mm_mul_ps(_mm_mul_ps(da_, dmin_), msum_));               \
+            s_ += _mm_cvtss_f32(t_);                                                               \
+            s_ += _mm_cvtss_f32(_mm_shuffle_ps(t_, t_, 1));                                        \
+            s_ += _mm_cvtss_f32(_mm_shuffle_ps(t_, t_, 2));                                        \
+            s_ += _mm_cvtss_f32(_mm_shuffle_ps(t_, t_, 3));                                        \
+        }                                                                                          \
+        for (; i_ < (nb); i_++, w_ += (bytes), a_ += ab_) {                                        \
+            __m256i m0_;                                                                           \
+            const __m256i v0_ = VEC(w_, a_, &m0_);                                                 \
+            const __m128i t_ = fmoe__r1_hsum4(v0_, m0_, v0_, m0_);                                 \
+            float da1_;                                                                            \
+            memcpy(&da1_, a_, 4);                                                                  \
+            const float d1_ = D(w_), dmin1_ = DMIN(w_);                                            \
+            s_ += da1_ * d1_ * (float)_mm_cvtsi128_si32(t_) -                                      \
+                  da1_ * dmin1_ * (float)_mm_extract_epi32(t_, 1);                                 \
+        }                                                                                          \
+        (y) = s_;                                                                                  \
+    } while (0)
+
+#endif
+#endif

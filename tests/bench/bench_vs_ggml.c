@@ -1,0 +1,257 @@
+/*
+ * bench_vs_ggml.c - fmoe's 8-bit-activation products against llama.cpp's CPU vec_dot, type
+ * by type, in one process on the same weights (not a test; the "per type against ggml"
+ * table of docs/quantization.md "Speed" comes from it).
+ *
+ * For each type: a ROWS x COLS matrix of valid blocks (fmoe's quantiser on pseudo-random
+ * values where fmoe writes the type, else hashed bytes with a small finite scale: every bit
+ * pattern of those types is a valid block), one f32 input and eight. fmoe's side is
+ * fmoe_quant_act_matvec over the whole matrix, its inputs quantised by
+ * fmoe_quant_act_quantize. ggml's side, when the path of libggml-cpu.so is given, is
+ * ggml_get_type_traits_cpu(type)->vec_dot called row by row (and input by input: for these
+ * types ggml has no several-input vec_dot, nrows 1), its inputs quantised by the from_float
+ * of the type's vec_dot_type (Q8_K, Q8_0 or Q8_1), as ggml's mul_mat does. The library is
+ * dlopen'ed, so this builds without llama.cpp; ggml's type numbers are the GGUF ones fmoe
+ * uses (fmoe/quant.h).
+ *
+ * Timing: thread CPU time, each sample long enough to read (several products), the two
+ * sides alternating sample by sample, the fastest sample of each kept: on a shared machine
+ * other processes only ever add time. Reported in picoseconds per multiply-add. The two
+ * sides' results are compared too (largest difference over the rows, relative to the
+ * largest |y|): different input quantisers (Q8_1 for ggml's Q4_1/Q5_1) and summation orders
+ * make them differ by rounding, never by more, so a wrong type mapping shows at once.
+ *
+ *     build/tests/lib/bench_vs_ggml [--ggml PATH/libggml-cpu.so] [ROWS COLS SAMPLES] [TYPE...]
+ *
+ * (defaults 128 4096 15; TYPE: ggml names such as IQ2_XXS, default every type fmoe reads
+ * with 8-bit inputs). FMOE_NO_AVX512=1 times fmoe's AVX2 level on an AVX-512 CPU.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fmoe/quant.h"
+#include "fmoe/quant_act.h"
+#include "quant_impl.h"
+
+/* ggml-cpu.h's struct ggml_type_traits_cpu and ggml_vec_dot_t, restated (the header is not
+ * at hand when llama.cpp is not). */
+typedef void (*ggml_from_float_fn)(const float *x, void *y, int64_t k);
+typedef void (*ggml_vec_dot_fn)(int n, float *s, size_t bs, const void *x, size_t bx,
+                                const void *y, size_t by, int nrc);
+struct ggml_traits_cpu {
+    ggml_from_float_fn from_float;
+    ggml_vec_dot_fn vec_dot;
+    int vec_dot_type;
+    int64_t nrows;
+};
+typedef const struct ggml_traits_cpu *(*ggml_traits_fn)(int type);
+
+enum { NX = 8 };
+
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Row r of a type fmoe does not write without an importance matrix: hashed bytes, each
+ * block's f16 d 1/64 (IQ1_M: in the top nibbles of its four scale words). */
+static void hashed_row(uint32_t t, int64_t r, int64_t rb, uint8_t *dst) {
+    for (int64_t b = 0; b < rb; b++)
+        dst[b] = (uint8_t)(((uint64_t)(r * rb + b) * 2654435761u) >> 13);
+    const int64_t bs = fmoe_ggml_type_size(t);
+    for (int64_t b = 0; b < rb; b += bs) {
+        if (t == FMOE_GGML_IQ1_M) { /* 0x2400 = 1/64 in f16: nibbles 0, 0, 4, 2 */
+            for (int k = 0; k < 4; k++)
+                dst[b + 49 + 2 * k] = (uint8_t)((dst[b + 49 + 2 * k] & 0x0F) |
+                                                (((0x2400 >> (4 * k)) & 0xF) << 4));
+        } else {
+            dst[b] = 0x00;
+            dst[b + 1] = 0x24;
+        }
+    }
+}
+
+static uint32_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*s >> 33);
+}
+
+/* Gaussian-ish values (sum of four uniforms), a few columns larger, as real weights. */
+static void fill(float *x, int64_t n, uint64_t seed) {
+    uint64_t s = seed;
+    for (int64_t i = 0; i < n; i++) {
+        float v = 0;
+        for (int k = 0; k < 4; k++) v += (float)lcg(&s) / 2147483648.f - 1.f;
+        x[i] = v * (i % 61 == 0 ? 4.f : 1.f);
+    }
+}
+
+typedef struct {
+    double fmoe1, fmoe8, ggml1, ggml8; /* seconds, fastest sample, per product */
+    double diff;                       /* max |y_fmoe - y_ggml| / max |y| over both */
+} result;
+
+static void run_type(uint32_t t, int64_t rows, int64_t cols, int samples,
+                     const struct ggml_traits_cpu *g, const struct ggml_traits_cpu *gq,
+                     result *res) {
+    const int64_t rb = fmoe_quant_row_bytes(t, cols), ab = fmoe_quant_act_bytes(t, cols);
+    uint8_t *W = malloc((size_t)(rows * rb));
+    float *wf = malloc((size_t)cols * sizeof *wf), *x = malloc((size_t)(cols * NX) * sizeof *x);
+    uint8_t *qx = malloc((size_t)(ab * NX));
+    /* ggml's input blocks: at most Q8_1's 36 bytes per 32 values, Q8_K's 292 per 256 */
+    const int64_t gab = cols / 32 * 36 + 64;
+    uint8_t *gx = malloc((size_t)(gab * NX));
+    float *yf = malloc((size_t)(rows * NX) * sizeof *yf), *yg = malloc((size_t)(rows * NX) * sizeof *yg);
+    if (!W || !wf || !x || !qx || !gx || !yf || !yg) {
+        fprintf(stderr, "bench_vs_ggml: out of memory\n");
+        exit(1);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        if (fmoe_quant_can_quantize(t)) {
+            fill(wf, cols, 1000 + (uint64_t)r);
+            fmoe_quant_quantize_row(t, wf, W + r * rb, cols);
+        } else {
+            hashed_row(t, r, rb, W + r * rb);
+        }
+    }
+    fill(x, cols * NX, 7);
+    for (int k = 0; k < NX; k++) {
+        fmoe_quant_act_quantize(t, x + k * cols, qx + k * ab, cols);
+        if (g) gq->from_float(x + k * cols, gx + k * gab, cols);
+    }
+    /* enough products per sample to read a thread CPU clock (about 2 ms) */
+    const int per = (int)(1 + 4e6 / (double)(rows * cols));
+    res->fmoe1 = res->fmoe8 = res->ggml1 = res->ggml8 = 1e30;
+    for (int s = 0; s < samples; s++) {
+        double t0 = cpu_now();
+        for (int p = 0; p < per; p++) fmoe_quant_act_matvec(t, W, rb, rows, qx, ab, 1, cols, yf, rows);
+        double dt = (cpu_now() - t0) / per;
+        if (dt < res->fmoe1) res->fmoe1 = dt;
+        if (g) {
+            t0 = cpu_now();
+            for (int p = 0; p < per; p++)
+                for (int64_t r = 0; r < rows; r++)
+                    g->vec_dot((int)cols, yg + r, 0, W + r * rb, 0, gx, 0, 1);
+            dt = (cpu_now() - t0) / per;
+            if (dt < res->ggml1) res->ggml1 = dt;
+        }
+        t0 = cpu_now();
+        fmoe_quant_act_matvec(t, W, rb, rows, qx, ab, NX, cols, yf, rows);
+        dt = cpu_now() - t0;
+        if (dt < res->fmoe8) res->fmoe8 = dt;
+        if (g) {
+            /* ggml's mul_mat order for a few columns: each row against every input */
+            t0 = cpu_now();
+            for (int64_t r = 0; r < rows; r++)
+                for (int k = 0; k < NX; k++)
+                    g->vec_dot((int)cols, yg + k * rows + r, 0, W + r * rb, 0, gx + k * gab, 0, 1);
+            dt = cpu_now() - t0;
+            if (dt < res->ggml8) res->ggml8 = dt;
+        }
+    }
+    res->diff = 0;
+    if (g) {
+        double ymax = 0, dmax = 0;
+        for (int64_t i = 0; i < rows * NX; i++) {
+            ymax = fmax(ymax, fmax(fabs(yf[i]), fabs(yg[i])));
+            dmax = fmax(dmax, fabs((double)yf[i] - yg[i]));
+        }
+        res->diff = ymax > 0 ? dmax / ymax : dmax;
+    }
+    free(W);
+    free(wf);
+    free(x);
+    free(qx);
+    free(gx);
+    free(yf);
+    free(yg);
+}
+
+int main(int argc, char **argv) {
+    const char *lib = NULL;
+    int argi = 1;
+    if (argi + 1 < argc && strcmp(argv[argi], "--ggml") == 0) {
+        lib = argv[argi + 1];
+        argi += 2;
+    }
+    int64_t rows = 128, cols = 4096;
+    int samples = 15;
+    if (argi < argc && argv[argi][0] >= '0' && argv[argi][0] <= '9') rows = atoll(argv[argi++]);
+    if (argi < argc && argv[argi][0] >= '0' && argv[argi][0] <= '9') cols = atoll(argv[argi++]);
+    if (argi < argc && argv[argi][0] >= '0' && argv[argi][0] <= '9') samples = atoi(argv[argi++]);
+    if (rows < 1 || cols < 256 || cols % 256 != 0 || samples < 1) {
+        fprintf(stderr, "usage: bench_vs_ggml [--ggml PATH/libggml-cpu.so] [ROWS COLS SAMPLES] "
+                        "[TYPE...] (COLS a multiple of 256)\n");
+        return 2;
+    }
+    uint32_t types[FMOE_GGML_TYPE_END];
+    int ntypes = 0;
+    for (; argi < argc; argi++) {
+        fmoe_ggml_type t;
+        if (fmoe_ggml_type_parse(argv[argi], &t) != 0 || !fmoe_quant_act_supported(t)) {
+            fprintf(stderr, "bench_vs_ggml: %s: not a type with 8-bit-input products\n", argv[argi]);
+            return 2;
+        }
+        types[ntypes++] = t;
+    }
+    if (ntypes == 0) {
+        static const uint32_t all[] = {
+            FMOE_GGML_IQ4_NL, FMOE_GGML_IQ4_XS, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S,
+            FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ2_S, FMOE_GGML_IQ1_S,
+            FMOE_GGML_IQ1_M, FMOE_GGML_Q2_K, FMOE_GGML_Q3_K, FMOE_GGML_Q4_0,
+            FMOE_GGML_Q4_1, FMOE_GGML_Q5_0, FMOE_GGML_Q5_1, FMOE_GGML_Q8_0,
+            FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K, FMOE_GGML_MXFP4};
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) types[ntypes++] = all[k];
+    }
+    ggml_traits_fn traits = NULL;
+    if (lib) {
+        void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            fprintf(stderr, "bench_vs_ggml: %s\n", dlerror());
+            return 1;
+        }
+        void (*init)(void) = (void (*)(void))dlsym(h, "ggml_cpu_init");
+        traits = (ggml_traits_fn)dlsym(h, "ggml_get_type_traits_cpu");
+        if (!init || !traits) {
+            fprintf(stderr, "bench_vs_ggml: %s: no ggml_cpu_init or ggml_get_type_traits_cpu\n", lib);
+            return 1;
+        }
+        init();
+    }
+    printf("%lld x %lld, best of %d samples (thread CPU time), fmoe level %s%s%s\n\n",
+           (long long)rows, (long long)cols, samples, fmoe__quant_level_name(fmoe__quant_level()),
+           lib ? ", ggml " : "", lib ? lib : "");
+    printf("ps per multiply-add, 8-bit inputs\n\n");
+    printf("| type | fmoe 1 input | ggml 1 input | ggml/fmoe | fmoe %d inputs | ggml %d inputs "
+           "| ggml/fmoe | max diff |\n|---|---|---|---|---|---|---|---|\n", NX, NX);
+    for (int k = 0; k < ntypes; k++) {
+        const uint32_t t = types[k];
+        const struct ggml_traits_cpu *g = traits ? traits((int)t) : NULL, *gq = NULL;
+        if (g && (!g->vec_dot || g->nrows != 1)) g = NULL;
+        if (g) {
+            gq = traits(g->vec_dot_type);
+            if (!gq || !gq->from_float) g = NULL;
+        }
+        result res;
+        run_type(t, rows, cols, samples, g, gq, &res);
+        const double macs = (double)(rows * cols);
+        printf("| %s | %.1f |", fmoe_ggml_type_name(t), res.fmoe1 / macs * 1e12);
+        if (g)
+            printf(" %.1f | %.2f |", res.ggml1 / macs * 1e12, res.ggml1 / res.fmoe1);
+        else
+            printf(" - | - |");
+        printf(" %.1f |", res.fmoe8 / macs / NX * 1e12);
+        if (g)
+            printf(" %.1f | %.2f | %.1e |\n", res.ggml8 / macs / NX * 1e12, res.ggml8 / res.fmoe8,
+                   res.diff);
+        else
+            printf(" - | - | - |\n");
+        fflush(stdout);
+    }
+    return 0;
+}

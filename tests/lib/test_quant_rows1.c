@@ -1,0 +1,115 @@
+/*
+ * test_quant_rows1.c - the one-input 8-bit row kernels of the 256-value types that
+ * lib/quant_kx.c otherwise serves (lib/quant_iq_dot_avx2.c: IQ2_XXS .. IQ1_M;
+ * lib/quant_kx_dot_avx2.c: Q2_K, Q3_K, IQ4_XS), which fmoe_quant_act_matvec takes for one
+ * input at the AVX2 and AVX-512 levels, against the plain-C reference
+ * (fmoe_quant_act_dot_ref): bit for bit, row by row, at every level this CPU has.
+ *
+ * Rows of random bytes (valid blocks for these types: every bit pattern decodes) with
+ * their f16 scales random over the normal and subnormal range, inputs quantised by
+ * fmoe_quant_act_quantize from random values (its bsums are what Q2_K's mins, Q3_K's
+ * offset and IQ1_S's ±1/8 take), some inputs at ±127 throughout (the largest pair sums).
+ * The reference's integers are independent of the kernels' (lib/quant_iq.c's and
+ * lib/quant_block.h's unpacking, summed in plain C); tests/lib/test_quant_act.c checks
+ * those against float64 of the dequantised rows.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmoe/quant.h"
+#include "fmoe/quant_act.h"
+#include "half.h"
+#include "harness.h"
+#include "quant_impl.h"
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+static const uint32_t types[] = {FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ2_S,
+                                 FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S,  FMOE_GGML_IQ1_S,
+                                 FMOE_GGML_IQ1_M,   FMOE_GGML_Q2_K,   FMOE_GGML_Q3_K,
+                                 FMOE_GGML_IQ4_XS};
+#define NTYPES (int)(sizeof types / sizeof types[0])
+
+/* A finite f16: exponent 0 (subnormal, one in eight) to 17 (up to 8), random sign and
+ * mantissa. */
+static uint16_t rnd_f16(void) {
+    const uint32_t e = rnd() % 8 == 0 ? 0 : 1 + rnd() % 17;
+    return (uint16_t)((rnd() & 0x8000) | (e << 10) | (rnd() & 0x3FF));
+}
+
+static void put16(uint8_t *p, uint16_t h) { memcpy(p, &h, 2); }
+
+/* Random bytes, each block's f16 fields rewritten finite. */
+static void random_row(uint32_t t, uint8_t *row, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i++) row[i] = (uint8_t)rnd();
+    const int32_t ts = fmoe_ggml_type_size(t);
+    for (int64_t b = 0; b < bytes; b += ts) {
+        uint8_t *blk = row + b;
+        switch (t) {
+        case FMOE_GGML_Q2_K:
+            put16(blk + 80, rnd_f16());
+            put16(blk + 82, rnd_f16());
+            break;
+        case FMOE_GGML_Q3_K: put16(blk + 108, rnd_f16()); break;
+        case FMOE_GGML_IQ1_M: { /* d in the top nibbles of the four scale words at 48 */
+            const uint16_t h = rnd_f16();
+            for (int k = 0; k < 4; k++)
+                blk[49 + 2 * k] = (uint8_t)((blk[49 + 2 * k] & 0x0F) | (((h >> (4 * k)) & 0xF) << 4));
+            break;
+        }
+        default: put16(blk, rnd_f16()); break;
+        }
+    }
+}
+
+TEST(one_input_rows_equal_the_reference_bit_for_bit) {
+    enum { ROWS = 40 };
+    const int64_t ns[] = {256, 1024, 2816};
+    const int best = fmoe__quant_level_max();
+    if (best < FMOE__QUANT_AVX2) {
+        printf("  (no AVX2 on this CPU: the kernels do not run)\n");
+        return;
+    }
+    for (int k = 0; k < NTYPES; k++) {
+        const uint32_t t = types[k];
+        for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+            const int64_t n = ns[in], rb = fmoe_quant_row_bytes(t, n);
+            const int64_t ab = fmoe_quant_act_bytes(t, n);
+            uint8_t *W = malloc((size_t)(rb * ROWS)), *qx = malloc((size_t)ab);
+            float *x = malloc((size_t)n * sizeof *x), y[ROWS];
+            ASSERT_TRUE(W && qx && x);
+            for (int r = 0; r < ROWS; r++) random_row(t, W + r * rb, rb);
+            for (int rep = 0; rep < 3; rep++) {
+                for (int64_t i = 0; i < n; i++)
+                    x[i] = rep == 2 ? (rnd() & 1 ? 1.f : -1.f)
+                                    : (float)((int)(rnd() % 2001) - 1000) * (rep ? 1e-3f : 7.f);
+                fmoe_quant_act_quantize(t, x, qx, n);
+                for (int level = FMOE__QUANT_AVX2; level <= best; level++) {
+                    ASSERT_EQ(fmoe__quant_force_level(level), 0);
+                    fmoe_quant_act_matvec(t, W, rb, ROWS, qx, ab, 1, n, y, ROWS);
+                    for (int r = 0; r < ROWS; r++) {
+                        const float want = fmoe_quant_act_dot_ref(t, W + r * rb, qx, n);
+                        if (memcmp(&want, &y[r], sizeof want) != 0)
+                            HARNESS_FAIL("%s n=%lld input %d level %s row %d: %.9g, reference %.9g",
+                                         fmoe_ggml_type_name(t), (long long)n, rep,
+                                         fmoe__quant_level_name(level), r, y[r], want);
+                    }
+                }
+                fmoe__quant_force_level(-1);
+            }
+            free(W);
+            free(qx);
+            free(x);
+        }
+    }
+}
+
+int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }
