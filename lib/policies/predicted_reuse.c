@@ -33,6 +33,16 @@
  *                     request's iterations, shrunk towards its share of all iterations by
  *                     request_weight iterations; the same overdue rule (reuse_estimate.h,
  *                     where a policy can also plug in its own predicted rate).
+ *   estimate=rate     the same rate read as memoryless (the independent reference model:
+ *                     each iteration uses the expert with probability r, whatever came
+ *                     before): next use = now + (mean accesses per iteration) / r, so the
+ *                     lowest rate goes first, ties to the least recently used. Belady's rule
+ *                     on it is the A0 policy (Aho, Denning and Ullman, JACM 1971), optimal
+ *                     under that model; no overdue rule. It has no parameter of its own
+ *                     (request_weight as above). On the one-layer OLMoE trace it closes
+ *                     more of the gap than estimate=request, whose recency term
+ *                     (overdue) costs it there (docs/results.md, "Where the rest of the gap
+ *                     is").
  *
  * Ties in predicted next use go to the least recently accessed, then the lowest slot, as in
  * belady.c.
@@ -87,16 +97,17 @@
 #include "next_use.h"
 #include "reuse_estimate.h"
 
-enum { EST_PERFECT = 0, EST_RANDOM = 1, EST_REUSE = 2, EST_REQUEST = 3 };
+enum { EST_PERFECT = 0, EST_RANDOM = 1, EST_REUSE = 2, EST_REQUEST = 3, EST_RATE = 4 };
 enum { GUARD_NONE = 0, GUARD_LRU = 1, GUARD_PAIRS = 2 };
 
-static const char *const estimates[] = {"perfect", "random", "reuse", "request", NULL};
+static const char *const estimates[] = {"perfect", "random", "reuse", "request", "rate", NULL};
 static const char *const guards[] = {"none", "lru", "pairs", NULL};
 static const fmoe_policy_setting pr_settings[] = {
     {.name = "estimate", .type = FMOE_SETTING_CHOICE, .def = EST_REUSE, .choices = estimates,
      .help = "next-use estimate: perfect (the trace's future, simulate only), random, "
              "reuse (per-expert decayed inter-access gap), or request (the expert's use rate "
-             "in the current request, MoE-Infinity 4.2's request-level activations)"},
+             "in the current request, MoE-Infinity 4.2's request-level activations), or rate "
+             "(that rate alone, memoryless: the A0 policy, lowest rate first)"},
     {.name = "guard", .type = FMOE_SETTING_CHOICE, .def = GUARD_LRU, .choices = guards,
      .help = "lru: evict LRU's choice while this cache has missed more than (1 + guard_margin) "
              "times an LRU cache would have; pairs: while the predictions lose more victim "
@@ -117,7 +128,7 @@ static const fmoe_policy_setting pr_settings[] = {
      .help = "estimate=reuse: an expert unused for t ticks is predicted back no sooner than "
              "this times t after its last use (0: never re-estimated)"},
     {.name = "request_weight", .type = FMOE_SETTING_DOUBLE, .def = 4, .min = 0, .max = 1e9,
-     .help = "estimate=request: iterations of the all-requests rate an expert's rate in the "
+     .help = "estimate=request, rate: iterations of the all-requests rate an expert's rate in the "
              "request starts from"},
     {.name = "seed", .type = FMOE_SETTING_INT, .def = 1, .min = 0, .max = 2147483647.0,
      .help = "estimate=random: the seed of the predictions"},
@@ -183,10 +194,11 @@ static int pr_init(void **state, const fmoe_policy_config *cfg) {
             fmoe_policy_setting_double(cfg, pr_settings, "reuse_half_life"),
             fmoe_policy_setting_double(cfg, pr_settings, "reuse_prior"),
             fmoe_policy_setting_double(cfg, pr_settings, "reuse_overdue"));
-    if (rc == 0 && estimate == EST_REQUEST)
+    if (rc == 0 && (estimate == EST_REQUEST || estimate == EST_RATE))
         rc = fmoe__reuse_estimate_use_request(
             &s->reuse, cfg->num_layers,
-            fmoe_policy_setting_double(cfg, pr_settings, "request_weight"));
+            fmoe_policy_setting_double(cfg, pr_settings, "request_weight"),
+            estimate == EST_RATE);
     if (rc < 0) {
         pr_free(s);
         return rc;
@@ -322,14 +334,14 @@ static void pr_on_request_start(void *state, const fmoe_policy_env *env,
     (void)env;
     (void)ev;
     predicted_reuse_state *s = state;
-    if (s->estimate == EST_REQUEST) fmoe__reuse_estimate_request_start(&s->reuse);
+    if (s->estimate >= EST_REQUEST) fmoe__reuse_estimate_request_start(&s->reuse);
 }
 
 static void pr_on_iteration_start(void *state, const fmoe_policy_env *env,
                                   const fmoe_iteration_event *ev) {
     (void)ev;
     predicted_reuse_state *s = state;
-    if (s->estimate == EST_REQUEST)
+    if (s->estimate >= EST_REQUEST)
         fmoe__reuse_estimate_iteration_start(&s->reuse, env->cache->tick);
 }
 

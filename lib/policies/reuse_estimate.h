@@ -23,6 +23,13 @@
  * geometric wait of mean 1/r_e iterations, each of about the mean number of accesses).
  * The overdue rule is the same. This is how a policy plugs its prediction into Belady's
  * rule: a rate per expert for the request, refined by what the request does.
+ *
+ * Memoryless (fmoe__reuse_estimate_use_request's `memoryless`): the same rate read as the
+ * independent reference model, where each iteration uses e with probability r_e whatever
+ * happened before, so the expected next use is now + gap and the order is the rates' alone
+ * (lowest rate first, ties to the least recently used). Belady's rule on that prediction is
+ * the A0 policy of Aho, Denning and Ullman ("Principles of Optimal Page Replacement",
+ * JACM 1971), optimal under that model; no overdue rule, no recency term.
  */
 #ifndef FMOE_POLICIES_REUSE_ESTIMATE_H
 #define FMOE_POLICIES_REUSE_ESTIMATE_H
@@ -54,16 +61,18 @@ typedef struct fmoe__reuse_estimate {
     double req_iterations;   /* iterations of the current request */
     double ticks_per_iteration; /* decayed mean accesses per iteration; 0 before one */
     uint64_t iteration_tick; /* tick at the current iteration's start */
+    int32_t memoryless;      /* request source: next use = now + gap (A0), not last + ... */
 } fmoe__reuse_estimate;
 
 /* half_life: of an expert's mean gap, in gaps (> 0). @return 0 or FMOE_ENOMEM. */
 int fmoe__reuse_estimate_init(fmoe__reuse_estimate *r, int32_t num_layers, int32_t num_experts,
                               double half_life, double prior, double overdue);
 
-/* Switches r to the request source with w = request_weight (>= 0) iterations of prior;
- * the caller then reports request and iteration starts. @return 0 or FMOE_ENOMEM. */
+/* Switches r to the request source with w = request_weight (>= 0) iterations of prior,
+ * memoryless (1) or from the last access with the overdue rule (0); the caller then reports
+ * request and iteration starts. @return 0 or FMOE_ENOMEM. */
 int fmoe__reuse_estimate_use_request(fmoe__reuse_estimate *r, int32_t num_layers,
-                                     double request_weight);
+                                     double request_weight, int32_t memoryless);
 
 /* Frees the tables; a zeroed struct is a no-op. */
 void fmoe__reuse_estimate_free(fmoe__reuse_estimate *r);
@@ -92,6 +101,7 @@ static inline double fmoe__reuse_estimate_next(const fmoe__reuse_estimate *r, in
                                                uint64_t now) {
     const double last = (double)r->prev_tick[e], idle = (double)now - last;
     const double gap = r->req_used ? fmoe__reuse_estimate_request_gap(r, e) : r->gap_pred[e];
+    if (r->memoryless) return (double)now + gap;
     return last + fmax(gap, r->overdue * idle);
 }
 

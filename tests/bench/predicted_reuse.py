@@ -18,9 +18,10 @@ policy is replayed on the other 30% (--holdout) on rtx3090-pcie4 at d = 3: lru, 
 oracle, fmoe, moe-infinity-fb and predicted-reuse (its defaults), with --gap-split, and the
 options of EXTRA: moe-infinity-fb with --policy-opt evict=predicted-reuse ("mifb-pr") and
 evict=request-reuse ("mifb-req": the matched rEAM's rates), fmoe with evict=request-reuse
-("fmoe-req": the matched maps' p) and predicted-reuse with estimate=request ("pr-req"). The
-one-layer OLMoE trace cannot prefetch at d = 3: lru, belady, predicted-reuse and pr-req
-replay all of it (one prefill request, one decode stream).
+("fmoe-req": the matched maps' p), predicted-reuse with estimate=request ("pr-req") and with
+estimate=rate ("pr-rate": the same rate, memoryless: A0). The
+one-layer OLMoE trace cannot prefetch at d = 3: lru, belady, predicted-reuse, pr-req and
+pr-rate replay all of it (one prefill request, one decode stream).
 Printed per trace and size: hit rate and TPOT p50 of each, the share of the LRU -> optimum
 TPOT gap that each policy closes (the optimum: the lower TPOT of oracle and belady; oracle
 cannot run on a one-layer trace), and predicted-reuse's share of the LRU -> belady hit gap;
@@ -46,7 +47,8 @@ POLICIES = ["lru", "belady", "oracle", "fmoe", "moe-infinity-fb", "predicted-reu
 EXTRA = {"mifb-pr": ("moe-infinity-fb", "evict=predicted-reuse", True),
          "mifb-req": ("moe-infinity-fb", "evict=request-reuse", True),
          "fmoe-req": ("fmoe", "evict=request-reuse", True),
-         "pr-req": ("predicted-reuse", "estimate=request", False)}
+         "pr-req": ("predicted-reuse", "estimate=request", False),
+         "pr-rate": ("predicted-reuse", "estimate=rate", False)}
 REPORTED = POLICIES + list(EXTRA)
 SHIPPED = ["fmoe", "moe-infinity-fb", "predicted-reuse", *EXTRA]
 PREFETCHING = ["fmoe", "moe-infinity-fb"] + [k for k, v in EXTRA.items() if v[2]]
