@@ -38,7 +38,11 @@
  *                     before): next use = now + (mean accesses per iteration) / r, so the
  *                     lowest rate goes first, ties to the least recently used. Belady's rule
  *                     on it is the A0 policy (Aho, Denning and Ullman, JACM 1971), optimal
- *                     under that model; no overdue rule. It has no parameter of its own
+ *                     under that model; no overdue rule. One thing is known, not
+ *                     predicted: the experts the current layer's gate chose and the layer
+ *                     has not reached yet are needed within the layer, so they go last,
+ *                     the one latest in the layer's order first (Belady's rule, exact on
+ *                     them). It has no parameter of its own
  *                     (request_weight as above). On the one-layer OLMoE trace it closes
  *                     more of the gap than estimate=request, whose recency term
  *                     (overdue) costs it there (docs/results.md, "Where the rest of the gap
@@ -151,6 +155,10 @@ typedef struct predicted_reuse_state {
     fmoe__lru_guard lru;    /* guard=lru: the shadow LRU cache and both caches' misses */
     uint32_t *next;         /* perfect: [A] next position of the same expert (belady.c) */
     int64_t len;
+    /* rate: the current layer's experts still to be accessed, known at its gate */
+    uint64_t gate;          /* gates seen, from 1 */
+    uint64_t *needed_at;    /* [L*J] the gate that chose e and e not accessed since; 0 none */
+    int32_t *needed_order;  /* [L*J] e's place in that layer's access order */
 } predicted_reuse_state;
 
 static void pr_free(void *state) {
@@ -162,6 +170,8 @@ static void pr_free(void *state) {
     free(s->paired_at);
     free(s->pending_lru);
     free(s->next);
+    free(s->needed_at);
+    free(s->needed_order);
     fmoe__lru_guard_free(&s->lru);
     free(s);
 }
@@ -186,6 +196,8 @@ static int pr_init(void **state, const fmoe_policy_config *cfg) {
     s->partner = malloc(ne * sizeof *s->partner);
     s->paired_at = calloc(ne, sizeof *s->paired_at);
     s->pending_lru = calloc(ne, sizeof *s->pending_lru);
+    s->needed_at = calloc(ne, sizeof *s->needed_at);
+    s->needed_order = calloc(ne, sizeof *s->needed_order);
     int rc = fmoe__lru_guard_init(&s->lru, ne, cfg->capacity,
                                   fmoe_policy_setting_double(cfg, pr_settings, "guard_margin"));
     if (rc == 0)
@@ -203,7 +215,8 @@ static int pr_init(void **state, const fmoe_policy_config *cfg) {
         pr_free(s);
         return rc;
     }
-    if (!s->predicted || !s->partner || !s->paired_at || !s->pending_lru) {
+    if (!s->predicted || !s->partner || !s->paired_at || !s->pending_lru || !s->needed_at ||
+        !s->needed_order) {
         pr_free(s);
         return fmoe_error_set(FMOE_ENOMEM, "predicted-reuse: tables for %zu experts", ne);
     }
@@ -272,6 +285,7 @@ static void pr_on_access(void *state, const fmoe_policy_env *env, const fmoe_acc
     if (s->guard == GUARD_LRU) fmoe__lru_guard_access(&s->lru, e, ev->result == FMOE_ACCESS_MISS);
     if (s->guard == GUARD_PAIRS) pairs_settle(s, e);
     const uint64_t now = env->cache->tick;
+    s->needed_at[e] = 0;
     fmoe__reuse_estimate_observe(&s->reuse, ev->layer, e, now);
     const double g = fmoe__reuse_estimate_layer_gap(&s->reuse, ev->layer);
     switch (s->estimate) {
@@ -304,9 +318,18 @@ static int32_t pr_choose_victim(void *state, const fmoe_policy_env *env,
         if (!fmoe_cache_evictable(v, slot)) continue;
         const int32_t e = v->slot_expert[slot];
         const uint64_t t = v->slot_last_access[slot];
-        const double nx = s->estimate >= EST_REUSE
-                              ? fmoe__reuse_estimate_next(&s->reuse, e, v->tick)
-                              : s->predicted[e];
+        double nx;
+        if (s->estimate == EST_RATE) {
+            /* memoryless: the next use now + per-iteration / rate orders as -rate, here as
+             * minus the rate's numerator (>= -(iterations + w)); needed by the current
+             * layer: before any of those, the later in the layer's order the later */
+            nx = s->needed_at[e] == s->gate && s->gate
+                     ? -1e300 / (2.0 + (double)s->needed_order[e])
+                     : -fmoe__reuse_estimate_rate_score(&s->reuse, e);
+        } else {
+            nx = s->estimate >= EST_REUSE ? fmoe__reuse_estimate_next(&s->reuse, e, v->tick)
+                                          : s->predicted[e];
+        }
         if (p < 0 || nx > p_next || (nx == p_next && t < p_tick)) {
             p_next = nx;
             p_tick = t;
@@ -327,6 +350,18 @@ static int32_t pr_choose_victim(void *state, const fmoe_policy_env *env,
         s->pending_lru[eq]++;
     }
     return s->wrong_predicted <= s->guard_tolerance * s->wrong_lru ? p : q;
+}
+
+static void pr_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_event *ev) {
+    (void)env;
+    predicted_reuse_state *s = state;
+    if (s->estimate != EST_RATE) return;
+    s->gate++;
+    for (int32_t i = 0; i < ev->num_distinct; i++) {
+        const int32_t e = ev->layer * s->J + ev->distinct[i];
+        s->needed_at[e] = s->gate;
+        s->needed_order[e] = i;
+    }
 }
 
 static void pr_on_request_start(void *state, const fmoe_policy_env *env,
@@ -353,6 +388,7 @@ const fmoe_policy_ops fmoe_policy_predicted_reuse = {
     .free = pr_free,
     .on_request_start = pr_on_request_start,
     .on_iteration_start = pr_on_iteration_start,
+    .on_gate = pr_on_gate,
     .on_access = pr_on_access,
     .choose_victim = pr_choose_victim,
     .settings = pr_settings,

@@ -96,6 +96,17 @@ static inline double fmoe__reuse_estimate_layer_gap(const fmoe__reuse_estimate *
 /* Request source: e's predicted gap in ticks (see the top of this file). */
 double fmoe__reuse_estimate_request_gap(const fmoe__reuse_estimate *r, int32_t e);
 
+/* Request source without a policy's prediction (predict NULL): a number in the order of
+ * e's rate in the current request, the rate's numerator used_e + w · prior_e (the
+ * denominator is the same for every expert). For ranking by rate alone (memoryless) at
+ * one division less per candidate than fmoe__reuse_estimate_next; an expert no request has
+ * used scores 0. */
+static inline double fmoe__reuse_estimate_rate_score(const fmoe__reuse_estimate *r, int32_t e) {
+    const double used = r->req_stamp[e] == r->request ? (double)r->req_used[e] : 0.0;
+    const double all = r->all_iterations ? (double)r->all_iterations : 1.0;
+    return used + r->request_weight * ((double)r->all_used[e] / all);
+}
+
 /* The predicted next use of expert e, in ticks, as seen at tick `now`. */
 static inline double fmoe__reuse_estimate_next(const fmoe__reuse_estimate *r, int32_t e,
                                                uint64_t now) {

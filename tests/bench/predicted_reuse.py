@@ -28,7 +28,7 @@ cannot run on a one-layer trace), and predicted-reuse's share of the LRU -> bela
 then, per trace and size, the best shipped policy's share (all but belady and oracle) and
 the highest TPOT / LRU's of the prefetching ones (the target: >= 30% and <= 1.02). Last,
 predicted-reuse's and lru's simulation speed (one thread, accesses per second over the
-whole run, trace reading included) on the largest trace.
+whole run, trace reading included) on the largest trace, and pr-rate's.
 """
 import argparse
 import json
@@ -165,14 +165,15 @@ def main():
                                       if (p, c) in r}})
     # speed: one thread, one cell, the largest trace (synthetic A)
     big = a.work / "synth-a.h5"
-    for p in ("lru", "predicted-reuse"):
+    for label, p, opt in (("lru", "lru", []), ("predicted-reuse", "predicted-reuse", []),
+                          ("pr-rate", "predicted-reuse", ["--policy-opt", "estimate=rate"])):
         t0 = time.perf_counter()
-        x = json.loads(sh(fmoe, "simulate", "--trace", big, "--policy", p, "--cache-experts",
+        x = json.loads(sh(fmoe, "simulate", "--trace", big, "--policy", p, *opt, "--cache-experts",
                           768, "--threads", 1, "--json", "--quiet").stdout)
         dt = time.perf_counter() - t0
         rate = x["accesses"] / dt / 1e6
-        print(f"speed {p}: {x['accesses']} accesses in {dt:.3f} s = {rate:.2f} M/s")
-        out.append({"speed": p, "accesses": x["accesses"], "seconds": dt})
+        print(f"speed {label}: {x['accesses']} accesses in {dt:.3f} s = {rate:.2f} M/s")
+        out.append({"speed": label, "accesses": x["accesses"], "seconds": dt})
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 

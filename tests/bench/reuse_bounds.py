@@ -19,9 +19,10 @@ perfect estimate of that kind would get, not what an online one does:
   freq-train    (with --store) every expert's access count over the requests the store was
                 built from, not the replayed ones: popularity learned on other requests, a
                 rule an online policy could run
-  rate-online   the request-level rate as predicted-reuse's `request` estimate forms it
-                online (w = 4 iterations of the all-requests rate), ranked by rate alone
-                with no recency term: what is left of freq-request once it must be learned
+  rate-online   predicted-reuse's estimate=rate without its guard: the request-level rate
+                formed online (w = 4 iterations of the all-requests rate), ranked by rate
+                alone with no recency term, the current layer's experts still to come (its
+                gate's choice) last: what is left of freq-request once it must be learned
   ahead-0       the true next uses that fall in the rest of the current iteration: what a
                 perfect next-layer predictor (speculative gates, promoe's and duoserve's
                 learned predictors) can tell; an expert not needed there goes first, by LRU
@@ -73,9 +74,9 @@ def next_uses(seq):
     return nxt
 
 
-def bounded_hits(seq, iters, reqs, capacity, rule, train=None):
+def bounded_hits(seq, iters, reqs, capacity, rule, train=None, J=1 << 30):
     """Hits of Belady's rule on the knowledge `rule` names (module docstring); `train`: the
-    access counts of freq-train."""
+    access counts of freq-train; expert ids are l * J + j."""
     nxt = next_uses(seq)
     total = collections.Counter(seq)
     per_request = collections.defaultdict(collections.Counter)
@@ -109,10 +110,13 @@ def bounded_hits(seq, iters, reqs, capacity, rule, train=None):
             elif rule == "freq-request":
                 key = lambda x: (per_request[reqs[p]][x], cache[x][0])  # noqa: E731
             elif rule == "rate-online":
-                def key(x):
+                def key(x):  # the current layer's experts still to come last (the gate's)
+                    q = cache[x][1]
+                    if x // J == seq[p] // J and q < len(seq) and iters[q] == iters[p]:
+                        return (1, -q, 0)
                     prior = used_all[x] / all_iters
-                    return ((used_req[x] + REQUEST_WEIGHT * prior) / (req_iters + REQUEST_WEIGHT),
-                            cache[x][0])
+                    return (0, (used_req[x] + REQUEST_WEIGHT * prior) /
+                            (req_iters + REQUEST_WEIGHT), cache[x][0])
             else:
                 horizon = end_of[min(it_of[p] + window, last_it)]
 
@@ -148,7 +152,7 @@ def main():
     for share in map(float, a.shares.split(",")):
         c = max(1, round(share * L * J))
         got = {"lru": hits(seq, c, "lru"), "belady": hits(seq, c, "belady")}
-        got.update({r: bounded_hits(seq, iters, reqs, c, r, train) for r in rules})
+        got.update({r: bounded_hits(seq, iters, reqs, c, r, train, J) for r in rules})
         lo, hi = got["lru"], got["belady"]
         share_of = {r: (h - lo) / (hi - lo) if hi > lo else float("nan") for r, h in got.items()}
         print(f"cache {c:>5} ({share:.0%}): " + "  ".join(

@@ -89,7 +89,14 @@ def request_reuse_hits(seq, iters, reqs, capacity, w=REQUEST_WEIGHT, overdue=2.0
     ticks per iteration a running mean (weight 1/64) of the iterations' access counts; the
     latest predicted next use goes, ties to the least recently used. memoryless (estimate=
     rate): the predicted next use is now + ticks per iteration / rate instead (the A0
-    policy: the lowest rate goes), with no overdue rule."""
+    policy: the lowest rate goes), with no overdue rule, except for the experts the current
+    layer still needs (chosen by its gate, not yet accessed): they go last, the one accessed
+    latest in the layer first."""
+    later, nxt = {}, [None] * len(seq)  # next position of the same expert
+    for q in range(len(seq) - 1, -1, -1):
+        nxt[q] = later.get(seq[q])
+        later[seq[q]] = q
+    last_pos = {}
     cache = {}  # expert -> last tick
     used_req, used_all = {}, {}
     all_iters = req_iters = 0
@@ -115,8 +122,15 @@ def request_reuse_hits(seq, iters, reqs, capacity, w=REQUEST_WEIGHT, overdue=2.0
                 if memoryless:
                     return p + gap
                 return cache[x] + max(gap, overdue * (p - cache[x]))
-            del cache[max(cache, key=lambda x: (predicted(x), -cache[x]))]
+
+            def order(x):  # needed by this layer (its next access in this iteration): last
+                q = nxt[last_pos[x]]
+                if memoryless and x[0] == e[0] and q is not None and iters[q] == iters[p]:
+                    return (0, q, 0)
+                return (1, predicted(x), -cache[x])
+            del cache[max(cache, key=order)]
         cache[e] = p + 1
+        last_pos[e] = p
         used_req[e] = used_req.get(e, 0) + 1
         used_all[e] = used_all.get(e, 0) + 1
     return n_hits

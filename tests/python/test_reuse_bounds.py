@@ -29,12 +29,13 @@ def random_trace(tmp_path, seed):
     trace = tmp_path / f"b{seed}.h5"
     write_trace(trace, reqs, L, J, K)
     seq, iters, rq = sequence(reqs)
-    return trace, [l * J + j for l, j in seq], iters, rq, sorted({K, L * J // 4 or K, L * J // 2})
+    return (trace, [l * J + j for l, j in seq], iters, rq, sorted({K, L * J // 4 or K, L * J // 2}),
+            J)
 
 
 def test_full_lookahead_is_belady(tmp_path):
     for seed in range(4):
-        _, seq, iters, rq, caches = random_trace(tmp_path, seed)
+        _, seq, iters, rq, caches, _ = random_trace(tmp_path, seed)
         for c in caches:
             assert reuse_bounds.bounded_hits(seq, iters, rq, c, "ahead-100000") == \
                 hits(seq, c, "belady"), (seed, c)
@@ -43,11 +44,11 @@ def test_full_lookahead_is_belady(tmp_path):
 def test_rate_online_is_the_simulators_rate(fmoe, tmp_path):
     differs = 0
     for seed in range(4):
-        trace, seq, iters, rq, caches = random_trace(tmp_path, seed)
+        trace, seq, iters, rq, caches, J = random_trace(tmp_path, seed)
         got = simulate(fmoe, trace, caches, ["predicted-reuse"],
                        ["--policy-opt", "estimate=rate", "--policy-opt", "guard=none"])
         for c in caches:
-            want = reuse_bounds.bounded_hits(seq, iters, rq, c, "rate-online")
+            want = reuse_bounds.bounded_hits(seq, iters, rq, c, "rate-online", None, J)
             assert got[("predicted-reuse", c)]["hits"] == want, (seed, c)
             differs += want != hits(seq, c, "lru")
     assert differs > 0
