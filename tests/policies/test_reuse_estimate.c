@@ -72,6 +72,11 @@ TEST(memoryless_request_estimate_by_hand) {
     ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 0, 4), 6.0, 1e-12);
     ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 1, 4), 8.0, 1e-12);
     ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 2, 4), 8.0, 1e-12);
+    /* the policies rank by the rate's numerator (used + 4 · uses over all / 2): 6, 3, 3,
+     * the same order (each over the common 2 + 4 iterations is the rate 1, 0.5, 0.5) */
+    ASSERT_NEAR(fmoe__reuse_estimate_rate_score(&r, 0), 6.0, 1e-12);
+    ASSERT_NEAR(fmoe__reuse_estimate_rate_score(&r, 1), 3.0, 1e-12);
+    ASSERT_NEAR(fmoe__reuse_estimate_rate_score(&r, 2), 3.0, 1e-12);
     /* ten ticks later the order is unchanged: no overdue rule */
     ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 1, 14) - fmoe__reuse_estimate_next(&r, 0, 14),
                 2.0, 1e-12);
