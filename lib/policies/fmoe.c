@@ -387,7 +387,7 @@ static int fm_init_variant(void **state, const fmoe_policy_config *cfg, const va
         shadow *shadows[3] = {&S->sh_lru, &S->sh_pf, &S->sh_reuse};
         int bad = S->evict_reuse && fmoe__reuse_estimate_init(&S->reuse, S->L, S->J, 4, 2, 2) < 0;
         if (!bad && evict == 2) {
-            bad = fmoe__reuse_estimate_use_request(&S->reuse, S->L, 4) < 0;
+            bad = fmoe__reuse_estimate_use_request(&S->reuse, S->L, 4, 0) < 0;
             S->reuse.predict = map_rate;
             S->reuse.predict_ctx = S;
         }

@@ -261,7 +261,7 @@ static int mi_init_variant(void **state, const fmoe_policy_config *cfg, int impr
     m->evict_reuse = evict >= 1;
     if (m->evict_reuse) {
         if (fmoe__reuse_estimate_init(&m->reuse, m->L, m->J, 4, 2, 2) < 0 ||
-            (evict == 2 && fmoe__reuse_estimate_use_request(&m->reuse, m->L, 4) < 0))
+            (evict == 2 && fmoe__reuse_estimate_use_request(&m->reuse, m->L, 4, 0) < 0))
             ok = 0;
         if (evict == 2) {
             m->reuse.predict = matched_rate;

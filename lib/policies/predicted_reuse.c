@@ -33,6 +33,20 @@
  *                     request's iterations, shrunk towards its share of all iterations by
  *                     request_weight iterations; the same overdue rule (reuse_estimate.h,
  *                     where a policy can also plug in its own predicted rate).
+ *   estimate=rate     the same rate read as memoryless (the independent reference model:
+ *                     each iteration uses the expert with probability r, whatever came
+ *                     before): next use = now + (mean accesses per iteration) / r, so the
+ *                     lowest rate goes first, ties to the least recently used. Belady's rule
+ *                     on it is the A0 policy (Aho, Denning and Ullman, JACM 1971), optimal
+ *                     under that model; no overdue rule. One thing is known, not
+ *                     predicted: the experts the current layer's gate chose and the layer
+ *                     has not reached yet are needed within the layer, so they go last,
+ *                     the one latest in the layer's order first (Belady's rule, exact on
+ *                     them). It has no parameter of its own
+ *                     (request_weight as above). On the one-layer OLMoE trace it closes
+ *                     more of the gap than estimate=request, whose recency term
+ *                     (overdue) costs it there (docs/results.md, "Where the rest of the gap
+ *                     is").
  *
  * Ties in predicted next use go to the least recently accessed, then the lowest slot, as in
  * belady.c.
@@ -87,16 +101,17 @@
 #include "next_use.h"
 #include "reuse_estimate.h"
 
-enum { EST_PERFECT = 0, EST_RANDOM = 1, EST_REUSE = 2, EST_REQUEST = 3 };
+enum { EST_PERFECT = 0, EST_RANDOM = 1, EST_REUSE = 2, EST_REQUEST = 3, EST_RATE = 4 };
 enum { GUARD_NONE = 0, GUARD_LRU = 1, GUARD_PAIRS = 2 };
 
-static const char *const estimates[] = {"perfect", "random", "reuse", "request", NULL};
+static const char *const estimates[] = {"perfect", "random", "reuse", "request", "rate", NULL};
 static const char *const guards[] = {"none", "lru", "pairs", NULL};
 static const fmoe_policy_setting pr_settings[] = {
     {.name = "estimate", .type = FMOE_SETTING_CHOICE, .def = EST_REUSE, .choices = estimates,
      .help = "next-use estimate: perfect (the trace's future, simulate only), random, "
              "reuse (per-expert decayed inter-access gap), or request (the expert's use rate "
-             "in the current request, MoE-Infinity 4.2's request-level activations)"},
+             "in the current request, MoE-Infinity 4.2's request-level activations), or rate "
+             "(that rate alone, memoryless: the A0 policy, lowest rate first)"},
     {.name = "guard", .type = FMOE_SETTING_CHOICE, .def = GUARD_LRU, .choices = guards,
      .help = "lru: evict LRU's choice while this cache has missed more than (1 + guard_margin) "
              "times an LRU cache would have; pairs: while the predictions lose more victim "
@@ -117,7 +132,7 @@ static const fmoe_policy_setting pr_settings[] = {
      .help = "estimate=reuse: an expert unused for t ticks is predicted back no sooner than "
              "this times t after its last use (0: never re-estimated)"},
     {.name = "request_weight", .type = FMOE_SETTING_DOUBLE, .def = 4, .min = 0, .max = 1e9,
-     .help = "estimate=request: iterations of the all-requests rate an expert's rate in the "
+     .help = "estimate=request, rate: iterations of the all-requests rate an expert's rate in the "
              "request starts from"},
     {.name = "seed", .type = FMOE_SETTING_INT, .def = 1, .min = 0, .max = 2147483647.0,
      .help = "estimate=random: the seed of the predictions"},
@@ -140,6 +155,10 @@ typedef struct predicted_reuse_state {
     fmoe__lru_guard lru;    /* guard=lru: the shadow LRU cache and both caches' misses */
     uint32_t *next;         /* perfect: [A] next position of the same expert (belady.c) */
     int64_t len;
+    /* rate: the current layer's experts still to be accessed, known at its gate */
+    uint64_t gate;          /* gates seen, from 1 */
+    uint64_t *needed_at;    /* [L*J] the gate that chose e and e not accessed since; 0 none */
+    int32_t *needed_order;  /* [L*J] e's place in that layer's access order */
 } predicted_reuse_state;
 
 static void pr_free(void *state) {
@@ -151,6 +170,8 @@ static void pr_free(void *state) {
     free(s->paired_at);
     free(s->pending_lru);
     free(s->next);
+    free(s->needed_at);
+    free(s->needed_order);
     fmoe__lru_guard_free(&s->lru);
     free(s);
 }
@@ -175,6 +196,8 @@ static int pr_init(void **state, const fmoe_policy_config *cfg) {
     s->partner = malloc(ne * sizeof *s->partner);
     s->paired_at = calloc(ne, sizeof *s->paired_at);
     s->pending_lru = calloc(ne, sizeof *s->pending_lru);
+    s->needed_at = calloc(ne, sizeof *s->needed_at);
+    s->needed_order = calloc(ne, sizeof *s->needed_order);
     int rc = fmoe__lru_guard_init(&s->lru, ne, cfg->capacity,
                                   fmoe_policy_setting_double(cfg, pr_settings, "guard_margin"));
     if (rc == 0)
@@ -183,15 +206,17 @@ static int pr_init(void **state, const fmoe_policy_config *cfg) {
             fmoe_policy_setting_double(cfg, pr_settings, "reuse_half_life"),
             fmoe_policy_setting_double(cfg, pr_settings, "reuse_prior"),
             fmoe_policy_setting_double(cfg, pr_settings, "reuse_overdue"));
-    if (rc == 0 && estimate == EST_REQUEST)
+    if (rc == 0 && (estimate == EST_REQUEST || estimate == EST_RATE))
         rc = fmoe__reuse_estimate_use_request(
             &s->reuse, cfg->num_layers,
-            fmoe_policy_setting_double(cfg, pr_settings, "request_weight"));
+            fmoe_policy_setting_double(cfg, pr_settings, "request_weight"),
+            estimate == EST_RATE);
     if (rc < 0) {
         pr_free(s);
         return rc;
     }
-    if (!s->predicted || !s->partner || !s->paired_at || !s->pending_lru) {
+    if (!s->predicted || !s->partner || !s->paired_at || !s->pending_lru || !s->needed_at ||
+        !s->needed_order) {
         pr_free(s);
         return fmoe_error_set(FMOE_ENOMEM, "predicted-reuse: tables for %zu experts", ne);
     }
@@ -260,6 +285,7 @@ static void pr_on_access(void *state, const fmoe_policy_env *env, const fmoe_acc
     if (s->guard == GUARD_LRU) fmoe__lru_guard_access(&s->lru, e, ev->result == FMOE_ACCESS_MISS);
     if (s->guard == GUARD_PAIRS) pairs_settle(s, e);
     const uint64_t now = env->cache->tick;
+    s->needed_at[e] = 0;
     fmoe__reuse_estimate_observe(&s->reuse, ev->layer, e, now);
     const double g = fmoe__reuse_estimate_layer_gap(&s->reuse, ev->layer);
     switch (s->estimate) {
@@ -292,9 +318,18 @@ static int32_t pr_choose_victim(void *state, const fmoe_policy_env *env,
         if (!fmoe_cache_evictable(v, slot)) continue;
         const int32_t e = v->slot_expert[slot];
         const uint64_t t = v->slot_last_access[slot];
-        const double nx = s->estimate >= EST_REUSE
-                              ? fmoe__reuse_estimate_next(&s->reuse, e, v->tick)
-                              : s->predicted[e];
+        double nx;
+        if (s->estimate == EST_RATE) {
+            /* memoryless: the next use now + per-iteration / rate orders as -rate, here as
+             * minus the rate's numerator (>= -(iterations + w)); needed by the current
+             * layer: before any of those, the later in the layer's order the later */
+            nx = s->needed_at[e] == s->gate && s->gate
+                     ? -1e300 / (2.0 + (double)s->needed_order[e])
+                     : -fmoe__reuse_estimate_rate_score(&s->reuse, e);
+        } else {
+            nx = s->estimate >= EST_REUSE ? fmoe__reuse_estimate_next(&s->reuse, e, v->tick)
+                                          : s->predicted[e];
+        }
         if (p < 0 || nx > p_next || (nx == p_next && t < p_tick)) {
             p_next = nx;
             p_tick = t;
@@ -317,19 +352,31 @@ static int32_t pr_choose_victim(void *state, const fmoe_policy_env *env,
     return s->wrong_predicted <= s->guard_tolerance * s->wrong_lru ? p : q;
 }
 
+static void pr_on_gate(void *state, const fmoe_policy_env *env, const fmoe_gate_event *ev) {
+    (void)env;
+    predicted_reuse_state *s = state;
+    if (s->estimate != EST_RATE) return;
+    s->gate++;
+    for (int32_t i = 0; i < ev->num_distinct; i++) {
+        const int32_t e = ev->layer * s->J + ev->distinct[i];
+        s->needed_at[e] = s->gate;
+        s->needed_order[e] = i;
+    }
+}
+
 static void pr_on_request_start(void *state, const fmoe_policy_env *env,
                                 const fmoe_request_event *ev) {
     (void)env;
     (void)ev;
     predicted_reuse_state *s = state;
-    if (s->estimate == EST_REQUEST) fmoe__reuse_estimate_request_start(&s->reuse);
+    if (s->estimate >= EST_REQUEST) fmoe__reuse_estimate_request_start(&s->reuse);
 }
 
 static void pr_on_iteration_start(void *state, const fmoe_policy_env *env,
                                   const fmoe_iteration_event *ev) {
     (void)ev;
     predicted_reuse_state *s = state;
-    if (s->estimate == EST_REQUEST)
+    if (s->estimate >= EST_REQUEST)
         fmoe__reuse_estimate_iteration_start(&s->reuse, env->cache->tick);
 }
 
@@ -341,6 +388,7 @@ const fmoe_policy_ops fmoe_policy_predicted_reuse = {
     .free = pr_free,
     .on_request_start = pr_on_request_start,
     .on_iteration_start = pr_on_iteration_start,
+    .on_gate = pr_on_gate,
     .on_access = pr_on_access,
     .choose_victim = pr_choose_victim,
     .settings = pr_settings,

@@ -28,9 +28,10 @@ int fmoe__reuse_estimate_init(fmoe__reuse_estimate *r, int32_t num_layers, int32
 }
 
 int fmoe__reuse_estimate_use_request(fmoe__reuse_estimate *r, int32_t num_layers,
-                                     double request_weight) {
+                                     double request_weight, int32_t memoryless) {
     const size_t ne = (size_t)num_layers * (size_t)r->J;
     r->request_weight = request_weight;
+    r->memoryless = memoryless;
     r->req_stamp = calloc(ne, sizeof *r->req_stamp);
     r->req_used = calloc(ne, sizeof *r->req_used);
     r->all_used = calloc(ne, sizeof *r->all_used);

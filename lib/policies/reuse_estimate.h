@@ -23,6 +23,13 @@
  * geometric wait of mean 1/r_e iterations, each of about the mean number of accesses).
  * The overdue rule is the same. This is how a policy plugs its prediction into Belady's
  * rule: a rate per expert for the request, refined by what the request does.
+ *
+ * Memoryless (fmoe__reuse_estimate_use_request's `memoryless`): the same rate read as the
+ * independent reference model, where each iteration uses e with probability r_e whatever
+ * happened before, so the expected next use is now + gap and the order is the rates' alone
+ * (lowest rate first, ties to the least recently used). Belady's rule on that prediction is
+ * the A0 policy of Aho, Denning and Ullman ("Principles of Optimal Page Replacement",
+ * JACM 1971), optimal under that model; no overdue rule, no recency term.
  */
 #ifndef FMOE_POLICIES_REUSE_ESTIMATE_H
 #define FMOE_POLICIES_REUSE_ESTIMATE_H
@@ -54,16 +61,18 @@ typedef struct fmoe__reuse_estimate {
     double req_iterations;   /* iterations of the current request */
     double ticks_per_iteration; /* decayed mean accesses per iteration; 0 before one */
     uint64_t iteration_tick; /* tick at the current iteration's start */
+    int32_t memoryless;      /* request source: next use = now + gap (A0), not last + ... */
 } fmoe__reuse_estimate;
 
 /* half_life: of an expert's mean gap, in gaps (> 0). @return 0 or FMOE_ENOMEM. */
 int fmoe__reuse_estimate_init(fmoe__reuse_estimate *r, int32_t num_layers, int32_t num_experts,
                               double half_life, double prior, double overdue);
 
-/* Switches r to the request source with w = request_weight (>= 0) iterations of prior;
- * the caller then reports request and iteration starts. @return 0 or FMOE_ENOMEM. */
+/* Switches r to the request source with w = request_weight (>= 0) iterations of prior,
+ * memoryless (1) or from the last access with the overdue rule (0); the caller then reports
+ * request and iteration starts. @return 0 or FMOE_ENOMEM. */
 int fmoe__reuse_estimate_use_request(fmoe__reuse_estimate *r, int32_t num_layers,
-                                     double request_weight);
+                                     double request_weight, int32_t memoryless);
 
 /* Frees the tables; a zeroed struct is a no-op. */
 void fmoe__reuse_estimate_free(fmoe__reuse_estimate *r);
@@ -87,11 +96,23 @@ static inline double fmoe__reuse_estimate_layer_gap(const fmoe__reuse_estimate *
 /* Request source: e's predicted gap in ticks (see the top of this file). */
 double fmoe__reuse_estimate_request_gap(const fmoe__reuse_estimate *r, int32_t e);
 
+/* Request source without a policy's prediction (predict NULL): a number in the order of
+ * e's rate in the current request, the rate's numerator used_e + w · prior_e (the
+ * denominator is the same for every expert). For ranking by rate alone (memoryless) at
+ * one division less per candidate than fmoe__reuse_estimate_next; an expert no request has
+ * used scores 0. */
+static inline double fmoe__reuse_estimate_rate_score(const fmoe__reuse_estimate *r, int32_t e) {
+    const double used = r->req_stamp[e] == r->request ? (double)r->req_used[e] : 0.0;
+    const double all = r->all_iterations ? (double)r->all_iterations : 1.0;
+    return used + r->request_weight * ((double)r->all_used[e] / all);
+}
+
 /* The predicted next use of expert e, in ticks, as seen at tick `now`. */
 static inline double fmoe__reuse_estimate_next(const fmoe__reuse_estimate *r, int32_t e,
                                                uint64_t now) {
     const double last = (double)r->prev_tick[e], idle = (double)now - last;
     const double gap = r->req_used ? fmoe__reuse_estimate_request_gap(r, e) : r->gap_pred[e];
+    if (r->memoryless) return (double)now + gap;
     return last + fmax(gap, r->overdue * idle);
 }
 

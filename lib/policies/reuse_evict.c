@@ -20,7 +20,7 @@ int fmoe__reuse_evict_init(fmoe__reuse_evict *x, fmoe__evict_rule rule,
     if (rc == 0)
         rc = fmoe__reuse_estimate_init(&x->est, cfg->num_layers, cfg->num_experts, 4, 2, 2);
     if (rc == 0 && rule == FMOE__EVICT_REQUEST)
-        rc = fmoe__reuse_estimate_use_request(&x->est, cfg->num_layers, 4);
+        rc = fmoe__reuse_estimate_use_request(&x->est, cfg->num_layers, 4, 0);
     if (rc < 0) fmoe__reuse_evict_free(x);
     return rc;
 }

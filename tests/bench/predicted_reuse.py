@@ -18,16 +18,17 @@ policy is replayed on the other 30% (--holdout) on rtx3090-pcie4 at d = 3: lru, 
 oracle, fmoe, moe-infinity-fb and predicted-reuse (its defaults), with --gap-split, and the
 options of EXTRA: moe-infinity-fb with --policy-opt evict=predicted-reuse ("mifb-pr") and
 evict=request-reuse ("mifb-req": the matched rEAM's rates), fmoe with evict=request-reuse
-("fmoe-req": the matched maps' p) and predicted-reuse with estimate=request ("pr-req"). The
-one-layer OLMoE trace cannot prefetch at d = 3: lru, belady, predicted-reuse and pr-req
-replay all of it (one prefill request, one decode stream).
+("fmoe-req": the matched maps' p), predicted-reuse with estimate=request ("pr-req") and with
+estimate=rate ("pr-rate": the same rate, memoryless: A0). The
+one-layer OLMoE trace cannot prefetch at d = 3: lru, belady, predicted-reuse, pr-req and
+pr-rate replay all of it (one prefill request, one decode stream).
 Printed per trace and size: hit rate and TPOT p50 of each, the share of the LRU -> optimum
 TPOT gap that each policy closes (the optimum: the lower TPOT of oracle and belady; oracle
 cannot run on a one-layer trace), and predicted-reuse's share of the LRU -> belady hit gap;
 then, per trace and size, the best shipped policy's share (all but belady and oracle) and
 the highest TPOT / LRU's of the prefetching ones (the target: >= 30% and <= 1.02). Last,
 predicted-reuse's and lru's simulation speed (one thread, accesses per second over the
-whole run, trace reading included) on the largest trace.
+whole run, trace reading included) on the largest trace, and pr-rate's.
 """
 import argparse
 import json
@@ -46,7 +47,8 @@ POLICIES = ["lru", "belady", "oracle", "fmoe", "moe-infinity-fb", "predicted-reu
 EXTRA = {"mifb-pr": ("moe-infinity-fb", "evict=predicted-reuse", True),
          "mifb-req": ("moe-infinity-fb", "evict=request-reuse", True),
          "fmoe-req": ("fmoe", "evict=request-reuse", True),
-         "pr-req": ("predicted-reuse", "estimate=request", False)}
+         "pr-req": ("predicted-reuse", "estimate=request", False),
+         "pr-rate": ("predicted-reuse", "estimate=rate", False)}
 REPORTED = POLICIES + list(EXTRA)
 SHIPPED = ["fmoe", "moe-infinity-fb", "predicted-reuse", *EXTRA]
 PREFETCHING = ["fmoe", "moe-infinity-fb"] + [k for k, v in EXTRA.items() if v[2]]
@@ -163,14 +165,15 @@ def main():
                                       if (p, c) in r}})
     # speed: one thread, one cell, the largest trace (synthetic A)
     big = a.work / "synth-a.h5"
-    for p in ("lru", "predicted-reuse"):
+    for label, p, opt in (("lru", "lru", []), ("predicted-reuse", "predicted-reuse", []),
+                          ("pr-rate", "predicted-reuse", ["--policy-opt", "estimate=rate"])):
         t0 = time.perf_counter()
-        x = json.loads(sh(fmoe, "simulate", "--trace", big, "--policy", p, "--cache-experts",
+        x = json.loads(sh(fmoe, "simulate", "--trace", big, "--policy", p, *opt, "--cache-experts",
                           768, "--threads", 1, "--json", "--quiet").stdout)
         dt = time.perf_counter() - t0
         rate = x["accesses"] / dt / 1e6
-        print(f"speed {p}: {x['accesses']} accesses in {dt:.3f} s = {rate:.2f} M/s")
-        out.append({"speed": p, "accesses": x["accesses"], "seconds": dt})
+        print(f"speed {label}: {x['accesses']} accesses in {dt:.3f} s = {rate:.2f} M/s")
+        out.append({"speed": label, "accesses": x["accesses"], "seconds": dt})
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 

@@ -29,7 +29,7 @@ static void two_iterations(fmoe__reuse_estimate *r) {
 TEST(request_estimate_by_hand) {
     fmoe__reuse_estimate r;
     ASSERT_OK(fmoe__reuse_estimate_init(&r, 1, 3, 4, 2, 2));
-    ASSERT_OK(fmoe__reuse_estimate_use_request(&r, 1, 4));
+    ASSERT_OK(fmoe__reuse_estimate_use_request(&r, 1, 4, 0));
     two_iterations(&r);
     /* 2 accesses per iteration; rate = (uses + 4 · uses over all / 2) / (2 + 4):
      * expert 0: (2 + 4) / 6 = 1, gap 2, next 3 + max(2, 2 · 1) = 5;
@@ -50,7 +50,7 @@ TEST(request_estimate_by_hand) {
 TEST(request_estimate_takes_the_policys_prediction) {
     fmoe__reuse_estimate r;
     ASSERT_OK(fmoe__reuse_estimate_init(&r, 1, 3, 4, 2, 2));
-    ASSERT_OK(fmoe__reuse_estimate_use_request(&r, 1, 4));
+    ASSERT_OK(fmoe__reuse_estimate_use_request(&r, 1, 4, 0));
     r.predict = predict_expert0_unused;
     two_iterations(&r);
     /* expert 0's prior is the policy's 0: rate (2 + 0) / 6, gap 6, next 3 + 6 = 9, now
@@ -58,6 +58,28 @@ TEST(request_estimate_takes_the_policys_prediction) {
     ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 0, 4), 9.0, 1e-12);
     ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 1, 4), 6.0, 1e-12);
     ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 2, 4), 8.0, 1e-12);
+    fmoe__reuse_estimate_free(&r);
+}
+
+TEST(memoryless_request_estimate_by_hand) {
+    fmoe__reuse_estimate r;
+    ASSERT_OK(fmoe__reuse_estimate_init(&r, 1, 3, 4, 2, 2));
+    ASSERT_OK(fmoe__reuse_estimate_use_request(&r, 1, 4, 1));
+    two_iterations(&r);
+    /* the same rates and gaps as request_estimate_by_hand (2, 4, 4), from now = 4 whatever
+     * the last access: 6, 8, 8; experts 1 and 2 tie (the caller's ties go to LRU), and
+     * expert 1, idle since tick 2, is no longer put later than expert 2 */
+    ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 0, 4), 6.0, 1e-12);
+    ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 1, 4), 8.0, 1e-12);
+    ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 2, 4), 8.0, 1e-12);
+    /* the policies rank by the rate's numerator (used + 4 · uses over all / 2): 6, 3, 3,
+     * the same order (each over the common 2 + 4 iterations is the rate 1, 0.5, 0.5) */
+    ASSERT_NEAR(fmoe__reuse_estimate_rate_score(&r, 0), 6.0, 1e-12);
+    ASSERT_NEAR(fmoe__reuse_estimate_rate_score(&r, 1), 3.0, 1e-12);
+    ASSERT_NEAR(fmoe__reuse_estimate_rate_score(&r, 2), 3.0, 1e-12);
+    /* ten ticks later the order is unchanged: no overdue rule */
+    ASSERT_NEAR(fmoe__reuse_estimate_next(&r, 1, 14) - fmoe__reuse_estimate_next(&r, 0, 14),
+                2.0, 1e-12);
     fmoe__reuse_estimate_free(&r);
 }
 

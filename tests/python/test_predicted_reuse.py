@@ -10,9 +10,10 @@ Belady's eviction rule on predicted next uses, guarded by LRU.
   slots: what following LRU from other contents can cost), LRU's hits counted by the
   reference; the unguarded rule breaks that bound on some trace, so the guard is what holds
   it. guard=pairs (LeCaR-style pairwise regret) keeps at least 88% of LRU's hits there.
-- With the request-level estimate (estimate=request, guard=none) its hit counts equal a
-  plain Python replay of the rule as docs/policies.md#predicted-reuse states it
-  (request_reuse_hits below), on random traces; with guard=lru it keeps the bound above.
+- With the request-level estimates (estimate=request and its memoryless reading
+  estimate=rate, guard=none) its hit counts equal a plain Python replay of the rule as
+  docs/policies.md#predicted-reuse states it (request_reuse_hits below), on random traces;
+  with guard=lru they keep the bound above.
 - estimate=perfect is refused live (it reads the trace's future), with a one-line error.
 - Live and simulated runs make identical decisions: the defaults in test_offload_live.py,
   other settings here, and the evict options (predicted-reuse, request-reuse) of
@@ -78,14 +79,24 @@ def test_random_predictions_bounded_by_lru(fmoe, tmp_path):
 REQUEST_WEIGHT = 4  # request_weight's default
 
 
-def request_reuse_hits(seq, iters, reqs, capacity, w=REQUEST_WEIGHT, overdue=2.0):
+def request_reuse_hits(seq, iters, reqs, capacity, w=REQUEST_WEIGHT, overdue=2.0,
+                       memoryless=False):
     """Belady's rule on the request-level estimate, no guard, written from the docs: ticks
     count accesses (an access at position p is at tick p + 1; a miss chooses its victim at
     tick p); an expert's rate in the request is (iterations of the request that used it +
     w x its rate over all iterations so far) / (the request's iterations + w); its predicted
     next use is its last tick + max(ticks per iteration / rate, overdue x idle ticks), the
     ticks per iteration a running mean (weight 1/64) of the iterations' access counts; the
-    latest predicted next use goes, ties to the least recently used."""
+    latest predicted next use goes, ties to the least recently used. memoryless (estimate=
+    rate): the predicted next use is now + ticks per iteration / rate instead (the A0
+    policy: the lowest rate goes), with no overdue rule, except for the experts the current
+    layer still needs (chosen by its gate, not yet accessed): they go last, the one accessed
+    latest in the layer first."""
+    later, nxt = {}, [None] * len(seq)  # next position of the same expert
+    for q in range(len(seq) - 1, -1, -1):
+        nxt[q] = later.get(seq[q])
+        later[seq[q]] = q
+    last_pos = {}
     cache = {}  # expert -> last tick
     used_req, used_all = {}, {}
     all_iters = req_iters = 0
@@ -108,15 +119,25 @@ def request_reuse_hits(seq, iters, reqs, capacity, w=REQUEST_WEIGHT, overdue=2.0
                 prior = used_all[x] / all_iters
                 rate = (used_req.get(x, 0) + w * prior) / (req_iters + w)
                 gap = (per_iter if per_iter > 0 else 1.0) / rate
+                if memoryless:
+                    return p + gap
                 return cache[x] + max(gap, overdue * (p - cache[x]))
-            del cache[max(cache, key=lambda x: (predicted(x), -cache[x]))]
+
+            def order(x):  # needed by this layer (its next access in this iteration): last
+                q = nxt[last_pos[x]]
+                if memoryless and x[0] == e[0] and q is not None and iters[q] == iters[p]:
+                    return (0, q, 0)
+                return (1, predicted(x), -cache[x])
+            del cache[max(cache, key=order)]
         cache[e] = p + 1
+        last_pos[e] = p
         used_req[e] = used_req.get(e, 0) + 1
         used_all[e] = used_all.get(e, 0) + 1
     return n_hits
 
 
-def test_request_estimate_matches_reference(fmoe, tmp_path):
+@pytest.mark.parametrize("estimate", ["request", "rate"])
+def test_request_estimate_matches_reference(fmoe, tmp_path, estimate):
     differs = 0  # cells where the rule is not LRU's under another name
     for seed in range(4):
         rng = random.Random(100 + seed)
@@ -128,20 +149,21 @@ def test_request_estimate_matches_reference(fmoe, tmp_path):
         seq, iters, rq = sequence(reqs)
         caches = sorted({K, max(K, L * J // 4), L * J // 2})
         got = simulate(fmoe, trace, caches, ["predicted-reuse"],
-                       opts("estimate=request", "guard=none"))
+                       opts(f"estimate={estimate}", "guard=none"))
         for c in caches:
-            want = request_reuse_hits(seq, iters, rq, c)
+            want = request_reuse_hits(seq, iters, rq, c, memoryless=estimate == "rate")
             assert got[("predicted-reuse", c)]["hits"] == want, (seed, c)
             differs += want != hits(seq, c, "lru")
     assert differs > 0
 
 
-def test_request_estimate_bounded_by_lru(fmoe, tmp_path):
+@pytest.mark.parametrize("estimate", ["request", "rate"])
+def test_request_estimate_bounded_by_lru(fmoe, tmp_path, estimate):
     """Any estimate under guard=lru keeps test_random_predictions_bounded_by_lru's bound;
-    the request-level one on the same traces."""
+    the request-level ones on the same traces."""
     for seed in range(10, 14):
         trace, seq, caches = make(tmp_path, seed)
-        got = simulate(fmoe, trace, caches, ["predicted-reuse"], opts("estimate=request"))
+        got = simulate(fmoe, trace, caches, ["predicted-reuse"], opts(f"estimate={estimate}"))
         for c in caches:
             lru = hits(seq, c, "lru")
             allowed = GUARD_MARGIN * (len(seq) - lru) + c + 1
@@ -184,7 +206,7 @@ def live_and_simulated(fmoe_bin, tmp_path, name, common, live_only=()):
 
 @pytest.mark.parametrize("settings", [("estimate=random", "guard=pairs"),
                                       ("estimate=reuse", "guard=none"),
-                                      ("estimate=request",)])
+                                      ("estimate=request",), ("estimate=rate",)])
 def test_other_settings_live_equal_simulated(fmoe_bin, tmp_path, settings):
     """The settings test_offload_live.py's defaults leave out, at 8 of the 48 experts."""
     common = ["--policy", "predicted-reuse", *opts(*settings), "--cache-experts", 8]
