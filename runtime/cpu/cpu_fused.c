@@ -47,7 +47,7 @@ typedef struct entry {
     int32_t c, off;           /* its rows, and the first of them in the scratch rows */
     const int32_t *rows;      /* [c] token rows, or NULL: 0.. (the shared expert) */
     const float *scale;       /* [c] combine weights, or NULL: 1 */
-    const uint8_t *qgate, *qup; /* 8-bit xn rows for gate/up (by token row), or NULL */
+    const uint8_t *qgate, *qup; /* its c 8-bit input rows for gate/up, qrow apart, or NULL */
     int32_t down_act;         /* down takes 8-bit inputs (qg) */
     int64_t chunk;            /* job-1 rows of I per task */
     int32_t first_task;       /* its first job-1 task */
@@ -60,6 +60,9 @@ struct fmoe__cpu_fused {
                                 SwiGLU), up, down outputs */
     uint8_t *qx;             /* [MAX_QTYPES][FMOE__CPU_FUSED_MAX_N][qrow] xn, 8-bit */
     uint8_t *qg;             /* [max_rows][qrow] SwiGLU rows, 8-bit for down */
+    uint8_t *qin[2];         /* [max_rows][qrow] each: routed experts' 8-bit input rows
+                                for gate and up, gathered so that one kernel call takes
+                                all of an expert's rows (each block unpacked once) */
     float *widen;            /* [threads][max_cols] a row widened (f32 inputs, 4 rows) */
     entry *e;                /* [max_rows + 1] */
 };
@@ -81,9 +84,12 @@ int fmoe__cpu_fused_init(int32_t threads, int64_t max_cols, int32_t max_rows,
     x->y = malloc(rows);
     x->qx = malloc((size_t)(MAX_QTYPES * FMOE__CPU_FUSED_MAX_N) * (size_t)x->qrow);
     x->qg = malloc((size_t)max_rows * (size_t)x->qrow);
+    x->qin[0] = malloc((size_t)max_rows * (size_t)x->qrow);
+    x->qin[1] = malloc((size_t)max_rows * (size_t)x->qrow);
     x->widen = malloc((size_t)threads * (size_t)max_cols * sizeof(float));
     x->e = malloc((size_t)(max_rows + 1) * sizeof *x->e);
-    if (!x->x || !x->g || !x->u || !x->y || !x->qx || !x->qg || !x->widen || !x->e) {
+    if (!x->x || !x->g || !x->u || !x->y || !x->qx || !x->qg || !x->qin[0] || !x->qin[1] ||
+        !x->widen || !x->e) {
         fmoe__cpu_fused_free(x);
         return fmoe_error_set(FMOE_ENOMEM, "out of memory for the fused experts' scratch");
     }
@@ -99,6 +105,8 @@ void fmoe__cpu_fused_free(fmoe__cpu_fused *x) {
     free(x->y);
     free(x->qx);
     free(x->qg);
+    free(x->qin[0]);
+    free(x->qin[1]);
     free(x->widen);
     free(x->e);
     free(x);
@@ -124,27 +132,20 @@ static int64_t act_block(uint32_t type) { return fmoe_quant_act_bytes(type, 32) 
 
 /*
  * Rows [r0, r1) of y[t·ldy + r] = W[r]·input_t for t < c, by the kernel cpu_matmul takes
- * for c rows: the 8-bit block dot (q: the c inputs q_stride apart, or with qrows the input
- * of token t at q + qrows[t]·q_stride), the f32 block dot (in, ld apart), or the bf16/f16
- * dots.
+ * for c rows: the 8-bit block dot (q: the c inputs q_stride apart), the f32 block dot (in,
+ * ld apart), or the bf16/f16 dots.
  */
 static void product(void *ctx, fmoe__cpu_fused *x, const fmoe__mat *W, int64_t r0, int64_t r1,
-                    const float *in, int64_t ld, const uint8_t *q, int64_t q_stride,
-                    const int32_t *qrows, int32_t c, float *y, int64_t ldy, int32_t worker) {
+                    const float *in, int64_t ld, const uint8_t *q, int64_t q_stride, int32_t c,
+                    float *y, int64_t ldy, int32_t worker) {
     if (W->quant) {
         const int64_t rb = fmoe_quant_row_bytes(W->quant, W->cols);
-        if (!q) {
+        if (!q)
             fmoe__quant_matvec_rows(W->quant, W->data, rb, r0, r1, W->cols, in, ld, NULL, 0, c,
                                     y, ldy, x->widen + (int64_t)worker * x->max_cols);
-        } else if (!qrows) {
+        else
             fmoe__quant_matvec_rows(W->quant, W->data, rb, r0, r1, W->cols, NULL, 0, q,
                                     q_stride, c, y, ldy, NULL);
-        } else { /* one input at a time: the 8-bit dots do not depend on how many */
-            for (int32_t t = 0; t < c; t++)
-                fmoe__quant_matvec_rows(W->quant, W->data, rb, r0, r1, W->cols, NULL, 0,
-                                        q + (int64_t)qrows[t] * q_stride, 0, 1, y + t * ldy,
-                                        ldy, NULL);
-        }
         return;
     }
     const uint16_t *w = W->data;
@@ -167,11 +168,8 @@ static void up_task(void *arg, int32_t task, int32_t worker) {
     /* f32 inputs: the gathered rows (the shared expert's: xn itself) */
     const float *in = e->rows ? x->x + (int64_t)e->off * mc : p->a->xn;
     const int64_t ld = e->rows ? mc : h;
-    static const int32_t ident[FMOE__CPU_FUSED_MAX_N] = {0, 1, 2, 3};
-    const int32_t *qrows = e->rows ? e->rows : ident; /* the 8-bit xn row of each token */
-    const int64_t qstride = x->qrow;
-    product(p->ctx, x, &w->gate, r0, r1, in, ld, e->qgate, qstride, qrows, e->c, G, mc, worker);
-    product(p->ctx, x, &w->up, r0, r1, in, ld, e->qup, qstride, qrows, e->c, U, mc, worker);
+    product(p->ctx, x, &w->gate, r0, r1, in, ld, e->qgate, x->qrow, e->c, G, mc, worker);
+    product(p->ctx, x, &w->up, r0, r1, in, ld, e->qup, x->qrow, e->c, U, mc, worker);
     for (int32_t t = 0; t < e->c; t++) {
         float *g = G + t * mc, *u = U + t * mc;
         for (int64_t r = r0; r < r1; r++) {
@@ -203,8 +201,8 @@ static void down_task(void *arg, int32_t task, int32_t worker) {
         const fmoe__mlp *w = e->w;
         float *Y = x->y + (int64_t)e->off * mc;
         product(p->ctx, x, &w->down, r0, r1, x->g + (int64_t)e->off * mc, mc,
-                e->down_act ? x->qg + (int64_t)e->off * x->qrow : NULL, x->qrow, NULL, e->c, Y,
-                mc, worker);
+                e->down_act ? x->qg + (int64_t)e->off * x->qrow : NULL, x->qrow, e->c, Y, mc,
+                worker);
         for (int32_t t = 0; t < e->c; t++) {
             float *yt = Y + t * mc;
             if (w->down_b)
@@ -257,11 +255,21 @@ int fmoe__cpu_moe_experts(void *ctx, const fmoe__moe_args *a) {
         *e = (entry){.w = w, .c = shared ? a->n : a->offset_host[k + 1] - o, .off = off,
                      .rows = shared ? NULL : a->rows_host + o,
                      .scale = shared ? NULL : a->scale_host + o};
-        const int64_t qg = act_bytes(ctx, &w->gate), qu = act_bytes(ctx, &w->up);
-        if (qg && !(e->qgate = rows_8bit(x, w->gate.quant, a->xn, a->n, a->h, types, &ntypes)))
-            return 1;
-        if (qu && !(e->qup = rows_8bit(x, w->up.quant, a->xn, a->n, a->h, types, &ntypes)))
-            return 1;
+        /* 8-bit inputs: xn's rows quantised once per type, an expert's gathered */
+        const fmoe__mat *gu[2] = {&w->gate, &w->up};
+        const uint8_t **dst[2] = {&e->qgate, &e->qup};
+        for (int m = 0; m < 2; m++) {
+            const int64_t qb = act_bytes(ctx, gu[m]);
+            if (!qb) continue;
+            const uint8_t *q = rows_8bit(x, gu[m]->quant, a->xn, a->n, a->h, types, &ntypes);
+            if (!q) return 1;
+            *dst[m] = q; /* the shared expert's rows are xn's, in order */
+            if (shared) continue;
+            uint8_t *g = x->qin[m] + (int64_t)e->off * x->qrow;
+            for (int32_t t = 0; t < e->c; t++)
+                memcpy(g + t * x->qrow, q + (int64_t)e->rows[t] * x->qrow, (size_t)qb);
+            *dst[m] = g;
+        }
         e->down_act = act_bytes(ctx, &w->down) > 0;
         e->chunk = UP_CHUNK;
         if (e->down_act) { /* whole blocks of down's 8-bit input per task */
@@ -317,7 +325,7 @@ static void same_task(void *arg, int32_t task, int32_t worker) {
     const fmoe__mat *W = j->ws[i];
     const int64_t r0 = (int64_t)(task - j->first[i]) * UP_CHUNK;
     const int64_t r1 = r0 + UP_CHUNK < W->rows ? r0 + UP_CHUNK : W->rows;
-    product(j->ctx, j->x, W, r0, r1, j->in, W->cols, j->q[i], j->x->qrow, NULL, j->n, j->ys[i],
+    product(j->ctx, j->x, W, r0, r1, j->in, W->cols, j->q[i], j->x->qrow, j->n, j->ys[i],
             W->rows, worker);
 }
 
