@@ -56,6 +56,36 @@ static inline int64_t fmoe__mat_bytes(const fmoe__mat *w) {
     return w->rows * fmoe__row_bytes(w->dtype, w->quant, w->cols);
 }
 
+/* A SwiGLU MLP: down(silu(gate(x)) * up(x)); gpt-oss's experts add biases and clamp
+ * (fmoe_swiglu_clamped when glu_limit > 0). An executor's copy of an expert replaces the
+ * three matrices only: the biases are small and stay the model's. */
+typedef struct fmoe__mlp {
+    fmoe__mat gate; /* [I][h] */
+    fmoe__mat up;   /* [I][h] */
+    fmoe__mat down; /* [h][I] */
+    const float *gate_b, *up_b, *down_b; /* [I], [I], [h] (gpt-oss), or NULL */
+    float glu_alpha, glu_limit;          /* gpt-oss's clamped SwiGLU; limit 0: plain */
+} fmoe__mlp;
+
+/*
+ * One MoE layer's expert sum over n rows of its gate input (the moe_experts op):
+ *   acc[row] += scale · mlp_e(xn[row]) for each routed expert e, in the order given, over
+ *   the rows routed to it, then acc[t] += shared(xn[t]) for every t < n when shared is set
+ * -- what forward.c's loop of gather_rows, matmul, swiglu and scatter_add computes, in the
+ * same order. Arrays *_host are host memory read during the call.
+ */
+typedef struct fmoe__moe_args {
+    const float *xn;            /* [n][h] buffer */
+    float *acc;                 /* [n][h] buffer: the sums add here */
+    int32_t n, h;
+    int32_t count;              /* routed experts */
+    const fmoe__mlp *experts;   /* [count] host: their weights */
+    const int32_t *offset_host; /* [count + 1]: expert e's rows are [offset[e], offset[e+1]) */
+    const int32_t *rows_host;   /*   of rows_host (token rows, distinct per expert) */
+    const float *scale_host;    /*   and scale_host (their combine weights) */
+    const fmoe__mlp *shared;    /* the shared expert (weight 1, every row), or NULL */
+} fmoe__moe_args;
+
 /* One attention call: n query tokens at positions pos0.., against the cache of a layer.
  * Every pointer is a backend buffer. */
 typedef struct fmoe__attn_args {
@@ -301,6 +331,18 @@ typedef struct fmoe__backend_ops {
      * partial rotary). A session refuses such a model on a backend where this is NULL. */
     void (*rope_partial)(void *ctx, float *x, int32_t n, int32_t heads, int32_t head_dim,
                          int32_t rot_dim, const float *cos, const float *sin);
+    /* The routed experts (and shared one) of a MoE layer at once (fmoe__moe_args), so a
+     * backend can split all of their products over its threads in a few jobs instead of
+     * several per expert (the CPU backend: two, cpu_fused.c). It may decline, before
+     * doing anything, what it does not fuse (the CPU: more than a few rows, f32 weights):
+     * the pass then runs its per-expert loop. NULL: always that loop.
+     * @return 0 done, 1 declined. */
+    int (*moe_experts)(void *ctx, const fmoe__moe_args *a);
+    /* ys[i][n][ws[i]->rows] = x[n][cols] · ws[i]ᵀ for i < count: `matmul` of several
+     * matrices of one input (attention's projections), which a backend may run as one
+     * job. NULL: the pass calls matmul for each. */
+    void (*matmul_same_input)(void *ctx, const fmoe__mat *const *ws, int32_t count,
+                              const float *x, int32_t n, float *const *ys);
 } fmoe__backend_ops;
 
 extern const fmoe__backend_ops fmoe__cpu_backend;

@@ -1,12 +1,32 @@
 /*
- * threadpool.c - fixed worker pool: a generation counter announces a job, an atomic
- * counter hands out its tasks, and the last worker to finish wakes the caller.
+ * threadpool.c - fixed worker pool. One 64-bit claim word holds the job's generation (high
+ * 32 bits) and the next unclaimed task (low 32 bits); a task is claimed by a compare-and-
+ * swap that also checks the generation, and the caller returns once every task of its job
+ * has *finished* (a count of finished tasks), without waiting for workers that took none.
  *
- * Waiting: a worker spins on the generation for SPIN_ROUNDS pause instructions (tens of
- * microseconds, about the gap between two kernels of one layer) and then sleeps on a
- * condition variable; the caller waits for completion the same way. Everything a job
- * needs (fn, ctx, ntasks) is written before the generation is bumped with seq_cst order,
- * so a worker that sees the new generation sees the job.
+ * Why the caller does not wait for every worker to check in: on a loaded machine (more
+ * runnable threads than cores) a worker may be descheduled for a whole time slice, and a
+ * caller that waited for it paid that slice on every job, several hundred times a decode
+ * step (2 threads on a busy 2-core machine decoded 20x slower than 1). Now a late worker
+ * simply finds the job's tasks taken, and the caller has run them itself.
+ *
+ * Why this is safe (tests/model/test_threadpool.c runs tens of thousands of jobs with late
+ * and sleeping workers): a worker runs task k of generation g only if its CAS moved the
+ * claim word from (g, k) to (g, k + 1), and the word holds generation g only while job g
+ * still has unclaimed tasks or unfinished ones the caller waits for. Publishing a job is
+ * three steps, all seq_cst: the word goes to (g, LOCKED) -- LOCKED is above any task
+ * count, so nothing of g can be claimed, and no CAS expecting g - 1 can succeed any more
+ * -- then fn, ctx and ntasks are written, then the word goes to (g, 0). A worker reads fn,
+ * ctx and ntasks after seeing (g, k < LOCKED) and before its CAS; if it read a later job's
+ * values, the caller had already moved the word past generation g (the writes come after
+ * that move in the single total order of seq_cst operations), so the CAS fails and the
+ * values are never used. Generations wrap after 2^32 jobs; a worker would have to sleep
+ * through exactly that many for a stale CAS to succeed.
+ *
+ * Waiting: a worker spins on the claim word for SPIN_ROUNDS pause instructions (a yield
+ * every 64) and then sleeps on a condition variable; the caller wakes sleepers only when
+ * some are asleep (a seq_cst count, so a sleeper that missed the new word is always seen),
+ * and waits for its job's last task the same way.
  */
 #include "threadpool.h"
 
@@ -17,20 +37,33 @@
 
 #include "fmoe/error.h"
 
+#ifdef FMOE_POOL_PROFILE
+#include "pool_profile.h"
+#else
+#define PROF(x)
+#endif
+
 #define SPIN_ROUNDS 4000
+#define LOCKED 0xffffffffu
+
+#define WORD(gen, task) (((uint64_t)(gen) << 32) | (uint32_t)(task))
+#define GEN(w) ((uint32_t)((w) >> 32))
+#define TASK(w) ((uint32_t)(w))
 
 struct fmoe__pool {
     int32_t n; /* threads including the caller */
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
-    _Atomic uint64_t gen;
-    _Atomic int32_t next;
-    _Atomic int32_t busy;
+    _Atomic uint64_t claim;     /* (generation, next task), see above */
+    _Atomic int32_t finished;   /* tasks of the current job that have returned */
+    _Atomic int32_t sleepers;   /* workers asleep (or about to be) on `wake` */
+    _Atomic int caller_asleep;  /* the caller is asleep (or about to be) on `done` */
     _Atomic int stop;
-    fmoe__task_fn fn;
-    void *ctx;
-    int32_t ntasks;
+    _Atomic(fmoe__task_fn) fn;  /* the current job; valid while the claim word holds its */
+    _Atomic(void *) ctx;        /* generation with a task index below LOCKED */
+    _Atomic int32_t ntasks;
+    uint32_t gen;               /* the caller's: the generation of the last job */
 };
 
 typedef struct worker_arg {
@@ -47,12 +80,34 @@ static inline void cpu_relax(int round) {
     if ((round & 63) == 63) sched_yield();
 }
 
-static void run_tasks(fmoe__pool *p, int32_t worker) {
-    for (;;) {
-        int32_t t = atomic_fetch_add(&p->next, 1);
-        if (t >= p->ntasks) break;
-        p->fn(p->ctx, t, worker);
+/* Claims and runs tasks of generation `gen` until none is left (or the word has moved on).
+ * @return the number of tasks this thread ran. */
+static int32_t run_tasks(fmoe__pool *p, uint32_t gen, int32_t worker) {
+    int32_t ran = 0;
+    uint64_t w = atomic_load(&p->claim);
+    while (GEN(w) == gen && TASK(w) != LOCKED) {
+        const fmoe__task_fn fn = atomic_load(&p->fn);
+        void *ctx = atomic_load(&p->ctx);
+        const int32_t ntasks = atomic_load(&p->ntasks);
+        if ((int64_t)TASK(w) >= ntasks) break;
+        if (!atomic_compare_exchange_weak(&p->claim, &w, w + 1)) continue; /* w reloaded */
+        PROF(double t0 = prof_now());
+        fn(ctx, (int32_t)TASK(w), worker);
+        PROF(prof_busy(worker, prof_now() - t0));
+        ran++;
+        if (atomic_fetch_add(&p->finished, 1) + 1 == ntasks && atomic_load(&p->caller_asleep)) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
+        w = atomic_load(&p->claim);
     }
+    return ran;
+}
+
+/* Whether the claim word announces a job other than `seen` that can be claimed from. */
+static inline int new_job(uint64_t w, uint32_t seen) {
+    return GEN(w) != seen && TASK(w) != LOCKED;
 }
 
 static void *worker_main(void *arg) {
@@ -60,27 +115,29 @@ static void *worker_main(void *arg) {
     fmoe__pool *p = wa->pool;
     const int32_t id = wa->id;
     free(wa);
-    uint64_t seen = 0;
+    uint32_t seen = GEN(atomic_load(&p->claim));
     for (;;) {
-        int spins = 0;
-        while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop) && spins < SPIN_ROUNDS) {
+        uint64_t w = atomic_load(&p->claim);
+        for (int spins = 0; !new_job(w, seen) && !atomic_load(&p->stop) && spins < SPIN_ROUNDS;
+             spins++) {
             cpu_relax(spins);
-            spins++;
+            w = atomic_load(&p->claim);
         }
-        if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) {
+        if (!new_job(w, seen) && !atomic_load(&p->stop)) {
             pthread_mutex_lock(&p->mu);
-            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
+            atomic_fetch_add(&p->sleepers, 1);
+            PROF(prof_sleep(id));
+            /* a word still LOCKED is about to become (g, 0): the caller then wakes us */
+            while (!new_job(w = atomic_load(&p->claim), seen) && !atomic_load(&p->stop))
                 pthread_cond_wait(&p->wake, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
         }
         if (atomic_load(&p->stop)) return NULL;
-        seen = atomic_load(&p->gen);
-        run_tasks(p, id);
-        if (atomic_fetch_sub(&p->busy, 1) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        /* the job seen, even if the word has moved on since: then it finds nothing to
+         * claim, and the next loop sees the newer one */
+        seen = GEN(w);
+        run_tasks(p, seen, id);
     }
 }
 
@@ -92,6 +149,7 @@ int fmoe__pool_init(int32_t threads, fmoe__pool **out) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
+    atomic_store(&p->claim, WORD(0, 0));
     p->threads = calloc((size_t)threads, sizeof *p->threads);
     if (!p->threads) {
         fmoe__pool_free(p);
@@ -118,6 +176,7 @@ int fmoe__pool_init(int32_t threads, fmoe__pool **out) {
 
 void fmoe__pool_free(fmoe__pool *p) {
     if (!p) return;
+    PROF(prof_dump(p->n));
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->wake);
@@ -138,24 +197,32 @@ void fmoe__pool_run(fmoe__pool *p, fmoe__task_fn fn, void *ctx, int32_t ntasks) 
         for (int32_t t = 0; t < ntasks; t++) fn(ctx, t, 0);
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    p->ntasks = ntasks;
-    atomic_store(&p->next, 0);
-    atomic_store(&p->busy, p->n - 1);
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add(&p->gen, 1);
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
-    run_tasks(p, 0);
+    PROF(prof_job_start());
+    const uint32_t gen = ++p->gen;
+    atomic_store(&p->claim, WORD(gen, LOCKED));
+    atomic_store(&p->fn, fn);
+    atomic_store(&p->ctx, ctx);
+    atomic_store(&p->ntasks, ntasks);
+    atomic_store(&p->finished, 0);
+    atomic_store(&p->claim, WORD(gen, 0));
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
+    run_tasks(p, gen, 0);
+    PROF(prof_wait_start());
     int spins = 0;
-    while (atomic_load(&p->busy) > 0 && spins < SPIN_ROUNDS) {
+    while (atomic_load(&p->finished) < ntasks && spins < SPIN_ROUNDS) {
         cpu_relax(spins);
         spins++;
     }
-    if (atomic_load(&p->busy) > 0) {
+    if (atomic_load(&p->finished) < ntasks) {
         pthread_mutex_lock(&p->mu);
-        while (atomic_load(&p->busy) > 0) pthread_cond_wait(&p->done, &p->mu);
+        atomic_store(&p->caller_asleep, 1);
+        while (atomic_load(&p->finished) < ntasks) pthread_cond_wait(&p->done, &p->mu);
+        atomic_store(&p->caller_asleep, 0);
         pthread_mutex_unlock(&p->mu);
     }
+    PROF(prof_job_end());
 }

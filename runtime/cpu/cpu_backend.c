@@ -56,6 +56,7 @@
 #include "half.h"
 #include "fmoe/quant_act.h"
 #include "rowwise.h"
+#include "cpu_fused.h"
 #include "cpu_mla.h"
 #include "quant_matvec.h"
 #include "quant_widen.h"
@@ -88,6 +89,11 @@ typedef struct cpu_ctx {
     int act8;             /* FMOE_ACTIVATIONS_Q8: 8-bit inputs for block-format weights */
     double *marks;        /* [max_marks] host clock of each timer mark, s; NAN: unmarked */
     int32_t max_marks;
+    double min_work;      /* multiply-adds below which a product stays on the caller:
+                             PARALLEL_MIN_WORK, or FMOE_CPU_MIN_WORK from the environment
+                             (tests set 0 to split even a tiny model's products) */
+    fmoe__cpu_fused *fused; /* the fused products' scratch (cpu_fused.h); NULL with
+                             FMOE_CPU_UNFUSED in the environment */
 } cpu_ctx;
 
 /* ---------------------------------------------------------------------------------- */
@@ -367,14 +373,14 @@ static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n,
     if (w->quant && (n <= SMALL_N || (c->act8 && fmoe_quant_act_supported(w->quant)))) {
         /* scratch rows hold block_rows·max_cols >= cols floats, one per pool worker */
         const double work = (double)w->rows * (double)w->cols * (double)n;
-        fmoe__quant_matvec(work < PARALLEL_MIN_WORK ? NULL : c->pool, w->quant, w->data, w->rows,
+        fmoe__quant_matvec(work < c->min_work ? NULL : c->pool, w->quant, w->data, w->rows,
                            w->cols, x, n, w->cols, y, w->rows, c->scratch,
                            (int64_t)c->block_rows * c->max_cols, c->act8);
         return;
     }
     matmul_job j = {.c = c, .w = w, .x = x, .y = y, .n = n};
     const double work = (double)w->rows * (double)w->cols * (double)n;
-    int32_t tasks = work < PARALLEL_MIN_WORK ? 1 : c->threads;
+    int32_t tasks = work < c->min_work ? 1 : c->threads;
     if (tasks > w->rows) tasks = (int32_t)w->rows;
     if (tasks < 1) tasks = 1;
     /* Slices in multiples of 16 rows keep each worker's output stores apart. */
@@ -459,12 +465,27 @@ void fmoe__cpu_run(void *ctx, fmoe__task_fn fn, void *arg, int32_t tasks) {
     fmoe__pool_run(((cpu_ctx *)ctx)->pool, fn, arg, tasks);
 }
 
+void fmoe__cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n, float *y) {
+    cpu_matmul(ctx, w, x, n, y);
+}
+
+fmoe__cpu_fused *fmoe__cpu_fused_of(void *ctx) { return ((cpu_ctx *)ctx)->fused; }
+
+int fmoe__cpu_act8(const void *ctx) { return ((const cpu_ctx *)ctx)->act8; }
+
+double fmoe__cpu_min_work(const void *ctx) { return ((const cpu_ctx *)ctx)->min_work; }
+
+void fmoe__cpu_dots_u16(const void *ctx, const uint16_t *w, fmoe_st_dtype dt, const float *x,
+                        int64_t ld, int32_t nx, int64_t n, float *y, int64_t ystride) {
+    dots_u16(ctx, w, dt, x, ld, nx, n, y, ystride);
+}
+
 static void cpu_attention(void *ctx, const fmoe__attn_args *a) {
     cpu_ctx *c = ctx;
     attn_job j = {c, a};
     const int32_t tasks = a->n * a->n_heads;
     const double work = (double)tasks * (double)(a->pos0 + a->n) * a->head_dim;
-    if (work < PARALLEL_MIN_WORK) {
+    if (work < c->min_work) {
         for (int32_t t = 0; t < tasks; t++) attn_task(&j, t, 0);
         return;
     }
@@ -685,6 +706,7 @@ static void cpu_free(void *ctx) {
     cpu_ctx *c = ctx;
     if (!c) return;
     fmoe__pool_free(c->pool);
+    fmoe__cpu_fused_free(c->fused);
     for (int32_t i = 0; i < c->threads; i++) {
         if (c->scratch) free(c->scratch[i]);
         if (c->scores) free(c->scores[i]);
@@ -713,6 +735,9 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
     int64_t br = (256 * 1024) / (lim->max_cols > 0 ? lim->max_cols : 1);
     c->block_rows = (int32_t)(br < 16 ? 16 : br > 1024 ? 1024 : br);
     c->act8 = lim->activations == FMOE_ACTIVATIONS_Q8;
+    c->min_work = PARALLEL_MIN_WORK;
+    const char *mw = getenv("FMOE_CPU_MIN_WORK");
+    if (mw && *mw) c->min_work = atof(mw);
 #if HAVE_X86
     __builtin_cpu_init();
     unsigned eax, ebx, ecx = 0, edx; /* F16C from CPUID: clang 14 lacks the builtin's "f16c" */
@@ -739,6 +764,13 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
         if (!c->scratch[i] || !c->scores[i]) goto oom;
     }
     int rc = fmoe__pool_init(threads, &c->pool);
+    if (rc == 0 && !getenv("FMOE_CPU_UNFUSED")) {
+        /* a decode step's expert rows: FUSED_MAX_N tokens, top_k each, and the shared one */
+        const int32_t k = lim->max_batch > 0 ? lim->max_experts / lim->max_batch : 0;
+        const int32_t n = FMOE__CPU_FUSED_MAX_N;
+        rc = fmoe__cpu_fused_init(threads, lim->max_cols > 0 ? lim->max_cols : 1,
+                                    n * (k > 0 ? k : 1) + n, &c->fused);
+    }
     if (rc < 0) {
         cpu_free(c);
         return rc;
@@ -803,4 +835,6 @@ const fmoe__backend_ops fmoe__cpu_backend = {
     .mla_attention = fmoe__cpu_mla_attention,
     .swiglu_clamped = cpu_swiglu_clamped,
     .rope_partial = cpu_rope_partial,
+    .moe_experts = fmoe__cpu_moe_experts,
+    .matmul_same_input = fmoe__cpu_matmul_same_input,
 };

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "../backend/backend_impl.h"
+#include "cpu_fused.h"
 #include "cpu_mla.h"
 #include "rowwise.h"
 
@@ -97,7 +98,7 @@ void fmoe__cpu_mla_attention(void *ctx, const fmoe__mla_args *a) {
                                                                a->max_batch)};
     /* One scratch slot per pool worker, or the heads run here one after the other. */
     const double work = (double)H * a->n * (double)(a->pos0 + a->n) * ks;
-    if (a->scratch_slots >= fmoe__cpu_threads(ctx) && work >= (1 << 16)) {
+    if (a->scratch_slots >= fmoe__cpu_threads(ctx) && work >= fmoe__cpu_min_work(ctx)) {
         fmoe__cpu_run(ctx, head_task, (void *)&j, H);
         return;
     }

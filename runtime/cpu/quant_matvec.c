@@ -32,28 +32,37 @@ typedef struct job {
     float *const *scratch; /* [workers][cols] or NULL */
 } job;
 
+void fmoe__quant_matvec_rows(uint32_t type, const void *W, int64_t row_bytes, int64_t r0,
+                             int64_t r1, int64_t cols, const float *x, int64_t ldx,
+                             const void *qx, int64_t qx_bytes, int32_t nx, float *y,
+                             int64_t ldy, float *widen_row) {
+    const uint8_t *Wb = W;
+    if (qx) {
+        fmoe_quant_act_matvec(type, Wb + r0 * row_bytes, row_bytes, r1 - r0, qx, qx_bytes, nx,
+                              cols, y + r0, ldy);
+        return;
+    }
+    const int widen = widen_row && nx >= QUANT_MATVEC_WIDEN_MIN;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = Wb + r * row_bytes;
+        if (widen) {
+            fmoe__quant_widen_rows(type, row, 1, cols, widen_row);
+            for (int32_t t = 0; t < nx; t++)
+                y[t * ldy + r] = fmoe_quant_dot(FMOE_GGML_F32, widen_row, x + t * ldx, cols);
+        } else {
+            for (int32_t t = 0; t < nx; t++)
+                y[t * ldy + r] = fmoe_quant_dot(type, row, x + t * ldx, cols);
+        }
+    }
+}
+
 static void run_chunk(void *ctx, int32_t task, int32_t worker) {
     const job *j = ctx;
     const int64_t r0 = (int64_t)task * CHUNK_ROWS;
     const int64_t r1 = r0 + CHUNK_ROWS < j->rows ? r0 + CHUNK_ROWS : j->rows;
-    if (j->qx) {
-        fmoe_quant_act_matvec(j->type, j->W + r0 * j->row_bytes, j->row_bytes, r1 - r0, j->qx,
-                              j->qx_bytes, j->nx, j->cols, j->y + r0, j->ldy);
-        return;
-    }
-    const int widen = j->scratch && j->nx >= QUANT_MATVEC_WIDEN_MIN;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = j->W + r * j->row_bytes;
-        if (widen) {
-            float *w = j->scratch[worker];
-            fmoe__quant_widen_rows(j->type, row, 1, j->cols, w);
-            for (int32_t t = 0; t < j->nx; t++)
-                j->y[t * j->ldy + r] = fmoe_quant_dot(FMOE_GGML_F32, w, j->x + t * j->ldx, j->cols);
-        } else {
-            for (int32_t t = 0; t < j->nx; t++)
-                j->y[t * j->ldy + r] = fmoe_quant_dot(j->type, row, j->x + t * j->ldx, j->cols);
-        }
-    }
+    fmoe__quant_matvec_rows(j->type, j->W, j->row_bytes, r0, r1, j->cols, j->x, j->ldx, j->qx,
+                            j->qx_bytes, j->nx, j->y, j->ldy,
+                            j->scratch ? j->scratch[worker] : NULL);
 }
 
 static void run(fmoe__pool *pool, job *j) {

@@ -40,4 +40,16 @@ void fmoe__quant_matvec(fmoe__pool *pool, uint32_t type, const void *W, int64_t 
                         int64_t ldy, float *const *scratch, int64_t scratch_floats,
                         int act8);
 
+/*
+ * Rows [r0, r1) of one such product: the kernel of every chunk fmoe__quant_matvec hands a
+ * worker, for callers that split products their own way (cpu_experts.c). `qx`: nx 8-bit
+ * inputs qx_bytes apart (the 8-bit path; x unused), or NULL for f32 inputs x (ldx apart);
+ * `widen_row`: cols floats of scratch, or NULL. The same bits as fmoe__quant_matvec's for
+ * those rows, whatever the split.
+ */
+void fmoe__quant_matvec_rows(uint32_t type, const void *W, int64_t row_bytes, int64_t r0,
+                             int64_t r1, int64_t cols, const float *x, int64_t ldx,
+                             const void *qx, int64_t qx_bytes, int32_t nx, float *y,
+                             int64_t ldy, float *widen_row);
+
 #endif

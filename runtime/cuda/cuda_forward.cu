@@ -1408,6 +1408,8 @@ static const fmoe__backend_ops cuda_ops = {
     .layernorm = cuda_layernorm,
     .swiglu_clamped = cuda_swiglu_clamped,
     .rope_partial = cuda_rope_partial,
+    .moe_experts = NULL, /* the pass's per-expert loop: one stream, no threads to keep busy */
+    .matmul_same_input = NULL, /* likewise: matmul, one product at a time */
 };
 
 extern "C" const fmoe__backend_ops *fmoe__cuda_module_backend_ops(void) { return &cuda_ops; }

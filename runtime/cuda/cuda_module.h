@@ -25,6 +25,9 @@
  * ABI 6 adds the slot fences fence_new, fence_free, fence_record and fence_wait to
  * backend_ops (one event per expert slot), and write_slot no longer waits for every
  * context's reads of slots: only the fence_wait queued before it orders a rewrite.
+ *
+ * ABI 7 adds moe_experts and matmul_same_input (a MoE layer's experts, and products of one
+ * input, in one call each; NULL in this module).
  */
 #ifndef FMOE_CUDA_MODULE_H
 #define FMOE_CUDA_MODULE_H
@@ -32,7 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FMOE_CUDA_MODULE_ABI 6
+#define FMOE_CUDA_MODULE_ABI 7
 #define FMOE_CUDA_MODULE_SYMBOL "fmoe_cuda_module_get_api"
 
 /* A fingerprint of the shared structs: sizes and one late field's offset, 12 bits each

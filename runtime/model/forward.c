@@ -131,6 +131,10 @@ struct fmoe_session {
     int32_t *ident_h;       /* [B] 0, 1, 2, ... and */
     float *ones_h;          /* [B] 1, 1, 1, ...: the row lists of an expert whose input is
                                scaled (fmoe__arch.scale_expert_input) */
+    fmoe__mlp *moe_w;       /* [J] a layer's chosen experts in compute order, */
+    int32_t *moe_off;       /* [J + 1] where each one's rows start in */
+    int32_t *moe_rows;      /* [B·K] their token rows and */
+    float *moe_scale;       /* [B·K] combine weights: the backend's moe_experts call */
     float *inv_freq;        /* [R/2] */
     int32_t rope_dim;       /* R: the rotated dims per head (D; MLA: qk_rope_head_dim;
                                GLM-4.5: D · partial_rotary_factor) */
@@ -184,7 +188,8 @@ void fmoe_session_free(fmoe_session *s) {
     }
     void *host[] = {s->chosen, s->distinct, s->corder, s->count, s->slots, s->rows_h,
                     s->scale_h, s->inv_freq, s->cos_h, s->sin_h, s->segs, s->mla_seqs,
-                    s->ident_h, s->ones_h};
+                    s->ident_h, s->ones_h, s->moe_w, s->moe_off, s->moe_rows,
+                    s->moe_scale};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     free(s);
 }
@@ -368,9 +373,13 @@ static int session_init(const fmoe_model *m, const fmoe_session_options *options
     s->mla_seqs = calloc((size_t)B, sizeof *s->mla_seqs);
     s->ident_h = malloc((size_t)B * sizeof *s->ident_h);
     s->ones_h = malloc((size_t)B * sizeof *s->ones_h);
+    s->moe_w = malloc((size_t)J * sizeof *s->moe_w);
+    s->moe_off = malloc((size_t)(J + 1) * sizeof *s->moe_off);
+    s->moe_rows = malloc((size_t)(B * K) * sizeof *s->moe_rows);
+    s->moe_scale = malloc((size_t)(B * K) * sizeof *s->moe_scale);
     if (!s->chosen || !s->distinct || !s->corder || !s->count || !s->slots || !s->rows_h ||
         !s->scale_h || !s->inv_freq || !s->cos_h || !s->sin_h || !s->segs || !s->mla_seqs ||
-        !s->ident_h || !s->ones_h)
+        !s->ident_h || !s->ones_h || !s->moe_w || !s->moe_off || !s->moe_rows || !s->moe_scale)
         goto oom;
     for (int64_t r = 0; r < B; r++) {
         s->ident_h[r] = (int32_t)r;
@@ -566,9 +575,15 @@ static void attention_block(fmoe_session *s, int32_t li, const segment *sg, int3
         be->add(c, s->x, s->acc, (int64_t)n * h);
         return;
     }
-    be->matmul(c, &L->wq, s->xn, n, s->q);
-    be->matmul(c, &L->wk, s->xn, n, s->k);
-    be->matmul(c, &L->wv, s->xn, n, s->v);
+    if (be->matmul_same_input) {
+        const fmoe__mat *ws[3] = {&L->wq, &L->wk, &L->wv};
+        float *ys[3] = {s->q, s->k, s->v};
+        be->matmul_same_input(c, ws, 3, s->xn, n, ys);
+    } else {
+        be->matmul(c, &L->wq, s->xn, n, s->q);
+        be->matmul(c, &L->wk, s->xn, n, s->k);
+        be->matmul(c, &L->wv, s->xn, n, s->v);
+    }
     if (L->bq) be->add_bias(c, s->q, L->bq, n, qd);
     if (L->bk) be->add_bias(c, s->k, L->bk, n, kd);
     if (L->bv) be->add_bias(c, s->v, L->bv, n, kd);
@@ -726,6 +741,21 @@ static int run_expert(fmoe_session *s, const fmoe__mlp *w, expert_home home, voi
     return fmoe__expert_run(be, s->bctx, &io, w, c, h, home == EXPERT_SLOT, fence);
 }
 
+/* The shared expert of MoE layer L over the n rows of s->xn, added to s->acc (Qwen2-MoE:
+ * gated by sigmoid(xn·w)). */
+static void shared_expert(fmoe_session *s, const fmoe__layer *L, int32_t n) {
+    const fmoe__backend_ops *be = s->be;
+    void *c = s->bctx;
+    const int32_t h = s->m->geo.hidden_size;
+    run_mlp(s, &L->shared, s->xn, n, s->yg);
+    if (s->m->arch.shared_gate) {
+        be->matmul(c, &L->shared_gate, s->xn, n, s->sg);
+        be->add_gated(c, s->acc, s->yg, s->sg, n, h);
+    } else {
+        be->add(c, s->acc, s->yg, (int64_t)n * h);
+    }
+}
+
 /* MoE block: routes the n rows of s->xn (all segments' tokens), runs their experts, adds
  * to s->x. Experts run in order of first appearance over the rows (row by row, k by k:
  * docs/design.md §7.1), the order the routing hook announces and a live executor resolves its
@@ -795,6 +825,35 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
     }
 
     be->zero(c, s->acc, (int64_t)n * h * (int64_t)sizeof(float));
+    /* Without hooks on expert weights, the backend may take the whole layer at once
+     * (moe_experts: on the CPU two thread-pool jobs instead of three per expert); the same
+     * sums in the same order as the loop below, which runs where it declines. */
+    const int shared_too = L->has_shared && !m->arch.shared_gate;
+    if (be->moe_experts && !s->opt.on_expert && !s->opt.on_expert_done &&
+        !m->arch.scale_expert_input) {
+        int32_t r = 0;
+        for (int32_t q = 0; q < num_distinct; q++) {
+            const int32_t e = s->distinct[s->corder[q]];
+            const int32_t *sl = s->slots + (int64_t)e * cap;
+            s->moe_w[q] = L->experts[e];
+            s->moe_off[q] = r;
+            for (int32_t i = 0; i < s->count[e]; i++, r++) {
+                s->moe_rows[r] = sl[i] / K;
+                s->moe_scale[r] = s->topw_h[sl[i]];
+            }
+        }
+        s->moe_off[num_distinct] = r;
+        const fmoe__moe_args ma = {.xn = s->xn, .acc = s->acc, .n = n, .h = h,
+                                   .count = num_distinct, .experts = s->moe_w,
+                                   .offset_host = s->moe_off, .rows_host = s->moe_rows,
+                                   .scale_host = s->moe_scale,
+                                   .shared = shared_too ? &L->shared : NULL};
+        if (be->moe_experts(c, &ma) == 0) {
+            if (L->has_shared && !shared_too) shared_expert(s, L, n);
+            be->add(c, s->x, s->acc, (int64_t)n * h);
+            return 0;
+        }
+    }
     for (int32_t q = 0; q < num_distinct; q++) {
         const int32_t e = s->distinct[s->corder[q]], ce = s->count[e];
         const int32_t *sl = s->slots + (int64_t)e * cap;
@@ -809,15 +868,7 @@ static int moe_block(fmoe_session *s, const fmoe__layer *L, const segment *sg, i
         FMOE_FORWARD_IF_ERROR(run_expert(s, &w, home, fence, ce));
         if (s->opt.on_expert_done) s->opt.on_expert_done(s->opt.route_ctx, l, e);
     }
-    if (L->has_shared) {
-        run_mlp(s, &L->shared, s->xn, n, s->yg);
-        if (m->arch.shared_gate) {
-            be->matmul(c, &L->shared_gate, s->xn, n, s->sg);
-            be->add_gated(c, s->acc, s->yg, s->sg, n, h);
-        } else {
-            be->add(c, s->acc, s->yg, (int64_t)n * h);
-        }
-    }
+    if (L->has_shared) shared_expert(s, L, n);
     be->add(c, s->x, s->acc, (int64_t)n * h);
     return 0;
 }

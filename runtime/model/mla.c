@@ -29,14 +29,19 @@ void fmoe__mla_attention(const fmoe__backend_ops *be, void *c, const fmoe_model 
     const int64_t qs = dn + dr;
     const float eps = (float)g->rms_norm_eps;
 
+    /* the query's first product and kv_a both read xn: one call (one pool job on the CPU) */
+    const fmoe__mat *ws[2] = {rq > 0 ? &L->wq_a : &L->wq, &L->wkv_a};
+    float *ys[2] = {rq > 0 ? b->qa : b->q, b->kv};
+    if (be->matmul_same_input) {
+        be->matmul_same_input(c, ws, 2, b->xn, n, ys);
+    } else {
+        be->matmul(c, ws[0], b->xn, n, ys[0]);
+        be->matmul(c, ws[1], b->xn, n, ys[1]);
+    }
     if (rq > 0) {
-        be->matmul(c, &L->wq_a, b->xn, n, b->qa);
         be->rmsnorm(c, b->qa, b->qa, L->q_a_norm, n, rq, eps);
         be->matmul(c, &L->wq_b, b->qa, n, b->q);
-    } else {
-        be->matmul(c, &L->wq, b->xn, n, b->q);
     }
-    be->matmul(c, &L->wkv_a, b->xn, n, b->kv);
     /* The norm covers the latent only; each row's k_pe follows it unnormalised. */
     for (int32_t t = 0; t < n; t++)
         be->rmsnorm(c, b->kv + (int64_t)t * ks, b->kv + (int64_t)t * ks, L->kv_a_norm, 1, r,

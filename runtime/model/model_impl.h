@@ -113,16 +113,7 @@ typedef struct fmoe__arch {
 /* Weights: borrowed views                                                            */
 /* ---------------------------------------------------------------------------------- */
 
-/* A SwiGLU MLP: down(silu(gate(x)) * up(x)); gpt-oss's experts add biases and clamp
- * (fmoe_swiglu_clamped when glu_limit > 0). An executor's copy of an expert replaces the
- * three matrices only: the biases are small and stay the model's. */
-typedef struct fmoe__mlp {
-    fmoe__mat gate; /* [I][h] */
-    fmoe__mat up;   /* [I][h] */
-    fmoe__mat down; /* [h][I] */
-    const float *gate_b, *up_b, *down_b; /* [I], [I], [h] (gpt-oss), or NULL */
-    float glu_alpha, glu_limit;          /* gpt-oss's clamped SwiGLU; limit 0: plain */
-} fmoe__mlp;
+/* fmoe__mlp, a SwiGLU MLP's weights: backend_impl.h (the backends' moe_experts takes them). */
 
 typedef struct fmoe__layer {
     const float *attn_norm;   /* [h] f32 (converted at load) */

@@ -357,6 +357,105 @@ TEST(cpu_backend_table_has_every_op) {
     ASSERT_EQ(first_null_op(&planted), (long)offsetof(fmoe__backend_ops, rope_partial));
 }
 
+/* The fused MoE experts (moe_experts, runtime/cpu/cpu_fused.c) against the formula in
+ * double: acc[row] += scale · (down · swiglu(gate·x + b_g, up·x + b_u) + b_d) per routed
+ * expert over its rows, then + shared(x) on every row; bf16 weights, one expert with
+ * gpt-oss's biases and clamped SwiGLU. Bit for bit the same at 1 and 2 threads, and the
+ * op declines f32 weights and passes of more than 4 rows. */
+#define MOE_H 64
+#define MOE_I 48
+typedef struct moe_ref {
+    uint16_t w[3][MOE_I * MOE_H];
+    double r[3][MOE_I * MOE_H];
+    float gb[MOE_I], ub[MOE_I], db[MOE_H];
+    fmoe__mlp mlp;
+} moe_ref;
+
+static void moe_make(moe_ref *m, int biased) {
+    fmoe__mat *mats[3] = {&m->mlp.gate, &m->mlp.up, &m->mlp.down};
+    memset(&m->mlp, 0, sizeof m->mlp);
+    for (int k = 0; k < 3; k++)
+        fill_mat(mats[k], FMOE_ST_BF16, k < 2 ? MOE_I : MOE_H, k < 2 ? MOE_H : MOE_I, m->w[k],
+                 m->r[k]);
+    for (int i = 0; i < MOE_I; i++) m->gb[i] = frand(), m->ub[i] = frand();
+    for (int i = 0; i < MOE_H; i++) m->db[i] = frand();
+    if (biased) {
+        m->mlp.gate_b = m->gb, m->mlp.up_b = m->ub, m->mlp.down_b = m->db;
+        m->mlp.glu_alpha = 1.702f, m->mlp.glu_limit = 0.5f;
+    }
+}
+
+/* y[h] = mlp(x) in double */
+static void moe_mlp_ref(const moe_ref *m, const float *x, double *y) {
+    double a[MOE_I];
+    for (int i = 0; i < MOE_I; i++) {
+        double g = 0, u = 0;
+        for (int c = 0; c < MOE_H; c++) g += m->r[0][i * MOE_H + c] * x[c], u += m->r[1][i * MOE_H + c] * x[c];
+        if (m->mlp.glu_limit > 0) {
+            g = fmin(g + m->gb[i], m->mlp.glu_limit);
+            u = fmax(fmin(u + m->ub[i], m->mlp.glu_limit), -m->mlp.glu_limit);
+            a[i] = (u + 1) * g / (1 + exp(-m->mlp.glu_alpha * g));
+        } else {
+            a[i] = g / (1 + exp(-g)) * u;
+        }
+    }
+    for (int r = 0; r < MOE_H; r++) {
+        double s = m->mlp.down_b ? m->db[r] : 0;
+        for (int i = 0; i < MOE_I; i++) s += m->r[2][r * MOE_I + i] * a[i];
+        y[r] = s;
+    }
+}
+
+TEST(cpu_moe_experts_by_hand) {
+    static moe_ref e[4]; /* three routed, one shared */
+    for (int k = 0; k < 4; k++) moe_make(&e[k], k == 1);
+    const fmoe__mlp experts[3] = {e[0].mlp, e[1].mlp, e[2].mlp};
+    float xn[2 * MOE_H], acc[2][2 * MOE_H];
+    for (int i = 0; i < 2 * MOE_H; i++) xn[i] = frand();
+    /* expert 0: tokens 0 and 1; expert 1: token 1; expert 2: token 0 */
+    const int32_t off[4] = {0, 2, 3, 4}, rows[4] = {0, 1, 1, 0};
+    const float scale[4] = {0.5f, 0.25f, 0.75f, 0.5f};
+    fmoe__moe_args a = {.xn = xn, .n = 2, .h = MOE_H, .count = 3, .experts = experts,
+                        .offset_host = off, .rows_host = rows, .scale_host = scale,
+                        .shared = &e[3].mlp};
+    setenv("FMOE_CPU_MIN_WORK", "0", 1); /* split even these small products */
+    for (int threads = 1; threads <= 2; threads++) {
+        fmoe__backend_limits lim = {.threads = threads, .max_cols = 256, .max_batch = 4,
+                                    .max_context = 16, .max_experts = 8};
+        void *ctx;
+        ASSERT_OK(fmoe__cpu_backend.init(&lim, &ctx));
+        a.acc = acc[threads - 1];
+        memset(a.acc, 0, sizeof acc[0]);
+        ASSERT_EQ(fmoe__cpu_backend.moe_experts(ctx, &a), 0);
+        fmoe__moe_args big = a;
+        big.n = 5;
+        ASSERT_EQ(fmoe__cpu_backend.moe_experts(ctx, &big), 1);
+        float w32[MOE_I * MOE_H] = {0};
+        fmoe__mlp f32 = e[0].mlp;
+        f32.up = (fmoe__mat){.data = w32, .dtype = FMOE_ST_F32, .rows = MOE_I, .cols = MOE_H};
+        const fmoe__mlp with_f32[3] = {e[0].mlp, f32, e[2].mlp};
+        fmoe__moe_args f = a;
+        f.experts = with_f32;
+        ASSERT_EQ(fmoe__cpu_backend.moe_experts(ctx, &f), 1);
+        fmoe__cpu_backend.free(ctx);
+    }
+    unsetenv("FMOE_CPU_MIN_WORK");
+    ASSERT_EQ(memcmp(acc[0], acc[1], sizeof acc[0]), 0);
+    double want[2][MOE_H] = {{0}}, y[MOE_H];
+    for (int k = 0; k < 3; k++)
+        for (int j = off[k]; j < off[k + 1]; j++) {
+            moe_mlp_ref(&e[k], xn + rows[j] * MOE_H, y);
+            for (int r = 0; r < MOE_H; r++) want[rows[j]][r] += scale[j] * y[r];
+        }
+    for (int t = 0; t < 2; t++) {
+        moe_mlp_ref(&e[3], xn + t * MOE_H, y);
+        for (int r = 0; r < MOE_H; r++) {
+            want[t][r] += y[r];
+            ASSERT_NEAR(acc[0][t * MOE_H + r], want[t][r], 1e-4 * (1 + fabs(want[t][r])));
+        }
+    }
+}
+
 TEST(cpu_attention_gqa_causal_and_window) {
     const fmoe__backend_ops *be = &fmoe__cpu_backend;
     const int32_t Hq = 4, Hk = 2, D = 8, ctxlen = 40, n = 6, pos0 = 30;
