@@ -5,16 +5,23 @@
  * picks this file's entry at the FMOE__QUANT_VNNI level (fmoe__quant_q32_level); the
  * K-quants at that level go on to lib/quant_act_avx512.c.
  *
- * These are lib/quant_act_avx2.c's dots_q8_0 and dots_q32 with one change: where those
- * form a block's eight int32 partial sums with _mm256_maddubs_epi16 (32 u8·s8 products,
- * pairs summed to int16) then _mm256_madd_epi16 against ones (pairs to int32), vpdpbusd
- * forms the same eight sums in one instruction: int32 lane i += Σ_{j<4} u8[4i+j]·s8[4i+j]
- * (Intel SDM, VPDPBUSD), the four products summed in 32 bits, with no int16 step to
- * saturate. Started from zero, lane i is therefore exactly the AVX2 kernel's lane i (whose
- * int16 pairs never saturate: |pair| <= 2·128·127), and every float step after it is the
- * AVX2 kernel's, in its order (dw·da, one FMA per block into eight lanes, Q4_1/Q5_1's
- * min term as a second FMA, fmoe__hsum256 at the end): the results are the AVX2 level's
- * bits, which tests/lib/test_quant_act.c's vnni_equals_avx2_bit_for_bit checks.
+ * These are lib/quant_act_avx2.c's dots_q8_0 and dots_q32 with two changes:
+ * - where those form a block's eight int32 partial sums with _mm256_maddubs_epi16 (32 u8·s8
+ *   products, pairs summed to int16) then _mm256_madd_epi16 against ones (pairs to int32),
+ *   vpdpbusd forms the same eight sums in one instruction: int32 lane i += Σ_{j<4}
+ *   u8[4i+j]·s8[4i+j] (Intel SDM, VPDPBUSD), summed in 32 bits with no int16 step to
+ *   saturate. Started from zero, lane i is exactly the AVX2 kernel's lane i (whose int16
+ *   pairs never saturate either: |pair| <= 2·128·127), so the block sums are the
+ *   reference's integers;
+ * - the scaled blocks go into two sets of f32 accumulators, even blocks and odd ones, and
+ *   Q4_1/Q5_1's m·Σa terms into sets of their own: one input's additions are then
+ *   independent chains of FMAs instead of one (or two in a row) per block, which is what
+ *   the one-input AVX2 kernels wait on (4 cycles an FMA on Zen 4). The sets are summed at
+ *   the end the same way whatever the input count, so a result does not depend on how many
+ *   inputs came with it. This order is neither the plain reference's nor the AVX2
+ *   kernels': results agree with them within f32 rounding, not bit for bit (a kernel that
+ *   kept the reference's order, eight block results a vector added one by one, was
+ *   slower than the AVX2 kernels: docs/quantization.md "Speed").
  *
  * The signs, as in the AVX2 kernels and ggml's mul_sum_i8_pairs_float: vpdpbusd's first
  * operand is unsigned, so it takes |w| (_mm256_sign_epi8(w, w); Q8_0's -128 becomes the
@@ -66,62 +73,102 @@ SIMD static INLINE __m256i dot4(__m256i u, __m256i s) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
 
-/* Q8_0: the inputs' block scales da widened once per call (rows_q8_0), as the AVX2 path. */
+/* The accumulators: two sets, for even and odd blocks, so one input's f32 additions are two
+ * chains of FMAs, not one (4 cycles each on Zen 4: the one-input kernels waited on it),
+ * and for Q4_1 and Q5_1 the m·Σa terms in sets of their own. Summed at the end the same way
+ * whatever the input count: (even + odd) + (m even + m odd), then fmoe__hsum256. */
+typedef struct {
+    __m256 d[2][MAXX], m[2][MAXX];
+} accs;
+
+SIMD static INLINE void accs_zero(accs *c, int nx) {
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+        c->d[0][k] = c->d[1][k] = _mm256_setzero_ps();
+        c->m[0][k] = c->m[1][k] = _mm256_setzero_ps();
+    }
+}
+
+SIMD static INLINE void accs_store(const accs *c, int nx, float *y, int64_t ys, int affine) {
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+        __m256 v = _mm256_add_ps(c->d[0][k], c->d[1][k]);
+        if (affine) v = _mm256_add_ps(v, _mm256_add_ps(c->m[0][k], c->m[1][k]));
+        y[k * ys] = fmoe__hsum256(v);
+    }
+}
+
+/* One Q8_0 block against nx inputs into the set par; da: the inputs' block scales, widened
+ * once per call (rows_q8_0), da_stride apart. */
+SIMD static INLINE void q8_0_block(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
+                                   const float *da, int64_t da_stride, accs *c, int par) {
+    const __m256i qw = load(w + 2);
+    const __m256i aw = _mm256_sign_epi8(qw, qw);
+    const __m256 dw = _mm256_set1_ps(f16_at(w));
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+        const __m256i p = dot4(aw, _mm256_sign_epi8(load(a + k * stride + 2), qw));
+        const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(da + k * da_stride));
+        c->d[par][k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), c->d[par][k]);
+    }
+}
+
 SIMD static INLINE void dots_q8_0(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
                                   int64_t n, float *y, int64_t ys, const float *da,
                                   int64_t da_stride) {
-    __m256 acc[MAXX];
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += FMOE_Q8_0_BYTES, a += FMOE_Q8_0_BYTES, da++) {
+    const int64_t bb = FMOE_Q8_0_BYTES;
+    accs c;
+    accs_zero(&c, nx);
+    int64_t i = 0;
+    for (; i + 2 * FMOE_QK8_0 <= n; i += 2 * FMOE_QK8_0, w += 2 * bb, a += 2 * bb, da += 2) {
         _mm_prefetch((const char *)w + PREFETCH_BYTES, _MM_HINT_T0);
-        const __m256i qw = load(w + 2);
-        const __m256i aw = _mm256_sign_epi8(qw, qw);
-        const __m256 dw = _mm256_set1_ps(f16_at(w));
-        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
-            const __m256i p = dot4(aw, _mm256_sign_epi8(load(a + k * stride + 2), qw));
-            const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(da + k * da_stride));
-            acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[k]);
-        }
+        _mm_prefetch((const char *)w + PREFETCH_BYTES + 64, _MM_HINT_T0);
+        q8_0_block(w, a, stride, nx, da, da_stride, &c, 0);
+        q8_0_block(w + bb, a + bb, stride, nx, da + 1, da_stride, &c, 1);
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+    if (i < n) q8_0_block(w, a, stride, nx, da, da_stride, &c, 0);
+    accs_store(&c, nx, y, ys, 0);
 }
 
-/* Q4_0, Q5_0, IQ4_NL, MXFP4 (signed codes: |code| into the unsigned operand) and Q4_1,
- * Q5_1 (unsigned codes as they are, plus m·Σa), the codes from fmoe__q32_unpack. */
-SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
-                                 int64_t n, float *y, int64_t ys, uint32_t type) {
-    const __m256i ones8 = _mm256_set1_epi8(1);
-    const int64_t wbytes = fmoe__q32_block_bytes(type);
+/* One block of Q4_0, Q5_0, IQ4_NL, MXFP4 (signed codes: |code| into the unsigned operand)
+ * or Q4_1, Q5_1 (unsigned codes as they are, plus m·Σa), the codes from fmoe__q32_unpack,
+ * against nx inputs into the set par. */
+SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w, const uint8_t *a, int64_t stride,
+                                  int nx, accs *c, int par) {
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
-    __m256 acc[MAXX];
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES) {
-        _mm_prefetch((const char *)w + PREFETCH_BYTES, _MM_HINT_T0);
-        const __m256i qw = fmoe__q32_unpack(type, w);
-        const __m256 dw =
-            _mm256_set1_ps(type == FMOE_GGML_MXFP4 ? fmoe__e8m0_half(w[0]) : f16_at(w));
-        if (!affine) {
-            const __m256i aw = _mm256_sign_epi8(qw, qw);
-            _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
-                const uint8_t *ak = a + k * stride;
-                const __m256i p = dot4(aw, _mm256_sign_epi8(load(ak + 2), qw));
-                const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(ak)));
-                acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[k]);
-            }
-        } else {
-            const __m256 mw = _mm256_set1_ps(f16_at(w + 2));
-            _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
-                const uint8_t *ak = a + k * stride;
-                const __m256i qa = load(ak + 2);
-                const __m256i p = dot4(qw, qa);
-                const __m256i sa = dot4(ones8, qa);
-                const __m256 da = _mm256_set1_ps(f16_at(ak));
-                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[k]);
-                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(mw, da), _mm256_cvtepi32_ps(sa), acc[k]);
-            }
+    const __m256i qw = fmoe__q32_unpack(type, w);
+    const __m256 dw = _mm256_set1_ps(type == FMOE_GGML_MXFP4 ? fmoe__e8m0_half(w[0]) : f16_at(w));
+    if (!affine) {
+        const __m256i aw = _mm256_sign_epi8(qw, qw);
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+            const uint8_t *ak = a + k * stride;
+            const __m256i p = dot4(aw, _mm256_sign_epi8(load(ak + 2), qw));
+            const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(ak)));
+            c->d[par][k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), c->d[par][k]);
+        }
+    } else {
+        const __m256i ones8 = _mm256_set1_epi8(1);
+        const __m256 mw = _mm256_set1_ps(f16_at(w + 2));
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+            const uint8_t *ak = a + k * stride;
+            const __m256i qa = load(ak + 2);
+            const __m256 da = _mm256_set1_ps(f16_at(ak));
+            c->d[par][k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(dot4(qw, qa)), c->d[par][k]);
+            c->m[par][k] = _mm256_fmadd_ps(_mm256_mul_ps(mw, da), _mm256_cvtepi32_ps(dot4(ones8, qa)), c->m[par][k]);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+}
+
+SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
+                                 int64_t n, float *y, int64_t ys, uint32_t type) {
+    const int64_t wb = fmoe__q32_block_bytes(type), ab = FMOE_Q8_0_BYTES;
+    accs c;
+    accs_zero(&c, nx);
+    int64_t i = 0;
+    for (; i + 2 * FMOE_QK8_0 <= n; i += 2 * FMOE_QK8_0, w += 2 * wb, a += 2 * ab) {
+        _mm_prefetch((const char *)w + PREFETCH_BYTES, _MM_HINT_T0);
+        q32_block(type, w, a, stride, nx, &c, 0);
+        q32_block(type, w + wb, a + ab, stride, nx, &c, 1);
+    }
+    if (i < n) q32_block(type, w, a, stride, nx, &c, 0);
+    accs_store(&c, nx, y, ys, type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1);
 }
 
 /* One function per input count and type, so the unrolled input loop keeps its
