@@ -73,6 +73,44 @@ SIMD static INLINE __m256i dot4(__m256i u, __m256i s) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
 
+/* A block's 32 codes as signed bytes, as fmoe__q32_unpack (lib/quant_unpack_avx2.h) gives
+ * them (byte l from the low nibble of qs[l], byte 16 + l from its high one; Q4_0, Q5_0
+ * offset removed; IQ4_NL, MXFP4 as their levels) in fewer instructions with AVX-512 VL and
+ * BW: the 16 bytes broadcast to both lanes and the high lane shifted by 4 (one variable
+ * 16-bit shift: what it brings in from the next byte the mask drops), and the 5-bit types'
+ * qh used as a byte mask (bit l for byte l): Q5_1 takes nibble | 16 where the bit is set,
+ * Q5_0 nibble - 16 where it is not (nibble + 16·bit - 16). */
+SIMD static INLINE __m256i codes(uint32_t type, const uint8_t *b) {
+    const int qs_at = type == FMOE_GGML_MXFP4  ? 1
+                      : type == FMOE_GGML_Q4_1 ? 4
+                      : type == FMOE_GGML_Q5_0 ? 6
+                      : type == FMOE_GGML_Q5_1 ? 8
+                                               : 2;
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + qs_at)));
+    __m256i q = _mm256_and_si256(
+        _mm256_srlv_epi16(both, _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4)),
+        _mm256_set1_epi8(0x0F));
+    if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
+        uint32_t h;
+        memcpy(&h, b + (type == FMOE_GGML_Q5_0 ? 2 : 4), 4);
+        /* a blend, not a masked add: SIMDe 0.7.4 (the emulated build) has no masked add */
+        q = type == FMOE_GGML_Q5_1 ? _mm256_mask_blend_epi8((__mmask32)h, q, _mm256_or_si256(q, sixteen))
+                                   : _mm256_mask_blend_epi8((__mmask32)h, _mm256_sub_epi8(q, sixteen), q);
+    }
+    if (type == FMOE_GGML_Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    if (type == FMOE_GGML_IQ4_NL)
+        q = _mm256_shuffle_epi8(_mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38,
+                                                 53, 69, 89, 113, -127, -104, -83, -65, -49, -35, -22,
+                                                 -10, 1, 13, 25, 38, 53, 69, 89, 113), /* FMOE__IQ4NL_LEVELS */
+                                q);
+    if (type == FMOE_GGML_MXFP4)
+        q = _mm256_shuffle_epi8(_mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                                 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
+                                q); /* FMOE__MXFP4_LEVELS */
+    return q;
+}
+
 /* The accumulators: two sets, for even and odd blocks, so one input's f32 additions are two
  * chains of FMAs, not one (4 cycles each on Zen 4: the one-input kernels waited on it),
  * and for Q4_1 and Q5_1 the m·Σa terms in sets of their own. Summed at the end the same way
@@ -133,7 +171,7 @@ SIMD static INLINE void dots_q8_0(const uint8_t *w, const uint8_t *a, int64_t st
 SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w, const uint8_t *a, int64_t stride,
                                   int nx, accs *c, int par) {
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
-    const __m256i qw = fmoe__q32_unpack(type, w);
+    const __m256i qw = codes(type, w);
     const __m256 dw = _mm256_set1_ps(type == FMOE_GGML_MXFP4 ? fmoe__e8m0_half(w[0]) : f16_at(w));
     if (!affine) {
         const __m256i aw = _mm256_sign_epi8(qw, qw);
