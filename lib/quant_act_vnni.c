@@ -5,7 +5,8 @@
  * picks this file's entry at the FMOE__QUANT_VNNI level (fmoe__quant_q32_level); the
  * K-quants at that level go on to lib/quant_act_avx512.c.
  *
- * These are lib/quant_act_avx2.c's dots_q8_0 and dots_q32 with two changes:
+ * These are lib/quant_act_avx2.c's dots_q8_0 and dots_q32 with three changes (the third,
+ * the codes' unpacking with AVX-512 VL/BW, is described at codes below):
  * - where those form a block's eight int32 partial sums with _mm256_maddubs_epi16 (32 u8·s8
  *   products, pairs summed to int16) then _mm256_madd_epi16 against ones (pairs to int32),
  *   vpdpbusd forms the same eight sums in one instruction: int32 lane i += Σ_{j<4}
