@@ -510,5 +510,138 @@ TEST(integer_sums_exact) {
     }
 }
 
+/* The 32-value types. */
+static const uint32_t q32_types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
+                                     FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_MXFP4};
+#define NQ32 (sizeof q32_types / sizeof q32_types[0])
+
+/* A row of 32-value blocks whose every weight is one of its type's two extremes (Q8_0's
+ * -128 and 127; code 0 or 15 of Q4_0, Q4_1, IQ4_NL (levels -127, 113); 0 or 31 of Q5_0,
+ * Q5_1; MXFP4's ±6, doubled ±12), chosen at random, with d = 1 (MXFP4: E8M0 128, whose
+ * halved scale is 1) and Q4_1/Q5_1's m = 0.5. */
+static void extreme_row(uint32_t t, uint8_t *row, int64_t n) {
+    const int32_t ts = fmoe_ggml_type_size(t);
+    const uint16_t one = fmoe_float_to_half(1.f), half = fmoe_float_to_half(0.5f);
+    for (uint8_t *b = row; b < row + n / 32 * ts; b += ts) {
+        const int affine = t == FMOE_GGML_Q4_1 || t == FMOE_GGML_Q5_1;
+        const int qh_at = t == FMOE_GGML_Q5_0 ? 2 : t == FMOE_GGML_Q5_1 ? 4 : -1;
+        const int qs_at = t == FMOE_GGML_MXFP4 ? 1 : t == FMOE_GGML_Q4_1 ? 4 : t == FMOE_GGML_Q5_0 ? 6
+                          : t == FMOE_GGML_Q5_1 ? 8 : 2;
+        if (t == FMOE_GGML_MXFP4)
+            b[0] = 128;
+        else
+            memcpy(b, &one, 2);
+        if (affine) memcpy(b + 2, &half, 2);
+        if (t == FMOE_GGML_Q8_0) {
+            for (int l = 0; l < 32; l++) b[2 + l] = rnd() & 1 ? 0x80 : 127;
+            continue;
+        }
+        const uint8_t hi = t == FMOE_GGML_MXFP4 ? 7 : 15, lo = t == FMOE_GGML_MXFP4 ? 15 : 0;
+        uint32_t qh = 0;
+        for (int l = 0; l < 16; l++) {
+            const int top0 = (int)(rnd() & 1), top1 = (int)(rnd() & 1);
+            b[qs_at + l] = (uint8_t)((top0 ? hi : lo) | ((top1 ? hi : lo) << 4));
+            qh |= (uint32_t)top0 << l | (uint32_t)top1 << (l + 16); /* Q5: 31 with 15, 0 with 0 */
+        }
+        if (qh_at >= 0) memcpy(b + qh_at, &qh, 4);
+    }
+}
+
+/* Extreme blocks against extreme inputs (every activation ±127, so d = 1): each block's
+ * integer sum is as large as the types allow (Q8_0: 32·128·127), the case where a 16-bit
+ * intermediate would saturate. With 31 or fewer blocks every partial sum any path forms
+ * is a multiple of 0.5 below 2^24, so each output must equal the float64 dot of the
+ * dequantised row and input exactly, at every level; block counts 1, 3 and 31 (odd: the
+ * AVX-512 kernels pair blocks), three rows, five inputs (a pass of four and one of one). */
+TEST(extreme_blocks_exact) {
+    enum { ROWS = 3, NX = 5 };
+    static const int64_t ns[] = {32, 96, 32 * 31};
+    for (size_t k = 0; k < NQ32; k++)
+        for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+            const uint32_t t = q32_types[k];
+            const int64_t n = ns[in], rb = fmoe_quant_row_bytes(t, n), ab = fmoe_quant_act_bytes(t, n);
+            uint8_t *w = malloc((size_t)(rb * ROWS)), *qx = malloc((size_t)(ab * NX));
+            float *x = malloc((size_t)n * sizeof *x), *wf = malloc((size_t)(n * ROWS) * sizeof *wf);
+            float *xa = malloc((size_t)(n * NX) * sizeof *xa), y[ROWS * NX];
+            for (int r = 0; r < ROWS; r++) {
+                extreme_row(t, w + r * rb, n);
+                fmoe_quant_dequantize_row(t, w + r * rb, wf + r * n, n);
+            }
+            for (int v = 0; v < NX; v++) {
+                for (int64_t i = 0; i < n; i++) x[i] = rnd() & 1 ? 127.f : -127.f;
+                fmoe_quant_act_quantize(t, x, qx + v * ab, n);
+                fmoe_quant_act_dequantize(t, qx + v * ab, xa + v * n, n);
+            }
+            fmoe_quant_act_matvec(t, w, rb, ROWS, qx, ab, NX, n, y, ROWS);
+            for (int r = 0; r < ROWS; r++)
+                for (int v = 0; v < NX; v++) {
+                    double want = 0, bound = 0;
+                    for (int64_t i = 0; i < n; i++) {
+                        want += (double)wf[r * n + i] * xa[v * n + i];
+                        bound += fabs((double)wf[r * n + i] * xa[v * n + i]);
+                    }
+                    ASSERT_TRUE(bound < 16777216.0 && fabs(xa[v * n]) == 127.0);
+                    if (y[v * ROWS + r] != want)
+                        HARNESS_FAIL("%s n=%lld row %d input %d: %.9g, want exactly %.9g",
+                                     fmoe_ggml_type_name(t), (long long)n, r, v, y[v * ROWS + r], want);
+                }
+            free(w);
+            free(qx);
+            free(x);
+            free(wf);
+            free(xa);
+        }
+}
+
+/* The 32-value types over odd block counts (1, 33, 127: the AVX-512 and VNNI kernels take
+ * blocks two at a time, so the last one is alone) with 1..6 inputs (a pass of four and one
+ * of up to two), random and extreme rows: every output within rounding of the float64 dot
+ * of the dequantised row and input, and bit for bit the one-input dot of that input. */
+TEST(odd_block_counts_many_inputs) {
+    enum { ROWS = 3, MAXNX = 6 };
+    static const int64_t ns[] = {32, 32 * 33, 32 * 127};
+    for (size_t k = 0; k < NQ32; k++)
+        for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++)
+            for (int extreme = 0; extreme < 2; extreme++) {
+                const uint32_t t = q32_types[k];
+                const int64_t n = ns[in], rb = fmoe_quant_row_bytes(t, n), ab = fmoe_quant_act_bytes(t, n);
+                uint8_t *w = malloc((size_t)(rb * ROWS)), *qx = malloc((size_t)(ab * MAXNX));
+                float *x = malloc((size_t)n * sizeof *x), *wf = malloc((size_t)(n * ROWS) * sizeof *wf);
+                float *xa = malloc((size_t)(n * MAXNX) * sizeof *xa), y[ROWS * MAXNX];
+                for (int r = 0; r < ROWS; r++) {
+                    (extreme ? extreme_row : random_row)(t, w + r * rb, n);
+                    fmoe_quant_dequantize_row(t, w + r * rb, wf + r * n, n);
+                }
+                for (int v = 0; v < MAXNX; v++) {
+                    for (int64_t i = 0; i < n; i++)
+                        x[i] = extreme ? (rnd() & 1 ? 127.f : -127.f) : rndf() * (v == 3 ? 50.f : 1.f);
+                    fmoe_quant_act_quantize(t, x, qx + v * ab, n);
+                    fmoe_quant_act_dequantize(t, qx + v * ab, xa + v * n, n);
+                }
+                for (int32_t nx = 1; nx <= MAXNX; nx++) {
+                    fmoe_quant_act_matvec(t, w, rb, ROWS, qx, ab, nx, n, y, ROWS);
+                    for (int v = 0; v < nx; v++)
+                        for (int r = 0; r < ROWS; r++) {
+                            const float got = y[v * ROWS + r];
+                            const float one = fmoe_quant_act_dot(t, w + r * rb, qx + v * ab, n);
+                            double want = 0, abs_sum = 0;
+                            for (int64_t i = 0; i < n; i++) {
+                                want += (double)wf[r * n + i] * xa[v * n + i];
+                                abs_sum += fabs((double)wf[r * n + i] * xa[v * n + i]);
+                            }
+                            if (memcmp(&one, &got, sizeof one) != 0 || !close_enough(got, want, abs_sum, n))
+                                HARNESS_FAIL("%s n=%lld%s nx=%d input %d row %d: %.9g (alone %.9g), float64 %.9g",
+                                             fmoe_ggml_type_name(t), (long long)n, extreme ? " extreme" : "",
+                                             nx, v, r, got, one, want);
+                        }
+                }
+                free(w);
+                free(qx);
+                free(x);
+                free(wf);
+                free(xa);
+            }
+}
+
 /* Every test above once per kernel level this CPU has (quant_levels.h). */
 int main(int argc, char **argv) { return run_tests_at_every_level(argc, argv); }
