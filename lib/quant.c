@@ -257,19 +257,7 @@ static void simd_probe(void) {
      * (lib/simd512.h), never in the library: they need the AVX2 level alone. */
     const int avx512 = avx2 && getenv("FMOE_NO_AVX512") == NULL;
 #endif
-#ifndef FMOE_EMULATE_AVX512
-    /* AVX512_VNNI: CPUID leaf 7, sub-leaf 0, ECX bit 11 (Intel SDM vol. 2A, CPUID); its
-     * 256-bit vpdpbusd also needs VL, which avx512 includes */
-    unsigned a7, b7, c7 = 0, d7;
-    const int vnni = avx512 && __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) && (c7 & (1u << 11)) &&
-                     getenv("FMOE_NO_VNNI") == NULL;
-#else
-    const int vnni = avx512 && getenv("FMOE_NO_VNNI") == NULL; /* SIMDe's, as avx512 */
-#endif
-    level_max = vnni     ? FMOE__QUANT_VNNI
-                : avx512 ? FMOE__QUANT_AVX512
-                : avx2   ? FMOE__QUANT_AVX2
-                         : FMOE__QUANT_PLAIN;
+    level_max = avx512 ? FMOE__QUANT_AVX512 : avx2 ? FMOE__QUANT_AVX2 : FMOE__QUANT_PLAIN;
     cpu_amd = __builtin_cpu_is("amd");
 #endif
 }
@@ -288,7 +276,7 @@ int fmoe__quant_q32_level(void) {
     const int forced = level_forced;
     if (forced >= 0) return forced;
     const int best = fmoe__quant_level_max();
-    return best == FMOE__QUANT_AVX512 && cpu_amd ? FMOE__QUANT_AVX2 : best; /* VNNI: as is */
+    return best == FMOE__QUANT_AVX512 && cpu_amd ? FMOE__QUANT_AVX2 : best;
 }
 
 int fmoe__quant_force_level(int level) {
@@ -298,17 +286,13 @@ int fmoe__quant_force_level(int level) {
 }
 
 const char *fmoe__quant_level_name(int level) {
-    return level == FMOE__QUANT_VNNI     ? "avx512vnni"
-           : level == FMOE__QUANT_AVX512 ? "avx512"
-           : level == FMOE__QUANT_AVX2   ? "avx2"
-                                         : "plain";
+    return level == FMOE__QUANT_AVX512 ? "avx512" : level == FMOE__QUANT_AVX2 ? "avx2" : "plain";
 }
 
 int fmoe_quant_simd(void) { return fmoe__quant_level() >= FMOE__QUANT_AVX2; }
 
 float fmoe_quant_dot(uint32_t t, const void *row, const float *x, int64_t n) {
     switch (fmoe__quant_level()) {
-    case FMOE__QUANT_VNNI: /* no f32-input kernels of its own */
     case FMOE__QUANT_AVX512: return fmoe__quant_dot_avx512(t, row, x, n);
     case FMOE__QUANT_AVX2: return fmoe__quant_dot_avx2(t, row, x, n);
     default: return fmoe_quant_dot_ref(t, row, x, n);

@@ -274,9 +274,6 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
         return;
     }
     switch (act_q8_0(t) ? fmoe__quant_q32_level() : fmoe__quant_level()) {
-    case FMOE__QUANT_VNNI: /* lib/quant_act_vnni.c; the K-quants go on to AVX-512's */
-        fmoe__quant_act_rows_vnni(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
-        return;
     case FMOE__QUANT_AVX512:
         fmoe__quant_act_rows_avx512(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
         return;

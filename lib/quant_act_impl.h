@@ -24,13 +24,6 @@ void fmoe__quant_act_rows_avx512(uint32_t wtype, const void *W, int64_t row_byte
                                  const void *qx, int64_t qx_stride, int32_t nx, int64_t n,
                                  float *y, int64_t ldy);
 
-/* The same for the 32-value types with AVX-512 VNNI (lib/quant_act_vnni.c; its own f32
- * summation order), only called at FMOE__QUANT_VNNI. Other types go on to
- * fmoe__quant_act_rows_avx512. */
-void fmoe__quant_act_rows_vnni(uint32_t wtype, const void *W, int64_t row_bytes, int64_t rows,
-                               const void *qx, int64_t qx_stride, int32_t nx, int64_t n,
-                               float *y, int64_t ldy);
-
 /* Q8_0 blocks of x[n] (n a multiple of 32), AVX2: the bytes of ggml's reference quantiser
  * (fmoe_quant_quantize_row), roundf's half-away-from-zero included. */
 void fmoe__quant_q8_0_avx2(const float *x, uint8_t *dst, int64_t n);

@@ -134,11 +134,9 @@ int fmoe__quantize_iq_row(uint32_t type, const float *src, const float *importan
                           uint8_t *dst, int64_t n);
 
 /* The kernel levels, lowest first: plain C (the reference), AVX2 (+ FMA, F16C), AVX-512
- * (F, BW and VL on top of AVX2: lib/quant_avx512.c, lib/quant_act_avx512.c), AVX-512 VNNI
- * (AVX512_VNNI on top of AVX-512: lib/quant_act_vnni.c's 256-bit vpdpbusd kernels for the
- * 32-value types; everything else runs the AVX-512 level's kernels there). A level runs
- * only on a CPU that has every instruction of it and of the levels below. */
-enum { FMOE__QUANT_PLAIN = 0, FMOE__QUANT_AVX2 = 1, FMOE__QUANT_AVX512 = 2, FMOE__QUANT_VNNI = 3 };
+ * (F, BW and VL on top of AVX2: lib/quant_avx512.c, lib/quant_act_avx512.c). A level runs only on a CPU that
+ * has every instruction of it and of the levels below. */
+enum { FMOE__QUANT_PLAIN = 0, FMOE__QUANT_AVX2 = 1, FMOE__QUANT_AVX512 = 2 };
 
 /* The level the dots and quantisers of lib/quant.c and lib/quant_act.c run at: the one
  * forced by fmoe__quant_force_level, else fmoe__quant_level_max(). */
@@ -149,9 +147,8 @@ int fmoe__quant_level(void);
 int fmoe__quant_level_max(void);
 
 /* The level the 8-bit products of the 32-value blocks (Q8_0, Q4_0 .. IQ4_NL, MXFP4) run at:
- * the forced level if one is, else the best (FMOE__QUANT_VNNI where the CPU has it: 256-bit
- * kernels, docs/quantization.md "Speed"), except AVX2's kernels on an AMD CPU with
- * AVX-512 but no VNNI. Zen 4 executes a 512-bit operation as two 256-bit halves, and on the development
+ * the forced level if one is, else the best, except AVX2's kernels on an AMD CPU with
+ * AVX-512. Zen 4 executes a 512-bit operation as two 256-bit halves, and on the development
  * VM's EPYC these kernels' AVX2 forms took 15-20% less time than their AVX-512 ones, one
  * input or eight, where the K-quants' two forms ran alike (docs/quantization.md "Speed").
  * Per CPU, fixed for the process: the products' bits do not depend on timing. */
@@ -163,7 +160,7 @@ int fmoe__quant_q32_level(void);
  * another thread runs a kernel: that one may see either level. */
 int fmoe__quant_force_level(int level);
 
-/* The name of a level ("plain", "avx2", "avx512", "avx512vnni"). */
+/* The name of a level ("plain", "avx2", "avx512"). */
 const char *fmoe__quant_level_name(int level);
 
 /* The AVX2+FMA+F16C dot product (lib/quant_avx2.c); only called when the CPU has them.

@@ -1,6 +1,6 @@
 /*
  * quant_levels.h - runs a test binary's tests once per kernel level of lib/quant*.c
- * (plain C, AVX2, AVX-512, AVX-512 VNNI: lib/quant_impl.h), forcing each level the CPU has in turn, so
+ * (plain C, AVX2, AVX-512: lib/quant_impl.h), forcing each level the CPU has in turn, so
  * one binary checks every path this CPU can run against the same references.
  *
  * A level the CPU lacks (or the environment turns off: FMOE_NO_AVX2, FMOE_NO_AVX512) is
@@ -32,21 +32,12 @@ static inline int quant_levels_count(int argc, char **argv) {
 static inline int run_tests_at_every_level(int argc, char **argv) {
     int rc = 0, ran512 = 0;
     char last[128] = "";
-    for (int level = FMOE__QUANT_PLAIN; level <= FMOE__QUANT_VNNI; level++) {
+    for (int level = FMOE__QUANT_PLAIN; level <= FMOE__QUANT_AVX512; level++) {
         const char *name = fmoe__quant_level_name(level);
         fflush(stdout);
         if (fmoe__quant_force_level(level) != 0) {
-            const char *env = level == FMOE__QUANT_VNNI     ? "FMOE_NO_VNNI"
-                              : level == FMOE__QUANT_AVX512 ? "FMOE_NO_AVX512"
-                                                            : "FMOE_NO_AVX2";
-            const int off = getenv(env) != NULL || (level >= FMOE__QUANT_AVX512 && getenv("FMOE_NO_AVX2")) ||
-                            (level == FMOE__QUANT_VNNI && getenv("FMOE_NO_AVX512"));
-            if (level == FMOE__QUANT_VNNI) { /* said apart: avx512's line stays the last */
-                fprintf(stderr, "%s: %s, its cases not run\n", name,
-                        off ? "not supported by this CPU or turned off by FMOE_NO_VNNI / FMOE_NO_AVX512"
-                            : "not supported by this CPU");
-                continue;
-            }
+            const char *env = level == FMOE__QUANT_AVX512 ? "FMOE_NO_AVX512" : "FMOE_NO_AVX2";
+            const int off = getenv(env) != NULL || (level == FMOE__QUANT_AVX512 && getenv("FMOE_NO_AVX2"));
             snprintf(last, sizeof last, "%s: %s, its cases not run", name,
                      off ? "not supported by this CPU or turned off by FMOE_NO_AVX2 / FMOE_NO_AVX512"
                          : "not supported by this CPU");
