@@ -145,6 +145,10 @@ int fmoe__quant_level_max(void);
  * input or eight, where the K-quants' two forms ran alike (docs/quantization.md "Speed").
  * Per CPU, fixed for the process: the products' bits do not depend on timing. */
 int fmoe__quant_q32_level(void);
+/* 1 where the AVX2 level's 8-bit dots may use vpdpbusd (lib/quant_act_avx2_vnni.c): the CPU
+ * has AVX512-VNNI, -BW and -VL, the AVX2 level is available, and FMOE_NO_VNNI is not set
+ * in the environment (which lets a test run the plain AVX2 kernels on such a CPU). */
+int fmoe__quant_vnni(void);
 
 /* For tests and benchmarks, which compare the levels in one process: level (a
  * FMOE__QUANT_* value) from now on, or -1 for fmoe__quant_level_max() again. @return 0,
