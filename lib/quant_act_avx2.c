@@ -313,6 +313,76 @@ SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t str
 }
 
 #ifdef FMOE_QUANT_ACT_VNNI
+/* The signed 32-value types with vpdpbusd, which does not saturate: the codes plus a
+ * constant offset c (Q4_0 8, Q5_0 16, IQ4_NL 127, MXFP4 12) go in as unsigned bytes
+ * against the activation as it is, and c·Σa, the same for every row, comes off through
+ * the accumulator vpdpbusd starts from: -c·(the sum of each int32 lane's four activation
+ * bytes), formed once per input block and call (rows_q32_offset, quant_act_rows.inc).
+ * Each int32 lane is then Σ (w + c)·a - c·Σ a = Σ w·a, the very lane of the sign-trick
+ * kernel, without its two sign operations per block and input. */
+static INLINE int q32_offset(uint32_t type) {
+    switch (type) {
+    case FMOE_GGML_Q4_0: return 8;
+    case FMOE_GGML_Q5_0: return 16;
+    case FMOE_GGML_IQ4_NL: return 127;
+    default: return 12; /* MXFP4 */
+    }
+}
+
+/* The block's codes plus q32_offset(type), 0..240, in fmoe__q32_unpack's order. */
+SIMD static INLINE __m256i q32_unpack_offset(uint32_t type, const uint8_t *w) {
+    const int qs_at = type == FMOE_GGML_MXFP4 ? 1 : type == FMOE_GGML_Q5_0 ? 6 : 2;
+    const __m128i qs = _mm_loadu_si128((const __m128i *)(w + qs_at));
+    const __m256i nib = _mm256_and_si256(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1),
+        _mm256_set1_epi8(0x0F));
+    if (type == FMOE_GGML_Q5_0) { /* nib + 16 where the fifth bit is set */
+        uint32_t h;
+        memcpy(&h, w + 2, 4);
+        return _mm256_mask_add_epi8(nib, (__mmask32)h, nib, _mm256_set1_epi8(16));
+    }
+    if (type == FMOE_GGML_IQ4_NL) /* FMOE__IQ4NL_LEVELS + 127 */
+        return _mm256_shuffle_epi8(_mm256_setr_epi8(0, 23, 44, 62, 78, 92, 105, 117, (char)128, (char)140,
+                                                    (char)152, (char)165, (char)180, (char)196, (char)216, (char)240,
+                                                    0, 23, 44, 62, 78, 92, 105, 117, (char)128, (char)140,
+                                                    (char)152, (char)165, (char)180, (char)196, (char)216, (char)240),
+                                   nib);
+    if (type == FMOE_GGML_MXFP4) /* FMOE__MXFP4_LEVELS + 12 */
+        return _mm256_shuffle_epi8(_mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                                    12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0),
+                                   nib);
+    return nib; /* Q4_0: the nibble is the code plus 8 */
+}
+
+/* -c·Σ of each int32 lane's four bytes of the input block's quants at qa */
+SIMD static INLINE __m256i q32_offset_correction(int c, const uint8_t *qa) {
+    const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)c), load(qa));
+    return _mm256_sub_epi32(_mm256_setzero_si256(), s);
+}
+
+/* dots_q32 for Q4_0, Q5_0, IQ4_NL and MXFP4 with corr[k·corr_stride + b], the corrections
+ * of input k's block b: the same f32 arithmetic on the same int32 lanes, so the same bits. */
+SIMD static INLINE void dots_q32_offset(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
+                                        int64_t n, float *y, int64_t ys, uint32_t type,
+                                        const __m256i *corr, int64_t corr_stride) {
+    const int64_t wbytes = fmoe__q32_block_bytes(type);
+    __m256 acc[MAXX];
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES, corr++) {
+        prefetch(w, 1);
+        const __m256i u = q32_unpack_offset(type, w);
+        const float dw = q32_d(type, w);
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+            const uint8_t *ak = a + k * stride;
+            const __m256i p = _mm256_dpbusd_epi32(corr[k * corr_stride], u, load(ak + 2));
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(ak)), _mm256_cvtepi32_ps(p), acc[k]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+}
+#endif
+
+#ifdef FMOE_QUANT_ACT_VNNI
 #define QUANT_ACT_ROWS fmoe__quant_act_rows_avx2_vnni
 #include "quant_act_rows.inc"
 #else
