@@ -11,8 +11,9 @@ The model: make_shaped_gguf.py's small Mixtral layout (8 experts of which 2 are 
 hidden 1024, expert width 1024, vocabulary 32000; --layers N layers, default 8: 278 M
 parameters, 104 M multiply-adds a token), written once as a Q4_K_M file with random
 weights, then re-quantized by llama-quantize (--allow-requantize) to each type in --types:
-a ggml type name (Q4_0 ... MXFP4) is one file of that type throughout (`--pure`; MXFP4
-through llama-quantize's MXFP4_MOE), `mix:NAME` is llama-quantize's own mix NAME (its
+a ggml type name (Q4_0 ... IQ1_M) is one file of that type throughout (`--pure`), MXFP4
+is llama-quantize's MXFP4_MOE (the expert tensors MXFP4, the rest Q8_0, as gpt-oss's
+files are), `mix:NAME` is llama-quantize's own mix NAME (its
 choice of type per tensor, e.g. Q6_K for the output head of Q4_K_M). The i-quants that
 llama-quantize refuses without an importance matrix get a flat one (every weight 1),
 written here in its legacy .dat format. Files are kept in --work and reused: the first run
@@ -33,7 +34,8 @@ F32 in every file, included).
 --quick: one layer, 8 prompt tokens, 4 generated, one round, types Q4_0,Q4_K unless
 --types says otherwise: a smoke test of the whole path (seconds once the files exist).
 
-Exit status: 0 done, 1 a run failed (its stderr is printed), 2 bad arguments.
+Exit status: 0 done, 1 a run failed (its stderr is printed; the other types are still
+measured, the failed ones named under the table), 2 bad arguments.
 """
 import argparse
 import json
@@ -60,6 +62,10 @@ PURE = {"Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q8_0": 
         "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "IQ3_XXS": "IQ3_XXS", "IQ3_S": "IQ3_S",
         "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS", "IQ2_S": "IQ2_S", "IQ1_S": "IQ1_S",
         "IQ1_M": "IQ1_M", "MXFP4": "MXFP4_MOE"}
+# Not --pure: MXFP4_MOE's own rule, the expert tensors MXFP4 and the rest Q8_0, as in
+# gpt-oss's files (fmoe refused to load the --pure MXFP4 file llama-quantize wrote: "the
+# embeddings holds a non-finite weight"; not looked into)
+NOT_PURE = ("MXFP4",)
 # llama-quantize's mixes accepted after mix: (those of its list this benchmark knows)
 MIXES = ("Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S",
          "Q5_K_M", "IQ2_M", "IQ3_XS", "IQ3_M")
@@ -147,14 +153,21 @@ def write_flat_imatrix(src, out):
     tmp.rename(out)
 
 
+class RunFailed(Exception):
+    pass
+
+
 def run_checked(what, argv, log_file=None):
+    """The finished process, or RunFailed with its stderr's end on stderr: the type it
+    was for is left out of the table and the exit status is 1."""
     p = subprocess.run([str(x) for x in argv], capture_output=True, text=True)
     if log_file:
         pathlib.Path(log_file).write_text(p.stdout + p.stderr)
     if p.returncode != 0:
-        sys.stderr.write(f"{PROG}: {what} exited {p.returncode}: {' '.join(map(str, argv))}\n"
-                         f"{(p.stdout + p.stderr)[-3000:]}\n")
-        sys.exit(1)
+        tail = (p.stdout + p.stderr).strip()[-3000:]
+        sys.stderr.write(f"{PROG}: {what} exited {p.returncode}: "
+                         f"{' '.join(map(str, argv))[:400]}\n{tail}\n")
+        raise RunFailed(f"{what} exited {p.returncode}: {tail.splitlines()[-1] if tail else ''}")
     return p
 
 
@@ -176,7 +189,8 @@ def type_file(a, bins, work, src, t, threads):
         return out
     mix = t.startswith("mix:")
     ftype = t[4:] if mix else PURE[t]
-    argv = [bins / "llama-quantize", "--allow-requantize"] + ([] if mix else ["--pure"])
+    pure = not mix and t not in NOT_PURE
+    argv = [bins / "llama-quantize", "--allow-requantize"] + (["--pure"] if pure else [])
     if ftype in NEEDS_IMATRIX:
         imx = work / f"mixtral-small-{a.layers}l-flat-imatrix.dat"
         if not imx.exists():
@@ -184,7 +198,7 @@ def type_file(a, bins, work, src, t, threads):
         argv += ["--imatrix", imx]
     part = out.with_name(out.name + ".partial")
     argv += [src, part, ftype, max(threads)]
-    log(f"llama-quantize {ftype}{'' if mix else ' --pure'} -> {out.name} ...")
+    log(f"llama-quantize {ftype}{' --pure' if pure else ''} -> {out.name} ...")
     t0 = time.monotonic()
     run_checked("llama-quantize", argv, work / (out.name + ".log"))
     part.rename(out)
@@ -331,33 +345,53 @@ def main(argv=None):
     a = parse_args(argv)
     work = pathlib.Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    src = source_file(a, work)
-    results, files = {}, {}
+    try:
+        src = source_file(a, work)
+    except RunFailed:
+        return 1
+    results, files, failed = {}, {}, {}
     for t in a.types:
-        files[t] = type_file(a, a.bins, work, src, t, a.threads)
+        try:
+            files[t] = type_file(a, a.bins, work, src, t, a.threads)
+        except RunFailed as e:
+            failed[t] = str(e)
+            continue
         s = file_summary(files[t])
         results[t] = {"file": str(files[t]), "bpw": s["bpw"], "bytes": s["bytes"],
                       "params": s["params"], "bytes_by_type": s["bytes_by_type"],
                       "runs": {th: {"fmoe": [], "llama.cpp": []} for th in a.threads}}
-        if not t.startswith("mix:"):
+        if t in PURE and t not in NOT_PURE:
             share = s["bytes_by_type"].get(t, 0) / s["bytes"]
             if share < 0.9:  # the norms and routers are F32; all else should be t
                 log(f"{t}: only {share:.0%} of {files[t].name}'s bytes are {t}: "
                     f"{s['bytes_by_type']}")
-    pairs = [(t, th) for t in a.types for th in a.threads]
-    for t, th in pairs:
+
+    def timed(t, th):
+        return run_fmoe(fmoe_cmd(a, files[t], th)), run_llama(llama_cmd(a, a.bins, files[t], th))
+
+    pairs = [(t, th) for t in results for th in a.threads]
+    for t, th in list(pairs):
         log(f"warm-up {t} t{th}")
-        run_fmoe(fmoe_cmd(a, files[t], th))
-        run_llama(llama_cmd(a, a.bins, files[t], th))
+        try:
+            timed(t, th)
+        except RunFailed as e:
+            failed[t] = str(e)
+            pairs = [(u, n) for u, n in pairs if u != t]
     for rnd in range(a.rounds):
-        for t, th in pairs:
+        for t, th in list(pairs):
             runs = results[t]["runs"][th]
-            fp, fd = run_fmoe(fmoe_cmd(a, files[t], th))
-            lp, ld = run_llama(llama_cmd(a, a.bins, files[t], th))
+            try:
+                (fp, fd), (lp, ld) = timed(t, th)
+            except RunFailed as e:
+                failed[t] = str(e)
+                pairs = [(u, n) for u, n in pairs if u != t]
+                continue
             runs["fmoe"].append({"prefill": fp, "decode": fd})
             runs["llama.cpp"].append({"prefill": lp, "decode": ld})
             log(f"round {rnd + 1}/{a.rounds} {t} t{th}: decode fmoe {fd:.1f} llama.cpp "
                 f"{ld:.1f} tok/s, prefill {fp:.1f} / {lp:.1f}")
+    for t in failed:
+        results.pop(t, None)
     load = open("/proc/loadavg").read().split()[:3]
     version = subprocess.run([str(a.bins / "llama-bench"), "--version"], capture_output=True,
                              text=True)
@@ -370,16 +404,21 @@ def main(argv=None):
     for th, (d, p) in medians(results, a.threads).items():
         print(f"\nmedian ratio over the types at {th} thread{'s' if th > 1 else ''}: decode "
               f"{fmt(d, '.2f')}, prefill {fmt(p, '.2f')}")
-    print("\nCommands (per type file):\n")
-    t0 = a.types[0]
-    print("    " + " ".join(map(str, fmoe_cmd(a, files[t0], a.threads[0])))[:300])
-    print("    " + " ".join(map(str, llama_cmd(a, a.bins, files[t0], a.threads[0]))))
+    for t, why in failed.items():
+        print(f"\n{t}: not measured, {why}")
+    if results:
+        t0 = next(iter(results))
+        fc = [str(x) for x in fmoe_cmd(a, files[t0], a.threads[0])]
+        fc[fc.index("--tokens") + 1] = f"<{a.prompt} ids: 1 + 37i mod 4000>"
+        print("\nCommands (per type file):\n")
+        print("    " + " ".join(fc))
+        print("    " + " ".join(map(str, llama_cmd(a, a.bins, files[t0], a.threads[0]))))
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(
             {"layers": a.layers, "prompt": a.prompt, "gen": a.gen, "rounds": a.rounds,
              "threads": a.threads, "load": load, "llama_cpp": version[:1],
-             "results": results}, indent=1) + "\n")
-    return 0
+             "results": results, "failed": failed}, indent=1) + "\n")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
