@@ -275,7 +275,7 @@ int fmoe__quant_level(void) {
     return forced >= 0 ? forced : fmoe__quant_level_max();
 }
 
-int fmoe__quant_q32_level(void) {
+int fmoe__quant_act_level(void) {
     const int forced = level_forced;
     if (forced >= 0) return forced;
     const int best = fmoe__quant_level_max();
