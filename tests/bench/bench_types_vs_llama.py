@@ -8,7 +8,7 @@ every type).
         [--build DIR] [--json FILE]
 
 The model: make_shaped_gguf.py's small Mixtral layout (8 experts of which 2 are used,
-hidden 1024, expert width 1024, vocabulary 32000; --layers N layers, default 8: 278 M
+hidden 1024, expert width 1024, vocabulary 32000; --layers N layers, default 8: 288 M
 parameters, 104 M multiply-adds a token), written once as a Q4_K_M file with random
 weights, then re-quantized by llama-quantize (--allow-requantize) to each type in --types:
 a ggml type name (Q4_0 ... IQ1_M) is one file of that type throughout (`--pure`), MXFP4
