@@ -237,6 +237,7 @@ static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
 static int level_max;              /* FMOE__QUANT_*: the best this CPU has */
 static _Atomic int level_forced = -1; /* fmoe__quant_force_level's, or -1 */
 static int cpu_amd;                /* AMD's AVX-512 (Zen 4) runs 512-bit operations in halves */
+static int cpu_vnni;               /* AVX512-VNNI, BW and VL: vpdpbusd and byte masks at 256 bits */
 
 /* The one place that decides which kernels may run. AVX-512 needs F (the 512-bit
  * registers and masks), BW (byte and word lanes: maddubs, the byte masks) and VL (their
@@ -259,6 +260,8 @@ static void simd_probe(void) {
 #endif
     level_max = avx512 ? FMOE__QUANT_AVX512 : avx2 ? FMOE__QUANT_AVX2 : FMOE__QUANT_PLAIN;
     cpu_amd = __builtin_cpu_is("amd");
+    cpu_vnni = avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512bw") && getenv("FMOE_NO_VNNI") == NULL;
 #endif
 }
 
@@ -272,11 +275,16 @@ int fmoe__quant_level(void) {
     return forced >= 0 ? forced : fmoe__quant_level_max();
 }
 
-int fmoe__quant_q32_level(void) {
+int fmoe__quant_act_level(void) {
     const int forced = level_forced;
     if (forced >= 0) return forced;
     const int best = fmoe__quant_level_max();
     return best == FMOE__QUANT_AVX512 && cpu_amd ? FMOE__QUANT_AVX2 : best;
+}
+
+int fmoe__quant_vnni(void) {
+    pthread_once(&simd_once, simd_probe);
+    return cpu_vnni;
 }
 
 int fmoe__quant_force_level(int level) {

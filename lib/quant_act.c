@@ -273,12 +273,15 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
                                 fmoe__quant_level());
         return;
     }
-    switch (act_q8_0(t) ? fmoe__quant_q32_level() : fmoe__quant_level()) {
+    switch (fmoe__quant_act_level()) {
     case FMOE__QUANT_AVX512:
         fmoe__quant_act_rows_avx512(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
         return;
     case FMOE__QUANT_AVX2:
-        fmoe__quant_act_rows_avx2(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
+        if (fmoe__quant_vnni())
+            fmoe__quant_act_rows_avx2_vnni(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
+        else
+            fmoe__quant_act_rows_avx2(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
         return;
     }
     for (int64_t r = 0; r < rows; r++)

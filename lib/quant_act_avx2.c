@@ -35,7 +35,11 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#ifdef FMOE_QUANT_ACT_VNNI /* lib/quant_act_avx2_vnni.c: this file again, with AVX512-VNNI */
+#define SIMD __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#else
 #define SIMD __attribute__((target("avx2,fma,f16c")))
+#endif
 #define INLINE __attribute__((always_inline)) inline
 #define MAXX 4 /* inputs per pass */
 
@@ -63,25 +67,61 @@ static INLINE float f32_at(const uint8_t *p) {
 
 SIMD static INLINE __m256i load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+/* Σ u·s in int32 lanes, four byte products each: u unsigned, s signed bytes. */
+SIMD static INLINE __m256i isum_us(__m256i u, __m256i s) {
+#ifdef FMOE_QUANT_ACT_VNNI
+    /* vpdpbusd: the four products of each int32 lane summed in one instruction, the same
+     * integers as maddubs then madd, as no int16 pair of those saturates (above) */
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* Σ w·a of one 32-value block in int32 lanes, w's codes signed (|w| in aw, w in qw): w's
+ * sign moves onto the activation, whose 32 bytes are at qa. */
+SIMD static INLINE __m256i isum_signed(__m256i aw, __m256i qw, const uint8_t *qa) {
+    return isum_us(aw, _mm256_sign_epi8(load(qa), qw));
+}
+
 /* Q8_0 against inputs whose block scales da (f32, [nx][n/32], da_stride apart) were
  * widened once per call by fmoe__quant_act_rows_avx2: a broadcast load each instead of an
- * f16 conversion per block, input and row. dw·da is the same f32 product either way. */
+ * f16 conversion per block, input and row. dw·da is the same f32 product either way.
+ *
+ * Blocks go in pairs, each pair's two scaled sums added together before they join the
+ * accumulator (acc += d1·p1 + d0·p0): one dependent add per 64 values instead of one
+ * dependent FMA per 32, whose 4-cycle latency had bounded the one-input loop (ggml's
+ * kernels keep two accumulators for the same reason). Every input count uses this order,
+ * so an input's result does not depend on its companions. */
 SIMD static INLINE void dots_q8_0(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
                                   int64_t n, float *y, int64_t ys, const float *da,
                                   int64_t da_stride) {
-    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t nb = n / FMOE_QK8_0;
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += FMOE_Q8_0_BYTES, a += FMOE_Q8_0_BYTES, da++) {
-        prefetch(w, 1);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, w += 2 * FMOE_Q8_0_BYTES, a += 2 * FMOE_Q8_0_BYTES, da += 2) {
+        prefetch(w, 2); /* 68 bytes */
+        const __m256i qw0 = load(w + 2), qw1 = load(w + FMOE_Q8_0_BYTES + 2);
+        const __m256i aw0 = _mm256_sign_epi8(qw0, qw0), aw1 = _mm256_sign_epi8(qw1, qw1);
+        const float dw0 = f16_at(w), dw1 = f16_at(w + FMOE_Q8_0_BYTES);
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+            const uint8_t *ak = a + k * stride;
+            const float *dk = da + k * da_stride;
+            const __m256i p0 = isum_signed(aw0, qw0, ak + 2);
+            const __m256i p1 = isum_signed(aw1, qw1, ak + FMOE_Q8_0_BYTES + 2);
+            __m256 t = _mm256_mul_ps(_mm256_set1_ps(dw1 * dk[1]), _mm256_cvtepi32_ps(p1));
+            t = _mm256_fmadd_ps(_mm256_set1_ps(dw0 * dk[0]), _mm256_cvtepi32_ps(p0), t);
+            acc[k] = _mm256_add_ps(acc[k], t);
+        }
+    }
+    if (b < nb) { /* an odd last block */
         const __m256i qw = load(w + 2);
         const __m256i aw = _mm256_sign_epi8(qw, qw);
-        const __m256 dw = _mm256_set1_ps(f16_at(w));
+        const float dw = f16_at(w);
         _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
-            const __m256i sa = _mm256_sign_epi8(load(a + k * stride + 2), qw);
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);
-            const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(da + k * da_stride));
-            acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[k]);
+            const __m256i p = isum_signed(aw, qw, a + k * stride + 2);
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da[k * da_stride]), _mm256_cvtepi32_ps(p), acc[k]);
         }
     }
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
@@ -208,46 +248,144 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
 }
 
+/* The 32 codes of a block, as fmoe__q32_unpack gives them. The VNNI build (whose CPUs
+ * have AVX512-BW and VL) sets Q5_0's and Q5_1's fifth bits with one masked byte op, the
+ * qh word itself as the mask (bit l for code l, the order fmoe__q32_unpack's bytes have),
+ * instead of spreading qh over the bytes by a shuffle, a test and a compare. */
+SIMD static INLINE __m256i q32_unpack(uint32_t type, const uint8_t *w) {
+#ifdef FMOE_QUANT_ACT_VNNI
+    if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
+        const int q5_0 = type == FMOE_GGML_Q5_0;
+        uint32_t h;
+        memcpy(&h, w + (q5_0 ? 2 : 4), 4);
+        const __m128i qs = _mm_loadu_si128((const __m128i *)(w + (q5_0 ? 6 : 8)));
+        const __m256i nib = _mm256_and_si256(
+            _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1),
+            _mm256_set1_epi8(0x0F));
+        /* Q5_0: code - 16 where the fifth bit is clear, the code where set (nib | 16 - 16);
+         * Q5_1: nib + 16 where set */
+        return q5_0 ? _mm256_mask_sub_epi8(nib, (__mmask32)~h, nib, _mm256_set1_epi8(16))
+                    : _mm256_mask_add_epi8(nib, (__mmask32)h, nib, _mm256_set1_epi8(16));
+    }
+#endif
+    return fmoe__q32_unpack(type, w);
+}
+
+/* The weight scale of a 32-value block: MXFP4's E8M0 byte, else the f16 at its start. */
+SIMD static INLINE float q32_d(uint32_t type, const uint8_t *w) {
+    return type == FMOE_GGML_MXFP4 ? fmoe__e8m0_half(w[0]) : f16_at(w);
+}
+
+/* t + one block's scaled sum for the input at ak: d·Σ w·a, and for Q4_1, Q5_1 also m·Σ a
+ * (Σ a from the input's bytes against ones), each added by an FMA. */
+SIMD static INLINE __m256 q32_term(uint32_t type, __m256i qw, __m256i aw, float dw, float mw,
+                                   const uint8_t *ak, __m256 t) {
+    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
+    const float da = f16_at(ak);
+    if (!affine) return _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(isum_signed(aw, qw, ak + 2)), t);
+    const __m256i qa = load(ak + 2);
+    const __m256i p = isum_us(qw, qa), sa = isum_us(_mm256_set1_epi8(1), qa);
+    t = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), t);
+    return _mm256_fmadd_ps(_mm256_set1_ps(mw * da), _mm256_cvtepi32_ps(sa), t);
+}
+
 /* Q4_0, Q5_0, IQ4_NL, MXFP4 (signed codes, Q8_0's sign trick) and Q4_1, Q5_1 (unsigned codes
- * straight into maddubs, plus m·Σa with Σa from maddubs against ones) against Q8_0
- * activations. |code| <= 127 (IQ4_NL's -127), so no int16 pair saturates. */
+ * straight into maddubs, plus m·Σa) against Q8_0 activations. |code| <= 127 (IQ4_NL's
+ * -127), so no int16 pair saturates. One block a step, acc = d·p + acc: unlike Q8_0's,
+ * these loops are bound by unpacking, not by the FMA's latency, and taking their blocks
+ * in pairs made Q5_0 9% and MXFP4 5% slower (bench_kernels_vs_ggml, docs/quantization.md). */
 SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
                                  int64_t n, float *y, int64_t ys, uint32_t type) {
-    const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
     const int64_t wbytes = fmoe__q32_block_bytes(type);
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES) {
         prefetch(w, 1);
-        const __m256i qw = fmoe__q32_unpack(type, w);
-        const __m256 dw =
-            _mm256_set1_ps(type == FMOE_GGML_MXFP4 ? fmoe__e8m0_half(w[0]) : f16_at(w));
-        if (!affine) {
-            const __m256i aw = _mm256_sign_epi8(qw, qw);
-            _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
-                const uint8_t *ak = a + k * stride;
-                const __m256i sa = _mm256_sign_epi8(load(ak + 2), qw);
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);
-                const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(ak)));
-                acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[k]);
-            }
-        } else {
-            const __m256 mw = _mm256_set1_ps(f16_at(w + 2));
-            _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
-                const uint8_t *ak = a + k * stride;
-                const __m256i qa = load(ak + 2);
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qa), ones);
-                const __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qa), ones);
-                const __m256 da = _mm256_set1_ps(f16_at(ak));
-                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(p), acc[k]);
-                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(mw, da), _mm256_cvtepi32_ps(sa), acc[k]);
-            }
-        }
+        const __m256i qw = q32_unpack(type, w);
+        /* affine codes go into maddubs unsigned as they are */
+        const __m256i aw = affine ? qw : _mm256_sign_epi8(qw, qw);
+        const float dw = q32_d(type, w), mw = affine ? f16_at(w + 2) : 0.f;
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++)
+            acc[k] = q32_term(type, qw, aw, dw, mw, a + k * stride, acc[k]);
     }
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
 }
 
+#ifdef FMOE_QUANT_ACT_VNNI
+/* The signed 32-value types with vpdpbusd, which does not saturate: the codes plus a
+ * constant offset c (Q4_0 8, Q5_0 16, IQ4_NL 127, MXFP4 12) go in as unsigned bytes
+ * against the activation as it is, and c·Σa, the same for every row, comes off through
+ * the accumulator vpdpbusd starts from: -c·(the sum of each int32 lane's four activation
+ * bytes), formed once per input block and call (rows_q32_offset, quant_act_rows.inc).
+ * Each int32 lane is then Σ (w + c)·a - c·Σ a = Σ w·a, the very lane of the sign-trick
+ * kernel, without its two sign operations per block and input. */
+static INLINE int q32_offset(uint32_t type) {
+    switch (type) {
+    case FMOE_GGML_Q4_0: return 8;
+    case FMOE_GGML_Q5_0: return 16;
+    case FMOE_GGML_IQ4_NL: return 127;
+    default: return 12; /* MXFP4 */
+    }
+}
+
+/* The block's codes plus q32_offset(type), 0..240, in fmoe__q32_unpack's order. */
+SIMD static INLINE __m256i q32_unpack_offset(uint32_t type, const uint8_t *w) {
+    const int qs_at = type == FMOE_GGML_MXFP4 ? 1 : type == FMOE_GGML_Q5_0 ? 6 : 2;
+    const __m128i qs = _mm_loadu_si128((const __m128i *)(w + qs_at));
+    const __m256i nib = _mm256_and_si256(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1),
+        _mm256_set1_epi8(0x0F));
+    if (type == FMOE_GGML_Q5_0) { /* nib + 16 where the fifth bit is set */
+        uint32_t h;
+        memcpy(&h, w + 2, 4);
+        return _mm256_mask_add_epi8(nib, (__mmask32)h, nib, _mm256_set1_epi8(16));
+    }
+    if (type == FMOE_GGML_IQ4_NL) /* FMOE__IQ4NL_LEVELS + 127 */
+        return _mm256_shuffle_epi8(_mm256_setr_epi8(0, 23, 44, 62, 78, 92, 105, 117, (char)128, (char)140,
+                                                    (char)152, (char)165, (char)180, (char)196, (char)216, (char)240,
+                                                    0, 23, 44, 62, 78, 92, 105, 117, (char)128, (char)140,
+                                                    (char)152, (char)165, (char)180, (char)196, (char)216, (char)240),
+                                   nib);
+    if (type == FMOE_GGML_MXFP4) /* FMOE__MXFP4_LEVELS + 12 */
+        return _mm256_shuffle_epi8(_mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                                    12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0),
+                                   nib);
+    return nib; /* Q4_0: the nibble is the code plus 8 */
+}
+
+/* -c·Σ of each int32 lane's four bytes of the input block's quants at qa */
+SIMD static INLINE __m256i q32_offset_correction(int c, const uint8_t *qa) {
+    const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)c), load(qa));
+    return _mm256_sub_epi32(_mm256_setzero_si256(), s);
+}
+
+/* dots_q32 for Q4_0, Q5_0, IQ4_NL and MXFP4 with corr[k·corr_stride + b], the corrections
+ * of input k's block b: the same f32 arithmetic on the same int32 lanes, so the same bits. */
+SIMD static INLINE void dots_q32_offset(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
+                                        int64_t n, float *y, int64_t ys, uint32_t type,
+                                        const __m256i *corr, int64_t corr_stride) {
+    const int64_t wbytes = fmoe__q32_block_bytes(type);
+    __m256 acc[MAXX];
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES, corr++) {
+        prefetch(w, 1);
+        const __m256i u = q32_unpack_offset(type, w);
+        const float dw = q32_d(type, w);
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+            const uint8_t *ak = a + k * stride;
+            const __m256i p = _mm256_dpbusd_epi32(corr[k * corr_stride], u, load(ak + 2));
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(ak)), _mm256_cvtepi32_ps(p), acc[k]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+}
+#endif
+
+#ifdef FMOE_QUANT_ACT_VNNI
+#define QUANT_ACT_ROWS fmoe__quant_act_rows_avx2_vnni
+#include "quant_act_rows.inc"
+#else
 #define QUANT_ACT_ROWS fmoe__quant_act_rows_avx2
 #include "quant_act_rows.inc"
 
@@ -342,6 +480,16 @@ SIMD void fmoe__quant_q8_k_avx2(const float *x, uint8_t *b, int64_t n) {
         memcpy(b, &d, 4);
         memcpy(b + FMOE__Q8K_BSUMS, bsums, sizeof bsums);
     }
+}
+
+#endif /* FMOE_QUANT_ACT_VNNI */
+
+#elif defined(FMOE_QUANT_ACT_VNNI)
+
+void fmoe__quant_act_rows_avx2_vnni(uint32_t t, const void *W, int64_t row_bytes, int64_t rows,
+                                    const void *qx, int64_t stride, int32_t nx, int64_t n, float *y,
+                                    int64_t ldy) {
+    fmoe__quant_act_rows_avx2(t, W, row_bytes, rows, qx, stride, nx, n, y, ldy);
 }
 
 #else

@@ -18,6 +18,12 @@ void fmoe__quant_act_rows_avx2(uint32_t wtype, const void *W, int64_t row_bytes,
                                const void *qx, int64_t qx_stride, int32_t nx, int64_t n,
                                float *y, int64_t ldy);
 
+/* The same kernels with vpdpbusd for maddubs + madd (lib/quant_act_avx2_vnni.c), the same
+ * bits; only called where fmoe__quant_vnni() (the CPU has AVX512-VNNI, -BW and -VL). */
+void fmoe__quant_act_rows_avx2_vnni(uint32_t wtype, const void *W, int64_t row_bytes, int64_t rows,
+                                    const void *qx, int64_t qx_stride, int32_t nx, int64_t n,
+                                    float *y, int64_t ldy);
+
 /* The same with AVX-512 (lib/quant_act_avx512.c), only called when fmoe__quant_level() is
  * FMOE__QUANT_AVX512 (the CPU has AVX-512 F, BW and VL besides the AVX2 level's). */
 void fmoe__quant_act_rows_avx512(uint32_t wtype, const void *W, int64_t row_bytes, int64_t rows,

@@ -146,13 +146,18 @@ int fmoe__quant_level(void);
  * (plain C) and FMOE_NO_AVX512 (at most AVX2) in the environment honoured. */
 int fmoe__quant_level_max(void);
 
-/* The level the 8-bit products of the 32-value blocks (Q8_0, Q4_0 .. IQ4_NL, MXFP4) run at:
- * the forced level if one is, else the best, except AVX2's kernels on an AMD CPU with
- * AVX-512. Zen 4 executes a 512-bit operation as two 256-bit halves, and on the development
- * VM's EPYC these kernels' AVX2 forms took 15-20% less time than their AVX-512 ones, one
- * input or eight, where the K-quants' two forms ran alike (docs/quantization.md "Speed").
- * Per CPU, fixed for the process: the products' bits do not depend on timing. */
-int fmoe__quant_q32_level(void);
+/* The level the 8-bit products of Q8_0, the 32-value blocks (Q4_0 .. IQ4_NL, MXFP4) and
+ * Q4_K, Q5_K, Q6_K run at (lib/quant_act.c): the forced level if one is, else the best,
+ * except AVX2's kernels on an AMD CPU with AVX-512. Zen 4 executes a 512-bit operation as
+ * two 256-bit halves, and on the development VM's EPYC the 32-value kernels' AVX2 forms
+ * took 15-20% less time than their AVX-512 ones, one input or eight, and the K-quants'
+ * 10-14% less with one input, up to 10% with eight (docs/quantization.md "Speed"). Per
+ * CPU, fixed for the process: the products' bits do not depend on timing. */
+int fmoe__quant_act_level(void);
+/* 1 where the AVX2 level's 8-bit dots may use vpdpbusd (lib/quant_act_avx2_vnni.c): the CPU
+ * has AVX512-VNNI, -BW and -VL, the AVX2 level is available, and FMOE_NO_VNNI is not set
+ * in the environment (which lets a test run the plain AVX2 kernels on such a CPU). */
+int fmoe__quant_vnni(void);
 
 /* For tests and benchmarks, which compare the levels in one process: level (a
  * FMOE__QUANT_* value) from now on, or -1 for fmoe__quant_level_max() again. @return 0,
