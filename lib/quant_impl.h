@@ -84,10 +84,6 @@ void fmoe__iq_scales(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
 /* The unpacked block's d alone (the f16 scale times the type's power of two). */
 float fmoe__iq_block_d(uint32_t type, const uint8_t *b);
 void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
-/* Σ_s sc_s·Σ_i q·qa of an i-quant block's bytes b and a Q8_K block's 256 codes, without
- * the unpacked block (lib/quant_iq_avx2.c, AVX2; only called when the CPU has it): the
- * integer fmoe__quant_act_dot_kx's block sums compute from fmoe__iq_unpack's block. */
-int32_t fmoe__iq_isum_avx2(uint32_t type, const uint8_t *b, const int8_t *qa);
 /* rows x one Q8_K input of an i-quant (fmoe__is_iq) into y[r], rows row_bytes apart
  * (lib/quant_iq_dot_avx2.c; only called when the CPU has AVX2): the bits of
  * fmoe__quant_act_dot_kx at any level, each row's blocks summed straight from their bytes. */

@@ -265,52 +265,11 @@ SIMD void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *
     u->dmin = 0;
 }
 
-/* Σ_s sc_s·Σ_i q·qa for one block straight from its bytes: each register of codes goes
- * into the multiply instead of through fmoe__kx_block, as lib/quant_kx.c's isum_avx2
- * does it (|q| unsigned, q's sign moved onto the activation; a maddubs pair is at most
- * 2·62·127, no int16 saturates; madd by the 16-value scales). The same integer. */
-SIMD static INLINE void isum_t(uint32_t type, const uint8_t *b, const int8_t *qa, int32_t *out) {
-    int16_t sc[16];
-    scales_avx2(type, b, sc);
-    __m256i acc = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ib++) {
-        const __m256i qw = code32(type, b, ib);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)(qa + 32 * ib));
-        const __m256i prod =
-            _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
-        const __m256i s =
-            _mm256_set_m128i(_mm_set1_epi16(sc[2 * ib + 1]), _mm_set1_epi16(sc[2 * ib]));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, s));
-    }
-    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
-    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
-    *out = _mm_cvtsi128_si32(r);
-}
-
-SIMD int32_t fmoe__iq_isum_avx2(uint32_t type, const uint8_t *b, const int8_t *qa) {
-    int32_t sum = 0;
-    EACH_IQ(type, isum_t, b, qa, &sum)
-    return sum;
-}
-
 #else
 
 void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u) {
     fmoe__iq_unpack(type, b, u);
 }
 
-int32_t fmoe__iq_isum_avx2(uint32_t type, const uint8_t *b, const int8_t *qa) {
-    fmoe__kx_block u;
-    fmoe__iq_unpack(type, b, &u);
-    int32_t sum = 0;
-    for (int s = 0; s < 16; s++) {
-        int32_t sub = 0;
-        for (int i = 0; i < 16; i++)
-            sub += u.q[16 * s + i] * qa[16 * s + i];
-        sum += u.sc[s] * sub;
-    }
-    return sum;
-}
 
 #endif

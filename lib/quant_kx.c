@@ -1,7 +1,8 @@
 /*
  * quant_kx.c - dot products of Q2_K, Q3_K and IQ4_XS rows, and of the i-quants IQ2_XXS ..
  * IQ1_M unpacked into the same shape by lib/quant_iq.c (lib/quant_iq_avx2.c at the AVX2
- * and AVX-512 levels, whose direct block sum serves their one-input 8-bit dots): with
+ * and AVX-512 levels; one input at those levels takes lib/quant_iq_dot_avx2.c and
+ * lib/quant_kx_dot_avx2.c's row kernels instead, lib/quant_act.c): with
  * f32 vectors (AVX2; the
  * plain-C reference is lib/quant.c's dequantise-then-dot) and with Q8_K activations
  * (fmoe/quant_act.h; plain C and AVX2, the same bits).
@@ -206,35 +207,13 @@ static void unpack_at(uint32_t type, const uint8_t *w, kx_block *u, int level) {
     unpack(type, w, u);
 }
 
-/* block_dot of an i-quant block against one input without the unpacked block, at the
- * AVX2 and AVX-512 levels: lib/quant_iq_avx2.c's integer sum straight from the block's
- * bytes (no 256-byte buffer written and read back), then block_dot's float expression
- * with dmin and the min sum zero, so the same bits. */
-static float iq_block_dot_direct(uint32_t type, const uint8_t *w, const uint8_t *a) {
-    float da;
-    memcpy(&da, a, 4);
-    const int32_t sum = fmoe__iq_isum_avx2(type, w, (const int8_t *)(a + FMOE__Q8K_Q));
-    const float d = fmoe__iq_block_d(type, w), dmin = 0;
-    const int32_t msum = 0;
-    return da * d * (float)sum - da * dmin * (float)msum;
-}
-
-static int iq_direct(uint32_t type, int level) {
-    return HAVE_AVX2_KX && level >= FMOE__QUANT_AVX2 && fmoe__is_iq(type);
-}
-
 float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n,
                              int level) {
     const int64_t bytes = fmoe_ggml_type_size(type);
     const uint8_t *w = row, *a = qx;
     kx_block u;
     float s = 0;
-    const int direct = iq_direct(type, level);
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += bytes, a += FMOE_Q8_K_BYTES) {
-        if (direct) {
-            s += iq_block_dot_direct(type, w, a);
-            continue;
-        }
         unpack_at(type, w, &u, level);
         s += block_dot(type, &u, a, level);
     }
@@ -249,11 +228,6 @@ void fmoe__quant_act_rows_kx(uint32_t type, const void *W, int64_t row_bytes, in
                              int64_t ldy, int level) {
     const int64_t bytes = fmoe_ggml_type_size(type);
     kx_block u;
-    if (nx == 1 && iq_direct(type, level)) { /* one input: nothing to share the unpack with */
-        for (int64_t r = 0; r < rows; r++)
-            y[r] = fmoe__quant_act_dot_kx(type, (const uint8_t *)W + r * row_bytes, qx, n, level);
-        return;
-    }
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *w = (const uint8_t *)W + r * row_bytes;
         for (int32_t k = 0; k < nx; k++) y[k * ldy + r] = 0;

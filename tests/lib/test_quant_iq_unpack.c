@@ -5,10 +5,8 @@
  * sixteen scales and mins, d and dmin equal byte for byte. Random bytes are valid blocks
  * for these types (every index lands in its grid; signs and scales take any bits), and
  * they reach every grid index, sign pattern, scale and IQ1 delta the kernels distinguish.
- * And the 8-bit block sum taken straight from the block's bytes (fmoe__iq_isum_avx2, which
- * lib/quant_kx.c's one-input dot uses at the AVX2 level; fmoe_quant_act_matvec takes
- * lib/quant_iq_dot_avx2.c's row kernels instead, tests/lib/test_quant_rows1.c) against the
- * integer computed here from the plain unpack. The
+ * (One input's 8-bit dot at the AVX2 level takes lib/quant_iq_dot_avx2.c's row kernels,
+ * checked bit for bit against the plain reference by tests/lib/test_quant_rows1.c.) The
  * dots built on them are tests/lib/test_quant*.c's. Skipped without AVX2.
  */
 #include <stdint.h>
@@ -67,36 +65,6 @@ TEST(avx2_unpack_equals_plain_on_random_blocks) {
                 HARNESS_FAIL("%s block %d: unpacks differ at field %d (q: %d vs %d)",
                              fmoe_ggml_type_name(types[t]), trial, at,
                              at < 256 ? plain.q[at] : 0, at < 256 ? avx2.q[at] : 0);
-        }
-    }
-}
-
-TEST(avx2_block_sum_equals_plain_unpack_sum) {
-    if (fmoe__quant_level_max() < FMOE__QUANT_AVX2) {
-        printf("  (no AVX2 on this CPU: nothing to compare)\n");
-        return;
-    }
-    uint8_t block[256];
-    int8_t qa[FMOE_QK_K];
-    for (int t = 0; t < NTYPES; t++) {
-        const int64_t bytes = fmoe_ggml_type_size(types[t]);
-        for (int trial = 0; trial < 2000; trial++) {
-            for (int64_t i = 0; i < bytes; i++) block[i] = rnd8();
-            /* Q8_K codes are -127..127; the extremes every fourth block */
-            for (int i = 0; i < FMOE_QK_K; i++)
-                qa[i] = trial % 4 == 3 ? (rnd8() & 1 ? 127 : -127) : (int8_t)(rnd8() % 255 - 127);
-            fmoe__kx_block u;
-            fmoe__iq_unpack(types[t], block, &u);
-            int64_t want = 0;
-            for (int s = 0; s < 16; s++) {
-                int64_t sub = 0;
-                for (int i = 0; i < 16; i++) sub += u.q[16 * s + i] * qa[16 * s + i];
-                want += u.sc[s] * sub;
-            }
-            const int32_t got = fmoe__iq_isum_avx2(types[t], block, qa);
-            if (got != want)
-                HARNESS_FAIL("%s block %d: block sum %d, plain unpack gives %lld",
-                             fmoe_ggml_type_name(types[t]), trial, got, (long long)want);
         }
     }
 }
