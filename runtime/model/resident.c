@@ -161,6 +161,11 @@ static int finite_mat(fmoe_model *m, fmoe__mat *w, const char *what) {
         /* the f16 scales of each block: d first (Q6_K: last), dmin or m after d (Q4_K,
          * Q5_K, Q4_1, Q5_1); Q2_K, Q3_K, IQ4_XS where fmoe__kx_d reads them; the
          * i-quants' d where fmoe__iq_d does (IQ1_M's is spread over its scale words) */
+        /* MXFP4's scale is one E8M0 byte, finite for every value (ggml's reading: e = 255
+         * is 2^127, lib/quant_block.h fmoe__e8m0_half), and its levels are a table: nothing
+         * to check. Read as an f16, its first two bytes (scale, first nibbles) are a NaN
+         * whenever the nibbles are 0xFF, which refused llama-quantize's --pure files. */
+        if (w->quant == FMOE_GGML_MXFP4) return 0;
         const int iq = fmoe__is_iq(w->quant);
         const int64_t bytes = iq ? fmoe_ggml_type_size(w->quant) : fmoe__qblock_bytes(w->quant),
                       vals = iq ? FMOE_QK_K : fmoe__qblock_values(w->quant);

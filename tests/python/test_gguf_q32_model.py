@@ -105,7 +105,7 @@ def test_q32_model_equals_its_dequantisation(q32_files, models, driver, tmp_path
     assert 0 < rms < rms_tol and worst < max_tol
 
 
-def gguf_py_mix(src, dst):
+def gguf_py_mix(src, dst, cycle=("Q4_0", "Q4_1", "Q5_0", "Q5_1")):
     """src (a GGUF file) with its 2-D weights requantised by gguf-py's own quantisers, the
     types taken in turn (Q4_0, Q4_1, Q5_0, Q5_1) so that one file mixes them in experts,
     attention and embeddings alike; routers and rows that are not whole blocks as they
@@ -116,11 +116,11 @@ def gguf_py_mix(src, dst):
     for f in r.fields.values():
         if not f.name.startswith("GGUF.") and f.name != "general.architecture":
             w.add_key_value(f.name, f.contents(), f.types[0])
-    cycle, i, kinds = ["Q4_0", "Q4_1", "Q5_0", "Q5_1"], 0, set()
+    i, kinds = 0, set()
     for t in r.tensors:
         shape = [int(x) for x in t.shape[::-1]]
         if len(shape) >= 2 and shape[-1] % 32 == 0 and "gate_inp" not in t.name:
-            qt = Q[cycle[i % 4]]
+            qt = Q[cycle[i % len(cycle)]]
             i += 1
             x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
             w.add_tensor(t.name, gguf.quants.quantize(x.reshape(shape), qt), raw_dtype=qt)
@@ -141,6 +141,34 @@ def test_gguf_py_quantized_mix_equals_its_dequantisation(q32_files, driver, tmp_
     assert gguf_py_mix(q32_files("q8_0", "tiny"), mix) == {"Q4_0", "Q4_1", "Q5_0", "Q5_1"}
     dequantised_copy(mix, tmp_path / "deq.gguf")
     tokens = [int(x) for x in np.random.default_rng(9).integers(3, 4096, 12)]
+    f32, rf = drive(driver, tmp_path / "deq.gguf", tokens, 8, tmp_path, "f32")
+    q, rq = drive(driver, mix, tokens, 8, tmp_path, "q")
+    assert float(np.abs(q - f32).max()) <= 1e-3
+    assert rq["generated"] == rf["generated"] and rq["experts"] == rf["experts"]
+
+
+def f16_nan_first_bytes(path):
+    """How many MXFP4 blocks of the file's non-expert tensors would read as a NaN if their
+    first two bytes (the E8M0 scale, then values 0 and 16) were taken for an f16 scale."""
+    n = 0
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.tensor_type == Q.MXFP4 and "_exps" not in t.name:
+            b = np.asarray(t.data).reshape(-1, 17)[:, :2].copy().view(np.float16)
+            n += int(np.isnan(b).sum())
+    return n
+
+
+def test_mxfp4_everywhere_equals_its_dequantisation(q32_files, driver, tmp_path):
+    """MXFP4 in every 2-D weight, embeddings and attention too, as llama-quantize --pure
+    MXFP4_MOE writes it (gguf-py's quantiser here): loads, and its logits equal its F32
+    dequantisation's. Such files were refused as "non-finite" when the load-time check
+    read an f16 scale where MXFP4 has one E8M0 byte; the file is checked to hold blocks
+    that reading turns into NaNs."""
+    mix = tmp_path / "mxfp4.gguf"
+    assert gguf_py_mix(q32_files("q8_0", "tiny"), mix, ("MXFP4",)) == {"MXFP4"}
+    assert f16_nan_first_bytes(mix) > 0
+    dequantised_copy(mix, tmp_path / "deq.gguf")
+    tokens = [int(x) for x in np.random.default_rng(11).integers(3, 4096, 12)]
     f32, rf = drive(driver, tmp_path / "deq.gguf", tokens, 8, tmp_path, "f32")
     q, rq = drive(driver, mix, tokens, 8, tmp_path, "q")
     assert float(np.abs(q - f32).max()) <= 1e-3
