@@ -28,6 +28,57 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* ---- link names -------------------------------------------------------------------------- */
+
+/* The interpreter's functions keep their short names in the source, and link as fmoe__jj_*
+ * and fmoe__jv_*: the library is linked into other programs, and jq's libjq, for one,
+ * exports jv_cmp and other jv_ names of its own. */
+#define jj_alloc fmoe__jj_alloc
+#define jj_arena_free fmoe__jj_arena_free
+#define jj_arena_new fmoe__jj_arena_new
+#define jj_arena_over fmoe__jj_arena_over
+#define jj_arg fmoe__jj_arg
+#define jj_call_builtin fmoe__jj_call_builtin
+#define jj_fail fmoe__jj_fail
+#define jj_filter fmoe__jj_filter
+#define jj_find fmoe__jj_find
+#define jj_html_escape fmoe__jj_html_escape
+#define jj_is_space fmoe__jj_is_space
+#define jj_iterable fmoe__jj_iterable
+#define jj_lex fmoe__jj_lex
+#define jj_method fmoe__jj_method
+#define jj_pairs fmoe__jj_pairs
+#define jj_parse fmoe__jj_parse
+#define jj_recase fmoe__jj_recase
+#define jj_render fmoe__jj_render
+#define jj_replace fmoe__jj_replace
+#define jj_sb_put fmoe__jj_sb_put
+#define jj_sb_puts fmoe__jj_sb_puts
+#define jj_split fmoe__jj_split
+#define jj_str_method fmoe__jj_str_method
+#define jj_str_out fmoe__jj_str_out
+#define jj_strip fmoe__jj_strip
+#define jj_strndup fmoe__jj_strndup
+#define jj_test fmoe__jj_test
+#define jj_utf8_len fmoe__jj_utf8_len
+#define jj_utf8_off fmoe__jj_utf8_off
+#define jj_want_str fmoe__jj_want_str
+#define jv_cmp fmoe__jv_cmp
+#define jv_dict_get fmoe__jv_dict_get
+#define jv_dict_getn fmoe__jv_dict_getn
+#define jv_dict_new fmoe__jv_dict_new
+#define jv_dict_set fmoe__jv_dict_set
+#define jv_eq fmoe__jv_eq
+#define jv_kind_name fmoe__jv_kind_name
+#define jv_list_new fmoe__jv_list_new
+#define jv_list_push fmoe__jv_list_push
+#define jv_parse_json fmoe__jv_parse_json
+#define jv_str fmoe__jv_str
+#define jv_to_sb fmoe__jv_to_sb
+#define jv_to_str fmoe__jv_to_str
+#define jv_tojson fmoe__jv_tojson
+#define jv_truthy fmoe__jv_truthy
+
 /* ---- limits ---------------------------------------------------------------------------- */
 
 #define JJ_MAX_STEPS 5000000u           /* expression/statement evaluations per render */

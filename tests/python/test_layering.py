@@ -163,3 +163,31 @@ def test_a_planted_runtime_include_is_found(tmp_path, folder, planted):
     (copy / folder / "planted.c").write_text(planted)
     found = runtime_folder_violations(copy)
     assert len(found) == 1 and found[0].startswith(f"{folder}/planted.c"), found
+
+
+# What each library may export besides fmoe-prefixed names: nothing (the HDF5 filter
+# plugin's entry points are HDF5's names, and it is a plugin, not a library one links).
+LIBRARIES = ["lib/libfmoe-core.a", "trace/libfmoe-trace.a", "datasets/libfmoe-datasets.a",
+             "sim/libfmoe-sim.a", "runtime/libfmoe-runtime.a"]
+
+
+def exported(archive):
+    p = subprocess.run(["nm", "-g", "--defined-only", str(archive)], capture_output=True,
+                       text=True, check=True)
+    return {ln.split()[2] for ln in p.stdout.splitlines() if len(ln.split()) == 3}
+
+
+@pytest.mark.parametrize("lib", LIBRARIES)
+def test_libraries_export_only_fmoe_names(build_dir, lib):
+    """Every global symbol a library defines starts with fmoe (public fmoe_, internal
+    fmoe__): a program linking fmoe and another library (jq's libjq exports jv_cmp, the
+    name the Jinja interpreter's comparison once had) gets no duplicate symbols."""
+    if not shutil.which("nm"):
+        pytest.skip("nm (binutils) not installed")
+    path = build_dir / lib
+    if not path.exists():
+        pytest.skip(f"{path}: not built")
+    names = exported(path)
+    assert names, f"{lib}: no symbols read"
+    stray = sorted(n for n in names if not n.startswith("fmoe"))
+    assert not stray, f"{lib} exports {len(stray)} names without the fmoe prefix: {stray[:10]}"
