@@ -470,7 +470,7 @@ __global__ static void rmsnorm_kernel(float *y, const float *x, const float *w, 
         double ss = 0.0;
         for (int32_t i = threadIdx.x; i < dim; i += blockDim.x)
             ss += (double)xr[i] * (double)xr[i];
-        ss = block_sum_d(ss, red);
+        ss = block_sum(ss, red);
         const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
         for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
     }
@@ -522,11 +522,11 @@ __global__ static void layernorm_kernel(float *y, const float *x, const float *w
         float *yr = y + r * dim; /* may be xr: every value is read before any is written */
         double sum = 0.0;
         for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) sum += (double)xr[i];
-        const double mean = block_sum_d(sum, red) / (double)dim;
+        const double mean = block_sum(sum, red) / (double)dim;
         double ss = 0.0;
         for (int32_t i = threadIdx.x; i < dim; i += blockDim.x)
             ss += ((double)xr[i] - mean) * ((double)xr[i] - mean);
-        ss = block_sum_d(ss, red);
+        ss = block_sum(ss, red);
         const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
         const float mu = (float)mean;
         for (int32_t i = threadIdx.x; i < dim; i += blockDim.x)

@@ -6,12 +6,8 @@
 
 #include <math.h>
 
-__device__ static inline float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ static inline double warp_sum_d(double v) {
+/* T float or double (the norms sum squares in double) */
+template <typename T> __device__ static inline T warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
@@ -38,22 +34,12 @@ __device__ static float block_max(float v, float *red) {
     return v;
 }
 
-__device__ static float block_sum(float v, float *red) {
+template <typename T> __device__ static T block_sum(T v, T *red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_sum(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    v = warp_sum(lane < nw ? red[lane] : 0.0f);
-    __syncthreads();
-    return v;
-}
-
-__device__ static double block_sum_d(double v, double *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_d(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = warp_sum_d(lane < nw ? red[lane] : 0.0);
+    v = warp_sum(lane < nw ? red[lane] : T(0));
     __syncthreads();
     return v;
 }
