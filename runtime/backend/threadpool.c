@@ -133,7 +133,10 @@ static void *worker_main(void *arg) {
             atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
         }
-        if (atomic_load(&p->stop)) return NULL;
+        if (atomic_load(&p->stop)) {
+            PROF(prof_cpu_time(id));
+            return NULL;
+        }
         /* the job seen, even if the word has moved on since: then it finds nothing to
          * claim, and the next loop sees the newer one */
         seen = GEN(w);
@@ -176,12 +179,12 @@ int fmoe__pool_init(int32_t threads, fmoe__pool **out) {
 
 void fmoe__pool_free(fmoe__pool *p) {
     if (!p) return;
-    PROF(prof_dump(p->n));
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (int32_t i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
+    PROF(prof_dump(p->n, (const void *)fmoe__pool_init));
     free(p->threads);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
@@ -198,6 +201,7 @@ void fmoe__pool_run(fmoe__pool *p, fmoe__task_fn fn, void *ctx, int32_t ntasks) 
         return;
     }
     PROF(prof_job_start());
+    PROF(prof_job_fn((const void *)fn));
     const uint32_t gen = ++p->gen;
     atomic_store(&p->claim, WORD(gen, LOCKED));
     atomic_store(&p->fn, fn);
