@@ -7,7 +7,7 @@
  * Counted per process, over every pool it creates (a generate run has one): jobs run on
  * the pool, the caller's time between jobs (work no worker can share) and inside them
  * (its own tasks, then waiting for the others'), and per thread the tasks it ran, the time
- * inside them, how often it fell asleep and (workers) its CPU time from getrusage, which
+ * inside them, the claims it made (a claim takes a grain of tasks), how often it fell asleep and (workers) its CPU time from getrusage, which
  * tells a worker that had no core (a loaded machine) from one that spun without finding
  * tasks; and per task function (by address, relative to fmoe__pool_init: `nm` names it)
  * its jobs, the caller's time in them, the tasks each of the first two threads ran, and the
@@ -40,7 +40,7 @@ static long prof_fn_jobs[PROF_FNS], prof_fn_tasks[PROF_FNS][2], prof_fn_idle1[PR
 static double prof_fn_s[PROF_FNS];
 static int prof_cur = -1;
 static long prof_cur_t1;
-static long prof_tasks[PROF_THREADS], prof_sleeps[PROF_THREADS];
+static long prof_tasks[PROF_THREADS], prof_sleeps[PROF_THREADS], prof_claims[PROF_THREADS];
 static long prof_jobs;
 static double prof_cpu_s[PROF_THREADS]; /* a worker's CPU time (RUSAGE_THREAD) at its exit */
 static double prof_serial_s, prof_wait_s, prof_inrun_s; /* the caller's */
@@ -67,6 +67,9 @@ static void prof_cpu_time(int w) {
     if (w < PROF_THREADS && getrusage(RUSAGE_THREAD, &ru) == 0)
         prof_cpu_s[w] = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
                         (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+}
+static void prof_claim(int w) {
+    if (w < PROF_THREADS) prof_claims[w]++;
 }
 static void prof_sleep(int w) {
     if (w < PROF_THREADS) prof_sleeps[w]++;
@@ -99,8 +102,9 @@ static void prof_dump(int n, const void *base) {
             "waiting for others' tasks %.3f s)\n",
             prof_jobs, span, prof_serial_s, prof_inrun_s, prof_wait_s);
     for (int i = 0; i < n && i < PROF_THREADS; i++)
-        fprintf(stderr, "pool: thread %d ran %ld tasks, %.3f s (%.0f%% of the span), slept %ld times\n",
-                i, prof_tasks[i], prof_busy_s[i], 100 * prof_busy_s[i] / span, prof_sleeps[i]);
+        fprintf(stderr, "pool: thread %d ran %ld tasks in %ld claims, %.3f s (%.0f%% of the span), "
+                "slept %ld times\n", i, prof_tasks[i], prof_claims[i], prof_busy_s[i],
+                100 * prof_busy_s[i] / span, prof_sleeps[i]);
     for (int i = 1; i < n && i < PROF_THREADS; i++)
         fprintf(stderr, "pool: thread %d was on a CPU %.3f s in all\n", i, prof_cpu_s[i]);
     /* a task function by its offset from fmoe__pool_init: `nm` on the binary names it */
