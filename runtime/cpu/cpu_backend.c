@@ -778,12 +778,13 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
     }
     int rc = fmoe__pool_init(threads, &c->pool);
     if (rc == 0 && !getenv("FMOE_CPU_UNFUSED")) {
-        /* a pass's expert rows: up to max_batch tokens (a decode step's FUSED_MAX_N at
-         * least, prefill's FUSED_PREFILL_N at most), top_k each, and the shared one */
+        /* a pass's expert rows: a decode step's FUSED_MAX_N tokens, or with 8-bit inputs up
+         * to max_batch (prefill's FUSED_PREFILL_N at most), top_k each, and the shared one.
+         * The prefill rows cost memory: ~57 MB at Mixtral-8x7B's widths (192 rows of 14336) */
         const int32_t k = lim->max_batch > 0 ? lim->max_experts / lim->max_batch : 0;
         int32_t n = lim->max_batch < FMOE__CPU_FUSED_PREFILL_N ? lim->max_batch
                                                                 : FMOE__CPU_FUSED_PREFILL_N;
-        if (n < FMOE__CPU_FUSED_MAX_N) n = FMOE__CPU_FUSED_MAX_N;
+        if (!c->act8 || n < FMOE__CPU_FUSED_MAX_N) n = FMOE__CPU_FUSED_MAX_N;
         rc = fmoe__cpu_fused_init(threads, lim->max_cols > 0 ? lim->max_cols : 1, n,
                                     n * (k > 0 ? k : 1) + n, &c->fused);
     }
