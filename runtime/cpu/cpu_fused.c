@@ -68,8 +68,11 @@ typedef struct entry {
 struct fmoe__cpu_fused {
     int32_t threads, max_n, max_rows;
     int64_t max_cols, qrow;  /* floats of a scratch row; bytes of an 8-bit one */
-    float *x, *g, *u, *y;    /* [max_rows][max_cols] each: gathered inputs, gate (then
-                                SwiGLU), up, down outputs */
+    float *g, *u, *y;        /* [max_rows][max_cols] each: gate (then SwiGLU), up, down
+                                outputs */
+    float *x;                /* [x_rows][max_cols] gathered f32 inputs: only a decode
+                                step's rows take them (prefill's are 8-bit) */
+    int32_t x_rows;
     uint8_t *qx;             /* [MAX_QTYPES][max_n][qrow] xn, 8-bit */
     uint8_t *qg;             /* [max_rows][qrow] SwiGLU rows, 8-bit for down */
     uint8_t *qin[2];         /* [max_rows][qrow] each: routed experts' 8-bit input rows
@@ -94,7 +97,9 @@ int fmoe__cpu_fused_init(int32_t threads, int64_t max_cols, int32_t max_n, int32
     /* Q8_K: 292 bytes per 256 values, Q8_0: 34 per 32; whole blocks */
     x->qrow = (max_cols + 255) / 256 * 292 + 64;
     const size_t rows = (size_t)max_rows * (size_t)max_cols * sizeof(float);
-    x->x = malloc(rows);
+    x->x_rows = FMOE__CPU_FUSED_MAX_N * (max_rows / (max_n > 0 ? max_n : 1));
+    if (x->x_rows > max_rows) x->x_rows = max_rows;
+    x->x = malloc((size_t)x->x_rows * (size_t)max_cols * sizeof(float));
     x->g = malloc(rows);
     x->u = malloc(rows);
     x->y = malloc(rows);
@@ -324,6 +329,7 @@ int fmoe__cpu_moe_experts(void *ctx, const fmoe__moe_args *a) {
     for (int32_t k = 0; k < a->count; k++) {
         const entry *e = &x->e[k];
         if (e->qgate && e->qup) continue;
+        if (e->off + e->c > x->x_rows) return 1; /* not with fmoe__cpu_moe_experts' rules */
         for (int32_t t = 0; t < e->c; t++)
             memcpy(x->x + (int64_t)(e->off + t) * x->max_cols, a->xn + (int64_t)e->rows[t] * a->h,
                    (size_t)a->h * sizeof(float));
