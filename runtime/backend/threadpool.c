@@ -23,6 +23,18 @@
  * values are never used. Generations wrap after 2^32 jobs; a worker would have to sleep
  * through exactly that many for a stale CAS to succeed.
  *
+ * Claiming several tasks at once. A claim is a CAS on a cache line that every thread
+ * writes, and the finished count another: with one task a claim, a decode step's ~4900
+ * tasks of 1-2 us (the output head alone is 2000 chunks of 16 rows on the small benchmark
+ * model, docs/cpu.md, Threads) paid two cross-core line transfers each on every thread,
+ * while one thread pays none (run inline). A claim now takes a grain of tasks, a share of
+ * those left (guided self-scheduling: large while many are left, one at the end, so the
+ * threads still finish together) and at most MAX_GRAIN, so that a worker descheduled with
+ * a grain in hand holds little of the job. The proof above is unchanged: a grain [k, k+g)
+ * of generation g is run only by the thread whose CAS moved the word from (g, k) to
+ * (g, k + g), and k + g <= ntasks < LOCKED. Which thread runs a task never changes a
+ * result (every task writes its own outputs).
+ *
  * Waiting: a worker spins on the claim word for SPIN_ROUNDS pause instructions (a yield
  * every 64) and then sleeps on a condition variable; the caller wakes sleepers only when
  * some are asleep (a seq_cst count, so a sleeper that missed the new word is always seen),
@@ -34,6 +46,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fmoe/error.h"
 
@@ -45,6 +58,9 @@
 
 #define SPIN_ROUNDS 4000
 #define LOCKED 0xffffffffu
+#define MAX_GRAIN 16    /* tasks per claim, at most */
+#define GRAIN_SHARE 4   /* a claim takes 1/(GRAIN_SHARE · threads) of the tasks left */
+#define LINE 64         /* the claim word, the finished count and the job each own a line */
 
 #define WORD(gen, task) (((uint64_t)(gen) << 32) | (uint32_t)(task))
 #define GEN(w) ((uint32_t)((w) >> 32))
@@ -55,14 +71,14 @@ struct fmoe__pool {
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
-    _Atomic uint64_t claim;     /* (generation, next task), see above */
-    _Atomic int32_t finished;   /* tasks of the current job that have returned */
+    _Alignas(LINE) _Atomic uint64_t claim; /* (generation, next task), see above */
+    _Alignas(LINE) _Atomic int32_t finished; /* tasks of the current job that have returned */
+    _Alignas(LINE) _Atomic(fmoe__task_fn) fn; /* the current job; valid while the claim word */
+    _Atomic(void *) ctx;                      /* holds its generation with a task index */
+    _Atomic int32_t ntasks;                   /* below LOCKED */
     _Atomic int32_t sleepers;   /* workers asleep (or about to be) on `wake` */
     _Atomic int caller_asleep;  /* the caller is asleep (or about to be) on `done` */
     _Atomic int stop;
-    _Atomic(fmoe__task_fn) fn;  /* the current job; valid while the claim word holds its */
-    _Atomic(void *) ctx;        /* generation with a task index below LOCKED */
-    _Atomic int32_t ntasks;
     uint32_t gen;               /* the caller's: the generation of the last job */
 };
 
@@ -80,8 +96,8 @@ static inline void cpu_relax(int round) {
     if ((round & 63) == 63) sched_yield();
 }
 
-/* Claims and runs tasks of generation `gen` until none is left (or the word has moved on).
- * @return the number of tasks this thread ran. */
+/* Claims and runs grains of tasks of generation `gen` until none is left (or the word has
+ * moved on). @return the number of tasks this thread ran. */
 static int32_t run_tasks(fmoe__pool *p, uint32_t gen, int32_t worker) {
     int32_t ran = 0;
     uint64_t w = atomic_load(&p->claim);
@@ -90,12 +106,18 @@ static int32_t run_tasks(fmoe__pool *p, uint32_t gen, int32_t worker) {
         void *ctx = atomic_load(&p->ctx);
         const int32_t ntasks = atomic_load(&p->ntasks);
         if ((int64_t)TASK(w) >= ntasks) break;
-        if (!atomic_compare_exchange_weak(&p->claim, &w, w + 1)) continue; /* w reloaded */
-        PROF(double t0 = prof_now());
-        fn(ctx, (int32_t)TASK(w), worker);
-        PROF(prof_busy(worker, prof_now() - t0));
-        ran++;
-        if (atomic_fetch_add(&p->finished, 1) + 1 == ntasks && atomic_load(&p->caller_asleep)) {
+        const int32_t k = (int32_t)TASK(w);
+        int32_t g = (ntasks - k) / (GRAIN_SHARE * p->n);
+        g = g < 1 ? 1 : g > MAX_GRAIN ? MAX_GRAIN : g;
+        if (!atomic_compare_exchange_weak(&p->claim, &w, w + (uint32_t)g)) continue; /* reloaded */
+        for (int32_t t = k; t < k + g; t++) {
+            PROF(double t0 = prof_now());
+            fn(ctx, t, worker);
+            PROF(prof_busy(worker, prof_now() - t0));
+        }
+        ran += g;
+        PROF(prof_claim(worker));
+        if (atomic_fetch_add(&p->finished, g) + g == ntasks && atomic_load(&p->caller_asleep)) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->mu);
@@ -133,7 +155,10 @@ static void *worker_main(void *arg) {
             atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
         }
-        if (atomic_load(&p->stop)) return NULL;
+        if (atomic_load(&p->stop)) {
+            PROF(prof_cpu_time(id));
+            return NULL;
+        }
         /* the job seen, even if the word has moved on since: then it finds nothing to
          * claim, and the next loop sees the newer one */
         seen = GEN(w);
@@ -143,8 +168,9 @@ static void *worker_main(void *arg) {
 
 int fmoe__pool_init(int32_t threads, fmoe__pool **out) {
     if (threads < 1) threads = 1;
-    fmoe__pool *p = calloc(1, sizeof *p);
+    fmoe__pool *p = aligned_alloc(LINE, (sizeof *p + LINE - 1) / LINE * LINE);
     if (!p) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    memset(p, 0, sizeof *p);
     p->n = 1;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
@@ -176,12 +202,12 @@ int fmoe__pool_init(int32_t threads, fmoe__pool **out) {
 
 void fmoe__pool_free(fmoe__pool *p) {
     if (!p) return;
-    PROF(prof_dump(p->n));
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (int32_t i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
+    PROF(prof_dump(p->n, (const void *)fmoe__pool_init));
     free(p->threads);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
@@ -198,6 +224,7 @@ void fmoe__pool_run(fmoe__pool *p, fmoe__task_fn fn, void *ctx, int32_t ntasks) 
         return;
     }
     PROF(prof_job_start());
+    PROF(prof_job_fn((const void *)fn));
     const uint32_t gen = ++p->gen;
     atomic_store(&p->claim, WORD(gen, LOCKED));
     atomic_store(&p->fn, fn);

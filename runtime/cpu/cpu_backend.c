@@ -386,8 +386,6 @@ static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n,
     /* Slices in multiples of 16 rows keep each worker's output stores apart. */
     int64_t chunk = (w->rows + tasks - 1) / tasks;
     chunk = (chunk + 15) / 16 * 16;
-    j.chunk = chunk;
-    j.ntasks = (int32_t)((w->rows + chunk - 1) / chunk);
 #if HAVE_X86
     if (c->simd512 && c->xpack && w->dtype == FMOE_ST_BF16 && n > SMALL_N && w->cols >= 32 &&
         n <= c->max_batch && w->cols <= c->max_cols) {
@@ -395,6 +393,13 @@ static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n,
         j.packed = 1;
     }
 #endif
+    /* Rows widened into blocks for sgemm: the blocks must not depend on the thread count
+     * (OpenBLAS's sums over a block of other height can differ in the last bit), so a
+     * slice is one block, wherever the threads' slices would have ended */
+    if (!j.packed && w->dtype != FMOE_ST_F32 && (w->quant || n > SMALL_N) && tasks > 1)
+        chunk = c->block_rows;
+    j.chunk = chunk;
+    j.ntasks = (int32_t)((w->rows + chunk - 1) / chunk);
     fmoe__pool_run(c->pool, matmul_task, &j, j.ntasks);
 }
 
@@ -472,6 +477,14 @@ void fmoe__cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n, 
 fmoe__cpu_fused *fmoe__cpu_fused_of(void *ctx) { return ((cpu_ctx *)ctx)->fused; }
 
 int fmoe__cpu_act8(const void *ctx) { return ((const cpu_ctx *)ctx)->act8; }
+
+int64_t fmoe__cpu_act8_pass(const void *ctx, const fmoe__mat *W) {
+    const cpu_ctx *c = ctx;
+    if (!c->act8 || !W->quant || !fmoe_quant_act_supported(W->quant)) return 0;
+    const int64_t qb = fmoe_quant_act_bytes(W->quant, W->cols);
+    /* cpu_matmul hands fmoe__quant_matvec scratch[0] of block_rows·max_cols floats */
+    return qb > 0 ? (int64_t)c->block_rows * c->max_cols * (int64_t)sizeof(float) / qb : 0;
+}
 
 double fmoe__cpu_min_work(const void *ctx) { return ((const cpu_ctx *)ctx)->min_work; }
 
@@ -765,10 +778,15 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
     }
     int rc = fmoe__pool_init(threads, &c->pool);
     if (rc == 0 && !getenv("FMOE_CPU_UNFUSED")) {
-        /* a decode step's expert rows: FUSED_MAX_N tokens, top_k each, and the shared one */
+        /* a pass's expert rows: a decode step's FUSED_MAX_N tokens, or with 8-bit inputs up
+         * to max_batch (prefill's FUSED_PREFILL_N at most), top_k each, and the shared one.
+         * The prefill rows cost memory: ~46 MB at Mixtral-8x7B's widths (192 rows of 14336,
+         * where a decode step's 12 took ~3.5 MB) */
         const int32_t k = lim->max_batch > 0 ? lim->max_experts / lim->max_batch : 0;
-        const int32_t n = FMOE__CPU_FUSED_MAX_N;
-        rc = fmoe__cpu_fused_init(threads, lim->max_cols > 0 ? lim->max_cols : 1,
+        int32_t n = lim->max_batch < FMOE__CPU_FUSED_PREFILL_N ? lim->max_batch
+                                                                : FMOE__CPU_FUSED_PREFILL_N;
+        if (!c->act8 || n < FMOE__CPU_FUSED_MAX_N) n = FMOE__CPU_FUSED_MAX_N;
+        rc = fmoe__cpu_fused_init(threads, lim->max_cols > 0 ? lim->max_cols : 1, n,
                                     n * (k > 0 ? k : 1) + n, &c->fused);
     }
     if (rc < 0) {

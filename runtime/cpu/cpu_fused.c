@@ -1,6 +1,7 @@
 /*
  * cpu_fused.c - a MoE layer's experts in two pool jobs (fmoe__backend_ops.moe_experts)
- * when a pass has a few rows (a decode step).
+ * when a pass has a few rows (a decode step), or up to FMOE__CPU_FUSED_PREFILL_N rows
+ * with 8-bit inputs (prefill).
  *
  * Why. Run expert by expert, a decode step of DeepSeek-V2-Lite (6 routed experts and a
  * shared one, 26 layers) is 3 products per expert plus the element-wise ops between them,
@@ -9,8 +10,9 @@
  * the other threads spin or fall asleep. llama.cpp runs the same layer as three
  * MUL_MAT_ID nodes over all chosen experts. Here:
  *
- *   job 1  every (expert, chunk of I rows): its gate and up rows for the expert's tokens,
- *          their biases, the SwiGLU, and (8-bit inputs) those values quantised for down
+ *   job 1  every (expert, chunk of 16 rows of I): its gate and up rows for the expert's
+ *          tokens, their biases, the SwiGLU, and (8-bit inputs) each block of those values
+ *          quantised for down by the task that finishes the block
  *   job 2  every chunk of 16 rows of h: each expert's down rows, its bias, and the
  *          weighted sum into acc, expert after expert in the order given
  *
@@ -19,16 +21,25 @@
  * biases, SwiGLU and the weighted sum run per element in the loop's order (acc gets expert
  * after expert, the shared expert last, 1·y being y). So the layer's result is the
  * per-expert loop's bit for bit, whatever the thread count: tests/python/test_threads.py
- * compares logits both ways at 1, 2 and 3 threads. Quantising gate's SwiGLU outputs in
- * job 1 is exact too: the 8-bit formats (Q8_0, Q8_K) quantise each block on its own, and a
- * job-1 chunk is whole blocks.
+ * compares logits both ways at 1, 2 and 3 threads, for decode steps and prefill.
+ * Quantising gate's SwiGLU outputs in job 1 is exact too: the 8-bit formats (Q8_0, Q8_K)
+ * quantise each block on its own, once all of its rows are in.
+ *
+ * Prefill. The loop ran 3 jobs per expert (24 a layer for 8 experts), and between them the
+ * caller alone gathered, quantised the same rows twice (gate, up), took the SwiGLU,
+ * quantised for down and scattered: the second thread idled through all of that. With
+ * 8-bit inputs (the commands' --activations q8) the loop's products of any row count call
+ * the kernels product() calls, so the fused path takes a prefill pass too, up to the
+ * scratch's rows (FMOE__CPU_FUSED_PREFILL_N tokens: the default max_batch).
  *
  * It declines what it would not compute the same way: more than FMOE__CPU_FUSED_MAX_N rows
- * (prefill's products take other kernels), f32 matrices (OpenBLAS's sgemv, whose bits may
- * depend on the slice), rows or widths beyond the scratch.
+ * with a matrix off the 8-bit path or with more inputs than cpu_matmul quantises in one
+ * pass (prefill's other kernels), f32 matrices (OpenBLAS's sgemv, whose bits may depend on
+ * the slice), rows or widths beyond the scratch.
  */
 #include "cpu_fused.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +50,7 @@
 #include "quant_matvec.h"
 
 #define DOWN_CHUNK 16 /* rows of h per job-2 task */
-#define UP_CHUNK 16   /* rows of I per job-1 task, at least (rounded to an 8-bit block) */
+#define UP_CHUNK 16   /* rows of I per job-1 task; divides the 8-bit blocks (32, 256) */
 #define MAX_QTYPES 3  /* gate/up types whose 8-bit inputs one call may need */
 
 typedef struct entry {
@@ -51,45 +62,58 @@ typedef struct entry {
     int32_t down_act;         /* down takes 8-bit inputs (qg) */
     int64_t chunk;            /* job-1 rows of I per task */
     int32_t first_task;       /* its first job-1 task */
+    int32_t first_block;      /* its first counter in `done` (down_act) */
 } entry;
 
 struct fmoe__cpu_fused {
-    int32_t threads, max_rows;
+    int32_t threads, max_n, max_rows;
     int64_t max_cols, qrow;  /* floats of a scratch row; bytes of an 8-bit one */
-    float *x, *g, *u, *y;    /* [max_rows][max_cols] each: gathered inputs, gate (then
-                                SwiGLU), up, down outputs */
-    uint8_t *qx;             /* [MAX_QTYPES][FMOE__CPU_FUSED_MAX_N][qrow] xn, 8-bit */
+    float *g, *u, *y;        /* [max_rows][max_cols] each: gate (then SwiGLU), up, down
+                                outputs */
+    float *x;                /* [x_rows][max_cols] gathered f32 inputs: only a decode
+                                step's rows take them (prefill's are 8-bit) */
+    int32_t x_rows;
+    uint8_t *qx;             /* [MAX_QTYPES][max_n][qrow] xn, 8-bit */
     uint8_t *qg;             /* [max_rows][qrow] SwiGLU rows, 8-bit for down */
     uint8_t *qin[2];         /* [max_rows][qrow] each: routed experts' 8-bit input rows
                                 for gate and up, gathered so that one kernel call takes
                                 all of an expert's rows (each block unpacked once) */
     float *widen;            /* [threads][max_cols] a row widened (f32 inputs, 4 rows) */
     entry *e;                /* [max_rows + 1] */
+    _Atomic int32_t *done;   /* [max_blocks] rows of each 8-bit block of down's input that
+                                job 1 has finished (an expert's blocks, expert after expert) */
+    int64_t max_blocks;
 };
 
-int fmoe__cpu_fused_init(int32_t threads, int64_t max_cols, int32_t max_rows,
+int fmoe__cpu_fused_init(int32_t threads, int64_t max_cols, int32_t max_n, int32_t max_rows,
                            fmoe__cpu_fused **out) {
     *out = NULL;
     fmoe__cpu_fused *x = calloc(1, sizeof *x);
     if (!x) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
     x->threads = threads;
+    x->max_n = max_n;
     x->max_rows = max_rows;
     x->max_cols = max_cols;
     /* Q8_K: 292 bytes per 256 values, Q8_0: 34 per 32; whole blocks */
     x->qrow = (max_cols + 255) / 256 * 292 + 64;
     const size_t rows = (size_t)max_rows * (size_t)max_cols * sizeof(float);
-    x->x = malloc(rows);
+    x->x_rows = FMOE__CPU_FUSED_MAX_N * (max_rows / (max_n > 0 ? max_n : 1));
+    if (x->x_rows > max_rows) x->x_rows = max_rows;
+    x->x = malloc((size_t)x->x_rows * (size_t)max_cols * sizeof(float));
     x->g = malloc(rows);
     x->u = malloc(rows);
     x->y = malloc(rows);
-    x->qx = malloc((size_t)(MAX_QTYPES * FMOE__CPU_FUSED_MAX_N) * (size_t)x->qrow);
+    x->qx = malloc((size_t)MAX_QTYPES * (size_t)max_n * (size_t)x->qrow);
     x->qg = malloc((size_t)max_rows * (size_t)x->qrow);
     x->qin[0] = malloc((size_t)max_rows * (size_t)x->qrow);
     x->qin[1] = malloc((size_t)max_rows * (size_t)x->qrow);
     x->widen = malloc((size_t)threads * (size_t)max_cols * sizeof(float));
     x->e = malloc((size_t)(max_rows + 1) * sizeof *x->e);
+    /* an entry's blocks: its I <= max_cols rows in 8-bit blocks of at least 32 */
+    x->max_blocks = (int64_t)(max_rows + 1) * (max_cols / 32 + 1);
+    x->done = malloc((size_t)x->max_blocks * sizeof *x->done);
     if (!x->x || !x->g || !x->u || !x->y || !x->qx || !x->qg || !x->qin[0] || !x->qin[1] ||
-        !x->widen || !x->e) {
+        !x->widen || !x->e || !x->done) {
         fmoe__cpu_fused_free(x);
         return fmoe_error_set(FMOE_ENOMEM, "out of memory for the fused experts' scratch");
     }
@@ -109,6 +133,7 @@ void fmoe__cpu_fused_free(fmoe__cpu_fused *x) {
     free(x->qin[1]);
     free(x->widen);
     free(x->e);
+    free(x->done);
     free(x);
 }
 
@@ -179,14 +204,19 @@ static void up_task(void *arg, int32_t task, int32_t worker) {
             g[r] = w->glu_limit > 0 ? fmoe_swiglu_clamped(gv, uv, w->glu_alpha, w->glu_limit)
                                     : fmoe_swiglu(gv, uv);
         }
-        if (e->down_act) {
-            const uint32_t dt = w->down.quant;
-            const int64_t blk = act_block(dt), bb = fmoe_quant_act_bytes(dt, blk);
-            fmoe_quant_act_quantize(dt, g + r0,
-                                    x->qg + (int64_t)(e->off + t) * x->qrow + r0 / blk * bb,
-                                    r1 - r0);
-        }
     }
+    if (!e->down_act) return;
+    /* Down's 8-bit input is quantised a block at a time (each block on its own, so the
+     * bits are a whole row's), by the task that finishes the block's last rows: the
+     * seq_cst add orders the other tasks' SwiGLU values before it. Tasks can then be
+     * UP_CHUNK rows where a block is 256 (Q8_K), 16 tasks where there were 1 */
+    const uint32_t dt = w->down.quant;
+    const int64_t blk = act_block(dt), bb = fmoe_quant_act_bytes(dt, blk), b = r0 / blk;
+    if (atomic_fetch_add(&x->done[e->first_block + b], (int32_t)(r1 - r0)) + (r1 - r0) < blk)
+        return;
+    for (int32_t t = 0; t < e->c; t++)
+        fmoe_quant_act_quantize(dt, G + t * mc + b * blk,
+                                x->qg + (int64_t)(e->off + t) * x->qrow + b * bb, blk);
 }
 
 /* Job 2: 16 rows of h of every expert's down product, bias, and the weighted sum. */
@@ -220,7 +250,7 @@ static void down_task(void *arg, int32_t task, int32_t worker) {
  * @return them, or NULL when the slots are full. */
 static const uint8_t *rows_8bit(fmoe__cpu_fused *x, uint32_t type, const float *in, int32_t n,
                                 int64_t cols, uint32_t *types, int32_t *ntypes) {
-    const int64_t slot_bytes = (int64_t)FMOE__CPU_FUSED_MAX_N * x->qrow;
+    const int64_t slot_bytes = (int64_t)x->max_n * x->qrow;
     for (int32_t i = 0; i < *ntypes; i++)
         if (types[i] == type) return x->qx + i * slot_bytes;
     if (*ntypes == MAX_QTYPES) return NULL;
@@ -236,20 +266,32 @@ static int fusable(const fmoe__cpu_fused *x, const fmoe__mat *W) {
     return W->dtype == FMOE_ST_BF16 || W->dtype == FMOE_ST_F16;
 }
 
+/* Whether cpu_matmul multiplies W by n rows with 8-bit inputs in one pass: the kernel
+ * calls product() makes for more than FMOE__CPU_FUSED_MAX_N rows. */
+static int one_8bit_pass(void *ctx, const fmoe__mat *W, int32_t n) {
+    return act_bytes(ctx, W) > 0 && fmoe__cpu_act8_pass(ctx, W) >= n;
+}
+
 int fmoe__cpu_moe_experts(void *ctx, const fmoe__moe_args *a) {
     fmoe__cpu_fused *x = fmoe__cpu_fused_of(ctx);
-    if (!x || a->n > FMOE__CPU_FUSED_MAX_N || a->h > x->max_cols) return 1;
+    if (!x || a->n > x->max_n || a->h > x->max_cols) return 1;
+    const int prefill = a->n > FMOE__CPU_FUSED_MAX_N;
     const int32_t count = a->count + (a->shared ? 1 : 0);
     const int32_t rows = a->offset_host[a->count] + (a->shared ? a->n : 0);
     if (rows > x->max_rows || count > x->max_rows + 1) return 1;
     plan p = {.ctx = ctx, .x = x, .a = a, .count = count};
     uint32_t types[MAX_QTYPES];
-    int32_t ntypes = 0, tasks = 0, off = 0;
+    int32_t ntypes = 0, tasks = 0, off = 0, blocks = 0;
     double work = 0;
     for (int32_t k = 0; k < count; k++) {
         const int shared = k == a->count;
         const fmoe__mlp *w = shared ? a->shared : &a->experts[k];
         if (!fusable(x, &w->gate) || !fusable(x, &w->up) || !fusable(x, &w->down)) return 1;
+        /* prefill: the loop's products of more than FMOE__CPU_FUSED_MAX_N rows take other
+         * kernels except on the 8-bit path, which the fused products share */
+        if (prefill && (!one_8bit_pass(ctx, &w->gate, a->n) || !one_8bit_pass(ctx, &w->up, a->n) ||
+                        !one_8bit_pass(ctx, &w->down, a->n)))
+            return 1;
         entry *e = &x->e[k];
         const int32_t o = shared ? 0 : a->offset_host[k];
         *e = (entry){.w = w, .c = shared ? a->n : a->offset_host[k + 1] - o, .off = off,
@@ -271,13 +313,14 @@ int fmoe__cpu_moe_experts(void *ctx, const fmoe__moe_args *a) {
             *dst[m] = g;
         }
         e->down_act = act_bytes(ctx, &w->down) > 0;
-        e->chunk = UP_CHUNK;
-        if (e->down_act) { /* whole blocks of down's 8-bit input per task */
-            const int64_t blk = act_block(w->down.quant);
-            e->chunk = (UP_CHUNK + blk - 1) / blk * blk;
-        }
+        e->chunk = UP_CHUNK; /* divides the 8-bit blocks (32 or 256), which divide I */
         e->first_task = tasks;
         const int64_t I = w->gate.rows;
+        e->first_block = blocks;
+        if (e->down_act) {
+            blocks += (int32_t)(I / act_block(w->down.quant));
+            if (blocks > x->max_blocks) return 1;
+        }
         tasks += (int32_t)((I + e->chunk - 1) / e->chunk);
         off += e->c;
         work += 3.0 * (double)e->c * (double)I * (double)a->h;
@@ -286,10 +329,12 @@ int fmoe__cpu_moe_experts(void *ctx, const fmoe__moe_args *a) {
     for (int32_t k = 0; k < a->count; k++) {
         const entry *e = &x->e[k];
         if (e->qgate && e->qup) continue;
+        if (e->off + e->c > x->x_rows) return 1; /* not with fmoe__cpu_moe_experts' rules */
         for (int32_t t = 0; t < e->c; t++)
             memcpy(x->x + (int64_t)(e->off + t) * x->max_cols, a->xn + (int64_t)e->rows[t] * a->h,
                    (size_t)a->h * sizeof(float));
     }
+    for (int32_t b = 0; b < blocks; b++) atomic_store_explicit(&x->done[b], 0, memory_order_relaxed);
     const int32_t down_tasks = (a->h + DOWN_CHUNK - 1) / DOWN_CHUNK;
     if (work < fmoe__cpu_min_work(ctx)) {
         for (int32_t t = 0; t < tasks; t++) up_task(&p, t, 0);
@@ -332,8 +377,10 @@ static void same_task(void *arg, int32_t task, int32_t worker) {
 void fmoe__cpu_matmul_same_input(void *ctx, const fmoe__mat *const *ws, int32_t count,
                                  const float *in, int32_t n, float *const *ys) {
     fmoe__cpu_fused *x = fmoe__cpu_fused_of(ctx);
-    int ok = x && n <= FMOE__CPU_FUSED_MAX_N && count <= MAX_SAME;
-    for (int32_t i = 0; ok && i < count; i++) ok = fusable(x, ws[i]) && ws[i]->cols == ws[0]->cols;
+    int ok = x && n <= x->max_n && count <= MAX_SAME;
+    for (int32_t i = 0; ok && i < count; i++)
+        ok = fusable(x, ws[i]) && ws[i]->cols == ws[0]->cols &&
+             (n <= FMOE__CPU_FUSED_MAX_N || one_8bit_pass(ctx, ws[i], n));
     same_job j = {.ctx = ctx, .x = x, .ws = ws, .ys = ys, .in = in, .n = n, .count = count};
     uint32_t types[MAX_QTYPES];
     int32_t ntypes = 0;

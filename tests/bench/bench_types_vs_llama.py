@@ -20,10 +20,12 @@ written here in its legacy .dat format. Files are kept in --work and reused: the
 quantizes every type (about a minute a type for 8 layers on the 2-core VM), later runs
 only time.
 
-What is timed: fmoe through tests/model/forward_driver --bench --activations q8 (the CPU
-backend's default, llama.cpp's 8-bit-activation scheme), llama.cpp through llama-bench:
-prefill = one forward pass over --prompt tokens, decode = --gen single-token steps (as
-llama-bench's pp P and tg G count them). Each (type, threads) pair first runs once per
+What is timed: fmoe through tests/model/forward_driver --bench --activations q8 --warmup
+(the CPU backend's default, llama.cpp's 8-bit-activation scheme), llama.cpp through
+llama-bench: prefill = one forward pass over --prompt tokens, decode = --gen single-token
+steps (as llama-bench's pp P and tg G count them). Both warm up first: llama-bench runs the
+prompt once untimed, and so does --warmup (without it fmoe's timed prefill was the
+process's first pass, paying the page faults of every routed expert's weights). Each (type, threads) pair first runs once per
 program, discarded (pages the file in), then --rounds rounds; a round runs every pair,
 fmoe then llama.cpp, so that load from other jobs falls on both programs and all types
 alike. The table gives the best of the rounds (the JSON every run): on a shared machine
@@ -211,7 +213,7 @@ def type_file(a, bins, work, src, t, threads):
 def fmoe_cmd(a, model, threads):
     tokens = ",".join(str(1 + (i * 37) % 4000) for i in range(a.prompt))
     return [a.driver, model, "--tokens", tokens, "--generate", a.gen, "--threads", threads,
-            "--activations", "q8", "--bench"]
+            "--activations", "q8", "--bench", "--warmup"]
 
 
 def llama_cmd(a, bins, model, threads):

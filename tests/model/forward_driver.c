@@ -6,7 +6,7 @@
  *                  [--generate N] [--stepwise] [--batch B] [--threads T]
  *                  [--max-context C] [--temperature T] [--top-k K] [--top-p P]
  *                  [--seed S] [--speculative S] [--backend cpu|cuda|auto] [--bench]
- *                  [--activations f32|q8]
+ *                  [--activations f32|q8] [--warmup]
  *
  * --logits writes the logits of every prompt token as raw little-endian float32 [n][V].
  * --routes writes JSON: prompt, generated tokens, and for every token run (the prompt and
@@ -21,6 +21,10 @@
  * (fmoe_session_options.activations, the commands' --activations).
  * --bench prints one JSON line with prefill and decode tokens/s. Without --logits it asks
  * for the last prompt token's logits only, as llama-bench's prompt test does.
+ * --warmup runs the prompt once untimed and clears the cache before the timed prefill, as
+ * llama-bench's warmup run does: the timed pass then finds the weights' pages mapped and
+ * the session's buffers touched (a first pass also pays the page faults of every routed
+ * expert it reads first, which the load does not touch: docs/cpu.md, Threads).
  * Exit status 0, or 1 with the error detail on stderr.
  */
 #include <stdio.h>
@@ -80,7 +84,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *dir = argv[1], *tokens_arg = NULL, *logits_path = NULL, *routes_path = NULL;
-    int32_t generate = 0, stepwise = 0, bench = 0, spec = 0;
+    int32_t generate = 0, stepwise = 0, bench = 0, spec = 0, warmup = 0;
     fmoe_session_options so = fmoe_session_defaults();
     fmoe_sampler_params sp = {0.0f, 0, 1.0f, 0};
     for (int i = 2; i < argc; i++) {
@@ -88,6 +92,7 @@ int main(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--stepwise")) { stepwise = 1; continue; }
         if (!strcmp(a, "--bench")) { bench = 1; continue; }
+        if (!strcmp(a, "--warmup")) { warmup = 1; continue; }
         if (!v) { fprintf(stderr, "forward_driver: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--tokens")) tokens_arg = v;
@@ -154,6 +159,11 @@ int main(int argc, char **argv) {
     if (!logits || !last || !experts || !weights || !probs || !gen || (spec && !specbuf)) {
         fmoe_error_set(FMOE_ENOMEM, "out of memory");
         goto fail;
+    }
+
+    if (warmup) {
+        if (fmoe_session_forward(s, prompt, n, NULL, logits) < 0) goto fail;
+        fmoe_session_reset(s);
     }
 
     /* Prefill (or the prompt token by token). */
