@@ -42,6 +42,7 @@
 #endif
 #define INLINE __attribute__((always_inline)) inline
 #define MAXX 4 /* inputs per pass */
+#define KERNEL_ROWS 8 /* rows per pass of the 32-value kernels (dots_q32) */
 
 /* Each kernel asks for the weight bytes this far ahead of the block it reads (the rows of
  * a matrix are one stream). The hardware prefetcher alone kept one core at 5-10 GB/s
@@ -271,66 +272,25 @@ SIMD static INLINE __m256i q32_unpack(uint32_t type, const uint8_t *w) {
     return fmoe__q32_unpack(type, w);
 }
 
-/* The weight scale of a 32-value block: MXFP4's E8M0 byte, else the f16 at its start. */
-SIMD static INLINE float q32_d(uint32_t type, const uint8_t *w) {
-    return type == FMOE_GGML_MXFP4 ? fmoe__e8m0_half(w[0]) : f16_at(w);
-}
-
-/* t + one block's scaled sum for the input at ak: d·Σ w·a, and for Q4_1, Q5_1 also m·Σ a
- * (Σ a from the input's bytes against ones), each added by an FMA. */
-SIMD static INLINE __m256 q32_term(uint32_t type, __m256i qw, __m256i aw, float dw, float mw,
-                                   const uint8_t *ak, __m256 t) {
-    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
-    const float da = f16_at(ak);
-    if (!affine) return _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(isum_signed(aw, qw, ak + 2)), t);
-    const __m256i qa = load(ak + 2);
-    const __m256i p = isum_us(qw, qa), sa = isum_us(_mm256_set1_epi8(1), qa);
-    t = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), t);
-    return _mm256_fmadd_ps(_mm256_set1_ps(mw * da), _mm256_cvtepi32_ps(sa), t);
-}
-
-/* Q4_0, Q5_0, IQ4_NL, MXFP4 (signed codes, Q8_0's sign trick) and Q4_1, Q5_1 (unsigned codes
- * straight into maddubs, plus m·Σa) against Q8_0 activations. |code| <= 127 (IQ4_NL's
- * -127), so no int16 pair saturates. One block a step, acc = d·p + acc: unlike Q8_0's,
- * these loops are bound by unpacking, not by the FMA's latency, and taking their blocks
- * in pairs made Q5_0 9% and MXFP4 5% slower (bench_kernels_vs_ggml, docs/quantization.md). */
-SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
-                                 int64_t n, float *y, int64_t ys, uint32_t type) {
-    const int64_t wbytes = fmoe__q32_block_bytes(type);
-    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
-    __m256 acc[MAXX];
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES) {
-        prefetch(w, 1);
-        const __m256i qw = q32_unpack(type, w);
-        /* affine codes go into maddubs unsigned as they are */
-        const __m256i aw = affine ? qw : _mm256_sign_epi8(qw, qw);
-        const float dw = q32_d(type, w), mw = affine ? f16_at(w + 2) : 0.f;
-        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++)
-            acc[k] = q32_term(type, qw, aw, dw, mw, a + k * stride, acc[k]);
-    }
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
-}
-
 #ifdef FMOE_QUANT_ACT_VNNI
 /* The signed 32-value types with vpdpbusd, which does not saturate: the codes plus a
  * constant offset c (Q4_0 8, Q5_0 16, IQ4_NL 127, MXFP4 12) go in as unsigned bytes
- * against the activation as it is, and c·Σa, the same for every row, comes off through
- * the accumulator vpdpbusd starts from: -c·(the sum of each int32 lane's four activation
- * bytes), formed once per input block and call (rows_q32_offset, quant_act_rows.inc).
- * Each int32 lane is then Σ (w + c)·a - c·Σ a = Σ w·a, the very lane of the sign-trick
- * kernel, without its two sign operations per block and input. */
+ * against the activation as it is, and c·Σa, the same for every row, comes off the
+ * block's integer sum once per input block (dots_q32). The sum is then Σ w·a, that of the
+ * sign-trick kernel, without its two sign operations per block and input. */
 static INLINE int q32_offset(uint32_t type) {
     switch (type) {
     case FMOE_GGML_Q4_0: return 8;
     case FMOE_GGML_Q5_0: return 16;
     case FMOE_GGML_IQ4_NL: return 127;
-    default: return 12; /* MXFP4 */
+    case FMOE_GGML_MXFP4: return 12;
+    default: return 0; /* Q4_1, Q5_1: unsigned codes as they are */
     }
 }
 
 /* The block's codes plus q32_offset(type), 0..240, in fmoe__q32_unpack's order. */
 SIMD static INLINE __m256i q32_unpack_offset(uint32_t type, const uint8_t *w) {
+    if (type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1) return q32_unpack(type, w);
     const int qs_at = type == FMOE_GGML_MXFP4 ? 1 : type == FMOE_GGML_Q5_0 ? 6 : 2;
     const __m128i qs = _mm_loadu_si128((const __m128i *)(w + qs_at));
     const __m256i nib = _mm256_and_si256(
@@ -353,34 +313,128 @@ SIMD static INLINE __m256i q32_unpack_offset(uint32_t type, const uint8_t *w) {
                                    nib);
     return nib; /* Q4_0: the nibble is the code plus 8 */
 }
+#endif
 
-/* -c·Σ of each int32 lane's four bytes of the input block's quants at qa */
-SIMD static INLINE __m256i q32_offset_correction(int c, const uint8_t *qa) {
-    const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)c), load(qa));
-    return _mm256_sub_epi32(_mm256_setzero_si256(), s);
+/* Lane j: the sum of p[j]'s eight int32 lanes (exact: |Σ| < 2^24 for these blocks). */
+SIMD static INLINE __m256i hsum8_epi32(const __m256i p[8]) {
+    /* after the first two rounds each 128-bit half holds rows 0-3 (4-7) summed over that
+     * half's lanes (_mm256_hadd_epi32 works within halves); the halves then add */
+    const __m256i t0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i t4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(t0123, t4567, 0x20),
+                            _mm256_permute2x128_si256(t0123, t4567, 0x31));
 }
 
-/* dots_q32 for Q4_0, Q5_0, IQ4_NL and MXFP4 with corr[k·corr_stride + b], the corrections
- * of input k's block b: the same f32 arithmetic on the same int32 lanes, so the same bits. */
-SIMD static INLINE void dots_q32_offset(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
-                                        int64_t n, float *y, int64_t ys, uint32_t type,
-                                        const __m256i *corr, int64_t corr_stride) {
+SIMD static INLINE int32_t hsum_epi32(__m256i v) {
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+    return _mm_cvtsi128_si32(x);
+}
+
+/* The f16 at byte `at` of each of the eight blocks w[j], as f32 lanes. */
+SIMD static INLINE __m256 f16x8_at(const uint8_t *const w[8], int at) {
+    /* inserted one by one from the blocks: eight 2-byte stores read back as one 16-byte
+     * load would stall store forwarding */
+    __m128i h = _mm_setzero_si128();
+#define INSERT(j)                                                                           \
+    {                                                                                       \
+        uint16_t v;                                                                         \
+        memcpy(&v, w[j] + at, 2);                                                           \
+        h = _mm_insert_epi16(h, v, j);                                                      \
+    }
+    INSERT(0) INSERT(1) INSERT(2) INSERT(3) INSERT(4) INSERT(5) INSERT(6) INSERT(7)
+#undef INSERT
+    return _mm256_cvtph_ps(h);
+}
+
+/* The weight scales of eight blocks: MXFP4's E8M0 byte as fmoe__e8m0_half makes it
+ * (2^(e-128): e - 1 in the exponent field, the two smallest as subnormals), else the f16 at
+ * the block's start. */
+SIMD static INLINE __m256 q32_d8(uint32_t type, const uint8_t *const w[8]) {
+    if (type != FMOE_GGML_MXFP4) return f16x8_at(w, 0);
+    const __m256i e = _mm256_setr_epi32(w[0][0], w[1][0], w[2][0], w[3][0], w[4][0], w[5][0], w[6][0], w[7][0]);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
+}
+
+/* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 against Q8_0 activations, eight rows a pass
+ * (w[j], row_bytes apart; rows past the matrix's end repeat a real one and their results
+ * are dropped) and nx inputs, with each row's result in one f32 lane:
+ *
+ *   acc_j += (dw_j·da)·S_j   (and for Q4_1, Q5_1 then acc_j += (m_j·da)·Σa)
+ *
+ * per block in block order, S_j the block's exact integer Σ code·a, each product and sum
+ * rounded once (no FMA): the plain reference's arithmetic (dot_q32_ref, dot_mxfp4_ref in
+ * lib/quant_act.c, compiled as ISO C without contraction), so every row count, input
+ * count and kernel build gives the reference's bits. One row a pass, with an FMA chain
+ * per row, had been bound by that chain's latency (4 cycles a block on Zen 4) plus, per
+ * block and row, a scale conversion and broadcast; here the eight rows' integer sums are
+ * reduced into one vector (hsum8_epi32) and scaled, converted and added once for all of
+ * them, much as llama.cpp's repacked gemv does with eight interleaved rows, but reading
+ * the GGUF layout as it is.
+ *
+ * The integer sums: AVX2 moves w's sign onto the activation (Q8_0's trick) for the signed
+ * types and puts Q4_1's and Q5_1's unsigned codes into maddubs as they are; |code| <= 127
+ * (IQ4_NL's -127), so no int16 pair saturates. The VNNI build puts code + c into vpdpbusd
+ * and takes c·Σa off S (q32_offset). Σa, for those and Q4_1's and Q5_1's mins, is formed
+ * once per input block for the eight rows. */
+SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows, const uint8_t *a,
+                                 int64_t stride, int nx, int64_t n, float *y, int64_t ys,
+                                 uint32_t type) {
     const int64_t wbytes = fmoe__q32_block_bytes(type);
+    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
+#ifdef FMOE_QUANT_ACT_VNNI
+    const int c = q32_offset(type);
+#else
+    const int c = 0;
+#endif
+    const uint8_t *w[8];
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] = W + (j < nrows ? j : nrows - 1) * row_bytes;
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES, corr++) {
-        prefetch(w, 1);
-        const __m256i u = q32_unpack_offset(type, w);
-        const float dw = q32_d(type, w);
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, a += FMOE_Q8_0_BYTES) {
+        const __m256 dw = q32_d8(type, w);
+        const __m256 mw = affine ? f16x8_at(w, 2) : _mm256_setzero_ps();
+        __m256i u[8];
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+            prefetch(w[j], 1);
+#ifdef FMOE_QUANT_ACT_VNNI
+            u[j] = q32_unpack_offset(type, w[j]);
+#else
+            u[j] = q32_unpack(type, w[j]);
+#endif
+            w[j] += wbytes;
+        }
         _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
             const uint8_t *ak = a + k * stride;
-            const __m256i p = _mm256_dpbusd_epi32(corr[k * corr_stride], u, load(ak + 2));
-            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(ak)), _mm256_cvtepi32_ps(p), acc[k]);
+            const __m256i qa = load(ak + 2);
+            __m256i p[8];
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+#ifdef FMOE_QUANT_ACT_VNNI
+                p[j] = isum_us(u[j], qa);
+#else
+                p[j] = affine ? isum_us(u[j], qa) : isum_us(_mm256_sign_epi8(u[j], u[j]), _mm256_sign_epi8(qa, u[j]));
+#endif
+            }
+            __m256i sum = hsum8_epi32(p);
+            const int32_t asum = (c || affine) ? hsum_epi32(isum_us(_mm256_set1_epi8(1), qa)) : 0;
+            if (c) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(c * asum));
+            const __m256 da = _mm256_set1_ps(f16_at(ak));
+            acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(sum)));
+            if (affine)
+                acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(mw, da),
+                                                             _mm256_set1_ps((float)asum)));
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[k]);
+        for (int j = 0; j < nrows; j++) y[k * ys + j] = out[j];
+    }
 }
-#endif
 
 #ifdef FMOE_QUANT_ACT_VNNI
 #define QUANT_ACT_ROWS fmoe__quant_act_rows_avx2_vnni
