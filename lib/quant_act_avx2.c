@@ -249,6 +249,16 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
 }
 
+/* fmoe__q32_nibbles, with the VNNI build's EVEX blend (vpblendmd reaches ymm16-31) */
+SIMD static INLINE __m256i q32_nibbles(const uint8_t *qs) {
+#ifdef FMOE_QUANT_ACT_VNNI
+    const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_mask_blend_epi32(0xF0, x, _mm256_srli_epi16(x, 4)), _mm256_set1_epi8(0x0F));
+#else
+    return fmoe__q32_nibbles(qs);
+#endif
+}
+
 /* The 32 codes of a block, as fmoe__q32_unpack gives them. The VNNI build (whose CPUs
  * have AVX512-BW and VL) sets Q5_0's and Q5_1's fifth bits with one masked byte op, the
  * qh word itself as the mask (bit l for code l, the order fmoe__q32_unpack's bytes have),
@@ -259,10 +269,7 @@ SIMD static INLINE __m256i q32_unpack(uint32_t type, const uint8_t *w) {
         const int q5_0 = type == FMOE_GGML_Q5_0;
         uint32_t h;
         memcpy(&h, w + (q5_0 ? 2 : 4), 4);
-        const __m128i qs = _mm_loadu_si128((const __m128i *)(w + (q5_0 ? 6 : 8)));
-        const __m256i nib = _mm256_and_si256(
-            _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1),
-            _mm256_set1_epi8(0x0F));
+        const __m256i nib = q32_nibbles(w + (q5_0 ? 6 : 8));
         /* Q5_0: code - 16 where the fifth bit is clear, the code where set (nib | 16 - 16);
          * Q5_1: nib + 16 where set */
         return q5_0 ? _mm256_mask_sub_epi8(nib, (__mmask32)~h, nib, _mm256_set1_epi8(16))
@@ -292,10 +299,7 @@ static INLINE int q32_offset(uint32_t type) {
 SIMD static INLINE __m256i q32_unpack_offset(uint32_t type, const uint8_t *w) {
     if (type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1) return q32_unpack(type, w);
     const int qs_at = type == FMOE_GGML_MXFP4 ? 1 : type == FMOE_GGML_Q5_0 ? 6 : 2;
-    const __m128i qs = _mm_loadu_si128((const __m128i *)(w + qs_at));
-    const __m256i nib = _mm256_and_si256(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1),
-        _mm256_set1_epi8(0x0F));
+    const __m256i nib = q32_nibbles(w + qs_at);
     if (type == FMOE_GGML_Q5_0) { /* nib + 16 where the fifth bit is set */
         uint32_t h;
         memcpy(&h, w + 2, 4);
@@ -315,14 +319,36 @@ SIMD static INLINE __m256i q32_unpack_offset(uint32_t type, const uint8_t *w) {
 }
 #endif
 
-/* Lane j: the sum of p[j]'s eight int32 lanes (exact: |Σ| < 2^24 for these blocks). */
+/* The eight int32 lanes of each p[s] summed (exact: |Σ| < 2^24 for these blocks), p[s]'s
+ * total in lane HSUM8_LANE[s] (0, 4, 2, 6, 1, 5, 3, 7: the order this reduction leaves;
+ * it is its own inverse, so p[s] given row HSUM8_LANE[s] puts row j in lane j). Blends
+ * and adds, with one shuffle per merge of two vectors (vperm2i128, vpalignr, vpshufd):
+ * a tree of vphaddd took 14 shuffles for the 8 vectors, and shuffles are what these
+ * kernels run short of (two of Zen 4's four vector pipes). */
+static const int HSUM8_LANE[8] = {0, 4, 2, 6, 1, 5, 3, 7};
+/* blend_epi32(a, b, m) and [a's high half | b's low half]: the VNNI build has the EVEX
+ * forms, which reach its 32 vector registers (GCC copied every operand held in ymm16-31
+ * into ymm0-15 for vpblendd and vperm2i128, which have no EVEX encoding) */
+#ifdef FMOE_QUANT_ACT_VNNI
+#define BLEND32(a, b, m) _mm256_mask_blend_epi32((__mmask8)(m), a, b)
+#define HIGH_LOW(a, b) _mm256_shuffle_i32x4(a, b, 1)
+#else
+#define BLEND32(a, b, m) _mm256_blend_epi32(a, b, m)
+#define HIGH_LOW(a, b) _mm256_permute2x128_si256(a, b, 0x21)
+#endif
 SIMD static INLINE __m256i hsum8_epi32(const __m256i p[8]) {
-    /* after the first two rounds each 128-bit half holds rows 0-3 (4-7) summed over that
-     * half's lanes (_mm256_hadd_epi32 works within halves); the halves then add */
-    const __m256i t0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m256i t4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(t0123, t4567, 0x20),
-                            _mm256_permute2x128_si256(t0123, t4567, 0x31));
+    __m256i h[4];
+    /* p[2i], p[2i+1] -> their 128-bit halves added: [p2i x4 | p2i+1 x4] */
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+        h[i] = _mm256_add_epi32(BLEND32(p[2 * i], p[2 * i + 1], 0xF0), HIGH_LOW(p[2 * i], p[2 * i + 1]));
+    /* then pairs of those: each half [a a b b] (a, b the two vectors' rows in that half) */
+    __m256i q[2];
+    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
+        q[i] = _mm256_add_epi32(BLEND32(h[2 * i], h[2 * i + 1], 0xCC),
+                                _mm256_alignr_epi8(h[2 * i + 1], h[2 * i], 8));
+    /* and the last pair: each 32-bit lane one row */
+    const __m256i v = BLEND32(_mm256_shuffle_epi32(q[0], 0xB1), _mm256_shuffle_epi32(q[1], 0xB1), 0xAA);
+    return _mm256_add_epi32(BLEND32(q[0], q[1], 0xAA), v);
 }
 
 SIMD static INLINE int32_t hsum_epi32(__m256i v) {
@@ -388,8 +414,6 @@ SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows,
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
 #ifdef FMOE_QUANT_ACT_VNNI
     const int c = q32_offset(type);
-#else
-    const int c = 0;
 #endif
     const uint8_t *w[8];
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] = W + (j < nrows ? j : nrows - 1) * row_bytes;
@@ -399,29 +423,37 @@ SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows,
         const __m256 dw = q32_d8(type, w);
         const __m256 mw = affine ? f16x8_at(w, 2) : _mm256_setzero_ps();
         __m256i u[8];
+        /* u[s]: row HSUM8_LANE[s], so that hsum8_epi32 leaves row j in lane j */
         _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-            prefetch(w[j], 1);
+            prefetch(w[HSUM8_LANE[j]], 1);
 #ifdef FMOE_QUANT_ACT_VNNI
-            u[j] = q32_unpack_offset(type, w[j]);
+            u[j] = q32_unpack_offset(type, w[HSUM8_LANE[j]]);
 #else
-            u[j] = q32_unpack(type, w[j]);
+            u[j] = q32_unpack(type, w[HSUM8_LANE[j]]);
 #endif
-            w[j] += wbytes;
         }
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] += wbytes;
         _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
             const uint8_t *ak = a + k * stride;
             const __m256i qa = load(ak + 2);
             __m256i p[8];
+#ifdef FMOE_QUANT_ACT_VNNI
+            /* -c times each int32 lane's four activation bytes: every row's vpdpbusd starts
+             * from it, so its lanes sum to Σ code·a */
+            const __m256i corr = c ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                      _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                                                          _mm256_set1_epi8((char)c), qa))
+                                   : _mm256_setzero_si256();
+#endif
             _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
 #ifdef FMOE_QUANT_ACT_VNNI
-                p[j] = isum_us(u[j], qa);
+                p[j] = _mm256_dpbusd_epi32(corr, u[j], qa);
 #else
                 p[j] = affine ? isum_us(u[j], qa) : isum_us(_mm256_sign_epi8(u[j], u[j]), _mm256_sign_epi8(qa, u[j]));
 #endif
             }
-            __m256i sum = hsum8_epi32(p);
-            const int32_t asum = (c || affine) ? hsum_epi32(isum_us(_mm256_set1_epi8(1), qa)) : 0;
-            if (c) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(c * asum));
+            const __m256i sum = hsum8_epi32(p);
+            const int32_t asum = affine ? hsum_epi32(isum_us(_mm256_set1_epi8(1), qa)) : 0;
             const __m256 da = _mm256_set1_ps(f16_at(ak));
             acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(sum)));
             if (affine)
