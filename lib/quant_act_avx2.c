@@ -252,8 +252,11 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
 /* fmoe__q32_nibbles, with the VNNI build's EVEX blend (vpblendmd reaches ymm16-31) */
 SIMD static INLINE __m256i q32_nibbles(const uint8_t *qs) {
 #ifdef FMOE_QUANT_ACT_VNNI
+    /* one variable shift (AVX512-BW's vpsrlvw): 16-bit lanes of the low half by 0, of the
+     * high half by 4, in place of a shift and a blend */
     const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
-    return _mm256_and_si256(_mm256_mask_blend_epi32(0xF0, x, _mm256_srli_epi16(x, 4)), _mm256_set1_epi8(0x0F));
+    const __m256i count = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+    return _mm256_and_si256(_mm256_srlv_epi16(x, count), _mm256_set1_epi8(0x0F));
 #else
     return fmoe__q32_nibbles(qs);
 #endif
@@ -265,6 +268,7 @@ SIMD static INLINE __m256i q32_nibbles(const uint8_t *qs) {
  * instead of spreading qh over the bytes by a shuffle, a test and a compare. */
 SIMD static INLINE __m256i q32_unpack(uint32_t type, const uint8_t *w) {
 #ifdef FMOE_QUANT_ACT_VNNI
+    if (type == FMOE_GGML_Q4_1) return q32_nibbles(w + 4);
     if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
         const int q5_0 = type == FMOE_GGML_Q5_0;
         uint32_t h;
@@ -407,60 +411,69 @@ SIMD static INLINE __m256 q32_d8(uint32_t type, const uint8_t *const w[8]) {
  * (IQ4_NL's -127), so no int16 pair saturates. The VNNI build puts code + c into vpdpbusd
  * and takes c·Σa off S (q32_offset). Σa, for those and Q4_1's and Q5_1's mins, is formed
  * once per input block for the eight rows. */
-SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows, const uint8_t *a,
-                                 int64_t stride, int nx, int64_t n, float *y, int64_t ys,
-                                 uint32_t type) {
-    const int64_t wbytes = fmoe__q32_block_bytes(type);
+/* One block of the eight rows w[j] (advanced past it) against nx inputs, added to acc[k];
+ * pf: ask for the rows' bytes ahead (dots_q32 does every other block: 64 bytes cover two
+ * blocks of each row). */
+SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint8_t *a, int64_t stride,
+                                  int nx, __m256 *acc, int pf) {
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
 #ifdef FMOE_QUANT_ACT_VNNI
     const int c = q32_offset(type);
 #endif
+    const __m256 dw = q32_d8(type, w);
+    const __m256 mw = affine ? f16x8_at(w, 2) : _mm256_setzero_ps();
+    __m256i u[8];
+    /* u[s]: row HSUM8_LANE[s], so that hsum8_epi32 leaves row j in lane j */
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+        if (pf) prefetch(w[HSUM8_LANE[j]], 1);
+#ifdef FMOE_QUANT_ACT_VNNI
+        u[j] = q32_unpack_offset(type, w[HSUM8_LANE[j]]);
+#else
+        u[j] = q32_unpack(type, w[HSUM8_LANE[j]]);
+#endif
+    }
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] += fmoe__q32_block_bytes(type);
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+        const uint8_t *ak = a + k * stride;
+        const __m256i qa = load(ak + 2);
+        __m256i p[8];
+#ifdef FMOE_QUANT_ACT_VNNI
+        /* -c times each int32 lane's four activation bytes: every row's vpdpbusd starts
+         * from it, so its lanes sum to Σ code·a */
+        const __m256i corr = c ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                  _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                                                      _mm256_set1_epi8((char)c), qa))
+                               : _mm256_setzero_si256();
+#endif
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+#ifdef FMOE_QUANT_ACT_VNNI
+            p[j] = _mm256_dpbusd_epi32(corr, u[j], qa);
+#else
+            p[j] = affine ? isum_us(u[j], qa) : isum_us(_mm256_sign_epi8(u[j], u[j]), _mm256_sign_epi8(qa, u[j]));
+#endif
+        }
+        const __m256i sum = hsum8_epi32(p);
+        const int32_t asum = affine ? hsum_epi32(isum_us(_mm256_set1_epi8(1), qa)) : 0;
+        const __m256 da = _mm256_set1_ps(f16_at(ak));
+        acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(sum)));
+        if (affine)
+            acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(mw, da), _mm256_set1_ps((float)asum)));
+    }
+}
+
+SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows, const uint8_t *a,
+                                 int64_t stride, int nx, int64_t n, float *y, int64_t ys,
+                                 uint32_t type) {
     const uint8_t *w[8];
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] = W + (j < nrows ? j : nrows - 1) * row_bytes;
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += FMOE_QK8_0, a += FMOE_Q8_0_BYTES) {
-        const __m256 dw = q32_d8(type, w);
-        const __m256 mw = affine ? f16x8_at(w, 2) : _mm256_setzero_ps();
-        __m256i u[8];
-        /* u[s]: row HSUM8_LANE[s], so that hsum8_epi32 leaves row j in lane j */
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-            prefetch(w[HSUM8_LANE[j]], 1);
-#ifdef FMOE_QUANT_ACT_VNNI
-            u[j] = q32_unpack_offset(type, w[HSUM8_LANE[j]]);
-#else
-            u[j] = q32_unpack(type, w[HSUM8_LANE[j]]);
-#endif
-        }
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] += wbytes;
-        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
-            const uint8_t *ak = a + k * stride;
-            const __m256i qa = load(ak + 2);
-            __m256i p[8];
-#ifdef FMOE_QUANT_ACT_VNNI
-            /* -c times each int32 lane's four activation bytes: every row's vpdpbusd starts
-             * from it, so its lanes sum to Σ code·a */
-            const __m256i corr = c ? _mm256_sub_epi32(_mm256_setzero_si256(),
-                                                      _mm256_dpbusd_epi32(_mm256_setzero_si256(),
-                                                                          _mm256_set1_epi8((char)c), qa))
-                                   : _mm256_setzero_si256();
-#endif
-            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-#ifdef FMOE_QUANT_ACT_VNNI
-                p[j] = _mm256_dpbusd_epi32(corr, u[j], qa);
-#else
-                p[j] = affine ? isum_us(u[j], qa) : isum_us(_mm256_sign_epi8(u[j], u[j]), _mm256_sign_epi8(qa, u[j]));
-#endif
-            }
-            const __m256i sum = hsum8_epi32(p);
-            const int32_t asum = affine ? hsum_epi32(isum_us(_mm256_set1_epi8(1), qa)) : 0;
-            const __m256 da = _mm256_set1_ps(f16_at(ak));
-            acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(sum)));
-            if (affine)
-                acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(mw, da),
-                                                             _mm256_set1_ps((float)asum)));
-        }
+    int64_t i = 0;
+    for (; i + 2 * FMOE_QK8_0 <= n; i += 2 * FMOE_QK8_0, a += 2 * FMOE_Q8_0_BYTES) {
+        q32_block(type, w, a, stride, nx, acc, 1);
+        q32_block(type, w, a + FMOE_Q8_0_BYTES, stride, nx, acc, 0);
     }
+    if (i < n) q32_block(type, w, a, stride, nx, acc, 1);
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
         float out[8];
         _mm256_storeu_ps(out, acc[k]);
