@@ -411,11 +411,16 @@ SIMD static INLINE __m256 q32_d8(uint32_t type, const uint8_t *const w[8]) {
  * (IQ4_NL's -127), so no int16 pair saturates. The VNNI build puts code + c into vpdpbusd
  * and takes c·Σa off S (q32_offset). Σa, for those and Q4_1's and Q5_1's mins, is formed
  * once per input block for the eight rows. */
-/* One block of the eight rows w[j] (advanced past it) against nx inputs, added to acc[k];
- * pf: ask for the rows' bytes ahead (dots_q32 does every other block: 64 bytes cover two
- * blocks of each row). */
+/* One block of the eight rows w[j] (advanced past it) against nx inputs, added to acc[k].
+ * pf, where not 0: ask for the bytes pf ahead of each row's block into L2, dots_q32 giving
+ * the next pass's eight rows (8·row_bytes) every other block (64 bytes cover two blocks of
+ * a row). The one-row kernels' PREFETCH_BYTES ahead in the same row lands, eight rows a
+ * pass, in the rows this pass reads anyway: a matrix streamed from memory then ran at
+ * 55-58 ps a multiply-add against 37.5 for the one-row kernel (Q4_0, 16384 x 4096,
+ * bench_vs_ggml --kernels --stream); with the next pass requested, 32-42 (into L1 rather
+ * than L2: 36-42). */
 SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint8_t *a, int64_t stride,
-                                  int nx, __m256 *acc, int pf) {
+                                  int nx, __m256 *acc, int64_t pf) {
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
 #ifdef FMOE_QUANT_ACT_VNNI
     const int c = q32_offset(type);
@@ -425,7 +430,7 @@ SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint
     __m256i u[8];
     /* u[s]: row HSUM8_LANE[s], so that hsum8_epi32 leaves row j in lane j */
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-        if (pf) prefetch(w[HSUM8_LANE[j]], 1);
+        if (pf) _mm_prefetch((const char *)w[HSUM8_LANE[j]] + pf, _MM_HINT_T1);
 #ifdef FMOE_QUANT_ACT_VNNI
         u[j] = q32_unpack_offset(type, w[HSUM8_LANE[j]]);
 #else
@@ -470,10 +475,10 @@ SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows,
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 2 * FMOE_QK8_0 <= n; i += 2 * FMOE_QK8_0, a += 2 * FMOE_Q8_0_BYTES) {
-        q32_block(type, w, a, stride, nx, acc, 1);
+        q32_block(type, w, a, stride, nx, acc, 8 * row_bytes);
         q32_block(type, w, a + FMOE_Q8_0_BYTES, stride, nx, acc, 0);
     }
-    if (i < n) q32_block(type, w, a, stride, nx, acc, 1);
+    if (i < n) q32_block(type, w, a, stride, nx, acc, 8 * row_bytes);
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
         float out[8];
         _mm256_storeu_ps(out, acc[k]);
