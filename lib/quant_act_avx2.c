@@ -398,27 +398,6 @@ SIMD static INLINE __m256 q32_d8(uint32_t type, const uint8_t *const w[8]) {
     return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
 }
 
-/* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 against Q8_0 activations, eight rows a pass
- * (w[j], row_bytes apart; rows past the matrix's end repeat a real one and their results
- * are dropped) and nx inputs, with each row's result in one f32 lane:
- *
- *   acc_j += (dw_j·da)·S_j   (and for Q4_1, Q5_1 then acc_j += (m_j·da)·Σa)
- *
- * per block in block order, S_j the block's exact integer Σ code·a, each product and sum
- * rounded once (no FMA): the plain reference's arithmetic (dot_q32_ref, dot_mxfp4_ref in
- * lib/quant_act.c, compiled as ISO C without contraction), so every row count, input
- * count and kernel build gives the reference's bits. One row a pass, with an FMA chain
- * per row, had been bound by that chain's latency (4 cycles a block on Zen 4) plus, per
- * block and row, a scale conversion and broadcast; here the eight rows' integer sums are
- * reduced into one vector (hsum8_epi32) and scaled, converted and added once for all of
- * them, much as llama.cpp's repacked gemv does with eight interleaved rows, but reading
- * the GGUF layout as it is.
- *
- * The integer sums: AVX2 moves w's sign onto the activation (Q8_0's trick) for the signed
- * types and puts Q4_1's and Q5_1's unsigned codes into maddubs as they are; |code| <= 127
- * (IQ4_NL's -127), so no int16 pair saturates. The VNNI build puts code + c into vpdpbusd
- * and takes c·Σa off S (q32_offset). Σa, for those and Q4_1's and Q5_1's mins, is formed
- * once per input block for the eight rows. */
 /* One block of the eight rows w[j] (advanced past it) against nx inputs, added to acc[k].
  * pf, where not 0: ask for the bytes pf ahead of each row's block into L2, dots_q32 giving
  * the next pass's eight rows (8·row_bytes) every other block (64 bytes cover two blocks of
@@ -474,6 +453,27 @@ SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint
     }
 }
 
+/* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 against Q8_0 activations, eight rows a pass
+ * (w[j], row_bytes apart; rows past the matrix's end repeat a real one and their results
+ * are dropped) and nx inputs, with each row's result in one f32 lane:
+ *
+ *   acc_j += (dw_j·da)·S_j   (and for Q4_1, Q5_1 then acc_j += (m_j·da)·Σa)
+ *
+ * per block in block order, S_j the block's exact integer Σ code·a, each product and sum
+ * rounded once (no FMA): the plain reference's arithmetic (dot_q32_ref, dot_mxfp4_ref in
+ * lib/quant_act.c, compiled as ISO C without contraction), so every row count, input
+ * count and kernel build gives the reference's bits. One row a pass, with an FMA chain
+ * per row, had been bound by that chain's latency (4 cycles a block on Zen 4) plus, per
+ * block and row, a scale conversion and broadcast; here the eight rows' integer sums are
+ * reduced into one vector (hsum8_epi32) and scaled, converted and added once for all of
+ * them, much as llama.cpp's repacked gemv does with eight interleaved rows, but reading
+ * the GGUF layout as it is.
+ *
+ * The integer sums: AVX2 moves w's sign onto the activation (Q8_0's trick) for the signed
+ * types and puts Q4_1's and Q5_1's unsigned codes into maddubs as they are; |code| <= 127
+ * (IQ4_NL's -127), so no int16 pair saturates. The VNNI build puts code + c into vpdpbusd,
+ * each row's starting from -c·Σa (q32_offset), formed once per input block for the eight
+ * rows, as Σa is for Q4_1's and Q5_1's mins. */
 SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows, const uint8_t *a,
                                  int64_t stride, int nx, int64_t n, float *y, int64_t ys,
                                  uint32_t type) {
