@@ -20,6 +20,10 @@
  * GCC unroll pragmas: without them GCC 12 kept them as loops with the accumulators in
  * memory (a store and a reload per input and block, 10-35% of the time at four inputs).
  * Eight inputs a pass were slower than four (accumulators spilled).
+ *
+ * The 32-value types Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 (dots_q32) take eight rows a
+ * pass as well, with each row's block sums reduced into one f32 lane and added as the
+ * plain reference adds them: the reference's bits, whatever the rows and inputs.
  */
 #include <stdint.h>
 #include <string.h>
@@ -36,12 +40,13 @@
 #include <immintrin.h>
 
 #ifdef FMOE_QUANT_ACT_VNNI /* lib/quant_act_avx2_vnni.c: this file again, with AVX512-VNNI */
-#define SIMD __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define SIMD __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")))
 #else
 #define SIMD __attribute__((target("avx2,fma,f16c")))
 #endif
 #define INLINE __attribute__((always_inline)) inline
 #define MAXX 4 /* inputs per pass */
+#define KERNEL_ROWS 8 /* rows per pass of the 32-value kernels (dots_q32) */
 
 /* Each kernel asks for the weight bytes this far ahead of the block it reads (the rows of
  * a matrix are one stream). The hardware prefetcher alone kept one core at 5-10 GB/s
@@ -248,20 +253,35 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
 }
 
+/* fmoe__q32_nibbles; the VNNI build's CPUs have GFNI too (fmoe__quant_vnni) */
+SIMD static INLINE __m256i q32_nibbles(const uint8_t *qs) {
+#ifdef FMOE_QUANT_ACT_VNNI
+    /* one GFNI affine transform of each byte, a bit matrix per 64-bit lane: the low
+     * half's bytes masked to bits 0-3 (matrix rows 1, 2, 4, 8 for output bits 0-3), the
+     * high half's shifted right by 4 (rows 16, 32, 64, 128), in place of a shift, a blend
+     * and a mask. It took the L2-resident Q4_0 kernel from 24.6 to 22.6 ps a
+     * multiply-add; one vpsrlvw for shift and blend, then the mask, had given 24.1. */
+    const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i m = _mm256_setr_epi64x(0x0102040800000000ll, 0x0102040800000000ll,
+                                         0x1020408000000000ll, 0x1020408000000000ll);
+    return _mm256_gf2p8affine_epi64_epi8(x, m, 0);
+#else
+    return fmoe__q32_nibbles(qs);
+#endif
+}
+
 /* The 32 codes of a block, as fmoe__q32_unpack gives them. The VNNI build (whose CPUs
  * have AVX512-BW and VL) sets Q5_0's and Q5_1's fifth bits with one masked byte op, the
  * qh word itself as the mask (bit l for code l, the order fmoe__q32_unpack's bytes have),
  * instead of spreading qh over the bytes by a shuffle, a test and a compare. */
 SIMD static INLINE __m256i q32_unpack(uint32_t type, const uint8_t *w) {
 #ifdef FMOE_QUANT_ACT_VNNI
+    if (type == FMOE_GGML_Q4_1) return q32_nibbles(w + 4);
     if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
         const int q5_0 = type == FMOE_GGML_Q5_0;
         uint32_t h;
         memcpy(&h, w + (q5_0 ? 2 : 4), 4);
-        const __m128i qs = _mm_loadu_si128((const __m128i *)(w + (q5_0 ? 6 : 8)));
-        const __m256i nib = _mm256_and_si256(
-            _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1),
-            _mm256_set1_epi8(0x0F));
+        const __m256i nib = q32_nibbles(w + (q5_0 ? 6 : 8));
         /* Q5_0: code - 16 where the fifth bit is clear, the code where set (nib | 16 - 16);
          * Q5_1: nib + 16 where set */
         return q5_0 ? _mm256_mask_sub_epi8(nib, (__mmask32)~h, nib, _mm256_set1_epi8(16))
@@ -271,71 +291,27 @@ SIMD static INLINE __m256i q32_unpack(uint32_t type, const uint8_t *w) {
     return fmoe__q32_unpack(type, w);
 }
 
-/* The weight scale of a 32-value block: MXFP4's E8M0 byte, else the f16 at its start. */
-SIMD static INLINE float q32_d(uint32_t type, const uint8_t *w) {
-    return type == FMOE_GGML_MXFP4 ? fmoe__e8m0_half(w[0]) : f16_at(w);
-}
-
-/* t + one block's scaled sum for the input at ak: d·Σ w·a, and for Q4_1, Q5_1 also m·Σ a
- * (Σ a from the input's bytes against ones), each added by an FMA. */
-SIMD static INLINE __m256 q32_term(uint32_t type, __m256i qw, __m256i aw, float dw, float mw,
-                                   const uint8_t *ak, __m256 t) {
-    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
-    const float da = f16_at(ak);
-    if (!affine) return _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(isum_signed(aw, qw, ak + 2)), t);
-    const __m256i qa = load(ak + 2);
-    const __m256i p = isum_us(qw, qa), sa = isum_us(_mm256_set1_epi8(1), qa);
-    t = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), t);
-    return _mm256_fmadd_ps(_mm256_set1_ps(mw * da), _mm256_cvtepi32_ps(sa), t);
-}
-
-/* Q4_0, Q5_0, IQ4_NL, MXFP4 (signed codes, Q8_0's sign trick) and Q4_1, Q5_1 (unsigned codes
- * straight into maddubs, plus m·Σa) against Q8_0 activations. |code| <= 127 (IQ4_NL's
- * -127), so no int16 pair saturates. One block a step, acc = d·p + acc: unlike Q8_0's,
- * these loops are bound by unpacking, not by the FMA's latency, and taking their blocks
- * in pairs made Q5_0 9% and MXFP4 5% slower (bench_kernels_vs_ggml, docs/quantization.md). */
-SIMD static INLINE void dots_q32(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
-                                 int64_t n, float *y, int64_t ys, uint32_t type) {
-    const int64_t wbytes = fmoe__q32_block_bytes(type);
-    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
-    __m256 acc[MAXX];
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES) {
-        prefetch(w, 1);
-        const __m256i qw = q32_unpack(type, w);
-        /* affine codes go into maddubs unsigned as they are */
-        const __m256i aw = affine ? qw : _mm256_sign_epi8(qw, qw);
-        const float dw = q32_d(type, w), mw = affine ? f16_at(w + 2) : 0.f;
-        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++)
-            acc[k] = q32_term(type, qw, aw, dw, mw, a + k * stride, acc[k]);
-    }
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
-}
-
 #ifdef FMOE_QUANT_ACT_VNNI
 /* The signed 32-value types with vpdpbusd, which does not saturate: the codes plus a
  * constant offset c (Q4_0 8, Q5_0 16, IQ4_NL 127, MXFP4 12) go in as unsigned bytes
- * against the activation as it is, and c·Σa, the same for every row, comes off through
- * the accumulator vpdpbusd starts from: -c·(the sum of each int32 lane's four activation
- * bytes), formed once per input block and call (rows_q32_offset, quant_act_rows.inc).
- * Each int32 lane is then Σ (w + c)·a - c·Σ a = Σ w·a, the very lane of the sign-trick
- * kernel, without its two sign operations per block and input. */
+ * against the activation as it is, and c·Σa, the same for every row, comes off the
+ * block's integer sum once per input block (dots_q32). The sum is then Σ w·a, that of the
+ * sign-trick kernel, without its two sign operations per block and input. */
 static INLINE int q32_offset(uint32_t type) {
     switch (type) {
     case FMOE_GGML_Q4_0: return 8;
     case FMOE_GGML_Q5_0: return 16;
     case FMOE_GGML_IQ4_NL: return 127;
-    default: return 12; /* MXFP4 */
+    case FMOE_GGML_MXFP4: return 12;
+    default: return 0; /* Q4_1, Q5_1: unsigned codes as they are */
     }
 }
 
 /* The block's codes plus q32_offset(type), 0..240, in fmoe__q32_unpack's order. */
 SIMD static INLINE __m256i q32_unpack_offset(uint32_t type, const uint8_t *w) {
+    if (type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1) return q32_unpack(type, w);
     const int qs_at = type == FMOE_GGML_MXFP4 ? 1 : type == FMOE_GGML_Q5_0 ? 6 : 2;
-    const __m128i qs = _mm_loadu_si128((const __m128i *)(w + qs_at));
-    const __m256i nib = _mm256_and_si256(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1),
-        _mm256_set1_epi8(0x0F));
+    const __m256i nib = q32_nibbles(w + qs_at);
     if (type == FMOE_GGML_Q5_0) { /* nib + 16 where the fifth bit is set */
         uint32_t h;
         memcpy(&h, w + 2, 4);
@@ -353,34 +329,170 @@ SIMD static INLINE __m256i q32_unpack_offset(uint32_t type, const uint8_t *w) {
                                    nib);
     return nib; /* Q4_0: the nibble is the code plus 8 */
 }
+#endif
 
-/* -c·Σ of each int32 lane's four bytes of the input block's quants at qa */
-SIMD static INLINE __m256i q32_offset_correction(int c, const uint8_t *qa) {
-    const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)c), load(qa));
-    return _mm256_sub_epi32(_mm256_setzero_si256(), s);
+/* The eight int32 lanes of each p[s] summed (exact: |Σ| < 2^24 for these blocks), p[s]'s
+ * total in lane HSUM8_LANE[s] (0, 4, 2, 6, 1, 5, 3, 7: the order this reduction leaves;
+ * it is its own inverse, so p[s] given row HSUM8_LANE[s] puts row j in lane j). Blends
+ * and adds, with one shuffle per merge of two vectors (vperm2i128, vpalignr, vpshufd):
+ * a tree of vphaddd took 14 shuffles for the 8 vectors, and shuffles are what these
+ * kernels run short of (two of Zen 4's four vector pipes). */
+static const int HSUM8_LANE[8] = {0, 4, 2, 6, 1, 5, 3, 7};
+/* blend_epi32(a, b, m) and [a's high half | b's low half]: the VNNI build has the EVEX
+ * forms, which reach its 32 vector registers (GCC copied every operand held in ymm16-31
+ * into ymm0-15 for vpblendd and vperm2i128, which have no EVEX encoding) */
+#ifdef FMOE_QUANT_ACT_VNNI
+#define BLEND32(a, b, m) _mm256_mask_blend_epi32((__mmask8)(m), a, b)
+#define HIGH_LOW(a, b) _mm256_shuffle_i32x4(a, b, 1)
+#else
+#define BLEND32(a, b, m) _mm256_blend_epi32(a, b, m)
+#define HIGH_LOW(a, b) _mm256_permute2x128_si256(a, b, 0x21)
+#endif
+SIMD static INLINE __m256i hsum8_epi32(const __m256i p[8]) {
+    __m256i h[4];
+    /* p[2i], p[2i+1] -> their 128-bit halves added: [p2i x4 | p2i+1 x4] */
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+        h[i] = _mm256_add_epi32(BLEND32(p[2 * i], p[2 * i + 1], 0xF0), HIGH_LOW(p[2 * i], p[2 * i + 1]));
+    /* then pairs of those: each half [a a b b] (a, b the two vectors' rows in that half) */
+    __m256i q[2];
+    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
+        q[i] = _mm256_add_epi32(BLEND32(h[2 * i], h[2 * i + 1], 0xCC),
+                                _mm256_alignr_epi8(h[2 * i + 1], h[2 * i], 8));
+    /* and the last pair: each 32-bit lane one row */
+    const __m256i v = BLEND32(_mm256_shuffle_epi32(q[0], 0xB1), _mm256_shuffle_epi32(q[1], 0xB1), 0xAA);
+    return _mm256_add_epi32(BLEND32(q[0], q[1], 0xAA), v);
 }
 
-/* dots_q32 for Q4_0, Q5_0, IQ4_NL and MXFP4 with corr[k·corr_stride + b], the corrections
- * of input k's block b: the same f32 arithmetic on the same int32 lanes, so the same bits. */
-SIMD static INLINE void dots_q32_offset(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
-                                        int64_t n, float *y, int64_t ys, uint32_t type,
-                                        const __m256i *corr, int64_t corr_stride) {
-    const int64_t wbytes = fmoe__q32_block_bytes(type);
+SIMD static INLINE int32_t hsum_epi32(__m256i v) {
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+    return _mm_cvtsi128_si32(x);
+}
+
+/* The f16 at byte `at` of each of the eight blocks w[j], as f32 lanes. */
+SIMD static INLINE __m256 f16x8_at(const uint8_t *const w[8], int at) {
+    /* inserted one by one from the blocks: eight 2-byte stores read back as one 16-byte
+     * load would stall store forwarding */
+    __m128i h = _mm_setzero_si128();
+#define INSERT(j)                                                                           \
+    {                                                                                       \
+        uint16_t v;                                                                         \
+        memcpy(&v, w[j] + at, 2);                                                           \
+        h = _mm_insert_epi16(h, v, j);                                                      \
+    }
+    INSERT(0) INSERT(1) INSERT(2) INSERT(3) INSERT(4) INSERT(5) INSERT(6) INSERT(7)
+#undef INSERT
+    return _mm256_cvtph_ps(h);
+}
+
+/* The weight scales of eight blocks: MXFP4's E8M0 byte as fmoe__e8m0_half makes it
+ * (2^(e-128): e - 1 in the exponent field, the two smallest as subnormals), else the f16 at
+ * the block's start. */
+SIMD static INLINE __m256 q32_d8(uint32_t type, const uint8_t *const w[8]) {
+    if (type != FMOE_GGML_MXFP4) return f16x8_at(w, 0);
+    const __m256i e = _mm256_setr_epi32(w[0][0], w[1][0], w[2][0], w[3][0], w[4][0], w[5][0], w[6][0], w[7][0]);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
+}
+
+/* One block of the eight rows w[j] (advanced past it) against nx inputs, added to acc[k].
+ * pf, where not 0: ask for the bytes pf ahead of each row's block into L2, dots_q32 giving
+ * the next pass's eight rows (8·row_bytes) every other block (64 bytes cover two blocks of
+ * a row). The one-row kernels' PREFETCH_BYTES ahead in the same row lands, eight rows a
+ * pass, in the rows this pass reads anyway: a matrix streamed from memory then ran at
+ * 55-58 ps a multiply-add against 37.5 for the one-row kernel (Q4_0, 16384 x 4096,
+ * bench_vs_ggml --kernels --stream); with the next pass requested, 32-42 (into L1 rather
+ * than L2: 36-42). */
+SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint8_t *a, int64_t stride,
+                                  int nx, __m256 *acc, int64_t pf) {
+    const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
+#ifdef FMOE_QUANT_ACT_VNNI
+    const int c = q32_offset(type);
+#endif
+    const __m256 dw = q32_d8(type, w);
+    const __m256 mw = affine ? f16x8_at(w, 2) : _mm256_setzero_ps();
+    __m256i u[8];
+    /* u[s]: row HSUM8_LANE[s], so that hsum8_epi32 leaves row j in lane j */
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+        if (pf) _mm_prefetch((const char *)w[HSUM8_LANE[j]] + pf, _MM_HINT_T1);
+#ifdef FMOE_QUANT_ACT_VNNI
+        u[j] = q32_unpack_offset(type, w[HSUM8_LANE[j]]);
+#else
+        u[j] = q32_unpack(type, w[HSUM8_LANE[j]]);
+#endif
+    }
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] += fmoe__q32_block_bytes(type);
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+        const uint8_t *ak = a + k * stride;
+        const __m256i qa = load(ak + 2);
+        __m256i p[8];
+#ifdef FMOE_QUANT_ACT_VNNI
+        /* -c times each int32 lane's four activation bytes: every row's vpdpbusd starts
+         * from it, so its lanes sum to Σ code·a */
+        const __m256i corr = c ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                  _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                                                      _mm256_set1_epi8((char)c), qa))
+                               : _mm256_setzero_si256();
+#endif
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+#ifdef FMOE_QUANT_ACT_VNNI
+            p[j] = _mm256_dpbusd_epi32(corr, u[j], qa);
+#else
+            p[j] = affine ? isum_us(u[j], qa) : isum_us(_mm256_sign_epi8(u[j], u[j]), _mm256_sign_epi8(qa, u[j]));
+#endif
+        }
+        const __m256i sum = hsum8_epi32(p);
+        const int32_t asum = affine ? hsum_epi32(isum_us(_mm256_set1_epi8(1), qa)) : 0;
+        const __m256 da = _mm256_set1_ps(f16_at(ak));
+        acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(sum)));
+        if (affine)
+            acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(mw, da), _mm256_set1_ps((float)asum)));
+    }
+}
+
+/* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 against Q8_0 activations, eight rows a pass
+ * (w[j], row_bytes apart; rows past the matrix's end repeat a real one and their results
+ * are dropped) and nx inputs, with each row's result in one f32 lane:
+ *
+ *   acc_j += (dw_j·da)·S_j   (and for Q4_1, Q5_1 then acc_j += (m_j·da)·Σa)
+ *
+ * per block in block order, S_j the block's exact integer Σ code·a, each product and sum
+ * rounded once (no FMA): the plain reference's arithmetic (dot_q32_ref, dot_mxfp4_ref in
+ * lib/quant_act.c, compiled as ISO C without contraction), so every row count, input
+ * count and kernel build gives the reference's bits. One row a pass, with an FMA chain
+ * per row, had been bound by that chain's latency (4 cycles a block on Zen 4) plus, per
+ * block and row, a scale conversion and broadcast; here the eight rows' integer sums are
+ * reduced into one vector (hsum8_epi32) and scaled, converted and added once for all of
+ * them, much as llama.cpp's repacked gemv does with eight interleaved rows, but reading
+ * the GGUF layout as it is.
+ *
+ * The integer sums: AVX2 moves w's sign onto the activation (Q8_0's trick) for the signed
+ * types and puts Q4_1's and Q5_1's unsigned codes into maddubs as they are; |code| <= 127
+ * (IQ4_NL's -127), so no int16 pair saturates. The VNNI build puts code + c into vpdpbusd,
+ * each row's starting from -c·Σa (q32_offset), formed once per input block for the eight
+ * rows, as Σa is for Q4_1's and Q5_1's mins. */
+SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows, const uint8_t *a,
+                                 int64_t stride, int nx, int64_t n, float *y, int64_t ys,
+                                 uint32_t type) {
+    const uint8_t *w[8];
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] = W + (j < nrows ? j : nrows - 1) * row_bytes;
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += FMOE_QK8_0, w += wbytes, a += FMOE_Q8_0_BYTES, corr++) {
-        prefetch(w, 1);
-        const __m256i u = q32_unpack_offset(type, w);
-        const float dw = q32_d(type, w);
-        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
-            const uint8_t *ak = a + k * stride;
-            const __m256i p = _mm256_dpbusd_epi32(corr[k * corr_stride], u, load(ak + 2));
-            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(ak)), _mm256_cvtepi32_ps(p), acc[k]);
-        }
+    int64_t i = 0;
+    for (; i + 2 * FMOE_QK8_0 <= n; i += 2 * FMOE_QK8_0, a += 2 * FMOE_Q8_0_BYTES) {
+        q32_block(type, w, a, stride, nx, acc, 8 * row_bytes);
+        q32_block(type, w, a + FMOE_Q8_0_BYTES, stride, nx, acc, 0);
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
+    if (i < n) q32_block(type, w, a, stride, nx, acc, 8 * row_bytes);
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[k]);
+        for (int j = 0; j < nrows; j++) y[k * ys + j] = out[j];
+    }
 }
-#endif
 
 #ifdef FMOE_QUANT_ACT_VNNI
 #define QUANT_ACT_ROWS fmoe__quant_act_rows_avx2_vnni

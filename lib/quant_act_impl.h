@@ -19,7 +19,7 @@ void fmoe__quant_act_rows_avx2(uint32_t wtype, const void *W, int64_t row_bytes,
                                float *y, int64_t ldy);
 
 /* The same kernels with vpdpbusd for maddubs + madd (lib/quant_act_avx2_vnni.c), the same
- * bits; only called where fmoe__quant_vnni() (the CPU has AVX512-VNNI, -BW and -VL). */
+ * bits; only called where fmoe__quant_vnni() (the CPU has AVX512-VNNI, -BW and -VL and GFNI). */
 void fmoe__quant_act_rows_avx2_vnni(uint32_t wtype, const void *W, int64_t row_bytes, int64_t rows,
                                     const void *qx, int64_t qx_stride, int32_t nx, int64_t n,
                                     float *y, int64_t ldy);

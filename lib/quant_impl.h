@@ -151,7 +151,7 @@ int fmoe__quant_level_max(void);
  * CPU, fixed for the process: the products' bits do not depend on timing. */
 int fmoe__quant_act_level(void);
 /* 1 where the AVX2 level's 8-bit dots may use vpdpbusd (lib/quant_act_avx2_vnni.c): the CPU
- * has AVX512-VNNI, -BW and -VL, the AVX2 level is available, and FMOE_NO_VNNI is not set
+ * has AVX512-VNNI, -BW and -VL and GFNI, the AVX2 level is available, and FMOE_NO_VNNI is not set
  * in the environment (which lets a test run the plain AVX2 kernels on such a CPU). */
 int fmoe__quant_vnni(void);
 

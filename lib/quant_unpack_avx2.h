@@ -75,16 +75,22 @@ static inline int64_t fmoe__q32_block_bytes(uint32_t type) {
     }
 }
 
+/* The 16 bytes at qs as 32 nibbles in value order: the low ones in bytes 0-15, the high
+ * ones in 16-31. The bytes are loaded into both halves (vbroadcasti128, a load only) and
+ * the halves shifted apart by a blend, not joined by an insert, which needs a shuffle
+ * pipe. */
+FMOE__AVX2 static inline __m256i fmoe__q32_nibbles(const uint8_t *qs) {
+    const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_blend_epi32(x, _mm256_srli_epi16(x, 4), 0xF0), _mm256_set1_epi8(0x0F));
+}
+
 FMOE__AVX2 static inline __m256i fmoe__q32_unpack(uint32_t type, const uint8_t *b) {
-    const __m128i lo4 = _mm_set1_epi8(0x0F);
     int qs_at = 2;
     if (type == FMOE_GGML_MXFP4) qs_at = 1;
     if (type == FMOE_GGML_Q4_1) qs_at = 4;
     if (type == FMOE_GGML_Q5_0) qs_at = 6;
     if (type == FMOE_GGML_Q5_1) qs_at = 8;
-    const __m128i qs = _mm_loadu_si128((const __m128i *)(b + qs_at));
-    const __m128i lo = _mm_and_si128(qs, lo4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), lo4);
-    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    __m256i q = fmoe__q32_nibbles(b + qs_at);
     if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
         uint32_t h;
         memcpy(&h, b + (type == FMOE_GGML_Q5_0 ? 2 : 4), 4);

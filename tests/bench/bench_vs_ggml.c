@@ -1,7 +1,7 @@
 /*
- * bench_vs_ggml.c - fmoe's 8-bit-activation products against llama.cpp's CPU vec_dot, type
+ * bench_vs_ggml.c - fmoe's 8-bit-activation products against llama.cpp's CPU kernels, type
  * by type, in one process on the same weights (not a test; the "per type against ggml"
- * table of docs/quantization.md "Speed" comes from it).
+ * and "per multiply-add" tables of docs/quantization.md "Speed" come from it).
  *
  * For each type: a ROWS x COLS matrix of valid blocks (fmoe's quantiser on pseudo-random
  * values where fmoe writes the type, else hashed bytes with a small finite scale: every bit
@@ -10,21 +10,32 @@
  * fmoe_quant_act_quantize. ggml's side, when the path of libggml-cpu.so is given, is
  * ggml_get_type_traits_cpu(type)->vec_dot called row by row (and input by input: for these
  * types ggml has no several-input vec_dot, nrows 1), its inputs quantised by the from_float
- * of the type's vec_dot_type (Q8_K, Q8_0 or Q8_1), as ggml's mul_mat does. The library is
- * dlopen'ed, so this builds without llama.cpp; ggml's type numbers are the GGUF ones fmoe
- * uses (fmoe/quant.h).
+ * of the type's vec_dot_type (Q8_K, Q8_0 or Q8_1), as ggml's mul_mat does; and, for the
+ * types llama.cpp repacks on an AVX2 CPU when it loads a model (Q4_0, IQ4_NL, MXFP4: eight
+ * rows interleaved, ggml-cpu/repack.cpp), its repacked one-input kernel
+ * ggml_gemv_<type>_8x8_q8_0 on the same blocks repacked here in that layout (repack_8x8),
+ * which is what its decode runs. The library is dlopen'ed, so this builds without
+ * llama.cpp; ggml's type numbers are the GGUF ones fmoe uses (fmoe/quant.h).
  *
- * Timing: thread CPU time, each sample long enough to read (several products), the two
- * sides alternating sample by sample, the fastest sample of each kept: on a shared machine
- * other processes only ever add time. Reported in picoseconds per multiply-add. The two
- * sides' results are compared too (largest difference over the rows, relative to the
- * largest |y|): different input quantisers (Q8_1 for ggml's Q4_1/Q5_1) and summation orders
- * make them differ by rounding, never by more, so a wrong type mapping shows at once.
+ * Two modes. The default times one input and eight, each sample several products (about
+ * 2 ms). --kernels times one input, each sample one pass over the matrix (the L2-resident
+ * 128 x 4096 by default: the kernels' arithmetic, not memory), best of SAMPLES (default
+ * 100); --stream adds a 16384 x 4096 matrix streamed from memory.
  *
- *     build/tests/lib/bench_vs_ggml [--ggml PATH/libggml-cpu.so] [ROWS COLS SAMPLES] [TYPE...]
+ * Timing: thread CPU time, the sides alternating sample by sample, the fastest sample of
+ * each kept: on a shared machine other processes only ever add time. Reported in
+ * picoseconds per multiply-add. The sides' results are compared too (largest difference
+ * over the rows, relative to the largest |y|): different input quantisers (Q8_1 for ggml's
+ * Q4_1/Q5_1) and summation orders make them differ by rounding, never by more, so a wrong
+ * type mapping or repack shows at once.
  *
- * (defaults 128 4096 15; TYPE: ggml names such as IQ2_XXS, default every type fmoe reads
- * with 8-bit inputs). FMOE_NO_AVX512=1 times fmoe's AVX2 level on an AVX-512 CPU.
+ *     build/tests/lib/bench_vs_ggml [--ggml PATH/libggml-cpu.so] [--kernels [--stream]]
+ *                                   [ROWS COLS SAMPLES] [TYPE...]
+ *
+ * (defaults 128 4096, SAMPLES 15 or with --kernels 100; TYPE: ggml names such as IQ2_XXS,
+ * default every type fmoe reads with 8-bit inputs, with --kernels the 32-value types and
+ * Q4_K). FMOE_NO_AVX512=1 times fmoe's AVX2 level on an AVX-512 CPU, FMOE_NO_VNNI=1 its
+ * AVX2 kernels without vpdpbusd.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -49,6 +60,10 @@ struct ggml_traits_cpu {
     int64_t nrows;
 };
 typedef const struct ggml_traits_cpu *(*ggml_traits_fn)(int type);
+/* ggml_gemv_<type>_8x8_q8_0 (ggml-cpu/repack.h): nc rows (a multiple of 8), repacked, times
+ * nr Q8_0 inputs of n values; bs is not read by the one-input form. */
+typedef void (*ggml_gemv_fn)(int n, float *s, size_t bs, const void *vx, const void *vy, int nr,
+                             int nc);
 
 enum { NX = 8 };
 
@@ -56,6 +71,38 @@ static double cpu_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* The repacked kernel llama.cpp's CPU backend takes for type t on an AVX2 CPU
+ * (ggml_repack_get_optimal_repack_type in repack.cpp, 0c1e570), or NULL. */
+static ggml_gemv_fn repacked_gemv(void *lib, uint32_t t) {
+    if (!lib) return NULL;
+    const char *name = t == FMOE_GGML_Q4_0     ? "ggml_gemv_q4_0_8x8_q8_0"
+                       : t == FMOE_GGML_IQ4_NL ? "ggml_gemv_iq4_nl_8x8_q8_0"
+                       : t == FMOE_GGML_MXFP4  ? "ggml_gemv_mxfp4_8x8_q8_0"
+                                               : NULL;
+    return name ? (ggml_gemv_fn)dlsym(lib, name) : NULL;
+}
+
+/* Rows in ggml's 8x8 layout (repack.cpp's make_block_q4_0x8 / _iq4_nlx8 / _mxfp4x8 with
+ * an interleave of 8): for each group of eight rows and each block column, the eight
+ * blocks' scales (f16, or MXFP4's E8M0 byte) side by side, then their 16 bytes of nibbles
+ * as 8-byte pieces in the order row 0 piece 0, row 1 piece 0, ..., row 7 piece 1. Q4_0's
+ * nibbles are XORed with 0x88 (the code minus 8, as a signed nibble, for ggml's lookup). */
+static void repack_8x8(uint32_t t, const uint8_t *W, int64_t rb, int64_t rows, int64_t cols,
+                       uint8_t *dst) {
+    const int64_t nb = cols / 32, bs = fmoe_ggml_type_size(t);
+    const int dbytes = t == FMOE_GGML_MXFP4 ? 1 : 2;
+    for (int64_t g = 0; g < rows; g += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            for (int i = 0; i < 8; i++) memcpy(dst + i * dbytes, W + (g + i) * rb + b * bs, (size_t)dbytes);
+            dst += 8 * dbytes;
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *src = W + (g + i % 8) * rb + b * bs + dbytes + (i / 8) * 8;
+                for (int k = 0; k < 8; k++) dst[8 * i + k] = (uint8_t)(src[k] ^ (t == FMOE_GGML_Q4_0 ? 0x88 : 0));
+            }
+            dst += 128;
+        }
 }
 
 /* Row r of a type fmoe does not write without an importance matrix: hashed bytes, each
@@ -92,22 +139,35 @@ static void fill(float *x, int64_t n, uint64_t seed) {
 }
 
 typedef struct {
-    double fmoe1, fmoe8, ggml1, ggml8; /* seconds, fastest sample, per product */
-    double diff;                       /* max |y_fmoe - y_ggml| / max |y| over both */
+    double fmoe1, fmoe8, ggml1, ggml8, rep1; /* seconds, fastest sample, per product */
+    double diff, rdiff; /* max |y_fmoe - y_ggml| / max |y|, and the same for the repacked */
 } result;
 
-static void run_type(uint32_t t, int64_t rows, int64_t cols, int samples,
+static double max_rel_diff(const float *a, const float *b, int64_t n) {
+    double ymax = 0, dmax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        ymax = fmax(ymax, fmax(fabs(a[i]), fabs(b[i])));
+        dmax = fmax(dmax, fabs((double)a[i] - b[i]));
+    }
+    return ymax > 0 ? dmax / ymax : dmax;
+}
+
+/* g: the type's vec_dot traits and gq its input type's (or NULL), gemv the repacked kernel
+ * (or NULL), q8: Q8_0's traits (the repacked kernels' inputs). kernels: one input, one
+ * pass a sample. */
+static void run_type(uint32_t t, int64_t rows, int64_t cols, int samples, int kernels,
                      const struct ggml_traits_cpu *g, const struct ggml_traits_cpu *gq,
-                     result *res) {
+                     ggml_gemv_fn gemv, const struct ggml_traits_cpu *q8, result *res) {
     const int64_t rb = fmoe_quant_row_bytes(t, cols), ab = fmoe_quant_act_bytes(t, cols);
-    uint8_t *W = malloc((size_t)(rows * rb));
+    uint8_t *W = malloc((size_t)(rows * rb)), *Wr = gemv ? malloc((size_t)(rows * rb)) : NULL;
     float *wf = malloc((size_t)cols * sizeof *wf), *x = malloc((size_t)(cols * NX) * sizeof *x);
     uint8_t *qx = malloc((size_t)(ab * NX));
     /* ggml's input blocks: at most Q8_1's 36 bytes per 32 values, Q8_K's 292 per 256 */
     const int64_t gab = cols / 32 * 36 + 64;
-    uint8_t *gx = malloc((size_t)(gab * NX));
+    uint8_t *gx = malloc((size_t)(gab * NX)), *rx = malloc((size_t)gab);
     float *yf = malloc((size_t)(rows * NX) * sizeof *yf), *yg = malloc((size_t)(rows * NX) * sizeof *yg);
-    if (!W || !wf || !x || !qx || !gx || !yf || !yg) {
+    float *yr = malloc((size_t)rows * sizeof *yr);
+    if (!W || (gemv && !Wr) || !wf || !x || !qx || !gx || !rx || !yf || !yg || !yr) {
         fprintf(stderr, "bench_vs_ggml: out of memory\n");
         exit(1);
     }
@@ -119,14 +179,19 @@ static void run_type(uint32_t t, int64_t rows, int64_t cols, int samples,
             hashed_row(t, r, rb, W + r * rb);
         }
     }
+    if (gemv) {
+        repack_8x8(t, W, rb, rows, cols, Wr);
+        q8->from_float(x, rx, cols);
+    }
     fill(x, cols * NX, 7);
     for (int k = 0; k < NX; k++) {
         fmoe_quant_act_quantize(t, x + k * cols, qx + k * ab, cols);
         if (g) gq->from_float(x + k * cols, gx + k * gab, cols);
     }
-    /* enough products per sample to read a thread CPU clock (about 2 ms) */
-    const int per = (int)(1 + 4e6 / (double)(rows * cols));
-    res->fmoe1 = res->fmoe8 = res->ggml1 = res->ggml8 = 1e30;
+    if (gemv) q8->from_float(x, rx, cols);
+    /* enough products per sample to read a thread CPU clock (about 2 ms), or one pass */
+    const int per = kernels ? 1 : (int)(1 + 4e6 / (double)(rows * cols));
+    res->fmoe1 = res->fmoe8 = res->ggml1 = res->ggml8 = res->rep1 = 1e30;
     for (int s = 0; s < samples; s++) {
         double t0 = cpu_now();
         for (int p = 0; p < per; p++) fmoe_quant_act_matvec(t, W, rb, rows, qx, ab, 1, cols, yf, rows);
@@ -140,6 +205,13 @@ static void run_type(uint32_t t, int64_t rows, int64_t cols, int samples,
             dt = (cpu_now() - t0) / per;
             if (dt < res->ggml1) res->ggml1 = dt;
         }
+        if (gemv) {
+            t0 = cpu_now();
+            for (int p = 0; p < per; p++) gemv((int)cols, yr, (size_t)rows, Wr, rx, 1, (int)rows);
+            dt = (cpu_now() - t0) / per;
+            if (dt < res->rep1) res->rep1 = dt;
+        }
+        if (kernels) continue;
         t0 = cpu_now();
         fmoe_quant_act_matvec(t, W, rb, rows, qx, ab, NX, cols, yf, rows);
         dt = cpu_now() - t0;
@@ -154,39 +226,50 @@ static void run_type(uint32_t t, int64_t rows, int64_t cols, int samples,
             if (dt < res->ggml8) res->ggml8 = dt;
         }
     }
-    res->diff = 0;
-    if (g) {
-        double ymax = 0, dmax = 0;
-        for (int64_t i = 0; i < rows * NX; i++) {
-            ymax = fmax(ymax, fmax(fabs(yf[i]), fabs(yg[i])));
-            dmax = fmax(dmax, fabs((double)yf[i] - yg[i]));
-        }
-        res->diff = ymax > 0 ? dmax / ymax : dmax;
-    }
+    res->diff = g ? max_rel_diff(yf, yg, kernels ? rows : rows * NX) : 0;
+    res->rdiff = gemv ? max_rel_diff(yf, yr, rows) : 0;
     free(W);
+    free(Wr);
     free(wf);
     free(x);
     free(qx);
     free(gx);
+    free(rx);
     free(yf);
     free(yg);
+    free(yr);
+}
+
+static void print_ps(double seconds, double macs) {
+    if (seconds < 1e29) printf(" %.1f |", seconds / macs * 1e12);
+    else printf(" - |");
 }
 
 int main(int argc, char **argv) {
     const char *lib = NULL;
-    int argi = 1;
-    if (argi + 1 < argc && strcmp(argv[argi], "--ggml") == 0) {
-        lib = argv[argi + 1];
-        argi += 2;
+    int kernels = 0, stream = 0, argi = 1;
+    for (;;) {
+        if (argi + 1 < argc && strcmp(argv[argi], "--ggml") == 0) {
+            lib = argv[argi + 1];
+            argi += 2;
+        } else if (argi < argc && strcmp(argv[argi], "--kernels") == 0) {
+            kernels = 1;
+            argi++;
+        } else if (argi < argc && strcmp(argv[argi], "--stream") == 0) {
+            stream = 1;
+            argi++;
+        } else {
+            break;
+        }
     }
     int64_t rows = 128, cols = 4096;
-    int samples = 15;
+    int samples = kernels ? 100 : 15;
     if (argi < argc && argv[argi][0] >= '0' && argv[argi][0] <= '9') rows = atoll(argv[argi++]);
     if (argi < argc && argv[argi][0] >= '0' && argv[argi][0] <= '9') cols = atoll(argv[argi++]);
     if (argi < argc && argv[argi][0] >= '0' && argv[argi][0] <= '9') samples = atoi(argv[argi++]);
-    if (rows < 1 || cols < 256 || cols % 256 != 0 || samples < 1) {
-        fprintf(stderr, "usage: bench_vs_ggml [--ggml PATH/libggml-cpu.so] [ROWS COLS SAMPLES] "
-                        "[TYPE...] (COLS a multiple of 256)\n");
+    if (rows < 8 || rows % 8 != 0 || cols < 256 || cols % 256 != 0 || samples < 1 || (stream && !kernels)) {
+        fprintf(stderr, "usage: bench_vs_ggml [--ggml PATH/libggml-cpu.so] [--kernels [--stream]] "
+                        "[ROWS COLS SAMPLES] [TYPE...] (ROWS a multiple of 8, COLS of 256)\n");
         return 2;
     }
     uint32_t types[FMOE_GGML_TYPE_END];
@@ -199,7 +282,12 @@ int main(int argc, char **argv) {
         }
         types[ntypes++] = t;
     }
-    if (ntypes == 0) {
+    if (ntypes == 0 && kernels) {
+        static const uint32_t q32[] = {FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
+                                       FMOE_GGML_Q5_1, FMOE_GGML_Q8_0, FMOE_GGML_IQ4_NL,
+                                       FMOE_GGML_MXFP4, FMOE_GGML_Q4_K};
+        for (size_t k = 0; k < sizeof q32 / sizeof q32[0]; k++) types[ntypes++] = q32[k];
+    } else if (ntypes == 0) {
         static const uint32_t all[] = {
             FMOE_GGML_IQ4_NL, FMOE_GGML_IQ4_XS, FMOE_GGML_IQ3_XXS, FMOE_GGML_IQ3_S,
             FMOE_GGML_IQ2_XXS, FMOE_GGML_IQ2_XS, FMOE_GGML_IQ2_S, FMOE_GGML_IQ1_S,
@@ -209,8 +297,9 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) types[ntypes++] = all[k];
     }
     ggml_traits_fn traits = NULL;
+    void *h = NULL;
     if (lib) {
-        void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+        h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
         if (!h) {
             fprintf(stderr, "bench_vs_ggml: %s\n", dlerror());
             return 1;
@@ -223,12 +312,20 @@ int main(int argc, char **argv) {
         }
         init();
     }
-    printf("%lld x %lld, best of %d samples (thread CPU time), fmoe level %s%s%s\n\n",
-           (long long)rows, (long long)cols, samples, fmoe__quant_level_name(fmoe__quant_level()),
-           lib ? ", ggml " : "", lib ? lib : "");
-    printf("ps per multiply-add, 8-bit inputs\n\n");
-    printf("| type | fmoe 1 input | ggml 1 input | ggml/fmoe | fmoe %d inputs | ggml %d inputs "
-           "| ggml/fmoe | max diff |\n|---|---|---|---|---|---|---|---|\n", NX, NX);
+    const struct ggml_traits_cpu *q8 = traits ? traits(FMOE_GGML_Q8_0) : NULL;
+    printf("%s, best of %d samples (thread CPU time, %s), fmoe level %s%s%s%s\n\n",
+           kernels ? "one input" : "one input and eight", samples,
+           kernels ? "one pass each" : "about 2 ms each", fmoe__quant_level_name(fmoe__quant_level()),
+           getenv("FMOE_NO_VNNI") ? " (FMOE_NO_VNNI)" : "", lib ? ", ggml " : "", lib ? lib : "");
+    printf("ps per multiply-add, 8-bit inputs; ggml repacked: ggml_gemv_<type>_8x8_q8_0 where "
+           "llama.cpp repacks the type on AVX2\n\n");
+    if (kernels)
+        printf("| type | rows x cols | fmoe | ggml vec_dot | ggml repacked | best ggml/fmoe "
+               "| max diff (vec_dot, repacked) |\n|---|---|---|---|---|---|---|\n");
+    else
+        printf("| type | fmoe 1 input | ggml 1 input | ggml repacked 1 input | ggml/fmoe | fmoe %d inputs "
+               "| ggml %d inputs | ggml/fmoe | max diff |\n|---|---|---|---|---|---|---|---|---|\n",
+               NX, NX);
     for (int k = 0; k < ntypes; k++) {
         const uint32_t t = types[k];
         const struct ggml_traits_cpu *g = traits ? traits((int)t) : NULL, *gq = NULL;
@@ -237,21 +334,34 @@ int main(int argc, char **argv) {
             gq = traits(g->vec_dot_type);
             if (!gq || !gq->from_float) g = NULL;
         }
-        result res;
-        run_type(t, rows, cols, samples, g, gq, &res);
-        const double macs = (double)(rows * cols);
-        printf("| %s | %.1f |", fmoe_ggml_type_name(t), res.fmoe1 / macs * 1e12);
-        if (g)
-            printf(" %.1f | %.2f |", res.ggml1 / macs * 1e12, res.ggml1 / res.fmoe1);
-        else
-            printf(" - | - |");
-        printf(" %.1f |", res.fmoe8 / macs / NX * 1e12);
-        if (g)
-            printf(" %.1f | %.2f | %.1e |\n", res.ggml8 / macs / NX * 1e12, res.ggml8 / res.fmoe8,
-                   res.diff);
-        else
-            printf(" - | - | - |\n");
-        fflush(stdout);
+        const ggml_gemv_fn gemv = q8 && q8->from_float ? repacked_gemv(h, t) : NULL;
+        for (int size = 0; size < (kernels && stream ? 2 : 1); size++) {
+            const int64_t r = size ? 16384 : rows;
+            result res;
+            run_type(t, r, cols, size ? (samples + 19) / 20 : samples, kernels, g, gq, gemv, q8, &res);
+            const double macs = (double)(r * cols);
+            const double best_g = fmin(res.ggml1, res.rep1);
+            printf("| %s |", fmoe_ggml_type_name(t));
+            if (kernels) printf(" %lld x %lld |", (long long)r, (long long)cols);
+            print_ps(res.fmoe1, macs);
+            print_ps(res.ggml1, macs);
+            print_ps(res.rep1, macs);
+            if (best_g < 1e29) printf(" %.2f |", best_g / res.fmoe1);
+            else printf(" - |");
+            if (kernels) {
+                if (g) printf(" %.1e,", res.diff);
+                else printf(" -,");
+                if (gemv) printf(" %.1e |\n", res.rdiff);
+                else printf(" - |\n");
+                fflush(stdout);
+                continue;
+            }
+            print_ps(res.fmoe8 / NX, macs);
+            print_ps(res.ggml8 / NX, macs);
+            if (g) printf(" %.2f | %.1e |\n", res.ggml8 / res.fmoe8, res.diff);
+            else printf(" - | - |\n");
+            fflush(stdout);
+        }
     }
     return 0;
 }

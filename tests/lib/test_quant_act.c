@@ -510,5 +510,46 @@ TEST(integer_sums_exact) {
     }
 }
 
+/* The AVX2 level's kernels of the 32-value types (lib/quant_act_avx2.c's dots_q32: eight
+ * rows a pass, each block's exact integer sum scaled and added in block order as the plain
+ * reference does) give the plain reference's bits, whatever the rows (1-19: whole passes
+ * of eight and a short last one) and inputs (1-5: a group of four and one), with or
+ * without vpdpbusd (quant_act_no_vnni). Three MXFP4 rows have every block's E8M0 exponent
+ * 0, 1 (subnormal scales, which the kernel forms apart) or 2. Other levels are held to the
+ * tolerance of the tests above, not to these bits. */
+TEST(q32_rows_are_the_reference_bits_at_avx2) {
+    static const uint32_t q32[] = {FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
+                                   FMOE_GGML_Q5_1, FMOE_GGML_IQ4_NL, FMOE_GGML_MXFP4};
+    if (fmoe__quant_act_level() != FMOE__QUANT_AVX2) return;
+    enum { ROWS = 19, NX = 5, N = 320 };
+    for (size_t k = 0; k < sizeof q32 / sizeof q32[0]; k++) {
+        const uint32_t t = q32[k];
+        const int64_t rb = fmoe_quant_row_bytes(t, N), ab = fmoe_quant_act_bytes(t, N);
+        uint8_t *w = malloc((size_t)(rb * ROWS)), *qx = malloc((size_t)(ab * NX));
+        float x[N], y[ROWS * NX];
+        for (int r = 0; r < ROWS; r++) random_row(t, w + r * rb, N);
+        if (t == FMOE_GGML_MXFP4) /* rows 5, 6, 7: every block's exponent 0, 1, 2 */
+            for (int e = 0; e < 3; e++)
+                for (int b = 0; b < N / 32; b++) w[(e + 5) * rb + b * FMOE_MXFP4_BYTES] = (uint8_t)e;
+        for (int v = 0; v < NX; v++) {
+            for (int i = 0; i < N; i++) x[i] = rndf() * (v == 0 && i % 32 == 0 ? 50.f : 1.f);
+            fmoe_quant_act_quantize(t, x, qx + v * ab, N);
+        }
+        for (int rows = 1; rows <= ROWS; rows++)
+            for (int nx = 1; nx <= NX; nx++) {
+                fmoe_quant_act_matvec(t, w, rb, rows, qx, ab, nx, N, y, rows);
+                for (int r = 0; r < rows; r++)
+                    for (int v = 0; v < nx; v++) {
+                        const float ref = fmoe_quant_act_dot_ref(t, w + r * rb, qx + v * ab, N);
+                        if (memcmp(&ref, &y[v * rows + r], sizeof ref) != 0)
+                            HARNESS_FAIL("%s rows=%d nx=%d row %d input %d: %.9g, reference %.9g",
+                                         fmoe_ggml_type_name(t), rows, nx, r, v, y[v * rows + r], ref);
+                    }
+            }
+        free(w);
+        free(qx);
+    }
+}
+
 /* Every test above once per kernel level this CPU has (quant_levels.h). */
 int main(int argc, char **argv) { return run_tests_at_every_level(argc, argv); }
