@@ -138,16 +138,22 @@ typedef struct fmoe__mla_args {
     float scale;
 } fmoe__mla_args;
 
+/* Heads one thread of the CPU's MLA takes together, so that each cached latent is read
+ * once per group of them rather than once per head (runtime/cpu/cpu_mla.c). */
+#define FMOE__MLA_HEAD_GROUP 4
+
 /* Floats of scratch one thread of an MLA call needs for a context of max_context positions
  * and max_batch query rows: a first region that holds either a head's up-projections as
  * f32, [dn + dv][r] (the CUDA backend widens them there), or max_batch rows of 8-bit
  * inputs (the CPU's; fmoe/quant_act.h's blocks take at most 292 bytes per 256 values,
- * under half a float a value), then [max_batch][r] twice and the scores. */
+ * under half a float a value), then for each head of a group [max_batch][r] twice and the
+ * scores (the CUDA backend uses one head's). */
 static inline int64_t fmoe__mla_scratch_floats(int64_t nope, int64_t v_dim, int64_t rank,
                                                int64_t max_context, int64_t max_batch) {
     const int64_t widest = nope > rank ? nope : rank;
     const int64_t weights = (nope + v_dim) * rank, inputs = max_batch * (widest / 2 + 16);
-    return (weights > inputs ? weights : inputs) + 2 * max_batch * rank + max_context + 64;
+    return (weights > inputs ? weights : inputs) +
+           FMOE__MLA_HEAD_GROUP * (2 * max_batch * rank + max_context) + 64;
 }
 
 typedef struct fmoe__backend_limits {
