@@ -119,15 +119,16 @@ typedef struct fmoe__route_args {
 } fmoe__route_args;
 
 /* One multi-head latent attention call (mla.c has the maths): n query tokens of one
- * sequence at positions pos0.., against its layer's latent cache. Every pointer but wkv_b
- * (the model's) is a backend buffer. */
+ * sequence at positions pos0.., against its layer's latent cache. Every pointer but wk_b
+ * and wv_b (the model's) is a backend buffer. */
 typedef struct fmoe__mla_args {
     float *q;              /* [n][H][dn + dr]: the rope part is rotated in place */
     float *kv;             /* [n][r_kv + dr]: normalised latent, then k_pe (rotated in
                               place) */
     const float *cos, *sin; /* [n][dr/2] */
     float *cache;          /* [max_context][r_kv + dr]: the rows of kv land at pos0.. */
-    const fmoe__mat *wkv_b; /* [H(dn+dv)][r_kv] */
+    const fmoe__mat *wk_b; /* [H·r_kv][dn] kv_b_proj's key rows, transposed per head */
+    const fmoe__mat *wv_b; /* [H·dv][r_kv] its value rows (model_impl.h fmoe__layer) */
     float *out;            /* [n][H·dv] */
     float *scratch;        /* scratch_slots slots of fmoe__mla_scratch_floats(.., max_context,
                               max_batch) floats each: one per thread that runs heads */
@@ -137,11 +138,22 @@ typedef struct fmoe__mla_args {
     float scale;
 } fmoe__mla_args;
 
+/* Heads one thread of the CPU's MLA takes together, so that each cached latent is read
+ * once per group of them rather than once per head (runtime/cpu/cpu_mla.c). */
+#define FMOE__MLA_HEAD_GROUP 4
+
 /* Floats of scratch one thread of an MLA call needs for a context of max_context positions
- * and max_batch query rows. */
+ * and max_batch query rows: a first region that holds either a head's up-projections as
+ * f32, [dn + dv][r] (the CUDA backend widens them there), or max_batch rows of 8-bit
+ * inputs (the CPU's; fmoe/quant_act.h's blocks take at most 292 bytes per 256 values,
+ * under half a float a value), then for each head of a group [max_batch][r] twice and the
+ * scores (the CUDA backend uses one head's). */
 static inline int64_t fmoe__mla_scratch_floats(int64_t nope, int64_t v_dim, int64_t rank,
                                                int64_t max_context, int64_t max_batch) {
-    return (nope + v_dim) * rank + 2 * max_batch * rank + max_context + 64;
+    const int64_t widest = nope > rank ? nope : rank;
+    const int64_t weights = (nope + v_dim) * rank, inputs = max_batch * (widest / 2 + 16);
+    return (weights > inputs ? weights : inputs) +
+           FMOE__MLA_HEAD_GROUP * (2 * max_batch * rank + max_context) + 64;
 }
 
 typedef struct fmoe__backend_limits {

@@ -1212,27 +1212,32 @@ static void cuda_swiglu_clamped(void *ctx, float *g, const float *u, int64_t cou
 }
 
 /* Multi-head latent attention (cuda_mla.cu has the kernels): the arguments checked here,
- * where a refusal can say which, and kv_b_proj mapped to its device copy. */
+ * where a refusal can say which, and k_b and v_b mapped to their device copies. */
 static void cuda_mla_attention(void *ctx, const fmoe__mla_args *a) {
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (c->err || a->n <= 0) return;
+    const fmoe__mat *kb = a->wk_b, *vb = a->wv_b;
     if (a->n_heads <= 0 || a->rank <= 0 || a->rope <= 0 || a->rope % 2 != 0 ||
         a->rope > FMOE_ROPE_PAIRS_MAX || a->nope < 0 || a->v_dim <= 0 || a->pos0 < 0 ||
         a->n > a->max_batch || (int64_t)a->pos0 + a->n > a->max_context ||
-        a->scratch_slots < 1 || !a->scratch || !a->wkv_b ||
-        a->wkv_b->rows != (int64_t)a->n_heads * (a->nope + a->v_dim) ||
-        a->wkv_b->cols != a->rank) {
+        a->scratch_slots < 1 || !a->scratch || !kb || !vb ||
+        kb->rows != (int64_t)a->n_heads * a->rank || kb->cols != a->nope ||
+        vb->rows != (int64_t)a->n_heads * a->v_dim || vb->cols != a->rank) {
         set_error(c, FMOE_EINVAL,
                   "mla_attention: n %d pos0 %d (max_batch %d, max_context %d), %d heads of "
-                  "nope %d rope %d v %d, rank %d, %d scratch slots, kv_b %lld x %lld",
+                  "nope %d rope %d v %d, rank %d, %d scratch slots, k_b %lld x %lld, "
+                  "v_b %lld x %lld",
                   a->n, a->pos0, a->max_batch, a->max_context, a->n_heads, a->nope, a->rope,
-                  a->v_dim, a->rank, a->scratch_slots, a->wkv_b ? (long long)a->wkv_b->rows : 0,
-                  a->wkv_b ? (long long)a->wkv_b->cols : 0);
+                  a->v_dim, a->rank, a->scratch_slots, kb ? (long long)kb->rows : 0,
+                  kb ? (long long)kb->cols : 0, vb ? (long long)vb->rows : 0,
+                  vb ? (long long)vb->cols : 0);
         return;
     }
-    const void *W = mat_data(c, a->wkv_b, "kv_b_proj");
-    if (!W) return;
-    CHECK_CUDA(c, fmoe__cuda_mla_attention(c->stream, a, W));
+    const void *Wk = mat_data(c, kb, "attn_k_b");
+    if (!Wk) return;
+    const void *Wv = mat_data(c, vb, "attn_v_b");
+    if (!Wv) return;
+    CHECK_CUDA(c, fmoe__cuda_mla_attention(c->stream, a, Wk, Wv));
 }
 
 static void cuda_gather_rows(void *ctx, float *dst, const float *src, const int32_t *rows_host,

@@ -28,6 +28,9 @@
  *
  * ABI 7 adds moe_experts and matmul_same_input (a MoE layer's experts, and products of one
  * input, in one call each; NULL in this module).
+ *
+ * ABI 8: fmoe__mla_args carries kv_b_proj split, wk_b and wv_b, in place of wkv_b (a
+ * struct the layout fingerprint does not cover, hence the number).
  */
 #ifndef FMOE_CUDA_MODULE_H
 #define FMOE_CUDA_MODULE_H
@@ -35,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FMOE_CUDA_MODULE_ABI 7
+#define FMOE_CUDA_MODULE_ABI 8
 #define FMOE_CUDA_MODULE_SYMBOL "fmoe_cuda_module_get_api"
 
 /* A fingerprint of the shared structs: sizes and one late field's offset, 12 bits each

@@ -199,9 +199,12 @@ static int gguf_mat(fmoe_model *m, const char *name, int64_t rows, int64_t cols,
     return 0;
 }
 
-/* One GGUF tensor [rows][cols] of an MLA split (attn_k_b, attn_v_b), checked. */
-static int gguf_split_part(fmoe_model *m, const char *name, int64_t cols, int64_t rows,
-                           const fmoe_gguf_tensor **out) {
+/* One GGUF tensor of an MLA split (attn_k_b, attn_v_b) as `rows` rows of `cols` values,
+ * checked (a type fmoe computes with; llama.cpp writes them 3-D, [H][rows/H][cols]) and
+ * read in place in its file type (an owned copy when a float type's bytes are
+ * misaligned). */
+static int gguf_split_mat(fmoe_model *m, const char *name, int64_t cols, int64_t rows,
+                          fmoe__mat *out) {
     const fmoe_gguf_tensor *t = fmoe_gguf_find_tensor(m->gguf, name);
     FMOE_RETURN_ERROR_IF(!t, FMOE_ENOTFOUND, "%s: missing tensor %s", fmoe_gguf_name(m->gguf),
                          name);
@@ -209,49 +212,95 @@ static int gguf_split_part(fmoe_model *m, const char *name, int64_t cols, int64_
                          "%s: tensor %s has %lld values of rows of %lld, expected %lld x %lld",
                          fmoe_gguf_name(m->gguf), name, (long long)t->numel,
                          (long long)t->ne[0], (long long)rows, (long long)cols);
-    *out = t;
+    FMOE_RETURN_ERROR_IF(!fmoe_quant_supported(t->type), FMOE_EUNSUPPORTED,
+                         "%s: tensor %s has type %s, which fmoe does not compute with",
+                         fmoe_gguf_name(m->gguf), name, fmoe_ggml_type_name(t->type));
+    *out = (fmoe__mat){.rows = rows, .cols = cols, .file = t->file,
+                       .file_offset = (int64_t)t->offset};
+    switch (t->type) {
+    case FMOE_GGML_F32: out->dtype = FMOE_ST_F32; break;
+    case FMOE_GGML_F16: out->dtype = FMOE_ST_F16; break;
+    case FMOE_GGML_BF16: out->dtype = FMOE_ST_BF16; break;
+    default: out->dtype = FMOE_ST_U8, out->quant = t->type; break;
+    }
+    const int64_t es = out->quant ? 1 : fmoe_st_dtype_size(out->dtype);
+    const int64_t bytes = fmoe__mat_bytes(out);
+    const void *p = t->data;
+    if ((uintptr_t)p % (uintptr_t)es != 0) {
+        void *copy = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+        if (!copy || fmoe__model_keep_owned(m, copy) < 0) {
+            free(copy);
+            return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+        }
+        memcpy(copy, p, (size_t)bytes);
+        p = copy;
+    }
+    out->data = p;
+    if (out->quant && !m->quant) m->quant = out->quant;
+    return 0;
+}
+
+/* An owned, zeroed matrix [rows][cols] of (dtype, quant), its bytes in *out. */
+static int owned_mat(fmoe_model *m, fmoe_st_dtype dtype, uint32_t quant, int64_t rows,
+                     int64_t cols, fmoe__mat *out) {
+    *out = (fmoe__mat){.dtype = dtype, .quant = quant, .rows = rows, .cols = cols};
+    const int64_t bytes = fmoe__mat_bytes(out);
+    void *p = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    if (!p || fmoe__model_keep_owned(m, p) < 0) {
+        free(p);
+        return fmoe_error_set(FMOE_ENOMEM, "out of memory");
+    }
+    memset(p, 0, (size_t)bytes);
+    out->data = p;
     return 0;
 }
 
 /*
- * kv_b_proj [H(dn + dv)][r] of a GGUF file whose converter split it (llama.cpp's newer
- * deepseek2 files): attn_k_b [H][r][dn] holds each head's key rows transposed,
- * attn_v_b [H][dv][r] its value rows. Put back as an owned f32 matrix in HF's layout, so
- * the forward pass is the one it runs for the checkpoint.
+ * kv_b_proj [H(dn + dv)][r] (an HF checkpoint's, or an older GGUF's attn_kv_b) split as
+ * llama.cpp's converter splits it (model_impl.h wk_b, wv_b), so one attention code path
+ * serves both: head h's dv value rows are copied as they are (any type), its dn key rows
+ * transposed into r rows of dn, in the source's float type, or as f32 from a block type
+ * (whose blocks run along r, not dn). Owned: no file range holds these bytes.
  */
-static int gguf_kv_b_from_split(fmoe_model *m, int32_t i, fmoe__mat *out) {
-    const fmoe_model_geometry *g = &m->geo;
-    const int64_t H = g->num_attention_heads, dn = g->qk_nope_head_dim, dv = g->v_head_dim;
-    const int64_t r = g->kv_lora_rank, w = dn + dv;
-    char kn[64], vn[64];
-    snprintf(kn, sizeof kn, "blk.%d.attn_k_b.weight", i);
-    snprintf(vn, sizeof vn, "blk.%d.attn_v_b.weight", i);
-    const fmoe_gguf_tensor *kb, *vb;
-    FMOE_FORWARD_IF_ERROR(gguf_split_part(m, kn, dn, H * r, &kb));
-    FMOE_FORWARD_IF_ERROR(gguf_split_part(m, vn, r, H * dv, &vb));
-    float *wkv = malloc((size_t)(H * w * r) * sizeof *wkv);
-    float *row = malloc((size_t)(dn > r ? dn : r) * sizeof *row);
-    if (!wkv || !row || fmoe__model_keep_owned(m, wkv) < 0) {
-        free(wkv);
-        free(row);
-        return fmoe_error_set(FMOE_ENOMEM, "out of memory");
-    }
+static int kv_b_split(fmoe_model *m, const fmoe__mat *kv, int64_t H, int64_t dn, int64_t dv,
+                      int64_t r, fmoe__mat *k_b, fmoe__mat *v_b) {
+    const int64_t w = dn + dv, kv_rb = fmoe__row_bytes(kv->dtype, kv->quant, r);
+    FMOE_FORWARD_IF_ERROR(owned_mat(m, kv->dtype, kv->quant, H * dv, r, v_b));
+    const fmoe_st_dtype kt = kv->quant ? FMOE_ST_F32 : kv->dtype;
+    FMOE_FORWARD_IF_ERROR(owned_mat(m, kt, 0, H * r, dn, k_b));
+    const uint8_t *src = kv->data;
+    uint8_t *vd = (uint8_t *)v_b->data, *kd = (uint8_t *)k_b->data;
+    const int64_t es = fmoe_st_dtype_size(kt);
+    float *row = kv->quant ? malloc((size_t)r * sizeof *row) : NULL;
+    if (kv->quant && !row) return fmoe_error_set(FMOE_ENOMEM, "out of memory");
     for (int64_t h = 0; h < H; h++) {
-        for (int64_t c = 0; c < r; c++) { /* k_b[h][c][:] is column c of the key rows */
-            fmoe_quant_dequantize_row(kb->type,
-                                      (const uint8_t *)kb->data + (h * r + c) * kb->row_bytes,
-                                      row, dn);
-            for (int64_t d = 0; d < dn; d++) wkv[(h * w + d) * r + c] = row[d];
-        }
         for (int64_t v = 0; v < dv; v++)
-            fmoe_quant_dequantize_row(vb->type,
-                                      (const uint8_t *)vb->data + (h * dv + v) * vb->row_bytes,
-                                      wkv + (h * w + dn + v) * r, r);
+            memcpy(vd + (h * dv + v) * kv_rb, src + (h * w + dn + v) * kv_rb, (size_t)kv_rb);
+        for (int64_t d = 0; d < dn; d++) { /* key row d of head h is column d of k_b[h] */
+            const uint8_t *in = src + (h * w + d) * kv_rb;
+            if (row) {
+                fmoe_quant_dequantize_row(kv->quant, in, row, r);
+                in = (const uint8_t *)row;
+            }
+            for (int64_t c = 0; c < r; c++)
+                memcpy(kd + ((h * r + c) * dn + d) * es, in + c * es, (size_t)es);
+        }
     }
     free(row);
-    /* rebuilt, so no file range holds these bytes (only experts are read from files) */
-    *out = (fmoe__mat){.data = wkv, .dtype = FMOE_ST_F32, .rows = H * w, .cols = r};
     return 0;
+}
+
+/* Frees p if the model owns it (a converted source, once its split is made), so that the
+ * model does not hold both; a view into a file is left alone. */
+static void drop_owned(fmoe_model *m, const void *p) {
+    for (int32_t k = m->num_owned - 1; k >= 0; k--) {
+        if (m->owned[k] != p) continue;
+        free(m->owned[k]);
+        memmove(m->owned + k, m->owned + k + 1,
+                (size_t)(m->num_owned - k - 1) * sizeof *m->owned);
+        m->num_owned--;
+        return;
+    }
 }
 
 /* Converts a 1-D tensor of n values to an owned f32 array. */
@@ -424,10 +473,18 @@ static int bind_mla(fmoe_model *m, int32_t i, fmoe__layer *L) {
     }
     FMOE_FORWARD_IF_ERROR(mat(m, r + dr, h, &L->wkv_a, "%s.kv_a_proj_with_mqa.weight", p));
     FMOE_FORWARD_IF_ERROR(vec(m, r, &L->kv_a_norm, "%s.kv_a_layernorm.weight", p));
-    if (m->gguf && !has_tensor(m, "%s.kv_b_proj.weight", p))
-        FMOE_FORWARD_IF_ERROR(gguf_kv_b_from_split(m, i, &L->wkv_b));
-    else
-        FMOE_FORWARD_IF_ERROR(mat(m, H * (dn + dv), r, &L->wkv_b, "%s.kv_b_proj.weight", p));
+    if (m->gguf && !has_tensor(m, "%s.kv_b_proj.weight", p)) { /* split by the converter */
+        char kn[64], vn[64];
+        snprintf(kn, sizeof kn, "blk.%d.attn_k_b.weight", i);
+        snprintf(vn, sizeof vn, "blk.%d.attn_v_b.weight", i);
+        FMOE_FORWARD_IF_ERROR(gguf_split_mat(m, kn, dn, H * r, &L->wk_b));
+        FMOE_FORWARD_IF_ERROR(gguf_split_mat(m, vn, r, H * dv, &L->wv_b));
+    } else {
+        fmoe__mat kv;
+        FMOE_FORWARD_IF_ERROR(mat(m, H * (dn + dv), r, &kv, "%s.kv_b_proj.weight", p));
+        FMOE_FORWARD_IF_ERROR(kv_b_split(m, &kv, H, dn, dv, r, &L->wk_b, &L->wv_b));
+        drop_owned(m, kv.data); /* FP8's dequantised or a realigned copy: not kept */
+    }
     return mat(m, h, H * dv, &L->wo, "%s.o_proj.weight", p);
 }
 

@@ -51,7 +51,8 @@ void fmoe__mla_attention(const fmoe__backend_ops *be, void *c, const fmoe_model 
         const fmoe__mla_args a = {
             .q = b->q + (int64_t)e->row * H * qs, .kv = b->kv + (int64_t)e->row * ks,
             .cos = b->cos + (int64_t)e->row * half, .sin = b->sin + (int64_t)e->row * half,
-            .cache = e->cache, .wkv_b = &L->wkv_b, .out = b->att + (int64_t)e->row * H * dv,
+            .cache = e->cache, .wk_b = &L->wk_b, .wv_b = &L->wv_b,
+            .out = b->att + (int64_t)e->row * H * dv,
             .scratch = b->scratch, .scratch_slots = b->slots, .max_context = b->max_context,
             .max_batch = b->max_batch, .n = e->n, .pos0 = e->pos0, .n_heads = H, .nope = dn,
             .rope = dr, .v_dim = dv, .rank = r, .interleave = m->arch.rope_interleave,

@@ -143,8 +143,12 @@ typedef struct fmoe__layer {
     fmoe__mat wq_b;           /* [H(dn+dr)][r_q] q_b_proj */
     fmoe__mat wkv_a;          /* [r_kv + dr][h] kv_a_proj_with_mqa */
     const float *kv_a_norm;   /* [r_kv] */
-    fmoe__mat wkv_b;          /* [H(dn+dv)][r_kv] kv_b_proj: per head dn key rows, dv value
-                                 rows */
+    /* kv_b_proj [H(dn+dv)][r_kv] as llama.cpp's deepseek2 files split it, which is the
+     * layout the absorbed attention reads as plain row products (runtime/cpu/cpu_mla.c):
+     * a GGUF's own tensors in their file type, or built at load from kv_b_proj. */
+    fmoe__mat wk_b;           /* [H·r_kv][dn] attn_k_b: head h's key rows transposed, row
+                                 h·r_kv + c = column c of W_uk,h */
+    fmoe__mat wv_b;           /* [H·dv][r_kv] attn_v_b: head h's value rows W_uv,h */
 } fmoe__layer;
 
 struct fmoe_gguf;

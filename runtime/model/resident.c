@@ -89,7 +89,8 @@ static int visit_resident(fmoe_model *m, const resident_visitor *v) {
                                             "shared expert up", "shared expert down",
                                             "shared expert's gate", "q_a projection",
                                             "q_b projection", "kv_a projection",
-                                            "kv_b projection"};
+                                            "kv_b projection's keys (k_b)",
+                                            "kv_b projection's values (v_b)"};
     static const char *const vec_names[] = {"attention norm", "FFN norm", "q bias", "k bias",
                                             "v bias", "o bias", "q norm", "k norm",
                                             "q_a norm", "kv_a norm", "router bias",
@@ -101,7 +102,7 @@ static int visit_resident(fmoe_model *m, const resident_visitor *v) {
         fmoe__mat *mats[] = {&y->wq,          &y->wk,        &y->wv,          &y->wo,
                              &y->router,      &y->shared.gate, &y->shared.up, &y->shared.down,
                              &y->shared_gate, &y->wq_a,      &y->wq_b,        &y->wkv_a,
-                             &y->wkv_b};
+                             &y->wk_b,        &y->wv_b};
         char what[96];
         for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) {
             snprintf(what, sizeof what, "layer %d %s", i, mat_names[k]);

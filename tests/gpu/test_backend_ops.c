@@ -1370,18 +1370,21 @@ TEST(route_grouped) {
 /*
  * DeepSeek-V2/V3's multi-head latent attention: q's rope dims rotated in place, kv's rows
  * rotated and appended to a latent cache already holding pos0 rows, and the heads'
- * outputs. kv_b_proj in f32 (read in place by the CPU), bf16 (widened per head) and Q8_0
- * (dequantised per head); the rope dims as halves and as adjacent pairs (rope_interleave);
- * one scratch slot (the device's heads one after the other) and three (heads in turn).
+ * outputs. kv_b_proj split as the GGUF files split it, k_b [H·r][dn] and v_b [H·dv][r], in
+ * f32, bf16, and blocks (k_b Q5_0, v_b Q4_K or Q5_0 where r is not whole 256-blocks:
+ * DeepSeek-V2-Lite's Q4_K_M types); the rope dims as halves and as adjacent pairs
+ * (rope_interleave); one scratch slot (the device's heads one after the other) and three
+ * (heads in turn).
  */
 TEST(mla_attention) {
     seed(26);
     int bad = 0;
-    /* n, pos0, H, nope, rope, v_dim, rank, interleave, dtype (0 f32, 1 bf16, 2 q8_0), slots */
+    /* n, pos0, H, nope, rope, v_dim, rank, interleave, dtype (0 f32, 1 bf16, 2 blocks),
+     * slots */
     static const int32_t cases[][10] = {
         {1, 37, 4, 16, 8, 16, 32, 0, 0, 1},    {5, 0, 4, 16, 8, 16, 32, 1, 0, 3},
         {3, 20, 8, 32, 16, 24, 64, 1, 1, 3},   {1, 90, 2, 128, 64, 128, 512, 1, 1, 1},
-        {4, 11, 3, 16, 8, 16, 64, 0, 2, 2},    {1, 60, 16, 32, 64, 32, 128, 1, 2, 3},
+        {4, 11, 3, 32, 8, 16, 64, 0, 2, 2},    {1, 60, 16, 32, 64, 32, 256, 1, 2, 3},
     };
     const int32_t max_context = 96, max_batch = 8;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -1391,18 +1394,23 @@ TEST(mla_attention) {
         const int64_t qs = dn + dr, ks = r + dr, half = dr / 2, qn = (int64_t)n * H * qs;
         float *q = rand_host(qn, 1), *kv = rand_host((int64_t)n * ks, 1);
         float *cache = rand_host((int64_t)max_context * ks, 1); /* rows < pos0: earlier ones */
-        float *w = rand_host((int64_t)H * (dn + dv) * r, 0.2f);
+        float *wk = rand_host((int64_t)H * r * dn, 0.2f);
+        float *wv = rand_host((int64_t)H * dv * r, 0.2f);
         float *cs = malloc((size_t)(n * half) * 4), *sn = malloc((size_t)(n * half) * 4);
         for (int64_t i = 0; i < n * half; i++) {
             const float ang = 40 * frand();
             cs[i] = cosf(ang), sn[i] = sinf(ang);
         }
-        fmoe__mat wkv_b;
-        float *deq = NULL;
-        if (kind == 2)
-            make_qmat(&wkv_b, FMOE_GGML_Q8_0, (int64_t)H * (dn + dv), r, &deq);
-        else
-            make_mat(&wkv_b, kind ? FMOE_ST_BF16 : FMOE_ST_F32, (int64_t)H * (dn + dv), r, w);
+        fmoe__mat k_b, v_b;
+        float *kdeq = NULL, *vdeq = NULL;
+        const uint32_t vtype = r % 256 == 0 ? FMOE_GGML_Q4_K : FMOE_GGML_Q5_0;
+        if (kind == 2) {
+            make_qmat(&k_b, FMOE_GGML_Q5_0, (int64_t)H * r, dn, &kdeq);
+            make_qmat(&v_b, vtype, (int64_t)H * dv, r, &vdeq);
+        } else {
+            make_mat(&k_b, kind ? FMOE_ST_BF16 : FMOE_ST_F32, (int64_t)H * r, dn, wk);
+            make_mat(&v_b, kind ? FMOE_ST_BF16 : FMOE_ST_F32, (int64_t)H * dv, r, wv);
+        }
         const int64_t slot = fmoe__mla_scratch_floats(dn, dv, r, max_context, max_batch);
         pair pq, pkv, pc, ps, pcache, pout, pscr;
         ASSERT_OK(pair_alloc(&pq, qn * 4, q));
@@ -1412,7 +1420,8 @@ TEST(mla_attention) {
         ASSERT_OK(pair_alloc(&pcache, (int64_t)max_context * ks * 4, cache));
         ASSERT_OK(pair_alloc(&pout, (int64_t)n * H * dv * 4, NULL));
         ASSERT_OK(pair_alloc(&pscr, slots * slot * 4, NULL));
-        fmoe__mla_args a = {.wkv_b = &wkv_b, .scratch_slots = slots, .max_context = max_context,
+        fmoe__mla_args a = {.wk_b = &k_b, .wv_b = &v_b, .scratch_slots = slots,
+                            .max_context = max_context,
                             .max_batch = max_batch, .n = n, .pos0 = pos0, .n_heads = H,
                             .nope = dn, .rope = dr, .v_dim = dv, .rank = r,
                             .interleave = interleave, .scale = 1.0f / sqrtf((float)qs)};
@@ -1423,9 +1432,12 @@ TEST(mla_attention) {
             a.scratch = side ? TF(pscr) : RF(pscr);
             (side ? T : R)->mla_attention(side ? tctx : rctx, &a);
         }
-        char shape[96];
+        char shape[112];
         snprintf(shape, sizeof shape, "n=%d pos0=%d H=%d dn=%d dr=%d dv=%d r=%d %s%s slots=%d",
-                 n, pos0, H, dn, dr, dv, r, kind == 2 ? "q8_0" : kind ? "bf16" : "f32",
+                 n, pos0, H, dn, dr, dv, r,
+                 kind == 2 ? (vtype == FMOE_GGML_Q4_K ? "q5_0/q4_k" : "q5_0")
+                 : kind    ? "bf16"
+                           : "f32",
                  interleave ? " pairs" : "", slots);
         bad += compare("mla_attention", shape, pout, 0, (int64_t)n * H * dv, NULL);
         char sub[128];
@@ -1435,7 +1447,8 @@ TEST(mla_attention) {
         bad += compare("rope", sub, pcache, 0, (int64_t)(pos0 + n) * ks, NULL);
         pair_free(&pq), pair_free(&pkv), pair_free(&pc), pair_free(&ps);
         pair_free(&pcache), pair_free(&pout), pair_free(&pscr);
-        free(q), free(kv), free(cache), free(w), free(cs), free(sn), free(deq);
+        free(q), free(kv), free(cache), free(wk), free(wv), free(cs), free(sn);
+        free(kdeq), free(vdeq);
     }
     bad += sides_ok("mla_attention");
     ASSERT_EQ(bad, 0);

@@ -311,7 +311,8 @@ def test_phimoe_longrope(side, models, driver, tmp_path):
 
 
 @pytest.mark.parametrize("tensor,what", [
-    ("model.layers.1.self_attn.kv_b_proj.weight", "layer 1 kv_b projection"),
+    # kv_b_proj[0][3] is head 0's key row 0, column 3: row 3 of its split k_b [H][r][dn]
+    ("model.layers.1.self_attn.kv_b_proj.weight", "layer 1 kv_b projection's keys (k_b)"),
     ("model.layers.2.self_attn.q_a_proj.weight", "layer 2 q_a projection"),
     ("model.layers.1.mlp.gate.e_score_correction_bias", "layer 1 router bias"),
 ])

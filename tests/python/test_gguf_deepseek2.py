@@ -1,7 +1,8 @@
 """GGUF architecture deepseek2 (DeepSeek-V2/V3 as llama.cpp's converter writes them) in the
 forward pass: lib/gguf_names.c's MLA names, lib/gguf_config.c's translation of the
-deepseek2.* keys into a config, and runtime/model/load.c's rebuilding of kv_b_proj from
-the attn_k_b / attn_v_b split newer converters write.
+deepseek2.* keys into a config, and runtime/model/load.c's two ways to the attn_k_b /
+attn_v_b split the attention reads: a newer converter's tensors read as they are, an older
+file's whole attn_kv_b split at load (in blocks too: the last test).
 
 Each tiny MLA checkpoint of make_tiny_models.py is written here as a GGUF (F32, or BF16 for
 the bf16 one) by
@@ -30,7 +31,11 @@ def models(tmp_path_factory):
     return tiny.maker(tmp_path_factory.mktemp("tiny-models"))
 
 
-def write_deepseek2(model_dir, out, split):
+def write_deepseek2(model_dir, out, split, kv_b_q8=False):
+    """kv_b_q8: kv_b_proj quantised to Q8_0 along its rows (r), as an older converter's
+    quantised attn_kv_b; with split, the split the loader makes of that file, done here:
+    attn_k_b the blocks' values (gguf-py's dequantisation) transposed, in F32, attn_v_b
+    the value rows' very blocks."""
     cfg = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
     ck = {k: v[0] for k, v in read_checkpoint(model_dir).items()}
     H, dn, dr = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
@@ -105,7 +110,19 @@ def write_deepseek2(model_dir, out, split):
         add(b + "attn_kv_a_mqa.weight", ck[a + "kv_a_proj_with_mqa.weight"])
         add(b + "attn_kv_a_norm.weight", ck[a + "kv_a_layernorm.weight"])
         kv_b = ck[a + "kv_b_proj.weight"]
-        if split:  # convert_hf_to_gguf.py's DeepseekV2Model
+        if kv_b_q8:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            blocks = gguf.quants.quantize(np.ascontiguousarray(kv_b, np.float32), q8)
+            if not split:
+                w.add_tensor(b + "attn_kv_b.weight", blocks, raw_dtype=q8)
+            else:
+                kv = gguf.quants.dequantize(blocks, q8).reshape(H, dn + dv, r)
+                w.add_tensor(b + "attn_k_b.weight",
+                             np.ascontiguousarray(kv[:, :dn, :].transpose(0, 2, 1)))
+                w.add_tensor(b + "attn_v_b.weight",
+                             np.ascontiguousarray(blocks.reshape(H, dn + dv, -1)[:, dn:, :]),
+                             raw_dtype=q8)
+        elif split:  # convert_hf_to_gguf.py's DeepseekV2Model
             kv = kv_b.reshape(H, dn + dv, r)
             add(b + "attn_k_b.weight", kv[:, :dn, :].transpose(0, 2, 1))
             add(b + "attn_v_b.weight", kv[:, dn:, :])
@@ -160,3 +177,41 @@ def test_deepseek2_gguf_runs_exactly_as_the_checkpoint(name, split, models, driv
     assert r1 == r2
     if base is d:
         assert r2["generated"] == ref["generated"].tolist()
+
+
+def test_quantized_attn_kv_b_is_split_at_load(models, driver, tmp_path):
+    """A whole attn_kv_b in blocks (an older converter's file, quantised) is split at load
+    (runtime/model/load.c kv_b_split): value rows kept as their blocks, key rows dequantised
+    and transposed into F32. The same model with that split written by NumPy and gguf-py
+    must run to exactly its logits and routes. The tiny V2's latent is widened to 32 (new
+    random kv_a and kv_b weights) so that kv_b's rows are whole Q8_0 blocks."""
+    from test_quantize import read_checkpoint
+    src = models("deepseek_v2")
+    ref = dict(np.load(src / "reference.npz"))
+    cfg = json.loads((src / "config.json").read_text())
+    H, dn, dv, dr = (cfg[k] for k in ("num_attention_heads", "qk_nope_head_dim", "v_head_dim",
+                                       "qk_rope_head_dim"))
+    h, r = cfg["hidden_size"], 32
+    cfg["kv_lora_rank"] = r
+    rng = np.random.default_rng(5)
+    ck = read_checkpoint(src)
+    for i in range(cfg["num_hidden_layers"]):
+        a = f"model.layers.{i}.self_attn."
+        ck[a + "kv_a_proj_with_mqa.weight"] = (
+            rng.normal(0, h ** -0.5, (r + dr, h)).astype(np.float32), "F32")
+        ck[a + "kv_a_layernorm.weight"] = (np.ones(r, np.float32), "F32")
+        ck[a + "kv_b_proj.weight"] = (
+            rng.normal(0, r ** -0.5, (H * (dn + dv), r)).astype(np.float32), "F32")
+    d = tmp_path / "r32"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    tiny.save_safetensors(d / "model.safetensors", ck)
+    whole = write_deepseek2(d, tmp_path / "whole.gguf", False, kv_b_q8=True)
+    split = write_deepseek2(d, tmp_path / "split.gguf", True, kv_b_q8=True)
+    l1, r1 = drive(driver, whole, ref, tmp_path, "whole")
+    l2, r2 = drive(driver, split, ref, tmp_path, "split")
+    assert np.array_equal(l1, l2), f"max |diff| {np.abs(l1 - l2).max()}"
+    assert r1 == r2
+    # and the blocks matter: the float kv_b the blocks came from gives other logits
+    l3, _ = drive(driver, d, ref, tmp_path, "dir")
+    assert np.abs(l3 - l1).max() > 1e-4

@@ -3,8 +3,8 @@
 
 - The tiny checkpoints written as F32 GGUF run to exactly the logits, routes and greedy
   tokens of the safetensors directory; the bf16 one written as BF16 (every byte kept) to
-  the same routes and tokens, logits within 1e-5 (kv_b, rebuilt by the loader from its
-  split parts, is multiplied in f32 there, in bf16 from the directory).
+  the same routes and tokens, logits within 1e-5 (the file's router is F32, as the
+  converter writes ffn_gate_inp, where the directory's is bf16: dots of another order).
 - The file carries config.json verbatim (so geometry and fingerprint are the checkpoint's),
   and llama.cpp's keys alone (fmoe.hf_config renamed away) rebuild the same geometry
   through lib/gguf_config.c, which reads the keys llama.cpp's converter writes.
@@ -53,7 +53,7 @@ def test_gguf_runs_exactly_as_the_checkpoint(name, models, driver, fmoe_bin, tmp
     l2, r2 = drive(driver, out, ref, tmp_path, "gguf")
     if CASES[name][1] == "f32":
         assert np.array_equal(l1, l2), f"{name}: max |diff| {np.abs(l1 - l2).max()}"
-    else:  # the loader rebuilds kv_b from attn_k_b/attn_v_b in f32: a dot of other rounding
+    else:  # the file's router (ffn_gate_inp) is F32, the directory's bf16: other dot kernels
         assert np.abs(l1 - l2).max() <= 1e-5, f"{name}: max |diff| {np.abs(l1 - l2).max()}"
     for k in ("prompt", "generated", "experts"):
         assert r1[k] == r2[k], k
