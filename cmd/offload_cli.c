@@ -221,7 +221,13 @@ int cmd_offload_open(const char *cmd, const cmd_offload_args *a, fmoe_model *m,
                      int32_t prefill_chunk, int quiet, cmd_offload *out) {
     memset(out, 0, sizeof *out);
     int rc = cmd_offload_check_args(cmd, a);
-    if (rc != 0 || !(a->cache_experts > 0 || a->cache_gb > 0 || a->memory_gb > 0)) return rc;
+    if (rc != 0) return rc;
+    if (!(a->cache_experts > 0 || a->cache_gb > 0 || a->memory_gb > 0)) {
+        /* every weight read in place on the CPU: its pages mapped now, not faulted in
+         * during the first prompt and decode steps (fmoe_model_populate) */
+        if (a->backend == FMOE_BACKEND_CPU) fmoe_model_populate(m);
+        return 0;
+    }
     const char *policy = a->policy ? a->policy : "lru";
     out->store_out = a->store_out;
 

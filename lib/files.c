@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -265,4 +266,12 @@ void fmoe__fault_point(const char *point) {
     }
     if (state != 1 || strcmp(point, fault.point) != 0) return;
     if (atomic_fetch_add(&fault.passed, 1) + 1 == fault.at) raise(fault.sig);
+}
+
+void fmoe__populate_read(void *map, size_t n) {
+    if (!map || n == 0) return;
+#ifdef MADV_POPULATE_READ
+    if (madvise(map, n, MADV_POPULATE_READ) == 0) return;
+#endif
+    (void)madvise(map, n, MADV_WILLNEED);
 }

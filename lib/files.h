@@ -82,6 +82,14 @@ int fmoe__pread_all(int fd, void *buf, size_t n, long long offset);
  * naming the file and the reason. */
 int fmoe__partial_commit(const char *partial, const char *output);
 
+/* Maps every page of the read-only file mapping [map, map + n) into the process now
+ * (MADV_POPULATE_READ, Linux 5.14; MADV_WILLNEED, a read-ahead without the mapping, where
+ * the kernel lacks it), so that a forward pass reading weights in place does not take a
+ * page fault per 4-64 KiB the first time it touches each: what llama.cpp's MAP_POPULATE
+ * does at load. The file is read from the disk if it is not cached. Best effort: a failure
+ * changes nothing but speed. */
+void fmoe__populate_read(void *map, size_t n);
+
 /* Deterministic fault injection for the crash-safety tests: with the environment variable
  * FMOE_FAULT_SIGNAL="POINT[#N][:SIGNUM]" the process raises SIGNUM (default SIGTERM) at the
  * Nth time (default the first) it passes fmoe__fault_point(POINT), so a test can place a

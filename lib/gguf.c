@@ -854,6 +854,12 @@ void fmoe_gguf_release_pages(fmoe_gguf *g) {
     for (int32_t i = 0; g->shards && i < g->n_shards - 1; i++) fmoe_gguf_release_pages(g->shards[i]);
 }
 
+void fmoe_gguf_populate_pages(fmoe_gguf *g) {
+    if (!g) return;
+    if (g->map) fmoe__populate_read(g->map, (size_t)g->map_size);
+    for (int32_t i = 0; g->shards && i < g->n_shards - 1; i++) fmoe_gguf_populate_pages(g->shards[i]);
+}
+
 void fmoe_gguf_close(fmoe_gguf *g) {
     if (!g) return;
     if (g->map) munmap(g->map, (size_t)g->map_size);

@@ -145,6 +145,28 @@ int fmoe_model_own_weights(fmoe_model *m) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ populate */
+
+/* MemAvailable of /proc/meminfo in bytes, or -1 where it cannot be read. */
+static int64_t mem_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[128];
+    long long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : (int64_t)kb * 1024;
+}
+
+int fmoe_model_populate(fmoe_model *m) {
+    const int64_t avail = mem_available_bytes(), bytes = fmoe_model_weight_bytes(m);
+    if (avail < 0 || bytes <= 0 || bytes > avail) return 0;
+    if (m->gguf) fmoe_gguf_populate_pages(m->gguf);
+    if (m->st) fmoe_safetensors_populate_pages(m->st);
+    return 1;
+}
+
 /* ------------------------------------------------------------------ finite */
 
 static int not_finite(const char *what, int64_t row, int64_t col, float x) {

@@ -357,6 +357,11 @@ void fmoe_safetensors_release_pages(fmoe_safetensors *st) {
         if (st->files[i].map) madvise(st->files[i].map, (size_t)st->files[i].size, MADV_DONTNEED);
 }
 
+void fmoe_safetensors_populate_pages(fmoe_safetensors *st) {
+    for (int32_t i = 0; st && i < st->num_files; i++)
+        fmoe__populate_read(st->files[i].map, (size_t)st->files[i].size);
+}
+
 void fmoe_safetensors_close(fmoe_safetensors *st) {
     if (!st) return;
     for (int32_t i = 0; i < st->num_files; i++) {

@@ -574,4 +574,51 @@ TEST(split_path_names_the_shards_by_name_alone) {
     ASSERT_EQ(fmoe_gguf_split_path("m-00001-of-00003.gguf", 0, b, 22), 3);
 }
 
+/* RssFile of /proc/self/status in KiB: the file pages mapped into this process. */
+static long long rss_file_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[128];
+    long long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "RssFile: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return kb;
+}
+
+TEST(populate_maps_every_page_and_release_drops_them) {
+    /* one F32 tensor of 16 MiB: parsing reads the header's pages only */
+    enum { VALUES = 4 << 20 };
+    buf b;
+    header(&b, 3, 1, 1);
+    kv_str(&b, "general.architecture", "llama");
+    tensor_info(&b, "t.weight", 1, (uint64_t[]){VALUES}, FMOE_GGML_F32, 0);
+    pad(&b, 32);
+    char path[] = "/tmp/fmoe-test-gguf-populate-XXXXXX";
+    const int fd = mkstemp(path);
+    ASSERT_TRUE(fd >= 0);
+    float *data = calloc(VALUES, sizeof *data);
+    ASSERT_TRUE(data != NULL);
+    ASSERT_TRUE(write(fd, b.b, b.n) == (ssize_t)b.n);
+    ASSERT_TRUE(write(fd, data, (size_t)VALUES * 4) == (ssize_t)VALUES * 4);
+    close(fd);
+    free(data);
+    fmoe_gguf *g = NULL;
+    ASSERT_OK(fmoe_gguf_open(path, &g));
+    const long long before = rss_file_kib();
+    if (before < 0) { /* no /proc: nothing to observe */
+        fmoe_gguf_close(g);
+        unlink(path);
+        return;
+    }
+    fmoe_gguf_populate_pages(g);
+    const long long populated = rss_file_kib();
+    fmoe_gguf_release_pages(g);
+    const long long released = rss_file_kib();
+    fmoe_gguf_close(g);
+    unlink(path);
+    ASSERT_TRUE(populated - before >= 15 * 1024); /* all but the header's 16 MiB */
+    ASSERT_TRUE(populated - released >= 15 * 1024);
+}
+
 int main(int argc, char **argv) { return RUN_TESTS(argc, argv); }

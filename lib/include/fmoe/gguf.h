@@ -139,6 +139,11 @@ void fmoe_gguf_release_pages(fmoe_gguf *g);
  * mappings (else nothing: never memory of another kind). */
 void fmoe_gguf_release_range(fmoe_gguf *g, const void *p, size_t n);
 
+/* Maps every page of the file (every shard's) into the process now, for a caller that
+ * reads the tensors in place and would otherwise fault each page in on first use; the
+ * file is read if it is not in the page cache. A handle opened from memory: no-op. */
+void fmoe_gguf_populate_pages(fmoe_gguf *g);
+
 uint32_t fmoe_gguf_version(const fmoe_gguf *g);
 uint32_t fmoe_gguf_alignment(const fmoe_gguf *g);
 uint64_t fmoe_gguf_data_offset(const fmoe_gguf *g); /* file offset of the data section */

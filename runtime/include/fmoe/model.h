@@ -131,6 +131,17 @@ int64_t fmoe_model_expert_bytes(const fmoe_model *m);
  * @return 0 or FMOE_ENOMEM (the weights not yet copied stay mapped). */
 int fmoe_model_own_weights(fmoe_model *m);
 
+/* Maps every page of the model's files into the process now (fmoe_gguf_populate_pages),
+ * when they fit in the memory the kernel reports available (/proc/meminfo MemAvailable,
+ * which counts the page cache). For a run that reads every weight in place from the
+ * mapping (no offloading, the CPU backend): otherwise its first prompt and first decode
+ * steps take a page fault per 4-64 KiB of weights they touch first (routed experts first
+ * chosen in decode too), counted in their time; llama.cpp populates its mapping at load
+ * the same way (MAP_POPULATE). A model larger than that is left alone: populating it would
+ * read the whole file only to evict it again. Call after load. @return 1 populated, 0
+ * left alone. */
+int fmoe_model_populate(fmoe_model *m);
+
 /* [L] the bytes of one routed expert of each MoE layer as stored, each at most
  * fmoe_model_expert_bytes; what a transfer of that layer's expert moves. NULL for a
  * model without MoE layers. Valid until the model is freed. */

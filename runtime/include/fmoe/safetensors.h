@@ -81,6 +81,9 @@ void fmoe_safetensors_close(fmoe_safetensors *st);
  * touched), as fmoe_gguf_release_pages. */
 void fmoe_safetensors_release_pages(fmoe_safetensors *st);
 
+/* Maps every page of every file into the process now, as fmoe_gguf_populate_pages. */
+void fmoe_safetensors_populate_pages(fmoe_safetensors *st);
+
 /* Number of tensors over all shards. */
 int64_t fmoe_safetensors_count(const fmoe_safetensors *st);
 
