@@ -5,14 +5,18 @@ on the CPU).
 
     tests/bench/bench_family_decode.py --shape deepseek-v2-lite|gpt-oss-20b [--small]
         --llama-cpp DIR [--threads N] [--tokens N] [--repeat N] [--work DIR]
-        [--fmoe PATH] [--seed S] [--json FILE]
+        [--fmoe PATH] [--seed S] [--llama-repack on|off] [--json FILE]
 
 The model is written by make_shaped_gguf.py into --work (default /tmp/fmoe-family-bench),
 or reused when it is there: the full shapes are 10-13 GB (minutes to write), --small a few
 hundred MB. Both programs then run the same prompt (bench_bigger_than_ram.PROMPT), greedy,
 --tokens new tokens with end-of-sequence ignored, on --threads threads, with the whole
 model in RAM: fmoe generate with every expert resident (its default), llama.cpp's
-llama-completion with the file mmap'd (-lm mmap) and nothing fitted to a device. One
+llama-completion with the file mmap'd (-lm mmap), nothing fitted to a device and its
+weight repacking as a user gets it by default (--repack: the matrices of the types it
+has an interleaved layout for, Q4_K, Q4_0, IQ4_NL, MXFP4 and others on AVX2, copied into
+RAM in that layout at load; --llama-repack off passes --no-repack, as
+bench_bigger_than_ram.py must, where the model does not fit). One
 discarded run of each first (pages the file in), then --repeat rounds, each one fmoe run
 followed by one llama.cpp run, so that load from other jobs falls on both alike. The table
 gives the median and the best of the rounds; ratio = fmoe / llama.cpp (above 1: fmoe
@@ -66,11 +70,13 @@ def fmoe_cmd(a, model):
 def llama_cmd(a, bins, model):
     return [bins / "llama-completion", "-m", model, "-p", PROMPT, "-n", a.tokens,
             "-t", a.threads, "-c", 2048, "--temp", 0, "--seed", 0, "--ignore-eos", "-no-cnv",
-            "--no-display-prompt", "-nr", "-fit", "off", "-lm", "mmap", "--no-warmup"]
+            "--no-display-prompt", "--repack" if a.llama_repack == "on" else "--no-repack",
+            "-fit", "off", "-lm", "mmap", "--no-warmup"]
 
 
 def run_one(kind, argv):
-    p = subprocess.run([str(x) for x in argv], capture_output=True, text=True)
+    p = subprocess.run([str(x) for x in argv], capture_output=True, text=True,
+                       errors="replace")  # generated text may cut a UTF-8 sequence
     if p.returncode != 0:
         sys.stderr.write(f"{PROG}: {kind} exited {p.returncode}: {' '.join(map(str, argv))}\n"
                          f"{p.stderr[-3000:]}\n")
@@ -109,7 +115,7 @@ def table(a, model, cmds, runs, version):
            "",
            f"Model `{model}` ({model.stat().st_size / 1e9:.2f} GB), {a.tokens} new tokens, "
            f"{a.repeat} interleaved rounds after one discarded run each; llama.cpp "
-           f"{version}.",
+           f"{version}, repacking {a.llama_repack}.",
            "",
            "| | prompt tokens | prefill tok/s (median, best) | decode tok/s (median, best) |",
            "|---|---|---|---|"]
@@ -153,6 +159,8 @@ def main(argv=None):
                    help="folder for the model file (reused when there)")
     p.add_argument("--fmoe", default=str(REPO / "build" / "cmd" / "fmoe"))
     p.add_argument("--seed", type=int, default=0, help="the generator's seed")
+    p.add_argument("--llama-repack", choices=("on", "off"), default="on",
+                   help="llama.cpp's weight repacking (default on, llama.cpp's own default)")
     p.add_argument("--json", metavar="FILE", help="also write every run as JSON")
     a = p.parse_args(argv)
     a.type, a.skew, a.layers = "q4_k_m", None, None
