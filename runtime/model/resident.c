@@ -29,6 +29,7 @@
 #include "fmoe/error.h"
 #include "fmoe/gguf.h"
 #include "fmoe/safetensors.h"
+#include "files.h"
 #include "half.h"
 #include "model_impl.h"
 #include "quant_block.h"
@@ -149,8 +150,11 @@ int fmoe_model_own_weights(fmoe_model *m) {
 
 /* MemAvailable of /proc/meminfo in bytes, or -1 where it cannot be read. */
 static int64_t mem_available_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return -1;
+    FILE *f = NULL;
+    if (fmoe__fopen_regular("/proc/meminfo", &f) < 0) {
+        fmoe_error_clear(); /* no /proc: nothing populated, not an error */
+        return -1;
+    }
     char line[128];
     long long kb = -1;
     while (fgets(line, sizeof line, f))
