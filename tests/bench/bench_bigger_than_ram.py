@@ -57,7 +57,8 @@ written under --work, and:
    disturbed and shown; all rounds' decode rates are in the table). Then both programs with the whole RAM (the ceiling): no
    holder, page cache kept, after one discarded warm-up run each; fmoe all resident (the
    file mapped and read in place, as llama.cpp's mmap) when the file fits in 85% of
-   MemAvailable, else offloaded with four fifths of it in slots.
+   MemAvailable, llama.cpp then with its default repacking (`--repack`); else fmoe
+   offloaded with four fifths of it in slots and llama.cpp with `--no-repack`.
 5. **The bound.** fmoe's decode time per token against the bytes it waited for per decode
    token (its summary line) over the disk bandwidth `fmoe calibrate --link-file
    --link-decode-gb X` measured in a short decode with the runs' slots and threads (the
@@ -213,10 +214,15 @@ def llama_version(bins):
     return m.group(0) if m else "version unknown"
 
 
-def llama_cmd(a, bins, model, ctx, load_mode, warmup):
+def llama_cmd(a, bins, model, ctx, load_mode, warmup, repack=False):
+    """repack: llama.cpp's default weight repacking (Q4_K, Q4_0, IQ4_NL, MXFP4 rows copied
+    into its interleaved layout in anonymous memory at load): only where the whole file
+    fits in RAM, as for fmoe's all-resident ceiling; otherwise --no-repack, as a model
+    larger than RAM cannot be copied into it."""
     return [bins / "llama-completion", "-m", model, "-p", PROMPT, "-n", a.tokens,
             "-t", a.threads, "-c", ctx, "-b", a.ubatch, "-ub", a.ubatch, "--temp", 0,
-            "--seed", 0, "--ignore-eos", "-no-cnv", "--no-display-prompt", "-nr",
+            "--seed", 0, "--ignore-eos", "-no-cnv", "--no-display-prompt",
+            "--repack" if repack else "-nr",
             "-fit", "off", "-lm", load_mode] + ([] if warmup else ["--no-warmup"])
 
 
@@ -475,7 +481,8 @@ class Shape:
             rec["warmup"] = rnd == 0
             if self.bins:
                 rec = self.measured("llama.cpp, whole RAM", "llama.cpp ceiling",
-                                    llama_cmd(a, self.bins, self.model, self.ctx, "mmap", True),
+                                    llama_cmd(a, self.bins, self.model, self.ctx, "mmap", True,
+                                              repack=self.all_resident_fits),
                                     "ceiling", rnd)
                 rec["warmup"] = rnd == 0
 
