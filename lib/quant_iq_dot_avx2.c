@@ -95,7 +95,7 @@ SIMD static INLINE __m256i dot_signed(__m256i g, __m256i a, __m256i s) {
 
 /* The same where one scale sc multiplies all 32 values, added to acc. */
 SIMD static INLINE __m256i madd_scale(__m256i acc, __m256i pairs, int sc) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16((short)sc)));
+    return fmoe__r1_madd_add(acc, pairs, _mm256_set1_epi16((short)sc));
 }
 
 /* Sixteen 4-bit scales two a byte (low nibble first: IQ2_XS, IQ2_S) as 2ls + 1 in the
@@ -336,23 +336,31 @@ static INLINE float no_dmin(const uint8_t *b) {
 
 /* rows x one input, one loop per type: d as lib/quant_iq.c's fmoe__iq_block_d (the f16
  * scale times the type's power of two), dmin 0. */
-#define ROWS(name, type, ISUM, D)                                                                  \
+#define ROWS(name, type, ISUM, D, EIGHT)                                                            \
     SIMD static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,    \
                           int64_t n, float *y) {                                                   \
         const int64_t bytes = type##_BYTES;                                                        \
-        for (int64_t r = 0; r < rows; r++)                                                         \
-            FMOE__R1_ROW(y[r], W + r * row_bytes, qx, n / FMOE_QK_K, bytes, ISUM, D, no_dmin);     \
+        FMOE__R1_ROWS(W, row_bytes, rows, qx, n / FMOE_QK_K, bytes, ISUM, D, no_dmin, y, EIGHT);   \
     }
-ROWS(rows_iq2_xxs, FMOE_IQ2_XXS, isum_iq2_xxs_vec, d_eighth)
-ROWS(rows_iq2_xs, FMOE_IQ2_XS, isum_iq2_xs_vec, d_eighth)
-ROWS(rows_iq2_s, FMOE_IQ2_S, isum_iq2_s_vec, d_eighth)
-ROWS(rows_iq3_xxs, FMOE_IQ3_XXS, isum_iq3_xxs_vec, d_iq3_xxs)
-ROWS(rows_iq3_s, FMOE_IQ3_S, isum_iq3_s_vec, d_iq3_s)
-ROWS(rows_iq1_s, FMOE_IQ1_S, isum_iq1_s_vec, d_eighth)
-ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m)
+ROWS(rows_iq2_xxs, FMOE_IQ2_XXS, isum_iq2_xxs_vec, d_eighth, 0)
+ROWS(rows_iq2_xs, FMOE_IQ2_XS, isum_iq2_xs_vec, d_eighth, 0)
+ROWS(rows_iq2_s, FMOE_IQ2_S, isum_iq2_s_vec, d_eighth, 0)
+ROWS(rows_iq3_xxs, FMOE_IQ3_XXS, isum_iq3_xxs_vec, d_iq3_xxs, 0)
+ROWS(rows_iq3_s, FMOE_IQ3_S, isum_iq3_s_vec, d_iq3_s, 0)
+ROWS(rows_iq1_s, FMOE_IQ1_S, isum_iq1_s_vec, d_eighth, 0)
+ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m, 0)
 
+#if defined(FMOE__R1_VNNI)
+void fmoe__iq_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                              const void *qx, int64_t n, float *y) {
+#else
 void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                          const void *qx, int64_t n, float *y) {
+    if (fmoe__quant_vnni()) { /* the VNNI compilation of this file */
+        fmoe__iq_rows1_avx2_vnni(type, W, row_bytes, rows, qx, n, y);
+        return;
+    }
+#endif
     switch (type) {
     case FMOE_GGML_IQ2_XXS: rows_iq2_xxs(W, row_bytes, rows, qx, n, y); return;
     case FMOE_GGML_IQ2_XS: rows_iq2_xs(W, row_bytes, rows, qx, n, y); return;

@@ -136,8 +136,8 @@ SIMD static INLINE __m256i isum_iq4_xs(const uint8_t *b, const uint8_t *a, __m25
         const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(g1, g1), _mm256_sign_epi8(a1, g1));
         const int ls0 = (int)((sl & 0xF) | ((sh << 4) & 0x30)) - 32;
         const int ls1 = (int)(((sl >> 4) & 0xF) | ((sh << 2) & 0x30)) - 32;
-        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(p0, _mm256_set1_epi16((short)ls0)));
-        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(p1, _mm256_set1_epi16((short)ls1)));
+        acc0 = fmoe__r1_madd_add(acc0, p0, _mm256_set1_epi16((short)ls0));
+        acc1 = fmoe__r1_madd_add(acc1, p1, _mm256_set1_epi16((short)ls1));
     }
     return _mm256_add_epi32(acc0, acc1);
 }
@@ -149,19 +149,27 @@ static INLINE float no_dmin(const uint8_t *b) {
     return 0;
 }
 
-#define ROWS(name, type, ISUM, D, DMIN)                                                            \
+#define ROWS(name, type, ISUM, D, DMIN, EIGHT)                                                          \
     SIMD static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,    \
                           int64_t n, float *y) {                                                   \
         const int64_t bytes = type##_BYTES;                                                        \
-        for (int64_t r = 0; r < rows; r++)                                                         \
-            FMOE__R1_ROW(y[r], W + r * row_bytes, qx, n / FMOE_QK_K, bytes, ISUM, D, DMIN);        \
+        FMOE__R1_ROWS(W, row_bytes, rows, qx, n / FMOE_QK_K, bytes, ISUM, D, DMIN, y, EIGHT);      \
     }
-ROWS(rows_q2_k, FMOE_Q2_K, isum_q2_k, d_q2_k, dmin_q2_k)
-ROWS(rows_q3_k, FMOE_Q3_K, isum_q3_k, d_q3_k, no_dmin)
-ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin)
+ROWS(rows_q2_k, FMOE_Q2_K, isum_q2_k, d_q2_k, dmin_q2_k, 1)
+ROWS(rows_q3_k, FMOE_Q3_K, isum_q3_k, d_q3_k, no_dmin, 1)
+ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin, 1)
 
+#if defined(FMOE__R1_VNNI)
+void fmoe__kx_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                              const void *qx, int64_t n, float *y) {
+#else
 void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                          const void *qx, int64_t n, float *y) {
+    if (fmoe__quant_vnni()) { /* the VNNI compilation of this file */
+        fmoe__kx_rows1_avx2_vnni(type, W, row_bytes, rows, qx, n, y);
+        return;
+    }
+#endif
     switch (type) {
     case FMOE_GGML_Q2_K: rows_q2_k(W, row_bytes, rows, qx, n, y); return;
     case FMOE_GGML_Q3_K: rows_q3_k(W, row_bytes, rows, qx, n, y); return;

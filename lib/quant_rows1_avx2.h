@@ -17,7 +17,15 @@
 #include <stdint.h>
 #include <string.h>
 
+/* FMOE__R1_VNNI: the second compilation (lib/quant_kx_dot_avx2_vnni.c,
+ * lib/quant_iq_dot_avx2_vnni.c) for CPUs with AVX512-VNNI, -BW and -VL (fmoe__quant_vnni):
+ * still 256-bit registers, but 32 of them (the eight-row step's sixteen block vectors stay
+ * in registers) and vpdpwssd for each madd-then-add. */
+#if defined(FMOE__R1_VNNI)
+#define FMOE__R1 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#else
 #define FMOE__R1 __attribute__((target("avx2,fma,f16c")))
+#endif
 #define FMOE__R1_INLINE __attribute__((always_inline)) inline
 
 /* Each block asks for the weight bytes this far ahead (a matrix's rows are one stream), as
@@ -66,11 +74,21 @@ static const uint8_t fmoe__r1_pick[8][32] __attribute__((aligned(32))) = {
     FMOE__R1_P(4), FMOE__R1_P(5), FMOE__R1_P(6), FMOE__R1_P(7)};
 #undef FMOE__R1_P
 
+/* acc + the int16 pair sums times the int16 scales, pair by pair: one vpdpwssd where the
+ * build has VNNI (the same int32s: no product pair here comes near 2^31). */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_madd_add(__m256i acc, __m256i pairs, __m256i sc) {
+#if defined(FMOE__R1_VNNI)
+    return _mm256_dpwssd_epi32(acc, pairs, sc);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, sc));
+#endif
+}
+
 /* acc + the int16 pair sums times the scales of 32-value group k (fmoe__r1_pick). */
 FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_madd_pick(__m256i acc, __m256i pairs,
                                                           __m256i scales, int k) {
     const __m256i sc = _mm256_shuffle_epi8(scales, fmoe__r1_load(fmoe__r1_pick[k]));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, sc));
+    return fmoe__r1_madd_add(acc, pairs, sc);
 }
 
 /* Sixteen scale bytes (scale s in byte s, at most 127) as the int16 even/odd lane order. */
@@ -83,6 +101,15 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_scales_even_odd(__m128i bytes) 
 FMOE__R1 static FMOE__R1_INLINE __m128i fmoe__r1_hsum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
     const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
     return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* The totals of eight vectors as the eight lanes of one, in order. */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_hsum8(const __m256i *v) {
+    const __m256i t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    /* t0: the low-lane totals of v0..v3, then their high-lane totals; t1 those of v4..v7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20),
+                            _mm256_permute2x128_si256(t0, t1, 0x31));
 }
 
 /* Four f32 values at p, p + stride, p + 2 stride, p + 3 stride. */
@@ -143,6 +170,62 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
                   da1_ * dmin1_ * (float)_mm_extract_epi32(t_, 1);                                 \
         }                                                                                          \
         (y) = s_;                                                                                  \
+    } while (0)
+
+/* Eight rows (rb bytes apart) against one Q8_K input, row r's result in lane r of y[0..7]:
+ * the reference's float steps, lane by lane. Per block column, the eight rows' integer
+ * vectors are reduced together (fmoe__r1_hsum8) and t = da·d·sum - da·dmin·msum formed in
+ * eight lanes at once, then s += t in block order: every lane the same f32 operations on
+ * the same operands as the reference, so the same bits, without the one-row step's
+ * scalar tail per block. The eight VEC calls share the input's loads. */
+#define FMOE__R1_ROWS8(y, w0, rb, a0, nb, bytes, VEC, D, DMIN)                                    \
+    do {                                                                                           \
+        const uint8_t *w_ = (w0), *a_ = (a0);                                                      \
+        const int64_t rb_ = (rb);                                                                  \
+        __m256 s_ = _mm256_setzero_ps();                                                           \
+        for (int64_t i_ = 0; i_ < (nb); i_++, w_ += (bytes), a_ += FMOE_Q8_K_BYTES) {              \
+            __m256i v_[8], m_[8];                                                                  \
+            _Pragma("GCC unroll 8") for (int k_ = 0; k_ < 8; k_++) {                               \
+                FMOE__R1_PREFETCH_BLOCK(w_ + k_ * rb_, (bytes));                                   \
+                v_[k_] = VEC(w_ + k_ * rb_, a_, &m_[k_]);                                          \
+            }                                                                                      \
+            const __m256 sum_ = _mm256_cvtepi32_ps(fmoe__r1_hsum8(v_));                            \
+            const __m256 msum_ = _mm256_cvtepi32_ps(fmoe__r1_hsum8(m_));                           \
+            float da1_;                                                                            \
+            memcpy(&da1_, a_, 4);                                                                  \
+            const __m256 da_ = _mm256_set1_ps(da1_);                                               \
+            const __m256 d_ = _mm256_setr_ps(D(w_), D(w_ + rb_), D(w_ + 2 * rb_), D(w_ + 3 * rb_), \
+                                             D(w_ + 4 * rb_), D(w_ + 5 * rb_), D(w_ + 6 * rb_),    \
+                                             D(w_ + 7 * rb_));                                     \
+            const __m256 dmin_ = _mm256_setr_ps(DMIN(w_), DMIN(w_ + rb_), DMIN(w_ + 2 * rb_),      \
+                                                DMIN(w_ + 3 * rb_), DMIN(w_ + 4 * rb_),            \
+                                                DMIN(w_ + 5 * rb_), DMIN(w_ + 6 * rb_),            \
+                                                DMIN(w_ + 7 * rb_));                               \
+            const __m256 t_ = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(da_, d_), sum_),           \
+                                            _mm256_mul_ps(_mm256_mul_ps(da_, dmin_), msum_));      \
+            s_ = _mm256_add_ps(s_, t_);                                                            \
+        }                                                                                          \
+        _mm256_storeu_ps((y), s_);                                                                 \
+    } while (0)
+
+/* rows x one input: where the build has VNNI and EIGHT is 1, eight rows a step (its 32
+ * registers hold the step's vectors), then one row a step. EIGHT is 0 for the kernels whose
+ * block vectors take many registers themselves (the i-quants whose grid indices are formed
+ * in scalar registers): eight of them a step spilled, slower than one. */
+#if defined(FMOE__R1_VNNI)
+#define FMOE__R1_EIGHT 1
+#else
+#define FMOE__R1_EIGHT 0
+#endif
+#define FMOE__R1_ROWS(W, row_bytes, rows, qx, nb, bytes, VEC, D, DMIN, y, EIGHT)                   \
+    do {                                                                                           \
+        int64_t r_ = 0;                                                                            \
+        if (FMOE__R1_EIGHT && (EIGHT))                                                             \
+            for (; r_ + 7 < (rows); r_ += 8)                                                       \
+                FMOE__R1_ROWS8((y) + r_, (W) + r_ * (row_bytes), (row_bytes), (qx), (nb), (bytes), \
+                               VEC, D, DMIN);                                                      \
+        for (; r_ < (rows); r_++)                                                                  \
+            FMOE__R1_ROW((y)[r_], (W) + r_ * (row_bytes), (qx), (nb), (bytes), VEC, D, DMIN);      \
     } while (0)
 
 #endif
