@@ -9,13 +9,14 @@
  * (_mm256_sign_epi8 by a byte that is +1 or -1), so a group's codes are never negated nor
  * written anywhere. The IQ1 types' values g are -1, 0 or 1: |g| and g's sign on the
  * activation as the other K-quants do, and the ±1/8 offset as a separate sum of the
- * activations (Q8_K's bsums for IQ1_S's 32-value groups; a maddubs of ±1 for IQ1_M's
- * 8-value ones). The sub-block scales multiply the int16 pair sums by madd.
+ * activations for IQ1_S (Q8_K's bsums: its ±1/8 goes with 32 values); IQ1_M's whole code
+ * 8g ± 1 (±1 per 8 values) formed as a byte, |code| <= 9, and used as the IQ2 values are.
+ * The sub-block scales multiply the int16 pair sums by madd (vpdpwssd in the VNNI
+ * compilation, lib/quant_iq_dot_avx2_vnni.c).
  *
  * The block's integer is lib/quant_iq.c's, Σ_s sc_s·Σ_i q_i·a_i with q = g·s (IQ1:
  * 8g ± 1): the same integer by another grouping of exact integer sums (maddubs pairs are
- * at most 2·62·127, no int16 saturates; IQ1_M's 8·pair + offset pair at most
- * 8·2·127 + 2·127). ggml then scales each block's integer vector in f32 lanes and adds
+ * at most 2·62·127, no int16 saturates; IQ1_M's at most 2·9·127). ggml then scales each block's integer vector in f32 lanes and adds
  * lanes across blocks; here the integer is reduced per block and added as the reference
  * (lib/quant_kx.c's block_dot, lib/quant_act.c's fmoe_quant_act_dot_ref) adds it,
  * s += da·d·sum - da·dmin·msum with dmin and msum zero, so the result is the plain C's
@@ -250,8 +251,10 @@ SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const 
 
 /* IQ1_M: per 8 values the index's low 8 bits in qs[k] and a nibble of qh (k even: the low
  * one) holding its top 3 bits and the offset's sign (bit 3); a 3-bit scale per 16 values,
- * four to each uint16 at 48 (their top nibbles are d). Per pair of values the int16
- * 8·Σ g·a + Σ δ·a (δ = ±1 per 8 values), then madd by the scale of its 16. */
+ * four to each uint16 at 48 (their top nibbles are d). The code 8g + δ (δ = ±1 per 8
+ * values) as a byte, 8g by a sign op: one maddubs of |code| and the activation with the
+ * code's sign per 32 values (it was a maddubs for g, a shift and a maddubs of ±1 for δ),
+ * then madd by the scale of its 16. */
 SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
     const uint8_t *qs = b, *qh = b + 32;
     /* scale s = bits 3(s % 4) of word s / 4, as int16 2ls + 1, even s in the low lane */
@@ -270,7 +273,7 @@ SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
                                             1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m256i dbit = _mm256_setr_epi64x(0x0808080808080808, (long long)0x8080808080808080ULL,
                                             0x0808080808080808, (long long)0x8080808080808080ULL);
-    const __m256i one = _mm256_set1_epi8(1);
+    const __m256i one = _mm256_set1_epi8(1), eight = _mm256_set1_epi8(8);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4, qa += 64) {
@@ -284,13 +287,11 @@ SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
         const __m256i q1 = _mm256_shuffle_epi8(_mm256_set1_epi16((short)(h2 | h3 << 8)), spread);
         const __m256i d0 = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q0, dbit), dbit), one);
         const __m256i d1 = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q1, dbit), dbit), one);
-        const __m256i a0 = fmoe__r1_load(qa), a1 = fmoe__r1_load(qa + 32);
-        const __m256i p0 = _mm256_add_epi16(
-            _mm256_slli_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(g0, g0), _mm256_sign_epi8(a0, g0)), 3),
-            _mm256_maddubs_epi16(one, _mm256_sign_epi8(a0, d0)));
-        const __m256i p1 = _mm256_add_epi16(
-            _mm256_slli_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(g1, g1), _mm256_sign_epi8(a1, g1)), 3),
-            _mm256_maddubs_epi16(one, _mm256_sign_epi8(a1, d1)));
+        /* the codes 8g + δ as bytes (8g: eight with g's sign), |8g + δ| <= 9 */
+        const __m256i c0 = _mm256_add_epi8(_mm256_sign_epi8(eight, g0), d0);
+        const __m256i c1 = _mm256_add_epi8(_mm256_sign_epi8(eight, g1), d1);
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(c0), _mm256_sign_epi8(fmoe__r1_load(qa), c0));
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(c1), _mm256_sign_epi8(fmoe__r1_load(qa + 32), c1));
         acc0 = fmoe__r1_madd_pick(acc0, p0, scales, ib);
         acc1 = fmoe__r1_madd_pick(acc1, p1, scales, ib + 1);
     }
