@@ -269,11 +269,21 @@ SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
                                            0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
     const __m256i sc16 = _mm256_shuffle_epi8(ls, order);
     const __m256i scales = _mm256_add_epi16(_mm256_add_epi16(sc16, sc16), _mm256_set1_epi16(1));
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m256i dbit = _mm256_setr_epi64x(0x0808080808080808, (long long)0x8080808080808080ULL,
-                                            0x0808080808080808, (long long)0x8080808080808080ULL);
-    const __m256i one = _mm256_set1_epi8(1), eight = _mm256_set1_epi8(8);
+    /* δ of group k (8 values) as byte k, -1 where bit 3 of nibble k % 2 of qh[k / 2] is
+     * set, else 1: each qh byte taken twice, the even copies multiplied by 256 and the odd
+     * by 16 put that bit at bit 11 of a word, shifted to its sign and packed (lane-wise, so
+     * the quarters come out as k 0-7, 16-23, 8-15, 24-31 and are put back in order) */
+    const __m128i qh8 = _mm_loadu_si128((const __m128i *)qh);
+    const __m256i mul = _mm256_set1_epi32(0x00100100); /* words 256, 16, 256, 16, ... */
+    const __m256i hlo = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(qh8, qh8)), mul);
+    const __m256i hhi = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(qh8, qh8)), mul);
+    const __m256i dw = _mm256_packs_epi16(_mm256_srai_epi16(_mm256_slli_epi16(hlo, 4), 15),
+                                          _mm256_srai_epi16(_mm256_slli_epi16(hhi, 4), 15));
+    const __m256i dall = _mm256_or_si256(_mm256_permute4x64_epi64(dw, 0xD8), _mm256_set1_epi8(1));
+    /* four δ bytes (32 values: dword ib of dall) each spread over its 8 values */
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i eight = _mm256_set1_epi8(8);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4, qa += 64) {
@@ -282,11 +292,8 @@ SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
                                    qs[2] | (h1 & 7) << 8, qs[3] | (h1 & 0x70) << 4);
         const __m256i g1 = points4(fmoe__iq1s_grid, qs[4] | (h2 & 7) << 8, qs[5] | (h2 & 0x70) << 4,
                                    qs[6] | (h3 & 7) << 8, qs[7] | (h3 & 0x70) << 4);
-        /* δ bytes: qh byte (group / 2) broadcast over its two groups, bit 3 or 7 tested */
-        const __m256i q0 = _mm256_shuffle_epi8(_mm256_set1_epi16((short)(h0 | h1 << 8)), spread);
-        const __m256i q1 = _mm256_shuffle_epi8(_mm256_set1_epi16((short)(h2 | h3 << 8)), spread);
-        const __m256i d0 = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q0, dbit), dbit), one);
-        const __m256i d1 = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q1, dbit), dbit), one);
+        const __m256i d0 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(dall, _mm256_set1_epi32(ib)), spread);
+        const __m256i d1 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(dall, _mm256_set1_epi32(ib + 1)), spread);
         /* the codes 8g + δ as bytes (8g: eight with g's sign), |8g + δ| <= 9 */
         const __m256i c0 = _mm256_add_epi8(_mm256_sign_epi8(eight, g0), d0);
         const __m256i c1 = _mm256_add_epi8(_mm256_sign_epi8(eight, g1), d1);
