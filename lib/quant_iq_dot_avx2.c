@@ -343,12 +343,19 @@ static INLINE float no_dmin(const uint8_t *b) {
 }
 
 /* rows x one input, one loop per type: d as lib/quant_iq.c's fmoe__iq_block_d (the f16
- * scale times the type's power of two), dmin 0. */
+ * scale times the type's power of two), dmin 0; EIGHT as lib/quant_rows1_avx2.h's
+ * FMOE__R1_ROWS (the eight rows' d then by eight scalar conversions). */
 #define ROWS(name, type, ISUM, D, EIGHT)                                                            \
+    SIMD static INLINE void name##_d8(const uint8_t *b, int64_t rb, __m256 *d, __m256 *dmin) {     \
+        *d = _mm256_setr_ps(D(b), D(b + rb), D(b + 2 * rb), D(b + 3 * rb), D(b + 4 * rb),          \
+                            D(b + 5 * rb), D(b + 6 * rb), D(b + 7 * rb));                          \
+        *dmin = _mm256_setzero_ps();                                                               \
+    }                                                                                              \
     SIMD static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,    \
                           int64_t n, float *y) {                                                   \
         const int64_t bytes = type##_BYTES;                                                        \
-        FMOE__R1_ROWS(W, row_bytes, rows, qx, n / FMOE_QK_K, bytes, ISUM, D, no_dmin, y, EIGHT);   \
+        FMOE__R1_ROWS(W, row_bytes, rows, qx, n / FMOE_QK_K, bytes, ISUM, D, no_dmin, name##_d8,   \
+                      y, EIGHT);                                                                   \
     }
 ROWS(rows_iq2_xxs, FMOE_IQ2_XXS, isum_iq2_xxs_vec, d_eighth, 0)
 ROWS(rows_iq2_xs, FMOE_IQ2_XS, isum_iq2_xs_vec, d_eighth, 0)

@@ -61,6 +61,10 @@ SIMD static INLINE __m256i isum_q2_k(const uint8_t *b, const uint8_t *a, __m256i
 
 SIMD static INLINE float d_q2_k(const uint8_t *b) { return fmoe__r1_f16(b + 80); }
 SIMD static INLINE float dmin_q2_k(const uint8_t *b) { return fmoe__r1_f16(b + 82); }
+SIMD static INLINE void d8_q2_k(const uint8_t *b, int64_t rb, __m256 *d, __m256 *dmin) {
+    *d = fmoe__r1_f16x8(b + 80, rb, 0);
+    *dmin = fmoe__r1_f16x8(b + 80, rb, 1);
+}
 
 /* Q3_K (110 bytes): hmask[32] (value 128h + 32j + l: bit 4h + j of byte l), qs[64] at 32
  * (as Q2_K's), twelve bytes of 6-bit scales at 96 (biased by 32: lib/quant_block.h's
@@ -109,6 +113,11 @@ SIMD static INLINE __m256i isum_q3_k(const uint8_t *b, const uint8_t *a, __m256i
 }
 
 SIMD static INLINE float d_q3_k(const uint8_t *b) { return fmoe__r1_f16(b + 108); }
+/* (d is the block's last two bytes: the dword before them, its high half) */
+SIMD static INLINE void d8_q3_k(const uint8_t *b, int64_t rb, __m256 *d, __m256 *dmin) {
+    *d = fmoe__r1_f16x8(b + 106, rb, 1);
+    *dmin = _mm256_setzero_ps();
+}
 
 /* IQ4_XS (136 bytes): f16 d, uint16 scales_h at 2 (bits 2ib, 2ib + 1: the scale's top two
  * bits), scales_l[4] at 4 (nibble ib: its low four), qs[128] at 8 (values 32ib + l and
@@ -143,21 +152,25 @@ SIMD static INLINE __m256i isum_iq4_xs(const uint8_t *b, const uint8_t *a, __m25
 }
 
 SIMD static INLINE float d_iq4_xs(const uint8_t *b) { return fmoe__r1_f16(b); }
+SIMD static INLINE void d8_iq4_xs(const uint8_t *b, int64_t rb, __m256 *d, __m256 *dmin) {
+    *d = fmoe__r1_f16x8(b, rb, 0);
+    *dmin = _mm256_setzero_ps();
+}
 
 static INLINE float no_dmin(const uint8_t *b) {
     (void)b;
     return 0;
 }
 
-#define ROWS(name, type, ISUM, D, DMIN, EIGHT)                                                          \
+#define ROWS(name, type, ISUM, D, DMIN, D8, EIGHT)                                                      \
     SIMD static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,    \
                           int64_t n, float *y) {                                                   \
         const int64_t bytes = type##_BYTES;                                                        \
-        FMOE__R1_ROWS(W, row_bytes, rows, qx, n / FMOE_QK_K, bytes, ISUM, D, DMIN, y, EIGHT);      \
+        FMOE__R1_ROWS(W, row_bytes, rows, qx, n / FMOE_QK_K, bytes, ISUM, D, DMIN, D8, y, EIGHT);  \
     }
-ROWS(rows_q2_k, FMOE_Q2_K, isum_q2_k, d_q2_k, dmin_q2_k, 1)
-ROWS(rows_q3_k, FMOE_Q3_K, isum_q3_k, d_q3_k, no_dmin, 1)
-ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin, 1)
+ROWS(rows_q2_k, FMOE_Q2_K, isum_q2_k, d_q2_k, dmin_q2_k, d8_q2_k, 1)
+ROWS(rows_q3_k, FMOE_Q3_K, isum_q3_k, d_q3_k, no_dmin, d8_q3_k, 1)
+ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin, d8_iq4_xs, 1)
 
 #if defined(FMOE__R1_VNNI)
 void fmoe__kx_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,

@@ -112,6 +112,20 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_hsum8(const __m256i *v) {
                             _mm256_permute2x128_si256(t0, t1, 0x31));
 }
 
+/* The f16 values in the low (high = 0) or high 16 bits of the dwords at p, p + stride, ...,
+ * p + 7 stride, as f32 (exact): eight rows' block scales by eight loads and one
+ * conversion (eight scalar conversions and inserts cost the eight-row step a tenth). */
+FMOE__R1 static FMOE__R1_INLINE __m256 fmoe__r1_f16x8(const uint8_t *p, int64_t stride, int high) {
+    const __m128i lo = _mm_setr_epi32((int)fmoe__r1_le32(p), (int)fmoe__r1_le32(p + stride),
+                                      (int)fmoe__r1_le32(p + 2 * stride), (int)fmoe__r1_le32(p + 3 * stride));
+    const __m128i hi = _mm_setr_epi32((int)fmoe__r1_le32(p + 4 * stride), (int)fmoe__r1_le32(p + 5 * stride),
+                                      (int)fmoe__r1_le32(p + 6 * stride), (int)fmoe__r1_le32(p + 7 * stride));
+    const __m128i m = _mm_set1_epi32(0xFFFF);
+    const __m128i w = high ? _mm_packus_epi32(_mm_srli_epi32(lo, 16), _mm_srli_epi32(hi, 16))
+                           : _mm_packus_epi32(_mm_and_si128(lo, m), _mm_and_si128(hi, m));
+    return _mm256_cvtph_ps(w);
+}
+
 /* Four f32 values at p, p + stride, p + 2 stride, p + 3 stride. */
 FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_t stride) {
     float f[4];
@@ -177,8 +191,9 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
  * vectors are reduced together (fmoe__r1_hsum8) and t = da·d·sum - da·dmin·msum formed in
  * eight lanes at once, then s += t in block order: every lane the same f32 operations on
  * the same operands as the reference, so the same bits, without the one-row step's
- * scalar tail per block. The eight VEC calls share the input's loads. */
-#define FMOE__R1_ROWS8(y, w0, rb, a0, nb, bytes, VEC, D, DMIN)                                    \
+ * scalar tail per block. The eight VEC calls share the input's loads. D8(w, rb, &d, &dmin)
+ * gives the eight rows' D and DMIN of the block at w as vectors. */
+#define FMOE__R1_ROWS8(y, w0, rb, a0, nb, bytes, VEC, D8)                                         \
     do {                                                                                           \
         const uint8_t *w_ = (w0), *a_ = (a0);                                                      \
         const int64_t rb_ = (rb);                                                                  \
@@ -194,13 +209,8 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
             float da1_;                                                                            \
             memcpy(&da1_, a_, 4);                                                                  \
             const __m256 da_ = _mm256_set1_ps(da1_);                                               \
-            const __m256 d_ = _mm256_setr_ps(D(w_), D(w_ + rb_), D(w_ + 2 * rb_), D(w_ + 3 * rb_), \
-                                             D(w_ + 4 * rb_), D(w_ + 5 * rb_), D(w_ + 6 * rb_),    \
-                                             D(w_ + 7 * rb_));                                     \
-            const __m256 dmin_ = _mm256_setr_ps(DMIN(w_), DMIN(w_ + rb_), DMIN(w_ + 2 * rb_),      \
-                                                DMIN(w_ + 3 * rb_), DMIN(w_ + 4 * rb_),            \
-                                                DMIN(w_ + 5 * rb_), DMIN(w_ + 6 * rb_),            \
-                                                DMIN(w_ + 7 * rb_));                               \
+            __m256 d_, dmin_;                                                                      \
+            D8(w_, rb_, &d_, &dmin_);                                                              \
             const __m256 t_ = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(da_, d_), sum_),           \
                                             _mm256_mul_ps(_mm256_mul_ps(da_, dmin_), msum_));      \
             s_ = _mm256_add_ps(s_, t_);                                                            \
@@ -217,13 +227,13 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
 #else
 #define FMOE__R1_EIGHT 0
 #endif
-#define FMOE__R1_ROWS(W, row_bytes, rows, qx, nb, bytes, VEC, D, DMIN, y, EIGHT)                   \
+#define FMOE__R1_ROWS(W, row_bytes, rows, qx, nb, bytes, VEC, D, DMIN, D8, y, EIGHT)               \
     do {                                                                                           \
         int64_t r_ = 0;                                                                            \
         if (FMOE__R1_EIGHT && (EIGHT))                                                             \
             for (; r_ + 7 < (rows); r_ += 8)                                                       \
                 FMOE__R1_ROWS8((y) + r_, (W) + r_ * (row_bytes), (row_bytes), (qx), (nb), (bytes), \
-                               VEC, D, DMIN);                                                      \
+                               VEC, D8);                                                           \
         for (; r_ < (rows); r_++)                                                                  \
             FMOE__R1_ROW((y)[r_], (W) + r_ * (row_bytes), (qx), (nb), (bytes), VEC, D, DMIN);      \
     } while (0)
