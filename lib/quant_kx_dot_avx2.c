@@ -45,12 +45,9 @@ SIMD static INLINE __m256i isum_q2_k(const uint8_t *b, const uint8_t *a, __m256i
     for (int h = 0; h < 2; h++, qa += 128) {
         const __m256i qs = fmoe__r1_load(b + 16 + 32 * h);
         const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(qs, m3), fmoe__r1_load(qa));
-        const __m256i p1 =
-            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3), fmoe__r1_load(qa + 32));
-        const __m256i p2 =
-            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3), fmoe__r1_load(qa + 64));
-        const __m256i p3 =
-            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3), fmoe__r1_load(qa + 96));
+        const __m256i p1 = _mm256_maddubs_epi16(fmoe__r1_bits2(qs, 1), fmoe__r1_load(qa + 32));
+        const __m256i p2 = _mm256_maddubs_epi16(fmoe__r1_bits2(qs, 2), fmoe__r1_load(qa + 64));
+        const __m256i p3 = _mm256_maddubs_epi16(fmoe__r1_bits2(qs, 3), fmoe__r1_load(qa + 96));
         acc0 = fmoe__r1_madd_pick(acc0, p0, scales, 4 * h);
         acc1 = fmoe__r1_madd_pick(acc1, p1, scales, 4 * h + 1);
         acc0 = fmoe__r1_madd_pick(acc0, p2, scales, 4 * h + 2);

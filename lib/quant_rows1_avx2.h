@@ -22,7 +22,7 @@
  * still 256-bit registers, but 32 of them (the eight-row step's sixteen block vectors stay
  * in registers) and vpdpwssd for each madd-then-add. */
 #if defined(FMOE__R1_VNNI)
-#define FMOE__R1 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define FMOE__R1 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")))
 #else
 #define FMOE__R1 __attribute__((target("avx2,fma,f16c")))
 #endif
@@ -73,6 +73,18 @@ static const uint8_t fmoe__r1_pick[8][32] __attribute__((aligned(32))) = {
     FMOE__R1_P(0), FMOE__R1_P(1), FMOE__R1_P(2), FMOE__R1_P(3),
     FMOE__R1_P(4), FMOE__R1_P(5), FMOE__R1_P(6), FMOE__R1_P(7)};
 #undef FMOE__R1_P
+
+/* Bits 2j and 2j + 1 of every byte as 0..3: a shift and a mask, or in the VNNI build one
+ * GFNI affine transform (the bit matrix's row for output bit i, byte 7 - i of the qword,
+ * picks input bit 2j + i). */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_bits2(__m256i x, int j) {
+#if defined(FMOE__R1_VNNI)
+    const uint64_t a = ((uint64_t)1 << (2 * j)) << 56 | ((uint64_t)1 << (2 * j + 1)) << 48;
+    return _mm256_gf2p8affine_epi64_epi8(x, _mm256_set1_epi64x((long long)a), 0);
+#else
+    return _mm256_and_si256(_mm256_srli_epi16(x, 2 * j), _mm256_set1_epi8(3));
+#endif
+}
 
 /* acc + the int16 pair sums times the int16 scales, pair by pair: one vpdpwssd where the
  * build has VNNI (the same int32s: no product pair here comes near 2^31). */
