@@ -82,15 +82,13 @@ SIMD static INLINE __m256i isum_q3_k(const uint8_t *b, const uint8_t *a, __m256i
     /* Σ_s sc_s·bsum_s, whose 4 times is the codes' -4 taken out of the maddubs */
     const __m256i sc_bsums =
         _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), fmoe__r1_load(a + FMOE__Q8K_BSUMS));
-    const __m256i m3 = _mm256_set1_epi8(3), hmask = fmoe__r1_load(b);
-    const __m256i four = _mm256_set1_epi8(4);
+    const __m256i hmask = fmoe__r1_load(b);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     /* value 128h + 32j + l: bit 4h + j of hmask byte l, moved to bit 2 (value 4) */
 #define Q3_PART(h, j, acc)                                                                         \
     do {                                                                                           \
-        const __m256i hi_ = _mm256_and_si256(                                                      \
-            _mm256_slli_epi16(_mm256_srli_epi16(hmask, 4 * (h) + (j)), 2), four);                  \
-        const __m256i q_ = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * (j)), m3), hi_); \
+        const __m256i hi_ = fmoe__r1_bit_to4(hmask, 4 * (h) + (j));                                \
+        const __m256i q_ = _mm256_or_si256(fmoe__r1_bits2(qs, (j)), hi_);                          \
         acc = fmoe__r1_madd_pick(acc, _mm256_maddubs_epi16(q_, fmoe__r1_load(qa + 32 * (j))),      \
                                  scales, 4 * (h) + (j));                                           \
     } while (0)

@@ -86,6 +86,16 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_bits2(__m256i x, int j) {
 #endif
 }
 
+/* Bit src of every byte moved to bit 2 (value 4), the others cleared: Q3_K's high bit. */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_bit_to4(__m256i x, int src) {
+#if defined(FMOE__R1_VNNI)
+    const uint64_t a = ((uint64_t)1 << src) << 40; /* the row of output bit 2: byte 5 */
+    return _mm256_gf2p8affine_epi64_epi8(x, _mm256_set1_epi64x((long long)a), 0);
+#else
+    return _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(x, src), 2), _mm256_set1_epi8(4));
+#endif
+}
+
 /* acc + the int16 pair sums times the int16 scales, pair by pair: one vpdpwssd where the
  * build has VNNI (the same int32s: no product pair here comes near 2^31). */
 FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_madd_add(__m256i acc, __m256i pairs, __m256i sc) {
