@@ -74,6 +74,17 @@ SIMD static INLINE __m256i signs32(uint32_t bits) {
                            _mm256_set1_epi8(1));
 }
 
+/* Sign bytes (+1, -1) for the 32 values of groups 4k .. 4k + 3 from the vector of the
+ * block's 32 sign-set bytes (bit j of byte i: value j of group i negative): dword k
+ * broadcast, each byte spread over its 8 values, compared with the value's bit. */
+SIMD static INLINE __m256i sign_bytes4(__m256i sets, int k) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i x = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sets, _mm256_set1_epi32(k)), spread);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit), _mm256_set1_epi8(1));
+}
+
 /* Four 8-value grid points, the first lowest. */
 SIMD static INLINE __m256i points4(const uint64_t *grid, unsigned i0, unsigned i1, unsigned i2,
                                    unsigned i3) {
@@ -134,6 +145,19 @@ SIMD static INLINE __m256i isum_iq2_xxs(const uint8_t *b, const int8_t *qa) {
  * 16 values at 66. */
 SIMD static INLINE __m256i isum_iq2_xs(const uint8_t *b, const int8_t *qa) {
     const __m256i scales = nibble_scales(b + 66);
+    /* The 32 sign sets as bytes, formed at once: each word's top 7 bits, packed (lane-wise:
+     * put back in order), with the parity of the seven as bit 7 (the nibbles' bit counts by
+     * a 16-entry shuffle). Looking them up one by one in ksign_bytes took two scalar ops and
+     * a load each, and these kernels are bound by their scalar ops. */
+    const __m256i w0 = fmoe__r1_load(b + 2), w1 = fmoe__r1_load(b + 34);
+    const __m256i s7 = _mm256_permute4x64_epi64(
+        _mm256_packus_epi16(_mm256_srli_epi16(w0, 9), _mm256_srli_epi16(w1, 9)), 0xD8);
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i bits = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4,
+                                          0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
+    const __m256i pc = _mm256_add_epi8(_mm256_shuffle_epi8(bits, _mm256_and_si256(s7, m4)),
+                                       _mm256_shuffle_epi8(bits, _mm256_and_si256(_mm256_srli_epi16(s7, 4), m4)));
+    const __m256i s8 = _mm256_or_si256(s7, _mm256_slli_epi16(_mm256_and_si256(pc, _mm256_set1_epi8(1)), 7));
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 8")
@@ -142,12 +166,7 @@ SIMD static INLINE __m256i isum_iq2_xs(const uint8_t *b, const int8_t *qa) {
         memcpy(v, q, 16);
         const __m256i g0 = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
         const __m256i g1 = points4(fmoe__iq2xs_grid, v[4] & 511, v[5] & 511, v[6] & 511, v[7] & 511);
-        const __m256i s0 = _mm256_set_epi64x(
-            (long long)ksign_bytes[v[3] >> 9], (long long)ksign_bytes[v[2] >> 9],
-            (long long)ksign_bytes[v[1] >> 9], (long long)ksign_bytes[v[0] >> 9]);
-        const __m256i s1 = _mm256_set_epi64x(
-            (long long)ksign_bytes[v[7] >> 9], (long long)ksign_bytes[v[6] >> 9],
-            (long long)ksign_bytes[v[5] >> 9], (long long)ksign_bytes[v[4] >> 9]);
+        const __m256i s0 = sign_bytes4(s8, ib), s1 = sign_bytes4(s8, ib + 1);
         acc0 = fmoe__r1_madd_pick(acc0, dot_signed(g0, fmoe__r1_load(qa), s0), scales, ib);
         acc1 = fmoe__r1_madd_pick(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), s1), scales, ib + 1);
     }
