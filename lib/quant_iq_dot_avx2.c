@@ -306,11 +306,22 @@ SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4, qa += 64) {
+#if defined(FMOE__R1_VNNI)
+        /* four indices as the words of one register: the qs bytes to the low bytes, qh's
+         * four 3-bit fields to bits 8..10, by BMI2's pdep (as ggml's iq1_m dot) */
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(fmoe__r1_le16(qh) & 0x7777u, 0x0F000F000F000F00ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(fmoe__r1_le16(qh + 2) & 0x7777u, 0x0F000F000F000F00ull);
+        const __m256i g0 = points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48);
+        const __m256i g1 = points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48);
+#else
         const unsigned h0 = qh[0], h1 = qh[1], h2 = qh[2], h3 = qh[3];
         const __m256i g0 = points4(fmoe__iq1s_grid, qs[0] | (h0 & 7) << 8, qs[1] | (h0 & 0x70) << 4,
                                    qs[2] | (h1 & 7) << 8, qs[3] | (h1 & 0x70) << 4);
         const __m256i g1 = points4(fmoe__iq1s_grid, qs[4] | (h2 & 7) << 8, qs[5] | (h2 & 0x70) << 4,
                                    qs[6] | (h3 & 7) << 8, qs[7] | (h3 & 0x70) << 4);
+#endif
         const __m256i d0 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(dall, _mm256_set1_epi32(ib)), spread);
         const __m256i d1 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(dall, _mm256_set1_epi32(ib + 1)), spread);
         /* the codes 8g + δ as bytes (8g: eight with g's sign), |8g + δ| <= 9 */
@@ -390,7 +401,7 @@ void fmoe__iq_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, i
 #else
 void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                          const void *qx, int64_t n, float *y) {
-    if (fmoe__quant_vnni()) { /* the VNNI compilation of this file */
+    if (fmoe__quant_vnni() && fmoe__r1_bmi2()) { /* the VNNI compilation of this file */
         fmoe__iq_rows1_avx2_vnni(type, W, row_bytes, rows, qx, n, y);
         return;
     }

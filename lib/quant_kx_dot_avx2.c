@@ -173,7 +173,7 @@ void fmoe__kx_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, i
 #else
 void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                          const void *qx, int64_t n, float *y) {
-    if (fmoe__quant_vnni()) { /* the VNNI compilation of this file */
+    if (fmoe__quant_vnni() && fmoe__r1_bmi2()) { /* the VNNI compilation of this file */
         fmoe__kx_rows1_avx2_vnni(type, W, row_bytes, rows, qx, n, y);
         return;
     }

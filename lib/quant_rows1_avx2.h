@@ -18,11 +18,12 @@
 #include <string.h>
 
 /* FMOE__R1_VNNI: the second compilation (lib/quant_kx_dot_avx2_vnni.c,
- * lib/quant_iq_dot_avx2_vnni.c) for CPUs with AVX512-VNNI, -BW and -VL (fmoe__quant_vnni):
+ * lib/quant_iq_dot_avx2_vnni.c) for CPUs with AVX512-VNNI, -BW and -VL, GFNI
+ * (fmoe__quant_vnni) and BMI2:
  * still 256-bit registers, but 32 of them (the eight-row step's sixteen block vectors stay
  * in registers) and vpdpwssd for each madd-then-add. */
 #if defined(FMOE__R1_VNNI)
-#define FMOE__R1 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")))
+#define FMOE__R1 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni,bmi2")))
 #else
 #define FMOE__R1 __attribute__((target("avx2,fma,f16c")))
 #endif
@@ -32,6 +33,10 @@
  * lib/quant_act_avx2.c's kernels do; prefetches past the end do not fault. */
 #define FMOE__R1_PREFETCH 2048
 #define FMOE__R1_NEXT_HINT _MM_HINT_T0
+
+/* 1 where the CPU has BMI2, which the VNNI compilation also targets (IQ1_M's pdep; the
+ * compiler's shifts): every CPU with AVX512-VNNI and GFNI has it, checked all the same. */
+static inline int fmoe__r1_bmi2(void) { return __builtin_cpu_supports("bmi2") != 0; }
 
 static FMOE__R1_INLINE uint32_t fmoe__r1_le32(const uint8_t *p) {
     uint32_t v;
