@@ -181,11 +181,21 @@ SIMD static INLINE __m256i isum_iq2_s(const uint8_t *b, const int8_t *qa) {
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8, qa += 64) {
+#if defined(FMOE__R1_VNNI)
+        /* four indices as the words of one register (qh's 2-bit fields to bits 8, 9: pdep) */
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(qh[ib], 0x0300030003000300ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(qh[ib + 1], 0x0300030003000300ull);
+        const __m256i g0 = points4(fmoe__iq2s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48);
+        const __m256i g1 = points4(fmoe__iq2s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48);
+#else
         const unsigned h0 = qh[ib], h1 = qh[ib + 1];
         const __m256i g0 = points4(fmoe__iq2s_grid, qs[0] | (h0 & 3) << 8, qs[1] | (h0 & 12) << 6,
                                    qs[2] | (h0 & 48) << 4, qs[3] | (h0 & 192) << 2);
         const __m256i g1 = points4(fmoe__iq2s_grid, qs[4] | (h1 & 3) << 8, qs[5] | (h1 & 12) << 6,
                                    qs[6] | (h1 & 48) << 4, qs[7] | (h1 & 192) << 2);
+#endif
         acc0 = fmoe__r1_madd_pick(acc0, dot_signed(g0, fmoe__r1_load(qa), signs32(fmoe__r1_le32(signs))), scales, ib);
         acc1 = fmoe__r1_madd_pick(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), signs32(fmoe__r1_le32(signs + 4))), scales,
                          ib + 1);
