@@ -264,10 +264,20 @@ SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const 
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qa += 64) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
+#if defined(FMOE__R1_VNNI)
+        /* four indices as the words of one register (qh's 3-bit fields to bits 8..10: pdep) */
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(h0 & 0xFFFu, 0x0700070007000700ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(h1 & 0xFFFu, 0x0700070007000700ull);
+        const __m256i g0 = points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48);
+        const __m256i g1 = points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48);
+#else
         const __m256i g0 = points4(fmoe__iq1s_grid, qs[0] | (h0 & 7) << 8, qs[1] | (h0 & 0x38) << 5,
                                    qs[2] | (h0 & 0x1C0) << 2, qs[3] | (h0 & 0xE00) >> 1);
         const __m256i g1 = points4(fmoe__iq1s_grid, qs[4] | (h1 & 7) << 8, qs[5] | (h1 & 0x38) << 5,
                                    qs[6] | (h1 & 0x1C0) << 2, qs[7] | (h1 & 0xE00) >> 1);
+#endif
         const int sc0 = 2 * (int)((h0 >> 12) & 7) + 1, sc1 = 2 * (int)((h1 >> 12) & 7) + 1;
         const __m256i a0 = fmoe__r1_load(qa), a1 = fmoe__r1_load(qa + 32);
         acc0 = madd_scale(acc0, _mm256_maddubs_epi16(_mm256_sign_epi8(g0, g0), _mm256_sign_epi8(a0, g0)),
