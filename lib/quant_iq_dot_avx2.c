@@ -21,7 +21,10 @@
  * (lib/quant_kx.c's block_dot, lib/quant_act.c's fmoe_quant_act_dot_ref) adds it,
  * s += da·d·sum - da·dmin·msum with dmin and msum zero, so the result is the plain C's
  * bits. tests/lib/test_quant_rows1.c compares each row with the reference; the speed
- * against ggml's is docs/quantization.md's (tests/bench/bench_vs_ggml.c).
+ * against ggml's is docs/quantization.md's (tests/bench/bench_vs_ggml.c). Compiled a
+ * second time for CPUs with AVX512-VNNI, GFNI and BMI2 (lib/quant_iq_dot_avx2_vnni.c,
+ * FMOE__R1_VNNI): vpdpwssd and 32 registers, and IQ1_S's, IQ1_M's and IQ2_S's grid
+ * indices four to a register by pdep.
  */
 #include <stdint.h>
 #include <string.h>

@@ -14,7 +14,9 @@
  *   IQ4_XS  grid values (-127..113) by a byte shuffle, |g| unsigned and g's sign moved
  *           onto the activation (a pair at most 2·127·127, no int16 saturates).
  * The block results are added as the reference adds them (lib/quant_rows1_avx2.h), so the
- * bits are the plain C's.
+ * bits are the plain C's. Compiled a second time for CPUs with AVX512-VNNI, GFNI and BMI2
+ * (lib/quant_kx_dot_avx2_vnni.c, FMOE__R1_VNNI): eight rows a step, vpdpwssd, and the
+ * 2-bit planes (and Q3_K's high bit) by GFNI affine transforms.
  */
 #include <stdint.h>
 #include <string.h>

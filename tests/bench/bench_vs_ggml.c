@@ -14,7 +14,9 @@
  * types llama.cpp repacks on an AVX2 CPU when it loads a model (Q4_0, IQ4_NL, MXFP4: eight
  * rows interleaved, ggml-cpu/repack.cpp), its repacked one-input kernel
  * ggml_gemv_<type>_8x8_q8_0 on the same blocks repacked here in that layout (repack_8x8),
- * which is what its decode runs. The library is dlopen'ed, so this builds without
+ * which is what its decode runs; with --kernels also Q2_K's, which llama.cpp repacks on an
+ * AVX-512 CPU (q2_k_repacked: ggml_gemv_q2_K_8x8_q8_K on Q8_K inputs, its own layout).
+ * The library is dlopen'ed, so this builds without
  * llama.cpp; ggml's type numbers are the GGUF ones fmoe uses (fmoe/quant.h).
  *
  * Two modes. The default times one input and eight, each sample several products (about
