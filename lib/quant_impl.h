@@ -92,6 +92,13 @@ void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_
 /* The same for Q2_K, Q3_K and IQ4_XS rows (lib/quant_kx_dot_avx2.c). */
 void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                          const void *qx, int64_t n, float *y);
+/* Their compilations for AVX512-VNNI CPUs (lib/quant_iq_dot_avx2_vnni.c,
+ * lib/quant_kx_dot_avx2_vnni.c; eight rows a step), which the two above call where
+ * fmoe__quant_vnni(): the same bits. */
+void fmoe__iq_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                              const void *qx, int64_t n, float *y);
+void fmoe__kx_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                              const void *qx, int64_t n, float *y);
 void fmoe__iq_values(uint32_t type, const uint8_t *b, float *y);
 float fmoe__iq_d(uint32_t type, const uint8_t *b);
 

@@ -9,18 +9,22 @@
  * (_mm256_sign_epi8 by a byte that is +1 or -1), so a group's codes are never negated nor
  * written anywhere. The IQ1 types' values g are -1, 0 or 1: |g| and g's sign on the
  * activation as the other K-quants do, and the ±1/8 offset as a separate sum of the
- * activations (Q8_K's bsums for IQ1_S's 32-value groups; a maddubs of ±1 for IQ1_M's
- * 8-value ones). The sub-block scales multiply the int16 pair sums by madd.
+ * activations for IQ1_S (Q8_K's bsums: its ±1/8 goes with 32 values); IQ1_M's whole code
+ * 8g ± 1 (±1 per 8 values) formed as a byte, |code| <= 9, and used as the IQ2 values are.
+ * The sub-block scales multiply the int16 pair sums by madd (vpdpwssd in the VNNI
+ * compilation, lib/quant_iq_dot_avx2_vnni.c).
  *
  * The block's integer is lib/quant_iq.c's, Σ_s sc_s·Σ_i q_i·a_i with q = g·s (IQ1:
  * 8g ± 1): the same integer by another grouping of exact integer sums (maddubs pairs are
- * at most 2·62·127, no int16 saturates; IQ1_M's 8·pair + offset pair at most
- * 8·2·127 + 2·127). ggml then scales each block's integer vector in f32 lanes and adds
+ * at most 2·62·127, no int16 saturates; IQ1_M's at most 2·9·127). ggml then scales each block's integer vector in f32 lanes and adds
  * lanes across blocks; here the integer is reduced per block and added as the reference
  * (lib/quant_kx.c's block_dot, lib/quant_act.c's fmoe_quant_act_dot_ref) adds it,
  * s += da·d·sum - da·dmin·msum with dmin and msum zero, so the result is the plain C's
  * bits. tests/lib/test_quant_rows1.c compares each row with the reference; the speed
- * against ggml's is docs/quantization.md's (tests/bench/bench_vs_ggml.c).
+ * against ggml's is docs/quantization.md's (tests/bench/bench_vs_ggml.c). Compiled a
+ * second time for CPUs with AVX512-VNNI, GFNI and BMI2 (lib/quant_iq_dot_avx2_vnni.c,
+ * FMOE__R1_VNNI): vpdpwssd and 32 registers, and IQ1_S's, IQ1_M's and IQ2_S's grid
+ * indices four to a register by pdep.
  */
 #include <stdint.h>
 #include <string.h>
@@ -73,6 +77,17 @@ SIMD static INLINE __m256i signs32(uint32_t bits) {
                            _mm256_set1_epi8(1));
 }
 
+/* Sign bytes (+1, -1) for the 32 values of groups 4k .. 4k + 3 from the vector of the
+ * block's 32 sign-set bytes (bit j of byte i: value j of group i negative): dword k
+ * broadcast, each byte spread over its 8 values, compared with the value's bit. */
+SIMD static INLINE __m256i sign_bytes4(__m256i sets, int k) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i x = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sets, _mm256_set1_epi32(k)), spread);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit), _mm256_set1_epi8(1));
+}
+
 /* Four 8-value grid points, the first lowest. */
 SIMD static INLINE __m256i points4(const uint64_t *grid, unsigned i0, unsigned i1, unsigned i2,
                                    unsigned i3) {
@@ -95,7 +110,7 @@ SIMD static INLINE __m256i dot_signed(__m256i g, __m256i a, __m256i s) {
 
 /* The same where one scale sc multiplies all 32 values, added to acc. */
 SIMD static INLINE __m256i madd_scale(__m256i acc, __m256i pairs, int sc) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16((short)sc)));
+    return fmoe__r1_madd_add(acc, pairs, _mm256_set1_epi16((short)sc));
 }
 
 /* Sixteen 4-bit scales two a byte (low nibble first: IQ2_XS, IQ2_S) as 2ls + 1 in the
@@ -133,6 +148,19 @@ SIMD static INLINE __m256i isum_iq2_xxs(const uint8_t *b, const int8_t *qa) {
  * 16 values at 66. */
 SIMD static INLINE __m256i isum_iq2_xs(const uint8_t *b, const int8_t *qa) {
     const __m256i scales = nibble_scales(b + 66);
+    /* The 32 sign sets as bytes, formed at once: each word's top 7 bits, packed (lane-wise:
+     * put back in order), with the parity of the seven as bit 7 (the nibbles' bit counts by
+     * a 16-entry shuffle). Looking them up one by one in ksign_bytes took two scalar ops and
+     * a load each, and these kernels are bound by their scalar ops. */
+    const __m256i w0 = fmoe__r1_load(b + 2), w1 = fmoe__r1_load(b + 34);
+    const __m256i s7 = _mm256_permute4x64_epi64(
+        _mm256_packus_epi16(_mm256_srli_epi16(w0, 9), _mm256_srli_epi16(w1, 9)), 0xD8);
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i bits = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4,
+                                          0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
+    const __m256i pc = _mm256_add_epi8(_mm256_shuffle_epi8(bits, _mm256_and_si256(s7, m4)),
+                                       _mm256_shuffle_epi8(bits, _mm256_and_si256(_mm256_srli_epi16(s7, 4), m4)));
+    const __m256i s8 = _mm256_or_si256(s7, _mm256_slli_epi16(_mm256_and_si256(pc, _mm256_set1_epi8(1)), 7));
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 8")
@@ -141,12 +169,7 @@ SIMD static INLINE __m256i isum_iq2_xs(const uint8_t *b, const int8_t *qa) {
         memcpy(v, q, 16);
         const __m256i g0 = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
         const __m256i g1 = points4(fmoe__iq2xs_grid, v[4] & 511, v[5] & 511, v[6] & 511, v[7] & 511);
-        const __m256i s0 = _mm256_set_epi64x(
-            (long long)ksign_bytes[v[3] >> 9], (long long)ksign_bytes[v[2] >> 9],
-            (long long)ksign_bytes[v[1] >> 9], (long long)ksign_bytes[v[0] >> 9]);
-        const __m256i s1 = _mm256_set_epi64x(
-            (long long)ksign_bytes[v[7] >> 9], (long long)ksign_bytes[v[6] >> 9],
-            (long long)ksign_bytes[v[5] >> 9], (long long)ksign_bytes[v[4] >> 9]);
+        const __m256i s0 = sign_bytes4(s8, ib), s1 = sign_bytes4(s8, ib + 1);
         acc0 = fmoe__r1_madd_pick(acc0, dot_signed(g0, fmoe__r1_load(qa), s0), scales, ib);
         acc1 = fmoe__r1_madd_pick(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), s1), scales, ib + 1);
     }
@@ -161,11 +184,21 @@ SIMD static INLINE __m256i isum_iq2_s(const uint8_t *b, const int8_t *qa) {
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8, qa += 64) {
+#if defined(FMOE__R1_VNNI)
+        /* four indices as the words of one register (qh's 2-bit fields to bits 8, 9: pdep) */
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(qh[ib], 0x0300030003000300ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(qh[ib + 1], 0x0300030003000300ull);
+        const __m256i g0 = points4(fmoe__iq2s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48);
+        const __m256i g1 = points4(fmoe__iq2s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48);
+#else
         const unsigned h0 = qh[ib], h1 = qh[ib + 1];
         const __m256i g0 = points4(fmoe__iq2s_grid, qs[0] | (h0 & 3) << 8, qs[1] | (h0 & 12) << 6,
                                    qs[2] | (h0 & 48) << 4, qs[3] | (h0 & 192) << 2);
         const __m256i g1 = points4(fmoe__iq2s_grid, qs[4] | (h1 & 3) << 8, qs[5] | (h1 & 12) << 6,
                                    qs[6] | (h1 & 48) << 4, qs[7] | (h1 & 192) << 2);
+#endif
         acc0 = fmoe__r1_madd_pick(acc0, dot_signed(g0, fmoe__r1_load(qa), signs32(fmoe__r1_le32(signs))), scales, ib);
         acc1 = fmoe__r1_madd_pick(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), signs32(fmoe__r1_le32(signs + 4))), scales,
                          ib + 1);
@@ -234,10 +267,20 @@ SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const 
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qa += 64) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
+#if defined(FMOE__R1_VNNI)
+        /* four indices as the words of one register (qh's 3-bit fields to bits 8..10: pdep) */
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(h0 & 0xFFFu, 0x0700070007000700ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(h1 & 0xFFFu, 0x0700070007000700ull);
+        const __m256i g0 = points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48);
+        const __m256i g1 = points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48);
+#else
         const __m256i g0 = points4(fmoe__iq1s_grid, qs[0] | (h0 & 7) << 8, qs[1] | (h0 & 0x38) << 5,
                                    qs[2] | (h0 & 0x1C0) << 2, qs[3] | (h0 & 0xE00) >> 1);
         const __m256i g1 = points4(fmoe__iq1s_grid, qs[4] | (h1 & 7) << 8, qs[5] | (h1 & 0x38) << 5,
                                    qs[6] | (h1 & 0x1C0) << 2, qs[7] | (h1 & 0xE00) >> 1);
+#endif
         const int sc0 = 2 * (int)((h0 >> 12) & 7) + 1, sc1 = 2 * (int)((h1 >> 12) & 7) + 1;
         const __m256i a0 = fmoe__r1_load(qa), a1 = fmoe__r1_load(qa + 32);
         acc0 = madd_scale(acc0, _mm256_maddubs_epi16(_mm256_sign_epi8(g0, g0), _mm256_sign_epi8(a0, g0)),
@@ -250,8 +293,10 @@ SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const 
 
 /* IQ1_M: per 8 values the index's low 8 bits in qs[k] and a nibble of qh (k even: the low
  * one) holding its top 3 bits and the offset's sign (bit 3); a 3-bit scale per 16 values,
- * four to each uint16 at 48 (their top nibbles are d). Per pair of values the int16
- * 8·Σ g·a + Σ δ·a (δ = ±1 per 8 values), then madd by the scale of its 16. */
+ * four to each uint16 at 48 (their top nibbles are d). The code 8g + δ (δ = ±1 per 8
+ * values) as a byte, 8g by a sign op: one maddubs of |code| and the activation with the
+ * code's sign per 32 values (it was a maddubs for g, a shift and a maddubs of ±1 for δ),
+ * then madd by the scale of its 16. */
 SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
     const uint8_t *qs = b, *qh = b + 32;
     /* scale s = bits 3(s % 4) of word s / 4, as int16 2ls + 1, even s in the low lane */
@@ -266,31 +311,47 @@ SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
                                            0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
     const __m256i sc16 = _mm256_shuffle_epi8(ls, order);
     const __m256i scales = _mm256_add_epi16(_mm256_add_epi16(sc16, sc16), _mm256_set1_epi16(1));
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m256i dbit = _mm256_setr_epi64x(0x0808080808080808, (long long)0x8080808080808080ULL,
-                                            0x0808080808080808, (long long)0x8080808080808080ULL);
-    const __m256i one = _mm256_set1_epi8(1);
+    /* δ of group k (8 values) as byte k, -1 where bit 3 of nibble k % 2 of qh[k / 2] is
+     * set, else 1: each qh byte taken twice, the even copies multiplied by 256 and the odd
+     * by 16 put that bit at bit 11 of a word, shifted to its sign and packed (lane-wise, so
+     * the quarters come out as k 0-7, 16-23, 8-15, 24-31 and are put back in order) */
+    const __m128i qh8 = _mm_loadu_si128((const __m128i *)qh);
+    const __m256i mul = _mm256_set1_epi32(0x00100100); /* words 256, 16, 256, 16, ... */
+    const __m256i hlo = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(qh8, qh8)), mul);
+    const __m256i hhi = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(qh8, qh8)), mul);
+    const __m256i dw = _mm256_packs_epi16(_mm256_srai_epi16(_mm256_slli_epi16(hlo, 4), 15),
+                                          _mm256_srai_epi16(_mm256_slli_epi16(hhi, 4), 15));
+    const __m256i dall = _mm256_or_si256(_mm256_permute4x64_epi64(dw, 0xD8), _mm256_set1_epi8(1));
+    /* four δ bytes (32 values: dword ib of dall) each spread over its 8 values */
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i eight = _mm256_set1_epi8(8);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4, qa += 64) {
+#if defined(FMOE__R1_VNNI)
+        /* four indices as the words of one register: the qs bytes to the low bytes, qh's
+         * four 3-bit fields to bits 8..10, by BMI2's pdep (as ggml's iq1_m dot) */
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(fmoe__r1_le16(qh) & 0x7777u, 0x0F000F000F000F00ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(fmoe__r1_le16(qh + 2) & 0x7777u, 0x0F000F000F000F00ull);
+        const __m256i g0 = points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48);
+        const __m256i g1 = points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48);
+#else
         const unsigned h0 = qh[0], h1 = qh[1], h2 = qh[2], h3 = qh[3];
         const __m256i g0 = points4(fmoe__iq1s_grid, qs[0] | (h0 & 7) << 8, qs[1] | (h0 & 0x70) << 4,
                                    qs[2] | (h1 & 7) << 8, qs[3] | (h1 & 0x70) << 4);
         const __m256i g1 = points4(fmoe__iq1s_grid, qs[4] | (h2 & 7) << 8, qs[5] | (h2 & 0x70) << 4,
                                    qs[6] | (h3 & 7) << 8, qs[7] | (h3 & 0x70) << 4);
-        /* δ bytes: qh byte (group / 2) broadcast over its two groups, bit 3 or 7 tested */
-        const __m256i q0 = _mm256_shuffle_epi8(_mm256_set1_epi16((short)(h0 | h1 << 8)), spread);
-        const __m256i q1 = _mm256_shuffle_epi8(_mm256_set1_epi16((short)(h2 | h3 << 8)), spread);
-        const __m256i d0 = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q0, dbit), dbit), one);
-        const __m256i d1 = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(q1, dbit), dbit), one);
-        const __m256i a0 = fmoe__r1_load(qa), a1 = fmoe__r1_load(qa + 32);
-        const __m256i p0 = _mm256_add_epi16(
-            _mm256_slli_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(g0, g0), _mm256_sign_epi8(a0, g0)), 3),
-            _mm256_maddubs_epi16(one, _mm256_sign_epi8(a0, d0)));
-        const __m256i p1 = _mm256_add_epi16(
-            _mm256_slli_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(g1, g1), _mm256_sign_epi8(a1, g1)), 3),
-            _mm256_maddubs_epi16(one, _mm256_sign_epi8(a1, d1)));
+#endif
+        const __m256i d0 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(dall, _mm256_set1_epi32(ib)), spread);
+        const __m256i d1 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(dall, _mm256_set1_epi32(ib + 1)), spread);
+        /* the codes 8g + δ as bytes (8g: eight with g's sign), |8g + δ| <= 9 */
+        const __m256i c0 = _mm256_add_epi8(_mm256_sign_epi8(eight, g0), d0);
+        const __m256i c1 = _mm256_add_epi8(_mm256_sign_epi8(eight, g1), d1);
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(c0), _mm256_sign_epi8(fmoe__r1_load(qa), c0));
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(c1), _mm256_sign_epi8(fmoe__r1_load(qa + 32), c1));
         acc0 = fmoe__r1_madd_pick(acc0, p0, scales, ib);
         acc1 = fmoe__r1_madd_pick(acc1, p1, scales, ib + 1);
     }
@@ -335,24 +396,39 @@ static INLINE float no_dmin(const uint8_t *b) {
 }
 
 /* rows x one input, one loop per type: d as lib/quant_iq.c's fmoe__iq_block_d (the f16
- * scale times the type's power of two), dmin 0. */
-#define ROWS(name, type, ISUM, D)                                                                  \
+ * scale times the type's power of two), dmin 0; EIGHT as lib/quant_rows1_avx2.h's
+ * FMOE__R1_ROWS (the eight rows' d then by eight scalar conversions). */
+#define ROWS(name, type, ISUM, D, EIGHT)                                                            \
+    SIMD static INLINE void name##_d8(const uint8_t *b, int64_t rb, __m256 *d, __m256 *dmin) {     \
+        *d = _mm256_setr_ps(D(b), D(b + rb), D(b + 2 * rb), D(b + 3 * rb), D(b + 4 * rb),          \
+                            D(b + 5 * rb), D(b + 6 * rb), D(b + 7 * rb));                          \
+        *dmin = _mm256_setzero_ps();                                                               \
+    }                                                                                              \
     SIMD static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,    \
                           int64_t n, float *y) {                                                   \
         const int64_t bytes = type##_BYTES;                                                        \
-        for (int64_t r = 0; r < rows; r++)                                                         \
-            FMOE__R1_ROW(y[r], W + r * row_bytes, qx, n / FMOE_QK_K, bytes, ISUM, D, no_dmin);     \
+        FMOE__R1_ROWS(W, row_bytes, rows, qx, n / FMOE_QK_K, bytes, ISUM, D, no_dmin, name##_d8,   \
+                      y, EIGHT);                                                                   \
     }
-ROWS(rows_iq2_xxs, FMOE_IQ2_XXS, isum_iq2_xxs_vec, d_eighth)
-ROWS(rows_iq2_xs, FMOE_IQ2_XS, isum_iq2_xs_vec, d_eighth)
-ROWS(rows_iq2_s, FMOE_IQ2_S, isum_iq2_s_vec, d_eighth)
-ROWS(rows_iq3_xxs, FMOE_IQ3_XXS, isum_iq3_xxs_vec, d_iq3_xxs)
-ROWS(rows_iq3_s, FMOE_IQ3_S, isum_iq3_s_vec, d_iq3_s)
-ROWS(rows_iq1_s, FMOE_IQ1_S, isum_iq1_s_vec, d_eighth)
-ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m)
+ROWS(rows_iq2_xxs, FMOE_IQ2_XXS, isum_iq2_xxs_vec, d_eighth, 0)
+ROWS(rows_iq2_xs, FMOE_IQ2_XS, isum_iq2_xs_vec, d_eighth, 0)
+ROWS(rows_iq2_s, FMOE_IQ2_S, isum_iq2_s_vec, d_eighth, 0)
+ROWS(rows_iq3_xxs, FMOE_IQ3_XXS, isum_iq3_xxs_vec, d_iq3_xxs, 0)
+ROWS(rows_iq3_s, FMOE_IQ3_S, isum_iq3_s_vec, d_iq3_s, 0)
+ROWS(rows_iq1_s, FMOE_IQ1_S, isum_iq1_s_vec, d_eighth, 0)
+ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m, 0)
 
+#if defined(FMOE__R1_VNNI)
+void fmoe__iq_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                              const void *qx, int64_t n, float *y) {
+#else
 void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                          const void *qx, int64_t n, float *y) {
+    if (fmoe__quant_vnni() && fmoe__r1_bmi2()) { /* the VNNI compilation of this file */
+        fmoe__iq_rows1_avx2_vnni(type, W, row_bytes, rows, qx, n, y);
+        return;
+    }
+#endif
     switch (type) {
     case FMOE_GGML_IQ2_XXS: rows_iq2_xxs(W, row_bytes, rows, qx, n, y); return;
     case FMOE_GGML_IQ2_XS: rows_iq2_xs(W, row_bytes, rows, qx, n, y); return;

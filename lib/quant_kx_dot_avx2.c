@@ -14,7 +14,9 @@
  *   IQ4_XS  grid values (-127..113) by a byte shuffle, |g| unsigned and g's sign moved
  *           onto the activation (a pair at most 2·127·127, no int16 saturates).
  * The block results are added as the reference adds them (lib/quant_rows1_avx2.h), so the
- * bits are the plain C's.
+ * bits are the plain C's. Compiled a second time for CPUs with AVX512-VNNI, GFNI and BMI2
+ * (lib/quant_kx_dot_avx2_vnni.c, FMOE__R1_VNNI): eight rows a step, vpdpwssd, and the
+ * 2-bit planes (and Q3_K's high bit) by GFNI affine transforms.
  */
 #include <stdint.h>
 #include <string.h>
@@ -45,12 +47,9 @@ SIMD static INLINE __m256i isum_q2_k(const uint8_t *b, const uint8_t *a, __m256i
     for (int h = 0; h < 2; h++, qa += 128) {
         const __m256i qs = fmoe__r1_load(b + 16 + 32 * h);
         const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(qs, m3), fmoe__r1_load(qa));
-        const __m256i p1 =
-            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3), fmoe__r1_load(qa + 32));
-        const __m256i p2 =
-            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3), fmoe__r1_load(qa + 64));
-        const __m256i p3 =
-            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3), fmoe__r1_load(qa + 96));
+        const __m256i p1 = _mm256_maddubs_epi16(fmoe__r1_bits2(qs, 1), fmoe__r1_load(qa + 32));
+        const __m256i p2 = _mm256_maddubs_epi16(fmoe__r1_bits2(qs, 2), fmoe__r1_load(qa + 64));
+        const __m256i p3 = _mm256_maddubs_epi16(fmoe__r1_bits2(qs, 3), fmoe__r1_load(qa + 96));
         acc0 = fmoe__r1_madd_pick(acc0, p0, scales, 4 * h);
         acc1 = fmoe__r1_madd_pick(acc1, p1, scales, 4 * h + 1);
         acc0 = fmoe__r1_madd_pick(acc0, p2, scales, 4 * h + 2);
@@ -61,6 +60,10 @@ SIMD static INLINE __m256i isum_q2_k(const uint8_t *b, const uint8_t *a, __m256i
 
 SIMD static INLINE float d_q2_k(const uint8_t *b) { return fmoe__r1_f16(b + 80); }
 SIMD static INLINE float dmin_q2_k(const uint8_t *b) { return fmoe__r1_f16(b + 82); }
+SIMD static INLINE void d8_q2_k(const uint8_t *b, int64_t rb, __m256 *d, __m256 *dmin) {
+    *d = fmoe__r1_f16x8(b + 80, rb, 0);
+    *dmin = fmoe__r1_f16x8(b + 80, rb, 1);
+}
 
 /* Q3_K (110 bytes): hmask[32] (value 128h + 32j + l: bit 4h + j of byte l), qs[64] at 32
  * (as Q2_K's), twelve bytes of 6-bit scales at 96 (biased by 32: lib/quant_block.h's
@@ -81,15 +84,13 @@ SIMD static INLINE __m256i isum_q3_k(const uint8_t *b, const uint8_t *a, __m256i
     /* Σ_s sc_s·bsum_s, whose 4 times is the codes' -4 taken out of the maddubs */
     const __m256i sc_bsums =
         _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), fmoe__r1_load(a + FMOE__Q8K_BSUMS));
-    const __m256i m3 = _mm256_set1_epi8(3), hmask = fmoe__r1_load(b);
-    const __m256i four = _mm256_set1_epi8(4);
+    const __m256i hmask = fmoe__r1_load(b);
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     /* value 128h + 32j + l: bit 4h + j of hmask byte l, moved to bit 2 (value 4) */
 #define Q3_PART(h, j, acc)                                                                         \
     do {                                                                                           \
-        const __m256i hi_ = _mm256_and_si256(                                                      \
-            _mm256_slli_epi16(_mm256_srli_epi16(hmask, 4 * (h) + (j)), 2), four);                  \
-        const __m256i q_ = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * (j)), m3), hi_); \
+        const __m256i hi_ = fmoe__r1_bit_to4(hmask, 4 * (h) + (j));                                \
+        const __m256i q_ = _mm256_or_si256(fmoe__r1_bits2(qs, (j)), hi_);                          \
         acc = fmoe__r1_madd_pick(acc, _mm256_maddubs_epi16(q_, fmoe__r1_load(qa + 32 * (j))),      \
                                  scales, 4 * (h) + (j));                                           \
     } while (0)
@@ -109,6 +110,11 @@ SIMD static INLINE __m256i isum_q3_k(const uint8_t *b, const uint8_t *a, __m256i
 }
 
 SIMD static INLINE float d_q3_k(const uint8_t *b) { return fmoe__r1_f16(b + 108); }
+/* (d is the block's last two bytes: the dword before them, its high half) */
+SIMD static INLINE void d8_q3_k(const uint8_t *b, int64_t rb, __m256 *d, __m256 *dmin) {
+    *d = fmoe__r1_f16x8(b + 106, rb, 1);
+    *dmin = _mm256_setzero_ps();
+}
 
 /* IQ4_XS (136 bytes): f16 d, uint16 scales_h at 2 (bits 2ib, 2ib + 1: the scale's top two
  * bits), scales_l[4] at 4 (nibble ib: its low four), qs[128] at 8 (values 32ib + l and
@@ -136,32 +142,44 @@ SIMD static INLINE __m256i isum_iq4_xs(const uint8_t *b, const uint8_t *a, __m25
         const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(g1, g1), _mm256_sign_epi8(a1, g1));
         const int ls0 = (int)((sl & 0xF) | ((sh << 4) & 0x30)) - 32;
         const int ls1 = (int)(((sl >> 4) & 0xF) | ((sh << 2) & 0x30)) - 32;
-        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(p0, _mm256_set1_epi16((short)ls0)));
-        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(p1, _mm256_set1_epi16((short)ls1)));
+        acc0 = fmoe__r1_madd_add(acc0, p0, _mm256_set1_epi16((short)ls0));
+        acc1 = fmoe__r1_madd_add(acc1, p1, _mm256_set1_epi16((short)ls1));
     }
     return _mm256_add_epi32(acc0, acc1);
 }
 
 SIMD static INLINE float d_iq4_xs(const uint8_t *b) { return fmoe__r1_f16(b); }
+SIMD static INLINE void d8_iq4_xs(const uint8_t *b, int64_t rb, __m256 *d, __m256 *dmin) {
+    *d = fmoe__r1_f16x8(b, rb, 0);
+    *dmin = _mm256_setzero_ps();
+}
 
 static INLINE float no_dmin(const uint8_t *b) {
     (void)b;
     return 0;
 }
 
-#define ROWS(name, type, ISUM, D, DMIN)                                                            \
+#define ROWS(name, type, ISUM, D, DMIN, D8, EIGHT)                                                      \
     SIMD static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,    \
                           int64_t n, float *y) {                                                   \
         const int64_t bytes = type##_BYTES;                                                        \
-        for (int64_t r = 0; r < rows; r++)                                                         \
-            FMOE__R1_ROW(y[r], W + r * row_bytes, qx, n / FMOE_QK_K, bytes, ISUM, D, DMIN);        \
+        FMOE__R1_ROWS(W, row_bytes, rows, qx, n / FMOE_QK_K, bytes, ISUM, D, DMIN, D8, y, EIGHT);  \
     }
-ROWS(rows_q2_k, FMOE_Q2_K, isum_q2_k, d_q2_k, dmin_q2_k)
-ROWS(rows_q3_k, FMOE_Q3_K, isum_q3_k, d_q3_k, no_dmin)
-ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin)
+ROWS(rows_q2_k, FMOE_Q2_K, isum_q2_k, d_q2_k, dmin_q2_k, d8_q2_k, 1)
+ROWS(rows_q3_k, FMOE_Q3_K, isum_q3_k, d_q3_k, no_dmin, d8_q3_k, 1)
+ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin, d8_iq4_xs, 1)
 
+#if defined(FMOE__R1_VNNI)
+void fmoe__kx_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                              const void *qx, int64_t n, float *y) {
+#else
 void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                          const void *qx, int64_t n, float *y) {
+    if (fmoe__quant_vnni() && fmoe__r1_bmi2()) { /* the VNNI compilation of this file */
+        fmoe__kx_rows1_avx2_vnni(type, W, row_bytes, rows, qx, n, y);
+        return;
+    }
+#endif
     switch (type) {
     case FMOE_GGML_Q2_K: rows_q2_k(W, row_bytes, rows, qx, n, y); return;
     case FMOE_GGML_Q3_K: rows_q3_k(W, row_bytes, rows, qx, n, y); return;

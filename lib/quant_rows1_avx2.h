@@ -17,12 +17,26 @@
 #include <stdint.h>
 #include <string.h>
 
+/* FMOE__R1_VNNI: the second compilation (lib/quant_kx_dot_avx2_vnni.c,
+ * lib/quant_iq_dot_avx2_vnni.c) for CPUs with AVX512-VNNI, -BW and -VL, GFNI
+ * (fmoe__quant_vnni) and BMI2:
+ * still 256-bit registers, but 32 of them (the eight-row step's sixteen block vectors stay
+ * in registers) and vpdpwssd for each madd-then-add. */
+#if defined(FMOE__R1_VNNI)
+#define FMOE__R1 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni,bmi2")))
+#else
 #define FMOE__R1 __attribute__((target("avx2,fma,f16c")))
+#endif
 #define FMOE__R1_INLINE __attribute__((always_inline)) inline
 
 /* Each block asks for the weight bytes this far ahead (a matrix's rows are one stream), as
  * lib/quant_act_avx2.c's kernels do; prefetches past the end do not fault. */
 #define FMOE__R1_PREFETCH 2048
+#define FMOE__R1_NEXT_HINT _MM_HINT_T0
+
+/* 1 where the CPU has BMI2, which the VNNI compilation also targets (IQ1_M's pdep; the
+ * compiler's shifts): every CPU with AVX512-VNNI and GFNI has it, checked all the same. */
+static inline int fmoe__r1_bmi2(void) { return __builtin_cpu_supports("bmi2") != 0; }
 
 static FMOE__R1_INLINE uint32_t fmoe__r1_le32(const uint8_t *p) {
     uint32_t v;
@@ -66,11 +80,43 @@ static const uint8_t fmoe__r1_pick[8][32] __attribute__((aligned(32))) = {
     FMOE__R1_P(4), FMOE__R1_P(5), FMOE__R1_P(6), FMOE__R1_P(7)};
 #undef FMOE__R1_P
 
+/* Bits 2j and 2j + 1 of every byte as 0..3: a shift and a mask, or in the VNNI build one
+ * GFNI affine transform (the bit matrix's row for output bit i, byte 7 - i of the qword,
+ * picks input bit 2j + i). */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_bits2(__m256i x, int j) {
+#if defined(FMOE__R1_VNNI)
+    const uint64_t a = ((uint64_t)1 << (2 * j)) << 56 | ((uint64_t)1 << (2 * j + 1)) << 48;
+    return _mm256_gf2p8affine_epi64_epi8(x, _mm256_set1_epi64x((long long)a), 0);
+#else
+    return _mm256_and_si256(_mm256_srli_epi16(x, 2 * j), _mm256_set1_epi8(3));
+#endif
+}
+
+/* Bit src of every byte moved to bit 2 (value 4), the others cleared: Q3_K's high bit. */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_bit_to4(__m256i x, int src) {
+#if defined(FMOE__R1_VNNI)
+    const uint64_t a = ((uint64_t)1 << src) << 40; /* the row of output bit 2: byte 5 */
+    return _mm256_gf2p8affine_epi64_epi8(x, _mm256_set1_epi64x((long long)a), 0);
+#else
+    return _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(x, src), 2), _mm256_set1_epi8(4));
+#endif
+}
+
+/* acc + the int16 pair sums times the int16 scales, pair by pair: one vpdpwssd where the
+ * build has VNNI (the same int32s: no product pair here comes near 2^31). */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_madd_add(__m256i acc, __m256i pairs, __m256i sc) {
+#if defined(FMOE__R1_VNNI)
+    return _mm256_dpwssd_epi32(acc, pairs, sc);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, sc));
+#endif
+}
+
 /* acc + the int16 pair sums times the scales of 32-value group k (fmoe__r1_pick). */
 FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_madd_pick(__m256i acc, __m256i pairs,
                                                           __m256i scales, int k) {
     const __m256i sc = _mm256_shuffle_epi8(scales, fmoe__r1_load(fmoe__r1_pick[k]));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, sc));
+    return fmoe__r1_madd_add(acc, pairs, sc);
 }
 
 /* Sixteen scale bytes (scale s in byte s, at most 127) as the int16 even/odd lane order. */
@@ -83,6 +129,29 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_scales_even_odd(__m128i bytes) 
 FMOE__R1 static FMOE__R1_INLINE __m128i fmoe__r1_hsum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
     const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
     return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* The totals of eight vectors as the eight lanes of one, in order. */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_hsum8(const __m256i *v) {
+    const __m256i t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    /* t0: the low-lane totals of v0..v3, then their high-lane totals; t1 those of v4..v7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20),
+                            _mm256_permute2x128_si256(t0, t1, 0x31));
+}
+
+/* The f16 values in the low (high = 0) or high 16 bits of the dwords at p, p + stride, ...,
+ * p + 7 stride, as f32 (exact): eight rows' block scales by eight loads and one
+ * conversion (eight scalar conversions and inserts cost the eight-row step a tenth). */
+FMOE__R1 static FMOE__R1_INLINE __m256 fmoe__r1_f16x8(const uint8_t *p, int64_t stride, int high) {
+    const __m128i lo = _mm_setr_epi32((int)fmoe__r1_le32(p), (int)fmoe__r1_le32(p + stride),
+                                      (int)fmoe__r1_le32(p + 2 * stride), (int)fmoe__r1_le32(p + 3 * stride));
+    const __m128i hi = _mm_setr_epi32((int)fmoe__r1_le32(p + 4 * stride), (int)fmoe__r1_le32(p + 5 * stride),
+                                      (int)fmoe__r1_le32(p + 6 * stride), (int)fmoe__r1_le32(p + 7 * stride));
+    const __m128i m = _mm_set1_epi32(0xFFFF);
+    const __m128i w = high ? _mm_packus_epi32(_mm_srli_epi32(lo, 16), _mm_srli_epi32(hi, 16))
+                           : _mm_packus_epi32(_mm_and_si128(lo, m), _mm_and_si128(hi, m));
+    return _mm256_cvtph_ps(w);
 }
 
 /* Four f32 values at p, p + stride, p + 2 stride, p + 3 stride. */
@@ -105,6 +174,12 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
 #define FMOE__R1_PREFETCH_BLOCK(w, bytes)                                                          \
     for (int l_ = 0; l_ < (int)(((bytes) + 63) / 64); l_++)                                        \
     _mm_prefetch((const char *)(w) + FMOE__R1_PREFETCH + 64 * l_, _MM_HINT_T0)
+/* The eight-row step's: the same block of the next step's row (2 KiB ahead in the same row
+ * lands, eight rows a step, in rows the step reads anyway: Q3_K streamed from memory,
+ * 4096 values a row, took 30 ps a multiply-add against 19 from L2). */
+#define FMOE__R1_PREFETCH_NEXT(w, bytes)                                                           \
+    for (int l_ = 0; l_ < (int)(((bytes) + 63) / 64); l_++)                                        \
+    _mm_prefetch((const char *)(w) + 64 * l_, FMOE__R1_NEXT_HINT)
 #define FMOE__R1_ROW(y, w0, a0, nb, bytes, VEC, D, DMIN)                                           \
     do {                                                                                           \
         const uint8_t *w_ = (w0), *a_ = (a0);                                                      \
@@ -143,6 +218,58 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
                   da1_ * dmin1_ * (float)_mm_extract_epi32(t_, 1);                                 \
         }                                                                                          \
         (y) = s_;                                                                                  \
+    } while (0)
+
+/* Eight rows (rb bytes apart) against one Q8_K input, row r's result in lane r of y[0..7]:
+ * the reference's float steps, lane by lane. Per block column, the eight rows' integer
+ * vectors are reduced together (fmoe__r1_hsum8) and t = da·d·sum - da·dmin·msum formed in
+ * eight lanes at once, then s += t in block order: every lane the same f32 operations on
+ * the same operands as the reference, so the same bits, without the one-row step's
+ * scalar tail per block. The eight VEC calls share the input's loads. D8(w, rb, &d, &dmin)
+ * gives the eight rows' D and DMIN of the block at w as vectors. */
+#define FMOE__R1_ROWS8(y, w0, rb, a0, nb, bytes, VEC, D8)                                         \
+    do {                                                                                           \
+        const uint8_t *w_ = (w0), *a_ = (a0);                                                      \
+        const int64_t rb_ = (rb);                                                                  \
+        __m256 s_ = _mm256_setzero_ps();                                                           \
+        for (int64_t i_ = 0; i_ < (nb); i_++, w_ += (bytes), a_ += FMOE_Q8_K_BYTES) {              \
+            __m256i v_[8], m_[8];                                                                  \
+            _Pragma("GCC unroll 8") for (int k_ = 0; k_ < 8; k_++) {                               \
+                FMOE__R1_PREFETCH_NEXT(w_ + (8 + k_) * rb_, (bytes));                              \
+                v_[k_] = VEC(w_ + k_ * rb_, a_, &m_[k_]);                                          \
+            }                                                                                      \
+            const __m256 sum_ = _mm256_cvtepi32_ps(fmoe__r1_hsum8(v_));                            \
+            const __m256 msum_ = _mm256_cvtepi32_ps(fmoe__r1_hsum8(m_));                           \
+            float da1_;                                                                            \
+            memcpy(&da1_, a_, 4);                                                                  \
+            const __m256 da_ = _mm256_set1_ps(da1_);                                               \
+            __m256 d_, dmin_;                                                                      \
+            D8(w_, rb_, &d_, &dmin_);                                                              \
+            const __m256 t_ = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(da_, d_), sum_),           \
+                                            _mm256_mul_ps(_mm256_mul_ps(da_, dmin_), msum_));      \
+            s_ = _mm256_add_ps(s_, t_);                                                            \
+        }                                                                                          \
+        _mm256_storeu_ps((y), s_);                                                                 \
+    } while (0)
+
+/* rows x one input: where the build has VNNI and EIGHT is 1, eight rows a step (its 32
+ * registers hold the step's vectors), then one row a step. EIGHT is 0 for the kernels whose
+ * block vectors take many registers themselves (the i-quants whose grid indices are formed
+ * in scalar registers): eight of them a step spilled, slower than one. */
+#if defined(FMOE__R1_VNNI)
+#define FMOE__R1_EIGHT 1
+#else
+#define FMOE__R1_EIGHT 0
+#endif
+#define FMOE__R1_ROWS(W, row_bytes, rows, qx, nb, bytes, VEC, D, DMIN, D8, y, EIGHT)               \
+    do {                                                                                           \
+        int64_t r_ = 0;                                                                            \
+        if (FMOE__R1_EIGHT && (EIGHT))                                                             \
+            for (; r_ + 7 < (rows); r_ += 8)                                                       \
+                FMOE__R1_ROWS8((y) + r_, (W) + r_ * (row_bytes), (row_bytes), (qx), (nb), (bytes), \
+                               VEC, D8);                                                           \
+        for (; r_ < (rows); r_++)                                                                  \
+            FMOE__R1_ROW((y)[r_], (W) + r_ * (row_bytes), (qx), (nb), (bytes), VEC, D, DMIN);      \
     } while (0)
 
 #endif

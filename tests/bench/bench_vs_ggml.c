@@ -14,7 +14,9 @@
  * types llama.cpp repacks on an AVX2 CPU when it loads a model (Q4_0, IQ4_NL, MXFP4: eight
  * rows interleaved, ggml-cpu/repack.cpp), its repacked one-input kernel
  * ggml_gemv_<type>_8x8_q8_0 on the same blocks repacked here in that layout (repack_8x8),
- * which is what its decode runs. The library is dlopen'ed, so this builds without
+ * which is what its decode runs; with --kernels also Q2_K's, which llama.cpp repacks on an
+ * AVX-512 CPU (q2_k_repacked: ggml_gemv_q2_K_8x8_q8_K on Q8_K inputs, its own layout).
+ * The library is dlopen'ed, so this builds without
  * llama.cpp; ggml's type numbers are the GGUF ones fmoe uses (fmoe/quant.h).
  *
  * Two modes. The default times one input and eight, each sample several products (about
@@ -240,6 +242,68 @@ static void run_type(uint32_t t, int64_t rows, int64_t cols, int samples, int ke
     free(yr);
 }
 
+/* Q2_K as llama.cpp's CPU backend runs it on an AVX-512 CPU: repacked at load into eight-row
+ * groups (repack.cpp's block_q2_Kx8, chosen by ggml_repack_get_optimal_repack_type when the
+ * CPU has AVX-512) and multiplied by ggml_gemv_q2_K_8x8_q8_K against a Q8_K input. Rebuilt
+ * here on run_type's weights and first input (the same fills), timed on its own (best of
+ * SAMPLES), and compared with fmoe's rows: res->rep1, res->rdiff. The layout, written from
+ * repack.h's struct: per eight rows and block column, the eight f16 d, the eight f16 dmin,
+ * 128 scale bytes (byte i: row (i % 16) / 2's scales[2(i / 16) + i % 2]), then 512 bytes
+ * of qs as 8-byte pieces, piece i row i % 8's bytes 8(i / 8) ... */
+static void q2_k_repacked(void *lib, ggml_traits_fn traits, int64_t rows, int64_t cols,
+                          int samples, result *res) {
+    const ggml_gemv_fn gemv = (ggml_gemv_fn)dlsym(lib, "ggml_gemv_q2_K_8x8_q8_K");
+    const struct ggml_traits_cpu *q8k = traits(FMOE_GGML_Q8_K);
+    if (!gemv || !q8k || !q8k->from_float) return;
+    const uint32_t t = FMOE_GGML_Q2_K;
+    const int64_t rb = fmoe_quant_row_bytes(t, cols), ab = fmoe_quant_act_bytes(t, cols);
+    const int64_t nb = cols / 256, bs = FMOE_Q2_K_BYTES;
+    uint8_t *W = malloc((size_t)(rows * rb)), *Wr = malloc((size_t)(rows * rb));
+    float *wf = malloc((size_t)cols * sizeof *wf), *x = malloc((size_t)(cols * NX) * sizeof *x);
+    uint8_t *qx = malloc((size_t)ab), *gx = malloc((size_t)(nb * 292 + 64));
+    float *yf = malloc((size_t)rows * sizeof *yf), *yr = malloc((size_t)rows * sizeof *yr);
+    if (!W || !Wr || !wf || !x || !qx || !gx || !yf || !yr) {
+        fprintf(stderr, "bench_vs_ggml: out of memory\n");
+        exit(1);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        fill(wf, cols, 1000 + (uint64_t)r);
+        fmoe_quant_quantize_row(t, wf, W + r * rb, cols);
+    }
+    uint8_t *dst = Wr;
+    for (int64_t g = 0; g < rows; g += 8)
+        for (int64_t b = 0; b < nb; b++, dst += 8 * bs) {
+            const uint8_t *src[8];
+            for (int i = 0; i < 8; i++) src[i] = W + (g + i) * rb + b * bs;
+            for (int i = 0; i < 8; i++) {
+                memcpy(dst + 2 * i, src[i] + 80, 2);      /* d */
+                memcpy(dst + 16 + 2 * i, src[i] + 82, 2); /* dmin */
+            }
+            for (int i = 0; i < 128; i++) dst[32 + i] = src[(i % 16) / 2][2 * (i / 16) + i % 2];
+            for (int i = 0; i < 64; i++) memcpy(dst + 160 + 8 * i, src[i % 8] + 16 + 8 * (i / 8), 8);
+        }
+    fill(x, cols * NX, 7);
+    fmoe_quant_act_quantize(t, x, qx, cols);
+    q8k->from_float(x, gx, cols);
+    fmoe_quant_act_matvec(t, W, rb, rows, qx, ab, 1, cols, yf, rows);
+    res->rep1 = 1e30;
+    for (int s = 0; s < samples; s++) {
+        const double t0 = cpu_now();
+        gemv((int)cols, yr, (size_t)rows, Wr, gx, 1, (int)rows);
+        const double dt = cpu_now() - t0;
+        if (dt < res->rep1) res->rep1 = dt;
+    }
+    res->rdiff = max_rel_diff(yf, yr, rows);
+    free(W);
+    free(Wr);
+    free(wf);
+    free(x);
+    free(qx);
+    free(gx);
+    free(yf);
+    free(yr);
+}
+
 static void print_ps(double seconds, double macs) {
     if (seconds < 1e29) printf(" %.1f |", seconds / macs * 1e12);
     else printf(" - |");
@@ -339,6 +403,8 @@ int main(int argc, char **argv) {
             const int64_t r = size ? 16384 : rows;
             result res;
             run_type(t, r, cols, size ? (samples + 19) / 20 : samples, kernels, g, gq, gemv, q8, &res);
+            if (kernels && h && t == FMOE_GGML_Q2_K)
+                q2_k_repacked(h, traits, r, cols, size ? (samples + 19) / 20 : samples, &res);
             const double macs = (double)(r * cols);
             const double best_g = fmin(res.ggml1, res.rep1);
             printf("| %s |", fmoe_ggml_type_name(t));
@@ -351,7 +417,7 @@ int main(int argc, char **argv) {
             if (kernels) {
                 if (g) printf(" %.1e,", res.diff);
                 else printf(" -,");
-                if (gemv) printf(" %.1e |\n", res.rdiff);
+                if (res.rep1 < 1e29) printf(" %.1e |\n", res.rdiff);
                 else printf(" - |\n");
                 fflush(stdout);
                 continue;

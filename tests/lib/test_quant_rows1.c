@@ -3,7 +3,9 @@
  * lib/quant_kx.c otherwise serves (lib/quant_iq_dot_avx2.c: IQ2_XXS .. IQ1_M;
  * lib/quant_kx_dot_avx2.c: Q2_K, Q3_K, IQ4_XS), which fmoe_quant_act_matvec takes for one
  * input at the AVX2 and AVX-512 levels, against the plain-C reference
- * (fmoe_quant_act_dot_ref): bit for bit, row by row, at every level this CPU has.
+ * (fmoe_quant_act_dot_ref): bit for bit, row by row, at every level this CPU has, with a
+ * row count that is a multiple of eight and one that is not (the VNNI compilation's
+ * eight-row steps and its one-row tail; the quant_rows1_no_vnni run checks the AVX2 one).
  *
  * Rows of random bytes (valid blocks for these types: every bit pattern decodes) with
  * their f16 scales random over the normal and subnormal range, inputs quantised by
@@ -92,10 +94,13 @@ TEST(one_input_rows_equal_the_reference_bit_for_bit) {
                     x[i] = rep == 2 ? (rnd() & 1 ? 1.f : -1.f)
                                     : (float)((int)(rnd() % 2001) - 1000) * (rep ? 1e-3f : 7.f);
                 fmoe_quant_act_quantize(t, x, qx, n);
+                /* all 40 rows (five eight-row steps where the CPU has VNNI), then 37 (the
+                 * last five a row at a time) */
+                const int nrows = rep == 1 ? ROWS - 3 : ROWS;
                 for (int level = FMOE__QUANT_AVX2; level <= best; level++) {
                     ASSERT_EQ(fmoe__quant_force_level(level), 0);
-                    fmoe_quant_act_matvec(t, W, rb, ROWS, qx, ab, 1, n, y, ROWS);
-                    for (int r = 0; r < ROWS; r++) {
+                    fmoe_quant_act_matvec(t, W, rb, nrows, qx, ab, 1, n, y, nrows);
+                    for (int r = 0; r < nrows; r++) {
                         const float want = fmoe_quant_act_dot_ref(t, W + r * rb, qx, n);
                         if (memcmp(&want, &y[r], sizeof want) != 0)
                             HARNESS_FAIL("%s n=%lld input %d level %s row %d: %.9g, reference %.9g",
