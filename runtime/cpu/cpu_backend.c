@@ -74,6 +74,8 @@
 #define SMALL_N 4
 /* Query heads of one key/value head that one attention task takes (grouped-query models). */
 #define ATTN_GROUP 4
+/* Rows of an f32 matrix per OpenBLAS call, whatever the thread count (cpu_matmul). */
+#define F32_SLICE 64
 /* Below this many multiply-adds a product runs on the calling thread alone. */
 #define PARALLEL_MIN_WORK (1 << 16)
 
@@ -401,9 +403,15 @@ static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n,
      * slice is one block, wherever the threads' slices would have ended */
     if (!j.packed && w->dtype != FMOE_ST_F32 && (w->quant || n > SMALL_N) && tasks > 1)
         chunk = c->block_rows;
+    /* f32 rows likewise: OpenBLAS's sum for a row can differ in the last bit with the
+     * height of the slice it is in (sgemm's and sgemv's edge kernels), so slices of the
+     * rows over the threads made an f32 matrix's products depend on the thread count
+     * (tests/python/test_threads.py, DeepSeek-V2's f32 matrices in a prefill pass); the
+     * slices are F32_SLICE rows at any count */
+    if (w->dtype == FMOE_ST_F32) chunk = F32_SLICE;
     j.chunk = chunk;
     j.ntasks = (int32_t)((w->rows + chunk - 1) / chunk);
-    fmoe__pool_run(c->pool, matmul_task, &j, j.ntasks);
+    fmoe__pool_run(work < c->min_work ? NULL : c->pool, matmul_task, &j, j.ntasks);
 }
 
 static void cpu_get_rows(void *ctx, const fmoe__mat *w, const int32_t *rows_host, int32_t n,
