@@ -40,8 +40,9 @@
  * Keeping weights in bf16 rather than widening them at load halves resident memory and
  * decode-time memory traffic; what it costs in prefill is measured in the report.
  *
- * Attention: one task per (query token, head); scores for the visible keys are computed
- * into the worker's scratch row [max_context], softmaxed, and used to sum the values.
+ * Attention: one task per (query token, group of up to ATTN_GROUP query heads sharing a
+ * key/value head); scores for the visible keys are computed into the worker's scratch rows
+ * [ATTN_GROUP][max_context], softmaxed, and used to sum the values (attn_task says how).
  */
 #include <cblas.h>
 #include <math.h>
@@ -71,6 +72,10 @@
 #endif
 
 #define SMALL_N 4
+/* Query heads of one key/value head that one attention task takes (grouped-query models). */
+#define ATTN_GROUP 4
+/* Rows of an f32 matrix per OpenBLAS call, whatever the thread count (cpu_matmul). */
+#define F32_SLICE 64
 /* Below this many multiply-adds a product runs on the calling thread alone. */
 #define PARALLEL_MIN_WORK (1 << 16)
 
@@ -82,7 +87,7 @@ typedef struct cpu_ctx {
     int32_t max_batch;
     int32_t block_rows;   /* rows widened per block in the bf16/f16 GEMM path */
     float **scratch;      /* [threads][block_rows * max_cols] */
-    float **scores;       /* [threads][max_context] */
+    float **scores;       /* [threads][ATTN_GROUP][max_context] */
     float *xpack;         /* [max_batch][max_cols] x packed for the AVX-512 bf16 GEMM */
     int simd;             /* AVX2 + FMA + F16C available */
     int simd512;          /* AVX-512F available */
@@ -398,9 +403,15 @@ static void cpu_matmul(void *ctx, const fmoe__mat *w, const float *x, int32_t n,
      * slice is one block, wherever the threads' slices would have ended */
     if (!j.packed && w->dtype != FMOE_ST_F32 && (w->quant || n > SMALL_N) && tasks > 1)
         chunk = c->block_rows;
+    /* f32 rows likewise: OpenBLAS's sum for a row can differ in the last bit with the
+     * height of the slice it is in (sgemm's and sgemv's edge kernels), so slices of the
+     * rows over the threads made an f32 matrix's products depend on the thread count
+     * (tests/python/test_threads.py, DeepSeek-V2's f32 matrices in a prefill pass); the
+     * slices are F32_SLICE rows at any count */
+    if (w->dtype == FMOE_ST_F32) chunk = F32_SLICE;
     j.chunk = chunk;
     j.ntasks = (int32_t)((w->rows + chunk - 1) / chunk);
-    fmoe__pool_run(c->pool, matmul_task, &j, j.ntasks);
+    fmoe__pool_run(work < c->min_work ? NULL : c->pool, matmul_task, &j, j.ntasks);
 }
 
 static void cpu_get_rows(void *ctx, const fmoe__mat *w, const int32_t *rows_host, int32_t n,
@@ -428,32 +439,166 @@ static void cpu_get_rows(void *ctx, const fmoe__mat *w, const int32_t *rows_host
 typedef struct attn_job {
     cpu_ctx *c;
     const fmoe__attn_args *a;
+    int32_t G; /* query heads per task, dividing the heads per key/value head */
 } attn_job;
 
+#if HAVE_X86
+/*
+ * The attention's dots and sums with the AVX2 paths' arithmetic, faster. Scores: four query
+ * heads' dots with each key row (one head's: two key rows at a time), each dot
+ * fmoe__dot_f32_avx2's own accumulators and order (two chains over 16 values a step, then
+ * fmoe__hsum256), interleaved so that their FMA chains overlap, the key row loaded once
+ * (the per-head calls ran one dot's chain of latencies at a time). Values: out = Σ_p s_p·v_p as axpy_simd
+ * computes it (one FMA per element and position, positions in order), with the running sums
+ * of 64 values in registers across the positions instead of a load and a store of all of
+ * out per position. So the bits are those of the per-head dot_f32 / axpy calls; head_dim a
+ * multiple of 16 (every model's: 64, 128, 256), else attn_task takes those calls.
+ */
+/* Four heads' dots with one key row at a time (their 8 accumulators in registers). */
+SIMD static void scores4(const float *q0, const float *q1, const float *q2, const float *q3,
+                         const float *k, int64_t kv_stride, int32_t m, int32_t D, float scale,
+                         float *sc, int64_t sc_stride) {
+    for (int32_t p = 0; p < m; p++, k += kv_stride) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0,
+               d1 = a0;
+        for (int32_t i = 0; i < D; i += 16) {
+            const __m256 k0 = _mm256_loadu_ps(k + i), k1 = _mm256_loadu_ps(k + i + 8);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), k0, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i + 8), k1, a1);
+            b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), k0, b0);
+            b1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i + 8), k1, b1);
+            c0 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), k0, c0);
+            c1 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i + 8), k1, c1);
+            d0 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), k0, d0);
+            d1 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i + 8), k1, d1);
+        }
+        sc[p] = fmoe__hsum256(_mm256_add_ps(a0, a1)) * scale;
+        sc[sc_stride + p] = fmoe__hsum256(_mm256_add_ps(b0, b1)) * scale;
+        sc[2 * sc_stride + p] = fmoe__hsum256(_mm256_add_ps(c0, c1)) * scale;
+        sc[3 * sc_stride + p] = fmoe__hsum256(_mm256_add_ps(d0, d1)) * scale;
+    }
+}
+
+/* One head's: positions in pairs, so that two dots' chains overlap. */
+SIMD static void scores1(const float *q, const float *k, int64_t kv_stride, int32_t m, int32_t D,
+                         float scale, float *sc) {
+    int32_t p = 0;
+    for (; p + 2 <= m; p += 2, k += 2 * kv_stride) {
+        const float *k2 = k + kv_stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+        for (int32_t i = 0; i < D; i += 16) {
+            const __m256 x0 = _mm256_loadu_ps(q + i), x1 = _mm256_loadu_ps(q + i + 8);
+            a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k + i), a0);
+            a1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(k + i + 8), a1);
+            b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k2 + i), b0);
+            b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(k2 + i + 8), b1);
+        }
+        sc[p] = fmoe__hsum256(_mm256_add_ps(a0, a1)) * scale;
+        sc[p + 1] = fmoe__hsum256(_mm256_add_ps(b0, b1)) * scale;
+    }
+    if (p < m) sc[p] = fmoe__dot_f32_avx2(q, k, D) * scale;
+}
+
+SIMD static void attn_scores_simd(const float *const *q, int G, const float *k, int64_t kv_stride,
+                                  int32_t m, int32_t D, float scale, float *sc, int64_t sc_stride) {
+    int g = 0;
+    for (; g + 4 <= G; g += 4)
+        scores4(q[g], q[g + 1], q[g + 2], q[g + 3], k, kv_stride, m, D, scale, sc + g * sc_stride,
+                sc_stride);
+    for (; g < G; g++) scores1(q[g], k, kv_stride, m, D, scale, sc + g * sc_stride);
+}
+
+/* out[0..D) = Σ_{p<m} s[p]·v[p·kv_stride ..], D a multiple of 16 (sums from zero). */
+SIMD static void attn_values_simd(const float *s, const float *v, int64_t kv_stride, int32_t m,
+                                  int32_t D, float *out) {
+    int32_t i = 0;
+    for (; i + 64 <= D; i += 64) {
+        __m256 r0 = _mm256_setzero_ps(), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0,
+               r7 = r0;
+        const float *vp = v + i;
+        for (int32_t p = 0; p < m; p++, vp += kv_stride) {
+            const __m256 a = _mm256_set1_ps(s[p]);
+            r0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp), r0);
+            r1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 8), r1);
+            r2 = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 16), r2);
+            r3 = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 24), r3);
+            r4 = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 32), r4);
+            r5 = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 40), r5);
+            r6 = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 48), r6);
+            r7 = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 56), r7);
+        }
+        _mm256_storeu_ps(out + i, r0);
+        _mm256_storeu_ps(out + i + 8, r1);
+        _mm256_storeu_ps(out + i + 16, r2);
+        _mm256_storeu_ps(out + i + 24, r3);
+        _mm256_storeu_ps(out + i + 32, r4);
+        _mm256_storeu_ps(out + i + 40, r5);
+        _mm256_storeu_ps(out + i + 48, r6);
+        _mm256_storeu_ps(out + i + 56, r7);
+    }
+    for (; i < D; i += 16) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        const float *vp = v + i;
+        for (int32_t p = 0; p < m; p++, vp += kv_stride) {
+            const __m256 a = _mm256_set1_ps(s[p]);
+            a0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp), a0);
+            a1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 8), a1);
+        }
+        _mm256_storeu_ps(out + i, a0);
+        _mm256_storeu_ps(out + i + 8, a1);
+    }
+}
+#endif
+
+/* Query heads [h0, h0 + G) of query token t: they share key/value head hk, whose rows are
+ * read once for all G. Each head's scores, softmax and sum are the per-head computation's:
+ * the same dots and FMAs in the same order, so the bits do not depend on G (nor on the
+ * thread count, which G follows). */
 static void attn_task(void *arg, int32_t task, int32_t worker) {
     attn_job *j = arg;
     const fmoe__attn_args *a = j->a;
-    const int32_t t = task / a->n_heads, hq = task % a->n_heads;
-    const int32_t group = a->n_heads / a->n_kv_heads, hk = hq / group;
+    const int32_t G = j->G, per_token = a->n_heads / G;
+    const int32_t t = task / per_token, h0 = task % per_token * G;
+    const int32_t group = a->n_heads / a->n_kv_heads, hk = h0 / group;
     const int32_t D = a->head_dim;
-    const int64_t kv_stride = (int64_t)a->n_kv_heads * D;
+    const int64_t kv_stride = (int64_t)a->n_kv_heads * D, ctx = j->c->max_context;
     const int32_t pos = a->pos0 + t;
     int32_t lo = 0;
     if (a->window > 0 && pos - a->window + 1 > 0) lo = pos - a->window + 1;
-    const float *q = a->q + (int64_t)t * a->n_heads * D + (int64_t)hq * D;
+    const float *q[ATTN_GROUP];
+    for (int32_t g = 0; g < G; g++) q[g] = a->q + (int64_t)t * a->n_heads * D + (int64_t)(h0 + g) * D;
+    const float *k = a->k_cache + (int64_t)lo * kv_stride + (int64_t)hk * D;
+    const float *v = a->v_cache + (int64_t)lo * kv_stride + (int64_t)hk * D;
     float *sc = j->c->scores[worker];
     const int32_t m = pos - lo + 1;
-    for (int32_t p = 0; p < m; p++)
-        sc[p] = dot_f32(j->c, q, a->k_cache + (int64_t)(lo + p) * kv_stride + (int64_t)hk * D, D) *
-                a->scale;
-    if (a->sinks)
-        fmoe_softmax_row_sink(sc, sc, m, a->sinks[hq]);
-    else
-        fmoe_softmax_row(sc, sc, m);
-    float *out = a->out + (int64_t)t * a->n_heads * D + (int64_t)hq * D;
-    memset(out, 0, (size_t)D * sizeof *out);
-    for (int32_t p = 0; p < m; p++)
-        axpy(j->c, out, sc[p], a->v_cache + (int64_t)(lo + p) * kv_stride + (int64_t)hk * D, D);
+#if HAVE_X86
+    const int fast = j->c->simd && D % 16 == 0;
+#else
+    const int fast = 0;
+#endif
+#if HAVE_X86
+    if (fast) attn_scores_simd(q, G, k, kv_stride, m, D, a->scale, sc, ctx);
+#endif
+    if (!fast)
+        for (int32_t p = 0; p < m; p++)
+            for (int32_t g = 0; g < G; g++)
+                sc[g * ctx + p] = dot_f32(j->c, q[g], k + (int64_t)p * kv_stride, D) * a->scale;
+    for (int32_t g = 0; g < G; g++) {
+        float *sg = sc + g * ctx;
+        if (a->sinks)
+            fmoe_softmax_row_sink(sg, sg, m, a->sinks[h0 + g]);
+        else
+            fmoe_softmax_row(sg, sg, m);
+        float *out = a->out + (int64_t)t * a->n_heads * D + (int64_t)(h0 + g) * D;
+#if HAVE_X86
+        if (fast) {
+            attn_values_simd(sg, v, kv_stride, m, D, out);
+            continue;
+        }
+#endif
+        memset(out, 0, (size_t)D * sizeof *out);
+        for (int32_t p = 0; p < m; p++) axpy(j->c, out, sg[p], v + (int64_t)p * kv_stride, D);
+    }
 }
 
 int32_t fmoe__cpu_threads(const void *ctx) { return ((const cpu_ctx *)ctx)->threads; }
@@ -495,9 +640,15 @@ void fmoe__cpu_dots_u16(const void *ctx, const uint16_t *w, fmoe_st_dtype dt, co
 
 static void cpu_attention(void *ctx, const fmoe__attn_args *a) {
     cpu_ctx *c = ctx;
-    attn_job j = {c, a};
-    const int32_t tasks = a->n * a->n_heads;
-    const double work = (double)tasks * (double)(a->pos0 + a->n) * a->head_dim;
+    /* Query heads per task: the most (up to ATTN_GROUP, dividing a key/value head's) that
+     * still give every thread a task (a decode step of 8 query heads over 2 key/value heads:
+     * 2 tasks of 4 heads at 1 or 2 threads, 4 of 2 at 3 or 4) */
+    const int32_t group = a->n_heads / a->n_kv_heads;
+    int32_t G = group < ATTN_GROUP ? group : ATTN_GROUP;
+    while (G > 1 && (group % G != 0 || (int64_t)a->n * (a->n_heads / G) < c->threads)) G--;
+    attn_job j = {c, a, G};
+    const int32_t tasks = a->n * (a->n_heads / G);
+    const double work = (double)a->n * a->n_heads * (double)(a->pos0 + a->n) * a->head_dim;
     if (work < c->min_work) {
         for (int32_t t = 0; t < tasks; t++) attn_task(&j, t, 0);
         return;
@@ -773,7 +924,7 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
     if (!c->scratch || !c->scores) goto oom;
     for (int32_t i = 0; i < threads; i++) {
         c->scratch[i] = aligned_alloc(64, (size_t)((c->block_rows * lim->max_cols * 4 + 63) / 64 * 64));
-        c->scores[i] = aligned_alloc(64, (size_t)((lim->max_context * 4 + 63) / 64 * 64));
+        c->scores[i] = aligned_alloc(64, (size_t)((ATTN_GROUP * lim->max_context * 4 + 63) / 64 * 64));
         if (!c->scratch[i] || !c->scores[i]) goto oom;
     }
     int rc = fmoe__pool_init(threads, &c->pool);

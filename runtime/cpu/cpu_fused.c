@@ -10,11 +10,14 @@
  * the other threads spin or fall asleep. llama.cpp runs the same layer as three
  * MUL_MAT_ID nodes over all chosen experts. Here:
  *
- *   job 1  every (expert, chunk of 16 rows of I): its gate and up rows for the expert's
+ *   job 1  every (expert, chunk of rows of I): its gate and up rows for the expert's
  *          tokens, their biases, the SwiGLU, and (8-bit inputs) each block of those values
  *          quantised for down by the task that finishes the block
- *   job 2  every chunk of 16 rows of h: each expert's down rows, its bias, and the
+ *   job 2  every chunk of rows of h: each expert's down rows, its bias, and the
  *          weighted sum into acc, expert after expert in the order given
+ *
+ * Chunks are fmoe__quant_matvec_chunk's: 16 rows in prefill, in a decode step a few per
+ * thread (one on one thread), each a kernel call.
  *
  * Bits. Every output is computed by the kernel cpu_matmul picks for the same product and
  * row count (fmoe__quant_matvec_rows, or the bf16/f16 dots), each row's dot on one thread;
@@ -49,8 +52,6 @@
 #include "fmoe/quant_act.h"
 #include "quant_matvec.h"
 
-#define DOWN_CHUNK 16 /* rows of h per job-2 task */
-#define UP_CHUNK 16   /* rows of I per job-1 task; divides the 8-bit blocks (32, 256) */
 #define MAX_QTYPES 3  /* gate/up types whose 8-bit inputs one call may need */
 
 typedef struct entry {
@@ -60,7 +61,7 @@ typedef struct entry {
     const float *scale;       /* [c] combine weights, or NULL: 1 */
     const uint8_t *qgate, *qup; /* its c 8-bit input rows for gate/up, qrow apart, or NULL */
     int32_t down_act;         /* down takes 8-bit inputs (qg) */
-    int64_t chunk;            /* job-1 rows of I per task */
+    int64_t chunk;            /* job-1 rows of I per task, a multiple of 16 */
     int32_t first_task;       /* its first job-1 task */
     int32_t first_block;      /* its first counter in `done` (down_act) */
 } entry;
@@ -141,7 +142,8 @@ typedef struct plan {
     void *ctx;
     fmoe__cpu_fused *x;
     const fmoe__moe_args *a;
-    int32_t count; /* entries: the routed experts, then the shared one */
+    int32_t count;      /* entries: the routed experts, then the shared one */
+    int64_t down_chunk; /* job-2 rows of h per task */
 } plan;
 
 /* Bytes of an 8-bit input of cols values for rows of W, or 0 when W's products take f32
@@ -208,24 +210,28 @@ static void up_task(void *arg, int32_t task, int32_t worker) {
     if (!e->down_act) return;
     /* Down's 8-bit input is quantised a block at a time (each block on its own, so the
      * bits are a whole row's), by the task that finishes the block's last rows: the
-     * seq_cst add orders the other tasks' SwiGLU values before it. Tasks can then be
-     * UP_CHUNK rows where a block is 256 (Q8_K), 16 tasks where there were 1 */
+     * seq_cst add orders the other tasks' SwiGLU values before it. A task can then be 16
+     * rows where a block is 256 (Q8_K), or span several blocks */
     const uint32_t dt = w->down.quant;
-    const int64_t blk = act_block(dt), bb = fmoe_quant_act_bytes(dt, blk), b = r0 / blk;
-    if (atomic_fetch_add(&x->done[e->first_block + b], (int32_t)(r1 - r0)) + (r1 - r0) < blk)
-        return;
-    for (int32_t t = 0; t < e->c; t++)
-        fmoe_quant_act_quantize(dt, G + t * mc + b * blk,
-                                x->qg + (int64_t)(e->off + t) * x->qrow + b * bb, blk);
+    const int64_t blk = act_block(dt), bb = fmoe_quant_act_bytes(dt, blk);
+    for (int64_t b = r0 / blk; b * blk < r1; b++) {
+        const int64_t lo = b * blk > r0 ? b * blk : r0;
+        const int64_t hi = (b + 1) * blk < r1 ? (b + 1) * blk : r1;
+        if (atomic_fetch_add(&x->done[e->first_block + b], (int32_t)(hi - lo)) + (hi - lo) < blk)
+            continue;
+        for (int32_t t = 0; t < e->c; t++)
+            fmoe_quant_act_quantize(dt, G + t * mc + b * blk,
+                                    x->qg + (int64_t)(e->off + t) * x->qrow + b * bb, blk);
+    }
 }
 
-/* Job 2: 16 rows of h of every expert's down product, bias, and the weighted sum. */
+/* Job 2: a chunk of rows of h of every expert's down product, bias, and the weighted sum. */
 static void down_task(void *arg, int32_t task, int32_t worker) {
     const plan *p = arg;
     fmoe__cpu_fused *x = p->x;
     const int64_t h = p->a->h, mc = x->max_cols;
-    const int64_t r0 = (int64_t)task * DOWN_CHUNK;
-    const int64_t r1 = r0 + DOWN_CHUNK < h ? r0 + DOWN_CHUNK : h;
+    const int64_t r0 = (int64_t)task * p->down_chunk;
+    const int64_t r1 = r0 + p->down_chunk < h ? r0 + p->down_chunk : h;
     for (int32_t k = 0; k < p->count; k++) {
         const entry *e = &x->e[k];
         const fmoe__mlp *w = e->w;
@@ -281,7 +287,7 @@ int fmoe__cpu_moe_experts(void *ctx, const fmoe__moe_args *a) {
     if (rows > x->max_rows || count > x->max_rows + 1) return 1;
     plan p = {.ctx = ctx, .x = x, .a = a, .count = count};
     uint32_t types[MAX_QTYPES];
-    int32_t ntypes = 0, tasks = 0, off = 0, blocks = 0;
+    int32_t ntypes = 0, tasks = 0, off = 0, blocks = 0, max_c = 0;
     double work = 0;
     for (int32_t k = 0; k < count; k++) {
         const int shared = k == a->count;
@@ -313,9 +319,10 @@ int fmoe__cpu_moe_experts(void *ctx, const fmoe__moe_args *a) {
             *dst[m] = g;
         }
         e->down_act = act_bytes(ctx, &w->down) > 0;
-        e->chunk = UP_CHUNK; /* divides the 8-bit blocks (32 or 256), which divide I */
+        const int64_t I = w->gate.rows; /* whole 8-bit blocks (32 or 256) */
+        e->chunk = fmoe__quant_matvec_chunk(x->threads, I, e->c);
         e->first_task = tasks;
-        const int64_t I = w->gate.rows;
+        if (e->c > max_c) max_c = e->c;
         e->first_block = blocks;
         if (e->down_act) {
             blocks += (int32_t)(I / act_block(w->down.quant));
@@ -335,7 +342,8 @@ int fmoe__cpu_moe_experts(void *ctx, const fmoe__moe_args *a) {
                    (size_t)a->h * sizeof(float));
     }
     for (int32_t b = 0; b < blocks; b++) atomic_store_explicit(&x->done[b], 0, memory_order_relaxed);
-    const int32_t down_tasks = (a->h + DOWN_CHUNK - 1) / DOWN_CHUNK;
+    p.down_chunk = fmoe__quant_matvec_chunk(x->threads, a->h, max_c);
+    const int32_t down_tasks = (int32_t)((a->h + p.down_chunk - 1) / p.down_chunk);
     if (work < fmoe__cpu_min_work(ctx)) {
         for (int32_t t = 0; t < tasks; t++) up_task(&p, t, 0);
         for (int32_t t = 0; t < down_tasks; t++) down_task(&p, t, 0);
@@ -361,6 +369,7 @@ typedef struct same_job {
     int32_t n, count;
     const uint8_t *q[MAX_SAME];   /* 8-bit rows of `in` for ws[i], or NULL: f32 */
     int32_t first[MAX_SAME + 1];  /* ws[i]'s first task */
+    int64_t chunk[MAX_SAME];      /* ws[i]'s rows per task */
 } same_job;
 
 static void same_task(void *arg, int32_t task, int32_t worker) {
@@ -368,8 +377,8 @@ static void same_task(void *arg, int32_t task, int32_t worker) {
     int32_t i = 0;
     while (j->first[i + 1] <= task) i++;
     const fmoe__mat *W = j->ws[i];
-    const int64_t r0 = (int64_t)(task - j->first[i]) * UP_CHUNK;
-    const int64_t r1 = r0 + UP_CHUNK < W->rows ? r0 + UP_CHUNK : W->rows;
+    const int64_t r0 = (int64_t)(task - j->first[i]) * j->chunk[i];
+    const int64_t r1 = r0 + j->chunk[i] < W->rows ? r0 + j->chunk[i] : W->rows;
     product(j->ctx, j->x, W, r0, r1, j->in, W->cols, j->q[i], j->x->qrow, j->n, j->ys[i],
             W->rows, worker);
 }
@@ -389,7 +398,8 @@ void fmoe__cpu_matmul_same_input(void *ctx, const fmoe__mat *const *ws, int32_t 
         if (act_bytes(ctx, ws[i]) > 0 &&
             !(j.q[i] = rows_8bit(x, ws[i]->quant, in, n, ws[i]->cols, types, &ntypes)))
             ok = 0;
-        j.first[i + 1] = j.first[i] + (int32_t)((ws[i]->rows + UP_CHUNK - 1) / UP_CHUNK);
+        j.chunk[i] = fmoe__quant_matvec_chunk(x->threads, ws[i]->rows, n);
+        j.first[i + 1] = j.first[i] + (int32_t)((ws[i]->rows + j.chunk[i] - 1) / j.chunk[i]);
         work += (double)n * (double)ws[i]->rows * (double)ws[i]->cols;
     }
     if (!ok) {

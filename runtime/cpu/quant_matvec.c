@@ -1,8 +1,9 @@
 /*
  * quant_matvec.c - quantized matrix times f32 vectors over the thread pool
- * (quant_matvec.h). Chunks of 16 rows: small enough to balance a decode step's few
- * thousand rows over the workers, large enough that a task is not dominated by the pool's
- * hand-off; each chunk's rows stay in L1/L2 while the nx inputs stream past.
+ * (quant_matvec.h). Chunks of 16 rows where many inputs stream past (each chunk's rows stay
+ * in L1/L2 meanwhile); with a decode step's one to four inputs, a few large chunks per
+ * thread (fmoe__quant_matvec_chunk: a call per 16 rows was ~7,000 kernel dispatches a
+ * token on the small benchmark model, 2,000 of them the output head's).
  *
  * The 8-bit path quantises the inputs on the calling thread before the workers start:
  * O(nx·cols) against the product's O(nx·rows·cols), and every worker then reads the same
@@ -17,6 +18,9 @@
 #include "quant_widen.h"
 
 #define CHUNK_ROWS 16
+#define CHUNK_INPUTS 4     /* inputs the 8-bit kernels take in one pass over the rows */
+#define TASKS_PER_THREAD 8 /* a thread's share in tasks: the last one claimed is at most
+                              1/8 of its share, the other threads' idle time at its end */
 
 typedef struct job {
     uint32_t type;
@@ -30,7 +34,16 @@ typedef struct job {
     float *y;
     int64_t ldy;
     float *const *scratch; /* [workers][cols] or NULL */
+    int64_t chunk;          /* rows per task */
 } job;
+
+int64_t fmoe__quant_matvec_chunk(int32_t threads, int64_t rows, int32_t nx) {
+    if (nx > CHUNK_INPUTS) return CHUNK_ROWS;
+    const int64_t all = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS * CHUNK_ROWS;
+    if (threads <= 1) return all > CHUNK_ROWS ? all : CHUNK_ROWS;
+    const int64_t c = rows / ((int64_t)threads * TASKS_PER_THREAD) / CHUNK_ROWS * CHUNK_ROWS;
+    return c > CHUNK_ROWS ? c : CHUNK_ROWS;
+}
 
 void fmoe__quant_matvec_rows(uint32_t type, const void *W, int64_t row_bytes, int64_t r0,
                              int64_t r1, int64_t cols, const float *x, int64_t ldx,
@@ -58,15 +71,16 @@ void fmoe__quant_matvec_rows(uint32_t type, const void *W, int64_t row_bytes, in
 
 static void run_chunk(void *ctx, int32_t task, int32_t worker) {
     const job *j = ctx;
-    const int64_t r0 = (int64_t)task * CHUNK_ROWS;
-    const int64_t r1 = r0 + CHUNK_ROWS < j->rows ? r0 + CHUNK_ROWS : j->rows;
+    const int64_t r0 = (int64_t)task * j->chunk;
+    const int64_t r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
     fmoe__quant_matvec_rows(j->type, j->W, j->row_bytes, r0, r1, j->cols, j->x, j->ldx, j->qx,
                             j->qx_bytes, j->nx, j->y, j->ldy,
                             j->scratch ? j->scratch[worker] : NULL);
 }
 
 static void run(fmoe__pool *pool, job *j) {
-    const int32_t tasks = (int32_t)((j->rows + CHUNK_ROWS - 1) / CHUNK_ROWS);
+    j->chunk = fmoe__quant_matvec_chunk(fmoe__pool_threads(pool), j->rows, j->nx);
+    const int32_t tasks = (int32_t)((j->rows + j->chunk - 1) / j->chunk);
     if (!pool || tasks <= 1) {
         for (int32_t t = 0; t < tasks; t++) run_chunk(j, t, 0);
         return;

@@ -52,4 +52,16 @@ void fmoe__quant_matvec_rows(uint32_t type, const void *W, int64_t row_bytes, in
                              const void *qx, int64_t qx_bytes, int32_t nx, float *y,
                              int64_t ldy, float *widen_row);
 
+/*
+ * Rows of a product with nx inputs that one task (one kernel call) takes when `threads`
+ * threads share it: a multiple of 16. With more inputs than the 8-bit kernels take in one
+ * pass (4), 16, so that a chunk's rows stay in L1/L2 while the groups of inputs go past.
+ * With fewer, the kernel reads each row once whatever the chunk, and every call costs a
+ * dispatch (type, CPU level, row sizes: ~300 instructions, as many as a 16-row chunk's
+ * loads of 4-bit weights take time for), so chunks are as large as balance allows: all the
+ * rows on one thread, else about TASKS_PER_THREAD tasks a thread. A row's dot has the same
+ * bits whatever the chunk, so the results still do not depend on the thread count.
+ */
+int64_t fmoe__quant_matvec_chunk(int32_t threads, int64_t rows, int32_t nx);
+
 #endif

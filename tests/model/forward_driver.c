@@ -6,7 +6,7 @@
  *                  [--generate N] [--stepwise] [--batch B] [--threads T]
  *                  [--max-context C] [--temperature T] [--top-k K] [--top-p P]
  *                  [--seed S] [--speculative S] [--backend cpu|cuda|auto] [--bench]
- *                  [--activations f32|q8] [--warmup]
+ *                  [--activations f32|q8] [--warmup] [--decode-from-empty]
  *
  * --logits writes the logits of every prompt token as raw little-endian float32 [n][V].
  * --routes writes JSON: prompt, generated tokens, and for every token run (the prompt and
@@ -25,6 +25,12 @@
  * llama-bench's warmup run does: the timed pass then finds the weights' pages mapped and
  * the session's buffers touched (a first pass also pays the page faults of every routed
  * expert it reads first, which the load does not touch: docs/cpu.md, Threads).
+ * --decode-from-empty times the decode as llama-bench's tg test does: after the timed
+ * prefill the cache is cleared and --generate N single-token steps run from position 0,
+ * fed the prompt's tokens in turn rather than sampled ones (llama-bench feeds random ones
+ * and samples nothing). Without it the N - 1 timed steps follow the prompt in the cache,
+ * so each step's attention reads prompt + i positions: at a 64-token prompt that is several
+ * times the attention of llama-bench's tg steps, and the sampler runs on every step.
  * Exit status 0, or 1 with the error detail on stderr.
  */
 #include <stdio.h>
@@ -84,7 +90,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *dir = argv[1], *tokens_arg = NULL, *logits_path = NULL, *routes_path = NULL;
-    int32_t generate = 0, stepwise = 0, bench = 0, spec = 0, warmup = 0;
+    int32_t generate = 0, stepwise = 0, bench = 0, spec = 0, warmup = 0, from_empty = 0;
     fmoe_session_options so = fmoe_session_defaults();
     fmoe_sampler_params sp = {0.0f, 0, 1.0f, 0};
     for (int i = 2; i < argc; i++) {
@@ -93,6 +99,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--stepwise")) { stepwise = 1; continue; }
         if (!strcmp(a, "--bench")) { bench = 1; continue; }
         if (!strcmp(a, "--warmup")) { warmup = 1; continue; }
+        if (!strcmp(a, "--decode-from-empty")) { from_empty = 1; continue; }
         if (!v) { fprintf(stderr, "forward_driver: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--tokens")) tokens_arg = v;
@@ -127,6 +134,10 @@ int main(int argc, char **argv) {
     int32_t *prompt = NULL, n = 0;
     if (!tokens_arg || parse_tokens(tokens_arg, &prompt, &n) < 0 || n < 1) {
         fprintf(stderr, "forward_driver: --tokens needs a comma-separated list of ids\n");
+        return 2;
+    }
+    if (from_empty && (routes_path || spec)) {
+        fprintf(stderr, "forward_driver: --decode-from-empty takes no --routes or --speculative\n");
         return 2;
     }
 
@@ -185,8 +196,14 @@ int main(int argc, char **argv) {
 
     /* Generation: each token but the last is fed back. */
     int32_t fed = 0;
+    if (from_empty) fmoe_session_reset(s);
     double t2 = now();
-    for (int32_t i = 0; i < generate; i++) {
+    for (int32_t i = 0; from_empty && i < generate; i++) {
+        gen[i] = prompt[i % n];
+        if (fmoe_session_forward(s, &gen[i], 1, NULL, last) < 0) goto fail;
+        fed++;
+    }
+    for (int32_t i = 0; !from_empty && i < generate; i++) {
         gen[i] = fmoe_sampler_sample(smp, last);
         if (i + 1 == generate) break;
         const int64_t t = n + i;

@@ -456,24 +456,41 @@ TEST(cpu_moe_experts_by_hand) {
     }
 }
 
+/* Attention against a double reference, for head widths off and on the SIMD path (8;
+ * 16, 80, 128: multiples of 16), query heads per key/value head of 1, 2, 4 and 6 (a task
+ * takes up to four of a group: 4, 2 or 3 at once, fewer with more threads), causal, with a
+ * window, with sinks; and bit for bit the same at 1, 2 and 3 threads, whose tasks group the
+ * heads differently. */
 TEST(cpu_attention_gqa_causal_and_window) {
     const fmoe__backend_ops *be = &fmoe__cpu_backend;
-    const int32_t Hq = 4, Hk = 2, D = 8, ctxlen = 40, n = 6, pos0 = 30;
-    fmoe__backend_limits lim = {.threads = 2, .max_cols = 64, .max_batch = 8, .max_context = ctxlen};
-    void *ctx;
-    ASSERT_OK(be->init(&lim, &ctx));
-    float *kc = malloc(sizeof(float) * ctxlen * Hk * D), *vc = malloc(sizeof(float) * ctxlen * Hk * D);
-    float q[6 * 4 * 8], out[6 * 4 * 8];
-    for (int i = 0; i < ctxlen * Hk * D; i++) kc[i] = frand(), vc[i] = frand();
-    for (int i = 0; i < n * Hq * D; i++) q[i] = frand();
-    const float sinks[4] = {-1.0f, 0.5f, 3.0f, 20.0f}; /* the last outweighs every key */
+    const int32_t shapes[][3] = {{4, 2, 8}, {4, 2, 16}, {8, 2, 128}, {12, 2, 80}, {3, 3, 16},
+                                 {6, 1, 16}};
+    const int32_t ctxlen = 40, n = 6, pos0 = 30, maxf = 12 * 128;
+    float *kc = malloc(sizeof(float) * ctxlen * maxf), *vc = malloc(sizeof(float) * ctxlen * maxf);
+    float *q = malloc(sizeof(float) * n * maxf), *out[3];
+    for (int i = 0; i < 3; i++) out[i] = malloc(sizeof(float) * n * maxf);
+    for (int i = 0; i < ctxlen * maxf; i++) kc[i] = frand(), vc[i] = frand();
+    for (int i = 0; i < n * maxf; i++) q[i] = frand();
+    const float sinks[12] = {-1.0f, 0.5f, 3.0f, 20.0f, 0, 1, 2, -3, 4, 0.25f, -0.5f, 1.5f};
+    setenv("FMOE_CPU_MIN_WORK", "0", 1); /* every call through the pool's tasks */
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
     for (int sink = 0; sink <= 1; sink++)
     for (int window = 0; window <= 5; window += 5) {
-        fmoe__attn_args a = {.q = q, .k_cache = kc, .v_cache = vc, .out = out, .n = n,
-                             .pos0 = pos0, .n_heads = Hq, .n_kv_heads = Hk, .head_dim = D,
-                             .window = window, .scale = 1.0f / sqrtf((float)D),
-                             .sinks = sink ? sinks : NULL};
-        be->attention(ctx, &a);
+        const int32_t Hq = shapes[sh][0], Hk = shapes[sh][1], D = shapes[sh][2];
+        for (int th = 1; th <= 3; th++) {
+            fmoe__backend_limits lim = {.threads = th, .max_cols = 64, .max_batch = 8,
+                                        .max_context = ctxlen};
+            void *ctx;
+            ASSERT_OK(be->init(&lim, &ctx));
+            fmoe__attn_args a = {.q = q, .k_cache = kc, .v_cache = vc, .out = out[th - 1],
+                                 .n = n, .pos0 = pos0, .n_heads = Hq, .n_kv_heads = Hk,
+                                 .head_dim = D, .window = window, .scale = 1.0f / sqrtf((float)D),
+                                 .sinks = sink ? sinks : NULL};
+            be->attention(ctx, &a);
+            be->free(ctx);
+            if (th > 1)
+                ASSERT_EQ(memcmp(out[0], out[th - 1], sizeof(float) * n * Hq * D), 0);
+        }
         for (int t = 0; t < n; t++)
             for (int h = 0; h < Hq; h++) {
                 const int hk = h / (Hq / Hk), pos = pos0 + t;
@@ -493,13 +510,15 @@ TEST(cpu_attention_gqa_causal_and_window) {
                     double o = 0;
                     for (int p = lo; p <= pos; p++)
                         o += exp(sc[p] - mx) / sum * vc[(p * Hk + hk) * D + i];
-                    ASSERT_NEAR(out[(t * Hq + h) * D + i], o, 1e-5);
+                    ASSERT_NEAR(out[0][(t * Hq + h) * D + i], o, 2e-5);
                 }
             }
     }
+    unsetenv("FMOE_CPU_MIN_WORK");
     free(kc);
     free(vc);
-    be->free(ctx);
+    free(q);
+    for (int i = 0; i < 3; i++) free(out[i]);
 }
 
 static void count_task(void *ctx, int32_t task, int32_t worker) {

@@ -90,6 +90,67 @@ TEST(pool_equals_one_thread_and_reference) {
     fmoe__pool_free(pool);
 }
 
+/* A decode step's products (one to four inputs) take a few large chunks a thread
+ * (fmoe__quant_matvec_chunk), one on one thread: every row is still computed, and each
+ * output has the bits of that row's product computed alone, at 1 and 3 threads. The
+ * chunks: multiples of 16, all the rows on one thread, 16 with more than four inputs. */
+TEST(decode_chunks_give_each_rows_bits) {
+    ASSERT_EQ(fmoe__quant_matvec_chunk(1, 1000, 1), 1008);
+    ASSERT_EQ(fmoe__quant_matvec_chunk(1, 8, 4), 16);
+    ASSERT_EQ(fmoe__quant_matvec_chunk(3, 1000, 1), 32);
+    ASSERT_EQ(fmoe__quant_matvec_chunk(2, 32000, 1), 2000);
+    ASSERT_EQ(fmoe__quant_matvec_chunk(2, 100, 2), 16);
+    ASSERT_EQ(fmoe__quant_matvec_chunk(1, 1000, 5), 16);
+    ASSERT_EQ(fmoe__quant_matvec_chunk(3, 32000, 64), 16);
+    const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q6_K, FMOE_GGML_Q4_0,
+                              FMOE_GGML_IQ4_NL, FMOE_GGML_Q3_K, FMOE_GGML_BF16};
+    const int64_t rows = 1000, cols = 256; /* 3 threads: 32-row chunks, the last one short */
+    fmoe__pool *pool;
+    ASSERT_OK(fmoe__pool_init(3, &pool));
+    float *w = malloc((size_t)(rows * cols) * sizeof *w), *x = malloc((size_t)(4 * cols) * sizeof *x);
+    float *y1 = malloc((size_t)(4 * rows) * sizeof *y1), *y3 = malloc((size_t)(4 * rows) * sizeof *y3);
+    float *yr = malloc((size_t)(4 * rows) * sizeof *yr);
+    uint8_t *q = malloc((size_t)(rows * cols * 2)), *qx = malloc((size_t)(4 * cols * 2));
+    float *scratch[3];
+    for (int k = 0; k < 3; k++) scratch[k] = malloc((size_t)cols * 2 * sizeof **scratch);
+    for (int64_t i = 0; i < rows * cols; i++) w[i] = rndf() * 0.1f;
+    for (int64_t i = 0; i < 4 * cols; i++) x[i] = rndf();
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const uint32_t t = types[k];
+        const int64_t rb = fmoe_quant_row_bytes(t, cols);
+        for (int64_t r = 0; r < rows; r++) {
+            if (t == FMOE_GGML_BF16)
+                for (int64_t c = 0; c < cols; c++) {
+                    const uint16_t h = fmoe_float_to_bf16(w[r * cols + c]);
+                    memcpy(q + r * rb + 2 * c, &h, 2);
+                }
+            else
+                fmoe_quant_quantize_row(t, w + r * cols, q + r * rb, cols);
+        }
+        const int act = fmoe_quant_act_supported(t);
+        const int64_t qb = act ? fmoe_quant_act_bytes(t, cols) : 0;
+        for (int32_t nx = 1; nx <= 4; nx++)
+            for (int act8 = 0; act8 <= act; act8++) {
+                for (int32_t i = 0; act8 && i < nx; i++)
+                    fmoe_quant_act_quantize(t, x + i * cols, qx + i * qb, cols);
+                for (int64_t r = 0; r < rows; r++)
+                    fmoe__quant_matvec_rows(t, q, rb, r, r + 1, cols, x, cols, act8 ? qx : NULL, qb,
+                                            nx, yr, rows, NULL);
+                memset(y1, 0xff, (size_t)(4 * rows) * sizeof *y1); /* NaN: a row not written */
+                memset(y3, 0xff, (size_t)(4 * rows) * sizeof *y3);
+                fmoe__quant_matvec(NULL, t, q, rows, cols, x, nx, cols, y1, rows,
+                                   act8 ? scratch : NULL, act8 ? cols * 2 : 0, act8);
+                fmoe__quant_matvec(pool, t, q, rows, cols, x, nx, cols, y3, rows,
+                                   act8 ? scratch : NULL, act8 ? cols * 2 : 0, act8);
+                ASSERT_TRUE(memcmp(y1, yr, (size_t)(nx * rows) * sizeof *y1) == 0);
+                ASSERT_TRUE(memcmp(y3, yr, (size_t)(nx * rows) * sizeof *y3) == 0);
+            }
+    }
+    free(w), free(x), free(y1), free(y3), free(yr), free(q), free(qx);
+    for (int k = 0; k < 3; k++) free(scratch[k]);
+    fmoe__pool_free(pool);
+}
+
 /* The i-quants (lib/quant_iq.c), which fmoe reads but does not write: random blocks with
  * small finite scales, the pool's products equal one thread's bit for bit, the f32 path is
  * within the dot bound of the plain reference, the 8-bit path within it of
