@@ -83,6 +83,28 @@ SIMD static INLINE __m256i isum_us(__m256i u, __m256i s) {
 #endif
 }
 
+/* acc + the int16 lanes of s times those of p, summed in pairs into int32 lanes: one
+ * vpdpwssd in the VNNI build for madd then add (the same integers: no pair of the K-quant
+ * kernels' comes near 2^31, below) */
+SIMD static INLINE __m256i add_madd(__m256i acc, __m256i s, __m256i p) {
+#ifdef FMOE_QUANT_ACT_VNNI
+    return _mm256_dpwssd_epi32(acc, s, p);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(s, p));
+#endif
+}
+
+/* The high nibble of each byte (values 0..15): in the VNNI build (whose CPUs have GFNI,
+ * fmoe__quant_vnni) one affine byte transform, the bit matrix taking bits 4-7 to 0-3,
+ * for a shift and a mask. */
+SIMD static INLINE __m256i high_nibbles(__m256i v) {
+#ifdef FMOE_QUANT_ACT_VNNI
+    return _mm256_gf2p8affine_epi64_epi8(v, _mm256_set1_epi64x(0x1020408000000000ll), 0);
+#else
+    return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+#endif
+}
+
 /* Σ w·a of one 32-value block in int32 lanes, w's codes signed (|w| in aw, w in qw): w's
  * sign moves onto the activation, whose 32 bytes are at qa. */
 SIMD static INLINE __m256i isum_signed(__m256i aw, __m256i qw, const uint8_t *qa) {
@@ -162,15 +184,17 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
         const __m256i scales = _mm256_broadcastsi128_si256(sc16);
         const uint8_t *ql = w + (bits == 4 ? 16 : 48);
         const __m256i hb = bits == 5 ? load(w + 16) : _mm256_setzero_si256();
-        __m256i sumi[MAXX];
-        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
+        /* even and odd sub-blocks in their own int32 sums, two dependency chains (one
+         * vpdpwssd each a sub-block in the VNNI build), added at the block's end */
+        __m256i sumi[MAXX], sumo[MAXX];
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = sumo[k] = _mm256_setzero_si256();
         /* unrolled, so the shuffle masks below are constants: GCC 12 kept this loop and
          * built them at run time, 30% slower on a Zen 3 core (docs/quantization.md) */
         _Pragma("GCC unroll 4")
         for (int jj = 0; jj < 4; jj++, ql += 32) {
             const __m256i v = load(ql);
             __m256i q0 = _mm256_and_si256(v, m4);
-            __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            __m256i q1 = high_nibbles(v);
             if (bits == 5) {
                 /* bit 2jj (2jj+1) of each qh byte to bit 4 by a 16-bit shift: the bits it
                  * carries across the byte boundary land below bit 4, which the mask drops */
@@ -184,11 +208,11 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
             const __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * jj + 1))));
             _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
                 const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 64 * jj;
-                const __m256i p0 = _mm256_madd_epi16(s0, _mm256_maddubs_epi16(q0, load(qa)));
-                const __m256i p1 = _mm256_madd_epi16(s1, _mm256_maddubs_epi16(q1, load(qa + 32)));
-                sumi[k] = _mm256_add_epi32(sumi[k], _mm256_add_epi32(p0, p1));
+                sumi[k] = add_madd(sumi[k], s0, _mm256_maddubs_epi16(q0, load(qa)));
+                sumo[k] = add_madd(sumo[k], s1, _mm256_maddubs_epi16(q1, load(qa + 32)));
             }
         }
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_add_epi32(sumi[k], sumo[k]);
         _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
             const uint8_t *ak = a + k * stride;
             const float da = f32_at(ak);
@@ -219,8 +243,9 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
         const float d = f16_at(w + 208);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        __m256i sumi[MAXX];
-        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
+        /* two int32 sums a block (the even and odd quarters of each half), as in dots_q45_k */
+        __m256i sumi[MAXX], sumo[MAXX];
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = sumo[k] = _mm256_setzero_si256();
         /* unrolled as dots_q45_k's loop is, for constant scale shuffles */
         _Pragma("GCC unroll 2")
         for (int half = 0; half < 2; half++) {
@@ -238,11 +263,13 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
                                                                              hi, hi, hi, hi, hi, hi, hi, hi));
                 _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
                     const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 128 * half + 32 * qq;
-                    const __m256i p = _mm256_madd_epi16(s, _mm256_maddubs_epi16(q[qq], load(qa)));
-                    sumi[k] = _mm256_add_epi32(sumi[k], p);
+                    const __m256i p = _mm256_maddubs_epi16(q[qq], load(qa));
+                    if (qq & 1) sumo[k] = add_madd(sumo[k], s, p);
+                    else sumi[k] = add_madd(sumi[k], s, p);
                 }
             }
         }
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_add_epi32(sumi[k], sumo[k]);
         _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
             const uint8_t *ak = a + k * stride;
             const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(load(ak + FMOE__Q8K_BSUMS), sc16), 5);
