@@ -51,8 +51,12 @@
 /* Each kernel asks for the weight bytes this far ahead of the block it reads (the rows of
  * a matrix are one stream). The hardware prefetcher alone kept one core at 5-10 GB/s
  * while the other core's jobs also read memory; with these requests, 10-14 GB/s
- * (docs/quantization.md). Prefetches past the matrix's end do not fault. */
-#define PREFETCH_BYTES 2048
+ * (docs/quantization.md). That was measured with 2048 bytes, on an earlier VM; on the
+ * Zen 4 one that is too short (50-130 ns ahead at these kernels' pace): with 8192, matrices streamed from memory (not from the 32 MiB L3) took Q4_K
+ * from 22.2-22.6 to 19.4-20.1 ps a multiply-add, Q6_K 25.1-26.7 to 21.6-21.7, Q8_0
+ * 31.4-35.9 to 25.3-26.7 (bench_vs_ggml --kernels --stream 1024 1024). Prefetches past
+ * the matrix's end do not fault. */
+#define PREFETCH_BYTES 8192
 
 SIMD static INLINE void prefetch(const uint8_t *w, int lines) {
     for (int l = 0; l < lines; l++) _mm_prefetch((const char *)w + PREFETCH_BYTES + 64 * l, _MM_HINT_T0);
