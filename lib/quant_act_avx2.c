@@ -52,11 +52,15 @@
  * a matrix are one stream). The hardware prefetcher alone kept one core at 5-10 GB/s
  * while the other core's jobs also read memory; with these requests, 10-14 GB/s
  * (docs/quantization.md). That was measured with 2048 bytes, on an earlier VM; on the
- * Zen 4 one that is too short (50-130 ns ahead at these kernels' pace): with 8192, matrices streamed from memory (not from the 32 MiB L3) took Q4_K
- * from 22.2-22.6 to 19.4-20.1 ps a multiply-add, Q6_K 25.1-26.7 to 21.6-21.7, Q8_0
- * 31.4-35.9 to 25.3-26.7 (bench_vs_ggml --kernels --stream 1024 1024). Prefetches past
- * the matrix's end do not fault. */
-#define PREFETCH_BYTES 8192
+ * Zen 4 one that is too short. Matrices streamed from memory (not from the 32 MiB L3;
+ * bench_vs_ggml --kernels --stream 1024 1024), ps a multiply-add with 2048 / 4096 / 8192:
+ * Q4_K 22.2-22.6 / 19.6-19.8 / 19.4-20.1, Q6_K 25.1-26.7 / 23.0-24.9 / 21.6-21.7, Q8_0
+ * 31.4-35.9 / 26.9-28.3 / 25.3-26.7. The whole Q4_K model's decode preferred 4096 to
+ * 8192 (1 thread 377-389 against 365-387 tokens/s, 2 threads 562-582 against 534-548):
+ * the pool hands a thread 16-row chunks (9 KiB of 1024-wide Q4_K rows), and prefetches
+ * that run past its chunk land in the other core's. Prefetches past the matrix's end do
+ * not fault. */
+#define PREFETCH_BYTES 4096
 
 SIMD static INLINE void prefetch(const uint8_t *w, int lines) {
     for (int l = 0; l < lines; l++) _mm_prefetch((const char *)w + PREFETCH_BYTES + 64 * l, _MM_HINT_T0);
