@@ -57,9 +57,9 @@
  * Q4_K 22.2-22.6 / 19.6-19.8 / 19.4-20.1, Q6_K 25.1-26.7 / 23.0-24.9 / 21.6-21.7, Q8_0
  * 31.4-35.9 / 26.9-28.3 / 25.3-26.7. The whole Q4_K model's decode preferred 4096 to
  * 8192 (1 thread 377-389 against 365-387 tokens/s, 2 threads 562-582 against 534-548):
- * the pool hands a thread 16-row chunks (9 KiB of 1024-wide Q4_K rows), and prefetches
- * that run past its chunk land in the other core's. Prefetches past the matrix's end do
- * not fault. */
+ * the pool hands a thread 16-row chunks (9 KiB of 1024-wide Q4_K rows), so the further
+ * requests may fall in chunks another core reads (a guess, not measured). Prefetches past
+ * the matrix's end do not fault. */
 #define PREFETCH_BYTES 4096
 
 SIMD static INLINE void prefetch(const uint8_t *w, int lines) {
