@@ -51,8 +51,16 @@
 /* Each kernel asks for the weight bytes this far ahead of the block it reads (the rows of
  * a matrix are one stream). The hardware prefetcher alone kept one core at 5-10 GB/s
  * while the other core's jobs also read memory; with these requests, 10-14 GB/s
- * (docs/quantization.md). Prefetches past the matrix's end do not fault. */
-#define PREFETCH_BYTES 2048
+ * (docs/quantization.md). That was measured with 2048 bytes, on an earlier VM; on the
+ * Zen 4 one that is too short. Matrices streamed from memory (not from the 32 MiB L3;
+ * bench_vs_ggml --kernels --stream 1024 1024), ps a multiply-add with 2048 / 4096 / 8192:
+ * Q4_K 22.2-22.6 / 19.6-19.8 / 19.4-20.1, Q6_K 25.1-26.7 / 23.0-24.9 / 21.6-21.7, Q8_0
+ * 31.4-35.9 / 26.9-28.3 / 25.3-26.7. The whole Q4_K model's decode preferred 4096 to
+ * 8192 (1 thread 377-389 against 365-387 tokens/s, 2 threads 562-582 against 534-548):
+ * the pool hands a thread 16-row chunks (9 KiB of 1024-wide Q4_K rows), so the further
+ * requests may fall in chunks another core reads (a guess, not measured). Prefetches past
+ * the matrix's end do not fault. */
+#define PREFETCH_BYTES 4096
 
 SIMD static INLINE void prefetch(const uint8_t *w, int lines) {
     for (int l = 0; l < lines; l++) _mm_prefetch((const char *)w + PREFETCH_BYTES + 64 * l, _MM_HINT_T0);
@@ -80,6 +88,28 @@ SIMD static INLINE __m256i isum_us(__m256i u, __m256i s) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* acc + the int16 lanes of s times those of p, summed in pairs into int32 lanes: one
+ * vpdpwssd in the VNNI build for madd then add (the same integers: no pair of the K-quant
+ * kernels' comes near 2^31, below) */
+SIMD static INLINE __m256i add_madd(__m256i acc, __m256i s, __m256i p) {
+#ifdef FMOE_QUANT_ACT_VNNI
+    return _mm256_dpwssd_epi32(acc, s, p);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(s, p));
+#endif
+}
+
+/* The high nibble of each byte (values 0..15): in the VNNI build (whose CPUs have GFNI,
+ * fmoe__quant_vnni) one affine byte transform, the bit matrix taking bits 4-7 to 0-3,
+ * for a shift and a mask. */
+SIMD static INLINE __m256i high_nibbles(__m256i v) {
+#ifdef FMOE_QUANT_ACT_VNNI
+    return _mm256_gf2p8affine_epi64_epi8(v, _mm256_set1_epi64x(0x1020408000000000ll), 0);
+#else
+    return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
 #endif
 }
 
@@ -133,20 +163,24 @@ SIMD static INLINE void dots_q8_0(const uint8_t *w, const uint8_t *a, int64_t st
 }
 
 /* Q4_K (bits 4) and Q5_K (bits 5): per block Σ_j sc_j·Σ q·a in int32 lanes, and the mins
- * as Σ_j m_j·(bsum_2j + bsum_2j+1) from the activation's bsums. */
+ * as Σ_j m_j·(bsum_2j + bsum_2j+1) from the activation's bsums, in eight lanes each, both
+ * accumulated in f32 and reduced at the end. Per block this is mostly bookkeeping around
+ * 16 multiply instructions, and the bookkeeping was half the time: d and dmin are
+ * converted by one instruction and scaled by da by one, the mins' lanes formed by one
+ * madd (L2-resident, 1024-wide rows: 18.2 -> 16.5-17.0 ps a multiply-add on Zen 4,
+ * bench_vs_ggml --kernels 1024 1024; llama.cpp's repacked gemv 16.8-17.2). */
 SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t stride, int nx,
                                    int64_t n, float *y, int64_t ys, int bits) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
     const int64_t wbytes = bits == 4 ? FMOE_Q4_K_BYTES : FMOE_Q5_K_BYTES;
-    __m256 acc[MAXX];
-    __m128 accm[MAXX];
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
-        acc[k] = _mm256_setzero_ps();
-        accm[k] = _mm_setzero_ps();
-    }
+    __m256 acc[MAXX], accm[MAXX];
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = accm[k] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += FMOE_QK_K, w += wbytes, a += FMOE_Q8_K_BYTES) {
         prefetch(w, 3); /* 144 or 176 bytes */
-        const float d = f16_at(w), dmin = f16_at(w + 2);
+        /* d and dmin converted together */
+        uint32_t dd;
+        memcpy(&dd, w, 4);
+        const __m128 ddf = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
         /* the eight 6-bit scales and mins as int16 lanes, all at once (ggml's utmp trick:
          * fmoe__scale_min_k4 for j = 0..7, four 32-bit words at a time) */
         uint32_t u[4];
@@ -158,19 +192,23 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
         u[0] &= 0x3f3f3f3f;
         /* u[0..1]: scales of sub-blocks 0..7, u[2..3]: their mins */
         const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[1], (int)u[0]));
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2]));
+        /* each min twice, in the int16 lanes of the two bsums of its sub-block */
+        const __m128i m8 = _mm_set_epi32(0, 0, (int)u[3], (int)u[2]);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
         const __m256i scales = _mm256_broadcastsi128_si256(sc16);
         const uint8_t *ql = w + (bits == 4 ? 16 : 48);
         const __m256i hb = bits == 5 ? load(w + 16) : _mm256_setzero_si256();
-        __m256i sumi[MAXX];
-        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
+        /* even and odd sub-blocks in their own int32 sums, two dependency chains (one
+         * vpdpwssd each a sub-block in the VNNI build), added at the block's end */
+        __m256i sumi[MAXX], sumo[MAXX];
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = sumo[k] = _mm256_setzero_si256();
         /* unrolled, so the shuffle masks below are constants: GCC 12 kept this loop and
          * built them at run time, 30% slower on a Zen 3 core (docs/quantization.md) */
         _Pragma("GCC unroll 4")
         for (int jj = 0; jj < 4; jj++, ql += 32) {
             const __m256i v = load(ql);
             __m256i q0 = _mm256_and_si256(v, m4);
-            __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            __m256i q1 = high_nibbles(v);
             if (bits == 5) {
                 /* bit 2jj (2jj+1) of each qh byte to bit 4 by a 16-bit shift: the bits it
                  * carries across the byte boundary land below bit 4, which the mask drops */
@@ -184,27 +222,24 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
             const __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * jj + 1))));
             _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
                 const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 64 * jj;
-                const __m256i p0 = _mm256_madd_epi16(s0, _mm256_maddubs_epi16(q0, load(qa)));
-                const __m256i p1 = _mm256_madd_epi16(s1, _mm256_maddubs_epi16(q1, load(qa + 32)));
-                sumi[k] = _mm256_add_epi32(sumi[k], _mm256_add_epi32(p0, p1));
+                sumi[k] = add_madd(sumi[k], s0, _mm256_maddubs_epi16(q0, load(qa)));
+                sumo[k] = add_madd(sumo[k], s1, _mm256_maddubs_epi16(q1, load(qa + 32)));
             }
         }
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_add_epi32(sumi[k], sumo[k]);
         _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
             const uint8_t *ak = a + k * stride;
-            const float da = f32_at(ak);
-            const __m256i bs = load(ak + FMOE__Q8K_BSUMS);
-            const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-            const __m128i pm = _mm_madd_epi16(mins, pairs);
-            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(da * d), _mm256_cvtepi32_ps(sumi[k]), acc[k]);
-            accm[k] = _mm_fmadd_ps(_mm_set1_ps(da * dmin), _mm_cvtepi32_ps(pm), accm[k]);
+            /* da·d and da·dmin, each one f32 product as before */
+            const __m128 sd = _mm_mul_ps(_mm_broadcast_ss((const float *)ak), ddf);
+            const __m256 sdmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sd), _mm256_set1_epi32(1));
+            /* lane j: m_j·(bsum_2j + bsum_2j+1), one madd of the bsums as they lie (a
+             * horizontal add of them into pairs first, then a 128-bit madd, cost more) */
+            const __m256i pm = _mm256_madd_epi16(mins, load(ak + FMOE__Q8K_BSUMS));
+            acc[k] = _mm256_fmadd_ps(_mm256_broadcastss_ps(sd), _mm256_cvtepi32_ps(sumi[k]), acc[k]);
+            accm[k] = _mm256_fmadd_ps(sdmin, _mm256_cvtepi32_ps(pm), accm[k]);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
-        __m128 mm = accm[k];
-        mm = _mm_add_ps(mm, _mm_movehl_ps(mm, mm));
-        mm = _mm_add_ss(mm, _mm_shuffle_ps(mm, mm, 1));
-        y[k * ys] = fmoe__hsum256(acc[k]) - _mm_cvtss_f32(mm);
-    }
+    _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]) - fmoe__hsum256(accm[k]);
 }
 
 /* Q6_K: 6-bit values 0..63 from ql's nibbles and qh's pairs; the offset of 32 comes off
@@ -219,8 +254,9 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
         const float d = f16_at(w + 208);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        __m256i sumi[MAXX];
-        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_setzero_si256();
+        /* two int32 sums a block (the even and odd quarters of each half), as in dots_q45_k */
+        __m256i sumi[MAXX], sumo[MAXX];
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = sumo[k] = _mm256_setzero_si256();
         /* unrolled as dots_q45_k's loop is, for constant scale shuffles */
         _Pragma("GCC unroll 2")
         for (int half = 0; half < 2; half++) {
@@ -238,11 +274,13 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
                                                                              hi, hi, hi, hi, hi, hi, hi, hi));
                 _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
                     const uint8_t *qa = a + k * stride + FMOE__Q8K_Q + 128 * half + 32 * qq;
-                    const __m256i p = _mm256_madd_epi16(s, _mm256_maddubs_epi16(q[qq], load(qa)));
-                    sumi[k] = _mm256_add_epi32(sumi[k], p);
+                    const __m256i p = _mm256_maddubs_epi16(q[qq], load(qa));
+                    if (qq & 1) sumo[k] = add_madd(sumo[k], s, p);
+                    else sumi[k] = add_madd(sumi[k], s, p);
                 }
             }
         }
+        _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) sumi[k] = _mm256_add_epi32(sumi[k], sumo[k]);
         _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
             const uint8_t *ak = a + k * stride;
             const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(load(ak + FMOE__Q8K_BSUMS), sc16), 5);

@@ -11,18 +11,20 @@
  * ggml_get_type_traits_cpu(type)->vec_dot called row by row (and input by input: for these
  * types ggml has no several-input vec_dot, nrows 1), its inputs quantised by the from_float
  * of the type's vec_dot_type (Q8_K, Q8_0 or Q8_1), as ggml's mul_mat does; and, for the
- * types llama.cpp repacks on an AVX2 CPU when it loads a model (Q4_0, IQ4_NL, MXFP4: eight
- * rows interleaved, ggml-cpu/repack.cpp), its repacked one-input kernel
- * ggml_gemv_<type>_8x8_q8_0 on the same blocks repacked here in that layout (repack_8x8),
- * which is what its decode runs; with --kernels also Q2_K's, which llama.cpp repacks on an
- * AVX-512 CPU (q2_k_repacked: ggml_gemv_q2_K_8x8_q8_K on Q8_K inputs, its own layout).
+ * types llama.cpp repacks on an AVX2 CPU when it loads a model (Q4_0, IQ4_NL, MXFP4, Q4_K:
+ * eight rows interleaved, ggml-cpu/repack.cpp), its repacked one-input kernel
+ * ggml_gemv_<type>_8x8_q8_0 (Q4_K: ggml_gemv_q4_K_8x8_q8_K, Q8_K inputs) on the same blocks
+ * repacked here in that layout (repack_8x8, repack_q4_k_8x8), which is what its decode
+ * runs; with --kernels also Q2_K's, which llama.cpp repacks on an AVX-512 CPU
+ * (q2_k_repacked: ggml_gemv_q2_K_8x8_q8_K on Q8_K inputs, its own layout).
  * The library is dlopen'ed, so this builds without
  * llama.cpp; ggml's type numbers are the GGUF ones fmoe uses (fmoe/quant.h).
  *
  * Two modes. The default times one input and eight, each sample several products (about
  * 2 ms). --kernels times one input, each sample one pass over the matrix (the L2-resident
  * 128 x 4096 by default: the kernels' arithmetic, not memory), best of SAMPLES (default
- * 100); --stream adds a 16384 x 4096 matrix streamed from memory.
+ * 100); --stream adds a matrix streamed from memory (16384 x COLS, more rows where that
+ * is under 64 MiB).
  *
  * Timing: thread CPU time, the sides alternating sample by sample, the fastest sample of
  * each kept: on a shared machine other processes only ever add time. Reported in
@@ -36,7 +38,7 @@
  *
  * (defaults 128 4096, SAMPLES 15 or with --kernels 100; TYPE: ggml names such as IQ2_XXS,
  * default every type fmoe reads with 8-bit inputs, with --kernels the 32-value types and
- * Q4_K). FMOE_NO_AVX512=1 times fmoe's AVX2 level on an AVX-512 CPU, FMOE_NO_VNNI=1 its
+ * Q4_K, Q5_K and Q6_K). FMOE_NO_AVX512=1 times fmoe's AVX2 level on an AVX-512 CPU, FMOE_NO_VNNI=1 its
  * AVX2 kernels without vpdpbusd.
  */
 #include <dlfcn.h>
@@ -63,7 +65,7 @@ struct ggml_traits_cpu {
 };
 typedef const struct ggml_traits_cpu *(*ggml_traits_fn)(int type);
 /* ggml_gemv_<type>_8x8_q8_0 (ggml-cpu/repack.h): nc rows (a multiple of 8), repacked, times
- * nr Q8_0 inputs of n values; bs is not read by the one-input form. */
+ * nr Q8_0 inputs of n values (Q4_K's: Q8_K inputs); bs is not read by the one-input form. */
 typedef void (*ggml_gemv_fn)(int n, float *s, size_t bs, const void *vx, const void *vy, int nr,
                              int nc);
 
@@ -82,6 +84,7 @@ static ggml_gemv_fn repacked_gemv(void *lib, uint32_t t) {
     const char *name = t == FMOE_GGML_Q4_0     ? "ggml_gemv_q4_0_8x8_q8_0"
                        : t == FMOE_GGML_IQ4_NL ? "ggml_gemv_iq4_nl_8x8_q8_0"
                        : t == FMOE_GGML_MXFP4  ? "ggml_gemv_mxfp4_8x8_q8_0"
+                       : t == FMOE_GGML_Q4_K   ? "ggml_gemv_q4_K_8x8_q8_K"
                                                : NULL;
     return name ? (ggml_gemv_fn)dlsym(lib, name) : NULL;
 }
@@ -104,6 +107,34 @@ static void repack_8x8(uint32_t t, const uint8_t *W, int64_t rb, int64_t rows, i
                 for (int k = 0; k < 8; k++) dst[8 * i + k] = (uint8_t)(src[k] ^ (t == FMOE_GGML_Q4_0 ? 0x88 : 0));
             }
             dst += 128;
+        }
+}
+
+/* Q4_K rows in ggml's block_q4_Kx8 layout (repack.cpp's make_block_q4_Kx8, interleave 8):
+ * for each group of eight rows and each block column, the eight d (f16), the eight dmin,
+ * then per sub-block s (0..7) twelve bytes holding the eight rows' scale and min of
+ * sub-block s packed as one Q4_K block packs its eight sub-blocks' (row j in the place of
+ * sub-block j), then the 128 bytes of nibbles as 8-byte pieces, row 0 piece 0, row 1
+ * piece 0, ..., row 7 piece 15. */
+static void repack_q4_k_8x8(const uint8_t *W, int64_t rb, int64_t rows, int64_t cols, uint8_t *dst) {
+    const int64_t nb = cols / FMOE_QK_K;
+    for (int64_t g = 0; g < rows; g += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *in[8];
+            for (int j = 0; j < 8; j++) in[j] = W + (g + j) * rb + b * FMOE_Q4_K_BYTES;
+            for (int j = 0; j < 8; j++) memcpy(dst + 2 * j, in[j], 2);
+            for (int j = 0; j < 8; j++) memcpy(dst + 16 + 2 * j, in[j] + 2, 2);
+            for (int s = 0; s < 8; s++) {
+                uint8_t sc[8], m[8], *o = dst + 32 + 12 * s;
+                for (int j = 0; j < 8; j++) fmoe__scale_min_k4(s, in[j] + 4, &sc[j], &m[j]);
+                for (int j = 0; j < 4; j++) {
+                    o[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+                    o[j + 4] = (uint8_t)(m[j] | (m[j + 4] >> 4) << 6);
+                    o[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+                }
+            }
+            for (int i = 0; i < 128; i++) memcpy(dst + 128 + 8 * i, in[i % 8] + 16 + 8 * (i / 8), 8);
+            dst += 128 + 1024;
         }
 }
 
@@ -155,7 +186,7 @@ static double max_rel_diff(const float *a, const float *b, int64_t n) {
 }
 
 /* g: the type's vec_dot traits and gq its input type's (or NULL), gemv the repacked kernel
- * (or NULL), q8: Q8_0's traits (the repacked kernels' inputs). kernels: one input, one
+ * (or NULL), q8: the traits of its input type (Q8_0, Q4_K's Q8_K). kernels: one input, one
  * pass a sample. */
 static void run_type(uint32_t t, int64_t rows, int64_t cols, int samples, int kernels,
                      const struct ggml_traits_cpu *g, const struct ggml_traits_cpu *gq,
@@ -164,8 +195,9 @@ static void run_type(uint32_t t, int64_t rows, int64_t cols, int samples, int ke
     uint8_t *W = malloc((size_t)(rows * rb)), *Wr = gemv ? malloc((size_t)(rows * rb)) : NULL;
     float *wf = malloc((size_t)cols * sizeof *wf), *x = malloc((size_t)(cols * NX) * sizeof *x);
     uint8_t *qx = malloc((size_t)(ab * NX));
-    /* ggml's input blocks: at most Q8_1's 36 bytes per 32 values, Q8_K's 292 per 256 */
-    const int64_t gab = cols / 32 * 36 + 64;
+    /* ggml's input blocks: Q8_1's 36 bytes per 32 values, Q8_K's 292 per 256 (below 37
+     * per 32) */
+    const int64_t gab = cols / 32 * 37 + 64;
     uint8_t *gx = malloc((size_t)(gab * NX)), *rx = malloc((size_t)gab);
     float *yf = malloc((size_t)(rows * NX) * sizeof *yf), *yg = malloc((size_t)(rows * NX) * sizeof *yg);
     float *yr = malloc((size_t)rows * sizeof *yr);
@@ -182,8 +214,8 @@ static void run_type(uint32_t t, int64_t rows, int64_t cols, int samples, int ke
         }
     }
     if (gemv) {
-        repack_8x8(t, W, rb, rows, cols, Wr);
-        q8->from_float(x, rx, cols);
+        if (t == FMOE_GGML_Q4_K) repack_q4_k_8x8(W, rb, rows, cols, Wr);
+        else repack_8x8(t, W, rb, rows, cols, Wr);
     }
     fill(x, cols * NX, 7);
     for (int k = 0; k < NX; k++) {
@@ -349,7 +381,7 @@ int main(int argc, char **argv) {
     if (ntypes == 0 && kernels) {
         static const uint32_t q32[] = {FMOE_GGML_Q4_0, FMOE_GGML_Q4_1, FMOE_GGML_Q5_0,
                                        FMOE_GGML_Q5_1, FMOE_GGML_Q8_0, FMOE_GGML_IQ4_NL,
-                                       FMOE_GGML_MXFP4, FMOE_GGML_Q4_K};
+                                       FMOE_GGML_MXFP4, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K};
         for (size_t k = 0; k < sizeof q32 / sizeof q32[0]; k++) types[ntypes++] = q32[k];
     } else if (ntypes == 0) {
         static const uint32_t all[] = {
@@ -377,12 +409,13 @@ int main(int argc, char **argv) {
         init();
     }
     const struct ggml_traits_cpu *q8 = traits ? traits(FMOE_GGML_Q8_0) : NULL;
+    const struct ggml_traits_cpu *q8k = traits ? traits(FMOE_GGML_Q8_K) : NULL;
     printf("%s, best of %d samples (thread CPU time, %s), fmoe level %s%s%s%s\n\n",
            kernels ? "one input" : "one input and eight", samples,
            kernels ? "one pass each" : "about 2 ms each", fmoe__quant_level_name(fmoe__quant_level()),
            getenv("FMOE_NO_VNNI") ? " (FMOE_NO_VNNI)" : "", lib ? ", ggml " : "", lib ? lib : "");
-    printf("ps per multiply-add, 8-bit inputs; ggml repacked: ggml_gemv_<type>_8x8_q8_0 where "
-           "llama.cpp repacks the type on AVX2\n\n");
+    printf("ps per multiply-add, 8-bit inputs; ggml repacked: ggml_gemv_<type>_8x8_q8_0 (Q4_K: "
+           "_q8_K) where llama.cpp repacks the type on AVX2\n\n");
     if (kernels)
         printf("| type | rows x cols | fmoe | ggml vec_dot | ggml repacked | best ggml/fmoe "
                "| max diff (vec_dot, repacked) |\n|---|---|---|---|---|---|---|\n");
@@ -398,11 +431,16 @@ int main(int argc, char **argv) {
             gq = traits(g->vec_dot_type);
             if (!gq || !gq->from_float) g = NULL;
         }
-        const ggml_gemv_fn gemv = q8 && q8->from_float ? repacked_gemv(h, t) : NULL;
+        const struct ggml_traits_cpu *rq = t == FMOE_GGML_Q4_K ? q8k : q8;
+        const ggml_gemv_fn gemv = rq && rq->from_float ? repacked_gemv(h, t) : NULL;
         for (int size = 0; size < (kernels && stream ? 2 : 1); size++) {
-            const int64_t r = size ? 16384 : rows;
+            /* the streamed matrix: 16384 rows, more where that is under 64 MiB (twice
+             * the 32 MiB L3 of the development VM's EPYC: 16384 rows of 1024 Q4_K values
+             * are 9 MiB, which a pass reads from L3, not memory) */
+            const int64_t srows = (((int64_t)64 << 20) / fmoe_quant_row_bytes(t, cols) + 7) / 8 * 8;
+            const int64_t r = size ? (srows > 16384 ? srows : 16384) : rows;
             result res;
-            run_type(t, r, cols, size ? (samples + 19) / 20 : samples, kernels, g, gq, gemv, q8, &res);
+            run_type(t, r, cols, size ? (samples + 19) / 20 : samples, kernels, g, gq, gemv, rq, &res);
             if (kernels && h && t == FMOE_GGML_Q2_K)
                 q2_k_repacked(h, traits, r, cols, size ? (samples + 19) / 20 : samples, &res);
             const double macs = (double)(r * cols);

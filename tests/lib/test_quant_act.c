@@ -27,6 +27,7 @@
 #include "fmoe/quant.h"
 #include "fmoe/quant_act.h"
 #include "harness.h"
+#include "quant_act_impl.h"
 #include "quant_levels.h"
 
 static const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K,
@@ -545,6 +546,40 @@ TEST(q32_rows_are_the_reference_bits_at_avx2) {
                             HARNESS_FAIL("%s rows=%d nx=%d row %d input %d: %.9g, reference %.9g",
                                          fmoe_ggml_type_name(t), rows, nx, r, v, y[v * rows + r], ref);
                     }
+            }
+        free(w);
+        free(qx);
+    }
+}
+
+/* The AVX2 level's K-quant and Q8_0 kernels compiled with AVX512-VNNI and GFNI
+ * (lib/quant_act_avx2_vnni.c: vpdpwssd for madd then add, a GFNI transform for Q4_K's
+ * and Q5_K's high nibbles) give the bits of the plain AVX2 build, whatever the rows (1-5)
+ * and inputs (1-5): the same integer block sums, added in f32 in the same order. Random
+ * rows, so every 6-bit scale and min and every code occurs; run where the CPU has those
+ * instructions (fmoe__quant_vnni), which quant_act_no_vnni alone cannot compare. */
+TEST(vnni_build_gives_the_avx2_bits) {
+    static const uint32_t kq[] = {FMOE_GGML_Q4_K, FMOE_GGML_Q5_K, FMOE_GGML_Q6_K, FMOE_GGML_Q8_0};
+    if (fmoe__quant_level() != FMOE__QUANT_AVX2 || !fmoe__quant_vnni()) return;
+    enum { ROWS = 5, NX = 5, N = 768 };
+    for (size_t k = 0; k < sizeof kq / sizeof kq[0]; k++) {
+        const uint32_t t = kq[k];
+        const int64_t rb = fmoe_quant_row_bytes(t, N), ab = fmoe_quant_act_bytes(t, N);
+        uint8_t *w = malloc((size_t)(rb * ROWS)), *qx = malloc((size_t)(ab * NX));
+        float x[N], y[ROWS * NX], z[ROWS * NX];
+        for (int r = 0; r < ROWS; r++) random_row(t, w + r * rb, N);
+        for (int v = 0; v < NX; v++) {
+            for (int i = 0; i < N; i++) x[i] = rndf() * (v == 1 && i % 256 == 0 ? 40.f : 1.f);
+            fmoe_quant_act_quantize(t, x, qx + v * ab, N);
+        }
+        for (int rows = 1; rows <= ROWS; rows++)
+            for (int nx = 1; nx <= NX; nx++) {
+                fmoe__quant_act_rows_avx2(t, w, rb, rows, qx, ab, nx, N, y, rows);
+                fmoe__quant_act_rows_avx2_vnni(t, w, rb, rows, qx, ab, nx, N, z, rows);
+                for (int i = 0; i < rows * nx; i++)
+                    if (memcmp(&y[i], &z[i], sizeof y[i]) != 0)
+                        HARNESS_FAIL("%s rows=%d nx=%d output %d: AVX2 %.9g, VNNI build %.9g",
+                                     fmoe_ggml_type_name(t), rows, nx, i, y[i], z[i]);
             }
         free(w);
         free(qx);
