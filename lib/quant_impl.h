@@ -124,7 +124,7 @@ int32_t fmoe__kx_isum_avx512(const fmoe__kx_block *u, const int8_t *qa);
 float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n,
                              int level);
 /* rows x nx of those dots into y[k * ldy + r], each block unpacked once for every input;
- * the same bits as fmoe__quant_act_dot_kx's. */
+ * the same bits as fmoe__quant_act_dot_kx's (fmoe_quant_act_matvec's path below AVX2). */
 void fmoe__quant_act_rows_kx(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                              const void *qx, int64_t stride, int32_t nx, int64_t n, float *y,
                              int64_t ldy, int level);

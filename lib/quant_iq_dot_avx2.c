@@ -1,6 +1,8 @@
 /*
- * quant_iq_dot_avx2.c - the codebook i-quants' rows (lib/quant_iq.c's formats) times one
- * Q8_K input, AVX2: a decode step's product, for the AVX2 and AVX-512 levels.
+ * quant_iq_dot_avx2.c - the codebook i-quants' rows (lib/quant_iq.c's formats) times Q8_K
+ * inputs, AVX2: a decode step's product (one input) and a prefill's (up to four inputs a
+ * pass over each row, each group's grid points and signs formed once for all of them),
+ * for the AVX2 and AVX-512 levels.
  *
  * One loop per type over a row's blocks, after ggml's x86 vec_dots
  * (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_iq*_q8_K): the grid points, all of whose

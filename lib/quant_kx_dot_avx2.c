@@ -1,7 +1,8 @@
 /*
- * quant_kx_dot_avx2.c - Q2_K, Q3_K and IQ4_XS rows times one Q8_K input, AVX2: a decode
- * step's product, for the AVX2 and AVX-512 levels (lib/quant_kx.c keeps the several-input
- * products, which unpack a block once for all inputs, and the plain reference).
+ * quant_kx_dot_avx2.c - Q2_K, Q3_K and IQ4_XS rows times Q8_K inputs, AVX2: a decode
+ * step's product (one input) and a prefill's (several: up to four a pass over each row,
+ * the codes formed once for all of them), for the AVX2 and AVX-512 levels (lib/quant_kx.c
+ * keeps the plain reference and the unpack-once path of the levels below).
  *
  * One loop per type over a row's blocks, the codes formed in registers and fed to maddubs
  * as ggml's x86 vec_dots do (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_{q2_K,q3_K,iq4_xs}
@@ -15,8 +16,8 @@
  *           onto the activation (a pair at most 2·127·127, no int16 saturates).
  * The block results are added as the reference adds them (lib/quant_rows1_avx2.h), so the
  * bits are the plain C's. Compiled a second time for CPUs with AVX512-VNNI, GFNI and BMI2
- * (lib/quant_kx_dot_avx2_vnni.c, FMOE__R1_VNNI): eight rows a step, vpdpwssd, and the
- * 2-bit planes (and Q3_K's high bit) by GFNI affine transforms.
+ * (lib/quant_kx_dot_avx2_vnni.c, FMOE__R1_VNNI): eight rows a step (one input), vpdpwssd,
+ * and the 2-bit planes (and Q3_K's high bit) by GFNI affine transforms.
  */
 #include <stdint.h>
 #include <string.h>

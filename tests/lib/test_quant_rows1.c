@@ -1,8 +1,9 @@
 /*
  * test_quant_rows1.c - the one-input 8-bit row kernels of the 256-value types that
  * lib/quant_kx.c otherwise serves (lib/quant_iq_dot_avx2.c: IQ2_XXS .. IQ1_M;
- * lib/quant_kx_dot_avx2.c: Q2_K, Q3_K, IQ4_XS), which fmoe_quant_act_matvec takes for one
- * input at the AVX2 and AVX-512 levels, against the plain-C reference
+ * lib/quant_kx_dot_avx2.c: Q2_K, Q3_K, IQ4_XS), which fmoe_quant_act_matvec takes at the
+ * AVX2 and AVX-512 levels (one input, and 1 to 5 in one call: their several-input passes),
+ * against the plain-C reference
  * (fmoe_quant_act_dot_ref): bit for bit, row by row, at every level this CPU has, with a
  * row count that is a multiple of eight and one that is not (the VNNI compilation's
  * eight-row steps and its one-row tail; the quant_rows1_no_vnni run checks the AVX2 one).
