@@ -257,14 +257,13 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
                            const void *qx, int64_t qx_stride, int32_t nx, int64_t n, float *y,
                            int64_t ldy) {
     FMOE_ASSERT(fmoe_quant_act_supported(t) && n % (act_q8_0(t) ? FMOE_QK8_0 : FMOE_QK_K) == 0);
-    if (fmoe__quant_level() >= FMOE__QUANT_AVX2 && (fmoe__is_kx(t) || (nx == 1 && fmoe__is_iq(t)))) {
-        /* The one-input kernels (lib/quant_iq_dot_avx2.c, lib/quant_kx_dot_avx2.c), the
-         * reference's bits at every level: one input of an i-quant (with several, unpacking
-         * a block once for all of them is faster), any inputs of Q2_K, Q3_K and IQ4_XS (their
-         * in-register codes beat the shared unpack even eight times over). */
-        for (int32_t k = 0; k < nx; k++)
-            (fmoe__is_iq(t) ? fmoe__iq_rows1_avx2 : fmoe__kx_rows1_avx2)(
-                t, W, row_bytes, rows, (const uint8_t *)qx + k * qx_stride, n, y + k * ldy);
+    if (fmoe__quant_level() >= FMOE__QUANT_AVX2 && (fmoe__is_kx(t) || fmoe__is_iq(t))) {
+        /* Q2_K, Q3_K, IQ4_XS (lib/quant_kx_dot_avx2.c) and the i-quants
+         * (lib/quant_iq_dot_avx2.c), the reference's bits at every level: the codes formed in
+         * registers, once per block for up to four inputs (a prefill's product; lib/quant_kx.c's
+         * shared unpack through a buffer, once per block for every input, was 1.3-2x slower) */
+        (fmoe__is_iq(t) ? fmoe__iq_rowsx_avx2 : fmoe__kx_rowsx_avx2)(t, W, row_bytes, rows, qx,
+                                                                     qx_stride, nx, n, y, ldy);
         return;
     }
     if (fmoe__is_kx(t) || fmoe__is_iq(t)) { /* Q2_K, Q3_K, IQ4_XS, the i-quants:

@@ -99,6 +99,22 @@ void fmoe__iq_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, i
                               const void *qx, int64_t n, float *y);
 void fmoe__kx_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                               const void *qx, int64_t n, float *y);
+/* rows x nx Q8_K inputs (astride bytes apart) of Q2_K, Q3_K or IQ4_XS into y[k·ldy + r]
+ * (lib/quant_kx_dot_avx2.c, a prefill's product): up to four inputs a pass over each row,
+ * every input its fmoe__kx_rows1_avx2 bits. */
+void fmoe__kx_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                         int64_t ldy);
+void fmoe__kx_rowsx_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                              const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                              int64_t ldy);
+/* The same for the codebook i-quants (lib/quant_iq_dot_avx2.c). */
+void fmoe__iq_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                         int64_t ldy);
+void fmoe__iq_rowsx_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                              const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                              int64_t ldy);
 void fmoe__iq_values(uint32_t type, const uint8_t *b, float *y);
 float fmoe__iq_d(uint32_t type, const uint8_t *b);
 
@@ -108,7 +124,7 @@ int32_t fmoe__kx_isum_avx512(const fmoe__kx_block *u, const int8_t *qa);
 float fmoe__quant_act_dot_kx(uint32_t type, const void *row, const void *qx, int64_t n,
                              int level);
 /* rows x nx of those dots into y[k * ldy + r], each block unpacked once for every input;
- * the same bits as fmoe__quant_act_dot_kx's. */
+ * the same bits as fmoe__quant_act_dot_kx's (fmoe_quant_act_matvec's path below AVX2). */
 void fmoe__quant_act_rows_kx(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                              const void *qx, int64_t stride, int32_t nx, int64_t n, float *y,
                              int64_t ldy, int level);

@@ -1,6 +1,8 @@
 /*
- * quant_iq_dot_avx2.c - the codebook i-quants' rows (lib/quant_iq.c's formats) times one
- * Q8_K input, AVX2: a decode step's product, for the AVX2 and AVX-512 levels.
+ * quant_iq_dot_avx2.c - the codebook i-quants' rows (lib/quant_iq.c's formats) times Q8_K
+ * inputs, AVX2: a decode step's product (one input) and a prefill's (up to four inputs a
+ * pass over each row, each group's grid points and signs formed once for all of them),
+ * for the AVX2 and AVX-512 levels.
  *
  * One loop per type over a row's blocks, after ggml's x86 vec_dots
  * (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_iq*_q8_K): the grid points, all of whose
@@ -128,25 +130,37 @@ SIMD static INLINE __m256i nibble_scales(const uint8_t *p) {
 /* The block integers, one function per type                                          */
 /* ---------------------------------------------------------------------------------- */
 
+/* Each takes NX (1 to 4) inputs astride `as` bytes apart and sets v[k] to input k's block
+ * vector: the codes and signs formed once for all of them (a prefill pass), two
+ * accumulators per input. NX is a constant where they inline, so the one-input form is the
+ * loop it was. QA(k, o): input k's 32 activation bytes at offset o of group pair ib. */
+#define QA(k, o) fmoe__r1_load(a + (k) * as + FMOE__Q8K_Q + 32 * ib + (o))
+
 /* IQ2_XXS: per 32 values 8 bytes, four grid indices then a uint32 of four 7-bit sign sets
  * and the 4-bit scale on top. */
-SIMD static INLINE __m256i isum_iq2_xxs(const uint8_t *b, const int8_t *qa) {
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                        __m256i *v) {
+    __m256i acc0[4], acc1[4];
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 8")
-    for (int ib = 0; ib < 8; ib += 2, q += 16, qa += 64) {
+    for (int ib = 0; ib < 8; ib += 2, q += 16) {
         const uint32_t a1 = fmoe__r1_le32(q + 4), a3 = fmoe__r1_le32(q + 12);
         const __m256i g0 = points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3]);
         const __m256i g1 = points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]);
-        acc0 = madd_scale(acc0, dot_signed(g0, fmoe__r1_load(qa), ksigns4(a1)), 2 * (int)(a1 >> 28) + 1);
-        acc1 = madd_scale(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), ksigns4(a3)), 2 * (int)(a3 >> 28) + 1);
+        const __m256i s0 = ksigns4(a1), s1 = ksigns4(a3);
+        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+            acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(a1 >> 28) + 1);
+            acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(a3 >> 28) + 1);
+        }
     }
-    return _mm256_add_epi32(acc0, acc1);
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ2_XS: per 8 values a uint16, a 9-bit grid index under 7 sign bits; a 4-bit scale per
  * 16 values at 66. */
-SIMD static INLINE __m256i isum_iq2_xs(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE void isum_iq2_xs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                       __m256i *v) {
     const __m256i scales = nibble_scales(b + 66);
     /* The 32 sign sets as bytes, formed at once: each word's top 7 bits, packed (lane-wise:
      * put back in order), with the parity of the seven as bit 7 (the nibbles' bit counts by
@@ -161,29 +175,34 @@ SIMD static INLINE __m256i isum_iq2_xs(const uint8_t *b, const int8_t *qa) {
     const __m256i pc = _mm256_add_epi8(_mm256_shuffle_epi8(bits, _mm256_and_si256(s7, m4)),
                                        _mm256_shuffle_epi8(bits, _mm256_and_si256(_mm256_srli_epi16(s7, 4), m4)));
     const __m256i s8 = _mm256_or_si256(s7, _mm256_slli_epi16(_mm256_and_si256(pc, _mm256_set1_epi8(1)), 7));
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    __m256i acc0[4], acc1[4];
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 8")
-    for (int ib = 0; ib < 8; ib += 2, q += 16, qa += 64) {
+    for (int ib = 0; ib < 8; ib += 2, q += 16) {
         uint16_t v[8];
         memcpy(v, q, 16);
         const __m256i g0 = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
         const __m256i g1 = points4(fmoe__iq2xs_grid, v[4] & 511, v[5] & 511, v[6] & 511, v[7] & 511);
         const __m256i s0 = sign_bytes4(s8, ib), s1 = sign_bytes4(s8, ib + 1);
-        acc0 = fmoe__r1_madd_pick(acc0, dot_signed(g0, fmoe__r1_load(qa), s0), scales, ib);
-        acc1 = fmoe__r1_madd_pick(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), s1), scales, ib + 1);
+        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+            acc0[k] = fmoe__r1_madd_pick(acc0[k], dot_signed(g0, QA(k, 0), s0), scales, ib);
+            acc1[k] = fmoe__r1_madd_pick(acc1[k], dot_signed(g1, QA(k, 32), s1), scales, ib + 1);
+        }
     }
-    return _mm256_add_epi32(acc0, acc1);
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ2_S: per 8 values the low 8 bits of a 10-bit index in qs[k], its top 2 bits in
  * qh[k / 4] (bits 2(k % 4)), 8 plain sign bits in qs[32 + k]; scales as IQ2_XS at 74. */
-SIMD static INLINE __m256i isum_iq2_s(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                      __m256i *v) {
     const __m256i scales = nibble_scales(b + 74);
     const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    __m256i acc0[4], acc1[4];
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
-    for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8, qa += 64) {
+    for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8) {
 #if defined(FMOE__R1_VNNI)
         /* four indices as the words of one register (qh's 2-bit fields to bits 8, 9: pdep) */
         const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
@@ -199,39 +218,48 @@ SIMD static INLINE __m256i isum_iq2_s(const uint8_t *b, const int8_t *qa) {
         const __m256i g1 = points4(fmoe__iq2s_grid, qs[4] | (h1 & 3) << 8, qs[5] | (h1 & 12) << 6,
                                    qs[6] | (h1 & 48) << 4, qs[7] | (h1 & 192) << 2);
 #endif
-        acc0 = fmoe__r1_madd_pick(acc0, dot_signed(g0, fmoe__r1_load(qa), signs32(fmoe__r1_le32(signs))), scales, ib);
-        acc1 = fmoe__r1_madd_pick(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), signs32(fmoe__r1_le32(signs + 4))), scales,
-                         ib + 1);
+        const __m256i s0 = signs32(fmoe__r1_le32(signs)), s1 = signs32(fmoe__r1_le32(signs + 4));
+        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+            acc0[k] = fmoe__r1_madd_pick(acc0[k], dot_signed(g0, QA(k, 0), s0), scales, ib);
+            acc1[k] = fmoe__r1_madd_pick(acc1[k], dot_signed(g1, QA(k, 32), s1), scales, ib + 1);
+        }
     }
-    return _mm256_add_epi32(acc0, acc1);
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ3_XXS: a grid index (4 values) a byte; per 32 values a uint32 at 66 + 4ib of four
  * 7-bit sign sets and the 4-bit scale on top. */
-SIMD static INLINE __m256i isum_iq3_xxs(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                        __m256i *v) {
     const uint8_t *q = b + 2, *aux = b + 66;
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    __m256i acc0[4], acc1[4];
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
-    for (int ib = 0; ib < 8; ib += 2, q += 16, aux += 8, qa += 64) {
+    for (int ib = 0; ib < 8; ib += 2, q += 16, aux += 8) {
         const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
         const uint32_t i1[8] = {q[8], q[9], q[10], q[11], q[12], q[13], q[14], q[15]};
         const uint32_t a0 = fmoe__r1_le32(aux), a1 = fmoe__r1_le32(aux + 4);
         const __m256i g0 = points8(fmoe__iq3xxs_grid, i0), g1 = points8(fmoe__iq3xxs_grid, i1);
-        acc0 = madd_scale(acc0, dot_signed(g0, fmoe__r1_load(qa), ksigns4(a0)), 2 * (int)(a0 >> 28) + 1);
-        acc1 = madd_scale(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), ksigns4(a1)), 2 * (int)(a1 >> 28) + 1);
+        const __m256i s0 = ksigns4(a0), s1 = ksigns4(a1);
+        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+            acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(a0 >> 28) + 1);
+            acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(a1 >> 28) + 1);
+        }
     }
-    return _mm256_add_epi32(acc0, acc1);
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ3_S: per 4 values a 9-bit index, qs[k] and bit k % 8 of qh[k / 8]; sign bits 8 a byte
  * at 74; a 4-bit scale per 32 values at 106. */
-SIMD static INLINE __m256i isum_iq3_s(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                      __m256i *v) {
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
     /* index 8ib + j: qs[8ib + j] and bit j of qh[ib], moved to bit 8 by a per-lane shift */
     const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    __m256i acc0[4], acc1[4];
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
-    for (int ib = 0; ib < 8; ib += 2, qs += 16, signs += 8, qa += 64) {
+    for (int ib = 0; ib < 8; ib += 2, qs += 16, signs += 8) {
         const __m256i lo0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
         const __m256i lo1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
         const __m256i hi0 = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[ib]), lane), bit8);
@@ -241,12 +269,13 @@ SIMD static INLINE __m256i isum_iq3_s(const uint8_t *b, const int8_t *qa) {
         _mm256_store_si256((__m256i *)(idx + 8), _mm256_or_si256(lo1, hi1));
         const __m256i g0 = points8(fmoe__iq3s_grid, idx), g1 = points8(fmoe__iq3s_grid, idx + 8);
         const unsigned ls = scales[ib / 2];
-        acc0 = madd_scale(acc0, dot_signed(g0, fmoe__r1_load(qa), signs32(fmoe__r1_le32(signs))),
-                          2 * (int)(ls & 15) + 1);
-        acc1 = madd_scale(acc1, dot_signed(g1, fmoe__r1_load(qa + 32), signs32(fmoe__r1_le32(signs + 4))),
-                          2 * (int)(ls >> 4) + 1);
+        const __m256i s0 = signs32(fmoe__r1_le32(signs)), s1 = signs32(fmoe__r1_le32(signs + 4));
+        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+            acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(ls & 15) + 1);
+            acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(ls >> 4) + 1);
+        }
     }
-    return _mm256_add_epi32(acc0, acc1);
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ1_S: per 32 values a uint16 qh at 34 + 2ib (four 3-bit index tops, a 3-bit scale at
@@ -254,7 +283,8 @@ SIMD static INLINE __m256i isum_iq3_s(const uint8_t *b, const int8_t *qa) {
  * 8g + δ (δ = ±1 per 32 values): Σ sc·Σ(8g + δ)·a = 8·Σ sc·Σ g·a + Σ sc·δ·Σ a, the last
  * a madd of the input's sums of 16 (bsums) with sc·δ for each 16, formed from the eight qh
  * words at once. */
-SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const uint8_t *bsums) {
+SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                    __m256i *v) {
     const uint8_t *qs = b + 2;
     const __m128i qh = _mm_loadu_si128((const __m128i *)(b + 34));
     const __m128i sc = _mm_add_epi16(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1),
@@ -262,10 +292,10 @@ SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const 
     /* sc·δ: δ = -1 where qh's bit 15 (its int16 sign) is set; qh | 1 is never 0 */
     const __m128i scd = _mm_sign_epi16(sc, _mm_or_si128(qh, _mm_set1_epi16(1)));
     const __m256i scd16 = _mm256_set_m128i(_mm_unpackhi_epi16(scd, scd), _mm_unpacklo_epi16(scd, scd));
-    const __m256i offset = _mm256_madd_epi16(scd16, fmoe__r1_load(bsums));
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    __m256i acc0[4], acc1[4];
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
-    for (int ib = 0; ib < 8; ib += 2, qs += 8, qa += 64) {
+    for (int ib = 0; ib < 8; ib += 2, qs += 8) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
 #if defined(FMOE__R1_VNNI)
         /* four indices as the words of one register (qh's 3-bit fields to bits 8..10: pdep) */
@@ -282,13 +312,16 @@ SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const 
                                    qs[6] | (h1 & 0x1C0) << 2, qs[7] | (h1 & 0xE00) >> 1);
 #endif
         const int sc0 = 2 * (int)((h0 >> 12) & 7) + 1, sc1 = 2 * (int)((h1 >> 12) & 7) + 1;
-        const __m256i a0 = fmoe__r1_load(qa), a1 = fmoe__r1_load(qa + 32);
-        acc0 = madd_scale(acc0, _mm256_maddubs_epi16(_mm256_sign_epi8(g0, g0), _mm256_sign_epi8(a0, g0)),
-                          sc0);
-        acc1 = madd_scale(acc1, _mm256_maddubs_epi16(_mm256_sign_epi8(g1, g1), _mm256_sign_epi8(a1, g1)),
-                          sc1);
+        const __m256i ga0 = _mm256_sign_epi8(g0, g0), ga1 = _mm256_sign_epi8(g1, g1);
+        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+            acc0[k] = madd_scale(acc0[k], _mm256_maddubs_epi16(ga0, _mm256_sign_epi8(QA(k, 0), g0)), sc0);
+            acc1[k] = madd_scale(acc1[k], _mm256_maddubs_epi16(ga1, _mm256_sign_epi8(QA(k, 32), g1)), sc1);
+        }
     }
-    return _mm256_add_epi32(_mm256_slli_epi32(_mm256_add_epi32(acc0, acc1), 3), offset);
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        const __m256i offset = _mm256_madd_epi16(scd16, fmoe__r1_load(a + k * as + FMOE__Q8K_BSUMS));
+        v[k] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_add_epi32(acc0[k], acc1[k]), 3), offset);
+    }
 }
 
 /* IQ1_M: per 8 values the index's low 8 bits in qs[k] and a nibble of qh (k even: the low
@@ -297,7 +330,8 @@ SIMD static INLINE __m256i isum_iq1_s(const uint8_t *b, const int8_t *qa, const 
  * values) as a byte, 8g by a sign op: one maddubs of |code| and the activation with the
  * code's sign per 32 values (it was a maddubs for g, a shift and a maddubs of ±1 for δ),
  * then madd by the scale of its 16. */
-SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
+SIMD static INLINE void isum_iq1_m(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                      __m256i *v) {
     const uint8_t *qs = b, *qh = b + 32;
     /* scale s = bits 3(s % 4) of word s / 4, as int16 2ls + 1, even s in the low lane */
     uint64_t words;
@@ -326,9 +360,10 @@ SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i eight = _mm256_set1_epi8(8);
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    __m256i acc0[4], acc1[4];
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
-    for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4, qa += 64) {
+    for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4) {
 #if defined(FMOE__R1_VNNI)
         /* four indices as the words of one register: the qs bytes to the low bytes, qh's
          * four 3-bit fields to bits 8..10, by BMI2's pdep (as ggml's iq1_m dot) */
@@ -350,35 +385,43 @@ SIMD static INLINE __m256i isum_iq1_m(const uint8_t *b, const int8_t *qa) {
         /* the codes 8g + δ as bytes (8g: eight with g's sign), |8g + δ| <= 9 */
         const __m256i c0 = _mm256_add_epi8(_mm256_sign_epi8(eight, g0), d0);
         const __m256i c1 = _mm256_add_epi8(_mm256_sign_epi8(eight, g1), d1);
-        const __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(c0), _mm256_sign_epi8(fmoe__r1_load(qa), c0));
-        const __m256i p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(c1), _mm256_sign_epi8(fmoe__r1_load(qa + 32), c1));
-        acc0 = fmoe__r1_madd_pick(acc0, p0, scales, ib);
-        acc1 = fmoe__r1_madd_pick(acc1, p1, scales, ib + 1);
+        const __m256i ca0 = _mm256_abs_epi8(c0), ca1 = _mm256_abs_epi8(c1);
+        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+            const __m256i p0 = _mm256_maddubs_epi16(ca0, _mm256_sign_epi8(QA(k, 0), c0));
+            const __m256i p1 = _mm256_maddubs_epi16(ca1, _mm256_sign_epi8(QA(k, 32), c1));
+            acc0[k] = fmoe__r1_madd_pick(acc0[k], p0, scales, ib);
+            acc1[k] = fmoe__r1_madd_pick(acc1[k], p1, scales, ib + 1);
+        }
     }
-    return _mm256_add_epi32(acc0, acc1);
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* ---------------------------------------------------------------------------------- */
 /* The rows                                                                           */
 /* ---------------------------------------------------------------------------------- */
 
-/* The block vectors with the ROW macro's signature (no mins: m zero). */
+/* The block vectors with the ROW macro's signature (no mins: m zero), one input, and with
+ * FMOE__R1_ROWX's, NX inputs. */
 #define VEC_QA(name)                                                                               \
     SIMD static INLINE __m256i name##_vec(const uint8_t *b, const uint8_t *a, __m256i *m) {        \
         *m = _mm256_setzero_si256();                                                               \
-        return name(b, (const int8_t *)(a + FMOE__Q8K_Q));                                         \
+        __m256i v;                                                                                 \
+        name(b, a, 0, 1, &v);                                                                      \
+        return v;                                                                                  \
+    }                                                                                              \
+    SIMD static INLINE void name##_vecn(const uint8_t *b, const uint8_t *a, int64_t as, int NX,    \
+                                        __m256i *v, __m256i *m) {                                  \
+        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) m[k] = _mm256_setzero_si256();                                \
+        name(b, a, as, NX, v);                                                                     \
     }
 VEC_QA(isum_iq2_xxs)
 VEC_QA(isum_iq2_xs)
 VEC_QA(isum_iq2_s)
 VEC_QA(isum_iq3_xxs)
 VEC_QA(isum_iq3_s)
+VEC_QA(isum_iq1_s)
 VEC_QA(isum_iq1_m)
-
-SIMD static INLINE __m256i isum_iq1_s_vec(const uint8_t *b, const uint8_t *a, __m256i *m) {
-    *m = _mm256_setzero_si256();
-    return isum_iq1_s(b, (const int8_t *)(a + FMOE__Q8K_Q), a + FMOE__Q8K_BSUMS);
-}
+#undef QA
 
 SIMD static INLINE float d_iq3_xxs(const uint8_t *b) { return fmoe__r1_f16(b) * 0.25f; }
 SIMD static INLINE float d_iq3_s(const uint8_t *b) { return fmoe__r1_f16(b); }
@@ -409,6 +452,31 @@ static INLINE float no_dmin(const uint8_t *b) {
         const int64_t bytes = type##_BYTES;                                                        \
         FMOE__R1_ROWS(W, row_bytes, rows, qx, n / FMOE_QK_K, bytes, ISUM, D, no_dmin, name##_d8,   \
                       y, EIGHT);                                                                   \
+    }                                                                                              \
+    SIMD static void name##_x(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx, \
+                              int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {     \
+        const int64_t bytes = type##_BYTES, nb = n / FMOE_QK_K;                                    \
+        for (int32_t k = 0; k < nx;) {                                                             \
+            const int g = fmoe__r1_group(nx - k);                                                  \
+            const uint8_t *a = qx + k * astride;                                                   \
+            float *yk = y + k * ldy;                                                               \
+            if (g == 1)                                                                            \
+                name(W, row_bytes, rows, a, n, yk);                                                \
+            else                                                                                   \
+                for (int64_t r = 0; r < rows; r++) {                                               \
+                    const uint8_t *w = W + r * row_bytes;                                          \
+                    if (g == 4)                                                                    \
+                        FMOE__R1_ROWX(yk + r, ldy, w, a, astride, 4, nb, bytes, ISUM##n, D,        \
+                                      no_dmin);                                                    \
+                    else if (g == 3)                                                               \
+                        FMOE__R1_ROWX(yk + r, ldy, w, a, astride, 3, nb, bytes, ISUM##n, D,        \
+                                      no_dmin);                                                    \
+                    else                                                                           \
+                        FMOE__R1_ROWX(yk + r, ldy, w, a, astride, 2, nb, bytes, ISUM##n, D,        \
+                                      no_dmin);                                                    \
+                }                                                                                  \
+            k += g;                                                                                \
+        }                                                                                          \
     }
 ROWS(rows_iq2_xxs, FMOE_IQ2_XXS, isum_iq2_xxs_vec, d_eighth, 0)
 ROWS(rows_iq2_xs, FMOE_IQ2_XS, isum_iq2_xs_vec, d_eighth, 0)
@@ -441,12 +509,47 @@ void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_
     }
 }
 
+/* rows x nx inputs (astride bytes apart) into y[k·ldy + r]: passes of up to four inputs
+ * over each row (fmoe__r1_group), each input its one-input bits. */
+#if defined(FMOE__R1_VNNI)
+void fmoe__iq_rowsx_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                              const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                              int64_t ldy) {
+#else
+void fmoe__iq_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                         int64_t ldy) {
+    if (fmoe__quant_vnni() && fmoe__r1_bmi2()) { /* the VNNI compilation of this file */
+        fmoe__iq_rowsx_avx2_vnni(type, W, row_bytes, rows, qx, astride, nx, n, y, ldy);
+        return;
+    }
+#endif
+    switch (type) {
+    case FMOE_GGML_IQ2_XXS: rows_iq2_xxs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ2_XS: rows_iq2_xs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ2_S: rows_iq2_s_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ3_XXS: rows_iq3_xxs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ3_S: rows_iq3_s_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ1_S: rows_iq1_s_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ1_M: rows_iq1_m_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    default: FMOE_ASSERT(!"fmoe__iq_rowsx_avx2: not a codebook i-quant");
+    }
+}
+
 #else
 void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                          const void *qx, int64_t n, float *y) {
     for (int64_t r = 0; r < rows; r++)
         y[r] = fmoe__quant_act_dot_kx(type, (const uint8_t *)W + r * row_bytes, qx, n,
                                       FMOE__QUANT_PLAIN);
+}
+
+void fmoe__iq_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                         int64_t ldy) {
+    for (int32_t k = 0; k < nx; k++)
+        fmoe__iq_rows1_avx2(type, W, row_bytes, rows, (const uint8_t *)qx + k * astride, n,
+                            y + k * ldy);
 }
 
 #endif

@@ -1,7 +1,8 @@
 /*
- * quant_kx_dot_avx2.c - Q2_K, Q3_K and IQ4_XS rows times one Q8_K input, AVX2: a decode
- * step's product, for the AVX2 and AVX-512 levels (lib/quant_kx.c keeps the several-input
- * products, which unpack a block once for all inputs, and the plain reference).
+ * quant_kx_dot_avx2.c - Q2_K, Q3_K and IQ4_XS rows times Q8_K inputs, AVX2: a decode
+ * step's product (one input) and a prefill's (several: up to four a pass over each row,
+ * the codes formed once for all of them), for the AVX2 and AVX-512 levels (lib/quant_kx.c
+ * keeps the plain reference and the unpack-once path of the levels below).
  *
  * One loop per type over a row's blocks, the codes formed in registers and fed to maddubs
  * as ggml's x86 vec_dots do (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_{q2_K,q3_K,iq4_xs}
@@ -15,8 +16,8 @@
  *           onto the activation (a pair at most 2·127·127, no int16 saturates).
  * The block results are added as the reference adds them (lib/quant_rows1_avx2.h), so the
  * bits are the plain C's. Compiled a second time for CPUs with AVX512-VNNI, GFNI and BMI2
- * (lib/quant_kx_dot_avx2_vnni.c, FMOE__R1_VNNI): eight rows a step, vpdpwssd, and the
- * 2-bit planes (and Q3_K's high bit) by GFNI affine transforms.
+ * (lib/quant_kx_dot_avx2_vnni.c, FMOE__R1_VNNI): eight rows a step (one input), vpdpwssd,
+ * and the 2-bit planes (and Q3_K's high bit) by GFNI affine transforms.
  */
 #include <stdint.h>
 #include <string.h>
@@ -154,6 +155,109 @@ SIMD static INLINE void d8_iq4_xs(const uint8_t *b, int64_t rb, __m256 *d, __m25
     *dmin = _mm256_setzero_ps();
 }
 
+/* The several-input forms (fmoe__kx_rowsx_avx2): the same integers for NX inputs at once,
+ * the codes (and Q3_K's scales per 32 values) formed once per block for all of them. One
+ * accumulator per input; NX is a constant where they inline. */
+SIMD static INLINE void isumn_q2_k(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                   __m256i *v, __m256i *m) {
+    __m256i u[4]; /* odd groups' accumulators: two chains per input */
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) u[k] = _mm256_setzero_si256();
+    const __m128i packed = _mm_loadu_si128((const __m128i *)b), m4 = _mm_set1_epi8(0xF);
+    const __m256i scales = fmoe__r1_scales_even_odd(_mm_and_si128(packed, m4));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4));
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        m[k] = _mm256_madd_epi16(mins, fmoe__r1_load(a + k * as + FMOE__Q8K_BSUMS));
+        v[k] = _mm256_setzero_si256();
+    }
+    const __m256i m3 = _mm256_set1_epi8(3);
+    _Pragma("GCC unroll 8")
+    for (int h = 0; h < 2; h++) {
+        const __m256i qs = fmoe__r1_load(b + 16 + 32 * h);
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = j ? fmoe__r1_bits2(qs, j) : _mm256_and_si256(qs, m3);
+            const __m256i sc = _mm256_shuffle_epi8(scales, fmoe__r1_load(fmoe__r1_pick[4 * h + j]));
+            _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+                const uint8_t *qa = a + k * as + FMOE__Q8K_Q + 128 * h + 32 * j;
+                if (j & 1)
+                    u[k] = fmoe__r1_madd_add(u[k], _mm256_maddubs_epi16(q, fmoe__r1_load(qa)), sc);
+                else
+                    v[k] = fmoe__r1_madd_add(v[k], _mm256_maddubs_epi16(q, fmoe__r1_load(qa)), sc);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(v[k], u[k]);
+}
+
+SIMD static INLINE void isumn_q3_k(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                   __m256i *v, __m256i *m) {
+    __m256i u[4]; /* odd groups' accumulators: two chains per input */
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) u[k] = _mm256_setzero_si256();
+    const uint32_t a0 = fmoe__r1_le32(b + 96), a1 = fmoe__r1_le32(b + 100);
+    const uint32_t tmp = fmoe__r1_le32(b + 104), lo4 = 0x0F0F0F0F, lo2 = 0x03030303;
+    const __m128i sc8 = _mm_sub_epi8(
+        _mm_setr_epi32((int)((a0 & lo4) | ((tmp & lo2) << 4)),
+                       (int)((a1 & lo4) | (((tmp >> 2) & lo2) << 4)),
+                       (int)(((a0 >> 4) & lo4) | (((tmp >> 4) & lo2) << 4)),
+                       (int)(((a1 >> 4) & lo4) | (((tmp >> 6) & lo2) << 4))),
+        _mm_set1_epi8(32));
+    const __m256i scales = fmoe__r1_scales_even_odd(sc8), sc16 = _mm256_cvtepi8_epi16(sc8);
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        m[k] = _mm256_setzero_si256();
+        /* minus 4·Σ_s sc_s·bsum_s, the codes' -4 taken out of the maddubs, up front */
+        v[k] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                _mm256_slli_epi32(_mm256_madd_epi16(
+                                    sc16, fmoe__r1_load(a + k * as + FMOE__Q8K_BSUMS)), 2));
+    }
+    const __m256i hmask = fmoe__r1_load(b);
+    _Pragma("GCC unroll 8")
+    for (int h = 0; h < 2; h++) {
+        const __m256i qs = fmoe__r1_load(b + 32 + 32 * h);
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = _mm256_or_si256(fmoe__r1_bits2(qs, j), fmoe__r1_bit_to4(hmask, 4 * h + j));
+            const __m256i sc = _mm256_shuffle_epi8(scales, fmoe__r1_load(fmoe__r1_pick[4 * h + j]));
+            _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+                const uint8_t *qa = a + k * as + FMOE__Q8K_Q + 128 * h + 32 * j;
+                if (j & 1)
+                    u[k] = fmoe__r1_madd_add(u[k], _mm256_maddubs_epi16(q, fmoe__r1_load(qa)), sc);
+                else
+                    v[k] = fmoe__r1_madd_add(v[k], _mm256_maddubs_epi16(q, fmoe__r1_load(qa)), sc);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(v[k], u[k]);
+}
+
+SIMD static INLINE void isumn_iq4_xs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                     __m256i *v, __m256i *m) {
+    __m256i u[4]; /* odd groups' accumulators: two chains per input */
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) u[k] = _mm256_setzero_si256();
+    static const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
+    const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
+    const __m256i m4 = _mm256_set1_epi8(0xF), lane_shift = _mm256_setr_epi64x(0, 0, 4, 4);
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = m[k] = _mm256_setzero_si256();
+    unsigned sh = fmoe__r1_le16(b + 2);
+    uint32_t sl = fmoe__r1_le32(b + 4);
+    const uint8_t *q = b + 8;
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib++, q += 16, sh >>= 2, sl >>= 4) {
+        const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q));
+        const __m256i g = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srlv_epi64(x, lane_shift), m4));
+        const __m256i ga = _mm256_sign_epi8(g, g);
+        const __m256i sc = _mm256_set1_epi16((short)((int)((sl & 0xF) | ((sh << 4) & 0x30)) - 32));
+        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+            const __m256i qa = fmoe__r1_load(a + k * as + FMOE__Q8K_Q + 32 * ib);
+            const __m256i p = _mm256_maddubs_epi16(ga, _mm256_sign_epi8(qa, g));
+            if (ib & 1)
+                u[k] = fmoe__r1_madd_add(u[k], p, sc);
+            else
+                v[k] = fmoe__r1_madd_add(v[k], p, sc);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(v[k], u[k]);
+}
+
 static INLINE float no_dmin(const uint8_t *b) {
     (void)b;
     return 0;
@@ -168,6 +272,56 @@ static INLINE float no_dmin(const uint8_t *b) {
 ROWS(rows_q2_k, FMOE_Q2_K, isum_q2_k, d_q2_k, dmin_q2_k, d8_q2_k, 1)
 ROWS(rows_q3_k, FMOE_Q3_K, isum_q3_k, d_q3_k, no_dmin, d8_q3_k, 1)
 ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin, d8_iq4_xs, 1)
+
+/* rows x nx inputs (astride bytes apart) into y[k·ldy + r]: passes of up to four inputs
+ * over each row (fmoe__r1_group), one input alone by the one-input rows. */
+#define ROWSX(name, type, ISUMN, D, DMIN, ONE)                                                     \
+    SIMD static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,   \
+                          int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {         \
+        const int64_t bytes = type##_BYTES, nb = n / FMOE_QK_K;                                    \
+        for (int32_t k = 0; k < nx;) {                                                             \
+            const int g = fmoe__r1_group(nx - k);                                                  \
+            const uint8_t *a = qx + k * astride;                                                   \
+            float *yk = y + k * ldy;                                                               \
+            if (g == 1)                                                                            \
+                ONE(W, row_bytes, rows, a, n, yk);                                                 \
+            else                                                                                   \
+                for (int64_t r = 0; r < rows; r++) {                                               \
+                    const uint8_t *w = W + r * row_bytes;                                          \
+                    if (g == 4)                                                                    \
+                        FMOE__R1_ROWX(yk + r, ldy, w, a, astride, 4, nb, bytes, ISUMN, D, DMIN);   \
+                    else if (g == 3)                                                               \
+                        FMOE__R1_ROWX(yk + r, ldy, w, a, astride, 3, nb, bytes, ISUMN, D, DMIN);   \
+                    else                                                                           \
+                        FMOE__R1_ROWX(yk + r, ldy, w, a, astride, 2, nb, bytes, ISUMN, D, DMIN);   \
+                }                                                                                  \
+            k += g;                                                                                \
+        }                                                                                          \
+    }
+ROWSX(rowsx_q2_k, FMOE_Q2_K, isumn_q2_k, d_q2_k, dmin_q2_k, rows_q2_k)
+ROWSX(rowsx_q3_k, FMOE_Q3_K, isumn_q3_k, d_q3_k, no_dmin, rows_q3_k)
+ROWSX(rowsx_iq4_xs, FMOE_IQ4_XS, isumn_iq4_xs, d_iq4_xs, no_dmin, rows_iq4_xs)
+
+#if defined(FMOE__R1_VNNI)
+void fmoe__kx_rowsx_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                              const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                              int64_t ldy) {
+#else
+void fmoe__kx_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                         int64_t ldy) {
+    if (fmoe__quant_vnni() && fmoe__r1_bmi2()) { /* the VNNI compilation of this file */
+        fmoe__kx_rowsx_avx2_vnni(type, W, row_bytes, rows, qx, astride, nx, n, y, ldy);
+        return;
+    }
+#endif
+    switch (type) {
+    case FMOE_GGML_Q2_K: rowsx_q2_k(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_Q3_K: rowsx_q3_k(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ4_XS: rowsx_iq4_xs(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    default: FMOE_ASSERT(!"fmoe__kx_rowsx_avx2: not Q2_K, Q3_K or IQ4_XS");
+    }
+}
 
 #if defined(FMOE__R1_VNNI)
 void fmoe__kx_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
@@ -189,6 +343,14 @@ void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_
 }
 
 #else
+
+void fmoe__kx_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                         int64_t ldy) {
+    for (int32_t k = 0; k < nx; k++)
+        fmoe__kx_rows1_avx2(type, W, row_bytes, rows, (const uint8_t *)qx + k * astride, n,
+                            y + k * ldy);
+}
 
 void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
                          const void *qx, int64_t n, float *y) {

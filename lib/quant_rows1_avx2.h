@@ -1,5 +1,6 @@
 /*
- * quant_rows1_avx2.h - internal: what the one-input 8-bit row kernels of the 256-value
+ * quant_rows1_avx2.h - internal: what the 8-bit row kernels (one input, and up to four a
+ * pass: FMOE__R1_ROWX) of the 256-value
  * types that lib/quant_kx.c otherwise serves share (lib/quant_iq_dot_avx2.c for the
  * codebook i-quants, lib/quant_kx_dot_avx2.c for Q2_K, Q3_K and IQ4_XS): a block's
  * integer vector reduced exactly, the sixteen sub-block scales placed per 32 values, and
@@ -251,6 +252,42 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
         }                                                                                          \
         _mm256_storeu_ps((y), s_);                                                                 \
     } while (0)
+
+/* One row's blocks against NX (2..4) Q8_K inputs, astride bytes apart, input k's result
+ * into y[k·ldy]: a prefill pass, each block's codes formed once for every input.
+ * VECN(w, a, astride, NX, v, m) sets v[k] and m[k] to what VEC(w, a + k·astride, &m)
+ * gives. Per block the NX totals are reduced together (fmoe__r1_hsum4) and input k's
+ * t = da·d·sum - da·dmin·msum formed in lane k, then s += t lane by lane in block order:
+ * each lane the one-input kernel's f32 operations on its operands (FMOE__R1_ROW), so every
+ * input gets its one-input bits. */
+#define FMOE__R1_ROWX(y, ldy, w0, a0, astride, NX, nb, bytes, VECN, D, DMIN)                     \
+    do {                                                                                           \
+        const uint8_t *w_ = (w0), *a_ = (a0);                                                      \
+        const int64_t as_ = (astride);                                                             \
+        __m128 s_ = _mm_setzero_ps();                                                              \
+        for (int64_t i_ = 0; i_ < (nb); i_++, w_ += (bytes), a_ += FMOE_Q8_K_BYTES) {              \
+            FMOE__R1_PREFETCH_BLOCK(w_, (bytes));                                                  \
+            __m256i v_[4], m_[4];                                                                  \
+            VECN(w_, a_, as_, NX, v_, m_);                                                         \
+            _Pragma("GCC unroll 4") for (int k_ = (NX); k_ < 4; k_++) v_[k_] = v_[0], m_[k_] = m_[0]; \
+            const __m128 sum_ = _mm_cvtepi32_ps(fmoe__r1_hsum4(v_[0], v_[1], v_[2], v_[3]));       \
+            const __m128 msum_ = _mm_cvtepi32_ps(fmoe__r1_hsum4(m_[0], m_[1], m_[2], m_[3]));      \
+            float da4_[4] = {0, 0, 0, 0};                                                          \
+            _Pragma("GCC unroll 4") for (int k_ = 0; k_ < (NX); k_++) memcpy(&da4_[k_], a_ + k_ * as_, 4); \
+            const __m128 da_ = _mm_loadu_ps(da4_);                                                 \
+            const __m128 d_ = _mm_set1_ps(D(w_)), dmin_ = _mm_set1_ps(DMIN(w_));                   \
+            const __m128 t_ = _mm_sub_ps(_mm_mul_ps(_mm_mul_ps(da_, d_), sum_),                    \
+                                         _mm_mul_ps(_mm_mul_ps(da_, dmin_), msum_));               \
+            s_ = _mm_add_ps(s_, t_);                                                               \
+        }                                                                                          \
+        float out_[4];                                                                             \
+        _mm_storeu_ps(out_, s_);                                                                   \
+        for (int k_ = 0; k_ < (NX); k_++) (y)[k_ * (ldy)] = out_[k_];                              \
+    } while (0)
+
+/* How many inputs the next pass takes of the left ones: four, but five as three and two
+ * (a one-input pass forms its codes for one input alone). */
+static inline int fmoe__r1_group(int left) { return left == 5 ? 3 : left > 4 ? 4 : left; }
 
 /* rows x one input: where the build has VNNI and EIGHT is 1, eight rows a step (its 32
  * registers hold the step's vectors), then one row a step. EIGHT is 0 for the kernels whose

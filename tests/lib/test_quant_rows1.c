@@ -1,8 +1,9 @@
 /*
  * test_quant_rows1.c - the one-input 8-bit row kernels of the 256-value types that
  * lib/quant_kx.c otherwise serves (lib/quant_iq_dot_avx2.c: IQ2_XXS .. IQ1_M;
- * lib/quant_kx_dot_avx2.c: Q2_K, Q3_K, IQ4_XS), which fmoe_quant_act_matvec takes for one
- * input at the AVX2 and AVX-512 levels, against the plain-C reference
+ * lib/quant_kx_dot_avx2.c: Q2_K, Q3_K, IQ4_XS), which fmoe_quant_act_matvec takes at the
+ * AVX2 and AVX-512 levels (one input, and 1 to 5 in one call: their several-input passes),
+ * against the plain-C reference
  * (fmoe_quant_act_dot_ref): bit for bit, row by row, at every level this CPU has, with a
  * row count that is a multiple of eight and one that is not (the VNNI compilation's
  * eight-row steps and its one-row tail; the quant_rows1_no_vnni run checks the AVX2 one).
@@ -110,6 +111,56 @@ TEST(one_input_rows_equal_the_reference_bit_for_bit) {
                 }
                 fmoe__quant_force_level(-1);
             }
+            free(W);
+            free(qx);
+            free(x);
+        }
+    }
+}
+
+/* A prefill's product, 1 to 5 inputs in one call (fmoe__kx_rowsx_avx2's passes of two to
+ * four inputs, five as three and two; the i-quants' shared unpack): every input's result
+ * the reference's bits, row by row, at every level, with inputs of unlike scales side by
+ * side (a lane mixed up with another input's shows). */
+TEST(several_inputs_each_equal_the_reference_bit_for_bit) {
+    enum { ROWS = 19, NX = 5 };
+    const int64_t ns[] = {256, 1280};
+    const int best = fmoe__quant_level_max();
+    if (best < FMOE__QUANT_AVX2) {
+        printf("  (no AVX2 on this CPU: the kernels do not run)\n");
+        return;
+    }
+    for (int k = 0; k < NTYPES; k++) {
+        const uint32_t t = types[k];
+        for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+            const int64_t n = ns[in], rb = fmoe_quant_row_bytes(t, n);
+            const int64_t ab = fmoe_quant_act_bytes(t, n);
+            uint8_t *W = malloc((size_t)(rb * ROWS)), *qx = malloc((size_t)(ab * NX));
+            float *x = malloc((size_t)n * sizeof *x), y[NX * ROWS];
+            ASSERT_TRUE(W && qx && x);
+            for (int r = 0; r < ROWS; r++) random_row(t, W + r * rb, rb);
+            for (int i = 0; i < NX; i++) {
+                for (int64_t j = 0; j < n; j++)
+                    x[j] = i == 3 ? (rnd() & 1 ? 1.f : -1.f)
+                                  : (float)((int)(rnd() % 2001) - 1000) * (i == 1 ? 1e-3f : 7.f + (float)i);
+                fmoe_quant_act_quantize(t, x, qx + i * ab, n);
+            }
+            for (int nx = 1; nx <= NX; nx++)
+                for (int level = FMOE__QUANT_AVX2; level <= best; level++) {
+                    ASSERT_EQ(fmoe__quant_force_level(level), 0);
+                    memset(y, 0xFF, sizeof y);
+                    fmoe_quant_act_matvec(t, W, rb, ROWS, qx, ab, nx, n, y, ROWS);
+                    for (int i = 0; i < nx; i++)
+                        for (int r = 0; r < ROWS; r++) {
+                            const float want = fmoe_quant_act_dot_ref(t, W + r * rb, qx + i * ab, n);
+                            if (memcmp(&want, &y[i * ROWS + r], sizeof want) != 0)
+                                HARNESS_FAIL("%s n=%lld nx=%d input %d level %s row %d: %.9g, "
+                                             "reference %.9g",
+                                             fmoe_ggml_type_name(t), (long long)n, nx, i,
+                                             fmoe__quant_level_name(level), r, y[i * ROWS + r], want);
+                        }
+                }
+            fmoe__quant_force_level(-1);
             free(W);
             free(qx);
             free(x);
