@@ -527,9 +527,10 @@ SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows,
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
     int64_t i = 0;
-    /* whole passes ahead (the same rows' blocks as this one's), at least Q32_PREFETCH_MIN */
-    int64_t pf = 8 * row_bytes;
-    while (pf < Q32_PREFETCH_MIN) pf += 8 * row_bytes;
+    /* whole passes ahead (the same rows' blocks as this one's), at least Q32_PREFETCH_MIN
+     * (n = 0 gives rows of no bytes: no prefetch is made then) */
+    const int64_t pass = 8 * row_bytes;
+    const int64_t pf = pass > 0 ? pass * ((Q32_PREFETCH_MIN + pass - 1) / pass) : 0;
     for (; i + 2 * FMOE_QK8_0 <= n; i += 2 * FMOE_QK8_0, a += 2 * FMOE_Q8_0_BYTES) {
         q32_block(type, w, a, stride, nx, acc, pf);
         q32_block(type, w, a + FMOE_Q8_0_BYTES, stride, nx, acc, 0);
