@@ -47,6 +47,8 @@
 #define INLINE __attribute__((always_inline)) inline
 #define MAXX 4 /* inputs per pass */
 #define KERNEL_ROWS 8 /* rows per pass of the 32-value kernels (dots_q32) */
+/* dots_q32 asks for the weights whole passes ahead, at least this many bytes (q32_block) */
+#define Q32_PREFETCH_MIN 16384
 
 /* Each kernel asks for the weight bytes this far ahead of the block it reads (the rows of
  * a matrix are one stream). The hardware prefetcher alone kept one core at 5-10 GB/s
@@ -437,13 +439,18 @@ SIMD static INLINE __m256 q32_d8(uint32_t type, const uint8_t *const w[8]) {
 }
 
 /* One block of the eight rows w[j] (advanced past it) against nx inputs, added to acc[k].
- * pf, where not 0: ask for the bytes pf ahead of each row's block into L2, dots_q32 giving
- * the next pass's eight rows (8·row_bytes) every other block (64 bytes cover two blocks of
- * a row). The one-row kernels' PREFETCH_BYTES ahead in the same row lands, eight rows a
- * pass, in the rows this pass reads anyway: a matrix streamed from memory then ran at
- * 55-58 ps a multiply-add against 37.5 for the one-row kernel (Q4_0, 16384 x 4096,
- * bench_vs_ggml --kernels --stream); with the next pass requested, 32-42 (into L1 rather
- * than L2: 36-42). */
+ * pf, where not 0: ask for the bytes pf ahead of each row's block into L1, dots_q32 giving
+ * a whole number of passes (8·row_bytes each), at least Q32_PREFETCH_MIN, every other
+ * block (64 bytes cover two blocks of a row). The one-row kernels' PREFETCH_BYTES ahead in
+ * the same row lands, eight rows a pass, in the rows this pass reads anyway: a matrix
+ * streamed from memory then ran at 55-58 ps a multiply-add against 37.5 for the one-row
+ * kernel (Q4_0, 16384 x 4096, bench_vs_ggml --kernels --stream); with the next pass
+ * requested into L2, 32-42. One pass of 1024-wide Q4_0 rows is only 4.5 KiB, too short a
+ * distance for memory: streamed 1024 x 1024 matrices (--stream 1024 1024, 116512 rows) ran
+ * Q4_0 / IQ4_NL / MXFP4 at 23.7-28.7 / 24.1-27.3 / 25.9-26.8 ps with one pass into L2,
+ * 20.2-21.2 / 20.9-29.0 / 21.9-23.1 with at least 8 or 16 KiB into L2, 20.0 / 21.7 / 20.2
+ * with 8 KiB into L1 and 17.6 / 20.6 / 19.0 with 16 KiB into L1 (each run noisy, other
+ * jobs on the machine; llama.cpp's repacked gemv 20.9-22.8 / 21.4-24.8 / 22.7-24.3). */
 SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint8_t *a, int64_t stride,
                                   int nx, __m256 *acc, int64_t pf) {
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
@@ -455,7 +462,7 @@ SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint
     __m256i u[8];
     /* u[s]: row HSUM8_LANE[s], so that hsum8_epi32 leaves row j in lane j */
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-        if (pf) _mm_prefetch((const char *)w[HSUM8_LANE[j]] + pf, _MM_HINT_T1);
+        if (pf) _mm_prefetch((const char *)w[HSUM8_LANE[j]] + pf, _MM_HINT_T0);
 #ifdef FMOE_QUANT_ACT_VNNI
         u[j] = q32_unpack_offset(type, w[HSUM8_LANE[j]]);
 #else
@@ -520,11 +527,15 @@ SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows,
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
     int64_t i = 0;
+    /* whole passes ahead (the same rows' blocks as this one's), at least Q32_PREFETCH_MIN
+     * (n = 0 gives rows of no bytes: no prefetch is made then) */
+    const int64_t pass = 8 * row_bytes;
+    const int64_t pf = pass > 0 ? pass * ((Q32_PREFETCH_MIN + pass - 1) / pass) : 0;
     for (; i + 2 * FMOE_QK8_0 <= n; i += 2 * FMOE_QK8_0, a += 2 * FMOE_Q8_0_BYTES) {
-        q32_block(type, w, a, stride, nx, acc, 8 * row_bytes);
+        q32_block(type, w, a, stride, nx, acc, pf);
         q32_block(type, w, a + FMOE_Q8_0_BYTES, stride, nx, acc, 0);
     }
-    if (i < n) q32_block(type, w, a, stride, nx, acc, 8 * row_bytes);
+    if (i < n) q32_block(type, w, a, stride, nx, acc, pf);
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
         float out[8];
         _mm256_storeu_ps(out, acc[k]);
