@@ -155,6 +155,15 @@ SIMD static INLINE void d8_iq4_xs(const uint8_t *b, int64_t rb, __m256 *d, __m25
     *dmin = _mm256_setzero_ps();
 }
 
+/* One group of 32 codes q with its scales sc against NX inputs (as bytes apart, the
+ * group's 32 activation bytes at qa): acc[k] += Σ sc·q·a. Q2_K and Q3_K pass their odd
+ * groups' accumulators and their even groups' alternately, two chains per input. */
+SIMD static INLINE void group_madd(__m256i q, __m256i sc, const uint8_t *qa, int64_t as, int NX,
+                                   __m256i *acc) {
+    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++)
+        acc[k] = fmoe__r1_madd_add(acc[k], _mm256_maddubs_epi16(q, fmoe__r1_load(qa + k * as)), sc);
+}
+
 /* The several-input forms (fmoe__kx_rowsx_avx2): the same integers for NX inputs at once,
  * the codes (and Q3_K's scales per 32 values) formed once per block for all of them. One
  * accumulator per input; NX is a constant where they inline. */
@@ -177,13 +186,7 @@ SIMD static INLINE void isumn_q2_k(const uint8_t *b, const uint8_t *a, int64_t a
         for (int j = 0; j < 4; j++) {
             const __m256i q = j ? fmoe__r1_bits2(qs, j) : _mm256_and_si256(qs, m3);
             const __m256i sc = _mm256_shuffle_epi8(scales, fmoe__r1_load(fmoe__r1_pick[4 * h + j]));
-            _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
-                const uint8_t *qa = a + k * as + FMOE__Q8K_Q + 128 * h + 32 * j;
-                if (j & 1)
-                    u[k] = fmoe__r1_madd_add(u[k], _mm256_maddubs_epi16(q, fmoe__r1_load(qa)), sc);
-                else
-                    v[k] = fmoe__r1_madd_add(v[k], _mm256_maddubs_epi16(q, fmoe__r1_load(qa)), sc);
-            }
+            group_madd(q, sc, a + FMOE__Q8K_Q + 128 * h + 32 * j, as, NX, j & 1 ? u : v);
         }
     }
     _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(v[k], u[k]);
@@ -217,13 +220,7 @@ SIMD static INLINE void isumn_q3_k(const uint8_t *b, const uint8_t *a, int64_t a
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_or_si256(fmoe__r1_bits2(qs, j), fmoe__r1_bit_to4(hmask, 4 * h + j));
             const __m256i sc = _mm256_shuffle_epi8(scales, fmoe__r1_load(fmoe__r1_pick[4 * h + j]));
-            _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
-                const uint8_t *qa = a + k * as + FMOE__Q8K_Q + 128 * h + 32 * j;
-                if (j & 1)
-                    u[k] = fmoe__r1_madd_add(u[k], _mm256_maddubs_epi16(q, fmoe__r1_load(qa)), sc);
-                else
-                    v[k] = fmoe__r1_madd_add(v[k], _mm256_maddubs_epi16(q, fmoe__r1_load(qa)), sc);
-            }
+            group_madd(q, sc, a + FMOE__Q8K_Q + 128 * h + 32 * j, as, NX, j & 1 ? u : v);
         }
     }
     _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(v[k], u[k]);
