@@ -47,8 +47,8 @@
 #define INLINE __attribute__((always_inline)) inline
 #define MAXX 4 /* inputs per pass */
 #define KERNEL_ROWS 8 /* rows per pass of the 32-value kernels (dots_q32) */
-/* dots_q32 asks for the weights whole passes ahead, at least this many bytes (q32_block) */
-#define Q32_PREFETCH_MIN 16384
+/* dots_q32 asks for the weights this many bytes ahead of its pass (q32_block) */
+#define Q32_PREFETCH_BYTES 8192
 
 /* Each kernel asks for the weight bytes this far ahead of the block it reads (the rows of
  * a matrix are one stream). The hardware prefetcher alone kept one core at 5-10 GB/s
@@ -438,21 +438,27 @@ SIMD static INLINE __m256 q32_d8(uint32_t type, const uint8_t *const w[8]) {
     return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
 }
 
-/* One block of the eight rows w[j] (advanced past it) against nx inputs, added to acc[k].
- * pf, where not 0: ask for the bytes pf ahead of each row's block into L1, dots_q32 giving
- * a whole number of passes (8·row_bytes each), at least Q32_PREFETCH_MIN, every other
- * block (64 bytes cover two blocks of a row). The one-row kernels' PREFETCH_BYTES ahead in
- * the same row lands, eight rows a pass, in the rows this pass reads anyway: a matrix
- * streamed from memory then ran at 55-58 ps a multiply-add against 37.5 for the one-row
- * kernel (Q4_0, 16384 x 4096, bench_vs_ggml --kernels --stream); with the next pass
- * requested into L2, 32-42. One pass of 1024-wide Q4_0 rows is only 4.5 KiB, too short a
- * distance for memory: streamed 1024 x 1024 matrices (--stream 1024 1024, 116512 rows) ran
- * Q4_0 / IQ4_NL / MXFP4 at 23.7-28.7 / 24.1-27.3 / 25.9-26.8 ps with one pass into L2,
- * 20.2-21.2 / 20.9-29.0 / 21.9-23.1 with at least 8 or 16 KiB into L2, 20.0 / 21.7 / 20.2
- * with 8 KiB into L1 and 17.6 / 20.6 / 19.0 with 16 KiB into L1 (each run noisy, other
- * jobs on the machine; llama.cpp's repacked gemv 20.9-22.8 / 21.4-24.8 / 22.7-24.3). */
+/* One block of the eight rows w[j] (advanced past it) against nx inputs, added to acc[k],
+ * after asking for the lines from *pf up to pf_to into L1 (dots_q32's prefetch cursor).
+ *
+ * The prefetch. The one-row kernels' PREFETCH_BYTES ahead in the same row lands, eight
+ * rows a pass, in the rows this pass reads anyway: a matrix streamed from memory then ran
+ * at 55-58 ps a multiply-add against 37.5 for the one-row kernel (Q4_0, 16384 x 4096,
+ * bench_vs_ggml --kernels --stream). A pass of eight rows is one run of memory
+ * (8·row_bytes), so the kernel asks for that run Q32_PREFETCH_BYTES ahead as one stream, a
+ * block's share (its eight rows' block bytes) with each block, and never past the end of
+ * the rows it was given (the next rows may be another thread's). An earlier form asked,
+ * every other block, for each row's bytes whole passes ahead, at least 16 KiB: the fastest
+ * on one long streamed matrix (17.6-19.5 ps, Q4_0), but a decode step's chunks of 64 rows
+ * (36 KiB of 1024-wide Q4_0) then had their first 16 KiB not asked for and their last
+ * passes' requests in another thread's rows; in the whole model, 2 threads, it cost 3-6%.
+ * Whole-model decode of the 8-layer Q4_0 and IQ4_NL files (docs/quantization.md, "Per type
+ * against llama.cpp"), with dots_q32_head and the one-task-a-thread decode chunks
+ * (runtime/cpu/quant_matvec.c), tokens/s medians of 5 interleaved runs, 2 threads: 4 KiB
+ * ahead 537 / 580, 8 KiB 609 / 606, 12 KiB 605 / 583; 8 KiB without dots_q32_head 546 /
+ * 522; 8 KiB into L2 (_MM_HINT_T1) 584 / 528; 16 KiB into L1 thrashed it (306 Q4_0). */
 SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint8_t *a, int64_t stride,
-                                  int nx, __m256 *acc, int64_t pf) {
+                                  int nx, __m256 *acc, const uint8_t **pf, const uint8_t *pf_to) {
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
 #ifdef FMOE_QUANT_ACT_VNNI
     const int c = q32_offset(type);
@@ -461,8 +467,8 @@ SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint
     const __m256 mw = affine ? f16x8_at(w, 2) : _mm256_setzero_ps();
     __m256i u[8];
     /* u[s]: row HSUM8_LANE[s], so that hsum8_epi32 leaves row j in lane j */
+    for (; *pf < pf_to; *pf += 64) _mm_prefetch((const char *)*pf, _MM_HINT_T0);
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-        if (pf) _mm_prefetch((const char *)w[HSUM8_LANE[j]] + pf, _MM_HINT_T0);
 #ifdef FMOE_QUANT_ACT_VNNI
         u[j] = q32_unpack_offset(type, w[HSUM8_LANE[j]]);
 #else
@@ -521,26 +527,32 @@ SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint
  * rows, as Σa is for Q4_1's and Q5_1's mins. */
 SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows, const uint8_t *a,
                                  int64_t stride, int nx, int64_t n, float *y, int64_t ys,
-                                 uint32_t type) {
+                                 uint32_t type, const uint8_t *pf_end) {
     const uint8_t *w[8];
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] = W + (j < nrows ? j : nrows - 1) * row_bytes;
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    int64_t i = 0;
-    /* whole passes ahead (the same rows' blocks as this one's), at least Q32_PREFETCH_MIN
-     * (n = 0 gives rows of no bytes: no prefetch is made then) */
-    const int64_t pass = 8 * row_bytes;
-    const int64_t pf = pass > 0 ? pass * ((Q32_PREFETCH_MIN + pass - 1) / pass) : 0;
-    for (; i + 2 * FMOE_QK8_0 <= n; i += 2 * FMOE_QK8_0, a += 2 * FMOE_Q8_0_BYTES) {
-        q32_block(type, w, a, stride, nx, acc, pf);
-        q32_block(type, w, a + FMOE_Q8_0_BYTES, stride, nx, acc, 0);
+    /* the pass's bytes Q32_PREFETCH_BYTES on, a block's share of them with each block
+     * (nrows blocks' bytes), never past pf_end */
+    const int64_t share = nrows * fmoe__q32_block_bytes(type);
+    const uint8_t *pf = W + Q32_PREFETCH_BYTES, *pf_to = pf;
+    for (int64_t i = 0; i < n; i += FMOE_QK8_0, a += FMOE_Q8_0_BYTES) {
+        pf_to += share;
+        q32_block(type, w, a, stride, nx, acc, &pf, pf_to < pf_end ? pf_to : pf_end);
     }
-    if (i < n) q32_block(type, w, a, stride, nx, acc, pf);
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
         float out[8];
         _mm256_storeu_ps(out, acc[k]);
         for (int j = 0; j < nrows; j++) y[k * ys + j] = out[j];
     }
+}
+
+/* The first Q32_PREFETCH_BYTES of a call's rows (at most `bytes`), asked for before its
+ * first pass, whose own requests start that far on: without it, each of a decode step's
+ * chunks began with 8 KiB left to the hardware prefetcher (see q32_block). */
+SIMD static INLINE void dots_q32_head(const uint8_t *W, int64_t bytes) {
+    const int64_t end = bytes < Q32_PREFETCH_BYTES ? bytes : Q32_PREFETCH_BYTES;
+    for (int64_t o = 0; o < end; o += 64) _mm_prefetch((const char *)W + o, _MM_HINT_T0);
 }
 
 #ifdef FMOE_QUANT_ACT_VNNI

@@ -16,8 +16,8 @@
  *   job 2  every chunk of rows of h: each expert's down rows, its bias, and the
  *          weighted sum into acc, expert after expert in the order given
  *
- * Chunks are fmoe__quant_matvec_chunk's: 16 rows in prefill, in a decode step a few per
- * thread (one on one thread), each a kernel call.
+ * Chunks are fmoe__quant_matvec_chunk's: 16 rows in prefill, in a decode step one per
+ * thread, each a kernel call.
  *
  * Bits. Every output is computed by the kernel cpu_matmul picks for the same product and
  * row count (fmoe__quant_matvec_rows, or the bf16/f16 dots), each row's dot on one thread;

@@ -90,21 +90,23 @@ TEST(pool_equals_one_thread_and_reference) {
     fmoe__pool_free(pool);
 }
 
-/* A decode step's products (one to four inputs) take a few large chunks a thread
- * (fmoe__quant_matvec_chunk), one on one thread: every row is still computed, and each
- * output has the bits of that row's product computed alone, at 1 and 3 threads. The
- * chunks: multiples of 16, all the rows on one thread, 16 with more than four inputs. */
+/* A decode step's products (one to four inputs) take one chunk a thread
+ * (fmoe__quant_matvec_chunk): every row is still computed, and each output has the bits
+ * of that row's product computed alone, at 1 and 3 threads. The chunks: a thread's share
+ * rounded up to a multiple of 16, all the rows on one thread, 16 with more than four
+ * inputs. */
 TEST(decode_chunks_give_each_rows_bits) {
     ASSERT_EQ(fmoe__quant_matvec_chunk(1, 1000, 1), 1008);
     ASSERT_EQ(fmoe__quant_matvec_chunk(1, 8, 4), 16);
-    ASSERT_EQ(fmoe__quant_matvec_chunk(3, 1000, 1), 32);
-    ASSERT_EQ(fmoe__quant_matvec_chunk(2, 32000, 1), 2000);
-    ASSERT_EQ(fmoe__quant_matvec_chunk(2, 100, 2), 16);
+    ASSERT_EQ(fmoe__quant_matvec_chunk(3, 1000, 1), 336);
+    ASSERT_EQ(fmoe__quant_matvec_chunk(2, 32000, 1), 16000);
+    ASSERT_EQ(fmoe__quant_matvec_chunk(2, 100, 2), 64);
+    ASSERT_EQ(fmoe__quant_matvec_chunk(2, 20, 1), 16);
     ASSERT_EQ(fmoe__quant_matvec_chunk(1, 1000, 5), 16);
     ASSERT_EQ(fmoe__quant_matvec_chunk(3, 32000, 64), 16);
     const uint32_t types[] = {FMOE_GGML_Q8_0, FMOE_GGML_Q4_K, FMOE_GGML_Q6_K, FMOE_GGML_Q4_0,
                               FMOE_GGML_IQ4_NL, FMOE_GGML_Q3_K, FMOE_GGML_BF16};
-    const int64_t rows = 1000, cols = 256; /* 3 threads: 32-row chunks, the last one short */
+    const int64_t rows = 1000, cols = 256; /* 3 threads: 336-row chunks, the last one short */
     fmoe__pool *pool;
     ASSERT_OK(fmoe__pool_init(3, &pool));
     float *w = malloc((size_t)(rows * cols) * sizeof *w), *x = malloc((size_t)(4 * cols) * sizeof *x);
