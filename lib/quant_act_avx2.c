@@ -410,20 +410,19 @@ SIMD static INLINE int32_t hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(x);
 }
 
-/* The f16 at byte `at` of each of the eight blocks w[j], as f32 lanes. */
+/* The f16 at byte `at` of each of the eight blocks w[j], as f32 lanes. Put together in
+ * two general registers (loads, shifts and ors: the integer pipes, which these kernels
+ * leave idle) and moved over in two steps: eight vpinsrw took eight of the vector shuffle
+ * slots that the products and hsum8_epi32 run short of. (Eight 2-byte stores read back as
+ * one 16-byte load would stall store forwarding.) */
 SIMD static INLINE __m256 f16x8_at(const uint8_t *const w[8], int at) {
-    /* inserted one by one from the blocks: eight 2-byte stores read back as one 16-byte
-     * load would stall store forwarding */
-    __m128i h = _mm_setzero_si128();
-#define INSERT(j)                                                                           \
-    {                                                                                       \
-        uint16_t v;                                                                         \
-        memcpy(&v, w[j] + at, 2);                                                           \
-        h = _mm_insert_epi16(h, v, j);                                                      \
+    uint64_t q[2] = {0, 0};
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+        uint16_t v;
+        memcpy(&v, w[j] + at, 2);
+        q[j / 4] |= (uint64_t)v << (16 * (j % 4));
     }
-    INSERT(0) INSERT(1) INSERT(2) INSERT(3) INSERT(4) INSERT(5) INSERT(6) INSERT(7)
-#undef INSERT
-    return _mm256_cvtph_ps(h);
+    return _mm256_cvtph_ps(_mm_insert_epi64(_mm_cvtsi64_si128((long long)q[0]), (long long)q[1], 1));
 }
 
 /* The weight scales of eight blocks: MXFP4's E8M0 byte as fmoe__e8m0_half makes it
