@@ -293,50 +293,20 @@ SIMD static INLINE void dots_q6_k(const uint8_t *w, const uint8_t *a, int64_t st
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]);
 }
 
-/* fmoe__q32_nibbles; the VNNI build's CPUs have GFNI too (fmoe__quant_vnni) */
-SIMD static INLINE __m256i q32_nibbles(const uint8_t *qs) {
-#ifdef FMOE_QUANT_ACT_VNNI
-    /* one GFNI affine transform of each byte, a bit matrix per 64-bit lane: the low
-     * half's bytes masked to bits 0-3 (matrix rows 1, 2, 4, 8 for output bits 0-3), the
-     * high half's shifted right by 4 (rows 16, 32, 64, 128), in place of a shift, a blend
-     * and a mask. It took the L2-resident Q4_0 kernel from 24.6 to 22.6 ps a
-     * multiply-add; one vpsrlvw for shift and blend, then the mask, had given 24.1. */
-    const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
-    const __m256i m = _mm256_setr_epi64x(0x0102040800000000ll, 0x0102040800000000ll,
-                                         0x1020408000000000ll, 0x1020408000000000ll);
-    return _mm256_gf2p8affine_epi64_epi8(x, m, 0);
-#else
-    return fmoe__q32_nibbles(qs);
-#endif
-}
-
-/* The 32 codes of a block, as fmoe__q32_unpack gives them. The VNNI build (whose CPUs
- * have AVX512-BW and VL) sets Q5_0's and Q5_1's fifth bits with one masked byte op, the
- * qh word itself as the mask (bit l for code l, the order fmoe__q32_unpack's bytes have),
- * instead of spreading qh over the bytes by a shuffle, a test and a compare. */
-SIMD static INLINE __m256i q32_unpack(uint32_t type, const uint8_t *w) {
-#ifdef FMOE_QUANT_ACT_VNNI
-    if (type == FMOE_GGML_Q4_1) return q32_nibbles(w + 4);
-    if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
-        const int q5_0 = type == FMOE_GGML_Q5_0;
-        uint32_t h;
-        memcpy(&h, w + (q5_0 ? 2 : 4), 4);
-        const __m256i nib = q32_nibbles(w + (q5_0 ? 6 : 8));
-        /* Q5_0: code - 16 where the fifth bit is clear, the code where set (nib | 16 - 16);
-         * Q5_1: nib + 16 where set */
-        return q5_0 ? _mm256_mask_sub_epi8(nib, (__mmask32)~h, nib, _mm256_set1_epi8(16))
-                    : _mm256_mask_add_epi8(nib, (__mmask32)h, nib, _mm256_set1_epi8(16));
-    }
-#endif
-    return fmoe__q32_unpack(type, w);
-}
-
+/* Two rows' blocks side by side. dots_q32 takes the 32 codes of a block as two halves of
+ * 16, so that one register holds a half of two rows: lo = [row A's codes 0-15 | row B's
+ * 0-15], hi = [A's 16-31 | B's 16-31], against the activation halves broadcast to both
+ * 128-bit lanes ([a0-15 | a0-15], [a16-31 | a16-31]: loads only). A pair's products then
+ * come out in one register, row A's in lanes 0-3 and B's in 4-7, and the eight rows'
+ * sums take half the reduction that eight one-row registers did (hsum_pairs). The codes:
+ * the AVX2 build's as fmoe__q32_unpack gives them (signed, levels looked up, Q4_1's and
+ * Q5_1's unsigned); the VNNI build's, for vpdpbusd, plus q32_offset(type) (0..240). */
 #ifdef FMOE_QUANT_ACT_VNNI
 /* The signed 32-value types with vpdpbusd, which does not saturate: the codes plus a
  * constant offset c (Q4_0 8, Q5_0 16, IQ4_NL 127, MXFP4 12) go in as unsigned bytes
  * against the activation as it is, and c·Σa, the same for every row, comes off the
- * block's integer sum once per input block (dots_q32). The sum is then Σ w·a, that of the
- * sign-trick kernel, without its two sign operations per block and input. */
+ * block's integer sum once per input block (q32_block). The sum is then Σ w·a, that of
+ * the sign-trick kernel, without its two sign operations per block and input. */
 static INLINE int q32_offset(uint32_t type) {
     switch (type) {
     case FMOE_GGML_Q4_0: return 8;
@@ -346,59 +316,125 @@ static INLINE int q32_offset(uint32_t type) {
     default: return 0; /* Q4_1, Q5_1: unsigned codes as they are */
     }
 }
+#else
+/* 16 in each byte l whose bit l of m is set (the AVX2 build's fifth bits of Q5_0, Q5_1):
+ * byte l given byte l/8 of m, then tested against bit l%8 */
+SIMD static INLINE __m256i fifth_bits(uint32_t m) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)m),
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+#endif
 
-/* The block's codes plus q32_offset(type), 0..240, in fmoe__q32_unpack's order. */
-SIMD static INLINE __m256i q32_unpack_offset(uint32_t type, const uint8_t *w) {
-    if (type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1) return q32_unpack(type, w);
-    const int qs_at = type == FMOE_GGML_MXFP4 ? 1 : type == FMOE_GGML_Q5_0 ? 6 : 2;
-    const __m256i nib = q32_nibbles(w + qs_at);
-    if (type == FMOE_GGML_Q5_0) { /* nib + 16 where the fifth bit is set */
-        uint32_t h;
-        memcpy(&h, w + 2, 4);
-        return _mm256_mask_add_epi8(nib, (__mmask32)h, nib, _mm256_set1_epi8(16));
-    }
+/* The values of nibbles (and fifth bits) 0..31: the code, or the VNNI build's code +
+ * q32_offset, for the types with a table or an offset */
+SIMD static INLINE __m256i q32_levels(uint32_t type, __m256i q) {
+#ifdef FMOE_QUANT_ACT_VNNI
     if (type == FMOE_GGML_IQ4_NL) /* FMOE__IQ4NL_LEVELS + 127 */
         return _mm256_shuffle_epi8(_mm256_setr_epi8(0, 23, 44, 62, 78, 92, 105, 117, (char)128, (char)140,
                                                     (char)152, (char)165, (char)180, (char)196, (char)216, (char)240,
                                                     0, 23, 44, 62, 78, 92, 105, 117, (char)128, (char)140,
                                                     (char)152, (char)165, (char)180, (char)196, (char)216, (char)240),
-                                   nib);
+                                   q);
     if (type == FMOE_GGML_MXFP4) /* FMOE__MXFP4_LEVELS + 12 */
         return _mm256_shuffle_epi8(_mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                                                     12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0),
-                                   nib);
-    return nib; /* Q4_0: the nibble is the code plus 8 */
-}
+                                   q);
+    return q; /* Q4_0 and Q5_0: nibble (+ 16·fifth bit) is the code plus the offset */
+#else
+    if (type == FMOE_GGML_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    if (type == FMOE_GGML_Q5_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    if (type == FMOE_GGML_IQ4_NL) /* FMOE__IQ4NL_LEVELS */
+        return _mm256_shuffle_epi8(_mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                                    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113),
+                                   q);
+    if (type == FMOE_GGML_MXFP4) /* FMOE__MXFP4_LEVELS */
+        return _mm256_shuffle_epi8(_mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                                    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
+                                   q);
+    return q; /* Q4_1, Q5_1 */
 #endif
+}
 
-/* The eight int32 lanes of each p[s] summed (exact: |Σ| < 2^24 for these blocks), p[s]'s
- * total in lane HSUM8_LANE[s] (0, 4, 2, 6, 1, 5, 3, 7: the order this reduction leaves;
- * it is its own inverse, so p[s] given row HSUM8_LANE[s] puts row j in lane j). Blends
- * and adds, with one shuffle per merge of two vectors (vperm2i128, vpalignr, vpshufd):
- * a tree of vphaddd took 14 shuffles for the 8 vectors, and shuffles are what these
- * kernels run short of (two of Zen 4's four vector pipes). */
-static const int HSUM8_LANE[8] = {0, 4, 2, 6, 1, 5, 3, 7};
-/* blend_epi32(a, b, m) and [a's high half | b's low half]: the VNNI build has the EVEX
- * forms, which reach its 32 vector registers (GCC copied every operand held in ymm16-31
- * into ymm0-15 for vpblendd and vperm2i128, which have no EVEX encoding) */
+/* Row A's block at wa and row B's at wb as lo and hi (above). */
+SIMD static INLINE void q32_pair(uint32_t type, const uint8_t *wa, const uint8_t *wb, __m256i *lo, __m256i *hi) {
+    const int qs_at = type == FMOE_GGML_MXFP4 ? 1 : type == FMOE_GGML_Q4_1 ? 4
+                    : type == FMOE_GGML_Q5_0 ? 6 : type == FMOE_GGML_Q5_1 ? 8 : 2;
+    const int q5 = type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1;
+    uint32_t ha = 0, hb = 0; /* Q5_0's, Q5_1's fifth bits: qh bit l is code l's */
+    if (q5) {
+        memcpy(&ha, wa + (type == FMOE_GGML_Q5_0 ? 2 : 4), 4);
+        memcpy(&hb, wb + (type == FMOE_GGML_Q5_0 ? 2 : 4), 4);
+    }
+#ifdef FMOE_QUANT_ACT_VNNI
+    if (q5) {
+        /* each row's 32 codes in one register first ([0-15 | 16-31]: one GFNI transform
+         * of its broadcast bytes, the bit matrix's rows 1, 2, 4, 8 masking the low lane,
+         * 16, 32, 64, 128 shifting the high one), 16 added where the bit is set by one
+         * masked add with qh itself the mask (these CPUs have AVX512-BW and VL), then the
+         * halves paired by two lane shuffles. Split as the other types are, each half's
+         * 16 bits moved into a mask of its own, the kernel ran 10% slower (Q5_0 21 -> 23
+         * ps a multiply-add). */
+        const __m256i m = _mm256_setr_epi64x(0x0102040800000000ll, 0x0102040800000000ll,
+                                             0x1020408000000000ll, 0x1020408000000000ll);
+        __m256i ra = _mm256_gf2p8affine_epi64_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wa + qs_at))), m, 0);
+        __m256i rb = _mm256_gf2p8affine_epi64_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + qs_at))), m, 0);
+        ra = _mm256_mask_add_epi8(ra, (__mmask32)ha, ra, _mm256_set1_epi8(16));
+        rb = _mm256_mask_add_epi8(rb, (__mmask32)hb, rb, _mm256_set1_epi8(16));
+        *lo = _mm256_permute2x128_si256(ra, rb, 0x20);
+        *hi = _mm256_permute2x128_si256(ra, rb, 0x31);
+        return; /* code + 16 for Q5_0 (q32_offset), the code for Q5_1 */
+    }
+#endif
+    /* A's 16 bytes in the low lane, B's in the high one: two broadcast loads and a blend,
+     * no shuffle */
+    const __m256i x = _mm256_blend_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wa + qs_at))),
+                                         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + qs_at))),
+                                         0xF0);
+    __m256i l = _mm256_and_si256(x, _mm256_set1_epi8(0x0F));
+#ifdef FMOE_QUANT_ACT_VNNI
+    /* the high nibbles by one GFNI affine transform (the bit matrix's rows 16, 32, 64,
+     * 128 for output bits 0-3), in place of a shift and a mask */
+    __m256i h = _mm256_gf2p8affine_epi64_epi8(x, _mm256_set1_epi64x(0x1020408000000000ll), 0);
+#else
+    __m256i h = _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(0x0F));
+    if (q5) { /* bits 0-15 go with lo, 16-31 with hi */
+        l = _mm256_or_si256(l, fifth_bits((ha & 0xFFFFu) | (hb << 16)));
+        h = _mm256_or_si256(h, fifth_bits((ha >> 16) | (hb & 0xFFFF0000u)));
+    }
+#endif
+    *lo = q32_levels(type, l);
+    *hi = q32_levels(type, h);
+}
+
+/* blend_epi32(a, b, m): the VNNI build has the EVEX form, which reaches its 32 vector
+ * registers (GCC copied every operand held in ymm16-31 into ymm0-15 for vpblendd, which
+ * has no EVEX encoding) */
 #ifdef FMOE_QUANT_ACT_VNNI
 #define BLEND32(a, b, m) _mm256_mask_blend_epi32((__mmask8)(m), a, b)
-#define HIGH_LOW(a, b) _mm256_shuffle_i32x4(a, b, 1)
 #else
 #define BLEND32(a, b, m) _mm256_blend_epi32(a, b, m)
-#define HIGH_LOW(a, b) _mm256_permute2x128_si256(a, b, 0x21)
 #endif
-SIMD static INLINE __m256i hsum8_epi32(const __m256i p[8]) {
-    __m256i h[4];
-    /* p[2i], p[2i+1] -> their 128-bit halves added: [p2i x4 | p2i+1 x4] */
-    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
-        h[i] = _mm256_add_epi32(BLEND32(p[2 * i], p[2 * i + 1], 0xF0), HIGH_LOW(p[2 * i], p[2 * i + 1]));
-    /* then pairs of those: each half [a a b b] (a, b the two vectors' rows in that half) */
+
+/* The rows of the pairs q32_block forms, PAIR_ROWS[i] = {A, B} of p[i]: the order in which
+ * hsum_pairs leaves row j in lane j. */
+static const int PAIR_ROWS[4][2] = {{0, 4}, {2, 6}, {1, 5}, {3, 7}};
+
+/* p[i]'s lanes 0-3 summed into one lane and 4-7 into another (exact: |Σ| < 2^24 for these
+ * blocks): row j's total in lane j, p[i] holding rows PAIR_ROWS[i]. Blends and adds, one
+ * shuffle (vpalignr, vpshufd) per merge of two vectors: shuffles are what these kernels
+ * run short of (two of Zen 4's four vector pipes). Eight one-row registers had taken four
+ * more merges (vperm2i128 each) before these. */
+SIMD static INLINE __m256i hsum_pairs(const __m256i p[4]) {
     __m256i q[2];
+    /* p[2i], p[2i+1] -> each 128-bit lane [a a b b]: a, b the two vectors' rows there */
     _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
-        q[i] = _mm256_add_epi32(BLEND32(h[2 * i], h[2 * i + 1], 0xCC),
-                                _mm256_alignr_epi8(h[2 * i + 1], h[2 * i], 8));
-    /* and the last pair: each 32-bit lane one row */
+        q[i] = _mm256_add_epi32(BLEND32(p[2 * i], p[2 * i + 1], 0xCC),
+                                _mm256_alignr_epi8(p[2 * i + 1], p[2 * i], 8));
+    /* and the last pair: lanes (0, 1, 2, 3) of the low half get p[0], p[2], p[1], p[3]'s
+     * row A, those of the high half their row B */
     const __m256i v = BLEND32(_mm256_shuffle_epi32(q[0], 0xB1), _mm256_shuffle_epi32(q[1], 0xB1), 0xAA);
     return _mm256_add_epi32(BLEND32(q[0], q[1], 0xAA), v);
 }
@@ -413,7 +449,7 @@ SIMD static INLINE int32_t hsum_epi32(__m256i v) {
 /* The f16 at byte `at` of each of the eight blocks w[j], as f32 lanes. Put together in
  * two general registers (loads, shifts and ors: the integer pipes, which these kernels
  * leave idle) and moved over in two steps: eight vpinsrw took eight of the vector shuffle
- * slots that the products and hsum8_epi32 run short of. (Eight 2-byte stores read back as
+ * slots that the products and hsum_pairs run short of. (Eight 2-byte stores read back as
  * one 16-byte load would stall store forwarding.) */
 SIMD static INLINE __m256 f16x8_at(const uint8_t *const w[8], int at) {
     uint64_t q[2] = {0, 0};
@@ -464,38 +500,36 @@ SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint
 #endif
     const __m256 dw = q32_d8(type, w);
     const __m256 mw = affine ? f16x8_at(w, 2) : _mm256_setzero_ps();
-    __m256i u[8];
-    /* u[s]: row HSUM8_LANE[s], so that hsum8_epi32 leaves row j in lane j */
     for (; *pf < pf_to; *pf += 64) _mm_prefetch((const char *)*pf, _MM_HINT_T0);
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-#ifdef FMOE_QUANT_ACT_VNNI
-        u[j] = q32_unpack_offset(type, w[HSUM8_LANE[j]]);
-#else
-        u[j] = q32_unpack(type, w[HSUM8_LANE[j]]);
-#endif
-    }
+    __m256i lo[4], hi[4];
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+        q32_pair(type, w[PAIR_ROWS[i][0]], w[PAIR_ROWS[i][1]], &lo[i], &hi[i]);
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] += fmoe__q32_block_bytes(type);
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) {
         const uint8_t *ak = a + k * stride;
-        const __m256i qa = load(ak + 2);
-        __m256i p[8];
+        const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(ak + 2)));
+        const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(ak + 18)));
+        __m256i p[4];
 #ifdef FMOE_QUANT_ACT_VNNI
-        /* -c times each int32 lane's four activation bytes: every row's vpdpbusd starts
-         * from it, so its lanes sum to Σ code·a */
+        /* -c times each int32 lane's eight activation bytes (four of each half): every
+         * pair's vpdpbusd starts from it, so its lanes sum to Σ code·a */
+        const __m256i c8 = _mm256_set1_epi8((char)c);
         const __m256i corr = c ? _mm256_sub_epi32(_mm256_setzero_si256(),
-                                                  _mm256_dpbusd_epi32(_mm256_setzero_si256(),
-                                                                      _mm256_set1_epi8((char)c), qa))
+                                                  _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), c8, alo),
+                                                                      c8, ahi))
                                : _mm256_setzero_si256();
 #endif
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
 #ifdef FMOE_QUANT_ACT_VNNI
-            p[j] = _mm256_dpbusd_epi32(corr, u[j], qa);
+            p[i] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(corr, lo[i], alo), hi[i], ahi);
 #else
-            p[j] = affine ? isum_us(u[j], qa) : isum_us(_mm256_sign_epi8(u[j], u[j]), _mm256_sign_epi8(qa, u[j]));
+            p[i] = affine ? _mm256_add_epi32(isum_us(lo[i], alo), isum_us(hi[i], ahi))
+                          : _mm256_add_epi32(isum_us(_mm256_sign_epi8(lo[i], lo[i]), _mm256_sign_epi8(alo, lo[i])),
+                                             isum_us(_mm256_sign_epi8(hi[i], hi[i]), _mm256_sign_epi8(ahi, hi[i])));
 #endif
         }
-        const __m256i sum = hsum8_epi32(p);
-        const int32_t asum = affine ? hsum_epi32(isum_us(_mm256_set1_epi8(1), qa)) : 0;
+        const __m256i sum = hsum_pairs(p);
+        const int32_t asum = affine ? hsum_epi32(isum_us(_mm256_set1_epi8(1), load(ak + 2))) : 0;
         const __m256 da = _mm256_set1_ps(f16_at(ak));
         acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(sum)));
         if (affine)
@@ -515,15 +549,19 @@ SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint
  * count and kernel build gives the reference's bits. One row a pass, with an FMA chain
  * per row, had been bound by that chain's latency (4 cycles a block on Zen 4) plus, per
  * block and row, a scale conversion and broadcast; here the eight rows' integer sums are
- * reduced into one vector (hsum8_epi32) and scaled, converted and added once for all of
- * them, much as llama.cpp's repacked gemv does with eight interleaved rows, but reading
- * the GGUF layout as it is.
+ * reduced into one vector (q32_pair's halves of two rows a register, then hsum_pairs) and
+ * scaled, converted and added once for all of them, much as llama.cpp's repacked gemv
+ * does with eight interleaved rows, but reading the GGUF layout as it is. L2-resident
+ * 1024 x 1024 (bench_vs_ggml --kernels), ps a multiply-add, one row a register and eight
+ * merged by hsum8 before the pairs, then with them: VNNI build Q4_0 16.6 -> 15.5, IQ4_NL
+ * 19.0 -> 17.0, MXFP4 21.5 -> 17.7, Q4_1 22.3 -> 20.4, Q5_0 20.6 -> 20.3, Q5_1 26.3 ->
+ * 25.3; AVX2 build Q4_0 28.3 -> 23.5, IQ4_NL 27.8 -> 23.3, Q5_0 39.8 -> 41.0.
  *
  * The integer sums: AVX2 moves w's sign onto the activation (Q8_0's trick) for the signed
  * types and puts Q4_1's and Q5_1's unsigned codes into maddubs as they are; |code| <= 127
  * (IQ4_NL's -127), so no int16 pair saturates. The VNNI build puts code + c into vpdpbusd,
- * each row's starting from -c·Σa (q32_offset), formed once per input block for the eight
- * rows, as Σa is for Q4_1's and Q5_1's mins. */
+ * each pair's starting from -c·Σa (q32_offset), formed once per input block for the four
+ * pairs, as Σa is for Q4_1's and Q5_1's mins. */
 SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows, const uint8_t *a,
                                  int64_t stride, int nx, int64_t n, float *y, int64_t ys,
                                  uint32_t type, const uint8_t *pf_end) {
