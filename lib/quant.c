@@ -237,8 +237,11 @@ static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
 static int level_max;              /* FMOE__QUANT_*: the best this CPU has */
 static _Atomic int level_forced = -1; /* fmoe__quant_force_level's, or -1 */
 static int cpu_amd;                /* AMD's AVX-512 (Zen 4) runs 512-bit operations in halves */
-static int cpu_vnni;               /* AVX512-VNNI, BW and VL, and GFNI: vpdpbusd, byte masks and
-                                    * gf2p8affineqb at 256 bits (lib/quant_act_avx2_vnni.c) */
+static int cpu_vnni;               /* AVX512-VNNI, BW and VL, GFNI and BMI2: vpdpbusd, byte masks
+                                    * and gf2p8affineqb at 256 bits (lib/quant_act_avx2_vnni.c),
+                                    * and the row kernels' pdep (lib/quant_rows1_avx2.h's
+                                    * FMOE__R1_VNNI; every CPU with the others has BMI2, checked
+                                    * all the same) */
 
 /* The one place that decides which kernels may run. AVX-512 needs F (the 512-bit
  * registers and masks), BW (byte and word lanes: maddubs, the byte masks) and VL (their
@@ -263,7 +266,7 @@ static void simd_probe(void) {
     cpu_amd = __builtin_cpu_is("amd");
     cpu_vnni = avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("gfni") &&
-               getenv("FMOE_NO_VNNI") == NULL;
+               __builtin_cpu_supports("bmi2") && getenv("FMOE_NO_VNNI") == NULL;
 #endif
 }
 

@@ -253,6 +253,15 @@ float fmoe_quant_act_dot_ref(uint32_t t, const void *row, const void *qx, int64_
     }
 }
 
+/* The row kernels of Q2_K, Q3_K, IQ4_XS (lib/quant_kx_dot_avx2.c) and the i-quants
+ * (lib/quant_iq_dot_avx2.c) at the AVX2 and AVX-512 levels: their VNNI build where
+ * fmoe__quant_vnni(), else their AVX2 one, the same bits; the entries do not check. */
+static fmoe__rowsx_fn *rows_kx_avx2(uint32_t t) {
+    if (fmoe__quant_vnni())
+        return fmoe__is_iq(t) ? fmoe__iq_rowsx_avx2_vnni : fmoe__kx_rowsx_avx2_vnni;
+    return fmoe__is_iq(t) ? fmoe__iq_rowsx_avx2 : fmoe__kx_rowsx_avx2;
+}
+
 void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t rows,
                            const void *qx, int64_t qx_stride, int32_t nx, int64_t n, float *y,
                            int64_t ldy) {
@@ -262,8 +271,7 @@ void fmoe_quant_act_matvec(uint32_t t, const void *W, int64_t row_bytes, int64_t
          * (lib/quant_iq_dot_avx2.c), the reference's bits at every level: the codes formed in
          * registers, once per block for up to four inputs (a prefill's product; lib/quant_kx.c's
          * shared unpack through a buffer, once per block for every input, was 1.3-2x slower) */
-        (fmoe__is_iq(t) ? fmoe__iq_rowsx_avx2 : fmoe__kx_rowsx_avx2)(t, W, row_bytes, rows, qx,
-                                                                     qx_stride, nx, n, y, ldy);
+        rows_kx_avx2(t)(t, W, row_bytes, rows, qx, qx_stride, nx, n, y, ldy);
         return;
     }
     if (fmoe__is_kx(t) || fmoe__is_iq(t)) { /* Q2_K, Q3_K, IQ4_XS, the i-quants:

@@ -84,37 +84,27 @@ void fmoe__iq_scales(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
 /* The unpacked block's d alone (the f16 scale times the type's power of two). */
 float fmoe__iq_block_d(uint32_t type, const uint8_t *b);
 void fmoe__iq_unpack_avx2(uint32_t type, const uint8_t *b, fmoe__kx_block *u);
-/* rows x one Q8_K input of an i-quant (fmoe__is_iq) into y[r], rows row_bytes apart
- * (lib/quant_iq_dot_avx2.c; only called when the CPU has AVX2): the bits of
- * fmoe__quant_act_dot_kx at any level, each row's blocks summed straight from their bytes. */
-void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t n, float *y);
-/* The same for Q2_K, Q3_K and IQ4_XS rows (lib/quant_kx_dot_avx2.c). */
-void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t n, float *y);
-/* Their compilations for AVX512-VNNI CPUs (lib/quant_iq_dot_avx2_vnni.c,
- * lib/quant_kx_dot_avx2_vnni.c; eight rows a step), which the two above call where
- * fmoe__quant_vnni(): the same bits. */
-void fmoe__iq_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                              const void *qx, int64_t n, float *y);
-void fmoe__kx_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                              const void *qx, int64_t n, float *y);
-/* rows x nx Q8_K inputs (astride bytes apart) of Q2_K, Q3_K or IQ4_XS into y[k·ldy + r]
- * (lib/quant_kx_dot_avx2.c, a prefill's product): up to four inputs a pass over each row,
- * every input its fmoe__kx_rows1_avx2 bits. */
-void fmoe__kx_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
-                         int64_t ldy);
-void fmoe__kx_rowsx_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                              const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
-                              int64_t ldy);
-/* The same for the codebook i-quants (lib/quant_iq_dot_avx2.c). */
-void fmoe__iq_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
-                         int64_t ldy);
-void fmoe__iq_rowsx_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                              const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
-                              int64_t ldy);
+/* The 8-bit row kernels of Q2_K, Q3_K and IQ4_XS (lib/quant_kx_dot_avx2.c) and of the
+ * codebook i-quants (fmoe__is_iq; lib/quant_iq_dot_avx2.c), only called when the CPU has
+ * AVX2: rows1, rows x one Q8_K input into y[r], rows row_bytes apart; rowsx, rows x nx
+ * inputs (astride bytes apart) into y[k·ldy + r], a prefill's product, up to four inputs a
+ * pass over each row, every input its rows1 bits. Each row's blocks summed straight from
+ * their bytes: the bits of fmoe__quant_act_dot_kx at any level. */
+typedef void fmoe__rows1_fn(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                            const void *qx, int64_t n, float *y);
+typedef void fmoe__rowsx_fn(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
+                            const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
+                            int64_t ldy);
+/* Both files are compiled twice, so the entries come in two builds, a pair a line: the AVX2
+ * one, and the _vnni one for CPUs with AVX512-VNNI, GFNI and BMI2 (lib/quant_kx_dot_avx2_vnni.c,
+ * lib/quant_iq_dot_avx2_vnni.c; eight rows a step), the same bits. Neither checks the CPU:
+ * lib/quant_act.c picks the build, the _vnni one where fmoe__quant_vnni(), as it picks the
+ * other 8-bit kernels' (fmoe__quant_act_rows_avx2_vnni), and tests/lib/test_quant_rows1.c
+ * calls each build the CPU has. */
+fmoe__rows1_fn fmoe__kx_rows1_avx2, fmoe__iq_rows1_avx2;
+fmoe__rowsx_fn fmoe__kx_rowsx_avx2, fmoe__iq_rowsx_avx2;
+fmoe__rows1_fn fmoe__kx_rows1_avx2_vnni, fmoe__iq_rows1_avx2_vnni;
+fmoe__rowsx_fn fmoe__kx_rowsx_avx2_vnni, fmoe__iq_rowsx_avx2_vnni;
 void fmoe__iq_values(uint32_t type, const uint8_t *b, float *y);
 float fmoe__iq_d(uint32_t type, const uint8_t *b);
 
@@ -173,9 +163,10 @@ int fmoe__quant_level_max(void);
  * 10-14% less with one input, up to 10% with eight (docs/quantization.md "Speed"). Per
  * CPU, fixed for the process: the products' bits do not depend on timing. */
 int fmoe__quant_act_level(void);
-/* 1 where the AVX2 level's 8-bit dots may use vpdpbusd (lib/quant_act_avx2_vnni.c): the CPU
- * has AVX512-VNNI, -BW and -VL and GFNI, the AVX2 level is available, and FMOE_NO_VNNI is not set
- * in the environment (which lets a test run the plain AVX2 kernels on such a CPU). */
+/* 1 where the AVX2 level's 8-bit dots may use vpdpbusd (lib/quant_act_avx2_vnni.c) and the
+ * row kernels their _vnni build (fmoe__rows1_fn above): the CPU has AVX512-VNNI, -BW and -VL,
+ * GFNI and BMI2, the AVX2 level is available, and FMOE_NO_VNNI is not set in the environment
+ * (which lets a test run the plain AVX2 kernels on such a CPU). */
 int fmoe__quant_vnni(void);
 
 /* For tests and benchmarks, which compare the levels in one process: level (a

@@ -37,10 +37,9 @@
 #include "iq_grids.h"
 #include "quant_act_impl.h"
 #include "quant_impl.h"
-
-#if defined(__x86_64__)
 #include "quant_rows1_avx2.h"
 
+#if defined(__x86_64__)
 #define SIMD FMOE__R1
 #define INLINE FMOE__R1_INLINE
 
@@ -486,17 +485,8 @@ ROWS(rows_iq3_s, FMOE_IQ3_S, isum_iq3_s_vec, d_iq3_s, 0)
 ROWS(rows_iq1_s, FMOE_IQ1_S, isum_iq1_s_vec, d_eighth, 0)
 ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m, 0)
 
-#if defined(FMOE__R1_VNNI)
-void fmoe__iq_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                              const void *qx, int64_t n, float *y) {
-#else
-void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t n, float *y) {
-    if (fmoe__quant_vnni() && fmoe__r1_bmi2()) { /* the VNNI compilation of this file */
-        fmoe__iq_rows1_avx2_vnni(type, W, row_bytes, rows, qx, n, y);
-        return;
-    }
-#endif
+void FMOE__R1_ENTRY(fmoe__iq_rows1_avx2)(uint32_t type, const void *W, int64_t row_bytes,
+                                         int64_t rows, const void *qx, int64_t n, float *y) {
     switch (type) {
     case FMOE_GGML_IQ2_XXS: rows_iq2_xxs(W, row_bytes, rows, qx, n, y); return;
     case FMOE_GGML_IQ2_XS: rows_iq2_xs(W, row_bytes, rows, qx, n, y); return;
@@ -511,19 +501,9 @@ void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_
 
 /* rows x nx inputs (astride bytes apart) into y[k·ldy + r]: passes of up to four inputs
  * over each row (fmoe__r1_group), each input its one-input bits. */
-#if defined(FMOE__R1_VNNI)
-void fmoe__iq_rowsx_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                              const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
-                              int64_t ldy) {
-#else
-void fmoe__iq_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
-                         int64_t ldy) {
-    if (fmoe__quant_vnni() && fmoe__r1_bmi2()) { /* the VNNI compilation of this file */
-        fmoe__iq_rowsx_avx2_vnni(type, W, row_bytes, rows, qx, astride, nx, n, y, ldy);
-        return;
-    }
-#endif
+void FMOE__R1_ENTRY(fmoe__iq_rowsx_avx2)(uint32_t type, const void *W, int64_t row_bytes,
+                                         int64_t rows, const void *qx, int64_t astride, int32_t nx,
+                                         int64_t n, float *y, int64_t ldy) {
     switch (type) {
     case FMOE_GGML_IQ2_XXS: rows_iq2_xxs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     case FMOE_GGML_IQ2_XS: rows_iq2_xs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
@@ -536,20 +516,20 @@ void fmoe__iq_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_
     }
 }
 
-#else
-void fmoe__iq_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t n, float *y) {
+#else /* no AVX2 level, so never called: the reference, under both compilations' names */
+void FMOE__R1_ENTRY(fmoe__iq_rows1_avx2)(uint32_t type, const void *W, int64_t row_bytes,
+                                         int64_t rows, const void *qx, int64_t n, float *y) {
     for (int64_t r = 0; r < rows; r++)
         y[r] = fmoe__quant_act_dot_kx(type, (const uint8_t *)W + r * row_bytes, qx, n,
                                       FMOE__QUANT_PLAIN);
 }
 
-void fmoe__iq_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
-                         int64_t ldy) {
+void FMOE__R1_ENTRY(fmoe__iq_rowsx_avx2)(uint32_t type, const void *W, int64_t row_bytes,
+                                         int64_t rows, const void *qx, int64_t astride, int32_t nx,
+                                         int64_t n, float *y, int64_t ldy) {
     for (int32_t k = 0; k < nx; k++)
-        fmoe__iq_rows1_avx2(type, W, row_bytes, rows, (const uint8_t *)qx + k * astride, n,
-                            y + k * ldy);
+        FMOE__R1_ENTRY(fmoe__iq_rows1_avx2)(type, W, row_bytes, rows,
+                                            (const uint8_t *)qx + k * astride, n, y + k * ldy);
 }
 
 #endif

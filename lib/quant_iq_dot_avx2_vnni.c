@@ -1,10 +1,9 @@
 /*
- * quant_iq_dot_avx2_vnni.c - lib/quant_iq_dot_avx2.c's one-input rows (the codebook i-quants' rows)
+ * quant_iq_dot_avx2_vnni.c - lib/quant_iq_dot_avx2.c's row kernels (the codebook i-quants' rows)
  * compiled again for CPUs with AVX512-VNNI, -BW and -VL (lib/quant_rows1_avx2.h's
  * FMOE__R1_VNNI): eight rows a step, vpdpwssd for each madd-then-add, the same integers
- * and float steps, so the same bits. fmoe__iq_rows1_avx2 calls it where fmoe__quant_vnni().
+ * and float steps, so the same bits: fmoe__iq_rows1_avx2_vnni and fmoe__iq_rowsx_avx2_vnni,
+ * which lib/quant_act.c takes instead of the AVX2 ones where fmoe__quant_vnni().
  */
-#if defined(__x86_64__)
 #define FMOE__R1_VNNI 1
 #include "quant_iq_dot_avx2.c"
-#endif

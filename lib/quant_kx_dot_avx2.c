@@ -27,10 +27,9 @@
 #include "fmoe/quant_act.h"
 #include "quant_act_impl.h"
 #include "quant_impl.h"
-
-#if defined(__x86_64__)
 #include "quant_rows1_avx2.h"
 
+#if defined(__x86_64__)
 #define SIMD FMOE__R1
 #define INLINE FMOE__R1_INLINE
 
@@ -299,19 +298,9 @@ ROWSX(rowsx_q2_k, FMOE_Q2_K, isumn_q2_k, d_q2_k, dmin_q2_k, rows_q2_k)
 ROWSX(rowsx_q3_k, FMOE_Q3_K, isumn_q3_k, d_q3_k, no_dmin, rows_q3_k)
 ROWSX(rowsx_iq4_xs, FMOE_IQ4_XS, isumn_iq4_xs, d_iq4_xs, no_dmin, rows_iq4_xs)
 
-#if defined(FMOE__R1_VNNI)
-void fmoe__kx_rowsx_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                              const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
-                              int64_t ldy) {
-#else
-void fmoe__kx_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
-                         int64_t ldy) {
-    if (fmoe__quant_vnni() && fmoe__r1_bmi2()) { /* the VNNI compilation of this file */
-        fmoe__kx_rowsx_avx2_vnni(type, W, row_bytes, rows, qx, astride, nx, n, y, ldy);
-        return;
-    }
-#endif
+void FMOE__R1_ENTRY(fmoe__kx_rowsx_avx2)(uint32_t type, const void *W, int64_t row_bytes,
+                                         int64_t rows, const void *qx, int64_t astride, int32_t nx,
+                                         int64_t n, float *y, int64_t ldy) {
     switch (type) {
     case FMOE_GGML_Q2_K: rowsx_q2_k(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     case FMOE_GGML_Q3_K: rowsx_q3_k(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
@@ -320,17 +309,8 @@ void fmoe__kx_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_
     }
 }
 
-#if defined(FMOE__R1_VNNI)
-void fmoe__kx_rows1_avx2_vnni(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                              const void *qx, int64_t n, float *y) {
-#else
-void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t n, float *y) {
-    if (fmoe__quant_vnni() && fmoe__r1_bmi2()) { /* the VNNI compilation of this file */
-        fmoe__kx_rows1_avx2_vnni(type, W, row_bytes, rows, qx, n, y);
-        return;
-    }
-#endif
+void FMOE__R1_ENTRY(fmoe__kx_rows1_avx2)(uint32_t type, const void *W, int64_t row_bytes,
+                                         int64_t rows, const void *qx, int64_t n, float *y) {
     switch (type) {
     case FMOE_GGML_Q2_K: rows_q2_k(W, row_bytes, rows, qx, n, y); return;
     case FMOE_GGML_Q3_K: rows_q3_k(W, row_bytes, rows, qx, n, y); return;
@@ -339,18 +319,18 @@ void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_
     }
 }
 
-#else
+#else /* no AVX2 level, so never called: the reference, under both compilations' names */
 
-void fmoe__kx_rowsx_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t astride, int32_t nx, int64_t n, float *y,
-                         int64_t ldy) {
+void FMOE__R1_ENTRY(fmoe__kx_rowsx_avx2)(uint32_t type, const void *W, int64_t row_bytes,
+                                         int64_t rows, const void *qx, int64_t astride, int32_t nx,
+                                         int64_t n, float *y, int64_t ldy) {
     for (int32_t k = 0; k < nx; k++)
-        fmoe__kx_rows1_avx2(type, W, row_bytes, rows, (const uint8_t *)qx + k * astride, n,
-                            y + k * ldy);
+        FMOE__R1_ENTRY(fmoe__kx_rows1_avx2)(type, W, row_bytes, rows,
+                                            (const uint8_t *)qx + k * astride, n, y + k * ldy);
 }
 
-void fmoe__kx_rows1_avx2(uint32_t type, const void *W, int64_t row_bytes, int64_t rows,
-                         const void *qx, int64_t n, float *y) {
+void FMOE__R1_ENTRY(fmoe__kx_rows1_avx2)(uint32_t type, const void *W, int64_t row_bytes,
+                                         int64_t rows, const void *qx, int64_t n, float *y) {
     for (int64_t r = 0; r < rows; r++)
         y[r] = fmoe__quant_act_dot_kx(type, (const uint8_t *)W + r * row_bytes, qx, n,
                                       FMOE__QUANT_PLAIN);

@@ -12,6 +12,17 @@
 #ifndef FMOE_QUANT_ROWS1_AVX2_H
 #define FMOE_QUANT_ROWS1_AVX2_H
 
+/* An entry point's name in this compilation: name, or name_vnni in the second
+ * (FMOE__R1_VNNI). Neither checks the CPU: lib/quant_act.c picks one compilation's
+ * entries (fmoe__quant_vnni), as it picks lib/quant_act_avx2_vnni.c's. Off x86-64 both
+ * names are the reference's loop, which nothing calls there (no AVX2 level) but which
+ * lib/quant_act.c links. */
+#if defined(FMOE__R1_VNNI)
+#define FMOE__R1_ENTRY(name) name##_vnni
+#else
+#define FMOE__R1_ENTRY(name) name
+#endif
+
 #if defined(__x86_64__)
 
 #include <immintrin.h>
@@ -19,8 +30,8 @@
 #include <string.h>
 
 /* FMOE__R1_VNNI: the second compilation (lib/quant_kx_dot_avx2_vnni.c,
- * lib/quant_iq_dot_avx2_vnni.c) for CPUs with AVX512-VNNI, -BW and -VL, GFNI
- * (fmoe__quant_vnni) and BMI2:
+ * lib/quant_iq_dot_avx2_vnni.c) for CPUs with AVX512-VNNI, -BW and -VL, GFNI and BMI2
+ * (fmoe__quant_vnni):
  * still 256-bit registers, but 32 of them (the eight-row step's sixteen block vectors stay
  * in registers) and vpdpwssd for each madd-then-add. */
 #if defined(FMOE__R1_VNNI)
@@ -34,10 +45,6 @@
  * lib/quant_act_avx2.c's kernels do; prefetches past the end do not fault. */
 #define FMOE__R1_PREFETCH 2048
 #define FMOE__R1_NEXT_HINT _MM_HINT_T0
-
-/* 1 where the CPU has BMI2, which the VNNI compilation also targets (IQ1_M's pdep; the
- * compiler's shifts): every CPU with AVX512-VNNI and GFNI has it, checked all the same. */
-static inline int fmoe__r1_bmi2(void) { return __builtin_cpu_supports("bmi2") != 0; }
 
 static FMOE__R1_INLINE uint32_t fmoe__r1_le32(const uint8_t *p) {
     uint32_t v;

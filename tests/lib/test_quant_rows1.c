@@ -4,9 +4,12 @@
  * lib/quant_kx_dot_avx2.c: Q2_K, Q3_K, IQ4_XS), which fmoe_quant_act_matvec takes at the
  * AVX2 and AVX-512 levels (one input, and 1 to 5 in one call: their several-input passes),
  * against the plain-C reference
- * (fmoe_quant_act_dot_ref): bit for bit, row by row, at every level this CPU has, with a
- * row count that is a multiple of eight and one that is not (the VNNI compilation's
- * eight-row steps and its one-row tail; the quant_rows1_no_vnni run checks the AVX2 one).
+ * (fmoe_quant_act_dot_ref): bit for bit, row by row, with a row count that is a multiple
+ * of eight and one that is not (the VNNI build's eight-row steps and its one-row tail).
+ * Each product is taken every way this CPU has (product below): through
+ * fmoe_quant_act_matvec at each level, and each build's entries called directly, so one run
+ * checks both builds on a VNNI CPU whichever lib/quant_act.c picks (the quant_rows1_no_vnni
+ * run, FMOE_NO_VNNI=1, checks its pick of the AVX2 build there).
  *
  * Rows of random bytes (valid blocks for these types: every bit pattern decodes) with
  * their f16 scales random over the normal and subnormal range, inputs quantised by
@@ -73,6 +76,39 @@ static void random_row(uint32_t t, uint8_t *row, int64_t bytes) {
     }
 }
 
+/* The ways to the kernels: fmoe_quant_act_matvec at the AVX2 and at the AVX-512 level
+ * (lib/quant_act.c's pick of a build included), then the AVX2 build's entries and the VNNI
+ * build's (lib/quant_*_dot_avx2_vnni.c), called directly, as lib/quant_act.c would: the
+ * entries do not check the CPU, so the VNNI build only where fmoe__quant_vnni(). */
+enum { MATVEC_AVX2, MATVEC_AVX512, AVX2_BUILD, VNNI_BUILD, NWAYS };
+static const char *const way_names[NWAYS] = {"matvec at avx2", "matvec at avx512",
+                                             "AVX2 build", "VNNI build"};
+/* [build][i-quant]: the entries of the AVX2 build (0) and the VNNI build (1) */
+static fmoe__rows1_fn *const rows1[2][2] = {{fmoe__kx_rows1_avx2, fmoe__iq_rows1_avx2},
+                                            {fmoe__kx_rows1_avx2_vnni, fmoe__iq_rows1_avx2_vnni}};
+static fmoe__rowsx_fn *const rowsx[2][2] = {{fmoe__kx_rowsx_avx2, fmoe__iq_rowsx_avx2},
+                                            {fmoe__kx_rowsx_avx2_vnni, fmoe__iq_rowsx_avx2_vnni}};
+
+/* rows x nx inputs (ab bytes apart) into y[k·ldy + r] by `way`; a build's one-input entry
+ * where one (nx 1). @return 0 where this CPU lacks the way (nothing written). */
+static int product(int way, int one, uint32_t t, const uint8_t *W, int64_t rb, int64_t rows,
+                   const uint8_t *qx, int64_t ab, int32_t nx, int64_t n, float *y, int64_t ldy) {
+    if (way == MATVEC_AVX2 || way == MATVEC_AVX512) {
+        if (fmoe__quant_force_level(way == MATVEC_AVX2 ? FMOE__QUANT_AVX2 : FMOE__QUANT_AVX512))
+            return 0;
+        fmoe_quant_act_matvec(t, W, rb, rows, qx, ab, nx, n, y, ldy);
+        fmoe__quant_force_level(-1);
+        return 1;
+    }
+    const int vnni = way == VNNI_BUILD, iq = fmoe__is_iq(t);
+    if (vnni && !fmoe__quant_vnni()) return 0;
+    if (one)
+        rows1[vnni][iq](t, W, rb, rows, qx, n, y);
+    else
+        rowsx[vnni][iq](t, W, rb, rows, qx, ab, nx, n, y, ldy);
+    return 1;
+}
+
 TEST(one_input_rows_equal_the_reference_bit_for_bit) {
     enum { ROWS = 40 };
     const int64_t ns[] = {256, 1024, 2816};
@@ -98,18 +134,17 @@ TEST(one_input_rows_equal_the_reference_bit_for_bit) {
                 /* all 40 rows (five eight-row steps where the CPU has VNNI), then 37 (the
                  * last five a row at a time) */
                 const int nrows = rep == 1 ? ROWS - 3 : ROWS;
-                for (int level = FMOE__QUANT_AVX2; level <= best; level++) {
-                    ASSERT_EQ(fmoe__quant_force_level(level), 0);
-                    fmoe_quant_act_matvec(t, W, rb, nrows, qx, ab, 1, n, y, nrows);
+                for (int way = 0; way < NWAYS; way++) {
+                    memset(y, 0xFF, sizeof y);
+                    if (!product(way, 1, t, W, rb, nrows, qx, ab, 1, n, y, nrows)) continue;
                     for (int r = 0; r < nrows; r++) {
                         const float want = fmoe_quant_act_dot_ref(t, W + r * rb, qx, n);
                         if (memcmp(&want, &y[r], sizeof want) != 0)
-                            HARNESS_FAIL("%s n=%lld input %d level %s row %d: %.9g, reference %.9g",
+                            HARNESS_FAIL("%s n=%lld input %d %s row %d: %.9g, reference %.9g",
                                          fmoe_ggml_type_name(t), (long long)n, rep,
-                                         fmoe__quant_level_name(level), r, y[r], want);
+                                         way_names[way], r, y[r], want);
                     }
                 }
-                fmoe__quant_force_level(-1);
             }
             free(W);
             free(qx);
@@ -120,7 +155,7 @@ TEST(one_input_rows_equal_the_reference_bit_for_bit) {
 
 /* A prefill's product, 1 to 5 inputs in one call (fmoe__kx_rowsx_avx2's passes of two to
  * four inputs, five as three and two; the i-quants' shared unpack): every input's result
- * the reference's bits, row by row, at every level, with inputs of unlike scales side by
+ * the reference's bits, row by row, every way, with inputs of unlike scales side by
  * side (a lane mixed up with another input's shows). */
 TEST(several_inputs_each_equal_the_reference_bit_for_bit) {
     enum { ROWS = 19, NX = 5 };
@@ -146,21 +181,19 @@ TEST(several_inputs_each_equal_the_reference_bit_for_bit) {
                 fmoe_quant_act_quantize(t, x, qx + i * ab, n);
             }
             for (int nx = 1; nx <= NX; nx++)
-                for (int level = FMOE__QUANT_AVX2; level <= best; level++) {
-                    ASSERT_EQ(fmoe__quant_force_level(level), 0);
+                for (int way = 0; way < NWAYS; way++) {
                     memset(y, 0xFF, sizeof y);
-                    fmoe_quant_act_matvec(t, W, rb, ROWS, qx, ab, nx, n, y, ROWS);
+                    if (!product(way, 0, t, W, rb, ROWS, qx, ab, nx, n, y, ROWS)) continue;
                     for (int i = 0; i < nx; i++)
                         for (int r = 0; r < ROWS; r++) {
                             const float want = fmoe_quant_act_dot_ref(t, W + r * rb, qx + i * ab, n);
                             if (memcmp(&want, &y[i * ROWS + r], sizeof want) != 0)
-                                HARNESS_FAIL("%s n=%lld nx=%d input %d level %s row %d: %.9g, "
+                                HARNESS_FAIL("%s n=%lld nx=%d input %d %s row %d: %.9g, "
                                              "reference %.9g",
                                              fmoe_ggml_type_name(t), (long long)n, nx, i,
-                                             fmoe__quant_level_name(level), r, y[i * ROWS + r], want);
+                                             way_names[way], r, y[i * ROWS + r], want);
                         }
                 }
-            fmoe__quant_force_level(-1);
             free(W);
             free(qx);
             free(x);
