@@ -5,7 +5,7 @@
  * Design. One pool of threads does all parallel work; OpenBLAS runs single-threaded inside
  * it (openblas_set_num_threads(1)), each worker multiplying its own slice of the weight's
  * rows. Two thread systems spinning on two cores would fight; one does not. OpenBLAS's own
- * workers, started when the library loads, are stopped once (blas_threads_stop).
+ * workers, started when the library loads, are stopped (blas_one_thread).
  *
  * Matrix products y[n][rows] = x[n][cols] · Wᵀ, by the weight's dtype and n:
  *   f32, n = 1      cblas_sgemv per slice of rows
@@ -47,7 +47,6 @@
  */
 #include <cblas.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -885,20 +884,20 @@ static void cpu_free(void *ctx) {
 }
 
 
-/* OpenBLAS (the pthreads build) starts a worker per core when it loads, and each spins,
- * yielding, for its thread timeout (about 0.1 s) before it sleeps. fmoe calls OpenBLAS on
- * one thread per pool worker (openblas_set_num_threads(1)), so those workers never get
- * work, but while they spin they take a core from the pool: a 2-thread decode of 31
- * tokens right after the load ran at 391 tokens/s against 548 with OPENBLAS_NUM_THREADS=1
- * (docs/cpu.md, Threads). blas_thread_shutdown_ (OpenBLAS's own, which its fork handler
- * uses) stops them; OpenBLAS starts them again if a later caller asks it for more threads
- * (fmoe calibrate does, for its own products). Weak, so a BLAS without it links and keeps
- * its threads. Once per process, when the first CPU backend is made: fmoe runs no product
- * then (an embedding program running threaded OpenBLAS products on another thread at that
- * moment would have them cut short). */
+/* OpenBLAS on one thread, and its own workers stopped. The pthreads build starts a worker
+ * per core when it loads, and each spins, yielding, for its thread timeout (about 0.1 s)
+ * before it sleeps. fmoe calls OpenBLAS on one thread per pool worker, so those workers
+ * never get work, but while they spin they take a core from the pool: a 2-thread decode
+ * of 31 tokens right after the load ran at 391 tokens/s against 548 with
+ * OPENBLAS_NUM_THREADS=1 (docs/cpu.md, Threads). blas_thread_shutdown_ (OpenBLAS's own,
+ * which its fork handler uses) stops them, and openblas_set_num_threads starts them again
+ * whenever it is called (even with 1), so it is called only to change the count (fmoe
+ * calibrate raises it for its own products, and the next CPU backend lowers it and stops
+ * the workers again). Stopping waits for nothing: OpenBLAS on one thread never hands them
+ * work. Weak, so a BLAS without it links and keeps its threads. */
 extern void blas_thread_shutdown_(void) __attribute__((weak));
-static pthread_once_t blas_threads_once = PTHREAD_ONCE_INIT;
-static void blas_threads_stop(void) {
+static void blas_one_thread(void) {
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
     if (blas_thread_shutdown_) blas_thread_shutdown_();
 }
 
@@ -964,8 +963,7 @@ static int cpu_init(const fmoe__backend_limits *lim, void **out) {
         cpu_free(c);
         return rc;
     }
-    openblas_set_num_threads(1);
-    pthread_once(&blas_threads_once, blas_threads_stop);
+    blas_one_thread();
     *out = c;
     return 0;
 oom:

@@ -3,6 +3,8 @@
  * CPU backend's matrix products and attention, each against a straightforward reference
  * computed in double.
  */
+#include <cblas.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -311,6 +313,48 @@ TEST(cpu_matmul_all_dtypes_and_paths) {
 
 /* gpt-oss's clamped SwiGLU, worked by hand from transformers' GptOssExperts._apply_gate:
  * the gate clamped above only, up to [-limit, limit], (up + 1) · g · sigmoid(alpha · g). */
+/* The threads of this process (its /proc/self/task entries). */
+static int process_threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+/* OpenBLAS starts a worker per core when it loads, and again whenever its thread count is
+ * set, and each spins for a while before it sleeps, taking a core from the pool
+ * (runtime/cpu/cpu_backend.c, blas_one_thread): a one-thread CPU backend leaves the
+ * process one thread, also after a caller asked OpenBLAS for two (as fmoe calibrate does),
+ * and f32 products, which go through OpenBLAS, still come out right. (Where OpenBLAS
+ * starts no workers, one core, the count is 1 either way.) */
+TEST(cpu_backend_leaves_no_openblas_workers) {
+    const fmoe__backend_ops *be = &fmoe__cpu_backend;
+    fmoe__backend_limits lim = {.threads = 1, .max_cols = 64, .max_batch = 4, .max_context = 16};
+    void *ctx;
+    ASSERT_OK(be->init(&lim, &ctx));
+    ASSERT_EQ(process_threads(), 1);
+    be->free(ctx);
+    openblas_set_num_threads(2);
+    ASSERT_OK(be->init(&lim, &ctx));
+    ASSERT_EQ(process_threads(), 1);
+    float buf[8 * 64], x[2 * 64], y[2 * 8];
+    double ref[8 * 64];
+    fmoe__mat w;
+    fill_mat(&w, FMOE_ST_F32, 8, 64, buf, ref);
+    for (int i = 0; i < 2 * 64; i++) x[i] = frand();
+    be->matmul(ctx, &w, x, 2, y);
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; r < 8; r++) {
+            double acc = 0;
+            for (int c = 0; c < 64; c++) acc += ref[r * 64 + c] * x[t * 64 + c];
+            ASSERT_NEAR(y[t * 8 + r], acc, 1e-4);
+        }
+    be->free(ctx);
+}
+
 TEST(swiglu_clamped_by_hand) {
     const float alpha = 1.702f, limit = 7.0f;
     const float cases[][2] = {{1.0f, 2.0f}, {9.0f, 0.5f}, {-9.0f, 0.5f}, {0.3f, 12.0f},
