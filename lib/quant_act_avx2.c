@@ -488,10 +488,12 @@ SIMD static INLINE __m256 q32_d8(uint32_t type, const uint8_t *const w[8]) {
  * (36 KiB of 1024-wide Q4_0) then had their first 16 KiB not asked for and their last
  * passes' requests in another thread's rows; in the whole model, 2 threads, it cost 3-6%.
  * Whole-model decode of the 8-layer Q4_0 and IQ4_NL files (docs/quantization.md, "Per type
- * against llama.cpp"), with dots_q32_head and the one-task-a-thread decode chunks
- * (runtime/cpu/quant_matvec.c), tokens/s medians of 5 interleaved runs, 2 threads: 4 KiB
- * ahead 537 / 580, 8 KiB 609 / 606, 12 KiB 605 / 583; 8 KiB without dots_q32_head 546 /
- * 522; 8 KiB into L2 (_MM_HINT_T1) 584 / 528; 16 KiB into L1 thrashed it (306 Q4_0). */
+ * against llama.cpp"; forward_driver --tokens <8 ids> --generate 32 --threads 2), with
+ * dots_q32_head and the one-task-a-thread decode chunks (runtime/cpu/quant_matvec.c),
+ * tokens/s medians of 5 interleaved runs: 4 KiB ahead 537 / 580, 8 KiB 609 / 606, 12 KiB
+ * 605 / 583; 8 KiB without dots_q32_head 546 / 522; 8 KiB into L2 (_MM_HINT_T1) 584 /
+ * 528. One stream 16 KiB ahead into L1, with the earlier eight chunks a thread and no
+ * head, fell to 306 (Q4_0): L1 is 32 KiB. */
 SIMD static INLINE void q32_block(uint32_t type, const uint8_t *w[8], const uint8_t *a, int64_t stride,
                                   int nx, __m256 *acc, const uint8_t **pf, const uint8_t *pf_to) {
     const int affine = type == FMOE_GGML_Q4_1 || type == FMOE_GGML_Q5_1;
