@@ -139,8 +139,8 @@ SIMD static INLINE __m256i nibble_scales(const uint8_t *p) {
  * and the 4-bit scale on top. */
 SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[8], acc1[8];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16) {
@@ -148,12 +148,12 @@ SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t
         const __m256i g0 = points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3]);
         const __m256i g1 = points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]);
         const __m256i s0 = ksigns4(a1), s1 = ksigns4(a3);
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(a1 >> 28) + 1);
             acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(a3 >> 28) + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ2_XS: per 8 values a uint16, a 9-bit grid index under 7 sign bits; a 4-bit scale per
@@ -174,8 +174,8 @@ SIMD static INLINE void isum_iq2_xs(const uint8_t *b, const uint8_t *a, int64_t 
     const __m256i pc = _mm256_add_epi8(_mm256_shuffle_epi8(bits, _mm256_and_si256(s7, m4)),
                                        _mm256_shuffle_epi8(bits, _mm256_and_si256(_mm256_srli_epi16(s7, 4), m4)));
     const __m256i s8 = _mm256_or_si256(s7, _mm256_slli_epi16(_mm256_and_si256(pc, _mm256_set1_epi8(1)), 7));
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[8], acc1[8];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16) {
@@ -184,12 +184,12 @@ SIMD static INLINE void isum_iq2_xs(const uint8_t *b, const uint8_t *a, int64_t 
         const __m256i g0 = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
         const __m256i g1 = points4(fmoe__iq2xs_grid, v[4] & 511, v[5] & 511, v[6] & 511, v[7] & 511);
         const __m256i s0 = sign_bytes4(s8, ib), s1 = sign_bytes4(s8, ib + 1);
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = fmoe__r1_madd_pick(acc0[k], dot_signed(g0, QA(k, 0), s0), scales, ib);
             acc1[k] = fmoe__r1_madd_pick(acc1[k], dot_signed(g1, QA(k, 32), s1), scales, ib + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ2_S: per 8 values the low 8 bits of a 10-bit index in qs[k], its top 2 bits in
@@ -198,8 +198,8 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
                                       __m256i *v) {
     const __m256i scales = nibble_scales(b + 74);
     const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[8], acc1[8];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8) {
 #if defined(FMOE__R1_VNNI)
@@ -218,12 +218,12 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
                                    qs[6] | (h1 & 48) << 4, qs[7] | (h1 & 192) << 2);
 #endif
         const __m256i s0 = signs32(fmoe__r1_le32(signs)), s1 = signs32(fmoe__r1_le32(signs + 4));
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = fmoe__r1_madd_pick(acc0[k], dot_signed(g0, QA(k, 0), s0), scales, ib);
             acc1[k] = fmoe__r1_madd_pick(acc1[k], dot_signed(g1, QA(k, 32), s1), scales, ib + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ3_XXS: a grid index (4 values) a byte; per 32 values a uint32 at 66 + 4ib of four
@@ -231,8 +231,8 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
 SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     const uint8_t *q = b + 2, *aux = b + 66;
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[8], acc1[8];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16, aux += 8) {
         const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
@@ -240,12 +240,12 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
         const uint32_t a0 = fmoe__r1_le32(aux), a1 = fmoe__r1_le32(aux + 4);
         const __m256i g0 = points8(fmoe__iq3xxs_grid, i0), g1 = points8(fmoe__iq3xxs_grid, i1);
         const __m256i s0 = ksigns4(a0), s1 = ksigns4(a1);
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(a0 >> 28) + 1);
             acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(a1 >> 28) + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ3_S: per 4 values a 9-bit index, qs[k] and bit k % 8 of qh[k / 8]; sign bits 8 a byte
@@ -255,8 +255,8 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
     /* index 8ib + j: qs[8ib + j] and bit j of qh[ib], moved to bit 8 by a per-lane shift */
     const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[8], acc1[8];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 16, signs += 8) {
         const __m256i lo0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
@@ -269,12 +269,12 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
         const __m256i g0 = points8(fmoe__iq3s_grid, idx), g1 = points8(fmoe__iq3s_grid, idx + 8);
         const unsigned ls = scales[ib / 2];
         const __m256i s0 = signs32(fmoe__r1_le32(signs)), s1 = signs32(fmoe__r1_le32(signs + 4));
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(ls & 15) + 1);
             acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(ls >> 4) + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ1_S: per 32 values a uint16 qh at 34 + 2ib (four 3-bit index tops, a 3-bit scale at
@@ -291,8 +291,8 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
     /* sc·δ: δ = -1 where qh's bit 15 (its int16 sign) is set; qh | 1 is never 0 */
     const __m128i scd = _mm_sign_epi16(sc, _mm_or_si128(qh, _mm_set1_epi16(1)));
     const __m256i scd16 = _mm256_set_m128i(_mm_unpackhi_epi16(scd, scd), _mm_unpacklo_epi16(scd, scd));
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[8], acc1[8];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
@@ -312,12 +312,12 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
 #endif
         const int sc0 = 2 * (int)((h0 >> 12) & 7) + 1, sc1 = 2 * (int)((h1 >> 12) & 7) + 1;
         const __m256i ga0 = _mm256_sign_epi8(g0, g0), ga1 = _mm256_sign_epi8(g1, g1);
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = madd_scale(acc0[k], _mm256_maddubs_epi16(ga0, _mm256_sign_epi8(QA(k, 0), g0)), sc0);
             acc1[k] = madd_scale(acc1[k], _mm256_maddubs_epi16(ga1, _mm256_sign_epi8(QA(k, 32), g1)), sc1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
         const __m256i offset = _mm256_madd_epi16(scd16, fmoe__r1_load(a + k * as + FMOE__Q8K_BSUMS));
         v[k] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_add_epi32(acc0[k], acc1[k]), 3), offset);
     }
@@ -359,8 +359,8 @@ SIMD static INLINE void isum_iq1_m(const uint8_t *b, const uint8_t *a, int64_t a
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i eight = _mm256_set1_epi8(8);
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[8], acc1[8];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4) {
 #if defined(FMOE__R1_VNNI)
@@ -385,14 +385,14 @@ SIMD static INLINE void isum_iq1_m(const uint8_t *b, const uint8_t *a, int64_t a
         const __m256i c0 = _mm256_add_epi8(_mm256_sign_epi8(eight, g0), d0);
         const __m256i c1 = _mm256_add_epi8(_mm256_sign_epi8(eight, g1), d1);
         const __m256i ca0 = _mm256_abs_epi8(c0), ca1 = _mm256_abs_epi8(c1);
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             const __m256i p0 = _mm256_maddubs_epi16(ca0, _mm256_sign_epi8(QA(k, 0), c0));
             const __m256i p1 = _mm256_maddubs_epi16(ca1, _mm256_sign_epi8(QA(k, 32), c1));
             acc0[k] = fmoe__r1_madd_pick(acc0[k], p0, scales, ib);
             acc1[k] = fmoe__r1_madd_pick(acc1[k], p1, scales, ib + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -410,7 +410,7 @@ SIMD static INLINE void isum_iq1_m(const uint8_t *b, const uint8_t *a, int64_t a
     }                                                                                              \
     SIMD static INLINE void name##_vecn(const uint8_t *b, const uint8_t *a, int64_t as, int NX,    \
                                         __m256i *v, __m256i *m) {                                  \
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) m[k] = _mm256_setzero_si256();                                \
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) m[k] = _mm256_setzero_si256();                                \
         name(b, a, as, NX, v);                                                                     \
     }
 VEC_QA(isum_iq2_xxs)
@@ -456,7 +456,7 @@ static INLINE float no_dmin(const uint8_t *b) {
                               int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {     \
         const int64_t bytes = type##_BYTES, nb = n / FMOE_QK_K;                                    \
         for (int32_t k = 0; k < nx;) {                                                             \
-            const int g = fmoe__r1_group(nx - k);                                                  \
+            const int g = fmoe__r1_group_max(nx - k, FMOE__R1_XMAX);                               \
             const uint8_t *a = qx + k * astride;                                                   \
             float *yk = y + k * ldy;                                                               \
             if (g == 1)                                                                            \
@@ -464,7 +464,9 @@ static INLINE float no_dmin(const uint8_t *b) {
             else                                                                                   \
                 for (int64_t r = 0; r < rows; r++) {                                               \
                     const uint8_t *w = W + r * row_bytes;                                          \
-                    if (g == 4)                                                                    \
+                    if (g == 8)                                                                    \
+                        FMOE__R1_ROWX8(yk + r, ldy, w, a, astride, nb, bytes, ISUM##n, D, no_dmin); \
+                    else if (g == 4)                                                               \
                         FMOE__R1_ROWX(yk + r, ldy, w, a, astride, 4, nb, bytes, ISUM##n, D,        \
                                       no_dmin);                                                    \
                     else if (g == 3)                                                               \

@@ -292,9 +292,40 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
         for (int k_ = 0; k_ < (NX); k_++) (y)[k_ * (ldy)] = out_[k_];                              \
     } while (0)
 
+/* Eight inputs a pass (NX 8), lanes k of one __m256 as FMOE__R1_ROWX's of an __m128: the
+ * same f32 operations lane by lane, so the same bits; the eight totals reduced together
+ * (fmoe__r1_hsum8). */
+#define FMOE__R1_ROWX8(y, ldy, w0, a0, astride, nb, bytes, VECN, D, DMIN)                         \
+    do {                                                                                           \
+        const uint8_t *w_ = (w0), *a_ = (a0);                                                      \
+        const int64_t as_ = (astride);                                                             \
+        __m256 s_ = _mm256_setzero_ps();                                                           \
+        for (int64_t i_ = 0; i_ < (nb); i_++, w_ += (bytes), a_ += FMOE_Q8_K_BYTES) {              \
+            FMOE__R1_PREFETCH_BLOCK(w_, (bytes));                                                  \
+            __m256i v_[8], m_[8];                                                                  \
+            VECN(w_, a_, as_, 8, v_, m_);                                                          \
+            const __m256 sum_ = _mm256_cvtepi32_ps(fmoe__r1_hsum8(v_));                            \
+            const __m256 msum_ = _mm256_cvtepi32_ps(fmoe__r1_hsum8(m_));                           \
+            float da8_[8];                                                                         \
+            _Pragma("GCC unroll 8") for (int k_ = 0; k_ < 8; k_++) memcpy(&da8_[k_], a_ + k_ * as_, 4); \
+            const __m256 da_ = _mm256_loadu_ps(da8_);                                              \
+            const __m256 d_ = _mm256_set1_ps(D(w_)), dmin_ = _mm256_set1_ps(DMIN(w_));             \
+            const __m256 t_ = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(da_, d_), sum_),           \
+                                            _mm256_mul_ps(_mm256_mul_ps(da_, dmin_), msum_));      \
+            s_ = _mm256_add_ps(s_, t_);                                                            \
+        }                                                                                          \
+        float out_[8];                                                                             \
+        _mm256_storeu_ps(out_, s_);                                                                \
+        for (int k_ = 0; k_ < 8; k_++) (y)[k_ * (ldy)] = out_[k_];                                 \
+    } while (0)
+
 /* How many inputs the next pass takes of the left ones: four, but five as three and two
- * (a one-input pass forms its codes for one input alone). */
+ * (a one-input pass forms its codes for one input alone); with max 8, eight while eight
+ * are left. */
 static inline int fmoe__r1_group(int left) { return left == 5 ? 3 : left > 4 ? 4 : left; }
+static inline int fmoe__r1_group_max(int left, int max) {
+    return max >= 8 && left >= 8 ? 8 : fmoe__r1_group(left);
+}
 
 /* rows x one input: where the build has VNNI and EIGHT is 1, eight rows a step (its 32
  * registers hold the step's vectors), then one row a step. EIGHT is 0 for the kernels whose
@@ -304,6 +335,13 @@ static inline int fmoe__r1_group(int left) { return left == 5 ? 3 : left > 4 ? 4
 #define FMOE__R1_EIGHT 1
 #else
 #define FMOE__R1_EIGHT 0
+#endif
+/* The most inputs a prefill pass takes: eight where the build has 32 registers (the eight
+ * inputs' accumulators stay in them), else four. */
+#if defined(FMOE__R1_VNNI)
+#define FMOE__R1_XMAX 8
+#else
+#define FMOE__R1_XMAX 4
 #endif
 #define FMOE__R1_ROWS(W, row_bytes, rows, qx, nb, bytes, VEC, D, DMIN, D8, y, EIGHT)               \
     do {                                                                                           \
