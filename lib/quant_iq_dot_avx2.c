@@ -1,7 +1,8 @@
 /*
  * quant_iq_dot_avx2.c - the codebook i-quants' rows (lib/quant_iq.c's formats) times Q8_K
  * inputs, AVX2: a decode step's product (one input) and a prefill's (up to four inputs a
- * pass over each row, each group's grid points and signs formed once for all of them),
+ * pass over each row, eight in the VNNI build, each group's grid points and signs formed
+ * once for all of them),
  * for the AVX2 and AVX-512 levels.
  *
  * One loop per type over a row's blocks, after ggml's x86 vec_dots
@@ -163,7 +164,7 @@ SIMD static INLINE __m256i corr_dwords(__m256i sc, int B) {
 /* The block integers, one function per type                                          */
 /* ---------------------------------------------------------------------------------- */
 
-/* Each takes NX (1 to 4) inputs astride `as` bytes apart and sets v[k] to input k's block
+/* Each takes NX (1 to 8) inputs astride `as` bytes apart and sets v[k] to input k's block
  * vector: the codes and signs formed once for all of them (a prefill pass), two
  * accumulators per input. NX is a constant where they inline, so the one-input form is the
  * loop it was. QA(k, o): input k's 32 activation bytes at offset o of group pair ib. */
@@ -593,8 +594,9 @@ void FMOE__R1_ENTRY(fmoe__iq_rows1_avx2)(uint32_t type, const void *W, int64_t r
     }
 }
 
-/* rows x nx inputs (astride bytes apart) into y[k·ldy + r]: passes of up to four inputs
- * over each row (fmoe__r1_group), each input its one-input bits. */
+/* rows x nx inputs (astride bytes apart) into y[k·ldy + r]: passes of up to four inputs,
+ * eight in the VNNI build, over each row (fmoe__r1_group_max), each input its one-input
+ * bits. */
 void FMOE__R1_ENTRY(fmoe__iq_rowsx_avx2)(uint32_t type, const void *W, int64_t row_bytes,
                                          int64_t rows, const void *qx, int64_t astride, int32_t nx,
                                          int64_t n, float *y, int64_t ldy) {

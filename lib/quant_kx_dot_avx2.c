@@ -1,7 +1,7 @@
 /*
  * quant_kx_dot_avx2.c - Q2_K, Q3_K and IQ4_XS rows times Q8_K inputs, AVX2: a decode
  * step's product (one input) and a prefill's (several: up to four a pass over each row,
- * the codes formed once for all of them), for the AVX2 and AVX-512 levels (lib/quant_kx.c
+ * IQ4_XS eight in the VNNI build, the codes formed once for all of them), for the AVX2 and AVX-512 levels (lib/quant_kx.c
  * keeps the plain reference and the unpack-once path of the levels below).
  *
  * One loop per type over a row's blocks, the codes formed in registers and fed to maddubs
@@ -269,9 +269,9 @@ ROWS(rows_q2_k, FMOE_Q2_K, isum_q2_k, d_q2_k, dmin_q2_k, d8_q2_k, 1)
 ROWS(rows_q3_k, FMOE_Q3_K, isum_q3_k, d_q3_k, no_dmin, d8_q3_k, 1)
 ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin, d8_iq4_xs, 1)
 
-/* rows x nx inputs (astride bytes apart) into y[k·ldy + r]: passes of up to four inputs
- * over each row (fmoe__r1_group), one input alone by the one-input rows. */
-#define ROWSX(name, type, ISUMN, D, DMIN, ONE, XMAX)                                                    \
+/* rows x nx inputs (astride bytes apart) into y[k·ldy + r]: passes of up to XMAX (4 or 8)
+ * inputs over each row (fmoe__r1_group_max), one input alone by the one-input rows. */
+#define ROWSX(name, type, ISUMN, D, DMIN, ONE, XMAX)                                               \
     SIMD static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,   \
                           int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {         \
         const int64_t bytes = type##_BYTES, nb = n / FMOE_QK_K;                                    \
