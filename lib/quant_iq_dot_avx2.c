@@ -126,16 +126,18 @@ SIMD static INLINE __m256i nibble_scales(const uint8_t *p) {
     return _mm256_cvtepu8_epi16(sc); /* low nibbles (even scales) first: the pick order */
 }
 
-/* A prefill pass (NX > 1) puts each group's signs on its codes once for all its inputs and
- * gives maddubs the signed codes q as its unsigned operand q + B (q + B >= 0 and
- * 2·(q + B)·128 <= 32767: no int16 saturates), so each input's activation bytes go in as
- * they are, one sign op fewer per input and 32 values (eight inputs a pass, ps a
- * multiply-add on the development VM's EPYC: IQ2_XS 14.8 -> 13.4, IQ1_M 17.0 -> 14.4,
- * IQ1_S 16.5 -> 12.5; IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_S within noise, their grid lookups
- * the larger share). Σ sc·Σ q·a = Σ sc·Σ (q + B)·a - B·Σ sc·Σ a, the last
- * per 16 values from the input's bsums: each input's accumulator starts at
- * madd(-B·sc, bsums). The same integer, so the same bits. One input keeps the sign on the
- * activation (the bias's setup would be all its own). */
+/* IQ2_XS's and IQ1_M's prefill passes (NX > 1) put each group's signs on its codes once
+ * for all the pass's inputs and give maddubs the signed codes q as its unsigned operand
+ * q + B (q + B >= 0 and 2·(q + B)·128 <= 32767: no int16 saturates), so each input's
+ * activation bytes go in as they are, one sign op fewer per input and 32 values. Σ sc·Σ q·a
+ * = Σ sc·Σ (q + B)·a - B·Σ sc·Σ a, the last per 16 values from the input's bsums: each
+ * input's accumulator starts at madd(-B·sc, bsums). The same integer, so the same bits.
+ * Eight inputs a pass, ps a multiply-add on the development VM's EPYC (VNNI build): IQ2_XS
+ * 14.8 -> 13.4, IQ1_M 17.0 -> 14.4; AVX2 build (four a pass) 22.4 -> 22.2, 21.8 -> 21.0.
+ * The same for IQ3_S, IQ3_XXS, IQ2_XXS and IQ2_S was within noise in the VNNI build and
+ * slower in the AVX2 one (IQ3_XXS 24.9 -> 26.5-27.5, IQ2_XXS 19.7 -> 21.4: their scalar
+ * grid lookups hold more registers), so they keep the sign on the activation. One input
+ * keeps it too (the bias's setup would be all its own). */
 SIMD static INLINE __m256i codes_u(int NX, __m256i g, __m256i s, int B) {
     return NX > 1 ? _mm256_add_epi8(_mm256_sign_epi8(g, s), _mm256_set1_epi8((char)B)) : g;
 }
@@ -154,19 +156,14 @@ SIMD static INLINE __m256i corr_even_odd(__m256i scales, int B) {
     return _mm256_mullo_epi16(nat, _mm256_set1_epi16((short)-B));
 }
 
-/* The same from eight scales of 32 values, scale g in dword g (for bsums 2g and 2g + 1). */
-SIMD static INLINE __m256i corr_dwords(__m256i sc, int B) {
-    return _mm256_mullo_epi16(_mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)),
-                              _mm256_set1_epi16((short)-B));
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* The block integers, one function per type                                          */
 /* ---------------------------------------------------------------------------------- */
 
-/* Each takes NX (1 to 8) inputs astride `as` bytes apart and sets v[k] to input k's block
- * vector: the codes and signs formed once for all of them (a prefill pass), two
- * accumulators per input. NX is a constant where they inline, so the one-input form is the
+/* Each takes NX (1 to FMOE__R1_XMAX) inputs astride `as` bytes apart and sets v[k] to
+ * input k's block vector: the codes and signs formed once for all of them (a prefill
+ * pass), two accumulators per input (arrays of FMOE__R1_XMAX: sized 8 in the AVX2 build,
+ * which takes four a pass, IQ3_S's four-input pass went 31.5 -> 42 ps a multiply-add). NX is a constant where they inline, so the one-input form is the
  * loop it was. QA(k, o): input k's 32 activation bytes at offset o of group pair ib. */
 #define QA(k, o) fmoe__r1_load(a + (k) * as + FMOE__Q8K_Q + 32 * ib + (o))
 /* Input k's first accumulator: zero, or with the bias (NX > 1) madd(corr, bsums). */
@@ -178,18 +175,8 @@ SIMD static INLINE __m256i corr_dwords(__m256i sc, int B) {
  * and the 4-bit scale on top. */
 SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
-    __m256i acc0[8], acc1[8], corr = _mm256_setzero_si256();
-    if (NX > 1) { /* the scales from the odd dwords (sign sets and scale) of the 64 bytes */
-        const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
-        const __m256i w = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(fmoe__r1_load(b + 2), odd),
-                                                    _mm256_permutevar8x32_epi32(fmoe__r1_load(b + 34), odd), 0x20);
-        const __m256i ls = _mm256_srli_epi32(w, 28);
-        corr = corr_dwords(_mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1)), 64);
-    }
-    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
-        acc0[k] = ACC0(k, corr);
-        acc1[k] = _mm256_setzero_si256();
-    }
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16) {
@@ -197,10 +184,9 @@ SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t
         const __m256i g0 = points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3]);
         const __m256i g1 = points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]);
         const __m256i s0 = ksigns4(a1), s1 = ksigns4(a3);
-        const __m256i u0 = codes_u(NX, g0, s0, 64), u1 = codes_u(NX, g1, s1, 64); /* |q| <= 43 */
         _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
-            acc0[k] = madd_scale(acc0[k], pairs_u(NX, g0, u0, s0, QA(k, 0)), 2 * (int)(a1 >> 28) + 1);
-            acc1[k] = madd_scale(acc1[k], pairs_u(NX, g1, u1, s1, QA(k, 32)), 2 * (int)(a3 >> 28) + 1);
+            acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(a1 >> 28) + 1);
+            acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(a3 >> 28) + 1);
         }
     }
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
@@ -224,7 +210,7 @@ SIMD static INLINE void isum_iq2_xs(const uint8_t *b, const uint8_t *a, int64_t 
     const __m256i pc = _mm256_add_epi8(_mm256_shuffle_epi8(bits, _mm256_and_si256(s7, m4)),
                                        _mm256_shuffle_epi8(bits, _mm256_and_si256(_mm256_srli_epi16(s7, 4), m4)));
     const __m256i s8 = _mm256_or_si256(s7, _mm256_slli_epi16(_mm256_and_si256(pc, _mm256_set1_epi8(1)), 7));
-    __m256i acc0[8], acc1[8];
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
     const __m256i corr = NX > 1 ? corr_even_odd(scales, 64) : _mm256_setzero_si256();
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
         acc0[k] = ACC0(k, corr);
@@ -253,12 +239,8 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
                                       __m256i *v) {
     const __m256i scales = nibble_scales(b + 74);
     const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
-    __m256i acc0[8], acc1[8];
-    const __m256i corr = NX > 1 ? corr_even_odd(scales, 64) : _mm256_setzero_si256();
-    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
-        acc0[k] = ACC0(k, corr);
-        acc1[k] = _mm256_setzero_si256();
-    }
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8) {
 #if defined(FMOE__R1_VNNI)
@@ -277,10 +259,9 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
                                    qs[6] | (h1 & 48) << 4, qs[7] | (h1 & 192) << 2);
 #endif
         const __m256i s0 = signs32(fmoe__r1_le32(signs)), s1 = signs32(fmoe__r1_le32(signs + 4));
-        const __m256i u0 = codes_u(NX, g0, s0, 64), u1 = codes_u(NX, g1, s1, 64); /* |q| <= 43 */
         _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
-            acc0[k] = fmoe__r1_madd_pick(acc0[k], pairs_u(NX, g0, u0, s0, QA(k, 0)), scales, ib);
-            acc1[k] = fmoe__r1_madd_pick(acc1[k], pairs_u(NX, g1, u1, s1, QA(k, 32)), scales, ib + 1);
+            acc0[k] = fmoe__r1_madd_pick(acc0[k], dot_signed(g0, QA(k, 0), s0), scales, ib);
+            acc1[k] = fmoe__r1_madd_pick(acc1[k], dot_signed(g1, QA(k, 32), s1), scales, ib + 1);
         }
     }
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
@@ -291,15 +272,8 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
 SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     const uint8_t *q = b + 2, *aux = b + 66;
-    __m256i acc0[8], acc1[8], corr = _mm256_setzero_si256();
-    if (NX > 1) {
-        const __m256i ls = _mm256_srli_epi32(fmoe__r1_load(aux), 28);
-        corr = corr_dwords(_mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1)), 64);
-    }
-    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
-        acc0[k] = ACC0(k, corr);
-        acc1[k] = _mm256_setzero_si256();
-    }
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16, aux += 8) {
         const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
@@ -307,10 +281,9 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
         const uint32_t a0 = fmoe__r1_le32(aux), a1 = fmoe__r1_le32(aux + 4);
         const __m256i g0 = points8(fmoe__iq3xxs_grid, i0), g1 = points8(fmoe__iq3xxs_grid, i1);
         const __m256i s0 = ksigns4(a0), s1 = ksigns4(a1);
-        const __m256i u0 = codes_u(NX, g0, s0, 64), u1 = codes_u(NX, g1, s1, 64); /* |q| <= 62 */
         _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
-            acc0[k] = madd_scale(acc0[k], pairs_u(NX, g0, u0, s0, QA(k, 0)), 2 * (int)(a0 >> 28) + 1);
-            acc1[k] = madd_scale(acc1[k], pairs_u(NX, g1, u1, s1, QA(k, 32)), 2 * (int)(a1 >> 28) + 1);
+            acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(a0 >> 28) + 1);
+            acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(a1 >> 28) + 1);
         }
     }
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
@@ -323,17 +296,8 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
     /* index 8ib + j: qs[8ib + j] and bit j of qh[ib], moved to bit 8 by a per-lane shift */
     const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
-    __m256i acc0[8], acc1[8], corr = _mm256_setzero_si256();
-    if (NX > 1) { /* scale g: nibble g of the four bytes */
-        const __m256i ls = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)fmoe__r1_le32(scales)),
-                                                              _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                            _mm256_set1_epi32(15));
-        corr = corr_dwords(_mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1)), 16);
-    }
-    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
-        acc0[k] = ACC0(k, corr);
-        acc1[k] = _mm256_setzero_si256();
-    }
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 16, signs += 8) {
         const __m256i lo0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
@@ -346,10 +310,9 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
         const __m256i g0 = points8(fmoe__iq3s_grid, idx), g1 = points8(fmoe__iq3s_grid, idx + 8);
         const unsigned ls = scales[ib / 2];
         const __m256i s0 = signs32(fmoe__r1_le32(signs)), s1 = signs32(fmoe__r1_le32(signs + 4));
-        const __m256i u0 = codes_u(NX, g0, s0, 16), u1 = codes_u(NX, g1, s1, 16); /* |q| <= 15 */
         _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
-            acc0[k] = madd_scale(acc0[k], pairs_u(NX, g0, u0, s0, QA(k, 0)), 2 * (int)(ls & 15) + 1);
-            acc1[k] = madd_scale(acc1[k], pairs_u(NX, g1, u1, s1, QA(k, 32)), 2 * (int)(ls >> 4) + 1);
+            acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(ls & 15) + 1);
+            acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(ls >> 4) + 1);
         }
     }
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
@@ -375,7 +338,7 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
     const __m128i off = _mm_sub_epi16(scd, _mm_slli_epi16(sc, 3));
     const __m256i off16 = _mm256_set_m128i(_mm_unpackhi_epi16(off, off), _mm_unpacklo_epi16(off, off));
     const __m256i one = _mm256_set1_epi8(1);
-    __m256i acc0[8], acc1[8];
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8) {
@@ -443,7 +406,7 @@ SIMD static INLINE void isum_iq1_m(const uint8_t *b, const uint8_t *a, int64_t a
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i eight = _mm256_set1_epi8(8);
-    __m256i acc0[8], acc1[8];
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
     const __m256i corr = NX > 1 ? corr_even_odd(scales, 16) : _mm256_setzero_si256();
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
         acc0[k] = ACC0(k, corr);

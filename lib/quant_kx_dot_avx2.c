@@ -227,7 +227,7 @@ SIMD static INLINE void isumn_q3_k(const uint8_t *b, const uint8_t *a, int64_t a
 
 SIMD static INLINE void isumn_iq4_xs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                      __m256i *v, __m256i *m) {
-    __m256i u[8]; /* odd groups' accumulators: two chains per input */
+    __m256i u[FMOE__R1_XMAX]; /* odd groups' accumulators: two chains per input */
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) u[k] = _mm256_setzero_si256();
     static const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
     const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
