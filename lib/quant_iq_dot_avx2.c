@@ -543,6 +543,86 @@ ROWS(rows_iq3_s, FMOE_IQ3_S, isum_iq3_s_vec, d_iq3_s, 0)
 ROWS(rows_iq1_s, FMOE_IQ1_S, isum_iq1_s_vec, d_eighth, 0)
 ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m, 0)
 
+#if defined(FMOE__R1_VNNI)
+/* The types with a scale per 32 values, eight inputs a pass: FMOE__R1_X8 (the inputs in
+ * the lanes, lib/quant_rows1_avx2.h). Each sets gu[j] to sub-block j's 32 codes q = g·s
+ * (IQ1_S: 8g + δ) as q + 128 and returns the scales 2ls + 1, scale j in dword j. */
+SIMD static INLINE __m256i x8_scales(__m256i ls) {
+    return _mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1));
+}
+
+SIMD static INLINE __m256i codes8_iq2_xxs(const uint8_t *b, __m256i *gu) {
+    const uint8_t *q = b + 2;
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++, q += 8) {
+        const __m256i g = points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3]);
+        gu[j] = _mm256_xor_si256(_mm256_sign_epi8(g, ksigns4(fmoe__r1_le32(q + 4))), _mm256_set1_epi8((char)0x80));
+    }
+    /* the scales: the top nibbles of the odd dwords (sign sets and scale) of the 64 bytes */
+    const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+    const __m256i w = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(fmoe__r1_load(b + 2), odd),
+                                                _mm256_permutevar8x32_epi32(fmoe__r1_load(b + 34), odd), 0x20);
+    return x8_scales(_mm256_srli_epi32(w, 28));
+}
+
+SIMD static INLINE __m256i codes8_iq3_xxs(const uint8_t *b, __m256i *gu) {
+    const uint8_t *q = b + 2, *aux = b + 66;
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++, q += 8) {
+        const uint32_t i8[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
+        const __m256i g = points8(fmoe__iq3xxs_grid, i8);
+        gu[j] = _mm256_xor_si256(_mm256_sign_epi8(g, ksigns4(fmoe__r1_le32(aux + 4 * j))), _mm256_set1_epi8((char)0x80));
+    }
+    return x8_scales(_mm256_srli_epi32(fmoe__r1_load(aux), 28));
+}
+
+SIMD static INLINE __m256i codes8_iq3_s(const uint8_t *b, __m256i *gu) {
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
+    const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++) {
+        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * j)));
+        const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[j]), lane), bit8);
+        uint32_t idx[8] __attribute__((aligned(32)));
+        _mm256_store_si256((__m256i *)idx, _mm256_or_si256(lo, hi));
+        const __m256i g = points8(fmoe__iq3s_grid, idx);
+        gu[j] = _mm256_xor_si256(_mm256_sign_epi8(g, signs32(fmoe__r1_le32(signs + 4 * j))), _mm256_set1_epi8((char)0x80));
+    }
+    const __m256i ls = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)fmoe__r1_le32(b + 106)),
+                                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(15));
+    return x8_scales(ls);
+}
+
+SIMD static INLINE __m256i codes8_iq1_s(const uint8_t *b, __m256i *gu) {
+    const uint8_t *qs = b + 2;
+    const __m256i eight = _mm256_set1_epi8(8);
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++, qs += 4) {
+        const unsigned h = fmoe__r1_le16(b + 34 + 2 * j);
+        const uint64_t x = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                           _pdep_u64(h & 0xFFFu, 0x0700070007000700ull);
+        const __m256i g = points4(fmoe__iq1s_grid, x & 0xFFFF, (x >> 16) & 0xFFFF, (x >> 32) & 0xFFFF, x >> 48);
+        const __m256i delta = _mm256_set1_epi8(h & 0x8000 ? -1 : 1);
+        gu[j] = _mm256_xor_si256(_mm256_add_epi8(_mm256_sign_epi8(eight, g), delta), _mm256_set1_epi8((char)0x80));
+    }
+    const __m256i qh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 34)));
+    return x8_scales(_mm256_and_si256(_mm256_srli_epi32(qh, 12), _mm256_set1_epi32(7)));
+}
+
+FMOE__R1_X8_ROWS(rows8_iq2_xxs, FMOE_IQ2_XXS_BYTES, codes8_iq2_xxs, d_eighth)
+FMOE__R1_X8_ROWS(rows8_iq3_xxs, FMOE_IQ3_XXS_BYTES, codes8_iq3_xxs, d_iq3_xxs)
+FMOE__R1_X8_ROWS(rows8_iq3_s, FMOE_IQ3_S_BYTES, codes8_iq3_s, d_iq3_s)
+FMOE__R1_X8_ROWS(rows8_iq1_s, FMOE_IQ1_S_BYTES, codes8_iq1_s, d_eighth)
+FMOE__R1_X8_ROWSX(rows_iq2_xxs_x_x8, rows8_iq2_xxs, rows_iq2_xxs_x)
+FMOE__R1_X8_ROWSX(rows_iq3_xxs_x_x8, rows8_iq3_xxs, rows_iq3_xxs_x)
+FMOE__R1_X8_ROWSX(rows_iq3_s_x_x8, rows8_iq3_s, rows_iq3_s_x)
+FMOE__R1_X8_ROWSX(rows_iq1_s_x_x8, rows8_iq1_s, rows_iq1_s_x)
+#define X8(name) name##_x8
+#else
+#define X8(name) name
+#endif
+
 void FMOE__R1_ENTRY(fmoe__iq_rows1_avx2)(uint32_t type, const void *W, int64_t row_bytes,
                                          int64_t rows, const void *qx, int64_t n, float *y) {
     switch (type) {
@@ -564,16 +644,17 @@ void FMOE__R1_ENTRY(fmoe__iq_rowsx_avx2)(uint32_t type, const void *W, int64_t r
                                          int64_t rows, const void *qx, int64_t astride, int32_t nx,
                                          int64_t n, float *y, int64_t ldy) {
     switch (type) {
-    case FMOE_GGML_IQ2_XXS: rows_iq2_xxs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ2_XXS: X8(rows_iq2_xxs_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     case FMOE_GGML_IQ2_XS: rows_iq2_xs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     case FMOE_GGML_IQ2_S: rows_iq2_s_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
-    case FMOE_GGML_IQ3_XXS: rows_iq3_xxs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
-    case FMOE_GGML_IQ3_S: rows_iq3_s_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
-    case FMOE_GGML_IQ1_S: rows_iq1_s_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ3_XXS: X8(rows_iq3_xxs_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ3_S: X8(rows_iq3_s_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ1_S: X8(rows_iq1_s_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     case FMOE_GGML_IQ1_M: rows_iq1_m_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     default: FMOE_ASSERT(!"fmoe__iq_rowsx_avx2: not a codebook i-quant");
     }
 }
+#undef X8
 
 #else /* no AVX2 level, so never called: the reference, under both compilations' names */
 void FMOE__R1_ENTRY(fmoe__iq_rows1_avx2)(uint32_t type, const void *W, int64_t row_bytes,

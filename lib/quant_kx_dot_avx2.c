@@ -299,164 +299,34 @@ ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin, d8_iq4_xs, 1)
 ROWSX(rowsx_q2_k, FMOE_Q2_K, isumn_q2_k, d_q2_k, dmin_q2_k, rows_q2_k, 4)
 ROWSX(rowsx_q3_k, FMOE_Q3_K, isumn_q3_k, d_q3_k, no_dmin, rows_q3_k, 4)
 #if defined(FMOE__R1_VNNI)
-/* IQ4_XS, eight inputs a pass, VNNI build: the inputs in the lanes. Each row's block
- * unpacked once to its 256 grid values g + 128 (unsigned bytes), each four of them
- * broadcast (vpermd) and multiplied by vpdpbusd with the eight inputs' four activation
- * bytes side by side, so one vpdpbusd does 32 multiply-adds and a sub-block's eight
- * inputs end in one register, its scale then one vpmulld for all of them: per input and
- * 32 values a vpdpbusd and a share of a vpermd where the row-wise pass (FMOE__R1_ROWX8)
- * takes a load, a sign op, a maddubs, a vpdpwssd and a share of the reduction. The
- * inputs' blocks are put in that layout once per call, IQ4X_ROWS rows and IQ4X_CHUNK
- * blocks (iq4_xs_repack8), each row's pass then reads them from L1. The +128 comes out
- * exactly: each sub-block's chain starts at -128·Σ a (bsums). Each input's block integer
- * is the reference's, and its float steps FMOE__R1_ROWX8's, so the bits are the same.
- * Eight inputs, ps a multiply-add on the development VM's EPYC: 11.3 (the row-wise
- * eight-input pass) -> 9.3; whole-model prefill (tests/bench/bench_types_vs_llama.py's
- * IQ4_XS file, one thread) 829 -> 994 tokens/s. The broadcasts as loads from the codes
- * stored were 14.6 (the compiler forwarded the stores and took the dwords out of the
- * registers, three ops each), the scales and the bsums sums in scalar code 10.7. */
-enum { IQ4X_CHUNK = 4, IQ4X_ROWS = 16 };
-
-/* The repacked blocks: per block, step t (values 4t .. 4t + 3) the eight inputs' four
- * bytes as dwords 0..7; per sub-block the chains' start -128·Σ a per input; da per
- * input. */
-struct iq4x_act {
-    uint8_t q[IQ4X_CHUNK][64][32];
-    int32_t neg[IQ4X_CHUNK][8][8];
-    float da[IQ4X_CHUNK][8];
-};
-
-/* The 8 x 8 dword transpose of r[0..7] into o[0..7]: dword k of o[m] is dword m of r[k]. */
-SIMD static INLINE void transpose8x8(const __m256i *r, __m256i *o) {
-    __m256i t[8], u[8];
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k += 2) {
-        t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
-        t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
-    }
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k += 4) {
-        u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
-        u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
-        u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
-        u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
-    }
-    _Pragma("GCC unroll 8") for (int m = 0; m < 4; m++) {
-        o[m] = _mm256_permute2x128_si256(u[m], u[m + 4], 0x20);
-        o[m + 4] = _mm256_permute2x128_si256(u[m], u[m + 4], 0x31);
-    }
-}
-
-/* Blocks [i0, i0 + nc) of the eight inputs at a (as bytes apart) into x: each 32 values
- * of the eight inputs an 8 x 8 dword transpose, and so the eight inputs' sub-block sums
- * (bsums in pairs, times -128). */
-SIMD static void iq4_xs_repack8(const uint8_t *a, int64_t as, int64_t i0, int64_t nc,
-                                struct iq4x_act *x) {
-    for (int64_t c = 0; c < nc; c++) {
-        const uint8_t *ab = a + (i0 + c) * FMOE_Q8_K_BYTES;
-        __m256i r[8], o[8];
-        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) memcpy(&x->da[c][k], ab + k * as, 4);
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) { /* sub-block j: steps 8j .. 8j + 7 */
-            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
-                r[k] = fmoe__r1_load(ab + k * as + FMOE__Q8K_Q + 32 * j);
-            transpose8x8(r, o);
-            _Pragma("GCC unroll 8") for (int m = 0; m < 8; m++)
-                _mm256_store_si256((__m256i *)x->q[c][8 * j + m], o[m]);
-        }
-        const __m256i m128 = _mm256_set1_epi16(-128);
-        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
-            r[k] = _mm256_madd_epi16(fmoe__r1_load(ab + k * as + FMOE__Q8K_BSUMS), m128);
-        transpose8x8(r, o);
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
-            _mm256_store_si256((__m256i *)x->neg[c][j], o[j]);
-    }
-}
-
-/* One row's block at b against the repacked block c: the eight inputs' block integers. */
-SIMD static INLINE __m256i iq4_xs_block8(const uint8_t *b, const struct iq4x_act *x, int64_t c) {
+/* IQ4_XS's eight-input passes in the VNNI build: FMOE__R1_X8 (lib/quant_rows1_avx2.h),
+ * the inputs in the lanes. Eight inputs, ps a multiply-add on the development VM's EPYC:
+ * 11.3 (the row-wise pass, FMOE__R1_ROWX8) -> 9.3; whole-model prefill
+ * (tests/bench/bench_types_vs_llama.py's IQ4_XS file, one thread) 829 -> 994 tokens/s.
+ * The block's 256 grid values g + 128 (unsigned bytes), sub-block j in gu[j], and the
+ * eight scales ls - 32, scale j in dword j. */
+SIMD static INLINE __m256i codes8_iq4_xs(const uint8_t *b, __m256i *gu) {
     static const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
     const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
     const __m256i m4 = _mm256_set1_epi8(0xF), lane_shift = _mm256_setr_epi64x(0, 0, 4, 4);
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-    __m256i gu[8];
     _Pragma("GCC unroll 8")
     for (int j = 0; j < 8; j++) {
         const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 8 + 16 * j)));
         const __m256i g = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srlv_epi64(q, lane_shift), m4));
-        gu[j] = _mm256_xor_si256(g, flip); /* g + 128 */
+        gu[j] = _mm256_xor_si256(g, _mm256_set1_epi8((char)0x80));
     }
-    /* the eight scales ls - 32, scale j in dword j */
     const __m256i j4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)fmoe__r1_le32(b + 4)), j4),
                                         _mm256_set1_epi32(0xF));
     const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(fmoe__r1_le16(b + 2)),
                                                           _mm256_srli_epi32(j4, 1)),
                                         _mm256_set1_epi32(3));
-    const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-    /* the eight sub-blocks' chains side by side (one after another, each vpdpbusd waited on
-     * the one before it: 13.6 ps a multiply-add) */
-    __m256i t[8];
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) t[j] = fmoe__r1_load(x->neg[c][j]);
-    _Pragma("GCC unroll 8")
-    for (int s = 0; s < 8; s++) {
-        const __m256i idx = _mm256_set1_epi32(s);
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
-            t[j] = _mm256_dpbusd_epi32(t[j], _mm256_permutevar8x32_epi32(gu[j], idx),
-                                       fmoe__r1_load(x->q[c][8 * j + s]));
-    }
-    __m256i v = _mm256_setzero_si256();
-    _Pragma("GCC unroll 8")
-    for (int j = 0; j < 8; j++)
-        v = _mm256_add_epi32(v, _mm256_mullo_epi32(t[j], _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(j))));
-    return v;
+    return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
 }
 
-/* rows x eight inputs: IQ4X_ROWS rows at a time, their per-input sums s kept across the
- * chunks of IQ4X_CHUNK blocks, s += (da·d)·sum - (da·dmin)·msum in block order (dmin and
- * msum zero: FMOE__R1_ROWX8's operations). */
-SIMD static void rows8_iq4_xs(const uint8_t *W, int64_t rb, int64_t rows, const uint8_t *a,
-                              int64_t as, int64_t nb, float *y, int64_t ldy) {
-    struct iq4x_act x __attribute__((aligned(32)));
-    for (int64_t r0 = 0; r0 < rows; r0 += IQ4X_ROWS) {
-        const int64_t nr = rows - r0 < IQ4X_ROWS ? rows - r0 : IQ4X_ROWS;
-        __m256 s[IQ4X_ROWS];
-        for (int64_t r = 0; r < nr; r++) s[r] = _mm256_setzero_ps();
-        for (int64_t i0 = 0; i0 < nb; i0 += IQ4X_CHUNK) {
-            const int64_t nc = nb - i0 < IQ4X_CHUNK ? nb - i0 : IQ4X_CHUNK;
-            iq4_xs_repack8(a, as, i0, nc, &x);
-            for (int64_t r = 0; r < nr; r++) {
-                const uint8_t *w = W + (r0 + r) * rb + i0 * FMOE_IQ4_XS_BYTES;
-                __m256 sr = s[r];
-                for (int64_t c = 0; c < nc; c++, w += FMOE_IQ4_XS_BYTES) {
-                    FMOE__R1_PREFETCH_BLOCK(w, FMOE_IQ4_XS_BYTES);
-                    const __m256 sum = _mm256_cvtepi32_ps(iq4_xs_block8(w, &x, c));
-                    const __m256 msum = _mm256_setzero_ps();
-                    const __m256 da = _mm256_load_ps(x.da[c]);
-                    const __m256 d = _mm256_set1_ps(d_iq4_xs(w)), dmin = _mm256_set1_ps(no_dmin(w));
-                    const __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(da, d), sum),
-                                                   _mm256_mul_ps(_mm256_mul_ps(da, dmin), msum));
-                    sr = _mm256_add_ps(sr, t);
-                }
-                s[r] = sr;
-            }
-        }
-        for (int64_t r = 0; r < nr; r++) {
-            float out[8];
-            _mm256_storeu_ps(out, s[r]);
-            for (int k = 0; k < 8; k++) y[k * ldy + r0 + r] = out[k];
-        }
-    }
-}
-
+FMOE__R1_X8_ROWS(rows8_iq4_xs, FMOE_IQ4_XS_BYTES, codes8_iq4_xs, d_iq4_xs)
 ROWSX(rowsx4_iq4_xs, FMOE_IQ4_XS, isumn_iq4_xs, d_iq4_xs, no_dmin, rows_iq4_xs, 4)
-
-/* Eight inputs a pass by rows8_iq4_xs, the rest as the other types. */
-SIMD static void rowsx_iq4_xs(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,
-                              int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {
-    int32_t k = 0;
-    for (; nx - k >= 8; k += 8)
-        rows8_iq4_xs(W, row_bytes, rows, qx + k * astride, astride, n / FMOE_QK_K, y + k * ldy, ldy);
-    if (k < nx)
-        rowsx4_iq4_xs(W, row_bytes, rows, qx + k * astride, astride, nx - k, n, y + k * ldy, ldy);
-}
+FMOE__R1_X8_ROWSX(rowsx_iq4_xs, rows8_iq4_xs, rowsx4_iq4_xs)
 #else
 ROWSX(rowsx_iq4_xs, FMOE_IQ4_XS, isumn_iq4_xs, d_iq4_xs, no_dmin, rows_iq4_xs, FMOE__R1_XMAX)
 #endif
