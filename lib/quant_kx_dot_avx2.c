@@ -299,7 +299,7 @@ ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin, d8_iq4_xs, 1)
 ROWSX(rowsx_q2_k, FMOE_Q2_K, isumn_q2_k, d_q2_k, dmin_q2_k, rows_q2_k, 4)
 ROWSX(rowsx_q3_k, FMOE_Q3_K, isumn_q3_k, d_q3_k, no_dmin, rows_q3_k, 4)
 #if defined(FMOE__R1_VNNI)
-/* IQ4_XS's eight-input passes in the VNNI build: FMOE__R1_X8 (lib/quant_rows1_avx2.h),
+/* IQ4_XS's eight-input passes in the VNNI build: FMOE__R1_X8_ROWS (lib/quant_rows1_avx2.h),
  * the inputs in the lanes. Eight inputs, ps a multiply-add on the development VM's EPYC:
  * 11.3 (the row-wise pass, FMOE__R1_ROWX8) -> 9.3; whole-model prefill
  * (tests/bench/bench_types_vs_llama.py's IQ4_XS file, one thread) 829 -> 994 tokens/s.

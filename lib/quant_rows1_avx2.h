@@ -1,6 +1,7 @@
 /*
  * quant_rows1_avx2.h - internal: what the 8-bit row kernels (one input, and up to four a
- * pass: FMOE__R1_ROWX, or eight: FMOE__R1_ROWX8) of the 256-value
+ * pass: FMOE__R1_ROWX, eight: FMOE__R1_ROWX8, or eight in the lanes: FMOE__R1_X8_ROWS)
+ * of the 256-value
  * types that lib/quant_kx.c otherwise serves share (lib/quant_iq_dot_avx2.c for the
  * codebook i-quants, lib/quant_kx_dot_avx2.c for Q2_K, Q3_K and IQ4_XS): a block's
  * integer vector reduced exactly, the sixteen sub-block scales placed per 32 values, and
