@@ -305,7 +305,8 @@ ROWSX(rowsx_q3_k, FMOE_Q3_K, isumn_q3_k, d_q3_k, no_dmin, rows_q3_k, 4)
  * (tests/bench/bench_types_vs_llama.py's IQ4_XS file, one thread) 829 -> 994 tokens/s.
  * The block's 256 grid values g + 128 (unsigned bytes), sub-block j in gu[j], and the
  * eight scales ls - 32, scale j in dword j. */
-SIMD static INLINE __m256i codes8_iq4_xs(const uint8_t *b, __m256i *gu) {
+SIMD static INLINE __m256i codes8_iq4_xs(const uint8_t *b, __m256i *gu, __m256i *sc2) {
+    (void)sc2;
     static const int8_t levels[16] = FMOE__IQ4NL_LEVELS;
     const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
     const __m256i m4 = _mm256_set1_epi8(0xF), lane_shift = _mm256_setr_epi64x(0, 0, 4, 4);
@@ -324,7 +325,7 @@ SIMD static INLINE __m256i codes8_iq4_xs(const uint8_t *b, __m256i *gu) {
     return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
 }
 
-FMOE__R1_X8_ROWS(rows8_iq4_xs, FMOE_IQ4_XS_BYTES, codes8_iq4_xs, d_iq4_xs)
+FMOE__R1_X8_ROWS(rows8_iq4_xs, FMOE_IQ4_XS_BYTES, codes8_iq4_xs, d_iq4_xs, 0)
 ROWSX(rowsx4_iq4_xs, FMOE_IQ4_XS, isumn_iq4_xs, d_iq4_xs, no_dmin, rows_iq4_xs, 4)
 FMOE__R1_X8_ROWSX(rowsx_iq4_xs, rows8_iq4_xs, rowsx4_iq4_xs)
 #else

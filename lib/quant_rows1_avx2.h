@@ -346,6 +346,7 @@ enum { FMOE__R1_X8_CHUNK = 4, FMOE__R1_X8_ROWS_N = 16 };
 struct fmoe__r1_x8 {
     uint8_t q[FMOE__R1_X8_CHUNK][64][32];
     int32_t neg[FMOE__R1_X8_CHUNK][8][8];
+    int32_t neg16[FMOE__R1_X8_CHUNK][16][8]; /* the same per 16 values (halves set) */
     float da[FMOE__R1_X8_CHUNK][8];
 };
 
@@ -370,9 +371,9 @@ FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_transpose8x8(const __m256i *r, __m
 
 /* Blocks [i0, i0 + nc) of the eight inputs at a (as bytes apart) into x: each 32 values
  * of the eight inputs an 8 x 8 dword transpose, and so the eight inputs' sub-block sums
- * (bsums in pairs, times -128). */
+ * (bsums in pairs, times -128), or with halves their sums of 16 (bsums times -128). */
 FMOE__R1 static void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int64_t i0, int64_t nc,
-                                        struct fmoe__r1_x8 *x) {
+                                        int halves, struct fmoe__r1_x8 *x) {
     for (int64_t c = 0; c < nc; c++) {
         const uint8_t *ab = a + (i0 + c) * FMOE_Q8_K_BYTES;
         __m256i r[8], o[8];
@@ -385,11 +386,23 @@ FMOE__R1 static void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int64_t i0
                 _mm256_store_si256((__m256i *)x->q[c][8 * j + m], o[m]);
         }
         const __m256i m128 = _mm256_set1_epi16(-128);
-        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
-            r[k] = _mm256_madd_epi16(fmoe__r1_load(ab + k * as + FMOE__Q8K_BSUMS), m128);
-        fmoe__r1_transpose8x8(r, o);
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
-            _mm256_store_si256((__m256i *)x->neg[c][j], o[j]);
+        if (!halves) {
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+                r[k] = _mm256_madd_epi16(fmoe__r1_load(ab + k * as + FMOE__Q8K_BSUMS), m128);
+            fmoe__r1_transpose8x8(r, o);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                _mm256_store_si256((__m256i *)x->neg[c][j], o[j]);
+            continue;
+        }
+        for (int h = 0; h < 2; h++) { /* bsums 8h .. 8h + 7 */
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+                r[k] = _mm256_mullo_epi32(_mm256_cvtepi16_epi32(_mm_loadu_si128(
+                                              (const __m128i *)(ab + k * as + FMOE__Q8K_BSUMS + 16 * h))),
+                                          _mm256_set1_epi32(-128));
+            fmoe__r1_transpose8x8(r, o);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                _mm256_store_si256((__m256i *)x->neg16[c][8 * h + j], o[j]);
+        }
     }
 }
 
@@ -414,12 +427,41 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots(const __m256i *gu, __m2
     return v;
 }
 
+/* The same with a scale per 16 values: sc2[0] holds scale 2j in dword j, sc2[1] scale
+ * 2j + 1; each sub-block's chain in two halves, steps 0..3 and 4..7. */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, const __m256i *sc2,
+                                                           const struct fmoe__r1_x8 *x, int64_t c) {
+    __m256i v = _mm256_setzero_si256();
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; h++) {
+        __m256i t[8];
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) t[j] = fmoe__r1_load(x->neg16[c][2 * j + h]);
+        _Pragma("GCC unroll 4")
+        for (int s = 4 * h; s < 4 * h + 4; s++) {
+            const __m256i idx = _mm256_set1_epi32(s);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                t[j] = _mm256_dpbusd_epi32(t[j], _mm256_permutevar8x32_epi32(gu[j], idx),
+                                           fmoe__r1_load(x->q[c][8 * j + s]));
+        }
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 8; j++)
+            v = _mm256_add_epi32(v, _mm256_mullo_epi32(t[j], _mm256_permutevar8x32_epi32(sc2[h], _mm256_set1_epi32(j))));
+    }
+    return v;
+}
+
+/* The scales per 32 values (one vector) or per 16 (two, HALVES) and the dots. */
+#define FMOE__R1_X8_DOTS(HALVES, CODES, w, gu, x, c)                                               \
+    (HALVES ? fmoe__r1_x8_dots16(gu, (CODES(w, gu, sc2_), sc2_), x, c)                             \
+            : fmoe__r1_x8_dots(gu, CODES(w, gu, sc2_), x, c))
+
 /* name(W, rb, rows, a, as, nb, y, ldy): rows x eight inputs, FMOE__R1_X8_ROWS_N rows at a
  * time, their per-input sums s kept across the chunks of FMOE__R1_X8_CHUNK blocks,
  * s += (da·d)·sum - (da·dmin)·msum in block order (dmin and msum zero, as the row-wise
- * pass of these types has them). CODES(b, gu) sets a block's codes and returns its
- * scales; D(b) is its f32 factor. */
-#define FMOE__R1_X8_ROWS(name, BYTES, CODES, D)                                                    \
+ * pass of these types has them). CODES(b, gu, sc2) sets a block's codes and returns its
+ * scales, or with HALVES sets sc2[0..1] to its scales per 16 values; D(b) is its f32
+ * factor. */
+#define FMOE__R1_X8_ROWS(name, BYTES, CODES, D, HALVES)                                            \
     FMOE__R1 static void name(const uint8_t *W, int64_t rb, int64_t rows, const uint8_t *a,       \
                               int64_t as, int64_t nb, float *y, int64_t ldy) {                     \
         struct fmoe__r1_x8 x __attribute__((aligned(32)));                                         \
@@ -429,15 +471,15 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots(const __m256i *gu, __m2
             for (int64_t r = 0; r < nr; r++) s[r] = _mm256_setzero_ps();                           \
             for (int64_t i0 = 0; i0 < nb; i0 += FMOE__R1_X8_CHUNK) {                               \
                 const int64_t nc = nb - i0 < FMOE__R1_X8_CHUNK ? nb - i0 : FMOE__R1_X8_CHUNK;      \
-                fmoe__r1_x8_repack(a, as, i0, nc, &x);                                             \
+                fmoe__r1_x8_repack(a, as, i0, nc, (HALVES), &x);                                   \
                 for (int64_t r = 0; r < nr; r++) {                                                 \
                     const uint8_t *w = W + (r0 + r) * rb + i0 * (BYTES);                           \
                     __m256 sr = s[r];                                                              \
                     for (int64_t c = 0; c < nc; c++, w += (BYTES)) {                               \
                         FMOE__R1_PREFETCH_BLOCK(w, (BYTES));                                       \
-                        __m256i gu[8];                                                             \
-                        const __m256i sc = CODES(w, gu);                                           \
-                        const __m256 sum = _mm256_cvtepi32_ps(fmoe__r1_x8_dots(gu, sc, &x, c));    \
+                        __m256i gu[8], sc2_[2];                                                    \
+                        const __m256 sum =                                                         \
+                            _mm256_cvtepi32_ps(FMOE__R1_X8_DOTS((HALVES), CODES, w, gu, &x, c));   \
                         const __m256 msum = _mm256_setzero_ps(), dmin = _mm256_setzero_ps();       \
                         const __m256 da = _mm256_load_ps(x.da[c]), d = _mm256_set1_ps(D(w));      \
                         const __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(da, d), sum),   \
