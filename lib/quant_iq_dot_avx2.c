@@ -1,7 +1,8 @@
 /*
  * quant_iq_dot_avx2.c - the codebook i-quants' rows (lib/quant_iq.c's formats) times Q8_K
  * inputs, AVX2: a decode step's product (one input) and a prefill's (up to four inputs a
- * pass over each row, each group's grid points and signs formed once for all of them),
+ * pass over each row, eight in the VNNI build, each group's grid points and signs formed
+ * once for all of them),
  * for the AVX2 and AVX-512 levels.
  *
  * One loop per type over a row's blocks, after ggml's x86 vec_dots
@@ -125,22 +126,57 @@ SIMD static INLINE __m256i nibble_scales(const uint8_t *p) {
     return _mm256_cvtepu8_epi16(sc); /* low nibbles (even scales) first: the pick order */
 }
 
+/* IQ2_XS's and IQ1_M's prefill passes (NX > 1) put each group's signs on its codes once
+ * for all the pass's inputs and give maddubs the signed codes q as its unsigned operand
+ * q + B (q + B >= 0 and 2·(q + B)·128 <= 32767: no int16 saturates), so each input's
+ * activation bytes go in as they are, one sign op fewer per input and 32 values. Σ sc·Σ q·a
+ * = Σ sc·Σ (q + B)·a - B·Σ sc·Σ a, the last per 16 values from the input's bsums: each
+ * input's accumulator starts at madd(-B·sc, bsums). The same integer, so the same bits.
+ * Eight inputs a pass, ps a multiply-add on the development VM's EPYC (VNNI build): IQ2_XS
+ * 14.8 -> 13.4, IQ1_M 17.0 -> 14.4; AVX2 build (four a pass) 22.4 -> 22.2, 21.8 -> 21.0.
+ * The same for IQ3_S, IQ3_XXS, IQ2_XXS and IQ2_S was within noise in the VNNI build and
+ * slower in the AVX2 one (IQ3_XXS 24.9 -> 26.5-27.5, IQ2_XXS 19.7 -> 21.4: their scalar
+ * grid lookups hold more registers), so they keep the sign on the activation. One input
+ * keeps it too (the bias's setup would be all its own). */
+SIMD static INLINE __m256i codes_u(int NX, __m256i g, __m256i s, int B) {
+    return NX > 1 ? _mm256_add_epi8(_mm256_sign_epi8(g, s), _mm256_set1_epi8((char)B)) : g;
+}
+
+/* The int16 pair sums of one input's 32 activation bytes a with the codes: u from codes_u,
+ * or (one input) unsigned g with signs s. */
+SIMD static INLINE __m256i pairs_u(int NX, __m256i g, __m256i u, __m256i s, __m256i a) {
+    return NX > 1 ? _mm256_maddubs_epi16(u, a) : dot_signed(g, a, s);
+}
+
+/* -B times the sixteen scales of 16 values as int16 in bsums's order, from the even/odd
+ * lane order (nibble_scales, scale_pick's). */
+SIMD static INLINE __m256i corr_even_odd(__m256i scales, int B) {
+    const __m128i lo = _mm256_castsi256_si128(scales), hi = _mm256_extracti128_si256(scales, 1);
+    const __m256i nat = _mm256_set_m128i(_mm_unpackhi_epi16(lo, hi), _mm_unpacklo_epi16(lo, hi));
+    return _mm256_mullo_epi16(nat, _mm256_set1_epi16((short)-B));
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* The block integers, one function per type                                          */
 /* ---------------------------------------------------------------------------------- */
 
-/* Each takes NX (1 to 4) inputs astride `as` bytes apart and sets v[k] to input k's block
- * vector: the codes and signs formed once for all of them (a prefill pass), two
- * accumulators per input. NX is a constant where they inline, so the one-input form is the
+/* Each takes NX (1 to FMOE__R1_XMAX) inputs astride `as` bytes apart and sets v[k] to
+ * input k's block vector: the codes and signs formed once for all of them (a prefill
+ * pass), two accumulators per input (arrays of FMOE__R1_XMAX: sized 8 in the AVX2 build,
+ * which takes four a pass, IQ3_S's four-input pass went 31.5 -> 42 ps a multiply-add). NX is a constant where they inline, so the one-input form is the
  * loop it was. QA(k, o): input k's 32 activation bytes at offset o of group pair ib. */
 #define QA(k, o) fmoe__r1_load(a + (k) * as + FMOE__Q8K_Q + 32 * ib + (o))
+/* Input k's first accumulator: zero, or with the bias (NX > 1) madd(corr, bsums). */
+#define ACC0(k, corr)                                                                              \
+    (NX > 1 ? _mm256_madd_epi16((corr), fmoe__r1_load(a + (k) * as + FMOE__Q8K_BSUMS))             \
+            : _mm256_setzero_si256())
 
 /* IQ2_XXS: per 32 values 8 bytes, four grid indices then a uint32 of four 7-bit sign sets
  * and the 4-bit scale on top. */
 SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16) {
@@ -148,12 +184,12 @@ SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t
         const __m256i g0 = points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3]);
         const __m256i g1 = points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]);
         const __m256i s0 = ksigns4(a1), s1 = ksigns4(a3);
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(a1 >> 28) + 1);
             acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(a3 >> 28) + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ2_XS: per 8 values a uint16, a 9-bit grid index under 7 sign bits; a 4-bit scale per
@@ -174,8 +210,12 @@ SIMD static INLINE void isum_iq2_xs(const uint8_t *b, const uint8_t *a, int64_t 
     const __m256i pc = _mm256_add_epi8(_mm256_shuffle_epi8(bits, _mm256_and_si256(s7, m4)),
                                        _mm256_shuffle_epi8(bits, _mm256_and_si256(_mm256_srli_epi16(s7, 4), m4)));
     const __m256i s8 = _mm256_or_si256(s7, _mm256_slli_epi16(_mm256_and_si256(pc, _mm256_set1_epi8(1)), 7));
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    const __m256i corr = NX > 1 ? corr_even_odd(scales, 64) : _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
+        acc0[k] = ACC0(k, corr);
+        acc1[k] = _mm256_setzero_si256();
+    }
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16) {
@@ -184,12 +224,13 @@ SIMD static INLINE void isum_iq2_xs(const uint8_t *b, const uint8_t *a, int64_t 
         const __m256i g0 = points4(fmoe__iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511);
         const __m256i g1 = points4(fmoe__iq2xs_grid, v[4] & 511, v[5] & 511, v[6] & 511, v[7] & 511);
         const __m256i s0 = sign_bytes4(s8, ib), s1 = sign_bytes4(s8, ib + 1);
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
-            acc0[k] = fmoe__r1_madd_pick(acc0[k], dot_signed(g0, QA(k, 0), s0), scales, ib);
-            acc1[k] = fmoe__r1_madd_pick(acc1[k], dot_signed(g1, QA(k, 32), s1), scales, ib + 1);
+        const __m256i u0 = codes_u(NX, g0, s0, 64), u1 = codes_u(NX, g1, s1, 64); /* |q| <= 43 */
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
+            acc0[k] = fmoe__r1_madd_pick(acc0[k], pairs_u(NX, g0, u0, s0, QA(k, 0)), scales, ib);
+            acc1[k] = fmoe__r1_madd_pick(acc1[k], pairs_u(NX, g1, u1, s1, QA(k, 32)), scales, ib + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ2_S: per 8 values the low 8 bits of a 10-bit index in qs[k], its top 2 bits in
@@ -198,8 +239,8 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
                                       __m256i *v) {
     const __m256i scales = nibble_scales(b + 74);
     const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8) {
 #if defined(FMOE__R1_VNNI)
@@ -218,12 +259,12 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
                                    qs[6] | (h1 & 48) << 4, qs[7] | (h1 & 192) << 2);
 #endif
         const __m256i s0 = signs32(fmoe__r1_le32(signs)), s1 = signs32(fmoe__r1_le32(signs + 4));
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = fmoe__r1_madd_pick(acc0[k], dot_signed(g0, QA(k, 0), s0), scales, ib);
             acc1[k] = fmoe__r1_madd_pick(acc1[k], dot_signed(g1, QA(k, 32), s1), scales, ib + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ3_XXS: a grid index (4 values) a byte; per 32 values a uint32 at 66 + 4ib of four
@@ -231,8 +272,8 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
 SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     const uint8_t *q = b + 2, *aux = b + 66;
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16, aux += 8) {
         const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
@@ -240,12 +281,12 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
         const uint32_t a0 = fmoe__r1_le32(aux), a1 = fmoe__r1_le32(aux + 4);
         const __m256i g0 = points8(fmoe__iq3xxs_grid, i0), g1 = points8(fmoe__iq3xxs_grid, i1);
         const __m256i s0 = ksigns4(a0), s1 = ksigns4(a1);
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(a0 >> 28) + 1);
             acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(a1 >> 28) + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ3_S: per 4 values a 9-bit index, qs[k] and bit k % 8 of qh[k / 8]; sign bits 8 a byte
@@ -255,8 +296,8 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
     /* index 8ib + j: qs[8ib + j] and bit j of qh[ib], moved to bit 8 by a per-lane shift */
     const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 16, signs += 8) {
         const __m256i lo0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
@@ -269,12 +310,12 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
         const __m256i g0 = points8(fmoe__iq3s_grid, idx), g1 = points8(fmoe__iq3s_grid, idx + 8);
         const unsigned ls = scales[ib / 2];
         const __m256i s0 = signs32(fmoe__r1_le32(signs)), s1 = signs32(fmoe__r1_le32(signs + 4));
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = madd_scale(acc0[k], dot_signed(g0, QA(k, 0), s0), 2 * (int)(ls & 15) + 1);
             acc1[k] = madd_scale(acc1[k], dot_signed(g1, QA(k, 32), s1), 2 * (int)(ls >> 4) + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* IQ1_S: per 32 values a uint16 qh at 34 + 2ib (four 3-bit index tops, a 3-bit scale at
@@ -290,9 +331,15 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
                                      _mm_set1_epi16(1));
     /* sc·δ: δ = -1 where qh's bit 15 (its int16 sign) is set; qh | 1 is never 0 */
     const __m128i scd = _mm_sign_epi16(sc, _mm_or_si128(qh, _mm_set1_epi16(1)));
-    const __m256i scd16 = _mm256_set_m128i(_mm_unpackhi_epi16(scd, scd), _mm_unpacklo_epi16(scd, scd));
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    /* g + 1 (0..2) is maddubs's unsigned operand, so the activation goes in as it is (no
+     * sign op per input): Σ sc·Σ g·a = Σ sc·Σ (g + 1)·a - Σ sc·bsum, the last joining the
+     * offset's madd as (sc·δ - 8sc)·bsum (eight inputs a pass 16.5 -> 12.5 ps a
+     * multiply-add, one input 39.5 either way). */
+    const __m128i off = _mm_sub_epi16(scd, _mm_slli_epi16(sc, 3));
+    const __m256i off16 = _mm256_set_m128i(_mm_unpackhi_epi16(off, off), _mm_unpacklo_epi16(off, off));
+    const __m256i one = _mm256_set1_epi8(1);
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
@@ -311,14 +358,14 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
                                    qs[6] | (h1 & 0x1C0) << 2, qs[7] | (h1 & 0xE00) >> 1);
 #endif
         const int sc0 = 2 * (int)((h0 >> 12) & 7) + 1, sc1 = 2 * (int)((h1 >> 12) & 7) + 1;
-        const __m256i ga0 = _mm256_sign_epi8(g0, g0), ga1 = _mm256_sign_epi8(g1, g1);
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
-            acc0[k] = madd_scale(acc0[k], _mm256_maddubs_epi16(ga0, _mm256_sign_epi8(QA(k, 0), g0)), sc0);
-            acc1[k] = madd_scale(acc1[k], _mm256_maddubs_epi16(ga1, _mm256_sign_epi8(QA(k, 32), g1)), sc1);
+        const __m256i u0 = _mm256_add_epi8(g0, one), u1 = _mm256_add_epi8(g1, one);
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
+            acc0[k] = madd_scale(acc0[k], _mm256_maddubs_epi16(u0, QA(k, 0)), sc0);
+            acc1[k] = madd_scale(acc1[k], _mm256_maddubs_epi16(u1, QA(k, 32)), sc1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
-        const __m256i offset = _mm256_madd_epi16(scd16, fmoe__r1_load(a + k * as + FMOE__Q8K_BSUMS));
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
+        const __m256i offset = _mm256_madd_epi16(off16, fmoe__r1_load(a + k * as + FMOE__Q8K_BSUMS));
         v[k] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_add_epi32(acc0[k], acc1[k]), 3), offset);
     }
 }
@@ -359,8 +406,12 @@ SIMD static INLINE void isum_iq1_m(const uint8_t *b, const uint8_t *a, int64_t a
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i eight = _mm256_set1_epi8(8);
-    __m256i acc0[4], acc1[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
+    __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
+    const __m256i corr = NX > 1 ? corr_even_odd(scales, 16) : _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
+        acc0[k] = ACC0(k, corr);
+        acc1[k] = _mm256_setzero_si256();
+    }
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4) {
 #if defined(FMOE__R1_VNNI)
@@ -385,14 +436,18 @@ SIMD static INLINE void isum_iq1_m(const uint8_t *b, const uint8_t *a, int64_t a
         const __m256i c0 = _mm256_add_epi8(_mm256_sign_epi8(eight, g0), d0);
         const __m256i c1 = _mm256_add_epi8(_mm256_sign_epi8(eight, g1), d1);
         const __m256i ca0 = _mm256_abs_epi8(c0), ca1 = _mm256_abs_epi8(c1);
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
-            const __m256i p0 = _mm256_maddubs_epi16(ca0, _mm256_sign_epi8(QA(k, 0), c0));
-            const __m256i p1 = _mm256_maddubs_epi16(ca1, _mm256_sign_epi8(QA(k, 32), c1));
+        /* with the bias, code + 16 (|code| <= 9) */
+        const __m256i u0 = _mm256_add_epi8(c0, _mm256_set1_epi8(16)), u1 = _mm256_add_epi8(c1, _mm256_set1_epi8(16));
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
+            const __m256i p0 = NX > 1 ? _mm256_maddubs_epi16(u0, QA(k, 0))
+                                      : _mm256_maddubs_epi16(ca0, _mm256_sign_epi8(QA(k, 0), c0));
+            const __m256i p1 = NX > 1 ? _mm256_maddubs_epi16(u1, QA(k, 32))
+                                      : _mm256_maddubs_epi16(ca1, _mm256_sign_epi8(QA(k, 32), c1));
             acc0[k] = fmoe__r1_madd_pick(acc0[k], p0, scales, ib);
             acc1[k] = fmoe__r1_madd_pick(acc1[k], p1, scales, ib + 1);
         }
     }
-    _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -410,7 +465,7 @@ SIMD static INLINE void isum_iq1_m(const uint8_t *b, const uint8_t *a, int64_t a
     }                                                                                              \
     SIMD static INLINE void name##_vecn(const uint8_t *b, const uint8_t *a, int64_t as, int NX,    \
                                         __m256i *v, __m256i *m) {                                  \
-        _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) m[k] = _mm256_setzero_si256();                                \
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) m[k] = _mm256_setzero_si256();                                \
         name(b, a, as, NX, v);                                                                     \
     }
 VEC_QA(isum_iq2_xxs)
@@ -421,6 +476,7 @@ VEC_QA(isum_iq3_s)
 VEC_QA(isum_iq1_s)
 VEC_QA(isum_iq1_m)
 #undef QA
+#undef ACC0
 
 SIMD static INLINE float d_iq3_xxs(const uint8_t *b) { return fmoe__r1_f16(b) * 0.25f; }
 SIMD static INLINE float d_iq3_s(const uint8_t *b) { return fmoe__r1_f16(b); }
@@ -456,7 +512,7 @@ static INLINE float no_dmin(const uint8_t *b) {
                               int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {     \
         const int64_t bytes = type##_BYTES, nb = n / FMOE_QK_K;                                    \
         for (int32_t k = 0; k < nx;) {                                                             \
-            const int g = fmoe__r1_group(nx - k);                                                  \
+            const int g = fmoe__r1_group_max(nx - k, FMOE__R1_XMAX);                               \
             const uint8_t *a = qx + k * astride;                                                   \
             float *yk = y + k * ldy;                                                               \
             if (g == 1)                                                                            \
@@ -464,7 +520,9 @@ static INLINE float no_dmin(const uint8_t *b) {
             else                                                                                   \
                 for (int64_t r = 0; r < rows; r++) {                                               \
                     const uint8_t *w = W + r * row_bytes;                                          \
-                    if (g == 4)                                                                    \
+                    if (g == 8)                                                                    \
+                        FMOE__R1_ROWX8(yk + r, ldy, w, a, astride, nb, bytes, ISUM##n, D, no_dmin); \
+                    else if (g == 4)                                                               \
                         FMOE__R1_ROWX(yk + r, ldy, w, a, astride, 4, nb, bytes, ISUM##n, D,        \
                                       no_dmin);                                                    \
                     else if (g == 3)                                                               \
@@ -485,6 +543,131 @@ ROWS(rows_iq3_s, FMOE_IQ3_S, isum_iq3_s_vec, d_iq3_s, 0)
 ROWS(rows_iq1_s, FMOE_IQ1_S, isum_iq1_s_vec, d_eighth, 0)
 ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m, 0)
 
+#if defined(FMOE__R1_VNNI)
+/* The types with a scale per 32 values, eight inputs a pass: FMOE__R1_X8_ROWS (the inputs
+ * in the lanes, lib/quant_rows1_avx2.h). Eight inputs, ps a multiply-add on the
+ * development VM's EPYC, against the row-wise FMOE__R1_ROWX8: IQ3_S 22.1 -> 17.0, IQ3_XXS
+ * 16.7 -> 13.6, IQ2_XXS 14.2 -> 10.8, IQ1_S 12.4 -> 10.6; whole-model prefill (one thread,
+ * tests/bench/bench_types_vs_llama.py's files) 1.18x, 1.17x, 1.21x, 1.10x. IQ2_XS, IQ2_S
+ * and IQ1_M (a scale per 16 values) stay row-wise. Each sets gu[j] to sub-block j's 32 codes q = g·s
+ * (IQ1_S: 8g + δ) as q + 128 and returns the scales 2ls + 1, scale j in dword j. */
+SIMD static INLINE __m256i x8_scales(__m256i ls) {
+    return _mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1));
+}
+
+SIMD static INLINE __m256i codes8_iq2_xxs(const uint8_t *b, __m256i *gu, __m256i *sc2) {
+    (void)sc2;
+    const uint8_t *q = b + 2;
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++, q += 8) {
+        const __m256i g = points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3]);
+        gu[j] = _mm256_xor_si256(_mm256_sign_epi8(g, ksigns4(fmoe__r1_le32(q + 4))), _mm256_set1_epi8((char)0x80));
+    }
+    /* the scales: the top nibbles of the odd dwords (sign sets and scale) of the 64 bytes */
+    const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+    const __m256i w = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(fmoe__r1_load(b + 2), odd),
+                                                _mm256_permutevar8x32_epi32(fmoe__r1_load(b + 34), odd), 0x20);
+    return x8_scales(_mm256_srli_epi32(w, 28));
+}
+
+SIMD static INLINE __m256i codes8_iq3_xxs(const uint8_t *b, __m256i *gu, __m256i *sc2) {
+    (void)sc2;
+    const uint8_t *q = b + 2, *aux = b + 66;
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++, q += 8) {
+        const uint32_t i8[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
+        const __m256i g = points8(fmoe__iq3xxs_grid, i8);
+        gu[j] = _mm256_xor_si256(_mm256_sign_epi8(g, ksigns4(fmoe__r1_le32(aux + 4 * j))), _mm256_set1_epi8((char)0x80));
+    }
+    return x8_scales(_mm256_srli_epi32(fmoe__r1_load(aux), 28));
+}
+
+SIMD static INLINE __m256i codes8_iq3_s(const uint8_t *b, __m256i *gu, __m256i *sc2) {
+    (void)sc2;
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
+    const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++) {
+        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * j)));
+        const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[j]), lane), bit8);
+        uint32_t idx[8] __attribute__((aligned(32)));
+        _mm256_store_si256((__m256i *)idx, _mm256_or_si256(lo, hi));
+        const __m256i g = points8(fmoe__iq3s_grid, idx);
+        gu[j] = _mm256_xor_si256(_mm256_sign_epi8(g, signs32(fmoe__r1_le32(signs + 4 * j))), _mm256_set1_epi8((char)0x80));
+    }
+    const __m256i ls = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)fmoe__r1_le32(b + 106)),
+                                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(15));
+    return x8_scales(ls);
+}
+
+SIMD static INLINE __m256i codes8_iq1_s(const uint8_t *b, __m256i *gu, __m256i *sc2) {
+    (void)sc2;
+    const uint8_t *qs = b + 2;
+    const __m256i eight = _mm256_set1_epi8(8);
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++, qs += 4) {
+        const unsigned h = fmoe__r1_le16(b + 34 + 2 * j);
+        const uint64_t x = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                           _pdep_u64(h & 0xFFFu, 0x0700070007000700ull);
+        const __m256i g = points4(fmoe__iq1s_grid, x & 0xFFFF, (x >> 16) & 0xFFFF, (x >> 32) & 0xFFFF, x >> 48);
+        const __m256i delta = _mm256_set1_epi8(h & 0x8000 ? -1 : 1);
+        gu[j] = _mm256_xor_si256(_mm256_add_epi8(_mm256_sign_epi8(eight, g), delta), _mm256_set1_epi8((char)0x80));
+    }
+    const __m256i qh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 34)));
+    return x8_scales(_mm256_and_si256(_mm256_srli_epi32(qh, 12), _mm256_set1_epi32(7)));
+}
+
+/* IQ1_M, a scale per 16 values (FMOE__R1_X8_ROWS's HALVES; sc2[0] holds scale 2j in dword
+ * j, sc2[1] scale 2j + 1): eight inputs 14.4 -> 12.8 ps a multiply-add, whole-model
+ * prefill 1.045x. IQ2_S the same way went 12.8 -> 11.8 but its whole model 1.017x (noise),
+ * and IQ2_XS stayed at 13.4 (its sign bytes a shuffle and a compare a group): both keep the
+ * row-wise pass. */
+SIMD static INLINE __m256i codes8_iq1_m(const uint8_t *b, __m256i *gu, __m256i *sc2) {
+    const uint8_t *qs = b, *qh = b + 32;
+    /* δ bytes as isum_iq1_m forms them: byte k -1 or 1 for group k of 8 values */
+    const __m128i qh8 = _mm_loadu_si128((const __m128i *)qh);
+    const __m256i mul = _mm256_set1_epi32(0x00100100);
+    const __m256i hlo = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(qh8, qh8)), mul);
+    const __m256i hhi = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(qh8, qh8)), mul);
+    const __m256i dw = _mm256_packs_epi16(_mm256_srai_epi16(_mm256_slli_epi16(hlo, 4), 15),
+                                          _mm256_srai_epi16(_mm256_slli_epi16(hhi, 4), 15));
+    const __m256i dall = _mm256_or_si256(_mm256_permute4x64_epi64(dw, 0xD8), _mm256_set1_epi8(1));
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i eight = _mm256_set1_epi8(8);
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++, qs += 4, qh += 2) {
+        const uint64_t x = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                           _pdep_u64(fmoe__r1_le16(qh) & 0x7777u, 0x0F000F000F000F00ull);
+        const __m256i g = points4(fmoe__iq1s_grid, x & 0xFFFF, (x >> 16) & 0xFFFF, (x >> 32) & 0xFFFF, x >> 48);
+        const __m256i d = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(dall, _mm256_set1_epi32(j)), spread);
+        gu[j] = _mm256_xor_si256(_mm256_add_epi8(_mm256_sign_epi8(eight, g), d), _mm256_set1_epi8((char)0x80));
+    }
+    /* scale s: bits 3(s % 4) of word s / 4; sub-block j's are s = 2j, 2j + 1 */
+    const __m256i words = _mm256_permutevar8x32_epi32(_mm256_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)(b + 48))),
+                                                      _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    const __m256i sh = _mm256_setr_epi32(0, 6, 0, 6, 0, 6, 0, 6), m7 = _mm256_set1_epi32(7);
+    sc2[0] = x8_scales(_mm256_and_si256(_mm256_srlv_epi32(words, sh), m7));
+    sc2[1] = x8_scales(_mm256_and_si256(_mm256_srlv_epi32(words, _mm256_add_epi32(sh, _mm256_set1_epi32(3))), m7));
+    return sc2[0];
+}
+
+FMOE__R1_X8_ROWS(rows8_iq2_xxs, FMOE_IQ2_XXS_BYTES, codes8_iq2_xxs, d_eighth, 0)
+FMOE__R1_X8_ROWS(rows8_iq1_m, FMOE_IQ1_M_BYTES, codes8_iq1_m, d_iq1_m, 1)
+FMOE__R1_X8_ROWS(rows8_iq3_xxs, FMOE_IQ3_XXS_BYTES, codes8_iq3_xxs, d_iq3_xxs, 0)
+FMOE__R1_X8_ROWS(rows8_iq3_s, FMOE_IQ3_S_BYTES, codes8_iq3_s, d_iq3_s, 0)
+FMOE__R1_X8_ROWS(rows8_iq1_s, FMOE_IQ1_S_BYTES, codes8_iq1_s, d_eighth, 0)
+FMOE__R1_X8_ROWSX(rows_iq2_xxs_x_x8, rows8_iq2_xxs, rows_iq2_xxs_x)
+FMOE__R1_X8_ROWSX(rows_iq3_xxs_x_x8, rows8_iq3_xxs, rows_iq3_xxs_x)
+FMOE__R1_X8_ROWSX(rows_iq3_s_x_x8, rows8_iq3_s, rows_iq3_s_x)
+FMOE__R1_X8_ROWSX(rows_iq1_s_x_x8, rows8_iq1_s, rows_iq1_s_x)
+FMOE__R1_X8_ROWSX(rows_iq1_m_x_x8, rows8_iq1_m, rows_iq1_m_x)
+#define X8(name) name##_x8
+#else
+#define X8(name) name
+#endif
+
 void FMOE__R1_ENTRY(fmoe__iq_rows1_avx2)(uint32_t type, const void *W, int64_t row_bytes,
                                          int64_t rows, const void *qx, int64_t n, float *y) {
     switch (type) {
@@ -499,22 +682,24 @@ void FMOE__R1_ENTRY(fmoe__iq_rows1_avx2)(uint32_t type, const void *W, int64_t r
     }
 }
 
-/* rows x nx inputs (astride bytes apart) into y[k·ldy + r]: passes of up to four inputs
- * over each row (fmoe__r1_group), each input its one-input bits. */
+/* rows x nx inputs (astride bytes apart) into y[k·ldy + r]: passes of up to four inputs,
+ * eight in the VNNI build, over each row (fmoe__r1_group_max), each input its one-input
+ * bits. */
 void FMOE__R1_ENTRY(fmoe__iq_rowsx_avx2)(uint32_t type, const void *W, int64_t row_bytes,
                                          int64_t rows, const void *qx, int64_t astride, int32_t nx,
                                          int64_t n, float *y, int64_t ldy) {
     switch (type) {
-    case FMOE_GGML_IQ2_XXS: rows_iq2_xxs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ2_XXS: X8(rows_iq2_xxs_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     case FMOE_GGML_IQ2_XS: rows_iq2_xs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     case FMOE_GGML_IQ2_S: rows_iq2_s_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
-    case FMOE_GGML_IQ3_XXS: rows_iq3_xxs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
-    case FMOE_GGML_IQ3_S: rows_iq3_s_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
-    case FMOE_GGML_IQ1_S: rows_iq1_s_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
-    case FMOE_GGML_IQ1_M: rows_iq1_m_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ3_XXS: X8(rows_iq3_xxs_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ3_S: X8(rows_iq3_s_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ1_S: X8(rows_iq1_s_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ1_M: X8(rows_iq1_m_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     default: FMOE_ASSERT(!"fmoe__iq_rowsx_avx2: not a codebook i-quant");
     }
 }
+#undef X8
 
 #else /* no AVX2 level, so never called: the reference, under both compilations' names */
 void FMOE__R1_ENTRY(fmoe__iq_rows1_avx2)(uint32_t type, const void *W, int64_t row_bytes,

@@ -1,6 +1,7 @@
 /*
  * quant_rows1_avx2.h - internal: what the 8-bit row kernels (one input, and up to four a
- * pass: FMOE__R1_ROWX) of the 256-value
+ * pass: FMOE__R1_ROWX, eight: FMOE__R1_ROWX8, or eight in the lanes: FMOE__R1_X8_ROWS)
+ * of the 256-value
  * types that lib/quant_kx.c otherwise serves share (lib/quant_iq_dot_avx2.c for the
  * codebook i-quants, lib/quant_kx_dot_avx2.c for Q2_K, Q3_K and IQ4_XS): a block's
  * integer vector reduced exactly, the sixteen sub-block scales placed per 32 values, and
@@ -292,9 +293,230 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
         for (int k_ = 0; k_ < (NX); k_++) (y)[k_ * (ldy)] = out_[k_];                              \
     } while (0)
 
+/* Eight inputs a pass (NX 8), lanes k of one __m256 as FMOE__R1_ROWX's of an __m128: the
+ * same f32 operations lane by lane, so the same bits; the eight totals reduced together
+ * (fmoe__r1_hsum8). */
+#define FMOE__R1_ROWX8(y, ldy, w0, a0, astride, nb, bytes, VECN, D, DMIN)                         \
+    do {                                                                                           \
+        const uint8_t *w_ = (w0), *a_ = (a0);                                                      \
+        const int64_t as_ = (astride);                                                             \
+        __m256 s_ = _mm256_setzero_ps();                                                           \
+        for (int64_t i_ = 0; i_ < (nb); i_++, w_ += (bytes), a_ += FMOE_Q8_K_BYTES) {              \
+            FMOE__R1_PREFETCH_BLOCK(w_, (bytes));                                                  \
+            __m256i v_[8], m_[8];                                                                  \
+            VECN(w_, a_, as_, 8, v_, m_);                                                          \
+            const __m256 sum_ = _mm256_cvtepi32_ps(fmoe__r1_hsum8(v_));                            \
+            const __m256 msum_ = _mm256_cvtepi32_ps(fmoe__r1_hsum8(m_));                           \
+            float da8_[8];                                                                         \
+            _Pragma("GCC unroll 8") for (int k_ = 0; k_ < 8; k_++) memcpy(&da8_[k_], a_ + k_ * as_, 4); \
+            const __m256 da_ = _mm256_loadu_ps(da8_);                                              \
+            const __m256 d_ = _mm256_set1_ps(D(w_)), dmin_ = _mm256_set1_ps(DMIN(w_));             \
+            const __m256 t_ = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(da_, d_), sum_),           \
+                                            _mm256_mul_ps(_mm256_mul_ps(da_, dmin_), msum_));      \
+            s_ = _mm256_add_ps(s_, t_);                                                            \
+        }                                                                                          \
+        float out_[8];                                                                             \
+        _mm256_storeu_ps(out_, s_);                                                                \
+        for (int k_ = 0; k_ < 8; k_++) (y)[k_ * (ldy)] = out_[k_];                                 \
+    } while (0)
+
+#if defined(FMOE__R1_VNNI)
+/* Eight inputs in the lanes (the VNNI build; lib/quant_kx_dot_avx2.c's IQ4_XS and
+ * lib/quant_iq_dot_avx2.c's types with a scale per 32 values): each row's block unpacked
+ * once to its 256 signed codes q as q + 128 (unsigned bytes), each four of them
+ * broadcast (vpermd) and multiplied by vpdpbusd with the eight inputs' four activation
+ * bytes side by side, so one vpdpbusd does 32 multiply-adds and a sub-block's eight
+ * inputs end in one register, its scale then one vpmulld for all of them: per input and
+ * 32 values a vpdpbusd and a share of a vpermd where the row-wise pass (FMOE__R1_ROWX8)
+ * takes a load, a sign op, a maddubs, a vpdpwssd and a share of the reduction. The inputs'
+ * blocks are put in that layout once per call, FMOE__R1_X8_ROWS_N rows and
+ * FMOE__R1_X8_CHUNK blocks (fmoe__r1_x8_repack), each row's pass then reading them from
+ * L1. The +128 comes out exactly: each sub-block's chain starts at -128·Σ a (the input's
+ * bsums). Each input's block integer is the reference's, and its float steps
+ * FMOE__R1_ROWX8's, so the bits are the same. The broadcasts as loads from the codes
+ * stored took IQ4_XS to 14.6 ps a multiply-add against the row-wise 11.3 (the compiler
+ * forwarded the stores and took the dwords out of the registers, three ops each), the
+ * sub-blocks' chains one after another 13.6 (each vpdpbusd waited on the one before it),
+ * the scales and the bsums' sums in scalar code 10.7; as here 9.3. */
+enum { FMOE__R1_X8_CHUNK = 4, FMOE__R1_X8_ROWS_N = 16 };
+
+/* The repacked blocks: per block, step t (values 4t .. 4t + 3) the eight inputs' four
+ * bytes as dwords 0..7; per sub-block the chains' start -128·Σ a per input; da per
+ * input. */
+struct fmoe__r1_x8 {
+    uint8_t q[FMOE__R1_X8_CHUNK][64][32];
+    int32_t neg[FMOE__R1_X8_CHUNK][8][8];
+    int32_t neg16[FMOE__R1_X8_CHUNK][16][8]; /* the same per 16 values (halves set) */
+    float da[FMOE__R1_X8_CHUNK][8];
+};
+
+/* The 8 x 8 dword transpose of r[0..7] into o[0..7]: dword k of o[m] is dword m of r[k]. */
+FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_transpose8x8(const __m256i *r, __m256i *o) {
+    __m256i t[8], u[8];
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
+    }
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k += 4) {
+        u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+        u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+        u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    _Pragma("GCC unroll 8") for (int m = 0; m < 4; m++) {
+        o[m] = _mm256_permute2x128_si256(u[m], u[m + 4], 0x20);
+        o[m + 4] = _mm256_permute2x128_si256(u[m], u[m + 4], 0x31);
+    }
+}
+
+/* Blocks [i0, i0 + nc) of the eight inputs at a (as bytes apart) into x: each 32 values
+ * of the eight inputs an 8 x 8 dword transpose, and so the eight inputs' sub-block sums
+ * (bsums in pairs, times -128), or with halves their sums of 16 (bsums times -128). */
+FMOE__R1 static void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int64_t i0, int64_t nc,
+                                        int halves, struct fmoe__r1_x8 *x) {
+    for (int64_t c = 0; c < nc; c++) {
+        const uint8_t *ab = a + (i0 + c) * FMOE_Q8_K_BYTES;
+        __m256i r[8], o[8];
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) memcpy(&x->da[c][k], ab + k * as, 4);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) { /* sub-block j: steps 8j .. 8j + 7 */
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+                r[k] = fmoe__r1_load(ab + k * as + FMOE__Q8K_Q + 32 * j);
+            fmoe__r1_transpose8x8(r, o);
+            _Pragma("GCC unroll 8") for (int m = 0; m < 8; m++)
+                _mm256_store_si256((__m256i *)x->q[c][8 * j + m], o[m]);
+        }
+        const __m256i m128 = _mm256_set1_epi16(-128);
+        if (!halves) {
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+                r[k] = _mm256_madd_epi16(fmoe__r1_load(ab + k * as + FMOE__Q8K_BSUMS), m128);
+            fmoe__r1_transpose8x8(r, o);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                _mm256_store_si256((__m256i *)x->neg[c][j], o[j]);
+            continue;
+        }
+        for (int h = 0; h < 2; h++) { /* bsums 8h .. 8h + 7 */
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+                r[k] = _mm256_mullo_epi32(_mm256_cvtepi16_epi32(_mm_loadu_si128(
+                                              (const __m128i *)(ab + k * as + FMOE__Q8K_BSUMS + 16 * h))),
+                                          _mm256_set1_epi32(-128));
+            fmoe__r1_transpose8x8(r, o);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                _mm256_store_si256((__m256i *)x->neg16[c][8 * h + j], o[j]);
+        }
+    }
+}
+
+/* One row's block, its codes gu[0..7] (sub-block j's 32 as q + 128) and scales sc (scale
+ * j in dword j), against repacked block c: the eight inputs' block integers. The eight
+ * sub-blocks' chains side by side. */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots(const __m256i *gu, __m256i sc,
+                                                         const struct fmoe__r1_x8 *x, int64_t c) {
+    __m256i t[8];
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) t[j] = fmoe__r1_load(x->neg[c][j]);
+    _Pragma("GCC unroll 8")
+    for (int s = 0; s < 8; s++) {
+        const __m256i idx = _mm256_set1_epi32(s);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+            t[j] = _mm256_dpbusd_epi32(t[j], _mm256_permutevar8x32_epi32(gu[j], idx),
+                                       fmoe__r1_load(x->q[c][8 * j + s]));
+    }
+    __m256i v = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++)
+        v = _mm256_add_epi32(v, _mm256_mullo_epi32(t[j], _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(j))));
+    return v;
+}
+
+/* The same with a scale per 16 values: sc2[0] holds scale 2j in dword j, sc2[1] scale
+ * 2j + 1; each sub-block's chain in two halves, steps 0..3 and 4..7. */
+FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, const __m256i *sc2,
+                                                           const struct fmoe__r1_x8 *x, int64_t c) {
+    __m256i v = _mm256_setzero_si256();
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; h++) {
+        __m256i t[8];
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) t[j] = fmoe__r1_load(x->neg16[c][2 * j + h]);
+        _Pragma("GCC unroll 4")
+        for (int s = 4 * h; s < 4 * h + 4; s++) {
+            const __m256i idx = _mm256_set1_epi32(s);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                t[j] = _mm256_dpbusd_epi32(t[j], _mm256_permutevar8x32_epi32(gu[j], idx),
+                                           fmoe__r1_load(x->q[c][8 * j + s]));
+        }
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 8; j++)
+            v = _mm256_add_epi32(v, _mm256_mullo_epi32(t[j], _mm256_permutevar8x32_epi32(sc2[h], _mm256_set1_epi32(j))));
+    }
+    return v;
+}
+
+/* The scales per 32 values (one vector) or per 16 (two, HALVES) and the dots. */
+#define FMOE__R1_X8_DOTS(HALVES, CODES, w, gu, x, c)                                               \
+    (HALVES ? fmoe__r1_x8_dots16(gu, (CODES(w, gu, sc2_), sc2_), x, c)                             \
+            : fmoe__r1_x8_dots(gu, CODES(w, gu, sc2_), x, c))
+
+/* name(W, rb, rows, a, as, nb, y, ldy): rows x eight inputs, FMOE__R1_X8_ROWS_N rows at a
+ * time, their per-input sums s kept across the chunks of FMOE__R1_X8_CHUNK blocks,
+ * s += (da·d)·sum - (da·dmin)·msum in block order (dmin and msum zero, as the row-wise
+ * pass of these types has them). CODES(b, gu, sc2) sets a block's codes and returns its
+ * scales, or with HALVES sets sc2[0..1] to its scales per 16 values; D(b) is its f32
+ * factor. */
+#define FMOE__R1_X8_ROWS(name, BYTES, CODES, D, HALVES)                                            \
+    FMOE__R1 static void name(const uint8_t *W, int64_t rb, int64_t rows, const uint8_t *a,       \
+                              int64_t as, int64_t nb, float *y, int64_t ldy) {                     \
+        struct fmoe__r1_x8 x __attribute__((aligned(32)));                                         \
+        for (int64_t r0 = 0; r0 < rows; r0 += FMOE__R1_X8_ROWS_N) {                                \
+            const int64_t nr = rows - r0 < FMOE__R1_X8_ROWS_N ? rows - r0 : FMOE__R1_X8_ROWS_N;    \
+            __m256 s[FMOE__R1_X8_ROWS_N];                                                          \
+            for (int64_t r = 0; r < nr; r++) s[r] = _mm256_setzero_ps();                           \
+            for (int64_t i0 = 0; i0 < nb; i0 += FMOE__R1_X8_CHUNK) {                               \
+                const int64_t nc = nb - i0 < FMOE__R1_X8_CHUNK ? nb - i0 : FMOE__R1_X8_CHUNK;      \
+                fmoe__r1_x8_repack(a, as, i0, nc, (HALVES), &x);                                   \
+                for (int64_t r = 0; r < nr; r++) {                                                 \
+                    const uint8_t *w = W + (r0 + r) * rb + i0 * (BYTES);                           \
+                    __m256 sr = s[r];                                                              \
+                    for (int64_t c = 0; c < nc; c++, w += (BYTES)) {                               \
+                        FMOE__R1_PREFETCH_BLOCK(w, (BYTES));                                       \
+                        __m256i gu[8], sc2_[2];                                                    \
+                        const __m256 sum =                                                         \
+                            _mm256_cvtepi32_ps(FMOE__R1_X8_DOTS((HALVES), CODES, w, gu, &x, c));   \
+                        const __m256 msum = _mm256_setzero_ps(), dmin = _mm256_setzero_ps();       \
+                        const __m256 da = _mm256_load_ps(x.da[c]), d = _mm256_set1_ps(D(w));      \
+                        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(da, d), sum),   \
+                                                       _mm256_mul_ps(_mm256_mul_ps(da, dmin), msum)); \
+                        sr = _mm256_add_ps(sr, t);                                                 \
+                    }                                                                              \
+                    s[r] = sr;                                                                     \
+                }                                                                                  \
+            }                                                                                      \
+            for (int64_t r = 0; r < nr; r++) {                                                     \
+                float out[8];                                                                      \
+                _mm256_storeu_ps(out, s[r]);                                                       \
+                for (int k = 0; k < 8; k++) y[k * ldy + r0 + r] = out[k];                          \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+/* name(W, row_bytes, rows, qx, astride, nx, n, y, ldy): eight inputs a pass by ROWS8 (an
+ * FMOE__R1_X8_ROWS), the rest by REST (passes of up to four). */
+#define FMOE__R1_X8_ROWSX(name, ROWS8, REST)                                                       \
+    FMOE__R1 static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx, \
+                              int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {     \
+        int32_t k = 0;                                                                             \
+        for (; nx - k >= 8; k += 8)                                                                \
+            ROWS8(W, row_bytes, rows, qx + k * astride, astride, n / FMOE_QK_K, y + k * ldy, ldy); \
+        if (k < nx)                                                                                \
+            REST(W, row_bytes, rows, qx + k * astride, astride, nx - k, n, y + k * ldy, ldy);      \
+    }
+#endif
+
 /* How many inputs the next pass takes of the left ones: four, but five as three and two
- * (a one-input pass forms its codes for one input alone). */
+ * (a one-input pass forms its codes for one input alone); with max 8, eight while eight
+ * are left. */
 static inline int fmoe__r1_group(int left) { return left == 5 ? 3 : left > 4 ? 4 : left; }
+static inline int fmoe__r1_group_max(int left, int max) {
+    return max >= 8 && left >= 8 ? 8 : fmoe__r1_group(left);
+}
 
 /* rows x one input: where the build has VNNI and EIGHT is 1, eight rows a step (its 32
  * registers hold the step's vectors), then one row a step. EIGHT is 0 for the kernels whose
@@ -304,6 +526,18 @@ static inline int fmoe__r1_group(int left) { return left == 5 ? 3 : left > 4 ? 4
 #define FMOE__R1_EIGHT 1
 #else
 #define FMOE__R1_EIGHT 0
+#endif
+/* The most inputs a prefill pass takes (lib/quant_iq_dot_avx2.c, IQ4_XS): eight where the
+ * build has 32 registers (the eight inputs' accumulators stay in them), else four. Each
+ * block's codes formed once for eight inputs instead of four, ps a multiply-add with eight
+ * inputs on the development VM's EPYC (VNNI build): IQ4_XS 13.1 -> 11.4, IQ3_S
+ * 27.6 -> 21.6, IQ3_XXS 22.9 -> 16.5, IQ2_XXS 16.0 -> 14.2, IQ2_XS 19.8 -> 14.8, IQ1_S
+ * 17.4 -> 16.3, IQ1_M 19.0 -> 17.0. Q2_K and Q3_K, whose codes are a few vector ops, stay
+ * at four. */
+#if defined(FMOE__R1_VNNI)
+#define FMOE__R1_XMAX 8
+#else
+#define FMOE__R1_XMAX 4
 #endif
 #define FMOE__R1_ROWS(W, row_bytes, rows, qx, nb, bytes, VEC, D, DMIN, D8, y, EIGHT)               \
     do {                                                                                           \

@@ -153,12 +153,13 @@ TEST(one_input_rows_equal_the_reference_bit_for_bit) {
     }
 }
 
-/* A prefill's product, 1 to 5 inputs in one call (fmoe__kx_rowsx_avx2's passes of two to
- * four inputs, five as three and two; the i-quants' shared unpack): every input's result
+/* A prefill's product, 1 to 13 inputs in one call (fmoe__kx_rowsx_avx2's passes of two to
+ * four inputs, five as three and two, and in the VNNI build of eight; the i-quants' shared
+ * unpack): every input's result
  * the reference's bits, row by row, every way, with inputs of unlike scales side by
  * side (a lane mixed up with another input's shows). */
 TEST(several_inputs_each_equal_the_reference_bit_for_bit) {
-    enum { ROWS = 19, NX = 5 };
+    enum { ROWS = 19, NX = 13 };
     const int64_t ns[] = {256, 1280};
     const int best = fmoe__quant_level_max();
     if (best < FMOE__QUANT_AVX2) {
