@@ -370,6 +370,21 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
     }
 }
 
+/* IQ1_M's δ of each group of 8 values as byte k of 32, -1 where bit 3 of nibble k % 2 of
+ * qh[k / 2] is set, else 1: each qh byte taken twice, the even copies multiplied by 256
+ * and the odd by 16 put that bit at bit 11 of a word, shifted to its sign and packed
+ * (lane-wise, so the quarters come out as k 0-7, 16-23, 8-15, 24-31 and are put back in
+ * order). */
+SIMD static INLINE __m256i iq1_m_deltas(const uint8_t *qh) {
+    const __m128i qh8 = _mm_loadu_si128((const __m128i *)qh);
+    const __m256i mul = _mm256_set1_epi32(0x00100100); /* words 256, 16, 256, 16, ... */
+    const __m256i hlo = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(qh8, qh8)), mul);
+    const __m256i hhi = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(qh8, qh8)), mul);
+    const __m256i dw = _mm256_packs_epi16(_mm256_srai_epi16(_mm256_slli_epi16(hlo, 4), 15),
+                                          _mm256_srai_epi16(_mm256_slli_epi16(hhi, 4), 15));
+    return _mm256_or_si256(_mm256_permute4x64_epi64(dw, 0xD8), _mm256_set1_epi8(1));
+}
+
 /* IQ1_M: per 8 values the index's low 8 bits in qs[k] and a nibble of qh (k even: the low
  * one) holding its top 3 bits and the offset's sign (bit 3); a 3-bit scale per 16 values,
  * four to each uint16 at 48 (their top nibbles are d). The code 8g + δ (δ = ±1 per 8
@@ -391,17 +406,7 @@ SIMD static INLINE void isum_iq1_m(const uint8_t *b, const uint8_t *a, int64_t a
                                            0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
     const __m256i sc16 = _mm256_shuffle_epi8(ls, order);
     const __m256i scales = _mm256_add_epi16(_mm256_add_epi16(sc16, sc16), _mm256_set1_epi16(1));
-    /* δ of group k (8 values) as byte k, -1 where bit 3 of nibble k % 2 of qh[k / 2] is
-     * set, else 1: each qh byte taken twice, the even copies multiplied by 256 and the odd
-     * by 16 put that bit at bit 11 of a word, shifted to its sign and packed (lane-wise, so
-     * the quarters come out as k 0-7, 16-23, 8-15, 24-31 and are put back in order) */
-    const __m128i qh8 = _mm_loadu_si128((const __m128i *)qh);
-    const __m256i mul = _mm256_set1_epi32(0x00100100); /* words 256, 16, 256, 16, ... */
-    const __m256i hlo = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(qh8, qh8)), mul);
-    const __m256i hhi = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(qh8, qh8)), mul);
-    const __m256i dw = _mm256_packs_epi16(_mm256_srai_epi16(_mm256_slli_epi16(hlo, 4), 15),
-                                          _mm256_srai_epi16(_mm256_slli_epi16(hhi, 4), 15));
-    const __m256i dall = _mm256_or_si256(_mm256_permute4x64_epi64(dw, 0xD8), _mm256_set1_epi8(1));
+    const __m256i dall = iq1_m_deltas(qh); /* δ of group k (8 values) as byte k */
     /* four δ bytes (32 values: dword ib of dall) each spread over its 8 values */
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
@@ -625,14 +630,7 @@ SIMD static INLINE __m256i codes8_iq1_s(const uint8_t *b, __m256i *gu, __m256i *
  * row-wise pass. */
 SIMD static INLINE __m256i codes8_iq1_m(const uint8_t *b, __m256i *gu, __m256i *sc2) {
     const uint8_t *qs = b, *qh = b + 32;
-    /* δ bytes as isum_iq1_m forms them: byte k -1 or 1 for group k of 8 values */
-    const __m128i qh8 = _mm_loadu_si128((const __m128i *)qh);
-    const __m256i mul = _mm256_set1_epi32(0x00100100);
-    const __m256i hlo = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(qh8, qh8)), mul);
-    const __m256i hhi = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(qh8, qh8)), mul);
-    const __m256i dw = _mm256_packs_epi16(_mm256_srai_epi16(_mm256_slli_epi16(hlo, 4), 15),
-                                          _mm256_srai_epi16(_mm256_slli_epi16(hhi, 4), 15));
-    const __m256i dall = _mm256_or_si256(_mm256_permute4x64_epi64(dw, 0xD8), _mm256_set1_epi8(1));
+    const __m256i dall = iq1_m_deltas(qh); /* δ of group k (8 values) as byte k */
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i eight = _mm256_set1_epi8(8);
