@@ -47,7 +47,7 @@
 #define INLINE __attribute__((always_inline)) inline
 #define MAXX 4 /* inputs per pass */
 #define KERNEL_ROWS 8 /* rows per pass of the 32-value kernels (dots_q32) */
-/* dots_q32 asks for the weights this many bytes ahead of its pass (q32_block) */
+/* dots_q32 asks for the weights this many bytes past its pass's end (q32_block, q32_reach) */
 #define Q32_PREFETCH_BYTES 8192
 
 /* Each kernel asks for the weight bytes this far ahead of the block it reads (the rows of
@@ -473,6 +473,11 @@ SIMD static INLINE __m256 q32_d8(uint32_t type, const uint8_t *const w[8]) {
     return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
 }
 
+/* How far ahead of a pass's start dots_q32 asks for the weights: the pass itself (eight
+ * rows, one run of memory) and Q32_PREFETCH_BYTES more, so that each row of the next pass
+ * is asked for before the pass reaches it whatever the rows' width (q32_block). */
+static INLINE int64_t q32_reach(int64_t row_bytes) { return KERNEL_ROWS * row_bytes + Q32_PREFETCH_BYTES; }
+
 /* One block of the eight rows w[j] (advanced past it) against nx inputs, added to acc[k],
  * after asking for the lines from *pf up to pf_to into L1 (dots_q32's prefetch cursor).
  *
@@ -480,9 +485,14 @@ SIMD static INLINE __m256 q32_d8(uint32_t type, const uint8_t *const w[8]) {
  * rows a pass, in the rows this pass reads anyway: a matrix streamed from memory then ran
  * at 55-58 ps a multiply-add against 37.5 for the one-row kernel (Q4_0, 16384 x 4096,
  * bench_vs_ggml --kernels --stream). A pass of eight rows is one run of memory
- * (8·row_bytes), so the kernel asks for that run Q32_PREFETCH_BYTES ahead as one stream, a
- * block's share (its eight rows' block bytes) with each block, and never past the end of
- * the rows it was given (the next rows may be another thread's). An earlier form asked,
+ * (8·row_bytes), so the kernel asks for the next passes as one stream q32_reach ahead (a
+ * pass and Q32_PREFETCH_BYTES), a block's share (its eight rows' block bytes) with each
+ * block, and never past the end of the rows it was given (the next rows may be another
+ * thread's). The stream Q32_PREFETCH_BYTES ahead of the pass's start, not of its end, had
+ * covered the 1024-wide rows below (a pass is 4.5 KiB) but not gpt-oss's 2880-wide MXFP4
+ * experts (12 KiB a pass: its last rows were asked for after they were read): that shape's
+ * decode fell from 10.3-10.7 to 8.7-8.9 tokens/s at one thread, and the pass added to the
+ * distance gave 11.2-11.3 back (fmoe generate, 24 tokens, docs/results.md). An earlier form asked,
  * every other block, for each row's bytes whole passes ahead, at least 16 KiB: the fastest
  * on one long streamed matrix (17.6-19.5 ps, Q4_0), but a decode step's chunks of 64 rows
  * (36 KiB of 1024-wide Q4_0) then had their first 16 KiB not asked for and their last
@@ -571,10 +581,10 @@ SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows,
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) w[j] = W + (j < nrows ? j : nrows - 1) * row_bytes;
     __m256 acc[MAXX];
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) acc[k] = _mm256_setzero_ps();
-    /* the pass's bytes Q32_PREFETCH_BYTES on, a block's share of them with each block
-     * (nrows blocks' bytes), never past pf_end */
+    /* the bytes q32_reach on, a block's share of them with each block (nrows blocks'
+     * bytes), never past pf_end */
     const int64_t share = nrows * fmoe__q32_block_bytes(type);
-    const uint8_t *pf = W + Q32_PREFETCH_BYTES, *pf_to = pf;
+    const uint8_t *pf = W + q32_reach(row_bytes), *pf_to = pf;
     for (int64_t i = 0; i < n; i += FMOE_QK8_0, a += FMOE_Q8_0_BYTES) {
         pf_to += share;
         q32_block(type, w, a, stride, nx, acc, &pf, pf_to < pf_end ? pf_to : pf_end);
@@ -586,11 +596,12 @@ SIMD static INLINE void dots_q32(const uint8_t *W, int64_t row_bytes, int nrows,
     }
 }
 
-/* The first Q32_PREFETCH_BYTES of a call's rows (at most `bytes`), asked for before its
+/* The first q32_reach bytes of a call's rows (at most `bytes`), asked for before its
  * first pass, whose own requests start that far on: without it, each of a decode step's
- * chunks began with 8 KiB left to the hardware prefetcher (see q32_block). */
-SIMD static INLINE void dots_q32_head(const uint8_t *W, int64_t bytes) {
-    const int64_t end = bytes < Q32_PREFETCH_BYTES ? bytes : Q32_PREFETCH_BYTES;
+ * chunks began with those bytes left to the hardware prefetcher (see q32_block). */
+SIMD static INLINE void dots_q32_head(const uint8_t *W, int64_t row_bytes, int64_t bytes) {
+    const int64_t reach = q32_reach(row_bytes);
+    const int64_t end = bytes < reach ? bytes : reach;
     for (int64_t o = 0; o < end; o += 64) _mm_prefetch((const char *)W + o, _MM_HINT_T0);
 }
 
