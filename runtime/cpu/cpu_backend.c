@@ -883,7 +883,6 @@ static void cpu_free(void *ctx) {
     free(c);
 }
 
-
 /* OpenBLAS on one thread, and its own workers stopped. The pthreads build starts a worker
  * per core when it loads, and each spins, yielding, for its thread timeout (about 0.1 s)
  * before it sleeps. fmoe calls OpenBLAS on one thread per pool worker, so those workers
