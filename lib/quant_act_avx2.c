@@ -316,16 +316,6 @@ static INLINE int q32_offset(uint32_t type) {
     default: return 0; /* Q4_1, Q5_1: unsigned codes as they are */
     }
 }
-#else
-/* 16 in each byte l whose bit l of m is set (the AVX2 build's fifth bits of Q5_0, Q5_1):
- * byte l given byte l/8 of m, then tested against bit l%8 */
-SIMD static INLINE __m256i fifth_bits(uint32_t m) {
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)m),
-        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
-}
 #endif
 
 /* The values of nibbles (and fifth bits) 0..31: the code, or the VNNI build's code +
@@ -344,29 +334,18 @@ SIMD static INLINE __m256i q32_levels(uint32_t type, __m256i q) {
                                    q);
     return q; /* Q4_0 and Q5_0: nibble (+ 16·fifth bit) is the code plus the offset */
 #else
-    if (type == FMOE_GGML_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-    if (type == FMOE_GGML_Q5_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(16));
-    if (type == FMOE_GGML_IQ4_NL) /* FMOE__IQ4NL_LEVELS */
-        return _mm256_shuffle_epi8(_mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-                                                    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113),
-                                   q);
-    if (type == FMOE_GGML_MXFP4) /* FMOE__MXFP4_LEVELS */
-        return _mm256_shuffle_epi8(_mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-                                                    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
-                                   q);
-    return q; /* Q4_1, Q5_1 */
+    return fmoe__q32_levels_avx2(type, q);
 #endif
 }
 
 /* Row A's block at wa and row B's at wb as lo and hi (above). */
 SIMD static INLINE void q32_pair(uint32_t type, const uint8_t *wa, const uint8_t *wb, __m256i *lo, __m256i *hi) {
-    const int qs_at = type == FMOE_GGML_MXFP4 ? 1 : type == FMOE_GGML_Q4_1 ? 4
-                    : type == FMOE_GGML_Q5_0 ? 6 : type == FMOE_GGML_Q5_1 ? 8 : 2;
+    const int qs_at = fmoe__q32_qs_at(type);
     const int q5 = type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1;
     uint32_t ha = 0, hb = 0; /* Q5_0's, Q5_1's fifth bits: qh bit l is code l's */
     if (q5) {
-        memcpy(&ha, wa + (type == FMOE_GGML_Q5_0 ? 2 : 4), 4);
-        memcpy(&hb, wb + (type == FMOE_GGML_Q5_0 ? 2 : 4), 4);
+        memcpy(&ha, wa + fmoe__q32_qh_at(type), 4);
+        memcpy(&hb, wb + fmoe__q32_qh_at(type), 4);
     }
 #ifdef FMOE_QUANT_ACT_VNNI
     if (q5) {
@@ -401,8 +380,8 @@ SIMD static INLINE void q32_pair(uint32_t type, const uint8_t *wa, const uint8_t
 #else
     __m256i h = _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(0x0F));
     if (q5) { /* bits 0-15 go with lo, 16-31 with hi */
-        l = _mm256_or_si256(l, fifth_bits((ha & 0xFFFFu) | (hb << 16)));
-        h = _mm256_or_si256(h, fifth_bits((ha >> 16) | (hb & 0xFFFF0000u)));
+        l = _mm256_or_si256(l, fmoe__q32_fifth((ha & 0xFFFFu) | (hb << 16)));
+        h = _mm256_or_si256(h, fmoe__q32_fifth((ha >> 16) | (hb & 0xFFFF0000u)));
     }
 #endif
     *lo = q32_levels(type, l);

@@ -189,10 +189,16 @@ static inline FMOE_HD void fmoe__q6_k_values(const uint8_t *b, int s, int l0, in
 /* IQ4_NL's 16 levels (ggml-common.h's kvalues_iq4nl): a format constant, not code. */
 #define FMOE__IQ4NL_LEVELS {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 
-/* Offset of qs in a block of `type` (one of the five). */
+/* Offset of qs in a block of `type` (one of the five, or MXFP4: its E8M0 scale is one
+ * byte), and (Q5_0, Q5_1) of qh. */
 static inline FMOE_HD int fmoe__q32_qs_at(uint32_t type) {
-    return type == FMOE_GGML_Q5_1 ? 8 : type == FMOE_GGML_Q5_0 ? 6 : type == FMOE_GGML_Q4_1 ? 4 : 2;
+    return type == FMOE_GGML_Q5_1   ? 8
+           : type == FMOE_GGML_Q5_0 ? 6
+           : type == FMOE_GGML_Q4_1 ? 4
+           : type == FMOE_GGML_MXFP4 ? 1
+                                     : 2;
 }
+static inline FMOE_HD int fmoe__q32_qh_at(uint32_t type) { return type == FMOE_GGML_Q5_0 ? 2 : 4; }
 
 /* The integer code of value l (0..31) of block b: 0..15 for the 4-bit types, 0..31 for
  * the 5-bit ones (before any offset or grid). */
@@ -200,7 +206,7 @@ static inline FMOE_HD int fmoe__q32_code(uint32_t type, const uint8_t *b, int l)
     const uint8_t byte = b[fmoe__q32_qs_at(type) + (l & 15)];
     int q = l < 16 ? byte & 0xF : byte >> 4;
     if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
-        const uint8_t *qh = b + (type == FMOE_GGML_Q5_0 ? 2 : 4);
+        const uint8_t *qh = b + fmoe__q32_qh_at(type);
         q |= ((qh[l >> 3] >> (l & 7)) & 1) << 4;
     }
     return q;

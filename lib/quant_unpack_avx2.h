@@ -15,6 +15,7 @@
 
 #include "dot_avx2.h"
 #include "fmoe/quant.h"
+#include "quant_block.h"
 
 #if defined(__x86_64__)
 
@@ -84,36 +85,44 @@ FMOE__AVX2 static inline __m256i fmoe__q32_nibbles(const uint8_t *qs) {
     return _mm256_and_si256(_mm256_blend_epi32(x, _mm256_srli_epi16(x, 4), 0xF0), _mm256_set1_epi8(0x0F));
 }
 
-FMOE__AVX2 static inline __m256i fmoe__q32_unpack(uint32_t type, const uint8_t *b) {
-    int qs_at = 2;
-    if (type == FMOE_GGML_MXFP4) qs_at = 1;
-    if (type == FMOE_GGML_Q4_1) qs_at = 4;
-    if (type == FMOE_GGML_Q5_0) qs_at = 6;
-    if (type == FMOE_GGML_Q5_1) qs_at = 8;
-    __m256i q = fmoe__q32_nibbles(b + qs_at);
-    if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
-        uint32_t h;
-        memcpy(&h, b + (type == FMOE_GGML_Q5_0 ? 2 : 4), 4);
-        const __m256i spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32((int)h),
-            _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-    }
-    if (type == FMOE_GGML_Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-    if (type == FMOE_GGML_Q5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+/* 16 in each byte l whose bit l of m is set (Q5_0's and Q5_1's fifth bits, in the byte
+ * order of fmoe__q32_nibbles): m broadcast, byte l given byte l/8 of it, then tested
+ * against bit l%8. */
+FMOE__AVX2 static inline __m256i fmoe__q32_fifth(uint32_t m) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)m),
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
+/* Each byte's code (0..15, or 0..31 with the fifth bit) as the type's value: Q4_0's and
+ * Q5_0's offset removed, IQ4_NL's and MXFP4's levels looked up, Q4_1's and Q5_1's as they
+ * are. */
+FMOE__AVX2 static inline __m256i fmoe__q32_levels_avx2(uint32_t type, __m256i q) {
+    if (type == FMOE_GGML_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    if (type == FMOE_GGML_Q5_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(16));
     if (type == FMOE_GGML_IQ4_NL) {
         const __m128i levels = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25,
                                              38, 53, 69, 89, 113); /* FMOE__IQ4NL_LEVELS */
-        q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels), q);
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels), q);
     }
     if (type == FMOE_GGML_MXFP4) {
         const __m128i levels = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8,
                                              -12); /* FMOE__MXFP4_LEVELS */
-        q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels), q);
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels), q);
     }
     return q;
+}
+
+FMOE__AVX2 static inline __m256i fmoe__q32_unpack(uint32_t type, const uint8_t *b) {
+    __m256i q = fmoe__q32_nibbles(b + fmoe__q32_qs_at(type));
+    if (type == FMOE_GGML_Q5_0 || type == FMOE_GGML_Q5_1) {
+        uint32_t h;
+        memcpy(&h, b + fmoe__q32_qh_at(type), 4);
+        q = _mm256_or_si256(q, fmoe__q32_fifth(h));
+    }
+    return fmoe__q32_levels_avx2(type, q);
 }
 
 #endif /* __x86_64__ */
