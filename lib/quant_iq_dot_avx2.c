@@ -171,8 +171,55 @@ SIMD static INLINE __m256i corr_even_odd(__m256i scales, int B) {
     (NX > 1 ? _mm256_madd_epi16((corr), fmoe__r1_load(a + (k) * as + FMOE__Q8K_BSUMS))             \
             : _mm256_setzero_si256())
 
+#if defined(FMOE__R1_VNNI)
+/* The eight 7-bit sign sets of 64 values (two uint32 of four sets, a 4-bit scale on top
+ * of each) as a 64-bit mask, bit i set where value i is negative, computed rather than
+ * looked up (ksign_bytes is four loads per 32 values, and the loads bound this kernel):
+ * the sets to bytes (pext, pdep), each byte's eighth bit made the parity of its seven by
+ * one GF(2) affine map (output bit i < 7 is input bit i, bit 7 the parity of bits 0..6:
+ * ggml's keven_signs), each byte spread over its 8 values and tested against the value's
+ * bit. */
+SIMD static INLINE __mmask64 ksigns_mask64(uint64_t aux2) {
+    const uint64_t sets = _pdep_u64(_pext_u64(aux2, 0x0FFFFFFF0FFFFFFFull), 0x7F7F7F7F7F7F7F7Full);
+    const __m128i full = _mm_gf2p8affine_epi64_epi8(_mm_cvtsi64_si128((long long)sets),
+                                                    _mm_set1_epi64x(0x010204081020407Fll), 0);
+    /* 128-bit lane L: bytes 0-7 from set 2L, 8-15 from set 2L + 1 */
+    const __m512i spread = _mm512_shuffle_epi8(
+        _mm512_broadcastq_epi64(full),
+        _mm512_set_epi64(0x0707070707070707, 0x0606060606060606, 0x0505050505050505, 0x0404040404040404,
+                         0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    return _mm512_test_epi8_mask(spread, _mm512_set1_epi64((long long)0x8040201008040201ULL));
+}
+
+/* The scales of group pair (ib, ib + 1) from sc, whose dword step·j holds group j's scale
+ * in both words: ib's in every dword of the low half, ib + 1's in the high half. */
+SIMD static INLINE __m512i scale_pair64(__m512i sc, int ib, int step) {
+    const long long lo = 0x0000000100000001ll * (step * ib), hi = 0x0000000100000001ll * (step * (ib + 1));
+    return _mm512_permutexvar_epi32(_mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo), sc);
+}
+
+/* acc[k] += the int16 pair sums of 64 unsigned grid values g times input k's 64
+ * activation bytes from 32·ib, negated where neg, times the scales sc (vpdpwssd). */
+SIMD static INLINE void dot64_signed(__m512i *acc, __m512i g, __mmask64 neg, __m512i sc,
+                                     const uint8_t *a, int64_t as, int NX, int ib) {
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
+        const __m512i x = _mm512_loadu_si512(a + k * as + FMOE__Q8K_Q + 32 * ib);
+        const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+        acc[k] = _mm512_dpwssd_epi32(acc[k], _mm512_maddubs_epi16(g, xs), sc);
+    }
+}
+
+/* The two halves' sums: the block's integer vector as the 256-bit kernels give it. */
+SIMD static INLINE void fold64(const __m512i *acc, int NX, __m256i *v) {
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++)
+        v[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc[k]), _mm512_extracti64x4_epi64(acc[k], 1));
+}
+
+#endif
+
 /* IQ2_XXS: per 32 values 8 bytes, four grid indices then a uint32 of four 7-bit sign sets
  * and the 4-bit scale on top. */
+#if !defined(FMOE__R1_VNNI)
 SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
@@ -191,6 +238,28 @@ SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t
     }
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
+#else
+/* IQ2_XXS as IQ3_XXS below, 64 values a step: the 64 block bytes as qwords, group j's in
+ * qword j (four indices, then four sign sets with the scale on top). */
+SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                        __m256i *v) {
+    const uint8_t *q = b + 2;
+    const __m512i ls = _mm512_srli_epi64(_mm512_loadu_si512(q), 60);
+    const __m512i sc1 = _mm512_add_epi64(_mm512_add_epi64(ls, ls), _mm512_set1_epi64(1));
+    const __m512i sc = _mm512_or_si512(sc1, _mm512_slli_epi64(sc1, 16));
+    __m512i acc[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, q += 16) {
+        const uint64_t a2 = (uint64_t)fmoe__r1_le32(q + 4) | (uint64_t)fmoe__r1_le32(q + 12) << 32;
+        const __m512i g = _mm512_inserti64x4(
+            _mm512_castsi256_si512(points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3])),
+            points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]), 1);
+        dot64_signed(acc, g, ksigns_mask64(a2), scale_pair64(sc, ib, 2), a, as, NX, ib);
+    }
+    fold64(acc, NX, v);
+}
+#endif
 
 /* IQ2_XS: per 8 values a uint16, a 9-bit grid index under 7 sign bits; a 4-bit scale per
  * 16 values at 66. */
@@ -269,6 +338,7 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
 
 /* IQ3_XXS: a grid index (4 values) a byte; per 32 values a uint32 at 66 + 4ib of four
  * 7-bit sign sets and the 4-bit scale on top. */
+#if !defined(FMOE__R1_VNNI)
 SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     const uint8_t *q = b + 2, *aux = b + 66;
@@ -288,6 +358,32 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
     }
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
+#else
+/* IQ3_XXS in 512-bit registers, 64 values (two groups of 32) a step: the same integer,
+ * group 2j's sums in the low half, 2j + 1's in the high half, as acc0 and acc1 above. The
+ * scales 2ls + 1 of the block's eight groups formed once, as dwords of two equal words
+ * (vpdpwssd's pairs). */
+SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                        __m256i *v) {
+    const uint8_t *q = b + 2, *aux = b + 66;
+    const __m256i ls = _mm256_srli_epi32(fmoe__r1_load(aux), 28);
+    const __m256i sc1 = _mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1));
+    const __m512i sc = _mm512_castsi256_si512(_mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16)));
+    __m512i acc[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, q += 16, aux += 8) {
+        const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
+        const uint32_t i1[8] = {q[8], q[9], q[10], q[11], q[12], q[13], q[14], q[15]};
+        const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(points8(fmoe__iq3xxs_grid, i0)),
+                                             points8(fmoe__iq3xxs_grid, i1), 1);
+        uint64_t aux2;
+        memcpy(&aux2, aux, 8);
+        dot64_signed(acc, g, ksigns_mask64(aux2), scale_pair64(sc, ib, 1), a, as, NX, ib);
+    }
+    fold64(acc, NX, v);
+}
+#endif
 
 /* IQ3_S: per 4 values a 9-bit index, qs[k] and bit k % 8 of qh[k / 8]; sign bits 8 a byte
  * at 74; a 4-bit scale per 32 values at 106. */
