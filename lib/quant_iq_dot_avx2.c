@@ -172,16 +172,30 @@ SIMD static INLINE __m256i corr_even_odd(__m256i scales, int B) {
             : _mm256_setzero_si256())
 
 #if defined(FMOE__R1_VNNI)
-/* The eight 7-bit sign sets of 64 values (two uint32 of four sets, a 4-bit scale on top
- * of each) as a 64-bit mask, bit i set where value i is negative, computed rather than
- * looked up (ksign_bytes is four loads per 32 values, and the loads bound this kernel):
- * the sets to bytes (pext, pdep), each byte's eighth bit made the parity of its seven by
- * one GF(2) affine map (output bit i < 7 is input bit i, bit 7 the parity of bits 0..6:
- * ggml's keven_signs), each byte spread over its 8 values and tested against the value's
- * bit. */
-SIMD static INLINE __mmask64 ksigns_mask64(uint64_t aux2) {
-    const uint64_t sets = _pdep_u64(_pext_u64(aux2, 0x0FFFFFFF0FFFFFFFull), 0x7F7F7F7F7F7F7F7Full);
-    const __m128i full = _mm_gf2p8affine_epi64_epi8(_mm_cvtsi64_si128((long long)sets),
+/* The scales of 64 values from sc, whose dwords hold one scale each in both words: dword
+ * i0 in every dword of the 128-bit quarter 0 (16 values), i1 in quarter 1, and so on. */
+SIMD static INLINE __m512i scales64(__m512i sc, int i0, int i1, int i2, int i3) {
+    return _mm512_permutexvar_epi32(_mm512_set_epi32(i3, i3, i3, i3, i2, i2, i2, i2, i1, i1, i1, i1,
+                                                     i0, i0, i0, i0),
+                                    sc);
+}
+
+/* A scale a dword for each of eight 32-value groups, or sixteen 16-value ones: 2ls + 1
+ * in both words of the dword, vpdpwssd's pairs. */
+SIMD static INLINE __m512i scale_words(__m512i ls) {
+    const __m512i s = _mm512_add_epi32(_mm512_add_epi32(ls, ls), _mm512_set1_epi32(1));
+    return _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
+}
+
+/* Eight 7-bit sign sets (set j at bits 7j, for values 8j .. 8j + 7) as a 64-bit mask, bit
+ * i set where value i is negative, computed rather than looked up (ksign_bytes is four
+ * loads per 32 values, and the loads bound these kernels): the sets to bytes (pdep), each
+ * byte's eighth bit made the parity of its seven by one GF(2) affine map (output bit i < 7
+ * is input bit i, bit 7 the parity of bits 0..6: ggml's keven_signs), each byte spread
+ * over its 8 values and tested against the value's bit. */
+SIMD static INLINE __mmask64 ksigns_mask64(uint64_t sets) {
+    const uint64_t bytes = _pdep_u64(sets, 0x7F7F7F7F7F7F7F7Full);
+    const __m128i full = _mm_gf2p8affine_epi64_epi8(_mm_cvtsi64_si128((long long)bytes),
                                                     _mm_set1_epi64x(0x010204081020407Fll), 0);
     /* 128-bit lane L: bytes 0-7 from set 2L, 8-15 from set 2L + 1 */
     const __m512i spread = _mm512_shuffle_epi8(
@@ -191,12 +205,22 @@ SIMD static INLINE __mmask64 ksigns_mask64(uint64_t aux2) {
     return _mm512_test_epi8_mask(spread, _mm512_set1_epi64((long long)0x8040201008040201ULL));
 }
 
-/* The scales of group pair (ib, ib + 1) from sc, whose dword step·j holds group j's scale
- * in both words: ib's in every dword of the low half, ib + 1's in the high half. */
-SIMD static INLINE __m512i scale_pair64(__m512i sc, int ib, int step) {
-    const long long lo = 0x0000000100000001ll * (step * ib), hi = 0x0000000100000001ll * (step * (ib + 1));
-    return _mm512_permutexvar_epi32(_mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo), sc);
+/* Two uint32 of four 7-bit sign sets with a 4-bit scale on top (IQ2_XXS, IQ3_XXS), the
+ * first in the low half, as ksigns_mask64's eight sets. */
+SIMD static INLINE uint64_t sets_of_aux(uint64_t aux2) {
+    return _pext_u64(aux2, 0x0FFFFFFF0FFFFFFFull);
 }
+
+/* Sixteen 4-bit scales two a byte (IQ2_XS, IQ2_S; scale j of 16 values at nibble j) as
+ * scale_words' dwords. */
+SIMD static INLINE __m512i nibble_scale_words(const uint8_t *p) {
+    const __m128i sb = _mm_loadl_epi64((const __m128i *)p);
+    const __m512i ls = _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sb, sb)),
+                                                          _mm512_set4_epi32(4, 0, 4, 0)),
+                                        _mm512_set1_epi32(15));
+    return scale_words(ls);
+}
+
 
 /* acc[k] += the int16 pair sums of 64 unsigned grid values g times input k's 64
  * activation bytes from 32·ib, negated where neg, times the scales sc (vpdpwssd). */
@@ -244,9 +268,7 @@ SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t
 SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     const uint8_t *q = b + 2;
-    const __m512i ls = _mm512_srli_epi64(_mm512_loadu_si512(q), 60);
-    const __m512i sc1 = _mm512_add_epi64(_mm512_add_epi64(ls, ls), _mm512_set1_epi64(1));
-    const __m512i sc = _mm512_or_si512(sc1, _mm512_slli_epi64(sc1, 16));
+    const __m512i sc = scale_words(_mm512_srli_epi64(_mm512_loadu_si512(q), 60));
     __m512i acc[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
@@ -255,7 +277,7 @@ SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t
         const __m512i g = _mm512_inserti64x4(
             _mm512_castsi256_si512(points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3])),
             points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]), 1);
-        dot64_signed(acc, g, ksigns_mask64(a2), scale_pair64(sc, ib, 2), a, as, NX, ib);
+        dot64_signed(acc, g, ksigns_mask64(sets_of_aux(a2)), scales64(sc, 2 * ib, 2 * ib, 2 * ib + 2, 2 * ib + 2), a, as, NX, ib);
     }
     fold64(acc, NX, v);
 }
@@ -263,8 +285,40 @@ SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t
 
 /* IQ2_XS: per 8 values a uint16, a 9-bit grid index under 7 sign bits; a 4-bit scale per
  * 16 values at 66. */
+#if defined(FMOE__R1_VNNI)
+/* IQ2_XS, one input, in 512-bit registers, 64 values a step: the eight words' sign sets
+ * (their top 7 bits) gathered by pext into ksigns_mask64's mask, a scale per 16 values
+ * one per 128-bit quarter. Several inputs take the 256-bit form below, whose codes with
+ * the signs applied serve every input. */
+SIMD static INLINE void isum_iq2_xs_one(const uint8_t *b, const uint8_t *a, __m256i *v) {
+    const __m512i sc = nibble_scale_words(b + 66);
+    __m512i acc = _mm512_setzero_si512();
+    const uint8_t *q = b + 2;
+    _Pragma("GCC unroll 4")
+    for (int ib = 0; ib < 8; ib += 2, q += 16) {
+        uint16_t w[8];
+        memcpy(w, q, 16);
+        uint64_t w0, w1;
+        memcpy(&w0, q, 8);
+        memcpy(&w1, q + 8, 8);
+        const uint64_t sets = _pext_u64(w0, 0xFE00FE00FE00FE00ull) | _pext_u64(w1, 0xFE00FE00FE00FE00ull) << 28;
+        const __m512i g = _mm512_inserti64x4(
+            _mm512_castsi256_si512(points4(fmoe__iq2xs_grid, w[0] & 511, w[1] & 511, w[2] & 511, w[3] & 511)),
+            points4(fmoe__iq2xs_grid, w[4] & 511, w[5] & 511, w[6] & 511, w[7] & 511), 1);
+        dot64_signed(&acc, g, ksigns_mask64(sets), scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3), a, 0, 1, ib);
+    }
+    fold64(&acc, 1, v);
+}
+#endif
+
 SIMD static INLINE void isum_iq2_xs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                        __m256i *v) {
+#if defined(FMOE__R1_VNNI)
+    if (NX == 1) {
+        isum_iq2_xs_one(b, a, v);
+        return;
+    }
+#endif
     const __m256i scales = nibble_scales(b + 66);
     /* The 32 sign sets as bytes, formed at once: each word's top 7 bits, packed (lane-wise:
      * put back in order), with the parity of the seven as bit 7 (the nibbles' bit counts by
@@ -304,6 +358,7 @@ SIMD static INLINE void isum_iq2_xs(const uint8_t *b, const uint8_t *a, int64_t 
 
 /* IQ2_S: per 8 values the low 8 bits of a 10-bit index in qs[k], its top 2 bits in
  * qh[k / 4] (bits 2(k % 4)), 8 plain sign bits in qs[32 + k]; scales as IQ2_XS at 74. */
+#if !defined(FMOE__R1_VNNI)
 SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                       __m256i *v) {
     const __m256i scales = nibble_scales(b + 74);
@@ -335,6 +390,32 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
     }
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
+#else
+/* IQ2_S in 512-bit registers, 64 values a step: the stored sign bits are the negation
+ * mask, and a scale per 16 values is one per 128-bit quarter. */
+SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                      __m256i *v) {
+    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
+    const __m512i sc = nibble_scale_words(b + 74);
+    __m512i acc[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8) {
+        /* four indices as the words of one register (qh's 2-bit fields to bits 8, 9: pdep) */
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(qh[ib], 0x0300030003000300ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(qh[ib + 1], 0x0300030003000300ull);
+        const __m512i g = _mm512_inserti64x4(
+            _mm512_castsi256_si512(points4(fmoe__iq2s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
+            points4(fmoe__iq2s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1);
+        uint64_t neg;
+        memcpy(&neg, signs, 8);
+        dot64_signed(acc, g, (__mmask64)neg, scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3), a, as, NX, ib);
+    }
+    fold64(acc, NX, v);
+}
+#endif
 
 /* IQ3_XXS: a grid index (4 values) a byte; per 32 values a uint32 at 66 + 4ib of four
  * 7-bit sign sets and the 4-bit scale on top. */
@@ -366,9 +447,7 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
 SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     const uint8_t *q = b + 2, *aux = b + 66;
-    const __m256i ls = _mm256_srli_epi32(fmoe__r1_load(aux), 28);
-    const __m256i sc1 = _mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1));
-    const __m512i sc = _mm512_castsi256_si512(_mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16)));
+    const __m512i sc = scale_words(_mm512_castsi256_si512(_mm256_srli_epi32(fmoe__r1_load(aux), 28)));
     __m512i acc[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
@@ -379,7 +458,7 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
                                              points8(fmoe__iq3xxs_grid, i1), 1);
         uint64_t aux2;
         memcpy(&aux2, aux, 8);
-        dot64_signed(acc, g, ksigns_mask64(aux2), scale_pair64(sc, ib, 1), a, as, NX, ib);
+        dot64_signed(acc, g, ksigns_mask64(sets_of_aux(aux2)), scales64(sc, ib, ib, ib + 1, ib + 1), a, as, NX, ib);
     }
     fold64(acc, NX, v);
 }
@@ -387,6 +466,7 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
 
 /* IQ3_S: per 4 values a 9-bit index, qs[k] and bit k % 8 of qh[k / 8]; sign bits 8 a byte
  * at 74; a 4-bit scale per 32 values at 106. */
+#if !defined(FMOE__R1_VNNI)
 SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                       __m256i *v) {
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
@@ -413,6 +493,39 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
     }
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) v[k] = _mm256_add_epi32(acc0[k], acc1[k]);
 }
+#else
+/* IQ3_S in 512-bit registers, 64 values a step: the 16 indices' top bits by a mask move
+ * of qh's two bytes, the 64 stored sign bits are the negation mask as they are. */
+SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
+                                      __m256i *v) {
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
+    /* scale j: nibble j of the uint32 at 106 */
+    const __m256i ls = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)fmoe__r1_le32(b + 106)),
+                                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(15));
+    const __m512i sc = scale_words(_mm512_castsi256_si512(ls));
+    __m512i acc[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, qs += 16, signs += 8) {
+        const unsigned h = fmoe__r1_le16(qh + ib);
+        uint64_t x[4];
+        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
+            x[t] = _pdep_u64(fmoe__r1_le32(qs + 4 * t), 0x00FF00FF00FF00FFull) |
+                   _pdep_u64(h >> 4 * t, 0x0100010001000100ull);
+        const uint32_t idx[16] = {x[0] & 0xFFFF, (x[0] >> 16) & 0xFFFF, (x[0] >> 32) & 0xFFFF, x[0] >> 48,
+                                  x[1] & 0xFFFF, (x[1] >> 16) & 0xFFFF, (x[1] >> 32) & 0xFFFF, x[1] >> 48,
+                                  x[2] & 0xFFFF, (x[2] >> 16) & 0xFFFF, (x[2] >> 32) & 0xFFFF, x[2] >> 48,
+                                  x[3] & 0xFFFF, (x[3] >> 16) & 0xFFFF, (x[3] >> 32) & 0xFFFF, x[3] >> 48};
+        const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(points8(fmoe__iq3s_grid, idx)),
+                                             points8(fmoe__iq3s_grid, idx + 8), 1);
+        uint64_t neg;
+        memcpy(&neg, signs, 8);
+        dot64_signed(acc, g, (__mmask64)neg, scales64(sc, ib, ib, ib + 1, ib + 1), a, as, NX, ib);
+    }
+    fold64(acc, NX, v);
+}
+#endif
 
 /* IQ1_S: per 32 values a uint16 qh at 34 + 2ib (four 3-bit index tops, a 3-bit scale at
  * bit 12, the offset's sign at bit 15), per 8 values the index's low 8 bits. The code is
