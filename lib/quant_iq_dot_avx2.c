@@ -552,26 +552,47 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
      * multiply-add, one input 39.5 either way). */
     const __m128i off = _mm_sub_epi16(scd, _mm_slli_epi16(sc, 3));
     const __m256i off16 = _mm256_set_m128i(_mm_unpackhi_epi16(off, off), _mm_unpacklo_epi16(off, off));
+#if defined(FMOE__R1_VNNI)
+    /* 64 values a step in 512-bit registers: g + 1 of both groups in one register, the
+     * scales 2ls + 1 a dword per 32 values (bits 12-14 of qh), one permute a step */
+    const __m512i sc64 = scale_words(_mm512_castsi256_si512(
+        _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu16_epi32(qh), 12), _mm256_set1_epi32(7))));
+    __m512i acc[FMOE__R1_XMAX];
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8")
+    for (int ib = 0; ib < 8; ib += 2, qs += 8) {
+        const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(h0 & 0xFFFu, 0x0700070007000700ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(h1 & 0xFFFu, 0x0700070007000700ull);
+        const __m512i u = _mm512_add_epi8(
+            _mm512_inserti64x4(
+                _mm512_castsi256_si512(points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
+                points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1),
+            _mm512_set1_epi8(1));
+        const __m512i scj = scales64(sc64, ib, ib, ib + 1, ib + 1);
+        _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_dpwssd_epi32(
+            acc[k], _mm512_maddubs_epi16(u, _mm512_loadu_si512(a + k * as + FMOE__Q8K_Q + 32 * ib)), scj);
+    }
+    __m256i sums[FMOE__R1_XMAX];
+    fold64(acc, NX, sums);
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
+        const __m256i offset = _mm256_madd_epi16(off16, fmoe__r1_load(a + k * as + FMOE__Q8K_BSUMS));
+        v[k] = _mm256_add_epi32(_mm256_slli_epi32(sums[k], 3), offset);
+    }
+}
+#else
     const __m256i one = _mm256_set1_epi8(1);
     __m256i acc0[FMOE__R1_XMAX], acc1[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
-#if defined(FMOE__R1_VNNI)
-        /* four indices as the words of one register (qh's 3-bit fields to bits 8..10: pdep) */
-        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(h0 & 0xFFFu, 0x0700070007000700ull);
-        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(h1 & 0xFFFu, 0x0700070007000700ull);
-        const __m256i g0 = points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48);
-        const __m256i g1 = points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48);
-#else
         const __m256i g0 = points4(fmoe__iq1s_grid, qs[0] | (h0 & 7) << 8, qs[1] | (h0 & 0x38) << 5,
                                    qs[2] | (h0 & 0x1C0) << 2, qs[3] | (h0 & 0xE00) >> 1);
         const __m256i g1 = points4(fmoe__iq1s_grid, qs[4] | (h1 & 7) << 8, qs[5] | (h1 & 0x38) << 5,
                                    qs[6] | (h1 & 0x1C0) << 2, qs[7] | (h1 & 0xE00) >> 1);
-#endif
         const int sc0 = 2 * (int)((h0 >> 12) & 7) + 1, sc1 = 2 * (int)((h1 >> 12) & 7) + 1;
         const __m256i u0 = _mm256_add_epi8(g0, one), u1 = _mm256_add_epi8(g1, one);
         _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
@@ -584,6 +605,7 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
         v[k] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_add_epi32(acc0[k], acc1[k]), 3), offset);
     }
 }
+#endif
 
 /* IQ1_M's δ of each group of 8 values as byte k of 32, -1 where bit 3 of nibble k % 2 of
  * qh[k / 2] is set, else 1: each qh byte taken twice, the even copies multiplied by 256
@@ -600,6 +622,53 @@ SIMD static INLINE __m256i iq1_m_deltas(const uint8_t *qh) {
     return _mm256_or_si256(_mm256_permute4x64_epi64(dw, 0xD8), _mm256_set1_epi8(1));
 }
 
+#if defined(FMOE__R1_VNNI)
+/* IQ1_M, one input, in 512-bit registers, 64 values a step: the codes 8g + δ as bytes,
+ * code + 16 maddubs's unsigned operand (no sign op on the activations), the bias taken out
+ * once a block through the input's sums of 16 (bsums); a scale per 16 values (3 bits at 3(s % 4) of the uint16 s / 4 at 48),
+ * one per 128-bit quarter. Several inputs take the 256-bit form below, whose biased codes
+ * serve every input. */
+SIMD static INLINE void isum_iq1_m_one(const uint8_t *b, const uint8_t *a, __m256i *v) {
+    const uint8_t *qs = b, *qh = b + 32;
+    /* dword s: word s / 4 moved to its low half, shifted by 3(s % 4) */
+    const __m512i words = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(b + 48)));
+    const __m512i wsel = _mm512_permutexvar_epi16(
+        _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), words);
+    const __m512i sc = scale_words(_mm512_and_si512(
+        _mm512_srlv_epi32(wsel, _mm512_set4_epi32(9, 6, 3, 0)), _mm512_set1_epi32(7)));
+    const __m256i dall = iq1_m_deltas(qh); /* δ of group k (8 values) as byte k */
+    const __m512i dz = _mm512_castsi256_si512(dall);
+    /* 128-bit lane L of a step: bytes 0-7 from group 2L, 8-15 from 2L + 1 */
+    const __m512i spread = _mm512_set_epi64(0x0707070707070707, 0x0606060606060606, 0x0505050505050505,
+                                            0x0404040404040404, 0x0303030303030303, 0x0202020202020202,
+                                            0x0101010101010101, 0);
+    __m512i acc = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4")
+    for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4) {
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(fmoe__r1_le16(qh) & 0x7777u, 0x0F000F000F000F00ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(fmoe__r1_le16(qh + 2) & 0x7777u, 0x0F000F000F000F00ull);
+        const __m512i g = _mm512_inserti64x4(
+            _mm512_castsi256_si512(points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
+            points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1);
+        /* the step's eight δ bytes (qword ib / 2 of dall) spread over their values */
+        const __m512i d = _mm512_shuffle_epi8(_mm512_permutexvar_epi64(_mm512_set1_epi64(ib / 2), dz), spread);
+        /* 8g by a 16-bit shift, the bits shifted in from the byte below cleared: g is -1, 0, 1 */
+        const __m512i c = _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16(g, 3), _mm512_set1_epi8((char)0xF8)), d);
+        const __m512i u = _mm512_add_epi8(c, _mm512_set1_epi8(16));
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u, _mm512_loadu_si512(a + FMOE__Q8K_Q + 32 * ib)),
+                                  scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3));
+    }
+    /* the bias out: - Σ_s 16·sc_s·(the input's sum of the 16 values s) */
+    const __m256i sc16 = _mm512_cvtepi32_epi16(sc);
+    const __m256i bias = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 4)),
+                                           fmoe__r1_load(a + FMOE__Q8K_BSUMS));
+    fold64(&acc, 1, v);
+    *v = _mm256_add_epi32(*v, bias);
+}
+#endif
+
 /* IQ1_M: per 8 values the index's low 8 bits in qs[k] and a nibble of qh (k even: the low
  * one) holding its top 3 bits and the offset's sign (bit 3); a 3-bit scale per 16 values,
  * four to each uint16 at 48 (their top nibbles are d). The code 8g + δ (δ = ±1 per 8
@@ -608,6 +677,12 @@ SIMD static INLINE __m256i iq1_m_deltas(const uint8_t *qh) {
  * then madd by the scale of its 16. */
 SIMD static INLINE void isum_iq1_m(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                       __m256i *v) {
+#if defined(FMOE__R1_VNNI)
+    if (NX == 1) {
+        isum_iq1_m_one(b, a, v);
+        return;
+    }
+#endif
     const uint8_t *qs = b, *qh = b + 32;
     /* scale s = bits 3(s % 4) of word s / 4, as int16 2ls + 1, even s in the low lane */
     uint64_t words;
