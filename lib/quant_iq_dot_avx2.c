@@ -850,13 +850,24 @@ SIMD static INLINE __m256i x8_scales(__m256i ls) {
     return _mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1));
 }
 
+/* Sub-blocks 2p, 2p + 1's codes q + 128 from their grid values g and the mask of their
+ * negative values: g + 128 (g < 128) or 128 - g, into gu[2p], gu[2p + 1]. */
+SIMD static INLINE void x8_codes_pair(__m512i g, __mmask64 neg, __m256i *gu) {
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    const __m512i u = _mm512_mask_sub_epi8(_mm512_xor_si512(g, bias), neg, bias, g);
+    gu[0] = _mm512_castsi512_si256(u);
+    gu[1] = _mm512_extracti64x4_epi64(u, 1);
+}
+
 SIMD static INLINE __m256i codes8_iq2_xxs(const uint8_t *b, __m256i *gu, __m256i *sc2) {
     (void)sc2;
     const uint8_t *q = b + 2;
-    _Pragma("GCC unroll 8")
-    for (int j = 0; j < 8; j++, q += 8) {
-        const __m256i g = points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3]);
-        gu[j] = _mm256_xor_si256(_mm256_sign_epi8(g, ksigns4(fmoe__r1_le32(q + 4))), _mm256_set1_epi8((char)0x80));
+    _Pragma("GCC unroll 4")
+    for (int p = 0; p < 4; p++, q += 16) {
+        const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3])),
+                                             points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]), 1);
+        const uint64_t a2 = (uint64_t)fmoe__r1_le32(q + 4) | (uint64_t)fmoe__r1_le32(q + 12) << 32;
+        x8_codes_pair(g, ksigns_mask64(sets_of_aux(a2)), gu + 2 * p);
     }
     /* the scales: the top nibbles of the odd dwords (sign sets and scale) of the 64 bytes */
     const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
@@ -868,27 +879,38 @@ SIMD static INLINE __m256i codes8_iq2_xxs(const uint8_t *b, __m256i *gu, __m256i
 SIMD static INLINE __m256i codes8_iq3_xxs(const uint8_t *b, __m256i *gu, __m256i *sc2) {
     (void)sc2;
     const uint8_t *q = b + 2, *aux = b + 66;
-    _Pragma("GCC unroll 8")
-    for (int j = 0; j < 8; j++, q += 8) {
-        const uint32_t i8[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
-        const __m256i g = points8(fmoe__iq3xxs_grid, i8);
-        gu[j] = _mm256_xor_si256(_mm256_sign_epi8(g, ksigns4(fmoe__r1_le32(aux + 4 * j))), _mm256_set1_epi8((char)0x80));
+    _Pragma("GCC unroll 4")
+    for (int p = 0; p < 4; p++, q += 16, aux += 8) {
+        const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
+        const uint32_t i1[8] = {q[8], q[9], q[10], q[11], q[12], q[13], q[14], q[15]};
+        const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(points8(fmoe__iq3xxs_grid, i0)),
+                                             points8(fmoe__iq3xxs_grid, i1), 1);
+        uint64_t aux2;
+        memcpy(&aux2, aux, 8);
+        x8_codes_pair(g, ksigns_mask64(sets_of_aux(aux2)), gu + 2 * p);
     }
-    return x8_scales(_mm256_srli_epi32(fmoe__r1_load(aux), 28));
+    return x8_scales(_mm256_srli_epi32(fmoe__r1_load(b + 66), 28));
 }
 
 SIMD static INLINE __m256i codes8_iq3_s(const uint8_t *b, __m256i *gu, __m256i *sc2) {
     (void)sc2;
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
-    const __m256i lane = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
-    _Pragma("GCC unroll 8")
-    for (int j = 0; j < 8; j++) {
-        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * j)));
-        const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(qh[j]), lane), bit8);
-        uint32_t idx[8] __attribute__((aligned(32)));
-        _mm256_store_si256((__m256i *)idx, _mm256_or_si256(lo, hi));
-        const __m256i g = points8(fmoe__iq3s_grid, idx);
-        gu[j] = _mm256_xor_si256(_mm256_sign_epi8(g, signs32(fmoe__r1_le32(signs + 4 * j))), _mm256_set1_epi8((char)0x80));
+    _Pragma("GCC unroll 4")
+    for (int p = 0; p < 4; p++, qs += 16, signs += 8) {
+        const unsigned h = fmoe__r1_le16(qh + 2 * p);
+        uint64_t x[4];
+        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
+            x[t] = _pdep_u64(fmoe__r1_le32(qs + 4 * t), 0x00FF00FF00FF00FFull) |
+                   _pdep_u64(h >> 4 * t, 0x0100010001000100ull);
+        const uint32_t idx[16] = {x[0] & 0xFFFF, (x[0] >> 16) & 0xFFFF, (x[0] >> 32) & 0xFFFF, x[0] >> 48,
+                                  x[1] & 0xFFFF, (x[1] >> 16) & 0xFFFF, (x[1] >> 32) & 0xFFFF, x[1] >> 48,
+                                  x[2] & 0xFFFF, (x[2] >> 16) & 0xFFFF, (x[2] >> 32) & 0xFFFF, x[2] >> 48,
+                                  x[3] & 0xFFFF, (x[3] >> 16) & 0xFFFF, (x[3] >> 32) & 0xFFFF, x[3] >> 48};
+        const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(points8(fmoe__iq3s_grid, idx)),
+                                             points8(fmoe__iq3s_grid, idx + 8), 1);
+        uint64_t neg;
+        memcpy(&neg, signs, 8);
+        x8_codes_pair(g, (__mmask64)neg, gu + 2 * p);
     }
     const __m256i ls = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)fmoe__r1_le32(b + 106)),
                                                           _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),

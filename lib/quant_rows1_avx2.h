@@ -340,15 +340,19 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
  * the scales and the bsums' sums in scalar code 10.7; as here 9.3. */
 enum { FMOE__R1_X8_CHUNK = 4, FMOE__R1_X8_ROWS_N = 16 };
 
-/* The repacked blocks: per block, step t (values 4t .. 4t + 3) the eight inputs' four
- * bytes as dwords 0..7; per sub-block the chains' start -128·Σ a per input; da per
- * input. */
+/* The repacked blocks: per block, step s (values 4s .. 4s + 3) of sub-block j the eight
+ * inputs' four bytes as dwords 0..7, at q[fmoe__r1_x8_at(j, s)]: sub-blocks 2p and 2p + 1
+ * side by side at each step, one 64-byte load for both (fmoe__r1_x8_dots); per sub-block
+ * the chains' start -128·Σ a per input; da per input. */
 struct fmoe__r1_x8 {
     uint8_t q[FMOE__R1_X8_CHUNK][64][32];
     int32_t neg[FMOE__R1_X8_CHUNK][8][8];
     int32_t neg16[FMOE__R1_X8_CHUNK][16][8]; /* the same per 16 values (halves set) */
     float da[FMOE__R1_X8_CHUNK][8];
 };
+
+/* Where step s (0..7) of sub-block j (0..7) lies in a block's q. */
+static FMOE__R1_INLINE int fmoe__r1_x8_at(int j, int s) { return ((j >> 1) * 8 + s) * 2 + (j & 1); }
 
 /* The 8 x 8 dword transpose of r[0..7] into o[0..7]: dword k of o[m] is dword m of r[k]. */
 FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_transpose8x8(const __m256i *r, __m256i *o) {
@@ -383,7 +387,7 @@ FMOE__R1 static void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int64_t i0
                 r[k] = fmoe__r1_load(ab + k * as + FMOE__Q8K_Q + 32 * j);
             fmoe__r1_transpose8x8(r, o);
             _Pragma("GCC unroll 8") for (int m = 0; m < 8; m++)
-                _mm256_store_si256((__m256i *)x->q[c][8 * j + m], o[m]);
+                _mm256_store_si256((__m256i *)x->q[c][fmoe__r1_x8_at(j, m)], o[m]);
         }
         const __m256i m128 = _mm256_set1_epi16(-128);
         if (!halves) {
@@ -407,24 +411,32 @@ FMOE__R1 static void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int64_t i0
 }
 
 /* One row's block, its codes gu[0..7] (sub-block j's 32 as q + 128) and scales sc (scale
- * j in dword j), against repacked block c: the eight inputs' block integers. The eight
- * sub-blocks' chains side by side. */
+ * j in dword j), against repacked block c: the eight inputs' block integers. Sub-blocks
+ * 2p and 2p + 1 share a 512-bit register (the low and the high half), the four pairs'
+ * chains side by side: one vpermd and one vpdpbusd for 64 multiply-adds of eight inputs
+ * (two of each in 256-bit registers: 9.3 -> ... ps). The halves fold into the same int32
+ * sums, so the same bits. */
 FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots(const __m256i *gu, __m256i sc,
                                                          const struct fmoe__r1_x8 *x, int64_t c) {
-    __m256i t[8];
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) t[j] = fmoe__r1_load(x->neg[c][j]);
+    __m512i t[4], g[4];
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+        t[p] = _mm512_load_si512((const void *)x->neg[c][2 * p]);
+        g[p] = _mm512_inserti64x4(_mm512_castsi256_si512(gu[2 * p]), gu[2 * p + 1], 1);
+    }
     _Pragma("GCC unroll 8")
     for (int s = 0; s < 8; s++) {
-        const __m256i idx = _mm256_set1_epi32(s);
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
-            t[j] = _mm256_dpbusd_epi32(t[j], _mm256_permutevar8x32_epi32(gu[j], idx),
-                                       fmoe__r1_load(x->q[c][8 * j + s]));
+        const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(s), _mm256_set1_epi32(s + 8), 1);
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)
+            t[p] = _mm512_dpbusd_epi32(t[p], _mm512_permutexvar_epi32(idx, g[p]),
+                                       _mm512_load_si512((const void *)x->q[c][fmoe__r1_x8_at(2 * p, s)]));
     }
-    __m256i v = _mm256_setzero_si256();
-    _Pragma("GCC unroll 8")
-    for (int j = 0; j < 8; j++)
-        v = _mm256_add_epi32(v, _mm256_mullo_epi32(t[j], _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(j))));
-    return v;
+    const __m512i scz = _mm512_castsi256_si512(sc);
+    __m512i v = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4")
+    for (int p = 0; p < 4; p++)
+        v = _mm512_add_epi32(v, _mm512_mullo_epi32(t[p], _mm512_permutexvar_epi32(
+                                     _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1), scz)));
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
 /* The same with a scale per 16 values: sc2[0] holds scale 2j in dword j, sc2[1] scale
@@ -441,7 +453,7 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, co
             const __m256i idx = _mm256_set1_epi32(s);
             _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
                 t[j] = _mm256_dpbusd_epi32(t[j], _mm256_permutevar8x32_epi32(gu[j], idx),
-                                           fmoe__r1_load(x->q[c][8 * j + s]));
+                                           fmoe__r1_load(x->q[c][fmoe__r1_x8_at(j, s)]));
         }
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++)
@@ -464,7 +476,7 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, co
 #define FMOE__R1_X8_ROWS(name, BYTES, CODES, D, HALVES)                                            \
     FMOE__R1 static void name(const uint8_t *W, int64_t rb, int64_t rows, const uint8_t *a,       \
                               int64_t as, int64_t nb, float *y, int64_t ldy) {                     \
-        struct fmoe__r1_x8 x __attribute__((aligned(32)));                                         \
+        struct fmoe__r1_x8 x __attribute__((aligned(64)));                                         \
         for (int64_t r0 = 0; r0 < rows; r0 += FMOE__R1_X8_ROWS_N) {                                \
             const int64_t nr = rows - r0 < FMOE__R1_X8_ROWS_N ? rows - r0 : FMOE__R1_X8_ROWS_N;    \
             __m256 s[FMOE__R1_X8_ROWS_N];                                                          \
