@@ -338,7 +338,7 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
  * forwarded the stores and took the dwords out of the registers, three ops each), the
  * sub-blocks' chains one after another 13.6 (each vpdpbusd waited on the one before it),
  * the scales and the bsums' sums in scalar code 10.7; as here 9.3. */
-enum { FMOE__R1_X8_CHUNK = 4, FMOE__R1_X8_ROWS_N = 16 };
+enum { FMOE__R1_X8_CHUNK = 4, FMOE__R1_X8_ROWS_N = 16, FMOE__R1_X8_MIN = 5 };
 
 /* The repacked blocks: per block, step s (values 4s .. 4s + 3) of sub-block j the eight
  * inputs' four bytes as dwords 0..7, at q[fmoe__r1_x8_at(j, s)]: sub-blocks 2p and 2p + 1
@@ -373,18 +373,21 @@ FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_transpose8x8(const __m256i *r, __m
     }
 }
 
-/* Blocks [i0, i0 + nc) of the eight inputs at a (as bytes apart) into x: each 32 values
+/* Blocks [i0, i0 + nc) of the nx (1..8) inputs at a (as bytes apart) into x: each 32 values
  * of the eight inputs an 8 x 8 dword transpose, and so the eight inputs' sub-block sums
  * (bsums in pairs, times -128), or with halves their sums of 16 (bsums times -128). */
-FMOE__R1 static void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int64_t i0, int64_t nc,
+FMOE__R1 static void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int nx, int64_t i0, int64_t nc,
                                         int halves, struct fmoe__r1_x8 *x) {
+    /* fewer than eight inputs: the last one again in the lanes left (their sums unused) */
+    int64_t off[8];
+    for (int k = 0; k < 8; k++) off[k] = (k < nx ? k : nx - 1) * as;
     for (int64_t c = 0; c < nc; c++) {
         const uint8_t *ab = a + (i0 + c) * FMOE_Q8_K_BYTES;
         __m256i r[8], o[8];
-        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) memcpy(&x->da[c][k], ab + k * as, 4);
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) memcpy(&x->da[c][k], ab + off[k], 4);
         _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) { /* sub-block j: steps 8j .. 8j + 7 */
             _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
-                r[k] = fmoe__r1_load(ab + k * as + FMOE__Q8K_Q + 32 * j);
+                r[k] = fmoe__r1_load(ab + off[k] + FMOE__Q8K_Q + 32 * j);
             fmoe__r1_transpose8x8(r, o);
             _Pragma("GCC unroll 8") for (int m = 0; m < 8; m++)
                 _mm256_store_si256((__m256i *)x->q[c][fmoe__r1_x8_at(j, m)], o[m]);
@@ -392,7 +395,7 @@ FMOE__R1 static void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int64_t i0
         const __m256i m128 = _mm256_set1_epi16(-128);
         if (!halves) {
             _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
-                r[k] = _mm256_madd_epi16(fmoe__r1_load(ab + k * as + FMOE__Q8K_BSUMS), m128);
+                r[k] = _mm256_madd_epi16(fmoe__r1_load(ab + off[k] + FMOE__Q8K_BSUMS), m128);
             fmoe__r1_transpose8x8(r, o);
             _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
                 _mm256_store_si256((__m256i *)x->neg[c][j], o[j]);
@@ -401,7 +404,7 @@ FMOE__R1 static void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int64_t i0
         for (int h = 0; h < 2; h++) { /* bsums 8h .. 8h + 7 */
             _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
                 r[k] = _mm256_mullo_epi32(_mm256_cvtepi16_epi32(_mm_loadu_si128(
-                                              (const __m128i *)(ab + k * as + FMOE__Q8K_BSUMS + 16 * h))),
+                                              (const __m128i *)(ab + off[k] + FMOE__Q8K_BSUMS + 16 * h))),
                                           _mm256_set1_epi32(-128));
             fmoe__r1_transpose8x8(r, o);
             _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
@@ -475,7 +478,7 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, co
  * factor. */
 #define FMOE__R1_X8_ROWS(name, BYTES, CODES, D, HALVES)                                            \
     FMOE__R1 static void name(const uint8_t *W, int64_t rb, int64_t rows, const uint8_t *a,       \
-                              int64_t as, int64_t nb, float *y, int64_t ldy) {                     \
+                              int64_t as, int nx, int64_t nb, float *y, int64_t ldy) {             \
         struct fmoe__r1_x8 x __attribute__((aligned(64)));                                         \
         for (int64_t r0 = 0; r0 < rows; r0 += FMOE__R1_X8_ROWS_N) {                                \
             const int64_t nr = rows - r0 < FMOE__R1_X8_ROWS_N ? rows - r0 : FMOE__R1_X8_ROWS_N;    \
@@ -483,7 +486,7 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, co
             for (int64_t r = 0; r < nr; r++) s[r] = _mm256_setzero_ps();                           \
             for (int64_t i0 = 0; i0 < nb; i0 += FMOE__R1_X8_CHUNK) {                               \
                 const int64_t nc = nb - i0 < FMOE__R1_X8_CHUNK ? nb - i0 : FMOE__R1_X8_CHUNK;      \
-                fmoe__r1_x8_repack(a, as, i0, nc, (HALVES), &x);                                   \
+                fmoe__r1_x8_repack(a, as, nx, i0, nc, (HALVES), &x);                                \
                 for (int64_t r = 0; r < nr; r++) {                                                 \
                     const uint8_t *w = W + (r0 + r) * rb + i0 * (BYTES);                           \
                     __m256 sr = s[r];                                                              \
@@ -504,19 +507,22 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, co
             for (int64_t r = 0; r < nr; r++) {                                                     \
                 float out[8];                                                                      \
                 _mm256_storeu_ps(out, s[r]);                                                       \
-                for (int k = 0; k < 8; k++) y[k * ldy + r0 + r] = out[k];                          \
+                for (int k = 0; k < nx; k++) y[k * ldy + r0 + r] = out[k];                         \
             }                                                                                      \
         }                                                                                          \
     }
 
 /* name(W, row_bytes, rows, qx, astride, nx, n, y, ldy): eight inputs a pass by ROWS8 (an
- * FMOE__R1_X8_ROWS), the rest by REST (passes of up to four). */
+ * FMOE__R1_X8_ROWS), and so the last FMOE__R1_X8_MIN .. 7 (lanes left over); fewer by
+ * REST (passes of up to four). */
 #define FMOE__R1_X8_ROWSX(name, ROWS8, REST)                                                       \
     FMOE__R1 static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx, \
                               int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {     \
         int32_t k = 0;                                                                             \
-        for (; nx - k >= 8; k += 8)                                                                \
-            ROWS8(W, row_bytes, rows, qx + k * astride, astride, n / FMOE_QK_K, y + k * ldy, ldy); \
+        for (; nx - k >= FMOE__R1_X8_MIN; k += 8) {                                                \
+            const int g = nx - k < 8 ? nx - k : 8;                                                 \
+            ROWS8(W, row_bytes, rows, qx + k * astride, astride, g, n / FMOE_QK_K, y + k * ldy, ldy); \
+        }                                                                                          \
         if (k < nx)                                                                                \
             REST(W, row_bytes, rows, qx + k * astride, astride, nx - k, n, y + k * ldy, ldy);      \
     }
