@@ -843,9 +843,14 @@ ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m, 0)
  * in the lanes, lib/quant_rows1_avx2.h). Eight inputs, ps a multiply-add on the
  * development VM's EPYC, against the row-wise FMOE__R1_ROWX8: IQ3_S 22.1 -> 17.0, IQ3_XXS
  * 16.7 -> 13.6, IQ2_XXS 14.2 -> 10.8, IQ1_S 12.4 -> 10.6; whole-model prefill (one thread,
- * tests/bench/bench_types_vs_llama.py's files) 1.18x, 1.17x, 1.21x, 1.10x. IQ2_XS, IQ2_S
- * and IQ1_M (a scale per 16 values) stay row-wise. Each sets gu[j] to sub-block j's 32 codes q = g·s
- * (IQ1_S: 8g + δ) as q + 128 and returns the scales 2ls + 1, scale j in dword j. */
+ * tests/bench/bench_types_vs_llama.py's files) 1.18x, 1.17x, 1.21x, 1.10x. Since then
+ * the codes 64 at a time with the signs as a mask, and sub-block pairs in 512-bit registers
+ * (lib/quant_rows1_avx2.h): IQ3_XXS 13.1 -> 10.3, IQ3_S 16.5 -> 11.7, IQ2_XXS 10.4 -> 8.7;
+ * and the types with a scale per 16 values (HALVES) too: IQ2_XS 13.1 -> 9.5 (row-wise
+ * before), IQ2_S 9.6 -> 9.0 (row-wise before), IQ1_M 12.6 -> 10.7; whole-model prefill
+ * (64 tokens, one thread) IQ2_XS 805 -> 1056, IQ2_S 818 -> 1049, IQ1_M 863 -> 1002 tokens/s.
+ * Each sets gu[j] to sub-block j's 32 codes q = g·s (IQ1_S: 8g + δ) as q + 128 and
+ * returns the scales 2ls + 1, scale j in dword j. */
 SIMD static INLINE __m256i x8_scales(__m256i ls) {
     return _mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1));
 }
@@ -937,9 +942,7 @@ SIMD static INLINE __m256i codes8_iq1_s(const uint8_t *b, __m256i *gu, __m256i *
 
 /* IQ1_M, a scale per 16 values (FMOE__R1_X8_ROWS's HALVES; sc2[0] holds scale 2j in dword
  * j, sc2[1] scale 2j + 1): eight inputs 14.4 -> 12.8 ps a multiply-add, whole-model
- * prefill 1.045x. IQ2_S the same way went 12.8 -> 11.8 but its whole model 1.017x (noise),
- * and IQ2_XS stayed at 13.4 (its sign bytes a shuffle and a compare a group): both keep the
- * row-wise pass. */
+ * prefill 1.045x, when the dots were 256-bit. */
 SIMD static INLINE __m256i codes8_iq1_m(const uint8_t *b, __m256i *gu, __m256i *sc2) {
     const uint8_t *qs = b, *qh = b + 32;
     const __m256i dall = iq1_m_deltas(qh); /* δ of group k (8 values) as byte k */
@@ -963,6 +966,58 @@ SIMD static INLINE __m256i codes8_iq1_m(const uint8_t *b, __m256i *gu, __m256i *
     return sc2[0];
 }
 
+/* IQ2_XS and IQ2_S, a scale per 16 values (HALVES), their codes 64 at a time with the
+ * signs as a mask: IQ2_XS's sets by pext into ksigns_mask64, IQ2_S's stored bits as they
+ * are. The 16-value scales: nibble 2j of the bytes at p for sub-block j's first half,
+ * 2j + 1 for its second. */
+SIMD static INLINE void x8_nibble_scales(const uint8_t *p, __m256i *sc2) {
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    sc2[0] = x8_scales(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+    sc2[1] = x8_scales(_mm256_srli_epi32(bytes, 4));
+}
+
+SIMD static INLINE __m256i codes8_iq2_xs(const uint8_t *b, __m256i *gu, __m256i *sc2) {
+    const uint8_t *q = b + 2;
+    _Pragma("GCC unroll 4")
+    for (int p = 0; p < 4; p++, q += 16) {
+        uint16_t w[8];
+        memcpy(w, q, 16);
+        uint64_t w0, w1;
+        memcpy(&w0, q, 8);
+        memcpy(&w1, q + 8, 8);
+        const uint64_t sets = _pext_u64(w0, 0xFE00FE00FE00FE00ull) | _pext_u64(w1, 0xFE00FE00FE00FE00ull) << 28;
+        const __m512i g = _mm512_inserti64x4(
+            _mm512_castsi256_si512(points4(fmoe__iq2xs_grid, w[0] & 511, w[1] & 511, w[2] & 511, w[3] & 511)),
+            points4(fmoe__iq2xs_grid, w[4] & 511, w[5] & 511, w[6] & 511, w[7] & 511), 1);
+        x8_codes_pair(g, ksigns_mask64(sets), gu + 2 * p);
+    }
+    x8_nibble_scales(b + 66, sc2);
+    return sc2[0];
+}
+
+SIMD static INLINE __m256i codes8_iq2_s(const uint8_t *b, __m256i *gu, __m256i *sc2) {
+    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
+    _Pragma("GCC unroll 4")
+    for (int p = 0; p < 4; p++, qs += 8, signs += 8) {
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(qh[2 * p], 0x0300030003000300ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(qh[2 * p + 1], 0x0300030003000300ull);
+        const __m512i g = _mm512_inserti64x4(
+            _mm512_castsi256_si512(points4(fmoe__iq2s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
+            points4(fmoe__iq2s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1);
+        uint64_t neg;
+        memcpy(&neg, signs, 8);
+        x8_codes_pair(g, (__mmask64)neg, gu + 2 * p);
+    }
+    x8_nibble_scales(b + 74, sc2);
+    return sc2[0];
+}
+
+FMOE__R1_X8_ROWS(rows8_iq2_xs, FMOE_IQ2_XS_BYTES, codes8_iq2_xs, d_eighth, 1)
+FMOE__R1_X8_ROWS(rows8_iq2_s, FMOE_IQ2_S_BYTES, codes8_iq2_s, d_eighth, 1)
+FMOE__R1_X8_ROWSX(rows_iq2_xs_x_x8, rows8_iq2_xs, rows_iq2_xs_x)
+FMOE__R1_X8_ROWSX(rows_iq2_s_x_x8, rows8_iq2_s, rows_iq2_s_x)
 FMOE__R1_X8_ROWS(rows8_iq2_xxs, FMOE_IQ2_XXS_BYTES, codes8_iq2_xxs, d_eighth, 0)
 FMOE__R1_X8_ROWS(rows8_iq1_m, FMOE_IQ1_M_BYTES, codes8_iq1_m, d_iq1_m, 1)
 FMOE__R1_X8_ROWS(rows8_iq3_xxs, FMOE_IQ3_XXS_BYTES, codes8_iq3_xxs, d_iq3_xxs, 0)
@@ -1000,8 +1055,8 @@ void FMOE__R1_ENTRY(fmoe__iq_rowsx_avx2)(uint32_t type, const void *W, int64_t r
                                          int64_t n, float *y, int64_t ldy) {
     switch (type) {
     case FMOE_GGML_IQ2_XXS: X8(rows_iq2_xxs_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
-    case FMOE_GGML_IQ2_XS: rows_iq2_xs_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
-    case FMOE_GGML_IQ2_S: rows_iq2_s_x(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ2_XS: X8(rows_iq2_xs_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
+    case FMOE_GGML_IQ2_S: X8(rows_iq2_s_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     case FMOE_GGML_IQ3_XXS: X8(rows_iq3_xxs_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     case FMOE_GGML_IQ3_S: X8(rows_iq3_s_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;
     case FMOE_GGML_IQ1_S: X8(rows_iq1_s_x)(W, row_bytes, rows, qx, astride, nx, n, y, ldy); return;

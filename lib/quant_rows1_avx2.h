@@ -443,26 +443,34 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots(const __m256i *gu, __m2
 }
 
 /* The same with a scale per 16 values: sc2[0] holds scale 2j in dword j, sc2[1] scale
- * 2j + 1; each sub-block's chain in two halves, steps 0..3 and 4..7. */
+ * 2j + 1; each sub-block's chain in two halves, steps 0..3 and 4..7, the pairs of
+ * sub-blocks in 512-bit registers as fmoe__r1_x8_dots has them. */
 FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, const __m256i *sc2,
                                                            const struct fmoe__r1_x8 *x, int64_t c) {
-    __m256i v = _mm256_setzero_si256();
+    __m512i g[4];
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)
+        g[p] = _mm512_inserti64x4(_mm512_castsi256_si512(gu[2 * p]), gu[2 * p + 1], 1);
+    __m512i v = _mm512_setzero_si512();
     _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; h++) {
-        __m256i t[8];
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) t[j] = fmoe__r1_load(x->neg16[c][2 * j + h]);
+        __m512i t[4];
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)
+            t[p] = _mm512_inserti64x4(_mm512_castsi256_si512(fmoe__r1_load(x->neg16[c][4 * p + h])),
+                                      fmoe__r1_load(x->neg16[c][4 * p + 2 + h]), 1);
         _Pragma("GCC unroll 4")
         for (int s = 4 * h; s < 4 * h + 4; s++) {
-            const __m256i idx = _mm256_set1_epi32(s);
-            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
-                t[j] = _mm256_dpbusd_epi32(t[j], _mm256_permutevar8x32_epi32(gu[j], idx),
-                                           fmoe__r1_load(x->q[c][fmoe__r1_x8_at(j, s)]));
+            const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(s), _mm256_set1_epi32(s + 8), 1);
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)
+                t[p] = _mm512_dpbusd_epi32(t[p], _mm512_permutexvar_epi32(idx, g[p]),
+                                           _mm512_load_si512((const void *)x->q[c][fmoe__r1_x8_at(2 * p, s)]));
         }
-        _Pragma("GCC unroll 8")
-        for (int j = 0; j < 8; j++)
-            v = _mm256_add_epi32(v, _mm256_mullo_epi32(t[j], _mm256_permutevar8x32_epi32(sc2[h], _mm256_set1_epi32(j))));
+        const __m512i scz = _mm512_castsi256_si512(sc2[h]);
+        _Pragma("GCC unroll 4")
+        for (int p = 0; p < 4; p++)
+            v = _mm512_add_epi32(v, _mm512_mullo_epi32(t[p], _mm512_permutexvar_epi32(
+                                         _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1), scz)));
     }
-    return v;
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
 /* The scales per 32 values (one vector) or per 16 (two, HALVES) and the dots. */
