@@ -926,15 +926,23 @@ SIMD static INLINE __m256i codes8_iq3_s(const uint8_t *b, __m256i *gu, __m256i *
 SIMD static INLINE __m256i codes8_iq1_s(const uint8_t *b, __m256i *gu, __m256i *sc2) {
     (void)sc2;
     const uint8_t *qs = b + 2;
-    const __m256i eight = _mm256_set1_epi8(8);
-    _Pragma("GCC unroll 8")
-    for (int j = 0; j < 8; j++, qs += 4) {
-        const unsigned h = fmoe__r1_le16(b + 34 + 2 * j);
-        const uint64_t x = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
-                           _pdep_u64(h & 0xFFFu, 0x0700070007000700ull);
-        const __m256i g = points4(fmoe__iq1s_grid, x & 0xFFFF, (x >> 16) & 0xFFFF, (x >> 32) & 0xFFFF, x >> 48);
-        const __m256i delta = _mm256_set1_epi8(h & 0x8000 ? -1 : 1);
-        gu[j] = _mm256_xor_si256(_mm256_add_epi8(_mm256_sign_epi8(eight, g), delta), _mm256_set1_epi8((char)0x80));
+    _Pragma("GCC unroll 4")
+    for (int p = 0; p < 4; p++, qs += 8) {
+        const unsigned h0 = fmoe__r1_le16(b + 34 + 4 * p), h1 = fmoe__r1_le16(b + 36 + 4 * p);
+        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(h0 & 0xFFFu, 0x0700070007000700ull);
+        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
+                            _pdep_u64(h1 & 0xFFFu, 0x0700070007000700ull);
+        const __m512i g = _mm512_inserti64x4(
+            _mm512_castsi256_si512(points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
+            points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1);
+        /* 8g (g is -1, 0, 1: a 16-bit shift, the bits from the byte below cleared) plus
+         * δ + 128, 127 where the sub-block's δ is -1 (bit 15 of its qh), else 129 */
+        const __mmask64 minus = (h0 & 0x8000 ? 0xFFFFFFFFull : 0) | (h1 & 0x8000 ? 0xFFFFFFFF00000000ull : 0);
+        const __m512i d = _mm512_mask_mov_epi8(_mm512_set1_epi8((char)129), minus, _mm512_set1_epi8(127));
+        const __m512i u = _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16(g, 3), _mm512_set1_epi8((char)0xF8)), d);
+        gu[2 * p] = _mm512_castsi512_si256(u);
+        gu[2 * p + 1] = _mm512_extracti64x4_epi64(u, 1);
     }
     const __m256i qh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 34)));
     return x8_scales(_mm256_and_si256(_mm256_srli_epi32(qh, 12), _mm256_set1_epi32(7)));
