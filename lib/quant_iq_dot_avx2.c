@@ -228,6 +228,84 @@ SIMD static INLINE __m512i nibble_scale_words(const uint8_t *p) {
 }
 
 
+/* The grid values of 64 values (a step of the 512-bit kernels), the first 32 in the low
+ * half: two words of four 16-bit indices (idx4's) into a grid of 8-value points, or
+ * sixteen indices into one of 4-value points. */
+SIMD static INLINE __m512i points4x2(const uint64_t *grid, uint64_t x0, uint64_t x1) {
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(points4(grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
+        points4(grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1);
+}
+
+SIMD static INLINE __m512i points8x2(const uint32_t *grid, const uint32_t *i) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(points8(grid, i)), points8(grid, i + 8), 1);
+}
+
+/* Four indices as the 16-bit words of one register: the four low bytes lo8 to bits 0-7,
+ * the bits of tops to where top_mask puts them (bits 8 and up), by pdep. */
+SIMD static INLINE uint64_t idx4(uint32_t lo8, uint32_t tops, uint64_t top_mask) {
+    return _pdep_u64(lo8, 0x00FF00FF00FF00FFull) | _pdep_u64(tops, top_mask);
+}
+
+/* Per type, a step's grid values: IQ2_XXS's from the index bytes 0-3 and 8-11 at q;
+ * IQ3_XXS's from the sixteen at q; IQ3_S's from the sixteen at qs and the 16 top bits h;
+ * IQ2_XS's from the low 9 bits of the eight uint16 at q; IQ2_S's from the eight bytes at
+ * qs and the 2-bit tops in h0, h1; IQ1_S's from the eight bytes at qs and the 3-bit tops
+ * in h0, h1's low 12 bits; IQ1_M's from the eight bytes at qs and the four qh bytes. */
+SIMD static INLINE __m512i g64_iq2_xxs(const uint8_t *q) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3])),
+                              points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]), 1);
+}
+
+SIMD static INLINE __m512i g64_iq3_xxs(const uint8_t *q) {
+    const uint32_t i[16] = {q[0], q[1], q[2],  q[3],  q[4],  q[5],  q[6],  q[7],
+                            q[8], q[9], q[10], q[11], q[12], q[13], q[14], q[15]};
+    return points8x2(fmoe__iq3xxs_grid, i);
+}
+
+SIMD static INLINE __m512i g64_iq3_s(const uint8_t *qs, unsigned h) {
+    uint64_t x[4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
+        x[t] = idx4(fmoe__r1_le32(qs + 4 * t), h >> 4 * t, 0x0100010001000100ull);
+    /* from general registers: a vector of indices stored and read back as scalars was
+     * IQ3_S's bound (74 -> 57 ps a multiply-add) */
+    const uint32_t i[16] = {x[0] & 0xFFFF, (x[0] >> 16) & 0xFFFF, (x[0] >> 32) & 0xFFFF, x[0] >> 48,
+                            x[1] & 0xFFFF, (x[1] >> 16) & 0xFFFF, (x[1] >> 32) & 0xFFFF, x[1] >> 48,
+                            x[2] & 0xFFFF, (x[2] >> 16) & 0xFFFF, (x[2] >> 32) & 0xFFFF, x[2] >> 48,
+                            x[3] & 0xFFFF, (x[3] >> 16) & 0xFFFF, (x[3] >> 32) & 0xFFFF, x[3] >> 48};
+    return points8x2(fmoe__iq3s_grid, i);
+}
+
+SIMD static INLINE __m512i g64_iq2_xs(const uint8_t *q) {
+    uint64_t w0, w1;
+    memcpy(&w0, q, 8);
+    memcpy(&w1, q + 8, 8);
+    return points4x2(fmoe__iq2xs_grid, w0 & 0x01FF01FF01FF01FFull, w1 & 0x01FF01FF01FF01FFull);
+}
+
+/* IQ2_XS's eight sign sets of a step (the top 7 bits of each uint16 at q), packed. */
+SIMD static INLINE uint64_t sets_iq2_xs(const uint8_t *q) {
+    uint64_t w0, w1;
+    memcpy(&w0, q, 8);
+    memcpy(&w1, q + 8, 8);
+    return _pext_u64(w0, 0xFE00FE00FE00FE00ull) | _pext_u64(w1, 0xFE00FE00FE00FE00ull) << 28;
+}
+
+SIMD static INLINE __m512i g64_iq2_s(const uint8_t *qs, unsigned h0, unsigned h1) {
+    return points4x2(fmoe__iq2s_grid, idx4(fmoe__r1_le32(qs), h0, 0x0300030003000300ull),
+                     idx4(fmoe__r1_le32(qs + 4), h1, 0x0300030003000300ull));
+}
+
+SIMD static INLINE __m512i g64_iq1_s(const uint8_t *qs, unsigned h0, unsigned h1) {
+    return points4x2(fmoe__iq1s_grid, idx4(fmoe__r1_le32(qs), h0 & 0xFFFu, 0x0700070007000700ull),
+                     idx4(fmoe__r1_le32(qs + 4), h1 & 0xFFFu, 0x0700070007000700ull));
+}
+
+SIMD static INLINE __m512i g64_iq1_m(const uint8_t *qs, const uint8_t *qh) {
+    return points4x2(fmoe__iq1s_grid, idx4(fmoe__r1_le32(qs), fmoe__r1_le16(qh) & 0x7777u, 0x0F000F000F000F00ull),
+                     idx4(fmoe__r1_le32(qs + 4), fmoe__r1_le16(qh + 2) & 0x7777u, 0x0F000F000F000F00ull));
+}
+
 /* acc[k] += the int16 pair sums of 64 unsigned grid values g times input k's 64
  * activation bytes from 32·ib, negated where neg, times the scales sc (vpdpwssd). */
 SIMD static INLINE void dot64_signed(__m512i *acc, __m512i g, __mmask64 neg, __m512i sc,
@@ -280,9 +358,7 @@ SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16) {
         const uint64_t a2 = (uint64_t)fmoe__r1_le32(q + 4) | (uint64_t)fmoe__r1_le32(q + 12) << 32;
-        const __m512i g = _mm512_inserti64x4(
-            _mm512_castsi256_si512(points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3])),
-            points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]), 1);
+        const __m512i g = g64_iq2_xxs(q);
         dot64_signed(acc, g, ksigns_mask64(sets_of_aux(a2)), scales64(sc, 2 * ib, 2 * ib, 2 * ib + 2, 2 * ib + 2), a, as, NX, ib);
     }
     fold64(acc, NX, v);
@@ -302,16 +378,7 @@ SIMD static INLINE void isum_iq2_xs_one(const uint8_t *b, const uint8_t *a, __m2
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 4")
     for (int ib = 0; ib < 8; ib += 2, q += 16) {
-        uint16_t w[8];
-        memcpy(w, q, 16);
-        uint64_t w0, w1;
-        memcpy(&w0, q, 8);
-        memcpy(&w1, q + 8, 8);
-        const uint64_t sets = _pext_u64(w0, 0xFE00FE00FE00FE00ull) | _pext_u64(w1, 0xFE00FE00FE00FE00ull) << 28;
-        const __m512i g = _mm512_inserti64x4(
-            _mm512_castsi256_si512(points4(fmoe__iq2xs_grid, w[0] & 511, w[1] & 511, w[2] & 511, w[3] & 511)),
-            points4(fmoe__iq2xs_grid, w[4] & 511, w[5] & 511, w[6] & 511, w[7] & 511), 1);
-        dot64_signed(&acc, g, ksigns_mask64(sets), scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3), a, 0, 1, ib);
+        dot64_signed(&acc, g64_iq2_xs(q), ksigns_mask64(sets_iq2_xs(q)), scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3), a, 0, 1, ib);
     }
     fold64(&acc, 1, v);
 }
@@ -373,21 +440,11 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc0[k] = acc1[k] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8) {
-#if defined(FMOE__R1_VNNI)
-        /* four indices as the words of one register (qh's 2-bit fields to bits 8, 9: pdep) */
-        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(qh[ib], 0x0300030003000300ull);
-        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(qh[ib + 1], 0x0300030003000300ull);
-        const __m256i g0 = points4(fmoe__iq2s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48);
-        const __m256i g1 = points4(fmoe__iq2s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48);
-#else
         const unsigned h0 = qh[ib], h1 = qh[ib + 1];
         const __m256i g0 = points4(fmoe__iq2s_grid, qs[0] | (h0 & 3) << 8, qs[1] | (h0 & 12) << 6,
                                    qs[2] | (h0 & 48) << 4, qs[3] | (h0 & 192) << 2);
         const __m256i g1 = points4(fmoe__iq2s_grid, qs[4] | (h1 & 3) << 8, qs[5] | (h1 & 12) << 6,
                                    qs[6] | (h1 & 48) << 4, qs[7] | (h1 & 192) << 2);
-#endif
         const __m256i s0 = signs32(fmoe__r1_le32(signs)), s1 = signs32(fmoe__r1_le32(signs + 4));
         _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
             acc0[k] = fmoe__r1_madd_pick(acc0[k], dot_signed(g0, QA(k, 0), s0), scales, ib);
@@ -407,14 +464,7 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, signs += 8) {
-        /* four indices as the words of one register (qh's 2-bit fields to bits 8, 9: pdep) */
-        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(qh[ib], 0x0300030003000300ull);
-        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(qh[ib + 1], 0x0300030003000300ull);
-        const __m512i g = _mm512_inserti64x4(
-            _mm512_castsi256_si512(points4(fmoe__iq2s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
-            points4(fmoe__iq2s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1);
+        const __m512i g = g64_iq2_s(qs, qh[ib], qh[ib + 1]);
         uint64_t neg;
         memcpy(&neg, signs, 8);
         dot64_signed(acc, g, (__mmask64)neg, scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3), a, as, NX, ib);
@@ -458,10 +508,7 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16, aux += 8) {
-        const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
-        const uint32_t i1[8] = {q[8], q[9], q[10], q[11], q[12], q[13], q[14], q[15]};
-        const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(points8(fmoe__iq3xxs_grid, i0)),
-                                             points8(fmoe__iq3xxs_grid, i1), 1);
+        const __m512i g = g64_iq3_xxs(q);
         uint64_t aux2;
         memcpy(&aux2, aux, 8);
         dot64_signed(acc, g, ksigns_mask64(sets_of_aux(aux2)), scales64(sc, ib, ib, ib + 1, ib + 1), a, as, NX, ib);
@@ -515,16 +562,7 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 16, signs += 8) {
         const unsigned h = fmoe__r1_le16(qh + ib);
-        uint64_t x[4];
-        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
-            x[t] = _pdep_u64(fmoe__r1_le32(qs + 4 * t), 0x00FF00FF00FF00FFull) |
-                   _pdep_u64(h >> 4 * t, 0x0100010001000100ull);
-        const uint32_t idx[16] = {x[0] & 0xFFFF, (x[0] >> 16) & 0xFFFF, (x[0] >> 32) & 0xFFFF, x[0] >> 48,
-                                  x[1] & 0xFFFF, (x[1] >> 16) & 0xFFFF, (x[1] >> 32) & 0xFFFF, x[1] >> 48,
-                                  x[2] & 0xFFFF, (x[2] >> 16) & 0xFFFF, (x[2] >> 32) & 0xFFFF, x[2] >> 48,
-                                  x[3] & 0xFFFF, (x[3] >> 16) & 0xFFFF, (x[3] >> 32) & 0xFFFF, x[3] >> 48};
-        const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(points8(fmoe__iq3s_grid, idx)),
-                                             points8(fmoe__iq3s_grid, idx + 8), 1);
+        const __m512i g = g64_iq3_s(qs, h);
         uint64_t neg;
         memcpy(&neg, signs, 8);
         dot64_signed(acc, g, (__mmask64)neg, scales64(sc, ib, ib, ib + 1, ib + 1), a, as, NX, ib);
@@ -562,15 +600,7 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, qs += 8) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
-        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(h0 & 0xFFFu, 0x0700070007000700ull);
-        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(h1 & 0xFFFu, 0x0700070007000700ull);
-        const __m512i u = _mm512_add_epi8(
-            _mm512_inserti64x4(
-                _mm512_castsi256_si512(points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
-                points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1),
-            _mm512_set1_epi8(1));
+        const __m512i u = _mm512_add_epi8(g64_iq1_s(qs, h0, h1), _mm512_set1_epi8(1));
         const __m512i scj = scales64(sc64, ib, ib, ib + 1, ib + 1);
         _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_dpwssd_epi32(
             acc[k], _mm512_maddubs_epi16(u, _mm512_loadu_si512(a + k * as + FMOE__Q8K_Q + 32 * ib)), scj);
@@ -645,13 +675,7 @@ SIMD static INLINE void isum_iq1_m_one(const uint8_t *b, const uint8_t *a, __m25
     __m512i acc = _mm512_setzero_si512();
     _Pragma("GCC unroll 4")
     for (int ib = 0; ib < 8; ib += 2, qs += 8, qh += 4) {
-        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(fmoe__r1_le16(qh) & 0x7777u, 0x0F000F000F000F00ull);
-        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(fmoe__r1_le16(qh + 2) & 0x7777u, 0x0F000F000F000F00ull);
-        const __m512i g = _mm512_inserti64x4(
-            _mm512_castsi256_si512(points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
-            points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1);
+        const __m512i g = g64_iq1_m(qs, qh);
         /* the step's eight δ bytes (qword ib / 2 of dall) spread over their values */
         const __m512i d = _mm512_shuffle_epi8(_mm512_permutexvar_epi64(_mm512_set1_epi64(ib / 2), dz), spread);
         /* 8g by a 16-bit shift, the bits shifted in from the byte below cleared: g is -1, 0, 1 */
@@ -869,8 +893,7 @@ SIMD static INLINE __m256i codes8_iq2_xxs(const uint8_t *b, __m256i *gu, __m256i
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 4")
     for (int p = 0; p < 4; p++, q += 16) {
-        const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(points4(fmoe__iq2xxs_grid, q[0], q[1], q[2], q[3])),
-                                             points4(fmoe__iq2xxs_grid, q[8], q[9], q[10], q[11]), 1);
+        const __m512i g = g64_iq2_xxs(q);
         const uint64_t a2 = (uint64_t)fmoe__r1_le32(q + 4) | (uint64_t)fmoe__r1_le32(q + 12) << 32;
         x8_codes_pair(g, ksigns_mask64(sets_of_aux(a2)), gu + 2 * p);
     }
@@ -886,10 +909,7 @@ SIMD static INLINE __m256i codes8_iq3_xxs(const uint8_t *b, __m256i *gu, __m256i
     const uint8_t *q = b + 2, *aux = b + 66;
     _Pragma("GCC unroll 4")
     for (int p = 0; p < 4; p++, q += 16, aux += 8) {
-        const uint32_t i0[8] = {q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]};
-        const uint32_t i1[8] = {q[8], q[9], q[10], q[11], q[12], q[13], q[14], q[15]};
-        const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(points8(fmoe__iq3xxs_grid, i0)),
-                                             points8(fmoe__iq3xxs_grid, i1), 1);
+        const __m512i g = g64_iq3_xxs(q);
         uint64_t aux2;
         memcpy(&aux2, aux, 8);
         x8_codes_pair(g, ksigns_mask64(sets_of_aux(aux2)), gu + 2 * p);
@@ -903,16 +923,7 @@ SIMD static INLINE __m256i codes8_iq3_s(const uint8_t *b, __m256i *gu, __m256i *
     _Pragma("GCC unroll 4")
     for (int p = 0; p < 4; p++, qs += 16, signs += 8) {
         const unsigned h = fmoe__r1_le16(qh + 2 * p);
-        uint64_t x[4];
-        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
-            x[t] = _pdep_u64(fmoe__r1_le32(qs + 4 * t), 0x00FF00FF00FF00FFull) |
-                   _pdep_u64(h >> 4 * t, 0x0100010001000100ull);
-        const uint32_t idx[16] = {x[0] & 0xFFFF, (x[0] >> 16) & 0xFFFF, (x[0] >> 32) & 0xFFFF, x[0] >> 48,
-                                  x[1] & 0xFFFF, (x[1] >> 16) & 0xFFFF, (x[1] >> 32) & 0xFFFF, x[1] >> 48,
-                                  x[2] & 0xFFFF, (x[2] >> 16) & 0xFFFF, (x[2] >> 32) & 0xFFFF, x[2] >> 48,
-                                  x[3] & 0xFFFF, (x[3] >> 16) & 0xFFFF, (x[3] >> 32) & 0xFFFF, x[3] >> 48};
-        const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(points8(fmoe__iq3s_grid, idx)),
-                                             points8(fmoe__iq3s_grid, idx + 8), 1);
+        const __m512i g = g64_iq3_s(qs, h);
         uint64_t neg;
         memcpy(&neg, signs, 8);
         x8_codes_pair(g, (__mmask64)neg, gu + 2 * p);
@@ -929,13 +940,7 @@ SIMD static INLINE __m256i codes8_iq1_s(const uint8_t *b, __m256i *gu, __m256i *
     _Pragma("GCC unroll 4")
     for (int p = 0; p < 4; p++, qs += 8) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 4 * p), h1 = fmoe__r1_le16(b + 36 + 4 * p);
-        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(h0 & 0xFFFu, 0x0700070007000700ull);
-        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(h1 & 0xFFFu, 0x0700070007000700ull);
-        const __m512i g = _mm512_inserti64x4(
-            _mm512_castsi256_si512(points4(fmoe__iq1s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
-            points4(fmoe__iq1s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1);
+        const __m512i g = g64_iq1_s(qs, h0, h1);
         /* 8g (g is -1, 0, 1: a 16-bit shift, the bits from the byte below cleared) plus
          * δ + 128, 127 where the sub-block's δ is -1 (bit 15 of its qh), else 129 */
         const __mmask64 minus = (h0 & 0x8000 ? 0xFFFFFFFFull : 0) | (h1 & 0x8000 ? 0xFFFFFFFF00000000ull : 0);
@@ -988,16 +993,7 @@ SIMD static INLINE __m256i codes8_iq2_xs(const uint8_t *b, __m256i *gu, __m256i 
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 4")
     for (int p = 0; p < 4; p++, q += 16) {
-        uint16_t w[8];
-        memcpy(w, q, 16);
-        uint64_t w0, w1;
-        memcpy(&w0, q, 8);
-        memcpy(&w1, q + 8, 8);
-        const uint64_t sets = _pext_u64(w0, 0xFE00FE00FE00FE00ull) | _pext_u64(w1, 0xFE00FE00FE00FE00ull) << 28;
-        const __m512i g = _mm512_inserti64x4(
-            _mm512_castsi256_si512(points4(fmoe__iq2xs_grid, w[0] & 511, w[1] & 511, w[2] & 511, w[3] & 511)),
-            points4(fmoe__iq2xs_grid, w[4] & 511, w[5] & 511, w[6] & 511, w[7] & 511), 1);
-        x8_codes_pair(g, ksigns_mask64(sets), gu + 2 * p);
+        x8_codes_pair(g64_iq2_xs(q), ksigns_mask64(sets_iq2_xs(q)), gu + 2 * p);
     }
     x8_nibble_scales(b + 66, sc2);
     return sc2[0];
@@ -1007,13 +1003,7 @@ SIMD static INLINE __m256i codes8_iq2_s(const uint8_t *b, __m256i *gu, __m256i *
     const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;
     _Pragma("GCC unroll 4")
     for (int p = 0; p < 4; p++, qs += 8, signs += 8) {
-        const uint64_t x0 = _pdep_u64(fmoe__r1_le32(qs), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(qh[2 * p], 0x0300030003000300ull);
-        const uint64_t x1 = _pdep_u64(fmoe__r1_le32(qs + 4), 0x00FF00FF00FF00FFull) |
-                            _pdep_u64(qh[2 * p + 1], 0x0300030003000300ull);
-        const __m512i g = _mm512_inserti64x4(
-            _mm512_castsi256_si512(points4(fmoe__iq2s_grid, x0 & 0xFFFF, (x0 >> 16) & 0xFFFF, (x0 >> 32) & 0xFFFF, x0 >> 48)),
-            points4(fmoe__iq2s_grid, x1 & 0xFFFF, (x1 >> 16) & 0xFFFF, (x1 >> 32) & 0xFFFF, x1 >> 48), 1);
+        const __m512i g = g64_iq2_s(qs, qh[2 * p], qh[2 * p + 1]);
         uint64_t neg;
         memcpy(&neg, signs, 8);
         x8_codes_pair(g, (__mmask64)neg, gu + 2 * p);
