@@ -178,20 +178,7 @@ SIMD static INLINE __m256i corr_even_odd(__m256i scales, int B) {
             : _mm256_setzero_si256())
 
 #if defined(FMOE__R1_VNNI)
-/* The scales of 64 values from sc, whose dwords hold one scale each in both words: dword
- * i0 in every dword of the 128-bit quarter 0 (16 values), i1 in quarter 1, and so on. */
-SIMD static INLINE __m512i scales64(__m512i sc, int i0, int i1, int i2, int i3) {
-    return _mm512_permutexvar_epi32(_mm512_set_epi32(i3, i3, i3, i3, i2, i2, i2, i2, i1, i1, i1, i1,
-                                                     i0, i0, i0, i0),
-                                    sc);
-}
 
-/* A scale a dword for each of eight 32-value groups, or sixteen 16-value ones: 2ls + 1
- * in both words of the dword, vpdpwssd's pairs. */
-SIMD static INLINE __m512i scale_words(__m512i ls) {
-    const __m512i s = _mm512_add_epi32(_mm512_add_epi32(ls, ls), _mm512_set1_epi32(1));
-    return _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
-}
 
 /* Eight 7-bit sign sets (set j at bits 7j, for values 8j .. 8j + 7) as a 64-bit mask, bit
  * i set where value i is negative, computed rather than looked up (ksign_bytes is four
@@ -224,7 +211,7 @@ SIMD static INLINE __m512i nibble_scale_words(const uint8_t *p) {
     const __m512i ls = _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sb, sb)),
                                                           _mm512_set4_epi32(4, 0, 4, 0)),
                                         _mm512_set1_epi32(15));
-    return scale_words(ls);
+    return fmoe__r1_scale_words(ls);
 }
 
 
@@ -317,11 +304,6 @@ SIMD static INLINE void dot64_signed(__m512i *acc, __m512i g, __mmask64 neg, __m
     }
 }
 
-/* The two halves' sums: the block's integer vector as the 256-bit kernels give it. */
-SIMD static INLINE void fold64(const __m512i *acc, int NX, __m256i *v) {
-    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++)
-        v[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc[k]), _mm512_extracti64x4_epi64(acc[k], 1));
-}
 
 #endif
 
@@ -352,16 +334,16 @@ SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t
 SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     const uint8_t *q = b + 2;
-    const __m512i sc = scale_words(_mm512_srli_epi64(_mm512_loadu_si512(q), 60));
+    const __m512i sc = fmoe__r1_scale_words(_mm512_srli_epi64(_mm512_loadu_si512(q), 60));
     __m512i acc[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16) {
         const uint64_t a2 = (uint64_t)fmoe__r1_le32(q + 4) | (uint64_t)fmoe__r1_le32(q + 12) << 32;
         const __m512i g = g64_iq2_xxs(q);
-        dot64_signed(acc, g, ksigns_mask64(sets_of_aux(a2)), scales64(sc, 2 * ib, 2 * ib, 2 * ib + 2, 2 * ib + 2), a, as, NX, ib);
+        dot64_signed(acc, g, ksigns_mask64(sets_of_aux(a2)), fmoe__r1_scales64(sc, 2 * ib, 2 * ib, 2 * ib + 2, 2 * ib + 2), a, as, NX, ib);
     }
-    fold64(acc, NX, v);
+    fmoe__r1_fold64(acc, NX, v);
 }
 #endif
 
@@ -378,9 +360,9 @@ SIMD static INLINE void isum_iq2_xs_one(const uint8_t *b, const uint8_t *a, __m2
     const uint8_t *q = b + 2;
     _Pragma("GCC unroll 4")
     for (int ib = 0; ib < 8; ib += 2, q += 16) {
-        dot64_signed(&acc, g64_iq2_xs(q), ksigns_mask64(sets_iq2_xs(q)), scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3), a, 0, 1, ib);
+        dot64_signed(&acc, g64_iq2_xs(q), ksigns_mask64(sets_iq2_xs(q)), fmoe__r1_scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3), a, 0, 1, ib);
     }
-    fold64(&acc, 1, v);
+    fmoe__r1_fold64(&acc, 1, v);
 }
 #endif
 
@@ -467,9 +449,9 @@ SIMD static INLINE void isum_iq2_s(const uint8_t *b, const uint8_t *a, int64_t a
         const __m512i g = g64_iq2_s(qs, qh[ib], qh[ib + 1]);
         uint64_t neg;
         memcpy(&neg, signs, 8);
-        dot64_signed(acc, g, (__mmask64)neg, scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3), a, as, NX, ib);
+        dot64_signed(acc, g, (__mmask64)neg, fmoe__r1_scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3), a, as, NX, ib);
     }
-    fold64(acc, NX, v);
+    fmoe__r1_fold64(acc, NX, v);
 }
 #endif
 
@@ -503,7 +485,7 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
 SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     const uint8_t *q = b + 2, *aux = b + 66;
-    const __m512i sc = scale_words(_mm512_castsi256_si512(_mm256_srli_epi32(fmoe__r1_load(aux), 28)));
+    const __m512i sc = fmoe__r1_scale_words(_mm512_castsi256_si512(_mm256_srli_epi32(fmoe__r1_load(aux), 28)));
     __m512i acc[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
@@ -511,9 +493,9 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
         const __m512i g = g64_iq3_xxs(q);
         uint64_t aux2;
         memcpy(&aux2, aux, 8);
-        dot64_signed(acc, g, ksigns_mask64(sets_of_aux(aux2)), scales64(sc, ib, ib, ib + 1, ib + 1), a, as, NX, ib);
+        dot64_signed(acc, g, ksigns_mask64(sets_of_aux(aux2)), fmoe__r1_scales64(sc, ib, ib, ib + 1, ib + 1), a, as, NX, ib);
     }
-    fold64(acc, NX, v);
+    fmoe__r1_fold64(acc, NX, v);
 }
 #endif
 
@@ -556,7 +538,7 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
     const __m256i ls = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)fmoe__r1_le32(b + 106)),
                                                           _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
                                         _mm256_set1_epi32(15));
-    const __m512i sc = scale_words(_mm512_castsi256_si512(ls));
+    const __m512i sc = fmoe__r1_scale_words(_mm512_castsi256_si512(ls));
     __m512i acc[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
@@ -565,9 +547,9 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
         const __m512i g = g64_iq3_s(qs, h);
         uint64_t neg;
         memcpy(&neg, signs, 8);
-        dot64_signed(acc, g, (__mmask64)neg, scales64(sc, ib, ib, ib + 1, ib + 1), a, as, NX, ib);
+        dot64_signed(acc, g, (__mmask64)neg, fmoe__r1_scales64(sc, ib, ib, ib + 1, ib + 1), a, as, NX, ib);
     }
-    fold64(acc, NX, v);
+    fmoe__r1_fold64(acc, NX, v);
 }
 #endif
 
@@ -593,7 +575,7 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
 #if defined(FMOE__R1_VNNI)
     /* 64 values a step in 512-bit registers: g + 1 of both groups in one register, the
      * scales 2ls + 1 a dword per 32 values (bits 12-14 of qh), one permute a step */
-    const __m512i sc64 = scale_words(_mm512_castsi256_si512(
+    const __m512i sc64 = fmoe__r1_scale_words(_mm512_castsi256_si512(
         _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu16_epi32(qh), 12), _mm256_set1_epi32(7))));
     __m512i acc[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
@@ -601,12 +583,12 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
     for (int ib = 0; ib < 8; ib += 2, qs += 8) {
         const unsigned h0 = fmoe__r1_le16(b + 34 + 2 * ib), h1 = fmoe__r1_le16(b + 36 + 2 * ib);
         const __m512i u = _mm512_add_epi8(g64_iq1_s(qs, h0, h1), _mm512_set1_epi8(1));
-        const __m512i scj = scales64(sc64, ib, ib, ib + 1, ib + 1);
+        const __m512i scj = fmoe__r1_scales64(sc64, ib, ib, ib + 1, ib + 1);
         _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_dpwssd_epi32(
             acc[k], _mm512_maddubs_epi16(u, _mm512_loadu_si512(a + k * as + FMOE__Q8K_Q + 32 * ib)), scj);
     }
     __m256i sums[FMOE__R1_XMAX];
-    fold64(acc, NX, sums);
+    fmoe__r1_fold64(acc, NX, sums);
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) {
         const __m256i offset = _mm256_madd_epi16(off16, fmoe__r1_load(a + k * as + FMOE__Q8K_BSUMS));
         v[k] = _mm256_add_epi32(_mm256_slli_epi32(sums[k], 3), offset);
@@ -664,7 +646,7 @@ SIMD static INLINE void isum_iq1_m_one(const uint8_t *b, const uint8_t *a, __m25
     const __m512i words = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(b + 48)));
     const __m512i wsel = _mm512_permutexvar_epi16(
         _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), words);
-    const __m512i sc = scale_words(_mm512_and_si512(
+    const __m512i sc = fmoe__r1_scale_words(_mm512_and_si512(
         _mm512_srlv_epi32(wsel, _mm512_set4_epi32(9, 6, 3, 0)), _mm512_set1_epi32(7)));
     const __m256i dall = iq1_m_deltas(qh); /* δ of group k (8 values) as byte k */
     const __m512i dz = _mm512_castsi256_si512(dall);
@@ -682,13 +664,13 @@ SIMD static INLINE void isum_iq1_m_one(const uint8_t *b, const uint8_t *a, __m25
         const __m512i c = _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16(g, 3), _mm512_set1_epi8((char)0xF8)), d);
         const __m512i u = _mm512_add_epi8(c, _mm512_set1_epi8(16));
         acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u, _mm512_loadu_si512(a + FMOE__Q8K_Q + 32 * ib)),
-                                  scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3));
+                                  fmoe__r1_scales64(sc, 2 * ib, 2 * ib + 1, 2 * ib + 2, 2 * ib + 3));
     }
     /* the bias out: - Σ_s 16·sc_s·(the input's sum of the 16 values s) */
     const __m256i sc16 = _mm512_cvtepi32_epi16(sc);
     const __m256i bias = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 4)),
                                            fmoe__r1_load(a + FMOE__Q8K_BSUMS));
-    fold64(&acc, 1, v);
+    fmoe__r1_fold64(&acc, 1, v);
     *v = _mm256_add_epi32(*v, bias);
 }
 #endif

@@ -321,6 +321,28 @@ FMOE__R1 static FMOE__R1_INLINE __m128 fmoe__r1_gather4(const uint8_t *p, int64_
     } while (0)
 
 #if defined(FMOE__R1_VNNI)
+/* The 512-bit one-input kernels' (64 values a step) scales and sums. */
+/* The scales of 64 values from sc, whose dwords hold one scale each in both words: dword
+ * i0 in every dword of the 128-bit quarter 0 (16 values), i1 in quarter 1, and so on. */
+FMOE__R1 static FMOE__R1_INLINE __m512i fmoe__r1_scales64(__m512i sc, int i0, int i1, int i2, int i3) {
+    return _mm512_permutexvar_epi32(_mm512_set_epi32(i3, i3, i3, i3, i2, i2, i2, i2, i1, i1, i1, i1,
+                                                     i0, i0, i0, i0),
+                                    sc);
+}
+
+/* A scale a dword for each of eight 32-value groups, or sixteen 16-value ones: 2ls + 1
+ * in both words of the dword, vpdpwssd's pairs. */
+FMOE__R1 static FMOE__R1_INLINE __m512i fmoe__r1_scale_words(__m512i ls) {
+    const __m512i s = _mm512_add_epi32(_mm512_add_epi32(ls, ls), _mm512_set1_epi32(1));
+    return _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
+}
+
+/* The two halves' sums: the block's integer vector as the 256-bit kernels give it. */
+FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_fold64(const __m512i *acc, int NX, __m256i *v) {
+    _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++)
+        v[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc[k]), _mm512_extracti64x4_epi64(acc[k], 1));
+}
+
 /* Eight inputs in the lanes (the VNNI build; lib/quant_kx_dot_avx2.c's IQ4_XS and
  * lib/quant_iq_dot_avx2.c's types with a scale per 32 values): each row's block unpacked
  * once to its 256 signed codes q as q + 128 (unsigned bytes), each four of them
