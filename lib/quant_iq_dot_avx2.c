@@ -178,7 +178,8 @@ SIMD static INLINE __m256i corr_even_odd(__m256i scales, int B) {
             : _mm256_setzero_si256())
 
 #if defined(FMOE__R1_VNNI)
-
+/* The 512-bit steps of the VNNI build (64 values a step): signs as mask registers, the
+ * grid values of a step per type, and the step's products. */
 
 /* Eight 7-bit sign sets (set j at bits 7j, for values 8j .. 8j + 7) as a 64-bit mask, bit
  * i set where value i is negative, computed rather than looked up (ksign_bytes is four
@@ -213,7 +214,6 @@ SIMD static INLINE __m512i nibble_scale_words(const uint8_t *p) {
                                         _mm512_set1_epi32(15));
     return fmoe__r1_scale_words(ls);
 }
-
 
 /* The grid values of 64 values (a step of the 512-bit kernels), the first 32 in the low
  * half: two words of four 16-bit indices (idx4's) into a grid of 8-value points, or
@@ -303,8 +303,6 @@ SIMD static INLINE void dot64_signed(__m512i *acc, __m512i g, __mmask64 neg, __m
         acc[k] = _mm512_dpwssd_epi32(acc[k], _mm512_maddubs_epi16(g, xs), sc);
     }
 }
-
-
 #endif
 
 /* IQ2_XXS: per 32 values 8 bytes, four grid indices then a uint32 of four 7-bit sign sets
