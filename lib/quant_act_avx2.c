@@ -40,7 +40,11 @@
 #include <immintrin.h>
 
 #ifdef FMOE_QUANT_ACT_VNNI /* lib/quant_act_avx2_vnni.c: this file again, with AVX512-VNNI */
-#define SIMD __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")))
+/* (with BMI2, which fmoe__quant_vnni also asks for, so that quant_rows1_avx2.h's panel
+ * functions inline here) */
+#define SIMD __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni,bmi2")))
+#define FMOE__R1_VNNI 1
+#include "quant_rows1_avx2.h"
 #else
 #define SIMD __attribute__((target("avx2,fma,f16c")))
 #endif
@@ -245,35 +249,22 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
 }
 
 #ifdef FMOE_QUANT_ACT_VNNI
-/* Q5_K with many inputs (the VNNI build), two rows a 512-bit register. dots_q45_k with
- * four inputs a pass forms each row's codes once per four inputs and per input and 32
- * values still takes a load, a maddubs and a vpdpwssd: 10.8 ps a multiply-add with eight
- * inputs (bench_vs_ggml 128 4096 15 Q5_K), 70% of a 64-token prefill (perf,
- * forward_driver, 1 thread), where llama.cpp's tiled GEMM (the weights unpacked once,
- * then vpdpbusd tiles) ran the whole prefill 1.3-1.8x faster. Here a block's codes times
- * their sub-block's scale (at most 31·63: an int16) are formed once for PANEL_ROWS rows
- * and up to PANEL_X inputs, so one vpdpwssd takes 32 multiply-adds with the scales in.
- *
- * The lanes are the one-input kernel's: its sum vector's lane l holds, per sub-block j,
- * the products of values 32j + 4l .. 32j + 4l + 3, pairs 16j + 2l and 16j + 2l + 1 of the
- * block. A register here holds two rows' eight such lanes (row 2rp + h in lanes 8h + l),
- * for step (j, i) of a block pair 16j + 2l + i of each (q5k_panel_block), against the
- * input's pairs 16j + 2l + i side by side in both halves (q5k_panel_inputs): one
- * accumulator per row pair and input collects exactly that kernel's lane integers, and
- * the mins' lane j its m_j·bsum_2j + m_j·bsum_2j+1 (a vpdpwssd of (m_j, m_j) pairs with
- * the bsums' dword j). The f32 steps are its steps on those integers (da·d and da·dmin,
- * an FMA per lane and block, fmoe__hsum256's order at the end), so every input keeps its
- * bits. Broadcasting an input's pair to sixteen rows a register instead (rows in the
- * lanes, the lane integers in eight accumulators per input) ran 2x slower per vpdpwssd:
- * a broadcast load each. */
-enum { PANEL_ROWS = 16, PANEL_PAIRS = PANEL_ROWS / 2, PANEL_X = 16 };
-
+/* Q5_K with five inputs or more (the VNNI build): row panels (lib/quant_rows1_avx2.h,
+ * fmoe__r1_panel). dots_q45_k with four inputs a pass forms each row's codes once per four
+ * inputs and per input and 32 values still takes a load, a maddubs and a vpdpwssd: 10.8
+ * ps a multiply-add with eight inputs (bench_vs_ggml 128 4096 15 Q5_K), 70% of a 64-token
+ * prefill (perf, forward_driver, 1 thread), where llama.cpp's tiled GEMM (the weights
+ * unpacked once, then vpdpbusd tiles) ran the whole prefill 1.3-1.8x faster. A panel's
+ * accumulator lane l is dots_q45_k's sum vector's lane l (values 32j + 4l .. 32j + 4l + 3
+ * of every sub-block j), and the mins' lane j is m_j·bsum_2j + m_j·bsum_2j+1 (a vpdpwssd
+ * of (m_j, m_j) pairs with the bsums' dword j), so the f32 steps are its steps on the same
+ * integers, lane by lane (da·d and da·dmin, an FMA per lane and block, fmoe__hsum256's
+ * order at the end): every input keeps its bits. */
 struct q5k_panel {
-    __m512i w[16][PANEL_PAIRS]; /* step (j, i) = 2j + i, row pair rp */
-    __m512i m[PANEL_PAIRS];     /* (m_j, m_j) of row 2rp + h in lane 8h + j */
-    __m512 d[PANEL_PAIRS], dmin[PANEL_PAIRS];
-    __m512i a[PANEL_X][16];          /* input k's pairs of step (j, i), twice */
-    __m512 acc[PANEL_X][PANEL_PAIRS], accm[PANEL_X][PANEL_PAIRS];
+    struct fmoe__r1_panel p;
+    __m512i m[FMOE__R1_PANEL_PAIRS]; /* (m_j, m_j) of row 2rp + h in lane 8h + j */
+    __m512 d[FMOE__R1_PANEL_PAIRS], dmin[FMOE__R1_PANEL_PAIRS];
+    __m512 acc[FMOE__R1_PANEL_X][FMOE__R1_PANEL_PAIRS], accm[FMOE__R1_PANEL_X][FMOE__R1_PANEL_PAIRS];
 };
 
 /* One row's Q5_K block: sub-block j's 32 values sc_j·q as int16 into s[j], the (m_j, m_j)
@@ -290,7 +281,6 @@ SIMD static INLINE void q5k_panel_row(const uint8_t *w, __m512i *s, __m256i *min
     u[0] &= 0x3f3f3f3f;
     *mins = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)u[3], (int)u[2])),
                                _mm256_set1_epi32(0x10001));
-    /* each scale in the 32 int16 lanes of its sub-block */
     const __m512i sc = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_set_epi32(0, 0, (int)u[1], (int)u[0])));
     const __m256i hb = load(w + 16);
     _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) {
@@ -300,66 +290,39 @@ SIMD static INLINE void q5k_panel_row(const uint8_t *w, __m512i *s, __m256i *min
         const __m256i h1 = b1 < 4 ? _mm256_slli_epi16(hb, 4 - b1) : _mm256_srli_epi16(hb, b1 - 4);
         const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h0, sixteen));
         const __m256i q1 = _mm256_or_si256(high_nibbles(v), _mm256_and_si256(h1, sixteen));
+        /* scale j in all 32 int16 lanes */
         s[b0] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q0), _mm512_permutexvar_epi16(_mm512_set1_epi16((short)b0), sc));
         s[b1] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q1), _mm512_permutexvar_epi16(_mm512_set1_epi16((short)b1), sc));
     }
 }
 
-/* Block off of rows w[0..15] into the panel: row pair rp's step (j, i) takes the even
- * (i = 0) or odd (i = 1) dwords of both rows' s[j], one two-source permute. */
+/* Block off of rows w[0..15] into the panel, with the rows' mins, d and dmin. */
 SIMD static void q5k_panel_block(const uint8_t *const *w, int64_t off, struct q5k_panel *P) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    for (int rp = 0; rp < PANEL_PAIRS; rp++) {
+    const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) {
         __m512i s0[8], s1[8];
         __m256i m0, m1;
         uint16_t dd[4];
         q5k_panel_row(w[2 * rp] + off, s0, &m0, dd);
         q5k_panel_row(w[2 * rp + 1] + off, s1, &m1, dd + 2);
-        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-            P->w[2 * j][rp] = _mm512_permutex2var_epi32(s0[j], even, s1[j]);
-            P->w[2 * j + 1][rp] = _mm512_permutex2var_epi32(s0[j], odd, s1[j]);
-        }
+        fmoe__r1_panel_pair(&P->p, rp, s0, s1);
         P->m[rp] = _mm512_inserti64x4(_mm512_castsi256_si512(m0), m1, 1);
-        const __m128 f = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dd)); /* d0 dmin0 d1 dmin1 */
-        const __m512 f4 = _mm512_broadcast_f32x4(f);
-        const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-        P->d[rp] = _mm512_permutexvar_ps(sel, f4);
-        P->dmin[rp] = _mm512_permutexvar_ps(_mm512_add_epi32(sel, _mm512_set1_epi32(1)), f4);
+        const __m512 f = _mm512_broadcast_f32x4(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dd))); /* d0 dmin0 d1 dmin1 */
+        P->d[rp] = _mm512_permutexvar_ps(sel, f);
+        P->dmin[rp] = _mm512_permutexvar_ps(_mm512_add_epi32(sel, _mm512_set1_epi32(1)), f);
     }
 }
 
-/* Input block ab (Q8_K) as the panel's slot x: step (j, i)'s pairs 16j + 2l + i for
- * l = 0..7, in both halves. */
-SIMD static INLINE void q5k_panel_input(const uint8_t *ab, int x, struct q5k_panel *P) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-        const __m512i p = _mm512_cvtepi8_epi16(load(ab + FMOE__Q8K_Q + 32 * j));
-        P->a[x][2 * j] = _mm512_permutexvar_epi32(even, p);
-        P->a[x][2 * j + 1] = _mm512_permutexvar_epi32(odd, p);
-    }
-}
-
-/* K inputs (panel slots x0 .. x0 + K - 1, their Q8_K blocks at a[0..K-1]) against the
- * panel's block: the lane integers, then dots_q45_k's f32 steps for each. */
+/* K inputs (slots x0 .. x0 + K - 1, their Q8_K blocks at a[0..K-1]) against the panel's
+ * block: the lane integers, then dots_q45_k's f32 steps for each. */
 SIMD static INLINE void q5k_panel_dots(struct q5k_panel *P, int x0, int K, const uint8_t *const *a) {
-    __m512i s[3][PANEL_PAIRS];
-    _Pragma("GCC unroll 3") for (int k = 0; k < K; k++)
-        _Pragma("GCC unroll 8") for (int rp = 0; rp < PANEL_PAIRS; rp++) s[k][rp] = _mm512_setzero_si512();
-    _Pragma("GCC unroll 16") for (int st = 0; st < 16; st++) {
-        __m512i av[3];
-        _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) av[k] = P->a[x0 + k][st];
-        _Pragma("GCC unroll 8") for (int rp = 0; rp < PANEL_PAIRS; rp++) {
-            const __m512i wv = P->w[st][rp];
-            _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) s[k][rp] = _mm512_dpwssd_epi32(s[k][rp], wv, av[k]);
-        }
-    }
+    __m512i s[3][FMOE__R1_PANEL_PAIRS];
+    fmoe__r1_panel_dots(&P->p, x0, K, s);
     _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) {
         const __m512 da = _mm512_set1_ps(f32_at(a[k]));
         const __m512i bs = _mm512_broadcast_i64x4(load(a[k] + FMOE__Q8K_BSUMS));
         __m512 *acc = P->acc[x0 + k], *accm = P->accm[x0 + k];
-        _Pragma("GCC unroll 8") for (int rp = 0; rp < PANEL_PAIRS; rp++) {
+        _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) {
             acc[rp] = _mm512_fmadd_ps(_mm512_mul_ps(da, P->d[rp]), _mm512_cvtepi32_ps(s[k][rp]), acc[rp]);
             const __m512i pm = _mm512_dpwssd_epi32(_mm512_setzero_si512(), P->m[rp], bs);
             accm[rp] = _mm512_fmadd_ps(_mm512_mul_ps(da, P->dmin[rp]), _mm512_cvtepi32_ps(pm), accm[rp]);
@@ -374,40 +337,38 @@ SIMD static INLINE __m512 hsum_halves(__m512 v) {
     return _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));     /* + the next lane */
 }
 
-/* rows x nx inputs of Q5_K, PANEL_ROWS rows and up to PANEL_X inputs a panel (rows past
- * the end repeat the last and their results are dropped) */
+/* rows x nx inputs of Q5_K, a panel's inputs three at a time (then two or one) */
 SIMD static void dots_q5_k_panel(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
                                  int64_t stride, int nx, int64_t n, float *y, int64_t ldy) {
     struct q5k_panel P __attribute__((aligned(64)));
     const int64_t nb = n / FMOE_QK_K;
-    /* the inputs in equal groups of at most PANEL_X (17 as 9 and 8, not 16 and 1: a panel's
-     * unpacking costs the same for one input as for sixteen) */
-    const int groups = (nx + PANEL_X - 1) / PANEL_X;
+    const int groups = (nx + FMOE__R1_PANEL_X - 1) / FMOE__R1_PANEL_X;
     for (int g = 0, x0 = 0; g < groups; g++) {
-        const int m = (nx - x0) / (groups - g);
-        for (int64_t r0 = 0; r0 < rows; r0 += PANEL_ROWS) {
-            const int nr = rows - r0 < PANEL_ROWS ? (int)(rows - r0) : PANEL_ROWS;
-            const uint8_t *w[PANEL_ROWS];
-            for (int r = 0; r < PANEL_ROWS; r++) w[r] = W + (r0 + (r < nr ? r : nr - 1)) * row_bytes;
+        const int m = fmoe__r1_panel_share(nx - x0, groups - g);
+        const uint8_t *ax = a + x0 * stride;
+        for (int64_t r0 = 0; r0 < rows; r0 += FMOE__R1_PANEL_ROWS) {
+            const uint8_t *w[FMOE__R1_PANEL_ROWS];
+            fmoe__r1_panel_rows(W, row_bytes, rows, r0, w);
             for (int k = 0; k < m; k++)
-                for (int rp = 0; rp < PANEL_PAIRS; rp++) P.acc[k][rp] = P.accm[k][rp] = _mm512_setzero_ps();
+                for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) P.acc[k][rp] = P.accm[k][rp] = _mm512_setzero_ps();
             for (int64_t i = 0; i < nb; i++) {
                 q5k_panel_block(w, i * FMOE_Q5_K_BYTES, &P);
-                const uint8_t *ab[PANEL_X];
+                const uint8_t *ab[FMOE__R1_PANEL_X];
                 for (int k = 0; k < m; k++) {
-                    ab[k] = a + (x0 + k) * stride + i * FMOE_Q8_K_BYTES;
-                    q5k_panel_input(ab[k], k, &P);
+                    ab[k] = ax + k * stride + i * FMOE_Q8_K_BYTES;
+                    fmoe__r1_panel_input(&P.p, k, ab[k]);
                 }
                 int k = 0;
                 for (; k + 3 <= m; k += 3) q5k_panel_dots(&P, k, 3, ab + k);
                 if (m - k == 2) q5k_panel_dots(&P, k, 2, ab + k);
                 else if (m - k == 1) q5k_panel_dots(&P, k, 1, ab + k);
             }
+            const int64_t nr = rows - r0 < FMOE__R1_PANEL_ROWS ? rows - r0 : FMOE__R1_PANEL_ROWS;
             for (int k = 0; k < m; k++) {
                 float out[16];
-                for (int rp = 0; rp < PANEL_PAIRS; rp++) {
+                for (int rp = 0; 2 * rp < nr; rp++) {
                     _mm512_storeu_ps(out, _mm512_sub_ps(hsum_halves(P.acc[k][rp]), hsum_halves(P.accm[k][rp])));
-                    if (2 * rp < nr) y[(x0 + k) * ldy + r0 + 2 * rp] = out[0];
+                    y[(x0 + k) * ldy + r0 + 2 * rp] = out[0];
                     if (2 * rp + 1 < nr) y[(x0 + k) * ldy + r0 + 2 * rp + 1] = out[8];
                 }
             }
