@@ -270,7 +270,6 @@ struct q5k_panel {
 /* One row's Q5_K block: sub-block j's 32 values sc_j·q as int16 into s[j], the (m_j, m_j)
  * pairs as dwords into mins, d and dmin into dd[0..1] (f16). */
 SIMD static INLINE void q5k_panel_row(const uint8_t *w, __m512i *s, __m256i *mins, uint16_t *dd) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
     memcpy(dd, w, 4);
     uint32_t u[4]; /* dots_q45_k's unpacking of the 6-bit scales and mins */
     memcpy(u, w + 4, 12);
@@ -283,16 +282,19 @@ SIMD static INLINE void q5k_panel_row(const uint8_t *w, __m512i *s, __m256i *min
                                _mm256_set1_epi32(0x10001));
     const __m512i sc = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_set_epi32(0, 0, (int)u[1], (int)u[0])));
     const __m256i hb = load(w + 16);
+    /* the 32 bytes of sub-blocks 2jj and 2jj + 1 widened once: their low and high nibbles
+     * as int16, bit j of each qh byte as a mask adding 16 */
     _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) {
-        const __m256i v = load(w + 48 + 32 * jj);
+        const __m512i v = _mm512_cvtepu8_epi16(load(w + 48 + 32 * jj));
         const int b0 = 2 * jj, b1 = 2 * jj + 1;
-        const __m256i h0 = b0 < 4 ? _mm256_slli_epi16(hb, 4 - b0) : _mm256_srli_epi16(hb, b0 - 4);
-        const __m256i h1 = b1 < 4 ? _mm256_slli_epi16(hb, 4 - b1) : _mm256_srli_epi16(hb, b1 - 4);
-        const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h0, sixteen));
-        const __m256i q1 = _mm256_or_si256(high_nibbles(v), _mm256_and_si256(h1, sixteen));
+        const __mmask32 h0 = _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(1 << b0)));
+        const __mmask32 h1 = _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(1 << b1)));
+        const __m512i lo = _mm512_mask_add_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x0F)), h0,
+                                                 _mm512_and_si512(v, _mm512_set1_epi16(0x0F)), _mm512_set1_epi16(16));
+        const __m512i hi = _mm512_mask_add_epi16(_mm512_srli_epi16(v, 4), h1, _mm512_srli_epi16(v, 4), _mm512_set1_epi16(16));
         /* scale j in all 32 int16 lanes */
-        s[b0] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q0), _mm512_permutexvar_epi16(_mm512_set1_epi16((short)b0), sc));
-        s[b1] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q1), _mm512_permutexvar_epi16(_mm512_set1_epi16((short)b1), sc));
+        s[b0] = _mm512_mullo_epi16(lo, _mm512_permutexvar_epi16(_mm512_set1_epi16((short)b0), sc));
+        s[b1] = _mm512_mullo_epi16(hi, _mm512_permutexvar_epi16(_mm512_set1_epi16((short)b1), sc));
     }
 }
 
@@ -314,8 +316,10 @@ SIMD static void q5k_panel_block(const uint8_t *const *w, int64_t off, struct q5
 }
 
 /* K inputs (slots x0 .. x0 + K - 1, their Q8_K blocks at a[0..K-1]) against the panel's
- * block: the lane integers, then dots_q45_k's f32 steps for each. */
-SIMD static INLINE void q5k_panel_dots(struct q5k_panel *P, int x0, int K, const uint8_t *const *a) {
+ * block: the lane integers, then dots_q45_k's f32 steps for each, the first block's FMAs
+ * onto zero as that kernel's (not onto accumulators cleared first: a memset of up to 16
+ * KiB a call, 2% of a Q5_K prefill). */
+SIMD static INLINE void q5k_panel_dots(struct q5k_panel *P, int x0, int K, const uint8_t *const *a, int first) {
     __m512i s[3][FMOE__R1_PANEL_PAIRS];
     fmoe__r1_panel_dots(&P->p, x0, K, s);
     _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) {
@@ -323,9 +327,10 @@ SIMD static INLINE void q5k_panel_dots(struct q5k_panel *P, int x0, int K, const
         const __m512i bs = _mm512_broadcast_i64x4(load(a[k] + FMOE__Q8K_BSUMS));
         __m512 *acc = P->acc[x0 + k], *accm = P->accm[x0 + k];
         _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) {
-            acc[rp] = _mm512_fmadd_ps(_mm512_mul_ps(da, P->d[rp]), _mm512_cvtepi32_ps(s[k][rp]), acc[rp]);
+            const __m512 a0 = first ? _mm512_setzero_ps() : acc[rp], m0 = first ? _mm512_setzero_ps() : accm[rp];
+            acc[rp] = _mm512_fmadd_ps(_mm512_mul_ps(da, P->d[rp]), _mm512_cvtepi32_ps(s[k][rp]), a0);
             const __m512i pm = _mm512_dpwssd_epi32(_mm512_setzero_si512(), P->m[rp], bs);
-            accm[rp] = _mm512_fmadd_ps(_mm512_mul_ps(da, P->dmin[rp]), _mm512_cvtepi32_ps(pm), accm[rp]);
+            accm[rp] = _mm512_fmadd_ps(_mm512_mul_ps(da, P->dmin[rp]), _mm512_cvtepi32_ps(pm), m0);
         }
     }
 }
@@ -349,8 +354,6 @@ SIMD static void dots_q5_k_panel(const uint8_t *W, int64_t row_bytes, int64_t ro
         for (int64_t r0 = 0; r0 < rows; r0 += FMOE__R1_PANEL_ROWS) {
             const uint8_t *w[FMOE__R1_PANEL_ROWS];
             fmoe__r1_panel_rows(W, row_bytes, rows, r0, w);
-            for (int k = 0; k < m; k++)
-                for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) P.acc[k][rp] = P.accm[k][rp] = _mm512_setzero_ps();
             for (int64_t i = 0; i < nb; i++) {
                 q5k_panel_block(w, i * FMOE_Q5_K_BYTES, &P);
                 const uint8_t *ab[FMOE__R1_PANEL_X];
@@ -359,9 +362,9 @@ SIMD static void dots_q5_k_panel(const uint8_t *W, int64_t row_bytes, int64_t ro
                     fmoe__r1_panel_input(&P.p, k, ab[k]);
                 }
                 int k = 0;
-                for (; k + 3 <= m; k += 3) q5k_panel_dots(&P, k, 3, ab + k);
-                if (m - k == 2) q5k_panel_dots(&P, k, 2, ab + k);
-                else if (m - k == 1) q5k_panel_dots(&P, k, 1, ab + k);
+                for (; k + 3 <= m; k += 3) q5k_panel_dots(&P, k, 3, ab + k, i == 0);
+                if (m - k == 2) q5k_panel_dots(&P, k, 2, ab + k, i == 0);
+                else if (m - k == 1) q5k_panel_dots(&P, k, 1, ab + k, i == 0);
             }
             const int64_t nr = rows - r0 < FMOE__R1_PANEL_ROWS ? rows - r0 : FMOE__R1_PANEL_ROWS;
             for (int k = 0; k < m; k++) {
