@@ -261,15 +261,16 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
  * integers, lane by lane (da·d and da·dmin, an FMA per lane and block, fmoe__hsum256's
  * order at the end): every input keeps its bits. */
 struct q5k_panel {
-    struct fmoe__r1_panel p;
-    __m512i m[FMOE__R1_PANEL_PAIRS]; /* (m_j, m_j) of row 2rp + h in lane 8h + j */
+    struct fmoe__r1_panel p; /* the codes, sub-block j's scale in lanes 8h .. 8h + 7 */
+    __m512i m[FMOE__R1_PANEL_PAIRS];     /* (m_j, m_j) of row 2rp + h in lane 8h + j */
     __m512 d[FMOE__R1_PANEL_PAIRS], dmin[FMOE__R1_PANEL_PAIRS];
     __m512 acc[FMOE__R1_PANEL_X][FMOE__R1_PANEL_PAIRS], accm[FMOE__R1_PANEL_X][FMOE__R1_PANEL_PAIRS];
 };
 
-/* One row's Q5_K block: sub-block j's 32 values sc_j·q as int16 into s[j], the (m_j, m_j)
- * pairs as dwords into mins, d and dmin into dd[0..1] (f16). */
-SIMD static INLINE void q5k_panel_row(const uint8_t *w, __m512i *s, __m256i *mins, uint16_t *dd) {
+/* One row's Q5_K block: sub-block j's 32 codes into q[j], its eight scales as dwords into
+ * sc, the (m_j, m_j) pairs as dwords into mins, d and dmin into dd[0..1] (f16). */
+SIMD static INLINE void q5k_panel_row(const uint8_t *w, __m256i *q, __m256i *sc, __m256i *mins, uint16_t *dd) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     memcpy(dd, w, 4);
     uint32_t u[4]; /* dots_q45_k's unpacking of the 6-bit scales and mins */
     memcpy(u, w + 4, 12);
@@ -280,34 +281,33 @@ SIMD static INLINE void q5k_panel_row(const uint8_t *w, __m512i *s, __m256i *min
     u[0] &= 0x3f3f3f3f;
     *mins = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)u[3], (int)u[2])),
                                _mm256_set1_epi32(0x10001));
-    const __m512i sc = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_set_epi32(0, 0, (int)u[1], (int)u[0])));
+    *sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)u[1], (int)u[0]));
     const __m256i hb = load(w + 16);
-    /* the 32 bytes of sub-blocks 2jj and 2jj + 1 widened once: their low and high nibbles
-     * as int16, bit j of each qh byte as a mask adding 16 */
+    /* bit j of each qh byte as a mask adding 16 */
     _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) {
-        const __m512i v = _mm512_cvtepu8_epi16(load(w + 48 + 32 * jj));
+        const __m256i v = load(w + 48 + 32 * jj);
         const int b0 = 2 * jj, b1 = 2 * jj + 1;
         const __mmask32 h0 = _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(1 << b0)));
         const __mmask32 h1 = _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(1 << b1)));
-        const __m512i lo = _mm512_mask_add_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x0F)), h0,
-                                                 _mm512_and_si512(v, _mm512_set1_epi16(0x0F)), _mm512_set1_epi16(16));
-        const __m512i hi = _mm512_mask_add_epi16(_mm512_srli_epi16(v, 4), h1, _mm512_srli_epi16(v, 4), _mm512_set1_epi16(16));
-        /* scale j in all 32 int16 lanes */
-        s[b0] = _mm512_mullo_epi16(lo, _mm512_permutexvar_epi16(_mm512_set1_epi16((short)b0), sc));
-        s[b1] = _mm512_mullo_epi16(hi, _mm512_permutexvar_epi16(_mm512_set1_epi16((short)b1), sc));
+        q[b0] = _mm256_mask_add_epi8(_mm256_and_si256(v, m4), h0, _mm256_and_si256(v, m4), _mm256_set1_epi8(16));
+        q[b1] = _mm256_mask_add_epi8(high_nibbles(v), h1, high_nibbles(v), _mm256_set1_epi8(16));
     }
 }
 
-/* Block off of rows w[0..15] into the panel, with the rows' mins, d and dmin. */
+/* Block off of rows w[0..15] into the panel, with the rows' scales, mins, d and dmin. */
 SIMD static void q5k_panel_block(const uint8_t *const *w, int64_t off, struct q5k_panel *P) {
     const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    const __m512i lane8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
     for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) {
-        __m512i s0[8], s1[8];
-        __m256i m0, m1;
+        __m256i q0[8], q1[8], sc0, sc1, m0, m1;
         uint16_t dd[4];
-        q5k_panel_row(w[2 * rp] + off, s0, &m0, dd);
-        q5k_panel_row(w[2 * rp + 1] + off, s1, &m1, dd + 2);
-        fmoe__r1_panel_pair(&P->p, rp, s0, s1);
+        q5k_panel_row(w[2 * rp] + off, q0, &sc0, &m0, dd);
+        q5k_panel_row(w[2 * rp + 1] + off, q1, &sc1, &m1, dd + 2);
+        const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(sc0), sc1, 1);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+            P->p.q[j][rp] = _mm512_inserti64x4(_mm512_castsi256_si512(q0[j]), q1[j], 1);
+            P->p.sc[j][rp] = _mm512_permutexvar_epi32(_mm512_add_epi32(lane8, _mm512_set1_epi32(j)), sc);
+        }
         P->m[rp] = _mm512_inserti64x4(_mm512_castsi256_si512(m0), m1, 1);
         const __m512 f = _mm512_broadcast_f32x4(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dd))); /* d0 dmin0 d1 dmin1 */
         P->d[rp] = _mm512_permutexvar_ps(sel, f);
@@ -315,13 +315,15 @@ SIMD static void q5k_panel_block(const uint8_t *const *w, int64_t off, struct q5
     }
 }
 
-/* K inputs (slots x0 .. x0 + K - 1, their Q8_K blocks at a[0..K-1]) against the panel's
- * block: the lane integers, then dots_q45_k's f32 steps for each, the first block's FMAs
- * onto zero as that kernel's (not onto accumulators cleared first: a memset of up to 16
- * KiB a call, 2% of a Q5_K prefill). */
+/* K inputs (their Q8_K blocks at a[0..K-1], slots x0 ..) against the panel's block: the
+ * lane integers (fmoe__r1_panel_dots), then dots_q45_k's f32 steps for each, the first
+ * block's FMAs onto zero as that kernel's (not onto accumulators cleared first: two
+ * memsets of up to 16 KiB a call, 2% of a Q5_K prefill). */
 SIMD static INLINE void q5k_panel_dots(struct q5k_panel *P, int x0, int K, const uint8_t *const *a, int first) {
     __m512i s[3][FMOE__R1_PANEL_PAIRS];
-    fmoe__r1_panel_dots(&P->p, x0, K, s);
+    _Pragma("GCC unroll 3") for (int k = 0; k < K; k++)
+        _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) s[k][rp] = _mm512_setzero_si512();
+    fmoe__r1_panel_dots(&P->p, a, K, s);
     _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) {
         const __m512 da = _mm512_set1_ps(f32_at(a[k]));
         const __m512i bs = _mm512_broadcast_i64x4(load(a[k] + FMOE__Q8K_BSUMS));
@@ -357,10 +359,7 @@ SIMD static void dots_q5_k_panel(const uint8_t *W, int64_t row_bytes, int64_t ro
             for (int64_t i = 0; i < nb; i++) {
                 q5k_panel_block(w, i * FMOE_Q5_K_BYTES, &P);
                 const uint8_t *ab[FMOE__R1_PANEL_X];
-                for (int k = 0; k < m; k++) {
-                    ab[k] = ax + k * stride + i * FMOE_Q8_K_BYTES;
-                    fmoe__r1_panel_input(&P.p, k, ab[k]);
-                }
+                for (int k = 0; k < m; k++) ab[k] = ax + k * stride + i * FMOE_Q8_K_BYTES;
                 int k = 0;
                 for (; k + 3 <= m; k += 3) q5k_panel_dots(&P, k, 3, ab + k, i == 0);
                 if (m - k == 2) q5k_panel_dots(&P, k, 2, ab + k, i == 0);
@@ -379,7 +378,8 @@ SIMD static void dots_q5_k_panel(const uint8_t *W, int64_t row_bytes, int64_t ro
         x0 += m;
     }
 }
-#define Q5K_PANEL_MIN 5 /* inputs from which QUANT_ACT_ROWS takes dots_q5_k_panel */
+#define Q5K_PANEL_MIN 4 /* inputs from which QUANT_ACT_ROWS takes dots_q5_k_panel (bench: 12.3 ps a
+                          * multiply-add at four inputs, four a pass 13.8; three level) */
 #endif
 
 /* Q6_K: 6-bit values 0..63 from ql's nibbles and qh's pairs; the offset of 32 comes off

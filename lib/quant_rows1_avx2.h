@@ -499,63 +499,42 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, co
 
 /* Row panels (the VNNI build, 512-bit registers; lib/quant_act_avx2.c's Q5_K and
  * lib/quant_kx_dot_avx2.c's Q3_K with several inputs): FMOE__R1_PANEL_ROWS rows and up to
- * FMOE__R1_PANEL_X inputs a panel, each row's block as 256 int16 values code times
- * sub-block scale (Q5_K's at most 31·63, Q3_K's 4·32), formed once for all the inputs,
- * so that one vpdpwssd takes 32 multiply-adds with the scales in (the row-wise passes
- * take a maddubs and a vpdpwssd, the eight-in-the-lanes one a vpdpbusd, a vpermd and a
- * share of a vpmulld). A register holds two rows, row 2rp + h in lanes 8h .. 8h + 7: for
- * step st = (g, i) of a block, lane 8h + l holds pair 16g + 2l + i (values 32g + 4l + 2i
- * and the next) of row 2rp + h, against the input's pairs 16g + 2l + i, l = 0..7, in
- * both halves (one 256-bit load broadcast). Each accumulator lane then gathers exactly
- * the products of values 32g + 4l .. 32g + 4l + 3 of every 32-value group g, lane l of
- * lib/quant_act_avx2.c's one-input Q5_K kernel (whose f32 steps are per lane), and its
- * lanes add up to the block's integer for Q3_K. Sixteen rows in the lanes and an input's
- * pair broadcast to them instead (a 16 x 16 transpose per panel) ran 2x slower per
- * vpdpwssd: a broadcast per instruction, and eight accumulators per input. */
+ * FMOE__R1_PANEL_X inputs a panel, each row's block unpacked once for all the inputs. A
+ * register holds two rows' codes of one 32-value group g, row 2rp + h's 32 in bytes
+ * 32h .. 32h + 31, against the input's 32 bytes of the group in both halves (one 256-bit
+ * load broadcast, the Q8_K block as it is): one vpdpbusd gives lane 8h + l the sum of
+ * values 32g + 4l .. 32g + 4l + 3 of row 2rp + h (64 multiply-adds), at most 4·31·127,
+ * an int16, so one vpdpwssd with (scale, 0) pairs adds it times its scale into the lane's
+ * sum. Each accumulator lane then gathers exactly the products of values 32g + 4l ..
+ * 32g + 4l + 3 of every group g: lane l of lib/quant_act_avx2.c's one-input Q5_K kernel
+ * (whose f32 steps are per lane), and the lanes of a row add up to its block integer
+ * (Q3_K). Tried on the way (Q5_K, 16 inputs, ps a multiply-add in a 16-row-call loop):
+ * sixteen rows in the lanes with an input's int16 pair broadcast to them (a 16 x 16
+ * transpose per panel and eight accumulators per input) 12.2 against the four-input
+ * pass's 12.3: a broadcast per vpdpwssd; the codes times scales as int16, two rows a
+ * register against the input's pairs (one vpdpwssd per 32 multiply-adds, no broadcasts)
+ * 8.7; as here 7.4, the unpacking left without widening, multiplies and permutes, the
+ * inputs without conversion. */
 enum { FMOE__R1_PANEL_ROWS = 16, FMOE__R1_PANEL_PAIRS = 8, FMOE__R1_PANEL_X = 16 };
 
 struct fmoe__r1_panel {
-    __m512i w[16][FMOE__R1_PANEL_PAIRS]; /* step st = 2g + i, row pair rp */
-    __m256i a[FMOE__R1_PANEL_X][16];     /* input x's pairs of step st */
+    __m512i q[8][FMOE__R1_PANEL_PAIRS];  /* group g's codes (unsigned bytes), rows 2rp, 2rp + 1 */
+    __m512i sc[8][FMOE__R1_PANEL_PAIRS]; /* lane 8h + l: (scale of values 32g + 4l .., 0) */
 };
 
-/* Rows 2rp and 2rp + 1 of the panel, their 32-value groups g as int16 in s0[g], s1[g]:
- * step (g, i) takes the even (i = 0) or odd (i = 1) dwords of both, one two-source
- * permute. */
-FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_panel_pair(struct fmoe__r1_panel *P, int rp,
-                                                         const __m512i *s0, const __m512i *s1) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+/* The K (at most 3: 24 accumulators) inputs' blocks a[0..K-1] against the panel's block:
+ * s[k][rp] += the lane sums. Unrolled whole: with the groups a loop, GCC 12 kept the
+ * accumulators in memory. */
+FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_panel_dots(const struct fmoe__r1_panel *P, const uint8_t *const *a,
+                                                         int K, __m512i s[][FMOE__R1_PANEL_PAIRS]) {
     _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
-        P->w[2 * g][rp] = _mm512_permutex2var_epi32(s0[g], even, s1[g]);
-        P->w[2 * g + 1][rp] = _mm512_permutex2var_epi32(s0[g], odd, s1[g]);
-    }
-}
-
-/* Input block ab (Q8_K) as the panel's input x: per group g, its 32 bytes widened to
- * int16, the even dwords (step 2g) and the odd ones (2g + 1). */
-FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_panel_input(struct fmoe__r1_panel *P, int x, const uint8_t *ab) {
-    const __m512i split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
-        const __m512i p = _mm512_permutexvar_epi32(split, _mm512_cvtepi8_epi16(fmoe__r1_load(ab + FMOE__Q8K_Q + 32 * g)));
-        P->a[x][2 * g] = _mm512_castsi512_si256(p);
-        P->a[x][2 * g + 1] = _mm512_extracti64x4_epi64(p, 1);
-    }
-}
-
-/* Inputs x0 .. x0 + K - 1 (K at most 3: 24 accumulators, the step's weights and inputs in
- * the other eight registers) against the panel's block: s[k][rp] the lane sums. Unrolled
- * whole: with the steps a loop, GCC 12 kept the accumulators in memory. */
-FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_panel_dots(const struct fmoe__r1_panel *P, int x0, int K,
-                                                         __m512i s[][FMOE__R1_PANEL_PAIRS]) {
-    _Pragma("GCC unroll 3") for (int k = 0; k < K; k++)
-        _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) s[k][rp] = _mm512_setzero_si512();
-    _Pragma("GCC unroll 16") for (int st = 0; st < 16; st++) {
         __m512i av[3];
-        _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) av[k] = _mm512_broadcast_i64x4(P->a[x0 + k][st]);
+        _Pragma("GCC unroll 3") for (int k = 0; k < K; k++)
+            av[k] = _mm512_broadcast_i64x4(fmoe__r1_load(a[k] + FMOE__Q8K_Q + 32 * g));
         _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) {
-            const __m512i wv = P->w[st][rp];
-            _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) s[k][rp] = _mm512_dpwssd_epi32(s[k][rp], wv, av[k]);
+            const __m512i qv = P->q[g][rp], sv = P->sc[g][rp];
+            _Pragma("GCC unroll 3") for (int k = 0; k < K; k++)
+                s[k][rp] = _mm512_dpwssd_epi32(s[k][rp], _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv, av[k]), sv);
         }
     }
 }
