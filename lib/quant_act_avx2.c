@@ -19,7 +19,8 @@
  * result never depends on how many inputs came with it. The loops over inputs carry
  * GCC unroll pragmas: without them GCC 12 kept them as loops with the accumulators in
  * memory (a store and a reload per input and block, 10-35% of the time at four inputs).
- * Eight inputs a pass were slower than four (accumulators spilled).
+ * Eight inputs a pass were slower than four (accumulators spilled). The VNNI build takes
+ * Q5_K's products with four inputs or more in row panels instead (dots_q5_k_panel).
  *
  * The 32-value types Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 (dots_q32) take eight rows a
  * pass as well, with each row's block sums reduced into one f32 lane and added as the
@@ -249,17 +250,19 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
 }
 
 #ifdef FMOE_QUANT_ACT_VNNI
-/* Q5_K with five inputs or more (the VNNI build): row panels (lib/quant_rows1_avx2.h,
+/* Q5_K with four inputs or more (the VNNI build): row panels (lib/quant_rows1_avx2.h,
  * fmoe__r1_panel). dots_q45_k with four inputs a pass forms each row's codes once per four
- * inputs and per input and 32 values still takes a load, a maddubs and a vpdpwssd: 10.8
+ * inputs and per input and 32 values still takes a load, a maddubs and a vpdpwssd: 11.6
  * ps a multiply-add with eight inputs (bench_vs_ggml 128 4096 15 Q5_K), 70% of a 64-token
- * prefill (perf, forward_driver, 1 thread), where llama.cpp's tiled GEMM (the weights
- * unpacked once, then vpdpbusd tiles) ran the whole prefill 1.3-1.8x faster. A panel's
- * accumulator lane l is dots_q45_k's sum vector's lane l (values 32j + 4l .. 32j + 4l + 3
- * of every sub-block j), and the mins' lane j is m_j·bsum_2j + m_j·bsum_2j+1 (a vpdpwssd
- * of (m_j, m_j) pairs with the bsums' dword j), so the f32 steps are its steps on the same
- * integers, lane by lane (da·d and da·dmin, an FMA per lane and block, fmoe__hsum256's
- * order at the end): every input keeps its bits. */
+ * prefill's samples (perf, forward_driver, 1 thread), whose tokens/s were 0.83x
+ * llama.cpp's (its prefill: a tiled GEMM, the weights unpacked once, then vpdpbusd
+ * tiles). A panel's accumulator lane l is dots_q45_k's sum vector's lane l (values
+ * 32j + 4l .. 32j + 4l + 3 of every sub-block j), and the mins' lane j is
+ * m_j·bsum_2j + m_j·bsum_2j+1 (a vpdpwssd of (m_j, m_j) pairs with the bsums' dword j),
+ * so the f32 steps are its steps on the same integers, lane by lane (da·d and da·dmin,
+ * an FMA per lane and block, fmoe__hsum256's order at the end): every input keeps its
+ * bits. With panels: 8.5 ps, prefill 0.97x (docs/quantization.md, "Q5_K and Q3_K with
+ * several inputs"). */
 struct q5k_panel {
     struct fmoe__r1_panel p; /* the codes, sub-block j's scale in lanes 8h .. 8h + 7 */
     __m512i m[FMOE__R1_PANEL_PAIRS];     /* (m_j, m_j) of row 2rp + h in lane 8h + j */
@@ -378,8 +381,9 @@ SIMD static void dots_q5_k_panel(const uint8_t *W, int64_t row_bytes, int64_t ro
         x0 += m;
     }
 }
-#define Q5K_PANEL_MIN 4 /* inputs from which QUANT_ACT_ROWS takes dots_q5_k_panel (bench: 12.3 ps a
-                          * multiply-add at four inputs, four a pass 13.8; three level) */
+/* inputs from which QUANT_ACT_ROWS takes dots_q5_k_panel: four inputs in one panel 12.3 ps
+ * a multiply-add, in one pass of dots_q45_k 13.8; three level (16-row calls, 1024 wide) */
+#define Q5K_PANEL_MIN 4
 #endif
 
 /* Q6_K: 6-bit values 0..63 from ql's nibbles and qh's pairs; the offset of 32 comes off

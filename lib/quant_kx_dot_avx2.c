@@ -1,7 +1,8 @@
 /*
  * quant_kx_dot_avx2.c - Q2_K, Q3_K and IQ4_XS rows times Q8_K inputs, AVX2: a decode
  * step's product (one input) and a prefill's (several: up to four a pass over each row,
- * IQ4_XS eight in the VNNI build, the codes formed once for all of them), for the AVX2 and AVX-512 levels (lib/quant_kx.c
+ * IQ4_XS eight and Q3_K row panels of sixteen in the VNNI build, the codes formed once
+ * for all of them), for the AVX2 and AVX-512 levels (lib/quant_kx.c
  * keeps the plain reference and the unpack-once path of the levels below).
  *
  * One loop per type over a row's blocks, the codes formed in registers and fed to maddubs
@@ -423,8 +424,9 @@ SIMD static void rowsp_q3_k(const uint8_t *W, int64_t row_bytes, int64_t rows, c
 }
 
 ROWSX(rowsx4_q3_k, FMOE_Q3_K, isumn_q3_k, d_q3_k, no_dmin, rows_q3_k, 4)
-/* panels from Q3K_PANEL_MIN inputs, passes of up to four below (bench: four inputs 12.1 ps a
- * multiply-add in one pass, 14.5 in a panel; five 17.9 as three and two, 12.6 in a panel) */
+/* panels from Q3K_PANEL_MIN inputs, passes of up to four below (16-row calls, 1024 wide:
+ * four inputs 12.1 ps a multiply-add in one pass, 14.5 in a panel; five 17.9 as three and
+ * two, 12.6 in a panel) */
 #define Q3K_PANEL_MIN 5
 SIMD static void rowsx_q3_k(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,
                             int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {

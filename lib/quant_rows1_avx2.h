@@ -1,6 +1,7 @@
 /*
  * quant_rows1_avx2.h - internal: what the 8-bit row kernels (one input, and up to four a
- * pass: FMOE__R1_ROWX, eight: FMOE__R1_ROWX8, or eight in the lanes: FMOE__R1_X8_ROWS)
+ * pass: FMOE__R1_ROWX, eight: FMOE__R1_ROWX8, eight in the lanes: FMOE__R1_X8_ROWS, or
+ * row panels of sixteen rows: fmoe__r1_panel, also lib/quant_act_avx2.c's Q5_K's)
  * of the 256-value
  * types that lib/quant_kx.c otherwise serves share (lib/quant_iq_dot_avx2.c for the
  * codebook i-quants, lib/quant_kx_dot_avx2.c for Q2_K, Q3_K and IQ4_XS): a block's
@@ -508,13 +509,14 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, co
  * sum. Each accumulator lane then gathers exactly the products of values 32g + 4l ..
  * 32g + 4l + 3 of every group g: lane l of lib/quant_act_avx2.c's one-input Q5_K kernel
  * (whose f32 steps are per lane), and the lanes of a row add up to its block integer
- * (Q3_K). Tried on the way (Q5_K, 16 inputs, ps a multiply-add in a 16-row-call loop):
- * sixteen rows in the lanes with an input's int16 pair broadcast to them (a 16 x 16
- * transpose per panel and eight accumulators per input) 12.2 against the four-input
- * pass's 12.3: a broadcast per vpdpwssd; the codes times scales as int16, two rows a
- * register against the input's pairs (one vpdpwssd per 32 multiply-adds, no broadcasts)
- * 8.7; as here 7.4, the unpacking left without widening, multiplies and permutes, the
- * inputs without conversion. */
+ * (Q3_K). Tried on the way (Q5_K, 16 inputs, ps a multiply-add, fmoe_quant_act_matvec in
+ * 16-row calls over a 128 x 1024 matrix as a prefill makes them, best of 500): sixteen
+ * rows in the lanes with an input's int16 pair broadcast to them (a 16 x 16 transpose per
+ * panel, eight accumulators per input) 12.1-12.3, no better than four inputs a pass
+ * (12.2): a broadcast per vpdpwssd; the codes times scales as int16, two rows a register
+ * against the input's pairs side by side (one vpdpwssd per 32 multiply-adds) 8.7-9.1; as
+ * here 7.8-8.0, the unpacking without widening, multiplies and permutes and the inputs
+ * without conversion (Q3_K 7.9-8.0 -> 7.3-7.4). */
 enum { FMOE__R1_PANEL_ROWS = 16, FMOE__R1_PANEL_PAIRS = 8, FMOE__R1_PANEL_X = 16 };
 
 struct fmoe__r1_panel {

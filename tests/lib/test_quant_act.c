@@ -587,11 +587,11 @@ TEST(vnni_build_gives_the_avx2_bits) {
 }
 
 /* Many rows times many inputs, each output the bits of the one-input dot: the VNNI build's
- * Q5_K panels (lib/quant_act_avx2.c's dots_q5_k_panel: 16 rows and up to 16 inputs a
- * panel, the inputs in equal groups, three at a time then two or one) over every count of
- * rows a panel leaves (1, a pair and a half, one over a panel, two panels and one row)
- * and of inputs from 1 (the one-input kernel) past two groups; the other types the same
- * through their own passes. */
+ * row panels (lib/quant_rows1_avx2.h's fmoe__r1_panel: Q5_K's dots_q5_k_panel, Q3_K's
+ * rowsp_q3_k; 16 rows and up to 16 inputs a panel, the inputs in equal groups, three at a
+ * time then two or one) over every count of rows a panel leaves (1, a pair and a half, a
+ * panel, one over, two and one row) and of inputs from 1 (the one-input kernels) past two
+ * groups; the other K-quants the same through their own passes. */
 TEST(row_panels_equal_one_input) {
     static const uint32_t kq[] = {FMOE_GGML_Q5_K, FMOE_GGML_Q3_K, FMOE_GGML_Q4_K, FMOE_GGML_Q6_K};
     static const int rowss[] = {1, 3, 16, 17, 33};
