@@ -407,6 +407,12 @@ SIMD static void rowsp_q3_k(const uint8_t *W, int64_t row_bytes, int64_t rows, c
             fmoe__r1_panel_rows(W, row_bytes, rows, r0, w);
             for (int k = 0; k < m; k++) P.s[k] = _mm512_setzero_ps();
             for (int64_t i = 0; i < nb; i++) {
+                /* the panel rows' next block, after the last the next sixteen rows' first
+                 * (the next chunk, which the same thread usually claims) */
+                if (i + 1 < nb)
+                    fmoe__r1_panel_prefetch(W + r0 * row_bytes + (i + 1) * FMOE_Q3_K_BYTES, row_bytes, FMOE_Q3_K_BYTES);
+                else
+                    fmoe__r1_panel_prefetch(W + (r0 + FMOE__R1_PANEL_ROWS) * row_bytes, row_bytes, FMOE_Q3_K_BYTES);
                 q3k_panel_block(w, i * FMOE_Q3_K_BYTES, &P);
                 const uint8_t *ab[FMOE__R1_PANEL_X];
                 for (int k = 0; k < m; k++) ab[k] = ax + k * astride + i * FMOE_Q8_K_BYTES;

@@ -549,6 +549,18 @@ static FMOE__R1_INLINE void fmoe__r1_panel_rows(const uint8_t *W, int64_t rb, in
     for (int r = 0; r < FMOE__R1_PANEL_ROWS; r++) w[r] = W + (r0 + (r < nr ? r : nr - 1)) * rb;
 }
 
+/* Asks for `bytes` at base, base + rb, .. of sixteen rows (a block of each; past the
+ * matrix's end the requests do not fault). The panels ask for their rows' next block a
+ * block ahead: a prefill's expert matrices come from memory, and without it the first
+ * loads of each block's codes took the most samples of the panel (perf). Whole model,
+ * 64-token prefill, 1 thread, medians of 11 alternating runs: Q5_K 1137 -> 1214 tokens/s,
+ * Q3_K 1283 -> 1347; L2-resident kernels 1-2% slower (the requests' own cost). */
+static FMOE__R1_INLINE void fmoe__r1_panel_prefetch(const uint8_t *base, int64_t rb, int64_t bytes) {
+    for (int r = 0; r < FMOE__R1_PANEL_ROWS; r++)
+        for (int64_t o = 0; o < bytes + 63; o += 64)
+            _mm_prefetch((const char *)base + r * rb + (o < bytes ? o : bytes - 1), _MM_HINT_T0);
+}
+
 /* How many inputs the next panel takes of the left ones, `groups` panels left: equal
  * shares (17 as 9 and 8, not 16 and 1: a panel's unpacking costs as much for one input
  * as for sixteen). */
