@@ -254,14 +254,14 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
  * fmoe__r1_panel). dots_q45_k with four inputs a pass forms each row's codes once per four
  * inputs and per input and 32 values still takes a load, a maddubs and a vpdpwssd: 11.6
  * ps a multiply-add with eight inputs (bench_vs_ggml 128 4096 15 Q5_K), 70% of a 64-token
- * prefill's samples (perf, forward_driver, 1 thread), whose tokens/s were 0.83x
+ * prefill's samples (perf, forward_driver, 1 thread), whose tokens/s were 0.78-0.83x
  * llama.cpp's (its prefill: a tiled GEMM, the weights unpacked once, then vpdpbusd
  * tiles). A panel's accumulator lane l is dots_q45_k's sum vector's lane l (values
  * 32j + 4l .. 32j + 4l + 3 of every sub-block j), and the mins' lane j is
  * m_j·bsum_2j + m_j·bsum_2j+1 (a vpdpwssd of (m_j, m_j) pairs with the bsums' dword j),
  * so the f32 steps are its steps on the same integers, lane by lane (da·d and da·dmin,
  * an FMA per lane and block, fmoe__hsum256's order at the end): every input keeps its
- * bits. With panels: 8.5 ps, prefill 0.97x (docs/quantization.md, "Q5_K and Q3_K with
+ * bits. With panels: 8.5 ps, prefill 1.01x (docs/quantization.md, "Q5_K and Q3_K with
  * several inputs"). */
 struct q5k_panel {
     struct fmoe__r1_panel p; /* the codes, sub-block j's scale in lanes 8h .. 8h + 7 */
