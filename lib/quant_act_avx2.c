@@ -312,7 +312,8 @@ SIMD static void q5k_panel_block(const uint8_t *const *w, int64_t off, struct q5
             P->p.sc[j][rp] = _mm512_permutexvar_epi32(_mm512_add_epi32(lane8, _mm512_set1_epi32(j)), sc);
         }
         P->m[rp] = _mm512_inserti64x4(_mm512_castsi256_si512(m0), m1, 1);
-        const __m512 f = _mm512_broadcast_f32x4(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dd))); /* d0 dmin0 d1 dmin1 */
+        /* d0 dmin0 d1 dmin1 in each 128-bit lane */
+        const __m512 f = _mm512_broadcast_f32x4(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dd)));
         P->d[rp] = _mm512_permutexvar_ps(sel, f);
         P->dmin[rp] = _mm512_permutexvar_ps(_mm512_add_epi32(sel, _mm512_set1_epi32(1)), f);
     }
@@ -325,7 +326,8 @@ SIMD static void q5k_panel_block(const uint8_t *const *w, int64_t off, struct q5
 SIMD static INLINE void q5k_panel_dots(struct q5k_panel *P, int x0, int K, const uint8_t *const *a, int first) {
     __m512i s[3][FMOE__R1_PANEL_PAIRS];
     _Pragma("GCC unroll 3") for (int k = 0; k < K; k++)
-        _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) s[k][rp] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++)
+            s[k][rp] = _mm512_setzero_si512();
     fmoe__r1_panel_dots(&P->p, a, K, s);
     _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) {
         const __m512 da = _mm512_set1_ps(f32_at(a[k]));
@@ -362,10 +364,9 @@ SIMD static void dots_q5_k_panel(const uint8_t *W, int64_t row_bytes, int64_t ro
             for (int64_t i = 0; i < nb; i++) {
                 /* the panel rows' next block, after the last the next sixteen rows' first
                  * (the next chunk, which the same thread usually claims) */
-                if (i + 1 < nb)
-                    fmoe__r1_panel_prefetch(W + r0 * row_bytes + (i + 1) * FMOE_Q5_K_BYTES, row_bytes, FMOE_Q5_K_BYTES);
-                else
-                    fmoe__r1_panel_prefetch(W + (r0 + FMOE__R1_PANEL_ROWS) * row_bytes, row_bytes, FMOE_Q5_K_BYTES);
+                fmoe__r1_panel_prefetch(i + 1 < nb ? W + r0 * row_bytes + (i + 1) * FMOE_Q5_K_BYTES
+                                                   : W + (r0 + FMOE__R1_PANEL_ROWS) * row_bytes,
+                                        row_bytes, FMOE_Q5_K_BYTES);
                 q5k_panel_block(w, i * FMOE_Q5_K_BYTES, &P);
                 const uint8_t *ab[FMOE__R1_PANEL_X];
                 for (int k = 0; k < m; k++) ab[k] = ax + k * stride + i * FMOE_Q8_K_BYTES;

@@ -364,7 +364,8 @@ SIMD static void q3k_panel_block(const uint8_t *const *w, int64_t off, struct q3
 SIMD static INLINE __m512i q3k_panel_sums(const __m512i *v) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-#define Q3_MERGE(x, y) _mm512_add_epi32(_mm512_permutex2var_epi32(x, even, y), _mm512_permutex2var_epi32(x, odd, y))
+#define Q3_MERGE(x, y)                                                                             \
+    _mm512_add_epi32(_mm512_permutex2var_epi32(x, even, y), _mm512_permutex2var_epi32(x, odd, y))
     const __m512i x0 = Q3_MERGE(v[0], v[1]), x1 = Q3_MERGE(v[2], v[3]); /* rows 0-3, 4-7: 4 lanes each */
     const __m512i x2 = Q3_MERGE(v[4], v[5]), x3 = Q3_MERGE(v[6], v[7]);
     return Q3_MERGE(Q3_MERGE(x0, x1), Q3_MERGE(x2, x3)); /* 2 lanes a row, then 1 */
@@ -409,10 +410,9 @@ SIMD static void rowsp_q3_k(const uint8_t *W, int64_t row_bytes, int64_t rows, c
             for (int64_t i = 0; i < nb; i++) {
                 /* the panel rows' next block, after the last the next sixteen rows' first
                  * (the next chunk, which the same thread usually claims) */
-                if (i + 1 < nb)
-                    fmoe__r1_panel_prefetch(W + r0 * row_bytes + (i + 1) * FMOE_Q3_K_BYTES, row_bytes, FMOE_Q3_K_BYTES);
-                else
-                    fmoe__r1_panel_prefetch(W + (r0 + FMOE__R1_PANEL_ROWS) * row_bytes, row_bytes, FMOE_Q3_K_BYTES);
+                fmoe__r1_panel_prefetch(i + 1 < nb ? W + r0 * row_bytes + (i + 1) * FMOE_Q3_K_BYTES
+                                                   : W + (r0 + FMOE__R1_PANEL_ROWS) * row_bytes,
+                                        row_bytes, FMOE_Q3_K_BYTES);
                 q3k_panel_block(w, i * FMOE_Q3_K_BYTES, &P);
                 const uint8_t *ab[FMOE__R1_PANEL_X];
                 for (int k = 0; k < m; k++) ab[k] = ax + k * astride + i * FMOE_Q8_K_BYTES;

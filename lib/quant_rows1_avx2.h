@@ -373,8 +373,8 @@ FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_transpose8x8(const __m256i *r, __m
 /* Blocks [i0, i0 + nc) of the eight inputs at a (as bytes apart) into x: each 32 values
  * of the eight inputs an 8 x 8 dword transpose, and so the eight inputs' sub-block sums
  * (bsums in pairs, times -128), or with halves their sums of 16 (bsums times -128). */
-FMOE__R1 static __attribute__((unused)) void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int64_t i0, int64_t nc,
-                                        int halves, struct fmoe__r1_x8 *x) {
+FMOE__R1 static __attribute__((unused)) void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int64_t i0,
+                                                                int64_t nc, int halves, struct fmoe__r1_x8 *x) {
     for (int64_t c = 0; c < nc; c++) {
         const uint8_t *ab = a + (i0 + c) * FMOE_Q8_K_BYTES;
         __m256i r[8], o[8];
@@ -527,16 +527,19 @@ struct fmoe__r1_panel {
 /* The K (at most 3: 24 accumulators) inputs' blocks a[0..K-1] against the panel's block:
  * s[k][rp] += the lane sums. Unrolled whole: with the groups a loop, GCC 12 kept the
  * accumulators in memory. */
-FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_panel_dots(const struct fmoe__r1_panel *P, const uint8_t *const *a,
-                                                         int K, __m512i s[][FMOE__R1_PANEL_PAIRS]) {
+FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_panel_dots(const struct fmoe__r1_panel *P,
+                                                         const uint8_t *const *a, int K,
+                                                         __m512i s[][FMOE__R1_PANEL_PAIRS]) {
     _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
         __m512i av[3];
         _Pragma("GCC unroll 3") for (int k = 0; k < K; k++)
             av[k] = _mm512_broadcast_i64x4(fmoe__r1_load(a[k] + FMOE__Q8K_Q + 32 * g));
         _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) {
             const __m512i qv = P->q[g][rp], sv = P->sc[g][rp];
-            _Pragma("GCC unroll 3") for (int k = 0; k < K; k++)
-                s[k][rp] = _mm512_dpwssd_epi32(s[k][rp], _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv, av[k]), sv);
+            _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) {
+                const __m512i four = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv, av[k]);
+                s[k][rp] = _mm512_dpwssd_epi32(s[k][rp], four, sv);
+            }
         }
     }
 }
