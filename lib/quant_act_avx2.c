@@ -19,7 +19,8 @@
  * result never depends on how many inputs came with it. The loops over inputs carry
  * GCC unroll pragmas: without them GCC 12 kept them as loops with the accumulators in
  * memory (a store and a reload per input and block, 10-35% of the time at four inputs).
- * Eight inputs a pass were slower than four (accumulators spilled).
+ * Eight inputs a pass were slower than four (accumulators spilled). The VNNI build takes
+ * Q5_K's products with four inputs or more in row panels instead (dots_q5_k_panel).
  *
  * The 32-value types Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 (dots_q32) take eight rows a
  * pass as well, with each row's block sums reduced into one f32 lane and added as the
@@ -40,7 +41,11 @@
 #include <immintrin.h>
 
 #ifdef FMOE_QUANT_ACT_VNNI /* lib/quant_act_avx2_vnni.c: this file again, with AVX512-VNNI */
-#define SIMD __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")))
+/* (with BMI2, which fmoe__quant_vnni also asks for, so that quant_rows1_avx2.h's panel
+ * functions inline here) */
+#define SIMD __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni,bmi2")))
+#define FMOE__R1_VNNI 1
+#include "quant_rows1_avx2.h"
 #else
 #define SIMD __attribute__((target("avx2,fma,f16c")))
 #endif
@@ -243,6 +248,150 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
     }
     _Pragma("GCC unroll 4") for (int k = 0; k < nx; k++) y[k * ys] = fmoe__hsum256(acc[k]) - fmoe__hsum256(accm[k]);
 }
+
+#ifdef FMOE_QUANT_ACT_VNNI
+/* Q5_K with four inputs or more (the VNNI build): row panels (lib/quant_rows1_avx2.h,
+ * fmoe__r1_panel). dots_q45_k with four inputs a pass forms each row's codes once per four
+ * inputs and per input and 32 values still takes a load, a maddubs and a vpdpwssd: 11.6
+ * ps a multiply-add with eight inputs (bench_vs_ggml 128 4096 15 Q5_K), 70% of a 64-token
+ * prefill's samples (perf, forward_driver, 1 thread), whose tokens/s were 0.78-0.83x
+ * llama.cpp's (its prefill: a tiled GEMM, the weights unpacked once, then vpdpbusd
+ * tiles). A panel's accumulator lane l is dots_q45_k's sum vector's lane l (values
+ * 32j + 4l .. 32j + 4l + 3 of every sub-block j), and the mins' lane j is
+ * m_j·bsum_2j + m_j·bsum_2j+1 (a vpdpwssd of (m_j, m_j) pairs with the bsums' dword j),
+ * so the f32 steps are its steps on the same integers, lane by lane (da·d and da·dmin,
+ * an FMA per lane and block, fmoe__hsum256's order at the end): every input keeps its
+ * bits. With panels: 8.5 ps, prefill 1.01x (docs/quantization.md, "Q5_K and Q3_K with
+ * several inputs"). */
+struct q5k_panel {
+    struct fmoe__r1_panel p; /* the codes, sub-block j's scale in lanes 8h .. 8h + 7 */
+    __m512i m[FMOE__R1_PANEL_PAIRS];     /* (m_j, m_j) of row 2rp + h in lane 8h + j */
+    __m512 d[FMOE__R1_PANEL_PAIRS], dmin[FMOE__R1_PANEL_PAIRS];
+    __m512 acc[FMOE__R1_PANEL_X][FMOE__R1_PANEL_PAIRS], accm[FMOE__R1_PANEL_X][FMOE__R1_PANEL_PAIRS];
+};
+
+/* One row's Q5_K block: sub-block j's 32 codes into q[j], its eight scales as dwords into
+ * sc, the (m_j, m_j) pairs as dwords into mins, d and dmin into dd[0..1] (f16). */
+SIMD static INLINE void q5k_panel_row(const uint8_t *w, __m256i *q, __m256i *sc, __m256i *mins, uint16_t *dd) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    memcpy(dd, w, 4);
+    uint32_t u[4]; /* dots_q45_k's unpacking of the 6-bit scales and mins */
+    memcpy(u, w + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+    const uint32_t u1 = u[1] & 0x3f3f3f3f;
+    u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+    u[2] = u1;
+    u[0] &= 0x3f3f3f3f;
+    *mins = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)u[3], (int)u[2])),
+                               _mm256_set1_epi32(0x10001));
+    *sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)u[1], (int)u[0]));
+    const __m256i hb = load(w + 16);
+    /* bit j of each qh byte as a mask adding 16 */
+    _Pragma("GCC unroll 4") for (int jj = 0; jj < 4; jj++) {
+        const __m256i v = load(w + 48 + 32 * jj);
+        const int b0 = 2 * jj, b1 = 2 * jj + 1;
+        const __mmask32 h0 = _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(1 << b0)));
+        const __mmask32 h1 = _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(1 << b1)));
+        q[b0] = _mm256_mask_add_epi8(_mm256_and_si256(v, m4), h0, _mm256_and_si256(v, m4), _mm256_set1_epi8(16));
+        q[b1] = _mm256_mask_add_epi8(high_nibbles(v), h1, high_nibbles(v), _mm256_set1_epi8(16));
+    }
+}
+
+/* Block off of rows w[0..15] into the panel, with the rows' scales, mins, d and dmin. */
+SIMD static void q5k_panel_block(const uint8_t *const *w, int64_t off, struct q5k_panel *P) {
+    const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    const __m512i lane8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
+    for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) {
+        __m256i q0[8], q1[8], sc0, sc1, m0, m1;
+        uint16_t dd[4];
+        q5k_panel_row(w[2 * rp] + off, q0, &sc0, &m0, dd);
+        q5k_panel_row(w[2 * rp + 1] + off, q1, &sc1, &m1, dd + 2);
+        const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(sc0), sc1, 1);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+            P->p.q[j][rp] = _mm512_inserti64x4(_mm512_castsi256_si512(q0[j]), q1[j], 1);
+            P->p.sc[j][rp] = _mm512_permutexvar_epi32(_mm512_add_epi32(lane8, _mm512_set1_epi32(j)), sc);
+        }
+        P->m[rp] = _mm512_inserti64x4(_mm512_castsi256_si512(m0), m1, 1);
+        /* d0 dmin0 d1 dmin1 in each 128-bit lane */
+        const __m512 f = _mm512_broadcast_f32x4(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dd)));
+        P->d[rp] = _mm512_permutexvar_ps(sel, f);
+        P->dmin[rp] = _mm512_permutexvar_ps(_mm512_add_epi32(sel, _mm512_set1_epi32(1)), f);
+    }
+}
+
+/* K inputs (their Q8_K blocks at a[0..K-1], slots x0 ..) against the panel's block: the
+ * lane integers (fmoe__r1_panel_dots), then dots_q45_k's f32 steps for each, the first
+ * block's FMAs onto zero as that kernel's (not onto accumulators cleared first: two
+ * memsets of up to 16 KiB a call, 2% of a Q5_K prefill). */
+SIMD static INLINE void q5k_panel_dots(struct q5k_panel *P, int x0, int K, const uint8_t *const *a, int first) {
+    __m512i s[3][FMOE__R1_PANEL_PAIRS];
+    _Pragma("GCC unroll 3") for (int k = 0; k < K; k++)
+        _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++)
+            s[k][rp] = _mm512_setzero_si512();
+    fmoe__r1_panel_dots(&P->p, a, K, s);
+    _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) {
+        const __m512 da = _mm512_set1_ps(f32_at(a[k]));
+        const __m512i bs = _mm512_broadcast_i64x4(load(a[k] + FMOE__Q8K_BSUMS));
+        __m512 *acc = P->acc[x0 + k], *accm = P->accm[x0 + k];
+        _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) {
+            const __m512 a0 = first ? _mm512_setzero_ps() : acc[rp], m0 = first ? _mm512_setzero_ps() : accm[rp];
+            acc[rp] = _mm512_fmadd_ps(_mm512_mul_ps(da, P->d[rp]), _mm512_cvtepi32_ps(s[k][rp]), a0);
+            const __m512i pm = _mm512_dpwssd_epi32(_mm512_setzero_si512(), P->m[rp], bs);
+            accm[rp] = _mm512_fmadd_ps(_mm512_mul_ps(da, P->dmin[rp]), _mm512_cvtepi32_ps(pm), m0);
+        }
+    }
+}
+
+/* fmoe__hsum256 of each 256-bit half, into lanes 0 and 8 */
+SIMD static INLINE __m512 hsum_halves(__m512 v) {
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1)); /* lane l: x_l + x_l+4 */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));        /* + the pair two lanes on */
+    return _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));     /* + the next lane */
+}
+
+/* rows x nx inputs of Q5_K, a panel's inputs three at a time (then two or one) */
+SIMD static void dots_q5_k_panel(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
+                                 int64_t stride, int nx, int64_t n, float *y, int64_t ldy) {
+    struct q5k_panel P __attribute__((aligned(64)));
+    const int64_t nb = n / FMOE_QK_K;
+    const int groups = (nx + FMOE__R1_PANEL_X - 1) / FMOE__R1_PANEL_X;
+    for (int g = 0, x0 = 0; g < groups; g++) {
+        const int m = fmoe__r1_panel_share(nx - x0, groups - g);
+        const uint8_t *ax = a + x0 * stride;
+        for (int64_t r0 = 0; r0 < rows; r0 += FMOE__R1_PANEL_ROWS) {
+            const uint8_t *w[FMOE__R1_PANEL_ROWS];
+            fmoe__r1_panel_rows(W, row_bytes, rows, r0, w);
+            for (int64_t i = 0; i < nb; i++) {
+                /* the panel rows' next block, after the last the next sixteen rows' first
+                 * (the next chunk, which the same thread usually claims) */
+                fmoe__r1_panel_prefetch(i + 1 < nb ? W + r0 * row_bytes + (i + 1) * FMOE_Q5_K_BYTES
+                                                   : W + (r0 + FMOE__R1_PANEL_ROWS) * row_bytes,
+                                        row_bytes, FMOE_Q5_K_BYTES);
+                q5k_panel_block(w, i * FMOE_Q5_K_BYTES, &P);
+                const uint8_t *ab[FMOE__R1_PANEL_X];
+                for (int k = 0; k < m; k++) ab[k] = ax + k * stride + i * FMOE_Q8_K_BYTES;
+                int k = 0;
+                for (; k + 3 <= m; k += 3) q5k_panel_dots(&P, k, 3, ab + k, i == 0);
+                if (m - k == 2) q5k_panel_dots(&P, k, 2, ab + k, i == 0);
+                else if (m - k == 1) q5k_panel_dots(&P, k, 1, ab + k, i == 0);
+            }
+            const int64_t nr = rows - r0 < FMOE__R1_PANEL_ROWS ? rows - r0 : FMOE__R1_PANEL_ROWS;
+            for (int k = 0; k < m; k++) {
+                float out[16];
+                for (int rp = 0; 2 * rp < nr; rp++) {
+                    _mm512_storeu_ps(out, _mm512_sub_ps(hsum_halves(P.acc[k][rp]), hsum_halves(P.accm[k][rp])));
+                    y[(x0 + k) * ldy + r0 + 2 * rp] = out[0];
+                    if (2 * rp + 1 < nr) y[(x0 + k) * ldy + r0 + 2 * rp + 1] = out[8];
+                }
+            }
+        }
+        x0 += m;
+    }
+}
+/* inputs from which QUANT_ACT_ROWS takes dots_q5_k_panel: four inputs in one panel 12.3 ps
+ * a multiply-add, in one pass of dots_q45_k 13.8; three level (16-row calls, 1024 wide) */
+#define Q5K_PANEL_MIN 4
+#endif
 
 /* Q6_K: 6-bit values 0..63 from ql's nibbles and qh's pairs; the offset of 32 comes off
  * once per block as 32·Σ sc·bsum. */

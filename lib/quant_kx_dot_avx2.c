@@ -1,7 +1,8 @@
 /*
  * quant_kx_dot_avx2.c - Q2_K, Q3_K and IQ4_XS rows times Q8_K inputs, AVX2: a decode
  * step's product (one input) and a prefill's (several: up to four a pass over each row,
- * IQ4_XS eight in the VNNI build, the codes formed once for all of them), for the AVX2 and AVX-512 levels (lib/quant_kx.c
+ * IQ4_XS eight and Q3_K row panels of sixteen in the VNNI build, the codes formed once
+ * for all of them), for the AVX2 and AVX-512 levels (lib/quant_kx.c
  * keeps the plain reference and the unpack-once path of the levels below).
  *
  * One loop per type over a row's blocks, the codes formed in registers and fed to maddubs
@@ -347,7 +348,152 @@ ROWS(rows_iq4_xs, FMOE_IQ4_XS, isum_iq4_xs, d_iq4_xs, no_dmin, d8_iq4_xs, 1)
         }                                                                                          \
     }
 ROWSX(rowsx_q2_k, FMOE_Q2_K, isumn_q2_k, d_q2_k, dmin_q2_k, rows_q2_k, 4)
+#if defined(FMOE__R1_VNNI)
+/* Q3_K with five inputs or more in the VNNI build: row panels (lib/quant_rows1_avx2.h,
+ * fmoe__r1_panel), the codes q' = q + 4 (0..7) unsigned, formed once for up to sixteen
+ * inputs; the -4 comes off as isumn_q3_k's does, each accumulator starting from
+ * -4·Σ_s sc_s·bsum_s (lane 8h + t: scales 2t and 2t + 1 of row h against bsums 2t and
+ * 2t + 1). A row's block integer is its accumulator half's eight lanes added (exact, in
+ * any order: q3k_panel_sums does sixteen rows at once), and the f32 steps are
+ * FMOE__R1_ROWX8's, the reference's, lane by lane: the reference's bits. */
+struct q3k_panel {
+    struct fmoe__r1_panel p;
+    __m512i corr[FMOE__R1_PANEL_PAIRS]; /* (-4 sc_2t, -4 sc_2t+1) of row 2rp + h in lane 8h + t */
+    uint16_t d[FMOE__R1_PANEL_ROWS];    /* the rows' f16 d */
+    __m512 s[FMOE__R1_PANEL_X];         /* input x's sums so far, row r in lane r */
+};
+
+/* One row's Q3_K block: group g's 32 codes q' (values 128h + 32j + l, g = 4h + j) into
+ * q[g], its sixteen scales (scale u for values 16u .. 16u + 15) as dwords into sc[0..1]
+ * and as int16 into sc16. */
+SIMD static INLINE void q3k_panel_row(const uint8_t *b, __m256i *q, __m512i *sc, __m256i *sc16) {
+    const uint32_t a0 = fmoe__r1_le32(b + 96), a1 = fmoe__r1_le32(b + 100);
+    const uint32_t tmp = fmoe__r1_le32(b + 104), lo4 = 0x0F0F0F0F, lo2 = 0x03030303;
+    const __m128i sc8 = _mm_sub_epi8(
+        _mm_setr_epi32((int)((a0 & lo4) | ((tmp & lo2) << 4)),
+                       (int)((a1 & lo4) | (((tmp >> 2) & lo2) << 4)),
+                       (int)(((a0 >> 4) & lo4) | (((tmp >> 4) & lo2) << 4)),
+                       (int)(((a1 >> 4) & lo4) | (((tmp >> 6) & lo2) << 4))),
+        _mm_set1_epi8(32));
+    *sc = _mm512_cvtepi8_epi32(sc8);
+    *sc16 = _mm256_cvtepi8_epi16(sc8);
+    const __m256i hmask = fmoe__r1_load(b);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        const __m256i qs = fmoe__r1_load(b + 32 + 32 * h);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+            q[4 * h + j] = _mm256_or_si256(fmoe__r1_bits2(qs, j), fmoe__r1_bit_to4(hmask, 4 * h + j));
+    }
+}
+
+/* Block off of rows w[0..15] into the panel, with the rows' corrections and d: lane
+ * 8h + l of group g takes scale 2g (l < 4, values 0..15 of the group) or 2g + 1. */
+SIMD static void q3k_panel_block(const uint8_t *const *w, int64_t off, struct q3k_panel *P) {
+    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 16, 16, 16, 16, 17, 17, 17, 17);
+    for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) {
+        __m256i q0[8], q1[8], c0, c1;
+        __m512i sc0, sc1;
+        q3k_panel_row(w[2 * rp] + off, q0, &sc0, &c0);
+        q3k_panel_row(w[2 * rp + 1] + off, q1, &sc1, &c1);
+        _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
+            P->p.q[g][rp] = _mm512_inserti64x4(_mm512_castsi256_si512(q0[g]), q1[g], 1);
+            /* (scale, 0): the high half cleared, or a negative scale's sign bits would
+             * multiply the high half of a negative four-value sum */
+            P->p.sc[g][rp] = _mm512_and_si512(
+                _mm512_permutex2var_epi32(sc0, _mm512_add_epi32(pick, _mm512_set1_epi32(2 * g)), sc1),
+                _mm512_set1_epi32(0xFFFF));
+        }
+        const __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+        P->corr[rp] = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(c, 2));
+        memcpy(&P->d[2 * rp], w[2 * rp] + off + 108, 2);
+        memcpy(&P->d[2 * rp + 1], w[2 * rp + 1] + off + 108, 2);
+    }
+}
+
+/* The sixteen rows' block integers, row r in lane r, from the eight row pairs' lane sums:
+ * three levels of adding neighbouring lanes, each merging two vectors into one. */
+SIMD static INLINE __m512i q3k_panel_sums(const __m512i *v) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+#define Q3_MERGE(x, y)                                                                             \
+    _mm512_add_epi32(_mm512_permutex2var_epi32(x, even, y), _mm512_permutex2var_epi32(x, odd, y))
+    const __m512i x0 = Q3_MERGE(v[0], v[1]), x1 = Q3_MERGE(v[2], v[3]); /* rows 0-3, 4-7: 4 lanes each */
+    const __m512i x2 = Q3_MERGE(v[4], v[5]), x3 = Q3_MERGE(v[6], v[7]);
+    return Q3_MERGE(Q3_MERGE(x0, x1), Q3_MERGE(x2, x3)); /* 2 lanes a row, then 1 */
+#undef Q3_MERGE
+}
+
+/* K inputs (their Q8_K blocks at a[0..K-1], slots x0 ..) against the panel's block:
+ * s += (da·d)·sum - (da·dmin)·msum, dmin and msum zero as in FMOE__R1_ROWX8. */
+SIMD static INLINE void q3k_panel_dots(struct q3k_panel *P, int x0, int K, const uint8_t *const *a) {
+    __m512i s[3][FMOE__R1_PANEL_PAIRS];
+    _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) {
+        const __m512i bs = _mm512_broadcast_i64x4(fmoe__r1_load(a[k] + FMOE__Q8K_BSUMS));
+        _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++)
+            s[k][rp] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), P->corr[rp], bs);
+    }
+    fmoe__r1_panel_dots(&P->p, a, K, s);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)P->d)), zero = _mm512_setzero_ps();
+    _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) {
+        float da1;
+        memcpy(&da1, a[k], 4);
+        const __m512 da = _mm512_set1_ps(da1), sum = _mm512_cvtepi32_ps(q3k_panel_sums(s[k]));
+        const __m512 t = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(da, d), sum),
+                                       _mm512_mul_ps(_mm512_mul_ps(da, zero), zero));
+        P->s[x0 + k] = _mm512_add_ps(P->s[x0 + k], t);
+    }
+}
+
+/* rows x nx inputs of Q3_K (astride bytes apart) into y[k·ldy + r], a panel's inputs
+ * three at a time (then two or one) */
+SIMD static void rowsp_q3_k(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,
+                            int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {
+    struct q3k_panel P __attribute__((aligned(64)));
+    const int64_t nb = n / FMOE_QK_K;
+    const int groups = (nx + FMOE__R1_PANEL_X - 1) / FMOE__R1_PANEL_X;
+    for (int g = 0, x0 = 0; g < groups; g++) {
+        const int m = fmoe__r1_panel_share(nx - x0, groups - g);
+        const uint8_t *ax = qx + x0 * astride;
+        for (int64_t r0 = 0; r0 < rows; r0 += FMOE__R1_PANEL_ROWS) {
+            const uint8_t *w[FMOE__R1_PANEL_ROWS];
+            fmoe__r1_panel_rows(W, row_bytes, rows, r0, w);
+            for (int k = 0; k < m; k++) P.s[k] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < nb; i++) {
+                /* the panel rows' next block, after the last the next sixteen rows' first
+                 * (the next chunk, which the same thread usually claims) */
+                fmoe__r1_panel_prefetch(i + 1 < nb ? W + r0 * row_bytes + (i + 1) * FMOE_Q3_K_BYTES
+                                                   : W + (r0 + FMOE__R1_PANEL_ROWS) * row_bytes,
+                                        row_bytes, FMOE_Q3_K_BYTES);
+                q3k_panel_block(w, i * FMOE_Q3_K_BYTES, &P);
+                const uint8_t *ab[FMOE__R1_PANEL_X];
+                for (int k = 0; k < m; k++) ab[k] = ax + k * astride + i * FMOE_Q8_K_BYTES;
+                int k = 0;
+                for (; k + 3 <= m; k += 3) q3k_panel_dots(&P, k, 3, ab + k);
+                if (m - k == 2) q3k_panel_dots(&P, k, 2, ab + k);
+                else if (m - k == 1) q3k_panel_dots(&P, k, 1, ab + k);
+            }
+            const int64_t nr = rows - r0 < FMOE__R1_PANEL_ROWS ? rows - r0 : FMOE__R1_PANEL_ROWS;
+            for (int k = 0; k < m; k++)
+                _mm512_mask_storeu_ps(y + (x0 + k) * ldy + r0, (__mmask16)((1u << nr) - 1), P.s[k]);
+        }
+        x0 += m;
+    }
+}
+
+ROWSX(rowsx4_q3_k, FMOE_Q3_K, isumn_q3_k, d_q3_k, no_dmin, rows_q3_k, 4)
+/* panels from Q3K_PANEL_MIN inputs, passes of up to four below (16-row calls, 1024 wide:
+ * four inputs 12.1 ps a multiply-add in one pass, 14.5 in a panel; five 17.9 as three and
+ * two, 12.6 in a panel) */
+#define Q3K_PANEL_MIN 5
+SIMD static void rowsx_q3_k(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,
+                            int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {
+    if (nx >= Q3K_PANEL_MIN)
+        rowsp_q3_k(W, row_bytes, rows, qx, astride, nx, n, y, ldy);
+    else
+        rowsx4_q3_k(W, row_bytes, rows, qx, astride, nx, n, y, ldy);
+}
+#else
 ROWSX(rowsx_q3_k, FMOE_Q3_K, isumn_q3_k, d_q3_k, no_dmin, rows_q3_k, 4)
+#endif
 #if defined(FMOE__R1_VNNI)
 /* IQ4_XS's eight-input passes in the VNNI build: FMOE__R1_X8_ROWS (lib/quant_rows1_avx2.h),
  * the inputs in the lanes. Eight inputs, ps a multiply-add on the development VM's EPYC:

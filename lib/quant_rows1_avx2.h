@@ -1,6 +1,7 @@
 /*
  * quant_rows1_avx2.h - internal: what the 8-bit row kernels (one input, and up to four a
- * pass: FMOE__R1_ROWX, eight: FMOE__R1_ROWX8, or eight in the lanes: FMOE__R1_X8_ROWS)
+ * pass: FMOE__R1_ROWX, eight: FMOE__R1_ROWX8, eight in the lanes: FMOE__R1_X8_ROWS, or
+ * row panels of sixteen rows: fmoe__r1_panel, also lib/quant_act_avx2.c's Q5_K's)
  * of the 256-value
  * types that lib/quant_kx.c otherwise serves share (lib/quant_iq_dot_avx2.c for the
  * codebook i-quants, lib/quant_kx_dot_avx2.c for Q2_K, Q3_K and IQ4_XS): a block's
@@ -84,7 +85,7 @@ FMOE__R1 static FMOE__R1_INLINE int32_t fmoe__r1_hsum(__m256i acc) {
      2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1,      \
      2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1,      \
      2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1}
-static const uint8_t fmoe__r1_pick[8][32] __attribute__((aligned(32))) = {
+static const uint8_t fmoe__r1_pick[8][32] __attribute__((aligned(32), unused)) = {
     FMOE__R1_P(0), FMOE__R1_P(1), FMOE__R1_P(2), FMOE__R1_P(3),
     FMOE__R1_P(4), FMOE__R1_P(5), FMOE__R1_P(6), FMOE__R1_P(7)};
 #undef FMOE__R1_P
@@ -398,8 +399,8 @@ FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_transpose8x8(const __m256i *r, __m
 /* Blocks [i0, i0 + nc) of the nx (1..8) inputs at a (as bytes apart) into x: each 32 values
  * of the eight inputs an 8 x 8 dword transpose, and so the eight inputs' sub-block sums
  * (bsums in pairs, times -128), or with halves their sums of 16 (bsums times -128). */
-FMOE__R1 static void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int nx, int64_t i0, int64_t nc,
-                                        int halves, struct fmoe__r1_x8 *x) {
+FMOE__R1 static __attribute__((unused)) void fmoe__r1_x8_repack(const uint8_t *a, int64_t as, int nx, int64_t i0,
+                                                                int64_t nc, int halves, struct fmoe__r1_x8 *x) {
     /* fewer than eight inputs: the last one again in the lanes left (their sums unused) */
     int64_t off[8];
     for (int k = 0; k < 8; k++) off[k] = (k < nx ? k : nx - 1) * as;
@@ -541,6 +542,77 @@ FMOE__R1 static FMOE__R1_INLINE __m256i fmoe__r1_x8_dots16(const __m256i *gu, co
             }                                                                                      \
         }                                                                                          \
     }
+
+/* Row panels (the VNNI build, 512-bit registers; lib/quant_act_avx2.c's Q5_K and
+ * lib/quant_kx_dot_avx2.c's Q3_K with several inputs): FMOE__R1_PANEL_ROWS rows and up to
+ * FMOE__R1_PANEL_X inputs a panel, each row's block unpacked once for all the inputs. A
+ * register holds two rows' codes of one 32-value group g, row 2rp + h's 32 in bytes
+ * 32h .. 32h + 31, against the input's 32 bytes of the group in both halves (one 256-bit
+ * load broadcast, the Q8_K block as it is): one vpdpbusd gives lane 8h + l the sum of
+ * values 32g + 4l .. 32g + 4l + 3 of row 2rp + h (64 multiply-adds), at most 4·31·127,
+ * an int16, so one vpdpwssd with (scale, 0) pairs adds it times its scale into the lane's
+ * sum. Each accumulator lane then gathers exactly the products of values 32g + 4l ..
+ * 32g + 4l + 3 of every group g: lane l of lib/quant_act_avx2.c's one-input Q5_K kernel
+ * (whose f32 steps are per lane), and the lanes of a row add up to its block integer
+ * (Q3_K). Tried on the way (Q5_K, 16 inputs, ps a multiply-add, fmoe_quant_act_matvec in
+ * 16-row calls over a 128 x 1024 matrix as a prefill makes them, best of 500): sixteen
+ * rows in the lanes with an input's int16 pair broadcast to them (a 16 x 16 transpose per
+ * panel, eight accumulators per input) 12.1-12.3, no better than four inputs a pass
+ * (12.2): a broadcast per vpdpwssd; the codes times scales as int16, two rows a register
+ * against the input's pairs side by side (one vpdpwssd per 32 multiply-adds) 8.7-9.1; as
+ * here 7.8-8.0, the unpacking without widening, multiplies and permutes and the inputs
+ * without conversion (Q3_K 7.9-8.0 -> 7.3-7.4). */
+enum { FMOE__R1_PANEL_ROWS = 16, FMOE__R1_PANEL_PAIRS = 8, FMOE__R1_PANEL_X = 16 };
+
+struct fmoe__r1_panel {
+    __m512i q[8][FMOE__R1_PANEL_PAIRS];  /* group g's codes (unsigned bytes), rows 2rp, 2rp + 1 */
+    __m512i sc[8][FMOE__R1_PANEL_PAIRS]; /* lane 8h + l: (scale of values 32g + 4l .., 0) */
+};
+
+/* The K (at most 3: 24 accumulators) inputs' blocks a[0..K-1] against the panel's block:
+ * s[k][rp] += the lane sums. Unrolled whole: with the groups a loop, GCC 12 kept the
+ * accumulators in memory. */
+FMOE__R1 static FMOE__R1_INLINE void fmoe__r1_panel_dots(const struct fmoe__r1_panel *P,
+                                                         const uint8_t *const *a, int K,
+                                                         __m512i s[][FMOE__R1_PANEL_PAIRS]) {
+    _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
+        __m512i av[3];
+        _Pragma("GCC unroll 3") for (int k = 0; k < K; k++)
+            av[k] = _mm512_broadcast_i64x4(fmoe__r1_load(a[k] + FMOE__Q8K_Q + 32 * g));
+        _Pragma("GCC unroll 8") for (int rp = 0; rp < FMOE__R1_PANEL_PAIRS; rp++) {
+            const __m512i qv = P->q[g][rp], sv = P->sc[g][rp];
+            _Pragma("GCC unroll 3") for (int k = 0; k < K; k++) {
+                const __m512i four = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qv, av[k]);
+                s[k][rp] = _mm512_dpwssd_epi32(s[k][rp], four, sv);
+            }
+        }
+    }
+}
+
+/* Panel rows r0 .. r0 + 15 of W (rows past `rows` repeat the last; their results are
+ * dropped): w[r] */
+static FMOE__R1_INLINE void fmoe__r1_panel_rows(const uint8_t *W, int64_t rb, int64_t rows, int64_t r0,
+                                                const uint8_t **w) {
+    const int64_t nr = rows - r0 < FMOE__R1_PANEL_ROWS ? rows - r0 : FMOE__R1_PANEL_ROWS;
+    for (int r = 0; r < FMOE__R1_PANEL_ROWS; r++) w[r] = W + (r0 + (r < nr ? r : nr - 1)) * rb;
+}
+
+/* Asks for `bytes` at base, base + rb, .. of sixteen rows (a block of each; past the
+ * matrix's end the requests do not fault). The panels ask for their rows' next block a
+ * block ahead: a prefill's expert matrices come from memory, and without it the first
+ * loads of each block's codes took the most samples of the panel (perf). Whole model,
+ * 64-token prefill, 1 thread, medians of 11 alternating runs: Q5_K 1137 -> 1214 tokens/s,
+ * Q3_K 1283 -> 1347; L2-resident kernels 1-2% slower (the requests' own cost). */
+static FMOE__R1_INLINE void fmoe__r1_panel_prefetch(const uint8_t *base, int64_t rb, int64_t bytes) {
+    for (int r = 0; r < FMOE__R1_PANEL_ROWS; r++)
+        for (int64_t o = 0; o < bytes + 63; o += 64)
+            _mm_prefetch((const char *)base + r * rb + (o < bytes ? o : bytes - 1), _MM_HINT_T0);
+}
+
+/* How many inputs the next panel takes of the left ones, `groups` panels left: equal
+ * shares (17 as 9 and 8, not 16 and 1: a panel's unpacking costs as much for one input
+ * as for sixteen). */
+static inline int fmoe__r1_panel_share(int left, int groups) { return left / groups; }
 
 /* name(W, row_bytes, rows, qx, astride, nx, n, y, ldy): eight inputs a pass by ROWS8 (an
  * FMOE__R1_X8_ROWS), and so the last FMOE__R1_X8_MIN .. 7 (lanes left over); fewer by

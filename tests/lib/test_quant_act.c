@@ -586,5 +586,44 @@ TEST(vnni_build_gives_the_avx2_bits) {
     }
 }
 
+/* Many rows times many inputs, each output the bits of the one-input dot: the VNNI build's
+ * row panels (lib/quant_rows1_avx2.h's fmoe__r1_panel: Q5_K's dots_q5_k_panel, Q3_K's
+ * rowsp_q3_k; 16 rows and up to 16 inputs a panel, the inputs in equal groups, three at a
+ * time then two or one) over every count of rows a panel leaves (1, a pair and a half, a
+ * panel, one over, two and one row) and of inputs from 1 (the one-input kernels) past two
+ * groups; the other K-quants the same through their own passes. */
+TEST(row_panels_equal_one_input) {
+    static const uint32_t kq[] = {FMOE_GGML_Q5_K, FMOE_GGML_Q3_K, FMOE_GGML_Q4_K, FMOE_GGML_Q6_K};
+    static const int rowss[] = {1, 3, 16, 17, 33};
+    enum { N = 512, MAXR = 33, MAXX = 35 };
+    for (size_t ti = 0; ti < sizeof kq / sizeof kq[0]; ti++) {
+        const uint32_t t = kq[ti];
+        const int64_t rb = fmoe_quant_row_bytes(t, N), ab = fmoe_quant_act_bytes(t, N);
+        uint8_t *w = malloc((size_t)(rb * MAXR)), *qx = malloc((size_t)(ab * MAXX));
+        float x[N], *y = malloc(sizeof(float) * MAXR * MAXX);
+        for (int r = 0; r < MAXR; r++) random_row(t, w + r * rb, N);
+        for (int v = 0; v < MAXX; v++) {
+            for (int i = 0; i < N; i++) x[i] = rndf() * (v % 7 == 2 && i % 256 == 5 ? 30.f : 1.f);
+            fmoe_quant_act_quantize(t, x, qx + v * ab, N);
+        }
+        for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
+            const int rows = rowss[ri];
+            for (int nx = 1; nx <= MAXX; nx += nx < 20 ? 1 : 15) {
+                fmoe_quant_act_matvec(t, w, rb, rows, qx, ab, nx, N, y, rows);
+                for (int r = 0; r < rows; r++)
+                    for (int v = 0; v < nx; v++) {
+                        const float one = fmoe_quant_act_dot(t, w + r * rb, qx + v * ab, N);
+                        if (memcmp(&one, &y[v * rows + r], sizeof one) != 0)
+                            HARNESS_FAIL("%s rows=%d nx=%d row %d input %d: %.9g, one input %.9g",
+                                         fmoe_ggml_type_name(t), rows, nx, r, v, y[v * rows + r], one);
+                    }
+            }
+        }
+        free(w);
+        free(qx);
+        free(y);
+    }
+}
+
 /* Every test above once per kernel level this CPU has (quant_levels.h). */
 int main(int argc, char **argv) { return run_tests_at_every_level(argc, argv); }
