@@ -60,6 +60,20 @@ def test_type_list():
     assert btl.parse_threads("1,2") == [1, 2]
 
 
+def test_wrong_type_file_is_not_timed():
+    """A pure type's file mostly of another type is refused, not timed under the wrong name
+    (llama-quantize's file type IQ2_S writes IQ2_XS tensors: the IQ2_S row once timed
+    such a file); a file of the type, a mix and MXFP4's MoE file are accepted."""
+    iq2xs = {"bytes": 1000, "bytes_by_type": {"IQ2_XS": 990, "F32": 10}}
+    why = btl.wrong_type("IQ2_S", "m-IQ2_S.gguf", iq2xs)
+    assert why and "only 0%" in why and "IQ2_XS" in why and "m-IQ2_S.gguf" in why
+    assert btl.wrong_type("IQ2_XS", "m.gguf", iq2xs) is None
+    assert btl.wrong_type("Q4_K", "m.gguf", {"bytes": 100, "bytes_by_type": {"Q4_K": 89, "Q6_K": 11}})
+    assert btl.wrong_type("Q4_K", "m.gguf", {"bytes": 100, "bytes_by_type": {"Q4_K": 90, "F32": 10}}) is None
+    assert btl.wrong_type("mix:Q4_K_M", "m.gguf", {"bytes": 100, "bytes_by_type": {"Q6_K": 100}}) is None
+    assert btl.wrong_type("MXFP4", "m.gguf", {"bytes": 100, "bytes_by_type": {"Q8_0": 60, "MXFP4": 40}}) is None
+
+
 def test_bits_per_weight(tmp_path):
     """Q8_0 is 34 bytes a 32-value block and Q4_K 144 a 256-value one (ggml-common.h), F32 4
     bytes a value: the file's figure is their weighted mean."""
