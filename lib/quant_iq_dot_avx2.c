@@ -852,7 +852,7 @@ ROWS(rows_iq1_m, FMOE_IQ1_M, isum_iq1_m_vec, d_iq1_m, 0)
  * (lib/quant_rows1_avx2.h): IQ3_XXS 13.1 -> 10.3, IQ3_S 16.5 -> 11.7, IQ2_XXS 10.4 -> 8.7;
  * and the types with a scale per 16 values (HALVES) too: IQ2_XS 13.1 -> 9.5 (row-wise
  * before), IQ2_S 9.6 -> 9.0 (row-wise before), IQ1_M 12.6 -> 10.7; whole-model prefill
- * (64 tokens, one thread) IQ2_XS 805 -> 1056, IQ2_S 818 -> 1049, IQ1_M 863 -> 1002 tokens/s.
+ * (64 tokens, one thread) IQ2_XS 805 -> 1056, IQ2_S 730 -> 980, IQ1_M 863 -> 1002 tokens/s.
  * Each sets gu[j] to sub-block j's 32 codes q = g·s (IQ1_S: 8g + δ) as q + 128 and
  * returns the scales 2ls + 1, scale j in dword j. */
 SIMD static INLINE __m256i x8_scales(__m256i ls) {
