@@ -188,15 +188,10 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
         uint32_t dd;
         memcpy(&dd, w, 4);
         const __m128 ddf = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
-        /* the eight 6-bit scales and mins as int16 lanes, all at once (ggml's utmp trick:
-         * fmoe__scale_min_k4 for j = 0..7, four 32-bit words at a time) */
+        /* the eight 6-bit scales and mins as int16 lanes, all at once
+         * (fmoe__scale_min_k4_all) */
         uint32_t u[4];
-        memcpy(u, w + 4, 12);
-        u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-        const uint32_t u1 = u[1] & 0x3f3f3f3f;
-        u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-        u[2] = u1;
-        u[0] &= 0x3f3f3f3f;
+        fmoe__scale_min_k4_all(w + 4, u);
         /* u[0..1]: scales of sub-blocks 0..7, u[2..3]: their mins */
         const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[1], (int)u[0]));
         /* each min twice, in the int16 lanes of the two bsums of its sub-block */
@@ -276,12 +271,7 @@ SIMD static INLINE void q5k_panel_row(const uint8_t *w, __m256i *q, __m256i *sc,
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     memcpy(dd, w, 4);
     uint32_t u[4]; /* dots_q45_k's unpacking of the 6-bit scales and mins */
-    memcpy(u, w + 4, 12);
-    u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-    const uint32_t u1 = u[1] & 0x3f3f3f3f;
-    u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-    u[2] = u1;
-    u[0] &= 0x3f3f3f3f;
+    fmoe__scale_min_k4_all(w + 4, u);
     *mins = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)u[3], (int)u[2])),
                                _mm256_set1_epi32(0x10001));
     *sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)u[1], (int)u[0]));

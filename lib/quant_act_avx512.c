@@ -174,12 +174,7 @@ SIMD static INLINE void dots_q45_k(const uint8_t *w, const uint8_t *a, int64_t s
         const float d = f16_at(w), dmin = f16_at(w + 2);
         /* the eight 6-bit scales and mins, as the AVX2 kernel unpacks them */
         uint32_t u[4];
-        memcpy(u, w + 4, 12);
-        u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-        const uint32_t u1 = u[1] & 0x3f3f3f3f;
-        u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-        u[2] = u1;
-        u[0] &= 0x3f3f3f3f;
+        fmoe__scale_min_k4_all(w + 4, u);
         /* u[0..1]: scales of sub-blocks 0..7, u[2..3]: their mins */
         const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[1], (int)u[0]));
         const __m128i mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2]));

@@ -66,6 +66,18 @@ SIMD static INLINE void d8_q2_k(const uint8_t *b, int64_t rb, __m256 *d, __m256 
     *dmin = fmoe__r1_f16x8(b + 80, rb, 1);
 }
 
+/* Q3_K's sixteen 6-bit scales minus 32 as bytes, scale u (values 16u .. 16u + 15) in
+ * byte u: the low nibbles from the 8 bytes at 96, the top two bits from the 4 at 104. */
+SIMD static INLINE __m128i q3_k_scales8(const uint8_t *b) {
+    const uint32_t a0 = fmoe__r1_le32(b + 96), a1 = fmoe__r1_le32(b + 100);
+    const uint32_t tmp = fmoe__r1_le32(b + 104), lo4 = 0x0F0F0F0F, lo2 = 0x03030303;
+    return _mm_sub_epi8(_mm_setr_epi32((int)((a0 & lo4) | ((tmp & lo2) << 4)),
+                                       (int)((a1 & lo4) | (((tmp >> 2) & lo2) << 4)),
+                                       (int)(((a0 >> 4) & lo4) | (((tmp >> 4) & lo2) << 4)),
+                                       (int)(((a1 >> 4) & lo4) | (((tmp >> 6) & lo2) << 4))),
+                        _mm_set1_epi8(32));
+}
+
 /* Q3_K (110 bytes): hmask[32] (value 128h + 32j + l: bit 4h + j of byte l), qs[64] at 32
  * (as Q2_K's), twelve bytes of 6-bit scales at 96 (biased by 32: lib/quant_block.h's
  * fmoe__kx_scale), f16 d at 108. The sixteen scales are unpacked four bytes at a time as
@@ -73,14 +85,7 @@ SIMD static INLINE void d8_q2_k(const uint8_t *b, int64_t rb, __m256 *d, __m256 
 SIMD static INLINE __m256i isum_q3_k(const uint8_t *b, const uint8_t *a, __m256i *msum) {
     *msum = _mm256_setzero_si256();
     const int8_t *qa = (const int8_t *)(a + FMOE__Q8K_Q);
-    const uint32_t a0 = fmoe__r1_le32(b + 96), a1 = fmoe__r1_le32(b + 100);
-    const uint32_t tmp = fmoe__r1_le32(b + 104), lo4 = 0x0F0F0F0F, lo2 = 0x03030303;
-    const __m128i sc8 = _mm_sub_epi8(
-        _mm_setr_epi32((int)((a0 & lo4) | ((tmp & lo2) << 4)),
-                       (int)((a1 & lo4) | (((tmp >> 2) & lo2) << 4)),
-                       (int)(((a0 >> 4) & lo4) | (((tmp >> 4) & lo2) << 4)),
-                       (int)(((a1 >> 4) & lo4) | (((tmp >> 6) & lo2) << 4))),
-        _mm_set1_epi8(32));
+    const __m128i sc8 = q3_k_scales8(b);
     const __m256i scales = fmoe__r1_scales_even_odd(sc8);
     /* Σ_s sc_s·bsum_s, whose 4 times is the codes' -4 taken out of the maddubs */
     const __m256i sc_bsums =
@@ -246,14 +251,7 @@ SIMD static INLINE void isumn_q3_k(const uint8_t *b, const uint8_t *a, int64_t a
                                    __m256i *v, __m256i *m) {
     __m256i u[4]; /* odd groups' accumulators: two chains per input */
     _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) u[k] = _mm256_setzero_si256();
-    const uint32_t a0 = fmoe__r1_le32(b + 96), a1 = fmoe__r1_le32(b + 100);
-    const uint32_t tmp = fmoe__r1_le32(b + 104), lo4 = 0x0F0F0F0F, lo2 = 0x03030303;
-    const __m128i sc8 = _mm_sub_epi8(
-        _mm_setr_epi32((int)((a0 & lo4) | ((tmp & lo2) << 4)),
-                       (int)((a1 & lo4) | (((tmp >> 2) & lo2) << 4)),
-                       (int)(((a0 >> 4) & lo4) | (((tmp >> 4) & lo2) << 4)),
-                       (int)(((a1 >> 4) & lo4) | (((tmp >> 6) & lo2) << 4))),
-        _mm_set1_epi8(32));
+    const __m128i sc8 = q3_k_scales8(b);
     const __m256i scales = fmoe__r1_scales_even_odd(sc8), sc16 = _mm256_cvtepi8_epi16(sc8);
     _Pragma("GCC unroll 4") for (int k = 0; k < NX; k++) {
         m[k] = _mm256_setzero_si256();
@@ -367,14 +365,7 @@ struct q3k_panel {
  * q[g], its sixteen scales (scale u for values 16u .. 16u + 15) as dwords into sc[0..1]
  * and as int16 into sc16. */
 SIMD static INLINE void q3k_panel_row(const uint8_t *b, __m256i *q, __m512i *sc, __m256i *sc16) {
-    const uint32_t a0 = fmoe__r1_le32(b + 96), a1 = fmoe__r1_le32(b + 100);
-    const uint32_t tmp = fmoe__r1_le32(b + 104), lo4 = 0x0F0F0F0F, lo2 = 0x03030303;
-    const __m128i sc8 = _mm_sub_epi8(
-        _mm_setr_epi32((int)((a0 & lo4) | ((tmp & lo2) << 4)),
-                       (int)((a1 & lo4) | (((tmp >> 2) & lo2) << 4)),
-                       (int)(((a0 >> 4) & lo4) | (((tmp >> 4) & lo2) << 4)),
-                       (int)(((a1 >> 4) & lo4) | (((tmp >> 6) & lo2) << 4))),
-        _mm_set1_epi8(32));
+    const __m128i sc8 = q3_k_scales8(b);
     *sc = _mm512_cvtepi8_epi32(sc8);
     *sc16 = _mm256_cvtepi8_epi16(sc8);
     const __m256i hmask = fmoe__r1_load(b);
