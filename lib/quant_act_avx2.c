@@ -339,45 +339,23 @@ SIMD static INLINE __m512 hsum_halves(__m512 v) {
     return _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));     /* + the next lane */
 }
 
-/* rows x nx inputs of Q5_K, a panel's inputs three at a time (then two or one) */
-SIMD static void dots_q5_k_panel(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,
-                                 int64_t stride, int nx, int64_t n, float *y, int64_t ldy) {
-    struct q5k_panel P __attribute__((aligned(64)));
-    const int64_t nb = n / FMOE_QK_K;
-    const int groups = (nx + FMOE__R1_PANEL_X - 1) / FMOE__R1_PANEL_X;
-    for (int g = 0, x0 = 0; g < groups; g++) {
-        const int m = fmoe__r1_panel_share(nx - x0, groups - g);
-        const uint8_t *ax = a + x0 * stride;
-        for (int64_t r0 = 0; r0 < rows; r0 += FMOE__R1_PANEL_ROWS) {
-            const uint8_t *w[FMOE__R1_PANEL_ROWS];
-            fmoe__r1_panel_rows(W, row_bytes, rows, r0, w);
-            for (int64_t i = 0; i < nb; i++) {
-                /* the panel rows' next block, after the last the next sixteen rows' first
-                 * (the next chunk, which the same thread usually claims) */
-                fmoe__r1_panel_prefetch(i + 1 < nb ? W + r0 * row_bytes + (i + 1) * FMOE_Q5_K_BYTES
-                                                   : W + (r0 + FMOE__R1_PANEL_ROWS) * row_bytes,
-                                        row_bytes, FMOE_Q5_K_BYTES);
-                q5k_panel_block(w, i * FMOE_Q5_K_BYTES, &P);
-                const uint8_t *ab[FMOE__R1_PANEL_X];
-                for (int k = 0; k < m; k++) ab[k] = ax + k * stride + i * FMOE_Q8_K_BYTES;
-                int k = 0;
-                for (; k + 3 <= m; k += 3) q5k_panel_dots(&P, k, 3, ab + k, i == 0);
-                if (m - k == 2) q5k_panel_dots(&P, k, 2, ab + k, i == 0);
-                else if (m - k == 1) q5k_panel_dots(&P, k, 1, ab + k, i == 0);
-            }
-            const int64_t nr = rows - r0 < FMOE__R1_PANEL_ROWS ? rows - r0 : FMOE__R1_PANEL_ROWS;
-            for (int k = 0; k < m; k++) {
-                float out[16];
-                for (int rp = 0; 2 * rp < nr; rp++) {
-                    _mm512_storeu_ps(out, _mm512_sub_ps(hsum_halves(P.acc[k][rp]), hsum_halves(P.accm[k][rp])));
-                    y[(x0 + k) * ldy + r0 + 2 * rp] = out[0];
-                    if (2 * rp + 1 < nr) y[(x0 + k) * ldy + r0 + 2 * rp + 1] = out[8];
-                }
-            }
+/* A row panel's results: per input, each row pair's two lanes' sums (acc - accm, the
+ * one-input kernel's last step). */
+SIMD static INLINE void q5k_panel_finish(const struct q5k_panel *P, int m, float *y, int64_t ldy, int64_t nr) {
+    for (int k = 0; k < m; k++) {
+        float out[16];
+        for (int rp = 0; 2 * rp < nr; rp++) {
+            _mm512_storeu_ps(out, _mm512_sub_ps(hsum_halves(P->acc[k][rp]), hsum_halves(P->accm[k][rp])));
+            y[k * ldy + 2 * rp] = out[0];
+            if (2 * rp + 1 < nr) y[k * ldy + 2 * rp + 1] = out[8];
         }
-        x0 += m;
     }
 }
+/* nothing before a row panel: its first block's products start the sums */
+#define Q5K_PANEL_START(P, m) ((void)(P), (void)(m))
+/* rows x nx inputs of Q5_K by row panels */
+FMOE__R1_PANEL_ROWSX(dots_q5_k_panel, struct q5k_panel, FMOE_Q5_K_BYTES, Q5K_PANEL_START, q5k_panel_block,
+                     q5k_panel_dots, q5k_panel_finish)
 /* inputs from which QUANT_ACT_ROWS takes dots_q5_k_panel: four inputs in one panel 12.3 ps
  * a multiply-add, in one pass of dots_q45_k 13.8; three level (16-row calls, 1024 wide) */
 #define Q5K_PANEL_MIN 4

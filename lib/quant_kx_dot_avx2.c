@@ -434,41 +434,17 @@ SIMD static INLINE void q3k_panel_dots(struct q3k_panel *P, int x0, int K, const
     }
 }
 
-/* rows x nx inputs of Q3_K (astride bytes apart) into y[k·ldy + r], a panel's inputs
- * three at a time (then two or one) */
-SIMD static void rowsp_q3_k(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *qx,
-                            int64_t astride, int32_t nx, int64_t n, float *y, int64_t ldy) {
-    struct q3k_panel P __attribute__((aligned(64)));
-    const int64_t nb = n / FMOE_QK_K;
-    const int groups = (nx + FMOE__R1_PANEL_X - 1) / FMOE__R1_PANEL_X;
-    for (int g = 0, x0 = 0; g < groups; g++) {
-        const int m = fmoe__r1_panel_share(nx - x0, groups - g);
-        const uint8_t *ax = qx + x0 * astride;
-        for (int64_t r0 = 0; r0 < rows; r0 += FMOE__R1_PANEL_ROWS) {
-            const uint8_t *w[FMOE__R1_PANEL_ROWS];
-            fmoe__r1_panel_rows(W, row_bytes, rows, r0, w);
-            for (int k = 0; k < m; k++) P.s[k] = _mm512_setzero_ps();
-            for (int64_t i = 0; i < nb; i++) {
-                /* the panel rows' next block, after the last the next sixteen rows' first
-                 * (the next chunk, which the same thread usually claims) */
-                fmoe__r1_panel_prefetch(i + 1 < nb ? W + r0 * row_bytes + (i + 1) * FMOE_Q3_K_BYTES
-                                                   : W + (r0 + FMOE__R1_PANEL_ROWS) * row_bytes,
-                                        row_bytes, FMOE_Q3_K_BYTES);
-                q3k_panel_block(w, i * FMOE_Q3_K_BYTES, &P);
-                const uint8_t *ab[FMOE__R1_PANEL_X];
-                for (int k = 0; k < m; k++) ab[k] = ax + k * astride + i * FMOE_Q8_K_BYTES;
-                int k = 0;
-                for (; k + 3 <= m; k += 3) q3k_panel_dots(&P, k, 3, ab + k);
-                if (m - k == 2) q3k_panel_dots(&P, k, 2, ab + k);
-                else if (m - k == 1) q3k_panel_dots(&P, k, 1, ab + k);
-            }
-            const int64_t nr = rows - r0 < FMOE__R1_PANEL_ROWS ? rows - r0 : FMOE__R1_PANEL_ROWS;
-            for (int k = 0; k < m; k++)
-                _mm512_mask_storeu_ps(y + (x0 + k) * ldy + r0, (__mmask16)((1u << nr) - 1), P.s[k]);
-        }
-        x0 += m;
-    }
+SIMD static INLINE void q3k_panel_start(struct q3k_panel *P, int m) {
+    for (int k = 0; k < m; k++) P->s[k] = _mm512_setzero_ps();
 }
+SIMD static INLINE void q3k_panel_finish(const struct q3k_panel *P, int m, float *y, int64_t ldy, int64_t nr) {
+    for (int k = 0; k < m; k++) _mm512_mask_storeu_ps(y + k * ldy, (__mmask16)((1u << nr) - 1), P->s[k]);
+}
+/* every block's products added to the sums (first unused) */
+#define Q3K_PANEL_DOTS(P, x0, K, ab, first) q3k_panel_dots(P, x0, K, ab)
+/* rows x nx inputs of Q3_K (astride bytes apart) into y[k·ldy + r] by row panels */
+FMOE__R1_PANEL_ROWSX(rowsp_q3_k, struct q3k_panel, FMOE_Q3_K_BYTES, q3k_panel_start, q3k_panel_block,
+                     Q3K_PANEL_DOTS, q3k_panel_finish)
 
 ROWSX(rowsx4_q3_k, FMOE_Q3_K, isumn_q3_k, d_q3_k, no_dmin, rows_q3_k, 4)
 /* panels from Q3K_PANEL_MIN inputs, passes of up to four below (16-row calls, 1024 wide:

@@ -614,6 +614,49 @@ static FMOE__R1_INLINE void fmoe__r1_panel_prefetch(const uint8_t *base, int64_t
  * as for sixteen). */
 static inline int fmoe__r1_panel_share(int left, int groups) { return left / groups; }
 
+/* name(W, row_bytes, rows, a, stride, nx, n, y, ldy): rows x nx inputs (stride bytes
+ * apart) by row panels, the inputs in equal groups of at most FMOE__R1_PANEL_X, a panel's
+ * inputs three at a time (then two or one). Per type: PANEL the panel's struct, BYTES a
+ * block's, START(P, m) before a row panel's blocks, BLOCK(w, offset, P) the panel rows'
+ * block at offset into P, DOTS(P, x, K, ab, first) inputs x .. x + K - 1 (their blocks
+ * ab; first: the row panel's first block), FINISH(P, m, y, ldy, nr) the first nr rows'
+ * results of the m inputs to y[k·ldy + r]. */
+#define FMOE__R1_PANEL_ROWSX(name, PANEL, BYTES, START, BLOCK, DOTS, FINISH)                        \
+    FMOE__R1 static void name(const uint8_t *W, int64_t row_bytes, int64_t rows, const uint8_t *a,  \
+                              int64_t stride, int32_t nx, int64_t n, float *y, int64_t ldy) {        \
+        PANEL P __attribute__((aligned(64)));                                                       \
+        const int64_t nb = n / FMOE_QK_K;                                                           \
+        const int groups = (nx + FMOE__R1_PANEL_X - 1) / FMOE__R1_PANEL_X;                          \
+        for (int g = 0, x0 = 0; g < groups; g++) {                                                  \
+            const int m = fmoe__r1_panel_share(nx - x0, groups - g);                                \
+            const uint8_t *ax = a + x0 * stride;                                                    \
+            for (int64_t r0 = 0; r0 < rows; r0 += FMOE__R1_PANEL_ROWS) {                            \
+                const uint8_t *w[FMOE__R1_PANEL_ROWS];                                              \
+                fmoe__r1_panel_rows(W, row_bytes, rows, r0, w);                                     \
+                START(&P, m);                                                                       \
+                for (int64_t i = 0; i < nb; i++) {                                                  \
+                    /* the panel rows' next block, after the last the next sixteen rows' first     \
+                     * (the next chunk, which the same thread usually claims) */                    \
+                    fmoe__r1_panel_prefetch(i + 1 < nb ? W + r0 * row_bytes + (i + 1) * (BYTES)     \
+                                                       : W + (r0 + FMOE__R1_PANEL_ROWS) * row_bytes, \
+                                            row_bytes, (BYTES));                                    \
+                    BLOCK(w, i * (BYTES), &P);                                                      \
+                    const uint8_t *ab[FMOE__R1_PANEL_X];                                            \
+                    for (int k = 0; k < m; k++) ab[k] = ax + k * stride + i * FMOE_Q8_K_BYTES;      \
+                    int k = 0;                                                                      \
+                    for (; k + 3 <= m; k += 3) DOTS(&P, k, 3, ab + k, i == 0);                      \
+                    if (m - k == 2)                                                                 \
+                        DOTS(&P, k, 2, ab + k, i == 0);                                             \
+                    else if (m - k == 1)                                                            \
+                        DOTS(&P, k, 1, ab + k, i == 0);                                             \
+                }                                                                                   \
+                FINISH(&P, m, y + x0 * ldy + r0, ldy,                                               \
+                       rows - r0 < FMOE__R1_PANEL_ROWS ? rows - r0 : FMOE__R1_PANEL_ROWS);          \
+            }                                                                                       \
+            x0 += m;                                                                                \
+        }                                                                                           \
+    }
+
 /* name(W, row_bytes, rows, qx, astride, nx, n, y, ldy): eight inputs a pass by ROWS8 (an
  * FMOE__R1_X8_ROWS), and so the last FMOE__R1_X8_MIN .. 7 (lanes left over); fewer by
  * REST (passes of up to four). */
