@@ -511,6 +511,21 @@ TEST(integer_sums_exact) {
     }
 }
 
+/* fmoe_quant_act_matvec of rows x nx inputs into y (rows apart) equals dot(row, input)
+ * for every row and input, bit for bit; what names dot in the failure. */
+static void matvec_has_the_bits_of(int *harness_failed, float (*dot)(uint32_t, const void *, const void *, int64_t),
+                                   const char *what, uint32_t t, const uint8_t *w, int64_t rb, int rows,
+                                   const uint8_t *qx, int64_t ab, int nx, int64_t n, float *y) {
+    fmoe_quant_act_matvec(t, w, rb, rows, qx, ab, nx, n, y, rows);
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < nx; v++) {
+            const float want = dot(t, w + r * rb, qx + v * ab, n);
+            if (memcmp(&want, &y[v * rows + r], sizeof want) != 0)
+                HARNESS_FAIL("%s rows=%d nx=%d row %d input %d: %.9g, %s %.9g", fmoe_ggml_type_name(t),
+                             rows, nx, r, v, y[v * rows + r], what, want);
+        }
+}
+
 /* The AVX2 level's kernels of the 32-value types (lib/quant_act_avx2.c's dots_q32: eight
  * rows a pass, each block's exact integer sum scaled and added in block order as the plain
  * reference does) give the plain reference's bits, whatever the rows (1-19: whole passes
@@ -537,16 +552,8 @@ TEST(q32_rows_are_the_reference_bits_at_avx2) {
             fmoe_quant_act_quantize(t, x, qx + v * ab, N);
         }
         for (int rows = 1; rows <= ROWS; rows++)
-            for (int nx = 1; nx <= NX; nx++) {
-                fmoe_quant_act_matvec(t, w, rb, rows, qx, ab, nx, N, y, rows);
-                for (int r = 0; r < rows; r++)
-                    for (int v = 0; v < nx; v++) {
-                        const float ref = fmoe_quant_act_dot_ref(t, w + r * rb, qx + v * ab, N);
-                        if (memcmp(&ref, &y[v * rows + r], sizeof ref) != 0)
-                            HARNESS_FAIL("%s rows=%d nx=%d row %d input %d: %.9g, reference %.9g",
-                                         fmoe_ggml_type_name(t), rows, nx, r, v, y[v * rows + r], ref);
-                    }
-            }
+            for (int nx = 1; nx <= NX; nx++)
+                matvec_has_the_bits_of(harness_failed, fmoe_quant_act_dot_ref, "reference", t, w, rb, rows, qx, ab, nx, N, y);
         free(w);
         free(qx);
     }
@@ -608,16 +615,8 @@ TEST(row_panels_equal_one_input) {
         }
         for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
             const int rows = rowss[ri];
-            for (int nx = 1; nx <= MAXX; nx += nx < 20 ? 1 : 15) {
-                fmoe_quant_act_matvec(t, w, rb, rows, qx, ab, nx, N, y, rows);
-                for (int r = 0; r < rows; r++)
-                    for (int v = 0; v < nx; v++) {
-                        const float one = fmoe_quant_act_dot(t, w + r * rb, qx + v * ab, N);
-                        if (memcmp(&one, &y[v * rows + r], sizeof one) != 0)
-                            HARNESS_FAIL("%s rows=%d nx=%d row %d input %d: %.9g, one input %.9g",
-                                         fmoe_ggml_type_name(t), rows, nx, r, v, y[v * rows + r], one);
-                    }
-            }
+            for (int nx = 1; nx <= MAXX; nx += nx < 20 ? 1 : 15)
+                matvec_has_the_bits_of(harness_failed, fmoe_quant_act_dot, "one input", t, w, rb, rows, qx, ab, nx, N, y);
         }
         free(w);
         free(qx);
