@@ -123,20 +123,6 @@ static inline FMOE_HD void fmoe__scale_min_k4(int j, const uint8_t *q, uint8_t *
     }
 }
 
-/* All eight at once, as bytes (ggml's utmp trick, four 32-bit words at a time, the
- * SIMD kernels' form): the 12 scale bytes q into u[0..1], scales of sub-blocks 0..7 in
- * byte order, and u[2..3], their mins. */
-static inline FMOE_HD void fmoe__scale_min_k4_all(const uint8_t *q, uint32_t u[4]) {
-    for (int i = 0; i < 3; i++)
-        u[i] = (uint32_t)q[4 * i] | (uint32_t)q[4 * i + 1] << 8 | (uint32_t)q[4 * i + 2] << 16 |
-               (uint32_t)q[4 * i + 3] << 24;
-    u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-    const uint32_t u1 = u[1] & 0x3f3f3f3f;
-    u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-    u[2] = u1;
-    u[0] &= 0x3f3f3f3f;
-}
-
 /* Sub-block j's scale d·sc and min dmin·m (each rounded to f32), d and dmin being the
  * block's f16 fields as f32. */
 static inline FMOE_HD void fmoe__k4_sub_scale(const uint8_t *b, int j, float d, float dmin,
