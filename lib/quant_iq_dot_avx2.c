@@ -205,6 +205,25 @@ SIMD static INLINE uint64_t sets_of_aux(uint64_t aux2) {
     return _pext_u64(aux2, 0x0FFFFFFF0FFFFFFFull);
 }
 
+/* The types with a scale per 32 values: group j's ls (the stored field, before 2ls + 1)
+ * in dword j, for the one-input and the eight-lane kernels alike: IQ2_XXS's and IQ3_XXS's
+ * top nibble of the group's uint32 of sign sets (IQ2_XXS: the odd dwords of the 64 bytes
+ * at 2), IQ3_S's nibble j of the uint32 at 106, IQ1_S's bits 12-14 of the uint16 at
+ * 34 + 2j. */
+SIMD static INLINE __m256i ls_iq2_xxs(const uint8_t *b) {
+    return _mm512_cvtepi64_epi32(_mm512_srli_epi64(_mm512_loadu_si512(b + 2), 60));
+}
+SIMD static INLINE __m256i ls_iq3_xxs(const uint8_t *b) { return _mm256_srli_epi32(fmoe__r1_load(b + 66), 28); }
+SIMD static INLINE __m256i ls_iq3_s(const uint8_t *b) {
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)fmoe__r1_le32(b + 106)),
+                                              _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                            _mm256_set1_epi32(15));
+}
+SIMD static INLINE __m256i ls_iq1_s(const uint8_t *b) {
+    return _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 34))), 12),
+                            _mm256_set1_epi32(7));
+}
+
 /* Sixteen 4-bit scales two a byte (IQ2_XS, IQ2_S; scale j of 16 values at nibble j) as
  * scale_words' dwords. */
 SIMD static INLINE __m512i nibble_scale_words(const uint8_t *p) {
@@ -332,14 +351,14 @@ SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t
 SIMD static INLINE void isum_iq2_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     const uint8_t *q = b + 2;
-    const __m512i sc = fmoe__r1_scale_words(_mm512_srli_epi64(_mm512_loadu_si512(q), 60));
+    const __m512i sc = fmoe__r1_scale_words(_mm512_castsi256_si512(ls_iq2_xxs(b)));
     __m512i acc[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
     for (int ib = 0; ib < 8; ib += 2, q += 16) {
         const uint64_t a2 = (uint64_t)fmoe__r1_le32(q + 4) | (uint64_t)fmoe__r1_le32(q + 12) << 32;
         const __m512i g = g64_iq2_xxs(q);
-        dot64_signed(acc, g, ksigns_mask64(sets_of_aux(a2)), fmoe__r1_scales64(sc, 2 * ib, 2 * ib, 2 * ib + 2, 2 * ib + 2), a, as, NX, ib);
+        dot64_signed(acc, g, ksigns_mask64(sets_of_aux(a2)), fmoe__r1_scales64(sc, ib, ib, ib + 1, ib + 1), a, as, NX, ib);
     }
     fmoe__r1_fold64(acc, NX, v);
 }
@@ -483,7 +502,7 @@ SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t
 SIMD static INLINE void isum_iq3_xxs(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                         __m256i *v) {
     const uint8_t *q = b + 2, *aux = b + 66;
-    const __m512i sc = fmoe__r1_scale_words(_mm512_castsi256_si512(_mm256_srli_epi32(fmoe__r1_load(aux), 28)));
+    const __m512i sc = fmoe__r1_scale_words(_mm512_castsi256_si512(ls_iq3_xxs(b)));
     __m512i acc[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
@@ -532,11 +551,7 @@ SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t a
 SIMD static INLINE void isum_iq3_s(const uint8_t *b, const uint8_t *a, int64_t as, int NX,
                                       __m256i *v) {
     const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
-    /* scale j: nibble j of the uint32 at 106 */
-    const __m256i ls = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)fmoe__r1_le32(b + 106)),
-                                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                        _mm256_set1_epi32(15));
-    const __m512i sc = fmoe__r1_scale_words(_mm512_castsi256_si512(ls));
+    const __m512i sc = fmoe__r1_scale_words(_mm512_castsi256_si512(ls_iq3_s(b)));
     __m512i acc[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
@@ -573,8 +588,7 @@ SIMD static INLINE void isum_iq1_s(const uint8_t *b, const uint8_t *a, int64_t a
 #if defined(FMOE__R1_VNNI)
     /* 64 values a step in 512-bit registers: g + 1 of both groups in one register, the
      * scales 2ls + 1 a dword per 32 values (bits 12-14 of qh), one permute a step */
-    const __m512i sc64 = fmoe__r1_scale_words(_mm512_castsi256_si512(
-        _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu16_epi32(qh), 12), _mm256_set1_epi32(7))));
+    const __m512i sc64 = fmoe__r1_scale_words(_mm512_castsi256_si512(ls_iq1_s(b)));
     __m512i acc[FMOE__R1_XMAX];
     _Pragma("GCC unroll 8") for (int k = 0; k < NX; k++) acc[k] = _mm512_setzero_si512();
     _Pragma("GCC unroll 8")
@@ -877,11 +891,7 @@ SIMD static INLINE __m256i codes8_iq2_xxs(const uint8_t *b, __m256i *gu, __m256i
         const uint64_t a2 = (uint64_t)fmoe__r1_le32(q + 4) | (uint64_t)fmoe__r1_le32(q + 12) << 32;
         x8_codes_pair(g, ksigns_mask64(sets_of_aux(a2)), gu + 2 * p);
     }
-    /* the scales: the top nibbles of the odd dwords (sign sets and scale) of the 64 bytes */
-    const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
-    const __m256i w = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(fmoe__r1_load(b + 2), odd),
-                                                _mm256_permutevar8x32_epi32(fmoe__r1_load(b + 34), odd), 0x20);
-    return x8_scales(_mm256_srli_epi32(w, 28));
+    return x8_scales(ls_iq2_xxs(b));
 }
 
 SIMD static INLINE __m256i codes8_iq3_xxs(const uint8_t *b, __m256i *gu, __m256i *sc2) {
@@ -894,7 +904,7 @@ SIMD static INLINE __m256i codes8_iq3_xxs(const uint8_t *b, __m256i *gu, __m256i
         memcpy(&aux2, aux, 8);
         x8_codes_pair(g, ksigns_mask64(sets_of_aux(aux2)), gu + 2 * p);
     }
-    return x8_scales(_mm256_srli_epi32(fmoe__r1_load(b + 66), 28));
+    return x8_scales(ls_iq3_xxs(b));
 }
 
 SIMD static INLINE __m256i codes8_iq3_s(const uint8_t *b, __m256i *gu, __m256i *sc2) {
@@ -908,10 +918,7 @@ SIMD static INLINE __m256i codes8_iq3_s(const uint8_t *b, __m256i *gu, __m256i *
         memcpy(&neg, signs, 8);
         x8_codes_pair(g, (__mmask64)neg, gu + 2 * p);
     }
-    const __m256i ls = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)fmoe__r1_le32(b + 106)),
-                                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                        _mm256_set1_epi32(15));
-    return x8_scales(ls);
+    return x8_scales(ls_iq3_s(b));
 }
 
 SIMD static INLINE __m256i codes8_iq1_s(const uint8_t *b, __m256i *gu, __m256i *sc2) {
@@ -929,8 +936,7 @@ SIMD static INLINE __m256i codes8_iq1_s(const uint8_t *b, __m256i *gu, __m256i *
         gu[2 * p] = _mm512_castsi512_si256(u);
         gu[2 * p + 1] = _mm512_extracti64x4_epi64(u, 1);
     }
-    const __m256i qh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 34)));
-    return x8_scales(_mm256_and_si256(_mm256_srli_epi32(qh, 12), _mm256_set1_epi32(7)));
+    return x8_scales(ls_iq1_s(b));
 }
 
 /* IQ1_M, a scale per 16 values (FMOE__R1_X8_ROWS's HALVES; sc2[0] holds scale 2j in dword
